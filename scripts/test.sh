@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: set-up + configure + build (CPU, and the CUDA targets when nvcc
+# is present: compile only) + every CPU test through ctest. GPU tests (label gpu)
+# run on the GPU machine through scripts/gpu-check.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+BUILD=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/ccache}
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$BUILD" -j "$JOBS"
+# Many test processes on few cores: one BLAS/OpenMP thread each unless told.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+ctest --test-dir "$BUILD" --output-on-failure -LE gpu -j "${CTEST_JOBS:-2}" --timeout 900

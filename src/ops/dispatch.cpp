@@ -1,0 +1,130 @@
+// Forwards each catalogue entry to the backend of the stream's device.
+#include "ops/ops.h"
+
+namespace mcpp::ops {
+
+#ifdef MCPP_HAVE_CUDA
+#define MCPP_DISPATCH(name, ...)                                     \
+  do {                                                               \
+    if (s.device == Device::CUDA) return cuda::name(__VA_ARGS__);    \
+    return cpu::name(__VA_ARGS__);                                   \
+  } while (0)
+#else
+#define MCPP_DISPATCH(name, ...)                                                      \
+  do {                                                                                \
+    MCPP_CHECK_HINT(s.device == Device::CPU, "rebuild with nvcc present to get CUDA", \
+                    #name " called on a CUDA stream in a build without CUDA");        \
+    return cpu::name(__VA_ARGS__);                                                    \
+  } while (0)
+#endif
+
+void gemm(bool ta, bool tb, double alpha, const Tensor& A, const Tensor& B, double beta,
+          Tensor& C, Stream& s) {
+  MCPP_DISPATCH(gemm, ta, tb, alpha, A, B, beta, C, s);
+}
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(linear_forward, x, w, b, y, s);
+}
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, bool acc,
+                     Tensor& dw, Tensor& db, Stream& s) {
+  MCPP_DISPATCH(linear_backward, dy, x, w, dx, acc, dw, db, s);
+}
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                       Tensor& mean, Tensor& rstd, Stream& s) {
+  MCPP_DISPATCH(layernorm_forward, x, w, b, eps, y, mean, rstd, s);
+}
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, bool acc, Tensor& dw, Tensor& db,
+                        Stream& s) {
+  MCPP_DISPATCH(layernorm_backward, dy, x, w, mean, rstd, dx, acc, dw, db, s);
+}
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd,
+                     Stream& s) {
+  MCPP_DISPATCH(rmsnorm_forward, x, w, eps, y, rstd, s);
+}
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      Tensor& dx, bool acc, Tensor& dw, Stream& s) {
+  MCPP_DISPATCH(rmsnorm_backward, dy, x, w, rstd, dx, acc, dw, s);
+}
+void gelu_forward(const Tensor& x, Tensor& y, Stream& s) { MCPP_DISPATCH(gelu_forward, x, y, s); }
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  MCPP_DISPATCH(gelu_backward, dy, x, dx, s);
+}
+void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(swiglu_forward, x, y, s);
+}
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  MCPP_DISPATCH(swiglu_backward, dy, x, dx, s);
+}
+void fill(Tensor& x, double v, Stream& s) { MCPP_DISPATCH(fill, x, v, s); }
+void copy(const Tensor& src, Tensor& dst, Stream& s) { MCPP_DISPATCH(copy, src, dst, s); }
+void add(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(add, a, b, out, s);
+}
+void axpy(double alpha, const Tensor& x, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(axpy, alpha, x, y, s);
+}
+void scale(Tensor& x, double alpha, Stream& s) { MCPP_DISPATCH(scale, x, alpha, s); }
+double sum_squares(const Tensor& x, Stream& s) { MCPP_DISPATCH(sum_squares, x, s); }
+bool has_nonfinite(const Tensor& x, Stream& s) { MCPP_DISPATCH(has_nonfinite, x, s); }
+void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, DropoutKey key,
+                         const GlobalIndex3& g, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(dropout_add_forward, x, residual, p, key, g, out, s);
+}
+void dropout_backward(const Tensor& dout, double p, DropoutKey key, const GlobalIndex3& g,
+                      Tensor& dx, Stream& s) {
+  MCPP_DISPATCH(dropout_backward, dout, p, key, g, dx, s);
+}
+void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& y,
+                       Stream& s) {
+  MCPP_DISPATCH(embedding_forward, ids, table, vs, y, s);
+}
+void embedding_backward(const Tensor& dy, const Tensor& ids, int64_t vs, Tensor& dtable,
+                        Stream& s) {
+  MCPP_DISPATCH(embedding_backward, dy, ids, vs, dtable, s);
+}
+void position_embedding_forward(const Tensor& pos, int64_t off, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(position_embedding_forward, pos, off, y, s);
+}
+void position_embedding_backward(const Tensor& dy, int64_t off, Tensor& dpos, Stream& s) {
+  MCPP_DISPATCH(position_embedding_backward, dy, off, dpos, s);
+}
+void ce_row_max(const Tensor& logits, Tensor& row_max, Stream& s) {
+  MCPP_DISPATCH(ce_row_max, logits, row_max, s);
+}
+void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor& targets,
+                       int64_t vs, Tensor& sum_exp, Tensor& target_logit, Stream& s) {
+  MCPP_DISPATCH(ce_sum_exp_target, logits, row_max, targets, vs, sum_exp, target_logit, s);
+}
+void ce_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+             Tensor& loss, Stream& s) {
+  MCPP_DISPATCH(ce_loss, row_max, sum_exp, target_logit, loss, s);
+}
+void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
+                 const Tensor& targets, int64_t vs, const Tensor& dloss, Tensor& dlogits,
+                 Stream& s) {
+  MCPP_DISPATCH(ce_backward, logits, row_max, sum_exp, targets, vs, dloss, dlogits, s);
+}
+void attention_forward(const Tensor& qkv, const AttentionDims& d, double sc, double p,
+                       DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
+  MCPP_DISPATCH(attention_forward, qkv, d, sc, p, key, out, lse, s);
+}
+void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const AttentionDims& d, double sc, double p,
+                        DropoutKey key, Tensor& dqkv, Stream& s) {
+  MCPP_DISPATCH(attention_backward, dout, qkv, out, lse, d, sc, p, key, dqkv, s);
+}
+void rope_forward(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
+                  int64_t off, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(rope_forward, in, d, rot, base, off, out, s);
+}
+void rope_backward(const Tensor& dout, const AttentionDims& d, int64_t rot, double base,
+                   int64_t off, Tensor& din, Stream& s) {
+  MCPP_DISPATCH(rope_backward, dout, d, rot, base, off, din, s);
+}
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                Stream& s) {
+  MCPP_DISPATCH(adamw_step, param, grad, m, v, p, s);
+}
+
+}  // namespace mcpp::ops

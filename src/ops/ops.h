@@ -1,0 +1,20 @@
+// The op catalogue's entry points. Each call dispatches on the stream's device to
+// the CPU backend (src/ops/cpu) or the CUDA backend (src/ops/cuda); both implement
+// the same declarations, listed once in catalogue.inc.
+#pragma once
+#include "ops/types.h"
+#include "tensor/tensor.h"
+
+namespace mcpp::ops {
+#include "ops/catalogue.inc"
+}  // namespace mcpp::ops
+
+namespace mcpp::ops::cpu {
+#include "ops/catalogue.inc"
+}  // namespace mcpp::ops::cpu
+
+#ifdef MCPP_HAVE_CUDA
+namespace mcpp::ops::cuda {
+#include "ops/catalogue.inc"
+}  // namespace mcpp::ops::cuda
+#endif

@@ -1,0 +1,47 @@
+// Small value types shared by the op catalogue.
+#pragma once
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace mcpp::ops {
+
+// Dropout and other random draws: a counter-based key. `stream` identifies the
+// site (iteration, micro-batch, layer, which dropout); the element's global index
+// is the Philox counter, so any partition of the tensor draws the same mask.
+struct DropoutKey {
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+// Global index of local element (i0, i1, i2) of a local [d0, d1, d2] tensor that is a
+// block of a global [G0, G1, G2] tensor starting at (o0, o1, o2):
+//   ((i0 + o0) * G1 + (i1 + o1)) * G2 + (i2 + o2).
+// For [S, B, H] activations: S sharded by SP/CP, B by DP (o1 = first sample of this
+// micro-batch in the global batch), H by TP.
+struct GlobalIndex3 {
+  int64_t offset[3] = {0, 0, 0};
+  int64_t global[3] = {0, 0, 0};
+  static GlobalIndex3 whole(int64_t d0, int64_t d1, int64_t d2) {
+    return {{0, 0, 0}, {d0, d1, d2}};
+  }
+};
+
+// Attention shapes. qkv is linear_qkv's output in Megatron's grouped layout
+// [S, B, NG, NH/NG + 2, HD]: per query group its NH/NG query heads, then one key
+// head, then one value head. NH and NG are local (per TP rank) counts.
+struct AttentionDims {
+  int64_t S = 0, B = 0, NH = 0, NG = 0, HD = 0;
+  // Global coordinates for attention dropout: element (b, h, q, k) has global index
+  // (((b + b_offset) * NH_global + h + h_offset) * S_global + q + q_offset) * S_global
+  //   + k + k_offset.
+  int64_t b_offset = 0, h_offset = 0, NH_global = 0, q_offset = 0, k_offset = 0, S_global = 0;
+  int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
+};
+
+struct AdamWParams {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  int64_t step = 1;  // 1-based step number, for bias correction
+};
+
+}  // namespace mcpp::ops

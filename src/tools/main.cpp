@@ -1,0 +1,45 @@
+// `megatron <subcommand> [flags]`: the one binary of megatron.cpp.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "tools/commands.h"
+
+namespace {
+
+void usage() {
+  std::printf(
+      "usage: megatron <command> [flags]\n\n"
+      "commands:\n"
+      "  train       pretrain a GPT/Llama model (Megatron-LM pretrain_gpt.py flags)\n"
+      "  help        this text\n\n"
+      "`megatron <command> --help` lists a command's flags.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
+      !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 1 : 0;
+  }
+  std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    for (const auto& c : mcpp::tools::commands())
+      if (c.name == cmd) return c.run(args);
+    std::string names;
+    for (const auto& c : mcpp::tools::commands()) names += " " + c.name;
+    throw mcpp::Error("unknown command '" + cmd + "'", "available commands:" + names);
+  } catch (const mcpp::Error& e) {
+    mcpp::log::error("{}", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    mcpp::log::error("internal error: {}", e.what());
+    return 3;
+  }
+}
