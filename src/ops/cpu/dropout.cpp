@@ -36,20 +36,30 @@ uint32_t check_dropout(const Check& c, const Tensor& x, double p, const GlobalIn
 
 // keep[i] = Philox::uniform(key, first + i) >= p for i < n (n <= kChunk). Four
 // consecutive indices share one Philox block, so a block is computed once per quad.
+// The rounds are Philox::block written out on scalars so that GCC vectorises
+// them across quads (Philox::block itself is the scalar reference the tests compare to).
 void draw_keep(DropoutKey key, uint64_t first, int64_t n, uint32_t threshold, uint8_t* keep) {
-  uint32_t bits[kChunk + 8];
+  constexpr int64_t kQuads = kChunk / 4 + 2;
+  uint32_t bits[4 * kQuads];
   const uint64_t q0 = first >> 2;
   const int64_t nq = int64_t(((first + uint64_t(n) - 1) >> 2) - q0 + 1);
   const uint32_t k0 = uint32_t(key.seed), k1 = uint32_t(key.seed >> 32);
+  const uint32_t s0 = uint32_t(key.stream), s1 = uint32_t(key.stream >> 32);
 #pragma omp simd
   for (int64_t j = 0; j < nq; ++j) {
     const uint64_t q = q0 + uint64_t(j);
-    uint32_t ctr[4] = {uint32_t(q), uint32_t(q >> 32), uint32_t(key.stream),
-                       uint32_t(key.stream >> 32)};
-    Philox::block(ctr, k0, k1);
-    for (int l = 0; l < 4; ++l) bits[4 * j + l] = ctr[l];
+    uint32_t c0 = uint32_t(q), c1 = uint32_t(q >> 32), c2 = s0, c3 = s1, a = k0, b = k1;
+#pragma GCC unroll 10
+    for (int r = 0; r < 10; ++r) {
+      const uint64_t p0 = uint64_t(Philox::kM0) * c0, p1 = uint64_t(Philox::kM1) * c2;
+      const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ a, n2 = uint32_t(p0 >> 32) ^ c3 ^ b;
+      c0 = n0, c1 = uint32_t(p1), c2 = n2, c3 = uint32_t(p0);
+      a += Philox::kW0, b += Philox::kW1;
+    }
+    bits[4 * j] = c0, bits[4 * j + 1] = c1, bits[4 * j + 2] = c2, bits[4 * j + 3] = c3;
   }
   const int64_t skip = int64_t(first & 3);
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) keep[i] = (bits[skip + i] >> 8) >= threshold;
 }
 
