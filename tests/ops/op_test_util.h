@@ -20,8 +20,7 @@ namespace cpu = mcpp::ops::cpu;
 inline Stream& S() { return Stream::cpu(); }
 
 // N(0, scale^2) entries from a seeded mt19937_64, made in f64 and converted to dt.
-inline Tensor randn(const Shape& shape, uint64_t seed, double scale = 1.0,
-                    DType dt = DType::F64) {
+inline Tensor randn(const Shape& shape, uint64_t seed, double scale = 1.0, DType dt = DType::F64) {
   std::mt19937_64 gen(seed);
   std::normal_distribution<double> dist(0.0, scale);
   Tensor t = Tensor::empty(shape, DType::F64);

@@ -65,7 +65,8 @@ TEST(Dropout, KeepFractionAndBackwardUsesSameMask) {
   const auto g = ops::GlobalIndex3::whole(d0, d1, d2);
   Tensor ones = Tensor::empty({d0, d1, d2}, DType::F32);
   cpu::fill(ones, 1.0, S());
-  Tensor out = Tensor::empty(ones.shape(), DType::F32), dx = Tensor::empty(ones.shape(), DType::F32);
+  Tensor out = Tensor::empty(ones.shape(), DType::F32),
+         dx = Tensor::empty(ones.shape(), DType::F32);
   cpu::dropout_add_forward(ones, Tensor(), p, kKey, g, out, S());
   int64_t kept = 0;
   const float sc = float(1 / (1 - p));

@@ -8,8 +8,12 @@ using namespace mcpp;
 using namespace mcpp::test;
 
 TEST(Copy, F32ToBf16AndF16KnownBits) {
-  const std::vector<float> v = {1.0f, -2.0f, bits_float(0x3f808000u), bits_float(0x3f818000u),
-                                65504.0f, std::ldexp(1.0f, -24),
+  const std::vector<float> v = {1.0f,
+                                -2.0f,
+                                bits_float(0x3f808000u),
+                                bits_float(0x3f818000u),
+                                65504.0f,
+                                std::ldexp(1.0f, -24),
                                 std::numeric_limits<float>::infinity()};
   Tensor src = Tensor::from(v, {7});
   Tensor bf = Tensor::empty({7}, DType::BF16), hf = Tensor::empty({7}, DType::F16);

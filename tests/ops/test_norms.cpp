@@ -66,7 +66,8 @@ TEST(Norms, F32MatchesF64) {
   cpu::layernorm_forward(x, w, b, 1e-5, y, mu, rs, S());
   cpu::layernorm_backward(dy, x, w, mu, rs, dx, false, dw, db, S());
   Tensor y32 = Tensor::empty({T, H}, F), mu32 = Tensor::empty({T}, F), rs32 = Tensor::empty({T}, F);
-  Tensor dx32 = Tensor::empty({T, H}, F), dw32 = Tensor::zeros({H}, F), db32 = Tensor::zeros({H}, F);
+  Tensor dx32 = Tensor::empty({T, H}, F), dw32 = Tensor::zeros({H}, F),
+         db32 = Tensor::zeros({H}, F);
   cpu::layernorm_forward(x32, w32, b32, 1e-5, y32, mu32, rs32, S());
   cpu::layernorm_backward(dy32, x32, w32, mu32, rs32, dx32, false, dw32, db32, S());
   EXPECT_LT(rel_err(y32, y), 1e-5);

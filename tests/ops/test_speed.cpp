@@ -18,8 +18,8 @@ double best_seconds(int reps, F&& f) {
   for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                              .count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -33,7 +33,8 @@ TEST(DISABLED_Speed, CrossEntropyNormsAndGemm) {
     Tensor a = randn({n, n}, 1, 1.0, F), b = randn({n, n}, 2, 1.0, F), c = Tensor::empty({n, n}, F);
     cpu::gemm(false, false, 1, a, b, 0, c, S());
     double t = best_seconds(3, [&] { cpu::gemm(false, false, 1, a, b, 0, c, S()); });
-    std::printf("sgemm %ld^3: %.1f ms, %.1f GFLOP/s\n", long(n), t * 1e3, 2.0 * n * n * n / t / 1e9);
+    std::printf("sgemm %ld^3: %.1f ms, %.1f GFLOP/s\n", long(n), t * 1e3,
+                2.0 * n * n * n / t / 1e9);
   }
   {
     const int64_t T = 2048, V = 50304;
@@ -51,17 +52,16 @@ TEST(DISABLED_Speed, CrossEntropyNormsAndGemm) {
       cpu::ce_loss(mx, se, tl, loss, S());
     });
     double tmax = best_seconds(3, [&] { cpu::ce_row_max(logits, mx, S()); });
-    double tse = best_seconds(3, [&] {
-      cpu::ce_sum_exp_target(logits, mx, targets, 0, se, tl, S());
-    });
+    double tse =
+        best_seconds(3, [&] { cpu::ce_sum_exp_target(logits, mx, targets, 0, se, tl, S()); });
     std::printf("CE row_max %.1f ms, sum_exp_target %.1f ms\n", tmax * 1e3, tse * 1e3);
-    double tbwd = best_seconds(3, [&] {
-      cpu::ce_backward(logits, mx, se, targets, 0, dloss, work, S());
-    });
+    double tbwd =
+        best_seconds(3, [&] { cpu::ce_backward(logits, mx, se, targets, 0, dloss, work, S()); });
     const double gb = double(T) * double(V) * 4 / 1e9;
-    std::printf("CE [%ld, %ld] f32: forward %.1f ms (%.1f GB/s over 2 reads), backward %.1f ms "
-                "(%.1f GB/s read+write)\n", long(T), long(V), tfwd * 1e3, 2 * gb / tfwd,
-                tbwd * 1e3, 2 * gb / tbwd);
+    std::printf(
+        "CE [%ld, %ld] f32: forward %.1f ms (%.1f GB/s over 2 reads), backward %.1f ms "
+        "(%.1f GB/s read+write)\n",
+        long(T), long(V), tfwd * 1e3, 2 * gb / tfwd, tbwd * 1e3, 2 * gb / tbwd);
   }
   for (int64_t H : {int64_t(256), int64_t(2048)}) {
     const int64_t T = 2048;
@@ -69,9 +69,8 @@ TEST(DISABLED_Speed, CrossEntropyNormsAndGemm) {
     Tensor y = Tensor::empty({T, H}, F), mu = Tensor::empty({T}, F), rs = Tensor::empty({T}, F);
     Tensor dx = Tensor::empty({T, H}, F), dw = Tensor::zeros({H}, F), db = Tensor::zeros({H}, F);
     double lf = best_seconds(5, [&] { cpu::layernorm_forward(x, w, b, 1e-5, y, mu, rs, S()); });
-    double lb = best_seconds(5, [&] {
-      cpu::layernorm_backward(y, x, w, mu, rs, dx, false, dw, db, S());
-    });
+    double lb =
+        best_seconds(5, [&] { cpu::layernorm_backward(y, x, w, mu, rs, dx, false, dw, db, S()); });
     double rf = best_seconds(5, [&] { cpu::rmsnorm_forward(x, w, 1e-5, y, rs, S()); });
     double rb = best_seconds(5, [&] { cpu::rmsnorm_backward(y, x, w, rs, dx, false, dw, S()); });
     Tensor g = Tensor::empty({T, H}, F);
@@ -81,8 +80,9 @@ TEST(DISABLED_Speed, CrossEntropyNormsAndGemm) {
       cpu::dropout_add_forward(x.view({T, 1, H}), y.view({T, 1, H}), 0.1, {1, 2},
                                ops::GlobalIndex3::whole(T, 1, H), g3, S());
     });
-    std::printf("[%ld, %ld] f32: layernorm fwd %.3f ms bwd %.3f ms, rmsnorm fwd %.3f ms bwd "
-                "%.3f ms, gelu fwd %.3f ms, dropout_add %.3f ms\n", long(T), long(H), lf * 1e3,
-                lb * 1e3, rf * 1e3, rb * 1e3, gf * 1e3, dr * 1e3);
+    std::printf(
+        "[%ld, %ld] f32: layernorm fwd %.3f ms bwd %.3f ms, rmsnorm fwd %.3f ms bwd "
+        "%.3f ms, gelu fwd %.3f ms, dropout_add %.3f ms\n",
+        long(T), long(H), lf * 1e3, lb * 1e3, rf * 1e3, rb * 1e3, gf * 1e3, dr * 1e3);
   }
 }

@@ -67,8 +67,10 @@ namespace {
 std::pair<int64_t, int64_t> swiglu_dims(const Check& c, const Tensor& x, const Tensor& y,
                                         const char* yname) {
   c.min_dim(x, "x", 1);
-  MCPP_CHECK(x.size(-1) % 2 == 0, "{}: x has shape {}: its last dimension must be 2F ([gate | "
-             "up])", c.op, shape_str(x.shape()));
+  MCPP_CHECK(x.size(-1) % 2 == 0,
+             "{}: x has shape {}: its last dimension must be 2F ([gate | "
+             "up])",
+             c.op, shape_str(x.shape()));
   const int64_t F = x.size(-1) / 2;
   Shape want = x.shape();
   want.back() = F;

@@ -37,14 +37,13 @@ struct Check {
   DType floating(const Tensor& t, const char* name) const {
     defined(t, name);
     MCPP_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64,
-               "{}: tensor '{}' is {}, the CPU backend computes in f32 or f64", op, name,
-               t.str());
+               "{}: tensor '{}' is {}, the CPU backend computes in f32 or f64", op, name, t.str());
     return t.dtype();
   }
   void dtype(const Tensor& t, const char* name, DType expected) const {
     defined(t, name);
-    MCPP_CHECK(t.dtype() == expected, "{}: tensor '{}' is {}, expected dtype {}", op, name,
-               t.str(), dtype_name(expected));
+    MCPP_CHECK(t.dtype() == expected, "{}: tensor '{}' is {}, expected dtype {}", op, name, t.str(),
+               dtype_name(expected));
   }
   void index(const Tensor& t, const char* name) const {
     defined(t, name);
@@ -57,8 +56,10 @@ struct Check {
   }
   // Per-row statistics: any shape with `rows` elements ([T], or x's shape without H).
   void rows(const Tensor& t, const char* name, int64_t rows) const {
-    MCPP_CHECK(t.numel() == rows, "{}: tensor '{}' has shape {} ({} elements), expected {} (one "
-               "per row)", op, name, shape_str(t.shape()), t.numel(), rows);
+    MCPP_CHECK(t.numel() == rows,
+               "{}: tensor '{}' has shape {} ({} elements), expected {} (one "
+               "per row)",
+               op, name, shape_str(t.shape()), t.numel(), rows);
   }
   void numel(const Tensor& t, const char* name, int64_t n) const {
     MCPP_CHECK(t.numel() == n, "{}: tensor '{}' has shape {} ({} elements), expected {} elements",

@@ -106,8 +106,8 @@ void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor
   });
 }
 
-void ce_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
-             Tensor& loss, Stream& s) {
+void ce_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss,
+             Stream& s) {
   const Check c{"ce_loss"};
   c.stream(s);
   const DType dt = c.floating(row_max, "row_max");
@@ -124,8 +124,8 @@ void ce_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_
 }
 
 void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
-                 const Tensor& targets, int64_t vocab_start, const Tensor& dloss,
-                 Tensor& dlogits, Stream& s) {
+                 const Tensor& targets, int64_t vocab_start, const Tensor& dloss, Tensor& dlogits,
+                 Stream& s) {
   const Check c{"ce_backward"};
   c.stream(s);
   const DType dt = c.floating(logits, "logits");

@@ -28,8 +28,9 @@ uint32_t check_dropout(const Check& c, const Tensor& x, double p, const GlobalIn
       MCPP_CHECK_HINT(g.offset[d] >= 0 && g.offset[d] + x.size(d) <= g.global[d],
                       "pass GlobalIndex3::whole(d0, d1, d2) for an unpartitioned tensor",
                       "{}: local block {} at offset ({}, {}, {}) does not fit the global "
-                      "shape [{}, {}, {}] (dim {})", c.op, shape_str(x.shape()), g.offset[0],
-                      g.offset[1], g.offset[2], g.global[0], g.global[1], g.global[2], d);
+                      "shape [{}, {}, {}] (dim {})",
+                      c.op, shape_str(x.shape()), g.offset[0], g.offset[1], g.offset[2],
+                      g.global[0], g.global[1], g.global[2], d);
   }
   return uint32_t(std::ceil(p * 16777216.0));
 }

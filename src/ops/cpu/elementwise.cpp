@@ -42,15 +42,20 @@ inline D store(V v) {
 template <class F>
 void dispatch_storage(const Check& c, const Tensor& t, const char* name, F&& f) {
   switch (t.dtype()) {
-    case DType::F32: return f(float{});
-    case DType::F64: return f(double{});
-    case DType::BF16: return f(Bf16{});
-    case DType::F16: return f(F16{});
-    case DType::I32: return f(int32_t{});
-    case DType::I64: return f(int64_t{});
+    case DType::F32:
+      return f(float{});
+    case DType::F64:
+      return f(double{});
+    case DType::BF16:
+      return f(Bf16{});
+    case DType::F16:
+      return f(F16{});
+    case DType::I32:
+      return f(int32_t{});
+    case DType::I64:
+      return f(int64_t{});
     default:
-      MCPP_FAIL("{}: tensor '{}' is {}; supported: f32 f64 bf16 f16 i32 i64", c.op, name,
-                t.str());
+      MCPP_FAIL("{}: tensor '{}' is {}; supported: f32 f64 bf16 f16 i32 i64", c.op, name, t.str());
   }
 }
 

@@ -121,8 +121,8 @@ PosDims check_position(const Check& c, const Tensor& pos, const char* pname, int
              shape_str(pos.shape()), H);
   MCPP_CHECK_HINT(s_offset >= 0 && s_offset + S <= pos.size(0),
                   "raise --max-position-embeddings to at least the sequence length",
-                  "{}: positions [{}, {}) exceed the {} rows of {}", c.op, s_offset,
-                  s_offset + S, pos.size(0), pname);
+                  "{}: positions [{}, {}) exceed the {} rows of {}", c.op, s_offset, s_offset + S,
+                  pos.size(0), pname);
   return {S, B, H};
 }
 

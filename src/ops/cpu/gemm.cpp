@@ -20,8 +20,8 @@ namespace {
 // C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C with leading dimensions from the
 // stored (untransposed) shapes. M, N or K may be zero.
 template <typename R>
-void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, R alpha, const R* A,
-               int64_t lda, const R* B, int64_t ldb, R beta, R* C) {
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, R alpha, const R* A, int64_t lda,
+               const R* B, int64_t ldb, R beta, R* C) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS would be asked for lda = 0; the product is empty, only beta remains
     for (int64_t i = 0; i < M * N; ++i) C[i] = beta == R(0) ? R(0) : beta * C[i];
@@ -31,11 +31,11 @@ void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, R alpha, const
              "gemm: dimensions M={} N={} K={} exceed OpenBLAS's 32-bit index", M, N, K);
   const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<R, float>)
-    cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B,
-                int(ldb), beta, C, int(N));
+    cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
+                beta, C, int(N));
   else
-    cblas_dgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B,
-                int(ldb), beta, C, int(N));
+    cblas_dgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
+                beta, C, int(N));
 }
 
 // Leading dims of `t` (all but the last) must equal those of `ref`.
@@ -48,8 +48,8 @@ void check_leading(const Check& c, const Tensor& t, const char* name, const Tens
 
 }  // namespace
 
-void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
-          double beta, Tensor& C, Stream& s) {
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B, double beta,
+          Tensor& C, Stream& s) {
   const Check c{"gemm"};
   c.stream(s);
   DType dt = c.floating(A, "A");
@@ -60,9 +60,11 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tenso
              shape_str(B.shape()), shape_str(C.shape()));
   const int64_t M = trans_a ? A.size(1) : A.size(0), K = trans_a ? A.size(0) : A.size(1);
   const int64_t Kb = trans_b ? B.size(1) : B.size(0), N = trans_b ? B.size(0) : B.size(1);
-  MCPP_CHECK(K == Kb, "gemm: inner dimensions differ: op(A) is [{}, {}] (A {}{}), op(B) is "
-             "[{}, {}] (B {}{})", M, K, shape_str(A.shape()), trans_a ? "^T" : "", Kb, N,
-             shape_str(B.shape()), trans_b ? "^T" : "");
+  MCPP_CHECK(K == Kb,
+             "gemm: inner dimensions differ: op(A) is [{}, {}] (A {}{}), op(B) is "
+             "[{}, {}] (B {}{})",
+             M, K, shape_str(A.shape()), trans_a ? "^T" : "", Kb, N, shape_str(B.shape()),
+             trans_b ? "^T" : "");
   c.shape(C, "C", {M, N});
   dispatch_float(dt, [&](auto tag) {
     using R = decltype(tag);
@@ -112,8 +114,8 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
   c.dtype(dw, "dw", dt);
   c.min_dim(x, "x", 1);
   MCPP_CHECK(w.dim() == 2 && w.size(1) == x.size(-1),
-             "linear_backward: w has shape {}, expected [out, {}] (x is {})",
-             shape_str(w.shape()), x.size(-1), shape_str(x.shape()));
+             "linear_backward: w has shape {}, expected [out, {}] (x is {})", shape_str(w.shape()),
+             x.size(-1), shape_str(x.shape()));
   const int64_t out = w.size(0), in = w.size(1), T = x.numel() / std::max<int64_t>(in, 1);
   check_leading(c, dy, "dy", x, out);
   c.shape(dw, "dw", w.shape());
@@ -130,10 +132,9 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
     const R* DY = dy.data<R>();
     if (dx.defined())  // dx[T,in] = dy[T,out] @ w[out,in]
       blas_gemm<R>(false, false, T, in, out, R(1), DY, out, w.data<R>(), in,
-                    R(accumulate_dx ? 1 : 0), dx.data<R>());
+                   R(accumulate_dx ? 1 : 0), dx.data<R>());
     // dw[out,in] += dy^T[out,T] @ x[T,in]
-    blas_gemm<R>(true, false, out, in, T, R(1), DY, out, x.data<R>(), in, R(1),
-                  dw.data<R>());
+    blas_gemm<R>(true, false, out, in, T, R(1), DY, out, x.data<R>(), in, R(1), dw.data<R>());
     if (!db.defined()) return;
     // Column sums of dy: threads own column blocks, so no reduction between threads is
     // needed; each column sums in double because T can be large.

@@ -93,8 +93,8 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double
 // With xhat = (x - mean) rstd and g = dy w:
 //   dx = rstd (g - mean_h(g) - xhat mean_h(g xhat)),  dw += sum_t dy xhat,  db += sum_t dy.
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, Tensor& dx, bool accumulate_dx, Tensor& dw,
-                        Tensor& db, Stream& s) {
+                        const Tensor& rstd, Tensor& dx, bool accumulate_dx, Tensor& dw, Tensor& db,
+                        Stream& s) {
   const Check c{"layernorm_backward"};
   c.stream(s);
   const DType dt = c.floating(x, "x");
