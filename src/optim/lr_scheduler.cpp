@@ -15,7 +15,8 @@ LrDecayStyle parse_lr_decay_style(const std::string& s) {
   if (s == "inverse-square-root") return LrDecayStyle::InverseSquareRoot;
   if (s == "WSD") return LrDecayStyle::WSD;
   throw Error(fmt::format("--lr-decay-style: '{}' is not one of constant, linear, cosine, "
-                          "inverse-square-root, WSD", s),
+                          "inverse-square-root, WSD",
+                          s),
               "pick one of the listed styles");
 }
 
@@ -25,7 +26,8 @@ WsdDecayStyle parse_wsd_decay_style(const std::string& s) {
   if (s == "cosine") return WsdDecayStyle::Cosine;
   if (s == "minus_sqrt") return WsdDecayStyle::MinusSqrt;
   throw Error(fmt::format("--lr-wsd-decay-style: '{}' is not one of exponential, linear, "
-                          "cosine, minus_sqrt", s),
+                          "cosine, minus_sqrt",
+                          s),
               "pick one of the listed styles");
 }
 
@@ -34,34 +36,47 @@ WdIncrStyle parse_wd_incr_style(const std::string& s) {
   if (s == "linear") return WdIncrStyle::Linear;
   if (s == "cosine") return WdIncrStyle::Cosine;
   throw Error(fmt::format("--weight-decay-incr-style: '{}' is not one of constant, linear, "
-                          "cosine", s),
+                          "cosine",
+                          s),
               "pick one of the listed styles");
 }
 
 const char* to_string(LrDecayStyle s) {
   switch (s) {
-    case LrDecayStyle::Constant: return "constant";
-    case LrDecayStyle::Linear: return "linear";
-    case LrDecayStyle::Cosine: return "cosine";
-    case LrDecayStyle::InverseSquareRoot: return "inverse-square-root";
-    case LrDecayStyle::WSD: return "WSD";
+    case LrDecayStyle::Constant:
+      return "constant";
+    case LrDecayStyle::Linear:
+      return "linear";
+    case LrDecayStyle::Cosine:
+      return "cosine";
+    case LrDecayStyle::InverseSquareRoot:
+      return "inverse-square-root";
+    case LrDecayStyle::WSD:
+      return "WSD";
   }
   return "?";
 }
 const char* to_string(WsdDecayStyle s) {
   switch (s) {
-    case WsdDecayStyle::Exponential: return "exponential";
-    case WsdDecayStyle::Linear: return "linear";
-    case WsdDecayStyle::Cosine: return "cosine";
-    case WsdDecayStyle::MinusSqrt: return "minus_sqrt";
+    case WsdDecayStyle::Exponential:
+      return "exponential";
+    case WsdDecayStyle::Linear:
+      return "linear";
+    case WsdDecayStyle::Cosine:
+      return "cosine";
+    case WsdDecayStyle::MinusSqrt:
+      return "minus_sqrt";
   }
   return "?";
 }
 const char* to_string(WdIncrStyle s) {
   switch (s) {
-    case WdIncrStyle::Constant: return "constant";
-    case WdIncrStyle::Linear: return "linear";
-    case WdIncrStyle::Cosine: return "cosine";
+    case WdIncrStyle::Constant:
+      return "constant";
+    case WdIncrStyle::Linear:
+      return "linear";
+    case WdIncrStyle::Cosine:
+      return "cosine";
   }
   return "?";
 }
@@ -131,29 +146,42 @@ double OptimizerParamScheduler::lr_for(double max_lr, double min_lr) const {
   const double r = (n - warmup) / (decay - warmup);
   double coeff = 1.0;
   switch (c_.decay_style) {
-    case LrDecayStyle::Linear: coeff = 1.0 - r; break;
-    case LrDecayStyle::Cosine: coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0); break;
+    case LrDecayStyle::Linear:
+      coeff = 1.0 - r;
+      break;
+    case LrDecayStyle::Cosine:
+      coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+      break;
     case LrDecayStyle::WSD: {
       const double wsd = static_cast<double>(*c_.wsd_decay_steps);
       const double anneal_start = decay - wsd;
       if (n > anneal_start) {
         const double w = (n - anneal_start) / wsd;
         switch (c_.wsd_decay_style) {
-          case WsdDecayStyle::Linear: coeff = 1.0 - w; break;
-          case WsdDecayStyle::Cosine: coeff = 0.5 * (std::cos(std::numbers::pi * w) + 1.0); break;
-          case WsdDecayStyle::Exponential: coeff = 2.0 * std::pow(0.5, w) - 1.0; break;
-          case WsdDecayStyle::MinusSqrt: coeff = 1.0 - std::sqrt(w); break;
+          case WsdDecayStyle::Linear:
+            coeff = 1.0 - w;
+            break;
+          case WsdDecayStyle::Cosine:
+            coeff = 0.5 * (std::cos(std::numbers::pi * w) + 1.0);
+            break;
+          case WsdDecayStyle::Exponential:
+            coeff = 2.0 * std::pow(0.5, w) - 1.0;
+            break;
+          case WsdDecayStyle::MinusSqrt:
+            coeff = 1.0 - std::sqrt(w);
+            break;
         }
       }
       break;
     }
-    default: break;
+    default:
+      break;
   }
   return min_lr + coeff * (max_lr - min_lr);
 }
 
 SchedulerState OptimizerParamScheduler::state() const {
-  return {c_.max_lr, c_.min_lr,   c_.warmup_steps,  c_.decay_steps,   c_.decay_style,
+  return {c_.max_lr,   c_.min_lr, c_.warmup_steps,  c_.decay_steps,   c_.decay_style,
           c_.start_wd, c_.end_wd, c_.wd_incr_steps, c_.wd_incr_style, num_steps_};
 }
 
@@ -163,8 +191,8 @@ template <typename T, typename Show>
 T check_and_set(T ours, T theirs, const char* name, SchedulerLoadPolicy p, Show show) {
   if (p == SchedulerLoadPolicy::OverrideFromArgs) return ours;
   if (p == SchedulerLoadPolicy::RequireMatch && !(ours == theirs))
-    throw Error(fmt::format("LR scheduler: the flags give {} = {} but the checkpoint has {}",
-                            name, show(ours), show(theirs)),
+    throw Error(fmt::format("LR scheduler: the flags give {} = {} but the checkpoint has {}", name,
+                            show(ours), show(theirs)),
                 "pass --use-checkpoint-opt_param-scheduler to take the checkpoint's schedule, "
                 "or --override-opt_param-scheduler to take the flags'");
   return theirs;
@@ -182,10 +210,12 @@ void OptimizerParamScheduler::load_state(const SchedulerState& s, SchedulerLoadP
   c.decay_style = check_and_set(c_.decay_style, s.lr_decay_style, "decay style", p, str);
   c.start_wd = check_and_set(c_.start_wd, s.start_wd, "start weight decay", p, num);
   c.end_wd = check_and_set(c_.end_wd, s.end_wd, "end weight decay", p, num);
-  c.wd_incr_steps = check_and_set(c_.wd_incr_steps, s.wd_incr_steps, "total number of weight "
-                                  "decay samples", p, num);
-  c.wd_incr_style = check_and_set(c_.wd_incr_style, s.wd_incr_style, "weight decay incr style",
-                                  p, str);
+  c.wd_incr_steps = check_and_set(c_.wd_incr_steps, s.wd_incr_steps,
+                                  "total number of weight "
+                                  "decay samples",
+                                  p, num);
+  c.wd_incr_style =
+      check_and_set(c_.wd_incr_style, s.wd_incr_style, "weight decay incr style", p, str);
   c_ = c;
   num_steps_ = 0;
   step(s.num_steps);

@@ -26,11 +26,11 @@ const char* to_string(WdIncrStyle s);
 
 // All step counts in samples. training::lr_scheduler_config(args) fills this from flags.
 struct SchedulerConfig {
-  double init_lr = 0.0;           // --lr-warmup-init
-  double max_lr = 0.0;            // --lr
-  double min_lr = 0.0;            // --min-lr
-  double warmup_steps = 0.0;      // may be fractional (--lr-warmup-fraction · decay_steps)
-  int64_t decay_steps = 0;        // > warmup_steps
+  double init_lr = 0.0;       // --lr-warmup-init
+  double max_lr = 0.0;        // --lr
+  double min_lr = 0.0;        // --min-lr
+  double warmup_steps = 0.0;  // may be fractional (--lr-warmup-fraction · decay_steps)
+  int64_t decay_steps = 0;    // > warmup_steps
   LrDecayStyle decay_style = LrDecayStyle::Linear;
   std::optional<int64_t> wsd_decay_steps;  // required for WSD
   WsdDecayStyle wsd_decay_style = WsdDecayStyle::Exponential;

@@ -230,56 +230,115 @@ struct Binding {
   std::string (*show)(const Args&);
 };
 
-#define MCPP_FLAG(name) Binding{#name, &set_field<&Args::name>, &show_field<&Args::name>}
-#define MCPP_DERIVED(name) Binding{#name, nullptr, &show_field<&Args::name>}
+#define MCPP_FLAG(name) \
+  Binding { #name, &set_field < &Args::name>, &show_field < &Args::name> }
+#define MCPP_DERIVED(name) \
+  Binding { #name, nullptr, &show_field < &Args::name> }
 
 // THE list of implemented dests: a flag of Megatron's table is implemented iff it is here.
 // Add a line when a feature lands (and a field to Args, and a test).
 const Binding kBindings[] = {
     // model shape
-    MCPP_FLAG(num_layers), MCPP_FLAG(hidden_size), MCPP_FLAG(ffn_hidden_size),
-    MCPP_FLAG(num_attention_heads), MCPP_FLAG(kv_channels), MCPP_FLAG(group_query_attention),
-    MCPP_FLAG(num_query_groups), MCPP_FLAG(seq_length), MCPP_FLAG(max_position_embeddings),
-    MCPP_FLAG(position_embedding_type), MCPP_FLAG(use_rotary_position_embeddings),
-    MCPP_FLAG(rotary_base), MCPP_FLAG(rotary_percent), MCPP_FLAG(make_vocab_size_divisible_by),
-    MCPP_FLAG(normalization), MCPP_FLAG(layernorm_epsilon), MCPP_FLAG(swiglu),
-    MCPP_FLAG(untie_embeddings_and_output_weights), MCPP_FLAG(add_bias_linear),
-    MCPP_FLAG(hidden_dropout), MCPP_FLAG(attention_dropout), MCPP_FLAG(init_method_std),
+    MCPP_FLAG(num_layers),
+    MCPP_FLAG(hidden_size),
+    MCPP_FLAG(ffn_hidden_size),
+    MCPP_FLAG(num_attention_heads),
+    MCPP_FLAG(kv_channels),
+    MCPP_FLAG(group_query_attention),
+    MCPP_FLAG(num_query_groups),
+    MCPP_FLAG(seq_length),
+    MCPP_FLAG(max_position_embeddings),
+    MCPP_FLAG(position_embedding_type),
+    MCPP_FLAG(use_rotary_position_embeddings),
+    MCPP_FLAG(rotary_base),
+    MCPP_FLAG(rotary_percent),
+    MCPP_FLAG(make_vocab_size_divisible_by),
+    MCPP_FLAG(normalization),
+    MCPP_FLAG(layernorm_epsilon),
+    MCPP_FLAG(swiglu),
+    MCPP_FLAG(untie_embeddings_and_output_weights),
+    MCPP_FLAG(add_bias_linear),
+    MCPP_FLAG(hidden_dropout),
+    MCPP_FLAG(attention_dropout),
+    MCPP_FLAG(init_method_std),
     // batch and length
-    MCPP_FLAG(micro_batch_size), MCPP_FLAG(global_batch_size), MCPP_FLAG(train_iters),
-    MCPP_FLAG(train_samples), MCPP_FLAG(skip_train),
+    MCPP_FLAG(micro_batch_size),
+    MCPP_FLAG(global_batch_size),
+    MCPP_FLAG(train_iters),
+    MCPP_FLAG(train_samples),
+    MCPP_FLAG(skip_train),
     // optimizer and schedules
-    MCPP_FLAG(optimizer), MCPP_FLAG(lr), MCPP_FLAG(min_lr), MCPP_FLAG(lr_decay_style),
-    MCPP_FLAG(lr_decay_iters), MCPP_FLAG(lr_decay_samples), MCPP_FLAG(lr_warmup_iters),
-    MCPP_FLAG(lr_warmup_samples), MCPP_FLAG(lr_warmup_fraction), MCPP_FLAG(lr_warmup_init),
-    MCPP_FLAG(lr_wsd_decay_style), MCPP_FLAG(lr_wsd_decay_iters),
-    MCPP_FLAG(lr_wsd_decay_samples), MCPP_FLAG(weight_decay), MCPP_FLAG(start_weight_decay),
-    MCPP_FLAG(end_weight_decay), MCPP_FLAG(weight_decay_incr_style), MCPP_FLAG(adam_beta1),
-    MCPP_FLAG(adam_beta2), MCPP_FLAG(adam_eps), MCPP_FLAG(clip_grad),
-    MCPP_FLAG(override_opt_param_scheduler), MCPP_FLAG(use_checkpoint_opt_param_scheduler),
+    MCPP_FLAG(optimizer),
+    MCPP_FLAG(lr),
+    MCPP_FLAG(min_lr),
+    MCPP_FLAG(lr_decay_style),
+    MCPP_FLAG(lr_decay_iters),
+    MCPP_FLAG(lr_decay_samples),
+    MCPP_FLAG(lr_warmup_iters),
+    MCPP_FLAG(lr_warmup_samples),
+    MCPP_FLAG(lr_warmup_fraction),
+    MCPP_FLAG(lr_warmup_init),
+    MCPP_FLAG(lr_wsd_decay_style),
+    MCPP_FLAG(lr_wsd_decay_iters),
+    MCPP_FLAG(lr_wsd_decay_samples),
+    MCPP_FLAG(weight_decay),
+    MCPP_FLAG(start_weight_decay),
+    MCPP_FLAG(end_weight_decay),
+    MCPP_FLAG(weight_decay_incr_style),
+    MCPP_FLAG(adam_beta1),
+    MCPP_FLAG(adam_beta2),
+    MCPP_FLAG(adam_eps),
+    MCPP_FLAG(clip_grad),
+    MCPP_FLAG(override_opt_param_scheduler),
+    MCPP_FLAG(use_checkpoint_opt_param_scheduler),
     MCPP_FLAG(seed),
     // data and tokenizer
-    MCPP_FLAG(mock_data), MCPP_FLAG(tokenizer_type), MCPP_FLAG(vocab_size),
-    MCPP_FLAG(vocab_file), MCPP_FLAG(merge_file), MCPP_FLAG(tokenizer_model),
-    MCPP_FLAG(null_tokenizer_eod_id), MCPP_FLAG(data_path), MCPP_FLAG(data_cache_path),
-    MCPP_FLAG(split), MCPP_FLAG(eod_mask_loss), MCPP_FLAG(reset_position_ids),
+    MCPP_FLAG(mock_data),
+    MCPP_FLAG(tokenizer_type),
+    MCPP_FLAG(vocab_size),
+    MCPP_FLAG(vocab_file),
+    MCPP_FLAG(merge_file),
+    MCPP_FLAG(tokenizer_model),
+    MCPP_FLAG(null_tokenizer_eod_id),
+    MCPP_FLAG(data_path),
+    MCPP_FLAG(data_cache_path),
+    MCPP_FLAG(split),
+    MCPP_FLAG(eod_mask_loss),
+    MCPP_FLAG(reset_position_ids),
     MCPP_FLAG(reset_attention_mask),
     // evaluation and logging
-    MCPP_FLAG(eval_interval), MCPP_FLAG(eval_iters), MCPP_FLAG(log_interval),
-    MCPP_FLAG(log_throughput), MCPP_FLAG(timing_log_level),
+    MCPP_FLAG(eval_interval),
+    MCPP_FLAG(eval_iters),
+    MCPP_FLAG(log_interval),
+    MCPP_FLAG(log_throughput),
+    MCPP_FLAG(timing_log_level),
     // parallelism (PP, CP, EP: size 1 only, checked in validate_args)
-    MCPP_FLAG(tensor_model_parallel_size), MCPP_FLAG(pipeline_model_parallel_size),
-    MCPP_FLAG(context_parallel_size), MCPP_FLAG(expert_model_parallel_size),
+    MCPP_FLAG(tensor_model_parallel_size),
+    MCPP_FLAG(pipeline_model_parallel_size),
+    MCPP_FLAG(context_parallel_size),
+    MCPP_FLAG(expert_model_parallel_size),
     // precision and initialisation
-    MCPP_FLAG(bf16), MCPP_FLAG(fp16), MCPP_FLAG(use_cpu_initialization),
+    MCPP_FLAG(bf16),
+    MCPP_FLAG(fp16),
+    MCPP_FLAG(use_cpu_initialization),
     // checkpointing and exit
-    MCPP_FLAG(save), MCPP_FLAG(load), MCPP_FLAG(save_interval), MCPP_FLAG(exit_interval),
-    MCPP_FLAG(exit_duration_in_mins), MCPP_FLAG(no_load_optim), MCPP_FLAG(no_load_rng),
-    MCPP_FLAG(no_save_optim), MCPP_FLAG(no_save_rng), MCPP_FLAG(finetune),
+    MCPP_FLAG(save),
+    MCPP_FLAG(load),
+    MCPP_FLAG(save_interval),
+    MCPP_FLAG(exit_interval),
+    MCPP_FLAG(exit_duration_in_mins),
+    MCPP_FLAG(no_load_optim),
+    MCPP_FLAG(no_load_rng),
+    MCPP_FLAG(no_save_optim),
+    MCPP_FLAG(no_save_rng),
+    MCPP_FLAG(finetune),
     // megatron.cpp's own flags
-    MCPP_FLAG(device), MCPP_FLAG(threads),
+    MCPP_FLAG(device),
+    MCPP_FLAG(threads),
     // derived values print_args shows (as Megatron's args namespace holds them)
-    MCPP_DERIVED(world_size), MCPP_DERIVED(data_parallel_size), MCPP_DERIVED(padded_vocab_size),
+    MCPP_DERIVED(world_size),
+    MCPP_DERIVED(data_parallel_size),
+    MCPP_DERIVED(padded_vocab_size),
 };
 
 #undef MCPP_FLAG
@@ -303,8 +362,7 @@ const ByDesign kByDesign[] = {
      "needed"},
     {"masked_softmax_fusion", "",
      "the causal mask and softmax are always fused inside the attention kernel"},
-    {"attention_softmax_in_fp32", "",
-     "the attention kernel always computes its softmax in fp32"},
+    {"attention_softmax_in_fp32", "", "the attention kernel always computes its softmax in fp32"},
     {"bias_gelu_fusion", "", "kernel fusion is megatron.cpp's choice and does not change results"},
     {"bias_swiglu_fusion", "",
      "kernel fusion is megatron.cpp's choice and does not change results"},
@@ -417,9 +475,9 @@ void check_value(const FlagRow& row, const std::string& spelling, const std::str
   const std::string v = scalar_str(row, tok);
   if (std::find(names.begin(), names.end(), v) != names.end()) return;
   auto near = closest(v, names);
-  throw Error(fmt::format("{}: '{}' is not one of {}", spelling, tok, join(names, ", ")),
-              near.empty() ? "pick one of the listed values"
-                           : fmt::format("did you mean '{}'?", near[0]));
+  throw Error(
+      fmt::format("{}: '{}' is not one of {}", spelling, tok, join(names, ", ")),
+      near.empty() ? "pick one of the listed values" : fmt::format("did you mean '{}'?", near[0]));
 }
 
 }  // namespace
@@ -457,10 +515,10 @@ Args parse_args(const std::vector<std::string>& argv) {
       continue;
     }
     if (!is_flag_token(tok))
-      throw Error(fmt::format("unexpected argument '{}': it follows no flag that takes a value",
-                              tok),
-                  "flags start with --; check the quoting of the previous flag's value, and "
-                  "that the previous flag takes a value at all");
+      throw Error(
+          fmt::format("unexpected argument '{}': it follows no flag that takes a value", tok),
+          "flags start with --; check the quoting of the previous flag's value, and "
+          "that the previous flag takes a value at all");
     std::string name = tok;
     std::optional<std::string> inline_value;
     if (auto eq = tok.find('='); eq != std::string::npos) {
@@ -515,16 +573,16 @@ Args parse_args(const std::vector<std::string>& argv) {
     if (const ByDesign* d = find_by_design(dest)) {
       auto ok = split_on(d->values, '|');
       if (ok.empty() || equals_default(g) || std::count(ok.begin(), ok.end(), g.str())) continue;
-      throw Error(fmt::format("{} {} is not supported by megatron.cpp (accepted: {}): {}",
-                              g.spelling, g.str(), join(ok, ", "), d->reason),
-                  fmt::format("drop {} or give one of the accepted values; see {}", g.spelling,
-                              kFlagsDoc));
+      throw Error(
+          fmt::format("{} {} is not supported by megatron.cpp (accepted: {}): {}", g.spelling,
+                      g.str(), join(ok, ", "), d->reason),
+          fmt::format("drop {} or give one of the accepted values; see {}", g.spelling, kFlagsDoc));
     }
     if (equals_default(g)) continue;  // harmless: asks for what Megatron does by default
-    not_implemented.push_back(fmt::format(
-        "{} is a Megatron-LM flag that megatron.cpp does not implement yet (given {}, "
-        "Megatron's default is {})",
-        g.spelling, g.str(), g.row->dflt));
+    not_implemented.push_back(
+        fmt::format("{} is a Megatron-LM flag that megatron.cpp does not implement yet (given {}, "
+                    "Megatron's default is {})",
+                    g.spelling, g.str(), g.row->dflt));
   }
   if (!not_implemented.empty())
     throw Error(join(not_implemented, "\n"),
@@ -537,17 +595,17 @@ Args parse_args(const std::vector<std::string>& argv) {
 // ---- public: validation -----------------------------------------------------------------
 
 void validate_args(Args& a, int world_size, bool training) {
-  MCPP_CHECK_HINT(world_size >= 1, "launch at least one process",
-                  "world size {} is not positive", world_size);
+  MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
+                  world_size);
   a.world_size = world_size;
 
   // Features whose flag is implemented only for some values (for now).
   if (a.use_rotary_position_embeddings) a.position_embedding_type = "rope";
-  MCPP_CHECK_HINT(a.position_embedding_type == "learned_absolute" ||
-                      a.position_embedding_type == "rope",
-                  "use --position-embedding-type learned_absolute or rope",
-                  "--position-embedding-type {} is not implemented yet by megatron.cpp",
-                  a.position_embedding_type);
+  MCPP_CHECK_HINT(
+      a.position_embedding_type == "learned_absolute" || a.position_embedding_type == "rope",
+      "use --position-embedding-type learned_absolute or rope",
+      "--position-embedding-type {} is not implemented yet by megatron.cpp",
+      a.position_embedding_type);
   MCPP_CHECK_HINT(a.optimizer == "adam", "use --optimizer adam (AdamW, Megatron's default)",
                   "--optimizer {} is not implemented yet by megatron.cpp", a.optimizer);
   MCPP_CHECK_HINT(a.pipeline_model_parallel_size == 1,
@@ -565,8 +623,9 @@ void validate_args(Args& a, int world_size, bool training) {
                   a.expert_model_parallel_size);
   {
     static const std::set<std::string> ok = {
-        "GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-        "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullTokenizer"};
+        "GPT2BPETokenizer",     "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+        "HuggingFaceTokenizer", "Llama2Tokenizer",        "TikTokenizer",
+        "NullTokenizer"};
     MCPP_CHECK_HINT(ok.count(a.tokenizer_type),
                     "use GPT2BPETokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
                     "HuggingFaceTokenizer, Llama2Tokenizer, TikTokenizer or NullTokenizer",
@@ -601,8 +660,8 @@ void validate_args(Args& a, int world_size, bool training) {
                     flag, v);
   };
   auto non_negative = [&](int64_t v, const char* flag) {
-    MCPP_CHECK_HINT(v >= 0, fmt::format("give {} a value >= 0", flag),
-                    "{} {} must not be negative", flag, v);
+    MCPP_CHECK_HINT(v >= 0, fmt::format("give {} a value >= 0", flag), "{} {} must not be negative",
+                    flag, v);
   };
   positive(a.num_layers, "--num-layers");
   positive(a.hidden_size, "--hidden-size");
@@ -633,13 +692,13 @@ void validate_args(Args& a, int world_size, bool training) {
   // Parallel layout: world = TP * PP * CP * DP.
   const int64_t model_size =
       a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size;
-  MCPP_CHECK_HINT(world_size % model_size == 0,
-                  fmt::format("launch a multiple of {} processes, or change the parallel sizes",
-                              model_size),
-                  "world size ({}) is not divisible by --tensor-model-parallel-size {} x "
-                  "--pipeline-model-parallel-size {} x --context-parallel-size {} = {}",
-                  world_size, a.tensor_model_parallel_size, a.pipeline_model_parallel_size,
-                  a.context_parallel_size, model_size);
+  MCPP_CHECK_HINT(
+      world_size % model_size == 0,
+      fmt::format("launch a multiple of {} processes, or change the parallel sizes", model_size),
+      "world size ({}) is not divisible by --tensor-model-parallel-size {} x "
+      "--pipeline-model-parallel-size {} x --context-parallel-size {} = {}",
+      world_size, a.tensor_model_parallel_size, a.pipeline_model_parallel_size,
+      a.context_parallel_size, model_size);
   a.data_parallel_size = world_size / model_size;
 
   MCPP_CHECK_HINT(!(a.bf16 && a.fp16), "give one of --bf16 and --fp16",
@@ -650,8 +709,8 @@ void validate_args(Args& a, int world_size, bool training) {
     MCPP_CHECK_HINT(a.hidden_size % a.num_attention_heads == 0,
                     "choose --hidden-size as a multiple of --num-attention-heads, or give the "
                     "head dimension with --kv-channels",
-                    "--hidden-size {} is not divisible by --num-attention-heads {}",
-                    a.hidden_size, a.num_attention_heads);
+                    "--hidden-size {} is not divisible by --num-attention-heads {}", a.hidden_size,
+                    a.num_attention_heads);
     a.kv_channels = a.hidden_size / a.num_attention_heads;
   }
   if (!a.group_query_attention) a.num_query_groups = a.num_attention_heads;
@@ -701,13 +760,13 @@ void validate_args(Args& a, int world_size, bool training) {
   if (!a.was_given("global_batch_size")) a.global_batch_size = per_step;
   if (a.global_batch_size % per_step != 0) {
     const int64_t lo = a.global_batch_size / per_step * per_step;
-    throw Error(fmt::format("--global-batch-size {} is not a multiple of --micro-batch-size {} x "
-                            "data-parallel size {} = {}",
-                            a.global_batch_size, a.micro_batch_size, a.data_parallel_size,
-                            per_step),
-                fmt::format("use a multiple of {}, e.g. {}", per_step,
-                            lo > 0 ? fmt::format("{} or {}", lo, lo + per_step)
-                                   : std::to_string(per_step)));
+    throw Error(
+        fmt::format("--global-batch-size {} is not a multiple of --micro-batch-size {} x "
+                    "data-parallel size {} = {}",
+                    a.global_batch_size, a.micro_batch_size, a.data_parallel_size, per_step),
+        fmt::format(
+            "use a multiple of {}, e.g. {}", per_step,
+            lo > 0 ? fmt::format("{} or {}", lo, lo + per_step) : std::to_string(per_step)));
   }
   a.num_microbatches = a.global_batch_size / per_step;
 
@@ -807,11 +866,10 @@ void validate_args(Args& a, int world_size, bool training) {
                   "--weight-decay {} is negative", a.weight_decay);
   MCPP_CHECK_HINT(a.clip_grad >= 0.0, "give --clip-grad >= 0 (0 disables clipping)",
                   "--clip-grad {} is negative", a.clip_grad);
-  MCPP_CHECK_HINT(a.adam_beta1 >= 0.0 && a.adam_beta1 < 1.0 && a.adam_beta2 >= 0.0 &&
-                      a.adam_beta2 < 1.0,
-                  "give --adam-beta1/--adam-beta2 in [0, 1), e.g. 0.9 and 0.95",
-                  "--adam-beta1 {} / --adam-beta2 {} must lie in [0, 1)", a.adam_beta1,
-                  a.adam_beta2);
+  MCPP_CHECK_HINT(
+      a.adam_beta1 >= 0.0 && a.adam_beta1 < 1.0 && a.adam_beta2 >= 0.0 && a.adam_beta2 < 1.0,
+      "give --adam-beta1/--adam-beta2 in [0, 1), e.g. 0.9 and 0.95",
+      "--adam-beta1 {} / --adam-beta2 {} must lie in [0, 1)", a.adam_beta1, a.adam_beta2);
   MCPP_CHECK_HINT(a.adam_eps > 0.0, "give --adam-eps > 0, e.g. 1e-8",
                   "--adam-eps {} must be positive", a.adam_eps);
 
@@ -854,8 +912,10 @@ optim::SchedulerConfig lr_scheduler_config(const Args& a) {
 // ---- public: vocabulary padding ---------------------------------------------------------
 
 int64_t padded_vocab_size(int64_t orig, int64_t divisible_by, int64_t tp) {
-  MCPP_CHECK_HINT(orig > 0, "check the tokenizer / --vocab-size", "vocabulary size {} is not "
-                  "positive", orig);
+  MCPP_CHECK_HINT(orig > 0, "check the tokenizer / --vocab-size",
+                  "vocabulary size {} is not "
+                  "positive",
+                  orig);
   MCPP_CHECK_HINT(divisible_by > 0 && tp > 0, "give --make-vocab-size-divisible-by >= 1",
                   "cannot pad the vocabulary to a multiple of {} x TP {}", divisible_by, tp);
   const int64_t multiple = divisible_by * tp;
@@ -907,8 +967,8 @@ std::vector<std::string> describe_by_design_flags(const Args& a) {
   std::vector<std::string> out;
   for (const auto& d : kByDesign)
     if (auto it = a.given.find(d.dest); it != a.given.end())
-      out.push_back(fmt::format("{} {}: accepted by design: {}", flag_name(d.dest), it->second,
-                                d.reason));
+      out.push_back(
+          fmt::format("{} {}: accepted by design: {}", flag_name(d.dest), it->second, d.reason));
   return out;
 }
 
@@ -922,7 +982,9 @@ std::string help_text() {
     if (r.action == FlagAction::Store)
       meta = r.choices[0] ? " {" + join(split_on(r.choices, '|'), ",") + "}"
              : is_list(r) ? " VALUE [VALUE ...]"
-                          : " " + std::string(is_int_type(r) ? "N" : is_float_type(r) ? "X" : "S");
+                          : " " + std::string(is_int_type(r)     ? "N"
+                                              : is_float_type(r) ? "X"
+                                                                 : "S");
     return fmt::format("  {}{}  (default: {})\n", spell, meta, r.dflt);
   };
   std::string group;

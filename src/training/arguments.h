@@ -31,8 +31,8 @@ enum class FlagAction { Store, StoreTrue, StoreFalse, BooleanOptional };
 // One flag of the parser, as Megatron's argparse declares it. Strings are never null.
 struct FlagRow {
   const char* group;
-  const char* flags;    // every spelling, space-separated: "--no-x --disable-x"
-  const char* dest;     // Megatron's attribute name (args.<dest>)
+  const char* flags;  // every spelling, space-separated: "--no-x --disable-x"
+  const char* dest;   // Megatron's attribute name (args.<dest>)
   FlagAction action;
   const char* type;     // "int", "float", "str", "" (argparse default: str), or a helper's name
   const char* nargs;    // "" (one value, or none for store_true/false), "+", "*", "3"
@@ -52,15 +52,15 @@ struct Args {
   // Model shape. 0 = not given; validate_args requires or derives them.
   int64_t num_layers = 0;
   int64_t hidden_size = 0;
-  int64_t ffn_hidden_size = 0;       // derived: 4h, or int(4h*2/3/64)*64 with --swiglu
+  int64_t ffn_hidden_size = 0;  // derived: 4h, or int(4h*2/3/64)*64 with --swiglu
   int64_t num_attention_heads = 0;
-  int64_t kv_channels = 0;           // derived: h / heads
+  int64_t kv_channels = 0;  // derived: h / heads
   bool group_query_attention = false;
-  int64_t num_query_groups = 1;      // validate_args: = heads unless --group-query-attention
+  int64_t num_query_groups = 1;  // validate_args: = heads unless --group-query-attention
   int64_t seq_length = 0;
   int64_t max_position_embeddings = 0;
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope
-  bool use_rotary_position_embeddings = false;  // deprecated alias of rope
+  bool use_rotary_position_embeddings = false;               // deprecated alias of rope
   int64_t rotary_base = 10000;
   double rotary_percent = 1.0;
   int64_t make_vocab_size_divisible_by = 128;
@@ -75,14 +75,14 @@ struct Args {
 
   // Batch and training length.
   int64_t micro_batch_size = 0;
-  int64_t global_batch_size = 0;     // derived: mbs * DP
-  int64_t train_iters = 0;           // derived from train_samples // gbs when sample-based
+  int64_t global_batch_size = 0;  // derived: mbs * DP
+  int64_t train_iters = 0;        // derived from train_samples // gbs when sample-based
   std::optional<int64_t> train_samples;
   bool skip_train = false;
 
   // Optimizer and LR / WD schedule (megatron.md §2.3).
   std::string optimizer = "adam";
-  double lr = 0.0;                   // required for training
+  double lr = 0.0;  // required for training
   double min_lr = 0.0;
   std::string lr_decay_style = "linear";
   std::optional<int64_t> lr_decay_iters;    // derived: train_iters (iteration-based)
@@ -114,7 +114,7 @@ struct Args {
   std::optional<int64_t> null_tokenizer_eod_id;
   std::vector<std::string> data_path;  // "prefix" or "w1 p1 w2 p2 ..." (nargs *)
   std::optional<std::string> data_cache_path;
-  std::optional<std::string> split;    // derived: "969, 30, 1" when --data-path is given
+  std::optional<std::string> split;  // derived: "969, 30, 1" when --data-path is given
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;

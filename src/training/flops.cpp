@@ -11,8 +11,9 @@ FlopsShape FlopsShape::from_args(const Args& a) {
                   "FLOPs need the padded vocabulary size, which is not known yet");
   MCPP_CHECK_HINT(a.kv_channels > 0 && a.ffn_hidden_size > 0, "call validate_args first",
                   "FLOPs need validated arguments (kv_channels / ffn_hidden_size are unset)");
-  return {a.num_layers,      a.hidden_size, a.ffn_hidden_size,       a.num_attention_heads,
-          a.num_query_groups, a.kv_channels, a.seq_length, *a.padded_vocab_size, a.swiglu};
+  return {a.num_layers,          a.hidden_size,        a.ffn_hidden_size,
+          a.num_attention_heads, a.num_query_groups,   a.kv_channels,
+          a.seq_length,          *a.padded_vocab_size, a.swiglu};
 }
 
 double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
@@ -42,8 +43,8 @@ double num_floating_point_operations(const Args& args, int64_t batch_size) {
 }
 
 double throughput_tflops_per_gpu(double flops, double seconds, int64_t world_size) {
-  MCPP_CHECK(seconds > 0.0 && world_size > 0, "throughput: bad time {} s or world size {}",
-             seconds, world_size);
+  MCPP_CHECK(seconds > 0.0 && world_size > 0, "throughput: bad time {} s or world size {}", seconds,
+             world_size);
   return flops / (seconds * 1e12 * static_cast<double>(world_size));
 }
 

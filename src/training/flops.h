@@ -16,14 +16,14 @@ namespace mcpp::training {
 
 // Shape numbers the formula reads; from_args fills them from validated Args.
 struct FlopsShape {
-  int64_t num_layers = 0;        // L
-  int64_t hidden_size = 0;       // h
-  int64_t ffn_hidden_size = 0;   // F
+  int64_t num_layers = 0;           // L
+  int64_t hidden_size = 0;          // h
+  int64_t ffn_hidden_size = 0;      // F
   int64_t num_attention_heads = 0;  // nh
-  int64_t num_query_groups = 0;  // ng (= nh without GQA)
-  int64_t kv_channels = 0;       // head dim
-  int64_t seq_length = 0;        // s
-  int64_t padded_vocab_size = 0;  // V (padded)
+  int64_t num_query_groups = 0;     // ng (= nh without GQA)
+  int64_t kv_channels = 0;          // head dim
+  int64_t seq_length = 0;           // s
+  int64_t padded_vocab_size = 0;    // V (padded)
   bool swiglu = false;
   static FlopsShape from_args(const Args& args);  // needs args.padded_vocab_size set
 };

@@ -15,7 +15,7 @@ struct IterationLog {
   int64_t iteration = 0;
   int64_t train_iters = 0;
   int64_t consumed_samples = 0;
-  int64_t skipped_samples = 0;              // printed only when > 0, as Megatron
+  int64_t skipped_samples = 0;  // printed only when > 0, as Megatron
   double elapsed_ms_per_iteration = 0.0;
   std::optional<double> throughput_tflops;  // with --log-throughput
   std::optional<double> learning_rate;      // nullopt prints "None"

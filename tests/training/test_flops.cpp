@@ -8,12 +8,29 @@ using namespace mcpp::training::test;
 
 TEST(Flops, Gpt2_124M_Reproduces5p230e13) {
   // 12 layers, hidden 768, 12 heads, ffn 3072, B = 64, s = 1024, V = 50304 (padded 50257).
-  Args a = parse_and_validate({"--num-layers", "12", "--hidden-size", "768",
-                               "--num-attention-heads", "12", "--seq-length", "1024",
-                               "--max-position-embeddings", "1024", "--micro-batch-size", "8",
-                               "--global-batch-size", "64", "--lr", "6e-4", "--train-iters", "30",
-                               "--mock-data", "--tokenizer-type", "NullTokenizer",
-                               "--vocab-size", "50257"});
+  Args a = parse_and_validate({"--num-layers",
+                               "12",
+                               "--hidden-size",
+                               "768",
+                               "--num-attention-heads",
+                               "12",
+                               "--seq-length",
+                               "1024",
+                               "--max-position-embeddings",
+                               "1024",
+                               "--micro-batch-size",
+                               "8",
+                               "--global-batch-size",
+                               "64",
+                               "--lr",
+                               "6e-4",
+                               "--train-iters",
+                               "30",
+                               "--mock-data",
+                               "--tokenizer-type",
+                               "NullTokenizer",
+                               "--vocab-size",
+                               "50257"});
   EXPECT_THROW(num_floating_point_operations(a, 64), Error);  // padded vocab not set yet
   a.padded_vocab_size = padded_vocab_size(50257, a.make_vocab_size_divisible_by, 1);
   ASSERT_EQ(*a.padded_vocab_size, 50304);
@@ -51,8 +68,8 @@ TEST(Flops, GqaAndSwigluClosedForm) {
 }
 
 TEST(Flops, FromArgsUsesDerivedShape) {
-  Args a = parse_and_validate(with(base_argv(), {"--swiglu", "--group-query-attention",
-                                                 "--num-query-groups", "2"}));
+  Args a = parse_and_validate(
+      with(base_argv(), {"--swiglu", "--group-query-attention", "--num-query-groups", "2"}));
   a.padded_vocab_size = 128;
   FlopsShape m = FlopsShape::from_args(a);
   EXPECT_EQ(m.ffn_hidden_size, 128);  // int(64·8/3/64)·64 = 128 for h = 64

@@ -57,8 +57,9 @@ TEST(LogLine, OptionalFieldsAndOurTokensPerSecond) {
 
 TEST(LogLine, ValidationLine) {
   const std::string v = format_validation_line("iteration 100", {{"lm loss", 5.0}});
-  EXPECT_EQ(v, " validation loss at iteration 100 | lm loss value: 5.000000E+00 | lm loss PPL: "
-               "1.484132E+02 | ");
+  EXPECT_EQ(v,
+            " validation loss at iteration 100 | lm loss value: 5.000000E+00 | lm loss PPL: "
+            "1.484132E+02 | ");
   EXPECT_EQ(validation_rule(v), std::string(v.size() + 1, '-'));
   // PPL is exp(min(20, loss)).
   EXPECT_NE(format_validation_line("iteration 1", {{"lm loss", 30.0}}).find("PPL: 4.851652E+08"),
@@ -66,8 +67,8 @@ TEST(LogLine, ValidationLine) {
 }
 
 TEST(LogLine, NowTimestampShape) {
-  EXPECT_TRUE(std::regex_match(now_timestamp(),
-                               std::regex(R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6})")));
+  EXPECT_TRUE(
+      std::regex_match(now_timestamp(), std::regex(R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6})")));
   IterationLog l = example();
   l.timestamp.clear();
   EXPECT_EQ(format_iteration_line(l).rfind(" [", 0), 0u);

@@ -44,9 +44,9 @@ TEST(LrScheduler, WarmupIncludingInit) {
   EXPECT_DOUBLE_EQ(lr_at(c, 50), 0.5);
   EXPECT_DOUBLE_EQ(lr_at(c, 100), 1.0);  // n <= warmup is still warmup
   c.init_lr = 0.2;
-  EXPECT_DOUBLE_EQ(lr_at(c, 25), 0.4);   // 0.2 + 0.8 * 25/100
+  EXPECT_DOUBLE_EQ(lr_at(c, 25), 0.4);  // 0.2 + 0.8 * 25/100
   c.warmup_steps = 0;
-  EXPECT_DOUBLE_EQ(lr_at(c, 0), 1.0);    // no warmup: starts at max
+  EXPECT_DOUBLE_EQ(lr_at(c, 0), 1.0);  // no warmup: starts at max
 }
 
 TEST(LrScheduler, Linear) {
@@ -67,19 +67,19 @@ TEST(LrScheduler, Cosine) {
 
 TEST(LrScheduler, Constant) {
   auto c = cfg(LrDecayStyle::Constant);
-  EXPECT_DOUBLE_EQ(lr_at(c, 50), 0.5);     // warmup still applies
+  EXPECT_DOUBLE_EQ(lr_at(c, 50), 0.5);  // warmup still applies
   EXPECT_DOUBLE_EQ(lr_at(c, 500), 1.0);
-  EXPECT_DOUBLE_EQ(lr_at(c, 5000), 1.0);   // constant ignores the decay length
+  EXPECT_DOUBLE_EQ(lr_at(c, 5000), 1.0);  // constant ignores the decay length
 }
 
 TEST(LrScheduler, InverseSquareRoot) {
   auto c = cfg(LrDecayStyle::InverseSquareRoot);
-  EXPECT_DOUBLE_EQ(lr_at(c, 400), 0.5);           // sqrt(100)/sqrt(400)
+  EXPECT_DOUBLE_EQ(lr_at(c, 400), 0.5);  // sqrt(100)/sqrt(400)
   EXPECT_NEAR(lr_at(c, 900), 1.0 / 3.0, 1e-15);
   EXPECT_NEAR(lr_at(c, 1000), 0.316227766, 1e-9);
-  EXPECT_DOUBLE_EQ(lr_at(c, 1001), 0.1);          // past decay: min
+  EXPECT_DOUBLE_EQ(lr_at(c, 1001), 0.1);  // past decay: min
   c.min_lr = 0.45;
-  EXPECT_DOUBLE_EQ(lr_at(c, 900), 0.45);          // floored at min
+  EXPECT_DOUBLE_EQ(lr_at(c, 900), 0.45);  // floored at min
 }
 
 TEST(LrScheduler, WsdFourDecayStyles) {

@@ -23,30 +23,92 @@ TEST(FlagTable, HasEveryMegatronFlagOnceAndOurFlagsApart) {
         start = end + 1;
       }
     }
-  EXPECT_EQ(spellings.size(), n) << "a spelling appears twice (our flags must not shadow Megatron's)";
+  EXPECT_EQ(spellings.size(), n)
+      << "a spelling appears twice (our flags must not shadow Megatron's)";
   for (const auto& r : mcpp_flag_table()) EXPECT_EQ(flag_support(r.dest), FlagSupport::Ours);
 }
 
 TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
-  for (const char* d :
-       {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
-        "group_query_attention", "num_query_groups", "seq_length", "max_position_embeddings",
-        "position_embedding_type", "rotary_base", "rotary_percent",
-        "make_vocab_size_divisible_by", "normalization", "layernorm_epsilon", "swiglu",
-        "untie_embeddings_and_output_weights", "add_bias_linear", "hidden_dropout",
-        "attention_dropout", "init_method_std", "micro_batch_size", "global_batch_size",
-        "train_iters", "train_samples", "lr", "min_lr", "lr_decay_style", "lr_decay_iters",
-        "lr_decay_samples", "lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction",
-        "lr_warmup_init", "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples",
-        "weight_decay", "start_weight_decay", "end_weight_decay", "weight_decay_incr_style",
-        "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "optimizer", "seed", "mock_data",
-        "tokenizer_type", "vocab_size", "vocab_file", "merge_file", "tokenizer_model",
-        "data_path", "split", "eval_interval", "eval_iters", "log_interval",
-        "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-        "expert_model_parallel_size", "use_cpu_initialization", "bf16", "fp16", "save", "load",
-        "save_interval", "exit_interval", "exit_duration_in_mins", "no_load_optim",
-        "no_load_rng", "no_save_optim", "no_save_rng", "finetune", "eod_mask_loss",
-        "reset_position_ids", "reset_attention_mask", "log_throughput", "timing_log_level"}) {
+  for (const char* d : {"num_layers",
+                        "hidden_size",
+                        "ffn_hidden_size",
+                        "num_attention_heads",
+                        "kv_channels",
+                        "group_query_attention",
+                        "num_query_groups",
+                        "seq_length",
+                        "max_position_embeddings",
+                        "position_embedding_type",
+                        "rotary_base",
+                        "rotary_percent",
+                        "make_vocab_size_divisible_by",
+                        "normalization",
+                        "layernorm_epsilon",
+                        "swiglu",
+                        "untie_embeddings_and_output_weights",
+                        "add_bias_linear",
+                        "hidden_dropout",
+                        "attention_dropout",
+                        "init_method_std",
+                        "micro_batch_size",
+                        "global_batch_size",
+                        "train_iters",
+                        "train_samples",
+                        "lr",
+                        "min_lr",
+                        "lr_decay_style",
+                        "lr_decay_iters",
+                        "lr_decay_samples",
+                        "lr_warmup_iters",
+                        "lr_warmup_samples",
+                        "lr_warmup_fraction",
+                        "lr_warmup_init",
+                        "lr_wsd_decay_style",
+                        "lr_wsd_decay_iters",
+                        "lr_wsd_decay_samples",
+                        "weight_decay",
+                        "start_weight_decay",
+                        "end_weight_decay",
+                        "weight_decay_incr_style",
+                        "adam_beta1",
+                        "adam_beta2",
+                        "adam_eps",
+                        "clip_grad",
+                        "optimizer",
+                        "seed",
+                        "mock_data",
+                        "tokenizer_type",
+                        "vocab_size",
+                        "vocab_file",
+                        "merge_file",
+                        "tokenizer_model",
+                        "data_path",
+                        "split",
+                        "eval_interval",
+                        "eval_iters",
+                        "log_interval",
+                        "tensor_model_parallel_size",
+                        "pipeline_model_parallel_size",
+                        "context_parallel_size",
+                        "expert_model_parallel_size",
+                        "use_cpu_initialization",
+                        "bf16",
+                        "fp16",
+                        "save",
+                        "load",
+                        "save_interval",
+                        "exit_interval",
+                        "exit_duration_in_mins",
+                        "no_load_optim",
+                        "no_load_rng",
+                        "no_save_optim",
+                        "no_save_rng",
+                        "finetune",
+                        "eod_mask_loss",
+                        "reset_position_ids",
+                        "reset_attention_mask",
+                        "log_throughput",
+                        "timing_log_level"}) {
     EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
   }
   EXPECT_EQ(flag_support("use_flash_attn"), FlagSupport::ByDesign);
@@ -70,10 +132,16 @@ TEST(Parse, NargsStarAndPlus) {
   EXPECT_EQ(a.given.at("data_path"), "['0.7', 'a', '0.3', 'b']");
   Args b = parse_args({"--data-path", "--seed", "7"});  // nargs '*': zero values are fine
   EXPECT_TRUE(b.data_path.empty());
-  expect_error([] { parse_args({"--hierarchical-context-parallel-sizes", "--seed", "1"}); },
-               {"--hierarchical-context-parallel-sizes needs at least one value"});
-  expect_error([] { parse_args({"--rampup-batch-size", "16", "16"}); },
-               {"--rampup-batch-size needs exactly 3 values, got 2"});
+  expect_error(
+      [] {
+        parse_args({"--hierarchical-context-parallel-sizes", "--seed", "1"});
+      },
+      {"--hierarchical-context-parallel-sizes needs at least one value"});
+  expect_error(
+      [] {
+        parse_args({"--rampup-batch-size", "16", "16"});
+      },
+      {"--rampup-batch-size needs exactly 3 values, got 2"});
 }
 
 TEST(Parse, StoreTrueStoreFalseAndTheirSpellings) {
@@ -95,20 +163,29 @@ TEST(Parse, StoreTrueStoreFalseAndTheirSpellings) {
 }
 
 TEST(Parse, ChoicesAreValidated) {
-  expect_error([] { parse_args({"--lr-decay-style", "cosin"}); },
-               {"--lr-decay-style: 'cosin' is not one of constant, linear, cosine, "
-                "inverse-square-root, WSD",
-                "did you mean 'cosine'?"});
-  expect_error([] { parse_args({"--normalization", "rmsnorm"}); },
-               {"'rmsnorm' is not one of LayerNorm, RMSNorm"});
+  expect_error(
+      [] {
+        parse_args({"--lr-decay-style", "cosin"});
+      },
+      {"--lr-decay-style: 'cosin' is not one of constant, linear, cosine, "
+       "inverse-square-root, WSD",
+       "did you mean 'cosine'?"});
+  expect_error(
+      [] {
+        parse_args({"--normalization", "rmsnorm"});
+      },
+      {"'rmsnorm' is not one of LayerNorm, RMSNorm"});
   expect_error([] { parse_args({"--timing-log-level", "3"}); }, {"'3' is not one of 0, 1, 2"});
   EXPECT_EQ(parse_args({"--lr-decay-style", "WSD"}).lr_decay_style, "WSD");
   EXPECT_EQ(parse_args({"--timing-log-level", "2"}).timing_log_level, 2);
 }
 
 TEST(Parse, TypedConversionErrorsNameTheFlag) {
-  expect_error([] { parse_args({"--hidden-size", "12.5"}); },
-               {"--hidden-size expects an integer, got '12.5'"});
+  expect_error(
+      [] {
+        parse_args({"--hidden-size", "12.5"});
+      },
+      {"--hidden-size expects an integer, got '12.5'"});
   expect_error([] { parse_args({"--lr", "fast"}); }, {"--lr expects a number, got 'fast'"});
   expect_error([] { parse_args({"--seed="}); }, {"--seed expects an integer, got ''"});
   EXPECT_EQ(parse_args({"--train-iters", "1_000"}).train_iters, 1000);  // Python int()
@@ -117,8 +194,11 @@ TEST(Parse, TypedConversionErrorsNameTheFlag) {
 }
 
 TEST(Parse, UnknownFlagSuggestsTheClosest) {
-  expect_error([] { parse_args({"--hiden-size", "8"}); },
-               {"unknown flag --hiden-size; did you mean --hidden-size?"});
+  expect_error(
+      [] {
+        parse_args({"--hiden-size", "8"});
+      },
+      {"unknown flag --hiden-size; did you mean --hidden-size?"});
   expect_error([] { parse_args({"--num-layer=2"}); },
                {"unknown flag --num-layer; did you mean --num-layers?"});
   expect_error([] { parse_args({"-lr", "1"}); }, {"unknown flag -lr; did you mean --lr?"});
@@ -132,8 +212,11 @@ TEST(Parse, UnknownFlagSuggestsTheClosest) {
 
 TEST(Parse, MissingValueAndStrayTokens) {
   expect_error([] { parse_args({"--hidden-size"}); }, {"--hidden-size needs a value"});
-  expect_error([] { parse_args({"--hidden-size", "--num-layers", "2"}); },
-               {"--hidden-size needs a value"});
+  expect_error(
+      [] {
+        parse_args({"--hidden-size", "--num-layers", "2"});
+      },
+      {"--hidden-size needs a value"});
   expect_error([] { parse_args({"--num-layers", "2", "3"}); }, {"unexpected argument '3'"});
   expect_error([] { parse_args({"train.py"}); }, {"unexpected argument 'train.py'"});
 }
@@ -145,18 +228,24 @@ TEST(Parse, RepeatedFlagLastWins) {
 }
 
 TEST(Parse, NotImplementedFlagWithNonDefaultValueIsAnError) {
-  expect_error([] { parse_args({"--fp8-format", "hybrid"}); },
-               {"--fp8-format is a Megatron-LM flag that megatron.cpp does not implement yet",
-                "given hybrid", "default is None"});
+  expect_error(
+      [] {
+        parse_args({"--fp8-format", "hybrid"});
+      },
+      {"--fp8-format is a Megatron-LM flag that megatron.cpp does not implement yet",
+       "given hybrid", "default is None"});
   expect_error([] { parse_args({"--sequence-parallel"}); },
                {"--sequence-parallel is a Megatron-LM flag that megatron.cpp does not implement"});
   // Several at once are all named.
-  expect_error([] { parse_args({"--use-distributed-optimizer", "--hysteresis", "4"}); },
-               {"--use-distributed-optimizer is a", "--hysteresis is a"});
+  expect_error(
+      [] {
+        parse_args({"--use-distributed-optimizer", "--hysteresis", "4"});
+      },
+      {"--use-distributed-optimizer is a", "--hysteresis is a"});
   // The same flags with Megatron's default values ask for nothing new: accepted.
-  EXPECT_NO_THROW(parse_args({"--ckpt-format", "torch_dist", "--fp8-recipe", "delayed",
-                              "--hysteresis", "2", "--initial-loss-scale", "4.294967296e9",
-                              "--loss-scale-window", "1000"}));
+  EXPECT_NO_THROW(
+      parse_args({"--ckpt-format", "torch_dist", "--fp8-recipe", "delayed", "--hysteresis", "2",
+                  "--initial-loss-scale", "4.294967296e9", "--loss-scale-window", "1000"}));
 }
 
 TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
@@ -172,11 +261,17 @@ TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
             std::string::npos)
       << all;
   EXPECT_NE(all.find("--num-workers 8"), std::string::npos) << all;
-  expect_error([] { parse_args({"--transformer-impl", "inference_optimized"}); },
-               {"--transformer-impl inference_optimized is not supported",
-                "accepted: local, transformer_engine"});
-  expect_error([] { parse_args({"--attention-backend", "magic"}); },
-               {"'magic' is not one of flash, fused, unfused, local, auto"});
+  expect_error(
+      [] {
+        parse_args({"--transformer-impl", "inference_optimized"});
+      },
+      {"--transformer-impl inference_optimized is not supported",
+       "accepted: local, transformer_engine"});
+  expect_error(
+      [] {
+        parse_args({"--attention-backend", "magic"});
+      },
+      {"'magic' is not one of flash, fused, unfused, local, auto"});
   EXPECT_TRUE(describe_by_design_flags(parse_args({})).empty());
 }
 

@@ -14,10 +14,27 @@ namespace mcpp::training::test {
 
 // A small, valid training command line (NullTokenizer + mock data).
 inline std::vector<std::string> base_argv() {
-  return {"--num-layers", "2",  "--hidden-size",   "64",     "--num-attention-heads",
-          "4",            "--seq-length", "32",   "--max-position-embeddings", "32",
-          "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "10", "--mock-data",
-          "--tokenizer-type", "NullTokenizer", "--vocab-size", "100"};
+  return {"--num-layers",
+          "2",
+          "--hidden-size",
+          "64",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "32",
+          "--max-position-embeddings",
+          "32",
+          "--micro-batch-size",
+          "2",
+          "--lr",
+          "1e-3",
+          "--train-iters",
+          "10",
+          "--mock-data",
+          "--tokenizer-type",
+          "NullTokenizer",
+          "--vocab-size",
+          "100"};
 }
 
 inline std::vector<std::string> with(std::vector<std::string> v,

@@ -21,7 +21,7 @@ TEST(Validate, DerivedDefaults) {
   EXPECT_EQ(a.data_parallel_size, 4);
   EXPECT_EQ(a.global_batch_size, 8);  // mbs * DP
   EXPECT_EQ(a.num_microbatches, 1);
-  EXPECT_EQ(a.lr_decay_iters, 10);    // = train_iters
+  EXPECT_EQ(a.lr_decay_iters, 10);  // = train_iters
   EXPECT_EQ(a.start_weight_decay, 0.01);
   EXPECT_EQ(a.end_weight_decay, 0.01);
   EXPECT_FALSE(a.split.has_value());  // mock data: no split
@@ -32,8 +32,8 @@ TEST(Validate, SwigluFfnAndGqaAndTp) {
   auto v = with(without(without(without(base_argv(), "--hidden-size"), "--num-attention-heads"),
                         "--max-position-embeddings"),
                 {"--hidden-size", "4096", "--num-attention-heads", "32", "--swiglu",
-                 "--group-query-attention", "--num-query-groups", "8",
-                 "--max-position-embeddings", "4096", "--tensor-model-parallel-size", "2"});
+                 "--group-query-attention", "--num-query-groups", "8", "--max-position-embeddings",
+                 "4096", "--tensor-model-parallel-size", "2"});
   Args a = parse_and_validate(v, 4);
   EXPECT_EQ(a.ffn_hidden_size, 10880);
   EXPECT_EQ(a.kv_channels, 128);
@@ -45,7 +45,8 @@ TEST(Validate, SwigluFfnAndGqaAndTp) {
       with(without(base_argv(), "--hidden-size"), {"--hidden-size", "768", "--swiglu"}));
   EXPECT_EQ(b.ffn_hidden_size, 2048);
   // Explicit values win.
-  Args c = parse_and_validate(with(base_argv(), {"--ffn-hidden-size", "100", "--kv-channels", "8"}));
+  Args c =
+      parse_and_validate(with(base_argv(), {"--ffn-hidden-size", "100", "--kv-channels", "8"}));
   EXPECT_EQ(c.ffn_hidden_size, 100);
   EXPECT_EQ(c.kv_channels, 8);
 }
@@ -67,9 +68,9 @@ TEST(Validate, SplitDefaultWithDataPath) {
 }
 
 TEST(Validate, RequiredFlags) {
-  for (const char* flag : {"--num-layers", "--hidden-size", "--num-attention-heads",
-                           "--max-position-embeddings", "--micro-batch-size", "--seq-length",
-                           "--lr"})
+  for (const char* flag :
+       {"--num-layers", "--hidden-size", "--num-attention-heads", "--max-position-embeddings",
+        "--micro-batch-size", "--seq-length", "--lr"})
     expect_invalid(without(base_argv(), flag), {"missing required flag(s):", flag});
   expect_invalid(without(without(base_argv(), "--lr"), "--seq-length"),
                  {"missing required flag(s): --seq-length, --lr"});
@@ -87,8 +88,8 @@ TEST(Validate, ExactlyOneOfTrainItersAndSamples) {
 
 TEST(Validate, HiddenNotDivisibleByHeads) {
   auto v = with(without(base_argv(), "--hidden-size"), {"--hidden-size", "66"});
-  expect_invalid(v, {"--hidden-size 66 is not divisible by --num-attention-heads 4",
-                     "--kv-channels"});
+  expect_invalid(v,
+                 {"--hidden-size 66 is not divisible by --num-attention-heads 4", "--kv-channels"});
   Args a = parse_and_validate(with(v, {"--kv-channels", "16"}));  // fine with explicit head dim
   EXPECT_EQ(a.kv_channels, 16);
 }
@@ -97,8 +98,7 @@ TEST(Validate, HeadsAndGroupsAndTp) {
   expect_invalid(with(base_argv(), {"--group-query-attention", "--num-query-groups", "3"}),
                  {"--num-attention-heads 4 is not divisible by --num-query-groups 3"});
   expect_invalid(with(base_argv(), {"--tensor-model-parallel-size", "3"}),
-                 {"--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"},
-                 3);
+                 {"--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"}, 3);
   expect_invalid(with(base_argv(), {"--group-query-attention", "--num-query-groups", "2",
                                     "--tensor-model-parallel-size", "4"}),
                  {"--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"}, 4);
@@ -127,9 +127,9 @@ TEST(Validate, WorldNotDivisibleByModelParallel) {
 TEST(Validate, WarmupFractionWithWarmupIters) {
   expect_invalid(with(base_argv(), {"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"}),
                  {"can only specify one of --lr-warmup-fraction (0.1) and --lr-warmup-iters (2)"});
-  auto s = with(without(base_argv(), "--train-iters"),
-                {"--train-samples", "100", "--lr-warmup-fraction", "0.1",
-                 "--lr-warmup-samples", "5"});
+  auto s =
+      with(without(base_argv(), "--train-iters"),
+           {"--train-samples", "100", "--lr-warmup-fraction", "0.1", "--lr-warmup-samples", "5"});
   expect_invalid(s, {"can only specify one of --lr-warmup-fraction"});
   expect_invalid(with(base_argv(), {"--lr-warmup-samples", "5"}),
                  {"--lr-warmup-samples is for sample-based runs"});
@@ -189,8 +189,8 @@ TEST(Validate, ValuesNotImplementedYet) {
                  {"--pipeline-model-parallel-size 2: pipeline parallelism lands in megatron.cpp "
                   "later"},
                  2);
-  expect_invalid(with(base_argv(), {"--context-parallel-size", "2"}),
-                 {"--context-parallel-size 2"}, 2);
+  expect_invalid(with(base_argv(), {"--context-parallel-size", "2"}), {"--context-parallel-size 2"},
+                 2);
   expect_invalid(with(base_argv(), {"--expert-model-parallel-size", "2"}),
                  {"--expert-model-parallel-size 2"}, 2);
   expect_invalid(with(base_argv(), {"--position-embedding-type", "yarn"}),
@@ -272,25 +272,24 @@ TEST(PythonFloat, MatchesPythonStr) {
 }
 
 TEST(SchedulerConfig, FromArgsInSamples) {
-  Args a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8", "--train-iters",
-                                                 "100", "--lr-warmup-iters", "10"}));
+  Args a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8", "--train-iters", "100",
+                                                 "--lr-warmup-iters", "10"}));
   auto c = lr_scheduler_config(a);
   EXPECT_EQ(c.decay_steps, 800);
   EXPECT_DOUBLE_EQ(c.warmup_steps, 80.0);
   EXPECT_EQ(c.wd_incr_steps, 800);
   EXPECT_DOUBLE_EQ(c.max_lr, 1e-3);
-  Args b = parse_and_validate(with(base_argv(), {"--global-batch-size", "8", "--lr-warmup-fraction",
-                                                 "0.05", "--lr-decay-iters", "50",
-                                                 "--lr-decay-style", "WSD",
-                                                 "--lr-wsd-decay-iters", "5"}));
+  Args b = parse_and_validate(with(
+      base_argv(), {"--global-batch-size", "8", "--lr-warmup-fraction", "0.05", "--lr-decay-iters",
+                    "50", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "5"}));
   auto d = lr_scheduler_config(b);
   EXPECT_EQ(d.decay_steps, 400);
   EXPECT_DOUBLE_EQ(d.warmup_steps, 20.0);
   EXPECT_EQ(d.wsd_decay_steps, 40);
   EXPECT_EQ(d.wd_incr_steps, 80);
-  Args s = parse_and_validate(with(without(base_argv(), "--train-iters"),
-                                   {"--train-samples", "1000", "--lr-warmup-samples", "100",
-                                    "--lr-decay-samples", "900"}));
+  Args s = parse_and_validate(
+      with(without(base_argv(), "--train-iters"),
+           {"--train-samples", "1000", "--lr-warmup-samples", "100", "--lr-decay-samples", "900"}));
   auto e = lr_scheduler_config(s);
   EXPECT_EQ(e.decay_steps, 900);
   EXPECT_DOUBLE_EQ(e.warmup_steps, 100.0);
