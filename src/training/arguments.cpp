@@ -985,6 +985,7 @@ std::string help_text() {
                           : " " + std::string(is_int_type(r)     ? "N"
                                               : is_float_type(r) ? "X"
                                                                  : "S");
+    if (is_bool_action(r)) return fmt::format("  {}\n", spell);  // a switch: no default shown
     return fmt::format("  {}{}  (default: {})\n", spell, meta, r.dflt);
   };
   std::string group;
