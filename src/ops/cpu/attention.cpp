@@ -150,9 +150,23 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
   const AttnDropout<T> drop(d, p, key);
   const int64_t rs = lay.row_stride();
 
+  // K^T and V tiles of every (b, group), packed once: query tiles of all the group's
+  // heads read them, and packing inside the task would gather the same scattered rows
+  // nqb/2 times per head. Costs one extra copy of K and V.
+  const int64_t kv_tile = kBlk * HDp, groups = d.B * d.NG;
+  T* Kt_all = tiles::thread_scratch<T, 0>(groups * nqb * kv_tile);
+  T* V_all = tiles::thread_scratch<T, 1>(groups * nqb * kv_tile);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < groups * nqb; ++t) {
+    const int64_t b = t / (d.NG * nqb), g = (t / nqb) % d.NG, k0 = (t % nqb) * kBlk;
+    const int64_t kn = std::min(kBlk, S - k0);
+    pack_rows_t(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kt_all + t * kv_tile);
+    pack_rows(qkv + k0 * rs + lay.v(b, g), rs, kn, HD, V_all + t * kv_tile, HDp);
+  }
+
 #pragma omp parallel
   {
-    Buffer<T> Qt(kBlk * HDp), Kt(HDp * kBlk), Vt(kBlk * HDp), Sc(kBlk * kBlk), O(kBlk * HDp);
+    Buffer<T> Qt(kBlk * HDp), Sc(kBlk * kBlk), O(kBlk * HDp);
     T m[kBlk], l[kBlk];
 
     // Largest tasks (query blocks far down the causal triangle) first, for balance.
@@ -168,10 +182,10 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 
       for (int64_t kb = 0; kb <= qb; ++kb) {
         const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
-        pack_rows_t(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kt.get());
-        pack_rows(qkv + k0 * rs + lay.v(b, g), rs, kn, HD, Vt.get(), HDp);
+        const T* Kt = Kt_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
+        const T* Vt = V_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
         // Sc = Q K^T (unscaled; the scale is folded into the exp below)
-        tile_gemm(Mq, kBlk, HD, Qt.get(), HDp, Kt.get(), kBlk, Sc.get(), kBlk, false);
+        tile_gemm(Mq, kBlk, HD, Qt.get(), HDp, Kt, kBlk, Sc.get(), kBlk, false);
         const bool diag = kb == qb;  // only this tile holds masked (or padded) keys
         for (int64_t i = 0; i < Mq; ++i) {
           T* row = Sc.get() + i * kBlk;
@@ -182,7 +196,9 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
           const int64_t nvalid = diag ? std::min(kn, q0 + i - k0 + 1) : kn;
           std::fill(row + nvalid, row + kBlk, -std::numeric_limits<T>::infinity());
           const T m_new = std::max(m[i], tiles::row_max(row, kBlk) * scale);
-          const T alpha = std::exp(m[i] - m_new);  // 0 on the first tile (m = -inf)
+          // 0 on the first tile (m = -inf); 1, without a call to exp, once the row max
+          // has settled, which is most tiles.
+          const T alpha = m_new == m[i] ? T(1) : std::exp(m[i] - m_new);
           l[i] = l[i] * alpha + tiles::row_exp_sum(row, kBlk, scale, m_new);
           m[i] = m_new;
           if (drop.on) {
@@ -196,7 +212,7 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
           }
         }
         // O += P V
-        tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Vt.get(), HDp, O.get(), HDp, true);
+        tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Vt, HDp, O.get(), HDp, true);
       }
 
       T* lse_row = lse + (b * NH + h) * S + q0;
@@ -227,15 +243,16 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
   // query tiles ends. With GQA several heads share one key head: their dK/dV go to a
   // per-head scratch [B, NH, S, HD] and are summed after the parallel loop, which keeps
   // B*NH tasks of parallelism instead of B*NG.
-  std::unique_ptr<Buffer<T>> dk_scratch, dv_scratch;
-  if (G > 1) {
-    dk_scratch = std::make_unique<Buffer<T>>(heads * S * HD);
-    dv_scratch = std::make_unique<Buffer<T>>(heads * S * HD);
-  }
+  T* dk_scratch = G > 1 ? tiles::thread_scratch<T, 5>(heads * S * HD) : nullptr;
+  T* dv_scratch = G > 1 ? tiles::thread_scratch<T, 6>(heads * S * HD) : nullptr;
 
 #pragma omp parallel
   {
-    Buffer<T> Qa(Sp * HDp), dOa(Sp * HDp), dQa(Sp * HDp), Dv(Sp), Lv(Sp);
+    // Qa and dOa are packed in full (padding included) before use; dQa is zeroed per task.
+    T* Qa = tiles::thread_scratch<T, 2>(Sp * HDp);
+    T* dOa = tiles::thread_scratch<T, 3>(Sp * HDp);
+    T* dQa = tiles::thread_scratch<T, 4>(Sp * HDp);
+    Buffer<T> Dv(Sp), Lv(Sp);
     Buffer<T> Kt(HDp * kBlk), Vt(HDp * kBlk), Kp(kBlk * HDp);
     Buffer<T> Sc(kBlk * kBlk), dP(kBlk * kBlk), PT(kBlk * kBlk), dST(kBlk * kBlk);
     Buffer<T> dK(kBlk * HDp), dV(kBlk * HDp);
@@ -246,19 +263,19 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
       const int64_t b = t / NH, h = t % NH, g = h / G;
       for (int64_t qb = 0; qb < nb; ++qb) {
         const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0);
-        pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qa.get() + q0 * HDp, HDp);
-        pack_rows(dout + q0 * os + lay.out(b, h), os, qn, HD, dOa.get() + q0 * HDp, HDp);
+        pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qa + q0 * HDp, HDp);
+        pack_rows(dout + q0 * os + lay.out(b, h), os, qn, HD, dOa + q0 * HDp, HDp);
       }
       // D_i = rowsum(dO_i * O_i) = sum_k P_ik dP_ik (also with dropout: O = (P*Z) V)
       for (int64_t i = 0; i < S; ++i) {
         const T* o = out + i * os + lay.out(b, h);
-        const T* go = dOa.get() + i * HDp;
+        const T* go = dOa + i * HDp;
         T acc = 0;
         for (int64_t c = 0; c < HD; ++c) acc += o[c] * go[c];
         Dv.get()[i] = acc;
         Lv.get()[i] = lse[(b * NH + h) * S + i];
       }
-      dQa.zero();
+      std::fill(dQa, dQa + Sp * HDp, T(0));
 
       for (int64_t kb = 0; kb < nb; ++kb) {
         const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
@@ -269,8 +286,8 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
         dV.zero();
         for (int64_t qb = kb; qb < nb; ++qb) {
           const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0), Mq = round_up(qn, kMR);
-          const T* Q = Qa.get() + q0 * HDp;
-          const T* dO = dOa.get() + q0 * HDp;
+          const T* Q = Qa + q0 * HDp;
+          const T* dO = dOa + q0 * HDp;
           tile_gemm(Mq, kBlk, HD, Q, HDp, Kt.get(), kBlk, Sc.get(), kBlk, false);   // Q K^T
           tile_gemm(Mq, kBlk, HD, dO, HDp, Vt.get(), kBlk, dP.get(), kBlk, false);  // dO V^T
           const bool diag = kb == qb;
@@ -303,7 +320,7 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
           }
           tile_gemm(kBlk, HDp, qn, PT.get(), kBlk, dO, HDp, dV.get(), HDp, true);   // P^T dO
           tile_gemm(kBlk, HDp, qn, dST.get(), kBlk, Q, HDp, dK.get(), HDp, true);   // dS^T Q
-          tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Kp.get(), HDp, dQa.get() + q0 * HDp, HDp,
+          tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Kp.get(), HDp, dQa + q0 * HDp, HDp,
                     true);                                                           // dS K
         }
         // dK = scale * dS^T Q (s = scale * q.k); dV as accumulated.
@@ -314,8 +331,8 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
           dv_dst = dqkv + k0 * rs + lay.v(b, g);
           dst_stride = rs;
         } else {
-          dk_dst = dk_scratch->get() + (t * S + k0) * HD;
-          dv_dst = dv_scratch->get() + (t * S + k0) * HD;
+          dk_dst = dk_scratch + (t * S + k0) * HD;
+          dv_dst = dv_scratch + (t * S + k0) * HD;
           dst_stride = HD;
         }
         for (int64_t r = 0; r < kn; ++r)
@@ -326,15 +343,15 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
       }
       for (int64_t i = 0; i < S; ++i) {
         T* dst = dqkv + i * rs + lay.q(b, h);
-        const T* src = dQa.get() + i * HDp;
+        const T* src = dQa + i * HDp;
         for (int64_t c = 0; c < HD; ++c) dst[c] = src[c] * scale;
       }
     }
   }
 
   if (G > 1) {
-    const T* dks = dk_scratch->get();
-    const T* dvs = dv_scratch->get();
+    const T* dks = dk_scratch;
+    const T* dvs = dv_scratch;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t i = 0; i < S; ++i)
       for (int64_t bg = 0; bg < d.B * d.NG; ++bg) {

@@ -55,15 +55,17 @@ inline void vstore(T* p, Vec<T> v) {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Zero-initialised, 64-byte aligned scratch of n elements.
+// 64-byte aligned scratch of n elements, zero-initialised unless the caller will write
+// every element anyway (zeroing a large buffer costs as much as the page faults).
+enum class Init { Zero, Uninitialised };
 template <typename T>
 class Buffer {
  public:
-  explicit Buffer(int64_t n) : n_(n) {
+  explicit Buffer(int64_t n, Init init = Init::Zero) : n_(n) {
     size_t bytes = size_t(round_up(n > 0 ? n : 1, 64 / int64_t(sizeof(T)))) * sizeof(T);
     p_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
     if (!p_) throw std::bad_alloc();
-    std::memset(p_.get(), 0, bytes);
+    if (init == Init::Zero) std::memset(p_.get(), 0, bytes);
   }
   T* get() const { return p_.get(); }
   void zero() const { std::memset(p_.get(), 0, size_t(n_) * sizeof(T)); }
@@ -76,8 +78,25 @@ class Buffer {
   int64_t n_;
 };
 
+// Scratch of at least n elements owned by the calling thread and kept between calls
+// (slot tells apart the buffers one thread uses at once). Large scratch that is
+// allocated and freed per call comes back from mmap as fresh pages, and faulting them
+// in cost 10-20% of a forward at S = 256; OpenMP's pool threads are long-lived, so the
+// pages stay warm. The price: each thread keeps its largest scratch until it exits.
+template <typename T, int Slot>
+T* thread_scratch(int64_t n) {
+  thread_local std::unique_ptr<Buffer<T>> buf;
+  thread_local int64_t capacity = 0;
+  if (n > capacity) {
+    buf.reset();
+    buf = std::make_unique<Buffer<T>>(n, Init::Uninitialised);
+    capacity = n;
+  }
+  return buf->get();
+}
+
 // C[MR rows, NC vectors] (+)= A[MR, K] @ B[K, NC*L]. The MR x NC accumulators stay in
-// registers (MR = NC = 4: 16 of the 32 zmm), each k step loads NC vectors of B and
+// registers (MR x NC = 16 of the 32 zmm), each k step loads NC vectors of B and
 // broadcasts MR scalars of A: 16 FMAs per 8 loads.
 template <typename T, int MR, int NC>
 inline void micro_kernel(int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
@@ -98,26 +117,34 @@ inline void micro_kernel(int64_t K, const T* A, int64_t lda, const T* B, int64_t
     for (int n = 0; n < NC; ++n) vstore(C + m * ldc + n * L, c[m][n]);
 }
 
-inline constexpr int kMR = 4;
+// Row granularity of tile_gemm: callers pad M to a multiple of kMR.
+inline constexpr int kMR = 8;
 
 // C[M, N] (+)= A[M, K] @ B[K, N], row-major with leading dimensions; M a multiple of kMR,
-// N a multiple of kLanes<T> (callers pad their tiles with zeros).
+// N a multiple of kLanes<T> (callers pad their tiles with zeros). Narrow column blocks
+// (HD = 32 in f32 is two vectors) take 8 rows at a time so that there are still 16
+// independent accumulators to hide the FMA latency.
 template <typename T>
 inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
                       int64_t ldb, T* C, int64_t ldc, bool accumulate) {
   constexpr int L = kLanes<T>;
   for (int64_t n = 0; n < N; n += 4 * L) {
     const int64_t nv = (N - n) / L < 4 ? (N - n) / L : 4;
-    for (int64_t m = 0; m < M; m += kMR) {
-      const T* a = A + m * lda;
-      const T* b = B + n;
-      T* c = C + m * ldc + n;
-      switch (nv) {
-        case 4: micro_kernel<T, kMR, 4>(K, a, lda, b, ldb, c, ldc, accumulate); break;
-        case 3: micro_kernel<T, kMR, 3>(K, a, lda, b, ldb, c, ldc, accumulate); break;
-        case 2: micro_kernel<T, kMR, 2>(K, a, lda, b, ldb, c, ldc, accumulate); break;
-        default: micro_kernel<T, kMR, 1>(K, a, lda, b, ldb, c, ldc, accumulate); break;
+    const T* b = B + n;
+    if (nv <= 2) {
+      for (int64_t m = 0; m < M; m += 8) {
+        if (nv == 2)
+          micro_kernel<T, 8, 2>(K, A + m * lda, lda, b, ldb, C + m * ldc + n, ldc, accumulate);
+        else
+          micro_kernel<T, 8, 1>(K, A + m * lda, lda, b, ldb, C + m * ldc + n, ldc, accumulate);
       }
+      continue;
+    }
+    for (int64_t m = 0; m < M; m += 4) {
+      if (nv == 4)
+        micro_kernel<T, 4, 4>(K, A + m * lda, lda, b, ldb, C + m * ldc + n, ldc, accumulate);
+      else
+        micro_kernel<T, 4, 3>(K, A + m * lda, lda, b, ldb, C + m * ldc + n, ldc, accumulate);
     }
   }
 }
