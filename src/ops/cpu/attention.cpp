@@ -100,19 +100,23 @@ struct AttnDropout {
     NHg = d.NH_global > 0 ? d.NH_global : d.NH;
     Sg = d.S_global > 0 ? d.S_global : d.S;
   }
-  // z[j] = keep(b, h, q, k0 + j) ? 1/(1-p) : 0 for j < n. One Philox block serves four
-  // consecutive indices, as Philox::u32 defines them.
+  // z[j] = keep(b, h, q, k0 + j) ? 1/(1-p) : 0 for j < n <= kBlk. Element i's number is
+  // lane i & 3 of the Philox block at counter i >> 2 (Philox::u32), so whole blocks are
+  // drawn for the aligned groups of four covering the row and then picked from.
   void fill(T* z, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n) const {
-    uint64_t idx =
+    const uint64_t idx =
         uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k0 + k_off);
-    int64_t j = 0;
-    while (j < n) {
-      uint32_t c[4] = {uint32_t(idx >> 2), uint32_t(idx >> 34), uint32_t(stream),
+    const uint64_t first = idx >> 2, nblocks = ((idx + uint64_t(n) - 1) >> 2) - first + 1;
+    uint32_t r[kBlk + 8];
+    for (uint64_t blk = 0; blk < nblocks; ++blk) {
+      const uint64_t ctr = first + blk;
+      uint32_t c[4] = {uint32_t(ctr), uint32_t(ctr >> 32), uint32_t(stream),
                        uint32_t(stream >> 32)};
       Philox::block(c, uint32_t(seed), uint32_t(seed >> 32));
-      for (uint64_t lane = idx & 3; lane < 4 && j < n; ++lane, ++j, ++idx)
-        z[j] = (c[lane] >> 8) >= threshold ? keep_scale : T(0);
+      r[4 * blk] = c[0], r[4 * blk + 1] = c[1], r[4 * blk + 2] = c[2], r[4 * blk + 3] = c[3];
     }
+    const uint32_t* u = r + (idx & 3);
+    for (int64_t j = 0; j < n; ++j) z[j] = (u[j] >> 8) >= threshold ? keep_scale : T(0);
   }
 };
 
