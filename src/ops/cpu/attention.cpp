@@ -44,8 +44,8 @@ void check_attention_args(const char* op, const Tensor& qkv, const AttentionDims
   MCPP_CHECK_HINT(s.device == Device::CPU, "pass Stream::cpu() or call mcpp::ops::",
                   "{}: the CPU backend was called with a CUDA stream", op);
   MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0,
-             "{}: dims S={} B={} NH={} NG={} HD={} must all be positive", op, d.S, d.B, d.NH,
-             d.NG, d.HD);
+             "{}: dims S={} B={} NH={} NG={} HD={} must all be positive", op, d.S, d.B, d.NH, d.NG,
+             d.HD);
   MCPP_CHECK_HINT(d.NH % d.NG == 0, "--num-query-groups must divide --num-attention-heads",
                   "{}: NH={} is not a multiple of NG={}", op, d.NH, d.NG);
   MCPP_CHECK(softmax_scale > 0.0, "{}: softmax_scale={} must be positive", op, softmax_scale);
@@ -62,8 +62,7 @@ void check_attention_args(const char* op, const Tensor& qkv, const AttentionDims
 void check_like(const char* op, const char* name, const Tensor& t, DType dt, int64_t numel) {
   MCPP_CHECK(t.defined() && t.device() == Device::CPU, "{}: '{}' must be a CPU tensor", op, name);
   MCPP_CHECK(t.dtype() == dt, "{}: '{}' is {}, expected {}", op, name, t.str(), dtype_name(dt));
-  MCPP_CHECK(t.numel() == numel, "{}: '{}' is {}, expected {} elements", op, name, t.str(),
-             numel);
+  MCPP_CHECK(t.numel() == numel, "{}: '{}' is {}, expected {} elements", op, name, t.str(), numel);
 }
 
 // Where a head's rows live in the fused qkv (or dqkv) tensor.
@@ -144,8 +143,8 @@ void pack_rows_t(const T* src, int64_t stride, int64_t rn, int64_t HD, T* dst) {
 }
 
 template <typename T>
-void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, DropoutKey key,
-                  T* out, T* lse) {
+void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, DropoutKey key, T* out,
+                  T* lse) {
   const Layout lay(d);
   const int64_t S = d.S, HD = d.HD, NH = d.NH;
   const int64_t HDp = round_up(HD, kLanes<T>);
@@ -232,8 +231,8 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 }
 
 template <typename T>
-void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
-                   const AttentionDims& d, T scale, double p, DropoutKey key, T* dqkv) {
+void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, const AttentionDims& d,
+                   T scale, double p, DropoutKey key, T* dqkv) {
   const Layout lay(d);
   const int64_t S = d.S, HD = d.HD, NH = d.NH, G = lay.G;
   const int64_t HDp = round_up(HD, kLanes<T>);
@@ -322,10 +321,10 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
               }
             }
           }
-          tile_gemm(kBlk, HDp, qn, PT.get(), kBlk, dO, HDp, dV.get(), HDp, true);   // P^T dO
-          tile_gemm(kBlk, HDp, qn, dST.get(), kBlk, Q, HDp, dK.get(), HDp, true);   // dS^T Q
+          tile_gemm(kBlk, HDp, qn, PT.get(), kBlk, dO, HDp, dV.get(), HDp, true);  // P^T dO
+          tile_gemm(kBlk, HDp, qn, dST.get(), kBlk, Q, HDp, dK.get(), HDp, true);  // dS^T Q
           tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Kp.get(), HDp, dQa + q0 * HDp, HDp,
-                    true);                                                           // dS K
+                    true);  // dS K
         }
         // dK = scale * dS^T Q (s = scale * q.k); dV as accumulated.
         T *dk_dst, *dv_dst;
@@ -386,21 +385,20 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
     forward_impl<float>(qkv.data<float>(), d, float(softmax_scale), dropout_p, key,
                         out.data<float>(), lse.data<float>());
   else
-    forward_impl<double>(qkv.data<double>(), d, softmax_scale, dropout_p, key,
-                         out.data<double>(), lse.data<double>());
+    forward_impl<double>(qkv.data<double>(), d, softmax_scale, dropout_p, key, out.data<double>(),
+                         lse.data<double>());
 }
 
-void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const AttentionDims& d, double softmax_scale,
-                        double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
+void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                        const AttentionDims& d, double softmax_scale, double dropout_p,
+                        DropoutKey key, Tensor& dqkv, Stream& s) {
   const char* op = "attention_backward";
   check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
   check_like(op, "dout", dout, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
   check_like(op, "dqkv", dqkv, qkv.dtype(), qkv.numel());
-  MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv (it is read throughout)",
-             op);
+  MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv (it is read throughout)", op);
   if (qkv.dtype() == DType::F32)
     backward_impl<float>(dout.data<float>(), qkv.data<float>(), out.data<float>(),
                          lse.data<float>(), d, float(softmax_scale), dropout_p, key,

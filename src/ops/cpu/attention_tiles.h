@@ -87,8 +87,8 @@ template <typename T, int Slot>
 T* thread_scratch(int64_t n) {
   thread_local std::unique_ptr<Buffer<T>> buf;
   thread_local int64_t capacity = 0;
-  if (n > capacity) {
-    buf.reset();
+  if (!buf || n > capacity) {
+    buf.reset();  // free the old one before allocating the larger
     buf = std::make_unique<Buffer<T>>(n, Init::Uninitialised);
     capacity = n;
   }
