@@ -155,17 +155,32 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 
   // K^T and V tiles of every (b, group), packed once: query tiles of all the group's
   // heads read them, and packing inside the task would gather the same scattered rows
-  // nqb/2 times per head. Costs one extra copy of K and V.
-  const int64_t kv_tile = kBlk * HDp, groups = d.B * d.NG;
-  T* Kt_all = tiles::thread_scratch<T, 0>(groups * nqb * kv_tile);
-  T* V_all = tiles::thread_scratch<T, 1>(groups * nqb * kv_tile);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < groups * nqb; ++t) {
-    const int64_t b = t / (d.NG * nqb), g = (t / nqb) % d.NG, k0 = (t % nqb) * kBlk;
-    const int64_t kn = std::min(kBlk, S - k0);
-    pack_rows_t(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kt_all + t * kv_tile);
-    pack_rows(qkv + k0 * rs + lay.v(b, g), rs, kn, HD, V_all + t * kv_tile, HDp);
-  }
+  // nqb/2 times per head. Costs one extra copy of K and V. The loop walks qkv in memory
+  // order (position, sample, group): one head's rows are B*W apart, and gathering them
+  // head by head is bound by memory latency (18% of the forward at S = 256).
+  const int64_t kv_tile = kBlk * HDp, NG = d.NG, G = lay.G;
+  T* Kt_all = tiles::thread_scratch<T, 0>(d.B * NG * nqb * kv_tile);
+  T* V_all = tiles::thread_scratch<T, 1>(d.B * NG * nqb * kv_tile);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t kb = 0; kb < nqb; ++kb)
+    for (int64_t b = 0; b < d.B; ++b) {
+      const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
+      for (int64_t r = 0; r < kBlk; ++r)
+        for (int64_t g = 0; g < NG; ++g) {
+          T* Kt = Kt_all + ((b * NG + g) * nqb + kb) * kv_tile;  // [HD, kBlk]
+          T* Vt = V_all + ((b * NG + g) * nqb + kb) * kv_tile;   // [kBlk, HDp]
+          if (r < kn) {
+            const T* k = qkv + (k0 + r) * rs + lay.k(b, g);
+            const T* v = k + HD;
+            for (int64_t c = 0; c < HD; ++c) Kt[c * kBlk + r] = k[c];
+            for (int64_t c = 0; c < HD; ++c) Vt[r * HDp + c] = v[c];
+          } else {
+            for (int64_t c = 0; c < HD; ++c) Kt[c * kBlk + r] = 0;
+            for (int64_t c = 0; c < HD; ++c) Vt[r * HDp + c] = 0;
+          }
+          for (int64_t c = HD; c < HDp; ++c) Vt[r * HDp + c] = 0;
+        }
+    }
 
 #pragma omp parallel
   {
@@ -176,7 +191,7 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < nqb * heads; ++t) {
       const int64_t qb = nqb - 1 - t / heads, b = (t % heads) / NH, h = t % NH;
-      const int64_t g = h / lay.G;
+      const int64_t g = h / G;
       const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0), Mq = round_up(qn, kMR);
       pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qt.get(), HDp);
       O.zero();
@@ -185,8 +200,8 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 
       for (int64_t kb = 0; kb <= qb; ++kb) {
         const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
-        const T* Kt = Kt_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
-        const T* Vt = V_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
+        const T* Kt = Kt_all + ((b * NG + g) * nqb + kb) * kv_tile;
+        const T* Vt = V_all + ((b * NG + g) * nqb + kb) * kv_tile;
         // Sc = Q K^T (unscaled; the scale is folded into the exp below)
         tile_gemm(Mq, kBlk, HD, Qt.get(), HDp, Kt, kBlk, Sc.get(), kBlk, false);
         const bool diag = kb == qb;  // only this tile holds masked (or padded) keys
