@@ -2,6 +2,9 @@
 // FLOP convention of the FlashAttention papers: the forward is two S x S x HD GEMMs per
 // head (4 S^2 HD), halved by the causal mask; the backward is 2.5 times the forward.
 // Run: OMP_NUM_THREADS=<cores> build/bench/bench_attention
+// On a machine shared with other jobs, OpenMP's spinning barriers make the real time
+// of a multi-threaded run mostly a measure of the neighbours: use OMP_WAIT_POLICY=passive,
+// or OMP_NUM_THREADS=1 and divide the FLOPs by the CPU column for a per-core rate.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
