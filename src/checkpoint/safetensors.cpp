@@ -1,0 +1,138 @@
+#include "checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace mcpp::checkpoint {
+
+namespace {
+struct DTypeName {
+  DType t;
+  const char* name;
+};
+constexpr DTypeName kNames[] = {
+    {DType::F32, "F32"}, {DType::F64, "F64"}, {DType::BF16, "BF16"}, {DType::F16, "F16"},
+    {DType::I32, "I32"}, {DType::I64, "I64"}, {DType::U8, "U8"},     {DType::U16, "U16"},
+    {DType::FP8E4M3, "F8_E4M3"}, {DType::FP8E5M2, "F8_E5M2"}};
+}  // namespace
+
+std::string safetensors_dtype(DType t) {
+  for (auto& n : kNames)
+    if (n.t == t) return n.name;
+  MCPP_FAIL("dtype {} has no safetensors name", dtype_name(t));
+}
+
+DType dtype_from_safetensors(const std::string& s, const std::string& file) {
+  for (auto& n : kNames)
+    if (s == n.name) return n.t;
+  MCPP_FAIL("{}: unsupported safetensors dtype '{}'", file, s);
+}
+
+const Tensor& SafetensorsFile::at(const std::string& name) const {
+  auto it = tensors.find(name);
+  MCPP_CHECK(it != tensors.end(), "safetensors file has no tensor '{}'", name);
+  return it->second;
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t off = 0;
+  for (const auto& [name, t] : tensors) {
+    MCPP_CHECK(t.device() == Device::CPU, "save_safetensors: {} is not on the CPU", name);
+    header[name] = {{"dtype", safetensors_dtype(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {off, off + t.nbytes()}}};
+    off += t.nbytes();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MCPP_CHECK_HINT(fd >= 0, "check that the directory exists and is writable",
+                  "cannot create {}: {}", tmp, std::strerror(errno));
+  auto write_all = [&](const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n) {
+      ssize_t w = ::write(fd, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        int e = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        MCPP_FAIL("writing {} failed: {}", tmp, std::strerror(e));
+      }
+      c += w, n -= size_t(w);
+    }
+  };
+  uint64_t hlen = h.size();
+  write_all(&hlen, 8);
+  write_all(h.data(), h.size());
+  for (const auto& [name, t] : tensors) write_all(t.raw(), t.nbytes());
+  MCPP_CHECK(::fsync(fd) == 0, "fsync {} failed: {}", tmp, std::strerror(errno));
+  ::close(fd);
+  MCPP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename {} -> {} failed: {}", tmp, path,
+             std::strerror(errno));
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MCPP_CHECK_HINT(in.good(), "check the path", "cannot open safetensors file {}", path);
+  in.seekg(0, std::ios::end);
+  const uint64_t size = uint64_t(in.tellg());
+  in.seekg(0);
+  uint64_t hlen = 0;
+  MCPP_CHECK(size >= 8 && in.read(reinterpret_cast<char*>(&hlen), 8),
+             "{}: truncated (no header length)", path);
+  MCPP_CHECK(hlen <= size - 8 && hlen < (uint64_t(1) << 30),
+             "{}: header length {} exceeds the file size {} (truncated or not safetensors)", path,
+             hlen, size);
+  std::string h(hlen, '\0');
+  in.read(h.data(), std::streamsize(hlen));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(h);
+  } catch (const std::exception& e) {
+    MCPP_FAIL("{}: header is not valid JSON: {}", path, e.what());
+  }
+  MCPP_CHECK(header.is_object(), "{}: header is not a JSON object", path);
+  const uint64_t data_start = 8 + hlen, data_size = size - data_start;
+  SafetensorsFile f;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      for (auto& [k, val] : v.items())
+        f.metadata[k] = val.is_string() ? val.get<std::string>() : val.dump();
+      continue;
+    }
+    MCPP_CHECK(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+               "{}: tensor '{}' lacks dtype/shape/data_offsets", path, name);
+    DType dt = dtype_from_safetensors(v["dtype"].get<std::string>(), path);
+    Shape shape = v["shape"].get<Shape>();
+    auto offs = v["data_offsets"].get<std::vector<uint64_t>>();
+    MCPP_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size,
+               "{}: tensor '{}' data_offsets out of the file (truncated?)", path, name);
+    Tensor t = Tensor::empty(shape, dt);
+    MCPP_CHECK(offs[1] - offs[0] == t.nbytes(),
+               "{}: tensor '{}' has {} bytes for shape {} {} (expected {})", path, name,
+               offs[1] - offs[0], shape_str(shape), dtype_name(dt), t.nbytes());
+    in.seekg(std::streamoff(data_start + offs[0]));
+    in.read(static_cast<char*>(t.raw()), std::streamsize(t.nbytes()));
+    MCPP_CHECK(in.good(), "{}: short read of tensor '{}'", path, name);
+    ranges.push_back({offs[0], offs[1]});
+    f.tensors[name] = std::move(t);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    MCPP_CHECK(ranges[i].first >= ranges[i - 1].second, "{}: overlapping tensor data", path);
+  return f;
+}
+
+}  // namespace mcpp::checkpoint

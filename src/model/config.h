@@ -1,0 +1,55 @@
+// TransformerConfig: the model's shape and numerics, as Megatron-Core's
+// TransformerConfig, with the local (per TP rank) sizes derived in one place.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "base/error.h"
+#include "tensor/dtype.h"
+
+namespace mcpp::model {
+
+struct TransformerConfig {
+  // Shape (global).
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;               // H
+  int64_t ffn_hidden_size = 0;           // F
+  int64_t num_attention_heads = 0;       // NH
+  int64_t num_query_groups = 0;          // NG (= NH without GQA)
+  int64_t kv_channels = 0;               // HD
+  int64_t seq_length = 0;                // S
+  int64_t max_position_embeddings = 0;
+  int64_t padded_vocab_size = 0;         // Vp
+  // Architecture switches (Megatron flag in brackets).
+  bool rope = false;                     // --position-embedding-type rope
+  double rotary_base = 10000;            // --rotary-base
+  double rotary_percent = 1.0;           // --rotary-percent
+  bool rmsnorm = false;                  // --normalization RMSNorm
+  double norm_epsilon = 1e-5;            // --norm-epsilon
+  bool swiglu = false;                   // --swiglu
+  bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
+  bool add_bias_linear = true;           // !--disable-bias-linear
+  double hidden_dropout = 0.1;           // --hidden-dropout
+  double attention_dropout = 0.1;        // --attention-dropout
+  double init_method_std = 0.02;         // --init-method-std
+  uint64_t seed = 1234;                  // --seed
+  DType dtype = DType::F32;              // parameter and activation dtype on CPU
+  // Tensor parallelism (local sizes divide by tp_size).
+  int64_t tp_size = 1;
+  int64_t tp_rank = 0;
+
+  int64_t heads_per_group() const { return num_attention_heads / num_query_groups; }
+  int64_t local_heads() const { return num_attention_heads / tp_size; }
+  int64_t local_groups() const { return num_query_groups / tp_size; }
+  int64_t qkv_width_local() const { return local_groups() * (heads_per_group() + 2) * kv_channels; }
+  int64_t qkv_width() const { return num_query_groups * (heads_per_group() + 2) * kv_channels; }
+  int64_t ffn_local() const { return ffn_hidden_size / tp_size; }
+  int64_t fc1_width_local() const { return (swiglu ? 2 : 1) * ffn_local(); }
+  int64_t vocab_local() const { return padded_vocab_size / tp_size; }
+  int64_t rot_dim() const { return int64_t(double(kv_channels) * rotary_percent); }
+
+  // Structural checks; user-facing flag validation happens in training/arguments.
+  void validate() const;
+};
+
+}  // namespace mcpp::model

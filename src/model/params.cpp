@@ -1,0 +1,89 @@
+#include "model/params.h"
+
+#include <cstring>
+
+#include "base/philox.h"
+
+namespace mcpp::model {
+
+void ParamStore::add(ParamInfo info) {
+  MCPP_CHECK(!params_.defined(), "ParamStore::add after allocate ({})", info.name);
+  MCPP_CHECK(!index_.count(info.name), "duplicate parameter {}", info.name);
+  index_[info.name] = infos_.size();
+  infos_.push_back(std::move(info));
+}
+
+void ParamStore::allocate(DType dtype, int64_t tp_rank, int64_t tp_size) {
+  tp_rank_ = tp_rank, tp_size_ = tp_size;
+  total_ = 0;
+  for (auto& p : infos_) {
+    p.offset = total_;
+    // Keep every parameter 16-element aligned: whole cache lines for SIMD.
+    total_ += (p.numel() + 15) / 16 * 16;
+  }
+  params_ = Tensor::zeros({total_}, dtype);
+  grads_ = Tensor::zeros({total_}, dtype);
+}
+
+const ParamInfo& ParamStore::info(const std::string& name) const {
+  auto it = index_.find(name);
+  MCPP_CHECK(it != index_.end(), "no parameter named {}", name);
+  return infos_[it->second];
+}
+
+Tensor ParamStore::param(size_t i) const {
+  const auto& p = infos_[i];
+  return params_.narrow(p.offset, p.numel()).view(p.local_shape);
+}
+Tensor ParamStore::grad(size_t i) const {
+  const auto& p = infos_[i];
+  return grads_.narrow(p.offset, p.numel()).view(p.local_shape);
+}
+Tensor ParamStore::param(const std::string& n) const { return param(index_.at(info(n).name)); }
+Tensor ParamStore::grad(const std::string& n) const { return grad(index_.at(info(n).name)); }
+
+void ParamStore::zero_grads() { std::memset(grads_.raw(), 0, grads_.nbytes()); }
+
+int64_t ParamStore::global_index(const ParamInfo& p, int64_t r, int64_t c) const {
+  const int64_t lrows = p.local_shape[0];
+  const int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+  const int64_t lcols = p.local_shape.size() > 1 ? p.local_shape[1] : 1;
+  int64_t gr = r, gc = c;
+  switch (p.split) {
+    case TpSplit::None: break;
+    case TpSplit::Rows: gr = tp_rank_ * lrows + r; break;
+    case TpSplit::Cols: gc = tp_rank_ * lcols + c; break;
+    case TpSplit::SwigluRows: {
+      // Local [gate_r; up_r] -> global [gate; up]: half = F / TP rows each.
+      const int64_t half = lrows / 2, F = p.global_shape[0] / 2;
+      gr = r < half ? tp_rank_ * half + r : F + tp_rank_ * half + (r - half);
+      break;
+    }
+  }
+  return gr * gcols + gc;
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    const auto& p = infos_[i];
+    Tensor t = param(i);
+    const int64_t rows = p.local_shape[0];
+    const int64_t cols = p.local_shape.size() > 1 ? p.local_shape[1] : 1;
+    const uint64_t stream = hash_name(p.name);
+    auto fill = [&](auto* d) {
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          double v = p.init == Init::Zeros ? 0.0
+                     : p.init == Init::Ones
+                         ? 1.0
+                         : p.init_std * Philox::normal(seed, stream, global_index(p, r, c));
+          d[r * cols + c] = static_cast<std::remove_pointer_t<decltype(d)>>(v);
+        }
+    };
+    if (t.dtype() == DType::F32) fill(t.data<float>());
+    else fill(t.data<double>());
+  }
+}
+
+}  // namespace mcpp::model

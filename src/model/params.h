@@ -1,0 +1,72 @@
+// The one parameter registry: every parameter's Megatron-Core name, global and
+// local shape, how TP splits it, whether it is duplicated across TP, whether
+// weight decay applies, and its slice of the flat parameter and gradient buffers.
+// Gradient clipping, the optimizer and the checkpoint all read this registry.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mcpp::model {
+
+// How the global tensor is split across TP ranks.
+enum class TpSplit {
+  None,        // duplicated on every TP rank (norms, row-parallel biases)
+  Rows,        // dim 0 (column-parallel weights and biases, vocab-parallel embedding)
+  Cols,        // dim 1 (row-parallel weights)
+  SwigluRows,  // linear_fc1 with SwiGLU: global [gate(F); up(F)], each rank [gate_r; up_r]
+};
+
+enum class Init { Normal, Zeros, Ones };
+
+struct ParamInfo {
+  std::string name;   // e.g. decoder.layers.3.self_attention.linear_qkv.weight
+  Shape global_shape;
+  Shape local_shape;
+  TpSplit split = TpSplit::None;
+  Init init = Init::Normal;
+  double init_std = 0;
+  bool weight_decay = true;  // false for biases and norm weights, as Megatron
+  int layer = -1;            // owning transformer layer, -1 for embedding/head/final norm
+  int64_t offset = 0;        // element offset in the flat buffers
+  int64_t numel() const { return shape_numel(local_shape); }
+};
+
+class ParamStore {
+ public:
+  // Registration, then allocate() once.
+  void add(ParamInfo info);
+  void allocate(DType dtype, int64_t tp_rank, int64_t tp_size);
+
+  // Parallel-invariant initialisation: element e of the global tensor is
+  // N(0, std) drawn from Philox(seed, hash(name), e), so each rank generates
+  // exactly its shard and any TP layout assembles the same model.
+  void initialize(uint64_t seed);
+
+  // Global flat index of local element (r, c) of parameter i (used by init and
+  // checkpoint resharding).
+  int64_t global_index(const ParamInfo& p, int64_t local_row, int64_t local_col) const;
+
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  const ParamInfo& info(const std::string& name) const;
+  bool has(const std::string& name) const { return index_.count(name) > 0; }
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  Tensor param(size_t i) const;
+  Tensor grad(size_t i) const;
+  Tensor& flat_params() { return params_; }
+  Tensor& flat_grads() { return grads_; }
+  int64_t total_numel() const { return total_; }
+  void zero_grads();
+
+ private:
+  std::vector<ParamInfo> infos_;
+  std::unordered_map<std::string, size_t> index_;
+  Tensor params_, grads_;
+  int64_t total_ = 0, tp_rank_ = 0, tp_size_ = 1;
+};
+
+}  // namespace mcpp::model

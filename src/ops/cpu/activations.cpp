@@ -1,0 +1,130 @@
+// GELU (tanh form) and SwiGLU on the CPU; one dtype per call, f32 or f64.
+//   gelu:   x, y, dy, dx: any shape, same numel.                  y, dx overwritten (=)
+//   swiglu: x, dx: [..., 2F] = [gate | up]; y, dy: [..., F].      y, dx overwritten (=)
+// f32 evaluates exp/tanh with the vectorisable exp_fast (cpu_common.h); f64 with libm,
+// so the f64 path stays the accurate reference for gradient checks.
+#include "ops/cpu/cpu_common.h"
+
+namespace mcpp::ops::cpu {
+
+namespace {
+
+// sqrt(2/pi) and the cubic coefficient of Megatron's openai_gelu / bias_gelu.
+constexpr double kGeluC = 0.7978845608028654, kGeluA = 0.044715;
+
+}  // namespace
+
+// ---- GELU ------------------------------------------------------------------------------
+
+void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  const Check c{"gelu_forward"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  c.numel(y, "y", x.numel());
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    R* Y = y.data<R>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      const R v = X[i];
+      const R t = tanh_fast(R(kGeluC) * (v + R(kGeluA) * v * v * v));
+      Y[i] = R(0.5) * v * (R(1) + t);
+    }
+  });
+}
+
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2),  t = tanh(c (x + a x^3)).
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  const Check c{"gelu_backward"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(dy, "dy", dt), c.dtype(dx, "dx", dt);
+  c.numel(dy, "dy", x.numel()), c.numel(dx, "dx", x.numel());
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R *X = x.data<R>(), *DY = dy.data<R>();
+    R* DX = dx.data<R>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      const R v = X[i], v2 = v * v;
+      const R t = tanh_fast(R(kGeluC) * (v + R(kGeluA) * v2 * v));
+      const R d = R(0.5) * (R(1) + t) +
+                  R(0.5) * v * (R(1) - t * t) * R(kGeluC) * (R(1) + R(3 * kGeluA) * v2);
+      DX[i] = DY[i] * d;
+    }
+  });
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------
+
+namespace {
+
+// Checks x [..., 2F] against y [..., F] and returns (T rows, F).
+std::pair<int64_t, int64_t> swiglu_dims(const Check& c, const Tensor& x, const Tensor& y,
+                                        const char* yname) {
+  c.min_dim(x, "x", 1);
+  MCPP_CHECK(x.size(-1) % 2 == 0,
+             "{}: x has shape {}: its last dimension must be 2F ([gate | "
+             "up])",
+             c.op, shape_str(x.shape()));
+  const int64_t F = x.size(-1) / 2;
+  Shape want = x.shape();
+  want.back() = F;
+  c.shape(y, yname, want);
+  return {F ? x.numel() / (2 * F) : 0, F};
+}
+
+}  // namespace
+
+void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  const Check c{"swiglu_forward"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  const auto [T, F] = swiglu_dims(c, x, y, "y");
+  dispatch_float(dt, [&, T = T, F = F](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    R* Y = y.data<R>();
+#pragma omp parallel for schedule(static) if (T * F > kParallelGrain)
+    for (int64_t t = 0; t < T; ++t) {
+      const R *gate = X + t * 2 * F, *up = gate + F;
+      R* yr = Y + t * F;
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) yr[f] = gate[f] / (R(1) + exp_fast(-gate[f])) * up[f];
+    }
+  });
+}
+
+// silu(g) = g s, s = sigmoid(g); silu'(g) = s (1 + g (1 - s)).
+// dgate = dy up silu'(gate), dup = dy silu(gate).
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  const Check c{"swiglu_backward"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(dy, "dy", dt), c.dtype(dx, "dx", dt);
+  const auto [T, F] = swiglu_dims(c, x, dy, "dy");
+  c.shape(dx, "dx", x.shape());
+  dispatch_float(dt, [&, T = T, F = F](auto tag) {
+    using R = decltype(tag);
+    const R *X = x.data<R>(), *DY = dy.data<R>();
+    R* DX = dx.data<R>();
+#pragma omp parallel for schedule(static) if (T * F > kParallelGrain)
+    for (int64_t t = 0; t < T; ++t) {
+      const R *gate = X + t * 2 * F, *up = gate + F, *dyr = DY + t * F;
+      R *dgate = DX + t * 2 * F, *dup = dgate + F;
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) {
+        const R g = gate[f], u = up[f], sg = R(1) / (R(1) + exp_fast(-g));
+        dgate[f] = dyr[f] * u * sg * (R(1) + g * (R(1) - sg));
+        dup[f] = dyr[f] * g * sg;
+      }
+    }
+  });
+}
+
+}  // namespace mcpp::ops::cpu

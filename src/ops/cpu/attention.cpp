@@ -1,0 +1,410 @@
+// Causal self-attention with grouped-query heads, CPU backend; f32 or f64 (all tensors
+// of one dtype T, statistics and accumulators in T too).
+//
+//   qkv  [S, B, NG, NH/NG + 2, HD]  linear_qkv's grouped layout: per query group its
+//                                   NH/NG query heads, then its key head, then its value
+//   out  [S, B, NH*HD]              head h in columns h*HD .. h*HD + HD - 1      (=)
+//   lse  [B, NH, S]                 log-sum-exp of the scaled scores of a query row (=)
+//   dout [S, B, NH*HD]
+//   dqkv [S, B, NG, NH/NG + 2, HD]  overwritten (=); a group's dK and dV are the sums
+//                                   over its NH/NG query heads
+// Query head h reads the key and value of group h / (NH/NG); row q sees keys k <= q.
+//
+// FlashAttention-2 (Dao, 2023) on 64 x 64 tiles: the forward keeps a running row max
+// and row sum (online softmax) so only a query tile's output accumulator and one score
+// tile live per thread, O(block * (block + HD)); the backward recomputes the
+// probabilities from lse one tile at a time. Tiles strictly above the diagonal are
+// never visited. Attention dropout multiplies the (normalised) probability P[q, k] by
+// keep / (1 - p), keep = Philox::uniform(seed, stream, global (b, h, q, k) index) >= p;
+// lse is that of the undropped softmax, as in FlashAttention.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "base/error.h"
+#include "base/philox.h"
+#include "ops/cpu/attention_tiles.h"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cpu {
+namespace {
+
+using tiles::Buffer;
+using tiles::kLanes;
+using tiles::kMR;
+using tiles::round_up;
+using tiles::tile_gemm;
+
+constexpr int64_t kBlk = 64;  // queries per tile and keys per tile
+
+void check_attention_args(const char* op, const Tensor& qkv, const AttentionDims& d,
+                          double softmax_scale, double dropout_p, Stream& s) {
+  MCPP_CHECK_HINT(s.device == Device::CPU, "pass Stream::cpu() or call mcpp::ops::",
+                  "{}: the CPU backend was called with a CUDA stream", op);
+  MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0,
+             "{}: dims S={} B={} NH={} NG={} HD={} must all be positive", op, d.S, d.B, d.NH,
+             d.NG, d.HD);
+  MCPP_CHECK_HINT(d.NH % d.NG == 0, "--num-query-groups must divide --num-attention-heads",
+                  "{}: NH={} is not a multiple of NG={}", op, d.NH, d.NG);
+  MCPP_CHECK(softmax_scale > 0.0, "{}: softmax_scale={} must be positive", op, softmax_scale);
+  MCPP_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "{}: dropout_p={} is outside [0, 1)", op,
+             dropout_p);
+  MCPP_CHECK(qkv.defined() && qkv.device() == Device::CPU, "{}: qkv must be a CPU tensor", op);
+  MCPP_CHECK(qkv.dtype() == DType::F32 || qkv.dtype() == DType::F64,
+             "{}: qkv is {}; the CPU backend computes in f32 or f64", op, qkv.str());
+  MCPP_CHECK(qkv.numel() == d.S * d.B * d.qkv_width(),
+             "{}: qkv {} does not hold S*B*NG*(NH/NG+2)*HD = {} elements", op, qkv.str(),
+             d.S * d.B * d.qkv_width());
+}
+
+void check_like(const char* op, const char* name, const Tensor& t, DType dt, int64_t numel) {
+  MCPP_CHECK(t.defined() && t.device() == Device::CPU, "{}: '{}' must be a CPU tensor", op, name);
+  MCPP_CHECK(t.dtype() == dt, "{}: '{}' is {}, expected {}", op, name, t.str(), dtype_name(dt));
+  MCPP_CHECK(t.numel() == numel, "{}: '{}' is {}, expected {} elements", op, name, t.str(),
+             numel);
+}
+
+// Where a head's rows live in the fused qkv (or dqkv) tensor.
+struct Layout {
+  int64_t S, B, NH, NG, HD, G, W;
+  explicit Layout(const AttentionDims& d)
+      : S(d.S), B(d.B), NH(d.NH), NG(d.NG), HD(d.HD), G(d.NH / d.NG), W(d.qkv_width()) {}
+  int64_t row_stride() const { return B * W; }  // from sequence position s to s + 1
+  int64_t q(int64_t b, int64_t h) const { return b * W + ((h / G) * (G + 2) + h % G) * HD; }
+  int64_t k(int64_t b, int64_t g) const { return b * W + (g * (G + 2) + G) * HD; }
+  int64_t v(int64_t b, int64_t g) const { return b * W + (g * (G + 2) + G + 1) * HD; }
+  int64_t out_stride() const { return B * NH * HD; }
+  int64_t out(int64_t b, int64_t h) const { return (b * NH + h) * HD; }
+};
+
+// The dropout mask of attention probabilities, drawn from the global (b, h, q, k) index
+// so that splitting B (DP), heads (TP) or the sequence (CP) draws the same mask.
+template <typename T>
+struct AttnDropout {
+  bool on = false;
+  uint32_t threshold = 0;  // keep iff (u32 >> 8) >= threshold  <=>  uniform >= p
+  T keep_scale = 1;
+  uint64_t seed = 0, stream = 0;
+  int64_t b_off = 0, h_off = 0, NHg = 0, q_off = 0, k_off = 0, Sg = 0;
+
+  AttnDropout(const AttentionDims& d, double p, DropoutKey key) {
+    on = p > 0;
+    // uniform = n / 2^24 exactly, so uniform >= p <=> n >= ceil(p * 2^24) (p * 2^24 is
+    // exact in double).
+    threshold = uint32_t(std::ceil(p * 16777216.0));
+    keep_scale = T(1.0 / (1.0 - p));
+    seed = key.seed, stream = key.stream;
+    b_off = d.b_offset, h_off = d.h_offset, q_off = d.q_offset, k_off = d.k_offset;
+    NHg = d.NH_global > 0 ? d.NH_global : d.NH;
+    Sg = d.S_global > 0 ? d.S_global : d.S;
+  }
+  // z[j] = keep(b, h, q, k0 + j) ? 1/(1-p) : 0 for j < n. One Philox block serves four
+  // consecutive indices, as Philox::u32 defines them.
+  void fill(T* z, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n) const {
+    uint64_t idx =
+        uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k0 + k_off);
+    int64_t j = 0;
+    while (j < n) {
+      uint32_t c[4] = {uint32_t(idx >> 2), uint32_t(idx >> 34), uint32_t(stream),
+                       uint32_t(stream >> 32)};
+      Philox::block(c, uint32_t(seed), uint32_t(seed >> 32));
+      for (uint64_t lane = idx & 3; lane < 4 && j < n; ++lane, ++j, ++idx)
+        z[j] = (c[lane] >> 8) >= threshold ? keep_scale : T(0);
+    }
+  }
+};
+
+// Copies rows [r0, r0 + rn) of a head (stride `stride`, HD values each) into a [kBlk, ld]
+// tile, zero-padding rows and columns; `transpose` writes it as [HD, kBlk] instead.
+template <typename T>
+void pack_rows(const T* src, int64_t stride, int64_t rn, int64_t HD, T* dst, int64_t ld) {
+  for (int64_t r = 0; r < rn; ++r) {
+    const T* s = src + r * stride;
+    T* t = dst + r * ld;
+    for (int64_t c = 0; c < HD; ++c) t[c] = s[c];
+    for (int64_t c = HD; c < ld; ++c) t[c] = 0;
+  }
+  for (int64_t r = rn; r < kBlk; ++r)
+    for (int64_t c = 0; c < ld; ++c) dst[r * ld + c] = 0;
+}
+template <typename T>
+void pack_rows_t(const T* src, int64_t stride, int64_t rn, int64_t HD, T* dst) {
+  for (int64_t r = 0; r < rn; ++r) {
+    const T* s = src + r * stride;
+    for (int64_t c = 0; c < HD; ++c) dst[c * kBlk + r] = s[c];
+  }
+  for (int64_t c = 0; c < HD; ++c)
+    for (int64_t r = rn; r < kBlk; ++r) dst[c * kBlk + r] = 0;
+}
+
+template <typename T>
+void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, DropoutKey key,
+                  T* out, T* lse) {
+  const Layout lay(d);
+  const int64_t S = d.S, HD = d.HD, NH = d.NH;
+  const int64_t HDp = round_up(HD, kLanes<T>);
+  const int64_t nqb = (S + kBlk - 1) / kBlk;
+  const int64_t heads = d.B * NH;
+  const AttnDropout<T> drop(d, p, key);
+  const int64_t rs = lay.row_stride();
+
+  // K^T and V tiles of every (b, group), packed once: query tiles of all the group's
+  // heads read them, and packing inside the task would gather the same scattered rows
+  // nqb/2 times per head. Costs one extra copy of K and V.
+  const int64_t kv_tile = kBlk * HDp, groups = d.B * d.NG;
+  T* Kt_all = tiles::thread_scratch<T, 0>(groups * nqb * kv_tile);
+  T* V_all = tiles::thread_scratch<T, 1>(groups * nqb * kv_tile);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < groups * nqb; ++t) {
+    const int64_t b = t / (d.NG * nqb), g = (t / nqb) % d.NG, k0 = (t % nqb) * kBlk;
+    const int64_t kn = std::min(kBlk, S - k0);
+    pack_rows_t(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kt_all + t * kv_tile);
+    pack_rows(qkv + k0 * rs + lay.v(b, g), rs, kn, HD, V_all + t * kv_tile, HDp);
+  }
+
+#pragma omp parallel
+  {
+    Buffer<T> Qt(kBlk * HDp), Sc(kBlk * kBlk), O(kBlk * HDp);
+    T m[kBlk], l[kBlk];
+
+    // Largest tasks (query blocks far down the causal triangle) first, for balance.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < nqb * heads; ++t) {
+      const int64_t qb = nqb - 1 - t / heads, b = (t % heads) / NH, h = t % NH;
+      const int64_t g = h / lay.G;
+      const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0), Mq = round_up(qn, kMR);
+      pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qt.get(), HDp);
+      O.zero();
+      std::fill(m, m + kBlk, -std::numeric_limits<T>::infinity());
+      std::fill(l, l + kBlk, T(0));
+
+      for (int64_t kb = 0; kb <= qb; ++kb) {
+        const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
+        const T* Kt = Kt_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
+        const T* Vt = V_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
+        // Sc = Q K^T (unscaled; the scale is folded into the exp below)
+        tile_gemm(Mq, kBlk, HD, Qt.get(), HDp, Kt, kBlk, Sc.get(), kBlk, false);
+        const bool diag = kb == qb;  // only this tile holds masked (or padded) keys
+        for (int64_t i = 0; i < Mq; ++i) {
+          T* row = Sc.get() + i * kBlk;
+          if (i >= qn) {  // padding rows: contribute nothing
+            std::fill(row, row + kBlk, T(0));
+            continue;
+          }
+          const int64_t nvalid = diag ? std::min(kn, q0 + i - k0 + 1) : kn;
+          std::fill(row + nvalid, row + kBlk, -std::numeric_limits<T>::infinity());
+          const T m_new = std::max(m[i], tiles::row_max(row, kBlk) * scale);
+          // 0 on the first tile (m = -inf); 1, without a call to exp, once the row max
+          // has settled, which is most tiles.
+          const T alpha = m_new == m[i] ? T(1) : std::exp(m[i] - m_new);
+          l[i] = l[i] * alpha + tiles::row_exp_sum(row, kBlk, scale, m_new);
+          m[i] = m_new;
+          if (drop.on) {
+            T z[kBlk];
+            drop.fill(z, b, h, q0 + i, k0, nvalid);
+            for (int64_t j = 0; j < nvalid; ++j) row[j] *= z[j];
+          }
+          if (alpha != T(1)) {
+            T* o = O.get() + i * HDp;
+            for (int64_t c = 0; c < HDp; ++c) o[c] *= alpha;
+          }
+        }
+        // O += P V
+        tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Vt, HDp, O.get(), HDp, true);
+      }
+
+      T* lse_row = lse + (b * NH + h) * S + q0;
+      for (int64_t i = 0; i < qn; ++i) {
+        const T inv = T(1) / l[i];
+        const T* o = O.get() + i * HDp;
+        T* dst = out + (q0 + i) * lay.out_stride() + lay.out(b, h);
+        for (int64_t c = 0; c < HD; ++c) dst[c] = o[c] * inv;
+        lse_row[i] = m[i] + std::log(l[i]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
+                   const AttentionDims& d, T scale, double p, DropoutKey key, T* dqkv) {
+  const Layout lay(d);
+  const int64_t S = d.S, HD = d.HD, NH = d.NH, G = lay.G;
+  const int64_t HDp = round_up(HD, kLanes<T>);
+  const int64_t nb = (S + kBlk - 1) / kBlk, Sp = nb * kBlk;
+  const int64_t heads = d.B * NH;
+  const AttnDropout<T> drop(d, p, key);
+  const int64_t rs = lay.row_stride(), os = lay.out_stride();
+
+  // One task per (b, h) owns its dQ (accumulated over key tiles in a private buffer),
+  // so no atomics are needed; dK and dV of a key tile are complete when its loop over
+  // query tiles ends. With GQA several heads share one key head: their dK/dV go to a
+  // per-head scratch [B, NH, S, HD] and are summed after the parallel loop, which keeps
+  // B*NH tasks of parallelism instead of B*NG.
+  T* dk_scratch = G > 1 ? tiles::thread_scratch<T, 5>(heads * S * HD) : nullptr;
+  T* dv_scratch = G > 1 ? tiles::thread_scratch<T, 6>(heads * S * HD) : nullptr;
+
+#pragma omp parallel
+  {
+    // Qa and dOa are packed in full (padding included) before use; dQa is zeroed per task.
+    T* Qa = tiles::thread_scratch<T, 2>(Sp * HDp);
+    T* dOa = tiles::thread_scratch<T, 3>(Sp * HDp);
+    T* dQa = tiles::thread_scratch<T, 4>(Sp * HDp);
+    Buffer<T> Dv(Sp), Lv(Sp);
+    Buffer<T> Kt(HDp * kBlk), Vt(HDp * kBlk), Kp(kBlk * HDp);
+    Buffer<T> Sc(kBlk * kBlk), dP(kBlk * kBlk), PT(kBlk * kBlk), dST(kBlk * kBlk);
+    Buffer<T> dK(kBlk * HDp), dV(kBlk * HDp);
+    T z[kBlk];
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < heads; ++t) {
+      const int64_t b = t / NH, h = t % NH, g = h / G;
+      for (int64_t qb = 0; qb < nb; ++qb) {
+        const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0);
+        pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qa + q0 * HDp, HDp);
+        pack_rows(dout + q0 * os + lay.out(b, h), os, qn, HD, dOa + q0 * HDp, HDp);
+      }
+      // D_i = rowsum(dO_i * O_i) = sum_k P_ik dP_ik (also with dropout: O = (P*Z) V)
+      for (int64_t i = 0; i < S; ++i) {
+        const T* o = out + i * os + lay.out(b, h);
+        const T* go = dOa + i * HDp;
+        T acc = 0;
+        for (int64_t c = 0; c < HD; ++c) acc += o[c] * go[c];
+        Dv.get()[i] = acc;
+        Lv.get()[i] = lse[(b * NH + h) * S + i];
+      }
+      std::fill(dQa, dQa + Sp * HDp, T(0));
+
+      for (int64_t kb = 0; kb < nb; ++kb) {
+        const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
+        pack_rows_t(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kt.get());
+        pack_rows_t(qkv + k0 * rs + lay.v(b, g), rs, kn, HD, Vt.get());
+        pack_rows(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kp.get(), HDp);
+        dK.zero();
+        dV.zero();
+        for (int64_t qb = kb; qb < nb; ++qb) {
+          const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0), Mq = round_up(qn, kMR);
+          const T* Q = Qa + q0 * HDp;
+          const T* dO = dOa + q0 * HDp;
+          tile_gemm(Mq, kBlk, HD, Q, HDp, Kt.get(), kBlk, Sc.get(), kBlk, false);   // Q K^T
+          tile_gemm(Mq, kBlk, HD, dO, HDp, Vt.get(), kBlk, dP.get(), kBlk, false);  // dO V^T
+          const bool diag = kb == qb;
+          for (int64_t i = 0; i < Mq; ++i) {
+            T* P = Sc.get() + i * kBlk;  // becomes dS in place
+            T* dp = dP.get() + i * kBlk;
+            if (i >= qn) {
+              std::fill(P, P + kBlk, T(0));
+              continue;
+            }
+            const int64_t nvalid = diag ? std::min(kn, q0 + i - k0 + 1) : kn;
+            std::fill(P + nvalid, P + kBlk, -std::numeric_limits<T>::infinity());
+            tiles::row_exp_sum(P, kBlk, scale, Lv.get()[q0 + i]);  // P = exp(s - lse)
+            const T Di = Dv.get()[q0 + i];
+            if (drop.on) {
+              drop.fill(z, b, h, q0 + i, k0, nvalid);
+              std::fill(z + nvalid, z + kBlk, T(0));
+              for (int64_t j = 0; j < kBlk; ++j) {
+                PT.get()[j * kBlk + i] = P[j] * z[j];  // dropped P: what multiplied V
+                P[j] = P[j] * (dp[j] * z[j] - Di);     // dS = P * (dP - D)
+                dST.get()[j * kBlk + i] = P[j];
+              }
+            } else {
+              for (int64_t j = 0; j < kBlk; ++j) {
+                PT.get()[j * kBlk + i] = P[j];
+                P[j] = P[j] * (dp[j] - Di);
+                dST.get()[j * kBlk + i] = P[j];
+              }
+            }
+          }
+          tile_gemm(kBlk, HDp, qn, PT.get(), kBlk, dO, HDp, dV.get(), HDp, true);   // P^T dO
+          tile_gemm(kBlk, HDp, qn, dST.get(), kBlk, Q, HDp, dK.get(), HDp, true);   // dS^T Q
+          tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Kp.get(), HDp, dQa + q0 * HDp, HDp,
+                    true);                                                           // dS K
+        }
+        // dK = scale * dS^T Q (s = scale * q.k); dV as accumulated.
+        T *dk_dst, *dv_dst;
+        int64_t dst_stride;
+        if (G == 1) {
+          dk_dst = dqkv + k0 * rs + lay.k(b, g);
+          dv_dst = dqkv + k0 * rs + lay.v(b, g);
+          dst_stride = rs;
+        } else {
+          dk_dst = dk_scratch + (t * S + k0) * HD;
+          dv_dst = dv_scratch + (t * S + k0) * HD;
+          dst_stride = HD;
+        }
+        for (int64_t r = 0; r < kn; ++r)
+          for (int64_t c = 0; c < HD; ++c) {
+            dk_dst[r * dst_stride + c] = dK.get()[r * HDp + c] * scale;
+            dv_dst[r * dst_stride + c] = dV.get()[r * HDp + c];
+          }
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        T* dst = dqkv + i * rs + lay.q(b, h);
+        const T* src = dQa + i * HDp;
+        for (int64_t c = 0; c < HD; ++c) dst[c] = src[c] * scale;
+      }
+    }
+  }
+
+  if (G > 1) {
+    const T* dks = dk_scratch;
+    const T* dvs = dv_scratch;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t bg = 0; bg < d.B * d.NG; ++bg) {
+        const int64_t b = bg / d.NG, g = bg % d.NG;
+        T* dk = dqkv + i * rs + lay.k(b, g);
+        T* dv = dqkv + i * rs + lay.v(b, g);
+        for (int64_t c = 0; c < HD; ++c) dk[c] = dv[c] = 0;
+        for (int64_t j = 0; j < G; ++j) {
+          const int64_t src = ((b * NH + g * G + j) * S + i) * HD;
+          for (int64_t c = 0; c < HD; ++c) {
+            dk[c] += dks[src + c];
+            dv[c] += dvs[src + c];
+          }
+        }
+      }
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
+                       double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
+  const char* op = "attention_forward";
+  check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
+  check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
+  check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
+  if (qkv.dtype() == DType::F32)
+    forward_impl<float>(qkv.data<float>(), d, float(softmax_scale), dropout_p, key,
+                        out.data<float>(), lse.data<float>());
+  else
+    forward_impl<double>(qkv.data<double>(), d, softmax_scale, dropout_p, key,
+                         out.data<double>(), lse.data<double>());
+}
+
+void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const AttentionDims& d, double softmax_scale,
+                        double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
+  const char* op = "attention_backward";
+  check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
+  check_like(op, "dout", dout, qkv.dtype(), d.S * d.B * d.NH * d.HD);
+  check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
+  check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
+  check_like(op, "dqkv", dqkv, qkv.dtype(), qkv.numel());
+  MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv (it is read throughout)",
+             op);
+  if (qkv.dtype() == DType::F32)
+    backward_impl<float>(dout.data<float>(), qkv.data<float>(), out.data<float>(),
+                         lse.data<float>(), d, float(softmax_scale), dropout_p, key,
+                         dqkv.data<float>());
+  else
+    backward_impl<double>(dout.data<double>(), qkv.data<double>(), out.data<double>(),
+                          lse.data<double>(), d, softmax_scale, dropout_p, key,
+                          dqkv.data<double>());
+}
+
+}  // namespace mcpp::ops::cpu

@@ -1,0 +1,179 @@
+// Elementwise ops on the CPU.
+//   fill:          x = value; x of f32 f64 bf16 f16 i32 i64.
+//   copy:          dst = convert(src), same numel, any pair of f32 f64 bf16 f16 i32 i64
+//                  (bf16/f16 round to nearest even via tensor/dtype.h; f64 -> bf16/f16
+//                  goes through f32). CPU tensors only: host <-> device is the CUDA backend.
+//   add:           out = a + b (out may alias a or b); axpy: y += alpha x; scale: x *= alpha.
+//   sum_squares:   sum of x^2 accumulated in f64;  has_nonfinite: any NaN or Inf.
+// add/axpy/scale/sum_squares/has_nonfinite take f32 or f64, one dtype per call.
+#include <cstring>
+#include <type_traits>
+
+#include "ops/cpu/cpu_common.h"
+
+namespace mcpp::ops::cpu {
+
+namespace {
+
+// Storage types with their conversions to and from a plain arithmetic value.
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+inline float load(Bf16 v) { return bf16_to_float(v.bits); }
+inline float load(F16 v) { return f16_to_float(v.bits); }
+template <typename V>
+inline V load(V v) {
+  return v;
+}
+template <typename D, typename V>
+inline D store(V v) {
+  if constexpr (std::is_same_v<D, Bf16>)
+    return Bf16{float_to_bf16(float(v))};
+  else if constexpr (std::is_same_v<D, F16>)
+    return F16{float_to_f16(float(v))};
+  else
+    return static_cast<D>(v);
+}
+
+// Calls f(E{}) with E the storage type of dt.
+template <class F>
+void dispatch_storage(const Check& c, const Tensor& t, const char* name, F&& f) {
+  switch (t.dtype()) {
+    case DType::F32:
+      return f(float{});
+    case DType::F64:
+      return f(double{});
+    case DType::BF16:
+      return f(Bf16{});
+    case DType::F16:
+      return f(F16{});
+    case DType::I32:
+      return f(int32_t{});
+    case DType::I64:
+      return f(int64_t{});
+    default:
+      MCPP_FAIL("{}: tensor '{}' is {}; supported: f32 f64 bf16 f16 i32 i64", c.op, name, t.str());
+  }
+}
+
+}  // namespace
+
+void fill(Tensor& x, double value, Stream& s) {
+  const Check c{"fill"};
+  c.stream(s);
+  c.defined(x, "x");
+  dispatch_storage(c, x, "x", [&](auto tag) {
+    using E = decltype(tag);
+    E* X = static_cast<E*>(x.raw());
+    const E v = store<E>(value);
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) X[i] = v;
+  });
+}
+
+void copy(const Tensor& src, Tensor& dst, Stream& s) {
+  const Check c{"copy"};
+  c.stream(s);
+  c.defined(src, "src");
+  c.defined(dst, "dst");
+  c.numel(dst, "dst", src.numel());
+  const int64_t n = src.numel();
+  if (src.dtype() == dst.dtype()) {
+    if (src.raw() != dst.raw()) std::memmove(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+  dispatch_storage(c, src, "src", [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_storage(c, dst, "dst", [&](auto dtag) {
+      using D = decltype(dtag);
+      const S* in = static_cast<const S*>(src.raw());
+      D* out = static_cast<D*>(dst.raw());
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) out[i] = store<D>(load(in[i]));
+    });
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
+  const Check c{"add"};
+  c.stream(s);
+  const DType dt = c.floating(a, "a");
+  c.dtype(b, "b", dt), c.dtype(out, "out", dt);
+  c.shape(b, "b", a.shape()), c.shape(out, "out", a.shape());
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R *A = a.data<R>(), *B = b.data<R>();
+    R* O = out.data<R>();
+    const int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) O[i] = A[i] + B[i];
+  });
+}
+
+void axpy(double alpha, const Tensor& x, Tensor& y, Stream& s) {
+  const Check c{"axpy"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  c.shape(y, "y", x.shape());
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    R* Y = y.data<R>();
+    const R al = R(alpha);
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) Y[i] += al * X[i];
+  });
+}
+
+void scale(Tensor& x, double alpha, Stream& s) {
+  const Check c{"scale"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    R* X = x.data<R>();
+    const R al = R(alpha);
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) X[i] *= al;
+  });
+}
+
+double sum_squares(const Tensor& x, Stream& s) {
+  const Check c{"sum_squares"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  return dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    const int64_t n = x.numel();
+    double acc = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : acc) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) acc += double(X[i]) * double(X[i]);
+    return acc;
+  });
+}
+
+bool has_nonfinite(const Tensor& x, Stream& s) {
+  const Check c{"has_nonfinite"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  return dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    const int64_t n = x.numel();
+    // x - x is 0 for finite x and NaN for NaN or +-Inf; no early exit, so it vectorises.
+    int bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) bad |= (X[i] - X[i]) != R(0);
+    return bad != 0;
+  });
+}
+
+}  // namespace mcpp::ops::cpu

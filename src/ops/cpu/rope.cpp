@@ -1,0 +1,111 @@
+// Rotary position embedding, Megatron's default non-interleaved ("rotate_half") form,
+// CPU backend; f32 or f64 (in and out of one dtype).
+//
+//   qkv_in, qkv_out [S, B, NG, NH/NG + 2, HD]  linear_qkv's grouped layout   (=)
+//
+// For each query and key head, with half = rot_dim / 2, position t = s + s_offset and
+// angle_i = t * base^(-2i / rot_dim), i < half:
+//   out[i]        = x[i] cos - x[i + half] sin
+//   out[i + half] = x[i + half] cos + x[i] sin
+// Value heads and dims >= rot_dim pass through. out may alias in (each pair is read
+// before it is written). The backward is the transposed, i.e. inverse, rotation.
+//
+// Angles and their sines are computed in double for both dtypes: Megatron forms them
+// in fp32, whose rounding of t * inv_freq grows with t; double is the more faithful
+// reference and costs S * rot_dim/2 sincos calls, nothing next to the rest.
+#include <cmath>
+#include <vector>
+
+#include "base/error.h"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cpu {
+namespace {
+
+void check_rope_args(const char* op, const Tensor& in, const AttentionDims& d, int64_t rot_dim,
+                     double base, const Tensor& out, Stream& s) {
+  MCPP_CHECK_HINT(s.device == Device::CPU, "pass Stream::cpu() or call mcpp::ops::",
+                  "{}: the CPU backend was called with a CUDA stream", op);
+  MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
+             "{}: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)", op, d.S,
+             d.B, d.NH, d.NG, d.HD);
+  MCPP_CHECK_HINT(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD,
+                  "check --rotary-percent: rot_dim = HD * rotary_percent must be even",
+                  "{}: rot_dim={} must be even and in (0, HD={}]", op, rot_dim, d.HD);
+  MCPP_CHECK(base > 0, "{}: rotary base {} must be positive (--rotary-base)", op, base);
+  for (const Tensor* t : {&in, &out}) {
+    MCPP_CHECK(t->defined() && t->device() == Device::CPU, "{}: tensors must be on the CPU",
+               op);
+    MCPP_CHECK(t->dtype() == DType::F32 || t->dtype() == DType::F64,
+               "{}: {} is not f32/f64", op, t->str());
+    MCPP_CHECK(t->numel() == d.S * d.B * d.qkv_width(),
+               "{}: {} does not hold S*B*NG*(NH/NG+2)*HD = {} elements", op, t->str(),
+               d.S * d.B * d.qkv_width());
+  }
+  MCPP_CHECK(in.dtype() == out.dtype(), "{}: in is {} but out is {}", op, in.str(), out.str());
+}
+
+// sign = +1: forward rotation; -1: its inverse (the backward).
+template <typename T>
+void rope_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double base,
+               int64_t s_offset, double sign, T* out) {
+  const int64_t HD = d.HD, G = d.NH / d.NG, half = rot_dim / 2;
+  const int64_t heads_per_row = d.B * d.NG * (G + 2);  // HD-sized heads per position
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[size_t(i)] = std::pow(base, -2.0 * double(i) / double(rot_dim));
+
+#pragma omp parallel
+  {
+    std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < d.S; ++s) {
+      const double t = double(s + s_offset);
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = t * inv_freq[size_t(i)];
+        cs[size_t(i)] = T(std::cos(a));
+        sn[size_t(i)] = T(sign * std::sin(a));
+      }
+      for (int64_t hh = 0; hh < heads_per_row; ++hh) {
+        const int64_t off = (s * heads_per_row + hh) * HD;
+        const T* x = in + off;
+        T* y = out + off;
+        const bool rotated = hh % (G + 2) <= G;  // query heads and the key head
+        int64_t c0 = 0;
+        if (rotated) {
+          for (int64_t i = 0; i < half; ++i) {
+            const T a = x[i], b = x[i + half];
+            y[i] = a * cs[size_t(i)] - b * sn[size_t(i)];
+            y[i + half] = b * cs[size_t(i)] + a * sn[size_t(i)];
+          }
+          c0 = rot_dim;
+        }
+        if (y != x)
+          for (int64_t c = c0; c < HD; ++c) y[c] = x[c];
+      }
+    }
+  }
+}
+
+void rope_dispatch(const char* op, const Tensor& in, const AttentionDims& d, int64_t rot_dim,
+                   double base, int64_t s_offset, double sign, Tensor& out, Stream& s) {
+  check_rope_args(op, in, d, rot_dim, base, out, s);
+  if (in.dtype() == DType::F32)
+    rope_impl<float>(in.data<float>(), d, rot_dim, base, s_offset, sign, out.data<float>());
+  else
+    rope_impl<double>(in.data<double>(), d, rot_dim, base, s_offset, sign, out.data<double>());
+}
+
+}  // namespace
+
+void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
+                  int64_t s_offset, Tensor& qkv_out, Stream& s) {
+  rope_dispatch("rope_forward", qkv_in, d, rot_dim, base, s_offset, +1.0, qkv_out, s);
+}
+
+void rope_backward(const Tensor& dqkv_out, const AttentionDims& d, int64_t rot_dim, double base,
+                   int64_t s_offset, Tensor& dqkv_in, Stream& s) {
+  rope_dispatch("rope_backward", dqkv_out, d, rot_dim, base, s_offset, -1.0, dqkv_in, s);
+}
+
+}  // namespace mcpp::ops::cpu

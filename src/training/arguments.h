@@ -1,0 +1,201 @@
+// Megatron-LM command-line flags -> Args, and Megatron's validate_args() with clear errors.
+//
+// Every flag of Megatron-LM's pretrain_gpt.py is known (flag_table.inc, generated from the
+// parser by scripts/gen_flag_table.py). A flag falls in one of three classes:
+//   implemented  its value lands in a typed field of Args below (field name = Megatron dest);
+//   by design    accepted, because megatron.cpp always behaves the way the flag asks (the
+//                reason is printed at start-up by describe_by_design_flags);
+//   known only   accepted when its value equals Megatron's default, an error otherwise
+//                ("... is a Megatron-LM flag that megatron.cpp does not implement yet").
+// Unknown flags are errors that name the closest known ones. megatron.cpp's own flags
+// (--device, --threads) live in a separate small table and are marked as ours in --help.
+//
+// Life of an Args: parse_args(argv) -> validate_args(args, world_size) (fills Megatron's
+// derived defaults) -> print_args(args). Fields documented "set by validate_args" hold 0 or
+// are empty before that call.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "optim/lr_scheduler.h"
+
+namespace mcpp::training {
+
+// ---- the flag table ---------------------------------------------------------------------
+enum class FlagAction { Store, StoreTrue, StoreFalse, BooleanOptional };
+
+// One flag of the parser, as Megatron's argparse declares it. Strings are never null.
+struct FlagRow {
+  const char* group;
+  const char* flags;  // every spelling, space-separated: "--no-x --disable-x"
+  const char* dest;   // Megatron's attribute name (args.<dest>)
+  FlagAction action;
+  const char* type;     // "int", "float", "str", "" (argparse default: str), or a helper's name
+  const char* nargs;    // "" (one value, or none for store_true/false), "+", "*", "3"
+  const char* choices;  // '|'-separated, "" when free
+  const char* dflt;     // Python str() of the default: "None", "False", "1e-05", "[]", ...
+};
+
+std::span<const FlagRow> megatron_flag_table();  // 838 rows from flag_table.inc
+std::span<const FlagRow> mcpp_flag_table();      // megatron.cpp's own flags
+
+// How megatron.cpp treats a dest of either table.
+enum class FlagSupport { Implemented, ByDesign, NotImplemented, Ours };
+FlagSupport flag_support(const std::string& dest);
+
+// ---- parsed arguments -------------------------------------------------------------------
+struct Args {
+  // Model shape. 0 = not given; validate_args requires or derives them.
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;  // derived: 4h, or int(4h*2/3/64)*64 with --swiglu
+  int64_t num_attention_heads = 0;
+  int64_t kv_channels = 0;  // derived: h / heads
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;  // validate_args: = heads unless --group-query-attention
+  int64_t seq_length = 0;
+  int64_t max_position_embeddings = 0;
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope
+  bool use_rotary_position_embeddings = false;               // deprecated alias of rope
+  int64_t rotary_base = 10000;
+  double rotary_percent = 1.0;
+  int64_t make_vocab_size_divisible_by = 128;
+  std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
+  double layernorm_epsilon = 1e-5;          // --norm-epsilon
+  bool swiglu = false;
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = true;  // --disable-bias-linear sets false
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double init_method_std = 0.02;
+
+  // Batch and training length.
+  int64_t micro_batch_size = 0;
+  int64_t global_batch_size = 0;  // derived: mbs * DP
+  int64_t train_iters = 0;        // derived from train_samples // gbs when sample-based
+  std::optional<int64_t> train_samples;
+  bool skip_train = false;
+
+  // Optimizer and LR / WD schedule (megatron.md §2.3).
+  std::string optimizer = "adam";
+  double lr = 0.0;  // required for training
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";
+  std::optional<int64_t> lr_decay_iters;    // derived: train_iters (iteration-based)
+  std::optional<int64_t> lr_decay_samples;  // derived: train_samples (sample-based)
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_warmup_samples = 0;
+  std::optional<double> lr_warmup_fraction;
+  double lr_warmup_init = 0.0;
+  std::string lr_wsd_decay_style = "exponential";
+  std::optional<int64_t> lr_wsd_decay_iters;
+  std::optional<int64_t> lr_wsd_decay_samples;
+  double weight_decay = 0.01;
+  std::optional<double> start_weight_decay;  // derived: weight_decay for the constant style
+  std::optional<double> end_weight_decay;
+  std::string weight_decay_incr_style = "constant";
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
+  int64_t seed = 1234;
+
+  // Data and tokenizer.
+  bool mock_data = false;
+  std::string tokenizer_type = "GPT2BPETokenizer";  // pretrain_gpt.py's args_defaults
+  std::optional<int64_t> vocab_size;
+  std::optional<std::string> vocab_file, merge_file, tokenizer_model;
+  std::optional<int64_t> null_tokenizer_eod_id;
+  std::vector<std::string> data_path;  // "prefix" or "w1 p1 w2 p2 ..." (nargs *)
+  std::optional<std::string> data_cache_path;
+  std::optional<std::string> split;  // derived: "969, 30, 1" when --data-path is given
+  bool eod_mask_loss = false;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+
+  // Evaluation and logging.
+  std::optional<int64_t> eval_interval;
+  int64_t eval_iters = 100;
+  int64_t log_interval = 100;
+  bool log_throughput = false;
+  int64_t timing_log_level = 0;
+
+  // Parallelism. world_size, data_parallel_size and num_microbatches are set by validate_args.
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;  // 1 only for now
+  int64_t context_parallel_size = 1;         // 1 only for now
+  int64_t expert_model_parallel_size = 1;    // 1 only for now
+  int64_t world_size = 0;
+  int64_t data_parallel_size = 0;
+  int64_t num_microbatches = 0;
+
+  // Precision and initialisation.
+  bool bf16 = false, fp16 = false;
+  bool use_cpu_initialization = false;
+
+  // Checkpointing and exit.
+  std::optional<std::string> save, load;
+  std::optional<int64_t> save_interval;
+  std::optional<int64_t> exit_interval;
+  std::optional<int64_t> exit_duration_in_mins;
+  bool no_load_optim = false, no_load_rng = false;
+  bool no_save_optim = false, no_save_rng = false;
+  bool finetune = false;
+
+  // Set after the tokenizer is known: padded_vocab_size(vocab, divisible_by, TP).
+  std::optional<int64_t> padded_vocab_size;
+
+  // megatron.cpp's own flags (mcpp_flag_table).
+  std::string device = "auto";  // auto | cpu | cuda
+  int64_t threads = 0;          // CPU threads; 0 = OpenMP's default
+  bool help = false;            // -h / --help was given
+
+  // Every flag given on the command line: dest -> value as Python's str() shows it
+  // ("True", "0.0001", "['0.7', 'a']"). Holds by-design flags' values too.
+  std::map<std::string, std::string> given;
+  bool was_given(const std::string& dest) const { return given.count(dest) != 0; }
+  // True when the LR schedule counts samples (--train-samples) rather than iterations.
+  bool sample_based() const { return train_samples.has_value(); }
+};
+
+// Parses flags (argv without the program and subcommand names). Throws mcpp::Error for
+// unknown flags (naming the closest known ones), missing or badly typed values, values
+// outside `choices`, and known Megatron flags that megatron.cpp does not implement yet when
+// their value differs from Megatron's default. Repeated flags: the last one wins.
+Args parse_args(const std::vector<std::string>& argv);
+
+// Megatron's validate_args: checks every combination and fills derived defaults
+// (ffn_hidden_size, kv_channels, num_query_groups, global_batch_size, data_parallel_size,
+// num_microbatches, train_iters, lr_decay_iters/samples, start/end_weight_decay, split).
+// `training` = false skips what only training needs (--lr, --train-iters/--train-samples).
+void validate_args(Args& args, int world_size, bool training = true);
+
+// Megatron's vocabulary padding: the smallest multiple of divisible_by * TP that is
+// >= orig_vocab_size. The message is Megatron's start-up line.
+int64_t padded_vocab_size(int64_t orig_vocab_size, int64_t divisible_by, int64_t tp);
+std::string padded_vocab_message(int64_t orig_vocab_size, int64_t padded);
+
+// Megatron's start-up block: "------------------------ arguments ------------------------",
+// then "  name ..... value" for every dest (sorted, dots to column 48), then the end line.
+std::string format_args(const Args& args);
+void print_args(const Args& args);  // format_args through log::info (rank 0)
+
+// One line per by-design flag that was given: "--use-flash-attn: <why it is satisfied>".
+std::vector<std::string> describe_by_design_flags(const Args& args);
+
+// `megatron train --help`: implemented, by-design and megatron.cpp's own flags.
+std::string help_text();
+
+// Scheduler settings in samples, as Megatron's get_optimizer_param_scheduler() builds them.
+optim::SchedulerConfig lr_scheduler_config(const Args& args);
+
+// Python's str() of a float ("1.0", "1e-05", "0.0001"): how print_args shows doubles.
+std::string python_float(double v);
+
+}  // namespace mcpp::training

@@ -1,0 +1,51 @@
+#include "training/flops.h"
+
+#include "base/error.h"
+
+namespace mcpp::training {
+
+FlopsShape FlopsShape::from_args(const Args& a) {
+  MCPP_CHECK_HINT(a.padded_vocab_size.has_value(),
+                  "set args.padded_vocab_size = padded_vocab_size(vocab, divisible_by, TP) "
+                  "once the tokenizer is built",
+                  "FLOPs need the padded vocabulary size, which is not known yet");
+  MCPP_CHECK_HINT(a.kv_channels > 0 && a.ffn_hidden_size > 0, "call validate_args first",
+                  "FLOPs need validated arguments (kv_channels / ffn_hidden_size are unset)");
+  return {a.num_layers,          a.hidden_size,        a.ffn_hidden_size,
+          a.num_attention_heads, a.num_query_groups,   a.kv_channels,
+          a.seq_length,          *a.padded_vocab_size, a.swiglu};
+}
+
+double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
+  // fb = 3 (forward, input grad, weight grad) GEMMs per weight; fma = 2 FLOPs per MAC.
+  const double fb_fma = 3.0 * 2.0;
+  const double h = static_cast<double>(m.hidden_size);
+  const double L = static_cast<double>(m.num_layers);
+  const double s = static_cast<double>(m.seq_length);
+  const double V = static_cast<double>(m.padded_vocab_size);
+  const double F = static_cast<double>(m.ffn_hidden_size);
+  const double ffn_expansion = m.swiglu ? 3.0 : 2.0;  // SwiGLU: gate, up and down GEMMs
+  const double q = static_cast<double>(m.kv_channels * m.num_attention_heads);
+  const double kv = static_cast<double>(m.kv_channels * m.num_query_groups);
+  const double T = static_cast<double>(batch_size) * s;       // tokens in the batch
+  const double Q2 = static_cast<double>(batch_size) * s * s;  // sum of squared lengths
+  // Per layer: QKV projection (q + k + v outputs) and output projection.
+  const double attn_linear = fb_fma * (h * (q + kv + kv) + q * h);
+  // Per layer and token pair: QK^T and PV, halved for the causal mask.
+  const double attn_core = fb_fma * q / 2.0 * 2.0;
+  const double mlp = fb_fma * h * F * ffn_expansion * L;
+  const double logits = fb_fma * h * V;
+  return T * (mlp + attn_linear * L + logits) + Q2 * attn_core * L;
+}
+
+double num_floating_point_operations(const Args& args, int64_t batch_size) {
+  return num_floating_point_operations(FlopsShape::from_args(args), batch_size);
+}
+
+double throughput_tflops_per_gpu(double flops, double seconds, int64_t world_size) {
+  MCPP_CHECK(seconds > 0.0 && world_size > 0, "throughput: bad time {} s or world size {}", seconds,
+             world_size);
+  return flops / (seconds * 1e12 * static_cast<double>(world_size));
+}
+
+}  // namespace mcpp::training

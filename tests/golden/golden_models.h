@@ -1,0 +1,56 @@
+// The two tiny models of the golden tests (GPT-2 style and Llama style), their
+// batch, and the perturbed weights that make every parameter matter.
+#pragma once
+#include <string>
+
+#include "base/philox.h"
+#include "model/gpt_model.h"
+
+namespace mcpp::golden {
+
+inline model::TransformerConfig golden_config(const std::string& family, DType dt) {
+  model::TransformerConfig c;
+  c.num_layers = 2, c.hidden_size = 16, c.num_attention_heads = 4, c.kv_channels = 4;
+  c.seq_length = 8, c.max_position_embeddings = 12, c.padded_vocab_size = 64;
+  c.hidden_dropout = 0, c.attention_dropout = 0, c.dtype = dt, c.seed = 77;
+  if (family == "gpt") {
+    c.num_query_groups = 4, c.ffn_hidden_size = 64;
+  } else {  // llama
+    c.num_query_groups = 2, c.ffn_hidden_size = 24, c.rope = true, c.rotary_base = 10000;
+    c.rmsnorm = true, c.swiglu = true, c.tie_embeddings = false, c.add_bias_linear = false;
+  }
+  return c;
+}
+
+constexpr int64_t kGoldenB = 3, kGoldenS = 8, kGoldenVocab = 61;  // real vocab < padded 64
+
+// Overwrites every parameter with values of order 1 (norm weights around 1).
+inline void perturb(model::ParamStore& ps) {
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    const auto& p = ps.infos()[i];
+    Tensor t = ps.param(i);
+    const bool norm = p.name.find("layernorm") != std::string::npos;
+    const bool bias = p.name.size() > 5 && p.name.substr(p.name.size() - 5) == ".bias";
+    for (int64_t e = 0; e < t.numel(); ++e) {
+      double r = Philox::normal(99, hash_name(p.name), uint64_t(e));
+      double v = norm && !bias ? 1.0 + 0.1 * r : bias ? 0.1 * r : 0.3 * r;
+      if (t.dtype() == DType::F32) t.data<float>()[e] = float(v);
+      else t.data<double>()[e] = v;
+    }
+  }
+}
+
+inline model::MicroBatch golden_batch() {
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({kGoldenB, kGoldenS}, DType::I64);
+  mb.labels = Tensor::empty({kGoldenB, kGoldenS}, DType::I64);
+  mb.loss_mask = Tensor::empty({kGoldenB, kGoldenS}, DType::F32);
+  for (int64_t i = 0; i < kGoldenB * kGoldenS; ++i) {
+    mb.tokens.data<int64_t>()[i] = int64_t(Philox::u32(5, 1, i) % kGoldenVocab);
+    mb.labels.data<int64_t>()[i] = int64_t(Philox::u32(5, 2, i) % kGoldenVocab);
+    mb.loss_mask.data<float>()[i] = (i % 7 == 3) ? 0.0f : 1.0f;  // some masked tokens
+  }
+  return mb;
+}
+
+}  // namespace mcpp::golden

@@ -1,0 +1,78 @@
+// GELU (tanh form) and SwiGLU: f64 gradients against central differences, forward
+// values against the formulas, f32 (fast exp/tanh) against f64.
+#include "op_test_util.h"
+#include "ops/cpu/cpu_common.h"
+
+using namespace mcpp;
+using namespace mcpp::test;
+
+TEST(Gelu, ForwardFormulaAndGradient) {
+  Tensor x = randn({4, 6}, 1, 2.0), r = randn({4, 6}, 2);
+  Tensor y = Tensor::empty({4, 6}, DType::F64);
+  auto L = [&] {
+    cpu::gelu_forward(x, y, S());
+    return dot(r, y);
+  };
+  L();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = x.data<double>()[i];
+    const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(y.data<double>()[i], want, 1e-15);
+  }
+  Tensor dx = Tensor::empty({4, 6}, DType::F64);
+  cpu::gelu_backward(r, x, dx, S());
+  EXPECT_LT(rel_err(dx, numeric_grad(x, L)), kGradTol);
+}
+
+TEST(SwiGLU, ForwardFormulaAndGradient) {
+  const int64_t T = 3, F = 5;
+  Tensor x = randn({T, 2 * F}, 1, 2.0), r = randn({T, F}, 2);
+  Tensor y = Tensor::empty({T, F}, DType::F64);
+  auto L = [&] {
+    cpu::swiglu_forward(x, y, S());
+    return dot(r, y);
+  };
+  L();
+  const double g = x.data<double>()[1], u = x.data<double>()[F + 1];
+  EXPECT_NEAR(y.data<double>()[1], g / (1 + std::exp(-g)) * u, 1e-15);
+  Tensor dx = Tensor::empty({T, 2 * F}, DType::F64);
+  cpu::swiglu_backward(r, x, dx, S());
+  EXPECT_LT(rel_err(dx, numeric_grad(x, L)), kGradTol);
+  Tensor odd = randn({T, 7}, 3), ybad = Tensor::empty({T, 4}, DType::F64);
+  EXPECT_THROW(cpu::swiglu_forward(odd, y, S()), Error);
+  EXPECT_THROW(cpu::swiglu_forward(x, ybad, S()), Error);
+}
+
+TEST(Activations, F32MatchesF64) {
+  const int64_t T = 257, F = 192;  // multi-threaded, with a tail after the simd width
+  const DType D = DType::F64, F32 = DType::F32;
+  Tensor x = randn({T, 2 * F}, 1, 4.0), dy = randn({T, F}, 2), dyg = randn({T, 2 * F}, 3);
+  Tensor x32 = as(x, F32), dy32 = as(dy, F32), dyg32 = as(dyg, F32);
+  Tensor y = Tensor::empty({T, F}, D), dx = Tensor::empty({T, 2 * F}, D);
+  Tensor y32 = Tensor::empty({T, F}, F32), dx32 = Tensor::empty({T, 2 * F}, F32);
+  cpu::swiglu_forward(x, y, S());
+  cpu::swiglu_forward(x32, y32, S());
+  cpu::swiglu_backward(dy, x, dx, S());
+  cpu::swiglu_backward(dy32, x32, dx32, S());
+  EXPECT_LT(max_abs_diff(y32, y), 1e-5 * max_abs(y));
+  EXPECT_LT(max_abs_diff(dx32, dx), 1e-5 * max_abs(dx));
+  Tensor g = Tensor::empty({T, 2 * F}, D), g32 = Tensor::empty({T, 2 * F}, F32);
+  cpu::gelu_forward(x, g, S());
+  cpu::gelu_forward(x32, g32, S());
+  EXPECT_LT(max_abs_diff(g32, g), 1e-5 * max_abs(g));
+  cpu::gelu_backward(dyg, x, g, S());
+  cpu::gelu_backward(dyg32, x32, g32, S());
+  EXPECT_LT(max_abs_diff(g32, g), 1e-5 * max_abs(g));
+}
+
+// The f32 exp must stay accurate over the whole range softmax uses, and keep NaN.
+TEST(Activations, FastExpAccuracy) {
+  double worst = 0;
+  for (float v = -87.0f; v < 88.0f; v += 0.0137f) {
+    const double want = std::exp(double(v));
+    worst = std::max(worst, std::abs(double(cpu::exp_fast(v)) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_TRUE(std::isnan(cpu::exp_fast(std::nanf(""))));
+  EXPECT_EQ(cpu::exp_fast(0.0f), 1.0f);
+}

@@ -1,0 +1,133 @@
+// fill, copy (dtype conversions on known bit patterns), add/axpy/scale, sum_squares,
+// has_nonfinite, and AdamW against a scalar reference.
+#include <limits>
+
+#include "op_test_util.h"
+
+using namespace mcpp;
+using namespace mcpp::test;
+
+TEST(Copy, F32ToBf16AndF16KnownBits) {
+  const std::vector<float> v = {1.0f,
+                                -2.0f,
+                                bits_float(0x3f808000u),
+                                bits_float(0x3f818000u),
+                                65504.0f,
+                                std::ldexp(1.0f, -24),
+                                std::numeric_limits<float>::infinity()};
+  Tensor src = Tensor::from(v, {7});
+  Tensor bf = Tensor::empty({7}, DType::BF16), hf = Tensor::empty({7}, DType::F16);
+  cpu::copy(src, bf, S());
+  cpu::copy(src, hf, S());
+  const auto* b = static_cast<const uint16_t*>(bf.raw());
+  const auto* h = static_cast<const uint16_t*>(hf.raw());
+  const uint16_t want_bf[] = {0x3f80, 0xc000, 0x3f80, 0x3f82, 0x4780, 0x3380, 0x7f80};
+  const uint16_t want_hf[] = {0x3c00, 0xc000, 0x3c04, 0x3c0c, 0x7bff, 0x0001, 0x7c00};
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(b[i], want_bf[i]) << i;
+    EXPECT_EQ(h[i], want_hf[i]) << i;
+  }
+  // Back to f32 and f64: exact.
+  Tensor back = Tensor::empty({7}, DType::F32), back64 = Tensor::empty({7}, DType::F64);
+  cpu::copy(bf, back, S());
+  EXPECT_EQ(back.data<float>()[3], bits_float(0x3f820000u));
+  cpu::copy(hf, back64, S());
+  EXPECT_EQ(back64.data<double>()[4], 65504.0);
+  EXPECT_EQ(back64.data<double>()[5], std::ldexp(1.0, -24));
+  EXPECT_TRUE(std::isinf(back64.data<double>()[6]));
+}
+
+TEST(Copy, IntegerAndFloatConversions) {
+  Tensor i64 = Tensor::from(std::vector<int64_t>{-3, 0, 7, int64_t(1) << 40}, {4});
+  Tensor f = Tensor::empty({2, 2}, DType::F64), i32 = Tensor::empty({4}, DType::I32);
+  cpu::copy(i64, f, S());  // same numel, different shape is fine
+  EXPECT_EQ(f.data<double>()[3], std::ldexp(1.0, 40));
+  Tensor small = Tensor::from(std::vector<double>{-3.7, 0.2, 7.9, 100}, {4});
+  cpu::copy(small, i32, S());
+  EXPECT_EQ(i32.data<int32_t>()[0], -3);  // truncation, as a C++ cast
+  EXPECT_EQ(i32.data<int32_t>()[2], 7);
+  Tensor bad = Tensor::empty({5}, DType::F32);
+  EXPECT_THROW(cpu::copy(i64, bad, S()), Error);
+  Tensor fp8 = Tensor::empty({4}, DType::FP8E4M3);
+  EXPECT_THROW(cpu::copy(small, fp8, S()), Error);
+  Tensor cuda_view = Tensor::wrap(f.raw(), {4}, DType::F64, Device::CUDA);
+  EXPECT_THROW(cpu::copy(small, cuda_view, S()), Error);
+}
+
+TEST(Elementwise, FillAddAxpyScale) {
+  Tensor a = randn({3, 50}, 1), b = randn({3, 50}, 2);
+  Tensor out = Tensor::empty({3, 50}, DType::F64);
+  cpu::add(a, b, out, S());
+  EXPECT_EQ(out.data<double>()[17], a.data<double>()[17] + b.data<double>()[17]);
+  Tensor a2 = a.clone();
+  cpu::add(a2, b, a2, S());  // aliasing output
+  EXPECT_EQ(max_abs_diff(a2, out), 0.0);
+  cpu::axpy(-1.0, b, a2, S());
+  EXPECT_LT(max_abs_diff(a2, a), 1e-15);
+  cpu::scale(a2, 3.0, S());
+  EXPECT_NEAR(a2.data<double>()[5], 3 * a.data<double>()[5], 1e-15);
+  Tensor i = Tensor::empty({5}, DType::I64), h = Tensor::empty({5}, DType::BF16);
+  cpu::fill(i, 42, S());
+  cpu::fill(h, 1.0, S());
+  EXPECT_EQ(i.data<int64_t>()[4], 42);
+  EXPECT_EQ(static_cast<const uint16_t*>(h.raw())[2], 0x3f80);
+  Tensor c = Tensor::empty({3, 49}, DType::F64);
+  EXPECT_THROW(cpu::add(a, b, c, S()), Error);
+  EXPECT_THROW(cpu::axpy(1.0, a, c, S()), Error);
+  Tensor a32 = as(a, DType::F32);
+  EXPECT_THROW(cpu::add(a, a32, out, S()), Error);
+}
+
+TEST(Elementwise, SumSquaresAndNonfinite) {
+  Tensor x = randn({100000}, 3, 1.0, DType::F32);
+  double want = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) want += double(x.data<float>()[i]) * x.data<float>()[i];
+  EXPECT_NEAR(cpu::sum_squares(x, S()), want, 1e-9 * want);
+  EXPECT_FALSE(cpu::has_nonfinite(x, S()));
+  x.data<float>()[77777] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(cpu::has_nonfinite(x, S()));
+  x.data<float>()[77777] = std::nanf("");
+  EXPECT_TRUE(cpu::has_nonfinite(x, S()));
+  Tensor d = randn({10}, 4);
+  EXPECT_FALSE(cpu::has_nonfinite(d, S()));
+  d.data<double>()[9] = -std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(cpu::has_nonfinite(d, S()));
+}
+
+// torch.optim.AdamW written out for one scalar, in f64.
+TEST(AdamW, MatchesScalarReferenceOverSteps) {
+  const int64_t n = 37;
+  for (DType dt : {DType::F64, DType::F32}) {
+    Tensor p = randn({n}, 1, 1.0, dt), m = Tensor::zeros({n}, dt), v = Tensor::zeros({n}, dt);
+    Tensor p0 = f64(p).clone();
+    std::vector<double> rp(p0.data<double>(), p0.data<double>() + n), rm(n, 0), rv(n, 0);
+    ops::AdamWParams hp;
+    hp.lr = 1e-2, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.eps = 1e-8, hp.weight_decay = 0.1;
+    for (int step = 1; step <= 5; ++step) {
+      Tensor g = randn({n}, 100 + step, 1.0, dt);
+      Tensor g64 = f64(g);
+      hp.step = step;
+      cpu::adamw_step(p, g, m, v, hp, S());
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = g64.data<double>()[i];
+        rp[i] *= 1 - hp.lr * hp.weight_decay;
+        rm[i] = hp.beta1 * rm[i] + (1 - hp.beta1) * gi;
+        rv[i] = hp.beta2 * rv[i] + (1 - hp.beta2) * gi * gi;
+        const double mhat = rm[i] / (1 - std::pow(hp.beta1, step));
+        const double vhat = rv[i] / (1 - std::pow(hp.beta2, step));
+        rp[i] -= hp.lr * mhat / (std::sqrt(vhat) + hp.eps);
+      }
+    }
+    Tensor want = Tensor::from(rp, {n}), wm = Tensor::from(rm, {n}), wv = Tensor::from(rv, {n});
+    const double tol = dt == DType::F64 ? 1e-13 : 2e-6;
+    EXPECT_LT(max_abs_diff(p, want), tol) << dtype_name(dt);
+    EXPECT_LT(rel_err(m, wm), tol) << dtype_name(dt);
+    EXPECT_LT(rel_err(v, wv), tol) << dtype_name(dt);
+  }
+  Tensor p = randn({4}, 1), g = randn({5}, 2), m = Tensor::zeros({4}, DType::F64);
+  ops::AdamWParams hp;
+  EXPECT_THROW(cpu::adamw_step(p, g, m, m, hp, S()), Error);
+  hp.step = 0;
+  Tensor g4 = randn({4}, 2);
+  EXPECT_THROW(cpu::adamw_step(p, g4, m, m, hp, S()), Error);
+}

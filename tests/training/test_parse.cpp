@@ -1,0 +1,292 @@
+// parse_args: argparse forms, choices, types, unknown flags, implemented vs known flags.
+#include <set>
+
+#include "test_util.h"
+
+using namespace mcpp;
+using namespace mcpp::training;
+using namespace mcpp::training::test;
+
+TEST(FlagTable, HasEveryMegatronFlagOnceAndOurFlagsApart) {
+  EXPECT_EQ(megatron_flag_table().size(), 838u);
+  std::set<std::string> spellings;
+  size_t n = 0;
+  for (auto table : {megatron_flag_table(), mcpp_flag_table()})
+    for (const auto& r : table) {
+      std::string flags = r.flags;
+      size_t start = 0;
+      while (start < flags.size()) {
+        size_t end = flags.find(' ', start);
+        if (end == std::string::npos) end = flags.size();
+        spellings.insert(flags.substr(start, end - start));
+        ++n;
+        start = end + 1;
+      }
+    }
+  EXPECT_EQ(spellings.size(), n)
+      << "a spelling appears twice (our flags must not shadow Megatron's)";
+  for (const auto& r : mcpp_flag_table()) EXPECT_EQ(flag_support(r.dest), FlagSupport::Ours);
+}
+
+TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
+  for (const char* d : {"num_layers",
+                        "hidden_size",
+                        "ffn_hidden_size",
+                        "num_attention_heads",
+                        "kv_channels",
+                        "group_query_attention",
+                        "num_query_groups",
+                        "seq_length",
+                        "max_position_embeddings",
+                        "position_embedding_type",
+                        "rotary_base",
+                        "rotary_percent",
+                        "make_vocab_size_divisible_by",
+                        "normalization",
+                        "layernorm_epsilon",
+                        "swiglu",
+                        "untie_embeddings_and_output_weights",
+                        "add_bias_linear",
+                        "hidden_dropout",
+                        "attention_dropout",
+                        "init_method_std",
+                        "micro_batch_size",
+                        "global_batch_size",
+                        "train_iters",
+                        "train_samples",
+                        "lr",
+                        "min_lr",
+                        "lr_decay_style",
+                        "lr_decay_iters",
+                        "lr_decay_samples",
+                        "lr_warmup_iters",
+                        "lr_warmup_samples",
+                        "lr_warmup_fraction",
+                        "lr_warmup_init",
+                        "lr_wsd_decay_style",
+                        "lr_wsd_decay_iters",
+                        "lr_wsd_decay_samples",
+                        "weight_decay",
+                        "start_weight_decay",
+                        "end_weight_decay",
+                        "weight_decay_incr_style",
+                        "adam_beta1",
+                        "adam_beta2",
+                        "adam_eps",
+                        "clip_grad",
+                        "optimizer",
+                        "seed",
+                        "mock_data",
+                        "tokenizer_type",
+                        "vocab_size",
+                        "vocab_file",
+                        "merge_file",
+                        "tokenizer_model",
+                        "data_path",
+                        "split",
+                        "eval_interval",
+                        "eval_iters",
+                        "log_interval",
+                        "tensor_model_parallel_size",
+                        "pipeline_model_parallel_size",
+                        "context_parallel_size",
+                        "expert_model_parallel_size",
+                        "use_cpu_initialization",
+                        "bf16",
+                        "fp16",
+                        "save",
+                        "load",
+                        "save_interval",
+                        "exit_interval",
+                        "exit_duration_in_mins",
+                        "no_load_optim",
+                        "no_load_rng",
+                        "no_save_optim",
+                        "no_save_rng",
+                        "finetune",
+                        "eod_mask_loss",
+                        "reset_position_ids",
+                        "reset_attention_mask",
+                        "log_throughput",
+                        "timing_log_level"}) {
+    EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
+  }
+  EXPECT_EQ(flag_support("use_flash_attn"), FlagSupport::ByDesign);
+  EXPECT_EQ(flag_support("fp8"), FlagSupport::NotImplemented);
+}
+
+TEST(Parse, SpaceAndEqualsForms) {
+  Args a = parse_args({"--hidden-size", "768", "--num-layers=12", "--lr=6e-4", "--min-lr", "6e-5"});
+  EXPECT_EQ(a.hidden_size, 768);
+  EXPECT_EQ(a.num_layers, 12);
+  EXPECT_DOUBLE_EQ(a.lr, 6e-4);
+  EXPECT_DOUBLE_EQ(a.min_lr, 6e-5);
+  EXPECT_TRUE(a.was_given("hidden_size"));
+  EXPECT_FALSE(a.was_given("seq_length"));
+}
+
+TEST(Parse, NargsStarAndPlus) {
+  Args a = parse_args({"--data-path", "0.7", "a", "0.3", "b", "--seed", "7"});
+  EXPECT_EQ(a.data_path, (std::vector<std::string>{"0.7", "a", "0.3", "b"}));
+  EXPECT_EQ(a.seed, 7);
+  EXPECT_EQ(a.given.at("data_path"), "['0.7', 'a', '0.3', 'b']");
+  Args b = parse_args({"--data-path", "--seed", "7"});  // nargs '*': zero values are fine
+  EXPECT_TRUE(b.data_path.empty());
+  expect_error(
+      [] {
+        parse_args({"--hierarchical-context-parallel-sizes", "--seed", "1"});
+      },
+      {"--hierarchical-context-parallel-sizes needs at least one value"});
+  expect_error(
+      [] {
+        parse_args({"--rampup-batch-size", "16", "16"});
+      },
+      {"--rampup-batch-size needs exactly 3 values, got 2"});
+}
+
+TEST(Parse, StoreTrueStoreFalseAndTheirSpellings) {
+  Args a = parse_args({"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                       "--group-query-attention", "--bf16", "--no-load-optim"});
+  EXPECT_TRUE(a.swiglu);
+  EXPECT_FALSE(a.add_bias_linear);
+  EXPECT_TRUE(a.untie_embeddings_and_output_weights);
+  EXPECT_TRUE(a.group_query_attention);
+  EXPECT_TRUE(a.bf16);
+  EXPECT_TRUE(a.no_load_optim);
+  EXPECT_TRUE(parse_args({}).add_bias_linear);
+  expect_error([] { parse_args({"--swiglu=1"}); }, {"--swiglu takes no value"});
+  // A --no-X / --disable-X pair of a by-design store_false flag.
+  Args b = parse_args({"--no-manual-gc-eval"});
+  Args c = parse_args({"--disable-manual-gc-eval"});
+  EXPECT_EQ(b.given.at("manual_gc_eval"), "False");
+  EXPECT_EQ(c.given.at("manual_gc_eval"), "False");
+}
+
+TEST(Parse, ChoicesAreValidated) {
+  expect_error(
+      [] {
+        parse_args({"--lr-decay-style", "cosin"});
+      },
+      {"--lr-decay-style: 'cosin' is not one of constant, linear, cosine, "
+       "inverse-square-root, WSD",
+       "did you mean 'cosine'?"});
+  expect_error(
+      [] {
+        parse_args({"--normalization", "rmsnorm"});
+      },
+      {"'rmsnorm' is not one of LayerNorm, RMSNorm"});
+  expect_error([] { parse_args({"--timing-log-level", "3"}); }, {"'3' is not one of 0, 1, 2"});
+  EXPECT_EQ(parse_args({"--lr-decay-style", "WSD"}).lr_decay_style, "WSD");
+  EXPECT_EQ(parse_args({"--timing-log-level", "2"}).timing_log_level, 2);
+}
+
+TEST(Parse, TypedConversionErrorsNameTheFlag) {
+  expect_error(
+      [] {
+        parse_args({"--hidden-size", "12.5"});
+      },
+      {"--hidden-size expects an integer, got '12.5'"});
+  expect_error([] { parse_args({"--lr", "fast"}); }, {"--lr expects a number, got 'fast'"});
+  expect_error([] { parse_args({"--seed="}); }, {"--seed expects an integer, got ''"});
+  EXPECT_EQ(parse_args({"--train-iters", "1_000"}).train_iters, 1000);  // Python int()
+  EXPECT_DOUBLE_EQ(parse_args({"--adam-eps", "1E-8"}).adam_eps, 1e-8);
+  EXPECT_EQ(parse_args({"--hidden-size", "-5"}).hidden_size, -5);  // value, validated later
+}
+
+TEST(Parse, UnknownFlagSuggestsTheClosest) {
+  expect_error(
+      [] {
+        parse_args({"--hiden-size", "8"});
+      },
+      {"unknown flag --hiden-size; did you mean --hidden-size?"});
+  expect_error([] { parse_args({"--num-layer=2"}); },
+               {"unknown flag --num-layer; did you mean --num-layers?"});
+  expect_error([] { parse_args({"-lr", "1"}); }, {"unknown flag -lr; did you mean --lr?"});
+  try {
+    parse_args({"--completely-unrelated-thing-xyzzy"});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Parse, MissingValueAndStrayTokens) {
+  expect_error([] { parse_args({"--hidden-size"}); }, {"--hidden-size needs a value"});
+  expect_error(
+      [] {
+        parse_args({"--hidden-size", "--num-layers", "2"});
+      },
+      {"--hidden-size needs a value"});
+  expect_error([] { parse_args({"--num-layers", "2", "3"}); }, {"unexpected argument '3'"});
+  expect_error([] { parse_args({"train.py"}); }, {"unexpected argument 'train.py'"});
+}
+
+TEST(Parse, RepeatedFlagLastWins) {
+  Args a = parse_args({"--hidden-size", "64", "--hidden-size", "128", "--swiglu"});
+  EXPECT_EQ(a.hidden_size, 128);
+  EXPECT_EQ(a.given.at("hidden_size"), "128");
+}
+
+TEST(Parse, NotImplementedFlagWithNonDefaultValueIsAnError) {
+  expect_error(
+      [] {
+        parse_args({"--fp8-format", "hybrid"});
+      },
+      {"--fp8-format is a Megatron-LM flag that megatron.cpp does not implement yet",
+       "given hybrid", "default is None"});
+  expect_error([] { parse_args({"--sequence-parallel"}); },
+               {"--sequence-parallel is a Megatron-LM flag that megatron.cpp does not implement"});
+  // Several at once are all named.
+  expect_error(
+      [] {
+        parse_args({"--use-distributed-optimizer", "--hysteresis", "4"});
+      },
+      {"--use-distributed-optimizer is a", "--hysteresis is a"});
+  // The same flags with Megatron's default values ask for nothing new: accepted.
+  EXPECT_NO_THROW(
+      parse_args({"--ckpt-format", "torch_dist", "--fp8-recipe", "delayed", "--hysteresis", "2",
+                  "--initial-loss-scale", "4.294967296e9", "--loss-scale-window", "1000"}));
+}
+
+TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
+  Args a = parse_args({"--use-flash-attn", "--no-masked-softmax-fusion", "--transformer-impl",
+                       "local", "--attention-backend", "flash", "--num-workers", "8",
+                       "--no-gradient-accumulation-fusion", "--distributed-backend", "gloo",
+                       "--use-mcore-models"});
+  auto lines = describe_by_design_flags(a);
+  EXPECT_EQ(lines.size(), 8u);
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  EXPECT_NE(all.find("--use-flash-attn True: accepted by design: attention always runs"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("--num-workers 8"), std::string::npos) << all;
+  expect_error(
+      [] {
+        parse_args({"--transformer-impl", "inference_optimized"});
+      },
+      {"--transformer-impl inference_optimized is not supported",
+       "accepted: local, transformer_engine"});
+  expect_error(
+      [] {
+        parse_args({"--attention-backend", "magic"});
+      },
+      {"'magic' is not one of flash, fused, unfused, local, auto"});
+  EXPECT_TRUE(describe_by_design_flags(parse_args({})).empty());
+}
+
+TEST(Parse, OurOwnFlagsAndHelp) {
+  Args a = parse_args({"--device", "cpu", "--threads", "4"});
+  EXPECT_EQ(a.device, "cpu");
+  EXPECT_EQ(a.threads, 4);
+  expect_error([] { parse_args({"--device", "tpu"}); }, {"'tpu' is not one of auto, cpu, cuda"});
+  EXPECT_TRUE(parse_args({"--help"}).help);
+  EXPECT_TRUE(parse_args({"-h"}).help);
+  std::string h = help_text();
+  EXPECT_NE(h.find("--hidden-size N  (default: None)"), std::string::npos);
+  EXPECT_NE(h.find("--lr-decay-style {constant,linear,cosine,inverse-square-root,WSD}"),
+            std::string::npos);
+  EXPECT_NE(h.find("megatron.cpp's own flags"), std::string::npos);
+  EXPECT_NE(h.find("--device {auto,cpu,cuda}"), std::string::npos);
+  EXPECT_EQ(h.find("--fp8-format"), std::string::npos);
+}

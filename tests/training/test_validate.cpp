@@ -1,0 +1,297 @@
+// validate_args: Megatron's derived defaults and every configuration error, with hints.
+#include "test_util.h"
+
+using namespace mcpp;
+using namespace mcpp::training;
+using namespace mcpp::training::test;
+
+namespace {
+void expect_invalid(const std::vector<std::string>& argv, std::initializer_list<std::string> n,
+                    int world = 1) {
+  expect_error([&] { parse_and_validate(argv, world); }, n);
+}
+}  // namespace
+
+TEST(Validate, DerivedDefaults) {
+  Args a = parse_and_validate(base_argv(), 4);
+  EXPECT_EQ(a.ffn_hidden_size, 256);  // 4h
+  EXPECT_EQ(a.kv_channels, 16);       // h / heads
+  EXPECT_EQ(a.num_query_groups, 4);   // = heads without GQA
+  EXPECT_EQ(a.world_size, 4);
+  EXPECT_EQ(a.data_parallel_size, 4);
+  EXPECT_EQ(a.global_batch_size, 8);  // mbs * DP
+  EXPECT_EQ(a.num_microbatches, 1);
+  EXPECT_EQ(a.lr_decay_iters, 10);  // = train_iters
+  EXPECT_EQ(a.start_weight_decay, 0.01);
+  EXPECT_EQ(a.end_weight_decay, 0.01);
+  EXPECT_FALSE(a.split.has_value());  // mock data: no split
+}
+
+TEST(Validate, SwigluFfnAndGqaAndTp) {
+  // Llama-2-7B-like widths: int(4h*2/3/64)*64 = 10880 for h = 4096.
+  auto v = with(without(without(without(base_argv(), "--hidden-size"), "--num-attention-heads"),
+                        "--max-position-embeddings"),
+                {"--hidden-size", "4096", "--num-attention-heads", "32", "--swiglu",
+                 "--group-query-attention", "--num-query-groups", "8", "--max-position-embeddings",
+                 "4096", "--tensor-model-parallel-size", "2"});
+  Args a = parse_and_validate(v, 4);
+  EXPECT_EQ(a.ffn_hidden_size, 10880);
+  EXPECT_EQ(a.kv_channels, 128);
+  EXPECT_EQ(a.num_query_groups, 8);
+  EXPECT_EQ(a.data_parallel_size, 2);
+  EXPECT_EQ(a.global_batch_size, 4);
+  // h = 768 with SwiGLU: int(2048/64)*64 = 2048.
+  Args b = parse_and_validate(
+      with(without(base_argv(), "--hidden-size"), {"--hidden-size", "768", "--swiglu"}));
+  EXPECT_EQ(b.ffn_hidden_size, 2048);
+  // Explicit values win.
+  Args c =
+      parse_and_validate(with(base_argv(), {"--ffn-hidden-size", "100", "--kv-channels", "8"}));
+  EXPECT_EQ(c.ffn_hidden_size, 100);
+  EXPECT_EQ(c.kv_channels, 8);
+}
+
+TEST(Validate, TrainSamplesDeriveItersAndDecaySamples) {
+  auto v = with(without(base_argv(), "--train-iters"),
+                {"--train-samples", "1000", "--global-batch-size", "16"});
+  Args a = parse_and_validate(v);
+  EXPECT_TRUE(a.sample_based());
+  EXPECT_EQ(a.train_iters, 62);  // 1000 // 16
+  EXPECT_EQ(a.lr_decay_samples, 1000);
+  EXPECT_FALSE(a.lr_decay_iters.has_value());
+  EXPECT_EQ(a.num_microbatches, 8);
+}
+
+TEST(Validate, SplitDefaultWithDataPath) {
+  Args a = parse_and_validate(with(without(base_argv(), "--mock-data"), {"--data-path", "x"}));
+  EXPECT_EQ(a.split, "969, 30, 1");
+}
+
+TEST(Validate, RequiredFlags) {
+  for (const char* flag :
+       {"--num-layers", "--hidden-size", "--num-attention-heads", "--max-position-embeddings",
+        "--micro-batch-size", "--seq-length", "--lr"})
+    expect_invalid(without(base_argv(), flag), {"missing required flag(s):", flag});
+  expect_invalid(without(without(base_argv(), "--lr"), "--seq-length"),
+                 {"missing required flag(s): --seq-length, --lr"});
+  // --lr is required only for training.
+  Args a = parse_args(without(base_argv(), "--lr"));
+  EXPECT_NO_THROW(validate_args(a, 1, /*training=*/false));
+}
+
+TEST(Validate, ExactlyOneOfTrainItersAndSamples) {
+  expect_invalid(without(base_argv(), "--train-iters"),
+                 {"exactly one of --train-iters and --train-samples", "neither"});
+  expect_invalid(with(base_argv(), {"--train-samples", "100"}),
+                 {"exactly one of --train-iters and --train-samples", "both"});
+}
+
+TEST(Validate, HiddenNotDivisibleByHeads) {
+  auto v = with(without(base_argv(), "--hidden-size"), {"--hidden-size", "66"});
+  expect_invalid(v,
+                 {"--hidden-size 66 is not divisible by --num-attention-heads 4", "--kv-channels"});
+  Args a = parse_and_validate(with(v, {"--kv-channels", "16"}));  // fine with explicit head dim
+  EXPECT_EQ(a.kv_channels, 16);
+}
+
+TEST(Validate, HeadsAndGroupsAndTp) {
+  expect_invalid(with(base_argv(), {"--group-query-attention", "--num-query-groups", "3"}),
+                 {"--num-attention-heads 4 is not divisible by --num-query-groups 3"});
+  expect_invalid(with(base_argv(), {"--tensor-model-parallel-size", "3"}),
+                 {"--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"}, 3);
+  expect_invalid(with(base_argv(), {"--group-query-attention", "--num-query-groups", "2",
+                                    "--tensor-model-parallel-size", "4"}),
+                 {"--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"}, 4);
+}
+
+TEST(Validate, GlobalBatchMultipleOfMicroTimesDp) {
+  expect_invalid(with(base_argv(), {"--global-batch-size", "10"}),
+                 {"--global-batch-size 10 is not a multiple of --micro-batch-size 2 x "
+                  "data-parallel size 2 = 4",
+                  "use a multiple of 4, e.g. 8 or 12"},
+                 2);
+}
+
+TEST(Validate, SeqLengthAboveMaxPositions) {
+  auto v = with(without(base_argv(), "--seq-length"), {"--seq-length", "64"});
+  expect_invalid(v, {"--seq-length 64 is larger than --max-position-embeddings 32"});
+  expect_invalid(with(v, {"--position-embedding-type", "rope"}),
+                 {"--seq-length 64 is larger than --max-position-embeddings 32"});
+}
+
+TEST(Validate, WorldNotDivisibleByModelParallel) {
+  expect_invalid(with(base_argv(), {"--tensor-model-parallel-size", "4"}),
+                 {"world size (6) is not divisible by --tensor-model-parallel-size 4"}, 6);
+}
+
+TEST(Validate, WarmupFractionWithWarmupIters) {
+  expect_invalid(with(base_argv(), {"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"}),
+                 {"can only specify one of --lr-warmup-fraction (0.1) and --lr-warmup-iters (2)"});
+  auto s =
+      with(without(base_argv(), "--train-iters"),
+           {"--train-samples", "100", "--lr-warmup-fraction", "0.1", "--lr-warmup-samples", "5"});
+  expect_invalid(s, {"can only specify one of --lr-warmup-fraction"});
+  expect_invalid(with(base_argv(), {"--lr-warmup-samples", "5"}),
+                 {"--lr-warmup-samples is for sample-based runs"});
+}
+
+TEST(Validate, MinLrAboveLr) {
+  expect_invalid(with(base_argv(), {"--min-lr", "0.01"}),
+                 {"--min-lr 0.01 is larger than --lr 0.001"});
+}
+
+TEST(Validate, DropoutRange) {
+  expect_invalid(with(base_argv(), {"--hidden-dropout", "1.0"}),
+                 {"--hidden-dropout 1 is outside [0, 1)"});
+  expect_invalid(with(base_argv(), {"--attention-dropout", "-0.1"}),
+                 {"--attention-dropout -0.1 is outside [0, 1)"});
+  EXPECT_NO_THROW(parse_and_validate(with(base_argv(), {"--hidden-dropout", "0"})));
+}
+
+TEST(Validate, NegativeSizes) {
+  expect_invalid(with(base_argv(), {"--num-layers", "-2"}), {"--num-layers -2 must be positive"});
+  expect_invalid(with(base_argv(), {"--micro-batch-size", "0"}),
+                 {"--micro-batch-size 0 must be positive"});
+  expect_invalid(with(base_argv(), {"--ffn-hidden-size", "-1"}),
+                 {"--ffn-hidden-size -1 must be positive"});
+  expect_invalid(with(base_argv(), {"--lr-warmup-iters", "-1"}),
+                 {"--lr-warmup-iters -1 must not be negative"});
+  expect_invalid(with(base_argv(), {"--vocab-size", "-3"}), {"--vocab-size -3 must be positive"});
+}
+
+TEST(Validate, NullTokenizerNeedsVocabSize) {
+  expect_invalid(without(base_argv(), "--vocab-size"),
+                 {"--tokenizer-type NullTokenizer needs --vocab-size"});
+  expect_invalid(without(base_argv(), "--tokenizer-type"),
+                 {"GPT2BPETokenizer (pretrain_gpt.py's default) needs --vocab-file and "
+                  "--merge-file"});
+  expect_invalid(with(base_argv(), {"--tokenizer-type", "SentencePieceTokenizer"}),
+                 {"--tokenizer-type SentencePieceTokenizer needs --tokenizer-model"});
+  expect_invalid(with(base_argv(), {"--tokenizer-type", "BertWordPieceCase"}),
+                 {"--tokenizer-type BertWordPieceCase is not implemented"});
+}
+
+TEST(Validate, Bf16WithFp16) {
+  expect_invalid(with(base_argv(), {"--bf16", "--fp16"}), {"--bf16 and --fp16 were both given"});
+  EXPECT_TRUE(parse_and_validate(with(base_argv(), {"--bf16"})).bf16);
+}
+
+TEST(Validate, RotaryPercentRange) {
+  expect_invalid(with(base_argv(), {"--rotary-percent", "0"}),
+                 {"--rotary-percent 0 is outside (0, 1]"});
+  expect_invalid(with(base_argv(), {"--rotary-percent", "1.5"}),
+                 {"--rotary-percent 1.5 is outside (0, 1]"});
+  EXPECT_NO_THROW(parse_and_validate(with(base_argv(), {"--rotary-percent", "0.5"})));
+}
+
+TEST(Validate, ValuesNotImplementedYet) {
+  expect_invalid(with(base_argv(), {"--pipeline-model-parallel-size", "2"}),
+                 {"--pipeline-model-parallel-size 2: pipeline parallelism lands in megatron.cpp "
+                  "later"},
+                 2);
+  expect_invalid(with(base_argv(), {"--context-parallel-size", "2"}), {"--context-parallel-size 2"},
+                 2);
+  expect_invalid(with(base_argv(), {"--expert-model-parallel-size", "2"}),
+                 {"--expert-model-parallel-size 2"}, 2);
+  expect_invalid(with(base_argv(), {"--position-embedding-type", "yarn"}),
+                 {"--position-embedding-type yarn is not implemented yet"});
+  expect_invalid(with(base_argv(), {"--optimizer", "sgd"}),
+                 {"--optimizer sgd is not implemented yet"});
+  Args a = parse_and_validate(with(base_argv(), {"--use-rotary-position-embeddings"}));
+  EXPECT_EQ(a.position_embedding_type, "rope");
+}
+
+TEST(Validate, ScheduleConsistency) {
+  expect_invalid(with(base_argv(), {"--lr-decay-style", "WSD"}),
+                 {"--lr-decay-style WSD needs --lr-wsd-decay-iters"});
+  expect_invalid(with(base_argv(), {"--lr-warmup-iters", "10"}),
+                 {"warmup (20 samples) is not shorter than decay (20 samples)"});
+  expect_invalid(with(base_argv(), {"--start-weight-decay", "0.0"}),
+                 {"need a non-constant --weight-decay-incr-style"});
+  expect_invalid(with(base_argv(), {"--weight-decay-incr-style", "linear"}),
+                 {"needs --start-weight-decay and --end-weight-decay"});
+  expect_invalid(with(without(base_argv(), "--mock-data"), {}),
+                 {"no training data: neither --data-path nor --mock-data"});
+}
+
+TEST(PaddedVocab, MegatronRule) {
+  EXPECT_EQ(padded_vocab_size(50257, 128, 1), 50304);
+  EXPECT_EQ(padded_vocab_size(50257, 128, 2), 50432);  // multiple of 256
+  EXPECT_EQ(padded_vocab_size(50304, 128, 1), 50304);  // already a multiple
+  EXPECT_EQ(padded_vocab_size(32000, 128, 8), 32768);
+  EXPECT_EQ(padded_vocab_size(100, 1, 1), 100);
+  EXPECT_EQ(padded_vocab_message(50257, 50304),
+            " > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)");
+  expect_error([] { padded_vocab_size(50257, 0, 1); }, {"cannot pad the vocabulary"});
+}
+
+TEST(PrintArgs, MegatronFormat) {
+  Args a = parse_and_validate(with(base_argv(), {"--data-path", "0.5", "a", "0.5", "b"}));
+  const std::string s = format_args(a);
+  EXPECT_EQ(s.rfind("------------------------ arguments ------------------------\n", 0), 0u);
+  EXPECT_NE(s.find("\n-------------------- end of arguments ---------------------"),
+            std::string::npos);
+  // 48 - len(name) dots, then the value as Python's str() shows it.
+  auto line = [](const std::string& name, const std::string& value) {
+    return "\n  " + name + " " + std::string(48 - name.size(), '.') + " " + value + "\n";
+  };
+  EXPECT_EQ(line("hidden_size", "64"),
+            "\n  hidden_size ..................................... 64\n");  // 37 dots
+  for (auto [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"hidden_size", "64"},
+           {"lr", "0.001"},
+           {"adam_eps", "1e-08"},
+           {"add_bias_linear", "True"},
+           {"rotary_percent", "1.0"},
+           {"save", "None"},
+           {"data_path", "['0.5', 'a', '0.5', 'b']"},
+           {"fp8", "None"},  // known, not implemented: its default
+           {"data_parallel_size", "1"},
+           {"ffn_hidden_size", "256"},
+           {"tokenizer_type", "NullTokenizer"},
+           {"device", "auto"}})
+    EXPECT_NE(s.find(line(name, value)), std::string::npos) << name << " = " << value;
+  // Sorted case-insensitively by line, as Megatron.
+  EXPECT_LT(s.find("  adam_beta1 "), s.find("  adam_beta2 "));
+  EXPECT_LT(s.find("  lr "), s.find("  lr_decay_iters "));
+  EXPECT_LT(s.find("  hidden_dropout "), s.find("  hidden_size "));
+  // One line per dest: 838 flags map to fewer dests, plus ours and the derived ones.
+  size_t lines = std::count(s.begin(), s.end(), '\n');
+  EXPECT_GT(lines, 800u);
+}
+
+TEST(PythonFloat, MatchesPythonStr) {
+  EXPECT_EQ(python_float(1.0), "1.0");
+  EXPECT_EQ(python_float(0.0), "0.0");
+  EXPECT_EQ(python_float(1e-5), "1e-05");
+  EXPECT_EQ(python_float(0.0001), "0.0001");
+  EXPECT_EQ(python_float(6e-4), "0.0006");
+  EXPECT_EQ(python_float(4294967296.0), "4294967296.0");
+  EXPECT_EQ(python_float(1e16), "1e+16");
+  EXPECT_EQ(python_float(-2.5), "-2.5");
+}
+
+TEST(SchedulerConfig, FromArgsInSamples) {
+  Args a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8", "--train-iters", "100",
+                                                 "--lr-warmup-iters", "10"}));
+  auto c = lr_scheduler_config(a);
+  EXPECT_EQ(c.decay_steps, 800);
+  EXPECT_DOUBLE_EQ(c.warmup_steps, 80.0);
+  EXPECT_EQ(c.wd_incr_steps, 800);
+  EXPECT_DOUBLE_EQ(c.max_lr, 1e-3);
+  Args b = parse_and_validate(with(
+      base_argv(), {"--global-batch-size", "8", "--lr-warmup-fraction", "0.05", "--lr-decay-iters",
+                    "50", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "5"}));
+  auto d = lr_scheduler_config(b);
+  EXPECT_EQ(d.decay_steps, 400);
+  EXPECT_DOUBLE_EQ(d.warmup_steps, 20.0);
+  EXPECT_EQ(d.wsd_decay_steps, 40);
+  EXPECT_EQ(d.wd_incr_steps, 80);
+  Args s = parse_and_validate(
+      with(without(base_argv(), "--train-iters"),
+           {"--train-samples", "1000", "--lr-warmup-samples", "100", "--lr-decay-samples", "900"}));
+  auto e = lr_scheduler_config(s);
+  EXPECT_EQ(e.decay_steps, 900);
+  EXPECT_DOUBLE_EQ(e.warmup_steps, 100.0);
+  EXPECT_EQ(e.wd_incr_steps, 1000);
+}
