@@ -172,26 +172,48 @@ void GPT2BPETokenizer::bpe(std::string_view word, std::vector<int32_t>& out) con
     out.insert(out.end(), it->second.begin(), it->second.end());
     return;
   }
-  std::vector<int32_t> sym(word.size());
-  for (size_t i = 0; i < word.size(); ++i) sym[i] = impl_->byte_id[uint8_t(word[i])];
+  // Symbols and the merge rank of each adjacent pair; after a merge only the pairs
+  // touching a merged symbol are looked up again.
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  const size_t n0 = word.size();
+  std::vector<int32_t> sym(n0), rank(n0), mid(n0), nsym(n0), nrank(n0), nmid(n0);
+  std::vector<size_t> orig(n0);  // new position -> old position of an unmerged symbol
+  std::vector<uint8_t> merged(n0);
+  for (size_t i = 0; i < n0; ++i) sym[i] = impl_->byte_id[uint8_t(word[i])];
   const auto& merges = impl_->merges;
-  while (sym.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
-    int32_t ba = 0, bb = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = merges.find(uint64_t(uint32_t(sym[i])) << 32 | uint32_t(sym[i + 1]));
-      if (it != merges.end() && it->second.first < best_rank)
-        best_rank = it->second.first, best_id = it->second.second, ba = sym[i], bb = sym[i + 1];
-    }
-    if (best_id < 0) break;
+  auto lookup = [&](int32_t a, int32_t b, int32_t& id) {
+    auto it = merges.find(uint64_t(uint32_t(a)) << 32 | uint32_t(b));
+    if (it == merges.end()) return kNone;
+    id = it->second.second;
+    return it->second.first;
+  };
+  size_t n = n0;
+  for (size_t i = 0; i + 1 < n; ++i) rank[i] = lookup(sym[i], sym[i + 1], mid[i]);
+  while (n > 1) {
+    size_t best = 0;
+    for (size_t i = 1; i + 1 < n; ++i)
+      if (rank[i] < rank[best]) best = i;
+    if (rank[best] == kNone) break;
+    const int32_t ba = sym[best], bb = sym[best + 1], id = mid[best], r = rank[best];
     // Merge every occurrence of (ba, bb), left to right, without overlap.
     size_t w = 0;
-    for (size_t i = 0; i < sym.size();) {
-      if (i + 1 < sym.size() && sym[i] == ba && sym[i + 1] == bb) sym[w++] = best_id, i += 2;
-      else sym[w++] = sym[i++];
+    for (size_t i = 0; i < n;) {
+      if (i + 1 < n && rank[i] == r && sym[i] == ba && sym[i + 1] == bb) {
+        nsym[w] = id, merged[w] = 1, i += 2;
+      } else {
+        nsym[w] = sym[i], merged[w] = 0, orig[w] = i, i += 1;
+      }
+      ++w;
     }
-    sym.resize(w);
+    for (size_t j = 0; j + 1 < w; ++j) {
+      if (merged[j] || merged[j + 1]) nrank[j] = lookup(nsym[j], nsym[j + 1], nmid[j]);
+      else nrank[j] = rank[orig[j]], nmid[j] = mid[orig[j]];
+    }
+    std::swap(mid, nmid);
+    std::swap(sym, nsym), std::swap(rank, nrank);
+    n = w;
   }
+  sym.resize(n);
   out.insert(out.end(), sym.begin(), sym.end());
   if (cache.map.size() > 200000) cache.map.clear();
   cache.map.emplace(std::string(word), std::move(sym));
@@ -207,7 +229,9 @@ void GPT2BPETokenizer::encode(std::string_view text, std::vector<int32_t>& out) 
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   PCRE2_SIZE pos = 0;
   while (pos < text.size()) {
-    int rc = pcre2_match(impl_->re, subject, text.size(), pos, 0, m.md, nullptr);
+    // The first call validates the whole subject as UTF-8; later calls skip that check.
+    int rc = pcre2_match(impl_->re, subject, text.size(), pos, pos ? PCRE2_NO_UTF_CHECK : 0, m.md,
+                         nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
