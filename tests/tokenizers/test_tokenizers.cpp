@@ -90,3 +90,18 @@ TEST(GPT2BPE, TiktokenR50kTestPlans) {
   }
   EXPECT_EQ(checked, 64);
 }
+
+#ifdef MCPP_HAVE_SENTENCEPIECE
+TEST(Llama2Tokenizer, KnownIdsAndSpecials) {
+  auto t = make_tokenizer({.type = "Llama2Tokenizer", .tokenizer_model = asset("llama/llama.model")});
+  EXPECT_EQ(t->vocab_size(), 32000);
+  EXPECT_EQ(t->eod(), 2);
+  EXPECT_EQ(t->bos(), 1);
+  EXPECT_EQ(t->eos(), 2);
+  EXPECT_FALSE(t->pad());
+  EXPECT_EQ(t->encode("Hello world"), (std::vector<int32_t>{1, 15043, 3186}));  // BOS first, as Megatron
+  std::vector<int32_t> ids{15043, 3186};
+  EXPECT_EQ(t->decode(ids), "Hello world");
+  EXPECT_THROW(make_tokenizer({.type = "SentencePieceTokenizer", .tokenizer_model = asset("llama/llama.model")}), Error);
+}
+#endif
