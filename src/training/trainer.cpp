@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "base/timer.h"
 #include "data/dataset_builder.h"
+#include "data/tokenizers/tokenizer.h"
 #include "model/gpt_model.h"
 #include "ops/ops.h"
 #include "optim/lr_scheduler.h"
@@ -20,21 +21,12 @@ namespace mcpp::training {
 
 namespace {
 
-struct TokenizerInfo {
-  int64_t vocab_size = 0;  // including special tokens, before padding
-  int64_t eod = 0;
-};
-
-// Megatron's NullTokenizer: ids are the text's integers, EOD = --vocab-size, and
-// the reported vocabulary is --vocab-size + 1 (it counts EOD).
-TokenizerInfo tokenizer_info(const Args& a) {
-  if (a.tokenizer_type == "NullTokenizer") {
-    MCPP_CHECK(a.vocab_size.has_value(), "--tokenizer-type NullTokenizer needs --vocab-size");
-    int64_t eod = a.null_tokenizer_eod_id.value_or(*a.vocab_size);
-    return {*a.vocab_size + 1, eod};
-  }
-  throw Error("--tokenizer-type " + a.tokenizer_type + " is not available for training yet",
-              "use --tokenizer-type NullTokenizer with --mock-data or integer-token data");
+std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
+  data::TokenizerArgs t;
+  t.type = a.tokenizer_type, t.vocab_size = a.vocab_size;
+  t.vocab_file = a.vocab_file.value_or(""), t.merge_file = a.merge_file.value_or("");
+  t.tokenizer_model = a.tokenizer_model.value_or("");
+  return data::make_tokenizer(t);
 }
 
 model::TransformerConfig model_config(const Args& a, DType dt) {
@@ -75,7 +67,7 @@ void reject_unsupported(const Args& a) {
 
 struct Trainer::State {
   Args args;
-  TokenizerInfo tok;
+  std::unique_ptr<data::Tokenizer> tok;
   std::unique_ptr<model::GPTModel> model;
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<optim::OptimizerParamScheduler> sched;
@@ -167,12 +159,13 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   // BLAS runs between OpenMP regions: give it the same cores.
   openblas_set_num_threads(omp_get_max_threads());
 
-  s.tok = tokenizer_info(a);
-  a.padded_vocab_size = padded_vocab_size(s.tok.vocab_size, a.make_vocab_size_divisible_by,
+  s.tok = build_tokenizer(a);
+  const int64_t vocab = s.tok->vocab_size();
+  a.padded_vocab_size = padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
                                           a.tensor_model_parallel_size);
   print_args(a);
   for (const auto& line : describe_by_design_flags(a)) log::info("{}", line);
-  log::info("{}", padded_vocab_message(s.tok.vocab_size, *a.padded_vocab_size));
+  log::info("{}", padded_vocab_message(vocab, *a.padded_vocab_size));
   log::info("setting number of microbatches to constant {}", a.num_microbatches);
   log::info("CPU threads: {} (OpenMP), BLAS {}", omp_get_max_threads(), openblas_get_num_threads());
 
@@ -187,8 +180,8 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   data::GPTDatasetsArgs d;
   d.data_path = a.data_path, d.mock_data = a.mock_data, d.seq_length = a.seq_length;
   d.split = a.split.value_or("969, 30, 1");
-  d.seed = uint32_t(a.seed), d.eod = s.tok.eod, d.pad = data::pad_id_for(std::nullopt, s.tok.eod);
-  d.vocab_size = s.tok.vocab_size;
+  d.seed = uint32_t(a.seed), d.eod = s.tok->eod(), d.pad = data::pad_id_for(s.tok->pad(), s.tok->eod());
+  d.vocab_size = vocab;
   d.eod_mask_loss = a.eod_mask_loss;
   const int64_t gbs = a.global_batch_size;
   d.num_samples[0] = a.train_samples.value_or(a.train_iters * gbs);
