@@ -1,5 +1,6 @@
 #include "data/preprocess.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -267,7 +268,17 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
 
 }  // namespace
 
+namespace {
+double process_cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+}  // namespace
+
 PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
+  const double cpu0 = process_cpu_seconds();
   if (opt.inputs.empty()) throw Error("--input is required", "give a JSON-lines file (.jsonl, .gz or .zst)");
   if (opt.output_prefix.empty()) throw Error("--output-prefix is required");
   if (opt.json_keys.empty()) throw Error("--json-keys needs at least one key");
@@ -408,6 +419,7 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
   stop_workers();
   for (auto& b : builders) b->finalize();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.cpu_seconds = process_cpu_seconds() - cpu0;
   if (tty) std::fprintf(stderr, "\n");
   return st;
 }

@@ -29,7 +29,8 @@ struct PreprocessOptions {
 
 struct PreprocessStats {
   int64_t documents = 0, skipped = 0, tokens = 0, bytes_in = 0;
-  double seconds = 0;
+  double seconds = 0;      // wall clock
+  double cpu_seconds = 0;  // user + system CPU time of the whole process during the run
 };
 
 PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tokenizer);

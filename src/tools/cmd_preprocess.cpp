@@ -55,10 +55,11 @@ int run_preprocess(const std::vector<std::string>& args) {
   for (const auto& k : o.json_keys)
     log::info("wrote {}_{}_document.bin/.idx", o.output_prefix, k);
   log::info("preprocess: {} documents{}, {} tokens, {:.2f} MB in {:.2f} s: {:.0f} docs/s, {:.2f} MB/s, "
-            "{:.0f} tokens/s ({} workers)",
+            "{:.0f} tokens/s ({} workers; {:.2f} CPU s = {:.2f} MB per CPU-second)",
             st.documents, st.skipped ? fmt::format(" ({} bad lines skipped)", st.skipped) : "",
             st.tokens, double(st.bytes_in) / 1e6, st.seconds, double(st.documents) / st.seconds,
-            double(st.bytes_in) / 1e6 / st.seconds, double(st.tokens) / st.seconds, o.workers);
+            double(st.bytes_in) / 1e6 / st.seconds, double(st.tokens) / st.seconds, o.workers,
+            st.cpu_seconds, double(st.bytes_in) / 1e6 / st.cpu_seconds);
   return 0;
 }
 
