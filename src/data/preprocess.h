@@ -17,14 +17,14 @@
 namespace mcpp::data {
 
 struct PreprocessOptions {
-  std::vector<std::string> inputs;      // --input (one or more files)
+  std::vector<std::string> inputs;  // --input (one or more files)
   std::vector<std::string> json_keys{"text"};
-  std::string output_prefix;            // --output-prefix
-  bool append_eod = false;              // --append-eod
-  int workers = 1;                      // --workers
-  bool skip_bad_lines = false;          // --skip-bad-lines: count and skip, do not fail
-  int64_t batch_bytes = 4 << 20;        // bytes of input per batch
-  bool progress = true;                 // progress line on a terminal
+  std::string output_prefix;      // --output-prefix
+  bool append_eod = false;        // --append-eod
+  int workers = 1;                // --workers
+  bool skip_bad_lines = false;    // --skip-bad-lines: count and skip, do not fail
+  int64_t batch_bytes = 4 << 20;  // bytes of input per batch
+  bool progress = true;           // progress line on a terminal
 };
 
 struct PreprocessStats {

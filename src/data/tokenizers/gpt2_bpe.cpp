@@ -3,10 +3,9 @@
 // lowest merge rank until none applies. Symbols are vocabulary ids from the start
 // (every single byte and every merge result is in encoder.json), so a merge is a
 // lookup of (left id, right id) -> (rank, merged id).
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
@@ -182,8 +181,10 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     if (line.empty()) continue;
     auto sp = line.find(' ');
     if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos)
-      throw Error(fmt::format("{}:{}: expected two symbols separated by one space", merge_file, lineno));
-    std::string a = to_bytes(line.substr(0, sp), merge_file), b = to_bytes(line.substr(sp + 1), merge_file);
+      throw Error(
+          fmt::format("{}:{}: expected two symbols separated by one space", merge_file, lineno));
+    std::string a = to_bytes(line.substr(0, sp), merge_file),
+                b = to_bytes(line.substr(sp + 1), merge_file);
     auto ia = bytes_id.find(a), ib = bytes_id.find(b), im = bytes_id.find(a + b);
     if (ia == bytes_id.end() || ib == bytes_id.end() || im == bytes_id.end())
       throw Error(fmt::format("{}:{}: merge '{}' uses a symbol missing from {}", merge_file, lineno,
@@ -254,8 +255,10 @@ void GPT2BPETokenizer::bpe(std::string_view word, std::vector<int32_t>& out) con
       ++w;
     }
     for (size_t j = 0; j + 1 < w; ++j) {
-      if (merged[j] || merged[j + 1]) nrank[j] = lookup(nsym[j], nsym[j + 1], nmid[j]);
-      else nrank[j] = rank[orig[j]], nmid[j] = mid[orig[j]];
+      if (merged[j] || merged[j + 1])
+        nrank[j] = lookup(nsym[j], nsym[j + 1], nmid[j]);
+      else
+        nrank[j] = rank[orig[j]], nmid[j] = mid[orig[j]];
     }
     std::swap(mid, nmid);
     std::swap(sym, nsym), std::swap(rank, nrank);
@@ -304,8 +307,8 @@ void GPT2BPETokenizer::encode(std::string_view text, std::vector<int32_t>& out) 
 std::string GPT2BPETokenizer::decode(std::span<const int32_t> ids) const {
   std::string s;
   for (int32_t id : ids) {
-    MCPP_CHECK(id >= 0 && id < int64_t(id_to_bytes_.size()), "token id {} outside the vocabulary of {}",
-               id, id_to_bytes_.size());
+    MCPP_CHECK(id >= 0 && id < int64_t(id_to_bytes_.size()),
+               "token id {} outside the vocabulary of {}", id, id_to_bytes_.size());
     s += id_to_bytes_[id];
   }
   return s;
