@@ -59,7 +59,8 @@ void build_exhaustive_blending_indices(const std::vector<int64_t>& sizes,
 }
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTSampleSource>> datasets,
-                               std::vector<double> weights, std::optional<int64_t> size, Split split)
+                               std::vector<double> weights, std::optional<int64_t> size,
+                               Split split)
     : datasets_(std::move(datasets)), weights_(std::move(weights)), split_(split) {
   MCPP_CHECK(!datasets_.empty() && datasets_.size() == weights_.size(),
              "blend of {} datasets with {} weights", datasets_.size(), weights_.size());
@@ -81,10 +82,11 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTSampleSource
     used[dataset_index_[s]] = std::max(used[dataset_index_[s]], dataset_sample_index_[s] + 1);
   for (size_t i = 0; i < datasets_.size(); ++i)
     if (used[i] > datasets_[i]->size())
-      throw Error(fmt::format("the {} blend needs {} samples from dataset {} ({}), which has only {}",
-                              split_name(split_), used[i], i, datasets_[i]->describe(),
-                              datasets_[i]->size()),
-                  "lower that dataset's weight or the number of samples");
+      throw Error(
+          fmt::format("the {} blend needs {} samples from dataset {} ({}), which has only {}",
+                      split_name(split_), used[i], i, datasets_[i]->describe(),
+                      datasets_[i]->size()),
+          "lower that dataset's weight or the number of samples");
 }
 
 void BlendedDataset::get(int64_t index, GPTSample& out) const {

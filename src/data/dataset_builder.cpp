@@ -21,7 +21,9 @@ Blend parse_data_path(const std::vector<std::string>& words_in) {
     for (std::string t; is >> t;) words.push_back(t);
   }
   Blend b;
-  if (words.empty()) throw Error("--data-path is empty", "give a dataset prefix, e.g. --data-path my-gpt2_text_document");
+  if (words.empty())
+    throw Error("--data-path is empty",
+                "give a dataset prefix, e.g. --data-path my-gpt2_text_document");
   if (words.size() == 1) {
     b.prefixes = words;
     return b;
@@ -31,8 +33,10 @@ Blend parse_data_path(const std::vector<std::string>& words_in) {
   for (size_t i = 0; weighted && i < words.size(); i += 2) {
     char* end = nullptr;
     double x = std::strtod(words[i].c_str(), &end);
-    if (end == words[i].c_str() || *end != '\0') weighted = false;
-    else w.push_back(x);
+    if (end == words[i].c_str() || *end != '\0')
+      weighted = false;
+    else
+      w.push_back(x);
   }
   if (weighted) {
     for (size_t i = 1; i < words.size(); i += 2) b.prefixes.push_back(words[i]);
@@ -70,12 +74,14 @@ using Splits = std::array<std::shared_ptr<GPTSampleSource>, 3>;
 // _build_megatron_dataset_splits for one prefix (or the mock dataset).
 Splits build_splits(std::shared_ptr<const LowLevelDataset> low,
                     const std::vector<std::optional<std::pair<double, double>>>& matrix,
-                    const std::array<std::optional<int64_t>, 3>& sizes, const GPTDatasetConfig& cfg) {
+                    const std::array<std::optional<int64_t>, 3>& sizes,
+                    const GPTDatasetConfig& cfg) {
   Splits out;
   const double n = double(low->num_sequences());
   for (int i = 0; i < 3; ++i) {
     if (!matrix[i]) continue;
-    const int64_t beg = python_round(matrix[i]->first * n), end = python_round(matrix[i]->second * n);
+    const int64_t beg = python_round(matrix[i]->first * n),
+                  end = python_round(matrix[i]->second * n);
     std::vector<int32_t> indices;
     for (int64_t k = beg; k < end; ++k) indices.push_back(int32_t(k));
     out[i] = std::make_shared<GPTDataset>(low, std::move(indices), sizes[i], Split(i), cfg);
@@ -85,7 +91,8 @@ Splits build_splits(std::shared_ptr<const LowLevelDataset> low,
 
 }  // namespace
 
-std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(const GPTDatasetsArgs& a) {
+std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
+    const GPTDatasetsArgs& a) {
   if (a.seq_length <= 0) throw Error("--seq-length must be positive");
   const GPTDatasetConfig cfg = make_config(a);
   if (a.mock_data) {

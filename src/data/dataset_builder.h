@@ -30,9 +30,9 @@ struct GPTDatasetsArgs {
   uint32_t seed = 1234;                // --seed
   // Samples wanted per split (train, valid, test); nullopt = one epoch.
   std::array<std::optional<int64_t>, 3> num_samples{};
-  int64_t eod = 0;                     // tokenizer eod id
-  int64_t pad = -1;                    // tokenizer pad id, -1 if none (see pad_id_for)
-  int64_t vocab_size = 0;              // tokenizer vocab size (mock data only)
+  int64_t eod = 0;         // tokenizer eod id
+  int64_t pad = -1;        // tokenizer pad id, -1 if none (see pad_id_for)
+  int64_t vocab_size = 0;  // tokenizer vocab size (mock data only)
   bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
 };
@@ -48,6 +48,7 @@ struct Blend {
 Blend parse_data_path(const std::vector<std::string>& words);
 
 // Returns {train, valid, test}; an entry is null when its split has zero width.
-std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(const GPTDatasetsArgs& args);
+std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
+    const GPTDatasetsArgs& args);
 
 }  // namespace mcpp::data

@@ -13,9 +13,12 @@ namespace mcpp::data {
 
 const char* split_name(Split s) {
   switch (s) {
-    case Split::Train: return "train";
-    case Split::Valid: return "valid";
-    case Split::Test: return "test";
+    case Split::Train:
+      return "train";
+    case Split::Valid:
+      return "valid";
+    case Split::Test:
+      return "test";
   }
   return "?";
 }
@@ -29,7 +32,8 @@ MockGPTLowLevelDataset::MockGPTLowLevelDataset(int64_t vocab_size, int64_t eod)
   for (auto& l : lengths_) l = rng.integers_i32(1, 4096);
 }
 
-int64_t MockGPTLowLevelDataset::read(int64_t seq, int64_t offset, int64_t length, int64_t* out) const {
+int64_t MockGPTLowLevelDataset::read(int64_t seq, int64_t offset, int64_t length,
+                                     int64_t* out) const {
   const int64_t len = lengths_[seq];
   if (length < 0) length = len - offset;
   MCPP_CHECK(offset >= 0 && offset + length <= len, "mock read out of range");
@@ -62,7 +66,8 @@ std::vector<int32_t> build_document_index(const std::vector<int32_t>& docs, int6
 
 // _build_shuffle_index: [0, n) shuffled, then [n, total) shuffled separately. The
 // element type only matters for caching, the permutation is the same.
-std::vector<int64_t> build_shuffle_index(int64_t num_samples, int64_t total, NumpyRandomState& rng) {
+std::vector<int64_t> build_shuffle_index(int64_t num_samples, int64_t total,
+                                         NumpyRandomState& rng) {
   std::vector<int64_t> out(static_cast<size_t>(total));
   std::iota(out.begin(), out.end(), int64_t(0));
   rng.shuffle(out.data(), num_samples);
@@ -101,8 +106,8 @@ std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
         remaining = 0;
       } else {
         if (doc_pos == ndocs - 1) {
-          MCPP_CHECK(row == num_samples, "sample index ran out of documents at sample {} of {}", row,
-                     num_samples);
+          MCPP_CHECK(row == num_samples, "sample index ran out of documents at sample {} of {}",
+                     row, num_samples);
           doc_offset = low.sequence_length(document_index[doc_pos]) - X;
           break;
         }
@@ -118,8 +123,12 @@ std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
 }
 
 GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<int32_t> indices,
-                       std::optional<int64_t> num_samples, Split split, const GPTDatasetConfig& config)
-    : low_(std::move(low)), indices_(std::move(indices)), num_samples_(num_samples), split_(split),
+                       std::optional<int64_t> num_samples, Split split,
+                       const GPTDatasetConfig& config)
+    : low_(std::move(low)),
+      indices_(std::move(indices)),
+      num_samples_(num_samples),
+      split_(split),
       cfg_(config) {
   const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
   MCPP_CHECK(S > 0, "sequence length must be positive, got {}", S);
@@ -132,12 +141,13 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
   for (int32_t i : indices_) tokens_per_epoch += low_->sequence_length(i);
   // Megatron would loop forever (or abort in its C++ helper) on an empty split.
   if (indices_.empty() || tokens_per_epoch <= X)
-    throw Error(fmt::format("the {} split of dataset {} holds {} sequences ({} tokens): too few to "
-                            "make even one sample of {} tokens (the dataset has {} sequences in all)",
-                            split_name(split_), low_->path(), indices_.size(), tokens_per_epoch, S + X,
-                            low_->num_sequences()),
-                "change --split so that every non-zero split gets sequences (e.g. --split 98,2,0 "
-                "for a small dataset), or use a larger dataset");
+    throw Error(
+        fmt::format("the {} split of dataset {} holds {} sequences ({} tokens): too few to "
+                    "make even one sample of {} tokens (the dataset has {} sequences in all)",
+                    split_name(split_), low_->path(), indices_.size(), tokens_per_epoch, S + X,
+                    low_->num_sequences()),
+        "change --split so that every non-zero split gets sequences (e.g. --split 98,2,0 "
+        "for a small dataset), or use a larger dataset");
 
   // _get_num_epochs
   num_epochs_ = 1;
@@ -161,7 +171,8 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
   sample_index_ = build_sample_index(*low_, document_index_, S, num_epochs_, tokens_per_epoch,
                                      drop_last, int(X));
   const int64_t total = int64_t(sample_index_.size() / 2) - 1;
-  shuffle_index_ = build_shuffle_index(separate_final_epoch_ ? samples_sans_final : total, total, rng);
+  shuffle_index_ =
+      build_shuffle_index(separate_final_epoch_ ? samples_sans_final : total, total, rng);
 }
 
 int64_t GPTDataset::size() const {
@@ -202,7 +213,8 @@ void GPTDataset::get_text(int64_t index, std::vector<int64_t>& out) const {
   for (; n < S + X; ++n) out[n] = cfg_.pad;  // validation's last partial sample only
 }
 
-void make_gpt_sample(const std::vector<int64_t>& text, const GPTDatasetConfig& cfg, GPTSample& out) {
+void make_gpt_sample(const std::vector<int64_t>& text, const GPTDatasetConfig& cfg,
+                     GPTSample& out) {
   const int64_t S = cfg.sequence_length;
   out.tokens.resize(S), out.labels.resize(S), out.loss_mask.resize(S), out.position_ids.resize(S);
   if (cfg.add_extra_token) {
@@ -237,7 +249,8 @@ void GPTDataset::get(int64_t index, GPTSample& out) const {
 std::vector<double> parse_split(const std::string& split) {
   static const std::regex number("[.0-9]+");
   std::vector<double> v;
-  for (auto it = std::sregex_iterator(split.begin(), split.end(), number); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(split.begin(), split.end(), number);
+       it != std::sregex_iterator(); ++it) {
     const std::string s = it->str();
     char* end = nullptr;
     double x = std::strtod(s.c_str(), &end);
@@ -257,13 +270,16 @@ std::vector<double> parse_split(const std::string& split) {
   return v;
 }
 
-std::vector<std::optional<std::pair<double, double>>> split_matrix(const std::vector<double>& split) {
+std::vector<std::optional<std::pair<double, double>>> split_matrix(
+    const std::vector<double>& split) {
   std::vector<std::optional<std::pair<double, double>>> m;
   double lo = 0.0;
   for (double w : split) {
     double hi = lo + w;
-    if (hi <= lo) m.push_back(std::nullopt);
-    else m.push_back(std::make_pair(lo, hi));
+    if (hi <= lo)
+      m.push_back(std::nullopt);
+    else
+      m.push_back(std::make_pair(lo, hi));
     lo = hi;
   }
   return m;

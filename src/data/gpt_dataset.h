@@ -31,7 +31,7 @@ struct GPTSample {
 class GPTSampleSource {
  public:
   virtual ~GPTSampleSource() = default;
-  virtual int64_t size() const = 0;                            // number of samples
+  virtual int64_t size() const = 0;                           // number of samples
   virtual void get(int64_t index, GPTSample& out) const = 0;  // 0 <= index < size()
   // The raw S + X token window of sample `index` (before shifting and masking).
   virtual void get_text(int64_t index, std::vector<int64_t>& out) const = 0;
@@ -86,16 +86,16 @@ class MockGPTLowLevelDataset final : public LowLevelDataset {
 };
 
 struct GPTDatasetConfig {
-  int64_t sequence_length = 0;       // S (--seq-length)
-  uint32_t seed = 1234;              // --seed
-  int add_extra_token = 1;           // X: add_extra_token_to_sequence (always 1 in pretrain_gpt)
-  bool reset_position_ids = false;   // --reset-position-ids
-  bool reset_attention_mask = false; // --reset-attention-mask (not implemented: an error)
-  bool eod_mask_loss = false;        // --eod-mask-loss
+  int64_t sequence_length = 0;        // S (--seq-length)
+  uint32_t seed = 1234;               // --seed
+  int add_extra_token = 1;            // X: add_extra_token_to_sequence (always 1 in pretrain_gpt)
+  bool reset_position_ids = false;    // --reset-position-ids
+  bool reset_attention_mask = false;  // --reset-attention-mask (not implemented: an error)
+  bool eod_mask_loss = false;         // --eod-mask-loss
   bool drop_last_partial_validation_sequence = true;
-  int64_t eod = 0;                   // tokenizer.eod
-  int64_t pad = -1;                  // tokenizer.pad, or -1 (Megatron's _PAD_TOKEN_ID)
-  bool mock = false;                 // MockGPTDataset semantics (len = num_samples)
+  int64_t eod = 0;    // tokenizer.eod
+  int64_t pad = -1;   // tokenizer.pad, or -1 (Megatron's _PAD_TOKEN_ID)
+  bool mock = false;  // MockGPTDataset semantics (len = num_samples)
 };
 
 class GPTDataset final : public GPTSampleSource {
@@ -147,7 +147,8 @@ void make_gpt_sample(const std::vector<int64_t>& text, const GPTDatasetConfig& c
 // parse_and_normalize_split: numbers found by [.0-9]+, padded to 3, normalised.
 std::vector<double> parse_split(const std::string& split);
 // convert_split_vector_to_split_matrix: book-ends per split, nullopt when zero-width.
-std::vector<std::optional<std::pair<double, double>>> split_matrix(const std::vector<double>& split);
+std::vector<std::optional<std::pair<double, double>>> split_matrix(
+    const std::vector<double>& split);
 // Python's round() of lo*n (half to even), as Megatron computes split starts/ends.
 int64_t python_round(double x);
 

@@ -1,5 +1,6 @@
 #include "data/preprocess.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -144,9 +145,9 @@ std::unique_ptr<Input> open_input(const std::string& path) {
 constexpr size_t kPadding = 64;  // simdjson reads up to SIMDJSON_PADDING past a line
 
 struct KeyOut {
-  std::vector<int32_t> tokens;      // all documents' ids, back to back
-  std::vector<int64_t> seq_lens;    // all sequences' lengths
-  std::vector<int32_t> doc_nseq;    // sequences per document
+  std::vector<int32_t> tokens;    // all documents' ids, back to back
+  std::vector<int64_t> seq_lens;  // all sequences' lengths
+  std::vector<int32_t> doc_nseq;  // sequences per document
 };
 
 struct Batch {
@@ -188,7 +189,8 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
     ++line;
     if (!ln.empty() && ln.back() == '\r') ln.remove_suffix(1);
     if (ln.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
-    for (size_t k = 0; k < K; ++k) mark_tok[k] = b.out[k].tokens.size(), mark_len[k] = b.out[k].seq_lens.size();
+    for (size_t k = 0; k < K; ++k)
+      mark_tok[k] = b.out[k].tokens.size(), mark_len[k] = b.out[k].seq_lens.size();
     try {
       auto add_doc_text = [&](size_t k, std::string_view text, int32_t& nseq) {
         w.ids.clear();
@@ -217,11 +219,14 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
           if (v.get_array().get(arr)) bad_line(b, line, "bad array");
           for (simdjson::dom::element item : arr) {
             if (!item.is_string())
-              bad_line(b, line, fmt::format("\"{}\" must be a string or a list of strings", opt.json_keys[k]));
+              bad_line(
+                  b, line,
+                  fmt::format("\"{}\" must be a string or a list of strings", opt.json_keys[k]));
             add_doc_text(k, std::string_view(item.get_string().value_unsafe()), nseq[k]);
           }
         } else {
-          bad_line(b, line, fmt::format("\"{}\" must be a string or a list of strings", opt.json_keys[k]));
+          bad_line(b, line,
+                   fmt::format("\"{}\" must be a string or a list of strings", opt.json_keys[k]));
         }
       }
 #else
@@ -233,15 +238,19 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
       }
       std::vector<int32_t> nseq(K, 0);
       for (size_t k = 0; k < K; ++k) {
-        if (!j.is_object() || !j.contains(opt.json_keys[k])) bad_line(b, line, fmt::format("no key \"{}\"", opt.json_keys[k]));
+        if (!j.is_object() || !j.contains(opt.json_keys[k]))
+          bad_line(b, line, fmt::format("no key \"{}\"", opt.json_keys[k]));
         auto& v = j[opt.json_keys[k]];
-        if (v.is_string()) add_doc_text(k, v.get_ref<const std::string&>(), nseq[k]);
+        if (v.is_string())
+          add_doc_text(k, v.get_ref<const std::string&>(), nseq[k]);
         else if (v.is_array())
           for (auto& s : v) {
             if (!s.is_string()) bad_line(b, line, "list items must be strings");
             add_doc_text(k, s.get_ref<const std::string&>(), nseq[k]);
           }
-        else bad_line(b, line, fmt::format("\"{}\" must be a string or a list of strings", opt.json_keys[k]));
+        else
+          bad_line(b, line,
+                   fmt::format("\"{}\" must be a string or a list of strings", opt.json_keys[k]));
       }
 #endif
       for (size_t k = 0; k < K; ++k) {
@@ -267,8 +276,19 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
 
 }  // namespace
 
+namespace {
+double process_cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+}  // namespace
+
 PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
-  if (opt.inputs.empty()) throw Error("--input is required", "give a JSON-lines file (.jsonl, .gz or .zst)");
+  const double cpu0 = process_cpu_seconds();
+  if (opt.inputs.empty())
+    throw Error("--input is required", "give a JSON-lines file (.jsonl, .gz or .zst)");
   if (opt.output_prefix.empty()) throw Error("--output-prefix is required");
   if (opt.json_keys.empty()) throw Error("--json-keys needs at least one key");
   if (opt.workers < 1) throw Error(fmt::format("--workers must be >= 1, got {}", opt.workers));
@@ -350,8 +370,9 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
       if (now - last_report > std::chrono::milliseconds(500)) {
         last_report = now;
         double s = std::chrono::duration<double>(now - t0).count();
-        std::fprintf(stderr, "\r%lld docs  %.1f MB  %.0f docs/s  %.2f MB/s   ", (long long)st.documents,
-                     double(st.bytes_in) / 1e6, double(st.documents) / s, double(st.bytes_in) / 1e6 / s);
+        std::fprintf(stderr, "\r%lld docs  %.1f MB  %.0f docs/s  %.2f MB/s   ",
+                     (long long)st.documents, double(st.bytes_in) / 1e6, double(st.documents) / s,
+                     double(st.bytes_in) / 1e6 / s);
       }
     }
   };
@@ -408,6 +429,7 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
   stop_workers();
   for (auto& b : builders) b->finalize();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.cpu_seconds = process_cpu_seconds() - cpu0;
   if (tty) std::fprintf(stderr, "\n");
   return st;
 }

@@ -17,19 +17,20 @@
 namespace mcpp::data {
 
 struct PreprocessOptions {
-  std::vector<std::string> inputs;      // --input (one or more files)
+  std::vector<std::string> inputs;  // --input (one or more files)
   std::vector<std::string> json_keys{"text"};
-  std::string output_prefix;            // --output-prefix
-  bool append_eod = false;              // --append-eod
-  int workers = 1;                      // --workers
-  bool skip_bad_lines = false;          // --skip-bad-lines: count and skip, do not fail
-  int64_t batch_bytes = 4 << 20;        // bytes of input per batch
-  bool progress = true;                 // progress line on a terminal
+  std::string output_prefix;      // --output-prefix
+  bool append_eod = false;        // --append-eod
+  int workers = 1;                // --workers
+  bool skip_bad_lines = false;    // --skip-bad-lines: count and skip, do not fail
+  int64_t batch_bytes = 4 << 20;  // bytes of input per batch
+  bool progress = true;           // progress line on a terminal
 };
 
 struct PreprocessStats {
   int64_t documents = 0, skipped = 0, tokens = 0, bytes_in = 0;
-  double seconds = 0;
+  double seconds = 0;      // wall clock
+  double cpu_seconds = 0;  // user + system CPU time of the whole process during the run
 };
 
 PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tokenizer);

@@ -31,8 +31,9 @@ void describe_prefix(const std::string& prefix) {
   std::printf("documents  %lld\n", (long long)ds.num_documents());
   std::printf("tokens     %lld\n", (long long)ds.num_tokens());
   if (!lens.empty())
-    std::printf("length     min %d  p50 %d  mean %.1f  p90 %d  p99 %d  max %d\n", lens.front(), pct(0.5),
-                double(ds.num_tokens()) / double(lens.size()), pct(0.9), pct(0.99), lens.back());
+    std::printf("length     min %d  p50 %d  mean %.1f  p90 %d  p99 %d  max %d\n", lens.front(),
+                pct(0.5), double(ds.num_tokens()) / double(lens.size()), pct(0.9), pct(0.99),
+                lens.back());
 }
 
 int run_inspect(const std::vector<std::string>& args) {
@@ -52,9 +53,12 @@ int run_inspect(const std::vector<std::string>& args) {
       .add("--help", Flags::Switch, "this text");
   add_tokenizer_flags(f);
   f.parse(args, "inspect");
-  if (f.has("--help") || (f.positional().empty() && !f.has("--data-path") && !f.has("--mock-data"))) {
-    std::printf("usage: megatron inspect PREFIX...\n       megatron inspect --data-path ... --seq-length S "
-                "--train-samples T --show-samples I:J\n\n%s", f.help().c_str());
+  if (f.has("--help") ||
+      (f.positional().empty() && !f.has("--data-path") && !f.has("--mock-data"))) {
+    std::printf(
+        "usage: megatron inspect PREFIX...\n       megatron inspect --data-path ... --seq-length S "
+        "--train-samples T --show-samples I:J\n\n%s",
+        f.help().c_str());
     return f.has("--help") ? 0 : 1;
   }
   for (const auto& p : f.positional()) describe_prefix(p);
@@ -75,9 +79,11 @@ int run_inspect(const std::vector<std::string>& args) {
     train_iters = f.get_int("--train-iters", 0);
     a.num_samples[0] = train_iters * gbs;
   } else {
-    throw Error("give --train-samples or --train-iters", "the sample order depends on the number of samples");
+    throw Error("give --train-samples or --train-iters",
+                "the sample order depends on the number of samples");
   }
-  const int64_t eval_iters = f.get_int("--eval-iters", 100), eval_interval = f.get_int("--eval-interval", 1000);
+  const int64_t eval_iters = f.get_int("--eval-iters", 100),
+                eval_interval = f.get_int("--eval-interval", 1000);
   a.num_samples[1] = (train_iters / eval_interval + 1) * eval_iters * gbs;  // training.py's rule
   a.num_samples[2] = eval_iters * gbs;
   if (f.has("--tokenizer-type") || a.mock_data) {
@@ -95,9 +101,13 @@ int run_inspect(const std::vector<std::string>& args) {
   auto sets = data::build_train_valid_test_datasets(a);
   const std::string which = f.get("--show-split", "train");
   int idx = which == "train" ? 0 : which == "valid" ? 1 : which == "test" ? 2 : -1;
-  if (idx < 0) throw Error(fmt::format("--show-split must be train, valid or test, got '{}'", which));
+  if (idx < 0)
+    throw Error(fmt::format("--show-split must be train, valid or test, got '{}'", which));
   for (int i = 0; i < 3; ++i)
-    std::fprintf(stderr, "%s: %s\n", i == 0 ? "train" : i == 1 ? "valid" : "test",
+    std::fprintf(stderr, "%s: %s\n",
+                 i == 0   ? "train"
+                 : i == 1 ? "valid"
+                          : "test",
                  sets[i] ? sets[i]->describe().c_str() : "(not built: zero-width split)");
   if (!f.has("--show-samples")) return 0;
   if (!sets[idx]) throw Error(fmt::format("the {} split is empty", which));

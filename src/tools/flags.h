@@ -27,7 +27,8 @@ class Flags {
         continue;
       }
       std::optional<std::string> inline_value;
-      if (auto eq = a.find('='); eq != std::string::npos) inline_value = a.substr(eq + 1), a = a.substr(0, eq);
+      if (auto eq = a.find('='); eq != std::string::npos)
+        inline_value = a.substr(eq + 1), a = a.substr(0, eq);
       auto it = decl_.find(a);
       if (it == decl_.end())
         throw Error(fmt::format("megatron {}: unknown flag {}", command, a),
@@ -74,7 +75,11 @@ class Flags {
   std::string help() const {
     std::string s;
     for (auto& [n, d] : decl_)
-      s += fmt::format("  {:<28} {}\n", n + (d.kind == Switch ? "" : d.kind == List ? " V..." : " V"), d.help);
+      s += fmt::format("  {:<28} {}\n",
+                       n + (d.kind == Switch ? ""
+                            : d.kind == List ? " V..."
+                                             : " V"),
+                       d.help);
     return s;
   }
 
@@ -90,7 +95,8 @@ class Flags {
 
 // Megatron's tokenizer flags, shared by preprocess / inspect / train.
 inline void add_tokenizer_flags(Flags& f) {
-  f.add("--tokenizer-type", Flags::Value, "GPT2BPETokenizer | Llama2Tokenizer | NullTokenizer | ...")
+  f.add("--tokenizer-type", Flags::Value,
+        "GPT2BPETokenizer | Llama2Tokenizer | NullTokenizer | ...")
       .add("--vocab-file", Flags::Value, "GPT-2 encoder.json")
       .add("--merge-file", Flags::Value, "GPT-2 vocab.bpe / merges.txt")
       .add("--tokenizer-model", Flags::Value, "SentencePiece / HF / tiktoken model file")

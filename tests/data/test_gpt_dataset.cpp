@@ -127,8 +127,8 @@ TEST(Blend, WorkedExamples) {
   std::vector<int16_t> di;
   std::vector<int64_t> dsi;
   build_blending_indices({0.3, 0.7}, 10, di, dsi);
-  std::vector<std::pair<int, int64_t>> got, want{{1, 0}, {0, 0}, {1, 1}, {1, 2}, {0, 1},
-                                                {1, 3}, {1, 4}, {0, 2}, {1, 5}, {1, 6}};
+  std::vector<std::pair<int, int64_t>> got,
+      want{{1, 0}, {0, 0}, {1, 1}, {1, 2}, {0, 1}, {1, 3}, {1, 4}, {0, 2}, {1, 5}, {1, 6}};
   for (int s = 0; s < 10; ++s) got.push_back({di[s], dsi[s]});
   EXPECT_EQ(got, want);
   build_blending_indices({0.5, 0.5}, 6, di, dsi);
@@ -152,7 +152,8 @@ TEST(Blend, DataPathParsing) {
 }
 
 TEST(GPTDataset, MockLengthsMatchNumpy) {
-  auto fx = nlohmann::json::parse(std::ifstream(mcpp::testing::golden("gpt_dataset_fixtures.json")));
+  auto fx =
+      nlohmann::json::parse(std::ifstream(mcpp::testing::golden("gpt_dataset_fixtures.json")));
   MockGPTLowLevelDataset mock(50257, 50256);
   auto head = fx["mock_lengths_head"].get<std::vector<int32_t>>();
   for (size_t i = 0; i < head.size(); ++i) EXPECT_EQ(mock.sequence_length(int64_t(i)), head[i]);
@@ -162,15 +163,18 @@ TEST(GPTDataset, MockLengthsMatchNumpy) {
 }
 
 TEST(GPTDataset, MatchesIndependentReimplementation) {
-  auto fx = nlohmann::json::parse(std::ifstream(mcpp::testing::golden("gpt_dataset_fixtures.json")));
+  auto fx =
+      nlohmann::json::parse(std::ifstream(mcpp::testing::golden("gpt_dataset_fixtures.json")));
   for (auto& c : fx["cases"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
     GPTDatasetsArgs a;
-    for (auto& p : c["lows"]) a.data_path.push_back(mcpp::testing::golden("gptdata/" + p.get<std::string>()));
+    for (auto& p : c["lows"])
+      a.data_path.push_back(mcpp::testing::golden("gptdata/" + p.get<std::string>()));
     if (!c["weights"].is_null()) {
       std::vector<std::string> words;
       for (size_t k = 0; k < c["lows"].size(); ++k)
-        words.push_back(fmt::format("{}", c["weights"][k].get<double>())), words.push_back(a.data_path[k]);
+        words.push_back(fmt::format("{}", c["weights"][k].get<double>())),
+            words.push_back(a.data_path[k]);
       a.data_path = words;
     }
     a.mock_data = c.value("mock", false);

@@ -23,9 +23,10 @@ namespace {
 const char* kJsonl =
     "{\"text\": \"1 2 3\", \"other\": \"7\"}\n"
     "{\"other\": \"8 8\", \"text\": \"4 5\"}\n"
-    "\n"                                              // blank: skipped
-    "{\"text\": \"\", \"other\": \"9\"}\n"            // empty document
-    "{\"text\": [\"10 11\", \"\", \"12\"], \"other\": \"1\"}\r\n"  // list: one sequence per non-empty item
+    "\n"                                                           // blank: skipped
+    "{\"text\": \"\", \"other\": \"9\"}\n"                         // empty document
+    "{\"text\": [\"10 11\", \"\", \"12\"], \"other\": \"1\"}\r\n"  // list: one sequence per
+                                                                   // non-empty item
     "{\"text\": \"13\\u0020 14\", \"other\": \"2\"}";              // escapes, no final newline
 
 PreprocessOptions options(const std::string& dir, const std::string& input, int workers) {
@@ -99,7 +100,8 @@ TEST(Preprocess, ZstdInput) {
 
 TEST(Preprocess, BadLineNamesFileAndLineAndLeavesNothing) {
   auto dir = mcpp::testing::scratch_dir();
-  std::string in = std::string(kJsonl) + "\n{\"text\": \"5\"}\n{\"text\": \"5\", \"other\": \"1\"}\n{broken\n";
+  std::string in =
+      std::string(kJsonl) + "\n{\"text\": \"5\"}\n{\"text\": \"5\", \"other\": \"1\"}\n{broken\n";
   mcpp::testing::write_bytes(dir + "/in.jsonl", in);
   NullTokenizer tok(1000);
   auto o = options(dir, dir + "/in.jsonl", 2);

@@ -23,9 +23,10 @@ std::string asset(const std::string& rel) {
 }
 
 const Tokenizer& gpt2() {
-  static std::unique_ptr<Tokenizer> t = make_tokenizer(
-      {.type = "GPT2BPETokenizer", .vocab_file = asset("gpt2/package/encoder.json"),
-       .merge_file = asset("gpt2/package/vocab.bpe")});
+  static std::unique_ptr<Tokenizer> t =
+      make_tokenizer({.type = "GPT2BPETokenizer",
+                      .vocab_file = asset("gpt2/package/encoder.json"),
+                      .merge_file = asset("gpt2/package/vocab.bpe")});
   return *t;
 }
 
@@ -44,7 +45,8 @@ TEST(NullTokenizer, Semantics) {
 
 TEST(Tokenizer, UnknownTypeAndMissingFiles) {
   EXPECT_THROW(make_tokenizer({.type = "NoSuchTokenizer"}), Error);
-  EXPECT_THROW(make_tokenizer({.type = "GPT2BPETokenizer", .vocab_file = "/nonexistent.json"}), Error);
+  EXPECT_THROW(make_tokenizer({.type = "GPT2BPETokenizer", .vocab_file = "/nonexistent.json"}),
+               Error);
   EXPECT_THROW(make_tokenizer({.type = "TikTokenizer"}), Error);
 }
 
@@ -59,8 +61,9 @@ TEST(GPT2BPE, KnownIds) {
 
 TEST(GPT2BPE, RoundTripsUnicodeAndWhitespace) {
   const auto& t = gpt2();
-  for (std::string s : {"It's  a test.\n\n  Tabs\tand   spaces   ", "naïve café — 東京 😀 123,456.78",
-                        "I'll we've they're DON'T", "\xc2\xa0nbsp and \xe2\x80\xa8 separators"}) {
+  for (std::string s :
+       {"It's  a test.\n\n  Tabs\tand   spaces   ", "naïve café — 東京 😀 123,456.78",
+        "I'll we've they're DON'T", "\xc2\xa0nbsp and \xe2\x80\xa8 separators"}) {
     auto ids = t.encode(s);
     EXPECT_EQ(t.decode(ids), s);
   }
@@ -75,8 +78,10 @@ TEST(GPT2BPE, TiktokenR50kTestPlans) {
   int checked = 0;
   std::string sample;
   while (std::getline(f, line)) {
-    if (line.rfind("EncodingName: ", 0) == 0) enc = line.substr(14);
-    else if (line.rfind("Sample: ", 0) == 0) sample = line.substr(8);
+    if (line.rfind("EncodingName: ", 0) == 0)
+      enc = line.substr(14);
+    else if (line.rfind("Sample: ", 0) == 0)
+      sample = line.substr(8);
     else if (line.rfind("Encoded: ", 0) == 0 && enc == "r50k_base") {
       std::vector<int32_t> want;
       std::string body = line.substr(9);
@@ -93,15 +98,19 @@ TEST(GPT2BPE, TiktokenR50kTestPlans) {
 
 #ifdef MCPP_HAVE_SENTENCEPIECE
 TEST(Llama2Tokenizer, KnownIdsAndSpecials) {
-  auto t = make_tokenizer({.type = "Llama2Tokenizer", .tokenizer_model = asset("llama/llama.model")});
+  auto t =
+      make_tokenizer({.type = "Llama2Tokenizer", .tokenizer_model = asset("llama/llama.model")});
   EXPECT_EQ(t->vocab_size(), 32000);
   EXPECT_EQ(t->eod(), 2);
   EXPECT_EQ(t->bos(), 1);
   EXPECT_EQ(t->eos(), 2);
   EXPECT_FALSE(t->pad());
-  EXPECT_EQ(t->encode("Hello world"), (std::vector<int32_t>{1, 15043, 3186}));  // BOS first, as Megatron
+  EXPECT_EQ(t->encode("Hello world"),
+            (std::vector<int32_t>{1, 15043, 3186}));  // BOS first, as Megatron
   std::vector<int32_t> ids{15043, 3186};
   EXPECT_EQ(t->decode(ids), "Hello world");
-  EXPECT_THROW(make_tokenizer({.type = "SentencePieceTokenizer", .tokenizer_model = asset("llama/llama.model")}), Error);
+  EXPECT_THROW(make_tokenizer({.type = "SentencePieceTokenizer",
+                               .tokenizer_model = asset("llama/llama.model")}),
+               Error);
 }
 #endif

@@ -3,10 +3,9 @@
 // lowest merge rank until none applies. Symbols are vocabulary ids from the start
 // (every single byte and every merge result is in encoder.json), so a merge is a
 // lookup of (left id, right id) -> (rank, merged id).
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
@@ -54,9 +53,48 @@ const char* kGpt2Pattern =
 
 }  // namespace
 
+// Open-addressing table (a, b) -> (rank, merged id): one probe in the common case,
+// where std::unordered_map chases a bucket list for every pair BPE looks at.
+class MergeTable {
+ public:
+  void reserve(size_t n) {
+    size_t cap = 1;
+    while (cap < 2 * n) cap <<= 1;
+    slots_.assign(cap, Slot{kEmpty, 0, 0});
+    mask_ = cap - 1;
+  }
+  void insert(uint64_t key, int32_t rank, int32_t id) {
+    for (size_t i = hash(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = {key, rank, id};
+        return;
+      }
+      if (slots_[i].key == key) return;  // first (lowest-rank) occurrence wins
+    }
+  }
+  // Rank of the pair, or INT32_MAX; sets id when found.
+  int32_t find(uint64_t key, int32_t& id) const {
+    for (size_t i = hash(key);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.key == key) return id = s.id, s.rank;
+      if (s.key == kEmpty) return std::numeric_limits<int32_t>::max();
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;
+  struct Slot {
+    uint64_t key;
+    int32_t rank, id;
+  };
+  size_t hash(uint64_t k) const { return size_t((k * 0x9E3779B97F4A7C15ull) >> 20) & mask_; }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+};
+
 struct GPT2BPETokenizer::Impl {
   std::array<int32_t, 256> byte_id{};
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a,b) -> (rank, id)
+  MergeTable merges;
 #ifdef MCPP_HAVE_PCRE2
   pcre2_code* re = nullptr;
   ~Impl() {
@@ -130,6 +168,11 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
                 "GPT2BPETokenizer needs --merge-file (vocab.bpe / gpt2-merges.txt)");
   std::string line;
   int32_t rank = 0;
+  struct M {
+    uint64_t key;
+    int32_t rank, id;
+  };
+  std::vector<M> merge_list;
   int64_t lineno = 0;
   while (std::getline(mf, line)) {
     ++lineno;
@@ -138,16 +181,21 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     if (line.empty()) continue;
     auto sp = line.find(' ');
     if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos)
-      throw Error(fmt::format("{}:{}: expected two symbols separated by one space", merge_file, lineno));
-    std::string a = to_bytes(line.substr(0, sp), merge_file), b = to_bytes(line.substr(sp + 1), merge_file);
+      throw Error(
+          fmt::format("{}:{}: expected two symbols separated by one space", merge_file, lineno));
+    std::string a = to_bytes(line.substr(0, sp), merge_file),
+                b = to_bytes(line.substr(sp + 1), merge_file);
     auto ia = bytes_id.find(a), ib = bytes_id.find(b), im = bytes_id.find(a + b);
     if (ia == bytes_id.end() || ib == bytes_id.end() || im == bytes_id.end())
       throw Error(fmt::format("{}:{}: merge '{}' uses a symbol missing from {}", merge_file, lineno,
                               line, vocab_file),
                   "the vocab and merge files must come from the same tokenizer");
     uint64_t key = uint64_t(uint32_t(ia->second)) << 32 | uint32_t(ib->second);
-    impl_->merges.try_emplace(key, rank++, im->second);
+    merge_list.push_back({key, rank++, im->second});
   }
+
+  impl_->merges.reserve(merge_list.size());
+  for (const M& m : merge_list) impl_->merges.insert(m.key, m.rank, m.id);
 
   int err = 0;
   PCRE2_SIZE off = 0;
@@ -162,13 +210,17 @@ GPT2BPETokenizer::~GPT2BPETokenizer() = default;
 
 void GPT2BPETokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
   // Per-thread cache of recent words: natural text repeats its words constantly.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   struct Cache {
     const void* owner = nullptr;
-    std::unordered_map<std::string, std::vector<int32_t>> map;
+    std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map;
   };
   thread_local Cache cache;
   if (cache.owner != this) cache.map.clear(), cache.owner = this;
-  if (auto it = cache.map.find(std::string(word)); it != cache.map.end()) {
+  if (auto it = cache.map.find(word); it != cache.map.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
     return;
   }
@@ -182,10 +234,7 @@ void GPT2BPETokenizer::bpe(std::string_view word, std::vector<int32_t>& out) con
   for (size_t i = 0; i < n0; ++i) sym[i] = impl_->byte_id[uint8_t(word[i])];
   const auto& merges = impl_->merges;
   auto lookup = [&](int32_t a, int32_t b, int32_t& id) {
-    auto it = merges.find(uint64_t(uint32_t(a)) << 32 | uint32_t(b));
-    if (it == merges.end()) return kNone;
-    id = it->second.second;
-    return it->second.first;
+    return merges.find(uint64_t(uint32_t(a)) << 32 | uint32_t(b), id);
   };
   size_t n = n0;
   for (size_t i = 0; i + 1 < n; ++i) rank[i] = lookup(sym[i], sym[i + 1], mid[i]);
@@ -206,8 +255,10 @@ void GPT2BPETokenizer::bpe(std::string_view word, std::vector<int32_t>& out) con
       ++w;
     }
     for (size_t j = 0; j + 1 < w; ++j) {
-      if (merged[j] || merged[j + 1]) nrank[j] = lookup(nsym[j], nsym[j + 1], nmid[j]);
-      else nrank[j] = rank[orig[j]], nmid[j] = mid[orig[j]];
+      if (merged[j] || merged[j + 1])
+        nrank[j] = lookup(nsym[j], nsym[j + 1], nmid[j]);
+      else
+        nrank[j] = rank[orig[j]], nmid[j] = mid[orig[j]];
     }
     std::swap(mid, nmid);
     std::swap(sym, nsym), std::swap(rank, nrank);
@@ -256,8 +307,8 @@ void GPT2BPETokenizer::encode(std::string_view text, std::vector<int32_t>& out) 
 std::string GPT2BPETokenizer::decode(std::span<const int32_t> ids) const {
   std::string s;
   for (int32_t id : ids) {
-    MCPP_CHECK(id >= 0 && id < int64_t(id_to_bytes_.size()), "token id {} outside the vocabulary of {}",
-               id, id_to_bytes_.size());
+    MCPP_CHECK(id >= 0 && id < int64_t(id_to_bytes_.size()),
+               "token id {} outside the vocabulary of {}", id, id_to_bytes_.size());
     s += id_to_bytes_[id];
   }
   return s;

@@ -53,9 +53,10 @@ class Llama2Tokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& model, bool llama2) {
   if (!llama2)
-    throw Error("--tokenizer-type SentencePieceTokenizer is not implemented yet (its extra <CLS>, "
-                "<SEP>, <EOD>, <MASK> tokens are not reproduced)",
-                "for Llama-style models use --tokenizer-type Llama2Tokenizer");
+    throw Error(
+        "--tokenizer-type SentencePieceTokenizer is not implemented yet (its extra <CLS>, "
+        "<SEP>, <EOD>, <MASK> tokens are not reproduced)",
+        "for Llama-style models use --tokenizer-type Llama2Tokenizer");
 #ifdef MCPP_HAVE_SENTENCEPIECE
   return std::make_unique<Llama2Tokenizer>(model);
 #else

@@ -21,7 +21,8 @@ void NullTokenizer::encode(std::string_view text, std::vector<int32_t>& out) con
     int64_t v = 0;
     auto [p, ec] = std::from_chars(text.data() + i, text.data() + j, v);
     if (ec != std::errc() || p != text.data() + j || v < 0 || v > v_)
-      throw Error(fmt::format("NullTokenizer: '{}' is not a token id in [0, {}]", text.substr(i, j - i), v_),
+      throw Error(fmt::format("NullTokenizer: '{}' is not a token id in [0, {}]",
+                              text.substr(i, j - i), v_),
                   "NullTokenizer text is whitespace-separated integer ids");
     out.push_back(int32_t(v));
     i = j;
@@ -44,14 +45,16 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& a) {
     if (!a.vocab_size) throw Error("--tokenizer-type NullTokenizer needs --vocab-size");
     return std::make_unique<NullTokenizer>(*a.vocab_size);
   }
-  if (a.type == "GPT2BPETokenizer") return std::make_unique<GPT2BPETokenizer>(a.vocab_file, a.merge_file);
+  if (a.type == "GPT2BPETokenizer")
+    return std::make_unique<GPT2BPETokenizer>(a.vocab_file, a.merge_file);
   if (a.type == "SentencePieceTokenizer" || a.type == "Llama2Tokenizer") {
     if (a.tokenizer_model.empty())
       throw Error(fmt::format("--tokenizer-type {} needs --tokenizer-model", a.type));
     return make_sentencepiece_tokenizer(a.tokenizer_model, a.type == "Llama2Tokenizer");
   }
-  static const char* later[] = {"HuggingFaceTokenizer", "TikTokenizer", "BertWordPieceLowerCase",
-                                "BertWordPieceCase", "GPTSentencePieceTokenizer", "MultimodalTokenizer",
+  static const char* later[] = {"HuggingFaceTokenizer",      "TikTokenizer",
+                                "BertWordPieceLowerCase",    "BertWordPieceCase",
+                                "GPTSentencePieceTokenizer", "MultimodalTokenizer",
                                 "NullMultimodalTokenizer"};
   for (const char* t : later)
     if (a.type == t)
