@@ -35,6 +35,9 @@ struct InitOptions {
   Backend backend = Backend::Auto;
   // --distributed-timeout-minutes (Megatron's default is 10); tests use seconds.
   Communicator::Duration timeout = std::chrono::minutes(10);
+  // Ask MPI for MPI_THREAD_MULTIPLE (else SERIALIZED, every MPI call under a lock).
+  // false: ask for SERIALIZED only (tests exercise that path with it).
+  bool mpi_thread_multiple = true;
 };
 
 class World {

@@ -7,6 +7,8 @@
 //   comm_driver timeout-collective S  the last world rank skips an all_reduce on 'dp';
 //                                     the others must abort within S seconds
 //   comm_driver timeout-recv S        rank 0 waits for a message rank 1 never sends
+//   comm_driver crash S               the last rank dies before a collective
+// MCPP_TEST_MPI_SERIALIZED=1 asks MPI for SERIALIZED instead of MULTIPLE.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -306,7 +308,9 @@ int run_collectives(World& w, int tp, int pp) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   InitOptions opts;
-  if (mode.rfind("timeout", 0) == 0)
+  if (const char* v = std::getenv("MCPP_TEST_MPI_SERIALIZED"); v && *v == '1')
+    opts.mpi_thread_multiple = false;
+  if (mode.rfind("timeout", 0) == 0 || mode == "crash")
     opts.timeout = std::chrono::milliseconds(int(1000 * std::atof(argc > 2 ? argv[2] : "2")));
   try {
     auto w = init(opts);
@@ -330,6 +334,16 @@ int main(int argc, char** argv) {
     if (mode == "timeout-recv") {
       Tensor t = Tensor::zeros({3, 4}, DType::F32);
       if (w->rank() == 0) w->world().recv(t, 1, Stream::cpu());
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return 0;
+    }
+    if (mode == "crash") {
+      Tensor t = Tensor::zeros({4}, DType::F32);
+      if (w->rank() == w->size() - 1) {
+        std::fprintf(stderr, "[rank %d] dying\n", w->rank());
+        std::_Exit(3);
+      }
+      w->world().all_reduce(t, ReduceOp::Sum, Stream::cpu());
       std::this_thread::sleep_for(std::chrono::seconds(60));
       return 0;
     }

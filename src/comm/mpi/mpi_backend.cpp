@@ -309,7 +309,9 @@ class MpiWorld final : public World {
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
     MCPP_CHECK(!inited && !fin, "MPI is already initialised (or finalised) in this process");
-    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided_));
+    MPI_CHECK(MPI_Init_thread(
+        nullptr, nullptr, opts.mpi_thread_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED,
+        &provided_));
     MCPP_CHECK_HINT(provided_ >= MPI_THREAD_SERIALIZED,
                     "use an MPI library built with thread support (Debian's OpenMPI is)",
                     "MPI provides only thread level {}; megatron.cpp needs SERIALIZED",
