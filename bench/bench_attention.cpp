@@ -2,6 +2,9 @@
 // FLOP convention of the FlashAttention papers: the forward is two S x S x HD GEMMs per
 // head (4 S^2 HD), halved by the causal mask; the backward is 2.5 times the forward.
 // Run: OMP_NUM_THREADS=<cores> build/bench/bench_attention
+// On a machine shared with other jobs, OpenMP's spinning barriers make the real time
+// of a multi-threaded run mostly a measure of the neighbours: use OMP_WAIT_POLICY=passive,
+// or OMP_NUM_THREADS=1 and divide the FLOPs by the CPU column for a per-core rate.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -20,7 +23,8 @@ namespace cpu = mcpp::ops::cpu;
 void fill_uniform(Tensor& t, uint64_t stream) {
   float* p = t.data<float>();
   const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) p[i] = 2.0f * mcpp::Philox::uniform(1, stream, uint64_t(i)) - 1.0f;
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = 2.0f * mcpp::Philox::uniform(1, stream, uint64_t(i)) - 1.0f;
 }
 
 struct Setup {
@@ -57,8 +61,8 @@ void BM_AttentionBackward(benchmark::State& st) {
   for (auto _ : st)
     cpu::attention_backward(x.dout, x.qkv, x.out, x.lse, x.d, x.scale, p, {1, 2}, x.dqkv,
                             Stream::cpu());
-  st.counters["GFLOP/s"] = benchmark::Counter(2.5 * x.fwd_flops() * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(2.5 * x.fwd_flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Args: S, HD, dropout percent.

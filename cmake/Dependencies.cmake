@@ -57,10 +57,20 @@ if(MCPP_ENABLE_CUDA)
       set(CMAKE_CUDA_ARCHITECTURES 90a-real 90-real 90-virtual)
     endif()
     enable_language(CUDA)
+    # CMake 3.25 does not know nvcc 13's C++20 flags; tell it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
     set(MCPP_HAVE_CUDA ON)
+    # fmt 9 switches its constexpr support off under nvcc, which then breaks on C++20's
+    # consteval format strings; the host compiler behind nvcc handles it, so turn it on.
+    add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-DFMT_USE_CONSTEXPR=1>
+                        $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>
+                        $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
     set(MCPP_CUDA_DEPS CUDA::cudart CUDA::cublas CUDA::cublasLt)
     # cuDNN and NCCL: the CUDA toolkit folder on CI, a Python wheel's folder on the GPU machine
     # (pass -DMCPP_CUDNN_ROOT=... -DMCPP_NCCL_ROOT=...; scripts/gpu-check.sh does).

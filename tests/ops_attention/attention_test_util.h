@@ -73,9 +73,9 @@ inline Reference naive_attention(const std::vector<double>& qkv, const Attention
         for (int64_t k = 0; k <= q; ++k) {
           double prob = std::exp(sc[size_t(k)] - m) / l;
           if (p > 0) {
-            const uint64_t idx = uint64_t(
-                (((b + d.b_offset) * NHg + h + d.h_offset) * Sg + q + d.q_offset) * Sg + k +
-                d.k_offset);
+            const uint64_t idx =
+                uint64_t((((b + d.b_offset) * NHg + h + d.h_offset) * Sg + q + d.q_offset) * Sg +
+                         k + d.k_offset);
             prob = mcpp::Philox::uniform(key.seed, key.stream, idx) >= p ? prob / (1 - p) : 0.0;
           }
           for (int64_t c = 0; c < HD; ++c)

@@ -276,8 +276,7 @@ TEST(Attention, RejectsBadArguments) {
   const AttentionDims d = dims(8, 1, 4, 3, 8);  // NG does not divide NH
   Tensor qkv = Tensor::zeros({8, 1, 3 * 3 * 8}, DType::F32);
   Tensor out = Tensor::zeros({8, 1, 32}, DType::F32), lse = Tensor::zeros({1, 4, 8}, DType::F32);
-  EXPECT_THROW(cpu::attention_forward(qkv, d, 0.3, 0.0, {}, out, lse, Stream::cpu()),
-               mcpp::Error);
+  EXPECT_THROW(cpu::attention_forward(qkv, d, 0.3, 0.0, {}, out, lse, Stream::cpu()), mcpp::Error);
   const AttentionDims d2 = dims(8, 1, 4, 2, 8);
   Tensor qkv2 = Tensor::zeros({8, 1, d2.qkv_width()}, DType::F32);
   Tensor lse64 = Tensor::zeros({1, 4, 8}, DType::F64);

@@ -47,8 +47,8 @@ TEST(Rope, MatchesDirectFormula) {
         for (int64_t g = 0; g < d.NG; ++g)
           for (int64_t slot = 0; slot < G + 2; ++slot)
             for (int64_t c = 0; c < d.HD; ++c, ++i)
-              err = std::max(err, std::abs(y.data<double>()[i] -
-                                           rope_ref(x, d, rot_dim, 10000.0, off, s, b, g, slot, c)));
+              err = std::max(err, std::abs(y.data<double>()[i] - rope_ref(x, d, rot_dim, 10000.0,
+                                                                          off, s, b, g, slot, c)));
     EXPECT_LT(err, 1e-13);
   }
 }

@@ -44,8 +44,8 @@ void check_attention_args(const char* op, const Tensor& qkv, const AttentionDims
   MCPP_CHECK_HINT(s.device == Device::CPU, "pass Stream::cpu() or call mcpp::ops::",
                   "{}: the CPU backend was called with a CUDA stream", op);
   MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0,
-             "{}: dims S={} B={} NH={} NG={} HD={} must all be positive", op, d.S, d.B, d.NH,
-             d.NG, d.HD);
+             "{}: dims S={} B={} NH={} NG={} HD={} must all be positive", op, d.S, d.B, d.NH, d.NG,
+             d.HD);
   MCPP_CHECK_HINT(d.NH % d.NG == 0, "--num-query-groups must divide --num-attention-heads",
                   "{}: NH={} is not a multiple of NG={}", op, d.NH, d.NG);
   MCPP_CHECK(softmax_scale > 0.0, "{}: softmax_scale={} must be positive", op, softmax_scale);
@@ -62,8 +62,7 @@ void check_attention_args(const char* op, const Tensor& qkv, const AttentionDims
 void check_like(const char* op, const char* name, const Tensor& t, DType dt, int64_t numel) {
   MCPP_CHECK(t.defined() && t.device() == Device::CPU, "{}: '{}' must be a CPU tensor", op, name);
   MCPP_CHECK(t.dtype() == dt, "{}: '{}' is {}, expected {}", op, name, t.str(), dtype_name(dt));
-  MCPP_CHECK(t.numel() == numel, "{}: '{}' is {}, expected {} elements", op, name, t.str(),
-             numel);
+  MCPP_CHECK(t.numel() == numel, "{}: '{}' is {}, expected {} elements", op, name, t.str(), numel);
 }
 
 // Where a head's rows live in the fused qkv (or dqkv) tensor.
@@ -100,19 +99,23 @@ struct AttnDropout {
     NHg = d.NH_global > 0 ? d.NH_global : d.NH;
     Sg = d.S_global > 0 ? d.S_global : d.S;
   }
-  // z[j] = keep(b, h, q, k0 + j) ? 1/(1-p) : 0 for j < n. One Philox block serves four
-  // consecutive indices, as Philox::u32 defines them.
+  // z[j] = keep(b, h, q, k0 + j) ? 1/(1-p) : 0 for j < n <= kBlk. Element i's number is
+  // lane i & 3 of the Philox block at counter i >> 2 (Philox::u32), so whole blocks are
+  // drawn for the aligned groups of four covering the row and then picked from.
   void fill(T* z, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n) const {
-    uint64_t idx =
+    const uint64_t idx =
         uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k0 + k_off);
-    int64_t j = 0;
-    while (j < n) {
-      uint32_t c[4] = {uint32_t(idx >> 2), uint32_t(idx >> 34), uint32_t(stream),
+    const uint64_t first = idx >> 2, nblocks = ((idx + uint64_t(n) - 1) >> 2) - first + 1;
+    uint32_t r[kBlk + 8];
+    for (uint64_t blk = 0; blk < nblocks; ++blk) {
+      const uint64_t ctr = first + blk;
+      uint32_t c[4] = {uint32_t(ctr), uint32_t(ctr >> 32), uint32_t(stream),
                        uint32_t(stream >> 32)};
       Philox::block(c, uint32_t(seed), uint32_t(seed >> 32));
-      for (uint64_t lane = idx & 3; lane < 4 && j < n; ++lane, ++j, ++idx)
-        z[j] = (c[lane] >> 8) >= threshold ? keep_scale : T(0);
+      r[4 * blk] = c[0], r[4 * blk + 1] = c[1], r[4 * blk + 2] = c[2], r[4 * blk + 3] = c[3];
     }
+    const uint32_t* u = r + (idx & 3);
+    for (int64_t j = 0; j < n; ++j) z[j] = (u[j] >> 8) >= threshold ? keep_scale : T(0);
   }
 };
 
@@ -140,8 +143,8 @@ void pack_rows_t(const T* src, int64_t stride, int64_t rn, int64_t HD, T* dst) {
 }
 
 template <typename T>
-void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, DropoutKey key,
-                  T* out, T* lse) {
+void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, DropoutKey key, T* out,
+                  T* lse) {
   const Layout lay(d);
   const int64_t S = d.S, HD = d.HD, NH = d.NH;
   const int64_t HDp = round_up(HD, kLanes<T>);
@@ -152,17 +155,32 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 
   // K^T and V tiles of every (b, group), packed once: query tiles of all the group's
   // heads read them, and packing inside the task would gather the same scattered rows
-  // nqb/2 times per head. Costs one extra copy of K and V.
-  const int64_t kv_tile = kBlk * HDp, groups = d.B * d.NG;
-  T* Kt_all = tiles::thread_scratch<T, 0>(groups * nqb * kv_tile);
-  T* V_all = tiles::thread_scratch<T, 1>(groups * nqb * kv_tile);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < groups * nqb; ++t) {
-    const int64_t b = t / (d.NG * nqb), g = (t / nqb) % d.NG, k0 = (t % nqb) * kBlk;
-    const int64_t kn = std::min(kBlk, S - k0);
-    pack_rows_t(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kt_all + t * kv_tile);
-    pack_rows(qkv + k0 * rs + lay.v(b, g), rs, kn, HD, V_all + t * kv_tile, HDp);
-  }
+  // nqb/2 times per head. Costs one extra copy of K and V. The loop walks qkv in memory
+  // order (position, sample, group) since one head's rows are B*W apart; even so this
+  // copy is memory-bound, about a fifth of the forward at S = 256, HD = 32.
+  const int64_t kv_tile = kBlk * HDp, NG = d.NG, G = lay.G;
+  T* Kt_all = tiles::thread_scratch<T, 0>(d.B * NG * nqb * kv_tile);
+  T* V_all = tiles::thread_scratch<T, 1>(d.B * NG * nqb * kv_tile);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t kb = 0; kb < nqb; ++kb)
+    for (int64_t b = 0; b < d.B; ++b) {
+      const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
+      for (int64_t r = 0; r < kBlk; ++r)
+        for (int64_t g = 0; g < NG; ++g) {
+          T* Kt = Kt_all + ((b * NG + g) * nqb + kb) * kv_tile;  // [HD, kBlk]
+          T* Vt = V_all + ((b * NG + g) * nqb + kb) * kv_tile;   // [kBlk, HDp]
+          if (r < kn) {
+            const T* k = qkv + (k0 + r) * rs + lay.k(b, g);
+            const T* v = k + HD;
+            for (int64_t c = 0; c < HD; ++c) Kt[c * kBlk + r] = k[c];
+            for (int64_t c = 0; c < HD; ++c) Vt[r * HDp + c] = v[c];
+          } else {
+            for (int64_t c = 0; c < HD; ++c) Kt[c * kBlk + r] = 0;
+            for (int64_t c = 0; c < HD; ++c) Vt[r * HDp + c] = 0;
+          }
+          for (int64_t c = HD; c < HDp; ++c) Vt[r * HDp + c] = 0;
+        }
+    }
 
 #pragma omp parallel
   {
@@ -173,7 +191,7 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < nqb * heads; ++t) {
       const int64_t qb = nqb - 1 - t / heads, b = (t % heads) / NH, h = t % NH;
-      const int64_t g = h / lay.G;
+      const int64_t g = h / G;
       const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0), Mq = round_up(qn, kMR);
       pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qt.get(), HDp);
       O.zero();
@@ -182,8 +200,8 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 
       for (int64_t kb = 0; kb <= qb; ++kb) {
         const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
-        const T* Kt = Kt_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
-        const T* Vt = V_all + ((b * d.NG + g) * nqb + kb) * kv_tile;
+        const T* Kt = Kt_all + ((b * NG + g) * nqb + kb) * kv_tile;
+        const T* Vt = V_all + ((b * NG + g) * nqb + kb) * kv_tile;
         // Sc = Q K^T (unscaled; the scale is folded into the exp below)
         tile_gemm(Mq, kBlk, HD, Qt.get(), HDp, Kt, kBlk, Sc.get(), kBlk, false);
         const bool diag = kb == qb;  // only this tile holds masked (or padded) keys
@@ -228,8 +246,8 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 }
 
 template <typename T>
-void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
-                   const AttentionDims& d, T scale, double p, DropoutKey key, T* dqkv) {
+void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, const AttentionDims& d,
+                   T scale, double p, DropoutKey key, T* dqkv) {
   const Layout lay(d);
   const int64_t S = d.S, HD = d.HD, NH = d.NH, G = lay.G;
   const int64_t HDp = round_up(HD, kLanes<T>);
@@ -318,10 +336,10 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse,
               }
             }
           }
-          tile_gemm(kBlk, HDp, qn, PT.get(), kBlk, dO, HDp, dV.get(), HDp, true);   // P^T dO
-          tile_gemm(kBlk, HDp, qn, dST.get(), kBlk, Q, HDp, dK.get(), HDp, true);   // dS^T Q
+          tile_gemm(kBlk, HDp, qn, PT.get(), kBlk, dO, HDp, dV.get(), HDp, true);  // P^T dO
+          tile_gemm(kBlk, HDp, qn, dST.get(), kBlk, Q, HDp, dK.get(), HDp, true);  // dS^T Q
           tile_gemm(Mq, HDp, kn, Sc.get(), kBlk, Kp.get(), HDp, dQa + q0 * HDp, HDp,
-                    true);                                                           // dS K
+                    true);  // dS K
         }
         // dK = scale * dS^T Q (s = scale * q.k); dV as accumulated.
         T *dk_dst, *dv_dst;
@@ -382,21 +400,20 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
     forward_impl<float>(qkv.data<float>(), d, float(softmax_scale), dropout_p, key,
                         out.data<float>(), lse.data<float>());
   else
-    forward_impl<double>(qkv.data<double>(), d, softmax_scale, dropout_p, key,
-                         out.data<double>(), lse.data<double>());
+    forward_impl<double>(qkv.data<double>(), d, softmax_scale, dropout_p, key, out.data<double>(),
+                         lse.data<double>());
 }
 
-void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const AttentionDims& d, double softmax_scale,
-                        double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
+void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                        const AttentionDims& d, double softmax_scale, double dropout_p,
+                        DropoutKey key, Tensor& dqkv, Stream& s) {
   const char* op = "attention_backward";
   check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
   check_like(op, "dout", dout, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
   check_like(op, "dqkv", dqkv, qkv.dtype(), qkv.numel());
-  MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv (it is read throughout)",
-             op);
+  MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv (it is read throughout)", op);
   if (qkv.dtype() == DType::F32)
     backward_impl<float>(dout.data<float>(), qkv.data<float>(), out.data<float>(),
                          lse.data<float>(), d, float(softmax_scale), dropout_p, key,

@@ -85,14 +85,23 @@ class Buffer {
 // pages stay warm. The price: each thread keeps its largest scratch until it exits.
 template <typename T, int Slot>
 T* thread_scratch(int64_t n) {
-  thread_local std::unique_ptr<Buffer<T>> buf;
-  thread_local int64_t capacity = 0;
-  if (n > capacity) {
-    buf.reset();
-    buf = std::make_unique<Buffer<T>>(n, Init::Uninitialised);
-    capacity = n;
+  struct Cache {
+    T* p = nullptr;
+    int64_t capacity = 0;
+    ~Cache() { std::free(p); }
+  };
+  thread_local Cache cache;
+  if (cache.p == nullptr || n > cache.capacity) {
+    std::free(cache.p);  // the old one first: it may be most of the memory
+    cache.capacity = round_up(n > 0 ? n : 1, 64 / int64_t(sizeof(T)));
+    cache.p = static_cast<T*>(std::aligned_alloc(64, size_t(cache.capacity) * sizeof(T)));
+    if (cache.p == nullptr) {
+      cache.capacity = 0;
+      throw std::bad_alloc();
+    }
   }
-  return buf->get();
+  // The analyzer destroys function-scope thread_locals at return (a false positive).
+  return cache.p;  // NOLINT(clang-analyzer-unix.Malloc)
 }
 
 // C[MR rows, NC vectors] (+)= A[MR, K] @ B[K, NC*L]. The MR x NC accumulators stay in

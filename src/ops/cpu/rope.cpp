@@ -27,17 +27,16 @@ void check_rope_args(const char* op, const Tensor& in, const AttentionDims& d, i
   MCPP_CHECK_HINT(s.device == Device::CPU, "pass Stream::cpu() or call mcpp::ops::",
                   "{}: the CPU backend was called with a CUDA stream", op);
   MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
-             "{}: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)", op, d.S,
-             d.B, d.NH, d.NG, d.HD);
+             "{}: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)", op, d.S, d.B,
+             d.NH, d.NG, d.HD);
   MCPP_CHECK_HINT(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD,
                   "check --rotary-percent: rot_dim = HD * rotary_percent must be even",
                   "{}: rot_dim={} must be even and in (0, HD={}]", op, rot_dim, d.HD);
   MCPP_CHECK(base > 0, "{}: rotary base {} must be positive (--rotary-base)", op, base);
   for (const Tensor* t : {&in, &out}) {
-    MCPP_CHECK(t->defined() && t->device() == Device::CPU, "{}: tensors must be on the CPU",
-               op);
-    MCPP_CHECK(t->dtype() == DType::F32 || t->dtype() == DType::F64,
-               "{}: {} is not f32/f64", op, t->str());
+    MCPP_CHECK(t->defined() && t->device() == Device::CPU, "{}: tensors must be on the CPU", op);
+    MCPP_CHECK(t->dtype() == DType::F32 || t->dtype() == DType::F64, "{}: {} is not f32/f64", op,
+               t->str());
     MCPP_CHECK(t->numel() == d.S * d.B * d.qkv_width(),
                "{}: {} does not hold S*B*NG*(NH/NG+2)*HD = {} elements", op, t->str(),
                d.S * d.B * d.qkv_width());
@@ -47,8 +46,8 @@ void check_rope_args(const char* op, const Tensor& in, const AttentionDims& d, i
 
 // sign = +1: forward rotation; -1: its inverse (the backward).
 template <typename T>
-void rope_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double base,
-               int64_t s_offset, double sign, T* out) {
+void rope_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double base, int64_t s_offset,
+               double sign, T* out) {
   const int64_t HD = d.HD, G = d.NH / d.NG, half = rot_dim / 2;
   const int64_t heads_per_row = d.B * d.NG * (G + 2);  // HD-sized heads per position
   std::vector<double> inv_freq(static_cast<size_t>(half));

@@ -1,0 +1,264 @@
+// GPU op benchmark: times each CUDA op at training shapes (GPT-2 350M / Llama-style 1B,
+// 16 x 1024 or 8 x 2048 tokens) and prints one table: op, shape, median time, and the
+// rate against the op's floor (TFLOP/s for GEMMs and attention, GB/s of compulsory
+// traffic, each input read once and each output written once, for the rest).
+// Usage: bench_gpu_ops [--quick]   (CUDA events, 3 warm-ups, median of N runs)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/device.h"
+#include "ops/ops.h"
+
+using namespace mcpp;
+namespace gpu = mcpp::ops::cuda;
+
+namespace {
+
+// Random values in [-1, 1) from a hash of the index (never zeros: see METHOD.md).
+template <typename T>
+__global__ void rand_fill(T* p, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 16, h *= 0x85EBCA6Bu, h ^= h >> 13, h *= 0xC2B2AE35u, h ^= h >> 16;
+    p[i] = T(scale * (float(h >> 8) * (2.f / 16777216.f) - 1.f));
+  }
+}
+__global__ void rand_ids(int32_t* p, int64_t n, uint32_t V) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u;
+    h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12;
+    p[i] = int32_t(h % V);
+  }
+}
+
+Tensor rnd(const Shape& s, DType dt, float scale = 1.f) {
+  static uint32_t seed = 1;
+  Tensor t = Tensor::empty(s, dt, Device::CUDA);
+  auto cs = static_cast<cudaStream_t>(gpu::default_stream().handle);
+  int64_t n = t.numel();
+  unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 65536));
+  if (dt == DType::F32)
+    rand_fill<<<grid, 256, 0, cs>>>(static_cast<float*>(t.raw()), n, seed++, scale);
+  else if (dt == DType::BF16)
+    rand_fill<<<grid, 256, 0, cs>>>(static_cast<__nv_bfloat16*>(t.raw()), n, seed++, scale);
+  else
+    rand_fill<<<grid, 256, 0, cs>>>(static_cast<__half*>(t.raw()), n, seed++, scale);
+  CUDA_CHECK(cudaGetLastError());
+  return t;
+}
+
+Tensor ids(const Shape& s, int64_t V) {
+  Tensor t = Tensor::empty(s, DType::I32, Device::CUDA);
+  auto cs = static_cast<cudaStream_t>(gpu::default_stream().handle);
+  rand_ids<<<1024, 256, 0, cs>>>(static_cast<int32_t*>(t.raw()), t.numel(), uint32_t(V));
+  CUDA_CHECK(cudaGetLastError());
+  return t;
+}
+
+int g_reps = 10;
+
+double time_ms(const std::function<void()>& fn) {
+  Stream& s = gpu::default_stream();
+  auto cs = static_cast<cudaStream_t>(s.handle);
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> t(g_reps);
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < g_reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(a, cs));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b, cs));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventElapsedTime(&t[i], a, b));
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[g_reps / 2];
+}
+
+struct Row {
+  std::string op, shape;
+  double ms, rate;
+  const char* unit;
+};
+std::vector<Row> g_rows;
+
+void flops(const std::string& op, const std::string& shape, double f,
+           const std::function<void()>& fn) {
+  double ms = time_ms(fn);
+  g_rows.push_back({op, shape, ms, f / (ms * 1e-3) / 1e12, "TFLOP/s"});
+  std::fprintf(stderr, "  %-28s %-34s %9.3f ms\n", op.c_str(), shape.c_str(), ms);
+}
+void bytes(const std::string& op, const std::string& shape, double by,
+           const std::function<void()>& fn) {
+  double ms = time_ms(fn);
+  g_rows.push_back({op, shape, ms, by / (ms * 1e-3) / 1e9, "GB/s"});
+  std::fprintf(stderr, "  %-28s %-34s %9.3f ms\n", op.c_str(), shape.c_str(), ms);
+}
+
+std::string fmt_shape(std::initializer_list<int64_t> d) {
+  std::string s;
+  for (int64_t v : d) s += (s.empty() ? "" : "x") + std::to_string(v);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (quick) g_reps = 3;
+  gpu::init_device();
+  Stream& s = gpu::default_stream();
+  const DType bf = DType::BF16;
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::fprintf(stderr, "device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+
+  // ---- GEMMs -------------------------------------------------------------------------
+  {
+    const int64_t n = 8192;
+    Tensor A = rnd({n, n}, bf), B = rnd({n, n}, bf), C = rnd({n, n}, bf);
+    flops("gemm bf16 (ceiling check)", fmt_shape({n, n, n}), 2.0 * n * n * n,
+          [&] { ops::gemm(false, false, 1.0, A, B, 0.0, C, s); });
+  }
+  {
+    // GPT-2 350M MLP fc1: T = 16 x 1024 tokens, 1024 -> 4096.
+    const int64_t T = 16384, in = 1024, out = 4096;
+    Tensor x = rnd({T, in}, bf), w = rnd({out, in}, bf, 0.05f), b = rnd({out}, bf);
+    Tensor y = rnd({T, out}, bf), dy = rnd({T, out}, bf), dx = rnd({T, in}, bf);
+    Tensor dw = rnd({out, in}, DType::F32), db = rnd({out}, DType::F32);
+    double f = 2.0 * T * in * out;
+    std::string sh = fmt_shape({T, in, out});
+    flops("linear_forward +bias", sh, f, [&] { ops::linear_forward(x, w, b, y, s); });
+    flops("linear_backward dx,dw,db", sh, 2 * f,
+          [&] { ops::linear_backward(dy, x, w, dx, false, dw, db, s); });
+    Tensor none;
+    flops("linear_backward dx only", sh, f,
+          [&] { ops::linear_backward(dy, x, w, dx, false, none, none, s); });
+  }
+  // ---- norms, activations, elementwise -------------------------------------------------
+  {
+    const int64_t T = 16384, H = 1024;
+    Tensor x = rnd({T, H}, bf), w = rnd({H}, DType::F32), b = rnd({H}, DType::F32);
+    Tensor y = rnd({T, H}, bf), mean = rnd({T}, DType::F32), rstd = rnd({T}, DType::F32);
+    Tensor dy = rnd({T, H}, bf), dx = rnd({T, H}, bf);
+    Tensor dw = rnd({H}, DType::F32), db = rnd({H}, DType::F32);
+    std::string sh = fmt_shape({T, H});
+    double io = double(T) * H * 2;
+    bytes("layernorm_forward", sh, 2 * io, [&] { ops::layernorm_forward(x, w, b, 1e-5, y, mean, rstd, s); });
+    bytes("layernorm_backward", sh, 3 * io,
+          [&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, false, dw, db, s); });
+    bytes("rmsnorm_forward", sh, 2 * io, [&] { ops::rmsnorm_forward(x, w, 1e-5, y, rstd, s); });
+    bytes("rmsnorm_backward", sh, 3 * io,
+          [&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, false, dw, s); });
+    bytes("add bf16", sh, 3 * io, [&] { ops::add(x, dy, y, s); });
+    Tensor res = rnd({16, 1024, H}, bf), x3 = x.view({16, 1024, H});
+    auto g = ops::GlobalIndex3::whole(16, 1024, H);
+    bytes("dropout_add_forward p=0.1", sh, 3 * io,
+          [&] { ops::dropout_add_forward(x3, res, 0.1, {1, 2}, g, res, s); });
+    Tensor xf = rnd({T, H}, DType::F32);
+    bytes("copy f32->bf16", sh, io * 3, [&] { ops::copy(xf, y, s); });
+    bytes("axpy bf16 -> f32", sh, io * 5, [&] { ops::axpy(0.5, x, xf, s); });
+  }
+  {
+    const int64_t T = 16384, F = 4096;
+    Tensor x = rnd({T, F}, bf), y = rnd({T, F}, bf), dy = rnd({T, F}, bf), dx = rnd({T, F}, bf);
+    std::string sh = fmt_shape({T, F});
+    double io = double(T) * F * 2;
+    bytes("gelu_forward", sh, 2 * io, [&] { ops::gelu_forward(x, y, s); });
+    bytes("gelu_backward", sh, 3 * io, [&] { ops::gelu_backward(dy, x, dx, s); });
+    Tensor x2 = rnd({8192, 2 * 8192}, bf), y2 = rnd({8192, 8192}, bf),
+           dx2 = rnd({8192, 2 * 8192}, bf);
+    double io2 = 8192.0 * 8192 * 2;
+    bytes("swiglu_forward", "8192x(2x8192)", 3 * io2, [&] { ops::swiglu_forward(x2, y2, s); });
+    bytes("swiglu_backward", "8192x(2x8192)", 5 * io2,
+          [&] { ops::swiglu_backward(y2, x2, dx2, s); });
+  }
+  // ---- embedding, cross-entropy -------------------------------------------------------
+  {
+    const int64_t B = 16, S = 1024, H = 1024, V = 50304;
+    Tensor id = ids({B, S}, V), table = rnd({V, H}, bf), y = rnd({S, B, H}, bf);
+    Tensor dtable = rnd({V, H}, DType::F32);
+    std::string sh = fmt_shape({B, S, H}) + " V" + std::to_string(V);
+    double io = double(B) * S * H * 2;
+    bytes("embedding_forward", sh, 2 * io, [&] { ops::embedding_forward(id, table, 0, y, s); });
+    bytes("embedding_backward", sh, io * 5,
+          [&] { ops::embedding_backward(y, id, 0, dtable, s); });
+  }
+  {
+    const int64_t T = 8192, V = 50304;
+    Tensor logits = rnd({T, V}, bf, 4.f), tg = ids({T}, V);
+    Tensor mx = rnd({T}, DType::F32), se = rnd({T}, DType::F32), tl = rnd({T}, DType::F32),
+           loss = rnd({T}, DType::F32), dl = rnd({T}, DType::F32);
+    std::string sh = fmt_shape({T, V});
+    double io = double(T) * V * 2;
+    bytes("ce fwd (max+sumexp+loss)", sh, 2 * io, [&] {
+      ops::ce_row_max(logits, mx, s);
+      ops::ce_sum_exp_target(logits, mx, tg, 0, se, tl, s);
+      ops::ce_loss(mx, se, tl, loss, s);
+    });
+    bytes("ce_backward (in place)", sh, 2 * io,
+          [&] { ops::ce_backward(logits, mx, se, tg, 0, dl, logits, s); });
+  }
+  // ---- attention and RoPE ---------------------------------------------------------------
+  struct AC {
+    int64_t B, S, NH, NG, HD;
+  };
+  for (AC c : {AC{16, 1024, 16, 16, 64}, AC{8, 2048, 32, 8, 64}, AC{4, 2048, 16, 16, 128}}) {
+    ops::AttentionDims d;
+    d.S = c.S, d.B = c.B, d.NH = c.NH, d.NG = c.NG, d.HD = c.HD;
+    Tensor qkv = rnd({c.S, c.B, d.qkv_width()}, bf), out = rnd({c.S, c.B, c.NH * c.HD}, bf);
+    Tensor lse = rnd({c.B, c.NH, c.S}, DType::F32), dout = rnd(out.shape(), bf),
+           dqkv = rnd(qkv.shape(), bf);
+    double fwd = 2.0 * c.B * c.NH * double(c.S) * c.S * c.HD;  // causal: half of 4 B NH S^2 HD
+    std::string sh = "B" + std::to_string(c.B) + " S" + std::to_string(c.S) + " NH" +
+                     std::to_string(c.NH) + " NG" + std::to_string(c.NG) + " HD" +
+                     std::to_string(c.HD);
+    double sc = 1.0 / std::sqrt(double(c.HD));
+    flops("attention_forward", sh, fwd,
+          [&] { ops::attention_forward(qkv, d, sc, 0.0, {}, out, lse, s); });
+    flops("attention_backward", sh, 2.5 * fwd, [&] {
+      ops::attention_backward(dout, qkv, out, lse, d, sc, 0.0, {}, dqkv, s);
+    });
+    if (c.HD == 64 && c.NG == 8) {
+      double io = double(qkv.numel()) * 2 * 2;
+      bytes("rope_forward (in place)", sh, io,
+            [&] { ops::rope_forward(qkv, d, c.HD, 10000.0, 0, qkv, s); });
+    }
+  }
+  // ---- optimizer ------------------------------------------------------------------------
+  {
+    const int64_t n = 350'000'000;
+    Tensor p = rnd({n}, DType::F32), g = rnd({n}, DType::F32), m = rnd({n}, DType::F32, 0.1f),
+           v = rnd({n}, DType::F32, 0.01f);
+    // v must be >= 0
+    ops::scale(v, 0.0, s);
+    ops::AdamWParams ap;
+    ap.lr = 1e-4, ap.weight_decay = 0.1;
+    bytes("adamw_step f32", "350M params", double(n) * 4 * 7,
+          [&] { ops::adamw_step(p, g, m, v, ap, s); });
+  }
+  gpu::synchronize(s);
+  auto mem = gpu::memory_stats();
+
+  std::printf("\n| op | shape | time (ms) | rate |\n|---|---|---:|---:|\n");
+  for (const Row& r : g_rows)
+    std::printf("| %s | %s | %.3f | %.1f %s |\n", r.op.c_str(), r.shape.c_str(), r.ms, r.rate,
+                r.unit);
+  std::printf("\npeak tensor memory %.2f GiB, pool reserved peak %.2f GiB (%d runs, median)\n",
+              mem.peak / 1073741824.0, mem.reserved_peak / 1073741824.0, g_reps);
+  return 0;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU check, run on the GPU machine: configure for the H200 (sm_90a), build the CUDA
+# backend, its tests and the GPU benchmark, run every test labelled `gpu`, run the
+# benchmark, and print its table last. Installs nothing (the GPU machine has no network).
+#
+# What the GPU machine must have (checked 2026-11-29 on the `nvidia-h200` image: Ubuntu
+# 24.04, gcc 13, CMake 4.4, nvcc 13.0): the Debian/Ubuntu dev packages of
+# scripts/setup.sh that the core library needs (libopenblas-dev, libfmt-dev,
+# libspdlog-dev, nlohmann-json3-dev, libgtest-dev, libbenchmark-dev; all present in that
+# image), and cuDNN / NCCL from PyTorch's wheels (nvidia-cudnn-cu13, nvidia-nccl-cu13),
+# located below through python3. If a dev package is missing there, the configure step
+# fails naming it; carry its headers and libraries (from a matching Ubuntu 24.04 .deb,
+# unpacked with `dpkg -x` into a folder of the repository) and pass that folder as
+# CMAKE_PREFIX_PATH=... in the environment.
+#
+# Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+QUICK=${1:-}
+BUILD=${BUILD_DIR:-build-gpu}
+JOBS=${JOBS:-$(nproc)}
+LOGS=${OUT:-$BUILD/logs}
+mkdir -p "$LOGS"
+
+pyroot() {  # the folder of a (namespace) package of PyTorch's NVIDIA wheels, or nothing
+  python3 -c "import importlib, os, sys
+m = importlib.import_module('$1')
+print(m.__file__ and os.path.dirname(m.__file__) or list(m.__path__)[0])" 2>/dev/null
+}
+CUDNN_ROOT=${MCPP_CUDNN_ROOT:-$(pyroot nvidia.cudnn)}
+NCCL_ROOT=${MCPP_NCCL_ROOT:-$(pyroot nvidia.nccl)}
+echo "gpu-check: cuDNN at '${CUDNN_ROOT}', NCCL at '${NCCL_ROOT}'"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader || true
+
+EXTRA=()
+[[ -n "${CMAKE_PREFIX_PATH:-}" ]] && EXTRA+=(-DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH")
+set -e
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DMCPP_CUDNN_ROOT="$CUDNN_ROOT" -DMCPP_NCCL_ROOT="$NCCL_ROOT" "${EXTRA[@]}" \
+  2>&1 | tee "$LOGS/configure.log" | grep -E "megatron.cpp:|Error|error" || true
+time cmake --build "$BUILD" -j "$JOBS" --target test_gpu bench_gpu_ops 2>&1 \
+  | tee "$LOGS/build.log" | grep -E "error|warning: |FAILED" | head -50 || true
+test -x "$BUILD/tests/test_gpu" -a -x "$BUILD/bench/bench_gpu_ops" || {
+  echo "gpu-check: build failed (see $LOGS/build.log)"; tail -40 "$LOGS/build.log"; exit 1; }
+set +e
+export LD_LIBRARY_PATH="${CUDNN_ROOT:+$CUDNN_ROOT/lib:}${NCCL_ROOT:+$NCCL_ROOT/lib:}${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0
+
+# Tests: each gtest case is its own ctest entry (gtest_discover_tests); several at once
+# share the GPU fine at these sizes.
+ctest --test-dir "$BUILD" -L gpu --output-on-failure -j 8 --timeout 600 2>&1 \
+  | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
+test_rc=${PIPESTATUS[0]}
+
+"$BUILD/bench/bench_gpu_ops" $QUICK > "$LOGS/bench.md" 2> "$LOGS/bench.err"
+bench_rc=$?
+tail -5 "$LOGS/bench.err"
+echo
+echo "## GPU op benchmark ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+cat "$LOGS/bench.md"
+echo
+echo "gpu-check: tests rc=$test_rc, bench rc=$bench_rc"
+exit $((test_rc != 0 || bench_rc != 0))

@@ -1,0 +1,131 @@
+// GELU (tanh form) and SwiGLU, forward above backward. x, y, dy, dx: one activation
+// dtype (f32, bf16, f16), f32 arithmetic; every output is overwritten (`=`).
+//   gelu(x)  = 0.5 x (1 + tanh(k0 (x + k1 x^3))),  k0 = sqrt(2/pi), k1 = 0.044715
+//   gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2),  t = tanh(...)
+//   swiglu([g | u]) = silu(g) * u,  silu(g) = g * sigmoid(g)
+//   d/dg = dy * u * sigmoid(g) (1 + g (1 - sigmoid(g))),  d/du = dy * silu(g)
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+constexpr float kK0 = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kK1 = 0.044715f;
+
+__device__ __forceinline__ float gelu_f(float x) {
+  float t = tanhf(kK0 * (x + kK1 * x * x * x));
+  return 0.5f * x * (1.f + t);
+}
+__device__ __forceinline__ float gelu_grad_f(float x) {
+  float t = tanhf(kK0 * (x + kK1 * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kK0 * (1.f + 3.f * kK1 * x * x);
+}
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
+
+template <typename T>
+static __global__ void gelu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_f<T>(gelu_f(to_f(x[i])));
+}
+template <typename T>
+static __global__ void gelu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                       T* __restrict__ dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f(to_f(x[i])));
+}
+
+// x[T, 2F] = [gate | up]; y[T, F]. One thread per output element.
+template <typename T>
+static __global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
+                                         int64_t F) {
+  int64_t n = rows * F;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t r = i / F, f = i - r * F;
+    float g = to_f(x[r * 2 * F + f]), u = to_f(x[r * 2 * F + F + f]);
+    y[i] = from_f<T>(g * sigmoid_f(g) * u);
+  }
+}
+template <typename T>
+static __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                         T* __restrict__ dx, int64_t rows, int64_t F) {
+  int64_t n = rows * F;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t r = i / F, f = i - r * F;
+    float g = to_f(x[r * 2 * F + f]), u = to_f(x[r * 2 * F + F + f]);
+    float d = to_f(dy[i]), sg = sigmoid_f(g);
+    dx[r * 2 * F + f] = from_f<T>(d * u * sg * (1.f + g * (1.f - sg)));
+    dx[r * 2 * F + F + f] = from_f<T>(d * g * sg);
+  }
+}
+
+void check_same_act(const Tensor& a, const Tensor& b, const char* op, const char* na,
+                    const char* nb) {
+  check_cuda(a, op, na);
+  check_cuda(b, op, nb);
+  MCPP_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}; one activation dtype expected",
+             op, na, a.str(), nb, b.str());
+}
+
+}  // namespace
+
+void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  check_same_act(x, y, "gelu_forward", "x", "y");
+  check_numel(y, x.numel(), "gelu_forward", "y");
+  int64_t n = x.numel();
+  if (n == 0) return;
+  MCPP_DISPATCH_ACT(x.dtype(), "gelu_forward",
+                    gelu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+                        static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), n));
+  MCPP_LAUNCH_CHECK();
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  check_same_act(dy, x, "gelu_backward", "dy", "x");
+  check_same_act(dx, x, "gelu_backward", "dx", "x");
+  check_numel(dy, x.numel(), "gelu_backward", "dy");
+  check_numel(dx, x.numel(), "gelu_backward", "dx");
+  int64_t n = x.numel();
+  if (n == 0) return;
+  MCPP_DISPATCH_ACT(x.dtype(), "gelu_backward",
+                    gelu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+                        static_cast<const T*>(dy.raw()), static_cast<const T*>(x.raw()),
+                        static_cast<T*>(dx.raw()), n));
+  MCPP_LAUNCH_CHECK();
+}
+
+void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  check_same_act(x, y, "swiglu_forward", "x", "y");
+  int64_t W = x.size(-1);
+  MCPP_CHECK(W % 2 == 0, "swiglu_forward: x {} has an odd last dimension", x.str());
+  int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
+  check_numel(y, rows * F, "swiglu_forward", "y");
+  if (rows * F == 0) return;
+  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_forward",
+                    swiglu_fwd_kernel<T><<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(
+                        static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), rows, F));
+  MCPP_LAUNCH_CHECK();
+}
+
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  check_same_act(dy, x, "swiglu_backward", "dy", "x");
+  check_same_act(dx, x, "swiglu_backward", "dx", "x");
+  int64_t W = x.size(-1);
+  MCPP_CHECK(W % 2 == 0, "swiglu_backward: x {} has an odd last dimension", x.str());
+  int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
+  check_numel(dy, rows * F, "swiglu_backward", "dy");
+  check_numel(dx, x.numel(), "swiglu_backward", "dx");
+  if (rows * F == 0) return;
+  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_backward",
+                    swiglu_bwd_kernel<T><<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(
+                        static_cast<const T*>(dy.raw()), static_cast<const T*>(x.raw()),
+                        static_cast<T*>(dx.raw()), rows, F));
+  MCPP_LAUNCH_CHECK();
+}
+
+}  // namespace mcpp::ops::cuda

@@ -1,0 +1,71 @@
+// CUDA device set-up for the CUDA backend: device selection, the default stream, a
+// stream-ordered caching allocator (cudaMallocAsync on a pool that keeps freed memory)
+// registered as Tensor's CUDA allocator, memory statistics, and the error-check macros.
+//
+// Allocation order: a tensor is allocated and freed in the order of the *allocation
+// stream* (the default stream unless set_alloc_stream says otherwise). Memory freed on
+// the host is reused by later work on that stream only after the work already queued
+// there, so one stream needs no synchronisation. Work on another stream that reads a
+// tensor must be joined back (cudaStreamWaitEvent) before the tensor is freed, as with
+// PyTorch's record_stream.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "base/error.h"
+#include "tensor/tensor.h"
+
+namespace mcpp::ops::cuda {
+
+// Selects the device, creates the default stream and the memory pool, and registers the
+// allocator. Idempotent; the first call decides the device. Throws mcpp::Error when no
+// CUDA device is usable.
+void init_device(int ordinal = 0);
+bool device_available();  // true when a CUDA device is present (does not initialise)
+
+// The backend's default stream (non-blocking, created by init_device).
+Stream& default_stream();
+// A new non-blocking stream (never destroyed: streams live as long as the process).
+Stream new_stream();
+void synchronize(const Stream& s);
+// Tensors allocated from this thread from now on are ordered on `s`.
+void set_alloc_stream(const Stream& s);
+
+struct MemoryStats {
+  size_t in_use = 0;     // bytes held by live tensors
+  size_t peak = 0;       // high-water mark of in_use since the last reset
+  size_t reserved = 0;   // bytes the pool holds from the driver (live + cached)
+  size_t reserved_peak = 0;
+};
+MemoryStats memory_stats();
+void reset_peak_memory();
+// Returns cached, unused pool memory to the driver (e.g. before measuring).
+void trim_memory_pool();
+
+// A device scratch buffer shared by the ops of one stream order (cuBLASLt workspace);
+// grows on demand, never shrinks.
+void* workspace(size_t bytes, const Stream& s);
+
+// Error reporting with file:line (mcpp::Error).
+[[noreturn]] void cuda_fail(const char* file, int line, const char* expr, int code,
+                            const char* name, const char* msg);
+
+}  // namespace mcpp::ops::cuda
+
+#define CUDA_CHECK(expr)                                                              \
+  do {                                                                                \
+    cudaError_t mcpp_err_ = (expr);                                                   \
+    if (mcpp_err_ != cudaSuccess) [[unlikely]]                                        \
+      ::mcpp::ops::cuda::cuda_fail(__FILE__, __LINE__, #expr, int(mcpp_err_),         \
+                                   cudaGetErrorName(mcpp_err_),                       \
+                                   cudaGetErrorString(mcpp_err_));                    \
+  } while (0)
+
+#define CUBLAS_CHECK(expr)                                                            \
+  do {                                                                                \
+    cublasStatus_t mcpp_st_ = (expr);                                                 \
+    if (mcpp_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                               \
+      ::mcpp::ops::cuda::cuda_fail(__FILE__, __LINE__, #expr, int(mcpp_st_),          \
+                                   cublasGetStatusName(mcpp_st_),                     \
+                                   cublasGetStatusString(mcpp_st_));                  \
+  } while (0)

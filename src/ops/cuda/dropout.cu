@@ -1,0 +1,155 @@
+// Dropout with the mask drawn from Philox over the element's *global* index (types.h):
+// keep iff Philox::uniform(seed, stream, global_index) >= p, kept values scaled by
+// 1/(1-p). The same function as the CPU backend, so any partition of a tensor, on any
+// backend, drops the same elements. The mask is never stored; backward redraws it.
+// x, dout, dx: activation dtype; residual and out: one activation dtype (may differ
+// from x's). out = residual + dropout(x) (`=`; out may alias residual).
+#include <cmath>
+
+#include "base/philox.h"
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+struct Index3 {
+  int64_t d1, d2;      // local inner dims
+  int64_t o0, o1, o2;  // offsets of the local block
+  int64_t G1, G2;      // global inner dims
+  __device__ __forceinline__ uint64_t global(int64_t i) const {
+    int64_t i2 = i % d2, r = i / d2;
+    int64_t i1 = r % d1, i0 = r / d1;
+    return uint64_t(((i0 + o0) * G1 + (i1 + o1)) * G2 + (i2 + o2));
+  }
+};
+
+// The 24-bit draws of the 4 consecutive local elements [4j, 4j + 4). When they are 4
+// consecutive global indices starting at a multiple of 4 (same row, aligned: the usual
+// case for H % 4 == 0), one Philox block serves all four lanes, exactly as Philox::u32
+// assigns them; otherwise each element is drawn on its own.
+__device__ __forceinline__ void draw4(uint64_t seed, uint64_t stream, const Index3& ix,
+                                      int64_t i0, int64_t n, uint32_t (&u)[4]) {
+  uint64_t g0 = ix.global(i0);
+  if (ix.d2 % 4 == 0 && (g0 & 3) == 0 && i0 + 3 < n) {
+    uint32_t c[4] = {uint32_t(g0 >> 2), uint32_t(g0 >> 34), uint32_t(stream),
+                     uint32_t(stream >> 32)};
+    Philox::block(c, uint32_t(seed), uint32_t(seed >> 32));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) u[k] = c[k] >> 8;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      u[k] = i0 + k < n ? Philox::u32(seed, stream, ix.global(i0 + k)) >> 8 : 0u;
+  }
+}
+
+// keep iff uniform >= p, with uniform = u / 2^24: u >= ceil(p 2^24) (exact, as the CPU).
+template <typename TX, typename TO>
+static __global__ void dropout_add_kernel(const TX* __restrict__ x, const TO* residual, TO* out,
+                                          int64_t n, uint32_t threshold, bool drop, float scale,
+                                          uint64_t seed, uint64_t stream, Index3 ix) {
+  int64_t groups = (n + 3) / 4;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < groups;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t u[4] = {threshold, threshold, threshold, threshold};
+    if (drop) draw4(seed, stream, ix, 4 * j, n, u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int64_t i = 4 * j + k;
+      if (i >= n) break;
+      float v = to_f(x[i]);
+      if (drop) v = u[k] >= threshold ? v * scale : 0.f;
+      if (residual) v += to_f(residual[i]);
+      out[i] = from_f<TO>(v);
+    }
+  }
+}
+
+template <typename T>
+static __global__ void dropout_bwd_kernel(const T* __restrict__ dout, T* dx, int64_t n,
+                                          uint32_t threshold, bool drop, float scale,
+                                          uint64_t seed, uint64_t stream, Index3 ix) {
+  int64_t groups = (n + 3) / 4;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < groups;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t u[4] = {threshold, threshold, threshold, threshold};
+    if (drop) draw4(seed, stream, ix, 4 * j, n, u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int64_t i = 4 * j + k;
+      if (i >= n) break;
+      float v = to_f(dout[i]);
+      if (drop) v = u[k] >= threshold ? v * scale : 0.f;
+      dx[i] = from_f<T>(v);
+    }
+  }
+}
+
+Index3 make_index(const Tensor& x, const GlobalIndex3& g, const char* op) {
+  MCPP_CHECK(x.dim() == 3, "{}: x is {}; a 3-D [d0, d1, d2] tensor is expected", op, x.str());
+  Index3 ix;
+  ix.d1 = x.size(1), ix.d2 = x.size(2);
+  ix.o0 = g.offset[0], ix.o1 = g.offset[1], ix.o2 = g.offset[2];
+  ix.G1 = g.global[1], ix.G2 = g.global[2];
+  MCPP_CHECK(g.global[0] >= x.size(0) + g.offset[0] && ix.G1 >= ix.d1 + ix.o1 &&
+                 ix.G2 >= ix.d2 + ix.o2,
+             "{}: local block {} at offset ({}, {}, {}) does not fit the global shape [{}, {}, "
+             "{}]",
+             op, x.str(), g.offset[0], g.offset[1], g.offset[2], g.global[0], g.global[1],
+             g.global[2]);
+  return ix;
+}
+
+}  // namespace
+
+void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, DropoutKey key,
+                         const GlobalIndex3& g, Tensor& out, Stream& s) {
+  const char* op = "dropout_add_forward";
+  check_cuda(x, op, "x");
+  check_cuda(out, op, "out");
+  check_numel(out, x.numel(), op, "out");
+  MCPP_CHECK(p >= 0 && p <= 1, "{}: dropout probability {} outside [0, 1]", op, p);
+  if (residual.defined()) {
+    check_cuda(residual, op, "residual");
+    check_numel(residual, x.numel(), op, "residual");
+    MCPP_CHECK(residual.dtype() == out.dtype(), "{}: residual is {}, out is {}; one dtype", op,
+               residual.str(), out.str());
+  }
+  Index3 ix = p > 0 ? make_index(x, g, op) : Index3{1, 1, 0, 0, 0, 1, 1};
+  int64_t n = x.numel();
+  if (n == 0) return;
+  float scale = p < 1 ? float(1.0 / (1.0 - p)) : 0.f;
+  uint32_t threshold = uint32_t(std::ceil(p * 16777216.0));
+  MCPP_DISPATCH_ACT(x.dtype(), op, MCPP_DISPATCH_ACT2(out.dtype(), op, {
+    dropout_add_kernel<T, T2><<<grid_for((n + 3) / 4, 256), 256, 0, stream_of(s)>>>(
+        static_cast<const T*>(x.raw()),
+        residual.defined() ? static_cast<const T2*>(residual.raw()) : nullptr,
+        static_cast<T2*>(out.raw()), n, threshold, p > 0, scale, key.seed, key.stream, ix);
+  }));
+  MCPP_LAUNCH_CHECK();
+}
+
+void dropout_backward(const Tensor& dout, double p, DropoutKey key, const GlobalIndex3& g,
+                      Tensor& dx, Stream& s) {
+  const char* op = "dropout_backward";
+  check_cuda(dout, op, "dout");
+  check_cuda(dx, op, "dx");
+  check_numel(dx, dout.numel(), op, "dx");
+  MCPP_CHECK(dx.dtype() == dout.dtype(), "{}: dx is {}, dout is {}; one dtype", op, dx.str(),
+             dout.str());
+  MCPP_CHECK(p >= 0 && p <= 1, "{}: dropout probability {} outside [0, 1]", op, p);
+  Index3 ix = p > 0 ? make_index(dout, g, op) : Index3{1, 1, 0, 0, 0, 1, 1};
+  int64_t n = dout.numel();
+  if (n == 0) return;
+  float scale = p < 1 ? float(1.0 / (1.0 - p)) : 0.f;
+  uint32_t threshold = uint32_t(std::ceil(p * 16777216.0));
+  MCPP_DISPATCH_ACT(dout.dtype(), op,
+                    dropout_bwd_kernel<T><<<grid_for((n + 3) / 4, 256), 256, 0, stream_of(s)>>>(
+                        static_cast<const T*>(dout.raw()), static_cast<T*>(dx.raw()), n,
+                        threshold, p > 0, scale, key.seed, key.stream, ix));
+  MCPP_LAUNCH_CHECK();
+}
+
+}  // namespace mcpp::ops::cuda

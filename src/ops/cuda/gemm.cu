@@ -1,0 +1,258 @@
+// GEMM and linear layers through cuBLASLt. A, B: f32, bf16 or f16 (one dtype); C: A's
+// dtype or f32 (bf16 activations with f32 parameter gradients: dw += dy^T x runs with
+// beta = 1 on an f32 output). f32 accumulation always; f32 inputs use full-precision f32
+// (set MCPP_ALLOW_TF32=1 for TF32). The bias add runs in the GEMM's epilogue when the
+// bias has the output's dtype, else in a small kernel; db += sum_t dy uses the
+// deterministic column reduction. The algorithm found by the heuristic is cached per
+// (shape, dtypes, transposes, epilogue, pointer alignments).
+//
+// Row-major to cuBLAS's column-major: row-major C[M,N] = op(A)[M,K] op(B)[K,N] is
+// column-major C^T[N,M] = op(B)^T op(A)^T, so cuBLASLt gets m = N, n = M, with B's
+// memory as its first operand and A's as its second.
+#include <cublasLt.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/reduce.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+cudaDataType_t cuda_type(DType t, const char* op) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: MCPP_FAIL("{}: dtype {} not supported by the CUDA GEMM (f32, bf16, f16 are)", op,
+                       dtype_name(t));
+  }
+}
+
+cublasLtHandle_t lt_handle() {
+  static cublasLtHandle_t h = [] {
+    cublasLtHandle_t x;
+    CUBLAS_CHECK(cublasLtCreate(&x));
+    return x;
+  }();
+  return h;
+}
+
+bool allow_tf32() {
+  static bool v = [] {
+    const char* e = std::getenv("MCPP_ALLOW_TF32");
+    return e && e[0] == '1';
+  }();
+  return v;
+}
+
+uint32_t alignment(const void* p) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al >>= 1;
+  return al;
+}
+
+using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
+                           uint32_t, uint32_t, uint32_t>;
+
+struct AlgoCache {
+  std::mutex mu;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+};
+AlgoCache& algo_cache() {
+  static AlgoCache* c = new AlgoCache;
+  return *c;
+}
+
+// RAII for the cuBLASLt descriptors of one call.
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~LtDescs() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// Row-major C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] when bias != null).
+void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+               DType at, const void* B, DType bt, float beta, void* C, DType ct,
+               const void* bias, Stream& s, const char* op) {
+  MCPP_CHECK(at == bt, "{}: A is {} but B is {}; GEMM operands must share a dtype", op,
+             dtype_name(at), dtype_name(bt));
+  MCPP_CHECK(ct == at || ct == DType::F32, "{}: output {} for {} inputs; {} or f32 expected", op,
+             dtype_name(ct), dtype_name(at), dtype_name(at));
+  if (M == 0 || N == 0) return;
+  cudaDataType_t in_t = cuda_type(at, op), out_t = cuda_type(ct, op);
+  cublasComputeType_t compute = (at == DType::F32 && allow_tf32())
+                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                    : CUBLAS_COMPUTE_32F;
+  LtDescs d;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A = our B
+  cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's B = our A
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
+                                              sizeof(opa)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
+                                              sizeof(opb)));
+  cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                              sizeof(epi)));
+  if (bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  // Stored (column-major) shapes of cuBLAS's A (= our B), B (= our A), C.
+  uint64_t a_rows = tb ? K : N, a_cols = tb ? N : K;
+  uint64_t b_rows = ta ? M : K, b_cols = ta ? K : M;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, in_t, a_rows, a_cols, int64_t(a_rows)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, in_t, b_rows, b_cols, int64_t(b_rows)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_t, N, M, N));
+
+  uint32_t al_a = alignment(B), al_b = alignment(A), al_c = alignment(C),
+           al_bias = bias ? alignment(bias) : 256;
+  AlgoKey key{ta, tb, M, N, K, int(at), int(ct), int(epi), int(compute), beta != 0.f, al_a,
+              al_b, al_c, al_bias};
+  cublasLtMatmulAlgo_t algo;
+  bool found = false;
+  {
+    AlgoCache& cache = algo_cache();
+    std::lock_guard<std::mutex> lk(cache.mu);
+    auto it = cache.algos.find(key);
+    if (it != cache.algos.end()) algo = it->second, found = true;
+  }
+  if (!found) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                         sizeof(al_a));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                         sizeof(al_b));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                         sizeof(al_c));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                         sizeof(al_c));
+    cublasLtMatmulHeuristicResult_t res{};
+    int n_res = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(), d.op, d.a, d.b, d.c, d.c,
+                                                       pref, 1, &res, &n_res);
+    cublasLtMatmulPreferenceDestroy(pref);
+    MCPP_CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
+               "{}: cuBLASLt has no algorithm for [{}x{}]x[{}x{}] {}{} -> {} ({})", op, M, K, K,
+               N, dtype_name(at), bias ? " with bias" : "", dtype_name(ct),
+               cublasGetStatusString(st));
+    algo = res.algo;
+    AlgoCache& cache = algo_cache();
+    std::lock_guard<std::mutex> lk(cache.mu);
+    cache.algos[key] = algo;
+  }
+  void* ws = workspace(kWorkspaceBytes, s);
+  CUBLAS_CHECK(cublasLtMatmul(lt_handle(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
+                              &algo, ws, kWorkspaceBytes, stream_of(s)));
+}
+
+// y[T, N] += b[N] (b of any float dtype), for biases whose dtype the epilogue can't take.
+template <typename T, typename TB>
+static __global__ void add_bias_kernel(T* y, const TB* __restrict__ b, int64_t rows, int64_t N) {
+  int64_t n = rows * N;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_f<T>(to_f(y[i]) + to_f(b[i % N]));
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
+          double beta, Tensor& C, Stream& s) {
+  const char* op = "gemm";
+  check_cuda(A, op, "A");
+  check_cuda(B, op, "B");
+  check_cuda(C, op, "C");
+  MCPP_CHECK(A.dim() == 2 && B.dim() == 2 && C.dim() == 2, "{}: 2-D operands expected, got {}, "
+             "{}, {}", op, A.str(), B.str(), C.str());
+  int64_t M = trans_a ? A.size(1) : A.size(0), K = trans_a ? A.size(0) : A.size(1);
+  int64_t Kb = trans_b ? B.size(1) : B.size(0), N = trans_b ? B.size(0) : B.size(1);
+  MCPP_CHECK(K == Kb && C.size(0) == M && C.size(1) == N,
+             "{}: shapes do not match: op(A) [{}, {}], op(B) [{}, {}], C {}", op, M, K, Kb, N,
+             C.str());
+  if (K == 0) {
+    scale(C, beta, s);
+    return;
+  }
+  lt_matmul(trans_a, trans_b, M, N, K, float(alpha), A.raw(), A.dtype(), B.raw(), B.dtype(),
+            float(beta), C.raw(), C.dtype(), nullptr, s, op);
+}
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Stream& s) {
+  const char* op = "linear_forward";
+  check_cuda(x, op, "x");
+  check_cuda(w, op, "w");
+  check_cuda(y, op, "y");
+  MCPP_CHECK(w.dim() == 2, "{}: w is {}; [out, in] expected", op, w.str());
+  int64_t out = w.size(0), in = w.size(1);
+  MCPP_CHECK(x.size(-1) == in, "{}: x {} does not match w {} (in = {})", op, x.str(), w.str(),
+             in);
+  int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  check_numel(y, rows * out, op, "y");
+  bool fuse_bias = b.defined() && b.dtype() == y.dtype();
+  if (b.defined()) {
+    check_cuda(b, op, "b");
+    check_numel(b, out, op, "b");
+  }
+  lt_matmul(false, true, rows, out, in, 1.f, x.raw(), x.dtype(), w.raw(), w.dtype(), 0.f, y.raw(),
+            y.dtype(), fuse_bias ? b.raw() : nullptr, s, op);
+  if (b.defined() && !fuse_bias && rows * out > 0) {
+    MCPP_DISPATCH_ACT(y.dtype(), op, MCPP_DISPATCH_ACT2(b.dtype(), op, {
+      add_bias_kernel<T, T2><<<grid_for(rows * out, 256), 256, 0, stream_of(s)>>>(
+          static_cast<T*>(y.raw()), static_cast<const T2*>(b.raw()), rows, out);
+    }));
+    MCPP_LAUNCH_CHECK();
+  }
+}
+
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx,
+                     bool accumulate_dx, Tensor& dw, Tensor& db, Stream& s) {
+  const char* op = "linear_backward";
+  check_cuda(dy, op, "dy");
+  check_cuda(x, op, "x");
+  check_cuda(w, op, "w");
+  int64_t out = w.size(0), in = w.size(1);
+  int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  check_numel(dy, rows * out, op, "dy");
+  if (dx.defined()) {
+    check_cuda(dx, op, "dx");
+    check_numel(dx, rows * in, op, "dx");
+    // dx[T, in] (+)= dy[T, out] @ w[out, in]
+    lt_matmul(false, false, rows, in, out, 1.f, dy.raw(), dy.dtype(), w.raw(), w.dtype(),
+              accumulate_dx ? 1.f : 0.f, dx.raw(), dx.dtype(), nullptr, s, op);
+  }
+  if (dw.defined()) {
+    check_cuda(dw, op, "dw");
+    check_numel(dw, out * in, op, "dw");
+    // dw[out, in] += dy[T, out]^T @ x[T, in]
+    lt_matmul(true, false, out, in, rows, 1.f, dy.raw(), dy.dtype(), x.raw(), x.dtype(), 1.f,
+              dw.raw(), dw.dtype(), nullptr, s, op);
+  }
+  if (db.defined()) {
+    check_f32(db, op, "db");
+    check_numel(db, out, op, "db");
+    MCPP_DISPATCH_ACT(dy.dtype(), op, {
+      ColSum<T> f{static_cast<const T*>(dy.raw()), out};
+      column_reduce_add<1>(f, rows, out, static_cast<float*>(db.raw()), nullptr, stream_of(s));
+    });
+  }
+}
+
+}  // namespace mcpp::ops::cuda

@@ -1,0 +1,98 @@
+// Rotary position embedding, Megatron's non-interleaved rotate-half form, applied in
+// place on the grouped qkv layout [S, B, NG, NH/NG + 2, HD] to every query and key head;
+// value heads and dims >= rot_dim pass through. With h = rot_dim / 2 and
+// angle(s, i) = (s + s_offset) * base^(-2i / rot_dim), i < h:
+//   out[i]     = x[i] cos - x[i + h] sin
+//   out[i + h] = x[i + h] cos + x[i] sin
+// Backward applies the inverse rotation (sin -> -sin) to the gradient.
+// The cos/sin table is computed in f64 (angles reach thousands of radians) and kept f32.
+#include <cmath>
+
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+static __global__ void rope_table_kernel(float2* table, int64_t S, int64_t half, double base,
+                                         int64_t off, int64_t rot_dim) {
+  int64_t n = S * half;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    int64_t s = k / half, i = k - s * half;
+    double inv_freq = pow(base, -2.0 * double(i) / double(rot_dim));
+    double a = double(s + off) * inv_freq;
+    table[k] = make_float2(float(cos(a)), float(sin(a)));
+  }
+}
+
+template <typename T>
+static __global__ void rope_kernel(const T* in, T* out, const float2* __restrict__ table,
+                                   int64_t S, int64_t B, int64_t NG, int64_t QPG, int64_t HD,
+                                   int64_t half, float sign) {
+  // One thread per (s, b, g, head j < QPG + 1, i < half).
+  int64_t heads = QPG + 1;
+  int64_t n = S * B * NG * heads * half;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    int64_t i = k % half, r = k / half;
+    int64_t j = r % heads;
+    r /= heads;
+    int64_t g = r % NG;
+    r /= NG;  // r = s * B + b
+    int64_t s = r / B;
+    int64_t base = ((r * NG + g) * (QPG + 2) + j) * HD;
+    float2 cs = table[s * half + i];
+    float sn = sign * cs.y;
+    float x1 = to_f(in[base + i]), x2 = to_f(in[base + i + half]);
+    out[base + i] = from_f<T>(x1 * cs.x - x2 * sn);
+    out[base + i + half] = from_f<T>(x2 * cs.x + x1 * sn);
+  }
+}
+
+void rope_apply(const Tensor& in, const AttentionDims& d, int64_t rot_dim, double base,
+                int64_t s_offset, Tensor& out, Stream& s, float sign, const char* op) {
+  check_cuda(in, op, "input");
+  check_cuda(out, op, "output");
+  MCPP_CHECK(in.dtype() == out.dtype(), "{}: input {} and output {} differ in dtype", op,
+             in.str(), out.str());
+  MCPP_CHECK(d.NG > 0 && d.NH % d.NG == 0, "{}: NH {} is not a multiple of NG {}", op, d.NH,
+             d.NG);
+  int64_t n = d.S * d.B * d.qkv_width();
+  check_numel(in, n, op, "input");
+  check_numel(out, n, op, "output");
+  MCPP_CHECK(rot_dim > 0 && rot_dim <= d.HD && rot_dim % 2 == 0,
+             "{}: rot_dim {} must be even and in (0, HD={}]", op, rot_dim, d.HD);
+  cudaStream_t cs = stream_of(s);
+  if (n == 0) return;
+  if (out.raw() != in.raw())
+    CUDA_CHECK(cudaMemcpyAsync(out.raw(), in.raw(), in.nbytes(), cudaMemcpyDeviceToDevice, cs));
+  int64_t half = rot_dim / 2;
+  Tensor table = Tensor::empty({d.S, half, 2}, DType::F32, Device::CUDA);
+  float2* tp = static_cast<float2*>(table.raw());
+  rope_table_kernel<<<grid_for(d.S * half, 256), 256, 0, cs>>>(tp, d.S, half, base, s_offset,
+                                                               rot_dim);
+  MCPP_LAUNCH_CHECK();
+  int64_t QPG = d.NH / d.NG;
+  int64_t work = d.S * d.B * d.NG * (QPG + 1) * half;
+  MCPP_DISPATCH_ACT(in.dtype(), op,
+                    rope_kernel<T><<<grid_for(work, 256), 256, 0, cs>>>(
+                        static_cast<const T*>(in.raw()), static_cast<T*>(out.raw()), tp, d.S,
+                        d.B, d.NG, QPG, d.HD, half, sign));
+  MCPP_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
+                  int64_t s_offset, Tensor& qkv_out, Stream& s) {
+  rope_apply(qkv_in, d, rot_dim, base, s_offset, qkv_out, s, 1.f, "rope_forward");
+}
+
+void rope_backward(const Tensor& dqkv_out, const AttentionDims& d, int64_t rot_dim, double base,
+                   int64_t s_offset, Tensor& dqkv_in, Stream& s) {
+  rope_apply(dqkv_out, d, rot_dim, base, s_offset, dqkv_in, s, -1.f, "rope_backward");
+}
+
+}  // namespace mcpp::ops::cuda

@@ -1,0 +1,445 @@
+// Every CUDA op against the CPU op on random data (see gpu_test_util.h), for f32 and
+// bf16 activations (f16 where it is cheap), forward and backward.
+#include <cmath>
+#include <vector>
+
+#include "gpu_test_util.h"
+
+namespace mcpp::test {
+namespace {
+
+class GpuOp : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { MCPP_REQUIRE_GPU(); }
+  DType dt() const { return GetParam(); }
+};
+
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& i) {
+  return std::string(dtype_name(i.param));
+}
+
+// ---- device, allocator, copies ------------------------------------------------------
+
+TEST(GpuDevice, AllocatorTracksPeakAndReuses) {
+  MCPP_REQUIRE_GPU();
+  gpu::synchronize(GS());
+  gpu::reset_peak_memory();
+  auto before = gpu::memory_stats();
+  {
+    Tensor a = Tensor::empty({1 << 20}, DType::F32, Device::CUDA);
+    auto mid = gpu::memory_stats();
+    EXPECT_GE(mid.in_use, before.in_use + (4u << 20));
+    EXPECT_GE(mid.peak, mid.in_use);
+  }
+  auto after = gpu::memory_stats();
+  EXPECT_EQ(after.in_use, before.in_use);
+  EXPECT_GE(after.peak, before.in_use + (4u << 20));
+}
+
+TEST(GpuDevice, CopyCastsMatchHostRounding) {
+  MCPP_REQUIRE_GPU();
+  Tensor x = rand_f32({1000}, 1, -100.f, 100.f);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    Tensor g = to_gpu(x, dt);
+    Tensor raw = Tensor::empty({1000}, dt);
+    gpu::copy(g, raw, GS());  // device -> host, same dtype
+    Tensor back = to_cpu(g);  // device cast to f32 -> host
+    const uint16_t* r = static_cast<const uint16_t*>(raw.raw());
+    const float* xs = static_cast<const float*>(x.raw());
+    const float* bs = static_cast<const float*>(back.raw());
+    for (int i = 0; i < 1000; ++i) {
+      uint16_t want = dt == DType::BF16 ? float_to_bf16(xs[i]) : float_to_f16(xs[i]);
+      ASSERT_EQ(r[i], want) << i;
+      float wf = dt == DType::BF16 ? bf16_to_float(want) : f16_to_float(want);
+      ASSERT_EQ(bs[i], wf) << i;
+    }
+  }
+  // Integers and device-to-device.
+  std::vector<int64_t> ids = {0, 5, -3, 1 << 20};
+  Tensor ci = Tensor::from(ids, {4});
+  Tensor gi = Tensor::empty({4}, DType::I32, Device::CUDA);
+  gpu::copy(ci, gi, GS());
+  Tensor gi2 = Tensor::empty({4}, DType::I32, Device::CUDA);
+  gpu::copy(gi, gi2, GS());
+  Tensor back = to_cpu(gi2);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(static_cast<int32_t*>(back.raw())[i], ids[i]);
+}
+
+TEST_P(GpuOp, ElementwiseAddAxpyScaleFill) {
+  const int64_t n = 100003;  // odd: exercises the vector tails
+  Tensor a = rand_in({n}, 2, dt()), b = rand_in({n}, 3, dt());
+  Tensor ga = to_gpu(a, dt()), gb = to_gpu(b, dt()), go = gpu_nan({n}, dt());
+  gpu::add(ga, gb, go, GS());
+  Tensor co = Tensor::empty({n}, DType::F32);
+  cpu::add(a, b, co, CS());
+  EXPECT_CLOSE(go, co, dt());
+
+  // axpy into an f32 accumulator from an activation-dtype x (mixed dtypes).
+  Tensor y = rand_f32({n}, 4);
+  Tensor gy = to_gpu(y, DType::F32);
+  gpu::axpy(0.37, ga, gy, GS());
+  cpu::axpy(0.37, a, y, CS());
+  EXPECT_CLOSE(gy, y, DType::F32);
+
+  gpu::scale(ga, -1.5, GS());
+  cpu::scale(a, -1.5, CS());
+  EXPECT_CLOSE(ga, a, dt());
+
+  gpu::fill(gb, 0.25, GS());
+  Tensor cb = to_cpu(gb);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(static_cast<float*>(cb.raw())[i], 0.25f);
+}
+
+TEST(GpuOpF32, SumSquaresAndNonfinite) {
+  MCPP_REQUIRE_GPU();
+  Tensor x = rand_f32({1 << 20}, 5);
+  Tensor g = to_gpu(x, DType::F32);
+  double want = cpu::sum_squares(x, CS());
+  double got = gpu::sum_squares(g, GS());
+  EXPECT_NEAR(got, want, 1e-9 * want);
+  EXPECT_EQ(gpu::sum_squares(g, GS()), got);  // bitwise reproducible
+  EXPECT_FALSE(gpu::has_nonfinite(g, GS()));
+  static_cast<float*>(x.raw())[12345] = INFINITY;
+  EXPECT_TRUE(gpu::has_nonfinite(to_gpu(x, DType::F32), GS()));
+  static_cast<float*>(x.raw())[12345] = std::nanf("");
+  EXPECT_TRUE(gpu::has_nonfinite(to_gpu(x, DType::BF16), GS()));
+}
+
+// ---- GEMM and linear ----------------------------------------------------------------
+
+TEST_P(GpuOp, GemmAllTransposes) {
+  const int64_t M = 67, N = 130, K = 95;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      Tensor A = rand_in(ta ? Shape{K, M} : Shape{M, K}, 10 + ta, dt());
+      Tensor B = rand_in(tb ? Shape{N, K} : Shape{K, N}, 20 + tb, dt());
+      Tensor C = rand_in({M, N}, 30, dt());
+      Tensor gC = to_gpu(C, dt());
+      gpu::gemm(ta, tb, 0.5, to_gpu(A, dt()), to_gpu(B, dt()), 0.25, gC, GS());
+      cpu::gemm(ta, tb, 0.5, A, B, 0.25, C, CS());
+      EXPECT_CLOSE(gC, C, dt()) << "ta=" << ta << " tb=" << tb;
+      // f32 output from low-precision inputs (the parameter-gradient case).
+      Tensor C32 = rand_f32({M, N}, 31);
+      Tensor gC32 = to_gpu(C32, DType::F32);
+      gpu::gemm(ta, tb, 1.0, to_gpu(A, dt()), to_gpu(B, dt()), 1.0, gC32, GS());
+      cpu::gemm(ta, tb, 1.0, A, B, 1.0, C32, CS());
+      EXPECT_CLOSE(gC32, C32, DType::F32 == dt() ? DType::F32 : DType::F16);
+    }
+}
+
+TEST_P(GpuOp, LinearForwardBackward) {
+  const int64_t S = 13, B = 3, in = 96, out = 72;
+  Tensor x = rand_in({S, B, in}, 40, dt()), w = rand_in({out, in}, 41, dt(), -0.2f, 0.2f);
+  for (DType bias_dt : {dt(), DType::F32}) {
+    Tensor b = rand_in({out}, 42, dt());
+    Tensor gy = gpu_nan({S, B, out}, dt());
+    gpu::linear_forward(to_gpu(x, dt()), to_gpu(w, dt()), to_gpu(b, bias_dt), gy, GS());
+    Tensor y = Tensor::empty({S, B, out}, DType::F32);
+    cpu::linear_forward(x, w, b, y, CS());
+    EXPECT_CLOSE(gy, y, dt()) << "bias " << dtype_name(bias_dt);
+  }
+  Tensor dy = rand_in({S, B, out}, 43, dt());
+  for (bool acc : {false, true}) {
+    Tensor dx = rand_in({S, B, in}, 44, dt()), dw = rand_f32({out, in}, 45),
+           db = rand_f32({out}, 46);
+    Tensor gdx = acc ? to_gpu(dx, dt()) : gpu_nan({S, B, in}, dt());
+    Tensor gdw = to_gpu(dw, DType::F32), gdb = to_gpu(db, DType::F32);
+    gpu::linear_backward(to_gpu(dy, dt()), to_gpu(x, dt()), to_gpu(w, dt()), gdx, acc, gdw, gdb,
+                         GS());
+    cpu::linear_backward(dy, x, w, dx, acc, dw, db, CS());
+    EXPECT_CLOSE(gdx, dx, dt());
+    EXPECT_CLOSE(gdw, dw, DType::F32 == dt() ? DType::F32 : DType::F16);
+    EXPECT_CLOSE(gdb, db, DType::F32 == dt() ? DType::F32 : DType::F16);
+  }
+}
+
+// ---- norms and activations ----------------------------------------------------------
+
+TEST_P(GpuOp, LayerNormForwardBackward) {
+  const int64_t T = 77, H = 160;
+  Tensor x = rand_in({T, H}, 50, dt(), -2.f, 3.f), w = rand_in({H}, 51, dt()),
+         b = rand_in({H}, 52, dt());
+  Tensor y = Tensor::empty({T, H}, DType::F32), mean = Tensor::empty({T}, DType::F32),
+         rstd = Tensor::empty({T}, DType::F32);
+  cpu::layernorm_forward(x, w, b, 1e-5, y, mean, rstd, CS());
+  Tensor gx = to_gpu(x, dt()), gw = to_gpu(w, DType::F32), gb = to_gpu(b, dt());
+  Tensor gy = gpu_nan({T, H}, dt()), gm = gpu_nan({T}, DType::F32), gr = gpu_nan({T}, DType::F32);
+  gpu::layernorm_forward(gx, gw, gb, 1e-5, gy, gm, gr, GS());
+  EXPECT_CLOSE(gy, y, dt());
+  EXPECT_CLOSE(gm, mean, DType::F32);
+  EXPECT_CLOSE(gr, rstd, DType::F32);
+
+  Tensor dy = rand_in({T, H}, 53, dt());
+  Tensor dx = rand_in({T, H}, 54, dt()), dw = rand_f32({H}, 55), db = rand_f32({H}, 56);
+  Tensor gdx = to_gpu(dx, dt()), gdw = to_gpu(dw, DType::F32), gdb = to_gpu(db, DType::F32);
+  // Backward from the CPU's statistics so that both sides use the same mean/rstd.
+  gpu::layernorm_backward(to_gpu(dy, dt()), gx, gw, to_gpu(mean, DType::F32),
+                          to_gpu(rstd, DType::F32), gdx, true, gdw, gdb, GS());
+  cpu::layernorm_backward(dy, x, w, mean, rstd, dx, true, dw, db, CS());
+  EXPECT_CLOSE(gdx, dx, dt());
+  EXPECT_CLOSE(gdw, dw, dt() == DType::F32 ? DType::F32 : DType::F16);
+  EXPECT_CLOSE(gdb, db, dt() == DType::F32 ? DType::F32 : DType::F16);
+}
+
+TEST_P(GpuOp, RMSNormForwardBackward) {
+  const int64_t T = 45, H = 1000;
+  Tensor x = rand_in({T, H}, 60, dt(), -2.f, 3.f), w = rand_in({H}, 61, dt());
+  Tensor y = Tensor::empty({T, H}, DType::F32), rstd = Tensor::empty({T}, DType::F32);
+  cpu::rmsnorm_forward(x, w, 1e-6, y, rstd, CS());
+  Tensor gx = to_gpu(x, dt()), gw = to_gpu(w, dt());
+  Tensor gy = gpu_nan({T, H}, dt()), gr = gpu_nan({T}, DType::F32);
+  gpu::rmsnorm_forward(gx, gw, 1e-6, gy, gr, GS());
+  EXPECT_CLOSE(gy, y, dt());
+  EXPECT_CLOSE(gr, rstd, DType::F32);
+  Tensor dy = rand_in({T, H}, 62, dt());
+  Tensor dx = Tensor::empty({T, H}, DType::F32), dw = rand_f32({H}, 63);
+  Tensor gdx = gpu_nan({T, H}, dt()), gdw = to_gpu(dw, DType::F32);
+  gpu::rmsnorm_backward(to_gpu(dy, dt()), gx, gw, to_gpu(rstd, DType::F32), gdx, false, gdw, GS());
+  cpu::rmsnorm_backward(dy, x, w, rstd, dx, false, dw, CS());
+  EXPECT_CLOSE(gdx, dx, dt());
+  EXPECT_CLOSE(gdw, dw, dt() == DType::F32 ? DType::F32 : DType::F16);
+}
+
+TEST_P(GpuOp, GeluSwiGLU) {
+  const int64_t T = 33, F = 200;
+  Tensor x = rand_in({T, 2 * F}, 70, dt(), -4.f, 4.f), dy = rand_in({T, 2 * F}, 71, dt());
+  Tensor y = Tensor::empty({T, 2 * F}, DType::F32), dx = Tensor::empty({T, 2 * F}, DType::F32);
+  Tensor gx = to_gpu(x, dt()), gy = gpu_nan({T, 2 * F}, dt()), gdx = gpu_nan({T, 2 * F}, dt());
+  cpu::gelu_forward(x, y, CS());
+  gpu::gelu_forward(gx, gy, GS());
+  EXPECT_CLOSE(gy, y, dt());
+  cpu::gelu_backward(dy, x, dx, CS());
+  gpu::gelu_backward(to_gpu(dy, dt()), gx, gdx, GS());
+  EXPECT_CLOSE(gdx, dx, dt());
+
+  Tensor sy = Tensor::empty({T, F}, DType::F32), gsy = gpu_nan({T, F}, dt());
+  cpu::swiglu_forward(x, sy, CS());
+  gpu::swiglu_forward(gx, gsy, GS());
+  EXPECT_CLOSE(gsy, sy, dt());
+  Tensor sdy = rand_in({T, F}, 72, dt());
+  Tensor sdx = Tensor::empty({T, 2 * F}, DType::F32), gsdx = gpu_nan({T, 2 * F}, dt());
+  cpu::swiglu_backward(sdy, x, sdx, CS());
+  gpu::swiglu_backward(to_gpu(sdy, dt()), gx, gsdx, GS());
+  EXPECT_CLOSE(gsdx, sdx, dt());
+}
+
+// ---- dropout: the same mask as the CPU, bit for bit -------------------------------
+
+// d2 = 300 takes the kernel's aligned path (one Philox block per 4 elements), 301 the
+// per-element path; the partition at offset 100 is aligned for 300, not for 301.
+class GpuDropout : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override { MCPP_REQUIRE_GPU(); }
+};
+
+TEST_P(GpuDropout, SameMaskAsCpuWholeAndPartitioned) {
+  const int64_t d0 = 9, d1 = 4, d2 = GetParam(), w2 = d2 == 300 ? 152 : 150;
+  const ops::DropoutKey key{1234, 99};
+  Tensor x = rand_f32({d0, d1, d2}, 80, 0.5f, 1.5f);  // never zero: zero <=> dropped
+  for (double p : {0.1, 0.5, 0.9}) {
+    auto g = ops::GlobalIndex3::whole(d0, d1, d2);
+    Tensor y = Tensor::empty({d0, d1, d2}, DType::F32);
+    cpu::dropout_add_forward(x, Tensor(), p, key, g, y, CS());
+    Tensor gy = gpu_nan({d0, d1, d2}, DType::F32);
+    gpu::dropout_add_forward(to_gpu(x, DType::F32), Tensor(), p, key, g, gy, GS());
+    Tensor cy = to_cpu(gy);
+    ASSERT_EQ(std::memcmp(cy.raw(), y.raw(), y.nbytes()), 0) << "p=" << p;
+
+    // A block of the global tensor (as under SP/TP/DP) draws the same mask.
+    ops::GlobalIndex3 part{{3, 1, 100}, {d0, d1, d2}};
+    Tensor xb = Tensor::empty({4, 2, w2}, DType::F32);
+    for (int64_t i0 = 0; i0 < 4; ++i0)
+      for (int64_t i1 = 0; i1 < 2; ++i1)
+        for (int64_t i2 = 0; i2 < w2; ++i2)
+          static_cast<float*>(xb.raw())[(i0 * 2 + i1) * w2 + i2] =
+              static_cast<float*>(x.raw())[((i0 + 3) * d1 + i1 + 1) * d2 + i2 + 100];
+    Tensor gyb = gpu_nan({4, 2, w2}, DType::F32);
+    gpu::dropout_add_forward(to_gpu(xb, DType::F32), Tensor(), p, key, part, gyb, GS());
+    Tensor cyb = to_cpu(gyb);
+    for (int64_t i0 = 0; i0 < 4; ++i0)
+      for (int64_t i1 = 0; i1 < 2; ++i1)
+        for (int64_t i2 = 0; i2 < w2; ++i2)
+          ASSERT_EQ(static_cast<float*>(cyb.raw())[(i0 * 2 + i1) * w2 + i2],
+                    static_cast<float*>(y.raw())[((i0 + 3) * d1 + i1 + 1) * d2 + i2 + 100]);
+
+    // Backward and the residual form.
+    Tensor dx = Tensor::empty({d0, d1, d2}, DType::F32), gdx = gpu_nan({d0, d1, d2}, DType::F32);
+    cpu::dropout_backward(x, p, key, g, dx, CS());
+    gpu::dropout_backward(to_gpu(x, DType::F32), p, key, g, gdx, GS());
+    Tensor cdx = to_cpu(gdx);
+    ASSERT_EQ(std::memcmp(cdx.raw(), dx.raw(), dx.nbytes()), 0);
+    Tensor res = rand_f32({d0, d1, d2}, 81);
+    Tensor out = Tensor::empty({d0, d1, d2}, DType::F32);
+    cpu::dropout_add_forward(x, res, p, key, g, out, CS());
+    for (DType dt : {DType::F32, DType::BF16}) {
+      Tensor gres = to_gpu(rounded(res, dt), dt);
+      gpu::dropout_add_forward(to_gpu(rounded(x, dt), dt), gres, p, key, g, gres, GS());
+      Tensor want = Tensor::empty({d0, d1, d2}, DType::F32);
+      cpu::dropout_add_forward(rounded(x, dt), rounded(res, dt), p, key, g, want, CS());
+      EXPECT_CLOSE(gres, want, dt);
+    }
+  }
+}
+
+// ---- embeddings and cross-entropy ---------------------------------------------------
+
+TEST_P(GpuOp, EmbeddingsForwardBackward) {
+  const int64_t B = 3, S = 40, H = 48, Vl = 50, vs = 20;
+  std::vector<int32_t> ids(B * S);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = int32_t(Philox::u32(5, 5, i) % 90);  // some outside [20, 70), many repeats
+  Tensor cid = Tensor::from(ids, {B, S});
+  Tensor gid = Tensor::empty({B, S}, DType::I32, Device::CUDA);
+  gpu::copy(cid, gid, GS());
+  Tensor table = rand_in({Vl, H}, 90, dt());
+  Tensor y = Tensor::empty({S, B, H}, DType::F32), gy = gpu_nan({S, B, H}, dt());
+  cpu::embedding_forward(cid, table, vs, y, CS());
+  gpu::embedding_forward(gid, to_gpu(table, dt()), vs, gy, GS());
+  EXPECT_CLOSE(gy, y, dt());
+
+  Tensor pos = rand_in({S + 5, H}, 91, dt());
+  cpu::position_embedding_forward(pos, 3, y, CS());
+  gpu::position_embedding_forward(to_gpu(pos, dt()), 3, gy, GS());
+  EXPECT_CLOSE(gy, y, dt());
+
+  Tensor dy = rand_in({S, B, H}, 92, dt());
+  Tensor dt_ = rand_f32({Vl, H}, 93), dpos = rand_f32({S + 5, H}, 94);
+  Tensor gdt = to_gpu(dt_, DType::F32), gdpos = to_gpu(dpos, DType::F32), gdy = to_gpu(dy, dt());
+  cpu::embedding_backward(dy, cid, vs, dt_, CS());
+  gpu::embedding_backward(gdy, gid, vs, gdt, GS());
+  EXPECT_CLOSE(gdt, dt_, DType::F32);
+  // Deterministic: the same inputs give the same bits.
+  Tensor z1 = gpu_nan({Vl, H}, DType::F32), z2 = gpu_nan({Vl, H}, DType::F32);
+  gpu::fill(z1, 0.0, GS());
+  gpu::fill(z2, 0.0, GS());
+  gpu::embedding_backward(gdy, gid, vs, z1, GS());
+  gpu::embedding_backward(gdy, gid, vs, z2, GS());
+  Tensor c1 = to_cpu(z1), c2 = to_cpu(z2);
+  EXPECT_EQ(std::memcmp(c1.raw(), c2.raw(), c1.nbytes()), 0);
+  cpu::position_embedding_backward(dy, 3, dpos, CS());
+  gpu::position_embedding_backward(gdy, 3, gdpos, GS());
+  EXPECT_CLOSE(gdpos, dpos, DType::F32);
+}
+
+TEST_P(GpuOp, CrossEntropyVocabSlice) {
+  const int64_t T = 37, Vl = 1000, vs = 500;
+  Tensor logits = rand_in({T, Vl}, 100, dt(), -5.f, 5.f);
+  std::vector<int64_t> tg(T);
+  for (int64_t i = 0; i < T; ++i) tg[i] = int64_t(Philox::u32(6, 6, uint64_t(i)) % 2000);
+  Tensor ct = Tensor::from(tg, {T});
+  Tensor gt = Tensor::empty({T}, DType::I64, Device::CUDA);
+  gpu::copy(ct, gt, GS());
+  Tensor gl = to_gpu(logits, dt());
+  auto f32 = [&] { return Tensor::empty({T}, DType::F32); };
+  auto g32 = [&] { return gpu_nan({T}, DType::F32); };
+  Tensor mx = f32(), se = f32(), tl = f32(), loss = f32();
+  Tensor gmx = g32(), gse = g32(), gtl = g32(), gloss = g32();
+  cpu::ce_row_max(logits, mx, CS());
+  gpu::ce_row_max(gl, gmx, GS());
+  EXPECT_CLOSE(gmx, mx, DType::F32);
+  cpu::ce_sum_exp_target(logits, mx, ct, vs, se, tl, CS());
+  gpu::ce_sum_exp_target(gl, gmx, gt, vs, gse, gtl, GS());
+  EXPECT_CLOSE(gse, se, DType::F32);
+  EXPECT_CLOSE(gtl, tl, DType::F32);
+  cpu::ce_loss(mx, se, tl, loss, CS());
+  gpu::ce_loss(gmx, gse, gtl, gloss, GS());
+  EXPECT_CLOSE(gloss, loss, DType::F32);
+  Tensor dloss = rand_f32({T}, 101);
+  Tensor dl = Tensor::empty({T, Vl}, DType::F32);
+  cpu::ce_backward(logits, mx, se, ct, vs, dloss, dl, CS());
+  gpu::ce_backward(gl, gmx, gse, gt, vs, to_gpu(dloss, DType::F32), gl, GS());  // in place
+  EXPECT_CLOSE(gl, dl, dt());
+}
+
+// ---- attention and RoPE -------------------------------------------------------------
+
+struct AttnCase {
+  int64_t S, B, NH, NG, HD;
+  double p;
+};
+
+void run_attention(DType dt, const AttnCase& c) {
+  ops::AttentionDims d;
+  d.S = c.S, d.B = c.B, d.NH = c.NH, d.NG = c.NG, d.HD = c.HD;
+  const double scale = 1.0 / std::sqrt(double(c.HD));
+  const ops::DropoutKey key{7, 8};
+  Tensor qkv = rand_in({c.S, c.B, d.qkv_width()}, 110, dt, -2.f, 2.f);
+  Tensor out = Tensor::empty({c.S, c.B, c.NH * c.HD}, DType::F32);
+  Tensor lse = Tensor::empty({c.B, c.NH, c.S}, DType::F32);
+  cpu::attention_forward(qkv, d, scale, c.p, key, out, lse, CS());
+  Tensor gqkv = to_gpu(qkv, dt);
+  Tensor gout = gpu_nan(out.shape(), dt), glse = gpu_nan(lse.shape(), DType::F32);
+  gpu::attention_forward(gqkv, d, scale, c.p, key, gout, glse, GS());
+  SCOPED_TRACE(::testing::Message() << "S=" << c.S << " B=" << c.B << " NH=" << c.NH
+                                    << " NG=" << c.NG << " HD=" << c.HD << " p=" << c.p
+                                    << " dtype=" << dtype_name(dt));
+  EXPECT_CLOSE(gout, out, dt);
+  EXPECT_CLOSE(glse, lse, DType::F32);
+
+  // Backward from the same saved tensors on both sides (the CPU's out, rounded to dt).
+  Tensor dout = rand_in(out.shape(), 111, dt);
+  Tensor out_r = rounded(out, dt);
+  Tensor dqkv = Tensor::empty(qkv.shape(), DType::F32);
+  cpu::attention_backward(dout, qkv, out_r, lse, d, scale, c.p, key, dqkv, CS());
+  Tensor gdqkv = gpu_nan(qkv.shape(), dt);
+  gpu::attention_backward(to_gpu(dout, dt), gqkv, to_gpu(out_r, dt), to_gpu(lse, DType::F32), d,
+                          scale, c.p, key, gdqkv, GS());
+  EXPECT_CLOSE(gdqkv, dqkv, dt);
+}
+
+TEST_P(GpuOp, AttentionCausalGQA) {
+  for (AttnCase c : {AttnCase{100, 2, 4, 4, 64, 0.0}, AttnCase{130, 2, 6, 2, 64, 0.0},
+                     AttnCase{64, 1, 4, 1, 128, 0.0}, AttnCase{77, 2, 4, 2, 32, 0.0}})
+    run_attention(dt(), c);
+}
+
+TEST(GpuAttention, DropoutSameMaskAsCpu) {
+  MCPP_REQUIRE_GPU();
+  run_attention(DType::F32, AttnCase{90, 2, 4, 2, 64, 0.2});
+}
+
+TEST_P(GpuOp, RopeForwardBackward) {
+  ops::AttentionDims d;
+  d.S = 50, d.B = 2, d.NH = 6, d.NG = 2, d.HD = 64;
+  Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 120, dt());
+  for (int64_t rot : {int64_t(64), int64_t(32)}) {
+    Tensor out = Tensor::empty(qkv.shape(), DType::F32);
+    cpu::rope_forward(qkv, d, rot, 10000.0, 1000, out, CS());
+    Tensor gout = gpu_nan(qkv.shape(), dt());
+    gpu::rope_forward(to_gpu(qkv, dt()), d, rot, 10000.0, 1000, gout, GS());
+    EXPECT_CLOSE(gout, out, dt());
+    Tensor din = Tensor::empty(qkv.shape(), DType::F32);
+    cpu::rope_backward(qkv, d, rot, 10000.0, 1000, din, CS());
+    Tensor gin = to_gpu(qkv, dt());
+    gpu::rope_backward(gin, d, rot, 10000.0, 1000, gin, GS());  // in place
+    EXPECT_CLOSE(gin, din, dt());
+  }
+}
+
+// ---- optimizer ----------------------------------------------------------------------
+
+TEST(GpuAdamW, MatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  const int64_t n = 10007;
+  Tensor p = rand_f32({n}, 130), g = rand_f32({n}, 131), m = rand_f32({n}, 132, -0.1f, 0.1f),
+         v = rand_f32({n}, 133, 0.f, 0.01f);
+  Tensor gp = to_gpu(p, DType::F32), gg = to_gpu(g, DType::F32), gm = to_gpu(m, DType::F32),
+         gv = to_gpu(v, DType::F32);
+  ops::AdamWParams ap;
+  ap.lr = 1e-3, ap.weight_decay = 0.1, ap.step = 3;
+  for (int i = 0; i < 3; ++i) {
+    cpu::adamw_step(p, g, m, v, ap, CS());
+    gpu::adamw_step(gp, gg, gm, gv, ap, GS());
+    ap.step++;
+  }
+  EXPECT_CLOSE(gp, p, DType::F32);
+  EXPECT_CLOSE(gm, m, DType::F32);
+  EXPECT_CLOSE(gv, v, DType::F32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, GpuDropout, ::testing::Values(int64_t(301), int64_t(300)));
+INSTANTIATE_TEST_SUITE_P(Dtypes, GpuOp, ::testing::Values(DType::F32, DType::BF16, DType::F16),
+                         dtype_param_name);
+
+}  // namespace
+}  // namespace mcpp::test
