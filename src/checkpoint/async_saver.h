@@ -20,8 +20,8 @@ class AsyncSaver {
   AsyncSaver& operator=(const AsyncSaver&) = delete;
 
   // Snapshot now, write in the background. Blocks only while a previous save is in flight.
-  void save(const std::string& save_dir, const model::ParamStore& params,
-            const optim::AdamW* opt, const TrainingState& st, const SaveOptions& opts = {});
+  void save(const std::string& save_dir, const model::ParamStore& params, const optim::AdamW* opt,
+            const TrainingState& st, const SaveOptions& opts = {});
   // Multi-rank form (as save_checkpoint's span overload); the snapshots are cloned.
   void save(const std::string& save_dir, std::span<const RankSnapshot> ranks,
             const TrainingState& st, const SaveOptions& opts = {});

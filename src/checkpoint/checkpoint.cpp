@@ -26,10 +26,14 @@ namespace {
 
 const char* split_name(TpSplit s) {
   switch (s) {
-    case TpSplit::None: return "none";
-    case TpSplit::Rows: return "rows";
-    case TpSplit::Cols: return "cols";
-    case TpSplit::SwigluRows: return "swiglu_rows";
+    case TpSplit::None:
+      return "none";
+    case TpSplit::Rows:
+      return "rows";
+    case TpSplit::Cols:
+      return "cols";
+    case TpSplit::SwigluRows:
+      return "swiglu_rows";
   }
   return "?";
 }
@@ -52,8 +56,10 @@ Piece piece_from_json(const json& j) {
              "malformed piece {}", j.dump());
   Piece p;
   p.g_row = o[0], p.rows = s[0], p.l_row = l[0];
-  if (s.size() == 2) p.g_col = o[1], p.cols = s[1], p.l_col = l[1];
-  else p.cols = 1;
+  if (s.size() == 2)
+    p.g_col = o[1], p.cols = s[1], p.l_col = l[1];
+  else
+    p.cols = 1;
   return p;
 }
 
@@ -65,21 +71,35 @@ std::string file_name(const char* kind, const RankCoord& c, bool with_dp) {
 // Reads element i of a float tensor as double; writes likewise (the loader's dtype casts).
 double get_elem(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::F32: return t.data<float>()[i];
-    case DType::F64: return t.data<double>()[i];
-    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    default: MCPP_FAIL("checkpoint tensor of dtype {} cannot be loaded into a float parameter",
-                       dtype_name(t.dtype()));
+    case DType::F32:
+      return t.data<float>()[i];
+    case DType::F64:
+      return t.data<double>()[i];
+    case DType::BF16:
+      return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::F16:
+      return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    default:
+      MCPP_FAIL("checkpoint tensor of dtype {} cannot be loaded into a float parameter",
+                dtype_name(t.dtype()));
   }
 }
 void set_elem(const Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
-    case DType::F32: t.data<float>()[i] = float(v); return;
-    case DType::F64: t.data<double>()[i] = v; return;
-    case DType::BF16: static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v)); return;
-    case DType::F16: static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v)); return;
-    default: MCPP_FAIL("cannot store into a {} parameter", dtype_name(t.dtype()));
+    case DType::F32:
+      t.data<float>()[i] = float(v);
+      return;
+    case DType::F64:
+      t.data<double>()[i] = v;
+      return;
+    case DType::BF16:
+      static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v));
+      return;
+    case DType::F16:
+      static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v));
+      return;
+    default:
+      MCPP_FAIL("cannot store into a {} parameter", dtype_name(t.dtype()));
   }
 }
 
@@ -134,9 +154,12 @@ std::string join_path(const std::string& a, const std::string& b) {
 std::vector<Piece> local_pieces(const ParamInfo& p, int64_t tp_rank, int64_t tp_size) {
   const int64_t R = rows_of(p.local_shape), C = cols_of(p.local_shape);
   switch (p.split) {
-    case TpSplit::None: return {{0, 0, R, C, 0, 0}};
-    case TpSplit::Rows: return {{tp_rank * R, 0, R, C, 0, 0}};
-    case TpSplit::Cols: return {{0, tp_rank * C, R, C, 0, 0}};
+    case TpSplit::None:
+      return {{0, 0, R, C, 0, 0}};
+    case TpSplit::Rows:
+      return {{tp_rank * R, 0, R, C, 0, 0}};
+    case TpSplit::Cols:
+      return {{0, tp_rank * C, R, C, 0, 0}};
     case TpSplit::SwigluRows: {
       // Local [gate_r; up_r]; global [gate; up] with F = global rows / 2.
       const int64_t half = R / 2, F = rows_of(p.global_shape) / 2;
@@ -289,8 +312,8 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration,
       }
     }
   }
-  const std::string tmp = join_path(save_dir, iteration_dir_name(iteration) + ".tmp-" +
-                                                  std::to_string(::getpid()));
+  const std::string tmp =
+      join_path(save_dir, iteration_dir_name(iteration) + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   MCPP_CHECK_HINT(!ec, "check --save and free disk space", "cannot create {}: {}", tmp,
@@ -430,8 +453,8 @@ void save_checkpoint(const std::string& save_dir, const model::ParamStore& param
   save_checkpoint(save_dir, std::span<const RankSnapshot>(&r, 1), st, opts);
 }
 
-void save_checkpoint(const std::string& save_dir, const model::GPTModel& m,
-                     const optim::AdamW* opt, const TrainingState& st, SaveOptions opts) {
+void save_checkpoint(const std::string& save_dir, const model::GPTModel& m, const optim::AdamW* opt,
+                     const TrainingState& st, SaveOptions opts) {
   if (!opts.model) opts.model = m.config();
   save_checkpoint(save_dir, m.params(), opt, st, opts);
 }
@@ -446,8 +469,7 @@ std::vector<int64_t> list_iterations(const std::string& load_dir) {
   for (const auto& e : fs::directory_iterator(load_dir, ec)) {
     std::smatch m;
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && std::regex_match(n, m, name) &&
-        fs::exists(e.path() / kMetadataFile))
+    if (e.is_directory() && std::regex_match(n, m, name) && fs::exists(e.path() / kMetadataFile))
       its.push_back(std::stoll(m[1]));
   }
   std::sort(its.begin(), its.end());
@@ -467,8 +489,10 @@ std::optional<int64_t> latest_iteration(const std::string& load_dir) {
       if (fs::exists(fs::path(load_dir) / iteration_dir_name(it), ec)) return it;
       auto its = list_iterations(load_dir);
       if (its.empty()) return std::nullopt;
-      log::warn("{} names iteration {}, whose folder is missing; using the newest complete "
-                "checkpoint, iteration {}", tracker, it, its.back());
+      log::warn(
+          "{} names iteration {}, whose folder is missing; using the newest complete "
+          "checkpoint, iteration {}",
+          tracker, it, its.back());
       return its.back();
     }
     log::warn("{} holds '{}', not an iteration number; using the newest complete checkpoint",
@@ -524,9 +548,8 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   std::string diffs;
   const bool rope = cur.rope;
   for (const char* k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                        "num_query_groups", "kv_channels", "padded_vocab_size", "rope",
-                        "rmsnorm", "swiglu", "tie_embeddings", "add_bias_linear",
-                        "max_position_embeddings"}) {
+                        "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
+                        "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
     if (std::string(k) == "max_position_embeddings" && rope) continue;
     if (!saved.contains(k) || saved[k] != now[k])
       diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
@@ -556,8 +579,10 @@ class ShardReader {
       MCPP_CHECK(fs::exists(path), "shard file {} (tensor {}) is missing", path, key);
       if (md_.at("files").contains(file)) {
         const uint64_t want = md_["files"][file].at("bytes"), got = fs::file_size(path);
-        MCPP_CHECK(want == got, "shard file {} has {} bytes, the metadata says {} (truncated or "
-                   "overwritten); tensor {}", path, got, want, key);
+        MCPP_CHECK(want == got,
+                   "shard file {} has {} bytes, the metadata says {} (truncated or "
+                   "overwritten); tensor {}",
+                   path, got, want, key);
       }
       it = files_.emplace(file, load_safetensors(path)).first;
     }
@@ -569,8 +594,10 @@ class ShardReader {
                shape_str(x.shape()), sh.at("shape").dump());
     if (verify_ && verified_.insert(file + "\n" + name).second) {
       const std::string want = sh.at("checksum"), got = checksum_hex(x.raw(), x.nbytes());
-      MCPP_CHECK(want == got, "checksum mismatch for tensor {} in {}: stored {}, computed {} "
-                 "({}); the file is corrupt", name, path, want, got, checksum_algorithm());
+      MCPP_CHECK(want == got,
+                 "checksum mismatch for tensor {} in {}: stored {}, computed {} "
+                 "({}); the file is corrupt",
+                 name, path, want, got, checksum_algorithm());
     }
     return x;
   }
@@ -611,8 +638,10 @@ void load_tensor(ShardReader& rd, const json& md, const std::string& key, const 
                  "tensor {}: a shard piece lies outside the tensor ({})", key, pj.dump());
       stored += s.rows * s.cols;
       for (const Piece& d : mine) {
-        const int64_t r0 = std::max(s.g_row, d.g_row), r1 = std::min(s.g_row + s.rows, d.g_row + d.rows);
-        const int64_t c0 = std::max(s.g_col, d.g_col), c1 = std::min(s.g_col + s.cols, d.g_col + d.cols);
+        const int64_t r0 = std::max(s.g_row, d.g_row),
+                      r1 = std::min(s.g_row + s.rows, d.g_row + d.rows);
+        const int64_t c0 = std::max(s.g_col, d.g_col),
+                      c1 = std::min(s.g_col + s.cols, d.g_col + d.cols);
         if (r0 >= r1 || c0 >= c1) continue;
         if (!src) src = &rd.shard(key, sh);
         copy_box(*src, src_w, s.l_row + r0 - s.g_row, s.l_col + c0 - s.g_col, dst, dst_w,
@@ -677,8 +706,9 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
                       "{} was saved without optimizer state (--no-save-optim)", iter_dir);
       for (size_t i = 0; i < params.infos().size(); ++i) {
         const ParamInfo& p = params.infos()[i];
-        for (auto [prefix, flat] : {std::pair<const char*, Tensor*>{"optimizer.exp_avg.", &opt->exp_avg()},
-                                    std::pair<const char*, Tensor*>{"optimizer.exp_avg_sq.", &opt->exp_avg_sq()}})
+        for (auto [prefix, flat] :
+             {std::pair<const char*, Tensor*>{"optimizer.exp_avg.", &opt->exp_avg()},
+              std::pair<const char*, Tensor*>{"optimizer.exp_avg_sq.", &opt->exp_avg_sq()}})
           load_tensor(rd, md, prefix + p.name, p, tpr, tps,
                       flat->narrow(p.offset, p.numel()).view(p.local_shape));
       }
@@ -691,8 +721,9 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
     throw Error(fmt::format("cannot load checkpoint {}: {}", iter_dir, e.summary()),
                 hint + load_hint(top, it_num < 0 ? INT64_MAX : it_num));
   } catch (const json::exception& e) {
-    throw Error(fmt::format("cannot load checkpoint {}: malformed metadata: {}", iter_dir, e.what()),
-                load_hint(top, it_num < 0 ? INT64_MAX : it_num));
+    throw Error(
+        fmt::format("cannot load checkpoint {}: malformed metadata: {}", iter_dir, e.what()),
+        load_hint(top, it_num < 0 ? INT64_MAX : it_num));
   }
 }
 
@@ -714,26 +745,26 @@ std::string describe_checkpoint(const std::string& dir) {
     << "\n";
   if (fs::exists(fs::path(dir) / kTrackerFile)) {
     auto its = list_iterations(dir);
-    o << "  iterations present: " << iterations_str(its) << " (tracker: "
-      << read_text_file(join_path(dir, kTrackerFile)) << ")\n";
+    o << "  iterations present: " << iterations_str(its)
+      << " (tracker: " << read_text_file(join_path(dir, kTrackerFile)) << ")\n";
   }
   const json& s = md["state"];
-  o << "  iteration " << s["iteration"] << ", consumed samples train " << s["consumed_train_samples"]
-    << " valid " << s["consumed_valid_samples"] << ", optimizer steps " << s["optimizer_steps"]
-    << ", optimizer state " << (md.value("has_optimizer", false) ? "yes" : "no") << "\n";
+  o << "  iteration " << s["iteration"] << ", consumed samples train "
+    << s["consumed_train_samples"] << " valid " << s["consumed_valid_samples"]
+    << ", optimizer steps " << s["optimizer_steps"] << ", optimizer state "
+    << (md.value("has_optimizer", false) ? "yes" : "no") << "\n";
   o << "  scheduler " << s["opt_param_scheduler"].dump() << "\n";
   o << "  rng " << s["rng"].dump() << ", data loader " << s["data_loader"].dump() << "\n";
   if (md.contains("model")) o << "  model " << md["model"].dump() << "\n";
   if (!s["config"].empty()) o << "  config " << s["config"].dump() << "\n";
   o << "  files:\n";
-  for (auto& [f, v] : md["files"].items())
-    o << "    " << f << "  " << v["bytes"] << " bytes\n";
+  for (auto& [f, v] : md["files"].items()) o << "    " << f << "  " << v["bytes"] << " bytes\n";
   o << "  tensors (key, global shape, dtype, split: shards file[rows,cols @ offsets] status):\n";
   ShardReader rd(iter_dir, md, true);
   int bad = 0;
   for (auto& [key, t] : md["tensors"].items()) {
-    o << "    " << key << "  " << shape_str(t["global_shape"].get<Shape>()) << " " << t["dtype"].get<std::string>()
-      << " " << t["split"].get<std::string>() << ":";
+    o << "    " << key << "  " << shape_str(t["global_shape"].get<Shape>()) << " "
+      << t["dtype"].get<std::string>() << " " << t["split"].get<std::string>() << ":";
     for (const json& sh : t["shards"]) {
       o << " " << sh["file"].get<std::string>();
       for (const json& p : sh["pieces"]) o << p["shape"].dump() << "@" << p["offsets"].dump();
@@ -747,7 +778,8 @@ std::string describe_checkpoint(const std::string& dir) {
     }
     o << "\n";
   }
-  o << "  " << (bad ? std::to_string(bad) + " shard(s) failed verification" : "all checksums verified")
+  o << "  "
+    << (bad ? std::to_string(bad) + " shard(s) failed verification" : "all checksums verified")
     << "\n";
   return o.str();
 }

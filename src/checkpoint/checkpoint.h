@@ -72,8 +72,8 @@ struct LoadOptions {
   // When set, the checkpoint's model shape must match (layers, hidden, heads, groups, ffn,
   // padded vocab, positions, architecture switches); LR and other training settings may differ.
   std::optional<model::TransformerConfig> model;
-  bool load_rng = true;      // !--no-load-rng: false zeroes rng_seed/rng_iteration in the result
-  bool finetune = false;     // --finetune: model weights only; iteration and counters reset to 0
+  bool load_rng = true;   // !--no-load-rng: false zeroes rng_seed/rng_iteration in the result
+  bool finetune = false;  // --finetune: model weights only; iteration and counters reset to 0
   bool verify_checksums = true;
 };
 
@@ -84,10 +84,10 @@ struct RankSnapshot {
   RankCoord coord;
   int64_t tp_size = 1;
   std::vector<model::ParamInfo> infos;
-  Tensor params;                 // flat [total] like ParamStore::flat_params()
-  Tensor exp_avg, exp_avg_sq;    // undefined: no optimizer state saved
+  Tensor params;               // flat [total] like ParamStore::flat_params()
+  Tensor exp_avg, exp_avg_sq;  // undefined: no optimizer state saved
   int64_t optimizer_steps = 0;
-  bool write_model = true;       // false on dp > 0 (the model is a DP replica)
+  bool write_model = true;  // false on dp > 0 (the model is a DP replica)
 
   static RankSnapshot view(const model::ParamStore& params, const optim::AdamW* opt,
                            RankCoord coord = {});

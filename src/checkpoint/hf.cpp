@@ -17,20 +17,34 @@ namespace {
 
 double load_elem(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::F32: return t.data<float>()[i];
-    case DType::F64: return t.data<double>()[i];
-    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    default: MCPP_FAIL("HF tensor of dtype {} is not a float tensor", dtype_name(t.dtype()));
+    case DType::F32:
+      return t.data<float>()[i];
+    case DType::F64:
+      return t.data<double>()[i];
+    case DType::BF16:
+      return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::F16:
+      return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    default:
+      MCPP_FAIL("HF tensor of dtype {} is not a float tensor", dtype_name(t.dtype()));
   }
 }
 void store_elem(const Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
-    case DType::F32: t.data<float>()[i] = float(v); return;
-    case DType::F64: t.data<double>()[i] = v; return;
-    case DType::BF16: static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v)); return;
-    case DType::F16: static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v)); return;
-    default: MCPP_FAIL("cannot convert to {}", dtype_name(t.dtype()));
+    case DType::F32:
+      t.data<float>()[i] = float(v);
+      return;
+    case DType::F64:
+      t.data<double>()[i] = v;
+      return;
+    case DType::BF16:
+      static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v));
+      return;
+    case DType::F16:
+      static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v));
+      return;
+    default:
+      MCPP_FAIL("cannot convert to {}", dtype_name(t.dtype()));
   }
 }
 
@@ -108,15 +122,20 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
     for (const char* suf : {"weight", "bias"}) {
       if (std::string(suf) == "bias" && !bias) continue;
       const std::string s = suf;
-      e.push_back({L(l, "self_attention.linear_qkv." + s), h + "self_attn.q_proj." + s, qkv.q, false});
-      e.push_back({L(l, "self_attention.linear_qkv." + s), h + "self_attn.k_proj." + s, qkv.k, false});
-      e.push_back({L(l, "self_attention.linear_qkv." + s), h + "self_attn.v_proj." + s, qkv.v, false});
-      e.push_back({L(l, "self_attention.linear_proj." + s), h + "self_attn.o_proj." + s, {}, false});
+      e.push_back(
+          {L(l, "self_attention.linear_qkv." + s), h + "self_attn.q_proj." + s, qkv.q, false});
+      e.push_back(
+          {L(l, "self_attention.linear_qkv." + s), h + "self_attn.k_proj." + s, qkv.k, false});
+      e.push_back(
+          {L(l, "self_attention.linear_qkv." + s), h + "self_attn.v_proj." + s, qkv.v, false});
+      e.push_back(
+          {L(l, "self_attention.linear_proj." + s), h + "self_attn.o_proj." + s, {}, false});
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.gate_proj." + s, range(0, F), false});
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.up_proj." + s, range(F, 2 * F), false});
       e.push_back({L(l, "mlp.linear_fc2." + s), h + "mlp.down_proj." + s, {}, false});
     }
-    e.push_back({L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false});
+    e.push_back(
+        {L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false});
   }
   e.push_back({"decoder.final_layernorm.weight", "model.norm.weight", {}, false});
   if (!c.tie_embeddings) e.push_back({"output_layer.weight", "lm_head.weight", {}, false});
@@ -135,11 +154,16 @@ void check_tp1(const model::TransformerConfig& c, const model::ParamStore& ps) {
 
 const char* torch_dtype(DType t) {
   switch (t) {
-    case DType::F32: return "float32";
-    case DType::F64: return "float64";
-    case DType::BF16: return "bfloat16";
-    case DType::F16: return "float16";
-    default: MCPP_FAIL("cannot export weights as {}", dtype_name(t));
+    case DType::F32:
+      return "float32";
+    case DType::F64:
+      return "float64";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    default:
+      MCPP_FAIL("cannot export weights as {}", dtype_name(t));
   }
 }
 
@@ -159,13 +183,15 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
                         c.kv_channels * c.num_attention_heads == c.hidden_size,
                     "GPT-2 has no grouped-query attention and head_dim = hidden / heads",
                     "this model (query groups {}, kv_channels {}) has no GPT2LMHeadModel "
-                    "equivalent", c.num_query_groups, c.kv_channels);
+                    "equivalent",
+                    c.num_query_groups, c.kv_channels);
     return HfArch::Gpt2;
   }
   MCPP_CHECK_HINT(c.rope && c.rmsnorm && c.swiglu,
                   "Llama is RoPE + RMSNorm + SwiGLU; GPT-2 uses none of them",
                   "the model mixes GPT-2 and Llama features (rope {}, rmsnorm {}, swiglu {}); "
-                  "no Hugging Face architecture matches", c.rope, c.rmsnorm, c.swiglu);
+                  "no Hugging Face architecture matches",
+                  c.rope, c.rmsnorm, c.swiglu);
   MCPP_CHECK_HINT(c.rotary_percent == 1.0, "use --rotary-percent 1.0",
                   "LlamaForCausalLM rotates every head dimension, this model only {}",
                   c.rotary_percent);
@@ -228,8 +254,8 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.num_attention_heads = need("n_head");
       c.num_query_groups = c.num_attention_heads;
       c.kv_channels = c.hidden_size / c.num_attention_heads;
-      c.ffn_hidden_size = j.value("n_inner", json()).is_null() ? 4 * c.hidden_size
-                                                               : j["n_inner"].get<int64_t>();
+      c.ffn_hidden_size =
+          j.value("n_inner", json()).is_null() ? 4 * c.hidden_size : j["n_inner"].get<int64_t>();
       c.max_position_embeddings = need("n_positions");
       c.seq_length = c.max_position_embeddings;
       c.norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
@@ -244,9 +270,8 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.num_layers = need("num_hidden_layers"), c.hidden_size = need("hidden_size");
       c.num_attention_heads = need("num_attention_heads");
       c.num_query_groups = j.value("num_key_value_heads", c.num_attention_heads);
-      c.kv_channels = j.value("head_dim", json()).is_null()
-                          ? c.hidden_size / c.num_attention_heads
-                          : j["head_dim"].get<int64_t>();
+      c.kv_channels = j.value("head_dim", json()).is_null() ? c.hidden_size / c.num_attention_heads
+                                                            : j["head_dim"].get<int64_t>();
       c.ffn_hidden_size = need("intermediate_size");
       c.max_position_embeddings = need("max_position_embeddings");
       c.seq_length = c.max_position_embeddings;
@@ -315,8 +340,10 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
   std::map<std::string, int64_t> rows_filled;
   for (const Entry& e : entries(c)) {
     const Tensor* src = find(e.hname);
-    MCPP_CHECK_HINT(src, "the config.json does not describe these weights, or the file is "
-                    "incomplete", "Hugging Face tensor {} is missing", e.hname);
+    MCPP_CHECK_HINT(src,
+                    "the config.json does not describe these weights, or the file is "
+                    "incomplete",
+                    "Hugging Face tensor {} is missing", e.hname);
     used.insert(hf.count(e.hname) ? e.hname : e.hname.substr(std::string("transformer.").size()));
     Tensor dst = ps.param(e.mname);
     const int64_t C = cols_of(dst);
@@ -339,8 +366,7 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
   }
   for (const auto& p : ps.infos()) {
     const bool vocab = is_vocab_tensor(p.name);
-    MCPP_CHECK(rows_filled.count(p.name) &&
-                   (vocab || rows_filled[p.name] == p.global_shape[0]),
+    MCPP_CHECK(rows_filled.count(p.name) && (vocab || rows_filled[p.name] == p.global_shape[0]),
                "internal: parameter {} not fully covered by the Hugging Face mapping", p.name);
   }
   std::vector<std::string> unknown;
@@ -364,15 +390,14 @@ void export_hf(const std::string& out_dir, const model::TransformerConfig& c,
   MCPP_CHECK(!ec, "cannot create {}: {}", out_dir, ec.message());
   auto tensors = to_hf_tensors(c, ps, dtype);
   // "format": "pt" is what transformers expects in a safetensors file's metadata.
-  save_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors,
-                   {{"format", "pt"}});
+  save_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   write_file_durable((fs::path(out_dir) / "config.json").string(), hf_config(c, dtype).dump(2));
 }
 
 json read_hf_config(const std::string& hf_dir) {
   const fs::path p = fs::path(hf_dir) / "config.json";
-  MCPP_CHECK_HINT(fs::exists(p), "pass a Hugging Face model folder",
-                  "{} has no config.json", hf_dir);
+  MCPP_CHECK_HINT(fs::exists(p), "pass a Hugging Face model folder", "{} has no config.json",
+                  hf_dir);
   try {
     return json::parse(read_text_file(p.string()));
   } catch (const json::exception& e) {

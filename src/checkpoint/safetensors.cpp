@@ -16,10 +16,11 @@ struct DTypeName {
   DType t;
   const char* name;
 };
-constexpr DTypeName kNames[] = {
-    {DType::F32, "F32"}, {DType::F64, "F64"}, {DType::BF16, "BF16"}, {DType::F16, "F16"},
-    {DType::I32, "I32"}, {DType::I64, "I64"}, {DType::U8, "U8"},     {DType::U16, "U16"},
-    {DType::FP8E4M3, "F8_E4M3"}, {DType::FP8E5M2, "F8_E5M2"}};
+constexpr DTypeName kNames[] = {{DType::F32, "F32"},         {DType::F64, "F64"},
+                                {DType::BF16, "BF16"},       {DType::F16, "F16"},
+                                {DType::I32, "I32"},         {DType::I64, "I64"},
+                                {DType::U8, "U8"},           {DType::U16, "U16"},
+                                {DType::FP8E4M3, "F8_E4M3"}, {DType::FP8E5M2, "F8_E5M2"}};
 }  // namespace
 
 std::string safetensors_dtype(DType t) {
@@ -130,8 +131,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
     uint64_t want = dtype_size(dt);
     for (int64_t d : shape) {
       MCPP_CHECK(d >= 0 && (d == 0 || want <= data_size / uint64_t(d)),
-                 "{}: tensor '{}' has shape {}, larger than the file (corrupt header?)", path,
-                 name, shape_str(shape));
+                 "{}: tensor '{}' has shape {}, larger than the file (corrupt header?)", path, name,
+                 shape_str(shape));
       want *= uint64_t(d);
     }
     MCPP_CHECK(offs[1] - offs[0] == want,

@@ -1,6 +1,7 @@
 // `megatron convert`: megatron.cpp checkpoint <-> Hugging Face folder.
-//   megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype float32|bfloat16|float16]
-//   megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]
+//   megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype
+//   float32|bfloat16|float16] megatron convert --from-hf HF_DIR --save DIR
+//   [--make-vocab-size-divisible-by N]
 // The model shape comes from the checkpoint's metadata.json or the HF config.json; loading
 // reshards, so a checkpoint of any TP layout converts.
 #include <cstdio>
@@ -47,8 +48,13 @@ int run_convert(const std::vector<std::string>& argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    static const char* known[] = {"--load", "--ckpt-step", "--to-hf", "--hf-dtype",
-                                  "--from-hf", "--save", "--make-vocab-size-divisible-by"};
+    static const char* known[] = {"--load",
+                                  "--ckpt-step",
+                                  "--to-hf",
+                                  "--hf-dtype",
+                                  "--from-hf",
+                                  "--save",
+                                  "--make-vocab-size-divisible-by"};
     bool ok = false;
     for (const char* k : known) ok |= a == k;
     MCPP_CHECK_HINT(ok, kUsage, "megatron convert: unknown flag '{}'", a);
@@ -56,7 +62,8 @@ int run_convert(const std::vector<std::string>& argv) {
     f[a] = argv[++i];
   }
   const bool to_hf = f.count("--to-hf"), from_hf = f.count("--from-hf");
-  MCPP_CHECK_HINT(to_hf != from_hf, kUsage, "megatron convert: give exactly one of --to-hf and --from-hf");
+  MCPP_CHECK_HINT(to_hf != from_hf, kUsage,
+                  "megatron convert: give exactly one of --to-hf and --from-hf");
 
   if (to_hf) {
     MCPP_CHECK_HINT(f.count("--load"), kUsage, "megatron convert --to-hf needs --load DIR");
@@ -65,8 +72,10 @@ int run_convert(const std::vector<std::string>& argv) {
     DType dt = DType::F32;
     if (f.count("--hf-dtype")) {
       const std::string s = f["--hf-dtype"];
-      dt = s == "float32" ? DType::F32 : s == "bfloat16" ? DType::BF16 : s == "float16" ? DType::F16
-                                                                                          : DType::U8;
+      dt = s == "float32"    ? DType::F32
+           : s == "bfloat16" ? DType::BF16
+           : s == "float16"  ? DType::F16
+                             : DType::U8;
       MCPP_CHECK_HINT(dt != DType::U8, "use float32, bfloat16 or float16",
                       "--hf-dtype '{}' is not supported", s);
     }
@@ -80,9 +89,10 @@ int run_convert(const std::vector<std::string>& argv) {
     return 0;
   }
   MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-hf needs --save DIR");
-  const int64_t div = f.count("--make-vocab-size-divisible-by")
-                          ? to_int("--make-vocab-size-divisible-by", f["--make-vocab-size-divisible-by"])
-                          : 128;
+  const int64_t div =
+      f.count("--make-vocab-size-divisible-by")
+          ? to_int("--make-vocab-size-divisible-by", f["--make-vocab-size-divisible-by"])
+          : 128;
   model::TransformerConfig cfg =
       checkpoint::model_config_from_hf(checkpoint::read_hf_config(f["--from-hf"]), div);
   model::GPTModel m(cfg);

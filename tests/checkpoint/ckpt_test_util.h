@@ -22,9 +22,9 @@ inline const int kOneThread = (omp_set_num_threads(1), 0);
 
 inline std::string scratch_dir() {
   auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::temp_directory_path() /
-             ("mcpp_ckpt_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" +
-              info->name());
+  auto dir =
+      std::filesystem::temp_directory_path() / ("mcpp_ckpt_" + std::to_string(::getpid()) + "_" +
+                                                info->test_suite_name() + "_" + info->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
@@ -70,8 +70,10 @@ inline void fill_global(const model::ParamStore& ps, Tensor flat, uint64_t salt)
       for (int64_t c = 0; c < cols; ++c) {
         const double v = global_value(salt, p.name, ps.global_index(p, r, c));
         const int64_t i = p.offset + r * cols + c;
-        if (flat.dtype() == DType::F32) flat.data<float>()[i] = float(v);
-        else flat.data<double>()[i] = v;
+        if (flat.dtype() == DType::F32)
+          flat.data<float>()[i] = float(v);
+        else
+          flat.data<double>()[i] = v;
       }
   }
 }
@@ -83,9 +85,8 @@ inline int64_t count_mismatches(const model::ParamStore& ps, const Tensor& flat,
   int64_t bad = 0;
   for (const auto& p : ps.infos())
     for (int64_t i = p.offset; i < p.offset + p.numel(); ++i) {
-      const bool eq = flat.dtype() == DType::F32
-                          ? flat.data<float>()[i] == want.data<float>()[i]
-                          : flat.data<double>()[i] == want.data<double>()[i];
+      const bool eq = flat.dtype() == DType::F32 ? flat.data<float>()[i] == want.data<float>()[i]
+                                                 : flat.data<double>()[i] == want.data<double>()[i];
       bad += !eq;
     }
   return bad;

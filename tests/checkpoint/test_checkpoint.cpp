@@ -141,9 +141,9 @@ TEST(Checkpoint, Tp2WritesDuplicatedTensorsOnce) {
   auto md = ck::read_metadata(dir);
   EXPECT_EQ(md["tensors"]["decoder.final_layernorm.weight"]["shards"].size(), 1u);
   EXPECT_EQ(md["tensors"]["embedding.word_embeddings.weight"]["shards"].size(), 2u);
-  EXPECT_EQ(md["tensors"]["decoder.layers.1.mlp.linear_fc2.weight"]["shards"][1]["pieces"][0]
-                ["offsets"],
-            (nlohmann::json{0, 16}));  // row-parallel: columns 16..31 on rank 1
+  EXPECT_EQ(
+      md["tensors"]["decoder.layers.1.mlp.linear_fc2.weight"]["shards"][1]["pieces"][0]["offsets"],
+      (nlohmann::json{0, 16}));  // row-parallel: columns 16..31 on rank 1
   EXPECT_TRUE(fs::exists(dir + "/iter_0000003/model_tp01_pp00.safetensors"));
   EXPECT_FALSE(md["has_optimizer"]);
 }

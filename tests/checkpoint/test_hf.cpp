@@ -67,8 +67,10 @@ TEST(HfExport, Gpt2Layout) {
   Tensor qkv = m.params().param("decoder.layers.0.self_attention.linear_qkv.weight");
   const Tensor& ca = t.at("transformer.h.0.attn.c_attn.weight");
   const int64_t h = 2, d = 3, in = 5;
-  EXPECT_EQ(ca.data<float>()[in * 48 + 16 + h * 4 + d], qkv.data<float>()[((h * 3 + 1) * 4 + d) * 16 + in]);
-  EXPECT_EQ(ca.data<float>()[in * 48 + 0 + h * 4 + d], qkv.data<float>()[((h * 3 + 0) * 4 + d) * 16 + in]);
+  EXPECT_EQ(ca.data<float>()[in * 48 + 16 + h * 4 + d],
+            qkv.data<float>()[((h * 3 + 1) * 4 + d) * 16 + in]);
+  EXPECT_EQ(ca.data<float>()[in * 48 + 0 + h * 4 + d],
+            qkv.data<float>()[((h * 3 + 0) * 4 + d) * 16 + in]);
   EXPECT_EQ(ck::hf_config(c)["vocab_size"], 64);  // the padded vocabulary
 }
 
@@ -147,8 +149,7 @@ TEST(HfGolden, MatchesPyTorchReference) {
     auto committed = ck::load_safetensors(dir + "/model.safetensors");
     auto now = ck::to_hf_tensors(cfg, m.params());
     ASSERT_EQ(committed.tensors.size(), now.size());
-    for (const auto& [name, t] : now)
-      EXPECT_TRUE(same_bytes(t, committed.at(name))) << name;
+    for (const auto& [name, t] : now) EXPECT_TRUE(same_bytes(t, committed.at(name))) << name;
     EXPECT_EQ(ck::read_hf_config(dir), ck::hf_config(cfg));
 
     // 2. Logits: ours against the PyTorch reference ([S, B, V], f64).

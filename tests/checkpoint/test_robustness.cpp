@@ -259,8 +259,8 @@ TEST(CheckpointRobustness, KillDuringSave) {
     ::waitpid(pid, &status, 0);
     auto latest = ck::latest_iteration(f.dir);
     ASSERT_TRUE(latest.has_value());
-    EXPECT_EQ(load_error(f.dir, tiny_config("gpt")), "") << "trial " << trial << " latest "
-                                                         << *latest;
+    EXPECT_EQ(load_error(f.dir, tiny_config("gpt")), "")
+        << "trial " << trial << " latest " << *latest;
   }
 }
 
