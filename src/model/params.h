@@ -60,6 +60,8 @@ class ParamStore {
   Tensor& flat_params() { return params_; }
   Tensor& flat_grads() { return grads_; }
   int64_t total_numel() const { return total_; }
+  int64_t tp_rank() const { return tp_rank_; }
+  int64_t tp_size() const { return tp_size_; }
   void zero_grads();
 
  private:

@@ -31,6 +31,8 @@ class AdamW {
   void set_steps(int64_t s) { step_ = s; }
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
   const AdamWConfig& config() const { return cfg_; }
 
  private:
