@@ -8,6 +8,7 @@
 
 #include "base/philox.h"
 #include "model/gpt_model.h"
+#include "ops/cpu/runtime_env.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 
@@ -64,4 +65,11 @@ static void BM_TrainStepGpt16M(benchmark::State& st) {
 }
 BENCHMARK(BM_TrainStepGpt16M)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(10.0);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  ops::cpu::reexec_with_runtime_env(argv);  // the same OpenBLAS/OpenMP set-up as `megatron`
+  std::printf("OpenBLAS core: %s\n", ops::cpu::blas_core_name().c_str());
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

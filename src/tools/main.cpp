@@ -6,7 +6,9 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "ops/cpu/runtime_env.h"
 #include "tools/commands.h"
+
 
 namespace {
 
@@ -15,6 +17,9 @@ void usage() {
       "usage: megatron <command> [flags]\n\n"
       "commands:\n"
       "  train       pretrain a GPT/Llama model (Megatron-LM pretrain_gpt.py flags)\n"
+      "  preprocess  JSONL -> Megatron .bin/.idx (tools/preprocess_data.py flags)\n"
+      "  inspect     describe a dataset prefix or a checkpoint directory\n"
+      "  convert     checkpoint <-> Hugging Face (safetensors) conversion\n"
       "  help        this text\n\n"
       "`megatron <command> --help` lists a command's flags.\n");
 }
@@ -22,6 +27,7 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mcpp::ops::cpu::reexec_with_runtime_env(argv);
   if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
       !std::strcmp(argv[1], "-h")) {
     usage();
