@@ -62,6 +62,12 @@ tail -5 "$LOGS/bench.err"
 "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} > "$LOGS/train.md" 2> "$LOGS/train.err"
 train_rc=$?
 cat "$LOGS/train.err"
+if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core attention
+  echo "gpu-check: $FALLBACK_CHECK with MCPP_ATTENTION_FALLBACK=1"
+  # shellcheck disable=SC2086
+  MCPP_ATTENTION_FALLBACK=1 "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} --only "$FALLBACK_CHECK" \
+    2>&1 >/dev/null | grep -E "losses|ms/step"
+fi
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
 echo

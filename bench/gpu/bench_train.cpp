@@ -130,6 +130,7 @@ int main(int argc, char** argv) {
       ops::copy(tok, mb.tokens, st), ops::copy(lab, mb.labels, st);
       ops::copy(mask, mb.loss_mask, st);
       double loss = 0, first_loss = 0;
+      std::string trace;  // every step's loss, to compare runs (e.g. MCPP_ATTENTION_FALLBACK=1)
       auto step = [&](int64_t it) {
         model::StepKeys k;
         k.iteration = it;
@@ -138,6 +139,9 @@ int main(int argc, char** argv) {
         m.backward(1.0 / double(B * S));
         opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
         opt.step(1e-4, 0.1);
+        char b[32];
+        std::snprintf(b, sizeof b, " %.4f", loss);
+        trace += b;
       };
       for (int i = 0; i < warmup; ++i) step(i), first_loss = i == 0 ? loss : first_loss;
       gpu::synchronize(st);
@@ -154,8 +158,9 @@ int main(int argc, char** argv) {
       fs.num_query_groups = c.cfg.num_query_groups, fs.kv_channels = c.cfg.kv_channels;
       fs.seq_length = S, fs.padded_vocab_size = V, fs.swiglu = c.cfg.swiglu;
       mega_flops = training::num_floating_point_operations(fs, B);
-      std::fprintf(stderr, "  loss %.4f -> %.4f, %.1f ms/step\n  %s\n", first_loss, loss, ms,
+      std::fprintf(stderr, "  losses:%s\n  %.1f ms/step\n  %s\n", trace.c_str(), ms,
                    mem_line(warmup + steps).c_str());
+      (void)first_loss;
     }
     const double tps = double(B * S) / (ms / 1e3);
     const double per_tok = 6 * n6 + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;

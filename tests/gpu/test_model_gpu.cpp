@@ -99,7 +99,7 @@ void compare_step(bool llama, DType dt, double dropout, double tol_logits, doubl
   }
   std::printf("[model %s %s p=%.1f] loss %.6f vs cpu %.6f, logits rel %.2e, worst grad rel %.2e "
               "(%s)\n",
-              llama ? "llama" : "gpt", dtype_name(dt), dropout, lg, lc,
+              llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), dropout, lg, lc,
               rel_err(to_cpu(gm.logits()), cm.logits()), worst, worst_name.c_str());
 }
 
@@ -141,10 +141,11 @@ TEST(GpuModel, LlamaF16CloseToCpu) { compare_step(true, DType::F16, 0.0, 1e-2, 3
 TEST(GpuModel, TrainingStepsTrackCpu) {
   MCPP_REQUIRE_GPU();
   for (bool llama : {false, true}) {
-    GPTModel cm(cfg(llama, Device::CPU, DType::F32, 0.1));
+    // No dropout: bf16/f16 then run the tensor-core attention (dropout is covered above).
+    GPTModel cm(cfg(llama, Device::CPU, DType::F32, 0.0));
     auto ref = train(cm, 5, nullptr);
     for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
-      GPTModel gm(cfg(llama, Device::CUDA, dt, 0.1));
+      GPTModel gm(cfg(llama, Device::CUDA, dt, 0.0));
       optim::LossScalerConfig sc;
       sc.initial_scale = 1024;
       optim::LossScaler scaler(sc);
@@ -155,7 +156,8 @@ TEST(GpuModel, TrainingStepsTrackCpu) {
             << (llama ? "llama " : "gpt ") << dtype_name(dt) << " step " << i;
       EXPECT_LT(got.back(), got.front()) << "training must reduce the loss";
       std::printf("[train %s %s] losses %.5f -> %.5f (cpu f32 %.5f -> %.5f)\n",
-                  llama ? "llama" : "gpt", dtype_name(dt), got.front(), got.back(), ref.front(),
+                  llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), got.front(),
+                  got.back(), ref.front(),
                   ref.back());
     }
   }
