@@ -118,9 +118,12 @@ int main(int argc, char** argv) {
       model::MicroBatch mb;
       Tensor tok = Tensor::empty({B, S}, DType::I64), lab = Tensor::empty({B, S}, DType::I64);
       Tensor mask = Tensor::empty({B, S}, DType::F32);
-      for (int64_t i = 0; i < B * S; ++i) {
+      // Random tokens; labels are the next token, as a language-model batch.
+      for (int64_t i = 0; i < B * S; ++i)
         tok.data<int64_t>()[i] = int64_t(Philox::u32(1, 1, uint64_t(i)) % uint64_t(V - 64));
-        lab.data<int64_t>()[i] = int64_t(Philox::u32(1, 2, uint64_t(i)) % uint64_t(V - 64));
+      for (int64_t i = 0; i < B * S; ++i) {
+        lab.data<int64_t>()[i] = (i + 1) % S ? tok.data<int64_t>()[i + 1]
+                                             : int64_t(Philox::u32(1, 2, uint64_t(i)) % 50);
         mask.data<float>()[i] = 1.f;
       }
       // The batch lives on the device, as a data loader's pinned prefetch would put it.
