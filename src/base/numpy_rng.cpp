@@ -11,8 +11,7 @@ namespace mcpp {
 NumpyRandomState::NumpyRandomState(uint32_t seed) {
   // init_genrand: NumPy's mt19937_seed for an integer seed.
   mt_[0] = seed;
-  for (uint32_t i = 1; i < 624; ++i)
-    mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
+  for (uint32_t i = 1; i < 624; ++i) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
   pos_ = 624;
 }
 

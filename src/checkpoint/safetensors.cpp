@@ -16,10 +16,11 @@ struct DTypeName {
   DType t;
   const char* name;
 };
-constexpr DTypeName kNames[] = {
-    {DType::F32, "F32"}, {DType::F64, "F64"}, {DType::BF16, "BF16"}, {DType::F16, "F16"},
-    {DType::I32, "I32"}, {DType::I64, "I64"}, {DType::U8, "U8"},     {DType::U16, "U16"},
-    {DType::FP8E4M3, "F8_E4M3"}, {DType::FP8E5M2, "F8_E5M2"}};
+constexpr DTypeName kNames[] = {{DType::F32, "F32"},         {DType::F64, "F64"},
+                                {DType::BF16, "BF16"},       {DType::F16, "F16"},
+                                {DType::I32, "I32"},         {DType::I64, "I64"},
+                                {DType::U8, "U8"},           {DType::U16, "U16"},
+                                {DType::FP8E4M3, "F8_E4M3"}, {DType::FP8E5M2, "F8_E5M2"}};
 }  // namespace
 
 std::string safetensors_dtype(DType t) {
@@ -114,15 +115,30 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
     MCPP_CHECK(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
                "{}: tensor '{}' lacks dtype/shape/data_offsets", path, name);
-    DType dt = dtype_from_safetensors(v["dtype"].get<std::string>(), path);
-    Shape shape = v["shape"].get<Shape>();
-    auto offs = v["data_offsets"].get<std::vector<uint64_t>>();
+    DType dt{};
+    Shape shape;
+    std::vector<uint64_t> offs;
+    try {
+      dt = dtype_from_safetensors(v["dtype"].get<std::string>(), path);
+      shape = v["shape"].get<Shape>();
+      offs = v["data_offsets"].get<std::vector<uint64_t>>();
+    } catch (const nlohmann::json::exception& e) {
+      MCPP_FAIL("{}: tensor '{}' has a malformed header entry ({})", path, name, e.what());
+    }
     MCPP_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size,
                "{}: tensor '{}' data_offsets out of the file (truncated?)", path, name);
-    Tensor t = Tensor::empty(shape, dt);
-    MCPP_CHECK(offs[1] - offs[0] == t.nbytes(),
+    // Size from the header before allocating: a corrupt shape must not allocate terabytes.
+    uint64_t want = dtype_size(dt);
+    for (int64_t d : shape) {
+      MCPP_CHECK(d >= 0 && (d == 0 || want <= data_size / uint64_t(d)),
+                 "{}: tensor '{}' has shape {}, larger than the file (corrupt header?)", path, name,
+                 shape_str(shape));
+      want *= uint64_t(d);
+    }
+    MCPP_CHECK(offs[1] - offs[0] == want,
                "{}: tensor '{}' has {} bytes for shape {} {} (expected {})", path, name,
-               offs[1] - offs[0], shape_str(shape), dtype_name(dt), t.nbytes());
+               offs[1] - offs[0], shape_str(shape), dtype_name(dt), want);
+    Tensor t = Tensor::empty(shape, dt);
     in.seekg(std::streamoff(data_start + offs[0]));
     in.read(static_cast<char*>(t.raw()), std::streamsize(t.nbytes()));
     MCPP_CHECK(in.good(), "{}: short read of tensor '{}'", path, name);

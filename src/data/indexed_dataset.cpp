@@ -72,24 +72,40 @@ bool index_dtype_valid(uint8_t code) { return code >= 1 && code <= 8; }
 
 int64_t index_dtype_size(IndexDType t) {
   switch (t) {
-    case IndexDType::U8: case IndexDType::I8: return 1;
-    case IndexDType::I16: case IndexDType::U16: return 2;
-    case IndexDType::I32: case IndexDType::F32: return 4;
-    case IndexDType::I64: case IndexDType::F64: return 8;
+    case IndexDType::U8:
+    case IndexDType::I8:
+      return 1;
+    case IndexDType::I16:
+    case IndexDType::U16:
+      return 2;
+    case IndexDType::I32:
+    case IndexDType::F32:
+      return 4;
+    case IndexDType::I64:
+    case IndexDType::F64:
+      return 8;
   }
   return 0;
 }
 
 const char* index_dtype_name(IndexDType t) {
   switch (t) {
-    case IndexDType::U8: return "uint8";
-    case IndexDType::I8: return "int8";
-    case IndexDType::I16: return "int16";
-    case IndexDType::I32: return "int32";
-    case IndexDType::I64: return "int64";
-    case IndexDType::F64: return "float64";
-    case IndexDType::F32: return "float32";
-    case IndexDType::U16: return "uint16";
+    case IndexDType::U8:
+      return "uint8";
+    case IndexDType::I8:
+      return "int8";
+    case IndexDType::I16:
+      return "int16";
+    case IndexDType::I32:
+      return "int32";
+    case IndexDType::I64:
+      return "int64";
+    case IndexDType::F64:
+      return "float64";
+    case IndexDType::F32:
+      return "float32";
+    case IndexDType::U16:
+      return "uint16";
   }
   return "?";
 }
@@ -122,14 +138,17 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal) : pre
   itemsize_ = index_dtype_size(dtype_);
   uint64_t n = read_le<uint64_t>(p + 18), d = read_le<uint64_t>(p + 26);
   // Bound the counts by the file size before any arithmetic with them can overflow.
-  if (n > idx_bytes_ / 12) bad("sequence count", fmt::format("{} sequences cannot fit in {} bytes", n, idx_bytes_));
-  if (d > idx_bytes_ / 8) bad("document count", fmt::format("{} boundaries cannot fit in {} bytes", d, idx_bytes_));
+  if (n > idx_bytes_ / 12)
+    bad("sequence count", fmt::format("{} sequences cannot fit in {} bytes", n, idx_bytes_));
+  if (d > idx_bytes_ / 8)
+    bad("document count", fmt::format("{} boundaries cannot fit in {} bytes", d, idx_bytes_));
   if (d < 1) bad("document count", "expected at least 1 boundary (the leading 0), found 0");
   n_ = int64_t(n), d_ = int64_t(d);
   size_t need = kHeader + 12 * n + 8 * d + (multimodal ? n : 0);
   if (idx_bytes_ != need)
-    bad("file size", fmt::format("{} sequences and {} document boundaries need {} bytes, file has {}",
-                                 n, d, need, idx_bytes_));
+    bad("file size",
+        fmt::format("{} sequences and {} document boundaries need {} bytes, file has {}", n, d,
+                    need, idx_bytes_));
   // The arrays are 2-byte aligned at best (offset 34), so they are accessed through
   // memcpy-safe pointers only on hosts that allow unaligned loads (x86-64, aarch64).
   lengths_ = reinterpret_cast<const int32_t*>(p + kHeader);
@@ -151,24 +170,29 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal) : pre
     if (len < 0) bad("sequence_lengths", fmt::format("sequence {} has length {}", i, len));
     if (ptr < expect_ptr)
       bad("sequence_pointers", fmt::format("sequence {} starts at byte {}, before the end of the "
-                                           "previous one (byte {})", i, ptr, expect_ptr));
+                                           "previous one (byte {})",
+                                           i, ptr, expect_ptr));
     expect_ptr = ptr + int64_t(len) * itemsize_;
     num_tokens_ += len;
   }
   if (uint64_t(expect_ptr) > bin_bytes_)
-    throw Error(fmt::format("{}: truncated: the index {} describes {} bytes of tokens, the file has {}",
-                            bp, ip, expect_ptr, bin_bytes_),
-                "the .bin and .idx files do not belong together or the copy was interrupted; "
-                "copy or re-create both");
+    throw Error(
+        fmt::format("{}: truncated: the index {} describes {} bytes of tokens, the file has {}", bp,
+                    ip, expect_ptr, bin_bytes_),
+        "the .bin and .idx files do not belong together or the copy was interrupted; "
+        "copy or re-create both");
   int64_t prev = 0;
   for (int64_t j = 0; j < d_; ++j) {
     int64_t v = read_le<int64_t>(reinterpret_cast<const uint8_t*>(docs_ + j));
     if ((j == 0 && v != 0) || v < prev || v > n_)
-      bad("document_indices", fmt::format("boundary {} is {} (expected non-decreasing values from 0 "
-                                          "to {})", j, v, n_));
+      bad("document_indices",
+          fmt::format("boundary {} is {} (expected non-decreasing values from 0 "
+                      "to {})",
+                      j, v, n_));
     prev = v;
   }
-  if (prev != n_) bad("document_indices", fmt::format("last boundary is {}, expected {}", prev, n_));
+  if (prev != n_)
+    bad("document_indices", fmt::format("last boundary is {}, expected {}", prev, n_));
 }
 
 IndexedDataset::~IndexedDataset() {
@@ -181,16 +205,28 @@ int64_t IndexedDataset::get(int64_t seq, int64_t offset, int64_t length, int64_t
   int64_t len = lengths_[seq];
   if (length < 0) length = len - offset;
   MCPP_CHECK(offset >= 0 && length >= 0 && offset + length <= len,
-             "{}: read of {} items at offset {} of sequence {} (length {})", prefix_, length, offset,
-             seq, len);
+             "{}: read of {} items at offset {} of sequence {} (length {})", prefix_, length,
+             offset, seq, len);
   const uint8_t* src = bin_ + pointers_[seq] + offset * itemsize_;
   switch (dtype_) {
-    case IndexDType::U8: convert<uint8_t>(src, length, out); break;
-    case IndexDType::I8: convert<int8_t>(src, length, out); break;
-    case IndexDType::I16: convert<int16_t>(src, length, out); break;
-    case IndexDType::U16: convert<uint16_t>(src, length, out); break;
-    case IndexDType::I32: convert<int32_t>(src, length, out); break;
-    case IndexDType::I64: convert<int64_t>(src, length, out); break;
+    case IndexDType::U8:
+      convert<uint8_t>(src, length, out);
+      break;
+    case IndexDType::I8:
+      convert<int8_t>(src, length, out);
+      break;
+    case IndexDType::I16:
+      convert<int16_t>(src, length, out);
+      break;
+    case IndexDType::U16:
+      convert<uint16_t>(src, length, out);
+      break;
+    case IndexDType::I32:
+      convert<int32_t>(src, length, out);
+      break;
+    case IndexDType::I64:
+      convert<int64_t>(src, length, out);
+      break;
     case IndexDType::F32: {
       for (int64_t i = 0; i < length; ++i) out[i] = int64_t(read_le<float>(src + 4 * i));
       break;
@@ -248,7 +284,8 @@ void IndexedDatasetBuilder::write_tokens(std::span<const T> tokens) {
     for (size_t i = 0; i < tokens.size(); ++i) {
       T v = tokens[i];
       if constexpr (std::is_integral_v<D>) {
-        if (v < T(std::numeric_limits<D>::min()) || int64_t(v) > int64_t(std::numeric_limits<D>::max()))
+        if (v < T(std::numeric_limits<D>::min()) ||
+            int64_t(v) > int64_t(std::numeric_limits<D>::max()))
           throw Error(fmt::format("token id {} does not fit the dataset dtype {} of {}", int64_t(v),
                                   index_dtype_name(dtype_), prefix_),
                       "the tokenizer's vocabulary is larger than the dtype allows; the dtype "
@@ -259,14 +296,30 @@ void IndexedDatasetBuilder::write_tokens(std::span<const T> tokens) {
     write_raw(dst, tokens.size() * sizeof(D));
   };
   switch (dtype_) {
-    case IndexDType::U8: put(uint8_t{}); break;
-    case IndexDType::I8: put(int8_t{}); break;
-    case IndexDType::I16: put(int16_t{}); break;
-    case IndexDType::U16: put(uint16_t{}); break;
-    case IndexDType::I32: put(int32_t{}); break;
-    case IndexDType::I64: put(int64_t{}); break;
-    case IndexDType::F32: put(float{}); break;
-    case IndexDType::F64: put(double{}); break;
+    case IndexDType::U8:
+      put(uint8_t{});
+      break;
+    case IndexDType::I8:
+      put(int8_t{});
+      break;
+    case IndexDType::I16:
+      put(int16_t{});
+      break;
+    case IndexDType::U16:
+      put(uint16_t{});
+      break;
+    case IndexDType::I32:
+      put(int32_t{});
+      break;
+    case IndexDType::I64:
+      put(int64_t{});
+      break;
+    case IndexDType::F32:
+      put(float{});
+      break;
+    case IndexDType::F64:
+      put(double{});
+      break;
   }
 }
 
@@ -336,7 +389,8 @@ void IndexedDatasetBuilder::finalize() {
   if (docs_.back() != int64_t(lengths_.size())) end_document();
   auto sync_close = [&](std::FILE* f, const std::string& path) {
     if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0 || std::fclose(f) != 0)
-      throw Error(fmt::format("cannot write {}: {}", path, std::strerror(errno)), "is the disk full?");
+      throw Error(fmt::format("cannot write {}: {}", path, std::strerror(errno)),
+                  "is the disk full?");
   };
   sync_close(bin_, bin_tmp_);
   bin_ = nullptr;
@@ -370,7 +424,8 @@ void IndexedDatasetBuilder::finalize() {
   // .idx sit next to a .bin it does not describe.
   const std::string ip = idx_path(prefix_), bp = bin_path(prefix_);
   std::remove(ip.c_str());
-  if (std::rename(bin_tmp_.c_str(), bp.c_str()) != 0 || std::rename(idx_tmp_.c_str(), ip.c_str()) != 0)
+  if (std::rename(bin_tmp_.c_str(), bp.c_str()) != 0 ||
+      std::rename(idx_tmp_.c_str(), ip.c_str()) != 0)
     throw Error(fmt::format("cannot move {} into place: {}", prefix_, std::strerror(errno)));
   finalized_ = true;
 }

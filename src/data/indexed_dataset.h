@@ -22,7 +22,14 @@ namespace mcpp::data {
 
 // Megatron's DType enum codes.
 enum class IndexDType : uint8_t {
-  U8 = 1, I8 = 2, I16 = 3, I32 = 4, I64 = 5, F64 = 6, F32 = 7, U16 = 8
+  U8 = 1,
+  I8 = 2,
+  I16 = 3,
+  I32 = 4,
+  I64 = 5,
+  F64 = 6,
+  F32 = 7,
+  U16 = 8
 };
 bool index_dtype_valid(uint8_t code);
 int64_t index_dtype_size(IndexDType t);

@@ -65,6 +65,8 @@ class ParamStore {
   Tensor& flat_grads() { return grads_; }
   int64_t total_numel() const { return total_; }
   Device device() const { return params_.device(); }
+  int64_t tp_rank() const { return tp_rank_; }
+  int64_t tp_size() const { return tp_size_; }
   void zero_grads();
 
  private:

@@ -43,6 +43,8 @@ class AdamW {
   Tensor& main_params() { return main_; }
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
   const AdamWConfig& config() const { return cfg_; }
 
  private:

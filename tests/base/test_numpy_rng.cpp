@@ -43,7 +43,8 @@ TEST(NumpyRng, ShuffleMatchesNumpy) {
     std::iota(b.begin(), b.end(), 0u);
     rs.shuffle(b.data(), int64_t(b.size()));
     auto first = c["first"].get<std::vector<int64_t>>();
-    for (size_t i = 0; i < first.size(); ++i) ASSERT_EQ(a[i], first[i]) << "seed " << c["seed"] << " n " << n;
+    for (size_t i = 0; i < first.size(); ++i)
+      ASSERT_EQ(a[i], first[i]) << "seed " << c["seed"] << " n " << n;
     int64_t s = 0;
     for (int64_t i = 0; i < n; ++i) s += i * a[i];
     EXPECT_EQ(s, c["sum_i_times_v"].get<int64_t>());
@@ -55,7 +56,8 @@ TEST(NumpyRng, ShuffleMatchesNumpy) {
 TEST(NumpyRng, PCG64RawMatchesNumpy) {
   for (auto& c : fixtures()["pcg_raw"]) {
     mcpp::NumpyGenerator g(c["seed"].get<uint64_t>());
-    for (auto& v : c["u64"]) EXPECT_EQ(g.next_u64(), std::stoull(v.get<std::string>())) << c["seed"];
+    for (auto& v : c["u64"])
+      EXPECT_EQ(g.next_u64(), std::stoull(v.get<std::string>())) << c["seed"];
   }
 }
 

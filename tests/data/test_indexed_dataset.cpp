@@ -138,19 +138,23 @@ TEST(IndexedDataset, CorruptFilesAreClearErrors) {
     return s;
   };
   expect_error([&] { IndexedDataset d(dir + "/missing"); }, {"missing.idx", "cannot open"});
-  expect_error([&] { IndexedDataset d(make("short", idx.substr(0, 20), bin)); }, {"short.idx", "header"});
+  expect_error([&] { IndexedDataset d(make("short", idx.substr(0, 20), bin)); },
+               {"short.idx", "header"});
   expect_error([&] { IndexedDataset d(make("magic", patch(0, "XXIDIDX", 7), bin)); }, {"magic"});
   uint64_t v2 = 2;
-  expect_error([&] { IndexedDataset d(make("ver", patch(9, &v2, 8), bin)); }, {"version", "found 2"});
+  expect_error([&] { IndexedDataset d(make("ver", patch(9, &v2, 8), bin)); },
+               {"version", "found 2"});
   uint8_t c9 = 9;
-  expect_error([&] { IndexedDataset d(make("dt", patch(17, &c9, 1), bin)); }, {"dtype code", "found 9"});
+  expect_error([&] { IndexedDataset d(make("dt", patch(17, &c9, 1), bin)); },
+               {"dtype code", "found 9"});
   uint64_t huge = ~0ull >> 4;
   expect_error([&] { IndexedDataset d(make("n", patch(18, &huge, 8), bin)); }, {"sequence count"});
   expect_error([&] { IndexedDataset d(make("d", patch(26, &huge, 8), bin)); }, {"document count"});
   expect_error([&] { IndexedDataset d(make("trunc", idx.substr(0, idx.size() - 8), bin)); },
                {"trunc.idx", "file size"});
   int32_t neg = -3;
-  expect_error([&] { IndexedDataset d(make("len", patch(34, &neg, 4), bin)); }, {"sequence_lengths"});
+  expect_error([&] { IndexedDataset d(make("len", patch(34, &neg, 4), bin)); },
+               {"sequence_lengths"});
   int64_t back = 0;  // pointer of sequence 1 moved before the end of sequence 0
   expect_error([&] { IndexedDataset d(make("ptr", patch(34 + 16 + 8, &back, 8), bin)); },
                {"sequence_pointers"});

@@ -12,8 +12,9 @@ namespace mcpp::testing {
 
 inline std::string scratch_dir() {
   auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::temp_directory_path() /
-             ("mcpp_test_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
+  auto dir =
+      std::filesystem::temp_directory_path() / ("mcpp_test_" + std::to_string(::getpid()) + "_" +
+                                                info->test_suite_name() + "_" + info->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

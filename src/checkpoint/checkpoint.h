@@ -1,0 +1,160 @@
+// Sharded, reshardable, atomic checkpoints (docs/checkpoint.md has the format).
+//
+//   <save>/latest_checkpointed_iteration.txt   "100"  (Megatron's tracker; written last)
+//   <save>/iter_0000100/metadata.json          format version, every tensor's global key,
+//                                              global shape, dtype, shards (file, boxes in the
+//                                              global tensor, xxh3-64), training state, config
+//   <save>/iter_0000100/model_tp00_pp00.safetensors          one per (tp, pp[, ep]) on dp 0
+//   <save>/iter_0000100/optim_tp00_pp00_dp00.safetensors     Adam moments of that rank
+//
+// Tensors are keyed by Megatron-Core names; a shard is the tensor a rank holds, described by
+// one or more boxes ("pieces") of the global tensor, so a checkpoint written under one tensor-
+// parallel layout loads under any other: the loader copies the intersection of every stored
+// piece with each local piece of the loading rank (ParamStore's split kinds and TP rank).
+//
+// Saving: files go to iter_0000100.tmp-<pid>/, each fsynced; metadata.json is written last;
+// the directory is fsynced, renamed to iter_0000100/, the parent fsynced, and only then the
+// tracker is replaced (tmp + fsync + rename). A crash at any moment leaves the previous
+// checkpoint loadable; leftover *.tmp-* directories are ignored and removed by the next save.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/params.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+
+namespace mcpp::model {
+class GPTModel;
+}
+
+namespace mcpp::checkpoint {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
+inline constexpr const char* kMetadataFile = "metadata.json";
+
+// Everything besides tensors that a bit-exact resume needs.
+struct TrainingState {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
+  optim::SchedulerState scheduler;
+  int64_t optimizer_steps = 0;  // AdamW's step count (bias correction); set from opt on save
+  // Dropout is counter-based (seed, iteration, micro-batch, global index): seed and iteration
+  // are the whole RNG state. rng_iteration = iteration unless the trainer says otherwise.
+  uint64_t rng_seed = 0;
+  int64_t rng_iteration = 0;
+  double num_floating_point_operations_so_far = 0;
+  nlohmann::json data_loader = nlohmann::json::object();  // the loader's position, opaque here
+  nlohmann::json config = nlohmann::json::object();       // Args.given + derived values
+  std::string mcpp_version;                               // filled on save; read on load
+};
+
+// Position of the writing rank in the parallel layout; names its files.
+struct RankCoord {
+  int64_t tp = 0, pp = 0, dp = 0, ep = 0;
+};
+
+struct SaveOptions {
+  // The model's shape, recorded so that loading can name mismatched fields and converters can
+  // rebuild the model. The GPTModel overload fills it.
+  std::optional<model::TransformerConfig> model;
+  bool save_rng = true;       // !--no-save-rng
+  bool cleanup_stale = true;  // remove leftover *.tmp-* directories (with a warning)
+};
+
+struct LoadOptions {
+  // When set, the checkpoint's model shape must match (layers, hidden, heads, groups, ffn,
+  // padded vocab, positions, architecture switches); LR and other training settings may differ.
+  std::optional<model::TransformerConfig> model;
+  bool load_rng = true;   // !--no-load-rng: false zeroes rng_seed/rng_iteration in the result
+  bool finetune = false;  // --finetune: model weights only; iteration and counters reset to 0
+  bool verify_checksums = true;
+};
+
+// ---- one rank's data -----------------------------------------------------------------------
+// A rank's parameters (and optionally Adam moments) as flat buffers laid out like ParamStore.
+// view() shares memory with the live buffers; clone() deep-copies them (the async snapshot).
+struct RankSnapshot {
+  RankCoord coord;
+  int64_t tp_size = 1;
+  std::vector<model::ParamInfo> infos;
+  Tensor params;               // flat [total] like ParamStore::flat_params()
+  Tensor exp_avg, exp_avg_sq;  // undefined: no optimizer state saved
+  int64_t optimizer_steps = 0;
+  bool write_model = true;  // false on dp > 0 (the model is a DP replica)
+
+  static RankSnapshot view(const model::ParamStore& params, const optim::AdamW* opt,
+                           RankCoord coord = {});
+  RankSnapshot clone() const;
+};
+
+// A box of the global tensor held in a local tensor: rows/cols [offset, offset+shape) of the
+// global tensor sit at local_offset in the local tensor. 1-D tensors use cols = 1.
+struct Piece {
+  int64_t g_row = 0, g_col = 0;  // offset in the global tensor
+  int64_t rows = 0, cols = 0;    // extent
+  int64_t l_row = 0, l_col = 0;  // offset in the local tensor
+};
+// The pieces of TP rank `tp_rank` of parameter p: one box, or two for SwiGLU's [gate_r; up_r].
+std::vector<Piece> local_pieces(const model::ParamInfo& p, int64_t tp_rank, int64_t tp_size);
+
+// ---- saving --------------------------------------------------------------------------------
+// One process holding all of the model (the serial layout, or TP=1 conversions).
+void save_checkpoint(const std::string& save_dir, const model::ParamStore& params,
+                     const optim::AdamW* opt /* null: --no-save-optim */, const TrainingState& st,
+                     const SaveOptions& opts = {});
+void save_checkpoint(const std::string& save_dir, const model::GPTModel& model,
+                     const optim::AdamW* opt, const TrainingState& st, SaveOptions opts = {});
+// Several ranks' data in one process (tests of resharding, converters).
+void save_checkpoint(const std::string& save_dir, std::span<const RankSnapshot> ranks,
+                     const TrainingState& st, const SaveOptions& opts = {});
+
+// Building blocks of a multi-process save: every rank calls write_rank_files() into the same
+// temporary directory (begin_checkpoint's name, broadcast from rank 0) and sends the returned
+// shard records to rank 0, which calls commit_checkpoint() after a barrier.
+std::string begin_checkpoint(const std::string& save_dir, int64_t iteration,
+                             const SaveOptions& opts = {});
+nlohmann::json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank);
+void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
+                       const std::vector<nlohmann::json>& rank_records, const TrainingState& st,
+                       const SaveOptions& opts = {});
+
+// ---- finding and loading -------------------------------------------------------------------
+std::string iteration_dir_name(int64_t iteration);  // "iter_0000100"
+// Complete checkpoints (an iter_* directory holding metadata.json), ascending.
+std::vector<int64_t> list_iterations(const std::string& load_dir);
+// The tracker's iteration; without a usable tracker (missing, garbage, or pointing at a
+// missing directory) the newest complete iteration, with a warning. nullopt: none at all.
+std::optional<int64_t> latest_iteration(const std::string& load_dir);
+
+// Reads iteration (default: latest) into params (any TP layout) and opt (null:
+// --no-load-optim), verifying checksums, shapes, dtypes and model compatibility. Any problem
+// is an mcpp::Error that names the file and tensor and lists the iterations that exist.
+TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
+                              model::ParamStore& params, optim::AdamW* opt,
+                              const LoadOptions& opts = {});
+TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
+                              model::GPTModel& model, optim::AdamW* opt, LoadOptions opts = {});
+
+// The parsed metadata.json of a checkpoint (dir: the save directory or an iter_* directory).
+nlohmann::json read_metadata(const std::string& dir, std::optional<int64_t> iteration = {});
+// The model config recorded at save time (error when the checkpoint has none).
+model::TransformerConfig model_config_from_metadata(const nlohmann::json& metadata);
+nlohmann::json model_config_json(const model::TransformerConfig& c);
+
+// `megatron inspect CKPT`: iteration, state, config, tensors and shard layout; reads every
+// shard and verifies its checksum (the report says which are bad; it throws only when the
+// metadata itself is unreadable).
+std::string describe_checkpoint(const std::string& dir);
+
+// TrainingState <-> JSON, as stored in metadata.json's "state".
+nlohmann::json state_to_json(const TrainingState& st);
+TrainingState state_from_json(const nlohmann::json& j);
+
+}  // namespace mcpp::checkpoint

@@ -1,0 +1,88 @@
+#include "checkpoint/fs.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "base/error.h"
+
+#ifdef MCPP_HAVE_XXHASH
+#include <xxhash.h>
+#endif
+
+namespace mcpp::checkpoint {
+
+void write_file_durable(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MCPP_CHECK_HINT(fd >= 0, "check that the directory exists and is writable",
+                  "cannot create {}: {}", tmp, std::strerror(errno));
+  const char* p = bytes.data();
+  size_t n = bytes.size();
+  while (n) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      MCPP_FAIL("writing {} failed: {}", tmp, std::strerror(e));
+    }
+    p += w, n -= size_t(w);
+  }
+  if (::fsync(fd) != 0) {
+    int e = errno;
+    ::close(fd);
+    MCPP_FAIL("fsync {} failed: {}", tmp, std::strerror(e));
+  }
+  ::close(fd);
+  MCPP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename {} -> {} failed: {}", tmp, path,
+             std::strerror(errno));
+  const auto slash = path.find_last_of('/');
+  fsync_dir(slash == std::string::npos ? "." : path.substr(0, slash));
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  MCPP_CHECK(fd >= 0, "cannot open directory {} to fsync it: {}", dir, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  // Some file systems (and /proc-like mounts) refuse fsync on directories: not an error.
+  MCPP_CHECK(rc == 0 || e == EINVAL || e == EROFS, "fsync of directory {} failed: {}", dir,
+             std::strerror(e));
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  MCPP_CHECK(f.good(), "cannot open {}", path);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+const char* checksum_algorithm() {
+#ifdef MCPP_HAVE_XXHASH
+  return "xxh3-64";
+#else
+  return "fnv1a-64";
+#endif
+}
+
+std::string checksum_hex(const void* data, size_t n) {
+#ifdef MCPP_HAVE_XXHASH
+  const uint64_t h = XXH3_64bits(data, n);
+#else
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* c = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 0x100000001b3ull;
+#endif
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace mcpp::checkpoint

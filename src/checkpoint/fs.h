@@ -1,0 +1,19 @@
+// Durable file-system steps of the checkpoint writer, and the shard checksum.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace mcpp::checkpoint {
+
+// Writes bytes to path + ".tmp-<pid>", fsyncs, renames over path and fsyncs the directory:
+// readers see the old file or the new one, never a part.
+void write_file_durable(const std::string& path, const std::string& bytes);
+// fsync of a directory, so that the renames and creations inside it survive a crash.
+void fsync_dir(const std::string& dir);
+std::string read_text_file(const std::string& path);
+
+// "xxh3-64" when built with xxHash (MCPP_HAVE_XXHASH), else "fnv1a-64" (slower, same role).
+const char* checksum_algorithm();
+std::string checksum_hex(const void* data, size_t n);  // 16 lower-case hex digits
+
+}  // namespace mcpp::checkpoint

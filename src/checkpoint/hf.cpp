@@ -1,0 +1,433 @@
+#include "checkpoint/hf.h"
+
+#include <filesystem>
+#include <set>
+
+#include "base/log.h"
+#include "checkpoint/fs.h"
+#include "checkpoint/safetensors.h"
+#include "model/gpt_model.h"
+
+namespace mcpp::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+double load_elem(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::F32:
+      return t.data<float>()[i];
+    case DType::F64:
+      return t.data<double>()[i];
+    case DType::BF16:
+      return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::F16:
+      return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    default:
+      MCPP_FAIL("HF tensor of dtype {} is not a float tensor", dtype_name(t.dtype()));
+  }
+}
+void store_elem(const Tensor& t, int64_t i, double v) {
+  switch (t.dtype()) {
+    case DType::F32:
+      t.data<float>()[i] = float(v);
+      return;
+    case DType::F64:
+      t.data<double>()[i] = v;
+      return;
+    case DType::BF16:
+      static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v));
+      return;
+    case DType::F16:
+      static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v));
+      return;
+    default:
+      MCPP_FAIL("cannot convert to {}", dtype_name(t.dtype()));
+  }
+}
+
+int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.size(0); }
+int64_t cols_of(const Tensor& t) { return t.dim() > 1 ? t.numel() / t.size(0) : 1; }
+
+// One HF tensor: rows `rows` (in HF order) of the Megatron tensor `mname`, transposed for
+// GPT-2's Conv1D. rows empty: all rows in order. Every conversion is a row gather (+ transpose).
+struct Entry {
+  std::string mname, hname;
+  std::vector<int64_t> rows;
+  bool transpose = false;
+};
+
+std::vector<int64_t> range(int64_t a, int64_t b) {
+  std::vector<int64_t> r;
+  for (int64_t i = a; i < b; ++i) r.push_back(i);
+  return r;
+}
+
+// Rows of Megatron's grouped linear_qkv [NG, (r + 2) * HD] (r = NH/NG) holding the query
+// heads in head order, the keys and the values (HF's q / k / v row order).
+struct QkvRows {
+  std::vector<int64_t> q, k, v;
+};
+QkvRows qkv_rows(const model::TransformerConfig& c) {
+  const int64_t r = c.heads_per_group(), HD = c.kv_channels;
+  QkvRows o;
+  for (int64_t h = 0; h < c.num_attention_heads; ++h)
+    for (int64_t d = 0; d < HD; ++d) o.q.push_back(((h / r) * (r + 2) + h % r) * HD + d);
+  for (int64_t g = 0; g < c.num_query_groups; ++g)
+    for (int64_t d = 0; d < HD; ++d) {
+      o.k.push_back((g * (r + 2) + r) * HD + d);
+      o.v.push_back((g * (r + 2) + r + 1) * HD + d);
+    }
+  return o;
+}
+
+std::vector<Entry> entries(const model::TransformerConfig& c) {
+  const HfArch arch = hf_arch_of(c);
+  const QkvRows qkv = qkv_rows(c);
+  std::vector<Entry> e;
+  auto L = [](int l, const std::string& s) { return model::layer_param_name(l, s); };
+  if (arch == HfArch::Gpt2) {
+    std::vector<int64_t> all = qkv.q;
+    all.insert(all.end(), qkv.k.begin(), qkv.k.end());
+    all.insert(all.end(), qkv.v.begin(), qkv.v.end());
+    e.push_back({"embedding.word_embeddings.weight", "transformer.wte.weight", {}, false});
+    e.push_back({"embedding.position_embeddings.weight", "transformer.wpe.weight", {}, false});
+    for (int l = 0; l < c.num_layers; ++l) {
+      const std::string h = "transformer.h." + std::to_string(l) + ".";
+      e.push_back({L(l, "input_layernorm.weight"), h + "ln_1.weight", {}, false});
+      e.push_back({L(l, "input_layernorm.bias"), h + "ln_1.bias", {}, false});
+      e.push_back({L(l, "self_attention.linear_qkv.weight"), h + "attn.c_attn.weight", all, true});
+      e.push_back({L(l, "self_attention.linear_qkv.bias"), h + "attn.c_attn.bias", all, false});
+      e.push_back({L(l, "self_attention.linear_proj.weight"), h + "attn.c_proj.weight", {}, true});
+      e.push_back({L(l, "self_attention.linear_proj.bias"), h + "attn.c_proj.bias", {}, false});
+      e.push_back({L(l, "pre_mlp_layernorm.weight"), h + "ln_2.weight", {}, false});
+      e.push_back({L(l, "pre_mlp_layernorm.bias"), h + "ln_2.bias", {}, false});
+      e.push_back({L(l, "mlp.linear_fc1.weight"), h + "mlp.c_fc.weight", {}, true});
+      e.push_back({L(l, "mlp.linear_fc1.bias"), h + "mlp.c_fc.bias", {}, false});
+      e.push_back({L(l, "mlp.linear_fc2.weight"), h + "mlp.c_proj.weight", {}, true});
+      e.push_back({L(l, "mlp.linear_fc2.bias"), h + "mlp.c_proj.bias", {}, false});
+    }
+    e.push_back({"decoder.final_layernorm.weight", "transformer.ln_f.weight", {}, false});
+    e.push_back({"decoder.final_layernorm.bias", "transformer.ln_f.bias", {}, false});
+    return e;  // lm_head is tied to wte and not stored, as HF saves GPT-2
+  }
+  const int64_t F = c.ffn_hidden_size;
+  const bool bias = c.add_bias_linear;
+  e.push_back({"embedding.word_embeddings.weight", "model.embed_tokens.weight", {}, false});
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string h = "model.layers." + std::to_string(l) + ".";
+    e.push_back({L(l, "input_layernorm.weight"), h + "input_layernorm.weight", {}, false});
+    for (const char* suf : {"weight", "bias"}) {
+      if (std::string(suf) == "bias" && !bias) continue;
+      const std::string s = suf;
+      e.push_back(
+          {L(l, "self_attention.linear_qkv." + s), h + "self_attn.q_proj." + s, qkv.q, false});
+      e.push_back(
+          {L(l, "self_attention.linear_qkv." + s), h + "self_attn.k_proj." + s, qkv.k, false});
+      e.push_back(
+          {L(l, "self_attention.linear_qkv." + s), h + "self_attn.v_proj." + s, qkv.v, false});
+      e.push_back(
+          {L(l, "self_attention.linear_proj." + s), h + "self_attn.o_proj." + s, {}, false});
+      e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.gate_proj." + s, range(0, F), false});
+      e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.up_proj." + s, range(F, 2 * F), false});
+      e.push_back({L(l, "mlp.linear_fc2." + s), h + "mlp.down_proj." + s, {}, false});
+    }
+    e.push_back(
+        {L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false});
+  }
+  e.push_back({"decoder.final_layernorm.weight", "model.norm.weight", {}, false});
+  if (!c.tie_embeddings) e.push_back({"output_layer.weight", "lm_head.weight", {}, false});
+  return e;
+}
+
+bool is_vocab_tensor(const std::string& mname) {
+  return mname == "embedding.word_embeddings.weight" || mname == "output_layer.weight";
+}
+
+void check_tp1(const model::TransformerConfig& c, const model::ParamStore& ps) {
+  MCPP_CHECK_HINT(ps.tp_size() == 1 && c.tp_size == 1,
+                  "load the checkpoint into a TP=1 model first (loading reshards)",
+                  "Hugging Face conversion needs the whole model (TP=1), got TP={}", ps.tp_size());
+}
+
+const char* torch_dtype(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "float32";
+    case DType::F64:
+      return "float64";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    default:
+      MCPP_FAIL("cannot export weights as {}", dtype_name(t));
+  }
+}
+
+}  // namespace
+
+const char* hf_arch_name(HfArch a) {
+  return a == HfArch::Gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+}
+
+HfArch hf_arch_of(const model::TransformerConfig& c) {
+  if (!c.rope && !c.rmsnorm && !c.swiglu) {
+    MCPP_CHECK_HINT(c.add_bias_linear && c.tie_embeddings,
+                    "GPT-2 needs biases and tied embeddings (drop --disable-bias-linear and "
+                    "--untie-embeddings-and-output-weights)",
+                    "this GPT-style model has no GPT2LMHeadModel equivalent");
+    MCPP_CHECK_HINT(c.num_query_groups == c.num_attention_heads &&
+                        c.kv_channels * c.num_attention_heads == c.hidden_size,
+                    "GPT-2 has no grouped-query attention and head_dim = hidden / heads",
+                    "this model (query groups {}, kv_channels {}) has no GPT2LMHeadModel "
+                    "equivalent",
+                    c.num_query_groups, c.kv_channels);
+    return HfArch::Gpt2;
+  }
+  MCPP_CHECK_HINT(c.rope && c.rmsnorm && c.swiglu,
+                  "Llama is RoPE + RMSNorm + SwiGLU; GPT-2 uses none of them",
+                  "the model mixes GPT-2 and Llama features (rope {}, rmsnorm {}, swiglu {}); "
+                  "no Hugging Face architecture matches",
+                  c.rope, c.rmsnorm, c.swiglu);
+  MCPP_CHECK_HINT(c.rotary_percent == 1.0, "use --rotary-percent 1.0",
+                  "LlamaForCausalLM rotates every head dimension, this model only {}",
+                  c.rotary_percent);
+  return HfArch::Llama;
+}
+
+json hf_config(const model::TransformerConfig& c, DType dtype) {
+  if (hf_arch_of(c) == HfArch::Gpt2)
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", c.padded_vocab_size},
+            {"n_positions", c.max_position_embeddings},
+            {"n_ctx", c.max_position_embeddings},
+            {"n_embd", c.hidden_size},
+            {"n_layer", c.num_layers},
+            {"n_head", c.num_attention_heads},
+            {"n_inner", c.ffn_hidden_size},
+            {"activation_function", "gelu_new"},  // tanh approximation, as ours
+            {"layer_norm_epsilon", c.norm_epsilon},
+            {"resid_pdrop", c.hidden_dropout},
+            {"embd_pdrop", c.hidden_dropout},
+            {"attn_pdrop", c.attention_dropout},
+            {"initializer_range", c.init_method_std},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", torch_dtype(dtype)}};
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", c.padded_vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.ffn_hidden_size},
+          {"num_hidden_layers", c.num_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_key_value_heads", c.num_query_groups},
+          {"head_dim", c.kv_channels},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"rms_norm_eps", c.norm_epsilon},
+          {"rope_theta", c.rotary_base},
+          {"rope_scaling", nullptr},
+          {"hidden_act", "silu"},
+          {"attention_bias", c.add_bias_linear},
+          {"mlp_bias", c.add_bias_linear},
+          {"attention_dropout", c.attention_dropout},
+          {"initializer_range", c.init_method_std},
+          {"tie_word_embeddings", c.tie_embeddings},
+          {"torch_dtype", torch_dtype(dtype)}};
+}
+
+model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_by) {
+  model::TransformerConfig c;
+  const std::string type = j.value("model_type", "");
+  auto need = [&](const char* k) -> const json& {
+    MCPP_CHECK_HINT(j.contains(k) && !j[k].is_null(), "check config.json",
+                    "Hugging Face config.json ({}) lacks '{}'", type, k);
+    return j[k];
+  };
+  try {
+    if (type == "gpt2") {
+      c.num_layers = need("n_layer"), c.hidden_size = need("n_embd");
+      c.num_attention_heads = need("n_head");
+      c.num_query_groups = c.num_attention_heads;
+      c.kv_channels = c.hidden_size / c.num_attention_heads;
+      c.ffn_hidden_size =
+          j.value("n_inner", json()).is_null() ? 4 * c.hidden_size : j["n_inner"].get<int64_t>();
+      c.max_position_embeddings = need("n_positions");
+      c.seq_length = c.max_position_embeddings;
+      c.norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
+      const std::string act = j.value("activation_function", "gelu_new");
+      MCPP_CHECK_HINT(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast",
+                      "megatron.cpp's GELU is the tanh approximation (gelu_new)",
+                      "GPT-2 activation_function '{}' is not supported", act);
+      c.hidden_dropout = j.value("resid_pdrop", 0.1);
+      c.attention_dropout = j.value("attn_pdrop", 0.1);
+      c.init_method_std = j.value("initializer_range", 0.02);
+    } else if (type == "llama") {
+      c.num_layers = need("num_hidden_layers"), c.hidden_size = need("hidden_size");
+      c.num_attention_heads = need("num_attention_heads");
+      c.num_query_groups = j.value("num_key_value_heads", c.num_attention_heads);
+      c.kv_channels = j.value("head_dim", json()).is_null() ? c.hidden_size / c.num_attention_heads
+                                                            : j["head_dim"].get<int64_t>();
+      c.ffn_hidden_size = need("intermediate_size");
+      c.max_position_embeddings = need("max_position_embeddings");
+      c.seq_length = c.max_position_embeddings;
+      c.norm_epsilon = j.value("rms_norm_eps", 1e-6);
+      c.rope = true, c.rmsnorm = true, c.swiglu = true;
+      c.rotary_base = j.value("rope_theta", 10000.0);
+      MCPP_CHECK_HINT(j.value("rope_scaling", json()).is_null(),
+                      "RoPE scaling (llama3, yarn, linear) is not implemented yet",
+                      "config.json has rope_scaling {}", j["rope_scaling"].dump());
+      const std::string act = j.value("hidden_act", "silu");
+      MCPP_CHECK(act == "silu", "Llama hidden_act '{}' is not supported (only silu)", act);
+      const bool ab = j.value("attention_bias", false), mb = j.value("mlp_bias", false);
+      MCPP_CHECK_HINT(ab == mb, "megatron.cpp has one switch for all linear biases",
+                      "config.json has attention_bias {} but mlp_bias {}", ab, mb);
+      c.add_bias_linear = ab;
+      c.tie_embeddings = j.value("tie_word_embeddings", false);
+      c.hidden_dropout = 0.0;
+      c.attention_dropout = j.value("attention_dropout", 0.0);
+      c.init_method_std = j.value("initializer_range", 0.02);
+    } else {
+      MCPP_FAIL("Hugging Face model_type '{}' is not supported (gpt2 and llama are)", type);
+    }
+    const int64_t v = need("vocab_size");
+    const int64_t m = std::max<int64_t>(1, divisible_by);
+    c.padded_vocab_size = (v + m - 1) / m * m;
+  } catch (const json::exception& e) {
+    MCPP_FAIL("Hugging Face config.json has a field of the wrong type: {}", e.what());
+  }
+  c.validate();
+  return c;
+}
+
+std::map<std::string, Tensor> to_hf_tensors(const model::TransformerConfig& c,
+                                            const model::ParamStore& ps, DType dtype) {
+  check_tp1(c, ps);
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : entries(c)) {
+    const Tensor src = ps.param(e.mname);
+    const int64_t C = cols_of(src);
+    const std::vector<int64_t> rows = e.rows.empty() ? range(0, rows_of(src)) : e.rows;
+    const int64_t R = int64_t(rows.size());
+    Shape shape = src.dim() == 1 ? Shape{R} : e.transpose ? Shape{C, R} : Shape{R, C};
+    Tensor t = Tensor::empty(shape, dtype);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < C; ++j)
+        store_elem(t, e.transpose ? j * R + i : i * C + j, load_elem(src, rows[size_t(i)] * C + j));
+    out[e.hname] = t;
+  }
+  return out;
+}
+
+void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::string, Tensor>& in,
+                     model::ParamStore& ps) {
+  check_tp1(c, ps);
+  // HF files may name GPT-2's tensors without the "transformer." prefix (GPT2Model) and carry
+  // non-parameter buffers; both are accepted.
+  std::map<std::string, const Tensor*> hf;
+  for (const auto& [n, t] : in) hf[n] = &t;
+  auto find = [&](const std::string& n) -> const Tensor* {
+    if (hf.count(n)) return hf[n];
+    const std::string p = "transformer.";
+    if (n.rfind(p, 0) == 0 && hf.count(n.substr(p.size()))) return hf[n.substr(p.size())];
+    return nullptr;
+  };
+  std::set<std::string> used;
+  std::map<std::string, int64_t> rows_filled;
+  for (const Entry& e : entries(c)) {
+    const Tensor* src = find(e.hname);
+    MCPP_CHECK_HINT(src,
+                    "the config.json does not describe these weights, or the file is "
+                    "incomplete",
+                    "Hugging Face tensor {} is missing", e.hname);
+    used.insert(hf.count(e.hname) ? e.hname : e.hname.substr(std::string("transformer.").size()));
+    Tensor dst = ps.param(e.mname);
+    const int64_t C = cols_of(dst);
+    std::vector<int64_t> rows = e.rows.empty() ? range(0, rows_of(dst)) : e.rows;
+    // The vocabulary may hold fewer rows than our padded one: the rest stays zero.
+    if (is_vocab_tensor(e.mname) && src->dim() == 2 && src->size(0) < rows_of(dst)) {
+      rows = range(0, src->size(0));
+      std::memset(dst.raw(), 0, dst.nbytes());
+    }
+    const int64_t R = int64_t(rows.size());
+    const Shape want = dst.dim() == 1 ? Shape{R} : e.transpose ? Shape{C, R} : Shape{R, C};
+    MCPP_CHECK_HINT(src->shape() == want, "the config.json does not match the weights",
+                    "Hugging Face tensor {} has shape {}, expected {} (for {})", e.hname,
+                    shape_str(src->shape()), shape_str(want), e.mname);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < C; ++j)
+        store_elem(dst, rows[size_t(i)] * C + j,
+                   load_elem(*src, e.transpose ? j * R + i : i * C + j));
+    rows_filled[e.mname] += R;
+  }
+  for (const auto& p : ps.infos()) {
+    const bool vocab = is_vocab_tensor(p.name);
+    MCPP_CHECK(rows_filled.count(p.name) && (vocab || rows_filled[p.name] == p.global_shape[0]),
+               "internal: parameter {} not fully covered by the Hugging Face mapping", p.name);
+  }
+  std::vector<std::string> unknown;
+  for (const auto& [n, t] : in) {
+    if (used.count(n)) continue;
+    const bool buffer = n.find("attn.bias") != std::string::npos ||
+                        n.find("attn.masked_bias") != std::string::npos ||
+                        n.find("rotary_emb.inv_freq") != std::string::npos;
+    const bool tied_head = n == "lm_head.weight" && c.tie_embeddings;
+    if (!buffer && !tied_head) unknown.push_back(n);
+  }
+  MCPP_CHECK_HINT(unknown.empty(), "check that config.json belongs to these weights",
+                  "{} Hugging Face tensor(s) have no megatron.cpp parameter, e.g. {}",
+                  unknown.size(), unknown.empty() ? "" : unknown.front());
+}
+
+void export_hf(const std::string& out_dir, const model::TransformerConfig& c,
+               const model::ParamStore& ps, DType dtype) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  MCPP_CHECK(!ec, "cannot create {}: {}", out_dir, ec.message());
+  auto tensors = to_hf_tensors(c, ps, dtype);
+  // "format": "pt" is what transformers expects in a safetensors file's metadata.
+  save_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_durable((fs::path(out_dir) / "config.json").string(), hf_config(c, dtype).dump(2));
+}
+
+json read_hf_config(const std::string& hf_dir) {
+  const fs::path p = fs::path(hf_dir) / "config.json";
+  MCPP_CHECK_HINT(fs::exists(p), "pass a Hugging Face model folder", "{} has no config.json",
+                  hf_dir);
+  try {
+    return json::parse(read_text_file(p.string()));
+  } catch (const json::exception& e) {
+    MCPP_FAIL("{} is not valid JSON: {}", p.string(), e.what());
+  }
+}
+
+void import_hf(const std::string& hf_dir, const model::TransformerConfig& c,
+               model::ParamStore& ps) {
+  const fs::path dir(hf_dir);
+  std::vector<std::string> files;
+  if (fs::exists(dir / "model.safetensors.index.json")) {
+    json idx = json::parse(read_text_file((dir / "model.safetensors.index.json").string()));
+    std::set<std::string> s;
+    for (auto& [k, v] : idx.at("weight_map").items()) s.insert(v.get<std::string>());
+    files.assign(s.begin(), s.end());
+  } else if (fs::exists(dir / "model.safetensors")) {
+    files.push_back("model.safetensors");
+  } else {
+    MCPP_CHECK_HINT(false,
+                    "megatron.cpp reads safetensors only (pickle files can execute code); "
+                    "convert pytorch_model.bin with safetensors' convert script first",
+                    "{} has no model.safetensors", hf_dir);
+  }
+  std::map<std::string, Tensor> tensors;
+  for (const auto& f : files) {
+    auto st = load_safetensors((dir / f).string());
+    for (auto& [n, t] : st.tensors) tensors[n] = t;
+  }
+  from_hf_tensors(c, tensors, ps);
+}
+
+}  // namespace mcpp::checkpoint

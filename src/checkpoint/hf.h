@@ -1,0 +1,61 @@
+// Hugging Face exchange: a TP=1 ParamStore <-> a Hugging Face model folder
+// (model.safetensors + config.json) in the GPT2LMHeadModel or LlamaForCausalLM layout.
+//
+// Layout conversions (docs/checkpoint.md has the full table):
+//  * GPT-2 uses Conv1D, whose weights are stored [in, out]: every linear is transposed.
+//    Its c_attn rows are [q; k; v], each head-major, whereas Megatron's linear_qkv groups the
+//    rows per query group [q_g0 .. q_g(r-1), k_g, v_g] per group: rows are permuted.
+//  * Llama's q_proj / k_proj / v_proj are the same three row sets of the grouped QKV, kept
+//    [out, in]; gate_proj / up_proj are the halves of SwiGLU's linear_fc1 [gate; up].
+//  * RoPE: HF Llama rotates with rotate_half (dims i and i + HD/2 form a pair, inv_freq =
+//    theta^(-2i/HD)), exactly Megatron's default non-interleaved RoPE, which is ours
+//    (src/ops/cpu/rope.cpp). So q/k rows need no permutation. The permutation seen in HF's
+//    convert_llama_weights_to_hf.py converts Meta's original *interleaved* checkpoints (pairs
+//    2i, 2i+1) to rotate_half; it does not apply between Megatron-Core and HF.
+//  * Vocabulary: all padded_vocab_size rows (Vp) are exported and config.json's vocab_size is
+//    Vp, so HF's logits equal ours (Megatron's softmax includes the padding rows too) and the
+//    embedding shape matches vocab_size; a tokenizer with fewer tokens simply never emits the
+//    padding ids. On import, HF rows are copied and any extra padded rows are zero.
+#pragma once
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/config.h"
+#include "model/params.h"
+#include "tensor/tensor.h"
+
+namespace mcpp::checkpoint {
+
+enum class HfArch { Gpt2, Llama };
+const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", "LlamaForCausalLM"
+// The HF architecture a model maps to; an mcpp::Error naming the feature when it fits neither
+// (e.g. GPT-2 needs LayerNorm, GELU, biases, learned positions, tied embeddings, no GQA).
+HfArch hf_arch_of(const model::TransformerConfig& c);
+
+// config.json for the model (vocab_size = padded vocab, torch_dtype of `dtype`).
+nlohmann::json hf_config(const model::TransformerConfig& c, DType dtype = DType::F32);
+// A TransformerConfig from an HF config.json (GPT-2 or Llama); the vocabulary is padded to a
+// multiple of make_vocab_size_divisible_by (pass 1 to keep vocab_size as it is).
+model::TransformerConfig model_config_from_hf(const nlohmann::json& config,
+                                              int64_t make_vocab_size_divisible_by = 128);
+
+// HF-named tensors of a TP=1 ParamStore, converted to dtype (F32, F64, BF16 or F16).
+std::map<std::string, Tensor> to_hf_tensors(const model::TransformerConfig& c,
+                                            const model::ParamStore& params,
+                                            DType dtype = DType::F32);
+// The inverse: fills every parameter of a TP=1 ParamStore; errors on missing, misshapen or
+// unknown tensors (HF's non-parameter buffers such as attn.bias or rotary inv_freq are skipped).
+void from_hf_tensors(const model::TransformerConfig& c,
+                     const std::map<std::string, Tensor>& tensors, model::ParamStore& params);
+
+// Writes out_dir/model.safetensors and out_dir/config.json (each written atomically).
+void export_hf(const std::string& out_dir, const model::TransformerConfig& c,
+               const model::ParamStore& params, DType dtype = DType::F32);
+// Reads config.json's tensors from hf_dir (model.safetensors, or the shards listed in
+// model.safetensors.index.json) into params (TP=1, built from model_config_from_hf or flags).
+void import_hf(const std::string& hf_dir, const model::TransformerConfig& c,
+               model::ParamStore& params);
+nlohmann::json read_hf_config(const std::string& hf_dir);
+
+}  // namespace mcpp::checkpoint

@@ -1,0 +1,138 @@
+#include "comm/world.h"
+
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "base/log.h"
+#include "comm/local/local_communicator.h"
+#include "comm/mpi/mpi_backend.h"
+
+namespace mcpp::comm {
+namespace {
+
+int env_int(const std::function<const char*(const char*)>& get, const char* name) {
+  const char* v = get(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  return (end && *end == '\0' && x >= 0) ? int(x) : -1;
+}
+
+// The world without MPI: one process.
+class LocalWorld final : public World {
+ public:
+  explicit LocalWorld(Communicator::Duration timeout) : World(timeout) {
+    world_ = std::make_unique<LocalCommunicator>("world", 0, timeout);
+  }
+  std::string_view backend() const override { return "local"; }
+  std::string_view thread_level() const override { return "none"; }
+
+ protected:
+  std::unique_ptr<Communicator> split_impl(int, const std::vector<int>&,
+                                           const std::string&) override {
+    MCPP_FAIL("internal: a group of more than one rank in a world of one");
+  }
+  std::unique_ptr<Communicator> create_group_impl(const std::vector<int>&,
+                                                  const std::string&) override {
+    MCPP_FAIL("internal: a group of more than one rank in a world of one");
+  }
+  std::function<void()> aborter() const override { return {}; }
+};
+
+void check_members(const std::vector<int>& g, int world_size, const std::string& name) {
+  MCPP_CHECK(!g.empty(), "group '{}': an empty rank list", name);
+  std::set<int> seen;
+  for (int r : g) {
+    MCPP_CHECK(r >= 0 && r < world_size, "group '{}': rank {} outside the world of {} ranks", name,
+               r, world_size);
+    MCPP_CHECK(seen.insert(r).second, "group '{}': rank {} listed twice in [{}]", name, r,
+               fmt::join(g, ", "));
+  }
+}
+
+}  // namespace
+
+LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv_fn) {
+  auto get = getenv_fn ? getenv_fn : [](const char* n) -> const char* { return std::getenv(n); };
+  LaunchInfo li;
+  auto set = [&](const char* launcher, const char* size, const char* rank) {
+    li.launcher = launcher, li.size = size ? env_int(get, size) : -1;
+    li.rank = rank ? env_int(get, rank) : -1;
+  };
+  if (get("OMPI_COMM_WORLD_SIZE"))
+    set("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
+  else if (get("PMIX_RANK"))
+    set("pmix", nullptr, "PMIX_RANK");
+  else if (get("PMI_SIZE"))
+    set("pmi", "PMI_SIZE", "PMI_RANK");
+  else if (get("SLURM_STEP_NUM_TASKS") && get("SLURM_PROCID"))
+    // Inside an srun step. A batch script alone (SLURM_NTASKS without a step) is not
+    // a launch: the script runs once and should call srun.
+    set("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID");
+  return li;
+}
+
+std::unique_ptr<World> init(const InitOptions& opts) {
+  static bool started = false;
+  MCPP_CHECK(!started, "comm::init called twice: one World per process (MPI starts only once)");
+  Backend b = opts.backend;
+  LaunchInfo li = detect_launch();
+  if (b == Backend::Auto) {
+#ifdef MCPP_HAVE_MPI
+    b = li.launched() ? Backend::MPI : Backend::Local;
+#else
+    MCPP_CHECK_HINT(
+        !li.launched() || li.size == 1, "install libopenmpi-dev and rebuild, or run without mpirun",
+        "launched by {} with {} ranks, but this build has no MPI", li.launcher, li.size);
+    b = Backend::Local;
+#endif
+  }
+  std::unique_ptr<World> w;
+  if (b == Backend::MPI) {
+    w = make_mpi_world(opts);
+    started = true;  // MPI cannot be started again after MPI_Finalize
+  } else {
+    w = std::make_unique<LocalWorld>(opts.timeout);
+  }
+  log::set_rank(w->rank(), w->size());
+  return w;
+}
+
+std::unique_ptr<Communicator> World::split(const std::vector<std::vector<int>>& groups,
+                                           const std::string& name) {
+  std::set<int> seen;
+  int color = -1;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    check_members(groups[i], size(), name);
+    for (int r : groups[i]) {
+      MCPP_CHECK(seen.insert(r).second, "groups '{}': rank {} is in more than one group", name, r);
+      if (r == rank()) color = int(i);
+    }
+  }
+  // Everybody arrives (or the job aborts with this barrier's sequence number) before
+  // the untimed MPI_Comm_split.
+  if (size() > 1) world_->barrier(Stream::cpu());
+  std::vector<int> members = color >= 0 ? groups[size_t(color)] : std::vector<int>{};
+  const bool mine_is_big = members.size() > 1;
+  std::unique_ptr<Communicator> c;
+  if (size() > 1) c = split_impl(mine_is_big ? color : -1, members, name);
+  if (color < 0) return nullptr;
+  if (!mine_is_big) return std::make_unique<LocalCommunicator>(name, rank(), timeout_, aborter());
+  return c;
+}
+
+std::unique_ptr<Communicator> World::new_group(std::span<const int> ranks,
+                                               const std::string& name) {
+  std::vector<int> members(ranks.begin(), ranks.end());
+  check_members(members, size(), name);
+  MCPP_CHECK(std::find(members.begin(), members.end(), rank()) != members.end(),
+             "new_group '{}': world rank {} is not in [{}]; only members call new_group", name,
+             rank(), fmt::join(members, ", "));
+  if (members.size() == 1)
+    return std::make_unique<LocalCommunicator>(name, rank(), timeout_, aborter());
+  return create_group_impl(members, name);
+}
+
+}  // namespace mcpp::comm

@@ -1,0 +1,151 @@
+#include "data/dataset_builder.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "data/blended_dataset.h"
+
+namespace mcpp::data {
+
+int64_t pad_id_for(std::optional<int64_t> tokenizer_pad, int64_t eod) {
+  if (!tokenizer_pad || *tokenizer_pad < 0 || *tokenizer_pad == eod) return -1;
+  return *tokenizer_pad;
+}
+
+Blend parse_data_path(const std::vector<std::string>& words_in) {
+  std::vector<std::string> words;
+  for (const auto& w : words_in) {  // a single quoted argument may hold several words
+    std::istringstream is(w);
+    for (std::string t; is >> t;) words.push_back(t);
+  }
+  Blend b;
+  if (words.empty())
+    throw Error("--data-path is empty",
+                "give a dataset prefix, e.g. --data-path my-gpt2_text_document");
+  if (words.size() == 1) {
+    b.prefixes = words;
+    return b;
+  }
+  bool weighted = words.size() % 2 == 0;
+  std::vector<double> w;
+  for (size_t i = 0; weighted && i < words.size(); i += 2) {
+    char* end = nullptr;
+    double x = std::strtod(words[i].c_str(), &end);
+    if (end == words[i].c_str() || *end != '\0')
+      weighted = false;
+    else
+      w.push_back(x);
+  }
+  if (weighted) {
+    for (size_t i = 1; i < words.size(); i += 2) b.prefixes.push_back(words[i]);
+    for (double x : w)
+      if (!(x >= 0) || !std::isfinite(x))
+        throw Error(fmt::format("--data-path weight {} is not a non-negative number", x));
+    double sum = 0;
+    for (double x : w) sum += x;
+    if (!(sum > 0)) throw Error("--data-path weights sum to zero");
+    for (double& x : w) x /= sum;  // normalize(): float64 division by the float sum
+    b.weights = w;
+  } else {
+    b.prefixes = words;
+  }
+  return b;
+}
+
+namespace {
+
+GPTDatasetConfig make_config(const GPTDatasetsArgs& a) {
+  GPTDatasetConfig c;
+  c.sequence_length = a.seq_length;
+  c.seed = a.seed;
+  c.reset_position_ids = a.reset_position_ids;
+  c.reset_attention_mask = a.reset_attention_mask;
+  c.eod_mask_loss = a.eod_mask_loss;
+  c.eod = a.eod;
+  c.pad = a.pad;
+  c.mock = a.mock_data;
+  return c;
+}
+
+using Splits = std::array<std::shared_ptr<GPTSampleSource>, 3>;
+
+// _build_megatron_dataset_splits for one prefix (or the mock dataset).
+Splits build_splits(std::shared_ptr<const LowLevelDataset> low,
+                    const std::vector<std::optional<std::pair<double, double>>>& matrix,
+                    const std::array<std::optional<int64_t>, 3>& sizes,
+                    const GPTDatasetConfig& cfg) {
+  Splits out;
+  const double n = double(low->num_sequences());
+  for (int i = 0; i < 3; ++i) {
+    if (!matrix[i]) continue;
+    const int64_t beg = python_round(matrix[i]->first * n),
+                  end = python_round(matrix[i]->second * n);
+    std::vector<int32_t> indices;
+    for (int64_t k = beg; k < end; ++k) indices.push_back(int32_t(k));
+    out[i] = std::make_shared<GPTDataset>(low, std::move(indices), sizes[i], Split(i), cfg);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
+    const GPTDatasetsArgs& a) {
+  if (a.seq_length <= 0) throw Error("--seq-length must be positive");
+  const GPTDatasetConfig cfg = make_config(a);
+  if (a.mock_data) {
+    auto low = std::make_shared<MockGPTLowLevelDataset>(a.vocab_size, a.eod);
+    return build_splits(low, split_matrix(parse_split("1,1,1")), a.num_samples, cfg);
+  }
+  const Blend blend = parse_data_path(a.data_path);
+  const auto matrix = split_matrix(parse_split(a.split));
+  if (blend.prefixes.size() == 1 && blend.weights.empty())
+    return build_splits(std::make_shared<IndexedLowLevelDataset>(blend.prefixes[0]), matrix,
+                        a.num_samples, cfg);
+
+  const size_t P = blend.prefixes.size();
+  const bool weighted = !blend.weights.empty();
+  // _get_size_per_split_per_dataset: target and (with surplus) buffer sizes.
+  auto sizes_for = [&](double w, double surplus) {
+    std::array<std::optional<int64_t>, 3> s{};
+    for (int i = 0; i < 3; ++i)
+      if (a.num_samples[i])
+        s[i] = int64_t(std::ceil(std::ceil(double(*a.num_samples[i]) * w) * (1.0 + surplus)));
+    return s;
+  };
+  std::vector<Splits> per_dataset(P);
+  for (size_t p = 0; p < P; ++p) {
+    auto low = std::make_shared<IndexedLowLevelDataset>(blend.prefixes[p]);
+    std::array<std::optional<int64_t>, 3> sizes{};
+    if (weighted) sizes = sizes_for(blend.weights[p], a.mid_level_dataset_surplus);
+    per_dataset[p] = build_splits(low, matrix, sizes, cfg);
+  }
+  Splits out;
+  for (int i = 0; i < 3; ++i) {
+    if (!matrix[i]) continue;
+    std::vector<std::shared_ptr<const GPTSampleSource>> ds;
+    for (size_t p = 0; p < P; ++p) ds.push_back(per_dataset[p][i]);
+    std::vector<double> weights;
+    std::optional<int64_t> size;
+    if (weighted) {
+      if (!a.num_samples[i])
+        throw Error(fmt::format("a weighted --data-path needs a sample count for the {} split",
+                                split_name(Split(i))),
+                    "this happens with --full-validation; give unweighted prefixes instead");
+      int64_t total = 0;
+      for (size_t p = 0; p < P; ++p) total += *sizes_for(blend.weights[p], 0.0)[i];
+      weights = blend.weights;
+      size = total;
+    } else {
+      int64_t sum = 0;
+      for (auto& d : ds) weights.push_back(double(d->size())), sum += d->size();
+      if (a.num_samples[i]) size = std::min(*a.num_samples[i], sum);
+    }
+    out[i] = std::make_shared<BlendedDataset>(std::move(ds), std::move(weights), size, Split(i));
+  }
+  return out;
+}
+
+}  // namespace mcpp::data

@@ -1,0 +1,54 @@
+// Builds the train/valid/test sample sources from Megatron-style arguments, as
+// BlendedMegatronDatasetBuilder does for pretrain_gpt.py:
+//
+//   --data-path P            one GPTDataset per split over P's sequence ranges
+//   --data-path W1 P1 W2 P2  per-prefix GPTDatasets sized ceil(ceil(T*w)*(1+surplus)),
+//                            blended to sum_i ceil(T*w_i) samples
+//   --data-path P1 P2        blended by the datasets' lengths, min(T, sum len) samples
+//   --mock-data              MockGPTDataset over MockGPTLowLevelDataset, split "1,1,1"
+//
+// Each split i of a prefix with N sequences covers sequences
+// [round(lo_i*N), round(hi_i*N)) (Python's round). A split of zero width is not built
+// (null); a non-zero split that holds no sequences is an error naming the split,
+// the dataset and its sequence count.
+#pragma once
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/gpt_dataset.h"
+
+namespace mcpp::data {
+
+struct GPTDatasetsArgs {
+  std::vector<std::string> data_path;  // --data-path words, as given
+  std::string split = "969, 30, 1";    // --split
+  bool mock_data = false;              // --mock-data
+  int64_t seq_length = 0;              // --seq-length
+  uint32_t seed = 1234;                // --seed
+  // Samples wanted per split (train, valid, test); nullopt = one epoch.
+  std::array<std::optional<int64_t>, 3> num_samples{};
+  int64_t eod = 0;         // tokenizer eod id
+  int64_t pad = -1;        // tokenizer pad id, -1 if none (see pad_id_for)
+  int64_t vocab_size = 0;  // tokenizer vocab size (mock data only)
+  bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
+  double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
+};
+
+// Megatron's pad rule: the tokenizer's pad id unless it is absent or equals EOD.
+int64_t pad_id_for(std::optional<int64_t> tokenizer_pad, int64_t eod);
+
+// (prefixes, weights) from --data-path words (get_blend_from_list); weights empty when none given.
+struct Blend {
+  std::vector<std::string> prefixes;
+  std::vector<double> weights;
+};
+Blend parse_data_path(const std::vector<std::string>& words);
+
+// Returns {train, valid, test}; an entry is null when its split has zero width.
+std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
+    const GPTDatasetsArgs& args);
+
+}  // namespace mcpp::data

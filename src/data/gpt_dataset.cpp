@@ -1,0 +1,290 @@
+#include "data/gpt_dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <regex>
+
+#include "base/error.h"
+#include "base/numpy_rng.h"
+
+namespace mcpp::data {
+
+const char* split_name(Split s) {
+  switch (s) {
+    case Split::Train:
+      return "train";
+    case Split::Valid:
+      return "valid";
+    case Split::Test:
+      return "test";
+  }
+  return "?";
+}
+
+// ---- mock ---------------------------------------------------------------------------
+
+MockGPTLowLevelDataset::MockGPTLowLevelDataset(int64_t vocab_size, int64_t eod)
+    : lengths_(kSize), vocab_size_(vocab_size), eod_(eod) {
+  MCPP_CHECK(vocab_size > 0, "mock data needs a vocabulary size, got {}", vocab_size);
+  NumpyGenerator rng(0);
+  for (auto& l : lengths_) l = rng.integers_i32(1, 4096);
+}
+
+int64_t MockGPTLowLevelDataset::read(int64_t seq, int64_t offset, int64_t length,
+                                     int64_t* out) const {
+  const int64_t len = lengths_[seq];
+  if (length < 0) length = len - offset;
+  MCPP_CHECK(offset >= 0 && offset + length <= len, "mock read out of range");
+  for (int64_t k = 0; k < length; ++k) {
+    int64_t pos = offset + k;
+    out[k] = pos == len - 1 ? eod_ : (pos + 1) % vocab_size_;
+  }
+  return length;
+}
+
+// ---- index construction ---------------------------------------------------------------
+
+namespace {
+
+// _build_document_index: `documents` tiled num_epochs times, int32, one shuffle.
+std::vector<int32_t> build_document_index(const std::vector<int32_t>& docs, int64_t num_epochs,
+                                          NumpyRandomState& rng, bool separate_final_epoch) {
+  if (!separate_final_epoch || num_epochs == 1) {
+    std::vector<int32_t> out;
+    out.reserve(docs.size() * size_t(num_epochs));
+    for (int64_t e = 0; e < num_epochs; ++e) out.insert(out.end(), docs.begin(), docs.end());
+    rng.shuffle(out.data(), int64_t(out.size()));
+    return out;
+  }
+  auto first = build_document_index(docs, num_epochs - 1, rng, false);
+  auto last = build_document_index(docs, 1, rng, false);
+  first.insert(first.end(), last.begin(), last.end());
+  return first;
+}
+
+// _build_shuffle_index: [0, n) shuffled, then [n, total) shuffled separately. The
+// element type only matters for caching, the permutation is the same.
+std::vector<int64_t> build_shuffle_index(int64_t num_samples, int64_t total,
+                                         NumpyRandomState& rng) {
+  std::vector<int64_t> out(static_cast<size_t>(total));
+  std::iota(out.begin(), out.end(), int64_t(0));
+  rng.shuffle(out.data(), num_samples);
+  if (num_samples < total) rng.shuffle(out.data() + num_samples, total - num_samples);
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
+                                        const std::vector<int32_t>& document_index,
+                                        int64_t seq_length, int64_t num_epochs,
+                                        int64_t tokens_per_epoch, bool drop_last_partial,
+                                        int add_extra_token) {
+  const int64_t X = add_extra_token;
+  int64_t num_samples;
+  if (drop_last_partial) {
+    num_samples = (num_epochs * tokens_per_epoch - X) / seq_length;
+  } else {
+    // helpers.cpp computes this in single precision.
+    num_samples = int64_t(std::ceil(float(num_epochs * tokens_per_epoch - X) / float(seq_length)));
+  }
+  std::vector<int64_t> idx(size_t(2 * (num_samples + 1)));
+  int64_t row = 0, doc_pos = 0, doc_offset = 0;
+  idx[0] = 0, idx[1] = 0;
+  ++row;
+  const int64_t ndocs = int64_t(document_index.size());
+  while (row <= num_samples) {
+    int64_t remaining = seq_length + X;
+    while (remaining != 0) {
+      const int64_t doc_len = low.sequence_length(document_index[doc_pos]) - doc_offset;
+      remaining -= doc_len;
+      if (remaining <= 0) {
+        // The next sample starts X tokens before the end of this one.
+        doc_offset += remaining + doc_len - X;
+        remaining = 0;
+      } else {
+        if (doc_pos == ndocs - 1) {
+          MCPP_CHECK(row == num_samples, "sample index ran out of documents at sample {} of {}",
+                     row, num_samples);
+          doc_offset = low.sequence_length(document_index[doc_pos]) - X;
+          break;
+        }
+        ++doc_pos;
+        doc_offset = 0;
+      }
+    }
+    idx[2 * row] = doc_pos;
+    idx[2 * row + 1] = doc_offset;
+    ++row;
+  }
+  return idx;
+}
+
+GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<int32_t> indices,
+                       std::optional<int64_t> num_samples, Split split,
+                       const GPTDatasetConfig& config)
+    : low_(std::move(low)),
+      indices_(std::move(indices)),
+      num_samples_(num_samples),
+      split_(split),
+      cfg_(config) {
+  const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
+  MCPP_CHECK(S > 0, "sequence length must be positive, got {}", S);
+  if (cfg_.reset_attention_mask)
+    throw Error("--reset-attention-mask is not implemented yet",
+                "drop the flag (position ids can still be reset with --reset-position-ids)");
+  if (cfg_.mock && !num_samples_) num_samples_ = int64_t(indices_.size());
+
+  int64_t tokens_per_epoch = 0;
+  for (int32_t i : indices_) tokens_per_epoch += low_->sequence_length(i);
+  // Megatron would loop forever (or abort in its C++ helper) on an empty split.
+  if (indices_.empty() || tokens_per_epoch <= X)
+    throw Error(
+        fmt::format("the {} split of dataset {} holds {} sequences ({} tokens): too few to "
+                    "make even one sample of {} tokens (the dataset has {} sequences in all)",
+                    split_name(split_), low_->path(), indices_.size(), tokens_per_epoch, S + X,
+                    low_->num_sequences()),
+        "change --split so that every non-zero split gets sequences (e.g. --split 98,2,0 "
+        "for a small dataset), or use a larger dataset");
+
+  // _get_num_epochs
+  num_epochs_ = 1;
+  if (num_samples_) {
+    const int64_t requested = *num_samples_ * S + X;
+    for (int64_t t = tokens_per_epoch; t < requested; t += tokens_per_epoch) ++num_epochs_;
+  }
+  int64_t samples_sans_final = 0;
+  if (num_epochs_ > 1) {
+    samples_sans_final = ((num_epochs_ - 1) * tokens_per_epoch - X) / S;
+    const int64_t from_final = *num_samples_ - samples_sans_final;
+    const int64_t per_epoch = (tokens_per_epoch - X) / S;
+    MCPP_CHECK(from_final >= 0 && from_final <= per_epoch + 1, "bad final-epoch sample count {}",
+               from_final);
+    separate_final_epoch_ = from_final < int64_t(0.80 * double(per_epoch));
+  }
+
+  NumpyRandomState rng(cfg_.seed);
+  document_index_ = build_document_index(indices_, num_epochs_, rng, separate_final_epoch_);
+  const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
+  sample_index_ = build_sample_index(*low_, document_index_, S, num_epochs_, tokens_per_epoch,
+                                     drop_last, int(X));
+  const int64_t total = int64_t(sample_index_.size() / 2) - 1;
+  shuffle_index_ =
+      build_shuffle_index(separate_final_epoch_ ? samples_sans_final : total, total, rng);
+}
+
+int64_t GPTDataset::size() const {
+  if (cfg_.mock) return *num_samples_;
+  return int64_t(sample_index_.size() / 2) - 1;
+}
+
+std::string GPTDataset::describe() const {
+  return fmt::format("GPTDataset {} split of {}: {} sequences, {} samples, {} epochs{}",
+                     split_name(split_), low_->path(), indices_.size(), size(), num_epochs_,
+                     separate_final_epoch_ ? " (final epoch shuffled separately)" : "");
+}
+
+void GPTDataset::get_text(int64_t index, std::vector<int64_t>& out) const {
+  MCPP_CHECK(index >= 0 && index < size(), "sample {} out of range [0, {}) of {}", index, size(),
+             describe());
+  const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
+  const int64_t j = shuffle_index_[size_t(index)];
+  const int64_t doc_beg = sample_index_[2 * j], off_beg = sample_index_[2 * j + 1];
+  const int64_t doc_end = sample_index_[2 * j + 2], off_end = sample_index_[2 * j + 3];
+  out.resize(size_t(S + X));
+  int64_t n = 0;
+  auto room = [&](int64_t want) {
+    MCPP_CHECK(n + want <= S + X, "sample {} spans more than {} tokens", index, S + X);
+  };
+  if (doc_beg == doc_end) {
+    room(off_end - off_beg + X);
+    n += low_->read(document_index_[doc_beg], off_beg, off_end - off_beg + X, out.data());
+  } else {
+    for (int64_t i = doc_beg; i <= doc_end; ++i) {
+      const int32_t seq = document_index_[i];
+      const int64_t offset = i > doc_beg ? 0 : off_beg;
+      const int64_t length = i < doc_end ? low_->sequence_length(seq) - offset : off_end + X;
+      room(length);
+      n += low_->read(seq, offset, length, out.data() + n);
+    }
+  }
+  for (; n < S + X; ++n) out[n] = cfg_.pad;  // validation's last partial sample only
+}
+
+void make_gpt_sample(const std::vector<int64_t>& text, const GPTDatasetConfig& cfg,
+                     GPTSample& out) {
+  const int64_t S = cfg.sequence_length;
+  out.tokens.resize(S), out.labels.resize(S), out.loss_mask.resize(S), out.position_ids.resize(S);
+  if (cfg.add_extra_token) {
+    std::copy(text.begin(), text.begin() + S, out.tokens.begin());
+    std::copy(text.begin() + 1, text.begin() + S + 1, out.labels.begin());
+  } else {
+    std::copy(text.begin(), text.begin() + S, out.tokens.begin());
+    std::copy(text.begin() + 1, text.begin() + S, out.labels.begin());
+    out.labels[S - 1] = cfg.pad;
+  }
+  int64_t pos_base = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    const bool eod = out.tokens[i] == cfg.eod;
+    out.loss_mask[i] = (cfg.eod_mask_loss && eod) ? 0.f : 1.f;
+    out.position_ids[i] = i - pos_base;
+    if (cfg.reset_position_ids && eod) pos_base = i + 1;
+  }
+  for (int64_t i = 0; i < S; ++i) {
+    if (out.labels[i] == cfg.pad) out.loss_mask[i] = 0.f, out.labels[i] = 0;
+    if (out.tokens[i] == cfg.pad) out.tokens[i] = 0;
+  }
+}
+
+void GPTDataset::get(int64_t index, GPTSample& out) const {
+  thread_local std::vector<int64_t> text;
+  get_text(index, text);
+  make_gpt_sample(text, cfg_, out);
+}
+
+// ---- split ------------------------------------------------------------------------
+
+std::vector<double> parse_split(const std::string& split) {
+  static const std::regex number("[.0-9]+");
+  std::vector<double> v;
+  for (auto it = std::sregex_iterator(split.begin(), split.end(), number);
+       it != std::sregex_iterator(); ++it) {
+    const std::string s = it->str();
+    char* end = nullptr;
+    double x = std::strtod(s.c_str(), &end);
+    if (end != s.c_str() + s.size() || !std::isfinite(x))
+      throw Error(fmt::format("--split '{}': '{}' is not a number", split, s),
+                  "give three weights, e.g. --split 969,30,1");
+    v.push_back(x);
+  }
+  if (v.size() > 3)
+    throw Error(fmt::format("--split '{}' has {} numbers, expected at most 3", split, v.size()),
+                "give train,valid,test weights, e.g. --split 969,30,1");
+  v.resize(3, 0.0);
+  const double sum = v[0] + v[1] + v[2];
+  if (!(sum > 0))
+    throw Error(fmt::format("--split '{}' sums to zero", split), "e.g. --split 969,30,1");
+  for (auto& x : v) x /= sum;
+  return v;
+}
+
+std::vector<std::optional<std::pair<double, double>>> split_matrix(
+    const std::vector<double>& split) {
+  std::vector<std::optional<std::pair<double, double>>> m;
+  double lo = 0.0;
+  for (double w : split) {
+    double hi = lo + w;
+    if (hi <= lo)
+      m.push_back(std::nullopt);
+    else
+      m.push_back(std::make_pair(lo, hi));
+    lo = hi;
+  }
+  return m;
+}
+
+int64_t python_round(double x) { return int64_t(std::nearbyint(x)); }
+
+}  // namespace mcpp::data

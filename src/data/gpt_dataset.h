@@ -1,0 +1,155 @@
+// Megatron's GPTDataset (megatron/core/datasets/gpt_dataset.py + helpers.cpp): the
+// document, sample and shuffle indices that turn a tokenised corpus into a fixed
+// sequence of training samples, built exactly as Megatron builds them so that sample
+// i here is Megatron's sample i for the same files, split, sequence length and seed.
+//
+// The trainer only needs GPTSampleSource (below): size() and get(i) -> GPTSample.
+// GPTDataset and BlendedDataset (blended_dataset.h) implement it; the builder in
+// dataset_builder.h makes the three split datasets from Megatron-style arguments.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/indexed_dataset.h"
+
+namespace mcpp::data {
+
+// One training sample of S = sequence_length tokens, as Megatron's GPTDataset
+// __getitem__ returns it (pad ids already replaced by 0 in tokens and labels; the
+// attention mask is the plain causal one and is not materialised).
+struct GPTSample {
+  std::vector<int64_t> tokens;        // [S] input ids
+  std::vector<int64_t> labels;        // [S] target ids (tokens shifted by one)
+  std::vector<float> loss_mask;       // [S] 1 = counts in the loss
+  std::vector<int64_t> position_ids;  // [S] 0..S-1, or reset after each EOD
+};
+
+// What the trainer reads. Thread-safe: get() may be called from several threads.
+class GPTSampleSource {
+ public:
+  virtual ~GPTSampleSource() = default;
+  virtual int64_t size() const = 0;                           // number of samples
+  virtual void get(int64_t index, GPTSample& out) const = 0;  // 0 <= index < size()
+  // The raw S + X token window of sample `index` (before shifting and masking).
+  virtual void get_text(int64_t index, std::vector<int64_t>& out) const = 0;
+  virtual std::string describe() const = 0;  // one line for logs
+};
+
+enum class Split : int { Train = 0, Valid = 1, Test = 2 };
+const char* split_name(Split s);  // "train", "valid", "test"
+
+// The token store under a GPTDataset: an IndexedDataset or the mock one.
+class LowLevelDataset {
+ public:
+  virtual ~LowLevelDataset() = default;
+  virtual int64_t num_sequences() const = 0;
+  virtual int32_t sequence_length(int64_t seq) const = 0;
+  // `length` ids of sequence `seq` from `offset` into out; returns length.
+  virtual int64_t read(int64_t seq, int64_t offset, int64_t length, int64_t* out) const = 0;
+  virtual std::string path() const = 0;
+};
+
+// Wraps a memory-mapped Megatron .bin/.idx pair.
+class IndexedLowLevelDataset final : public LowLevelDataset {
+ public:
+  explicit IndexedLowLevelDataset(const std::string& prefix) : ds_(prefix) {}
+  int64_t num_sequences() const override { return ds_.num_sequences(); }
+  int32_t sequence_length(int64_t seq) const override { return ds_.sequence_lengths()[seq]; }
+  int64_t read(int64_t seq, int64_t offset, int64_t length, int64_t* out) const override {
+    return ds_.get(seq, offset, length, out);
+  }
+  std::string path() const override { return ds_.prefix(); }
+  const IndexedDataset& indexed() const { return ds_; }
+
+ private:
+  IndexedDataset ds_;
+};
+
+// MockGPTLowLevelDataset: 100,000 sequences with lengths
+// numpy.random.default_rng(0).integers(1, 4096, dtype=int32); sequence i holds
+// (1, 2, ..., len-1) % vocab_size followed by EOD.
+class MockGPTLowLevelDataset final : public LowLevelDataset {
+ public:
+  static constexpr int64_t kSize = 100000;
+  MockGPTLowLevelDataset(int64_t vocab_size, int64_t eod);
+  int64_t num_sequences() const override { return kSize; }
+  int32_t sequence_length(int64_t seq) const override { return lengths_[seq]; }
+  int64_t read(int64_t seq, int64_t offset, int64_t length, int64_t* out) const override;
+  std::string path() const override { return "mock"; }
+
+ private:
+  std::vector<int32_t> lengths_;
+  int64_t vocab_size_, eod_;
+};
+
+struct GPTDatasetConfig {
+  int64_t sequence_length = 0;        // S (--seq-length)
+  uint32_t seed = 1234;               // --seed
+  int add_extra_token = 1;            // X: add_extra_token_to_sequence (always 1 in pretrain_gpt)
+  bool reset_position_ids = false;    // --reset-position-ids
+  bool reset_attention_mask = false;  // --reset-attention-mask (not implemented: an error)
+  bool eod_mask_loss = false;         // --eod-mask-loss
+  bool drop_last_partial_validation_sequence = true;
+  int64_t eod = 0;    // tokenizer.eod
+  int64_t pad = -1;   // tokenizer.pad, or -1 (Megatron's _PAD_TOKEN_ID)
+  bool mock = false;  // MockGPTDataset semantics (len = num_samples)
+};
+
+class GPTDataset final : public GPTSampleSource {
+ public:
+  // indices: the split's sequence ids (contiguous range from the split book-ends).
+  // num_samples: requested samples; nullopt = one epoch.
+  GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<int32_t> indices,
+             std::optional<int64_t> num_samples, Split split, const GPTDatasetConfig& config);
+
+  int64_t size() const override;
+  void get(int64_t index, GPTSample& out) const override;
+  void get_text(int64_t index, std::vector<int64_t>& out) const override;
+  std::string describe() const override;
+
+  // The indices, for tests and `megatron inspect`.
+  const std::vector<int32_t>& document_index() const { return document_index_; }
+  const std::vector<int64_t>& sample_index() const { return sample_index_; }  // [(n+1)*2]
+  const std::vector<int64_t>& shuffle_index() const { return shuffle_index_; }
+  int64_t num_epochs() const { return num_epochs_; }
+  bool separate_final_epoch() const { return separate_final_epoch_; }
+  int64_t num_sequences_in_split() const { return int64_t(indices_.size()); }
+
+ private:
+  std::shared_ptr<const LowLevelDataset> low_;
+  std::vector<int32_t> indices_;
+  std::optional<int64_t> num_samples_;
+  Split split_;
+  GPTDatasetConfig cfg_;
+  int64_t num_epochs_ = 1;
+  bool separate_final_epoch_ = false;
+  std::vector<int32_t> document_index_;
+  std::vector<int64_t> sample_index_;
+  std::vector<int64_t> shuffle_index_;
+};
+
+// helpers.cpp build_sample_idx: rows (position in document_index, offset), flattened.
+std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
+                                        const std::vector<int32_t>& document_index,
+                                        int64_t seq_length, int64_t num_epochs,
+                                        int64_t tokens_per_epoch, bool drop_last_partial,
+                                        int add_extra_token);
+
+// Masks and position ids of Megatron's _get_ltor_masks_and_position_ids, then the
+// pad handling of GPTDataset.__getitem__. text has S + X ids.
+void make_gpt_sample(const std::vector<int64_t>& text, const GPTDatasetConfig& cfg, GPTSample& out);
+
+// ---- split ------------------------------------------------------------------------
+
+// parse_and_normalize_split: numbers found by [.0-9]+, padded to 3, normalised.
+std::vector<double> parse_split(const std::string& split);
+// convert_split_vector_to_split_matrix: book-ends per split, nullopt when zero-width.
+std::vector<std::optional<std::pair<double, double>>> split_matrix(
+    const std::vector<double>& split);
+// Python's round() of lo*n (half to even), as Megatron computes split starts/ends.
+int64_t python_round(double x);
+
+}  // namespace mcpp::data

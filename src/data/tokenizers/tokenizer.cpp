@@ -1,0 +1,67 @@
+#include "data/tokenizers/tokenizer.h"
+
+#include <charconv>
+
+#include "base/error.h"
+
+namespace mcpp::data {
+
+NullTokenizer::NullTokenizer(int64_t vocab_size) : v_(vocab_size) {
+  if (vocab_size <= 0)
+    throw Error("NullTokenizer needs --vocab-size > 0", "pass e.g. --vocab-size 32000");
+}
+
+void NullTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && std::isspace(uint8_t(text[i]))) ++i;
+    if (i == text.size()) break;
+    size_t j = i;
+    while (j < text.size() && !std::isspace(uint8_t(text[j]))) ++j;
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(text.data() + i, text.data() + j, v);
+    if (ec != std::errc() || p != text.data() + j || v < 0 || v > v_)
+      throw Error(fmt::format("NullTokenizer: '{}' is not a token id in [0, {}]",
+                              text.substr(i, j - i), v_),
+                  "NullTokenizer text is whitespace-separated integer ids");
+    out.push_back(int32_t(v));
+    i = j;
+  }
+}
+
+std::string NullTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ' ';
+    s += std::to_string(ids[i]);
+  }
+  return s;
+}
+
+std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& model, bool llama2);
+
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& a) {
+  if (a.type == "NullTokenizer") {
+    if (!a.vocab_size) throw Error("--tokenizer-type NullTokenizer needs --vocab-size");
+    return std::make_unique<NullTokenizer>(*a.vocab_size);
+  }
+  if (a.type == "GPT2BPETokenizer")
+    return std::make_unique<GPT2BPETokenizer>(a.vocab_file, a.merge_file);
+  if (a.type == "SentencePieceTokenizer" || a.type == "Llama2Tokenizer") {
+    if (a.tokenizer_model.empty())
+      throw Error(fmt::format("--tokenizer-type {} needs --tokenizer-model", a.type));
+    return make_sentencepiece_tokenizer(a.tokenizer_model, a.type == "Llama2Tokenizer");
+  }
+  static const char* later[] = {"HuggingFaceTokenizer",      "TikTokenizer",
+                                "BertWordPieceLowerCase",    "BertWordPieceCase",
+                                "GPTSentencePieceTokenizer", "MultimodalTokenizer",
+                                "NullMultimodalTokenizer"};
+  for (const char* t : later)
+    if (a.type == t)
+      throw Error(fmt::format("--tokenizer-type {} is not implemented yet", a.type),
+                  "use GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer or NullTokenizer");
+  throw Error(fmt::format("unknown --tokenizer-type '{}'", a.type),
+              "one of GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer, NullTokenizer");
+}
+
+}  // namespace mcpp::data

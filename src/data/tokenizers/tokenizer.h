@@ -1,0 +1,86 @@
+// Tokenizers selected by Megatron's --tokenizer-type. Every tokenizer is immutable
+// after construction, so encode()/decode() may be called from many threads at once.
+//
+//   NullTokenizer            text is whitespace-separated integer ids; --vocab-size V:
+//                            eod = V, vocab_size() = V + 1 (Megatron's _NullTokenizer)
+//   GPT2BPETokenizer         --vocab-file encoder.json --merge-file vocab.bpe: byte-level
+//                            BPE with GPT-2's pre-tokenisation regex (PCRE2, Unicode classes)
+//   SentencePieceTokenizer,  --tokenizer-model file.model (libsentencepiece)
+//   Llama2Tokenizer
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mcpp::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Appends the ids of `text` to out (Megatron's tokenizer.tokenize).
+  virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;
+  std::vector<int32_t> encode(std::string_view text) const {
+    std::vector<int32_t> v;
+    encode(text, v);
+    return v;
+  }
+  // Megatron's detokenize. Bytes as produced (byte-level BPE may split a UTF-8 character).
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  virtual int64_t vocab_size() const = 0;  // before padding to a multiple of 128·TP
+  virtual int64_t eod() const = 0;
+  virtual std::optional<int64_t> bos() const { return std::nullopt; }
+  virtual std::optional<int64_t> eos() const { return std::nullopt; }
+  virtual std::optional<int64_t> pad() const { return std::nullopt; }
+  virtual std::string name() const = 0;  // the --tokenizer-type
+};
+
+// Megatron's tokenizer flags.
+struct TokenizerArgs {
+  std::string type = "GPT2BPETokenizer";  // --tokenizer-type
+  std::string vocab_file;                 // --vocab-file
+  std::string merge_file;                 // --merge-file
+  std::string tokenizer_model;            // --tokenizer-model
+  std::optional<int64_t> vocab_size;      // --vocab-size (NullTokenizer)
+};
+
+// Builds the tokenizer; a missing file or flag is an mcpp::Error naming the flag.
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& args);
+
+class NullTokenizer final : public Tokenizer {
+ public:
+  explicit NullTokenizer(int64_t vocab_size);
+  void encode(std::string_view text, std::vector<int32_t>& out) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override { return v_ + 1; }
+  int64_t eod() const override { return v_; }
+  std::string name() const override { return "NullTokenizer"; }
+
+ private:
+  int64_t v_;
+};
+
+class GPT2BPETokenizer final : public Tokenizer {
+ public:
+  GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file);
+  ~GPT2BPETokenizer() override;
+  void encode(std::string_view text, std::vector<int32_t>& out) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override { return int64_t(id_to_bytes_.size()); }
+  int64_t eod() const override { return eod_; }
+  std::string name() const override { return "GPT2BPETokenizer"; }
+
+  // Byte-level BPE of one pre-tokenised word (raw bytes).
+  void bpe(std::string_view word, std::vector<int32_t>& out) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<std::string> id_to_bytes_;
+  int64_t eod_ = 0;
+};
+
+}  // namespace mcpp::data

@@ -1,0 +1,111 @@
+// `megatron convert`: megatron.cpp checkpoint <-> Hugging Face folder.
+//   megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype
+//   float32|bfloat16|float16] megatron convert --from-hf HF_DIR --save DIR
+//   [--make-vocab-size-divisible-by N]
+// The model shape comes from the checkpoint's metadata.json or the HF config.json; loading
+// reshards, so a checkpoint of any TP layout converts.
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
+#include "model/gpt_model.h"
+#include "tools/commands.h"
+
+namespace {
+
+using namespace mcpp;
+
+const char* kUsage =
+    "usage: megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype DTYPE]\n"
+    "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n\n"
+    "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel or\n"
+    "                    LlamaForCausalLM, chosen from the model's architecture)\n"
+    "  --hf-dtype        float32 (default), bfloat16 or float16\n"
+    "  --from-hf HF_DIR  read a GPT-2 or Llama folder (config.json + safetensors) and save it\n"
+    "                    as iteration 0 of a megatron.cpp checkpoint in --save\n"
+    "  --make-vocab-size-divisible-by N   vocabulary padding on import (default 128)\n";
+
+int64_t to_int(const std::string& flag, const std::string& v) {
+  try {
+    size_t n = 0;
+    int64_t x = std::stoll(v, &n);
+    if (n == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("{} expects an integer, got '{}'", flag, v));
+}
+
+int run_convert(const std::vector<std::string>& argv) {
+  std::map<std::string, std::string> f;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    static const char* known[] = {"--load",
+                                  "--ckpt-step",
+                                  "--to-hf",
+                                  "--hf-dtype",
+                                  "--from-hf",
+                                  "--save",
+                                  "--make-vocab-size-divisible-by"};
+    bool ok = false;
+    for (const char* k : known) ok |= a == k;
+    MCPP_CHECK_HINT(ok, kUsage, "megatron convert: unknown flag '{}'", a);
+    MCPP_CHECK_HINT(i + 1 < argv.size(), kUsage, "megatron convert: {} needs a value", a);
+    f[a] = argv[++i];
+  }
+  const bool to_hf = f.count("--to-hf"), from_hf = f.count("--from-hf");
+  MCPP_CHECK_HINT(to_hf != from_hf, kUsage,
+                  "megatron convert: give exactly one of --to-hf and --from-hf");
+
+  if (to_hf) {
+    MCPP_CHECK_HINT(f.count("--load"), kUsage, "megatron convert --to-hf needs --load DIR");
+    std::optional<int64_t> step;
+    if (f.count("--ckpt-step")) step = to_int("--ckpt-step", f["--ckpt-step"]);
+    DType dt = DType::F32;
+    if (f.count("--hf-dtype")) {
+      const std::string s = f["--hf-dtype"];
+      dt = s == "float32"    ? DType::F32
+           : s == "bfloat16" ? DType::BF16
+           : s == "float16"  ? DType::F16
+                             : DType::U8;
+      MCPP_CHECK_HINT(dt != DType::U8, "use float32, bfloat16 or float16",
+                      "--hf-dtype '{}' is not supported", s);
+    }
+    const auto md = checkpoint::read_metadata(f["--load"], step);
+    model::TransformerConfig cfg = checkpoint::model_config_from_metadata(md);
+    model::GPTModel m(cfg);  // TP = 1: loading reshards whatever layout wrote it
+    auto st = checkpoint::load_checkpoint(f["--load"], md["iteration"].get<int64_t>(), m, nullptr);
+    checkpoint::export_hf(f["--to-hf"], cfg, m.params(), dt);
+    log::info("exported iteration {} of {} as {} to {}", st.iteration, f["--load"],
+              checkpoint::hf_arch_name(checkpoint::hf_arch_of(cfg)), f["--to-hf"]);
+    return 0;
+  }
+  MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-hf needs --save DIR");
+  const int64_t div =
+      f.count("--make-vocab-size-divisible-by")
+          ? to_int("--make-vocab-size-divisible-by", f["--make-vocab-size-divisible-by"])
+          : 128;
+  model::TransformerConfig cfg =
+      checkpoint::model_config_from_hf(checkpoint::read_hf_config(f["--from-hf"]), div);
+  model::GPTModel m(cfg);
+  checkpoint::import_hf(f["--from-hf"], cfg, m.params());
+  checkpoint::TrainingState st;  // iteration 0: a starting point (train on, or --finetune)
+  st.rng_seed = cfg.seed;
+  st.config = {{"converted_from_hf", f["--from-hf"]}};
+  checkpoint::save_checkpoint(f["--save"], m, nullptr, st);
+  log::info("imported {} ({} layers, hidden {}, padded vocab {}) into {}", f["--from-hf"],
+            cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size, f["--save"]);
+  return 0;
+}
+
+static mcpp::tools::Registrar r{"convert", run_convert};
+
+}  // namespace

@@ -1,0 +1,137 @@
+// `megatron inspect`: what is in a Megatron dataset, and which samples training sees.
+//
+//   megatron inspect PREFIX
+//       dtype, sequence / document / token counts, sequence-length statistics
+//   megatron inspect --data-path ... [--split 969,30,1] --seq-length S --seed N
+//                    (--train-samples T | --train-iters I --global-batch-size B)
+//                    [--eval-iters E --eval-interval V] --show-samples I:J [--show-split train]
+//       token ids of samples I..J-1 of a split, one sample a line, in training order
+#include <algorithm>
+#include <cstdio>
+
+#include "data/dataset_builder.h"
+#include "data/indexed_dataset.h"
+#include "data/tokenizers/tokenizer.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+
+namespace mcpp::tools {
+namespace {
+
+void describe_prefix(const std::string& prefix) {
+  data::IndexedDataset ds(prefix);
+  std::vector<int32_t> lens(ds.sequence_lengths().begin(), ds.sequence_lengths().end());
+  std::sort(lens.begin(), lens.end());
+  auto pct = [&](double p) { return lens.empty() ? 0 : lens[size_t(p * double(lens.size() - 1))]; };
+  int64_t empty = std::count(lens.begin(), lens.end(), 0);
+  std::printf("dataset    %s\n", prefix.c_str());
+  std::printf("dtype      %s (code %d, %lld bytes per token)\n", data::index_dtype_name(ds.dtype()),
+              int(ds.dtype()), (long long)data::index_dtype_size(ds.dtype()));
+  std::printf("sequences  %lld (%lld empty)\n", (long long)ds.num_sequences(), (long long)empty);
+  std::printf("documents  %lld\n", (long long)ds.num_documents());
+  std::printf("tokens     %lld\n", (long long)ds.num_tokens());
+  if (!lens.empty())
+    std::printf("length     min %d  p50 %d  mean %.1f  p90 %d  p99 %d  max %d\n", lens.front(),
+                pct(0.5), double(ds.num_tokens()) / double(lens.size()), pct(0.9), pct(0.99),
+                lens.back());
+}
+
+int run_inspect(const std::vector<std::string>& args) {
+  Flags f;
+  f.add("--data-path", Flags::List, "dataset prefixes, optionally weighted: W1 P1 W2 P2")
+      .add("--split", Flags::Value, "train,valid,test weights (default 969, 30, 1)")
+      .add("--mock-data", Flags::Switch, "Megatron's mock dataset")
+      .add("--seq-length", Flags::Value, "sequence length S")
+      .add("--seed", Flags::Value, "random seed (default 1234)")
+      .add("--train-samples", Flags::Value, "training samples")
+      .add("--train-iters", Flags::Value, "training iterations (with --global-batch-size)")
+      .add("--global-batch-size", Flags::Value, "samples per iteration (default 1)")
+      .add("--eval-iters", Flags::Value, "evaluation iterations (default 100)")
+      .add("--eval-interval", Flags::Value, "iterations between evaluations (default 1000)")
+      .add("--show-samples", Flags::Value, "I:J, the samples to print")
+      .add("--show-split", Flags::Value, "train | valid | test (default train)")
+      .add("--help", Flags::Switch, "this text");
+  add_tokenizer_flags(f);
+  f.parse(args, "inspect");
+  if (f.has("--help") ||
+      (f.positional().empty() && !f.has("--data-path") && !f.has("--mock-data"))) {
+    std::printf(
+        "usage: megatron inspect PREFIX...\n       megatron inspect --data-path ... --seq-length S "
+        "--train-samples T --show-samples I:J\n\n%s",
+        f.help().c_str());
+    return f.has("--help") ? 0 : 1;
+  }
+  for (const auto& p : f.positional()) describe_prefix(p);
+  if (!f.has("--data-path") && !f.has("--mock-data")) return 0;
+
+  data::GPTDatasetsArgs a;
+  a.data_path = f.list("--data-path");
+  a.mock_data = f.has("--mock-data");
+  a.split = f.get("--split", "969, 30, 1");
+  a.seq_length = f.get_int("--seq-length", 0);
+  a.seed = uint32_t(f.get_int("--seed", 1234));
+  const int64_t gbs = f.get_int("--global-batch-size", 1);
+  int64_t train_iters = 0;
+  if (f.has("--train-samples")) {
+    a.num_samples[0] = f.get_int("--train-samples", 0);
+    train_iters = *a.num_samples[0] / gbs;
+  } else if (f.has("--train-iters")) {
+    train_iters = f.get_int("--train-iters", 0);
+    a.num_samples[0] = train_iters * gbs;
+  } else {
+    throw Error("give --train-samples or --train-iters",
+                "the sample order depends on the number of samples");
+  }
+  const int64_t eval_iters = f.get_int("--eval-iters", 100),
+                eval_interval = f.get_int("--eval-interval", 1000);
+  a.num_samples[1] = (train_iters / eval_interval + 1) * eval_iters * gbs;  // training.py's rule
+  a.num_samples[2] = eval_iters * gbs;
+  if (f.has("--tokenizer-type") || a.mock_data) {
+    data::TokenizerArgs ta;
+    ta.type = f.get("--tokenizer-type", "GPT2BPETokenizer");
+    ta.vocab_file = f.get("--vocab-file");
+    ta.merge_file = f.get("--merge-file");
+    ta.tokenizer_model = f.get("--tokenizer-model");
+    ta.vocab_size = f.get_opt_int("--vocab-size");
+    auto tok = data::make_tokenizer(ta);
+    a.eod = tok->eod();
+    a.pad = data::pad_id_for(tok->pad(), tok->eod());
+    a.vocab_size = tok->vocab_size();
+  }
+  auto sets = data::build_train_valid_test_datasets(a);
+  const std::string which = f.get("--show-split", "train");
+  int idx = which == "train" ? 0 : which == "valid" ? 1 : which == "test" ? 2 : -1;
+  if (idx < 0)
+    throw Error(fmt::format("--show-split must be train, valid or test, got '{}'", which));
+  for (int i = 0; i < 3; ++i)
+    std::fprintf(stderr, "%s: %s\n",
+                 i == 0   ? "train"
+                 : i == 1 ? "valid"
+                          : "test",
+                 sets[i] ? sets[i]->describe().c_str() : "(not built: zero-width split)");
+  if (!f.has("--show-samples")) return 0;
+  if (!sets[idx]) throw Error(fmt::format("the {} split is empty", which));
+  const std::string range = f.get("--show-samples");
+  auto colon = range.find(':');
+  int64_t lo = 0, hi = 0;
+  try {
+    lo = std::stoll(range.substr(0, colon));
+    hi = colon == std::string::npos ? lo + 1 : std::stoll(range.substr(colon + 1));
+  } catch (...) {
+    throw Error(fmt::format("--show-samples '{}' is not I:J", range));
+  }
+  hi = std::min(hi, sets[idx]->size());
+  std::vector<int64_t> text;
+  for (int64_t s = lo; s < hi; ++s) {
+    sets[idx]->get_text(s, text);
+    std::string line = std::to_string(s) + ":";
+    for (int64_t t : text) line += " " + std::to_string(t);
+    std::printf("%s\n", line.c_str());
+  }
+  return 0;
+}
+
+static Registrar r{"inspect", run_inspect};
+
+}  // namespace
+}  // namespace mcpp::tools

@@ -1,0 +1,73 @@
+// `megatron preprocess`: Megatron's tools/preprocess_data.py, multi-threaded.
+#include <cstdio>
+
+#include "base/log.h"
+#include "data/preprocess.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+
+namespace mcpp::tools {
+namespace {
+
+int run_preprocess(const std::vector<std::string>& args) {
+  Flags f;
+  f.add("--input", Flags::List, "JSON-lines file(s): .jsonl, .json, .gz, .zst")
+      .add("--json-keys", Flags::List, "keys to extract (default: text)")
+      .add("--output-prefix", Flags::Value, "writes PREFIX_KEY_document.{bin,idx}")
+      .add("--append-eod", Flags::Switch,
+           "append the tokenizer's EOD id to every non-empty document")
+      .add("--workers", Flags::Value, "tokenising threads (default 1)")
+      .add("--skip-bad-lines", Flags::Switch,
+           "count and skip lines that are not valid JSON or lack a key")
+      .add("--split-sentences", Flags::Switch, "not implemented (an error)")
+      .add("--keep-newlines", Flags::Switch, "only with --split-sentences")
+      .add("--partitions", Flags::Value, "accepted for compatibility; must be 1")
+      .add("--log-interval", Flags::Value, "accepted for compatibility")
+      .add("--lang", Flags::Value, "accepted for compatibility")
+      .add("--keep-sequential-samples", Flags::Switch,
+           "accepted for compatibility (order is always kept)")
+      .add("--help", Flags::Switch, "this text");
+  add_tokenizer_flags(f);
+  f.parse(args, "preprocess");
+  if (f.has("--help")) {
+    std::printf("usage: megatron preprocess --input FILE --output-prefix PREFIX [flags]\n\n%s",
+                f.help().c_str());
+    return 0;
+  }
+  if (f.has("--split-sentences"))
+    throw Error("--split-sentences is not implemented",
+                "preprocess whole documents (drop the flag)");
+  if (f.get_int("--partitions", 1) != 1)
+    throw Error("--partitions > 1 is not needed: megatron preprocess streams with bounded memory",
+                "drop --partitions and use --workers");
+  data::TokenizerArgs ta;
+  ta.type = f.get("--tokenizer-type", "GPT2BPETokenizer");
+  ta.vocab_file = f.get("--vocab-file");
+  ta.merge_file = f.get("--merge-file");
+  ta.tokenizer_model = f.get("--tokenizer-model");
+  ta.vocab_size = f.get_opt_int("--vocab-size");
+  auto tok = data::make_tokenizer(ta);
+
+  data::PreprocessOptions o;
+  o.inputs = f.list("--input");
+  if (f.has("--json-keys")) o.json_keys = f.list("--json-keys");
+  o.output_prefix = f.get("--output-prefix");
+  o.append_eod = f.has("--append-eod");
+  o.workers = int(f.get_int("--workers", 1));
+  o.skip_bad_lines = f.has("--skip-bad-lines");
+  auto st = data::preprocess(o, *tok);
+  for (const auto& k : o.json_keys) log::info("wrote {}_{}_document.bin/.idx", o.output_prefix, k);
+  log::info(
+      "preprocess: {} documents{}, {} tokens, {:.2f} MB in {:.2f} s: {:.0f} docs/s, {:.2f} MB/s, "
+      "{:.0f} tokens/s ({} workers; {:.2f} CPU s = {:.2f} MB per CPU-second)",
+      st.documents, st.skipped ? fmt::format(" ({} bad lines skipped)", st.skipped) : "", st.tokens,
+      double(st.bytes_in) / 1e6, st.seconds, double(st.documents) / st.seconds,
+      double(st.bytes_in) / 1e6 / st.seconds, double(st.tokens) / st.seconds, o.workers,
+      st.cpu_seconds, double(st.bytes_in) / 1e6 / st.cpu_seconds);
+  return 0;
+}
+
+static Registrar r{"preprocess", run_preprocess};
+
+}  // namespace
+}  // namespace mcpp::tools

@@ -1,0 +1,7 @@
+// `megatron train`: Megatron-LM's pretrain_gpt.py, same flags.
+#include "tools/commands.h"
+#include "training/trainer.h"
+
+namespace {
+mcpp::tools::Registrar reg{"train", mcpp::training::train_main};
+}

@@ -1,0 +1,106 @@
+// A small parser for Megatron-style flags (`--name value`, `--name=value`, `--name v1 v2`
+// for list flags, bare `--name` for switches) used by the data subcommands. Every flag
+// must be declared; an unknown one is an error naming it.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace mcpp::tools {
+
+class Flags {
+ public:
+  enum Kind { Value, List, Switch };
+  Flags& add(const std::string& name, Kind kind, std::string help) {
+    decl_[name] = {kind, std::move(help)};
+    return *this;
+  }
+  // Parses args; positional words are collected in positional().
+  void parse(const std::vector<std::string>& args, const std::string& command) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      std::string a = args[i];
+      if (a.rfind("--", 0) != 0) {
+        positional_.push_back(a);
+        continue;
+      }
+      std::optional<std::string> inline_value;
+      if (auto eq = a.find('='); eq != std::string::npos)
+        inline_value = a.substr(eq + 1), a = a.substr(0, eq);
+      auto it = decl_.find(a);
+      if (it == decl_.end())
+        throw Error(fmt::format("megatron {}: unknown flag {}", command, a),
+                    fmt::format("`megatron {} --help` lists the flags", command));
+      auto& vals = values_[a];
+      vals.clear();
+      if (it->second.kind == Switch) {
+        if (inline_value) throw Error(fmt::format("megatron {}: {} takes no value", command, a));
+        vals.push_back("1");
+      } else if (inline_value) {
+        vals.push_back(*inline_value);
+      } else {
+        while (i + 1 < args.size() && (args[i + 1].rfind("--", 0) != 0)) {
+          vals.push_back(args[++i]);
+          if (it->second.kind == Value) break;
+        }
+        if (vals.empty()) throw Error(fmt::format("megatron {}: {} needs a value", command, a));
+      }
+    }
+  }
+  bool has(const std::string& n) const { return values_.count(n) > 0; }
+  std::string get(const std::string& n, const std::string& def = {}) const {
+    auto it = values_.find(n);
+    return it == values_.end() ? def : it->second.front();
+  }
+  std::vector<std::string> list(const std::string& n) const {
+    auto it = values_.find(n);
+    return it == values_.end() ? std::vector<std::string>{} : it->second;
+  }
+  int64_t get_int(const std::string& n, int64_t def) const {
+    if (!has(n)) return def;
+    try {
+      size_t used = 0;
+      int64_t v = std::stoll(get(n), &used);
+      if (used == get(n).size()) return v;
+    } catch (...) {
+    }
+    throw Error(fmt::format("{} expects an integer, got '{}'", n, get(n)));
+  }
+  std::optional<int64_t> get_opt_int(const std::string& n) const {
+    return has(n) ? std::optional<int64_t>(get_int(n, 0)) : std::nullopt;
+  }
+  const std::vector<std::string>& positional() const { return positional_; }
+  std::string help() const {
+    std::string s;
+    for (auto& [n, d] : decl_)
+      s += fmt::format("  {:<28} {}\n",
+                       n + (d.kind == Switch ? ""
+                            : d.kind == List ? " V..."
+                                             : " V"),
+                       d.help);
+    return s;
+  }
+
+ private:
+  struct Decl {
+    Kind kind;
+    std::string help;
+  };
+  std::map<std::string, Decl> decl_;
+  std::map<std::string, std::vector<std::string>> values_;
+  std::vector<std::string> positional_;
+};
+
+// Megatron's tokenizer flags, shared by preprocess / inspect / train.
+inline void add_tokenizer_flags(Flags& f) {
+  f.add("--tokenizer-type", Flags::Value,
+        "GPT2BPETokenizer | Llama2Tokenizer | NullTokenizer | ...")
+      .add("--vocab-file", Flags::Value, "GPT-2 encoder.json")
+      .add("--merge-file", Flags::Value, "GPT-2 vocab.bpe / merges.txt")
+      .add("--tokenizer-model", Flags::Value, "SentencePiece / HF / tiktoken model file")
+      .add("--vocab-size", Flags::Value, "vocabulary size (NullTokenizer)");
+}
+
+}  // namespace mcpp::tools

@@ -1,0 +1,35 @@
+// The training loop of `megatron train`, as Megatron's pretrain(): set-up (args,
+// tokenizer, model, optimizer, scheduler, datasets), then iterations of
+// num_microbatches forward/backward passes accumulated into one optimizer step,
+// the Megatron log line every --log-interval, evaluation every --eval-interval,
+// and the exit conditions.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "training/arguments.h"
+
+namespace mcpp::training {
+
+struct TrainSummary {
+  int64_t iterations = 0;          // iterations run by this call
+  std::vector<double> losses;      // lm loss of every iteration run
+  double last_valid_loss = 0;      // last validation lm loss (0 when none ran)
+  int64_t consumed_samples = 0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(Args args);
+  ~Trainer();
+  TrainSummary run();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// `megatron train` entry point: parses flags, trains, returns the exit code.
+int train_main(const std::vector<std::string>& argv);
+
+}  // namespace mcpp::training

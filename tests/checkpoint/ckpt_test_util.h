@@ -1,0 +1,109 @@
+// Helpers of the checkpoint tests: tiny models, TP-invariant fills, scratch folders.
+#pragma once
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "base/philox.h"
+#include "checkpoint/checkpoint.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+
+namespace mcpp::testing {
+
+// The models are tiny and the work is I/O: one thread avoids OpenMP start-up costs on a busy
+// machine (set before any test runs).
+inline const int kOneThread = (omp_set_num_threads(1), 0);
+
+inline std::string scratch_dir() {
+  auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  auto dir =
+      std::filesystem::temp_directory_path() / ("mcpp_ckpt_" + std::to_string(::getpid()) + "_" +
+                                                info->test_suite_name() + "_" + info->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// family "gpt": LayerNorm, GELU, biases, learned positions, tied; "llama": RMSNorm, SwiGLU,
+// GQA (4 heads, 2 groups), RoPE, untied, no biases.
+inline model::TransformerConfig tiny_config(const std::string& family, int64_t tp_size = 1,
+                                            int64_t tp_rank = 0, DType dt = DType::F32) {
+  model::TransformerConfig c;
+  c.num_layers = 2, c.hidden_size = 16, c.num_attention_heads = 4, c.kv_channels = 4;
+  c.seq_length = 8, c.max_position_embeddings = 12, c.padded_vocab_size = 64;
+  c.hidden_dropout = 0, c.attention_dropout = 0, c.dtype = dt, c.seed = 77;
+  c.tp_size = tp_size, c.tp_rank = tp_rank;
+  if (family == "gpt") {
+    c.num_query_groups = 4, c.ffn_hidden_size = 32;
+  } else {
+    c.num_query_groups = 2, c.ffn_hidden_size = 24, c.rope = true;
+    c.rmsnorm = true, c.swiglu = true, c.tie_embeddings = false, c.add_bias_linear = false;
+  }
+  return c;
+}
+
+// Value of global element g of tensor `name` under `salt`: the same for every TP layout.
+inline double global_value(uint64_t salt, const std::string& name, int64_t g) {
+  return Philox::normal(salt, hash_name(name), uint64_t(g));
+}
+
+// Fills flat (laid out like ps) with global_value(salt, ...) by global index.
+inline void fill_global(const model::ParamStore& ps, Tensor flat, uint64_t salt) {
+  for (const auto& p : ps.infos()) {
+    const int64_t rows = p.local_shape[0], cols = p.numel() / rows;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const double v = global_value(salt, p.name, ps.global_index(p, r, c));
+        const int64_t i = p.offset + r * cols + c;
+        if (flat.dtype() == DType::F32)
+          flat.data<float>()[i] = float(v);
+        else
+          flat.data<double>()[i] = v;
+      }
+  }
+}
+
+// Number of elements of flat (laid out like ps) that differ from fill_global(salt).
+inline int64_t count_mismatches(const model::ParamStore& ps, const Tensor& flat, uint64_t salt) {
+  Tensor want = Tensor::zeros(flat.shape(), flat.dtype());
+  fill_global(ps, want, salt);
+  int64_t bad = 0;
+  for (const auto& p : ps.infos())
+    for (int64_t i = p.offset; i < p.offset + p.numel(); ++i) {
+      const bool eq = flat.dtype() == DType::F32 ? flat.data<float>()[i] == want.data<float>()[i]
+                                                 : flat.data<double>()[i] == want.data<double>()[i];
+      bad += !eq;
+    }
+  return bad;
+}
+
+inline checkpoint::TrainingState sample_state(int64_t iteration) {
+  checkpoint::TrainingState st;
+  st.iteration = iteration;
+  st.consumed_train_samples = iteration * 8, st.consumed_valid_samples = 16;
+  st.scheduler.max_lr = 3e-4, st.scheduler.min_lr = 3e-5, st.scheduler.lr_warmup_steps = 80;
+  st.scheduler.lr_decay_steps = 800, st.scheduler.lr_decay_style = optim::LrDecayStyle::Cosine;
+  st.scheduler.num_steps = iteration * 8;
+  st.optimizer_steps = iteration;
+  st.rng_seed = 1234, st.rng_iteration = iteration;
+  st.data_loader = {{"epoch", 0}, {"sample_index", iteration * 8}};
+  st.config = {{"lr", "0.0003"}, {"hidden_size", "16"}};
+  return st;
+}
+
+}  // namespace mcpp::testing

@@ -1,0 +1,224 @@
+// Checkpoint format, resharding across TP layouts, state round trips.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "checkpoint/fs.h"
+#include "checkpoint/safetensors.h"
+#include "ckpt_test_util.h"
+
+using namespace mcpp;
+using namespace mcpp::testing;
+namespace fs = std::filesystem;
+namespace ck = mcpp::checkpoint;
+
+namespace {
+
+constexpr uint64_t kParamSalt = 11, kAvgSalt = 12, kSqSalt = 13;
+
+struct Rank {
+  std::unique_ptr<model::GPTModel> m;
+  std::unique_ptr<optim::AdamW> opt;
+};
+
+Rank make_rank(const std::string& fam, int64_t tp, int64_t r, bool filled) {
+  Rank k;
+  k.m = std::make_unique<model::GPTModel>(tiny_config(fam, tp, r));
+  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::AdamWConfig{});
+  if (filled) {
+    fill_global(k.m->params(), k.m->params().flat_params(), kParamSalt);
+    fill_global(k.m->params(), k.opt->exp_avg(), kAvgSalt);
+    fill_global(k.m->params(), k.opt->exp_avg_sq(), kSqSalt);
+    k.opt->set_steps(7);
+  }
+  return k;
+}
+
+void expect_filled(const Rank& k) {
+  const auto& ps = k.m->params();
+  EXPECT_EQ(count_mismatches(ps, k.m->params().flat_params(), kParamSalt), 0);
+  EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg(), kAvgSalt), 0);
+  EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg_sq(), kSqSalt), 0);
+  EXPECT_EQ(k.opt->steps(), 7);
+}
+
+// Saves the model of family fam at TP=tp_save (all ranks in this process) and loads it into
+// every rank of TP=tp_load.
+void reshard(const std::string& fam, int64_t tp_save, int64_t tp_load) {
+  const std::string dir = scratch_dir();
+  std::vector<Rank> save_ranks;
+  std::vector<ck::RankSnapshot> snaps;
+  for (int64_t r = 0; r < tp_save; ++r) save_ranks.push_back(make_rank(fam, tp_save, r, true));
+  for (auto& k : save_ranks) snaps.push_back(ck::RankSnapshot::view(k.m->params(), k.opt.get()));
+  ck::SaveOptions so;
+  so.model = tiny_config(fam, tp_save, 0);
+  ck::save_checkpoint(dir, snaps, sample_state(10), so);
+  for (int64_t r = 0; r < tp_load; ++r) {
+    Rank k = make_rank(fam, tp_load, r, false);
+    auto st = ck::load_checkpoint(dir, std::nullopt, *k.m, k.opt.get());
+    EXPECT_EQ(st.iteration, 10);
+    SCOPED_TRACE(fam + " TP " + std::to_string(tp_save) + " -> " + std::to_string(tp_load) +
+                 " rank " + std::to_string(r));
+    expect_filled(k);
+  }
+}
+
+}  // namespace
+
+// local_pieces (the checkpoint's geometry) agrees with ParamStore::global_index (the init's).
+TEST(Checkpoint, PiecesAgreeWithGlobalIndex) {
+  for (std::string fam : {"gpt", "llama"})
+    for (int64_t tp : {1, 2})
+      for (int64_t r = 0; r < tp; ++r) {
+        model::GPTModel m(tiny_config(fam, tp, r));
+        const auto& ps = m.params();
+        for (const auto& p : ps.infos()) {
+          const int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+          int64_t n = 0;
+          for (const auto& pc : ck::local_pieces(p, r, tp))
+            for (int64_t i = 0; i < pc.rows; ++i)
+              for (int64_t j = 0; j < pc.cols; ++j, ++n)
+                ASSERT_EQ(ps.global_index(p, pc.l_row + i, pc.l_col + j),
+                          (pc.g_row + i) * gcols + pc.g_col + j)
+                    << p.name;
+          EXPECT_EQ(n, p.numel()) << p.name;
+        }
+      }
+}
+
+TEST(Checkpoint, SerialRoundTripAndLayout) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("llama", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(10));
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(20));
+  EXPECT_EQ(read_bytes(dir + "/latest_checkpointed_iteration.txt"), "20");
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000020/metadata.json"));
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000020/model_tp00_pp00.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000020/optim_tp00_pp00_dp00.safetensors"));
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(ck::latest_iteration(dir), 20);
+
+  auto md = ck::read_metadata(dir);
+  EXPECT_EQ(md["format_version"], ck::kFormatVersion);
+  const auto& fc1 = md["tensors"]["decoder.layers.0.mlp.linear_fc1.weight"];
+  EXPECT_EQ(fc1["split"], "swiglu_rows");
+  EXPECT_EQ(fc1["shards"][0]["pieces"].size(), 2u);  // [gate; up]
+  EXPECT_TRUE(md["tensors"].contains("optimizer.exp_avg_sq.output_layer.weight"));
+  EXPECT_EQ(md["model"]["hidden_size"], 16);
+
+  Rank b = make_rank("llama", 1, 0, false);
+  auto st = ck::load_checkpoint(dir, std::nullopt, *b.m, b.opt.get());
+  expect_filled(b);
+  const auto want = sample_state(20);
+  EXPECT_EQ(st.iteration, 20);
+  EXPECT_EQ(st.consumed_train_samples, want.consumed_train_samples);
+  EXPECT_EQ(st.consumed_valid_samples, want.consumed_valid_samples);
+  EXPECT_EQ(st.scheduler.num_steps, want.scheduler.num_steps);
+  EXPECT_EQ(st.scheduler.lr_decay_style, optim::LrDecayStyle::Cosine);
+  EXPECT_DOUBLE_EQ(st.scheduler.max_lr, want.scheduler.max_lr);
+  EXPECT_EQ(st.rng_seed, 1234u);
+  EXPECT_EQ(st.rng_iteration, 20);
+  EXPECT_EQ(st.data_loader, want.data_loader);
+  EXPECT_EQ(st.config, want.config);
+  EXPECT_FALSE(st.mcpp_version.empty());
+  // --ckpt-step picks an older one.
+  EXPECT_EQ(ck::load_checkpoint(dir, 10, *b.m, b.opt.get()).iteration, 10);
+}
+
+TEST(Checkpoint, ReshardGptTp1ToTp2) { reshard("gpt", 1, 2); }
+TEST(Checkpoint, ReshardGptTp2ToTp1) { reshard("gpt", 2, 1); }
+TEST(Checkpoint, ReshardGptTp2ToTp4) { reshard("gpt", 2, 4); }
+TEST(Checkpoint, ReshardLlamaTp1ToTp2) { reshard("llama", 1, 2); }
+TEST(Checkpoint, ReshardLlamaTp2ToTp1) { reshard("llama", 2, 1); }
+
+TEST(Checkpoint, Tp2WritesDuplicatedTensorsOnce) {
+  const std::string dir = scratch_dir();
+  std::vector<Rank> ks;
+  std::vector<ck::RankSnapshot> snaps;
+  for (int r = 0; r < 2; ++r) ks.push_back(make_rank("gpt", 2, r, true));
+  for (auto& k : ks) snaps.push_back(ck::RankSnapshot::view(k.m->params(), nullptr));
+  ck::save_checkpoint(dir, snaps, sample_state(3));
+  auto md = ck::read_metadata(dir);
+  EXPECT_EQ(md["tensors"]["decoder.final_layernorm.weight"]["shards"].size(), 1u);
+  EXPECT_EQ(md["tensors"]["embedding.word_embeddings.weight"]["shards"].size(), 2u);
+  EXPECT_EQ(
+      md["tensors"]["decoder.layers.1.mlp.linear_fc2.weight"]["shards"][1]["pieces"][0]["offsets"],
+      (nlohmann::json{0, 16}));  // row-parallel: columns 16..31 on rank 1
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000003/model_tp01_pp00.safetensors"));
+  EXPECT_FALSE(md["has_optimizer"]);
+}
+
+TEST(Checkpoint, LoadsIntoOtherDtype) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("gpt", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, nullptr, sample_state(1));
+  model::GPTModel m64(tiny_config("gpt", 1, 0, DType::F64));
+  ck::load_checkpoint(dir, std::nullopt, m64, nullptr);
+  const auto& p32 = a.m->params();
+  const auto& p64 = m64.params();
+  for (int64_t i = 0; i < p32.total_numel(); ++i)
+    ASSERT_EQ(double(const_cast<model::ParamStore&>(p32).flat_params().data<float>()[i]),
+              const_cast<model::ParamStore&>(p64).flat_params().data<double>()[i]);
+}
+
+TEST(Checkpoint, NoSaveOptimAndFlags) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("gpt", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, nullptr, sample_state(5));  // --no-save-optim
+  Rank b = make_rank("gpt", 1, 0, false);
+  try {
+    ck::load_checkpoint(dir, std::nullopt, *b.m, b.opt.get());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--no-load-optim"), std::string::npos) << e.what();
+  }
+  auto st = ck::load_checkpoint(dir, std::nullopt, *b.m, nullptr);  // --no-load-optim
+  EXPECT_EQ(count_mismatches(b.m->params(), b.m->params().flat_params(), kParamSalt), 0);
+  EXPECT_EQ(st.iteration, 5);
+
+  ck::LoadOptions lo;
+  lo.load_rng = false;  // --no-load-rng
+  st = ck::load_checkpoint(dir, std::nullopt, *b.m, nullptr, lo);
+  EXPECT_EQ(st.rng_seed, 0u);
+  lo.finetune = true;  // --finetune: weights only, counters restart
+  st = ck::load_checkpoint(dir, std::nullopt, *b.m, nullptr, lo);
+  EXPECT_EQ(st.iteration, 0);
+  EXPECT_EQ(st.consumed_train_samples, 0);
+  EXPECT_EQ(st.scheduler.num_steps, 0);
+}
+
+TEST(Checkpoint, ResaveSameIteration) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("gpt", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(4));
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(4));
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{4}));
+  size_t entries = 0;
+  for (auto& e : fs::directory_iterator(dir)) (void)e, ++entries;
+  EXPECT_EQ(entries, 2u);  // iter_0000004 and the tracker, nothing left aside
+}
+
+TEST(Checkpoint, StateJsonRoundTrip) {
+  auto st = sample_state(42);
+  st.num_floating_point_operations_so_far = 1.5e15;
+  auto back = ck::state_from_json(ck::state_to_json(st));
+  EXPECT_EQ(ck::state_to_json(back), ck::state_to_json(st));
+}
+
+TEST(Checkpoint, DescribeVerifiesChecksums) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("llama", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(10));
+  std::string d = ck::describe_checkpoint(dir);
+  EXPECT_NE(d.find("iteration 10"), std::string::npos) << d;
+  EXPECT_NE(d.find("decoder.layers.1.self_attention.linear_qkv.weight"), std::string::npos);
+  EXPECT_NE(d.find("all checksums verified"), std::string::npos) << d;
+  // Flip one byte near the end of the model file (tensor data).
+  const std::string f = dir + "/iter_0000010/model_tp00_pp00.safetensors";
+  std::string bytes = read_bytes(f);
+  bytes[bytes.size() - 5] ^= 0x40;
+  write_bytes(f, bytes);
+  d = ck::describe_checkpoint(dir + "/iter_0000010");
+  EXPECT_NE(d.find("BAD"), std::string::npos) << d;
+  EXPECT_NE(d.find("1 shard(s) failed"), std::string::npos) << d;
+}

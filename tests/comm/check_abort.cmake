@@ -1,0 +1,20 @@
+# cmake -DCMD=<list> -DEXPECT=<regex> -DMAX_SECONDS=<n> -P check_abort.cmake
+# Passes when CMD exits non-zero, its output matches EXPECT, and it took at most
+# MAX_SECONDS (a hang would be killed at twice that and fail).
+math(EXPR kill_after "${MAX_SECONDS} * 2")
+string(TIMESTAMP t0 "%s")
+execute_process(COMMAND ${CMD} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out
+                TIMEOUT ${kill_after})
+string(TIMESTAMP t1 "%s")
+math(EXPR secs "${t1} - ${t0}")
+message("${out}")
+message("exit status: ${rc}, ${secs} s")
+if(rc STREQUAL "0")
+  message(FATAL_ERROR "expected a non-zero exit status")
+endif()
+if(NOT out MATCHES "${EXPECT}")
+  message(FATAL_ERROR "expected the output to match: ${EXPECT}")
+endif()
+if(secs GREATER MAX_SECONDS)
+  message(FATAL_ERROR "took ${secs} s, more than ${MAX_SECONDS} s")
+endif()

@@ -1,0 +1,114 @@
+// The communicator interface on the local backend (a group of one, no MPI): the
+// argument checks every backend shares, numbering, statistics, the timeout message.
+#include <gtest/gtest.h>
+
+#include "comm/local/local_communicator.h"
+#include "comm/world.h"
+#include "parallel/parallel_state.h"
+
+using namespace mcpp;
+using namespace mcpp::comm;
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+Tensor iota(const Shape& s) {
+  Tensor t = Tensor::empty(s, DType::F32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(i);
+  return t;
+}
+bool same(const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel()) return false;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (a.data<float>()[i] != b.data<float>()[i]) return false;
+  return true;
+}
+}  // namespace
+
+TEST(LocalComm, CollectivesAreCopies) {
+  auto w = init({.backend = Backend::Local});
+  EXPECT_EQ(w->size(), 1);
+  EXPECT_EQ(w->backend(), "local");
+  Communicator& c = w->world();
+  Stream& s = Stream::cpu();
+  Tensor x = iota({4, 3}), y = Tensor::zeros({4, 3}, DType::F32);
+  c.all_reduce(x, ReduceOp::Sum, s);
+  EXPECT_TRUE(same(x, iota({4, 3})));
+  c.all_gather(x, y, s);
+  EXPECT_TRUE(same(y, x));
+  y = Tensor::zeros({4, 3}, DType::F32);
+  c.reduce_scatter(x, y, s);
+  EXPECT_TRUE(same(y, x));
+  std::vector<int64_t> rows{4};
+  y = Tensor::zeros({4, 3}, DType::F32);
+  c.all_to_allv(x, rows, y, rows, s);
+  EXPECT_TRUE(same(y, x));
+  c.broadcast(x, 0, s);
+  c.barrier(s);
+  // Send to oneself: posted first, received after.
+  Tensor r = Tensor::zeros({4, 3}, DType::F32);
+  Work ws = c.send_async(x, 0, s);
+  c.recv(r, 0, s);
+  ws.wait();
+  EXPECT_TRUE(same(r, x));
+  EXPECT_EQ(c.sequence(), 6u);  // p2p calls are numbered per peer, not here
+  EXPECT_EQ(c.stats().calls[int(OpKind::AllReduce)], 1u);
+  EXPECT_EQ(c.stats().bytes[int(OpKind::AllGather)], 48u);
+  EXPECT_EQ(c.stats().calls[int(OpKind::Send)], 1u);
+}
+
+TEST(LocalComm, ArgumentErrors) {
+  auto w = init({.backend = Backend::Local});
+  Communicator& c = w->world();
+  Stream& s = Stream::cpu();
+  Tensor x = iota({4, 3}), bad = Tensor::zeros({5, 3}, DType::F32);
+  EXPECT_NE(error_of([&] { c.all_gather(x, bad, s); })
+                .find("all_gather on group 'world' (world ranks [0]): output f32[5, 3] cpu must "
+                      "be input f32[4, 3] cpu with dim 0 times 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { c.send(x, 1, s); }).find("peer 1 is not a group rank"),
+            std::string::npos);
+  Tensor u8 = Tensor::zeros({4}, DType::U8);
+  EXPECT_NE(error_of([&] { c.all_reduce(u8, ReduceOp::Sum, s); }).find("cannot reduce u8"),
+            std::string::npos);
+  std::vector<int64_t> rows{3};
+  Tensor y = Tensor::zeros({4, 3}, DType::F32);
+  EXPECT_NE(error_of([&] { c.all_to_allv(x, rows, y, rows, s); }).find("counts sum to 3"),
+            std::string::npos);
+  // A recv from oneself with no send can never complete: an error, not a hang.
+  EXPECT_NE(error_of([&] { c.recv(y, 0, s); }).find("would never complete"), std::string::npos);
+}
+
+TEST(LocalComm, TimeoutMessage) {
+  LocalCommunicator c("dp", 5, std::chrono::seconds(3));
+  OpDesc d;
+  d.kind = OpKind::AllReduce, d.seq = 17, d.bytes = 4096, d.detail = "sum f32[1024] cpu";
+  std::string m = c.timeout_message(d, 3.04);
+  EXPECT_NE(m.find("communication timeout on world rank 5: group 'dp' (world ranks [5]) "
+                   "all_reduce sequence number 17: sum f32[1024] cpu (4096 bytes) did not "
+                   "complete within 3.0 s"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("HINT:"), std::string::npos);
+}
+
+TEST(LocalComm, ParallelStateOfOne) {
+  auto w = init({.backend = Backend::Local});
+  parallel::ParallelState ps(*w, {});
+  EXPECT_EQ(ps.tp().size(), 1);
+  EXPECT_EQ(ps.dp().name(), "dp");
+  EXPECT_TRUE(ps.is_first_stage() && ps.is_last_stage());
+  EXPECT_TRUE(ps.has(parallel::Group::Embedding));
+  parallel::ParallelSizes bad;
+  bad.tp = 2;
+  EXPECT_NE(error_of([&] {
+              parallel::ParallelState p(*w, bad);
+            }).find("world size 1 is not divisible by tensor (2)"),
+            std::string::npos);
+}

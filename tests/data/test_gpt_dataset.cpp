@@ -1,0 +1,229 @@
+// GPTDataset / BlendedDataset / builder against the worked examples of
+// shared/reference/megatron.md §3.4-3.6 and against fixtures from the independent
+// Python re-implementation tests/golden/make_gpt_dataset_fixtures.py.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "data/blended_dataset.h"
+#include "data/dataset_builder.h"
+#include "data/gpt_dataset.h"
+#include "test_util.h"
+
+using namespace mcpp;
+using namespace mcpp::data;
+
+namespace {
+
+// A low-level dataset from explicit lengths (token = 1000*seq + position).
+class FakeLow : public LowLevelDataset {
+ public:
+  explicit FakeLow(std::vector<int32_t> lengths) : lengths_(std::move(lengths)) {}
+  int64_t num_sequences() const override { return int64_t(lengths_.size()); }
+  int32_t sequence_length(int64_t s) const override { return lengths_[s]; }
+  int64_t read(int64_t s, int64_t off, int64_t len, int64_t* out) const override {
+    if (len < 0) len = lengths_[s] - off;
+    for (int64_t k = 0; k < len; ++k) out[k] = 1000 * s + off + k;
+    return len;
+  }
+  std::string path() const override { return "fake"; }
+
+ private:
+  std::vector<int32_t> lengths_;
+};
+
+uint64_t checksum(const auto& v) {
+  const uint64_t mod = (uint64_t(1) << 61) - 1;
+  unsigned __int128 s = 0;
+  for (size_t i = 0; i < v.size(); ++i)
+    s = (s * 1000003 + (uint64_t(int64_t(v[i])) & 0xFFFFFFFFFFFFull) + i) % mod;
+  return uint64_t(s);
+}
+
+}  // namespace
+
+TEST(GPTDataset, WorkedExampleSampleIndex) {
+  FakeLow low({5, 3, 4});
+  auto one = build_sample_index(low, {0, 1, 2}, 4, 1, 12, true, 1);
+  EXPECT_EQ(one, (std::vector<int64_t>{0, 0, 0, 4, 2, 0}));
+  auto two = build_sample_index(low, {0, 1, 2, 0, 1, 2}, 4, 2, 12, true, 1);
+  EXPECT_EQ(two, (std::vector<int64_t>{0, 0, 0, 4, 2, 0, 3, 0, 3, 4, 5, 0}));
+}
+
+TEST(GPTDataset, WorkedExampleSampleText) {
+  auto low = std::make_shared<FakeLow>(std::vector<int32_t>{5, 3, 4});
+  GPTDatasetConfig cfg;
+  cfg.sequence_length = 4;
+  GPTDataset ds(low, {0, 1, 2}, std::nullopt, Split::Train, cfg);
+  ASSERT_EQ(ds.size(), 2);
+  // Un-shuffle: window j of the epoch's token stream (documents in document_index
+  // order) is D[4j : 4j+5]; consecutive windows share one token.
+  std::vector<int64_t> stream;
+  for (int32_t d : ds.document_index())
+    for (int64_t k = 0; k < low->sequence_length(d); ++k) stream.push_back(1000 * d + k);
+  std::vector<int64_t> t;
+  for (int i = 0; i < 2; ++i) {
+    ds.get_text(i, t);
+    int64_t j = ds.shuffle_index()[i];
+    EXPECT_EQ(t, std::vector<int64_t>(stream.begin() + 4 * j, stream.begin() + 4 * j + 5));
+  }
+}
+
+TEST(GPTDataset, SeparateFinalEpochThreshold) {
+  // 275 samples per epoch: 220 from the final epoch are not separate, 219 are.
+  // S=1, X=1, one sequence of 276 tokens: (276-1)//1 = 275 samples per epoch.
+  auto low = std::make_shared<FakeLow>(std::vector<int32_t>{276});
+  GPTDatasetConfig cfg;
+  cfg.sequence_length = 1;
+  // epochs=2: sans_final = (276-1)//1 = 275; from_final = n - 275.
+  GPTDataset a(low, {0}, 275 + 220, Split::Train, cfg);
+  EXPECT_EQ(a.num_epochs(), 2);
+  EXPECT_FALSE(a.separate_final_epoch());
+  GPTDataset b(low, {0}, 275 + 219, Split::Train, cfg);
+  EXPECT_TRUE(b.separate_final_epoch());
+}
+
+TEST(Split, ParseAndRoundHalfToEven) {
+  auto v = parse_split("1,1");
+  EXPECT_DOUBLE_EQ(v[0], 0.5);
+  EXPECT_DOUBLE_EQ(v[2], 0.0);
+  auto m = split_matrix(v);
+  ASSERT_TRUE(m[0] && m[1]);
+  EXPECT_FALSE(m[2]);
+  EXPECT_EQ(python_round(m[0]->second * 301), 150);  // std::round would give 151
+  EXPECT_EQ(python_round(2.5), 2);
+  EXPECT_EQ(python_round(3.5), 4);
+  auto d = parse_split("969, 30, 1");
+  EXPECT_NEAR(d[0], 0.969, 1e-15);
+  EXPECT_THROW(parse_split("0,0,0"), Error);
+  EXPECT_THROW(parse_split("1,2,3,4"), Error);
+}
+
+TEST(Split, EmptySplitIsClearError) {
+  auto dir = mcpp::testing::scratch_dir();
+  IndexedDatasetBuilder b(dir + "/small", IndexDType::U16);
+  std::vector<int32_t> t(20, 7);
+  for (int i = 0; i < 100; ++i) b.add_item(std::span<const int32_t>(t)), b.end_document();
+  b.finalize();
+  GPTDatasetsArgs a;
+  a.data_path = {dir + "/small"};
+  a.split = "969,30,1";  // test split: round(0.999*100)..100 = 100..100, empty
+  a.seq_length = 8;
+  a.num_samples = {10, 10, 10};
+  try {
+    build_train_valid_test_datasets(a);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string w = e.what();
+    EXPECT_NE(w.find("test split"), std::string::npos) << w;
+    EXPECT_NE(w.find(dir + "/small"), std::string::npos) << w;
+    EXPECT_NE(w.find("100 sequences"), std::string::npos) << w;
+  }
+}
+
+TEST(Blend, WorkedExamples) {
+  std::vector<int16_t> di;
+  std::vector<int64_t> dsi;
+  build_blending_indices({0.3, 0.7}, 10, di, dsi);
+  std::vector<std::pair<int, int64_t>> got,
+      want{{1, 0}, {0, 0}, {1, 1}, {1, 2}, {0, 1}, {1, 3}, {1, 4}, {0, 2}, {1, 5}, {1, 6}};
+  for (int s = 0; s < 10; ++s) got.push_back({di[s], dsi[s]});
+  EXPECT_EQ(got, want);
+  build_blending_indices({0.5, 0.5}, 6, di, dsi);
+  EXPECT_EQ(di, (std::vector<int16_t>{0, 1, 0, 1, 0, 1}));
+  build_exhaustive_blending_indices({3, 1}, di, dsi);
+  EXPECT_EQ(di.size(), 4u);
+  EXPECT_EQ(std::count(di.begin(), di.end(), 1), 1);
+}
+
+TEST(Blend, DataPathParsing) {
+  auto b = parse_data_path({"7", "A", "93", "B"});
+  ASSERT_EQ(b.prefixes, (std::vector<std::string>{"A", "B"}));
+  EXPECT_DOUBLE_EQ(b.weights[0], 0.07);
+  // ceil(100 * 0.07) = 8 in float64 (7.000000000000001), as Megatron computes it.
+  EXPECT_EQ(int64_t(std::ceil(100 * b.weights[0])), 8);
+  auto c = parse_data_path({"A B"});
+  EXPECT_EQ(c.prefixes.size(), 2u);
+  EXPECT_TRUE(c.weights.empty());
+  auto d = parse_data_path({"A"});
+  EXPECT_TRUE(d.weights.empty());
+}
+
+TEST(GPTDataset, MockLengthsMatchNumpy) {
+  auto fx =
+      nlohmann::json::parse(std::ifstream(mcpp::testing::golden("gpt_dataset_fixtures.json")));
+  MockGPTLowLevelDataset mock(50257, 50256);
+  auto head = fx["mock_lengths_head"].get<std::vector<int32_t>>();
+  for (size_t i = 0; i < head.size(); ++i) EXPECT_EQ(mock.sequence_length(int64_t(i)), head[i]);
+  int64_t sum = 0;
+  for (int64_t i = 0; i < mock.num_sequences(); ++i) sum += mock.sequence_length(i);
+  EXPECT_EQ(sum, fx["mock_lengths_sum"].get<int64_t>());
+}
+
+TEST(GPTDataset, MatchesIndependentReimplementation) {
+  auto fx =
+      nlohmann::json::parse(std::ifstream(mcpp::testing::golden("gpt_dataset_fixtures.json")));
+  for (auto& c : fx["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    GPTDatasetsArgs a;
+    for (auto& p : c["lows"])
+      a.data_path.push_back(mcpp::testing::golden("gptdata/" + p.get<std::string>()));
+    if (!c["weights"].is_null()) {
+      std::vector<std::string> words;
+      for (size_t k = 0; k < c["lows"].size(); ++k)
+        words.push_back(fmt::format("{}", c["weights"][k].get<double>())),
+            words.push_back(a.data_path[k]);
+      a.data_path = words;
+    }
+    a.mock_data = c.value("mock", false);
+    a.split = c["split"];
+    a.seq_length = c["S"];
+    a.seed = c["seed"];
+    for (int i = 0; i < 3; ++i)
+      if (!c["sizes"][i].is_null()) a.num_samples[i] = c["sizes"][i].get<int64_t>();
+    a.eod = c["kw"].value("eod", int64_t(50256));
+    a.vocab_size = 50257;
+    a.eod_mask_loss = c["kw"].value("eod_mask_loss", false);
+    a.reset_position_ids = c["kw"].value("reset_position_ids", false);
+    auto sets = build_train_valid_test_datasets(a);
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      auto& want = c["splits"][i];
+      if (want.is_null()) {
+        EXPECT_FALSE(sets[i]);
+        continue;
+      }
+      ASSERT_TRUE(sets[i]);
+      EXPECT_EQ(sets[i]->size(), want["size"].get<int64_t>());
+      std::vector<int64_t> text;
+      for (auto& [k, v] : want["samples"].items()) {
+        sets[i]->get_text(std::stoll(k), text);
+        EXPECT_EQ(text, v.get<std::vector<int64_t>>()) << "sample " << k;
+      }
+      if (auto* g = dynamic_cast<GPTDataset*>(sets[i].get())) {
+        EXPECT_EQ(g->num_epochs(), want["epochs"].get<int64_t>());
+        EXPECT_EQ(g->separate_final_epoch(), want["separate_final_epoch"].get<bool>());
+        EXPECT_EQ(int64_t(g->document_index().size()), want["document_index_len"].get<int64_t>());
+        EXPECT_EQ(checksum(g->document_index()), want["document_index_sum"].get<uint64_t>());
+        EXPECT_EQ(checksum(g->sample_index()), want["sample_index_sum"].get<uint64_t>());
+        EXPECT_EQ(checksum(g->shuffle_index()), want["shuffle_index_sum"].get<uint64_t>());
+        if (want.contains("sample0")) {
+          GPTSample s;
+          g->get(0, s);
+          EXPECT_EQ(s.tokens, want["sample0"]["tokens"].get<std::vector<int64_t>>());
+          EXPECT_EQ(s.labels, want["sample0"]["labels"].get<std::vector<int64_t>>());
+          EXPECT_EQ(s.loss_mask, want["sample0"]["loss_mask"].get<std::vector<float>>());
+          EXPECT_EQ(s.position_ids, want["sample0"]["position_ids"].get<std::vector<int64_t>>());
+        }
+      } else {
+        auto* b = dynamic_cast<BlendedDataset*>(sets[i].get());
+        ASSERT_TRUE(b);
+        auto head = want["dataset_index_head"].get<std::vector<int16_t>>();
+        for (size_t k = 0; k < head.size(); ++k) EXPECT_EQ(b->dataset_index()[k], head[k]);
+        EXPECT_EQ(checksum(b->dataset_index()), want["dataset_index_sum"].get<uint64_t>());
+      }
+    }
+  }
+}

@@ -1,0 +1,116 @@
+// Tokenizer conformance. Tests that need the real GPT-2 files get them from
+// scripts/fetch_assets.sh (cached in .cache/assets); they fail, not skip, without them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "base/error.h"
+#include "data/tokenizers/tokenizer.h"
+
+using namespace mcpp;
+using namespace mcpp::data;
+
+namespace {
+
+std::string asset(const std::string& rel) {
+  const char* env = std::getenv("MCPP_ASSETS");
+  std::string root = env ? env : std::string(MCPP_SOURCE_DIR) + "/.cache/assets";
+  std::string p = root + "/" + rel;
+  EXPECT_TRUE(std::filesystem::exists(p)) << p << " missing: run scripts/fetch_assets.sh";
+  return p;
+}
+
+const Tokenizer& gpt2() {
+  static std::unique_ptr<Tokenizer> t =
+      make_tokenizer({.type = "GPT2BPETokenizer",
+                      .vocab_file = asset("gpt2/package/encoder.json"),
+                      .merge_file = asset("gpt2/package/vocab.bpe")});
+  return *t;
+}
+
+}  // namespace
+
+TEST(NullTokenizer, Semantics) {
+  auto t = make_tokenizer({.type = "NullTokenizer", .vocab_size = 100});
+  EXPECT_EQ(t->vocab_size(), 101);
+  EXPECT_EQ(t->eod(), 100);
+  EXPECT_EQ(t->encode("1 2  3\n99"), (std::vector<int32_t>{1, 2, 3, 99}));
+  std::vector<int32_t> ids{4, 5};
+  EXPECT_EQ(t->decode(ids), "4 5");
+  EXPECT_THROW(t->encode("1 x"), Error);
+  EXPECT_THROW(make_tokenizer({.type = "NullTokenizer"}), Error);
+}
+
+TEST(Tokenizer, UnknownTypeAndMissingFiles) {
+  EXPECT_THROW(make_tokenizer({.type = "NoSuchTokenizer"}), Error);
+  EXPECT_THROW(make_tokenizer({.type = "GPT2BPETokenizer", .vocab_file = "/nonexistent.json"}),
+               Error);
+  EXPECT_THROW(make_tokenizer({.type = "TikTokenizer"}), Error);
+}
+
+TEST(GPT2BPE, KnownIds) {
+  const auto& t = gpt2();
+  EXPECT_EQ(t.vocab_size(), 50257);
+  EXPECT_EQ(t.eod(), 50256);
+  EXPECT_EQ(t.encode("Hello world"), (std::vector<int32_t>{15496, 995}));
+  EXPECT_EQ(t.encode("hello world"), (std::vector<int32_t>{31373, 995}));
+  EXPECT_TRUE(t.encode("").empty());
+}
+
+TEST(GPT2BPE, RoundTripsUnicodeAndWhitespace) {
+  const auto& t = gpt2();
+  for (std::string s :
+       {"It's  a test.\n\n  Tabs\tand   spaces   ", "naïve café — 東京 😀 123,456.78",
+        "I'll we've they're DON'T", "\xc2\xa0nbsp and \xe2\x80\xa8 separators"}) {
+    auto ids = t.encode(s);
+    EXPECT_EQ(t.decode(ids), s);
+  }
+}
+
+// tiktoken's r50k_base is GPT-2's encoding; gpt-tokenizer ships 64 test vectors for it
+// (multilingual text, emoji, whitespace runs, code).
+TEST(GPT2BPE, TiktokenR50kTestPlans) {
+  std::ifstream f(asset("tiktoken/package/data/TestPlans.txt"));
+  ASSERT_TRUE(f.good());
+  std::string enc, line;
+  int checked = 0;
+  std::string sample;
+  while (std::getline(f, line)) {
+    if (line.rfind("EncodingName: ", 0) == 0)
+      enc = line.substr(14);
+    else if (line.rfind("Sample: ", 0) == 0)
+      sample = line.substr(8);
+    else if (line.rfind("Encoded: ", 0) == 0 && enc == "r50k_base") {
+      std::vector<int32_t> want;
+      std::string body = line.substr(9);
+      for (char& c : body)
+        if (c == '[' || c == ']' || c == ',') c = ' ';
+      std::istringstream is(body);
+      for (int32_t v; is >> v;) want.push_back(v);
+      EXPECT_EQ(gpt2().encode(sample), want) << "sample: " << sample;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 64);
+}
+
+#ifdef MCPP_HAVE_SENTENCEPIECE
+TEST(Llama2Tokenizer, KnownIdsAndSpecials) {
+  auto t =
+      make_tokenizer({.type = "Llama2Tokenizer", .tokenizer_model = asset("llama/llama.model")});
+  EXPECT_EQ(t->vocab_size(), 32000);
+  EXPECT_EQ(t->eod(), 2);
+  EXPECT_EQ(t->bos(), 1);
+  EXPECT_EQ(t->eos(), 2);
+  EXPECT_FALSE(t->pad());
+  EXPECT_EQ(t->encode("Hello world"),
+            (std::vector<int32_t>{1, 15043, 3186}));  // BOS first, as Megatron
+  std::vector<int32_t> ids{15043, 3186};
+  EXPECT_EQ(t->decode(ids), "Hello world");
+  EXPECT_THROW(make_tokenizer({.type = "SentencePieceTokenizer",
+                               .tokenizer_model = asset("llama/llama.model")}),
+               Error);
+}
+#endif
