@@ -79,10 +79,11 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp)
     : cfg_(cfg), tp_(tp), saved_(std::make_unique<Saved>()) {
   cfg_.validate();
   if (cfg_.tp_size > 1) {
-    MCPP_CHECK(tp_ && tp_->size() == cfg_.tp_size && tp_->rank() == cfg_.tp_rank,
-               "GPTModel with tp_size {} (rank {}) needs the TP communicator of that size and "
-               "rank, got {}",
-               cfg_.tp_size, cfg_.tp_rank, tp_ ? tp_->describe() : std::string("none"));
+    // Without a communicator the model holds one TP rank's parameters (checkpoint
+    // conversion, tests) but cannot run: forward() says so.
+    MCPP_CHECK(!tp_ || (tp_->size() == cfg_.tp_size && tp_->rank() == cfg_.tp_rank),
+               "GPTModel with tp_size {} (rank {}) got the TP communicator {} of rank {}",
+               cfg_.tp_size, cfg_.tp_rank, tp_ ? tp_->describe() : "", tp_ ? tp_->rank() : -1);
   } else {
     tp_ = nullptr;  // a group of one: every region transition is the identity
   }
@@ -280,6 +281,8 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   const int64_t B = mb.tokens.size(0), S = mb.tokens.size(1), T = S * B, H = c.hidden_size;
   MCPP_CHECK(S <= c.seq_length || c.rope, "sequence {} longer than --seq-length {}", S,
              c.seq_length);
+  MCPP_CHECK(c.tp_size == 1 || tp_, "GPTModel::forward at tp_size {} without the TP communicator",
+             c.tp_size);
   const bool sp = c.sp();
   MCPP_CHECK(!sp || S % c.tp_size == 0,
              "sequence parallelism needs the sequence ({}) divisible by TP ({})", S, c.tp_size);

@@ -406,9 +406,14 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
       });
   }
   const optim::AdamWConfig adam{a.adam_beta1, a.adam_beta2, a.adam_eps};
-  if (a.use_distributed_optimizer)
+  if (a.use_distributed_optimizer) {
     s.dist_opt = std::make_unique<optim::DistributedAdamW>(s.model->params(), adam, *s.dp_grads);
-  else
+    // fp32 main params + two moments, against the same state held for the whole buffer.
+    const int64_t full = 3 * s.model->params().total_numel() * int64_t(sizeof(float));
+    log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
+              "{} bytes an unsharded optimizer holds",
+              s.dist_opt->state_bytes(), double(s.dist_opt->state_bytes()) / double(full), full);
+  } else
     s.opt = std::make_unique<optim::AdamW>(s.model->params(), adam);
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.load) s.load();
