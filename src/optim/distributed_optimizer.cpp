@@ -97,14 +97,6 @@ void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat) {
   }
 }
 
-void DistributedAdamW::gather_state(Tensor& exp_avg, Tensor& exp_avg_sq) {
-  const Tensor& flat = ps_.flat_params();
-  exp_avg = Tensor::zeros(flat.shape(), DType::F32, flat.device());
-  exp_avg_sq = Tensor::zeros(flat.shape(), DType::F32, flat.device());
-  all_gather_flat(m_, exp_avg);
-  all_gather_flat(v_, exp_avg_sq);
-}
-
 void DistributedAdamW::scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
   Stream& st = ops::default_stream(main_.device());
   for (const auto& s : segs_) {

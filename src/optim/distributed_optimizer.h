@@ -31,19 +31,24 @@ class DistributedAdamW {
   // Bytes of optimizer state this rank holds (main params + moments).
   int64_t state_bytes() const;
 
-  // Checkpoints: the whole flat moments on every rank (all-gathered), and back.
-  void gather_state(Tensor& exp_avg, Tensor& exp_avg_sq);
+  // Loading a checkpoint: keeps this rank's part of whole flat moments (laid out like
+  // the parameters). Saving writes segments() of exp_avg()/exp_avg_sq() directly.
   void scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq);
   // Re-reads the main parameters from the model (after a checkpoint load).
   void reload_main_params();
   const AdamWConfig& config() const { return cfg_; }
 
- private:
   // A parameter's intersection with this rank's shard.
   struct Segment {
     size_t param = 0;
     int64_t flat = 0, shard = 0, len = 0;  // flat-buffer offset, shard offset, length
   };
+  const std::vector<Segment>& segments() const { return segs_; }
+  // This rank's moments, [shard] (laid out as the gradient shard).
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
+
+ private:
   void all_gather_flat(const Tensor& shard, Tensor& flat);
 
   model::ParamStore& ps_;

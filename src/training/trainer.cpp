@@ -150,8 +150,9 @@ struct Trainer::State {
   }
 
   // Every rank of a multi-process run: the ranks of DP rank 0 write their TP shard of the
-  // model and of the (full, for the distributed optimizer all-gathered) Adam moments;
-  // rank 0 starts the checkpoint, gathers the shard records and commits it.
+  // model (and, without the distributed optimizer, of the Adam moments); with it, every
+  // rank writes its DP shard of the moments. Rank 0 starts the checkpoint, gathers the
+  // shard records (JSON strings) and commits it.
   void save_distributed(const checkpoint::SaveOptions& o) {
     const Args& a = args;
     comm::Communicator& w = world->world();
@@ -159,19 +160,22 @@ struct Trainer::State {
     checkpoint::RankSnapshot snap = checkpoint::RankSnapshot::view(
         model->params(), a.no_save_optim || dist_opt ? nullptr : opt.get(),
         {0, ps->pp_rank(), ps->dp_rank(), 0});
-    if (dist_opt && !a.no_save_optim) {
-      dist_opt->gather_state(snap.exp_avg, snap.exp_avg_sq);  // collective over DP
-      snap.optimizer_steps = dist_opt->steps();
-    }
     std::string tmp = w.rank() == 0 ? checkpoint::begin_checkpoint(*a.save, iteration, o) : "";
     tmp = all_gather_strings(tmp)[0];
-    std::string rec;
-    if (ps->dp_rank() == 0) rec = checkpoint::write_rank_files(tmp, snap).dump();
-    auto recs = all_gather_strings(rec);
+    nlohmann::json recs = nlohmann::json::array();
+    if (ps->dp_rank() == 0) recs.push_back(checkpoint::write_rank_files(tmp, snap));
+    if (dist_opt && !a.no_save_optim) {
+      snap.optimizer_steps = dist_opt->steps();
+      std::vector<checkpoint::ShardSegment> segs;
+      for (const auto& sg : dist_opt->segments()) segs.push_back({sg.param, sg.flat, sg.shard, sg.len});
+      recs.push_back(checkpoint::write_optimizer_shard(tmp, snap, dist_opt->exp_avg(),
+                                                       dist_opt->exp_avg_sq(), segs));
+    }
+    auto all = all_gather_strings(recs.dump());
     if (w.rank() == 0) {
       std::vector<nlohmann::json> parsed;
-      for (const auto& r : recs)
-        if (!r.empty()) parsed.push_back(nlohmann::json::parse(r));
+      for (const auto& r : all)
+        for (auto& rec : nlohmann::json::parse(r)) parsed.push_back(rec);
       checkpoint::commit_checkpoint(*a.save, tmp, parsed, training_state(), o);
     }
     w.barrier(st);  // the checkpoint is visible to every rank when save() returns

@@ -5,10 +5,10 @@
 #       runs `MPIRUN -np NP MEGATRON train FLAGS PARALLEL_FLAGS`; its per-iteration lm loss
 #       must equal the serial run's within 1e-5 relative, and its final checkpoint (all
 #       parameters, both Adam moments, read back at TP 1) too.
-#   resume (same arguments)
+#   resume (same arguments) [-- RESUME_NP RESUME_FLAGS...]
 #       runs the parallel layout to iteration 10 (--exit-interval 10, saving), then resumes
-#       as one process without PARALLEL_FLAGS to 20: iterations 11-20 and the final
-#       checkpoint must match the serial run.
+#       to 20 as one process without PARALLEL_FLAGS (or under MPIRUN -np RESUME_NP with
+#       RESUME_FLAGS): iterations 11-20 and the final checkpoint must match the serial run.
 set -euo pipefail
 RTOL=1e-5
 losses() { grep -Eo 'iteration +[0-9]+/ *[0-9]+ \|.* lm loss: [0-9.E+-]+' "$1" |
@@ -38,9 +38,11 @@ parallel|resume)
   mpirun=(); while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done; shift
   flags=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
   [ $# -gt 0 ] && shift
+  par=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do par+=("$1"); shift; done
+  resume=(); resume_np=1
+  if [ $# -gt 0 ]; then shift; resume_np=$1; shift; resume=("$@"); fi
   d=$work/$family; out=$d/$name; rm -rf "$out.ckpt"
   [ -f "$d/serial.log" ] || { echo "FAIL: no serial reference in $d (run the serial fixture)"; exit 1; }
-  par=("$@")
   if [ $mode = parallel ]; then
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" > "$out.log" 2>&1 ||
       { cat "$out.log"; exit 1; }
@@ -48,8 +50,9 @@ parallel|resume)
   else
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" --exit-interval 10 \
       > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
-    "$meg" train "${flags[@]}" --load "$out.ckpt" --save "$out.ckpt" > "$out.resumed.log" 2>&1 ||
-      { cat "$out.resumed.log"; exit 1; }
+    launch=("$meg"); [ "$resume_np" -gt 1 ] && launch=("${mpirun[@]}" -np "$resume_np" "$meg")
+    "${launch[@]}" train "${flags[@]}" "${resume[@]}" --load "$out.ckpt" --save "$out.ckpt" \
+      > "$out.resumed.log" 2>&1 || { cat "$out.resumed.log"; exit 1; }
     grep -q "successfully loaded checkpoint" "$out.resumed.log" || { echo "FAIL: did not load"; exit 1; }
     compare_losses "$d/serial.log" "$out.resumed.log" 11
   fi
