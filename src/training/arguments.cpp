@@ -312,6 +312,7 @@ const Binding kBindings[] = {
     MCPP_FLAG(log_interval),
     MCPP_FLAG(log_throughput),
     MCPP_FLAG(timing_log_level),
+    MCPP_FLAG(logging_level),
     // parallelism (PP, CP, EP: size 1 only, checked in validate_args)
     MCPP_FLAG(tensor_model_parallel_size),
     MCPP_FLAG(pipeline_model_parallel_size),

@@ -125,6 +125,7 @@ struct Args {
   int64_t log_interval = 100;
   bool log_throughput = false;
   int64_t timing_log_level = 0;
+  std::optional<int64_t> logging_level;  // Python logging level: 10 debug, 20 info, ...
 
   // Parallelism. world_size, data_parallel_size and num_microbatches are set by validate_args.
   int64_t tensor_model_parallel_size = 1;

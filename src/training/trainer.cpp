@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "base/log.h"
@@ -340,6 +341,26 @@ struct Trainer::State {
     return tokens > 0 ? loss / tokens : 0.0;
   }
 
+  // Debug log (--logging-level 10): calls and bytes per iteration of every group and
+  // operation since the last log line -- the volumes the planner's cost model predicts.
+  std::map<std::string, comm::CommStats> comm_seen;
+  void log_comm_volumes(int64_t iters) {
+    std::vector<std::pair<std::string, comm::Communicator*>> groups = {
+        {"tp", &ps->tp()}, {"dp", &ps->dp()}, {"tp-dp", &ps->group(parallel::Group::TP_DP)}};
+    for (auto& [name, c] : groups) {
+      const comm::CommStats now = c->stats();
+      comm::CommStats& before = comm_seen[name];
+      for (int k = 0; k < comm::kNumOpKinds; ++k) {
+        const uint64_t calls = now.calls[k] - before.calls[k], bytes = now.bytes[k] - before.bytes[k];
+        if (calls == 0) continue;
+        log::debug("comm per iteration, group '{}' ({} ranks): {} {} calls {} bytes", name,
+                   c->size(), comm::op_name(comm::OpKind(k)), calls / uint64_t(iters),
+                   bytes / uint64_t(iters));
+      }
+      before = now;
+    }
+  }
+
   void print_validation(const std::string& where, double loss) {
     std::string line = format_validation_line(where, {{"lm loss", loss}});
     std::string rule = validation_rule(line);
@@ -353,6 +374,11 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   Args& a = s.args;
   s.world = comm::init({.timeout = std::chrono::minutes(a.distributed_timeout_minutes)});
   validate_args(a, s.world->size());
+  if (a.logging_level)  // Python's logging levels
+    log::set_level(*a.logging_level <= 10   ? log::Level::Debug
+                   : *a.logging_level <= 20 ? log::Level::Info
+                   : *a.logging_level <= 30 ? log::Level::Warn
+                                            : log::Level::Error);
   reject_unsupported(a);
   parallel::ParallelSizes sizes;
   sizes.tp = int(a.tensor_model_parallel_size), sizes.pp = int(a.pipeline_model_parallel_size);
@@ -517,6 +543,7 @@ TrainSummary Trainer::run() {
       L.skipped_iterations = s.skipped_iters, L.nan_iterations = s.nan_iters;
       L.tokens_per_sec_per_gpu = double(gbs * a.seq_length) / per_iter / s.world->size();
       log::info("{}", format_iteration_line(L));
+      s.log_comm_volumes(interval_iters);
       if (a.timing_log_level >= 1) {
         log::info("(min, max) time across ranks (ms):");
         for (auto& [name, t] : s.timers.all()) {
