@@ -111,7 +111,8 @@ SimResult simulate(const Schedule& sched, const CostModel& cost, P2PSemantics se
                                                  "chunk {}", s, a.microbatch, a.chunk));
             held[s].insert(key);
             st.peak_in_flight = std::max(st.peak_in_flight, int(held[s].size()));
-            clock[s] += cost.forward, st.busy += cost.forward;
+            const double t = cost.forward * cost.factor(s, a.chunk);
+            clock[s] += t, st.busy += t;
             done_time[s][pc[s]] = clock[s];
           } else {
             if (!held[s].erase(key))
@@ -121,7 +122,8 @@ SimResult simulate(const Schedule& sched, const CostModel& cost, P2PSemantics se
             if (!seen_bwd[s].insert(key).second)
               res.problems.push_back(fmt::format("stage {}: second backward of micro-batch {} "
                                                  "chunk {}", s, a.microbatch, a.chunk));
-            clock[s] += cost.backward, st.busy += cost.backward;
+            const double t = cost.backward * cost.factor(s, a.chunk);
+            clock[s] += t, st.busy += t;
             done_time[s][pc[s]] = clock[s];
           }
           ++pc[s];

@@ -30,6 +30,12 @@ struct CostModel {
   double forward = 1.0;   // one model chunk's forward on one micro-batch
   double backward = 2.0;  // its backward
   double p2p = 0.0;       // one transfer (latency; sends are otherwise free)
+  // Optional [stage][chunk] factor on forward and backward (e.g. layers in the chunk
+  // over layers in an even stage, for uneven splits); empty = 1 everywhere.
+  std::vector<std::vector<double>> scale;
+  double factor(int stage, int chunk) const {
+    return scale.empty() ? 1.0 : scale.at(size_t(stage)).at(size_t(chunk));
+  }
 };
 
 enum class P2PSemantics : uint8_t { Eager, Rendezvous };
