@@ -214,6 +214,7 @@ TEST(PipelineSchedule, InterleavedOtherGroupSizes) {
                                                                       v, m, g));
           // Never worse than without virtual stages.
           EXPECT_LE(r.bubble_fraction, double(pp - 1) / (m + pp - 1) + 1e-12);
+          EXPECT_NEAR(r.bubble_fraction, double(pp - 1) / (v * m + pp - 1), 1e-12);
         }
 }
 
