@@ -1,7 +1,8 @@
 // `megatron plan`: what a pipeline-parallel run will do, without running it.
 //
 //   megatron plan --pipeline-model-parallel-size 4 --num-layers 16
-//                 [--num-virtual-stages-per-pipeline-rank V | --num-layers-per-virtual-pipeline-stage K]
+//                 [--num-virtual-stages-per-pipeline-rank V |
+//                 --num-layers-per-virtual-pipeline-stage K]
 //                 [--decoder-first-pipeline-num-layers N] [--decoder-last-pipeline-num-layers N]
 //                 --micro-batch-size 1 --global-batch-size 32
 //                 [--world-size W | --data-parallel-size D] [--tensor-model-parallel-size T]
@@ -58,8 +59,9 @@ int run_plan(const std::vector<std::string>& args) {
       .add("--data-parallel-size", Flags::Value, "DP (instead of --world-size)")
       .add("--tensor-model-parallel-size", Flags::Value, "TP (default 1)")
       .add("--context-parallel-size", Flags::Value, "CP (default 1)")
-      .add("--schedule", Flags::Value, "gpipe | 1f1b | interleaved (default: interleaved "
-                                       "with virtual stages, else 1f1b)")
+      .add("--schedule", Flags::Value,
+           "gpipe | 1f1b | interleaved (default: interleaved "
+           "with virtual stages, else 1f1b)")
       .add("--forward-cost", Flags::Value, "time of one stage's forward (default 1)")
       .add("--backward-cost", Flags::Value, "time of one stage's backward (default 2)")
       .add("--p2p-cost", Flags::Value, "time of one transfer (default 0)")
@@ -67,8 +69,9 @@ int run_plan(const std::vector<std::string>& args) {
       .add("--help", Flags::Switch, "this text");
   f.parse(args, "plan");
   if (f.has("--help") || !f.has("--num-layers")) {
-    std::printf("usage: megatron plan --num-layers L --pipeline-model-parallel-size PP [flags]\n\n%s",
-                f.help().c_str());
+    std::printf(
+        "usage: megatron plan --num-layers L --pipeline-model-parallel-size PP [flags]\n\n%s",
+        f.help().c_str());
     return f.has("--help") ? 0 : 1;
   }
   const int pp = int(f.get_int("--pipeline-model-parallel-size", 1));
@@ -79,7 +82,8 @@ int run_plan(const std::vector<std::string>& args) {
                   "parallel sizes must be >= 1 (TP {}, PP {}, CP {})", tp, pp, cp);
   MCPP_CHECK_HINT(!(f.has("--num-layers-per-virtual-pipeline-stage") &&
                     f.has("--num-virtual-stages-per-pipeline-rank")),
-                  "give only one of the two", "--num-layers-per-virtual-pipeline-stage and "
+                  "give only one of the two",
+                  "--num-layers-per-virtual-pipeline-stage and "
                   "--num-virtual-stages-per-pipeline-rank are mutually exclusive");
   int vpp = 1;
   if (f.has("--num-virtual-stages-per-pipeline-rank"))
@@ -162,16 +166,15 @@ int run_plan(const std::vector<std::string>& args) {
                                     "batched exchange"
                                   : "");
   for (int s = 0; s < pp; ++s)
-    std::printf("  rank %-3d warm-up %-3d %s\n", s,
-                pl::warmup_microbatches(kind, pp, s, vpp, m, g),
+    std::printf("  rank %-3d warm-up %-3d %s\n", s, pl::warmup_microbatches(kind, pp, s, vpp, m, g),
                 pl::format_actions(sched[s], f.has("--show-p2p")).c_str());
   if (!sim.ok) {
     for (auto& p : sim.problems) std::fprintf(stderr, "plan: %s\n", p.c_str());
     throw Error("the schedule does not replay cleanly (see above)",
                 "this is a bug in megatron.cpp's schedule builder; please report it");
   }
-  std::printf("\nreplay: forward %g, backward %g per even stage of layers, p2p %g\n",
-              cost.forward, cost.backward, cost.p2p);
+  std::printf("\nreplay: forward %g, backward %g per even stage of layers, p2p %g\n", cost.forward,
+              cost.backward, cost.p2p);
   double ideal = 0;  // the busiest rank's compute: the step time without a bubble
   for (auto& st : sim.stages) ideal = std::max(ideal, st.busy);
   std::printf("step time %.4g (busiest rank's compute %.4g), bubble %.2f%%", sim.makespan, ideal,

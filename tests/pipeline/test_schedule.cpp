@@ -150,8 +150,8 @@ void check_properties(const Config& c) {
         ASSERT_LE(r.end_time[ps][fwd[ps].at({mb, pc})], f_start) << "mb " << mb << " u " << u;
         bool received = false;
         for (int i = 0; i < fi; ++i)
-          received |= s[st][i] == Action{Op::RecvActivation, mb, ch, s[st][i].peer_stage,
-                                         s[st][i].batch};
+          received |=
+              s[st][i] == Action{Op::RecvActivation, mb, ch, s[st][i].peer_stage, s[st][i].batch};
         ASSERT_TRUE(received) << "forward of mb " << mb << " virtual stage " << u
                               << " without its activation";
       }
@@ -210,8 +210,8 @@ TEST(PipelineSchedule, InterleavedOtherGroupSizes) {
           ASSERT_TRUE(r.ok) << r.problems.front();
           ASSERT_TRUE(simulate(s, {}, P2PSemantics::Rendezvous).ok);
           for (int st = 0; st < pp; ++st)
-            EXPECT_LE(r.stages[st].peak_in_flight, promised_in_flight(K::Interleaved1F1B, pp, st,
-                                                                      v, m, g));
+            EXPECT_LE(r.stages[st].peak_in_flight,
+                      promised_in_flight(K::Interleaved1F1B, pp, st, v, m, g));
           // Never worse than without virtual stages.
           EXPECT_LE(r.bubble_fraction, double(pp - 1) / (m + pp - 1) + 1e-12);
           EXPECT_NEAR(r.bubble_fraction, double(pp - 1) / (v * m + pp - 1), 1e-12);
@@ -246,9 +246,13 @@ TEST(PipelineSimulator, DetectsUnmatchedTransfer) {
 TEST(PipelineSimulator, DetectsDeadlock) {
   // Each stage waits for the other's gradient before sending its own activation.
   Schedule s(2);
-  s[0] = {{Op::RecvGrad, 0, 0, 1}, {Op::Forward, 0, 0}, {Op::SendActivation, 0, 0, 1},
+  s[0] = {{Op::RecvGrad, 0, 0, 1},
+          {Op::Forward, 0, 0},
+          {Op::SendActivation, 0, 0, 1},
           {Op::Backward, 0, 0}};
-  s[1] = {{Op::RecvActivation, 0, 0, 0}, {Op::Forward, 0, 0}, {Op::Backward, 0, 0},
+  s[1] = {{Op::RecvActivation, 0, 0, 0},
+          {Op::Forward, 0, 0},
+          {Op::Backward, 0, 0},
           {Op::SendGrad, 0, 0, 0}};
   auto r = simulate(s);
   ASSERT_FALSE(r.ok);

@@ -104,9 +104,9 @@ void build_1f1b(StageWriter& w, int m) {
   const std::optional<Action> none;
   const int warmup = std::min(w.pp - w.rank - 1, m), remaining = m - warmup;
   for (int i = 0; i < warmup; ++i) {
-    w.p2p({first ? none : w.recv_act(i, 0)});    // recv_forward
+    w.p2p({first ? none : w.recv_act(i, 0)});  // recv_forward
     w.compute(Op::Forward, i, 0);
-    w.p2p({last ? none : w.send_act(i, 0)});     // send_forward
+    w.p2p({last ? none : w.send_act(i, 0)});  // send_forward
   }
   if (remaining > 0) w.p2p({first ? none : w.recv_act(warmup, 0)});
   for (int i = 0; i < remaining; ++i) {
@@ -122,9 +122,9 @@ void build_1f1b(StageWriter& w, int m) {
   }
   for (int i = 0; i < warmup; ++i) {
     const int b = remaining + i;
-    w.p2p({last ? none : w.recv_grad(b, 0)});     // recv_backward
+    w.p2p({last ? none : w.recv_grad(b, 0)});  // recv_backward
     w.compute(Op::Backward, b, 0);
-    w.p2p({first ? none : w.send_grad(b, 0)});    // send_backward
+    w.p2p({first ? none : w.send_grad(b, 0)});  // send_backward
   }
 }
 
@@ -157,9 +157,7 @@ void build_interleaved(StageWriter& w, int vpp, int m, int g) {
   // Received tensors of a chunk arrive in micro-batch order.
   std::vector<int> acts_received(vpp, 0), grads_received(vpp, 0);
   const std::optional<Action> none;
-  auto recv_act = [&](bool cond, int c) {
-    return cond ? w.recv_act(acts_received[c]++, c) : none;
-  };
+  auto recv_act = [&](bool cond, int c) { return cond ? w.recv_act(acts_received[c]++, c) : none; };
   auto recv_grad = [&](bool cond, int c) {
     return cond ? w.recv_grad(grads_received[c]++, c) : none;
   };
@@ -257,21 +255,30 @@ Schedule build_schedule(ScheduleKind kind, int pp, int vpp, int m, int microbatc
 
 std::string to_string(Op op) {
   switch (op) {
-    case Op::Forward: return "Forward";
-    case Op::Backward: return "Backward";
-    case Op::SendActivation: return "SendActivation";
-    case Op::RecvActivation: return "RecvActivation";
-    case Op::SendGrad: return "SendGrad";
-    case Op::RecvGrad: return "RecvGrad";
+    case Op::Forward:
+      return "Forward";
+    case Op::Backward:
+      return "Backward";
+    case Op::SendActivation:
+      return "SendActivation";
+    case Op::RecvActivation:
+      return "RecvActivation";
+    case Op::SendGrad:
+      return "SendGrad";
+    case Op::RecvGrad:
+      return "RecvGrad";
   }
   return "?";
 }
 
 std::string to_string(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::AllForwardAllBackward: return "all-forward-all-backward (GPipe)";
-    case ScheduleKind::OneFOneB: return "1F1B";
-    case ScheduleKind::Interleaved1F1B: return "interleaved 1F1B";
+    case ScheduleKind::AllForwardAllBackward:
+      return "all-forward-all-backward (GPipe)";
+    case ScheduleKind::OneFOneB:
+      return "1F1B";
+    case ScheduleKind::Interleaved1F1B:
+      return "interleaved 1F1B";
   }
   return "?";
 }
@@ -287,17 +294,30 @@ std::string format_actions(const std::vector<Action>& actions, bool with_p2p) {
     const Action& a = actions[i];
     const char* tag = "";
     switch (a.op) {
-      case Op::Forward: tag = "F"; break;
-      case Op::Backward: tag = "B"; break;
-      case Op::SendActivation: tag = ">a"; break;
-      case Op::RecvActivation: tag = "<a"; break;
-      case Op::SendGrad: tag = ">g"; break;
-      case Op::RecvGrad: tag = "<g"; break;
+      case Op::Forward:
+        tag = "F";
+        break;
+      case Op::Backward:
+        tag = "B";
+        break;
+      case Op::SendActivation:
+        tag = ">a";
+        break;
+      case Op::RecvActivation:
+        tag = "<a";
+        break;
+      case Op::SendGrad:
+        tag = ">g";
+        break;
+      case Op::RecvGrad:
+        tag = "<g";
+        break;
     }
     const bool compute = a.op == Op::Forward || a.op == Op::Backward;
     if (!compute && !with_p2p) continue;
     const bool opens = a.batch >= 0 && (i == 0 || actions[i - 1].batch != a.batch);
-    const bool closes = a.batch >= 0 && (i + 1 == actions.size() || actions[i + 1].batch != a.batch);
+    const bool closes =
+        a.batch >= 0 && (i + 1 == actions.size() || actions[i + 1].batch != a.batch);
     if (!s.empty()) s += ' ';
     s += fmt::format("{}{}{}{}", opens ? "[" : "", tag, id(a), closes ? "]" : "");
   }
@@ -380,10 +400,9 @@ std::vector<std::vector<int>> assign_layers(int num_layers, int pp, int vpp,
 int virtual_stages_from_layers_per_stage(int num_layers, int pp, int k) {
   MCPP_CHECK_HINT(k >= 1, "set --num-layers-per-virtual-pipeline-stage to 1 or more",
                   "--num-layers-per-virtual-pipeline-stage must be >= 1, got {}", k);
-  MCPP_CHECK_HINT(pp >= 1 && num_layers % pp == 0,
-                  "change --num-layers or --pipeline-model-parallel-size",
-                  "--num-layers {} is not divisible by --pipeline-model-parallel-size {}",
-                  num_layers, pp);
+  MCPP_CHECK_HINT(
+      pp >= 1 && num_layers % pp == 0, "change --num-layers or --pipeline-model-parallel-size",
+      "--num-layers {} is not divisible by --pipeline-model-parallel-size {}", num_layers, pp);
   const int per_stage = num_layers / pp;
   MCPP_CHECK_HINT(per_stage % k == 0,
                   "choose --num-layers-per-virtual-pipeline-stage dividing the layers per stage",

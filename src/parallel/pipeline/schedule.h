@@ -56,9 +56,9 @@ enum class Op : uint8_t {
 struct Action {
   Op op;
   int microbatch;
-  int chunk;           // local model chunk (virtual stage index on this rank), 0..V-1
-  int peer_stage = -1; // transfers only: the other pipeline stage
-  int batch = -1;      // transfers posted together (one batch_isend_irecv) share an id >= 0
+  int chunk;            // local model chunk (virtual stage index on this rank), 0..V-1
+  int peer_stage = -1;  // transfers only: the other pipeline stage
+  int batch = -1;       // transfers posted together (one batch_isend_irecv) share an id >= 0
   bool operator==(const Action&) const = default;
 };
 

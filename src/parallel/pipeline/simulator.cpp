@@ -20,7 +20,8 @@ bool is_activation(Op op) { return op == Op::SendActivation || op == Op::RecvAct
 
 std::string describe(const Action& a) {
   std::string s = fmt::format("{} micro-batch {} chunk {}", to_string(a.op), a.microbatch, a.chunk);
-  if (is_transfer(a.op)) s += fmt::format(" {} stage {}", is_send(a.op) ? "to" : "from", a.peer_stage);
+  if (is_transfer(a.op))
+    s += fmt::format(" {} stage {}", is_send(a.op) ? "to" : "from", a.peer_stage);
   return s;
 }
 
@@ -42,8 +43,8 @@ SimResult simulate(const Schedule& sched, const CostModel& cost, P2PSemantics se
       const Action& a = sched[s][i];
       if (!is_transfer(a.op)) continue;
       if (a.peer_stage < 0 || a.peer_stage >= pp || a.peer_stage == s) {
-        res.problems.push_back(fmt::format("stage {} step {}: {} has an invalid peer", s, i,
-                                           describe(a)));
+        res.problems.push_back(
+            fmt::format("stage {} step {}: {} has an invalid peer", s, i, describe(a)));
         continue;
       }
       const bool send = is_send(a.op);
@@ -107,8 +108,10 @@ SimResult simulate(const Schedule& sched, const CostModel& cost, P2PSemantics se
           const auto key = std::pair(a.microbatch, a.chunk);
           if (a.op == Op::Forward) {
             if (!seen_fwd[s].insert(key).second)
-              res.problems.push_back(fmt::format("stage {}: second forward of micro-batch {} "
-                                                 "chunk {}", s, a.microbatch, a.chunk));
+              res.problems.push_back(
+                  fmt::format("stage {}: second forward of micro-batch {} "
+                              "chunk {}",
+                              s, a.microbatch, a.chunk));
             held[s].insert(key);
             st.peak_in_flight = std::max(st.peak_in_flight, int(held[s].size()));
             const double t = cost.forward * cost.factor(s, a.chunk);
@@ -116,12 +119,15 @@ SimResult simulate(const Schedule& sched, const CostModel& cost, P2PSemantics se
             done_time[s][pc[s]] = clock[s];
           } else {
             if (!held[s].erase(key))
-              res.problems.push_back(fmt::format("stage {}: backward of micro-batch {} chunk {} "
-                                                 "without a forward before it", s, a.microbatch,
-                                                 a.chunk));
+              res.problems.push_back(
+                  fmt::format("stage {}: backward of micro-batch {} chunk {} "
+                              "without a forward before it",
+                              s, a.microbatch, a.chunk));
             if (!seen_bwd[s].insert(key).second)
-              res.problems.push_back(fmt::format("stage {}: second backward of micro-batch {} "
-                                                 "chunk {}", s, a.microbatch, a.chunk));
+              res.problems.push_back(
+                  fmt::format("stage {}: second backward of micro-batch {} "
+                              "chunk {}",
+                              s, a.microbatch, a.chunk));
             const double t = cost.backward * cost.factor(s, a.chunk);
             clock[s] += t, st.busy += t;
             done_time[s][pc[s]] = clock[s];
@@ -168,8 +174,8 @@ SimResult simulate(const Schedule& sched, const CostModel& cost, P2PSemantics se
     res.stages[s].finish = clock[s];
     res.makespan = std::max(res.makespan, clock[s]);
     if (!held[s].empty() && pc[s] == sched[s].size())
-      res.problems.push_back(fmt::format("stage {}: {} forwards never had their backward", s,
-                                         held[s].size()));
+      res.problems.push_back(
+          fmt::format("stage {}: {} forwards never had their backward", s, held[s].size()));
   }
   double idle_sum = 0;
   for (auto& st : res.stages) {

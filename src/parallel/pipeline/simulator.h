@@ -41,14 +41,14 @@ struct CostModel {
 enum class P2PSemantics : uint8_t { Eager, Rendezvous };
 
 struct StageStats {
-  double busy = 0;      // time spent in forward/backward
-  double idle = 0;      // makespan - busy: waiting, at the start, between, at the end
-  double finish = 0;    // when its last action completed
+  double busy = 0;         // time spent in forward/backward
+  double idle = 0;         // makespan - busy: waiting, at the start, between, at the end
+  double finish = 0;       // when its last action completed
   int peak_in_flight = 0;  // most (microbatch, chunk) forwards held whose backward has not run
 };
 
 struct SimResult {
-  bool ok = false;              // no problems, no deadlock
+  bool ok = false;                    // no problems, no deadlock
   std::vector<std::string> problems;  // mismatches, unmatched transfers, deadlock, bad order
   double makespan = 0;
   std::vector<StageStats> stages;
