@@ -297,7 +297,6 @@ void BpeModel::merge_large(std::vector<int32_t>& sym) const {
   const size_t n = sym.size();
   std::vector<int32_t> prev(n), next(n), rank(n, kNone), mid(n, 0);
   std::vector<uint8_t> alive(n, 1);
-  using E = std::pair<int64_t, int32_t>;  // (rank << 32 | position) ordering
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> heap;
   auto push = [&](size_t i) {
     if (next[i] < 0) return (void)(rank[i] = kNone);
