@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, run on the GPU machine: configure for the H200 (sm_90a), build the CUDA
-# backend, its tests and the GPU benchmark, run every test labelled `gpu`, run the
-# benchmark, and print its table last. Installs nothing (the GPU machine has no network).
+# backend, its tests and the GPU benchmarks, run every test labelled `gpu` (ops and the
+# whole model against the CPU), run the op benchmark and the training-step benchmark
+# (bench_gpu_train: tokens/s and MFU of four models), and print their tables last.
+# Installs nothing (the GPU machine has no network).
 #
 # What the GPU machine must have (checked 2026-11-29 on the `nvidia-h200` image: Ubuntu
 # 24.04, gcc 13, CMake 4.4, nvcc 13.0): the Debian/Ubuntu dev packages of
@@ -13,7 +15,8 @@
 # unpacked with `dpkg -x` into a folder of the repository) and pass that folder as
 # CMAKE_PREFIX_PATH=... in the environment.
 #
-# Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs)
+# Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
+#        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=${1:-}
@@ -38,9 +41,9 @@ set -e
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DMCPP_CUDNN_ROOT="$CUDNN_ROOT" -DMCPP_NCCL_ROOT="$NCCL_ROOT" "${EXTRA[@]}" \
   2>&1 | tee "$LOGS/configure.log" | grep -E "megatron.cpp:|Error|error" || true
-time cmake --build "$BUILD" -j "$JOBS" --target test_gpu bench_gpu_ops 2>&1 \
+time cmake --build "$BUILD" -j "$JOBS" --target test_gpu bench_gpu_ops bench_gpu_train 2>&1 \
   | tee "$LOGS/build.log" | grep -E "error|warning: |FAILED" | head -50 || true
-test -x "$BUILD/tests/test_gpu" -a -x "$BUILD/bench/bench_gpu_ops" || {
+test -x "$BUILD/tests/test_gpu" -a -x "$BUILD/bench/bench_gpu_ops" -a -x "$BUILD/bench/bench_gpu_train" || {
   echo "gpu-check: build failed (see $LOGS/build.log)"; tail -40 "$LOGS/build.log"; exit 1; }
 set +e
 export LD_LIBRARY_PATH="${CUDNN_ROOT:+$CUDNN_ROOT/lib:}${NCCL_ROOT:+$NCCL_ROOT/lib:}${LD_LIBRARY_PATH:-}"
@@ -55,9 +58,24 @@ test_rc=${PIPESTATUS[0]}
 "$BUILD/bench/bench_gpu_ops" $QUICK > "$LOGS/bench.md" 2> "$LOGS/bench.err"
 bench_rc=$?
 tail -5 "$LOGS/bench.err"
+# shellcheck disable=SC2086
+"$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} > "$LOGS/train.md" 2> "$LOGS/train.err"
+train_rc=$?
+cat "$LOGS/train.err"
+if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core attention
+  echo "gpu-check: $FALLBACK_CHECK with MCPP_ATTENTION_FALLBACK=1"
+  # shellcheck disable=SC2086
+  MCPP_ATTENTION_FALLBACK=1 "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} --only "$FALLBACK_CHECK" \
+    2>&1 >/dev/null | grep -E "losses|ms/step"
+fi
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
 echo
-echo "## GPU op benchmark ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+echo "## GPU op benchmark ($GPU_NAME, commit $COMMIT)"
 cat "$LOGS/bench.md"
 echo
-echo "gpu-check: tests rc=$test_rc, bench rc=$bench_rc"
-exit $((test_rc != 0 || bench_rc != 0))
+echo "## Training step, bf16, one GPU ($GPU_NAME, commit $COMMIT, $(date -u +%F))"
+cat "$LOGS/train.md"
+echo
+echo "gpu-check: tests rc=$test_rc, bench rc=$bench_rc, train rc=$train_rc"
+exit $((test_rc != 0 || bench_rc != 0 || train_rc != 0))

@@ -22,7 +22,14 @@ void TransformerConfig::validate() const {
   MCPP_CHECK(!rope || (rot_dim() % 2 == 0 && rot_dim() > 0),
              "rotary dims {} (kv_channels {} x --rotary-percent {}) must be even and positive",
              rot_dim(), kv_channels, rotary_percent);
-  MCPP_CHECK(dtype == DType::F32 || dtype == DType::F64, "CPU model dtype must be f32 or f64");
+  if (device == Device::CPU)
+    MCPP_CHECK_HINT(dtype == DType::F32 || dtype == DType::F64,
+                    "drop --bf16/--fp16 on the CPU, or train on a GPU",
+                    "the CPU model computes in f32 or f64, not {}", dtype_name(dtype));
+  else
+    MCPP_CHECK_HINT(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32,
+                    "use --bf16, --fp16 or neither (f32)",
+                    "the CUDA model computes in bf16, f16 or f32, not {}", dtype_name(dtype));
 }
 
 }  // namespace mcpp::model

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "tensor/dtype.h"
+#include "tensor/tensor.h"
 
 namespace mcpp::model {
 
@@ -33,7 +34,12 @@ struct TransformerConfig {
   double attention_dropout = 0.1;        // --attention-dropout
   double init_method_std = 0.02;         // --init-method-std
   uint64_t seed = 1234;                  // --seed
-  DType dtype = DType::F32;              // parameter and activation dtype on CPU
+  // Where the model runs and in which dtype its parameters and activations live:
+  // CPU f32 | f64 (the reference); CUDA bf16 (--bf16) | f16 (--fp16) | f32. Gradients,
+  // per-row statistics (norm mean/rstd, attention lse, CE max/sum) and the loss mask
+  // are f32 on CUDA (mixed precision as Megatron: fp32 main grads), `dtype` on CPU.
+  Device device = Device::CPU;
+  DType dtype = DType::F32;
   // Tensor parallelism (local sizes divide by tp_size).
   int64_t tp_size = 1;
   int64_t tp_rank = 0;
@@ -47,6 +53,8 @@ struct TransformerConfig {
   int64_t fc1_width_local() const { return (swiglu ? 2 : 1) * ffn_local(); }
   int64_t vocab_local() const { return padded_vocab_size / tp_size; }
   int64_t rot_dim() const { return int64_t(double(kv_channels) * rotary_percent); }
+  DType grad_dtype() const { return device == Device::CUDA ? DType::F32 : dtype; }
+  DType stat_dtype() const { return grad_dtype(); }
 
   // Structural checks; user-facing flag validation happens in training/arguments.
   void validate() const;

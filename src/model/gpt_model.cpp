@@ -50,8 +50,11 @@ struct GPTModel::Saved {
   Tensor emb;                  // [T,H] embedding before dropout
   Tensor lnf, meanf, rstdf;    // final norm
   Tensor logits;               // [T,Vp]; overwritten by its gradient in backward
-  Tensor targets, mask;        // [T] i64, [T] model dtype (sequence-first order)
+  Tensor tokens, labels, mask_bs;  // the batch on the model's device, [B, S]
+  Tensor targets, mask;        // [T] i64, [T] stat dtype (sequence-first order)
+  Tensor mask_f32;             // [T] f32 (mask before a cast to f64 on CPU)
   Tensor row_max, sum_exp, target_logit, losses;  // [T]
+  Tensor tmp;                  // [T,H] forward scratch
   // Backward scratch.
   Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
 };
@@ -59,7 +62,7 @@ struct GPTModel::Saved {
 GPTModel::GPTModel(const TransformerConfig& cfg) : cfg_(cfg), saved_(std::make_unique<Saved>()) {
   cfg_.validate();
   register_params();
-  params_.allocate(cfg_.dtype, cfg_.tp_rank, cfg_.tp_size);
+  params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size);
   params_.initialize(cfg_.seed);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     auto L = std::make_unique<Layer>();
@@ -136,9 +139,20 @@ void GPTModel::register_params() {
 
 namespace {
 
-// (Re)allocates t when its shape or dtype differs; activations are reused.
-void ensure(Tensor& t, const Shape& shape, DType dt) {
-  if (!t.defined() || t.shape() != shape || t.dtype() != dt) t = Tensor::empty(shape, dt);
+// (Re)allocates t when its shape or dtype differs; activations are reused across
+// micro-batches, so a training step allocates nothing once shapes are settled.
+void ensure(Tensor& t, const Shape& shape, DType dt, Device dev) {
+  if (!t.defined() || t.shape() != shape || t.dtype() != dt || t.device() != dev)
+    t = Tensor::empty(shape, dt, dev);
+}
+
+// The batch tensor on the model's device: `src` itself when it is there, else a copy
+// into the reused buffer `buf`.
+const Tensor& on_device(const Tensor& src, Tensor& buf, Device dev, Stream& st) {
+  if (src.device() == dev) return src;
+  ensure(buf, src.shape(), src.dtype(), dev);
+  ops::copy(src, buf, st);
+  return buf;
 }
 
 void norm_forward(const TransformerConfig& c, const Tensor& x, const Tensor& w, const Tensor& b,
@@ -159,26 +173,28 @@ void norm_backward(const TransformerConfig& c, const Tensor& dy, const Tensor& x
 double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   const auto& c = cfg_;
   auto& sv = *saved_;
-  Stream& st = Stream::cpu();
+  Stream& st = ops::default_stream(c.device);
   MCPP_CHECK(mb.tokens.dim() == 2 && mb.tokens.dtype() == DType::I64,
              "tokens must be i64 [B, S], got {}", mb.tokens.str());
   const int64_t B = mb.tokens.size(0), S = mb.tokens.size(1), T = S * B, H = c.hidden_size;
   MCPP_CHECK(S <= c.seq_length || c.rope, "sequence {} longer than --seq-length {}", S,
              c.seq_length);
-  const DType dt = c.dtype;
+  const DType dt = c.dtype, sdt = c.stat_dtype();
+  const Device dev = c.device;
   sv.S = S, sv.B = B, sv.mb = mb, sv.keys = keys;
+  const Tensor& tokens = on_device(mb.tokens, sv.tokens, dev, st);
   const int64_t Bg = keys.global_batch ? keys.global_batch : B;
   const double p_hidden = keys.training ? c.hidden_dropout : 0.0;
   const double p_attn = keys.training ? c.attention_dropout : 0.0;
   ops::GlobalIndex3 g{{0, keys.sample_offset, 0}, {S, Bg, H}};
 
   sv.hidden.resize(c.num_layers + 1);
-  for (auto& h : sv.hidden) ensure(h, {T, H}, dt);
-  ensure(sv.emb, {S, B, H}, dt);
+  for (auto& h : sv.hidden) ensure(h, {T, H}, dt, dev);
+  ensure(sv.emb, {S, B, H}, dt, dev);
 
   // Embedding: word (+ learned position), then embedding dropout.
   Tensor emb3 = sv.emb;
-  ops::embedding_forward(mb.tokens, params_.param("embedding.word_embeddings.weight"),
+  ops::embedding_forward(tokens, params_.param("embedding.word_embeddings.weight"),
                          c.tp_rank * c.vocab_local(), emb3, st);
   if (!c.rope)
     ops::position_embedding_forward(params_.param("embedding.position_embeddings.weight"), 0,
@@ -193,17 +209,20 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   ad.NH_global = c.num_attention_heads, ad.S_global = S;
   const double scale = 1.0 / std::sqrt(double(c.kv_channels));
   const int64_t NHD = c.local_heads() * c.kv_channels;
-  Tensor tmp = Tensor::empty({T, H}, dt);
+  ensure(sv.tmp, {T, H}, dt, dev);
+  Tensor& tmp = sv.tmp;
 
   for (int l = 0; l < c.num_layers; ++l) {
     Layer& L = *layers_[l];
     const Tensor& x = sv.hidden[l];
-    ensure(L.ln1, {T, H}, dt), ensure(L.mean1, {T}, dt), ensure(L.rstd1, {T}, dt);
-    ensure(L.qkv, {T, c.qkv_width_local()}, dt);
-    ensure(L.ctx, {T, NHD}, dt), ensure(L.lse, {B, c.local_heads(), S}, dt);
-    ensure(L.x2, {T, H}, dt);
-    ensure(L.ln2, {T, H}, dt), ensure(L.mean2, {T}, dt), ensure(L.rstd2, {T}, dt);
-    ensure(L.fc1, {T, c.fc1_width_local()}, dt), ensure(L.act, {T, c.ffn_local()}, dt);
+    ensure(L.ln1, {T, H}, dt, dev), ensure(L.rstd1, {T}, sdt, dev);
+    if (!c.rmsnorm) ensure(L.mean1, {T}, sdt, dev);
+    ensure(L.qkv, {T, c.qkv_width_local()}, dt, dev);
+    ensure(L.ctx, {T, NHD}, dt, dev), ensure(L.lse, {B, c.local_heads(), S}, sdt, dev);
+    ensure(L.x2, {T, H}, dt, dev);
+    ensure(L.ln2, {T, H}, dt, dev), ensure(L.rstd2, {T}, sdt, dev);
+    if (!c.rmsnorm) ensure(L.mean2, {T}, sdt, dev);
+    ensure(L.fc1, {T, c.fc1_width_local()}, dt, dev), ensure(L.act, {T, c.ffn_local()}, dt, dev);
 
     norm_forward(c, x, L.ln1_w, L.ln1_b, L.ln1, L.mean1, L.rstd1, st);
     ops::linear_forward(L.ln1, L.qkv_w, L.qkv_b, L.qkv, st);
@@ -226,8 +245,9 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
 
   // Head: final norm, output layer (tied: the word embedding), cross-entropy.
   const int64_t V = c.vocab_local();
-  ensure(sv.lnf, {T, H}, dt), ensure(sv.meanf, {T}, dt), ensure(sv.rstdf, {T}, dt);
-  ensure(sv.logits, {T, V}, dt);
+  ensure(sv.lnf, {T, H}, dt, dev), ensure(sv.rstdf, {T}, sdt, dev);
+  if (!c.rmsnorm) ensure(sv.meanf, {T}, sdt, dev);
+  ensure(sv.logits, {T, V}, dt, dev);
   norm_forward(c, sv.hidden[c.num_layers], params_.param("decoder.final_layernorm.weight"),
                c.rmsnorm ? Tensor() : params_.param("decoder.final_layernorm.bias"), sv.lnf,
                sv.meanf, sv.rstdf, st);
@@ -236,48 +256,45 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   ops::linear_forward(sv.lnf, w_out, Tensor(), sv.logits, st);
 
   // Labels and mask to sequence-first order: row t = s*B + b.
-  ensure(sv.targets, {T}, DType::I64), ensure(sv.mask, {T}, dt);
-  ensure(sv.row_max, {T}, dt), ensure(sv.sum_exp, {T}, dt), ensure(sv.target_logit, {T}, dt);
-  ensure(sv.losses, {T}, dt);
-  const int64_t* lab = mb.labels.data<int64_t>();
-  const float* msk = mb.loss_mask.data<float>();
-  int64_t* tgt = sv.targets.data<int64_t>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s) {
-      tgt[s * B + b] = lab[b * S + s];
-      if (dt == DType::F32) sv.mask.data<float>()[s * B + b] = msk[b * S + s];
-      else sv.mask.data<double>()[s * B + b] = msk[b * S + s];
-    }
+  MCPP_CHECK(mb.labels.dtype() == DType::I64 && mb.loss_mask.dtype() == DType::F32,
+             "labels must be i64 and loss_mask f32 [B, S], got {} and {}", mb.labels.str(),
+             mb.loss_mask.str());
+  const Tensor& labels = on_device(mb.labels, sv.labels, dev, st);
+  const Tensor& mask_bs = on_device(mb.loss_mask, sv.mask_bs, dev, st);
+  ensure(sv.targets, {S, B}, DType::I64, dev), ensure(sv.mask_f32, {S, B}, DType::F32, dev);
+  ops::transpose(labels, sv.targets, st);
+  ops::transpose(mask_bs, sv.mask_f32, st);
+  if (sdt == DType::F32) {
+    sv.mask = sv.mask_f32;
+  } else {
+    ensure(sv.mask, {S, B}, sdt, dev);
+    ops::copy(sv.mask_f32, sv.mask, st);
+  }
+  ensure(sv.row_max, {T}, sdt, dev), ensure(sv.sum_exp, {T}, sdt, dev);
+  ensure(sv.target_logit, {T}, sdt, dev), ensure(sv.losses, {T}, sdt, dev);
   // With TP the row_max (MAX) and sum_exp / target_logit (SUM) are all-reduced here.
   ops::ce_row_max(sv.logits, sv.row_max, st);
   ops::ce_sum_exp_target(sv.logits, sv.row_max, sv.targets, c.tp_rank * V, sv.sum_exp,
                          sv.target_logit, st);
   ops::ce_loss(sv.row_max, sv.sum_exp, sv.target_logit, sv.losses, st);
-  double total = 0;
-  if (dt == DType::F32) {
-    const float *lo = sv.losses.data<float>(), *m = sv.mask.data<float>();
-    for (int64_t t = 0; t < T; ++t) total += double(lo[t]) * m[t];
-  } else {
-    const double *lo = sv.losses.data<double>(), *m = sv.mask.data<double>();
-    for (int64_t t = 0; t < T; ++t) total += lo[t] * m[t];
-  }
-  return total;
+  return ops::dot(sv.losses, sv.mask, st);  // synchronises: the caller logs it
 }
 
 void GPTModel::backward(double grad_scale) {
   const auto& c = cfg_;
   auto& sv = *saved_;
   MCPP_CHECK(sv.S > 0, "GPTModel::backward without a forward");
-  Stream& st = Stream::cpu();
+  Stream& st = ops::default_stream(c.device);
   const int64_t S = sv.S, B = sv.B, T = S * B, H = c.hidden_size, V = c.vocab_local();
-  const DType dt = c.dtype;
+  const DType dt = c.dtype, sdt = c.stat_dtype();
+  const Device dev = c.device;
   const auto& keys = sv.keys;
   const int64_t Bg = keys.global_batch ? keys.global_batch : B;
   const double p_hidden = keys.training ? c.hidden_dropout : 0.0;
   const double p_attn = keys.training ? c.attention_dropout : 0.0;
   ops::GlobalIndex3 g{{0, keys.sample_offset, 0}, {S, Bg, H}};
-  ensure(sv.dx, {T, H}, dt), ensure(sv.dtmp, {T, H}, dt), ensure(sv.dln, {T, H}, dt);
-  ensure(sv.dloss, {T}, dt);
+  ensure(sv.dx, {T, H}, dt, dev), ensure(sv.dtmp, {T, H}, dt, dev);
+  ensure(sv.dln, {T, H}, dt, dev), ensure(sv.dloss, {S, B}, sdt, dev);
 
   // d loss / d token_loss = mask * grad_scale.
   ops::copy(sv.mask, sv.dloss, st);
@@ -300,8 +317,9 @@ void GPTModel::backward(double grad_scale) {
   ad.NH_global = c.num_attention_heads, ad.S_global = S;
   const double scale = 1.0 / std::sqrt(double(c.kv_channels));
   const int64_t NHD = c.local_heads() * c.kv_channels;
-  ensure(sv.dfc1, {T, c.fc1_width_local()}, dt), ensure(sv.dact, {T, c.ffn_local()}, dt);
-  ensure(sv.dctx, {T, NHD}, dt), ensure(sv.dqkv, {T, c.qkv_width_local()}, dt);
+  ensure(sv.dfc1, {T, c.fc1_width_local()}, dt, dev);
+  ensure(sv.dact, {T, c.ffn_local()}, dt, dev);
+  ensure(sv.dctx, {T, NHD}, dt, dev), ensure(sv.dqkv, {T, c.qkv_width_local()}, dt, dev);
   Tensor dx3 = sv.dx.view({S, B, H}), dtmp3 = sv.dtmp.view({S, B, H});
 
   for (int l = int(c.num_layers) - 1; l >= 0; --l) {
@@ -329,7 +347,8 @@ void GPTModel::backward(double grad_scale) {
   ops::dropout_backward(dx3, p_hidden, dropout_key(c, keys, c.num_layers, kEmbedding), g, dtmp3,
                         st);
   Tensor dwe = params_.grad("embedding.word_embeddings.weight");
-  ops::embedding_backward(dtmp3, sv.mb.tokens, c.tp_rank * V, dwe, st);
+  const Tensor& tokens = sv.mb.tokens.device() == dev ? sv.mb.tokens : sv.tokens;
+  ops::embedding_backward(dtmp3, tokens, c.tp_rank * V, dwe, st);
   if (!c.rope) {
     Tensor dpos = params_.grad("embedding.position_embeddings.weight");
     ops::position_embedding_backward(dtmp3, 0, dpos, st);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/philox.h"
+#include "ops/ops.h"
 
 namespace mcpp::model {
 
@@ -14,6 +15,11 @@ void ParamStore::add(ParamInfo info) {
 }
 
 void ParamStore::allocate(DType dtype, int64_t tp_rank, int64_t tp_size) {
+  allocate(dtype, dtype, Device::CPU, tp_rank, tp_size);
+}
+
+void ParamStore::allocate(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
+                          int64_t tp_size) {
   tp_rank_ = tp_rank, tp_size_ = tp_size;
   total_ = 0;
   for (auto& p : infos_) {
@@ -21,8 +27,11 @@ void ParamStore::allocate(DType dtype, int64_t tp_rank, int64_t tp_size) {
     // Keep every parameter 16-element aligned: whole cache lines for SIMD.
     total_ += (p.numel() + 15) / 16 * 16;
   }
-  params_ = Tensor::zeros({total_}, dtype);
-  grads_ = Tensor::zeros({total_}, dtype);
+  Stream& st = ops::default_stream(device);
+  params_ = Tensor::empty({total_}, param_dtype, device);
+  grads_ = Tensor::empty({total_}, grad_dtype, device);
+  ops::fill(params_, 0.0, st);
+  ops::fill(grads_, 0.0, st);
 }
 
 const ParamInfo& ParamStore::info(const std::string& name) const {
@@ -42,7 +51,7 @@ Tensor ParamStore::grad(size_t i) const {
 Tensor ParamStore::param(const std::string& n) const { return param(index_.at(info(n).name)); }
 Tensor ParamStore::grad(const std::string& n) const { return grad(index_.at(info(n).name)); }
 
-void ParamStore::zero_grads() { std::memset(grads_.raw(), 0, grads_.nbytes()); }
+void ParamStore::zero_grads() { ops::fill(grads_, 0.0, ops::default_stream(grads_.device())); }
 
 int64_t ParamStore::global_index(const ParamInfo& p, int64_t r, int64_t c) const {
   const int64_t lrows = p.local_shape[0];
@@ -64,9 +73,15 @@ int64_t ParamStore::global_index(const ParamInfo& p, int64_t r, int64_t c) const
 }
 
 void ParamStore::initialize(uint64_t seed) {
+  // CPU f32/f64 parameters are drawn in place; others (a device, bf16/f16) are drawn
+  // into a host f32 tensor and copied over (rounded to nearest even).
+  const bool direct = params_.device() == Device::CPU &&
+                      (params_.dtype() == DType::F32 || params_.dtype() == DType::F64);
+  Stream& st = ops::default_stream(params_.device());
   for (size_t i = 0; i < infos_.size(); ++i) {
     const auto& p = infos_[i];
-    Tensor t = param(i);
+    Tensor dst = param(i);
+    Tensor t = direct ? dst : Tensor::empty(p.local_shape, DType::F32);
     const int64_t rows = p.local_shape[0];
     const int64_t cols = p.local_shape.size() > 1 ? p.local_shape[1] : 1;
     const uint64_t stream = hash_name(p.name);
@@ -83,6 +98,7 @@ void ParamStore::initialize(uint64_t seed) {
     };
     if (t.dtype() == DType::F32) fill(t.data<float>());
     else fill(t.data<double>());
+    if (!direct) ops::copy(t, dst, st);  // synchronous for host sources it stages
   }
 }
 

@@ -39,7 +39,11 @@ class ParamStore {
  public:
   // Registration, then allocate() once.
   void add(ParamInfo info);
+  // CPU: params and grads in `dtype`. The general form puts both on `device`, the
+  // grads in their own dtype (f32 main grads under bf16/f16 params, as Megatron).
   void allocate(DType dtype, int64_t tp_rank, int64_t tp_size);
+  void allocate(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
+                int64_t tp_size);
 
   // Parallel-invariant initialisation: element e of the global tensor is
   // N(0, std) drawn from Philox(seed, hash(name), e), so each rank generates
@@ -60,6 +64,7 @@ class ParamStore {
   Tensor& flat_params() { return params_; }
   Tensor& flat_grads() { return grads_; }
   int64_t total_numel() const { return total_; }
+  Device device() const { return params_.device(); }
   int64_t tp_rank() const { return tp_rank_; }
   int64_t tp_size() const { return tp_size_; }
   void zero_grads();

@@ -1,6 +1,10 @@
 // Forwards each catalogue entry to the backend of the stream's device.
 #include "ops/ops.h"
 
+#ifdef MCPP_HAVE_CUDA
+#include "ops/cuda/device.h"
+#endif
+
 namespace mcpp::ops {
 
 #ifdef MCPP_HAVE_CUDA
@@ -17,6 +21,17 @@ namespace mcpp::ops {
     return cpu::name(__VA_ARGS__);                                                    \
   } while (0)
 #endif
+
+Stream& default_stream(Device d) {
+  if (d == Device::CPU) return Stream::cpu();
+#ifdef MCPP_HAVE_CUDA
+  cuda::init_device();
+  return cuda::default_stream();
+#else
+  fail_at(__FILE__, __LINE__, "a CUDA stream was asked for in a build without CUDA",
+          "rebuild with nvcc present to get the CUDA backend");
+#endif
+}
 
 void gemm(bool ta, bool tb, double alpha, const Tensor& A, const Tensor& B, double beta,
           Tensor& C, Stream& s) {
@@ -67,6 +82,8 @@ void axpy(double alpha, const Tensor& x, Tensor& y, Stream& s) {
 void scale(Tensor& x, double alpha, Stream& s) { MCPP_DISPATCH(scale, x, alpha, s); }
 double sum_squares(const Tensor& x, Stream& s) { MCPP_DISPATCH(sum_squares, x, s); }
 bool has_nonfinite(const Tensor& x, Stream& s) { MCPP_DISPATCH(has_nonfinite, x, s); }
+double dot(const Tensor& x, const Tensor& y, Stream& s) { MCPP_DISPATCH(dot, x, y, s); }
+void transpose(const Tensor& x, Tensor& y, Stream& s) { MCPP_DISPATCH(transpose, x, y, s); }
 void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, DropoutKey key,
                          const GlobalIndex3& g, Tensor& out, Stream& s) {
   MCPP_DISPATCH(dropout_add_forward, x, residual, p, key, g, out, s);

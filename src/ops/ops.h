@@ -7,6 +7,10 @@
 
 namespace mcpp::ops {
 #include "ops/catalogue.inc"
+
+// The stream a device's work goes to by default: Stream::cpu(), or the CUDA backend's
+// default stream (initialising the device on first use; an error in a CPU-only build).
+Stream& default_stream(Device d);
 }  // namespace mcpp::ops
 
 namespace mcpp::ops::cpu {

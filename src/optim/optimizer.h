@@ -3,6 +3,12 @@
 // The state (exp_avg, exp_avg_sq) is kept per element in two flat buffers laid
 // out like the parameters, so sharding it (distributed optimizer) and writing it
 // to a checkpoint are offset arithmetic on the registry.
+//
+// Mixed precision as Megatron's Float16OptimizerWithFloat16Params: when the model's
+// parameters are bf16/f16, the optimizer holds fp32 main parameters (a copy made at
+// construction), steps them with the fp32 main gradients, and copies them back to the
+// model's parameters, rounded to nearest even. f32 and f64 parameters are stepped in
+// place. Everything lives on the parameters' device.
 #pragma once
 #include <cstdint>
 
@@ -29,6 +35,12 @@ class AdamW {
 
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }
+  // Multiplies the gradients by inv_scale and reports whether any is NaN/Inf (fp16
+  // loss scaling: the step must then be skipped). Synchronises.
+  bool unscale_and_check(double inv_scale);
+
+  // fp32 main parameters (undefined when the parameters are stepped in place).
+  Tensor& main_params() { return main_; }
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
   const Tensor& exp_avg() const { return m_; }
@@ -38,7 +50,7 @@ class AdamW {
  private:
   model::ParamStore& ps_;
   AdamWConfig cfg_;
-  Tensor m_, v_;
+  Tensor main_, m_, v_;
   int64_t step_ = 0;
 };
 

@@ -2,12 +2,17 @@
 //
 //   megatron inspect PREFIX
 //       dtype, sequence / document / token counts, sequence-length statistics
+//   megatron inspect CHECKPOINT_DIR
+//       iterations, model shape, tensors and shards, every checksum verified
 //   megatron inspect --data-path ... [--split 969,30,1] --seq-length S --seed N
 //                    (--train-samples T | --train-iters I --global-batch-size B)
 //                    [--eval-iters E --eval-interval V] --show-samples I:J [--show-split train]
 //       token ids of samples I..J-1 of a split, one sample a line, in training order
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
 
 #include "data/dataset_builder.h"
 #include "data/indexed_dataset.h"
@@ -61,7 +66,13 @@ int run_inspect(const std::vector<std::string>& args) {
         f.help().c_str());
     return f.has("--help") ? 0 : 1;
   }
-  for (const auto& p : f.positional()) describe_prefix(p);
+  for (const auto& p : f.positional()) {
+    // A directory with a tracker file or iter_* folders is a checkpoint; else a dataset prefix.
+    if (std::filesystem::is_directory(p) && !checkpoint::list_iterations(p).empty())
+      std::printf("%s", checkpoint::describe_checkpoint(p).c_str());
+    else
+      describe_prefix(p);
+  }
   if (!f.has("--data-path") && !f.has("--mock-data")) return 0;
 
   data::GPTDatasetsArgs a;

@@ -332,6 +332,10 @@ const Binding kBindings[] = {
     MCPP_FLAG(no_save_optim),
     MCPP_FLAG(no_save_rng),
     MCPP_FLAG(finetune),
+    MCPP_FLAG(ckpt_step),
+    MCPP_FLAG(async_save),
+    MCPP_FLAG(exit_signal_handler),
+    MCPP_FLAG(distributed_timeout_minutes),
     // megatron.cpp's own flags
     MCPP_FLAG(device),
     MCPP_FLAG(threads),

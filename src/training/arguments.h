@@ -147,6 +147,10 @@ struct Args {
   bool no_load_optim = false, no_load_rng = false;
   bool no_save_optim = false, no_save_rng = false;
   bool finetune = false;
+  std::optional<int64_t> ckpt_step;        // --ckpt-step: load this iteration, not the latest
+  bool async_save = false;                 // --async-save: write on a background thread
+  bool exit_signal_handler = false;        // --exit-signal-handler: SIGTERM -> save, exit 0
+  int64_t distributed_timeout_minutes = 10;
 
   // Set after the tokenizer is known: padded_vocab_size(vocab, divisible_by, TP).
   std::optional<int64_t> padded_vocab_size;

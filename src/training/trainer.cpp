@@ -3,11 +3,16 @@
 #include <omp.h>
 
 #include <cblas.h>
+
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "checkpoint/async_saver.h"
+#include "checkpoint/checkpoint.h"
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
 #include "model/gpt_model.h"
@@ -57,11 +62,16 @@ void reject_unsupported(const Args& a) {
   no(a.device == "cuda", "--device cuda", "train with --device cpu (the default) for now");
   no(a.reset_position_ids, "--reset-position-ids", "drop the flag");
   no(a.reset_attention_mask, "--reset-attention-mask", "drop the flag");
-  no(a.save.has_value() || a.load.has_value() || a.save_interval.has_value(),
-     "--save/--load/--save-interval", "checkpointing lands with the checkpoint issue");
+  MCPP_CHECK_HINT(!a.save_interval || a.save, "add --save DIR",
+                  "--save-interval {} given without --save", *a.save_interval);
+  MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
+                  "--save-interval must be positive, got {}", *a.save_interval);
   no(a.tensor_model_parallel_size > 1, "--tensor-model-parallel-size > 1",
      "tensor parallelism lands with the parallelism issue");
 }
+
+std::atomic<bool> g_exit_signal{false};
+extern "C" void on_exit_signal(int) { g_exit_signal.store(true); }
 
 }  // namespace
 
@@ -76,6 +86,70 @@ struct Trainer::State {
   int64_t skipped_iters = 0, nan_iters = 0;
   Timers timers;
   data::GPTSample sample;
+  int64_t iteration = 0;
+  double flops_so_far = 0;
+  std::unique_ptr<checkpoint::AsyncSaver> async_saver;
+  model::TransformerConfig model_cfg;
+
+  checkpoint::TrainingState training_state() const {
+    checkpoint::TrainingState st;
+    st.iteration = iteration;
+    st.consumed_train_samples = consumed_train, st.consumed_valid_samples = consumed_valid;
+    st.scheduler = sched->state();
+    st.optimizer_steps = opt->steps();
+    st.rng_seed = uint64_t(args.seed), st.rng_iteration = iteration;
+    st.num_floating_point_operations_so_far = flops_so_far;
+    st.data_loader = {{"consumed_train_samples", consumed_train},
+                      {"consumed_valid_samples", consumed_valid}};
+    nlohmann::json cfg = nlohmann::json::object();
+    for (const auto& [k, v] : args.given) cfg[k] = v;
+    st.config = cfg;
+    return st;
+  }
+
+  void save() {
+    const Args& a = args;
+    checkpoint::SaveOptions o;
+    o.model = model_cfg, o.save_rng = !a.no_save_rng;
+    const optim::AdamW* o_ptr = a.no_save_optim ? nullptr : opt.get();
+    Timer t;
+    t.start();
+    if (async_saver) {
+      async_saver->save(*a.save, model->params(), o_ptr, training_state(), o);
+      log::info("  scheduled asynchronous save of checkpoint at iteration {:8d} to {}", iteration,
+                *a.save);
+    } else {
+      checkpoint::save_checkpoint(*a.save, model->params(), o_ptr, training_state(), o);
+      log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
+                iteration, *a.save, t.elapsed());
+    }
+  }
+
+  void load() {
+    const Args& a = args;
+    auto latest = checkpoint::latest_iteration(*a.load);
+    if (!latest && !a.ckpt_step) {
+      log::warn("could not find a checkpoint in --load {}; starting from random initialisation",
+                *a.load);
+      return;
+    }
+    checkpoint::LoadOptions o;
+    o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = a.finetune;
+    optim::AdamW* o_ptr = (a.no_load_optim || a.finetune) ? nullptr : opt.get();
+    auto st = checkpoint::load_checkpoint(*a.load, a.ckpt_step, model->params(), o_ptr, o);
+    if (!a.finetune) {
+      iteration = st.iteration;
+      consumed_train = st.consumed_train_samples, consumed_valid = st.consumed_valid_samples;
+      flops_so_far = st.num_floating_point_operations_so_far;
+      if (o_ptr) opt->set_steps(st.optimizer_steps);
+      auto policy = a.override_opt_param_scheduler      ? optim::SchedulerLoadPolicy::OverrideFromArgs
+                    : a.use_checkpoint_opt_param_scheduler ? optim::SchedulerLoadPolicy::UseCheckpoint
+                                                           : optim::SchedulerLoadPolicy::RequireMatch;
+      sched->load_state(st.scheduler, policy);
+    }
+    log::info("  successfully loaded checkpoint from {} [ iteration {} ]{}", *a.load,
+              st.iteration, a.finetune ? " for finetuning (counters reset)" : "");
+  }
 
   // The micro-batch j of this rank at consumed-sample offset `base` (Megatron's
   // pretraining sampler: global batch [base, base+gbs), chunks of mbs*DP, rank slice).
@@ -169,12 +243,19 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   log::info("setting number of microbatches to constant {}", a.num_microbatches);
   log::info("CPU threads: {} (OpenMP), BLAS {}", omp_get_max_threads(), openblas_get_num_threads());
 
-  s.model = std::make_unique<model::GPTModel>(model_config(a, DType::F32));
+  s.model_cfg = model_config(a, DType::F32);
+  s.model = std::make_unique<model::GPTModel>(s.model_cfg);
   log::info(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): {}",
             s.model->params().total_numel());
   s.opt = std::make_unique<optim::AdamW>(
       s.model->params(), optim::AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps});
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
+  if (a.load) s.load();
+  if (a.async_save) {
+    MCPP_CHECK_HINT(a.save, "add --save DIR", "--async-save needs --save");
+    s.async_saver = std::make_unique<checkpoint::AsyncSaver>();
+  }
+  if (a.exit_signal_handler) std::signal(SIGTERM, on_exit_signal);
 
   // Samples per split, as get_train_valid_test_num_samples().
   data::GPTDatasetsArgs d;
@@ -210,11 +291,18 @@ TrainSummary Trainer::run() {
   Timer interval;
   interval.start();
   double interval_loss = 0, last_grad_norm = 0;
-  int64_t interval_iters = 0, iteration = 0;
+  int64_t interval_iters = 0;
+  int64_t& iteration = s.iteration;
+  const int64_t start_iteration = iteration;
+  bool saved_now = false;
   log::info("training ...");
+  if (iteration > 0) log::info("resuming at iteration {} ({} samples consumed)", iteration,
+                               s.consumed_train);
 
   while (!a.skip_train && iteration < a.train_iters) {
+    if (s.async_saver) s.async_saver->poll();  // a failed background save surfaces here
     ++iteration;
+    saved_now = false;
     s.model->params().zero_grads();
     s.timers("forward-backward").start();
     auto [loss_sum, tokens] = s.run_batch(*s.datasets[0], s.consumed_train, iteration, true);
@@ -235,6 +323,7 @@ TrainSummary Trainer::run() {
     }
     s.timers("optimizer").stop();
     s.consumed_train += gbs;
+    s.flops_so_far += flops_per_iter;
     out.losses.push_back(loss);
     interval_loss += loss, ++interval_iters, last_grad_norm = grad_norm;
 
@@ -269,21 +358,35 @@ TrainSummary Trainer::run() {
       s.print_validation("iteration " + std::to_string(iteration), out.last_valid_loss);
       interval.elapsed(true), interval.start();  // evaluation time is not training time
     }
-    if (a.exit_interval && iteration % *a.exit_interval == 0) {
-      log::info("exiting program at iteration {} (--exit-interval {})", iteration,
-                *a.exit_interval);
-      break;
+    if (a.save && a.save_interval && iteration % *a.save_interval == 0) {
+      s.save();
+      saved_now = true;
     }
+    // Exit conditions, as checkpoint_and_decide_exit(): each saves first when --save is set.
+    std::string exit_reason;
+    if (g_exit_signal.load())
+      exit_reason = "exiting on SIGTERM (--exit-signal-handler)";
+    else if (a.exit_interval && iteration % *a.exit_interval == 0)
+      exit_reason = fmt::format("exiting program at iteration {} (--exit-interval {})", iteration,
+                                *a.exit_interval);
     if (a.exit_duration_in_mins) {
       double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start)
                         .count() / 60.0;
-      if (mins > double(*a.exit_duration_in_mins)) {
-        log::info("exiting program after {:.2f} minutes (--exit-duration-in-mins {})", mins,
-                  *a.exit_duration_in_mins);
-        break;
-      }
+      if (mins > double(*a.exit_duration_in_mins))
+        exit_reason = fmt::format("exiting program after {:.2f} minutes (--exit-duration-in-mins {})",
+                                  mins, *a.exit_duration_in_mins);
+    }
+    if (!exit_reason.empty()) {
+      if (a.save && !saved_now) s.save(), saved_now = true;
+      if (s.async_saver) s.async_saver->wait();
+      log::info("{}", exit_reason);
+      out.iterations = iteration - start_iteration;
+      out.consumed_samples = s.consumed_train;
+      return out;
     }
   }
+  if (a.save && !saved_now && iteration > start_iteration) s.save();
+  if (s.async_saver) s.async_saver->wait();
   log::info("after training is done");
   if (s.datasets[1] && a.eval_interval) {
     out.last_valid_loss = s.evaluate(1, s.consumed_valid);
@@ -295,7 +398,7 @@ TrainSummary Trainer::run() {
     double test = s.evaluate(2, consumed_test);
     s.print_validation("iteration " + std::to_string(iteration) + " on test set", test);
   }
-  out.iterations = iteration;
+  out.iterations = iteration - start_iteration;
   out.consumed_samples = s.consumed_train;
   return out;
 }

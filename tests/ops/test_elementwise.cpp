@@ -131,3 +131,27 @@ TEST(AdamW, MatchesScalarReferenceOverSteps) {
   Tensor g4 = randn({4}, 2);
   EXPECT_THROW(cpu::adamw_step(p, g4, m, m, hp, S()), Error);
 }
+
+TEST(Dot, F32AndF64AccumulateInF64) {
+  Tensor x = Tensor::from(std::vector<float>{1.5f, -2.f, 1e-8f, 3.f}, {2, 2});
+  Tensor y = Tensor::from(std::vector<float>{2.f, 0.5f, 1.f, 0.f}, {4});
+  EXPECT_DOUBLE_EQ(cpu::dot(x, y, S()), 3.0 - 1.0 + double(1e-8f));
+  Tensor xd = Tensor::from(std::vector<double>{1, 2, 3}, {3});
+  EXPECT_DOUBLE_EQ(cpu::dot(xd, xd, S()), 14.0);
+  EXPECT_THROW(cpu::dot(x, xd, S()), Error);
+}
+
+TEST(Transpose, IdsAndFloats) {
+  Tensor ids = Tensor::from(std::vector<int64_t>{0, 1, 2, 3, 4, 5}, {2, 3});  // [B=2, S=3]
+  Tensor out = Tensor::empty({3, 2}, DType::I64);
+  cpu::transpose(ids, out, S());
+  const std::vector<int64_t> want = {0, 3, 1, 4, 2, 5};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out.data<int64_t>()[i], want[i]) << i;
+  Tensor f = Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {3, 2});
+  Tensor ft = Tensor::empty({2, 3}, DType::F32);
+  cpu::transpose(f, ft, S());
+  const std::vector<float> wf = {1, 3, 5, 2, 4, 6};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(ft.data<float>()[i], wf[i]) << i;
+  Tensor bad = Tensor::empty({2, 3}, DType::I64);
+  EXPECT_THROW(cpu::transpose(ids, bad, S()), Error);
+}

@@ -5,6 +5,8 @@
 //                  goes through f32). CPU tensors only: host <-> device is the CUDA backend.
 //   add:           out = a + b (out may alias a or b); axpy: y += alpha x; scale: x *= alpha.
 //   sum_squares:   sum of x^2 accumulated in f64;  has_nonfinite: any NaN or Inf.
+//   dot:           sum of x*y accumulated in f64 (f32 or f64, one dtype), in index order.
+//   transpose:     y[C, R] = x[R, C]^T for any dtype (the batch's [B, S] -> [S, B]).
 // add/axpy/scale/sum_squares/has_nonfinite take f32 or f64, one dtype per call.
 #include <cstring>
 #include <type_traits>
@@ -174,6 +176,36 @@ bool has_nonfinite(const Tensor& x, Stream& s) {
     for (int64_t i = 0; i < n; ++i) bad |= (X[i] - X[i]) != R(0);
     return bad != 0;
   });
+}
+
+double dot(const Tensor& x, const Tensor& y, Stream& s) {
+  const Check c{"dot"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  c.numel(y, "y", x.numel());
+  return dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R *X = x.data<R>(), *Y = y.data<R>();
+    double acc = 0;  // serial: the same sum on every run and thread count
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) acc += double(X[i]) * double(Y[i]);
+    return acc;
+  });
+}
+
+void transpose(const Tensor& x, Tensor& y, Stream& s) {
+  const Check c{"transpose"};
+  c.stream(s);
+  c.defined(x, "x");
+  c.dtype(y, "y", x.dtype());
+  MCPP_CHECK(x.dim() == 2, "transpose: x is {}, expected 2-D", x.str());
+  const int64_t R = x.size(0), C = x.size(1);
+  c.shape(y, "y", {C, R});
+  const size_t es = dtype_size(x.dtype());
+  const auto* in = static_cast<const unsigned char*>(x.raw());
+  auto* out = static_cast<unsigned char*>(y.raw());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < C; ++k) std::memcpy(out + (k * R + r) * es, in + (r * C + k) * es, es);
 }
 
 }  // namespace mcpp::ops::cpu

@@ -17,6 +17,7 @@
 
 #include "base/philox.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/flash_attention.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -511,9 +512,14 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
   check_f32(lse, op, "lse");
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
   if (d.S * d.B * d.NH == 0) return;
+  cudaStream_t cs = stream_of(s);
+  if (flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
+    flash_attention_forward({qkv.raw(), d, qkv.dtype(), softmax_scale}, out.raw(),
+                            static_cast<float*>(lse.raw()), cs);
+    return;
+  }
   P.out = out.raw();
   P.lse = static_cast<float*>(lse.raw());
-  cudaStream_t cs = stream_of(s);
   MCPP_DISPATCH_ACT(qkv.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_fwd<T, HD>(P, cs)));
 }
 
@@ -542,6 +548,12 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         static_cast<const T*>(dout.raw()), static_cast<const T*>(out.raw()),
                         static_cast<float*>(delta.raw()), d.S, d.B, d.NH, d.HD));
   MCPP_LAUNCH_CHECK();
+  if (flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
+    flash_attention_backward({qkv.raw(), d, qkv.dtype(), softmax_scale}, dout.raw(),
+                             static_cast<const float*>(lse.raw()),
+                             static_cast<const float*>(delta.raw()), dqkv.raw(), cs);
+    return;
+  }
   P.out = dqkv.raw();
   P.lse = const_cast<float*>(static_cast<const float*>(lse.raw()));
   P.dout = dout.raw();

@@ -147,6 +147,35 @@ static __global__ void sum_squares_kernel(const void* x, DType t, int64_t n, dou
   }
 }
 
+static __global__ void dot_kernel(const void* x, DType tx, const void* y, DType ty, int64_t n,
+                                  double* partial) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    acc += ld_d(x, tx, i) * ld_d(y, ty, i);
+  __shared__ double sh[32];
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    acc = threadIdx.x < blockDim.x / 32 ? sh[threadIdx.x] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  }
+}
+
+// y[C, R] = x[R, C]^T on elements of E bytes (one thread per element: used on [B, S] ids).
+template <typename E>
+static __global__ void transpose_kernel(const E* __restrict__ x, E* __restrict__ y, int64_t R,
+                                        int64_t C) {
+  int64_t n = R * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t k = i / R, r = i - k * R;  // output (k, r) reads input (r, k)
+    y[i] = x[r * C + k];
+  }
+}
+
 static __global__ void nonfinite_kernel(const void* x, DType t, int64_t n, int* flag) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -294,6 +323,51 @@ bool has_nonfinite(const Tensor& x, Stream& s) {
   CUDA_CHECK(cudaMemcpyAsync(&h, flag.raw(), sizeof(int), cudaMemcpyDeviceToHost, cs));
   CUDA_CHECK(cudaStreamSynchronize(cs));
   return h != 0;
+}
+
+double dot(const Tensor& x, const Tensor& y, Stream& s) {
+  check_cuda(x, "dot", "x");
+  check_cuda(y, "dot", "y");
+  check_numel(y, x.numel(), "dot", "y");
+  int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  cudaStream_t cs = stream_of(s);
+  // Fixed grid and fixed summation order, as sum_squares: bitwise reproducible.
+  Tensor partial = Tensor::empty({kReduceBlocks}, DType::F64, Device::CUDA);
+  dot_kernel<<<kReduceBlocks, 256, 0, cs>>>(x.raw(), x.dtype(), y.raw(), y.dtype(), n,
+                                             static_cast<double*>(partial.raw()));
+  MCPP_LAUNCH_CHECK();
+  std::vector<double> h(kReduceBlocks);
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), partial.raw(), kReduceBlocks * sizeof(double),
+                             cudaMemcpyDeviceToHost, cs));
+  CUDA_CHECK(cudaStreamSynchronize(cs));
+  double total = 0;
+  for (double v : h) total += v;
+  return total;
+}
+
+void transpose(const Tensor& x, Tensor& y, Stream& s) {
+  check_cuda(x, "transpose", "x");
+  check_cuda(y, "transpose", "y");
+  MCPP_CHECK(x.dim() == 2 && y.dim() == 2 && y.size(0) == x.size(1) && y.size(1) == x.size(0) &&
+                 x.dtype() == y.dtype(),
+             "transpose: x {} and y {} are not a 2-D transpose pair of one dtype", x.str(),
+             y.str());
+  int64_t R = x.size(0), C = x.size(1), n = R * C;
+  if (n == 0) return;
+  cudaStream_t cs = stream_of(s);
+  auto run = [&](auto tag) {
+    using E = decltype(tag);
+    transpose_kernel<E><<<grid_for(n, 256), 256, 0, cs>>>(static_cast<const E*>(x.raw()),
+                                                          static_cast<E*>(y.raw()), R, C);
+  };
+  switch (dtype_size(x.dtype())) {
+    case 1: run(uint8_t{}); break;
+    case 2: run(uint16_t{}); break;
+    case 4: run(uint32_t{}); break;
+    default: run(uint64_t{}); break;
+  }
+  MCPP_LAUNCH_CHECK();
 }
 
 }  // namespace mcpp::ops::cuda

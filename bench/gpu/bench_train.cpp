@@ -1,0 +1,181 @@
+// Training-step benchmark on one GPU: a full step (zero grads, forward, backward,
+// grad-norm clipping, AdamW with fp32 main params, bf16 copy-back) of GPT-2 124M and
+// 350M (S 1024), GPT-3 XL 1.3B and a Llama-style 1B (S 2048), bf16, no dropout,
+// synthetic tokens. Prints one table: step time, tokens/s, TFLOP/s by Megatron's
+// formula, MFU by the 6N + 12·L·H·S convention (989 TFLOP/s peak), peak memory, and the
+// PyTorch numbers measured on the same kind of GPU (docs: shared/reference/gpu-machine.md).
+// Usage: bench_gpu_train [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB ...]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/philox.h"
+#include "model/gpt_model.h"
+#include "ops/cuda/device.h"
+#include "ops/ops.h"
+#include "optim/optimizer.h"
+#include "training/flops.h"
+
+using namespace mcpp;
+namespace gpu = mcpp::ops::cuda;
+
+namespace {
+
+struct Case {
+  std::string name;
+  model::TransformerConfig cfg;
+  int64_t mb;
+  double torch_compiled, torch_eager;  // tokens/s, gpu-machine.md (2026-11-29)
+};
+
+model::TransformerConfig base(int64_t L, int64_t H, int64_t NH, int64_t S) {
+  model::TransformerConfig c;
+  c.num_layers = L, c.hidden_size = H, c.num_attention_heads = NH, c.num_query_groups = NH;
+  c.kv_channels = H / NH, c.ffn_hidden_size = 4 * H, c.seq_length = S;
+  c.max_position_embeddings = S, c.padded_vocab_size = 50304;
+  c.hidden_dropout = 0, c.attention_dropout = 0;
+  c.device = Device::CUDA, c.dtype = DType::BF16;
+  return c;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  v.push_back({"GPT-2 124M", base(12, 768, 12, 1024), 64, 525e3, 409e3});
+  v.push_back({"GPT-2 350M", base(24, 1024, 16, 1024), 64, 200e3, 170e3});
+  v.push_back({"GPT-3 XL 1.3B", base(24, 2048, 16, 2048), 16, 62.1e3, 57.0e3});
+  auto l = base(16, 2048, 32, 2048);
+  l.num_query_groups = 8, l.ffn_hidden_size = 8192, l.padded_vocab_size = 32000;
+  l.rope = true, l.rmsnorm = true, l.swiglu = true, l.tie_embeddings = false;
+  l.add_bias_linear = false;
+  v.push_back({"Llama-style 1B", l, 16, 78.1e3, 63.0e3});
+  return v;
+}
+
+// N of the 6N convention: no position embeddings, no untied input embedding.
+double flops_params(const model::ParamStore& ps, const model::TransformerConfig& c) {
+  double n = 0;
+  for (const auto& p : ps.infos()) {
+    if (p.name == "embedding.position_embeddings.weight") continue;
+    if (!c.tie_embeddings && p.name == "embedding.word_embeddings.weight") continue;
+    n += double(p.numel());
+  }
+  return n;
+}
+
+std::string mem_line(int64_t iters) {
+  auto m = gpu::memory_stats();
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "[after %lld iterations] memory (MB) | allocated: %.1f | max allocated: %.1f | "
+                "reserved: %.1f | max reserved: %.1f",
+                (long long)iters, m.in_use / 1048576.0, m.peak / 1048576.0,
+                m.reserved / 1048576.0, m.reserved_peak / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 6, warmup = 2;
+  std::string only;
+  std::map<std::string, int64_t> mb_override;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (a == "--warmup" && i + 1 < argc) warmup = std::atoi(argv[++i]);
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--mb" && i + 1 < argc) {
+      std::string kv = argv[++i];
+      auto eq = kv.find('=');
+      mb_override[kv.substr(0, eq)] = std::atoll(kv.c_str() + eq + 1);
+    }
+  }
+  gpu::init_device();
+  Stream& st = gpu::default_stream();
+  struct Row {
+    std::string name;
+    int64_t mb;
+    double ms, tps, tflops, mfu, peak_mb, torch_c, torch_e;
+  };
+  std::vector<Row> rows;
+  for (auto& c : cases()) {
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    for (auto& [k, v] : mb_override)
+      if (c.name.find(k) != std::string::npos) c.mb = v;
+    gpu::trim_memory_pool();
+    gpu::reset_peak_memory();
+    const int64_t B = c.mb, S = c.cfg.seq_length, V = c.cfg.padded_vocab_size;
+    std::fprintf(stderr, "bench_gpu_train: %s, micro-batch %lld, seq %lld\n", c.name.c_str(),
+                 (long long)B, (long long)S);
+    double ms = 0, n6 = 0, mega_flops = 0;
+    {
+      model::GPTModel m(c.cfg);
+      optim::AdamW opt(m.params(), {});
+      model::MicroBatch mb;
+      Tensor tok = Tensor::empty({B, S}, DType::I64), lab = Tensor::empty({B, S}, DType::I64);
+      Tensor mask = Tensor::empty({B, S}, DType::F32);
+      // Random tokens; labels are the next token, as a language-model batch.
+      for (int64_t i = 0; i < B * S; ++i)
+        tok.data<int64_t>()[i] = int64_t(Philox::u32(1, 1, uint64_t(i)) % uint64_t(V - 64));
+      for (int64_t i = 0; i < B * S; ++i) {
+        lab.data<int64_t>()[i] = (i + 1) % S ? tok.data<int64_t>()[i + 1]
+                                             : int64_t(Philox::u32(1, 2, uint64_t(i)) % 50);
+        mask.data<float>()[i] = 1.f;
+      }
+      // The batch lives on the device, as a data loader's pinned prefetch would put it.
+      mb.tokens = Tensor::empty({B, S}, DType::I64, Device::CUDA);
+      mb.labels = Tensor::empty({B, S}, DType::I64, Device::CUDA);
+      mb.loss_mask = Tensor::empty({B, S}, DType::F32, Device::CUDA);
+      ops::copy(tok, mb.tokens, st), ops::copy(lab, mb.labels, st);
+      ops::copy(mask, mb.loss_mask, st);
+      double loss = 0, first_loss = 0;
+      std::string trace;  // every step's loss, to compare runs (e.g. MCPP_ATTENTION_FALLBACK=1)
+      auto step = [&](int64_t it) {
+        model::StepKeys k;
+        k.iteration = it;
+        m.params().zero_grads();
+        loss = m.forward(mb, k) / double(B * S);
+        m.backward(1.0 / double(B * S));
+        opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
+        opt.step(1e-4, 0.1);
+        char b[32];
+        std::snprintf(b, sizeof b, " %.4f", loss);
+        trace += b;
+      };
+      for (int i = 0; i < warmup; ++i) step(i), first_loss = i == 0 ? loss : first_loss;
+      gpu::synchronize(st);
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < steps; ++i) step(warmup + i);
+      gpu::synchronize(st);
+      auto t1 = std::chrono::steady_clock::now();
+      ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
+      n6 = flops_params(m.params(), c.cfg);
+      training::FlopsShape fs;
+      fs.num_layers = c.cfg.num_layers, fs.hidden_size = c.cfg.hidden_size;
+      fs.ffn_hidden_size = c.cfg.ffn_hidden_size;
+      fs.num_attention_heads = c.cfg.num_attention_heads;
+      fs.num_query_groups = c.cfg.num_query_groups, fs.kv_channels = c.cfg.kv_channels;
+      fs.seq_length = S, fs.padded_vocab_size = V, fs.swiglu = c.cfg.swiglu;
+      mega_flops = training::num_floating_point_operations(fs, B);
+      std::fprintf(stderr, "  losses:%s\n  %.1f ms/step\n  %s\n", trace.c_str(), ms,
+                   mem_line(warmup + steps).c_str());
+      (void)first_loss;
+    }
+    const double tps = double(B * S) / (ms / 1e3);
+    const double per_tok = 6 * n6 + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
+    rows.push_back({c.name, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
+                    gpu::memory_stats().peak / 1048576.0, c.torch_compiled, c.torch_eager});
+  }
+  std::printf("| model | micro-batch | step (ms) | tokens/s | TFLOP/s (Megatron formula) | MFU "
+              "(6N+12LHS) | peak allocated (MB) | PyTorch compiled | PyTorch eager | ratio vs "
+              "compiled |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (auto& r : rows)
+    std::printf("| %s | %lld | %.1f | %.1fK | %.1f | %.1f%% | %.0f | %.1fK | %.1fK | %.2fx |\n",
+                r.name.c_str(), (long long)r.mb, r.ms, r.tps / 1e3, r.tflops, 100 * r.mfu,
+                r.peak_mb, r.torch_c / 1e3, r.torch_e / 1e3, r.tps / r.torch_c);
+  return 0;
+}

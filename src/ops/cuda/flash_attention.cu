@@ -1,0 +1,605 @@
+// Tensor-core flash attention (FlashAttention-2, Dao 2023) for bf16/f16 on sm_80+:
+// mma.sync m16n8k16 with f32 accumulation, causal, grouped-query heads read straight
+// from linear_qkv's grouped layout [S, B, NG, NH/NG + 2, HD], head dims 64 and 128.
+// Same contract as attention.cu (which calls it): out[S, B, NH*HD] (=), lse[B, NH, S]
+// f32 natural-log (=), dqkv (=, every element written once). No dropout: calls with
+// attention dropout keep the CUDA-core kernel of attention.cu.
+//
+// Each block has 4 warps and a 64-row tile; each warp owns 16 rows. Scores live in
+// registers (C fragments), and P is fed back to the next MMA as A fragments without a
+// trip through shared memory (the C layout of two n8 tiles is the A layout of one k16
+// tile). K/V (forward, dQ) or Q/dO (dK/dV) tiles are double-buffered with cp.async.
+// Backward is deterministic: one kernel owns dK, dV of a key tile and sums over the
+// group's query heads and the query tiles in a fixed order; another owns dQ.
+#include <cfloat>
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/flash_attention.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+constexpr int kRows = 64;    // rows per tile (queries or keys)
+constexpr int kWarps = 4;
+constexpr int kThreadsFA = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int HD>
+constexpr int ld() { return HD + 8; }  // smem row stride (elements): 16-byte rows, no conflicts
+
+struct FaParams {
+  const void* qkv;
+  void* out;          // forward: out; backward: dqkv
+  float* lse;         // [B, NH, S]
+  const void* dout;   // backward
+  const float* delta; // backward: rowsum(dO * O) [B, NH, S]
+  int64_t S, B, NH, NG, QPG, W;
+  float scale_log2;   // softmax scale * log2(e)
+  float scale;
+};
+
+// ---- PTX wrappers --------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  if constexpr (std::is_same_v<T, bf16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t lds32(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// A fragment: rows r0..r0+15, cols c0..c0+15 of a row-major smem tile.
+template <int LD, typename T>
+__device__ __forceinline__ void load_a(uint32_t a[4], const T* tile, int r0, int c0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  a[0] = lds32(tile + (r0 + g) * LD + c0 + 2 * t);
+  a[1] = lds32(tile + (r0 + g + 8) * LD + c0 + 2 * t);
+  a[2] = lds32(tile + (r0 + g) * LD + c0 + 8 + 2 * t);
+  a[3] = lds32(tile + (r0 + g + 8) * LD + c0 + 8 + 2 * t);
+}
+// B fragment (k16 x n8) from a tile that holds B^T row-major (rows n, cols k): K for Q K^T.
+template <int LD, typename T>
+__device__ __forceinline__ void load_bt(uint32_t b[2], const T* tile, int n0, int k0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  b[0] = lds32(tile + (n0 + g) * LD + k0 + 2 * t);
+  b[1] = lds32(tile + (n0 + g) * LD + k0 + 8 + 2 * t);
+}
+// B fragments of two n8 tiles (k16 x n16) from a tile holding B row-major (rows k,
+// cols n): V for P V. b[0..1]: cols n0..n0+7, b[2..3]: n0+8..n0+15.
+template <int LD, typename T>
+__device__ __forceinline__ void load_b_trans(uint32_t b[4], const T* tile, int k0, int n0,
+                                             int lane) {
+  ldsm_x4_trans(b, tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8);
+}
+
+// 64 rows x HD of a strided [rows, HD] slab into smem (zeros for rows >= S).
+template <int HD, typename T>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int64_t r0,
+                                          int64_t S) {
+  constexpr int CH = HD / 8, LD = ld<HD>();
+  for (int i = threadIdx.x; i < kRows * CH; i += kThreadsFA) {
+    const int r = i / CH, c = i - r * CH;
+    const int64_t row = r0 + r;
+    const bool ok = row < S;
+    cp_async16(dst + r * LD + c * 8, ok ? src + row * stride + c * 8 : src, ok);
+  }
+}
+
+// ---- forward -------------------------------------------------------------------------
+template <typename T, int HD>
+__global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
+  constexpr int LD = ld<HD>(), TILE = kRows * LD, NK = HD / 16, ND = HD / 8;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Qs = reinterpret_cast<T*>(fa_smem);
+  T* Ks = Qs + TILE;      // [2][64][LD]
+  T* Vs = Ks + 2 * TILE;  // [2][64][LD]
+
+  const int nq = int((P.S + kRows - 1) / kRows);
+  const int qt = nq - 1 - int(blockIdx.x);  // longest rows first
+  const int64_t b = blockIdx.y / P.NH, h = blockIdx.y - b * P.NH, g = h / P.QPG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const int64_t stride = P.B * P.W;
+  const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HD;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* vb = kb + HD;
+  const int64_t q0 = int64_t(qt) * kRows;
+
+  load_tile<HD>(Qs, qb, stride, q0, P.S);
+  load_tile<HD>(Ks, kb, stride, 0, P.S);
+  load_tile<HD>(Vs, vb, stride, 0, P.S);
+  cp_async_commit();
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int64_t row0 = q0 + warp * 16 + gr;  // rows row0 and row0 + 8
+  const int nkt = qt + 1;
+
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < nkt) {
+      load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
+      load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* Kt = Ks + buf * TILE;
+    const T* Vt = Vs + buf * TILE;
+
+    float sc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+      uint32_t a[4];
+      load_a<LD>(a, Qs, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        uint32_t bb[2];
+        load_bt<LD>(bb, Kt, n * 8, kk * 16, lane);
+        mma16816<T>(sc[n], a, bb);
+      }
+    }
+    // Scale, causal mask (only the diagonal tile needs it; keys >= S lie there too).
+    const int64_t k0 = int64_t(j) * kRows;
+    const bool diag = j == nkt - 1;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[n][e] * P.scale_log2;
+        if (diag) {
+          const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
+          if (col > row || col >= P.S) x = -INFINITY;
+        }
+        sc[n][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float alpha[2], mref[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);
+      mref[r] = mn == -INFINITY ? 0.f : mn;
+      alpha[r] = exp2f(m[r] - mref[r]);  // 0 when m was -inf
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(sc[n][e] - mref[e >> 1]);
+        sc[n][e] = p;
+        l[e >> 1] += p;
+      }
+    // O += P V: P's C fragments of n-tiles 2c, 2c+1 are the A fragment of k-chunk c.
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t a[4];
+      a[0] = pack2<T>(sc[2 * c][0], sc[2 * c][1]);
+      a[1] = pack2<T>(sc[2 * c][2], sc[2 * c][3]);
+      a[2] = pack2<T>(sc[2 * c + 1][0], sc[2 * c + 1][1]);
+      a[3] = pack2<T>(sc[2 * c + 1][2], sc[2 * c + 1][3]);
+#pragma unroll
+      for (int nd = 0; nd < HD / 16; ++nd) {
+        uint32_t bb[4];
+        load_b_trans<LD>(bb, Vt, c * 16, nd * 16, lane);
+        mma16816<T>(o[2 * nd], a, bb);
+        mma16816<T>(o[2 * nd + 1], a, bb + 2);
+      }
+    }
+    __syncthreads();  // buffer `buf` is refilled next iteration
+  }
+
+  T* out = static_cast<T*>(P.out);
+  const int64_t ostride = P.B * P.NH * HD;
+  T* ob = out + b * P.NH * HD + h * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int64_t row = row0 + r * 8;
+    if (row >= P.S) continue;
+    const float inv = 1.f / l[r];
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const uint32_t v = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(ob + row * ostride + n * 8 + 2 * tq) = v;
+    }
+    if (tq == 0) P.lse[(b * P.NH + h) * P.S + row] = (m[r] + log2f(l[r])) * kLn2;
+  }
+}
+
+// ---- backward: dK, dV of one key tile of one (b, group) ------------------------------
+template <typename T, int HD>
+__global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
+  constexpr int LD = ld<HD>(), TILE = kRows * LD, NK = HD / 16, ND = HD / 8;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Ks = reinterpret_cast<T*>(fa_smem);
+  T* Vs = Ks + TILE;
+  T* Qs = Vs + TILE;       // [2][64][LD]
+  T* dOs = Qs + 2 * TILE;  // [2][64][LD]
+  float* lse_s = reinterpret_cast<float*>(dOs + 2 * TILE);  // [2][64], log2 domain
+  float* dl_s = lse_s + 2 * kRows;                           // [2][64]
+
+  const int nt = int((P.S + kRows - 1) / kRows);
+  const int kt = int(blockIdx.x);
+  const int64_t b = blockIdx.y / P.NG, g = blockIdx.y - b * P.NG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const T* dout = static_cast<const T*>(P.dout);
+  const int64_t stride = P.B * P.W, ostride = P.B * P.NH * HD;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* vb = kb + HD;
+  const int64_t k0 = int64_t(kt) * kRows;
+
+  const int per_head = nt - kt, iters = int(P.QPG) * per_head;
+  auto issue = [&](int it, int buf) {
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t h = g * P.QPG + hi;
+    const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + hi) * HD;
+    load_tile<HD>(Qs + buf * TILE, qb, stride, int64_t(qt) * kRows, P.S);
+    load_tile<HD>(dOs + buf * TILE, dout + b * P.NH * HD + h * HD, ostride, int64_t(qt) * kRows,
+                  P.S);
+    if (threadIdx.x < kRows) {
+      const int64_t q = int64_t(qt) * kRows + threadIdx.x;
+      const bool ok = q < P.S;
+      lse_s[buf * kRows + threadIdx.x] = ok ? P.lse[(b * P.NH + h) * P.S + q] * kLog2e : 0.f;
+      dl_s[buf * kRows + threadIdx.x] = ok ? P.delta[(b * P.NH + h) * P.S + q] : 0.f;
+    }
+  };
+
+  load_tile<HD>(Ks, kb, stride, k0, P.S);
+  load_tile<HD>(Vs, vb, stride, k0, P.S);
+  issue(0, 0);
+  cp_async_commit();
+
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  const int64_t key0 = k0 + warp * 16 + gr;  // this thread's key rows: key0, key0 + 8
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < iters) {
+      issue(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t q0 = int64_t(qt) * kRows;
+    const T* Qt = Qs + buf * TILE;
+    const T* dOt = dOs + buf * TILE;
+    const float* lse2 = lse_s + buf * kRows;
+    const float* dl = dl_s + buf * kRows;
+
+    // S^T = K Q^T and dP^T = V dO^T, 16 keys x 64 queries per warp.
+    float sc[8][4], dp[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+      uint32_t ak[4], av[4];
+      load_a<LD>(ak, Ks, warp * 16, kk * 16, lane);
+      load_a<LD>(av, Vs, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        uint32_t bq[2], bo[2];
+        load_bt<LD>(bq, Qt, n * 8, kk * 16, lane);
+        load_bt<LD>(bo, dOt, n * 8, kk * 16, lane);
+        mma16816<T>(sc[n], ak, bq);
+        mma16816<T>(dp[n], av, bo);
+      }
+    }
+    const bool diag = qt == kt;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = n * 8 + 2 * tq + (e & 1);
+        const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
+        float p = exp2f(sc[n][e] * P.scale_log2 - lse2[qc]);
+        if ((diag && key > q) || q >= P.S || key >= P.S) p = 0.f;
+        sc[n][e] = p;                       // P^T
+        dp[n][e] = p * (dp[n][e] - dl[qc]);  // dS^T (unscaled)
+      }
+    // dV += P^T dO, dK += dS^T Q: k-chunks of 16 queries.
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t ap[4], ad[4];
+      ap[0] = pack2<T>(sc[2 * c][0], sc[2 * c][1]);
+      ap[1] = pack2<T>(sc[2 * c][2], sc[2 * c][3]);
+      ap[2] = pack2<T>(sc[2 * c + 1][0], sc[2 * c + 1][1]);
+      ap[3] = pack2<T>(sc[2 * c + 1][2], sc[2 * c + 1][3]);
+      ad[0] = pack2<T>(dp[2 * c][0], dp[2 * c][1]);
+      ad[1] = pack2<T>(dp[2 * c][2], dp[2 * c][3]);
+      ad[2] = pack2<T>(dp[2 * c + 1][0], dp[2 * c + 1][1]);
+      ad[3] = pack2<T>(dp[2 * c + 1][2], dp[2 * c + 1][3]);
+#pragma unroll
+      for (int nd = 0; nd < HD / 16; ++nd) {
+        uint32_t bo[4], bq[4];
+        load_b_trans<LD>(bo, dOt, c * 16, nd * 16, lane);
+        load_b_trans<LD>(bq, Qt, c * 16, nd * 16, lane);
+        mma16816<T>(dv[2 * nd], ap, bo);
+        mma16816<T>(dv[2 * nd + 1], ap, bo + 2);
+        mma16816<T>(dk[2 * nd], ad, bq);
+        mma16816<T>(dk[2 * nd + 1], ad, bq + 2);
+      }
+    }
+    __syncthreads();
+  }
+
+  T* dqkv = static_cast<T*>(P.out);
+  T* dkb = dqkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  T* dvb = dkb + HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = key0 + r * 8;
+    if (key >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      *reinterpret_cast<uint32_t*>(dkb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dk[n][2 * r] * P.scale, dk[n][2 * r + 1] * P.scale);
+      *reinterpret_cast<uint32_t*>(dvb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+// ---- backward: dQ of one query tile of one (b, h) ------------------------------------
+template <typename T, int HD>
+__global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
+  constexpr int LD = ld<HD>(), TILE = kRows * LD, NK = HD / 16, ND = HD / 8;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Qs = reinterpret_cast<T*>(fa_smem);
+  T* dOs = Qs + TILE;
+  T* Ks = dOs + TILE;     // [2][64][LD]
+  T* Vs = Ks + 2 * TILE;  // [2][64][LD]
+
+  const int nq = int((P.S + kRows - 1) / kRows);
+  const int qt = nq - 1 - int(blockIdx.x);
+  const int64_t b = blockIdx.y / P.NH, h = blockIdx.y - b * P.NH, g = h / P.QPG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const T* dout = static_cast<const T*>(P.dout);
+  const int64_t stride = P.B * P.W, ostride = P.B * P.NH * HD;
+  const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HD;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* vb = kb + HD;
+  const int64_t q0 = int64_t(qt) * kRows;
+
+  load_tile<HD>(Qs, qb, stride, q0, P.S);
+  load_tile<HD>(dOs, dout + b * P.NH * HD + h * HD, ostride, q0, P.S);
+  load_tile<HD>(Ks, kb, stride, 0, P.S);
+  load_tile<HD>(Vs, vb, stride, 0, P.S);
+  cp_async_commit();
+
+  const int64_t row0 = q0 + warp * 16 + gr;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + r * 8;
+    const bool ok = row < P.S;
+    lse2[r] = ok ? P.lse[(b * P.NH + h) * P.S + row] * kLog2e : 0.f;
+    dl[r] = ok ? P.delta[(b * P.NH + h) * P.S + row] : 0.f;
+  }
+  float dq[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+  const int nkt = qt + 1;
+
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < nkt) {
+      load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
+      load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* Kt = Ks + buf * TILE;
+    const T* Vt = Vs + buf * TILE;
+    float sc[8][4], dp[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+      uint32_t aq[4], ao[4];
+      load_a<LD>(aq, Qs, warp * 16, kk * 16, lane);
+      load_a<LD>(ao, dOs, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        uint32_t bk[2], bv[2];
+        load_bt<LD>(bk, Kt, n * 8, kk * 16, lane);
+        load_bt<LD>(bv, Vt, n * 8, kk * 16, lane);
+        mma16816<T>(sc[n], aq, bk);
+        mma16816<T>(dp[n], ao, bv);
+      }
+    }
+    const int64_t k0 = int64_t(j) * kRows;
+    const bool diag = j == nkt - 1;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
+        float p = exp2f(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
+        if (diag && (col > row || col >= P.S)) p = 0.f;
+        dp[n][e] = p * (dp[n][e] - dl[e >> 1]);  // dS (unscaled)
+      }
+    // dQ += dS K: k-chunks of 16 keys; K row-major [key][d] is B row-major.
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t a[4];
+      a[0] = pack2<T>(dp[2 * c][0], dp[2 * c][1]);
+      a[1] = pack2<T>(dp[2 * c][2], dp[2 * c][3]);
+      a[2] = pack2<T>(dp[2 * c + 1][0], dp[2 * c + 1][1]);
+      a[3] = pack2<T>(dp[2 * c + 1][2], dp[2 * c + 1][3]);
+#pragma unroll
+      for (int nd = 0; nd < HD / 16; ++nd) {
+        uint32_t bb[4];
+        load_b_trans<LD>(bb, Kt, c * 16, nd * 16, lane);
+        mma16816<T>(dq[2 * nd], a, bb);
+        mma16816<T>(dq[2 * nd + 1], a, bb + 2);
+      }
+    }
+    __syncthreads();
+  }
+
+  T* dqkv = static_cast<T*>(P.out);
+  T* dqb = dqkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + r * 8;
+    if (row >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<uint32_t*>(dqb + row * stride + n * 8 + 2 * tq) =
+          pack2<T>(dq[n][2 * r] * P.scale, dq[n][2 * r + 1] * P.scale);
+  }
+}
+
+template <int HD>
+constexpr size_t fwd_bytes() { return size_t(5 * kRows * ld<HD>()) * 2; }
+template <int HD>
+constexpr size_t dkv_bytes() { return size_t(6 * kRows * ld<HD>()) * 2 + 4 * kRows * sizeof(float); }
+template <int HD>
+constexpr size_t dq_bytes() { return size_t(6 * kRows * ld<HD>()) * 2; }
+
+template <typename K>
+void allow_smem(K kernel, size_t bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+FaParams make(const FlashArgs& a) {
+  FaParams P{};
+  P.qkv = a.qkv, P.S = a.d.S, P.B = a.d.B, P.NH = a.d.NH, P.NG = a.d.NG;
+  P.QPG = a.d.NH / a.d.NG, P.W = a.d.qkv_width();
+  P.scale = float(a.softmax_scale), P.scale_log2 = float(a.softmax_scale) * kLog2e;
+  return P;
+}
+
+template <typename T, int HD>
+void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+  static bool once = (allow_smem(fa_fwd_kernel<T, HD>, fwd_bytes<HD>()), true);
+  (void)once;
+  FaParams P = make(a);
+  P.out = out, P.lse = lse;
+  dim3 grid(unsigned((P.S + kRows - 1) / kRows), unsigned(P.B * P.NH));
+  fa_fwd_kernel<T, HD><<<grid, kThreadsFA, fwd_bytes<HD>(), cs>>>(P);
+  MCPP_LAUNCH_CHECK();
+}
+
+template <typename T, int HD>
+void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
+         cudaStream_t cs) {
+  static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD>, dkv_bytes<HD>()),
+                      allow_smem(fa_bwd_dq_kernel<T, HD>, dq_bytes<HD>()), true);
+  (void)once;
+  FaParams P = make(a);
+  P.out = dqkv, P.lse = const_cast<float*>(lse), P.dout = dout, P.delta = delta;
+  const unsigned tiles = unsigned((P.S + kRows - 1) / kRows);
+  fa_bwd_dkv_kernel<T, HD><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
+                             cs>>>(P);
+  MCPP_LAUNCH_CHECK();
+  fa_bwd_dq_kernel<T, HD><<<dim3(tiles, unsigned(P.B * P.NH)), kThreadsFA, dq_bytes<HD>(), cs>>>(
+      P);
+  MCPP_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p) {
+  static const bool disabled = std::getenv("MCPP_ATTENTION_FALLBACK") != nullptr;
+  return !disabled && (dt == DType::BF16 || dt == DType::F16) &&
+         (head_dim == 64 || head_dim == 128) && dropout_p == 0.0;
+}
+
+void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+  if (a.dtype == DType::BF16) {
+    if (a.d.HD == 64) fwd<bf16, 64>(a, out, lse, cs);
+    else fwd<bf16, 128>(a, out, lse, cs);
+  } else {
+    if (a.d.HD == 64) fwd<f16, 64>(a, out, lse, cs);
+    else fwd<f16, 128>(a, out, lse, cs);
+  }
+}
+
+void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
+                              const float* delta, void* dqkv, cudaStream_t cs) {
+  if (a.dtype == DType::BF16) {
+    if (a.d.HD == 64) bwd<bf16, 64>(a, dout, lse, delta, dqkv, cs);
+    else bwd<bf16, 128>(a, dout, lse, delta, dqkv, cs);
+  } else {
+    if (a.d.HD == 64) bwd<f16, 64>(a, dout, lse, delta, dqkv, cs);
+    else bwd<f16, 128>(a, dout, lse, delta, dqkv, cs);
+  }
+}
+
+}  // namespace mcpp::ops::cuda

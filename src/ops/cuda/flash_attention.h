@@ -1,0 +1,28 @@
+// The tensor-core flash attention of flash_attention.cu, called by attention.cu when
+// it applies (bf16/f16, head dim 64 or 128, no attention dropout); attention.cu's
+// CUDA-core kernel serves every other call. MCPP_ATTENTION_FALLBACK=1 in the
+// environment forces the CUDA-core kernel (for comparisons).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+
+#include "ops/types.h"
+
+namespace mcpp::ops::cuda {
+
+struct FlashArgs {
+  const void* qkv;  // [S, B, NG, NH/NG + 2, HD]
+  AttentionDims d;
+  DType dtype;
+  double softmax_scale;
+};
+
+bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p);
+// out[S, B, NH*HD] (=), lse[B, NH, S] f32 (=).
+void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs);
+// dqkv (=) from dout, lse and delta = rowsum(dout * out) [B, NH, S].
+void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
+                              const float* delta, void* dqkv, cudaStream_t cs);
+
+}  // namespace mcpp::ops::cuda

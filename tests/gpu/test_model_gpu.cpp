@@ -1,0 +1,187 @@
+// The whole model on CUDA against the CPU model: logits, loss and every parameter
+// gradient after one forward/backward (f32 tight, bf16 loose), both families, and a few
+// AdamW training steps (f32, bf16 with fp32 main params, fp16 with the loss scaler).
+// Plus the two ops the device-generic model added (dot, transpose) against the CPU.
+#include <cmath>
+
+#include "gpu_test_util.h"
+#include "model/gpt_model.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+
+using namespace mcpp;
+using namespace mcpp::test;
+using model::GPTModel;
+using model::TransformerConfig;
+
+namespace {
+
+// Head dim 64 so that bf16/f16 runs take the tensor-core flash attention; S = 80 is not a
+// multiple of its 64-row tiles.
+constexpr int64_t kB = 2, kS = 80, kVocab = 120;
+
+TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout) {
+  TransformerConfig c;
+  c.num_layers = 2, c.kv_channels = 64, c.seq_length = kS, c.max_position_embeddings = 96;
+  c.padded_vocab_size = 128, c.hidden_dropout = dropout, c.attention_dropout = dropout;
+  c.seed = 5, c.init_method_std = 0.05, c.device = dev, c.dtype = dt;
+  if (llama) {
+    c.hidden_size = 256, c.num_attention_heads = 4, c.num_query_groups = 2;
+    c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
+    c.tie_embeddings = false, c.add_bias_linear = false;
+  } else {
+    c.hidden_size = 128, c.num_attention_heads = 2, c.num_query_groups = 2;
+    c.ffn_hidden_size = 512;
+  }
+  return c;
+}
+
+model::MicroBatch batch(uint64_t seed) {
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({kB, kS}, DType::I64);
+  mb.labels = Tensor::empty({kB, kS}, DType::I64);
+  mb.loss_mask = Tensor::empty({kB, kS}, DType::F32);
+  for (int64_t i = 0; i < kB * kS; ++i) {
+    mb.tokens.data<int64_t>()[i] = int64_t(Philox::u32(seed, 1, i) % kVocab);
+    mb.labels.data<int64_t>()[i] = int64_t(Philox::u32(seed, 2, i) % kVocab);
+    mb.loss_mask.data<float>()[i] = i % 7 == 3 ? 0.f : 1.f;
+  }
+  return mb;
+}
+
+// Norm weights around 1 and non-zero biases, so that every gradient is non-trivial.
+void perturb(model::ParamStore& ps) {
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    const auto& p = ps.infos()[i];
+    if (p.init == model::Init::Normal) continue;
+    Tensor t = ps.param(i);
+    for (int64_t e = 0; e < t.numel(); ++e)
+      t.data<float>()[e] += float(0.1 * Philox::normal(3, hash_name(p.name), uint64_t(e)));
+  }
+}
+
+// GPU params := CPU params (rounded to the GPU dtype), then CPU params := GPU params so
+// both models hold exactly the same numbers.
+void sync_params(GPTModel& cpu_m, GPTModel& gpu_m) {
+  ops::copy(cpu_m.params().flat_params(), gpu_m.params().flat_params(), GS());
+  ops::copy(gpu_m.params().flat_params(), cpu_m.params().flat_params(), GS());
+}
+
+double masked_tokens(const model::MicroBatch& mb) {
+  double n = 0;
+  for (int64_t i = 0; i < mb.loss_mask.numel(); ++i) n += mb.loss_mask.data<float>()[i];
+  return n;
+}
+
+void compare_step(bool llama, DType dt, double dropout, double tol_logits, double tol_grad) {
+  MCPP_REQUIRE_GPU();
+  GPTModel cm(cfg(llama, Device::CPU, DType::F32, dropout));
+  GPTModel gm(cfg(llama, Device::CUDA, dt, dropout));
+  perturb(cm.params());
+  sync_params(cm, gm);
+  auto mb = batch(17);
+  model::StepKeys k;
+  k.iteration = 2;
+  cm.params().zero_grads(), gm.params().zero_grads();
+  const double lc = cm.forward(mb, k), lg = gm.forward(mb, k);
+  SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt") << " " << dtype_name(dt)
+                                    << " dropout " << dropout);
+  EXPECT_NEAR(lg, lc, tol_logits * std::abs(lc)) << "loss sum";
+  EXPECT_LE(rel_err(to_cpu(gm.logits()), cm.logits()), tol_logits) << "logits";
+  const double inv = 1.0 / masked_tokens(mb);
+  cm.backward(inv), gm.backward(inv);
+  double worst = 0;
+  std::string worst_name;
+  for (size_t i = 0; i < cm.params().infos().size(); ++i) {
+    const double e = rel_err(to_cpu(gm.params().grad(i)), cm.params().grad(i));
+    EXPECT_LE(e, tol_grad) << cm.params().infos()[i].name;
+    if (e > worst) worst = e, worst_name = cm.params().infos()[i].name;
+  }
+  std::printf("[model %s %s p=%.1f] loss %.6f vs cpu %.6f, logits rel %.2e, worst grad rel %.2e "
+              "(%s)\n",
+              llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), dropout, lg, lc,
+              rel_err(to_cpu(gm.logits()), cm.logits()), worst, worst_name.c_str());
+}
+
+// n AdamW steps on the same batch; returns the loss (per token) before each step.
+std::vector<double> train(GPTModel& m, int n, optim::LossScaler* scaler) {
+  optim::AdamW opt(m.params(), {});
+  auto mb = batch(23);
+  const double inv = 1.0 / masked_tokens(mb);
+  std::vector<double> losses;
+  for (int it = 0; it < n; ++it) {
+    model::StepKeys k;
+    k.iteration = it;
+    m.params().zero_grads();
+    losses.push_back(m.forward(mb, k) * inv);
+    const double ls = scaler ? scaler->scale() : 1.0;
+    m.backward(inv * ls);
+    if (scaler) {
+      const bool inf = opt.unscale_and_check(1.0 / ls);
+      scaler->update(inf);
+      if (inf) continue;  // skipped iteration: no step
+    }
+    const double norm = std::sqrt(opt.grad_sq_norm());
+    opt.clip(1.0, norm);
+    opt.step(3e-3, 0.1);
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST(GpuModel, GptF32MatchesCpu) { compare_step(false, DType::F32, 0.0, 1e-5, 1e-4); }
+TEST(GpuModel, LlamaF32MatchesCpu) { compare_step(true, DType::F32, 0.0, 1e-5, 1e-4); }
+TEST(GpuModel, GptF32WithDropoutMatchesCpu) { compare_step(false, DType::F32, 0.1, 1e-5, 1e-4); }
+TEST(GpuModel, LlamaF32WithDropoutMatchesCpu) { compare_step(true, DType::F32, 0.1, 1e-5, 1e-4); }
+TEST(GpuModel, GptBf16CloseToCpu) { compare_step(false, DType::BF16, 0.0, 3e-2, 8e-2); }
+TEST(GpuModel, LlamaBf16CloseToCpu) { compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2); }
+TEST(GpuModel, LlamaF16CloseToCpu) { compare_step(true, DType::F16, 0.0, 1e-2, 3e-2); }
+
+TEST(GpuModel, TrainingStepsTrackCpu) {
+  MCPP_REQUIRE_GPU();
+  for (bool llama : {false, true}) {
+    // No dropout: bf16/f16 then run the tensor-core attention (dropout is covered above).
+    GPTModel cm(cfg(llama, Device::CPU, DType::F32, 0.0));
+    auto ref = train(cm, 5, nullptr);
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      GPTModel gm(cfg(llama, Device::CUDA, dt, 0.0));
+      optim::LossScalerConfig sc;
+      sc.initial_scale = 1024;
+      optim::LossScaler scaler(sc);
+      auto got = train(gm, 5, dt == DType::F16 ? &scaler : nullptr);
+      const double tol = dt == DType::F32 ? 1e-4 : 2e-2;
+      for (size_t i = 0; i < ref.size(); ++i)
+        EXPECT_NEAR(got[i], ref[i], tol * ref[i])
+            << (llama ? "llama " : "gpt ") << dtype_name(dt) << " step " << i;
+      EXPECT_LT(got.back(), got.front()) << "training must reduce the loss";
+      std::printf("[train %s %s] losses %.5f -> %.5f (cpu f32 %.5f -> %.5f)\n",
+                  llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), got.front(),
+                  got.back(), ref.front(),
+                  ref.back());
+    }
+  }
+}
+
+TEST(GpuOps, DotAndTransposeMatchCpu) {
+  MCPP_REQUIRE_GPU();
+  Tensor x = rand_f32({37, 53}, 1), y = rand_f32({37 * 53}, 2);
+  EXPECT_NEAR(gpu::dot(to_gpu(x, DType::F32), to_gpu(y, DType::F32), GS()), cpu::dot(x, y, CS()),
+              1e-9);
+  Tensor ids = Tensor::empty({5, 300}, DType::I64);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = i * 7919;
+  Tensor want = Tensor::empty({300, 5}, DType::I64);
+  cpu::transpose(ids, want, CS());
+  Tensor gids = Tensor::empty({5, 300}, DType::I64, Device::CUDA);
+  gpu::copy(ids, gids, GS());
+  Tensor gt = Tensor::empty({300, 5}, DType::I64, Device::CUDA);
+  gpu::transpose(gids, gt, GS());
+  Tensor got = to_cpu(gt);
+  for (int64_t i = 0; i < got.numel(); ++i)
+    ASSERT_EQ(got.data<int64_t>()[i], want.data<int64_t>()[i]) << i;
+  Tensor bt = Tensor::empty({53, 37}, DType::BF16, Device::CUDA), bx = to_gpu(x, DType::BF16);
+  gpu::transpose(bx, bt, GS());
+  Tensor xt = Tensor::empty({53, 37}, DType::F32);
+  cpu::transpose(rounded(x, DType::BF16), xt, CS());
+  EXPECT_EQ(rel_err(to_cpu(bt), xt), 0.0);
+}
