@@ -40,8 +40,16 @@ int64_t sample(std::span<const float> logits, int64_t vocab_size, const Sampling
   const int64_t V = vocab_size;
   MCPP_CHECK(V > 0 && V <= int64_t(logits.size()), "sample: vocab_size {} outside (0, {}]", V,
              logits.size());
-  // Candidates in descending logit order (only the k best when top-k is on); ties keep
-  // the lower id first, so the order, and the sample, are deterministic.
+  // Unnormalised probabilities of every id at the temperature.
+  const double mx = *std::max_element(logits.begin(), logits.begin() + V);
+  const double inv_t = 1.0 / p.temperature;
+  std::vector<double> e(static_cast<size_t>(V));
+  double total = 0;
+  for (int64_t v = 0; v < V; ++v)
+    total += e[size_t(v)] = std::exp((double(logits[size_t(v)]) - mx) * inv_t);
+  // Candidates: every id in id order for plain sampling, the k best for top-k, the nucleus
+  // for top-p, most likely first. Ties keep the lower id first, so the order, and the
+  // sample, are deterministic.
   std::vector<int32_t> idx(static_cast<size_t>(V));
   std::iota(idx.begin(), idx.end(), 0);
   auto by_logit = [&](int32_t a, int32_t b) {
@@ -49,23 +57,27 @@ int64_t sample(std::span<const float> logits, int64_t vocab_size, const Sampling
            (logits[size_t(a)] == logits[size_t(b)] && a < b);
   };
   int64_t n = V;
+  double sum = total;
   if (p.top_k > 0 && p.top_k < V) {
     n = p.top_k;
     std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), by_logit);
-  } else {
-    std::sort(idx.begin(), idx.end(), by_logit);
-  }
-  std::vector<double> prob(static_cast<size_t>(n));
-  const double mx = logits[size_t(idx[0])], inv_t = 1.0 / p.temperature;
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i)
-    sum += prob[size_t(i)] = std::exp((logits[size_t(idx[size_t(i)])] - mx) * inv_t);
-  if (p.top_p > 0) {
-    // Smallest prefix whose probability reaches top_p (the most probable token always stays).
-    double cum = 0;
-    int64_t keep = 0;
-    while (keep < n && (keep == 0 || cum < p.top_p * sum)) cum += prob[size_t(keep++)];
-    n = keep, sum = cum;
+    sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += e[size_t(idx[size_t(i)])];
+  } else if (p.top_p > 0) {
+    // Smallest prefix of the descending order whose probability reaches top_p (the most
+    // likely token always stays). Sort only as far as needed: the m best, m growing 4x.
+    for (int64_t m = std::min<int64_t>(V, 256), sorted = 0;; m = std::min(V, 4 * m)) {
+      std::partial_sort(idx.begin() + sorted, idx.begin() + m, idx.end(), by_logit);
+      sorted = m;
+      double cum = 0;
+      int64_t keep = 0;
+      while (keep < m && (keep == 0 || cum < p.top_p * total))
+        cum += e[size_t(idx[size_t(keep++)])];
+      if (cum >= p.top_p * total || m == V) {
+        n = keep, sum = cum;
+        break;
+      }
+    }
   }
   // Inverse CDF with a 53-bit uniform from two Philox lanes.
   const uint64_t hi = Philox::u32(p.seed, seq, 2 * step),
@@ -73,7 +85,7 @@ int64_t sample(std::span<const float> logits, int64_t vocab_size, const Sampling
   const double u = double((hi << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0) * sum;
   double cum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    cum += prob[size_t(i)];
+    cum += e[size_t(idx[size_t(i)])];
     if (u < cum) return idx[size_t(i)];
   }
   return idx[size_t(n - 1)];
