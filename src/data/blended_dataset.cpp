@@ -4,7 +4,11 @@
 #include <limits>
 #include <set>
 
+#include <filesystem>
+
 #include "base/error.h"
+#include "base/log.h"
+#include "data/index_cache.h"
 
 namespace mcpp::data {
 
@@ -60,7 +64,7 @@ void build_exhaustive_blending_indices(const std::vector<int64_t>& sizes,
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTSampleSource>> datasets,
                                std::vector<double> weights, std::optional<int64_t> size,
-                               Split split)
+                               Split split, const std::string& path_to_cache)
     : datasets_(std::move(datasets)), weights_(std::move(weights)), split_(split) {
   MCPP_CHECK(!datasets_.empty() && datasets_.size() == weights_.size(),
              "blend of {} datasets with {} weights", datasets_.size(), weights_.size());
@@ -70,11 +74,61 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTSampleSource
     double sum = 0;
     for (double w : weights_) sum += w;
     for (double& w : weights_) w /= sum;
+  }
+  // The cache description: Megatron's BlendedDataset identifiers (datasets, weights, size).
+  std::string desc = fmt::format("{{\n    \"class\": \"BlendedDataset\",\n    \"size\": {},\n"
+                                 "    \"weights\": [",
+                                 size ? std::to_string(*size) : "null");
+  for (size_t i = 0; i < weights_.size(); ++i)
+    desc += fmt::format("{}{:.17g}", i ? ", " : "", weights_[i]);
+  desc += "],\n    \"datasets\": [";
+  for (size_t i = 0; i < datasets_.size(); ++i)
+    desc += fmt::format("{}\n        \"{}\"", i ? "," : "", datasets_[i]->describe());
+  desc += fmt::format("\n    ],\n    \"split\": \"{}\"\n}}", split_name(split_));
+  std::optional<CacheFiles> cf;
+  if (!path_to_cache.empty())
+    cf = cache_files(path_to_cache, desc, "BlendedDataset", split_name(split_));
+  if (cf && std::filesystem::exists(cf->path("description.txt"))) {
+    std::string why = "the description differs";
+    if (cache_description_matches(*cf, desc)) {
+      auto di = read_npy(cf->path("dataset_index.npy"), &why);
+      auto si = di ? read_npy(cf->path("dataset_sample_index.npy"), &why) : std::nullopt;
+      if (di && si) {
+        auto d = di->as_int64(), s = si->as_int64();
+        why = "the arrays are not int16/int64 of one length";
+        if (di->descr == "<i2" && si->descr == "<i8" && di->shape.size() == 1 &&
+            di->shape == si->shape && (!size || di->shape[0] == *size)) {
+          why = "an index is out of range";
+          bool ok = true;
+          for (size_t k = 0; k < d->size() && ok; ++k)
+            ok = (*d)[k] >= 0 && (*d)[k] < int64_t(datasets_.size()) && (*s)[k] >= 0 &&
+                 (*s)[k] < datasets_[size_t((*d)[k])]->size();
+          if (ok) {
+            dataset_index_.assign(d->begin(), d->end());
+            dataset_sample_index_ = std::move(*s);
+            loaded_from_cache_ = true;
+          }
+        }
+      }
+    }
+    if (!loaded_from_cache_) log::warn("index cache {}-*: {}; rebuilding it", cf->path(""), why);
+  }
+  if (loaded_from_cache_) {
+    // nothing to build
+  } else if (size) {
     build_blending_indices(weights_, *size, dataset_index_, dataset_sample_index_);
   } else {
     std::vector<int64_t> sizes;
     for (double w : weights_) sizes.push_back(int64_t(w));
     build_exhaustive_blending_indices(sizes, dataset_index_, dataset_sample_index_);
+  }
+  if (cf && !loaded_from_cache_) {
+    std::filesystem::create_directories(path_to_cache);
+    const int64_t n = int64_t(dataset_index_.size());
+    write_npy(cf->path("dataset_index.npy"), "<i2", {n}, dataset_index_.data(), size_t(n) * 2);
+    write_npy(cf->path("dataset_sample_index.npy"), "<i8", {n}, dataset_sample_index_.data(),
+              size_t(n) * 8);
+    write_cache_description(*cf, desc);
   }
   // Megatron raises IndexError on first access of an oversampled dataset; say so now.
   std::vector<int64_t> used(datasets_.size(), 0);

@@ -25,7 +25,8 @@ class BlendedDataset final : public GPTSampleSource {
   // weights: per dataset (normalised here when size is given); size nullopt: draw
   // every sample of every dataset exactly once (weights must then be the lengths).
   BlendedDataset(std::vector<std::shared_ptr<const GPTSampleSource>> datasets,
-                 std::vector<double> weights, std::optional<int64_t> size, Split split);
+                 std::vector<double> weights, std::optional<int64_t> size, Split split,
+                 const std::string& path_to_cache = {});
 
   int64_t size() const override { return int64_t(dataset_index_.size()); }
   void get(int64_t index, GPTSample& out) const override;
@@ -34,6 +35,7 @@ class BlendedDataset final : public GPTSampleSource {
 
   const std::vector<int16_t>& dataset_index() const { return dataset_index_; }
   const std::vector<int64_t>& dataset_sample_index() const { return dataset_sample_index_; }
+  bool loaded_from_cache() const { return loaded_from_cache_; }
 
  private:
   std::vector<std::shared_ptr<const GPTSampleSource>> datasets_;
@@ -41,6 +43,7 @@ class BlendedDataset final : public GPTSampleSource {
   Split split_;
   std::vector<int16_t> dataset_index_;
   std::vector<int64_t> dataset_sample_index_;
+  bool loaded_from_cache_ = false;
 };
 
 }  // namespace mcpp::data

@@ -66,6 +66,8 @@ GPTDatasetConfig make_config(const GPTDatasetsArgs& a) {
   c.eod = a.eod;
   c.pad = a.pad;
   c.mock = a.mock_data;
+  c.path_to_cache = a.data_cache_path;
+  c.split_spec = a.split;
   return c;
 }
 
@@ -143,7 +145,8 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
       for (auto& d : ds) weights.push_back(double(d->size())), sum += d->size();
       if (a.num_samples[i]) size = std::min(*a.num_samples[i], sum);
     }
-    out[i] = std::make_shared<BlendedDataset>(std::move(ds), std::move(weights), size, Split(i));
+    out[i] = std::make_shared<BlendedDataset>(std::move(ds), std::move(weights), size, Split(i),
+                                              a.data_cache_path);
   }
   return out;
 }

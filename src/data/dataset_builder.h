@@ -35,6 +35,7 @@ struct GPTDatasetsArgs {
   int64_t vocab_size = 0;  // tokenizer vocab size (mock data only)
   bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
+  std::string data_cache_path;               // --data-cache-path ("" = no cache)
 };
 
 // Megatron's pad rule: the tokenizer's pad id unless it is absent or equals EOD.

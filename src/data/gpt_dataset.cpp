@@ -1,13 +1,16 @@
 #include "data/gpt_dataset.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <regex>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/numpy_rng.h"
+#include "data/index_cache.h"
 
 namespace mcpp::data {
 
@@ -165,6 +168,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
     separate_final_epoch_ = from_final < int64_t(0.80 * double(per_epoch));
   }
 
+  if (!cfg_.path_to_cache.empty() && !cfg_.mock && load_cache(tokens_per_epoch)) return;
   NumpyRandomState rng(cfg_.seed);
   document_index_ = build_document_index(indices_, num_epochs_, rng, separate_final_epoch_);
   const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
@@ -173,6 +177,101 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
   const int64_t total = int64_t(sample_index_.size() / 2) - 1;
   shuffle_index_ =
       build_shuffle_index(separate_final_epoch_ ? samples_sans_final : total, total, rng);
+  if (!cfg_.path_to_cache.empty() && !cfg_.mock) save_cache();
+}
+
+std::string GPTDataset::description() const {
+  // Megatron's unique_identifiers, plus what pins the data itself (sequence count,
+  // the split's range) so that a rewritten dataset under the same path is not reused.
+  int64_t tokens = 0;
+  for (int32_t i : indices_) tokens += low_->sequence_length(i);
+  return fmt::format(
+      "{{\n    \"class\": \"GPTDataset\",\n    \"dataset_path\": \"{}\",\n    \"num_samples\": {},\n"
+      "    \"index_split\": \"{}\",\n    \"random_seed\": {},\n    \"sequence_length\": {},\n"
+      "    \"split\": \"{}\",\n    \"add_extra_token_to_sequence\": {},\n"
+      "    \"drop_last_partial_validation_sequence\": {},\n    \"num_sequences\": {},\n"
+      "    \"split_first_sequence\": {},\n    \"split_num_sequences\": {},\n"
+      "    \"split_num_tokens\": {}\n}}",
+      low_->path(), num_samples_ ? std::to_string(*num_samples_) : "null", split_name(split_),
+      cfg_.seed, cfg_.sequence_length, cfg_.split_spec, cfg_.add_extra_token ? "true" : "false",
+      cfg_.drop_last_partial_validation_sequence ? "true" : "false", low_->num_sequences(),
+      indices_.empty() ? 0 : indices_.front(), indices_.size(), tokens);
+}
+
+bool GPTDataset::load_cache(int64_t tokens_per_epoch) {
+  const std::string desc = description();
+  const CacheFiles f = cache_files(cfg_.path_to_cache, desc, "GPTDataset", split_name(split_));
+  if (!std::filesystem::exists(f.path("description.txt"))) return false;
+  std::string why;
+  auto bad = [&](const std::string& w) {
+    log::warn("index cache {}-*: {}; rebuilding it", f.path(""), w);
+    return false;
+  };
+  if (!cache_description_matches(f, desc)) return bad("the description differs");
+  auto doc = read_npy(f.path("document_index.npy"), &why);
+  if (!doc) return bad("document_index.npy: " + why);
+  auto smp = read_npy(f.path("sample_index.npy"), &why);
+  if (!smp) return bad("sample_index.npy: " + why);
+  auto shf = read_npy(f.path("shuffle_index.npy"), &why);
+  if (!shf) return bad("shuffle_index.npy: " + why);
+  // Shapes and ranges before trusting a single value.
+  const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
+  const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
+  const int64_t total =
+      drop_last ? (num_epochs_ * tokens_per_epoch - X) / S
+                : int64_t(std::ceil(float(num_epochs_ * tokens_per_epoch - X) / float(S)));
+  const int64_t ndoc = int64_t(indices_.size()) * num_epochs_;
+  if (doc->descr != "<i4" || doc->shape != std::vector<int64_t>{ndoc})
+    return bad(fmt::format("document_index.npy is {} {}, expected <i4 [{}]", doc->descr,
+                           doc->shape.size(), ndoc));
+  if (smp->shape != std::vector<int64_t>{total + 1, 2})
+    return bad(fmt::format("sample_index.npy does not hold [{}, 2]", total + 1));
+  if (shf->shape != std::vector<int64_t>{total})
+    return bad(fmt::format("shuffle_index.npy does not hold [{}]", total));
+  auto d = doc->as_int64(), s = smp->as_int64(), h = shf->as_int64();
+  if (!d || !s || !h) return bad("an index has an unexpected dtype");
+  const int64_t lo = indices_.front(), hi = indices_.back();
+  for (int64_t v : *d)
+    if (v < lo || v > hi) return bad("document_index.npy holds a sequence outside the split");
+  for (size_t i = 0; i < s->size(); i += 2)
+    if ((*s)[i] < 0 || (*s)[i] >= ndoc || (*s)[i + 1] < 0 ||
+        (i >= 2 && (*s)[i] < (*s)[i - 2]))
+      return bad("sample_index.npy is out of range");
+  for (int64_t v : *h)
+    if (v < 0 || v >= total) return bad("shuffle_index.npy is out of range");
+  document_index_.assign(d->begin(), d->end());
+  sample_index_ = std::move(*s);
+  shuffle_index_ = std::move(*h);
+  loaded_from_cache_ = true;
+  log::info("loaded the {} indices of {} from {}-*", split_name(split_), low_->path(), f.path(""));
+  return true;
+}
+
+void GPTDataset::save_cache() const {
+  const std::string desc = description();
+  const CacheFiles f = cache_files(cfg_.path_to_cache, desc, "GPTDataset", split_name(split_));
+  std::filesystem::create_directories(cfg_.path_to_cache);
+  const int64_t total = int64_t(shuffle_index_.size());
+  write_npy(f.path("document_index.npy"), "<i4", {int64_t(document_index_.size())},
+            document_index_.data(), document_index_.size() * 4);
+  // Megatron's dtypes: int32 sample index while it fits, uint32 shuffle index below 2^32-1.
+  int64_t smax = 0;
+  for (int64_t v : sample_index_) smax = std::max(smax, v);
+  if (smax <= std::numeric_limits<int32_t>::max()) {
+    std::vector<int32_t> v(sample_index_.begin(), sample_index_.end());
+    write_npy(f.path("sample_index.npy"), "<i4", {total + 1, 2}, v.data(), v.size() * 4);
+  } else {
+    write_npy(f.path("sample_index.npy"), "<i8", {total + 1, 2}, sample_index_.data(),
+              sample_index_.size() * 8);
+  }
+  if (total < int64_t(std::numeric_limits<uint32_t>::max()) - 1) {
+    std::vector<uint32_t> v(shuffle_index_.begin(), shuffle_index_.end());
+    write_npy(f.path("shuffle_index.npy"), "<u4", {total}, v.data(), v.size() * 4);
+  } else {
+    write_npy(f.path("shuffle_index.npy"), "<i8", {total}, shuffle_index_.data(),
+              shuffle_index_.size() * 8);
+  }
+  write_cache_description(f, desc);
 }
 
 int64_t GPTDataset::size() const {

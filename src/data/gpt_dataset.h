@@ -96,6 +96,8 @@ struct GPTDatasetConfig {
   int64_t eod = 0;    // tokenizer.eod
   int64_t pad = -1;   // tokenizer.pad, or -1 (Megatron's _PAD_TOKEN_ID)
   bool mock = false;  // MockGPTDataset semantics (len = num_samples)
+  std::string path_to_cache;  // --data-cache-path ("" = no cache); see index_cache.h
+  std::string split_spec;     // --split as given (part of the cache description)
 };
 
 class GPTDataset final : public GPTSampleSource {
@@ -129,6 +131,16 @@ class GPTDataset final : public GPTSampleSource {
   std::vector<int32_t> document_index_;
   std::vector<int64_t> sample_index_;
   std::vector<int64_t> shuffle_index_;
+  bool loaded_from_cache_ = false;
+
+ public:
+  bool loaded_from_cache() const { return loaded_from_cache_; }
+  // The JSON that identifies these indices (Megatron's unique_description, our fields).
+  std::string description() const;
+
+ private:
+  bool load_cache(int64_t tokens_per_epoch);
+  void save_cache() const;
 };
 
 // helpers.cpp build_sample_idx: rows (position in document_index, offset), flattened.

@@ -45,6 +45,7 @@ int run_inspect(const std::vector<std::string>& args) {
   Flags f;
   f.add("--data-path", Flags::List, "dataset prefixes, optionally weighted: W1 P1 W2 P2")
       .add("--split", Flags::Value, "train,valid,test weights (default 969, 30, 1)")
+      .add("--data-cache-path", Flags::Value, "folder of cached index .npy files")
       .add("--mock-data", Flags::Switch, "Megatron's mock dataset")
       .add("--seq-length", Flags::Value, "sequence length S")
       .add("--seed", Flags::Value, "random seed (default 1234)")
@@ -79,6 +80,7 @@ int run_inspect(const std::vector<std::string>& args) {
   a.data_path = f.list("--data-path");
   a.mock_data = f.has("--mock-data");
   a.split = f.get("--split", "969, 30, 1");
+  a.data_cache_path = f.get("--data-cache-path");
   a.seq_length = f.get_int("--seq-length", 0);
   a.seed = uint32_t(f.get_int("--seed", 1234));
   const int64_t gbs = f.get_int("--global-batch-size", 1);
@@ -98,13 +100,7 @@ int run_inspect(const std::vector<std::string>& args) {
   a.num_samples[1] = (train_iters / eval_interval + 1) * eval_iters * gbs;  // training.py's rule
   a.num_samples[2] = eval_iters * gbs;
   if (f.has("--tokenizer-type") || a.mock_data) {
-    data::TokenizerArgs ta;
-    ta.type = f.get("--tokenizer-type", "GPT2BPETokenizer");
-    ta.vocab_file = f.get("--vocab-file");
-    ta.merge_file = f.get("--merge-file");
-    ta.tokenizer_model = f.get("--tokenizer-model");
-    ta.vocab_size = f.get_opt_int("--vocab-size");
-    auto tok = data::make_tokenizer(ta);
+    auto tok = data::make_tokenizer(tokenizer_args(f));
     a.eod = tok->eod();
     a.pad = data::pad_id_for(tok->pad(), tok->eod());
     a.vocab_size = tok->vocab_size();

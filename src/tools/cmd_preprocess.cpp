@@ -40,13 +40,7 @@ int run_preprocess(const std::vector<std::string>& args) {
   if (f.get_int("--partitions", 1) != 1)
     throw Error("--partitions > 1 is not needed: megatron preprocess streams with bounded memory",
                 "drop --partitions and use --workers");
-  data::TokenizerArgs ta;
-  ta.type = f.get("--tokenizer-type", "GPT2BPETokenizer");
-  ta.vocab_file = f.get("--vocab-file");
-  ta.merge_file = f.get("--merge-file");
-  ta.tokenizer_model = f.get("--tokenizer-model");
-  ta.vocab_size = f.get_opt_int("--vocab-size");
-  auto tok = data::make_tokenizer(ta);
+  auto tok = data::make_tokenizer(tokenizer_args(f));
 
   data::PreprocessOptions o;
   o.inputs = f.list("--input");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "data/tokenizers/tokenizer.h"
 
 namespace mcpp::tools {
 
@@ -96,11 +97,34 @@ class Flags {
 // Megatron's tokenizer flags, shared by preprocess / inspect / train.
 inline void add_tokenizer_flags(Flags& f) {
   f.add("--tokenizer-type", Flags::Value,
-        "GPT2BPETokenizer | Llama2Tokenizer | NullTokenizer | ...")
+        "GPT2BPETokenizer | SentencePieceTokenizer | Llama2Tokenizer | TikTokenizer | "
+        "HuggingFaceTokenizer | NullTokenizer")
       .add("--vocab-file", Flags::Value, "GPT-2 encoder.json")
       .add("--merge-file", Flags::Value, "GPT-2 vocab.bpe / merges.txt")
-      .add("--tokenizer-model", Flags::Value, "SentencePiece / HF / tiktoken model file")
-      .add("--vocab-size", Flags::Value, "vocabulary size (NullTokenizer)");
+      .add("--tokenizer-model", Flags::Value,
+           "SentencePiece .model / tokenizer.json or its folder / tiktoken ranks")
+      .add("--vocab-size", Flags::Value, "vocabulary size (NullTokenizer, TikTokenizer)")
+      .add("--tiktoken-pattern", Flags::Value, "v1 | v2 (TikTokenizer)")
+      .add("--tiktoken-num-special-tokens", Flags::Value, "TikTokenizer special ids (default 1000)")
+      .add("--tokenizer-special-tokens", Flags::List,
+           "TikTokenizer special tokens (default <unk> <s> </s>)")
+      .add("--tiktoken-special-tokens", Flags::List, "older name of --tokenizer-special-tokens")
+      .add("--vocab-extra-ids", Flags::Value, "SentencePieceTokenizer <extra_id_i> count");
+}
+
+inline data::TokenizerArgs tokenizer_args(const Flags& f) {
+  data::TokenizerArgs ta;
+  ta.type = f.get("--tokenizer-type", "GPT2BPETokenizer");
+  ta.vocab_file = f.get("--vocab-file");
+  ta.merge_file = f.get("--merge-file");
+  ta.tokenizer_model = f.get("--tokenizer-model");
+  ta.vocab_size = f.get_opt_int("--vocab-size");
+  ta.tiktoken_pattern = f.get("--tiktoken-pattern");
+  ta.tiktoken_num_special_tokens = f.get_int("--tiktoken-num-special-tokens", 1000);
+  ta.special_tokens = f.has("--tokenizer-special-tokens") ? f.list("--tokenizer-special-tokens")
+                                                          : f.list("--tiktoken-special-tokens");
+  ta.vocab_extra_ids = f.get_int("--vocab-extra-ids", 0);
+  return ta;
 }
 
 }  // namespace mcpp::tools

@@ -20,6 +20,9 @@ void usage() {
       "  preprocess  JSONL -> Megatron .bin/.idx (tools/preprocess_data.py flags)\n"
       "  inspect     describe a dataset prefix or a checkpoint directory\n"
       "  convert     checkpoint <-> Hugging Face (safetensors) conversion\n"
+      "  generate    sample text from a checkpoint (KV cache, greedy/top-k/top-p)\n"
+      "  plan        pipeline layer assignment, schedule, bubble and in-flight micro-batches\n"
+      "  merge-datasets  merge .bin/.idx prefixes (tools/merge_datasets.py)\n"
       "  help        this text\n\n"
       "`megatron <command> --help` lists a command's flags.\n");
 }

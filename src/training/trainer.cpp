@@ -460,6 +460,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   d.seed = uint32_t(a.seed), d.eod = s.tok->eod(), d.pad = data::pad_id_for(s.tok->pad(), s.tok->eod());
   d.vocab_size = vocab;
   d.eod_mask_loss = a.eod_mask_loss;
+  d.data_cache_path = a.data_cache_path.value_or("");
   const int64_t gbs = a.global_batch_size;
   d.num_samples[0] = a.train_samples.value_or(a.train_iters * gbs);
   if (a.eval_interval)

@@ -398,6 +398,38 @@ TEST(GpuAttention, DropoutSameMaskAsCpu) {
   run_attention(DType::F32, AttnCase{90, 2, 4, 2, 64, 0.2});
 }
 
+// Generation's attention through a KV cache: prefill, decode steps and a chunk, each
+// against the CPU op (which tests/inference checks against a naive reference).
+TEST_P(GpuOp, AttentionKVCacheChunks) {
+  for (AttnCase c : {AttnCase{40, 2, 4, 4, 64, 0}, AttnCase{37, 2, 6, 2, 128, 0},
+                     AttnCase{20, 1, 4, 1, 80, 0}}) {
+    ops::AttentionDims d;
+    d.B = c.B, d.NH = c.NH, d.NG = c.NG, d.HD = c.HD;
+    const double scale = 1.0 / std::sqrt(double(c.HD));
+    Tensor qkv = rand_in({c.S, c.B, d.qkv_width()}, 130, dt(), -2.f, 2.f);
+    Tensor gqkv = to_gpu(qkv, dt());
+    const Shape cache{c.S + 3, c.B, c.NG, c.HD};
+    Tensor kc = Tensor::empty(cache, DType::F32), vc = Tensor::empty(cache, DType::F32);
+    Tensor gkc = gpu_nan(cache, dt()), gvc = gpu_nan(cache, dt());
+    Tensor out = Tensor::empty({c.S, c.B, c.NH * c.HD}, DType::F32);
+    Tensor gout = gpu_nan(out.shape(), dt());
+    const int64_t prefill = c.S - 7;
+    int64_t p0 = 0;
+    for (int64_t n : {prefill, int64_t(1), int64_t(1), int64_t(5)}) {
+      d.S = n;
+      Tensor o = out.narrow(p0, n), go = gout.narrow(p0, n);
+      cpu::attention_kv_cache_forward(qkv.narrow(p0, n), d, p0, scale, kc, vc, o, CS());
+      gpu::attention_kv_cache_forward(gqkv.narrow(p0, n), d, p0, scale, gkc, gvc, go, GS());
+      p0 += n;
+    }
+    SCOPED_TRACE(::testing::Message() << "S=" << c.S << " NH=" << c.NH << " NG=" << c.NG
+                                      << " HD=" << c.HD << " dtype=" << dtype_name(dt()));
+    EXPECT_CLOSE(gout, out, dt());
+    EXPECT_CLOSE(gkc.narrow(0, c.S), kc.narrow(0, c.S), dt());
+    EXPECT_CLOSE(gvc.narrow(0, c.S), vc.narrow(0, c.S), dt());
+  }
+}
+
 TEST_P(GpuOp, RopeForwardBackward) {
   ops::AttentionDims d;
   d.S = 50, d.B = 2, d.NH = 6, d.NG = 2, d.HD = 64;

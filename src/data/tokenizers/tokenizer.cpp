@@ -38,7 +38,9 @@ std::string NullTokenizer::decode(std::span<const int32_t> ids) const {
   return s;
 }
 
-std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& model, bool llama2);
+std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const TokenizerArgs& a, bool llama2);
+std::unique_ptr<Tokenizer> make_tiktokenizer(const TokenizerArgs& a);
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const TokenizerArgs& a);
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& a) {
   if (a.type == "NullTokenizer") {
@@ -50,18 +52,21 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& a) {
   if (a.type == "SentencePieceTokenizer" || a.type == "Llama2Tokenizer") {
     if (a.tokenizer_model.empty())
       throw Error(fmt::format("--tokenizer-type {} needs --tokenizer-model", a.type));
-    return make_sentencepiece_tokenizer(a.tokenizer_model, a.type == "Llama2Tokenizer");
+    return make_sentencepiece_tokenizer(a, a.type == "Llama2Tokenizer");
   }
-  static const char* later[] = {"HuggingFaceTokenizer",      "TikTokenizer",
-                                "BertWordPieceLowerCase",    "BertWordPieceCase",
+  if (a.type == "TikTokenizer") return make_tiktokenizer(a);
+  if (a.type == "HuggingFaceTokenizer") return make_hf_tokenizer(a);
+  static const char* later[] = {"BertWordPieceLowerCase",    "BertWordPieceCase",
                                 "GPTSentencePieceTokenizer", "MultimodalTokenizer",
                                 "NullMultimodalTokenizer"};
   for (const char* t : later)
     if (a.type == t)
       throw Error(fmt::format("--tokenizer-type {} is not implemented yet", a.type),
-                  "use GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer or NullTokenizer");
+                  "use GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, "
+                  "HuggingFaceTokenizer or NullTokenizer");
   throw Error(fmt::format("unknown --tokenizer-type '{}'", a.type),
-              "one of GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer, NullTokenizer");
+              "one of GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, "
+              "HuggingFaceTokenizer, NullTokenizer");
 }
 
 }  // namespace mcpp::data

@@ -5,8 +5,13 @@
 //                            eod = V, vocab_size() = V + 1 (Megatron's _NullTokenizer)
 //   GPT2BPETokenizer         --vocab-file encoder.json --merge-file vocab.bpe: byte-level
 //                            BPE with GPT-2's pre-tokenisation regex (PCRE2, Unicode classes)
-//   SentencePieceTokenizer,  --tokenizer-model file.model (libsentencepiece)
-//   Llama2Tokenizer
+//   SentencePieceTokenizer   --tokenizer-model file.model (libsentencepiece) plus Megatron's
+//                            <CLS> <SEP> <EOD> <MASK> (and pad/bos/eos when the model lacks them)
+//   Llama2Tokenizer          --tokenizer-model file.model; BOS first, eod = eos
+//   TikTokenizer             --tokenizer-model ranks --tiktoken-pattern v1|v2 (Megatron's
+//                            CustomTikTokenizer: special tokens first, ranks shifted)
+//   HuggingFaceTokenizer     --tokenizer-model tokenizer.json or its folder: byte-level BPE
+//                            (GPT-2, Llama-3 style) and BPE with byte fallback (Llama-2, Mistral)
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -44,11 +49,21 @@ struct TokenizerArgs {
   std::string vocab_file;                 // --vocab-file
   std::string merge_file;                 // --merge-file
   std::string tokenizer_model;            // --tokenizer-model
-  std::optional<int64_t> vocab_size;      // --vocab-size (NullTokenizer)
+  std::optional<int64_t> vocab_size;      // --vocab-size (NullTokenizer, TikTokenizer)
+  std::string tiktoken_pattern;           // --tiktoken-pattern v1|v2
+  int64_t tiktoken_num_special_tokens = 1000;  // --tiktoken-num-special-tokens
+  std::vector<std::string> special_tokens;     // --tokenizer-special-tokens (TikTokenizer)
+  int64_t vocab_extra_ids = 0;                 // --vocab-extra-ids (SentencePieceTokenizer)
 };
 
 // Builds the tokenizer; a missing file or flag is an mcpp::Error naming the flag.
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& args);
+
+// One of OpenAI's tiktoken encodings (r50k_base, p50k_base, p50k_edit, cl100k_base,
+// o200k_base) over its rank file, with its pattern and special tokens; encode() is
+// tiktoken's encode_ordinary.
+std::unique_ptr<Tokenizer> make_tiktoken_encoding(const std::string& name,
+                                                  const std::string& rank_file);
 
 class NullTokenizer final : public Tokenizer {
  public:

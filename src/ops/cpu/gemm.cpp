@@ -29,6 +29,17 @@ void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, R alpha, const
   }
   MCPP_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX,
              "gemm: dimensions M={} N={} K={} exceed OpenBLAS's 32-bit index", M, N, K);
+  if (M == 1 && !ta) {
+    // One row (a decode step): gemv streams op(B) once; sgemm would first pack all of it.
+    // C[1,N] = a[1,K] op(B): op(B) = B^T ([N,K] stored) -> B a; else B stored [K,N] -> B^T a.
+    const auto op = tb ? CblasNoTrans : CblasTrans;
+    const int rows = tb ? int(N) : int(K), cols = tb ? int(K) : int(N);
+    if constexpr (std::is_same_v<R, float>)
+      cblas_sgemv(CblasRowMajor, op, rows, cols, alpha, B, int(ldb), A, 1, beta, C, 1);
+    else
+      cblas_dgemv(CblasRowMajor, op, rows, cols, alpha, B, int(ldb), A, 1, beta, C, 1);
+    return;
+  }
   const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<R, float>)
     cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <unistd.h>
 
-#include "base/log.h"
+#include <cstdio>
 
 extern "C" char* openblas_get_corename(void);
 
@@ -41,8 +41,9 @@ void reexec_with_runtime_env(char** argv) {
   auto fixes = recommended_runtime_env();
   if (fixes.empty()) return;
   for (const auto& f : fixes) {
-    if (f.name == "OPENBLAS_CORETYPE")
-      log::info("> {}: setting {}={} (set it yourself to override)", f.reason, f.name, f.value);
+    if (f.name == "OPENBLAS_CORETYPE")  // stderr: stdout may be generated text
+      std::fprintf(stderr, "> %s: setting %s=%s (set it yourself to override)\n", f.reason.c_str(),
+                   f.name.c_str(), f.value.c_str());
     setenv(f.name.c_str(), f.value.c_str(), 1);
   }
   setenv("MCPP_RUNTIME_ENV_APPLIED", "1", 1);

@@ -1,0 +1,200 @@
+// `megatron plan`: what a pipeline-parallel run will do, without running it.
+//
+//   megatron plan --pipeline-model-parallel-size 4 --num-layers 16
+//                 [--num-virtual-stages-per-pipeline-rank V |
+//                 --num-layers-per-virtual-pipeline-stage K]
+//                 [--decoder-first-pipeline-num-layers N] [--decoder-last-pipeline-num-layers N]
+//                 --micro-batch-size 1 --global-batch-size 32
+//                 [--world-size W | --data-parallel-size D] [--tensor-model-parallel-size T]
+//
+// prints the layers of every (pipeline rank, model chunk), every rank's action list
+// (F<mb>[.<chunk>] / B..., with --show-p2p the transfers too), and the replay of that
+// schedule under a cost model: step time, bubble fraction against theory, idle time and
+// peak in-flight micro-batches (activations held) per rank.
+#include <algorithm>
+#include <cstdio>
+
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulator.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+
+namespace mcpp::tools {
+namespace {
+
+namespace pl = parallel::pipeline;
+
+std::string layer_range(const std::vector<int>& ids) {
+  if (ids.empty()) return "[]";
+  if (ids.size() == 1) return fmt::format("[{}]", ids.front());
+  return fmt::format("[{}-{}]", ids.front(), ids.back());  // a chunk's layers are contiguous
+}
+
+double parse_double(const Flags& f, const std::string& name, double def) {
+  if (!f.has(name)) return def;
+  try {
+    size_t used = 0;
+    double v = std::stod(f.get(name), &used);
+    if (used == f.get(name).size() && v >= 0) return v;
+  } catch (...) {
+  }
+  throw Error(fmt::format("{} expects a non-negative number, got '{}'", name, f.get(name)));
+}
+
+int run_plan(const std::vector<std::string>& args) {
+  Flags f;
+  f.add("--pipeline-model-parallel-size", Flags::Value, "pipeline stages PP (default 1)")
+      .add("--num-layers", Flags::Value, "transformer layers")
+      .add("--num-layers-per-virtual-pipeline-stage", Flags::Value,
+           "layers per model chunk (interleaved schedule)")
+      .add("--num-virtual-stages-per-pipeline-rank", Flags::Value,
+           "model chunks per rank V (interleaved schedule)")
+      .add("--microbatch-group-size-per-virtual-pipeline-stage", Flags::Value,
+           "micro-batches per group (default PP)")
+      .add("--decoder-first-pipeline-num-layers", Flags::Value, "layers of the first stage")
+      .add("--decoder-last-pipeline-num-layers", Flags::Value, "layers of the last stage")
+      .add("--micro-batch-size", Flags::Value, "samples per micro-batch (default 1)")
+      .add("--global-batch-size", Flags::Value, "samples per step (default micro x DP)")
+      .add("--world-size", Flags::Value, "ranks; DP = world / (TP x PP x CP)")
+      .add("--data-parallel-size", Flags::Value, "DP (instead of --world-size)")
+      .add("--tensor-model-parallel-size", Flags::Value, "TP (default 1)")
+      .add("--context-parallel-size", Flags::Value, "CP (default 1)")
+      .add("--schedule", Flags::Value,
+           "gpipe | 1f1b | interleaved (default: interleaved "
+           "with virtual stages, else 1f1b)")
+      .add("--forward-cost", Flags::Value, "time of one stage's forward (default 1)")
+      .add("--backward-cost", Flags::Value, "time of one stage's backward (default 2)")
+      .add("--p2p-cost", Flags::Value, "time of one transfer (default 0)")
+      .add("--show-p2p", Flags::Switch, "list sends and receives too")
+      .add("--help", Flags::Switch, "this text");
+  f.parse(args, "plan");
+  if (f.has("--help") || !f.has("--num-layers")) {
+    std::printf(
+        "usage: megatron plan --num-layers L --pipeline-model-parallel-size PP [flags]\n\n%s",
+        f.help().c_str());
+    return f.has("--help") ? 0 : 1;
+  }
+  const int pp = int(f.get_int("--pipeline-model-parallel-size", 1));
+  const int num_layers = int(f.get_int("--num-layers", 0));
+  const int tp = int(f.get_int("--tensor-model-parallel-size", 1));
+  const int cp = int(f.get_int("--context-parallel-size", 1));
+  MCPP_CHECK_HINT(pp >= 1 && tp >= 1 && cp >= 1, "give sizes of 1 or more",
+                  "parallel sizes must be >= 1 (TP {}, PP {}, CP {})", tp, pp, cp);
+  MCPP_CHECK_HINT(!(f.has("--num-layers-per-virtual-pipeline-stage") &&
+                    f.has("--num-virtual-stages-per-pipeline-rank")),
+                  "give only one of the two",
+                  "--num-layers-per-virtual-pipeline-stage and "
+                  "--num-virtual-stages-per-pipeline-rank are mutually exclusive");
+  int vpp = 1;
+  if (f.has("--num-virtual-stages-per-pipeline-rank"))
+    vpp = int(f.get_int("--num-virtual-stages-per-pipeline-rank", 1));
+  if (f.has("--num-layers-per-virtual-pipeline-stage"))
+    vpp = pl::virtual_stages_from_layers_per_stage(
+        num_layers, pp, int(f.get_int("--num-layers-per-virtual-pipeline-stage", 1)));
+
+  int dp = 1;
+  if (f.has("--data-parallel-size")) dp = int(f.get_int("--data-parallel-size", 1));
+  if (f.has("--world-size")) {
+    const int world = int(f.get_int("--world-size", 1)), mp = tp * pp * cp;
+    MCPP_CHECK_HINT(world >= mp && world % mp == 0,
+                    "use a world size that is a multiple of TP x PP x CP",
+                    "--world-size {} is not divisible by --tensor-model-parallel-size {} x "
+                    "--pipeline-model-parallel-size {} x --context-parallel-size {} = {}",
+                    world, tp, pp, cp, mp);
+    MCPP_CHECK_HINT(!f.has("--data-parallel-size") || dp == world / mp,
+                    "drop --data-parallel-size or make it agree",
+                    "--data-parallel-size {} disagrees with --world-size {} / (TP x PP x CP = {})",
+                    dp, world, mp);
+    dp = world / mp;
+  }
+  const int64_t mbs = f.get_int("--micro-batch-size", 1);
+  const int64_t gbs = f.get_int("--global-batch-size", mbs * dp);
+  const int m = pl::num_microbatches(gbs, mbs, dp);
+
+  auto first = f.get_opt_int("--decoder-first-pipeline-num-layers");
+  auto last = f.get_opt_int("--decoder-last-pipeline-num-layers");
+  const auto layers =
+      pl::assign_layers(num_layers, pp, vpp, first ? std::optional<int>(int(*first)) : std::nullopt,
+                        last ? std::optional<int>(int(*last)) : std::nullopt);
+
+  const std::string sched_name = f.get("--schedule", vpp > 1 ? "interleaved" : "1f1b");
+  pl::ScheduleKind kind;
+  if (sched_name == "gpipe")
+    kind = pl::ScheduleKind::AllForwardAllBackward;
+  else if (sched_name == "1f1b")
+    kind = pl::ScheduleKind::OneFOneB;
+  else if (sched_name == "interleaved")
+    kind = pl::ScheduleKind::Interleaved1F1B;
+  else
+    throw Error(fmt::format("--schedule: unknown schedule '{}'", sched_name),
+                "choose gpipe, 1f1b or interleaved");
+  const int g = int(f.get_int("--microbatch-group-size-per-virtual-pipeline-stage", 0));
+  const auto sched = pl::build_schedule(kind, pp, vpp, m, g);
+
+  // Cost of a chunk: its layers over the layers of an even stage (num_layers / PP).
+  pl::CostModel cost;
+  cost.forward = parse_double(f, "--forward-cost", 1.0);
+  cost.backward = parse_double(f, "--backward-cost", 2.0);
+  cost.p2p = parse_double(f, "--p2p-cost", 0.0);
+  cost.scale.assign(pp, std::vector<double>(vpp, 0.0));
+  bool uniform = true;
+  for (int s = 0; s < pp; ++s)
+    for (int c = 0; c < vpp; ++c) {
+      cost.scale[s][c] = double(layers[size_t(s) * vpp + c].size()) * pp / num_layers;
+      uniform &= layers[size_t(s) * vpp + c].size() == layers[0].size();
+    }
+  const auto sim = pl::simulate(sched, cost, pl::P2PSemantics::Rendezvous);
+
+  const int group = kind == pl::ScheduleKind::Interleaved1F1B ? (g ? g : pp) : 0;
+  std::printf("pipeline plan: %s, PP %d, V %d, TP %d, CP %d, DP %d\n", pl::to_string(kind).c_str(),
+              pp, vpp, tp, cp, dp);
+  std::printf("micro-batches: %d = global batch %lld / (micro batch %lld x DP %d)%s\n", m,
+              (long long)gbs, (long long)mbs, dp,
+              group ? fmt::format(", group size {}", group).c_str() : "");
+  std::printf("\nlayers (%d, global ids; rank: chunk 0, chunk 1, ...)\n", num_layers);
+  for (int s = 0; s < pp; ++s) {
+    std::string line;
+    int n = 0;
+    for (int c = 0; c < vpp; ++c) {
+      line += " " + layer_range(layers[size_t(s) * vpp + c]);
+      n += int(layers[size_t(s) * vpp + c].size());
+    }
+    std::printf("  rank %-3d%s  (%d layers)\n", s, line.c_str(), n);
+  }
+  std::printf("\nschedule (F<mb>%s forward, B backward%s)\n", vpp > 1 ? ".<chunk>" : "",
+              f.has("--show-p2p") ? "; >a/<a send/recv activation, >g/<g gradient, [..] one "
+                                    "batched exchange"
+                                  : "");
+  for (int s = 0; s < pp; ++s)
+    std::printf("  rank %-3d warm-up %-3d %s\n", s, pl::warmup_microbatches(kind, pp, s, vpp, m, g),
+                pl::format_actions(sched[s], f.has("--show-p2p")).c_str());
+  if (!sim.ok) {
+    for (auto& p : sim.problems) std::fprintf(stderr, "plan: %s\n", p.c_str());
+    throw Error("the schedule does not replay cleanly (see above)",
+                "this is a bug in megatron.cpp's schedule builder; please report it");
+  }
+  std::printf("\nreplay: forward %g, backward %g per even stage of layers, p2p %g\n", cost.forward,
+              cost.backward, cost.p2p);
+  double ideal = 0;  // the busiest rank's compute: the step time without a bubble
+  for (auto& st : sim.stages) ideal = std::max(ideal, st.busy);
+  std::printf("step time %.4g (busiest rank's compute %.4g), bubble %.2f%%", sim.makespan, ideal,
+              100.0 * sim.bubble_fraction);
+  if (uniform && cost.p2p == 0) {
+    const double v = kind == pl::ScheduleKind::Interleaved1F1B ? vpp : 1;
+    std::printf(" (theory (p-1)/(%sm+p-1) = %.2f%%)", v > 1 ? "v*" : "",
+                100.0 * (pp - 1) / (v * m + pp - 1));
+  }
+  std::printf("\n  rank  busy        idle        idle%%   peak in-flight (promised)\n");
+  for (int s = 0; s < pp; ++s) {
+    const auto& st = sim.stages[s];
+    std::printf("  %-5d %-11.4g %-11.4g %-7.2f %d (%d)\n", s, st.busy, st.idle,
+                100.0 * st.idle / sim.makespan, st.peak_in_flight,
+                pl::promised_in_flight(kind, pp, s, vpp, m, g));
+  }
+  return 0;
+}
+
+Registrar r{"plan", run_plan};
+
+}  // namespace
+}  // namespace mcpp::tools

@@ -1,0 +1,111 @@
+// attention_kv_cache_forward against a naive reference and against the training
+// attention_forward: a sequence fed through the cache in chunks gives the same output
+// as causal attention over the whole sequence at once.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "base/philox.h"
+#include "ops/ops.h"
+
+using namespace mcpp;
+
+namespace {
+
+template <typename T>
+Tensor random(const Shape& shape, uint64_t seed) {
+  Tensor t = Tensor::empty(shape, dtype_of<T>());
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<T>()[i] = T(Philox::normal(seed, 0, uint64_t(i)));
+  return t;
+}
+
+// Naive causal GQA attention of qkv [S, B, NG, G+2, HD] -> [S, B, NH*HD], in double.
+std::vector<double> naive(const Tensor& qkv, const ops::AttentionDims& d, double scale) {
+  const int64_t G = d.NH / d.NG, W = d.qkv_width();
+  std::vector<double> out(size_t(d.S * d.B * d.NH * d.HD));
+  auto at = [&](int64_t s, int64_t b, int64_t g, int64_t j, int64_t c) {
+    const int64_t e = (s * d.B + b) * W + (g * (G + 2) + j) * d.HD + c;
+    return qkv.dtype() == DType::F64 ? qkv.data<double>()[e] : double(qkv.data<float>()[e]);
+  };
+  for (int64_t s = 0; s < d.S; ++s)
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t h = 0; h < d.NH; ++h) {
+        const int64_t g = h / G;
+        std::vector<double> p(size_t(s + 1));
+        double mx = -INFINITY, z = 0;
+        for (int64_t k = 0; k <= s; ++k) {
+          double dot = 0;
+          for (int64_t c = 0; c < d.HD; ++c) dot += at(s, b, g, h % G, c) * at(k, b, g, G, c);
+          p[size_t(k)] = dot * scale, mx = std::max(mx, p[size_t(k)]);
+        }
+        for (auto& x : p) z += x = std::exp(x - mx);
+        for (int64_t c = 0; c < d.HD; ++c) {
+          double acc = 0;
+          for (int64_t k = 0; k <= s; ++k) acc += p[size_t(k)] * at(k, b, g, G + 1, c);
+          out[size_t(((s * d.B + b) * d.NH + h) * d.HD + c)] = acc / z;
+        }
+      }
+  return out;
+}
+
+template <typename T>
+void check_chunks(int64_t NH, int64_t NG, double tol) {
+  ops::AttentionDims full;
+  full.S = 11, full.B = 2, full.NH = NH, full.NG = NG, full.HD = 8;
+  full.NH_global = NH, full.S_global = full.S;
+  const int64_t W = full.qkv_width(), S = full.S, B = full.B;
+  const double scale = 1.0 / std::sqrt(8.0);
+  Tensor qkv = random<T>({S, B, W}, NH * 10 + NG);
+  auto want = naive(qkv, full, scale);
+
+  // The training op on the whole sequence agrees with the reference.
+  Tensor out_full = Tensor::empty({S, B, NH * 8}, dtype_of<T>());
+  Tensor lse = Tensor::empty({B, NH, S}, dtype_of<T>());
+  ops::attention_forward(qkv, full, scale, 0.0, {}, out_full, lse, Stream::cpu());
+
+  // Through the cache in chunks 4, 1, 1, 5 (prefill, two decode steps, a longer append).
+  Tensor kc = Tensor::empty({16, B, NG, 8}, dtype_of<T>()), vc = kc.clone();
+  Tensor out = Tensor::empty({S, B, NH * 8}, dtype_of<T>());
+  int64_t p0 = 0;
+  for (int64_t n : {4, 1, 1, 5}) {
+    ops::AttentionDims d = full;
+    d.S = n;
+    Tensor q = qkv.narrow(p0, n), o = out.narrow(p0, n);
+    ops::attention_kv_cache_forward(q, d, p0, scale, kc, vc, o, Stream::cpu());
+    p0 += n;
+  }
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    ASSERT_NEAR(double(out.data<T>()[i]), want[size_t(i)], tol) << i;
+    ASSERT_NEAR(double(out_full.data<T>()[i]), want[size_t(i)], tol) << i;
+  }
+  // The cache holds the keys and values of every position.
+  const int64_t G = NH / NG;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < NG; ++g)
+        for (int64_t c = 0; c < 8; ++c) {
+          const int64_t src = (s * B + b) * W + (g * (G + 2) + G) * 8 + c;
+          const int64_t dst = ((s * B + b) * NG + g) * 8 + c;
+          ASSERT_EQ(kc.data<T>()[dst], qkv.data<T>()[src]);
+          ASSERT_EQ(vc.data<T>()[dst], qkv.data<T>()[src + 8]);
+        }
+}
+
+TEST(AttentionKVCache, ChunksMatchNaiveF64MHA) { check_chunks<double>(4, 4, 1e-12); }
+TEST(AttentionKVCache, ChunksMatchNaiveF64GQA) { check_chunks<double>(6, 2, 1e-12); }
+TEST(AttentionKVCache, ChunksMatchNaiveF32GQA) { check_chunks<float>(4, 2, 2e-6); }
+TEST(AttentionKVCache, ChunksMatchNaiveF32MQA) { check_chunks<float>(4, 1, 2e-6); }
+
+TEST(AttentionKVCache, RejectsOverflowAndBadShapes) {
+  ops::AttentionDims d;
+  d.S = 3, d.B = 1, d.NH = 2, d.NG = 1, d.HD = 4;
+  Tensor qkv = Tensor::zeros({3, 1, d.qkv_width()}, DType::F32);
+  Tensor kc = Tensor::zeros({4, 1, 1, 4}, DType::F32), vc = kc.clone();
+  Tensor out = Tensor::zeros({3, 1, 8}, DType::F32);
+  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, 2, 1.0, kc, vc, out, Stream::cpu()), Error);
+  Tensor bad = Tensor::zeros({4, 1, 2, 4}, DType::F32);
+  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, 0, 1.0, bad, vc, out, Stream::cpu()), Error);
+  EXPECT_NO_THROW(ops::attention_kv_cache_forward(qkv, d, 1, 1.0, kc, vc, out, Stream::cpu()));
+}
+
+}  // namespace
