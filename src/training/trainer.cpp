@@ -467,7 +467,16 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     d.num_samples[1] = (a.train_iters / *a.eval_interval + 1) * a.eval_iters * gbs;
   d.num_samples[2] = a.eval_iters * gbs;
   log::info("> building train, validation, and test datasets ...");
-  s.datasets = data::build_train_valid_test_datasets(d);
+  // With --data-cache-path rank 0 builds (and caches) the indices first, as Megatron
+  // does; the other ranks then read its cache instead of all writing the same files.
+  comm::Communicator& w = s.world->world();
+  if (!d.data_cache_path.empty() && w.size() > 1) {
+    if (w.rank() == 0) s.datasets = data::build_train_valid_test_datasets(d);
+    w.barrier(ops::default_stream(Device::CPU));
+    if (w.rank() != 0) s.datasets = data::build_train_valid_test_datasets(d);
+  } else {
+    s.datasets = data::build_train_valid_test_datasets(d);
+  }
   MCPP_CHECK_HINT(s.datasets[0] || a.skip_train, "give the train split a non-zero weight in --split",
                   "no training dataset was built (--split {})", d.split);
   for (int i = 0; i < 3; ++i)
