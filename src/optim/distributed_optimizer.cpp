@@ -20,11 +20,11 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
     }
   }
   const Tensor& sh = grads.shard();
-  Stream& st = ops::default_stream(sh.device());
-  main_ = Tensor::zeros(sh.shape(), DType::F32, sh.device());
-  m_ = Tensor::zeros(sh.shape(), DType::F32, sh.device());
-  v_ = Tensor::zeros(sh.shape(), DType::F32, sh.device());
-  (void)st;
+  // fp32 state, as AdamW (f64 for the CPU's f64 reference models).
+  const DType sd = ps.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
+  main_ = Tensor::zeros(sh.shape(), sd, sh.device());
+  m_ = Tensor::zeros(sh.shape(), sd, sh.device());
+  v_ = Tensor::zeros(sh.shape(), sd, sh.device());
   reload_main_params();
 }
 

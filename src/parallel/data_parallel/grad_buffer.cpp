@@ -81,8 +81,7 @@ void DataParallelGrads::start(size_t b, Stream& s) {
 void DataParallelGrads::layer_ready(int layer, Stream& s) {
   if (!overlap_ || !armed_) return;
   for (size_t k = 0; k < spans_.size(); ++k) {
-    if (spans_[k].layer != layer && layer != -1) continue;
-    if (layer == -1 && spans_[k].layer != -1) continue;
+    if (spans_[k].layer != layer) continue;
     const int b = bucket_of_[k];
     if (--pending_[size_t(b)] == 0) start(size_t(b), s);
   }
