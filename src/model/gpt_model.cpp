@@ -298,6 +298,10 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   // Dropout masks on global (s, b, h) indices: the same for any TP/SP/DP split.
   ops::GlobalIndex3 g{{s0, keys.sample_offset, 0}, {S, Bg, H}};
 
+  auto needed = [&](int layer) {
+    if (params_needed_) params_needed_(layer);
+  };
+  needed(-1);
   sv.hidden.resize(c.num_layers + 1);
   for (auto& h : sv.hidden) ensure(h, {Tl, H}, dt, dev);
   ensure(sv.emb, {Sl, B, H}, dt, dev);
@@ -337,6 +341,7 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
 
   for (int l = 0; l < c.num_layers; ++l) {
     Layer& L = *layers_[l];
+    needed(l);
     const Tensor& x = sv.hidden[l];
     ensure(L.ln1, {Tl, H}, dt, dev), ensure(L.rstd1, {Tl}, sdt, dev);
     if (!c.rmsnorm) ensure(L.mean1, {Tl}, sdt, dev);

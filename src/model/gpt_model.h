@@ -58,6 +58,12 @@ class GPTModel {
   // the end (every parameter with layer -1). The data-parallel reducer starts a bucket's
   // reduction from here (--overlap-grad-reduce). Empty: no calls.
   void set_grad_ready_hook(std::function<void(int layer)> hook) { grad_ready_ = std::move(hook); }
+  // Called during forward() before parameters are read: with -1 first (embedding, final
+  // norm, output layer), then with l before transformer layer l. The distributed
+  // optimizer waits there for the all-gather of those parameters (--overlap-param-gather).
+  void set_params_needed_hook(std::function<void(int layer)> hook) {
+    params_needed_ = std::move(hook);
+  }
 
   // Megatron's finalize_model_grads, TP part: with sequence parallelism, the gradients of
   // parameters duplicated across TP that act on sequence shards (norm weights and biases,
@@ -90,7 +96,7 @@ class GPTModel {
 
   TransformerConfig cfg_;
   comm::Communicator* tp_ = nullptr;
-  std::function<void(int)> grad_ready_;
+  std::function<void(int)> grad_ready_, params_needed_;
   ParamStore params_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<Saved> saved_;

@@ -1,5 +1,7 @@
 #include "optim/distributed_optimizer.h"
 
+#include <algorithm>
+
 #include "ops/ops.h"
 
 namespace mcpp::optim {
@@ -78,10 +80,37 @@ void DistributedAdamW::step(double lr, double wd) {
     ops::adamw_step(w, g, m, v, p, st);
   }
   // Updated shards -> every rank's model parameters (Megatron: the param all-gather).
-  all_gather_flat(main_, ps_.flat_params());
+  all_gather_flat(main_, ps_.flat_params(), overlap_);
 }
 
-void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat) {
+void DistributedAdamW::set_overlap_param_gather(bool on, std::vector<int> param_layers) {
+  overlap_ = on;
+  param_layer_ = std::move(param_layers);
+  bucket_layers_.assign(grads_.buckets().size(), {});
+  for (size_t b = 0; b < grads_.buckets().size(); ++b)
+    for (size_t i : grads_.buckets()[b].params) bucket_layers_[b].push_back(param_layer_.at(i));
+}
+
+void DistributedAdamW::wait_params(int layer) {
+  for (size_t b = 0; b < gather_work_.size(); ++b) {
+    const auto& ls = bucket_layers_[b];
+    if (std::find(ls.begin(), ls.end(), layer) == ls.end()) {
+      gather_work_[b].test();  // progress the others (MPI needs polling)
+      continue;
+    }
+    gather_work_[b].wait();
+    gather_work_[b] = comm::Work();
+  }
+}
+
+void DistributedAdamW::wait_params_all() {
+  for (auto& w : gather_work_) {
+    w.wait();
+    w = comm::Work();
+  }
+}
+
+void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat, bool async) {
   Stream& st = ops::default_stream(main_.device());
   comm::Communicator& dp = grads_.dp();
   for (size_t b = 0; b < grads_.buckets().size(); ++b) {
@@ -93,7 +122,14 @@ void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat) {
       ops::copy(in, cast, st);
       in = cast;
     }
-    dp.all_gather(in, out, st);
+    if (!async) {
+      dp.all_gather(in, out, st);
+      continue;
+    }
+    gather_work_.resize(grads_.buckets().size());
+    gather_keep_.resize(2 * grads_.buckets().size());
+    gather_keep_[2 * b] = in, gather_keep_[2 * b + 1] = out;
+    gather_work_[b] = dp.all_gather_async(gather_keep_[2 * b], gather_keep_[2 * b + 1], st);
   }
 }
 

@@ -25,7 +25,13 @@ class DistributedAdamW {
   // (sequence-parallel partial gradients over TP: TP ranks have identical flat layouts,
   // so their shards hold the same elements).
   void all_reduce_grads(comm::Communicator& group, const std::function<bool(size_t)>& which);
+  // Steps this rank's shard, then all-gathers the updated parameters bucket by bucket:
+  // synchronously, or (overlap_param_gather) asynchronously, completed by
+  // wait_params(layer) before the next forward reads them, or by wait_params_all().
   void step(double lr, double wd);
+  void set_overlap_param_gather(bool on, std::vector<int> param_layers);
+  void wait_params(int layer);
+  void wait_params_all();
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }
   // Bytes of optimizer state this rank holds (main params + moments).
@@ -49,12 +55,17 @@ class DistributedAdamW {
   const Tensor& exp_avg_sq() const { return v_; }
 
  private:
-  void all_gather_flat(const Tensor& shard, Tensor& flat);
+  void all_gather_flat(const Tensor& shard, Tensor& flat, bool async = false);
 
   model::ParamStore& ps_;
   AdamWConfig cfg_;
   parallel::DataParallelGrads& grads_;
   std::vector<Segment> segs_;
+  bool overlap_ = false;
+  std::vector<int> param_layer_;              // parameter -> layer
+  std::vector<comm::Work> gather_work_;       // per bucket, in flight
+  std::vector<Tensor> gather_keep_;           // their buffers
+  std::vector<std::vector<int>> bucket_layers_;
   Tensor main_, m_, v_;  // [shard]
   int64_t step_ = 0;
 };

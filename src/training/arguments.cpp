@@ -322,6 +322,7 @@ const Binding kBindings[] = {
     MCPP_FLAG(use_tp_pp_dp_mapping),
     MCPP_FLAG(use_distributed_optimizer),
     MCPP_FLAG(overlap_grad_reduce),
+    MCPP_FLAG(overlap_param_gather),
     MCPP_FLAG(ddp_bucket_size),
     // precision and initialisation
     MCPP_FLAG(bf16),
@@ -747,6 +748,9 @@ void validate_args(Args& a, int world_size, bool training) {
                     "--sequence-parallel splits --seq-length {} over --tensor-model-parallel-size "
                     "{}: not divisible",
                     a.seq_length, tp);
+  MCPP_CHECK_HINT(!a.overlap_param_gather || a.use_distributed_optimizer,
+                  "add --use-distributed-optimizer or drop --overlap-param-gather",
+                  "--overlap-param-gather needs --use-distributed-optimizer (as in Megatron)");
   if (a.ddp_bucket_size)
     MCPP_CHECK_HINT(*a.ddp_bucket_size > 0, "give a positive number of elements",
                     "--ddp-bucket-size {} must be positive", *a.ddp_bucket_size);

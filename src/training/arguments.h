@@ -136,6 +136,7 @@ struct Args {
   bool use_tp_pp_dp_mapping = false;         // order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
   bool use_distributed_optimizer = false;    // ZeRO-1: optimizer state sharded over DP
   bool overlap_grad_reduce = false;          // bucket reductions start during backward
+  bool overlap_param_gather = false;         // dist-opt param all-gathers wait in forward
   std::optional<int64_t> ddp_bucket_size;    // elements per gradient bucket
   int64_t world_size = 0;
   int64_t data_parallel_size = 0;

@@ -158,6 +158,7 @@ struct Trainer::State {
     const Args& a = args;
     comm::Communicator& w = world->world();
     Stream& st = ops::default_stream(Device::CPU);
+    if (dist_opt) dist_opt->wait_params_all();  // the parameters written must be current
     checkpoint::RankSnapshot snap = checkpoint::RankSnapshot::view(
         model->params(), a.no_save_optim || dist_opt ? nullptr : opt.get(),
         {0, ps->pp_rank(), ps->dp_rank(), 0});
@@ -440,6 +441,13 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     s.dist_opt = std::make_unique<optim::DistributedAdamW>(s.model->params(), adam, *s.dp_grads);
     // fp32 main params + two moments, against the same state held for the whole buffer.
     const int64_t full = 3 * s.model->params().total_numel() * int64_t(sizeof(float));
+    if (a.overlap_param_gather) {
+      std::vector<int> layers;
+      for (const auto& p : s.model->params().infos()) layers.push_back(p.layer);
+      s.dist_opt->set_overlap_param_gather(true, std::move(layers));
+      s.model->set_params_needed_hook(
+          [o = s.dist_opt.get()](int layer) { o->wait_params(layer); });
+    }
     log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
               "{} bytes an unsharded optimizer holds",
               s.dist_opt->state_bytes(), double(s.dist_opt->state_bytes()) / double(full), full);
