@@ -372,6 +372,69 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
   return rec;
 }
 
+json write_optimizer_shard(const std::string& tmp_dir, const RankSnapshot& rank,
+                           const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                           std::span<const ShardSegment> segments) {
+  json rec = {{"files", json::object()}, {"tensors", json::object()}};
+  const std::string fname = file_name("optim", rank.coord, true);
+  std::map<std::string, Tensor> out;
+  int box_no = 0;
+  for (const ShardSegment& sg : segments) {
+    const ParamInfo& p = rank.infos.at(sg.param);
+    if (p.split == TpSplit::None && rank.coord.tp != 0) continue;
+    const int64_t C = cols_of(p.local_shape);
+    const auto mine = local_pieces(p, rank.coord.tp, rank.tp_size);
+    // The segment [a, a + len) of the local tensor, row-major, as rectangular boxes: a
+    // partial first row, whole rows, a partial last row. Each is contiguous in the shard.
+    int64_t a = sg.flat - p.offset, left = sg.len, at = sg.shard;
+    MCPP_CHECK(a >= 0 && a + left <= p.numel(), "optimizer shard segment outside {}", p.name);
+    while (left > 0) {
+      const int64_t r = a / C, c = a % C;
+      const int64_t rows = c == 0 && left >= C ? left / C : 1;
+      const int64_t cols = rows > 1 || (c == 0 && left >= C) ? C : std::min(C - c, left);
+      // Cut the box at the local pieces (SwiGLU's [gate_r; up_r] halves map apart).
+      for (const Piece& d : mine) {
+        const int64_t r0 = std::max(r, d.l_row), r1 = std::min(r + rows, d.l_row + d.rows);
+        const int64_t c0 = std::max(c, d.l_col), c1 = std::min(c + cols, d.l_col + d.cols);
+        if (r0 >= r1 || c0 >= c1) continue;
+        const int64_t off = at + (r0 - r) * cols + (c0 - c), n = (r1 - r0) * (c1 - c0);
+        const Piece g{d.g_row + r0 - d.l_row, d.g_col + c0 - d.l_col, r1 - r0, c1 - c0, 0, 0};
+        const bool one_d = p.global_shape.size() <= 1;
+        const Shape shape = one_d ? Shape{n} : Shape{r1 - r0, c1 - c0};
+        for (auto [prefix, src] : {std::pair<const char*, const Tensor*>{"optimizer.exp_avg.", &exp_avg},
+                                   std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", &exp_avg_sq}}) {
+          const std::string key = prefix + p.name;
+          const std::string name = fmt::format("{}@dp{}.{}", key, rank.coord.dp, box_no);
+          Tensor t = src->narrow(off, n).view(shape);
+          json& entry = rec["tensors"][key];
+          if (entry.is_null())
+            entry = {{"global_shape", p.global_shape},
+                     {"dtype", safetensors_dtype(t.dtype())},
+                     {"split", split_name(p.split)},
+                     {"shards", json::array()}};
+          entry["shards"].push_back({{"file", fname},
+                                     {"name", name},
+                                     {"shape", shape},
+                                     {"tp_rank", rank.coord.tp},
+                                     {"tp_size", rank.tp_size},
+                                     {"dp_rank", rank.coord.dp},
+                                     {"checksum", checksum_hex(t.raw(), t.nbytes())},
+                                     {"pieces", json::array({piece_json(g, p.global_shape.size())})}});
+          out[name] = t;
+        }
+        ++box_no;
+      }
+      const int64_t used = rows * cols;
+      a += used, left -= used, at += used;
+    }
+  }
+  const std::string path = join_path(tmp_dir, fname);
+  save_safetensors(path, out, {{"format", "megatron.cpp distributed-optimizer shard"}});
+  rec["files"][fname] = {{"bytes", fs::file_size(path)}};
+  rec["optimizer_steps"] = rank.optimizer_steps;
+  return rec;
+}
+
 void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
                        const std::vector<json>& rank_records, const TrainingState& st_in,
                        const SaveOptions& opts) {
@@ -401,7 +464,10 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
       json& t = tensors[key];
       MCPP_CHECK(t["global_shape"] == v["global_shape"] && t["dtype"] == v["dtype"],
                  "ranks disagree on the global shape or dtype of {}", key);
-      t["shards"].push_back(v["shard"]);
+      if (v.contains("shards"))  // several boxes of one rank (distributed optimizer)
+        for (const json& sh : v["shards"]) t["shards"].push_back(sh);
+      else
+        t["shards"].push_back(v["shard"]);
     }
     if (r.contains("optimizer_steps")) {
       md["has_optimizer"] = true;

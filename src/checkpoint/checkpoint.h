@@ -121,6 +121,22 @@ void save_checkpoint(const std::string& save_dir, std::span<const RankSnapshot> 
 std::string begin_checkpoint(const std::string& save_dir, int64_t iteration,
                              const SaveOptions& opts = {});
 nlohmann::json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank);
+// The distributed optimizer's state is sharded over DP: flat-buffer elements
+// [flat, flat + len) of parameter `param` sit at [shard, shard + len) of the shard buffers.
+struct ShardSegment {
+  size_t param = 0;
+  int64_t flat = 0, shard = 0, len = 0;
+};
+// Writes this DP rank's blocks of the Adam moments (exp_avg / exp_avg_sq: its shard
+// buffers) into optim_tpXX_ppXX_dpXX.safetensors, each block cut into boxes of the global
+// tensor, so a loader under any TP and DP layout finds the pieces it needs (the usual
+// intersection of boxes). `rank` gives infos, coord, tp_size and optimizer_steps; its
+// params and moments are not written here (DP rank 0's write_rank_files writes the model).
+// TP-duplicated tensors are written by TP rank 0 only.
+nlohmann::json write_optimizer_shard(const std::string& tmp_dir, const RankSnapshot& rank,
+                                     const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                                     std::span<const ShardSegment> segments);
+// rank_records: from write_rank_files / write_optimizer_shard of every rank (in any order).
 void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
                        const std::vector<nlohmann::json>& rank_records, const TrainingState& st,
                        const SaveOptions& opts = {});

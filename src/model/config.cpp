@@ -16,6 +16,10 @@ void TransformerConfig::validate() const {
              ffn_hidden_size, tp_size);
   MCPP_CHECK(padded_vocab_size % tp_size == 0, "padded vocab {} not divisible by TP {}",
              padded_vocab_size, tp_size);
+  MCPP_CHECK_HINT(!sp() || seq_length % tp_size == 0,
+                  "choose --seq-length as a multiple of --tensor-model-parallel-size",
+                  "--sequence-parallel splits --seq-length {} into {} equal parts: not divisible",
+                  seq_length, tp_size);
   MCPP_CHECK(seq_length > 0 && (rope || seq_length <= max_position_embeddings),
              "--seq-length {} exceeds --max-position-embeddings {}", seq_length,
              max_position_embeddings);

@@ -43,6 +43,13 @@ struct TransformerConfig {
   // Tensor parallelism (local sizes divide by tp_size).
   int64_t tp_size = 1;
   int64_t tp_rank = 0;
+  // --sequence-parallel (meaningful only with tp_size > 1): norms, dropout and residuals
+  // on [S/TP, B, H]; the model needs the TP communicator then.
+  bool sequence_parallel = false;
+  // Element alignment of every parameter in the flat parameter/gradient buffers (16:
+  // cache lines). The distributed optimizer asks for a multiple of the DP size so that
+  // every bucket splits into equal DP shards.
+  int64_t param_align = 16;
 
   int64_t heads_per_group() const { return num_attention_heads / num_query_groups; }
   int64_t local_heads() const { return num_attention_heads / tp_size; }
@@ -52,6 +59,8 @@ struct TransformerConfig {
   int64_t ffn_local() const { return ffn_hidden_size / tp_size; }
   int64_t fc1_width_local() const { return (swiglu ? 2 : 1) * ffn_local(); }
   int64_t vocab_local() const { return padded_vocab_size / tp_size; }
+  bool sp() const { return sequence_parallel && tp_size > 1; }
+  int64_t seq_local() const { return sp() ? seq_length / tp_size : seq_length; }
   int64_t rot_dim() const { return int64_t(double(kv_channels) * rotary_percent); }
   DType grad_dtype() const { return device == Device::CUDA ? DType::F32 : dtype; }
   DType stat_dtype() const { return grad_dtype(); }

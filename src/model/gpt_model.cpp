@@ -1,11 +1,21 @@
 // GPTModel forward and backward. Shapes: T = S*B token rows (sequence-first),
 // H hidden, QKVW = NG*(NH/NG+2)*HD (local), F ffn (local), Vp padded vocab (local).
 // Accumulation: parameter gradients +=; everything else =.
+//
+// Tensor parallelism (Megatron-Core's ColumnParallelLinear / RowParallelLinear /
+// VocabParallelEmbedding / vocab_parallel_cross_entropy): QKV, fc1 and the output layer
+// are column-parallel (input through copy_to_tp, or the sequence-parallel all-gather),
+// proj and fc2 row-parallel (output through reduce_from_tp, or the sequence-parallel
+// reduce-scatter, then the bias once). With --sequence-parallel the norms, dropout and
+// residual stream hold Tl = S/TP*B rows [S/TP, B, H] of the sequence; the *_full buffers
+// hold the gathered T = S*B rows the parallel linears see. Without SP, Tl = T and every
+// *_full tensor is the local one.
 #include "model/gpt_model.h"
 
 #include <cmath>
 
 #include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
 
 namespace mcpp::model {
 
@@ -33,11 +43,12 @@ struct GPTModel::Layer {
   Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w,
       d_fc1_b, d_fc2_w, d_fc2_b;
   // Saved activations (reused across micro-batches).
-  Tensor ln1, mean1, rstd1;  // [T,H], [T], [T]
+  Tensor ln1, mean1, rstd1;  // [Tl,H], [Tl], [Tl]
+  Tensor ln1_full, ln2_full;  // [T,H] gathered norm outputs (SP only)
   Tensor qkv;                // [T,QKVW], after RoPE: exactly what attention saw
   Tensor ctx, lse;           // [T,NH*HD], [B,NH,S]
-  Tensor x2;                 // [T,H] residual stream after attention
-  Tensor ln2, mean2, rstd2;  // [T,H], [T], [T]
+  Tensor x2;                 // [Tl,H] residual stream after attention
+  Tensor ln2, mean2, rstd2;  // [Tl,H], [Tl], [Tl]
   Tensor fc1, act;           // [T,FC1W], [T,F]
 };
 
@@ -46,23 +57,39 @@ struct GPTModel::Saved {
   int64_t S = 0, B = 0;
   MicroBatch mb;
   StepKeys keys;
-  std::vector<Tensor> hidden;  // L+1 x [T,H]: hidden[l] is layer l's input
-  Tensor emb;                  // [T,H] embedding before dropout
-  Tensor lnf, meanf, rstdf;    // final norm
+  std::vector<Tensor> hidden;  // L+1 x [Tl,H]: hidden[l] is layer l's input
+  Tensor emb;                  // [Tl,H] embedding before dropout
+  Tensor emb_full;             // [T,H] partial word embeddings before the reduce-scatter (SP)
+  Tensor lnf, meanf, rstdf;    // final norm, [Tl,H]
+  Tensor lnf_full;             // [T,H] (SP)
   Tensor logits;               // [T,Vp]; overwritten by its gradient in backward
   Tensor tokens, labels, mask_bs;  // the batch on the model's device, [B, S]
   Tensor targets, mask;        // [T] i64, [T] stat dtype (sequence-first order)
   Tensor mask_f32;             // [T] f32 (mask before a cast to f64 on CPU)
   Tensor row_max, sum_exp, target_logit, losses;  // [T]
-  Tensor tmp;                  // [T,H] forward scratch
+  Tensor tmp;                  // [Tl,H] forward scratch
+  Tensor tmp_full;             // [T,H] row-parallel partial output (SP)
+  Tensor ones;                 // [Tl,1] of ones: the bias add after a TP reduction
   // Backward scratch.
   Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
+  Tensor dtmp_full, dln_full;  // [T,H] (SP)
 };
 
-GPTModel::GPTModel(const TransformerConfig& cfg) : cfg_(cfg), saved_(std::make_unique<Saved>()) {
+GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp)
+    : cfg_(cfg), tp_(tp), saved_(std::make_unique<Saved>()) {
   cfg_.validate();
+  if (cfg_.tp_size > 1) {
+    // Without a communicator the model holds one TP rank's parameters (checkpoint
+    // conversion, tests) but cannot run: forward() says so.
+    MCPP_CHECK(!tp_ || (tp_->size() == cfg_.tp_size && tp_->rank() == cfg_.tp_rank),
+               "GPTModel with tp_size {} (rank {}) got the TP communicator {} of rank {}",
+               cfg_.tp_size, cfg_.tp_rank, tp_ ? tp_->describe() : "", tp_ ? tp_->rank() : -1);
+  } else {
+    tp_ = nullptr;  // a group of one: every region transition is the identity
+  }
   register_params();
-  params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size);
+  params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
+                   cfg_.param_align);
   params_.initialize(cfg_.seed);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     auto L = std::make_unique<Layer>();
@@ -170,6 +197,81 @@ void norm_backward(const TransformerConfig& c, const Tensor& dy, const Tensor& x
 
 }  // namespace
 
+// ---- tensor-parallel region transitions around the parallel linears -------------------
+
+void GPTModel::tp_all_reduce(Tensor& t, comm::ReduceOp op, Stream& st) {
+  if (tp_) tp_->all_reduce(t, op, st);
+}
+
+// Column-parallel input: x [Tl,H] -> x_full [T,H] (SP all-gather); else the identity
+// copy_to_tp (x_full is x).
+void GPTModel::column_input(const Tensor& x, Tensor& x_full, Stream& st) {
+  if (!tp_) return;
+  if (cfg_.sp()) parallel::gather_from_sp(x, x_full, *tp_, st);
+  else parallel::copy_to_tp(x, *tp_, st);
+}
+
+// Its dual: dx_full [T,H] partial over TP -> dx [Tl,H] (SP reduce-scatter), or the
+// all-reduce in place (dx_full is dx).
+void GPTModel::column_input_backward(Tensor& dx_full, Tensor& dx, Stream& st) {
+  if (!tp_) return;
+  if (cfg_.sp()) parallel::gather_from_sp_backward(dx_full, dx, *tp_, st);
+  else parallel::copy_to_tp_backward(dx_full, *tp_, st);
+}
+
+// Row-parallel linear: y = x @ w^T summed over TP (x [T, in/TP], w [H, in/TP]), then
+// the bias once, after the reduction. SP: the partial y_full [T,H] is reduce-scattered
+// into y [Tl,H]; else y_full is y and is all-reduced.
+void GPTModel::row_output(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y_full,
+                          Tensor& y, Stream& st) {
+  if (!tp_) {
+    ops::linear_forward(x, w, b, y, st);
+    return;
+  }
+  ops::linear_forward(x, w, Tensor(), y_full, st);
+  if (cfg_.sp()) parallel::reduce_scatter_to_sp(y_full, y, *tp_, st);
+  else parallel::reduce_from_tp(y, *tp_, st);
+  if (b.defined()) {  // y[Tl,H] += ones[Tl,1] @ b[1,H]
+    Tensor b2 = b.view({1, b.numel()});
+    ops::gemm(false, false, 1.0, saved_->ones, b2, 1.0, y, st);
+  }
+}
+
+// Its dual: dy [Tl,H] -> dy_full [T,H] (SP all-gather; else the identity), then the local
+// GEMMs. The bias gradient is taken from the whole dy_full, so it is complete (and equal)
+// on every TP rank and needs no reduction afterwards.
+void GPTModel::row_output_backward(const Tensor& dy, Tensor& dy_full, const Tensor& x,
+                                   const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
+                                   Stream& st) {
+  if (tp_) {
+    if (cfg_.sp()) parallel::reduce_scatter_to_sp_backward(dy, dy_full, *tp_, st);
+    else parallel::reduce_from_tp_backward(dy, *tp_, st);
+  }
+  ops::linear_backward(cfg_.sp() ? dy_full : dy, x, w, dx, false, dw, db, st);
+}
+
+bool GPTModel::tp_duplicated(size_t i) const {
+  return cfg_.tp_size > 1 && params_.infos()[i].split == TpSplit::None;
+}
+
+bool GPTModel::sp_partial_grad(size_t i) const {
+  // Every TP-duplicated parameter acts on the sequence shard under SP (norms, position
+  // embeddings); row-parallel biases are complete already (see row_output_backward).
+  const auto& p = params_.infos()[i];
+  return tp_ && cfg_.sp() && p.split == TpSplit::None &&
+         !p.name.ends_with("linear_proj.bias") && !p.name.ends_with("linear_fc2.bias");
+}
+
+void GPTModel::finalize_tp_grads() {
+  if (!tp_ || !cfg_.sp()) return;
+  Stream& st = ops::default_stream(cfg_.device);
+  for (size_t i = 0; i < params_.infos().size(); ++i) {
+    if (!sp_partial_grad(i)) continue;
+    Tensor g = params_.grad(i);
+    tp_->all_reduce(g, comm::ReduceOp::Sum, st);
+  }
+}
+
 double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   const auto& c = cfg_;
   auto& sv = *saved_;
@@ -179,6 +281,13 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   const int64_t B = mb.tokens.size(0), S = mb.tokens.size(1), T = S * B, H = c.hidden_size;
   MCPP_CHECK(S <= c.seq_length || c.rope, "sequence {} longer than --seq-length {}", S,
              c.seq_length);
+  MCPP_CHECK(c.tp_size == 1 || tp_, "GPTModel::forward at tp_size {} without the TP communicator",
+             c.tp_size);
+  const bool sp = c.sp();
+  MCPP_CHECK(!sp || S % c.tp_size == 0,
+             "sequence parallelism needs the sequence ({}) divisible by TP ({})", S, c.tp_size);
+  // This rank's sequence shard: rows [s0, s0 + Sl) of the sequence.
+  const int64_t Sl = sp ? S / c.tp_size : S, s0 = sp ? c.tp_rank * Sl : 0, Tl = Sl * B;
   const DType dt = c.dtype, sdt = c.stat_dtype();
   const Device dev = c.device;
   sv.S = S, sv.B = B, sv.mb = mb, sv.keys = keys;
@@ -186,20 +295,33 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   const int64_t Bg = keys.global_batch ? keys.global_batch : B;
   const double p_hidden = keys.training ? c.hidden_dropout : 0.0;
   const double p_attn = keys.training ? c.attention_dropout : 0.0;
-  ops::GlobalIndex3 g{{0, keys.sample_offset, 0}, {S, Bg, H}};
+  // Dropout masks on global (s, b, h) indices: the same for any TP/SP/DP split.
+  ops::GlobalIndex3 g{{s0, keys.sample_offset, 0}, {S, Bg, H}};
 
   sv.hidden.resize(c.num_layers + 1);
-  for (auto& h : sv.hidden) ensure(h, {T, H}, dt, dev);
-  ensure(sv.emb, {S, B, H}, dt, dev);
+  for (auto& h : sv.hidden) ensure(h, {Tl, H}, dt, dev);
+  ensure(sv.emb, {Sl, B, H}, dt, dev);
+  if (tp_) {
+    ensure(sv.ones, {Tl, 1}, dt, dev);
+    ops::fill(sv.ones, 1.0, st);
+  }
+  if (sp) ensure(sv.emb_full, {S, B, H}, dt, dev), ensure(sv.tmp_full, {T, H}, dt, dev);
 
-  // Embedding: word (+ learned position), then embedding dropout.
+  // Embedding: vocab-parallel word lookup (rows outside this rank's vocabulary slice are
+  // zero), summed over TP (SP: reduce-scattered to the sequence shard), + learned
+  // position, then embedding dropout.
   Tensor emb3 = sv.emb;
+  Tensor& word = sp ? sv.emb_full : emb3;
   ops::embedding_forward(tokens, params_.param("embedding.word_embeddings.weight"),
-                         c.tp_rank * c.vocab_local(), emb3, st);
+                         c.tp_rank * c.vocab_local(), word, st);
+  if (tp_) {
+    if (sp) parallel::reduce_scatter_to_sp(word, emb3, *tp_, st);
+    else parallel::reduce_from_tp(emb3, *tp_, st);
+  }
   if (!c.rope)
-    ops::position_embedding_forward(params_.param("embedding.position_embeddings.weight"), 0,
+    ops::position_embedding_forward(params_.param("embedding.position_embeddings.weight"), s0,
                                     emb3, st);
-  Tensor h0 = sv.hidden[0].view({S, B, H});
+  Tensor h0 = sv.hidden[0].view({Sl, B, H});
   ops::dropout_add_forward(emb3, Tensor(), p_hidden, dropout_key(c, keys, c.num_layers, kEmbedding),
                            g, h0, st);
 
@@ -209,51 +331,61 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   ad.NH_global = c.num_attention_heads, ad.S_global = S;
   const double scale = 1.0 / std::sqrt(double(c.kv_channels));
   const int64_t NHD = c.local_heads() * c.kv_channels;
-  ensure(sv.tmp, {T, H}, dt, dev);
+  ensure(sv.tmp, {Tl, H}, dt, dev);
   Tensor& tmp = sv.tmp;
+  Tensor& tmp_full = sp ? sv.tmp_full : tmp;
 
   for (int l = 0; l < c.num_layers; ++l) {
     Layer& L = *layers_[l];
     const Tensor& x = sv.hidden[l];
-    ensure(L.ln1, {T, H}, dt, dev), ensure(L.rstd1, {T}, sdt, dev);
-    if (!c.rmsnorm) ensure(L.mean1, {T}, sdt, dev);
+    ensure(L.ln1, {Tl, H}, dt, dev), ensure(L.rstd1, {Tl}, sdt, dev);
+    if (!c.rmsnorm) ensure(L.mean1, {Tl}, sdt, dev);
     ensure(L.qkv, {T, c.qkv_width_local()}, dt, dev);
     ensure(L.ctx, {T, NHD}, dt, dev), ensure(L.lse, {B, c.local_heads(), S}, sdt, dev);
-    ensure(L.x2, {T, H}, dt, dev);
-    ensure(L.ln2, {T, H}, dt, dev), ensure(L.rstd2, {T}, sdt, dev);
-    if (!c.rmsnorm) ensure(L.mean2, {T}, sdt, dev);
+    ensure(L.x2, {Tl, H}, dt, dev);
+    ensure(L.ln2, {Tl, H}, dt, dev), ensure(L.rstd2, {Tl}, sdt, dev);
+    if (!c.rmsnorm) ensure(L.mean2, {Tl}, sdt, dev);
     ensure(L.fc1, {T, c.fc1_width_local()}, dt, dev), ensure(L.act, {T, c.ffn_local()}, dt, dev);
+    if (sp) ensure(L.ln1_full, {T, H}, dt, dev), ensure(L.ln2_full, {T, H}, dt, dev);
+    Tensor& ln1 = sp ? L.ln1_full : L.ln1;
+    Tensor& ln2 = sp ? L.ln2_full : L.ln2;
 
     norm_forward(c, x, L.ln1_w, L.ln1_b, L.ln1, L.mean1, L.rstd1, st);
-    ops::linear_forward(L.ln1, L.qkv_w, L.qkv_b, L.qkv, st);
+    column_input(L.ln1, ln1, st);
+    ops::linear_forward(ln1, L.qkv_w, L.qkv_b, L.qkv, st);
     if (c.rope) ops::rope_forward(L.qkv, ad, c.rot_dim(), c.rotary_base, 0, L.qkv, st);
     ops::attention_forward(L.qkv, ad, scale, p_attn, dropout_key(c, keys, l, kAttnProbs), L.ctx,
                            L.lse, st);
-    ops::linear_forward(L.ctx, L.proj_w, L.proj_b, tmp, st);
-    Tensor tmp3 = tmp.view({S, B, H}), x3 = x.view({S, B, H}), x23 = L.x2.view({S, B, H});
+    row_output(L.ctx, L.proj_w, L.proj_b, tmp_full, tmp, st);
+    Tensor tmp3 = tmp.view({Sl, B, H}), x3 = x.view({Sl, B, H}), x23 = L.x2.view({Sl, B, H});
     ops::dropout_add_forward(tmp3, x3, p_hidden, dropout_key(c, keys, l, kAfterProj), g, x23, st);
 
     norm_forward(c, L.x2, L.ln2_w, L.ln2_b, L.ln2, L.mean2, L.rstd2, st);
-    ops::linear_forward(L.ln2, L.fc1_w, L.fc1_b, L.fc1, st);
+    column_input(L.ln2, ln2, st);
+    ops::linear_forward(ln2, L.fc1_w, L.fc1_b, L.fc1, st);
     if (c.swiglu) ops::swiglu_forward(L.fc1, L.act, st);
     else ops::gelu_forward(L.fc1, L.act, st);
-    ops::linear_forward(L.act, L.fc2_w, L.fc2_b, tmp, st);
-    Tensor out3 = sv.hidden[l + 1].view({S, B, H});
+    row_output(L.act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
+    Tensor out3 = sv.hidden[l + 1].view({Sl, B, H});
     ops::dropout_add_forward(tmp3, x23, p_hidden, dropout_key(c, keys, l, kAfterFc2), g, out3,
                              st);
   }
 
-  // Head: final norm, output layer (tied: the word embedding), cross-entropy.
+  // Head: final norm, column-parallel output layer (tied: the word embedding) giving this
+  // rank's vocabulary slice of the logits, vocab-parallel cross-entropy.
   const int64_t V = c.vocab_local();
-  ensure(sv.lnf, {T, H}, dt, dev), ensure(sv.rstdf, {T}, sdt, dev);
-  if (!c.rmsnorm) ensure(sv.meanf, {T}, sdt, dev);
+  ensure(sv.lnf, {Tl, H}, dt, dev), ensure(sv.rstdf, {Tl}, sdt, dev);
+  if (!c.rmsnorm) ensure(sv.meanf, {Tl}, sdt, dev);
+  if (sp) ensure(sv.lnf_full, {T, H}, dt, dev);
+  Tensor& lnf = sp ? sv.lnf_full : sv.lnf;
   ensure(sv.logits, {T, V}, dt, dev);
   norm_forward(c, sv.hidden[c.num_layers], params_.param("decoder.final_layernorm.weight"),
                c.rmsnorm ? Tensor() : params_.param("decoder.final_layernorm.bias"), sv.lnf,
                sv.meanf, sv.rstdf, st);
+  column_input(sv.lnf, lnf, st);
   const Tensor w_out = c.tie_embeddings ? params_.param("embedding.word_embeddings.weight")
                                         : params_.param("output_layer.weight");
-  ops::linear_forward(sv.lnf, w_out, Tensor(), sv.logits, st);
+  ops::linear_forward(lnf, w_out, Tensor(), sv.logits, st);
 
   // Labels and mask to sequence-first order: row t = s*B + b.
   MCPP_CHECK(mb.labels.dtype() == DType::I64 && mb.loss_mask.dtype() == DType::F32,
@@ -272,10 +404,14 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   }
   ensure(sv.row_max, {T}, sdt, dev), ensure(sv.sum_exp, {T}, sdt, dev);
   ensure(sv.target_logit, {T}, sdt, dev), ensure(sv.losses, {T}, sdt, dev);
-  // With TP the row_max (MAX) and sum_exp / target_logit (SUM) are all-reduced here.
+  // Megatron's vocab_parallel_cross_entropy: the row max is all-reduced (MAX) before the
+  // exponentials, the sums of exponentials and the target logit (SUM) after.
   ops::ce_row_max(sv.logits, sv.row_max, st);
+  tp_all_reduce(sv.row_max, comm::ReduceOp::Max, st);
   ops::ce_sum_exp_target(sv.logits, sv.row_max, sv.targets, c.tp_rank * V, sv.sum_exp,
                          sv.target_logit, st);
+  tp_all_reduce(sv.sum_exp, comm::ReduceOp::Sum, st);
+  tp_all_reduce(sv.target_logit, comm::ReduceOp::Sum, st);
   ops::ce_loss(sv.row_max, sv.sum_exp, sv.target_logit, sv.losses, st);
   return ops::dot(sv.losses, sv.mask, st);  // synchronises: the caller logs it
 }
@@ -286,15 +422,22 @@ void GPTModel::backward(double grad_scale) {
   MCPP_CHECK(sv.S > 0, "GPTModel::backward without a forward");
   Stream& st = ops::default_stream(c.device);
   const int64_t S = sv.S, B = sv.B, T = S * B, H = c.hidden_size, V = c.vocab_local();
+  const bool sp = c.sp();
+  const int64_t Sl = sp ? S / c.tp_size : S, s0 = sp ? c.tp_rank * Sl : 0, Tl = Sl * B;
   const DType dt = c.dtype, sdt = c.stat_dtype();
   const Device dev = c.device;
   const auto& keys = sv.keys;
   const int64_t Bg = keys.global_batch ? keys.global_batch : B;
   const double p_hidden = keys.training ? c.hidden_dropout : 0.0;
   const double p_attn = keys.training ? c.attention_dropout : 0.0;
-  ops::GlobalIndex3 g{{0, keys.sample_offset, 0}, {S, Bg, H}};
-  ensure(sv.dx, {T, H}, dt, dev), ensure(sv.dtmp, {T, H}, dt, dev);
-  ensure(sv.dln, {T, H}, dt, dev), ensure(sv.dloss, {S, B}, sdt, dev);
+  ops::GlobalIndex3 g{{s0, keys.sample_offset, 0}, {S, Bg, H}};
+  ensure(sv.dx, {Tl, H}, dt, dev), ensure(sv.dtmp, {Tl, H}, dt, dev);
+  ensure(sv.dln, {Tl, H}, dt, dev), ensure(sv.dloss, {S, B}, sdt, dev);
+  if (sp) ensure(sv.dtmp_full, {T, H}, dt, dev), ensure(sv.dln_full, {T, H}, dt, dev);
+  Tensor& dln_full = sp ? sv.dln_full : sv.dln;
+  auto ready = [&](int layer) {
+    if (grad_ready_) grad_ready_(layer);
+  };
 
   // d loss / d token_loss = mask * grad_scale.
   ops::copy(sv.mask, sv.dloss, st);
@@ -304,7 +447,9 @@ void GPTModel::backward(double grad_scale) {
   const bool tied = c.tie_embeddings;
   const std::string w_out_name = tied ? "embedding.word_embeddings.weight" : "output_layer.weight";
   Tensor w_out = params_.param(w_out_name), dw_out = params_.grad(w_out_name), none;
-  ops::linear_backward(sv.logits, sv.lnf, w_out, sv.dln, false, dw_out, none, st);
+  ops::linear_backward(sv.logits, sp ? sv.lnf_full : sv.lnf, w_out, dln_full, false, dw_out,
+                       none, st);
+  column_input_backward(dln_full, sv.dln, st);
   Tensor dwf = params_.grad("decoder.final_layernorm.weight");
   Tensor dbf = c.rmsnorm ? Tensor() : params_.grad("decoder.final_layernorm.bias");
   norm_backward(c, sv.dln, sv.hidden[c.num_layers],
@@ -320,41 +465,61 @@ void GPTModel::backward(double grad_scale) {
   ensure(sv.dfc1, {T, c.fc1_width_local()}, dt, dev);
   ensure(sv.dact, {T, c.ffn_local()}, dt, dev);
   ensure(sv.dctx, {T, NHD}, dt, dev), ensure(sv.dqkv, {T, c.qkv_width_local()}, dt, dev);
-  Tensor dx3 = sv.dx.view({S, B, H}), dtmp3 = sv.dtmp.view({S, B, H});
+  Tensor dx3 = sv.dx.view({Sl, B, H}), dtmp3 = sv.dtmp.view({Sl, B, H});
+  Tensor& dtmp_full = sp ? sv.dtmp_full : sv.dtmp;
 
   for (int l = int(c.num_layers) - 1; l >= 0; --l) {
     Layer& L = *layers_[l];
     // MLP block: out = x2 + dropout(fc2(act(fc1(norm(x2))))).
     ops::dropout_backward(dx3, p_hidden, dropout_key(c, keys, l, kAfterFc2), g, dtmp3, st);
-    ops::linear_backward(sv.dtmp, L.act, L.fc2_w, sv.dact, false, L.d_fc2_w, L.d_fc2_b, st);
+    row_output_backward(sv.dtmp, dtmp_full, L.act, L.fc2_w, sv.dact, L.d_fc2_w, L.d_fc2_b, st);
     if (c.swiglu) ops::swiglu_backward(sv.dact, L.fc1, sv.dfc1, st);
     else ops::gelu_backward(sv.dact, L.fc1, sv.dfc1, st);
-    ops::linear_backward(sv.dfc1, L.ln2, L.fc1_w, sv.dln, false, L.d_fc1_w, L.d_fc1_b, st);
+    ops::linear_backward(sv.dfc1, sp ? L.ln2_full : L.ln2, L.fc1_w, dln_full, false, L.d_fc1_w,
+                         L.d_fc1_b, st);
+    column_input_backward(dln_full, sv.dln, st);
     norm_backward(c, sv.dln, L.x2, L.ln2_w, L.mean2, L.rstd2, sv.dx, true, L.d_ln2_w, L.d_ln2_b,
                   st);
     // Attention block: x2 = x + dropout(proj(attn(rope(qkv(norm(x)))))).
     ops::dropout_backward(dx3, p_hidden, dropout_key(c, keys, l, kAfterProj), g, dtmp3, st);
-    ops::linear_backward(sv.dtmp, L.ctx, L.proj_w, sv.dctx, false, L.d_proj_w, L.d_proj_b, st);
+    row_output_backward(sv.dtmp, dtmp_full, L.ctx, L.proj_w, sv.dctx, L.d_proj_w, L.d_proj_b,
+                        st);
     ops::attention_backward(sv.dctx, L.qkv, L.ctx, L.lse, ad, scale, p_attn,
                             dropout_key(c, keys, l, kAttnProbs), sv.dqkv, st);
     if (c.rope) ops::rope_backward(sv.dqkv, ad, c.rot_dim(), c.rotary_base, 0, sv.dqkv, st);
-    ops::linear_backward(sv.dqkv, L.ln1, L.qkv_w, sv.dln, false, L.d_qkv_w, L.d_qkv_b, st);
+    ops::linear_backward(sv.dqkv, sp ? L.ln1_full : L.ln1, L.qkv_w, dln_full, false, L.d_qkv_w,
+                         L.d_qkv_b, st);
+    column_input_backward(dln_full, sv.dln, st);
     norm_backward(c, sv.dln, sv.hidden[l], L.ln1_w, L.mean1, L.rstd1, sv.dx, true, L.d_ln1_w,
                   L.d_ln1_b, st);
+    ready(l);
   }
 
-  // Embedding dropout, then the scatter-add into the word (and position) tables.
+  // Embedding dropout, then the scatter-add into the word (and position) tables. The
+  // word embedding's dual: identity after an all-reduce, all-gather after the SP
+  // reduce-scatter.
   ops::dropout_backward(dx3, p_hidden, dropout_key(c, keys, c.num_layers, kEmbedding), g, dtmp3,
                         st);
-  Tensor dwe = params_.grad("embedding.word_embeddings.weight");
-  const Tensor& tokens = sv.mb.tokens.device() == dev ? sv.mb.tokens : sv.tokens;
-  ops::embedding_backward(dtmp3, tokens, c.tp_rank * V, dwe, st);
   if (!c.rope) {
     Tensor dpos = params_.grad("embedding.position_embeddings.weight");
-    ops::position_embedding_backward(dtmp3, 0, dpos, st);
+    ops::position_embedding_backward(dtmp3, s0, dpos, st);
   }
+  Tensor dword = dtmp3;
+  if (tp_) {
+    if (sp) {
+      dword = sv.dtmp_full.view({S, B, H});
+      parallel::reduce_scatter_to_sp_backward(dtmp3, dword, *tp_, st);
+    } else {
+      parallel::reduce_from_tp_backward(dtmp3, *tp_, st);
+    }
+  }
+  Tensor dwe = params_.grad("embedding.word_embeddings.weight");
+  const Tensor& tokens = sv.mb.tokens.device() == dev ? sv.mb.tokens : sv.tokens;
+  ops::embedding_backward(dword, tokens, c.tp_rank * V, dwe, st);
+  ready(-1);
   sv.S = 0;  // activations consumed
 }
+
 
 const Tensor& GPTModel::logits() const { return saved_->logits; }
 const Tensor& GPTModel::token_losses() const { return saved_->losses; }

@@ -19,13 +19,14 @@ void ParamStore::allocate(DType dtype, int64_t tp_rank, int64_t tp_size) {
 }
 
 void ParamStore::allocate(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
-                          int64_t tp_size) {
+                          int64_t tp_size, int64_t align) {
+  MCPP_CHECK(align >= 1, "ParamStore::allocate: alignment {} must be positive", align);
   tp_rank_ = tp_rank, tp_size_ = tp_size;
   total_ = 0;
   for (auto& p : infos_) {
     p.offset = total_;
-    // Keep every parameter 16-element aligned: whole cache lines for SIMD.
-    total_ += (p.numel() + 15) / 16 * 16;
+    // Keep every parameter aligned (16 elements: whole cache lines for SIMD).
+    total_ += (p.numel() + align - 1) / align * align;
   }
   Stream& st = ops::default_stream(device);
   params_ = Tensor::empty({total_}, param_dtype, device);

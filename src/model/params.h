@@ -42,8 +42,9 @@ class ParamStore {
   // CPU: params and grads in `dtype`. The general form puts both on `device`, the
   // grads in their own dtype (f32 main grads under bf16/f16 params, as Megatron).
   void allocate(DType dtype, int64_t tp_rank, int64_t tp_size);
+  // align: every parameter starts at a multiple of `align` elements, and the total is one.
   void allocate(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
-                int64_t tp_size);
+                int64_t tp_size, int64_t align = 16);
 
   // Parallel-invariant initialisation: element e of the global tensor is
   // N(0, std) drawn from Philox(seed, hash(name), e), so each rank generates

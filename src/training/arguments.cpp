@@ -312,11 +312,17 @@ const Binding kBindings[] = {
     MCPP_FLAG(log_interval),
     MCPP_FLAG(log_throughput),
     MCPP_FLAG(timing_log_level),
+    MCPP_FLAG(logging_level),
     // parallelism (PP, CP, EP: size 1 only, checked in validate_args)
     MCPP_FLAG(tensor_model_parallel_size),
     MCPP_FLAG(pipeline_model_parallel_size),
     MCPP_FLAG(context_parallel_size),
     MCPP_FLAG(expert_model_parallel_size),
+    MCPP_FLAG(sequence_parallel),
+    MCPP_FLAG(use_tp_pp_dp_mapping),
+    MCPP_FLAG(use_distributed_optimizer),
+    MCPP_FLAG(overlap_grad_reduce),
+    MCPP_FLAG(ddp_bucket_size),
     // precision and initialisation
     MCPP_FLAG(bf16),
     MCPP_FLAG(fp16),
@@ -732,6 +738,18 @@ void validate_args(Args& a, int world_size, bool training) {
                   "(each TP rank holds whole key/value groups)",
                   "--num-query-groups {} is not divisible by --tensor-model-parallel-size {}",
                   a.num_query_groups, tp);
+
+  // Megatron: "--sequence-parallel requires TP > 1", silently switched off at TP 1.
+  if (tp == 1) a.sequence_parallel = false;
+  if (a.sequence_parallel)
+    MCPP_CHECK_HINT(a.seq_length % tp == 0,
+                    "choose --seq-length as a multiple of --tensor-model-parallel-size",
+                    "--sequence-parallel splits --seq-length {} over --tensor-model-parallel-size "
+                    "{}: not divisible",
+                    a.seq_length, tp);
+  if (a.ddp_bucket_size)
+    MCPP_CHECK_HINT(*a.ddp_bucket_size > 0, "give a positive number of elements",
+                    "--ddp-bucket-size {} must be positive", *a.ddp_bucket_size);
 
   // MLP width (Megatron: 4h, or int(4h*2/3 / 64)*64 = (h/24)*64 with SwiGLU).
   if (!a.was_given("ffn_hidden_size"))

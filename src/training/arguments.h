@@ -125,12 +125,18 @@ struct Args {
   int64_t log_interval = 100;
   bool log_throughput = false;
   int64_t timing_log_level = 0;
+  std::optional<int64_t> logging_level;  // Python logging level: 10 debug, 20 info, ...
 
   // Parallelism. world_size, data_parallel_size and num_microbatches are set by validate_args.
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;  // 1 only for now
   int64_t context_parallel_size = 1;         // 1 only for now
   int64_t expert_model_parallel_size = 1;    // 1 only for now
+  bool sequence_parallel = false;            // --sequence-parallel (off at TP 1, as Megatron)
+  bool use_tp_pp_dp_mapping = false;         // order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
+  bool use_distributed_optimizer = false;    // ZeRO-1: optimizer state sharded over DP
+  bool overlap_grad_reduce = false;          // bucket reductions start during backward
+  std::optional<int64_t> ddp_bucket_size;    // elements per gradient bucket
   int64_t world_size = 0;
   int64_t data_parallel_size = 0;
   int64_t num_microbatches = 0;

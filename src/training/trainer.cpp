@@ -8,17 +8,23 @@
 #include <chrono>
 #include <csignal>
 #include <cmath>
+#include <map>
+#include <numeric>
 
 #include "base/log.h"
 #include "base/timer.h"
 #include "checkpoint/async_saver.h"
 #include "checkpoint/checkpoint.h"
+#include "comm/world.h"
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
 #include "model/gpt_model.h"
 #include "ops/ops.h"
 #include "optim/lr_scheduler.h"
+#include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
+#include "parallel/data_parallel/grad_buffer.h"
+#include "parallel/parallel_state.h"
 #include "training/flops.h"
 #include "training/log_line.h"
 
@@ -49,6 +55,7 @@ model::TransformerConfig model_config(const Args& a, DType dt) {
   c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
   c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;
+  c.sequence_parallel = a.sequence_parallel;
   return c;
 }
 
@@ -66,8 +73,8 @@ void reject_unsupported(const Args& a) {
                   "--save-interval {} given without --save", *a.save_interval);
   MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
                   "--save-interval must be positive, got {}", *a.save_interval);
-  no(a.tensor_model_parallel_size > 1, "--tensor-model-parallel-size > 1",
-     "tensor parallelism lands with the parallelism issue");
+  no(a.async_save && a.world_size > 1, "--async-save with more than one process",
+     "drop --async-save under mpirun/srun for now (synchronous saves work)");
 }
 
 std::atomic<bool> g_exit_signal{false};
@@ -76,10 +83,15 @@ extern "C" void on_exit_signal(int) { g_exit_signal.store(true); }
 }  // namespace
 
 struct Trainer::State {
+  // Declared first, destroyed last: every communicator outlives its users.
+  std::unique_ptr<comm::World> world;
+  std::unique_ptr<parallel::ParallelState> ps;
   Args args;
   std::unique_ptr<data::Tokenizer> tok;
   std::unique_ptr<model::GPTModel> model;
-  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<optim::AdamW> opt;                    // without --use-distributed-optimizer
+  std::unique_ptr<parallel::DataParallelGrads> dp_grads;
+  std::unique_ptr<optim::DistributedAdamW> dist_opt;    // with it
   std::unique_ptr<optim::OptimizerParamScheduler> sched;
   std::array<std::shared_ptr<data::GPTSampleSource>, 3> datasets;
   int64_t consumed_train = 0, consumed_valid = 0;
@@ -96,7 +108,7 @@ struct Trainer::State {
     st.iteration = iteration;
     st.consumed_train_samples = consumed_train, st.consumed_valid_samples = consumed_valid;
     st.scheduler = sched->state();
-    st.optimizer_steps = opt->steps();
+    st.optimizer_steps = dist_opt ? dist_opt->steps() : opt->steps();
     st.rng_seed = uint64_t(args.seed), st.rng_iteration = iteration;
     st.num_floating_point_operations_so_far = flops_so_far;
     st.data_loader = {{"consumed_train_samples", consumed_train},
@@ -107,6 +119,69 @@ struct Trainer::State {
     return st;
   }
 
+  // Sum of one number over the data-parallel group.
+  double dp_sum(double v) {
+    if (ps->dp().size() == 1) return v;
+    Tensor t = Tensor::empty({1}, DType::F64);
+    t.data<double>()[0] = v;
+    ps->dp().all_reduce(t, comm::ReduceOp::Sum, ops::default_stream(Device::CPU));
+    return t.data<double>()[0];
+  }
+
+  // Strings between ranks: every rank's `mine` gathered on all (lengths first, then the
+  // bytes padded to the longest), over the world communicator.
+  std::vector<std::string> all_gather_strings(const std::string& mine) {
+    comm::Communicator& w = world->world();
+    Stream& st = ops::default_stream(Device::CPU);
+    const int n = w.size();
+    Tensor len = Tensor::empty({1}, DType::I64), lens = Tensor::empty({n}, DType::I64);
+    len.data<int64_t>()[0] = int64_t(mine.size());
+    w.all_gather(len, lens, st);
+    int64_t longest = 1;
+    for (int r = 0; r < n; ++r) longest = std::max(longest, lens.data<int64_t>()[r]);
+    Tensor buf = Tensor::zeros({longest}, DType::U8), all = Tensor::empty({n * longest}, DType::U8);
+    std::copy(mine.begin(), mine.end(), buf.data<uint8_t>());
+    w.all_gather(buf, all, st);
+    std::vector<std::string> out(n);
+    for (int r = 0; r < n; ++r) {
+      const char* p = reinterpret_cast<const char*>(all.data<uint8_t>()) + r * longest;
+      out[r].assign(p, size_t(lens.data<int64_t>()[r]));
+    }
+    return out;
+  }
+
+  // Every rank of a multi-process run: the ranks of DP rank 0 write their TP shard of the
+  // model (and, without the distributed optimizer, of the Adam moments); with it, every
+  // rank writes its DP shard of the moments. Rank 0 starts the checkpoint, gathers the
+  // shard records (JSON strings) and commits it.
+  void save_distributed(const checkpoint::SaveOptions& o) {
+    const Args& a = args;
+    comm::Communicator& w = world->world();
+    Stream& st = ops::default_stream(Device::CPU);
+    checkpoint::RankSnapshot snap = checkpoint::RankSnapshot::view(
+        model->params(), a.no_save_optim || dist_opt ? nullptr : opt.get(),
+        {0, ps->pp_rank(), ps->dp_rank(), 0});
+    std::string tmp = w.rank() == 0 ? checkpoint::begin_checkpoint(*a.save, iteration, o) : "";
+    tmp = all_gather_strings(tmp)[0];
+    nlohmann::json recs = nlohmann::json::array();
+    if (ps->dp_rank() == 0) recs.push_back(checkpoint::write_rank_files(tmp, snap));
+    if (dist_opt && !a.no_save_optim) {
+      snap.optimizer_steps = dist_opt->steps();
+      std::vector<checkpoint::ShardSegment> segs;
+      for (const auto& sg : dist_opt->segments()) segs.push_back({sg.param, sg.flat, sg.shard, sg.len});
+      recs.push_back(checkpoint::write_optimizer_shard(tmp, snap, dist_opt->exp_avg(),
+                                                       dist_opt->exp_avg_sq(), segs));
+    }
+    auto all = all_gather_strings(recs.dump());
+    if (w.rank() == 0) {
+      std::vector<nlohmann::json> parsed;
+      for (const auto& r : all)
+        for (auto& rec : nlohmann::json::parse(r)) parsed.push_back(rec);
+      checkpoint::commit_checkpoint(*a.save, tmp, parsed, training_state(), o);
+    }
+    w.barrier(st);  // the checkpoint is visible to every rank when save() returns
+  }
+
   void save() {
     const Args& a = args;
     checkpoint::SaveOptions o;
@@ -114,7 +189,11 @@ struct Trainer::State {
     const optim::AdamW* o_ptr = a.no_save_optim ? nullptr : opt.get();
     Timer t;
     t.start();
-    if (async_saver) {
+    if (world->size() > 1 || dist_opt) {
+      save_distributed(o);
+      log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
+                iteration, *a.save, t.elapsed());
+    } else if (async_saver) {
       async_saver->save(*a.save, model->params(), o_ptr, training_state(), o);
       log::info("  scheduled asynchronous save of checkpoint at iteration {:8d} to {}", iteration,
                 *a.save);
@@ -135,13 +214,22 @@ struct Trainer::State {
     }
     checkpoint::LoadOptions o;
     o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = a.finetune;
-    optim::AdamW* o_ptr = (a.no_load_optim || a.finetune) ? nullptr : opt.get();
+    const bool load_optim = !(a.no_load_optim || a.finetune);
+    // The distributed optimizer loads the whole moments, then keeps its shard.
+    std::unique_ptr<optim::AdamW> full;
+    if (dist_opt && load_optim) full = std::make_unique<optim::AdamW>(model->params(), dist_opt->config());
+    optim::AdamW* o_ptr = !load_optim ? nullptr : dist_opt ? full.get() : opt.get();
     auto st = checkpoint::load_checkpoint(*a.load, a.ckpt_step, model->params(), o_ptr, o);
+    if (dist_opt) {
+      dist_opt->reload_main_params();
+      if (full) dist_opt->scatter_state(full->exp_avg(), full->exp_avg_sq());
+    }
     if (!a.finetune) {
       iteration = st.iteration;
       consumed_train = st.consumed_train_samples, consumed_valid = st.consumed_valid_samples;
       flops_so_far = st.num_floating_point_operations_so_far;
-      if (o_ptr) opt->set_steps(st.optimizer_steps);
+      if (o_ptr && dist_opt) dist_opt->set_steps(st.optimizer_steps);
+      else if (o_ptr) opt->set_steps(st.optimizer_steps);
       auto policy = a.override_opt_param_scheduler      ? optim::SchedulerLoadPolicy::OverrideFromArgs
                     : a.use_checkpoint_opt_param_scheduler ? optim::SchedulerLoadPolicy::UseCheckpoint
                                                            : optim::SchedulerLoadPolicy::RequireMatch;
@@ -156,7 +244,7 @@ struct Trainer::State {
   model::MicroBatch load(const data::GPTSampleSource& ds, int64_t base, int64_t j,
                          int64_t& sample_offset) {
     const int64_t mbs = args.micro_batch_size, S = args.seq_length, dp = args.data_parallel_size;
-    const int64_t dp_rank = 0;
+    const int64_t dp_rank = ps->dp_rank();
     sample_offset = j * mbs * dp + dp_rank * mbs;
     model::MicroBatch mb;
     mb.tokens = Tensor::empty({mbs, S}, DType::I64);
@@ -189,7 +277,9 @@ struct Trainer::State {
       for (int64_t i = 0; i < mbs[j].loss_mask.numel(); ++i) tokens += m[i];
     }
     // Loss = sum of masked token losses / masked tokens of the whole global batch
-    // (ARCHITECTURE.md), so every split of the batch trains the same function.
+    // (ARCHITECTURE.md), so every split of the batch trains the same function: the
+    // token count is summed over DP before any backward, and gradients are summed.
+    tokens = dp_sum(tokens);
     const double grad_scale = tokens > 0 ? 1.0 / tokens : 0.0;
     double loss_sum = 0;
     model::StepKeys keys;
@@ -198,9 +288,46 @@ struct Trainer::State {
     for (int64_t j = 0; j < M; ++j) {
       keys.sample_offset = offsets[j];
       loss_sum += model->forward(mbs[j], keys);
-      if (training) model->backward(grad_scale);
+      if (!training) continue;
+      if (j == M - 1 && dp_grads) dp_grads->begin_final_backward();
+      model->backward(grad_scale);
     }
-    return {loss_sum, tokens};
+    return {dp_sum(loss_sum), tokens};
+  }
+
+  // Megatron's finalize_model_grads + get_grad_norm: gradients summed over DP (buckets;
+  // reduce-scatter with the distributed optimizer), sequence-parallel partial gradients
+  // summed over TP, and the squared global norm, counting TP-duplicated parameters once.
+  double reduce_grads() {
+    Stream& st = ops::default_stream(Device::CPU);
+    dp_grads->finish(st);
+    const auto& P = model->params();
+    const int tp_rank = ps->tp_rank();
+    auto counted = [&](size_t i) { return tp_rank == 0 || !model->tp_duplicated(i); };
+    double sq = 0;
+    if (dist_opt) {
+      if (model_cfg.sp()) dist_opt->all_reduce_grads(ps->tp(), [&](size_t i) {
+          return model->sp_partial_grad(i);
+        });
+      sq = dist_opt->grad_sq_norm(counted);
+    } else {
+      model->finalize_tp_grads();
+      if (ps->tp().size() == 1) {
+        sq = opt->grad_sq_norm();
+      } else {
+        for (size_t i = 0; i < P.infos().size(); ++i)
+          if (counted(i)) sq += ops::sum_squares(P.grad(i), st);
+      }
+    }
+    // Sum over the ranks holding distinct gradients: TP (x DP with sharded gradients).
+    comm::Communicator& g = dist_opt ? ps->group(parallel::Group::TP_DP) : ps->tp();
+    if (g.size() > 1) {
+      Tensor t = Tensor::empty({1}, DType::F64);
+      t.data<double>()[0] = sq;
+      g.all_reduce(t, comm::ReduceOp::Sum, st);
+      sq = t.data<double>()[0];
+    }
+    return sq;
   }
 
   double evaluate(int split, int64_t& consumed) {
@@ -214,6 +341,26 @@ struct Trainer::State {
     return tokens > 0 ? loss / tokens : 0.0;
   }
 
+  // Debug log (--logging-level 10): calls and bytes per iteration of every group and
+  // operation since the last log line -- the volumes the planner's cost model predicts.
+  std::map<std::string, comm::CommStats> comm_seen;
+  void log_comm_volumes(int64_t iters) {
+    std::vector<std::pair<std::string, comm::Communicator*>> groups = {
+        {"tp", &ps->tp()}, {"dp", &ps->dp()}, {"tp-dp", &ps->group(parallel::Group::TP_DP)}};
+    for (auto& [name, c] : groups) {
+      const comm::CommStats now = c->stats();
+      comm::CommStats& before = comm_seen[name];
+      for (int k = 0; k < comm::kNumOpKinds; ++k) {
+        const uint64_t calls = now.calls[k] - before.calls[k], bytes = now.bytes[k] - before.bytes[k];
+        if (calls == 0) continue;
+        log::debug("comm per iteration, group '{}' ({} ranks): {} {} calls {} bytes", name,
+                   c->size(), comm::op_name(comm::OpKind(k)), calls / uint64_t(iters),
+                   bytes / uint64_t(iters));
+      }
+      before = now;
+    }
+  }
+
   void print_validation(const std::string& where, double loss) {
     std::string line = format_validation_line(where, {{"lm loss", loss}});
     std::string rule = validation_rule(line);
@@ -225,8 +372,19 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   auto& s = *s_;
   s.args = std::move(args);
   Args& a = s.args;
-  validate_args(a, 1);
+  s.world = comm::init({.timeout = std::chrono::minutes(a.distributed_timeout_minutes)});
+  validate_args(a, s.world->size());
+  if (a.logging_level)  // Python's logging levels
+    log::set_level(*a.logging_level <= 10   ? log::Level::Debug
+                   : *a.logging_level <= 20 ? log::Level::Info
+                   : *a.logging_level <= 30 ? log::Level::Warn
+                                            : log::Level::Error);
   reject_unsupported(a);
+  parallel::ParallelSizes sizes;
+  sizes.tp = int(a.tensor_model_parallel_size), sizes.pp = int(a.pipeline_model_parallel_size);
+  sizes.tp_pp_dp_mapping = a.use_tp_pp_dp_mapping;
+  sizes.untie_embeddings = a.untie_embeddings_and_output_weights;
+  s.ps = std::make_unique<parallel::ParallelState>(*s.world, sizes);
   if (a.threads > 0) {
     omp_set_num_threads(int(a.threads));
   }
@@ -244,11 +402,49 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   log::info("CPU threads: {} (OpenMP), BLAS {}", omp_get_max_threads(), openblas_get_num_threads());
 
   s.model_cfg = model_config(a, DType::F32);
-  s.model = std::make_unique<model::GPTModel>(s.model_cfg);
+  s.model_cfg.tp_rank = s.ps->tp_rank();
+  const int64_t dp = a.data_parallel_size;
+  // The distributed optimizer splits every bucket into DP equal blocks: align each
+  // parameter to a multiple of DP (and of 64 elements, as Megatron pads param starts).
+  if (a.use_distributed_optimizer) s.model_cfg.param_align = std::lcm<int64_t>(64, dp);
+  s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp());
+  log::info("> initialized tensor model parallel with size {}, data parallel with size {}{}{}",
+            a.tensor_model_parallel_size, dp, a.sequence_parallel ? ", sequence parallel" : "",
+            a.use_distributed_optimizer ? ", distributed optimizer" : "");
   log::info(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): {}",
             s.model->params().total_numel());
-  s.opt = std::make_unique<optim::AdamW>(
-      s.model->params(), optim::AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps});
+  {
+    auto& P = s.model->params();
+    std::vector<parallel::ParamSpan> spans;
+    for (size_t i = 0; i < P.infos().size(); ++i) {
+      const auto& p = P.infos()[i];
+      const int64_t next = i + 1 < P.infos().size() ? P.infos()[i + 1].offset : P.total_numel();
+      spans.push_back({p.offset, next - p.offset, p.layer});
+    }
+    // Megatron's default bucket: max(40M, 1M * DP) parameters (only with overlap).
+    const int64_t bucket = a.ddp_bucket_size.value_or(
+        a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
+    s.dp_grads = std::make_unique<parallel::DataParallelGrads>(
+        P.flat_grads(), std::move(spans), s.ps->dp(), bucket, a.overlap_grad_reduce,
+        a.use_distributed_optimizer);
+    log::info("> gradient buckets: {} (--ddp-bucket-size {}), {}{}", s.dp_grads->buckets().size(),
+              bucket, a.use_distributed_optimizer ? "reduce-scatter" : "all-reduce",
+              a.overlap_grad_reduce ? ", overlapped with backward" : "");
+    if (a.overlap_grad_reduce)
+      s.model->set_grad_ready_hook([g = s.dp_grads.get()](int layer) {
+        g->layer_ready(layer, ops::default_stream(Device::CPU));
+      });
+  }
+  const optim::AdamWConfig adam{a.adam_beta1, a.adam_beta2, a.adam_eps};
+  if (a.use_distributed_optimizer) {
+    s.dist_opt = std::make_unique<optim::DistributedAdamW>(s.model->params(), adam, *s.dp_grads);
+    // fp32 main params + two moments, against the same state held for the whole buffer.
+    const int64_t full = 3 * s.model->params().total_numel() * int64_t(sizeof(float));
+    log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
+              "{} bytes an unsharded optimizer holds",
+              s.dist_opt->state_bytes(), double(s.dist_opt->state_bytes()) / double(full), full);
+  } else
+    s.opt = std::make_unique<optim::AdamW>(s.model->params(), adam);
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.load) s.load();
   if (a.async_save) {
@@ -271,7 +467,16 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     d.num_samples[1] = (a.train_iters / *a.eval_interval + 1) * a.eval_iters * gbs;
   d.num_samples[2] = a.eval_iters * gbs;
   log::info("> building train, validation, and test datasets ...");
-  s.datasets = data::build_train_valid_test_datasets(d);
+  // With --data-cache-path rank 0 builds (and caches) the indices first, as Megatron
+  // does; the other ranks then read its cache instead of all writing the same files.
+  comm::Communicator& w = s.world->world();
+  if (!d.data_cache_path.empty() && w.size() > 1) {
+    if (w.rank() == 0) s.datasets = data::build_train_valid_test_datasets(d);
+    w.barrier(ops::default_stream(Device::CPU));
+    if (w.rank() != 0) s.datasets = data::build_train_valid_test_datasets(d);
+  } else {
+    s.datasets = data::build_train_valid_test_datasets(d);
+  }
   MCPP_CHECK_HINT(s.datasets[0] || a.skip_train, "give the train split a non-zero weight in --split",
                   "no training dataset was built (--split {})", d.split);
   for (int i = 0; i < 3; ++i)
@@ -311,15 +516,20 @@ TrainSummary Trainer::run() {
     const double loss = tokens > 0 ? loss_sum / tokens : 0.0;
 
     s.timers("optimizer").start();
-    const double grad_norm = std::sqrt(s.opt->grad_sq_norm());
+    const double grad_norm = std::sqrt(s.reduce_grads());
     if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
       // Megatron's check-for-nan: the update is skipped and counted.
       ++s.skipped_iters, ++s.nan_iters;
       log::warn("iteration {}: non-finite loss ({}) or grad norm ({}); update skipped", iteration,
                 loss, grad_norm);
     } else {
-      s.opt->clip(a.clip_grad, grad_norm);
-      s.opt->step(s.sched->lr(), s.sched->wd());
+      if (s.dist_opt) {
+        s.dist_opt->clip(a.clip_grad, grad_norm);
+        s.dist_opt->step(s.sched->lr(), s.sched->wd());
+      } else {
+        s.opt->clip(a.clip_grad, grad_norm);
+        s.opt->step(s.sched->lr(), s.sched->wd());
+      }
       s.sched->step(gbs);
     }
     s.timers("optimizer").stop();
@@ -335,14 +545,15 @@ TrainSummary Trainer::run() {
       L.iteration = iteration, L.train_iters = a.train_iters;
       L.consumed_samples = s.consumed_train;
       L.elapsed_ms_per_iteration = per_iter * 1e3;
-      L.throughput_tflops = throughput_tflops_per_gpu(flops_per_iter, per_iter, 1);
+      L.throughput_tflops = throughput_tflops_per_gpu(flops_per_iter, per_iter, s.world->size());
       L.learning_rate = s.sched->lr();
       L.global_batch_size = gbs;
       L.losses = {{"lm loss", interval_loss / double(interval_iters)}};
       L.grad_norm = last_grad_norm;
       L.skipped_iterations = s.skipped_iters, L.nan_iterations = s.nan_iters;
-      L.tokens_per_sec_per_gpu = double(gbs * a.seq_length) / per_iter;
+      L.tokens_per_sec_per_gpu = double(gbs * a.seq_length) / per_iter / s.world->size();
       log::info("{}", format_iteration_line(L));
+      s.log_comm_volumes(interval_iters);
       if (a.timing_log_level >= 1) {
         log::info("(min, max) time across ranks (ms):");
         for (auto& [name, t] : s.timers.all()) {

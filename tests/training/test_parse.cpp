@@ -234,14 +234,14 @@ TEST(Parse, NotImplementedFlagWithNonDefaultValueIsAnError) {
       },
       {"--fp8-format is a Megatron-LM flag that megatron.cpp does not implement yet",
        "given hybrid", "default is None"});
-  expect_error([] { parse_args({"--sequence-parallel"}); },
-               {"--sequence-parallel is a Megatron-LM flag that megatron.cpp does not implement"});
+  expect_error([] { parse_args({"--tp-comm-overlap"}); },
+               {"--tp-comm-overlap is a Megatron-LM flag that megatron.cpp does not implement"});
   // Several at once are all named.
   expect_error(
       [] {
-        parse_args({"--use-distributed-optimizer", "--hysteresis", "4"});
+        parse_args({"--overlap-param-gather", "--hysteresis", "4"});
       },
-      {"--use-distributed-optimizer is a", "--hysteresis is a"});
+      {"--overlap-param-gather is a", "--hysteresis is a"});
   // The same flags with Megatron's default values ask for nothing new: accepted.
   EXPECT_NO_THROW(
       parse_args({"--ckpt-format", "torch_dist", "--fp8-recipe", "delayed", "--hysteresis", "2",

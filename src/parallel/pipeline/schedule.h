@@ -37,6 +37,7 @@
 //     backwards is the same with and without P2P overlap, only the grouping of
 //     transfers differs.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>

@@ -1,0 +1,109 @@
+#include "optim/distributed_optimizer.h"
+
+#include "ops/ops.h"
+
+namespace mcpp::optim {
+
+DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
+                                   parallel::DataParallelGrads& grads)
+    : ps_(ps), cfg_(cfg), grads_(grads) {
+  MCPP_CHECK(grads.reduce_scatter(), "DistributedAdamW needs reduce-scattered gradients");
+  const int r = grads.dp().rank();
+  const auto& infos = ps.infos();
+  for (size_t b = 0; b < grads.buckets().size(); ++b) {
+    const auto& bk = grads.buckets()[b];
+    const int64_t n = grads.block(b), lo = bk.begin + r * n, hi = lo + n;
+    for (size_t i : bk.params) {
+      const int64_t p0 = std::max(lo, infos[i].offset);
+      const int64_t p1 = std::min(hi, infos[i].offset + infos[i].numel());
+      if (p1 > p0) segs_.push_back({i, p0, bk.shard_offset + (p0 - lo), p1 - p0});
+    }
+  }
+  const Tensor& sh = grads.shard();
+  // fp32 state, as AdamW (f64 for the CPU's f64 reference models).
+  const DType sd = ps.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
+  main_ = Tensor::zeros(sh.shape(), sd, sh.device());
+  m_ = Tensor::zeros(sh.shape(), sd, sh.device());
+  v_ = Tensor::zeros(sh.shape(), sd, sh.device());
+  reload_main_params();
+}
+
+void DistributedAdamW::reload_main_params() {
+  Stream& st = ops::default_stream(main_.device());
+  for (const auto& s : segs_) {
+    Tensor dst = main_.narrow(s.shard, s.len);
+    ops::copy(ps_.flat_params().narrow(s.flat, s.len), dst, st);
+  }
+}
+
+int64_t DistributedAdamW::state_bytes() const {
+  return (main_.numel() + m_.numel() + v_.numel()) * int64_t(dtype_size(main_.dtype()));
+}
+
+double DistributedAdamW::grad_sq_norm(const std::function<bool(size_t)>& count) const {
+  Stream& st = ops::default_stream(main_.device());
+  double sum = 0;
+  Tensor& g = grads_.shard();
+  for (const auto& s : segs_)
+    if (count(s.param)) sum += ops::sum_squares(g.narrow(s.shard, s.len), st);
+  return sum;
+}
+
+void DistributedAdamW::clip(double max_norm, double total_norm) {
+  if (max_norm <= 0) return;
+  const double coeff = max_norm / (total_norm + 1e-6);
+  if (coeff < 1.0) ops::scale(grads_.shard(), coeff, ops::default_stream(main_.device()));
+}
+
+void DistributedAdamW::all_reduce_grads(comm::Communicator& group,
+                                        const std::function<bool(size_t)>& which) {
+  Stream& st = ops::default_stream(main_.device());
+  for (const auto& s : segs_)
+    if (which(s.param)) {
+      Tensor g = grads_.shard().narrow(s.shard, s.len);
+      group.all_reduce(g, comm::ReduceOp::Sum, st);
+    }
+}
+
+void DistributedAdamW::step(double lr, double wd) {
+  ++step_;
+  Stream& st = ops::default_stream(main_.device());
+  ops::AdamWParams p;
+  p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
+  const auto& infos = ps_.infos();
+  for (const auto& s : segs_) {
+    p.weight_decay = infos[s.param].weight_decay ? wd : 0.0;
+    Tensor w = main_.narrow(s.shard, s.len), g = grads_.shard().narrow(s.shard, s.len);
+    Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
+    ops::adamw_step(w, g, m, v, p, st);
+  }
+  // Updated shards -> every rank's model parameters (Megatron: the param all-gather).
+  all_gather_flat(main_, ps_.flat_params());
+}
+
+void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat) {
+  Stream& st = ops::default_stream(main_.device());
+  comm::Communicator& dp = grads_.dp();
+  for (size_t b = 0; b < grads_.buckets().size(); ++b) {
+    const auto& bk = grads_.buckets()[b];
+    Tensor in = shard.narrow(bk.shard_offset, grads_.block(b));
+    Tensor out = flat.narrow(bk.begin, bk.end - bk.begin);
+    if (in.dtype() != out.dtype()) {  // f32 main params -> bf16/f16 model params
+      Tensor cast = Tensor::empty(in.shape(), out.dtype(), in.device());
+      ops::copy(in, cast, st);
+      in = cast;
+    }
+    dp.all_gather(in, out, st);
+  }
+}
+
+void DistributedAdamW::scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+  Stream& st = ops::default_stream(main_.device());
+  for (const auto& s : segs_) {
+    Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
+    ops::copy(exp_avg.narrow(s.flat, s.len), m, st);
+    ops::copy(exp_avg_sq.narrow(s.flat, s.len), v, st);
+  }
+}
+
+}  // namespace mcpp::optim

@@ -1,0 +1,62 @@
+// The distributed optimizer (ZeRO-1; Megatron-Core's DistributedOptimizer): DP rank r
+// owns block r of every gradient bucket (DataParallelGrads with reduce-scatter), and
+// keeps fp32 main parameters and Adam moments for those elements only. A step is:
+// reduce-scattered gradients (already in the shard buffer) -> AdamW on the shard ->
+// all-gather of the updated parameters, bucket by bucket, into every rank's flat
+// parameter buffer. Optimizer state bytes per rank are 1/DP of AdamW's.
+#pragma once
+#include <functional>
+
+#include "model/params.h"
+#include "optim/optimizer.h"
+#include "parallel/data_parallel/grad_buffer.h"
+
+namespace mcpp::optim {
+
+class DistributedAdamW {
+ public:
+  DistributedAdamW(model::ParamStore& params, AdamWConfig cfg, parallel::DataParallelGrads& grads);
+
+  // Sum of squares of this rank's gradient shard over the parameters `count` accepts
+  // (the caller drops TP-duplicated ones on TP ranks > 0 and all-reduces over TP x DP).
+  double grad_sq_norm(const std::function<bool(size_t)>& count) const;
+  void clip(double max_norm, double total_norm);
+  // All-reduces over `group` this rank's gradient shard of the parameters `which` accepts
+  // (sequence-parallel partial gradients over TP: TP ranks have identical flat layouts,
+  // so their shards hold the same elements).
+  void all_reduce_grads(comm::Communicator& group, const std::function<bool(size_t)>& which);
+  void step(double lr, double wd);
+  int64_t steps() const { return step_; }
+  void set_steps(int64_t s) { step_ = s; }
+  // Bytes of optimizer state this rank holds (main params + moments).
+  int64_t state_bytes() const;
+
+  // Loading a checkpoint: keeps this rank's part of whole flat moments (laid out like
+  // the parameters). Saving writes segments() of exp_avg()/exp_avg_sq() directly.
+  void scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq);
+  // Re-reads the main parameters from the model (after a checkpoint load).
+  void reload_main_params();
+  const AdamWConfig& config() const { return cfg_; }
+
+  // A parameter's intersection with this rank's shard.
+  struct Segment {
+    size_t param = 0;
+    int64_t flat = 0, shard = 0, len = 0;  // flat-buffer offset, shard offset, length
+  };
+  const std::vector<Segment>& segments() const { return segs_; }
+  // This rank's moments, [shard] (laid out as the gradient shard).
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
+
+ private:
+  void all_gather_flat(const Tensor& shard, Tensor& flat);
+
+  model::ParamStore& ps_;
+  AdamWConfig cfg_;
+  parallel::DataParallelGrads& grads_;
+  std::vector<Segment> segs_;
+  Tensor main_, m_, v_;  // [shard]
+  int64_t step_ = 0;
+};
+
+}  // namespace mcpp::optim

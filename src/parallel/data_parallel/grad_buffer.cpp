@@ -1,0 +1,101 @@
+#include "parallel/data_parallel/grad_buffer.h"
+
+#include "base/error.h"
+
+namespace mcpp::parallel {
+
+DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
+                                     comm::Communicator& dp, int64_t bucket_size, bool overlap,
+                                     bool reduce_scatter)
+    : grads_(std::move(grads)), spans_(std::move(spans)), dp_(dp), overlap_(overlap),
+      reduce_scatter_(reduce_scatter) {
+  MCPP_CHECK(grads_.dim() == 1, "DataParallelGrads: flat buffer expected, got {}", grads_.str());
+  MCPP_CHECK(!spans_.empty(), "DataParallelGrads: no parameters");
+  const int64_t total = grads_.numel();
+  bucket_size = std::max<int64_t>(bucket_size, 1);
+  bucket_of_.assign(spans_.size(), -1);
+  // Backprop order: the last registered parameter first.
+  GradBucket cur;
+  cur.end = total;
+  int64_t lo = total;
+  for (size_t k = spans_.size(); k-- > 0;) {
+    const auto& p = spans_[k];
+    MCPP_CHECK(p.offset + p.numel == lo, "DataParallelGrads: spans do not tile the buffer at {}",
+               k);
+    lo = p.offset;
+    cur.params.push_back(k);
+    if (cur.end - lo >= bucket_size || k == 0) {
+      cur.begin = lo;
+      buckets_.push_back(cur);
+      cur = GradBucket{};
+      cur.end = lo;
+    }
+  }
+  MCPP_CHECK(lo == 0, "DataParallelGrads: the first parameter does not start at 0");
+  int64_t shard_total = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    auto& bk = buckets_[b];
+    for (size_t k : bk.params) bucket_of_[k] = int(b);
+    if (reduce_scatter_) {
+      MCPP_CHECK((bk.end - bk.begin) % dp_.size() == 0,
+                 "bucket [{}, {}) is not a multiple of the data-parallel size {}: align the "
+                 "parameters to it",
+                 bk.begin, bk.end, dp_.size());
+      bk.shard_offset = shard_total;
+      shard_total += (bk.end - bk.begin) / dp_.size();
+    }
+  }
+  if (reduce_scatter_) shard_ = Tensor::zeros({shard_total}, grads_.dtype(), grads_.device());
+  pending_.assign(buckets_.size(), 0);
+  started_.assign(buckets_.size(), false);
+  work_.resize(buckets_.size());
+  views_.resize(2 * buckets_.size());
+}
+
+void DataParallelGrads::begin_final_backward() {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = int64_t(buckets_[b].params.size());
+    started_[b] = false;
+  }
+  armed_ = true;
+}
+
+void DataParallelGrads::start(size_t b, Stream& s) {
+  const auto& bk = buckets_[b];
+  Tensor in = grads_.narrow(bk.begin, bk.end - bk.begin);
+  views_[2 * b] = in;
+  if (dp_.size() == 1 && !reduce_scatter_) {
+    started_[b] = true;
+    return;
+  }
+  if (reduce_scatter_) {
+    Tensor out = shard_.narrow(bk.shard_offset, block(b));
+    views_[2 * b + 1] = out;
+    work_[b] = dp_.reduce_scatter_async(views_[2 * b], views_[2 * b + 1], s);
+  } else {
+    work_[b] = dp_.all_reduce_async(views_[2 * b], comm::ReduceOp::Sum, s);
+  }
+  started_[b] = true;
+}
+
+void DataParallelGrads::layer_ready(int layer, Stream& s) {
+  if (!overlap_ || !armed_) return;
+  for (size_t k = 0; k < spans_.size(); ++k) {
+    if (spans_[k].layer != layer) continue;
+    const int b = bucket_of_[k];
+    if (--pending_[size_t(b)] == 0) start(size_t(b), s);
+  }
+  for (auto& w : work_) w.test();  // progress the collectives in flight
+}
+
+void DataParallelGrads::finish(Stream& s) {
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (!armed_ || !started_[b]) start(b, s);
+  for (auto& w : work_) {
+    w.wait();
+    w = comm::Work();
+  }
+  armed_ = false;
+}
+
+}  // namespace mcpp::parallel

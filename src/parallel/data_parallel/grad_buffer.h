@@ -1,0 +1,78 @@
+// Data-parallel gradient reduction over the contiguous fp32 gradient buffer, in buckets
+// (Megatron-Core's ParamAndGradBuffer / DistributedDataParallel, simplified):
+//
+//   * The buffer holds every parameter's gradient at its registry offset. Buckets are
+//     runs of whole parameters taken in backprop order (the registry reversed), each of
+//     at least `bucket_size` elements (--ddp-bucket-size; the last may be smaller), so a
+//     bucket is one contiguous range of the buffer.
+//   * Without the distributed optimizer a bucket is all-reduced (SUM: the loss is already
+//     normalised by the masked tokens of the whole global batch). With it, a bucket is
+//     reduce-scattered: DP rank r receives block r of the bucket into its shard buffer
+//     (bucket lengths must be multiples of DP: the caller aligns every parameter to one).
+//   * --overlap-grad-reduce: the model reports finished layers during the last
+//     micro-batch's backward (layer_ready); a bucket's asynchronous collective starts as
+//     soon as its last parameter is reported, and finish() waits for all of them. OpenMPI
+//     progresses nonblocking collectives only inside MPI calls, so every layer_ready also
+//     polls the buckets in flight (Work::test).
+//   Every DP rank runs the same backward, so the buckets start in the same order on all
+//   of them, as the communicator's sequence numbers require.
+// This file knows spans of a flat buffer, not the model (parallel/ sits below model/).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "tensor/tensor.h"
+
+namespace mcpp::parallel {
+
+// One parameter's place in the flat buffer. numel: the padded extent (up to the next
+// parameter's offset), so the spans tile [0, total).
+struct ParamSpan {
+  int64_t offset = 0, numel = 0;
+  int layer = -1;  // the model's layer index, -1 for embedding/head (ready last)
+};
+
+struct GradBucket {
+  int64_t begin = 0, end = 0;   // [begin, end) of the flat buffer
+  std::vector<size_t> params;   // indices into the spans
+  int64_t shard_offset = 0;     // distributed optimizer: where block `rank` lands in shard()
+};
+
+class DataParallelGrads {
+ public:
+  // grads: the flat gradient buffer [total]; spans: every parameter, registry order.
+  DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans, comm::Communicator& dp,
+                    int64_t bucket_size, bool overlap, bool reduce_scatter);
+
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  comm::Communicator& dp() const { return dp_; }
+  bool reduce_scatter() const { return reduce_scatter_; }
+  // Distributed optimizer: this rank's reduced gradient blocks, bucket after bucket.
+  Tensor& shard() { return shard_; }
+  // Elements of bucket k that rank r owns: [begin + r*n, begin + (r+1)*n), n = len / DP.
+  int64_t block(size_t k) const { return (buckets_[k].end - buckets_[k].begin) / dp_.size(); }
+
+  // Before the backward whose gradients are final (the last micro-batch): arms the counts.
+  void begin_final_backward();
+  // The model's grad-ready hook: every parameter of `layer` is final.
+  void layer_ready(int layer, Stream& s);
+  // Starts every bucket not started yet (all of them without overlap) and waits for all.
+  void finish(Stream& s);
+
+ private:
+  void start(size_t k, Stream& s);
+
+  Tensor grads_, shard_;
+  std::vector<ParamSpan> spans_;
+  comm::Communicator& dp_;
+  bool overlap_ = false, reduce_scatter_ = false, armed_ = false;
+  std::vector<GradBucket> buckets_;
+  std::vector<int> bucket_of_;        // parameter -> bucket
+  std::vector<int64_t> pending_;      // per bucket: parameters not yet ready
+  std::vector<bool> started_;
+  std::vector<comm::Work> work_;
+  std::vector<Tensor> views_;         // the tensors in flight (kept alive)
+};
+
+}  // namespace mcpp::parallel

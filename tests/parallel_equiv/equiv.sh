@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# equiv.sh MODE ...: the parallel-equivalence checks (see CMakeLists.txt).
+#   serial WORK FAMILY MEGATRON FLAGS...          reference run: WORK/FAMILY/serial.{log,ckpt}
+#   parallel WORK FAMILY NAME NP MEGATRON COMPARE MPIRUN... -- FLAGS... -- PARALLEL_FLAGS...
+#       runs `MPIRUN -np NP MEGATRON train FLAGS PARALLEL_FLAGS`; its per-iteration lm loss
+#       must equal the serial run's within 1e-5 relative, and its final checkpoint (all
+#       parameters, both Adam moments, read back at TP 1) too.
+#   resume (same arguments) [-- RESUME_NP RESUME_FLAGS...]
+#       runs the parallel layout to iteration 10 (--exit-interval 10, saving), then resumes
+#       to 20 as one process without PARALLEL_FLAGS (or under MPIRUN -np RESUME_NP with
+#       RESUME_FLAGS): iterations 11-20 and the final checkpoint must match the serial run.
+set -euo pipefail
+RTOL=1e-5
+losses() { grep -Eo 'iteration +[0-9]+/ *[0-9]+ \|.* lm loss: [0-9.E+-]+' "$1" |
+           sed -E 's/iteration +([0-9]+)\/.* lm loss: ([0-9.E+-]+)/\1 \2/'; }
+compare_losses() {  # compare_losses REF_LOG LOG [FIRST_ITER]
+  local first=${3:-1}
+  join <(losses "$1" | awk -v f="$first" '$1>=f' | sort -k1,1) \
+       <(losses "$2" | awk -v f="$first" '$1>=f' | sort -k1,1) |
+  awk -v tol=$RTOL -v first="$first" '
+    { n++; d = $2 - $3; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / m;
+      if (r > worst) worst = r;
+      if (r > tol) { bad++; printf "FAIL: iteration %d: lm loss %s vs serial %s (relative %.2e)\n", $1, $3, $2, r } }
+    END { if (n < 10) { printf "FAIL: only %d iterations (from %d) to compare\n", n, first; exit 1 }
+          printf "%s: %d iterations of lm loss, worst relative difference %.2e\n", bad ? "FAIL" : "ok", n, worst;
+          exit bad ? 1 : 0 }'
+}
+mode=$1; shift
+case $mode in
+serial)
+  work=$1 family=$2 meg=$3; shift 3
+  d=$work/$family; rm -rf "$d/serial.ckpt"; mkdir -p "$d"
+  "$meg" train "$@" --save "$d/serial.ckpt" > "$d/serial.log" 2>&1 || { cat "$d/serial.log"; exit 1; }
+  losses "$d/serial.log" | tail -3
+  ;;
+parallel|resume)
+  work=$1 family=$2 name=$3 np=$4 meg=$5 cmp=$6; shift 6
+  mpirun=(); while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done; shift
+  flags=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  par=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do par+=("$1"); shift; done
+  resume=(); resume_np=1
+  if [ $# -gt 0 ]; then shift; resume_np=$1; shift; resume=("$@"); fi
+  d=$work/$family; out=$d/$name; rm -rf "$out.ckpt"
+  [ -f "$d/serial.log" ] || { echo "FAIL: no serial reference in $d (run the serial fixture)"; exit 1; }
+  if [ $mode = parallel ]; then
+    "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" > "$out.log" 2>&1 ||
+      { cat "$out.log"; exit 1; }
+    compare_losses "$d/serial.log" "$out.log"
+  else
+    "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" --exit-interval 10 \
+      > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
+    launch=("$meg"); [ "$resume_np" -gt 1 ] && launch=("${mpirun[@]}" -np "$resume_np" "$meg")
+    "${launch[@]}" train "${flags[@]}" "${resume[@]}" --load "$out.ckpt" --save "$out.ckpt" \
+      > "$out.resumed.log" 2>&1 || { cat "$out.resumed.log"; exit 1; }
+    grep -q "successfully loaded checkpoint" "$out.resumed.log" || { echo "FAIL: did not load"; exit 1; }
+    compare_losses "$d/serial.log" "$out.resumed.log" 11
+  fi
+  "$cmp" "$d/serial.ckpt" "$out.ckpt" $RTOL
+  ;;
+*) echo "unknown mode $mode"; exit 2 ;;
+esac
