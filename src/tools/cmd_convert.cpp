@@ -5,7 +5,10 @@
 // The model shape comes from the checkpoint's metadata.json or the HF config.json; loading
 // reshards, so a checkpoint of any TP layout converts.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -24,7 +27,8 @@ const char* kUsage =
     "usage: megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype DTYPE]\n"
     "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n\n"
     "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel or\n"
-    "                    LlamaForCausalLM, chosen from the model's architecture)\n"
+    "                    LlamaForCausalLM, chosen from the model's architecture), and the\n"
+    "                    tokenizer files the checkpoint was trained with\n"
     "  --hf-dtype        float32 (default), bfloat16 or float16\n"
     "  --from-hf HF_DIR  read a GPT-2 or Llama folder (config.json + safetensors) and save it\n"
     "                    as iteration 0 of a megatron.cpp checkpoint in --save\n"
@@ -38,6 +42,49 @@ int64_t to_int(const std::string& flag, const std::string& v) {
   } catch (const std::exception&) {
   }
   throw Error(fmt::format("{} expects an integer, got '{}'", flag, v));
+}
+
+// Copies the tokenizer the checkpoint was trained with (its recorded flags) next to the
+// exported weights, in the file names Hugging Face loaders look for.
+void export_tokenizer_files(const nlohmann::json& config, const std::string& out,
+                            int64_t max_positions) {
+  namespace fs = std::filesystem;
+  auto given = [&](const char* k) -> std::string {
+    return config.contains(k) && config[k].is_string() ? config[k].get<std::string>() : "";
+  };
+  std::string type = given("tokenizer_type");
+  if (type.empty()) type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
+  std::vector<std::pair<std::string, std::string>> files;  // source -> name in out
+  nlohmann::json tok_cfg = {{"model_max_length", max_positions}};
+  if (type == "GPT2BPETokenizer") {
+    files = {{given("vocab_file"), "vocab.json"}, {given("merge_file"), "merges.txt"}};
+    tok_cfg.update({{"tokenizer_class", "GPT2Tokenizer"}, {"bos_token", "<|endoftext|>"},
+                    {"eos_token", "<|endoftext|>"}, {"unk_token", "<|endoftext|>"}});
+  } else if (type == "Llama2Tokenizer" || type == "SentencePieceTokenizer") {
+    files = {{given("tokenizer_model"), "tokenizer.model"}};
+    tok_cfg.update({{"tokenizer_class", "LlamaTokenizer"}});
+  } else if (type == "HuggingFaceTokenizer") {
+    fs::path p = given("tokenizer_model");
+    if (fs::is_directory(p)) {
+      for (const char* n : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+        if (fs::exists(p / n)) files.push_back({(p / n).string(), n});
+      tok_cfg = nullptr;  // the folder's own tokenizer_config.json is copied
+    } else {
+      files = {{p.string(), "tokenizer.json"}};
+    }
+  } else {
+    log::warn("tokenizer {} has no Hugging Face file format; no tokenizer files exported", type);
+    return;
+  }
+  for (const auto& [src, name] : files) {
+    MCPP_CHECK_HINT(!src.empty() && fs::exists(src),
+                    "the checkpoint records the tokenizer flags it was trained with; make that "
+                    "file available at the same path",
+                    "tokenizer file for {} not found: '{}' (needed as {}/{})", type, src, out, name);
+    fs::copy_file(src, fs::path(out) / name, fs::copy_options::overwrite_existing);
+  }
+  if (!tok_cfg.is_null()) std::ofstream(fs::path(out) / "tokenizer_config.json") << tok_cfg.dump(2);
+  log::info("exported the {} files alongside the weights", type);
 }
 
 int run_convert(const std::vector<std::string>& argv) {
@@ -84,6 +131,7 @@ int run_convert(const std::vector<std::string>& argv) {
     model::GPTModel m(cfg);  // TP = 1: loading reshards whatever layout wrote it
     auto st = checkpoint::load_checkpoint(f["--load"], md["iteration"].get<int64_t>(), m, nullptr);
     checkpoint::export_hf(f["--to-hf"], cfg, m.params(), dt);
+    export_tokenizer_files(st.config, f["--to-hf"], cfg.max_position_embeddings);
     log::info("exported iteration {} of {} as {} to {}", st.iteration, f["--load"],
               checkpoint::hf_arch_name(checkpoint::hf_arch_of(cfg)), f["--to-hf"]);
     return 0;
