@@ -111,7 +111,10 @@ struct Args {
   std::string tokenizer_type = "GPT2BPETokenizer";  // pretrain_gpt.py's args_defaults
   std::optional<int64_t> vocab_size;
   std::optional<std::string> vocab_file, merge_file, tokenizer_model;
-  std::optional<int64_t> null_tokenizer_eod_id;
+  std::optional<std::string> tiktoken_pattern;  // --tiktoken-pattern v1|v2 (TikTokenizer)
+  int64_t tiktoken_num_special_tokens = 1000;   // --tiktoken-num-special-tokens
+  std::vector<std::string> special_tokens;      // --tokenizer-special-tokens
+  int64_t vocab_extra_ids = 0;                  // --vocab-extra-ids (SentencePieceTokenizer)
   std::vector<std::string> data_path;  // "prefix" or "w1 p1 w2 p2 ..." (nargs *)
   std::optional<std::string> data_cache_path;
   std::optional<std::string> split;  // derived: "969, 30, 1" when --data-path is given

@@ -37,6 +37,9 @@ std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
   t.type = a.tokenizer_type, t.vocab_size = a.vocab_size;
   t.vocab_file = a.vocab_file.value_or(""), t.merge_file = a.merge_file.value_or("");
   t.tokenizer_model = a.tokenizer_model.value_or("");
+  t.tiktoken_pattern = a.tiktoken_pattern.value_or("");
+  t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
+  t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
   return data::make_tokenizer(t);
 }
 
