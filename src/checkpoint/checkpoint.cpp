@@ -68,41 +68,6 @@ std::string file_name(const char* kind, const RankCoord& c, bool with_dp) {
                  : fmt::format("{}_tp{:02d}_pp{:02d}.safetensors", kind, c.tp, c.pp);
 }
 
-// Reads element i of a float tensor as double; writes likewise (the loader's dtype casts).
-double get_elem(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::F32:
-      return t.data<float>()[i];
-    case DType::F64:
-      return t.data<double>()[i];
-    case DType::BF16:
-      return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::F16:
-      return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    default:
-      MCPP_FAIL("checkpoint tensor of dtype {} cannot be loaded into a float parameter",
-                dtype_name(t.dtype()));
-  }
-}
-void set_elem(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype()) {
-    case DType::F32:
-      t.data<float>()[i] = float(v);
-      return;
-    case DType::F64:
-      t.data<double>()[i] = v;
-      return;
-    case DType::BF16:
-      static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v));
-      return;
-    case DType::F16:
-      static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v));
-      return;
-    default:
-      MCPP_FAIL("cannot store into a {} parameter", dtype_name(t.dtype()));
-  }
-}
-
 // Copies a rows x cols box from src (at sr, sc) to dst (at dr, dc); both row-major 2-D views
 // of width src_w / dst_w.
 void copy_box(const Tensor& src, int64_t src_w, int64_t sr, int64_t sc, const Tensor& dst,
@@ -118,7 +83,7 @@ void copy_box(const Tensor& src, int64_t src_w, int64_t sr, int64_t sc, const Te
   }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      set_elem(dst, (dr + r) * dst_w + dc + c, get_elem(src, (sr + r) * src_w + sc + c));
+      set_float(dst, (dr + r) * dst_w + dc + c, get_float(src, (sr + r) * src_w + sc + c));
 }
 
 std::string iterations_str(const std::vector<int64_t>& its) {

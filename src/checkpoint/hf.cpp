@@ -15,39 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-double load_elem(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::F32:
-      return t.data<float>()[i];
-    case DType::F64:
-      return t.data<double>()[i];
-    case DType::BF16:
-      return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::F16:
-      return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
-    default:
-      MCPP_FAIL("HF tensor of dtype {} is not a float tensor", dtype_name(t.dtype()));
-  }
-}
-void store_elem(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype()) {
-    case DType::F32:
-      t.data<float>()[i] = float(v);
-      return;
-    case DType::F64:
-      t.data<double>()[i] = v;
-      return;
-    case DType::BF16:
-      static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v));
-      return;
-    case DType::F16:
-      static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v));
-      return;
-    default:
-      MCPP_FAIL("cannot convert to {}", dtype_name(t.dtype()));
-  }
-}
-
 int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.size(0); }
 int64_t cols_of(const Tensor& t) { return t.dim() > 1 ? t.numel() / t.size(0) : 1; }
 
@@ -317,7 +284,7 @@ std::map<std::string, Tensor> to_hf_tensors(const model::TransformerConfig& c,
     Tensor t = Tensor::empty(shape, dtype);
     for (int64_t i = 0; i < R; ++i)
       for (int64_t j = 0; j < C; ++j)
-        store_elem(t, e.transpose ? j * R + i : i * C + j, load_elem(src, rows[size_t(i)] * C + j));
+        set_float(t, e.transpose ? j * R + i : i * C + j, get_float(src, rows[size_t(i)] * C + j));
     out[e.hname] = t;
   }
   return out;
@@ -360,8 +327,8 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
                     shape_str(src->shape()), shape_str(want), e.mname);
     for (int64_t i = 0; i < R; ++i)
       for (int64_t j = 0; j < C; ++j)
-        store_elem(dst, rows[size_t(i)] * C + j,
-                   load_elem(*src, e.transpose ? j * R + i : i * C + j));
+        set_float(dst, rows[size_t(i)] * C + j,
+                   get_float(*src, e.transpose ? j * R + i : i * C + j));
     rows_filled[e.mname] += R;
   }
   for (const auto& p : ps.infos()) {

@@ -111,6 +111,26 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+double get_float(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::F32: return t.data<float>()[i];
+    case DType::F64: return t.data<double>()[i];
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(t.raw())[i]);
+    default: MCPP_FAIL("tensor of dtype {} is not a float tensor", dtype_name(t.dtype()));
+  }
+}
+
+void set_float(const Tensor& t, int64_t i, double v) {
+  switch (t.dtype()) {
+    case DType::F32: t.data<float>()[i] = float(v); return;
+    case DType::F64: t.data<double>()[i] = v; return;
+    case DType::BF16: static_cast<uint16_t*>(t.raw())[i] = float_to_bf16(float(v)); return;
+    case DType::F16: static_cast<uint16_t*>(t.raw())[i] = float_to_f16(float(v)); return;
+    default: MCPP_FAIL("cannot store a float into a {} tensor", dtype_name(t.dtype()));
+  }
+}
+
 std::string Tensor::str() const {
   return fmt::format("{}{} {}", dtype_name(dtype_), shape_str(shape_),
                      device_ == Device::CPU ? "cpu" : "cuda");

@@ -84,6 +84,11 @@ class Tensor {
   Device device_ = Device::CPU;
 };
 
+// Element i (flat) of a CPU float tensor (f32, f64, bf16, f16) as a double, and its
+// store with rounding to nearest even. For format conversion, not for hot loops.
+double get_float(const Tensor& t, int64_t i);
+void set_float(const Tensor& t, int64_t i, double v);
+
 template <typename T>
 Tensor Tensor::from(const std::vector<T>& v, const Shape& shape) {
   Tensor t = empty(shape, dtype_of<T>());
