@@ -46,6 +46,13 @@ struct TransformerConfig {
   // --sequence-parallel (meaningful only with tp_size > 1): norms, dropout and residuals
   // on [S/TP, B, H]; the model needs the TP communicator then.
   bool sequence_parallel = false;
+  // Activation recomputation (Megatron's --recompute-granularity, --recompute-method,
+  // --recompute-num-layers); see GPTModel.
+  enum class Recompute : uint8_t { None, Full, Selective };
+  enum class RecomputeMethod : uint8_t { Uniform, Block };
+  Recompute recompute = Recompute::None;
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  int64_t recompute_num_layers = 1;
   // Element alignment of every parameter in the flat parameter/gradient buffers (16:
   // cache lines). The distributed optimizer asks for a multiple of the DP size so that
   // every bucket splits into equal DP shards.

@@ -39,44 +39,101 @@ ops::DropoutKey dropout_key(const TransformerConfig& c, const StepKeys& k, int64
 
 // Named views of one layer's parameters and gradients (undefined when absent).
 struct GPTModel::Layer {
+  int global = 0;  // global layer id (parameter names, dropout streams, hooks)
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w,
       d_fc1_b, d_fc2_w, d_fc2_b;
-  // Saved activations (reused across micro-batches).
-  Tensor ln1, mean1, rstd1;  // [Tl,H], [Tl], [Tl]
-  Tensor ln1_full, ln2_full;  // [T,H] gathered norm outputs (SP only)
-  Tensor qkv;                // [T,QKVW], after RoPE: exactly what attention saw
-  Tensor ctx, lse;           // [T,NH*HD], [B,NH,S]
-  Tensor x2;                 // [Tl,H] residual stream after attention
-  Tensor ln2, mean2, rstd2;  // [Tl,H], [Tl], [Tl]
-  Tensor fc1, act;           // [T,FC1W], [T,F]
 };
 
-// Model-level activations and backward scratch.
-struct GPTModel::Saved {
+// What one layer's forward keeps for its backward.
+struct GPTModel::LayerActs {
+  Tensor ln1, mean1, rstd1;   // [Tl,H], [Tl], [Tl]
+  Tensor ln1_full, ln2_full;  // [T,H] gathered norm outputs (SP only)
+  Tensor qkv;                 // [T,QKVW], after RoPE: exactly what attention saw
+  Tensor ctx, lse;            // [T,NH*HD], [B,NH,S] (not kept under selective recompute)
+  Tensor x2;                  // [Tl,H] residual stream after attention
+  Tensor ln2, mean2, rstd2;   // [Tl,H], [Tl], [Tl]
+  Tensor fc1, act;            // [T,FC1W], [T,F]
+  int64_t nbytes() const {
+    int64_t n = 0;
+    for (const Tensor* t : {&ln1, &mean1, &rstd1, &ln1_full, &ln2_full, &qkv, &ctx, &lse, &x2,
+                            &ln2, &mean2, &rstd2, &fc1, &act})
+      if (t->defined()) n += int64_t(t->nbytes());
+    return n;
+  }
+};
+
+// One micro-batch's saved activations for one model chunk.
+struct GPTModel::Slot {
+  int microbatch = -1;  // -1: free
   int64_t S = 0, B = 0;
   MicroBatch mb;
   StepKeys keys;
-  std::vector<Tensor> hidden;  // L+1 x [Tl,H]: hidden[l] is layer l's input
-  Tensor emb;                  // [Tl,H] embedding before dropout
-  Tensor emb_full;             // [T,H] partial word embeddings before the reduce-scatter (SP)
-  Tensor lnf, meanf, rstdf;    // final norm, [Tl,H]
-  Tensor lnf_full;             // [T,H] (SP)
-  Tensor logits;               // [T,Vp]; overwritten by its gradient in backward
-  Tensor tokens, labels, mask_bs;  // the batch on the model's device, [B, S]
-  Tensor targets, mask;        // [T] i64, [T] stat dtype (sequence-first order)
-  Tensor mask_f32;             // [T] f32 (mask before a cast to f64 on CPU)
+  std::vector<Tensor> hidden;    // n+1 x [Tl,H]: hidden[i] is local layer i's input,
+                                 // hidden[n] the chunk's output (not kept inside groups)
+  std::vector<LayerActs> acts;   // per local layer (empty for recomputed layers)
+  Tensor tokens;                 // the batch on the model's device, [B, S]
+  Tensor emb;                    // [Tl,H] embedding before dropout (first stage)
+  Tensor emb_full;               // [T,H] partial word embeddings before the reduce-scatter (SP)
+  Tensor lnf, meanf, rstdf;      // final norm, [Tl,H] (last stage)
+  Tensor lnf_full;               // [T,H] (SP)
+  Tensor logits;                 // [T,Vp]; overwritten by its gradient in backward
+  Tensor labels, mask_bs;        // the batch on the model's device, [B, S]
+  Tensor targets, mask;          // [T] i64, [T] stat dtype (sequence-first order)
+  Tensor mask_f32;               // [T] f32 (mask before a cast to f64 on CPU)
   Tensor row_max, sum_exp, target_logit, losses;  // [T]
-  Tensor tmp;                  // [Tl,H] forward scratch
-  Tensor tmp_full;             // [T,H] row-parallel partial output (SP)
-  Tensor ones;                 // [Tl,1] of ones: the bias add after a TP reduction
-  // Backward scratch.
-  Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
-  Tensor dtmp_full, dln_full;  // [T,H] (SP)
+  int64_t bytes = 0;             // of everything above, once the forward is done
+  int64_t nbytes() const {
+    int64_t n = 0;
+    for (const auto& h : hidden)
+      if (h.defined()) n += int64_t(h.nbytes());
+    for (const auto& a : acts) n += a.nbytes();
+    for (const Tensor* t : {&tokens, &emb, &emb_full, &lnf, &meanf, &rstdf, &lnf_full, &logits,
+                            &labels, &mask_bs, &targets, &mask, &mask_f32, &row_max, &sum_exp,
+                            &target_logit, &losses})
+      if (t->defined()) n += int64_t(t->nbytes());
+    if (mask.defined() && mask.raw() == mask_f32.raw()) n -= int64_t(mask.nbytes());
+    return n;
+  }
 };
 
-GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp)
-    : cfg_(cfg), tp_(tp), saved_(std::make_unique<Saved>()) {
+// Buffers shared by every micro-batch: forward and backward scratch, and the
+// recomputation workspace.
+struct GPTModel::Scratch {
+  Tensor tmp;       // [Tl,H] forward scratch
+  Tensor tmp_full;  // [T,H] row-parallel partial output (SP)
+  Tensor ones;      // [Tl,1] of ones: the bias add after a TP reduction
+  Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
+  Tensor dtmp_full, dln_full;          // [T,H] (SP)
+  std::vector<LayerActs> rc_acts;      // full recompute: one per layer of a group
+  std::vector<Tensor> rc_hidden;       // full recompute: hidden states inside a group
+  Tensor sel_ctx, sel_lse;             // selective recompute: the attention core's output
+  int64_t nbytes() const {
+    int64_t n = 0;
+    for (const Tensor* t : {&tmp, &tmp_full, &ones, &dx, &dtmp, &dln, &dfc1, &dact, &dctx, &dqkv,
+                            &dloss, &dtmp_full, &dln_full, &sel_ctx, &sel_lse})
+      if (t->defined()) n += int64_t(t->nbytes());
+    for (const auto& a : rc_acts) n += a.nbytes();
+    for (const auto& h : rc_hidden)
+      if (h.defined()) n += int64_t(h.nbytes());
+    return n;
+  }
+};
+
+// Sizes and keys of one micro-batch's pass.
+struct GPTModel::Ctx {
+  int64_t S = 0, B = 0, T = 0, H = 0, Sl = 0, s0 = 0, Tl = 0;
+  bool sp = false;
+  StepKeys keys;
+  double p_hidden = 0, p_attn = 0, scale = 0;
+  ops::GlobalIndex3 g;
+  ops::AttentionDims ad;
+  DType dt = DType::F32, sdt = DType::F32;
+  Device dev = Device::CPU;
+};
+
+GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, PipelinePart part)
+    : cfg_(cfg), tp_(tp), part_(std::move(part)), scratch_(std::make_unique<Scratch>()) {
   cfg_.validate();
   if (cfg_.tp_size > 1) {
     // Without a communicator the model holds one TP rank's parameters (checkpoint
@@ -87,81 +144,128 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp)
   } else {
     tp_ = nullptr;  // a group of one: every region transition is the identity
   }
+  if (part_.chunks.empty()) {
+    MCPP_CHECK(part_.first_stage && part_.last_stage,
+               "GPTModel: a pipeline part without layers must be the whole model");
+    part_.chunks.emplace_back();
+    for (int l = 0; l < cfg_.num_layers; ++l) part_.chunks[0].push_back(l);
+  }
+  for (const auto& ch : part_.chunks) {
+    MCPP_CHECK(!ch.empty(), "GPTModel: a model chunk without layers");
+    for (int l : ch)
+      MCPP_CHECK(l >= 0 && l < cfg_.num_layers, "GPTModel: layer {} outside [0, {})", l,
+                 cfg_.num_layers);
+  }
   register_params();
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);
   params_.initialize(cfg_.seed);
-  for (int l = 0; l < cfg_.num_layers; ++l) {
-    auto L = std::make_unique<Layer>();
-    auto get = [&](const std::string& suffix, Tensor& p, Tensor& g) {
-      std::string n = layer_param_name(l, suffix);
-      if (params_.has(n)) p = params_.param(n), g = params_.grad(n);
-    };
-    get("input_layernorm.weight", L->ln1_w, L->d_ln1_w);
-    get("input_layernorm.bias", L->ln1_b, L->d_ln1_b);
-    get("self_attention.linear_qkv.weight", L->qkv_w, L->d_qkv_w);
-    get("self_attention.linear_qkv.bias", L->qkv_b, L->d_qkv_b);
-    get("self_attention.linear_proj.weight", L->proj_w, L->d_proj_w);
-    get("self_attention.linear_proj.bias", L->proj_b, L->d_proj_b);
-    get("pre_mlp_layernorm.weight", L->ln2_w, L->d_ln2_w);
-    get("pre_mlp_layernorm.bias", L->ln2_b, L->d_ln2_b);
-    get("mlp.linear_fc1.weight", L->fc1_w, L->d_fc1_w);
-    get("mlp.linear_fc1.bias", L->fc1_b, L->d_fc1_b);
-    get("mlp.linear_fc2.weight", L->fc2_w, L->d_fc2_w);
-    get("mlp.linear_fc2.bias", L->fc2_b, L->d_fc2_b);
-    layers_.push_back(std::move(L));
+  using RC = TransformerConfig::Recompute;
+  const int64_t k = cfg_.recompute_num_layers;
+  MCPP_CHECK(cfg_.recompute != RC::Full || k >= 1,
+             "--recompute-num-layers must be >= 1 with full recomputation, got {}", k);
+  for (const auto& ch : part_.chunks) {
+    chunk_layers_.emplace_back();
+    groups_.emplace_back();
+    const int n = int(ch.size());
+    for (int i = 0; i < n; ++i) {
+      chunk_layers_.back().push_back(int(layers_.size()));
+      auto L = std::make_unique<Layer>();
+      L->global = ch[size_t(i)];
+      auto get = [&](const std::string& suffix, Tensor& p, Tensor& g) {
+        std::string nm = layer_param_name(L->global, suffix);
+        if (params_.has(nm)) p = params_.param(nm), g = params_.grad(nm);
+      };
+      get("input_layernorm.weight", L->ln1_w, L->d_ln1_w);
+      get("input_layernorm.bias", L->ln1_b, L->d_ln1_b);
+      get("self_attention.linear_qkv.weight", L->qkv_w, L->d_qkv_w);
+      get("self_attention.linear_qkv.bias", L->qkv_b, L->d_qkv_b);
+      get("self_attention.linear_proj.weight", L->proj_w, L->d_proj_w);
+      get("self_attention.linear_proj.bias", L->proj_b, L->d_proj_b);
+      get("pre_mlp_layernorm.weight", L->ln2_w, L->d_ln2_w);
+      get("pre_mlp_layernorm.bias", L->ln2_b, L->d_ln2_b);
+      get("mlp.linear_fc1.weight", L->fc1_w, L->d_fc1_w);
+      get("mlp.linear_fc1.bias", L->fc1_b, L->d_fc1_b);
+      get("mlp.linear_fc2.weight", L->fc2_w, L->d_fc2_w);
+      get("mlp.linear_fc2.bias", L->fc2_b, L->d_fc2_b);
+      layers_.push_back(std::move(L));
+    }
+    // Megatron's _checkpointed_forward: uniform = consecutive groups of k layers over
+    // the chunk (the last may be shorter); block = each of the first k layers alone.
+    if (cfg_.recompute == RC::Full) {
+      if (cfg_.recompute_method == TransformerConfig::RecomputeMethod::Uniform) {
+        for (int a = 0; a < n; a += int(k)) groups_.back().push_back({a, std::min<int>(n, a + int(k))});
+      } else {
+        for (int a = 0; a < std::min<int>(n, int(k)); ++a) groups_.back().push_back({a, a + 1});
+      }
+    }
   }
+  pool_.resize(part_.chunks.size());
 }
 
 GPTModel::~GPTModel() = default;
+
+bool GPTModel::pipeline_duplicate(size_t i) const { return params_.infos()[i].pipeline_duplicate; }
 
 void GPTModel::register_params() {
   const auto& c = cfg_;
   const int64_t H = c.hidden_size, tp = c.tp_size;
   const double std_out = c.init_method_std / std::sqrt(2.0 * double(c.num_layers));
   auto add = [&](std::string name, Shape global, TpSplit split, Init init, double sd, bool wd,
-                 int layer) {
+                 int layer, bool duplicate = false) {
     Shape local = global;
     if (split == TpSplit::Rows || split == TpSplit::SwigluRows) local[0] /= tp;
     if (split == TpSplit::Cols) local[1] /= tp;
-    params_.add({std::move(name), global, local, split, init, sd, wd, layer, 0});
+    ParamInfo p{std::move(name), global, local, split, init, sd, wd, layer, 0};
+    p.pipeline_duplicate = duplicate;
+    params_.add(std::move(p));
   };
-  add("embedding.word_embeddings.weight", {c.padded_vocab_size, H}, TpSplit::Rows, Init::Normal,
-      c.init_method_std, true, -1);
-  if (!c.rope)
-    add("embedding.position_embeddings.weight", {c.max_position_embeddings, H}, TpSplit::None,
+  if (part_.first_stage) {
+    add("embedding.word_embeddings.weight", {c.padded_vocab_size, H}, TpSplit::Rows,
         Init::Normal, c.init_method_std, true, -1);
+    if (!c.rope)
+      add("embedding.position_embeddings.weight", {c.max_position_embeddings, H},
+          TpSplit::None, Init::Normal, c.init_method_std, true, -1);
+  }
   const int64_t F = c.ffn_hidden_size, fc1 = (c.swiglu ? 2 : 1) * F;
   const int64_t NHD = c.num_attention_heads * c.kv_channels;
-  for (int l = 0; l < c.num_layers; ++l) {
-    auto n = [&](const char* s) { return layer_param_name(l, s); };
-    add(n("input_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l);
-    if (!c.rmsnorm) add(n("input_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
-    add(n("self_attention.linear_qkv.weight"), {c.qkv_width(), H}, TpSplit::Rows, Init::Normal,
-        c.init_method_std, true, l);
-    if (c.add_bias_linear)
-      add(n("self_attention.linear_qkv.bias"), {c.qkv_width()}, TpSplit::Rows, Init::Zeros, 0,
-          false, l);
-    add(n("self_attention.linear_proj.weight"), {H, NHD}, TpSplit::Cols, Init::Normal, std_out,
-        true, l);
-    if (c.add_bias_linear)
-      add(n("self_attention.linear_proj.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
-    add(n("pre_mlp_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l);
-    if (!c.rmsnorm) add(n("pre_mlp_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
-    TpSplit fc1_split = c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows;
-    add(n("mlp.linear_fc1.weight"), {fc1, H}, fc1_split, Init::Normal, c.init_method_std, true, l);
-    if (c.add_bias_linear)
-      add(n("mlp.linear_fc1.bias"), {fc1}, fc1_split, Init::Zeros, 0, false, l);
-    add(n("mlp.linear_fc2.weight"), {H, F}, TpSplit::Cols, Init::Normal, std_out, true, l);
-    if (c.add_bias_linear)
-      add(n("mlp.linear_fc2.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
+  for (const auto& ch : part_.chunks)
+    for (int l : ch) {
+      auto n = [&](const char* s) { return layer_param_name(l, s); };
+      add(n("input_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l);
+      if (!c.rmsnorm) add(n("input_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
+      add(n("self_attention.linear_qkv.weight"), {c.qkv_width(), H}, TpSplit::Rows, Init::Normal,
+          c.init_method_std, true, l);
+      if (c.add_bias_linear)
+        add(n("self_attention.linear_qkv.bias"), {c.qkv_width()}, TpSplit::Rows, Init::Zeros, 0,
+            false, l);
+      add(n("self_attention.linear_proj.weight"), {H, NHD}, TpSplit::Cols, Init::Normal, std_out,
+          true, l);
+      if (c.add_bias_linear)
+        add(n("self_attention.linear_proj.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
+      add(n("pre_mlp_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l);
+      if (!c.rmsnorm)
+        add(n("pre_mlp_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
+      TpSplit fc1_split = c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows;
+      add(n("mlp.linear_fc1.weight"), {fc1, H}, fc1_split, Init::Normal, c.init_method_std, true,
+          l);
+      if (c.add_bias_linear)
+        add(n("mlp.linear_fc1.bias"), {fc1}, fc1_split, Init::Zeros, 0, false, l);
+      add(n("mlp.linear_fc2.weight"), {H, F}, TpSplit::Cols, Init::Normal, std_out, true, l);
+      if (c.add_bias_linear)
+        add(n("mlp.linear_fc2.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
+    }
+  if (part_.last_stage) {
+    add("decoder.final_layernorm.weight", {H}, TpSplit::None, Init::Ones, 0, false, -1);
+    if (!c.rmsnorm)
+      add("decoder.final_layernorm.bias", {H}, TpSplit::None, Init::Zeros, 0, false, -1);
+    if (!c.tie_embeddings)
+      add("output_layer.weight", {c.padded_vocab_size, H}, TpSplit::Rows, Init::Normal,
+          c.init_method_std, true, -1);
+    else if (!part_.first_stage)  // the tied output weight: a copy of the first stage's
+      add("embedding.word_embeddings.weight", {c.padded_vocab_size, H}, TpSplit::Rows,
+          Init::Normal, c.init_method_std, true, -1, /*duplicate=*/true);
   }
-  add("decoder.final_layernorm.weight", {H}, TpSplit::None, Init::Ones, 0, false, -1);
-  if (!c.rmsnorm)
-    add("decoder.final_layernorm.bias", {H}, TpSplit::None, Init::Zeros, 0, false, -1);
-  if (!c.tie_embeddings)
-    add("output_layer.weight", {c.padded_vocab_size, H}, TpSplit::Rows, Init::Normal,
-        c.init_method_std, true, -1);
 }
 
 namespace {
@@ -233,7 +337,7 @@ void GPTModel::row_output(const Tensor& x, const Tensor& w, const Tensor& b, Ten
   else parallel::reduce_from_tp(y, *tp_, st);
   if (b.defined()) {  // y[Tl,H] += ones[Tl,1] @ b[1,H]
     Tensor b2 = b.view({1, b.numel()});
-    ops::gemm(false, false, 1.0, saved_->ones, b2, 1.0, y, st);
+    ops::gemm(false, false, 1.0, scratch_->ones, b2, 1.0, y, st);
   }
 }
 
@@ -272,119 +376,243 @@ void GPTModel::finalize_tp_grads() {
   }
 }
 
-double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
+// ---- slots -------------------------------------------------------------------------------
+
+GPTModel::Slot& GPTModel::acquire(int chunk, int microbatch) {
+  for (auto& [c, sl] : live_)
+    MCPP_CHECK(!(c == chunk && sl->microbatch == microbatch),
+               "GPTModel: micro-batch {} of chunk {} is already in flight (forward twice "
+               "without its backward)",
+               microbatch, chunk);
+  Slot* slot = nullptr;
+  for (auto& p : pool_[size_t(chunk)])
+    if (p->microbatch < 0) {
+      slot = p.get();
+      break;
+    }
+  if (!slot) {
+    pool_[size_t(chunk)].push_back(std::make_unique<Slot>());
+    slot = pool_[size_t(chunk)].back().get();
+  }
+  slot->microbatch = microbatch;
+  live_.push_back({chunk, slot});
+  return *slot;
+}
+
+void GPTModel::release(int chunk, int microbatch) {
+  for (size_t i = 0; i < live_.size(); ++i)
+    if (live_[i].first == chunk && live_[i].second->microbatch == microbatch) {
+      Slot* s = live_[i].second;
+      live_bytes_ -= s->bytes, --in_flight_;
+      s->microbatch = -1;
+      live_.erase(live_.begin() + std::ptrdiff_t(i));
+      return;
+    }
+  MCPP_CHECK(false, "GPTModel: backward of micro-batch {} of chunk {} without its forward",
+             microbatch, chunk);
+}
+
+ActivationMemory GPTModel::activation_memory() const {
+  ActivationMemory m;
+  m.live = live_bytes_, m.peak = peak_bytes_, m.per_slot_max = slot_max_;
+  m.scratch = scratch_->nbytes(), m.max_in_flight = max_in_flight_;
+  return m;
+}
+
+void GPTModel::reset_activation_peak() {
+  peak_bytes_ = live_bytes_, max_in_flight_ = in_flight_, slot_max_ = 0;
+}
+
+GPTModel::Ctx GPTModel::make_ctx(int64_t S, int64_t B, const StepKeys& keys) const {
   const auto& c = cfg_;
-  auto& sv = *saved_;
-  Stream& st = ops::default_stream(c.device);
-  MCPP_CHECK(mb.tokens.dim() == 2 && mb.tokens.dtype() == DType::I64,
-             "tokens must be i64 [B, S], got {}", mb.tokens.str());
-  const int64_t B = mb.tokens.size(0), S = mb.tokens.size(1), T = S * B, H = c.hidden_size;
   MCPP_CHECK(S <= c.seq_length || c.rope, "sequence {} longer than --seq-length {}", S,
              c.seq_length);
   MCPP_CHECK(c.tp_size == 1 || tp_, "GPTModel::forward at tp_size {} without the TP communicator",
              c.tp_size);
-  const bool sp = c.sp();
-  MCPP_CHECK(!sp || S % c.tp_size == 0,
+  Ctx x;
+  x.sp = c.sp();
+  MCPP_CHECK(!x.sp || S % c.tp_size == 0,
              "sequence parallelism needs the sequence ({}) divisible by TP ({})", S, c.tp_size);
   // This rank's sequence shard: rows [s0, s0 + Sl) of the sequence.
-  const int64_t Sl = sp ? S / c.tp_size : S, s0 = sp ? c.tp_rank * Sl : 0, Tl = Sl * B;
-  const DType dt = c.dtype, sdt = c.stat_dtype();
-  const Device dev = c.device;
-  sv.S = S, sv.B = B, sv.mb = mb, sv.keys = keys;
-  const Tensor& tokens = on_device(mb.tokens, sv.tokens, dev, st);
+  x.S = S, x.B = B, x.T = S * B, x.H = c.hidden_size;
+  x.Sl = x.sp ? S / c.tp_size : S, x.s0 = x.sp ? c.tp_rank * x.Sl : 0, x.Tl = x.Sl * B;
+  x.keys = keys;
+  x.dt = c.dtype, x.sdt = c.stat_dtype(), x.dev = c.device;
   const int64_t Bg = keys.global_batch ? keys.global_batch : B;
-  const double p_hidden = keys.training ? c.hidden_dropout : 0.0;
-  const double p_attn = keys.training ? c.attention_dropout : 0.0;
-  // Dropout masks on global (s, b, h) indices: the same for any TP/SP/DP split.
-  ops::GlobalIndex3 g{{s0, keys.sample_offset, 0}, {S, Bg, H}};
+  x.p_hidden = keys.training ? c.hidden_dropout : 0.0;
+  x.p_attn = keys.training ? c.attention_dropout : 0.0;
+  // Dropout masks on global (s, b, h) indices: the same for any TP/SP/DP/PP split.
+  x.g = ops::GlobalIndex3{{x.s0, keys.sample_offset, 0}, {S, Bg, x.H}};
+  x.ad.S = S, x.ad.B = B, x.ad.NH = c.local_heads(), x.ad.NG = c.local_groups();
+  x.ad.HD = c.kv_channels;
+  x.ad.b_offset = keys.sample_offset, x.ad.h_offset = c.tp_rank * c.local_heads();
+  x.ad.NH_global = c.num_attention_heads, x.ad.S_global = S;
+  x.scale = 1.0 / std::sqrt(double(c.kv_channels));
+  return x;
+}
 
-  auto needed = [&](int layer) {
-    if (params_needed_) params_needed_(layer);
-  };
-  needed(-1);
-  sv.hidden.resize(c.num_layers + 1);
-  for (auto& h : sv.hidden) ensure(h, {Tl, H}, dt, dev);
-  ensure(sv.emb, {Sl, B, H}, dt, dev);
-  if (tp_) {
-    ensure(sv.ones, {Tl, 1}, dt, dev);
-    ops::fill(sv.ones, 1.0, st);
-  }
-  if (sp) ensure(sv.emb_full, {S, B, H}, dt, dev), ensure(sv.tmp_full, {T, H}, dt, dev);
+void GPTModel::ensure_acts(LayerActs& A, const Ctx& x, bool attn_core) {
+  const auto& c = cfg_;
+  const int64_t Tl = x.Tl, T = x.T, H = x.H;
+  ensure(A.ln1, {Tl, H}, x.dt, x.dev), ensure(A.rstd1, {Tl}, x.sdt, x.dev);
+  if (!c.rmsnorm) ensure(A.mean1, {Tl}, x.sdt, x.dev);
+  ensure(A.qkv, {T, c.qkv_width_local()}, x.dt, x.dev);
+  if (attn_core)
+    ensure(A.ctx, {T, c.local_heads() * c.kv_channels}, x.dt, x.dev),
+        ensure(A.lse, {x.B, c.local_heads(), x.S}, x.sdt, x.dev);
+  ensure(A.x2, {Tl, H}, x.dt, x.dev);
+  ensure(A.ln2, {Tl, H}, x.dt, x.dev), ensure(A.rstd2, {Tl}, x.sdt, x.dev);
+  if (!c.rmsnorm) ensure(A.mean2, {Tl}, x.sdt, x.dev);
+  ensure(A.fc1, {T, c.fc1_width_local()}, x.dt, x.dev);
+  ensure(A.act, {T, c.ffn_local()}, x.dt, x.dev);
+  if (x.sp) ensure(A.ln1_full, {T, H}, x.dt, x.dev), ensure(A.ln2_full, {T, H}, x.dt, x.dev);
+}
 
-  // Embedding: vocab-parallel word lookup (rows outside this rank's vocabulary slice are
-  // zero), summed over TP (SP: reduce-scattered to the sequence shard), + learned
-  // position, then embedding dropout.
+// ---- one transformer layer --------------------------------------------------------------
+
+// out = layer(x); the attention core writes `ctx`/`lse` (A's own, or the selective-
+// recompute scratch).
+void GPTModel::layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& lse,
+                             const Tensor& x, Tensor& out, const Ctx& cx) {
+  const auto& c = cfg_;
+  Stream& st = ops::default_stream(c.device);
+  const int64_t Sl = cx.Sl, B = cx.B, H = cx.H;
+  const int l = L.global;
+  Tensor& tmp = scratch_->tmp;
+  Tensor& tmp_full = cx.sp ? scratch_->tmp_full : tmp;
+  Tensor& ln1 = cx.sp ? A.ln1_full : A.ln1;
+  Tensor& ln2 = cx.sp ? A.ln2_full : A.ln2;
+
+  norm_forward(c, x, L.ln1_w, L.ln1_b, A.ln1, A.mean1, A.rstd1, st);
+  column_input(A.ln1, ln1, st);
+  ops::linear_forward(ln1, L.qkv_w, L.qkv_b, A.qkv, st);
+  if (c.rope) ops::rope_forward(A.qkv, cx.ad, c.rot_dim(), c.rotary_base, 0, A.qkv, st);
+  ops::attention_forward(A.qkv, cx.ad, cx.scale, cx.p_attn,
+                         dropout_key(c, cx.keys, l, kAttnProbs), ctx, lse, st);
+  row_output(ctx, L.proj_w, L.proj_b, tmp_full, tmp, st);
+  Tensor tmp3 = tmp.view({Sl, B, H}), x3 = x.view({Sl, B, H}), x23 = A.x2.view({Sl, B, H});
+  ops::dropout_add_forward(tmp3, x3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterProj), cx.g,
+                           x23, st);
+
+  norm_forward(c, A.x2, L.ln2_w, L.ln2_b, A.ln2, A.mean2, A.rstd2, st);
+  column_input(A.ln2, ln2, st);
+  ops::linear_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, st);
+  if (c.swiglu) ops::swiglu_forward(A.fc1, A.act, st);
+  else ops::gelu_forward(A.fc1, A.act, st);
+  row_output(A.act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
+  Tensor out3 = out.view({Sl, B, H});
+  ops::dropout_add_forward(tmp3, x23, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g,
+                           out3, st);
+}
+
+// scratch dx: d(out) in, d(x) out. Parameter gradients accumulate.
+void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
+                              const Tensor& lse, const Tensor& x, const Ctx& cx) {
+  const auto& c = cfg_;
+  auto& sc = *scratch_;
+  Stream& st = ops::default_stream(c.device);
+  const int64_t Sl = cx.Sl, B = cx.B, H = cx.H;
+  const int l = L.global;
+  const bool sp = cx.sp;
+  Tensor dx3 = sc.dx.view({Sl, B, H}), dtmp3 = sc.dtmp.view({Sl, B, H});
+  Tensor& dtmp_full = sp ? sc.dtmp_full : sc.dtmp;
+  Tensor& dln_full = sp ? sc.dln_full : sc.dln;
+  // MLP block: out = x2 + dropout(fc2(act(fc1(norm(x2))))).
+  ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g, dtmp3, st);
+  row_output_backward(sc.dtmp, dtmp_full, A.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
+  if (c.swiglu) ops::swiglu_backward(sc.dact, A.fc1, sc.dfc1, st);
+  else ops::gelu_backward(sc.dact, A.fc1, sc.dfc1, st);
+  ops::linear_backward(sc.dfc1, sp ? A.ln2_full : A.ln2, L.fc1_w, dln_full, false, L.d_fc1_w,
+                       L.d_fc1_b, st);
+  column_input_backward(dln_full, sc.dln, st);
+  norm_backward(c, sc.dln, A.x2, L.ln2_w, A.mean2, A.rstd2, sc.dx, true, L.d_ln2_w, L.d_ln2_b,
+                st);
+  // Attention block: x2 = x + dropout(proj(attn(rope(qkv(norm(x)))))).
+  ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterProj), cx.g, dtmp3,
+                        st);
+  row_output_backward(sc.dtmp, dtmp_full, ctx, L.proj_w, sc.dctx, L.d_proj_w, L.d_proj_b, st);
+  ops::attention_backward(sc.dctx, A.qkv, ctx, lse, cx.ad, cx.scale, cx.p_attn,
+                          dropout_key(c, cx.keys, l, kAttnProbs), sc.dqkv, st);
+  if (c.rope) ops::rope_backward(sc.dqkv, cx.ad, c.rot_dim(), c.rotary_base, 0, sc.dqkv, st);
+  ops::linear_backward(sc.dqkv, sp ? A.ln1_full : A.ln1, L.qkv_w, dln_full, false, L.d_qkv_w,
+                       L.d_qkv_b, st);
+  column_input_backward(dln_full, sc.dln, st);
+  norm_backward(c, sc.dln, x, L.ln1_w, A.mean1, A.rstd1, sc.dx, true, L.d_ln1_w, L.d_ln1_b, st);
+}
+
+// ---- embedding and head ------------------------------------------------------------------
+
+// Vocab-parallel word lookup (rows outside this rank's vocabulary slice are zero),
+// summed over TP (SP: reduce-scattered to the sequence shard), + learned position, then
+// embedding dropout, into hidden[0].
+void GPTModel::embed_forward(Slot& sv, const Tensor& tokens_in, const Ctx& cx) {
+  const auto& c = cfg_;
+  Stream& st = ops::default_stream(c.device);
+  MCPP_CHECK(tokens_in.dim() == 2 && tokens_in.dtype() == DType::I64,
+             "tokens must be i64 [B, S], got {}", tokens_in.str());
+  const Tensor& tokens = on_device(tokens_in, sv.tokens, cx.dev, st);
+  const int64_t Sl = cx.Sl, B = cx.B, H = cx.H, S = cx.S;
+  ensure(sv.emb, {Sl, B, H}, cx.dt, cx.dev);
+  if (cx.sp) ensure(sv.emb_full, {S, B, H}, cx.dt, cx.dev);
   Tensor emb3 = sv.emb;
-  Tensor& word = sp ? sv.emb_full : emb3;
+  Tensor& word = cx.sp ? sv.emb_full : emb3;
   ops::embedding_forward(tokens, params_.param("embedding.word_embeddings.weight"),
                          c.tp_rank * c.vocab_local(), word, st);
   if (tp_) {
-    if (sp) parallel::reduce_scatter_to_sp(word, emb3, *tp_, st);
+    if (cx.sp) parallel::reduce_scatter_to_sp(word, emb3, *tp_, st);
     else parallel::reduce_from_tp(emb3, *tp_, st);
   }
   if (!c.rope)
-    ops::position_embedding_forward(params_.param("embedding.position_embeddings.weight"), s0,
-                                    emb3, st);
+    ops::position_embedding_forward(params_.param("embedding.position_embeddings.weight"),
+                                    cx.s0, emb3, st);
   Tensor h0 = sv.hidden[0].view({Sl, B, H});
-  ops::dropout_add_forward(emb3, Tensor(), p_hidden, dropout_key(c, keys, c.num_layers, kEmbedding),
-                           g, h0, st);
+  ops::dropout_add_forward(emb3, Tensor(), cx.p_hidden,
+                           dropout_key(c, cx.keys, c.num_layers, kEmbedding), cx.g, h0, st);
+}
 
-  ops::AttentionDims ad;
-  ad.S = S, ad.B = B, ad.NH = c.local_heads(), ad.NG = c.local_groups(), ad.HD = c.kv_channels;
-  ad.b_offset = keys.sample_offset, ad.h_offset = c.tp_rank * c.local_heads();
-  ad.NH_global = c.num_attention_heads, ad.S_global = S;
-  const double scale = 1.0 / std::sqrt(double(c.kv_channels));
-  const int64_t NHD = c.local_heads() * c.kv_channels;
-  ensure(sv.tmp, {Tl, H}, dt, dev);
-  Tensor& tmp = sv.tmp;
-  Tensor& tmp_full = sp ? sv.tmp_full : tmp;
-
-  for (int l = 0; l < c.num_layers; ++l) {
-    Layer& L = *layers_[l];
-    needed(l);
-    const Tensor& x = sv.hidden[l];
-    ensure(L.ln1, {Tl, H}, dt, dev), ensure(L.rstd1, {Tl}, sdt, dev);
-    if (!c.rmsnorm) ensure(L.mean1, {Tl}, sdt, dev);
-    ensure(L.qkv, {T, c.qkv_width_local()}, dt, dev);
-    ensure(L.ctx, {T, NHD}, dt, dev), ensure(L.lse, {B, c.local_heads(), S}, sdt, dev);
-    ensure(L.x2, {Tl, H}, dt, dev);
-    ensure(L.ln2, {Tl, H}, dt, dev), ensure(L.rstd2, {Tl}, sdt, dev);
-    if (!c.rmsnorm) ensure(L.mean2, {Tl}, sdt, dev);
-    ensure(L.fc1, {T, c.fc1_width_local()}, dt, dev), ensure(L.act, {T, c.ffn_local()}, dt, dev);
-    if (sp) ensure(L.ln1_full, {T, H}, dt, dev), ensure(L.ln2_full, {T, H}, dt, dev);
-    Tensor& ln1 = sp ? L.ln1_full : L.ln1;
-    Tensor& ln2 = sp ? L.ln2_full : L.ln2;
-
-    norm_forward(c, x, L.ln1_w, L.ln1_b, L.ln1, L.mean1, L.rstd1, st);
-    column_input(L.ln1, ln1, st);
-    ops::linear_forward(ln1, L.qkv_w, L.qkv_b, L.qkv, st);
-    if (c.rope) ops::rope_forward(L.qkv, ad, c.rot_dim(), c.rotary_base, 0, L.qkv, st);
-    ops::attention_forward(L.qkv, ad, scale, p_attn, dropout_key(c, keys, l, kAttnProbs), L.ctx,
-                           L.lse, st);
-    row_output(L.ctx, L.proj_w, L.proj_b, tmp_full, tmp, st);
-    Tensor tmp3 = tmp.view({Sl, B, H}), x3 = x.view({Sl, B, H}), x23 = L.x2.view({Sl, B, H});
-    ops::dropout_add_forward(tmp3, x3, p_hidden, dropout_key(c, keys, l, kAfterProj), g, x23, st);
-
-    norm_forward(c, L.x2, L.ln2_w, L.ln2_b, L.ln2, L.mean2, L.rstd2, st);
-    column_input(L.ln2, ln2, st);
-    ops::linear_forward(ln2, L.fc1_w, L.fc1_b, L.fc1, st);
-    if (c.swiglu) ops::swiglu_forward(L.fc1, L.act, st);
-    else ops::gelu_forward(L.fc1, L.act, st);
-    row_output(L.act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
-    Tensor out3 = sv.hidden[l + 1].view({Sl, B, H});
-    ops::dropout_add_forward(tmp3, x23, p_hidden, dropout_key(c, keys, l, kAfterFc2), g, out3,
-                             st);
+// Scratch dx holds d(hidden[0]): embedding dropout, then the scatter-add into the word
+// (and position) tables. The word embedding's dual: identity after an all-reduce,
+// all-gather after the SP reduce-scatter.
+void GPTModel::embed_backward(Slot& sv, const Ctx& cx) {
+  const auto& c = cfg_;
+  auto& sc = *scratch_;
+  Stream& st = ops::default_stream(c.device);
+  const int64_t Sl = cx.Sl, B = cx.B, H = cx.H, S = cx.S;
+  Tensor dx3 = sc.dx.view({Sl, B, H}), dtmp3 = sc.dtmp.view({Sl, B, H});
+  ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, c.num_layers, kEmbedding), cx.g,
+                        dtmp3, st);
+  if (!c.rope) {
+    Tensor dpos = params_.grad("embedding.position_embeddings.weight");
+    ops::position_embedding_backward(dtmp3, cx.s0, dpos, st);
   }
+  Tensor dword = dtmp3;
+  if (tp_) {
+    if (cx.sp) {
+      dword = sc.dtmp_full.view({S, B, H});
+      parallel::reduce_scatter_to_sp_backward(dtmp3, dword, *tp_, st);
+    } else {
+      parallel::reduce_from_tp_backward(dtmp3, *tp_, st);
+    }
+  }
+  Tensor dwe = params_.grad("embedding.word_embeddings.weight");
+  const Tensor& tokens = sv.mb.tokens.device() == cx.dev ? sv.mb.tokens : sv.tokens;
+  ops::embedding_backward(dword, tokens, c.tp_rank * c.vocab_local(), dwe, st);
+}
 
-  // Head: final norm, column-parallel output layer (tied: the word embedding) giving this
-  // rank's vocabulary slice of the logits, vocab-parallel cross-entropy.
-  const int64_t V = c.vocab_local();
+// Final norm, column-parallel output layer (tied: the word embedding) giving this rank's
+// vocabulary slice of the logits, vocab-parallel cross-entropy. Returns the masked sum.
+double GPTModel::head_forward(Slot& sv, const Tensor& x, const MicroBatch& mb, const Ctx& cx) {
+  const auto& c = cfg_;
+  Stream& st = ops::default_stream(c.device);
+  const int64_t V = c.vocab_local(), T = cx.T, Tl = cx.Tl, H = cx.H, S = cx.S, B = cx.B;
+  const DType dt = cx.dt, sdt = cx.sdt;
+  const Device dev = cx.dev;
   ensure(sv.lnf, {Tl, H}, dt, dev), ensure(sv.rstdf, {Tl}, sdt, dev);
   if (!c.rmsnorm) ensure(sv.meanf, {Tl}, sdt, dev);
-  if (sp) ensure(sv.lnf_full, {T, H}, dt, dev);
-  Tensor& lnf = sp ? sv.lnf_full : sv.lnf;
+  if (cx.sp) ensure(sv.lnf_full, {T, H}, dt, dev);
+  Tensor& lnf = cx.sp ? sv.lnf_full : sv.lnf;
   ensure(sv.logits, {T, V}, dt, dev);
-  norm_forward(c, sv.hidden[c.num_layers], params_.param("decoder.final_layernorm.weight"),
+  norm_forward(c, x, params_.param("decoder.final_layernorm.weight"),
                c.rmsnorm ? Tensor() : params_.param("decoder.final_layernorm.bias"), sv.lnf,
                sv.meanf, sv.rstdf, st);
   column_input(sv.lnf, lnf, st);
@@ -421,112 +649,238 @@ double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
   return ops::dot(sv.losses, sv.mask, st);  // synchronises: the caller logs it
 }
 
-void GPTModel::backward(double grad_scale) {
+// d loss / d token_loss = mask * grad_scale, back to scratch dx = d(x).
+void GPTModel::head_backward(Slot& sv, const Tensor& x, double grad_scale, const Ctx& cx) {
   const auto& c = cfg_;
-  auto& sv = *saved_;
-  MCPP_CHECK(sv.S > 0, "GPTModel::backward without a forward");
+  auto& sc = *scratch_;
   Stream& st = ops::default_stream(c.device);
-  const int64_t S = sv.S, B = sv.B, T = S * B, H = c.hidden_size, V = c.vocab_local();
-  const bool sp = c.sp();
-  const int64_t Sl = sp ? S / c.tp_size : S, s0 = sp ? c.tp_rank * Sl : 0, Tl = Sl * B;
-  const DType dt = c.dtype, sdt = c.stat_dtype();
-  const Device dev = c.device;
-  const auto& keys = sv.keys;
-  const int64_t Bg = keys.global_batch ? keys.global_batch : B;
-  const double p_hidden = keys.training ? c.hidden_dropout : 0.0;
-  const double p_attn = keys.training ? c.attention_dropout : 0.0;
-  ops::GlobalIndex3 g{{s0, keys.sample_offset, 0}, {S, Bg, H}};
-  ensure(sv.dx, {Tl, H}, dt, dev), ensure(sv.dtmp, {Tl, H}, dt, dev);
-  ensure(sv.dln, {Tl, H}, dt, dev), ensure(sv.dloss, {S, B}, sdt, dev);
-  if (sp) ensure(sv.dtmp_full, {T, H}, dt, dev), ensure(sv.dln_full, {T, H}, dt, dev);
-  Tensor& dln_full = sp ? sv.dln_full : sv.dln;
-  auto ready = [&](int layer) {
-    if (grad_ready_) grad_ready_(layer);
-  };
-
-  // d loss / d token_loss = mask * grad_scale.
-  ops::copy(sv.mask, sv.dloss, st);
-  ops::scale(sv.dloss, grad_scale, st);
-  ops::ce_backward(sv.logits, sv.row_max, sv.sum_exp, sv.targets, c.tp_rank * V, sv.dloss,
+  const int64_t V = c.vocab_local();
+  Tensor& dln_full = cx.sp ? sc.dln_full : sc.dln;
+  ops::copy(sv.mask, sc.dloss, st);
+  ops::scale(sc.dloss, grad_scale, st);
+  ops::ce_backward(sv.logits, sv.row_max, sv.sum_exp, sv.targets, c.tp_rank * V, sc.dloss,
                    sv.logits, st);
-  const bool tied = c.tie_embeddings;
-  const std::string w_out_name = tied ? "embedding.word_embeddings.weight" : "output_layer.weight";
+  const std::string w_out_name =
+      c.tie_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight";
   Tensor w_out = params_.param(w_out_name), dw_out = params_.grad(w_out_name), none;
-  ops::linear_backward(sv.logits, sp ? sv.lnf_full : sv.lnf, w_out, dln_full, false, dw_out,
+  ops::linear_backward(sv.logits, cx.sp ? sv.lnf_full : sv.lnf, w_out, dln_full, false, dw_out,
                        none, st);
-  column_input_backward(dln_full, sv.dln, st);
+  column_input_backward(dln_full, sc.dln, st);
   Tensor dwf = params_.grad("decoder.final_layernorm.weight");
   Tensor dbf = c.rmsnorm ? Tensor() : params_.grad("decoder.final_layernorm.bias");
-  norm_backward(c, sv.dln, sv.hidden[c.num_layers],
-                params_.param("decoder.final_layernorm.weight"), sv.meanf, sv.rstdf, sv.dx, false,
-                dwf, dbf, st);
-
-  ops::AttentionDims ad;
-  ad.S = S, ad.B = B, ad.NH = c.local_heads(), ad.NG = c.local_groups(), ad.HD = c.kv_channels;
-  ad.b_offset = keys.sample_offset, ad.h_offset = c.tp_rank * c.local_heads();
-  ad.NH_global = c.num_attention_heads, ad.S_global = S;
-  const double scale = 1.0 / std::sqrt(double(c.kv_channels));
-  const int64_t NHD = c.local_heads() * c.kv_channels;
-  ensure(sv.dfc1, {T, c.fc1_width_local()}, dt, dev);
-  ensure(sv.dact, {T, c.ffn_local()}, dt, dev);
-  ensure(sv.dctx, {T, NHD}, dt, dev), ensure(sv.dqkv, {T, c.qkv_width_local()}, dt, dev);
-  Tensor dx3 = sv.dx.view({Sl, B, H}), dtmp3 = sv.dtmp.view({Sl, B, H});
-  Tensor& dtmp_full = sp ? sv.dtmp_full : sv.dtmp;
-
-  for (int l = int(c.num_layers) - 1; l >= 0; --l) {
-    Layer& L = *layers_[l];
-    // MLP block: out = x2 + dropout(fc2(act(fc1(norm(x2))))).
-    ops::dropout_backward(dx3, p_hidden, dropout_key(c, keys, l, kAfterFc2), g, dtmp3, st);
-    row_output_backward(sv.dtmp, dtmp_full, L.act, L.fc2_w, sv.dact, L.d_fc2_w, L.d_fc2_b, st);
-    if (c.swiglu) ops::swiglu_backward(sv.dact, L.fc1, sv.dfc1, st);
-    else ops::gelu_backward(sv.dact, L.fc1, sv.dfc1, st);
-    ops::linear_backward(sv.dfc1, sp ? L.ln2_full : L.ln2, L.fc1_w, dln_full, false, L.d_fc1_w,
-                         L.d_fc1_b, st);
-    column_input_backward(dln_full, sv.dln, st);
-    norm_backward(c, sv.dln, L.x2, L.ln2_w, L.mean2, L.rstd2, sv.dx, true, L.d_ln2_w, L.d_ln2_b,
-                  st);
-    // Attention block: x2 = x + dropout(proj(attn(rope(qkv(norm(x)))))).
-    ops::dropout_backward(dx3, p_hidden, dropout_key(c, keys, l, kAfterProj), g, dtmp3, st);
-    row_output_backward(sv.dtmp, dtmp_full, L.ctx, L.proj_w, sv.dctx, L.d_proj_w, L.d_proj_b,
-                        st);
-    ops::attention_backward(sv.dctx, L.qkv, L.ctx, L.lse, ad, scale, p_attn,
-                            dropout_key(c, keys, l, kAttnProbs), sv.dqkv, st);
-    if (c.rope) ops::rope_backward(sv.dqkv, ad, c.rot_dim(), c.rotary_base, 0, sv.dqkv, st);
-    ops::linear_backward(sv.dqkv, sp ? L.ln1_full : L.ln1, L.qkv_w, dln_full, false, L.d_qkv_w,
-                         L.d_qkv_b, st);
-    column_input_backward(dln_full, sv.dln, st);
-    norm_backward(c, sv.dln, sv.hidden[l], L.ln1_w, L.mean1, L.rstd1, sv.dx, true, L.d_ln1_w,
-                  L.d_ln1_b, st);
-    ready(l);
-  }
-
-  // Embedding dropout, then the scatter-add into the word (and position) tables. The
-  // word embedding's dual: identity after an all-reduce, all-gather after the SP
-  // reduce-scatter.
-  ops::dropout_backward(dx3, p_hidden, dropout_key(c, keys, c.num_layers, kEmbedding), g, dtmp3,
-                        st);
-  if (!c.rope) {
-    Tensor dpos = params_.grad("embedding.position_embeddings.weight");
-    ops::position_embedding_backward(dtmp3, s0, dpos, st);
-  }
-  Tensor dword = dtmp3;
-  if (tp_) {
-    if (sp) {
-      dword = sv.dtmp_full.view({S, B, H});
-      parallel::reduce_scatter_to_sp_backward(dtmp3, dword, *tp_, st);
-    } else {
-      parallel::reduce_from_tp_backward(dtmp3, *tp_, st);
-    }
-  }
-  Tensor dwe = params_.grad("embedding.word_embeddings.weight");
-  const Tensor& tokens = sv.mb.tokens.device() == dev ? sv.mb.tokens : sv.tokens;
-  ops::embedding_backward(dword, tokens, c.tp_rank * V, dwe, st);
-  ready(-1);
-  sv.S = 0;  // activations consumed
+  norm_backward(c, sc.dln, x, params_.param("decoder.final_layernorm.weight"), sv.meanf,
+                sv.rstdf, sc.dx, false, dwf, dbf, st);
 }
 
+// ---- a model chunk ----------------------------------------------------------------------
 
-const Tensor& GPTModel::logits() const { return saved_->logits; }
-const Tensor& GPTModel::token_losses() const { return saved_->losses; }
+GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const MicroBatch& mb,
+                                              const StepKeys& keys, const Tensor& input) {
+  const auto& c = cfg_;
+  MCPP_CHECK(chunk >= 0 && chunk < num_chunks(), "GPTModel: chunk {} outside [0, {})", chunk,
+             num_chunks());
+  MCPP_CHECK(mb.tokens.dim() == 2, "tokens must be [B, S], got {}", mb.tokens.str());
+  const Ctx cx = make_ctx(mb.tokens.size(1), mb.tokens.size(0), keys);
+  const bool has_embed = part_.first_stage && chunk == 0;
+  const bool has_head = part_.last_stage && chunk == num_chunks() - 1;
+  auto& sc = *scratch_;
+  Stream& st = ops::default_stream(c.device);
+  const DType dt = cx.dt;
+  const Device dev = cx.dev;
+  const int64_t Tl = cx.Tl, H = cx.H;
+  Slot& sv = acquire(chunk, microbatch);
+  sv.S = cx.S, sv.B = cx.B, sv.mb = mb, sv.keys = keys;
+  const auto& idx = chunk_layers_[size_t(chunk)];
+  const auto& grp = groups_[size_t(chunk)];
+  const int n = int(idx.size());
+  const bool selective = c.recompute == TransformerConfig::Recompute::Selective;
+  // Which hidden states this slot keeps: all but those inside a recompute group.
+  std::vector<bool> keep(size_t(n) + 1, true);
+  std::vector<int> group_of(size_t(n), -1);
+  size_t max_group = 0;
+  for (size_t k = 0; k < grp.size(); ++k) {
+    for (int i = grp[k].first; i < grp[k].second; ++i) group_of[size_t(i)] = int(k);
+    for (int i = grp[k].first + 1; i < grp[k].second; ++i) keep[size_t(i)] = false;
+    max_group = std::max(max_group, size_t(grp[k].second - grp[k].first));
+  }
+  sv.hidden.resize(size_t(n) + 1);
+  sv.acts.resize(size_t(n));
+  for (int i = 0; i <= n; ++i)
+    if (keep[size_t(i)]) ensure(sv.hidden[size_t(i)], {Tl, H}, dt, dev);
+  ensure(sc.tmp, {Tl, H}, dt, dev);
+  if (cx.sp) ensure(sc.tmp_full, {cx.T, H}, dt, dev);
+  if (tp_) {
+    ensure(sc.ones, {Tl, 1}, dt, dev);
+    ops::fill(sc.ones, 1.0, st);
+  }
+  if (max_group) {
+    sc.rc_acts.resize(std::max(sc.rc_acts.size(), max_group));
+    sc.rc_hidden.resize(std::max(sc.rc_hidden.size(), max_group + 1));
+    for (size_t j = 0; j < max_group; ++j) ensure_acts(sc.rc_acts[j], cx, true);
+    for (size_t j = 0; j <= max_group; ++j) ensure(sc.rc_hidden[j], {Tl, H}, dt, dev);
+  }
+  if (selective) {
+    ensure(sc.sel_ctx, {cx.T, c.local_heads() * c.kv_channels}, dt, dev);
+    ensure(sc.sel_lse, {cx.B, c.local_heads(), cx.S}, cx.sdt, dev);
+  }
+
+  if (params_needed_ && (has_embed || has_head)) params_needed_(-1);
+  if (has_embed) {
+    embed_forward(sv, mb.tokens, cx);
+  } else {
+    MCPP_CHECK(input.defined() && input.numel() == Tl * H,
+               "GPTModel: chunk {} needs its input activation [{} x {}], got {}", chunk, Tl, H,
+               input.defined() ? input.str() : std::string("none"));
+    Tensor h0 = sv.hidden[0];
+    ops::copy(input.view({Tl, H}), h0, st);
+  }
+  for (int i = 0; i < n; ++i) {
+    const Layer& L = *layers_[size_t(idx[size_t(i)])];
+    if (params_needed_) params_needed_(L.global);
+    const int k = group_of[size_t(i)];
+    if (k >= 0) {  // inside a recompute group: the workspace, nothing kept
+      const int a = grp[size_t(k)].first, e = grp[size_t(k)].second;
+      LayerActs& A = sc.rc_acts[size_t(i - a)];
+      const Tensor& x = i == a ? sv.hidden[size_t(a)] : sc.rc_hidden[size_t(i - a)];
+      Tensor& out = i == e - 1 ? sv.hidden[size_t(e)] : sc.rc_hidden[size_t(i - a + 1)];
+      layer_forward(L, A, A.ctx, A.lse, x, out, cx);
+    } else {
+      LayerActs& A = sv.acts[size_t(i)];
+      ensure_acts(A, cx, !selective);
+      layer_forward(L, A, selective ? sc.sel_ctx : A.ctx, selective ? sc.sel_lse : A.lse,
+                    sv.hidden[size_t(i)], sv.hidden[size_t(i + 1)], cx);
+    }
+  }
+  ChunkOutput out;
+  if (has_head) {
+    out.loss = head_forward(sv, sv.hidden[size_t(n)], mb, cx);
+    last_head_ = &sv;
+  } else {
+    out.output = sv.hidden[size_t(n)];
+  }
+  sv.bytes = sv.nbytes();
+  live_bytes_ += sv.bytes, ++in_flight_;
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  slot_max_ = std::max(slot_max_, sv.bytes);
+  max_in_flight_ = std::max(max_in_flight_, in_flight_);
+  return out;
+}
+
+Tensor GPTModel::backward_chunk(int chunk, int microbatch, const Tensor& output_grad,
+                                double grad_scale, bool final) {
+  const auto& c = cfg_;
+  Slot* svp = nullptr;
+  for (auto& [ch, sl] : live_)
+    if (ch == chunk && sl->microbatch == microbatch) svp = sl;
+  MCPP_CHECK(svp, "GPTModel: backward of micro-batch {} of chunk {} without its forward",
+             microbatch, chunk);
+  Slot& sv = *svp;
+  const Ctx cx = make_ctx(sv.S, sv.B, sv.keys);
+  auto& sc = *scratch_;
+  Stream& st = ops::default_stream(c.device);
+  const int64_t Tl = cx.Tl, T = cx.T, H = cx.H;
+  const DType dt = cx.dt;
+  const Device dev = cx.dev;
+  const bool has_embed = part_.first_stage && chunk == 0;
+  const bool has_head = part_.last_stage && chunk == num_chunks() - 1;
+  const bool selective = c.recompute == TransformerConfig::Recompute::Selective;
+  ensure(sc.dx, {Tl, H}, dt, dev), ensure(sc.dtmp, {Tl, H}, dt, dev);
+  ensure(sc.dln, {Tl, H}, dt, dev), ensure(sc.dloss, {cx.S, cx.B}, cx.sdt, dev);
+  if (cx.sp) ensure(sc.dtmp_full, {T, H}, dt, dev), ensure(sc.dln_full, {T, H}, dt, dev);
+  ensure(sc.dfc1, {T, c.fc1_width_local()}, dt, dev);
+  ensure(sc.dact, {T, c.ffn_local()}, dt, dev);
+  ensure(sc.dctx, {T, c.local_heads() * c.kv_channels}, dt, dev);
+  ensure(sc.dqkv, {T, c.qkv_width_local()}, dt, dev);
+  const auto& idx = chunk_layers_[size_t(chunk)];
+  const auto& grp = groups_[size_t(chunk)];
+  const int n = int(idx.size());
+
+  if (has_head) {
+    head_backward(sv, sv.hidden[size_t(n)], grad_scale, cx);
+  } else {
+    MCPP_CHECK(output_grad.defined() && output_grad.numel() == Tl * H,
+               "GPTModel: backward of chunk {} needs its output gradient [{} x {}], got {}",
+               chunk, Tl, H, output_grad.defined() ? output_grad.str() : std::string("none"));
+    ops::copy(output_grad.view({Tl, H}), sc.dx, st);
+  }
+  auto ready = [&](const Layer& L) {
+    if (final && grad_ready_) grad_ready_(L.global);
+  };
+  int i = n - 1;
+  size_t k = grp.size();
+  while (i >= 0) {
+    while (k > 0 && grp[k - 1].first > i) --k;
+    const bool in_group = k > 0 && grp[k - 1].first <= i && i < grp[k - 1].second;
+    if (in_group) {
+      // Re-run the group's forward from its kept input, then its backward.
+      const int a = grp[k - 1].first, e = grp[k - 1].second;
+      for (int j = a; j < e; ++j) {
+        Layer& L = *layers_[size_t(idx[size_t(j)])];
+        LayerActs& A = sc.rc_acts[size_t(j - a)];
+        const Tensor& x = j == a ? sv.hidden[size_t(a)] : sc.rc_hidden[size_t(j - a)];
+        Tensor& out = sc.rc_hidden[size_t(j - a + 1)];
+        layer_forward(L, A, A.ctx, A.lse, x, out, cx);
+      }
+      for (int j = e - 1; j >= a; --j) {
+        Layer& L = *layers_[size_t(idx[size_t(j)])];
+        LayerActs& A = sc.rc_acts[size_t(j - a)];
+        const Tensor& x = j == a ? sv.hidden[size_t(a)] : sc.rc_hidden[size_t(j - a)];
+        layer_backward(L, A, A.ctx, A.lse, x, cx);
+        ready(L);
+      }
+      i = a - 1;
+      --k;
+      continue;
+    }
+    Layer& L = *layers_[size_t(idx[size_t(i)])];
+    LayerActs& A = sv.acts[size_t(i)];
+    if (selective) {  // rebuild the attention core's output from the kept q, k, v
+      ops::attention_forward(A.qkv, cx.ad, cx.scale, cx.p_attn,
+                             dropout_key(c, cx.keys, L.global, kAttnProbs), sc.sel_ctx,
+                             sc.sel_lse, st);
+      layer_backward(L, A, sc.sel_ctx, sc.sel_lse, sv.hidden[size_t(i)], cx);
+    } else {
+      layer_backward(L, A, A.ctx, A.lse, sv.hidden[size_t(i)], cx);
+    }
+    ready(L);
+    --i;
+  }
+  Tensor result;
+  if (has_embed) embed_backward(sv, cx);
+  else result = sc.dx;
+  release(chunk, microbatch);
+  return result;
+}
+
+void GPTModel::drop_chunk(int chunk, int microbatch) { release(chunk, microbatch); }
+
+// ---- the whole model ---------------------------------------------------------------------
+
+double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
+  MCPP_CHECK(num_chunks() == 1 && part_.first_stage && part_.last_stage,
+             "GPTModel::forward runs the whole model; this one holds a pipeline stage's part "
+             "(use forward_chunk)");
+  for (auto& [c, sl] : live_)
+    if (sl->microbatch == 0) {  // a forward without backward before (evaluation, tests)
+      release(c, 0);
+      break;
+    }
+  return forward_chunk(0, 0, mb, keys).loss;
+}
+
+void GPTModel::backward(double grad_scale) {
+  MCPP_CHECK(!live_.empty(), "GPTModel::backward without a forward");
+  backward_chunk(0, 0, Tensor(), grad_scale, true);
+  if (grad_ready_) grad_ready_(-1);
+}
+
+const Tensor& GPTModel::logits() const {
+  MCPP_CHECK(last_head_, "GPTModel::logits before any forward");
+  return last_head_->logits;
+}
+const Tensor& GPTModel::token_losses() const {
+  MCPP_CHECK(last_head_, "GPTModel::token_losses before any forward");
+  return last_head_->losses;
+}
 
 }  // namespace mcpp::model

@@ -5,8 +5,24 @@
 // no biases) are the same code with TransformerConfig switches.
 //
 // Activations are sequence-first [S, B, H]; the batch arrives as [B, S] ids.
-// forward() saves what backward() needs in per-layer buffers that are reused
-// from one micro-batch to the next (shapes are static).
+//
+// Pipeline parallelism: a GPTModel holds one pipeline stage's part of the model
+// (PipelinePart): one or more model chunks (virtual stages) of consecutive global
+// layers, the embedding when it is the first stage, the final norm, output layer and
+// loss when it is the last. forward_chunk()/backward_chunk() run one chunk on one
+// micro-batch; what a forward saves for its backward lives in a slot of a per-chunk
+// pool, one slot per micro-batch in flight, reused once its backward is done (shapes
+// are static, so a step allocates nothing once the pool has grown to the schedule's
+// in-flight count). forward()/backward() are the whole-model form (one chunk holding
+// every layer): what serial and TP/DP runs, tests and tools use.
+//
+// Activation recomputation (--recompute-granularity): `full` keeps only the input of
+// each group of recompute_num_layers layers (method uniform: the chunk's layers in
+// consecutive groups; block: the first recompute_num_layers layers of each chunk, one
+// layer a group) and re-runs the group's forward just before its backward;
+// `selective` drops the attention core's output (context and log-sum-exp) and re-runs
+// the attention forward before the attention backward. Dropout masks are functions of
+// global coordinates, so a recomputed forward is bitwise the original.
 #pragma once
 #include <functional>
 #include <memory>
@@ -35,11 +51,31 @@ struct StepKeys {
   bool training = true;       // false: no dropout (evaluation, generation)
 };
 
+// The part of the model one pipeline stage holds.
+struct PipelinePart {
+  // Global layer ids of each local model chunk, in execution order. Empty: one chunk
+  // with every layer (no pipeline parallelism).
+  std::vector<std::vector<int>> chunks;
+  bool first_stage = true;  // chunk 0 starts with the embedding
+  bool last_stage = true;   // the last chunk ends with final norm, output layer and loss
+};
+
+// Bytes of saved activations (what forwards keep for their backwards).
+struct ActivationMemory {
+  int64_t live = 0;          // held now by micro-batches in flight
+  int64_t peak = 0;          // the most held at once since reset_activation_peak()
+  int64_t per_slot_max = 0;  // the largest single micro-batch's (chunk's) saved set
+  int64_t scratch = 0;       // shared buffers: backward scratch and recompute workspace
+  int max_in_flight = 0;     // the most micro-batch chunks held at once
+};
+
 class GPTModel {
  public:
   // tp: the tensor-parallel group (cfg.tp_size ranks, this one cfg.tp_rank); null for
   // tp_size 1. Communication happens only through parallel/'s region transitions.
-  explicit GPTModel(const TransformerConfig& cfg, comm::Communicator* tp = nullptr);
+  // part: the pipeline stage's share of the model (default: all of it).
+  explicit GPTModel(const TransformerConfig& cfg, comm::Communicator* tp = nullptr,
+                    PipelinePart part = {});
   ~GPTModel();
 
   const TransformerConfig& config() const { return cfg_; }
@@ -52,6 +88,36 @@ class GPTModel {
   // Backpropagates d(loss)/d(token_loss[t]) = loss_mask[t] * grad_scale and
   // accumulates (+=) every parameter gradient. Needs the preceding forward().
   void backward(double grad_scale);
+
+  // ---- pipeline form ---------------------------------------------------------------------
+  int num_chunks() const { return int(chunk_layers_.size()); }
+  const PipelinePart& part() const { return part_; }
+  // Runs model chunk `chunk` forward on micro-batch `microbatch` (any id unique among
+  // those in flight). Input: the batch's tokens for chunk 0 of the first stage, else
+  // `input` [S/TP(SP) * B, H] (copied; the caller may reuse it). Returns the chunk's
+  // output activation (valid until the next forward_chunk of this chunk) and, for the
+  // last chunk of the last stage, the masked loss sum in `loss`. What it saved stays
+  // until backward_chunk() or drop_chunk() (forward-only evaluation).
+  struct ChunkOutput {
+    double loss = 0;
+    Tensor output;  // undefined on the last chunk of the last stage
+  };
+  ChunkOutput forward_chunk(int chunk, int microbatch, const MicroBatch& mb,
+                            const StepKeys& keys, const Tensor& input = Tensor());
+  // Its backward: `output_grad` is d(loss)/d(output) (ignored, may be undefined, on the
+  // last chunk of the last stage, where grad_scale applies as in backward()). Returns
+  // d(loss)/d(input) (undefined for chunk 0 of the first stage; valid until the next
+  // backward_chunk). final: the last backward of this chunk in the step; the grad-ready
+  // hook fires for the chunk's layers only then (never for layer -1: the caller
+  // reports it once embedding gradients are complete).
+  Tensor backward_chunk(int chunk, int microbatch, const Tensor& output_grad, double grad_scale,
+                        bool final);
+  void drop_chunk(int chunk, int microbatch);
+  ActivationMemory activation_memory() const;
+  void reset_activation_peak();
+  // Whether parameter i is the last stage's copy of the tied word embedding (its
+  // gradient is summed over the embedding group; saved and counted on the first stage).
+  bool pipeline_duplicate(size_t i) const;
 
   // Called during backward() when gradients are final for this micro-batch: with l after
   // transformer layer l's backward (its parameters, registry `layer` == l), and with -1 at
@@ -82,8 +148,26 @@ class GPTModel {
 
  private:
   struct Layer;
-  struct Saved;
+  struct LayerActs;
+  struct Slot;
+  struct Scratch;
+  struct Ctx;
   void register_params();
+  Slot& acquire(int chunk, int microbatch);
+  void release(int chunk, int microbatch);
+  Ctx make_ctx(int64_t S, int64_t B, const StepKeys& keys) const;
+  void embed_forward(Slot& sv, const Tensor& tokens, const Ctx& cx);
+  void embed_backward(Slot& sv, const Ctx& cx);
+  double head_forward(Slot& sv, const Tensor& x, const MicroBatch& mb, const Ctx& cx);
+  void head_backward(Slot& sv, const Tensor& x, double grad_scale, const Ctx& cx);
+  void layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& lse, const Tensor& x,
+                     Tensor& out, const Ctx& cx);
+  void layer_backward(Layer& L, LayerActs& A, const Tensor& ctx, const Tensor& lse,
+                      const Tensor& x, const Ctx& cx);
+  void ensure_acts(LayerActs& A, const Ctx& cx, bool attn_core);
+  // Recompute groups of chunk c: [begin, end) local layer indices; layers outside every
+  // group are stored.
+  const std::vector<std::pair<int, int>>& groups(int c) const { return groups_[c]; }
 
   // Region transitions around the parallel linears (identity at tp_size 1).
   void column_input(const Tensor& x, Tensor& x_full, Stream& st);
@@ -96,10 +180,18 @@ class GPTModel {
 
   TransformerConfig cfg_;
   comm::Communicator* tp_ = nullptr;
+  PipelinePart part_;
   std::function<void(int)> grad_ready_, params_needed_;
   ParamStore params_;
-  std::vector<std::unique_ptr<Layer>> layers_;
-  std::unique_ptr<Saved> saved_;
+  std::vector<std::unique_ptr<Layer>> layers_;       // local layers, chunk after chunk
+  std::vector<std::vector<int>> chunk_layers_;       // chunk -> indices into layers_
+  std::vector<std::vector<std::pair<int, int>>> groups_;  // chunk -> recompute groups
+  std::vector<std::vector<std::unique_ptr<Slot>>> pool_;  // chunk -> slots
+  std::vector<std::pair<int, Slot*>> live_;          // (chunk, microbatch) in flight
+  std::unique_ptr<Scratch> scratch_;
+  Slot* last_head_ = nullptr;
+  int64_t live_bytes_ = 0, peak_bytes_ = 0, slot_max_ = 0;
+  int in_flight_ = 0, max_in_flight_ = 0;
 };
 
 // Megatron-Core parameter name of layer i's parameter, e.g.

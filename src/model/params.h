@@ -32,6 +32,10 @@ struct ParamInfo {
   bool weight_decay = true;  // false for biases and norm weights, as Megatron
   int layer = -1;            // owning transformer layer, -1 for embedding/head/final norm
   int64_t offset = 0;        // element offset in the flat buffers
+  // The last pipeline stage's copy of the tied word embedding: the same tensor as the
+  // first stage's (same name, same initialisation, gradients summed over the embedding
+  // group), written to checkpoints and counted in norms by the first stage only.
+  bool pipeline_duplicate = false;
   int64_t numel() const { return shape_numel(local_shape); }
 };
 
