@@ -293,8 +293,9 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
   auto add = [&](std::map<std::string, Tensor>& out, const std::string& fname,
                  const std::string& prefix, const Tensor& flat) {
     for (const ParamInfo& p : rank.infos) {
-      // A TP-duplicated tensor is written once, by TP rank 0.
-      if (p.split == TpSplit::None && rank.coord.tp != 0) continue;
+      // A TP-duplicated tensor is written once, by TP rank 0; the tied embedding's copy on
+      // the last pipeline stage not at all (the first stage writes it).
+      if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
       Tensor t = flat.narrow(p.offset, p.numel()).view(p.local_shape);
       const std::string key = prefix + p.name;
       json pieces = json::array();
@@ -346,7 +347,7 @@ json write_optimizer_shard(const std::string& tmp_dir, const RankSnapshot& rank,
   int box_no = 0;
   for (const ShardSegment& sg : segments) {
     const ParamInfo& p = rank.infos.at(sg.param);
-    if (p.split == TpSplit::None && rank.coord.tp != 0) continue;
+    if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
     const int64_t C = cols_of(p.local_shape);
     const auto mine = local_pieces(p, rank.coord.tp, rank.tp_size);
     // The segment [a, a + len) of the local tensor, row-major, as rectangular boxes: a
@@ -719,7 +720,7 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
       expected.insert(p.name);
     }
     for (auto& [key, v] : md.at("tensors").items())
-      MCPP_CHECK_HINT(key.rfind("optimizer.", 0) == 0 || expected.count(key),
+      MCPP_CHECK_HINT(opts.partial_model || key.rfind("optimizer.", 0) == 0 || expected.count(key),
                       "the model flags differ from the checkpoint's (megatron inspect lists its "
                       "config)",
                       "the checkpoint holds {} {}, which this model does not have", key,

@@ -75,6 +75,9 @@ struct LoadOptions {
   bool load_rng = true;   // !--no-load-rng: false zeroes rng_seed/rng_iteration in the result
   bool finetune = false;  // --finetune: model weights only; iteration and counters reset to 0
   bool verify_checksums = true;
+  // The parameters are one pipeline stage's part of the model: the checkpoint's other
+  // tensors belong to other stages (no "tensor this model does not have" error).
+  bool partial_model = false;
 };
 
 // ---- one rank's data -----------------------------------------------------------------------

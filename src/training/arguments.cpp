@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mcpp::training {
 namespace {
@@ -316,13 +317,22 @@ const Binding kBindings[] = {
     MCPP_FLAG(log_throughput),
     MCPP_FLAG(timing_log_level),
     MCPP_FLAG(logging_level),
-    // parallelism (PP, CP, EP: size 1 only, checked in validate_args)
+    // parallelism (CP, EP: size 1 only, checked in validate_args)
     MCPP_FLAG(tensor_model_parallel_size),
     MCPP_FLAG(pipeline_model_parallel_size),
     MCPP_FLAG(context_parallel_size),
     MCPP_FLAG(expert_model_parallel_size),
     MCPP_FLAG(sequence_parallel),
     MCPP_FLAG(use_tp_pp_dp_mapping),
+    MCPP_FLAG(decoder_first_pipeline_num_layers),
+    MCPP_FLAG(decoder_last_pipeline_num_layers),
+    MCPP_FLAG(num_layers_per_virtual_pipeline_stage),
+    MCPP_FLAG(num_virtual_stages_per_pipeline_rank),
+    MCPP_FLAG(microbatch_group_size_per_vp_stage),
+    MCPP_FLAG(recompute_granularity),
+    MCPP_FLAG(recompute_method),
+    MCPP_FLAG(recompute_num_layers),
+    MCPP_FLAG(recompute_activations),
     MCPP_FLAG(use_distributed_optimizer),
     MCPP_FLAG(overlap_grad_reduce),
     MCPP_FLAG(overlap_param_gather),
@@ -353,6 +363,7 @@ const Binding kBindings[] = {
     MCPP_DERIVED(world_size),
     MCPP_DERIVED(data_parallel_size),
     MCPP_DERIVED(padded_vocab_size),
+    MCPP_DERIVED(virtual_pipeline_model_parallel_size),
 };
 
 #undef MCPP_FLAG
@@ -608,6 +619,97 @@ Args parse_args(const std::vector<std::string>& argv) {
 
 // ---- public: validation -----------------------------------------------------------------
 
+namespace {
+
+// Pipeline layout, schedule and activation recomputation, as Megatron's validate_args and
+// TransformerConfig.__post_init__ check them -- here, before any process group exists.
+void validate_pipeline(Args& a) {
+  namespace pl = parallel::pipeline;
+  const int64_t pp = a.pipeline_model_parallel_size;
+  MCPP_CHECK_HINT(pp >= 1, "give --pipeline-model-parallel-size a value >= 1",
+                  "--pipeline-model-parallel-size {} must be positive", pp);
+  MCPP_CHECK_HINT(!(a.num_layers_per_virtual_pipeline_stage &&
+                    a.num_virtual_stages_per_pipeline_rank),
+                  "give one of the two",
+                  "--num-layers-per-virtual-pipeline-stage and "
+                  "--num-virtual-stages-per-pipeline-rank cannot be set at the same time");
+  int64_t vpp = 1;
+  if (a.num_layers_per_virtual_pipeline_stage) {
+    MCPP_CHECK_HINT(!a.decoder_first_pipeline_num_layers && !a.decoder_last_pipeline_num_layers,
+                    "use --num-virtual-stages-per-pipeline-rank with uneven first/last stages",
+                    "--num-layers-per-virtual-pipeline-stage cannot be combined with "
+                    "--decoder-first/last-pipeline-num-layers (as in Megatron)");
+    vpp = pl::virtual_stages_from_layers_per_stage(
+        int(a.num_layers), int(pp), int(*a.num_layers_per_virtual_pipeline_stage));
+  } else if (a.num_virtual_stages_per_pipeline_rank) {
+    vpp = *a.num_virtual_stages_per_pipeline_rank;
+    MCPP_CHECK_HINT(vpp >= 1, "give --num-virtual-stages-per-pipeline-rank a value >= 1",
+                    "--num-virtual-stages-per-pipeline-rank {} must be positive", vpp);
+  }
+  MCPP_CHECK_HINT(vpp == 1 || pp > 1,
+                  "drop the virtual-stage flag, or raise --pipeline-model-parallel-size",
+                  "the interleaved schedule (virtual stages) needs "
+                  "--pipeline-model-parallel-size > 1, got {}",
+                  pp);
+  a.virtual_pipeline_model_parallel_size = vpp;
+  // Layer partition (every stage's share divisible by its chunks) and schedule shape
+  // (micro-batch groups), with the errors naming the flags.
+  auto opt_int = [](const std::optional<int64_t>& v) {
+    return v ? std::optional<int>(int(*v)) : std::nullopt;
+  };
+  const auto layers = pl::assign_layers(int(a.num_layers), int(pp), int(vpp),
+                                        opt_int(a.decoder_first_pipeline_num_layers),
+                                        opt_int(a.decoder_last_pipeline_num_layers));
+  if (a.microbatch_group_size_per_vp_stage)
+    MCPP_CHECK_HINT(vpp > 1, "drop the flag, or use virtual stages",
+                    "--microbatch-group-size-per-virtual-pipeline-stage applies to the "
+                    "interleaved schedule only (no virtual stages given)");
+  if (vpp > 1)
+    pl::build_schedule(pl::ScheduleKind::Interleaved1F1B, int(pp), int(vpp),
+                       int(a.num_microbatches),
+                       int(a.microbatch_group_size_per_vp_stage.value_or(0)));
+
+  // Recomputation.
+  if (a.recompute_activations) {
+    MCPP_CHECK_HINT(!a.recompute_granularity || *a.recompute_granularity == "selective",
+                    "drop --recompute-activations (it means --recompute-granularity selective)",
+                    "--recompute-activations contradicts --recompute-granularity {}",
+                    *a.recompute_granularity);
+    a.recompute_granularity = "selective";
+  }
+  const std::string gran = a.recompute_granularity.value_or("");
+  size_t fewest = SIZE_MAX;  // layers of the smallest model chunk
+  for (const auto& ch : layers) fewest = std::min(fewest, ch.size());
+  if (gran == "full") {
+    MCPP_CHECK_HINT(a.recompute_method.has_value(), "add --recompute-method uniform (or block)",
+                    "--recompute-granularity full needs --recompute-method uniform|block");
+    MCPP_CHECK_HINT(a.recompute_num_layers.has_value(), "add --recompute-num-layers 1",
+                    "--recompute-granularity full needs --recompute-num-layers");
+    MCPP_CHECK_HINT(*a.recompute_num_layers >= 1 &&
+                        (*a.recompute_method == "uniform" ||
+                         *a.recompute_num_layers <= int64_t(fewest)),
+                    fmt::format("give --recompute-num-layers between 1 and {} (the layers of "
+                                "each model chunk)",
+                                fewest),
+                    "--recompute-num-layers {} is outside [1, layers per model chunk = {}] for "
+                    "--recompute-method {}",
+                    *a.recompute_num_layers, fewest, *a.recompute_method);
+  } else if (gran == "selective") {
+    MCPP_CHECK_HINT(!a.recompute_method, "drop --recompute-method",
+                    "--recompute-method {} applies to --recompute-granularity full only",
+                    *a.recompute_method);
+    MCPP_CHECK_HINT(!a.recompute_num_layers, "drop --recompute-num-layers",
+                    "--recompute-num-layers applies to --recompute-granularity full only");
+  } else {
+    MCPP_CHECK_HINT(!a.recompute_method && !a.recompute_num_layers,
+                    "add --recompute-granularity full",
+                    "--recompute-method/--recompute-num-layers given without "
+                    "--recompute-granularity full");
+  }
+}
+
+}  // namespace
+
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
                   world_size);
@@ -622,11 +724,6 @@ void validate_args(Args& a, int world_size, bool training) {
       a.position_embedding_type);
   MCPP_CHECK_HINT(a.optimizer == "adam", "use --optimizer adam (AdamW, Megatron's default)",
                   "--optimizer {} is not implemented yet by megatron.cpp", a.optimizer);
-  MCPP_CHECK_HINT(a.pipeline_model_parallel_size == 1,
-                  "drop --pipeline-model-parallel-size (or set it to 1) and use TP/DP for now",
-                  "--pipeline-model-parallel-size {}: pipeline parallelism lands in megatron.cpp "
-                  "later; only 1 is supported now",
-                  a.pipeline_model_parallel_size);
   MCPP_CHECK_HINT(a.context_parallel_size == 1, "drop --context-parallel-size for now",
                   "--context-parallel-size {}: context parallelism is not implemented yet; only "
                   "1 is supported now",
@@ -798,6 +895,8 @@ void validate_args(Args& a, int world_size, bool training) {
             lo > 0 ? fmt::format("{} or {}", lo, lo + per_step) : std::to_string(per_step)));
   }
   a.num_microbatches = a.global_batch_size / per_step;
+
+  validate_pipeline(a);
 
   // Tokenizer needs.
   if (a.tokenizer_type == "NullTokenizer")

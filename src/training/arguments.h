@@ -132,7 +132,13 @@ struct Args {
 
   // Parallelism. world_size, data_parallel_size and num_microbatches are set by validate_args.
   int64_t tensor_model_parallel_size = 1;
-  int64_t pipeline_model_parallel_size = 1;  // 1 only for now
+  int64_t pipeline_model_parallel_size = 1;
+  std::optional<int64_t> decoder_first_pipeline_num_layers;    // uneven first stage
+  std::optional<int64_t> decoder_last_pipeline_num_layers;     // uneven last stage
+  std::optional<int64_t> num_layers_per_virtual_pipeline_stage;  // interleaved schedule
+  std::optional<int64_t> num_virtual_stages_per_pipeline_rank;   // interleaved schedule
+  std::optional<int64_t> microbatch_group_size_per_vp_stage;     // default: PP
+  int64_t virtual_pipeline_model_parallel_size = 1;  // derived: model chunks per rank
   int64_t context_parallel_size = 1;         // 1 only for now
   int64_t expert_model_parallel_size = 1;    // 1 only for now
   bool sequence_parallel = false;            // --sequence-parallel (off at TP 1, as Megatron)
@@ -144,6 +150,12 @@ struct Args {
   int64_t world_size = 0;
   int64_t data_parallel_size = 0;
   int64_t num_microbatches = 0;
+
+  // Activation recomputation.
+  std::optional<std::string> recompute_granularity;  // full | selective
+  std::optional<std::string> recompute_method;       // uniform | block (full only)
+  std::optional<int64_t> recompute_num_layers;       // layers per group (uniform) / recomputed (block)
+  bool recompute_activations = false;                // = --recompute-granularity selective
 
   // Precision and initialisation.
   bool bf16 = false, fp16 = false;

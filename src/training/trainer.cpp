@@ -25,6 +25,8 @@
 #include "optim/optimizer.h"
 #include "parallel/data_parallel/grad_buffer.h"
 #include "parallel/parallel_state.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule.h"
 #include "training/flops.h"
 #include "training/log_line.h"
 
@@ -59,6 +61,13 @@ model::TransformerConfig model_config(const Args& a, DType dt) {
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
   c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;
   c.sequence_parallel = a.sequence_parallel;
+  using RC = model::TransformerConfig::Recompute;
+  const std::string gran = a.recompute_granularity.value_or("");
+  c.recompute = gran == "full" ? RC::Full : gran == "selective" ? RC::Selective : RC::None;
+  c.recompute_method = a.recompute_method.value_or("uniform") == "block"
+                           ? model::TransformerConfig::RecomputeMethod::Block
+                           : model::TransformerConfig::RecomputeMethod::Uniform;
+  c.recompute_num_layers = a.recompute_num_layers.value_or(1);
   return c;
 }
 
@@ -89,6 +98,11 @@ struct Trainer::State {
   // Declared first, destroyed last: every communicator outlives its users.
   std::unique_ptr<comm::World> world;
   std::unique_ptr<parallel::ParallelState> ps;
+  // Pipeline parallelism: a second communicator over each pipeline group, for gradients
+  // (activations use ps->pp()), and this stage's action lists.
+  std::unique_ptr<comm::Communicator> pp_grads;
+  parallel::pipeline::Schedule schedule;            // [stage][action], training step
+  std::vector<parallel::pipeline::Action> forward_only;  // this stage, evaluation
   Args args;
   std::unique_ptr<data::Tokenizer> tok;
   std::unique_ptr<model::GPTModel> model;
@@ -218,6 +232,7 @@ struct Trainer::State {
     }
     checkpoint::LoadOptions o;
     o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = a.finetune;
+    o.partial_model = a.pipeline_model_parallel_size > 1;
     const bool load_optim = !(a.no_load_optim || a.finetune);
     // The distributed optimizer loads the whole moments, then keeps its shard.
     std::unique_ptr<optim::AdamW> full;
@@ -289,6 +304,10 @@ struct Trainer::State {
     model::StepKeys keys;
     keys.iteration = iteration, keys.global_batch = args.global_batch_size;
     keys.training = training;
+    if (args.pipeline_model_parallel_size > 1) {
+      loss_sum = run_pipeline(mbs, offsets, keys, grad_scale, training);
+      return {dp_sum(loss_sum), tokens};
+    }
     for (int64_t j = 0; j < M; ++j) {
       keys.sample_offset = offsets[j];
       loss_sum += model->forward(mbs[j], keys);
@@ -299,15 +318,63 @@ struct Trainer::State {
     return {dp_sum(loss_sum), tokens};
   }
 
+  // One global batch through this pipeline stage: the schedule's actions (forward-only
+  // for evaluation), then the loss (held by the last stage) summed over the pipeline.
+  double run_pipeline(const std::vector<model::MicroBatch>& mbs,
+                      const std::vector<int64_t>& offsets, model::StepKeys keys,
+                      double grad_scale, bool training) {
+    namespace pl = parallel::pipeline;
+    const int M = int(mbs.size());
+    double loss_sum = 0;
+    pl::StageCallbacks cb;
+    cb.forward = [&](int m, int c, const Tensor& in) {
+      keys.sample_offset = offsets[size_t(m)];
+      auto r = model->forward_chunk(c, m, mbs[size_t(m)], keys, in);
+      if (!training) model->drop_chunk(c, m);
+      loss_sum += r.loss;
+      return r.output;
+    };
+    cb.backward = [&](int m, int c, const Tensor& g) {
+      return model->backward_chunk(c, m, g, grad_scale, /*final=*/m == M - 1);
+    };
+    // Gradient hooks fire only in each chunk's last backward (final above).
+    if (training && dp_grads) dp_grads->begin_final_backward();
+    const auto& c = model_cfg;
+    pl::ExecutorOptions o;
+    o.activation_shape = {c.seq_local() * args.micro_batch_size, c.hidden_size};
+    o.dtype = c.dtype, o.device = c.device;
+    Stream& st = ops::default_stream(c.device);
+    const auto& actions = training ? schedule[size_t(ps->pp_rank())] : forward_only;
+    pl::run_stage(actions, ps->pp(), *pp_grads, o, cb, st);
+    Tensor t = Tensor::empty({1}, DType::F64);
+    t.data<double>()[0] = loss_sum;
+    ps->pp().all_reduce(t, comm::ReduceOp::Sum, ops::default_stream(Device::CPU));
+    return t.data<double>()[0];
+  }
+
   // Megatron's finalize_model_grads + get_grad_norm: gradients summed over DP (buckets;
   // reduce-scatter with the distributed optimizer), sequence-parallel partial gradients
   // summed over TP, and the squared global norm, counting TP-duplicated parameters once.
   double reduce_grads() {
     Stream& st = ops::default_stream(Device::CPU);
+    const bool pipelined = args.pipeline_model_parallel_size > 1;
+    if (pipelined) {
+      // Megatron's _allreduce_word_embedding_grads: the tied embedding's two copies (first
+      // and last stage) get the sum of both gradients -- before the data-parallel
+      // reduction, which with the distributed optimizer leaves only shards.
+      if (!args.untie_embeddings_and_output_weights && ps->has(parallel::Group::Embedding) &&
+          ps->embedding().size() > 1) {
+        Tensor g = model->params().grad("embedding.word_embeddings.weight");
+        ps->embedding().all_reduce(g, comm::ReduceOp::Sum, st);
+      }
+      if (args.overlap_grad_reduce) dp_grads->layer_ready(-1, st);
+    }
     dp_grads->finish(st);
     const auto& P = model->params();
     const int tp_rank = ps->tp_rank();
-    auto counted = [&](size_t i) { return tp_rank == 0 || !model->tp_duplicated(i); };
+    auto counted = [&](size_t i) {
+      return (tp_rank == 0 || !model->tp_duplicated(i)) && !model->pipeline_duplicate(i);
+    };
     double sq = 0;
     if (dist_opt) {
       if (model_cfg.sp()) dist_opt->all_reduce_grads(ps->tp(), [&](size_t i) {
@@ -316,15 +383,17 @@ struct Trainer::State {
       sq = dist_opt->grad_sq_norm(counted);
     } else {
       model->finalize_tp_grads();
-      if (ps->tp().size() == 1) {
+      if (ps->tp().size() == 1 && !pipelined) {
         sq = opt->grad_sq_norm();
       } else {
         for (size_t i = 0; i < P.infos().size(); ++i)
           if (counted(i)) sq += ops::sum_squares(P.grad(i), st);
       }
     }
-    // Sum over the ranks holding distinct gradients: TP (x DP with sharded gradients).
-    comm::Communicator& g = dist_opt ? ps->group(parallel::Group::TP_DP) : ps->tp();
+    // Sum over the ranks holding distinct gradients: TP (x DP with sharded gradients)
+    // (x PP: every stage holds other layers).
+    comm::Communicator& g = dist_opt ? (pipelined ? world->world() : ps->group(parallel::Group::TP_DP))
+                                     : (pipelined ? ps->mp() : ps->tp());
     if (g.size() > 1) {
       Tensor t = Tensor::empty({1}, DType::F64);
       t.data<double>()[0] = sq;
@@ -411,12 +480,49 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   // The distributed optimizer splits every bucket into DP equal blocks: align each
   // parameter to a multiple of DP (and of 64 elements, as Megatron pads param starts).
   if (a.use_distributed_optimizer) s.model_cfg.param_align = std::lcm<int64_t>(64, dp);
-  s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp());
-  log::info("> initialized tensor model parallel with size {}, data parallel with size {}{}{}",
-            a.tensor_model_parallel_size, dp, a.sequence_parallel ? ", sequence parallel" : "",
+  model::PipelinePart part;
+  const int pp = int(a.pipeline_model_parallel_size), vpp = int(a.virtual_pipeline_model_parallel_size);
+  if (pp > 1) {
+    namespace pl = parallel::pipeline;
+    auto opt_int = [](const std::optional<int64_t>& v) {
+      return v ? std::optional<int>(int(*v)) : std::nullopt;
+    };
+    const auto layers = pl::assign_layers(int(a.num_layers), pp, vpp,
+                                          opt_int(a.decoder_first_pipeline_num_layers),
+                                          opt_int(a.decoder_last_pipeline_num_layers));
+    const int stage = s.ps->pp_rank();
+    for (int c = 0; c < vpp; ++c) part.chunks.push_back(layers[size_t(stage * vpp + c)]);
+    part.first_stage = stage == 0, part.last_stage = stage == pp - 1;
+    // Megatron's schedule: 1F1B, interleaved with virtual stages.
+    s.schedule = pl::build_schedule(vpp > 1 ? pl::ScheduleKind::Interleaved1F1B : pl::ScheduleKind::OneFOneB,
+                                    pp, vpp, int(a.num_microbatches),
+                                    int(a.microbatch_group_size_per_vp_stage.value_or(0)));
+    for (const auto& act : s.schedule[size_t(stage)])
+      if (act.op == pl::Op::Forward || act.op == pl::Op::SendActivation ||
+          act.op == pl::Op::RecvActivation)
+        s.forward_only.push_back(act);
+    s.pp_grads = s.world->split(s.ps->layout().groups(parallel::Group::PP), "pp-grad");
+    MCPP_CHECK(s.pp_grads && s.pp_grads->rank() == stage && s.ps->pp().rank() == stage,
+               "pipeline group ranks do not follow the pipeline stages");
+    std::string chunks;
+    for (const auto& ch : part.chunks)
+      chunks += fmt::format(" [{}-{}]", ch.front(), ch.back());
+    log::info("> pipeline: {} stages x {} model chunks, {} schedule, {} micro-batches; stage 0 "
+              "layers{}",
+              pp, vpp, vpp > 1 ? "interleaved 1F1B" : "1F1B", a.num_microbatches, chunks);
+  }
+  s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
+  log::info("> initialized tensor model parallel with size {}, pipeline model parallel with "
+            "size {}, data parallel with size {}{}{}",
+            a.tensor_model_parallel_size, pp, dp, a.sequence_parallel ? ", sequence parallel" : "",
             a.use_distributed_optimizer ? ", distributed optimizer" : "");
-  log::info(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): {}",
-            s.model->params().total_numel());
+  log::info(" > number of parameters on (tensor, pipeline) model parallel rank ({}, {}): {}",
+            s.ps->tp_rank(), s.ps->pp_rank(), s.model->params().total_numel());
+  if (a.recompute_granularity)
+    log::info("> activation recomputation: {}{}", *a.recompute_granularity,
+              *a.recompute_granularity == "full"
+                  ? fmt::format(", method {}, {} layers", *a.recompute_method, *a.recompute_num_layers)
+                  : std::string(", the attention core"));
   {
     auto& P = s.model->params();
     std::vector<parallel::ParamSpan> spans;
