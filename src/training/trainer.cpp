@@ -497,10 +497,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     s.schedule = pl::build_schedule(vpp > 1 ? pl::ScheduleKind::Interleaved1F1B : pl::ScheduleKind::OneFOneB,
                                     pp, vpp, int(a.num_microbatches),
                                     int(a.microbatch_group_size_per_vp_stage.value_or(0)));
-    for (const auto& act : s.schedule[size_t(stage)])
-      if (act.op == pl::Op::Forward || act.op == pl::Op::SendActivation ||
-          act.op == pl::Op::RecvActivation)
-        s.forward_only.push_back(act);
+    s.forward_only = pl::forward_only(s.schedule)[size_t(stage)];
     s.pp_grads = s.world->split(s.ps->layout().groups(parallel::Group::PP), "pp-grad");
     MCPP_CHECK(s.pp_grads && s.pp_grads->rank() == stage && s.ps->pp().rank() == stage,
                "pipeline group ranks do not follow the pipeline stages");

@@ -365,3 +365,40 @@ TEST(PipelineLayers, VirtualStagesAndMicrobatches) {
 
 }  // namespace
 }  // namespace mcpp::parallel::pipeline
+
+namespace mcpp::parallel::pipeline {
+namespace {
+
+// Evaluation runs the forward-only form of the training schedule: it must replay
+// without deadlock (also with rendezvous transfers), every stage forwarding every
+// (micro-batch, chunk) exactly once, in the training schedule's order.
+TEST(PipelineSchedule, ForwardOnlyReplays) {
+  for (int pp : {2, 3, 4, 8})
+    for (int v : {1, 2, 4})
+      for (int m = pp; m <= 8 * pp; m += pp) {
+        const K kind = v > 1 ? K::Interleaved1F1B : K::OneFOneB;
+        const Schedule full = build_schedule(kind, pp, v, m);
+        const Schedule fo = forward_only(full);
+        const SimResult r = simulate(fo, {}, P2PSemantics::Rendezvous);
+        // The only complaint allowed: forwards without backwards (by construction).
+        for (const auto& p : r.problems)
+          ASSERT_NE(p.find("never had their backward"), std::string::npos)
+              << "PP " << pp << " V " << v << " M " << m << ": " << p;
+        ASSERT_EQ(int(r.problems.size()), pp);
+        for (int s = 0; s < pp; ++s) {
+          std::vector<Action> fwd_full, fwd_fo;
+          for (const auto& a : full[size_t(s)])
+            if (a.op == Op::Forward) fwd_full.push_back(a);
+          for (const auto& a : fo[size_t(s)]) {
+            ASSERT_TRUE(a.op == Op::Forward || a.op == Op::SendActivation ||
+                        a.op == Op::RecvActivation);
+            if (a.op == Op::Forward) fwd_fo.push_back(a);
+          }
+          ASSERT_EQ(fwd_fo, fwd_full);
+          ASSERT_EQ(int(fwd_fo.size()), m * v);
+        }
+      }
+}
+
+}  // namespace
+}  // namespace mcpp::parallel::pipeline

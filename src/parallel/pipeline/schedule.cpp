@@ -198,6 +198,15 @@ void build_interleaved(StageWriter& w, int vpp, int m, int g) {
 
 }  // namespace
 
+Schedule forward_only(const Schedule& schedule) {
+  Schedule out(schedule.size());
+  for (size_t s = 0; s < schedule.size(); ++s)
+    for (const Action& a : schedule[s])
+      if (a.op == Op::Forward || a.op == Op::SendActivation || a.op == Op::RecvActivation)
+        out[s].push_back(a);
+  return out;
+}
+
 std::vector<std::pair<int, int>> interleaved_schedule_table(int m, int vpp, int g) {
   MCPP_CHECK(g >= 1 && m >= 1 && vpp >= 1, "schedule table: bad sizes M={} V={} G={}", m, vpp, g);
   std::vector<std::pair<int, int>> table;

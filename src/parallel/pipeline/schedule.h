@@ -76,6 +76,11 @@ using Schedule = std::vector<std::vector<Action>>;  // [stage][step]
 Schedule build_schedule(ScheduleKind kind, int pp, int vpp, int num_microbatches,
                         int microbatch_group_size = 0);
 
+// The forward-only form of a schedule (evaluation, Megatron's forward_only=True): every
+// stage's forwards and activation transfers in the same order, without backwards and
+// gradient transfers (a batch loses its gradient members).
+Schedule forward_only(const Schedule& schedule);
+
 // Megatron's get_schedule_table: the (microbatch, chunk) of the k-th forward on
 // every rank of the interleaved schedule. Micro-batches go in groups of
 // `group_size`; inside a group all of chunk 0, then all of chunk 1, ...; the
