@@ -649,6 +649,18 @@ TrainSummary Trainer::run() {
     s.timers("optimizer").stop();
     s.consumed_train += gbs;
     s.flops_so_far += flops_per_iter;
+    if (iteration == start_iteration + 1 && s.ps->dp_rank() == 0 && s.ps->tp_rank() == 0) {
+      // Like Megatron's memory report after the first iteration, for saved activations:
+      // one line per pipeline stage.
+      const auto m = s.model->activation_memory();
+      log::write(log::Level::Info,
+                 fmt::format("(after {} iterations) activations (MB) | peak saved: "
+                             "{:.2f} | micro-batches in flight at the peak: {} | largest per "
+                             "micro-batch: {:.2f} | shared scratch: {:.2f}",
+                             iteration, m.peak / 1048576.0, m.max_in_flight,
+                             m.per_slot_max / 1048576.0, m.scratch / 1048576.0),
+                 /*all_ranks=*/true);
+    }
     out.losses.push_back(loss);
     interval_loss += loss, ++interval_iters, last_grad_norm = grad_norm;
 

@@ -185,10 +185,6 @@ TEST(Validate, RotaryPercentRange) {
 }
 
 TEST(Validate, ValuesNotImplementedYet) {
-  expect_invalid(with(base_argv(), {"--pipeline-model-parallel-size", "2"}),
-                 {"--pipeline-model-parallel-size 2: pipeline parallelism lands in megatron.cpp "
-                  "later"},
-                 2);
   expect_invalid(with(base_argv(), {"--context-parallel-size", "2"}), {"--context-parallel-size 2"},
                  2);
   expect_invalid(with(base_argv(), {"--expert-model-parallel-size", "2"}),
@@ -294,4 +290,57 @@ TEST(SchedulerConfig, FromArgsInSamples) {
   EXPECT_EQ(e.decay_steps, 900);
   EXPECT_DOUBLE_EQ(e.warmup_steps, 100.0);
   EXPECT_EQ(e.wd_incr_steps, 1000);
+}
+
+TEST(Validate, PipelineLayoutsAndRecomputation) {
+  // 4 layers, micro-batch 2, DP 1 at world 2 x PP 2: global batch 8 = 4 micro-batches.
+  auto pp = [](std::initializer_list<std::string> more) {
+    return with(with(base_argv(), {"--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                                   "--global-batch-size", "8"}),
+                more);
+  };
+  Args a = parse_and_validate(pp({}), 2);
+  EXPECT_EQ(a.virtual_pipeline_model_parallel_size, 1);
+  EXPECT_EQ(a.data_parallel_size, 1);
+  a = parse_and_validate(pp({"--num-layers-per-virtual-pipeline-stage", "1"}), 2);
+  EXPECT_EQ(a.virtual_pipeline_model_parallel_size, 2);
+  a = parse_and_validate(pp({"--num-virtual-stages-per-pipeline-rank", "2"}), 2);
+  EXPECT_EQ(a.virtual_pipeline_model_parallel_size, 2);
+  expect_invalid(pp({"--num-virtual-stages-per-pipeline-rank", "4"}),
+                 {"pipeline stage 0 has 2 layers, which is not divisible by 4 virtual"}, 2);
+  expect_invalid(pp({"--num-virtual-stages-per-pipeline-rank", "2",
+                     "--num-layers-per-virtual-pipeline-stage", "1"}),
+                 {"cannot be set at the same time"}, 2);
+  expect_invalid(with(base_argv(), {"--num-virtual-stages-per-pipeline-rank", "2"}),
+                 {"needs --pipeline-model-parallel-size > 1"});
+  EXPECT_NO_THROW(parse_and_validate(pp({"--decoder-first-pipeline-num-layers", "1"}), 2));
+  expect_invalid(pp({"--decoder-first-pipeline-num-layers", "5"}),
+                 {"--num-layers 4 is fewer than the layers given to the first/last stages"}, 2);
+  EXPECT_NO_THROW(parse_and_validate(
+      pp({"--decoder-first-pipeline-num-layers", "1", "--decoder-last-pipeline-num-layers", "3"}),
+      2));
+  // Interleaved: 5 micro-batches in groups of 4 leave a last group of 1 < PP.
+  expect_invalid(pp({"--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "10",
+                     "--microbatch-group-size-per-virtual-pipeline-stage", "4"}),
+                 {"micro-batch"}, 2);
+  expect_invalid(pp({"--microbatch-group-size-per-virtual-pipeline-stage", "2"}),
+                 {"applies to the interleaved schedule only"}, 2);
+  // Recomputation, as Megatron's TransformerConfig checks it.
+  a = parse_and_validate(pp({"--recompute-activations"}), 2);
+  EXPECT_EQ(a.recompute_granularity.value_or(""), "selective");
+  expect_invalid(pp({"--recompute-granularity", "full"}),
+                 {"--recompute-granularity full needs --recompute-method uniform|block"}, 2);
+  expect_invalid(pp({"--recompute-granularity", "full", "--recompute-method", "uniform"}),
+                 {"needs --recompute-num-layers"}, 2);
+  expect_invalid(pp({"--recompute-granularity", "full", "--recompute-method", "block",
+                     "--recompute-num-layers", "3"}),
+                 {"--recompute-num-layers 3 is outside [1, layers per model chunk = 2]"}, 2);
+  EXPECT_NO_THROW(parse_and_validate(pp({"--recompute-granularity", "full", "--recompute-method",
+                                         "uniform", "--recompute-num-layers", "3"}),
+                                     2));
+  expect_invalid(pp({"--recompute-granularity", "selective", "--recompute-method", "block"}),
+                 {"--recompute-method block applies to --recompute-granularity full only"}, 2);
+  expect_invalid(pp({"--recompute-num-layers", "1"}),
+                 {"given without --recompute-granularity full"}, 2);
+  expect_invalid(pp({"--recompute-granularity", "partial"}), {"partial"}, 2);
 }
