@@ -63,6 +63,14 @@ if [[ -z "${SKIP_TESTS:-}" ]]; then
   ctest --test-dir "$BUILD" -L gpu --output-on-failure -j 8 --timeout 600 2>&1 \
     | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
   test_rc=${PIPESTATUS[0]}
+  if [[ $test_rc != 0 ]] && grep -qE "Cudnn.*(Failed|SEGFAULT|Exception)" "$LOGS/ctest.log"; then
+    # cuDNN's own reasons for rejecting the attention graphs (its debug log, level 2).
+    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$LOGS/cudnn_debug.full" "$BUILD/tests/test_gpu" \
+      --gtest_filter='CudnnAttention*' > "$LOGS/cudnn_tests.log" 2>&1
+    head -c 8000000 "$LOGS/cudnn_debug.full" > "$LOGS/cudnn_debug.log"; rm -f "$LOGS/cudnn_debug.full"
+    echo "gpu-check: cuDNN attention tests failed; cuDNN's log: $LOGS/cudnn_debug.log"
+    grep -iE "error|not supported|reject" "$LOGS/cudnn_debug.log" | sort | uniq -c | sort -rn | head -15
+  fi
 fi
 
 "$BUILD/bench/bench_gpu_ops" $QUICK > "$LOGS/bench.md" 2> "$LOGS/bench.err"
@@ -97,7 +105,7 @@ if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core
     2>&1 >/dev/null | grep -E "losses|ms/step"
 fi
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
 echo
 echo "## GPU op benchmark ($GPU_NAME, commit $COMMIT)"
 cat "$LOGS/bench.md"
