@@ -22,7 +22,7 @@
 # Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
 #        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32",
 #        TORCH=0 to skip the PyTorch reference, TORCH_ARGS for it, TORCH_TIMEOUT seconds
-#        (default 330), SKIP_TESTS=1, COMPARE_ATTENTION=1 to time the step again with
+#        (default 330), SKIP_TESTS=1 or TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
 #        MCPP_ATTENTION_CUDNN=0, i.e. the own flash kernel instead of cuDNN's)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +60,8 @@ export NCCL_NVLS_ENABLE=0
 # share the GPU fine at these sizes.
 test_rc=0
 if [[ -z "${SKIP_TESTS:-}" ]]; then
-  ctest --test-dir "$BUILD" -L gpu --output-on-failure -j 8 --timeout 600 2>&1 \
+  ctest --test-dir "$BUILD" -L gpu ${TEST_REGEX:+-R "$TEST_REGEX"} --output-on-failure -j 8 \
+    --timeout 600 2>&1 \
     | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
   test_rc=${PIPESTATUS[0]}
   if [[ $test_rc != 0 ]] && grep -qE "Cudnn.*(Failed|SEGFAULT|Exception)" "$LOGS/ctest.log"; then
