@@ -188,11 +188,14 @@ int main(int argc, char** argv) {
     const double per_tok = 6 * n6 + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
     Row r{c.name, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
           gpu::memory_stats().peak / 1048576.0, c.torch_compiled, c.torch_eager, 0, false};
-    if (torch.contains(c.name) && torch[c.name].value("mb", int64_t(0)) == B) {
+    // Only a complete measurement replaces the reference numbers (a run cut short may
+    // have the eager number alone).
+    if (torch.contains(c.name) && torch[c.name].value("mb", int64_t(0)) == B &&
+        torch[c.name].value("compiled", 0.0) > 0 && torch[c.name].value("eager", 0.0) > 0) {
       const auto& t = torch[c.name];
       r.torch_c = t.value("compiled", 0.0), r.torch_e = t.value("eager", 0.0);
       r.torch_peak = t.value("compiled_peak_mb", 0.0);
-      r.measured = r.torch_c > 0;
+      r.measured = true;
     }
     rows.push_back(r);
   }
