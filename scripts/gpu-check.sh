@@ -22,7 +22,7 @@
 # Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
 #        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32",
 #        TORCH=0 to skip the PyTorch reference, TORCH_ARGS for it, TORCH_TIMEOUT seconds
-#        (default 330), SKIP_TESTS=1 or TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
+#        (default 420: compiling the four models takes about 4 minutes), SKIP_TESTS=1 or TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
 #        MCPP_ATTENTION_CUDNN=0, i.e. the own flash kernel instead of cuDNN's)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,7 +81,7 @@ tail -3 "$LOGS/bench.err"
 TORCH_JSON=()
 if [[ "${TORCH:-1}" != 0 ]]; then
   # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-330}" python3 bench/gpu/torch_reference.py \
+  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-420}" python3 bench/gpu/torch_reference.py \
     --json "$LOGS/torch.json" ${TORCH_ARGS:-} > "$LOGS/torch.md" 2> "$LOGS/torch.err"
   echo "gpu-check: torch_reference rc=$?"
   grep -vE "^\s*$" "$LOGS/torch.err" | grep -E "torch_reference|tok/s|Error|error" | head -20
