@@ -75,12 +75,18 @@ if(MCPP_ENABLE_CUDA)
     # cuDNN and NCCL: the CUDA toolkit folder on CI, a Python wheel's folder on the GPU machine
     # (pass -DMCPP_CUDNN_ROOT=... -DMCPP_NCCL_ROOT=...; scripts/gpu-check.sh does).
     find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${MCPP_CUDNN_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
-    find_library(CUDNN_LIBRARY cudnn HINTS ${MCPP_CUDNN_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
+    # (PyTorch's wheel ships only libcudnn.so.9, without the unversioned link.)
+    find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+                 HINTS ${MCPP_CUDNN_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${MCPP_NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
     find_library(NCCL_LIBRARY nccl HINTS ${MCPP_NCCL_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
     message(STATUS "megatron.cpp: CUDA: yes (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
     if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
-      message(STATUS "megatron.cpp: cuDNN: yes (${CUDNN_LIBRARY})")
+      message(STATUS "megatron.cpp: cuDNN: yes (${CUDNN_LIBRARY}; fused attention)")
+      # Its runtime-compiled attention engines need NVRTC and the driver API.
+      list(APPEND MCPP_CUDA_DEPS ${CUDNN_LIBRARY} CUDA::nvrtc CUDA::cuda_driver)
+      include_directories(SYSTEM ${CUDNN_INCLUDE_DIR})
+      add_compile_definitions(MCPP_HAVE_CUDNN)
     else()
       message(STATUS "megatron.cpp: cuDNN: NO (attention uses the own flash kernel)")
     endif()

@@ -15,8 +15,15 @@
 # unpacked with `dpkg -x` into a folder of the repository) and pass that folder as
 # CMAKE_PREFIX_PATH=... in the environment.
 #
+# The PyTorch reference (bench/gpu/torch_reference.py: the same four models, eager and
+# torch.compile) runs in the same call, before bench_gpu_train, which reads its JSON so
+# each row carries megatron.cpp / PyTorch measured side by side.
+#
 # Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
-#        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32")
+#        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32",
+#        TORCH=0 to skip the PyTorch reference, TORCH_ARGS for it, TORCH_TIMEOUT seconds
+#        (default 420: compiling the four models takes about 4 minutes), SKIP_TESTS=1 or TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
+#        MCPP_ATTENTION_CUDNN=0, i.e. the own flash kernel instead of cuDNN's)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=${1:-}
@@ -51,17 +58,47 @@ export NCCL_NVLS_ENABLE=0
 
 # Tests: each gtest case is its own ctest entry (gtest_discover_tests); several at once
 # share the GPU fine at these sizes.
-ctest --test-dir "$BUILD" -L gpu --output-on-failure -j 8 --timeout 600 2>&1 \
-  | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
-test_rc=${PIPESTATUS[0]}
+test_rc=0
+if [[ -z "${SKIP_TESTS:-}" ]]; then
+  ctest --test-dir "$BUILD" -L gpu ${TEST_REGEX:+-R "$TEST_REGEX"} --output-on-failure -j 8 \
+    --timeout 600 2>&1 \
+    | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
+  test_rc=${PIPESTATUS[0]}
+  if [[ $test_rc != 0 ]] && grep -qE "Cudnn.*(Failed|SEGFAULT|Exception)" "$LOGS/ctest.log"; then
+    # cuDNN's own reasons for rejecting the attention graphs (its debug log, level 2).
+    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$LOGS/cudnn_debug.full" "$BUILD/tests/test_gpu" \
+      --gtest_filter='CudnnAttention*' > "$LOGS/cudnn_tests.log" 2>&1
+    head -c 8000000 "$LOGS/cudnn_debug.full" > "$LOGS/cudnn_debug.log"; rm -f "$LOGS/cudnn_debug.full"
+    echo "gpu-check: cuDNN attention tests failed; cuDNN's log: $LOGS/cudnn_debug.log"
+    grep -iE "error|not supported|reject" "$LOGS/cudnn_debug.log" | sort | uniq -c | sort -rn | head -15
+  fi
+fi
 
 "$BUILD/bench/bench_gpu_ops" $QUICK > "$LOGS/bench.md" 2> "$LOGS/bench.err"
 bench_rc=$?
-tail -5 "$LOGS/bench.err"
+grep -E "attention|cuDNN" "$LOGS/bench.err" | head -20
+tail -3 "$LOGS/bench.err"
+TORCH_JSON=()
+if [[ "${TORCH:-1}" != 0 ]]; then
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-420}" python3 bench/gpu/torch_reference.py \
+    --json "$LOGS/torch.json" ${TORCH_ARGS:-} > "$LOGS/torch.md" 2> "$LOGS/torch.err"
+  echo "gpu-check: torch_reference rc=$?"
+  grep -vE "^\s*$" "$LOGS/torch.err" | grep -E "torch_reference|tok/s|Error|error" | head -20
+  [[ -s "$LOGS/torch.json" ]] && TORCH_JSON=(--torch "$LOGS/torch.json")
+fi
 # shellcheck disable=SC2086
-"$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} > "$LOGS/train.md" 2> "$LOGS/train.err"
+"$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} "${TORCH_JSON[@]}" > "$LOGS/train.md" \
+  2> "$LOGS/train.err"
 train_rc=$?
 cat "$LOGS/train.err"
+if [[ -n "${COMPARE_ATTENTION:-}" ]]; then  # the same step with the own flash kernel
+  echo "gpu-check: the training step with MCPP_ATTENTION_CUDNN=0"
+  # shellcheck disable=SC2086
+  MCPP_ATTENTION_CUDNN=0 "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} "${TORCH_JSON[@]}" \
+    > "$LOGS/train_flash.md" 2> "$LOGS/train_flash.err"
+  grep -E "ms/step|attention" "$LOGS/train_flash.err"
+fi
 if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core attention
   echo "gpu-check: $FALLBACK_CHECK with MCPP_ATTENTION_FALLBACK=1"
   # shellcheck disable=SC2086
@@ -69,13 +106,18 @@ if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core
     2>&1 >/dev/null | grep -E "losses|ms/step"
 fi
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
 echo
 echo "## GPU op benchmark ($GPU_NAME, commit $COMMIT)"
 cat "$LOGS/bench.md"
 echo
 echo "## Training step, bf16, one GPU ($GPU_NAME, commit $COMMIT, $(date -u +%F))"
 cat "$LOGS/train.md"
+if [[ -s "$LOGS/train_flash.md" ]]; then
+  echo
+  echo "## The same with MCPP_ATTENTION_CUDNN=0 (own flash kernel)"
+  cat "$LOGS/train_flash.md"
+fi
 echo
 echo "gpu-check: tests rc=$test_rc, bench rc=$bench_rc, train rc=$train_rc"
 exit $((test_rc != 0 || bench_rc != 0 || train_rc != 0))

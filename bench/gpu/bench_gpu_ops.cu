@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/device.h"
+#include "ops/cuda/flash_attention.h"
 #include "ops/ops.h"
 
 using namespace mcpp;
@@ -214,10 +216,15 @@ int main(int argc, char** argv) {
           [&] { ops::ce_backward(logits, mx, se, tg, 0, dl, logits, s); });
   }
   // ---- attention and RoPE ---------------------------------------------------------------
+  // The four training shapes of bench_gpu_train (GPT-2 124M / 350M at mb 64, GPT-3 XL and
+  // Llama-style 1B at mb 16): the op as dispatched (cuDNN when it takes the call), cuDNN's
+  // backward on both dQ paths, and the own flash kernel.
+  std::fprintf(stderr, "attention: %s\n", gpu::cudnn_attention_status().c_str());
   struct AC {
     int64_t B, S, NH, NG, HD;
   };
-  for (AC c : {AC{16, 1024, 16, 16, 64}, AC{8, 2048, 32, 8, 64}, AC{4, 2048, 16, 16, 128}}) {
+  for (AC c : {AC{64, 1024, 12, 12, 64}, AC{64, 1024, 16, 16, 64}, AC{16, 2048, 16, 16, 128},
+               AC{16, 2048, 32, 8, 64}}) {
     ops::AttentionDims d;
     d.S = c.S, d.B = c.B, d.NH = c.NH, d.NG = c.NG, d.HD = c.HD;
     Tensor qkv = rnd({c.S, c.B, d.qkv_width()}, bf), out = rnd({c.S, c.B, c.NH * c.HD}, bf);
@@ -233,7 +240,27 @@ int main(int argc, char** argv) {
     flops("attention_backward", sh, 2.5 * fwd, [&] {
       ops::attention_backward(dout, qkv, out, lse, d, sc, 0.0, {}, dqkv, s);
     });
-    if (c.HD == 64 && c.NG == 8) {
+    const gpu::FlashArgs fa{qkv.raw(), d, bf, sc};
+    auto cs = static_cast<cudaStream_t>(s.handle);
+    if (gpu::cudnn_attention_enabled()) {
+      for (int det : {1, 0})
+        flops(det ? "  cuDNN bwd, ordered dQ" : "  cuDNN bwd, atomic dQ", sh, 2.5 * fwd, [&] {
+          if (!gpu::cudnn_attention_backward(fa, dout.raw(), out.raw(),
+                                             static_cast<float*>(lse.raw()), dqkv.raw(), cs, det))
+            MCPP_FAIL("cuDNN rejected the attention backward for {}", sh);
+        });
+    }
+    if (gpu::flash_attention_applies(bf, c.HD, 0.0)) {
+      Tensor delta = rnd({c.B, c.NH, c.S}, DType::F32);
+      flops("  own flash fwd", sh, fwd, [&] {
+        gpu::flash_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs);
+      });
+      flops("  own flash bwd (no delta)", sh, 2.5 * fwd, [&] {
+        gpu::flash_attention_backward(fa, dout.raw(), static_cast<float*>(lse.raw()),
+                                      static_cast<float*>(delta.raw()), dqkv.raw(), cs);
+      });
+    }
+    if (c.NG == 8) {
       double io = double(qkv.numel()) * 2 * 2;
       bytes("rope_forward (in place)", sh, io,
             [&] { ops::rope_forward(qkv, d, c.HD, 10000.0, 0, qkv, s); });

@@ -3,18 +3,26 @@
 // 350M (S 1024), GPT-3 XL 1.3B and a Llama-style 1B (S 2048), bf16, no dropout,
 // synthetic tokens. Prints one table: step time, tokens/s, TFLOP/s by Megatron's
 // formula, MFU by the 6N + 12·L·H·S convention (989 TFLOP/s peak), peak memory, and the
-// PyTorch numbers measured on the same kind of GPU (docs: shared/reference/gpu-machine.md).
+// PyTorch numbers: those of bench/gpu/torch_reference.py run in the same gpu-check call
+// (--torch FILE, its JSON), else the ones measured earlier on the same kind of GPU
+// (shared/reference/gpu-machine.md, marked "ref").
 // Usage: bench_gpu_train [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB ...]
+//                        [--torch torch.json]
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "base/philox.h"
 #include "model/gpt_model.h"
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/device.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
@@ -81,13 +89,14 @@ std::string mem_line(int64_t iters) {
 
 int main(int argc, char** argv) {
   int steps = 6, warmup = 2;
-  std::string only;
+  std::string only, torch_file;
   std::map<std::string, int64_t> mb_override;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--warmup" && i + 1 < argc) warmup = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
     else if (a == "--mb" && i + 1 < argc) {
       std::string kv = argv[++i];
       auto eq = kv.find('=');
@@ -96,10 +105,20 @@ int main(int argc, char** argv) {
   }
   gpu::init_device();
   Stream& st = gpu::default_stream();
+  std::fprintf(stderr, "bench_gpu_train: attention: %s\n", gpu::cudnn_attention_status().c_str());
+  // PyTorch measured in this run: {"GPT-2 124M": {"compiled": tok/s, "eager": tok/s,
+  // "compiled_peak_mb": MB, ...}, ...}
+  nlohmann::json torch = nlohmann::json::object();
+  if (!torch_file.empty()) {
+    std::ifstream f(torch_file);
+    if (f) torch = nlohmann::json::parse(f, nullptr, false);
+    if (torch.is_discarded() || !torch.is_object()) torch = nlohmann::json::object();
+  }
   struct Row {
     std::string name;
     int64_t mb;
-    double ms, tps, tflops, mfu, peak_mb, torch_c, torch_e;
+    double ms, tps, tflops, mfu, peak_mb, torch_c, torch_e, torch_peak;
+    bool measured;  // PyTorch numbers from this run (else the reference ones)
   };
   std::vector<Row> rows;
   for (auto& c : cases()) {
@@ -167,15 +186,31 @@ int main(int argc, char** argv) {
     }
     const double tps = double(B * S) / (ms / 1e3);
     const double per_tok = 6 * n6 + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
-    rows.push_back({c.name, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
-                    gpu::memory_stats().peak / 1048576.0, c.torch_compiled, c.torch_eager});
+    Row r{c.name, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
+          gpu::memory_stats().peak / 1048576.0, c.torch_compiled, c.torch_eager, 0, false};
+    // Only a complete measurement replaces the reference numbers (a run cut short may
+    // have the eager number alone).
+    if (torch.contains(c.name) && torch[c.name].value("mb", int64_t(0)) == B &&
+        torch[c.name].value("compiled", 0.0) > 0 && torch[c.name].value("eager", 0.0) > 0) {
+      const auto& t = torch[c.name];
+      r.torch_c = t.value("compiled", 0.0), r.torch_e = t.value("eager", 0.0);
+      r.torch_peak = t.value("compiled_peak_mb", 0.0);
+      r.measured = true;
+    }
+    rows.push_back(r);
   }
   std::printf("| model | micro-batch | step (ms) | tokens/s | TFLOP/s (Megatron formula) | MFU "
-              "(6N+12LHS) | peak allocated (MB) | PyTorch compiled | PyTorch eager | ratio vs "
-              "compiled |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (auto& r : rows)
-    std::printf("| %s | %lld | %.1f | %.1fK | %.1f | %.1f%% | %.0f | %.1fK | %.1fK | %.2fx |\n",
+              "(6N+12LHS) | peak allocated (MB) | PyTorch compiled | PyTorch eager | PyTorch "
+              "compiled peak (MB) | megatron.cpp / PyTorch compiled |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (auto& r : rows) {
+    const char* src = r.measured ? "" : " (ref)";
+    std::printf("| %s | %lld | %.1f | %.1fK | %.1f | %.1f%% | %.0f | %.1fK%s | %.1fK%s | %s | "
+                "%.2fx |\n",
                 r.name.c_str(), (long long)r.mb, r.ms, r.tps / 1e3, r.tflops, 100 * r.mfu,
-                r.peak_mb, r.torch_c / 1e3, r.torch_e / 1e3, r.tps / r.torch_c);
+                r.peak_mb, r.torch_c / 1e3, src, r.torch_e / 1e3, src,
+                r.torch_peak > 0 ? fmt::format("{:.0f}", r.torch_peak).c_str() : "-",
+                r.tps / r.torch_c);
+  }
   return 0;
 }

@@ -321,34 +321,39 @@ TEST_P(GpuOp, EmbeddingsForwardBackward) {
   EXPECT_CLOSE(gdpos, dpos, DType::F32);
 }
 
+// Row lengths: 1000 and 12008 take the 16-byte vector kernels (12008 long enough for their
+// unrolled loop), 1003 the element-wise ones.
 TEST_P(GpuOp, CrossEntropyVocabSlice) {
-  const int64_t T = 37, Vl = 1000, vs = 500;
-  Tensor logits = rand_in({T, Vl}, 100, dt(), -5.f, 5.f);
-  std::vector<int64_t> tg(T);
-  for (int64_t i = 0; i < T; ++i) tg[i] = int64_t(Philox::u32(6, 6, uint64_t(i)) % 2000);
-  Tensor ct = Tensor::from(tg, {T});
-  Tensor gt = Tensor::empty({T}, DType::I64, Device::CUDA);
-  gpu::copy(ct, gt, GS());
-  Tensor gl = to_gpu(logits, dt());
-  auto f32 = [&] { return Tensor::empty({T}, DType::F32); };
-  auto g32 = [&] { return gpu_nan({T}, DType::F32); };
-  Tensor mx = f32(), se = f32(), tl = f32(), loss = f32();
-  Tensor gmx = g32(), gse = g32(), gtl = g32(), gloss = g32();
-  cpu::ce_row_max(logits, mx, CS());
-  gpu::ce_row_max(gl, gmx, GS());
-  EXPECT_CLOSE(gmx, mx, DType::F32);
-  cpu::ce_sum_exp_target(logits, mx, ct, vs, se, tl, CS());
-  gpu::ce_sum_exp_target(gl, gmx, gt, vs, gse, gtl, GS());
-  EXPECT_CLOSE(gse, se, DType::F32);
-  EXPECT_CLOSE(gtl, tl, DType::F32);
-  cpu::ce_loss(mx, se, tl, loss, CS());
-  gpu::ce_loss(gmx, gse, gtl, gloss, GS());
-  EXPECT_CLOSE(gloss, loss, DType::F32);
-  Tensor dloss = rand_f32({T}, 101);
-  Tensor dl = Tensor::empty({T, Vl}, DType::F32);
-  cpu::ce_backward(logits, mx, se, ct, vs, dloss, dl, CS());
-  gpu::ce_backward(gl, gmx, gse, gt, vs, to_gpu(dloss, DType::F32), gl, GS());  // in place
-  EXPECT_CLOSE(gl, dl, dt());
+  for (int64_t Vl : {int64_t(1000), int64_t(1003), int64_t(12008)}) {
+    SCOPED_TRACE(::testing::Message() << "Vl=" << Vl);
+    const int64_t T = 37, vs = 500;
+    Tensor logits = rand_in({T, Vl}, 100, dt(), -5.f, 5.f);
+    std::vector<int64_t> tg(T);
+    for (int64_t i = 0; i < T; ++i) tg[i] = int64_t(Philox::u32(6, 6, uint64_t(i)) % 2000);
+    Tensor ct = Tensor::from(tg, {T});
+    Tensor gt = Tensor::empty({T}, DType::I64, Device::CUDA);
+    gpu::copy(ct, gt, GS());
+    Tensor gl = to_gpu(logits, dt());
+    auto f32 = [&] { return Tensor::empty({T}, DType::F32); };
+    auto g32 = [&] { return gpu_nan({T}, DType::F32); };
+    Tensor mx = f32(), se = f32(), tl = f32(), loss = f32();
+    Tensor gmx = g32(), gse = g32(), gtl = g32(), gloss = g32();
+    cpu::ce_row_max(logits, mx, CS());
+    gpu::ce_row_max(gl, gmx, GS());
+    EXPECT_CLOSE(gmx, mx, DType::F32);
+    cpu::ce_sum_exp_target(logits, mx, ct, vs, se, tl, CS());
+    gpu::ce_sum_exp_target(gl, gmx, gt, vs, gse, gtl, GS());
+    EXPECT_CLOSE(gse, se, DType::F32);
+    EXPECT_CLOSE(gtl, tl, DType::F32);
+    cpu::ce_loss(mx, se, tl, loss, CS());
+    gpu::ce_loss(gmx, gse, gtl, gloss, GS());
+    EXPECT_CLOSE(gloss, loss, DType::F32);
+    Tensor dloss = rand_f32({T}, 101);
+    Tensor dl = Tensor::empty({T, Vl}, DType::F32);
+    cpu::ce_backward(logits, mx, se, ct, vs, dloss, dl, CS());
+    gpu::ce_backward(gl, gmx, gse, gt, vs, to_gpu(dloss, DType::F32), gl, GS());  // in place
+    EXPECT_CLOSE(gl, dl, dt());
+  }
 }
 
 // ---- attention and RoPE -------------------------------------------------------------

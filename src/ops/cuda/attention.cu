@@ -9,7 +9,11 @@
 // exactly as the CPU backend (types.h: AttentionDims); the row normaliser uses the
 // undropped probabilities.
 //
-// First CUDA version: tiles are held in shared memory as f32 and multiplied on the CUDA
+// Dispatch: bf16/f16 calls without attention dropout go to cuDNN's fused attention
+// (cudnn_attention.cpp) when it takes them, then to the tensor-core kernel of
+// flash_attention.cu; the kernels of this file serve the rest (f32, attention dropout).
+//
+// This file's kernels: tiles are held in shared memory as f32 and multiplied on the CUDA
 // cores with 4x4 register tiles per thread (correct for every dtype; no tensor cores).
 // Backward is deterministic, without atomics: one kernel accumulates dK, dV per key tile
 // (looping over the group's query heads and the query tiles), another dQ per query tile.
@@ -17,6 +21,7 @@
 
 #include "base/philox.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/flash_attention.h"
 #include "ops/ops.h"
 
@@ -513,9 +518,14 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
   if (d.S * d.B * d.NH == 0) return;
   cudaStream_t cs = stream_of(s);
+  // cuDNN's fused attention first (dropout-free bf16/f16), then the own tensor-core flash
+  // kernel, then the CUDA-core kernel below (f32, attention dropout).
+  const FlashArgs fa{qkv.raw(), d, qkv.dtype(), softmax_scale};
+  if (cudnn_attention_applies(qkv.dtype(), d.HD, dropout_p) &&
+      cudnn_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs))
+    return;
   if (flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
-    flash_attention_forward({qkv.raw(), d, qkv.dtype(), softmax_scale}, out.raw(),
-                            static_cast<float*>(lse.raw()), cs);
+    flash_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs);
     return;
   }
   P.out = out.raw();
@@ -541,6 +551,11 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
   if (d.S * d.B * d.NH == 0) return;
   cudaStream_t cs = stream_of(s);
+  const FlashArgs fa{qkv.raw(), d, qkv.dtype(), softmax_scale};
+  if (cudnn_attention_applies(qkv.dtype(), d.HD, dropout_p) &&
+      cudnn_attention_backward(fa, dout.raw(), out.raw(), static_cast<const float*>(lse.raw()),
+                               dqkv.raw(), cs))
+    return;
   Tensor delta = Tensor::empty({d.B, d.NH, d.S}, DType::F32, Device::CUDA);
   int64_t rows = d.S * d.B * d.NH;
   MCPP_DISPATCH_ACT(qkv.dtype(), op,
@@ -549,7 +564,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         static_cast<float*>(delta.raw()), d.S, d.B, d.NH, d.HD));
   MCPP_LAUNCH_CHECK();
   if (flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
-    flash_attention_backward({qkv.raw(), d, qkv.dtype(), softmax_scale}, dout.raw(),
+    flash_attention_backward(fa, dout.raw(),
                              static_cast<const float*>(lse.raw()),
                              static_cast<const float*>(delta.raw()), dqkv.raw(), cs);
     return;

@@ -2,7 +2,10 @@
 // them under TP). logits[T, Vl]: activation dtype; row_max, sum_exp, target_logit, loss,
 // dloss: f32 [T]; targets[T]: i32/i64; dlogits: activation dtype, `=`, may alias logits.
 // One block per row; f32 arithmetic. Probabilities are never stored: backward recomputes
-// exp(logit - max) / sum_exp on the fly.
+// exp(logit - max) / sum_exp on the fly. Rows whose length is a multiple of 16 bytes
+// (every padded vocabulary) are read and written 16 bytes per thread with four loads in
+// flight (the passes are bound by memory latency otherwise: 1.3 TB/s with 2-byte loads);
+// other rows take the element-wise loop.
 #include <cfloat>
 
 #include "ops/cuda/common.cuh"
@@ -36,6 +39,113 @@ __device__ __forceinline__ float block_reduce(float v) {
   }
   __syncthreads();
   return result;
+}
+
+// ---- 16-byte vector access ------------------------------------------------------------
+template <typename T>
+constexpr int kVec = 16 / int(sizeof(T));  // elements per 16-byte vector
+
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& r, float (&x)[kVec<T>]) {
+  const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) x[k] = to_f(e[k]);
+}
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float (&x)[kVec<T>]) {
+  uint4 r;
+  T* e = reinterpret_cast<T*>(&r);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) e[k] = from_f<T>(x[k]);
+  return r;
+}
+
+// f(acc, x) over a row of nv 16-byte vectors, four loads in flight per thread.
+template <typename T, typename F>
+__device__ __forceinline__ float row_fold(const uint4* __restrict__ row, int64_t nv, float acc,
+                                          F f) {
+  const int64_t bd = blockDim.x;
+  int64_t i = threadIdx.x;
+  for (; i + 3 * bd < nv; i += 4 * bd) {
+    uint4 r[4] = {row[i], row[i + bd], row[i + 2 * bd], row[i + 3 * bd]};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float x[kVec<T>];
+      unpack<T>(r[u], x);
+#pragma unroll
+      for (int k = 0; k < kVec<T>; ++k) acc = f(acc, x[k]);
+    }
+  }
+  for (; i < nv; i += bd) {
+    float x[kVec<T>];
+    unpack<T>(row[i], x);
+#pragma unroll
+    for (int k = 0; k < kVec<T>; ++k) acc = f(acc, x[k]);
+  }
+  return acc;
+}
+
+template <typename T>
+static __global__ void row_max_vec_kernel(const T* __restrict__ logits, int64_t V,
+                                          float* row_max) {
+  const uint4* row = reinterpret_cast<const uint4*>(logits + blockIdx.x * V);
+  float m = row_fold<T>(row, V / kVec<T>, -FLT_MAX, [](float a, float x) { return fmaxf(a, x); });
+  m = block_reduce<true>(m);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+template <typename T, typename I>
+static __global__ void sum_exp_vec_kernel(const T* __restrict__ logits, int64_t V,
+                                          const float* __restrict__ row_max,
+                                          const I* __restrict__ targets, int64_t vs,
+                                          float* sum_exp, float* target_logit) {
+  const T* l = logits + blockIdx.x * V;
+  const float m = row_max[blockIdx.x];
+  float acc = row_fold<T>(reinterpret_cast<const uint4*>(l), V / kVec<T>, 0.f,
+                          [m](float a, float x) { return a + __expf(x - m); });
+  acc = block_reduce<false>(acc);
+  if (threadIdx.x == 0) {
+    sum_exp[blockIdx.x] = acc;
+    int64_t t = int64_t(targets[blockIdx.x]) - vs;
+    target_logit[blockIdx.x] = (t >= 0 && t < V) ? to_f(l[t]) : 0.f;
+  }
+}
+
+// dlogits and logits of one dtype (dlogits may alias logits: each thread reads a vector
+// before it writes the same vector).
+template <typename T, typename I>
+static __global__ void ce_bwd_vec_kernel(const T* logits, int64_t V,
+                                         const float* __restrict__ row_max,
+                                         const float* __restrict__ sum_exp,
+                                         const I* __restrict__ targets, int64_t vs,
+                                         const float* __restrict__ dloss, T* dlogits) {
+  const int64_t row = blockIdx.x, nv = V / kVec<T>, bd = blockDim.x;
+  const uint4* l = reinterpret_cast<const uint4*>(logits + row * V);
+  uint4* d = reinterpret_cast<uint4*>(dlogits + row * V);
+  const float m = row_max[row], inv = 1.f / sum_exp[row], g = dloss[row];
+  const int64_t t = int64_t(targets[row]) - vs;
+  auto grad = [&](const uint4& r, int64_t i) {  // the same arithmetic as ce_bwd_kernel
+    float x[kVec<T>];
+    unpack<T>(r, x);
+#pragma unroll
+    for (int k = 0; k < kVec<T>; ++k)
+      x[k] = g * (__expf(x[k] - m) * inv - (i * kVec<T> + k == t ? 1.f : 0.f));
+    return pack<T>(x);
+  };
+  int64_t i = threadIdx.x;
+  for (; i + 3 * bd < nv; i += 4 * bd) {
+    uint4 r[4] = {l[i], l[i + bd], l[i + 2 * bd], l[i + 3 * bd]};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) d[i + u * bd] = grad(r[u], i + u * bd);
+  }
+  for (; i < nv; i += bd) d[i] = grad(l[i], i);
+}
+
+// True when rows of V elements of `t` (and of `u`, if given) can be read as 16-byte vectors.
+bool vec_rows(const Tensor& t, int64_t V, const Tensor* u = nullptr) {
+  auto aligned = [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0; };
+  const int64_t n = 16 / int64_t(dtype_size(t.dtype()));
+  return V % n == 0 && aligned(t) && (u == nullptr || aligned(*u));
 }
 
 template <typename T>
@@ -116,10 +226,15 @@ void ce_row_max(const Tensor& logits, Tensor& row_max, Stream& s) {
   Rows r = check_logits(logits, op);
   check_stat(row_max, r.T, op, "row_max");
   if (r.T == 0) return;
-  MCPP_DISPATCH_ACT(logits.dtype(), op,
-                    row_max_kernel<T><<<unsigned(r.T), kThreads, 0, stream_of(s)>>>(
-                        static_cast<const T*>(logits.raw()), r.V,
-                        static_cast<float*>(row_max.raw())));
+  const bool vec = vec_rows(logits, r.V);
+  MCPP_DISPATCH_ACT(logits.dtype(), op, {
+    if (vec)
+      row_max_vec_kernel<T><<<unsigned(r.T), kThreads, 0, stream_of(s)>>>(
+          static_cast<const T*>(logits.raw()), r.V, static_cast<float*>(row_max.raw()));
+    else
+      row_max_kernel<T><<<unsigned(r.T), kThreads, 0, stream_of(s)>>>(
+          static_cast<const T*>(logits.raw()), r.V, static_cast<float*>(row_max.raw()));
+  });
   MCPP_LAUNCH_CHECK();
 }
 
@@ -133,14 +248,16 @@ void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor
   check_targets(targets, r.T, op);
   if (r.T == 0) return;
   cudaStream_t cs = stream_of(s);
+  const bool vec = vec_rows(logits, r.V);
   auto run = [&](auto tp) {
     using I = std::remove_cv_t<std::remove_pointer_t<decltype(tp)>>;
-    MCPP_DISPATCH_ACT(logits.dtype(), op,
-                      sum_exp_kernel<T, I><<<unsigned(r.T), kThreads, 0, cs>>>(
-                          static_cast<const T*>(logits.raw()), r.V,
-                          static_cast<const float*>(row_max.raw()), tp, vocab_start,
-                          static_cast<float*>(sum_exp.raw()),
-                          static_cast<float*>(target_logit.raw())));
+    MCPP_DISPATCH_ACT(logits.dtype(), op, {
+      auto* k = vec ? sum_exp_vec_kernel<T, I> : sum_exp_kernel<T, I>;
+      k<<<unsigned(r.T), kThreads, 0, cs>>>(
+          static_cast<const T*>(logits.raw()), r.V, static_cast<const float*>(row_max.raw()), tp,
+          vocab_start, static_cast<float*>(sum_exp.raw()),
+          static_cast<float*>(target_logit.raw()));
+    });
   };
   if (targets.dtype() == DType::I32)
     run(static_cast<const int32_t*>(targets.raw()));
@@ -177,9 +294,20 @@ void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_
   check_numel(dlogits, logits.numel(), op, "dlogits");
   if (r.T == 0) return;
   cudaStream_t cs = stream_of(s);
+  const bool vec = logits.dtype() == dlogits.dtype() && vec_rows(logits, r.V, &dlogits);
   auto run = [&](auto tp) {
     using I = std::remove_cv_t<std::remove_pointer_t<decltype(tp)>>;
     MCPP_DISPATCH_ACT(logits.dtype(), op, MCPP_DISPATCH_ACT2(dlogits.dtype(), op, {
+      if constexpr (std::is_same_v<T, T2>) {
+        if (vec) {
+          ce_bwd_vec_kernel<T, I><<<unsigned(r.T), kThreads, 0, cs>>>(
+              static_cast<const T*>(logits.raw()), r.V,
+              static_cast<const float*>(row_max.raw()), static_cast<const float*>(sum_exp.raw()),
+              tp, vocab_start, static_cast<const float*>(dloss.raw()),
+              static_cast<T*>(dlogits.raw()));
+          return;
+        }
+      }
       ce_bwd_kernel<T, T2, I><<<unsigned(r.T), kThreads, 0, cs>>>(
           static_cast<const T*>(logits.raw()), r.V, static_cast<const float*>(row_max.raw()),
           static_cast<const float*>(sum_exp.raw()), tp, vocab_start,

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""The PyTorch side of the GPU training-step benchmark (bench_gpu_train): the same four
+models, micro-batches and step, written the way a PyTorch user would write a GPT trainer:
+fp32 parameters, bf16 autocast, F.scaled_dot_product_attention restricted to the flash
+backend, fused AdamW, gradient clipping at 1.0, no dropout, synthetic next-token batches
+already on the GPU; eager and torch.compile(model). Prints one table and, with --json,
+writes {"GPT-2 124M": {"mb": 64, "eager": tok/s, "compiled": tok/s, "eager_peak_mb": MB,
+"compiled_peak_mb": MB}, ...} for bench_gpu_train --torch (scripts/gpu-check.sh runs both
+in one call). The JSON is rewritten after every measurement, so a run cut short keeps
+what it measured.
+
+Usage: torch_reference.py [--only NAME] [--steps 6] [--warmup 2] [--modes eager,compiled]
+                          [--json out.json]
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# name: (layers, hidden, heads, kv groups, ffn, seq, vocab, micro-batch, llama-style)
+MODELS = {
+    "GPT-2 124M": (12, 768, 12, 12, 3072, 1024, 50304, 64, False),
+    "GPT-2 350M": (24, 1024, 16, 16, 4096, 1024, 50304, 64, False),
+    "GPT-3 XL 1.3B": (24, 2048, 16, 16, 8192, 2048, 50304, 16, False),
+    "Llama-style 1B": (16, 2048, 32, 8, 8192, 2048, 32000, 16, True),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, h, eps=1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(h))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rotate(x, cos, sin):  # x [B, heads, S, D], rotate-half RoPE
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, h, nh, ng, ffn, llama):
+        super().__init__()
+        self.nh, self.ng, self.hd, self.llama = nh, ng, h // nh, llama
+        norm = (lambda: RMSNorm(h)) if llama else (lambda: nn.LayerNorm(h))
+        self.ln1, self.ln2 = norm(), norm()
+        self.qkv = nn.Linear(h, (nh + 2 * ng) * self.hd, bias=not llama)
+        self.proj = nn.Linear(h, h, bias=not llama)
+        self.fc1 = nn.Linear(h, 2 * ffn if llama else ffn, bias=not llama)
+        self.fc2 = nn.Linear(ffn, h, bias=not llama)
+
+    def forward(self, x, rope):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(
+            [self.nh * self.hd, self.ng * self.hd, self.ng * self.hd], dim=-1)
+        q = q.view(b, s, self.nh, self.hd).transpose(1, 2)
+        k = k.view(b, s, self.ng, self.hd).transpose(1, 2)
+        v = v.view(b, s, self.ng, self.hd).transpose(1, 2)
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
+        if self.ng != self.nh:
+            k = k.repeat_interleave(self.nh // self.ng, dim=1)
+            v = v.repeat_interleave(self.nh // self.ng, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, -1))
+        h = self.fc1(self.ln2(x))
+        if self.llama:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return x + self.fc2(h)
+
+
+class GPT(nn.Module):
+    def __init__(self, L, h, nh, ng, ffn, S, V, llama):
+        super().__init__()
+        self.llama = llama
+        self.wte = nn.Embedding(V, h)
+        self.wpe = None if llama else nn.Embedding(S, h)
+        self.blocks = nn.ModuleList(Block(h, nh, ng, ffn, llama) for _ in range(L))
+        self.ln_f = RMSNorm(h) if llama else nn.LayerNorm(h)
+        self.head = nn.Linear(h, V, bias=False)
+        if not llama:
+            self.head.weight = self.wte.weight  # tied
+        for n, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02 / (math.sqrt(2 * L) if n.endswith(("proj.weight", "fc2.weight")) else 1))
+        if llama:
+            hd = h // nh
+            inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+            ang = torch.outer(torch.arange(S).float(), inv)
+            self.register_buffer("cos", ang.cos()[None, None], persistent=False)
+            self.register_buffer("sin", ang.sin()[None, None], persistent=False)
+
+    def forward(self, idx, targets):
+        s = idx.shape[1]
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(s, device=idx.device))
+        rope = (self.cos[:, :, :s], self.sin[:, :, :s]) if self.llama else None
+        for blk in self.blocks:
+            x = blk(x, rope)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def measure(name, compiled, steps, warmup):
+    L, h, nh, ng, ffn, S, V, B, llama = MODELS[name]
+    torch.manual_seed(0)
+    dev = "cuda"
+    model = GPT(L, h, nh, ng, ffn, S, V, llama).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    fwd = torch.compile(model) if compiled else model
+    tok = torch.randint(0, V - 64, (B, S + 1), device=dev)
+    x, y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t_warm = time.perf_counter() - t0
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) / steps * 1e3
+    peak = torch.cuda.max_memory_allocated() / 2**20
+    print(f"  {name:16s} {'compiled' if compiled else 'eager':8s} mb {B}: {ms:8.1f} ms/step, "
+          f"{B * S / ms * 1e3 / 1e3:7.1f}K tok/s, peak {peak:8.0f} MB, loss {loss.item():.3f} "
+          f"(warm-up {t_warm:.0f} s)", file=sys.stderr, flush=True)
+    del model, opt, fwd
+    torch.cuda.empty_cache()
+    return B, B * S / ms * 1e3, peak
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--modes", default="eager,compiled")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    print(f"torch_reference: torch {torch.__version__}, {torch.cuda.get_device_name()}",
+          file=sys.stderr, flush=True)
+    res = {}
+    for mode in a.modes.split(","):
+        for name in MODELS:
+            if a.only and a.only not in name:
+                continue
+            B, tps, peak = measure(name, mode == "compiled", a.steps, a.warmup)
+            r = res.setdefault(name, {"mb": B})
+            r[mode], r[mode + "_peak_mb"] = tps, peak
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(res, f, indent=1)
+    print("| model | micro-batch | PyTorch eager tok/s | compiled tok/s | compiled peak (MB) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in res.items():
+        print(f"| {name} | {r['mb']} | {r.get('eager', 0) / 1e3:.1f}K | "
+              f"{r.get('compiled', 0) / 1e3:.1f}K | {r.get('compiled_peak_mb', 0):.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,698 @@
+// cuDNN fused attention through the backend graph API (cudnn_graph.h); see
+// cudnn_attention.h for the contract. cuDNN recognises scaled-dot-product attention as a
+// pattern of primitive operations (two matmuls around a scale, a causal mask, a softmax
+// that also writes its row statistics) and runs it as one flash-attention kernel; the
+// backward is the matching pattern of the FlashAttention-2 gradient. The graphs below
+// spell those patterns out operation by operation:
+//
+//   forward   S = (Q K^T) * scale;  S = row >= col ? S : -inf;  M = rowmax S;
+//             E = exp(S - M);  Z = rowsum E;  Stats = M + log Z;  O = (E / Z) V
+//   backward  D = rowsum(dO * O);  P = exp(mask(Q K^T * scale) - Stats);  dV = P^T dO;
+//             dS = P * (dO V^T - D) * scale;  dK = dS^T Q;  dQ = dS K
+//
+// Layout: Q of head h = g*QPG + j sits at qkv[s, b, g, j, :], K at qkv[s, b, g, QPG, :],
+// V at qkv[s, b, g, QPG+1, :] (QPG = NH/NG). With batch index b' = b*NG + g every offset is
+// affine, so cuDNN sees Q [B*NG, QPG, S, HD] and K, V [B*NG, 1, S, HD] with strides into
+// qkv (no copies), i.e. grouped-query attention with one key/value head per "batch"; out
+// [S, B, NH*HD] is O [B*NG, QPG, S, HD] and lse [B, NH, S] is Stats [B*NG, QPG, S, 1].
+#include "ops/cuda/cudnn_attention.h"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "ops/cuda/device.h"
+#include "tensor/tensor.h"
+
+#if defined(MCPP_HAVE_CUDNN)
+#include <cudnn_graph.h>
+#endif
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+std::mutex g_mu;  // guards the stats, the plan cache and the handle's stream
+CudnnAttentionStats g_stats;
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+std::string shape_str(const FlashArgs& a) {
+  return fmt::format("{} S={} B={} NH={} NG={} HD={}", dtype_name(a.dtype), a.d.S, a.d.B,
+                     a.d.NH, a.d.NG, a.d.HD);
+}
+
+}  // namespace
+
+bool cudnn_attention_applies(DType dt, int64_t head_dim, double dropout_p) {
+  return (dt == DType::BF16 || dt == DType::F16) && dropout_p == 0.0 && head_dim > 0 &&
+         head_dim % 8 == 0 && head_dim <= 128;
+}
+
+CudnnAttentionStats cudnn_attention_stats() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_stats;
+}
+
+#if !defined(MCPP_HAVE_CUDNN)
+
+bool cudnn_attention_built() { return false; }
+std::string cudnn_attention_status() {
+  return "no cuDNN in this build (the own flash kernel runs)";
+}
+bool cudnn_attention_enabled() {
+  static const bool once = [] {
+    log::info(
+        "attention: this build has no cuDNN, the own flash-attention kernel runs. HINT: "
+        "configure with -DMCPP_CUDNN_ROOT=<cuDNN folder> (scripts/gpu-check.sh finds PyTorch's)");
+    return false;
+  }();
+  return once;
+}
+bool cudnn_attention_forward(const FlashArgs&, void*, float*, cudaStream_t) { return false; }
+bool cudnn_attention_backward(const FlashArgs&, const void*, const void*, const float*, void*,
+                              cudaStream_t, int) {
+  return false;
+}
+
+#else  // MCPP_HAVE_CUDNN
+
+namespace {
+
+// ---- backend API plumbing ------------------------------------------------------------
+struct CudnnError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string last_error() {
+  char buf[1024] = {0};
+  cudnnGetLastErrorString(buf, sizeof buf);
+  return buf;
+}
+
+void ck(cudnnStatus_t st, const char* what) {
+  if (st != CUDNN_STATUS_SUCCESS) {
+    std::string le = last_error();
+    throw CudnnError(fmt::format("{} -> {}{}{}", what, cudnnGetErrorString(st),
+                                 le.empty() ? "" : ": ", le));
+  }
+}
+#define MCPP_CUDNN(expr) ck((expr), #expr)
+
+// One backend descriptor, destroyed with the object.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    MCPP_CUDNN(cudnnBackendCreateDescriptor(type, &d_));
+  }
+  ~Desc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+  void set(cudnnBackendAttributeName_t n, cudnnBackendAttributeType_t t, int64_t count,
+           const void* v) {
+    ck(cudnnBackendSetAttribute(d_, n, t, count, v), "cudnnBackendSetAttribute");
+  }
+  template <typename V>
+  void set1(cudnnBackendAttributeName_t n, cudnnBackendAttributeType_t t, V v) {
+    set(n, t, 1, &v);
+  }
+  void finalize(const char* what) { ck(cudnnBackendFinalize(d_), what); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+using DescPtr = std::shared_ptr<Desc>;
+using Dims = std::array<int64_t, 4>;
+using Raw = cudnnBackendDescriptor_t;
+
+Dims packed(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
+
+// Fixed unique ids of the tensors that cross the API (the variant pack maps them to
+// pointers); virtual tensors are numbered from kFirstVirtual.
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kOne, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum,
+  kFirstVirtual = 100
+};
+
+// Builds an operation graph; owns every descriptor it creates.
+class Graph {
+ public:
+  explicit Graph(cudnnDataType_t io) : io_(io) {}
+  cudnnDataType_t io() const { return io_; }
+
+  Raw tensor(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t dt,
+             bool is_virtual = false, bool by_value = false) {
+    auto t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    t->set1(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, dt);
+    t->set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+    t->set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+    t->set1(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, uid);
+    t->set1(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, int64_t(16));
+    t->set1(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, is_virtual);
+    if (by_value) t->set1(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, true);
+    t->finalize("tensor descriptor");
+    return t->get();
+  }
+  Raw virt(const Dims& dims, const Dims& strides, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+    return tensor(next_uid_++, dims, strides, dt, true);
+  }
+  Raw scalar(int64_t uid) {
+    const Dims one{1, 1, 1, 1};
+    return tensor(uid, one, one, CUDNN_DATA_FLOAT, false, true);
+  }
+
+  // y = mode(x[, b[, t]]); for BINARY_SELECT y = t ? x : b.
+  void pointwise(cudnnPointwiseMode_t mode, Raw x, Raw b, Raw y, Raw t = nullptr,
+                 cudnnDataType_t prec = CUDNN_DATA_FLOAT, int64_t axis = -1) {
+    auto pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw->set1(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, mode);
+    pw->set1(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, prec);
+    if (axis >= 0) pw->set1(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, axis);
+    pw->finalize("pointwise descriptor");
+    auto op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op->set1(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+             pw->get());
+    op->set1(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x);
+    if (b) op->set1(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, b);
+    op->set1(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y);
+    if (t) op->set1(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, t);
+    op->finalize("pointwise operation");
+    ops_.push_back(op->get());
+  }
+  void reduction(cudnnReduceTensorOp_t mode, Raw x, Raw y) {
+    auto rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    rd->set1(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, mode);
+    rd->set1(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
+    rd->finalize("reduction descriptor");
+    auto op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op->set1(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x);
+    op->set1(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y);
+    op->set1(CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, rd->get());
+    op->finalize("reduction operation");
+    ops_.push_back(op->get());
+  }
+  // c[.., M, N] = a[.., M, K] b[.., K, N], batch dims broadcast (GQA: b has fewer heads).
+  void matmul(Raw a, Raw b, Raw c) {
+    auto md = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    md->set1(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
+    md->finalize("matmul descriptor");
+    auto op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op->set1(CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, a);
+    op->set1(CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, b);
+    op->set1(CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, c);
+    op->set1(CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, md->get());
+    op->finalize("matmul operation");
+    ops_.push_back(op->get());
+  }
+  // y: x's elements under y's dims/strides (a transposed view).
+  void reshape(Raw x, Raw y) {
+    auto op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op->set1(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x);
+    op->set1(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y);
+    op->finalize("reshape operation");
+    ops_.push_back(op->get());
+  }
+  // The causal mask of Megatron (top-left aligned, query row q sees keys 0..q).
+  Raw causal(Raw s, const Dims& sd) {
+    const Dims ss = packed(sd);
+    Raw row = virt(sd, ss, CUDNN_DATA_INT32), col = virt(sd, ss, CUDNN_DATA_INT32);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
+    Raw keep = virt(sd, ss, CUDNN_DATA_BOOLEAN);
+    pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, nullptr, CUDNN_DATA_BOOLEAN);
+    Raw out = virt(sd, ss);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar_neg_inf(), out, keep);
+    return out;
+  }
+  Raw scalar_neg_inf() {
+    if (!neg_inf_) neg_inf_ = scalar(kNegInf);
+    return neg_inf_;
+  }
+
+  const std::vector<Raw>& ops() const { return ops_; }
+  std::vector<DescPtr>& owned() { return owned_; }
+
+ private:
+  DescPtr make(cudnnBackendDescriptorType_t type) {
+    owned_.push_back(std::make_shared<Desc>(type));
+    return owned_.back();
+  }
+  cudnnDataType_t io_;
+  int64_t next_uid_ = kFirstVirtual;
+  Raw neg_inf_ = nullptr;
+  std::vector<Raw> ops_;
+  std::vector<DescPtr> owned_;
+};
+
+// The tensors of one attention call as cuDNN sees them (file comment).
+struct Layout {
+  int64_t Bp, QPG, S, HD;
+  Dims q_dims, q_strides;    // Q, dQ (into qkv / dqkv)
+  Dims kt_dims, kt_strides;  // K^T and V^T (backend matmuls take the transposed operand)
+  Dims kv_dims, kv_strides;  // K, V, dK, dV
+  Dims o_dims, o_strides;    // O, dO
+  Dims stat_dims, s_dims;    // Stats [.., S, 1]; scores [.., S, S]
+  Layout(const AttentionDims& d) {
+    QPG = d.NH / d.NG, Bp = d.B * d.NG, S = d.S, HD = d.HD;
+    const int64_t W = d.qkv_width(), gstride = (QPG + 2) * HD, srow = d.B * W;
+    q_dims = {Bp, QPG, S, HD}, q_strides = {gstride, HD, srow, 1};
+    kt_dims = {Bp, 1, HD, S}, kt_strides = {gstride, HD, 1, srow};
+    kv_dims = {Bp, 1, S, HD}, kv_strides = {gstride, HD, srow, 1};
+    o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, d.B * d.NH * HD, 1};
+    stat_dims = {Bp, QPG, S, 1}, s_dims = {Bp, QPG, S, S};
+  }
+  Dims s_transposed() const { return {QPG * S * S, S * S, 1, S}; }
+};
+
+void build_forward(Graph& g, const Layout& L) {
+  const cudnnDataType_t io = g.io();
+  Raw Q = g.tensor(kQ, L.q_dims, L.q_strides, io);
+  Raw KT = g.tensor(kK, L.kt_dims, L.kt_strides, io);
+  Raw V = g.tensor(kV, L.kv_dims, L.kv_strides, io);
+  Raw O = g.tensor(kO, L.o_dims, L.o_strides, io);
+  Raw stats = g.tensor(kStats, L.stat_dims, packed(L.stat_dims), CUDNN_DATA_FLOAT);
+  Raw scale = g.scalar(kScale);
+  const Dims sd = L.s_dims, ss = packed(sd), rd = L.stat_dims, rs = packed(rd);
+  Raw s = g.virt(sd, ss);
+  g.matmul(Q, KT, s);
+  Raw s_scaled = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled);
+  Raw s_masked = g.causal(s_scaled, sd);
+  Raw mx = g.virt(rd, rs);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s_masked, mx);
+  Raw centred = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, s_masked, mx, centred);
+  Raw e = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_EXP, centred, nullptr, e);
+  Raw z = g.virt(rd, rs);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  Raw logz = g.virt(rd, rs);
+  g.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, logz);
+  g.pointwise(CUDNN_POINTWISE_ADD, mx, logz, stats);
+  Raw p = g.virt(sd, ss, io);  // the second matmul takes P in the I/O type
+  g.pointwise(CUDNN_POINTWISE_DIV, e, z, p);
+  g.matmul(p, V, O);
+}
+
+// Graph shapes that cuDNN versions have recognised for the backward pattern: whether the
+// row sum D = rowsum(dO * O) is a buffer we provide (newer releases) or virtual, and
+// whether the causal mask goes before or after subtracting Stats.
+struct BwdVariant {
+  bool softmax_sum_buffer;
+  bool mask_after_stats;
+  const char* name;
+};
+constexpr BwdVariant kBwdVariants[] = {{true, true, "D buffered, mask after Stats"},
+                                       {false, false, "D virtual, mask before Stats"}};
+
+void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool deterministic) {
+  const cudnnDataType_t io = g.io();
+  Raw Q = g.tensor(kQ, L.q_dims, L.q_strides, io);
+  Raw KT = g.tensor(kK, L.kt_dims, L.kt_strides, io);
+  Raw VT = g.tensor(kV, L.kt_dims, L.kt_strides, io);
+  Raw O = g.tensor(kO, L.o_dims, L.o_strides, io);
+  Raw dO = g.tensor(kDO, L.o_dims, L.o_strides, io);
+  Raw stats = g.tensor(kStats, L.stat_dims, packed(L.stat_dims), CUDNN_DATA_FLOAT);
+  Raw dQ = g.tensor(kDQ, L.q_dims, L.q_strides, io);
+  Raw dK = g.tensor(kDK, L.kv_dims, L.kv_strides, io);
+  Raw dV = g.tensor(kDV, L.kv_dims, L.kv_strides, io);
+  Raw scale = g.scalar(kScale), one = g.scalar(kOne);
+  const Dims sd = L.s_dims, ss = packed(sd), rd = L.stat_dims, rs = packed(rd);
+  const Dims hd_dims = L.q_dims, hd_packed = packed(hd_dims);
+
+  // D = rowsum(dO * O)
+  Raw dOO = g.virt(hd_dims, hd_packed);
+  g.pointwise(CUDNN_POINTWISE_MUL, dO, O, dOO);
+  Raw dsum = g.virt(rd, rs);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, dsum);
+  Raw D = v.softmax_sum_buffer ? g.tensor(kSoftmaxSum, rd, rs, CUDNN_DATA_FLOAT) : g.virt(rd, rs);
+  g.pointwise(CUDNN_POINTWISE_MUL, dsum, one, D);  // (x 1/(1-p) of dropout: 1 here)
+
+  // P = exp(mask(Q K^T * scale) - Stats)
+  Raw s = g.virt(sd, ss);
+  g.matmul(Q, KT, s);
+  Raw s_scaled = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled);
+  Raw pre = v.mask_after_stats ? s_scaled : g.causal(s_scaled, sd);
+  Raw centred = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, pre, stats, centred);
+  Raw post = v.mask_after_stats ? g.causal(centred, sd) : centred;
+  Raw P = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_EXP, post, nullptr, P);
+
+  // dV = P^T dO (summed over the query heads of a group under GQA)
+  Raw PT = g.virt(sd, L.s_transposed(), io);
+  g.reshape(P, PT);
+  auto head_sum = [&](Raw a, Raw b, Raw out) {
+    if (L.QPG == 1) return g.matmul(a, b, out);
+    Raw full = g.virt(hd_dims, hd_packed, io);
+    g.matmul(a, b, full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  };
+  head_sum(PT, dO, dV);
+
+  // dS = P * (dO V^T - D) * scale
+  Raw dP = g.virt(sd, ss);
+  g.matmul(dO, VT, dP);
+  Raw dP1 = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, dP, one, dP1);  // (dropout mask: none)
+  Raw dP2 = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, dP1, D, dP2);
+  Raw dP3 = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, dP2, P, dP3);
+  Raw dS = g.virt(sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, dP3, scale, dS);
+
+  // dK = dS^T Q (summed over the group's query heads), dQ = dS K
+  Raw dST = g.virt(sd, L.s_transposed(), io);
+  g.reshape(dS, dST);
+  head_sum(dST, Q, dK);
+  Raw K = g.virt(L.kv_dims, L.kv_strides);  // (virtual, so f32 like cuDNN's frontend makes it)
+  g.reshape(KT, K);
+  if (deterministic) {
+    g.matmul(dS, K, dQ);  // no f32 accumulator: cuDNN's ordered dP-workspace path
+  } else {
+    Raw acc = g.tensor(kDQAccum, L.q_dims, packed(L.q_dims), CUDNN_DATA_FLOAT);
+    g.matmul(dS, K, acc);
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, acc, nullptr, dQ);
+  }
+}
+
+// ---- plans ---------------------------------------------------------------------------
+struct Plan {
+  std::vector<DescPtr> owned;  // the graph's descriptors, alive as long as the plan
+  DescPtr plan;
+  int64_t workspace = 0, engine = -1;
+  bool softmax_sum_buffer = false, dq_accum = false;
+  bool noted_nondeterministic = false;  // the engine carries cuDNN's NONDETERMINISTIC note
+  std::string variant;
+};
+
+struct Key {
+  bool backward, deterministic;
+  DType dtype;
+  int64_t S, B, NH, NG, HD;
+  auto tie() const { return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct State {
+  bool enabled = false;
+  bool deterministic = true;
+  std::string status;
+  cudnnHandle_t handle = nullptr;
+  std::map<Key, std::shared_ptr<Plan>> plans;  // nullptr: cuDNN rejected the shape
+};
+
+std::string version_str(size_t v) {
+  return fmt::format("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100);
+}
+
+State& state() {
+  static State* st = [] {
+    auto* s = new State;
+    s->deterministic = !env_is("MCPP_ATTENTION_DETERMINISTIC", "0");
+    const size_t v = cudnnGetVersion();
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (env_is("MCPP_ATTENTION_CUDNN", "0")) {
+      s->status = "cuDNN attention disabled by MCPP_ATTENTION_CUDNN=0";
+    } else if (std::getenv("MCPP_ATTENTION_FALLBACK") != nullptr) {
+      s->status = "MCPP_ATTENTION_FALLBACK forces the CUDA-core kernel";
+    } else if (v < 90000) {
+      s->status = fmt::format("cuDNN {} is older than 9.0", version_str(v));
+    } else if (cudaGetDevice(&dev) != cudaSuccess ||
+               cudaGetDeviceProperties(&prop, dev) != cudaSuccess || prop.major < 8) {
+      s->status = fmt::format("device compute capability {}.{} < 8.0", prop.major, prop.minor);
+    } else if (cudnnStatus_t cs = cudnnCreate(&s->handle); cs != CUDNN_STATUS_SUCCESS) {
+      s->status = fmt::format("cudnnCreate failed: {} {}", cudnnGetErrorString(cs), last_error());
+      s->handle = nullptr;
+    } else {
+      s->enabled = true;
+      s->status = fmt::format("cuDNN {} fused SDPA through the graph API ({} backward)",
+                              version_str(v),
+                              s->deterministic ? "deterministic" : "atomic, nondeterministic");
+    }
+    if (s->enabled)
+      log::info("attention: {}; shapes cuDNN rejects fall back to the own flash kernel",
+                s->status);
+    else
+      log::info("attention: not using cuDNN ({}); the own flash-attention kernel runs. HINT: "
+                "MCPP_ATTENTION_CUDNN=0 silences this, a cuDNN >= 9 folder in "
+                "-DMCPP_CUDNN_ROOT enables it", s->status);
+    return s;
+  }();
+  return *st;
+}
+
+bool nondeterministic(Raw cfg) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  Raw e = engine.get();
+  int64_t n = 0;
+  MCPP_CUDNN(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e));
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t count = 0;
+  MCPP_CUDNN(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                      CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+                                      &count, notes));
+  for (int64_t i = 0; i < count; ++i)
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return true;
+  return false;
+}
+
+int64_t engine_index(Raw cfg) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  Raw e = engine.get();
+  int64_t n = 0, idx = -1;
+  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                               &n, &e) != CUDNN_STATUS_SUCCESS)
+    return -1;
+  cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &idx);
+  return idx;
+}
+
+// Finalizes the graph and the first engine configuration (heuristics order) that cuDNN
+// accepts. Throws CudnnError with the reasons when none does.
+void make_plan(Graph& g, cudnnHandle_t handle, bool deterministic, Plan& out) {
+  auto og = std::make_shared<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  og->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(g.ops().size()),
+          g.ops().data());
+  og->set1(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
+  og->finalize("operation graph (cuDNN does not recognise the attention pattern)");
+  g.owned().push_back(og);
+  std::string reasons;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    Raw ogr = og->get();
+    heur.set1(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, ogr);
+    heur.set1(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, mode);
+    try {
+      heur.finalize("engine heuristics");
+    } catch (const CudnnError& e) {
+      reasons += std::string(" [") + e.what() + "]";
+      continue;
+    }
+    int64_t n = 0;
+    MCPP_CUDNN(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr));
+    std::vector<DescPtr> cfgs;
+    std::vector<Raw> raw;
+    for (int64_t i = 0; i < n; ++i) {
+      cfgs.push_back(std::make_shared<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      raw.push_back(cfgs.back()->get());
+    }
+    int64_t got = 0;
+    if (n > 0)
+      MCPP_CUDNN(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, raw.data()));
+    if (got == 0) reasons += " [no engine configuration for this graph]";
+    // Deterministic graphs prefer engines without cuDNN's NONDETERMINISTIC note; should
+    // every engine carry it, the first is taken and the plan says so (the structure of the
+    // graph, not the note, selects cuDNN's ordered dQ path; tests check the bits).
+    for (int pass = 0; pass < (deterministic ? 2 : 1); ++pass) {
+      int skipped = 0;
+      for (int64_t i = 0; i < got; ++i) {
+        try {
+          const bool noted = nondeterministic(raw[i]);
+          if (deterministic && pass == 0 && noted) {
+            ++skipped;
+            continue;
+          }
+          auto plan = std::make_shared<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+          plan->set1(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle);
+          plan->set1(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                     raw[i]);
+          plan->finalize("execution plan");
+          int64_t ws = 0, cnt = 0;
+          MCPP_CUDNN(cudnnBackendGetAttribute(plan->get(),
+                                              CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                              CUDNN_TYPE_INT64, 1, &cnt, &ws));
+          out.engine = engine_index(raw[i]);
+          out.workspace = ws;
+          out.noted_nondeterministic = noted;
+          out.plan = plan;
+          g.owned().push_back(cfgs[i]);
+          out.owned = std::move(g.owned());
+          return;
+        } catch (const CudnnError& e) {
+          if (reasons.size() < 800) reasons += std::string(" [") + e.what() + "]";
+        }
+      }
+      if (skipped == 0) break;
+    }
+  }
+  throw CudnnError("no engine configuration finalizes:" + reasons);
+}
+
+// The cached plan for `k`, built on first use; nullptr when cuDNN rejects the shape.
+std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
+  auto it = st.plans.find(k);
+  if (it != st.plans.end()) return it->second;
+  const cudnnDataType_t io = a.dtype == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  const Layout L(a.d);
+  std::shared_ptr<Plan> plan;
+  std::string why;
+  const int nvariants = k.backward ? int(std::size(kBwdVariants)) : 1;
+  for (int vi = 0; vi < nvariants && !plan; ++vi) {
+    try {
+      Graph g(io);
+      auto p = std::make_shared<Plan>();
+      if (k.backward) {
+        const BwdVariant& v = kBwdVariants[vi];
+        build_backward(g, L, v, k.deterministic);
+        p->softmax_sum_buffer = v.softmax_sum_buffer, p->dq_accum = !k.deterministic;
+        p->variant = v.name;
+      } else {
+        build_forward(g, L);
+        p->variant = "forward";
+      }
+      make_plan(g, st.handle, k.deterministic, *p);
+      plan = p;
+    } catch (const CudnnError& e) {
+      why += (why.empty() ? "" : " | ") + std::string(e.what());
+    }
+  }
+  const char* dir = k.backward ? "backward" : "forward";
+  if (plan) {
+    log::info("attention: cuDNN {} plan for {}: engine {}{}, workspace {:.1f} MB, graph: {}",
+              dir, shape_str(a), plan->engine,
+              plan->noted_nondeterministic ? " (noted nondeterministic)" : "",
+              plan->workspace / 1048576.0, plan->variant);
+    ++g_stats.plans;
+  } else {
+    log::warn("attention: cuDNN rejected the {} graph for {} ({}); the own flash kernel runs "
+              "for this shape. HINT: CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr prints "
+              "cuDNN's reasons; MCPP_ATTENTION_CUDNN=0 turns cuDNN off",
+              dir, shape_str(a), why);
+    ++g_stats.rejected;
+  }
+  st.plans.emplace(k, plan);
+  return plan;
+}
+
+void execute(State& st, const Plan& p, const std::vector<int64_t>& uids,
+             const std::vector<void*>& ptrs, cudaStream_t cs) {
+  Tensor ws;  // cuDNN's workspace, stream-ordered like every temporary
+  if (p.workspace > 0) ws = Tensor::empty({p.workspace}, DType::U8, Device::CUDA);
+  void* wsp = p.workspace > 0 ? ws.raw() : nullptr;
+  Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data());
+  vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()),
+         ptrs.data());
+  vp.set1(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, wsp);
+  vp.finalize("variant pack");
+  MCPP_CUDNN(cudnnSetStream(st.handle, cs));
+  MCPP_CUDNN(cudnnBackendExecute(st.handle, p.plan->get(), vp.get()));
+}
+
+}  // namespace
+
+bool cudnn_attention_built() { return true; }
+
+bool cudnn_attention_enabled() { return state().enabled; }
+
+std::string cudnn_attention_status() { return state().status; }
+
+bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+  State& st = state();
+  if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  const Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD};
+  std::shared_ptr<Plan> p = plan_for(st, k, a);
+  if (!p) return false;
+  const size_t es = 2;  // bf16 / f16
+  const int64_t QPG = a.d.NH / a.d.NG;
+  char* base = static_cast<char*>(const_cast<void*>(a.qkv));
+  float scale = float(a.softmax_scale), neg_inf = std::numeric_limits<float>::lowest();
+  try {
+    execute(st, *p, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
+            {base, base + QPG * a.d.HD * es, base + (QPG + 1) * a.d.HD * es, out, lse, &scale,
+             &neg_inf},
+            cs);
+  } catch (const CudnnError& e) {
+    MCPP_FAIL("attention_forward: cuDNN execution failed for {}: {}", shape_str(a), e.what());
+  }
+  ++g_stats.forward_calls;
+  return true;
+}
+
+bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,
+                              const float* lse, void* dqkv, cudaStream_t cs, int deterministic) {
+  State& st = state();
+  if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  const bool det = deterministic < 0 ? st.deterministic : deterministic != 0;
+  const Key k{true, det, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD};
+  std::shared_ptr<Plan> p = plan_for(st, k, a);
+  if (!p) return false;
+  const size_t es = 2;
+  const int64_t QPG = a.d.NH / a.d.NG, koff = QPG * a.d.HD * es, voff = koff + a.d.HD * es;
+  char* base = static_cast<char*>(const_cast<void*>(a.qkv));
+  char* dbase = static_cast<char*>(dqkv);
+  float scale = float(a.softmax_scale), neg_inf = std::numeric_limits<float>::lowest(), one = 1.f;
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne};
+  std::vector<void*> ptrs{base, base + koff, base + voff, const_cast<void*>(out),
+                          const_cast<void*>(dout), const_cast<float*>(lse), dbase, dbase + koff,
+                          dbase + voff, &scale, &neg_inf, &one};
+  // Buffers the graph keeps outside cuDNN's workspace: D [B*NH*S] f32 and, on the atomic
+  // path, the f32 dQ accumulator (zeroed: cuDNN adds into it).
+  Tensor extra;
+  const int64_t rows = a.d.B * a.d.NH * a.d.S, sum_bytes = (rows * 4 + 255) / 256 * 256;
+  const int64_t acc_bytes = p->dq_accum ? rows * a.d.HD * 4 : 0;
+  if (p->softmax_sum_buffer || p->dq_accum) {
+    extra = Tensor::empty({sum_bytes + acc_bytes}, DType::U8, Device::CUDA);
+    char* e = static_cast<char*>(extra.raw());
+    if (p->softmax_sum_buffer) uids.push_back(kSoftmaxSum), ptrs.push_back(e);
+    if (p->dq_accum) {
+      CUDA_CHECK(cudaMemsetAsync(e + sum_bytes, 0, size_t(acc_bytes), cs));
+      uids.push_back(kDQAccum), ptrs.push_back(e + sum_bytes);
+    }
+  }
+  try {
+    execute(st, *p, uids, ptrs, cs);
+  } catch (const CudnnError& e) {
+    MCPP_FAIL("attention_backward: cuDNN execution failed for {}: {}", shape_str(a), e.what());
+  }
+  ++g_stats.backward_calls;
+  return true;
+}
+
+#endif  // MCPP_HAVE_CUDNN
+
+}  // namespace mcpp::ops::cuda
