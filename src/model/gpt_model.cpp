@@ -423,6 +423,69 @@ void GPTModel::reset_activation_peak() {
   peak_bytes_ = live_bytes_, max_in_flight_ = in_flight_, slot_max_ = 0;
 }
 
+namespace {
+int64_t elem(DType t) { return int64_t(dtype_size(t)); }
+}  // namespace
+
+// Mirrors what forward_chunk()/backward_chunk() allocate (see ensure_acts, the Slot and
+// the Scratch); tests/model/test_pipeline_model.cpp checks it against the measured bytes.
+int64_t GPTModel::saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) const {
+  const auto& c = cfg_;
+  const bool sp = c.sp();
+  const int64_t T = S * B, Tl = sp ? T / c.tp_size : T, H = c.hidden_size;
+  const int64_t dt = elem(c.dtype), st = elem(c.stat_dtype());
+  const int64_t stats = c.rmsnorm ? 1 : 2;  // rstd (+ mean) per norm
+  const int64_t core = T * c.local_heads() * c.kv_channels * dt + c.local_heads() * T * st;
+  const int64_t layer = 3 * Tl * H * dt + 2 * stats * Tl * st + T * c.qkv_width_local() * dt +
+                        core + T * c.fc1_width_local() * dt + T * c.ffn_local() * dt +
+                        (sp ? 2 * T * H * dt : 0);
+  const int n = int(chunk_layers_.at(size_t(chunk)).size());
+  int64_t bytes = 0;
+  int kept_hidden = n + 1, stored = n;
+  for (const auto& [a, e] : groups_[size_t(chunk)]) kept_hidden -= e - a - 1, stored -= e - a;
+  const bool selective = c.recompute == TransformerConfig::Recompute::Selective;
+  bytes += int64_t(stored) * (selective ? layer - core : layer);
+  bytes += int64_t(kept_hidden) * Tl * H * dt;
+  const bool on_host = c.device == Device::CPU;
+  if (part_.first_stage && chunk == 0) {
+    bytes += Tl * H * dt + (sp ? T * H * dt : 0);
+    if (!on_host) bytes += T * 8;  // the tokens on the device
+  }
+  if (part_.last_stage && chunk == num_chunks() - 1) {
+    bytes += Tl * H * dt + stats * Tl * st + (sp ? T * H * dt : 0);  // final norm
+    bytes += T * c.vocab_local() * dt;                                // logits
+    if (!on_host) bytes += T * 8 + T * 4;                            // labels, mask on device
+    bytes += T * 8 + T * 4 + (st != 4 ? T * st : 0);                 // targets, mask
+    bytes += 4 * T * st;                                              // CE statistics, losses
+  }
+  return bytes;
+}
+
+int64_t GPTModel::scratch_bytes(int64_t B, int64_t S) const {
+  const auto& c = cfg_;
+  const bool sp = c.sp();
+  const int64_t T = S * B, Tl = sp ? T / c.tp_size : T, H = c.hidden_size;
+  const int64_t dt = elem(c.dtype), st = elem(c.stat_dtype());
+  const int64_t nhd = c.local_heads() * c.kv_channels;
+  int64_t bytes = Tl * H * dt + (sp ? T * H * dt : 0) + (tp_ ? Tl * dt : 0);  // tmp, ones
+  bytes += 3 * Tl * H * dt + S * B * st + (sp ? 2 * T * H * dt : 0);          // dx, dtmp, dln
+  bytes += T * (c.fc1_width_local() + c.ffn_local() + nhd + c.qkv_width_local()) * dt;
+  size_t group = 0;
+  for (const auto& g : groups_)
+    for (const auto& [a, e] : g) group = std::max(group, size_t(e - a));
+  if (group) {
+    const int64_t stats = c.rmsnorm ? 1 : 2;
+    const int64_t layer = 3 * Tl * H * dt + 2 * stats * Tl * st + T * c.qkv_width_local() * dt +
+                          T * nhd * dt + c.local_heads() * T * st +
+                          T * c.fc1_width_local() * dt + T * c.ffn_local() * dt +
+                          (sp ? 2 * T * H * dt : 0);
+    bytes += int64_t(group) * layer + int64_t(group + 1) * Tl * H * dt;
+  }
+  if (c.recompute == TransformerConfig::Recompute::Selective)
+    bytes += T * nhd * dt + c.local_heads() * T * st;
+  return bytes;
+}
+
 GPTModel::Ctx GPTModel::make_ctx(int64_t S, int64_t B, const StepKeys& keys) const {
   const auto& c = cfg_;
   MCPP_CHECK(S <= c.seq_length || c.rope, "sequence {} longer than --seq-length {}", S,

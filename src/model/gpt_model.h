@@ -114,6 +114,12 @@ class GPTModel {
                         bool final);
   void drop_chunk(int chunk, int microbatch);
   ActivationMemory activation_memory() const;
+  // The same quantities predicted from the shapes, before anything is allocated: the
+  // bytes one micro-batch of B x S tokens keeps for chunk `chunk`, and the shared scratch
+  // once a forward and a backward have run. A step's peak is the schedule's in-flight
+  // count times the former (exact for one chunk a rank) plus the latter.
+  int64_t saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) const;
+  int64_t scratch_bytes(int64_t B, int64_t S) const;
   void reset_activation_peak();
   // Whether parameter i is the last stage's copy of the tied word embedding (its
   // gradient is summed over the embedding group; saved and counted on the first stage).

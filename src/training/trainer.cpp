@@ -559,6 +559,40 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
               s.dist_opt->state_bytes(), double(s.dist_opt->state_bytes()) / double(full), full);
   } else
     s.opt = std::make_unique<optim::AdamW>(s.model->params(), adam);
+  {
+    // The memory plan before the first step allocates any activation (Megatron's
+    // "Theoretical memory footprints" line), per pipeline stage: weights, gradients and
+    // optimizer state as allocated, activations as predicted from the shapes and the
+    // schedule's in-flight count. The measured line follows the first iteration.
+    auto& P = s.model->params();
+    const int64_t weights = int64_t(P.flat_params().defined() ? P.flat_params().nbytes() : 0) +
+                            int64_t(P.flat_grads().defined() ? P.flat_grads().nbytes() : 0);
+    const int64_t optim_state =
+        s.dist_opt ? s.dist_opt->state_bytes()
+                   : int64_t(s.opt->exp_avg().nbytes() + s.opt->exp_avg_sq().nbytes());
+    int64_t slot = 0;
+    for (int c = 0; c < s.model->num_chunks(); ++c)
+      slot = std::max(slot, s.model->saved_bytes_per_microbatch(c, a.micro_batch_size,
+                                                                 a.seq_length));
+    namespace pl = parallel::pipeline;
+    const int in_flight =
+        pp > 1 ? pl::promised_in_flight(vpp > 1 ? pl::ScheduleKind::Interleaved1F1B
+                                                : pl::ScheduleKind::OneFOneB,
+                                        pp, s.ps->pp_rank(), vpp, int(a.num_microbatches),
+                                        int(a.microbatch_group_size_per_vp_stage.value_or(0)))
+               : 1;
+    const int64_t scratch = s.model->scratch_bytes(a.micro_batch_size, a.seq_length);
+    const int64_t act = int64_t(in_flight) * slot + scratch;
+    if (s.ps->dp_rank() == 0 && s.ps->tp_rank() == 0)
+      log::write(log::Level::Info,
+                 fmt::format("Theoretical memory footprints: weight and optimizer={:.2f} MB, "
+                             "activation={:.2f} MB, total={:.2f} MB | per micro-batch: {} B | "
+                             "micro-batches in flight at most: {} | shared scratch: {} B",
+                             double(weights + optim_state) / 1048576.0, double(act) / 1048576.0,
+                             double(weights + optim_state + act) / 1048576.0, slot, in_flight,
+                             scratch),
+                 /*all_ranks=*/true);
+  }
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.load) s.load();
   if (a.async_save) {
@@ -654,11 +688,11 @@ TrainSummary Trainer::run() {
       // one line per pipeline stage.
       const auto m = s.model->activation_memory();
       log::write(log::Level::Info,
-                 fmt::format("(after {} iterations) activations (MB) | peak saved: "
-                             "{:.2f} | micro-batches in flight at the peak: {} | largest per "
-                             "micro-batch: {:.2f} | shared scratch: {:.2f}",
-                             iteration, m.peak / 1048576.0, m.max_in_flight,
-                             m.per_slot_max / 1048576.0, m.scratch / 1048576.0),
+                 fmt::format("(after {} iterations) activations | peak saved: {:.2f} MB | "
+                             "micro-batches in flight at the peak: {} | largest per "
+                             "micro-batch: {} B | shared scratch: {} B",
+                             iteration, m.peak / 1048576.0, m.max_in_flight, m.per_slot_max,
+                             m.scratch),
                  /*all_ranks=*/true);
     }
     out.losses.push_back(loss);

@@ -101,6 +101,7 @@ std::pair<double, std::map<std::string, Tensor>> whole(const TransformerConfig& 
 }
 
 struct StageRun {
+  std::vector<int64_t> predicted_slot, predicted_scratch;  // GPTModel's own prediction
   double loss = 0;
   std::map<std::string, Tensor> grads;   // the tied embedding's copies summed
   std::vector<model::ActivationMemory> memory;  // per stage, after the step
@@ -188,6 +189,8 @@ StageRun run_stages(const TransformerConfig& c, const pl::Schedule& sched, int v
     EXPECT_EQ(pos[size_t(s)], sched[size_t(s)].size()) << "stage " << s << " is stuck";
   for (auto& m : st) {
     r.memory.push_back(m->activation_memory());
+    r.predicted_slot.push_back(m->saved_bytes_per_microbatch(0, B, c.seq_length));
+    r.predicted_scratch.push_back(m->scratch_bytes(B, c.seq_length));
     for (size_t i = 0; i < m->params().infos().size(); ++i) {
       const auto& name = m->params().infos()[i].name;
       Tensor g = m->params().grad(i).clone();
@@ -328,6 +331,9 @@ TEST(PipelineModel, PeakActivationMemoryPerStage) {
         EXPECT_EQ(m.per_slot_max, slot) << rc.name() << " stage " << s;
         EXPECT_EQ(m.peak, int64_t(in_flight) * slot) << rc.name() << " stage " << s;
         EXPECT_EQ(m.live, 0) << "every micro-batch released";
+        // The model's own prediction (printed by the trainer at start-up) is exact too.
+        EXPECT_EQ(r.predicted_slot[size_t(s)], m.per_slot_max) << rc.name() << " stage " << s;
+        EXPECT_EQ(r.predicted_scratch[size_t(s)], m.scratch) << rc.name() << " stage " << s;
         if (rc.granularity == RC::None) peak_none[size_t(s)] = m.peak;
         else EXPECT_LT(m.peak, peak_none[size_t(s)]) << rc.name() << " saves memory";
       }

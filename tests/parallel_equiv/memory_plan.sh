@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# memory_plan.sh MPIRUN... -- MEGATRON TRAIN-FLAGS...: the start-up memory plan (per
+# micro-batch bytes, in-flight micro-batches, scratch bytes: predicted from the shapes and
+# the schedule) must equal what every reporting rank measured after its first iteration.
+set -euo pipefail
+mpirun=(); while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done; shift
+out=$("${mpirun[@]}" "$@" --train-iters 2 --lr-warmup-iters 0 2>&1) || { echo "$out"; exit 1; }
+plan=$(grep -Eo '\[rank [0-9]+\] Theoretical memory footprints: .*' <<<"$out" |
+       sed -E 's/\[rank ([0-9]+)\].*per micro-batch: ([0-9]+) B \| micro-batches in flight at most: ([0-9]+) \| shared scratch: ([0-9]+) B/\1 \2 \3 \4/' | sort)
+seen=$(grep -Eo '\[rank [0-9]+\] \(after 1 iterations\) activations .*' <<<"$out" |
+       sed -E 's/\[rank ([0-9]+)\].*in flight at the peak: ([0-9]+) \| largest per micro-batch: ([0-9]+) B \| shared scratch: ([0-9]+) B/\1 \3 \2 \4/' | sort)
+n=$(wc -l <<<"$plan")
+if [ -z "$plan" ] || [ "$plan" != "$seen" ]; then
+  echo "FAIL: plan (rank, bytes per micro-batch, in flight, scratch) vs measured:"
+  paste <(echo "$plan") <(echo "$seen"); exit 1
+fi
+echo "ok: memory plan equals the measured activations on $n ranks:"; echo "$plan"
