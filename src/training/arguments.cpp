@@ -27,6 +27,8 @@ constexpr FlagRow kMegatronFlags[] = {
 constexpr FlagRow kOurFlags[] = {
     {"megatron.cpp", "--device", "device", FlagAction::Store, "str", "", "auto|cpu|cuda", "auto"},
     {"megatron.cpp", "--threads", "threads", FlagAction::Store, "int", "", "", "0"},
+    {"megatron.cpp", "--pipeline-schedule", "pipeline_schedule", FlagAction::Store, "str", "",
+     "1f1b|gpipe", "1f1b"},
 };
 
 const char* const kFlagsDoc = "docs/flags.md";
@@ -359,6 +361,7 @@ const Binding kBindings[] = {
     // megatron.cpp's own flags
     MCPP_FLAG(device),
     MCPP_FLAG(threads),
+    MCPP_FLAG(pipeline_schedule),
     // derived values print_args shows (as Megatron's args namespace holds them)
     MCPP_DERIVED(world_size),
     MCPP_DERIVED(data_parallel_size),
@@ -660,6 +663,10 @@ void validate_pipeline(Args& a) {
   const auto layers = pl::assign_layers(int(a.num_layers), int(pp), int(vpp),
                                         opt_int(a.decoder_first_pipeline_num_layers),
                                         opt_int(a.decoder_last_pipeline_num_layers));
+  MCPP_CHECK_HINT(a.pipeline_schedule != "gpipe" || vpp == 1,
+                  "drop --pipeline-schedule gpipe, or the virtual-stage flag",
+                  "--pipeline-schedule gpipe runs one model chunk per rank; virtual stages "
+                  "need the (interleaved) 1F1B schedule");
   if (a.microbatch_group_size_per_vp_stage)
     MCPP_CHECK_HINT(vpp > 1, "drop the flag, or use virtual stages",
                     "--microbatch-group-size-per-virtual-pipeline-stage applies to the "

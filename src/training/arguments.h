@@ -180,6 +180,9 @@ struct Args {
   // megatron.cpp's own flags (mcpp_flag_table).
   std::string device = "auto";  // auto | cpu | cuda
   int64_t threads = 0;          // CPU threads; 0 = OpenMP's default
+  // Pipeline schedule: 1f1b (Megatron's; interleaved with virtual stages) or gpipe (all
+  // forwards, then all backwards: holds every micro-batch's activations).
+  std::string pipeline_schedule = "1f1b";
   bool help = false;            // -h / --help was given
 
   // Every flag given on the command line: dest -> value as Python's str() shows it

@@ -101,6 +101,7 @@ struct Trainer::State {
   // Pipeline parallelism: a second communicator over each pipeline group, for gradients
   // (activations use ps->pp()), and this stage's action lists.
   std::unique_ptr<comm::Communicator> pp_grads;
+  parallel::pipeline::ScheduleKind schedule_kind = parallel::pipeline::ScheduleKind::OneFOneB;
   parallel::pipeline::Schedule schedule;            // [stage][action], training step
   std::vector<parallel::pipeline::Action> forward_only;  // this stage, evaluation
   Args args;
@@ -494,8 +495,10 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     for (int c = 0; c < vpp; ++c) part.chunks.push_back(layers[size_t(stage * vpp + c)]);
     part.first_stage = stage == 0, part.last_stage = stage == pp - 1;
     // Megatron's schedule: 1F1B, interleaved with virtual stages.
-    s.schedule = pl::build_schedule(vpp > 1 ? pl::ScheduleKind::Interleaved1F1B : pl::ScheduleKind::OneFOneB,
-                                    pp, vpp, int(a.num_microbatches),
+    s.schedule_kind = vpp > 1                         ? pl::ScheduleKind::Interleaved1F1B
+                      : a.pipeline_schedule == "gpipe" ? pl::ScheduleKind::AllForwardAllBackward
+                                                       : pl::ScheduleKind::OneFOneB;
+    s.schedule = pl::build_schedule(s.schedule_kind, pp, vpp, int(a.num_microbatches),
                                     int(a.microbatch_group_size_per_vp_stage.value_or(0)));
     s.forward_only = pl::forward_only(s.schedule)[size_t(stage)];
     s.pp_grads = s.world->split(s.ps->layout().groups(parallel::Group::PP), "pp-grad");
@@ -506,7 +509,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
       chunks += fmt::format(" [{}-{}]", ch.front(), ch.back());
     log::info("> pipeline: {} stages x {} model chunks, {} schedule, {} micro-batches; stage 0 "
               "layers{}",
-              pp, vpp, vpp > 1 ? "interleaved 1F1B" : "1F1B", a.num_microbatches, chunks);
+              pp, vpp, pl::to_string(s.schedule_kind), a.num_microbatches, chunks);
   }
   s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
   log::info("> initialized tensor model parallel with size {}, pipeline model parallel with "
@@ -576,9 +579,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
                                                                  a.seq_length));
     namespace pl = parallel::pipeline;
     const int in_flight =
-        pp > 1 ? pl::promised_in_flight(vpp > 1 ? pl::ScheduleKind::Interleaved1F1B
-                                                : pl::ScheduleKind::OneFOneB,
-                                        pp, s.ps->pp_rank(), vpp, int(a.num_microbatches),
+        pp > 1 ? pl::promised_in_flight(s.schedule_kind, pp, s.ps->pp_rank(), vpp, int(a.num_microbatches),
                                         int(a.microbatch_group_size_per_vp_stage.value_or(0)))
                : 1;
     const int64_t scratch = s.model->scratch_bytes(a.micro_batch_size, a.seq_length);
