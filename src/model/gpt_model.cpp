@@ -425,6 +425,18 @@ void GPTModel::reset_activation_peak() {
 
 namespace {
 int64_t elem(DType t) { return int64_t(dtype_size(t)); }
+
+// Bytes of one layer's LayerActs with T tokens (Tl local rows), and of its attention core
+// (context and log-sum-exp) alone.
+std::pair<int64_t, int64_t> layer_bytes(const TransformerConfig& c, int64_t T, int64_t Tl) {
+  const int64_t H = c.hidden_size, dt = elem(c.dtype), st = elem(c.stat_dtype());
+  const int64_t stats = c.rmsnorm ? 1 : 2;  // rstd (+ mean) per norm
+  const int64_t core = T * c.local_heads() * c.kv_channels * dt + c.local_heads() * T * st;
+  const int64_t all = 3 * Tl * H * dt + 2 * stats * Tl * st + T * c.qkv_width_local() * dt +
+                      core + T * c.fc1_width_local() * dt + T * c.ffn_local() * dt +
+                      (c.sp() ? 2 * T * H * dt : 0);
+  return {all, core};
+}
 }  // namespace
 
 // Mirrors what forward_chunk()/backward_chunk() allocate (see ensure_acts, the Slot and
@@ -435,10 +447,7 @@ int64_t GPTModel::saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) co
   const int64_t T = S * B, Tl = sp ? T / c.tp_size : T, H = c.hidden_size;
   const int64_t dt = elem(c.dtype), st = elem(c.stat_dtype());
   const int64_t stats = c.rmsnorm ? 1 : 2;  // rstd (+ mean) per norm
-  const int64_t core = T * c.local_heads() * c.kv_channels * dt + c.local_heads() * T * st;
-  const int64_t layer = 3 * Tl * H * dt + 2 * stats * Tl * st + T * c.qkv_width_local() * dt +
-                        core + T * c.fc1_width_local() * dt + T * c.ffn_local() * dt +
-                        (sp ? 2 * T * H * dt : 0);
+  const auto [layer, core] = layer_bytes(c, T, Tl);
   const int n = int(chunk_layers_.at(size_t(chunk)).size());
   int64_t bytes = 0;
   int kept_hidden = n + 1, stored = n;
@@ -473,14 +482,7 @@ int64_t GPTModel::scratch_bytes(int64_t B, int64_t S) const {
   size_t group = 0;
   for (const auto& g : groups_)
     for (const auto& [a, e] : g) group = std::max(group, size_t(e - a));
-  if (group) {
-    const int64_t stats = c.rmsnorm ? 1 : 2;
-    const int64_t layer = 3 * Tl * H * dt + 2 * stats * Tl * st + T * c.qkv_width_local() * dt +
-                          T * nhd * dt + c.local_heads() * T * st +
-                          T * c.fc1_width_local() * dt + T * c.ffn_local() * dt +
-                          (sp ? 2 * T * H * dt : 0);
-    bytes += int64_t(group) * layer + int64_t(group + 1) * Tl * H * dt;
-  }
+  if (group) bytes += int64_t(group) * layer_bytes(c, T, Tl).first + int64_t(group + 1) * Tl * H * dt;
   if (c.recompute == TransformerConfig::Recompute::Selective)
     bytes += T * nhd * dt + c.local_heads() * T * st;
   return bytes;

@@ -17,6 +17,7 @@
 
 #include "base/philox.h"
 #include "model/gpt_model.h"
+#include "tiny_model.h"
 #include "parallel/pipeline/schedule.h"
 
 using namespace mcpp;
@@ -29,18 +30,7 @@ namespace {
 using RC = TransformerConfig::Recompute;
 using RM = TransformerConfig::RecomputeMethod;
 
-TransformerConfig tiny(bool llama, int layers) {
-  TransformerConfig c;
-  c.num_layers = layers, c.hidden_size = 8, c.num_attention_heads = 4, c.kv_channels = 2;
-  c.seq_length = 6, c.max_position_embeddings = 8, c.padded_vocab_size = 16;
-  c.hidden_dropout = 0.1, c.attention_dropout = 0.1, c.dtype = DType::F64;
-  c.init_method_std = 0.3;
-  c.num_query_groups = llama ? 2 : 4;
-  c.ffn_hidden_size = llama ? 12 : 32;
-  c.rope = llama, c.rmsnorm = llama, c.swiglu = llama, c.tie_embeddings = !llama;
-  c.add_bias_linear = !llama;
-  return c;
-}
+TransformerConfig tiny(bool llama, int layers) { return model::test::tiny(llama, layers, 0.1); }
 
 struct Recompute {
   RC granularity = RC::None;
