@@ -3,10 +3,12 @@
 // --json-keys key, writes {output_prefix}_{key}_document.{bin,idx} byte-identical to
 // what preprocess_data.py writes for the same token ids.
 //
-// Pipeline: the calling thread reads the input (.jsonl, .gz, .zst) in batches of whole
-// lines; `workers` threads parse JSON and tokenise batches; the calling thread
-// writes finished batches in input order. At most 2·workers batches are in flight,
-// so memory stays bounded whatever the input size.
+// Pipeline, three overlapped stages: the calling thread reads the input (.jsonl, .gz,
+// .zst) into batches of whole lines; `workers` threads parse JSON, tokenise and convert
+// the ids to the dataset dtype, in any order; one writer thread appends finished
+// batches to the .bin/.idx in input order. Batches come from a pool of 2·workers + 2, so
+// memory stays bounded whatever the input size. The tokenizer is shared by all workers
+// (its BPE piece cache too); see docs/data.md for what limits scaling.
 #pragma once
 #include <cstdint>
 #include <string>
