@@ -8,6 +8,11 @@
 #               read + JSON + tokenise + .bin/.idx (fsync'd), exit
 #   pipeline s  the summary line's time: preprocess() alone, without program start and
 #               tokenizer load
+#   CPU s       the process's CPU time (summary line): growth with N means the threads run
+#               slower, not that they wait
+#   N procs s   with CEILING=1: the input split in N line-aligned parts, N independent
+#               1-worker processes at once (nothing shared but the machine): the scaling
+#               this machine allows this workload (SMT siblings, turbo, noisy neighbours)
 # Efficiency = T(1) / (N * T(N)). Every run's .bin and .idx must be byte-identical to the
 # 1-worker output (cmp); the script fails otherwise.
 #
@@ -15,7 +20,7 @@
 #   CORPUS=file.jsonl   the corpus to replicate (default: .cache/assets/gutenberg.jsonl,
 #                       made by scripts/make_corpus.sh when missing)
 #   GPT2_DIR=dir        encoder.json + vocab.bpe (default: .cache/assets/gpt2/package)
-#   TARGET_MB=100  REPEAT=3  WORKERS="1 2 4 8 16"  KEEP=1 (keep the temporary folder)
+#   TARGET_MB=100  REPEAT=3  WORKERS="1 2 4 8 16"  CEILING=1  KEEP=1 (keep the temp folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${1:-build/megatron}
@@ -49,38 +54,59 @@ now() { date +%s.%N; }
 echo "# megatron preprocess scaling: $copies x $(basename "$CORPUS") = $MB MB, GPT2BPETokenizer,"
 echo "# --append-eod, best of $REPEAT; $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))"
 echo
-echo "| workers | process s | MB/s | tokens/s | efficiency | pipeline s | MB/s | efficiency |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
-base_proc="" base_pipe=""
+run1() {  # run1 INPUT PREFIX WORKERS LOG
+  "$M" preprocess --input "$1" --output-prefix "$2" --append-eod --workers "$3" \
+    --tokenizer-type GPT2BPETokenizer --vocab-file "$GPT2_DIR/encoder.json" \
+    --merge-file "$GPT2_DIR/vocab.bpe" >"$4" 2>&1 || { cat "$4" >&2; return 1; }
+}
+min() { awk -v a="$1" -v b="${2:-1e9}" 'BEGIN { print (a < b ? a : b) }'; }
+CEILING=${CEILING:-0}
+head="| workers | process s | MB/s | tokens/s | efficiency | pipeline s | MB/s | efficiency | CPU s |"
+sep="|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+[ "$CEILING" = 1 ] && head+=" N procs s | efficiency |" sep+="---:|---:|"
+echo "$head"
+echo "$sep"
+base_proc="" base_pipe="" base_ceil=""
 for n in $WORKERS; do
   [ "$n" -le "$NPROC" ] || continue
-  best_proc="" best_pipe="" tokens=""
+  best_proc="" best_pipe="" best_cpu="" tokens=""
   for ((r = 0; r < REPEAT; r++)); do
     t0=$(now)
-    "$M" preprocess --input "$W/in.jsonl" --output-prefix "$W/w$n" --append-eod --workers "$n" \
-      --tokenizer-type GPT2BPETokenizer --vocab-file "$GPT2_DIR/encoder.json" \
-      --merge-file "$GPT2_DIR/vocab.bpe" >"$W/log" 2>&1 || { cat "$W/log" >&2; exit 1; }
+    run1 "$W/in.jsonl" "$W/w$n" "$n" "$W/log"
     t1=$(now)
     line=$(grep 'preprocess:' "$W/log")
-    pipe=$(sed -E 's/.* MB in ([0-9.]+) s:.*/\1/' <<<"$line")
     tokens=$(sed -E 's/.* documents.*, ([0-9]+) tokens,.*/\1/' <<<"$line")
-    proc=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
-    best_proc=$(awk -v a="$proc" -v b="${best_proc:-1e9}" 'BEGIN { print (a < b ? a : b) }')
-    best_pipe=$(awk -v a="$pipe" -v b="${best_pipe:-1e9}" 'BEGIN { print (a < b ? a : b) }')
+    best_proc=$(min "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')" "$best_proc")
+    best_pipe=$(min "$(sed -E 's/.* MB in ([0-9.]+) s:.*/\1/' <<<"$line")" "$best_pipe")
+    best_cpu=$(min "$(sed -E 's/.*; ([0-9.]+) CPU s.*/\1/' <<<"$line")" "$best_cpu")
   done
+  best_ceil=""
+  if [ "$CEILING" = 1 ]; then
+    rm -f "$W"/part.*
+    split -n "l/$n" -d -a 3 "$W/in.jsonl" "$W/part."
+    for ((r = 0; r < REPEAT; r++)); do
+      t0=$(now)
+      pids=()
+      for f in "$W"/part.*; do run1 "$f" "$f.out" 1 "$f.log" & pids+=($!); done
+      for p in "${pids[@]}"; do wait "$p"; done
+      t1=$(now)
+      best_ceil=$(min "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')" "$best_ceil")
+    done
+  fi
   if [ "$n" = 1 ]; then
-    base_proc=$best_proc base_pipe=$best_pipe
+    base_proc=$best_proc base_pipe=$best_pipe base_ceil=$best_ceil
   else
     for ext in bin idx; do
       cmp "$W/w1_text_document.$ext" "$W/w${n}_text_document.$ext" ||
         { echo "FAIL: $n workers wrote a different .$ext than 1 worker" >&2; exit 1; }
     done
   fi
-  awk -v n="$n" -v mb="$MB" -v tok="$tokens" -v p="$best_proc" -v q="$best_pipe" \
-    -v p1="$base_proc" -v q1="$base_pipe" 'BEGIN {
-      printf "| %d | %.3f | %.1f | %.2fM | %s | %.3f | %.1f | %s |\n", n, p, mb / p, tok / p / 1e6,
-        p1 == "" ? "-" : sprintf("%.0f%%", 100 * p1 / (n * p)), q, mb / q,
-        q1 == "" ? "-" : sprintf("%.0f%%", 100 * q1 / (n * q)) }'
+  awk -v n="$n" -v mb="$MB" -v tok="$tokens" -v p="$best_proc" -v q="$best_pipe" -v c="$best_cpu" \
+    -v p1="$base_proc" -v q1="$base_pipe" -v e="$best_ceil" -v e1="$base_ceil" 'BEGIN {
+      printf "| %d | %.3f | %.1f | %.2fM | %.0f%% | %.3f | %.1f | %.0f%% | %.2f |", n, p, mb / p,
+        tok / p / 1e6, 100 * p1 / (n * p), q, mb / q, 100 * q1 / (n * q), c
+      if (e != "") printf " %.3f | %.0f%% |", e, 100 * e1 / (n * e)
+      printf "\n" }'
 done
 echo
 echo "outputs of every worker count byte-identical to 1 worker's (.bin and .idx, cmp)"

@@ -25,8 +25,8 @@ struct PreprocessOptions {
   bool append_eod = false;        // --append-eod
   int workers = 1;                // --workers
   bool skip_bad_lines = false;    // --skip-bad-lines: count and skip, do not fail
-  int64_t batch_bytes = 256 << 10;  // bytes of input per batch (small: many batches keep
-                                    // every worker busy on an 11 MB corpus)
+  int64_t batch_bytes = 128 << 10;  // bytes of input per batch (small: many batches keep
+                                    // every worker busy to the end of the input)
   bool progress = true;           // progress line on a terminal
 };
 
