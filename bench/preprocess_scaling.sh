@@ -82,12 +82,14 @@ for n in $WORKERS; do
   done
   best_ceil=""
   if [ "$CEILING" = 1 ]; then
-    rm -f "$W"/part.*
-    split -n "l/$n" -d -a 3 "$W/in.jsonl" "$W/part."
+    rm -rf "$W/parts" "$W/parts.out" && mkdir "$W/parts" "$W/parts.out"
+    split -n "l/$n" -d -a 3 "$W/in.jsonl" "$W/parts/"
     for ((r = 0; r < REPEAT; r++)); do
       t0=$(now)
       pids=()
-      for f in "$W"/part.*; do run1 "$f" "$f.out" 1 "$f.log" & pids+=($!); done
+      for f in "$W"/parts/*; do
+        run1 "$f" "$W/parts.out/${f##*/}" 1 "$W/parts.out/${f##*/}.log" & pids+=($!)
+      done
       for p in "${pids[@]}"; do wait "$p"; done
       t1=$(now)
       best_ceil=$(min "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')" "$best_ceil")
