@@ -149,7 +149,9 @@ std::unique_ptr<Input> open_input(const std::string& path) {
 
 constexpr size_t kPadding = 64;  // simdjson reads up to SIMDJSON_PADDING past a line
 
-struct KeyOut {
+// Batches and their outputs are written by different workers at once: each starts on its
+// own cache line so that no two workers write one line (false sharing).
+struct alignas(64) KeyOut {
   std::vector<int32_t> tokens;    // this batch's ids, back to back
   std::vector<uint8_t> bin;       // the same ids in the dataset's dtype: .bin bytes
   std::vector<int32_t> seq_lens;  // every sequence's length
@@ -158,7 +160,7 @@ struct KeyOut {
 
 // A batch of whole input lines and what the worker made of them. Batches are pooled
 // and reused, so their buffers stop allocating once grown.
-struct Batch {
+struct alignas(64) Batch {
   const std::string* file = nullptr;
   int64_t first_line = 0;
   std::vector<char> data;  // lines, then kPadding spaces, then spare capacity

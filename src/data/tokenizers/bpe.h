@@ -123,9 +123,10 @@ class SharedPieceCache {
   // the zero pages are mapped on first touch, not cleared up front (8 MB at start-up).
   std::unique_ptr<const Entry*[], Free> slots_;
   const size_t mask_, max_entries_, max_bytes_;
-  std::atomic<size_t> count_{0};
-  std::atomic<bool> full_{false};
-  std::mutex arena_mu_;  // guards the arena only; taken once per inserted piece
+  // Written by inserts: on their own cache lines, away from what every lookup reads.
+  alignas(64) std::atomic<size_t> count_{0};
+  alignas(64) std::atomic<bool> full_{false};
+  alignas(64) std::mutex arena_mu_;  // guards the arena only; taken once per inserted piece
   std::vector<std::unique_ptr<std::byte[]>> blocks_;
   size_t block_used_ = kBlock, arena_bytes_ = 0;
 };
