@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <future>
-#include <utility>
 #include <limits>
+#include <utility>
 
 #include "base/error.h"
 

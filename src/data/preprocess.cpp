@@ -456,7 +456,8 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
         while (!eof && (n < want || !last_nl)) {
           if (b->data.size() < n + read_step + kPadding) b->data.resize(2 * b->data.size());
           const size_t room = b->data.size() - kPadding - n;
-          const size_t got = in->read(b->data.data() + n, std::min(room, n < want ? want - n : read_step));
+          const size_t got =
+              in->read(b->data.data() + n, std::min(room, n < want ? want - n : read_step));
           if (got == 0) {
             eof = true;
             break;
@@ -491,8 +492,8 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
     fail(std::current_exception());
   }
   join_all();
-  if (error) std::rethrow_exception(error);  // builders are destroyed unfinalised:
-                                             // their temporary files are removed
+  // On an error the builders are destroyed unfinalised: their temporary files are removed.
+  if (error) std::rethrow_exception(error);
   for (auto& b : builders) b->finalize();
   st.bytes_in = bytes_in.load();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

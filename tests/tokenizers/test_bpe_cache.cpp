@@ -31,7 +31,8 @@ TEST(SharedPieceCache, ConcurrentInsertsAreAllFound) {
         int i = (j * 7 + t * 613) % kKeys;
         std::string k = "piece" + std::to_string(i);
         auto v = ids_of(i);
-        if (!cache.find(k, test_hash(k))) EXPECT_TRUE(cache.insert(k, test_hash(k), v.data(), v.size()));
+        if (!cache.find(k, test_hash(k)))
+          EXPECT_TRUE(cache.insert(k, test_hash(k), v.data(), v.size()));
       }
     });
   for (auto& th : threads) th.join();
@@ -64,8 +65,9 @@ TEST(SharedPieceCache, StopsGrowingWhenFull) {
   SharedPieceCache small(1024, size_t(1) << 20);
   std::vector<int32_t> big(1000, 7);
   int n = 0;
-  for (int i = 0; i < 512 && small.insert("b" + std::to_string(i), test_hash("b" + std::to_string(i)),
-                                          big.data(), big.size());
+  for (int i = 0;
+       i < 512 && small.insert("b" + std::to_string(i), test_hash("b" + std::to_string(i)),
+                               big.data(), big.size());
        ++i)
     ++n;
   EXPECT_GT(n, 200);
@@ -94,8 +96,9 @@ TEST(GPT2BPE, ManyThreadsEncodeAsOne) {
                            .vocab_file = dir + "/encoder.json",
                            .merge_file = dir + "/vocab.bpe"};
   std::vector<std::string> texts;
-  const char* words[] = {"the", " quick", " naïve", " café", " 東京", " 😀", "  ", " 123",
-                         ",", " DON'T", "\n\n", " supercalifragilistic", " Ünïcödé", "\t"};
+  const char* words[] = {"the",      " quick", " naïve", " café",  " 東京", " 😀",
+                         "  ",       " 123",   ",",      " DON'T", "\n\n",  " supercalifragilistic",
+                         " Ünïcödé", "\t"};
   for (int i = 0; i < 2000; ++i) {
     std::string s;
     for (int j = 0; j < 1 + i % 17; ++j) s += words[(i * 31 + j * 7) % std::size(words)];

@@ -1,11 +1,11 @@
 // Unicode normalization (libutf8proc) and the NFC/NFD/NFKC/NFKD normalizers of
 // tokenizer.json. Vectors from UAX #15 (Unicode Normalization Forms) and its examples.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "base/error.h"
 #include "data/tokenizers/tokenizer.h"
@@ -20,19 +20,17 @@ namespace {
 // A character-level BPE tokenizer.json (no byte fallback, no unk: a character outside
 // the vocabulary is an error) whose ids show which form the text reached the model in.
 std::string write_fixture(const json& normalizer) {
-  json vocab = {{"c", 0},  {"a", 1},          {"f", 2},          {"e", 3},
-                {"\u0301", 4}, {"\u00e9", 5}, {"ca", 6},        {"caf", 7},
-                {"caf\u00e9", 8}, {"</s>", 9}, {"fi", 10},      {"i", 11},
-                {"\ufb01", 12}, {"\uac01", 13}, {"\u1100", 14}, {"\u1161", 15},
-                {"\u11a8", 16}, {" ", 17},   {"\u00c5", 18},    {"\u212b", 19},
+  json vocab = {{"c", 0},       {"a", 1},       {"f", 2},       {"e", 3},         {"\u0301", 4},
+                {"\u00e9", 5},  {"ca", 6},      {"caf", 7},     {"caf\u00e9", 8}, {"</s>", 9},
+                {"fi", 10},     {"i", 11},      {"\ufb01", 12}, {"\uac01", 13},   {"\u1100", 14},
+                {"\u1161", 15}, {"\u11a8", 16}, {" ", 17},      {"\u00c5", 18},   {"\u212b", 19},
                 {"A", 20},      {"\u030a", 21}};
-  json j = {{"version", "1.0"},
-            {"normalizer", normalizer},
-            {"pre_tokenizer", nullptr},
-            {"model",
-             {{"type", "BPE"},
-              {"vocab", vocab},
-              {"merges", {"c a", "ca f", "caf \u00e9", "f i"}}}}};
+  json j = {
+      {"version", "1.0"},
+      {"normalizer", normalizer},
+      {"pre_tokenizer", nullptr},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"c a", "ca f", "caf \u00e9", "f i"}}}}};
   auto dir = std::filesystem::temp_directory_path() /
              ("mcpp_nfc_" + std::to_string(::getpid()) + "_" +
               std::to_string(std::hash<std::string>{}(normalizer.dump())));
@@ -42,7 +40,8 @@ std::string write_fixture(const json& normalizer) {
 }
 
 std::unique_ptr<Tokenizer> fixture(const json& normalizer) {
-  return make_tokenizer({.type = "HuggingFaceTokenizer", .tokenizer_model = write_fixture(normalizer)});
+  return make_tokenizer(
+      {.type = "HuggingFaceTokenizer", .tokenizer_model = write_fixture(normalizer)});
 }
 
 using Ids = std::vector<int32_t>;
@@ -79,8 +78,9 @@ TEST(UnicodeNorm, KnownVectors) {
   EXPECT_EQ(nfkc("\ufb01 \u2460 \uff21"), "fi 1 A");
   EXPECT_EQ(nfkd("\ufb01"), "fi");
   // Already in NFC: unchanged, byte for byte (ASCII never reaches the library).
-  for (const std::string& s : std::vector<std::string>{"Hello, world!", "na\u00efve caf\u00e9 \u6771\u4eac \U0001f600",
-                        "\u0301 leading mark", std::string("nul\0inside", 10)})
+  for (const std::string& s :
+       std::vector<std::string>{"Hello, world!", "na\u00efve caf\u00e9 \u6771\u4eac \U0001f600",
+                                "\u0301 leading mark", std::string("nul\0inside", 10)})
     EXPECT_EQ(nfc(s), s);
   // Every form of a string is stable under the same form again.
   for (UnicodeForm f : {UnicodeForm::NFC, UnicodeForm::NFD, UnicodeForm::NFKC, UnicodeForm::NFKD}) {
@@ -111,8 +111,8 @@ TEST(HuggingFace, NfcNormalizerIds) {
   auto nfkd = fixture({{"type", "NFKD"}});
   EXPECT_EQ(nfkd->encode("\ufb01 \u00e9"), (Ids{10, 17, 3, 4}));
   // A Sequence applies its normalizers in order: NFD then NFC is NFC.
-  auto seq = fixture({{"type", "Sequence"},
-                      {"normalizers", {{{"type", "NFD"}}, {{"type", "NFC"}}}}});
+  auto seq =
+      fixture({{"type", "Sequence"}, {"normalizers", {{{"type", "NFD"}}, {{"type", "NFC"}}}}});
   EXPECT_EQ(seq->encode("cafe\u0301 \u1100\u1161\u11a8"), (Ids{8, 17, 13}));
 }
 

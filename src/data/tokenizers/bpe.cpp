@@ -238,7 +238,6 @@ std::atomic<uint64_t> g_next_uid{1};
 inline uint64_t pair_key(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
 inline size_t mix(uint64_t k) { return size_t((k * 0x9E3779B97F4A7C15ull) >> 17); }
 
-
 // The overflow cache, used only once the model's SharedPieceCache is full: per thread,
 // open addressing, keys and ids in two arenas; cleared when full (bounded memory) and
 // when a different model uses the thread.
@@ -424,7 +423,8 @@ void BpeModel::merge_large(std::vector<int32_t>& sym) const {
     rank[i] = find(sym[i], sym[size_t(next[i])], mid[i]);
     if (rank[i] != kNone) heap.push(int64_t(rank[i]) << 32 | int64_t(i));
   };
-  for (size_t i = 0; i < n; ++i) prev[i] = int32_t(i) - 1, next[i] = i + 1 < n ? int32_t(i + 1) : -1;
+  for (size_t i = 0; i < n; ++i)
+    prev[i] = int32_t(i) - 1, next[i] = i + 1 < n ? int32_t(i + 1) : -1;
   for (size_t i = 0; i + 1 < n; ++i) push(i);
   while (!heap.empty()) {
     const int64_t top = heap.top();

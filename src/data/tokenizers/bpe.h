@@ -4,8 +4,9 @@
 // Word::merge_all — repeatedly merge the adjacent pair of lowest rank, the leftmost one
 // on ties — with a cache of piece -> ids, since natural text repeats its words
 // constantly. The cache is shared by all threads (lock-free reads), so N preprocessing
-// workers learn a corpus's vocabulary once, not N times. For GPT-2 vocabularies this gives the ids of GPT-2's own bpe()
-// (which merges every occurrence of the best bigram at once); the r50k test plans check it.
+// workers learn a corpus's vocabulary once, not N times. For GPT-2 vocabularies this gives the ids
+// of GPT-2's own bpe() (which merges every occurrence of the best bigram at once); the r50k test
+// plans check it.
 #pragma once
 #include <array>
 #include <atomic>
@@ -114,7 +115,7 @@ class SharedPieceCache {
 
  private:
   static constexpr size_t kBlock = size_t(1) << 20;  // arena block
-  void* allocate(size_t bytes);  // nullptr when max_bytes would be exceeded
+  void* allocate(size_t bytes);                      // nullptr when max_bytes would be exceeded
   std::atomic_ref<const Entry*> slot(size_t i) const { return std::atomic_ref(slots_[i]); }
   struct Free {
     void operator()(void* p) const { std::free(p); }

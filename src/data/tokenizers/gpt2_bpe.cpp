@@ -78,7 +78,8 @@ std::vector<std::pair<std::string, int64_t>> parse_vocab(const std::string& text
     bool end_object() override { return --depth, true; }
     bool start_array(std::size_t) override { return fail("an array"); }
     bool end_array() override { return fail("an array"); }
-    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    bool parse_error(std::size_t, const std::string&,
+                     const nlohmann::detail::exception& e) override {
       return fail(e.what());
     }
   } sax;
@@ -146,7 +147,8 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     seen[size_t(id)] = 1;
     if (tok == "<|endoftext|>") eod_ = id;
   }
-  if (!std::any_of(items.begin(), items.end(), [](auto& it) { return it.first == "<|endoftext|>"; }))
+  if (!std::any_of(items.begin(), items.end(),
+                   [](auto& it) { return it.first == "<|endoftext|>"; }))
     throw Error(fmt::format("--vocab-file {} has no <|endoftext|> token", vocab_file));
   parallel_ranges(V, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
@@ -226,7 +228,8 @@ void GPT2BPETokenizer::bpe(std::string_view word, std::vector<int32_t>& out) con
 void GPT2BPETokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
   if (!bpe::utf8_valid(text))
     throw Error("GPT2BPETokenizer: the text is not valid UTF-8", "decode the input as UTF-8 first");
-  impl_->pre->split(text, false, [&](std::string_view piece) { impl_->model.encode_bytes(piece, out); });
+  impl_->pre->split(text, false,
+                    [&](std::string_view piece) { impl_->model.encode_bytes(piece, out); });
 }
 
 std::string GPT2BPETokenizer::decode(std::span<const int32_t> ids) const {

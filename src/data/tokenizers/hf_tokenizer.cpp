@@ -413,7 +413,7 @@ class HFTokenizer final : public Tokenizer {
 
   struct Norm {
     enum Kind { Prepend, Replace, Unicode } kind;
-    std::string from, content;              // Replace: from -> content; Prepend: content
+    std::string from, content;            // Replace: from -> content; Prepend: content
     UnicodeForm form = UnicodeForm::NFC;  // Unicode
   };
   std::string file_;

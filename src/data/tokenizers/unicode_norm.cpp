@@ -36,10 +36,18 @@ std::string normalize(std::string_view text, UnicodeForm form) {
   // terminating NUL: the text may hold U+0000.
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case UnicodeForm::NFC: options |= UTF8PROC_COMPOSE; break;
-    case UnicodeForm::NFD: options |= UTF8PROC_DECOMPOSE; break;
-    case UnicodeForm::NFKC: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case UnicodeForm::NFKD: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case UnicodeForm::NFC:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case UnicodeForm::NFD:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case UnicodeForm::NFKC:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case UnicodeForm::NFKD:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   utf8proc_uint8_t* out = nullptr;
   const utf8proc_ssize_t n =
