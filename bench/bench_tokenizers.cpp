@@ -5,8 +5,9 @@
 // Defaults: the Gutenberg corpus of scripts/make_corpus.sh and the assets of
 // scripts/fetch_assets.sh under .cache/assets, N = hardware threads. Prints a table:
 //   encode: one document at a time on one thread, MB/s of UTF-8 text and tokens/s,
-//           each tokenizer on a fresh thread (its piece cache starts cold);
-//   preprocess: the whole pipeline (read, JSON, tokenise, .bin/.idx) with 1 and N workers.
+//           each tokenizer freshly loaded (its piece cache starts cold);
+//   preprocess: the whole pipeline (read, JSON, tokenise, .bin/.idx) with 1 and N workers,
+//           a fresh tokenizer each. Thread scaling on ~100 MB: bench/preprocess_scaling.sh.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -115,9 +116,9 @@ int main(int argc, char** argv) {
   std::printf("\n| preprocess (GPT2BPETokenizer, --append-eod) | workers | MB/s | tokens/s | "
               "MB/s per worker | wall s |\n|---|---:|---:|---:|---:|---:|\n");
   std::filesystem::create_directories(out);
-  auto gpt2 = cases[0].make();
   double one = 0;
   for (int w : {1, threads}) {
+    auto gpt2 = cases[0].make();  // a fresh tokenizer: its piece cache starts cold
     PreprocessOptions o;
     o.inputs = {corpus};
     o.output_prefix = out + "/bench";
@@ -125,8 +126,7 @@ int main(int argc, char** argv) {
     o.workers = w;
     o.progress = false;
     PreprocessStats st;
-    std::thread th([&] { st = preprocess(o, *gpt2); });  // a fresh thread: cold caches
-    th.join();
+    st = preprocess(o, *gpt2);
     double mbs = double(st.bytes_in) / 1e6 / st.seconds;
     if (w == 1) one = mbs;
     std::printf("| %s | %d | %.2f | %.0f | %.2f | %.2f |\n", corpus.c_str(), w, mbs,

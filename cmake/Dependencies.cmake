@@ -12,6 +12,7 @@ find_package(zstd CONFIG QUIET)                     # .zst JSONL input (data pip
 pkg_check_modules(XXHASH QUIET IMPORTED_TARGET libxxhash)  # checkpoint checksums
 pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET libpcre2-8)  # GPT-2 pre-tokeniser regex
 pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
+pkg_check_modules(UTF8PROC QUIET IMPORTED_TARGET libutf8proc)  # NFC/NFKC normalizers (tokenizer.json)
 find_package(simdjson QUIET)                        # fast JSONL parsing in preprocess
 find_package(GTest REQUIRED)
 find_package(benchmark QUIET)
@@ -35,6 +36,8 @@ mcpp_optional(zstd_FOUND zstd::libzstd_shared MCPP_HAVE_ZSTD "zstd (.zst input)"
 mcpp_optional(XXHASH_FOUND PkgConfig::XXHASH MCPP_HAVE_XXHASH "xxHash (checksums)")
 mcpp_optional(PCRE2_FOUND PkgConfig::PCRE2 MCPP_HAVE_PCRE2 "PCRE2 (GPT-2 BPE)")
 mcpp_optional(SENTENCEPIECE_FOUND PkgConfig::SENTENCEPIECE MCPP_HAVE_SENTENCEPIECE "sentencepiece")
+mcpp_optional(UTF8PROC_FOUND PkgConfig::UTF8PROC MCPP_HAVE_UTF8PROC
+              "utf8proc (NFC/NFD/NFKC/NFKD normalizers of tokenizer.json)")
 mcpp_optional(simdjson_FOUND simdjson::simdjson MCPP_HAVE_SIMDJSON "simdjson")
 mcpp_optional(MPI_CXX_FOUND MPI::MPI_CXX MCPP_HAVE_MPI "MPI")
 find_package(ZLIB QUIET)

@@ -12,6 +12,7 @@ PKGS=(
   libsimdjson-dev            # fast JSONL parsing in preprocess
   libsentencepiece-dev       # SentencePiece / Llama tokenizers
   libpcre2-dev               # GPT-2 pre-tokenisation regex (Unicode classes)
+  libutf8proc-dev            # Unicode NFC/NFKC normalizers of tokenizer.json (Qwen2)
   libzstd-dev zlib1g-dev     # .zst / .gz JSONL input
   libxxhash-dev              # checkpoint checksums
   libcpp-httplib-dev         # the REST text-generation server

@@ -37,6 +37,13 @@ const char* index_dtype_name(IndexDType t);
 // DType.optimal_dtype: uint16 when vocab_size < 65500, else int32.
 IndexDType optimal_index_dtype(int64_t vocab_size);
 
+// Appends the ids as `dtype` values (the bytes of a .bin) to out. An id the dtype cannot
+// hold is an Error naming `dataset`: the tokenizer's vocabulary does not fit the dtype.
+void append_as_dtype(IndexDType dtype, std::span<const int32_t> ids, std::vector<uint8_t>& out,
+                     const std::string& dataset);
+void append_as_dtype(IndexDType dtype, std::span<const int64_t> ids, std::vector<uint8_t>& out,
+                     const std::string& dataset);
+
 std::string idx_path(const std::string& prefix);  // prefix + ".idx"
 std::string bin_path(const std::string& prefix);  // prefix + ".bin"
 
@@ -95,6 +102,11 @@ class IndexedDatasetBuilder {
   void end_document();
   // Several sequences (lengths sum to tokens.size()) appended as one document.
   void add_document(std::span<const int32_t> tokens, std::span<const int64_t> lengths);
+  // Many documents whose tokens are already in the dataset's dtype (append_as_dtype):
+  // document d has doc_nseq[d] sequences, of lengths[...] tokens, back to back in
+  // token_bytes. Lets preprocess workers convert in parallel and the writer only copy.
+  void add_documents(std::span<const uint8_t> token_bytes, std::span<const int32_t> lengths,
+                     std::span<const int32_t> doc_nseq);
   // Appends another dataset of the same dtype (Megatron's add_index / merge_datasets).
   void add_index(const std::string& prefix);
   // Writes the index and moves both files into place (.bin first, .idx last).
@@ -116,6 +128,7 @@ class IndexedDatasetBuilder {
   std::vector<int64_t> docs_{0};
   std::vector<uint8_t> scratch_;
   int64_t bin_bytes_ = 0;
+  int64_t writeback_from_ = 0;  // .bin bytes before this offset were handed to the kernel
   bool finalized_ = false;
 };
 

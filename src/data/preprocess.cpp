@@ -1,16 +1,21 @@
 #include "data/preprocess.h"
 
+#include <string.h>  // memrchr (GNU)
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "base/error.h"
@@ -144,17 +149,22 @@ std::unique_ptr<Input> open_input(const std::string& path) {
 
 constexpr size_t kPadding = 64;  // simdjson reads up to SIMDJSON_PADDING past a line
 
-struct KeyOut {
-  std::vector<int32_t> tokens;    // all documents' ids, back to back
-  std::vector<int64_t> seq_lens;  // all sequences' lengths
+// Batches and their outputs are written by different workers at once: each starts on its
+// own cache line so that no two workers write one line (false sharing).
+struct alignas(64) KeyOut {
+  std::vector<int32_t> tokens;    // this batch's ids, back to back
+  std::vector<uint8_t> bin;       // the same ids in the dataset's dtype: .bin bytes
+  std::vector<int32_t> seq_lens;  // every sequence's length
   std::vector<int32_t> doc_nseq;  // sequences per document
 };
 
-struct Batch {
-  std::string file;
+// A batch of whole input lines and what the worker made of them. Batches are pooled
+// and reused, so their buffers stop allocating once grown.
+struct alignas(64) Batch {
+  const std::string* file = nullptr;
   int64_t first_line = 0;
-  std::string data;  // whole lines, followed by kPadding spare bytes
-  size_t size = 0;   // bytes of lines in data
+  std::vector<char> data;  // lines, then kPadding spaces, then spare capacity
+  size_t size = 0;         // bytes of lines in data
   std::vector<KeyOut> out;
   int64_t docs = 0, skipped = 0;
   std::exception_ptr error;
@@ -165,24 +175,30 @@ struct Worker {
 #ifdef MCPP_HAVE_SIMDJSON
   simdjson::dom::parser parser;
 #endif
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids, nseq;
+  std::vector<size_t> mark_tok, mark_len;
 };
 
 [[noreturn]] void bad_line(const Batch& b, int64_t line, const std::string& why) {
-  throw Error(fmt::format("{}:{}: {}", b.file, line, why),
+  throw Error(fmt::format("{}:{}: {}", *b.file, line, why),
               "fix or remove the line, or pass --skip-bad-lines to count and skip such lines");
 }
 
-void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok, Worker& w) {
+// Parses and tokenises the batch's lines, then converts the ids to the dataset dtype,
+// so the writer only copies bytes.
+void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
+                   std::span<const std::string> datasets, IndexDType dtype, Worker& w) {
   const size_t K = opt.json_keys.size();
-  b.out.assign(K, {});
+  b.out.resize(K);
+  for (KeyOut& o : b.out) o.tokens.clear(), o.bin.clear(), o.seq_lens.clear(), o.doc_nseq.clear();
   size_t pos = 0;
   int64_t line = b.first_line - 1;
   // Per line: the documents of all keys, committed only if the whole line is good.
-  std::vector<size_t> mark_tok(K), mark_len(K);
+  w.mark_tok.resize(K), w.mark_len.resize(K);
+  std::vector<int32_t>& nseq = w.nseq;
   while (pos < b.size) {
-    size_t end = b.data.find('\n', pos);
-    if (end == std::string::npos || end > b.size) end = b.size;
+    const char* nl = static_cast<const char*>(std::memchr(b.data.data() + pos, '\n', b.size - pos));
+    const size_t end = nl ? size_t(nl - b.data.data()) : b.size;
     std::string_view ln(b.data.data() + pos, end - pos);
     const size_t line_start = pos;
     pos = end + 1;
@@ -190,16 +206,19 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
     if (!ln.empty() && ln.back() == '\r') ln.remove_suffix(1);
     if (ln.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
     for (size_t k = 0; k < K; ++k)
-      mark_tok[k] = b.out[k].tokens.size(), mark_len[k] = b.out[k].seq_lens.size();
+      w.mark_tok[k] = b.out[k].tokens.size(), w.mark_len[k] = b.out[k].seq_lens.size();
     try {
-      auto add_doc_text = [&](size_t k, std::string_view text, int32_t& nseq) {
+      auto add_doc_text = [&](size_t k, std::string_view text, int32_t& n) {
         w.ids.clear();
         tok.encode(text, w.ids);
         if (w.ids.empty()) return;  // empty sentences are dropped
+        if (w.ids.size() > size_t(std::numeric_limits<int32_t>::max()))
+          bad_line(b, line, "a document of more than 2^31 tokens");
         b.out[k].tokens.insert(b.out[k].tokens.end(), w.ids.begin(), w.ids.end());
-        b.out[k].seq_lens.push_back(int64_t(w.ids.size()));
-        ++nseq;
+        b.out[k].seq_lens.push_back(int32_t(w.ids.size()));
+        ++n;
       };
+      nseq.assign(K, 0);
 #ifdef MCPP_HAVE_SIMDJSON
       // The DOM parser validates the whole line, as json.loads does. The bytes after the
       // line (the next lines, then kPadding spaces) serve as simdjson's read padding.
@@ -207,7 +226,6 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
       if (auto e = w.parser.parse(b.data.data() + line_start, ln.size(), false).get(doc))
         bad_line(b, line, fmt::format("not valid JSON ({})", simdjson::error_message(e)));
       if (!doc.is_object()) bad_line(b, line, "not a JSON object");
-      std::vector<int32_t> nseq(K, 0);
       for (size_t k = 0; k < K; ++k) {
         simdjson::dom::element v;
         if (doc.get_object().at_key(opt.json_keys[k]).get(v))
@@ -230,13 +248,13 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
         }
       }
 #else
+      (void)line_start;
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(ln);
       } catch (const std::exception& e) {
         bad_line(b, line, fmt::format("not valid JSON ({})", e.what()));
       }
-      std::vector<int32_t> nseq(K, 0);
       for (size_t k = 0; k < K; ++k) {
         if (!j.is_object() || !j.contains(opt.json_keys[k]))
           bad_line(b, line, fmt::format("no key \"{}\"", opt.json_keys[k]));
@@ -264,27 +282,30 @@ void process_batch(Batch& b, const PreprocessOptions& opt, const Tokenizer& tok,
     } catch (const Error&) {
       if (!opt.skip_bad_lines) throw;
       for (size_t k = 0; k < K; ++k) {
-        b.out[k].tokens.resize(mark_tok[k]);
-        b.out[k].seq_lens.resize(mark_len[k]);
+        b.out[k].tokens.resize(w.mark_tok[k]);
+        b.out[k].seq_lens.resize(w.mark_len[k]);
         // doc_nseq was not yet pushed for this line unless every key finished; undo it.
         if (b.out[k].doc_nseq.size() > size_t(b.docs)) b.out[k].doc_nseq.resize(size_t(b.docs));
       }
       ++b.skipped;
     }
   }
+  for (size_t k = 0; k < K; ++k) append_as_dtype(dtype, b.out[k].tokens, b.out[k].bin, datasets[k]);
 }
 
-}  // namespace
-
-namespace {
 double process_cpu_seconds() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
+
 }  // namespace
 
+// Three stages, each overlapped with the others: the calling thread reads whole lines
+// into pooled batches; `workers` threads parse, tokenise and convert them in any order;
+// one writer thread appends finished batches to the .bin/.idx builders in input order.
+// The pool (2·workers + 2 batches) bounds memory: the reader waits for a free batch.
 PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
   const double cpu0 = process_cpu_seconds();
   if (opt.inputs.empty())
@@ -294,140 +315,187 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
   if (opt.workers < 1) throw Error(fmt::format("--workers must be >= 1, got {}", opt.workers));
   const auto t0 = std::chrono::steady_clock::now();
   const IndexDType dtype = optimal_index_dtype(tok.vocab_size());
+  std::vector<std::string> datasets;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
-  for (const auto& key : opt.json_keys)
-    builders.push_back(std::make_unique<IndexedDatasetBuilder>(
-        fmt::format("{}_{}_document", opt.output_prefix, key), dtype));
+  for (const auto& key : opt.json_keys) {
+    datasets.push_back(fmt::format("{}_{}_document", opt.output_prefix, key));
+    builders.push_back(std::make_unique<IndexedDatasetBuilder>(datasets.back(), dtype));
+  }
 
   PreprocessStats st;
-  std::mutex mu;
-  std::condition_variable cv_work, cv_done;
-  std::deque<std::shared_ptr<Batch>> todo;
-  bool closing = false;
+  std::atomic<int64_t> bytes_in{0};
+  std::mutex mu;  // guards everything below up to `threads`
+  std::condition_variable cv_todo, cv_done, cv_free;
+  std::vector<std::unique_ptr<Batch>> pool(size_t(2 * opt.workers + 2));
+  std::vector<Batch*> free_list;
+  for (auto& b : pool) free_list.push_back((b = std::make_unique<Batch>()).get());
+  std::deque<Batch*> todo, in_order;
+  bool reading_done = false, stopping = false;
+  std::exception_ptr error;
+  auto fail = [&](std::exception_ptr e) {
+    {
+      std::lock_guard lk(mu);
+      if (!error) error = e;
+      stopping = true;
+    }
+    cv_todo.notify_all(), cv_done.notify_all(), cv_free.notify_all();
+  };
+
   std::vector<std::thread> threads;
   for (int t = 0; t < opt.workers; ++t)
     threads.emplace_back([&] {
       Worker w;
       for (;;) {
-        std::shared_ptr<Batch> b;
+        Batch* b;
         {
           std::unique_lock lk(mu);
-          cv_work.wait(lk, [&] { return closing || !todo.empty(); });
-          if (todo.empty()) return;
+          cv_todo.wait(lk, [&] { return stopping || !todo.empty(); });
+          if (stopping) return;
           b = todo.front();
           todo.pop_front();
         }
         try {
-          process_batch(*b, opt, tok, w);
+          process_batch(*b, opt, tok, datasets, dtype, w);
         } catch (...) {
-          b->error = std::current_exception();
+          b->error = std::current_exception();  // raised by the writer, in input order
         }
         {
           std::lock_guard lk(mu);
           b->done = true;
         }
-        cv_done.notify_all();
+        cv_done.notify_one();
       }
     });
-  auto stop_workers = [&] {
-    {
-      std::lock_guard lk(mu);
-      closing = true;
-      todo.clear();
-    }
-    cv_work.notify_all();
-    for (auto& t : threads) t.join();
-    threads.clear();
-  };
 
   const bool tty = opt.progress && ::isatty(2);
-  auto last_report = t0;
-  std::deque<std::shared_ptr<Batch>> in_flight;
-  auto write_front = [&] {
-    std::shared_ptr<Batch> b = in_flight.front();
+  threads.emplace_back([&] {  // the writer
+    auto last_report = t0;
+    try {
+      for (;;) {
+        Batch* b;
+        {
+          std::unique_lock lk(mu);
+          cv_done.wait(lk, [&] {
+            return stopping || (!in_order.empty() && in_order.front()->done) ||
+                   (reading_done && in_order.empty());
+          });
+          if (stopping || in_order.empty()) return;
+          b = in_order.front();
+          in_order.pop_front();
+        }
+        if (b->error) std::rethrow_exception(b->error);
+        for (size_t k = 0; k < builders.size(); ++k) {
+          const KeyOut& o = b->out[k];
+          builders[k]->add_documents(o.bin, o.seq_lens, o.doc_nseq);
+          st.tokens += int64_t(o.tokens.size());
+        }
+        st.documents += b->docs;
+        st.skipped += b->skipped;
+        {
+          std::lock_guard lk(mu);
+          free_list.push_back(b);
+        }
+        cv_free.notify_one();
+        if (tty) {
+          auto now = std::chrono::steady_clock::now();
+          if (now - last_report > std::chrono::milliseconds(500)) {
+            last_report = now;
+            double s = std::chrono::duration<double>(now - t0).count();
+            double mb = double(bytes_in.load()) / 1e6;
+            std::fprintf(stderr, "\r%lld docs  %.1f MB  %.0f docs/s  %.2f MB/s   ",
+                         (long long)st.documents, mb, double(st.documents) / s, mb / s);
+          }
+        }
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  });
+
+  auto join_all = [&] {
     {
-      std::unique_lock lk(mu);
-      cv_done.wait(lk, [&] { return b->done; });
+      std::lock_guard lk(mu);
+      reading_done = true;
     }
-    in_flight.pop_front();
-    if (b->error) std::rethrow_exception(b->error);
-    for (size_t k = 0; k < builders.size(); ++k) {
-      const KeyOut& o = b->out[k];
-      size_t tpos = 0, lpos = 0;
-      for (int32_t n : o.doc_nseq) {
-        int64_t total = 0;
-        for (int32_t s = 0; s < n; ++s) total += o.seq_lens[lpos + s];
-        builders[k]->add_document(std::span<const int32_t>(o.tokens.data() + tpos, size_t(total)),
-                                  std::span<const int64_t>(o.seq_lens.data() + lpos, size_t(n)));
-        tpos += size_t(total), lpos += size_t(n);
-      }
-      st.tokens += int64_t(o.tokens.size());
+    cv_done.notify_all();
+    threads.back().join();  // the writer first: it ends when every batch is written
+    threads.pop_back();
+    {
+      std::lock_guard lk(mu);
+      stopping = true;
     }
-    st.documents += b->docs;
-    st.skipped += b->skipped;
-    if (tty) {
-      auto now = std::chrono::steady_clock::now();
-      if (now - last_report > std::chrono::milliseconds(500)) {
-        last_report = now;
-        double s = std::chrono::duration<double>(now - t0).count();
-        std::fprintf(stderr, "\r%lld docs  %.1f MB  %.0f docs/s  %.2f MB/s   ",
-                     (long long)st.documents, double(st.bytes_in) / 1e6, double(st.documents) / s,
-                     double(st.bytes_in) / 1e6 / s);
-      }
-    }
+    cv_todo.notify_all();
+    for (auto& t : threads) t.join();
   };
 
-  try {
-    std::vector<char> chunk(size_t(1) << 20);
-    const size_t max_in_flight = size_t(2 * opt.workers);
+  // The reader: whole lines into free batches, in order.
+  auto read_all = [&] {
+    const size_t want = size_t(std::max<int64_t>(opt.batch_bytes, 1));
+    const size_t read_step = std::max<size_t>(want, 64 << 10);
+    std::vector<char> carry;
     for (const auto& path : opt.inputs) {
       auto in = open_input(path);
-      std::string carry;
+      carry.clear();
       int64_t next_line = 1;
-      bool eof = false;
-      while (!eof) {
-        auto b = std::make_shared<Batch>();
-        b->file = path;
-        b->first_line = next_line;
-        b->data = std::move(carry);
-        carry.clear();
-        // Fill to batch_bytes (and on to a newline), then cut after the last newline.
-        while (!eof && (b->data.size() < size_t(opt.batch_bytes) ||
-                        b->data.find('\n') == std::string::npos)) {
-          size_t got = in->read(chunk.data(), chunk.size());
+      for (bool eof = false; !eof;) {
+        Batch* b;
+        {
+          std::unique_lock lk(mu);
+          cv_free.wait(lk, [&] { return stopping || !free_list.empty(); });
+          if (stopping) return;
+          b = free_list.back();
+          free_list.pop_back();
+        }
+        b->file = &path, b->first_line = next_line;
+        b->docs = b->skipped = 0, b->error = nullptr, b->done = false;
+        size_t n = carry.size();  // the previous batch's unfinished line
+        if (b->data.size() < n + read_step + kPadding) b->data.resize(n + read_step + kPadding);
+        std::memcpy(b->data.data(), carry.data(), n);
+        const char* last_nl = nullptr;
+        // Fill to `want` bytes and on to a newline (a line may be longer than a batch).
+        while (!eof && (n < want || !last_nl)) {
+          if (b->data.size() < n + read_step + kPadding) b->data.resize(2 * b->data.size());
+          const size_t room = b->data.size() - kPadding - n;
+          const size_t got =
+              in->read(b->data.data() + n, std::min(room, n < want ? want - n : read_step));
           if (got == 0) {
             eof = true;
             break;
           }
-          st.bytes_in += int64_t(got);
-          b->data.append(chunk.data(), got);
+          if (const void* p = ::memrchr(b->data.data() + n, '\n', got))
+            last_nl = static_cast<const char*>(p);
+          n += got;
+          bytes_in += int64_t(got);
         }
-        size_t cut = b->data.size();
-        if (!eof) {
-          cut = b->data.rfind('\n') + 1;
-          carry.assign(b->data, cut, std::string::npos);
-          b->data.resize(cut);
+        const size_t cut = eof ? n : size_t(last_nl - b->data.data()) + 1;
+        carry.assign(b->data.data() + cut, b->data.data() + n);
+        if (cut == 0) {  // the input ended with the previous batch
+          std::lock_guard lk(mu);
+          free_list.push_back(b);
+          break;
         }
-        if (cut == 0) break;
-        for (size_t i = 0; i < cut; ++i) next_line += b->data[i] == '\n';
+        next_line += std::count(b->data.data(), b->data.data() + cut, '\n');
         b->size = cut;
-        b->data.append(kPadding, ' ');
-        while (in_flight.size() >= max_in_flight) write_front();
-        in_flight.push_back(b);
+        std::memset(b->data.data() + cut, ' ', kPadding);
         {
           std::lock_guard lk(mu);
           todo.push_back(b);
+          in_order.push_back(b);
         }
-        cv_work.notify_one();
+        cv_todo.notify_one();
       }
     }
-    while (!in_flight.empty()) write_front();
+  };
+  try {
+    read_all();
   } catch (...) {
-    stop_workers();
-    throw;  // builders are destroyed unfinalised: their temporary files are removed
+    fail(std::current_exception());
   }
-  stop_workers();
+  join_all();
+  // On an error the builders are destroyed unfinalised: their temporary files are removed.
+  if (error) std::rethrow_exception(error);
   for (auto& b : builders) b->finalize();
+  st.bytes_in = bytes_in.load();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st.cpu_seconds = process_cpu_seconds() - cpu0;
   if (tty) std::fprintf(stderr, "\n");

@@ -3,10 +3,12 @@
 // --json-keys key, writes {output_prefix}_{key}_document.{bin,idx} byte-identical to
 // what preprocess_data.py writes for the same token ids.
 //
-// Pipeline: the calling thread reads the input (.jsonl, .gz, .zst) in batches of whole
-// lines; `workers` threads parse JSON and tokenise batches; the calling thread
-// writes finished batches in input order. At most 2·workers batches are in flight,
-// so memory stays bounded whatever the input size.
+// Pipeline, three overlapped stages: the calling thread reads the input (.jsonl, .gz,
+// .zst) into batches of whole lines; `workers` threads parse JSON, tokenise and convert
+// the ids to the dataset dtype, in any order; one writer thread appends finished
+// batches to the .bin/.idx in input order. Batches come from a pool of 2·workers + 2, so
+// memory stays bounded whatever the input size. The tokenizer is shared by all workers
+// (its BPE piece cache too); see docs/data.md for what limits scaling.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,8 +25,8 @@ struct PreprocessOptions {
   bool append_eod = false;        // --append-eod
   int workers = 1;                // --workers
   bool skip_bad_lines = false;    // --skip-bad-lines: count and skip, do not fail
-  int64_t batch_bytes = 256 << 10;  // bytes of input per batch (small: many batches keep
-                                    // every worker busy on an 11 MB corpus)
+  int64_t batch_bytes = 128 << 10;  // bytes of input per batch (small: many batches keep
+                                    // every worker busy to the end of the input)
   bool progress = true;           // progress line on a terminal
 };
 

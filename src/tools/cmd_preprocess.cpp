@@ -1,4 +1,5 @@
 // `megatron preprocess`: Megatron's tools/preprocess_data.py, multi-threaded.
+#include <chrono>
 #include <cstdio>
 
 #include "base/log.h"
@@ -40,7 +41,10 @@ int run_preprocess(const std::vector<std::string>& args) {
   if (f.get_int("--partitions", 1) != 1)
     throw Error("--partitions > 1 is not needed: megatron preprocess streams with bounded memory",
                 "drop --partitions and use --workers");
+  const auto t_load = std::chrono::steady_clock::now();
   auto tok = data::make_tokenizer(tokenizer_args(f));
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
   data::PreprocessOptions o;
   o.inputs = f.list("--input");
@@ -53,11 +57,12 @@ int run_preprocess(const std::vector<std::string>& args) {
   for (const auto& k : o.json_keys) log::info("wrote {}_{}_document.bin/.idx", o.output_prefix, k);
   log::info(
       "preprocess: {} documents{}, {} tokens, {:.2f} MB in {:.2f} s: {:.0f} docs/s, {:.2f} MB/s, "
-      "{:.0f} tokens/s ({} workers; {:.2f} CPU s = {:.2f} MB per CPU-second)",
+      "{:.0f} tokens/s ({} workers; {:.2f} CPU s = {:.2f} MB per CPU-second; tokenizer loaded in "
+      "{:.3f} s)",
       st.documents, st.skipped ? fmt::format(" ({} bad lines skipped)", st.skipped) : "", st.tokens,
       double(st.bytes_in) / 1e6, st.seconds, double(st.documents) / st.seconds,
       double(st.bytes_in) / 1e6 / st.seconds, double(st.tokens) / st.seconds, o.workers,
-      st.cpu_seconds, double(st.bytes_in) / 1e6 / st.cpu_seconds);
+      st.cpu_seconds, double(st.bytes_in) / 1e6 / st.cpu_seconds, load_s);
   return 0;
 }
 

@@ -30,7 +30,14 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mcpp::ops::cpu::reexec_with_runtime_env(argv);
+  // The data tools compute nothing with BLAS or OpenMP: they skip the re-exec, whose
+  // second program start is serial time in every preprocess run, and OpenBLAS's pool.
+  const bool data_tool =
+      argc >= 2 && (!std::strcmp(argv[1], "preprocess") || !std::strcmp(argv[1], "merge-datasets"));
+  if (data_tool)
+    mcpp::ops::cpu::release_blas_threads();
+  else
+    mcpp::ops::cpu::reexec_with_runtime_env(argv);
   if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
       !std::strcmp(argv[1], "-h")) {
     usage();

@@ -105,6 +105,44 @@ TEST(IndexedDataset, MergeMatchesSingleWrite) {
   expect_error([&] { bad.add_index(golden("indexed/u16")); }, {"cannot merge", "uint16"});
 }
 
+// add_documents (ids already in the dtype, as preprocess workers hand them over) writes
+// what add_document writes.
+TEST(IndexedDataset, AddDocumentsMatchesAddDocument) {
+  auto dir = scratch_dir();
+  std::vector<int32_t> t0{1, 2, 3}, t1{4}, t2{5, 6, 7, 8};
+  std::vector<int64_t> l0{1, 2}, l1{1}, l2{4};
+  {
+    IndexedDatasetBuilder b(dir + "/one", IndexDType::U16);
+    b.add_document(t0, l0);
+    b.add_document(t1, l1);
+    b.add_document(std::span<const int32_t>(), std::span<const int64_t>());
+    b.add_document(t2, l2);
+    b.finalize();
+  }
+  std::vector<int32_t> all{1, 2, 3, 4, 5, 6, 7, 8}, lengths{1, 2, 1, 4}, doc_nseq{2, 1, 0, 1};
+  std::vector<uint8_t> bytes;
+  append_as_dtype(IndexDType::U16, all, bytes, "x");
+  ASSERT_EQ(bytes.size(), 16u);
+  {
+    IndexedDatasetBuilder b(dir + "/many", IndexDType::U16);
+    b.add_documents(std::span(bytes).first(6), std::span(lengths).first(2),
+                    std::span(doc_nseq).first(1));
+    b.add_documents(std::span(bytes).subspan(6), std::span(lengths).subspan(2),
+                    std::span(doc_nseq).subspan(1));
+    std::vector<int32_t> one{1}, none{};
+    std::vector<uint8_t> odd(3);
+    expect_error([&] { b.add_documents(odd, one, one); }, {"add_documents"});
+    expect_error([&] { b.add_documents(std::span(bytes).first(2), one, none); }, {"sequences"});
+    b.finalize();
+  }
+  EXPECT_EQ(read_bytes(dir + "/one.bin"), read_bytes(dir + "/many.bin"));
+  EXPECT_EQ(read_bytes(dir + "/one.idx"), read_bytes(dir + "/many.idx"));
+  std::vector<uint8_t> u16;
+  std::vector<int32_t> big{65535, 65536};
+  expect_error([&] { append_as_dtype(IndexDType::U16, big, u16, "prefix_x"); },
+               {"65536", "uint16", "prefix_x"});
+}
+
 TEST(IndexedDataset, TokenOutOfDtypeRangeIsError) {
   auto dir = scratch_dir();
   IndexedDatasetBuilder b(dir + "/x", IndexDType::U16);

@@ -125,6 +125,56 @@ TEST(Preprocess, BadLineNamesFileAndLineAndLeavesNothing) {
   EXPECT_EQ(t.get(t.num_sequences() - 1), (std::vector<int64_t>{5, 1000}));
 }
 
+// Real BPE through the whole pipeline: every worker count writes the same bytes, and
+// every document holds the ids that the tokenizer gives for its text (+ EOD). Small
+// batches and a line far longer than a batch exercise the reader's cutting.
+TEST(Preprocess, Gpt2ManyWorkersMatchOneAndTheTokenizer) {
+  const std::string gpt2 = std::string(MCPP_SOURCE_DIR) + "/.cache/assets/gpt2/package";
+  ASSERT_TRUE(std::filesystem::exists(gpt2 + "/encoder.json")) << "run scripts/fetch_assets.sh";
+  auto tok = make_tokenizer({.type = "GPT2BPETokenizer",
+                             .vocab_file = gpt2 + "/encoder.json",
+                             .merge_file = gpt2 + "/vocab.bpe"});
+  auto dir = mcpp::testing::scratch_dir();
+  std::vector<std::string> texts;
+  std::string jsonl;
+  for (int i = 0; i < 400; ++i) {
+    std::string t = "Line " + std::to_string(i) + ": naïve café, 東京 😀 — it's";
+    for (int j = 0; j < i % 13; ++j) t += " word" + std::to_string(i * j % 97);
+    if (i == 123) t += std::string(5000, 'x') + " the end";  // longer than a batch
+    texts.push_back(t);
+    jsonl += "{\"text\": \"" + t + "\"}\n";
+  }
+  mcpp::testing::write_bytes(dir + "/in.jsonl", jsonl);
+  std::string first_bin, first_idx;
+  for (int workers : {1, 4, 7}) {
+    PreprocessOptions o;
+    o.inputs = {dir + "/in.jsonl"};
+    o.output_prefix = dir + "/w" + std::to_string(workers);
+    o.append_eod = true;
+    o.workers = workers;
+    o.batch_bytes = 1000;
+    o.progress = false;
+    auto st = preprocess(o, *tok);
+    EXPECT_EQ(st.documents, 400);
+    std::string bin = mcpp::testing::read_bytes(o.output_prefix + "_text_document.bin");
+    std::string idx = mcpp::testing::read_bytes(o.output_prefix + "_text_document.idx");
+    if (workers == 1) {
+      first_bin = bin, first_idx = idx;
+      IndexedDataset ds(o.output_prefix + "_text_document");
+      ASSERT_EQ(ds.num_documents(), 400);
+      for (int i = 0; i < 400; ++i) {
+        auto want = tok->encode(texts[size_t(i)]);
+        want.push_back(int32_t(tok->eod()));
+        auto got = ds.get(i);
+        ASSERT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "document " << i;
+      }
+    } else {
+      EXPECT_EQ(bin, first_bin) << workers << " workers";
+      EXPECT_EQ(idx, first_idx) << workers << " workers";
+    }
+  }
+}
+
 TEST(Preprocess, MissingInputIsError) {
   auto dir = mcpp::testing::scratch_dir();
   NullTokenizer tok(1000);

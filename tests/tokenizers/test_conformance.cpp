@@ -150,7 +150,7 @@ std::vector<std::pair<std::string, std::vector<int32_t>>> vocab_tests(const std:
 
 // A byte-level BPE tokenizer.json from a GGUF vocab (tokens, merges, control tokens).
 std::string hf_json_from_gguf(const std::string& model, const std::string& split_regex,
-                              bool ignore_merges) {
+                              bool ignore_merges, const json& normalizer = nullptr) {
   Gguf g = read_gguf(asset("llamacpp/models/ggml-vocab-" + model + ".gguf"));
   const auto& toks = g.str_arrays["tokenizer.ggml.tokens"];
   const auto& types = g.int_arrays["tokenizer.ggml.token_type"];
@@ -175,7 +175,7 @@ std::string hf_json_from_gguf(const std::string& model, const std::string& split
   }
   json j = {{"version", "1.0"},
             {"added_tokens", added},
-            {"normalizer", nullptr},
+            {"normalizer", normalizer},
             {"pre_tokenizer", pre},
             {"post_processor", nullptr},
             {"decoder", {{"type", "ByteLevel"}}},
@@ -325,6 +325,17 @@ TEST(HuggingFace, LlamaCppVocabTestsQwen2) {
   auto t = make_tokenizer({.type = "HuggingFaceTokenizer",
                            .tokenizer_model = hf_json_from_gguf("qwen2", kQwen2Split, false)});
   EXPECT_EQ(check_vocab_tests(*t, "qwen2"), 46);
+#ifdef MCPP_HAVE_UTF8PROC
+  // With the NFC normalizer of Qwen2's published tokenizer.json (llama.cpp's inputs are
+  // all in NFC, so the ids stay; their Chinese, emoji and accents pass through utf8proc).
+  json nfc = {{"type", "NFC"}};
+  auto tn = make_tokenizer({.type = "HuggingFaceTokenizer",
+                            .tokenizer_model = hf_json_from_gguf("qwen2", kQwen2Split, false, nfc)});
+  EXPECT_EQ(check_vocab_tests(*tn, "qwen2"), 46);
+  // A decomposed é reaches the model as the composed one.
+  EXPECT_EQ(tn->encode("cafe\u0301"), tn->encode("caf\u00e9"));
+  EXPECT_NE(t->encode("cafe\u0301"), t->encode("caf\u00e9"));
+#endif
 }
 
 TEST(HuggingFace, MistralByteFallbackKnownIds) {
@@ -354,14 +365,15 @@ TEST(HuggingFace, UnsupportedComponentIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model type WordPiece"), std::string::npos) << e.what();
   }
-  j = {{"normalizer", {{"type", "NFC"}}},
+  j = {{"normalizer", {{"type", "BertNormalizer"}}},
        {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"</s>", 1}}}, {"merges", json::array()}}}};
   std::ofstream(dir + "/tokenizer.json") << j.dump();
   try {
     make_tokenizer({.type = "HuggingFaceTokenizer", .tokenizer_model = dir});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("normalizer NFC"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("normalizer BertNormalizer"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(make_tokenizer({.type = "HuggingFaceTokenizer", .tokenizer_model = "/nonexistent"}),
                Error);

@@ -94,6 +94,75 @@ bool unicode_to_bytes(std::string_view s, std::string& out) {
   return true;
 }
 
+// ---- TokenIndex ---------------------------------------------------------------------
+
+namespace {
+inline uint64_t hash_bytes(std::string_view s) {
+  // 8 bytes at a time, multiply-xorshift; pieces are short.
+  uint64_t h = 0x243F6A8885A308D3ull ^ (s.size() * 0x9E3779B97F4A7C15ull);
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t v;
+    std::memcpy(&v, s.data() + i, 8);
+    h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  uint64_t v = 0;
+  std::memcpy(&v, s.data() + i, s.size() - i);
+  h = (h ^ v) * 0x94D049BB133111EBull;
+  h ^= h >> 29;
+  return h | 1;  // never 0, which marks an empty slot; tables index with h >> 1
+}
+}  // namespace
+
+TokenIndex::TokenIndex(size_t expected) {
+  size_t cap = 16;
+  while (cap < 2 * expected) cap <<= 1;
+  slots_.assign(cap, 0);
+  mask_ = cap - 1;
+  off_.reserve(expected + 1);
+  id_.reserve(expected);
+  off_.push_back(0);
+}
+
+size_t TokenIndex::probe(std::string_view bytes, uint64_t h) const {
+  const uint64_t tag = h >> 32 << 32;
+  for (size_t i = (h >> 1) & mask_;; i = (i + 1) & mask_) {
+    const uint64_t s = slots_[i];
+    if (s == 0) return i;
+    if ((s >> 32 << 32) == tag) {
+      const size_t e = size_t(uint32_t(s)) - 1;
+      if (std::string_view(arena_).substr(off_[e], off_[e + 1] - off_[e]) == bytes) return i;
+    }
+  }
+}
+
+void TokenIndex::add(std::string_view bytes, int32_t id) {
+  if (2 * (id_.size() + 1) > slots_.size()) {  // grow: rehash every entry
+    std::vector<uint64_t> old(std::move(slots_));
+    slots_.assign(2 * old.size(), 0);
+    mask_ = slots_.size() - 1;
+    for (size_t e = 0; e < id_.size(); ++e) {
+      std::string_view k = std::string_view(arena_).substr(off_[e], off_[e + 1] - off_[e]);
+      const uint64_t h = hash_bytes(k);
+      slots_[probe(k, h)] = h >> 32 << 32 | (e + 1);
+    }
+  }
+  const uint64_t h = hash_bytes(bytes);
+  uint64_t& s = slots_[probe(bytes, h)];
+  if (s != 0) return;
+  arena_.append(bytes);
+  off_.push_back(uint32_t(arena_.size()));
+  id_.push_back(id);
+  s = h >> 32 << 32 | id_.size();
+}
+
+int32_t TokenIndex::find(std::string_view bytes) const {
+  const uint64_t h = hash_bytes(bytes);
+  const uint64_t s = slots_[probe(bytes, h)];
+  return s == 0 ? -1 : id_[size_t(uint32_t(s)) - 1];
+}
+
 // ---- Pretokenizer -------------------------------------------------------------------
 
 Pretokenizer::Pretokenizer(const std::string& pattern) : pattern_(pattern) {
@@ -169,31 +238,15 @@ std::atomic<uint64_t> g_next_uid{1};
 inline uint64_t pair_key(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
 inline size_t mix(uint64_t k) { return size_t((k * 0x9E3779B97F4A7C15ull) >> 17); }
 
-inline uint64_t hash_bytes(std::string_view s) {
-  // 8 bytes at a time, multiply-xorshift; pieces are short.
-  uint64_t h = 0x243F6A8885A308D3ull ^ (s.size() * 0x9E3779B97F4A7C15ull);
-  size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    uint64_t v;
-    std::memcpy(&v, s.data() + i, 8);
-    h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
-  }
-  uint64_t v = 0;
-  std::memcpy(&v, s.data() + i, s.size() - i);
-  h = (h ^ v) * 0x94D049BB133111EBull;
-  h ^= h >> 29;
-  return h | 1;  // 0 marks an empty slot
-}
-
-// A per-thread, open-addressing cache piece -> ids with the keys and ids in two arenas.
-// Cleared when full (bounded memory) and when a different model uses the thread.
+// The overflow cache, used only once the model's SharedPieceCache is full: per thread,
+// open addressing, keys and ids in two arenas; cleared when full (bounded memory) and
+// when a different model uses the thread.
 struct PieceCache {
   struct Entry {
     uint64_t hash = 0;
     uint32_t key_off = 0, key_len = 0, val_off = 0, val_len = 0;
   };
-  static constexpr size_t kSlots = size_t(1) << 19, kMaxEntries = kSlots / 2;
+  static constexpr size_t kSlots = size_t(1) << 16, kMaxEntries = kSlots / 2;
   uint64_t uid = 0;
   std::vector<Entry> table;
   std::string keys;
@@ -207,7 +260,7 @@ struct PieceCache {
     count = 0;
   }
   const Entry* find(std::string_view piece, uint64_t h) const {
-    for (size_t i = h & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+    for (size_t i = (h >> 1) & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
       const Entry& e = table[i];
       if (e.hash == 0) return nullptr;
       if (e.hash == h && e.key_len == piece.size() &&
@@ -216,8 +269,8 @@ struct PieceCache {
     }
   }
   void insert(std::string_view piece, uint64_t h, const int32_t* ids, size_t n) {
-    if (count >= kMaxEntries || keys.size() > (size_t(64) << 20)) reset(uid);
-    size_t i = h & (kSlots - 1);
+    if (count >= kMaxEntries || keys.size() > (size_t(8) << 20)) reset(uid);
+    size_t i = (h >> 1) & (kSlots - 1);
     while (table[i].hash != 0) i = (i + 1) & (kSlots - 1);
     table[i] = {h, uint32_t(keys.size()), uint32_t(piece.size()), uint32_t(vals.size()),
                 uint32_t(n)};
@@ -229,7 +282,74 @@ struct PieceCache {
 
 }  // namespace
 
-BpeModel::BpeModel() : uid_(g_next_uid++) { reserve(1024); }
+// ---- SharedPieceCache ---------------------------------------------------------------
+
+SharedPieceCache::SharedPieceCache(size_t slots, size_t max_bytes)
+    : mask_(slots - 1), max_entries_(slots / 2), max_bytes_(max_bytes) {
+  MCPP_CHECK(slots >= 2 && (slots & (slots - 1)) == 0, "cache slots {} not a power of two", slots);
+  slots_.reset(static_cast<const Entry**>(std::calloc(slots, sizeof(const Entry*))));
+  MCPP_CHECK(slots_, "out of memory for a piece cache of {} slots", slots);
+}
+
+void* SharedPieceCache::allocate(size_t bytes) {
+  bytes = (bytes + 7) & ~size_t(7);  // keeps every Entry 8-byte aligned
+  if (bytes > kBlock) return nullptr;
+  std::lock_guard lk(arena_mu_);
+  if (block_used_ + bytes > kBlock) {
+    if (arena_bytes_ + kBlock > max_bytes_) return nullptr;
+    blocks_.push_back(std::make_unique_for_overwrite<std::byte[]>(kBlock));
+    arena_bytes_ += kBlock;
+    block_used_ = 0;
+  }
+  void* p = blocks_.back().get() + block_used_;
+  block_used_ += bytes;
+  return p;
+}
+
+const SharedPieceCache::Entry* SharedPieceCache::find(std::string_view piece, uint64_t h) const {
+  for (size_t i = (h >> 1) & mask_;; i = (i + 1) & mask_) {
+    const Entry* e = slot(i).load(std::memory_order_acquire);
+    if (!e) return nullptr;
+    if (e->hash == h && e->key_len == piece.size() &&
+        std::memcmp(e->key(), piece.data(), piece.size()) == 0)
+      return e;
+  }
+}
+
+bool SharedPieceCache::insert(std::string_view piece, uint64_t h, const int32_t* ids, size_t n) {
+  // Racing inserts may overshoot max_entries_ by the number of threads; the table keeps
+  // half its slots free, so probing always ends.
+  if (full() || count_.load(std::memory_order_relaxed) >= max_entries_) {
+    full_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  auto* e = static_cast<Entry*>(allocate(sizeof(Entry) + n * sizeof(int32_t) + piece.size()));
+  if (!e) {
+    full_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  e->hash = h, e->key_len = uint32_t(piece.size()), e->n_ids = uint32_t(n);
+  std::memcpy(const_cast<int32_t*>(e->ids()), ids, n * sizeof(int32_t));
+  std::memcpy(const_cast<char*>(e->key()), piece.data(), piece.size());
+  for (size_t i = (h >> 1) & mask_;; i = (i + 1) & mask_) {
+    const Entry* cur = nullptr;
+    if (slot(i).compare_exchange_strong(cur, e, std::memory_order_release,
+                                        std::memory_order_acquire)) {
+      count_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    // Another thread published the same piece first: ours stays unused in the arena.
+    if (cur->hash == h && cur->key_len == piece.size() &&
+        std::memcmp(cur->key(), piece.data(), piece.size()) == 0)
+      return true;
+  }
+}
+
+// ---- BpeModel -----------------------------------------------------------------------
+
+BpeModel::BpeModel() : uid_(g_next_uid++), shared_(std::make_unique<SharedPieceCache>()) {
+  reserve(1024);
+}
 BpeModel::~BpeModel() = default;
 
 void BpeModel::reserve(size_t n) {
@@ -303,7 +423,8 @@ void BpeModel::merge_large(std::vector<int32_t>& sym) const {
     rank[i] = find(sym[i], sym[size_t(next[i])], mid[i]);
     if (rank[i] != kNone) heap.push(int64_t(rank[i]) << 32 | int64_t(i));
   };
-  for (size_t i = 0; i < n; ++i) prev[i] = int32_t(i) - 1, next[i] = i + 1 < n ? int32_t(i + 1) : -1;
+  for (size_t i = 0; i < n; ++i)
+    prev[i] = int32_t(i) - 1, next[i] = i + 1 < n ? int32_t(i + 1) : -1;
   for (size_t i = 0; i + 1 < n; ++i) push(i);
   while (!heap.empty()) {
     const int64_t top = heap.top();
@@ -325,13 +446,20 @@ void BpeModel::merge_large(std::vector<int32_t>& sym) const {
 }
 
 void BpeModel::encode_bytes(std::string_view piece, std::vector<int32_t>& out) const {
-  thread_local PieceCache cache;
-  if (cache.uid != uid_) cache.reset(uid_);
   const uint64_t h = hash_bytes(piece);
-  if (const auto* e = cache.find(piece, h)) {
-    const int32_t* v = cache.vals.data() + e->val_off;
-    out.insert(out.end(), v, v + e->val_len);
+  if (const auto* e = shared_->find(piece, h)) {
+    out.insert(out.end(), e->ids(), e->ids() + e->n_ids);
     return;
+  }
+  thread_local PieceCache overflow;
+  const bool use_overflow = shared_->full();
+  if (use_overflow) {
+    if (overflow.uid != uid_) overflow.reset(uid_);
+    if (const auto* e = overflow.find(piece, h)) {
+      const int32_t* v = overflow.vals.data() + e->val_off;
+      out.insert(out.end(), v, v + e->val_len);
+      return;
+    }
   }
   thread_local std::vector<int32_t> sym;
   sym.clear();
@@ -344,7 +472,9 @@ void BpeModel::encode_bytes(std::string_view piece, std::vector<int32_t>& out) c
     merge(sym);
   }
   out.insert(out.end(), sym.begin(), sym.end());
-  if (piece.size() <= 1024) cache.insert(piece, h, sym.data(), sym.size());
+  if (piece.size() > 1024) return;  // a run of spaces or a whole document: rarely repeats
+  if (!shared_->insert(piece, h, sym.data(), sym.size()) && use_overflow)
+    overflow.insert(piece, h, sym.data(), sym.size());
 }
 
 }  // namespace mcpp::data::bpe

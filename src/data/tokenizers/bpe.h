@@ -2,13 +2,19 @@
 // HuggingFaceTokenizer: a PCRE2 (JIT) pre-tokeniser, a pair table (left id, right id) ->
 // (rank, merged id), and the merge loop of tiktoken's byte_pair_merge / Hugging Face's
 // Word::merge_all — repeatedly merge the adjacent pair of lowest rank, the leftmost one
-// on ties — with a per-thread cache of piece -> ids, since natural text repeats its
-// words constantly. For GPT-2 vocabularies this gives the ids of GPT-2's own bpe()
-// (which merges every occurrence of the best bigram at once); the r50k test plans check it.
+// on ties — with a cache of piece -> ids, since natural text repeats its words
+// constantly. The cache is shared by all threads (lock-free reads), so N preprocessing
+// workers learn a corpus's vocabulary once, not N times. For GPT-2 vocabularies this gives the ids
+// of GPT-2's own bpe() (which merges every occurrence of the best bigram at once); the r50k test
+// plans check it.
 #pragma once
 #include <array>
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -31,6 +37,24 @@ const std::array<uint32_t, 256>& byte_to_unicode();
 // A token written in GPT-2's byte alphabet -> its raw bytes; false if a character is
 // outside the alphabet.
 bool unicode_to_bytes(std::string_view s, std::string& out);
+
+// Token bytes -> id while a vocabulary loads: the keys in one arena and an open-addressing
+// table of (hash, entry), so the ~150K lookups of a 50K-merge file stay in cache (a
+// std::unordered_map of strings made GPT-2's load take 86 ms, mostly cache misses).
+class TokenIndex {
+ public:
+  explicit TokenIndex(size_t expected);
+  void add(std::string_view bytes, int32_t id);  // a key already present keeps its id
+  int32_t find(std::string_view bytes) const;    // -1 when absent
+
+ private:
+  size_t probe(std::string_view bytes, uint64_t h) const;  // the key's slot, or an empty one
+  std::string arena_;
+  std::vector<uint32_t> off_;  // entry e: arena_[off_[e], off_[e + 1])
+  std::vector<int32_t> id_;
+  std::vector<uint64_t> slots_;  // 0 = empty, else (hash high 32 bits) << 32 | (entry + 1)
+  size_t mask_ = 0;
+};
 
 // ---- pre-tokenisation ---------------------------------------------------------------
 
@@ -67,6 +91,47 @@ class Pretokenizer {
 
 // ---- merges -------------------------------------------------------------------------
 
+// piece -> ids for all threads of one BpeModel: a fixed open-addressing table of
+// pointers to immutable entries, published with a release CAS and read with acquire
+// loads, so lookups take no lock and write nothing. Insert-only: once full (kMaxEntries
+// or kMaxArena bytes) it stops growing and the model falls back to a small per-thread
+// cache for the pieces it lacks.
+class SharedPieceCache {
+ public:
+  struct Entry {
+    uint64_t hash;
+    uint32_t key_len, n_ids;
+    const int32_t* ids() const { return reinterpret_cast<const int32_t*>(this + 1); }
+    const char* key() const { return reinterpret_cast<const char*>(ids() + n_ids); }
+  };
+  // slots: a power of two (at most slots/2 entries); max_bytes: bound on the entries'
+  // memory. The defaults hold ~500K distinct pieces, more than a BPE vocabulary meets
+  // in most corpora: 8 MB of slots + at most 64 MB of entries.
+  explicit SharedPieceCache(size_t slots = size_t(1) << 20, size_t max_bytes = size_t(64) << 20);
+  const Entry* find(std::string_view piece, uint64_t hash) const;
+  // False when the cache is full (the caller keeps the piece elsewhere).
+  bool insert(std::string_view piece, uint64_t hash, const int32_t* ids, size_t n);
+  bool full() const { return full_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr size_t kBlock = size_t(1) << 20;  // arena block
+  void* allocate(size_t bytes);                      // nullptr when max_bytes would be exceeded
+  std::atomic_ref<const Entry*> slot(size_t i) const { return std::atomic_ref(slots_[i]); }
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  // (slots), nullptr = empty; plain pointers from calloc, accessed through atomic_ref:
+  // the zero pages are mapped on first touch, not cleared up front (8 MB at start-up).
+  std::unique_ptr<const Entry*[], Free> slots_;
+  const size_t mask_, max_entries_, max_bytes_;
+  // Written by inserts: on their own cache lines, away from what every lookup reads.
+  alignas(64) std::atomic<size_t> count_{0};
+  alignas(64) std::atomic<bool> full_{false};
+  alignas(64) std::mutex arena_mu_;  // guards the arena only; taken once per inserted piece
+  std::vector<std::unique_ptr<std::byte[]>> blocks_;
+  size_t block_used_ = kBlock, arena_bytes_ = 0;
+};
+
 class BpeModel {
  public:
   BpeModel();
@@ -85,7 +150,7 @@ class BpeModel {
 
   // Byte-level encoding of one piece: bytes -> byte_ids -> merge; appends to out.
   // whole_piece: when set, a piece that is itself a token is that token (tiktoken's
-  // rule and Hugging Face's ignore_merges). Cached per thread.
+  // rule and Hugging Face's ignore_merges). Cached (SharedPieceCache).
   void set_byte_ids(const std::array<int32_t, 256>& ids) { byte_id_ = ids; }
   void set_whole_pieces(std::unordered_map<std::string, int32_t> m) {
     whole_ = std::move(m), use_whole_ = true;
@@ -104,7 +169,8 @@ class BpeModel {
   std::array<int32_t, 256> byte_id_{};
   std::unordered_map<std::string, int32_t> whole_;
   bool use_whole_ = false;
-  uint64_t uid_;  // identifies this model in the per-thread caches
+  uint64_t uid_;  // identifies this model in the per-thread overflow caches
+  std::unique_ptr<SharedPieceCache> shared_;
 };
 
 }  // namespace mcpp::data::bpe

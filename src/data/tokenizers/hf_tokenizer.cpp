@@ -2,7 +2,8 @@
 // Supported, component by component (anything else is an mcpp::Error naming it):
 //   added_tokens    matched in the raw text first (leftmost, longest on a tie) and
 //                   emitted as their ids; lstrip/rstrip/single_word must be false
-//   normalizer      null, Prepend, Replace (String pattern), Sequence of those
+//   normalizer      null, NFC, NFD, NFKC, NFKD (libutf8proc), Prepend, Replace (String
+//                   pattern), Sequence of those
 //   pre_tokenizer   null, ByteLevel (use_regex: GPT-2's pattern; add_prefix_space),
 //                   Split (Regex or String pattern, behavior Isolated, invert false),
 //                   Sequence of those
@@ -27,6 +28,7 @@
 #include "base/error.h"
 #include "data/tokenizers/bpe.h"
 #include "data/tokenizers/tokenizer.h"
+#include "data/tokenizers/unicode_norm.h"
 
 namespace mcpp::data {
 
@@ -264,11 +266,17 @@ class HFTokenizer final : public Tokenizer {
     if (type == "Sequence") {
       for (const json& x : n.value("normalizers", json::array())) load_normalizer(x);
     } else if (type == "Prepend") {
-      norm_.push_back({true, {}, str_or(n, "prepend")});
+      norm_.push_back({Norm::Prepend, {}, str_or(n, "prepend")});
     } else if (type == "Replace") {
       const json& p = n.value("pattern", json::object());
       if (!p.contains("String")) unsupported("Replace normalizer with a Regex pattern");
-      norm_.push_back({false, p["String"].get<std::string>(), str_or(n, "content")});
+      norm_.push_back({Norm::Replace, p["String"].get<std::string>(), str_or(n, "content")});
+    } else if (UnicodeForm form; parse_unicode_form(type, form)) {
+      if (!unicode_normalization_available())
+        throw Error(fmt::format("{}: the normalizer {} needs libutf8proc, which this build lacks",
+                                file_, type),
+                    "install libutf8proc-dev (scripts/setup.sh) and rebuild megatron.cpp");
+      norm_.push_back({Norm::Unicode, {}, {}, form});
     } else {
       unsupported(fmt::format("normalizer {}", type));
     }
@@ -344,7 +352,9 @@ class HFTokenizer final : public Tokenizer {
     if (!norm_.empty() || add_prefix_space_) {
       norm.assign(seg);
       for (const Norm& n : norm_) {
-        if (n.prepend) {
+        if (n.kind == Norm::Unicode) {
+          norm = normalize(norm, n.form);
+        } else if (n.kind == Norm::Prepend) {
           norm.insert(0, n.content);
         } else if (!n.from.empty()) {
           std::string r;
@@ -402,8 +412,9 @@ class HFTokenizer final : public Tokenizer {
   }
 
   struct Norm {
-    bool prepend;
-    std::string from, content;
+    enum Kind { Prepend, Replace, Unicode } kind;
+    std::string from, content;            // Replace: from -> content; Prepend: content
+    UnicodeForm form = UnicodeForm::NFC;  // Unicode
   };
   std::string file_;
   std::unordered_map<std::string, int32_t> vocab_;

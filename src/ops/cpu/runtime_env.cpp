@@ -9,6 +9,8 @@
 #include <cstdio>
 
 extern "C" char* openblas_get_corename(void);
+// OpenBLAS's own pool shutdown (its fork handler uses it); weak: absent in other builds.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 
 namespace mcpp::ops::cpu {
 
@@ -34,6 +36,10 @@ std::vector<EnvFix> recommended_runtime_env() {
     fixes.push_back({"OMP_WAIT_POLICY", "passive",
                      "idle OpenMP threads must not spin while OpenBLAS computes"});
   return fixes;
+}
+
+void release_blas_threads() {
+  if (blas_thread_shutdown_) blas_thread_shutdown_();
 }
 
 void reexec_with_runtime_env(char** argv) {

@@ -27,6 +27,12 @@ std::vector<EnvFix> recommended_runtime_env();
 // MCPP_RUNTIME_ENV_APPLIED). Call first thing in main(); returns when nothing is needed.
 void reexec_with_runtime_env(char** argv);
 
+// For commands that do no BLAS work (preprocess, merge-datasets): stops OpenBLAS's thread
+// pool, whose threads busy-wait (sched_yield) for ~0.1 s after the library loads and so
+// compete with the command's own threads. OpenBLAS restarts the pool on its next
+// threaded call, so this is only a speed matter.
+void release_blas_threads();
+
 // The OpenBLAS core in use, e.g. "SkylakeX" or "Prescott".
 std::string blas_core_name();
 
