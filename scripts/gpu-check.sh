@@ -65,7 +65,8 @@ ctest --test-dir "$BUILD" -L gpu -LE multigpu --output-on-failure -j 8 --timeout
   | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
 test_rc=${PIPESTATUS[0]}
 # What the GPU trainer tests measured (deviations from the CPU curve, skipped iterations).
-grep -hE "^\[(gpt|llama|fp16|resume|GPU|CPU)" "$BUILD"/Testing/Temporary/LastTest.log 2>/dev/null | sort -u
+cp "$BUILD"/Testing/Temporary/LastTest.log "$LOGS/ctest-full.log" 2>/dev/null
+grep -hE "^\[(gpt|llama|fp16|resume|GPU|CPU)" "$LOGS/ctest-full.log" 2>/dev/null | sort -u
 
 multi_rc=0 scaling=""
 if [[ ${MULTI:-1} != 0 && $NGPU -ge 2 ]]; then
@@ -73,6 +74,7 @@ if [[ ${MULTI:-1} != 0 && $NGPU -ge 2 ]]; then
   ctest --test-dir "$BUILD" -L multigpu --output-on-failure -j 1 --timeout 600 2>&1 \
     | tee "$LOGS/ctest-multigpu.log" | grep -E "tests passed|Failed|\*\*\*|^\[(gpt|llama)|two identical|timeout on world" | tail -40
   multi_rc=${PIPESTATUS[0]}
+  cp "$BUILD"/Testing/Temporary/LastTest.log "$LOGS/ctest-multigpu-full.log" 2>/dev/null
   if [[ ${SCALING:-1} != 0 ]]; then
     for m in ${SCALING_MODELS:-350m}; do
       OUT=$LOGS scripts/dp-scaling.sh "$BUILD" "$m" > "$LOGS/scaling-$m.md" 2>&1 || multi_rc=1
