@@ -4,12 +4,13 @@
 //
 //   fp32 on the GPU: within 1e-4 relative per step (f32 arithmetic in both; only the order
 //     of summation differs).
-//   bf16: within 2e-2 relative per step. bf16 keeps 8 significant bits (relative rounding
+//   bf16: within 1e-2 relative per step. bf16 keeps 8 significant bits (relative rounding
 //     2^-9 ~ 2e-3 per stored value); each forward stores ~10 rounded activations per layer
-//     and the logits, so the first loss already differs by a few 1e-3. The fp32 main params
-//     and grads keep the updates exact, so the curves do not drift apart; the test prints
-//     the largest deviation measured.
-//   fp16 with a loss scale that never overflows: 1e-2 (3 more mantissa bits than bf16).
+//     and the logits, so a loss can differ by a few 1e-3. The fp32 main params and grads
+//     keep the updates exact, so the curves do not drift apart: measured on an H200
+//     (2026-11-29) 2.4e-4 (GPT) and 1.7e-3 (Llama) at most over 20 steps.
+//   fp16 with a loss scale that never overflows: 2e-3 (3 more mantissa bits than bf16;
+//     measured 3.0e-5 and 1.9e-4). The test prints the largest deviation of every run.
 // "Relative" divides by max(|CPU loss|, 1): below 1 nat the loss is a small difference of
 // large logits, whose rounding is absolute (a logit of 10 moves by 10 * 2^-9 in bf16).
 // Then: fp16 dynamic loss scaling from Megatron's 2^32 (overflows are skipped, counted, and
@@ -64,7 +65,8 @@ training::TrainSummary train(const Argv& argv) {
   return t.run();
 }
 
-const Argv kCpu = {"--device", "cpu"}, kGpu = {"--device", "cuda"};
+// Two CPU threads: ctest runs 8 GPU tests at once on the 16 cores of the GPU machine.
+const Argv kCpu = {"--device", "cpu", "--threads", "2"}, kGpu = {"--device", "cuda"};
 
 // Largest |a - b| / |b| over the steps; fails the test past `tol`.
 double track(const std::vector<double>& got, const std::vector<double>& ref, double tol,
@@ -128,11 +130,11 @@ TEST(GpuTrain, Bf16AndFp16TrackCpu) {
     const std::string fam = llama ? "llama" : "gpt";
     auto ref = train(tiny(llama, 20) + kCpu).losses;
     auto bf = train(tiny(llama, 20) + kGpu + Argv{"--bf16"});
-    track(bf.losses, ref, 2e-2, fam + " bf16 GPU vs CPU fp32");
+    track(bf.losses, ref, 1e-2, fam + " bf16 GPU vs CPU fp32");
     EXPECT_EQ(bf.skipped_iterations, 0);
     auto hf = train(tiny(llama, 20) + kGpu + Argv{"--fp16", "--initial-loss-scale", "512"});
     EXPECT_EQ(hf.skipped_iterations, 0) << "no overflow expected at loss scale 512";
-    track(hf.losses, ref, 1e-2, fam + " fp16 GPU vs CPU fp32");
+    track(hf.losses, ref, 2e-3, fam + " fp16 GPU vs CPU fp32");
   }
 }
 
@@ -175,11 +177,11 @@ TEST(GpuTrain, CheckpointsMoveBetweenGpuAndCpu) {
   MCPP_REQUIRE_GPU();
   TmpDir d("move");
   const Argv run = tiny(false, 20) + Argv{"--save-interval", "10"};
-  auto ref = train(run + kCpu).losses;
+  auto ref = train(run + kCpu + Argv{"--save", d / "ref"}).losses;
   const auto ref_tail = tail(ref, 10);
   for (const std::string dt : {"f32", "bf16"}) {
     const Argv prec = dt == "bf16" ? Argv{"--bf16"} : Argv{};
-    const double tol = dt == "bf16" ? 2e-2 : 1e-4;
+    const double tol = dt == "bf16" ? 1e-2 : 1e-4;
     // GPU -> CPU
     const std::string g = d / ("gpu_" + dt);
     train(run + kGpu + prec + Argv{"--save", g, "--exit-interval", "10"});

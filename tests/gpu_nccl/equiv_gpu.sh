@@ -4,14 +4,15 @@
 #   * per-step lm loss within TOL of the one-GPU run (relative to max(|loss|, 1));
 #   * the two-GPU GPT run made twice: identical log losses and byte-identical final
 #     checkpoints (model and optimizer state): the NCCL path is deterministic.
-# TOL (default 2e-2): TP splits the GEMMs' reductions and all-reduces bf16 partial sums
+# TOL (default 1e-2): TP splits the GEMMs' reductions and all-reduces bf16 partial sums
 # (one more rounding to 8 bits per region), DP sums fp32 gradients in another order; both
 # perturb the bf16 rounding of activations the way bf16 differs from fp32 (see
-# tests/gpu/test_train_gpu.cpp), so the same bound applies. The largest deviation is
-# printed. LAYOUT: tp2 | tp2_sp | dp2 | dp2_distopt.
+# tests/gpu/test_train_gpu.cpp), so the same bound applies. Measured on two H200s
+# (2026-11-29): at most 3.6e-3 (Llama, TP2), 2.2e-4 (GPT, TP2), 5.5e-4 (Llama, DP2). The
+# largest deviation is printed. LAYOUT: tp2 | tp2_sp | dp2 | dp2_distopt.
 set -euo pipefail
 M=$1 LAYOUT=$2 MPIRUN=${3:-mpirun}
-TOL=${TOL:-2e-2}
+TOL=${TOL:-1e-2}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 case $LAYOUT in
