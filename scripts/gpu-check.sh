@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, run on the GPU machine: configure for the H200 (sm_90a), build the CUDA
-# backend, its tests and the GPU benchmarks, run every test labelled `gpu` (ops and the
-# whole model against the CPU), run the op benchmark and the training-step benchmark
-# (bench_gpu_train: tokens/s and MFU of four models), and print their tables last.
-# Installs nothing (the GPU machine has no network).
+# backend, its tests and the GPU benchmarks, run every test labelled `gpu` (ops, the whole
+# model and `megatron train --device cuda` against the CPU), run the op benchmark and the
+# training-step benchmark (bench_gpu_train: tokens/s and MFU of four models), and print
+# their tables last. With two or more GPUs visible it also runs the `multigpu` tests (NCCL
+# against MPI, a killed rank, the equivalence layouts on 2 GPUs) and the data-parallel
+# scaling runs (scripts/dp-scaling.sh). Installs nothing (the GPU machine has no network).
 #
 # What the GPU machine must have (checked 2026-11-29 on the `nvidia-h200` image: Ubuntu
 # 24.04, gcc 13, CMake 4.4, nvcc 13.0): the Debian/Ubuntu dev packages of
@@ -22,8 +24,11 @@
 # Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
 #        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32",
 #        TORCH=0 to skip the PyTorch reference, TORCH_ARGS for it, TORCH_TIMEOUT seconds
-#        (default 420: compiling the four models takes about 4 minutes), SKIP_TESTS=1 or TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
-#        MCPP_ATTENTION_CUDNN=0, i.e. the own flash kernel instead of cuDNN's)
+#        (default 420: compiling the four models takes about 4 minutes), SKIP_TESTS=1 or
+#        TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
+#        MCPP_ATTENTION_CUDNN=0 (the own flash kernel instead of cuDNN's); BENCH=0 skips the
+#        single-GPU benchmarks, MULTI=0 the multi-GPU section, SCALING=0 its scaling runs,
+#        SCALING_MODELS="350m 1.3b")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=${1:-}
@@ -48,10 +53,16 @@ set -e
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DMCPP_CUDNN_ROOT="$CUDNN_ROOT" -DMCPP_NCCL_ROOT="$NCCL_ROOT" "${EXTRA[@]}" \
   2>&1 | tee "$LOGS/configure.log" | grep -E "megatron.cpp:|Error|error" || true
-time cmake --build "$BUILD" -j "$JOBS" --target test_gpu bench_gpu_ops bench_gpu_train 2>&1 \
+NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+TARGETS=(megatron test_gpu)
+[[ ${BENCH:-1} != 0 ]] && TARGETS+=(bench_gpu_ops bench_gpu_train)
+grep -q "NCCL tests: NO" "$LOGS/configure.log" || TARGETS+=(nccl_driver)
+time cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" 2>&1 \
   | tee "$LOGS/build.log" | grep -E "error|warning: |FAILED" | head -50 || true
-test -x "$BUILD/tests/test_gpu" -a -x "$BUILD/bench/bench_gpu_ops" -a -x "$BUILD/bench/bench_gpu_train" || {
-  echo "gpu-check: build failed (see $LOGS/build.log)"; tail -40 "$LOGS/build.log"; exit 1; }
+for t in "${TARGETS[@]}"; do
+  [[ -x $(find "$BUILD" -maxdepth 3 -type f -name "$t" | head -1) ]] || {
+    echo "gpu-check: build of $t failed (see $LOGS/build.log)"; tail -40 "$LOGS/build.log"; exit 1; }
+done
 set +e
 export LD_LIBRARY_PATH="${CUDNN_ROOT:+$CUDNN_ROOT/lib:}${NCCL_ROOT:+$NCCL_ROOT/lib:}${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
@@ -60,10 +71,13 @@ export NCCL_NVLS_ENABLE=0
 # share the GPU fine at these sizes.
 test_rc=0
 if [[ -z "${SKIP_TESTS:-}" ]]; then
-  ctest --test-dir "$BUILD" -L gpu ${TEST_REGEX:+-R "$TEST_REGEX"} --output-on-failure -j 8 \
-    --timeout 600 2>&1 \
+  ctest --test-dir "$BUILD" -L gpu -LE multigpu ${TEST_REGEX:+-R "$TEST_REGEX"} \
+    --output-on-failure -j 8 --timeout 600 2>&1 \
     | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
   test_rc=${PIPESTATUS[0]}
+  # What the GPU trainer tests measured (deviations from the CPU curve, skipped iterations).
+  cp "$BUILD"/Testing/Temporary/LastTest.log "$LOGS/ctest-full.log" 2>/dev/null
+  grep -hE "^\[(gpt|llama|fp16|resume|GPU|CPU)" "$LOGS/ctest-full.log" 2>/dev/null | sort -u
   if [[ $test_rc != 0 ]] && grep -qE "Cudnn.*(Failed|SEGFAULT|Exception)" "$LOGS/ctest.log"; then
     # cuDNN's own reasons for rejecting the attention graphs (its debug log, level 2).
     CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$LOGS/cudnn_debug.full" "$BUILD/tests/test_gpu" \
@@ -74,30 +88,51 @@ if [[ -z "${SKIP_TESTS:-}" ]]; then
   fi
 fi
 
-"$BUILD/bench/bench_gpu_ops" $QUICK > "$LOGS/bench.md" 2> "$LOGS/bench.err"
-bench_rc=$?
-grep -E "attention|cuDNN" "$LOGS/bench.err" | head -20
-tail -3 "$LOGS/bench.err"
-TORCH_JSON=()
-if [[ "${TORCH:-1}" != 0 ]]; then
-  # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-420}" python3 bench/gpu/torch_reference.py \
-    --json "$LOGS/torch.json" ${TORCH_ARGS:-} > "$LOGS/torch.md" 2> "$LOGS/torch.err"
-  echo "gpu-check: torch_reference rc=$?"
-  grep -vE "^\s*$" "$LOGS/torch.err" | grep -E "torch_reference|tok/s|Error|error" | head -20
-  [[ -s "$LOGS/torch.json" ]] && TORCH_JSON=(--torch "$LOGS/torch.json")
+multi_rc=0 scaling=""
+if [[ ${MULTI:-1} != 0 && $NGPU -ge 2 ]]; then
+  echo "gpu-check: $NGPU GPUs: multi-GPU tests (NCCL)"
+  ctest --test-dir "$BUILD" -L multigpu ${TEST_REGEX:+-R "$TEST_REGEX"} --output-on-failure \
+    -j 1 --timeout 600 2>&1 \
+    | tee "$LOGS/ctest-multigpu.log" | grep -E "tests passed|Failed|\*\*\*|^\[(gpt|llama)|two identical|timeout on world" | tail -40
+  multi_rc=${PIPESTATUS[0]}
+  cp "$BUILD"/Testing/Temporary/LastTest.log "$LOGS/ctest-multigpu-full.log" 2>/dev/null
+  if [[ ${SCALING:-1} != 0 ]]; then
+    for m in ${SCALING_MODELS:-350m}; do
+      OUT=$LOGS scripts/dp-scaling.sh "$BUILD" "$m" > "$LOGS/scaling-$m.md" 2>&1 || multi_rc=1
+      scaling+=$'\n'"$(cat "$LOGS/scaling-$m.md")"
+    done
+  fi
+elif [[ ${MULTI:-1} != 0 ]]; then
+  echo "gpu-check: $NGPU GPU visible: multi-GPU tests skipped (label multigpu)"
 fi
-# shellcheck disable=SC2086
-"$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} "${TORCH_JSON[@]}" > "$LOGS/train.md" \
-  2> "$LOGS/train.err"
-train_rc=$?
-cat "$LOGS/train.err"
-if [[ -n "${COMPARE_ATTENTION:-}" ]]; then  # the same step with the own flash kernel
-  echo "gpu-check: the training step with MCPP_ATTENTION_CUDNN=0"
+
+bench_rc=0 train_rc=0
+if [[ ${BENCH:-1} != 0 ]]; then
+  "$BUILD/bench/bench_gpu_ops" $QUICK > "$LOGS/bench.md" 2> "$LOGS/bench.err"
+  bench_rc=$?
+  grep -E "attention|cuDNN" "$LOGS/bench.err" | head -20
+  tail -3 "$LOGS/bench.err"
+  TORCH_JSON=()
+  if [[ "${TORCH:-1}" != 0 ]]; then
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-420}" python3 bench/gpu/torch_reference.py \
+      --json "$LOGS/torch.json" ${TORCH_ARGS:-} > "$LOGS/torch.md" 2> "$LOGS/torch.err"
+    echo "gpu-check: torch_reference rc=$?"
+    grep -vE "^\s*$" "$LOGS/torch.err" | grep -E "torch_reference|tok/s|Error|error" | head -20
+    [[ -s "$LOGS/torch.json" ]] && TORCH_JSON=(--torch "$LOGS/torch.json")
+  fi
   # shellcheck disable=SC2086
-  MCPP_ATTENTION_CUDNN=0 "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} "${TORCH_JSON[@]}" \
-    > "$LOGS/train_flash.md" 2> "$LOGS/train_flash.err"
-  grep -E "ms/step|attention" "$LOGS/train_flash.err"
+  "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} "${TORCH_JSON[@]}" > "$LOGS/train.md" \
+    2> "$LOGS/train.err"
+  train_rc=$?
+  cat "$LOGS/train.err"
+  if [[ -n "${COMPARE_ATTENTION:-}" ]]; then  # the same step with the own flash kernel
+    echo "gpu-check: the training step with MCPP_ATTENTION_CUDNN=0"
+    # shellcheck disable=SC2086
+    MCPP_ATTENTION_CUDNN=0 "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} "${TORCH_JSON[@]}" \
+      > "$LOGS/train_flash.md" 2> "$LOGS/train_flash.err"
+    grep -E "ms/step|attention" "$LOGS/train_flash.err"
+  fi
 fi
 if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core attention
   echo "gpu-check: $FALLBACK_CHECK with MCPP_ATTENTION_FALLBACK=1"
@@ -107,17 +142,20 @@ if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core
 fi
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
-echo
-echo "## GPU op benchmark ($GPU_NAME, commit $COMMIT)"
-cat "$LOGS/bench.md"
-echo
-echo "## Training step, bf16, one GPU ($GPU_NAME, commit $COMMIT, $(date -u +%F))"
-cat "$LOGS/train.md"
-if [[ -s "$LOGS/train_flash.md" ]]; then
+if [[ ${BENCH:-1} != 0 ]]; then
   echo
-  echo "## The same with MCPP_ATTENTION_CUDNN=0 (own flash kernel)"
-  cat "$LOGS/train_flash.md"
+  echo "## GPU op benchmark ($GPU_NAME, commit $COMMIT)"
+  cat "$LOGS/bench.md"
+  echo
+  echo "## Training step, bf16, one GPU ($GPU_NAME, commit $COMMIT, $(date -u +%F))"
+  cat "$LOGS/train.md"
+  if [[ -s "$LOGS/train_flash.md" ]]; then
+    echo
+    echo "## The same with MCPP_ATTENTION_CUDNN=0 (own flash kernel)"
+    cat "$LOGS/train_flash.md"
+  fi
 fi
+[[ -n $scaling ]] && echo "$scaling"
 echo
-echo "gpu-check: tests rc=$test_rc, bench rc=$bench_rc, train rc=$train_rc"
-exit $((test_rc != 0 || bench_rc != 0 || train_rc != 0))
+echo "gpu-check: tests rc=$test_rc, multi-GPU rc=$multi_rc, bench rc=$bench_rc, train rc=$train_rc"
+exit $((test_rc != 0 || multi_rc != 0 || bench_rc != 0 || train_rc != 0))

@@ -14,6 +14,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
+#include "ops/ops.h"
 
 namespace mcpp::checkpoint {
 
@@ -135,16 +136,25 @@ std::vector<Piece> local_pieces(const ParamInfo& p, int64_t tp_rank, int64_t tp_
   return {};
 }
 
+// The tensor itself on the host; a host copy of a device tensor.
+static Tensor on_host(const Tensor& t) {
+  if (t.device() == Device::CPU) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  ops::copy(t, h, ops::default_stream(t.device()));
+  return h;
+}
+
 RankSnapshot RankSnapshot::view(const model::ParamStore& params, const optim::AdamW* opt,
-                                RankCoord coord) {
+                                RankCoord coord, bool moments) {
   RankSnapshot s;
   coord.tp = params.tp_rank();
   s.coord = coord;
   s.tp_size = params.tp_size();
   s.infos = params.infos();
-  s.params = const_cast<model::ParamStore&>(params).flat_params();
-  if (opt) {
-    s.exp_avg = opt->exp_avg(), s.exp_avg_sq = opt->exp_avg_sq();
+  const bool main = opt && opt->main_params().defined();
+  s.params = on_host(main ? opt->main_params() : const_cast<model::ParamStore&>(params).flat_params());
+  if (opt && moments) {
+    s.exp_avg = on_host(opt->exp_avg()), s.exp_avg_sq = on_host(opt->exp_avg_sq());
     s.optimizer_steps = opt->steps();
   }
   return s;
@@ -228,6 +238,7 @@ json state_to_json(const TrainingState& st) {
           {"rng", {{"seed", st.rng_seed}, {"iteration", st.rng_iteration}}},
           {"num_floating_point_operations_so_far", st.num_floating_point_operations_so_far},
           {"data_loader", st.data_loader},
+          {"grad_scaler", st.grad_scaler},
           {"config", st.config},
           {"mcpp_version", st.mcpp_version}};
 }
@@ -250,6 +261,7 @@ TrainingState state_from_json(const json& j) {
   st.rng_seed = j.at("rng").at("seed"), st.rng_iteration = j.at("rng").at("iteration");
   st.num_floating_point_operations_so_far = j.value("num_floating_point_operations_so_far", 0.0);
   st.data_loader = j.value("data_loader", json::object());
+  st.grad_scaler = j.value("grad_scaler", json::object());
   st.config = j.value("config", json::object());
   st.mcpp_version = j.value("mcpp_version", "");
   return st;
@@ -339,8 +351,9 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
 }
 
 json write_optimizer_shard(const std::string& tmp_dir, const RankSnapshot& rank,
-                           const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                           const Tensor& exp_avg_in, const Tensor& exp_avg_sq_in,
                            std::span<const ShardSegment> segments) {
+  const Tensor exp_avg = on_host(exp_avg_in), exp_avg_sq = on_host(exp_avg_sq_in);
   json rec = {{"files", json::object()}, {"tensors", json::object()}};
   const std::string fname = file_name("optim", rank.coord, true);
   std::map<std::string, Tensor> out;
@@ -694,9 +707,15 @@ json read_metadata(const std::string& dir, std::optional<int64_t> iteration) {
   return parse_metadata(resolve_iter_dir(dir, iteration));
 }
 
-TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
-                              model::ParamStore& params, optim::AdamW* opt,
-                              const LoadOptions& opts) {
+TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<int64_t> iteration,
+                                   const model::ParamStore& params, const Tensor& values,
+                                   const Tensor* exp_avg, const Tensor* exp_avg_sq,
+                                   const LoadOptions& opts) {
+  MCPP_CHECK(values.device() == Device::CPU && values.numel() == params.total_numel() &&
+                 (!exp_avg || (exp_avg_sq && exp_avg->device() == Device::CPU &&
+                               exp_avg->numel() == params.total_numel() &&
+                               exp_avg_sq->numel() == params.total_numel())),
+             "load_checkpoint_host: host buffers of {} elements expected", params.total_numel());
   const std::string iter_dir = resolve_iter_dir(load_dir, iteration);
   const std::string top = fs::exists(fs::path(load_dir) / kMetadataFile)
                               ? fs::path(load_dir).parent_path().string()
@@ -714,9 +733,8 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
     ShardReader rd(iter_dir, md, opts.verify_checksums);
     const int64_t tpr = params.tp_rank(), tps = params.tp_size();
     std::set<std::string> expected;
-    for (size_t i = 0; i < params.infos().size(); ++i) {
-      const ParamInfo& p = params.infos()[i];
-      load_tensor(rd, md, p.name, p, tpr, tps, params.param(i));
+    for (const ParamInfo& p : params.infos()) {
+      load_tensor(rd, md, p.name, p, tpr, tps, values.narrow(p.offset, p.numel()).view(p.local_shape));
       expected.insert(p.name);
     }
     for (auto& [key, v] : md.at("tensors").items())
@@ -732,19 +750,16 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
       fresh.config = st.config, fresh.mcpp_version = st.mcpp_version;
       return fresh;
     }
-    if (opt) {
+    if (exp_avg) {
       MCPP_CHECK_HINT(md.value("has_optimizer", false),
                       "load with --no-load-optim (the optimizer state starts from zero)",
                       "{} was saved without optimizer state (--no-save-optim)", iter_dir);
-      for (size_t i = 0; i < params.infos().size(); ++i) {
-        const ParamInfo& p = params.infos()[i];
+      for (const ParamInfo& p : params.infos())
         for (auto [prefix, flat] :
-             {std::pair<const char*, Tensor*>{"optimizer.exp_avg.", &opt->exp_avg()},
-              std::pair<const char*, Tensor*>{"optimizer.exp_avg_sq.", &opt->exp_avg_sq()}})
+             {std::pair<const char*, const Tensor*>{"optimizer.exp_avg.", exp_avg},
+              std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", exp_avg_sq}})
           load_tensor(rd, md, prefix + p.name, p, tpr, tps,
                       flat->narrow(p.offset, p.numel()).view(p.local_shape));
-      }
-      opt->set_steps(st.optimizer_steps);
     }
     if (!opts.load_rng || !md.value("has_rng", true)) st.rng_seed = 0, st.rng_iteration = 0;
     return st;
@@ -757,6 +772,20 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
         fmt::format("cannot load checkpoint {}: malformed metadata: {}", iter_dir, e.what()),
         load_hint(top, it_num < 0 ? INT64_MAX : it_num));
   }
+}
+
+TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
+                              model::ParamStore& params, optim::AdamW* opt,
+                              const LoadOptions& opts) {
+  MCPP_CHECK_HINT(params.device() == Device::CPU && !(opt && opt->main_params().defined()),
+                  "load GPU and bf16/f16 models with load_checkpoint_host (the trainer does)",
+                  "load_checkpoint reads into host f32/f64 parameters only, not {}",
+                  params.flat_params().str());
+  TrainingState st =
+      load_checkpoint_host(load_dir, iteration, params, params.flat_params(),
+                           opt ? &opt->exp_avg() : nullptr, opt ? &opt->exp_avg_sq() : nullptr, opts);
+  if (opt && !opts.finetune) opt->set_steps(st.optimizer_steps);
+  return st;
 }
 
 TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,

@@ -51,6 +51,7 @@ struct TrainingState {
   int64_t rng_iteration = 0;
   double num_floating_point_operations_so_far = 0;
   nlohmann::json data_loader = nlohmann::json::object();  // the loader's position, opaque here
+  nlohmann::json grad_scaler = nlohmann::json::object();  // fp16 loss scaler; empty otherwise
   nlohmann::json config = nlohmann::json::object();       // Args.given + derived values
   std::string mcpp_version;                               // filled on save; read on load
 };
@@ -92,8 +93,14 @@ struct RankSnapshot {
   int64_t optimizer_steps = 0;
   bool write_model = true;  // false on dp > 0 (the model is a DP replica)
 
+  //
+  // The values saved are `opt`'s fp32 main parameters when it holds them (bf16/f16 models,
+  // as Megatron's main params): a resumed run then continues bit for bit, and the checkpoint
+  // loads on any device and in any dtype. Buffers on a GPU are copied to host memory (the
+  // snapshot then owns them). The Adam moments and step count come with `moments` (false:
+  // --no-save-optim). opt may be null (the model's parameters, no moments).
   static RankSnapshot view(const model::ParamStore& params, const optim::AdamW* opt,
-                           RankCoord coord = {});
+                           RankCoord coord = {}, bool moments = true);
   RankSnapshot clone() const;
 };
 
@@ -160,6 +167,15 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
                               const LoadOptions& opts = {});
 TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
                               model::GPTModel& model, optim::AdamW* opt, LoadOptions opts = {});
+// The same into host buffers laid out like `layout` (its infos, offsets and TP rank):
+// values [total] (f32 keeps the checkpoint's fp32 values exactly), and the Adam moments
+// when exp_avg/exp_avg_sq are given ([total] each; null: --no-load-optim). Elements between
+// parameters are left as they are. The trainer moves them to the GPU, the fp32 main
+// parameters and the distributed optimizer's shards from there.
+TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<int64_t> iteration,
+                                   const model::ParamStore& layout, const Tensor& values,
+                                   const Tensor* exp_avg, const Tensor* exp_avg_sq,
+                                   const LoadOptions& opts = {});
 
 // The parsed metadata.json of a checkpoint (dir: the save directory or an iter_* directory).
 nlohmann::json read_metadata(const std::string& dir, std::optional<int64_t> iteration = {});

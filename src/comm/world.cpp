@@ -2,12 +2,19 @@
 
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "base/log.h"
 #include "comm/local/local_communicator.h"
 #include "comm/mpi/mpi_backend.h"
+#ifdef MCPP_HAVE_NCCL
+#include "comm/nccl/nccl_backend.h"
+#endif
 
 namespace mcpp::comm {
 namespace {
@@ -50,6 +57,24 @@ void check_members(const std::vector<int>& g, int world_size, const std::string&
     MCPP_CHECK(seen.insert(r).second, "group '{}': rank {} listed twice in [{}]", name, r,
                fmt::join(g, ", "));
   }
+}
+
+// This rank's place among the ranks on its host (hostnames gathered over the world):
+// {local rank, ranks on this host}.
+[[maybe_unused]] std::pair<int, int> host_local_rank(Communicator& world) {
+  constexpr int64_t kLen = 256;
+  Tensor mine = Tensor::zeros({kLen}, DType::U8);
+  MCPP_CHECK(gethostname(static_cast<char*>(mine.raw()), kLen - 1) == 0,
+             "gethostname failed: {}", std::strerror(errno));
+  Tensor all = Tensor::empty({kLen * world.size()}, DType::U8);
+  world.all_gather(mine, all, Stream::cpu());
+  int local = 0, count = 0;
+  for (int r = 0; r < world.size(); ++r)
+    if (std::memcmp(all.data<uint8_t>() + r * kLen, mine.raw(), kLen) == 0) {
+      if (r < world.rank()) ++local;
+      ++count;
+    }
+  return {local, count};
 }
 
 }  // namespace
@@ -97,7 +122,27 @@ std::unique_ptr<World> init(const InitOptions& opts) {
     w = std::make_unique<LocalWorld>(opts.timeout);
   }
   log::set_rank(w->rank(), w->size());
+  if (opts.device == Device::CUDA && w->size() > 1) {
+#ifdef MCPP_HAVE_NCCL
+    auto [local, local_size] = host_local_rank(w->world());
+    select_cuda_device(local, local_size);
+    w->device_ = Device::CUDA;
+#else
+    MCPP_CHECK_HINT(false,
+                    "rebuild where CMake finds NCCL (it prints 'megatron.cpp: NCCL: yes'; pass "
+                    "-DMCPP_NCCL_ROOT=...), or train with --device cpu",
+                    "--device cuda with {} ranks needs the NCCL backend, which this build lacks",
+                    w->size());
+#endif
+  }
   return w;
+}
+
+std::unique_ptr<Communicator> World::for_device(std::unique_ptr<Communicator> c) {
+#ifdef MCPP_HAVE_NCCL
+  if (device_ == Device::CUDA && c) return make_nccl_communicator(std::move(c), aborter());
+#endif
+  return c;
 }
 
 std::unique_ptr<Communicator> World::split(const std::vector<std::vector<int>>& groups,
@@ -120,7 +165,7 @@ std::unique_ptr<Communicator> World::split(const std::vector<std::vector<int>>& 
   if (size() > 1) c = split_impl(mine_is_big ? color : -1, members, name);
   if (color < 0) return nullptr;
   if (!mine_is_big) return std::make_unique<LocalCommunicator>(name, rank(), timeout_, aborter());
-  return c;
+  return for_device(std::move(c));
 }
 
 std::unique_ptr<Communicator> World::new_group(std::span<const int> ranks,
@@ -132,7 +177,7 @@ std::unique_ptr<Communicator> World::new_group(std::span<const int> ranks,
              rank(), fmt::join(members, ", "));
   if (members.size() == 1)
     return std::make_unique<LocalCommunicator>(name, rank(), timeout_, aborter());
-  return create_group_impl(members, name);
+  return for_device(create_group_impl(members, name));
 }
 
 }  // namespace mcpp::comm

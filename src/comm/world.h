@@ -9,6 +9,12 @@
 // (SLURM_STEP_NUM_TASKS + SLURM_PROCID) it starts MPI; otherwise it runs as one
 // process with the local backend and no MPI at all. Only src/comm/mpi/*.cpp includes
 // <mpi.h>.
+//
+// GPU runs (InitOptions::device = CUDA) under a launcher: init() gives each rank its own
+// GPU (its rank among the ranks on its host), and every group of several ranks that
+// split()/new_group() create is an NCCL communicator (src/comm/nccl) for device tensors,
+// which keeps the group's MPI communicator for host tensors. The world communicator
+// itself stays on MPI (it carries host data: strings, barriers).
 #pragma once
 #include <functional>
 #include <memory>
@@ -38,6 +44,9 @@ struct InitOptions {
   // Ask MPI for MPI_THREAD_MULTIPLE (else SERIALIZED, every MPI call under a lock).
   // false: ask for SERIALIZED only (tests exercise that path with it).
   bool mpi_thread_multiple = true;
+  // Where the run's tensors live: CUDA under a launcher selects the GPU and makes groups
+  // NCCL communicators (an error when the build has no NCCL).
+  Device device = Device::CPU;
 };
 
 class World {
@@ -52,6 +61,8 @@ class World {
   virtual std::string_view backend() const = 0;
   // How MPI runs threads ("MULTIPLE", "SERIALIZED"; "none" for the local backend).
   virtual std::string_view thread_level() const = 0;
+  // The device of the run (InitOptions::device); CUDA: groups of several ranks use NCCL.
+  Device device() const { return device_; }
 
   // Timeout of the world communicator and of every group created afterwards.
   Communicator::Duration timeout() const { return timeout_; }
@@ -81,8 +92,13 @@ class World {
   // Ends the whole job (used by groups of one under MPI).
   virtual std::function<void()> aborter() const = 0;
 
+  // Groups of several ranks: the backend's communicator, wrapped for NCCL on GPU runs.
+  std::unique_ptr<Communicator> for_device(std::unique_ptr<Communicator> c);
+
   std::unique_ptr<Communicator> world_;
   Communicator::Duration timeout_;
+  Device device_ = Device::CPU;
+  friend std::unique_ptr<World> init(const InitOptions& opts);
 };
 
 // Starts the world. One World per process (MPI cannot start twice); destroy every

@@ -24,18 +24,32 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
   const Tensor& sh = grads.shard();
   // fp32 state, as AdamW (f64 for the CPU's f64 reference models).
   const DType sd = ps.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
-  main_ = Tensor::zeros(sh.shape(), sd, sh.device());
-  m_ = Tensor::zeros(sh.shape(), sd, sh.device());
-  v_ = Tensor::zeros(sh.shape(), sd, sh.device());
+  Stream& st = ops::default_stream(sh.device());
+  for (Tensor* t : {&main_, &m_, &v_}) {
+    *t = Tensor::empty(sh.shape(), sd, sh.device());
+    ops::fill(*t, 0.0, st);
+  }
   reload_main_params();
 }
 
-void DistributedAdamW::reload_main_params() {
+void DistributedAdamW::reload_main_params() { reload_main_params(ps_.flat_params()); }
+
+void DistributedAdamW::reload_main_params(const Tensor& values) {
   Stream& st = ops::default_stream(main_.device());
   for (const auto& s : segs_) {
     Tensor dst = main_.narrow(s.shard, s.len);
-    ops::copy(ps_.flat_params().narrow(s.flat, s.len), dst, st);
+    ops::copy(values.narrow(s.flat, s.len), dst, st);
   }
+}
+
+Tensor DistributedAdamW::gather_main_params() {
+  Tensor full = Tensor::empty({ps_.total_numel()}, main_.dtype(), main_.device());
+  all_gather_flat(main_, full);
+  return full;
+}
+
+void DistributedAdamW::scale_grads(double factor) {
+  ops::scale(grads_.shard(), factor, ops::default_stream(main_.device()));
 }
 
 int64_t DistributedAdamW::state_bytes() const {

@@ -42,6 +42,14 @@ class DistributedAdamW {
   void scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq);
   // Re-reads the main parameters from the model (after a checkpoint load).
   void reload_main_params();
+  // Reads this rank's main parameters from `values`, a flat [total] tensor laid out like
+  // the model's parameters on any device (a checkpoint's fp32 values, exact).
+  void reload_main_params(const Tensor& values);
+  // The fp32 main parameters of every rank, all-gathered bucket by bucket into one flat
+  // [total] tensor (collective over DP): what a checkpoint of a bf16/f16 model saves.
+  Tensor gather_main_params();
+  // Multiplies this rank's gradient shard by `factor` (fp16 loss scaling: 1 / scale).
+  void scale_grads(double factor);
   const AdamWConfig& config() const { return cfg_; }
 
   // A parameter's intersection with this rank's shard.

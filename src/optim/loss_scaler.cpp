@@ -32,4 +32,11 @@ void LossScaler::update(bool found_inf) {
   }
 }
 
+void LossScaler::load_state(const State& s) {
+  MCPP_CHECK(s.scale > 0, "the checkpoint's loss scale {} is not positive", s.scale);
+  // A constant --loss-scale given now wins over the checkpoint's scale.
+  if (dynamic()) scale_ = s.scale;
+  growth_tracker_ = s.growth_tracker, hysteresis_tracker_ = s.hysteresis_tracker;
+}
+
 }  // namespace mcpp::optim

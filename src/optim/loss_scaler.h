@@ -28,6 +28,14 @@ class LossScaler {
   int64_t skipped_iterations() const { return skipped_; }
   bool dynamic() const { return cfg_.loss_scale <= 0; }
 
+  // What a bit-exact resume needs (Megatron's grad_scaler state_dict).
+  struct State {
+    double scale = 1;
+    int64_t growth_tracker = 0, hysteresis_tracker = 0;
+  };
+  State state() const { return {scale_, growth_tracker_, hysteresis_tracker_}; }
+  void load_state(const State& s);
+
  private:
   LossScalerConfig cfg_;
   double scale_;

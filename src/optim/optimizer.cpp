@@ -38,6 +38,16 @@ bool AdamW::unscale_and_check(double inv_scale) {
   return ops::has_nonfinite(ps_.flat_grads(), st);
 }
 
+void AdamW::set_params(const Tensor& values) {
+  Stream& st = ops::default_stream(ps_.device());
+  if (main_.defined()) {
+    ops::copy(values, main_, st);
+    ops::copy(main_, ps_.flat_params(), st);
+  } else {
+    ops::copy(values, ps_.flat_params(), st);
+  }
+}
+
 void AdamW::step(double lr, double wd) {
   ++step_;
   Stream& st = ops::default_stream(ps_.device());

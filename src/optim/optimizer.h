@@ -41,6 +41,11 @@ class AdamW {
 
   // fp32 main parameters (undefined when the parameters are stepped in place).
   Tensor& main_params() { return main_; }
+  const Tensor& main_params() const { return main_; }
+  // Sets the parameters from `values`, a flat [total] tensor on any device (a checkpoint's
+  // host copy): the fp32 main parameters exactly when they exist, and the model's
+  // parameters from them (rounded to bf16/f16), as after a step.
+  void set_params(const Tensor& values);
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
   const Tensor& exp_avg() const { return m_; }

@@ -128,6 +128,7 @@ int run_convert(const std::vector<std::string>& argv) {
     }
     const auto md = checkpoint::read_metadata(f["--load"], step);
     model::TransformerConfig cfg = checkpoint::model_config_from_metadata(md);
+    cfg.dtype = DType::F32;  // checkpoints hold fp32 values (the main params of bf16/f16 runs)
     model::GPTModel m(cfg);  // TP = 1: loading reshards whatever layout wrote it
     auto st = checkpoint::load_checkpoint(f["--load"], md["iteration"].get<int64_t>(), m, nullptr);
     checkpoint::export_hf(f["--to-hf"], cfg, m.params(), dt);

@@ -342,6 +342,11 @@ const Binding kBindings[] = {
     // precision and initialisation
     MCPP_FLAG(bf16),
     MCPP_FLAG(fp16),
+    MCPP_FLAG(loss_scale),
+    MCPP_FLAG(initial_loss_scale),
+    MCPP_FLAG(min_loss_scale),
+    MCPP_FLAG(loss_scale_window),
+    MCPP_FLAG(hysteresis),
     MCPP_FLAG(use_cpu_initialization),
     // checkpointing and exit
     MCPP_FLAG(save),
@@ -821,6 +826,19 @@ void validate_args(Args& a, int world_size, bool training) {
 
   MCPP_CHECK_HINT(!(a.bf16 && a.fp16), "give one of --bf16 and --fp16",
                   "--bf16 and --fp16 were both given");
+  // The loss-scaling flags act on --fp16 only; other values than Megatron's defaults
+  // would be silently ignored otherwise.
+  const std::pair<const char*, bool> scaling[] = {
+      {"loss_scale", a.loss_scale.has_value()},
+      {"initial_loss_scale", a.initial_loss_scale != 4294967296.0},
+      {"min_loss_scale", a.min_loss_scale != 1.0},
+      {"loss_scale_window", a.loss_scale_window != 1000},
+      {"hysteresis", a.hysteresis != 2}};
+  for (auto [f, changed] : scaling)
+    MCPP_CHECK_HINT(a.fp16 || !changed, "drop it, or train with --fp16",
+                    "{} scales the loss of --fp16 training only (bf16 and fp32 need no loss "
+                    "scaling)",
+                    flag_name(f));
 
   // Attention shape (Megatron: kv_channels = h / heads; groups = heads unless GQA).
   if (!a.was_given("kv_channels")) {

@@ -159,6 +159,14 @@ struct Args {
 
   // Precision and initialisation.
   bool bf16 = false, fp16 = false;
+  // fp16 loss scaling (Megatron's grad scaler): --loss-scale gives a constant scale, else
+  // the dynamic scale starts at --initial-loss-scale, halves after --hysteresis overflows
+  // (never below --min-loss-scale) and doubles after --loss-scale-window clean steps.
+  std::optional<double> loss_scale;
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  double loss_scale_window = 1000;           // a float in Megatron's parser
+  int64_t hysteresis = 2;
   bool use_cpu_initialization = false;
 
   // Checkpointing and exit.

@@ -22,6 +22,7 @@
 #include "ops/ops.h"
 #include "optim/lr_scheduler.h"
 #include "optim/distributed_optimizer.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "parallel/data_parallel/grad_buffer.h"
 #include "parallel/parallel_state.h"
@@ -29,6 +30,9 @@
 #include "parallel/pipeline/schedule.h"
 #include "training/flops.h"
 #include "training/log_line.h"
+#ifdef MCPP_HAVE_CUDA
+#include "ops/cuda/device.h"
+#endif
 
 namespace mcpp::training {
 
@@ -45,7 +49,7 @@ std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
   return data::make_tokenizer(t);
 }
 
-model::TransformerConfig model_config(const Args& a, DType dt) {
+model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   model::TransformerConfig c;
   c.num_layers = a.num_layers, c.hidden_size = a.hidden_size;
   c.ffn_hidden_size = a.ffn_hidden_size, c.num_attention_heads = a.num_attention_heads;
@@ -59,6 +63,7 @@ model::TransformerConfig model_config(const Args& a, DType dt) {
   c.add_bias_linear = a.add_bias_linear;
   c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
+  c.device = dev;
   c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;
   c.sequence_parallel = a.sequence_parallel;
   using RC = model::TransformerConfig::Recompute;
@@ -71,14 +76,31 @@ model::TransformerConfig model_config(const Args& a, DType dt) {
   return c;
 }
 
+// --device: cpu, cuda, or auto (CUDA when this build has it and a GPU is visible).
+Device resolve_device(const Args& a) {
+  if (a.device == "cpu") return Device::CPU;
+#ifdef MCPP_HAVE_CUDA
+  if (a.device == "cuda") return Device::CUDA;
+  return ops::cuda::device_available() ? Device::CUDA : Device::CPU;
+#else
+  MCPP_CHECK_HINT(a.device != "cuda",
+                  "rebuild where nvcc is found (CMake prints 'megatron.cpp: CUDA: yes'), or "
+                  "train with --device cpu",
+                  "--device cuda: this build has no CUDA backend");
+  return Device::CPU;
+#endif
+}
+
+// The model's dtype: --bf16 / --fp16 (GPU only), else fp32.
+DType model_dtype(const Args& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
+
 // Flags the trainer cannot honour yet are errors here, never silently ignored.
-void reject_unsupported(const Args& a) {
+void reject_unsupported(const Args& a, Device dev) {
   auto no = [](bool cond, const char* flag, const char* hint) {
     MCPP_CHECK_HINT(!cond, hint, "{} is not supported by megatron.cpp's trainer yet", flag);
   };
-  no(a.bf16 || a.fp16, "--bf16/--fp16 on the CPU backend",
-     "the CPU backend trains in fp32; mixed precision comes with --device cuda");
-  no(a.device == "cuda", "--device cuda", "train with --device cpu (the default) for now");
+  no((a.bf16 || a.fp16) && dev == Device::CPU, "--bf16/--fp16 on the CPU backend",
+     "the CPU backend trains in fp32: drop the flag, or train on a GPU (--device cuda)");
   no(a.reset_position_ids, "--reset-position-ids", "drop the flag");
   no(a.reset_attention_mask, "--reset-attention-mask", "drop the flag");
   MCPP_CHECK_HINT(!a.save_interval || a.save, "add --save DIR",
@@ -111,6 +133,9 @@ struct Trainer::State {
   std::unique_ptr<parallel::DataParallelGrads> dp_grads;
   std::unique_ptr<optim::DistributedAdamW> dist_opt;    // with it
   std::unique_ptr<optim::OptimizerParamScheduler> sched;
+  std::unique_ptr<optim::LossScaler> scaler;            // --fp16
+  Device device = Device::CPU;                          // --device, resolved
+  bool report_memory = true;                            // Megatron's memory line, once
   std::array<std::shared_ptr<data::GPTSampleSource>, 3> datasets;
   int64_t consumed_train = 0, consumed_valid = 0;
   int64_t skipped_iters = 0, nan_iters = 0;
@@ -131,6 +156,12 @@ struct Trainer::State {
     st.num_floating_point_operations_so_far = flops_so_far;
     st.data_loader = {{"consumed_train_samples", consumed_train},
                       {"consumed_valid_samples", consumed_valid}};
+    if (scaler) {
+      const auto ls = scaler->state();
+      st.grad_scaler = {{"scale", ls.scale},
+                        {"growth_tracker", ls.growth_tracker},
+                        {"hysteresis_tracker", ls.hysteresis_tracker}};
+    }
     nlohmann::json cfg = nlohmann::json::object();
     for (const auto& [k, v] : args.given) cfg[k] = v;
     st.config = cfg;
@@ -178,8 +209,17 @@ struct Trainer::State {
     Stream& st = ops::default_stream(Device::CPU);
     if (dist_opt) dist_opt->wait_params_all();  // the parameters written must be current
     checkpoint::RankSnapshot snap = checkpoint::RankSnapshot::view(
-        model->params(), a.no_save_optim || dist_opt ? nullptr : opt.get(),
-        {0, ps->pp_rank(), ps->dp_rank(), 0});
+        model->params(), dist_opt ? nullptr : opt.get(), {0, ps->pp_rank(), ps->dp_rank(), 0},
+        !a.no_save_optim);
+    const Tensor& flat = model->params().flat_params();
+    if (dist_opt && flat.dtype() != DType::F32 && flat.dtype() != DType::F64) {
+      // bf16/f16: the fp32 main params are sharded over DP; gather them (every rank).
+      Tensor full = dist_opt->gather_main_params();
+      if (ps->dp_rank() == 0) {
+        snap.params = Tensor::empty(full.shape(), full.dtype());
+        ops::copy(full, snap.params, ops::default_stream(full.device()));
+      }
+    }
     std::string tmp = w.rank() == 0 ? checkpoint::begin_checkpoint(*a.save, iteration, o) : "";
     tmp = all_gather_strings(tmp)[0];
     nlohmann::json recs = nlohmann::json::array();
@@ -205,19 +245,24 @@ struct Trainer::State {
     const Args& a = args;
     checkpoint::SaveOptions o;
     o.model = model_cfg, o.save_rng = !a.no_save_rng;
-    const optim::AdamW* o_ptr = a.no_save_optim ? nullptr : opt.get();
     Timer t;
     t.start();
     if (world->size() > 1 || dist_opt) {
       save_distributed(o);
       log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
                 iteration, *a.save, t.elapsed());
-    } else if (async_saver) {
-      async_saver->save(*a.save, model->params(), o_ptr, training_state(), o);
+      return;
+    }
+    // fp32 main params (bf16/f16 models) and, unless --no-save-optim, the moments; a GPU's
+    // buffers are copied to the host here.
+    const auto snap = checkpoint::RankSnapshot::view(model->params(), opt.get(), {}, !a.no_save_optim);
+    const std::span<const checkpoint::RankSnapshot> one(&snap, 1);
+    if (async_saver) {
+      async_saver->save(*a.save, one, training_state(), o);
       log::info("  scheduled asynchronous save of checkpoint at iteration {:8d} to {}", iteration,
                 *a.save);
     } else {
-      checkpoint::save_checkpoint(*a.save, model->params(), o_ptr, training_state(), o);
+      checkpoint::save_checkpoint(*a.save, one, training_state(), o);
       log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
                 iteration, *a.save, t.elapsed());
     }
@@ -235,21 +280,35 @@ struct Trainer::State {
     o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = a.finetune;
     o.partial_model = a.pipeline_model_parallel_size > 1;
     const bool load_optim = !(a.no_load_optim || a.finetune);
-    // The distributed optimizer loads the whole moments, then keeps its shard.
-    std::unique_ptr<optim::AdamW> full;
-    if (dist_opt && load_optim) full = std::make_unique<optim::AdamW>(model->params(), dist_opt->config());
-    optim::AdamW* o_ptr = !load_optim ? nullptr : dist_opt ? full.get() : opt.get();
-    auto st = checkpoint::load_checkpoint(*a.load, a.ckpt_step, model->params(), o_ptr, o);
+    // Through host buffers in the optimizer's dtype (fp32; f64 for f64 models), laid out
+    // like the parameters: the checkpoint's values go exactly into the fp32 main params
+    // (rounded into bf16/f16 model params), on any device; the distributed optimizer
+    // keeps its shard of the whole moments.
+    auto& P = model->params();
+    const DType hd = P.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
+    Tensor values = Tensor::zeros({P.total_numel()}, hd), m, v;
+    if (load_optim) m = Tensor::zeros({P.total_numel()}, hd), v = Tensor::zeros({P.total_numel()}, hd);
+    auto st = checkpoint::load_checkpoint_host(*a.load, a.ckpt_step, P, values,
+                                               load_optim ? &m : nullptr, load_optim ? &v : nullptr, o);
+    Stream& dst = ops::default_stream(device);
     if (dist_opt) {
-      dist_opt->reload_main_params();
-      if (full) dist_opt->scatter_state(full->exp_avg(), full->exp_avg_sq());
+      ops::copy(values, P.flat_params(), dst);
+      dist_opt->reload_main_params(values);
+      if (load_optim) dist_opt->scatter_state(m, v);
+    } else {
+      opt->set_params(values);
+      if (load_optim) ops::copy(m, opt->exp_avg(), dst), ops::copy(v, opt->exp_avg_sq(), dst);
     }
+    if (scaler && !st.grad_scaler.empty())
+      scaler->load_state({st.grad_scaler.at("scale").get<double>(),
+                          st.grad_scaler.at("growth_tracker").get<int64_t>(),
+                          st.grad_scaler.at("hysteresis_tracker").get<int64_t>()});
     if (!a.finetune) {
       iteration = st.iteration;
       consumed_train = st.consumed_train_samples, consumed_valid = st.consumed_valid_samples;
       flops_so_far = st.num_floating_point_operations_so_far;
-      if (o_ptr && dist_opt) dist_opt->set_steps(st.optimizer_steps);
-      else if (o_ptr) opt->set_steps(st.optimizer_steps);
+      if (load_optim && dist_opt) dist_opt->set_steps(st.optimizer_steps);
+      else if (load_optim) opt->set_steps(st.optimizer_steps);
       auto policy = a.override_opt_param_scheduler      ? optim::SchedulerLoadPolicy::OverrideFromArgs
                     : a.use_checkpoint_opt_param_scheduler ? optim::SchedulerLoadPolicy::UseCheckpoint
                                                            : optim::SchedulerLoadPolicy::RequireMatch;
@@ -300,7 +359,8 @@ struct Trainer::State {
     // (ARCHITECTURE.md), so every split of the batch trains the same function: the
     // token count is summed over DP before any backward, and gradients are summed.
     tokens = dp_sum(tokens);
-    const double grad_scale = tokens > 0 ? 1.0 / tokens : 0.0;
+    // fp16: the loss scale multiplies the loss (and so every gradient) before backward.
+    const double grad_scale = tokens > 0 ? (scaler ? scaler->scale() : 1.0) / tokens : 0.0;
     double loss_sum = 0;
     model::StepKeys keys;
     keys.iteration = iteration, keys.global_batch = args.global_batch_size;
@@ -357,7 +417,7 @@ struct Trainer::State {
   // reduce-scatter with the distributed optimizer), sequence-parallel partial gradients
   // summed over TP, and the squared global norm, counting TP-duplicated parameters once.
   double reduce_grads() {
-    Stream& st = ops::default_stream(Device::CPU);
+    Stream& st = ops::default_stream(device);
     const bool pipelined = args.pipeline_model_parallel_size > 1;
     if (pipelined) {
       // Megatron's _allreduce_word_embedding_grads: the tied embedding's two copies (first
@@ -371,7 +431,7 @@ struct Trainer::State {
       if (args.overlap_grad_reduce) dp_grads->layer_ready(-1, st);
     }
     dp_grads->finish(st);
-    const auto& P = model->params();
+    auto& P = model->params();
     const int tp_rank = ps->tp_rank();
     auto counted = [&](size_t i) {
       return (tp_rank == 0 || !model->tp_duplicated(i)) && !model->pipeline_duplicate(i);
@@ -381,9 +441,13 @@ struct Trainer::State {
       if (model_cfg.sp()) dist_opt->all_reduce_grads(ps->tp(), [&](size_t i) {
           return model->sp_partial_grad(i);
         });
+      if (scaler) dist_opt->scale_grads(scaler->inv_scale());
       sq = dist_opt->grad_sq_norm(counted);
     } else {
       model->finalize_tp_grads();
+      // fp16: unscale before the norm (Megatron's _unscale_main_grads_and_check_for_nan);
+      // an overflow shows as a non-finite norm, summed over the ranks below.
+      if (scaler) ops::scale(P.flat_grads(), scaler->inv_scale(), st);
       if (ps->tp().size() == 1 && !pipelined) {
         sq = opt->grad_sq_norm();
       } else {
@@ -398,7 +462,7 @@ struct Trainer::State {
     if (g.size() > 1) {
       Tensor t = Tensor::empty({1}, DType::F64);
       t.data<double>()[0] = sq;
-      g.all_reduce(t, comm::ReduceOp::Sum, st);
+      g.all_reduce(t, comm::ReduceOp::Sum, Stream::cpu());
       sq = t.data<double>()[0];
     }
     return sq;
@@ -435,6 +499,27 @@ struct Trainer::State {
     }
   }
 
+  // Megatron's report_memory line, once after the first log line, on the ranks of DP rank 0:
+  // bytes of live tensors (allocated) and of the caching pool (reserved), and their peaks.
+  void log_memory(int64_t iteration) {
+    report_memory = false;
+#ifdef MCPP_HAVE_CUDA
+    if (ps->dp_rank() != 0) return;
+    const auto m = ops::cuda::memory_stats();
+    auto mb = [](size_t b) {  // Python's str() of a float
+      const double v = double(b) / 1048576.0;
+      std::string t = fmt::format("{}", v);
+      return t.find_first_of(".e") == std::string::npos ? t + ".0" : t;
+    };
+    const std::string line = fmt::format(
+        "(after {} iterations) memory (MB) | allocated: {} | max allocated: {} | reserved: {} | "
+        "max reserved: {}",
+        iteration, mb(m.in_use), mb(m.peak), mb(m.reserved), mb(m.reserved_peak));
+    if (world->size() > 1) log::info_all("{}", line);  // the logger prefixes "[rank r]"
+    else log::info("[Rank 0] {}", line);
+#endif
+  }
+
   void print_validation(const std::string& where, double loss) {
     std::string line = format_validation_line(where, {{"lm loss", loss}});
     std::string rule = validation_rule(line);
@@ -446,14 +531,16 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   auto& s = *s_;
   s.args = std::move(args);
   Args& a = s.args;
-  s.world = comm::init({.timeout = std::chrono::minutes(a.distributed_timeout_minutes)});
+  s.device = resolve_device(a);
+  s.world = comm::init({.timeout = std::chrono::minutes(a.distributed_timeout_minutes),
+                        .device = s.device});
   validate_args(a, s.world->size());
   if (a.logging_level)  // Python's logging levels
     log::set_level(*a.logging_level <= 10   ? log::Level::Debug
                    : *a.logging_level <= 20 ? log::Level::Info
                    : *a.logging_level <= 30 ? log::Level::Warn
                                             : log::Level::Error);
-  reject_unsupported(a);
+  reject_unsupported(a, s.device);
   parallel::ParallelSizes sizes;
   sizes.tp = int(a.tensor_model_parallel_size), sizes.pp = int(a.pipeline_model_parallel_size);
   sizes.tp_pp_dp_mapping = a.use_tp_pp_dp_mapping;
@@ -475,7 +562,11 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   log::info("setting number of microbatches to constant {}", a.num_microbatches);
   log::info("CPU threads: {} (OpenMP), BLAS {}", omp_get_max_threads(), openblas_get_num_threads());
 
-  s.model_cfg = model_config(a, DType::F32);
+  s.model_cfg = model_config(a, s.device, model_dtype(a));
+  log::info("> device: {}{}, parameters and activations {}{}", s.device == Device::CUDA ? "cuda" : "cpu",
+            s.world->device() == Device::CUDA ? " (one GPU per rank, NCCL groups)" : "",
+            dtype_name(s.model_cfg.dtype),
+            s.model_cfg.dtype == DType::F32 ? "" : ", fp32 main params and main grads");
   s.model_cfg.tp_rank = s.ps->tp_rank();
   const int64_t dp = a.data_parallel_size;
   // The distributed optimizer splits every bucket into DP equal blocks: align each
@@ -541,8 +632,8 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
               bucket, a.use_distributed_optimizer ? "reduce-scatter" : "all-reduce",
               a.overlap_grad_reduce ? ", overlapped with backward" : "");
     if (a.overlap_grad_reduce)
-      s.model->set_grad_ready_hook([g = s.dp_grads.get()](int layer) {
-        g->layer_ready(layer, ops::default_stream(Device::CPU));
+      s.model->set_grad_ready_hook([g = s.dp_grads.get(), dev = s.device](int layer) {
+        g->layer_ready(layer, ops::default_stream(dev));
       });
   }
   const optim::AdamWConfig adam{a.adam_beta1, a.adam_beta2, a.adam_eps};
@@ -593,6 +684,19 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
                              double(weights + optim_state + act) / 1048576.0, slot, in_flight,
                              scratch),
                  /*all_ranks=*/true);
+  }
+  if (a.fp16) {
+    optim::LossScalerConfig lc;
+    lc.loss_scale = a.loss_scale.value_or(0.0), lc.initial_scale = a.initial_loss_scale;
+    lc.min_scale = a.min_loss_scale, lc.window = int64_t(a.loss_scale_window);
+    lc.hysteresis = a.hysteresis;
+    s.scaler = std::make_unique<optim::LossScaler>(lc);
+    log::info("> fp16 loss scaling: {}", s.scaler->dynamic()
+                                           ? fmt::format("dynamic, initial scale {}, window {}, "
+                                                         "hysteresis {}, min {}",
+                                                         lc.initial_scale, lc.window,
+                                                         lc.hysteresis, lc.min_scale)
+                                           : fmt::format("constant {}", lc.loss_scale));
   }
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.load) s.load();
@@ -646,7 +750,7 @@ TrainSummary Trainer::run() {
   Timer interval;
   interval.start();
   double interval_loss = 0, last_grad_norm = 0;
-  int64_t interval_iters = 0;
+  int64_t interval_iters = 0, interval_advanced = 0;
   int64_t& iteration = s.iteration;
   const int64_t start_iteration = iteration;
   bool saved_now = false;
@@ -666,7 +770,16 @@ TrainSummary Trainer::run() {
 
     s.timers("optimizer").start();
     const double grad_norm = std::sqrt(s.reduce_grads());
-    if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
+    // fp16: a non-finite norm is a gradient overflow of the loss scale (Megatron's
+    // found_inf): the scaler backs off, the step and the LR schedule's step are skipped.
+    const bool overflow = !std::isfinite(grad_norm);
+    if (s.scaler) s.scaler->update(overflow);
+    const bool skip = overflow || !std::isfinite(loss);
+    if (skip && s.scaler && std::isfinite(loss)) {
+      ++s.skipped_iters;
+      log::debug("iteration {}: gradient overflow at loss scale {}; step skipped", iteration,
+                 s.scaler->scale());
+    } else if (skip) {
       // Megatron's check-for-nan: the update is skipped and counted.
       ++s.skipped_iters, ++s.nan_iters;
       log::warn("iteration {}: non-finite loss ({}) or grad norm ({}); update skipped", iteration,
@@ -697,9 +810,13 @@ TrainSummary Trainer::run() {
                  /*all_ranks=*/true);
     }
     out.losses.push_back(loss);
-    interval_loss += loss, ++interval_iters, last_grad_norm = grad_norm;
+    ++interval_iters;
+    if (!skip) interval_loss += loss, ++interval_advanced, last_grad_norm = grad_norm;
 
     if (iteration % a.log_interval == 0 || iteration == a.train_iters) {
+#ifdef MCPP_HAVE_CUDA
+      if (s.device == Device::CUDA) ops::cuda::synchronize(ops::cuda::default_stream());
+#endif
       const double elapsed = interval.elapsed(true);
       const double per_iter = elapsed / double(interval_iters);
       IterationLog L;
@@ -709,11 +826,14 @@ TrainSummary Trainer::run() {
       L.throughput_tflops = throughput_tflops_per_gpu(flops_per_iter, per_iter, s.world->size());
       L.learning_rate = s.sched->lr();
       L.global_batch_size = gbs;
-      L.losses = {{"lm loss", interval_loss / double(interval_iters)}};
+      // Averaged over the iterations that stepped, as Megatron's advanced iterations.
+      L.losses = {{"lm loss", interval_loss / double(std::max<int64_t>(1, interval_advanced))}};
+      L.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
       L.grad_norm = last_grad_norm;
       L.skipped_iterations = s.skipped_iters, L.nan_iterations = s.nan_iters;
       L.tokens_per_sec_per_gpu = double(gbs * a.seq_length) / per_iter / s.world->size();
       log::info("{}", format_iteration_line(L));
+      if (s.report_memory && s.device == Device::CUDA) s.log_memory(iteration);
       s.log_comm_volumes(interval_iters);
       if (a.timing_log_level >= 1) {
         log::info("(min, max) time across ranks (ms):");
@@ -723,7 +843,7 @@ TrainSummary Trainer::run() {
           log::info("    {} {}: ({:.2f}, {:.2f})", name, dots, ms, ms);
         }
       }
-      interval_loss = 0, interval_iters = 0;
+      interval_loss = 0, interval_iters = 0, interval_advanced = 0;
       interval.start();
     }
     if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1]) {
@@ -755,6 +875,8 @@ TrainSummary Trainer::run() {
       log::info("{}", exit_reason);
       out.iterations = iteration - start_iteration;
       out.consumed_samples = s.consumed_train;
+      out.skipped_iterations = s.skipped_iters;
+      out.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
       return out;
     }
   }
@@ -773,6 +895,8 @@ TrainSummary Trainer::run() {
   }
   out.iterations = iteration - start_iteration;
   out.consumed_samples = s.consumed_train;
+  out.skipped_iterations = s.skipped_iters;
+  out.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
   return out;
 }
 

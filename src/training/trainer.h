@@ -16,6 +16,8 @@ struct TrainSummary {
   std::vector<double> losses;      // lm loss of every iteration run
   double last_valid_loss = 0;      // last validation lm loss (0 when none ran)
   int64_t consumed_samples = 0;
+  int64_t skipped_iterations = 0;  // steps skipped (fp16 overflows, non-finite losses)
+  double loss_scale = 1.0;         // the fp16 loss scale at the end (1 without --fp16)
 };
 
 class Trainer {

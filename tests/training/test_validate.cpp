@@ -174,6 +174,19 @@ TEST(Validate, NullTokenizerNeedsVocabSize) {
 TEST(Validate, Bf16WithFp16) {
   expect_invalid(with(base_argv(), {"--bf16", "--fp16"}), {"--bf16 and --fp16 were both given"});
   EXPECT_TRUE(parse_and_validate(with(base_argv(), {"--bf16"})).bf16);
+  // Loss scaling acts on --fp16 only: other values would be ignored, so they are errors.
+  expect_invalid(with(base_argv(), {"--bf16", "--initial-loss-scale", "65536"}),
+                 {"--initial-loss-scale scales the loss of --fp16 training only", "--fp16"});
+  expect_invalid(with(base_argv(), {"--loss-scale", "128"}), {"--loss-scale scales the loss"});
+  EXPECT_NO_THROW(parse_and_validate(with(base_argv(), {"--bf16", "--hysteresis", "2"})));
+  Args f = parse_and_validate(with(base_argv(), {"--fp16", "--loss-scale-window", "500",
+                                                 "--hysteresis", "3", "--min-loss-scale", "2",
+                                                 "--initial-loss-scale", "1024"}));
+  EXPECT_EQ(f.loss_scale_window, 500);
+  EXPECT_EQ(f.hysteresis, 3);
+  EXPECT_EQ(f.min_loss_scale, 2);
+  EXPECT_EQ(f.initial_loss_scale, 1024);
+  EXPECT_FALSE(f.loss_scale.has_value());
 }
 
 TEST(Validate, RotaryPercentRange) {

@@ -1,6 +1,7 @@
 #include "parallel/data_parallel/grad_buffer.h"
 
 #include "base/error.h"
+#include "ops/ops.h"
 
 namespace mcpp::parallel {
 
@@ -45,7 +46,10 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
       shard_total += (bk.end - bk.begin) / dp_.size();
     }
   }
-  if (reduce_scatter_) shard_ = Tensor::zeros({shard_total}, grads_.dtype(), grads_.device());
+  if (reduce_scatter_) {
+    shard_ = Tensor::empty({shard_total}, grads_.dtype(), grads_.device());
+    ops::fill(shard_, 0.0, ops::default_stream(grads_.device()));
+  }
   pending_.assign(buckets_.size(), 0);
   started_.assign(buckets_.size(), false);
   work_.resize(buckets_.size());
