@@ -180,6 +180,32 @@ Work Communicator::recv_async(Tensor& t, int peer, Stream& s) {
   return start_recv(t, peer, d, s);
 }
 
+std::vector<Work> Communicator::batch_isend_irecv(std::span<P2POp> ops, Stream& s) {
+  std::vector<OpDesc> descs;
+  for (P2POp& op : ops) {
+    const OpKind k = op.send ? OpKind::Send : OpKind::Recv;
+    check_tensor(op.t, "the", k, s);
+    check_peer(op.peer, k);
+    OpDesc d;
+    d.kind = k, d.bytes = op.t.nbytes(), d.peer = op.peer;
+    d.seq = op.send ? sent_[size_t(op.peer)]++ : received_[size_t(op.peer)]++;
+    d.detail = fmt::format("{} {} group rank {} (world rank {}), batched", op.t.str(),
+                           op.send ? "to" : "from", op.peer, ranks_[size_t(op.peer)]);
+    stats_.calls[int(k)]++, stats_.bytes[int(k)] += d.bytes;
+    descs.push_back(std::move(d));
+  }
+  return start_p2p_batch(ops, descs, s);
+}
+
+std::vector<Work> Communicator::start_p2p_batch(std::span<P2POp> ops, std::span<const OpDesc> d,
+                                                Stream& s) {
+  std::vector<Work> out;
+  for (size_t i = 0; i < ops.size(); ++i)
+    out.push_back(ops[i].send ? start_send(ops[i].t, ops[i].peer, d[i], s)
+                              : start_recv(ops[i].t, ops[i].peer, d[i], s));
+  return out;
+}
+
 Work Communicator::barrier_async(Stream& s) {
   OpDesc d = next_collective(OpKind::Barrier, 0, "");
   return start_barrier(d, s);

@@ -88,6 +88,13 @@ struct CommStats {
   std::array<uint64_t, kNumOpKinds> bytes{};
 };
 
+// One transfer of a batch_isend_irecv().
+struct P2POp {
+  bool send = true;  // false: receive into t
+  Tensor t;
+  int peer = -1;     // group-local rank
+};
+
 class Communicator {
  public:
   using Duration = std::chrono::milliseconds;
@@ -142,6 +149,12 @@ class Communicator {
   Work broadcast_async(Tensor& t, int root, Stream& s);
   Work send_async(const Tensor& t, int peer, Stream& s);
   Work recv_async(Tensor& t, int peer, Stream& s);
+  // Point-to-point transfers posted together (torch's batch_isend_irecv, which Megatron's
+  // pipeline uses): all of them may be in flight at once, so a rank may send to and
+  // receive from the same peer, or form a ring with its neighbours, in any order without
+  // deadlocking. Numbered like the single calls; one Work per op, in order. NCCL issues
+  // them as one ncclGroupStart/End group; MPI's nonblocking calls need nothing more.
+  std::vector<Work> batch_isend_irecv(std::span<P2POp> ops, Stream& s);
   Work barrier_async(Stream& s);
 
   // Prints the timeout message (see the file comment) on stderr and ends the job
@@ -167,6 +180,10 @@ class Communicator {
   virtual Work start_send(const Tensor& t, int peer, const OpDesc& d, Stream& s) = 0;
   virtual Work start_recv(Tensor& t, int peer, const OpDesc& d, Stream& s) = 0;
   virtual Work start_barrier(const OpDesc& d, Stream& s) = 0;
+  // A batch of point-to-point calls (already numbered in `d`); the default starts them one
+  // by one, which is enough where each call is nonblocking on its own (MPI).
+  virtual std::vector<Work> start_p2p_batch(std::span<P2POp> ops, std::span<const OpDesc> d,
+                                            Stream& s);
   // Ends every process of the job (MPI_Abort; std::abort for a lone process).
   [[noreturn]] virtual void abort_job() const = 0;
   // Whether the backend can reduce this dtype / move this device's memory.

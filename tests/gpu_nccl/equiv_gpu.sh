@@ -9,7 +9,10 @@
 # perturb the bf16 rounding of activations the way bf16 differs from fp32 (see
 # tests/gpu/test_train_gpu.cpp), so the same bound applies. Measured on two H200s
 # (2026-11-29): at most 3.6e-3 (Llama, TP2), 2.2e-4 (GPT, TP2), 5.5e-4 (Llama, DP2). The
-# largest deviation is printed. LAYOUT: tp2 | tp2_sp | dp2 | dp2_distopt.
+# largest deviation is printed. LAYOUT: tp2 | tp2_sp | dp2 | dp2_distopt | pp2 (with full
+# recomputation) | pp2_v2 (two virtual stages a GPU: activations and gradients both ways
+# between the two GPUs in one NCCL group; selective recomputation). The models have 4
+# layers so that PP2 with two virtual stages has a layer per model chunk.
 set -euo pipefail
 M=$1 LAYOUT=$2 MPIRUN=${3:-mpirun}
 TOL=${TOL:-1e-2}
@@ -21,9 +24,13 @@ case $LAYOUT in
   dp2) L=(--overlap-grad-reduce --ddp-bucket-size 50000) ;;
   dp2_distopt) L=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
                   --ddp-bucket-size 50000) ;;
+  pp2) L=(--pipeline-model-parallel-size 2 --recompute-granularity full --recompute-method uniform
+          --recompute-num-layers 1) ;;
+  pp2_v2) L=(--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
+             --recompute-granularity selective) ;;
   *) echo "unknown layout $LAYOUT"; exit 2 ;;
 esac
-COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2
+COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4
   --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 8
   --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 5 --train-iters 20
   --hidden-dropout 0.1 --attention-dropout 0.1 --seed 11 --log-interval 1 --device cuda --bf16

@@ -259,7 +259,34 @@ class NcclCommunicator final : public Communicator {
   }
   // Point to point: NCCL keeps the calls between two ranks of one communicator in order,
   // so send #k meets recv #k without tags (pipeline parallelism uses one communicator for
-  // activations and another for gradients).
+  // activations and another for gradients). A batch is one NCCL group: its sends and
+  // receives progress together (a send to and a receive from the same peer, or a ring of
+  // neighbours, cannot deadlock); every op's Work waits for the whole group.
+  std::vector<Work> start_p2p_batch(std::span<P2POp> ops, std::span<const OpDesc> d,
+                                    Stream& s) override {
+    if (s.device == Device::CPU) return Communicator::start_p2p_batch(ops, d, s);
+    std::vector<Tensor> keep;
+    for (const P2POp& op : ops) keep.push_back(op.t);
+    OpDesc gd = d.empty() ? OpDesc{} : d[0];
+    if (ops.size() > 1) {
+      size_t bytes = 0;
+      for (const auto& x : d) bytes += x.bytes;
+      gd.bytes = bytes;
+      gd.detail = fmt::format("a batch of {} sends/receives, the first: {}", ops.size(),
+                              d[0].detail);
+    }
+    Work w = enqueue(gd, s, std::move(keep), [&](cudaStream_t cs) {
+      NCCL_CHECK(ncclGroupStart());
+      for (P2POp& op : ops) {
+        if (op.send)
+          NCCL_CHECK(ncclSend(op.t.raw(), op.t.nbytes(), ncclUint8, op.peer, comm_, cs));
+        else
+          NCCL_CHECK(ncclRecv(op.t.raw(), op.t.nbytes(), ncclUint8, op.peer, comm_, cs));
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+    return std::vector<Work>(ops.size(), w);
+  }
   Work start_send(const Tensor& t, int peer, const OpDesc& d, Stream& s) override {
     if (s.device == Device::CPU) return host_->send_async(t, peer, s);
     return enqueue(d, s, {t}, [&](cudaStream_t cs) {

@@ -14,6 +14,7 @@ void run_stage(const std::vector<Action>& actions, comm::Communicator& acts,
   std::map<Key, Tensor> recv_act, recv_grad;  // received, not consumed yet
   std::map<Key, Tensor> out_act, out_grad;    // produced, not sent yet
   std::vector<comm::Work> pending;
+  std::vector<comm::P2POp> on_acts, on_grads;  // the batch being collected, per communicator
   auto take = [](std::map<Key, Tensor>& m, Key k, const char* what) {
     auto it = m.find(k);
     MCPP_CHECK(it != m.end(), "pipeline executor: no {} for micro-batch {} chunk {}", what,
@@ -26,12 +27,20 @@ void run_stage(const std::vector<Action>& actions, comm::Communicator& acts,
     for (auto& w : pending) w.wait();
     pending.clear();
   };
+  // Posts the collected batch (one batch_isend_irecv per communicator), then waits for it.
+  auto post = [&] {
+    for (auto [c, ops] : {std::pair{&acts, &on_acts}, std::pair{&grads, &on_grads}}) {
+      if (ops->empty()) continue;
+      for (auto& w : c->batch_isend_irecv(*ops, st)) pending.push_back(std::move(w));
+      ops->clear();
+    }
+    wait_all();
+  };
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     const Key k{a.microbatch, a.chunk};
     switch (a.op) {
       case Op::Forward: {
-        wait_all();
         Tensor in;
         if (auto it = recv_act.find(k); it != recv_act.end()) in = take(recv_act, k, "activation");
         Tensor out = cb.forward(a.microbatch, a.chunk, in);
@@ -39,7 +48,6 @@ void run_stage(const std::vector<Action>& actions, comm::Communicator& acts,
         break;
       }
       case Op::Backward: {
-        wait_all();
         Tensor g;
         if (auto it = recv_grad.find(k); it != recv_grad.end()) g = take(recv_grad, k, "gradient");
         Tensor dx = cb.backward(a.microbatch, a.chunk, g);
@@ -47,30 +55,28 @@ void run_stage(const std::vector<Action>& actions, comm::Communicator& acts,
         break;
       }
       case Op::SendActivation:
-        pending.push_back(acts.send_async(take(out_act, k, "output activation to send"),
-                                          a.peer_stage, st));
+        on_acts.push_back({true, take(out_act, k, "output activation to send"), a.peer_stage});
         break;
       case Op::SendGrad:
-        pending.push_back(grads.send_async(take(out_grad, k, "input gradient to send"),
-                                           a.peer_stage, st));
+        on_grads.push_back({true, take(out_grad, k, "input gradient to send"), a.peer_stage});
         break;
       case Op::RecvActivation: {
         Tensor t = Tensor::empty(o.activation_shape, o.dtype, o.device);
         recv_act[k] = t;
-        pending.push_back(acts.recv_async(t, a.peer_stage, st));
+        on_acts.push_back({false, t, a.peer_stage});
         break;
       }
       case Op::RecvGrad: {
         Tensor t = Tensor::empty(o.activation_shape, o.dtype, o.device);
         recv_grad[k] = t;
-        pending.push_back(grads.recv_async(t, a.peer_stage, st));
+        on_grads.push_back({false, t, a.peer_stage});
         break;
       }
     }
-    // A lone transfer, or the last of its batch: wait before the next action.
+    // A lone transfer, or the last of its batch: post it and wait before the next action.
     const bool batch_ends = a.batch < 0 || i + 1 == actions.size() ||
                             actions[i + 1].batch != a.batch;
-    if (a.op != Op::Forward && a.op != Op::Backward && batch_ends) wait_all();
+    if (a.op != Op::Forward && a.op != Op::Backward && batch_ends) post();
   }
   wait_all();
   MCPP_CHECK(recv_act.empty() && recv_grad.empty() && out_act.empty() && out_grad.empty(),

@@ -4,8 +4,9 @@
 // one carrying gradients, so the two directions between a pair of stages can never
 // pair up wrongly, whatever the backend (NCCL has no tags).
 //
-// Transfers sharing an Action::batch are posted together and all waited for before the
-// next action, as Megatron's batch_isend_irecv. A received activation is handed to the
+// Transfers sharing an Action::batch are posted together -- one
+// Communicator::batch_isend_irecv per communicator, so NCCL runs them as one group -- and
+// all waited for before the next action, as Megatron's batch_isend_irecv. A received activation is handed to the
 // forward of its (micro-batch, chunk) and a received gradient to the backward; a
 // tensor to send comes from the forward's output / the backward's input gradient and
 // stays referenced until its batch completes.
