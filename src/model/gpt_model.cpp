@@ -132,6 +132,34 @@ struct GPTModel::Ctx {
   Device dev = Device::CPU;
 };
 
+namespace {
+
+PipelinePart normalized(const TransformerConfig& c, PipelinePart part) {
+  if (part.chunks.empty()) {
+    MCPP_CHECK(part.first_stage && part.last_stage,
+               "GPTModel: a pipeline part without layers must be the whole model");
+    part.chunks.emplace_back();
+    for (int l = 0; l < c.num_layers; ++l) part.chunks[0].push_back(l);
+  }
+  return part;
+}
+
+std::vector<std::pair<int, int>> recompute_groups(const TransformerConfig& c, int n) {
+  // Megatron's _checkpointed_forward: uniform = consecutive groups of k layers over the
+  // chunk (the last may be shorter); block = each of the first k layers alone.
+  std::vector<std::pair<int, int>> g;
+  if (c.recompute != TransformerConfig::Recompute::Full) return g;
+  const int k = int(c.recompute_num_layers);
+  MCPP_CHECK(k >= 1, "--recompute-num-layers must be >= 1 with full recomputation, got {}", k);
+  if (c.recompute_method == TransformerConfig::RecomputeMethod::Uniform)
+    for (int a = 0; a < n; a += k) g.push_back({a, std::min(n, a + k)});
+  else
+    for (int a = 0; a < std::min(n, k); ++a) g.push_back({a, a + 1});
+  return g;
+}
+
+}  // namespace
+
 GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, PipelinePart part)
     : cfg_(cfg), tp_(tp), part_(std::move(part)), scratch_(std::make_unique<Scratch>()) {
   cfg_.validate();
@@ -144,26 +172,17 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
   } else {
     tp_ = nullptr;  // a group of one: every region transition is the identity
   }
-  if (part_.chunks.empty()) {
-    MCPP_CHECK(part_.first_stage && part_.last_stage,
-               "GPTModel: a pipeline part without layers must be the whole model");
-    part_.chunks.emplace_back();
-    for (int l = 0; l < cfg_.num_layers; ++l) part_.chunks[0].push_back(l);
-  }
+  part_ = normalized(cfg_, part_);
   for (const auto& ch : part_.chunks) {
     MCPP_CHECK(!ch.empty(), "GPTModel: a model chunk without layers");
     for (int l : ch)
       MCPP_CHECK(l >= 0 && l < cfg_.num_layers, "GPTModel: layer {} outside [0, {})", l,
                  cfg_.num_layers);
   }
-  register_params();
+  for (auto& p : parameter_registry(cfg_, part_)) params_.add(std::move(p));
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);
   params_.initialize(cfg_.seed);
-  using RC = TransformerConfig::Recompute;
-  const int64_t k = cfg_.recompute_num_layers;
-  MCPP_CHECK(cfg_.recompute != RC::Full || k >= 1,
-             "--recompute-num-layers must be >= 1 with full recomputation, got {}", k);
   for (const auto& ch : part_.chunks) {
     chunk_layers_.emplace_back();
     groups_.emplace_back();
@@ -190,15 +209,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
       get("mlp.linear_fc2.bias", L->fc2_b, L->d_fc2_b);
       layers_.push_back(std::move(L));
     }
-    // Megatron's _checkpointed_forward: uniform = consecutive groups of k layers over
-    // the chunk (the last may be shorter); block = each of the first k layers alone.
-    if (cfg_.recompute == RC::Full) {
-      if (cfg_.recompute_method == TransformerConfig::RecomputeMethod::Uniform) {
-        for (int a = 0; a < n; a += int(k)) groups_.back().push_back({a, std::min<int>(n, a + int(k))});
-      } else {
-        for (int a = 0; a < std::min<int>(n, int(k)); ++a) groups_.back().push_back({a, a + 1});
-      }
-    }
+    groups_.back() = recompute_groups(cfg_, n);
   }
   pool_.resize(part_.chunks.size());
 }
@@ -207,8 +218,9 @@ GPTModel::~GPTModel() = default;
 
 bool GPTModel::pipeline_duplicate(size_t i) const { return params_.infos()[i].pipeline_duplicate; }
 
-void GPTModel::register_params() {
-  const auto& c = cfg_;
+std::vector<ParamInfo> parameter_registry(const TransformerConfig& c, const PipelinePart& part_in) {
+  const PipelinePart part_ = normalized(c, part_in);
+  std::vector<ParamInfo> out;
   const int64_t H = c.hidden_size, tp = c.tp_size;
   const double std_out = c.init_method_std / std::sqrt(2.0 * double(c.num_layers));
   auto add = [&](std::string name, Shape global, TpSplit split, Init init, double sd, bool wd,
@@ -218,7 +230,7 @@ void GPTModel::register_params() {
     if (split == TpSplit::Cols) local[1] /= tp;
     ParamInfo p{std::move(name), global, local, split, init, sd, wd, layer, 0};
     p.pipeline_duplicate = duplicate;
-    params_.add(std::move(p));
+    out.push_back(std::move(p));
   };
   if (part_.first_stage) {
     add("embedding.word_embeddings.weight", {c.padded_vocab_size, H}, TpSplit::Rows,
@@ -266,6 +278,7 @@ void GPTModel::register_params() {
       add("embedding.word_embeddings.weight", {c.padded_vocab_size, H}, TpSplit::Rows,
           Init::Normal, c.init_method_std, true, -1, /*duplicate=*/true);
   }
+  return out;
 }
 
 namespace {
@@ -441,17 +454,20 @@ std::pair<int64_t, int64_t> layer_bytes(const TransformerConfig& c, int64_t T, i
 
 // Mirrors what forward_chunk()/backward_chunk() allocate (see ensure_acts, the Slot and
 // the Scratch); tests/model/test_pipeline_model.cpp checks it against the measured bytes.
-int64_t GPTModel::saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) const {
-  const auto& c = cfg_;
+int64_t saved_activation_bytes(const TransformerConfig& c, const PipelinePart& part_in, int chunk,
+                               int64_t B, int64_t S) {
+  const PipelinePart part_ = normalized(c, part_in);
+  MCPP_CHECK(chunk >= 0 && size_t(chunk) < part_.chunks.size(), "no model chunk {}", chunk);
+  const int num_chunks = int(part_.chunks.size());
   const bool sp = c.sp();
   const int64_t T = S * B, Tl = sp ? T / c.tp_size : T, H = c.hidden_size;
   const int64_t dt = elem(c.dtype), st = elem(c.stat_dtype());
   const int64_t stats = c.rmsnorm ? 1 : 2;  // rstd (+ mean) per norm
   const auto [layer, core] = layer_bytes(c, T, Tl);
-  const int n = int(chunk_layers_.at(size_t(chunk)).size());
+  const int n = int(part_.chunks[size_t(chunk)].size());
   int64_t bytes = 0;
   int kept_hidden = n + 1, stored = n;
-  for (const auto& [a, e] : groups_[size_t(chunk)]) kept_hidden -= e - a - 1, stored -= e - a;
+  for (const auto& [a, e] : recompute_groups(c, n)) kept_hidden -= e - a - 1, stored -= e - a;
   const bool selective = c.recompute == TransformerConfig::Recompute::Selective;
   bytes += int64_t(stored) * (selective ? layer - core : layer);
   bytes += int64_t(kept_hidden) * Tl * H * dt;
@@ -460,7 +476,7 @@ int64_t GPTModel::saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) co
     bytes += Tl * H * dt + (sp ? T * H * dt : 0);
     if (!on_host) bytes += T * 8;  // the tokens on the device
   }
-  if (part_.last_stage && chunk == num_chunks() - 1) {
+  if (part_.last_stage && chunk == num_chunks - 1) {
     bytes += Tl * H * dt + stats * Tl * st + (sp ? T * H * dt : 0);  // final norm
     bytes += T * c.vocab_local() * dt;                                // logits
     if (!on_host) bytes += T * 8 + T * 4;                            // labels, mask on device
@@ -470,22 +486,31 @@ int64_t GPTModel::saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) co
   return bytes;
 }
 
-int64_t GPTModel::scratch_bytes(int64_t B, int64_t S) const {
-  const auto& c = cfg_;
+int64_t scratch_activation_bytes(const TransformerConfig& c, const PipelinePart& part_in, int64_t B,
+                                 int64_t S) {
+  const PipelinePart part_ = normalized(c, part_in);
   const bool sp = c.sp();
   const int64_t T = S * B, Tl = sp ? T / c.tp_size : T, H = c.hidden_size;
   const int64_t dt = elem(c.dtype), st = elem(c.stat_dtype());
   const int64_t nhd = c.local_heads() * c.kv_channels;
-  int64_t bytes = Tl * H * dt + (sp ? T * H * dt : 0) + (tp_ ? Tl * dt : 0);  // tmp, ones
+  int64_t bytes = Tl * H * dt + (sp ? T * H * dt : 0) + (c.tp_size > 1 ? Tl * dt : 0);  // tmp, ones
   bytes += 3 * Tl * H * dt + S * B * st + (sp ? 2 * T * H * dt : 0);          // dx, dtmp, dln
   bytes += T * (c.fc1_width_local() + c.ffn_local() + nhd + c.qkv_width_local()) * dt;
   size_t group = 0;
-  for (const auto& g : groups_)
-    for (const auto& [a, e] : g) group = std::max(group, size_t(e - a));
+  for (const auto& ch : part_.chunks)
+    for (const auto& [a, e] : recompute_groups(c, int(ch.size())))
+      group = std::max(group, size_t(e - a));
   if (group) bytes += int64_t(group) * layer_bytes(c, T, Tl).first + int64_t(group + 1) * Tl * H * dt;
   if (c.recompute == TransformerConfig::Recompute::Selective)
     bytes += T * nhd * dt + c.local_heads() * T * st;
   return bytes;
+}
+
+int64_t GPTModel::saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) const {
+  return saved_activation_bytes(cfg_, part_, chunk, B, S);
+}
+int64_t GPTModel::scratch_bytes(int64_t B, int64_t S) const {
+  return scratch_activation_bytes(cfg_, part_, B, S);
 }
 
 GPTModel::Ctx GPTModel::make_ctx(int64_t S, int64_t B, const StepKeys& keys) const {

@@ -158,7 +158,6 @@ class GPTModel {
   struct Slot;
   struct Scratch;
   struct Ctx;
-  void register_params();
   Slot& acquire(int chunk, int microbatch);
   void release(int chunk, int microbatch);
   Ctx make_ctx(int64_t S, int64_t B, const StepKeys& keys) const;
@@ -199,6 +198,16 @@ class GPTModel {
   int64_t live_bytes_ = 0, peak_bytes_ = 0, slot_max_ = 0;
   int in_flight_ = 0, max_in_flight_ = 0;
 };
+
+// The same model description without a model (nothing allocated): what `megatron plan`
+// and the memory plan use.
+// The part's parameters in registry order (names, shapes, TP split, ...).
+std::vector<ParamInfo> parameter_registry(const TransformerConfig& cfg, const PipelinePart& part);
+// GPTModel::saved_bytes_per_microbatch / scratch_bytes of a model built with (cfg, part).
+int64_t saved_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part, int chunk,
+                               int64_t B, int64_t S);
+int64_t scratch_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part,
+                                 int64_t B, int64_t S);
 
 // Megatron-Core parameter name of layer i's parameter, e.g.
 // layer_param_name(3, "self_attention.linear_qkv.weight").

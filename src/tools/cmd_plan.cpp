@@ -11,13 +11,24 @@
 // (F<mb>[.<chunk>] / B..., with --show-p2p the transfers too), and the replay of that
 // schedule under a cost model: step time, bubble fraction against theory, idle time and
 // peak in-flight micro-batches (activations held) per rank.
+//
+// Given the model too (any of `megatron train`'s flags: a launch line with `train`
+// replaced by `plan`, plus --world-size), it also prints the memory of every pipeline
+// rank -- weights, gradients, optimizer state, activations per micro-batch, in flight,
+// peak -- as `megatron train` will allocate it (training/memory_plan.h), before any GPU
+// is touched: try recomputation settings and layouts for a model that must fit.
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <set>
 
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
+#include "data/tokenizers/tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "training/arguments.h"
+#include "training/memory_plan.h"
 
 namespace mcpp::tools {
 namespace {
@@ -41,7 +52,93 @@ double parse_double(const Flags& f, const std::string& name, double def) {
   throw Error(fmt::format("{} expects a non-negative number, got '{}'", name, f.get(name)));
 }
 
-int run_plan(const std::vector<std::string>& args) {
+// Flags only `megatron plan` has (with their value count); with a model, everything else
+// is `megatron train`'s.
+const std::map<std::string, int> kPlanOnly = {
+    {"--world-size", 1},   {"--data-parallel-size", 1}, {"--schedule", 1},  {"--forward-cost", 1},
+    {"--backward-cost", 1}, {"--p2p-cost", 1},          {"--show-p2p", 0}, {"--help", 0}};
+
+std::string mib(int64_t bytes) { return fmt::format("{:.2f}", double(bytes) / 1048576.0); }
+
+// The memory table of every pipeline rank for the model `train_args` describe.
+void print_memory(std::vector<std::string> train_args, int world, int pp) {
+  // --vocab-size alone sizes the vocabulary (no tokenizer files needed to plan).
+  auto given = [&](const char* flag) {
+    return std::find(train_args.begin(), train_args.end(), flag) != train_args.end();
+  };
+  if (given("--vocab-size") && !given("--tokenizer-type"))
+    train_args.insert(train_args.end(), {"--tokenizer-type", "NullTokenizer"});
+  training::Args a = training::parse_args(train_args);
+  training::validate_args(a, world, /*training=*/false);
+  int64_t vocab = 0;
+  if (a.vocab_size) {
+    vocab = *a.vocab_size;
+  } else {
+    data::TokenizerArgs t;
+    t.type = a.tokenizer_type;
+    t.vocab_file = a.vocab_file.value_or(""), t.merge_file = a.merge_file.value_or("");
+    t.tokenizer_model = a.tokenizer_model.value_or("");
+    t.tiktoken_pattern = a.tiktoken_pattern.value_or("");
+    t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
+    t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
+    vocab = data::make_tokenizer(t)->vocab_size();
+  }
+  a.padded_vocab_size = training::padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
+                                                    a.tensor_model_parallel_size);
+  // Where and in which dtype: --bf16/--fp16 train on GPUs; fp32 on --device cuda or the CPU.
+  const bool gpu = a.bf16 || a.fp16 || a.device == "cuda";
+  const DType dt = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
+  const auto cfg = training::model_config(a, gpu ? Device::CUDA : Device::CPU, dt);
+  std::printf("\nmemory per pipeline rank (MiB; TP rank 0 of %lld, DP rank 0 of %lld; %s on %s; "
+              "recompute %s; micro-batch %lld x %lld tokens)\n",
+              (long long)a.tensor_model_parallel_size, (long long)a.data_parallel_size,
+              std::string(dtype_name(dt)).c_str(), gpu ? "GPU" : "CPU",
+              a.recompute_granularity.value_or("none").c_str(), (long long)a.micro_batch_size,
+              (long long)a.seq_length);
+  std::printf("  %-5s %-13s %-14s %-14s %-16s %-9s %-14s %s\n", "rank", "parameters",
+              "weights+grads", "optimizer", "act/micro-batch", "in flight", "activations",
+              "total");
+  for (int s = 0; s < pp; ++s) {
+    const auto m = training::plan_stage_memory(a, cfg, s);
+    std::printf("  %-5d %-13lld %-14s %-14s %-16s %-9d %-14s %s\n", s, (long long)m.parameters,
+                mib(m.weights + m.grads).c_str(), mib(m.optimizer).c_str(),
+                mib(m.per_microbatch).c_str(), m.in_flight, mib(m.activations()).c_str(),
+                mib(m.total()).c_str());
+  }
+  std::printf("(`megatron train` prints the same per rank at start-up: \"Theoretical memory "
+              "footprints\"; activations include %s MiB of shared scratch)\n",
+              mib(training::plan_stage_memory(a, cfg, 0).scratch).c_str());
+}
+
+int run_plan(const std::vector<std::string>& all_args) {
+  // With model flags the arguments split: plan's own flags and the layout flags it shares
+  // with `megatron train` go to plan; everything but plan's own goes to train's parser.
+  bool with_model = false;
+  for (const auto& t : all_args) with_model |= t == "--hidden-size";
+  std::vector<std::string> args, train_args;
+  if (!with_model) {
+    args = all_args;
+  } else {
+    static const std::set<std::string> shared = {
+        "--pipeline-model-parallel-size", "--num-layers", "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--microbatch-group-size-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
+        "--tensor-model-parallel-size", "--context-parallel-size"};
+    for (size_t i = 0; i < all_args.size(); ++i) {
+      const std::string& t = all_args[i];
+      if (auto it = kPlanOnly.find(t); it != kPlanOnly.end()) {
+        args.push_back(t);
+        if (it->second && i + 1 < all_args.size()) args.push_back(all_args[++i]);
+        continue;
+      }
+      train_args.push_back(t);
+      if (shared.count(t)) {
+        args.push_back(t);
+        if (i + 1 < all_args.size()) args.push_back(all_args[i + 1]), train_args.push_back(all_args[++i]);
+      }
+    }
+  }
   Flags f;
   f.add("--pipeline-model-parallel-size", Flags::Value, "pipeline stages PP (default 1)")
       .add("--num-layers", Flags::Value, "transformer layers")
@@ -190,6 +287,15 @@ int run_plan(const std::vector<std::string>& args) {
     std::printf("  %-5d %-11.4g %-11.4g %-7.2f %d (%d)\n", s, st.busy, st.idle,
                 100.0 * st.idle / sim.makespan, st.peak_in_flight,
                 pl::promised_in_flight(kind, pp, s, vpp, m, g));
+  }
+  if (with_model) {
+    MCPP_CHECK_HINT(kind != pl::ScheduleKind::AllForwardAllBackward || vpp == 1,
+                    "drop --schedule gpipe", "GPipe runs one model chunk per rank");
+    if (kind == pl::ScheduleKind::AllForwardAllBackward) {
+      train_args.push_back("--pipeline-schedule");
+      train_args.push_back("gpipe");
+    }
+    print_memory(train_args, tp * pp * cp * dp, pp);
   }
   return 0;
 }

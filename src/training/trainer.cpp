@@ -30,6 +30,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "training/flops.h"
 #include "training/log_line.h"
+#include "training/memory_plan.h"
 #ifdef MCPP_HAVE_CUDA
 #include "ops/cuda/device.h"
 #endif
@@ -47,33 +48,6 @@ std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
   t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
   t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
   return data::make_tokenizer(t);
-}
-
-model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
-  model::TransformerConfig c;
-  c.num_layers = a.num_layers, c.hidden_size = a.hidden_size;
-  c.ffn_hidden_size = a.ffn_hidden_size, c.num_attention_heads = a.num_attention_heads;
-  c.num_query_groups = a.num_query_groups, c.kv_channels = a.kv_channels;
-  c.seq_length = a.seq_length, c.max_position_embeddings = a.max_position_embeddings;
-  c.padded_vocab_size = *a.padded_vocab_size;
-  c.rope = a.position_embedding_type == "rope";
-  c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
-  c.rmsnorm = a.normalization == "RMSNorm", c.norm_epsilon = a.layernorm_epsilon;
-  c.swiglu = a.swiglu, c.tie_embeddings = !a.untie_embeddings_and_output_weights;
-  c.add_bias_linear = a.add_bias_linear;
-  c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
-  c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
-  c.device = dev;
-  c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;
-  c.sequence_parallel = a.sequence_parallel;
-  using RC = model::TransformerConfig::Recompute;
-  const std::string gran = a.recompute_granularity.value_or("");
-  c.recompute = gran == "full" ? RC::Full : gran == "selective" ? RC::Selective : RC::None;
-  c.recompute_method = a.recompute_method.value_or("uniform") == "block"
-                           ? model::TransformerConfig::RecomputeMethod::Block
-                           : model::TransformerConfig::RecomputeMethod::Uniform;
-  c.recompute_num_layers = a.recompute_num_layers.value_or(1);
-  return c;
 }
 
 // --device: cpu, cuda, or auto (CUDA when this build has it and a GPU is visible).
@@ -124,6 +98,7 @@ struct Trainer::State {
   // (activations use ps->pp()), and this stage's action lists.
   std::unique_ptr<comm::Communicator> pp_grads;
   parallel::pipeline::ScheduleKind schedule_kind = parallel::pipeline::ScheduleKind::OneFOneB;
+  StageMemory plan;  // predicted at start-up
   parallel::pipeline::Schedule schedule;            // [stage][action], training step
   std::vector<parallel::pipeline::Action> forward_only;  // this stage, evaluation
   Args args;
@@ -571,24 +546,13 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   const int64_t dp = a.data_parallel_size;
   // The distributed optimizer splits every bucket into DP equal blocks: align each
   // parameter to a multiple of DP (and of 64 elements, as Megatron pads param starts).
-  if (a.use_distributed_optimizer) s.model_cfg.param_align = std::lcm<int64_t>(64, dp);
-  model::PipelinePart part;
   const int pp = int(a.pipeline_model_parallel_size), vpp = int(a.virtual_pipeline_model_parallel_size);
+  const model::PipelinePart part = pipeline_part(a, s.ps->pp_rank());
   if (pp > 1) {
     namespace pl = parallel::pipeline;
-    auto opt_int = [](const std::optional<int64_t>& v) {
-      return v ? std::optional<int>(int(*v)) : std::nullopt;
-    };
-    const auto layers = pl::assign_layers(int(a.num_layers), pp, vpp,
-                                          opt_int(a.decoder_first_pipeline_num_layers),
-                                          opt_int(a.decoder_last_pipeline_num_layers));
     const int stage = s.ps->pp_rank();
-    for (int c = 0; c < vpp; ++c) part.chunks.push_back(layers[size_t(stage * vpp + c)]);
-    part.first_stage = stage == 0, part.last_stage = stage == pp - 1;
     // Megatron's schedule: 1F1B, interleaved with virtual stages.
-    s.schedule_kind = vpp > 1                         ? pl::ScheduleKind::Interleaved1F1B
-                      : a.pipeline_schedule == "gpipe" ? pl::ScheduleKind::AllForwardAllBackward
-                                                       : pl::ScheduleKind::OneFOneB;
+    s.schedule_kind = schedule_kind(a);
     s.schedule = pl::build_schedule(s.schedule_kind, pp, vpp, int(a.num_microbatches),
                                     int(a.microbatch_group_size_per_vp_stage.value_or(0)));
     s.forward_only = pl::forward_only(s.schedule)[size_t(stage)];
@@ -655,34 +619,32 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     s.opt = std::make_unique<optim::AdamW>(s.model->params(), adam);
   {
     // The memory plan before the first step allocates any activation (Megatron's
-    // "Theoretical memory footprints" line), per pipeline stage: weights, gradients and
-    // optimizer state as allocated, activations as predicted from the shapes and the
-    // schedule's in-flight count. The measured line follows the first iteration.
+    // "Theoretical memory footprints" line), per pipeline stage, predicted from the flags
+    // alone (`megatron plan` prints the same); the allocated weights, gradients and
+    // optimizer state must agree (checked here), the activations are measured after the
+    // first iteration.
+    s.plan = plan_stage_memory(a, s.model_cfg, s.ps->pp_rank());
     auto& P = s.model->params();
-    const int64_t weights = int64_t(P.flat_params().defined() ? P.flat_params().nbytes() : 0) +
-                            int64_t(P.flat_grads().defined() ? P.flat_grads().nbytes() : 0);
-    const int64_t optim_state =
-        s.dist_opt ? s.dist_opt->state_bytes()
-                   : int64_t(s.opt->exp_avg().nbytes() + s.opt->exp_avg_sq().nbytes());
-    int64_t slot = 0;
-    for (int c = 0; c < s.model->num_chunks(); ++c)
-      slot = std::max(slot, s.model->saved_bytes_per_microbatch(c, a.micro_batch_size,
-                                                                 a.seq_length));
-    namespace pl = parallel::pipeline;
-    const int in_flight =
-        pp > 1 ? pl::promised_in_flight(s.schedule_kind, pp, s.ps->pp_rank(), vpp, int(a.num_microbatches),
-                                        int(a.microbatch_group_size_per_vp_stage.value_or(0)))
-               : 1;
-    const int64_t scratch = s.model->scratch_bytes(a.micro_batch_size, a.seq_length);
-    const int64_t act = int64_t(in_flight) * slot + scratch;
+    int64_t have = int64_t(P.flat_params().nbytes() + P.flat_grads().nbytes());
+    if (s.dist_opt)
+      have += int64_t(s.dp_grads->shard().nbytes()) + s.dist_opt->state_bytes();
+    else
+      for (const Tensor* t : {&s.opt->exp_avg(), &s.opt->exp_avg_sq(), &s.opt->main_params()})
+        if (t->defined()) have += int64_t(t->nbytes());
+    const auto& m = s.plan;
+    if (have != m.weights_and_optimizer())
+      log::warn("memory plan: {} bytes of weights, gradients and optimizer state planned, {} "
+                "allocated",
+                m.weights_and_optimizer(), have);
     if (s.ps->dp_rank() == 0 && s.ps->tp_rank() == 0)
       log::write(log::Level::Info,
                  fmt::format("Theoretical memory footprints: weight and optimizer={:.2f} MB, "
-                             "activation={:.2f} MB, total={:.2f} MB | per micro-batch: {} B | "
-                             "micro-batches in flight at most: {} | shared scratch: {} B",
-                             double(weights + optim_state) / 1048576.0, double(act) / 1048576.0,
-                             double(weights + optim_state + act) / 1048576.0, slot, in_flight,
-                             scratch),
+                             "activation={:.2f} MB, total={:.2f} MB | weights+grads+optimizer: "
+                             "{} B | per micro-batch: {} B | micro-batches in flight at most: "
+                             "{} | shared scratch: {} B",
+                             double(m.weights_and_optimizer()) / 1048576.0,
+                             double(m.activations()) / 1048576.0, double(m.total()) / 1048576.0,
+                             m.weights_and_optimizer(), m.per_microbatch, m.in_flight, m.scratch),
                  /*all_ranks=*/true);
   }
   if (a.fp16) {

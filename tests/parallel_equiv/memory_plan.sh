@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # memory_plan.sh MPIRUN... -- MEGATRON TRAIN-FLAGS...: the start-up memory plan (per
 # micro-batch bytes, in-flight micro-batches, scratch bytes: predicted from the shapes and
-# the schedule) must equal what every reporting rank measured after its first iteration.
+# the schedule) must equal what every reporting rank measured after its first iteration,
+# and the planned weights, gradients and optimizer state what it allocated (the trainer
+# warns "memory plan: ... planned, ... allocated" otherwise).
 set -euo pipefail
 mpirun=(); while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done; shift
 out=$("${mpirun[@]}" "$@" --train-iters 2 --lr-warmup-iters 0 2>&1) || { echo "$out"; exit 1; }
+if grep -q "memory plan: .* planned" <<<"$out"; then  # weights/grads/optimizer vs allocated
+  echo "FAIL:"; grep "memory plan: .* planned" <<<"$out"; exit 1
+fi
 plan=$(grep -Eo '\[rank [0-9]+\] Theoretical memory footprints: .*' <<<"$out" |
        sed -E 's/\[rank ([0-9]+)\].*per micro-batch: ([0-9]+) B \| micro-batches in flight at most: ([0-9]+) \| shared scratch: ([0-9]+) B/\1 \2 \3 \4/' | sort)
 seen=$(grep -Eo '\[rank [0-9]+\] \(after 1 iterations\) activations .*' <<<"$out" |

@@ -1,0 +1,98 @@
+#include "training/memory_plan.h"
+
+#include <numeric>
+
+namespace mcpp::training {
+
+namespace pl = parallel::pipeline;
+
+model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
+  model::TransformerConfig c;
+  c.num_layers = a.num_layers, c.hidden_size = a.hidden_size;
+  c.ffn_hidden_size = a.ffn_hidden_size, c.num_attention_heads = a.num_attention_heads;
+  c.num_query_groups = a.num_query_groups, c.kv_channels = a.kv_channels;
+  c.seq_length = a.seq_length, c.max_position_embeddings = a.max_position_embeddings;
+  c.padded_vocab_size = *a.padded_vocab_size;
+  c.rope = a.position_embedding_type == "rope";
+  c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
+  c.rmsnorm = a.normalization == "RMSNorm", c.norm_epsilon = a.layernorm_epsilon;
+  c.swiglu = a.swiglu, c.tie_embeddings = !a.untie_embeddings_and_output_weights;
+  c.add_bias_linear = a.add_bias_linear;
+  c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
+  c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
+  c.device = dev;
+  c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;
+  c.sequence_parallel = a.sequence_parallel;
+  using RC = model::TransformerConfig::Recompute;
+  const std::string gran = a.recompute_granularity.value_or("");
+  c.recompute = gran == "full" ? RC::Full : gran == "selective" ? RC::Selective : RC::None;
+  c.recompute_method = a.recompute_method.value_or("uniform") == "block"
+                           ? model::TransformerConfig::RecomputeMethod::Block
+                           : model::TransformerConfig::RecomputeMethod::Uniform;
+  c.recompute_num_layers = a.recompute_num_layers.value_or(1);
+  c.param_align = param_alignment(a);
+  return c;
+}
+
+int64_t param_alignment(const Args& a) {
+  return a.use_distributed_optimizer ? std::lcm<int64_t>(64, a.data_parallel_size) : 16;
+}
+
+model::PipelinePart pipeline_part(const Args& a, int stage) {
+  model::PipelinePart part;
+  const int pp = int(a.pipeline_model_parallel_size);
+  if (pp == 1) return part;
+  const int vpp = int(a.virtual_pipeline_model_parallel_size);
+  auto opt_int = [](const std::optional<int64_t>& v) {
+    return v ? std::optional<int>(int(*v)) : std::nullopt;
+  };
+  const auto layers = pl::assign_layers(int(a.num_layers), pp, vpp,
+                                        opt_int(a.decoder_first_pipeline_num_layers),
+                                        opt_int(a.decoder_last_pipeline_num_layers));
+  for (int c = 0; c < vpp; ++c) part.chunks.push_back(layers[size_t(stage * vpp + c)]);
+  part.first_stage = stage == 0, part.last_stage = stage == pp - 1;
+  return part;
+}
+
+pl::ScheduleKind schedule_kind(const Args& a) {
+  if (a.virtual_pipeline_model_parallel_size > 1) return pl::ScheduleKind::Interleaved1F1B;
+  return a.pipeline_schedule == "gpipe" ? pl::ScheduleKind::AllForwardAllBackward
+                                        : pl::ScheduleKind::OneFOneB;
+}
+
+StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg, int stage) {
+  StageMemory m;
+  const model::PipelinePart part = pipeline_part(a, stage);
+  const int64_t align = cfg.param_align;
+  for (const auto& p : model::parameter_registry(cfg, part))
+    m.parameters += (p.numel() + align - 1) / align * align;
+  m.weights = m.parameters * int64_t(dtype_size(cfg.dtype));
+  m.grads = m.parameters * int64_t(dtype_size(cfg.grad_dtype()));
+  // The distributed optimizer's reduce-scatter target: this rank's 1/DP of the gradients.
+  if (a.use_distributed_optimizer)
+    m.grads += m.parameters / a.data_parallel_size * int64_t(dtype_size(cfg.grad_dtype()));
+  // AdamW: moments in fp32 (f64 for f64 models), plus fp32 main params for 16-bit models;
+  // the distributed optimizer keeps main params and moments of its 1/DP shard.
+  const bool wide = cfg.dtype == DType::F32 || cfg.dtype == DType::F64;
+  const int64_t state = cfg.dtype == DType::F64 ? 8 : 4;
+  if (a.use_distributed_optimizer)
+    m.optimizer = 3 * (m.parameters / a.data_parallel_size) * state;
+  else
+    m.optimizer = 2 * m.parameters * state + (wide ? 0 : m.parameters * 4);
+  const int nchunks = part.chunks.empty() ? 1 : int(part.chunks.size());
+  for (int c = 0; c < nchunks; ++c)
+    m.per_microbatch = std::max(
+        m.per_microbatch,
+        model::saved_activation_bytes(cfg, part, c, a.micro_batch_size, a.seq_length));
+  const int pp = int(a.pipeline_model_parallel_size);
+  m.in_flight =
+      pp > 1 ? pl::promised_in_flight(schedule_kind(a), pp, stage,
+                                      int(a.virtual_pipeline_model_parallel_size),
+                                      int(a.num_microbatches),
+                                      int(a.microbatch_group_size_per_vp_stage.value_or(0)))
+             : 1;
+  m.scratch = model::scratch_activation_bytes(cfg, part, a.micro_batch_size, a.seq_length);
+  return m;
+}
+
+}  // namespace mcpp::training

@@ -1,0 +1,43 @@
+// What one rank of a training run will hold, predicted from the flags before anything is
+// allocated: `megatron train` prints it at start-up (Megatron's "Theoretical memory
+// footprints" line) and compares it with what it allocated and measured; `megatron plan`
+// prints it for every pipeline stage of a layout without running anything.
+#pragma once
+#include <cstdint>
+
+#include "model/gpt_model.h"
+#include "parallel/pipeline/schedule.h"
+#include "training/arguments.h"
+
+namespace mcpp::training {
+
+// The model configuration the flags describe (device and dtype chosen by the caller;
+// TP rank 0). args must be validated and have padded_vocab_size set.
+model::TransformerConfig model_config(const Args& a, Device dev, DType dt);
+// Pipeline stage `stage`'s part of the model (all of it without PP).
+model::PipelinePart pipeline_part(const Args& a, int stage);
+// The schedule a pipelined run uses: interleaved 1F1B with virtual stages, else 1F1B or
+// GPipe (--pipeline-schedule).
+parallel::pipeline::ScheduleKind schedule_kind(const Args& a);
+// Parameter alignment in the flat buffers: the distributed optimizer needs every
+// parameter a multiple of DP (and of 64 elements, as Megatron pads); else 16.
+int64_t param_alignment(const Args& a);
+
+struct StageMemory {
+  int64_t parameters = 0;       // elements of the rank's flat buffer (its TP shard, padded)
+  int64_t weights = 0;          // bytes: parameters in the model dtype
+  int64_t grads = 0;            // bytes: gradients (fp32 on GPUs)
+  int64_t optimizer = 0;        // bytes: fp32 main params (16-bit models) + Adam moments (/DP
+                                // with the distributed optimizer)
+  int64_t per_microbatch = 0;   // bytes of activations one micro-batch keeps (largest chunk)
+  int in_flight = 0;            // the schedule's most micro-batches in flight on this stage
+  int64_t scratch = 0;          // bytes of shared activation buffers
+  int64_t activations() const { return int64_t(in_flight) * per_microbatch + scratch; }
+  int64_t weights_and_optimizer() const { return weights + grads + optimizer; }
+  int64_t total() const { return weights_and_optimizer() + activations(); }
+};
+
+// The memory of pipeline stage `stage` (TP rank 0, DP rank 0) for model config `cfg`.
+StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg, int stage);
+
+}  // namespace mcpp::training
