@@ -24,11 +24,11 @@
 
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
-#include "data/tokenizers/tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "training/arguments.h"
 #include "training/memory_plan.h"
+#include "training/trainer.h"
 
 namespace mcpp::tools {
 namespace {
@@ -74,14 +74,7 @@ void print_memory(std::vector<std::string> train_args, int world, int pp) {
   if (a.vocab_size) {
     vocab = *a.vocab_size;
   } else {
-    data::TokenizerArgs t;
-    t.type = a.tokenizer_type;
-    t.vocab_file = a.vocab_file.value_or(""), t.merge_file = a.merge_file.value_or("");
-    t.tokenizer_model = a.tokenizer_model.value_or("");
-    t.tiktoken_pattern = a.tiktoken_pattern.value_or("");
-    t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
-    t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
-    vocab = data::make_tokenizer(t)->vocab_size();
+    vocab = training::build_tokenizer(a)->vocab_size();
   }
   a.padded_vocab_size = training::padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
                                                     a.tensor_model_parallel_size);

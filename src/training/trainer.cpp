@@ -37,8 +37,6 @@
 
 namespace mcpp::training {
 
-namespace {
-
 std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
   data::TokenizerArgs t;
   t.type = a.tokenizer_type, t.vocab_size = a.vocab_size;
@@ -49,6 +47,8 @@ std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
   t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
   return data::make_tokenizer(t);
 }
+
+namespace {
 
 // --device: cpu, cuda, or auto (CUDA when this build has it and a GPU is visible).
 Device resolve_device(const Args& a) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "data/tokenizers/tokenizer.h"
 #include "training/arguments.h"
 
 namespace mcpp::training {
@@ -30,6 +31,9 @@ class Trainer {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+// The tokenizer the flags select (--tokenizer-type and its files).
+std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a);
 
 // `megatron train` entry point: parses flags, trains, returns the exit code.
 int train_main(const std::vector<std::string>& argv);

@@ -10,9 +10,9 @@ out=$("${mpirun[@]}" "$@" --train-iters 2 --lr-warmup-iters 0 2>&1) || { echo "$
 if grep -q "memory plan: .* planned" <<<"$out"; then  # weights/grads/optimizer vs allocated
   echo "FAIL:"; grep "memory plan: .* planned" <<<"$out"; exit 1
 fi
-plan=$(grep -Eo '\[rank [0-9]+\] Theoretical memory footprints: .*' <<<"$out" |
+plan=$(grep -Eo '\[rank [0-9]+\] Theoretical memory footprints: [^[]*' <<<"$out" |
        sed -E 's/\[rank ([0-9]+)\].*per micro-batch: ([0-9]+) B \| micro-batches in flight at most: ([0-9]+) \| shared scratch: ([0-9]+) B/\1 \2 \3 \4/' | sort)
-seen=$(grep -Eo '\[rank [0-9]+\] \(after 1 iterations\) activations .*' <<<"$out" |
+seen=$(grep -Eo '\[rank [0-9]+\] \(after 1 iterations\) activations [^[]*' <<<"$out" |
        sed -E 's/\[rank ([0-9]+)\].*in flight at the peak: ([0-9]+) \| largest per micro-batch: ([0-9]+) B \| shared scratch: ([0-9]+) B/\1 \3 \2 \4/' | sort)
 n=$(wc -l <<<"$plan")
 if [ -z "$plan" ] || [ "$plan" != "$seen" ]; then

@@ -11,7 +11,7 @@ plan=$("$meg" plan "$@" --world-size "$np" 2>&1) || { echo "$plan"; exit 1; }
 rows=$(sed -n '/^memory per pipeline rank/,/^(/p' <<<"$plan" | awk '$1 ~ /^[0-9]+$/ {print $7, $8}')
 out=$("${mpirun[@]}" -np "$np" "$meg" train "$@" --train-iters 1 --lr-warmup-iters 0 2>&1) ||
   { echo "$out"; exit 1; }
-seen=$(grep -Eo '\[rank [0-9]+\] Theoretical memory footprints: .*' <<<"$out" |
+seen=$(grep -Eo '\[rank [0-9]+\] Theoretical memory footprints: [^[]*' <<<"$out" |
        sed -E 's/\[rank ([0-9]+)\].*activation=([0-9.]+) MB, total=([0-9.]+) MB.*/\1 \2 \3/' |
        sort -n | awk '{print $2, $3}')
 if [ -z "$rows" ] || [ "$rows" != "$seen" ]; then
