@@ -17,6 +17,7 @@ seen=$(grep -Eo '\[rank [0-9]+\] \(after 1 iterations\) activations [^[]*' <<<"$
 n=$(wc -l <<<"$plan")
 if [ -z "$plan" ] || [ "$plan" != "$seen" ]; then
   echo "FAIL: plan (rank, bytes per micro-batch, in flight, scratch) vs measured:"
-  paste <(echo "$plan") <(echo "$seen"); exit 1
+  paste <(echo "$plan") <(echo "$seen")
+  echo "--- the run's memory lines:"; grep -E "memory|activations" <<<"$out"; exit 1
 fi
 echo "ok: memory plan equals the measured activations on $n ranks:"; echo "$plan"
