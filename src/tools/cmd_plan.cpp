@@ -160,7 +160,10 @@ int run_plan(const std::vector<std::string>& all_args) {
   f.parse(args, "plan");
   if (f.has("--help") || !f.has("--num-layers")) {
     std::printf(
-        "usage: megatron plan --num-layers L --pipeline-model-parallel-size PP [flags]\n\n%s",
+        "usage: megatron plan --num-layers L --pipeline-model-parallel-size PP [flags]\n"
+        "       (add the model flags of `megatron train`, e.g. --hidden-size, --seq-length,\n"
+        "       --vocab-size, --bf16, --recompute-granularity ..., to get every pipeline\n"
+        "       rank's memory as megatron train will allocate it)\n\n%s",
         f.help().c_str());
     return f.has("--help") ? 0 : 1;
   }
