@@ -30,10 +30,12 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The data tools compute nothing with BLAS or OpenMP: they skip the re-exec, whose
-  // second program start is serial time in every preprocess run, and OpenBLAS's pool.
+  // The data tools and the planner compute nothing with BLAS or OpenMP: they skip the
+  // re-exec, whose second program start is serial time in every preprocess run, and
+  // OpenBLAS's pool.
   const bool data_tool =
-      argc >= 2 && (!std::strcmp(argv[1], "preprocess") || !std::strcmp(argv[1], "merge-datasets"));
+      argc >= 2 && (!std::strcmp(argv[1], "preprocess") || !std::strcmp(argv[1], "merge-datasets") ||
+                    !std::strcmp(argv[1], "plan"));
   if (data_tool)
     mcpp::ops::cpu::release_blas_threads();
   else
