@@ -58,10 +58,28 @@ int64_t DistributedAdamW::state_bytes() const {
 
 double DistributedAdamW::grad_sq_norm(const std::function<bool(size_t)>& count) const {
   Stream& st = ops::default_stream(main_.device());
+  // One reduction per run of counted segments in shard order (each reads one value back
+  // to the host); the padding between segments is zero, so a run may span it.
+  std::vector<const Segment*> order;
+  for (const auto& s : segs_) order.push_back(&s);
+  std::sort(order.begin(), order.end(),
+            [](const Segment* a, const Segment* b) { return a->shard < b->shard; });
   double sum = 0;
   Tensor& g = grads_.shard();
-  for (const auto& s : segs_)
-    if (count(s.param)) sum += ops::sum_squares(g.narrow(s.shard, s.len), st);
+  int64_t begin = -1, end = -1;
+  auto flush = [&] {
+    if (begin >= 0) sum += ops::sum_squares(g.narrow(begin, end - begin), st);
+    begin = -1;
+  };
+  for (const Segment* s : order) {
+    if (!count(s->param)) {
+      flush();
+      continue;
+    }
+    if (begin < 0) begin = s->shard;
+    end = s->shard + s->len;
+  }
+  flush();
   return sum;
 }
 

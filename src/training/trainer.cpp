@@ -426,8 +426,22 @@ struct Trainer::State {
       if (ps->tp().size() == 1 && !pipelined) {
         sq = opt->grad_sq_norm();
       } else {
-        for (size_t i = 0; i < P.infos().size(); ++i)
-          if (counted(i)) sq += ops::sum_squares(P.grad(i), st);
+        // One reduction per run of counted parameters (each reads a value back to the
+        // host); the padding between parameters holds zeros, so a run may span it.
+        int64_t begin = -1, end = -1;
+        auto flush = [&] {
+          if (begin >= 0) sq += ops::sum_squares(P.flat_grads().narrow(begin, end - begin), st);
+          begin = -1;
+        };
+        for (size_t i = 0; i < P.infos().size(); ++i) {
+          if (!counted(i)) {
+            flush();
+            continue;
+          }
+          if (begin < 0) begin = P.infos()[i].offset;
+          end = P.infos()[i].offset + P.infos()[i].numel();
+        }
+        flush();
       }
     }
     // Sum over the ranks holding distinct gradients: TP (x DP with sharded gradients)
