@@ -9,12 +9,14 @@
 # perturb the bf16 rounding of activations the way bf16 differs from fp32 (see
 # tests/gpu/test_train_gpu.cpp), so the same bound applies. Measured on two H200s
 # (2026-11-29): at most 3.6e-3 (Llama, TP2), 2.2e-4 (GPT, TP2), 5.5e-4 (Llama, DP2). The
-# largest deviation is printed. LAYOUT: tp2 | tp2_sp | dp2 | dp2_distopt | pp2 (with full
+# largest deviation is printed. LAYOUT (2 GPUs unless said): tp2 | tp2_sp | dp2 | dp2_distopt |
+# tp2_pp2 (4 GPUs, SP) | tp2_pp2_dp2_sp_distopt (8 GPUs, overlapped) | pp2 (with full
 # recomputation) | pp2_v2 (two virtual stages a GPU: activations and gradients both ways
 # between the two GPUs in one NCCL group; selective recomputation). The models have 4
 # layers so that PP2 with two virtual stages has a layer per model chunk.
 set -euo pipefail
 M=$1 LAYOUT=$2 MPIRUN=${3:-mpirun}
+NP=2  # GPUs (ranks) of the layout
 TOL=${TOL:-1e-2}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -28,6 +30,13 @@ case $LAYOUT in
           --recompute-num-layers 1) ;;
   pp2_v2) L=(--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
              --recompute-granularity selective) ;;
+  # Four and eight GPUs (ctest labels gpus4 / gpus8; gpu-check.sh runs them when that many
+  # GPUs are visible).
+  tp2_pp2) NP=4 L=(--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2) ;;
+  tp2_pp2_dp2_sp_distopt) NP=8 L=(--tensor-model-parallel-size 2 --sequence-parallel
+                                  --pipeline-model-parallel-size 2 --use-distributed-optimizer
+                                  --overlap-grad-reduce --overlap-param-gather
+                                  --ddp-bucket-size 50000) ;;
   *) echo "unknown layout $LAYOUT"; exit 2 ;;
 esac
 COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4
@@ -42,7 +51,7 @@ LLAMA=(--hidden-size 256 --num-attention-heads 4 --position-embedding-type rope
 losses() { grep -oE "lm loss: [0-9.E+-]+" "$1" | awk '{print $3}'; }
 run1() { "$M" train "${COMMON[@]}" "$@" > "$W/log" 2>&1 || { cat "$W/log"; exit 1; }; cat "$W/log"; }
 run2() {
-  "$MPIRUN" --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np 2 "$M" train "${COMMON[@]}" \
+  "$MPIRUN" --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np "$NP" "$M" train "${COMMON[@]}" \
     "${L[@]}" "$@" > "$W/log" 2>&1 || { cat "$W/log"; exit 1; }
   cat "$W/log"
 }
