@@ -6,8 +6,10 @@
 // PyTorch numbers: those of bench/gpu/torch_reference.py run in the same gpu-check call
 // (--torch FILE, its JSON), else the ones measured earlier on the same kind of GPU
 // (shared/reference/gpu-machine.md, marked "ref").
+// With --profile, one more step per model runs under the op profiler (ops/cuda/device.h)
+// and a table of GPU time per op (GEMMs by weight shape) follows the main table.
 // Usage: bench_gpu_train [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB ...]
-//                        [--torch torch.json]
+//                        [--torch torch.json] [--profile]
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -90,6 +92,8 @@ std::string mem_line(int64_t iters) {
 int main(int argc, char** argv) {
   int steps = 6, warmup = 2;
   std::string only, torch_file;
+  bool profile = false;
+  std::string profiles;  // the per-op tables, printed after the main table
   std::map<std::string, int64_t> mb_override;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
     else if (a == "--warmup" && i + 1 < argc) warmup = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
+    else if (a == "--profile") profile = true;
     else if (a == "--mb" && i + 1 < argc) {
       std::string kv = argv[++i];
       auto eq = kv.find('=');
@@ -172,6 +177,28 @@ int main(int argc, char** argv) {
       gpu::synchronize(st);
       auto t1 = std::chrono::steady_clock::now();
       ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
+      if (profile) {
+        gpu::op_profile_collect();  // drop anything recorded before
+        gpu::set_op_profiling(true);
+        auto p0 = std::chrono::steady_clock::now();
+        step(warmup + steps);
+        gpu::synchronize(st);
+        auto p1 = std::chrono::steady_clock::now();
+        gpu::set_op_profiling(false);
+        const double pms = std::chrono::duration<double, std::milli>(p1 - p0).count();
+        auto times = gpu::op_profile_collect();
+        double sum = 0;
+        for (auto& t : times) sum += t.ms;
+        profiles += fmt::format(
+            "\n### {} (micro-batch {}): GPU time per op, one profiled step of {:.1f} ms "
+            "(unprofiled {:.1f} ms)\n\n| op | calls | ms | % of step |\n|---|---:|---:|---:|\n",
+            c.name, B, pms, ms);
+        for (auto& t : times)
+          profiles += fmt::format("| {} | {} | {:.2f} | {:.1f}% |\n", t.name, t.calls, t.ms,
+                                  100 * t.ms / pms);
+        profiles += fmt::format("| (outside ops: host gaps, syncs) | | {:.2f} | {:.1f}% |\n",
+                                pms - sum, 100 * (pms - sum) / pms);
+      }
       n6 = flops_params(m.params(), c.cfg);
       training::FlopsShape fs;
       fs.num_layers = c.cfg.num_layers, fs.hidden_size = c.cfg.hidden_size;
@@ -212,5 +239,6 @@ int main(int argc, char** argv) {
                 r.torch_peak > 0 ? fmt::format("{:.0f}", r.torch_peak).c_str() : "-",
                 r.tps / r.torch_c);
   }
+  std::printf("%s", profiles.c_str());
   return 0;
 }

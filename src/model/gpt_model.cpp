@@ -359,12 +359,14 @@ void GPTModel::row_output(const Tensor& x, const Tensor& w, const Tensor& b, Ten
 // on every TP rank and needs no reduction afterwards.
 void GPTModel::row_output_backward(const Tensor& dy, Tensor& dy_full, const Tensor& x,
                                    const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
-                                   Stream& st) {
+                                   Stream& st, const Tensor* gelu_pre) {
   if (tp_) {
     if (cfg_.sp()) parallel::reduce_scatter_to_sp_backward(dy, dy_full, *tp_, st);
     else parallel::reduce_from_tp_backward(dy, *tp_, st);
   }
-  ops::linear_backward(cfg_.sp() ? dy_full : dy, x, w, dx, false, dw, db, st);
+  const Tensor& g = cfg_.sp() ? dy_full : dy;
+  if (gelu_pre) ops::linear_gelu_backward(g, x, w, *gelu_pre, dx, dw, db, st);
+  else ops::linear_backward(g, x, w, dx, false, dw, db, st);
 }
 
 bool GPTModel::tp_duplicated(size_t i) const {
@@ -495,7 +497,9 @@ int64_t scratch_activation_bytes(const TransformerConfig& c, const PipelinePart&
   const int64_t nhd = c.local_heads() * c.kv_channels;
   int64_t bytes = Tl * H * dt + (sp ? T * H * dt : 0) + (c.tp_size > 1 ? Tl * dt : 0);  // tmp, ones
   bytes += 3 * Tl * H * dt + S * B * st + (sp ? 2 * T * H * dt : 0);          // dx, dtmp, dln
-  bytes += T * (c.fc1_width_local() + c.ffn_local() + nhd + c.qkv_width_local()) * dt;
+  // dfc1, dact (SwiGLU only: GELU's gradient comes out of fc2's GEMM epilogue), dctx, dqkv
+  bytes += T * (c.fc1_width_local() + (c.swiglu ? c.ffn_local() : 0) + nhd + c.qkv_width_local()) *
+           dt;
   size_t group = 0;
   for (const auto& ch : part_.chunks)
     for (const auto& [a, e] : recompute_groups(c, int(ch.size())))
@@ -586,9 +590,12 @@ void GPTModel::layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& 
 
   norm_forward(c, A.x2, L.ln2_w, L.ln2_b, A.ln2, A.mean2, A.rstd2, st);
   column_input(A.ln2, ln2, st);
-  ops::linear_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, st);
-  if (c.swiglu) ops::swiglu_forward(A.fc1, A.act, st);
-  else ops::gelu_forward(A.fc1, A.act, st);
+  if (c.swiglu) {
+    ops::linear_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, st);
+    ops::swiglu_forward(A.fc1, A.act, st);
+  } else {
+    ops::linear_gelu_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, A.act, st);  // GEMM epilogue
+  }
   row_output(A.act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
   Tensor out3 = out.view({Sl, B, H});
   ops::dropout_add_forward(tmp3, x23, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g,
@@ -609,9 +616,13 @@ void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
   Tensor& dln_full = sp ? sc.dln_full : sc.dln;
   // MLP block: out = x2 + dropout(fc2(act(fc1(norm(x2))))).
   ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g, dtmp3, st);
-  row_output_backward(sc.dtmp, dtmp_full, A.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
-  if (c.swiglu) ops::swiglu_backward(sc.dact, A.fc1, sc.dfc1, st);
-  else ops::gelu_backward(sc.dact, A.fc1, sc.dfc1, st);
+  if (c.swiglu) {
+    row_output_backward(sc.dtmp, dtmp_full, A.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
+    ops::swiglu_backward(sc.dact, A.fc1, sc.dfc1, st);
+  } else {  // the GELU gradient in the fc2 input-gradient GEMM's epilogue
+    row_output_backward(sc.dtmp, dtmp_full, A.act, L.fc2_w, sc.dfc1, L.d_fc2_w, L.d_fc2_b, st,
+                        &A.fc1);
+  }
   ops::linear_backward(sc.dfc1, sp ? A.ln2_full : A.ln2, L.fc1_w, dln_full, false, L.d_fc1_w,
                        L.d_fc1_b, st);
   column_input_backward(dln_full, sc.dln, st);
@@ -878,7 +889,7 @@ Tensor GPTModel::backward_chunk(int chunk, int microbatch, const Tensor& output_
   ensure(sc.dln, {Tl, H}, dt, dev), ensure(sc.dloss, {cx.S, cx.B}, cx.sdt, dev);
   if (cx.sp) ensure(sc.dtmp_full, {T, H}, dt, dev), ensure(sc.dln_full, {T, H}, dt, dev);
   ensure(sc.dfc1, {T, c.fc1_width_local()}, dt, dev);
-  ensure(sc.dact, {T, c.ffn_local()}, dt, dev);
+  if (c.swiglu) ensure(sc.dact, {T, c.ffn_local()}, dt, dev);
   ensure(sc.dctx, {T, c.local_heads() * c.kv_channels}, dt, dev);
   ensure(sc.dqkv, {T, c.qkv_width_local()}, dt, dev);
   const auto& idx = chunk_layers_[size_t(chunk)];

@@ -10,7 +10,19 @@ namespace mcpp::ops {
 #ifdef MCPP_HAVE_CUDA
 #define MCPP_DISPATCH(name, ...)                                     \
   do {                                                               \
-    if (s.device == Device::CUDA) return cuda::name(__VA_ARGS__);    \
+    if (s.device == Device::CUDA) {                                  \
+      cuda::OpScope scope_(#name, s);                                \
+      return cuda::name(__VA_ARGS__);                                \
+    }                                                                \
+    return cpu::name(__VA_ARGS__);                                   \
+  } while (0)
+// The same, with the shape of `shaped` in the profiler's name (GEMMs by weight shape).
+#define MCPP_DISPATCH_SHAPED(name, shaped, ...)                      \
+  do {                                                               \
+    if (s.device == Device::CUDA) {                                  \
+      cuda::OpScope scope_(#name, s, &(shaped));                     \
+      return cuda::name(__VA_ARGS__);                                \
+    }                                                                \
     return cpu::name(__VA_ARGS__);                                   \
   } while (0)
 #else
@@ -20,6 +32,7 @@ namespace mcpp::ops {
                     #name " called on a CUDA stream in a build without CUDA");        \
     return cpu::name(__VA_ARGS__);                                                    \
   } while (0)
+#define MCPP_DISPATCH_SHAPED(name, shaped, ...) MCPP_DISPATCH(name, __VA_ARGS__)
 #endif
 
 Stream& default_stream(Device d) {
@@ -35,14 +48,22 @@ Stream& default_stream(Device d) {
 
 void gemm(bool ta, bool tb, double alpha, const Tensor& A, const Tensor& B, double beta,
           Tensor& C, Stream& s) {
-  MCPP_DISPATCH(gemm, ta, tb, alpha, A, B, beta, C, s);
+  MCPP_DISPATCH_SHAPED(gemm, C, ta, tb, alpha, A, B, beta, C, s);
 }
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Stream& s) {
-  MCPP_DISPATCH(linear_forward, x, w, b, y, s);
+  MCPP_DISPATCH_SHAPED(linear_forward, w, x, w, b, y, s);
 }
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, bool acc,
                      Tensor& dw, Tensor& db, Stream& s) {
-  MCPP_DISPATCH(linear_backward, dy, x, w, dx, acc, dw, db, s);
+  MCPP_DISPATCH_SHAPED(linear_backward, w, dy, x, w, dx, acc, dw, db, s);
+}
+void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre,
+                         Tensor& y, Stream& s) {
+  MCPP_DISPATCH_SHAPED(linear_gelu_forward, w, x, w, b, pre, y, s);
+}
+void linear_gelu_backward(const Tensor& dy, const Tensor& act, const Tensor& w,
+                          const Tensor& pre, Tensor& dpre, Tensor& dw, Tensor& db, Stream& s) {
+  MCPP_DISPATCH_SHAPED(linear_gelu_backward, w, dy, act, w, pre, dpre, dw, db, s);
 }
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                        Tensor& mean, Tensor& rstd, Stream& s) {

@@ -388,6 +388,18 @@ struct Trainer::State {
     return t.data<double>()[0];
   }
 
+  // --timing-log-level >= 1: Megatron's timers, which synchronise the device at start
+  // and stop so that GPU time is measured, not launch time (this costs the host's run-
+  // ahead at each section boundary; the default level 0 adds no synchronisation).
+  void timed_section(const std::string& name, bool start) {
+    if (args.timing_log_level < 1) return;
+#ifdef MCPP_HAVE_CUDA
+    if (device == Device::CUDA) ops::cuda::synchronize(ops::cuda::default_stream());
+#endif
+    if (start) timers(name).start();
+    else timers(name).stop();
+  }
+
   // Megatron's finalize_model_grads + get_grad_norm: gradients summed over DP (buckets;
   // reduce-scatter with the distributed optimizer), sequence-parallel partial gradients
   // summed over TP, and the squared global norm, counting TP-duplicated parameters once.
@@ -405,7 +417,11 @@ struct Trainer::State {
       }
       if (args.overlap_grad_reduce) dp_grads->layer_ready(-1, st);
     }
+    // grads-reduce: the part of the data-parallel reduction that backward did not hide
+    // (all of it without --overlap-grad-reduce): the exposed communication time.
+    timed_section("grads-reduce", true);
     dp_grads->finish(st);
+    timed_section("grads-reduce", false);
     auto& P = model->params();
     const int tp_rank = ps->tp_rank();
     auto counted = [&](size_t i) {
@@ -739,12 +755,12 @@ TrainSummary Trainer::run() {
     ++iteration;
     saved_now = false;
     s.model->params().zero_grads();
-    s.timers("forward-backward").start();
+    s.timed_section("forward-backward", true);
     auto [loss_sum, tokens] = s.run_batch(*s.datasets[0], s.consumed_train, iteration, true);
-    s.timers("forward-backward").stop();
+    s.timed_section("forward-backward", false);
     const double loss = tokens > 0 ? loss_sum / tokens : 0.0;
 
-    s.timers("optimizer").start();
+    s.timed_section("optimizer", true);
     const double grad_norm = std::sqrt(s.reduce_grads());
     // fp16: a non-finite norm is a gradient overflow of the loss scale (Megatron's
     // found_inf): the scaler backs off, the step and the LR schedule's step are skipped.
@@ -770,7 +786,7 @@ TrainSummary Trainer::run() {
       }
       s.sched->step(gbs);
     }
-    s.timers("optimizer").stop();
+    s.timed_section("optimizer", false);
     s.consumed_train += gbs;
     s.flops_so_far += flops_per_iter;
     if (iteration == start_iteration + 1 && s.ps->dp_rank() == 0 && s.ps->tp_rank() == 0) {
@@ -810,6 +826,19 @@ TrainSummary Trainer::run() {
       L.tokens_per_sec_per_gpu = double(gbs * a.seq_length) / per_iter / s.world->size();
       log::info("{}", format_iteration_line(L));
       if (s.report_memory && s.device == Device::CUDA) s.log_memory(iteration);
+#ifdef MCPP_HAVE_CUDA
+      if (s.device == Device::CUDA && ops::cuda::op_profiling()) {
+        // MCPP_PROFILE_OPS=1: GPU time per op over this interval, largest first.
+        auto times = ops::cuda::op_profile_collect();
+        double sum = 0;
+        for (const auto& t : times) sum += t.ms;
+        log::info("GPU time per op over the last {} iterations (ms per iteration; {:.1f} of "
+                  "{:.1f} in ops):", interval_iters, sum / double(interval_iters), per_iter * 1e3);
+        for (size_t i = 0; i < times.size() && i < 20; ++i)
+          log::info("    {:<48} {:>6} calls {:>9.2f} ms", times[i].name,
+                    times[i].calls / interval_iters, times[i].ms / double(interval_iters));
+      }
+#endif
       s.log_comm_volumes(interval_iters);
       if (a.timing_log_level >= 1) {
         log::info("(min, max) time across ranks (ms):");

@@ -167,3 +167,20 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
 }
 
 }  // namespace mcpp::ops::cpu
+
+namespace mcpp::ops::cpu {
+
+// The CPU backend has no GEMM epilogues: the linear op and the activation in turn.
+void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre,
+                         Tensor& y, Stream& s) {
+  linear_forward(x, w, b, pre, s);
+  gelu_forward(pre, y, s);
+}
+
+void linear_gelu_backward(const Tensor& dy, const Tensor& act, const Tensor& w,
+                          const Tensor& pre, Tensor& dpre, Tensor& dw, Tensor& db, Stream& s) {
+  linear_backward(dy, act, w, dpre, false, dw, db, s);
+  gelu_backward(dpre, pre, dpre, s);  // elementwise: in place is safe
+}
+
+}  // namespace mcpp::ops::cpu

@@ -11,6 +11,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "tensor/tensor.h"
@@ -45,6 +47,35 @@ void trim_memory_pool();
 // A device scratch buffer shared by the ops of one stream order (cuBLASLt workspace);
 // grows on demand, never shrinks.
 void* workspace(size_t bytes, const Stream& s);
+
+// ---- op profiler -------------------------------------------------------------------
+// With profiling on (MCPP_PROFILE_OPS=1 in the environment, or set_op_profiling(true)),
+// every catalogue op dispatched to the CUDA backend is bracketed by two CUDA events on
+// its stream (nested dispatches count once, in the outermost op). op_profile_collect()
+// synchronises the device and returns the GPU time per op name since the last collect:
+// where a training step's time goes, without Nsight. Off, it costs one branch per op.
+struct OpTime {
+  std::string name;
+  int64_t calls = 0;
+  double ms = 0;  // summed GPU time between each call's two events
+};
+void set_op_profiling(bool on);
+bool op_profiling();
+// The dispatcher's bracket (ops/dispatch.cpp); does nothing while profiling is off.
+class OpScope {
+ public:
+  // shape_of: a tensor whose shape is appended to the name (tells GEMMs apart).
+  OpScope(const char* name, const Stream& s, const Tensor* shape_of = nullptr);
+  ~OpScope();
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  int slot_ = -1;
+  const Stream* s_ = nullptr;
+};
+// Sorted by time, largest first; clears the recorded events.
+std::vector<OpTime> op_profile_collect();
 
 // Error reporting with file:line (mcpp::Error).
 [[noreturn]] void cuda_fail(const char* file, int line, const char* expr, int code,

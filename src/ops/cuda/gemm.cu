@@ -11,6 +11,7 @@
 // memory as its first operand and A's as its second.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -84,10 +85,16 @@ struct LtDescs {
   }
 };
 
-// Row-major C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] when bias != null).
+// GELU epilogues: Forward writes gelu(C) to C and the pre-activation to aux; Backward
+// multiplies C by gelu'(aux) (aux [M, N] row-major, C's dtype).
+enum class Gelu { None, Forward, Backward };
+
+// Row-major C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] when bias != null), then the
+// GELU epilogue `gelu` with aux.
 void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                DType at, const void* B, DType bt, float beta, void* C, DType ct,
-               const void* bias, Stream& s, const char* op) {
+               const void* bias, Stream& s, const char* op, Gelu gelu = Gelu::None,
+               void* aux = nullptr) {
   MCPP_CHECK(at == bt, "{}: A is {} but B is {}; GEMM operands must share a dtype", op,
              dtype_name(at), dtype_name(bt));
   MCPP_CHECK(ct == at || ct == DType::F32, "{}: output {} for {} inputs; {} or f32 expected", op,
@@ -106,8 +113,21 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
                                               sizeof(opb)));
   cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (gelu == Gelu::Forward) epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (gelu == Gelu::Backward) {
+    MCPP_CHECK(!bias, "{}: no bias with the GELU-gradient epilogue", op);
+    epi = CUBLASLT_EPILOGUE_DGELU;
+  }
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                               sizeof(epi)));
+  if (gelu != Gelu::None) {
+    // aux is row-major [M, N] = column-major [N, M] with leading dimension N, like C.
+    int64_t ld = N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux, sizeof(aux)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                                sizeof(ld)));
+  }
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
@@ -119,7 +139,7 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_t, N, M, N));
 
   uint32_t al_a = alignment(B), al_b = alignment(A), al_c = alignment(C),
-           al_bias = bias ? alignment(bias) : 256;
+           al_bias = std::min(bias ? alignment(bias) : 256u, aux ? alignment(aux) : 256u);
   AlgoKey key{ta, tb, M, N, K, int(at), int(ct), int(epi), int(compute), beta != 0.f, al_a,
               al_b, al_c, al_bias};
   cublasLtMatmulAlgo_t algo;
@@ -161,6 +181,17 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   void* ws = workspace(kWorkspaceBytes, s);
   CUBLAS_CHECK(cublasLtMatmul(lt_handle(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
                               &algo, ws, kWorkspaceBytes, stream_of(s)));
+}
+
+// The GELU epilogues need aux's leading dimension (the output width) a multiple of 8
+// and 16-byte aligned matrices; MCPP_GEMM_GELU_EPILOGUE=0 turns them off (then the
+// activation runs as its own kernel).
+bool gelu_epilogue_ok(int64_t N, const void* c, const void* aux) {
+  static bool enabled = [] {
+    const char* e = std::getenv("MCPP_GEMM_GELU_EPILOGUE");
+    return !(e && e[0] == '0');
+  }();
+  return enabled && N % 8 == 0 && alignment(c) >= 16 && alignment(aux) >= 16;
 }
 
 // y[T, N] += b[N] (b of any float dtype), for biases whose dtype the epilogue can't take.
@@ -253,6 +284,51 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
       column_reduce_add<1>(f, rows, out, static_cast<float*>(db.raw()), nullptr, stream_of(s));
     });
   }
+}
+
+void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre,
+                         Tensor& y, Stream& s) {
+  const char* op = "linear_gelu_forward";
+  check_cuda(pre, op, "pre");
+  check_cuda(y, op, "y");
+  MCPP_CHECK(pre.dtype() == y.dtype() && pre.numel() == y.numel(),
+             "{}: pre {} and y {} must match", op, pre.str(), y.str());
+  const bool bias_ok = !b.defined() || b.dtype() == y.dtype();
+  if (!bias_ok || !gelu_epilogue_ok(w.size(0), y.raw(), pre.raw())) {
+    linear_forward(x, w, b, pre, s);
+    gelu_forward(pre, y, s);
+    return;
+  }
+  check_cuda(x, op, "x");
+  check_cuda(w, op, "w");
+  MCPP_CHECK(w.dim() == 2 && x.size(-1) == w.size(1), "{}: x {} does not match w {}", op,
+             x.str(), w.str());
+  int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
+  check_numel(y, rows * out, op, "y");
+  if (b.defined()) check_numel(b, out, op, "b");
+  lt_matmul(false, true, rows, out, in, 1.f, x.raw(), x.dtype(), w.raw(), w.dtype(), 0.f, y.raw(),
+            y.dtype(), b.defined() ? b.raw() : nullptr, s, op, Gelu::Forward, pre.raw());
+}
+
+void linear_gelu_backward(const Tensor& dy, const Tensor& act, const Tensor& w,
+                          const Tensor& pre, Tensor& dpre, Tensor& dw, Tensor& db, Stream& s) {
+  const char* op = "linear_gelu_backward";
+  check_cuda(pre, op, "pre");
+  check_cuda(dpre, op, "dpre");
+  MCPP_CHECK(pre.dtype() == dpre.dtype() && pre.numel() == dpre.numel(),
+             "{}: pre {} and dpre {} must match", op, pre.str(), dpre.str());
+  if (!gelu_epilogue_ok(w.size(1), dpre.raw(), pre.raw())) {
+    linear_backward(dy, act, w, dpre, false, dw, db, s);
+    gelu_backward(dpre, pre, dpre, s);
+    return;
+  }
+  // dw and db as linear_backward does them; dpre from one GEMM with the DGELU epilogue.
+  Tensor none;
+  linear_backward(dy, act, w, none, false, dw, db, s);
+  int64_t out = w.size(0), in = w.size(1), rows = act.numel() / std::max<int64_t>(in, 1);
+  check_numel(dpre, rows * in, op, "dpre");
+  lt_matmul(false, false, rows, in, out, 1.f, dy.raw(), dy.dtype(), w.raw(), w.dtype(), 0.f,
+            dpre.raw(), dpre.dtype(), nullptr, s, op, Gelu::Backward, const_cast<void*>(pre.raw()));
 }
 
 }  // namespace mcpp::ops::cuda

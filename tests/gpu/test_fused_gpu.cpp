@@ -1,0 +1,83 @@
+// Fused CUDA ops (GEMM epilogues, op profiler) against the CPU ops they stand for.
+#include <cstdlib>
+
+#include "gpu_test_util.h"
+
+namespace mcpp::test {
+namespace {
+
+class GpuFused : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { MCPP_REQUIRE_GPU(); }
+  DType dt() const { return GetParam(); }
+};
+
+// fc1 + GELU through cuBLASLt's GELU_AUX(_BIAS) epilogue and fc2's input gradient with the
+// DGELU epilogue, against cpu::linear_forward + gelu_forward and linear_backward +
+// gelu_backward. Widths are multiples of 8 (the epilogue path); pre-activations spread
+// over [-4, 4] where the tanh form and the erf form of GELU differ by up to 1e-3, so an
+// epilogue computing another GELU than the catalogue's would fail the f32 case.
+TEST_P(GpuFused, LinearGeluMatchesTheTwoOps) {
+  const int64_t T = 50, in = 64, ffn = 256;
+  for (bool with_bias : {true, false}) {
+    Tensor x = rand_in({T, in}, 80, dt(), -2.f, 2.f), w = rand_in({ffn, in}, 81, dt(), -0.3f, 0.3f);
+    Tensor b = with_bias ? rand_in({ffn}, 82, dt()) : Tensor();
+    Tensor pre = Tensor::empty({T, ffn}, DType::F32), y = Tensor::empty({T, ffn}, DType::F32);
+    cpu::linear_forward(x, w, b, pre, CS());
+    cpu::gelu_forward(pre, y, CS());
+    Tensor gpre = gpu_nan({T, ffn}, dt()), gy = gpu_nan({T, ffn}, dt());
+    gpu::linear_gelu_forward(to_gpu(x, dt()), to_gpu(w, dt()),
+                             with_bias ? to_gpu(b, dt()) : Tensor(), gpre, gy, GS());
+    EXPECT_CLOSE(gpre, pre, dt()) << "bias " << with_bias;
+    EXPECT_CLOSE(gy, y, dt()) << "bias " << with_bias;
+  }
+  // Backward of fc2(gelu(pre)): fc2 is [in2 = 96, ffn].
+  const int64_t out2 = 96;
+  Tensor pre = rand_in({T, ffn}, 83, dt(), -4.f, 4.f), act = Tensor::empty({T, ffn}, DType::F32);
+  cpu::gelu_forward(pre, act, CS());
+  Tensor w2 = rand_in({out2, ffn}, 84, dt(), -0.2f, 0.2f), dy = rand_in({T, out2}, 85, dt());
+  Tensor dpre = Tensor::empty({T, ffn}, DType::F32), dw = rand_f32({out2, ffn}, 86),
+         db = rand_f32({out2}, 87);
+  Tensor gdpre = gpu_nan({T, ffn}, dt()), gdw = to_gpu(dw, DType::F32),
+         gdb = to_gpu(db, DType::F32);
+  gpu::linear_gelu_backward(to_gpu(dy, dt()), to_gpu(act, dt()), to_gpu(w2, dt()),
+                            to_gpu(pre, dt()), gdpre, gdw, gdb, GS());
+  cpu::linear_gelu_backward(dy, act, w2, pre, dpre, dw, db, CS());
+  EXPECT_CLOSE(gdpre, dpre, dt());
+  EXPECT_CLOSE(gdw, dw, dt() == DType::F32 ? DType::F32 : DType::F16);
+  EXPECT_CLOSE(gdb, db, dt() == DType::F32 ? DType::F32 : DType::F16);
+}
+
+// The op profiler counts each dispatched op once, nested or not, and its times add up.
+TEST(GpuProfiler, CountsDispatchedOps) {
+  MCPP_REQUIRE_GPU();
+  Tensor x = to_gpu(rand_f32({256, 512}, 90), DType::BF16), w =
+      to_gpu(rand_f32({384, 512}, 91), DType::BF16);
+  Tensor y = Tensor::empty({256, 384}, DType::BF16, Device::CUDA);
+  Stream& s = GS();
+  gpu::op_profile_collect();
+  gpu::set_op_profiling(true);
+  for (int i = 0; i < 3; ++i) ops::linear_forward(x, w, Tensor(), y, s);
+  ops::scale(y, 0.5, s);
+  gpu::set_op_profiling(false);
+  ops::scale(y, 2.0, s);  // not recorded
+  auto times = gpu::op_profile_collect();
+  ASSERT_EQ(times.size(), 2u);
+  int64_t lin = 0, sc = 0;
+  for (const auto& t : times) {
+    EXPECT_GT(t.ms, 0.0) << t.name;
+    if (t.name == "linear_forward [384x512]") lin = t.calls;
+    if (t.name == "scale") sc = t.calls;
+  }
+  EXPECT_EQ(lin, 3);
+  EXPECT_EQ(sc, 1);
+  EXPECT_TRUE(gpu::op_profile_collect().empty());  // collect clears
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GpuFused, ::testing::Values(DType::F32, DType::BF16, DType::F16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+}  // namespace
+}  // namespace mcpp::test
