@@ -2,8 +2,13 @@
 # Data-parallel scaling on the GPUs of one host: `megatron train` on a GPT-2 350M-shaped
 # model (24 layers, hidden 1024, 16 heads, seq 1024, vocab 50257 -> 50304), bf16, mock data,
 # micro-batch MB (default 32), one micro-batch per GPU per step (as PyTorch DDP measures it),
-# on 1 GPU and on NGPU GPUs (default 2) without and with --overlap-grad-reduce. Prints one
-# table: tokens/s per GPU of the last log interval and its ratio to one GPU.
+# on 1 GPU (each visible GPU in turn: two physical GPUs differ by a little) and on NGPU
+# GPUs (default 2) without and with --overlap-grad-reduce, then tensor parallelism over the
+# NGPU GPUs (with sequence parallelism) on the same model for comparison. All runs use
+# --timing-log-level 1 (timers synchronise the device), so each row also carries the
+# forward-backward time and the exposed data-parallel communication (`grads-reduce`: the
+# part of the gradient reduction backward did not hide). Prints one table: tokens/s per
+# GPU of the last log interval and its ratio to one GPU.
 # Usage: scripts/dp-scaling.sh BUILD_DIR [MODEL]   (MODEL: 350m | 1.3b; env MB, NGPU, ITERS)
 set -uo pipefail
 BUILD=${1:-build-gpu}
@@ -21,12 +26,20 @@ case $MODEL in
 esac
 COMMON=("${SHAPE[@]}" --mock-data --tokenizer-type NullTokenizer --vocab-size 50257
   --micro-batch-size "$MB" --lr 1e-4 --train-iters "$ITERS" --log-interval $((ITERS / 2))
-  --hidden-dropout 0 --attention-dropout 0 --device cuda --bf16)
+  --hidden-dropout 0 --attention-dropout 0 --device cuda --bf16 --timing-log-level 1)
 tps() { grep -oE "tokens per second per GPU: [0-9.]+" "$1" | tail -1 | awk '{print $6}'; }
+timer() {  # ms per iteration of timer $2 in the last interval of log $1 ("-" if absent)
+  local v
+  v=$(grep -E "^.* $2 \.+: \(" "$1" | tail -1 | sed -E 's/.*\(([0-9.]+),.*/\1/')
+  echo "${v:--}"
+}
 LOG=${OUT:-/tmp}/dp-scaling-$MODEL
 mkdir -p "$LOG"
-"$M" train "${COMMON[@]}" --global-batch-size "$MB" > "$LOG/1gpu.log" 2>&1 ||
-  { tail -20 "$LOG/1gpu.log"; exit 1; }
+NVIS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+for g in $(seq 0 $((NVIS - 1))); do
+  CUDA_VISIBLE_DEVICES=$g "$M" train "${COMMON[@]}" --global-batch-size "$MB" > "$LOG/1gpu-$g.log" 2>&1 ||
+    { tail -20 "$LOG/1gpu-$g.log"; exit 1; }
+done
 for ov in no yes; do
   X=()
   [[ $ov == yes ]] && X=(--overlap-grad-reduce)
@@ -34,13 +47,21 @@ for ov in no yes; do
     "${COMMON[@]}" --global-batch-size $((MB * NGPU)) "${X[@]}" > "$LOG/dp$NGPU-overlap-$ov.log" 2>&1 ||
     { tail -20 "$LOG/dp$NGPU-overlap-$ov.log"; exit 1; }
 done
-one=$(tps "$LOG/1gpu.log")
+if [[ ${TP:-1} != 0 ]]; then
+  mpirun --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
+    "${COMMON[@]}" --global-batch-size "$MB" --tensor-model-parallel-size "$NGPU" \
+    --sequence-parallel > "$LOG/tp$NGPU.log" 2>&1 || { tail -20 "$LOG/tp$NGPU.log"; exit 1; }
+fi
+one=$(tps "$LOG/1gpu-0.log")
+row() {  # label, log
+  local t
+  t=$(tps "$2")
+  echo "| $1 | $t | $(awk -v a="$t" -v b="$one" 'BEGIN{printf "%.3f", a/b}') | $(timer "$2" forward-backward) | $(timer "$2" grads-reduce) | $(timer "$2" optimizer) |"
+}
 echo "## DP scaling, GPT $MODEL bf16, micro-batch $MB, $NGPU GPUs ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null), $(date -u +%F))"
-echo "| run | tokens/s per GPU | vs 1 GPU |"
-echo "|---|---:|---:|"
-echo "| 1 GPU | $one | 1.000 |"
-for ov in no yes; do
-  t=$(tps "$LOG/dp$NGPU-overlap-$ov.log")
-  echo "| DP$NGPU, --overlap-grad-reduce $ov | $t | $(awk -v a="$t" -v b="$one" 'BEGIN{printf "%.3f", a/b}') |"
-done
+echo "| run | tokens/s per GPU | vs 1 GPU (GPU 0) | forward-backward ms | grads-reduce ms (exposed) | optimizer ms (incl. grads-reduce) |"
+echo "|---|---:|---:|---:|---:|---:|"
+for g in $(seq 0 $((NVIS - 1))); do row "1 GPU (GPU $g)" "$LOG/1gpu-$g.log"; done
+for ov in no yes; do row "DP$NGPU, --overlap-grad-reduce $ov" "$LOG/dp$NGPU-overlap-$ov.log"; done
+[[ ${TP:-1} != 0 ]] && row "TP$NGPU + SP (DP1; same micro-batch)" "$LOG/tp$NGPU.log"
 grep -h "memory (MB)" "$LOG"/*.log | head -3

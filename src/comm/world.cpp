@@ -127,6 +127,7 @@ std::unique_ptr<World> init(const InitOptions& opts) {
     auto [local, local_size] = host_local_rank(w->world());
     select_cuda_device(local, local_size);
     w->device_ = Device::CUDA;
+    w->nccl_configs_ = opts.nccl_configs;
 #else
     MCPP_CHECK_HINT(false,
                     "rebuild where CMake finds NCCL (it prints 'megatron.cpp: NCCL: yes'; pass "
@@ -140,7 +141,10 @@ std::unique_ptr<World> init(const InitOptions& opts) {
 
 std::unique_ptr<Communicator> World::for_device(std::unique_ptr<Communicator> c) {
 #ifdef MCPP_HAVE_NCCL
-  if (device_ == Device::CUDA && c) return make_nccl_communicator(std::move(c), aborter());
+  if (device_ == Device::CUDA && c) {
+    const NcclGroupConfig* cfg = find_nccl_config(nccl_configs_, c->name());
+    return make_nccl_communicator(std::move(c), aborter(), cfg ? *cfg : NcclGroupConfig{});
+  }
 #endif
   return c;
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/nccl_config.h"
 
 namespace mcpp::comm {
 
@@ -47,6 +48,8 @@ struct InitOptions {
   // Where the run's tensors live: CUDA under a launcher selects the GPU and makes groups
   // NCCL communicators (an error when the build has no NCCL).
   Device device = Device::CPU;
+  // Per-group NCCL settings (--nccl-communicator-config-path), by group name.
+  NcclConfigs nccl_configs;
 };
 
 class World {
@@ -98,6 +101,7 @@ class World {
   std::unique_ptr<Communicator> world_;
   Communicator::Duration timeout_;
   Device device_ = Device::CPU;
+  NcclConfigs nccl_configs_;
   friend std::unique_ptr<World> init(const InitOptions& opts);
 };
 

@@ -583,10 +583,16 @@ void GPTModel::layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& 
   if (c.rope) ops::rope_forward(A.qkv, cx.ad, c.rot_dim(), c.rotary_base, 0, A.qkv, st);
   ops::attention_forward(A.qkv, cx.ad, cx.scale, cx.p_attn,
                          dropout_key(c, cx.keys, l, kAttnProbs), ctx, lse, st);
-  row_output(ctx, L.proj_w, L.proj_b, tmp_full, tmp, st);
+  // Without TP and hidden dropout the residual add runs in the GEMM's epilogue.
+  const bool fuse_residual = !tp_ && cx.p_hidden == 0;
   Tensor tmp3 = tmp.view({Sl, B, H}), x3 = x.view({Sl, B, H}), x23 = A.x2.view({Sl, B, H});
-  ops::dropout_add_forward(tmp3, x3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterProj), cx.g,
-                           x23, st);
+  if (fuse_residual) {
+    ops::linear_residual_forward(ctx, L.proj_w, L.proj_b, x, A.x2, st);
+  } else {
+    row_output(ctx, L.proj_w, L.proj_b, tmp_full, tmp, st);
+    ops::dropout_add_forward(tmp3, x3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterProj), cx.g,
+                             x23, st);
+  }
 
   norm_forward(c, A.x2, L.ln2_w, L.ln2_b, A.ln2, A.mean2, A.rstd2, st);
   column_input(A.ln2, ln2, st);
@@ -596,10 +602,14 @@ void GPTModel::layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& 
   } else {
     ops::linear_gelu_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, A.act, st);  // GEMM epilogue
   }
-  row_output(A.act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
-  Tensor out3 = out.view({Sl, B, H});
-  ops::dropout_add_forward(tmp3, x23, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g,
-                           out3, st);
+  if (fuse_residual) {
+    ops::linear_residual_forward(A.act, L.fc2_w, L.fc2_b, A.x2, out, st);
+  } else {
+    row_output(A.act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
+    Tensor out3 = out.view({Sl, B, H});
+    ops::dropout_add_forward(tmp3, x23, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g,
+                             out3, st);
+  }
 }
 
 // scratch dx: d(out) in, d(x) out. Parameter gradients accumulate.
@@ -614,13 +624,19 @@ void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
   Tensor dx3 = sc.dx.view({Sl, B, H}), dtmp3 = sc.dtmp.view({Sl, B, H});
   Tensor& dtmp_full = sp ? sc.dtmp_full : sc.dtmp;
   Tensor& dln_full = sp ? sc.dln_full : sc.dln;
+  // Without hidden dropout its gradient is d(out) itself: read sc.dx in place of a copy
+  // (norm_backward accumulates into sc.dx only after the GEMMs have read it).
+  const bool dropout = cx.p_hidden > 0;
+  const Tensor& dproj = dropout ? sc.dtmp : sc.dx;
   // MLP block: out = x2 + dropout(fc2(act(fc1(norm(x2))))).
-  ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g, dtmp3, st);
+  if (dropout)
+    ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g, dtmp3,
+                          st);
   if (c.swiglu) {
-    row_output_backward(sc.dtmp, dtmp_full, A.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
+    row_output_backward(dproj, dtmp_full, A.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
     ops::swiglu_backward(sc.dact, A.fc1, sc.dfc1, st);
   } else {  // the GELU gradient in the fc2 input-gradient GEMM's epilogue
-    row_output_backward(sc.dtmp, dtmp_full, A.act, L.fc2_w, sc.dfc1, L.d_fc2_w, L.d_fc2_b, st,
+    row_output_backward(dproj, dtmp_full, A.act, L.fc2_w, sc.dfc1, L.d_fc2_w, L.d_fc2_b, st,
                         &A.fc1);
   }
   ops::linear_backward(sc.dfc1, sp ? A.ln2_full : A.ln2, L.fc1_w, dln_full, false, L.d_fc1_w,
@@ -629,9 +645,10 @@ void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
   norm_backward(c, sc.dln, A.x2, L.ln2_w, A.mean2, A.rstd2, sc.dx, true, L.d_ln2_w, L.d_ln2_b,
                 st);
   // Attention block: x2 = x + dropout(proj(attn(rope(qkv(norm(x)))))).
-  ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterProj), cx.g, dtmp3,
-                        st);
-  row_output_backward(sc.dtmp, dtmp_full, ctx, L.proj_w, sc.dctx, L.d_proj_w, L.d_proj_b, st);
+  if (dropout)
+    ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterProj), cx.g, dtmp3,
+                          st);
+  row_output_backward(dproj, dtmp_full, ctx, L.proj_w, sc.dctx, L.d_proj_w, L.d_proj_b, st);
   ops::attention_backward(sc.dctx, A.qkv, ctx, lse, cx.ad, cx.scale, cx.p_attn,
                           dropout_key(c, cx.keys, l, kAttnProbs), sc.dqkv, st);
   if (c.rope) ops::rope_backward(sc.dqkv, cx.ad, c.rot_dim(), c.rotary_base, 0, sc.dqkv, st);

@@ -57,6 +57,10 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
                      Tensor& dw, Tensor& db, Stream& s) {
   MCPP_DISPATCH_SHAPED(linear_backward, w, dy, x, w, dx, acc, dw, db, s);
 }
+void linear_residual_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                             const Tensor& residual, Tensor& y, Stream& s) {
+  MCPP_DISPATCH_SHAPED(linear_residual_forward, w, x, w, b, residual, y, s);
+}
 void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre,
                          Tensor& y, Stream& s) {
   MCPP_DISPATCH_SHAPED(linear_gelu_forward, w, x, w, b, pre, y, s);

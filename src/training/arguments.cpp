@@ -308,6 +308,7 @@ const Binding kBindings[] = {
     MCPP_FLAG(vocab_extra_ids),
     MCPP_FLAG(data_path),
     MCPP_FLAG(data_cache_path),
+    MCPP_FLAG(nccl_communicator_config_path),
     MCPP_FLAG(split),
     MCPP_FLAG(eod_mask_loss),
     MCPP_FLAG(reset_position_ids),

@@ -117,6 +117,7 @@ struct Args {
   int64_t vocab_extra_ids = 0;                  // --vocab-extra-ids (SentencePieceTokenizer)
   std::vector<std::string> data_path;  // "prefix" or "w1 p1 w2 p2 ..." (nargs *)
   std::optional<std::string> data_cache_path;
+  std::optional<std::string> nccl_communicator_config_path;
   std::optional<std::string> split;  // derived: "969, 30, 1" when --data-path is given
   bool eod_mask_loss = false;
   bool reset_position_ids = false;

@@ -538,7 +538,10 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   Args& a = s.args;
   s.device = resolve_device(a);
   s.world = comm::init({.timeout = std::chrono::minutes(a.distributed_timeout_minutes),
-                        .device = s.device});
+                        .device = s.device,
+                        .nccl_configs = a.nccl_communicator_config_path
+                                            ? comm::read_nccl_config(*a.nccl_communicator_config_path)
+                                            : comm::NcclConfigs{}});
   validate_args(a, s.world->size());
   if (a.logging_level)  // Python's logging levels
     log::set_level(*a.logging_level <= 10   ? log::Level::Debug

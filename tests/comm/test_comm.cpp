@@ -112,3 +112,55 @@ TEST(LocalComm, ParallelStateOfOne) {
             }).find("world size 1 is not divisible by tensor (2)"),
             std::string::npos);
 }
+
+// --nccl-communicator-config-path: Megatron's YAML (group -> ncclConfig_t fields).
+namespace {
+std::string write_tmp(const std::string& name, const std::string& text) {
+  std::string p = ::testing::TempDir() + name;
+  FILE* f = std::fopen(p.c_str(), "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return p;
+}
+}  // namespace
+
+TEST(NcclConfig, ReadsMegatronYaml) {
+  auto p = write_tmp("nccl_ok.yaml",
+                     "# comment\n"
+                     "dp:\n"
+                     "  max_ctas: 8   # few SMs for the overlapped reduction\n"
+                     "  min_ctas: 1\n"
+                     "\n"
+                     "tp_dp_cp:\n"
+                     "  cga_cluster_size: 2\n");
+  NcclConfigs c = read_nccl_config(p);
+  ASSERT_EQ(c.size(), 2u);
+  const NcclGroupConfig* dp = find_nccl_config(c, "dp");
+  ASSERT_NE(dp, nullptr);
+  EXPECT_EQ(dp->max_ctas, 8);
+  EXPECT_EQ(dp->min_ctas, 1);
+  EXPECT_EQ(dp->cga_cluster_size, -1);
+  const NcclGroupConfig* g = find_nccl_config(c, "tp-dp-cp");  // our name of tp_dp_cp
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->cga_cluster_size, 2);
+  EXPECT_EQ(find_nccl_config(c, "tp"), nullptr);
+}
+
+TEST(NcclConfig, BadFilesNameTheLine) {
+  EXPECT_NE(error_of([] { read_nccl_config("/nonexistent/nccl.yaml"); })
+                .find("cannot open '/nonexistent/nccl.yaml'"),
+            std::string::npos);
+  auto p = write_tmp("nccl_bad1.yaml", "dp:\n  max_ctas: eight\n");
+  EXPECT_NE(error_of([&] { read_nccl_config(p); }).find("nccl_bad1.yaml:2: 'max_ctas' of group "
+                                                         "'dp' must be a non-negative integer"),
+            std::string::npos);
+  p = write_tmp("nccl_bad2.yaml", "dp:\n  max_ctaz: 4\n");
+  EXPECT_NE(error_of([&] { read_nccl_config(p); }).find("unknown field 'max_ctaz'"),
+            std::string::npos);
+  p = write_tmp("nccl_bad3.yaml", "  max_ctas: 4\n");
+  EXPECT_NE(error_of([&] { read_nccl_config(p); }).find("before any group name"),
+            std::string::npos);
+  p = write_tmp("nccl_bad4.yaml", "dp:\n  max_ctas: 2\n  min_ctas: 4\n");
+  EXPECT_NE(error_of([&] { read_nccl_config(p); }).find("min_ctas 4 > max_ctas 2"),
+            std::string::npos);
+}

@@ -48,6 +48,27 @@ TEST_P(GpuFused, LinearGeluMatchesTheTwoOps) {
   EXPECT_CLOSE(gdb, db, dt() == DType::F32 ? DType::F32 : DType::F16);
 }
 
+// The residual add in the GEMM epilogue (cuBLASLt's separate C input), with a bias of the
+// activation dtype (fused), an f32 bias (the unfused path), none, and residual == y.
+TEST_P(GpuFused, LinearResidualMatchesLinearThenAdd) {
+  const int64_t T = 40, in = 64, out = 96;
+  Tensor x = rand_in({T, in}, 100, dt()), w = rand_in({out, in}, 101, dt(), -0.3f, 0.3f);
+  Tensor r = rand_in({T, out}, 102, dt(), -3.f, 3.f);
+  for (int bias_kind = 0; bias_kind < 3; ++bias_kind) {
+    for (bool alias : {false, true}) {
+      Tensor b = bias_kind == 0 ? Tensor() : rand_in({out}, 103, dt());
+      Tensor y = Tensor::empty({T, out}, DType::F32);
+      cpu::linear_forward(x, w, b, y, CS());
+      for (int64_t i = 0; i < T * out; ++i) y.data<float>()[i] += r.data<float>()[i];
+      Tensor gb = bias_kind == 0 ? Tensor() : to_gpu(b, bias_kind == 1 ? dt() : DType::F32);
+      Tensor gr = to_gpu(r, dt());
+      Tensor gy = alias ? gr : gpu_nan({T, out}, dt());
+      gpu::linear_residual_forward(to_gpu(x, dt()), to_gpu(w, dt()), gb, gr, gy, GS());
+      EXPECT_CLOSE(gy, y, dt()) << "bias kind " << bias_kind << " alias " << alias;
+    }
+  }
+}
+
 // The op profiler counts each dispatched op once, nested or not, and its times add up.
 TEST(GpuProfiler, CountsDispatchedOps) {
   MCPP_REQUIRE_GPU();

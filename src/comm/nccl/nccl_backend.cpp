@@ -156,7 +156,8 @@ class NcclWork final : public WorkImpl {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<Communicator> host, std::function<void()> abort)
+  NcclCommunicator(std::unique_ptr<Communicator> host, std::function<void()> abort,
+                   const NcclGroupConfig& config)
       : Communicator(host->name(), host->ranks(), host->rank(), host->timeout()),
         host_(std::move(host)),
         abort_(std::move(abort)),
@@ -170,7 +171,14 @@ class NcclCommunicator final : public Communicator {
     }
     host_->broadcast(idt, 0, Stream::cpu());
     std::memcpy(&id, idt.raw(), sizeof id);
-    NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    if (config.cga_cluster_size >= 0) cfg.cgaClusterSize = config.cga_cluster_size;
+    if (config.max_ctas >= 0) cfg.maxCTAs = config.max_ctas;
+    if (config.min_ctas >= 0) cfg.minCTAs = config.min_ctas;
+    NCCL_CHECK(ncclCommInitRankConfig(&comm_, size(), id, rank(), &cfg));
+    if (config.max_ctas >= 0 || config.min_ctas >= 0 || config.cga_cluster_size >= 0)
+      log::debug("NCCL communicator '{}': max_ctas {}, min_ctas {}, cga_cluster_size {}", name(),
+                 config.max_ctas, config.min_ctas, config.cga_cluster_size);
     int lo = 0, hi = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, hi));
@@ -424,8 +432,9 @@ void select_cuda_device(int local_rank, int local_size) {
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
-                                                     std::function<void()> abort) {
-  return std::make_unique<NcclCommunicator>(std::move(host), std::move(abort));
+                                                     std::function<void()> abort,
+                                                     const NcclGroupConfig& config) {
+  return std::make_unique<NcclCommunicator>(std::move(host), std::move(abort), config);
 }
 
 }  // namespace mcpp::comm

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "comm/nccl_config.h"
 
 namespace mcpp::comm {
 
@@ -18,7 +19,9 @@ void select_cuda_device(int local_rank, int local_size);
 // so a group serves both the device tensors of the model and the host scalars of the
 // trainer (token counts, norms). Collective over the group's members. `abort` ends the
 // job (MPI_Abort) when a call times out.
+// `config`: the group's --nccl-communicator-config-path settings (ncclConfig_t).
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
-                                                     std::function<void()> abort);
+                                                     std::function<void()> abort,
+                                                     const NcclGroupConfig& config = {});
 
 }  // namespace mcpp::comm

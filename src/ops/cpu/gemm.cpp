@@ -170,7 +170,23 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
 
 namespace mcpp::ops::cpu {
 
-// The CPU backend has no GEMM epilogues: the linear op and the activation in turn.
+// The CPU backend has no GEMM epilogues: the linear op and the activation (or the
+// residual add) in turn.
+void linear_residual_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                             const Tensor& residual, Tensor& y, Stream& s) {
+  MCPP_CHECK(residual.numel() == y.numel(), "linear_residual_forward: residual {} does not "
+             "match y {}", shape_str(residual.shape()), shape_str(y.shape()));
+  const Tensor r = residual.view(y.shape());
+  if (residual.raw() == y.raw()) {
+    Tensor tmp = Tensor::empty(y.shape(), y.dtype());
+    linear_forward(x, w, b, tmp, s);
+    add(r, tmp, y, s);
+    return;
+  }
+  linear_forward(x, w, b, y, s);
+  add(r, y, y, s);
+}
+
 void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre,
                          Tensor& y, Stream& s) {
   linear_forward(x, w, b, pre, s);

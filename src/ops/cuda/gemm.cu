@@ -94,7 +94,9 @@ enum class Gelu { None, Forward, Backward };
 void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                DType at, const void* B, DType bt, float beta, void* C, DType ct,
                const void* bias, Stream& s, const char* op, Gelu gelu = Gelu::None,
-               void* aux = nullptr) {
+               void* aux = nullptr, const void* c_in = nullptr) {
+  // c_in: cuBLASLt's C, read with beta, when it is not the output D (= C otherwise).
+  const void* cin = c_in ? c_in : C;
   MCPP_CHECK(at == bt, "{}: A is {} but B is {}; GEMM operands must share a dtype", op,
              dtype_name(at), dtype_name(bt));
   MCPP_CHECK(ct == at || ct == DType::F32, "{}: output {} for {} inputs; {} or f32 expected", op,
@@ -138,7 +140,7 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, in_t, b_rows, b_cols, int64_t(b_rows)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_t, N, M, N));
 
-  uint32_t al_a = alignment(B), al_b = alignment(A), al_c = alignment(C),
+  uint32_t al_a = alignment(B), al_b = alignment(A), al_c = std::min(alignment(C), alignment(cin)),
            al_bias = std::min(bias ? alignment(bias) : 256u, aux ? alignment(aux) : 256u);
   AlgoKey key{ta, tb, M, N, K, int(at), int(ct), int(epi), int(compute), beta != 0.f, al_a,
               al_b, al_c, al_bias};
@@ -179,7 +181,7 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     cache.algos[key] = algo;
   }
   void* ws = workspace(kWorkspaceBytes, s);
-  CUBLAS_CHECK(cublasLtMatmul(lt_handle(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
+  CUBLAS_CHECK(cublasLtMatmul(lt_handle(), d.op, &alpha, B, d.a, A, d.b, &beta, cin, d.c, C, d.c,
                               &algo, ws, kWorkspaceBytes, stream_of(s)));
 }
 
@@ -284,6 +286,33 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
       column_reduce_add<1>(f, rows, out, static_cast<float*>(db.raw()), nullptr, stream_of(s));
     });
   }
+}
+
+void linear_residual_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                             const Tensor& residual, Tensor& y, Stream& s) {
+  const char* op = "linear_residual_forward";
+  check_cuda(x, op, "x");
+  check_cuda(w, op, "w");
+  check_cuda(y, op, "y");
+  check_cuda(residual, op, "residual");
+  MCPP_CHECK(w.dim() == 2 && x.size(-1) == w.size(1), "{}: x {} does not match w {}", op,
+             x.str(), w.str());
+  int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
+  check_numel(y, rows * out, op, "y");
+  check_numel(residual, rows * out, op, "residual");
+  MCPP_CHECK(residual.dtype() == y.dtype(), "{}: residual {} and y {} must share a dtype", op,
+             residual.str(), y.str());
+  const bool fuse_bias = !b.defined() || b.dtype() == y.dtype();
+  if (b.defined()) check_numel(b, out, op, "b");
+  if (!fuse_bias) {  // a bias of another dtype: the plain op and the add in turn
+    Tensor t = Tensor::empty(y.shape(), y.dtype(), Device::CUDA);
+    linear_forward(x, w, b, t, s);
+    add(residual.view(y.shape()), t, y, s);
+    return;
+  }
+  lt_matmul(false, true, rows, out, in, 1.f, x.raw(), x.dtype(), w.raw(), w.dtype(), 1.f, y.raw(),
+            y.dtype(), b.defined() ? b.raw() : nullptr, s, op, Gelu::None, nullptr,
+            residual.raw());
 }
 
 void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre,
