@@ -9,7 +9,8 @@
 # forward-backward time and the exposed data-parallel communication (`grads-reduce`: the
 # part of the gradient reduction backward did not hide). Prints one table: tokens/s per
 # GPU of the last log interval and its ratio to one GPU.
-# Usage: scripts/dp-scaling.sh BUILD_DIR [MODEL]   (MODEL: 350m | 1.3b; env MB, NGPU, ITERS)
+# Usage: scripts/dp-scaling.sh BUILD_DIR [MODEL]   (MODEL: 350m | 1.3b; env MB, NGPU, ITERS,
+#        CTAS="4 8" for DP runs with those NCCL CTA limits, TP=0 to skip the TP run)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 MODEL=${2:-350m}
@@ -47,6 +48,16 @@ for ov in no yes; do
     "${COMMON[@]}" --global-batch-size $((MB * NGPU)) "${X[@]}" > "$LOG/dp$NGPU-overlap-$ov.log" 2>&1 ||
     { tail -20 "$LOG/dp$NGPU-overlap-$ov.log"; exit 1; }
 done
+# The overlapped reduction with few NCCL CTAs on the data-parallel group (Megatron's
+# --nccl-communicator-config-path), so that it takes fewer SMs from the backward's GEMMs:
+# env CTAS="4 8" runs one DP job per value.
+for n in ${CTAS:-}; do
+  printf 'dp:\n  max_ctas: %s\n  min_ctas: 1\n' "$n" > "$LOG/nccl-dp-$n.yaml"
+  mpirun --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
+    "${COMMON[@]}" --global-batch-size $((MB * NGPU)) --overlap-grad-reduce \
+    --nccl-communicator-config-path "$LOG/nccl-dp-$n.yaml" > "$LOG/dp$NGPU-ctas-$n.log" 2>&1 ||
+    { tail -20 "$LOG/dp$NGPU-ctas-$n.log"; exit 1; }
+done
 if [[ ${TP:-1} != 0 ]]; then
   mpirun --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
     "${COMMON[@]}" --global-batch-size "$MB" --tensor-model-parallel-size "$NGPU" \
@@ -63,5 +74,6 @@ echo "| run | tokens/s per GPU | vs 1 GPU (GPU 0) | forward-backward ms | grads-
 echo "|---|---:|---:|---:|---:|---:|"
 for g in $(seq 0 $((NVIS - 1))); do row "1 GPU (GPU $g)" "$LOG/1gpu-$g.log"; done
 for ov in no yes; do row "DP$NGPU, --overlap-grad-reduce $ov" "$LOG/dp$NGPU-overlap-$ov.log"; done
+for n in ${CTAS:-}; do row "DP$NGPU, overlap, DP group max_ctas $n" "$LOG/dp$NGPU-ctas-$n.log"; done
 [[ ${TP:-1} != 0 ]] && row "TP$NGPU + SP (DP1; same micro-batch)" "$LOG/tp$NGPU.log"
 grep -h "memory (MB)" "$LOG"/*.log | head -3

@@ -543,6 +543,10 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
                                             ? comm::read_nccl_config(*a.nccl_communicator_config_path)
                                             : comm::NcclConfigs{}});
   validate_args(a, s.world->size());
+  if (a.nccl_communicator_config_path && s.world->device() != Device::CUDA)
+    log::warn("--nccl-communicator-config-path: this run has no NCCL groups ({} on {}); the "
+              "file was read and checked but applies to GPU runs only",
+              s.world->backend(), s.device == Device::CUDA ? "cuda" : "cpu");
   if (a.logging_level)  // Python's logging levels
     log::set_level(*a.logging_level <= 10   ? log::Level::Debug
                    : *a.logging_level <= 20 ? log::Level::Info
