@@ -81,6 +81,36 @@ TEST_P(CudnnAttention, MatchesCpuAndFlashKernel) {
     check_case(dt(), c);
 }
 
+// The deterministic backward in batch chunks (a workspace cap of 0 makes each sequence its
+// own cuDNN call on strided views): the same function as the CPU op, and the same values
+// as the whole-batch call.
+TEST_P(CudnnAttention, ChunkedBackwardMatches) {
+  if (std::getenv("MCPP_ATTENTION_DETERMINISTIC") != nullptr &&
+      std::strcmp(std::getenv("MCPP_ATTENTION_DETERMINISTIC"), "0") == 0)
+    GTEST_SKIP() << "MCPP_ATTENTION_DETERMINISTIC=0: the atomic backward is not chunked";
+  const int64_t before = gpu::set_cudnn_attention_bwd_workspace_cap(0);
+  for (Case c : {Case{130, 2, 6, 2, 64}, Case{192, 3, 8, 8, 128}}) check_case(dt(), c);
+  // Chunked against whole-batch on one input.
+  ops::AttentionDims d;
+  d.S = 256, d.B = 4, d.NH = 8, d.NG = 2, d.HD = 64;
+  Tensor gqkv = to_gpu(rand_in({d.S, d.B, d.qkv_width()}, 230, dt(), -2.f, 2.f), dt());
+  const gpu::FlashArgs fa{gqkv.raw(), d, dt(), 0.125};
+  Tensor gout = gpu_nan({d.S, d.B, d.NH * d.HD}, dt()), glse = gpu_nan({d.B, d.NH, d.S}, DType::F32);
+  ASSERT_TRUE(gpu::cudnn_attention_forward(fa, gout.raw(), static_cast<float*>(glse.raw()), cs()));
+  Tensor gdout = to_gpu(rand_in(gout.shape(), 231, dt()), dt());
+  Tensor parts[2];
+  for (int64_t cap : {int64_t(0), int64_t(1) << 40}) {
+    gpu::set_cudnn_attention_bwd_workspace_cap(cap);
+    Tensor g = gpu_nan(gqkv.shape(), dt());
+    ASSERT_TRUE(gpu::cudnn_attention_backward(fa, gdout.raw(), gout.raw(),
+                                              static_cast<const float*>(glse.raw()), g.raw(),
+                                              cs()));
+    parts[cap == 0 ? 0 : 1] = to_cpu(g);
+  }
+  gpu::set_cudnn_attention_bwd_workspace_cap(before);
+  EXPECT_LE(rel_err(parts[0], parts[1]), 1e-6) << "chunked vs whole-batch backward";
+}
+
 // Two backward calls on the same inputs give the same bits (the default, deterministic
 // backward); several query and key tiles and a group of 4 query heads per key head.
 TEST(CudnnAttentionDeterminism, BackwardIsBitwiseRepeatable) {

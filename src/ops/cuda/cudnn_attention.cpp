@@ -18,6 +18,7 @@
 #include "ops/cuda/cudnn_attention.h"
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -86,6 +87,7 @@ bool cudnn_attention_backward(const FlashArgs&, const void*, const void*, const 
                               cudaStream_t, int) {
   return false;
 }
+int64_t set_cudnn_attention_bwd_workspace_cap(int64_t) { return 0; }
 
 #else  // MCPP_HAVE_CUDNN
 
@@ -267,13 +269,15 @@ struct Layout {
   Dims kv_dims, kv_strides;  // K, V, dK, dV
   Dims o_dims, o_strides;    // O, dO
   Dims stat_dims, s_dims;    // Stats [.., S, 1]; scores [.., S, S]
-  Layout(const AttentionDims& d) {
+  // d.B sequences of a batch of `b_mem` (>= d.B) in memory: the sequence stride is that
+  // of the whole batch (a batch chunk of the backward, see cudnn_attention_backward).
+  Layout(const AttentionDims& d, int64_t b_mem) {
     QPG = d.NH / d.NG, Bp = d.B * d.NG, S = d.S, HD = d.HD;
-    const int64_t W = d.qkv_width(), gstride = (QPG + 2) * HD, srow = d.B * W;
+    const int64_t W = d.qkv_width(), gstride = (QPG + 2) * HD, srow = b_mem * W;
     q_dims = {Bp, QPG, S, HD}, q_strides = {gstride, HD, srow, 1};
     kt_dims = {Bp, 1, HD, S}, kt_strides = {gstride, HD, 1, srow};
     kv_dims = {Bp, 1, S, HD}, kv_strides = {gstride, HD, srow, 1};
-    o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, d.B * d.NH * HD, 1};
+    o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, b_mem * d.NH * HD, 1};
     stat_dims = {Bp, QPG, S, 1}, s_dims = {Bp, QPG, S, S};
   }
   Dims s_transposed() const { return {QPG * S * S, S * S, 1, S}; }
@@ -407,7 +411,8 @@ struct Key {
   bool backward, deterministic;
   DType dtype;
   int64_t S, B, NH, NG, HD;
-  auto tie() const { return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD); }
+  int64_t b_mem;  // the batch of the memory layout (B, or more for a batch chunk)
+  auto tie() const { return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD, b_mem); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -565,7 +570,7 @@ std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
   auto it = st.plans.find(k);
   if (it != st.plans.end()) return it->second;
   const cudnnDataType_t io = a.dtype == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
-  const Layout L(a.d);
+  const Layout L(a.d, k.b_mem);
   std::shared_ptr<Plan> plan;
   std::string why;
   const int nvariants = k.backward ? int(std::size(kBwdVariants)) : 1;
@@ -633,7 +638,7 @@ bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
   State& st = state();
   if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
-  const Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD};
+  const Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD, a.d.B};
   std::shared_ptr<Plan> p = plan_for(st, k, a);
   if (!p) return false;
   const size_t es = 2;  // bf16 / f16
@@ -652,42 +657,81 @@ bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
   return true;
 }
 
+// The deterministic backward keeps dP for every (sequence, head) in cuDNN's workspace,
+// B*NH*S*S*2 bytes (1.5 GB for GPT-2 124M at micro-batch 64, 4.3 GB for the Llama-style
+// 1B at 16): the batch runs in chunks of sequences whose workspace fits a cap (default
+// 256 MB, MCPP_ATTENTION_BWD_WORKSPACE_MB), each chunk its own cuDNN call on strided
+// views. Each sequence's gradients are computed alone either way, so the result does not
+// depend on the chunking.
+namespace {
+std::atomic<int64_t> g_bwd_cap{[] {
+  const char* e = std::getenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
+  int64_t mb = e ? std::atoll(e) : 256;
+  return std::max<int64_t>(mb, 0) << 20;
+}()};
+
+int64_t backward_chunk(const AttentionDims& d, bool deterministic) {
+  if (!deterministic) return d.B;
+  const int64_t cap = g_bwd_cap.load();
+  const int64_t per_seq = d.NH * d.S * d.S * 2;
+  int64_t bc = d.B;
+  while (bc > 1 && bc * per_seq > cap) {  // the largest divisor of B under the cap
+    --bc;
+    while (d.B % bc) --bc;
+  }
+  return bc;
+}
+
+}  // namespace
+
+int64_t set_cudnn_attention_bwd_workspace_cap(int64_t bytes) { return g_bwd_cap.exchange(bytes); }
+
 bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,
                               const float* lse, void* dqkv, cudaStream_t cs, int deterministic) {
   State& st = state();
   if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
   const bool det = deterministic < 0 ? st.deterministic : deterministic != 0;
-  const Key k{true, det, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD};
-  std::shared_ptr<Plan> p = plan_for(st, k, a);
+  const int64_t bc = backward_chunk(a.d, det);
+  FlashArgs ac = a;
+  ac.d.B = bc;
+  const Key k{true, det, a.dtype, a.d.S, bc, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  std::shared_ptr<Plan> p = plan_for(st, k, ac);
   if (!p) return false;
   const size_t es = 2;
   const int64_t QPG = a.d.NH / a.d.NG, koff = QPG * a.d.HD * es, voff = koff + a.d.HD * es;
-  char* base = static_cast<char*>(const_cast<void*>(a.qkv));
-  char* dbase = static_cast<char*>(dqkv);
+  const int64_t W = a.d.qkv_width(), OW = a.d.NH * a.d.HD;
   float scale = float(a.softmax_scale), neg_inf = std::numeric_limits<float>::lowest(), one = 1.f;
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne};
-  std::vector<void*> ptrs{base, base + koff, base + voff, const_cast<void*>(out),
-                          const_cast<void*>(dout), const_cast<float*>(lse), dbase, dbase + koff,
-                          dbase + voff, &scale, &neg_inf, &one};
-  // Buffers the graph keeps outside cuDNN's workspace: D [B*NH*S] f32 and, on the atomic
+  // Buffers the graph keeps outside cuDNN's workspace: D [Bc*NH*S] f32 and, on the atomic
   // path, the f32 dQ accumulator (zeroed: cuDNN adds into it).
   Tensor extra;
-  const int64_t rows = a.d.B * a.d.NH * a.d.S, sum_bytes = (rows * 4 + 255) / 256 * 256;
+  const int64_t rows = bc * a.d.NH * a.d.S, sum_bytes = (rows * 4 + 255) / 256 * 256;
   const int64_t acc_bytes = p->dq_accum ? rows * a.d.HD * 4 : 0;
-  if (p->softmax_sum_buffer || p->dq_accum) {
+  if (p->softmax_sum_buffer || p->dq_accum)
     extra = Tensor::empty({sum_bytes + acc_bytes}, DType::U8, Device::CUDA);
-    char* e = static_cast<char*>(extra.raw());
-    if (p->softmax_sum_buffer) uids.push_back(kSoftmaxSum), ptrs.push_back(e);
-    if (p->dq_accum) {
-      CUDA_CHECK(cudaMemsetAsync(e + sum_bytes, 0, size_t(acc_bytes), cs));
-      uids.push_back(kDQAccum), ptrs.push_back(e + sum_bytes);
+  for (int64_t b0 = 0; b0 < a.d.B; b0 += bc) {
+    // Sequence b0 starts b0 rows of the batch into each [S, B, ...] tensor.
+    char* base = static_cast<char*>(const_cast<void*>(a.qkv)) + b0 * W * es;
+    char* dbase = static_cast<char*>(dqkv) + b0 * W * es;
+    char* o = static_cast<char*>(const_cast<void*>(out)) + b0 * OW * es;
+    char* dO = static_cast<char*>(const_cast<void*>(dout)) + b0 * OW * es;
+    float* l = const_cast<float*>(lse) + b0 * a.d.NH * a.d.S;
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne};
+    std::vector<void*> ptrs{base, base + koff, base + voff, o, dO, l, dbase, dbase + koff,
+                            dbase + voff, &scale, &neg_inf, &one};
+    if (extra.defined()) {
+      char* e = static_cast<char*>(extra.raw());
+      if (p->softmax_sum_buffer) uids.push_back(kSoftmaxSum), ptrs.push_back(e);
+      if (p->dq_accum) {
+        CUDA_CHECK(cudaMemsetAsync(e + sum_bytes, 0, size_t(acc_bytes), cs));
+        uids.push_back(kDQAccum), ptrs.push_back(e + sum_bytes);
+      }
     }
-  }
-  try {
-    execute(st, *p, uids, ptrs, cs);
-  } catch (const CudnnError& e) {
-    MCPP_FAIL("attention_backward: cuDNN execution failed for {}: {}", shape_str(a), e.what());
+    try {
+      execute(st, *p, uids, ptrs, cs);
+    } catch (const CudnnError& e) {
+      MCPP_FAIL("attention_backward: cuDNN execution failed for {}: {}", shape_str(a), e.what());
+    }
   }
   ++g_stats.backward_calls;
   return true;
