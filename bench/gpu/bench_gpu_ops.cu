@@ -189,6 +189,36 @@ int main(int argc, char** argv) {
     bytes("swiglu_backward", "8192x(2x8192)", 5 * io2,
           [&] { ops::swiglu_backward(y2, x2, dx2, s); });
   }
+  // ---- the 16-byte vector paths at training sizes: SwiGLU of a 32768-token step with
+  // F = 8192, dropout + residual of GPT-2 124M (64 x 1024 tokens, H = 768) -----------------
+  {
+    const int64_t T = 32768, F = 8192;
+    Tensor x = rnd({T, 2 * F}, bf), y = rnd({T, F}, bf), dy = rnd({T, F}, bf),
+           dx = rnd({T, 2 * F}, bf);
+    double io = double(T) * F * 2;  // bytes of one [T, F] bf16 tensor
+    std::string sh = fmt_shape({T, 2 * F});
+    bytes("swiglu_forward", sh, 3 * io, [&] { ops::swiglu_forward(x, y, s); });
+    bytes("swiglu_backward", sh, 5 * io, [&] { ops::swiglu_backward(dy, x, dx, s); });
+  }
+  {
+    const int64_t S = 1024, B = 64, H = 768;
+    Tensor x = rnd({S, B, H}, bf), res = rnd({S, B, H}, bf), dx = rnd({S, B, H}, bf);
+    auto g = ops::GlobalIndex3::whole(S, B, H);
+    double io = double(S) * B * H * 2;
+    std::string sh = fmt_shape({S * B, H});
+    bytes("dropout_add_forward p=0", sh, 3 * io, [&] {
+      ops::dropout_add_forward(x, res, 0.0, {1, 2}, g, res, s);
+    });
+    bytes("dropout_add_forward p=0.1", sh, 3 * io, [&] {
+      ops::dropout_add_forward(x, res, 0.1, {1, 2}, g, res, s);
+    });
+    bytes("dropout_backward p=0", sh, 2 * io, [&] {
+      ops::dropout_backward(x, 0.0, {1, 2}, g, dx, s);
+    });
+    bytes("dropout_backward p=0.1", sh, 2 * io, [&] {
+      ops::dropout_backward(x, 0.1, {1, 2}, g, dx, s);
+    });
+  }
   // ---- embedding, cross-entropy -------------------------------------------------------
   {
     const int64_t B = 16, S = 1024, H = 1024, V = 50304;
@@ -264,6 +294,8 @@ int main(int argc, char** argv) {
       double io = double(qkv.numel()) * 2 * 2;
       bytes("rope_forward (in place)", sh, io,
             [&] { ops::rope_forward(qkv, d, c.HD, 10000.0, 0, qkv, s); });
+      bytes("rope_backward (in place)", sh, io,
+            [&] { ops::rope_backward(qkv, d, c.HD, 10000.0, 0, qkv, s); });
     }
   }
   // ---- optimizer ------------------------------------------------------------------------

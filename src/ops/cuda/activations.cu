@@ -4,6 +4,12 @@
 //   gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2),  t = tanh(...)
 //   swiglu([g | u]) = silu(g) * u,  silu(g) = g * sigmoid(g)
 //   d/dg = dy * u * sigmoid(g) (1 + g (1 - sigmoid(g))),  d/du = dy * silu(g)
+// Each op has a 16-byte vector kernel (a Pack of 8 bf16/f16 or 4 f32 per thread and step;
+// common.cuh) taken when every pointer is 16-byte aligned (and, for SwiGLU, F is a whole
+// number of packs), and the scalar kernel for anything else; both compute the same float
+// expression per element, so they agree bit for bit.
+#include <initializer_list>
+
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
 
@@ -38,6 +44,36 @@ static __global__ void gelu_bwd_kernel(const T* __restrict__ dy, const T* __rest
     dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f(to_f(x[i])));
 }
 
+// Vector forms: nv whole packs, then the n - nv*N tail elements one by one.
+template <typename T>
+static __global__ void gelu_fwd_vec_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  constexpr int N = kPackN<T>;
+  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+          stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    Pack<T, N> a = ld_pack<N>(x + v * N), o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(gelu_f(to_f(a.v[k])));
+    st_pack(y + v * N, o);
+  }
+  for (int64_t i = nv * N + tid; i < n; i += stride) y[i] = from_f<T>(gelu_f(to_f(x[i])));
+}
+template <typename T>
+static __global__ void gelu_bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                           T* __restrict__ dx, int64_t n) {
+  constexpr int N = kPackN<T>;
+  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+          stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    Pack<T, N> d = ld_pack<N>(dy + v * N), a = ld_pack<N>(x + v * N), o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(to_f(d.v[k]) * gelu_grad_f(to_f(a.v[k])));
+    st_pack(dx + v * N, o);
+  }
+  for (int64_t i = nv * N + tid; i < n; i += stride)
+    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f(to_f(x[i])));
+}
+
 // x[T, 2F] = [gate | up]; y[T, F]. One thread per output element.
 template <typename T>
 static __global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
@@ -64,6 +100,59 @@ static __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __re
   }
 }
 
+// Vector forms: one pack of N output columns per thread and step; F % N == 0, so a pack
+// never straddles a row or the gate | up boundary. nv = rows * F / N < 2^32 (the launcher
+// checks), so the row of pack v is a 32-bit division.
+template <typename T>
+static __global__ void swiglu_fwd_vec_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t nv,
+                                             uint32_t FV, int64_t F) {
+  constexpr int N = kPackN<T>;
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < nv;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t r = uint32_t(v) / FV, c = uint32_t(v) - r * FV;  // row, pack within the row
+    const T* xg = x + int64_t(r) * 2 * F + int64_t(c) * N;
+    Pack<T, N> pg = ld_pack<N>(xg), pu = ld_pack<N>(xg + F), o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      float g = to_f(pg.v[k]), u = to_f(pu.v[k]);
+      o.v[k] = from_f<T>(g * sigmoid_f(g) * u);
+    }
+    st_pack(y + v * N, o);
+  }
+}
+template <typename T>
+static __global__ void swiglu_bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                             T* __restrict__ dx, int64_t nv, uint32_t FV,
+                                             int64_t F) {
+  constexpr int N = kPackN<T>;
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < nv;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t r = uint32_t(v) / FV, c = uint32_t(v) - r * FV;
+    int64_t off = int64_t(r) * 2 * F + int64_t(c) * N;
+    Pack<T, N> pg = ld_pack<N>(x + off), pu = ld_pack<N>(x + off + F), pd = ld_pack<N>(dy + v * N),
+               og, ou;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      float g = to_f(pg.v[k]), u = to_f(pu.v[k]);
+      float d = to_f(pd.v[k]), sg = sigmoid_f(g);
+      og.v[k] = from_f<T>(d * u * sg * (1.f + g * (1.f - sg)));
+      ou.v[k] = from_f<T>(d * g * sg);
+    }
+    st_pack(dx + off, og);
+    st_pack(dx + off + F, ou);
+  }
+}
+
+// The SwiGLU vector path: aligned pointers, F a whole number of packs, packs countable
+// in 32 bits.
+template <typename T>
+bool swiglu_vec_ok(int64_t rows, int64_t F, std::initializer_list<const void*> ptrs) {
+  constexpr int N = kPackN<T>;
+  for (const void* p : ptrs)
+    if (!is_aligned16(p)) return false;
+  return F % N == 0 && rows * (F / N) <= int64_t(UINT32_MAX);
+}
+
 void check_same_act(const Tensor& a, const Tensor& b, const char* op, const char* na,
                     const char* nb) {
   check_cuda(a, op, na);
@@ -79,9 +168,15 @@ void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
   check_numel(y, x.numel(), "gelu_forward", "y");
   int64_t n = x.numel();
   if (n == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "gelu_forward",
-                    gelu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), n));
+  bool vec = is_aligned16(x.raw()) && is_aligned16(y.raw());
+  MCPP_DISPATCH_ACT(x.dtype(), "gelu_forward", {
+    auto xp = static_cast<const T*>(x.raw());
+    auto yp = static_cast<T*>(y.raw());
+    if (vec)
+      gelu_fwd_vec_kernel<T><<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
+    else
+      gelu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
+  });
   MCPP_LAUNCH_CHECK();
 }
 
@@ -92,10 +187,17 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   check_numel(dx, x.numel(), "gelu_backward", "dx");
   int64_t n = x.numel();
   if (n == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "gelu_backward",
-                    gelu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<const T*>(dy.raw()), static_cast<const T*>(x.raw()),
-                        static_cast<T*>(dx.raw()), n));
+  bool vec = is_aligned16(dy.raw()) && is_aligned16(x.raw()) && is_aligned16(dx.raw());
+  MCPP_DISPATCH_ACT(x.dtype(), "gelu_backward", {
+    auto dyp = static_cast<const T*>(dy.raw());
+    auto xp = static_cast<const T*>(x.raw());
+    auto dxp = static_cast<T*>(dx.raw());
+    if (vec)
+      gelu_bwd_vec_kernel<T>
+          <<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
+    else
+      gelu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
+  });
   MCPP_LAUNCH_CHECK();
 }
 
@@ -106,9 +208,18 @@ void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
   int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
   check_numel(y, rows * F, "swiglu_forward", "y");
   if (rows * F == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_forward",
-                    swiglu_fwd_kernel<T><<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), rows, F));
+  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_forward", {
+    constexpr int N = kPackN<T>;
+    auto xp = static_cast<const T*>(x.raw());
+    auto yp = static_cast<T*>(y.raw());
+    if (swiglu_vec_ok<T>(rows, F, {xp, yp})) {
+      int64_t nv = rows * (F / N);
+      swiglu_fwd_vec_kernel<T>
+          <<<grid_for(nv, 256), 256, 0, stream_of(s)>>>(xp, yp, nv, uint32_t(F / N), F);
+    } else {
+      swiglu_fwd_kernel<T><<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(xp, yp, rows, F);
+    }
+  });
   MCPP_LAUNCH_CHECK();
 }
 
@@ -121,10 +232,20 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   check_numel(dy, rows * F, "swiglu_backward", "dy");
   check_numel(dx, x.numel(), "swiglu_backward", "dx");
   if (rows * F == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_backward",
-                    swiglu_bwd_kernel<T><<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<const T*>(dy.raw()), static_cast<const T*>(x.raw()),
-                        static_cast<T*>(dx.raw()), rows, F));
+  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_backward", {
+    constexpr int N = kPackN<T>;
+    auto dyp = static_cast<const T*>(dy.raw());
+    auto xp = static_cast<const T*>(x.raw());
+    auto dxp = static_cast<T*>(dx.raw());
+    if (swiglu_vec_ok<T>(rows, F, {dyp, xp, dxp})) {
+      int64_t nv = rows * (F / N);
+      swiglu_bwd_vec_kernel<T>
+          <<<grid_for(nv, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, nv, uint32_t(F / N), F);
+    } else {
+      swiglu_bwd_kernel<T>
+          <<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, rows, F);
+    }
+  });
   MCPP_LAUNCH_CHECK();
 }
 

@@ -51,6 +51,80 @@ inline void check_numel(const Tensor& t, int64_t n, const char* op, const char* 
   MCPP_CHECK(t.numel() == n, "{}: {} is {}, expected {} elements", op, name, t.str(), n);
 }
 
+// ---- 16-byte vector access -------------------------------------------------------------
+// The memory-bound kernels move N elements of T per thread and step as whole 16-byte words
+// (one LDG.128 / STG.128 each) when the launcher has checked that every pointer is 16-byte
+// aligned and every row they walk is a whole number of packs; otherwise they fall back to
+// their scalar kernels. Only the memory access changes: the float math per element is the
+// scalar kernel's, in the same order, so both paths give bitwise-identical results.
+template <typename T, int N>
+struct Pack {
+  static_assert(N * sizeof(T) % 16 == 0, "a Pack is a whole number of 16-byte words");
+  T v[N];
+};
+
+// Raw bits of an element and back: the words are built with integer ops.
+__device__ __forceinline__ uint32_t bits_of(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ uint32_t bits_of(bf16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ uint32_t bits_of(f16 x) { return __half_as_ushort(x); }
+template <typename T> __device__ __forceinline__ T of_bits(uint32_t b);
+template <> __device__ __forceinline__ float of_bits<float>(uint32_t b) { return __uint_as_float(b); }
+template <> __device__ __forceinline__ bf16 of_bits<bf16>(uint32_t b) {
+  return __ushort_as_bfloat16(static_cast<unsigned short>(b));
+}
+template <> __device__ __forceinline__ f16 of_bits<f16>(uint32_t b) {
+  return __ushort_as_half(static_cast<unsigned short>(b));
+}
+
+// Elements per pack for kernels that read A and write B (or the reverse): 16 bytes of the
+// narrower type, so the wider one moves as two (or more) 16-byte words.
+template <typename A, typename B = A>
+inline constexpr int kPackN = int(16 / (sizeof(A) < sizeof(B) ? sizeof(A) : sizeof(B)));
+
+// p: 16-byte aligned. T: f32 (one element per 32-bit lane) or bf16/f16 (two, low first).
+template <int N, typename T>
+__device__ __forceinline__ Pack<T, N> ld_pack(const T* p) {
+  constexpr int E = int(4 / sizeof(T));  // elements per 32-bit lane
+  Pack<T, N> r;
+#pragma unroll
+  for (int k = 0; k < int(N * sizeof(T) / 16); ++k) {
+    uint4 u = reinterpret_cast<const uint4*>(p)[k];
+    uint32_t q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      if constexpr (E == 1) {
+        r.v[4 * k + l] = of_bits<T>(q[l]);
+      } else {
+        r.v[8 * k + 2 * l] = of_bits<T>(q[l] & 0xffffu);
+        r.v[8 * k + 2 * l + 1] = of_bits<T>(q[l] >> 16);
+      }
+    }
+  }
+  return r;
+}
+template <int N, typename T>
+__device__ __forceinline__ void st_pack(T* p, const Pack<T, N>& x) {
+  constexpr int E = int(4 / sizeof(T));
+#pragma unroll
+  for (int k = 0; k < int(N * sizeof(T) / 16); ++k) {
+    uint32_t q[4];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      if constexpr (E == 1)
+        q[l] = bits_of(x.v[4 * k + l]);
+      else
+        q[l] = bits_of(x.v[8 * k + 2 * l]) | (bits_of(x.v[8 * k + 2 * l + 1]) << 16);
+    }
+    // One st.global.v4 by hand: left to itself nvcc splits some of these stores (those at
+    // run-time offsets such as `+ half`) into 4-byte pieces.
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(reinterpret_cast<uint4*>(p) + k),
+                 "r"(q[0]), "r"(q[1]), "r"(q[2]), "r"(q[3])
+                 : "memory");
+  }
+}
+
+inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 }  // namespace mcpp::ops::cuda
 
 // Runs `__VA_ARGS__` with `T` bound to the C++ type of activation dtype `dt`

@@ -1,8 +1,12 @@
 // Elementwise ops on CUDA: fill, copy (dtype casts and host <-> device transfers), add,
 // axpy, scale, and the two reductions the optimizer needs (sum of squares in f64,
 // non-finite check). Element types are read at run time (the branch is uniform, so it
-// costs little next to the memory traffic); f32/bf16/f16 same-dtype cases take
-// templated, 16-byte vectorised paths.
+// costs little next to the memory traffic); the hot cases take templated 16-byte vector
+// paths (common.cuh) when every pointer is 16-byte aligned: fill (any dtype the scalar
+// path writes), casts between f32/bf16/f16, add of one activation dtype, axpy/scale of
+// activation dtypes. They convert and compute exactly as the scalar kernels (casts go
+// through double as ld_d/st_d do), so results are bitwise the same; tails past the last
+// whole pack are done element by element.
 #include <cmath>
 #include <vector>
 
@@ -55,6 +59,45 @@ static __global__ void fill_kernel(void* dst, DType dt, int64_t n, double v) {
     st_d(dst, dt, i, v);
 }
 
+// fill, 16 bytes per store: the element's bits are made once per thread by st_d (the
+// scalar path's conversion) and repeated across the word. es = element size in bytes.
+static __global__ void fill_vec_kernel(void* dst, DType dt, int es, int64_t n, double v) {
+  uint64_t bits = 0;
+  st_d(&bits, dt, 0, v);  // little-endian: the element lands in the low es bytes
+  uint32_t w = es == 1   ? uint32_t(bits & 0xffu) * 0x01010101u
+               : es == 2 ? uint32_t(bits & 0xffffu) * 0x00010001u
+                         : uint32_t(bits);
+  uint4 word = es == 8 ? make_uint4(uint32_t(bits), uint32_t(bits >> 32), uint32_t(bits),
+                                    uint32_t(bits >> 32))
+                       : make_uint4(w, w, w, w);
+  int64_t nw = n * es / 16, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+          stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = tid; i < nw; i += stride) static_cast<uint4*>(dst)[i] = word;
+  for (int64_t i = nw * 16 / es + tid; i < n; i += stride) st_d(dst, dt, i, v);
+}
+
+// Typed casts between activation dtypes, as ld_d / st_d convert them (through double).
+template <typename T> __device__ __forceinline__ T from_d(double v);
+template <> __device__ __forceinline__ float from_d<float>(double v) { return float(v); }
+template <> __device__ __forceinline__ bf16 from_d<bf16>(double v) { return __double2bfloat16(v); }
+template <> __device__ __forceinline__ f16 from_d<f16>(double v) { return __double2half(v); }
+
+template <typename TS, typename TD>
+static __global__ void cast_vec_kernel(const TS* __restrict__ src, TD* __restrict__ dst,
+                                       int64_t n) {
+  constexpr int N = kPackN<TS, TD>;
+  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+          stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    Pack<TS, N> a = ld_pack<N>(src + v * N);
+    Pack<TD, N> o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = from_d<TD>(double(to_f(a.v[k])));
+    st_pack(dst + v * N, o);
+  }
+  for (int64_t i = nv * N + tid; i < n; i += stride) dst[i] = from_d<TD>(double(to_f(src[i])));
+}
+
 // out = a + b; y = alpha*x + beta*y; generic dtypes, f32 arithmetic (f64 when any is f64).
 static __global__ void add_generic_kernel(const void* a, DType at, const void* b, DType bt,
                                           void* out, DType ot, int64_t n) {
@@ -102,7 +145,32 @@ static __global__ void add_vec_kernel(const T* __restrict__ a, const T* __restri
     out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
 }
 
-// y = alpha * x + beta * y with x of type TX, y of type TY (x may be null: pure scale).
+// y = alpha * x + beta * y with x of type TX, y of type TY (x may be null: pure scale);
+// 16-byte packs (x and y aligned), then the tail element by element.
+template <typename TX, typename TY>
+static __global__ void axpby_pack_kernel(float alpha, const TX* __restrict__ x, float beta, TY* y,
+                                         int64_t n) {
+  constexpr int N = kPackN<TX, TY>;
+  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+          stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    Pack<TY, N> yv = ld_pack<N>(y + v * N);
+    if (x) {
+      Pack<TX, N> xv = ld_pack<N>(x + v * N);
+#pragma unroll
+      for (int k = 0; k < N; ++k)
+        yv.v[k] = from_f<TY>(fmaf(alpha, to_f(xv.v[k]), beta * to_f(yv.v[k])));
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) yv.v[k] = from_f<TY>(fmaf(alpha, 0.f, beta * to_f(yv.v[k])));
+    }
+    st_pack(y + v * N, yv);
+  }
+  for (int64_t i = nv * N + tid; i < n; i += stride)
+    y[i] = from_f<TY>(fmaf(alpha, x ? to_f(x[i]) : 0.f, beta * to_f(y[i])));
+}
+
+// The same with element accesses, for unaligned pointers.
 template <typename TX, typename TY>
 static __global__ void axpby_vec_kernel(float alpha, const TX* __restrict__ x, float beta, TY* y,
                                         int64_t n) {
@@ -188,12 +256,24 @@ static __global__ void nonfinite_kernel(const void* x, DType t, int64_t n, int* 
 
 bool is_act(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 void cast_on_device(const void* src, DType st, void* dst, DType dt, int64_t n, cudaStream_t cs) {
   if (n == 0) return;
-  cast_kernel<<<grid_for(n, 256), 256, 0, cs>>>(src, st, dst, dt, n);
+  if (is_act(st) && is_act(dt) && is_aligned16(src) && is_aligned16(dst)) {
+    MCPP_DISPATCH_ACT(st, "copy", MCPP_DISPATCH_ACT2(dt, "copy", {
+                        cast_vec_kernel<T, T2>
+                            <<<grid_for(n / kPackN<T, T2> + 1, 256), 256, 0, cs>>>(
+                                static_cast<const T*>(src), static_cast<T2*>(dst), n);
+                      }));
+  } else {
+    cast_kernel<<<grid_for(n, 256), 256, 0, cs>>>(src, st, dst, dt, n);
+  }
   MCPP_LAUNCH_CHECK();
+}
+
+// The dtypes st_d writes (fill's vector path repeats its bits).
+bool st_d_writes(DType t) {
+  return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16 ||
+         t == DType::I32 || t == DType::I64;
 }
 
 }  // namespace
@@ -202,7 +282,13 @@ void fill(Tensor& x, double value, Stream& s) {
   check_cuda(x, "fill", "x");
   int64_t n = x.numel();
   if (n == 0) return;
-  fill_kernel<<<grid_for(n, 256), 256, 0, stream_of(s)>>>(x.raw(), x.dtype(), n, value);
+  if (st_d_writes(x.dtype()) && is_aligned16(x.raw())) {
+    int es = int(dtype_size(x.dtype()));
+    fill_vec_kernel<<<grid_for(n * es / 16 + 1, 256), 256, 0, stream_of(s)>>>(x.raw(), x.dtype(),
+                                                                              es, n, value);
+  } else {
+    fill_kernel<<<grid_for(n, 256), 256, 0, stream_of(s)>>>(x.raw(), x.dtype(), n, value);
+  }
   MCPP_LAUNCH_CHECK();
 }
 
@@ -248,7 +334,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
   if (n == 0) return;
   cudaStream_t cs = stream_of(s);
   if (a.dtype() == b.dtype() && a.dtype() == out.dtype() && is_act(a.dtype()) &&
-      aligned16(a.raw()) && aligned16(b.raw()) && aligned16(out.raw())) {
+      is_aligned16(a.raw()) && is_aligned16(b.raw()) && is_aligned16(out.raw())) {
     MCPP_DISPATCH_ACT(a.dtype(), "add",
                       add_vec_kernel<T><<<grid_for(n / (16 / sizeof(T)) + 1, 256), 256, 0, cs>>>(
                           static_cast<const T*>(a.raw()), static_cast<const T*>(b.raw()),
@@ -267,10 +353,18 @@ static void axpby(double alpha, const Tensor* x, double beta, Tensor& y, Stream&
   DType xt = x ? x->dtype() : y.dtype();
   const void* xp = x ? x->raw() : nullptr;
   if (is_act(xt) && is_act(y.dtype())) {
+    bool vec = is_aligned16(y.raw()) && (!xp || is_aligned16(xp));
     MCPP_DISPATCH_ACT(xt, "axpy", MCPP_DISPATCH_ACT2(y.dtype(), "axpy", {
-      axpby_vec_kernel<T, T2><<<grid_for(n / 4 + 1, 256), 256, 0, cs>>>(
-          float(alpha), static_cast<const T*>(xp), float(beta), static_cast<T2*>(y.raw()), n);
-    }));
+                        auto xt_ = static_cast<const T*>(xp);
+                        auto yt_ = static_cast<T2*>(y.raw());
+                        if (vec)
+                          axpby_pack_kernel<T, T2>
+                              <<<grid_for(n / kPackN<T, T2> + 1, 256), 256, 0, cs>>>(
+                                  float(alpha), xt_, float(beta), yt_, n);
+                        else
+                          axpby_vec_kernel<T, T2><<<grid_for(n / 4 + 1, 256), 256, 0, cs>>>(
+                              float(alpha), xt_, float(beta), yt_, n);
+                      }));
   } else {
     axpby_generic_kernel<<<grid_for(n, 256), 256, 0, cs>>>(float(alpha), xp, xt, float(beta),
                                                            y.raw(), y.dtype(), n);

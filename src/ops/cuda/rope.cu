@@ -6,6 +6,9 @@
 //   out[i + h] = x[i + h] cos + x[i] sin
 // Backward applies the inverse rotation (sin -> -sin) to the gradient.
 // The cos/sin table is computed in f64 (angles reach thousands of radians) and kept f32.
+// Vector path: a thread rotates N = 16 / sizeof(T) consecutive pairs (i, i + h) with 16-byte
+// loads and stores, when h and HD are whole numbers of packs and qkv is 16-byte aligned;
+// otherwise one pair per thread. Both compute the same float expressions per element.
 #include <cmath>
 
 #include "ops/cuda/common.cuh"
@@ -51,6 +54,42 @@ static __global__ void rope_kernel(const T* in, T* out, const float2* __restrict
   }
 }
 
+// Vector form: one thread per (s, b, g, head j < QPG + 1, pack vi < HV = half / N); the
+// packs of one head are adjacent threads, so a warp reads whole runs of a head. n < 2^32
+// (the launcher checks): the index splits with 32-bit divisions. BNG = B * NG.
+template <typename T>
+static __global__ void rope_vec_kernel(const T* in, T* out, const float2* __restrict__ table,
+                                       int64_t n, uint32_t HV, uint32_t heads, uint32_t BNG,
+                                       int64_t HD, int64_t half, float sign) {
+  constexpr int N = kPackN<T>;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t hr = uint32_t(k) / HV, vi = uint32_t(k) - hr * HV;
+    uint32_t rg = hr / heads, j = hr - rg * heads;  // rg = (s * B + b) * NG + g
+    uint32_t s = rg / BNG;
+    int64_t i = int64_t(vi) * N;
+    int64_t base = (int64_t(rg) * (heads + 1) + j) * HD + i;  // QPG + 2 heads per group
+    // N float2 (cos, sin) entries, 8N-byte aligned since half % N == 0: N / 2 float4 loads.
+    const float4* tb = reinterpret_cast<const float4*>(table + int64_t(s) * half + i);
+    float c[N], sn[N];
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) {
+      float4 t = tb[e];
+      c[2 * e] = t.x, sn[2 * e] = sign * t.y;
+      c[2 * e + 1] = t.z, sn[2 * e + 1] = sign * t.w;
+    }
+    Pack<T, N> a = ld_pack<N>(in + base), b = ld_pack<N>(in + base + half), oa, ob;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      float x1 = to_f(a.v[e]), x2 = to_f(b.v[e]);
+      oa.v[e] = from_f<T>(x1 * c[e] - x2 * sn[e]);
+      ob.v[e] = from_f<T>(x2 * c[e] + x1 * sn[e]);
+    }
+    st_pack(out + base, oa);
+    st_pack(out + base + half, ob);
+  }
+}
+
 void rope_apply(const Tensor& in, const AttentionDims& d, int64_t rot_dim, double base,
                 int64_t s_offset, Tensor& out, Stream& s, float sign, const char* op) {
   check_cuda(in, op, "input");
@@ -76,10 +115,20 @@ void rope_apply(const Tensor& in, const AttentionDims& d, int64_t rot_dim, doubl
   MCPP_LAUNCH_CHECK();
   int64_t QPG = d.NH / d.NG;
   int64_t work = d.S * d.B * d.NG * (QPG + 1) * half;
-  MCPP_DISPATCH_ACT(in.dtype(), op,
-                    rope_kernel<T><<<grid_for(work, 256), 256, 0, cs>>>(
-                        static_cast<const T*>(in.raw()), static_cast<T*>(out.raw()), tp, d.S,
-                        d.B, d.NG, QPG, d.HD, half, sign));
+  MCPP_DISPATCH_ACT(in.dtype(), op, {
+    constexpr int N = kPackN<T>;
+    auto ip = static_cast<const T*>(in.raw());
+    auto outp = static_cast<T*>(out.raw());
+    int64_t nvec = work / half * (half / N);
+    if (half % N == 0 && d.HD % N == 0 && is_aligned16(ip) && is_aligned16(outp) &&
+        is_aligned16(tp) && nvec <= int64_t(UINT32_MAX) && d.B * d.NG <= int64_t(UINT32_MAX))
+      rope_vec_kernel<T><<<grid_for(nvec, 256), 256, 0, cs>>>(
+          ip, outp, tp, nvec, uint32_t(half / N), uint32_t(QPG + 1), uint32_t(d.B * d.NG), d.HD,
+          half, sign);
+    else
+      rope_kernel<T><<<grid_for(work, 256), 256, 0, cs>>>(ip, outp, tp, d.S, d.B, d.NG, QPG, d.HD,
+                                                          half, sign);
+  });
   MCPP_LAUNCH_CHECK();
 }
 
