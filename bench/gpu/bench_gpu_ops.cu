@@ -2,7 +2,8 @@
 // 16 x 1024 or 8 x 2048 tokens) and prints one table: op, shape, median time, and the
 // rate against the op's floor (TFLOP/s for GEMMs and attention, GB/s of compulsory
 // traffic, each input read once and each output written once, for the rest).
-// Usage: bench_gpu_ops [--quick]   (CUDA events, 3 warm-ups, median of N runs)
+// Usage: bench_gpu_ops [--quick] [--only WORD]   (CUDA events, 3 warm-ups, median of N runs;
+// --only times just the ops whose name holds WORD, e.g. --only norm)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/cuda/cudnn_attention.h"
@@ -69,6 +71,11 @@ Tensor ids(const Shape& s, int64_t V) {
 }
 
 int g_reps = 10;
+std::string g_only;  // --only: time just the ops whose name holds this
+
+bool skipped(const std::string& op) {
+  return !g_only.empty() && op.find(g_only) == std::string::npos;
+}
 
 double time_ms(const std::function<void()>& fn) {
   Stream& s = gpu::default_stream();
@@ -100,12 +107,14 @@ std::vector<Row> g_rows;
 
 void flops(const std::string& op, const std::string& shape, double f,
            const std::function<void()>& fn) {
+  if (skipped(op)) return;
   double ms = time_ms(fn);
   g_rows.push_back({op, shape, ms, f / (ms * 1e-3) / 1e12, "TFLOP/s"});
   std::fprintf(stderr, "  %-28s %-34s %9.3f ms\n", op.c_str(), shape.c_str(), ms);
 }
 void bytes(const std::string& op, const std::string& shape, double by,
            const std::function<void()>& fn) {
+  if (skipped(op)) return;
   double ms = time_ms(fn);
   g_rows.push_back({op, shape, ms, by / (ms * 1e-3) / 1e9, "GB/s"});
   std::fprintf(stderr, "  %-28s %-34s %9.3f ms\n", op.c_str(), shape.c_str(), ms);
@@ -120,7 +129,13 @@ std::string fmt_shape(std::initializer_list<int64_t> d) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+      g_only = argv[++i];
+  }
   if (quick) g_reps = 3;
   gpu::init_device();
   Stream& s = gpu::default_stream();
@@ -151,21 +166,31 @@ int main(int argc, char** argv) {
     flops("linear_backward dx only", sh, f,
           [&] { ops::linear_backward(dy, x, w, dx, false, none, none, s); });
   }
-  // ---- norms, activations, elementwise -------------------------------------------------
-  {
-    const int64_t T = 16384, H = 1024;
+  // ---- norms: GPT-2 124M (64 x 1024 tokens, H = 768), 350M (16 x 1024, H = 1024), 1.3B
+  // (16 x 2048, H = 2048); bf16 activations, f32 weights ------------------------------------
+  for (auto [T, H] : {std::pair<int64_t, int64_t>{65536, 768}, {16384, 1024}, {32768, 2048}}) {
     Tensor x = rnd({T, H}, bf), w = rnd({H}, DType::F32), b = rnd({H}, DType::F32);
     Tensor y = rnd({T, H}, bf), mean = rnd({T}, DType::F32), rstd = rnd({T}, DType::F32);
     Tensor dy = rnd({T, H}, bf), dx = rnd({T, H}, bf);
     Tensor dw = rnd({H}, DType::F32), db = rnd({H}, DType::F32);
     std::string sh = fmt_shape({T, H});
     double io = double(T) * H * 2;
-    bytes("layernorm_forward", sh, 2 * io, [&] { ops::layernorm_forward(x, w, b, 1e-5, y, mean, rstd, s); });
+    bytes("layernorm_forward", sh, 2 * io,
+          [&] { ops::layernorm_forward(x, w, b, 1e-5, y, mean, rstd, s); });
     bytes("layernorm_backward", sh, 3 * io,
           [&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, false, dw, db, s); });
+    bytes("layernorm_backward dx+=", sh, 4 * io,
+          [&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, true, dw, db, s); });
     bytes("rmsnorm_forward", sh, 2 * io, [&] { ops::rmsnorm_forward(x, w, 1e-5, y, rstd, s); });
     bytes("rmsnorm_backward", sh, 3 * io,
           [&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, false, dw, s); });
+  }
+  // ---- activations, elementwise ----------------------------------------------------------
+  {
+    const int64_t T = 16384, H = 1024;
+    Tensor x = rnd({T, H}, bf), y = rnd({T, H}, bf), dy = rnd({T, H}, bf);
+    std::string sh = fmt_shape({T, H});
+    double io = double(T) * H * 2;
     bytes("add bf16", sh, 3 * io, [&] { ops::add(x, dy, y, s); });
     Tensor res = rnd({16, 1024, H}, bf), x3 = x.view({16, 1024, H});
     auto g = ops::GlobalIndex3::whole(16, 1024, H);

@@ -1,6 +1,9 @@
 // Every CUDA op against the CPU op on random data (see gpu_test_util.h), for f32 and
 // bf16 activations (f16 where it is cheap), forward and backward.
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -198,6 +201,106 @@ TEST_P(GpuOp, RMSNormForwardBackward) {
   cpu::rmsnorm_backward(dy, x, w, rstd, dx, false, dw, CS());
   EXPECT_CLOSE(gdx, dx, dt());
   EXPECT_CLOSE(gdw, dw, dt() == DType::F32 ? DType::F32 : DType::F16);
+}
+
+// The shapes of the 16-byte-vector kernels: one warp a row (H = 768), then 2 to 16 warps a row
+// (H = 2048 to 12288; the largest stream in f32), row counts that leave the last row group of
+// a block partly empty, dx written and accumulated.
+TEST_P(GpuOp, NormVectorisedShapes) {
+  using Shape2 = std::pair<int64_t, int64_t>;
+  for (auto [T, H] : {Shape2{300, 768}, Shape2{64, 2048}, Shape2{67, 2048}, Shape2{19, 4096},
+                      Shape2{9, 8192}, Shape2{5, 12288}}) {
+    const uint64_t seed = 100 + uint64_t(T + H);
+    Tensor x = rand_in({T, H}, seed, dt(), -2.f, 3.f), w = rand_in({H}, seed + 1, dt()),
+           b = rand_in({H}, seed + 2, dt()), dy = rand_in({T, H}, seed + 3, dt());
+    Tensor gx = to_gpu(x, dt()), gdy = to_gpu(dy, dt());
+    const DType gt = dt() == DType::F32 ? DType::F32 : DType::F16;  // for f32 gradients
+    for (bool rms : {false, true})
+      for (bool acc : {false, true}) {
+        std::string what = std::string(rms ? "rmsnorm" : "layernorm") + " T=" + std::to_string(T) +
+                           " H=" + std::to_string(H) + (acc ? " accumulate" : "");
+        Tensor y = Tensor::empty({T, H}, DType::F32), mean = Tensor::empty({T}, DType::F32),
+               rstd = Tensor::empty({T}, DType::F32);
+        // LayerNorm with an f32 weight and an activation-dtype bias; RMSNorm with an
+        // activation-dtype weight.
+        Tensor gw = to_gpu(w, rms ? dt() : DType::F32), gb = to_gpu(b, dt());
+        Tensor gy = gpu_nan({T, H}, dt()), gm = gpu_nan({T}, DType::F32),
+               gr = gpu_nan({T}, DType::F32);
+        if (rms) {
+          cpu::rmsnorm_forward(x, w, 1e-6, y, rstd, CS());
+          gpu::rmsnorm_forward(gx, gw, 1e-6, gy, gr, GS());
+        } else {
+          cpu::layernorm_forward(x, w, b, 1e-5, y, mean, rstd, CS());
+          gpu::layernorm_forward(gx, gw, gb, 1e-5, gy, gm, gr, GS());
+          EXPECT_CLOSE(gm, mean, DType::F32) << what;
+        }
+        EXPECT_CLOSE(gy, y, dt()) << what;
+        EXPECT_CLOSE(gr, rstd, DType::F32) << what;
+
+        Tensor dx = acc ? rand_in({T, H}, seed + 4, dt()) : Tensor::empty({T, H}, DType::F32);
+        Tensor dw = rand_f32({H}, seed + 5), db = rand_f32({H}, seed + 6);
+        Tensor gdx = acc ? to_gpu(dx, dt()) : gpu_nan({T, H}, dt());
+        Tensor gdw = to_gpu(dw, DType::F32), gdb = to_gpu(db, DType::F32);
+        Tensor grs = to_gpu(rstd, DType::F32);
+        if (rms) {
+          gpu::rmsnorm_backward(gdy, gx, gw, grs, gdx, acc, gdw, GS());
+          cpu::rmsnorm_backward(dy, x, w, rstd, dx, acc, dw, CS());
+        } else {
+          gpu::layernorm_backward(gdy, gx, gw, to_gpu(mean, DType::F32), grs, gdx, acc, gdw, gdb,
+                                  GS());
+          cpu::layernorm_backward(dy, x, w, mean, rstd, dx, acc, dw, db, CS());
+          EXPECT_CLOSE(gdb, db, gt) << what;
+        }
+        EXPECT_CLOSE(gdx, dx, dt()) << what;
+        EXPECT_CLOSE(gdw, dw, gt) << what;
+      }
+  }
+}
+
+// dw/db come from per-block partial sums added in a fixed order: two runs give the same bits
+// (rows spread over every block of the grid several times; a vectorised and a streaming H).
+TEST_P(GpuOp, NormBackwardBitwiseReproducible) {
+  using Shape2 = std::pair<int64_t, int64_t>;
+  for (auto [T, H] : {Shape2{20000, 768}, Shape2{3001, 77}}) {
+    Tensor x = rand_in({T, H}, 80, dt(), -2.f, 3.f), w = rand_in({H}, 81, dt()),
+           b = rand_in({H}, 82, dt()), dy = rand_in({T, H}, 83, dt());
+    Tensor y = Tensor::empty({T, H}, DType::F32), mean = Tensor::empty({T}, DType::F32),
+           rstd = Tensor::empty({T}, DType::F32);
+    cpu::layernorm_forward(x, w, b, 1e-5, y, mean, rstd, CS());
+    Tensor gx = to_gpu(x, dt()), gdy = to_gpu(dy, dt()), gw = to_gpu(w, dt());
+    Tensor gm = to_gpu(mean, DType::F32), gr = to_gpu(rstd, DType::F32);
+    Tensor gdx = gpu_nan({T, H}, dt());
+    Tensor dws[2], dbs[2];
+    for (int run = 0; run < 2; ++run) {
+      Tensor gdw = to_gpu(Tensor::zeros({H}, DType::F32), DType::F32);
+      Tensor gdb = to_gpu(Tensor::zeros({H}, DType::F32), DType::F32);
+      gpu::layernorm_backward(gdy, gx, gw, gm, gr, gdx, false, gdw, gdb, GS());
+      dws[run] = to_cpu(gdw), dbs[run] = to_cpu(gdb);
+    }
+    EXPECT_EQ(std::memcmp(dws[0].raw(), dws[1].raw(), H * sizeof(float)), 0) << "H=" << H;
+    EXPECT_EQ(std::memcmp(dbs[0].raw(), dbs[1].raw(), H * sizeof(float)), 0) << "H=" << H;
+    Tensor dx = Tensor::empty({T, H}, DType::F32), dw = Tensor::zeros({H}, DType::F32),
+           db = Tensor::zeros({H}, DType::F32);
+    cpu::layernorm_backward(dy, x, w, mean, rstd, dx, false, dw, db, CS());
+    const DType gt = dt() == DType::F32 ? DType::F32 : DType::F16;
+    EXPECT_LE(rel_err(dws[0], dw), tol(gt)) << "H=" << H;
+    EXPECT_LE(rel_err(dbs[0], db), tol(gt)) << "H=" << H;
+    EXPECT_CLOSE(gdx, dx, dt()) << "H=" << H;
+
+    // RMSNorm, dw only and no dx.
+    Tensor none, rs = Tensor::empty({T}, DType::F32);
+    cpu::rmsnorm_forward(x, w, 1e-6, y, rs, CS());
+    Tensor grs = to_gpu(rs, DType::F32);
+    for (int run = 0; run < 2; ++run) {
+      Tensor gdw = to_gpu(Tensor::zeros({H}, DType::F32), DType::F32);
+      gpu::rmsnorm_backward(gdy, gx, gw, grs, none, false, gdw, GS());
+      dws[run] = to_cpu(gdw);
+    }
+    EXPECT_EQ(std::memcmp(dws[0].raw(), dws[1].raw(), H * sizeof(float)), 0) << "rms H=" << H;
+    dw = Tensor::zeros({H}, DType::F32);
+    cpu::rmsnorm_backward(dy, x, w, rs, dx, false, dw, CS());
+    EXPECT_LE(rel_err(dws[0], dw), tol(gt)) << "rms H=" << H;
+  }
 }
 
 TEST_P(GpuOp, GeluSwiGLU) {

@@ -1,29 +1,55 @@
 // LayerNorm and RMSNorm over the last dim of x[T, H], forward above backward.
 // x, y, dy, dx: one activation dtype; w, b: f32, bf16 or f16; mean, rstd: f32 [T];
 // dw, db: f32 [H], accumulated (+=); dx: `=`, or `+=` with accumulate_dx (the residual
-// stream's gradient). One warp per row; the statistics in two passes over the row
-// (mean, then sum of squared deviations) for accuracy; dw/db through the deterministic
-// column reduction in reduce.cuh.
+// stream's gradient).
 //   LayerNorm: xhat = (x - mean) rstd, y = xhat w + b,
 //              dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w
 //   RMSNorm:   xhat = x rstd, y = xhat w, dx = rstd (g - xhat mean(g xhat))
+//
+// Blocks walk the rows with a stride of the grid. Two kernel families:
+// - Register rows (the common case: H * sizeof(T) a multiple of 16 bytes, 16-byte aligned
+//   tensors, and H up to 16384 (forward) or 12288 (backward) for 16-bit dtypes, half that for
+//   f32): WPR warps hold a row, each lane V 16-byte vectors of it, read once with 16-byte
+//   loads; a block of 8 warps takes 8 / WPR rows at a time (16 warps and one row for the
+//   longest rows). The weights are converted to f32 once per block into shared memory.
+// - Streaming rows (any other H or alignment): a block of 8 warps on one row, scalar accesses,
+//   the row read again from L1/L2 for each pass.
+// The statistics in two passes over the row (mean, then squared deviations) for accuracy.
+// Backward is one kernel for dx and the parameter gradients: each block accumulates dw (db)
+// over its rows per column (in registers for register rows) and writes the sums to an f32
+// workspace [blocks, H]; a second kernel adds the blocks' sums into dw (db) in a fixed order.
+// The grid depends only on (T, H), so dw and db are bitwise reproducible.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/reduce.cuh"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
 
 namespace {
 
-// A parameter vector of run-time dtype (weights are read once per row from L1/L2).
-struct PVec {
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+// Warps of a register-row block: 8, or one row's WPR warps when a row needs more.
+constexpr int block_warps(int WPR) { return WPR > kWarps ? WPR : kWarps; }
+// Blocks of a launch at most (each then walks several row groups). It fixes the partial sums
+// of dw/db, so it is a constant, not the device's multiprocessor count.
+constexpr int64_t kMaxBlocks = 1024;
+
+// A parameter vector of run-time dtype.
+struct Param {
   const void* p = nullptr;
   DType t = DType::F32;
   __device__ __forceinline__ float operator[](int64_t i) const {
     switch (t) {
-      case DType::BF16: return __bfloat162float(static_cast<const bf16*>(p)[i]);
-      case DType::F16: return __half2float(static_cast<const f16*>(p)[i]);
-      default: return static_cast<const float*>(p)[i];
+      case DType::BF16:
+        return __bfloat162float(static_cast<const bf16*>(p)[i]);
+      case DType::F16:
+        return __half2float(static_cast<const f16*>(p)[i]);
+      default:
+        return static_cast<const float*>(p)[i];
     }
   }
 };
@@ -34,87 +60,551 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-constexpr int kWarps = 8;
+// Sum over the WPR warps that hold one row (the xor butterfly leaves the same bits in every
+// lane). With WPR > 1 this is a barrier of the whole block: every thread of the block must
+// call it, the same number of times. Consecutive calls alternate between the two slots of
+// `red`, so one barrier per call suffices: a slot is written again only after the barrier of
+// the call in between, which every thread reaches after reading it.
+template <int WPR, int BW, int K>
+__device__ __forceinline__ void group_sum(float (&v)[K], float (*red)[BW][K], int& slot) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
+  if constexpr (WPR > 1) {
+    const int warp = threadIdx.x / 32, first = warp / WPR * WPR;
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+      for (int k = 0; k < K; ++k) red[slot][warp][k] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      v[k] = 0.f;
+#pragma unroll
+      for (int i = 0; i < WPR; ++i) v[k] += red[slot][first + i][k];
+    }
+    slot ^= 1;
+  }
+}
 
+// ---- 16-byte vectors ----------------------------------------------------------------------
+
+template <typename T>
+constexpr int kVec = 16 / int(sizeof(T));  // elements of T in 16 bytes
+
+__device__ __forceinline__ void unpack(const uint4& u, float (&f)[4]) {
+  f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y);
+  f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void unpack2(unsigned v, bf16*, float& a, float& b) {
+  a = __uint_as_float(v << 16), b = __uint_as_float(v & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack2(unsigned v, f16*, float& a, float& b) {
+  a = __half2float(__ushort_as_half(static_cast<unsigned short>(v & 0xffffu)));
+  b = __half2float(__ushort_as_half(static_cast<unsigned short>(v >> 16)));
+}
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& u, float (&f)[8]) {
+  unpack2(u.x, static_cast<T*>(nullptr), f[0], f[1]);
+  unpack2(u.y, static_cast<T*>(nullptr), f[2], f[3]);
+  unpack2(u.z, static_cast<T*>(nullptr), f[4], f[5]);
+  unpack2(u.w, static_cast<T*>(nullptr), f[6], f[7]);
+}
+template <typename T>
+__device__ __forceinline__ void to_floats(const uint4& u, float (&f)[kVec<T>]) {
+  if constexpr (std::is_same_v<T, float>)
+    unpack(u, f);
+  else
+    unpack<T>(u, f);
+}
+
+// Round to nearest even, as from_f.
+__device__ __forceinline__ unsigned pack2(float a, float b, bf16*) {
+  return unsigned(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+         unsigned(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16;
+}
+__device__ __forceinline__ unsigned pack2(float a, float b, f16*) {
+  return unsigned(__half_as_ushort(__float2half_rn(a))) |
+         unsigned(__half_as_ushort(__float2half_rn(b))) << 16;
+}
+template <typename T>
+__device__ __forceinline__ uint4 from_floats(const float (&f)[kVec<T>]) {
+  if constexpr (std::is_same_v<T, float>) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                      __float_as_uint(f[3]));
+  } else {
+    T* tag = nullptr;
+    return make_uint4(pack2(f[0], f[1], tag), pack2(f[2], f[3], tag), pack2(f[4], f[5], tag),
+                      pack2(f[6], f[7], tag));
+  }
+}
+
+// A parameter as f32 in shared memory, laid out so that each lane's float4 reads of its
+// vectors are consecutive across the warp (no bank conflicts): float4 number q * nvec + v
+// holds elements v N + 4q .. v N + 4q + 3 (N elements a vector, q < N / 4).
+template <int N>
+__device__ void stage_param(Param p, float* dst, int H) {
+  const int nvec = H / N;
+  for (int c = threadIdx.x; c < H; c += blockDim.x) {
+    const int v = c / N, r = c % N;
+    dst[((r / 4) * nvec + v) * 4 + r % 4] = p[c];
+  }
+}
+template <int N>
+__device__ __forceinline__ void staged(const float* src, int nvec, int v, float (&f)[N]) {
+  const float4* s4 = reinterpret_cast<const float4*>(src);
+#pragma unroll
+  for (int q = 0; q < N / 4; ++q) {
+    const float4 a = s4[q * nvec + v];
+    f[4 * q] = a.x, f[4 * q + 1] = a.y, f[4 * q + 2] = a.z, f[4 * q + 3] = a.w;
+  }
+}
+
+// ---- forward --------------------------------------------------------------------------
+
+// Register rows: rows [base, base + R) at a time, row base + (warp / WPR) on WPR warps, lane
+// t of the row holding vectors t, t + 32 WPR, ... (V of them; those past H / N are empty).
+// Dynamic shared memory: w, then b, staged as f32 (2 H floats).
+template <typename T, bool RMS, int WPR, int V>
+static __global__ void __launch_bounds__(32 * block_warps(WPR))
+    norm_fwd_reg_kernel(const T* __restrict__ x, Param w, Param b, float eps, T* __restrict__ y,
+                        float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
+                        int H) {
+  constexpr int N = kVec<T>, BW = block_warps(WPR), R = BW / WPR, G = 32 * WPR;
+  extern __shared__ float4 smem4[];
+  __shared__ float red[2][BW][1];
+  float* sw = reinterpret_cast<float*>(smem4);
+  float* sb = sw + H;
+  const bool has_b = !RMS && b.p;
+  stage_param<N>(w, sw, H);
+  if (has_b) stage_param<N>(b, sb, H);
+  __syncthreads();
+  const int nvec = H / N, grp = threadIdx.x / 32 / WPR, t = threadIdx.x % G;
+  int slot = 0;
+  for (int64_t base = blockIdx.x * int64_t(R); base < rows; base += int64_t(gridDim.x) * R) {
+    const int64_t row = base + grp;
+    const bool active = row < rows;
+    float v[V][N];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int vi = t + j * G;
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (active && vi < nvec) u = reinterpret_cast<const uint4*>(x + row * H)[vi];
+      to_floats<T>(u, v[j]);
+    }
+    float mean = 0.f;
+    if constexpr (!RMS) {
+      float s[1] = {0.f};
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+#pragma unroll
+        for (int k = 0; k < N; ++k) s[0] += v[j][k];  // empty vectors hold zeros
+      group_sum<WPR>(s, red, slot);
+      mean = s[0] / float(H);
+    }
+    float ss[1] = {0.f};
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (t + j * G < nvec)
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          const float d = v[j][k] - mean;
+          ss[0] += d * d;
+        }
+    group_sum<WPR>(ss, red, slot);
+    const float rstd = rsqrtf(ss[0] / float(H) + eps);
+    if (!active) continue;  // after the last barrier of the row
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int vi = t + j * G;
+      if (vi >= nvec) continue;
+      float wv[N], o[N];
+      staged<N>(sw, nvec, vi, wv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) o[k] = (v[j][k] - mean) * rstd * wv[k];
+      if (has_b) {
+        staged<N>(sb, nvec, vi, wv);
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] += wv[k];
+      }
+      reinterpret_cast<uint4*>(y + row * H)[vi] = from_floats<T>(o);
+    }
+    if (t == 0) {
+      if (mean_out) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+  }
+}
+
+// Streaming rows: one row per block at a time, the row read from L1/L2 for each pass.
 template <typename T, bool RMS>
-static __global__ void norm_fwd_kernel(const T* __restrict__ x, PVec w, PVec b, float eps,
-                                       T* __restrict__ y, float* __restrict__ mean_out,
-                                       float* __restrict__ rstd_out, int64_t rows, int64_t H) {
-  int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.y;
-  if (row >= rows) return;
-  int lane = threadIdx.x;
-  const T* xr = x + row * H;
-  float mean = 0.f;
-  if (!RMS) {
+static __global__ void __launch_bounds__(kThreads)
+    norm_fwd_stream_kernel(const T* __restrict__ x, Param w, Param b, float eps, T* __restrict__ y,
+                           float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
+                           int64_t H) {
+  __shared__ float red[2][kWarps][1];
+  int slot = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * H;
+    float mean = 0.f;
+    if constexpr (!RMS) {
+      float s[1] = {0.f};
+      for (int64_t i = threadIdx.x; i < H; i += kThreads) s[0] += to_f(xr[i]);
+      group_sum<kWarps, kWarps>(s, red, slot);
+      mean = s[0] / float(H);
+    }
+    float ss[1] = {0.f};
+    for (int64_t i = threadIdx.x; i < H; i += kThreads) {
+      const float d = to_f(xr[i]) - mean;
+      ss[0] += d * d;
+    }
+    group_sum<kWarps, kWarps>(ss, red, slot);
+    const float rstd = rsqrtf(ss[0] / float(H) + eps);
+    T* yr = y + row * H;
+    for (int64_t i = threadIdx.x; i < H; i += kThreads) {
+      float o = (to_f(xr[i]) - mean) * rstd * w[i];
+      if (!RMS && b.p) o += b[i];
+      yr[i] = from_f<T>(o);
+    }
+    if (threadIdx.x == 0) {
+      if (mean_out) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+  }
+}
+
+// ---- backward -------------------------------------------------------------------------
+
+// dx for the block's rows (when dx is set) and, when partial is set, the block's column sums
+// partial[blockIdx.x][0][h] = sum dy xhat, [1][h] = sum dy (LayerNorm). dy and dx may be one
+// buffer: a thread writes only the vectors it has read. Dynamic shared memory: w staged as
+// f32 (H floats, when dx is set); later, with R > 1 row groups, the groups' column sums
+// (NP H floats).
+template <typename T, bool RMS, int WPR, int V>
+static __global__ void __launch_bounds__(32 * block_warps(WPR), 16 / block_warps(WPR))
+    norm_bwd_reg_kernel(const T* dy, const T* __restrict__ x, Param w,
+                        const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* dx,
+                        bool acc, float* __restrict__ partial, int64_t rows, int H) {
+  constexpr int N = kVec<T>, BW = block_warps(WPR), R = BW / WPR, G = 32 * WPR;
+  constexpr int NP = RMS ? 1 : 2;
+  extern __shared__ float4 smem4[];
+  __shared__ float red[2][BW][2];
+  float* sm = reinterpret_cast<float*>(smem4);
+  if (dx) stage_param<N>(w, sm, H);
+  __syncthreads();
+  const int nvec = H / N, grp = threadIdx.x / 32 / WPR, t = threadIdx.x % G;
+  const float inv_h = 1.f / float(H);
+  float accw[V][N], accb[V][N];
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int k = 0; k < N; ++k) accw[j][k] = 0.f, accb[j][k] = 0.f;
+  int slot = 0;
+  for (int64_t base = blockIdx.x * int64_t(R); base < rows; base += int64_t(gridDim.x) * R) {
+    const int64_t row = base + grp;
+    const bool active = row < rows;
+    // The dx being accumulated into is read with x and dy, so that a row waits on memory once.
+    uint4 xu[V], du[V], ou[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int vi = t + j * G;
+      xu[j] = du[j] = ou[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (active && vi < nvec) {
+        xu[j] = reinterpret_cast<const uint4*>(x + row * H)[vi];
+        du[j] = reinterpret_cast<const uint4*>(dy + row * H)[vi];
+        if (dx && acc) ou[j] = reinterpret_cast<const uint4*>(dx + row * H)[vi];
+      }
+    }
+    const float mean = !RMS && active ? mean_in[row] : 0.f;
+    const float rstd = active ? rstd_in[row] : 0.f;
+    if (dx) {
+      float sums[2] = {0.f, 0.f};  // sum g, sum g xhat
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int vi = t + j * G;
+        if (vi >= nvec) continue;
+        float xv[N], dv[N], wv[N];
+        to_floats<T>(xu[j], xv);
+        to_floats<T>(du[j], dv);
+        staged<N>(sm, nvec, vi, wv);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          const float g = dv[k] * wv[k], xh = (xv[k] - mean) * rstd;
+          sums[0] += g;
+          sums[1] += g * xh;
+        }
+      }
+      group_sum<WPR>(sums, red, slot);
+      const float mg = RMS ? 0.f : sums[0] * inv_h, mgx = sums[1] * inv_h;
+      if (active) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const int vi = t + j * G;
+          if (vi >= nvec) continue;
+          float xv[N], dv[N], wv[N], o[N];
+          to_floats<T>(xu[j], xv);
+          to_floats<T>(du[j], dv);
+          staged<N>(sm, nvec, vi, wv);
+#pragma unroll
+          for (int k = 0; k < N; ++k) {
+            const float xh = (xv[k] - mean) * rstd;
+            o[k] = rstd * (dv[k] * wv[k] - mg - xh * mgx);
+          }
+          if (acc) {
+            float old[N];
+            to_floats<T>(ou[j], old);
+#pragma unroll
+            for (int k = 0; k < N; ++k) o[k] += old[k];
+          }
+          reinterpret_cast<uint4*>(dx + row * H)[vi] = from_floats<T>(o);
+        }
+      }
+    }
+    if (partial && active) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (t + j * G >= nvec) continue;
+        float xv[N], dv[N];
+        to_floats<T>(xu[j], xv);
+        to_floats<T>(du[j], dv);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          accw[j][k] += dv[k] * ((xv[k] - mean) * rstd);
+          if constexpr (!RMS) accb[j][k] += dv[k];
+        }
+      }
+    }
+  }
+  if (!partial) return;
+  // The block's sums: the R row groups added in group order through shared memory (which
+  // held w: hence the first barrier), the last group writing the result.
+  float* pw = partial + int64_t(blockIdx.x) * NP * H;
+  if constexpr (R > 1) __syncthreads();
+#pragma unroll 1
+  for (int r = 0; r < R; ++r) {
+    if (grp == r) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int vi = t + j * G;
+        if (vi >= nvec) continue;
+#pragma unroll
+        for (int q = 0; q < N / 4; ++q) {
+#pragma unroll
+          for (int p = 0; p < NP; ++p) {
+            const int c = p * H + vi * N + 4 * q;
+            float4 s;
+            if (p == 0)
+              s = make_float4(accw[j][4 * q], accw[j][4 * q + 1], accw[j][4 * q + 2],
+                              accw[j][4 * q + 3]);
+            else
+              s = make_float4(accb[j][4 * q], accb[j][4 * q + 1], accb[j][4 * q + 2],
+                              accb[j][4 * q + 3]);
+            if (r > 0) {
+              const float4 o = *reinterpret_cast<const float4*>(sm + c);
+              s.x = o.x + s.x, s.y = o.y + s.y, s.z = o.z + s.z, s.w = o.w + s.w;
+            }
+            *reinterpret_cast<float4*>((r == R - 1 ? pw : sm) + c) = s;
+          }
+        }
+      }
+    }
+    if (r < R - 1) __syncthreads();
+  }
+}
+
+// Streaming rows: one row per block at a time; the block's column sums accumulate directly in
+// its row of `partial` (each column always by the same thread).
+template <typename T, bool RMS>
+static __global__ void __launch_bounds__(kThreads)
+    norm_bwd_stream_kernel(const T* dy, const T* __restrict__ x, Param w,
+                           const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+                           T* dx, bool acc, float* __restrict__ partial, int64_t rows, int64_t H) {
+  constexpr int NP = RMS ? 1 : 2;
+  __shared__ float red[2][kWarps][2];
+  int slot = 0;
+  const float inv_h = 1.f / float(H);
+  float* pw = partial ? partial + int64_t(blockIdx.x) * NP * H : nullptr;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * H;
+    const T* dyr = dy + row * H;
+    const float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
+    if (dx) {
+      float sums[2] = {0.f, 0.f};
+      for (int64_t i = threadIdx.x; i < H; i += kThreads) {
+        const float g = to_f(dyr[i]) * w[i], xh = (to_f(xr[i]) - mean) * rstd;
+        sums[0] += g;
+        sums[1] += g * xh;
+      }
+      group_sum<kWarps, kWarps>(sums, red, slot);
+      const float mg = RMS ? 0.f : sums[0] * inv_h, mgx = sums[1] * inv_h;
+      T* dxr = dx + row * H;
+      for (int64_t i = threadIdx.x; i < H; i += kThreads) {
+        const float xh = (to_f(xr[i]) - mean) * rstd;
+        float o = rstd * (to_f(dyr[i]) * w[i] - mg - xh * mgx);
+        if (acc) o += to_f(dxr[i]);
+        dxr[i] = from_f<T>(o);
+      }
+    }
+    if (pw) {
+      const bool first = row == blockIdx.x;
+      for (int64_t i = threadIdx.x; i < H; i += kThreads) {
+        const float d = to_f(dyr[i]), gw = d * ((to_f(xr[i]) - mean) * rstd);
+        pw[i] = first ? gw : pw[i] + gw;
+        if constexpr (!RMS) pw[H + i] = first ? d : pw[H + i] + d;
+      }
+    }
+  }
+}
+
+// out_p[h] += sum_b partial[b][p][h] (out_p may be null): thread (c, s) adds blocks s, s + 32,
+// ... in order, then thread (c, 0) adds the 32 sums in order.
+constexpr int kSumCols = 32, kSumSlices = 32;
+static __global__ void __launch_bounds__(kSumCols* kSumSlices)
+    partial_sum_kernel(const float* __restrict__ partial, int64_t blocks, int np, int64_t H,
+                       float* out0, float* out1) {
+  __shared__ float sh[kSumSlices][kSumCols + 1];
+  const int p = blockIdx.y;
+  float* out = p == 0 ? out0 : out1;
+  if (!out) return;  // the whole block
+  const int64_t col = blockIdx.x * int64_t(kSumCols) + threadIdx.x;
+  float v = 0.f;
+  if (col < H)
+#pragma unroll 4
+    for (int64_t b = threadIdx.y; b < blocks; b += kSumSlices) v += partial[(b * np + p) * H + col];
+  sh[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < H) {
     float s = 0.f;
-    for (int64_t i = lane; i < H; i += 32) s += to_f(xr[i]);
-    mean = warp_sum(s) / float(H);
-  }
-  float ss = 0.f;
-  for (int64_t i = lane; i < H; i += 32) {
-    float d = to_f(xr[i]) - mean;
-    ss += d * d;
-  }
-  float rstd = rsqrtf(warp_sum(ss) / float(H) + eps);
-  T* yr = y + row * H;
-  for (int64_t i = lane; i < H; i += 32) {
-    float v = (to_f(xr[i]) - mean) * rstd * w[i];
-    if (b.p) v += b[i];
-    yr[i] = from_f<T>(v);
-  }
-  if (lane == 0) {
-    if (mean_out) mean_out[row] = mean;
-    rstd_out[row] = rstd;
+#pragma unroll
+    for (int i = 0; i < kSumSlices; ++i) s += sh[i][threadIdx.x];
+    out[col] += s;
   }
 }
 
-template <typename T, bool RMS>
-static __global__ void norm_bwd_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                          PVec w, const float* __restrict__ mean_in,
-                                          const float* __restrict__ rstd_in, T* dx, bool acc,
-                                          int64_t rows, int64_t H) {
-  int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.y;
-  if (row >= rows) return;
-  int lane = threadIdx.x;
-  const T* xr = x + row * H;
-  const T* dyr = dy + row * H;
-  float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
-  float sg = 0.f, sgx = 0.f;
-  for (int64_t i = lane; i < H; i += 32) {
-    float g = to_f(dyr[i]) * w[i];
-    float xh = (to_f(xr[i]) - mean) * rstd;
-    sg += g;
-    sgx += g * xh;
-  }
-  float mg = RMS ? 0.f : warp_sum(sg) / float(H);
-  float mgx = warp_sum(sgx) / float(H);
-  T* dxr = dx + row * H;
-  for (int64_t i = lane; i < H; i += 32) {
-    float g = to_f(dyr[i]) * w[i];
-    float xh = (to_f(xr[i]) - mean) * rstd;
-    float v = rstd * (g - mg - xh * mgx);
-    if (acc) v += to_f(dxr[i]);
-    dxr[i] = from_f<T>(v);
-  }
+// ---- launch configuration -------------------------------------------------------------------
+
+template <int I>
+using Int = std::integral_constant<int, I>;
+
+// Call f(Int<WPR>, Int<V>) with the register-row shape for a row of nvec 16-byte vectors, and
+// return false when the row is too long to hold in registers. Forward: one warp a row up to
+// 128 vectors (H = 1024 in bf16), then 2, 4, 8, 16 warps with 3 or 4 vectors a lane.
+template <typename F>
+bool with_fwd_shape(int64_t nvec, F&& f) {
+  if (nvec <= 32) return f(Int<1>{}, Int<1>{}), true;
+  if (nvec <= 64) return f(Int<1>{}, Int<2>{}), true;
+  if (nvec <= 96) return f(Int<1>{}, Int<3>{}), true;
+  if (nvec <= 128) return f(Int<1>{}, Int<4>{}), true;
+  if (nvec <= 192) return f(Int<2>{}, Int<3>{}), true;
+  if (nvec <= 256) return f(Int<2>{}, Int<4>{}), true;
+  if (nvec <= 384) return f(Int<4>{}, Int<3>{}), true;
+  if (nvec <= 512) return f(Int<4>{}, Int<4>{}), true;
+  if (nvec <= 768) return f(Int<8>{}, Int<3>{}), true;
+  if (nvec <= 1024) return f(Int<8>{}, Int<4>{}), true;
+  if (nvec <= 1536) return f(Int<16>{}, Int<3>{}), true;
+  if (nvec <= 2048) return f(Int<16>{}, Int<4>{}), true;
+  return false;
+}
+// Backward holds x, dy, the old dx and two column sums a vector: at most 3 vectors a lane,
+// which keeps it within 128 registers (two blocks of 8 warps a multiprocessor).
+template <typename F>
+bool with_bwd_shape(int64_t nvec, F&& f) {
+  if (nvec <= 32) return f(Int<1>{}, Int<1>{}), true;
+  if (nvec <= 64) return f(Int<1>{}, Int<2>{}), true;
+  if (nvec <= 96) return f(Int<1>{}, Int<3>{}), true;
+  if (nvec <= 128) return f(Int<2>{}, Int<2>{}), true;
+  if (nvec <= 192) return f(Int<2>{}, Int<3>{}), true;
+  if (nvec <= 256) return f(Int<4>{}, Int<2>{}), true;
+  if (nvec <= 384) return f(Int<4>{}, Int<3>{}), true;
+  if (nvec <= 512) return f(Int<8>{}, Int<2>{}), true;
+  if (nvec <= 768) return f(Int<8>{}, Int<3>{}), true;
+  if (nvec <= 1024) return f(Int<16>{}, Int<2>{}), true;
+  if (nvec <= 1536) return f(Int<16>{}, Int<3>{}), true;
+  return false;
 }
 
-// dw += dy * xhat, db += dy.
-template <typename T, bool RMS>
-struct NormParamGrad {
-  const T* dy;
-  const T* x;
-  const float* mean;
-  const float* rstd;
-  int64_t H;
-  __device__ void operator()(int64_t r, int64_t c, float (&acc)[RMS ? 1 : 2]) const {
-    float d = to_f(dy[r * H + c]);
-    float m = RMS ? 0.f : mean[r];
-    acc[0] += d * (to_f(x[r * H + c]) - m) * rstd[r];
-    if constexpr (!RMS) acc[1] += d;
-  }
-};
+// Register rows need whole 16-byte vectors: H * sizeof(T) a multiple of 16, aligned rows.
+template <typename T>
+bool vector_rows(int64_t H, std::initializer_list<const void*> ptrs) {
+  if (H * int64_t(sizeof(T)) % 16 != 0) return false;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
-PVec pvec(const Tensor& t, int64_t H, const char* op, const char* name) {
+// Blocks for `rows` rows taken R at a time: a function of (T, H) only.
+unsigned blocks_for(int64_t rows, int R) {
+  return unsigned(std::min<int64_t>((rows + R - 1) / R, kMaxBlocks));
+}
+
+// Dynamic shared memory past 48 KB (less the static part) needs the kernel's consent.
+template <typename K>
+void allow_smem(K kernel, size_t bytes) {
+  if (bytes > 40 * 1024)
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <typename T, bool RMS>
+void launch_forward(const T* x, Param w, Param b, float eps, T* y, float* mean, float* rstd,
+                    int64_t rows, int64_t H, cudaStream_t cs) {
+  const bool reg = vector_rows<T>(H, {x, y}) &&
+                   with_fwd_shape(H * int64_t(sizeof(T)) / 16, [&](auto wpr, auto v) {
+                     constexpr int WPR = decltype(wpr)::value, V = decltype(v)::value;
+                     auto kernel = norm_fwd_reg_kernel<T, RMS, WPR, V>;
+                     const size_t smem = size_t(!RMS && b.p ? 2 : 1) * H * sizeof(float);
+                     allow_smem(kernel, smem);
+                     constexpr int BW = block_warps(WPR);
+                     kernel<<<blocks_for(rows, BW / WPR), 32 * BW, smem, cs>>>(
+                         x, w, b, eps, y, mean, rstd, rows, int(H));
+                   });
+  if (!reg)
+    norm_fwd_stream_kernel<T, RMS>
+        <<<blocks_for(rows, 1), kThreads, 0, cs>>>(x, w, b, eps, y, mean, rstd, rows, H);
+  MCPP_LAUNCH_CHECK();
+}
+
+template <typename T, bool RMS>
+void launch_backward(const T* dy, const T* x, Param w, const float* mean, const float* rstd, T* dx,
+                     bool acc, float* dw, float* db, int64_t rows, int64_t H, cudaStream_t cs) {
+  constexpr int NP = RMS ? 1 : 2;
+  const bool grads = dw || db;
+  Tensor partial;
+  int64_t blocks = 0;
+  auto workspace = [&](int64_t nb) -> float* {
+    blocks = nb;
+    if (!grads) return nullptr;
+    partial = Tensor::empty({nb, NP, H}, DType::F32, Device::CUDA);
+    return static_cast<float*>(partial.raw());
+  };
+  const bool reg =
+      vector_rows<T>(H, {dy, x, dx}) &&
+      with_bwd_shape(H * int64_t(sizeof(T)) / 16, [&](auto wpr, auto v) {
+        constexpr int WPR = decltype(wpr)::value, V = decltype(v)::value;
+        constexpr int BW = block_warps(WPR), R = BW / WPR;
+        auto kernel = norm_bwd_reg_kernel<T, RMS, WPR, V>;
+        const unsigned nb = blocks_for(rows, R);
+        float* pp = workspace(nb);
+        const size_t smem =
+            size_t(std::max<int64_t>(H, R > 1 && grads ? NP * H : 0)) * sizeof(float);
+        allow_smem(kernel, smem);
+        kernel<<<nb, 32 * BW, smem, cs>>>(dy, x, w, mean, rstd, dx, acc, pp, rows, int(H));
+      });
+  if (!reg) {
+    const unsigned nb = blocks_for(rows, 1);
+    float* pp = workspace(nb);
+    norm_bwd_stream_kernel<T, RMS>
+        <<<nb, kThreads, 0, cs>>>(dy, x, w, mean, rstd, dx, acc, pp, rows, H);
+  }
+  MCPP_LAUNCH_CHECK();
+  if (!grads) return;
+  dim3 grid{unsigned((H + kSumCols - 1) / kSumCols), unsigned(NP)}, block{kSumCols, kSumSlices};
+  partial_sum_kernel<<<grid, block, 0, cs>>>(static_cast<const float*>(partial.raw()), blocks, NP,
+                                             H, dw, db);
+  MCPP_LAUNCH_CHECK();
+}
+
+// ---- argument checks ------------------------------------------------------------------------
+
+Param param(const Tensor& t, int64_t H, const char* op, const char* name) {
   if (!t.defined()) return {};
   check_cuda(t, op, name);
   check_numel(t, H, op, name);
@@ -133,7 +623,7 @@ void norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
   int64_t H = x.size(-1), rows = x.numel() / std::max<int64_t>(H, 1);
   check_numel(y, x.numel(), op, "y");
   MCPP_CHECK(w.defined(), "{}: the weight is undefined", op);
-  PVec pw = pvec(w, H, op, "w"), pb = pvec(b, H, op, "b");
+  Param pw = param(w, H, op, "w"), pb = param(b, H, op, "b");
   float* mp = nullptr;
   if (mean) {
     check_f32(*mean, op, "mean");
@@ -143,13 +633,10 @@ void norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
   check_f32(rstd, op, "rstd");
   check_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
-  dim3 block(32, kWarps);
-  unsigned grid = unsigned((rows + kWarps - 1) / kWarps);
   MCPP_DISPATCH_ACT(x.dtype(), op,
-                    norm_fwd_kernel<T, RMS><<<grid, block, 0, stream_of(s)>>>(
-                        static_cast<const T*>(x.raw()), pw, pb, float(eps),
-                        static_cast<T*>(y.raw()), mp, static_cast<float*>(rstd.raw()), rows, H));
-  MCPP_LAUNCH_CHECK();
+                    launch_forward<T, RMS>(static_cast<const T*>(x.raw()), pw, pb, float(eps),
+                                           static_cast<T*>(y.raw()), mp,
+                                           static_cast<float*>(rstd.raw()), rows, H, stream_of(s)));
 }
 
 template <bool RMS>
@@ -162,7 +649,7 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
   MCPP_CHECK(dy.dtype() == x.dtype(), "{}: dy is {}, x is {}; one dtype expected", op, dy.str(),
              x.str());
   check_numel(dy, x.numel(), op, "dy");
-  PVec pw = pvec(w, H, op, "w");
+  Param pw = param(w, H, op, "w");
   const float* mp = nullptr;
   if (mean) {
     check_f32(*mean, op, "mean");
@@ -171,21 +658,14 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
   }
   check_f32(rstd, op, "rstd");
   check_numel(rstd, rows, op, "rstd");
-  const float* rp = static_cast<const float*>(rstd.raw());
-  cudaStream_t cs = stream_of(s);
-  if (rows == 0) return;
+  void* dxp = nullptr;
   if (dx.defined()) {
     check_cuda(dx, op, "dx");
-    MCPP_CHECK(dx.dtype() == x.dtype(), "{}: dx is {}, x is {}; one dtype expected", op,
-               dx.str(), x.str());
+    MCPP_CHECK(dx.dtype() == x.dtype(), "{}: dx is {}, x is {}; one dtype expected", op, dx.str(),
+               x.str());
     check_numel(dx, x.numel(), op, "dx");
-    dim3 block(32, kWarps);
-    unsigned grid = unsigned((rows + kWarps - 1) / kWarps);
-    MCPP_DISPATCH_ACT(x.dtype(), op,
-                      norm_bwd_dx_kernel<T, RMS><<<grid, block, 0, cs>>>(
-                          static_cast<const T*>(dy.raw()), static_cast<const T*>(x.raw()), pw,
-                          mp, rp, static_cast<T*>(dx.raw()), acc, rows, H));
-    MCPP_LAUNCH_CHECK();
+    MCPP_CHECK(w.defined(), "{}: the weight is undefined (dx needs it)", op);
+    dxp = dx.raw();
   }
   float* dwp = nullptr;
   float* dbp = nullptr;
@@ -199,12 +679,12 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
     check_numel(*db, H, op, "db");
     dbp = static_cast<float*>(db->raw());
   }
-  if (!dwp && !dbp) return;
-  MCPP_DISPATCH_ACT(x.dtype(), op, {
-    NormParamGrad<T, RMS> f{static_cast<const T*>(dy.raw()), static_cast<const T*>(x.raw()), mp,
-                            rp, H};
-    column_reduce_add<RMS ? 1 : 2>(f, rows, H, dwp, dbp, cs);
-  });
+  if (rows == 0 || (!dxp && !dwp && !dbp)) return;
+  MCPP_DISPATCH_ACT(
+      x.dtype(), op,
+      launch_backward<T, RMS>(static_cast<const T*>(dy.raw()), static_cast<const T*>(x.raw()), pw,
+                              mp, static_cast<const float*>(rstd.raw()), static_cast<T*>(dxp), acc,
+                              dwp, dbp, rows, H, stream_of(s)));
 }
 
 }  // namespace
@@ -215,10 +695,9 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, Tensor& dx, bool accumulate_dx, Tensor& dw,
-                        Tensor& db, Stream& s) {
-  norm_backward<false>(dy, x, w, &mean, rstd, dx, accumulate_dx, dw, &db, s,
-                       "layernorm_backward");
+                        const Tensor& rstd, Tensor& dx, bool accumulate_dx, Tensor& dw, Tensor& db,
+                        Stream& s) {
+  norm_backward<false>(dy, x, w, &mean, rstd, dx, accumulate_dx, dw, &db, s, "layernorm_backward");
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd,
