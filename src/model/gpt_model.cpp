@@ -53,11 +53,11 @@ struct GPTModel::LayerActs {
   Tensor ctx, lse;            // [T,NH*HD], [B,NH,S] (not kept under selective recompute)
   Tensor x2;                  // [Tl,H] residual stream after attention
   Tensor ln2, mean2, rstd2;   // [Tl,H], [Tl], [Tl]
-  Tensor fc1, act;            // [T,FC1W], [T,F]
+  Tensor fc1;                 // [T,FC1W] (the activation is recomputed from it: Scratch::act)
   int64_t nbytes() const {
     int64_t n = 0;
     for (const Tensor* t : {&ln1, &mean1, &rstd1, &ln1_full, &ln2_full, &qkv, &ctx, &lse, &x2,
-                            &ln2, &mean2, &rstd2, &fc1, &act})
+                            &ln2, &mean2, &rstd2, &fc1})
       if (t->defined()) n += int64_t(t->nbytes());
     return n;
   }
@@ -103,6 +103,10 @@ struct GPTModel::Scratch {
   Tensor tmp;       // [Tl,H] forward scratch
   Tensor tmp_full;  // [T,H] row-parallel partial output (SP)
   Tensor ones;      // [Tl,1] of ones: the bias add after a TP reduction
+  // [T,F] the MLP's activation (GELU or SwiGLU of fc1): written in forward, read by fc2,
+  // and recomputed from the saved fc1 output in backward, so no layer keeps it (the
+  // memory of one [T,F] per layer for one elementwise pass per layer in backward).
+  Tensor act;
   Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
   Tensor dtmp_full, dln_full;          // [T,H] (SP)
   std::vector<LayerActs> rc_acts;      // full recompute: one per layer of a group
@@ -110,7 +114,7 @@ struct GPTModel::Scratch {
   Tensor sel_ctx, sel_lse;             // selective recompute: the attention core's output
   int64_t nbytes() const {
     int64_t n = 0;
-    for (const Tensor* t : {&tmp, &tmp_full, &ones, &dx, &dtmp, &dln, &dfc1, &dact, &dctx, &dqkv,
+    for (const Tensor* t : {&tmp, &tmp_full, &ones, &act, &dx, &dtmp, &dln, &dfc1, &dact, &dctx, &dqkv,
                             &dloss, &dtmp_full, &dln_full, &sel_ctx, &sel_lse})
       if (t->defined()) n += int64_t(t->nbytes());
     for (const auto& a : rc_acts) n += a.nbytes();
@@ -448,8 +452,7 @@ std::pair<int64_t, int64_t> layer_bytes(const TransformerConfig& c, int64_t T, i
   const int64_t stats = c.rmsnorm ? 1 : 2;  // rstd (+ mean) per norm
   const int64_t core = T * c.local_heads() * c.kv_channels * dt + c.local_heads() * T * st;
   const int64_t all = 3 * Tl * H * dt + 2 * stats * Tl * st + T * c.qkv_width_local() * dt +
-                      core + T * c.fc1_width_local() * dt + T * c.ffn_local() * dt +
-                      (c.sp() ? 2 * T * H * dt : 0);
+                      core + T * c.fc1_width_local() * dt + (c.sp() ? 2 * T * H * dt : 0);
   return {all, core};
 }
 }  // namespace
@@ -496,6 +499,7 @@ int64_t scratch_activation_bytes(const TransformerConfig& c, const PipelinePart&
   const int64_t dt = elem(c.dtype), st = elem(c.stat_dtype());
   const int64_t nhd = c.local_heads() * c.kv_channels;
   int64_t bytes = Tl * H * dt + (sp ? T * H * dt : 0) + (c.tp_size > 1 ? Tl * dt : 0);  // tmp, ones
+  bytes += T * c.ffn_local() * dt;                                                    // act
   bytes += 3 * Tl * H * dt + S * B * st + (sp ? 2 * T * H * dt : 0);          // dx, dtmp, dln
   // dfc1, dact (SwiGLU only: GELU's gradient comes out of fc2's GEMM epilogue), dctx, dqkv
   bytes += T * (c.fc1_width_local() + (c.swiglu ? c.ffn_local() : 0) + nhd + c.qkv_width_local()) *
@@ -558,7 +562,6 @@ void GPTModel::ensure_acts(LayerActs& A, const Ctx& x, bool attn_core) {
   ensure(A.ln2, {Tl, H}, x.dt, x.dev), ensure(A.rstd2, {Tl}, x.sdt, x.dev);
   if (!c.rmsnorm) ensure(A.mean2, {Tl}, x.sdt, x.dev);
   ensure(A.fc1, {T, c.fc1_width_local()}, x.dt, x.dev);
-  ensure(A.act, {T, c.ffn_local()}, x.dt, x.dev);
   if (x.sp) ensure(A.ln1_full, {T, H}, x.dt, x.dev), ensure(A.ln2_full, {T, H}, x.dt, x.dev);
 }
 
@@ -574,6 +577,7 @@ void GPTModel::layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& 
   const int l = L.global;
   Tensor& tmp = scratch_->tmp;
   Tensor& tmp_full = cx.sp ? scratch_->tmp_full : tmp;
+  Tensor& act = scratch_->act;
   Tensor& ln1 = cx.sp ? A.ln1_full : A.ln1;
   Tensor& ln2 = cx.sp ? A.ln2_full : A.ln2;
 
@@ -598,14 +602,14 @@ void GPTModel::layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& 
   column_input(A.ln2, ln2, st);
   if (c.swiglu) {
     ops::linear_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, st);
-    ops::swiglu_forward(A.fc1, A.act, st);
+    ops::swiglu_forward(A.fc1, act, st);
   } else {
-    ops::linear_gelu_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, A.act, st);  // GEMM epilogue
+    ops::linear_gelu_forward(ln2, L.fc1_w, L.fc1_b, A.fc1, act, st);  // GEMM epilogue
   }
   if (fuse_residual) {
-    ops::linear_residual_forward(A.act, L.fc2_w, L.fc2_b, A.x2, out, st);
+    ops::linear_residual_forward(act, L.fc2_w, L.fc2_b, A.x2, out, st);
   } else {
-    row_output(A.act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
+    row_output(act, L.fc2_w, L.fc2_b, tmp_full, tmp, st);
     Tensor out3 = out.view({Sl, B, H});
     ops::dropout_add_forward(tmp3, x23, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g,
                              out3, st);
@@ -632,11 +636,14 @@ void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
   if (dropout)
     ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g, dtmp3,
                           st);
+  // The activation again, from the saved fc1 output (see Scratch::act).
+  if (c.swiglu) ops::swiglu_forward(A.fc1, sc.act, st);
+  else ops::gelu_forward(A.fc1, sc.act, st);
   if (c.swiglu) {
-    row_output_backward(dproj, dtmp_full, A.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
+    row_output_backward(dproj, dtmp_full, sc.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
     ops::swiglu_backward(sc.dact, A.fc1, sc.dfc1, st);
   } else {  // the GELU gradient in the fc2 input-gradient GEMM's epilogue
-    row_output_backward(dproj, dtmp_full, A.act, L.fc2_w, sc.dfc1, L.d_fc2_w, L.d_fc2_b, st,
+    row_output_backward(dproj, dtmp_full, sc.act, L.fc2_w, sc.dfc1, L.d_fc2_w, L.d_fc2_b, st,
                         &A.fc1);
   }
   ops::linear_backward(sc.dfc1, sp ? A.ln2_full : A.ln2, L.fc1_w, dln_full, false, L.d_fc1_w,
@@ -825,7 +832,7 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
   sv.acts.resize(size_t(n));
   for (int i = 0; i <= n; ++i)
     if (keep[size_t(i)]) ensure(sv.hidden[size_t(i)], {Tl, H}, dt, dev);
-  ensure(sc.tmp, {Tl, H}, dt, dev);
+  ensure(sc.tmp, {Tl, H}, dt, dev), ensure(sc.act, {cx.T, c.ffn_local()}, dt, dev);
   if (cx.sp) ensure(sc.tmp_full, {cx.T, H}, dt, dev);
   if (tp_) {
     ensure(sc.ones, {Tl, 1}, dt, dev);

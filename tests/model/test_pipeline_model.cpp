@@ -279,7 +279,7 @@ int64_t expected_slot_bytes(const TransformerConfig& c, int n, bool first, bool 
   const int64_t norm_stats = c.rmsnorm ? 1 : 2;  // rstd (+ mean)
   const int64_t core = T * nhd + nh * T;         // attention output + log-sum-exp
   const int64_t layer = T * H + norm_stats * T + T * qkv + core + T * H + T * H +
-                        norm_stats * T + T * fc1 + T * F;
+                        norm_stats * T + T * fc1;  // the MLP activation is recomputed in backward
   int64_t elems = 0;
   int stored_layers = n, kept_hidden = n + 1;
   if (rc.granularity == RC::Full && rc.method == RM::Uniform) {

@@ -18,6 +18,15 @@ namespace mcpp::ops::cuda {
 
 namespace {
 
+// The rotation with every product rounded before the add (no FMA contraction), so the
+// scalar and the vector kernels give the same bits whatever the compiler fuses.
+__device__ __forceinline__ float rot_a(float x1, float x2, float c, float sn) {
+  return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+}
+__device__ __forceinline__ float rot_b(float x1, float x2, float c, float sn) {
+  return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+}
+
 static __global__ void rope_table_kernel(float2* table, int64_t S, int64_t half, double base,
                                          int64_t off, int64_t rot_dim) {
   int64_t n = S * half;
@@ -49,8 +58,8 @@ static __global__ void rope_kernel(const T* in, T* out, const float2* __restrict
     float2 cs = table[s * half + i];
     float sn = sign * cs.y;
     float x1 = to_f(in[base + i]), x2 = to_f(in[base + i + half]);
-    out[base + i] = from_f<T>(x1 * cs.x - x2 * sn);
-    out[base + i + half] = from_f<T>(x2 * cs.x + x1 * sn);
+    out[base + i] = from_f<T>(rot_a(x1, x2, cs.x, sn));
+    out[base + i + half] = from_f<T>(rot_b(x1, x2, cs.x, sn));
   }
 }
 
@@ -82,8 +91,8 @@ static __global__ void rope_vec_kernel(const T* in, T* out, const float2* __rest
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       float x1 = to_f(a.v[e]), x2 = to_f(b.v[e]);
-      oa.v[e] = from_f<T>(x1 * c[e] - x2 * sn[e]);
-      ob.v[e] = from_f<T>(x2 * c[e] + x1 * sn[e]);
+      oa.v[e] = from_f<T>(rot_a(x1, x2, c[e], sn[e]));
+      ob.v[e] = from_f<T>(rot_b(x1, x2, c[e], sn[e]));
     }
     st_pack(out + base, oa);
     st_pack(out + base + half, ob);
