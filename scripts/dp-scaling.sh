@@ -44,7 +44,7 @@ done
 for ov in no yes; do
   X=()
   [[ $ov == yes ]] && X=(--overlap-grad-reduce)
-  mpirun --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
     "${COMMON[@]}" --global-batch-size $((MB * NGPU)) "${X[@]}" > "$LOG/dp$NGPU-overlap-$ov.log" 2>&1 ||
     { tail -20 "$LOG/dp$NGPU-overlap-$ov.log"; exit 1; }
 done
@@ -53,13 +53,13 @@ done
 # env CTAS="4 8" runs one DP job per value.
 for n in ${CTAS:-}; do
   printf 'dp:\n  max_ctas: %s\n  min_ctas: 1\n' "$n" > "$LOG/nccl-dp-$n.yaml"
-  mpirun --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
     "${COMMON[@]}" --global-batch-size $((MB * NGPU)) --overlap-grad-reduce \
     --nccl-communicator-config-path "$LOG/nccl-dp-$n.yaml" > "$LOG/dp$NGPU-ctas-$n.log" 2>&1 ||
     { tail -20 "$LOG/dp$NGPU-ctas-$n.log"; exit 1; }
 done
 if [[ ${TP:-1} != 0 ]]; then
-  mpirun --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
     "${COMMON[@]}" --global-batch-size "$MB" --tensor-model-parallel-size "$NGPU" \
     --sequence-parallel > "$LOG/tp$NGPU.log" 2>&1 || { tail -20 "$LOG/tp$NGPU.log"; exit 1; }
 fi

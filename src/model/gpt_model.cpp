@@ -12,8 +12,12 @@
 // *_full tensor is the local one.
 #include "model/gpt_model.h"
 
+#include <omp.h>
+
+#include <chrono>
 #include <cmath>
 
+#include "base/log.h"
 #include "ops/ops.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -186,7 +190,14 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
   for (auto& p : parameter_registry(cfg_, part_)) params_.add(std::move(p));
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);
+  const auto t0 = std::chrono::steady_clock::now();
   params_.initialize(cfg_.seed);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (secs > 1.0)
+    log::info("> parameters initialized in {:.1f} s on the host ({} OpenMP threads; under "
+              "mpirun, --bind-to none gives each rank more cores)",
+              secs, omp_get_max_threads());
   for (const auto& ch : part_.chunks) {
     chunk_layers_.emplace_back();
     groups_.emplace_back();
