@@ -228,22 +228,34 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tenso
             float(beta), C.raw(), C.dtype(), nullptr, s, op);
 }
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Stream& s) {
-  const char* op = "linear_forward";
+namespace {
+// The checks every y = x w^T (+ b) op shares; its GEMM's sizes.
+struct LinearDims {
+  int64_t rows, out, in;
+};
+LinearDims check_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                        const char* op) {
   check_cuda(x, op, "x");
   check_cuda(w, op, "w");
   check_cuda(y, op, "y");
   MCPP_CHECK(w.dim() == 2, "{}: w is {}; [out, in] expected", op, w.str());
-  int64_t out = w.size(0), in = w.size(1);
+  const int64_t out = w.size(0), in = w.size(1);
   MCPP_CHECK(x.size(-1) == in, "{}: x {} does not match w {} (in = {})", op, x.str(), w.str(),
              in);
-  int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  const int64_t rows = x.numel() / std::max<int64_t>(in, 1);
   check_numel(y, rows * out, op, "y");
-  bool fuse_bias = b.defined() && b.dtype() == y.dtype();
   if (b.defined()) {
     check_cuda(b, op, "b");
     check_numel(b, out, op, "b");
   }
+  return {rows, out, in};
+}
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Stream& s) {
+  const char* op = "linear_forward";
+  const auto [rows, out, in] = check_linear(x, w, b, y, op);
+  bool fuse_bias = b.defined() && b.dtype() == y.dtype();
   lt_matmul(false, true, rows, out, in, 1.f, x.raw(), x.dtype(), w.raw(), w.dtype(), 0.f, y.raw(),
             y.dtype(), fuse_bias ? b.raw() : nullptr, s, op);
   if (b.defined() && !fuse_bias && rows * out > 0) {
@@ -291,19 +303,12 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
 void linear_residual_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                              const Tensor& residual, Tensor& y, Stream& s) {
   const char* op = "linear_residual_forward";
-  check_cuda(x, op, "x");
-  check_cuda(w, op, "w");
-  check_cuda(y, op, "y");
+  const auto [rows, out, in] = check_linear(x, w, b, y, op);
   check_cuda(residual, op, "residual");
-  MCPP_CHECK(w.dim() == 2 && x.size(-1) == w.size(1), "{}: x {} does not match w {}", op,
-             x.str(), w.str());
-  int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
-  check_numel(y, rows * out, op, "y");
   check_numel(residual, rows * out, op, "residual");
   MCPP_CHECK(residual.dtype() == y.dtype(), "{}: residual {} and y {} must share a dtype", op,
              residual.str(), y.str());
   const bool fuse_bias = !b.defined() || b.dtype() == y.dtype();
-  if (b.defined()) check_numel(b, out, op, "b");
   if (!fuse_bias) {  // a bias of another dtype: the plain op and the add in turn
     Tensor t = Tensor::empty(y.shape(), y.dtype(), Device::CUDA);
     linear_forward(x, w, b, t, s);
@@ -328,13 +333,7 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tens
     gelu_forward(pre, y, s);
     return;
   }
-  check_cuda(x, op, "x");
-  check_cuda(w, op, "w");
-  MCPP_CHECK(w.dim() == 2 && x.size(-1) == w.size(1), "{}: x {} does not match w {}", op,
-             x.str(), w.str());
-  int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
-  check_numel(y, rows * out, op, "y");
-  if (b.defined()) check_numel(b, out, op, "b");
+  const auto [rows, out, in] = check_linear(x, w, b, y, op);
   lt_matmul(false, true, rows, out, in, 1.f, x.raw(), x.dtype(), w.raw(), w.dtype(), 0.f, y.raw(),
             y.dtype(), b.defined() ? b.raw() : nullptr, s, op, Gelu::Forward, pre.raw());
 }
