@@ -240,5 +240,8 @@ int main(int argc, char** argv) {
                 r.tps / r.torch_c);
   }
   std::printf("%s", profiles.c_str());
+  // What GEMM tuning found (ops/cuda/gemm.cu): per shape, the heuristic's first pick
+  // against the fastest bitwise-equal candidate.
+  std::fprintf(stderr, "GEMM tuning:\n%s", gpu::gemm_tuning_report().c_str());
   return 0;
 }

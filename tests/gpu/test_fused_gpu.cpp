@@ -1,5 +1,8 @@
 // Fused CUDA ops (GEMM epilogues, op profiler) against the CPU ops they stand for.
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "gpu_test_util.h"
 
@@ -46,6 +49,48 @@ TEST_P(GpuFused, LinearGeluMatchesTheTwoOps) {
   EXPECT_CLOSE(gdpre, dpre, dt());
   EXPECT_CLOSE(gdw, dw, dt() == DType::F32 ? DType::F32 : DType::F16);
   EXPECT_CLOSE(gdb, db, dt() == DType::F32 ? DType::F32 : DType::F16);
+}
+
+// GEMM tuning (ops/cuda/gemm.cu) times several cuBLASLt algorithms per shape and may pick
+// any of them, but only one whose output is bitwise equal to the heuristic's first pick:
+// every linear op gives the same bits with tuning on as with it off. Shapes large enough
+// that cuBLASLt offers several candidates (the report must show tuning ran).
+TEST_P(GpuFused, GemmTuningKeepsTheBits) {
+  const int64_t T = 2048, in = 512, ffn = 2048;
+  Tensor x = to_gpu(rand_in({T, in}, 120, dt()), dt());
+  Tensor w1 = to_gpu(rand_in({ffn, in}, 121, dt(), -0.2f, 0.2f), dt());
+  Tensor b1 = to_gpu(rand_in({ffn}, 122, dt()), dt());
+  Tensor w2 = to_gpu(rand_in({in, ffn}, 123, dt(), -0.2f, 0.2f), dt());
+  Tensor dy = to_gpu(rand_in({T, in}, 124, dt()), dt());
+  Tensor r = to_gpu(rand_in({T, in}, 125, dt()), dt());
+  Tensor dw0 = rand_f32({in, ffn}, 126);
+  // Every output, copied to the host in its own dtype.
+  auto run = [&] {
+    Tensor pre = gpu_nan({T, ffn}, dt()), act = gpu_nan({T, ffn}, dt());
+    Tensor y = gpu_nan({T, in}, dt()), dpre = gpu_nan({T, ffn}, dt()), dx = gpu_nan({T, in}, dt());
+    Tensor dw = to_gpu(dw0, DType::F32), db = to_gpu(rand_f32({in}, 127), DType::F32), none;
+    gpu::linear_gelu_forward(x, w1, b1, pre, act, GS());
+    gpu::linear_residual_forward(act, w2, Tensor(), r, y, GS());
+    gpu::linear_gelu_backward(dy, act, w2, pre, dpre, dw, db, GS());
+    gpu::linear_backward(dpre, x, w1, dx, false, none, none, GS());
+    std::vector<Tensor> host;
+    for (Tensor* t : {&pre, &act, &y, &dpre, &dx, &dw}) {
+      host.push_back(Tensor::empty(t->shape(), t->dtype()));
+      gpu::copy(*t, host.back(), GS());
+    }
+    return host;
+  };
+  const bool before = gpu::set_gemm_autotune(false);
+  auto plain = run();
+  gpu::set_gemm_autotune(true);
+  auto tuned = run();
+  const std::string report = gpu::gemm_tuning_report();
+  gpu::set_gemm_autotune(before);
+  EXPECT_NE(report.find("bitwise equal"), std::string::npos) << "no GEMM was tuned:\n" << report;
+  const char* names[] = {"pre", "act", "y", "dpre", "dx", "dw"};
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_EQ(std::memcmp(plain[i].raw(), tuned[i].raw(), plain[i].nbytes()), 0)
+        << names[i] << " differs with tuning on; report:\n" << report;
 }
 
 // The residual add in the GEMM epilogue (cuBLASLt's separate C input), with a bias of the

@@ -77,6 +77,13 @@ class OpScope {
 // Sorted by time, largest first; clears the recorded events.
 std::vector<OpTime> op_profile_collect();
 
+// One line per GEMM key tuned so far (ops/cuda/gemm.cu): candidates, how many computed
+// the same bits as cuBLASLt's first pick, its time and the chosen one's.
+std::string gemm_tuning_report();
+// Turns GEMM tuning on or off (MCPP_GEMM_AUTOTUNE=0 starts with it off) and forgets every
+// algorithm chosen so far; returns the previous setting. For tests.
+bool set_gemm_autotune(bool on);
+
 // Error reporting with file:line (mcpp::Error).
 [[noreturn]] void cuda_fail(const char* file, int line, const char* expr, int code,
                             const char* name, const char* msg);

@@ -3,8 +3,15 @@
 // beta = 1 on an f32 output). f32 accumulation always; f32 inputs use full-precision f32
 // (set MCPP_ALLOW_TF32=1 for TF32). The bias add runs in the GEMM's epilogue when the
 // bias has the output's dtype, else in a small kernel; db += sum_t dy uses the
-// deterministic column reduction. The algorithm found by the heuristic is cached per
-// (shape, dtypes, transposes, epilogue, pointer alignments).
+// deterministic column reduction. The algorithm is chosen once per (shape, dtypes,
+// transposes, epilogue, pointer alignments) and cached: cuBLASLt's heuristic ranks its
+// candidates by a model, and its first pick is not always the fastest on the real shape,
+// so the first call of a key times up to kTuneCandidates of them on the call's own
+// operands (into scratch outputs) and keeps the fastest whose output is bitwise equal to
+// the heuristic's first pick. The choice can then differ between runs (timing noise) but
+// the numbers cannot: candidates that compute anything else (split-K, stream-K orders)
+// are never taken. MCPP_GEMM_AUTOTUNE=0 keeps the heuristic's first pick;
+// gemm_tuning_report() lists what tuning found.
 //
 // Row-major to cuBLAS's column-major: row-major C[M,N] = op(A)[M,K] op(B)[K,N] is
 // column-major C^T[N,M] = op(B)^T op(A)^T, so cuBLASLt gets m = N, n = M, with B's
@@ -12,10 +19,15 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/reduce.cuh"
@@ -67,6 +79,7 @@ using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, i
 struct AlgoCache {
   std::mutex mu;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  std::vector<std::string> report;  // one line per tuned key
 };
 AlgoCache& algo_cache() {
   static AlgoCache* c = new AlgoCache;
@@ -85,9 +98,131 @@ struct LtDescs {
   }
 };
 
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneReps = 3;
+
+std::atomic<bool>& autotune_flag() {
+  static std::atomic<bool> v{[] {
+    const char* e = std::getenv("MCPP_GEMM_AUTOTUNE");
+    return !(e && e[0] == '0');
+  }()};
+  return v;
+}
+bool autotune_enabled() { return autotune_flag().load(); }
+
+// flag |= (a[i] != b[i]) over n 16-bit words (every output dtype is 2 or 4 bytes).
+static __global__ void differs_kernel(const uint16_t* __restrict__ a,
+                                      const uint16_t* __restrict__ b, int64_t n,
+                                      unsigned* flag) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    if (a[i] != b[i]) {
+      *flag = 1u;
+      return;
+    }
+}
+
+// Device memory for tuning, outside the tensor pool (so it never counts in the peak the
+// log reports) and freed when tuning ends. Empty when the device has no room: then the
+// heuristic's first pick is used.
+struct RawBuffer {
+  void* p = nullptr;
+  explicit RawBuffer(size_t bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      p = nullptr;
+      (void)cudaGetLastError();
+    }
+  }
+  ~RawBuffer() {
+    if (p) cudaFree(p);
+  }
+  RawBuffer(const RawBuffer&) = delete;
+  RawBuffer& operator=(const RawBuffer&) = delete;
+};
+
 // GELU epilogues: Forward writes gelu(C) to C and the pre-activation to aux; Backward
 // multiplies C by gelu'(aux) (aux [M, N] row-major, C's dtype).
 enum class Gelu { None, Forward, Backward };
+
+// Times the heuristic's candidates on the call's operands; returns the fastest whose
+// output (and aux output, when aux_out is set) is bitwise equal to candidate 0's. Every
+// run writes scratch buffers, never C or aux_out, and reads C (c_in) as the real call
+// will. `line` gets what was found, for gemm_tuning_report().
+cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_t* res,
+                          int n_res, float alpha, const void* A, const void* B, float beta,
+                          const void* c_in, int64_t out_bytes, void* aux_out,
+                          int64_t aux_bytes, Stream& s, std::string& line) {
+  cudaStream_t cs = stream_of(s);
+  void* ws = workspace(kWorkspaceBytes, s);
+  const bool with_aux = aux_out != nullptr;
+  const size_t ob = size_t(out_bytes), ab = with_aux ? size_t(aux_bytes) : 1;
+  RawBuffer ref{ob}, out{ob}, flag{sizeof(unsigned)}, ref_aux{ab}, out_aux{ab};
+  if (!ref.p || !out.p || !flag.p || !ref_aux.p || !out_aux.p) {
+    line = "no device memory to tune; heuristic's first pick";
+    return res[0].algo;
+  }
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  // One run of candidate i into (dst, dst_aux); false when cuBLASLt refuses it.
+  auto launch = [&](int i, void* dst, void* dst_aux) {
+    if (with_aux &&
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &dst_aux,
+                                       sizeof(dst_aux)) != CUBLAS_STATUS_SUCCESS)
+      return false;
+    return cublasLtMatmul(lt_handle(), d.op, &alpha, B, d.a, A, d.b, &beta, c_in, d.c, dst, d.c,
+                          &res[i].algo, ws, kWorkspaceBytes, cs) == CUBLAS_STATUS_SUCCESS;
+  };
+  auto time_ms = [&](int i) {
+    float best = 1e30f;
+    for (int r = 0; r < kTuneReps; ++r) {
+      CUDA_CHECK(cudaEventRecord(e0, cs));
+      if (!launch(i, out.p, out_aux.p)) return -1.f;
+      CUDA_CHECK(cudaEventRecord(e1, cs));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      best = std::min(best, ms);
+    }
+    return best;
+  };
+  auto differs = [&](const void* a, const void* b, int64_t bytes) {
+    CUDA_CHECK(cudaMemsetAsync(flag.p, 0, sizeof(unsigned), cs));
+    const int64_t n = bytes / 2;
+    differs_kernel<<<grid_for(n, 256), 256, 0, cs>>>(static_cast<const uint16_t*>(a),
+                                                     static_cast<const uint16_t*>(b), n,
+                                                     static_cast<unsigned*>(flag.p));
+    MCPP_LAUNCH_CHECK();
+    unsigned h = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&h, flag.p, sizeof(h), cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    return h != 0;
+  };
+  int best = 0, equal = 1;
+  float t0 = -1.f;
+  if (launch(0, ref.p, ref_aux.p)) t0 = time_ms(0);
+  float best_ms = t0;
+  if (t0 > 0) {
+    for (int i = 1; i < n_res; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS || !launch(i, out.p, out_aux.p)) continue;
+      if (differs(ref.p, out.p, out_bytes) ||
+          (with_aux && differs(ref_aux.p, out_aux.p, aux_bytes)))
+        continue;
+      ++equal;
+      const float ms = time_ms(i);
+      if (ms > 0 && ms < best_ms) best = i, best_ms = ms;
+    }
+  }
+  if (with_aux)  // the real call's aux pointer back
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux_out, sizeof(aux_out)));
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  line = fmt::format("{} candidates, {} bitwise equal to the first; first {:.3f} ms, chosen #{} "
+                     "{:.3f} ms",
+                     n_res, equal, t0, best, best_ms);
+  return res[best].algo;
+}
 
 // Row-major C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] when bias != null), then the
 // GELU epilogue `gelu` with aux.
@@ -166,16 +301,28 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
                                          sizeof(al_c));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                          sizeof(al_c));
-    cublasLtMatmulHeuristicResult_t res{};
+    cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
     int n_res = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(), d.op, d.a, d.b, d.c, d.c,
-                                                       pref, 1, &res, &n_res);
+                                                       pref, autotune_enabled() ? kTuneCandidates
+                                                                                : 1,
+                                                       res, &n_res);
     cublasLtMatmulPreferenceDestroy(pref);
     MCPP_CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
                "{}: cuBLASLt has no algorithm for [{}x{}]x[{}x{}] {}{} -> {} ({})", op, M, K, K,
                N, dtype_name(at), bias ? " with bias" : "", dtype_name(ct),
                cublasGetStatusString(st));
-    algo = res.algo;
+    algo = res[0].algo;
+    if (n_res > 1) {
+      std::string line;
+      algo = tune(d, res, n_res, alpha, A, B, beta, cin, M * N * int64_t(dtype_size(ct)),
+                  gelu == Gelu::Forward ? aux : nullptr, M * N * int64_t(dtype_size(ct)), s,
+                  line);
+      line = fmt::format("{} [{}x{}]x[{}x{}]{}{} {}: {}", op, M, K, K, N, ta ? " tA" : "",
+                         tb ? " tB" : "", dtype_name(ct), line);
+      std::lock_guard<std::mutex> lk(algo_cache().mu);
+      algo_cache().report.push_back(line);
+    }
     AlgoCache& cache = algo_cache();
     std::lock_guard<std::mutex> lk(cache.mu);
     cache.algos[key] = algo;
@@ -357,6 +504,22 @@ void linear_gelu_backward(const Tensor& dy, const Tensor& act, const Tensor& w,
   check_numel(dpre, rows * in, op, "dpre");
   lt_matmul(false, false, rows, in, out, 1.f, dy.raw(), dy.dtype(), w.raw(), w.dtype(), 0.f,
             dpre.raw(), dpre.dtype(), nullptr, s, op, Gelu::Backward, const_cast<void*>(pre.raw()));
+}
+
+bool set_gemm_autotune(bool on) {
+  AlgoCache& cache = algo_cache();
+  std::lock_guard<std::mutex> lk(cache.mu);
+  cache.algos.clear();
+  cache.report.clear();
+  return autotune_flag().exchange(on);
+}
+
+std::string gemm_tuning_report() {
+  AlgoCache& cache = algo_cache();
+  std::lock_guard<std::mutex> lk(cache.mu);
+  std::string r;
+  for (const auto& l : cache.report) r += l + "\n";
+  return r;
 }
 
 }  // namespace mcpp::ops::cuda
