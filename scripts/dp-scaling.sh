@@ -10,7 +10,10 @@
 # part of the gradient reduction backward did not hide). Prints one table: tokens/s per
 # GPU of the last log interval and its ratio to one GPU.
 # Usage: scripts/dp-scaling.sh BUILD_DIR [MODEL]   (MODEL: 350m | 1.3b; env MB, NGPU, ITERS,
-#        CTAS="4 8" for DP runs with those NCCL CTA limits, TP=0 to skip the TP run)
+#        CTAS="4 8" for DP runs with those NCCL CTA limits, TP=0 to skip the TP run,
+#        VARIANTS="bf16 distopt" for overlapped DP runs with --grad-reduce-in-bf16 and with
+#        --use-distributed-optimizer (+ --overlap-param-gather), BASE=0 to skip the plain
+#        DP runs without and with overlap)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 MODEL=${2:-350m}
@@ -41,7 +44,7 @@ for g in $(seq 0 $((NVIS - 1))); do
   CUDA_VISIBLE_DEVICES=$g "$M" train "${COMMON[@]}" --global-batch-size "$MB" > "$LOG/1gpu-$g.log" 2>&1 ||
     { tail -20 "$LOG/1gpu-$g.log"; exit 1; }
 done
-for ov in no yes; do
+for ov in $([[ ${BASE:-1} != 0 ]] && echo no yes); do
   X=()
   [[ $ov == yes ]] && X=(--overlap-grad-reduce)
   mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
@@ -58,6 +61,18 @@ for n in ${CTAS:-}; do
     --nccl-communicator-config-path "$LOG/nccl-dp-$n.yaml" > "$LOG/dp$NGPU-ctas-$n.log" 2>&1 ||
     { tail -20 "$LOG/dp$NGPU-ctas-$n.log"; exit 1; }
 done
+# Other ways to cut the reduction's cost, each overlapped: bf16 reduction (half the bytes),
+# the distributed optimizer (reduce-scatter of the gradients, all-gather of bf16 params).
+for v in ${VARIANTS:-}; do
+  case $v in
+    bf16) X=(--grad-reduce-in-bf16) ;;
+    distopt) X=(--use-distributed-optimizer --overlap-param-gather) ;;
+    *) echo "dp-scaling: unknown variant $v (bf16, distopt)"; exit 2 ;;
+  esac
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
+    "${COMMON[@]}" --global-batch-size $((MB * NGPU)) --overlap-grad-reduce "${X[@]}" \
+    > "$LOG/dp$NGPU-$v.log" 2>&1 || { tail -20 "$LOG/dp$NGPU-$v.log"; exit 1; }
+done
 if [[ ${TP:-1} != 0 ]]; then
   mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
     "${COMMON[@]}" --global-batch-size "$MB" --tensor-model-parallel-size "$NGPU" \
@@ -73,7 +88,10 @@ echo "## DP scaling, GPT $MODEL bf16, micro-batch $MB, $NGPU GPUs ($(nvidia-smi 
 echo "| run | tokens/s per GPU | vs 1 GPU (GPU 0) | forward-backward ms | grads-reduce ms (exposed) | optimizer ms (incl. grads-reduce) |"
 echo "|---|---:|---:|---:|---:|---:|"
 for g in $(seq 0 $((NVIS - 1))); do row "1 GPU (GPU $g)" "$LOG/1gpu-$g.log"; done
-for ov in no yes; do row "DP$NGPU, --overlap-grad-reduce $ov" "$LOG/dp$NGPU-overlap-$ov.log"; done
+for ov in $([[ ${BASE:-1} != 0 ]] && echo no yes); do
+  row "DP$NGPU, --overlap-grad-reduce $ov" "$LOG/dp$NGPU-overlap-$ov.log"
+done
 for n in ${CTAS:-}; do row "DP$NGPU, overlap, DP group max_ctas $n" "$LOG/dp$NGPU-ctas-$n.log"; done
+for v in ${VARIANTS:-}; do row "DP$NGPU, overlap, $v" "$LOG/dp$NGPU-$v.log"; done
 [[ ${TP:-1} != 0 ]] && row "TP$NGPU + SP (DP1; same micro-batch)" "$LOG/tp$NGPU.log"
 grep -h "memory (MB)" "$LOG"/*.log | head -3
