@@ -340,6 +340,7 @@ const Binding kBindings[] = {
     MCPP_FLAG(overlap_grad_reduce),
     MCPP_FLAG(overlap_param_gather),
     MCPP_FLAG(ddp_bucket_size),
+    MCPP_FLAG(grad_reduce_in_bf16),
     // precision and initialisation
     MCPP_FLAG(bf16),
     MCPP_FLAG(fp16),
@@ -409,7 +410,8 @@ const ByDesign kByDesign[] = {
      "weight gradients always accumulate into fp32 gradient buffers; fusing that into the GEMM "
      "is a kernel detail"},
     {"accumulate_allreduce_grads_in_fp32", "",
-     "gradients are always accumulated and reduced in fp32 buffers"},
+     "gradients are always accumulated in fp32 buffers, and reduced in fp32 unless "
+     "--grad-reduce-in-bf16 is given"},
     {"cross_entropy_loss_fusion", "",
      "the vocab-parallel cross-entropy is one op of megatron.cpp's catalogue already"},
     {"cross_entropy_fusion_impl", "", "the vocab-parallel cross-entropy has one implementation"},
@@ -880,6 +882,18 @@ void validate_args(Args& a, int world_size, bool training) {
   if (a.ddp_bucket_size)
     MCPP_CHECK_HINT(*a.ddp_bucket_size > 0, "give a positive number of elements",
                     "--ddp-bucket-size {} must be positive", *a.ddp_bucket_size);
+  // Megatron's flag switches a bf16 run's gradient reduction from fp32 to bf16; without
+  // --bf16 it would ask for nothing that happens, so it must not pass silently.
+  MCPP_CHECK_HINT(!a.grad_reduce_in_bf16 || a.bf16,
+                  a.fp16 ? "train with --bf16 instead of --fp16, or drop --grad-reduce-in-bf16"
+                         : "add --bf16 (GPU training), or drop --grad-reduce-in-bf16",
+                  "--grad-reduce-in-bf16 needs --bf16 (it reduces the gradients of bf16 "
+                  "training in bf16); {} was given",
+                  a.fp16 ? "--fp16" : "neither --bf16 nor --fp16");
+  if (a.grad_reduce_in_bf16 && a.data_parallel_size == 1)
+    log::info(
+        "--grad-reduce-in-bf16 has no effect: the data-parallel size is 1, so no "
+        "gradients are reduced over data-parallel ranks");
 
   // MLP width (Megatron: 4h, or int(4h*2/3 / 64)*64 = (h/24)*64 with SwiGLU).
   if (!a.was_given("ffn_hidden_size"))

@@ -148,6 +148,7 @@ struct Args {
   bool overlap_grad_reduce = false;          // bucket reductions start during backward
   bool overlap_param_gather = false;         // dist-opt param all-gathers wait in forward
   std::optional<int64_t> ddp_bucket_size;    // elements per gradient bucket
+  bool grad_reduce_in_bf16 = false;          // DP collectives carry bf16 (needs --bf16)
   int64_t world_size = 0;
   int64_t data_parallel_size = 0;
   int64_t num_microbatches = 0;

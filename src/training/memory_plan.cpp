@@ -71,6 +71,11 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   // The distributed optimizer's reduce-scatter target: this rank's 1/DP of the gradients.
   if (a.use_distributed_optimizer)
     m.grads += m.parameters / a.data_parallel_size * int64_t(dtype_size(cfg.grad_dtype()));
+  // --grad-reduce-in-bf16 (DP > 1): the bf16 staging copy of the buffer (and of the shard).
+  if (a.grad_reduce_in_bf16 && a.data_parallel_size > 1)
+    m.grads +=
+        (m.parameters + (a.use_distributed_optimizer ? m.parameters / a.data_parallel_size : 0)) *
+        int64_t(dtype_size(DType::BF16));
   // AdamW: moments in fp32 (f64 for f64 models), plus fp32 main params for 16-bit models;
   // the distributed optimizer keeps main params and moments of its 1/DP shard.
   const bool wide = cfg.dtype == DType::F32 || cfg.dtype == DType::F64;

@@ -26,7 +26,8 @@ int64_t param_alignment(const Args& a);
 struct StageMemory {
   int64_t parameters = 0;       // elements of the rank's flat buffer (its TP shard, padded)
   int64_t weights = 0;          // bytes: parameters in the model dtype
-  int64_t grads = 0;            // bytes: gradients (fp32 on GPUs)
+  int64_t grads = 0;            // bytes: gradients (fp32 on GPUs), the distributed
+                                // optimizer's shard, --grad-reduce-in-bf16's staging copy
   int64_t optimizer = 0;        // bytes: fp32 main params (16-bit models) + Adam moments (/DP
                                 // with the distributed optimizer)
   int64_t per_microbatch = 0;   // bytes of activations one micro-batch keeps (largest chunk)

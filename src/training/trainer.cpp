@@ -628,10 +628,15 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
         a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
     s.dp_grads = std::make_unique<parallel::DataParallelGrads>(
         P.flat_grads(), std::move(spans), s.ps->dp(), bucket, a.overlap_grad_reduce,
-        a.use_distributed_optimizer);
-    log::info("> gradient buckets: {} (--ddp-bucket-size {}), {}{}", s.dp_grads->buckets().size(),
-              bucket, a.use_distributed_optimizer ? "reduce-scatter" : "all-reduce",
-              a.overlap_grad_reduce ? ", overlapped with backward" : "");
+        a.use_distributed_optimizer, a.grad_reduce_in_bf16);
+    const auto& g = *s.dp_grads;
+    log::info(
+        "> gradient buckets: {} (--ddp-bucket-size {}), {} in {}{}{}", g.buckets().size(), bucket,
+        a.use_distributed_optimizer ? "reduce-scatter" : "all-reduce", dtype_name(g.reduce_dtype()),
+        g.staging_bytes() > 0
+            ? fmt::format(" (--grad-reduce-in-bf16: {} bytes of bf16 staging)", g.staging_bytes())
+            : std::string(),
+        a.overlap_grad_reduce ? ", overlapped with backward" : "");
     if (a.overlap_grad_reduce)
       s.model->set_grad_ready_hook([g = s.dp_grads.get(), dev = s.device](int layer) {
         g->layer_ready(layer, ops::default_stream(dev));
@@ -663,6 +668,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     s.plan = plan_stage_memory(a, s.model_cfg, s.ps->pp_rank());
     auto& P = s.model->params();
     int64_t have = int64_t(P.flat_params().nbytes() + P.flat_grads().nbytes());
+    have += s.dp_grads->staging_bytes();
     if (s.dist_opt)
       have += int64_t(s.dp_grads->shard().nbytes()) + s.dist_opt->state_bytes();
     else

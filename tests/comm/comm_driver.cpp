@@ -9,7 +9,9 @@
 //   comm_driver timeout-recv S        rank 0 waits for a message rank 1 never sends
 //   comm_driver crash S               the last rank dies before a collective
 // MCPP_TEST_MPI_SERIALIZED=1 asks MPI for SERIALIZED instead of MULTIPLE.
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -258,11 +260,51 @@ void check_overlap(Communicator& c) {
   for (int j = 0; j < n; ++j) CHECK_EQ_V(get(g_out, j), c.ranks()[j], "{} member {}", c.name(), j);
 }
 
+// bf16 SUM in a group of two rounds the exact sum of the two bf16 inputs once, to
+// nearest even (the data-parallel reduction of --grad-reduce-in-bf16 relies on it). The
+// small-integer payloads above sum exactly; these do not. The rounding is written out
+// here on the bits, independently of tensor/dtype.h.
+float rne_bf16(float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return std::bit_cast<float>(u & 0xFFFF0000u);
+}
+// Group rank j's element k: ties first (1 + 2^-8 rounds down to even 1, 1 + 2^-7 + 2^-8
+// up to even 1 + 2^-6), then values with full bf16 mantissas over several binades.
+float rounding_payload(int j, int64_t k) {
+  static const float kTies[][2] = {
+      {1.0f, 0.00390625f}, {1.0078125f, 0.00390625f}, {1.0f, 0.005859375f}, {-1.5f, 1.0078125f}};
+  if (k < 4) return kTies[k][j];
+  return rne_bf16(float(std::ldexp(std::sin(0.37 * double(k) + 1.9 * j), int(k % 5) - 2)));
+}
+
+void check_bf16_rounding(Communicator& c) {
+  Stream& s = Stream::cpu();
+  const int me = c.rank();
+  const int64_t m = 12;
+  auto want = [](int64_t k) { return rne_bf16(rounding_payload(0, k) + rounding_payload(1, k)); };
+  int64_t rounded = 0;  // elements whose exact sum is not a bf16 value
+  for (int64_t k = 0; k < 2 * m; ++k)
+    rounded += want(k) != rounding_payload(0, k) + rounding_payload(1, k);
+  CHECK_EQ_V(double(4 * rounded >= 2 * m), 1.0, "{} bf16 rounding payload: only {} sums round",
+             c.name(), rounded);
+  Tensor t = filled({2 * m}, DType::BF16, [&](int64_t k) { return rounding_payload(me, k); });
+  c.all_reduce(t, ReduceOp::Sum, s);
+  for (int64_t k = 0; k < 2 * m; ++k)
+    CHECK_EQ_V(get(t, k), want(k), "{} bf16 all_reduce rounding k={}", c.name(), k);
+  Tensor in = filled({2 * m}, DType::BF16, [&](int64_t k) { return rounding_payload(me, k); });
+  Tensor out = Tensor::zeros({m}, DType::BF16);
+  c.reduce_scatter(in, out, s);
+  for (int64_t k = 0; k < m; ++k)
+    CHECK_EQ_V(get(out, k), want(me * m + k), "{} bf16 reduce_scatter rounding k={}", c.name(), k);
+}
+
 int run_collectives(World& w, int tp, int pp) {
   const auto t0 = std::chrono::steady_clock::now();
   check_group(w.world(), false);
   check_group(w.world(), true);
   check_overlap(w.world());
+  if (w.size() == 2) check_bf16_rounding(w.world());
   ParallelSizes sz;
   sz.tp = tp, sz.pp = pp;
   ParallelState ps(w, sz);
@@ -283,6 +325,7 @@ int run_collectives(World& w, int tp, int pp) {
   for (Group grp : {Group::TP, Group::DP, Group::PP, Group::MP, Group::TP_DP}) {
     check_group(ps.group(grp), false);
     check_overlap(ps.group(grp));
+    if (ps.group(grp).size() == 2) check_bf16_rounding(ps.group(grp));
   }
   if (ps.has(Group::Embedding)) check_group(ps.embedding(), true);
   // Sequence numbers: every member issued the same number of collectives.

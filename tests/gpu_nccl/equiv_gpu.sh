@@ -10,6 +10,8 @@
 # tests/gpu/test_train_gpu.cpp), so the same bound applies. Measured on two H200s
 # (2026-11-29): at most 3.6e-3 (Llama, TP2), 2.2e-4 (GPT, TP2), 5.5e-4 (Llama, DP2). The
 # largest deviation is printed. LAYOUT (2 GPUs unless said): tp2 | tp2_sp | dp2 | dp2_distopt |
+# dp2_bf16reduce (--grad-reduce-in-bf16, all-reduce, not overlapped) |
+# dp2_distopt_bf16reduce (--grad-reduce-in-bf16, reduce-scatter, overlapped) |
 # tp2_pp2 (4 GPUs, SP) | tp2_pp2_dp2_sp_distopt (8 GPUs, overlapped) | pp2 (with full
 # recomputation) | pp2_v2 (two virtual stages a GPU: activations and gradients both ways
 # between the two GPUs in one NCCL group; selective recomputation). The models have 4
@@ -26,6 +28,11 @@ case $LAYOUT in
   dp2) L=(--overlap-grad-reduce --ddp-bucket-size 50000) ;;
   dp2_distopt) L=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
                   --ddp-bucket-size 50000) ;;
+  # Gradients reduced in bf16: every 2-GPU gradient is rounded to bf16 once before the sum
+  # and once after it (about 2^-9 relative), the 1-GPU run's are not; the bound is the same.
+  dp2_bf16reduce) L=(--grad-reduce-in-bf16 --ddp-bucket-size 50000) ;;
+  dp2_distopt_bf16reduce) L=(--grad-reduce-in-bf16 --use-distributed-optimizer
+                             --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 50000) ;;
   pp2) L=(--pipeline-model-parallel-size 2 --recompute-granularity full --recompute-method uniform
           --recompute-num-layers 1) ;;
   pp2_v2) L=(--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
@@ -61,6 +68,10 @@ for fam in gpt llama; do
   run1 "${F[@]}" > "$W/$fam.1gpu.log"
   run2 "${F[@]}" --save "$W/$fam.a" > "$W/$fam.2gpu.log"
   grep -q "backend nccl\|NCCL groups" "$W/$fam.2gpu.log" || { echo "$fam: the run did not use NCCL"; fail=1; }
+  if [[ $LAYOUT == *bf16reduce ]]; then
+    grep -q "in bf16 (--grad-reduce-in-bf16" "$W/$fam.2gpu.log" ||
+      { echo "$fam $LAYOUT: the gradients were not reduced in bf16"; fail=1; }
+  fi
   paste <(losses "$W/$fam.1gpu.log") <(losses "$W/$fam.2gpu.log") > "$W/$fam.pairs"
   [[ $(wc -l < "$W/$fam.pairs") -eq 20 ]] || { echo "$fam: expected 20 losses"; cat "$W/$fam.2gpu.log" | tail -20; exit 1; }
   awk -v tol="$TOL" -v name="$fam $LAYOUT" '

@@ -94,6 +94,7 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
                         "use_cpu_initialization",
                         "bf16",
                         "fp16",
+                        "grad_reduce_in_bf16",
                         "save",
                         "load",
                         "save_interval",

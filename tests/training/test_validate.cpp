@@ -189,6 +189,39 @@ TEST(Validate, Bf16WithFp16) {
   EXPECT_FALSE(f.loss_scale.has_value());
 }
 
+// --grad-reduce-in-bf16: an error without --bf16 (naming the fix); one log line and no
+// error where there is no data-parallel reduction to make (DP 1); silent otherwise.
+TEST(Validate, GradReduceInBf16) {
+  expect_invalid(
+      with(base_argv(), {"--grad-reduce-in-bf16"}),
+      {"--grad-reduce-in-bf16 needs --bf16", "neither --bf16 nor --fp16 was given", "add --bf16"},
+      2);
+  expect_invalid(
+      with(base_argv(), {"--fp16", "--grad-reduce-in-bf16"}),
+      {"--grad-reduce-in-bf16 needs --bf16", "--fp16 was given", "--bf16 instead of --fp16"}, 2);
+  const std::string note = "--grad-reduce-in-bf16 has no effect: the data-parallel size is 1";
+  auto validated_output = [](const std::vector<std::string>& argv, int world, Args& a) {
+    testing::internal::CaptureStdout();
+    a = parse_and_validate(argv, world);
+    return testing::internal::GetCapturedStdout();
+  };
+  Args a;
+  std::string out = validated_output(with(base_argv(), {"--bf16", "--grad-reduce-in-bf16"}), 2, a);
+  EXPECT_TRUE(a.grad_reduce_in_bf16);
+  EXPECT_EQ(a.data_parallel_size, 2);
+  EXPECT_EQ(out.find(note), std::string::npos) << out;
+  // DP 1: one rank, or TP over every rank.
+  out = validated_output(with(base_argv(), {"--bf16", "--grad-reduce-in-bf16"}), 1, a);
+  EXPECT_TRUE(a.grad_reduce_in_bf16);
+  ASSERT_NE(out.find(note), std::string::npos) << out;
+  EXPECT_EQ(out.find(note, out.find(note) + 1), std::string::npos) << "logged twice:\n" << out;
+  out = validated_output(
+      with(base_argv(), {"--bf16", "--grad-reduce-in-bf16", "--tensor-model-parallel-size", "2"}),
+      2, a);
+  EXPECT_NE(out.find(note), std::string::npos) << out;
+  EXPECT_FALSE(parse_and_validate(with(base_argv(), {"--bf16"}), 2).grad_reduce_in_bf16);
+}
+
 TEST(Validate, RotaryPercentRange) {
   expect_invalid(with(base_argv(), {"--rotary-percent", "0"}),
                  {"--rotary-percent 0 is outside (0, 1]"});

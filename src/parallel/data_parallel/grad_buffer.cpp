@@ -7,7 +7,7 @@ namespace mcpp::parallel {
 
 DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
                                      comm::Communicator& dp, int64_t bucket_size, bool overlap,
-                                     bool reduce_scatter)
+                                     bool reduce_scatter, bool reduce_in_bf16)
     : grads_(std::move(grads)), spans_(std::move(spans)), dp_(dp), overlap_(overlap),
       reduce_scatter_(reduce_scatter) {
   MCPP_CHECK(grads_.dim() == 1, "DataParallelGrads: flat buffer expected, got {}", grads_.str());
@@ -50,6 +50,12 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
     shard_ = Tensor::empty({shard_total}, grads_.dtype(), grads_.device());
     ops::fill(shard_, 0.0, ops::default_stream(grads_.device()));
   }
+  if (reduce_in_bf16 && dp_.size() > 1) {
+    MCPP_CHECK_HINT(grads_.dtype() == DType::F32, "train with --bf16 (fp32 main grads)",
+                    "--grad-reduce-in-bf16 casts an fp32 gradient buffer to bf16, found {}",
+                    grads_.str());
+    staging_ = Tensor::empty({total + shard_total}, DType::BF16, grads_.device());
+  }
   pending_.assign(buckets_.size(), 0);
   started_.assign(buckets_.size(), false);
   work_.resize(buckets_.size());
@@ -66,14 +72,23 @@ void DataParallelGrads::begin_final_backward() {
 
 void DataParallelGrads::start(size_t b, Stream& s) {
   const auto& bk = buckets_[b];
-  Tensor in = grads_.narrow(bk.begin, bk.end - bk.begin);
-  views_[2 * b] = in;
+  const int64_t len = bk.end - bk.begin;
+  Tensor in = grads_.narrow(bk.begin, len);
   if (dp_.size() == 1 && !reduce_scatter_) {
+    views_[2 * b] = in;
     started_[b] = true;
     return;
   }
+  if (staging_.defined()) {
+    // The bucket's gradients are final: this is the only rounding to bf16 before the sum.
+    Tensor staged = staging_.narrow(bk.begin, len);
+    ops::copy(in, staged, s);
+    in = staged;
+  }
+  views_[2 * b] = in;
   if (reduce_scatter_) {
-    Tensor out = shard_.narrow(bk.shard_offset, block(b));
+    Tensor out = staging_.defined() ? staging_.narrow(grads_.numel() + bk.shard_offset, block(b))
+                                    : shard_.narrow(bk.shard_offset, block(b));
     views_[2 * b + 1] = out;
     work_[b] = dp_.reduce_scatter_async(views_[2 * b], views_[2 * b + 1], s);
   } else {
@@ -92,12 +107,26 @@ void DataParallelGrads::layer_ready(int layer, Stream& s) {
   for (auto& w : work_) w.test();  // progress the collectives in flight
 }
 
+void DataParallelGrads::unstage(size_t b, Stream& s) {
+  const auto& bk = buckets_[b];
+  if (reduce_scatter_) {
+    Tensor out = shard_.narrow(bk.shard_offset, block(b));
+    ops::copy(views_[2 * b + 1], out, s);
+  } else {
+    Tensor out = grads_.narrow(bk.begin, bk.end - bk.begin);
+    ops::copy(views_[2 * b], out, s);
+  }
+}
+
 void DataParallelGrads::finish(Stream& s) {
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!armed_ || !started_[b]) start(b, s);
-  for (auto& w : work_) {
-    w.wait();
-    w = comm::Work();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    // wait(): on the CPU the result is in place; on a CUDA stream, `s` now waits for the
+    // collective, so the cast back below is ordered after it.
+    work_[b].wait();
+    work_[b] = comm::Work();
+    if (staging_.defined()) unstage(b, s);
   }
   armed_ = false;
 }

@@ -14,6 +14,14 @@
 //     soon as its last parameter is reported, and finish() waits for all of them. OpenMPI
 //     progresses nonblocking collectives only inside MPI calls, so every layer_ready also
 //     polls the buckets in flight (Work::test).
+//   * --grad-reduce-in-bf16 (reduce_in_bf16): the collectives carry bf16, half the bytes
+//     of fp32. Gradients still accumulate in the fp32 buffer (the GEMMs add into it); a
+//     bucket is cast fp32 -> bf16 (round to nearest even) into a staging buffer when it
+//     starts, reduced there, and cast back once its collective is complete (finish):
+//     into the buffer (all-reduce) or into the fp32 shard (reduce-scatter). The staging
+//     buffer is one bf16 allocation: [total] for the buckets, plus [total / DP] for the
+//     reduce-scatter blocks. Megatron reduces its bf16 main_grad buffer in place instead
+//     (its gradients then also accumulate in bf16); here only the transfer is bf16.
 //   Every DP rank runs the same backward, so the buckets start in the same order on all
 //   of them, as the communicator's sequence numbers require.
 // This file knows spans of a flat buffer, not the model (parallel/ sits below model/).
@@ -42,12 +50,20 @@ struct GradBucket {
 class DataParallelGrads {
  public:
   // grads: the flat gradient buffer [total]; spans: every parameter, registry order.
+  // reduce_in_bf16 needs an fp32 buffer; in a group of one there is nothing to reduce,
+  // so it has no effect there (no staging buffer, reduce_dtype() stays the buffer's).
   DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans, comm::Communicator& dp,
-                    int64_t bucket_size, bool overlap, bool reduce_scatter);
+                    int64_t bucket_size, bool overlap, bool reduce_scatter,
+                    bool reduce_in_bf16 = false);
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   comm::Communicator& dp() const { return dp_; }
   bool reduce_scatter() const { return reduce_scatter_; }
+  // The dtype the collectives carry: bf16 with reduce_in_bf16 (DP > 1), else the buffer's.
+  DType reduce_dtype() const { return staging_.defined() ? DType::BF16 : grads_.dtype(); }
+  // Bytes of the bf16 staging buffer (0 without it): 2 per element of the buffer, plus 2
+  // per element of the shard with reduce-scatter.
+  int64_t staging_bytes() const { return staging_.defined() ? int64_t(staging_.nbytes()) : 0; }
   // Distributed optimizer: this rank's reduced gradient blocks, bucket after bucket.
   Tensor& shard() { return shard_; }
   // Elements of bucket k that rank r owns: [begin + r*n, begin + (r+1)*n), n = len / DP.
@@ -62,8 +78,11 @@ class DataParallelGrads {
 
  private:
   void start(size_t k, Stream& s);
+  // bf16 reduction, after bucket k's collective completed: the result back into fp32.
+  void unstage(size_t k, Stream& s);
 
   Tensor grads_, shard_;
+  Tensor staging_;  // bf16 [total + shard total] with reduce_in_bf16 and DP > 1, else undefined
   std::vector<ParamSpan> spans_;
   comm::Communicator& dp_;
   bool overlap_ = false, reduce_scatter_ = false, armed_ = false;
