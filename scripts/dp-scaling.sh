@@ -11,8 +11,8 @@
 # GPU of the last log interval and its ratio to one GPU.
 # Usage: scripts/dp-scaling.sh BUILD_DIR [MODEL]   (MODEL: 350m | 1.3b; env MB, NGPU, ITERS,
 #        CTAS="4 8" for DP runs with those NCCL CTA limits, TP=0 to skip the TP run,
-#        VARIANTS="bf16 distopt" for overlapped DP runs with --grad-reduce-in-bf16 and with
-#        --use-distributed-optimizer (+ --overlap-param-gather), BASE=0 to skip the plain
+#        VARIANTS="bf16 distopt distopt-bf16" for overlapped DP runs with --grad-reduce-in-bf16,
+#        with --use-distributed-optimizer (+ --overlap-param-gather), and both; BASE=0 skips the plain
 #        DP runs without and with overlap)
 set -uo pipefail
 BUILD=${1:-build-gpu}
@@ -67,7 +67,8 @@ for v in ${VARIANTS:-}; do
   case $v in
     bf16) X=(--grad-reduce-in-bf16) ;;
     distopt) X=(--use-distributed-optimizer --overlap-param-gather) ;;
-    *) echo "dp-scaling: unknown variant $v (bf16, distopt)"; exit 2 ;;
+    distopt-bf16) X=(--use-distributed-optimizer --overlap-param-gather --grad-reduce-in-bf16) ;;
+    *) echo "dp-scaling: unknown variant $v (bf16, distopt, distopt-bf16)"; exit 2 ;;
   esac
   mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NGPU" "$M" train \
     "${COMMON[@]}" --global-batch-size $((MB * NGPU)) --overlap-grad-reduce "${X[@]}" \
