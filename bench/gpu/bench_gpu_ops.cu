@@ -267,6 +267,10 @@ int main(int argc, char** argv) {
       ops::ce_sum_exp_target(logits, mx, tg, 0, se, tl, s);
       ops::ce_loss(mx, se, tl, loss, s);
     });
+    bytes("ce fwd one pass (stats+loss)", sh, io, [&] {
+      ops::ce_stats(logits, tg, 0, mx, se, tl, s);
+      ops::ce_loss(mx, se, tl, loss, s);
+    });
     bytes("ce_backward (in place)", sh, 2 * io,
           [&] { ops::ce_backward(logits, mx, se, tg, 0, dl, logits, s); });
   }

@@ -113,13 +113,14 @@ struct GPTModel::Scratch {
   Tensor act;
   Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
   Tensor dtmp_full, dln_full;          // [T,H] (SP)
+  Tensor local_max;                    // [T] this rank's row max of the logits (TP, last stage)
   std::vector<LayerActs> rc_acts;      // full recompute: one per layer of a group
   std::vector<Tensor> rc_hidden;       // full recompute: hidden states inside a group
   Tensor sel_ctx, sel_lse;             // selective recompute: the attention core's output
   int64_t nbytes() const {
     int64_t n = 0;
-    for (const Tensor* t : {&tmp, &tmp_full, &ones, &act, &dx, &dtmp, &dln, &dfc1, &dact, &dctx, &dqkv,
-                            &dloss, &dtmp_full, &dln_full, &sel_ctx, &sel_lse})
+    for (const Tensor* t : {&tmp, &tmp_full, &ones, &act, &dx, &dtmp, &dln, &dfc1, &dact, &dctx,
+                            &dqkv, &dloss, &dtmp_full, &dln_full, &local_max, &sel_ctx, &sel_lse})
       if (t->defined()) n += int64_t(t->nbytes());
     for (const auto& a : rc_acts) n += a.nbytes();
     for (const auto& h : rc_hidden)
@@ -512,6 +513,7 @@ int64_t scratch_activation_bytes(const TransformerConfig& c, const PipelinePart&
   int64_t bytes = Tl * H * dt + (sp ? T * H * dt : 0) + (c.tp_size > 1 ? Tl * dt : 0);  // tmp, ones
   bytes += T * c.ffn_local() * dt;                                                    // act
   bytes += 3 * Tl * H * dt + S * B * st + (sp ? 2 * T * H * dt : 0);          // dx, dtmp, dln
+  if (c.tp_size > 1 && part_.last_stage) bytes += T * st;                     // local_max
   // dfc1, dact (SwiGLU only: GELU's gradient comes out of fc2's GEMM epilogue), dctx, dqkv
   bytes += T * (c.fc1_width_local() + (c.swiglu ? c.ffn_local() : 0) + nhd + c.qkv_width_local()) *
            dt;
@@ -773,14 +775,20 @@ double GPTModel::head_forward(Slot& sv, const Tensor& x, const MicroBatch& mb, c
   }
   ensure(sv.row_max, {T}, sdt, dev), ensure(sv.sum_exp, {T}, sdt, dev);
   ensure(sv.target_logit, {T}, sdt, dev), ensure(sv.losses, {T}, sdt, dev);
-  // Megatron's vocab_parallel_cross_entropy: the row max is all-reduced (MAX) before the
-  // exponentials, the sums of exponentials and the target logit (SUM) after.
-  ops::ce_row_max(sv.logits, sv.row_max, st);
-  tp_all_reduce(sv.row_max, comm::ReduceOp::Max, st);
-  ops::ce_sum_exp_target(sv.logits, sv.row_max, sv.targets, c.tp_rank * V, sv.sum_exp,
-                         sv.target_logit, st);
-  tp_all_reduce(sv.sum_exp, comm::ReduceOp::Sum, st);
-  tp_all_reduce(sv.target_logit, comm::ReduceOp::Sum, st);
+  // One pass over the logits (online softmax) for this rank's row max, sum of exponentials
+  // and target logit. Megatron's vocab_parallel_cross_entropy all-reduces the max before
+  // the exponentials, which takes a second pass; here each rank's sum is moved to the
+  // global max afterwards (sum_exp * exp(local max - global max)), then summed.
+  ops::ce_stats(sv.logits, sv.targets, c.tp_rank * V, sv.row_max, sv.sum_exp, sv.target_logit, st);
+  if (tp_) {
+    Tensor& local_max = scratch_->local_max;
+    ensure(local_max, {T}, sdt, dev);
+    ops::copy(sv.row_max, local_max, st);
+    tp_all_reduce(sv.row_max, comm::ReduceOp::Max, st);
+    ops::ce_rescale_sum_exp(local_max, sv.row_max, sv.sum_exp, st);
+    tp_all_reduce(sv.sum_exp, comm::ReduceOp::Sum, st);
+    tp_all_reduce(sv.target_logit, comm::ReduceOp::Sum, st);
+  }
   ops::ce_loss(sv.row_max, sv.sum_exp, sv.target_logit, sv.losses, st);
   return ops::dot(sv.losses, sv.mask, st);  // synchronises: the caller logs it
 }

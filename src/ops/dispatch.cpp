@@ -138,6 +138,14 @@ void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor
                        int64_t vs, Tensor& sum_exp, Tensor& target_logit, Stream& s) {
   MCPP_DISPATCH(ce_sum_exp_target, logits, row_max, targets, vs, sum_exp, target_logit, s);
 }
+void ce_stats(const Tensor& logits, const Tensor& targets, int64_t vs, Tensor& row_max,
+              Tensor& sum_exp, Tensor& target_logit, Stream& s) {
+  MCPP_DISPATCH(ce_stats, logits, targets, vs, row_max, sum_exp, target_logit, s);
+}
+void ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp,
+                        Stream& s) {
+  MCPP_DISPATCH(ce_rescale_sum_exp, local_max, global_max, sum_exp, s);
+}
 void ce_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
              Tensor& loss, Stream& s) {
   MCPP_DISPATCH(ce_loss, row_max, sum_exp, target_logit, loss, s);

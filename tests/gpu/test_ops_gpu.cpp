@@ -1,5 +1,6 @@
 // Every CUDA op against the CPU op on random data (see gpu_test_util.h), for f32 and
 // bf16 activations (f16 where it is cheap), forward and backward.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -457,6 +458,109 @@ TEST_P(GpuOp, CrossEntropyVocabSlice) {
     gpu::ce_backward(gl, gmx, gse, gt, vs, to_gpu(dloss, DType::F32), gl, GS());  // in place
     EXPECT_CLOSE(gl, dl, dt());
   }
+}
+
+// ce_stats (one pass, online softmax) against the CPU op. Row lengths: 1000 and 12008 take
+// the vector kernel (12008 long enough for its four-load loop), 1003 the element-wise one.
+// Logits in [-30, 30], row 0's max in its last column, row 1 rising (its running max grows
+// in every group of values); targets inside and outside [vs, vs + Vl), i32 and i64.
+TEST_P(GpuOp, CrossEntropyOnePassStats) {
+  for (int64_t Vl : {int64_t(1000), int64_t(1003), int64_t(12008)}) {
+    SCOPED_TRACE(::testing::Message() << "Vl=" << Vl);
+    const int64_t T = 37, vs = 500;
+    Tensor logits = rand_f32({T, Vl}, 102, -30.f, 30.f);
+    float* p = static_cast<float*>(logits.raw());
+    p[Vl - 1] = 40.f;
+    for (int64_t j = 0; j < Vl; ++j) p[Vl + j] = -30.f + 60.f * float(j) / float(Vl);
+    logits = rounded(logits, dt());
+    std::vector<int64_t> tg(T);
+    for (int64_t i = 0; i < T; ++i) tg[i] = int64_t(Philox::u32(7, 7, uint64_t(i)) % 2000);
+    tg[0] = vs + Vl - 1, tg[1] = vs, tg[2] = vs - 1, tg[3] = vs + Vl;
+    const DType it = Vl == 1003 ? DType::I32 : DType::I64;
+    Tensor ct = Tensor::empty({T}, it);
+    cpu::copy(Tensor::from(tg, {T}), ct, CS());
+    Tensor gt = Tensor::empty({T}, it, Device::CUDA);
+    gpu::copy(ct, gt, GS());
+    Tensor gl = to_gpu(logits, dt());
+    auto f32 = [&] { return Tensor::empty({T}, DType::F32); };
+    auto g32 = [&] { return gpu_nan({T}, DType::F32); };
+    Tensor mx = f32(), se = f32(), tl = f32();
+    Tensor gmx = g32(), gse = g32(), gtl = g32();
+    cpu::ce_stats(logits, ct, vs, mx, se, tl, CS());
+    gpu::ce_stats(gl, gt, vs, gmx, gse, gtl, GS());
+    Tensor cmx = to_cpu(gmx), ctl = to_cpu(gtl), cse = to_cpu(gse);
+    EXPECT_EQ(std::memcmp(cmx.raw(), mx.raw(), mx.nbytes()), 0) << "row max (exact)";
+    EXPECT_EQ(std::memcmp(ctl.raw(), tl.raw(), tl.nbytes()), 0) << "target logit (exact)";
+    EXPECT_CLOSE(gse, se, DType::F32);
+    // The two-pass kernels agree.
+    Tensor gmx2 = g32(), gse2 = g32(), gtl2 = g32();
+    gpu::ce_row_max(gl, gmx2, GS());
+    gpu::ce_sum_exp_target(gl, gmx2, gt, vs, gse2, gtl2, GS());
+    EXPECT_CLOSE(gse, to_cpu(gse2), DType::F32);
+    // Deterministic: a second call gives the same bits.
+    Tensor gmx3 = g32(), gse3 = g32(), gtl3 = g32();
+    gpu::ce_stats(gl, gt, vs, gmx3, gse3, gtl3, GS());
+    Tensor c3[3] = {to_cpu(gmx3), to_cpu(gse3), to_cpu(gtl3)};
+    EXPECT_EQ(std::memcmp(c3[0].raw(), cmx.raw(), cmx.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(c3[1].raw(), cse.raw(), cse.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(c3[2].raw(), ctl.raw(), ctl.nbytes()), 0);
+  }
+}
+
+// Two vocab shards (TP = 2) through ce_stats, the MAX of the row maxima, ce_rescale_sum_exp
+// and the SUM: the whole vocabulary's loss. The second shard sits 8 below the first in
+// half the rows, so the rescale factors are far from 1.
+TEST_P(GpuOp, CrossEntropyOnePassShardsCombine) {
+  const int64_t T = 37, V = 1000, cut[3] = {0, 504, V};
+  Tensor whole = rand_f32({T, V}, 103, -30.f, 30.f);
+  float* w = static_cast<float*>(whole.raw());
+  for (int64_t t = 0; t < T; t += 2)
+    for (int64_t j = cut[1]; j < V; ++j) w[t * V + j] -= 8.f;
+  whole = rounded(whole, dt());  // a new buffer for bf16/f16
+  const float* wr = static_cast<const float*>(whole.raw());
+  std::vector<int64_t> tg(T);
+  for (int64_t i = 0; i < T; ++i) tg[i] = int64_t(Philox::u32(8, 8, uint64_t(i)) % uint64_t(V));
+  Tensor ct = Tensor::from(tg, {T});
+  Tensor gt = Tensor::empty({T}, DType::I64, Device::CUDA);
+  gpu::copy(ct, gt, GS());
+  Tensor mx = Tensor::empty({T}, DType::F32), se = Tensor::empty({T}, DType::F32),
+         tl = Tensor::empty({T}, DType::F32), loss = Tensor::empty({T}, DType::F32);
+  cpu::ce_stats(whole, ct, 0, mx, se, tl, CS());
+  cpu::ce_loss(mx, se, tl, loss, CS());
+
+  Tensor gmx[2], gse[2], gtl[2], lmx[2];
+  std::vector<float> gmax(size_t(T), -INFINITY);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t Vr = cut[r + 1] - cut[r];
+    Tensor part = Tensor::empty({T, Vr}, DType::F32);
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(static_cast<float*>(part.raw()) + t * Vr, wr + t * V + cut[r],
+                  size_t(Vr) * sizeof(float));
+    gmx[r] = gpu_nan({T}, DType::F32), gse[r] = gpu_nan({T}, DType::F32);
+    gtl[r] = gpu_nan({T}, DType::F32);
+    gpu::ce_stats(to_gpu(part, dt()), gt, cut[r], gmx[r], gse[r], gtl[r], GS());
+    lmx[r] = to_cpu(gmx[r]);
+    for (int64_t t = 0; t < T; ++t)
+      gmax[size_t(t)] = std::max(gmax[size_t(t)], static_cast<const float*>(lmx[r].raw())[t]);
+  }
+  Tensor cgmax = Tensor::from(gmax, {T}), ggmax = to_gpu(cgmax, DType::F32);
+  std::vector<double> sum(size_t(T), 0.0), tsum(size_t(T), 0.0);
+  for (int r = 0; r < 2; ++r) {
+    Tensor want = to_cpu(gse[r]);  // the CPU rescale of the same numbers
+    cpu::ce_rescale_sum_exp(lmx[r], cgmax, want, CS());
+    gpu::ce_rescale_sum_exp(gmx[r], ggmax, gse[r], GS());
+    EXPECT_CLOSE(gse[r], want, DType::F32);
+    Tensor s = to_cpu(gse[r]), l = to_cpu(gtl[r]);
+    for (int64_t t = 0; t < T; ++t) {
+      sum[size_t(t)] += static_cast<const float*>(s.raw())[t];
+      tsum[size_t(t)] += static_cast<const float*>(l.raw())[t];
+    }
+  }
+  Tensor got = Tensor::empty({T}, DType::F32);
+  for (int64_t t = 0; t < T; ++t)
+    static_cast<float*>(got.raw())[t] =
+        float(std::log(sum[size_t(t)]) + gmax[size_t(t)] - tsum[size_t(t)]);
+  EXPECT_LE(rel_err(got, loss), tol(DType::F32));
 }
 
 // ---- attention and RoPE -------------------------------------------------------------

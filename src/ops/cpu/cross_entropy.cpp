@@ -5,6 +5,10 @@
 //   ce_row_max:        row_max = max_j logits                                 (=)
 //   ce_sum_exp_target: sum_exp = sum_j exp(logits - row_max);
 //                      target_logit = logits[target - vocab_start], 0 off-slice (=)
+//   ce_stats:          the three above in one pass: per block of columns the block's max
+//                      first, the running sum rescaled by exp(m_old - m_new) when the
+//                      max grows, then the block's exponentials (the block is still in L2)
+//   ce_rescale_sum_exp: sum_exp *= exp(local_max - global_max)                 (in place)
 //   ce_loss:           loss = log(sum_exp) + row_max - target_logit           (=)
 //   ce_backward:       dlogits = dloss (softmax - onehot(target))             (=, in place ok)
 // Rows go to OpenMP threads. A [2048, 50304] f32 logits tensor is 412 MB: each step is
@@ -34,6 +38,37 @@ CeDims check_logits(const Check& c, const Tensor& logits, const char* name) {
 // the vectorised speed, the f64 total keeps 50K-term sums accurate.
 constexpr int64_t kSumBlock = 2048;
 constexpr int kMaxLanes = 32;
+// ce_stats reads this many columns for their max, then sums their exponentials while they
+// are still in L2 (128 KB of f32). Blocks of kSumBlock (in L1) were 1.6x slower than two
+// passes on one core: the hardware prefetcher restarts after every compute phase.
+constexpr int64_t kStatsBlock = 16 * kSumBlock;
+
+// max_j x[j], n >= 1.
+template <class R>
+R max_of(const R* x, int64_t n) {
+  // kMaxLanes independent running maxima: GCC's `omp simd reduction(max)` turned out 3x
+  // slower here (one dependent chain), this form becomes plain vmaxps.
+  R acc[kMaxLanes];
+  for (int l = 0; l < kMaxLanes; ++l) acc[l] = x[0];
+  int64_t j = 0;
+  for (; j + kMaxLanes <= n; j += kMaxLanes) {
+#pragma omp simd
+    for (int l = 0; l < kMaxLanes; ++l) acc[l] = std::max(acc[l], x[j + l]);
+  }
+  R m = x[0];
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  for (int l = 0; l < kMaxLanes; ++l) m = std::max(m, acc[l]);
+  return m;
+}
+
+// sum_j exp(x[j] - m) over one block of at most kSumBlock columns.
+template <class R>
+R block_sum_exp(const R* x, int64_t n, R m) {
+  R part = 0;
+#pragma omp simd reduction(+ : part)
+  for (int64_t j = 0; j < n; ++j) part += exp_fast(x[j] - m);
+  return part;
+}
 
 }  // namespace
 
@@ -49,22 +84,7 @@ void ce_row_max(const Tensor& logits, Tensor& row_max, Stream& s) {
     const R* L = logits.data<R>();
     R* M = row_max.data<R>();
 #pragma omp parallel for schedule(static) if (T * V > kParallelGrain)
-    for (int64_t t = 0; t < T; ++t) {
-      const R* lr = L + t * V;
-      // kMaxLanes independent running maxima: GCC's `omp simd reduction(max)` turned
-      // out 3x slower here (one dependent chain), this form becomes plain vmaxps.
-      R acc[kMaxLanes];
-      for (int l = 0; l < kMaxLanes; ++l) acc[l] = lr[0];
-      int64_t j = 0;
-      for (; j + kMaxLanes <= V; j += kMaxLanes) {
-#pragma omp simd
-        for (int l = 0; l < kMaxLanes; ++l) acc[l] = std::max(acc[l], lr[j + l]);
-      }
-      R m = lr[0];
-      for (; j < V; ++j) m = std::max(m, lr[j]);
-      for (int l = 0; l < kMaxLanes; ++l) m = std::max(m, acc[l]);
-      M[t] = m;
-    }
+    for (int64_t t = 0; t < T; ++t) M[t] = max_of(L + t * V, V);
   });
 }
 
@@ -91,18 +111,70 @@ void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor
         const R* lr = L + t * V;
         const R m = M[t];
         double total = 0;
-        for (int64_t j0 = 0; j0 < V; j0 += kSumBlock) {
-          const int64_t j1 = std::min(V, j0 + kSumBlock);
-          R part = 0;
-#pragma omp simd reduction(+ : part)
-          for (int64_t j = j0; j < j1; ++j) part += exp_fast(lr[j] - m);
-          total += double(part);
-        }
+        for (int64_t j0 = 0; j0 < V; j0 += kSumBlock)
+          total += double(block_sum_exp(lr + j0, std::min(kSumBlock, V - j0), m));
         SE[t] = R(total);
         const int64_t v = int64_t(TG[t]) - vocab_start;
         TL[t] = v >= 0 && v < V ? lr[v] : R(0);
       }
     });
+  });
+}
+
+void ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& row_max,
+              Tensor& sum_exp, Tensor& target_logit, Stream& s) {
+  const Check c{"ce_stats"};
+  c.stream(s);
+  const DType dt = c.floating(logits, "logits");
+  c.dtype(row_max, "row_max", dt), c.dtype(sum_exp, "sum_exp", dt);
+  c.dtype(target_logit, "target_logit", dt);
+  c.index(targets, "targets");
+  const auto [T, V] = check_logits(c, logits, "logits");
+  c.rows(row_max, "row_max", T), c.rows(targets, "targets", T);
+  c.rows(sum_exp, "sum_exp", T), c.rows(target_logit, "target_logit", T);
+  dispatch_float(dt, [&, T = T, V = V](auto tag) {
+    using R = decltype(tag);
+    dispatch_index(targets.dtype(), [&](auto itag) {
+      using I = decltype(itag);
+      const R* L = logits.data<R>();
+      const I* TG = targets.data<I>();
+      R *M = row_max.data<R>(), *SE = sum_exp.data<R>(), *TL = target_logit.data<R>();
+#pragma omp parallel for schedule(static) if (T * V > kParallelGrain)
+      for (int64_t t = 0; t < T; ++t) {
+        const R* lr = L + t * V;
+        R m = lr[0];   // running max
+        double d = 0;  // running sum of exp(x - m)
+        for (int64_t j0 = 0; j0 < V; j0 += kStatsBlock) {
+          const int64_t n = std::min(kStatsBlock, V - j0);
+          const R bm = max_of(lr + j0, n);
+          if (bm > m) {
+            d *= std::exp(double(m) - double(bm));
+            m = bm;
+          }
+          for (int64_t j1 = j0; j1 < j0 + n; j1 += kSumBlock)
+            d += double(block_sum_exp(lr + j1, std::min(kSumBlock, j0 + n - j1), m));
+        }
+        M[t] = m, SE[t] = R(d);
+        const int64_t v = int64_t(TG[t]) - vocab_start;
+        TL[t] = v >= 0 && v < V ? lr[v] : R(0);
+      }
+    });
+  });
+}
+
+void ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp,
+                        Stream& s) {
+  const Check c{"ce_rescale_sum_exp"};
+  c.stream(s);
+  const DType dt = c.floating(sum_exp, "sum_exp");
+  c.dtype(local_max, "local_max", dt), c.dtype(global_max, "global_max", dt);
+  const int64_t T = sum_exp.numel();
+  c.rows(local_max, "local_max", T), c.rows(global_max, "global_max", T);
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R *LM = local_max.data<R>(), *GM = global_max.data<R>();
+    R* SE = sum_exp.data<R>();
+    for (int64_t t = 0; t < T; ++t) SE[t] *= R(std::exp(double(LM[t]) - double(GM[t])));
   });
 }
 

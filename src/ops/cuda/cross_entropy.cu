@@ -1,6 +1,7 @@
 // Vocab-parallel cross-entropy in Megatron's three steps (the caller all-reduces between
-// them under TP). logits[T, Vl]: activation dtype; row_max, sum_exp, target_logit, loss,
-// dloss: f32 [T]; targets[T]: i32/i64; dlogits: activation dtype, `=`, may alias logits.
+// them under TP), and ce_stats: the forward statistics in one pass over the logits.
+// logits[T, Vl]: activation dtype; row_max, sum_exp, target_logit, loss, dloss: f32 [T];
+// targets[T]: i32/i64; dlogits: activation dtype, `=`, may alias logits.
 // One block per row; f32 arithmetic. Probabilities are never stored: backward recomputes
 // exp(logit - max) / sum_exp on the fly. Rows whose length is a multiple of 16 bytes
 // (every padded vocabulary) are read and written 16 bytes per thread with four loads in
@@ -46,7 +47,7 @@ template <typename T>
 constexpr int kVec = 16 / int(sizeof(T));  // elements per 16-byte vector
 
 template <typename T>
-__device__ __forceinline__ void unpack(const uint4& r, float (&x)[kVec<T>]) {
+__device__ __forceinline__ void unpack(const uint4& r, float* x) {  // x[kVec<T>]
   const T* e = reinterpret_cast<const T*>(&r);
 #pragma unroll
   for (int k = 0; k < kVec<T>; ++k) x[k] = to_f(e[k]);
@@ -139,6 +140,115 @@ static __global__ void ce_bwd_vec_kernel(const T* logits, int64_t V,
     for (int u = 0; u < 4; ++u) d[i + u * bd] = grad(r[u], i + u * bd);
   }
   for (; i < nv; i += bd) d[i] = grad(l[i], i);
+}
+
+// ---- one pass: online softmax ------------------------------------------------------
+// A running max m and the sum d of exp(x - m) over the values seen so far (Milakov and
+// Gimelshein 2018, "Online normalizer calculation for softmax"). {-FLT_MAX, 0}: none yet.
+struct MaxSum {
+  float m, d;
+};
+
+// Adds N values: their max first, the sum so far rescaled once if that max is a new one,
+// then their exponentials against the running max. The vector kernel adds four 16-byte
+// loads at a time (16 f32 or 32 bf16 values), so the rescale costs at most one exp per 16
+// or 32; rescaling per element would double the exps, and with bf16 logits the pass would
+// then be bound by the special-function units rather than by memory.
+template <int N>
+__device__ __forceinline__ void online_add(MaxSum& s, const float* x) {
+  float gm = x[0];
+#pragma unroll
+  for (int k = 1; k < N; ++k) gm = fmaxf(gm, x[k]);
+  if (gm > s.m) {
+    s.d *= __expf(s.m - gm);
+    s.m = gm;
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) s.d += __expf(x[k] - s.m);
+}
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.d * __expf(a.m - m) + b.d * __expf(b.m - m)};
+}
+
+// The block's states merged in a fixed order (butterflies within each warp, then the
+// warps' results in warp order), so the result is the same bits on every run. Valid in
+// thread 0.
+__device__ __forceinline__ MaxSum block_merge(MaxSum v) {
+  __shared__ MaxSum sh[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.d, o)});
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? sh[threadIdx.x] : MaxSum{-FLT_MAX, 0.f};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.d, o)});
+  }
+  return v;
+}
+
+// Thread 0 of row blockIdx.x: the merged state and the target's logit.
+template <typename T, typename I>
+__device__ __forceinline__ void store_stats(MaxSum st, const T* l, int64_t V, I target, int64_t vs,
+                                            float* row_max, float* sum_exp, float* target_logit) {
+  row_max[blockIdx.x] = st.m;
+  sum_exp[blockIdx.x] = st.d;
+  const int64_t t = int64_t(target) - vs;
+  target_logit[blockIdx.x] = (t >= 0 && t < V) ? to_f(l[t]) : 0.f;
+}
+
+template <typename T, typename I>
+static __global__ void ce_stats_vec_kernel(const T* __restrict__ logits, int64_t V,
+                                           const I* __restrict__ targets, int64_t vs,
+                                           float* row_max, float* sum_exp, float* target_logit) {
+  constexpr int N = kVec<T>;
+  const T* l = logits + blockIdx.x * V;
+  const uint4* row = reinterpret_cast<const uint4*>(l);
+  const int64_t nv = V / N, bd = blockDim.x;
+  MaxSum st{-FLT_MAX, 0.f};
+  int64_t i = threadIdx.x;
+  for (; i + 3 * bd < nv; i += 4 * bd) {  // four loads in flight, one rescale for all four
+    const uint4 r[4] = {row[i], row[i + bd], row[i + 2 * bd], row[i + 3 * bd]};
+    float x[4 * N];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) unpack<T>(r[u], x + u * N);
+    online_add<4 * N>(st, x);
+  }
+  for (; i < nv; i += bd) {
+    float x[N];
+    unpack<T>(row[i], x);
+    online_add<N>(st, x);
+  }
+  st = block_merge(st);
+  if (threadIdx.x == 0)
+    store_stats(st, l, V, targets[blockIdx.x], vs, row_max, sum_exp, target_logit);
+}
+
+template <typename T, typename I>
+static __global__ void ce_stats_kernel(const T* __restrict__ logits, int64_t V,
+                                       const I* __restrict__ targets, int64_t vs, float* row_max,
+                                       float* sum_exp, float* target_logit) {
+  const T* l = logits + blockIdx.x * V;
+  MaxSum st{-FLT_MAX, 0.f};
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = to_f(l[v]);
+    online_add<1>(st, &x);
+  }
+  st = block_merge(st);
+  if (threadIdx.x == 0)
+    store_stats(st, l, V, targets[blockIdx.x], vs, row_max, sum_exp, target_logit);
+}
+
+static __global__ void rescale_kernel(const float* __restrict__ local_max,
+                                      const float* __restrict__ global_max, float* sum_exp,
+                                      int64_t T) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T;
+       i += int64_t(gridDim.x) * blockDim.x)
+    sum_exp[i] *= expf(local_max[i] - global_max[i]);  // once per row: the accurate expf
 }
 
 // True when rows of V elements of `t` (and of `u`, if given) can be read as 16-byte vectors.
@@ -263,6 +373,48 @@ void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor
     run(static_cast<const int32_t*>(targets.raw()));
   else
     run(static_cast<const int64_t*>(targets.raw()));
+  MCPP_LAUNCH_CHECK();
+}
+
+void ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& row_max,
+              Tensor& sum_exp, Tensor& target_logit, Stream& s) {
+  const char* op = "ce_stats";
+  Rows r = check_logits(logits, op);
+  check_stat(row_max, r.T, op, "row_max");
+  check_stat(sum_exp, r.T, op, "sum_exp");
+  check_stat(target_logit, r.T, op, "target_logit");
+  check_targets(targets, r.T, op);
+  if (r.T == 0) return;
+  cudaStream_t cs = stream_of(s);
+  const bool vec = vec_rows(logits, r.V);
+  auto run = [&](auto tp) {
+    using I = std::remove_cv_t<std::remove_pointer_t<decltype(tp)>>;
+    MCPP_DISPATCH_ACT(logits.dtype(), op, {
+      auto* k = vec ? ce_stats_vec_kernel<T, I> : ce_stats_kernel<T, I>;
+      k<<<unsigned(r.T), kThreads, 0, cs>>>(static_cast<const T*>(logits.raw()), r.V, tp,
+                                            vocab_start, static_cast<float*>(row_max.raw()),
+                                            static_cast<float*>(sum_exp.raw()),
+                                            static_cast<float*>(target_logit.raw()));
+    });
+  };
+  if (targets.dtype() == DType::I32)
+    run(static_cast<const int32_t*>(targets.raw()));
+  else
+    run(static_cast<const int64_t*>(targets.raw()));
+  MCPP_LAUNCH_CHECK();
+}
+
+void ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp,
+                        Stream& s) {
+  const char* op = "ce_rescale_sum_exp";
+  const int64_t T = sum_exp.numel();
+  check_stat(local_max, T, op, "local_max");
+  check_stat(global_max, T, op, "global_max");
+  check_stat(sum_exp, T, op, "sum_exp");
+  if (T == 0) return;
+  rescale_kernel<<<grid_for(T, 256), 256, 0, stream_of(s)>>>(
+      static_cast<const float*>(local_max.raw()), static_cast<const float*>(global_max.raw()),
+      static_cast<float*>(sum_exp.raw()), T);
   MCPP_LAUNCH_CHECK();
 }
 
