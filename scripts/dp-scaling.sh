@@ -2,7 +2,7 @@
 # Data-parallel scaling on the GPUs of one host: `megatron train` on a GPT-2 350M-shaped
 # model (24 layers, hidden 1024, 16 heads, seq 1024, vocab 50257 -> 50304), bf16, mock data,
 # micro-batch MB (default 32), one micro-batch per GPU per step (as PyTorch DDP measures it),
-# on 1 GPU (each visible GPU in turn: two physical GPUs differ by a little) and on NGPU
+# on 1 GPU (the first and the last visible GPU: physical GPUs differ by a little) and on NGPU
 # GPUs (default 2) without and with --overlap-grad-reduce, then tensor parallelism over the
 # NGPU GPUs (with sequence parallelism) on the same model for comparison. All runs use
 # --timing-log-level 1 (timers synchronise the device), so each row also carries the
@@ -40,7 +40,8 @@ timer() {  # ms per iteration of timer $2 in the last interval of log $1 ("-" if
 LOG=${OUT:-/tmp}/dp-scaling-$MODEL
 mkdir -p "$LOG"
 NVIS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
-for g in $(seq 0 $((NVIS - 1))); do
+ONE_GPUS=$( ((NVIS > 1)) && echo "0 $((NVIS - 1))" || echo 0)  # first and last GPU: 2 runs at most
+for g in $ONE_GPUS; do
   CUDA_VISIBLE_DEVICES=$g "$M" train "${COMMON[@]}" --global-batch-size "$MB" > "$LOG/1gpu-$g.log" 2>&1 ||
     { tail -20 "$LOG/1gpu-$g.log"; exit 1; }
 done
@@ -88,7 +89,7 @@ row() {  # label, log
 echo "## DP scaling, GPT $MODEL bf16, micro-batch $MB, $NGPU GPUs ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null), $(date -u +%F))"
 echo "| run | tokens/s per GPU | vs 1 GPU (GPU 0) | forward-backward ms | grads-reduce ms (exposed) | optimizer ms (incl. grads-reduce) |"
 echo "|---|---:|---:|---:|---:|---:|"
-for g in $(seq 0 $((NVIS - 1))); do row "1 GPU (GPU $g)" "$LOG/1gpu-$g.log"; done
+for g in $ONE_GPUS; do row "1 GPU (GPU $g)" "$LOG/1gpu-$g.log"; done
 for ov in $([[ ${BASE:-1} != 0 ]] && echo no yes); do
   row "DP$NGPU, --overlap-grad-reduce $ov" "$LOG/dp$NGPU-overlap-$ov.log"
 done

@@ -29,7 +29,9 @@
 #        MCPP_ATTENTION_CUDNN=0 (the own flash kernel instead of cuDNN's); BENCH=0 skips the
 #        single-GPU benchmarks, MULTI=0 the multi-GPU section, SCALING=0 its scaling runs,
 #        COLLECTIVES=0 its collective bandwidth benchmark (bench/bench_collectives.cpp),
-#        SCALING_MODELS="350m 1.3b")
+#        SCALING_MODELS="350m 1.3b"; with 4+ GPUs also scripts/gpu-layouts.sh for
+#        LAYOUT_MODELS (default "llama8b gpt1.3b") over LAYOUTS (default per GPU count),
+#        LAYOUTS_RUN=0 skips it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=${1:-}
@@ -112,8 +114,25 @@ if [[ ${MULTI:-1} != 0 && $NGPU -ge 2 ]]; then
   fi
   if [[ ${SCALING:-1} != 0 ]]; then
     for m in ${SCALING_MODELS:-350m}; do
-      OUT=$LOGS scripts/dp-scaling.sh "$BUILD" "$m" > "$LOGS/scaling-$m.md" 2>&1 || multi_rc=1
+      NGPU=$NGPU OUT=$LOGS scripts/dp-scaling.sh "$BUILD" "$m" > "$LOGS/scaling-$m.md" 2>&1 || multi_rc=1
       scaling+=$'\n'"$(cat "$LOGS/scaling-$m.md")"
+    done
+  fi
+  # With 4 or 8 GPUs: layouts of one model against each other (scripts/gpu-layouts.sh):
+  # TP, PP and DP (with and without the distributed optimizer) at the same GPU count.
+  if [[ ${LAYOUTS_RUN:-1} != 0 && $NGPU -ge 4 ]]; then
+    if [[ $NGPU -ge 8 ]]; then
+      def8b="dp8-distopt tp2-dp4-distopt tp4-dp2-distopt tp8 tp2-pp2-dp2-distopt"
+      def13="dp8 dp8-distopt tp2-dp4 tp4-dp2 tp8"
+    else
+      def8b="dp4-distopt tp2-dp2-distopt tp4 tp2-pp2"
+      def13="dp4 dp4-distopt tp2-dp2 tp4"
+    fi
+    for m in ${LAYOUT_MODELS:-llama8b gpt1.3b}; do
+      lay=${LAYOUTS:-}
+      [[ -z $lay ]] && { [[ $m == llama8b ]] && lay=$def8b || lay=$def13; }
+      OUT=$LOGS scripts/gpu-layouts.sh "$BUILD" "$m" "$lay" > "$LOGS/layouts-$m.md" 2>&1 || multi_rc=1
+      scaling+=$'\n'"$(cat "$LOGS/layouts-$m.md")"
     done
   fi
 elif [[ ${MULTI:-1} != 0 ]]; then
