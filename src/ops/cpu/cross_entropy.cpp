@@ -15,6 +15,7 @@
 // one streaming pass, and backward may overwrite the logits so no second buffer exists.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "ops/cpu/cpu_common.h"
 
@@ -32,6 +33,21 @@ CeDims check_logits(const Check& c, const Tensor& logits, const char* name) {
   MCPP_CHECK(V > 0, "{}: {} has shape {}: the vocabulary slice is empty", c.op, name,
              shape_str(logits.shape()));
   return {logits.numel() / V, V};
+}
+
+// The checks of the ops that write the forward statistics (ce_sum_exp_target, ce_stats);
+// the logits' dtype and dims.
+std::pair<DType, CeDims> check_stats_args(const Check& c, const Tensor& logits,
+                                          const Tensor& row_max, const Tensor& sum_exp,
+                                          const Tensor& target_logit, const Tensor& targets) {
+  const DType dt = c.floating(logits, "logits");
+  c.dtype(row_max, "row_max", dt), c.dtype(sum_exp, "sum_exp", dt);
+  c.dtype(target_logit, "target_logit", dt);
+  c.index(targets, "targets");
+  const CeDims d = check_logits(c, logits, "logits");
+  c.rows(row_max, "row_max", d.T), c.rows(targets, "targets", d.T);
+  c.rows(sum_exp, "sum_exp", d.T), c.rows(target_logit, "target_logit", d.T);
+  return {dt, d};
 }
 
 // Columns summed in f32/f64 lanes before joining the row's f64 total: the lanes keep
@@ -92,13 +108,8 @@ void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor
                        int64_t vocab_start, Tensor& sum_exp, Tensor& target_logit, Stream& s) {
   const Check c{"ce_sum_exp_target"};
   c.stream(s);
-  const DType dt = c.floating(logits, "logits");
-  c.dtype(row_max, "row_max", dt), c.dtype(sum_exp, "sum_exp", dt);
-  c.dtype(target_logit, "target_logit", dt);
-  c.index(targets, "targets");
-  const auto [T, V] = check_logits(c, logits, "logits");
-  c.rows(row_max, "row_max", T), c.rows(targets, "targets", T);
-  c.rows(sum_exp, "sum_exp", T), c.rows(target_logit, "target_logit", T);
+  const auto [dt, dims] = check_stats_args(c, logits, row_max, sum_exp, target_logit, targets);
+  const auto [T, V] = dims;
   dispatch_float(dt, [&, T = T, V = V](auto tag) {
     using R = decltype(tag);
     dispatch_index(targets.dtype(), [&](auto itag) {
@@ -125,13 +136,8 @@ void ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, 
               Tensor& sum_exp, Tensor& target_logit, Stream& s) {
   const Check c{"ce_stats"};
   c.stream(s);
-  const DType dt = c.floating(logits, "logits");
-  c.dtype(row_max, "row_max", dt), c.dtype(sum_exp, "sum_exp", dt);
-  c.dtype(target_logit, "target_logit", dt);
-  c.index(targets, "targets");
-  const auto [T, V] = check_logits(c, logits, "logits");
-  c.rows(row_max, "row_max", T), c.rows(targets, "targets", T);
-  c.rows(sum_exp, "sum_exp", T), c.rows(target_logit, "target_logit", T);
+  const auto [dt, dims] = check_stats_args(c, logits, row_max, sum_exp, target_logit, targets);
+  const auto [T, V] = dims;
   dispatch_float(dt, [&, T = T, V = V](auto tag) {
     using R = decltype(tag);
     dispatch_index(targets.dtype(), [&](auto itag) {

@@ -329,6 +329,27 @@ void check_targets(const Tensor& t, int64_t n, const char* op) {
              "{}: targets is {}; i32 or i64 expected", op, t.str());
 }
 
+// The checks of the ops that write the forward statistics (ce_sum_exp_target, ce_stats).
+Rows check_stats_args(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
+                      const Tensor& target_logit, const Tensor& targets, const char* op) {
+  Rows r = check_logits(logits, op);
+  check_stat(row_max, r.T, op, "row_max");
+  check_stat(sum_exp, r.T, op, "sum_exp");
+  check_stat(target_logit, r.T, op, "target_logit");
+  check_targets(targets, r.T, op);
+  return r;
+}
+
+// f(targets as const int32_t* or const int64_t*), then the launch check.
+template <typename F>
+void with_targets(const Tensor& targets, F&& f) {
+  if (targets.dtype() == DType::I32)
+    f(static_cast<const int32_t*>(targets.raw()));
+  else
+    f(static_cast<const int64_t*>(targets.raw()));
+  MCPP_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void ce_row_max(const Tensor& logits, Tensor& row_max, Stream& s) {
@@ -351,11 +372,7 @@ void ce_row_max(const Tensor& logits, Tensor& row_max, Stream& s) {
 void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor& targets,
                        int64_t vocab_start, Tensor& sum_exp, Tensor& target_logit, Stream& s) {
   const char* op = "ce_sum_exp_target";
-  Rows r = check_logits(logits, op);
-  check_stat(row_max, r.T, op, "row_max");
-  check_stat(sum_exp, r.T, op, "sum_exp");
-  check_stat(target_logit, r.T, op, "target_logit");
-  check_targets(targets, r.T, op);
+  const Rows r = check_stats_args(logits, row_max, sum_exp, target_logit, targets, op);
   if (r.T == 0) return;
   cudaStream_t cs = stream_of(s);
   const bool vec = vec_rows(logits, r.V);
@@ -369,21 +386,13 @@ void ce_sum_exp_target(const Tensor& logits, const Tensor& row_max, const Tensor
           static_cast<float*>(target_logit.raw()));
     });
   };
-  if (targets.dtype() == DType::I32)
-    run(static_cast<const int32_t*>(targets.raw()));
-  else
-    run(static_cast<const int64_t*>(targets.raw()));
-  MCPP_LAUNCH_CHECK();
+  with_targets(targets, run);
 }
 
 void ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, Tensor& row_max,
               Tensor& sum_exp, Tensor& target_logit, Stream& s) {
   const char* op = "ce_stats";
-  Rows r = check_logits(logits, op);
-  check_stat(row_max, r.T, op, "row_max");
-  check_stat(sum_exp, r.T, op, "sum_exp");
-  check_stat(target_logit, r.T, op, "target_logit");
-  check_targets(targets, r.T, op);
+  const Rows r = check_stats_args(logits, row_max, sum_exp, target_logit, targets, op);
   if (r.T == 0) return;
   cudaStream_t cs = stream_of(s);
   const bool vec = vec_rows(logits, r.V);
@@ -397,11 +406,7 @@ void ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, 
                                             static_cast<float*>(target_logit.raw()));
     });
   };
-  if (targets.dtype() == DType::I32)
-    run(static_cast<const int32_t*>(targets.raw()));
-  else
-    run(static_cast<const int64_t*>(targets.raw()));
-  MCPP_LAUNCH_CHECK();
+  with_targets(targets, run);
 }
 
 void ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp,
@@ -466,11 +471,7 @@ void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_
           static_cast<const float*>(dloss.raw()), static_cast<T2*>(dlogits.raw()));
     }));
   };
-  if (targets.dtype() == DType::I32)
-    run(static_cast<const int32_t*>(targets.raw()));
-  else
-    run(static_cast<const int64_t*>(targets.raw()));
-  MCPP_LAUNCH_CHECK();
+  with_targets(targets, run);
 }
 
 }  // namespace mcpp::ops::cuda
