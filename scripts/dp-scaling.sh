@@ -9,7 +9,7 @@
 # forward-backward time and the exposed data-parallel communication (`grads-reduce`: the
 # part of the gradient reduction backward did not hide). Prints one table: tokens/s per
 # GPU of the last log interval and its ratio to one GPU.
-# Usage: scripts/dp-scaling.sh BUILD_DIR [MODEL]   (MODEL: 350m | 1.3b; env MB, NGPU, ITERS,
+# Usage: scripts/dp-scaling.sh BUILD_DIR [MODEL]   (MODEL: 350m | 1.3b | llama1b; env MB, NGPU, ITERS,
 #        CTAS="4 8" for DP runs with those NCCL CTA limits, TP=0 to skip the TP run,
 #        VARIANTS="bf16 distopt distopt-bf16" for overlapped DP runs with --grad-reduce-in-bf16,
 #        with --use-distributed-optimizer (+ --overlap-param-gather), and both; BASE=0 skips the plain
@@ -23,12 +23,17 @@ ITERS=${ITERS:-12}
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 case $MODEL in
   350m) SHAPE=(--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
-               --max-position-embeddings 1024); MB=${MB:-32} ;;
+               --max-position-embeddings 1024 --vocab-size 50257); MB=${MB:-32} ;;
   1.3b) SHAPE=(--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048
-               --max-position-embeddings 2048); MB=${MB:-8} ;;
-  *) echo "unknown model $MODEL"; exit 2 ;;
+               --max-position-embeddings 2048 --vocab-size 50257); MB=${MB:-8} ;;
+  llama1b) SHAPE=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --ffn-hidden-size 8192
+               --seq-length 2048 --max-position-embeddings 2048 --vocab-size 32000
+               --position-embedding-type rope --normalization RMSNorm --swiglu
+               --group-query-attention --num-query-groups 8 --untie-embeddings-and-output-weights
+               --disable-bias-linear); MB=${MB:-8} ;;
+  *) echo "unknown model $MODEL (350m, 1.3b, llama1b)"; exit 2 ;;
 esac
-COMMON=("${SHAPE[@]}" --mock-data --tokenizer-type NullTokenizer --vocab-size 50257
+COMMON=("${SHAPE[@]}" --mock-data --tokenizer-type NullTokenizer
   --micro-batch-size "$MB" --lr 1e-4 --train-iters "$ITERS" --log-interval $((ITERS / 2))
   --hidden-dropout 0 --attention-dropout 0 --device cuda --bf16 --timing-log-level 1)
 tps() { grep -oE "tokens per second per GPU: [0-9.]+" "$1" | tail -1 | awk '{print $6}'; }
