@@ -224,6 +224,15 @@ int main(int argc, char** argv) {
     std::string sh = fmt_shape({T, 2 * F});
     bytes("swiglu_forward", sh, 3 * io, [&] { ops::swiglu_forward(x, y, s); });
     bytes("swiglu_backward", sh, 5 * io, [&] { ops::swiglu_backward(dy, x, dx, s); });
+    // The MLP backward: the activation recomputed and the gradient, as two ops (x read
+    // twice) and as one (x read once). The floor of both is the fused op's traffic, so
+    // their rates compare directly.
+    bytes("swiglu_fwd + swiglu_bwd", sh, 6 * io, [&] {
+      ops::swiglu_forward(x, y, s);
+      ops::swiglu_backward(dy, x, dx, s);
+    });
+    bytes("swiglu_backward_recompute", sh, 6 * io,
+          [&] { ops::swiglu_backward_recompute(dy, x, dx, y, s); });
   }
   {
     const int64_t S = 1024, B = 64, H = 768;

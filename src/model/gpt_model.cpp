@@ -109,7 +109,8 @@ struct GPTModel::Scratch {
   Tensor ones;      // [Tl,1] of ones: the bias add after a TP reduction
   // [T,F] the MLP's activation (GELU or SwiGLU of fc1): written in forward, read by fc2,
   // and recomputed from the saved fc1 output in backward, so no layer keeps it (the
-  // memory of one [T,F] per layer for one elementwise pass per layer in backward).
+  // memory of one [T,F] per layer for one elementwise pass per layer in backward; with
+  // SwiGLU no extra pass: swiglu_backward_recompute writes it with the gradient).
   Tensor act;
   Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
   Tensor dtmp_full, dln_full;          // [T,H] (SP)
@@ -370,17 +371,23 @@ void GPTModel::row_output(const Tensor& x, const Tensor& w, const Tensor& b, Ten
   }
 }
 
-// Its dual: dy [Tl,H] -> dy_full [T,H] (SP all-gather; else the identity), then the local
-// GEMMs. The bias gradient is taken from the whole dy_full, so it is complete (and equal)
-// on every TP rank and needs no reduction afterwards.
-void GPTModel::row_output_backward(const Tensor& dy, Tensor& dy_full, const Tensor& x,
-                                   const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
-                                   Stream& st, const Tensor* gelu_pre) {
+// Its dual: dy [Tl,H] -> dy_full [T,H] (SP all-gather; else the identity); returns the
+// gradient the local GEMMs take.
+const Tensor& GPTModel::row_output_grad(const Tensor& dy, Tensor& dy_full, Stream& st) {
   if (tp_) {
     if (cfg_.sp()) parallel::reduce_scatter_to_sp_backward(dy, dy_full, *tp_, st);
     else parallel::reduce_from_tp_backward(dy, *tp_, st);
   }
-  const Tensor& g = cfg_.sp() ? dy_full : dy;
+  return cfg_.sp() ? dy_full : dy;
+}
+
+// row_output_grad, then the local GEMMs. The bias gradient is taken from the whole
+// dy_full, so it is complete (and equal) on every TP rank and needs no reduction
+// afterwards.
+void GPTModel::row_output_backward(const Tensor& dy, Tensor& dy_full, const Tensor& x,
+                                   const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
+                                   Stream& st, const Tensor* gelu_pre) {
+  const Tensor& g = row_output_grad(dy, dy_full, st);
   if (gelu_pre) ops::linear_gelu_backward(g, x, w, *gelu_pre, dx, dw, db, st);
   else ops::linear_backward(g, x, w, dx, false, dw, db, st);
 }
@@ -650,12 +657,17 @@ void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
     ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g, dtmp3,
                           st);
   // The activation again, from the saved fc1 output (see Scratch::act).
-  if (c.swiglu) ops::swiglu_forward(A.fc1, sc.act, st);
-  else ops::gelu_forward(A.fc1, sc.act, st);
   if (c.swiglu) {
-    row_output_backward(dproj, dtmp_full, sc.act, L.fc2_w, sc.dact, L.d_fc2_w, L.d_fc2_b, st);
-    ops::swiglu_backward(sc.dact, A.fc1, sc.dfc1, st);
+    // fc2's input gradient first (it does not read the activation), then the SwiGLU
+    // gradient and the activation from one read of fc1's output, then fc2's weight and
+    // bias gradients, which need the activation. The same GEMMs as one linear_backward.
+    const Tensor& g = row_output_grad(dproj, dtmp_full, st);
+    Tensor none;
+    ops::linear_backward(g, sc.act, L.fc2_w, sc.dact, false, none, none, st);
+    ops::swiglu_backward_recompute(sc.dact, A.fc1, sc.dfc1, sc.act, st);
+    ops::linear_backward(g, sc.act, L.fc2_w, none, false, L.d_fc2_w, L.d_fc2_b, st);
   } else {  // the GELU gradient in the fc2 input-gradient GEMM's epilogue
+    ops::gelu_forward(A.fc1, sc.act, st);
     row_output_backward(dproj, dtmp_full, sc.act, L.fc2_w, sc.dfc1, L.d_fc2_w, L.d_fc2_b, st,
                         &A.fc1);
   }

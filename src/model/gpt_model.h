@@ -179,6 +179,8 @@ class GPTModel {
   void column_input_backward(Tensor& dx_full, Tensor& dx, Stream& st);
   void row_output(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y_full, Tensor& y,
                   Stream& st);
+  // row_output_backward's region transition alone: the gradient its GEMMs read.
+  const Tensor& row_output_grad(const Tensor& dy, Tensor& dy_full, Stream& st);
   // gelu_pre: x = gelu(*gelu_pre), and dx receives the gradient w.r.t. *gelu_pre.
   void row_output_backward(const Tensor& dy, Tensor& dy_full, const Tensor& x, const Tensor& w,
                            Tensor& dx, Tensor& dw, Tensor& db, Stream& st,

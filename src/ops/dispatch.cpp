@@ -96,6 +96,10 @@ void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   MCPP_DISPATCH(swiglu_backward, dy, x, dx, s);
 }
+void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& y,
+                               Stream& s) {
+  MCPP_DISPATCH(swiglu_backward_recompute, dy, x, dx, y, s);
+}
 void fill(Tensor& x, double v, Stream& s) { MCPP_DISPATCH(fill, x, v, s); }
 void copy(const Tensor& src, Tensor& dst, Stream& s) { MCPP_DISPATCH(copy, src, dst, s); }
 void add(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {

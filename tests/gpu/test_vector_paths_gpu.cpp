@@ -109,6 +109,28 @@ TEST_P(GpuVec, SwigluVectorAndScalar) {
   }
 }
 
+// The MLP backward's fused op against swiglu_forward + swiglu_backward, bit for bit, on
+// every path: all aligned (vector kernels), all misaligned (scalar), y alone misaligned
+// (the fused op scalar, the two ops vector), and F = 203 (scalar always).
+TEST_P(GpuVec, SwigluBackwardRecomputeEqualsTheTwoOps) {
+  const int64_t T = 33;
+  for (int64_t F : {int64_t(256), int64_t(203)}) {
+    Tensor x = rand_in({T, 2 * F}, 212, dt(), -4.f, 4.f), dy = rand_in({T, F}, 213, dt());
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool al = mode != 1, y_al = mode == 0;
+      Tensor gx = upload(x, dt(), al), gdy = upload(dy, dt(), al);
+      Tensor y = nans({T, F}, dt(), al), dx = nans({T, 2 * F}, dt(), al);
+      gpu::swiglu_forward(gx, y, GS());
+      gpu::swiglu_backward(gdy, gx, dx, GS());
+      Tensor y2 = nans({T, F}, dt(), y_al), dx2 = nans({T, 2 * F}, dt(), al);
+      gpu::swiglu_backward_recompute(gdy, gx, dx2, y2, GS());
+      SCOPED_TRACE("F=" + std::to_string(F) + " mode=" + std::to_string(mode));
+      EXPECT_SAME_BITS(y, y2);
+      EXPECT_SAME_BITS(dx, dx2);
+    }
+  }
+}
+
 // ---- RoPE ------------------------------------------------------------------------------
 
 TEST_P(GpuVec, RopeVectorAndScalarInPlaceAndNot) {

@@ -1,5 +1,8 @@
 // GELU (tanh form) and SwiGLU: f64 gradients against central differences, forward
-// values against the formulas, f32 (fast exp/tanh) against f64.
+// values against the formulas, f32 (fast exp/tanh) against f64, the fused backward
+// (swiglu_backward_recompute) against the two ops bit for bit.
+#include <cstring>
+
 #include "op_test_util.h"
 #include "ops/cpu/cpu_common.h"
 
@@ -41,6 +44,33 @@ TEST(SwiGLU, ForwardFormulaAndGradient) {
   Tensor odd = randn({T, 7}, 3), ybad = Tensor::empty({T, 4}, DType::F64);
   EXPECT_THROW(cpu::swiglu_forward(odd, y, S()), Error);
   EXPECT_THROW(cpu::swiglu_forward(x, ybad, S()), Error);
+}
+
+// The fused MLP-backward op against the two ops it replaces, bit for bit: the model's
+// results must not change with it. Sizes: odd rows and columns (simd tails), one element,
+// and one large enough for the threaded loop.
+TEST(SwiGLU, BackwardRecomputeEqualsTheTwoOps) {
+  struct Size {
+    int64_t T, F;
+  };
+  for (DType dt : {DType::F32, DType::F64})
+    for (Size sz : {Size{1, 1}, Size{7, 13}, Size{3, 37}, Size{129, 203}}) {
+      const int64_t T = sz.T, F = sz.F;
+      Tensor x = randn({T, 2 * F}, 1, 4.0, dt), dy = randn({T, F}, 2, 1.0, dt);
+      Tensor y = Tensor::empty({T, F}, dt), dx = Tensor::empty({T, 2 * F}, dt);
+      cpu::swiglu_forward(x, y, S());
+      cpu::swiglu_backward(dy, x, dx, S());
+      Tensor y2 = Tensor::empty({T, F}, dt), dx2 = Tensor::empty({T, 2 * F}, dt);
+      cpu::swiglu_backward_recompute(dy, x, dx2, y2, S());
+      EXPECT_EQ(std::memcmp(y.raw(), y2.raw(), y.nbytes()), 0)
+          << dtype_name(dt) << " T=" << T << " F=" << F;
+      EXPECT_EQ(std::memcmp(dx.raw(), dx2.raw(), dx.nbytes()), 0)
+          << dtype_name(dt) << " T=" << T << " F=" << F;
+    }
+  Tensor x = randn({3, 10}, 3), dy = randn({3, 5}, 4), dx = Tensor::empty({3, 10}, DType::F64);
+  Tensor ybad = Tensor::empty({3, 4}, DType::F64), y32 = Tensor::empty({3, 5}, DType::F32);
+  EXPECT_THROW(cpu::swiglu_backward_recompute(dy, x, dx, ybad, S()), Error);
+  EXPECT_THROW(cpu::swiglu_backward_recompute(dy, x, dx, y32, S()), Error);
 }
 
 TEST(Activations, F32MatchesF64) {

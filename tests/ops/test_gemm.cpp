@@ -1,5 +1,7 @@
 // gemm against a naive loop in all four transpose cases; linear forward/backward
-// against f64 finite differences, with += semantics and undefined dx/db.
+// against f64 finite differences, with += semantics and undefined dx/dw/db.
+#include <cstring>
+
 #include "op_test_util.h"
 
 using namespace mcpp;
@@ -111,6 +113,24 @@ TEST(Linear, UndefinedDxDbAndNoBiasAreSkipped) {
   cpu::linear_backward(r, x, w, dx, false, dw, db, S());
   EXPECT_LT(rel_err(dw, naive_gemm(true, false, 1, r, x, 0, Tensor::zeros({3, 4}, DType::F64))),
             1e-14);
+}
+
+// The MLP backward runs fc2's input gradient and its weight gradient as two calls (the
+// SwiGLU activation is recomputed between them): together they must give the one call's bits.
+TEST(Linear, DxOnlyThenDwOnlyEqualsOneCall) {
+  for (DType dt : {DType::F32, DType::F64}) {
+    Tensor x = randn({37, 24}, 1, 1.0, dt), w = randn({19, 24}, 2, 1.0, dt),
+           r = randn({37, 19}, 3, 1.0, dt);
+    Tensor dx = Tensor::empty({37, 24}, dt), dw = randn({19, 24}, 4, 1.0, dt),
+           db = randn({19}, 5, 1.0, dt);
+    Tensor dx2 = Tensor::empty({37, 24}, dt), dw2 = dw.clone(), db2 = db.clone(), none;
+    cpu::linear_backward(r, x, w, dx, false, dw, db, S());
+    cpu::linear_backward(r, x, w, dx2, false, none, none, S());
+    cpu::linear_backward(r, x, w, none, false, dw2, db2, S());
+    EXPECT_EQ(std::memcmp(dx.raw(), dx2.raw(), dx.nbytes()), 0) << dtype_name(dt);
+    EXPECT_EQ(std::memcmp(dw.raw(), dw2.raw(), dw.nbytes()), 0) << dtype_name(dt);
+    EXPECT_EQ(std::memcmp(db.raw(), db2.raw(), db.nbytes()), 0) << dtype_name(dt);
+  }
 }
 
 TEST(Linear, F32MatchesF64AndShapeErrors) {

@@ -1,6 +1,7 @@
 // GELU (tanh form) and SwiGLU on the CPU; one dtype per call, f32 or f64.
 //   gelu:   x, y, dy, dx: any shape, same numel.                  y, dx overwritten (=)
 //   swiglu: x, dx: [..., 2F] = [gate | up]; y, dy: [..., F].      y, dx overwritten (=)
+//   swiglu_backward_recompute: swiglu_backward and swiglu_forward in one pass over x.
 // f32 evaluates exp/tanh with the vectorisable exp_fast (cpu_common.h); f64 with libm,
 // so the f64 path stays the accurate reference for gradient checks.
 #include "ops/cpu/cpu_common.h"
@@ -78,6 +79,21 @@ std::pair<int64_t, int64_t> swiglu_dims(const Check& c, const Tensor& x, const T
   return {F ? x.numel() / (2 * F) : 0, F};
 }
 
+// The element rules, shared by the three ops below so that they agree bit for bit.
+// y = silu(g) u, silu(g) = g sigmoid(g).
+template <typename R>
+inline R swiglu_value(R g, R u) {
+  return g / (R(1) + exp_fast(-g)) * u;
+}
+// silu(g) = g s, s = sigmoid(g); silu'(g) = s (1 + g (1 - s)).
+// dgate = dy up silu'(gate), dup = dy silu(gate).
+template <typename R>
+inline void swiglu_grad(R dy, R g, R u, R& dgate, R& dup) {
+  const R sg = R(1) / (R(1) + exp_fast(-g));
+  dgate = dy * u * sg * (R(1) + g * (R(1) - sg));
+  dup = dy * g * sg;
+}
+
 }  // namespace
 
 void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
@@ -95,13 +111,11 @@ void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
       const R *gate = X + t * 2 * F, *up = gate + F;
       R* yr = Y + t * F;
 #pragma omp simd
-      for (int64_t f = 0; f < F; ++f) yr[f] = gate[f] / (R(1) + exp_fast(-gate[f])) * up[f];
+      for (int64_t f = 0; f < F; ++f) yr[f] = swiglu_value(gate[f], up[f]);
     }
   });
 }
 
-// silu(g) = g s, s = sigmoid(g); silu'(g) = s (1 + g (1 - s)).
-// dgate = dy up silu'(gate), dup = dy silu(gate).
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   const Check c{"swiglu_backward"};
   c.stream(s);
@@ -118,10 +132,34 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
       const R *gate = X + t * 2 * F, *up = gate + F, *dyr = DY + t * F;
       R *dgate = DX + t * 2 * F, *dup = dgate + F;
 #pragma omp simd
+      for (int64_t f = 0; f < F; ++f) swiglu_grad(dyr[f], gate[f], up[f], dgate[f], dup[f]);
+    }
+  });
+}
+
+// Both of the above from one read of x: the MLP backward, which needs the activation
+// again for fc2's weight gradient. The same element functions, so the same bits.
+void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& y,
+                               Stream& s) {
+  const Check c{"swiglu_backward_recompute"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(dy, "dy", dt), c.dtype(dx, "dx", dt), c.dtype(y, "y", dt);
+  const auto [T, F] = swiglu_dims(c, x, dy, "dy");
+  c.shape(dx, "dx", x.shape()), c.shape(y, "y", dy.shape());
+  dispatch_float(dt, [&, T = T, F = F](auto tag) {
+    using R = decltype(tag);
+    const R *X = x.data<R>(), *DY = dy.data<R>();
+    R *DX = dx.data<R>(), *Y = y.data<R>();
+#pragma omp parallel for schedule(static) if (T * F > kParallelGrain)
+    for (int64_t t = 0; t < T; ++t) {
+      const R *gate = X + t * 2 * F, *up = gate + F, *dyr = DY + t * F;
+      R *dgate = DX + t * 2 * F, *dup = dgate + F, *yr = Y + t * F;
+#pragma omp simd
       for (int64_t f = 0; f < F; ++f) {
-        const R g = gate[f], u = up[f], sg = R(1) / (R(1) + exp_fast(-g));
-        dgate[f] = dyr[f] * u * sg * (R(1) + g * (R(1) - sg));
-        dup[f] = dyr[f] * g * sg;
+        const R g = gate[f], u = up[f];
+        yr[f] = swiglu_value(g, u);
+        swiglu_grad(dyr[f], g, u, dgate[f], dup[f]);
       }
     }
   });

@@ -3,6 +3,7 @@
 //   linear_forward:  y[..., out] = x[..., in] @ w[out, in]^T (+ b[out])       (=)
 //   linear_backward: dx[..., in] = dy @ w                 (= or += with accumulate_dx)
 //                    dw[out, in] += dy^T @ x, db[out] += sum over rows of dy  (+=)
+//                    (each of dx, dw, db skipped when undefined)
 // Leading dimensions of x/y/dy/dx are flattened into T rows, so [S, B, H] activations
 // need no reshaping by the caller.
 #include <cblas.h>
@@ -122,14 +123,16 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
   DType dt = c.floating(dy, "dy");
   c.dtype(x, "x", dt);
   c.dtype(w, "w", dt);
-  c.dtype(dw, "dw", dt);
   c.min_dim(x, "x", 1);
   MCPP_CHECK(w.dim() == 2 && w.size(1) == x.size(-1),
              "linear_backward: w has shape {}, expected [out, {}] (x is {})", shape_str(w.shape()),
              x.size(-1), shape_str(x.shape()));
   const int64_t out = w.size(0), in = w.size(1), T = x.numel() / std::max<int64_t>(in, 1);
   check_leading(c, dy, "dy", x, out);
-  c.shape(dw, "dw", w.shape());
+  if (dw.defined()) {
+    c.dtype(dw, "dw", dt);
+    c.shape(dw, "dw", w.shape());
+  }
   if (dx.defined()) {
     c.dtype(dx, "dx", dt);
     c.shape(dx, "dx", x.shape());
@@ -144,8 +147,8 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
     if (dx.defined())  // dx[T,in] = dy[T,out] @ w[out,in]
       blas_gemm<R>(false, false, T, in, out, R(1), DY, out, w.data<R>(), in,
                    R(accumulate_dx ? 1 : 0), dx.data<R>());
-    // dw[out,in] += dy^T[out,T] @ x[T,in]
-    blas_gemm<R>(true, false, out, in, T, R(1), DY, out, x.data<R>(), in, R(1), dw.data<R>());
+    if (dw.defined())  // dw[out,in] += dy^T[out,T] @ x[T,in]
+      blas_gemm<R>(true, false, out, in, T, R(1), DY, out, x.data<R>(), in, R(1), dw.data<R>());
     if (!db.defined()) return;
     // Column sums of dy: threads own column blocks, so no reduction between threads is
     // needed; each column sums in double because T can be large.

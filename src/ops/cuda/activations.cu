@@ -4,6 +4,7 @@
 //   gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2),  t = tanh(...)
 //   swiglu([g | u]) = silu(g) * u,  silu(g) = g * sigmoid(g)
 //   d/dg = dy * u * sigmoid(g) (1 + g (1 - sigmoid(g))),  d/du = dy * silu(g)
+// swiglu_backward_recompute writes both from one read of x (the MLP backward).
 // Each op has a 16-byte vector kernel (a Pack of 8 bf16/f16 or 4 f32 per thread and step;
 // common.cuh) taken when every pointer is 16-byte aligned (and, for SwiGLU, F is a whole
 // number of packs), and the scalar kernel for anything else; both compute the same float
@@ -74,72 +75,67 @@ static __global__ void gelu_bwd_vec_kernel(const T* __restrict__ dy, const T* __
     dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f(to_f(x[i])));
 }
 
-// x[T, 2F] = [gate | up]; y[T, F]. One thread per output element.
-template <typename T>
-static __global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
-                                         int64_t F) {
-  int64_t n = rows * F;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t r = i / F, f = i - r * F;
-    float g = to_f(x[r * 2 * F + f]), u = to_f(x[r * 2 * F + F + f]);
-    y[i] = from_f<T>(g * sigmoid_f(g) * u);
-  }
+// SwiGLU's element rules, shared by every kernel below so that the three ops agree bit
+// for bit: y = silu(g) u, and the gradients of y with respect to gate and up.
+__device__ __forceinline__ float swiglu_f(float g, float u) { return g * sigmoid_f(g) * u; }
+__device__ __forceinline__ void swiglu_grad_f(float d, float g, float u, float& dg, float& du) {
+  float sg = sigmoid_f(g);
+  dg = d * u * sg * (1.f + g * (1.f - sg));
+  du = d * g * sg;
 }
-template <typename T>
-static __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                         T* __restrict__ dx, int64_t rows, int64_t F) {
+
+// x[T, 2F] = [gate | up]; y, dy[T, F]; dx[T, 2F]. kY: write y = swiglu(x); kDx: write dx
+// from dy; both: the two from one read of x (swiglu_backward_recompute). Pointers of an
+// output not written (and dy without kDx) are null. One thread per output element.
+template <typename T, bool kY, bool kDx>
+static __global__ void swiglu_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                     T* __restrict__ dx, T* __restrict__ y, int64_t rows,
+                                     int64_t F) {
   int64_t n = rows * F;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     int64_t r = i / F, f = i - r * F;
     float g = to_f(x[r * 2 * F + f]), u = to_f(x[r * 2 * F + F + f]);
-    float d = to_f(dy[i]), sg = sigmoid_f(g);
-    dx[r * 2 * F + f] = from_f<T>(d * u * sg * (1.f + g * (1.f - sg)));
-    dx[r * 2 * F + F + f] = from_f<T>(d * g * sg);
+    if constexpr (kY) y[i] = from_f<T>(swiglu_f(g, u));
+    if constexpr (kDx) {
+      float dg, du;
+      swiglu_grad_f(to_f(dy[i]), g, u, dg, du);
+      dx[r * 2 * F + f] = from_f<T>(dg);
+      dx[r * 2 * F + F + f] = from_f<T>(du);
+    }
   }
 }
 
-// Vector forms: one pack of N output columns per thread and step; F % N == 0, so a pack
+// Vector form: one pack of N output columns per thread and step; F % N == 0, so a pack
 // never straddles a row or the gate | up boundary. nv = rows * F / N < 2^32 (the launcher
 // checks), so the row of pack v is a 32-bit division.
-template <typename T>
-static __global__ void swiglu_fwd_vec_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t nv,
-                                             uint32_t FV, int64_t F) {
+template <typename T, bool kY, bool kDx>
+static __global__ void swiglu_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                         T* __restrict__ dx, T* __restrict__ y, int64_t nv,
+                                         uint32_t FV, int64_t F) {
   constexpr int N = kPackN<T>;
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < nv;
        v += int64_t(gridDim.x) * blockDim.x) {
     uint32_t r = uint32_t(v) / FV, c = uint32_t(v) - r * FV;  // row, pack within the row
-    const T* xg = x + int64_t(r) * 2 * F + int64_t(c) * N;
-    Pack<T, N> pg = ld_pack<N>(xg), pu = ld_pack<N>(xg + F), o;
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float g = to_f(pg.v[k]), u = to_f(pu.v[k]);
-      o.v[k] = from_f<T>(g * sigmoid_f(g) * u);
-    }
-    st_pack(y + v * N, o);
-  }
-}
-template <typename T>
-static __global__ void swiglu_bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                             T* __restrict__ dx, int64_t nv, uint32_t FV,
-                                             int64_t F) {
-  constexpr int N = kPackN<T>;
-  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < nv;
-       v += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t r = uint32_t(v) / FV, c = uint32_t(v) - r * FV;
     int64_t off = int64_t(r) * 2 * F + int64_t(c) * N;
-    Pack<T, N> pg = ld_pack<N>(x + off), pu = ld_pack<N>(x + off + F), pd = ld_pack<N>(dy + v * N),
-               og, ou;
+    Pack<T, N> pg = ld_pack<N>(x + off), pu = ld_pack<N>(x + off + F), pd, oy, og, ou;
+    if constexpr (kDx) pd = ld_pack<N>(dy + v * N);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       float g = to_f(pg.v[k]), u = to_f(pu.v[k]);
-      float d = to_f(pd.v[k]), sg = sigmoid_f(g);
-      og.v[k] = from_f<T>(d * u * sg * (1.f + g * (1.f - sg)));
-      ou.v[k] = from_f<T>(d * g * sg);
+      if constexpr (kY) oy.v[k] = from_f<T>(swiglu_f(g, u));
+      if constexpr (kDx) {
+        float dg, du;
+        swiglu_grad_f(to_f(pd.v[k]), g, u, dg, du);
+        og.v[k] = from_f<T>(dg);
+        ou.v[k] = from_f<T>(du);
+      }
     }
-    st_pack(dx + off, og);
-    st_pack(dx + off + F, ou);
+    if constexpr (kY) st_pack(y + v * N, oy);
+    if constexpr (kDx) {
+      st_pack(dx + off, og);
+      st_pack(dx + off + F, ou);
+    }
   }
 }
 
@@ -151,6 +147,30 @@ bool swiglu_vec_ok(int64_t rows, int64_t F, std::initializer_list<const void*> p
   for (const void* p : ptrs)
     if (!is_aligned16(p)) return false;
   return F % N == 0 && rows * (F / N) <= int64_t(UINT32_MAX);
+}
+
+// Launches swiglu_kernel<T, kY, kDx> or its vector form on checked tensors; dy and dx
+// (without kDx) and y (without kY) are null. x is [rows, 2F].
+template <bool kY, bool kDx>
+void swiglu_launch(const char* op, const Tensor* dy, const Tensor& x, Tensor* dx, Tensor* y,
+                   int64_t rows, int64_t F, Stream& s) {
+  if (rows * F == 0) return;
+  MCPP_DISPATCH_ACT(x.dtype(), op, {
+    constexpr int N = kPackN<T>;
+    auto xp = static_cast<const T*>(x.raw());
+    auto dyp = dy ? static_cast<const T*>(dy->raw()) : nullptr;
+    auto dxp = dx ? static_cast<T*>(dx->raw()) : nullptr;
+    auto yp = y ? static_cast<T*>(y->raw()) : nullptr;
+    if (swiglu_vec_ok<T>(rows, F, {dyp, xp, dxp, yp})) {  // null counts as aligned
+      int64_t nv = rows * (F / N);
+      swiglu_vec_kernel<T, kY, kDx>
+          <<<grid_for(nv, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, yp, nv, uint32_t(F / N), F);
+    } else {
+      swiglu_kernel<T, kY, kDx>
+          <<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, yp, rows, F);
+    }
+  });
+  MCPP_LAUNCH_CHECK();
 }
 
 void check_same_act(const Tensor& a, const Tensor& b, const char* op, const char* na,
@@ -207,20 +227,7 @@ void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
   MCPP_CHECK(W % 2 == 0, "swiglu_forward: x {} has an odd last dimension", x.str());
   int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
   check_numel(y, rows * F, "swiglu_forward", "y");
-  if (rows * F == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_forward", {
-    constexpr int N = kPackN<T>;
-    auto xp = static_cast<const T*>(x.raw());
-    auto yp = static_cast<T*>(y.raw());
-    if (swiglu_vec_ok<T>(rows, F, {xp, yp})) {
-      int64_t nv = rows * (F / N);
-      swiglu_fwd_vec_kernel<T>
-          <<<grid_for(nv, 256), 256, 0, stream_of(s)>>>(xp, yp, nv, uint32_t(F / N), F);
-    } else {
-      swiglu_fwd_kernel<T><<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(xp, yp, rows, F);
-    }
-  });
-  MCPP_LAUNCH_CHECK();
+  swiglu_launch<true, false>("swiglu_forward", nullptr, x, nullptr, &y, rows, F, s);
 }
 
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
@@ -231,22 +238,22 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
   check_numel(dy, rows * F, "swiglu_backward", "dy");
   check_numel(dx, x.numel(), "swiglu_backward", "dx");
-  if (rows * F == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "swiglu_backward", {
-    constexpr int N = kPackN<T>;
-    auto dyp = static_cast<const T*>(dy.raw());
-    auto xp = static_cast<const T*>(x.raw());
-    auto dxp = static_cast<T*>(dx.raw());
-    if (swiglu_vec_ok<T>(rows, F, {dyp, xp, dxp})) {
-      int64_t nv = rows * (F / N);
-      swiglu_bwd_vec_kernel<T>
-          <<<grid_for(nv, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, nv, uint32_t(F / N), F);
-    } else {
-      swiglu_bwd_kernel<T>
-          <<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, rows, F);
-    }
-  });
-  MCPP_LAUNCH_CHECK();
+  swiglu_launch<false, true>("swiglu_backward", &dy, x, &dx, nullptr, rows, F, s);
+}
+
+void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& y,
+                               Stream& s) {
+  const char* op = "swiglu_backward_recompute";
+  check_same_act(dy, x, op, "dy", "x");
+  check_same_act(dx, x, op, "dx", "x");
+  check_same_act(y, x, op, "y", "x");
+  int64_t W = x.size(-1);
+  MCPP_CHECK(W % 2 == 0, "{}: x {} has an odd last dimension", op, x.str());
+  int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
+  check_numel(dy, rows * F, op, "dy");
+  check_numel(dx, x.numel(), op, "dx");
+  check_numel(y, rows * F, op, "y");
+  swiglu_launch<true, true>(op, &dy, x, &dx, &y, rows, F, s);
 }
 
 }  // namespace mcpp::ops::cuda
