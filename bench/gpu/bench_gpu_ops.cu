@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -165,6 +166,34 @@ int main(int argc, char** argv) {
     Tensor none;
     flops("linear_backward dx only", sh, f,
           [&] { ops::linear_backward(dy, x, w, dx, false, none, none, s); });
+  }
+  {
+    // GPT-3 XL fc1 at micro-batch 16 (T = 32768, 2048 -> 8192): the step's GEMM in each of
+    // its forms, and the weight gradient both as the model does it (f32 main grad, +=) and
+    // as PyTorch's autocast does it (bf16 output, beta 0), to tell layout and output dtype
+    // apart from the clock. Then the forward again after ~3 s of back-to-back GEMMs:
+    // the rate under sustained load, as inside a training step.
+    const int64_t T = 32768, in = 2048, out = 8192;
+    Tensor x = rnd({T, in}, bf), w = rnd({out, in}, bf, 0.05f), y = rnd({T, out}, bf);
+    Tensor dy = rnd({T, out}, bf, 0.05f), dx = rnd({T, in}, bf);
+    Tensor dw32 = rnd({out, in}, DType::F32), dw16 = rnd({out, in}, bf);
+    const double f = 2.0 * T * in * out;
+    const std::string sh = fmt_shape({T, in, out});
+    auto fwd = [&] { ops::gemm(false, true, 1.0, x, w, 0.0, y, s); };
+    flops("gemm XL fc1 fwd (x w^T)", sh, f, fwd);
+    flops("gemm XL fc1 dx (dy w)", sh, f, [&] { ops::gemm(false, false, 1.0, dy, w, 0.0, dx, s); });
+    flops("gemm XL fc1 dw f32 += (dy^T x)", sh, f,
+          [&] { ops::gemm(true, false, 1.0, dy, x, 1.0, dw32, s); });
+    flops("gemm XL fc1 dw bf16 (dy^T x)", sh, f,
+          [&] { ops::gemm(true, false, 1.0, dy, x, 0.0, dw16, s); });
+    if (!skipped("gemm XL fc1 fwd, sustained")) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+        for (int i = 0; i < 50; ++i) fwd();
+        CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
+      }
+      flops("gemm XL fc1 fwd, sustained", sh, f, fwd);
+    }
   }
   // ---- norms: GPT-2 124M (64 x 1024 tokens, H = 768), 350M (16 x 1024, H = 1024), 1.3B
   // (16 x 2048, H = 2048); bf16 activations, f32 weights ------------------------------------

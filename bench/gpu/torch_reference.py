@@ -10,6 +10,7 @@ in one call). The JSON is rewritten after every measurement, so a run cut short 
 what it measured.
 
 Usage: torch_reference.py [--only NAME] [--steps 6] [--warmup 2] [--modes eager,compiled]
+                          [--profile]
                           [--json out.json]
 """
 import argparse
@@ -114,7 +115,46 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def measure(name, compiled, steps, warmup):
+def gemm_flops(name):
+    """FLOPs of the step's GEMMs (forward + both backward GEMMs), as the Megatron formula
+    counts them without attention's score and context products."""
+    L, h, nh, ng, ffn, S, V, B, llama = MODELS[name]
+    T, hd = B * S, h // nh
+    qkv = h * (nh + 2 * ng) * hd
+    mlp = (2 if llama else 1) * h * ffn + ffn * h
+    return 3 * 2 * T * (L * (qkv + h * h + mlp) + h * V)
+
+
+def profile_step(name, step):
+    """One profiled step: CUDA kernel time by class, the GEMMs' rate, the top GEMM kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    cls = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    gemms = {}
+    for e in prof.key_averages():
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        if us <= 0 or e.key.startswith("ProfilerStep"):
+            continue
+        k = e.key.lower()
+        if any(w in k for w in ("flash", "fmha", "attention", "sdpa")):
+            cls["attention"] += us
+        elif any(w in k for w in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "matmul")):
+            cls["gemm"] += us
+            gemms[e.key] = (us, e.count)
+        else:
+            cls["other"] += us
+    total = sum(cls.values())
+    rate = gemm_flops(name) / (cls["gemm"] * 1e-6) / 1e12 if cls["gemm"] else 0
+    print(f"  {name} profiled: kernels {total / 1e3:.1f} ms: GEMM {cls['gemm'] / 1e3:.1f} ms "
+          f"({rate:.0f} TFLOP/s), attention {cls['attention'] / 1e3:.1f} ms, other "
+          f"{cls['other'] / 1e3:.1f} ms", file=sys.stderr, flush=True)
+    for k, (us, n) in sorted(gemms.items(), key=lambda kv: -kv[1][0])[:8]:
+        print(f"    {us / 1e3:8.2f} ms {n:4d} x {k[:110]}", file=sys.stderr)
+
+
+def measure(name, compiled, steps, warmup, prof=False):
     L, h, nh, ng, ffn, S, V, B, llama = MODELS[name]
     torch.manual_seed(0)
     dev = "cuda"
@@ -148,6 +188,8 @@ def measure(name, compiled, steps, warmup):
     print(f"  {name:16s} {'compiled' if compiled else 'eager':8s} mb {B}: {ms:8.1f} ms/step, "
           f"{B * S / ms * 1e3 / 1e3:7.1f}K tok/s, peak {peak:8.0f} MB, loss {loss.item():.3f} "
           f"(warm-up {t_warm:.0f} s)", file=sys.stderr, flush=True)
+    if prof:
+        profile_step(name, step)
     del model, opt, fwd
     torch.cuda.empty_cache()
     return B, B * S / ms * 1e3, peak
@@ -160,6 +202,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--modes", default="eager,compiled")
     ap.add_argument("--json", default="")
+    ap.add_argument("--profile", action="store_true",
+                    help="then one profiled step: kernel time by class, the GEMMs' TFLOP/s")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     print(f"torch_reference: torch {torch.__version__}, {torch.cuda.get_device_name()}",
@@ -169,7 +213,7 @@ def main():
         for name in MODELS:
             if a.only and a.only not in name:
                 continue
-            B, tps, peak = measure(name, mode == "compiled", a.steps, a.warmup)
+            B, tps, peak = measure(name, mode == "compiled", a.steps, a.warmup, a.profile)
             r = res.setdefault(name, {"mb": B})
             r[mode], r[mode + "_peak_mb"] = tps, peak
             if a.json:
