@@ -374,8 +374,27 @@ int main(int argc, char** argv) {
     ops::scale(v, 0.0, s);
     ops::AdamWParams ap;
     ap.lr = 1e-4, ap.weight_decay = 0.1;
+    Tensor none;
     bytes("adamw_step f32", "350M params", double(n) * 4 * 7,
-          [&] { ops::adamw_step(p, g, m, v, ap, s); });
+          [&] { ops::adamw_step(p, g, m, v, none, ap, s); });
+  }
+  {
+    // Mixed precision: fp32 main params, moments and grads, bf16 model params. The step
+    // then the copy to the model (the two passes of before) against the fused step.
+    // 268M = 2^28: about a fifth of GPT-3 XL's 1.3B, whole 16-byte packs.
+    const int64_t n = int64_t(1) << 28;
+    Tensor p = rnd({n}, DType::F32), g = rnd({n}, DType::F32), m = rnd({n}, DType::F32, 0.1f),
+           v = rnd({n}, DType::F32), model = rnd({n}, DType::BF16);
+    ops::scale(v, 0.0, s);  // v must be >= 0
+    ops::AdamWParams ap;
+    ap.lr = 1e-4, ap.weight_decay = 0.1;
+    Tensor none;
+    bytes("adamw_step + copy to bf16", "268M params", double(n) * (4 * 7 + 4 + 2), [&] {
+      ops::adamw_step(p, g, m, v, none, ap, s);
+      ops::copy(p, model, s);
+    });
+    bytes("adamw_step fused bf16 out", "268M params", double(n) * (4 * 7 + 2),
+          [&] { ops::adamw_step(p, g, m, v, model, ap, s); });
   }
   gpu::synchronize(s);
   auto mem = gpu::memory_stats();

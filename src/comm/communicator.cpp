@@ -94,6 +94,13 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out, Stream& s) {
   MCPP_CHECK(in.dtype() == out.dtype() && same_rows(in, out) && out.size(0) == in.size(0) * size(),
              "all_gather on {}: output {} must be input {} with dim 0 times {}", describe(),
              out.str(), in.str(), size());
+  const auto* ib = static_cast<const char*>(in.raw());
+  const auto* ob = static_cast<const char*>(out.raw());
+  const bool overlap = ib < ob + out.nbytes() && ob < ib + in.nbytes();
+  MCPP_CHECK_HINT(!overlap || gathers_in_place(in, out),
+                  "pass this rank's block of the output (in place) or a separate input",
+                  "all_gather on {}: input {} overlaps output {} other than as block {} of it",
+                  describe(), in.str(), out.str(), rank());
   OpDesc d = next_collective(OpKind::AllGather, out.nbytes(), in.str());
   return start_all_gather(in, out, d, s);
 }

@@ -118,7 +118,9 @@ class Communicator {
   // ---- synchronous (complete on `s` when they return) ------------------------------
   // t: any shape; in place. bf16/f16 reduce through fp32 (rounded once per partial sum).
   void all_reduce(Tensor& t, ReduceOp op, Stream& s) { all_reduce_async(t, op, s).wait(); }
-  // in: [n, ...]; out: [size*n, ...] (rank r's block at rows r*n .. r*n+n-1).
+  // in: [n, ...]; out: [size*n, ...] (rank r's block at rows r*n .. r*n+n-1). In place
+  // when `in` is this rank's block of `out` (NCCL's in-place form; the distributed
+  // optimizer's 16-bit parameter gather); any other overlap of the two is an error.
   void all_gather(const Tensor& in, Tensor& out, Stream& s) { all_gather_async(in, out, s).wait(); }
   // in: [size*n, ...]; out: [n, ...] = block `rank()` of the reduction over the group.
   void reduce_scatter(const Tensor& in, Tensor& out, Stream& s, ReduceOp op = ReduceOp::Sum) {
@@ -189,6 +191,10 @@ class Communicator {
   // Whether the backend can reduce this dtype / move this device's memory.
   virtual bool can_reduce(DType t) const;
   virtual bool can_access(Device d) const { return d == Device::CPU; }
+  // all_gather: whether `in` is this rank's block of `out` (an in-place call).
+  bool gathers_in_place(const Tensor& in, const Tensor& out) const {
+    return in.raw() == static_cast<const char*>(out.raw()) + size_t(rank_) * in.nbytes();
+  }
 
  private:
   OpDesc next_collective(OpKind k, size_t bytes, std::string detail);

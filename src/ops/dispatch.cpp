@@ -181,9 +181,9 @@ void rope_backward(const Tensor& dout, const AttentionDims& d, int64_t rot, doub
                    int64_t off, Tensor& din, Stream& s) {
   MCPP_DISPATCH(rope_backward, dout, d, rot, base, off, din, s);
 }
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
-                Stream& s) {
-  MCPP_DISPATCH(adamw_step, param, grad, m, v, p, s);
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor& model_param,
+                const AdamWParams& p, Stream& s) {
+  MCPP_DISPATCH(adamw_step, param, grad, m, v, model_param, p, s);
 }
 
 }  // namespace mcpp::ops

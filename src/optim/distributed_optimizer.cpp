@@ -104,15 +104,25 @@ void DistributedAdamW::step(double lr, double wd) {
   Stream& st = ops::default_stream(main_.device());
   ops::AdamWParams p;
   p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
+  // A 16-bit model: each segment's updated main params go, rounded, straight into this
+  // rank's own block of the model's flat parameters (a segment is one contiguous span of
+  // both), which the all-gather below then sends in place.
+  Tensor& flat = ps_.flat_params();
+  const bool cast = flat.dtype() != main_.dtype();
+  // The previous step's gathers read those blocks: done by now (the forward waited for
+  // every layer), but make sure before they are written again.
+  if (overlap_) wait_params_all();
   const auto& infos = ps_.infos();
   for (const auto& s : segs_) {
     p.weight_decay = infos[s.param].weight_decay ? wd : 0.0;
     Tensor w = main_.narrow(s.shard, s.len), g = grads_.shard().narrow(s.shard, s.len);
     Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
-    ops::adamw_step(w, g, m, v, p, st);
+    Tensor model = cast ? flat.narrow(s.flat, s.len) : Tensor();
+    ops::adamw_step(w, g, m, v, model, p, st);
   }
-  // Updated shards -> every rank's model parameters (Megatron: the param all-gather).
-  all_gather_flat(main_, ps_.flat_params(), overlap_);
+  // Updated blocks -> every rank's model parameters (Megatron: the param all-gather, in
+  // place in its param buffer for 16-bit models).
+  all_gather_flat(cast ? Tensor() : main_, flat, overlap_);
 }
 
 void DistributedAdamW::set_overlap_param_gather(bool on, std::vector<int> param_layers) {
@@ -147,13 +157,9 @@ void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat, bool a
   comm::Communicator& dp = grads_.dp();
   for (size_t b = 0; b < grads_.buckets().size(); ++b) {
     const auto& bk = grads_.buckets()[b];
-    Tensor in = shard.narrow(bk.shard_offset, grads_.block(b));
+    const int64_t n = grads_.block(b);
     Tensor out = flat.narrow(bk.begin, bk.end - bk.begin);
-    if (in.dtype() != out.dtype()) {  // f32 main params -> bf16/f16 model params
-      Tensor cast = Tensor::empty(in.shape(), out.dtype(), in.device());
-      ops::copy(in, cast, st);
-      in = cast;
-    }
+    Tensor in = shard.defined() ? shard.narrow(bk.shard_offset, n) : out.narrow(dp.rank() * n, n);
     if (!async) {
       dp.all_gather(in, out, st);
       continue;

@@ -3,7 +3,11 @@
 // keeps fp32 main parameters and Adam moments for those elements only. A step is:
 // reduce-scattered gradients (already in the shard buffer) -> AdamW on the shard ->
 // all-gather of the updated parameters, bucket by bucket, into every rank's flat
-// parameter buffer. Optimizer state bytes per rank are 1/DP of AdamW's.
+// parameter buffer. Rank r's block of a bucket is one contiguous span of the flat buffer,
+// so for bf16/f16 models the step writes its rounded result straight into that span
+// (adamw_step's model_param) and the all-gather runs in place there, as Megatron's
+// param all-gather does in its param buffer; f32/f64 models gather from the main params.
+// Optimizer state bytes per rank are 1/DP of AdamW's.
 #pragma once
 #include <functional>
 
@@ -63,6 +67,9 @@ class DistributedAdamW {
   const Tensor& exp_avg_sq() const { return v_; }
 
  private:
+  // Every rank's block of each bucket into `flat` [total]: from `shard` (laid out as the
+  // gradient shard), or, when shard is undefined, from each rank's own block of `flat`
+  // itself (an all-gather in place).
   void all_gather_flat(const Tensor& shard, Tensor& flat, bool async = false);
 
   model::ParamStore& ps_;

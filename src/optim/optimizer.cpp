@@ -54,7 +54,10 @@ void AdamW::step(double lr, double wd) {
   ops::AdamWParams p;
   p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
   Tensor& weights = main_.defined() ? main_ : ps_.flat_params();
-  // One call per run of consecutive parameters with the same decay setting.
+  // One call per run of consecutive parameters with the same decay setting. With fp32 main
+  // params the call also writes the run's model params (bf16/f16, rounded to nearest even):
+  // Megatron's _copy_main_params_to_model_params, done in the step's own pass. The padding
+  // between runs is never stepped, so it keeps the zeros both buffers start with.
   const auto& infos = ps_.infos();
   size_t i = 0;
   while (i < infos.size()) {
@@ -65,12 +68,10 @@ void AdamW::step(double lr, double wd) {
     Tensor w = weights.narrow(begin, end - begin);
     Tensor g = ps_.flat_grads().narrow(begin, end - begin);
     Tensor m = m_.narrow(begin, end - begin), v = v_.narrow(begin, end - begin);
-    ops::adamw_step(w, g, m, v, p, st);
+    Tensor model = main_.defined() ? ps_.flat_params().narrow(begin, end - begin) : Tensor();
+    ops::adamw_step(w, g, m, v, model, p, st);
     i = j + 1;
   }
-  // Main params -> model params (bf16/f16, round to nearest even), as Megatron's
-  // _copy_main_params_to_model_params.
-  if (main_.defined()) ops::copy(main_, ps_.flat_params(), st);
 }
 
 }  // namespace mcpp::optim

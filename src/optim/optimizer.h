@@ -6,9 +6,10 @@
 //
 // Mixed precision as Megatron's Float16OptimizerWithFloat16Params: when the model's
 // parameters are bf16/f16, the optimizer holds fp32 main parameters (a copy made at
-// construction), steps them with the fp32 main gradients, and copies them back to the
-// model's parameters, rounded to nearest even. f32 and f64 parameters are stepped in
-// place. Everything lives on the parameters' device.
+// construction), steps them with the fp32 main gradients, and writes them back to the
+// model's parameters, rounded to nearest even, in the same pass (adamw_step's model_param
+// output). f32 and f64 parameters are stepped in place. Everything lives on the
+// parameters' device.
 #pragma once
 #include <cstdint>
 

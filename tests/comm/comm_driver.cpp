@@ -153,6 +153,20 @@ void check_group(Communicator& c, bool async) {
         for (int64_t k = 0; k < 6; ++k)
           CHECK_EQ_V(get(out, j * 6 + k), stored(dt, mv(j, k)), "{} all_gather {}", who, dn);
     }
+    // all_gather in place: the input is this rank's block of the output.
+    {
+      Tensor out = Tensor::zeros({2 * n, 3}, dt);
+      Tensor in = out.narrow(2 * me, 2);
+      for (int64_t k = 0; k < 6; ++k) set(in, k, mv(me, k));
+      if (async)
+        done(c.all_gather_async(in, out, s));
+      else
+        c.all_gather(in, out, s);
+      for (int j = 0; j < n; ++j)
+        for (int64_t k = 0; k < 6; ++k)
+          CHECK_EQ_V(get(out, j * 6 + k), stored(dt, mv(j, k)), "{} all_gather in place {}", who,
+                     dn);
+    }
     // reduce_scatter (sum) along dim 0.
     {
       Tensor in = filled({2 * n, 3}, dt, [&](int64_t k) { return rd(me, k); });

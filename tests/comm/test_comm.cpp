@@ -72,6 +72,12 @@ TEST(LocalComm, ArgumentErrors) {
                 .find("all_gather on group 'world' (world ranks [0]): output f32[5, 3] cpu must "
                       "be input f32[4, 3] cpu with dim 0 times 1"),
             std::string::npos);
+  // all_gather in place is this rank's block of the output; any other overlap is an error.
+  Tensor buf = iota({5, 3});
+  Tensor out = buf.narrow(0, 4), in = buf.narrow(1, 4);
+  EXPECT_NE(error_of([&] { c.all_gather(in, out, s); }).find("overlaps output"), std::string::npos);
+  c.all_gather(out, out, s);
+  EXPECT_TRUE(same(out, iota({5, 3}).narrow(0, 4)));
   EXPECT_NE(error_of([&] { c.send(x, 1, s); }).find("peer 1 is not a group rank"),
             std::string::npos);
   Tensor u8 = Tensor::zeros({4}, DType::U8);

@@ -671,14 +671,89 @@ TEST(GpuAdamW, MatchesCpu) {
          gv = to_gpu(v, DType::F32);
   ops::AdamWParams ap;
   ap.lr = 1e-3, ap.weight_decay = 0.1, ap.step = 3;
+  Tensor none;
   for (int i = 0; i < 3; ++i) {
-    cpu::adamw_step(p, g, m, v, ap, CS());
-    gpu::adamw_step(gp, gg, gm, gv, ap, GS());
+    cpu::adamw_step(p, g, m, v, none, ap, CS());
+    gpu::adamw_step(gp, gg, gm, gv, none, ap, GS());
     ap.step++;
   }
   EXPECT_CLOSE(gp, p, DType::F32);
   EXPECT_CLOSE(gm, m, DType::F32);
   EXPECT_CLOSE(gv, v, DType::F32);
+}
+
+// A CUDA tensor's bytes on the host, in its own dtype.
+Tensor host_bits(const Tensor& g) {
+  Tensor h = Tensor::empty(g.shape(), g.dtype());
+  gpu::copy(g, h, GS());
+  return h;
+}
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor x = host_bits(a), y = host_bits(b);
+  return x.dtype() == y.dtype() && x.numel() == y.numel() &&
+         std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+// c's values in a new CUDA tensor of dtype dt that starts `offset` elements into its
+// allocation (offset 1: not 16-byte aligned, so the kernels take their scalar paths).
+Tensor to_gpu_at(const Tensor& c, DType dt, int64_t offset) {
+  Tensor g = Tensor::empty({c.numel() + offset}, dt, Device::CUDA).narrow(offset, c.numel());
+  gpu::copy(c, g, GS());
+  return g;
+}
+
+// The mixed-precision step in one pass: adamw_step with a bf16/f16 model_param, for f32,
+// bf16 and f16 grads. Bit for bit (1) adamw_step without it followed by copy, and (2) the
+// same step on unaligned views (offset 1: the scalar path), which is the kernel as it was
+// before the vector path; close to the CPU op, whose formula is arranged differently.
+// Sizes: whole packs, a tail of n % 8 = 3 (n % 4 = 3), and a run smaller than one pack.
+TEST(GpuAdamW, FusedModelParamsBitwise) {
+  MCPP_REQUIRE_GPU();
+  for (int64_t n : {int64_t(1) << 16, int64_t(100003), int64_t(5)}) {
+    Tensor p = rand_f32({n}, 140), m = rand_f32({n}, 141, -0.1f, 0.1f),
+           v = rand_f32({n}, 142, 0.f, 0.01f);
+    float* P = static_cast<float*>(p.raw());
+    for (int64_t i = 0; i < n; ++i) P[i] = std::ldexp(P[i], int(i % 31) - 16);  // many binades
+    for (DType gdt : {DType::F32, DType::BF16, DType::F16})
+      for (DType odt : {DType::BF16, DType::F16}) {
+        const std::string what =
+            fmt::format("n {}, grads {}, model params {}", n, dtype_name(gdt), dtype_name(odt));
+        // Fused (aligned: the vector path), unfused + copy, fused on unaligned views.
+        Tensor fp = to_gpu(p, DType::F32), fm = to_gpu(m, DType::F32), fv = to_gpu(v, DType::F32);
+        Tensor up = to_gpu(p, DType::F32), um = to_gpu(m, DType::F32), uv = to_gpu(v, DType::F32);
+        Tensor sp = to_gpu_at(p, DType::F32, 1), sm = to_gpu_at(m, DType::F32, 1),
+               sv = to_gpu_at(v, DType::F32, 1);
+        Tensor fo = gpu_nan({n}, odt), uo = gpu_nan({n}, odt),
+               so = gpu_nan({n + 1}, odt).narrow(1, n);
+        Tensor cp = p.clone(), cm = m.clone(), cv = v.clone(), co = Tensor::empty({n}, odt);
+        Tensor none;
+        ops::AdamWParams ap;
+        ap.lr = 1e-3, ap.beta1 = 0.9, ap.beta2 = 0.95, ap.weight_decay = 0.1;
+        for (int step = 1; step <= 3; ++step) {
+          ap.step = step;
+          Tensor g = rand_in({n}, 150 + step, gdt);  // representable in gdt: the CPU sees it too
+          Tensor gg = to_gpu(g, gdt), sg = to_gpu_at(g, gdt, 1);
+          gpu::adamw_step(fp, gg, fm, fv, fo, ap, GS());
+          gpu::adamw_step(up, gg, um, uv, none, ap, GS());
+          gpu::copy(up, uo, GS());
+          gpu::adamw_step(sp, sg, sm, sv, so, ap, GS());
+          cpu::adamw_step(cp, g, cm, cv, co, ap, CS());
+        }
+        EXPECT_TRUE(same_bits(fo, uo)) << what << ": fused vs adamw_step + copy";
+        EXPECT_TRUE(same_bits(fp, up)) << what;
+        EXPECT_TRUE(same_bits(fm, um)) << what;
+        EXPECT_TRUE(same_bits(fv, uv)) << what;
+        EXPECT_TRUE(same_bits(fo, so)) << what << ": vector vs scalar path";
+        EXPECT_TRUE(same_bits(fp, sp)) << what;
+        EXPECT_TRUE(same_bits(fm, sm)) << what;
+        EXPECT_TRUE(same_bits(fv, sv)) << what;
+        EXPECT_CLOSE(fp, cp, DType::F32) << what;
+        EXPECT_CLOSE(fm, cm, DType::F32) << what;
+        EXPECT_CLOSE(fv, cv, DType::F32) << what;
+        Tensor co32 = Tensor::empty({n}, DType::F32);
+        cpu::copy(co, co32, CS());
+        EXPECT_CLOSE(fo, co32, odt) << what;
+      }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, GpuDropout, ::testing::Values(int64_t(301), int64_t(300)));

@@ -1,5 +1,7 @@
 // fill, copy (dtype conversions on known bit patterns), add/axpy/scale, sum_squares,
-// has_nonfinite, and AdamW against a scalar reference.
+// has_nonfinite, and AdamW against a scalar reference (and its bf16/f16 model-parameter
+// output against a step followed by copy).
+#include <cstring>
 #include <limits>
 
 #include "op_test_util.h"
@@ -107,7 +109,8 @@ TEST(AdamW, MatchesScalarReferenceOverSteps) {
       Tensor g = randn({n}, 100 + step, 1.0, dt);
       Tensor g64 = f64(g);
       hp.step = step;
-      cpu::adamw_step(p, g, m, v, hp, S());
+      Tensor none;
+      cpu::adamw_step(p, g, m, v, none, hp, S());
       for (int64_t i = 0; i < n; ++i) {
         const double gi = g64.data<double>()[i];
         rp[i] *= 1 - hp.lr * hp.weight_decay;
@@ -124,12 +127,65 @@ TEST(AdamW, MatchesScalarReferenceOverSteps) {
     EXPECT_LT(rel_err(m, wm), tol) << dtype_name(dt);
     EXPECT_LT(rel_err(v, wv), tol) << dtype_name(dt);
   }
-  Tensor p = randn({4}, 1), g = randn({5}, 2), m = Tensor::zeros({4}, DType::F64);
+  Tensor p = randn({4}, 1), g = randn({5}, 2), m = Tensor::zeros({4}, DType::F64), none;
   ops::AdamWParams hp;
-  EXPECT_THROW(cpu::adamw_step(p, g, m, m, hp, S()), Error);
+  EXPECT_THROW(cpu::adamw_step(p, g, m, m, none, hp, S()), Error);
   hp.step = 0;
   Tensor g4 = randn({4}, 2);
-  EXPECT_THROW(cpu::adamw_step(p, g4, m, m, hp, S()), Error);
+  EXPECT_THROW(cpu::adamw_step(p, g4, m, m, none, hp, S()), Error);
+}
+
+static bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.numel() == b.numel() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// The mixed-precision step in one pass: adamw_step with a bf16/f16 model_param must leave
+// p, m, v and the model params bit for bit as adamw_step followed by copy(p, model) does.
+// The CPU backend takes grads in param's dtype (f32 here); the CUDA test covers bf16/f16
+// grads. Sizes: below and above the OpenMP grain. Parameters span many binades (f16
+// subnormals and values past the f16 range included) so that the rounding is exercised.
+TEST(AdamW, ModelParamOutputEqualsStepThenCopy) {
+  for (int64_t n : {int64_t(1003), int64_t(3 * (1 << 14) + 5)}) {  // the grain is 2^14
+    Tensor p = randn({n}, 7, 1.0, DType::F32), m = randn({n}, 8, 0.1, DType::F32);
+    Tensor v = randn({n}, 9, 0.01, DType::F32);
+    float* P = p.data<float>();
+    float* V = v.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      P[i] = std::ldexp(P[i], int(i % 41) - 26);  // 2^-26 .. 2^14 times N(0, 1)
+      V[i] = V[i] * V[i];                         // second moments are >= 0
+    }
+    for (DType out_dt : {DType::BF16, DType::F16}) {
+      Tensor p1 = p.clone(), m1 = m.clone(), v1 = v.clone(), none;
+      Tensor p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
+      Tensor want = Tensor::empty({n}, out_dt), got = Tensor::empty({n}, out_dt);
+      ops::AdamWParams hp;
+      hp.lr = 3e-3, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.eps = 1e-8, hp.weight_decay = 0.1;
+      for (int step = 1; step <= 3; ++step) {
+        hp.step = step;
+        Tensor g = randn({n}, 20 + step, 1.0, DType::F32);
+        std::memset(got.raw(), 0xff, got.nbytes());  // NaN: an element left unwritten fails
+        cpu::adamw_step(p1, g, m1, v1, none, hp, S());
+        cpu::copy(p1, want, S());
+        cpu::adamw_step(p2, g, m2, v2, got, hp, S());
+        const std::string what = fmt::format("n {}, {}, step {}", n, dtype_name(out_dt), step);
+        EXPECT_TRUE(same_bits(got, want)) << what;
+        EXPECT_TRUE(same_bits(p2, p1)) << what;
+        EXPECT_TRUE(same_bits(m2, m1)) << what;
+        EXPECT_TRUE(same_bits(v2, v1)) << what;
+      }
+    }
+  }
+  // Argument checks: the output must be bf16/f16 of param's numel, param f32.
+  ops::AdamWParams hp;
+  Tensor p = randn({8}, 1, 1.0, DType::F32), g = randn({8}, 2, 1.0, DType::F32);
+  Tensor m = Tensor::zeros({8}, DType::F32), v = Tensor::zeros({8}, DType::F32);
+  Tensor f32_out = Tensor::empty({8}, DType::F32), short_out = Tensor::empty({7}, DType::BF16);
+  EXPECT_THROW(cpu::adamw_step(p, g, m, v, f32_out, hp, S()), Error);
+  EXPECT_THROW(cpu::adamw_step(p, g, m, v, short_out, hp, S()), Error);
+  Tensor pd = randn({8}, 1), gd = randn({8}, 2), md = Tensor::zeros({8}, DType::F64);
+  Tensor vd = Tensor::zeros({8}, DType::F64), bf_out = Tensor::empty({8}, DType::BF16);
+  EXPECT_THROW(cpu::adamw_step(pd, gd, md, vd, bf_out, hp, S()), Error);
 }
 
 TEST(Dot, F32AndF64AccumulateInF64) {

@@ -187,8 +187,11 @@ class MpiCommunicator final : public Communicator {
     auto w = work(d);
     w->keep = {in, out};
     const int n = count_of(in.numel(), "all_gather");
+    // MPI forbids aliased buffers: an in-place call says so with MPI_IN_PLACE.
+    const bool in_place = gathers_in_place(in, out);
     MpiLock l;
-    MPI_CHECK(MPI_Iallgather(in.raw(), n, move_type(in.dtype()), out.raw(), n,
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.raw(), in_place ? 0 : n,
+                             in_place ? MPI_DATATYPE_NULL : move_type(in.dtype()), out.raw(), n,
                              move_type(out.dtype()), comm_, &w->req));
     return Work(w);
   }

@@ -208,6 +208,7 @@ class NcclCommunicator final : public Communicator {
   }
   Work start_all_gather(const Tensor& in, Tensor& out, const OpDesc& d, Stream& s) override {
     if (s.device == Device::CPU) return host_->all_gather_async(in, out, s);
+    // In place (in = out's block rank()) is NCCL's own in-place form: nothing to do here.
     return enqueue(d, s, {in, out}, [&](cudaStream_t cs) {
       NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), in.nbytes(), ncclUint8, comm_, cs));
     });

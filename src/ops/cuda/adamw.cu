@@ -1,9 +1,23 @@
 // AdamW step (decoupled weight decay, bias correction), as torch.optim.AdamW and the
 // catalogue: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-// param, m, v: f32; grad: f32 (or bf16/f16). The bias corrections are computed once on
-// the host in f64.
+// param, m, v: f32; grad: f32 (or bf16/f16); model_param (optional): bf16/f16, written with
+// the updated param rounded as copy rounds it (from_d), so a mixed-precision step needs no
+// second pass over the fp32 main params. The bias corrections are computed once on the
+// host in f64.
+//
+// One memory-bound pass: 28 bytes per element (p, g, m, v read; p, m, v written; f32
+// grads), +2 with the bf16/f16 output. When every pointer is 16-byte aligned, each thread
+// moves kPack = 8 elements per iteration as whole 16-byte words (two per f32 array, one per
+// 16-bit one: up to 128 bytes in flight per thread); the last n % kPack elements, and
+// every element of unaligned views, go through the scalar loop. Both paths call
+// adamw_element, the arithmetic of the scalar grid-stride kernel this file had before, in
+// the same order, so results are bitwise those of that kernel whatever path runs. The grid
+// is the number of blocks the GPU holds at once (or fewer for small runs), each thread
+// striding over the packs.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
@@ -12,27 +26,94 @@ namespace mcpp::ops::cuda {
 
 namespace {
 
-template <typename TG>
-static __global__ void adamw_kernel(float* __restrict__ p, const TG* __restrict__ g,
-                                    float* __restrict__ m, float* __restrict__ v, int64_t n,
-                                    float lr, float b1, float b2, float eps, float decay,
-                                    float inv_bc1, float inv_bc2) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float gi = to_f(g[i]);
-    float mi = b1 * m[i] + (1.f - b1) * gi;
-    float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+constexpr int kThreads = 256;
+constexpr int kPack = 8;  // elements per thread per iteration
+
+// The per-step scalars, formed on the host.
+struct AdamWScalars {
+  float lr, b1, b2, eps, decay, inv_bc1, inv_bc2;
+};
+
+__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g,
+                                              const AdamWScalars& a) {
+  float mi = a.b1 * m + (1.f - a.b1) * g;
+  float vi = a.b2 * v + (1.f - a.b2) * g * g;
+  m = mi;
+  v = vi;
+  float pi = p * a.decay;
+  p = pi - a.lr * (mi * a.inv_bc1) / (sqrtf(vi * a.inv_bc2) + a.eps);
+}
+
+// TG: the gradient's type. TO: the model parameters' (bf16/f16), or void for none (out is
+// then null). packs: whole kPack-element packs done with 16-byte accesses (0 when a
+// pointer is unaligned); the scalar loop does elements packs * kPack .. n-1.
+template <typename TG, typename TO>
+static __global__ void __launch_bounds__(kThreads)
+    adamw_kernel(float* __restrict__ p, const TG* __restrict__ g, float* __restrict__ m,
+                 float* __restrict__ v, TO* __restrict__ out, int64_t n, int64_t packs,
+                 AdamWScalars a) {
+  constexpr bool kOut = !std::is_void_v<TO>;
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t k = tid; k < packs; k += stride) {
+    const int64_t i = k * kPack;
+    Pack<float, kPack> pp = ld_pack<kPack>(p + i), mp = ld_pack<kPack>(m + i),
+                       vp = ld_pack<kPack>(v + i);
+    const Pack<TG, kPack> gp = ld_pack<kPack>(g + i);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) adamw_element(pp.v[j], mp.v[j], vp.v[j], to_f(gp.v[j]), a);
+    st_pack(p + i, pp);
+    st_pack(m + i, mp);
+    st_pack(v + i, vp);
+    if constexpr (kOut) {
+      Pack<TO, kPack> op;
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) op.v[j] = from_d<TO>(double(pp.v[j]));
+      st_pack(out + i, op);
+    }
+  }
+  for (int64_t i = packs * kPack + tid; i < n; i += stride) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_element(pi, mi, vi, to_f(g[i]), a);
+    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    float pi = p[i] * decay;
-    p[i] = pi - lr * (mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps);
+    if constexpr (kOut) out[i] = from_d<TO>(double(pi));
   }
+}
+
+// Blocks of kThreads that the device holds at once for this kernel: the grid for a large
+// step (more blocks would only queue behind them).
+template <typename TG, typename TO>
+int64_t resident_blocks() {
+  static const int64_t blocks = [] {
+    int dev = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_kernel<TG, TO>, kThreads, 0));
+    return int64_t(sms) * std::max(per_sm, 1);
+  }();
+  return blocks;
+}
+
+template <typename TG, typename TO>
+void launch_adamw(float* p, const TG* g, float* m, float* v, TO* out, int64_t n,
+                  const AdamWScalars& a, cudaStream_t cs) {
+  const bool vec = is_aligned16(p) && is_aligned16(g) && is_aligned16(m) && is_aligned16(v) &&
+                   (out == nullptr || is_aligned16(out));
+  const int64_t packs = vec ? n / kPack : 0;
+  const int64_t threads_wanted = vec ? std::max(packs, n % kPack) : n;
+  const unsigned grid =
+      unsigned(std::min<int64_t>(grid_for(threads_wanted, kThreads), resident_blocks<TG, TO>()));
+  adamw_kernel<TG, TO><<<grid, kThreads, 0, cs>>>(p, g, m, v, out, n, packs, a);
+  MCPP_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& ap,
-                Stream& s) {
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor& model_param,
+                const AdamWParams& ap, Stream& s) {
   const char* op = "adamw_step";
   check_f32(param, op, "param");
   check_f32(m, op, "m");
@@ -42,19 +123,38 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   check_numel(grad, n, op, "grad");
   check_numel(m, n, op, "m");
   check_numel(v, n, op, "v");
-  MCPP_CHECK(ap.step >= 1, "{}: step {} must be >= 1 (1-based, for bias correction)", op,
-             ap.step);
+  const bool out = model_param.defined();
+  if (out) {
+    check_cuda(model_param, op, "model_param");
+    check_numel(model_param, n, op, "model_param");
+    MCPP_CHECK(model_param.dtype() == DType::BF16 || model_param.dtype() == DType::F16,
+               "{}: model_param is {}, expected bf16 or f16 (f32 parameters are stepped in "
+               "place)",
+               op, model_param.str());
+  }
+  MCPP_CHECK(ap.step >= 1, "{}: step {} must be >= 1 (1-based, for bias correction)", op, ap.step);
   if (n == 0) return;
   double bc1 = 1.0 - std::pow(ap.beta1, double(ap.step));
   double bc2 = 1.0 - std::pow(ap.beta2, double(ap.step));
-  MCPP_DISPATCH_ACT(grad.dtype(), op,
-                    adamw_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<float*>(param.raw()), static_cast<const T*>(grad.raw()),
-                        static_cast<float*>(m.raw()), static_cast<float*>(v.raw()), n,
-                        float(ap.lr), float(ap.beta1), float(ap.beta2), float(ap.eps),
-                        float(1.0 - ap.lr * ap.weight_decay), float(1.0 / bc1),
-                        float(1.0 / bc2)));
-  MCPP_LAUNCH_CHECK();
+  const AdamWScalars a{float(ap.lr),
+                       float(ap.beta1),
+                       float(ap.beta2),
+                       float(ap.eps),
+                       float(1.0 - ap.lr * ap.weight_decay),
+                       float(1.0 / bc1),
+                       float(1.0 / bc2)};
+  float *P = static_cast<float*>(param.raw()), *M = static_cast<float*>(m.raw()),
+        *V = static_cast<float*>(v.raw());
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(grad.dtype(), op, {
+    const T* G = static_cast<const T*>(grad.raw());
+    if (!out)
+      launch_adamw<T, void>(P, G, M, V, nullptr, n, a, cs);
+    else if (model_param.dtype() == DType::BF16)
+      launch_adamw<T, bf16>(P, G, M, V, static_cast<bf16*>(model_param.raw()), n, a, cs);
+    else
+      launch_adamw<T, f16>(P, G, M, V, static_cast<f16*>(model_param.raw()), n, a, cs);
+  });
 }
 
 }  // namespace mcpp::ops::cuda

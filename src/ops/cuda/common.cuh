@@ -27,6 +27,14 @@ template <> __device__ __forceinline__ float from_f<float>(float x) { return x; 
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
 
+// From double, one rounding (nearest even): the conversion of copy's casts (ld_d / st_d in
+// elementwise.cu). For an f32 value it gives what from_f gives; ops that must match copy
+// bit for bit (adamw_step's model-parameter output) use this one.
+template <typename T> __device__ __forceinline__ T from_d(double v);
+template <> __device__ __forceinline__ float from_d<float>(double v) { return float(v); }
+template <> __device__ __forceinline__ bf16 from_d<bf16>(double v) { return __double2bfloat16(v); }
+template <> __device__ __forceinline__ f16 from_d<f16>(double v) { return __double2half(v); }
+
 inline cudaStream_t stream_of(const Stream& s) { return static_cast<cudaStream_t>(s.handle); }
 
 // Grid size for a grid-stride loop over n elements.

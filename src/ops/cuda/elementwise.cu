@@ -76,11 +76,8 @@ static __global__ void fill_vec_kernel(void* dst, DType dt, int es, int64_t n, d
   for (int64_t i = nw * 16 / es + tid; i < n; i += stride) st_d(dst, dt, i, v);
 }
 
-// Typed casts between activation dtypes, as ld_d / st_d convert them (through double).
-template <typename T> __device__ __forceinline__ T from_d(double v);
-template <> __device__ __forceinline__ float from_d<float>(double v) { return float(v); }
-template <> __device__ __forceinline__ bf16 from_d<bf16>(double v) { return __double2bfloat16(v); }
-template <> __device__ __forceinline__ f16 from_d<f16>(double v) { return __double2half(v); }
+// Typed casts between activation dtypes, as ld_d / st_d convert them (through double,
+// from_d in common.cuh).
 
 template <typename TS, typename TD>
 static __global__ void cast_vec_kernel(const TS* __restrict__ src, TD* __restrict__ dst,
