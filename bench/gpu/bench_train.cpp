@@ -8,8 +8,11 @@
 // (shared/reference/gpu-machine.md, marked "ref").
 // With --profile, one more step per model runs under the op profiler (ops/cuda/device.h)
 // and a table of GPU time per op (GEMMs by weight shape) follows the main table.
+// --keep NAME=N sets --keep-mlp-activations N for the models whose name contains NAME
+// (default 0: every layer recomputes its MLP activation in backward); the model column
+// shows it.
 // Usage: bench_gpu_train [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB ...]
-//                        [--torch torch.json] [--profile]
+//                        [--keep NAME=N ...] [--torch torch.json] [--profile]
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -94,7 +97,7 @@ int main(int argc, char** argv) {
   std::string only, torch_file;
   bool profile = false;
   std::string profiles;  // the per-op tables, printed after the main table
-  std::map<std::string, int64_t> mb_override;
+  std::map<std::string, int64_t> mb_override, keep_override;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
@@ -102,10 +105,15 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
     else if (a == "--profile") profile = true;
-    else if (a == "--mb" && i + 1 < argc) {
+    else if ((a == "--mb" || a == "--keep") && i + 1 < argc) {
       std::string kv = argv[++i];
       auto eq = kv.find('=');
-      mb_override[kv.substr(0, eq)] = std::atoll(kv.c_str() + eq + 1);
+      if (eq == std::string::npos) {
+        std::fprintf(stderr, "bench_gpu_train: %s wants NAME=N, got '%s'\n", a.c_str(), kv.c_str());
+        return 2;
+      }
+      (a == "--mb" ? mb_override : keep_override)[kv.substr(0, eq)] =
+          std::atoll(kv.c_str() + eq + 1);
     }
   }
   gpu::init_device();
@@ -130,10 +138,17 @@ int main(int argc, char** argv) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     for (auto& [k, v] : mb_override)
       if (c.name.find(k) != std::string::npos) c.mb = v;
+    for (auto& [k, v] : keep_override)
+      if (c.name.find(k) != std::string::npos) c.cfg.keep_mlp_activations = v;
+    // The name shown in the tables; c.name stays the key of the PyTorch numbers.
+    const std::string shown =
+        c.cfg.keep_mlp_activations > 0
+            ? fmt::format("{} (keep-mlp-activations {})", c.name, c.cfg.keep_mlp_activations)
+            : c.name;
     gpu::trim_memory_pool();
     gpu::reset_peak_memory();
     const int64_t B = c.mb, S = c.cfg.seq_length, V = c.cfg.padded_vocab_size;
-    std::fprintf(stderr, "bench_gpu_train: %s, micro-batch %lld, seq %lld\n", c.name.c_str(),
+    std::fprintf(stderr, "bench_gpu_train: %s, micro-batch %lld, seq %lld\n", shown.c_str(),
                  (long long)B, (long long)S);
     double ms = 0, n6 = 0, mega_flops = 0;
     {
@@ -192,7 +207,7 @@ int main(int argc, char** argv) {
         profiles += fmt::format(
             "\n### {} (micro-batch {}): GPU time per op, one profiled step of {:.1f} ms "
             "(unprofiled {:.1f} ms)\n\n| op | calls | ms | % of step |\n|---|---:|---:|---:|\n",
-            c.name, B, pms, ms);
+            shown, B, pms, ms);
         for (auto& t : times)
           profiles += fmt::format("| {} | {} | {:.2f} | {:.1f}% |\n", t.name, t.calls, t.ms,
                                   100 * t.ms / pms);
@@ -213,7 +228,7 @@ int main(int argc, char** argv) {
     }
     const double tps = double(B * S) / (ms / 1e3);
     const double per_tok = 6 * n6 + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
-    Row r{c.name, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
+    Row r{shown, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
           gpu::memory_stats().peak / 1048576.0, c.torch_compiled, c.torch_eager, 0, false};
     // Only a complete measurement replaces the reference numbers (a run cut short may
     // have the eager number alone).

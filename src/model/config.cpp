@@ -12,6 +12,8 @@ void TransformerConfig::validate() const {
   MCPP_CHECK(num_query_groups % tp_size == 0 && num_attention_heads % tp_size == 0,
              "heads {} / query groups {} not divisible by --tensor-model-parallel-size {}",
              num_attention_heads, num_query_groups, tp_size);
+  MCPP_CHECK_HINT(keep_mlp_activations >= 0, "give --keep-mlp-activations a value >= 0",
+                  "--keep-mlp-activations {} must not be negative", keep_mlp_activations);
   MCPP_CHECK(ffn_hidden_size % tp_size == 0, "--ffn-hidden-size {} not divisible by TP {}",
              ffn_hidden_size, tp_size);
   MCPP_CHECK(padded_vocab_size % tp_size == 0, "padded vocab {} not divisible by TP {}",

@@ -53,6 +53,11 @@ struct TransformerConfig {
   Recompute recompute = Recompute::None;
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int64_t recompute_num_layers = 1;
+  // --keep-mlp-activations N (megatron.cpp's own): the first N layers of each model chunk
+  // that full recomputation does not re-run keep their MLP activation (gelu/swiglu of
+  // fc1, [T, F/TP]) for backward instead of recomputing it from fc1's output; every such
+  // layer when N is at least the chunk's layer count. 0: none (see GPTModel).
+  int64_t keep_mlp_activations = 0;
   // Element alignment of every parameter in the flat parameter/gradient buffers (16:
   // cache lines). The distributed optimizer asks for a multiple of the DP size so that
   // every bucket splits into equal DP shards.

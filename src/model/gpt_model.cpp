@@ -57,11 +57,13 @@ struct GPTModel::LayerActs {
   Tensor ctx, lse;            // [T,NH*HD], [B,NH,S] (not kept under selective recompute)
   Tensor x2;                  // [Tl,H] residual stream after attention
   Tensor ln2, mean2, rstd2;   // [Tl,H], [Tl], [Tl]
-  Tensor fc1;                 // [T,FC1W] (the activation is recomputed from it: Scratch::act)
+  Tensor fc1;                 // [T,FC1W]
+  Tensor act;                 // [T,F] the MLP activation, kept (--keep-mlp-activations) or
+                              // undefined: then Scratch::act, recomputed from fc1 in backward
   int64_t nbytes() const {
     int64_t n = 0;
-    for (const Tensor* t : {&ln1, &mean1, &rstd1, &ln1_full, &ln2_full, &qkv, &ctx, &lse, &x2,
-                            &ln2, &mean2, &rstd2, &fc1})
+    for (const Tensor* t : {&ln1, &mean1, &rstd1, &ln1_full, &ln2_full, &qkv, &ctx, &lse, &x2, &ln2,
+                            &mean2, &rstd2, &fc1, &act})
       if (t->defined()) n += int64_t(t->nbytes());
     return n;
   }
@@ -107,10 +109,12 @@ struct GPTModel::Scratch {
   Tensor tmp;       // [Tl,H] forward scratch
   Tensor tmp_full;  // [T,H] row-parallel partial output (SP)
   Tensor ones;      // [Tl,1] of ones: the bias add after a TP reduction
-  // [T,F] the MLP's activation (GELU or SwiGLU of fc1): written in forward, read by fc2,
-  // and recomputed from the saved fc1 output in backward, so no layer keeps it (the
-  // memory of one [T,F] per layer for one elementwise pass per layer in backward; with
-  // SwiGLU no extra pass: swiglu_backward_recompute writes it with the gradient).
+  // [T,F] the MLP's activation (GELU or SwiGLU of fc1) of the layers that do not keep
+  // their own (LayerActs::act, --keep-mlp-activations): written in forward, read by fc2,
+  // and recomputed from the saved fc1 output in backward (the memory of one [T,F] per
+  // layer for one elementwise pass per layer in backward; with SwiGLU no extra pass:
+  // swiglu_backward_recompute writes it with the gradient). Not allocated when every
+  // layer keeps its own.
   Tensor act;
   Tensor dx, dtmp, dln, dfc1, dact, dctx, dqkv, dloss;
   Tensor dtmp_full, dln_full;          // [T,H] (SP)
@@ -170,6 +174,16 @@ std::vector<std::pair<int, int>> recompute_groups(const TransformerConfig& c, in
 
 }  // namespace
 
+std::vector<bool> keeps_mlp_activation(const TransformerConfig& c, int n) {
+  std::vector<bool> recomputed(size_t(n), false), keep(size_t(n), false);
+  for (const auto& [a, e] : recompute_groups(c, n))
+    for (int i = a; i < e; ++i) recomputed[size_t(i)] = true;
+  int64_t left = c.keep_mlp_activations;
+  for (int i = 0; i < n && left > 0; ++i)
+    if (!recomputed[size_t(i)]) keep[size_t(i)] = true, --left;
+  return keep;
+}
+
 GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, PipelinePart part)
     : cfg_(cfg), tp_(tp), part_(std::move(part)), scratch_(std::make_unique<Scratch>()) {
   cfg_.validate();
@@ -227,7 +241,11 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
       layers_.push_back(std::move(L));
     }
     groups_.back() = recompute_groups(cfg_, n);
+    keep_act_.push_back(keeps_mlp_activation(cfg_, n));
   }
+  scratch_act_ = false;
+  for (const auto& ch : keep_act_)
+    for (bool k : ch) scratch_act_ = scratch_act_ || !k;
   pool_.resize(part_.chunks.size());
 }
 
@@ -464,8 +482,8 @@ void GPTModel::reset_activation_peak() {
 namespace {
 int64_t elem(DType t) { return int64_t(dtype_size(t)); }
 
-// Bytes of one layer's LayerActs with T tokens (Tl local rows), and of its attention core
-// (context and log-sum-exp) alone.
+// Bytes of one layer's LayerActs with T tokens (Tl local rows) without a kept MLP
+// activation, and of its attention core (context and log-sum-exp) alone.
 std::pair<int64_t, int64_t> layer_bytes(const TransformerConfig& c, int64_t T, int64_t Tl) {
   const int64_t H = c.hidden_size, dt = elem(c.dtype), st = elem(c.stat_dtype());
   const int64_t stats = c.rmsnorm ? 1 : 2;  // rstd (+ mean) per norm
@@ -495,6 +513,8 @@ int64_t saved_activation_bytes(const TransformerConfig& c, const PipelinePart& p
   const bool selective = c.recompute == TransformerConfig::Recompute::Selective;
   bytes += int64_t(stored) * (selective ? layer - core : layer);
   bytes += int64_t(kept_hidden) * Tl * H * dt;
+  for (bool k : keeps_mlp_activation(c, n))  // --keep-mlp-activations
+    if (k) bytes += T * c.ffn_local() * dt;
   const bool on_host = c.device == Device::CPU;
   if (part_.first_stage && chunk == 0) {
     bytes += Tl * H * dt + (sp ? T * H * dt : 0);
@@ -518,7 +538,10 @@ int64_t scratch_activation_bytes(const TransformerConfig& c, const PipelinePart&
   const int64_t dt = elem(c.dtype), st = elem(c.stat_dtype());
   const int64_t nhd = c.local_heads() * c.kv_channels;
   int64_t bytes = Tl * H * dt + (sp ? T * H * dt : 0) + (c.tp_size > 1 ? Tl * dt : 0);  // tmp, ones
-  bytes += T * c.ffn_local() * dt;                                                    // act
+  bool scratch_act = false;  // act: unless every layer keeps its own
+  for (const auto& ch : part_.chunks)
+    for (bool k : keeps_mlp_activation(c, int(ch.size()))) scratch_act = scratch_act || !k;
+  if (scratch_act) bytes += T * c.ffn_local() * dt;
   bytes += 3 * Tl * H * dt + S * B * st + (sp ? 2 * T * H * dt : 0);          // dx, dtmp, dln
   if (c.tp_size > 1 && part_.last_stage) bytes += T * st;                     // local_max
   // dfc1, dact (SwiGLU only: GELU's gradient comes out of fc2's GEMM epilogue), dctx, dqkv
@@ -569,7 +592,7 @@ GPTModel::Ctx GPTModel::make_ctx(int64_t S, int64_t B, const StepKeys& keys) con
   return x;
 }
 
-void GPTModel::ensure_acts(LayerActs& A, const Ctx& x, bool attn_core) {
+void GPTModel::ensure_acts(LayerActs& A, const Ctx& x, bool attn_core, bool mlp_act) {
   const auto& c = cfg_;
   const int64_t Tl = x.Tl, T = x.T, H = x.H;
   ensure(A.ln1, {Tl, H}, x.dt, x.dev), ensure(A.rstd1, {Tl}, x.sdt, x.dev);
@@ -582,6 +605,8 @@ void GPTModel::ensure_acts(LayerActs& A, const Ctx& x, bool attn_core) {
   ensure(A.ln2, {Tl, H}, x.dt, x.dev), ensure(A.rstd2, {Tl}, x.sdt, x.dev);
   if (!c.rmsnorm) ensure(A.mean2, {Tl}, x.sdt, x.dev);
   ensure(A.fc1, {T, c.fc1_width_local()}, x.dt, x.dev);
+  if (mlp_act) ensure(A.act, {T, c.ffn_local()}, x.dt, x.dev);
+  else A.act = Tensor();
   if (x.sp) ensure(A.ln1_full, {T, H}, x.dt, x.dev), ensure(A.ln2_full, {T, H}, x.dt, x.dev);
 }
 
@@ -597,7 +622,7 @@ void GPTModel::layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& 
   const int l = L.global;
   Tensor& tmp = scratch_->tmp;
   Tensor& tmp_full = cx.sp ? scratch_->tmp_full : tmp;
-  Tensor& act = scratch_->act;
+  Tensor& act = A.act.defined() ? A.act : scratch_->act;  // kept, or the shared scratch
   Tensor& ln1 = cx.sp ? A.ln1_full : A.ln1;
   Tensor& ln2 = cx.sp ? A.ln2_full : A.ln2;
 
@@ -656,8 +681,16 @@ void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
   if (dropout)
     ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, l, kAfterFc2), cx.g, dtmp3,
                           st);
-  // The activation again, from the saved fc1 output (see Scratch::act).
-  if (c.swiglu) {
+  // The activation: kept by this layer (--keep-mlp-activations), or again from the saved
+  // fc1 output (see Scratch::act).
+  const bool kept = A.act.defined();
+  if (c.swiglu && kept) {  // the same GEMMs and element functions as below, minus the y pass
+    const Tensor& g = row_output_grad(dproj, dtmp_full, st);
+    Tensor none;
+    ops::linear_backward(g, A.act, L.fc2_w, sc.dact, false, none, none, st);
+    ops::swiglu_backward(sc.dact, A.fc1, sc.dfc1, st);
+    ops::linear_backward(g, A.act, L.fc2_w, none, false, L.d_fc2_w, L.d_fc2_b, st);
+  } else if (c.swiglu) {
     // fc2's input gradient first (it does not read the activation), then the SwiGLU
     // gradient and the activation from one read of fc1's output, then fc2's weight and
     // bias gradients, which need the activation. The same GEMMs as one linear_backward.
@@ -667,9 +700,12 @@ void GPTModel::layer_backward(Layer& L, LayerActs& A, const Tensor& ctx,
     ops::swiglu_backward_recompute(sc.dact, A.fc1, sc.dfc1, sc.act, st);
     ops::linear_backward(g, sc.act, L.fc2_w, none, false, L.d_fc2_w, L.d_fc2_b, st);
   } else {  // the GELU gradient in the fc2 input-gradient GEMM's epilogue
-    ops::gelu_forward(A.fc1, sc.act, st);
-    row_output_backward(dproj, dtmp_full, sc.act, L.fc2_w, sc.dfc1, L.d_fc2_w, L.d_fc2_b, st,
-                        &A.fc1);
+    // On CUDA a kept activation is the fc1 GEMM epilogue's GELU (of the fp32 accumulator),
+    // the recomputed one gelu_forward's of the rounded fc1 output: they may differ in the
+    // last bits (docs/cuda-backend.md); on the CPU both are gelu_forward's.
+    if (!kept) ops::gelu_forward(A.fc1, sc.act, st);
+    row_output_backward(dproj, dtmp_full, kept ? A.act : sc.act, L.fc2_w, sc.dfc1, L.d_fc2_w,
+                        L.d_fc2_b, st, &A.fc1);
   }
   ops::linear_backward(sc.dfc1, sp ? A.ln2_full : A.ln2, L.fc1_w, dln_full, false, L.d_fc1_w,
                        L.d_fc1_b, st);
@@ -863,7 +899,8 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
   sv.acts.resize(size_t(n));
   for (int i = 0; i <= n; ++i)
     if (keep[size_t(i)]) ensure(sv.hidden[size_t(i)], {Tl, H}, dt, dev);
-  ensure(sc.tmp, {Tl, H}, dt, dev), ensure(sc.act, {cx.T, c.ffn_local()}, dt, dev);
+  ensure(sc.tmp, {Tl, H}, dt, dev);
+  if (scratch_act_) ensure(sc.act, {cx.T, c.ffn_local()}, dt, dev);
   if (cx.sp) ensure(sc.tmp_full, {cx.T, H}, dt, dev);
   if (tp_) {
     ensure(sc.ones, {Tl, 1}, dt, dev);
@@ -872,7 +909,7 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
   if (max_group) {
     sc.rc_acts.resize(std::max(sc.rc_acts.size(), max_group));
     sc.rc_hidden.resize(std::max(sc.rc_hidden.size(), max_group + 1));
-    for (size_t j = 0; j < max_group; ++j) ensure_acts(sc.rc_acts[j], cx, true);
+    for (size_t j = 0; j < max_group; ++j) ensure_acts(sc.rc_acts[j], cx, true, false);
     for (size_t j = 0; j <= max_group; ++j) ensure(sc.rc_hidden[j], {Tl, H}, dt, dev);
   }
   if (selective) {
@@ -902,7 +939,7 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
       layer_forward(L, A, A.ctx, A.lse, x, out, cx);
     } else {
       LayerActs& A = sv.acts[size_t(i)];
-      ensure_acts(A, cx, !selective);
+      ensure_acts(A, cx, !selective, keep_act_[size_t(chunk)][size_t(i)]);
       layer_forward(L, A, selective ? sc.sel_ctx : A.ctx, selective ? sc.sel_lse : A.lse,
                     sv.hidden[size_t(i)], sv.hidden[size_t(i + 1)], cx);
     }

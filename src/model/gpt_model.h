@@ -23,6 +23,13 @@
 // `selective` drops the attention core's output (context and log-sum-exp) and re-runs
 // the attention forward before the attention backward. Dropout masks are functions of
 // global coordinates, so a recomputed forward is bitwise the original.
+//
+// The MLP activation (gelu or swiglu of fc1's output, [T, F/TP]) is recomputed in every
+// layer's backward from the saved fc1 output by default: forward writes it into one shared
+// scratch buffer for fc2. --keep-mlp-activations N (cfg.keep_mlp_activations) lets the
+// first N layers of each chunk that full recomputation leaves stored keep it in their own
+// saved activations instead: one [T, F/TP] more per such layer and micro-batch in flight,
+// one elementwise pass less per layer in backward, the same element functions and GEMMs.
 #pragma once
 #include <functional>
 #include <memory>
@@ -169,7 +176,7 @@ class GPTModel {
                      Tensor& out, const Ctx& cx);
   void layer_backward(Layer& L, LayerActs& A, const Tensor& ctx, const Tensor& lse,
                       const Tensor& x, const Ctx& cx);
-  void ensure_acts(LayerActs& A, const Ctx& cx, bool attn_core);
+  void ensure_acts(LayerActs& A, const Ctx& cx, bool attn_core, bool mlp_act);
   // Recompute groups of chunk c: [begin, end) local layer indices; layers outside every
   // group are stored.
   const std::vector<std::pair<int, int>>& groups(int c) const { return groups_[c]; }
@@ -195,6 +202,8 @@ class GPTModel {
   std::vector<std::unique_ptr<Layer>> layers_;       // local layers, chunk after chunk
   std::vector<std::vector<int>> chunk_layers_;       // chunk -> indices into layers_
   std::vector<std::vector<std::pair<int, int>>> groups_;  // chunk -> recompute groups
+  std::vector<std::vector<bool>> keep_act_;               // chunk -> layer keeps its MLP activation
+  bool scratch_act_ = true;  // some layer uses Scratch::act (does not keep its activation)
   std::vector<std::vector<std::unique_ptr<Slot>>> pool_;  // chunk -> slots
   std::vector<std::pair<int, Slot*>> live_;          // (chunk, microbatch) in flight
   std::unique_ptr<Scratch> scratch_;
@@ -212,6 +221,9 @@ int64_t saved_activation_bytes(const TransformerConfig& cfg, const PipelinePart&
                                int64_t B, int64_t S);
 int64_t scratch_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part,
                                  int64_t B, int64_t S);
+// Which of a model chunk's n layers keep their MLP activation (--keep-mlp-activations): the
+// first cfg.keep_mlp_activations of those outside every full-recompute group.
+std::vector<bool> keeps_mlp_activation(const TransformerConfig& cfg, int n);
 
 // Megatron-Core parameter name of layer i's parameter, e.g.
 // layer_param_name(3, "self_attention.linear_qkv.weight").

@@ -82,12 +82,18 @@ void print_memory(std::vector<std::string> train_args, int world, int pp) {
   const bool gpu = a.bf16 || a.fp16 || a.device == "cuda";
   const DType dt = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
   const auto cfg = training::model_config(a, gpu ? Device::CUDA : Device::CPU, dt);
-  std::printf("\nmemory per pipeline rank (MiB; TP rank 0 of %lld, DP rank 0 of %lld; %s on %s; "
-              "recompute %s; micro-batch %lld x %lld tokens)\n",
-              (long long)a.tensor_model_parallel_size, (long long)a.data_parallel_size,
-              std::string(dtype_name(dt)).c_str(), gpu ? "GPU" : "CPU",
-              a.recompute_granularity.value_or("none").c_str(), (long long)a.micro_batch_size,
-              (long long)a.seq_length);
+  const std::string keep =
+      a.keep_mlp_activations > 0
+          ? fmt::format("; MLP activations kept by the first {} layers of each chunk",
+                        a.keep_mlp_activations)
+          : std::string();
+  std::printf(
+      "\nmemory per pipeline rank (MiB; TP rank 0 of %lld, DP rank 0 of %lld; %s on %s; "
+      "recompute %s%s; micro-batch %lld x %lld tokens)\n",
+      (long long)a.tensor_model_parallel_size, (long long)a.data_parallel_size,
+      std::string(dtype_name(dt)).c_str(), gpu ? "GPU" : "CPU",
+      a.recompute_granularity.value_or("none").c_str(), keep.c_str(), (long long)a.micro_batch_size,
+      (long long)a.seq_length);
   std::printf("  %-5s %-13s %-14s %-14s %-16s %-9s %-14s %s\n", "rank", "parameters",
               "weights+grads", "optimizer", "act/micro-batch", "in flight", "activations",
               "total");

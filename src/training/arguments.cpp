@@ -29,6 +29,8 @@ constexpr FlagRow kOurFlags[] = {
     {"megatron.cpp", "--threads", "threads", FlagAction::Store, "int", "", "", "0"},
     {"megatron.cpp", "--pipeline-schedule", "pipeline_schedule", FlagAction::Store, "str", "",
      "1f1b|gpipe", "1f1b"},
+    {"megatron.cpp", "--keep-mlp-activations", "keep_mlp_activations", FlagAction::Store, "int", "",
+     "", "0"},
 };
 
 const char* const kFlagsDoc = "docs/flags.md";
@@ -369,6 +371,7 @@ const Binding kBindings[] = {
     MCPP_FLAG(device),
     MCPP_FLAG(threads),
     MCPP_FLAG(pipeline_schedule),
+    MCPP_FLAG(keep_mlp_activations),
     // derived values print_args shows (as Megatron's args namespace holds them)
     MCPP_DERIVED(world_size),
     MCPP_DERIVED(data_parallel_size),
@@ -721,6 +724,22 @@ void validate_pipeline(Args& a) {
                     "--recompute-method/--recompute-num-layers given without "
                     "--recompute-granularity full");
   }
+  // --keep-mlp-activations applies to the layers full recomputation leaves stored; asking
+  // for it where every layer is recomputed (method uniform; block over whole chunks) would
+  // keep nothing, so it is an error rather than a flag silently without effect.
+  if (gran == "full" && a.keep_mlp_activations > 0) {
+    size_t most = 0;  // layers of the largest model chunk
+    for (const auto& ch : layers) most = std::max(most, ch.size());
+    const bool all_recomputed =
+        *a.recompute_method == "uniform" || *a.recompute_num_layers >= int64_t(most);
+    MCPP_CHECK_HINT(!all_recomputed,
+                    "drop --keep-mlp-activations, or use --recompute-method block with "
+                    "--recompute-num-layers below the layers per model chunk",
+                    "--keep-mlp-activations {} keeps nothing with --recompute-granularity full "
+                    "--recompute-method {} --recompute-num-layers {}: every layer is "
+                    "recomputed whole, activations included",
+                    a.keep_mlp_activations, *a.recompute_method, *a.recompute_num_layers);
+  }
 }
 
 }  // namespace
@@ -814,6 +833,7 @@ void validate_args(Args& a, int world_size, bool training) {
   non_negative(a.lr_warmup_iters, "--lr-warmup-iters");
   non_negative(a.lr_warmup_samples, "--lr-warmup-samples");
   non_negative(a.threads, "--threads");
+  non_negative(a.keep_mlp_activations, "--keep-mlp-activations");
 
   // Parallel layout: world = TP * PP * CP * DP.
   const int64_t model_size =

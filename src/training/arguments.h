@@ -193,6 +193,10 @@ struct Args {
   // Pipeline schedule: 1f1b (Megatron's; interleaved with virtual stages) or gpipe (all
   // forwards, then all backwards: holds every micro-batch's activations).
   std::string pipeline_schedule = "1f1b";
+  // MLP activations kept for backward instead of recomputed: by the first N layers of each
+  // model chunk that full recomputation leaves stored (all of them when N >= the chunk's
+  // layers); one [S*B, F/TP] activation per such layer and micro-batch in flight.
+  int64_t keep_mlp_activations = 0;
   bool help = false;            // -h / --help was given
 
   // Every flag given on the command line: dest -> value as Python's str() shows it

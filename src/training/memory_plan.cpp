@@ -30,6 +30,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
                            ? model::TransformerConfig::RecomputeMethod::Block
                            : model::TransformerConfig::RecomputeMethod::Uniform;
   c.recompute_num_layers = a.recompute_num_layers.value_or(1);
+  c.keep_mlp_activations = a.keep_mlp_activations;
   c.param_align = param_alignment(a);
   return c;
 }

@@ -615,6 +615,17 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
               *a.recompute_granularity == "full"
                   ? fmt::format(", method {}, {} layers", *a.recompute_method, *a.recompute_num_layers)
                   : std::string(", the attention core"));
+  if (a.keep_mlp_activations > 0) {
+    int kept = 0, layers = 0;
+    for (const auto& ch : s.model->part().chunks) {
+      for (bool k : model::keeps_mlp_activation(s.model_cfg, int(ch.size()))) kept += k;
+      layers += int(ch.size());
+    }
+    log::info(
+        "> MLP activations kept for backward, not recomputed (--keep-mlp-activations {}): "
+        "{} of this rank's {} layers",
+        a.keep_mlp_activations, kept, layers);
+  }
   {
     auto& P = s.model->params();
     std::vector<parallel::ParamSpan> spans;

@@ -3,9 +3,10 @@
 // small in-memory replay (transfers are FIFO queues per channel), and the result must be
 // the whole model's: the loss and every gradient, for 1F1B, GPipe, interleaved and
 // uneven layouts, with activation recomputation off, full (uniform, block) and
-// selective. Recomputation must not change a single bit of the gradients, and the
-// activation memory each stage holds at its peak must be exactly the schedule's
-// in-flight count times the bytes one micro-batch keeps, counted here from the shapes.
+// selective. Recomputation must not change a single bit of the gradients, nor must
+// keeping the MLP activation (--keep-mlp-activations), and the activation memory each
+// stage holds at its peak must be exactly the schedule's in-flight count times the bytes
+// one micro-batch keeps, counted here from the shapes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -326,6 +327,80 @@ TEST(PipelineModel, PeakActivationMemoryPerStage) {
         EXPECT_EQ(r.predicted_scratch[size_t(s)], m.scratch) << rc.name() << " stage " << s;
         if (rc.granularity == RC::None) peak_none[size_t(s)] = m.peak;
         else EXPECT_LT(m.peak, peak_none[size_t(s)]) << rc.name() << " saves memory";
+      }
+    }
+  }
+}
+
+// ---- --keep-mlp-activations ---------------------------------------------------------------
+
+TransformerConfig keeping(TransformerConfig c, int64_t n) {
+  c.keep_mlp_activations = n;
+  return c;
+}
+
+// Layers that keep their MLP activation run the same element functions and GEMMs as
+// layers that recompute it: every pipeline layout gives the same bits, and each stage's
+// prediction of its saved and scratch bytes stays exact.
+TEST(PipelineModel, KeptMlpActivationsAreBitwiseExact) {
+  const Recompute rcs[] = {{RC::None}, {RC::Selective}, {RC::Full, RM::Block, 1}};
+  const int M = 4;
+  for (bool llama : {false, true})
+    for (const Layout& lay : kLayouts) {
+      const auto base = tiny(llama, lay.layers);
+      const auto mbs = batches(M, 2, base.seq_length, 13);
+      const auto sched = pl::build_schedule(lay.kind, lay.pp, lay.vpp, M);
+      for (const Recompute& rc : rcs) {
+        const StageRun ref = run_stages(with(base, rc), sched, lay.vpp, mbs, lay.first, lay.last);
+        for (int64_t keep : {1, 100}) {
+          SCOPED_TRACE(std::string(llama ? "llama " : "gpt ") + lay.name + ", recompute " +
+                       rc.name() + ", keep " + std::to_string(keep));
+          const StageRun r =
+              run_stages(keeping(with(base, rc), keep), sched, lay.vpp, mbs, lay.first, lay.last);
+          EXPECT_EQ(r.loss, ref.loss);
+          for (const auto& [name, g] : ref.grads)
+            EXPECT_EQ(std::memcmp(g.raw(), r.grads.at(name).raw(), g.nbytes()), 0) << name;
+          for (size_t s = 0; s < r.memory.size(); ++s) {
+            EXPECT_EQ(r.predicted_scratch[s], r.memory[s].scratch) << "stage " << s;
+            if (lay.vpp == 1)  // the prediction is chunk 0's: the stage's only chunk
+              EXPECT_EQ(r.predicted_slot[s], r.memory[s].per_slot_max) << "stage " << s;
+            if (rc.granularity != RC::Full)  // block 1 re-runs one-layer chunks whole
+              EXPECT_GT(r.memory[s].per_slot_max, ref.memory[s].per_slot_max) << "stage " << s;
+          }
+        }
+      }
+    }
+}
+
+// What keeping costs: one [T, F] per kept layer (the first N a chunk stores) in every
+// micro-batch's saved set, and the shared scratch activation goes once no layer uses it.
+TEST(PipelineModel, KeptMlpActivationMemoryPerStage) {
+  const int M = 8, pp = 4, n = 2;  // 8 layers: 2 per stage
+  const int64_t B = 2;
+  const auto base = tiny(false, 8);
+  const int64_t act_bytes = base.seq_length * B * base.ffn_hidden_size * 8;  // f64 [T, F]
+  const auto mbs = batches(M, B, base.seq_length, 13);
+  const auto sched = pl::build_schedule(pl::ScheduleKind::OneFOneB, pp, 1, M);
+  const Recompute rcs[] = {
+      {RC::None}, {RC::Selective}, {RC::Full, RM::Block, 1}, {RC::Full, RM::Uniform, 1}};
+  for (const Recompute& rc : rcs) {
+    const StageRun none = run_stages(with(base, rc), sched, 1, mbs);
+    const int stored = rc.granularity != RC::Full ? n : rc.method == RM::Block ? n - 1 : 0;
+    for (int64_t keep : {1, 2, 5}) {
+      SCOPED_TRACE("recompute " + rc.name() + ", keep " + std::to_string(keep));
+      const StageRun r = run_stages(keeping(with(base, rc), keep), sched, 1, mbs);
+      const int kept = int(std::min<int64_t>(keep, stored));
+      for (int s = 0; s < pp; ++s) {
+        const int in_flight = pl::promised_in_flight(pl::ScheduleKind::OneFOneB, pp, s, 1, M);
+        const int64_t slot =
+            expected_slot_bytes(base, n, s == 0, s == pp - 1, rc, B) + kept * act_bytes;
+        const auto& m = r.memory[size_t(s)];
+        EXPECT_EQ(m.per_slot_max, slot) << "stage " << s;
+        EXPECT_EQ(m.peak, int64_t(in_flight) * slot) << "stage " << s;
+        EXPECT_EQ(r.predicted_slot[size_t(s)], slot) << "stage " << s;
+        EXPECT_EQ(m.scratch, none.memory[size_t(s)].scratch - (kept == n ? act_bytes : 0))
+            << "stage " << s;
+        EXPECT_EQ(r.predicted_scratch[size_t(s)], m.scratch) << "stage " << s;
       }
     }
   }

@@ -9,6 +9,10 @@
 #       runs the parallel layout to iteration 10 (--exit-interval 10, saving), then resumes
 #       to 20 as one process without PARALLEL_FLAGS (or under MPIRUN -np RESUME_NP with
 #       RESUME_FLAGS): iterations 11-20 and the final checkpoint must match the serial run.
+#   same (as parallel) -- EXTRA_FLAGS...
+#       runs the parallel layout twice, without and with EXTRA_FLAGS, a setting that must
+#       not change a bit (--keep-mlp-activations): the same lm loss lines, and final
+#       checkpoints equal bit for bit (COMPARE with tolerance 0).
 set -euo pipefail
 RTOL=1e-5
 losses() { grep -Eo 'iteration +[0-9]+/ *[0-9]+ \|.* lm loss: [0-9.E+-]+' "$1" |
@@ -33,15 +37,30 @@ serial)
   "$meg" train "$@" --save "$d/serial.ckpt" > "$d/serial.log" 2>&1 || { cat "$d/serial.log"; exit 1; }
   losses "$d/serial.log" | tail -3
   ;;
-parallel|resume)
+parallel|resume|same)
   work=$1 family=$2 name=$3 np=$4 meg=$5 cmp=$6; shift 6
   mpirun=(); while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done; shift
   flags=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   par=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do par+=("$1"); shift; done
-  resume=(); resume_np=1
-  if [ $# -gt 0 ]; then shift; resume_np=$1; shift; resume=("$@"); fi
+  resume=(); resume_np=1 extra=()
+  if [ $# -gt 0 ] && [ $mode = same ]; then shift; extra=("$@");
+  elif [ $# -gt 0 ]; then shift; resume_np=$1; shift; resume=("$@"); fi
   d=$work/$family; out=$d/$name; rm -rf "$out.ckpt"
+  if [ $mode = same ]; then
+    mkdir -p "$d"; rm -rf "$out.ref.ckpt"
+    "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ref.ckpt" \
+      > "$out.ref.log" 2>&1 || { cat "$out.ref.log"; exit 1; }
+    "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" "${extra[@]}" --save "$out.ckpt" \
+      > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
+    n=$(losses "$out.ref.log" | wc -l)
+    if [ "$n" -lt 10 ] || [ "$(losses "$out.ref.log")" != "$(losses "$out.log")" ]; then
+      echo "FAIL: lm losses without / with ${extra[*]} ($n iterations):"
+      paste <(losses "$out.ref.log") <(losses "$out.log"); exit 1
+    fi
+    echo "ok: $n iterations of lm loss identical without and with ${extra[*]}"
+    exec "$cmp" "$out.ref.ckpt" "$out.ckpt" 0
+  fi
   [ -f "$d/serial.log" ] || { echo "FAIL: no serial reference in $d (run the serial fixture)"; exit 1; }
   if [ $mode = parallel ]; then
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" > "$out.log" 2>&1 ||

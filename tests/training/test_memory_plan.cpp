@@ -1,7 +1,12 @@
 // The start-up memory plan counts --grad-reduce-in-bf16's bf16 staging copy: 2 bytes per
 // parameter of the rank's buffer (plus 2 per parameter of the 1/DP shard with the
 // distributed optimizer), as DataParallelGrads allocates it (staging_bytes(), checked
-// against the same sizes by parallel_equiv.grad_buffer_np2); nothing at DP 1.
+// against the same sizes by parallel_equiv.grad_buffer_np2); nothing at DP 1. It counts
+// the MLP activations --keep-mlp-activations keeps too (measured against the model's own
+// allocations by test_model's KeepMlpActivations/PipelineModel tests and
+// parallel_equiv.memory_plan_*_keep*).
+#include <algorithm>
+
 #include "test_util.h"
 #include "training/memory_plan.h"
 
@@ -32,5 +37,42 @@ TEST(MemoryPlan, GradReduceInBf16Staging) {
     EXPECT_EQ(bf16.optimizer, fp32.optimizer);
     // DP 1: the flag has no effect, nothing is allocated.
     EXPECT_EQ(plan(with(argv, {"--grad-reduce-in-bf16"}), 1).grads, plan(argv, 1).grads);
+  }
+}
+
+// --keep-mlp-activations: one [S*B, F/TP] bf16 activation per kept layer and micro-batch
+// (GPT-3 XL at micro-batch 16: 2048 * 16 * 8192 * 2 B = 512 MiB, 256 MiB at TP 2); when
+// every layer keeps its own, the shared scratch activation is not allocated.
+TEST(MemoryPlan, KeepMlpActivations) {
+  const auto xl =
+      with(base_argv(), {"--bf16", "--num-layers", "24", "--hidden-size", "2048",
+                         "--num-attention-heads", "16", "--seq-length", "2048",
+                         "--max-position-embeddings", "2048", "--micro-batch-size", "16"});
+  const int64_t MiB = 1 << 20;
+  for (int tp : {1, 2}) {
+    auto argv = with(xl, {"--tensor-model-parallel-size", std::to_string(tp)});
+    const int64_t per_layer = 512 * MiB / tp;
+    const StageMemory none = plan(argv, tp);
+    for (int keep : {1, 12, 24, 100}) {
+      const StageMemory m = plan(with(argv, {"--keep-mlp-activations", std::to_string(keep)}), tp);
+      const int kept = std::min(keep, 24);
+      EXPECT_EQ(m.per_microbatch - none.per_microbatch, kept * per_layer) << keep;
+      EXPECT_EQ(m.scratch - none.scratch, kept == 24 ? -per_layer : 0) << keep;
+      EXPECT_EQ(m.weights_and_optimizer(), none.weights_and_optimizer());
+    }
+    // Selective recomputation drops the attention core only: the same bytes more.
+    const auto sel = with(argv, {"--recompute-granularity", "selective"});
+    EXPECT_EQ(plan(with(sel, {"--keep-mlp-activations", "3"}), tp).per_microbatch -
+                  plan(sel, tp).per_microbatch,
+              3 * per_layer);
+    // Block recomputation of 4 layers: they save nothing; the next 3 keep.
+    const auto block = with(argv, {"--recompute-granularity", "full", "--recompute-method", "block",
+                                   "--recompute-num-layers", "4"});
+    EXPECT_EQ(plan(with(block, {"--keep-mlp-activations", "3"}), tp).per_microbatch -
+                  plan(block, tp).per_microbatch,
+              3 * per_layer);
+    EXPECT_EQ(plan(with(block, {"--keep-mlp-activations", "30"}), tp).per_microbatch -
+                  plan(block, tp).per_microbatch,
+              20 * per_layer);
   }
 }

@@ -277,9 +277,10 @@ TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
 }
 
 TEST(Parse, OurOwnFlagsAndHelp) {
-  Args a = parse_args({"--device", "cpu", "--threads", "4"});
+  Args a = parse_args({"--device", "cpu", "--threads", "4", "--keep-mlp-activations", "3"});
   EXPECT_EQ(a.device, "cpu");
   EXPECT_EQ(a.threads, 4);
+  EXPECT_EQ(a.keep_mlp_activations, 3);
   expect_error([] { parse_args({"--device", "tpu"}); }, {"'tpu' is not one of auto, cpu, cuda"});
   EXPECT_TRUE(parse_args({"--help"}).help);
   EXPECT_TRUE(parse_args({"-h"}).help);
@@ -289,5 +290,6 @@ TEST(Parse, OurOwnFlagsAndHelp) {
             std::string::npos);
   EXPECT_NE(h.find("megatron.cpp's own flags"), std::string::npos);
   EXPECT_NE(h.find("--device {auto,cpu,cuda}"), std::string::npos);
+  EXPECT_NE(h.find("--keep-mlp-activations N  (default: 0)"), std::string::npos);
   EXPECT_EQ(h.find("--fp8-format"), std::string::npos);
 }

@@ -390,3 +390,39 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
                  {"given without --recompute-granularity full"}, 2);
   expect_invalid(pp({"--recompute-granularity", "partial"}), {"partial"}, 2);
 }
+
+TEST(Validate, KeepMlpActivations) {
+  auto pp = [](std::initializer_list<std::string> more) {
+    return with(with(base_argv(), {"--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                                   "--global-batch-size", "8"}),
+                more);
+  };
+  EXPECT_EQ(parse_and_validate(base_argv()).keep_mlp_activations, 0);
+  EXPECT_EQ(
+      parse_and_validate(with(base_argv(), {"--keep-mlp-activations", "2"})).keep_mlp_activations,
+      2);
+  // More than a chunk's layers: every layer keeps its activation.
+  EXPECT_NO_THROW(parse_and_validate(pp({"--keep-mlp-activations", "100"}), 2));
+  expect_invalid(with(base_argv(), {"--keep-mlp-activations", "-1"}),
+                 {"--keep-mlp-activations -1 must not be negative"});
+  // Selective recomputation drops the attention core only: the flag applies as without it.
+  EXPECT_NO_THROW(parse_and_validate(
+      pp({"--recompute-granularity", "selective", "--keep-mlp-activations", "1"}), 2));
+  // Full recomputation: the layers it leaves stored (block) keep; where it re-runs every
+  // layer (uniform; block over whole chunks) the flag would keep nothing and is an error.
+  EXPECT_NO_THROW(
+      parse_and_validate(pp({"--recompute-granularity", "full", "--recompute-method", "block",
+                             "--recompute-num-layers", "1", "--keep-mlp-activations", "1"}),
+                         2));
+  expect_invalid(pp({"--recompute-granularity", "full", "--recompute-method", "uniform",
+                     "--recompute-num-layers", "1", "--keep-mlp-activations", "1"}),
+                 {"--keep-mlp-activations 1 keeps nothing with --recompute-granularity full",
+                  "--recompute-method uniform"},
+                 2);
+  expect_invalid(pp({"--recompute-granularity", "full", "--recompute-method", "block",
+                     "--recompute-num-layers", "2", "--keep-mlp-activations", "1"}),
+                 {"--keep-mlp-activations 1 keeps nothing", "--recompute-method block"}, 2);
+  EXPECT_NO_THROW(parse_and_validate(pp({"--recompute-granularity", "full", "--recompute-method",
+                                         "uniform", "--recompute-num-layers", "1"}),
+                                     2));
+}

@@ -1,0 +1,143 @@
+// --keep-mlp-activations: a layer that keeps its MLP activation for backward runs the
+// same element functions and GEMMs as one that recomputes it from fc1's output, so
+// training is bit for bit the same. A few AdamW steps of two micro-batches each, GPT
+// (GELU) and Llama (SwiGLU), f32 and f64, with dropout (residual adds after dropout) and
+// without (residual adds in the GEMMs), under every recomputation setting: the losses,
+// every step's gradients and the final parameters must equal those of keeping nothing.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "base/philox.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+#include "tiny_model.h"
+
+using namespace mcpp;
+using model::GPTModel;
+using model::TransformerConfig;
+
+namespace {
+
+using RC = TransformerConfig::Recompute;
+using RM = TransformerConfig::RecomputeMethod;
+
+struct Training {
+  std::vector<double> losses;  // per micro-batch
+  std::vector<Tensor> grads;   // the flat gradients before each step
+  Tensor params;               // after the last step
+  int64_t saved = 0, scratch = 0;
+};
+
+model::MicroBatch batch(int step, int m, int64_t B, int64_t S, int64_t V) {
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({B, S}, DType::I64);
+  mb.labels = Tensor::empty({B, S}, DType::I64);
+  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
+  const uint64_t k = uint64_t(step * 16 + m);
+  for (int64_t i = 0; i < B * S; ++i) {
+    mb.tokens.data<int64_t>()[i] = int64_t(Philox::u32(5, 2 * k, uint64_t(i)) % uint64_t(V));
+    mb.labels.data<int64_t>()[i] = int64_t(Philox::u32(5, 2 * k + 1, uint64_t(i)) % uint64_t(V));
+    mb.loss_mask.data<float>()[i] = (i + m) % 7 == 3 ? 0.f : 1.f;
+  }
+  return mb;
+}
+
+Training train(const TransformerConfig& c) {
+  const int steps = 3, M = 2;
+  const int64_t B = 2, S = c.seq_length;
+  GPTModel m(c);
+  optim::AdamW opt(m.params(), {});
+  Training t;
+  for (int it = 0; it < steps; ++it) {
+    m.params().zero_grads();
+    for (int j = 0; j < M; ++j) {
+      model::StepKeys k;
+      k.iteration = it, k.sample_offset = j * B, k.global_batch = M * B;
+      t.losses.push_back(m.forward(batch(it, j, B, S, c.padded_vocab_size), k));
+      m.backward(1.0 / double(M * B * S));
+    }
+    t.grads.push_back(m.params().flat_grads().clone());
+    opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
+    opt.step(3e-2, 0.1);
+  }
+  t.params = m.params().flat_params().clone();
+  t.saved = m.activation_memory().per_slot_max, t.scratch = m.activation_memory().scratch;
+  return t;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+struct Setting {
+  const char* name;
+  RC rc;
+  RM method;
+  int64_t layers;
+};
+
+TEST(KeepMlpActivations, TrainingIsBitwiseThatOfRecomputing) {
+  const int L = 3;
+  const Setting settings[] = {{"no recompute", RC::None, RM::Uniform, 1},
+                              {"selective", RC::Selective, RM::Uniform, 1},
+                              {"full block 1", RC::Full, RM::Block, 1},
+                              {"full uniform 2", RC::Full, RM::Uniform, 2}};
+  for (bool llama : {false, true})
+    for (DType dt : {DType::F32, DType::F64})
+      for (double dropout : {0.1, 0.0})
+        for (const Setting& s : settings) {
+          TransformerConfig c = model::test::tiny(llama, L, dropout);
+          c.dtype = dt, c.recompute = s.rc, c.recompute_method = s.method;
+          c.recompute_num_layers = s.layers;
+          const Training ref = train(c);
+          // Layers that full recomputation re-runs keep nothing (they save nothing at all).
+          const int stored = s.rc != RC::Full ? L : s.method == RM::Block ? L - 1 : 0;
+          for (int64_t keep : {1, 2, 3, 8}) {
+            SCOPED_TRACE(fmt::format("{} {} dropout {} {}, keep {}", llama ? "llama" : "gpt",
+                                     dtype_name(dt), dropout, s.name, keep));
+            c.keep_mlp_activations = keep;
+            const Training t = train(c);
+            ASSERT_EQ(t.losses.size(), ref.losses.size());
+            for (size_t i = 0; i < ref.losses.size(); ++i)
+              EXPECT_EQ(std::memcmp(&t.losses[i], &ref.losses[i], sizeof(double)), 0)
+                  << "micro-batch " << i << ": " << t.losses[i] << " vs " << ref.losses[i];
+            for (size_t i = 0; i < ref.grads.size(); ++i)
+              EXPECT_TRUE(same_bits(t.grads[i], ref.grads[i])) << "gradients of step " << i;
+            EXPECT_TRUE(same_bits(t.params, ref.params)) << "parameters after the last step";
+            // The memory: one [T, F] per kept layer; the shared one goes when all keep.
+            const int kept = int(std::min<int64_t>(keep, stored));
+            const int64_t act = 2 * c.seq_length * c.ffn_hidden_size * int64_t(dtype_size(dt));
+            EXPECT_EQ(t.saved, ref.saved + kept * act);
+            EXPECT_EQ(t.scratch, ref.scratch - (kept == L ? act : 0));
+            GPTModel probe(c);
+            EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
+            EXPECT_EQ(probe.scratch_bytes(2, c.seq_length), t.scratch);
+          }
+        }
+}
+
+TEST(KeepMlpActivations, WhichLayersKeep) {
+  TransformerConfig c = model::test::tiny(false, 4, 0.0);
+  auto keeps = [&](int n) { return model::keeps_mlp_activation(c, n); };
+  EXPECT_EQ(keeps(4), std::vector<bool>({false, false, false, false}));
+  c.keep_mlp_activations = 2;
+  EXPECT_EQ(keeps(4), std::vector<bool>({true, true, false, false}));
+  c.keep_mlp_activations = 9;
+  EXPECT_EQ(keeps(3), std::vector<bool>({true, true, true}));
+  // Full recomputation, block: the first recompute_num_layers layers are re-run whole; the
+  // count starts after them.
+  c.recompute = RC::Full, c.recompute_method = RM::Block, c.recompute_num_layers = 1;
+  c.keep_mlp_activations = 2;
+  EXPECT_EQ(keeps(4), std::vector<bool>({false, true, true, false}));
+  c.recompute_method = RM::Uniform;
+  EXPECT_EQ(keeps(4), std::vector<bool>({false, false, false, false}));
+  c.recompute = RC::Selective;
+  EXPECT_EQ(keeps(4), std::vector<bool>({true, true, false, false}));
+  c.keep_mlp_activations = -1;
+  EXPECT_THROW(GPTModel{c}, Error);
+}
+
+}  // namespace
