@@ -11,8 +11,8 @@
 // moves kPack = 8 elements per iteration as whole 16-byte words (two per f32 array, one per
 // 16-bit one: up to 128 bytes in flight per thread); the last n % kPack elements, and
 // every element of unaligned views, go through the scalar loop. Both paths call
-// adamw_element, the arithmetic of the scalar grid-stride kernel this file had before, in
-// the same order, so results are bitwise those of that kernel whatever path runs. The grid
+// adamw_element (the arithmetic of the scalar kernel this file had before, each operation
+// explicitly rounded), so results are bitwise the same whatever path runs. The grid
 // is the number of blocks the GPU holds at once (or fewer for small runs), each thread
 // striding over the packs.
 #include <algorithm>
@@ -31,17 +31,21 @@ constexpr int kPack = 8;  // elements per thread per iteration
 
 // The per-step scalars, formed on the host.
 struct AdamWScalars {
-  float lr, b1, b2, eps, decay, inv_bc1, inv_bc2;
+  float lr, b1, b2, c1, c2, eps, decay, inv_bc1, inv_bc2;  // c1 = 1 - b1, c2 = 1 - b2
 };
 
+// Every operation an explicitly rounded intrinsic: nvcc may not contract any of them into
+// an FMA, so the packed and the scalar loop (inlined into different code) give the same
+// bits (GpuAdamW.FusedModelParamsBitwise; with plain operators the two loops were
+// contracted differently and differed in the last bit).
 __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g,
                                               const AdamWScalars& a) {
-  float mi = a.b1 * m + (1.f - a.b1) * g;
-  float vi = a.b2 * v + (1.f - a.b2) * g * g;
+  const float mi = __fadd_rn(__fmul_rn(a.b1, m), __fmul_rn(a.c1, g));
+  const float vi = __fadd_rn(__fmul_rn(a.b2, v), __fmul_rn(__fmul_rn(a.c2, g), g));
   m = mi;
   v = vi;
-  float pi = p * a.decay;
-  p = pi - a.lr * (mi * a.inv_bc1) / (sqrtf(vi * a.inv_bc2) + a.eps);
+  const float den = __fadd_rn(__fsqrt_rn(__fmul_rn(vi, a.inv_bc2)), a.eps);
+  p = __fsub_rn(__fmul_rn(p, a.decay), __fdiv_rn(__fmul_rn(a.lr, __fmul_rn(mi, a.inv_bc1)), den));
 }
 
 // TG: the gradient's type. TO: the model parameters' (bf16/f16), or void for none (out is
@@ -139,6 +143,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
   const AdamWScalars a{float(ap.lr),
                        float(ap.beta1),
                        float(ap.beta2),
+                       1.f - float(ap.beta1),
+                       1.f - float(ap.beta2),
                        float(ap.eps),
                        float(1.0 - ap.lr * ap.weight_decay),
                        float(1.0 / bc1),
