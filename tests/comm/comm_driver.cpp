@@ -141,22 +141,11 @@ void check_group(Communicator& c, bool async) {
         CHECK_EQ_V(get(t, k), want, "{} all_reduce {} {} k={}", who, reduce_op_name(op), dn, k);
       }
     }
-    // all_gather along dim 0.
-    {
-      Tensor in = filled({2, 3}, dt, [&](int64_t k) { return mv(me, k); });
+    // all_gather along dim 0, from a separate input and in place (the input is this
+    // rank's block of the output).
+    for (bool in_place : {false, true}) {
       Tensor out = Tensor::zeros({2 * n, 3}, dt);
-      if (async)
-        done(c.all_gather_async(in, out, s));
-      else
-        c.all_gather(in, out, s);
-      for (int j = 0; j < n; ++j)
-        for (int64_t k = 0; k < 6; ++k)
-          CHECK_EQ_V(get(out, j * 6 + k), stored(dt, mv(j, k)), "{} all_gather {}", who, dn);
-    }
-    // all_gather in place: the input is this rank's block of the output.
-    {
-      Tensor out = Tensor::zeros({2 * n, 3}, dt);
-      Tensor in = out.narrow(2 * me, 2);
+      Tensor in = in_place ? out.narrow(2 * me, 2) : Tensor::zeros({2, 3}, dt);
       for (int64_t k = 0; k < 6; ++k) set(in, k, mv(me, k));
       if (async)
         done(c.all_gather_async(in, out, s));
@@ -164,8 +153,8 @@ void check_group(Communicator& c, bool async) {
         c.all_gather(in, out, s);
       for (int j = 0; j < n; ++j)
         for (int64_t k = 0; k < 6; ++k)
-          CHECK_EQ_V(get(out, j * 6 + k), stored(dt, mv(j, k)), "{} all_gather in place {}", who,
-                     dn);
+          CHECK_EQ_V(get(out, j * 6 + k), stored(dt, mv(j, k)), "{} all_gather{} {}", who,
+                     in_place ? " in place" : "", dn);
     }
     // reduce_scatter (sum) along dim 0.
     {
