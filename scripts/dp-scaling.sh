@@ -51,8 +51,13 @@ timer() {  # ms per iteration of timer $2 in the last interval of log $1 ("-" if
 }
 LOG=${OUT:-/tmp}/dp-scaling-$MODEL
 mkdir -p "$LOG"
-NVIS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
-ONE_GPUS=$( ((NVIS > 1)) && echo "0 $((NVIS - 1))" || echo 0)  # first and last GPU: 2 runs at most
+# The GPUs this process sees (physical ids): CUDA_VISIBLE_DEVICES's list when set
+# (nvidia-smi ignores it), else all of them.
+if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then read -ra VIS <<< "${CUDA_VISIBLE_DEVICES//,/ }"
+else read -ra VIS <<< "$(seq -s ' ' 0 $(( $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l) - 1 )))"; fi
+NVIS=${#VIS[@]}
+export GPU=${VIS[0]}  # the GPU the clock probe samples during multi-GPU runs
+ONE_GPUS=$( ((NVIS > 1)) && echo "${VIS[0]} ${VIS[NVIS - 1]}" || echo "${VIS[0]}")  # first and last: 2 runs at most
 for g in $ONE_GPUS; do
   CUDA_VISIBLE_DEVICES=$g GPU=$g launch "$M" train "${COMMON[@]}" --global-batch-size $((MB * ACC)) > "$LOG/1gpu-$g.log" 2>&1 ||
     { tail -20 "$LOG/1gpu-$g.log"; exit 1; }
@@ -92,7 +97,7 @@ if [[ ${TP:-1} != 0 ]]; then
     "${COMMON[@]}" --global-batch-size $((MB * ACC)) --tensor-model-parallel-size "$NGPU" \
     --sequence-parallel > "$LOG/tp$NGPU.log" 2>&1 || { tail -20 "$LOG/tp$NGPU.log"; exit 1; }
 fi
-one=$(tps "$LOG/1gpu-0.log")
+one=$(tps "$LOG/1gpu-${VIS[0]}.log")
 row() {  # label, log
   local t
   t=$(tps "$2")
@@ -101,7 +106,7 @@ row() {  # label, log
   echo "| $1 | $t | $(awk -v a="$t" -v b="$one" 'BEGIN{printf "%.3f", a/b}') | $(timer "$2" forward-backward) | $(timer "$2" grads-reduce) | $(timer "$2" optimizer) | ${clk:-- | -} |"
 }
 echo "## DP scaling, GPT $MODEL bf16, micro-batch $MB x $ACC per GPU per step, $NGPU GPUs ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null), $(date -u +%F))"
-echo "| run | tokens/s per GPU | vs 1 GPU (GPU 0) | forward-backward ms | grads-reduce ms (exposed) | optimizer ms (incl. grads-reduce) | SM MHz mean (min-max), 1st GPU of the run | W |"
+echo "| run | tokens/s per GPU | vs 1 GPU (GPU ${VIS[0]}) | forward-backward ms | grads-reduce ms (exposed) | optimizer ms (incl. grads-reduce) | SM MHz mean (min-max), 1st GPU of the run | W |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 for g in $ONE_GPUS; do row "1 GPU (GPU $g)" "$LOG/1gpu-$g.log"; done
 for ov in $([[ ${BASE:-1} != 0 ]] && echo no yes); do

@@ -58,7 +58,9 @@ set -e
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DMCPP_CUDNN_ROOT="$CUDNN_ROOT" -DMCPP_NCCL_ROOT="$NCCL_ROOT" "${EXTRA[@]}" \
   2>&1 | tee "$LOGS/configure.log" | grep -E "megatron.cpp:|Error|error" || true
-NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+# The GPUs this process sees: CUDA_VISIBLE_DEVICES's list when set (nvidia-smi ignores it).
+if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then NGPU=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
+else NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l); fi
 TARGETS=(megatron test_gpu)
 [[ ${BENCH:-1} != 0 ]] && TARGETS+=(bench_gpu_ops bench_gpu_train)
 grep -q "NCCL tests: NO" "$LOGS/configure.log" || TARGETS+=(nccl_driver)
