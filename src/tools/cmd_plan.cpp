@@ -56,12 +56,15 @@ double parse_double(const Flags& f, const std::string& name, double def) {
 // is `megatron train`'s.
 const std::map<std::string, int> kPlanOnly = {
     {"--world-size", 1},   {"--data-parallel-size", 1}, {"--schedule", 1},  {"--forward-cost", 1},
-    {"--backward-cost", 1}, {"--p2p-cost", 1},          {"--show-p2p", 0}, {"--help", 0}};
+    {"--backward-cost", 1}, {"--p2p-cost", 1},          {"--show-p2p", 0}, {"--help", 0},
+    {"--device-memory-gib", 1}};
 
 std::string mib(int64_t bytes) { return fmt::format("{:.2f}", double(bytes) / 1048576.0); }
 
 // The memory table of every pipeline rank for the model `train_args` describe.
-void print_memory(std::vector<std::string> train_args, int world, int pp) {
+// device_gib > 0: then whether each rank fits in that much device memory, and if not
+// what to change (training::memory_fit_advice).
+void print_memory(std::vector<std::string> train_args, int world, int pp, double device_gib) {
   // --vocab-size alone sizes the vocabulary (no tokenizer files needed to plan).
   auto given = [&](const char* flag) {
     return std::find(train_args.begin(), train_args.end(), flag) != train_args.end();
@@ -107,6 +110,18 @@ void print_memory(std::vector<std::string> train_args, int world, int pp) {
   std::printf("(`megatron train` prints the same per rank at start-up: \"Theoretical memory "
               "footprints\"; activations include %s MiB of shared scratch)\n",
               mib(training::plan_stage_memory(a, cfg, 0).scratch).c_str());
+  if (device_gib > 0) {
+    const auto budget = int64_t(device_gib * 1073741824.0);
+    for (int s = 0; s < pp; ++s) {
+      const std::string advice = training::memory_fit_advice(a, cfg, s, budget);
+      if (advice.empty())
+        std::printf("  rank %d fits in %.1f GiB by the plan (GPU runs add cuBLAS/cuDNN "
+                    "workspaces, up to a few GiB)\n",
+                    s, device_gib);
+      else
+        std::printf("  rank %d: %s\n", s, advice.c_str());
+    }
+  }
 }
 
 int run_plan(const std::vector<std::string>& all_args) {
@@ -162,6 +177,9 @@ int run_plan(const std::vector<std::string>& all_args) {
       .add("--backward-cost", Flags::Value, "time of one stage's backward (default 2)")
       .add("--p2p-cost", Flags::Value, "time of one transfer (default 0)")
       .add("--show-p2p", Flags::Switch, "list sends and receives too")
+      .add("--device-memory-gib", Flags::Value,
+           "with model flags: whether each rank fits in this much GPU memory, and what to "
+           "change if not")
       .add("--help", Flags::Switch, "this text");
   f.parse(args, "plan");
   if (f.has("--help") || !f.has("--num-layers")) {
@@ -173,6 +191,11 @@ int run_plan(const std::vector<std::string>& all_args) {
         f.help().c_str());
     return f.has("--help") ? 0 : 1;
   }
+  const double device_gib = f.get_double("--device-memory-gib", 0.0);
+  MCPP_CHECK_HINT(!f.has("--device-memory-gib") || (device_gib > 0 && with_model),
+                  "give a positive size in GiB, with the model flags (--hidden-size, ...)",
+                  "--device-memory-gib {} needs a positive number and the model's flags",
+                  f.get("--device-memory-gib"));
   const int pp = int(f.get_int("--pipeline-model-parallel-size", 1));
   const int num_layers = int(f.get_int("--num-layers", 0));
   const int tp = int(f.get_int("--tensor-model-parallel-size", 1));
@@ -297,7 +320,7 @@ int run_plan(const std::vector<std::string>& all_args) {
       train_args.push_back("--pipeline-schedule");
       train_args.push_back("gpipe");
     }
-    print_memory(train_args, tp * pp * cp * dp, pp);
+    print_memory(train_args, tp * pp * cp * dp, pp, device_gib);
   }
   return 0;
 }

@@ -69,6 +69,16 @@ class Flags {
     }
     throw Error(fmt::format("{} expects an integer, got '{}'", n, get(n)));
   }
+  double get_double(const std::string& n, double def) const {
+    if (!has(n)) return def;
+    try {
+      size_t used = 0;
+      const double v = std::stod(get(n), &used);
+      if (used == get(n).size()) return v;
+    } catch (...) {
+    }
+    throw Error(fmt::format("{} expects a number, got '{}'", n, get(n)));
+  }
   std::optional<int64_t> get_opt_int(const std::string& n) const {
     return has(n) ? std::optional<int64_t>(get_int(n, 0)) : std::nullopt;
   }

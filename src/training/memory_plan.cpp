@@ -1,6 +1,9 @@
 #include "training/memory_plan.h"
 
+#include <fmt/format.h>
+
 #include <numeric>
+#include <vector>
 
 namespace mcpp::training {
 
@@ -99,6 +102,44 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
              : 1;
   m.scratch = model::scratch_activation_bytes(cfg, part, a.micro_batch_size, a.seq_length);
   return m;
+}
+
+std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg, int stage,
+                              int64_t budget) {
+  const StageMemory m = plan_stage_memory(a, cfg, stage);
+  if (m.total() <= budget) return {};
+  auto mib = [](int64_t b) { return fmt::format("{:.0f} MiB", double(b) / 1048576.0); };
+  std::vector<std::string> tries;
+  if (a.keep_mlp_activations > 0) {
+    // The most kept layers that fit, if any number does.
+    Args b = a;
+    model::TransformerConfig c = cfg;
+    int64_t fit = -1;
+    for (int64_t n = a.keep_mlp_activations - 1; n >= 0 && fit < 0; --n) {
+      b.keep_mlp_activations = c.keep_mlp_activations = n;
+      if (plan_stage_memory(b, c, stage).total() <= budget) fit = n;
+    }
+    tries.push_back(fit > 0    ? fmt::format("--keep-mlp-activations {} (the most that fit)", fit)
+                    : fit == 0 ? std::string("drop --keep-mlp-activations")
+                               : std::string("fewer --keep-mlp-activations (alone not enough)"));
+  }
+  if (a.micro_batch_size > 1)
+    tries.push_back(fmt::format("a smaller --micro-batch-size (now {}; activations are {} of "
+                                "the plan)",
+                                a.micro_batch_size, mib(m.activations())));
+  if (!a.recompute_granularity)
+    tries.push_back("--recompute-activations (or --recompute-granularity full)");
+  if (a.data_parallel_size > 1 && !a.use_distributed_optimizer)
+    tries.push_back("--use-distributed-optimizer (optimizer state / DP)");
+  tries.push_back("more --tensor-model-parallel-size or --pipeline-model-parallel-size "
+                  "(`megatron plan` prints each layout's memory)");
+  std::string t;
+  for (const auto& s : tries) t += (t.empty() ? "" : "; ") + s;
+  return fmt::format("pipeline stage {} does not fit: it needs {} by the memory plan (weights, "
+                     "gradients and optimizer state {}, activations {}), more than the {} "
+                     "available; try: {}",
+                     stage, mib(m.total()), mib(m.weights_and_optimizer()), mib(m.activations()),
+                     mib(budget), t);
 }
 
 }  // namespace mcpp::training

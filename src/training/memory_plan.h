@@ -4,6 +4,7 @@
 // prints it for every pipeline stage of a layout without running anything.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "model/gpt_model.h"
 #include "parallel/pipeline/schedule.h"
@@ -40,5 +41,14 @@ struct StageMemory {
 
 // The memory of pipeline stage `stage` (TP rank 0, DP rank 0) for model config `cfg`.
 StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg, int stage);
+
+// Whether stage `stage` fits in `budget` bytes, and if not, what would make it fit: empty
+// when the plan fits, else one line saying by how much it does not and the changes to try
+// (fewer --keep-mlp-activations, computed; a smaller micro-batch; activation
+// recomputation; the distributed optimizer; more TP or PP), each only where it applies.
+// The plan is a lower bound of what a GPU run allocates (cuBLAS/cuDNN workspaces come on
+// top), so a plan over budget cannot fit.
+std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg, int stage,
+                              int64_t budget);
 
 }  // namespace mcpp::training

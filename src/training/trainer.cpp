@@ -700,6 +700,19 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
                              double(m.activations()) / 1048576.0, double(m.total()) / 1048576.0,
                              m.weights_and_optimizer(), m.per_microbatch, m.in_flight, m.scratch),
                  /*all_ranks=*/true);
+#ifdef MCPP_HAVE_CUDA
+    // A plan that cannot fit fails now, naming what to change, not as an out-of-memory
+    // error in the first backward. The plan is a lower bound of a GPU run's memory
+    // (library workspaces come on top), so this never stops a run that would fit.
+    if (s.device == Device::CUDA) {
+      const auto ms = ops::cuda::memory_stats();
+      const std::string advice = memory_fit_advice(a, s.model_cfg, s.ps->pp_rank(),
+                                                   int64_t(ms.device_free + ms.reserved));
+      MCPP_CHECK(advice.empty(),
+                 "{} (this GPU: {:.0f} MiB free and {:.0f} MiB already held by this run)", advice,
+                 double(ms.device_free) / 1048576.0, double(ms.reserved) / 1048576.0);
+    }
+#endif
   }
   if (a.fp16) {
     optim::LossScalerConfig lc;

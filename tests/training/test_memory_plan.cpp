@@ -76,3 +76,43 @@ TEST(MemoryPlan, KeepMlpActivations) {
               20 * per_layer);
   }
 }
+
+// A plan over the device's memory says by how much and what to change; the kept-layer
+// count it proposes is the largest that fits, computed from the plan itself.
+TEST(MemoryPlan, FitAdvice) {
+  const auto xl =
+      with(base_argv(), {"--bf16", "--num-layers", "24", "--hidden-size", "2048",
+                         "--num-attention-heads", "16", "--seq-length", "2048",
+                         "--max-position-embeddings", "2048", "--micro-batch-size", "16",
+                         "--keep-mlp-activations", "24"});
+  Args a = parse_and_validate(xl, 1);
+  a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by, 1);
+  const auto cfg = model_config(a, Device::CUDA, DType::BF16);
+  const StageMemory all = plan_stage_memory(a, cfg, 0);
+  EXPECT_EQ(memory_fit_advice(a, cfg, 0, all.total()), "");  // exactly enough fits
+  // 10 layers' worth less than needed (plus the scratch the all-keep plan drops): 13 fit.
+  const int64_t per_layer = int64_t(512) << 20;
+  const std::string advice = memory_fit_advice(a, cfg, 0, all.total() - 10 * per_layer);
+  EXPECT_NE(advice.find("does not"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("--keep-mlp-activations 13 (the most that fit)"), std::string::npos)
+      << advice;
+  {
+    Args b = a;
+    auto c = cfg;
+    b.keep_mlp_activations = c.keep_mlp_activations = 13;
+    EXPECT_LE(plan_stage_memory(b, c, 0).total(), all.total() - 10 * per_layer);
+    b.keep_mlp_activations = c.keep_mlp_activations = 14;
+    EXPECT_GT(plan_stage_memory(b, c, 0).total(), all.total() - 10 * per_layer);
+  }
+  EXPECT_NE(advice.find("--micro-batch-size"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("--recompute-activations"), std::string::npos) << advice;
+  EXPECT_EQ(advice.find("--use-distributed-optimizer"), std::string::npos) << advice;  // DP 1
+  // Far too little: even no kept layer fits.
+  const std::string tiny = memory_fit_advice(a, cfg, 0, int64_t(1) << 30);
+  EXPECT_NE(tiny.find("alone not enough"), std::string::npos) << tiny;
+  // DP 2 without the distributed optimizer: it is proposed.
+  Args d = parse_and_validate(with(xl, {"--global-batch-size", "32"}), 2);
+  d.padded_vocab_size = a.padded_vocab_size;
+  EXPECT_NE(memory_fit_advice(d, cfg, 0, int64_t(1) << 30).find("--use-distributed-optimizer"),
+            std::string::npos);
+}

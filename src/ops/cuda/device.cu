@@ -157,6 +157,8 @@ MemoryStats memory_stats() {
     m.in_use = st.in_use;
     m.peak = st.peak;
   }
+  size_t total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&m.device_free, &total));
   if (st.pool) {
     uint64_t v = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(st.pool, cudaMemPoolAttrReservedMemCurrent, &v));

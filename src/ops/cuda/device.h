@@ -38,6 +38,7 @@ struct MemoryStats {
   size_t peak = 0;       // high-water mark of in_use since the last reset
   size_t reserved = 0;   // bytes the pool holds from the driver (live + cached)
   size_t reserved_peak = 0;
+  size_t device_free = 0;  // bytes the driver can still give this process (cudaMemGetInfo)
 };
 MemoryStats memory_stats();
 void reset_peak_memory();
