@@ -1,6 +1,7 @@
 // Small value types shared by the op catalogue.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 
 #include "tensor/tensor.h"
 
@@ -38,6 +39,24 @@ struct AttentionDims {
   int64_t b_offset = 0, h_offset = 0, NH_global = 0, q_offset = 0, k_offset = 0, S_global = 0;
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
 };
+
+// cuDNN's deterministic attention backward keeps dP of every (sequence, head) in its
+// workspace, NH*S*S*2 bytes a sequence; above a cap (MCPP_ATTENTION_BWD_WORKSPACE_MB,
+// default 8192) the batch runs in chunks of sequences: the largest divisor of B whose
+// workspace fits (at least 1). Shared by the CUDA op and the memory plan.
+inline int64_t attention_bwd_workspace_cap_from_env() {
+  const char* e = std::getenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
+  const int64_t mb = e ? std::atoll(e) : 8192;
+  return (mb > 0 ? mb : 0) << 20;
+}
+inline int64_t attention_bwd_chunk(int64_t B, int64_t per_seq, int64_t cap) {
+  int64_t bc = B;
+  while (bc > 1 && bc * per_seq > cap) {
+    --bc;
+    while (B % bc) --bc;
+  }
+  return bc;
+}
 
 struct AdamWParams {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;

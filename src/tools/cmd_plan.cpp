@@ -107,17 +107,21 @@ void print_memory(std::vector<std::string> train_args, int world, int pp, double
                 mib(m.per_microbatch).c_str(), m.in_flight, mib(m.activations()).c_str(),
                 mib(m.total()).c_str());
   }
+  const auto m0 = training::plan_stage_memory(a, cfg, 0);
   std::printf("(`megatron train` prints the same per rank at start-up: \"Theoretical memory "
-              "footprints\"; activations include %s MiB of shared scratch)\n",
-              mib(training::plan_stage_memory(a, cfg, 0).scratch).c_str());
+              "footprints\"; activations include %s MiB of shared scratch%s)\n",
+              mib(m0.scratch).c_str(),
+              m0.attention_workspace > 0
+                  ? fmt::format("; total includes {} MiB of cuDNN's attention-backward workspace",
+                                mib(m0.attention_workspace))
+                        .c_str()
+                  : "");
   if (device_gib > 0) {
     const auto budget = int64_t(device_gib * 1073741824.0);
     for (int s = 0; s < pp; ++s) {
       const std::string advice = training::memory_fit_advice(a, cfg, s, budget);
       if (advice.empty())
-        std::printf("  rank %d fits in %.1f GiB by the plan (GPU runs add cuBLAS/cuDNN "
-                    "workspaces, up to a few GiB)\n",
-                    s, device_gib);
+        std::printf("  rank %d fits in %.1f GiB by the plan\n", s, device_gib);
       else
         std::printf("  rank %d: %s\n", s, advice.c_str());
     }

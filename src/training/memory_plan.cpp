@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
+
+#include "ops/types.h"
 
 namespace mcpp::training {
 
@@ -101,7 +105,27 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
                                       int(a.microbatch_group_size_per_vp_stage.value_or(0)))
              : 1;
   m.scratch = model::scratch_activation_bytes(cfg, part, a.micro_batch_size, a.seq_length);
+  m.attention_workspace = attention_workspace_bytes(a, cfg);
   return m;
+}
+
+int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg) {
+  auto env_is = [](const char* name, const char* v) {
+    const char* e = std::getenv(name);
+    return e && std::string(e) == v;
+  };
+  const int64_t hd = cfg.kv_channels;
+  if (cfg.device != Device::CUDA || (cfg.dtype != DType::BF16 && cfg.dtype != DType::F16) ||
+      cfg.attention_dropout > 0 || hd <= 0 || hd % 8 != 0 || hd > 128 ||
+      a.context_parallel_size > 1 || env_is("MCPP_ATTENTION_CUDNN", "0") ||
+      env_is("MCPP_ATTENTION_DETERMINISTIC", "0"))
+    return 0;
+  const int64_t B = a.micro_batch_size, S = a.seq_length;
+  const int64_t nh = cfg.num_attention_heads / a.tensor_model_parallel_size;
+  const int64_t per_seq = nh * S * S * 2;
+  const int64_t bc = ops::attention_bwd_chunk(B, per_seq, ops::attention_bwd_workspace_cap_from_env());
+  const bool gqa = cfg.num_query_groups < cfg.num_attention_heads;
+  return bc * per_seq + (gqa ? bc * nh * S * hd * 4 : 0);
 }
 
 std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg, int stage,

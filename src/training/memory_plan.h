@@ -34,20 +34,31 @@ struct StageMemory {
   int64_t per_microbatch = 0;   // bytes of activations one micro-batch keeps (largest chunk)
   int in_flight = 0;            // the schedule's most micro-batches in flight on this stage
   int64_t scratch = 0;          // bytes of shared activation buffers
+  int64_t attention_workspace = 0;  // bytes: cuDNN's deterministic attention backward (GPU)
   int64_t activations() const { return int64_t(in_flight) * per_microbatch + scratch; }
   int64_t weights_and_optimizer() const { return weights + grads + optimizer; }
-  int64_t total() const { return weights_and_optimizer() + activations(); }
+  int64_t total() const { return weights_and_optimizer() + activations() + attention_workspace; }
 };
 
 // The memory of pipeline stage `stage` (TP rank 0, DP rank 0) for model config `cfg`.
 StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg, int stage);
 
+// The workspace cuDNN's deterministic attention backward takes on a GPU
+// (ops/cuda/cudnn_attention.cpp): dP of every (sequence, local head), B*NH/TP*S*S*2 bytes,
+// for the sequences of one batch chunk (MCPP_ATTENTION_BWD_WORKSPACE_MB, default 8192), and
+// B*NH/TP*S*HD*4 bytes more with grouped-query attention (the size cuDNN 9.19 asks for on
+// the H200). 0 where cuDNN's attention does not run: CPU, f32, attention dropout, head dims
+// that are not a multiple of 8 up to 128, MCPP_ATTENTION_CUDNN=0,
+// MCPP_ATTENTION_DETERMINISTIC=0 (the atomic path's workspace is small), context
+// parallelism.
+int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg);
+
 // Whether stage `stage` fits in `budget` bytes, and if not, what would make it fit: empty
 // when the plan fits, else one line saying by how much it does not and the changes to try
 // (fewer --keep-mlp-activations, computed; a smaller micro-batch; activation
 // recomputation; the distributed optimizer; more TP or PP), each only where it applies.
-// The plan is a lower bound of what a GPU run allocates (cuBLAS/cuDNN workspaces come on
-// top), so a plan over budget cannot fit.
+// What the plan leaves out of a GPU run is a few MiB (cuBLASLt's workspace), so a plan over
+// budget cannot fit.
 std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg, int stage,
                               int64_t budget);
 

@@ -702,8 +702,8 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
                  /*all_ranks=*/true);
 #ifdef MCPP_HAVE_CUDA
     // A plan that cannot fit fails now, naming what to change, not as an out-of-memory
-    // error in the first backward. The plan is a lower bound of a GPU run's memory
-    // (library workspaces come on top), so this never stops a run that would fit.
+    // error in the first backward. The plan leaves out only a few MiB of a GPU run's
+    // memory (cuBLASLt's workspace), so this never stops a run that would fit.
     if (s.device == Device::CUDA) {
       const auto ms = ops::cuda::memory_stats();
       const std::string advice = memory_fit_advice(a, s.model_cfg, s.ps->pp_rank(),

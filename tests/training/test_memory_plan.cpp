@@ -116,3 +116,42 @@ TEST(MemoryPlan, FitAdvice) {
   EXPECT_NE(memory_fit_advice(d, cfg, 0, int64_t(1) << 30).find("--use-distributed-optimizer"),
             std::string::npos);
 }
+
+// cuDNN's deterministic attention backward workspace on a GPU: B*NH/TP*S*S*2 bytes (+
+// B*NH/TP*S*HD*4 with GQA), in chunks under MCPP_ATTENTION_BWD_WORKSPACE_MB; nothing where
+// cuDNN's attention does not run. With it the plan of the four benchmark models came
+// within 5 MiB of the peak bench_gpu_train measured on the H200 (bench/RESULTS.md,
+// session 5).
+TEST(MemoryPlan, AttentionWorkspace) {
+  const int64_t MiB = 1 << 20;
+  const auto xl = with(base_argv(), {"--bf16", "--num-layers", "24", "--hidden-size", "2048",
+                                     "--num-attention-heads", "16", "--seq-length", "2048",
+                                     "--max-position-embeddings", "2048", "--micro-batch-size",
+                                     "16", "--attention-dropout", "0"});
+  auto ws = [](std::vector<std::string> argv, int world, Device dev = Device::CUDA,
+               DType dt = DType::BF16) {
+    Args a = parse_and_validate(argv, world);
+    a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by,
+                                            a.tensor_model_parallel_size);
+    const auto cfg = model_config(a, dev, dt);
+    EXPECT_EQ(plan_stage_memory(a, cfg, 0).attention_workspace,
+              attention_workspace_bytes(a, cfg));
+    return attention_workspace_bytes(a, cfg);
+  };
+  EXPECT_EQ(ws(xl, 1), 16 * 16 * 2048LL * 2048 * 2);  // 2048 MiB
+  EXPECT_EQ(ws(with(xl, {"--tensor-model-parallel-size", "2"}), 2), 1024 * MiB);
+  const auto llama = with(xl, {"--num-attention-heads", "32", "--group-query-attention",
+                               "--num-query-groups", "8", "--ffn-hidden-size", "8192"});
+  EXPECT_EQ(ws(llama, 1), 4096 * MiB + 256 * MiB);  // what cuDNN 9.19 asked for on the H200
+  EXPECT_EQ(ws(xl, 1, Device::CPU), 0);
+  EXPECT_EQ(ws(xl, 1, Device::CUDA, DType::F32), 0);
+  EXPECT_EQ(ws(with(xl, {"--attention-dropout", "0.1"}), 1), 0);
+  // Under a 600 MiB cap: 2 of the 16 sequences a call (the largest divisor of 16 whose
+  // 2 x 256 MiB fit).
+  setenv("MCPP_ATTENTION_BWD_WORKSPACE_MB", "600", 1);
+  EXPECT_EQ(ws(xl, 1), 512 * MiB);
+  unsetenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
+  setenv("MCPP_ATTENTION_DETERMINISTIC", "0", 1);
+  EXPECT_EQ(ws(xl, 1), 0);
+  unsetenv("MCPP_ATTENTION_DETERMINISTIC");
+}

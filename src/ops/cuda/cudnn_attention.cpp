@@ -665,22 +665,11 @@ bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
 // benchmark shapes), so the default cap only stops extreme cases. Each sequence's gradients are computed alone either way, so the result does not
 // depend on the chunking.
 namespace {
-std::atomic<int64_t> g_bwd_cap{[] {
-  const char* e = std::getenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
-  int64_t mb = e ? std::atoll(e) : 8192;
-  return std::max<int64_t>(mb, 0) << 20;
-}()};
+std::atomic<int64_t> g_bwd_cap{attention_bwd_workspace_cap_from_env()};
 
 int64_t backward_chunk(const AttentionDims& d, bool deterministic) {
   if (!deterministic) return d.B;
-  const int64_t cap = g_bwd_cap.load();
-  const int64_t per_seq = d.NH * d.S * d.S * 2;
-  int64_t bc = d.B;
-  while (bc > 1 && bc * per_seq > cap) {  // the largest divisor of B under the cap
-    --bc;
-    while (d.B % bc) --bc;
-  }
-  return bc;
+  return attention_bwd_chunk(d.B, d.NH * d.S * d.S * 2, g_bwd_cap.load());
 }
 
 }  // namespace
