@@ -154,15 +154,18 @@ if [[ ${BENCH:-1} != 0 ]]; then
   TORCH_JSON=()
   if [[ "${TORCH:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-420}" python3 bench/gpu/torch_reference.py \
-      --json "$LOGS/torch.json" ${TORCH_ARGS:-} > "$LOGS/torch.md" 2> "$LOGS/torch.err"
+    PYTHONUNBUFFERED=1 scripts/clock-probe.sh "PyTorch reference" timeout "${TORCH_TIMEOUT:-420}" \
+      python3 bench/gpu/torch_reference.py --json "$LOGS/torch.json" ${TORCH_ARGS:-} \
+      > "$LOGS/torch.md" 2> "$LOGS/torch.err"
     echo "gpu-check: torch_reference rc=$?"
     grep -vE "^\s*$" "$LOGS/torch.err" | grep -E "torch_reference|tok/s|Error|error" | head -20
     [[ -s "$LOGS/torch.json" ]] && TORCH_JSON=(--torch "$LOGS/torch.json")
   fi
   # shellcheck disable=SC2086
-  "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} "${TORCH_JSON[@]}" > "$LOGS/train.md" \
-    2> "$LOGS/train.err"
+  # Under the clock probe: these steps run at the GPU's power cap, so the SM clock and power
+  # while they ran tell one machine's numbers from another's (docs/cuda-backend.md).
+  scripts/clock-probe.sh "bench_gpu_train" "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} \
+    "${TORCH_JSON[@]}" > "$LOGS/train.md" 2> "$LOGS/train.err"
   train_rc=$?
   cat "$LOGS/train.err"
   if [[ -n "${COMPARE_ATTENTION:-}" ]]; then  # the same step with the own flash kernel
@@ -187,7 +190,12 @@ if [[ ${BENCH:-1} != 0 ]]; then
   cat "$LOGS/bench.md"
   echo
   echo "## Training step, bf16, one GPU ($GPU_NAME, commit $COMMIT, $(date -u +%F))"
-  cat "$LOGS/train.md"
+  grep -v "^| \(bench_gpu_train\|PyTorch reference\) |" "$LOGS/train.md"
+  echo
+  echo "GPU while busy (scripts/clock-probe.sh; reason 0x4 = software power cap):"
+  echo "| run | samples | SM MHz mean (min-max) | W | max C | clock-event reasons |"
+  echo "|---|---:|---:|---:|---:|---|"
+  grep -h "^| \(bench_gpu_train\|PyTorch reference\) |" "$LOGS/train.md" "$LOGS/torch.md" 2>/dev/null
   if [[ -s "$LOGS/train_flash.md" ]]; then
     echo
     echo "## The same with MCPP_ATTENTION_CUDNN=0 (own flash kernel)"
