@@ -230,3 +230,25 @@ TEST(GpuTrain, ResumeIsBitExact) {
                 files);
   }
 }
+
+// A run whose memory plan exceeds the GPU stops before the first step with the plan's
+// numbers and what to change, not with an out-of-memory error in the first backward (GPT
+// with hidden 128 at micro-batch 4096 x seq 4096: ~190 GiB of activations by the plan).
+TEST(GpuTrain, PlanOverTheGpuMemoryStopsBeforeTheFirstStep) {
+  MCPP_REQUIRE_GPU();
+  const Argv huge = {"--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "500",
+                     "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "2",
+                     "--seq-length", "4096", "--max-position-embeddings", "4096",
+                     "--micro-batch-size", "4096", "--global-batch-size", "4096",
+                     "--lr", "1e-4", "--train-iters", "1", "--bf16"};
+  try {
+    train(huge + kGpu);
+    FAIL() << "expected the start-up memory check to stop the run";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("does not fit"), std::string::npos) << w;
+    EXPECT_NE(w.find("--micro-batch-size"), std::string::npos) << w;
+    EXPECT_NE(w.find("MiB free"), std::string::npos) << w;
+    std::printf("[memory check] %s\n", w.substr(0, 160).c_str());
+  }
+}
