@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -164,6 +166,52 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
                      "available; try: {}",
                      stage, mib(m.total()), mib(m.weights_and_optimizer()), mib(m.activations()),
                      mib(budget), t);
+}
+
+int64_t host_memory_available() {
+  int64_t avail = -1;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (f >> key >> kb) {
+      std::getline(f, unit);
+      if (key == "MemAvailable:") {
+        avail = kb * 1024;
+        break;
+      }
+    }
+  }
+  // A container's cgroup v2 limit, when lower than what the host has free.
+  std::ifstream mx("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
+  std::string limit;
+  int64_t used = 0;
+  if (mx >> limit && limit != "max" && cur >> used) {
+    const int64_t headroom = std::max<int64_t>(std::atoll(limit.c_str()) - used, 0);
+    avail = avail < 0 ? headroom : std::min(avail, headroom);
+  }
+  return avail;
+}
+
+int host_local_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* e = std::getenv(name);
+    if (e && std::atoi(e) > 0) return std::atoi(e);
+  }
+  // Slurm: SLURM_TASKS_PER_NODE is "4" or "4(x2),3"; this node's count is not named, so
+  // take the smallest (fewer ranks sharing the host: a check that errs on the lenient side).
+  if (const char* e = std::getenv("SLURM_TASKS_PER_NODE")) {
+    int fewest = 0;
+    for (const char* p = e; *p;) {
+      const int n = std::atoi(p);
+      if (n > 0 && (fewest == 0 || n < fewest)) fewest = n;
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+    if (fewest > 0) return fewest;
+  }
+  return 1;
 }
 
 }  // namespace mcpp::training

@@ -62,4 +62,11 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
 std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg, int stage,
                               int64_t budget);
 
+// Bytes this host can still give (Linux: /proc/meminfo's MemAvailable, lowered to the
+// cgroup v2 limit's headroom when one is set), or -1 when unknown.
+int64_t host_memory_available();
+// Ranks of this job on this host, from the launcher's environment (Open MPI, MPICH/Hydra,
+// Slurm), 1 when none says: the host's memory is shared by that many trainers.
+int host_local_ranks();
+
 }  // namespace mcpp::training

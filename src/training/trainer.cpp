@@ -603,6 +603,31 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
               "layers{}",
               pp, vpp, pl::to_string(s.schedule_kind), a.num_microbatches, chunks);
   }
+  // The memory plan against what this rank can get, before anything large is allocated: a
+  // config that cannot fit fails here with the plan's numbers and what to change, not as an
+  // out-of-memory error in the first backward (GPU) or the kernel's OOM killer ending the
+  // job without a word (CPU). The plan leaves out only a few MiB (cuBLASLt's workspace),
+  // so the check never stops a run that would fit.
+  if (s.device == Device::CPU) {
+    // The host's available memory, shared by this job's ranks on the host.
+    const int64_t avail = host_memory_available();
+    const int local = host_local_ranks();
+    if (avail >= 0) {
+      const std::string advice =
+          memory_fit_advice(a, s.model_cfg, s.ps->pp_rank(), avail / local);
+      MCPP_CHECK(advice.empty(), "{} (this host: {:.0f} MiB available for {} rank(s) of this job)",
+                 advice, double(avail) / 1048576.0, local);
+    }
+  }
+#ifdef MCPP_HAVE_CUDA
+  if (s.device == Device::CUDA) {
+    const auto ms = ops::cuda::memory_stats();
+    const std::string advice = memory_fit_advice(a, s.model_cfg, s.ps->pp_rank(),
+                                                 int64_t(ms.device_free + ms.reserved));
+    MCPP_CHECK(advice.empty(), "{} (this GPU: {:.0f} MiB free, {:.0f} MiB held by this run)",
+               advice, double(ms.device_free) / 1048576.0, double(ms.reserved) / 1048576.0);
+  }
+#endif
   s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
   log::info("> initialized tensor model parallel with size {}, pipeline model parallel with "
             "size {}, data parallel with size {}{}{}",
@@ -700,19 +725,6 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
                              double(m.activations()) / 1048576.0, double(m.total()) / 1048576.0,
                              m.weights_and_optimizer(), m.per_microbatch, m.in_flight, m.scratch),
                  /*all_ranks=*/true);
-#ifdef MCPP_HAVE_CUDA
-    // A plan that cannot fit fails now, naming what to change, not as an out-of-memory
-    // error in the first backward. The plan leaves out only a few MiB of a GPU run's
-    // memory (cuBLASLt's workspace), so this never stops a run that would fit.
-    if (s.device == Device::CUDA) {
-      const auto ms = ops::cuda::memory_stats();
-      const std::string advice = memory_fit_advice(a, s.model_cfg, s.ps->pp_rank(),
-                                                   int64_t(ms.device_free + ms.reserved));
-      MCPP_CHECK(advice.empty(),
-                 "{} (this GPU: {:.0f} MiB free and {:.0f} MiB already held by this run)", advice,
-                 double(ms.device_free) / 1048576.0, double(ms.reserved) / 1048576.0);
-    }
-#endif
   }
   if (a.fp16) {
     optim::LossScalerConfig lc;

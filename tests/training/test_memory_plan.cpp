@@ -155,3 +155,24 @@ TEST(MemoryPlan, AttentionWorkspace) {
   EXPECT_EQ(ws(xl, 1), 0);
   unsetenv("MCPP_ATTENTION_DETERMINISTIC");
 }
+
+// The host side of the start-up check: what Linux says is available, and how many of this
+// job's ranks share it, from each launcher's variables (the fewest Slurm names: lenient).
+TEST(MemoryPlan, HostMemoryAndLocalRanks) {
+  EXPECT_GT(host_memory_available(), int64_t(64) << 20);  // Linux CI and dev machines
+  const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_TASKS_PER_NODE"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars) {
+    if (const char* e = std::getenv(v)) saved.push_back({v, e});
+    unsetenv(v);
+  }
+  EXPECT_EQ(host_local_ranks(), 1);
+  setenv("SLURM_TASKS_PER_NODE", "4(x2),3", 1);
+  EXPECT_EQ(host_local_ranks(), 3);
+  setenv("MPI_LOCALNRANKS", "6", 1);
+  EXPECT_EQ(host_local_ranks(), 6);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
+  EXPECT_EQ(host_local_ranks(), 8);
+  for (const char* v : vars) unsetenv(v);
+  for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
+}
