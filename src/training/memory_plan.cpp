@@ -183,11 +183,21 @@ int64_t host_memory_available() {
       }
     }
   }
-  // A container's cgroup v2 limit, when lower than what the host has free.
+  // A container's cgroup v2 limit, when lower than what the host has free. Its usage counts
+  // the page cache; the inactive file pages are reclaimed before the limit bites, so they
+  // count as free (the working set, as container runtimes measure it).
   std::ifstream mx("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
   std::string limit;
   int64_t used = 0;
   if (mx >> limit && limit != "max" && cur >> used) {
+    std::ifstream st("/sys/fs/cgroup/memory.stat");
+    std::string key;
+    int64_t v = 0;
+    while (st >> key >> v)
+      if (key == "inactive_file") {
+        used -= std::min(v, used);
+        break;
+      }
     const int64_t headroom = std::max<int64_t>(std::atoll(limit.c_str()) - used, 0);
     avail = avail < 0 ? headroom : std::min(avail, headroom);
   }
