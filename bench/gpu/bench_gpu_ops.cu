@@ -396,6 +396,85 @@ int main(int argc, char** argv) {
     bytes("adamw_step fused bf16 out", "268M params", double(n) * (4 * 7 + 2),
           [&] { ops::adamw_step(p, g, m, v, model, ap, s); });
   }
+  // ---- the step's compute alone, at the power cap ----------------------------------------
+  // For each bench_gpu_train model, one training step's GEMMs (per layer: the qkv, proj, fc1,
+  // fc2 forward; input and f32 += weight gradients of each) and attention (forward and
+  // backward), in the step's order, then the output layer: no norm, activation, cross-entropy
+  // or optimizer kernel in between. Timed after 3 s of back to back replays, so at the
+  // sustained (power-capped) clock. With the bandwidth-bound kernels left out this is close
+  // to the step's floor on this GPU; the table's rate is over the GEMM and attention FLOPs.
+  struct RM {
+    const char* name;
+    int64_t L, H, NH, NG, HD, F, V, B, S;
+    bool swiglu;
+    double target_tok_s;  // issue 7's 1.15x target
+  };
+  for (RM m : {RM{"GPT-2 124M", 12, 768, 12, 12, 64, 3072, 50304, 64, 1024, false, 604e3},
+               RM{"GPT-2 350M", 24, 1024, 16, 16, 64, 4096, 50304, 64, 1024, false, 230e3},
+               RM{"GPT-3 XL", 24, 2048, 16, 16, 128, 8192, 50304, 16, 2048, false, 72.5e3},
+               RM{"Llama-style 1B", 16, 2048, 32, 8, 64, 8192, 32000, 16, 2048, true, 90e3}}) {
+    const std::string op = std::string("compute replay ") + m.name;
+    if (skipped(op)) continue;
+    const int64_t T = m.B * m.S, Q = (m.NH + 2 * m.NG) * m.HD, F1 = m.swiglu ? 2 * m.F : m.F;
+    ops::AttentionDims d;
+    d.S = m.S, d.B = m.B, d.NH = m.NH, d.NG = m.NG, d.HD = m.HD;
+    struct Lin {
+      int64_t in, out;
+      Tensor w, dw32;
+    };
+    // in/out features of qkv, proj, fc1, fc2, then the output layer.
+    std::vector<Lin> lin;
+    for (auto [in, out] :
+         {std::pair<int64_t, int64_t>{m.H, Q}, {m.H, m.H}, {m.H, F1}, {m.F, m.H}, {m.H, m.V}})
+      lin.push_back({in, out, rnd({out, in}, bf, 0.05f), rnd({out, in}, DType::F32)});
+    int64_t widest = 0;
+    for (const Lin& l : lin) widest = std::max({widest, l.in, l.out});
+    Tensor xa = rnd({T * widest}, bf), ya = rnd({T * widest}, bf), da = rnd({T * widest}, bf);
+    auto view = [&](const Tensor& t, int64_t cols) {
+      return t.narrow(0, T * cols).view({T, cols});
+    };
+    Tensor qkv = rnd({m.S, m.B, Q}, bf), out = rnd({m.S, m.B, m.NH * m.HD}, bf);
+    Tensor lse = rnd({m.B, m.NH, m.S}, DType::F32), dout = rnd(out.shape(), bf),
+           dqkv = rnd(qkv.shape(), bf);
+    const double sc = 1.0 / std::sqrt(double(m.HD));
+    auto fwd = [&](Lin& l) {
+      Tensor x = view(xa, l.in), y = view(ya, l.out);
+      ops::gemm(false, true, 1.0, x, l.w, 0.0, y, s);
+    };
+    auto bwd = [&](Lin& l) {
+      Tensor x = view(xa, l.in), dy = view(da, l.out), dx = view(ya, l.in);
+      ops::gemm(false, false, 1.0, dy, l.w, 0.0, dx, s);
+      ops::gemm(true, false, 1.0, dy, x, 1.0, l.dw32, s);
+    };
+    auto step = [&] {
+      for (int64_t i = 0; i < m.L; ++i) {
+        fwd(lin[0]);
+        ops::attention_forward(qkv, d, sc, 0.0, {}, out, lse, s);
+        fwd(lin[1]), fwd(lin[2]), fwd(lin[3]);
+      }
+      fwd(lin[4]);
+      bwd(lin[4]);
+      for (int64_t i = 0; i < m.L; ++i) {
+        bwd(lin[3]), bwd(lin[2]), bwd(lin[1]);
+        ops::attention_backward(dout, qkv, out, lse, d, sc, 0.0, {}, dqkv, s);
+        bwd(lin[0]);
+      }
+    };
+    double f = 0;
+    for (const Lin& l : lin) f += 6.0 * T * l.in * l.out * (&l == &lin[4] ? 1 : m.L);
+    f += 3.5 * 2.0 * m.B * m.NH * double(m.S) * m.S * m.HD * m.L;  // causal fwd + 2.5x bwd
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+      step();
+      CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
+    }
+    const double target_ms = double(T) / m.target_tok_s * 1e3;
+    char sh[96];
+    std::snprintf(sh, sizeof sh, "B%lld S%lld, step target %.1f ms", (long long)m.B, (long long)m.S,
+                  target_ms);
+    flops(op, sh, f, step);
+  }
+
   gpu::synchronize(s);
   auto mem = gpu::memory_stats();
 
