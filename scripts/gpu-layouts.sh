@@ -76,7 +76,9 @@ timer() {  # ms per iteration of timer $2 in the last interval of log $1 ("-" if
   v=$(grep -E "^.* $2 \.+: \(" "$1" | tail -1 | sed -E 's/.*\(([0-9.]+),.*/\1/')
   echo "${v:--}"
 }
-peak() { grep -oE "max allocated: [0-9.]+" "$1" | tail -1 | awk '{printf "%.0f", $3}'; }
+# The busiest rank's peak: the largest "max allocated" of any rank's memory line (the plan's
+# number it is set against is the busiest rank's too).
+peak() { grep -oE "max allocated: [0-9.]+" "$1" | awk '$3 > m {m = $3} END {printf "%.0f", m}'; }
 
 for L in $LAYOUTS; do parse "$L" > /dev/null || { parse "$L"; exit 2; }; done  # all valid first
 rows=()
