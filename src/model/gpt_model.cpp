@@ -258,13 +258,15 @@ std::vector<ParamInfo> parameter_registry(const TransformerConfig& c, const Pipe
   std::vector<ParamInfo> out;
   const int64_t H = c.hidden_size, tp = c.tp_size;
   const double std_out = c.init_method_std / std::sqrt(2.0 * double(c.num_layers));
+  // sp: the parameter acts on the sequence shard under SP (see ParamInfo).
   auto add = [&](std::string name, Shape global, TpSplit split, Init init, double sd, bool wd,
-                 int layer, bool duplicate = false) {
+                 int layer, bool duplicate = false, bool sp = false) {
     Shape local = global;
     if (split == TpSplit::Rows || split == TpSplit::SwigluRows) local[0] /= tp;
     if (split == TpSplit::Cols) local[1] /= tp;
     ParamInfo p{std::move(name), global, local, split, init, sd, wd, layer, 0};
     p.pipeline_duplicate = duplicate;
+    p.sequence_parallel = sp;
     out.push_back(std::move(p));
   };
   if (part_.first_stage) {
@@ -272,15 +274,16 @@ std::vector<ParamInfo> parameter_registry(const TransformerConfig& c, const Pipe
         Init::Normal, c.init_method_std, true, -1);
     if (!c.rope)
       add("embedding.position_embeddings.weight", {c.max_position_embeddings, H},
-          TpSplit::None, Init::Normal, c.init_method_std, true, -1);
+          TpSplit::None, Init::Normal, c.init_method_std, true, -1, false, true);
   }
   const int64_t F = c.ffn_hidden_size, fc1 = (c.swiglu ? 2 : 1) * F;
   const int64_t NHD = c.num_attention_heads * c.kv_channels;
   for (const auto& ch : part_.chunks)
     for (int l : ch) {
       auto n = [&](const char* s) { return layer_param_name(l, s); };
-      add(n("input_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l);
-      if (!c.rmsnorm) add(n("input_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
+      add(n("input_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l, false, true);
+      if (!c.rmsnorm)
+        add(n("input_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l, false, true);
       add(n("self_attention.linear_qkv.weight"), {c.qkv_width(), H}, TpSplit::Rows, Init::Normal,
           c.init_method_std, true, l);
       if (c.add_bias_linear)
@@ -290,9 +293,11 @@ std::vector<ParamInfo> parameter_registry(const TransformerConfig& c, const Pipe
           true, l);
       if (c.add_bias_linear)
         add(n("self_attention.linear_proj.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
-      add(n("pre_mlp_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l);
+      add(n("pre_mlp_layernorm.weight"), {H}, TpSplit::None, Init::Ones, 0, false, l, false,
+          true);
       if (!c.rmsnorm)
-        add(n("pre_mlp_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
+        add(n("pre_mlp_layernorm.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l, false,
+            true);
       TpSplit fc1_split = c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows;
       add(n("mlp.linear_fc1.weight"), {fc1, H}, fc1_split, Init::Normal, c.init_method_std, true,
           l);
@@ -303,9 +308,11 @@ std::vector<ParamInfo> parameter_registry(const TransformerConfig& c, const Pipe
         add(n("mlp.linear_fc2.bias"), {H}, TpSplit::None, Init::Zeros, 0, false, l);
     }
   if (part_.last_stage) {
-    add("decoder.final_layernorm.weight", {H}, TpSplit::None, Init::Ones, 0, false, -1);
+    add("decoder.final_layernorm.weight", {H}, TpSplit::None, Init::Ones, 0, false, -1, false,
+        true);
     if (!c.rmsnorm)
-      add("decoder.final_layernorm.bias", {H}, TpSplit::None, Init::Zeros, 0, false, -1);
+      add("decoder.final_layernorm.bias", {H}, TpSplit::None, Init::Zeros, 0, false, -1, false,
+          true);
     if (!c.tie_embeddings)
       add("output_layer.weight", {c.padded_vocab_size, H}, TpSplit::Rows, Init::Normal,
           c.init_method_std, true, -1);
@@ -415,11 +422,9 @@ bool GPTModel::tp_duplicated(size_t i) const {
 }
 
 bool GPTModel::sp_partial_grad(size_t i) const {
-  // Every TP-duplicated parameter acts on the sequence shard under SP (norms, position
-  // embeddings); row-parallel biases are complete already (see row_output_backward).
-  const auto& p = params_.infos()[i];
-  return tp_ && cfg_.sp() && p.split == TpSplit::None &&
-         !p.name.ends_with("linear_proj.bias") && !p.name.ends_with("linear_fc2.bias");
+  // Norms and position embeddings act on the sequence shard under SP; row-parallel
+  // biases are complete already (see row_output_backward). The registry says which.
+  return tp_ && cfg_.sp() && params_.infos()[i].sequence_parallel;
 }
 
 void GPTModel::finalize_tp_grads() {

@@ -22,6 +22,10 @@ enum class TpSplit {
 
 enum class Init { Normal, Zeros, Ones };
 
+// Which data-parallel group reduces a parameter's gradient: the dense parameters over
+// DP (x CP); expert parameters over the expert-data-parallel group (EP, issue 18).
+enum class GradGroup { Dense, Expert };
+
 struct ParamInfo {
   std::string name;   // e.g. decoder.layers.3.self_attention.linear_qkv.weight
   Shape global_shape;
@@ -36,6 +40,16 @@ struct ParamInfo {
   // first stage's (same name, same initialisation, gradients summed over the embedding
   // group), written to checkpoints and counted in norms by the first stage only.
   bool pipeline_duplicate = false;
+  // Under --sequence-parallel this parameter acts on the rank's sequence shard (norm
+  // weights and biases, learned position embeddings), so its gradient is a partial sum
+  // over TP that finalize_model_grads all-reduces over TP. Set by the registering module,
+  // never inferred from the name. (Row-parallel biases are added after the reduction and
+  // their gradients are complete: false.)
+  bool sequence_parallel = false;
+  GradGroup grad_group = GradGroup::Dense;
+  int expert = -1;  // expert index (EP), -1 for dense parameters
+  // Duplicated on every TP rank: its gradient and norm are counted once (TP rank 0).
+  bool tp_duplicated() const { return split == TpSplit::None; }
   int64_t numel() const { return shape_numel(local_shape); }
 };
 
