@@ -1,13 +1,14 @@
 // GPTModel: embedding -> L pre-norm transformer layers -> final norm -> output
-// layer -> vocab cross-entropy, with an explicit forward and backward per module
-// (ARCHITECTURE.md, principle 2). GPT-2 style (learned positions, LayerNorm, GELU,
-// biases, tied embeddings) and Llama style (RoPE, RMSNorm, SwiGLU, GQA, untied,
-// no biases) are the same code with TransformerConfig switches.
+// layer -> vocab cross-entropy, assembled from the modules of src/model (docs/model.md):
+// each with its own forward, backward, saved activations and their bytes. GPT-2 style
+// (learned positions, LayerNorm, GELU, biases, tied embeddings) and Llama style (RoPE,
+// RMSNorm, SwiGLU, GQA, untied, no biases) are the same code with TransformerConfig
+// switches.
 //
 // Activations are sequence-first [S, B, H]; the batch arrives as [B, S] ids.
 //
 // Pipeline parallelism: a GPTModel holds one pipeline stage's part of the model
-// (PipelinePart): one or more model chunks (virtual stages) of consecutive global
+// (PipelinePart, stage.h): one or more model chunks (virtual stages) of consecutive global
 // layers, the embedding when it is the first stage, the final norm, output layer and
 // loss when it is the last. forward_chunk()/backward_chunk() run one chunk on one
 // micro-batch; what a forward saves for its backward lives in a slot of a per-chunk
@@ -16,20 +17,10 @@
 // in-flight count). forward()/backward() are the whole-model form (one chunk holding
 // every layer): what serial and TP/DP runs, tests and tools use.
 //
-// Activation recomputation (--recompute-granularity): `full` keeps only the input of
-// each group of recompute_num_layers layers (method uniform: the chunk's layers in
-// consecutive groups; block: the first recompute_num_layers layers of each chunk, one
-// layer a group) and re-runs the group's forward just before its backward;
-// `selective` drops the attention core's output (context and log-sum-exp) and re-runs
-// the attention forward before the attention backward. Dropout masks are functions of
-// global coordinates, so a recomputed forward is bitwise the original.
-//
-// The MLP activation (gelu or swiglu of fc1's output, [T, F/TP]) is recomputed in every
-// layer's backward from the saved fc1 output by default: forward writes it into one shared
-// scratch buffer for fc2. --keep-mlp-activations N (cfg.keep_mlp_activations) lets the
-// first N layers of each chunk that full recomputation leaves stored keep it in their own
-// saved activations instead: one [T, F/TP] more per such layer and micro-batch in flight,
-// one elementwise pass less per layer in backward, the same element functions and GEMMs.
+// Activation recomputation (--recompute-granularity): `full` is the TransformerBlock's
+// (transformer_block.h), `selective` the CoreAttention's (core_attention.h); the MLP's
+// keep-or-recompute policy (--keep-mlp-activations) is the MLP's (mlp.h). Dropout masks
+// are functions of global coordinates, so a recomputed forward is bitwise the original.
 #pragma once
 #include <functional>
 #include <memory>
@@ -38,34 +29,14 @@
 #include "comm/communicator.h"
 
 #include "model/config.h"
+#include "model/memory_estimate.h"
+#include "model/module.h"
 #include "model/params.h"
+#include "model/stage.h"
 #include "ops/types.h"
 #include "tensor/tensor.h"
 
 namespace mcpp::model {
-
-// One micro-batch: tokens, labels [B, S] i64; loss_mask [B, S] f32.
-struct MicroBatch {
-  Tensor tokens, labels, loss_mask;
-};
-
-// Keys that make dropout a function of global coordinates: the same masks for
-// any split of the global batch into micro-batches and data-parallel ranks.
-struct StepKeys {
-  int64_t iteration = 0;
-  int64_t sample_offset = 0;  // index of this micro-batch's first sample in the global batch
-  int64_t global_batch = 0;   // global batch size (0: this micro-batch is the whole batch)
-  bool training = true;       // false: no dropout (evaluation, generation)
-};
-
-// The part of the model one pipeline stage holds.
-struct PipelinePart {
-  // Global layer ids of each local model chunk, in execution order. Empty: one chunk
-  // with every layer (no pipeline parallelism).
-  std::vector<std::vector<int>> chunks;
-  bool first_stage = true;  // chunk 0 starts with the embedding
-  bool last_stage = true;   // the last chunk ends with final norm, output layer and loss
-};
 
 // Bytes of saved activations (what forwards keep for their backwards).
 struct ActivationMemory {
@@ -97,7 +68,7 @@ class GPTModel {
   void backward(double grad_scale);
 
   // ---- pipeline form ---------------------------------------------------------------------
-  int num_chunks() const { return int(chunk_layers_.size()); }
+  int num_chunks() const;
   const PipelinePart& part() const { return part_; }
   // Runs model chunk `chunk` forward on micro-batch `microbatch` (any id unique among
   // those in flight). Input: the batch's tokens for chunk 0 of the first stage, else
@@ -160,73 +131,25 @@ class GPTModel {
   const Tensor& token_losses() const;
 
  private:
-  struct Layer;
-  struct LayerActs;
   struct Slot;
-  struct Scratch;
-  struct Ctx;
   Slot& acquire(int chunk, int microbatch);
   void release(int chunk, int microbatch);
-  Ctx make_ctx(int64_t S, int64_t B, const StepKeys& keys) const;
-  void embed_forward(Slot& sv, const Tensor& tokens, const Ctx& cx);
-  void embed_backward(Slot& sv, const Ctx& cx);
-  double head_forward(Slot& sv, const Tensor& x, const MicroBatch& mb, const Ctx& cx);
-  void head_backward(Slot& sv, const Tensor& x, double grad_scale, const Ctx& cx);
-  void layer_forward(const Layer& L, LayerActs& A, Tensor& ctx, Tensor& lse, const Tensor& x,
-                     Tensor& out, const Ctx& cx);
-  void layer_backward(Layer& L, LayerActs& A, const Tensor& ctx, const Tensor& lse,
-                      const Tensor& x, const Ctx& cx);
-  void ensure_acts(LayerActs& A, const Ctx& cx, bool attn_core, bool mlp_act);
-  // Recompute groups of chunk c: [begin, end) local layer indices; layers outside every
-  // group are stored.
-  const std::vector<std::pair<int, int>>& groups(int c) const { return groups_[c]; }
-
-  // Region transitions around the parallel linears (identity at tp_size 1).
-  void column_input(const Tensor& x, Tensor& x_full, Stream& st);
-  void column_input_backward(Tensor& dx_full, Tensor& dx, Stream& st);
-  void row_output(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y_full, Tensor& y,
-                  Stream& st);
-  // row_output_backward's region transition alone: the gradient its GEMMs read.
-  const Tensor& row_output_grad(const Tensor& dy, Tensor& dy_full, Stream& st);
-  // gelu_pre: x = gelu(*gelu_pre), and dx receives the gradient w.r.t. *gelu_pre.
-  void row_output_backward(const Tensor& dy, Tensor& dy_full, const Tensor& x, const Tensor& w,
-                           Tensor& dx, Tensor& dw, Tensor& db, Stream& st,
-                           const Tensor* gelu_pre = nullptr);
-  void tp_all_reduce(Tensor& t, comm::ReduceOp op, Stream& st);
 
   TransformerConfig cfg_;
   comm::Communicator* tp_ = nullptr;
   PipelinePart part_;
   std::function<void(int)> grad_ready_, params_needed_;
   ParamStore params_;
-  std::vector<std::unique_ptr<Layer>> layers_;       // local layers, chunk after chunk
-  std::vector<std::vector<int>> chunk_layers_;       // chunk -> indices into layers_
-  std::vector<std::vector<std::pair<int, int>>> groups_;  // chunk -> recompute groups
-  std::vector<std::vector<bool>> keep_act_;               // chunk -> layer keeps its MLP activation
-  bool scratch_act_ = true;  // some layer uses Scratch::act (does not keep its activation)
+  std::unique_ptr<Stage> stage_;                          // the modules, over params_
+  std::unique_ptr<Workspace> ws_;                         // shared scratch
   std::vector<std::vector<std::unique_ptr<Slot>>> pool_;  // chunk -> slots
-  std::vector<std::pair<int, Slot*>> live_;          // (chunk, microbatch) in flight
-  std::unique_ptr<Scratch> scratch_;
+  std::vector<std::pair<int, Slot*>> live_;               // (chunk, microbatch) in flight
   Slot* last_head_ = nullptr;
   int64_t live_bytes_ = 0, peak_bytes_ = 0, slot_max_ = 0;
   int in_flight_ = 0, max_in_flight_ = 0;
 };
 
-// The same model description without a model (nothing allocated): what `megatron plan`
-// and the memory plan use.
-// The part's parameters in registry order (names, shapes, TP split, ...).
-std::vector<ParamInfo> parameter_registry(const TransformerConfig& cfg, const PipelinePart& part);
-// GPTModel::saved_bytes_per_microbatch / scratch_bytes of a model built with (cfg, part).
-int64_t saved_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part, int chunk,
-                               int64_t B, int64_t S);
-int64_t scratch_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part,
-                                 int64_t B, int64_t S);
-// Which of a model chunk's n layers keep their MLP activation (--keep-mlp-activations): the
-// first cfg.keep_mlp_activations of those outside every full-recompute group.
-std::vector<bool> keeps_mlp_activation(const TransformerConfig& cfg, int n);
-
-// Megatron-Core parameter name of layer i's parameter, e.g.
-// layer_param_name(3, "self_attention.linear_qkv.weight").
-std::string layer_param_name(int layer, const std::string& suffix);
+// parameter_registry, saved_activation_bytes, scratch_activation_bytes: memory_estimate.h;
+// keeps_mlp_activation: transformer_block.h; layer_param_name: module.h.
 
 }  // namespace mcpp::model

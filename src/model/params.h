@@ -53,6 +53,35 @@ struct ParamInfo {
   int64_t numel() const { return shape_numel(local_shape); }
 };
 
+// A parameter entry with its local shape derived from the TP split (what every module's
+// add_params uses). sp: ParamInfo::sequence_parallel.
+ParamInfo make_param(std::string name, Shape global, TpSplit split, Init init, double init_std,
+                     bool weight_decay, int layer, int64_t tp_size, bool sp = false);
+
+// A non-trainable persistent buffer: state a module keeps across steps (a router's expert
+// bias, FP8 scaling history) that checkpoints save and reshard like a parameter, but that
+// has no gradient, is not in the flat parameter/gradient buffers, and is never optimised.
+struct BufferInfo {
+  std::string name;  // Megatron-Core style, e.g. decoder.layers.3.mlp.router.expert_bias
+  Shape global_shape;
+  Shape local_shape;  // derived from `split` by add_buffer
+  DType dtype = DType::F32;
+  TpSplit split = TpSplit::None;  // the partition description, as ParamInfo's
+  int layer = -1;
+  int expert = -1;                // expert index (EP), -1 when not an expert's
+  Init init = Init::Zeros;        // Zeros or Ones; Normal is not a buffer's
+  // Given initial values of the GLOBAL tensor (row-major); empty: `init`. Each rank
+  // takes its shard.
+  std::vector<double> values;
+  int64_t numel() const { return shape_numel(local_shape); }
+};
+
+// Views of one registered parameter and its gradient (undefined when not registered:
+// an optional bias, or a shape-only module built without a ParamStore).
+struct ParamView {
+  Tensor w, g;
+};
+
 class ParamStore {
  public:
   // Registration, then allocate() once.
@@ -87,10 +116,28 @@ class ParamStore {
   int64_t tp_rank() const { return tp_rank_; }
   int64_t tp_size() const { return tp_size_; }
   void zero_grads();
+  // Non-trainable persistent buffers (see BufferInfo). Registered before allocate(),
+  // which gives each its own tensor on the parameters' device, initialised.
+  void add_buffer(BufferInfo info);
+  const std::vector<BufferInfo>& buffer_infos() const { return buffer_infos_; }
+  bool has_buffer(const std::string& name) const { return buffer_index_.count(name) > 0; }
+  // The rank's shard (local_shape, the buffer's dtype); writable in place.
+  Tensor buffer(const std::string& name) const;
+  Tensor buffer(size_t i) const { return buffers_.at(i); }
+  // Global flat index of local element (r, c) of a tensor split as `split`.
+  static int64_t global_flat_index(TpSplit split, const Shape& global, const Shape& local,
+                                   int64_t tp_rank, int64_t local_row, int64_t local_col);
+
+  // Views of parameter `name` and its gradient; undefined when `store` is null (a
+  // shape-only module) or holds no such parameter (an optional bias).
+  static ParamView view(const ParamStore* store, const std::string& name);
 
  private:
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, size_t> index_;
+  std::vector<BufferInfo> buffer_infos_;
+  std::unordered_map<std::string, size_t> buffer_index_;
+  std::vector<Tensor> buffers_;
   Tensor params_, grads_;
   int64_t total_ = 0, tp_rank_ = 0, tp_size_ = 1;
 };

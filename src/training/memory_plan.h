@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "model/gpt_model.h"
+#include "model/memory_estimate.h"  // the modules' own saved/scratch bytes
 #include "parallel/pipeline/schedule.h"
 #include "training/arguments.h"
 

@@ -1,0 +1,73 @@
+#include "model/attention.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace mcpp::model {
+
+namespace {
+std::string prefix(int layer, const char* s) { return layer_param_name(layer, s); }
+}  // namespace
+
+void Attention::add_params(const TransformerConfig& c, int layer,
+                           std::vector<ParamInfo>& params) {
+  const int64_t H = c.hidden_size, NHD = c.num_attention_heads * c.kv_channels;
+  ColumnParallelLinear::add_params(c, prefix(layer, "self_attention.linear_qkv"), layer,
+                                   c.qkv_width(), H, TpSplit::Rows, c.init_method_std,
+                                   c.add_bias_linear, params);
+  RowParallelLinear::add_params(c, prefix(layer, "self_attention.linear_proj"), layer, H, NHD,
+                                output_init_std(c), c.add_bias_linear, params);
+}
+
+Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* store)
+    : cfg_(&c),
+      qkv_(store, prefix(layer, "self_attention.linear_qkv.weight"),
+           prefix(layer, "self_attention.linear_qkv.bias")),
+      core_(c, layer),
+      proj_(store, prefix(layer, "self_attention.linear_proj.weight"),
+            prefix(layer, "self_attention.linear_proj.bias")) {}
+
+void Attention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                            const TensorVisitor& v) {
+  ColumnParallelLinear::saved_specs(d, d.H, s.qkv_in, v);
+  v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, true);
+  CoreAttention::saved_specs(c, d, s.core, v);
+}
+
+void Attention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                              const TensorVisitor& v) {
+  ColumnParallelLinear::scratch_specs(d, ws, v);
+  RowParallelLinear::scratch_specs(d, ws, v);
+  CoreAttention::scratch_specs(c, d, ws, v);
+  v(ws.dctx, {d.T, c.local_heads() * c.kv_channels}, d.dt, true);
+  v(ws.dqkv, {d.T, c.qkv_width_local()}, d.dt, true);
+}
+
+void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y,
+                        Workspace& ws, const StepContext& cx) const {
+  const auto& c = *cfg_;
+  qkv_.forward(x, s.qkv_in, s.qkv, cx);
+  if (c.rope) ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, 0, s.qkv, cx.stream());
+  core_.forward(s.qkv, s.core, ws, cx);
+  const Tensor& ctx = core_.ctx(s.core, ws);
+  if (residual) proj_.forward_residual(ctx, *residual, y, cx);
+  else proj_.forward(ctx, y, ws, cx);
+}
+
+void Attention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const {
+  core_.recompute(s.qkv, s.core, ws, cx);
+}
+
+// Mirrors forward: projection, core, RoPE, QKV.
+void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Workspace& ws,
+                         const StepContext& cx) {
+  const auto& c = *cfg_;
+  proj_.backward(dy, core_.ctx(s.core, ws), ws.dctx, ws, cx);
+  core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
+  if (c.rope)
+    ops::rope_backward(ws.dqkv, cx.ad, c.rot_dim(), c.rotary_base, 0, ws.dqkv, cx.stream());
+  qkv_.backward(ws.dqkv, x, s.qkv_in, dx, ws, cx);
+}
+
+}  // namespace mcpp::model

@@ -1,0 +1,51 @@
+// Self-attention (Megatron-Core's SelfAttention): column-parallel QKV, RoPE, the core,
+// row-parallel output projection. x is the normed input [Tl,H]; each rank holds NH/TP
+// query heads and NG/TP key/value groups.
+//
+//   forward:  qkv = rope(linear_qkv(x))            [T, QKVW]
+//             ctx = core(qkv)                       [T, NH*HD]
+//             y   = linear_proj(ctx) (+ residual)   [Tl, H]
+//   backward: dctx = linear_proj'(dy); dqkv = rope'(core'(dctx)); dx = linear_qkv'(dqkv)
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/core_attention.h"
+#include "model/linear.h"
+
+namespace mcpp::model {
+
+class Attention {
+ public:
+  static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  Attention() = default;
+  Attention(const TransformerConfig& c, int layer, const ParamStore* store);
+
+  struct Saved {
+    ColumnParallelLinear::Saved qkv_in;  // the gathered x (SP)
+    Tensor qkv;                          // [T,QKVW] after RoPE: exactly what the core saw
+    CoreAttention::Saved core;
+  };
+  static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                          const TensorVisitor& v);
+  static void scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                            const TensorVisitor& v);
+
+  // y = attention(x), or residual + attention(x) in the projection's GEMM epilogue when
+  // `residual` is given (TP 1 only).
+  void forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y, Workspace& ws,
+               const StepContext& cx) const;
+  // Before the layer's backward: the core rebuilds what selective recomputation dropped.
+  void prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const;
+  // dy [Tl,H] -> dx [Tl,H] (=, the workspace's dln); parameter gradients +=.
+  void backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Workspace& ws,
+                const StepContext& cx);
+
+ private:
+  const TransformerConfig* cfg_ = nullptr;
+  ColumnParallelLinear qkv_;
+  CoreAttention core_;
+  RowParallelLinear proj_;
+};
+
+}  // namespace mcpp::model

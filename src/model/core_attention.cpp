@@ -1,0 +1,47 @@
+#include "model/core_attention.h"
+
+#include "ops/ops.h"
+
+namespace mcpp::model {
+
+CoreAttention::CoreAttention(const TransformerConfig& c, int layer)
+    : layer_(layer), keep_(keeps_output(c)) {}
+
+bool CoreAttention::keeps_output(const TransformerConfig& c) {
+  return c.recompute != TransformerConfig::Recompute::Selective;
+}
+
+void CoreAttention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                                const TensorVisitor& v) {
+  const int64_t NH = c.local_heads();
+  v(s.ctx, {d.T, NH * c.kv_channels}, d.dt, keeps_output(c));
+  v(s.lse, {d.B, NH, d.S}, d.sdt, keeps_output(c));
+}
+
+void CoreAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                                  const TensorVisitor& v) {
+  const int64_t NH = c.local_heads();
+  v(ws.sel_ctx, {d.T, NH * c.kv_channels}, d.dt, !keeps_output(c));
+  v(ws.sel_lse, {d.B, NH, d.S}, d.sdt, !keeps_output(c));
+}
+
+void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
+                            const StepContext& cx) const {
+  ops::attention_forward(qkv, cx.ad, cx.scale, cx.p_attn,
+                         dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs),
+                         ctx(s, ws), lse(s, ws), cx.stream());
+}
+
+void CoreAttention::recompute(const Tensor& qkv, Saved& s, Workspace& ws,
+                              const StepContext& cx) const {
+  if (!keep_) forward(qkv, s, ws, cx);  // dropout masks are keyed: bitwise the original
+}
+
+void CoreAttention::backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Tensor& dqkv,
+                             Workspace& ws, const StepContext& cx) const {
+  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws), cx.ad, cx.scale, cx.p_attn,
+                          dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), dqkv,
+                          cx.stream());
+}
+
+}  // namespace mcpp::model

@@ -1,0 +1,47 @@
+// The attention core on this rank's heads: causal softmax(q k^T * scale) with attention
+// dropout, times v, on linear_qkv's grouped layout (ops::attention_forward/backward: the
+// cuDNN / flash / CPU kernels). A context-parallel ring variant would stand in here.
+//
+//   forward:  ctx [T, NH*HD], lse [B, NH, S] = attention(qkv [T, QKVW])
+//   backward: dqkv (=) from dctx, qkv, ctx, lse
+//
+// Selective recomputation (--recompute-granularity selective) lives here: the core does
+// not keep ctx and lse (the largest activations for long sequences) but writes them to
+// the shared workspace, and rebuilds them from the kept qkv before the layer's backward.
+#pragma once
+#include "model/module.h"
+
+namespace mcpp::model {
+
+class CoreAttention {
+ public:
+  CoreAttention() = default;
+  CoreAttention(const TransformerConfig& c, int layer);
+
+  struct Saved {
+    Tensor ctx;  // [T, NH*HD] (not kept under selective recomputation)
+    Tensor lse;  // [B, NH, S] log-sum-exp of each softmax row
+  };
+  // Whether the output is kept for backward (false: selective recomputation).
+  static bool keeps_output(const TransformerConfig& c);
+  static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                          const TensorVisitor& v);
+  static void scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                            const TensorVisitor& v);
+
+  // Where the output lives: the Saved's, or the selective-recompute workspace.
+  Tensor& ctx(Saved& s, Workspace& ws) const { return keep_ ? s.ctx : ws.sel_ctx; }
+  Tensor& lse(Saved& s, Workspace& ws) const { return keep_ ? s.lse : ws.sel_lse; }
+
+  void forward(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;
+  // Selective recomputation: rebuild the dropped output (no-op when it is kept).
+  void recompute(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;
+  void backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Tensor& dqkv, Workspace& ws,
+                const StepContext& cx) const;
+
+ private:
+  int layer_ = 0;
+  bool keep_ = true;
+};
+
+}  // namespace mcpp::model

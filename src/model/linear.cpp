@@ -1,0 +1,148 @@
+#include "model/linear.h"
+
+#include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace mcpp::model {
+
+// ---- column-parallel ---------------------------------------------------------------------
+
+void ColumnParallelLinear::add_params(const TransformerConfig& c, const std::string& prefix,
+                                      int layer, int64_t out, int64_t in, TpSplit split,
+                                      double init_std, bool bias, std::vector<ParamInfo>& params) {
+  params.push_back(make_param(prefix + ".weight", {out, in}, split, Init::Normal, init_std, true,
+                              layer, c.tp_size));
+  if (bias)
+    params.push_back(
+        make_param(prefix + ".bias", {out}, split, Init::Zeros, 0, false, layer, c.tp_size));
+}
+
+ColumnParallelLinear::ColumnParallelLinear(const ParamStore* store, const std::string& weight,
+                                           const std::string& bias)
+    : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)) {}
+
+void ColumnParallelLinear::saved_specs(const Dims& d, int64_t in, Saved& s,
+                                       const TensorVisitor& v) {
+  v(s.x_full, {d.T, in}, d.dt, d.sp);
+}
+
+void ColumnParallelLinear::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v) {
+  v(ws.dln_full, {d.T, d.H}, d.dt, d.sp);
+}
+
+// Column-parallel input: x [Tl,H] -> x_full [T,H] (SP all-gather); else the identity
+// copy_to_tp (x_full is x).
+const Tensor& ColumnParallelLinear::gathered(const Tensor& x, Saved& s,
+                                             const StepContext& cx) const {
+  if (cx.tp_comm) {
+    if (cx.sp) parallel::gather_from_sp(x, s.x_full, *cx.tp_comm, cx.stream());
+    else parallel::copy_to_tp(x, *cx.tp_comm, cx.stream());
+  }
+  return cx.sp ? s.x_full : x;
+}
+
+void ColumnParallelLinear::forward(const Tensor& x, Saved& s, Tensor& y,
+                                   const StepContext& cx) const {
+  ops::linear_forward(gathered(x, s, cx), w_.w, b_.w, y, cx.stream());
+}
+
+void ColumnParallelLinear::forward_gelu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act,
+                                        const StepContext& cx) const {
+  ops::linear_gelu_forward(gathered(x, s, cx), w_.w, b_.w, pre, act, cx.stream());
+}
+
+// dx_full = dy @ w, dw += dy^T @ x_full, db += sum dy; then the dual of the input
+// transition: the SP reduce-scatter into dx, or the all-reduce in place (dx_full is dx).
+void ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, const Saved& s,
+                                    Tensor& dx, Workspace& ws, const StepContext& cx) {
+  Tensor& dx_full = cx.sp ? ws.dln_full : dx;
+  ops::linear_backward(dy, cx.sp ? s.x_full : x, w_.w, dx_full, false, w_.g, b_.g, cx.stream());
+  if (!cx.tp_comm) return;
+  if (cx.sp) parallel::gather_from_sp_backward(dx_full, dx, *cx.tp_comm, cx.stream());
+  else parallel::copy_to_tp_backward(dx_full, *cx.tp_comm, cx.stream());
+}
+
+// ---- row-parallel ------------------------------------------------------------------------
+
+void RowParallelLinear::add_params(const TransformerConfig& c, const std::string& prefix,
+                                   int layer, int64_t out, int64_t in, double init_std, bool bias,
+                                   std::vector<ParamInfo>& params) {
+  params.push_back(make_param(prefix + ".weight", {out, in}, TpSplit::Cols, Init::Normal,
+                              init_std, true, layer, c.tp_size));
+  // Added after the reduction, on the whole gradient: complete on every rank, not a
+  // sequence-parallel partial sum.
+  if (bias)
+    params.push_back(make_param(prefix + ".bias", {out}, TpSplit::None, Init::Zeros, 0, false,
+                                layer, c.tp_size));
+}
+
+RowParallelLinear::RowParallelLinear(const ParamStore* store, const std::string& weight,
+                                     const std::string& bias)
+    : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)) {}
+
+void RowParallelLinear::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v) {
+  v(ws.tmp_full, {d.T, d.H}, d.dt, d.sp);
+  v(ws.ones, {d.Tl, 1}, d.dt, d.tp);
+  v(ws.dtmp_full, {d.T, d.H}, d.dt, d.sp);
+}
+
+// SP: the partial y_full [T,H] is reduce-scattered into y [Tl,H]; else y_full is y and is
+// all-reduced. Then the bias, once: y[Tl,H] += ones[Tl,1] @ b[1,H].
+void RowParallelLinear::forward(const Tensor& x, Tensor& y, Workspace& ws,
+                                const StepContext& cx) const {
+  Stream& st = cx.stream();
+  if (!cx.tp_comm) {
+    ops::linear_forward(x, w_.w, b_.w, y, st);
+    return;
+  }
+  Tensor& y_full = cx.sp ? ws.tmp_full : y;
+  ops::linear_forward(x, w_.w, Tensor(), y_full, st);
+  if (cx.sp) parallel::reduce_scatter_to_sp(y_full, y, *cx.tp_comm, st);
+  else parallel::reduce_from_tp(y, *cx.tp_comm, st);
+  if (b_.w.defined()) {
+    Tensor b2 = b_.w.view({1, b_.w.numel()});
+    ops::gemm(false, false, 1.0, ws.ones, b2, 1.0, y, st);
+  }
+}
+
+void RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residual, Tensor& y,
+                                         const StepContext& cx) const {
+  MCPP_CHECK(!cx.tp_comm, "RowParallelLinear: the residual epilogue needs TP 1");
+  ops::linear_residual_forward(x, w_.w, b_.w, residual, y, cx.stream());
+}
+
+// Its dual: dy [Tl,H] -> dy_full [T,H] (SP all-gather; else the identity).
+const Tensor& RowParallelLinear::grad_output(const Tensor& dy, Workspace& ws,
+                                             const StepContext& cx) const {
+  if (cx.tp_comm) {
+    if (cx.sp) parallel::reduce_scatter_to_sp_backward(dy, ws.dtmp_full, *cx.tp_comm, cx.stream());
+    else parallel::reduce_from_tp_backward(dy, *cx.tp_comm, cx.stream());
+  }
+  return cx.sp ? ws.dtmp_full : dy;
+}
+
+void RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Tensor& dx, Workspace& ws,
+                                 const StepContext& cx) {
+  const Tensor& g = grad_output(dy, ws, cx);
+  ops::linear_backward(g, x, w_.w, dx, false, w_.g, b_.g, cx.stream());
+}
+
+void RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const Tensor& pre,
+                                      Tensor& dx, Workspace& ws, const StepContext& cx) {
+  const Tensor& g = grad_output(dy, ws, cx);
+  ops::linear_gelu_backward(g, x, w_.w, pre, dx, w_.g, b_.g, cx.stream());
+}
+
+void RowParallelLinear::backward_data(const Tensor& g, const Tensor& x, Tensor& dx,
+                                      const StepContext& cx) const {
+  Tensor none;
+  ops::linear_backward(g, x, w_.w, dx, false, none, none, cx.stream());
+}
+
+void RowParallelLinear::backward_weights(const Tensor& g, const Tensor& x,
+                                         const StepContext& cx) {
+  Tensor none;
+  ops::linear_backward(g, x, w_.w, none, false, w_.g, b_.g, cx.stream());
+}
+
+}  // namespace mcpp::model

@@ -1,0 +1,103 @@
+#include "model/lm_head.h"
+
+#include "ops/ops.h"
+
+namespace mcpp::model {
+
+namespace {
+const char* output_weight(const TransformerConfig& c) {
+  return c.tie_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight";
+}
+}  // namespace
+
+void LmHead::add_params(const TransformerConfig& c, bool first_stage,
+                        std::vector<ParamInfo>& params) {
+  Norm::add_params(c, "decoder.final_layernorm", -1, params);
+  if (!c.tie_embeddings) {
+    ColumnParallelLinear::add_params(c, "output_layer", -1, c.padded_vocab_size, c.hidden_size,
+                                     TpSplit::Rows, c.init_method_std, false, params);
+  } else if (!first_stage) {  // the tied output weight: a copy of the first stage's
+    params.push_back(make_param("embedding.word_embeddings.weight",
+                                {c.padded_vocab_size, c.hidden_size}, TpSplit::Rows,
+                                Init::Normal, c.init_method_std, true, -1, c.tp_size));
+    params.back().pipeline_duplicate = true;
+  }
+}
+
+LmHead::LmHead(const TransformerConfig& c, const ParamStore* store)
+    : cfg_(&c),
+      norm_(c, store, "decoder.final_layernorm"),
+      output_(store, output_weight(c), "") {}
+
+void LmHead::saved_specs(const TransformerConfig& c, const Dims& d, bool copy_batch, Saved& s,
+                         const TensorVisitor& v) {
+  const int64_t T = d.T;
+  Norm::saved_specs(c, d, s.lnf, v);
+  ColumnParallelLinear::saved_specs(d, d.H, s.out_in, v);
+  v(s.logits, {T, c.vocab_local()}, d.dt, true);
+  v(s.labels, {d.B, d.S}, DType::I64, copy_batch);
+  v(s.mask_bs, {d.B, d.S}, DType::F32, copy_batch);
+  v(s.targets, {d.S, d.B}, DType::I64, true);
+  v(s.mask_f32, {d.S, d.B}, DType::F32, true);
+  v(s.mask, {d.S, d.B}, d.sdt, d.sdt != DType::F32);
+  for (Tensor* t : {&s.row_max, &s.sum_exp, &s.target_logit, &s.losses}) v(*t, {T}, d.sdt, true);
+}
+
+void LmHead::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                           const TensorVisitor& v) {
+  v(ws.local_max, {d.T}, d.sdt, d.tp);
+  v(ws.dloss, {d.S, d.B}, d.sdt, true);
+  v(ws.dx, {d.Tl, d.H}, d.dt, true);
+  v(ws.dln, {d.Tl, d.H}, d.dt, true);
+  ColumnParallelLinear::scratch_specs(d, ws, v);
+}
+
+double LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
+                       const StepContext& cx) const {
+  const auto& c = *cfg_;
+  Stream& st = cx.stream();
+  const int64_t V = c.vocab_local();
+  const DType sdt = cx.sdt;
+  norm_.forward(x, s.lnf, cx);
+  output_.forward(s.lnf.y, s.out_in, s.logits, cx);
+
+  // Labels and mask to sequence-first order: row t = s*B + b.
+  MCPP_CHECK(mb.labels.dtype() == DType::I64 && mb.loss_mask.dtype() == DType::F32,
+             "labels must be i64 and loss_mask f32 [B, S], got {} and {}", mb.labels.str(),
+             mb.loss_mask.str());
+  const Tensor& labels = on_device(mb.labels, s.labels, cx.dev, st);
+  const Tensor& mask_bs = on_device(mb.loss_mask, s.mask_bs, cx.dev, st);
+  ops::transpose(labels, s.targets, st);
+  ops::transpose(mask_bs, s.mask_f32, st);
+  if (sdt == DType::F32) s.mask = s.mask_f32;
+  else ops::copy(s.mask_f32, s.mask, st);
+  // One pass over the logits (online softmax) for this rank's row max, sum of exponentials
+  // and target logit. Megatron's vocab_parallel_cross_entropy all-reduces the max before
+  // the exponentials, which takes a second pass; here each rank's sum is moved to the
+  // global max afterwards (sum_exp * exp(local max - global max)), then summed.
+  ops::ce_stats(s.logits, s.targets, c.tp_rank * V, s.row_max, s.sum_exp, s.target_logit, st);
+  if (cx.tp_comm) {
+    ops::copy(s.row_max, ws.local_max, st);
+    cx.tp_comm->all_reduce(s.row_max, comm::ReduceOp::Max, st);
+    ops::ce_rescale_sum_exp(ws.local_max, s.row_max, s.sum_exp, st);
+    cx.tp_comm->all_reduce(s.sum_exp, comm::ReduceOp::Sum, st);
+    cx.tp_comm->all_reduce(s.target_logit, comm::ReduceOp::Sum, st);
+  }
+  ops::ce_loss(s.row_max, s.sum_exp, s.target_logit, s.losses, st);
+  return ops::dot(s.losses, s.mask, st);
+}
+
+// Mirrors forward: cross-entropy, output layer, final norm.
+void LmHead::backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws,
+                      const StepContext& cx) {
+  const auto& c = *cfg_;
+  Stream& st = cx.stream();
+  ops::copy(s.mask, ws.dloss, st);
+  ops::scale(ws.dloss, grad_scale, st);
+  ops::ce_backward(s.logits, s.row_max, s.sum_exp, s.targets, c.tp_rank * c.vocab_local(),
+                   ws.dloss, s.logits, st);
+  output_.backward(s.logits, s.lnf.y, s.out_in, ws.dln, ws, cx);
+  norm_.backward(ws.dln, x, s.lnf, ws.dx, false, cx);
+}
+
+}  // namespace mcpp::model

@@ -1,0 +1,53 @@
+// The language-model head: final norm, column-parallel output layer giving this rank's
+// vocabulary slice of the logits (tied: the word embedding), vocab-parallel
+// cross-entropy (Megatron's vocab_parallel_cross_entropy, one pass: see forward).
+//
+//   forward:  logits [T, Vp/TP] = linear(norm(x)); loss[t] = logsumexp - logit[target]
+//             returns sum_t mask[t] * loss[t]
+//   backward: dlogits = mask * grad_scale * (softmax - onehot(target)) (in place);
+//             dx = norm'(linear'(dlogits)) (=)
+#pragma once
+#include <vector>
+
+#include "model/linear.h"
+#include "model/norm.h"
+
+namespace mcpp::model {
+
+class LmHead {
+ public:
+  // The final norm, and the output layer (untied), or on a last stage without the
+  // embedding the tied word embedding's copy (pipeline_duplicate).
+  static void add_params(const TransformerConfig& c, bool first_stage,
+                         std::vector<ParamInfo>& params);
+  LmHead() = default;
+  LmHead(const TransformerConfig& c, const ParamStore* store);
+
+  struct Saved {
+    Norm::Saved lnf;                      // [Tl,H] final norm
+    ColumnParallelLinear::Saved out_in;   // [T,H] gathered (SP)
+    Tensor logits;                        // [T,Vp/TP]; overwritten by its gradient in backward
+    Tensor labels, mask_bs;               // the batch on the model's device, [B,S]
+    Tensor targets, mask_f32;             // [S,B] i64, f32 (sequence-first order)
+    Tensor mask;                          // [S,B] stat dtype (mask_f32 itself when f32)
+    Tensor row_max, sum_exp, target_logit, losses;  // [T]
+  };
+  static void saved_specs(const TransformerConfig& c, const Dims& d, bool copy_batch, Saved& s,
+                          const TensorVisitor& v);
+  static void scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                            const TensorVisitor& v);
+
+  // x [Tl,H]; returns the masked loss sum (synchronises: the caller logs it).
+  double forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
+                 const StepContext& cx) const;
+  // d loss / d token_loss = mask * grad_scale; the workspace's dx = d(x) out.
+  void backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws,
+                const StepContext& cx);
+
+ private:
+  const TransformerConfig* cfg_ = nullptr;
+  Norm norm_;
+  ColumnParallelLinear output_;
+};
+
+}  // namespace mcpp::model

@@ -1,0 +1,139 @@
+// The module contract (docs/model.md): every piece of the model (Norm, the parallel
+// linears, Embedding, Attention and its CoreAttention, the MLP, TransformerLayer, LmHead)
+// has
+//   - add_params(...): the parameters it registers, with their TP split, sequence-parallel
+//     flag and gradient group set here, never inferred from names later;
+//   - a constructor binding views of those parameters and gradients (or none: a
+//     shape-only module, what the memory estimate builds);
+//   - a `Saved` struct: what its forward keeps for its backward, one micro-batch;
+//   - saved_specs(...) / scratch_specs(...): its tensors listed ONCE as (tensor, shape,
+//     dtype, needed). allocate() allocates from that list, predicted_bytes() sums the
+//     same list (memory_estimate, `megatron plan`), measured_bytes() sums what is really
+//     allocated: the prediction cannot drift from the allocation;
+//   - forward(...) and backward(...), the backward mirroring the forward block by block
+//     with the formula on top. Accumulation: parameter gradients +=; everything else =.
+//
+// Activations are sequence-first: [S, B, H] stored as T = S*B rows. Under
+// --sequence-parallel the norms, dropout and residual stream hold Tl = S/TP*B rows (this
+// rank's sequence shard [s0, s0 + Sl)); the parallel linears see the gathered T rows.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/config.h"
+#include "ops/types.h"
+#include "tensor/tensor.h"
+
+namespace mcpp::model {
+
+// One micro-batch: tokens, labels [B, S] i64; loss_mask [B, S] f32.
+struct MicroBatch {
+  Tensor tokens, labels, loss_mask;
+};
+
+// The part of the model one pipeline stage holds.
+struct PipelinePart {
+  // Global layer ids of each local model chunk, in execution order. Empty: one chunk
+  // with every layer (no pipeline parallelism).
+  std::vector<std::vector<int>> chunks;
+  bool first_stage = true;  // chunk 0 starts with the embedding
+  bool last_stage = true;   // the last chunk ends with final norm, output layer and loss
+};
+
+// Keys that make dropout a function of global coordinates: the same masks for
+// any split of the global batch into micro-batches and data-parallel ranks.
+struct StepKeys {
+  int64_t iteration = 0;
+  int64_t sample_offset = 0;  // index of this micro-batch's first sample in the global batch
+  int64_t global_batch = 0;   // global batch size (0: this micro-batch is the whole batch)
+  bool training = true;       // false: no dropout (evaluation, generation)
+};
+
+// Sizes of one micro-batch's pass: everything a tensor shape needs, computable without a
+// communicator (the memory estimate uses it with no model built).
+struct Dims {
+  int64_t S = 0, B = 0, T = 0, H = 0;  // sequence, micro-batch, tokens S*B, hidden
+  int64_t Sl = 0, s0 = 0, Tl = 0;      // this rank's sequence shard (SP) and its rows
+  bool sp = false;                     // sequence parallelism (TP > 1)
+  bool tp = false;                     // tensor parallelism (TP > 1)
+  DType dt = DType::F32, sdt = DType::F32;  // activations, per-row statistics
+  Device dev = Device::CPU;
+};
+Dims make_dims(const TransformerConfig& c, int64_t S, int64_t B);
+
+// Dims plus what a pass needs to run: dropout keys and probabilities, the global
+// coordinates of this rank's elements, the attention shapes, the TP group and the stream.
+struct StepContext : Dims {
+  const TransformerConfig* cfg = nullptr;
+  StepKeys keys;
+  double p_hidden = 0, p_attn = 0, scale = 0;
+  ops::GlobalIndex3 g;    // [S, B, H] dropout masks on global (s, b, h) indices
+  ops::AttentionDims ad;  // local heads, global offsets for attention dropout
+  comm::Communicator* tp_comm = nullptr;  // null at TP 1: every region transition is identity
+  Stream* st = nullptr;
+  Stream& stream() const { return *st; }
+};
+StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
+                              const StepKeys& keys, comm::Communicator* tp);
+
+// Dropout sites; each gets its own Philox stream per (iteration, layer). The values are
+// part of the masks: changing them changes every run.
+enum class DropoutSite : uint64_t { AttnProbs = 0, AfterProj = 1, AfterFc2 = 2, Embedding = 3 };
+ops::DropoutKey dropout_key(const TransformerConfig& c, const StepKeys& k, int64_t layer,
+                            DropoutSite site);
+
+// Megatron-Core parameter names: "decoder.layers.<layer>." + suffix.
+std::string layer_param_prefix(int layer);
+std::string layer_param_name(int layer, const std::string& suffix);
+// The initialisation std of the output projections (linear_proj, linear_fc2): Megatron's
+// scaled_init_method_normal, init_method_std / sqrt(2 * num_layers).
+double output_init_std(const TransformerConfig& c);
+
+// (Re)allocates t when its shape, dtype or device differs; activations are reused across
+// micro-batches, so a training step allocates nothing once shapes are settled.
+void ensure(Tensor& t, const Shape& shape, DType dt, Device dev);
+// The batch tensor on the model's device: `src` itself when it is there, else a copy
+// into `buf` (allocated by the owner's specs).
+const Tensor& on_device(const Tensor& src, Tensor& buf, Device dev, Stream& st);
+
+// ---- tensor lists: one listing for allocation, prediction and measurement -------------
+
+// (tensor, shape, dtype, needed): `needed` false means this configuration has no such
+// tensor (a LayerNorm mean under RMSNorm, an SP buffer without SP, ...).
+using TensorVisitor = std::function<void(Tensor& t, const Shape& shape, DType dt, bool needed)>;
+using TensorList = std::function<void(const TensorVisitor&)>;
+
+// Allocates every needed tensor of the list on `dev`. reset_unneeded: drop the others
+// (a module's own Saved); false for the shared workspace, where another module's entry
+// may need the same buffer.
+void allocate(const TensorList& list, Device dev, bool reset_unneeded);
+// The bytes allocate() would hold: the needed entries, each distinct tensor once.
+int64_t predicted_bytes(const TensorList& list);
+// The bytes really held by the list's tensors (defined ones, each allocation once).
+int64_t measured_bytes(const TensorList& list);
+
+// Buffers shared by every micro-batch and module: forward and backward scratch, the
+// full-recompute workspace. Each module lists the members it uses in scratch_specs();
+// two modules listing the same member share it (and it counts once).
+struct LayerSaved;  // transformer_layer.h
+struct Workspace {
+  Tensor tmp;        // [Tl,H] row-parallel output before dropout-add
+  Tensor tmp_full;   // [T,H] row-parallel partial output before the reduce-scatter (SP)
+  Tensor ones;       // [Tl,1] of ones: the bias add after a TP reduction
+  Tensor act;        // [T,F] the MLP activation of layers that do not keep their own
+  Tensor dx, dtmp, dln;     // [Tl,H] residual-stream gradient, dropout / norm gradients
+  Tensor dtmp_full, dln_full;  // [T,H] (SP)
+  Tensor dloss;             // [S,B] d loss / d token loss
+  Tensor local_max;         // [T] this rank's row max of the logits (TP, last stage)
+  Tensor dfc1, dact, dctx, dqkv;  // [T,FC1W], [T,F] (SwiGLU), [T,NH*HD], [T,QKVW]
+  Tensor sel_ctx, sel_lse;        // selective recompute: the attention core's output
+  std::vector<LayerSaved> rc_acts;  // full recompute: one per layer of the largest group
+  std::vector<Tensor> rc_hidden;    // full recompute: hidden states inside a group
+  Workspace();
+  ~Workspace();
+};
+
+}  // namespace mcpp::model

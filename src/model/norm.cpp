@@ -1,0 +1,43 @@
+#include "model/norm.h"
+
+#include "ops/ops.h"
+
+namespace mcpp::model {
+
+void Norm::add_params(const TransformerConfig& c, const std::string& prefix, int layer,
+                      std::vector<ParamInfo>& params) {
+  const int64_t H = c.hidden_size;
+  params.push_back(make_param(prefix + ".weight", {H}, TpSplit::None, Init::Ones, 0, false, layer,
+                              c.tp_size, /*sp=*/true));
+  if (!c.rmsnorm)
+    params.push_back(make_param(prefix + ".bias", {H}, TpSplit::None, Init::Zeros, 0, false,
+                                layer, c.tp_size, /*sp=*/true));
+}
+
+Norm::Norm(const TransformerConfig& c, const ParamStore* store, const std::string& prefix)
+    : rms_(c.rmsnorm),
+      eps_(c.norm_epsilon),
+      w_(ParamStore::view(store, prefix + ".weight")),
+      b_(ParamStore::view(store, prefix + ".bias")) {}
+
+void Norm::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                       const TensorVisitor& v) {
+  v(s.y, {d.Tl, d.H}, d.dt, true);
+  v(s.rstd, {d.Tl}, d.sdt, true);
+  v(s.mean, {d.Tl}, d.sdt, !c.rmsnorm);
+}
+
+void Norm::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+  if (rms_) ops::rmsnorm_forward(x, w_.w, eps_, s.y, s.rstd, cx.stream());
+  else ops::layernorm_forward(x, w_.w, b_.w, eps_, s.y, s.mean, s.rstd, cx.stream());
+}
+
+void Norm::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx,
+                    bool accumulate, const StepContext& cx) {
+  if (rms_) ops::rmsnorm_backward(dy, x, w_.w, s.rstd, dx, accumulate, w_.g, cx.stream());
+  else
+    ops::layernorm_backward(dy, x, w_.w, s.mean, s.rstd, dx, accumulate, w_.g, b_.g,
+                            cx.stream());
+}
+
+}  // namespace mcpp::model

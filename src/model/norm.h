@@ -1,0 +1,43 @@
+// LayerNorm / RMSNorm over the hidden dim of x [Tl,H] (TransformerConfig::rmsnorm):
+//   LayerNorm: y = (x - mean) * rstd * w + b      RMSNorm: y = x * rstd * w
+//   backward: dx (= or +=, see backward) from dy, x and the saved statistics;
+//             dw += sum_t dy * xhat, db += sum_t dy.
+// Norm weights act on the rank's sequence shard under SP: registered sequence_parallel,
+// so their gradients are partial sums over TP that finalize_model_grads all-reduces.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/module.h"
+#include "model/params.h"
+
+namespace mcpp::model {
+
+class Norm {
+ public:
+  // `prefix`.weight [H] (ones) and, for LayerNorm, `prefix`.bias [H] (zeros).
+  static void add_params(const TransformerConfig& c, const std::string& prefix, int layer,
+                         std::vector<ParamInfo>& params);
+  Norm() = default;
+  Norm(const TransformerConfig& c, const ParamStore* store, const std::string& prefix);
+
+  struct Saved {
+    Tensor y;     // [Tl,H] the output (the next linear's input)
+    Tensor mean;  // [Tl] LayerNorm only
+    Tensor rstd;  // [Tl]
+  };
+  static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                          const TensorVisitor& v);
+
+  void forward(const Tensor& x, Saved& s, const StepContext& cx) const;
+  // dy [Tl,H] -> dx [Tl,H]: += when accumulate (the residual stream's gradient), else =.
+  void backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, bool accumulate,
+                const StepContext& cx);
+
+ private:
+  bool rms_ = false;
+  double eps_ = 0;
+  ParamView w_, b_;
+};
+
+}  // namespace mcpp::model

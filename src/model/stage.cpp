@@ -1,0 +1,54 @@
+#include "model/stage.h"
+
+#include <algorithm>
+
+namespace mcpp::model {
+
+PipelinePart normalized_part(const TransformerConfig& c, PipelinePart part) {
+  if (part.chunks.empty()) {
+    MCPP_CHECK(part.first_stage && part.last_stage,
+               "GPTModel: a pipeline part without layers must be the whole model");
+    part.chunks.emplace_back();
+    for (int l = 0; l < c.num_layers; ++l) part.chunks[0].push_back(l);
+  }
+  return part;
+}
+
+std::vector<ParamInfo> Stage::parameters(const TransformerConfig& c, const PipelinePart& in) {
+  const PipelinePart part = normalized_part(c, in);
+  std::vector<ParamInfo> out;
+  if (part.first_stage) Embedding::add_params(c, out);
+  for (const auto& ch : part.chunks)
+    for (int l : ch) TransformerLayer::add_params(c, l, out);
+  if (part.last_stage) LmHead::add_params(c, part.first_stage, out);
+  return out;
+}
+
+Stage::Stage(const TransformerConfig& c, const PipelinePart& part, const ParamStore* store)
+    : cfg_(&c), part_(part) {
+  if (part_.first_stage) embedding_ = Embedding(c, store);
+  if (part_.last_stage) head_ = LmHead(c, store);
+  blocks_.reserve(part_.chunks.size());
+  for (const auto& ch : part_.chunks) blocks_.emplace_back(c, ch, store);
+}
+
+void Stage::saved_specs(int chunk, const Dims& d, bool copy_batch, StageSaved& s,
+                        const TensorVisitor& v) const {
+  if (has_embedding(chunk)) Embedding::saved_specs(d, copy_batch, s.emb, v);
+  blocks_[size_t(chunk)].saved_specs(d, s.block, v);
+  if (has_head(chunk)) LmHead::saved_specs(*cfg_, d, copy_batch, s.head, v);
+}
+
+void Stage::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v) const {
+  bool scratch_act = false;
+  int max_group = 0;
+  for (const auto& b : blocks_) {
+    scratch_act = scratch_act || b.uses_scratch_activation();
+    max_group = std::max(max_group, b.max_group());
+  }
+  for (const auto& b : blocks_) b.scratch_specs(d, scratch_act, max_group, ws, v);
+  if (part_.first_stage) Embedding::scratch_specs(d, ws, v);
+  if (part_.last_stage) LmHead::scratch_specs(*cfg_, d, ws, v);
+}
+
+}  // namespace mcpp::model

@@ -1,0 +1,101 @@
+#include "model/transformer_layer.h"
+
+#include "ops/ops.h"
+
+namespace mcpp::model {
+
+void TransformerLayer::add_params(const TransformerConfig& c, int layer,
+                                  std::vector<ParamInfo>& params) {
+  Norm::add_params(c, layer_param_name(layer, "input_layernorm"), layer, params);
+  Attention::add_params(c, layer, params);
+  Norm::add_params(c, layer_param_name(layer, "pre_mlp_layernorm"), layer, params);
+  DenseMlp::add_params(c, layer, params);
+}
+
+TransformerLayer::TransformerLayer(const TransformerConfig& c, int layer, const ParamStore* store)
+    : cfg_(&c),
+      layer_(layer),
+      ln1_(c, store, layer_param_name(layer, "input_layernorm")),
+      attn_(c, layer, store),
+      ln2_(c, store, layer_param_name(layer, "pre_mlp_layernorm")),
+      mlp_(std::make_unique<DenseMlp>(c, layer, store)) {}
+
+void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, LayerSaved& s,
+                                   const TensorVisitor& v) const {
+  Norm::saved_specs(*cfg_, d, s.ln1, v);
+  Attention::saved_specs(*cfg_, d, s.attn, v);
+  v(s.x2, {d.Tl, d.H}, d.dt, true);
+  Norm::saved_specs(*cfg_, d, s.ln2, v);
+  if (!s.mlp) s.mlp = mlp_->new_saved();
+  mlp_->saved_specs(d, keep_mlp_activation, *s.mlp, v);
+}
+
+void TransformerLayer::scratch_specs(const Dims& d, bool uses_scratch_activation, Workspace& ws,
+                                     const TensorVisitor& v) const {
+  v(ws.tmp, {d.Tl, d.H}, d.dt, true);
+  v(ws.dx, {d.Tl, d.H}, d.dt, true);
+  v(ws.dtmp, {d.Tl, d.H}, d.dt, true);
+  v(ws.dln, {d.Tl, d.H}, d.dt, true);
+  Attention::scratch_specs(*cfg_, d, ws, v);
+  mlp_->scratch_specs(d, uses_scratch_activation, ws, v);
+}
+
+void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Workspace& ws,
+                               const StepContext& cx) const {
+  const auto& c = *cfg_;
+  Stream& st = cx.stream();
+  const int64_t Sl = cx.Sl, B = cx.B, H = cx.H;
+  // Without TP and hidden dropout the residual add runs in the GEMM's epilogue.
+  const bool fuse_residual = !cx.tp_comm && cx.p_hidden == 0;
+  Tensor tmp3 = ws.tmp.view({Sl, B, H}), x3 = x.view({Sl, B, H}), x23 = s.x2.view({Sl, B, H});
+  // Attention block: x2 = x + dropout(attention(norm1(x))).
+  ln1_.forward(x, s.ln1, cx);
+  if (fuse_residual) {
+    attn_.forward(s.ln1.y, s.attn, &x, s.x2, ws, cx);
+  } else {
+    attn_.forward(s.ln1.y, s.attn, nullptr, ws.tmp, ws, cx);
+    ops::dropout_add_forward(tmp3, x3, cx.p_hidden,
+                             dropout_key(c, cx.keys, layer_, DropoutSite::AfterProj), cx.g, x23,
+                             st);
+  }
+  // MLP block: out = x2 + dropout(mlp(norm2(x2))).
+  ln2_.forward(s.x2, s.ln2, cx);
+  if (fuse_residual) {
+    mlp_->forward(s.ln2.y, *s.mlp, &s.x2, out, ws, cx);
+  } else {
+    mlp_->forward(s.ln2.y, *s.mlp, nullptr, ws.tmp, ws, cx);
+    Tensor out3 = out.view({Sl, B, H});
+    ops::dropout_add_forward(tmp3, x23, cx.p_hidden,
+                             dropout_key(c, cx.keys, layer_, DropoutSite::AfterFc2), cx.g, out3,
+                             st);
+  }
+}
+
+void TransformerLayer::backward(const Tensor& x, LayerSaved& s, Workspace& ws,
+                                const StepContext& cx) {
+  const auto& c = *cfg_;
+  Stream& st = cx.stream();
+  const int64_t Sl = cx.Sl, B = cx.B, H = cx.H;
+  Tensor dx3 = ws.dx.view({Sl, B, H}), dtmp3 = ws.dtmp.view({Sl, B, H});
+  // Without hidden dropout its gradient is d(out) itself: read dx in place of a copy (the
+  // norm backward accumulates into dx only after the GEMMs have read it).
+  const bool dropout = cx.p_hidden > 0;
+  const Tensor& dproj = dropout ? ws.dtmp : ws.dx;
+  attn_.prepare_backward(s.attn, ws, cx);
+  // MLP block: out = x2 + dropout(mlp(norm2(x2))).
+  if (dropout)
+    ops::dropout_backward(dx3, cx.p_hidden,
+                          dropout_key(c, cx.keys, layer_, DropoutSite::AfterFc2), cx.g, dtmp3,
+                          st);
+  mlp_->backward(dproj, s.ln2.y, *s.mlp, ws.dln, ws, cx);
+  ln2_.backward(ws.dln, s.x2, s.ln2, ws.dx, true, cx);
+  // Attention block: x2 = x + dropout(attention(norm1(x))).
+  if (dropout)
+    ops::dropout_backward(dx3, cx.p_hidden,
+                          dropout_key(c, cx.keys, layer_, DropoutSite::AfterProj), cx.g, dtmp3,
+                          st);
+  attn_.backward(dproj, s.ln1.y, s.attn, ws.dln, ws, cx);
+  ln1_.backward(ws.dln, x, s.ln1, ws.dx, true, cx);
+}
+
+}  // namespace mcpp::model
