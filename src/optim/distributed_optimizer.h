@@ -7,7 +7,8 @@
 // so for bf16/f16 models the step writes its rounded result straight into that span
 // (adamw_step's model_param) and the all-gather runs in place there, as Megatron's
 // param all-gather does in its param buffer; f32/f64 models gather from the main params.
-// Optimizer state bytes per rank are 1/DP of AdamW's.
+// Optimizer state bytes per rank are 1/DP of AdamW's. Behind optim::Optimizer (optimizer.h)
+// it is AdamW's twin: grads() is the shard, segments() place each parameter's part of it.
 #pragma once
 #include "model/params.h"
 #include "optim/optimizer.h"
