@@ -28,6 +28,7 @@
 #include "model/params.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
+#include "parallel/data_parallel/grad_buffer.h"
 
 namespace mcpp::model {
 class GPTModel;
@@ -132,11 +133,9 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration,
                              const SaveOptions& opts = {});
 nlohmann::json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank);
 // The distributed optimizer's state is sharded over DP: flat-buffer elements
-// [flat, flat + len) of parameter `param` sit at [shard, shard + len) of the shard buffers.
-struct ShardSegment {
-  size_t param = 0;
-  int64_t flat = 0, shard = 0, len = 0;
-};
+// [flat, flat + len) of parameter `param` sit at [shard, shard + len) of the shard buffers
+// (the optimizer's own segment type, parallel/data_parallel/grad_buffer.h).
+using ShardSegment = parallel::ShardSegment;
 // Writes this DP rank's blocks of the Adam moments (exp_avg / exp_avg_sq: its shard
 // buffers) into optim_tpXX_ppXX_dpXX.safetensors, each block cut into boxes of the global
 // tensor, so a loader under any TP and DP layout finds the pieces it needs (the usual

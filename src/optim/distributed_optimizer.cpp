@@ -7,8 +7,8 @@
 namespace mcpp::optim {
 
 DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
-                                   parallel::DataParallelGrads& grads)
-    : ps_(ps), cfg_(cfg), grads_(grads) {
+                                   parallel::DataParallelGrads& grads, bool overlap_param_gather)
+    : Optimizer(ps, cfg), grads_(grads), overlap_(overlap_param_gather) {
   MCPP_CHECK(grads.reduce_scatter(), "DistributedAdamW needs reduce-scattered gradients");
   const int r = grads.dp().rank();
   const auto& infos = ps.infos();
@@ -30,6 +30,24 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
     ops::fill(*t, 0.0, st);
   }
   reload_main_params();
+  // The layers whose parameters each bucket holds: wait_params(layer) waits for those.
+  bucket_layers_.assign(grads.buckets().size(), {});
+  for (size_t b = 0; b < grads.buckets().size(); ++b)
+    for (size_t i : grads.buckets()[b].params) bucket_layers_[b].push_back(infos.at(i).layer);
+}
+
+Tensor DistributedAdamW::full_main_params() {
+  const DType pd = ps_.flat_params().dtype();
+  if (pd == DType::F32 || pd == DType::F64) return Tensor();
+  return gather_main_params();
+}
+
+void DistributedAdamW::load_state(const Tensor& values, const Tensor* exp_avg,
+                                  const Tensor* exp_avg_sq) {
+  ops::copy(values, ps_.flat_params(), ops::default_stream(ps_.device()));
+  reload_main_params(values);
+  MCPP_CHECK(!exp_avg == !exp_avg_sq, "DistributedAdamW::load_state: both moments or neither");
+  if (exp_avg) scatter_state(*exp_avg, *exp_avg_sq);
 }
 
 void DistributedAdamW::reload_main_params() { reload_main_params(ps_.flat_params()); }
@@ -48,55 +66,8 @@ Tensor DistributedAdamW::gather_main_params() {
   return full;
 }
 
-void DistributedAdamW::scale_grads(double factor) {
-  ops::scale(grads_.shard(), factor, ops::default_stream(main_.device()));
-}
-
 int64_t DistributedAdamW::state_bytes() const {
   return (main_.numel() + m_.numel() + v_.numel()) * int64_t(dtype_size(main_.dtype()));
-}
-
-double DistributedAdamW::grad_sq_norm(const std::function<bool(size_t)>& count) const {
-  Stream& st = ops::default_stream(main_.device());
-  // One reduction per run of counted segments in shard order (each reads one value back
-  // to the host); the padding between segments is zero, so a run may span it.
-  std::vector<const Segment*> order;
-  for (const auto& s : segs_) order.push_back(&s);
-  std::sort(order.begin(), order.end(),
-            [](const Segment* a, const Segment* b) { return a->shard < b->shard; });
-  double sum = 0;
-  Tensor& g = grads_.shard();
-  int64_t begin = -1, end = -1;
-  auto flush = [&] {
-    if (begin >= 0) sum += ops::sum_squares(g.narrow(begin, end - begin), st);
-    begin = -1;
-  };
-  for (const Segment* s : order) {
-    if (!count(s->param)) {
-      flush();
-      continue;
-    }
-    if (begin < 0) begin = s->shard;
-    end = s->shard + s->len;
-  }
-  flush();
-  return sum;
-}
-
-void DistributedAdamW::clip(double max_norm, double total_norm) {
-  if (max_norm <= 0) return;
-  const double coeff = max_norm / (total_norm + 1e-6);
-  if (coeff < 1.0) ops::scale(grads_.shard(), coeff, ops::default_stream(main_.device()));
-}
-
-void DistributedAdamW::all_reduce_grads(comm::Communicator& group,
-                                        const std::function<bool(size_t)>& which) {
-  Stream& st = ops::default_stream(main_.device());
-  for (const auto& s : segs_)
-    if (which(s.param)) {
-      Tensor g = grads_.shard().narrow(s.shard, s.len);
-      group.all_reduce(g, comm::ReduceOp::Sum, st);
-    }
 }
 
 void DistributedAdamW::step(double lr, double wd) {
@@ -123,14 +94,6 @@ void DistributedAdamW::step(double lr, double wd) {
   // Updated blocks -> every rank's model parameters (Megatron: the param all-gather, in
   // place in its param buffer for 16-bit models).
   all_gather_flat(cast ? Tensor() : main_, flat, overlap_);
-}
-
-void DistributedAdamW::set_overlap_param_gather(bool on, std::vector<int> param_layers) {
-  overlap_ = on;
-  param_layer_ = std::move(param_layers);
-  bucket_layers_.assign(grads_.buckets().size(), {});
-  for (size_t b = 0; b < grads_.buckets().size(); ++b)
-    for (size_t i : grads_.buckets()[b].params) bucket_layers_[b].push_back(param_layer_.at(i));
 }
 
 void DistributedAdamW::wait_params(int layer) {

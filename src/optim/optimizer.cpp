@@ -1,12 +1,62 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops.h"
 
 namespace mcpp::optim {
 
-AdamW::AdamW(model::ParamStore& ps, AdamWConfig cfg) : ps_(ps), cfg_(cfg) {
+Stream& Optimizer::stream() const { return ops::default_stream(ps_.device()); }
+
+double Optimizer::grad_sq_norm(const ParamFilter* counted) const {
+  // Runs in buffer order: the distributed optimizer's segments are in bucket order, which
+  // is not the shard's.
+  std::vector<const ShardSegment*> order;
+  for (const auto& s : segments()) order.push_back(&s);
+  std::sort(order.begin(), order.end(),
+            [](const ShardSegment* a, const ShardSegment* b) { return a->shard < b->shard; });
+  Stream& st = ops::default_stream(grads().device());
+  const Tensor& g = grads();
+  double sum = 0;
+  int64_t begin = -1, end = -1;
+  auto flush = [&] {
+    if (begin >= 0) sum += ops::sum_squares(g.narrow(begin, end - begin), st);
+    begin = -1;
+  };
+  for (const ShardSegment* s : order) {
+    if (counted && !(*counted)(s->param)) {
+      flush();
+      continue;
+    }
+    if (begin < 0) begin = s->shard;
+    end = s->shard + s->len;
+  }
+  flush();
+  return sum;
+}
+
+void Optimizer::clip(double max_norm, double total_norm) {
+  if (max_norm <= 0) return;
+  const double coeff = max_norm / (total_norm + 1e-6);
+  if (coeff < 1.0) ops::scale(grads(), coeff, ops::default_stream(grads().device()));
+}
+
+void Optimizer::scale_grads(double factor) {
+  ops::scale(grads(), factor, ops::default_stream(grads().device()));
+}
+
+bool Optimizer::unscale_and_check(double inv_scale) {
+  Stream& st = ops::default_stream(grads().device());
+  if (inv_scale != 1.0) ops::scale(grads(), inv_scale, st);
+  return ops::has_nonfinite(grads(), st);
+}
+
+AdamW::AdamW(model::ParamStore& ps, AdamWConfig cfg) : Optimizer(ps, cfg) {
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    const auto& p = ps.infos()[i];
+    segs_.push_back({i, p.offset, p.offset, p.numel()});
+  }
   const Tensor& p = ps.flat_params();
   const DType pd = p.dtype();
   const bool in_place = pd == DType::F32 || pd == DType::F64;
@@ -22,20 +72,22 @@ AdamW::AdamW(model::ParamStore& ps, AdamWConfig cfg) : ps_(ps), cfg_(cfg) {
   ops::fill(v_, 0.0, st);
 }
 
-double AdamW::grad_sq_norm() const {
-  return ops::sum_squares(ps_.flat_grads(), ops::default_stream(ps_.device()));
+double AdamW::grad_sq_norm(const ParamFilter* counted) const {
+  if (counted) return Optimizer::grad_sq_norm(counted);
+  return ops::sum_squares(ps_.flat_grads(), stream());
 }
 
-void AdamW::clip(double max_norm, double total_norm) {
-  if (max_norm <= 0) return;
-  const double coeff = max_norm / (total_norm + 1e-6);
-  if (coeff < 1.0) ops::scale(ps_.flat_grads(), coeff, ops::default_stream(ps_.device()));
+int64_t AdamW::state_bytes() const {
+  int64_t b = 0;
+  for (const Tensor* t : {&m_, &v_, &main_})
+    if (t->defined()) b += int64_t(t->nbytes());
+  return b;
 }
 
-bool AdamW::unscale_and_check(double inv_scale) {
-  Stream& st = ops::default_stream(ps_.device());
-  if (inv_scale != 1.0) ops::scale(ps_.flat_grads(), inv_scale, st);
-  return ops::has_nonfinite(ps_.flat_grads(), st);
+void AdamW::load_state(const Tensor& values, const Tensor* exp_avg, const Tensor* exp_avg_sq) {
+  set_params(values);
+  if (exp_avg) ops::copy(*exp_avg, m_, stream());
+  if (exp_avg_sq) ops::copy(*exp_avg_sq, v_, stream());
 }
 
 void AdamW::set_params(const Tensor& values) {

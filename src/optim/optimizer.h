@@ -1,8 +1,19 @@
-// AdamW over the parameter registry's flat buffers, with Megatron's parameter
-// groups (no weight decay on biases and norm weights) and global-norm clipping.
-// The state (exp_avg, exp_avg_sq) is kept per element in two flat buffers laid
-// out like the parameters, so sharding it (distributed optimizer) and writing it
-// to a checkpoint are offset arithmetic on the registry.
+// The optimizer interface and AdamW.
+//
+// Optimizer: what the training loop and the checkpoint need of an optimizer, whether it
+// holds the whole state (AdamW) or this rank's data-parallel shard of it (DistributedAdamW,
+// optim/distributed_optimizer.h). An optimizer owns the gradient buffer it steps from
+// (`grads()`: the model's flat gradients, or the reduce-scattered shard) and its state
+// (fp32 main parameters, Adam moments), placed by `segments()`: parameter p's flat
+// elements [flat, flat + len) sit at [shard, shard + len) of grads(), exp_avg() and
+// exp_avg_sq(). Everything that reads gradients per parameter -- the global norm over the
+// parameters that count, the sequence-parallel all-reduce (parallel/finalize_model_grads)
+// -- goes through those segments, so it is written once for both.
+//
+// AdamW over the parameter registry's flat buffers, with Megatron's parameter groups (no
+// weight decay on biases and norm weights) and global-norm clipping. Its state is kept per
+// element in two flat buffers laid out like the parameters (one segment per parameter,
+// shard == flat).
 //
 // Mixed precision as Megatron's Float16OptimizerWithFloat16Params: when the model's
 // parameters are bf16/f16, the optimizer holds fp32 main parameters (a copy made at
@@ -12,8 +23,11 @@
 // parameters' device.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "model/params.h"
+#include "parallel/data_parallel/grad_buffer.h"
 
 namespace mcpp::optim {
 
@@ -21,24 +35,91 @@ struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
 };
 
-class AdamW {
+using ShardSegment = parallel::ShardSegment;
+// Selects parameters by registry index.
+using ParamFilter = std::function<bool(size_t)>;
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // ---- gradients ---------------------------------------------------------------------
+  // The gradient buffer the step reads (fp32 main grads; f64 for f64 models).
+  virtual Tensor& grads() = 0;
+  const Tensor& grads() const { return const_cast<Optimizer*>(this)->grads(); }
+  // Where every parameter's part of this rank's state sits (see the file comment).
+  virtual const std::vector<ShardSegment>& segments() const = 0;
+  // Whether the state is this rank's data-parallel shard (the checkpoint then writes the
+  // moments per DP rank, by segments()), rather than laid out like the parameters.
+  virtual bool state_sharded() const = 0;
+  // Sum of squares (fp64) of grads() over the parameters `counted` accepts, one reduction
+  // per run of counted segments in buffer order (the padding between them is zero, so a
+  // run may span it). counted == nullptr: every parameter (AdamW then reduces its whole
+  // buffer in one call). Summing over ranks is the caller's (optim/grad_norm.h).
+  virtual double grad_sq_norm(const ParamFilter* counted = nullptr) const;
+  // Megatron's clip_grad_by_total_norm_fp32: scale grads() by max_norm / (norm + 1e-6) when
+  // that is < 1; max_norm <= 0 turns clipping off.
+  void clip(double max_norm, double total_norm);
+  // grads() *= factor (fp16: 1 / loss scale, Megatron's _unscale_main_grads).
+  void scale_grads(double factor);
+  // scale_grads(inv_scale), then whether any gradient is NaN/Inf (synchronises).
+  bool unscale_and_check(double inv_scale);
+
+  // ---- the step ----------------------------------------------------------------------
+  // One AdamW step with learning rate lr and weight decay wd (decay only on parameters
+  // whose registry entry says so); the model's parameters are updated (or, with an
+  // overlapped parameter gather, will be once wait_params says so).
+  virtual void step(double lr, double wd) = 0;
+  // The forward's hook before layer `layer`'s parameters are read (-1: embedding, final
+  // norm, output layer): returns once they are current. No-op unless the update reaches
+  // the model asynchronously (--overlap-param-gather).
+  virtual void wait_params(int layer) {}
+  // Every parameter current (before a checkpoint reads them).
+  virtual void wait_params_all() {}
+  int64_t steps() const { return step_; }
+  void set_steps(int64_t s) { step_ = s; }
+  const AdamWConfig& config() const { return cfg_; }
+
+  // ---- state (checkpoints) -----------------------------------------------------------
+  // Bytes of optimizer state this rank holds (main params + moments).
+  virtual int64_t state_bytes() const = 0;
+  // Moments, laid out as grads() (segments()).
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
+  // The fp32 main parameters of the whole model, [total] laid out like the flat buffer,
+  // for a checkpoint; undefined when the model's parameters are the main parameters
+  // (f32/f64 models). Collective over DP when the state is sharded.
+  virtual Tensor full_main_params() = 0;
+  // After loading a checkpoint: the parameters from `values` and (when given) the moments
+  // from exp_avg / exp_avg_sq, all flat [total] tensors laid out like the parameters, on
+  // any device. The main parameters take the values exactly; the model's parameters get
+  // them rounded to their dtype, as after a step.
+  virtual void load_state(const Tensor& values, const Tensor* exp_avg,
+                          const Tensor* exp_avg_sq) = 0;
+
+ protected:
+  Optimizer(model::ParamStore& ps, AdamWConfig cfg) : ps_(ps), cfg_(cfg) {}
+  Stream& stream() const;
+
+  model::ParamStore& ps_;
+  AdamWConfig cfg_;
+  Tensor main_, m_, v_;
+  int64_t step_ = 0;
+};
+
+class AdamW final : public Optimizer {
  public:
   AdamW(model::ParamStore& params, AdamWConfig cfg);
 
-  // L2 norm of all gradients (fp64 accumulation). With model parallelism the
-  // caller all-reduces the squared norm, counting TP-duplicated params once.
-  double grad_sq_norm() const;
-  // Megatron's clip_grad_norm: scale by max_norm / (norm + 1e-6) when that is < 1.
-  void clip(double max_norm, double total_norm);
-  // One AdamW step with learning rate lr and weight decay wd (decay only on
-  // parameters whose registry entry says so).
-  void step(double lr, double wd);
-
-  int64_t steps() const { return step_; }
-  void set_steps(int64_t s) { step_ = s; }
-  // Multiplies the gradients by inv_scale and reports whether any is NaN/Inf (fp16
-  // loss scaling: the step must then be skipped). Synchronises.
-  bool unscale_and_check(double inv_scale);
+  Tensor& grads() override { return ps_.flat_grads(); }
+  using Optimizer::grads;
+  const std::vector<ShardSegment>& segments() const override { return segs_; }
+  bool state_sharded() const override { return false; }
+  double grad_sq_norm(const ParamFilter* counted = nullptr) const override;
+  void step(double lr, double wd) override;
+  int64_t state_bytes() const override;
+  Tensor full_main_params() override { return main_; }
+  void load_state(const Tensor& values, const Tensor* exp_avg, const Tensor* exp_avg_sq) override;
 
   // fp32 main parameters (undefined when the parameters are stepped in place).
   Tensor& main_params() { return main_; }
@@ -49,15 +130,11 @@ class AdamW {
   void set_params(const Tensor& values);
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
-  const Tensor& exp_avg() const { return m_; }
-  const Tensor& exp_avg_sq() const { return v_; }
-  const AdamWConfig& config() const { return cfg_; }
+  using Optimizer::exp_avg;
+  using Optimizer::exp_avg_sq;
 
  private:
-  model::ParamStore& ps_;
-  AdamWConfig cfg_;
-  Tensor main_, m_, v_;
-  int64_t step_ = 0;
+  std::vector<ShardSegment> segs_;
 };
 
 }  // namespace mcpp::optim

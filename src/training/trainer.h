@@ -1,8 +1,9 @@
 // The training loop of `megatron train`, as Megatron's pretrain(): set-up (args,
-// tokenizer, model, optimizer, scheduler, datasets), then iterations of
-// num_microbatches forward/backward passes accumulated into one optimizer step,
-// the Megatron log line every --log-interval, evaluation every --eval-interval,
-// and the exit conditions.
+// tokenizer, model, optimizer, scheduler, datasets; trainer_setup.cpp), then iterations
+// of train_step -- num_microbatches forward/backward passes (forward_backward.h)
+// accumulated into one optimizer step after finalize_model_grads -- the Megatron log line
+// every --log-interval (training_log.h), evaluation every --eval-interval, checkpoints
+// (checkpoint/training_checkpoint.h), and the exit conditions (trainer.cpp).
 #pragma once
 #include <memory>
 #include <vector>

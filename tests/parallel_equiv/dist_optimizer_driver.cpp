@@ -22,6 +22,7 @@
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
 #include "parallel/data_parallel/grad_buffer.h"
+#include "parallel/host_collectives.h"
 
 using namespace mcpp;
 
@@ -89,16 +90,13 @@ void run(comm::Communicator& dp, DType dt, int64_t bucket, bool overlap) {
   model::ParamStore ref = make_params(dt), ps = make_params(dt);
   optim::AdamW ref_opt(ref, {});
   std::vector<parallel::ParamSpan> spans;
-  std::vector<int> layers;
   for (size_t i = 0; i < ps.infos().size(); ++i) {
     const auto& p = ps.infos()[i];
     const int64_t next = i + 1 < ps.infos().size() ? ps.infos()[i + 1].offset : ps.total_numel();
     spans.push_back({p.offset, next - p.offset, p.layer});
-    layers.push_back(p.layer);
   }
   parallel::DataParallelGrads grads(ps.flat_grads(), spans, dp, bucket, false, true);
-  optim::DistributedAdamW opt(ps, {}, grads);
-  if (overlap) opt.set_overlap_param_gather(true, layers);
+  optim::DistributedAdamW opt(ps, {}, grads, overlap);
   check(grads.buckets().size() > 1 || bucket > ps.total_numel(),
         name + ": expected several buckets", me);
 
@@ -127,6 +125,38 @@ void run(comm::Communicator& dp, DType dt, int64_t bucket, bool overlap) {
             fmt::format("{}: exp_avg_sq of parameter {} differs", at, s.param), me);
     }
   }
+
+  // Through the Optimizer interface: the squared gradient norm over a filter, each rank's
+  // shard summed over DP, is AdamW's over the whole buffer (to fp64 rounding: the sums
+  // run in other orders); all parameters, and every other one.
+  set_grads(ref, 4, 0, R);
+  set_grads(ps, 4, me, me + 1);
+  grads.begin_final_backward();
+  grads.finish(st);
+  const optim::Optimizer& iface = opt;
+  const optim::ParamFilter odd = [](size_t i) { return i % 2 == 1; };
+  for (const optim::ParamFilter* f : {static_cast<const optim::ParamFilter*>(nullptr), &odd}) {
+    const double got = parallel::sum_over(dp, iface.grad_sq_norm(f));
+    const double want = ref_opt.grad_sq_norm(f);
+    check(want > 0 && std::abs(got - want) <= 1e-12 * want,
+          fmt::format("{}: grad_sq_norm{} {} != AdamW's {}", name, f ? " (odd parameters)" : "",
+                      got, want),
+          me);
+  }
+  // load_state: a fresh optimizer given the whole state (the reference's, laid out like
+  // the parameters) holds this rank's shard of it, and the same main parameters.
+  model::ParamStore ps2 = make_params(dt);
+  parallel::DataParallelGrads grads2(ps2.flat_grads(), spans, dp, bucket, false, true);
+  optim::DistributedAdamW fresh(ps2, {}, grads2);
+  const Tensor values = ref_opt.full_main_params().defined() ? ref_opt.full_main_params()
+                                                              : ref.flat_params();
+  fresh.load_state(values, &ref_opt.exp_avg(), &ref_opt.exp_avg_sq());
+  check(same_bits(ps2.flat_params(), ps.flat_params()), name + ": load_state: model parameters",
+        me);
+  check(same_bits(fresh.gather_main_params(), opt.gather_main_params()),
+        name + ": load_state: main parameters", me);
+  check(same_bits(fresh.exp_avg(), opt.exp_avg()) && same_bits(fresh.exp_avg_sq(), opt.exp_avg_sq()),
+        name + ": load_state: moments", me);
 }
 
 }  // namespace

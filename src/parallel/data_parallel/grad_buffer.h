@@ -41,6 +41,17 @@ struct ParamSpan {
   int layer = -1;  // the model's layer index, -1 for embedding/head (ready last)
 };
 
+// A run of one parameter's elements in two buffers laid out differently: elements
+// [flat, flat + len) of the flat parameter/gradient buffers sit at [shard, shard + len) of
+// another buffer. The distributed optimizer's segments place a parameter's part of this
+// rank's DP shard (shard() and its moments); AdamW's are one per parameter with
+// shard == flat; a checkpoint writes the moments by them (checkpoint::ShardSegment is this
+// type).
+struct ShardSegment {
+  size_t param = 0;  // index in the parameter registry
+  int64_t flat = 0, shard = 0, len = 0;
+};
+
 struct GradBucket {
   int64_t begin = 0, end = 0;   // [begin, end) of the flat buffer
   std::vector<size_t> params;   // indices into the spans
@@ -66,6 +77,8 @@ class DataParallelGrads {
   int64_t staging_bytes() const { return staging_.defined() ? int64_t(staging_.nbytes()) : 0; }
   // Distributed optimizer: this rank's reduced gradient blocks, bucket after bucket.
   Tensor& shard() { return shard_; }
+  // Bytes of the shard buffer (0 without reduce-scatter).
+  int64_t shard_bytes() const { return shard_.defined() ? int64_t(shard_.nbytes()) : 0; }
   // Elements of bucket k that rank r owns: [begin + r*n, begin + (r+1)*n), n = len / DP.
   int64_t block(size_t k) const { return (buckets_[k].end - buckets_[k].begin) / dp_.size(); }
 

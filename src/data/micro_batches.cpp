@@ -1,0 +1,44 @@
+#include "data/micro_batches.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace mcpp::data {
+
+model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& b,
+                                   int64_t consumed, int64_t j, int64_t& sample_offset,
+                                   GPTSample& scratch) {
+  const int64_t mbs = b.micro_batch_size, S = b.seq_length;
+  sample_offset = j * mbs * b.dp_size + b.dp_rank * mbs;
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({mbs, S}, DType::I64);
+  mb.labels = Tensor::empty({mbs, S}, DType::I64);
+  mb.loss_mask = Tensor::empty({mbs, S}, DType::F32);
+  for (int64_t i = 0; i < mbs; ++i) {
+    const int64_t idx = (consumed + sample_offset + i) % ds.size();
+    ds.get(idx, scratch);
+    MCPP_CHECK(int64_t(scratch.tokens.size()) == S, "dataset returned {} tokens, expected {}",
+               scratch.tokens.size(), S);
+    std::copy(scratch.tokens.begin(), scratch.tokens.end(), mb.tokens.data<int64_t>() + i * S);
+    std::copy(scratch.labels.begin(), scratch.labels.end(), mb.labels.data<int64_t>() + i * S);
+    std::copy(scratch.loss_mask.begin(), scratch.loss_mask.end(),
+              mb.loss_mask.data<float>() + i * S);
+  }
+  return mb;
+}
+
+LocalBatch load_local_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,
+                            GPTSample& scratch) {
+  LocalBatch out;
+  out.micro_batches.resize(size_t(b.num_microbatches));
+  out.sample_offsets.resize(size_t(b.num_microbatches));
+  for (int64_t j = 0; j < b.num_microbatches; ++j) {
+    out.micro_batches[j] = load_micro_batch(ds, b, consumed, j, out.sample_offsets[j], scratch);
+    const float* m = out.micro_batches[j].loss_mask.data<float>();
+    for (int64_t i = 0; i < out.micro_batches[j].loss_mask.numel(); ++i) out.loss_tokens += m[i];
+  }
+  return out;
+}
+
+}  // namespace mcpp::data

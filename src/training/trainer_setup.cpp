@@ -1,0 +1,344 @@
+// Trainer::Trainer: from the flags to a rank ready to train, as Megatron's pretrain()
+// set-up (initialize_megatron, setup_model_and_optimizer, build the datasets): the device
+// and process groups, the tokenizer, the model (after the memory plan says it fits), the
+// gradient buckets and the optimizer, the LR schedule, a checkpoint to resume from, and the
+// datasets.
+#include <omp.h>
+
+#include <cblas.h>
+
+#include <atomic>
+#include <csignal>
+
+#include "base/log.h"
+#include "checkpoint/training_checkpoint.h"
+#include "data/dataset_builder.h"
+#include "data/tokenizers/tokenizer.h"
+#include "ops/ops.h"
+#include "optim/distributed_optimizer.h"
+#include "optim/grads.h"
+#include "parallel/pipeline/executor.h"
+#include "training/trainer_state.h"
+#ifdef MCPP_HAVE_CUDA
+#include "ops/cuda/device.h"
+#endif
+
+namespace mcpp::training {
+
+std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
+  data::TokenizerArgs t;
+  t.type = a.tokenizer_type, t.vocab_size = a.vocab_size;
+  t.vocab_file = a.vocab_file.value_or(""), t.merge_file = a.merge_file.value_or("");
+  t.tokenizer_model = a.tokenizer_model.value_or("");
+  t.tiktoken_pattern = a.tiktoken_pattern.value_or("");
+  t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
+  t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
+  return data::make_tokenizer(t);
+}
+
+namespace {
+
+// --device: cpu, cuda, or auto (CUDA when this build has it and a GPU is visible).
+Device resolve_device(const Args& a) {
+  if (a.device == "cpu") return Device::CPU;
+#ifdef MCPP_HAVE_CUDA
+  if (a.device == "cuda") return Device::CUDA;
+  return ops::cuda::device_available() ? Device::CUDA : Device::CPU;
+#else
+  MCPP_CHECK_HINT(a.device != "cuda",
+                  "rebuild where nvcc is found (CMake prints 'megatron.cpp: CUDA: yes'), or "
+                  "train with --device cpu",
+                  "--device cuda: this build has no CUDA backend");
+  return Device::CPU;
+#endif
+}
+
+// The model's dtype: --bf16 / --fp16 (GPU only), else fp32.
+DType model_dtype(const Args& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
+
+// Flags the trainer cannot honour yet are errors here, never silently ignored.
+void reject_unsupported(const Args& a, Device dev) {
+  auto no = [](bool cond, const char* flag, const char* hint) {
+    MCPP_CHECK_HINT(!cond, hint, "{} is not supported by megatron.cpp's trainer yet", flag);
+  };
+  no((a.bf16 || a.fp16) && dev == Device::CPU, "--bf16/--fp16 on the CPU backend",
+     "the CPU backend trains in fp32: drop the flag, or train on a GPU (--device cuda)");
+  no(a.reset_position_ids, "--reset-position-ids", "drop the flag");
+  no(a.reset_attention_mask, "--reset-attention-mask", "drop the flag");
+  MCPP_CHECK_HINT(!a.save_interval || a.save, "add --save DIR",
+                  "--save-interval {} given without --save", *a.save_interval);
+  MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
+                  "--save-interval must be positive, got {}", *a.save_interval);
+  no(a.async_save && a.world_size > 1, "--async-save with more than one process",
+     "drop --async-save under mpirun/srun for now (synchronous saves work)");
+}
+
+std::atomic<bool> g_exit_signal{false};
+extern "C" void on_exit_signal(int) { g_exit_signal.store(true); }
+
+}  // namespace
+
+void install_exit_signal_handler() { std::signal(SIGTERM, on_exit_signal); }
+bool exit_signal_received() { return g_exit_signal.load(); }
+
+// The device, the world and its process groups, the tokenizer (the padded vocabulary).
+void Trainer::State::setup_parallel() {
+  auto& s = *this;
+  Args& a = s.args;
+  s.device = resolve_device(a);
+  s.world = comm::init({.timeout = std::chrono::minutes(a.distributed_timeout_minutes),
+                        .device = s.device,
+                        .nccl_configs = a.nccl_communicator_config_path
+                                            ? comm::read_nccl_config(*a.nccl_communicator_config_path)
+                                            : comm::NcclConfigs{}});
+  validate_args(a, s.world->size());
+  if (a.nccl_communicator_config_path && s.world->device() != Device::CUDA)
+    log::warn("--nccl-communicator-config-path: this run has no NCCL groups ({} on {}); the "
+              "file was read and checked but applies to GPU runs only",
+              s.world->backend(), s.device == Device::CUDA ? "cuda" : "cpu");
+  if (a.logging_level)  // Python's logging levels
+    log::set_level(*a.logging_level <= 10   ? log::Level::Debug
+                   : *a.logging_level <= 20 ? log::Level::Info
+                   : *a.logging_level <= 30 ? log::Level::Warn
+                                            : log::Level::Error);
+  reject_unsupported(a, s.device);
+  parallel::ParallelSizes sizes;
+  sizes.tp = int(a.tensor_model_parallel_size), sizes.pp = int(a.pipeline_model_parallel_size);
+  sizes.tp_pp_dp_mapping = a.use_tp_pp_dp_mapping;
+  sizes.untie_embeddings = a.untie_embeddings_and_output_weights;
+  s.ps = std::make_unique<parallel::ParallelState>(*s.world, sizes);
+  if (a.threads > 0) {
+    omp_set_num_threads(int(a.threads));
+  }
+  // BLAS runs between OpenMP regions: give it the same cores.
+  openblas_set_num_threads(omp_get_max_threads());
+
+  s.tok = build_tokenizer(a);
+  const int64_t vocab = s.tok->vocab_size();
+  a.padded_vocab_size = padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
+                                          a.tensor_model_parallel_size);
+  print_args(a);
+  for (const auto& line : describe_by_design_flags(a)) log::info("{}", line);
+  log::info("{}", padded_vocab_message(vocab, *a.padded_vocab_size));
+  log::info("setting number of microbatches to constant {}", a.num_microbatches);
+  log::info("CPU threads: {} (OpenMP), BLAS {}", omp_get_max_threads(), openblas_get_num_threads());
+
+  s.log = std::make_unique<TrainingLog>(a, s.device, s.world->world(), *s.ps);
+}
+
+// The pipeline schedule, the memory check, the model.
+void Trainer::State::build_model() {
+  auto& s = *this;
+  const Args& a = s.args;
+  s.model_cfg = model_config(a, s.device, model_dtype(a));
+  log::info("> device: {}{}, parameters and activations {}{}", s.device == Device::CUDA ? "cuda" : "cpu",
+            s.world->device() == Device::CUDA ? " (one GPU per rank, NCCL groups)" : "",
+            dtype_name(s.model_cfg.dtype),
+            s.model_cfg.dtype == DType::F32 ? "" : ", fp32 main params and main grads");
+  s.model_cfg.tp_rank = s.ps->tp_rank();
+  const int64_t dp = a.data_parallel_size;
+  // The distributed optimizer splits every bucket into DP equal blocks: align each
+  // parameter to a multiple of DP (and of 64 elements, as Megatron pads param starts).
+  const int pp = int(a.pipeline_model_parallel_size), vpp = int(a.virtual_pipeline_model_parallel_size);
+  const model::PipelinePart part = pipeline_part(a, s.ps->pp_rank());
+  if (pp > 1) {
+    namespace pl = parallel::pipeline;
+    const int stage = s.ps->pp_rank();
+    // Megatron's schedule: 1F1B, interleaved with virtual stages.
+    s.schedule_kind = training::schedule_kind(a);
+    s.schedule = pl::build_schedule(s.schedule_kind, pp, vpp, int(a.num_microbatches),
+                                    int(a.microbatch_group_size_per_vp_stage.value_or(0)));
+    s.forward_only = pl::forward_only(s.schedule)[size_t(stage)];
+    s.pp_grads = s.world->split(s.ps->layout().groups(parallel::Group::PP), "pp-grad");
+    MCPP_CHECK(s.pp_grads && s.pp_grads->rank() == stage && s.ps->pp().rank() == stage,
+               "pipeline group ranks do not follow the pipeline stages");
+    std::string chunks;
+    for (const auto& ch : part.chunks)
+      chunks += fmt::format(" [{}-{}]", ch.front(), ch.back());
+    log::info("> pipeline: {} stages x {} model chunks, {} schedule, {} micro-batches; stage 0 "
+              "layers{}",
+              pp, vpp, pl::to_string(s.schedule_kind), a.num_microbatches, chunks);
+  }
+  // The memory plan against what this rank can get, before anything large is allocated: a
+  // config that cannot fit fails here with the plan's numbers and what to change, not as an
+  // out-of-memory error in the first backward (GPU) or the kernel's OOM killer ending the
+  // job without a word (CPU). The plan leaves out only a few MiB (cuBLASLt's workspace),
+  // so the check never stops a run that would fit.
+  if (s.device == Device::CPU) {
+    // The host's available memory, shared by this job's ranks on the host.
+    const int64_t avail = host_memory_available();
+    const int local = host_local_ranks();
+    if (avail >= 0) {
+      const std::string advice =
+          memory_fit_advice(a, s.model_cfg, s.ps->pp_rank(), avail / local);
+      MCPP_CHECK(advice.empty(), "{} (this host: {:.0f} MiB available for {} rank(s) of this job)",
+                 advice, double(avail) / 1048576.0, local);
+    }
+  }
+#ifdef MCPP_HAVE_CUDA
+  if (s.device == Device::CUDA) {
+    const auto ms = ops::cuda::memory_stats();
+    const std::string advice = memory_fit_advice(a, s.model_cfg, s.ps->pp_rank(),
+                                                 int64_t(ms.device_free + ms.reserved));
+    MCPP_CHECK(advice.empty(), "{} (this GPU: {:.0f} MiB free, {:.0f} MiB held by this run)",
+               advice, double(ms.device_free) / 1048576.0, double(ms.reserved) / 1048576.0);
+  }
+#endif
+  s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
+  log::info("> initialized tensor model parallel with size {}, pipeline model parallel with "
+            "size {}, data parallel with size {}{}{}",
+            a.tensor_model_parallel_size, pp, dp, a.sequence_parallel ? ", sequence parallel" : "",
+            a.use_distributed_optimizer ? ", distributed optimizer" : "");
+  log::info(" > number of parameters on (tensor, pipeline) model parallel rank ({}, {}): {}",
+            s.ps->tp_rank(), s.ps->pp_rank(), s.model->params().total_numel());
+  if (a.recompute_granularity)
+    log::info("> activation recomputation: {}{}", *a.recompute_granularity,
+              *a.recompute_granularity == "full"
+                  ? fmt::format(", method {}, {} layers", *a.recompute_method, *a.recompute_num_layers)
+                  : std::string(", the attention core"));
+  if (a.keep_mlp_activations > 0) {
+    int kept = 0, layers = 0;
+    for (const auto& ch : s.model->part().chunks) {
+      for (bool k : model::keeps_mlp_activation(s.model_cfg, int(ch.size()))) kept += k;
+      layers += int(ch.size());
+    }
+    log::info(
+        "> MLP activations kept for backward, not recomputed (--keep-mlp-activations {}): "
+        "{} of this rank's {} layers",
+        a.keep_mlp_activations, kept, layers);
+  }
+  s.fwd_bwd = std::make_unique<ForwardBackward>(ForwardBackward{*s.model, *s.ps});
+  s.fwd_bwd->pp_grads = s.pp_grads.get();
+  s.fwd_bwd->train_actions = pp > 1 ? &s.schedule[size_t(s.ps->pp_rank())] : nullptr;
+  s.fwd_bwd->eval_actions = &s.forward_only;
+  s.fwd_bwd->micro_batch_size = a.micro_batch_size;
+}
+
+// The data-parallel gradient buckets, the optimizer, and each parameter's part in the
+// gradient reductions (from the registry).
+void Trainer::State::build_optimizer() {
+  auto& s = *this;
+  const Args& a = s.args;
+  const int64_t dp = a.data_parallel_size;
+  auto& P = s.model->params();
+  {
+    std::vector<parallel::ParamSpan> spans;
+    for (size_t i = 0; i < P.infos().size(); ++i) {
+      const auto& p = P.infos()[i];
+      const int64_t next = i + 1 < P.infos().size() ? P.infos()[i + 1].offset : P.total_numel();
+      spans.push_back({p.offset, next - p.offset, p.layer});
+    }
+    // Megatron's default bucket: max(40M, 1M * DP) parameters (only with overlap).
+    const int64_t bucket = a.ddp_bucket_size.value_or(
+        a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
+    s.dp_grads = std::make_unique<parallel::DataParallelGrads>(
+        P.flat_grads(), std::move(spans), s.ps->dp(), bucket, a.overlap_grad_reduce,
+        a.use_distributed_optimizer, a.grad_reduce_in_bf16);
+    const auto& g = *s.dp_grads;
+    log::info(
+        "> gradient buckets: {} (--ddp-bucket-size {}), {} in {}{}{}", g.buckets().size(), bucket,
+        a.use_distributed_optimizer ? "reduce-scatter" : "all-reduce", dtype_name(g.reduce_dtype()),
+        g.staging_bytes() > 0
+            ? fmt::format(" (--grad-reduce-in-bf16: {} bytes of bf16 staging)", g.staging_bytes())
+            : std::string(),
+        a.overlap_grad_reduce ? ", overlapped with backward" : "");
+    if (a.overlap_grad_reduce)
+      s.model->set_grad_ready_hook([g = s.dp_grads.get(), dev = s.device](int layer) {
+        g->layer_ready(layer, ops::default_stream(dev));
+      });
+    s.fwd_bwd->dp_grads = s.dp_grads.get();
+  }
+  const optim::AdamWConfig adam{a.adam_beta1, a.adam_beta2, a.adam_eps};
+  if (a.use_distributed_optimizer) {
+    s.opt = std::make_unique<optim::DistributedAdamW>(P, adam, *s.dp_grads, a.overlap_param_gather);
+    // fp32 main params + two moments, against the same state held for the whole buffer.
+    const int64_t full = 3 * P.total_numel() * int64_t(sizeof(float));
+    log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
+              "{} bytes an unsharded optimizer holds",
+              s.opt->state_bytes(), double(s.opt->state_bytes()) / double(full), full);
+  } else {
+    s.opt = std::make_unique<optim::AdamW>(P, adam);
+  }
+  // --overlap-param-gather: the forward waits for each layer's gathered parameters.
+  if (a.overlap_param_gather)
+    s.model->set_params_needed_hook([o = s.opt.get()](int layer) { o->wait_params(layer); });
+  s.grad_params = optim::grad_params(P, *s.ps);  // collective over the embedding group
+  s.norm_group = &parallel::grad_norm_group(*s.ps, s.world->world(), s.opt->state_sharded());
+  // The memory plan before the first step allocates any activation, per pipeline stage;
+  // the allocated weights, gradients and optimizer state must agree with it.
+  s.plan = plan_stage_memory(a, s.model_cfg, s.ps->pp_rank());
+  const int64_t have = int64_t(P.flat_params().nbytes() + P.flat_grads().nbytes()) +
+                       s.dp_grads->staging_bytes() + s.dp_grads->shard_bytes() +
+                       s.opt->state_bytes();
+  s.log->memory_plan(s.plan, have);
+}
+
+// The train, validation and test datasets (Megatron's build_train_valid_test_datasets).
+void Trainer::State::build_datasets() {
+  auto& s = *this;
+  const Args& a = s.args;
+  // Samples per split, as get_train_valid_test_num_samples().
+  data::GPTDatasetsArgs d;
+  d.data_path = a.data_path, d.mock_data = a.mock_data, d.seq_length = a.seq_length;
+  d.split = a.split.value_or("969, 30, 1");
+  d.seed = uint32_t(a.seed), d.eod = s.tok->eod(), d.pad = data::pad_id_for(s.tok->pad(), s.tok->eod());
+  d.vocab_size = s.tok->vocab_size();
+  d.eod_mask_loss = a.eod_mask_loss;
+  d.data_cache_path = a.data_cache_path.value_or("");
+  const int64_t gbs = a.global_batch_size;
+  d.num_samples[0] = a.train_samples.value_or(a.train_iters * gbs);
+  if (a.eval_interval)
+    d.num_samples[1] = (a.train_iters / *a.eval_interval + 1) * a.eval_iters * gbs;
+  d.num_samples[2] = a.eval_iters * gbs;
+  log::info("> building train, validation, and test datasets ...");
+  // With --data-cache-path rank 0 builds (and caches) the indices first, as Megatron
+  // does; the other ranks then read its cache instead of all writing the same files.
+  comm::Communicator& w = s.world->world();
+  if (!d.data_cache_path.empty() && w.size() > 1) {
+    if (w.rank() == 0) s.datasets = data::build_train_valid_test_datasets(d);
+    w.barrier(ops::default_stream(Device::CPU));
+    if (w.rank() != 0) s.datasets = data::build_train_valid_test_datasets(d);
+  } else {
+    s.datasets = data::build_train_valid_test_datasets(d);
+  }
+  MCPP_CHECK_HINT(s.datasets[0] || a.skip_train, "give the train split a non-zero weight in --split",
+                  "no training dataset was built (--split {})", d.split);
+  for (int i = 0; i < 3; ++i)
+    if (s.datasets[i])
+      log::info("    {}: {}", i == 0 ? "train" : i == 1 ? "validation" : "test",
+                s.datasets[i]->describe());
+}
+
+Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
+  auto& s = *s_;
+  s.args = std::move(args);
+  const Args& a = s.args;
+  s.setup_parallel();
+  s.build_model();
+  s.build_optimizer();
+  if (a.fp16) {
+    optim::LossScalerConfig lc;
+    lc.loss_scale = a.loss_scale.value_or(0.0), lc.initial_scale = a.initial_loss_scale;
+    lc.min_scale = a.min_loss_scale, lc.window = int64_t(a.loss_scale_window);
+    lc.hysteresis = a.hysteresis;
+    s.scaler = std::make_unique<optim::LossScaler>(lc);
+    log::info("> fp16 loss scaling: {}", s.scaler->dynamic()
+                                           ? fmt::format("dynamic, initial scale {}, window {}, "
+                                                         "hysteresis {}, min {}",
+                                                         lc.initial_scale, lc.window,
+                                                         lc.hysteresis, lc.min_scale)
+                                           : fmt::format("constant {}", lc.loss_scale));
+  }
+  s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
+  if (a.load) s.load();
+  if (a.async_save) {
+    MCPP_CHECK_HINT(a.save, "add --save DIR", "--async-save needs --save");
+    s.async_saver = std::make_unique<checkpoint::AsyncSaver>();
+  }
+  if (a.exit_signal_handler) install_exit_signal_handler();
+  s.build_datasets();
+}
+
+Trainer::~Trainer() = default;
+
+}  // namespace mcpp::training

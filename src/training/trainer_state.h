@@ -1,0 +1,89 @@
+// Trainer::State: everything one rank's training run holds, shared by trainer.cpp (the
+// loop) and trainer_setup.cpp (building it from the flags). Private to src/training.
+#pragma once
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "checkpoint/async_saver.h"
+#include "checkpoint/checkpoint.h"
+#include "comm/world.h"
+#include "data/gpt_dataset.h"
+#include "data/micro_batches.h"
+#include "model/gpt_model.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+#include "parallel/data_parallel/grad_buffer.h"
+#include "parallel/finalize_model_grads.h"
+#include "parallel/parallel_state.h"
+#include "parallel/pipeline/schedule.h"
+#include "training/forward_backward.h"
+#include "training/memory_plan.h"
+#include "training/trainer.h"
+#include "training/training_log.h"
+
+namespace mcpp::training {
+
+// What one train_step did.
+struct StepResult {
+  double loss = 0;       // lm loss of the global batch
+  double grad_norm = 0;  // before clipping; non-finite on an fp16 overflow
+  bool skipped = false;  // no update (overflow or non-finite loss)
+};
+
+struct Trainer::State {
+  // Declared first, destroyed last: every communicator outlives its users.
+  std::unique_ptr<comm::World> world;
+  std::unique_ptr<parallel::ParallelState> ps;
+  // Pipeline parallelism: a second communicator over each pipeline group, for gradients
+  // (activations use ps->pp()), and this stage's action lists.
+  std::unique_ptr<comm::Communicator> pp_grads;
+  parallel::pipeline::ScheduleKind schedule_kind = parallel::pipeline::ScheduleKind::OneFOneB;
+  StageMemory plan;                                      // predicted at start-up
+  parallel::pipeline::Schedule schedule;                 // [stage][action], training step
+  std::vector<parallel::pipeline::Action> forward_only;  // this stage, evaluation
+  Args args;
+  std::unique_ptr<data::Tokenizer> tok;
+  model::TransformerConfig model_cfg;
+  std::unique_ptr<model::GPTModel> model;
+  std::unique_ptr<parallel::DataParallelGrads> dp_grads;
+  std::unique_ptr<optim::Optimizer> opt;  // AdamW, or with --use-distributed-optimizer sharded
+  // finalize_model_grads's view of every parameter, and the group the grad norm sums over.
+  std::vector<parallel::GradParam> grad_params;
+  comm::Communicator* norm_group = nullptr;
+  std::unique_ptr<optim::OptimizerParamScheduler> sched;
+  std::unique_ptr<optim::LossScaler> scaler;  // --fp16
+  std::unique_ptr<ForwardBackward> fwd_bwd;
+  std::unique_ptr<TrainingLog> log;
+  Device device = Device::CPU;  // --device, resolved
+  std::array<std::shared_ptr<data::GPTSampleSource>, 3> datasets;
+  int64_t consumed_train = 0, consumed_valid = 0;
+  int64_t skipped_iters = 0, nan_iters = 0;
+  data::GPTSample sample;  // scratch of the micro-batch assembly
+  int64_t iteration = 0;
+  double flops_so_far = 0;
+  std::unique_ptr<checkpoint::AsyncSaver> async_saver;
+
+  // trainer_setup.cpp: the steps of Trainer::Trainer.
+  void setup_parallel();
+  void build_model();
+  void build_optimizer();
+  void build_datasets();
+
+  // trainer.cpp
+  std::pair<double, double> forward_backward(const data::GPTSampleSource& ds, int64_t consumed,
+                                             int64_t iteration, bool training);
+  void finalize_grads();
+  StepResult train_step();
+  double evaluate(int split, int64_t& consumed);
+  checkpoint::TrainingState training_state() const;
+  void save();
+  void load();
+};
+
+// SIGTERM with --exit-signal-handler: the loop saves and exits at the end of the iteration.
+void install_exit_signal_handler();
+bool exit_signal_received();
+
+}  // namespace mcpp::training

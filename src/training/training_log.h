@@ -1,0 +1,91 @@
+// What the trainer prints while it trains (Megatron's training_log and its neighbours):
+//
+//   * the iteration line every --log-interval (log_line.h formats it), with the loss
+//     averaged over the iterations of the interval that stepped;
+//   * --timing-log-level >= 1: Megatron's timers ("forward-backward", "optimizer",
+//     "grads-reduce"), as "(min, max) time across ranks (ms)": every rank's time per
+//     iteration reduced over the world (every rank calls log_interval together);
+//   * the memory lines: the plan at start-up ("Theoretical memory footprints"), the saved
+//     activations after the first iteration, the CUDA allocator once after the first log
+//     line;
+//   * --logging-level 10: every group's communication calls and bytes per iteration.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/timer.h"
+#include "comm/communicator.h"
+#include "model/gpt_model.h"
+#include "parallel/parallel_state.h"
+#include "training/arguments.h"
+#include "training/memory_plan.h"
+
+namespace mcpp::training {
+
+// The lines under "(min, max) time across ranks (ms):", one per timer:
+// "    forward-backward ............................: (12.30, 14.10)".
+std::vector<std::string> format_timer_lines(
+    const std::vector<std::string>& names, const std::vector<std::pair<double, double>>& min_max_ms);
+// Each timer's milliseconds per iteration since the last call (the timers are reset),
+// reduced to (min, max) over `group` (collective: every member calls it with the same
+// timer names).
+std::vector<std::pair<std::string, std::pair<double, double>>> timers_min_max(
+    Timers& timers, int64_t iterations, comm::Communicator& group);
+
+// The numbers of an interval's log line that the trainer owns.
+struct IntervalState {
+  int64_t consumed_samples = 0;
+  double learning_rate = 0;
+  double loss_scale = 1.0;
+  int64_t skipped_iterations = 0, nan_iterations = 0;
+  double flops_per_iteration = 0;
+};
+
+class TrainingLog {
+ public:
+  TrainingLog(const Args& a, Device device, comm::Communicator& world,
+              const parallel::ParallelState& ps);
+  // --timing-log-level >= 1: starts or stops a timed section. Megatron's timers
+  // synchronise the device at start and stop so that GPU time is measured, not launch
+  // time (this costs the host's run-ahead at each section boundary; the default level 0
+  // adds no synchronisation and times nothing).
+  void section(std::string_view name, bool start);
+  // One iteration done; skipped: its update was skipped (its loss is not averaged).
+  void record(double loss, double grad_norm, bool skipped);
+  // Whether iteration `it` ends a logging interval.
+  bool due(int64_t it) const { return it % a_.log_interval == 0 || it == a_.train_iters; }
+  // The iteration line and what goes with it; starts the next interval. Collective over
+  // the world with --timing-log-level >= 1.
+  void log_interval(int64_t iteration, const IntervalState& s);
+  // Time from here on is the interval's again (evaluation time is not training time).
+  void restart_interval();
+
+  // The memory plan before the first step (per pipeline stage, on TP rank 0 of DP rank 0),
+  // and a warning when the allocated weights, gradients and optimizer state differ from it.
+  void memory_plan(const StageMemory& plan, int64_t allocated_bytes);
+  // Saved activations after the first iteration, one line per pipeline stage.
+  void activation_memory(int64_t iteration, const model::ActivationMemory& m);
+
+ private:
+  void cuda_memory(int64_t iteration);
+  void op_profile(double per_iter_s);
+  void comm_volumes();
+  void timers();
+
+  const Args& a_;
+  Device device_;
+  comm::Communicator& world_;
+  const parallel::ParallelState& ps_;
+  Timers timers_;
+  Timer interval_;
+  double loss_ = 0, last_grad_norm_ = 0;
+  int64_t iters_ = 0, advanced_ = 0;
+  bool report_memory_ = true;
+  std::map<std::string, comm::CommStats> comm_seen_;
+};
+
+}  // namespace mcpp::training
