@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "base/version.h"
+#include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
@@ -199,8 +200,10 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   MCPP_CHECK_HINT(md.contains("model"),
                   "pass the model shape flags (--num-layers, --hidden-size, ...) instead",
                   "the checkpoint records no model config");
+  const std::string iter_dir = md.value("__iter_dir", std::string("."));
   const json& j = md.at("model");
   model::TransformerConfig c;
+  try {
   c.num_layers = j.at("num_layers"), c.hidden_size = j.at("hidden_size");
   c.ffn_hidden_size = j.at("ffn_hidden_size");
   c.num_attention_heads = j.at("num_attention_heads");
@@ -214,7 +217,17 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.hidden_dropout = j.at("hidden_dropout"), c.attention_dropout = j.at("attention_dropout");
   c.init_method_std = j.at("init_method_std"), c.seed = j.at("seed");
   c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
+  } catch (const json::exception& e) {
+    MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
+  }
   c.tp_size = 1, c.tp_rank = 0;  // the loader chooses its own layout
+  // Ranges, and agreement with the tensors and files, before anyone allocates this model.
+  try {
+    check_model_config(c, md, iter_dir);
+  } catch (const json::exception& e) {
+    MCPP_FAIL("{}/{}: malformed 'tensors' or 'files' field: {}", iter_dir, kMetadataFile,
+              e.what());
+  }
   return c;
 }
 
@@ -514,8 +527,13 @@ std::vector<int64_t> list_iterations(const std::string& load_dir) {
   for (const auto& e : fs::directory_iterator(load_dir, ec)) {
     std::smatch m;
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && std::regex_match(n, m, name) && fs::exists(e.path() / kMetadataFile))
-      its.push_back(std::stoll(m[1]));
+    if (!e.is_directory() || !std::regex_match(n, m, name) ||
+        !fs::exists(e.path() / kMetadataFile))
+      continue;
+    if (auto it = parse_iteration_digits(m[1]))
+      its.push_back(*it);
+    else
+      log::warn("ignoring {}: its iteration number does not fit 64 bits", e.path().string());
   }
   std::sort(its.begin(), its.end());
   return its;
@@ -525,7 +543,7 @@ std::optional<int64_t> latest_iteration(const std::string& load_dir) {
   const std::string tracker = join_path(load_dir, kTrackerFile);
   std::error_code ec;
   if (fs::exists(tracker, ec)) {
-    std::string s = read_text_file(tracker);
+    std::string s = read_text_file(tracker, 4096);
     s.erase(std::remove_if(s.begin(), s.end(), ::isspace), s.end());
     if (!s.empty() && s.size() < 19 && std::all_of(s.begin(), s.end(), ::isdigit)) {
       const int64_t it = std::stoll(s);
@@ -533,7 +551,24 @@ std::optional<int64_t> latest_iteration(const std::string& load_dir) {
       // means a re-save of this iteration was interrupted while the old copy was moved aside.
       if (fs::exists(fs::path(load_dir) / iteration_dir_name(it), ec)) return it;
       auto its = list_iterations(load_dir);
-      if (its.empty()) return std::nullopt;
+      if (its.empty()) {
+        // Megatron stops here too: starting from random weights would silently throw the
+        // run away (and the next save would replace the tracker).
+        std::string aside;
+        for (const auto& e : fs::directory_iterator(load_dir, ec))
+          if (e.path().filename().string().rfind(iteration_dir_name(it) + ".old-", 0) == 0)
+            aside = e.path().string();
+        throw Error(
+            fmt::format("{} names iteration {}, but {} does not exist and {} holds no other "
+                        "complete checkpoint",
+                        tracker, it, join_path(load_dir, iteration_dir_name(it)), load_dir),
+            aside.empty()
+                ? "restore the checkpoint folder, or start fresh without --load (or with "
+                  "another --load folder)"
+                : fmt::format("a re-save of that iteration was interrupted; its previous copy "
+                              "is {}: rename it to {}",
+                              aside, iteration_dir_name(it)));
+      }
       log::warn(
           "{} names iteration {}, whose folder is missing; using the newest complete "
           "checkpoint, iteration {}",
@@ -576,13 +611,34 @@ json parse_metadata(const std::string& iter_dir) {
   } catch (const json::exception& e) {
     MCPP_FAIL("{} is not valid JSON ({}): the file is corrupt", path, e.what());
   }
-  MCPP_CHECK(md.is_object() && md.value("format", "") == "megatron.cpp checkpoint",
+  MCPP_CHECK(md.is_object() && md.contains("format") && md["format"] == "megatron.cpp checkpoint",
              "{} is not a megatron.cpp checkpoint metadata file", path);
-  const int v = md.value("format_version", 0);
+  MCPP_CHECK(md.contains("format_version") && md["format_version"].is_number_integer(),
+             "{}: format_version is {}, expected an integer", path,
+             md.contains("format_version") ? md["format_version"].dump() : "absent");
+  const int64_t v = md["format_version"].get<int64_t>();
   MCPP_CHECK_HINT(v >= 1 && v <= kFormatVersion, "use a newer megatron.cpp to read it",
                   "{} has format version {}, this build reads 1..{}", path, v, kFormatVersion);
   for (const char* k : {"tensors", "files", "state", "iteration"})
     MCPP_CHECK(md.contains(k), "{} lacks the field '{}'", path, k);
+  for (const char* k : {"tensors", "files", "state"})
+    MCPP_CHECK(md[k].is_object(), "{}: '{}' is not a JSON object", path, k);
+  MCPP_CHECK(md["iteration"].is_number_integer() && md["iteration"].get<int64_t>() >= 0,
+             "{}: iteration is {}, expected a non-negative integer", path,
+             md["iteration"].dump());
+  // The folder's name is what the tracker and --ckpt-step select: the metadata inside must
+  // describe that iteration, or a converter would export another one than asked.
+  static const std::regex name(R"(iter_(\d+))");
+  std::smatch m;
+  const std::string base = fs::path(iter_dir).filename().string();
+  if (std::regex_match(base, m, name)) {
+    const auto folder_it = parse_iteration_digits(m[1]);
+    MCPP_CHECK_HINT(folder_it == md["iteration"].get<int64_t>(),
+                    "the folder was renamed or its metadata.json replaced; restore it",
+                    "{} says iteration {}, but its folder is {}", path, md["iteration"].dump(),
+                    base);
+  }
+  md["__iter_dir"] = iter_dir;  // for messages and the file-size checks; never saved
   return md;
 }
 
@@ -671,16 +727,26 @@ void load_tensor(ShardReader& rd, const json& md, const std::string& key, const 
   const int64_t dst_w = cols_of(p.local_shape);
   int64_t stored = 0, covered = 0;
   const auto mine = local_pieces(p, tp_rank, tp_size);
+  // Every piece inside the tensor and inside its shard (whose checksum then covers all that
+  // is copied), no two overlapping: checked for all shards before any is read.
+  std::vector<Piece> all;
+  for (const json& sh : t.at("shards")) {
+    const Shape sshape = sh.at("shape").get<Shape>();
+    check_shape(sshape, "tensor " + key + ": shard shape");
+    MCPP_CHECK(sshape.size() == gshape.size(), "tensor {}: shard shape {} for global shape {}",
+               key, shape_str(sshape), shape_str(gshape));
+    for (const json& pj : sh.at("pieces")) {
+      all.push_back(piece_from_json(pj));
+      check_piece(all.back(), gshape, sshape, key);
+    }
+  }
+  check_pieces_disjoint(all, key);
   for (const json& sh : t.at("shards")) {
     const Shape sshape = sh.at("shape").get<Shape>();
     const int64_t src_w = cols_of(sshape);
     const Tensor* src = nullptr;
     for (const json& pj : sh.at("pieces")) {
       const Piece s = piece_from_json(pj);
-      MCPP_CHECK(s.g_row >= 0 && s.g_col >= 0 && s.g_row + s.rows <= rows_of(gshape) &&
-                     s.g_col + s.cols <= cols_of(gshape) && s.l_row + s.rows <= rows_of(sshape) &&
-                     s.l_col + s.cols <= src_w,
-                 "tensor {}: a shard piece lies outside the tensor ({})", key, pj.dump());
       stored += s.rows * s.cols;
       for (const Piece& d : mine) {
         const int64_t r0 = std::max(s.g_row, d.g_row),
@@ -725,7 +791,7 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
     std::smatch m;
     const std::string base = fs::path(iter_dir).filename().string();
     static const std::regex name(R"(iter_(\d+))");
-    if (std::regex_match(base, m, name)) it_num = std::stoll(m[1]);
+    if (std::regex_match(base, m, name)) it_num = parse_iteration_digits(m[1]).value_or(-1);
   }
   try {
     const json md = parse_metadata(iter_dir);
@@ -744,6 +810,10 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
                       "the checkpoint holds {} {}, which this model does not have", key,
                       shape_str(v.at("global_shape").get<Shape>()));
     TrainingState st = state_from_json(md.at("state"));
+    check_state(st, join_path(iter_dir, kMetadataFile));
+    MCPP_CHECK(st.iteration == md["iteration"].get<int64_t>(),
+               "{}: state.iteration {} differs from its iteration {}",
+               join_path(iter_dir, kMetadataFile), st.iteration, md["iteration"].dump());
     if (opts.finetune) {
       // Megatron's --finetune: weights only; training starts at iteration 0.
       TrainingState fresh;
@@ -796,9 +866,10 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
 
 // ---- inspection --------------------------------------------------------------------------------
 
-std::string describe_checkpoint(const std::string& dir) {
+std::string describe_checkpoint(const std::string& dir, int* bad_shards) {
   const std::string iter_dir = resolve_iter_dir(dir, std::nullopt);
   const json md = parse_metadata(iter_dir);
+  try {
   std::ostringstream o;
   o << "checkpoint " << iter_dir << "\n";
   o << "  format version " << md["format_version"] << ", written by megatron.cpp "
@@ -807,7 +878,7 @@ std::string describe_checkpoint(const std::string& dir) {
   if (fs::exists(fs::path(dir) / kTrackerFile)) {
     auto its = list_iterations(dir);
     o << "  iterations present: " << iterations_str(its)
-      << " (tracker: " << read_text_file(join_path(dir, kTrackerFile)) << ")\n";
+      << " (tracker: " << read_text_file(join_path(dir, kTrackerFile), 4096) << ")\n";
   }
   const json& s = md["state"];
   o << "  iteration " << s["iteration"] << ", consumed samples train "
@@ -830,11 +901,18 @@ std::string describe_checkpoint(const std::string& dir) {
       o << " " << sh["file"].get<std::string>();
       for (const json& p : sh["pieces"]) o << p["shape"].dump() << "@" << p["offsets"].dump();
       try {
+        const Shape g = t.at("global_shape").get<Shape>(), ss = sh.at("shape").get<Shape>();
+        check_shape(g, "tensor " + key);
+        check_shape(ss, "tensor " + key + ": shard shape");
+        for (const json& p : sh.at("pieces")) check_piece(piece_from_json(p), g, ss, key);
         rd.shard(key, sh);
         o << " ok";
       } catch (const Error& e) {
         ++bad;
         o << " BAD (" << e.summary() << ")";
+      } catch (const json::exception& e) {
+        ++bad;
+        o << " BAD (malformed shard entry: " << e.what() << ")";
       }
     }
     o << "\n";
@@ -842,7 +920,11 @@ std::string describe_checkpoint(const std::string& dir) {
   o << "  "
     << (bad ? std::to_string(bad) + " shard(s) failed verification" : "all checksums verified")
     << "\n";
+  if (bad_shards) *bad_shards = bad;
   return o.str();
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}/{}: malformed metadata: {}", iter_dir, kMetadataFile, e.what()));
+  }
 }
 
 }  // namespace mcpp::checkpoint

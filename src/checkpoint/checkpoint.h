@@ -183,9 +183,9 @@ model::TransformerConfig model_config_from_metadata(const nlohmann::json& metada
 nlohmann::json model_config_json(const model::TransformerConfig& c);
 
 // `megatron inspect CKPT`: iteration, state, config, tensors and shard layout; reads every
-// shard and verifies its checksum (the report says which are bad; it throws only when the
-// metadata itself is unreadable).
-std::string describe_checkpoint(const std::string& dir);
+// shard and verifies its checksum (the report says which are bad, and bad_shards receives
+// their count; it throws only when the metadata itself is unreadable).
+std::string describe_checkpoint(const std::string& dir, int* bad_shards = nullptr);
 
 // TrainingState <-> JSON, as stored in metadata.json's "state".
 nlohmann::json state_to_json(const TrainingState& st);

@@ -1,6 +1,7 @@
 #include "checkpoint/fs.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -58,10 +59,35 @@ void fsync_dir(const std::string& dir) {
              std::strerror(e));
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  MCPP_CHECK(f.good(), "cannot open {}", path);
-  return {std::istreambuf_iterator<char>(f), {}};
+std::string read_text_file(const std::string& path, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; the type is checked on the open
+  // descriptor, so a file swapped after a stat() cannot slip through.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  MCPP_CHECK(fd >= 0, "cannot open {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
+    ::close(fd);
+    MCPP_FAIL("{} is {}, not a regular file", path,
+              dir ? "a directory" : "a device, FIFO or socket");
+  }
+  if (size_t(st.st_size) > max_bytes) {
+    ::close(fd);
+    MCPP_FAIL("{} has {} bytes, more than the {} this reader accepts (corrupt or not the "
+              "expected file)",
+              path, st.st_size, max_bytes);
+  }
+  std::string out(size_t(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t r = ::read(fd, out.data() + got, out.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;  // shrank while reading: return what is there
+    got += size_t(r);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
 }
 
 const char* checksum_algorithm() {

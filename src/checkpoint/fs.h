@@ -10,7 +10,11 @@ namespace mcpp::checkpoint {
 void write_file_durable(const std::string& path, const std::string& bytes);
 // fsync of a directory, so that the renames and creations inside it survive a crash.
 void fsync_dir(const std::string& dir);
-std::string read_text_file(const std::string& path);
+// The whole of a regular file (after symlinks) of at most max_bytes: a FIFO, a device such
+// as /dev/zero, a directory or an oversized file is an Error naming the path, never an
+// unbounded or blocking read.
+inline constexpr size_t kMaxTextFile = size_t(256) << 20;  // metadata.json of huge models
+std::string read_text_file(const std::string& path, size_t max_bytes = kMaxTextFile);
 
 // "xxh3-64" when built with xxHash (MCPP_HAVE_XXHASH), else "fnv1a-64" (slower, same role).
 const char* checksum_algorithm();

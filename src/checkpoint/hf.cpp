@@ -1,5 +1,6 @@
 #include "checkpoint/hf.h"
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -209,23 +210,51 @@ json hf_config(const model::TransformerConfig& c, DType dtype) {
 
 model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_by) {
   model::TransformerConfig c;
+  MCPP_CHECK_HINT(j.is_object() && (!j.contains("model_type") || j["model_type"].is_string()),
+                  "check config.json", "Hugging Face config.json: model_type is not a string");
   const std::string type = j.value("model_type", "");
   auto need = [&](const char* k) -> const json& {
     MCPP_CHECK_HINT(j.contains(k) && !j[k].is_null(), "check config.json",
                     "Hugging Face config.json ({}) lacks '{}'", type, k);
     return j[k];
   };
+  // A size field: an integer in [1, 2^31) (a zero or negative one would divide by zero or
+  // allocate nonsense below).
+  auto size = [&](const char* k) -> int64_t {
+    const json& v = need(k);
+    MCPP_CHECK_HINT(v.is_number_integer() && v.get<int64_t>() >= 1 &&
+                        v.get<int64_t>() < (int64_t(1) << 31),
+                    "check config.json", "Hugging Face config.json ({}): '{}' is {}, expected a "
+                    "positive integer", type, k, v.dump());
+    return v.get<int64_t>();
+  };
+  auto opt_size = [&](const char* k, int64_t dflt) -> int64_t {
+    return j.contains(k) && !j[k].is_null() ? size(k) : dflt;
+  };
+  auto pos_real = [&](const char* k, double dflt) -> double {
+    if (!j.contains(k) || j[k].is_null()) return dflt;
+    const json& v = j[k];
+    MCPP_CHECK_HINT(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
+                    "check config.json", "Hugging Face config.json ({}): '{}' is {}, expected a "
+                    "positive number", type, k, v.dump());
+    return v.get<double>();
+  };
+  auto divides = [&](int64_t a, int64_t b, const char* ka, const char* kb) {
+    MCPP_CHECK_HINT(a % b == 0, "check config.json",
+                    "Hugging Face config.json ({}): '{}' {} is not a multiple of '{}' {}", type,
+                    ka, a, kb, b);
+  };
   try {
     if (type == "gpt2") {
-      c.num_layers = need("n_layer"), c.hidden_size = need("n_embd");
-      c.num_attention_heads = need("n_head");
+      c.num_layers = size("n_layer"), c.hidden_size = size("n_embd");
+      c.num_attention_heads = size("n_head");
+      divides(c.hidden_size, c.num_attention_heads, "n_embd", "n_head");
       c.num_query_groups = c.num_attention_heads;
       c.kv_channels = c.hidden_size / c.num_attention_heads;
-      c.ffn_hidden_size =
-          j.value("n_inner", json()).is_null() ? 4 * c.hidden_size : j["n_inner"].get<int64_t>();
-      c.max_position_embeddings = need("n_positions");
+      c.ffn_hidden_size = opt_size("n_inner", 4 * c.hidden_size);
+      c.max_position_embeddings = size("n_positions");
       c.seq_length = c.max_position_embeddings;
-      c.norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
+      c.norm_epsilon = pos_real("layer_norm_epsilon", 1e-5);
       const std::string act = j.value("activation_function", "gelu_new");
       MCPP_CHECK_HINT(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast",
                       "megatron.cpp's GELU is the tanh approximation (gelu_new)",
@@ -234,17 +263,20 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.attention_dropout = j.value("attn_pdrop", 0.1);
       c.init_method_std = j.value("initializer_range", 0.02);
     } else if (type == "llama") {
-      c.num_layers = need("num_hidden_layers"), c.hidden_size = need("hidden_size");
-      c.num_attention_heads = need("num_attention_heads");
-      c.num_query_groups = j.value("num_key_value_heads", c.num_attention_heads);
-      c.kv_channels = j.value("head_dim", json()).is_null() ? c.hidden_size / c.num_attention_heads
-                                                            : j["head_dim"].get<int64_t>();
-      c.ffn_hidden_size = need("intermediate_size");
-      c.max_position_embeddings = need("max_position_embeddings");
+      c.num_layers = size("num_hidden_layers"), c.hidden_size = size("hidden_size");
+      c.num_attention_heads = size("num_attention_heads");
+      c.num_query_groups = opt_size("num_key_value_heads", c.num_attention_heads);
+      divides(c.num_attention_heads, c.num_query_groups, "num_attention_heads",
+              "num_key_value_heads");
+      if (!j.contains("head_dim") || j["head_dim"].is_null())
+        divides(c.hidden_size, c.num_attention_heads, "hidden_size", "num_attention_heads");
+      c.kv_channels = opt_size("head_dim", c.hidden_size / c.num_attention_heads);
+      c.ffn_hidden_size = size("intermediate_size");
+      c.max_position_embeddings = size("max_position_embeddings");
       c.seq_length = c.max_position_embeddings;
-      c.norm_epsilon = j.value("rms_norm_eps", 1e-6);
+      c.norm_epsilon = pos_real("rms_norm_eps", 1e-6);
       c.rope = true, c.rmsnorm = true, c.swiglu = true;
-      c.rotary_base = j.value("rope_theta", 10000.0);
+      c.rotary_base = pos_real("rope_theta", 10000.0);
       MCPP_CHECK_HINT(j.value("rope_scaling", json()).is_null(),
                       "RoPE scaling (llama3, yarn, linear) is not implemented yet",
                       "config.json has rope_scaling {}", j["rope_scaling"].dump());
@@ -261,7 +293,7 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
     } else {
       MCPP_FAIL("Hugging Face model_type '{}' is not supported (gpt2 and llama are)", type);
     }
-    const int64_t v = need("vocab_size");
+    const int64_t v = size("vocab_size");
     const int64_t m = std::max<int64_t>(1, divisible_by);
     c.padded_vocab_size = (v + m - 1) / m * m;
   } catch (const json::exception& e) {
@@ -365,21 +397,58 @@ json read_hf_config(const std::string& hf_dir) {
   const fs::path p = fs::path(hf_dir) / "config.json";
   MCPP_CHECK_HINT(fs::exists(p), "pass a Hugging Face model folder", "{} has no config.json",
                   hf_dir);
+  json j;
   try {
-    return json::parse(read_text_file(p.string()));
+    j = json::parse(read_text_file(p.string(), size_t(16) << 20));
   } catch (const json::exception& e) {
     MCPP_FAIL("{} is not valid JSON: {}", p.string(), e.what());
   }
+  MCPP_CHECK(j.is_object(), "{} is not a JSON object", p.string());
+  return j;
 }
 
-void import_hf(const std::string& hf_dir, const model::TransformerConfig& c,
-               model::ParamStore& ps) {
+namespace {
+
+// A weight_map entry names a file of the model folder itself: a plain relative name, no
+// "..", not absolute, and (after symlinks) inside the folder. An index from the internet
+// must not make the importer read /etc/shadow or another user's files.
+std::string weight_file_in(const fs::path& dir, const json& entry, const std::string& index) {
+  MCPP_CHECK(entry.is_string(), "{}: weight_map value {} is not a file name", index,
+             entry.dump());
+  const std::string name = entry.get<std::string>();
+  const fs::path rel(name);
+  bool up = false;
+  for (const auto& part : rel) up |= part == "..";
+  MCPP_CHECK_HINT(!name.empty() && rel.is_relative() && !up,
+                  "a model folder's index names files inside the folder only",
+                  "{}: weight_map names '{}', outside the model folder", index, name);
+  std::error_code ec;
+  const fs::path base = fs::weakly_canonical(dir, ec), full = fs::weakly_canonical(dir / rel, ec);
+  const std::string b = base.string() + "/";
+  MCPP_CHECK_HINT(full.string().rfind(b, 0) == 0,
+                  "a model folder's index names files inside the folder only",
+                  "{}: weight_map names '{}', which resolves to {} outside the model folder",
+                  index, name, full.string());
+  return name;
+}
+
+}  // namespace
+
+std::vector<std::string> hf_weight_files(const std::string& hf_dir) {
   const fs::path dir(hf_dir);
   std::vector<std::string> files;
   if (fs::exists(dir / "model.safetensors.index.json")) {
-    json idx = json::parse(read_text_file((dir / "model.safetensors.index.json").string()));
+    const std::string index = (dir / "model.safetensors.index.json").string();
+    json idx;
+    try {
+      idx = json::parse(read_text_file(index, size_t(64) << 20));
+    } catch (const json::exception& e) {
+      MCPP_FAIL("{} is not valid JSON: {}", index, e.what());
+    }
+    MCPP_CHECK(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(),
+               "{} has no 'weight_map' object", index);
     std::set<std::string> s;
-    for (auto& [k, v] : idx.at("weight_map").items()) s.insert(v.get<std::string>());
+    for (auto& [k, v] : idx["weight_map"].items()) s.insert(weight_file_in(dir, v, index));
     files.assign(s.begin(), s.end());
   } else if (fs::exists(dir / "model.safetensors")) {
     files.push_back("model.safetensors");
@@ -389,6 +458,33 @@ void import_hf(const std::string& hf_dir, const model::TransformerConfig& c,
                     "convert pytorch_model.bin with safetensors' convert script first",
                     "{} has no model.safetensors", hf_dir);
   }
+  return files;
+}
+
+void check_hf_fits_files(const std::string& hf_dir, const model::TransformerConfig& c) {
+  // A lower bound of the parameter count (embedding and the layers' four weight matrices) at
+  // one byte each, in floating point so that no product overflows.
+  const double H = double(c.hidden_size), F = double(c.ffn_hidden_size);
+  const double qkv = double(c.num_attention_heads + 2 * c.num_query_groups) * double(c.kv_channels);
+  const double params = double(c.padded_vocab_size) * H +
+                        double(c.num_layers) * (qkv * H + H * H + 2 * F * H);
+  double have = 0;
+  for (const auto& f : hf_weight_files(hf_dir)) {
+    std::error_code ec;
+    const auto n = fs::file_size(fs::path(hf_dir) / f, ec);
+    MCPP_CHECK(!ec, "{}: cannot read the size of {}: {}", hf_dir, f, ec.message());
+    have += double(n);
+  }
+  MCPP_CHECK_HINT(params <= have, "check that config.json belongs to these weights",
+                  "{}/config.json describes a model of at least {:.3g} parameters, but its "
+                  "weight files hold only {:.3g} bytes",
+                  hf_dir, params, have);
+}
+
+void import_hf(const std::string& hf_dir, const model::TransformerConfig& c,
+               model::ParamStore& ps) {
+  const fs::path dir(hf_dir);
+  const std::vector<std::string> files = hf_weight_files(hf_dir);
   std::map<std::string, Tensor> tensors;
   for (const auto& f : files) {
     auto st = load_safetensors((dir / f).string());

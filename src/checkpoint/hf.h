@@ -57,5 +57,11 @@ void export_hf(const std::string& out_dir, const model::TransformerConfig& c,
 void import_hf(const std::string& hf_dir, const model::TransformerConfig& c,
                model::ParamStore& params);
 nlohmann::json read_hf_config(const std::string& hf_dir);
+// The safetensors files of hf_dir (model.safetensors, or the index's weight_map files, each
+// checked to lie inside the folder).
+std::vector<std::string> hf_weight_files(const std::string& hf_dir);
+// Before a model of config c is allocated: its parameters must fit in the weight files (a
+// config.json with n_layer 2^30 is an error, not an allocation of terabytes).
+void check_hf_fits_files(const std::string& hf_dir, const model::TransformerConfig& c);
 
 }  // namespace mcpp::checkpoint

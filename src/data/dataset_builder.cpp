@@ -103,9 +103,13 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
   }
   const Blend blend = parse_data_path(a.data_path);
   const auto matrix = split_matrix(parse_split(a.split));
+  auto open = [&](const std::string& prefix) {
+    auto low = std::make_shared<IndexedLowLevelDataset>(prefix);
+    if (a.padded_vocab_size > 0) low->indexed().check_vocabulary(a.padded_vocab_size);
+    return low;
+  };
   if (blend.prefixes.size() == 1 && blend.weights.empty())
-    return build_splits(std::make_shared<IndexedLowLevelDataset>(blend.prefixes[0]), matrix,
-                        a.num_samples, cfg);
+    return build_splits(open(blend.prefixes[0]), matrix, a.num_samples, cfg);
 
   const size_t P = blend.prefixes.size();
   const bool weighted = !blend.weights.empty();
@@ -119,7 +123,7 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
   };
   std::vector<Splits> per_dataset(P);
   for (size_t p = 0; p < P; ++p) {
-    auto low = std::make_shared<IndexedLowLevelDataset>(blend.prefixes[p]);
+    auto low = open(blend.prefixes[p]);
     std::array<std::optional<int64_t>, 3> sizes{};
     if (weighted) sizes = sizes_for(blend.weights[p], a.mid_level_dataset_surplus);
     per_dataset[p] = build_splits(low, matrix, sizes, cfg);

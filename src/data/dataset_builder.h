@@ -33,6 +33,9 @@ struct GPTDatasetsArgs {
   int64_t eod = 0;         // tokenizer eod id
   int64_t pad = -1;        // tokenizer pad id, -1 if none (see pad_id_for)
   int64_t vocab_size = 0;  // tokenizer vocab size (mock data only)
+  // The model's padded vocabulary: every dataset's token ids must lie below it (checked when
+  // the dataset is opened; 0 = not checked).
+  int64_t padded_vocab_size = 0;
   bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
   std::string data_cache_path;               // --data-cache-path ("" = no cache)

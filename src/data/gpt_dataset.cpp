@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -237,6 +238,26 @@ bool GPTDataset::load_cache(int64_t tokens_per_epoch) {
     if ((*s)[i] < 0 || (*s)[i] >= ndoc || (*s)[i + 1] < 0 ||
         (i >= 2 && (*s)[i] < (*s)[i - 2]))
       return bad("sample_index.npy is out of range");
+  // Every sample must read exactly what get_text() will read: each piece inside its
+  // sequence and S + X tokens in all (fewer only for validation's last partial sample). A
+  // backwards boundary would make get_text() write past its buffer; an all-zero index would
+  // train on samples of one token.
+  for (int64_t j = 0; j < total; ++j) {
+    const int64_t db = (*s)[2 * j], ob = (*s)[2 * j + 1], de = (*s)[2 * j + 2],
+                  oe = (*s)[2 * j + 3];
+    int64_t n = 0;
+    bool ok = true;
+    for (int64_t i = db; ok && i <= de; ++i) {
+      const int64_t len = low_->sequence_length((*d)[size_t(i)]);
+      const int64_t off = i > db ? 0 : ob, want = i < de ? len - off : (db == de ? oe - ob : oe) + X;
+      ok = off >= 0 && want >= 0 && off <= len && want <= len - off && n + want <= S + X;
+      n += want;
+    }
+    const bool last_partial = !drop_last && j == total - 1;
+    if (!ok || (last_partial ? n < X : n != S + X))
+      return bad(fmt::format("sample_index.npy: sample {} does not cover {} tokens of the split",
+                             j, S + X));
+  }
   for (int64_t v : *h)
     if (v < 0 || v >= total) return bad("shuffle_index.npy is out of range");
   document_index_.assign(d->begin(), d->end());
@@ -346,18 +367,32 @@ void GPTDataset::get(int64_t index, GPTSample& out) const {
 // ---- split ------------------------------------------------------------------------
 
 std::vector<double> parse_split(const std::string& split) {
-  static const std::regex number("[.0-9]+");
+  // Megatron reads the runs of digits and dots (re.findall("[.0-9]+")); that turns "1e400"
+  // into 1 and 400 and "abc" or "nan" into nothing. Here every word between separators must
+  // be such a number, so the error names the word that is not one.
   std::vector<double> v;
-  for (auto it = std::sregex_iterator(split.begin(), split.end(), number);
-       it != std::sregex_iterator(); ++it) {
-    const std::string s = it->str();
+  std::string word;
+  auto flush = [&] {
+    if (word.empty()) return;
+    const bool plain = std::all_of(word.begin(), word.end(),
+                                   [](char c) { return (c >= '0' && c <= '9') || c == '.'; }) &&
+                       std::count(word.begin(), word.end(), '.') <= 1 && word != ".";
     char* end = nullptr;
-    double x = std::strtod(s.c_str(), &end);
-    if (end != s.c_str() + s.size() || !std::isfinite(x))
-      throw Error(fmt::format("--split '{}': '{}' is not a number", split, s),
+    const double x = plain ? std::strtod(word.c_str(), &end) : 0.0;
+    if (!plain || end != word.c_str() + word.size() || !std::isfinite(x))
+      throw Error(fmt::format("--split '{}': '{}' is not a non-negative decimal number", split,
+                              word),
                   "give three weights, e.g. --split 969,30,1");
     v.push_back(x);
+    word.clear();
+  };
+  for (char c : split) {
+    if (c == ',' || c == '/' || c == ':' || c == ';' || std::isspace(static_cast<unsigned char>(c)))
+      flush();
+    else
+      word += c;
   }
+  flush();
   if (v.size() > 3)
     throw Error(fmt::format("--split '{}' has {} numbers, expected at most 3", split, v.size()),
                 "give train,valid,test weights, e.g. --split 969,30,1");

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <limits>
@@ -174,15 +176,19 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal) : pre
       bad("sequence_pointers", fmt::format("sequence {} starts at byte {}, before the end of the "
                                            "previous one (byte {})",
                                            i, ptr, expect_ptr));
-    expect_ptr = ptr + int64_t(len) * itemsize_;
+    // Compared as differences of values already known to be in range: a pointer near
+    // INT64_MAX must not wrap around and pass (the read would then leave the mapping).
+    const uint64_t bytes = uint64_t(len) * uint64_t(itemsize_);  // < 2^34: no overflow
+    if (uint64_t(ptr) > bin_bytes_ || bytes > bin_bytes_ - uint64_t(ptr))
+      throw Error(
+          fmt::format("{}: truncated or mismatched: the index {} places sequence {} ({} tokens) "
+                      "at byte {}, beyond the file's {} bytes",
+                      bp, ip, i, len, ptr, bin_bytes_),
+          "the .bin and .idx files do not belong together or the copy was interrupted; "
+          "copy or re-create both");
+    expect_ptr = ptr + int64_t(bytes);
     num_tokens_ += len;
   }
-  if (uint64_t(expect_ptr) > bin_bytes_)
-    throw Error(
-        fmt::format("{}: truncated: the index {} describes {} bytes of tokens, the file has {}", bp,
-                    ip, expect_ptr, bin_bytes_),
-        "the .bin and .idx files do not belong together or the copy was interrupted; "
-        "copy or re-create both");
   int64_t prev = 0;
   for (int64_t j = 0; j < d_; ++j) {
     int64_t v = read_le<int64_t>(reinterpret_cast<const uint8_t*>(docs_ + j));
@@ -195,6 +201,69 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal) : pre
   }
   if (prev != n_)
     bad("document_indices", fmt::format("last boundary is {}, expected {}", prev, n_));
+}
+
+int64_t IndexedDataset::max_token_id() const {
+  std::call_once(max_once_, [&] {
+    int64_t mx = -1;
+    auto bad = [&](int64_t seq, const std::string& what) {
+      throw Error(fmt::format("{}: sequence {} holds {}, not a token id", bin_path(prefix_), seq,
+                              what),
+                  "the .bin file is corrupt or was not written by a tokenizer; re-create it "
+                  "with `megatron preprocess`");
+    };
+    for (int64_t i = 0; i < n_; ++i) {
+      const int64_t len = read_le<int32_t>(reinterpret_cast<const uint8_t*>(lengths_ + i));
+      const uint8_t* p =
+          bin_ + read_le<int64_t>(reinterpret_cast<const uint8_t*>(pointers_ + i));
+      switch (dtype_) {
+        case IndexDType::U8:
+          for (int64_t k = 0; k < len; ++k) mx = std::max<int64_t>(mx, p[k]);
+          break;
+        case IndexDType::U16:
+          for (int64_t k = 0; k < len; ++k) mx = std::max<int64_t>(mx, read_le<uint16_t>(p + 2 * k));
+          break;
+        case IndexDType::I8:
+        case IndexDType::I16:
+        case IndexDType::I32:
+        case IndexDType::I64: {
+          int64_t mn = 0;
+          for (int64_t k = 0; k < len; ++k) {
+            int64_t v = dtype_ == IndexDType::I8    ? int64_t(int8_t(p[k]))
+                        : dtype_ == IndexDType::I16 ? int64_t(read_le<int16_t>(p + 2 * k))
+                        : dtype_ == IndexDType::I32 ? int64_t(read_le<int32_t>(p + 4 * k))
+                                                    : read_le<int64_t>(p + 8 * k);
+            mn = std::min(mn, v), mx = std::max(mx, v);
+          }
+          if (mn < 0) bad(i, fmt::format("the negative value {}", mn));
+          break;
+        }
+        case IndexDType::F32:
+        case IndexDType::F64:
+          for (int64_t k = 0; k < len; ++k) {
+            const double v = dtype_ == IndexDType::F32 ? double(read_le<float>(p + 4 * k))
+                                                       : read_le<double>(p + 8 * k);
+            if (!(v >= 0 && v < 9.2e18 && v == std::floor(v)))
+              bad(i, fmt::format("the value {} at position {}", v, k));
+            mx = std::max(mx, int64_t(v));
+          }
+          break;
+      }
+    }
+    max_id_ = mx;
+  });
+  return max_id_;
+}
+
+void IndexedDataset::check_vocabulary(int64_t vocab_size) const {
+  const int64_t mx = max_token_id();
+  if (mx >= vocab_size)
+    throw Error(fmt::format("{}: holds token id {}, outside the model's vocabulary of {} ids "
+                            "(padded)",
+                            bin_path(prefix_), mx, vocab_size),
+                "the dataset was tokenised with another tokenizer than this run's; preprocess "
+                "it with the run's tokenizer, or give the matching --tokenizer-type / "
+                "--vocab-size");
 }
 
 IndexedDataset::~IndexedDataset() {

@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,6 +72,13 @@ class IndexedDataset {
   int64_t get(int64_t seq, int64_t offset, int64_t length, int64_t* out) const;
   std::vector<int64_t> get(int64_t seq, int64_t offset = 0, int64_t length = -1) const;
 
+  // The largest token id in the dataset, from one pass over the .bin (computed once, then
+  // cached): -1 when empty. Negative, fractional or NaN values are an Error naming the file.
+  int64_t max_token_id() const;
+  // An Error naming the .bin when an id is >= vocab_size (the model's padded vocabulary):
+  // such ids would otherwise read past the embedding or train on a zero row.
+  void check_vocabulary(int64_t vocab_size) const;
+
  private:
   std::string prefix_;
   IndexDType dtype_ = IndexDType::U16;
@@ -84,6 +92,8 @@ class IndexedDataset {
   size_t idx_bytes_ = 0;
   void* bin_map_ = nullptr;
   size_t bin_bytes_ = 0;
+  mutable std::once_flag max_once_;
+  mutable int64_t max_id_ = -1;
 };
 
 // Writes `{prefix}.bin` and `{prefix}.idx` as Megatron's IndexedDatasetBuilder does.

@@ -82,6 +82,18 @@ class GzInput final : public Input {
       int err = 0;
       throw Error(fmt::format("{}: corrupt gzip data: {}", path_, gzerror(f_, &err)));
     }
+    if (got == 0) {
+      // zlib reports a stream that ends before its trailer as Z_BUF_ERROR ("unexpected end
+      // of file") and still returns 0 as at a clean end: without this check a cut-off file
+      // would be accepted, or blamed on the JSON of its last, partial line.
+      int err = 0;
+      const char* msg = gzerror(f_, &err);
+      if (err == Z_BUF_ERROR)
+        throw Error(fmt::format("{}: truncated gzip file ({}): the input ends before the gzip "
+                                "trailer",
+                                path_, msg),
+                    "the download or copy was cut short; fetch the file again");
+    }
     return size_t(got);
   }
 
@@ -306,6 +318,8 @@ double process_cpu_seconds() {
 // into pooled batches; `workers` threads parse, tokenise and convert them in any order;
 // one writer thread appends finished batches to the .bin/.idx builders in input order.
 // The pool (2·workers + 2 batches) bounds memory: the reader waits for a free batch.
+constexpr int kMaxWorkers = 1024;
+
 PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
   const double cpu0 = process_cpu_seconds();
   if (opt.inputs.empty())
@@ -313,6 +327,11 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
   if (opt.output_prefix.empty()) throw Error("--output-prefix is required");
   if (opt.json_keys.empty()) throw Error("--json-keys needs at least one key");
   if (opt.workers < 1) throw Error(fmt::format("--workers must be >= 1, got {}", opt.workers));
+  // Each worker is a thread with its own batches: thousands exhaust the process before any
+  // output exists (and a failed thread start would abort, leaving temporary files).
+  if (opt.workers > kMaxWorkers)
+    throw Error(fmt::format("--workers {} is more than {}", opt.workers, kMaxWorkers),
+                "give --workers at most the number of cores");
   const auto t0 = std::chrono::steady_clock::now();
   const IndexDType dtype = optimal_index_dtype(tok.vocab_size());
   std::vector<std::string> datasets;

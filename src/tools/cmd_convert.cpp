@@ -4,6 +4,7 @@
 //   [--make-vocab-size-divisible-by N]
 // The model shape comes from the checkpoint's metadata.json or the HF config.json; loading
 // reshards, so a checkpoint of any TP layout converts.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,10 +26,14 @@ using namespace mcpp;
 
 const char* kUsage =
     "usage: megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype DTYPE]\n"
+    "                        [--vocab-file F --merge-file F | --tokenizer-model F]\n"
     "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n\n"
     "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel or\n"
-    "                    LlamaForCausalLM, chosen from the model's architecture), and the\n"
-    "                    tokenizer files the checkpoint was trained with\n"
+    "                    LlamaForCausalLM, chosen from the model's architecture)\n"
+    "  --vocab-file, --merge-file, --tokenizer-model, --tokenizer-type\n"
+    "                    the tokenizer files to export beside the weights (Hugging Face names);\n"
+    "                    the paths a checkpoint records are never followed: an untrusted\n"
+    "                    checkpoint could name any local file\n"
     "  --hf-dtype        float32 (default), bfloat16 or float16\n"
     "  --from-hf HF_DIR  read a GPT-2 or Llama folder (config.json + safetensors) and save it\n"
     "                    as iteration 0 of a megatron.cpp checkpoint in --save\n"
@@ -44,16 +49,40 @@ int64_t to_int(const std::string& flag, const std::string& v) {
   throw Error(fmt::format("{} expects an integer, got '{}'", flag, v));
 }
 
-// Copies the tokenizer the checkpoint was trained with (its recorded flags) next to the
-// exported weights, in the file names Hugging Face loaders look for.
-void export_tokenizer_files(const nlohmann::json& config, const std::string& out,
-                            int64_t max_positions) {
+// Copies the tokenizer files the user names (flags) next to the exported weights, in the
+// file names Hugging Face loaders look for. The checkpoint's recorded tokenizer type picks
+// the format when --tokenizer-type is not given; its recorded file paths are never opened:
+// a downloaded checkpoint naming /etc/shadow as its vocab file must not copy it into a
+// folder meant for upload.
+void export_tokenizer_files(const nlohmann::json& config, const std::map<std::string, std::string>& f,
+                            const std::string& out, int64_t max_positions) {
   namespace fs = std::filesystem;
-  auto given = [&](const char* k) -> std::string {
-    return config.contains(k) && config[k].is_string() ? config[k].get<std::string>() : "";
+  auto recorded = [&](const char* k) -> std::string {
+    return config.is_object() && config.contains(k) && config[k].is_string()
+               ? config[k].get<std::string>()
+               : "";
   };
-  std::string type = given("tokenizer_type");
-  if (type.empty()) type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
+  auto flag = [&](const char* k) -> std::string { return f.count(k) ? f.at(k) : ""; };
+  if (!f.count("--vocab-file") && !f.count("--merge-file") && !f.count("--tokenizer-model")) {
+    std::string paths;
+    for (const char* k : {"vocab_file", "merge_file", "tokenizer_model"})
+      if (!recorded(k).empty()) paths += fmt::format(" {}={}", k, recorded(k));
+    log::warn(
+        "no tokenizer files exported: pass --vocab-file and --merge-file (GPT-2 BPE) or "
+        "--tokenizer-model to add them{}",
+        paths.empty() ? std::string()
+                      : "; the paths the checkpoint records are not followed (" + paths.substr(1) +
+                            ")");
+    return;
+  }
+  std::string type = flag("--tokenizer-type");
+  if (type.empty()) type = recorded("tokenizer_type");
+  if (type.empty()) type = f.count("--tokenizer-model") ? "HuggingFaceTokenizer" : "GPT2BPETokenizer";
+  auto given = [&](const char* k) -> std::string {  // "vocab_file" -> --vocab-file's value
+    std::string name = std::string("--") + k;
+    std::replace(name.begin(), name.end(), '_', '-');
+    return flag(name.c_str());
+  };
   std::vector<std::pair<std::string, std::string>> files;  // source -> name in out
   nlohmann::json tok_cfg = {{"model_max_length", max_positions}};
   if (type == "GPT2BPETokenizer") {
@@ -77,10 +106,12 @@ void export_tokenizer_files(const nlohmann::json& config, const std::string& out
     return;
   }
   for (const auto& [src, name] : files) {
-    MCPP_CHECK_HINT(!src.empty() && fs::exists(src),
-                    "the checkpoint records the tokenizer flags it was trained with; make that "
-                    "file available at the same path",
-                    "tokenizer file for {} not found: '{}' (needed as {}/{})", type, src, out, name);
+    MCPP_CHECK_HINT(!src.empty() && fs::is_regular_file(src),
+                    "pass the tokenizer's files: --vocab-file and --merge-file for GPT-2 BPE, "
+                    "--tokenizer-model for SentencePiece or a Hugging Face tokenizer",
+                    "tokenizer file for {} not given or not a regular file: '{}' (needed as "
+                    "{}/{})",
+                    type, src, out, name);
     fs::copy_file(src, fs::path(out) / name, fs::copy_options::overwrite_existing);
   }
   if (!tok_cfg.is_null()) std::ofstream(fs::path(out) / "tokenizer_config.json") << tok_cfg.dump(2);
@@ -101,7 +132,11 @@ int run_convert(const std::vector<std::string>& argv) {
                                   "--hf-dtype",
                                   "--from-hf",
                                   "--save",
-                                  "--make-vocab-size-divisible-by"};
+                                  "--make-vocab-size-divisible-by",
+                                  "--tokenizer-type",
+                                  "--vocab-file",
+                                  "--merge-file",
+                                  "--tokenizer-model"};
     bool ok = false;
     for (const char* k : known) ok |= a == k;
     MCPP_CHECK_HINT(ok, kUsage, "megatron convert: unknown flag '{}'", a);
@@ -126,13 +161,16 @@ int run_convert(const std::vector<std::string>& argv) {
       MCPP_CHECK_HINT(dt != DType::U8, "use float32, bfloat16 or float16",
                       "--hf-dtype '{}' is not supported", s);
     }
+    MCPP_CHECK_HINT(!step || *step >= 0, kUsage, "--ckpt-step {} is negative", *step);
+    // The iteration the tracker (or --ckpt-step) names; its metadata must agree with it.
     const auto md = checkpoint::read_metadata(f["--load"], step);
     model::TransformerConfig cfg = checkpoint::model_config_from_metadata(md);
     cfg.dtype = DType::F32;  // checkpoints hold fp32 values (the main params of bf16/f16 runs)
     model::GPTModel m(cfg);  // TP = 1: loading reshards whatever layout wrote it
-    auto st = checkpoint::load_checkpoint(f["--load"], md["iteration"].get<int64_t>(), m, nullptr);
+    const std::string iter_dir = md.value("__iter_dir", f["--load"]);
+    auto st = checkpoint::load_checkpoint(iter_dir, std::nullopt, m, nullptr);
     checkpoint::export_hf(f["--to-hf"], cfg, m.params(), dt);
-    export_tokenizer_files(st.config, f["--to-hf"], cfg.max_position_embeddings);
+    export_tokenizer_files(st.config, f, f["--to-hf"], cfg.max_position_embeddings);
     log::info("exported iteration {} of {} as {} to {}", st.iteration, f["--load"],
               checkpoint::hf_arch_name(checkpoint::hf_arch_of(cfg)), f["--to-hf"]);
     return 0;
@@ -142,8 +180,11 @@ int run_convert(const std::vector<std::string>& argv) {
       f.count("--make-vocab-size-divisible-by")
           ? to_int("--make-vocab-size-divisible-by", f["--make-vocab-size-divisible-by"])
           : 128;
+  MCPP_CHECK_HINT(div >= 1 && div <= (int64_t(1) << 20), "e.g. --make-vocab-size-divisible-by 128",
+                  "--make-vocab-size-divisible-by {} is outside [1, 2^20]", div);
   model::TransformerConfig cfg =
       checkpoint::model_config_from_hf(checkpoint::read_hf_config(f["--from-hf"]), div);
+  checkpoint::check_hf_fits_files(f["--from-hf"], cfg);
   model::GPTModel m(cfg);
   checkpoint::import_hf(f["--from-hf"], cfg, m.params());
   checkpoint::TrainingState st;  // iteration 0: a starting point (train on, or --finetune)

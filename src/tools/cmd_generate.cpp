@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -87,6 +88,10 @@ data::TokenizerArgs tokenizer_args(const Flags& f, const nlohmann::json& md) {
 }
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
+  // A pipe is fine (--prompts-file <(...)); a directory would read as an empty file.
+  std::error_code ec;
+  MCPP_CHECK_HINT(!std::filesystem::is_directory(path, ec), "give --prompts-file a text file",
+                  "--prompts-file {} is a directory, not a file", path);
   std::ifstream in(path);
   MCPP_CHECK_HINT(in.good(), "check the path given to --prompts-file",
                   "cannot read --prompts-file {}", path);
@@ -130,7 +135,12 @@ int run_generate(const std::vector<std::string>& raw_args) {
     for (auto& p : read_prompts_file(f.get("--prompts-file"))) prompts.push_back(p);
   MCPP_CHECK_HINT(!prompts.empty(), "pass --prompt TEXT (repeatable) or --prompts-file FILE",
                   "megatron generate: no prompt given");
-  if (f.has("--threads")) omp_set_num_threads(int(f.get_int("--threads", 1)));
+  if (f.has("--threads")) {
+    const int64_t n = f.get_int("--threads", 1);
+    MCPP_CHECK_HINT(n >= 1 && n <= 4096, "give --threads at most the number of cores",
+                    "--threads {} is outside [1, 4096]", n);
+    omp_set_num_threads(int(n));
+  }
   openblas_set_num_threads(omp_get_max_threads());
 
   // Sampling settings first: a typo should not cost a model load.
@@ -201,7 +211,13 @@ int run_generate(const std::vector<std::string>& raw_args) {
   }
 
   inference::Generator gen(model.params(), model.config());
-  inference::KVCache cache(cfg, cfg.max_position_embeddings, 1);
+  // The cache holds what this run can reach, not max_position_embeddings: a RoPE model's
+  // metadata could name 2^40 positions that no tensor backs.
+  int64_t reach = 0;
+  for (const auto& p : ids) reach = std::max(reach, int64_t(p.size()));
+  reach = std::min(cfg.max_position_embeddings,
+                   reach + std::min(opts.tokens_to_generate, cfg.max_position_embeddings));
+  inference::KVCache cache(cfg, reach, 1);
   double prefill_s = 0, decode_s = 0;
   int64_t prefill_n = 0, decode_n = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {

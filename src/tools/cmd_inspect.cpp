@@ -67,13 +67,30 @@ int run_inspect(const std::vector<std::string>& args) {
         f.help().c_str());
     return f.has("--help") ? 0 : 1;
   }
+  int bad_total = 0;
   for (const auto& p : f.positional()) {
-    // A directory with a tracker file or iter_* folders is a checkpoint; else a dataset prefix.
-    if (std::filesystem::is_directory(p) && !checkpoint::list_iterations(p).empty())
-      std::printf("%s", checkpoint::describe_checkpoint(p).c_str());
-    else
+    // A directory is a checkpoint (a save folder or one iter_* folder); else a dataset prefix.
+    namespace fs = std::filesystem;
+    if (fs::is_directory(p)) {
+      const bool ckpt = !checkpoint::list_iterations(p).empty() ||
+                        fs::exists(fs::path(p) / checkpoint::kTrackerFile) ||
+                        fs::exists(fs::path(p) / checkpoint::kMetadataFile);
+      if (!ckpt)
+        throw Error(fmt::format("{} is a folder with no checkpoint in it (no {}, no iter_*/{} "
+                                "of a complete save)",
+                                p, checkpoint::kTrackerFile, checkpoint::kMetadataFile),
+                    "give a checkpoint folder, or a dataset prefix (PREFIX for PREFIX.bin and "
+                    "PREFIX.idx)");
+      int bad = 0;
+      std::printf("%s", checkpoint::describe_checkpoint(p, &bad).c_str());
+      bad_total += bad;
+    } else {
       describe_prefix(p);
+    }
   }
+  if (bad_total)
+    throw Error(fmt::format("{} shard(s) failed verification (listed above as BAD)", bad_total),
+                "restore the files from a copy, or load an earlier iteration with --ckpt-step");
   if (!f.has("--data-path") && !f.has("--mock-data")) return 0;
 
   data::GPTDatasetsArgs a;

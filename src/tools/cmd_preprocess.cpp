@@ -1,4 +1,5 @@
 // `megatron preprocess`: Megatron's tools/preprocess_data.py, multi-threaded.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -51,7 +52,7 @@ int run_preprocess(const std::vector<std::string>& args) {
   if (f.has("--json-keys")) o.json_keys = f.list("--json-keys");
   o.output_prefix = f.get("--output-prefix");
   o.append_eod = f.has("--append-eod");
-  o.workers = int(f.get_int("--workers", 1));
+  o.workers = int(std::clamp<int64_t>(f.get_int("--workers", 1), -1, 1 << 30));  // checked there
   o.skip_bad_lines = f.has("--skip-bad-lines");
   auto st = data::preprocess(o, *tok);
   for (const auto& k : o.json_keys) log::info("wrote {}_{}_document.bin/.idx", o.output_prefix, k);

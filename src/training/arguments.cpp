@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "data/gpt_dataset.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace mcpp::training {
@@ -502,6 +503,11 @@ void check_value(const FlagRow& row, const std::string& spelling, const std::str
   if (is_float_type(row) && !to_float(tok))
     throw Error(fmt::format("{} expects a number, got '{}'", spelling, tok),
                 fmt::format("write a decimal number, e.g. {} 1e-4", spelling));
+  // Python's float() takes "nan" and "inf"; no flag of ours means anything by them, and a
+  // NaN passes every later `x >= 0` check the wrong way (--lr nan "is negative").
+  if (is_float_type(row) && !std::isfinite(*to_float(tok)))
+    throw Error(fmt::format("{} expects a finite number, got '{}'", spelling, tok),
+                fmt::format("write a decimal number, e.g. {} 1e-4", spelling));
   if (!row.choices[0]) return;
   std::vector<std::string> names;
   bool numeric = true;
@@ -703,15 +709,17 @@ void validate_pipeline(Args& a) {
                     "--recompute-granularity full needs --recompute-method uniform|block");
     MCPP_CHECK_HINT(a.recompute_num_layers.has_value(), "add --recompute-num-layers 1",
                     "--recompute-granularity full needs --recompute-num-layers");
-    MCPP_CHECK_HINT(*a.recompute_num_layers >= 1 &&
-                        (*a.recompute_method == "uniform" ||
-                         *a.recompute_num_layers <= int64_t(fewest)),
+    const bool uniform = *a.recompute_method == "uniform";
+    // uniform: groups of N layers over the whole model; block: the first N of each chunk.
+    const int64_t most_rc = uniform ? a.num_layers : int64_t(fewest);
+    MCPP_CHECK_HINT(*a.recompute_num_layers >= 1 && *a.recompute_num_layers <= most_rc,
                     fmt::format("give --recompute-num-layers between 1 and {} (the layers of "
-                                "each model chunk)",
-                                fewest),
-                    "--recompute-num-layers {} is outside [1, layers per model chunk = {}] for "
-                    "--recompute-method {}",
-                    *a.recompute_num_layers, fewest, *a.recompute_method);
+                                "{})",
+                                most_rc, uniform ? "the model" : "each model chunk"),
+                    "--recompute-num-layers {} is outside [1, {} = {}] for --recompute-method {}",
+                    *a.recompute_num_layers,
+                    uniform ? "--num-layers" : "layers per model chunk", most_rc,
+                    *a.recompute_method);
   } else if (gran == "selective") {
     MCPP_CHECK_HINT(!a.recompute_method, "drop --recompute-method",
                     "--recompute-method {} applies to --recompute-granularity full only",
@@ -743,6 +751,8 @@ void validate_pipeline(Args& a) {
 }
 
 }  // namespace
+
+constexpr int64_t kMaxThreads = 4096;
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
@@ -833,7 +843,20 @@ void validate_args(Args& a, int world_size, bool training) {
   non_negative(a.lr_warmup_iters, "--lr-warmup-iters");
   non_negative(a.lr_warmup_samples, "--lr-warmup-samples");
   non_negative(a.threads, "--threads");
+  // One OpenMP thread per core is the most that helps; 100000 threads exhaust the process
+  // (a crash inside the OpenMP runtime, not an error).
+  MCPP_CHECK_HINT(a.threads <= kMaxThreads,
+                  "give --threads at most the number of cores (0: OpenMP's default)",
+                  "--threads {} is more than {}", a.threads, kMaxThreads);
   non_negative(a.keep_mlp_activations, "--keep-mlp-activations");
+  positive(a.pipeline_model_parallel_size, "--pipeline-model-parallel-size");
+  positive(a.context_parallel_size, "--context-parallel-size");
+  positive(a.distributed_timeout_minutes, "--distributed-timeout-minutes");
+  // Token ids are int32 on the device (NullTokenizer's EOD is --vocab-size itself).
+  if (a.vocab_size)
+    MCPP_CHECK_HINT(*a.vocab_size < INT32_MAX, "give --vocab-size below 2^31 - 1",
+                    "--vocab-size {} does not fit the int32 token ids", *a.vocab_size);
+  if (a.split) (void)data::parse_split(*a.split);  // the error names the bad weight
 
   // Parallel layout: world = TP * PP * CP * DP.
   const int64_t model_size =
@@ -1032,6 +1055,9 @@ void validate_args(Args& a, int world_size, bool training) {
                     "give --lr-warmup-fraction in [0, 1), e.g. 0.01",
                     "--lr-warmup-fraction {} is outside [0, 1)", *a.lr_warmup_fraction);
   MCPP_CHECK_HINT(a.lr >= 0.0, "give --lr > 0", "--lr {} is negative", a.lr);
+  // Far beyond any trainable value: every step would overflow to NaN and be skipped.
+  MCPP_CHECK_HINT(a.lr <= 1e4, "give --lr a learning rate such as 3e-4",
+                  "--lr {} is larger than 1e4: every update would overflow", a.lr);
   MCPP_CHECK_HINT(a.min_lr <= a.lr, "lower --min-lr to at most --lr",
                   "--min-lr {} is larger than --lr {}", a.min_lr, a.lr);
   MCPP_CHECK_HINT(a.lr_warmup_init <= a.lr, "lower --lr-warmup-init to at most --lr",

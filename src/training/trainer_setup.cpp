@@ -11,6 +11,7 @@
 #include <csignal>
 
 #include "base/log.h"
+#include "checkpoint/checks.h"
 #include "checkpoint/training_checkpoint.h"
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
@@ -283,6 +284,7 @@ void Trainer::State::build_datasets() {
   d.split = a.split.value_or("969, 30, 1");
   d.seed = uint32_t(a.seed), d.eod = s.tok->eod(), d.pad = data::pad_id_for(s.tok->pad(), s.tok->eod());
   d.vocab_size = s.tok->vocab_size();
+  d.padded_vocab_size = *a.padded_vocab_size;  // dataset ids checked when opened
   d.eod_mask_loss = a.eod_mask_loss;
   d.data_cache_path = a.data_cache_path.value_or("");
   const int64_t gbs = a.global_batch_size;
@@ -330,6 +332,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
                                            : fmt::format("constant {}", lc.loss_scale));
   }
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
+  if (a.save) checkpoint::check_save_dir_writable(*a.save);  // fail at start-up, not at the first save
   if (a.load) s.load();
   if (a.async_save) {
     MCPP_CHECK_HINT(a.save, "add --save DIR", "--async-save needs --save");

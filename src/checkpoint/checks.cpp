@@ -1,0 +1,203 @@
+#include "checkpoint/checks.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "base/error.h"
+
+namespace mcpp::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int64_t kMaxDim = int64_t(1) << 40;  // larger than any real tensor dimension
+
+int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
+int64_t cols_of(const Shape& s) { return s.size() > 1 ? s[1] : 1; }
+
+}  // namespace
+
+std::optional<int64_t> parse_iteration_digits(const std::string& digits) {
+  if (digits.empty() || digits.size() > 18) return std::nullopt;  // 18 digits < 2^63
+  int64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+void check_shape(const Shape& s, const std::string& what) {
+  MCPP_CHECK(!s.empty() && s.size() <= 2, "{}: shape {} is not 1- or 2-dimensional", what,
+             shape_str(s));
+  for (int64_t d : s)
+    MCPP_CHECK(d >= 1 && d <= kMaxDim, "{}: shape {} has a dimension outside [1, 2^40]", what,
+               shape_str(s));
+}
+
+void check_piece(const Piece& s, const Shape& g, const Shape& sh, const std::string& key) {
+  // Each sum is compared as a difference of known non-negative bounds: no overflow whatever
+  // the metadata holds.
+  const bool ok = s.g_row >= 0 && s.g_col >= 0 && s.l_row >= 0 && s.l_col >= 0 && s.rows >= 1 &&
+                  s.cols >= 1 && s.g_row <= rows_of(g) && s.rows <= rows_of(g) - s.g_row &&
+                  s.g_col <= cols_of(g) && s.cols <= cols_of(g) - s.g_col &&
+                  s.l_row <= rows_of(sh) && s.rows <= rows_of(sh) - s.l_row &&
+                  s.l_col <= cols_of(sh) && s.cols <= cols_of(sh) - s.l_col;
+  MCPP_CHECK(ok,
+             "tensor {}: a shard piece ({} x {} at global [{}, {}], local [{}, {}]) lies outside "
+             "the tensor {} or its shard {}",
+             key, s.rows, s.cols, s.g_row, s.g_col, s.l_row, s.l_col, shape_str(g),
+             shape_str(sh));
+}
+
+void check_pieces_disjoint(const std::vector<Piece>& p, const std::string& key) {
+  for (size_t i = 0; i < p.size(); ++i)
+    for (size_t j = i + 1; j < p.size(); ++j) {
+      const bool apart = p[i].g_row + p[i].rows <= p[j].g_row ||
+                         p[j].g_row + p[j].rows <= p[i].g_row ||
+                         p[i].g_col + p[i].cols <= p[j].g_col ||
+                         p[j].g_col + p[j].cols <= p[i].g_col;
+      MCPP_CHECK(apart, "tensor {}: two shard pieces overlap (at global [{}, {}] and [{}, {}])",
+                 key, p[i].g_row, p[i].g_col, p[j].g_row, p[j].g_col);
+    }
+}
+
+void check_model_config(const model::TransformerConfig& c, const json& md,
+                        const std::string& iter_dir) {
+  const std::string where = (fs::path(iter_dir) / kMetadataFile).string();
+  auto size = [&](int64_t v, const char* field, int64_t lo = 1) {
+    MCPP_CHECK_HINT(v >= lo && v <= kMaxDim, "the file is corrupt or was edited by hand",
+                    "{}: model.{} is {}, expected a size in [{}, 2^40]", where, field, v, lo);
+  };
+  size(c.num_layers, "num_layers");
+  size(c.hidden_size, "hidden_size");
+  size(c.ffn_hidden_size, "ffn_hidden_size");
+  size(c.num_attention_heads, "num_attention_heads");
+  size(c.num_query_groups, "num_query_groups");
+  size(c.kv_channels, "kv_channels");
+  size(c.seq_length, "seq_length");
+  size(c.max_position_embeddings, "max_position_embeddings");
+  size(c.padded_vocab_size, "padded_vocab_size");
+  MCPP_CHECK(c.padded_vocab_size < (int64_t(1) << 31), "{}: model.padded_vocab_size {} exceeds int32",
+             where, c.padded_vocab_size);
+  MCPP_CHECK(c.num_attention_heads % c.num_query_groups == 0,
+             "{}: model.num_attention_heads {} is not a multiple of model.num_query_groups {}",
+             where, c.num_attention_heads, c.num_query_groups);
+  auto positive = [&](double v, const char* field) {
+    MCPP_CHECK_HINT(std::isfinite(v) && v > 0, "the file is corrupt or was edited by hand",
+                    "{}: model.{} is {}, expected a positive finite number", where, field, v);
+  };
+  positive(c.norm_epsilon, "norm_epsilon");
+  positive(c.rotary_base, "rotary_base");
+  MCPP_CHECK(c.rotary_percent > 0 && c.rotary_percent <= 1, "{}: model.rotary_percent {} is "
+             "outside (0, 1]", where, c.rotary_percent);
+  for (auto [v, field] : {std::pair{c.hidden_dropout, "hidden_dropout"},
+                          std::pair{c.attention_dropout, "attention_dropout"}})
+    MCPP_CHECK(v >= 0 && v < 1, "{}: model.{} {} is outside [0, 1)", where, field, v);
+  MCPP_CHECK(std::isfinite(c.init_method_std) && c.init_method_std >= 0,
+             "{}: model.init_method_std {} is not a non-negative number", where, c.init_method_std);
+
+  // The tensors must describe this model; their sizes then bound what it allocates.
+  const json& tensors = md.at("tensors");
+  MCPP_CHECK(tensors.is_object(), "{}: 'tensors' is not an object", where);
+  auto shape_of = [&](const std::string& key) -> std::optional<Shape> {
+    if (!tensors.contains(key)) return std::nullopt;
+    Shape s = tensors[key].at("global_shape").get<Shape>();
+    check_shape(s, where + ": tensor " + key);
+    return s;
+  };
+  auto expect = [&](const std::string& key, const Shape& want) {
+    auto s = shape_of(key);
+    MCPP_CHECK_HINT(s.has_value(), "the file is corrupt or was edited by hand",
+                    "{}: the model config needs tensor {}, which the metadata does not list",
+                    where, key);
+    MCPP_CHECK_HINT(*s == want, "the file is corrupt or was edited by hand",
+                    "{}: tensor {} has global shape {}, the model config implies {}", where, key,
+                    shape_str(*s), shape_str(want));
+  };
+  const int64_t H = c.hidden_size;
+  expect("embedding.word_embeddings.weight", {c.padded_vocab_size, H});
+  if (!c.rope) expect("embedding.position_embeddings.weight", {c.max_position_embeddings, H});
+  std::set<int64_t> layers;
+  static const std::string prefix = "decoder.layers.";
+  for (auto& [key, v] : tensors.items()) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    const size_t dot = key.find('.', prefix.size());
+    auto l = parse_iteration_digits(key.substr(prefix.size(), dot - prefix.size()));
+    MCPP_CHECK(l.has_value(), "{}: tensor {} has no layer number", where, key);
+    layers.insert(*l);
+  }
+  MCPP_CHECK_HINT(int64_t(layers.size()) == c.num_layers &&
+                      (layers.empty() || *layers.rbegin() == c.num_layers - 1),
+                  "the file is corrupt or was edited by hand",
+                  "{}: model.num_layers is {}, the metadata lists tensors of {} layers", where,
+                  c.num_layers, layers.size());
+  const std::string l0 = prefix + "0.";
+  expect(l0 + "self_attention.linear_qkv.weight",
+         {(c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels, H});
+  expect(l0 + "mlp.linear_fc1.weight", {(c.swiglu ? 2 : 1) * c.ffn_hidden_size, H});
+
+  // Bytes: the model's tensors (global numel x their dtype) must be in the shard files.
+  int64_t need = 0;
+  for (auto& [key, v] : tensors.items()) {
+    if (key.rfind("optimizer.", 0) == 0) continue;
+    const Shape s = v.at("global_shape").get<Shape>();
+    check_shape(s, where + ": tensor " + key);
+    // The stored element size (a lower bound of 1 for names this check does not know).
+    const json dn = v.value("dtype", json("F32"));
+    const int64_t es = dn == "F64" || dn == "I64" ? 8 : dn == "F32" || dn == "I32" ? 4
+                       : dn == "BF16" || dn == "F16" || dn == "U16"           ? 2
+                                                                              : 1;
+    const int64_t n = rows_of(s) * cols_of(s);  // < 2^80 cannot happen: each dim <= 2^40
+    MCPP_CHECK(n <= (int64_t(1) << 50) / es && need <= (int64_t(1) << 52) - n * es,
+               "{}: tensor {} ({}) is larger than any model", where, key, shape_str(s));
+    need += n * es;
+  }
+  int64_t have = 0;
+  for (auto& [file, v] : md.at("files").items()) {
+    std::error_code ec;
+    const auto bytes = fs::file_size(fs::path(iter_dir) / file, ec);
+    if (!ec) have += int64_t(bytes);
+  }
+  MCPP_CHECK_HINT(need <= have, "the file is corrupt, or shard files are missing",
+                  "{}: the model's tensors need {} bytes, the shard files hold {}", where, need,
+                  have);
+}
+
+void check_state(const TrainingState& st, const std::string& where) {
+  for (auto [v, field] : {std::pair{st.iteration, "iteration"},
+                          std::pair{st.consumed_train_samples, "consumed_train_samples"},
+                          std::pair{st.consumed_valid_samples, "consumed_valid_samples"},
+                          std::pair{st.optimizer_steps, "optimizer_steps"},
+                          std::pair{st.rng_iteration, "rng.iteration"}})
+    MCPP_CHECK_HINT(v >= 0, "the file is corrupt or was edited by hand",
+                    "{}: state.{} is {}, expected a non-negative count", where, field, v);
+}
+
+void check_save_dir_writable(const std::string& save_dir) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  MCPP_CHECK_HINT(!ec && fs::is_directory(save_dir), "give --save a folder you can write to",
+                  "--save {}: cannot create the folder: {}", save_dir,
+                  ec ? ec.message() : "a file of that name exists");
+  std::random_device rd;
+  const std::string probe =
+      (fs::path(save_dir) / fmt::format(".write-test-{}-{:08x}", ::getpid(), rd())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int err = errno;
+  MCPP_CHECK_HINT(fd >= 0, "give --save a folder you can write to (checkpoints go there)",
+                  "--save {} is not writable: {}", save_dir, std::strerror(err));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace mcpp::checkpoint
