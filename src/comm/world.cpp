@@ -152,6 +152,9 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv_f
     li.launcher = launcher, li.size = size ? env_int(get, size) : -1;
     li.rank = rank ? env_int(get, rank) : -1;
   };
+  // A torchrun worker inherits the variables of whatever started torchrun (srun's step,
+  // PMIx), but is no MPI rank: torchrun's own marker decides.
+  if (const char* v = get("TORCHELASTIC_RUN_ID"); v && *v) return torchrun_launch(get);
   if (get("OMPI_COMM_WORLD_SIZE"))
     set("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
   else if (get("PMIX_RANK"))

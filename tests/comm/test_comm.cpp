@@ -216,6 +216,15 @@ TEST(Launch, TorchrunDetected) {
   // An MPI launcher wins over stray torchrun variables.
   EXPECT_EQ(detect_launch(env_of(with(kTorchrun, "OMPI_COMM_WORLD_SIZE", "2"))).launcher,
             "mpirun");
+  // torchrun started by srun: its workers inherit the srun step's variables, but follow
+  // torchrun's RANK/WORLD_SIZE.
+  Env under_srun = with(with(with(kTorchrun, "SLURM_STEP_NUM_TASKS", "2"), "SLURM_PROCID", "1"),
+                        "TORCHELASTIC_RUN_ID", "job42");
+  li = detect_launch(env_of(under_srun));
+  EXPECT_EQ(li.launcher, "torchrun");
+  EXPECT_EQ(li.size, 4);
+  EXPECT_EQ(detect_launch(env_of(with(under_srun, "TORCHELASTIC_RUN_ID", nullptr))).launcher,
+            "srun");
   // WORLD_SIZE 1 is a local run and needs no rendezvous address.
   li = detect_launch(env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
   EXPECT_EQ(li.launcher, "torchrun");
