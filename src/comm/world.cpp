@@ -5,13 +5,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <set>
+#include <string_view>
 
 #include "base/log.h"
 #include "comm/local/local_communicator.h"
 #include "comm/mpi/mpi_backend.h"
+#include "comm/tcp/tcp_backend.h"
 #ifdef MCPP_HAVE_NCCL
 #include "comm/nccl/nccl_backend.h"
 #endif
@@ -24,7 +28,7 @@ int env_int(const std::function<const char*(const char*)>& get, const char* name
   if (!v || !*v) return -1;
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
-  return (end && *end == '\0' && x >= 0) ? int(x) : -1;
+  return (end && *end == '\0' && x >= 0 && x <= INT_MAX) ? int(x) : -1;
 }
 
 // The world without MPI: one process.
@@ -77,6 +81,68 @@ void check_members(const std::vector<int>& g, int world_size, const std::string&
   return {local, count};
 }
 
+using GetEnv = std::function<const char*(const char*)>;
+
+bool set_any(const GetEnv& get, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (const char* v = get(n); v && *v) return true;
+  return false;
+}
+
+constexpr const char* kTorchrunHint =
+    "torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process; under "
+    "another launcher set them all (see docs/launch.md), or unset RANK, WORLD_SIZE, LOCAL_RANK "
+    "and TORCHELASTIC_RUN_ID to run a single process";
+
+// A required non-negative integer variable of a torchrun-style launch.
+int torchrun_int(const GetEnv& get, const char* name, const char* why) {
+  const char* v = get(name);
+  MCPP_CHECK_HINT(v && *v, kTorchrunHint,
+                  "torchrun-style launch (RANK/WORLD_SIZE/LOCAL_RANK/TORCHELASTIC_RUN_ID set, no "
+                  "MPI launcher): environment variable {} is not set; it is needed {}",
+                  name, why);
+  int x = env_int(get, name);
+  MCPP_CHECK_HINT(x >= 0, kTorchrunHint,
+                  "torchrun-style launch: environment variable {}='{}' is not a non-negative "
+                  "integer",
+                  name, v);
+  return x;
+}
+
+LaunchInfo torchrun_launch(const GetEnv& get) {
+  LaunchInfo li;
+  li.launcher = "torchrun";
+  li.size = torchrun_int(get, "WORLD_SIZE", "for the number of processes in the job");
+  li.rank = torchrun_int(get, "RANK", "for this process's rank in the job");
+  MCPP_CHECK_HINT(li.size >= 1, kTorchrunHint, "torchrun-style launch: WORLD_SIZE=0");
+  MCPP_CHECK_HINT(li.rank < li.size, kTorchrunHint,
+                  "torchrun-style launch: RANK={} is not below WORLD_SIZE={}", li.rank, li.size);
+  if (const char* v = get("LOCAL_RANK"); v && *v)
+    li.local_rank = torchrun_int(get, "LOCAL_RANK", "");
+  if (li.size == 1) return li;  // a job of one: nothing to meet
+  const char* addr = get("MASTER_ADDR");
+  MCPP_CHECK_HINT(addr && *addr, kTorchrunHint,
+                  "torchrun-style launch of {} processes: environment variable MASTER_ADDR is not "
+                  "set; it is needed for the host of rank 0, where the ranks meet",
+                  li.size);
+  li.master_addr = addr;
+  li.master_port = torchrun_int(get, "MASTER_PORT", "for the port where the ranks meet");
+  MCPP_CHECK_HINT(li.master_port >= 1 && li.master_port <= 65535, kTorchrunHint,
+                  "torchrun-style launch: MASTER_PORT={} is not a TCP port (1..65535)",
+                  li.master_port);
+  li.rendezvous_port = li.master_port;
+  if (const char* v = get("TORCHELASTIC_USE_AGENT_STORE");
+      v && (std::string_view(v) == "True" || std::string_view(v) == "1"))
+    // torchrun's agent already listens on MASTER_PORT (its own key-value store).
+    li.rendezvous_port = li.master_port == 65535 ? 65534 : li.master_port + 1;
+  if (const char* v = get("MCPP_RENDEZVOUS_PORT"); v && *v) {
+    li.rendezvous_port = torchrun_int(get, "MCPP_RENDEZVOUS_PORT", "");
+    MCPP_CHECK(li.rendezvous_port >= 1 && li.rendezvous_port <= 65535,
+               "MCPP_RENDEZVOUS_PORT={} is not a TCP port (1..65535)", li.rendezvous_port);
+  }
+  return li;
+}
+
 }  // namespace
 
 LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv_fn) {
@@ -86,6 +152,9 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv_f
     li.launcher = launcher, li.size = size ? env_int(get, size) : -1;
     li.rank = rank ? env_int(get, rank) : -1;
   };
+  // A torchrun worker inherits the variables of whatever started torchrun (srun's step,
+  // PMIx), but is no MPI rank: torchrun's own marker decides.
+  if (const char* v = get("TORCHELASTIC_RUN_ID"); v && *v) return torchrun_launch(get);
   if (get("OMPI_COMM_WORLD_SIZE"))
     set("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
   else if (get("PMIX_RANK"))
@@ -96,6 +165,8 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv_f
     // Inside an srun step. A batch script alone (SLURM_NTASKS without a step) is not
     // a launch: the script runs once and should call srun.
     set("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID");
+  else if (set_any(get, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"}))
+    li = torchrun_launch(get);
   return li;
 }
 
@@ -104,7 +175,9 @@ std::unique_ptr<World> init(const InitOptions& opts) {
   MCPP_CHECK(!started, "comm::init called twice: one World per process (MPI starts only once)");
   Backend b = opts.backend;
   LaunchInfo li = detect_launch();
-  if (b == Backend::Auto) {
+  if (b == Backend::Auto && li.launcher == "torchrun") {
+    b = li.size > 1 ? Backend::Tcp : Backend::Local;
+  } else if (b == Backend::Auto) {
 #ifdef MCPP_HAVE_MPI
     b = li.launched() ? Backend::MPI : Backend::Local;
 #else
@@ -118,6 +191,14 @@ std::unique_ptr<World> init(const InitOptions& opts) {
   if (b == Backend::MPI) {
     w = make_mpi_world(opts);
     started = true;  // MPI cannot be started again after MPI_Finalize
+  } else if (b == Backend::Tcp) {
+    MCPP_CHECK_HINT(li.launcher == "torchrun" && li.size > 1,
+                    "start the processes with torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR and "
+                    "MASTER_PORT (docs/launch.md)",
+                    "the TCP backend needs a torchrun-style launch of several processes{}",
+                    li.launched() ? fmt::format(" (this one: {}, {} ranks)", li.launcher, li.size)
+                                  : std::string(" (none found)"));
+    w = make_tcp_world(opts, li);
   } else {
     w = std::make_unique<LocalWorld>(opts.timeout);
   }

@@ -6,15 +6,18 @@
 //
 // init() looks at the environment: under mpirun (OMPI_COMM_WORLD_SIZE), a PMIx or
 // PMI launcher (PMIX_RANK, PMI_SIZE: srun --mpi=pmix/pmi2, hydra) or an srun step
-// (SLURM_STEP_NUM_TASKS + SLURM_PROCID) it starts MPI; otherwise it runs as one
-// process with the local backend and no MPI at all. Only src/comm/mpi/*.cpp includes
-// <mpi.h>.
+// (SLURM_STEP_NUM_TASKS + SLURM_PROCID) it starts MPI; under torchrun or any launcher
+// that sets RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT without MPI it joins the job over TCP
+// (src/comm/tcp: a rendezvous at MASTER_ADDR, then one connection per pair of ranks);
+// otherwise it runs as one process with the local backend. Only src/comm/mpi/*.cpp
+// includes <mpi.h>.
 //
 // GPU runs (InitOptions::device = CUDA) under a launcher: init() gives each rank its own
 // GPU (its rank among the ranks on its host), and every group of several ranks that
 // split()/new_group() create is an NCCL communicator (src/comm/nccl) for device tensors,
-// which keeps the group's MPI communicator for host tensors. The world communicator
-// itself stays on MPI (it carries host data: strings, barriers).
+// which keeps the group's MPI (or TCP) communicator for host tensors and receives its
+// NCCL unique id through it. The world communicator itself stays on MPI or TCP (it
+// carries host data: strings, barriers).
 #pragma once
 #include <functional>
 #include <memory>
@@ -27,15 +30,26 @@
 
 namespace mcpp::comm {
 
-enum class Backend { Auto, Local, MPI };
+enum class Backend { Auto, Local, MPI, Tcp };
 
 struct LaunchInfo {
-  std::string launcher;  // "mpirun", "pmix", "pmi", "srun"; empty when not launched
+  std::string launcher;  // "mpirun", "pmix", "pmi", "srun", "torchrun"; empty: not launched
   int size = 1;          // world size the launcher announced (-1: unknown)
   int rank = 0;          // this process's rank (-1: unknown)
+  // torchrun-style launches (WORLD_SIZE > 1): where rank 0 holds the rendezvous.
+  std::string master_addr;  // MASTER_ADDR
+  int master_port = -1;     // MASTER_PORT
+  // The port rank 0 listens on: MCPP_RENDEZVOUS_PORT when set; MASTER_PORT + 1 when
+  // torchrun's agent already serves its own store on MASTER_PORT
+  // (TORCHELASTIC_USE_AGENT_STORE=True); MASTER_PORT otherwise.
+  int rendezvous_port = -1;
+  int local_rank = -1;  // LOCAL_RANK (informational: GPUs are chosen by hostname)
   bool launched() const { return !launcher.empty(); }
 };
-// Pure function of the environment (getenv is injectable for tests).
+// Pure function of the environment (getenv is injectable for tests). A torchrun-style
+// environment (RANK, WORLD_SIZE, LOCAL_RANK or TORCHELASTIC_RUN_ID set, no MPI launcher)
+// is checked here: a missing or inconsistent variable is an error naming it, so a
+// process never mistakes itself for a whole job of one.
 LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv_fn = {});
 
 struct InitOptions {

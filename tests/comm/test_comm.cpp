@@ -2,6 +2,8 @@
 // argument checks every backend shares, numbering, statistics, the timeout message.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "comm/local/local_communicator.h"
 #include "comm/world.h"
 #include "parallel/parallel_state.h"
@@ -168,5 +170,95 @@ TEST(NcclConfig, BadFilesNameTheLine) {
             std::string::npos);
   p = write_tmp("nccl_bad4.yaml", "dp:\n  max_ctas: 2\n  min_ctas: 4\n");
   EXPECT_NE(error_of([&] { read_nccl_config(p); }).find("min_ctas 4 > max_ctas 2"),
+            std::string::npos);
+}
+
+// ---- torchrun-style launches (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, no MPI) -------
+
+namespace {
+using Env = std::map<std::string, std::string>;
+std::function<const char*(const char*)> env_of(const Env& m) {
+  return [m](const char* n) -> const char* {
+    auto it = m.find(n);
+    return it == m.end() ? nullptr : it->second.c_str();
+  };
+}
+std::string launch_error(const Env& m) {
+  return error_of([&] { detect_launch(env_of(m)); });
+}
+const Env kTorchrun = {{"RANK", "3"},
+                       {"WORLD_SIZE", "4"},
+                       {"LOCAL_RANK", "1"},
+                       {"MASTER_ADDR", "node7"},
+                       {"MASTER_PORT", "29500"}};
+Env with(Env m, const std::string& k, const char* v) {
+  if (v) m[k] = v;
+  else m.erase(k);
+  return m;
+}
+}  // namespace
+
+TEST(Launch, TorchrunDetected) {
+  LaunchInfo li = detect_launch(env_of(kTorchrun));
+  EXPECT_EQ(li.launcher, "torchrun");
+  EXPECT_EQ(li.size, 4);
+  EXPECT_EQ(li.rank, 3);
+  EXPECT_EQ(li.local_rank, 1);
+  EXPECT_EQ(li.master_addr, "node7");
+  EXPECT_EQ(li.master_port, 29500);
+  EXPECT_EQ(li.rendezvous_port, 29500);
+  // torchrun's agent serves its own store on MASTER_PORT: the rendezvous takes the next port,
+  // and MCPP_RENDEZVOUS_PORT overrides both.
+  Env agent = with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", "True");
+  EXPECT_EQ(detect_launch(env_of(agent)).rendezvous_port, 29501);
+  EXPECT_EQ(detect_launch(env_of(with(agent, "MCPP_RENDEZVOUS_PORT", "4000"))).rendezvous_port,
+            4000);
+  // An MPI launcher wins over stray torchrun variables.
+  EXPECT_EQ(detect_launch(env_of(with(kTorchrun, "OMPI_COMM_WORLD_SIZE", "2"))).launcher,
+            "mpirun");
+  // torchrun started by srun: its workers inherit the srun step's variables, but follow
+  // torchrun's RANK/WORLD_SIZE.
+  Env under_srun = with(with(with(kTorchrun, "SLURM_STEP_NUM_TASKS", "2"), "SLURM_PROCID", "1"),
+                        "TORCHELASTIC_RUN_ID", "job42");
+  li = detect_launch(env_of(under_srun));
+  EXPECT_EQ(li.launcher, "torchrun");
+  EXPECT_EQ(li.size, 4);
+  EXPECT_EQ(detect_launch(env_of(with(under_srun, "TORCHELASTIC_RUN_ID", nullptr))).launcher,
+            "srun");
+  // WORLD_SIZE 1 is a local run and needs no rendezvous address.
+  li = detect_launch(env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  EXPECT_EQ(li.launcher, "torchrun");
+  EXPECT_EQ(li.size, 1);
+  auto w = init({.backend = Backend::Local});
+  EXPECT_EQ(w->size(), 1);
+}
+
+TEST(Launch, TorchrunErrorsNameTheVariable) {
+  EXPECT_NE(launch_error(with(kTorchrun, "WORLD_SIZE", nullptr))
+                .find("environment variable WORLD_SIZE is not set"),
+            std::string::npos);
+  EXPECT_NE(launch_error(with(kTorchrun, "RANK", nullptr))
+                .find("environment variable RANK is not set"),
+            std::string::npos);
+  EXPECT_NE(launch_error(with(kTorchrun, "RANK", "4")).find("RANK=4 is not below WORLD_SIZE=4"),
+            std::string::npos);
+  EXPECT_NE(launch_error(with(kTorchrun, "RANK", "x1")).find("RANK='x1' is not a non-negative"),
+            std::string::npos);
+  EXPECT_NE(launch_error(with(kTorchrun, "WORLD_SIZE", "99999999999"))
+                .find("WORLD_SIZE='99999999999' is not a non-negative"),
+            std::string::npos);
+  EXPECT_NE(launch_error(with(kTorchrun, "MASTER_ADDR", nullptr))
+                .find("environment variable MASTER_ADDR is not set"),
+            std::string::npos);
+  EXPECT_NE(launch_error(with(kTorchrun, "MASTER_PORT", nullptr))
+                .find("environment variable MASTER_PORT is not set"),
+            std::string::npos);
+  EXPECT_NE(launch_error(with(kTorchrun, "MASTER_PORT", "70000"))
+                .find("MASTER_PORT=70000 is not a TCP port"),
+            std::string::npos);
+  // torchrun's own hints alone (no RANK) are a launch with its variables missing.
+  EXPECT_NE(launch_error({{"TORCHELASTIC_RUN_ID", "abc"}}).find("WORLD_SIZE is not set"),
+            std::string::npos);
+  EXPECT_NE(launch_error({{"LOCAL_RANK", "0"}}).find("HINT: torchrun sets RANK"),
             std::string::npos);
 }
