@@ -19,6 +19,7 @@
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
 #include "model/gpt_model.h"
+#include "ops/attention_backend.h"
 #include "ops/ops.h"
 #include "optim/lr_scheduler.h"
 #include "optim/distributed_optimizer.h"
@@ -579,6 +580,8 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
             s.world->device() == Device::CUDA ? " (one GPU per rank, NCCL groups)" : "",
             dtype_name(s.model_cfg.dtype),
             s.model_cfg.dtype == DType::F32 ? "" : ", fp32 main params and main grads");
+  log::info("> {}", ops::describe_attention_backend(s.model_cfg.device, s.model_cfg.dtype,
+                      s.model_cfg.kv_channels, s.model_cfg.attention_dropout, s.model_cfg.num_layers));
   s.model_cfg.tp_rank = s.ps->tp_rank();
   const int64_t dp = a.data_parallel_size;
   // The distributed optimizer splits every bucket into DP equal blocks: align each
