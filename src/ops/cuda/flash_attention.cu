@@ -508,7 +508,7 @@ FaParams make(const FlashArgs& a) {
   P.scale = float(a.softmax_scale), P.scale_log2 = float(a.softmax_scale) * kLog2e;
   const AttentionDims& d = a.d;
   FaDrop& D = P.D;
-  D.seed = a.key.seed, D.stream = a.key.stream;
+  D.set_key(a.key.seed, a.key.stream);
   // uniform = u24 / 2^24 exactly, so uniform >= p <=> u24 >= ceil(p 2^24) (as the CPU op).
   D.threshold = uint32_t(std::ceil(a.dropout_p * 16777216.0));
   D.scale = float(1.0 / (1.0 - a.dropout_p));
