@@ -1,7 +1,14 @@
 // Training-step benchmark on one GPU: a full step (zero grads, forward, backward,
 // grad-norm clipping, AdamW with fp32 main params, bf16 copy-back) of GPT-2 124M and
-// 350M (S 1024), GPT-3 XL 1.3B and a Llama-style 1B (S 2048), bf16, no dropout,
-// synthetic tokens. Prints one table: step time, tokens/s, TFLOP/s by Megatron's
+// 350M (S 1024), GPT-3 XL 1.3B and a Llama-style 1B (S 2048), bf16, synthetic tokens.
+// Each model runs in the configurations of --variants (default "base,dropout,accum"):
+//   base     no dropout, the whole batch as one micro-batch;
+//   dropout  Megatron's defaults --attention-dropout 0.1 --hidden-dropout 0.1;
+//   accum    the same global batch as 4 micro-batches of a quarter (gradient accumulation,
+//            as the trainer runs it: one zero_grads, 4 forward/backward, one step);
+//   dropout+accum  both.
+// The PyTorch columns are the same configuration's numbers (torch_reference.py writes
+// them under "NAME" for base, "NAME|dropout", "NAME|accum", "NAME|dropout+accum"). Prints one table: step time, tokens/s, TFLOP/s by Megatron's
 // formula, MFU by the 6N + 12·L·H·S convention (989 TFLOP/s peak), peak memory, and the
 // PyTorch numbers: those of bench/gpu/torch_reference.py run in the same gpu-check call
 // (--torch FILE, its JSON), else the ones measured earlier on the same kind of GPU
@@ -13,6 +20,7 @@
 // 0: every layer recomputes its MLP activation in backward); the model column shows it.
 // Usage: bench_gpu_train [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB ...]
 //                        [--keep NAME=N ...] [--torch torch.json] [--profile]
+//                        [--variants base,dropout,accum,dropout+accum]
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -27,6 +35,7 @@
 
 #include "base/philox.h"
 #include "model/gpt_model.h"
+#include "ops/attention_backend.h"
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/device.h"
 #include "ops/ops.h"
@@ -103,6 +112,7 @@ int main(int argc, char** argv) {
   int steps = 6, warmup = 2;
   std::string only, torch_file;
   bool profile = false;
+  std::string variants = "base,dropout,accum";
   std::string profiles;  // the per-op tables, printed after the main table
   std::map<std::string, int64_t> mb_override, keep_override;
   for (int i = 1; i < argc; ++i) {
@@ -112,6 +122,7 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
     else if (a == "--profile") profile = true;
+    else if (a == "--variants" && i + 1 < argc) variants = argv[++i];
     else if ((a == "--mb" || a == "--keep") && i + 1 < argc) {
       std::string kv = argv[++i];
       auto eq = kv.find('=');
@@ -141,27 +152,59 @@ int main(int argc, char** argv) {
     bool measured, measured_e;  // PyTorch compiled / eager from this run (else the references)
   };
   std::vector<Row> rows;
-  for (auto& c : cases()) {
+  std::vector<std::string> vlist;
+  for (size_t a = 0; a <= variants.size();) {
+    size_t e = variants.find(',', a);
+    if (e == std::string::npos) e = variants.size();
+    std::string v = variants.substr(a, e - a);
+    if (v != "base" && v != "dropout" && v != "accum" && v != "dropout+accum") {
+      std::fprintf(stderr, "bench_gpu_train: --variants: unknown '%s' (base, dropout, accum, "
+                   "dropout+accum)\n", v.c_str());
+      return 2;
+    }
+    vlist.push_back(v);
+    a = e + 1;
+  }
+  std::vector<std::pair<Case, std::string>> runs;
+  for (auto& c : cases())
+    for (auto& v : vlist) runs.push_back({c, v});
+  for (auto& [c, variant] : runs) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    const bool drop = variant.find("dropout") != std::string::npos;
+    const int64_t nmb = variant.find("accum") != std::string::npos ? 4 : 1;
+    if (drop) c.cfg.attention_dropout = 0.1, c.cfg.hidden_dropout = 0.1;
     for (auto& [k, v] : mb_override)
       if (c.name.find(k) != std::string::npos) c.mb = v;
     for (auto& [k, v] : keep_override)
       if (c.name.find(k) != std::string::npos) c.cfg.keep_mlp_activations = v;
     // The name shown in the tables; c.name stays the key of the PyTorch numbers.
-    const std::string shown =
+    std::string shown =
         c.cfg.keep_mlp_activations > 0
             ? fmt::format("{} (keep-mlp-activations {})", c.name, c.cfg.keep_mlp_activations)
             : c.name;
+    if (drop) shown += ", dropout 0.1/0.1";
+    if (nmb > 1) shown += fmt::format(", {} x {} accumulation", c.mb / nmb, nmb);
+    const std::string key = variant == "base" ? c.name : c.name + "|" + variant;
     gpu::trim_memory_pool();
     gpu::reset_peak_memory();
     const int64_t B = c.mb, S = c.cfg.seq_length, V = c.cfg.padded_vocab_size;
-    std::fprintf(stderr, "bench_gpu_train: %s, micro-batch %lld, seq %lld\n", shown.c_str(),
+    if (B % nmb) {
+      std::fprintf(stderr, "bench_gpu_train: %s: batch %lld does not split into %lld "
+                   "micro-batches\n", shown.c_str(), (long long)B, (long long)nmb);
+      return 2;
+    }
+    const int64_t Bm = B / nmb;  // sequences per micro-batch
+    std::fprintf(stderr, "bench_gpu_train: %s, batch %lld, seq %lld\n", shown.c_str(),
                  (long long)B, (long long)S);
+    std::fprintf(stderr, "bench_gpu_train: %s\n",
+                 ops::describe_attention_backend(Device::CUDA, c.cfg.dtype, c.cfg.kv_channels,
+                                                 c.cfg.attention_dropout, c.cfg.num_layers)
+                     .c_str());
     double ms = 0, n6 = 0, mega_flops = 0;
     {
       model::GPTModel m(c.cfg);
       optim::AdamW opt(m.params(), {});
-      model::MicroBatch mb;
+      std::vector<model::MicroBatch> mbs(static_cast<size_t>(nmb));
       Tensor tok = Tensor::empty({B, S}, DType::I64), lab = Tensor::empty({B, S}, DType::I64);
       Tensor mask = Tensor::empty({B, S}, DType::F32);
       // Random tokens; labels are the next token, as a language-model batch.
@@ -172,20 +215,29 @@ int main(int argc, char** argv) {
                                              : int64_t(Philox::u32(1, 2, uint64_t(i)) % 50);
         mask.data<float>()[i] = 1.f;
       }
-      // The batch lives on the device, as a data loader's pinned prefetch would put it.
-      mb.tokens = Tensor::empty({B, S}, DType::I64, Device::CUDA);
-      mb.labels = Tensor::empty({B, S}, DType::I64, Device::CUDA);
-      mb.loss_mask = Tensor::empty({B, S}, DType::F32, Device::CUDA);
-      ops::copy(tok, mb.tokens, st), ops::copy(lab, mb.labels, st);
-      ops::copy(mask, mb.loss_mask, st);
+      // The batch lives on the device, as a data loader's pinned prefetch would put it;
+      // micro-batch j holds sequences [j Bm, (j + 1) Bm).
+      for (int64_t j = 0; j < nmb; ++j) {
+        auto& mb = mbs[size_t(j)];
+        mb.tokens = Tensor::empty({Bm, S}, DType::I64, Device::CUDA);
+        mb.labels = Tensor::empty({Bm, S}, DType::I64, Device::CUDA);
+        mb.loss_mask = Tensor::empty({Bm, S}, DType::F32, Device::CUDA);
+        ops::copy(tok.narrow(j * Bm, Bm), mb.tokens, st);
+        ops::copy(lab.narrow(j * Bm, Bm), mb.labels, st);
+        ops::copy(mask.narrow(j * Bm, Bm), mb.loss_mask, st);
+      }
       double loss = 0, first_loss = 0;
       std::string trace;  // every step's loss, to compare runs (e.g. MCPP_ATTENTION_FALLBACK=1)
       auto step = [&](int64_t it) {
         model::StepKeys k;
-        k.iteration = it;
+        k.iteration = it, k.global_batch = B;
         m.params().zero_grads();
-        loss = m.forward(mb, k) / double(B * S);
-        m.backward(1.0 / double(B * S));
+        loss = 0;
+        for (int64_t j = 0; j < nmb; ++j) {
+          k.sample_offset = j * Bm;
+          loss += m.forward(mbs[size_t(j)], k) / double(B * S);
+          m.backward(1.0 / double(B * S));
+        }
         opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
         opt.step(1e-4, 0.1);
         char b[32];
@@ -235,12 +287,13 @@ int main(int argc, char** argv) {
     }
     const double tps = double(B * S) / (ms / 1e3);
     const double per_tok = 6 * n6 + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
+    if (variant != "base") c.torch_compiled = c.torch_eager = 0;  // no reference numbers
     Row r{shown, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
           gpu::memory_stats().peak / 1048576.0, c.torch_compiled, c.torch_eager, 0, false, false};
     // Each measured number replaces its reference number (a run of torch_reference.py with
     // --modes compiled, or one cut short, has only some of them).
-    if (torch.contains(c.name) && torch[c.name].value("mb", int64_t(0)) == B) {
-      const auto& t = torch[c.name];
+    if (torch.contains(key) && torch[key].value("mb", int64_t(0)) == B) {
+      const auto& t = torch[key];
       if (t.value("compiled", 0.0) > 0) {
         r.torch_c = t.value("compiled", 0.0), r.measured = true;
         r.torch_peak = t.value("compiled_peak_mb", 0.0);
@@ -254,14 +307,14 @@ int main(int argc, char** argv) {
               "compiled peak (MB) | megatron.cpp / PyTorch compiled |\n"
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (auto& r : rows) {
-    const char* src = r.measured ? "" : " (ref)";
-    const char* src_e = r.measured_e ? "" : " (ref)";
-    std::printf("| %s | %lld | %.1f | %.1fK | %.1f | %.1f%% | %.0f | %.1fK%s | %.1fK%s | %s | "
-                "%.2fx |\n",
+    auto tok = [](double v, bool measured) {
+      return v > 0 ? fmt::format("{:.1f}K{}", v / 1e3, measured ? "" : " (ref)") : std::string("-");
+    };
+    std::printf("| %s | %lld | %.1f | %.1fK | %.1f | %.1f%% | %.0f | %s | %s | %s | %s |\n",
                 r.name.c_str(), (long long)r.mb, r.ms, r.tps / 1e3, r.tflops, 100 * r.mfu,
-                r.peak_mb, r.torch_c / 1e3, src, r.torch_e / 1e3, src_e,
+                r.peak_mb, tok(r.torch_c, r.measured).c_str(), tok(r.torch_e, r.measured_e).c_str(),
                 r.torch_peak > 0 ? fmt::format("{:.0f}", r.torch_peak).c_str() : "-",
-                r.tps / r.torch_c);
+                r.torch_c > 0 ? fmt::format("{:.2f}x", r.tps / r.torch_c).c_str() : "-");
   }
   std::printf("%s", profiles.c_str());
   // What GEMM tuning found (ops/cuda/gemm.cu): per shape, the heuristic's first pick

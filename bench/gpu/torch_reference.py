@@ -2,15 +2,20 @@
 """The PyTorch side of the GPU training-step benchmark (bench_gpu_train): the same four
 models, micro-batches and step, written the way a PyTorch user would write a GPT trainer:
 fp32 parameters, bf16 autocast, F.scaled_dot_product_attention restricted to the flash
-backend, fused AdamW, gradient clipping at 1.0, no dropout, synthetic next-token batches
-already on the GPU; eager and torch.compile(model). Prints one table and, with --json,
-writes {"GPT-2 124M": {"mb": 64, "eager": tok/s, "compiled": tok/s, "eager_peak_mb": MB,
-"compiled_peak_mb": MB}, ...} for bench_gpu_train --torch (scripts/gpu-check.sh runs both
-in one call). The JSON is rewritten after every measurement, so a run cut short keeps
-what it measured.
+backend, fused AdamW, gradient clipping at 1.0, synthetic next-token batches already on
+the GPU; eager and torch.compile(model). Variants (--variants, default "base"), as
+bench_gpu_train's: base (no dropout, one micro-batch); dropout (Megatron's defaults:
+SDPA's dropout_p 0.1 on the attention probabilities, and hidden dropout 0.1 on the
+embedding output and on the attention and MLP outputs before each residual add);
+accum (the same batch as 4 micro-batches of a quarter, loss / 4, one optimizer step);
+dropout+accum. Prints one table and, with --json, writes {"GPT-2 124M": {"mb": 64,
+"eager": tok/s, "compiled": tok/s, "eager_peak_mb": MB, "compiled_peak_mb": MB},
+"GPT-2 124M|dropout": {...}, ...} for bench_gpu_train --torch (scripts/gpu-check.sh runs
+both in one call). The JSON is rewritten after every measurement, so a run cut short
+keeps what it measured.
 
 Usage: torch_reference.py [--only NAME] [--steps 6] [--warmup 2] [--modes eager,compiled]
-                          [--profile]
+                          [--variants base,dropout,accum,dropout+accum] [--profile]
                           [--json out.json]
 """
 import argparse
@@ -49,9 +54,10 @@ def rotate(x, cos, sin):  # x [B, heads, S, D], rotate-half RoPE
 
 
 class Block(nn.Module):
-    def __init__(self, h, nh, ng, ffn, llama):
+    def __init__(self, h, nh, ng, ffn, llama, p_attn=0.0, p_hidden=0.0):
         super().__init__()
         self.nh, self.ng, self.hd, self.llama = nh, ng, h // nh, llama
+        self.p_attn, self.p_hidden = p_attn, p_hidden
         norm = (lambda: RMSNorm(h)) if llama else (lambda: nn.LayerNorm(h))
         self.ln1, self.ln2 = norm(), norm()
         self.qkv = nn.Linear(h, (nh + 2 * ng) * self.hd, bias=not llama)
@@ -71,24 +77,27 @@ class Block(nn.Module):
         if self.ng != self.nh:
             k = k.repeat_interleave(self.nh // self.ng, dim=1)
             v = v.repeat_interleave(self.nh // self.ng, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, -1))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.p_attn if self.training else 0.0)
+        x = x + F.dropout(self.proj(a.transpose(1, 2).reshape(b, s, -1)), self.p_hidden,
+                          self.training)
         h = self.fc1(self.ln2(x))
         if self.llama:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = F.gelu(h, approximate="tanh")
-        return x + self.fc2(h)
+        return x + F.dropout(self.fc2(h), self.p_hidden, self.training)
 
 
 class GPT(nn.Module):
-    def __init__(self, L, h, nh, ng, ffn, S, V, llama):
+    def __init__(self, L, h, nh, ng, ffn, S, V, llama, p_attn=0.0, p_hidden=0.0):
         super().__init__()
-        self.llama = llama
+        self.llama, self.p_hidden = llama, p_hidden
         self.wte = nn.Embedding(V, h)
         self.wpe = None if llama else nn.Embedding(S, h)
-        self.blocks = nn.ModuleList(Block(h, nh, ng, ffn, llama) for _ in range(L))
+        self.blocks = nn.ModuleList(Block(h, nh, ng, ffn, llama, p_attn, p_hidden)
+                                    for _ in range(L))
         self.ln_f = RMSNorm(h) if llama else nn.LayerNorm(h)
         self.head = nn.Linear(h, V, bias=False)
         if not llama:
@@ -108,6 +117,7 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(s, device=idx.device))
+        x = F.dropout(x, self.p_hidden, self.training)  # Megatron's embedding dropout
         rope = (self.cos[:, :, :s], self.sin[:, :, :s]) if self.llama else None
         for blk in self.blocks:
             x = blk(x, rope)
@@ -154,21 +164,25 @@ def profile_step(name, step):
         print(f"    {us / 1e3:8.2f} ms {n:4d} x {k[:110]}", file=sys.stderr)
 
 
-def measure(name, compiled, steps, warmup, prof=False):
+def measure(name, compiled, steps, warmup, prof=False, variant="base"):
     L, h, nh, ng, ffn, S, V, B, llama = MODELS[name]
     torch.manual_seed(0)
     dev = "cuda"
-    model = GPT(L, h, nh, ng, ffn, S, V, llama).to(dev)
+    p = 0.1 if "dropout" in variant else 0.0
+    nmb = 4 if "accum" in variant else 1
+    model = GPT(L, h, nh, ng, ffn, S, V, llama, p, p).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
     fwd = torch.compile(model) if compiled else model
     tok = torch.randint(0, V - 64, (B, S + 1), device=dev)
     x, y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+    xs, ys = x.chunk(nmb), y.chunk(nmb)  # micro-batches of B / nmb sequences
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            loss = fwd(x, y)
-        loss.backward()
+        for xm, ym in zip(xs, ys):
+            with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                loss = fwd(xm, ym) / nmb
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss
@@ -185,7 +199,7 @@ def measure(name, compiled, steps, warmup, prof=False):
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) / steps * 1e3
     peak = torch.cuda.max_memory_allocated() / 2**20
-    print(f"  {name:16s} {'compiled' if compiled else 'eager':8s} mb {B}: {ms:8.1f} ms/step, "
+    print(f"  {name:16s} {variant:13s} {'compiled' if compiled else 'eager':8s} mb {B}: {ms:8.1f} ms/step, "
           f"{B * S / ms * 1e3 / 1e3:7.1f}K tok/s, peak {peak:8.0f} MB, loss {loss.item():.3f} "
           f"(warm-up {t_warm:.0f} s)", file=sys.stderr, flush=True)
     if prof:
@@ -201,6 +215,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--modes", default="eager,compiled")
+    ap.add_argument("--variants", default="base",
+                    help="comma list of base, dropout, accum, dropout+accum")
     ap.add_argument("--json", default="")
     ap.add_argument("--profile", action="store_true",
                     help="then one profiled step: kernel time by class, the GEMMs' TFLOP/s")
@@ -209,16 +225,21 @@ def main():
     print(f"torch_reference: torch {torch.__version__}, {torch.cuda.get_device_name()}",
           file=sys.stderr, flush=True)
     res = {}
+    variants = a.variants.split(",")
+    for v in variants:
+        if v not in ("base", "dropout", "accum", "dropout+accum"):
+            sys.exit(f"torch_reference: --variants: unknown '{v}' (base, dropout, accum, dropout+accum)")
     for mode in a.modes.split(","):
         for name in MODELS:
             if a.only and a.only not in name:
                 continue
-            B, tps, peak = measure(name, mode == "compiled", a.steps, a.warmup, a.profile)
-            r = res.setdefault(name, {"mb": B})
-            r[mode], r[mode + "_peak_mb"] = tps, peak
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump(res, f, indent=1)
+            for v in variants:
+                B, tps, peak = measure(name, mode == "compiled", a.steps, a.warmup, a.profile, v)
+                r = res.setdefault(name if v == "base" else f"{name}|{v}", {"mb": B})
+                r[mode], r[mode + "_peak_mb"] = tps, peak
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump(res, f, indent=1)
     print("| model | micro-batch | PyTorch eager tok/s | compiled tok/s | compiled peak (MB) |")
     print("|---|---:|---:|---:|---:|")
     for name, r in res.items():

@@ -15,6 +15,7 @@
 #include "checkpoint/training_checkpoint.h"
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
+#include "ops/attention_backend.h"
 #include "ops/ops.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/grads.h"
@@ -136,6 +137,10 @@ void Trainer::State::build_model() {
             s.world->device() == Device::CUDA ? " (one GPU per rank, NCCL groups)" : "",
             dtype_name(s.model_cfg.dtype),
             s.model_cfg.dtype == DType::F32 ? "" : ", fp32 main params and main grads");
+  log::info("> {}", ops::describe_attention_backend(s.model_cfg.device, s.model_cfg.dtype,
+                                                    s.model_cfg.kv_channels,
+                                                    s.model_cfg.attention_dropout,
+                                                    s.model_cfg.num_layers));
   s.model_cfg.tp_rank = s.ps->tp_rank();
   const int64_t dp = a.data_parallel_size;
   // The distributed optimizer splits every bucket into DP equal blocks: align each

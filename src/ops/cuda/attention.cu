@@ -9,9 +9,11 @@
 // exactly as the CPU backend (types.h: AttentionDims); the row normaliser uses the
 // undropped probabilities.
 //
-// Dispatch: bf16/f16 calls without attention dropout go to cuDNN's fused attention
-// (cudnn_attention.cpp) when it takes them, then to the tensor-core kernel of
-// flash_attention.cu; the kernels of this file serve the rest (f32, attention dropout).
+// Dispatch (ops::choose_attention_backend, attention_backend.h, which also writes the
+// start-up log line): bf16/f16 calls without attention dropout go to cuDNN's fused
+// attention (cudnn_attention.cpp) when it takes them; bf16/f16 at head dim 64 or 128 with
+// dropout (or rejected by cuDNN) to the tensor-core kernel of flash_attention.cu, which
+// draws the same mask; the kernels of this file serve the rest (f32, other head dims).
 //
 // This file's kernels: tiles are held in shared memory as f32 and multiplied on the CUDA
 // cores with 4x4 register tiles per thread (correct for every dtype; no tensor cores).
@@ -20,6 +22,7 @@
 #include <cfloat>
 
 #include "base/philox.h"
+#include "ops/attention_backend.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/flash_attention.h"
@@ -495,6 +498,12 @@ void launch_bwd(const AttnParams& P, cudaStream_t cs) {
   MCPP_LAUNCH_CHECK();
 }
 
+// The backend the start-up log line names (attention_backend.h). Cudnn may still fall
+// back to the flash kernel when cuDNN rejects the shape (cudnn_attention_* return false).
+AttentionBackend backend_for(DType dt, int64_t HD, double p) {
+  return choose_attention_backend(attention_backend_query(Device::CUDA, dt, HD, p)).backend;
+}
+
 #define MCPP_DISPATCH_HD(hd, ...)                    \
   do {                                               \
     switch (hd) {                                    \
@@ -519,12 +528,13 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
   if (d.S * d.B * d.NH == 0) return;
   cudaStream_t cs = stream_of(s);
   // cuDNN's fused attention first (dropout-free bf16/f16), then the own tensor-core flash
-  // kernel, then the CUDA-core kernel below (f32, attention dropout).
-  const FlashArgs fa{qkv.raw(), d, qkv.dtype(), softmax_scale};
-  if (cudnn_attention_applies(qkv.dtype(), d.HD, dropout_p) &&
+  // kernel (also with dropout), then the CUDA-core kernel below (f32, other head dims).
+  const FlashArgs fa{qkv.raw(), d, qkv.dtype(), softmax_scale, dropout_p, key};
+  const AttentionBackend be = backend_for(qkv.dtype(), d.HD, dropout_p);
+  if (be == AttentionBackend::Cudnn &&
       cudnn_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs))
     return;
-  if (flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
+  if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
     flash_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs);
     return;
   }
@@ -551,8 +561,9 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
   if (d.S * d.B * d.NH == 0) return;
   cudaStream_t cs = stream_of(s);
-  const FlashArgs fa{qkv.raw(), d, qkv.dtype(), softmax_scale};
-  if (cudnn_attention_applies(qkv.dtype(), d.HD, dropout_p) &&
+  const FlashArgs fa{qkv.raw(), d, qkv.dtype(), softmax_scale, dropout_p, key};
+  const AttentionBackend be = backend_for(qkv.dtype(), d.HD, dropout_p);
+  if (be == AttentionBackend::Cudnn &&
       cudnn_attention_backward(fa, dout.raw(), out.raw(), static_cast<const float*>(lse.raw()),
                                dqkv.raw(), cs))
     return;
@@ -563,7 +574,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         static_cast<const T*>(dout.raw()), static_cast<const T*>(out.raw()),
                         static_cast<float*>(delta.raw()), d.S, d.B, d.NH, d.HD));
   MCPP_LAUNCH_CHECK();
-  if (flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
+  if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
     flash_attention_backward(fa, dout.raw(),
                              static_cast<const float*>(lse.raw()),
                              static_cast<const float*>(delta.raw()), dqkv.raw(), cs);

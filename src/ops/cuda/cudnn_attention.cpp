@@ -31,6 +31,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "ops/attention_backend.h"
 #include "ops/cuda/device.h"
 #include "tensor/tensor.h"
 
@@ -58,8 +59,7 @@ std::string shape_str(const FlashArgs& a) {
 }  // namespace
 
 bool cudnn_attention_applies(DType dt, int64_t head_dim, double dropout_p) {
-  return (dt == DType::BF16 || dt == DType::F16) && dropout_p == 0.0 && head_dim > 0 &&
-         head_dim % 8 == 0 && head_dim <= 128;
+  return dropout_p == 0.0 && cudnn_attention_takes(dt, head_dim);
 }
 
 CudnnAttentionStats cudnn_attention_stats() {

@@ -2,8 +2,20 @@
 // mma.sync m16n8k16 with f32 accumulation, causal, grouped-query heads read straight
 // from linear_qkv's grouped layout [S, B, NG, NH/NG + 2, HD], head dims 64 and 128.
 // Same contract as attention.cu (which calls it): out[S, B, NH*HD] (=), lse[B, NH, S]
-// f32 natural-log (=), dqkv (=, every element written once). No dropout: calls with
-// attention dropout keep the CUDA-core kernel of attention.cu.
+// f32 natural-log (=), dqkv (=, every element written once).
+//
+// Attention dropout runs in the kernels (forward and both backward kernels), with the
+// mask of the CPU op and of attention.cu's CUDA-core kernel: element (b, h, q, k) is kept
+// iff (Philox::u32(seed, stream, i) >> 8) >= ceil(p 2^24), i its global index
+// (((b + b_off) NH_global + h + h_off) S_global + q + q_off) S_global + k + k_off
+// (types.h). So a TP split of heads, an SP/DP split of the batch and a recomputed forward
+// draw the same mask, and the mask is never stored. Four consecutive indices 4j..4j+3 share
+// one Philox block; when S_global and k_off are multiples of 4 every aligned group of four
+// keys is one block, and the lanes that hold a group's elements (two in the forward and dQ
+// layouts, four in dK/dV's transposed one) each draw a share of the blocks and exchange
+// the keep bits by shuffles: one block per four elements, as the CPU. Otherwise every
+// element draws its own block (correct, four times the work). As in FlashAttention, lse
+// and the row normaliser are those of the undropped probabilities.
 //
 // Each block has 4 warps and a 64-row tile; each warp owns 16 rows. Scores live in
 // registers (C fragments), and P is fed back to the next MMA as A fragments without a
@@ -12,10 +24,15 @@
 // Backward is deterministic: one kernel owns dK, dV of a key tile and sums over the
 // group's query heads and the query tiles in a fixed order; another owns dQ.
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 
+#include "base/philox.h"
 #include "ops/cuda/common.cuh"
+#include "ops/attention_backend.h"
 #include "ops/cuda/flash_attention.h"
+#include "ops/cuda/flash_attention_dropout.cuh"
+#include "ops/cuda/mma_sm80.cuh"
 
 namespace mcpp::ops::cuda {
 
@@ -39,80 +56,8 @@ struct FaParams {
   int64_t S, B, NH, NG, QPG, W;
   float scale_log2;   // softmax scale * log2(e)
   float scale;
+  FaDrop D;
 };
-
-// ---- PTX wrappers --------------------------------------------------------------------
-template <typename T>
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-  if constexpr (std::is_same_v<T, bf16>)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
-  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t lds32(const T* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-// A fragment: rows r0..r0+15, cols c0..c0+15 of a row-major smem tile.
-template <int LD, typename T>
-__device__ __forceinline__ void load_a(uint32_t a[4], const T* tile, int r0, int c0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  a[0] = lds32(tile + (r0 + g) * LD + c0 + 2 * t);
-  a[1] = lds32(tile + (r0 + g + 8) * LD + c0 + 2 * t);
-  a[2] = lds32(tile + (r0 + g) * LD + c0 + 8 + 2 * t);
-  a[3] = lds32(tile + (r0 + g + 8) * LD + c0 + 8 + 2 * t);
-}
-// B fragment (k16 x n8) from a tile that holds B^T row-major (rows n, cols k): K for Q K^T.
-template <int LD, typename T>
-__device__ __forceinline__ void load_bt(uint32_t b[2], const T* tile, int n0, int k0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  b[0] = lds32(tile + (n0 + g) * LD + k0 + 2 * t);
-  b[1] = lds32(tile + (n0 + g) * LD + k0 + 8 + 2 * t);
-}
-// B fragments of two n8 tiles (k16 x n16) from a tile holding B row-major (rows k,
-// cols n): V for P V. b[0..1]: cols n0..n0+7, b[2..3]: n0+8..n0+15.
-template <int LD, typename T>
-__device__ __forceinline__ void load_b_trans(uint32_t b[4], const T* tile, int k0, int n0,
-                                             int lane) {
-  ldsm_x4_trans(b, tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8);
-}
 
 // 64 rows x HD of a strided [rows, HD] slab into smem (zeros for rows >= S).
 template <int HD, typename T>
@@ -128,7 +73,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
 }
 
 // ---- forward -------------------------------------------------------------------------
-template <typename T, int HD>
+template <typename T, int HD, bool DROP>
 __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
   constexpr int LD = ld<HD>(), TILE = kRows * LD, NK = HD / 16, ND = HD / 8;
   extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -161,6 +106,10 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
 
   for (int j = 0; j < nkt; ++j) {
     const int buf = j & 1;
+    const int64_t k0 = int64_t(j) * kRows;
+    // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
+    uint32_t keep = 0;
+    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -188,7 +137,6 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
       }
     }
     // Scale, causal mask (only the diagonal tile needs it; keys >= S lie there too).
-    const int64_t k0 = int64_t(j) * kRows;
     const bool diag = j == nkt - 1;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -224,8 +172,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float p = exp2f(sc[n][e] - mref[e >> 1]);
-        sc[n][e] = p;
-        l[e >> 1] += p;
+        l[e >> 1] += p;  // the normaliser of the undropped probabilities
+        if constexpr (DROP) sc[n][e] = kept(keep, n, e) ? p * P.D.scale : 0.f;
+        else sc[n][e] = p;
       }
     // O += P V: P's C fragments of n-tiles 2c, 2c+1 are the A fragment of k-chunk c.
 #pragma unroll
@@ -266,7 +215,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
 }
 
 // ---- backward: dK, dV of one key tile of one (b, group) ------------------------------
-template <typename T, int HD>
+template <typename T, int HD, bool DROP>
 __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
   constexpr int LD = ld<HD>(), TILE = kRows * LD, NK = HD / 16, ND = HD / 8;
   extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -318,6 +267,12 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t q0 = int64_t(qt) * kRows;
+    uint32_t keep = 0;  // computed while the next tiles load
+    if constexpr (DROP)
+      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16 + (gr & ~3), q0, gr, tq,
+                              lane);
     if (it + 1 < iters) {
       issue(it + 1, buf ^ 1);
       cp_async_commit();
@@ -326,8 +281,6 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int hi = it / per_head, qt = kt + (it - hi * per_head);
-    const int64_t q0 = int64_t(qt) * kRows;
     const T* Qt = Qs + buf * TILE;
     const T* dOt = dOs + buf * TILE;
     const float* lse2 = lse_s + buf * kRows;
@@ -362,8 +315,14 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
         const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
         float p = exp2f(sc[n][e] * P.scale_log2 - lse2[qc]);
         if ((diag && key > q) || q >= P.S || key >= P.S) p = 0.f;
-        sc[n][e] = p;                       // P^T
-        dp[n][e] = p * (dp[n][e] - dl[qc]);  // dS^T (unscaled)
+        if constexpr (DROP) {  // dV from the dropped P; dP of the dropped entries is 0
+          const bool kp = kept(keep, n, e);
+          sc[n][e] = kp ? p * P.D.scale : 0.f;
+          dp[n][e] = p * ((kp ? dp[n][e] * P.D.scale : 0.f) - dl[qc]);
+        } else {
+          sc[n][e] = p;                       // P^T
+          dp[n][e] = p * (dp[n][e] - dl[qc]);  // dS^T (unscaled)
+        }
       }
     // dV += P^T dO, dK += dS^T Q: k-chunks of 16 queries.
 #pragma unroll
@@ -409,7 +368,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
 }
 
 // ---- backward: dQ of one query tile of one (b, h) ------------------------------------
-template <typename T, int HD>
+template <typename T, int HD, bool DROP>
 __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
   constexpr int LD = ld<HD>(), TILE = kRows * LD, NK = HD / 16, ND = HD / 8;
   extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -452,6 +411,10 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
 
   for (int j = 0; j < nkt; ++j) {
     const int buf = j & 1;
+    const int64_t k0 = int64_t(j) * kRows;
+    // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
+    uint32_t keep = 0;
+    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -482,7 +445,6 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
         mma16816<T>(dp[n], ao, bv);
       }
     }
-    const int64_t k0 = int64_t(j) * kRows;
     const bool diag = j == nkt - 1;
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -491,7 +453,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
         const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
         float p = exp2f(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
         if (diag && (col > row || col >= P.S)) p = 0.f;
-        dp[n][e] = p * (dp[n][e] - dl[e >> 1]);  // dS (unscaled)
+        float dpm = dp[n][e];
+        if constexpr (DROP) dpm = kept(keep, n, e) ? dpm * P.D.scale : 0.f;
+        dp[n][e] = p * (dpm - dl[e >> 1]);  // dS (unscaled)
       }
     // dQ += dS K: k-chunks of 16 keys; K row-major [key][d] is B row-major.
 #pragma unroll
@@ -542,33 +506,43 @@ FaParams make(const FlashArgs& a) {
   P.qkv = a.qkv, P.S = a.d.S, P.B = a.d.B, P.NH = a.d.NH, P.NG = a.d.NG;
   P.QPG = a.d.NH / a.d.NG, P.W = a.d.qkv_width();
   P.scale = float(a.softmax_scale), P.scale_log2 = float(a.softmax_scale) * kLog2e;
+  const AttentionDims& d = a.d;
+  FaDrop& D = P.D;
+  D.set_key(a.key.seed, a.key.stream);
+  // uniform = u24 / 2^24 exactly, so uniform >= p <=> u24 >= ceil(p 2^24) (as the CPU op).
+  D.threshold = uint32_t(std::ceil(a.dropout_p * 16777216.0));
+  D.scale = float(1.0 / (1.0 - a.dropout_p));
+  D.b_off = d.b_offset, D.h_off = d.h_offset, D.q_off = d.q_offset, D.k_off = d.k_offset;
+  D.NHg = d.NH_global > 0 ? d.NH_global : d.NH;
+  D.Sg = d.S_global > 0 ? d.S_global : d.S;
+  D.aligned = D.Sg % 4 == 0 && D.k_off % 4 == 0;
   return P;
 }
 
-template <typename T, int HD>
+template <typename T, int HD, bool DROP>
 void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
-  static bool once = (allow_smem(fa_fwd_kernel<T, HD>, fwd_bytes<HD>()), true);
+  static bool once = (allow_smem(fa_fwd_kernel<T, HD, DROP>, fwd_bytes<HD>()), true);
   (void)once;
   FaParams P = make(a);
   P.out = out, P.lse = lse;
   dim3 grid(unsigned((P.S + kRows - 1) / kRows), unsigned(P.B * P.NH));
-  fa_fwd_kernel<T, HD><<<grid, kThreadsFA, fwd_bytes<HD>(), cs>>>(P);
+  fa_fwd_kernel<T, HD, DROP><<<grid, kThreadsFA, fwd_bytes<HD>(), cs>>>(P);
   MCPP_LAUNCH_CHECK();
 }
 
-template <typename T, int HD>
+template <typename T, int HD, bool DROP>
 void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
          cudaStream_t cs) {
-  static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD>, dkv_bytes<HD>()),
-                      allow_smem(fa_bwd_dq_kernel<T, HD>, dq_bytes<HD>()), true);
+  static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
+                      allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()), true);
   (void)once;
   FaParams P = make(a);
   P.out = dqkv, P.lse = const_cast<float*>(lse), P.dout = dout, P.delta = delta;
   const unsigned tiles = unsigned((P.S + kRows - 1) / kRows);
-  fa_bwd_dkv_kernel<T, HD><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
+  fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
                              cs>>>(P);
   MCPP_LAUNCH_CHECK();
-  fa_bwd_dq_kernel<T, HD><<<dim3(tiles, unsigned(P.B * P.NH)), kThreadsFA, dq_bytes<HD>(), cs>>>(
+  fa_bwd_dq_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NH)), kThreadsFA, dq_bytes<HD>(), cs>>>(
       P);
   MCPP_LAUNCH_CHECK();
 }
@@ -577,28 +551,46 @@ void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* de
 
 bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p) {
   static const bool disabled = std::getenv("MCPP_ATTENTION_FALLBACK") != nullptr;
-  return !disabled && (dt == DType::BF16 || dt == DType::F16) &&
-         (head_dim == 64 || head_dim == 128) && dropout_p == 0.0;
+  (void)dropout_p;  // dropout runs in the kernel
+  return !disabled && flash_attention_takes(dt, head_dim);
 }
 
+namespace {
+template <typename T, int HD>
+void fwd_p(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+  if (a.dropout_p > 0) fwd<T, HD, true>(a, out, lse, cs);
+  else fwd<T, HD, false>(a, out, lse, cs);
+}
+template <typename T, int HD>
+void bwd_p(const FlashArgs& a, const void* dout, const float* lse, const float* delta,
+           void* dqkv, cudaStream_t cs) {
+  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs);
+  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs);
+}
+}  // namespace
+
 void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+  MCPP_CHECK(a.dropout_p >= 0 && a.dropout_p < 1,
+             "flash attention: dropout probability {} outside [0, 1)", a.dropout_p);
   if (a.dtype == DType::BF16) {
-    if (a.d.HD == 64) fwd<bf16, 64>(a, out, lse, cs);
-    else fwd<bf16, 128>(a, out, lse, cs);
+    if (a.d.HD == 64) fwd_p<bf16, 64>(a, out, lse, cs);
+    else fwd_p<bf16, 128>(a, out, lse, cs);
   } else {
-    if (a.d.HD == 64) fwd<f16, 64>(a, out, lse, cs);
-    else fwd<f16, 128>(a, out, lse, cs);
+    if (a.d.HD == 64) fwd_p<f16, 64>(a, out, lse, cs);
+    else fwd_p<f16, 128>(a, out, lse, cs);
   }
 }
 
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
                               const float* delta, void* dqkv, cudaStream_t cs) {
+  MCPP_CHECK(a.dropout_p >= 0 && a.dropout_p < 1,
+             "flash attention: dropout probability {} outside [0, 1)", a.dropout_p);
   if (a.dtype == DType::BF16) {
-    if (a.d.HD == 64) bwd<bf16, 64>(a, dout, lse, delta, dqkv, cs);
-    else bwd<bf16, 128>(a, dout, lse, delta, dqkv, cs);
+    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs);
+    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs);
   } else {
-    if (a.d.HD == 64) bwd<f16, 64>(a, dout, lse, delta, dqkv, cs);
-    else bwd<f16, 128>(a, dout, lse, delta, dqkv, cs);
+    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs);
+    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs);
   }
 }
 

@@ -1,7 +1,8 @@
 // The tensor-core flash attention of flash_attention.cu, called by attention.cu when
-// it applies (bf16/f16, head dim 64 or 128, no attention dropout); attention.cu's
-// CUDA-core kernel serves every other call. MCPP_ATTENTION_FALLBACK=1 in the
-// environment forces the CUDA-core kernel (for comparisons).
+// ops::choose_attention_backend picks it (bf16/f16, head dim 64 or 128, with or without
+// attention dropout; cuDNN first when there is no dropout); attention.cu's CUDA-core
+// kernel serves every other call. MCPP_ATTENTION_FALLBACK=1 in the environment forces the
+// CUDA-core kernel (for comparisons).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,9 +14,11 @@ namespace mcpp::ops::cuda {
 
 struct FlashArgs {
   const void* qkv;  // [S, B, NG, NH/NG + 2, HD]
-  AttentionDims d;
+  AttentionDims d;  // local shape and the global coordinates of the dropout mask
   DType dtype;
   double softmax_scale;
+  double dropout_p = 0;  // attention dropout on the probabilities (0: none)
+  DropoutKey key{};
 };
 
 bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p);

@@ -1,0 +1,88 @@
+// PTX wrappers for the sm_80+ tensor-core kernels (flash_attention.cu): mma.sync
+// m16n8k16 with f32 accumulation, cp.async 16-byte copies, ldmatrix, and the A/B fragment
+// loads from row-major shared-memory tiles (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cuda/common.cuh"
+
+namespace mcpp::ops::cuda {
+
+// ---- PTX wrappers --------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  if constexpr (std::is_same_v<T, bf16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t lds32(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// A fragment: rows r0..r0+15, cols c0..c0+15 of a row-major smem tile.
+template <int LD, typename T>
+__device__ __forceinline__ void load_a(uint32_t a[4], const T* tile, int r0, int c0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  a[0] = lds32(tile + (r0 + g) * LD + c0 + 2 * t);
+  a[1] = lds32(tile + (r0 + g + 8) * LD + c0 + 2 * t);
+  a[2] = lds32(tile + (r0 + g) * LD + c0 + 8 + 2 * t);
+  a[3] = lds32(tile + (r0 + g + 8) * LD + c0 + 8 + 2 * t);
+}
+// B fragment (k16 x n8) from a tile that holds B^T row-major (rows n, cols k): K for Q K^T.
+template <int LD, typename T>
+__device__ __forceinline__ void load_bt(uint32_t b[2], const T* tile, int n0, int k0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  b[0] = lds32(tile + (n0 + g) * LD + k0 + 2 * t);
+  b[1] = lds32(tile + (n0 + g) * LD + k0 + 8 + 2 * t);
+}
+// B fragments of two n8 tiles (k16 x n16) from a tile holding B row-major (rows k,
+// cols n): V for P V. b[0..1]: cols n0..n0+7, b[2..3]: n0+8..n0+15.
+template <int LD, typename T>
+__device__ __forceinline__ void load_b_trans(uint32_t b[4], const T* tile, int k0, int n0,
+                                             int lane) {
+  ldsm_x4_trans(b, tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8);
+}
+
+}  // namespace mcpp::ops::cuda
