@@ -6,7 +6,16 @@
 # warns "memory plan: ... planned, ... allocated" otherwise).
 set -euo pipefail
 mpirun=(); while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done; shift
-out=$("${mpirun[@]}" "$@" --train-iters 2 --lr-warmup-iters 0 2>&1) || { echo "$out"; exit 1; }
+# Each rank's output in its own file where mpirun can do that (OpenMPI's --output-filename):
+# the ranks' lines share one pipe otherwise, and a line of one rank can be split by another's.
+if "${mpirun[0]}" --version 2>&1 | grep -q "Open\(RTE\| MPI\)"; then
+  per_rank=$(mktemp -d); trap 'rm -rf "$per_rank"' EXIT
+  "${mpirun[@]}" --output-filename "$per_rank" "$@" --train-iters 2 --lr-warmup-iters 0 \
+    > "$per_rank/all" 2>&1 || { cat "$per_rank/all"; cat "$per_rank"/1/rank.*/std*; exit 1; }
+  out=$(for r in "$per_rank"/1/rank.*; do cat "$r/stdout" "$r/stderr"; done)
+else
+  out=$("${mpirun[@]}" "$@" --train-iters 2 --lr-warmup-iters 0 2>&1) || { echo "$out"; exit 1; }
+fi
 if grep -q "memory plan: .* planned" <<<"$out"; then  # weights/grads/optimizer vs allocated
   echo "FAIL:"; grep "memory plan: .* planned" <<<"$out"; exit 1
 fi
