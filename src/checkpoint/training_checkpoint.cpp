@@ -48,8 +48,8 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   if (ps.dp_rank() == 0) recs.push_back(write_rank_files(tmp, snap));
   if (opt.state_sharded() && save_optim) {
     snap.optimizer_steps = opt.steps();
-    recs.push_back(write_optimizer_shard(tmp, snap, opt.exp_avg(), opt.exp_avg_sq(),
-                                         opt.segments()));
+    recs.push_back(
+        write_optimizer_shard(tmp, snap, opt.exp_avg(), opt.exp_avg_sq(), opt.segments()));
   }
   auto all = parallel::all_gather_strings(world, recs.dump());
   if (world.rank() == 0) {

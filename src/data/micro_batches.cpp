@@ -6,9 +6,8 @@
 
 namespace mcpp::data {
 
-model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& b,
-                                   int64_t consumed, int64_t j, int64_t& sample_offset,
-                                   GPTSample& scratch) {
+model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,
+                                   int64_t j, int64_t& sample_offset, GPTSample& scratch) {
   const int64_t mbs = b.micro_batch_size, S = b.seq_length;
   sample_offset = j * mbs * b.dp_size + b.dp_rank * mbs;
   model::MicroBatch mb;

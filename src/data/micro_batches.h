@@ -22,15 +22,14 @@ struct BatchShape {
 // This rank's micro-batches of one global batch.
 struct LocalBatch {
   std::vector<model::MicroBatch> micro_batches;  // tokens, labels [MBS, S] i64; loss_mask f32
-  std::vector<int64_t> sample_offsets;  // each one's first sample in the global batch
-  double loss_tokens = 0;               // sum of this rank's loss masks
+  std::vector<int64_t> sample_offsets;           // each one's first sample in the global batch
+  double loss_tokens = 0;                        // sum of this rank's loss masks
 };
 
 // The micro-batch j of this rank at consumed-sample offset `consumed`, its first sample's
 // offset in the global batch in `sample_offset`. `scratch` is reused between calls.
-model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& b,
-                                   int64_t consumed, int64_t j, int64_t& sample_offset,
-                                   GPTSample& scratch);
+model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,
+                                   int64_t j, int64_t& sample_offset, GPTSample& scratch);
 // All num_microbatches of them.
 LocalBatch load_local_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,
                             GPTSample& scratch);

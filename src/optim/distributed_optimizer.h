@@ -61,8 +61,8 @@ class DistributedAdamW final : public Optimizer {
   parallel::DataParallelGrads& grads_;
   std::vector<ShardSegment> segs_;
   bool overlap_ = false;
-  std::vector<comm::Work> gather_work_;       // per bucket, in flight
-  std::vector<Tensor> gather_keep_;           // their buffers
+  std::vector<comm::Work> gather_work_;          // per bucket, in flight
+  std::vector<Tensor> gather_keep_;              // their buffers
   std::vector<std::vector<int>> bucket_layers_;  // per bucket, the layers of its parameters
 };
 

@@ -15,8 +15,8 @@ std::vector<parallel::GradParam> grad_params(const model::ParamStore& params,
   std::unique_ptr<bool[]> dup(new bool[infos.size()]);
   for (size_t i = 0; i < infos.size(); ++i)
     names.push_back(infos[i].name), dup[i] = infos[i].pipeline_duplicate;
-  const std::vector<bool> shared = parallel::embedding_group_params(
-      ps, names, std::span<const bool>(dup.get(), infos.size()));
+  const std::vector<bool> shared =
+      parallel::embedding_group_params(ps, names, std::span<const bool>(dup.get(), infos.size()));
   std::vector<parallel::GradParam> out;
   for (size_t i = 0; i < infos.size(); ++i)
     out.push_back({infos[i].offset, infos[i].numel(), infos[i].sequence_parallel, shared[i]});

@@ -49,7 +49,8 @@ std::vector<std::pair<double, double>> min_max_over(comm::Communicator& group,
   c.data<double>()[0] = double(n), c.data<double>()[1] = -double(n);
   group.all_reduce(c, comm::ReduceOp::Max, st);
   const double most = c.data<double>()[0], least = -c.data<double>()[1];
-  MCPP_CHECK(most == least, "min_max_over {}: the members hold between {} and {} values (this "
+  MCPP_CHECK(most == least,
+             "min_max_over {}: the members hold between {} and {} values (this "
              "rank {}); every member must reduce the same list",
              group.describe(), least, most, n);
   if (n == 0) return out;

@@ -6,8 +6,8 @@
 
 namespace mcpp::training {
 
-double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys,
-                            double grad_scale, bool training) {
+double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys, double grad_scale,
+                            bool training) {
   if (ps.layout().pp() > 1) return run_pipeline(batch, keys, grad_scale, training);
   const size_t M = batch.micro_batches.size();
   double loss_sum = 0;

@@ -31,8 +31,7 @@ struct ForwardBackward {
   // grad_scale (loss scale / masked tokens of the global batch). Returns the sum of masked
   // token losses of this rank's micro-batches (with pipelining: of its pipeline, summed
   // over the stages, which only the last holds).
-  double run(const data::LocalBatch& batch, model::StepKeys keys, double grad_scale,
-             bool training);
+  double run(const data::LocalBatch& batch, model::StepKeys keys, double grad_scale, bool training);
 
  private:
   double run_pipeline(const data::LocalBatch& batch, model::StepKeys keys, double grad_scale,

@@ -125,8 +125,7 @@ void Trainer::State::save() {
   checkpoint::SaveOptions o;
   o.model = model_cfg, o.save_rng = !args.no_save_rng;
   checkpoint::save_training_checkpoint(*args.save, world->world(), *ps, model->params(), *opt,
-                                       !args.no_save_optim, training_state(), o,
-                                       async_saver.get());
+                                       !args.no_save_optim, training_state(), o, async_saver.get());
 }
 
 void Trainer::State::load() {
@@ -135,8 +134,8 @@ void Trainer::State::load() {
   o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = a.finetune;
   o.partial_model = a.pipeline_model_parallel_size > 1;
   const bool load_optim = !(a.no_load_optim || a.finetune);
-  const auto st = checkpoint::load_training_checkpoint(*a.load, a.ckpt_step, model->params(),
-                                                       *opt, load_optim, o);
+  const auto st = checkpoint::load_training_checkpoint(*a.load, a.ckpt_step, model->params(), *opt,
+                                                       load_optim, o);
   if (!st) return;
   if (scaler && !st->grad_scaler.empty())
     scaler->load_state({st->grad_scaler.at("scale").get<double>(),
@@ -146,13 +145,13 @@ void Trainer::State::load() {
     iteration = st->iteration;
     consumed_train = st->consumed_train_samples, consumed_valid = st->consumed_valid_samples;
     flops_so_far = st->num_floating_point_operations_so_far;
-    auto policy = a.override_opt_param_scheduler         ? optim::SchedulerLoadPolicy::OverrideFromArgs
+    auto policy = a.override_opt_param_scheduler ? optim::SchedulerLoadPolicy::OverrideFromArgs
                   : a.use_checkpoint_opt_param_scheduler ? optim::SchedulerLoadPolicy::UseCheckpoint
                                                          : optim::SchedulerLoadPolicy::RequireMatch;
     sched->load_state(st->scheduler, policy);
   }
-  log::info("  successfully loaded checkpoint from {} [ iteration {} ]{}", *a.load,
-            st->iteration, a.finetune ? " for finetuning (counters reset)" : "");
+  log::info("  successfully loaded checkpoint from {} [ iteration {} ]{}", *a.load, st->iteration,
+            a.finetune ? " for finetuning (counters reset)" : "");
 }
 
 namespace {
@@ -185,8 +184,8 @@ TrainSummary Trainer::run() {
     return out;
   };
   log::info("training ...");
-  if (iteration > 0) log::info("resuming at iteration {} ({} samples consumed)", iteration,
-                               s.consumed_train);
+  if (iteration > 0)
+    log::info("resuming at iteration {} ({} samples consumed)", iteration, s.consumed_train);
   s.log->restart_interval();
 
   while (!a.skip_train && iteration < a.train_iters) {
@@ -201,9 +200,9 @@ TrainSummary Trainer::run() {
     out.losses.push_back(r.loss);
     s.log->record(r.loss, r.grad_norm, r.skipped);
     if (s.log->due(iteration))
-      s.log->log_interval(iteration, {s.consumed_train, s.sched->lr(),
-                                      s.scaler ? s.scaler->scale() : 1.0, s.skipped_iters,
-                                      s.nan_iters, flops_per_iter});
+      s.log->log_interval(iteration,
+                          {s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
+                           s.skipped_iters, s.nan_iters, flops_per_iter});
     if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1]) {
       out.last_valid_loss = s.evaluate(1, s.consumed_valid);
       print_validation("iteration " + std::to_string(iteration), out.last_valid_loss);
@@ -221,11 +220,12 @@ TrainSummary Trainer::run() {
       exit_reason = fmt::format("exiting program at iteration {} (--exit-interval {})", iteration,
                                 *a.exit_interval);
     if (a.exit_duration_in_mins) {
-      double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start)
-                        .count() / 60.0;
+      double mins =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() / 60.0;
       if (mins > double(*a.exit_duration_in_mins))
-        exit_reason = fmt::format("exiting program after {:.2f} minutes (--exit-duration-in-mins {})",
-                                  mins, *a.exit_duration_in_mins);
+        exit_reason =
+            fmt::format("exiting program after {:.2f} minutes (--exit-duration-in-mins {})", mins,
+                        *a.exit_duration_in_mins);
     }
     if (!exit_reason.empty()) {
       if (a.save && !saved_now) s.save(), saved_now = true;

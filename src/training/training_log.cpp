@@ -58,8 +58,10 @@ TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world
 void TrainingLog::section(std::string_view name, bool start) {
   if (a_.timing_log_level < 1) return;
   synchronize_device(device_);
-  if (start) timers_(std::string(name)).start();
-  else timers_(std::string(name)).stop();
+  if (start)
+    timers_(std::string(name)).start();
+  else
+    timers_(std::string(name)).stop();
 }
 
 void TrainingLog::record(double loss, double grad_norm, bool skipped) {
@@ -113,9 +115,10 @@ void TrainingLog::op_profile(double per_iter_s) {
   auto times = ops::cuda::op_profile_collect();
   double sum = 0;
   for (const auto& t : times) sum += t.ms;
-  log::info("GPU time per op over the last {} iterations (ms per iteration; {:.1f} of "
-            "{:.1f} in ops):",
-            iters_, sum / double(iters_), per_iter_s * 1e3);
+  log::info(
+      "GPU time per op over the last {} iterations (ms per iteration; {:.1f} of "
+      "{:.1f} in ops):",
+      iters_, sum / double(iters_), per_iter_s * 1e3);
   for (size_t i = 0; i < times.size() && i < 20; ++i)
     log::info("    {:<48} {:>6} calls {:>9.2f} ms", times[i].name, times[i].calls / iters_,
               times[i].ms / double(iters_));
@@ -133,8 +136,8 @@ void TrainingLog::comm_volumes() {
     for (int k = 0; k < comm::kNumOpKinds; ++k) {
       const uint64_t calls = now.calls[k] - before.calls[k], bytes = now.bytes[k] - before.bytes[k];
       if (calls == 0) continue;
-      log::debug("comm per iteration, group '{}' ({} ranks): {} {} calls {} bytes", name,
-                 c->size(), comm::op_name(comm::OpKind(k)), calls / uint64_t(iters_),
+      log::debug("comm per iteration, group '{}' ({} ranks): {} {} calls {} bytes", name, c->size(),
+                 comm::op_name(comm::OpKind(k)), calls / uint64_t(iters_),
                  bytes / uint64_t(iters_));
     }
     before = now;
@@ -157,8 +160,10 @@ void TrainingLog::cuda_memory(int64_t iteration) {
       "(after {} iterations) memory (MB) | allocated: {} | max allocated: {} | reserved: {} | "
       "max reserved: {}",
       iteration, mb(m.in_use), mb(m.peak), mb(m.reserved), mb(m.reserved_peak));
-  if (world_.size() > 1) log::info_all("{}", line);  // the logger prefixes "[rank r]"
-  else log::info("[Rank 0] {}", line);
+  if (world_.size() > 1)
+    log::info_all("{}", line);  // the logger prefixes "[rank r]"
+  else
+    log::info("[Rank 0] {}", line);
 #endif
 }
 
@@ -167,9 +172,10 @@ void TrainingLog::cuda_memory(int64_t iteration) {
 // must agree; the activations are measured after the first iteration.
 void TrainingLog::memory_plan(const StageMemory& m, int64_t have) {
   if (have != m.weights_and_optimizer())
-    log::warn("memory plan: {} bytes of weights, gradients and optimizer state planned, {} "
-              "allocated",
-              m.weights_and_optimizer(), have);
+    log::warn(
+        "memory plan: {} bytes of weights, gradients and optimizer state planned, {} "
+        "allocated",
+        m.weights_and_optimizer(), have);
   if (ps_.dp_rank() == 0 && ps_.tp_rank() == 0)
     log::write(log::Level::Info,
                fmt::format("Theoretical memory footprints: weight and optimizer={:.2f} MB, "
@@ -189,8 +195,7 @@ void TrainingLog::activation_memory(int64_t iteration, const model::ActivationMe
              fmt::format("(after {} iterations) activations | peak saved: {:.2f} MB | "
                          "micro-batches in flight at the peak: {} | largest per "
                          "micro-batch: {} B | shared scratch: {} B",
-                         iteration, m.peak / 1048576.0, m.max_in_flight, m.per_slot_max,
-                         m.scratch),
+                         iteration, m.peak / 1048576.0, m.max_in_flight, m.per_slot_max, m.scratch),
              /*all_ranks=*/true);
 }
 

@@ -29,7 +29,8 @@ namespace mcpp::training {
 // The lines under "(min, max) time across ranks (ms):", one per timer:
 // "    forward-backward ............................: (12.30, 14.10)".
 std::vector<std::string> format_timer_lines(
-    const std::vector<std::string>& names, const std::vector<std::pair<double, double>>& min_max_ms);
+    const std::vector<std::string>& names,
+    const std::vector<std::pair<double, double>>& min_max_ms);
 // Each timer's milliseconds per iteration since the last call (the timers are reset),
 // reduced to (min, max) over `group` (collective: every member calls it with the same
 // timer names).

@@ -45,9 +45,12 @@ int main() {
     const std::vector<double> v = {10.0 * (me + 1), -(me + 1.0), 5.0};
     const auto mm = parallel::min_max_over(w, v);
     check(mm.size() == 3, "min_max_over: 3 results", me);
-    check(mm[0] == std::make_pair(10.0, 20.0), fmt::format("min_max_over[0] = ({}, {}), want (10, 20)", mm[0].first, mm[0].second), me);
-    check(mm[1] == std::make_pair(-2.0, -1.0), fmt::format("min_max_over[1] = ({}, {}), want (-2, -1)", mm[1].first, mm[1].second), me);
-    check(mm[2] == std::make_pair(5.0, 5.0), fmt::format("min_max_over[2] = ({}, {}), want (5, 5)", mm[2].first, mm[2].second), me);
+    check(mm[0] == std::make_pair(10.0, 20.0),
+          fmt::format("min_max_over[0] = ({}, {}), want (10, 20)", mm[0].first, mm[0].second), me);
+    check(mm[1] == std::make_pair(-2.0, -1.0),
+          fmt::format("min_max_over[1] = ({}, {}), want (-2, -1)", mm[1].first, mm[1].second), me);
+    check(mm[2] == std::make_pair(5.0, 5.0),
+          fmt::format("min_max_over[2] = ({}, {}), want (5, 5)", mm[2].first, mm[2].second), me);
   }
 
   // Real timers, rank 1 slower: 2 iterations of a section taking 2 ms (rank 0) or 30 ms
@@ -63,7 +66,8 @@ int main() {
     }
     // The oracle: each rank's own ms per iteration, gathered.
     std::vector<double> mine;
-    for (const auto& [name, t] : timers.all()) mine.push_back(timers(name).elapsed(false) * 1e3 / 2);
+    for (const auto& [name, t] : timers.all())
+      mine.push_back(timers(name).elapsed(false) * 1e3 / 2);
     Tensor in = Tensor::empty({int64_t(mine.size())}, DType::F64);
     Tensor all = Tensor::empty({2 * int64_t(mine.size())}, DType::F64);
     for (size_t i = 0; i < mine.size(); ++i) in.data<double>()[i] = mine[i];
@@ -80,10 +84,12 @@ int main() {
             me);
     }
     // sleep_for sleeps at least as long as asked: rank 1's 30 ms per iteration is the max.
-    check(!got.empty() && got[0].second.second >= 30.0 && got[0].second.first < got[0].second.second,
-          fmt::format("forward-backward: max {} ms should be rank 1's >= 30 ms, above the min {}",
-                      got.empty() ? 0.0 : got[0].second.second, got.empty() ? 0.0 : got[0].second.first),
-          me);
+    check(
+        !got.empty() && got[0].second.second >= 30.0 && got[0].second.first < got[0].second.second,
+        fmt::format("forward-backward: max {} ms should be rank 1's >= 30 ms, above the min {}",
+                    got.empty() ? 0.0 : got[0].second.second,
+                    got.empty() ? 0.0 : got[0].second.first),
+        me);
     // The timers were reset: the next interval starts from zero.
     check(timers("forward-backward").elapsed(false) == 0.0, "timers reset after the reduction", me);
   }
