@@ -202,7 +202,7 @@ TcpMesh::TcpMesh(int rank, int size)
 
 std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
   std::shared_ptr<TcpMesh> m(new TcpMesh(o.rank, o.size));
-  const auto deadline = Clock::now() + o.timeout;
+  auto deadline = Clock::now() + o.timeout;
   const std::string rdzv = fmt::format("{}:{}", o.master_addr, o.port);
   std::string err;
   // This rank's own listener, for the ranks above it.
@@ -241,7 +241,10 @@ std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
       if (fd < 0) continue;
       temp.fds.push_back(fd);
       char buf[kHello];
-      if (!read_until(fd, buf, kHello, deadline, err)) continue;  // a stray connection
+      // Our ranks say hello as soon as they connect; a silent stray connection gets a few
+      // seconds, not the whole rendezvous.
+      const auto hello_by = std::min(deadline, Clock::now() + std::chrono::seconds(10));
+      if (!read_until(fd, buf, kHello, hello_by, err)) continue;
       std::istringstream in(unpad(buf));
       std::string magic, host;
       int version = 0, r = -1, size = -1, port = -1;
@@ -297,7 +300,9 @@ std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
     }
   }
 
-  // The mesh: connect down, accept up.
+  // The mesh: connect down, accept up. Everybody has arrived: a fresh deadline, so a
+  // rendezvous that waited long for slow starters leaves the connections their time.
+  deadline = Clock::now() + o.timeout;
   for (int j = 0; j < o.rank; ++j) {
     const std::string& a = m->addrs_[size_t(j)];
     auto colon = a.rfind(':');
@@ -328,7 +333,8 @@ std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
     char buf[kHello];
     std::string magic;
     int version = 0, r = -1;
-    if (read_until(fd, buf, kHello, deadline, err))
+    if (read_until(fd, buf, kHello, std::min(deadline, Clock::now() + std::chrono::seconds(10)),
+                   err))
       std::istringstream(unpad(buf)) >> magic >> version >> r;
     if (magic != "MCPP-PEER" || version != 1 || r <= o.rank || r >= o.size ||
         m->fds_[size_t(r)] >= 0) {
@@ -473,7 +479,7 @@ TcpMesh::~TcpMesh() {
       write_all(fds_[size_t(r)], &bye, sizeof bye, Clock::now() + std::chrono::seconds(5));
       shutdown(fds_[size_t(r)], SHUT_WR);
     }
-  {
+  if (reader_.joinable()) {  // else connect() failed half-way: nothing to drain
     std::unique_lock<std::mutex> l(mu_);
     cv_.wait_for(l, std::chrono::seconds(30), [&] {
       for (size_t r = 0; r < fds_.size(); ++r)
