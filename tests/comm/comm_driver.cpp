@@ -349,6 +349,31 @@ int run_collectives(World& w, int tp, int pp) {
   check_batch_ring(w.world());
   if (w.backend() == "tcp") check_rank_order(w.world());
   if (w.size() == 2) check_bf16_rounding(w.world());
+  // Groups made by new_group: every rank reversed (group order != world order), then two
+  // groups with the same members made by the members alone, used interleaved: their
+  // messages must not meet.
+  if (w.size() > 1) {
+    std::vector<int> rev;
+    for (int r = w.size() - 1; r >= 0; --r) rev.push_back(r);
+    auto g = w.new_group(rev, "reversed");
+    CHECK_EQ_V(g->rank(), w.size() - 1 - w.rank(), "reversed group rank");
+    check_group(*g, false);
+    const std::vector<int> ends{0, w.size() - 1};
+    if (w.rank() == 0 || w.rank() == w.size() - 1) {
+      auto a = w.new_group(ends, "ends_a");
+      auto b = w.new_group(ends, "ends_b");
+      Tensor ta = filled({3}, DType::F32, [&](int64_t k) { return rd(a->rank(), k); });
+      Tensor tb = filled({3}, DType::F32, [&](int64_t k) { return 100 * rd(b->rank(), k); });
+      Work wa = a->all_reduce_async(ta, ReduceOp::Sum, Stream::cpu());
+      b->all_reduce(tb, ReduceOp::Sum, Stream::cpu());
+      wa.wait();
+      for (int64_t k = 0; k < 3; ++k) {
+        CHECK_EQ_V(get(ta, k), rd(0, k) + rd(1, k), "ends_a all_reduce k={}", k);
+        CHECK_EQ_V(get(tb, k), 100 * (rd(0, k) + rd(1, k)), "ends_b all_reduce k={}", k);
+      }
+      check_batch_ring(*b);
+    }
+  }
   ParallelSizes sz;
   sz.tp = tp, sz.pp = pp;
   ParallelState ps(w, sz);
