@@ -1,7 +1,6 @@
 #include "comm/world.h"
 
 #include <fmt/ranges.h>
-
 #include <unistd.h>
 
 #include <cerrno>
@@ -68,8 +67,8 @@ void check_members(const std::vector<int>& g, int world_size, const std::string&
 [[maybe_unused]] std::pair<int, int> host_local_rank(Communicator& world) {
   constexpr int64_t kLen = 256;
   Tensor mine = Tensor::zeros({kLen}, DType::U8);
-  MCPP_CHECK(gethostname(static_cast<char*>(mine.raw()), kLen - 1) == 0,
-             "gethostname failed: {}", std::strerror(errno));
+  MCPP_CHECK(gethostname(static_cast<char*>(mine.raw()), kLen - 1) == 0, "gethostname failed: {}",
+             std::strerror(errno));
   Tensor all = Tensor::empty({kLen * world.size()}, DType::U8);
   world.all_gather(mine, all, Stream::cpu());
   int local = 0, count = 0;

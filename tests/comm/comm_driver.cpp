@@ -1,5 +1,6 @@
-// MPI test driver: every collective against a serial reference, on the world and on
-// the groups of a ParallelState. Each rank computes the expected result of every
+// Communication test driver: every collective against a serial reference, on the world
+// and on the groups of a ParallelState, under mpirun (MPI backend) or a torchrun-style
+// launch (tests/comm/tcp_launch.sh: TCP backend). Each rank computes the expected result of every
 // member itself (inputs are a function of group rank and index), so no rank needs
 // another's data to check. Exit status: 0 when every check passed.
 //
@@ -263,6 +264,44 @@ void check_overlap(Communicator& c) {
   for (int j = 0; j < n; ++j) CHECK_EQ_V(get(g_out, j), c.ranks()[j], "{} member {}", c.name(), j);
 }
 
+// batch_isend_irecv around the ring with every receive posted before its send, and a
+// two-way exchange with one peer: the pipeline's patterns, which deadlock a backend whose
+// receive blocks before the batch's sends go out.
+void check_batch_ring(Communicator& c) {
+  Stream& s = Stream::cpu();
+  const int n = c.size(), me = c.rank();
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  Tensor from_prev = Tensor::zeros({5}, DType::F32), from_next = Tensor::zeros({3}, DType::F32);
+  std::vector<P2POp> ops{
+      {false, from_prev, prev},
+      {false, from_next, next},
+      {true, filled({5}, DType::F32, [&](int64_t k) { return mv(me, k); }), next},
+      {true, filled({3}, DType::F32, [&](int64_t k) { return mv(me, k + 7); }), prev}};
+  for (Work& w : c.batch_isend_irecv(ops, s)) w.wait();
+  for (int64_t k = 0; k < 5; ++k)
+    CHECK_EQ_V(get(from_prev, k), mv(prev, k), "{} batched ring from prev", c.name());
+  for (int64_t k = 0; k < 3; ++k)
+    CHECK_EQ_V(get(from_next, k), mv(next, k + 7), "{} batched ring from next", c.name());
+}
+
+// The TCP backend reduces in group-rank order, ((x0 + x1) + x2) + ..., on every member:
+// values whose float sum depends on the order (1e8 + 1 - 1e8 ...) must come out as that
+// left fold, the same bits everywhere.
+void check_rank_order(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  auto x = [](int j, int64_t k) {
+    static const float kV[] = {1e8f, 1.0f, -1e8f, 3.0f, 0.1f, -7e7f, 2.5e-3f, 5e7f};
+    return kV[(j + k) % 8] * (1.0f + 0.01f * float(k));
+  };
+  Tensor t = filled({8}, DType::F32, [&](int64_t k) { return x(me, k); });
+  c.all_reduce(t, ReduceOp::Sum, Stream::cpu());
+  for (int64_t k = 0; k < 8; ++k) {
+    float want = x(0, k);
+    for (int j = 1; j < n; ++j) want = want + x(j, k);
+    CHECK_EQ_V(double(t.data<float>()[k]), double(want), "{} rank-order sum k={}", c.name(), k);
+  }
+}
+
 // bf16 SUM in a group of two rounds the exact sum of the two bf16 inputs once, to
 // nearest even (the data-parallel reduction of --grad-reduce-in-bf16 relies on it). The
 // small-integer payloads above sum exactly; these do not. The rounding is written out
@@ -307,7 +346,34 @@ int run_collectives(World& w, int tp, int pp) {
   check_group(w.world(), false);
   check_group(w.world(), true);
   check_overlap(w.world());
+  check_batch_ring(w.world());
+  if (w.backend() == "tcp") check_rank_order(w.world());
   if (w.size() == 2) check_bf16_rounding(w.world());
+  // Groups made by new_group: every rank reversed (group order != world order), then two
+  // groups with the same members made by the members alone, used interleaved: their
+  // messages must not meet.
+  if (w.size() > 1) {
+    std::vector<int> rev;
+    for (int r = w.size() - 1; r >= 0; --r) rev.push_back(r);
+    auto g = w.new_group(rev, "reversed");
+    CHECK_EQ_V(g->rank(), w.size() - 1 - w.rank(), "reversed group rank");
+    check_group(*g, false);
+    const std::vector<int> ends{0, w.size() - 1};
+    if (w.rank() == 0 || w.rank() == w.size() - 1) {
+      auto a = w.new_group(ends, "ends_a");
+      auto b = w.new_group(ends, "ends_b");
+      Tensor ta = filled({3}, DType::F32, [&](int64_t k) { return rd(a->rank(), k); });
+      Tensor tb = filled({3}, DType::F32, [&](int64_t k) { return 100 * rd(b->rank(), k); });
+      Work wa = a->all_reduce_async(ta, ReduceOp::Sum, Stream::cpu());
+      b->all_reduce(tb, ReduceOp::Sum, Stream::cpu());
+      wa.wait();
+      for (int64_t k = 0; k < 3; ++k) {
+        CHECK_EQ_V(get(ta, k), rd(0, k) + rd(1, k), "ends_a all_reduce k={}", k);
+        CHECK_EQ_V(get(tb, k), 100 * (rd(0, k) + rd(1, k)), "ends_b all_reduce k={}", k);
+      }
+      check_batch_ring(*b);
+    }
+  }
   ParallelSizes sz;
   sz.tp = tp, sz.pp = pp;
   ParallelState ps(w, sz);
@@ -328,6 +394,8 @@ int run_collectives(World& w, int tp, int pp) {
   for (Group grp : {Group::TP, Group::DP, Group::PP, Group::MP, Group::TP_DP}) {
     check_group(ps.group(grp), false);
     check_overlap(ps.group(grp));
+    check_batch_ring(ps.group(grp));
+    if (ps.group(grp).backend() == "tcp") check_rank_order(ps.group(grp));
     if (ps.group(grp).size() == 2) check_bf16_rounding(ps.group(grp));
   }
   if (ps.has(Group::Embedding)) check_group(ps.embedding(), true);

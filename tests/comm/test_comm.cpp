@@ -155,12 +155,14 @@ TEST(NcclConfig, ReadsMegatronYaml) {
 }
 
 TEST(NcclConfig, BadFilesNameTheLine) {
-  EXPECT_NE(error_of([] { read_nccl_config("/nonexistent/nccl.yaml"); })
-                .find("cannot open '/nonexistent/nccl.yaml'"),
+  EXPECT_NE(error_of([] {
+              read_nccl_config("/nonexistent/nccl.yaml");
+            }).find("cannot open '/nonexistent/nccl.yaml'"),
             std::string::npos);
   auto p = write_tmp("nccl_bad1.yaml", "dp:\n  max_ctas: eight\n");
-  EXPECT_NE(error_of([&] { read_nccl_config(p); }).find("nccl_bad1.yaml:2: 'max_ctas' of group "
-                                                         "'dp' must be a non-negative integer"),
+  EXPECT_NE(error_of([&] { read_nccl_config(p); })
+                .find("nccl_bad1.yaml:2: 'max_ctas' of group "
+                      "'dp' must be a non-negative integer"),
             std::string::npos);
   p = write_tmp("nccl_bad2.yaml", "dp:\n  max_ctaz: 4\n");
   EXPECT_NE(error_of([&] { read_nccl_config(p); }).find("unknown field 'max_ctaz'"),
@@ -192,8 +194,10 @@ const Env kTorchrun = {{"RANK", "3"},
                        {"MASTER_ADDR", "node7"},
                        {"MASTER_PORT", "29500"}};
 Env with(Env m, const std::string& k, const char* v) {
-  if (v) m[k] = v;
-  else m.erase(k);
+  if (v)
+    m[k] = v;
+  else
+    m.erase(k);
   return m;
 }
 }  // namespace
@@ -214,8 +218,7 @@ TEST(Launch, TorchrunDetected) {
   EXPECT_EQ(detect_launch(env_of(with(agent, "MCPP_RENDEZVOUS_PORT", "4000"))).rendezvous_port,
             4000);
   // An MPI launcher wins over stray torchrun variables.
-  EXPECT_EQ(detect_launch(env_of(with(kTorchrun, "OMPI_COMM_WORLD_SIZE", "2"))).launcher,
-            "mpirun");
+  EXPECT_EQ(detect_launch(env_of(with(kTorchrun, "OMPI_COMM_WORLD_SIZE", "2"))).launcher, "mpirun");
   // torchrun started by srun: its workers inherit the srun step's variables, but follow
   // torchrun's RANK/WORLD_SIZE.
   Env under_srun = with(with(with(kTorchrun, "SLURM_STEP_NUM_TASKS", "2"), "SLURM_PROCID", "1"),
@@ -237,9 +240,9 @@ TEST(Launch, TorchrunErrorsNameTheVariable) {
   EXPECT_NE(launch_error(with(kTorchrun, "WORLD_SIZE", nullptr))
                 .find("environment variable WORLD_SIZE is not set"),
             std::string::npos);
-  EXPECT_NE(launch_error(with(kTorchrun, "RANK", nullptr))
-                .find("environment variable RANK is not set"),
-            std::string::npos);
+  EXPECT_NE(
+      launch_error(with(kTorchrun, "RANK", nullptr)).find("environment variable RANK is not set"),
+      std::string::npos);
   EXPECT_NE(launch_error(with(kTorchrun, "RANK", "4")).find("RANK=4 is not below WORLD_SIZE=4"),
             std::string::npos);
   EXPECT_NE(launch_error(with(kTorchrun, "RANK", "x1")).find("RANK='x1' is not a non-negative"),

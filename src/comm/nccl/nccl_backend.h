@@ -14,11 +14,12 @@ namespace mcpp::comm {
 // backend on it. Throws mcpp::Error when a host has more ranks than GPUs.
 void select_cuda_device(int local_rank, int local_size);
 
-// An NCCL communicator for the members of `host`, a group's MPI communicator, which it
-// keeps: the NCCL unique id travels over it, and host (CPU) tensors keep going through it,
+// An NCCL communicator for the members of `host`, a group's MPI communicator (or TCP one,
+// under torchrun: then no MPI is involved at all), which it keeps: the NCCL unique id
+// travels over it, and host (CPU) tensors keep going through it,
 // so a group serves both the device tensors of the model and the host scalars of the
 // trainer (token counts, norms). Collective over the group's members. `abort` ends the
-// job (MPI_Abort) when a call times out.
+// job (MPI_Abort, or closing the TCP connections and exiting) when a call times out.
 // `config`: the group's --nccl-communicator-config-path settings (ncclConfig_t).
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
                                                      std::function<void()> abort,

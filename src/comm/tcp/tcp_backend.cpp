@@ -143,7 +143,8 @@ class TcpCommunicator final : public Communicator {
                  "[rank %d] ERROR: communication failure on world rank %d: %s %s %s %llu%s%s: "
                  "lost the connection to group rank %d (world rank %d at %s): %s.\n"
                  "  HINT: that process exited or crashed; its own output says why.\n",
-                 world_rank(), world_rank(), describe().c_str(), std::string(op_name(d.kind)).c_str(),
+                 world_rank(), world_rank(), describe().c_str(),
+                 std::string(op_name(d.kind)).c_str(),
                  d.kind == OpKind::Send || d.kind == OpKind::Recv ? "number" : "sequence number",
                  (unsigned long long)d.seq, d.detail.empty() ? "" : ": ", d.detail.c_str(), peer, w,
                  mesh_->address(w).c_str(), mesh_->lost_reason(w).c_str());
@@ -175,13 +176,14 @@ class TcpCommunicator final : public Communicator {
   Work reduce_from_all(const OpDesc& d, DType t, ReduceOp op, char* out, size_t bytes,
                        std::vector<Tensor> keep) {
     const int64_t n = int64_t(bytes / dtype_size(t));
-    return make(d, d.seq, everyone(), std::vector<size_t>(size_t(size()), bytes),
-                [t, op, out, bytes, n](std::vector<Bytes>& got) {
-                  for (size_t r = 1; r < got.size(); ++r)
-                    reduce_into(t, op, got[0].data(), got[r].data(), n);
-                  std::memcpy(out, got[0].data(), bytes);
-                },
-                std::move(keep));
+    return make(
+        d, d.seq, everyone(), std::vector<size_t>(size_t(size()), bytes),
+        [t, op, out, bytes, n](std::vector<Bytes>& got) {
+          for (size_t r = 1; r < got.size(); ++r)
+            reduce_into(t, op, got[0].data(), got[r].data(), n);
+          std::memcpy(out, got[0].data(), bytes);
+        },
+        std::move(keep));
   }
 
   Work start_all_reduce(Tensor& t, ReduceOp op, const OpDesc& d, Stream&) override {
@@ -329,8 +331,8 @@ class TcpWorld final : public World {
     std::vector<int> all(size_t(li.size));
     for (int i = 0; i < li.size; ++i) all[size_t(i)] = i;
     world_ = make(all, "world", li.rank);
-    log::debug("TCP backend: rank {} of {}, rendezvous at {}:{}", li.rank, li.size,
-               li.master_addr, li.rendezvous_port);
+    log::debug("TCP backend: rank {} of {}, rendezvous at {}:{}", li.rank, li.size, li.master_addr,
+               li.rendezvous_port);
   }
   ~TcpWorld() override { world_.reset(); }
   std::string_view backend() const override { return "tcp"; }

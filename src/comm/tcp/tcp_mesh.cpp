@@ -1,17 +1,16 @@
 // TcpMesh: rendezvous, connections and the mailbox (see tcp_mesh.h). POSIX sockets only.
 //
 // Wire formats (every field little-endian or text; all ranks run the same binary):
-//   rendezvous hello, rank r -> rank 0, 128 bytes of text: "MCPP-RDZV 1 <rank> <size> <port> <host>"
-//   address table, rank 0 -> rank r, size x 128 bytes of text: "<host> <port>"
-//   peer hello, rank r -> rank j < r, 128 bytes of text: "MCPP-PEER 1 <rank>"
-//   frame: u32 magic, u32 0, u64 channel, u64 tag, u64 length, then length bytes.
+//   rendezvous hello, rank r -> rank 0, 128 bytes of text: "MCPP-RDZV 1 <rank> <size> <port>
+//   <host>" address table, rank 0 -> rank r, size x 128 bytes of text: "<host> <port>" peer hello,
+//   rank r -> rank j < r, 128 bytes of text: "MCPP-PEER 1 <rank>" frame: u32 magic, u32 0, u64
+//   channel, u64 tag, u64 length, then length bytes.
 #include "comm/tcp/tcp_mesh.h"
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -33,7 +32,7 @@ namespace {
 
 constexpr size_t kHello = 128;
 constexpr uint32_t kFrameMagic = 0x4d435050;  // "MCPP"
-constexpr uint64_t kGoodbye = ~uint64_t(0);    // channel of the frame sent before closing
+constexpr uint64_t kGoodbye = ~uint64_t(0);   // channel of the frame sent before closing
 struct FrameHeader {
   uint32_t magic, zero;
   uint64_t channel, tag, length;
@@ -75,8 +74,7 @@ int listen_on(int port, int backlog, std::string& err) {
       a->sin_port = htons(uint16_t(port));
       len = sizeof *a;
     }
-    if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 && listen(fd, backlog) == 0)
-      return fd;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 && listen(fd, backlog) == 0) return fd;
     err = err_text(errno);
     close(fd);
     if (err.find("in use") != std::string::npos) break;  // IPv4 would say the same
@@ -129,8 +127,7 @@ int connect_once(const std::string& host, int port, std::string& err) {
 }
 
 // Connects, retrying until the deadline (the listener may not be up yet).
-int connect_until(const std::string& host, int port, Clock::time_point deadline,
-                  std::string& err) {
+int connect_until(const std::string& host, int port, Clock::time_point deadline, std::string& err) {
   for (auto nap = std::chrono::milliseconds(20);; nap = std::min(nap * 2, decltype(nap)(500))) {
     int fd = connect_once(host, port, err);
     if (fd >= 0) return fd;
@@ -205,7 +202,7 @@ TcpMesh::TcpMesh(int rank, int size)
 
 std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
   std::shared_ptr<TcpMesh> m(new TcpMesh(o.rank, o.size));
-  const auto deadline = Clock::now() + o.timeout;
+  auto deadline = Clock::now() + o.timeout;
   const std::string rdzv = fmt::format("{}:{}", o.master_addr, o.port);
   std::string err;
   // This rank's own listener, for the ranks above it.
@@ -235,23 +232,27 @@ std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
         std::vector<int> missing;
         for (int r = 1; r < o.size; ++r)
           if (peer[size_t(r)] < 0) missing.push_back(r);
-        MCPP_FAIL("rendezvous at {} (port {} on every interface of rank 0): rank(s) [{}] of {} "
-                  "did not connect within {:.1f} s.\n  HINT: {}",
-                  rdzv, o.port, fmt::join(missing, ", "), o.size, seconds(o.timeout), kRdzvHint);
+        MCPP_FAIL(
+            "rendezvous at {} (port {} on every interface of rank 0): rank(s) [{}] of {} "
+            "did not connect within {:.1f} s.\n  HINT: {}",
+            rdzv, o.port, fmt::join(missing, ", "), o.size, seconds(o.timeout), kRdzvHint);
       }
       int fd = accept4(lst, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
       temp.fds.push_back(fd);
       char buf[kHello];
-      if (!read_until(fd, buf, kHello, deadline, err)) continue;  // a stray connection
+      // Our ranks say hello as soon as they connect; a silent stray connection gets a few
+      // seconds, not the whole rendezvous.
+      const auto hello_by = std::min(deadline, Clock::now() + std::chrono::seconds(10));
+      if (!read_until(fd, buf, kHello, hello_by, err)) continue;
       std::istringstream in(unpad(buf));
       std::string magic, host;
       int version = 0, r = -1, size = -1, port = -1;
       in >> magic >> version >> r >> size >> port >> host;
       if (magic != "MCPP-RDZV" || version != 1) continue;  // not one of ours
       MCPP_CHECK_HINT(size == o.size, kRdzvHint,
-                      "rendezvous at {}: rank {} (from {}) has WORLD_SIZE={}, rank 0 has {}",
-                      rdzv, r, host, size, o.size);
+                      "rendezvous at {}: rank {} (from {}) has WORLD_SIZE={}, rank 0 has {}", rdzv,
+                      r, host, size, o.size);
       MCPP_CHECK_HINT(r >= 1 && r < o.size && peer[size_t(r)] < 0, kRdzvHint,
                       "rendezvous at {}: a second process (from {}) says it is rank {}: every "
                       "process needs its own RANK",
@@ -280,8 +281,8 @@ std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
     temp.fds.push_back(fd);
     set_nodelay(fd);
     const std::string me = local_host(fd);
-    std::string hello = padded(
-        fmt::format("MCPP-RDZV 1 {} {} {} {}", o.rank, o.size, local_port(data), me));
+    std::string hello =
+        padded(fmt::format("MCPP-RDZV 1 {} {} {} {}", o.rank, o.size, local_port(data), me));
     int e = write_all(fd, hello.data(), hello.size(), deadline);
     MCPP_CHECK(e == 0, "rank {}: cannot write to rank 0's rendezvous at {}: {}", o.rank, rdzv,
                err_text(e));
@@ -299,13 +300,16 @@ std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
     }
   }
 
-  // The mesh: connect down, accept up.
+  // The mesh: connect down, accept up. Everybody has arrived: a fresh deadline, so a
+  // rendezvous that waited long for slow starters leaves the connections their time.
+  deadline = Clock::now() + o.timeout;
   for (int j = 0; j < o.rank; ++j) {
     const std::string& a = m->addrs_[size_t(j)];
     auto colon = a.rfind(':');
     int fd = connect_until(a.substr(0, colon), std::stoi(a.substr(colon + 1)), deadline, err);
-    MCPP_CHECK_HINT(fd >= 0, kRdzvHint, "rank {}: cannot connect to rank {} at {} within {:.1f} s: {}",
-                    o.rank, j, a, seconds(o.timeout), err);
+    MCPP_CHECK_HINT(fd >= 0, kRdzvHint,
+                    "rank {}: cannot connect to rank {} at {} within {:.1f} s: {}", o.rank, j, a,
+                    seconds(o.timeout), err);
     m->fds_[size_t(j)] = fd;
     std::string hello = padded(fmt::format("MCPP-PEER 1 {}", o.rank));
     int e = write_all(fd, hello.data(), hello.size(), deadline);
@@ -317,17 +321,21 @@ std::shared_ptr<TcpMesh> TcpMesh::connect(const Options& o) {
       if (Clock::now() < deadline) continue;
       std::vector<std::string> missing;
       for (int r = o.rank + 1; r < o.size; ++r)
-        if (m->fds_[size_t(r)] < 0) missing.push_back(fmt::format("{} ({})", r, m->addrs_[size_t(r)]));
-      MCPP_FAIL("rank {}: rank(s) {} did not connect to this rank's port {} within {:.1f} s.\n  "
-                "HINT: {}",
-                o.rank, fmt::join(missing, ", "), local_port(data), seconds(o.timeout), kRdzvHint);
+        if (m->fds_[size_t(r)] < 0)
+          missing.push_back(fmt::format("{} ({})", r, m->addrs_[size_t(r)]));
+      MCPP_FAIL(
+          "rank {}: rank(s) {} did not connect to this rank's port {} within {:.1f} s.\n  "
+          "HINT: {}",
+          o.rank, fmt::join(missing, ", "), local_port(data), seconds(o.timeout), kRdzvHint);
     }
     int fd = accept4(data, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     char buf[kHello];
     std::string magic;
     int version = 0, r = -1;
-    if (read_until(fd, buf, kHello, deadline, err)) std::istringstream(unpad(buf)) >> magic >> version >> r;
+    if (read_until(fd, buf, kHello, std::min(deadline, Clock::now() + std::chrono::seconds(10)),
+                   err))
+      std::istringstream(unpad(buf)) >> magic >> version >> r;
     if (magic != "MCPP-PEER" || version != 1 || r <= o.rank || r >= o.size ||
         m->fds_[size_t(r)] >= 0) {
       close(fd);  // not one of ours
@@ -420,6 +428,10 @@ TcpMesh::Status TcpMesh::send(int to, uint64_t channel, uint64_t tag, const void
     cv_.notify_all();
     return Status::Ok;
   }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!lost_[size_t(to)].empty()) return Status::Lost;
+  }
   FrameHeader h{kFrameMagic, 0, channel, tag, n};
   std::lock_guard<std::mutex> l(*send_mu_[size_t(to)]);
   int e = write_all(fds_[size_t(to)], &h, sizeof h, deadline);
@@ -467,7 +479,7 @@ TcpMesh::~TcpMesh() {
       write_all(fds_[size_t(r)], &bye, sizeof bye, Clock::now() + std::chrono::seconds(5));
       shutdown(fds_[size_t(r)], SHUT_WR);
     }
-  {
+  if (reader_.joinable()) {  // else connect() failed half-way: nothing to drain
     std::unique_lock<std::mutex> l(mu_);
     cv_.wait_for(l, std::chrono::seconds(30), [&] {
       for (size_t r = 0; r < fds_.size(); ++r)
