@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -41,6 +42,15 @@ const char* split_name(TpSplit s) {
 }
 
 int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
+// The vocabulary-sized tensors (and their Adam moments), whose rows carry the padding.
+bool is_vocab_key(const std::string& key) {
+  for (const char* n : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    const std::string name = n;
+    if (key.size() >= name.size() && key.compare(key.size() - name.size(), name.size(), name) == 0)
+      return true;
+  }
+  return false;
+}
 int64_t cols_of(const Shape& s) { return s.size() > 1 ? shape_numel(s) / s[0] : 1; }
 
 json piece_json(const Piece& p, size_t ndim) {
@@ -644,7 +654,7 @@ json parse_metadata(const std::string& iter_dir) {
 
 // Model-shape fields that must agree between a checkpoint and the loading model.
 void check_model_compat(const json& saved, const model::TransformerConfig& cur,
-                        const std::string& where) {
+                        const std::string& where, bool vocab_repad) {
   const json now = model_config_json(cur);
   std::string diffs;
   const bool rope = cur.rope;
@@ -652,6 +662,7 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
                         "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
                         "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
     if (std::string(k) == "max_position_embeddings" && rope) continue;
+    if (std::string(k) == "padded_vocab_size" && vocab_repad) continue;
     if (!saved.contains(k) || saved[k] != now[k])
       diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
                            saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
@@ -713,7 +724,7 @@ class ShardReader {
 
 // Fills the local tensor `dst` (parameter p on TP rank tp_rank) from the checkpoint's key.
 void load_tensor(ShardReader& rd, const json& md, const std::string& key, const ParamInfo& p,
-                 int64_t tp_rank, int64_t tp_size, const Tensor& dst) {
+                 int64_t tp_rank, int64_t tp_size, const Tensor& dst, bool vocab_repad = false) {
   const json& tensors = md.at("tensors");
   MCPP_CHECK_HINT(tensors.contains(key),
                   "the model flags differ from the checkpoint's, or it was saved without this "
@@ -721,8 +732,16 @@ void load_tensor(ShardReader& rd, const json& md, const std::string& key, const 
                   "the checkpoint has no tensor {}", key);
   const json& t = tensors[key];
   const Shape gshape = t.at("global_shape").get<Shape>();
-  MCPP_CHECK(gshape == p.global_shape, "tensor {}: checkpoint global shape {}, model {}", key,
-             shape_str(gshape), shape_str(p.global_shape));
+  // The vocabulary's padding rows follow the layout (make_vocab_size_divisible_by x TP): a
+  // checkpoint padded for another TP keeps its first min(Vc, Vm) rows; rows this model has
+  // beyond the checkpoint's repeat its last row (Adam moments: zero), as Megatron's
+  // converters do with true_vocab_size.
+  const bool repad = vocab_repad && is_vocab_key(key) && gshape.size() == 2 &&
+                     p.global_shape.size() == 2 && gshape[1] == p.global_shape[1] &&
+                     gshape[0] != p.global_shape[0];
+  MCPP_CHECK(repad || gshape == p.global_shape, "tensor {}: checkpoint global shape {}, model {}",
+             key, shape_str(gshape), shape_str(p.global_shape));
+  const int64_t keep_rows = repad ? std::min(gshape[0], p.global_shape[0]) : rows_of(gshape);
   const int64_t gnumel = shape_numel(gshape);
   const int64_t dst_w = cols_of(p.local_shape);
   int64_t stored = 0, covered = 0;
@@ -749,22 +768,70 @@ void load_tensor(ShardReader& rd, const json& md, const std::string& key, const 
       const Piece s = piece_from_json(pj);
       stored += s.rows * s.cols;
       for (const Piece& d : mine) {
-        const int64_t r0 = std::max(s.g_row, d.g_row),
-                      r1 = std::min(s.g_row + s.rows, d.g_row + d.rows);
         const int64_t c0 = std::max(s.g_col, d.g_col),
                       c1 = std::min(s.g_col + s.cols, d.g_col + d.cols);
-        if (r0 >= r1 || c0 >= c1) continue;
-        if (!src) src = &rd.shard(key, sh);
-        copy_box(*src, src_w, s.l_row + r0 - s.g_row, s.l_col + c0 - s.g_col, dst, dst_w,
-                 d.l_row + r0 - d.g_row, d.l_col + c0 - d.g_col, r1 - r0, c1 - c0);
-        covered += (r1 - r0) * (c1 - c0);
+        if (c0 >= c1) continue;
+        const int64_t r0 = std::max(s.g_row, d.g_row),
+                      r1 = std::min({s.g_row + s.rows, d.g_row + d.rows, keep_rows});
+        if (r0 < r1) {
+          if (!src) src = &rd.shard(key, sh);
+          copy_box(*src, src_w, s.l_row + r0 - s.g_row, s.l_col + c0 - s.g_col, dst, dst_w,
+                   d.l_row + r0 - d.g_row, d.l_col + c0 - d.g_col, r1 - r0, c1 - c0);
+          covered += (r1 - r0) * (c1 - c0);
+        }
+        // Rows of this model beyond the checkpoint's: copies of its last row (weights).
+        if (repad && key.rfind("optimizer.", 0) != 0 && s.g_row + s.rows == gshape[0])
+          for (int64_t g = std::max(d.g_row, gshape[0]); g < d.g_row + d.rows; ++g) {
+            if (!src) src = &rd.shard(key, sh);
+            copy_box(*src, src_w, s.l_row + s.rows - 1, s.l_col + c0 - s.g_col, dst, dst_w,
+                     d.l_row + g - d.g_row, d.l_col + c0 - d.g_col, 1, c1 - c0);
+            covered += c1 - c0;
+          }
       }
     }
   }
+  // Moments of rows beyond the checkpoint's start at zero.
+  if (repad && key.rfind("optimizer.", 0) == 0)
+    for (const Piece& d : mine)
+      for (int64_t g = std::max(d.g_row, gshape[0]); g < d.g_row + d.rows; ++g) {
+        for (int64_t c = 0; c < d.cols; ++c) set_float(dst, (d.l_row + g - d.g_row) * dst_w + d.l_col + c, 0.0);
+        covered += d.cols;
+      }
   MCPP_CHECK(stored == gnumel, "tensor {}: its shards hold {} elements, the tensor has {}", key,
              stored, gnumel);
   MCPP_CHECK(covered == dst.numel(), "tensor {}: the shards cover {} of this rank's {} elements",
              key, covered, dst.numel());
+}
+
+// Whether the vocabulary tensors may be re-padded (see load_tensor): given the loading
+// tokenizer's size (true_vocab_size, as Megatron's converters take it), when both padded sizes
+// hold it; otherwise when the TP size differs and the two sizes are paddings of one vocabulary
+// (closer than one padding multiple of the larger layout). Anything else is another vocabulary.
+bool vocab_repad_allowed(const json& md, const model::ParamStore& params,
+                         const LoadOptions& opts, const std::string& where) {
+  if (!md.contains("model") || !md.contains("tensors")) return false;
+  const json& mj = md["model"];
+  const int64_t vc = mj.value("padded_vocab_size", int64_t(0)), tc = mj.value("tp_size", int64_t(1));
+  int64_t vm = 0;
+  for (const ParamInfo& p : params.infos())
+    if (p.name == "embedding.word_embeddings.weight") vm = p.global_shape[0];
+  if (vc <= 0 || vm <= 0 || vc == vm) return false;
+  const int64_t tl = params.tp_size();
+  int64_t div = 128;  // --make-vocab-size-divisible-by of the saving run when it was given
+  const json& cfg = md.at("state").value("config", json::object());
+  if (cfg.is_object() && cfg.contains("make_vocab_size_divisible_by") &&
+      cfg["make_vocab_size_divisible_by"].is_string())
+    div = std::max<int64_t>(1, std::atoll(cfg["make_vocab_size_divisible_by"].get<std::string>().c_str()));
+  // Paddings of one vocabulary V differ by less than the larger multiple: Vc - V < div * tc
+  // and Vm - V < div * tl.
+  const bool close = std::abs(vc - vm) < div * std::max(tc, tl);
+  const bool ok = opts.true_vocab_size > 0 ? std::min(vc, vm) >= opts.true_vocab_size
+                                           : close && tc != tl;
+  if (ok)
+    log::info("{}: re-padding the vocabulary from {} rows (TP {}) to {} (TP {}): rows beyond "
+              "{} are padding",
+              where, vc, tc, vm, tl, std::min(vc, vm));
+  return ok;
 }
 
 }  // namespace
@@ -795,12 +862,15 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
   }
   try {
     const json md = parse_metadata(iter_dir);
-    if (opts.model && md.contains("model")) check_model_compat(md["model"], *opts.model, iter_dir);
+    const bool repad = vocab_repad_allowed(md, params, opts, iter_dir);
+    if (opts.model && md.contains("model"))
+      check_model_compat(md["model"], *opts.model, iter_dir, repad);
     ShardReader rd(iter_dir, md, opts.verify_checksums);
     const int64_t tpr = params.tp_rank(), tps = params.tp_size();
     std::set<std::string> expected;
     for (const ParamInfo& p : params.infos()) {
-      load_tensor(rd, md, p.name, p, tpr, tps, values.narrow(p.offset, p.numel()).view(p.local_shape));
+      load_tensor(rd, md, p.name, p, tpr, tps, values.narrow(p.offset, p.numel()).view(p.local_shape),
+                  repad);
       expected.insert(p.name);
     }
     for (auto& [key, v] : md.at("tensors").items())
@@ -829,7 +899,7 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
              {std::pair<const char*, const Tensor*>{"optimizer.exp_avg.", exp_avg},
               std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", exp_avg_sq}})
           load_tensor(rd, md, prefix + p.name, p, tpr, tps,
-                      flat->narrow(p.offset, p.numel()).view(p.local_shape));
+                      flat->narrow(p.offset, p.numel()).view(p.local_shape), repad);
     }
     if (!opts.load_rng || !md.value("has_rng", true)) st.rng_seed = 0, st.rng_iteration = 0;
     return st;

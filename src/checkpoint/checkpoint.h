@@ -79,6 +79,11 @@ struct LoadOptions {
   // The parameters are one pipeline stage's part of the model: the checkpoint's other
   // tensors belong to other stages (no "tensor this model does not have" error).
   bool partial_model = false;
+  // The loading tokenizer's vocabulary (0: unknown). A checkpoint padded for another layout
+  // loads when this is given and both padded sizes hold it, or (unknown) when the TP size
+  // differs and the sizes are paddings of one vocabulary: the padding rows are trimmed, or
+  // new ones copy the last row (their Adam moments start at zero).
+  int64_t true_vocab_size = 0;
 };
 
 // ---- one rank's data -----------------------------------------------------------------------
