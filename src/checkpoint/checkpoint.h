@@ -193,6 +193,10 @@ nlohmann::json model_config_json(const model::TransformerConfig& c);
 // their count; it throws only when the metadata itself is unreadable).
 std::string describe_checkpoint(const std::string& dir, int* bad_shards = nullptr);
 
+// --save: creates the folder when missing and proves it writable by creating and removing a
+// file in it, so that a bad --save stops the run at start-up, not at the first save.
+void check_save_dir_writable(const std::string& save_dir);
+
 // TrainingState <-> JSON, as stored in metadata.json's "state".
 nlohmann::json state_to_json(const TrainingState& st);
 TrainingState state_from_json(const nlohmann::json& j);

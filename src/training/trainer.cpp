@@ -15,7 +15,6 @@
 #include "base/timer.h"
 #include "checkpoint/async_saver.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/checks.h"
 #include "comm/world.h"
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
@@ -756,6 +755,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   d.seed = uint32_t(a.seed), d.eod = s.tok->eod(), d.pad = data::pad_id_for(s.tok->pad(), s.tok->eod());
   d.vocab_size = vocab;
   d.padded_vocab_size = *a.padded_vocab_size;  // harden: dataset ids checked when opened
+  d.reads = {!a.skip_train, a.eval_interval && a.eval_iters > 0, a.eval_interval && a.eval_iters > 0};
   d.eod_mask_loss = a.eod_mask_loss;
   d.data_cache_path = a.data_cache_path.value_or("");
   const int64_t gbs = a.global_batch_size;
