@@ -80,6 +80,11 @@ struct LoadOptions {
   // The parameters are one pipeline stage's part of the model: the checkpoint's other
   // tensors belong to other stages (no "tensor this model does not have" error).
   bool partial_model = false;
+  // The loading tokenizer's vocabulary (0: unknown). A checkpoint padded for another layout
+  // loads when this is given and both padded sizes hold it, or (unknown) when the TP size
+  // differs and the sizes are paddings of one vocabulary: the padding rows are trimmed, or
+  // new ones copy the last row (their Adam moments start at zero).
+  int64_t true_vocab_size = 0;
 };
 
 // ---- one rank's data -----------------------------------------------------------------------
@@ -186,6 +191,10 @@ nlohmann::json model_config_json(const model::TransformerConfig& c);
 // shard and verifies its checksum (the report says which are bad, and bad_shards receives
 // their count; it throws only when the metadata itself is unreadable).
 std::string describe_checkpoint(const std::string& dir, int* bad_shards = nullptr);
+
+// --save: creates the folder when missing and proves it writable by creating and removing a
+// file in it, so that a bad --save stops the run at start-up, not at the first save.
+void check_save_dir_writable(const std::string& save_dir);
 
 // TrainingState <-> JSON, as stored in metadata.json's "state".
 nlohmann::json state_to_json(const TrainingState& st);

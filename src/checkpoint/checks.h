@@ -42,8 +42,6 @@ void check_model_config(const model::TransformerConfig& c, const nlohmann::json&
 // Counters of a loaded state (iteration, samples, steps) are non-negative.
 void check_state(const TrainingState& st, const std::string& where);
 
-// --save: creates the folder when missing and proves it writable by creating and removing
-// a file in it, so that a bad --save stops the run at start-up, not at the first save.
-void check_save_dir_writable(const std::string& save_dir);
+// check_save_dir_writable (declared in checkpoint.h for the trainer) is defined here.
 
 }  // namespace mcpp::checkpoint

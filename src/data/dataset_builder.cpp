@@ -77,7 +77,7 @@ using Splits = std::array<std::shared_ptr<GPTSampleSource>, 3>;
 Splits build_splits(std::shared_ptr<const LowLevelDataset> low,
                     const std::vector<std::optional<std::pair<double, double>>>& matrix,
                     const std::array<std::optional<int64_t>, 3>& sizes,
-                    const GPTDatasetConfig& cfg) {
+                    const GPTDatasetConfig& cfg, const std::array<bool, 3>& reads) {
   Splits out;
   const double n = double(low->num_sequences());
   for (int i = 0; i < 3; ++i) {
@@ -85,7 +85,17 @@ Splits build_splits(std::shared_ptr<const LowLevelDataset> low,
     const int64_t beg = python_round(matrix[i]->first * n),
                   end = python_round(matrix[i]->second * n);
     std::vector<int32_t> indices;
-    for (int64_t k = beg; k < end; ++k) indices.push_back(int32_t(k));
+    int64_t tokens = 0;
+    for (int64_t k = beg; k < end; ++k)
+      indices.push_back(int32_t(k)), tokens += low->sequence_length(k);
+    // Too small for one sample and not read by this run: left out instead of an error (the
+    // GPTDataset constructor gives the error, with the counts, when it is read).
+    if (!reads[size_t(i)] && !cfg.mock && tokens <= cfg.add_extra_token) {
+      log::info("the {} split of {} holds {} sequences ({} tokens): not built, as this run does "
+                "not read it",
+                split_name(Split(i)), low->path(), indices.size(), tokens);
+      continue;
+    }
     out[i] = std::make_shared<GPTDataset>(low, std::move(indices), sizes[i], Split(i), cfg);
   }
   return out;
@@ -99,7 +109,7 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
   const GPTDatasetConfig cfg = make_config(a);
   if (a.mock_data) {
     auto low = std::make_shared<MockGPTLowLevelDataset>(a.vocab_size, a.eod);
-    return build_splits(low, split_matrix(parse_split("1,1,1")), a.num_samples, cfg);
+    return build_splits(low, split_matrix(parse_split("1,1,1")), a.num_samples, cfg, a.reads);
   }
   const Blend blend = parse_data_path(a.data_path);
   const auto matrix = split_matrix(parse_split(a.split));
@@ -109,7 +119,7 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
     return low;
   };
   if (blend.prefixes.size() == 1 && blend.weights.empty())
-    return build_splits(open(blend.prefixes[0]), matrix, a.num_samples, cfg);
+    return build_splits(open(blend.prefixes[0]), matrix, a.num_samples, cfg, a.reads);
 
   const size_t P = blend.prefixes.size();
   const bool weighted = !blend.weights.empty();
@@ -126,13 +136,15 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
     auto low = open(blend.prefixes[p]);
     std::array<std::optional<int64_t>, 3> sizes{};
     if (weighted) sizes = sizes_for(blend.weights[p], a.mid_level_dataset_surplus);
-    per_dataset[p] = build_splits(low, matrix, sizes, cfg);
+    per_dataset[p] = build_splits(low, matrix, sizes, cfg, a.reads);
   }
   Splits out;
   for (int i = 0; i < 3; ++i) {
     if (!matrix[i]) continue;
     std::vector<std::shared_ptr<const GPTSampleSource>> ds;
-    for (size_t p = 0; p < P; ++p) ds.push_back(per_dataset[p][i]);
+    bool missing = false;  // a prefix's split left out (not read, too small): no blend
+    for (size_t p = 0; p < P; ++p) ds.push_back(per_dataset[p][i]), missing |= !ds.back();
+    if (missing) continue;
     std::vector<double> weights;
     std::optional<int64_t> size;
     if (weighted) {

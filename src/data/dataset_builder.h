@@ -10,7 +10,7 @@
 // Each split i of a prefix with N sequences covers sequences
 // [round(lo_i*N), round(hi_i*N)) (Python's round). A split of zero width is not built
 // (null); a non-zero split that holds no sequences is an error naming the split,
-// the dataset and its sequence count.
+// the dataset and its sequence count when the run reads that split (else it is null too).
 #pragma once
 #include <array>
 #include <memory>
@@ -36,6 +36,12 @@ struct GPTDatasetsArgs {
   // The model's padded vocabulary: every dataset's token ids must lie below it (checked when
   // the dataset is opened; 0 = not checked).
   int64_t padded_vocab_size = 0;
+  // Which splits this run reads (train, valid, test). A split of non-zero weight that rounds
+  // to no sequences (or too few tokens for one sample) is an error naming it and its counts
+  // when it is read; when it is not (training without evaluation, `inspect` of another
+  // split) it is left out (null), as Megatron builds on with Megatron's default --split on a
+  // small dataset.
+  std::array<bool, 3> reads{true, true, true};
   bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
   std::string data_cache_path;               // --data-cache-path ("" = no cache)

@@ -389,6 +389,7 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
   const bool tty = opt.progress && ::isatty(2);
   threads.emplace_back([&] {  // the writer
     auto last_report = t0;
+    int64_t bytes_done = 0, next_log = opt.log_interval;
     try {
       for (;;) {
         Batch* b;
@@ -410,6 +411,16 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
         }
         st.documents += b->docs;
         st.skipped += b->skipped;
+        bytes_done += int64_t(b->size);
+        // Megatron's print_processing_stats: every --log-interval documents (a batch may
+        // cross several multiples; each is reported once, at the rate so far).
+        for (; opt.log_interval > 0 && st.documents >= next_log; next_log += opt.log_interval) {
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::fprintf(stderr, "%sProcessed %lld documents (%.1f docs/s, %.2f MB/s).\n",
+                       tty ? "\r" : "", (long long)next_log, double(next_log) / s,
+                       double(bytes_done) / s / 1024 / 1024);
+        }
         {
           std::lock_guard lk(mu);
           free_list.push_back(b);

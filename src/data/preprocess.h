@@ -28,6 +28,7 @@ struct PreprocessOptions {
   int64_t batch_bytes = 128 << 10;  // bytes of input per batch (small: many batches keep
                                     // every worker busy to the end of the input)
   bool progress = true;           // progress line on a terminal
+  int64_t log_interval = 0;       // --log-interval: a "Processed N documents" line every N
 };
 
 struct PreprocessStats {

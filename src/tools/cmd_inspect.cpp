@@ -122,17 +122,22 @@ int run_inspect(const std::vector<std::string>& args) {
     a.pad = data::pad_id_for(tok->pad(), tok->eod());
     a.vocab_size = tok->vocab_size();
   }
-  auto sets = data::build_train_valid_test_datasets(a);
   const std::string which = f.get("--show-split", "train");
   int idx = which == "train" ? 0 : which == "valid" ? 1 : which == "test" ? 2 : -1;
   if (idx < 0)
     throw Error(fmt::format("--show-split must be train, valid or test, got '{}'", which));
+  // Only the shown split must hold samples: with Megatron's default --split 969,30,1 a small
+  // dataset's test split rounds to no sequences, which matters only to a run that reads it.
+  a.reads = {false, false, false};
+  a.reads[size_t(idx)] = f.has("--show-samples");
+  auto sets = data::build_train_valid_test_datasets(a);
   for (int i = 0; i < 3; ++i)
     std::fprintf(stderr, "%s: %s\n",
                  i == 0   ? "train"
                  : i == 1 ? "valid"
                           : "test",
-                 sets[i] ? sets[i]->describe().c_str() : "(not built: zero-width split)");
+                 sets[i] ? sets[i]->describe().c_str()
+                         : "(not built: zero width, or too small and not shown)");
   if (!f.has("--show-samples")) return 0;
   if (!sets[idx]) throw Error(fmt::format("the {} split is empty", which));
   const std::string range = f.get("--show-samples");

@@ -24,12 +24,16 @@ int run_preprocess(const std::vector<std::string>& args) {
       .add("--split-sentences", Flags::Switch, "not implemented (an error)")
       .add("--keep-newlines", Flags::Switch, "only with --split-sentences")
       .add("--partitions", Flags::Value, "accepted for compatibility; must be 1")
-      .add("--log-interval", Flags::Value, "accepted for compatibility")
+      .add("--log-interval", Flags::Value,
+           "print 'Processed N documents (docs/s, MB/s)' every N documents (default: a "
+           "progress line on a terminal)")
       .add("--lang", Flags::Value, "accepted for compatibility")
       .add("--keep-sequential-samples", Flags::Switch,
            "accepted for compatibility (order is always kept)")
       .add("--help", Flags::Switch, "this text");
   add_tokenizer_flags(f);
+  // preprocess_data.py's argparse takes unambiguous prefixes (--json-key for --json-keys).
+  f.allow_abbreviations();
   f.parse(args, "preprocess");
   if (f.has("--help")) {
     std::printf("usage: megatron preprocess --input FILE --output-prefix PREFIX [flags]\n\n%s",
@@ -54,6 +58,11 @@ int run_preprocess(const std::vector<std::string>& args) {
   o.append_eod = f.has("--append-eod");
   o.workers = int(std::clamp<int64_t>(f.get_int("--workers", 1), -1, 1 << 30));  // checked there
   o.skip_bad_lines = f.has("--skip-bad-lines");
+  o.log_interval = f.get_int("--log-interval", 0);
+  if (o.log_interval < 0)
+    throw Error(fmt::format("--log-interval {} is negative", o.log_interval),
+                "give --log-interval N >= 1 (documents between progress lines)");
+  if (f.has("--log-interval")) o.progress = false;
   auto st = data::preprocess(o, *tok);
   for (const auto& k : o.json_keys) log::info("wrote {}_{}_document.bin/.idx", o.output_prefix, k);
   log::info(

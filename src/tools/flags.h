@@ -2,6 +2,7 @@
 // for list flags, bare `--name` for switches) used by the data subcommands. Every flag
 // must be declared; an unknown one is an error naming it.
 #pragma once
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -31,9 +32,26 @@ class Flags {
       if (auto eq = a.find('='); eq != std::string::npos)
         inline_value = a.substr(eq + 1), a = a.substr(0, eq);
       auto it = decl_.find(a);
-      if (it == decl_.end())
-        throw Error(fmt::format("megatron {}: unknown flag {}", command, a),
+      if (it == decl_.end() && abbrev_) {
+        // argparse's allow_abbrev: a unique prefix names its flag; several are ambiguous.
+        std::vector<std::string> match;
+        for (const auto& [n, d] : decl_)
+          if (n.size() > a.size() && n.compare(0, a.size(), a) == 0) match.push_back(n);
+        if (match.size() > 1) {
+          std::string all;
+          for (const auto& m : match) all += (all.empty() ? "" : ", ") + m;
+          throw Error(fmt::format("megatron {}: ambiguous option {} could match {}", command, a,
+                                  all),
+                      "write the flag in full");
+        }
+        if (match.size() == 1) a = match[0], it = decl_.find(a);
+      }
+      if (it == decl_.end()) {
+        const std::string near = closest(a);
+        throw Error(fmt::format("megatron {}: unknown flag {}{}", command, a,
+                                near.empty() ? "" : "; did you mean " + near + "?"),
                     fmt::format("`megatron {} --help` lists the flags", command));
+      }
       auto& vals = values_[a];
       vals.clear();
       if (it->second.kind == Switch) {
@@ -49,6 +67,11 @@ class Flags {
         if (vals.empty()) throw Error(fmt::format("megatron {}: {} needs a value", command, a));
       }
     }
+  }
+  // Unambiguous prefixes of a flag name it (argparse's allow_abbrev, as preprocess_data.py).
+  Flags& allow_abbreviations() {
+    abbrev_ = true;
+    return *this;
   }
   bool has(const std::string& n) const { return values_.count(n) > 0; }
   std::string get(const std::string& n, const std::string& def = {}) const {
@@ -95,6 +118,28 @@ class Flags {
   }
 
  private:
+  // The declared flag nearest to `a` by edit distance, if close enough to be a typo.
+  std::string closest(const std::string& a) const {
+    std::string best;
+    size_t best_d = std::max<size_t>(2, a.size() / 3) + 1;
+    for (const auto& [n, d] : decl_) {
+      std::vector<size_t> row(n.size() + 1);
+      for (size_t j = 0; j <= n.size(); ++j) row[j] = j;
+      for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= n.size(); ++j) {
+          const size_t up = row[j];
+          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != n[j - 1])});
+          diag = up;
+        }
+      }
+      if (row[n.size()] < best_d) best_d = row[n.size()], best = n;
+    }
+    return best;
+  }
+
+  bool abbrev_ = false;
   struct Decl {
     Kind kind;
     std::string help;

@@ -11,7 +11,6 @@
 #include <csignal>
 
 #include "base/log.h"
-#include "checkpoint/checks.h"
 #include "checkpoint/training_checkpoint.h"
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
@@ -290,6 +289,9 @@ void Trainer::State::build_datasets() {
   d.seed = uint32_t(a.seed), d.eod = s.tok->eod(), d.pad = data::pad_id_for(s.tok->pad(), s.tok->eod());
   d.vocab_size = s.tok->vocab_size();
   d.padded_vocab_size = *a.padded_vocab_size;  // dataset ids checked when opened
+  // Which splits the run reads: a split that rounds to no sequences is an error only then.
+  d.reads = {!a.skip_train, a.eval_interval && a.eval_iters > 0,
+             a.eval_interval && a.eval_iters > 0};
   d.eod_mask_loss = a.eod_mask_loss;
   d.data_cache_path = a.data_cache_path.value_or("");
   const int64_t gbs = a.global_batch_size;

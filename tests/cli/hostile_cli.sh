@@ -68,6 +68,10 @@ err "ids_text_document.bin: holds token id 5000, outside the model's vocabulary 
     "$M" train "${SHAPE[@]}" "${NULLTOK[@]}" --train-iters 2 --data-path "$W/ids_text_document" \
     --split 1,0,0
 
+# NullTokenizer ids are int32: a --vocab-size beyond wrapped them.
+err "NullTokenizer: --vocab-size 3000000000 does not fit" "$M" preprocess --input "$W/ids.jsonl" \
+    --output-prefix "$W/wrap" --tokenizer-type NullTokenizer --vocab-size 3000000000
+
 # preprocess --workers 100000: aborted and left a .bin.tmp<pid> behind.
 err "--workers 100000 is more than" "$M" preprocess --input "$W/ids.jsonl" --output-prefix "$W/many" \
     --tokenizer-type NullTokenizer --vocab-size 1000 --workers 100000

@@ -121,6 +121,24 @@ TEST(Split, EmptySplitIsClearError) {
     EXPECT_NE(w.find(dir + "/small"), std::string::npos) << w;
     EXPECT_NE(w.find("100 sequences"), std::string::npos) << w;
   }
+  // A run that does not read the test split (no evaluation) builds the others; the train
+  // split is the one a full build gives (Megatron's split book-ends, its samples).
+  a.reads = {true, true, false};
+  auto sets = build_train_valid_test_datasets(a);
+  ASSERT_TRUE(sets[0] && sets[1]);
+  EXPECT_FALSE(sets[2]);
+  a.split = "970,20,10";  // every split non-empty; the train range [0, 97) is the same
+  auto full = build_train_valid_test_datasets(a);
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < sets[0]->size(); ++i) {
+    sets[0]->get_text(i, x), full[0]->get_text(i, y);
+    EXPECT_EQ(x, y) << i;
+  }
+  // Blended prefixes: the unread, empty split is left out of the blend too.
+  a.split = "969,30,1";
+  a.data_path = {"1", dir + "/small", "1", dir + "/small"};
+  auto blended = build_train_valid_test_datasets(a);
+  EXPECT_TRUE(blended[0] && !blended[2]);
 }
 
 TEST(Blend, WorkedExamples) {

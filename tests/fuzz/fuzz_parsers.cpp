@@ -84,11 +84,14 @@ const int64_t kInteresting[] = {0, -1, 1, -100, 255, 65535, 65536, INT32_MAX, IN
                                 int64_t(1) << 31, int64_t(1) << 32, int64_t(1) << 40,
                                 INT64_MAX, INT64_MAX - 1, INT64_MIN};
 
-Bytes mutate_bytes(Bytes b, std::mt19937_64& rng, const std::vector<Bytes>& corpus) {
+// keep_size: only in-place edits (a format whose size is checked first, such as .idx, is
+// otherwise refused before any field is read).
+Bytes mutate_bytes(Bytes b, std::mt19937_64& rng, const std::vector<Bytes>& corpus,
+                   bool keep_size = false) {
   auto pick = [&](size_t n) { return n ? size_t(rng() % n) : 0; };
   const int rounds = 1 + int(rng() % 4);
   for (int r = 0; r < rounds; ++r) {
-    switch (rng() % 7) {
+    switch (rng() % (keep_size ? 3 : 7)) {
       case 0:  // flip a bit
         if (!b.empty()) b[pick(b.size())] ^= char(1 << (rng() % 8));
         break;
@@ -168,7 +171,7 @@ void mutate_json(json& j, std::mt19937_64& rng) {
 }
 
 Bytes mutate(const Bytes& seed, std::mt19937_64& rng, const std::vector<Bytes>& corpus,
-             bool is_json) {
+             bool is_json, bool keep_size) {
   if (is_json && rng() % 3 != 0) {
     try {
       json j = json::parse(seed);
@@ -178,13 +181,14 @@ Bytes mutate(const Bytes& seed, std::mt19937_64& rng, const std::vector<Bytes>& 
     } catch (const json::exception&) {
     }
   }
-  return mutate_bytes(seed, rng, corpus);
+  return mutate_bytes(seed, rng, corpus, keep_size && rng() % 4 != 0);
 }
 
 // ---- targets ------------------------------------------------------------------------------
 struct Target {
   std::string name;
   bool is_json = false;
+  bool keep_size = false;  // mostly in-place mutations (see mutate_bytes)
   std::vector<Bytes> seeds;
   std::function<void(const Bytes&)> run;
 };
@@ -211,7 +215,7 @@ std::vector<Target> make_targets(const fs::path& work) {
   std::vector<Target> t;
   // .idx/.bin: the reader's validation, then every sequence read and the vocabulary scan.
   {
-    Target x{"idx"};
+    Target x{"idx", false, true};
     const std::string p = (work / "seed").string();
     data::IndexedDatasetBuilder b(p, data::IndexDType::U16);
     for (int s = 0; s < 6; ++s) {
@@ -407,7 +411,7 @@ int main(int argc, char** argv) {
     for (size_t k = 0; now_ms() < deadline || k < corpus.size(); ++k) {
       const Bytes in = k < corpus.size() ? corpus[k]
                                          : mutate(corpus[rng() % corpus.size()], rng, corpus,
-                                                  t.is_json);
+                                                  t.is_json, t.keep_size);
       g_input = in.data(), g_input_size = in.size();
       g_started_ms.store(now_ms());
       ++runs;

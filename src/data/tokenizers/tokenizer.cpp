@@ -1,6 +1,7 @@
 #include "data/tokenizers/tokenizer.h"
 
 #include <charconv>
+#include <climits>
 
 #include "base/error.h"
 
@@ -9,6 +10,11 @@ namespace mcpp::data {
 NullTokenizer::NullTokenizer(int64_t vocab_size) : v_(vocab_size) {
   if (vocab_size <= 0)
     throw Error("NullTokenizer needs --vocab-size > 0", "pass e.g. --vocab-size 32000");
+  // Ids are int32 and the EOD id is vocab_size itself: a larger size would wrap them.
+  if (vocab_size >= INT32_MAX)
+    throw Error(fmt::format("NullTokenizer: --vocab-size {} does not fit the int32 token ids",
+                            vocab_size),
+                "give --vocab-size below 2^31 - 1");
 }
 
 void NullTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {

@@ -1,0 +1,573 @@
+// Finding, loading and inspecting checkpoints (checkpoint.h has the API; docs/checkpoint.md the
+// format). A checkpoint is untrusted input: every field is validated (checks.h) before a value
+// is used to index, allocate or copy, and any problem is an Error naming the file and tensor
+// with the iterations that do load.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "base/log.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checks.h"
+#include "checkpoint/fs.h"
+#include "checkpoint/safetensors.h"
+#include "model/gpt_model.h"
+
+namespace mcpp::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using model::ParamInfo;
+
+namespace {
+
+int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
+int64_t cols_of(const Shape& s) { return s.size() > 1 ? shape_numel(s) / s[0] : 1; }
+// The vocabulary-sized tensors (and their Adam moments), whose rows carry the padding.
+bool is_vocab_key(const std::string& key) {
+  for (const char* n : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    const std::string name = n;
+    if (key.size() >= name.size() && key.compare(key.size() - name.size(), name.size(), name) == 0)
+      return true;
+  }
+  return false;
+}
+
+Piece piece_from_json(const json& j) {
+  auto o = j.at("offsets").get<std::vector<int64_t>>();
+  auto s = j.at("shape").get<std::vector<int64_t>>();
+  auto l = j.at("local_offsets").get<std::vector<int64_t>>();
+  MCPP_CHECK(o.size() == s.size() && s.size() == l.size() && !s.empty() && s.size() <= 2,
+             "malformed piece {}", j.dump());
+  Piece p;
+  p.g_row = o[0], p.rows = s[0], p.l_row = l[0];
+  if (s.size() == 2)
+    p.g_col = o[1], p.cols = s[1], p.l_col = l[1];
+  else
+    p.cols = 1;
+  return p;
+}
+
+// Copies a rows x cols box from src (at sr, sc) to dst (at dr, dc); both row-major 2-D views
+// of width src_w / dst_w.
+void copy_box(const Tensor& src, int64_t src_w, int64_t sr, int64_t sc, const Tensor& dst,
+              int64_t dst_w, int64_t dr, int64_t dc, int64_t rows, int64_t cols) {
+  if (src.dtype() == dst.dtype()) {
+    const size_t es = dtype_size(src.dtype());
+    const char* s = static_cast<const char*>(src.raw());
+    char* d = static_cast<char*>(dst.raw());
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(d + ((dr + r) * dst_w + dc) * es, s + ((sr + r) * src_w + sc) * es,
+                  size_t(cols) * es);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      set_float(dst, (dr + r) * dst_w + dc + c, get_float(src, (sr + r) * src_w + sc + c));
+}
+
+std::string iterations_str(const std::vector<int64_t>& its) {
+  if (its.empty()) return "none";
+  std::string s;
+  for (auto i : its) s += (s.empty() ? "" : ", ") + std::to_string(i);
+  return s;
+}
+
+// The hint of every load error: which iterations exist and which one to try instead.
+std::string load_hint(const std::string& load_dir, int64_t bad_iteration) {
+  auto its = list_iterations(load_dir);
+  std::optional<int64_t> prev;
+  for (auto i : its)
+    if (i < bad_iteration) prev = i;
+  std::string h = fmt::format("complete checkpoints in {}: {}", load_dir, iterations_str(its));
+  if (prev)
+    h += fmt::format(". Load the previous one with --ckpt-step {} (or point {} at it)", *prev,
+                     kTrackerFile);
+  else
+    h += ". No earlier checkpoint exists; start without --load or restore the files";
+  return h;
+}
+
+std::string join_path(const std::string& a, const std::string& b) {
+  return (fs::path(a) / b).string();
+}
+
+}  // namespace
+
+// ---- finding -----------------------------------------------------------------------------------
+
+std::vector<int64_t> list_iterations(const std::string& load_dir) {
+  std::vector<int64_t> its;
+  std::error_code ec;
+  if (!fs::is_directory(load_dir, ec)) return its;
+  static const std::regex name(R"(iter_(\d{7,}))");
+  for (const auto& e : fs::directory_iterator(load_dir, ec)) {
+    std::smatch m;
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(n, m, name) ||
+        !fs::exists(e.path() / kMetadataFile))
+      continue;
+    if (auto it = parse_iteration_digits(m[1]))
+      its.push_back(*it);
+    else
+      log::warn("ignoring {}: its iteration number does not fit 64 bits", e.path().string());
+  }
+  std::sort(its.begin(), its.end());
+  return its;
+}
+
+std::optional<int64_t> latest_iteration(const std::string& load_dir) {
+  const std::string tracker = join_path(load_dir, kTrackerFile);
+  std::error_code ec;
+  if (fs::exists(tracker, ec)) {
+    std::string s = read_text_file(tracker, 4096);
+    s.erase(std::remove_if(s.begin(), s.end(), ::isspace), s.end());
+    if (!s.empty() && s.size() < 19 && std::all_of(s.begin(), s.end(), ::isdigit)) {
+      const int64_t it = std::stoll(s);
+      // A folder that exists is trusted (if it is broken, loading says so). A missing one
+      // means a re-save of this iteration was interrupted while the old copy was moved aside.
+      if (fs::exists(fs::path(load_dir) / iteration_dir_name(it), ec)) return it;
+      auto its = list_iterations(load_dir);
+      if (its.empty()) {
+        // Megatron stops here too: starting from random weights would silently throw the
+        // run away (and the next save would replace the tracker).
+        std::string aside;
+        for (const auto& e : fs::directory_iterator(load_dir, ec))
+          if (e.path().filename().string().rfind(iteration_dir_name(it) + ".old-", 0) == 0)
+            aside = e.path().string();
+        throw Error(
+            fmt::format("{} names iteration {}, but {} does not exist and {} holds no other "
+                        "complete checkpoint",
+                        tracker, it, join_path(load_dir, iteration_dir_name(it)), load_dir),
+            aside.empty()
+                ? "restore the checkpoint folder, or start fresh without --load (or with "
+                  "another --load folder)"
+                : fmt::format("a re-save of that iteration was interrupted; its previous copy "
+                              "is {}: rename it to {}",
+                              aside, iteration_dir_name(it)));
+      }
+      log::warn(
+          "{} names iteration {}, whose folder is missing; using the newest complete "
+          "checkpoint, iteration {}",
+          tracker, it, its.back());
+      return its.back();
+    }
+    log::warn("{} holds '{}', not an iteration number; using the newest complete checkpoint",
+              tracker, s.substr(0, 40));
+  }
+  auto its = list_iterations(load_dir);
+  if (its.empty()) return std::nullopt;
+  if (!fs::exists(tracker, ec))
+    log::warn("{} has no {}; using the newest complete checkpoint, iteration {}", load_dir,
+              kTrackerFile, its.back());
+  return its.back();
+}
+
+namespace {
+
+std::string resolve_iter_dir(const std::string& dir, std::optional<int64_t> iteration) {
+  if (!iteration && fs::exists(fs::path(dir) / kMetadataFile)) return dir;  // an iter_* dir
+  std::optional<int64_t> it = iteration ? iteration : latest_iteration(dir);
+  MCPP_CHECK_HINT(it.has_value(),
+                  "check --load; a checkpoint directory holds iter_XXXXXXX/ folders and " +
+                      std::string(kTrackerFile),
+                  "no checkpoint found in {}", dir);
+  return join_path(dir, iteration_dir_name(*it));
+}
+
+json parse_metadata(const std::string& iter_dir) {
+  const std::string path = join_path(iter_dir, kMetadataFile);
+  MCPP_CHECK(fs::is_directory(iter_dir), "{} does not exist", iter_dir);
+  MCPP_CHECK(fs::exists(path),
+             "{} is missing: the checkpoint is incomplete (a save was interrupted or files were "
+             "deleted)",
+             path);
+  json md;
+  try {
+    md = json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    MCPP_FAIL("{} is not valid JSON ({}): the file is corrupt", path, e.what());
+  }
+  MCPP_CHECK(md.is_object() && md.contains("format") && md["format"] == "megatron.cpp checkpoint",
+             "{} is not a megatron.cpp checkpoint metadata file", path);
+  MCPP_CHECK(md.contains("format_version") && md["format_version"].is_number_integer(),
+             "{}: format_version is {}, expected an integer", path,
+             md.contains("format_version") ? md["format_version"].dump() : "absent");
+  const int64_t v = md["format_version"].get<int64_t>();
+  MCPP_CHECK_HINT(v >= 1 && v <= kFormatVersion, "use a newer megatron.cpp to read it",
+                  "{} has format version {}, this build reads 1..{}", path, v, kFormatVersion);
+  for (const char* k : {"tensors", "files", "state", "iteration"})
+    MCPP_CHECK(md.contains(k), "{} lacks the field '{}'", path, k);
+  for (const char* k : {"tensors", "files", "state"})
+    MCPP_CHECK(md[k].is_object(), "{}: '{}' is not a JSON object", path, k);
+  MCPP_CHECK(md["iteration"].is_number_integer() && md["iteration"].get<int64_t>() >= 0,
+             "{}: iteration is {}, expected a non-negative integer", path,
+             md["iteration"].dump());
+  // The folder's name is what the tracker and --ckpt-step select: the metadata inside must
+  // describe that iteration, or a converter would export another one than asked.
+  static const std::regex name(R"(iter_(\d+))");
+  std::smatch m;
+  const std::string base = fs::path(iter_dir).filename().string();
+  if (std::regex_match(base, m, name)) {
+    const auto folder_it = parse_iteration_digits(m[1]);
+    MCPP_CHECK_HINT(folder_it == md["iteration"].get<int64_t>(),
+                    "the folder was renamed or its metadata.json replaced; restore it",
+                    "{} says iteration {}, but its folder is {}", path, md["iteration"].dump(),
+                    base);
+  }
+  md["__iter_dir"] = iter_dir;  // for messages and the file-size checks; never saved
+  return md;
+}
+
+// Model-shape fields that must agree between a checkpoint and the loading model.
+void check_model_compat(const json& saved, const model::TransformerConfig& cur,
+                        const std::string& where, bool vocab_repad) {
+  const json now = model_config_json(cur);
+  std::string diffs;
+  const bool rope = cur.rope;
+  for (const char* k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                        "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
+                        "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
+    if (std::string(k) == "max_position_embeddings" && rope) continue;
+    if (std::string(k) == "padded_vocab_size" && vocab_repad) continue;
+    if (!saved.contains(k) || saved[k] != now[k])
+      diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
+                           saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
+  }
+  MCPP_CHECK_HINT(diffs.empty(),
+                  "pass the model flags the checkpoint was trained with (megatron inspect shows "
+                  "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP",
+                  "{} was written for a different model:{}", where, diffs);
+  for (const char* k : {"rotary_base", "rotary_percent", "norm_epsilon"})
+    if (saved.contains(k) && saved[k] != now[k])
+      log::warn("{}: {} differs (checkpoint {}, this run {})", where, k, saved[k].dump(),
+                now[k].dump());
+}
+
+// Lazily opened shard files; each shard's checksum verified once.
+class ShardReader {
+ public:
+  ShardReader(std::string dir, const json& md, bool verify)
+      : dir_(std::move(dir)), md_(md), verify_(verify) {}
+
+  const Tensor& shard(const std::string& key, const json& sh) {
+    const std::string file = sh.at("file"), name = sh.at("name");
+    const std::string path = join_path(dir_, file);
+    auto it = files_.find(file);
+    if (it == files_.end()) {
+      MCPP_CHECK(fs::exists(path), "shard file {} (tensor {}) is missing", path, key);
+      if (md_.at("files").contains(file)) {
+        const uint64_t want = md_["files"][file].at("bytes"), got = fs::file_size(path);
+        MCPP_CHECK(want == got,
+                   "shard file {} has {} bytes, the metadata says {} (truncated or "
+                   "overwritten); tensor {}",
+                   path, got, want, key);
+      }
+      it = files_.emplace(file, load_safetensors(path)).first;
+    }
+    auto t = it->second.tensors.find(name);
+    MCPP_CHECK(t != it->second.tensors.end(), "shard file {} lacks tensor {}", path, name);
+    const Tensor& x = t->second;
+    MCPP_CHECK(x.shape() == sh.at("shape").get<Shape>(),
+               "tensor {} in {} has shape {}, the metadata says {}", name, path,
+               shape_str(x.shape()), sh.at("shape").dump());
+    if (verify_ && verified_.insert(file + "\n" + name).second) {
+      const std::string want = sh.at("checksum"), got = checksum_hex(x.raw(), x.nbytes());
+      MCPP_CHECK(want == got,
+                 "checksum mismatch for tensor {} in {}: stored {}, computed {} "
+                 "({}); the file is corrupt",
+                 name, path, want, got, checksum_algorithm());
+    }
+    return x;
+  }
+
+ private:
+  std::string dir_;
+  const json& md_;
+  bool verify_;
+  std::map<std::string, SafetensorsFile> files_;
+  std::set<std::string> verified_;
+};
+
+// Fills the local tensor `dst` (parameter p on TP rank tp_rank) from the checkpoint's key.
+void load_tensor(ShardReader& rd, const json& md, const std::string& key, const ParamInfo& p,
+                 int64_t tp_rank, int64_t tp_size, const Tensor& dst, bool vocab_repad = false) {
+  const json& tensors = md.at("tensors");
+  MCPP_CHECK_HINT(tensors.contains(key),
+                  "the model flags differ from the checkpoint's, or it was saved without this "
+                  "state (--no-save-optim: load with --no-load-optim)",
+                  "the checkpoint has no tensor {}", key);
+  const json& t = tensors[key];
+  const Shape gshape = t.at("global_shape").get<Shape>();
+  // The vocabulary's padding rows follow the layout (make_vocab_size_divisible_by x TP): a
+  // checkpoint padded for another TP keeps its first min(Vc, Vm) rows; rows this model has
+  // beyond the checkpoint's repeat its last row (Adam moments: zero), as Megatron's
+  // converters do with true_vocab_size.
+  const bool repad = vocab_repad && is_vocab_key(key) && gshape.size() == 2 &&
+                     p.global_shape.size() == 2 && gshape[1] == p.global_shape[1] &&
+                     gshape[0] != p.global_shape[0];
+  MCPP_CHECK(repad || gshape == p.global_shape, "tensor {}: checkpoint global shape {}, model {}",
+             key, shape_str(gshape), shape_str(p.global_shape));
+  const int64_t keep_rows = repad ? std::min(gshape[0], p.global_shape[0]) : rows_of(gshape);
+  const int64_t gnumel = shape_numel(gshape);
+  const int64_t dst_w = cols_of(p.local_shape);
+  int64_t stored = 0, covered = 0;
+  const auto mine = local_pieces(p, tp_rank, tp_size);
+  // Every piece inside the tensor and inside its shard (whose checksum then covers all that
+  // is copied), no two overlapping: checked for all shards before any is read.
+  std::vector<Piece> all;
+  for (const json& sh : t.at("shards")) {
+    const Shape sshape = sh.at("shape").get<Shape>();
+    check_shape(sshape, "tensor " + key + ": shard shape");
+    MCPP_CHECK(sshape.size() == gshape.size(), "tensor {}: shard shape {} for global shape {}",
+               key, shape_str(sshape), shape_str(gshape));
+    for (const json& pj : sh.at("pieces")) {
+      all.push_back(piece_from_json(pj));
+      check_piece(all.back(), gshape, sshape, key);
+    }
+  }
+  check_pieces_disjoint(all, key);
+  for (const json& sh : t.at("shards")) {
+    const Shape sshape = sh.at("shape").get<Shape>();
+    const int64_t src_w = cols_of(sshape);
+    const Tensor* src = nullptr;
+    for (const json& pj : sh.at("pieces")) {
+      const Piece s = piece_from_json(pj);
+      stored += s.rows * s.cols;
+      for (const Piece& d : mine) {
+        const int64_t c0 = std::max(s.g_col, d.g_col),
+                      c1 = std::min(s.g_col + s.cols, d.g_col + d.cols);
+        if (c0 >= c1) continue;
+        const int64_t r0 = std::max(s.g_row, d.g_row),
+                      r1 = std::min({s.g_row + s.rows, d.g_row + d.rows, keep_rows});
+        if (r0 < r1) {
+          if (!src) src = &rd.shard(key, sh);
+          copy_box(*src, src_w, s.l_row + r0 - s.g_row, s.l_col + c0 - s.g_col, dst, dst_w,
+                   d.l_row + r0 - d.g_row, d.l_col + c0 - d.g_col, r1 - r0, c1 - c0);
+          covered += (r1 - r0) * (c1 - c0);
+        }
+        // Rows of this model beyond the checkpoint's: copies of its last row (weights).
+        if (repad && key.rfind("optimizer.", 0) != 0 && s.g_row + s.rows == gshape[0])
+          for (int64_t g = std::max(d.g_row, gshape[0]); g < d.g_row + d.rows; ++g) {
+            if (!src) src = &rd.shard(key, sh);
+            copy_box(*src, src_w, s.l_row + s.rows - 1, s.l_col + c0 - s.g_col, dst, dst_w,
+                     d.l_row + g - d.g_row, d.l_col + c0 - d.g_col, 1, c1 - c0);
+            covered += c1 - c0;
+          }
+      }
+    }
+  }
+  // Moments of rows beyond the checkpoint's start at zero.
+  if (repad && key.rfind("optimizer.", 0) == 0)
+    for (const Piece& d : mine)
+      for (int64_t g = std::max(d.g_row, gshape[0]); g < d.g_row + d.rows; ++g) {
+        for (int64_t c = 0; c < d.cols; ++c) set_float(dst, (d.l_row + g - d.g_row) * dst_w + d.l_col + c, 0.0);
+        covered += d.cols;
+      }
+  MCPP_CHECK(stored == gnumel, "tensor {}: its shards hold {} elements, the tensor has {}", key,
+             stored, gnumel);
+  MCPP_CHECK(covered == dst.numel(), "tensor {}: the shards cover {} of this rank's {} elements",
+             key, covered, dst.numel());
+}
+
+// Whether the vocabulary tensors may be re-padded (see load_tensor): given the loading
+// tokenizer's size (true_vocab_size, as Megatron's converters take it), when both padded sizes
+// hold it; otherwise when the TP size differs and the two sizes are paddings of one vocabulary
+// (closer than one padding multiple of the larger layout). Anything else is another vocabulary.
+bool vocab_repad_allowed(const json& md, const model::ParamStore& params,
+                         const LoadOptions& opts, const std::string& where) {
+  if (!md.contains("model") || !md.contains("tensors")) return false;
+  const json& mj = md["model"];
+  const int64_t vc = mj.value("padded_vocab_size", int64_t(0)), tc = mj.value("tp_size", int64_t(1));
+  int64_t vm = 0;
+  for (const ParamInfo& p : params.infos())
+    if (p.name == "embedding.word_embeddings.weight") vm = p.global_shape[0];
+  if (vc <= 0 || vm <= 0 || vc == vm) return false;
+  const int64_t tl = params.tp_size();
+  int64_t div = 128;  // --make-vocab-size-divisible-by of the saving run when it was given
+  const json& cfg = md.at("state").value("config", json::object());
+  if (cfg.is_object() && cfg.contains("make_vocab_size_divisible_by") &&
+      cfg["make_vocab_size_divisible_by"].is_string())
+    div = std::max<int64_t>(1, std::atoll(cfg["make_vocab_size_divisible_by"].get<std::string>().c_str()));
+  // Paddings of one vocabulary V differ by less than the larger multiple: Vc - V < div * tc
+  // and Vm - V < div * tl.
+  const bool close = std::abs(vc - vm) < div * std::max(tc, tl);
+  const bool ok = opts.true_vocab_size > 0 ? std::min(vc, vm) >= opts.true_vocab_size
+                                           : close && tc != tl;
+  if (ok)
+    log::info("{}: re-padding the vocabulary from {} rows (TP {}) to {} (TP {}): rows beyond "
+              "{} are padding",
+              where, vc, tc, vm, tl, std::min(vc, vm));
+  return ok;
+}
+
+}  // namespace
+
+json read_metadata(const std::string& dir, std::optional<int64_t> iteration) {
+  return parse_metadata(resolve_iter_dir(dir, iteration));
+}
+
+TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<int64_t> iteration,
+                                   const model::ParamStore& params, const Tensor& values,
+                                   const Tensor* exp_avg, const Tensor* exp_avg_sq,
+                                   const LoadOptions& opts) {
+  MCPP_CHECK(values.device() == Device::CPU && values.numel() == params.total_numel() &&
+                 (!exp_avg || (exp_avg_sq && exp_avg->device() == Device::CPU &&
+                               exp_avg->numel() == params.total_numel() &&
+                               exp_avg_sq->numel() == params.total_numel())),
+             "load_checkpoint_host: host buffers of {} elements expected", params.total_numel());
+  const std::string iter_dir = resolve_iter_dir(load_dir, iteration);
+  const std::string top = fs::exists(fs::path(load_dir) / kMetadataFile)
+                              ? fs::path(load_dir).parent_path().string()
+                              : load_dir;
+  int64_t it_num = iteration.value_or(-1);
+  {
+    std::smatch m;
+    const std::string base = fs::path(iter_dir).filename().string();
+    static const std::regex name(R"(iter_(\d+))");
+    if (std::regex_match(base, m, name)) it_num = parse_iteration_digits(m[1]).value_or(-1);
+  }
+  try {
+    const json md = parse_metadata(iter_dir);
+    const bool repad = vocab_repad_allowed(md, params, opts, iter_dir);
+    if (opts.model && md.contains("model"))
+      check_model_compat(md["model"], *opts.model, iter_dir, repad);
+    ShardReader rd(iter_dir, md, opts.verify_checksums);
+    const int64_t tpr = params.tp_rank(), tps = params.tp_size();
+    std::set<std::string> expected;
+    for (const ParamInfo& p : params.infos()) {
+      load_tensor(rd, md, p.name, p, tpr, tps, values.narrow(p.offset, p.numel()).view(p.local_shape),
+                  repad);
+      expected.insert(p.name);
+    }
+    for (auto& [key, v] : md.at("tensors").items())
+      MCPP_CHECK_HINT(opts.partial_model || key.rfind("optimizer.", 0) == 0 || expected.count(key),
+                      "the model flags differ from the checkpoint's (megatron inspect lists its "
+                      "config)",
+                      "the checkpoint holds {} {}, which this model does not have", key,
+                      shape_str(v.at("global_shape").get<Shape>()));
+    TrainingState st = state_from_json(md.at("state"));
+    check_state(st, join_path(iter_dir, kMetadataFile));
+    MCPP_CHECK(st.iteration == md["iteration"].get<int64_t>(),
+               "{}: state.iteration {} differs from its iteration {}",
+               join_path(iter_dir, kMetadataFile), st.iteration, md["iteration"].dump());
+    if (opts.finetune) {
+      // Megatron's --finetune: weights only; training starts at iteration 0.
+      TrainingState fresh;
+      fresh.config = st.config, fresh.mcpp_version = st.mcpp_version;
+      return fresh;
+    }
+    if (exp_avg) {
+      MCPP_CHECK_HINT(md.value("has_optimizer", false),
+                      "load with --no-load-optim (the optimizer state starts from zero)",
+                      "{} was saved without optimizer state (--no-save-optim)", iter_dir);
+      for (const ParamInfo& p : params.infos())
+        for (auto [prefix, flat] :
+             {std::pair<const char*, const Tensor*>{"optimizer.exp_avg.", exp_avg},
+              std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", exp_avg_sq}})
+          load_tensor(rd, md, prefix + p.name, p, tpr, tps,
+                      flat->narrow(p.offset, p.numel()).view(p.local_shape), repad);
+    }
+    if (!opts.load_rng || !md.value("has_rng", true)) st.rng_seed = 0, st.rng_iteration = 0;
+    return st;
+  } catch (const Error& e) {
+    std::string hint = e.hint().empty() ? "" : e.hint() + ". ";
+    throw Error(fmt::format("cannot load checkpoint {}: {}", iter_dir, e.summary()),
+                hint + load_hint(top, it_num < 0 ? INT64_MAX : it_num));
+  } catch (const json::exception& e) {
+    throw Error(
+        fmt::format("cannot load checkpoint {}: malformed metadata: {}", iter_dir, e.what()),
+        load_hint(top, it_num < 0 ? INT64_MAX : it_num));
+  }
+}
+
+TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
+                              model::ParamStore& params, optim::AdamW* opt,
+                              const LoadOptions& opts) {
+  MCPP_CHECK_HINT(params.device() == Device::CPU && !(opt && opt->main_params().defined()),
+                  "load GPU and bf16/f16 models with load_checkpoint_host (the trainer does)",
+                  "load_checkpoint reads into host f32/f64 parameters only, not {}",
+                  params.flat_params().str());
+  TrainingState st =
+      load_checkpoint_host(load_dir, iteration, params, params.flat_params(),
+                           opt ? &opt->exp_avg() : nullptr, opt ? &opt->exp_avg_sq() : nullptr, opts);
+  if (opt && !opts.finetune) opt->set_steps(st.optimizer_steps);
+  return st;
+}
+
+TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
+                              model::GPTModel& m, optim::AdamW* opt, LoadOptions opts) {
+  if (!opts.model) opts.model = m.config();
+  return load_checkpoint(load_dir, iteration, m.params(), opt, opts);
+}
+
+// ---- inspection --------------------------------------------------------------------------------
+
+std::string describe_checkpoint(const std::string& dir, int* bad_shards) {
+  const std::string iter_dir = resolve_iter_dir(dir, std::nullopt);
+  const json md = parse_metadata(iter_dir);
+  try {
+  std::ostringstream o;
+  o << "checkpoint " << iter_dir << "\n";
+  o << "  format version " << md["format_version"] << ", written by megatron.cpp "
+    << md.value("mcpp_version", "?") << ", checksums " << md.value("checksum_algorithm", "?")
+    << "\n";
+  if (fs::exists(fs::path(dir) / kTrackerFile)) {
+    auto its = list_iterations(dir);
+    o << "  iterations present: " << iterations_str(its)
+      << " (tracker: " << read_text_file(join_path(dir, kTrackerFile), 4096) << ")\n";
+  }
+  const json& s = md["state"];
+  o << "  iteration " << s["iteration"] << ", consumed samples train "
+    << s["consumed_train_samples"] << " valid " << s["consumed_valid_samples"]
+    << ", optimizer steps " << s["optimizer_steps"] << ", optimizer state "
+    << (md.value("has_optimizer", false) ? "yes" : "no") << "\n";
+  o << "  scheduler " << s["opt_param_scheduler"].dump() << "\n";
+  o << "  rng " << s["rng"].dump() << ", data loader " << s["data_loader"].dump() << "\n";
+  if (md.contains("model")) o << "  model " << md["model"].dump() << "\n";
+  if (!s["config"].empty()) o << "  config " << s["config"].dump() << "\n";
+  o << "  files:\n";
+  for (auto& [f, v] : md["files"].items()) o << "    " << f << "  " << v["bytes"] << " bytes\n";
+  o << "  tensors (key, global shape, dtype, split: shards file[rows,cols @ offsets] status):\n";
+  ShardReader rd(iter_dir, md, true);
+  int bad = 0;
+  for (auto& [key, t] : md["tensors"].items()) {
+    o << "    " << key << "  " << shape_str(t["global_shape"].get<Shape>()) << " "
+      << t["dtype"].get<std::string>() << " " << t["split"].get<std::string>() << ":";
+    for (const json& sh : t["shards"]) {
+      o << " " << sh["file"].get<std::string>();
+      for (const json& p : sh["pieces"]) o << p["shape"].dump() << "@" << p["offsets"].dump();
+      try {
+        const Shape g = t.at("global_shape").get<Shape>(), ss = sh.at("shape").get<Shape>();
+        check_shape(g, "tensor " + key);
+        check_shape(ss, "tensor " + key + ": shard shape");
+        for (const json& p : sh.at("pieces")) check_piece(piece_from_json(p), g, ss, key);
+        rd.shard(key, sh);
+        o << " ok";
+      } catch (const Error& e) {
+        ++bad;
+        o << " BAD (" << e.summary() << ")";
+      } catch (const json::exception& e) {
+        ++bad;
+        o << " BAD (malformed shard entry: " << e.what() << ")";
+      }
+    }
+    o << "\n";
+  }
+  o << "  "
+    << (bad ? std::to_string(bad) + " shard(s) failed verification" : "all checksums verified")
+    << "\n";
+  if (bad_shards) *bad_shards = bad;
+  return o.str();
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}/{}: malformed metadata: {}", iter_dir, kMetadataFile, e.what()));
+  }
+}
+
+}  // namespace mcpp::checkpoint
