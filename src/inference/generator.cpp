@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "model/stage.h"
 #include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
 
 namespace mcpp::inference {
 
@@ -19,14 +20,20 @@ struct Generator::Buffers {
   model::Workspace ws;
   model::LmHead::Saved head;
   Tensor x;            // [T, H] the residual stream
+  Tensor logits_full;  // [rows, Vp] gathered over TP
   Tensor logits_host;  // the logits on the host when the model runs on a GPU
 };
 
-Generator::Generator(const model::ParamStore& params, const model::TransformerConfig& cfg)
-    : cfg_(cfg), buf_(std::make_unique<Buffers>()) {
+Generator::Generator(const model::ParamStore& params, const model::TransformerConfig& cfg,
+                     comm::Communicator* tp)
+    : cfg_(cfg), tp_(cfg.tp_size > 1 ? tp : nullptr), buf_(std::make_unique<Buffers>()) {
   cfg_.validate();
-  MCPP_CHECK_HINT(cfg_.tp_size == 1, "load the checkpoint with tp_size 1 for generation",
-                  "generation runs serially, got tp_size {}", cfg_.tp_size);
+  MCPP_CHECK_HINT(cfg_.tp_size == 1 || (tp_ && tp_->size() == cfg_.tp_size &&
+                                        tp_->rank() == cfg_.tp_rank),
+                  "load the checkpoint with tp_size 1, or pass the TP group",
+                  "generation at tp_size {} (rank {}) needs that TP communicator", cfg_.tp_size,
+                  cfg_.tp_rank);
+  cfg_.sequence_parallel = false;  // whole sequences on every rank: decode steps are 1 row
   const model::PipelinePart whole = model::normalized_part(cfg_, {});
   for (const auto& p : model::Stage::parameters(cfg_, whole))
     MCPP_CHECK(params.has(p.name), "Generator: the parameter store lacks {}", p.name);
@@ -51,7 +58,7 @@ const Tensor& Generator::forward(const Tensor& tokens, KVCache& cache, bool all_
                   "shorten the prompt or --num-tokens-to-generate",
                   "position {} is beyond the model's max_position_embeddings {}", p0 + Sq - 1,
                   c.max_position_embeddings);
-  const model::StepContext cx = model::make_inference_context(c, Sq, B, p0, nullptr);
+  const model::StepContext cx = model::make_inference_context(c, Sq, B, p0, tp_);
   const bool copy_batch = tokens.device() != cx.dev;
   model::TransformerBlock& block = stage_->block(0);
   model::allocate(
@@ -61,6 +68,7 @@ const Tensor& Generator::forward(const Tensor& tokens, KVCache& cache, bool all_
         v(bf.x, {T, H}, cx.dt, true);
       },
       cx.dev, false);
+  if (cx.tp_comm) ops::fill(bf.ws.ones, 1.0, cx.stream());  // the row-parallel bias add
 
   // Embedding (learned positions at the absolute positions p0 + s), then the layers.
   stage_->embedding().forward(tokens, bf.emb, bf.x, cx);
@@ -72,6 +80,11 @@ const Tensor& Generator::forward(const Tensor& tokens, KVCache& cache, bool all_
   const Tensor xs = all_positions ? bf.x : bf.x.narrow((Sq - 1) * B, B);
   stage_->head().logits_forward(xs, bf.head, cx);
   Tensor* out = &bf.head.logits;
+  if (cx.tp_comm) {  // vocab-parallel logits: every rank gets the whole vocabulary
+    model::ensure(bf.logits_full, {xs.size(0), c.padded_vocab_size}, cx.dt, cx.dev);
+    parallel::gather_from_tp(*out, bf.logits_full, *cx.tp_comm, cx.stream());
+    out = &bf.logits_full;
+  }
   if (cx.dev != Device::CPU) {
     // f32 on the host for sampling (bf16/f16 logits converted by the copy).
     const DType host_dt = out->dtype() == DType::F64 ? DType::F64 : DType::F32;

@@ -14,7 +14,7 @@
 // Sequences of a batch advance in lock step (one shared position), so a batch holds
 // prompts of equal length; generate() runs one prompt at a time (B = 1), which keeps
 // the cache dense and every prompt's positions exact without padding or masks.
-// Serial only (tp_size 1); on the model's device (the logits come back on the host).
+// On the model's device (the logits come back on the host), serial or tensor-parallel.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "inference/kv_cache.h"
 #include "inference/sampling.h"
 #include "model/config.h"
@@ -34,8 +35,11 @@ namespace mcpp::inference {
 
 class Generator {
  public:
-  // params must outlive the generator (it keeps views of them).
-  Generator(const model::ParamStore& params, const model::TransformerConfig& cfg);
+  // params must outlive the generator (it keeps views of them). With cfg.tp_size > 1,
+  // params hold TP rank cfg.tp_rank's shards and tp is the TP group (every rank calls
+  // forward() with the same tokens; each gets the whole vocabulary's logits).
+  Generator(const model::ParamStore& params, const model::TransformerConfig& cfg,
+            comm::Communicator* tp = nullptr);
   ~Generator();
 
   const model::TransformerConfig& config() const { return cfg_; }
@@ -49,6 +53,7 @@ class Generator {
  private:
   struct Buffers;
   model::TransformerConfig cfg_;
+  comm::Communicator* tp_ = nullptr;
   std::unique_ptr<model::Stage> stage_;  // the model's modules over the given parameters
   std::unique_ptr<Buffers> buf_;
 };
