@@ -1,68 +1,43 @@
-// Inference forward pass and the generation loop. Shapes: T = Sq*B new token rows
-// (sequence-first), H hidden, QKVW = NG*(NH/NG+2)*HD, F ffn, Vp padded vocab.
-// Mirrors model::GPTModel::forward with dropout off; attention goes through the cache.
+// The generation loop, and the inference forward built from the model's own modules
+// (model/stage.h): Embedding, TransformerLayer::forward_cached (Attention appends to the
+// KV cache), LmHead::logits_forward. No layer math lives here.
 #include "inference/generator.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 
 #include "base/error.h"
-#include "model/gpt_model.h"
+#include "model/stage.h"
 #include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
 
 namespace mcpp::inference {
 
-struct Generator::Layer {
-  Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-};
-
+// Reused across calls; shapes follow the call's [B, Sq].
 struct Generator::Buffers {
-  Tensor x, ln, mean, rstd, qkv, ctx, tmp, fc1, act;  // [T, ...]
-  Tensor lnf, meanf, rstdf, logits;                   // [rows, H], [rows], [rows, Vp]
+  model::Embedding::Saved emb;
+  model::LayerSaved layer;  // one set for every layer: nothing is kept for a backward
+  model::Workspace ws;
+  model::LmHead::Saved head;
+  Tensor x;            // [T, H] the residual stream
+  Tensor logits_full;  // [rows, Vp] gathered over TP
+  Tensor logits_host;  // the logits on the host when the model runs on a GPU
 };
 
-namespace {
-
-void ensure(Tensor& t, const Shape& shape, DType dt) {
-  if (!t.defined() || t.shape() != shape || t.dtype() != dt) t = Tensor::empty(shape, dt);
-}
-
-void norm(const model::TransformerConfig& c, const Tensor& x, const Tensor& w, const Tensor& b,
-          Tensor& y, Tensor& mean, Tensor& rstd, Stream& s) {
-  if (c.rmsnorm)
-    ops::rmsnorm_forward(x, w, c.norm_epsilon, y, rstd, s);
-  else
-    ops::layernorm_forward(x, w, b, c.norm_epsilon, y, mean, rstd, s);
-}
-
-}  // namespace
-
-Generator::Generator(const model::ParamStore& params, const model::TransformerConfig& cfg)
-    : cfg_(cfg), buf_(std::make_unique<Buffers>()) {
+Generator::Generator(const model::ParamStore& params, const model::TransformerConfig& cfg,
+                     comm::Communicator* tp)
+    : cfg_(cfg), tp_(cfg.tp_size > 1 ? tp : nullptr), buf_(std::make_unique<Buffers>()) {
   cfg_.validate();
-  MCPP_CHECK_HINT(cfg_.tp_size == 1, "load the checkpoint with tp_size 1 for generation",
-                  "generation runs serially, got tp_size {}", cfg_.tp_size);
-  auto get = [&](const std::string& n) { return params.has(n) ? params.param(n) : Tensor(); };
-  word_emb_ = get("embedding.word_embeddings.weight");
-  if (!cfg_.rope) pos_emb_ = get("embedding.position_embeddings.weight");
-  final_w_ = get("decoder.final_layernorm.weight");
-  final_b_ = get("decoder.final_layernorm.bias");
-  out_w_ = cfg_.tie_embeddings ? word_emb_ : get("output_layer.weight");
-  MCPP_CHECK(word_emb_.defined() && final_w_.defined() && out_w_.defined() &&
-                 (cfg_.rope || pos_emb_.defined()),
-             "Generator: the parameter store lacks the embedding, final norm or output layer");
-  for (int l = 0; l < cfg_.num_layers; ++l) {
-    auto n = [&](const char* s) { return get(model::layer_param_name(l, s)); };
-    layers_.push_back({n("input_layernorm.weight"), n("input_layernorm.bias"),
-                       n("self_attention.linear_qkv.weight"), n("self_attention.linear_qkv.bias"),
-                       n("self_attention.linear_proj.weight"), n("self_attention.linear_proj.bias"),
-                       n("pre_mlp_layernorm.weight"), n("pre_mlp_layernorm.bias"),
-                       n("mlp.linear_fc1.weight"), n("mlp.linear_fc1.bias"),
-                       n("mlp.linear_fc2.weight"), n("mlp.linear_fc2.bias")});
-    MCPP_CHECK(layers_.back().qkv_w.defined() && layers_.back().fc2_w.defined(),
-               "Generator: layer {} is missing from the parameter store", l);
-  }
+  MCPP_CHECK_HINT(cfg_.tp_size == 1 || (tp_ && tp_->size() == cfg_.tp_size &&
+                                        tp_->rank() == cfg_.tp_rank),
+                  "load the checkpoint with tp_size 1, or pass the TP group",
+                  "generation at tp_size {} (rank {}) needs that TP communicator", cfg_.tp_size,
+                  cfg_.tp_rank);
+  cfg_.sequence_parallel = false;  // whole sequences on every rank: decode steps are 1 row
+  const model::PipelinePart whole = model::normalized_part(cfg_, {});
+  for (const auto& p : model::Stage::parameters(cfg_, whole))
+    MCPP_CHECK(params.has(p.name), "Generator: the parameter store lacks {}", p.name);
+  stage_ = std::make_unique<model::Stage>(cfg_, whole, &params);
 }
 
 Generator::~Generator() = default;
@@ -70,7 +45,6 @@ Generator::~Generator() = default;
 const Tensor& Generator::forward(const Tensor& tokens, KVCache& cache, bool all_positions) {
   const auto& c = cfg_;
   auto& bf = *buf_;
-  Stream& st = Stream::cpu();
   MCPP_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::I64,
              "Generator::forward: tokens must be i64 [B, Sq], got {}", tokens.str());
   const int64_t B = tokens.size(0), Sq = tokens.size(1), T = Sq * B, H = c.hidden_size;
@@ -84,50 +58,42 @@ const Tensor& Generator::forward(const Tensor& tokens, KVCache& cache, bool all_
                   "shorten the prompt or --num-tokens-to-generate",
                   "position {} is beyond the model's max_position_embeddings {}", p0 + Sq - 1,
                   c.max_position_embeddings);
-  const DType dt = c.dtype;
-  const int64_t NHD = c.num_attention_heads * c.kv_channels;
-  ensure(bf.x, {T, H}, dt), ensure(bf.ln, {T, H}, dt), ensure(bf.tmp, {T, H}, dt);
-  ensure(bf.mean, {T}, dt), ensure(bf.rstd, {T}, dt);
-  ensure(bf.qkv, {T, c.qkv_width()}, dt), ensure(bf.ctx, {T, NHD}, dt);
-  ensure(bf.fc1, {T, c.fc1_width_local()}, dt), ensure(bf.act, {T, c.ffn_local()}, dt);
+  const model::StepContext cx = model::make_inference_context(c, Sq, B, p0, tp_);
+  const bool copy_batch = tokens.device() != cx.dev;
+  model::TransformerBlock& block = stage_->block(0);
+  model::allocate(
+      [&](const model::TensorVisitor& v) {
+        model::Embedding::saved_specs(cx, copy_batch, bf.emb, v);
+        block.layer(0).inference_specs(cx, bf.layer, bf.ws, v);
+        v(bf.x, {T, H}, cx.dt, true);
+      },
+      cx.dev, false);
+  if (cx.tp_comm) ops::fill(bf.ws.ones, 1.0, cx.stream());  // the row-parallel bias add
 
-  // Embedding: word (+ learned position at the absolute position p0 + s).
-  Tensor x3 = bf.x.view({Sq, B, H});
-  ops::embedding_forward(tokens, word_emb_, 0, x3, st);
-  if (!c.rope) ops::position_embedding_forward(pos_emb_, p0, x3, st);
-
-  ops::AttentionDims ad;
-  ad.S = Sq, ad.B = B, ad.NH = c.num_attention_heads, ad.NG = c.num_query_groups;
-  ad.HD = c.kv_channels, ad.NH_global = c.num_attention_heads, ad.S_global = Sq;
-  const double scale = 1.0 / std::sqrt(double(c.kv_channels));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const Layer& L = layers_[size_t(l)];
-    norm(c, bf.x, L.ln1_w, L.ln1_b, bf.ln, bf.mean, bf.rstd, st);
-    ops::linear_forward(bf.ln, L.qkv_w, L.qkv_b, bf.qkv, st);
-    if (c.rope) ops::rope_forward(bf.qkv, ad, c.rot_dim(), c.rotary_base, p0, bf.qkv, st);
-    ops::attention_kv_cache_forward(bf.qkv, ad, p0, scale, cache.k(l), cache.v(l), bf.ctx, st);
-    ops::linear_forward(bf.ctx, L.proj_w, L.proj_b, bf.tmp, st);
-    ops::add(bf.x, bf.tmp, bf.x, st);
-    norm(c, bf.x, L.ln2_w, L.ln2_b, bf.ln, bf.mean, bf.rstd, st);
-    ops::linear_forward(bf.ln, L.fc1_w, L.fc1_b, bf.fc1, st);
-    if (c.swiglu)
-      ops::swiglu_forward(bf.fc1, bf.act, st);
-    else
-      ops::gelu_forward(bf.fc1, bf.act, st);
-    ops::linear_forward(bf.act, L.fc2_w, L.fc2_b, bf.tmp, st);
-    ops::add(bf.x, bf.tmp, bf.x, st);
-  }
+  // Embedding (learned positions at the absolute positions p0 + s), then the layers.
+  stage_->embedding().forward(tokens, bf.emb, bf.x, cx);
+  for (int l = 0; l < block.size(); ++l)
+    block.layer(l).forward_cached(bf.x, bf.layer, cache.k(l), cache.v(l), p0, bf.x, bf.ws, cx);
   cache.advance(Sq);
 
   // Head on the rows whose logits are wanted: all, or the last position's B rows.
-  const int64_t rows = all_positions ? T : B;
   const Tensor xs = all_positions ? bf.x : bf.x.narrow((Sq - 1) * B, B);
-  ensure(bf.lnf, {rows, H}, dt), ensure(bf.meanf, {rows}, dt), ensure(bf.rstdf, {rows}, dt);
-  ensure(bf.logits, {rows, c.padded_vocab_size}, dt);
-  norm(c, xs, final_w_, final_b_, bf.lnf, bf.meanf, bf.rstdf, st);
-  ops::linear_forward(bf.lnf, out_w_, Tensor(), bf.logits, st);
-  if (all_positions) bf.logits = bf.logits.view({Sq, B, c.padded_vocab_size});
-  return bf.logits;
+  stage_->head().logits_forward(xs, bf.head, cx);
+  Tensor* out = &bf.head.logits;
+  if (cx.tp_comm) {  // vocab-parallel logits: every rank gets the whole vocabulary
+    model::ensure(bf.logits_full, {xs.size(0), c.padded_vocab_size}, cx.dt, cx.dev);
+    parallel::gather_from_tp(*out, bf.logits_full, *cx.tp_comm, cx.stream());
+    out = &bf.logits_full;
+  }
+  if (cx.dev != Device::CPU) {
+    // f32 on the host for sampling (bf16/f16 logits converted by the copy).
+    const DType host_dt = out->dtype() == DType::F64 ? DType::F64 : DType::F32;
+    model::ensure(bf.logits_host, out->shape(), host_dt, Device::CPU);
+    ops::copy(*out, bf.logits_host, cx.stream());
+    out = &bf.logits_host;
+  }
+  if (all_positions) *out = out->view({Sq, B, c.padded_vocab_size});
+  return *out;
 }
 
 namespace {

@@ -1,5 +1,5 @@
-// Text generation with a KV cache: the GPT model's forward pass written for inference
-// (no dropout, nothing saved for backward, only the new positions computed), a prompt
+// Text generation with a KV cache: the GPT model's own modules run for inference (no
+// dropout, nothing saved for backward, only the new positions computed), a prompt
 // prefill, then one token per decode step.
 //
 //   Generator g(params, cfg);            // the weights of a model::GPTModel / checkpoint
@@ -9,11 +9,12 @@
 // forward() runs positions [cache.length(), cache.length() + Sq) of all B sequences: the
 // same layers as model::GPTModel::forward (pre-norm, grouped QKV, RoPE at the absolute
 // position or learned position embeddings indexed by it, GELU or SwiGLU, tied or untied
-// output layer), with attention_kv_cache_forward appending to and reading from the cache.
+// output layer): model::TransformerLayer::forward_cached, whose Attention appends to and
+// reads from the cache.
 // Sequences of a batch advance in lock step (one shared position), so a batch holds
 // prompts of equal length; generate() runs one prompt at a time (B = 1), which keeps
 // the cache dense and every prompt's positions exact without padding or masks.
-// Serial only (tp_size 1); CPU (f32/f64) today, every op it calls also exists on CUDA.
+// On the model's device (the logits come back on the host), serial or tensor-parallel.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -22,18 +23,23 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "inference/kv_cache.h"
 #include "inference/sampling.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/stage.h"
 #include "tensor/tensor.h"
 
 namespace mcpp::inference {
 
 class Generator {
  public:
-  // params must outlive the generator (it keeps views of them).
-  Generator(const model::ParamStore& params, const model::TransformerConfig& cfg);
+  // params must outlive the generator (it keeps views of them). With cfg.tp_size > 1,
+  // params hold TP rank cfg.tp_rank's shards and tp is the TP group (every rank calls
+  // forward() with the same tokens; each gets the whole vocabulary's logits).
+  Generator(const model::ParamStore& params, const model::TransformerConfig& cfg,
+            comm::Communicator* tp = nullptr);
   ~Generator();
 
   const model::TransformerConfig& config() const { return cfg_; }
@@ -45,11 +51,10 @@ class Generator {
   const Tensor& forward(const Tensor& tokens, KVCache& cache, bool all_positions = false);
 
  private:
-  struct Layer;
   struct Buffers;
   model::TransformerConfig cfg_;
-  Tensor word_emb_, pos_emb_, final_w_, final_b_, out_w_;
-  std::vector<Layer> layers_;
+  comm::Communicator* tp_ = nullptr;
+  std::unique_ptr<model::Stage> stage_;  // the model's modules over the given parameters
   std::unique_ptr<Buffers> buf_;
 };
 

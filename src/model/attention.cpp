@@ -55,6 +55,16 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
   else proj_.forward(ctx, y, ws, cx);
 }
 
+void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
+                               int64_t p0, Tensor& y, Workspace& ws,
+                               const StepContext& cx) const {
+  const auto& c = *cfg_;
+  qkv_.forward(x, s.qkv_in, s.qkv, cx);
+  if (c.rope) ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, p0, s.qkv, cx.stream());
+  core_.forward_cached(s.qkv, k_cache, v_cache, p0, s.core, cx);
+  proj_.forward(s.core.ctx, y, ws, cx);
+}
+
 void Attention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const {
   core_.recompute(s.qkv, s.core, ws, cx);
 }

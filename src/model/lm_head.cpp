@@ -87,6 +87,15 @@ double LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspac
   return ops::dot(s.losses, s.mask, st);
 }
 
+void LmHead::logits_forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+  const int64_t rows = x.size(0);
+  ensure(s.lnf.y, {rows, cx.H}, cx.dt, cx.dev), ensure(s.lnf.rstd, {rows}, cx.sdt, cx.dev);
+  if (!cfg_->rmsnorm) ensure(s.lnf.mean, {rows}, cx.sdt, cx.dev);
+  ensure(s.logits, {rows, cfg_->vocab_local()}, cx.dt, cx.dev);
+  norm_.forward(x, s.lnf, cx);
+  output_.forward(s.lnf.y, s.out_in, s.logits, cx);
+}
+
 // Mirrors forward: cross-entropy, output layer, final norm.
 void LmHead::backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws,
                       const StepContext& cx) {

@@ -40,6 +40,8 @@ class LmHead {
   // x [Tl,H]; returns the masked loss sum (synchronises: the caller logs it).
   double forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
                  const StepContext& cx) const;
+  // Generation: this rank's logits [rows, Vp/TP] of x [rows, H] into s.logits (no loss).
+  void logits_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
   // d loss / d token_loss = mask * grad_scale; the workspace's dx = d(x) out.
   void backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws,
                 const StepContext& cx);

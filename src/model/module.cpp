@@ -46,6 +46,27 @@ StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
   return x;
 }
 
+StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64_t B, int64_t p0,
+                                   comm::Communicator* tp) {
+  MCPP_CHECK(c.tp_size == 1 || tp, "generation at tp_size {} without the TP communicator",
+             c.tp_size);
+  StepContext x;
+  x.S = Sq, x.B = B, x.T = Sq * B, x.H = c.hidden_size;
+  x.Sl = Sq, x.s0 = p0, x.Tl = x.T;
+  x.sp = false, x.tp = c.tp_size > 1;
+  x.dt = c.dtype, x.sdt = c.stat_dtype(), x.dev = c.device;
+  x.cfg = &c;
+  x.keys.training = false;
+  x.tp_comm = c.tp_size > 1 ? tp : nullptr;
+  x.st = &ops::default_stream(c.device);
+  x.g = ops::GlobalIndex3{{p0, 0, 0}, {p0 + Sq, B, x.H}};
+  x.ad.S = Sq, x.ad.B = B, x.ad.NH = c.local_heads(), x.ad.NG = c.local_groups();
+  x.ad.HD = c.kv_channels, x.ad.h_offset = c.tp_rank * c.local_heads();
+  x.ad.NH_global = c.num_attention_heads, x.ad.S_global = Sq;
+  x.scale = 1.0 / std::sqrt(double(c.kv_channels));
+  return x;
+}
+
 ops::DropoutKey dropout_key(const TransformerConfig& c, const StepKeys& k, int64_t layer,
                             DropoutSite site) {
   // Seed separated from initialisation's streams; (iteration, layer, site) -> stream.

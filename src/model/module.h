@@ -79,6 +79,11 @@ struct StepContext : Dims {
 StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
                               const StepKeys& keys, comm::Communicator* tp);
 
+// Generation (inference/): positions [p0, p0 + Sq) of a KV cache, dropout off, the whole
+// sequence on every TP rank (no SP). Learned positions are looked up at p0 + s (s0 = p0).
+StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64_t B, int64_t p0,
+                                   comm::Communicator* tp);
+
 // Dropout sites; each gets its own Philox stream per (iteration, layer). The values are
 // part of the masks: changing them changes every run.
 enum class DropoutSite : uint64_t { AttnProbs = 0, AfterProj = 1, AfterFc2 = 2, Embedding = 3 };

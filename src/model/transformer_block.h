@@ -37,6 +37,7 @@ class TransformerBlock {
                    const ParamStore* store);
 
   int size() const { return int(layers_.size()); }
+  const TransformerLayer& layer(int i) const { return layers_[size_t(i)]; }
   int max_group() const;
   // Whether some layer leaves its MLP activation in the shared workspace.
   bool uses_scratch_activation() const;

@@ -71,6 +71,31 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
   }
 }
 
+void TransformerLayer::inference_specs(const Dims& d, LayerSaved& s, Workspace& ws,
+                                       const TensorVisitor& v) const {
+  Norm::saved_specs(*cfg_, d, s.ln1, v);
+  ColumnParallelLinear::saved_specs(d, d.H, s.attn.qkv_in, v);
+  v(s.attn.qkv, {d.T, cfg_->qkv_width_local()}, d.dt, true);
+  v(s.x2, {d.Tl, d.H}, d.dt, true);
+  Norm::saved_specs(*cfg_, d, s.ln2, v);
+  if (!s.mlp) s.mlp = mlp_->new_saved();
+  mlp_->saved_specs(d, /*keep_activation=*/true, *s.mlp, v);  // no shared activation needed
+  v(ws.tmp, {d.Tl, d.H}, d.dt, true);
+  RowParallelLinear::scratch_specs(d, ws, v);
+}
+
+void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_cache,
+                                      Tensor& v_cache, int64_t p0, Tensor& out, Workspace& ws,
+                                      const StepContext& cx) const {
+  Stream& st = cx.stream();
+  ln1_.forward(x, s.ln1, cx);
+  attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, p0, ws.tmp, ws, cx);
+  ops::add(x, ws.tmp, s.x2, st);
+  ln2_.forward(s.x2, s.ln2, cx);
+  mlp_->forward(s.ln2.y, *s.mlp, nullptr, ws.tmp, ws, cx);
+  ops::add(s.x2, ws.tmp, out, st);
+}
+
 void TransformerLayer::backward(const Tensor& x, LayerSaved& s, Workspace& ws,
                                 const StepContext& cx) {
   const auto& c = *cfg_;
