@@ -10,8 +10,7 @@ namespace {
 std::string prefix(int layer, const char* s) { return layer_param_name(layer, s); }
 }  // namespace
 
-void Attention::add_params(const TransformerConfig& c, int layer,
-                           std::vector<ParamInfo>& params) {
+void Attention::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size, NHD = c.num_attention_heads * c.kv_channels;
   ColumnParallelLinear::add_params(c, prefix(layer, "self_attention.linear_qkv"), layer,
                                    c.qkv_width(), H, TpSplit::Rows, c.init_method_std,
@@ -44,20 +43,21 @@ void Attention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspa
   v(ws.dqkv, {d.T, c.qkv_width_local()}, d.dt, true);
 }
 
-void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y,
-                        Workspace& ws, const StepContext& cx) const {
+void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y, Workspace& ws,
+                        const StepContext& cx) const {
   const auto& c = *cfg_;
   qkv_.forward(x, s.qkv_in, s.qkv, cx);
   if (c.rope) ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, 0, s.qkv, cx.stream());
   core_.forward(s.qkv, s.core, ws, cx);
   const Tensor& ctx = core_.ctx(s.core, ws);
-  if (residual) proj_.forward_residual(ctx, *residual, y, cx);
-  else proj_.forward(ctx, y, ws, cx);
+  if (residual)
+    proj_.forward_residual(ctx, *residual, y, cx);
+  else
+    proj_.forward(ctx, y, ws, cx);
 }
 
 void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
-                               int64_t p0, Tensor& y, Workspace& ws,
-                               const StepContext& cx) const {
+                               int64_t p0, Tensor& y, Workspace& ws, const StepContext& cx) const {
   const auto& c = *cfg_;
   qkv_.forward(x, s.qkv_in, s.qkv, cx);
   if (c.rope) ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, p0, s.qkv, cx.stream());

@@ -28,12 +28,12 @@ void CoreAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Wor
 void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
                             const StepContext& cx) const {
   ops::attention_forward(qkv, cx.ad, cx.scale, cx.p_attn,
-                         dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs),
-                         ctx(s, ws), lse(s, ws), cx.stream());
+                         dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), ctx(s, ws),
+                         lse(s, ws), cx.stream());
 }
 
-void CoreAttention::forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
-                                   int64_t p0, Saved& s, const StepContext& cx) const {
+void CoreAttention::forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t p0,
+                                   Saved& s, const StepContext& cx) const {
   ensure(s.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
   ops::attention_kv_cache_forward(qkv, cx.ad, p0, cx.scale, k_cache, v_cache, s.ctx, cx.stream());
 }

@@ -37,8 +37,8 @@ class CoreAttention {
   // Generation: appends the new keys and values of qkv [Sq*B, QKVW] to the cache
   // [max_seq, B, NG, HD] at rows [p0, p0 + Sq) and attends over rows [0, p0 + Sq);
   // s.ctx [Sq*B, NH*HD] (=). No dropout, no lse.
-  void forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t p0,
-                      Saved& s, const StepContext& cx) const;
+  void forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t p0, Saved& s,
+                      const StepContext& cx) const;
   // Selective recomputation: rebuild the dropped output (no-op when it is kept).
   void recompute(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;
   void backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Tensor& dqkv, Workspace& ws,

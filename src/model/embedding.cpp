@@ -8,8 +8,7 @@ namespace mcpp::model {
 void Embedding::add_params(const TransformerConfig& c, std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size;
   params.push_back(make_param("embedding.word_embeddings.weight", {c.padded_vocab_size, H},
-                              TpSplit::Rows, Init::Normal, c.init_method_std, true, -1,
-                              c.tp_size));
+                              TpSplit::Rows, Init::Normal, c.init_method_std, true, -1, c.tp_size));
   if (!c.rope)
     params.push_back(make_param("embedding.position_embeddings.weight",
                                 {c.max_position_embeddings, H}, TpSplit::None, Init::Normal,
@@ -45,27 +44,28 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out,
   Tensor& word = cx.sp ? s.emb_full : emb3;
   ops::embedding_forward(tokens, word_.w, c.tp_rank * c.vocab_local(), word, st);
   if (cx.tp_comm) {
-    if (cx.sp) parallel::reduce_scatter_to_sp(word, emb3, *cx.tp_comm, st);
-    else parallel::reduce_from_tp(emb3, *cx.tp_comm, st);
+    if (cx.sp)
+      parallel::reduce_scatter_to_sp(word, emb3, *cx.tp_comm, st);
+    else
+      parallel::reduce_from_tp(emb3, *cx.tp_comm, st);
   }
   if (!c.rope) ops::position_embedding_forward(pos_.w, cx.s0, emb3, st);
   Tensor h0 = h0_out.view({Sl, B, H});
   ops::dropout_add_forward(emb3, Tensor(), cx.p_hidden,
-                           dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g,
-                           h0, st);
+                           dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g, h0,
+                           st);
 }
 
 // The word embedding's dual: identity after an all-reduce, all-gather after the SP
 // reduce-scatter.
-void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws,
-                         const StepContext& cx) {
+void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws, const StepContext& cx) {
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   const int64_t Sl = cx.Sl, B = cx.B, H = cx.H, S = cx.S;
   Tensor dx3 = ws.dx.view({Sl, B, H}), dtmp3 = ws.dtmp.view({Sl, B, H});
   ops::dropout_backward(dx3, cx.p_hidden,
-                        dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g,
-                        dtmp3, st);
+                        dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g, dtmp3,
+                        st);
   if (!c.rope) ops::position_embedding_backward(dtmp3, cx.s0, pos_.g, st);
   Tensor dword = dtmp3;
   if (cx.tp_comm) {

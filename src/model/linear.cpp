@@ -35,8 +35,10 @@ void ColumnParallelLinear::scratch_specs(const Dims& d, Workspace& ws, const Ten
 const Tensor& ColumnParallelLinear::gathered(const Tensor& x, Saved& s,
                                              const StepContext& cx) const {
   if (cx.tp_comm) {
-    if (cx.sp) parallel::gather_from_sp(x, s.x_full, *cx.tp_comm, cx.stream());
-    else parallel::copy_to_tp(x, *cx.tp_comm, cx.stream());
+    if (cx.sp)
+      parallel::gather_from_sp(x, s.x_full, *cx.tp_comm, cx.stream());
+    else
+      parallel::copy_to_tp(x, *cx.tp_comm, cx.stream());
   }
   return cx.sp ? s.x_full : x;
 }
@@ -53,22 +55,24 @@ void ColumnParallelLinear::forward_gelu(const Tensor& x, Saved& s, Tensor& pre, 
 
 // dx_full = dy @ w, dw += dy^T @ x_full, db += sum dy; then the dual of the input
 // transition: the SP reduce-scatter into dx, or the all-reduce in place (dx_full is dx).
-void ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, const Saved& s,
-                                    Tensor& dx, Workspace& ws, const StepContext& cx) {
+void ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx,
+                                    Workspace& ws, const StepContext& cx) {
   Tensor& dx_full = cx.sp ? ws.dln_full : dx;
   ops::linear_backward(dy, cx.sp ? s.x_full : x, w_.w, dx_full, false, w_.g, b_.g, cx.stream());
   if (!cx.tp_comm) return;
-  if (cx.sp) parallel::gather_from_sp_backward(dx_full, dx, *cx.tp_comm, cx.stream());
-  else parallel::copy_to_tp_backward(dx_full, *cx.tp_comm, cx.stream());
+  if (cx.sp)
+    parallel::gather_from_sp_backward(dx_full, dx, *cx.tp_comm, cx.stream());
+  else
+    parallel::copy_to_tp_backward(dx_full, *cx.tp_comm, cx.stream());
 }
 
 // ---- row-parallel ------------------------------------------------------------------------
 
-void RowParallelLinear::add_params(const TransformerConfig& c, const std::string& prefix,
-                                   int layer, int64_t out, int64_t in, double init_std, bool bias,
+void RowParallelLinear::add_params(const TransformerConfig& c, const std::string& prefix, int layer,
+                                   int64_t out, int64_t in, double init_std, bool bias,
                                    std::vector<ParamInfo>& params) {
-  params.push_back(make_param(prefix + ".weight", {out, in}, TpSplit::Cols, Init::Normal,
-                              init_std, true, layer, c.tp_size));
+  params.push_back(make_param(prefix + ".weight", {out, in}, TpSplit::Cols, Init::Normal, init_std,
+                              true, layer, c.tp_size));
   // Added after the reduction, on the whole gradient: complete on every rank, not a
   // sequence-parallel partial sum.
   if (bias)
@@ -97,8 +101,10 @@ void RowParallelLinear::forward(const Tensor& x, Tensor& y, Workspace& ws,
   }
   Tensor& y_full = cx.sp ? ws.tmp_full : y;
   ops::linear_forward(x, w_.w, Tensor(), y_full, st);
-  if (cx.sp) parallel::reduce_scatter_to_sp(y_full, y, *cx.tp_comm, st);
-  else parallel::reduce_from_tp(y, *cx.tp_comm, st);
+  if (cx.sp)
+    parallel::reduce_scatter_to_sp(y_full, y, *cx.tp_comm, st);
+  else
+    parallel::reduce_from_tp(y, *cx.tp_comm, st);
   if (b_.w.defined()) {
     Tensor b2 = b_.w.view({1, b_.w.numel()});
     ops::gemm(false, false, 1.0, ws.ones, b2, 1.0, y, st);
@@ -115,8 +121,10 @@ void RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residual
 const Tensor& RowParallelLinear::grad_output(const Tensor& dy, Workspace& ws,
                                              const StepContext& cx) const {
   if (cx.tp_comm) {
-    if (cx.sp) parallel::reduce_scatter_to_sp_backward(dy, ws.dtmp_full, *cx.tp_comm, cx.stream());
-    else parallel::reduce_from_tp_backward(dy, *cx.tp_comm, cx.stream());
+    if (cx.sp)
+      parallel::reduce_scatter_to_sp_backward(dy, ws.dtmp_full, *cx.tp_comm, cx.stream());
+    else
+      parallel::reduce_from_tp_backward(dy, *cx.tp_comm, cx.stream());
   }
   return cx.sp ? ws.dtmp_full : dy;
 }
@@ -139,8 +147,7 @@ void RowParallelLinear::backward_data(const Tensor& g, const Tensor& x, Tensor& 
   ops::linear_backward(g, x, w_.w, dx, false, none, none, cx.stream());
 }
 
-void RowParallelLinear::backward_weights(const Tensor& g, const Tensor& x,
-                                         const StepContext& cx) {
+void RowParallelLinear::backward_weights(const Tensor& g, const Tensor& x, const StepContext& cx) {
   Tensor none;
   ops::linear_backward(g, x, w_.w, none, false, w_.g, b_.g, cx.stream());
 }

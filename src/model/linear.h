@@ -30,8 +30,7 @@ class ColumnParallelLinear {
                          std::vector<ParamInfo>& params);
   ColumnParallelLinear() = default;
   // Views of the weight and (when registered) the bias; store null: shape only.
-  ColumnParallelLinear(const ParamStore* store, const std::string& weight,
-                       const std::string& bias);
+  ColumnParallelLinear(const ParamStore* store, const std::string& weight, const std::string& bias);
 
   struct Saved {
     Tensor x_full;  // [T,in] the gathered input (SP only; else the GEMM reads x)

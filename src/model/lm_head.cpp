@@ -18,16 +18,14 @@ void LmHead::add_params(const TransformerConfig& c, bool first_stage,
                                      TpSplit::Rows, c.init_method_std, false, params);
   } else if (!first_stage) {  // the tied output weight: a copy of the first stage's
     params.push_back(make_param("embedding.word_embeddings.weight",
-                                {c.padded_vocab_size, c.hidden_size}, TpSplit::Rows,
-                                Init::Normal, c.init_method_std, true, -1, c.tp_size));
+                                {c.padded_vocab_size, c.hidden_size}, TpSplit::Rows, Init::Normal,
+                                c.init_method_std, true, -1, c.tp_size));
     params.back().pipeline_duplicate = true;
   }
 }
 
 LmHead::LmHead(const TransformerConfig& c, const ParamStore* store)
-    : cfg_(&c),
-      norm_(c, store, "decoder.final_layernorm"),
-      output_(store, output_weight(c), "") {}
+    : cfg_(&c), norm_(c, store, "decoder.final_layernorm"), output_(store, output_weight(c), "") {}
 
 void LmHead::saved_specs(const TransformerConfig& c, const Dims& d, bool copy_batch, Saved& s,
                          const TensorVisitor& v) {
@@ -69,8 +67,10 @@ double LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspac
   const Tensor& mask_bs = on_device(mb.loss_mask, s.mask_bs, cx.dev, st);
   ops::transpose(labels, s.targets, st);
   ops::transpose(mask_bs, s.mask_f32, st);
-  if (sdt == DType::F32) s.mask = s.mask_f32;
-  else ops::copy(s.mask_f32, s.mask, st);
+  if (sdt == DType::F32)
+    s.mask = s.mask_f32;
+  else
+    ops::copy(s.mask_f32, s.mask, st);
   // One pass over the logits (online softmax) for this rank's row max, sum of exponentials
   // and target logit. Megatron's vocab_parallel_cross_entropy all-reduces the max before
   // the exponentials, which takes a second pass; here each rank's sum is moved to the
@@ -103,8 +103,8 @@ void LmHead::backward(const Tensor& x, double grad_scale, Saved& s, Workspace& w
   Stream& st = cx.stream();
   ops::copy(s.mask, ws.dloss, st);
   ops::scale(ws.dloss, grad_scale, st);
-  ops::ce_backward(s.logits, s.row_max, s.sum_exp, s.targets, c.tp_rank * c.vocab_local(),
-                   ws.dloss, s.logits, st);
+  ops::ce_backward(s.logits, s.row_max, s.sum_exp, s.targets, c.tp_rank * c.vocab_local(), ws.dloss,
+                   s.logits, st);
   output_.backward(s.logits, s.lnf.y, s.out_in, ws.dln, ws, cx);
   norm_.backward(ws.dln, x, s.lnf, ws.dx, false, cx);
 }

@@ -24,12 +24,12 @@ class LmHead {
   LmHead(const TransformerConfig& c, const ParamStore* store);
 
   struct Saved {
-    Norm::Saved lnf;                      // [Tl,H] final norm
-    ColumnParallelLinear::Saved out_in;   // [T,H] gathered (SP)
-    Tensor logits;                        // [T,Vp/TP]; overwritten by its gradient in backward
-    Tensor labels, mask_bs;               // the batch on the model's device, [B,S]
-    Tensor targets, mask_f32;             // [S,B] i64, f32 (sequence-first order)
-    Tensor mask;                          // [S,B] stat dtype (mask_f32 itself when f32)
+    Norm::Saved lnf;                     // [Tl,H] final norm
+    ColumnParallelLinear::Saved out_in;  // [T,H] gathered (SP)
+    Tensor logits;                       // [T,Vp/TP]; overwritten by its gradient in backward
+    Tensor labels, mask_bs;              // the batch on the model's device, [B,S]
+    Tensor targets, mask_f32;            // [S,B] i64, f32 (sequence-first order)
+    Tensor mask;                         // [S,B] stat dtype (mask_f32 itself when f32)
     Tensor row_max, sum_exp, target_logit, losses;  // [T]
   };
   static void saved_specs(const TransformerConfig& c, const Dims& d, bool copy_batch, Saved& s,
@@ -43,8 +43,7 @@ class LmHead {
   // Generation: this rank's logits [rows, Vp/TP] of x [rows, H] into s.logits (no loss).
   void logits_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
   // d loss / d token_loss = mask * grad_scale; the workspace's dx = d(x) out.
-  void backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws,
-                const StepContext& cx);
+  void backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws, const StepContext& cx);
 
  private:
   const TransformerConfig* cfg_ = nullptr;

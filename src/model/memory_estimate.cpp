@@ -8,8 +8,8 @@ std::vector<ParamInfo> parameter_registry(const TransformerConfig& cfg, const Pi
   return Stage::parameters(cfg, part);
 }
 
-int64_t saved_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part_in,
-                               int chunk, int64_t B, int64_t S) {
+int64_t saved_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part_in, int chunk,
+                               int64_t B, int64_t S) {
   const PipelinePart part = normalized_part(cfg, part_in);
   MCPP_CHECK(chunk >= 0 && size_t(chunk) < part.chunks.size(), "no model chunk {}", chunk);
   const Stage stage(cfg, part, nullptr);

@@ -19,7 +19,7 @@ std::vector<ParamInfo> parameter_registry(const TransformerConfig& cfg, const Pi
 int64_t saved_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part, int chunk,
                                int64_t B, int64_t S);
 // The shared workspace once a forward and a backward have run (GPTModel::scratch_bytes).
-int64_t scratch_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part,
-                                 int64_t B, int64_t S);
+int64_t scratch_activation_bytes(const TransformerConfig& cfg, const PipelinePart& part, int64_t B,
+                                 int64_t S);
 
 }  // namespace mcpp::model

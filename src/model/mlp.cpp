@@ -49,12 +49,14 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   } else {
     fc1_.forward_gelu(x, s.fc1_in, s.fc1, act, cx);  // GEMM epilogue
   }
-  if (residual) fc2_.forward_residual(act, *residual, y, cx);
-  else fc2_.forward(act, y, ws, cx);
+  if (residual)
+    fc2_.forward_residual(act, *residual, y, cx);
+  else
+    fc2_.forward(act, y, ws, cx);
 }
 
-void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor& dx,
-                        Workspace& ws, const StepContext& cx) {
+void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor& dx, Workspace& ws,
+                        const StepContext& cx) {
   auto& s = static_cast<Saved&>(sb);
   Stream& st = cx.stream();
   const bool kept = s.act.defined();

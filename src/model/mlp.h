@@ -39,8 +39,8 @@ class MlpModule {
   virtual void forward(const Tensor& x, MlpSaved& s, const Tensor* residual, Tensor& y,
                        Workspace& ws, const StepContext& cx) const = 0;
   // dy [Tl,H] -> dx [Tl,H] (=); parameter gradients +=.
-  virtual void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx,
-                        Workspace& ws, const StepContext& cx) = 0;
+  virtual void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
+                        const StepContext& cx) = 0;
 };
 
 class DenseMlp final : public MlpModule {

@@ -99,8 +99,10 @@ const Tensor& on_device(const Tensor& src, Tensor& buf, Device dev, Stream& st) 
 
 void allocate(const TensorList& list, Device dev, bool reset_unneeded) {
   list([&](Tensor& t, const Shape& shape, DType dt, bool needed) {
-    if (needed) ensure(t, shape, dt, dev);
-    else if (reset_unneeded) t = Tensor();
+    if (needed)
+      ensure(t, shape, dt, dev);
+    else if (reset_unneeded)
+      t = Tensor();
   });
 }
 

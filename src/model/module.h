@@ -55,10 +55,10 @@ struct StepKeys {
 // Sizes of one micro-batch's pass: everything a tensor shape needs, computable without a
 // communicator (the memory estimate uses it with no model built).
 struct Dims {
-  int64_t S = 0, B = 0, T = 0, H = 0;  // sequence, micro-batch, tokens S*B, hidden
-  int64_t Sl = 0, s0 = 0, Tl = 0;      // this rank's sequence shard (SP) and its rows
-  bool sp = false;                     // sequence parallelism (TP > 1)
-  bool tp = false;                     // tensor parallelism (TP > 1)
+  int64_t S = 0, B = 0, T = 0, H = 0;       // sequence, micro-batch, tokens S*B, hidden
+  int64_t Sl = 0, s0 = 0, Tl = 0;           // this rank's sequence shard (SP) and its rows
+  bool sp = false;                          // sequence parallelism (TP > 1)
+  bool tp = false;                          // tensor parallelism (TP > 1)
   DType dt = DType::F32, sdt = DType::F32;  // activations, per-row statistics
   Device dev = Device::CPU;
 };
@@ -70,8 +70,8 @@ struct StepContext : Dims {
   const TransformerConfig* cfg = nullptr;
   StepKeys keys;
   double p_hidden = 0, p_attn = 0, scale = 0;
-  ops::GlobalIndex3 g;    // [S, B, H] dropout masks on global (s, b, h) indices
-  ops::AttentionDims ad;  // local heads, global offsets for attention dropout
+  ops::GlobalIndex3 g;                    // [S, B, H] dropout masks on global (s, b, h) indices
+  ops::AttentionDims ad;                  // local heads, global offsets for attention dropout
   comm::Communicator* tp_comm = nullptr;  // null at TP 1: every region transition is identity
   Stream* st = nullptr;
   Stream& stream() const { return *st; }
@@ -125,16 +125,16 @@ int64_t measured_bytes(const TensorList& list);
 // two modules listing the same member share it (and it counts once).
 struct LayerSaved;  // transformer_layer.h
 struct Workspace {
-  Tensor tmp;        // [Tl,H] row-parallel output before dropout-add
-  Tensor tmp_full;   // [T,H] row-parallel partial output before the reduce-scatter (SP)
-  Tensor ones;       // [Tl,1] of ones: the bias add after a TP reduction
-  Tensor act;        // [T,F] the MLP activation of layers that do not keep their own
-  Tensor dx, dtmp, dln;     // [Tl,H] residual-stream gradient, dropout / norm gradients
+  Tensor tmp;                  // [Tl,H] row-parallel output before dropout-add
+  Tensor tmp_full;             // [T,H] row-parallel partial output before the reduce-scatter (SP)
+  Tensor ones;                 // [Tl,1] of ones: the bias add after a TP reduction
+  Tensor act;                  // [T,F] the MLP activation of layers that do not keep their own
+  Tensor dx, dtmp, dln;        // [Tl,H] residual-stream gradient, dropout / norm gradients
   Tensor dtmp_full, dln_full;  // [T,H] (SP)
-  Tensor dloss;             // [S,B] d loss / d token loss
-  Tensor local_max;         // [T] this rank's row max of the logits (TP, last stage)
-  Tensor dfc1, dact, dctx, dqkv;  // [T,FC1W], [T,F] (SwiGLU), [T,NH*HD], [T,QKVW]
-  Tensor sel_ctx, sel_lse;        // selective recompute: the attention core's output
+  Tensor dloss;                // [S,B] d loss / d token loss
+  Tensor local_max;            // [T] this rank's row max of the logits (TP, last stage)
+  Tensor dfc1, dact, dctx, dqkv;    // [T,FC1W], [T,F] (SwiGLU), [T,NH*HD], [T,QKVW]
+  Tensor sel_ctx, sel_lse;          // selective recompute: the attention core's output
   std::vector<LayerSaved> rc_acts;  // full recompute: one per layer of the largest group
   std::vector<Tensor> rc_hidden;    // full recompute: hidden states inside a group
   Workspace();

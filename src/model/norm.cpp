@@ -10,8 +10,8 @@ void Norm::add_params(const TransformerConfig& c, const std::string& prefix, int
   params.push_back(make_param(prefix + ".weight", {H}, TpSplit::None, Init::Ones, 0, false, layer,
                               c.tp_size, /*sp=*/true));
   if (!c.rmsnorm)
-    params.push_back(make_param(prefix + ".bias", {H}, TpSplit::None, Init::Zeros, 0, false,
-                                layer, c.tp_size, /*sp=*/true));
+    params.push_back(make_param(prefix + ".bias", {H}, TpSplit::None, Init::Zeros, 0, false, layer,
+                                c.tp_size, /*sp=*/true));
 }
 
 Norm::Norm(const TransformerConfig& c, const ParamStore* store, const std::string& prefix)
@@ -28,16 +28,18 @@ void Norm::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
 }
 
 void Norm::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
-  if (rms_) ops::rmsnorm_forward(x, w_.w, eps_, s.y, s.rstd, cx.stream());
-  else ops::layernorm_forward(x, w_.w, b_.w, eps_, s.y, s.mean, s.rstd, cx.stream());
+  if (rms_)
+    ops::rmsnorm_forward(x, w_.w, eps_, s.y, s.rstd, cx.stream());
+  else
+    ops::layernorm_forward(x, w_.w, b_.w, eps_, s.y, s.mean, s.rstd, cx.stream());
 }
 
-void Norm::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx,
-                    bool accumulate, const StepContext& cx) {
-  if (rms_) ops::rmsnorm_backward(dy, x, w_.w, s.rstd, dx, accumulate, w_.g, cx.stream());
+void Norm::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, bool accumulate,
+                    const StepContext& cx) {
+  if (rms_)
+    ops::rmsnorm_backward(dy, x, w_.w, s.rstd, dx, accumulate, w_.g, cx.stream());
   else
-    ops::layernorm_backward(dy, x, w_.w, s.mean, s.rstd, dx, accumulate, w_.g, b_.g,
-                            cx.stream());
+    ops::layernorm_backward(dy, x, w_.w, s.mean, s.rstd, dx, accumulate, w_.g, b_.g, cx.stream());
 }
 
 }  // namespace mcpp::model

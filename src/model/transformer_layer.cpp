@@ -109,16 +109,14 @@ void TransformerLayer::backward(const Tensor& x, LayerSaved& s, Workspace& ws,
   attn_.prepare_backward(s.attn, ws, cx);
   // MLP block: out = x2 + dropout(mlp(norm2(x2))).
   if (dropout)
-    ops::dropout_backward(dx3, cx.p_hidden,
-                          dropout_key(c, cx.keys, layer_, DropoutSite::AfterFc2), cx.g, dtmp3,
-                          st);
+    ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, layer_, DropoutSite::AfterFc2),
+                          cx.g, dtmp3, st);
   mlp_->backward(dproj, s.ln2.y, *s.mlp, ws.dln, ws, cx);
   ln2_.backward(ws.dln, s.x2, s.ln2, ws.dx, true, cx);
   // Attention block: x2 = x + dropout(attention(norm1(x))).
   if (dropout)
-    ops::dropout_backward(dx3, cx.p_hidden,
-                          dropout_key(c, cx.keys, layer_, DropoutSite::AfterProj), cx.g, dtmp3,
-                          st);
+    ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, layer_, DropoutSite::AfterProj),
+                          cx.g, dtmp3, st);
   attn_.backward(dproj, s.ln1.y, s.attn, ws.dln, ws, cx);
   ln1_.backward(ws.dln, x, s.ln1, ws.dx, true, cx);
 }

@@ -40,8 +40,8 @@ void compare(const Tensor& want, const Tensor& got, const char* what, int step, 
   }
   if (want.shape() != got.shape() || worst > 1e-10 * scale) {
     ++g_fail;
-    std::printf("[rank %d] FAIL: %s step %d: max difference %.3e (scale %.3e)\n", rank, what,
-                step, worst, scale);
+    std::printf("[rank %d] FAIL: %s step %d: max difference %.3e (scale %.3e)\n", rank, what, step,
+                worst, scale);
   }
 }
 
@@ -92,8 +92,10 @@ int main() {
   f.data<double>()[0] = g_fail;
   tp.all_reduce(f, comm::ReduceOp::Sum, ops::default_stream(Device::CPU));
   if (rank == 0) {
-    if (f.data<double>()[0] == 0) std::printf("all checks passed (TP %d)\n", R);
-    else std::printf("FAIL: %g failed checks\n", f.data<double>()[0]);
+    if (f.data<double>()[0] == 0)
+      std::printf("all checks passed (TP %d)\n", R);
+    else
+      std::printf("FAIL: %g failed checks\n", f.data<double>()[0]);
   }
   return f.data<double>()[0] == 0 ? 0 : 1;
 }
