@@ -21,8 +21,14 @@
 # torch.compile) runs in the same call, before bench_gpu_train, which reads its JSON so
 # each row carries megatron.cpp / PyTorch measured side by side.
 #
+# bench_gpu_train runs each model without dropout, with Megatron's default dropout and with
+# 4-way gradient accumulation (--variants base,dropout,accum, its default; about 2.5 minutes
+# more than base alone); torch_reference.py measures only base unless TORCH_ARGS names
+# --variants (e.g. "--modes compiled --variants base,dropout"), and rows it did not measure
+# show "-" for PyTorch.
+#
 # Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
-#        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32",
+#        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32 --variants base",
 #        TORCH=0 to skip the PyTorch reference, TORCH_ARGS for it, TORCH_TIMEOUT seconds
 #        (default 420: compiling the four models takes about 4 minutes), SKIP_TESTS=1 or
 #        TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
