@@ -25,7 +25,8 @@
 # 4-way gradient accumulation (--variants base,dropout,accum, its default; about 2.5 minutes
 # more than base alone); torch_reference.py measures only base unless TORCH_ARGS names
 # --variants (e.g. "--modes compiled --variants base,dropout"), and rows it did not measure
-# show "-" for PyTorch.
+# show "-" for PyTorch. torch.compile takes 30-60 s per model and variant before the timed
+# steps: raise TORCH_TIMEOUT with the variants (a run cut short keeps what it measured).
 #
 # Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
 #        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32 --variants base",
