@@ -21,11 +21,20 @@
 # torch.compile) runs in the same call, before bench_gpu_train, which reads its JSON so
 # each row carries megatron.cpp / PyTorch measured side by side.
 #
+# bench_gpu_train runs each model without dropout, with Megatron's default dropout and with
+# 4-way gradient accumulation (--variants base,dropout,accum, its default; about 2.5 minutes
+# more than base alone); torch_reference.py measures only base unless TORCH_ARGS names
+# --variants (e.g. "--modes compiled --variants base,dropout"), and rows it did not measure
+# show "-" for PyTorch. torch.compile takes 30-60 s per model and variant before the timed
+# steps: raise TORCH_TIMEOUT with the variants (a run cut short keeps what it measured).
+#
 # Usage: scripts/gpu-check.sh [--quick]   (env: BUILD_DIR, JOBS, OUT for the logs,
-#        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32",
+#        TRAIN_ARGS for bench_gpu_train, e.g. "--steps 10 --mb 124M=32 --variants base",
 #        TORCH=0 to skip the PyTorch reference, TORCH_ARGS for it, TORCH_TIMEOUT seconds
 #        (default 420: compiling the four models takes about 4 minutes), SKIP_TESTS=1 or
-#        TEST_REGEX (ctest -R), COMPARE_ATTENTION=1 to time the step again with
+#        TEST_REGEX (ctest -R), CLI_TIME=124m to time `megatron train` on a .bin/.idx
+#        dataset and on mock data against bench_gpu_train on the same model
+#        (bench/gpu/cli_time.sh; about 1 min), COMPARE_ATTENTION=1 to time the step again with
 #        MCPP_ATTENTION_CUDNN=0 (the own flash kernel instead of cuDNN's); BENCH=0 skips the
 #        single-GPU benchmarks, MULTI=0 the multi-GPU section, MULTI_TESTS=0 its tests,
 #        SCALING=0 its scaling runs,
@@ -168,6 +177,9 @@ if [[ ${BENCH:-1} != 0 ]]; then
     "${TORCH_JSON[@]}" > "$LOGS/train.md" 2> "$LOGS/train.err"
   train_rc=$?
   cat "$LOGS/train.err"
+  if [[ -n "${CLI_TIME:-}" ]]; then  # the real CLI against the harness (issue 17 item 4)
+    OUT=$LOGS bench/gpu/cli_time.sh "$BUILD" "$CLI_TIME" > "$LOGS/cli_time.md" 2>&1 || train_rc=1
+  fi
   if [[ -n "${COMPARE_ATTENTION:-}" ]]; then  # the same step with the own flash kernel
     echo "gpu-check: the training step with MCPP_ATTENTION_CUDNN=0"
     # shellcheck disable=SC2086
@@ -196,6 +208,11 @@ if [[ ${BENCH:-1} != 0 ]]; then
   echo "| run | samples | SM MHz mean (min-max) | W | max C | clock-event reasons |"
   echo "|---|---:|---:|---:|---:|---|"
   grep -h "^| \(bench_gpu_train\|PyTorch reference\) |" "$LOGS/train.md" "$LOGS/torch.md" 2>/dev/null
+  if [[ -s "$LOGS/cli_time.md" ]]; then
+    echo
+    echo "## megatron train against the harness (bench/gpu/cli_time.sh)"
+    cat "$LOGS/cli_time.md"
+  fi
   if [[ -s "$LOGS/train_flash.md" ]]; then
     echo
     echo "## The same with MCPP_ATTENTION_CUDNN=0 (own flash kernel)"
