@@ -61,30 +61,6 @@ GPTModel::~GPTModel() = default;
 
 int GPTModel::num_chunks() const { return stage_->num_chunks(); }
 
-// ---- the gradient policy the trainer reads (moving to parallel/, issue 16 part 3) ------
-
-bool GPTModel::pipeline_duplicate(size_t i) const { return params_.infos()[i].pipeline_duplicate; }
-
-bool GPTModel::tp_duplicated(size_t i) const {
-  return cfg_.tp_size > 1 && params_.infos()[i].split == TpSplit::None;
-}
-
-bool GPTModel::sp_partial_grad(size_t i) const {
-  // Norms and position embeddings act on the sequence shard under SP; row-parallel
-  // biases are complete already (see linear.h). The registry says which.
-  return tp_ && cfg_.sp() && params_.infos()[i].sequence_parallel;
-}
-
-void GPTModel::finalize_tp_grads() {
-  if (!tp_ || !cfg_.sp()) return;
-  Stream& st = ops::default_stream(cfg_.device);
-  for (size_t i = 0; i < params_.infos().size(); ++i) {
-    if (!sp_partial_grad(i)) continue;
-    Tensor g = params_.grad(i);
-    tp_->all_reduce(g, comm::ReduceOp::Sum, st);
-  }
-}
-
 // ---- slots -------------------------------------------------------------------------------
 
 GPTModel::Slot& GPTModel::acquire(int chunk, int microbatch) {

@@ -99,9 +99,6 @@ class GPTModel {
   int64_t saved_bytes_per_microbatch(int chunk, int64_t B, int64_t S) const;
   int64_t scratch_bytes(int64_t B, int64_t S) const;
   void reset_activation_peak();
-  // Whether parameter i is the last stage's copy of the tied word embedding (its
-  // gradient is summed over the embedding group; saved and counted on the first stage).
-  bool pipeline_duplicate(size_t i) const;
 
   // Called during backward() when gradients are final for this micro-batch: with l after
   // transformer layer l's backward (its parameters, registry `layer` == l), and with -1 at
@@ -115,15 +112,9 @@ class GPTModel {
     params_needed_ = std::move(hook);
   }
 
-  // Megatron's finalize_model_grads, TP part: with sequence parallelism, the gradients of
-  // parameters duplicated across TP that act on sequence shards (norm weights and biases,
-  // learned position embeddings) are partial sums: all-reduce them over TP. Call once per
-  // step, after the last backward(). No-op without SP.
-  void finalize_tp_grads();
-  // Whether parameter i's gradient is duplicated across TP ranks (count it once in norms).
-  bool tp_duplicated(size_t i) const;
-  // Whether parameter i's gradient is a partial sum over TP that finalize_tp_grads reduces.
-  bool sp_partial_grad(size_t i) const;
+  // How gradients are reduced after backward (embedding group, DP, the sequence-parallel
+  // partial sums over TP) is parallel/finalize_model_grads', driven by the registry's
+  // ParamInfo (pipeline_duplicate, sequence_parallel, tp_duplicated()).
 
   // Logits [S, B, Vp] of the last forward() (valid until backward()).
   const Tensor& logits() const;

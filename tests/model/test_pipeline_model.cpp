@@ -186,7 +186,7 @@ StageRun run_stages(const TransformerConfig& c, const pl::Schedule& sched, int v
       const auto& name = m->params().infos()[i].name;
       Tensor g = m->params().grad(i).clone();
       if (r.grads.count(name)) {  // the tied embedding: first stage + last stage
-        EXPECT_TRUE(m->pipeline_duplicate(i)) << name;
+        EXPECT_TRUE(m->params().infos()[i].pipeline_duplicate) << name;
         Tensor& acc = r.grads[name];
         for (int64_t e = 0; e < g.numel(); ++e) acc.data<double>()[e] += g.data<double>()[e];
       } else {
