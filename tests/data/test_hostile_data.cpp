@@ -1,6 +1,7 @@
 // Hostile data inputs (issue 23, part B): each case below was a crash, a hang or a silent
 // wrong result before it became an error naming the file (or a rebuilt cache).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -180,6 +181,12 @@ TEST(HostileData, CorruptCachedSampleIndexIsRebuilt) {
   write_bytes(path, good);
   GPTDataset again(low, idx, int64_t(40), Split::Train, cfg);
   EXPECT_TRUE(again.loaded_from_cache());
+  // A FIFO under the cache name: rebuilt (and replaced), never read (a read would block).
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  GPTDataset fifo(low, idx, int64_t(40), Split::Train, cfg);
+  EXPECT_FALSE(fifo.loaded_from_cache());
+  EXPECT_TRUE(fs::is_regular_file(path));
 }
 
 // --split words that are not plain numbers are named ("abc" was "sums to zero", "1e400"
