@@ -131,6 +131,18 @@ TEST(HostileData, TokenIdsOutsideTheVocabularyAreErrors) {
   expect_has(err, "token id 700");
   a.padded_vocab_size = 768;
   EXPECT_NO_THROW(build_train_valid_test_datasets(a));
+  // With --data-cache-path the scan runs once; the cached value decides the next opening.
+  a.data_cache_path = dir + "/cache";
+  EXPECT_NO_THROW(build_train_valid_test_datasets(a));
+  std::string cached;
+  for (auto& e : fs::directory_iterator(a.data_cache_path))
+    if (e.path().filename().string().find("-IndexedDataset-vocabulary-max_token_id.npy") !=
+        std::string::npos)
+      cached = e.path().string();
+  ASSERT_FALSE(cached.empty());
+  EXPECT_EQ((*read_npy(cached)->as_int64())[0], 700);
+  a.padded_vocab_size = 640;
+  expect_has(error_of([&] { build_train_valid_test_datasets(a); }), "token id 700");
 }
 
 // A cached sample_index.npy with a backwards or out-of-range boundary corrupted the heap in
