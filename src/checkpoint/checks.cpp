@@ -55,17 +55,15 @@ void check_piece(const Piece& s, const Shape& g, const Shape& sh, const std::str
   MCPP_CHECK(ok,
              "tensor {}: a shard piece ({} x {} at global [{}, {}], local [{}, {}]) lies outside "
              "the tensor {} or its shard {}",
-             key, s.rows, s.cols, s.g_row, s.g_col, s.l_row, s.l_col, shape_str(g),
-             shape_str(sh));
+             key, s.rows, s.cols, s.g_row, s.g_col, s.l_row, s.l_col, shape_str(g), shape_str(sh));
 }
 
 void check_pieces_disjoint(const std::vector<Piece>& p, const std::string& key) {
   for (size_t i = 0; i < p.size(); ++i)
     for (size_t j = i + 1; j < p.size(); ++j) {
-      const bool apart = p[i].g_row + p[i].rows <= p[j].g_row ||
-                         p[j].g_row + p[j].rows <= p[i].g_row ||
-                         p[i].g_col + p[i].cols <= p[j].g_col ||
-                         p[j].g_col + p[j].cols <= p[i].g_col;
+      const bool apart =
+          p[i].g_row + p[i].rows <= p[j].g_row || p[j].g_row + p[j].rows <= p[i].g_row ||
+          p[i].g_col + p[i].cols <= p[j].g_col || p[j].g_col + p[j].cols <= p[i].g_col;
       MCPP_CHECK(apart, "tensor {}: two shard pieces overlap (at global [{}, {}] and [{}, {}])",
                  key, p[i].g_row, p[i].g_col, p[j].g_row, p[j].g_col);
     }
@@ -87,8 +85,8 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
   size(c.seq_length, "seq_length");
   size(c.max_position_embeddings, "max_position_embeddings");
   size(c.padded_vocab_size, "padded_vocab_size");
-  MCPP_CHECK(c.padded_vocab_size < (int64_t(1) << 31), "{}: model.padded_vocab_size {} exceeds int32",
-             where, c.padded_vocab_size);
+  MCPP_CHECK(c.padded_vocab_size < (int64_t(1) << 31),
+             "{}: model.padded_vocab_size {} exceeds int32", where, c.padded_vocab_size);
   MCPP_CHECK(c.num_attention_heads % c.num_query_groups == 0,
              "{}: model.num_attention_heads {} is not a multiple of model.num_query_groups {}",
              where, c.num_attention_heads, c.num_query_groups);
@@ -98,8 +96,10 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
   };
   positive(c.norm_epsilon, "norm_epsilon");
   positive(c.rotary_base, "rotary_base");
-  MCPP_CHECK(c.rotary_percent > 0 && c.rotary_percent <= 1, "{}: model.rotary_percent {} is "
-             "outside (0, 1]", where, c.rotary_percent);
+  MCPP_CHECK(c.rotary_percent > 0 && c.rotary_percent <= 1,
+             "{}: model.rotary_percent {} is "
+             "outside (0, 1]",
+             where, c.rotary_percent);
   for (auto [v, field] : {std::pair{c.hidden_dropout, "hidden_dropout"},
                           std::pair{c.attention_dropout, "attention_dropout"}})
     MCPP_CHECK(v >= 0 && v < 1, "{}: model.{} {} is outside [0, 1)", where, field, v);
@@ -118,8 +118,8 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
   auto expect = [&](const std::string& key, const Shape& want) {
     auto s = shape_of(key);
     MCPP_CHECK_HINT(s.has_value(), "the file is corrupt or was edited by hand",
-                    "{}: the model config needs tensor {}, which the metadata does not list",
-                    where, key);
+                    "{}: the model config needs tensor {}, which the metadata does not list", where,
+                    key);
     MCPP_CHECK_HINT(*s == want, "the file is corrupt or was edited by hand",
                     "{}: tensor {} has global shape {}, the model config implies {}", where, key,
                     shape_str(*s), shape_str(want));
@@ -154,9 +154,10 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
     check_shape(s, where + ": tensor " + key);
     // The stored element size (a lower bound of 1 for names this check does not know).
     const json dn = v.value("dtype", json("F32"));
-    const int64_t es = dn == "F64" || dn == "I64" ? 8 : dn == "F32" || dn == "I32" ? 4
-                       : dn == "BF16" || dn == "F16" || dn == "U16"           ? 2
-                                                                              : 1;
+    const int64_t es = dn == "F64" || dn == "I64"                   ? 8
+                       : dn == "F32" || dn == "I32"                 ? 4
+                       : dn == "BF16" || dn == "F16" || dn == "U16" ? 2
+                                                                    : 1;
     const int64_t n = rows_of(s) * cols_of(s);  // < 2^80 cannot happen: each dim <= 2^40
     MCPP_CHECK(n <= (int64_t(1) << 50) / es && need <= (int64_t(1) << 52) - n * es,
                "{}: tensor {} ({}) is larger than any model", where, key, shape_str(s));

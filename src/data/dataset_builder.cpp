@@ -1,11 +1,13 @@
 #include "data/dataset_builder.h"
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "data/blended_dataset.h"
+#include "data/index_cache.h"
 
 namespace mcpp::data {
 
@@ -55,6 +57,37 @@ Blend parse_data_path(const std::vector<std::string>& words_in) {
 }
 
 namespace {
+
+// The largest token id of a dataset from --data-cache-path when a run computed it for the
+// same files (path, sizes and modification times), else computed once and stored there: a
+// pass over the whole .bin, which a large corpus should not repeat at every start.
+std::optional<int64_t> cached_max_token_id(const IndexedDataset& ds, const std::string& dir) {
+  if (dir.empty()) return std::nullopt;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string key = ds.prefix();
+  for (const std::string& f : {idx_path(ds.prefix()), bin_path(ds.prefix())}) {
+    const auto size = fs::file_size(f, ec);
+    const auto mtime = fs::last_write_time(f, ec).time_since_epoch().count();
+    if (ec) return std::nullopt;
+    key += fmt::format("\n{} {} {}", f, size, int64_t(mtime));
+  }
+  const CacheFiles cf = cache_files(dir, key, "IndexedDataset", "vocabulary");
+  if (cache_description_matches(cf, key)) {
+    if (auto a = read_npy(cf.path("max_token_id.npy")); a && a->as_int64() && a->numel() == 1)
+      return (*a->as_int64())[0];
+  }
+  const int64_t mx = ds.max_token_id();
+  try {
+    fs::create_directories(dir, ec);
+    write_npy(cf.path("max_token_id.npy"), "<i8", {1}, &mx, 8);
+    write_cache_description(cf, key);
+  } catch (const Error& e) {
+    log::warn("could not cache the largest token id of {} in {}: {}", ds.prefix(), dir,
+              e.summary());
+  }
+  return mx;
+}
 
 GPTDatasetConfig make_config(const GPTDatasetsArgs& a) {
   GPTDatasetConfig c;
@@ -115,7 +148,9 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
   const auto matrix = split_matrix(parse_split(a.split));
   auto open = [&](const std::string& prefix) {
     auto low = std::make_shared<IndexedLowLevelDataset>(prefix);
-    if (a.padded_vocab_size > 0) low->indexed().check_vocabulary(a.padded_vocab_size);
+    if (a.padded_vocab_size > 0)
+      low->indexed().check_vocabulary(a.padded_vocab_size,
+                                      cached_max_token_id(low->indexed(), a.data_cache_path));
     return low;
   };
   if (blend.prefixes.size() == 1 && blend.weights.empty())

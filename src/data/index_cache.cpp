@@ -94,6 +94,9 @@ std::optional<NpyArray> read_npy(const std::string& path, std::string* why) {
     if (why) *why = w;
     return std::nullopt;
   };
+  // A FIFO or device under a cache name would block or never end: regular files only.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return fail("not a regular file");
   std::ifstream f(path, std::ios::binary);
   if (!f) return fail("cannot open");
   std::string b{std::istreambuf_iterator<char>(f), {}};
@@ -150,6 +153,8 @@ CacheFiles cache_files(const std::string& dir, const std::string& description,
 }
 
 bool cache_description_matches(const CacheFiles& f, const std::string& description) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(f.path("description.txt"), ec)) return false;
   std::ifstream in(f.path("description.txt"), std::ios::binary);
   if (!in) return false;
   std::string s{std::istreambuf_iterator<char>(in), {}};

@@ -255,8 +255,8 @@ int64_t IndexedDataset::max_token_id() const {
   return max_id_;
 }
 
-void IndexedDataset::check_vocabulary(int64_t vocab_size) const {
-  const int64_t mx = max_token_id();
+void IndexedDataset::check_vocabulary(int64_t vocab_size, std::optional<int64_t> max_id) const {
+  const int64_t mx = max_id ? *max_id : max_token_id();
   if (mx >= vocab_size)
     throw Error(fmt::format("{}: holds token id {}, outside the model's vocabulary of {} ids "
                             "(padded)",

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,8 +77,9 @@ class IndexedDataset {
   // cached): -1 when empty. Negative, fractional or NaN values are an Error naming the file.
   int64_t max_token_id() const;
   // An Error naming the .bin when an id is >= vocab_size (the model's padded vocabulary):
-  // such ids would otherwise read past the embedding or train on a zero row.
-  void check_vocabulary(int64_t vocab_size) const;
+  // such ids would otherwise read past the embedding or train on a zero row. max_id: a
+  // largest id known from a cache (else max_token_id()).
+  void check_vocabulary(int64_t vocab_size, std::optional<int64_t> max_id = std::nullopt) const;
 
  private:
   std::string prefix_;

@@ -12,8 +12,8 @@
 #include <cblas.h>
 #include <omp.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -71,12 +71,26 @@ data::TokenizerArgs tokenizer_args(const Flags& f, const nlohmann::json& md) {
   auto pick = [&](const char* flag, const char* key) {
     return f.has(flag) ? f.get(flag) : recorded(key);
   };
+  // A path the checkpoint records (not the user) is opened only when it is a regular file or
+  // a folder: a checkpoint from elsewhere naming a FIFO or /dev/zero must not hang the run.
+  auto pick_path = [&](const char* flag, const char* key) {
+    if (f.has(flag)) return f.get(flag);
+    const std::string p = recorded(key);
+    std::error_code ec;
+    if (p.empty()) return p;
+    MCPP_CHECK_HINT(std::filesystem::is_regular_file(p, ec) || std::filesystem::is_directory(p, ec),
+                    fmt::format("pass {} with the tokenizer file", flag),
+                    "the checkpoint's recorded {} '{}' is not a regular file", key, p);
+    std::fprintf(stderr, "[generate] using the tokenizer file %s recorded in the checkpoint (%s "
+                 "chooses another)\n", p.c_str(), flag);
+    return p;
+  };
   data::TokenizerArgs ta;
   ta.type = pick("--tokenizer-type", "tokenizer_type");
   if (ta.type.empty()) ta.type = "GPT2BPETokenizer";
-  ta.vocab_file = pick("--vocab-file", "vocab_file");
-  ta.merge_file = pick("--merge-file", "merge_file");
-  ta.tokenizer_model = pick("--tokenizer-model", "tokenizer_model");
+  ta.vocab_file = pick_path("--vocab-file", "vocab_file");
+  ta.merge_file = pick_path("--merge-file", "merge_file");
+  ta.tokenizer_model = pick_path("--tokenizer-model", "tokenizer_model");
   if (std::string vs = pick("--vocab-size", "vocab_size"); !vs.empty() && vs != "None") {
     try {
       ta.vocab_size = std::stoll(vs);

@@ -62,8 +62,8 @@ TEST(HostileCheckpoint, NegativeOrHugeLocalOffsetsAreErrors) {
   const json good = read_md(dir);
   for (int64_t off : {int64_t(-100), int64_t(1) << 60, int64_t(-1) << 62}) {
     json md = good;
-    md["tensors"]["embedding.word_embeddings.weight"]["shards"][0]["pieces"][0]["local_offsets"] =
-        {off, 0};
+    md["tensors"]["embedding.word_embeddings.weight"]["shards"][0]["pieces"][0]["local_offsets"] = {
+        off, 0};
     write_md(dir, md);
     const std::string err = load_error(dir);
     expect_has(err, "embedding.word_embeddings.weight");

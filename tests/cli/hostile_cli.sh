@@ -21,6 +21,13 @@ GPT2=(--tokenizer-type GPT2BPETokenizer --vocab-file "$G/encoder.json" --merge-f
 ok "$M" train --mock-data "${SHAPE[@]}" "${GPT2[@]}" --train-iters 2 --save "$W/ck"
 ok "$M" inspect "$W/ck"
 
+# generate falls back to the tokenizer files a checkpoint records only when they are regular
+# files: one naming /dev/zero read without end before.
+cp -r "$W/ck" "$W/zero"
+sed -i "s#$G/encoder.json#/dev/zero#" "$W/zero/iter_0000002/metadata.json"
+err "recorded vocab_file '/dev/zero' is not a regular file" \
+    timeout 60 "$M" generate --load "$W/zero" --prompt hi --num-tokens-to-generate 2
+
 # inspect: exit non-zero after failed verification; a folder with no checkpoint says so.
 cp -r "$W/ck" "$W/flip"
 f=$(ls "$W"/flip/iter_0000002/model_*.safetensors | head -1)

@@ -1,6 +1,7 @@
 // Hostile data inputs (issue 23, part B): each case below was a crash, a hang or a silent
 // wrong result before it became an error naming the file (or a rebuilt cache).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -130,6 +131,18 @@ TEST(HostileData, TokenIdsOutsideTheVocabularyAreErrors) {
   expect_has(err, "token id 700");
   a.padded_vocab_size = 768;
   EXPECT_NO_THROW(build_train_valid_test_datasets(a));
+  // With --data-cache-path the scan runs once; the cached value decides the next opening.
+  a.data_cache_path = dir + "/cache";
+  EXPECT_NO_THROW(build_train_valid_test_datasets(a));
+  std::string cached;
+  for (auto& e : fs::directory_iterator(a.data_cache_path))
+    if (e.path().filename().string().find("-IndexedDataset-vocabulary-max_token_id.npy") !=
+        std::string::npos)
+      cached = e.path().string();
+  ASSERT_FALSE(cached.empty());
+  EXPECT_EQ((*read_npy(cached)->as_int64())[0], 700);
+  a.padded_vocab_size = 640;
+  expect_has(error_of([&] { build_train_valid_test_datasets(a); }), "token id 700");
 }
 
 // A cached sample_index.npy with a backwards or out-of-range boundary corrupted the heap in
@@ -180,6 +193,12 @@ TEST(HostileData, CorruptCachedSampleIndexIsRebuilt) {
   write_bytes(path, good);
   GPTDataset again(low, idx, int64_t(40), Split::Train, cfg);
   EXPECT_TRUE(again.loaded_from_cache());
+  // A FIFO under the cache name: rebuilt (and replaced), never read (a read would block).
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  GPTDataset fifo(low, idx, int64_t(40), Split::Train, cfg);
+  EXPECT_FALSE(fifo.loaded_from_cache());
+  EXPECT_TRUE(fs::is_regular_file(path));
 }
 
 // --split words that are not plain numbers are named ("abc" was "sums to zero", "1e400"

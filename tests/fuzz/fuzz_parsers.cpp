@@ -80,9 +80,21 @@ int64_t now_ms() {
 }
 
 // ---- mutations ----------------------------------------------------------------------------
-const int64_t kInteresting[] = {0, -1, 1, -100, 255, 65535, 65536, INT32_MAX, INT32_MIN,
-                                int64_t(1) << 31, int64_t(1) << 32, int64_t(1) << 40,
-                                INT64_MAX, INT64_MAX - 1, INT64_MIN};
+const int64_t kInteresting[] = {0,
+                                -1,
+                                1,
+                                -100,
+                                255,
+                                65535,
+                                65536,
+                                INT32_MAX,
+                                INT32_MIN,
+                                int64_t(1) << 31,
+                                int64_t(1) << 32,
+                                int64_t(1) << 40,
+                                INT64_MAX,
+                                INT64_MAX - 1,
+                                INT64_MIN};
 
 // keep_size: only in-place edits (a format whose size is checked first, such as .idx, is
 // otherwise refused before any field is read).
@@ -307,8 +319,8 @@ std::vector<Target> make_targets(const fs::path& work) {
     const Bytes good = read(md);
     x.seeds.push_back(good);
     json j = json::parse(good);  // issue 23: negative local offsets, huge model fields
-    j["tensors"]["embedding.word_embeddings.weight"]["shards"][0]["pieces"][0]["local_offsets"] =
-        {-100, 0};
+    j["tensors"]["embedding.word_embeddings.weight"]["shards"][0]["pieces"][0]["local_offsets"] = {
+        -100, 0};
     x.seeds.push_back(j.dump(1));
     j = json::parse(good);
     j["model"]["num_layers"] = int64_t(1) << 40;
@@ -358,11 +370,16 @@ int main(int argc, char** argv) {
   std::string only, corpus_dir, out_dir = ".";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--seconds") seconds = std::stod(v);
-    else if (a == "--seed") seed = std::stoull(v);
-    else if (a == "--only") only = v;
-    else if (a == "--corpus") corpus_dir = v;
-    else if (a == "--out") out_dir = v;
+    if (a == "--seconds")
+      seconds = std::stod(v);
+    else if (a == "--seed")
+      seed = std::stoull(v);
+    else if (a == "--only")
+      only = v;
+    else if (a == "--corpus")
+      corpus_dir = v;
+    else if (a == "--out")
+      out_dir = v;
     else {
       std::cerr << "unknown flag " << a << "\n";
       return 2;
@@ -421,8 +438,8 @@ int main(int argc, char** argv) {
         ++errors;
       } catch (const std::exception& e) {
         ++findings;
-        const auto p = fs::path(out_dir) / ("fuzz-" + t.name + "-exception-" +
-                                            std::to_string(findings) + ".bin");
+        const auto p = fs::path(out_dir) /
+                       ("fuzz-" + t.name + "-exception-" + std::to_string(findings) + ".bin");
         save_current(p.c_str());
         std::cerr << "fuzz_parsers: " << t.name << ": not an mcpp::Error: " << e.what()
                   << " (input saved as " << p.string() << ")\n";
@@ -430,8 +447,7 @@ int main(int argc, char** argv) {
       g_started_ms.store(0);
     }
     std::cout << "fuzz_parsers: " << t.name << ": " << runs << " inputs, " << errors
-              << " refused with a clear error, "
-              << runs - errors << " accepted\n";
+              << " refused with a clear error, " << runs - errors << " accepted\n";
   }
   done.store(true);
   watchdog.join();
