@@ -238,6 +238,9 @@ std::string help_text();
 // Scheduler settings in samples, as Megatron's get_optimizer_param_scheduler() builds them.
 optim::SchedulerConfig lr_scheduler_config(const Args& args);
 
+// The command-line spelling of a destination, e.g. "loss_scale" -> "--loss-scale".
+std::string flag_name(const std::string& dest);
+
 // Python's str() of a float ("1.0", "1e-05", "0.0001"): how print_args shows doubles.
 std::string python_float(double v);
 
