@@ -25,8 +25,7 @@ ModelWeights load_model_weights(const std::string& dir, std::optional<int64_t> i
   c.tp_size = opts.tp_size, c.tp_rank = opts.tp_rank;
   c.sequence_parallel = false;
   c.dtype = DType::F32, c.device = Device::CPU;  // as stored
-  MCPP_CHECK_HINT(c.num_attention_heads % c.tp_size == 0 &&
-                      c.num_query_groups % c.tp_size == 0 &&
+  MCPP_CHECK_HINT(c.num_attention_heads % c.tp_size == 0 && c.num_query_groups % c.tp_size == 0 &&
                       c.ffn_hidden_size % c.tp_size == 0 && c.padded_vocab_size % c.tp_size == 0,
                   "choose a --tensor-model-parallel-size that divides the heads, query groups, "
                   "FFN size and padded vocabulary",

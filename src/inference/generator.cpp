@@ -30,11 +30,10 @@ Generator::Generator(const model::ParamStore& params, const model::TransformerCo
                      comm::Communicator* tp)
     : cfg_(cfg), tp_(cfg.tp_size > 1 ? tp : nullptr), buf_(std::make_unique<Buffers>()) {
   cfg_.validate();
-  MCPP_CHECK_HINT(cfg_.tp_size == 1 || (tp_ && tp_->size() == cfg_.tp_size &&
-                                        tp_->rank() == cfg_.tp_rank),
-                  "load the checkpoint with tp_size 1, or pass the TP group",
-                  "generation at tp_size {} (rank {}) needs that TP communicator", cfg_.tp_size,
-                  cfg_.tp_rank);
+  MCPP_CHECK_HINT(
+      cfg_.tp_size == 1 || (tp_ && tp_->size() == cfg_.tp_size && tp_->rank() == cfg_.tp_rank),
+      "load the checkpoint with tp_size 1, or pass the TP group",
+      "generation at tp_size {} (rank {}) needs that TP communicator", cfg_.tp_size, cfg_.tp_rank);
   cfg_.sequence_parallel = false;  // whole sequences on every rank: decode steps are 1 row
   const model::PipelinePart whole = model::normalized_part(cfg_, {});
   for (const auto& p : model::Stage::parameters(cfg_, whole))
@@ -76,8 +75,8 @@ const Tensor& Generator::run(const Tensor& tokens, KVCache& cache, int64_t first
                     cache.max_seq());
     MCPP_CHECK_HINT(pos[b] + Sq <= c.max_position_embeddings,
                     "shorten the prompt or --num-tokens-to-generate",
-                    "position {} is beyond the model's max_position_embeddings {}",
-                    pos[b] + Sq - 1, c.max_position_embeddings);
+                    "position {} is beyond the model's max_position_embeddings {}", pos[b] + Sq - 1,
+                    c.max_position_embeddings);
   }
   model::StepContext cx = model::make_inference_context(c, Sq, B, pos, tp_);
   cx.pos_dev = model::on_device(bf.pos_host, bf.pos_dev, cx.dev, cx.stream());
@@ -138,17 +137,17 @@ std::vector<float> row_as_f32(const Tensor& logits, int64_t row) {
 
 }  // namespace
 
-std::vector<GenerateResult> generate_batch(
-    Generator& g, KVCache& cache, const std::vector<std::span<const int32_t>>& prompts,
-    const GenerateOptions& opts, uint64_t first_sequence_index,
-    const std::function<void(size_t, int32_t)>& on_token) {
+std::vector<GenerateResult> generate_batch(Generator& g, KVCache& cache,
+                                           const std::vector<std::span<const int32_t>>& prompts,
+                                           const GenerateOptions& opts,
+                                           uint64_t first_sequence_index,
+                                           const std::function<void(size_t, int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;
   const auto& c = g.config();
   validate(opts.sampling);
   const int64_t N = int64_t(prompts.size());
   MCPP_CHECK(N >= 1 && N <= cache.batch(),
-             "generate: {} prompts for a KV cache of {} sequences (at least 1)", N,
-             cache.batch());
+             "generate: {} prompts for a KV cache of {} sequences (at least 1)", N, cache.batch());
   const int64_t limit = std::min(cache.max_seq(), c.max_position_embeddings);
   MCPP_CHECK(opts.tokens_to_generate >= 0, "--num-tokens-to-generate {} must be >= 0",
              opts.tokens_to_generate);
@@ -186,8 +185,7 @@ std::vector<GenerateResult> generate_batch(
       r.stop_reason = "eod";
       return false;
     }
-    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), id) !=
-        opts.stop_tokens.end()) {
+    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), id) != opts.stop_tokens.end()) {
       r.stop_reason = "stop_token";
       return false;
     }
@@ -211,8 +209,10 @@ std::vector<GenerateResult> generate_batch(
     res[size_t(i)].prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     owner.push_back(i);
     last.push_back(0);
-    if (choose(i, logits, 0, i)) last.back() = res[size_t(i)].tokens.back();
-    else last.back() = -1;  // finished at its first token
+    if (choose(i, logits, 0, i))
+      last.back() = res[size_t(i)].tokens.back();
+    else
+      last.back() = -1;  // finished at its first token
   }
   // A finished sequence leaves: the last active slot moves into its place.
   auto compact = [&]() {

@@ -18,8 +18,8 @@
 #include <cblas.h>
 #include <omp.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -321,8 +321,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
     // token's text can depend on its neighbours: spaces between ids, SentencePiece's
     // "▁", split UTF-8). A larger batch prints each text when the batch ends.
     const bool stream = n == 1 && rank == 0;
-    std::vector<std::vector<int32_t>> all(ids.begin() + long(first),
-                                          ids.begin() + long(first + n));
+    std::vector<std::vector<int32_t>> all(ids.begin() + long(first), ids.begin() + long(first + n));
     std::string printed;
     if (stream) {
       printed = tok->decode(all[0]);

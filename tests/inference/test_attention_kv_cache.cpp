@@ -152,21 +152,21 @@ TEST(AttentionKVCache, RejectsOverflowAndBadShapes) {
   Tensor qkv = Tensor::zeros({3, 1, d.qkv_width()}, DType::F32);
   Tensor kc = Tensor::zeros({1, 4, 1, 4}, DType::F32), vc = kc.clone();
   Tensor out = Tensor::zeros({3, 1, 8}, DType::F32);
-  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, positions({2}), 1.0, kc, vc, out,
-                                               Stream::cpu()),
-               Error);
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({2}), 1.0, kc, vc, out, Stream::cpu()),
+      Error);
   Tensor bad = Tensor::zeros({1, 4, 2, 4}, DType::F32);
-  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, positions({0}), 1.0, bad, vc, out,
-                                               Stream::cpu()),
-               Error);
-  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, positions({0, 0}), 1.0, kc, vc, out,
-                                               Stream::cpu()),
-               Error);  // pos must hold B entries
-  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, positions({-1}), 1.0, kc, vc, out,
-                                               Stream::cpu()),
-               Error);
-  EXPECT_NO_THROW(ops::attention_kv_cache_forward(qkv, d, positions({1}), 1.0, kc, vc, out,
-                                                  Stream::cpu()));
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({0}), 1.0, bad, vc, out, Stream::cpu()),
+      Error);
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({0, 0}), 1.0, kc, vc, out, Stream::cpu()),
+      Error);  // pos must hold B entries
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({-1}), 1.0, kc, vc, out, Stream::cpu()),
+      Error);
+  EXPECT_NO_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({1}), 1.0, kc, vc, out, Stream::cpu()));
 }
 
 }  // namespace

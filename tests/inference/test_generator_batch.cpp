@@ -119,9 +119,8 @@ TEST_P(BatchVsAlone, GreedyBatchEqualsFullRecompute) {
   o.sampling.greedy = true;
   o.vocab_size = 50;
   std::vector<std::vector<int32_t>> streamed(3);
-  auto res = inference::generate_batch(
-      gen, cache, {prompts[0], prompts[1], prompts[2]}, o, 0,
-      [&](size_t i, int32_t id) { streamed[i].push_back(id); });
+  auto res = inference::generate_batch(gen, cache, {prompts[0], prompts[1], prompts[2]}, o, 0,
+                                       [&](size_t i, int32_t id) { streamed[i].push_back(id); });
   ASSERT_EQ(res.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(res[i].tokens, streamed[i]);

@@ -32,7 +32,7 @@ void kv_cache_attention(const T* qkv, const AttentionDims& d, const int64_t* pos
   const int64_t C = NG * HD;        // cache elements per position of one slot
   int64_t reach = 0;                // the longest prefix any query row reads
   for (int64_t b = 0; b < B; ++b) reach = std::max(reach, pos[b] + Sq);
-  // 1. Append the new keys and values.
+    // 1. Append the new keys and values.
 #pragma omp parallel for collapse(2) schedule(static) if (Sq * C > kParallelGrain)
   for (int64_t i = 0; i < Sq; ++i)
     for (int64_t b = 0; b < B; ++b)

@@ -139,8 +139,8 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
         <<<grid_for(n_append, 256), 256, 0, cs>>>(q, kc, vc, d.S, d.B, d.NG, G, d.HD, dpos, Tmax);
     MCPP_LAUNCH_CHECK();
     kv_attention_kernel<T><<<blocks, kThreads, 0, cs>>>(q, kc, vc, static_cast<T*>(out.raw()), d.S,
-                                                        d.B, d.NH, d.NG, d.HD, dpos,
-                                                        Tmax, float(softmax_scale));
+                                                        d.B, d.NH, d.NG, d.HD, dpos, Tmax,
+                                                        float(softmax_scale));
     MCPP_LAUNCH_CHECK();
   });
 }
