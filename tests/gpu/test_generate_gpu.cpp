@@ -2,10 +2,15 @@
 // shapes) with a batch of prompts of different lengths (each prefilled into its cache
 // slot, then decoded together at different positions, sequences leaving as they stop).
 // Every step's logits agree with the CPU Generator's within f32 tolerance, and greedy
-// tokens are equal, also against the CPU training model's full-recompute forward.
+// tokens are equal, also against the CPU training model's full-recompute forward; and
+// weights loaded from a checkpoint straight to the GPU (checkpoint::load_model_weights,
+// the `generate --device cuda` path) generate the CPU's tokens.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 
 #include "../inference/inference_test_util.h"
 #include "checkpoint/weights.h"
@@ -120,6 +125,35 @@ TEST_P(GenerateGpu, GreedyBatchEqualsCpuAndFullRecompute) {
       seq.push_back(id);
     }
   }
+}
+
+// The path of `megatron generate --device cuda`: a checkpoint's weights loaded straight
+// to the GPU by checkpoint::load_model_weights (no gradients) generate the CPU's tokens.
+TEST_P(GenerateGpu, WeightsLoadedToTheGpuGenerateTheCpuTokens) {
+  MCPP_REQUIRE_GPU();
+  const bool llama = GetParam();
+  auto cfg = tiny_config(llama, DType::F32);
+  model::GPTModel m(cfg);
+  perturb_norms(m.params());
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("mcpp_gen_gpu_" + std::to_string(::getpid()) + (llama ? "_l" : "_g"));
+  std::filesystem::remove_all(dir);
+  checkpoint::save_checkpoint(dir.string(), m, nullptr, checkpoint::TrainingState{});
+  checkpoint::WeightsOptions o;
+  o.device = Device::CUDA;
+  auto w = checkpoint::load_model_weights(dir.string(), std::nullopt, o);
+  std::filesystem::remove_all(dir);
+  EXPECT_FALSE(w.params.has_grads());
+  EXPECT_EQ(w.params.device(), Device::CUDA);
+  inference::Generator cpu_gen(m.params(), cfg), gpu_gen(w.params, w.config);
+  inference::GenerateOptions go;
+  go.tokens_to_generate = 10;
+  go.sampling.greedy = true;
+  std::vector<std::span<const int32_t>> spans(kPrompts.begin(), kPrompts.end());
+  inference::KVCache cc(cfg, 24, 4), gc(w.config, 24, 4, Device::CUDA);
+  auto want = inference::generate_batch(cpu_gen, cc, spans, go);
+  auto got = inference::generate_batch(gpu_gen, gc, spans, go);
+  for (size_t i = 0; i < spans.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GenerateGpu, ::testing::Values(false, true),
