@@ -6,7 +6,6 @@
 // weights loaded from a checkpoint straight to the GPU (checkpoint::load_model_weights,
 // the `generate --device cuda` path) generate the CPU's tokens.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
