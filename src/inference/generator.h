@@ -4,16 +4,17 @@
 //
 //   Generator g(params, cfg);            // the weights of a model::GPTModel / checkpoint
 //   KVCache cache(cfg, max_seq, B);
-//   g.forward(tokens /*[B, Sq] i64*/, cache)   -> logits [B, Vp] of the last new position
+//   g.prefill(prompt /*[1, P] i64*/, cache, slot)  -> logits [1, Vp] of the prompt's end
+//   g.forward(tokens /*[A, Sq] i64*/, cache)       -> logits [A, Vp] of the last new rows
 //
-// forward() runs positions [cache.length(), cache.length() + Sq) of all B sequences: the
-// same layers as model::GPTModel::forward (pre-norm, grouped QKV, RoPE at the absolute
-// position or learned position embeddings indexed by it, GELU or SwiGLU, tied or untied
-// output layer): model::TransformerLayer::forward_cached, whose Attention appends to and
-// reads from the cache.
-// Sequences of a batch advance in lock step (one shared position), so a batch holds
-// prompts of equal length; generate() runs one prompt at a time (B = 1), which keeps
-// the cache dense and every prompt's positions exact without padding or masks.
+// Both run the same layers as model::GPTModel::forward (pre-norm, grouped QKV, RoPE or
+// learned position embeddings at each sequence's absolute positions, GELU or SwiGLU, tied
+// or untied output layer): model::TransformerLayer::forward_cached, whose Attention
+// appends to and reads from the cache. Every cache slot has its own length, so a batch
+// holds prompts of different lengths: each prompt is prefilled alone into its slot (no
+// padding, no masks, its positions exact), then the batch decodes one token per step,
+// each sequence at its own position (generate_batch below); a finished sequence leaves
+// the batch (KVCache::move_slot compacts the active slots to the front).
 // On the model's device (the logits come back on the host), serial or tensor-parallel.
 #pragma once
 #include <cstdint>
@@ -44,14 +45,21 @@ class Generator {
 
   const model::TransformerConfig& config() const { return cfg_; }
 
-  // tokens [B, Sq] i64 at positions [cache.length(), +Sq); advances the cache by Sq.
-  // Returns the logits [B, Vp] of the last new position, or with all_positions the
-  // logits [Sq, B, Vp] of every new position (sequence-first, as GPTModel::logits()).
+  // tokens [A, Sq] i64 for the cache's first A slots, slot b at positions
+  // [cache.length(b), +Sq) (lengths that differ need Sq = 1); advances those slots by Sq.
+  // Returns the logits [A, Vp] of the last new position, or with all_positions the
+  // logits [Sq, A, Vp] of every new position (sequence-first, as GPTModel::logits()).
   // The reference stays valid until the next call.
   const Tensor& forward(const Tensor& tokens, KVCache& cache, bool all_positions = false);
+  // One sequence alone: tokens [1, Sq] into cache slot `slot` at [cache.length(slot), +Sq)
+  // (a prompt's prefill); logits as forward's.
+  const Tensor& prefill(const Tensor& tokens, KVCache& cache, int64_t slot,
+                        bool all_positions = false);
 
  private:
   struct Buffers;
+  // The forward over cache slots [first, first + tokens.size(0)).
+  const Tensor& run(const Tensor& tokens, KVCache& cache, int64_t first, bool all_positions);
   model::TransformerConfig cfg_;
   comm::Communicator* tp_ = nullptr;
   std::unique_ptr<model::Stage> stage_;  // the model's modules over the given parameters
@@ -75,10 +83,20 @@ struct GenerateResult {
   int64_t decode_steps = 0;  // forward passes after the prefill
 };
 
-// Generates a continuation of one prompt (B = 1). on_token(id) is called as soon as each
-// token is chosen (streaming). cache is reset and must hold prompt + new tokens, or
-// generation stops at its end ("max_positions"). A prompt longer than the cache, or an
-// empty prompt, is an mcpp::Error.
+// Generates continuations of up to cache.batch() prompts of any lengths at once: each
+// prompt prefilled alone into its cache slot, then one decode step per token for all
+// unfinished sequences together; a sequence leaves the batch when it stops. Prompt i
+// samples as sequence first_sequence_index + i (see sampling.h), so its tokens do not
+// depend on the batch it runs in. on_token(i, id) is called as soon as prompt i's token
+// is chosen (streaming). cache is reset; a sequence that fills its slot (or the model's
+// positions) stops with "max_positions". An empty prompt, one longer than the cache, or
+// more prompts than slots is an mcpp::Error.
+std::vector<GenerateResult> generate_batch(
+    Generator& g, KVCache& cache, const std::vector<std::span<const int32_t>>& prompts,
+    const GenerateOptions& opts, uint64_t first_sequence_index = 0,
+    const std::function<void(size_t, int32_t)>& on_token = {});
+
+// One prompt (generate_batch with a batch of one).
 GenerateResult generate(Generator& g, KVCache& cache, std::span<const int32_t> prompt,
                         const GenerateOptions& opts, uint64_t sequence_index = 0,
                         const std::function<void(int32_t)>& on_token = {});

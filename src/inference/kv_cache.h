@@ -2,11 +2,12 @@
 // keys and the values of every position seen so far, so a decode step computes only the
 // new token's row instead of the whole sequence again.
 //
-//   k[l], v[l]  [max_seq, B, NG, HD]  rows [0, length) valid
+//   k[l], v[l]  [B, max_seq, NG, HD]   slot b's rows [0, length(b)) valid
 //
-// Sequence-first like the activations, so one position of the whole batch is one
-// contiguous block and appending a step writes a single row. All sequences of the batch
-// share `length` (the generator keeps them in lock step; see generator.h).
+// Batch-first: each sequence owns a contiguous slot, so sequences of one batch can hold
+// different lengths (prompts of different lengths), a slot is itself a B = 1 cache (a
+// prompt is prefilled alone into its slot), and a finished sequence leaves the batch by
+// moving the last active slot into its place (the active slots stay the first ones).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,24 +19,31 @@ namespace mcpp::inference {
 
 class KVCache {
  public:
-  // max_seq: positions to hold (at most the model's max_position_embeddings).
+  // max_seq: positions to hold per sequence (at most the model's max_position_embeddings).
   KVCache(const model::TransformerConfig& cfg, int64_t max_seq, int64_t batch,
           Device device = Device::CPU);
 
   int64_t max_seq() const { return max_seq_; }
   int64_t batch() const { return batch_; }
-  int64_t length() const { return length_; }  // positions filled = next token's position
-  int64_t remaining() const { return max_seq_ - length_; }
+  int64_t length(int64_t slot) const { return lengths_.at(size_t(slot)); }
+  // The common length when every slot holds the same (lock step); an error otherwise.
+  int64_t length() const;
+  const std::vector<int64_t>& lengths() const { return lengths_; }
   Tensor& k(int64_t layer) { return k_[size_t(layer)]; }
   Tensor& v(int64_t layer) { return v_[size_t(layer)]; }
 
-  // Called by the generator after every layer has appended n positions.
-  void advance(int64_t n);
-  void reset() { length_ = 0; }  // reuse the memory for the next prompt
+  // Called by the generator after every layer has appended n positions to the slots
+  // [first, first + count).
+  void advance(int64_t first, int64_t count, int64_t n);
+  void advance(int64_t n) { advance(0, batch_, n); }
+  // Copies slot `from`'s valid rows and length into slot `to` (the batch compaction).
+  void move_slot(int64_t from, int64_t to);
+  void reset();  // every slot empty; the memory is reused for the next batch
   size_t bytes() const;
 
  private:
-  int64_t max_seq_ = 0, batch_ = 0, length_ = 0;
+  int64_t max_seq_ = 0, batch_ = 0;
+  std::vector<int64_t> lengths_;
   std::vector<Tensor> k_, v_;
 };
 

@@ -57,11 +57,21 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
 }
 
 void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
-                               int64_t p0, Tensor& y, Workspace& ws, const StepContext& cx) const {
+                               Tensor& y, Workspace& ws, const StepContext& cx) const {
   const auto& c = *cfg_;
   qkv_.forward(x, s.qkv_in, s.qkv, cx);
-  if (c.rope) ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, p0, s.qkv, cx.stream());
-  core_.forward_cached(s.qkv, k_cache, v_cache, p0, s.core, cx);
+  if (c.rope && cx.uniform_pos)
+    ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.s0, s.qkv, cx.stream());
+  if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position
+    ops::AttentionDims d1 = cx.ad;
+    d1.S = 1, d1.B = 1;
+    const int64_t W = c.qkv_width_local();
+    for (int64_t b = 0; b < cx.B; ++b) {
+      Tensor row = s.qkv.narrow(b, 1).view({1, 1, W});
+      ops::rope_forward(row, d1, c.rot_dim(), c.rotary_base, cx.pos[b], row, cx.stream());
+    }
+  }
+  core_.forward_cached(s.qkv, k_cache, v_cache, s.core, cx);
   proj_.forward(s.core.ctx, y, ws, cx);
 }
 

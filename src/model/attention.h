@@ -35,10 +35,10 @@ class Attention {
   // `residual` is given (TP 1 only).
   void forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y, Workspace& ws,
                const StepContext& cx) const;
-  // Generation: y = attention(x) over the KV cache, which receives the new positions
-  // [p0, p0 + Sq) (RoPE at their absolute positions). The inference context's Dims.
-  void forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache, int64_t p0,
-                      Tensor& y, Workspace& ws, const StepContext& cx) const;
+  // Generation: y = attention(x) over the KV cache [B, Tmax, NG, HD], whose slot b receives
+  // the new positions [cx.pos[b], +Sq) (RoPE at each sequence's own positions).
+  void forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache, Tensor& y,
+                      Workspace& ws, const StepContext& cx) const;
   // Before the layer's backward: the core rebuilds what selective recomputation dropped.
   void prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const;
   // dy [Tl,H] -> dx [Tl,H] (=, the workspace's dln); parameter gradients +=.

@@ -32,10 +32,11 @@ void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
                          lse(s, ws), cx.stream());
 }
 
-void CoreAttention::forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t p0,
-                                   Saved& s, const StepContext& cx) const {
+void CoreAttention::forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Saved& s,
+                                   const StepContext& cx) const {
   ensure(s.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
-  ops::attention_kv_cache_forward(qkv, cx.ad, p0, cx.scale, k_cache, v_cache, s.ctx, cx.stream());
+  ops::attention_kv_cache_forward(qkv, cx.ad, cx.pos_dev, cx.scale, k_cache, v_cache, s.ctx,
+                                  cx.stream());
 }
 
 void CoreAttention::recompute(const Tensor& qkv, Saved& s, Workspace& ws,

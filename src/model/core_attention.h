@@ -35,9 +35,9 @@ class CoreAttention {
 
   void forward(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;
   // Generation: appends the new keys and values of qkv [Sq*B, QKVW] to the cache
-  // [max_seq, B, NG, HD] at rows [p0, p0 + Sq) and attends over rows [0, p0 + Sq);
-  // s.ctx [Sq*B, NH*HD] (=). No dropout, no lse.
-  void forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t p0, Saved& s,
+  // [B, max_seq, NG, HD], slot b at rows [cx.pos[b], +Sq), and attends over each slot's
+  // rows [0, pos[b] + Sq); s.ctx [Sq*B, NH*HD] (=). No dropout, no lse.
+  void forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Saved& s,
                       const StepContext& cx) const;
   // Selective recomputation: rebuild the dropped output (no-op when it is kept).
   void recompute(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;

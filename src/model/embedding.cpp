@@ -49,7 +49,14 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out,
     else
       parallel::reduce_from_tp(emb3, *cx.tp_comm, st);
   }
-  if (!c.rope) ops::position_embedding_forward(pos_.w, cx.s0, emb3, st);
+  if (!c.rope && cx.uniform_pos) ops::position_embedding_forward(pos_.w, cx.s0, emb3, st);
+  if (!c.rope && !cx.uniform_pos) {  // generation, one row per sequence at its own position
+    Tensor rows = emb3.view({B, H});
+    for (int64_t b = 0; b < B; ++b) {
+      Tensor row = rows.narrow(b, 1).view({1, 1, H});
+      ops::position_embedding_forward(pos_.w, cx.pos[b], row, st);
+    }
+  }
   Tensor h0 = h0_out.view({Sl, B, H});
   ops::dropout_add_forward(emb3, Tensor(), cx.p_hidden,
                            dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g, h0,

@@ -46,10 +46,16 @@ StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
   return x;
 }
 
-StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64_t B, int64_t p0,
-                                   comm::Communicator* tp) {
+StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64_t B,
+                                   const int64_t* pos, comm::Communicator* tp) {
   MCPP_CHECK(c.tp_size == 1 || tp, "generation at tp_size {} without the TP communicator",
              c.tp_size);
+  bool uniform = true;
+  for (int64_t b = 1; b < B; ++b) uniform = uniform && pos[b] == pos[0];
+  MCPP_CHECK(uniform || Sq == 1,
+             "generation: sequences at different positions advance one row at a time (Sq={})",
+             Sq);
+  const int64_t p0 = pos[0];
   StepContext x;
   x.S = Sq, x.B = B, x.T = Sq * B, x.H = c.hidden_size;
   x.Sl = Sq, x.s0 = p0, x.Tl = x.T;
@@ -64,6 +70,7 @@ StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64
   x.ad.HD = c.kv_channels, x.ad.h_offset = c.tp_rank * c.local_heads();
   x.ad.NH_global = c.num_attention_heads, x.ad.S_global = Sq;
   x.scale = 1.0 / std::sqrt(double(c.kv_channels));
+  x.pos = pos, x.uniform_pos = uniform;
   return x;
 }
 

@@ -74,15 +74,23 @@ struct StepContext : Dims {
   ops::AttentionDims ad;                  // local heads, global offsets for attention dropout
   comm::Communicator* tp_comm = nullptr;  // null at TP 1: every region transition is identity
   Stream* st = nullptr;
+  // Generation: each sequence's first new position (its KV-cache length), [B] on the host
+  // and the same [B] i64 on the model's device (for the KV-cache attention op). When they
+  // differ, Sq is 1 and the position-dependent steps (RoPE, learned positions) run per
+  // sequence; when all are equal, s0 is that position.
+  const int64_t* pos = nullptr;
+  Tensor pos_dev;
+  bool uniform_pos = true;
   Stream& stream() const { return *st; }
 };
 StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
                               const StepKeys& keys, comm::Communicator* tp);
 
-// Generation (inference/): positions [p0, p0 + Sq) of a KV cache, dropout off, the whole
-// sequence on every TP rank (no SP). Learned positions are looked up at p0 + s (s0 = p0).
-StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64_t B, int64_t p0,
-                                   comm::Communicator* tp);
+// Generation (inference/): sequence b's new rows are positions [pos[b], pos[b] + Sq) of its
+// KV-cache slot, dropout off, the whole sequence on every TP rank (no SP). pos [B] must
+// outlive the context; positions that differ need Sq == 1. The caller sets pos_dev.
+StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64_t B,
+                                   const int64_t* pos, comm::Communicator* tp);
 
 // Dropout sites; each gets its own Philox stream per (iteration, layer). The values are
 // part of the masks: changing them changes every run.

@@ -30,6 +30,16 @@ void ParamStore::allocate(DType dtype, int64_t tp_rank, int64_t tp_size) {
 
 void ParamStore::allocate(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
                           int64_t tp_size, int64_t align) {
+  allocate_impl(param_dtype, grad_dtype, device, tp_rank, tp_size, align, true);
+}
+
+void ParamStore::allocate_weights(DType dtype, Device device, int64_t tp_rank, int64_t tp_size,
+                                  int64_t align) {
+  allocate_impl(dtype, dtype, device, tp_rank, tp_size, align, false);
+}
+
+void ParamStore::allocate_impl(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
+                               int64_t tp_size, int64_t align, bool grads) {
   MCPP_CHECK(align >= 1, "ParamStore::allocate: alignment {} must be positive", align);
   tp_rank_ = tp_rank, tp_size_ = tp_size;
   total_ = 0;
@@ -40,9 +50,12 @@ void ParamStore::allocate(DType param_dtype, DType grad_dtype, Device device, in
   }
   Stream& st = ops::default_stream(device);
   params_ = Tensor::empty({total_}, param_dtype, device);
-  grads_ = Tensor::empty({total_}, grad_dtype, device);
   ops::fill(params_, 0.0, st);
-  ops::fill(grads_, 0.0, st);
+  grads_ = Tensor();
+  if (grads) {
+    grads_ = Tensor::empty({total_}, grad_dtype, device);
+    ops::fill(grads_, 0.0, st);
+  }
   buffers_.clear();
   for (auto& b : buffer_infos_) {
     b.local_shape = b.global_shape;
@@ -105,6 +118,7 @@ Tensor ParamStore::param(size_t i) const {
   return params_.narrow(p.offset, p.numel()).view(p.local_shape);
 }
 Tensor ParamStore::grad(size_t i) const {
+  if (!grads_.defined()) return {};  // allocate_weights: no gradients
   const auto& p = infos_[i];
   return grads_.narrow(p.offset, p.numel()).view(p.local_shape);
 }
@@ -116,7 +130,9 @@ ParamView ParamStore::view(const ParamStore* store, const std::string& name) {
   return {store->param(name), store->grad(name)};
 }
 
-void ParamStore::zero_grads() { ops::fill(grads_, 0.0, ops::default_stream(grads_.device())); }
+void ParamStore::zero_grads() {
+  if (grads_.defined()) ops::fill(grads_, 0.0, ops::default_stream(grads_.device()));
+}
 
 int64_t ParamStore::global_index(const ParamInfo& p, int64_t r, int64_t c) const {
   return global_flat_index(p.split, p.global_shape, p.local_shape, tp_rank_, r, c);

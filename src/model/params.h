@@ -92,6 +92,11 @@ class ParamStore {
   // align: every parameter starts at a multiple of `align` elements, and the total is one.
   void allocate(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
                 int64_t tp_size, int64_t align = 16);
+  // Weights only (inference, conversion): the same layout as allocate(), no gradient
+  // buffer; grad() and ParamView::g are undefined, zero_grads() does nothing.
+  void allocate_weights(DType dtype, Device device, int64_t tp_rank, int64_t tp_size,
+                        int64_t align = 16);
+  bool has_grads() const { return grads_.defined(); }
 
   // Parallel-invariant initialisation: element e of the global tensor is
   // N(0, std) drawn from Philox(seed, hash(name), e), so each rank generates
@@ -138,6 +143,8 @@ class ParamStore {
   std::vector<BufferInfo> buffer_infos_;
   std::unordered_map<std::string, size_t> buffer_index_;
   std::vector<Tensor> buffers_;
+  void allocate_impl(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
+                     int64_t tp_size, int64_t align, bool grads);
   Tensor params_, grads_;
   int64_t total_ = 0, tp_rank_ = 0, tp_size_ = 1;
 };

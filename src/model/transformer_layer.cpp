@@ -85,11 +85,11 @@ void TransformerLayer::inference_specs(const Dims& d, LayerSaved& s, Workspace& 
 }
 
 void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_cache,
-                                      Tensor& v_cache, int64_t p0, Tensor& out, Workspace& ws,
+                                      Tensor& v_cache, Tensor& out, Workspace& ws,
                                       const StepContext& cx) const {
   Stream& st = cx.stream();
   ln1_.forward(x, s.ln1, cx);
-  attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, p0, ws.tmp, ws, cx);
+  attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, ws.tmp, ws, cx);
   ops::add(x, ws.tmp, s.x2, st);
   ln2_.forward(s.x2, s.ln2, cx);
   mlp_->forward(s.ln2.y, *s.mlp, nullptr, ws.tmp, ws, cx);

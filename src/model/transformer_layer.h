@@ -42,10 +42,10 @@ class TransformerLayer {
   void forward(const Tensor& x, LayerSaved& s, Tensor& out, Workspace& ws,
                const StepContext& cx) const;
   // Generation (no dropout, nothing kept for backward; s and ws are buffers): x2 = x +
-  // attention over the KV cache (k_cache/v_cache: this layer's, receiving positions
-  // [p0, p0 + Sq)), out = x2 + mlp(norm2(x2)). out may be x.
-  void forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_cache, Tensor& v_cache, int64_t p0,
-                      Tensor& out, Workspace& ws, const StepContext& cx) const;
+  // attention over the KV cache (k_cache/v_cache: this layer's [B, Tmax, NG, HD], slot b
+  // receiving positions [cx.pos[b], +Sq)), out = x2 + mlp(norm2(x2)). out may be x.
+  void forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_cache, Tensor& v_cache, Tensor& out,
+                      Workspace& ws, const StepContext& cx) const;
   // The buffers forward_cached uses, for the inference context's Dims.
   void inference_specs(const Dims& d, LayerSaved& s, Workspace& ws, const TensorVisitor& v) const;
   // The workspace's dx: d(out) in, d(x) out. Parameter gradients accumulate.

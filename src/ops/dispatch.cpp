@@ -168,10 +168,10 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         DropoutKey key, Tensor& dqkv, Stream& s) {
   MCPP_DISPATCH(attention_backward, dout, qkv, out, lse, d, sc, p, key, dqkv, s);
 }
-void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, int64_t p0,
+void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
                                 double sc, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                                 Stream& s) {
-  MCPP_DISPATCH(attention_kv_cache_forward, qkv, d, p0, sc, k_cache, v_cache, out, s);
+  MCPP_DISPATCH(attention_kv_cache_forward, qkv, d, pos, sc, k_cache, v_cache, out, s);
 }
 void rope_forward(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
                   int64_t off, Tensor& out, Stream& s) {

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/weights.h"
 #include "checkpoint/hf.h"
 #include "model/gpt_model.h"
 #include "tools/commands.h"
@@ -163,13 +164,12 @@ int run_convert(const std::vector<std::string>& argv) {
     }
     MCPP_CHECK_HINT(!step || *step >= 0, kUsage, "--ckpt-step {} is negative", *step);
     // The iteration the tracker (or --ckpt-step) names; its metadata must agree with it.
-    const auto md = checkpoint::read_metadata(f["--load"], step);
-    model::TransformerConfig cfg = checkpoint::model_config_from_metadata(md);
-    cfg.dtype = DType::F32;  // checkpoints hold fp32 values (the main params of bf16/f16 runs)
-    model::GPTModel m(cfg);  // TP = 1: loading reshards whatever layout wrote it
-    const std::string iter_dir = md.value("__iter_dir", f["--load"]);
-    auto st = checkpoint::load_checkpoint(iter_dir, std::nullopt, m, nullptr);
-    checkpoint::export_hf(f["--to-hf"], cfg, m.params(), dt);
+    // Weights only, f32 (checkpoints hold fp32 values: the main params of bf16/f16 runs),
+    // TP = 1: loading reshards whatever layout wrote it.
+    auto w = checkpoint::load_model_weights(f["--load"], step);
+    const model::TransformerConfig& cfg = w.config;
+    const auto& st = w.state;
+    checkpoint::export_hf(f["--to-hf"], cfg, w.params, dt);
     export_tokenizer_files(st.config, f, f["--to-hf"], cfg.max_position_embeddings);
     log::info("exported iteration {} of {} as {} to {}", st.iteration, f["--load"],
               checkpoint::hf_arch_name(checkpoint::hf_arch_of(cfg)), f["--to-hf"]);

@@ -4,11 +4,17 @@
 //                     --prompt TEXT [--prompt TEXT ...] | --prompts-file FILE
 //                     [--num-tokens-to-generate 64] [--greedy | --temperature T
 //                     [--top-k K | --top-p P]] [--seed S] [--stop-token ID ...]
+//                     [--micro-batch-size N] [--device cpu|cuda]
+//   mpirun -np 2 megatron generate --tensor-model-parallel-size 2 ...
 //
-// The model's shape comes from the checkpoint's metadata; tokenizer flags default to
-// those recorded in the checkpoint's training config when it has them. Prompts run one
-// at a time; each continuation streams to stdout as it is produced, and a line with the
-// prefill and decode speed goes to stderr.
+// The model's shape comes from the checkpoint's metadata (any TP layout; the weights are
+// loaded without gradient or optimizer buffers, checkpoint/weights.h); tokenizer flags
+// default to those recorded in the checkpoint's training config when it has them.
+// Prompts run in batches of --micro-batch-size (default 1): a batch of one streams its
+// continuation to stdout as it is produced; a larger batch prints each prompt's text when
+// the batch ends, in prompt order. A line with the prefill and decode speed per prompt
+// goes to stderr. Under a launcher the ranks form one tensor-parallel group: rank 0 reads
+// and tokenizes the prompts and broadcasts the token ids; only rank 0 prints.
 #include <cblas.h>
 #include <omp.h>
 
@@ -19,9 +25,11 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/weights.h"
+#include "comm/world.h"
 #include "data/tokenizers/tokenizer.h"
 #include "inference/generator.h"
-#include "model/gpt_model.h"
+#include "ops/ops.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 
@@ -115,6 +123,41 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   return out;
 }
 
+// Rank 0 sends the prompts' token ids to the TP group: a header {failed, count, total},
+// the lengths, then the ids (i64). The other ranks pass nothing and receive them.
+std::vector<std::vector<int32_t>> broadcast_prompts(comm::Communicator& c,
+                                                    const std::vector<std::vector<int32_t>>& ids,
+                                                    bool failed) {
+  Stream& st = ops::default_stream(Device::CPU);
+  Tensor head = Tensor::zeros({3}, DType::I64);
+  int64_t* h = head.data<int64_t>();
+  if (c.rank() == 0) {
+    h[0] = failed ? 1 : 0, h[1] = int64_t(ids.size());
+    for (const auto& p : ids) h[2] += int64_t(p.size());
+  }
+  c.broadcast(head, 0, st);
+  if (h[0] != 0)
+    throw Error("megatron generate: rank 0 could not read the prompts (its message says why)");
+  Tensor lens = Tensor::zeros({std::max<int64_t>(h[1], 1)}, DType::I64);
+  Tensor flat = Tensor::zeros({std::max<int64_t>(h[2], 1)}, DType::I64);
+  if (c.rank() == 0) {
+    int64_t k = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      lens.data<int64_t>()[i] = int64_t(ids[i].size());
+      for (int32_t id : ids[i]) flat.data<int64_t>()[k++] = id;
+    }
+  }
+  c.broadcast(lens, 0, st);
+  c.broadcast(flat, 0, st);
+  if (c.rank() == 0) return ids;
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(h[1]));
+  int64_t k = 0;
+  for (size_t i = 0; i < out.size(); ++i)
+    for (int64_t j = 0; j < lens.data<int64_t>()[i]; ++j)
+      out[i].push_back(int32_t(flat.data<int64_t>()[k++]));
+  return out;
+}
+
 int run_generate(const std::vector<std::string>& raw_args) {
   std::vector<std::string> args = raw_args;
   std::vector<std::string> prompts = take_prompts(args);
@@ -132,6 +175,10 @@ int run_generate(const std::vector<std::string>& raw_args) {
       .add("--stop-token", Flags::List, "token ids that end a continuation (EOD always does)")
       .add("--ignore-eod", Flags::Switch, "do not stop at the tokenizer's end-of-document")
       .add("--threads", Flags::Value, "CPU threads (default: OpenMP's)")
+      .add("--micro-batch-size", Flags::Value, "prompts generated together (default 1)")
+      .add("--tensor-model-parallel-size", Flags::Value,
+           "TP ranks (run under mpirun/torchrun with that many processes; default 1)")
+      .add("--device", Flags::Value, "cpu (default) or cuda")
       .add("--help", Flags::Switch, "this text");
   add_tokenizer_flags(f);
   f.parse(args, "generate");
@@ -145,9 +192,8 @@ int run_generate(const std::vector<std::string>& raw_args) {
                 "put the prompt after --prompt (quoted)");
   MCPP_CHECK_HINT(f.has("--load"), "pass --load DIR, the --save directory of a training run",
                   "megatron generate: no checkpoint given");
-  if (f.has("--prompts-file"))
-    for (auto& p : read_prompts_file(f.get("--prompts-file"))) prompts.push_back(p);
-  MCPP_CHECK_HINT(!prompts.empty(), "pass --prompt TEXT (repeatable) or --prompts-file FILE",
+  MCPP_CHECK_HINT(!prompts.empty() || f.has("--prompts-file"),
+                  "pass --prompt TEXT (repeatable) or --prompts-file FILE",
                   "megatron generate: no prompt given");
   if (f.has("--threads")) {
     const int64_t n = f.get_int("--threads", 1);
@@ -179,7 +225,35 @@ int run_generate(const std::vector<std::string>& raw_args) {
   }
   opts.ignore_eod = f.has("--ignore-eod");
 
-  // Checkpoint: shape from its metadata, then the weights.
+  const int64_t mbs = f.get_int("--micro-batch-size", 1);
+  MCPP_CHECK_HINT(mbs >= 1 && mbs <= 4096, "use --micro-batch-size N with 1 <= N <= 4096",
+                  "--micro-batch-size {} is out of range", mbs);
+  const int64_t tp = f.get_int("--tensor-model-parallel-size", 1);
+  MCPP_CHECK_HINT(tp >= 1 && tp <= 4096, "use --tensor-model-parallel-size N with N >= 1",
+                  "--tensor-model-parallel-size {} is out of range", tp);
+  const std::string dev_name = f.has("--device") ? f.get("--device") : "cpu";
+  MCPP_CHECK_HINT(dev_name == "cpu" || dev_name == "cuda", "use --device cpu or --device cuda",
+                  "--device '{}' is not a device", dev_name);
+  const Device device = dev_name == "cuda" ? Device::CUDA : Device::CPU;
+#ifndef MCPP_HAVE_CUDA
+  MCPP_CHECK_HINT(device == Device::CPU, "rebuild where nvcc is found, or use --device cpu",
+                  "--device cuda: this build has no CUDA backend");
+#endif
+
+  // The ranks of a launch form the TP group (a plain run is a world of one).
+  comm::InitOptions io;
+  io.device = device;
+  std::unique_ptr<comm::World> world = comm::init(io);
+  MCPP_CHECK_HINT(world->size() == tp,
+                  fmt::format("launch {} processes (mpirun -np {}) or pass "
+                              "--tensor-model-parallel-size {}",
+                              tp, tp, world->size()),
+                  "megatron generate: {} processes but --tensor-model-parallel-size {}",
+                  world->size(), tp);
+  const int rank = world->rank();
+  comm::Communicator* tp_comm = tp > 1 ? &world->world() : nullptr;
+
+  // Checkpoint: shape from its metadata, then this rank's weights (no gradients).
   const std::string dir = f.get("--load");
   MCPP_CHECK_HINT(std::filesystem::is_directory(dir),
                   "pass the --save directory of a training run to --load",
@@ -188,88 +262,121 @@ int run_generate(const std::vector<std::string>& raw_args) {
                   "train with --save DIR first, or point --load at a directory holding iter_*/",
                   "--load {}: no checkpoint found (no iter_*/metadata.json)", dir);
   const std::optional<int64_t> step = f.get_opt_int("--ckpt-step");
-  const nlohmann::json md = checkpoint::read_metadata(dir, step);
-  model::TransformerConfig cfg = checkpoint::model_config_from_metadata(md);
-  cfg.dtype = DType::F32, cfg.tp_size = 1, cfg.tp_rank = 0;
+  checkpoint::WeightsOptions wo;
+  wo.tp_rank = rank, wo.tp_size = tp, wo.device = device;
+  checkpoint::ModelWeights w = checkpoint::load_model_weights(dir, step, wo);
+  model::TransformerConfig cfg = w.config;
   cfg.hidden_dropout = cfg.attention_dropout = 0;
-  model::GPTModel model(cfg);
-  checkpoint::LoadOptions lo;
-  lo.load_rng = false;
-  const auto st = checkpoint::load_checkpoint(dir, step, model, nullptr, lo);
 
-  auto tok = data::make_tokenizer(tokenizer_args(f, md));
+  auto tok = data::make_tokenizer(tokenizer_args(f, w.metadata));
   MCPP_CHECK_HINT(tok->vocab_size() <= cfg.padded_vocab_size,
                   "use the tokenizer the model was trained with",
                   "the tokenizer has {} tokens but the checkpoint's vocabulary is {}",
                   tok->vocab_size(), cfg.padded_vocab_size);
   opts.vocab_size = tok->vocab_size();
   opts.eod = tok->eod();
-  std::fprintf(stderr,
-               "[generate] %s iteration %lld: %lld layers, hidden %lld, %lld heads, vocab %lld; "
-               "%s; %d threads\n",
-               dir.c_str(), (long long)st.iteration, (long long)cfg.num_layers,
-               (long long)cfg.hidden_size, (long long)cfg.num_attention_heads,
-               (long long)cfg.padded_vocab_size, tok->name().c_str(), omp_get_max_threads());
+  if (rank == 0)
+    std::fprintf(stderr,
+                 "[generate] %s iteration %lld: %lld layers, hidden %lld, %lld heads, vocab %lld; "
+                 "%s; %s, TP %lld, micro-batch %lld; %d threads\n",
+                 dir.c_str(), (long long)w.state.iteration, (long long)cfg.num_layers,
+                 (long long)cfg.hidden_size, (long long)cfg.num_attention_heads,
+                 (long long)cfg.padded_vocab_size, tok->name().c_str(), dev_name.c_str(),
+                 (long long)tp, (long long)mbs, omp_get_max_threads());
 
-  // Encode every prompt before generating, so a too-long one fails before any output.
+  // Rank 0 encodes every prompt before generating (a too-long one fails before any
+  // output) and broadcasts the ids; a failure there is announced so no rank waits.
   std::vector<std::vector<int32_t>> ids;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ids.push_back(tok->encode(prompts[i]));
-    MCPP_CHECK_HINT(!ids.back().empty(), "give a non-empty prompt",
-                    "prompt {} encodes to no tokens", i + 1);
-    MCPP_CHECK_HINT(
-        int64_t(ids.back().size()) <= cfg.max_position_embeddings,
-        fmt::format("shorten prompt {} to at most {} tokens", i + 1, cfg.max_position_embeddings),
-        "prompt {} has {} tokens, more than the model's max_position_embeddings {}", i + 1,
-        ids.back().size(), cfg.max_position_embeddings);
+  if (rank == 0) {
+    std::string failure;
+    try {
+      if (f.has("--prompts-file"))
+        for (auto& p : read_prompts_file(f.get("--prompts-file"))) prompts.push_back(p);
+      MCPP_CHECK_HINT(!prompts.empty(), "pass --prompt TEXT (repeatable) or --prompts-file FILE",
+                      "megatron generate: no prompt given");
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        ids.push_back(tok->encode(prompts[i]));
+        MCPP_CHECK_HINT(!ids.back().empty(), "give a non-empty prompt",
+                        "prompt {} encodes to no tokens", i + 1);
+        MCPP_CHECK_HINT(int64_t(ids.back().size()) <= cfg.max_position_embeddings,
+                        fmt::format("shorten prompt {} to at most {} tokens", i + 1,
+                                    cfg.max_position_embeddings),
+                        "prompt {} has {} tokens, more than the model's "
+                        "max_position_embeddings {}",
+                        i + 1, ids.back().size(), cfg.max_position_embeddings);
+      }
+    } catch (const Error& e) {
+      if (!tp_comm) throw;
+      failure = e.what();
+    }
+    if (tp_comm) broadcast_prompts(*tp_comm, ids, !failure.empty());
+    if (!failure.empty()) throw Error(failure);
+  } else {
+    ids = broadcast_prompts(*tp_comm, {}, false);
   }
 
-  inference::Generator gen(model.params(), model.config());
+  inference::Generator gen(w.params, cfg, tp_comm);
   // The cache holds what this run can reach, not max_position_embeddings: a RoPE model's
   // metadata could name 2^40 positions that no tensor backs.
   int64_t reach = 0;
   for (const auto& p : ids) reach = std::max(reach, int64_t(p.size()));
   reach = std::min(cfg.max_position_embeddings,
                    reach + std::min(opts.tokens_to_generate, cfg.max_position_embeddings));
-  inference::KVCache cache(cfg, reach, 1);
+  const int64_t B = std::min<int64_t>(mbs, int64_t(ids.size()));
+  inference::KVCache cache(cfg, reach, B, device);
   double prefill_s = 0, decode_s = 0;
   int64_t prefill_n = 0, decode_n = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    // Megatron's response text is detokenize(prompt + generated); print it incrementally:
-    // the text of all tokens so far beyond what is already printed (a token's text can
-    // depend on its neighbours: spaces between ids, SentencePiece's "▁", split UTF-8).
-    std::vector<int32_t> all = ids[i];
-    std::string printed = tok->decode(all);
-    std::fputs(printed.c_str(), stdout);
-    std::fflush(stdout);
-    auto on_token = [&](int32_t id) {
+  for (size_t first = 0; first < ids.size(); first += size_t(B)) {
+    const size_t n = std::min(ids.size() - first, size_t(B));
+    std::vector<std::span<const int32_t>> batch;
+    for (size_t i = first; i < first + n; ++i) batch.emplace_back(ids[i]);
+    // Megatron's response text is detokenize(prompt + generated). A batch of one prints
+    // it incrementally: the text of all tokens so far beyond what is already printed (a
+    // token's text can depend on its neighbours: spaces between ids, SentencePiece's
+    // "▁", split UTF-8). A larger batch prints each text when the batch ends.
+    const bool stream = n == 1 && rank == 0;
+    std::vector<std::vector<int32_t>> all(ids.begin() + long(first), ids.begin() + long(first + n));
+    std::string printed;
+    if (stream) {
+      printed = tok->decode(all[0]);
+      std::fputs(printed.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    auto on_token = [&](size_t i, int32_t id) {
       if (!opts.ignore_eod && id == opts.eod) return;
-      all.push_back(id);
-      std::string text = tok->decode(all);
+      all[i].push_back(id);
+      if (!stream) return;
+      std::string text = tok->decode(all[i]);
       if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
         std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
         std::fflush(stdout);
         printed = std::move(text);
       }
     };
-    auto r = inference::generate(gen, cache, ids[i], opts, i, on_token);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-    prefill_s += r.prefill_seconds, decode_s += r.decode_seconds;
-    prefill_n += r.prompt_tokens, decode_n += r.decode_steps;
-    std::fprintf(stderr,
-                 "[generate] prompt %zu/%zu: %lld prompt tokens, %zu generated (stop: %s) | "
-                 "prefill %.1f tokens/s | decode %.1f tokens/s\n",
-                 i + 1, prompts.size(), (long long)r.prompt_tokens, r.tokens.size(),
-                 r.stop_reason.c_str(),
-                 r.prefill_seconds > 0 ? double(r.prompt_tokens) / r.prefill_seconds : 0.0,
-                 r.decode_seconds > 0 ? double(r.decode_steps) / r.decode_seconds : 0.0);
+    auto res = inference::generate_batch(gen, cache, batch, opts, first, on_token);
+    if (rank != 0) continue;
+    for (size_t i = 0; i < n; ++i) {
+      if (!stream) std::fputs(tok->decode(all[i]).c_str(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+      const auto& r = res[i];
+      prefill_s += r.prefill_seconds, decode_s += r.decode_seconds;
+      prefill_n += r.prompt_tokens, decode_n += r.decode_steps;
+      std::fprintf(stderr,
+                   "[generate] prompt %zu/%zu: %lld prompt tokens, %zu generated (stop: %s) | "
+                   "prefill %.1f tokens/s | decode %.1f tokens/s\n",
+                   first + i + 1, ids.size(), (long long)r.prompt_tokens, r.tokens.size(),
+                   r.stop_reason.c_str(),
+                   r.prefill_seconds > 0 ? double(r.prompt_tokens) / r.prefill_seconds : 0.0,
+                   r.decode_seconds > 0 ? double(r.decode_steps) / r.decode_seconds : 0.0);
+    }
   }
-  std::fprintf(stderr,
-               "[generate] total: prefill %lld tokens at %.1f tokens/s | decode %lld tokens at "
-               "%.1f tokens/s\n",
-               (long long)prefill_n, prefill_s > 0 ? double(prefill_n) / prefill_s : 0.0,
-               (long long)decode_n, decode_s > 0 ? double(decode_n) / decode_s : 0.0);
+  if (rank == 0)
+    std::fprintf(stderr,
+                 "[generate] total: prefill %lld tokens at %.1f tokens/s | decode %lld tokens "
+                 "at %.1f tokens/s\n",
+                 (long long)prefill_n, prefill_s > 0 ? double(prefill_n) / prefill_s : 0.0,
+                 (long long)decode_n, decode_s > 0 ? double(decode_n) / decode_s : 0.0);
   return 0;
 }
 

@@ -620,7 +620,7 @@ TEST_P(GpuOp, AttentionKVCacheChunks) {
     const double scale = 1.0 / std::sqrt(double(c.HD));
     Tensor qkv = rand_in({c.S, c.B, d.qkv_width()}, 130, dt(), -2.f, 2.f);
     Tensor gqkv = to_gpu(qkv, dt());
-    const Shape cache{c.S + 3, c.B, c.NG, c.HD};
+    const Shape cache{c.B, c.S + 3, c.NG, c.HD};
     Tensor kc = Tensor::empty(cache, DType::F32), vc = Tensor::empty(cache, DType::F32);
     Tensor gkc = gpu_nan(cache, dt()), gvc = gpu_nan(cache, dt());
     Tensor out = Tensor::empty({c.S, c.B, c.NH * c.HD}, DType::F32);
@@ -630,15 +630,22 @@ TEST_P(GpuOp, AttentionKVCacheChunks) {
     for (int64_t n : {prefill, int64_t(1), int64_t(1), int64_t(5)}) {
       d.S = n;
       Tensor o = out.narrow(p0, n), go = gout.narrow(p0, n);
-      cpu::attention_kv_cache_forward(qkv.narrow(p0, n), d, p0, scale, kc, vc, o, CS());
-      gpu::attention_kv_cache_forward(gqkv.narrow(p0, n), d, p0, scale, gkc, gvc, go, GS());
+      Tensor pos = Tensor::empty({c.B}, DType::I64);
+      for (int64_t b = 0; b < c.B; ++b) pos.data<int64_t>()[b] = p0;
+      Tensor gpos = to_gpu(pos, DType::I64);
+      cpu::attention_kv_cache_forward(qkv.narrow(p0, n), d, pos, scale, kc, vc, o, CS());
+      gpu::attention_kv_cache_forward(gqkv.narrow(p0, n), d, gpos, scale, gkc, gvc, go, GS());
       p0 += n;
     }
     SCOPED_TRACE(::testing::Message() << "S=" << c.S << " NH=" << c.NH << " NG=" << c.NG
                                       << " HD=" << c.HD << " dtype=" << dtype_name(dt()));
     EXPECT_CLOSE(gout, out, dt());
-    EXPECT_CLOSE(gkc.narrow(0, c.S), kc.narrow(0, c.S), dt());
-    EXPECT_CLOSE(gvc.narrow(0, c.S), vc.narrow(0, c.S), dt());
+    for (int64_t b = 0; b < c.B; ++b) {  // each slot's rows [0, S)
+      const Shape slot{c.S + 3, c.NG, c.HD};
+      auto rows = [&](const Tensor& t) { return t.narrow(b, 1).view(slot).narrow(0, c.S); };
+      EXPECT_CLOSE(rows(gkc), rows(kc), dt());
+      EXPECT_CLOSE(rows(gvc), rows(vc), dt());
+    }
   }
 }
 

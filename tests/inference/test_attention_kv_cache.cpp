@@ -1,6 +1,7 @@
 // attention_kv_cache_forward against a naive reference and against the training
 // attention_forward: a sequence fed through the cache in chunks gives the same output
-// as causal attention over the whole sequence at once.
+// as causal attention over the whole sequence at once; sequences of one batch at
+// different positions each attend to their own prefix.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,6 +49,12 @@ std::vector<double> naive(const Tensor& qkv, const ops::AttentionDims& d, double
   return out;
 }
 
+Tensor positions(std::vector<int64_t> p) {
+  Tensor t = Tensor::empty({int64_t(p.size())}, DType::I64);
+  for (size_t i = 0; i < p.size(); ++i) t.data<int64_t>()[i] = p[i];
+  return t;
+}
+
 template <typename T>
 void check_chunks(int64_t NH, int64_t NG, double tol) {
   ops::AttentionDims full;
@@ -64,14 +71,14 @@ void check_chunks(int64_t NH, int64_t NG, double tol) {
   ops::attention_forward(qkv, full, scale, 0.0, {}, out_full, lse, Stream::cpu());
 
   // Through the cache in chunks 4, 1, 1, 5 (prefill, two decode steps, a longer append).
-  Tensor kc = Tensor::empty({16, B, NG, 8}, dtype_of<T>()), vc = kc.clone();
+  Tensor kc = Tensor::empty({B, 16, NG, 8}, dtype_of<T>()), vc = kc.clone();
   Tensor out = Tensor::empty({S, B, NH * 8}, dtype_of<T>());
   int64_t p0 = 0;
   for (int64_t n : {4, 1, 1, 5}) {
     ops::AttentionDims d = full;
     d.S = n;
     Tensor q = qkv.narrow(p0, n), o = out.narrow(p0, n);
-    ops::attention_kv_cache_forward(q, d, p0, scale, kc, vc, o, Stream::cpu());
+    ops::attention_kv_cache_forward(q, d, positions({p0, p0}), scale, kc, vc, o, Stream::cpu());
     p0 += n;
   }
   for (int64_t i = 0; i < out.numel(); ++i) {
@@ -85,7 +92,7 @@ void check_chunks(int64_t NH, int64_t NG, double tol) {
       for (int64_t g = 0; g < NG; ++g)
         for (int64_t c = 0; c < 8; ++c) {
           const int64_t src = (s * B + b) * W + (g * (G + 2) + G) * 8 + c;
-          const int64_t dst = ((s * B + b) * NG + g) * 8 + c;
+          const int64_t dst = ((b * 16 + s) * NG + g) * 8 + c;
           ASSERT_EQ(kc.data<T>()[dst], qkv.data<T>()[src]);
           ASSERT_EQ(vc.data<T>()[dst], qkv.data<T>()[src + 8]);
         }
@@ -96,16 +103,70 @@ TEST(AttentionKVCache, ChunksMatchNaiveF64GQA) { check_chunks<double>(6, 2, 1e-1
 TEST(AttentionKVCache, ChunksMatchNaiveF32GQA) { check_chunks<float>(4, 2, 2e-6); }
 TEST(AttentionKVCache, ChunksMatchNaiveF32MQA) { check_chunks<float>(4, 1, 2e-6); }
 
+// Three sequences of different lengths decode in one call, each at its own position:
+// every row equals the same sequence run alone (B = 1) through its own cache, bit for
+// bit, and the other slots' rows are untouched.
+TEST(AttentionKVCache, PerSequencePositionsMatchEachSequenceAlone) {
+  using T = double;
+  ops::AttentionDims d1;
+  d1.B = 1, d1.NH = 4, d1.NG = 2, d1.HD = 8;
+  const int64_t W = d1.qkv_width(), Tmax = 12, B = 3;
+  const std::vector<int64_t> len{5, 2, 9};  // prompt lengths before the decode step
+  const double scale = 0.3;
+  Tensor batch_k = Tensor::empty({B, Tmax, 2, 8}, DType::F64), batch_v = batch_k.clone();
+  std::vector<Tensor> solo_out;
+  Tensor step = random<T>({1, B, W}, 77);  // one new row per sequence
+  for (int64_t b = 0; b < B; ++b) {
+    // Alone: prefill len[b] rows, then the decode row.
+    Tensor prompt = random<T>({len[size_t(b)], 1, W}, 100 + uint64_t(b));
+    Tensor kc = Tensor::empty({1, Tmax, 2, 8}, DType::F64), vc = kc.clone();
+    ops::AttentionDims d = d1;
+    d.S = len[size_t(b)];
+    Tensor o = Tensor::empty({d.S, 1, 32}, DType::F64);
+    ops::attention_kv_cache_forward(prompt, d, positions({0}), scale, kc, vc, o, Stream::cpu());
+    // The batch's slot b receives the same prefill.
+    Tensor bk = batch_k.narrow(b, 1), bv = batch_v.narrow(b, 1);
+    ops::attention_kv_cache_forward(prompt, d, positions({0}), scale, bk, bv, o, Stream::cpu());
+    d.S = 1;
+    Tensor row = Tensor::empty({1, 1, W}, DType::F64);
+    std::copy(step.data<T>() + b * W, step.data<T>() + (b + 1) * W, row.data<T>());
+    solo_out.push_back(Tensor::empty({1, 1, 32}, DType::F64));
+    ops::attention_kv_cache_forward(row, d, positions({len[size_t(b)]}), scale, kc, vc,
+                                    solo_out.back(), Stream::cpu());
+  }
+  ops::AttentionDims d = d1;
+  d.S = 1, d.B = B;
+  Tensor out = Tensor::empty({1, B, 32}, DType::F64);
+  ops::attention_kv_cache_forward(step, d, positions(len), scale, batch_k, batch_v, out,
+                                  Stream::cpu());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < 32; ++c)
+      ASSERT_EQ(out.data<T>()[b * 32 + c], solo_out[size_t(b)].data<T>()[c]) << b << " " << c;
+  // The sequences' outputs differ (the equality above is not between identical rows).
+  EXPECT_NE(solo_out[1].data<T>()[0], solo_out[2].data<T>()[0]);
+}
+
 TEST(AttentionKVCache, RejectsOverflowAndBadShapes) {
   ops::AttentionDims d;
   d.S = 3, d.B = 1, d.NH = 2, d.NG = 1, d.HD = 4;
   Tensor qkv = Tensor::zeros({3, 1, d.qkv_width()}, DType::F32);
-  Tensor kc = Tensor::zeros({4, 1, 1, 4}, DType::F32), vc = kc.clone();
+  Tensor kc = Tensor::zeros({1, 4, 1, 4}, DType::F32), vc = kc.clone();
   Tensor out = Tensor::zeros({3, 1, 8}, DType::F32);
-  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, 2, 1.0, kc, vc, out, Stream::cpu()), Error);
-  Tensor bad = Tensor::zeros({4, 1, 2, 4}, DType::F32);
-  EXPECT_THROW(ops::attention_kv_cache_forward(qkv, d, 0, 1.0, bad, vc, out, Stream::cpu()), Error);
-  EXPECT_NO_THROW(ops::attention_kv_cache_forward(qkv, d, 1, 1.0, kc, vc, out, Stream::cpu()));
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({2}), 1.0, kc, vc, out, Stream::cpu()),
+      Error);
+  Tensor bad = Tensor::zeros({1, 4, 2, 4}, DType::F32);
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({0}), 1.0, bad, vc, out, Stream::cpu()),
+      Error);
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({0, 0}), 1.0, kc, vc, out, Stream::cpu()),
+      Error);  // pos must hold B entries
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({-1}), 1.0, kc, vc, out, Stream::cpu()),
+      Error);
+  EXPECT_NO_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({1}), 1.0, kc, vc, out, Stream::cpu()));
 }
 
 }  // namespace
