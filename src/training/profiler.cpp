@@ -38,6 +38,11 @@ StepProfiler::StepProfiler(const Args& a, Device device, int rank, int world_siz
   check_profile_args(a, device, world_size);
   mine_ = a.profile && std::find(a.profile_ranks.begin(), a.profile_ranks.end(),
                                  int64_t(rank)) != a.profile_ranks.end();
+  if (mine_)
+    log::info_all("profile: iterations {}-{} on this rank: GPU time per op printed after "
+                  "iteration {}; NVTX ranges and cudaProfilerStart/Stop for `nsys profile "
+                  "--capture-range=cudaProfilerApi`",
+                  a.profile_step_start + 1, a.profile_step_end, a.profile_step_end);
   if (mine_ && a.train_iters < a.profile_step_end)
     log::warn("--profile-step-end {} is beyond --train-iters {}: the window ends with the "
                   "run and no per-op table is printed",
