@@ -21,6 +21,9 @@
 // Usage: bench_gpu_train [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB ...]
 //                        [--keep NAME=N ...] [--torch torch.json] [--profile]
 //                        [--variants base,dropout,accum,dropout+accum]
+//                        [--gemm-tune short|sustained]
+// --gemm-tune sustained ranks GEMM candidates at the power-capped clock (gemm_sustained.h)
+// instead of the library's short runs; the report after the table shows both times.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +41,7 @@
 #include "ops/attention_backend.h"
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/device.h"
+#include "gemm_sustained.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "training/flops.h"
@@ -123,6 +127,17 @@ int main(int argc, char** argv) {
     else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
     else if (a == "--profile") profile = true;
     else if (a == "--variants" && i + 1 < argc) variants = argv[++i];
+    else if (a == "--gemm-tune" && i + 1 < argc) {
+      // sustained: rank GEMM candidates at the power-capped clock (gemm_sustained.h).
+      const std::string v = argv[++i];
+      if (v == "sustained")
+        gpu::set_gemm_tune_ranker(mcpp::bench::rank_gemm_sustained);
+      else if (v != "short") {
+        std::fprintf(stderr, "bench_gpu_train: --gemm-tune wants short or sustained, got '%s'\n",
+                     v.c_str());
+        return 2;
+      }
+    }
     else if ((a == "--mb" || a == "--keep") && i + 1 < argc) {
       std::string kv = argv[++i];
       auto eq = kv.find('=');

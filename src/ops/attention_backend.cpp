@@ -4,7 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
+
+#include "base/error.h"
 
 #ifdef MCPP_HAVE_CUDA
 namespace mcpp::ops::cuda {
@@ -23,10 +26,17 @@ bool flash_attention_takes(DType dt, int64_t head_dim) {
   return (dt == DType::BF16 || dt == DType::F16) && (head_dim == 64 || head_dim == 128);
 }
 
-AttentionBackendChoice choose_attention_backend(const AttentionBackendQuery& q) {
+namespace {
+
+std::atomic<AttentionRequest> g_request{AttentionRequest::Auto};
+
+constexpr const char* kRequestHint =
+    "give --attention-backend auto (the default) to let megatron.cpp pick the kernel each "
+    "call can use; docs/cuda-backend.md lists what each backend takes";
+
+// The order of attention_backend.h, for --attention-backend auto.
+AttentionBackendChoice choose_auto(const AttentionBackendQuery& q) {
   using B = AttentionBackend;
-  if (q.device == Device::CPU)
-    return {B::Cpu, fmt::format("CPU backend (tiled flash attention in {})", dtype_name(q.dtype))};
   const bool drop = q.dropout_p > 0;
   if (q.fallback_forced)
     return {B::CudaCore, "CUDA-core fallback: MCPP_ATTENTION_FALLBACK is set"};
@@ -55,12 +65,95 @@ AttentionBackendChoice choose_attention_backend(const AttentionBackendQuery& q) 
   return {B::CudaCore, "CUDA-core fallback: " + why};
 }
 
+}  // namespace
+
+AttentionRequest parse_attention_request(const std::string& name) {
+  std::string n = name;
+  if (auto dot = n.rfind('.'); dot != std::string::npos) n = n.substr(dot + 1);  // AttnBackend.x
+  for (AttentionRequest r : {AttentionRequest::Auto, AttentionRequest::Fused,
+                             AttentionRequest::Flash, AttentionRequest::Unfused,
+                             AttentionRequest::Local})
+    if (n == attention_request_name(r)) return r;
+  throw Error(fmt::format("--attention-backend: '{}' is not one of flash, fused, unfused, local, "
+                          "auto",
+                          name),
+              kRequestHint);
+}
+
+const char* attention_request_name(AttentionRequest r) {
+  switch (r) {
+    case AttentionRequest::Auto: return "auto";
+    case AttentionRequest::Fused: return "fused";
+    case AttentionRequest::Flash: return "flash";
+    case AttentionRequest::Unfused: return "unfused";
+    case AttentionRequest::Local: return "local";
+  }
+  return "auto";
+}
+
+void set_attention_request(AttentionRequest r) { g_request.store(r); }
+AttentionRequest attention_request() { return g_request.load(); }
+
+AttentionBackendChoice choose_attention_backend(const AttentionBackendQuery& q) {
+  using B = AttentionBackend;
+  using R = AttentionRequest;
+  const char* req = attention_request_name(q.request);
+  if (q.device == Device::CPU) {
+    if (q.request != R::Auto)
+      throw Error(fmt::format("--attention-backend {} selects one of the CUDA attention kernels, "
+                              "but this run uses the CPU backend, which has one attention "
+                              "kernel (tiled flash attention)",
+                              req),
+                  "drop --attention-backend (or give auto) on the CPU, or train with "
+                  "--device cuda");
+    return {B::Cpu, fmt::format("CPU backend (tiled flash attention in {})", dtype_name(q.dtype))};
+  }
+  if (q.request == R::Auto) return choose_auto(q);
+  if (q.request == R::Unfused || q.request == R::Local)
+    return {B::CudaCore, fmt::format("CUDA-core kernel (--attention-backend {})", req)};
+  // fused / flash: an explicit tensor-core path. Say exactly why it cannot run.
+  const bool half = q.dtype == DType::BF16 || q.dtype == DType::F16;
+  std::string why;
+  if (q.fallback_forced)
+    why = "MCPP_ATTENTION_FALLBACK is set in the environment (it forces the CUDA-core kernel)";
+  else if (!half)
+    why = fmt::format("the activations are {} (the tensor-core kernels take bf16/f16: give "
+                      "--bf16 or --fp16)",
+                      dtype_name(q.dtype));
+  if (why.empty() && q.request == R::Fused) {
+    if (q.dropout_p > 0)
+      why = fmt::format("--attention-dropout {} is not 0 (cuDNN draws its own dropout mask, not "
+                        "megatron.cpp's global-index mask)",
+                        q.dropout_p);
+    else if (!q.cudnn_available)
+      why = "cuDNN is not available in this process (see the 'attention:' start-up line)";
+    else if (!cudnn_attention_takes(q.dtype, q.head_dim))
+      why = fmt::format("head dim {} is not a multiple of 8 up to 128", q.head_dim);
+    else
+      return {B::Cudnn, "cuDNN fused attention (--attention-backend fused)"};
+  } else if (why.empty()) {
+    if (!flash_attention_takes(q.dtype, q.head_dim))
+      why = fmt::format("head dim {} is not one the flash kernel takes (64, 128)", q.head_dim);
+    else
+      return {B::Flash, q.dropout_p > 0
+                            ? fmt::format("own flash kernel with dropout {} "
+                                          "(--attention-backend flash)",
+                                          q.dropout_p)
+                            : std::string("own flash kernel (--attention-backend flash)")};
+  }
+  throw Error(fmt::format("--attention-backend {} ({}) cannot run this model's attention: {}", req,
+                          q.request == R::Fused ? "cuDNN's fused attention" : "the own flash kernel",
+                          why),
+              kRequestHint);
+}
+
 AttentionBackendQuery attention_backend_query(Device device, DType dtype, int64_t head_dim,
                                               double dropout_p) {
   AttentionBackendQuery q;
   q.device = device, q.dtype = dtype, q.head_dim = head_dim, q.dropout_p = dropout_p;
   static const bool forced = std::getenv("MCPP_ATTENTION_FALLBACK") != nullptr;
   q.fallback_forced = forced;
+  q.request = attention_request();
 #ifdef MCPP_HAVE_CUDA
   if (device == Device::CUDA) q.cudnn_available = cuda::cudnn_attention_enabled();
 #endif

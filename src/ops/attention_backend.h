@@ -10,6 +10,15 @@
 // or 128, with or without dropout (in-kernel mask at global (b, h, q, k) coordinates);
 // (3) the CUDA-core kernel for the rest (f32, other head dims), several times slower.
 // When cuDNN rejects a shape at run time, (1) falls back to (2) or (3) with a warning.
+//
+// --attention-backend (Megatron's AttnBackend) picks one path instead of that order:
+// `fused` = (1) cuDNN, `flash` = (2) the own flash kernel, `unfused` and `local` = (3) the
+// CUDA-core kernel, `auto` = the order above (the default, identical to no flag). A request
+// the call cannot honour (fused with dropout, flash with head dim 96, any non-auto value on
+// the CPU backend, which has one kernel) is an error naming the flag, never a silent
+// substitution. MCPP_ATTENTION_FALLBACK and MCPP_ATTENTION_CUDNN=0 stay as environment
+// overrides for benchmarks and bisecting (docs/environment.md); they act like `unfused` and
+// "cuDNN not available" under `auto`, and conflict with an explicit `fused` / `flash`.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,6 +29,17 @@ namespace mcpp::ops {
 
 enum class AttentionBackend { Cpu, Cudnn, Flash, CudaCore };
 
+// What --attention-backend asks for (Megatron's AttnBackend names).
+enum class AttentionRequest { Auto, Fused, Flash, Unfused, Local };
+// "auto", "fused", "flash", "unfused", "local" (also Megatron's "AttnBackend.flash" form);
+// anything else is an error naming --attention-backend.
+AttentionRequest parse_attention_request(const std::string& name);
+const char* attention_request_name(AttentionRequest r);
+// The request of this process (set once at start-up from --attention-backend, before the
+// first attention call; Auto until then). The CUDA dispatch reads it on every call.
+void set_attention_request(AttentionRequest r);
+AttentionRequest attention_request();
+
 struct AttentionBackendQuery {
   Device device = Device::CPU;
   DType dtype = DType::F32;
@@ -27,6 +47,7 @@ struct AttentionBackendQuery {
   double dropout_p = 0;
   bool cudnn_available = false;  // built with cuDNN, start-up probe passed, not disabled
   bool fallback_forced = false;  // MCPP_ATTENTION_FALLBACK set: the CUDA-core kernel
+  AttentionRequest request = AttentionRequest::Auto;  // --attention-backend
 };
 
 struct AttentionBackendChoice {
@@ -40,10 +61,13 @@ struct AttentionBackendChoice {
 bool cudnn_attention_takes(DType dt, int64_t head_dim);
 bool flash_attention_takes(DType dt, int64_t head_dim);
 
+// Throws mcpp::Error (naming --attention-backend, with a HINT) when q.request cannot be
+// honoured for this call.
 AttentionBackendChoice choose_attention_backend(const AttentionBackendQuery& q);
 
-// The query of this process for a model's attention: cuDNN's start-up probe and
-// MCPP_ATTENTION_FALLBACK read at run time (CUDA builds); then one log line such as
+// The query of this process for a model's attention: cuDNN's start-up probe,
+// MCPP_ATTENTION_FALLBACK and attention_request() read at run time (CUDA builds); then one
+// log line such as
 // "attention (all 12 layers): own flash kernel with dropout (...)".
 AttentionBackendQuery attention_backend_query(Device device, DType dtype, int64_t head_dim,
                                               double dropout_p);

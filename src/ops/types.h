@@ -57,6 +57,20 @@ inline int64_t attention_bwd_chunk(int64_t B, int64_t per_seq, int64_t cap) {
   }
   return bc;
 }
+// dP of one sequence: NH (local) heads of S x S, 2 bytes each.
+inline int64_t attention_bwd_per_seq_bytes(int64_t NH, int64_t S) { return NH * S * S * 2; }
+// The workspace cuDNN's deterministic backward asks for, for a batch of B sequences under
+// `cap`: dP of the Bc sequences of one chunk, plus, with grouped-query attention
+// (NG < NH), an f32 [Bc, NH, S, HD] buffer in which it sums the heads of a group before
+// reducing to dK/dV. This is the size cuDNN 9 reports for these graphs (measured on
+// 9.19, H200); the op compares every backward plan's workspace with it and warns, naming
+// the linked cuDNN version, if a cuDNN asks for more (ops/cuda/cudnn_attention.cpp), so the
+// memory plan's figure is checked against whichever cuDNN the run links.
+inline int64_t cudnn_attention_bwd_workspace_bytes(int64_t B, int64_t NH, int64_t NG,
+                                                   int64_t S, int64_t HD, int64_t cap) {
+  const int64_t bc = attention_bwd_chunk(B, attention_bwd_per_seq_bytes(NH, S), cap);
+  return bc * attention_bwd_per_seq_bytes(NH, S) + (NG < NH ? bc * NH * S * HD * 4 : 0);
+}
 
 struct AdamWParams {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;

@@ -206,6 +206,10 @@ void assign(std::optional<int64_t>& f, const Given& g) { f = get_int(g); }
 void assign(std::optional<double>& f, const Given& g) { f = get_float(g); }
 void assign(std::optional<std::string>& f, const Given& g) { f = g.tokens.at(0); }
 void assign(std::vector<std::string>& f, const Given& g) { f = g.tokens; }
+void assign(std::vector<int64_t>& f, const Given& g) {
+  f.clear();
+  for (const auto& t : g.tokens) f.push_back(*to_int(t));
+}
 
 std::string show(int64_t v) { return std::to_string(v); }
 std::string show(double v) { return python_float(v); }
@@ -219,6 +223,12 @@ std::string show(const std::vector<std::string>& v) {
   if (v.empty()) return "None";
   std::vector<std::string> q;
   for (const auto& s : v) q.push_back("'" + s + "'");
+  return "[" + join(q, ", ") + "]";
+}
+
+std::string show(const std::vector<int64_t>& v) {
+  std::vector<std::string> q;
+  for (int64_t x : v) q.push_back(std::to_string(x));
   return "[" + join(q, ", ") + "]";
 }
 
@@ -324,6 +334,11 @@ const Binding kBindings[] = {
     MCPP_FLAG(log_throughput),
     MCPP_FLAG(timing_log_level),
     MCPP_FLAG(logging_level),
+    MCPP_FLAG(profile),
+    MCPP_FLAG(profile_step_start),
+    MCPP_FLAG(profile_step_end),
+    MCPP_FLAG(profile_ranks),
+    MCPP_FLAG(attention_backend),
     // parallelism (CP, EP: size 1 only, checked in validate_args)
     MCPP_FLAG(tensor_model_parallel_size),
     MCPP_FLAG(pipeline_model_parallel_size),
@@ -395,8 +410,10 @@ struct ByDesign {
 const ByDesign kByDesign[] = {
     {"use_flash_attn", "",
      "attention always runs as one fused blockwise (flash) kernel; nothing to switch on"},
-    {"attention_backend", "",
-     "one fused blockwise attention kernel serves every backend choice (same function)"},
+    {"deterministic_mode", "",
+     "training is bitwise deterministic by default (GEMM tuning keeps only candidates equal to "
+     "cuBLASLt's first pick, cuDNN's attention backward runs its deterministic path); "
+     "MCPP_ATTENTION_DETERMINISTIC=0 is the opt-out (docs/environment.md)"},
     {"transformer_impl", "local|transformer_engine",
      "megatron.cpp has one Transformer implementation of its own; Transformer Engine is not "
      "needed"},

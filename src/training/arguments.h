@@ -130,6 +130,17 @@ struct Args {
   bool log_throughput = false;
   int64_t timing_log_level = 0;
   std::optional<int64_t> logging_level;  // Python logging level: 10 debug, 20 info, ...
+  // --profile: per-op GPU time (and NVTX ranges, cudaProfilerStart/Stop) over Megatron's
+  // window, the steps after profile_step_start completed iterations up to profile_step_end
+  // (training/profiler.h). Needs --device cuda.
+  bool profile = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::vector<int64_t> profile_ranks = {0};  // global ranks that profile
+
+  // Which attention kernel runs on the GPU (ops/attention_backend.h): auto, fused (cuDNN),
+  // flash (own kernel), unfused / local (CUDA-core kernel).
+  std::string attention_backend = "auto";
 
   // Parallelism. world_size, data_parallel_size and num_microbatches are set by validate_args.
   int64_t tensor_model_parallel_size = 1;

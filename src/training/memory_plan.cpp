@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention_backend.h"
 #include "ops/types.h"
 
 namespace mcpp::training {
@@ -116,18 +117,24 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
     const char* e = std::getenv(name);
     return e && std::string(e) == v;
   };
-  const int64_t hd = cfg.kv_channels;
-  if (cfg.device != Device::CUDA || (cfg.dtype != DType::BF16 && cfg.dtype != DType::F16) ||
-      cfg.attention_dropout > 0 || hd <= 0 || hd % 8 != 0 || hd > 128 ||
-      a.context_parallel_size > 1 || env_is("MCPP_ATTENTION_CUDNN", "0") ||
+  // The atomic backward (MCPP_ATTENTION_DETERMINISTIC=0) needs little workspace; CP runs
+  // its own attention.
+  if (cfg.device != Device::CUDA || a.context_parallel_size > 1 ||
       env_is("MCPP_ATTENTION_DETERMINISTIC", "0"))
     return 0;
-  const int64_t B = a.micro_batch_size, S = a.seq_length;
-  const int64_t nh = cfg.num_attention_heads / a.tensor_model_parallel_size;
-  const int64_t per_seq = nh * S * S * 2;
-  const int64_t bc = ops::attention_bwd_chunk(B, per_seq, ops::attention_bwd_workspace_cap_from_env());
-  const bool gqa = cfg.num_query_groups < cfg.num_attention_heads;
-  return bc * per_seq + (gqa ? bc * nh * S * hd * 4 : 0);
+  // The same choice the GPU dispatch makes (a GPU run is assumed to have cuDNN, as the
+  // plan may run on a machine without one).
+  ops::AttentionBackendQuery q;
+  q.device = cfg.device, q.dtype = cfg.dtype, q.head_dim = cfg.kv_channels;
+  q.dropout_p = cfg.attention_dropout;
+  q.cudnn_available = !env_is("MCPP_ATTENTION_CUDNN", "0");
+  q.fallback_forced = std::getenv("MCPP_ATTENTION_FALLBACK") != nullptr;
+  q.request = ops::parse_attention_request(a.attention_backend);
+  if (ops::choose_attention_backend(q).backend != ops::AttentionBackend::Cudnn) return 0;
+  const int64_t tp = a.tensor_model_parallel_size;
+  return ops::cudnn_attention_bwd_workspace_bytes(
+      a.micro_batch_size, cfg.num_attention_heads / tp, cfg.num_query_groups / tp, a.seq_length,
+      cfg.kv_channels, ops::attention_bwd_workspace_cap_from_env());
 }
 
 std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg, int stage,

@@ -44,13 +44,16 @@ struct StageMemory {
 StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg, int stage);
 
 // The workspace cuDNN's deterministic attention backward takes on a GPU
-// (ops/cuda/cudnn_attention.cpp): dP of every (sequence, local head), B*NH/TP*S*S*2 bytes,
-// for the sequences of one batch chunk (MCPP_ATTENTION_BWD_WORKSPACE_MB, default 8192), and
-// B*NH/TP*S*HD*4 bytes more with grouped-query attention (the size cuDNN 9.19 asks for on
-// the H200). 0 where cuDNN's attention does not run: CPU, f32, attention dropout, head dims
-// that are not a multiple of 8 up to 128, MCPP_ATTENTION_CUDNN=0,
-// MCPP_ATTENTION_DETERMINISTIC=0 (the atomic path's workspace is small), context
-// parallelism.
+// (ops/cuda/cudnn_attention.cpp), by ops/types.h's cudnn_attention_bwd_workspace_bytes: dP
+// of every (sequence, local head), B*NH/TP*S*S*2 bytes, for the sequences of one batch
+// chunk (MCPP_ATTENTION_BWD_WORKSPACE_MB, default 8192), and B*NH/TP*S*HD*4 bytes more with
+// grouped-query attention; the op checks each cuDNN plan's workspace against the same
+// formula at run time and warns, naming the linked cuDNN, if it asks for more. 0 where
+// cuDNN's attention does not run (ops::choose_attention_backend with --attention-backend,
+// assuming cuDNN is present on a GPU run unless MCPP_ATTENTION_CUDNN=0): CPU, f32, attention
+// dropout, head dims that are not a multiple of 8 up to 128, --attention-backend
+// flash/unfused/local, MCPP_ATTENTION_DETERMINISTIC=0 (the atomic path's workspace is
+// small), context parallelism.
 int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg);
 
 // Whether stage `stage` fits in `budget` bytes, and if not, what would make it fit: empty

@@ -12,6 +12,7 @@
 #include "optim/grads.h"
 #include "parallel/host_collectives.h"
 #include "training/flops.h"
+#include "training/profiler.h"
 #include "training/log_line.h"
 #include "training/trainer_state.h"
 
@@ -188,11 +189,14 @@ TrainSummary Trainer::run() {
     log::info("resuming at iteration {} ({} samples consumed)", iteration, s.consumed_train);
   s.log->restart_interval();
 
+  StepProfiler profiler(a, s.device, s.world->world().rank(), s.world->world().size());
   while (!a.skip_train && iteration < a.train_iters) {
     if (s.async_saver) s.async_saver->poll();  // a failed background save surfaces here
+    profiler.before_step(iteration);
     ++iteration;
     saved_now = false;
     const StepResult r = s.train_step();
+    profiler.after_step(iteration);
     s.consumed_train += gbs;
     s.flops_so_far += flops_per_iter;
     if (iteration == start_iteration + 1)

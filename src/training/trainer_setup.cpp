@@ -15,6 +15,7 @@
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
 #include "ops/attention_backend.h"
+#include "training/profiler.h"
 #include "ops/ops.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/grads.h"
@@ -136,6 +137,8 @@ void Trainer::State::build_model() {
             s.world->device() == Device::CUDA ? " (one GPU per rank, NCCL groups)" : "",
             dtype_name(s.model_cfg.dtype),
             s.model_cfg.dtype == DType::F32 ? "" : ", fp32 main params and main grads");
+  check_profile_args(a, s.device, s.world->world().size());  // before the model is built
+  ops::set_attention_request(ops::parse_attention_request(a.attention_backend));
   log::info("> {}", ops::describe_attention_backend(s.model_cfg.device, s.model_cfg.dtype,
                                                     s.model_cfg.kv_channels,
                                                     s.model_cfg.attention_dropout,

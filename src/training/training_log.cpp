@@ -91,7 +91,6 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   L.tokens_per_sec_per_gpu = double(gbs * a_.seq_length) / per_iter / world_.size();
   log::info("{}", format_iteration_line(L));
   if (report_memory_ && device_ == Device::CUDA) cuda_memory(iteration);
-  op_profile(per_iter);
   comm_volumes();
   if (a_.timing_log_level >= 1) timers();
   loss_ = 0, iters_ = 0, advanced_ = 0;
@@ -106,23 +105,6 @@ void TrainingLog::timers() {
   for (const auto& [n, v] : t) names.push_back(n), mm.push_back(v);
   log::info("(min, max) time across ranks (ms):");
   for (const auto& line : format_timer_lines(names, mm)) log::info("{}", line);
-}
-
-// MCPP_PROFILE_OPS=1: GPU time per op over this interval, largest first.
-void TrainingLog::op_profile(double per_iter_s) {
-#ifdef MCPP_HAVE_CUDA
-  if (device_ != Device::CUDA || !ops::cuda::op_profiling()) return;
-  auto times = ops::cuda::op_profile_collect();
-  double sum = 0;
-  for (const auto& t : times) sum += t.ms;
-  log::info(
-      "GPU time per op over the last {} iterations (ms per iteration; {:.1f} of "
-      "{:.1f} in ops):",
-      iters_, sum / double(iters_), per_iter_s * 1e3);
-  for (size_t i = 0; i < times.size() && i < 20; ++i)
-    log::info("    {:<48} {:>6} calls {:>9.2f} ms", times[i].name, times[i].calls / iters_,
-              times[i].ms / double(iters_));
-#endif
 }
 
 // Debug log (--logging-level 10): calls and bytes per iteration of every group and

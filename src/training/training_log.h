@@ -9,6 +9,7 @@
 //     activations after the first iteration, the CUDA allocator once after the first log
 //     line;
 //   * --logging-level 10: every group's communication calls and bytes per iteration.
+// (--profile's per-op GPU times are training/profiler.h's.)
 #pragma once
 #include <cstdint>
 #include <map>
@@ -73,7 +74,6 @@ class TrainingLog {
 
  private:
   void cuda_memory(int64_t iteration);
-  void op_profile(double per_iter_s);
   void comm_volumes();
   void timers();
 

@@ -4,6 +4,7 @@
 // with dropout really run the flash kernel).
 #include <gtest/gtest.h>
 
+#include "base/error.h"
 #include "ops/attention_backend.h"
 
 using namespace mcpp;
@@ -70,4 +71,87 @@ TEST(AttentionBackend, DescribeNamesLayersAndSlowPath) {
   const std::string s = ops::describe_attention_backend(Device::CPU, DType::F32, 64, 0.1, 12);
   EXPECT_TRUE(has(s, "all 12 layers")) << s;
   EXPECT_TRUE(has(s, "CPU backend")) << s;
+}
+
+// --attention-backend: fused -> cuDNN, flash -> the own flash kernel, unfused / local -> the
+// CUDA-core kernel, auto -> the order above; a request the call cannot honour is an error
+// naming the flag, never a silent substitute.
+namespace {
+ops::AttentionBackendChoice ask(ops::AttentionRequest r, DType dt, int64_t hd, double p,
+                                bool cudnn = true, bool forced = false,
+                                Device dev = Device::CUDA) {
+  ops::AttentionBackendQuery q;
+  q.device = dev, q.dtype = dt, q.head_dim = hd, q.dropout_p = p;
+  q.cudnn_available = cudnn, q.fallback_forced = forced, q.request = r;
+  return ops::choose_attention_backend(q);
+}
+std::string error_of(ops::AttentionRequest r, DType dt, int64_t hd, double p, bool cudnn = true,
+                     bool forced = false, Device dev = Device::CUDA) {
+  try {
+    ask(r, dt, hd, p, cudnn, forced, dev);
+  } catch (const Error& e) {
+    EXPECT_FALSE(e.hint().empty());
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(AttentionBackend, AutoRequestIsTodaysChoice) {
+  using R = ops::AttentionRequest;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (int64_t hd : {32, 64, 96, 128, 256})
+      for (double p : {0.0, 0.1})
+        for (bool cudnn : {true, false})
+          for (bool forced : {true, false}) {
+            auto a = ask(R::Auto, dt, hd, p, cudnn, forced);
+            auto b = pick(dt, hd, p, cudnn, forced);
+            EXPECT_EQ(a.backend, b.backend) << hd << " " << p;
+            EXPECT_EQ(a.reason, b.reason);
+          }
+}
+
+TEST(AttentionBackend, RequestsMapToKernels) {
+  using R = ops::AttentionRequest;
+  // fused = cuDNN (head dim 96, which the flash kernel does not take).
+  EXPECT_EQ(ask(R::Fused, DType::BF16, 96, 0.0).backend, AttentionBackend::Cudnn);
+  // flash = the own kernel, also where auto would take cuDNN.
+  auto c = ask(R::Flash, DType::BF16, 64, 0.0);
+  EXPECT_EQ(c.backend, AttentionBackend::Flash);
+  EXPECT_TRUE(has(c.reason, "--attention-backend flash")) << c.reason;
+  EXPECT_EQ(ask(R::Flash, DType::F16, 128, 0.1).backend, AttentionBackend::Flash);
+  // unfused and local = the CUDA-core kernel, for any shape and dtype.
+  for (R r : {R::Unfused, R::Local})
+    for (DType dt : {DType::BF16, DType::F32}) {
+      auto u = ask(r, dt, 64, 0.1);
+      EXPECT_EQ(u.backend, AttentionBackend::CudaCore);
+      EXPECT_TRUE(u.slow());
+    }
+}
+
+TEST(AttentionBackend, ImpossibleRequestsAreErrors) {
+  using R = ops::AttentionRequest;
+  EXPECT_TRUE(has(error_of(R::Fused, DType::BF16, 64, 0.1), "--attention-dropout 0.1"));
+  EXPECT_TRUE(has(error_of(R::Fused, DType::BF16, 64, 0.0, false), "cuDNN is not available"));
+  EXPECT_TRUE(has(error_of(R::Fused, DType::BF16, 100, 0.0), "head dim 100"));
+  EXPECT_TRUE(has(error_of(R::Flash, DType::BF16, 96, 0.0), "head dim 96"));
+  EXPECT_TRUE(has(error_of(R::Flash, DType::F32, 64, 0.0), "f32"));
+  EXPECT_TRUE(has(error_of(R::Fused, DType::BF16, 64, 0.0, true, /*forced=*/true),
+                  "MCPP_ATTENTION_FALLBACK"));
+  EXPECT_TRUE(
+      has(error_of(R::Flash, DType::BF16, 64, 0.0, true, false, Device::CPU), "CPU backend"));
+  const std::string e = error_of(R::Fused, DType::BF16, 64, 0.1);
+  EXPECT_TRUE(has(e, "--attention-backend fused")) << e;
+  // The CPU backend has one kernel: auto only.
+  EXPECT_EQ(ask(R::Auto, DType::F32, 64, 0.1, false, false, Device::CPU).backend,
+            AttentionBackend::Cpu);
+}
+
+TEST(AttentionBackend, ProcessRequestFeedsTheQuery) {
+  const auto before = ops::attention_request();
+  ops::set_attention_request(ops::AttentionRequest::Unfused);
+  EXPECT_EQ(ops::attention_backend_query(Device::CUDA, DType::BF16, 64, 0.0).request,
+            ops::AttentionRequest::Unfused);
+  ops::set_attention_request(before);
+  EXPECT_EQ(ops::attention_backend_query(Device::CUDA, DType::BF16, 64, 0.0).request, before);
 }

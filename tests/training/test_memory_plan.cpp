@@ -7,6 +7,7 @@
 // parallel_equiv.memory_plan_*_keep*).
 #include <algorithm>
 
+#include "ops/types.h"
 #include "test_util.h"
 #include "training/memory_plan.h"
 
@@ -120,8 +121,7 @@ TEST(MemoryPlan, FitAdvice) {
 // cuDNN's deterministic attention backward workspace on a GPU: B*NH/TP*S*S*2 bytes (+
 // B*NH/TP*S*HD*4 with GQA), in chunks under MCPP_ATTENTION_BWD_WORKSPACE_MB; nothing where
 // cuDNN's attention does not run. With it the plan of the four benchmark models came
-// within 5 MiB of the peak bench_gpu_train measured on the H200 (bench/RESULTS.md,
-// session 5).
+// within 5 MiB of the peak bench_gpu_train measured on the H200 (bench/RESULTS.md).
 TEST(MemoryPlan, AttentionWorkspace) {
   const int64_t MiB = 1 << 20;
   const auto xl = with(base_argv(), {"--bf16", "--num-layers", "24", "--hidden-size", "2048",
@@ -154,6 +154,16 @@ TEST(MemoryPlan, AttentionWorkspace) {
   setenv("MCPP_ATTENTION_DETERMINISTIC", "0", 1);
   EXPECT_EQ(ws(xl, 1), 0);
   unsetenv("MCPP_ATTENTION_DETERMINISTIC");
+  // --attention-backend: the workspace is planned only where cuDNN runs.
+  EXPECT_EQ(ws(with(xl, {"--attention-backend", "fused"}), 1), 2048 * MiB);
+  EXPECT_EQ(ws(with(xl, {"--attention-backend", "flash"}), 1), 0);
+  EXPECT_EQ(ws(with(xl, {"--attention-backend", "unfused"}), 1), 0);
+  EXPECT_EQ(ws(with(llama, {"--attention-backend", "local"}), 1), 0);
+  // The formula the op checks each cuDNN plan against (ops/types.h) is the plan's.
+  EXPECT_EQ(ops::cudnn_attention_bwd_workspace_bytes(16, 32, 8, 2048, 64, int64_t(8192) << 20),
+            4096 * MiB + 256 * MiB);
+  EXPECT_EQ(ops::cudnn_attention_bwd_workspace_bytes(16, 16, 16, 2048, 128, int64_t(600) << 20),
+            512 * MiB);
 }
 
 // The host side of the start-up check: what Linux says is available, and how many of this

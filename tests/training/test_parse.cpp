@@ -251,7 +251,7 @@ TEST(Parse, NotImplementedFlagWithNonDefaultValueIsAnError) {
 
 TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
   Args a = parse_args({"--use-flash-attn", "--no-masked-softmax-fusion", "--transformer-impl",
-                       "local", "--attention-backend", "flash", "--num-workers", "8",
+                       "local", "--deterministic-mode", "--num-workers", "8",
                        "--no-gradient-accumulation-fusion", "--distributed-backend", "gloo",
                        "--use-mcore-models"});
   auto lines = describe_by_design_flags(a);

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,9 +51,10 @@ void trim_memory_pool();
 void* workspace(size_t bytes, const Stream& s);
 
 // ---- op profiler -------------------------------------------------------------------
-// With profiling on (MCPP_PROFILE_OPS=1 in the environment, or set_op_profiling(true)),
-// every catalogue op dispatched to the CUDA backend is bracketed by two CUDA events on
-// its stream (nested dispatches count once, in the outermost op). op_profile_collect()
+// With profiling on (set_op_profiling(true): the trainer's --profile window, bench_gpu_train
+// --profile), every catalogue op dispatched to the CUDA backend is bracketed by two CUDA
+// events on its stream and an NVTX range (nested dispatches count once, in the outermost
+// op). op_profile_collect()
 // synchronises the device and returns the GPU time per op name since the last collect:
 // where a training step's time goes, without Nsight. Off, it costs one branch per op.
 struct OpTime {
@@ -77,6 +79,12 @@ class OpScope {
 };
 // Sorted by time, largest first; clears the recorded events.
 std::vector<OpTime> op_profile_collect();
+// An NVTX range of the calling thread (e.g. "iteration 11"), for Nsight Systems' timeline.
+void nvtx_push(const std::string& name);
+void nvtx_pop();
+// cudaProfilerStart/Stop: `nsys profile --capture-range=cudaProfilerApi` records only
+// between them. Without a profiler attached, does nothing.
+void cuda_profiler_capture(bool on);
 
 // One line per GEMM key tuned so far (ops/cuda/gemm.cu): candidates, how many computed
 // the same bits as cuBLASLt's first pick, its time and the chosen one's.
@@ -84,6 +92,27 @@ std::string gemm_tuning_report();
 // Turns GEMM tuning on or off (MCPP_GEMM_AUTOTUNE=0 starts with it off) and forgets every
 // algorithm chosen so far; returns the previous setting. For tests.
 bool set_gemm_autotune(bool on);
+// A benchmark's own ranking of GEMM candidates (bench/gpu/gemm_sustained.h ranks them at
+// the power-capped clock). Tuning calls it for a key with at least two candidates whose
+// output is bitwise equal to cuBLASLt's first pick: their names, short-run times (ms), and
+// run(j, reps), which launches candidate j reps times back to back on the tuning buffers
+// and returns ms per call. The choice names one of them, so the numbers stay those of the
+// first pick whatever the ranker does.
+struct GemmTuneCandidates {
+  std::vector<std::string> names;  // "#i algo A tile T stages S cluster C"
+  std::vector<float> short_ms;
+  std::function<float(size_t j, int reps)> run;
+};
+struct GemmTuneChoice {
+  size_t index = 0;    // into the candidates
+  float ms = 0;        // its time as the ranker measured it (for the report)
+  std::string label;   // e.g. "sustained", after the time in the report
+  std::string detail;  // appended to the report line
+};
+using GemmTuneRanker = std::function<GemmTuneChoice(const GemmTuneCandidates&)>;
+// Installs `r` (empty: the short-run ranking), forgets every algorithm chosen so far, and
+// returns the previous ranker.
+GemmTuneRanker set_gemm_tune_ranker(GemmTuneRanker r);
 
 // Error reporting with file:line (mcpp::Error).
 [[noreturn]] void cuda_fail(const char* file, int line, const char* expr, int code,

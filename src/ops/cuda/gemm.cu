@@ -11,7 +11,9 @@
 // the heuristic's first pick. The choice can then differ between runs (timing noise) but
 // the numbers cannot: candidates that compute anything else (split-K, stream-K orders)
 // are never taken. MCPP_GEMM_AUTOTUNE=0 keeps the heuristic's first pick;
-// gemm_tuning_report() lists what tuning found.
+// gemm_tuning_report() lists what tuning found; a benchmark may rank the equal candidates
+// its own way (set_gemm_tune_ranker: bench/gpu/gemm_sustained.h times them at the
+// power-capped clock).
 //
 // Row-major to cuBLAS's column-major: row-major C[M,N] = op(A)[M,K] op(B)[K,N] is
 // column-major C^T[N,M] = op(B)^T op(A)^T, so cuBLASLt gets m = N, n = M, with B's
@@ -101,28 +103,39 @@ struct LtDescs {
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneReps = 3;
 
+// MCPP_GEMM_AUTOTUNE: unset or 1 tunes, 0 keeps the heuristic's first pick
+// (docs/environment.md). Other values are an error rather than a silent default: the old
+// "sustained" ranking is bench_gpu_train --gemm-tune sustained now.
 std::atomic<bool>& autotune_flag() {
   static std::atomic<bool> v{[] {
     const char* e = std::getenv("MCPP_GEMM_AUTOTUNE");
-    return !(e && e[0] == '0');
+    if (!e || !*e || std::string(e) == "1") return true;
+    if (std::string(e) == "0") return false;
+    throw Error(fmt::format("MCPP_GEMM_AUTOTUNE={} is not 0 or 1", e),
+                "unset it (tuning on) or set 0 (cuBLASLt's first pick); the power-capped "
+                "'sustained' ranking is a benchmark option now: bench_gpu_train --gemm-tune "
+                "sustained");
   }()};
   return v;
 }
 bool autotune_enabled() { return autotune_flag().load(); }
 
-// MCPP_GEMM_AUTOTUNE=sustained: candidates are timed the way they run inside a training
-// step, after ~0.3 s of back-to-back GEMMs have brought the GPU to its power-capped clock,
-// each for ~kSustainMs; the ranking under the power cap can differ from the ranking at
-// boost clock (a kernel that spends less energy per FLOP keeps a higher clock).
-bool autotune_sustained() {
-  static const bool v = [] {
-    const char* e = std::getenv("MCPP_GEMM_AUTOTUNE");
-    return e && std::string(e) == "sustained";
-  }();
-  return v;
+// A benchmark's ranking of the bitwise-equal candidates (set_gemm_tune_ranker, device.h);
+// empty: the short-run times decide. Held by value and copied under its lock, so a ranker
+// installed while another thread tunes takes effect from the next key.
+struct RankerSlot {
+  std::mutex mu;
+  GemmTuneRanker ranker;
+};
+RankerSlot& ranker_slot() {
+  static RankerSlot* r = new RankerSlot;
+  return *r;
 }
-constexpr float kSustainMs = 120.f;
-constexpr float kBurnMs = 300.f;
+GemmTuneRanker current_ranker() {
+  RankerSlot& r = ranker_slot();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return r.ranker;
+}
 
 // "tile T stages S cluster C" of an algorithm (cuBLASLt's enum values, cublasLt.h).
 std::string algo_config(const cublasLtMatmulAlgo_t& a) {
@@ -247,34 +260,27 @@ cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_
   }
   const int equal = int(std::max<size_t>(equal_ms.size(), 1));
   std::string detail;
-  if (autotune_sustained() && equal_ms.size() > 1) {
-    // Runs of ~kSustainMs per candidate after a burn-in; two passes in opposite orders,
-    // averaged, so a clock still drifting favours no candidate.
-    auto run_for = [&](int i, float short_ms, float target_ms) {
-      const int reps = std::max(1, int(target_ms / std::max(short_ms, 1e-3f)));
+  std::string label;
+  if (const GemmTuneRanker ranker = current_ranker(); ranker && equal_ms.size() > 1) {
+    GemmTuneCandidates c;
+    for (const auto& [i, ms] : equal_ms)
+      c.names.push_back(fmt::format("#{} {}", i, algo_config(res[i].algo))),
+          c.short_ms.push_back(ms);
+    // reps back-to-back calls of candidate j into the scratch outputs; ms per call.
+    c.run = [&](size_t j, int reps) {
       CUDA_CHECK(cudaEventRecord(e0, cs));
-      for (int r = 0; r < reps; ++r) launch(i, out.p, out_aux.p);
+      for (int r = 0; r < reps; ++r) launch(equal_ms.at(j).first, out.p, out_aux.p);
       CUDA_CHECK(cudaEventRecord(e1, cs));
       CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      return ms / reps;
+      return ms / float(std::max(reps, 1));
     };
-    run_for(0, t0, kBurnMs);
-    std::vector<float> sus(equal_ms.size(), 0.f);
-    for (int pass = 0; pass < 2; ++pass)
-      for (size_t j = 0; j < equal_ms.size(); ++j) {
-        const size_t k = pass == 0 ? j : equal_ms.size() - 1 - j;
-        sus[k] += run_for(equal_ms[k].first, equal_ms[k].second, kSustainMs) / 2;
-      }
-    size_t bj = 0;
-    for (size_t j = 1; j < sus.size(); ++j)
-      if (sus[j] < sus[bj]) bj = j;
-    best = equal_ms[bj].first, best_ms = sus[bj];
-    for (size_t j = 0; j < equal_ms.size(); ++j)
-      detail += fmt::format("\n    #{} {}: {:.3f} ms short, {:.3f} ms sustained",
-                            equal_ms[j].first, algo_config(res[equal_ms[j].first].algo),
-                            equal_ms[j].second, sus[j]);
+    const GemmTuneChoice ch = ranker(c);
+    MCPP_CHECK(ch.index < equal_ms.size(), "GEMM tune ranker chose candidate {} of {}", ch.index,
+               equal_ms.size());
+    best = equal_ms[ch.index].first, best_ms = ch.ms;
+    label = " " + ch.label, detail = ch.detail;
   }
   if (with_aux)  // the real call's aux pointer back
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
@@ -283,8 +289,7 @@ cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_
   CUDA_CHECK(cudaEventDestroy(e1));
   line = fmt::format("{} candidates, {} bitwise equal to the first; first {:.3f} ms, chosen #{} "
                      "{:.3f} ms{} ({}){}",
-                     n_res, equal, t0, best, best_ms,
-                     autotune_sustained() && equal > 1 ? " sustained" : "",
+                     n_res, equal, t0, best, best_ms, label,
                      algo_config(res[best].algo), detail);
   return res[best].algo;
 }
@@ -577,6 +582,19 @@ bool set_gemm_autotune(bool on) {
   cache.algos.clear();
   cache.report.clear();
   return autotune_flag().exchange(on);
+}
+
+GemmTuneRanker set_gemm_tune_ranker(GemmTuneRanker r) {
+  {
+    AlgoCache& cache = algo_cache();
+    std::lock_guard<std::mutex> lk(cache.mu);
+    cache.algos.clear();
+    cache.report.clear();
+  }
+  RankerSlot& slot = ranker_slot();
+  std::lock_guard<std::mutex> lk(slot.mu);
+  std::swap(slot.ranker, r);
+  return r;
 }
 
 std::string gemm_tuning_report() {

@@ -1,8 +1,13 @@
-// The op profiler of device.h: CUDA events around each dispatched op, summed per name.
+// The op profiler of device.h: CUDA events around each dispatched op, summed per name, and
+// an NVTX range per op so that `nsys profile` shows the catalogue names on its timeline.
+// Off by default; the trainer turns it on for the --profile window (training/profiler.h),
+// bench_gpu_train for its profiled step. NVTX is the CUDA toolkit's header-only nvtx3: with
+// no tool attached, a push/pop is a call through a null function pointer.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -19,10 +24,7 @@ struct Record {
 
 struct Profiler {
   std::mutex mu;
-  bool on = [] {
-    const char* e = std::getenv("MCPP_PROFILE_OPS");
-    return e && e[0] == '1';
-  }();
+  bool on = false;
   std::vector<Record> records;  // events of this collection period, in call order
   size_t used = 0;              // records[0, used) hold this period's calls
 };
@@ -67,6 +69,7 @@ OpScope::OpScope(const char* name, const Stream& s, const Tensor* shape_of) {
       n += (i ? "x" : "") + std::to_string(shape_of->size(i));
     n += "]";
   }
+  nvtxRangePushA(n.c_str());
   CUDA_CHECK(cudaEventRecord(p.records[size_t(slot_)].start, handle(s)));
 }
 
@@ -77,6 +80,16 @@ OpScope::~OpScope() {
   Profiler& p = profiler();
   std::lock_guard<std::mutex> lk(p.mu);
   cudaEventRecord(p.records[size_t(slot_)].stop, handle(*s_));
+  nvtxRangePop();
+}
+
+void nvtx_push(const std::string& name) { nvtxRangePushA(name.c_str()); }
+void nvtx_pop() { nvtxRangePop(); }
+
+void cuda_profiler_capture(bool on) {
+  // cudaErrorProfilerDisabled etc. only mean that no profiler is attached: not an error.
+  const cudaError_t e = on ? cudaProfilerStart() : cudaProfilerStop();
+  if (e != cudaSuccess) (void)cudaGetLastError();
 }
 
 std::vector<OpTime> op_profile_collect() {
