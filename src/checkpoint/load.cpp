@@ -18,6 +18,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
+#include "ops/ops.h"
 
 namespace mcpp::checkpoint {
 
@@ -407,6 +408,47 @@ bool vocab_repad_allowed(const json& md, const model::ParamStore& params,
   return ok;
 }
 
+std::string join_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// This rank's shard of every registered buffer the checkpoint holds, read into host tensors
+// (buffer index, values); the caller copies them in once the whole load has succeeded. A
+// buffer the checkpoint lacks (saved before the buffer existed) keeps its initial value.
+std::vector<std::pair<size_t, Tensor>> load_buffers(ShardReader& rd, const json& md,
+                                                    const model::ParamStore& params,
+                                                    const std::string& iter_dir) {
+  std::vector<std::pair<size_t, Tensor>> out;
+  std::vector<std::string> missing;
+  const json& tensors = md.at("tensors");
+  for (size_t i = 0; i < params.buffer_infos().size(); ++i) {
+    const model::BufferInfo& b = params.buffer_infos()[i];
+    if (!tensors.contains(b.name)) {
+      missing.push_back(b.name);
+      continue;
+    }
+    const Shape g = tensors[b.name].at("global_shape").get<Shape>();
+    MCPP_CHECK_HINT(g == b.global_shape,
+                    "the model flags (experts, layers, FP8 settings) differ from the checkpoint's",
+                    "buffer {}: the checkpoint holds global shape {}, this model registers {}",
+                    b.name, shape_str(g), shape_str(b.global_shape));
+    // load_tensor's geometry is the parameters': the buffer as a parameter of its shape.
+    ParamInfo p;
+    p.name = b.name, p.global_shape = b.global_shape, p.local_shape = b.local_shape;
+    p.split = b.split;
+    Tensor h = Tensor::empty(b.local_shape, b.dtype);
+    load_tensor(rd, md, b.name, p, params.tp_rank(), params.tp_size(), h);
+    out.emplace_back(i, std::move(h));
+  }
+  if (!missing.empty())
+    log::warn("{} holds no value for {} buffer(s) (saved before they existed); they keep their "
+              "initial values: {}",
+              iter_dir, missing.size(), join_names(missing));
+  return out;
+}
+
 }  // namespace
 
 json read_metadata(const std::string& dir, std::optional<int64_t> iteration) {
@@ -446,17 +488,37 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
                   repad);
       expected.insert(p.name);
     }
-    for (auto& [key, v] : md.at("tensors").items())
-      MCPP_CHECK_HINT(opts.partial_model || key.rfind("optimizer.", 0) == 0 || expected.count(key),
+    std::vector<std::pair<size_t, Tensor>> buffers = load_buffers(rd, md, params, iter_dir);
+    for (const auto& b : params.buffer_infos()) expected.insert(b.name);
+    std::vector<std::string> unregistered;
+    for (auto& [key, v] : md.at("tensors").items()) {
+      if (opts.partial_model || key.rfind("optimizer.", 0) == 0 || expected.count(key)) continue;
+      // A buffer is state of a module this model may not have (another MoE or FP8 setting):
+      // skipped. An unknown parameter means another model.
+      if (v.is_object() && v.value("buffer", false)) {
+        unregistered.push_back(key);
+        continue;
+      }
+      MCPP_CHECK_HINT(false,
                       "the model flags differ from the checkpoint's (megatron inspect lists its "
                       "config)",
                       "the checkpoint holds {} {}, which this model does not have", key,
                       shape_str(v.at("global_shape").get<Shape>()));
+    }
+    if (!unregistered.empty())
+      log::warn("{}: ignoring {} buffer(s) of the checkpoint that this model does not register: {}",
+                iter_dir, unregistered.size(), join_names(unregistered));
     TrainingState st = state_from_json(md.at("state"));
     check_state(st, join_path(iter_dir, kMetadataFile));
     MCPP_CHECK(st.iteration == md["iteration"].get<int64_t>(),
                "{}: state.iteration {} differs from its iteration {}",
                join_path(iter_dir, kMetadataFile), st.iteration, md["iteration"].dump());
+    // The buffers are model state (kept by --finetune, as the weights): into the live
+    // tensors now that the parameters and state have loaded.
+    for (auto& [i, h] : buffers) {
+      Tensor dst = params.buffer(i);
+      ops::copy(h, dst, ops::default_stream(dst.device()));
+    }
     if (opts.finetune) {
       // Megatron's --finetune: weights only; training starts at iteration 0.
       TrainingState fresh;
@@ -539,7 +601,8 @@ std::string describe_checkpoint(const std::string& dir, int* bad_shards) {
   int bad = 0;
   for (auto& [key, t] : md["tensors"].items()) {
     o << "    " << key << "  " << shape_str(t["global_shape"].get<Shape>()) << " "
-      << t["dtype"].get<std::string>() << " " << t["split"].get<std::string>() << ":";
+      << t["dtype"].get<std::string>() << " " << t["split"].get<std::string>()
+      << (t.is_object() && t.value("buffer", false) ? " (buffer)" : "") << ":";
     for (const json& sh : t["shards"]) {
       o << " " << sh["file"].get<std::string>();
       for (const json& p : sh["pieces"]) o << p["shape"].dump() << "@" << p["offsets"].dump();
