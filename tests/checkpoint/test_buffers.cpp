@@ -14,6 +14,8 @@
 
 #include "checkpoint/async_saver.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/training_checkpoint.h"
+#include "comm/world.h"
 #include "ckpt_test_util.h"
 
 using namespace mcpp;
@@ -316,4 +318,36 @@ TEST(CheckpointBuffers, CorruptedBufferIsChecksumError) {
   int bad = 0;
   ck::describe_checkpoint(dir, &bad);
   EXPECT_EQ(bad, 1);
+}
+
+// The trainer's orchestration (training_checkpoint.h) on one process: the synchronous and
+// the --async-save path save the buffers (the snapshot carries them on the host), and
+// load_training_checkpoint reads them through the host buffers into the live ones.
+TEST(CheckpointBuffers, TrainingCheckpointSyncAndAsync) {
+  comm::InitOptions io;
+  io.backend = comm::Backend::Local;
+  auto world = comm::init(io);
+  {
+    parallel::ParallelState ps(*world, parallel::ParallelSizes{});
+    const std::string base = scratch_dir();
+    for (bool async : {false, true}) {
+      SCOPED_TRACE(async ? "async" : "sync");
+      const std::string dir = base + (async ? "/async" : "/sync");
+      ParamStore a = make_store(1, 0, true);
+      fill(a);
+      optim::AdamW opt(a, optim::AdamWConfig{});
+      ck::AsyncSaver saver;
+      ck::save_training_checkpoint(dir, world->world(), ps, a, opt, true, sample_state(5),
+                                   save_opts(), async ? &saver : nullptr);
+      saver.wait();
+      EXPECT_TRUE(ck::read_metadata(dir)["tensors"].contains(kAmax));
+
+      ParamStore b = make_store(1, 0, true);
+      optim::AdamW opt_b(b, optim::AdamWConfig{});
+      auto st = ck::load_training_checkpoint(dir, std::nullopt, b, opt_b, true, load_opts());
+      ASSERT_TRUE(st.has_value());
+      EXPECT_EQ(count_mismatches(b, b.flat_params(), kParamSalt), 0);
+      EXPECT_EQ(buffer_mismatches(b), 0);
+    }
+  }
 }
