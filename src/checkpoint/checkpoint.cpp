@@ -198,6 +198,30 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   return c;
 }
 
+void check_model_compat(const json& saved, const model::TransformerConfig& cur,
+                        const std::string& where, bool vocab_repad) {
+  const json now = model_config_json(cur);
+  std::string diffs;
+  const bool rope = cur.rope;
+  for (const char* k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                        "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
+                        "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
+    if (std::string(k) == "max_position_embeddings" && rope) continue;
+    if (std::string(k) == "padded_vocab_size" && vocab_repad) continue;
+    if (!saved.contains(k) || saved[k] != now[k])
+      diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
+                           saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
+  }
+  MCPP_CHECK_HINT(diffs.empty(),
+                  "pass the model flags the checkpoint was trained with (megatron inspect shows "
+                  "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP",
+                  "{} was written for a different model:{}", where, diffs);
+  for (const char* k : {"rotary_base", "rotary_percent", "norm_epsilon"})
+    if (saved.contains(k) && saved[k] != now[k])
+      log::warn("{}: {} differs (checkpoint {}, this run {})", where, k, saved[k].dump(),
+                now[k].dump());
+}
+
 json state_to_json(const TrainingState& st) {
   const auto& s = st.scheduler;
   return {{"iteration", st.iteration},

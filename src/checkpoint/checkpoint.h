@@ -199,6 +199,12 @@ nlohmann::json read_metadata(const std::string& dir, std::optional<int64_t> iter
 // The model config recorded at save time (error when the checkpoint has none).
 model::TransformerConfig model_config_from_metadata(const nlohmann::json& metadata);
 nlohmann::json model_config_json(const model::TransformerConfig& c);
+// The model-shape fields of a checkpoint's "model" record (saved) that must agree with the
+// loading model (cur); `where` names the checkpoint in the error. vocab_repad: the padded
+// vocabulary may differ (load_checkpoint's re-padding). rotary_base, rotary_percent and
+// norm_epsilon differences are warnings.
+void check_model_compat(const nlohmann::json& saved, const model::TransformerConfig& cur,
+                        const std::string& where, bool vocab_repad);
 
 // `megatron inspect CKPT`: iteration, state, config, tensors and shard layout; reads every
 // shard and verifies its checksum (the report says which are bad, and bad_shards receives
