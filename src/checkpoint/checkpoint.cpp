@@ -67,9 +67,13 @@ std::string join_path(const std::string& a, const std::string& b) {
 
 // ---- pieces and snapshots -------------------------------------------------------------------
 
-std::vector<Piece> local_pieces(const ParamInfo& p, int64_t tp_rank, int64_t tp_size) {
-  const int64_t R = rows_of(p.local_shape), C = cols_of(p.local_shape);
-  switch (p.split) {
+namespace {
+
+// The boxes of a tensor split as `split` (global and local shapes) held by TP rank tp_rank.
+std::vector<Piece> pieces_of(TpSplit split, const Shape& global_shape, const Shape& local_shape,
+                             int64_t tp_rank) {
+  const int64_t R = rows_of(local_shape), C = cols_of(local_shape);
+  switch (split) {
     case TpSplit::None:
       return {{0, 0, R, C, 0, 0}};
     case TpSplit::Rows:
@@ -78,12 +82,23 @@ std::vector<Piece> local_pieces(const ParamInfo& p, int64_t tp_rank, int64_t tp_
       return {{0, tp_rank * C, R, C, 0, 0}};
     case TpSplit::SwigluRows: {
       // Local [gate_r; up_r]; global [gate; up] with F = global rows / 2.
-      const int64_t half = R / 2, F = rows_of(p.global_shape) / 2;
+      const int64_t half = R / 2, F = rows_of(global_shape) / 2;
       return {{tp_rank * half, 0, half, C, 0, 0}, {F + tp_rank * half, 0, half, C, half, 0}};
     }
   }
-  (void)tp_size;
   return {};
+}
+
+}  // namespace
+
+std::vector<Piece> local_pieces(const ParamInfo& p, int64_t tp_rank, int64_t tp_size) {
+  (void)tp_size;
+  return pieces_of(p.split, p.global_shape, p.local_shape, tp_rank);
+}
+
+std::vector<Piece> local_pieces(const model::BufferInfo& b, int64_t tp_rank, int64_t tp_size) {
+  (void)tp_size;
+  return pieces_of(b.split, b.global_shape, b.local_shape, tp_rank);
 }
 
 // The tensor itself on the host; a host copy of a device tensor.
@@ -107,6 +122,8 @@ RankSnapshot RankSnapshot::view(const model::ParamStore& params, const optim::Ad
     s.exp_avg = on_host(opt->exp_avg()), s.exp_avg_sq = on_host(opt->exp_avg_sq());
     s.optimizer_steps = opt->steps();
   }
+  s.buffer_infos = params.buffer_infos();
+  for (size_t i = 0; i < s.buffer_infos.size(); ++i) s.buffers.push_back(on_host(params.buffer(i)));
   return s;
 }
 
@@ -114,6 +131,7 @@ RankSnapshot RankSnapshot::clone() const {
   RankSnapshot s = *this;
   s.params = params.clone();
   if (exp_avg.defined()) s.exp_avg = exp_avg.clone(), s.exp_avg_sq = exp_avg_sq.clone();
+  for (Tensor& b : s.buffers) b = b.clone();
   return s;
 }
 
@@ -178,6 +196,30 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
               e.what());
   }
   return c;
+}
+
+void check_model_compat(const json& saved, const model::TransformerConfig& cur,
+                        const std::string& where, bool vocab_repad) {
+  const json now = model_config_json(cur);
+  std::string diffs;
+  const bool rope = cur.rope;
+  for (const char* k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                        "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
+                        "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
+    if (std::string(k) == "max_position_embeddings" && rope) continue;
+    if (std::string(k) == "padded_vocab_size" && vocab_repad) continue;
+    if (!saved.contains(k) || saved[k] != now[k])
+      diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
+                           saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
+  }
+  MCPP_CHECK_HINT(diffs.empty(),
+                  "pass the model flags the checkpoint was trained with (megatron inspect shows "
+                  "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP",
+                  "{} was written for a different model:{}", where, diffs);
+  for (const char* k : {"rotary_base", "rotary_percent", "norm_epsilon"})
+    if (saved.contains(k) && saved[k] != now[k])
+      log::warn("{}: {} differs (checkpoint {}, this run {})", where, k, saved[k].dump(),
+                now[k].dump());
 }
 
 json state_to_json(const TrainingState& st) {
@@ -298,6 +340,40 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
     const std::string f = file_name("model", rank.coord, false);
     std::map<std::string, Tensor> tensors;
     add(tensors, f, "", rank.params);
+    // The persistent buffers, under their own names, by the parameters' rule: a duplicated
+    // one by TP rank 0, a split one by every TP rank (its box of the global tensor). Marked
+    // "buffer" so that a loader that does not register one skips it instead of failing.
+    MCPP_CHECK(rank.buffers.size() == rank.buffer_infos.size(),
+               "RankSnapshot holds {} buffers for {} buffer entries", rank.buffers.size(),
+               rank.buffer_infos.size());
+    for (size_t i = 0; i < rank.buffer_infos.size(); ++i) {
+      const model::BufferInfo& b = rank.buffer_infos[i];
+      if (b.split == TpSplit::None && rank.coord.tp != 0) continue;
+      // The format stores 1-D and 2-D tensors (a scalar is a [1] buffer).
+      MCPP_CHECK(!b.global_shape.empty(), "buffer {} is 0-dimensional; register it as shape [1]",
+                 b.name);
+      const Tensor& t = rank.buffers[i];
+      MCPP_CHECK(t.device() == Device::CPU && t.shape() == b.local_shape && t.dtype() == b.dtype,
+                 "buffer {}: the snapshot holds {}, expected a host tensor {} {}", b.name,
+                 t.str(), shape_str(b.local_shape), dtype_name(b.dtype));
+      MCPP_CHECK(!tensors.count(b.name), "buffer {} has the name of a parameter", b.name);
+      json pieces = json::array();
+      for (const Piece& pc : local_pieces(b, rank.coord.tp, rank.tp_size))
+        pieces.push_back(piece_json(pc, b.global_shape.size()));
+      rec["tensors"][b.name] = {{"global_shape", b.global_shape},
+                                {"dtype", safetensors_dtype(t.dtype())},
+                                {"split", split_name(b.split)},
+                                {"buffer", true},
+                                {"shard",
+                                 {{"file", f},
+                                  {"name", b.name},
+                                  {"shape", b.local_shape},
+                                  {"tp_rank", rank.coord.tp},
+                                  {"tp_size", rank.tp_size},
+                                  {"checksum", checksum_hex(t.raw(), t.nbytes())},
+                                  {"pieces", pieces}}}};
+      tensors[b.name] = t;
+    }
     write(f, tensors);
   }
   if (rank.exp_avg.defined()) {
@@ -403,6 +479,7 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
                         {"split", v["split"]},
                         {"shards", json::array()}};
       json& t = tensors[key];
+      if (v.value("buffer", false)) t["buffer"] = true;  // only buffers carry the field
       MCPP_CHECK(t["global_shape"] == v["global_shape"] && t["dtype"] == v["dtype"],
                  "ranks disagree on the global shape or dtype of {}", key);
       if (v.contains("shards"))  // several boxes of one rank (distributed optimizer)

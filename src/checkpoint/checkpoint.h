@@ -88,7 +88,8 @@ struct LoadOptions {
 };
 
 // ---- one rank's data -----------------------------------------------------------------------
-// A rank's parameters (and optionally Adam moments) as flat buffers laid out like ParamStore.
+// A rank's parameters (and optionally Adam moments) as flat buffers laid out like ParamStore,
+// and its shard of every registered persistent buffer (ParamStore::buffer_infos, on the host).
 // view() shares memory with the live buffers; clone() deep-copies them (the async snapshot).
 struct RankSnapshot {
   RankCoord coord;
@@ -98,6 +99,10 @@ struct RankSnapshot {
   Tensor exp_avg, exp_avg_sq;  // undefined: no optimizer state saved
   int64_t optimizer_steps = 0;
   bool write_model = true;  // false on dp > 0 (the model is a DP replica)
+  // The non-trainable buffers: buffers[i] is the rank's shard of buffer_infos[i] (its
+  // local shape and dtype). Saved with the model, never with the optimizer.
+  std::vector<model::BufferInfo> buffer_infos;
+  std::vector<Tensor> buffers;
 
   //
   // The values saved are `opt`'s fp32 main parameters when it holds them (bf16/f16 models,
@@ -119,6 +124,8 @@ struct Piece {
 };
 // The pieces of TP rank `tp_rank` of parameter p: one box, or two for SwiGLU's [gate_r; up_r].
 std::vector<Piece> local_pieces(const model::ParamInfo& p, int64_t tp_rank, int64_t tp_size);
+// The same for a persistent buffer (split by the same rule as a parameter).
+std::vector<Piece> local_pieces(const model::BufferInfo& b, int64_t tp_rank, int64_t tp_size);
 
 // ---- saving --------------------------------------------------------------------------------
 // One process holding all of the model (the serial layout, or TP=1 conversions).
@@ -166,6 +173,10 @@ std::optional<int64_t> latest_iteration(const std::string& load_dir);
 // Reads iteration (default: latest) into params (any TP layout) and opt (null:
 // --no-load-optim), verifying checksums, shapes, dtypes and model compatibility. Any problem
 // is an mcpp::Error that names the file and tensor and lists the iterations that exist.
+// Persistent buffers: each registered buffer gets its shard from the checkpoint (resharded
+// like a parameter); one the checkpoint lacks (written before it existed) keeps its initial
+// value, with a warning naming it; a buffer of the checkpoint that the model does not
+// register is skipped with a warning (silently for partial_model: another stage's).
 TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
                               model::ParamStore& params, optim::AdamW* opt,
                               const LoadOptions& opts = {});
@@ -175,7 +186,9 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
 // values [total] (f32 keeps the checkpoint's fp32 values exactly), and the Adam moments
 // when exp_avg/exp_avg_sq are given ([total] each; null: --no-load-optim). Elements between
 // parameters are left as they are. The trainer moves them to the GPU, the fp32 main
-// parameters and the distributed optimizer's shards from there.
+// parameters and the distributed optimizer's shards from there. The registered buffers of
+// `layout` are written in place (its buffer tensors, on any device), and only once
+// everything else has loaded: a failed load leaves them as they were.
 TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<int64_t> iteration,
                                    const model::ParamStore& layout, const Tensor& values,
                                    const Tensor* exp_avg, const Tensor* exp_avg_sq,
@@ -186,6 +199,12 @@ nlohmann::json read_metadata(const std::string& dir, std::optional<int64_t> iter
 // The model config recorded at save time (error when the checkpoint has none).
 model::TransformerConfig model_config_from_metadata(const nlohmann::json& metadata);
 nlohmann::json model_config_json(const model::TransformerConfig& c);
+// The model-shape fields of a checkpoint's "model" record (saved) that must agree with the
+// loading model (cur); `where` names the checkpoint in the error. vocab_repad: the padded
+// vocabulary may differ (load_checkpoint's re-padding). rotary_base, rotary_percent and
+// norm_epsilon differences are warnings.
+void check_model_compat(const nlohmann::json& saved, const model::TransformerConfig& cur,
+                        const std::string& where, bool vocab_repad);
 
 // `megatron inspect CKPT`: iteration, state, config, tensors and shard layout; reads every
 // shard and verifies its checksum (the report says which are bad, and bad_shards receives

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fmt/ranges.h>
 #include <map>
 #include <regex>
 #include <set>
@@ -18,6 +19,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
+#include "ops/ops.h"
 
 namespace mcpp::checkpoint {
 
@@ -225,31 +227,6 @@ json parse_metadata(const std::string& iter_dir) {
   return md;
 }
 
-// Model-shape fields that must agree between a checkpoint and the loading model.
-void check_model_compat(const json& saved, const model::TransformerConfig& cur,
-                        const std::string& where, bool vocab_repad) {
-  const json now = model_config_json(cur);
-  std::string diffs;
-  const bool rope = cur.rope;
-  for (const char* k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                        "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
-                        "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
-    if (std::string(k) == "max_position_embeddings" && rope) continue;
-    if (std::string(k) == "padded_vocab_size" && vocab_repad) continue;
-    if (!saved.contains(k) || saved[k] != now[k])
-      diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
-                           saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
-  }
-  MCPP_CHECK_HINT(diffs.empty(),
-                  "pass the model flags the checkpoint was trained with (megatron inspect shows "
-                  "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP",
-                  "{} was written for a different model:{}", where, diffs);
-  for (const char* k : {"rotary_base", "rotary_percent", "norm_epsilon"})
-    if (saved.contains(k) && saved[k] != now[k])
-      log::warn("{}: {} differs (checkpoint {}, this run {})", where, k, saved[k].dump(),
-                now[k].dump());
-}
-
 // Lazily opened shard files; each shard's checksum verified once.
 class ShardReader {
  public:
@@ -407,6 +384,39 @@ bool vocab_repad_allowed(const json& md, const model::ParamStore& params,
   return ok;
 }
 
+// This rank's shard of every registered buffer the checkpoint holds, read into host tensors
+// (buffer index, values); the caller copies them in once the whole load has succeeded. A
+// buffer the checkpoint lacks (saved before the buffer existed) keeps its initial value.
+std::vector<std::pair<size_t, Tensor>> load_buffers(ShardReader& rd, const json& md,
+                                                    const model::ParamStore& params,
+                                                    const std::string& iter_dir) {
+  std::vector<std::pair<size_t, Tensor>> out;
+  std::vector<std::string> missing;
+  const json& tensors = md.at("tensors");
+  for (size_t i = 0; i < params.buffer_infos().size(); ++i) {
+    const model::BufferInfo& b = params.buffer_infos()[i];
+    if (!tensors.contains(b.name)) {
+      missing.push_back(b.name);
+      continue;
+    }
+    const Shape g = tensors[b.name].at("global_shape").get<Shape>();
+    MCPP_CHECK_HINT(g == b.global_shape,
+                    "the model flags (experts, layers, FP8 settings) differ from the checkpoint's",
+                    "buffer {}: the checkpoint holds global shape {}, this model registers {}",
+                    b.name, shape_str(g), shape_str(b.global_shape));
+    // load_tensor's geometry is the parameters': the buffer as a parameter of its shape.
+    ParamInfo p{b.name, b.global_shape, b.local_shape, b.split};
+    Tensor h = Tensor::empty(b.local_shape, b.dtype);
+    load_tensor(rd, md, b.name, p, params.tp_rank(), params.tp_size(), h);
+    out.emplace_back(i, std::move(h));
+  }
+  if (!missing.empty())
+    log::warn("{} holds no value for {} buffer(s) (saved before they existed); they keep their "
+              "initial values: {}",
+              iter_dir, missing.size(), fmt::join(missing, ", "));
+  return out;
+}
+
 }  // namespace
 
 json read_metadata(const std::string& dir, std::optional<int64_t> iteration) {
@@ -446,17 +456,35 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
                   repad);
       expected.insert(p.name);
     }
-    for (auto& [key, v] : md.at("tensors").items())
-      MCPP_CHECK_HINT(opts.partial_model || key.rfind("optimizer.", 0) == 0 || expected.count(key),
+    std::vector<std::pair<size_t, Tensor>> buffers = load_buffers(rd, md, params, iter_dir);
+    for (const auto& b : params.buffer_infos()) expected.insert(b.name);
+    std::vector<std::string> unregistered;
+    for (auto& [key, v] : md.at("tensors").items()) {
+      if (opts.partial_model || key.rfind("optimizer.", 0) == 0 || expected.count(key)) continue;
+      // A buffer is state of a module this model may not have (another MoE or FP8 setting):
+      // skipped. An unknown parameter means another model.
+      const bool buffer = v.is_object() && v.value("buffer", false);
+      if (buffer) unregistered.push_back(key);
+      MCPP_CHECK_HINT(buffer,
                       "the model flags differ from the checkpoint's (megatron inspect lists its "
                       "config)",
                       "the checkpoint holds {} {}, which this model does not have", key,
                       shape_str(v.at("global_shape").get<Shape>()));
+    }
+    if (!unregistered.empty())
+      log::warn("{}: ignoring {} buffer(s) of the checkpoint that this model does not register: {}",
+                iter_dir, unregistered.size(), fmt::join(unregistered, ", "));
     TrainingState st = state_from_json(md.at("state"));
     check_state(st, join_path(iter_dir, kMetadataFile));
     MCPP_CHECK(st.iteration == md["iteration"].get<int64_t>(),
                "{}: state.iteration {} differs from its iteration {}",
                join_path(iter_dir, kMetadataFile), st.iteration, md["iteration"].dump());
+    // The buffers are model state (kept by --finetune, as the weights): into the live
+    // tensors now that the parameters and state have loaded.
+    for (auto& [i, h] : buffers) {
+      Tensor dst = params.buffer(i);  // on the buffer's device: that device's stream
+      ops::copy(h, dst, ops::default_stream(dst.device()));
+    }
     if (opts.finetune) {
       // Megatron's --finetune: weights only; training starts at iteration 0.
       TrainingState fresh;
@@ -539,7 +567,8 @@ std::string describe_checkpoint(const std::string& dir, int* bad_shards) {
   int bad = 0;
   for (auto& [key, t] : md["tensors"].items()) {
     o << "    " << key << "  " << shape_str(t["global_shape"].get<Shape>()) << " "
-      << t["dtype"].get<std::string>() << " " << t["split"].get<std::string>() << ":";
+      << t["dtype"].get<std::string>() << " " << t["split"].get<std::string>()
+      << (t.is_object() && t.value("buffer", false) ? " (buffer)" : "") << ":";
     for (const json& sh : t["shards"]) {
       o << " " << sh["file"].get<std::string>();
       for (const json& p : sh["pieces"]) o << p["shape"].dump() << "@" << p["offsets"].dump();
