@@ -674,12 +674,15 @@ int64_t backward_chunk(const AttentionDims& d, bool deterministic) {
 
 // The memory plan predicts this workspace from ops/types.h's formula; a cuDNN that asks for
 // more than predicted makes the plan (and its fit check) optimistic: say so once, naming
-// the linked version.
+// the linked version. cuDNN 9.19 adds a few hundred bytes of its own to the dP buffer
+// (256 at the GPT-2 124M shape); the plan's stated accuracy is a few MiB, so up to 1 MiB
+// over the formula is not worth a warning.
 void check_planned_workspace(const AttentionDims& d, int64_t bc, int64_t workspace) {
   static std::atomic<bool> warned{false};
   const int64_t planned =
       cudnn_attention_bwd_workspace_bytes(bc, d.NH, d.NG, d.S, d.HD, int64_t(1) << 62);
-  if (workspace <= planned || warned.exchange(true)) return;
+  constexpr int64_t kSlack = int64_t(1) << 20;
+  if (workspace <= planned + kSlack || warned.exchange(true)) return;
   log::warn("attention: cuDNN {} asks for {} bytes of workspace for the deterministic backward "
             "of {} sequences (S {}, {} heads, {} groups, head dim {}); the memory plan assumed "
             "{}. HINT: the start-up memory line and `megatron plan` underestimate this run by "
