@@ -34,7 +34,7 @@ $M train \
   --max-position-embeddings 128 --micro-batch-size 8 --global-batch-size 16 \
   --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 30 --weight-decay 0.1 \
   --adam-beta2 0.95 --clip-grad 1.0 --hidden-dropout 0.0 --attention-dropout 0.0 \
-  --train-iters "${DEMO_ITERS:-300}" --log-interval 20 --eval-interval 100 --eval-iters 4 \
+  --train-iters "${DEMO_ITERS:-300}" --log-interval 20 --log-throughput --eval-interval 100 --eval-iters 4 \
   --save "$OUT/checkpoints" --save-interval 100
 
 echo "== checkpoint"

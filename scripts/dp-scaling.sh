@@ -38,7 +38,7 @@ case $MODEL in
   *) echo "unknown model $MODEL (350m, 1.3b, llama1b)"; exit 2 ;;
 esac
 COMMON=("${SHAPE[@]}" --mock-data --tokenizer-type NullTokenizer
-  --micro-batch-size "$MB" --lr 1e-4 --train-iters "$ITERS" --log-interval $((ITERS / 2))
+  --micro-batch-size "$MB" --lr 1e-4 --train-iters "$ITERS" --log-interval $((ITERS / 2)) --log-throughput
   --hidden-dropout 0 --attention-dropout 0 --device cuda --bf16 --timing-log-level 1)
 launch() {  # a run, under the clock probe unless PROBE=0
   if [[ ${PROBE:-1} != 0 ]]; then "$(dirname "$0")/clock-probe.sh" probe "$@"; else "$@"; fi

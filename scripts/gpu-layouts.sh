@@ -90,7 +90,7 @@ for L in $LAYOUTS; do
       if ($NF > m) m = $NF } END { printf "%.0f", m }')
   CMD=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -np "$NP" "$M"
     train "${COMMON[@]}" "${FLAGS[@]}" --global-batch-size "$GBS" --mock-data
-    --tokenizer-type NullTokenizer --lr 1e-4 --train-iters "$ITERS" --log-interval $((ITERS / 2))
+    --tokenizer-type NullTokenizer --lr 1e-4 --train-iters "$ITERS" --log-interval $((ITERS / 2)) --log-throughput
     --device cuda --timing-log-level 1)
   if [[ -z $plan_mib || $plan_mib == 0 ]]; then
     rows+=("| $L | $NP | - | - | - | - | - | - | plan failed: see \`megatron plan\` with these flags |")

@@ -51,7 +51,7 @@ PY
 COMMON=("${SHAPE[@]}" --tokenizer-type NullTokenizer --vocab-size 50257
   --micro-batch-size "$MB" --global-batch-size "$GBS" --lr 1e-4 --min-lr 1e-5
   --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 --train-iters "$ITERS"
-  --log-interval $((ITERS / 3)) --eval-iters 0 --device "$DEVICE" "${PREC[@]}" "${DROP[@]}")
+  --log-interval $((ITERS / 3)) --log-throughput --eval-iters 0 --device "$DEVICE" "${PREC[@]}" "${DROP[@]}")
 ms() { grep -oE "elapsed time per iteration \(ms\): [0-9.]+" "$1" | tail -1 | awk '{print $NF}'; }
 "$M" train "${COMMON[@]}" --data-path "$LOG/corpus_text_document" --split 100,0,0 \
   > "$LOG/train-bin.log" 2>&1 || { tail -20 "$LOG/train-bin.log"; exit 1; }

@@ -80,7 +80,11 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   L.iteration = iteration, L.train_iters = a_.train_iters;
   L.consumed_samples = s.consumed_samples;
   L.elapsed_ms_per_iteration = per_iter * 1e3;
-  L.throughput_tflops = throughput_tflops_per_gpu(s.flops_per_iteration, per_iter, world_.size());
+  // Megatron's training_log prints the throughput field only with --log-throughput; the
+  // tokens/s field (ours) follows the same flag.
+  if (a_.log_throughput)
+    L.throughput_tflops =
+        throughput_tflops_per_gpu(s.flops_per_iteration, per_iter, world_.size());
   L.learning_rate = s.learning_rate;
   L.global_batch_size = gbs;
   // Averaged over the iterations that stepped, as Megatron's advanced iterations.
@@ -88,7 +92,8 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   L.loss_scale = s.loss_scale;
   L.grad_norm = last_grad_norm_;
   L.skipped_iterations = s.skipped_iterations, L.nan_iterations = s.nan_iterations;
-  L.tokens_per_sec_per_gpu = double(gbs * a_.seq_length) / per_iter / world_.size();
+  if (a_.log_throughput)
+    L.tokens_per_sec_per_gpu = double(gbs * a_.seq_length) / per_iter / world_.size();
   log::info("{}", format_iteration_line(L));
   if (report_memory_ && device_ == Device::CUDA) cuda_memory(iteration);
   comm_volumes();

@@ -22,4 +22,17 @@ PY
 for e in "${expects[@]}"; do
   grep -qE -- "$e" <<<"$out" || { echo "missing expected output /$e/"; echo "$out" | tail -20; exit 1; }
 done
-grep -qE "throughput per GPU \(TFLOP/s/GPU\): [0-9.]+ \| learning rate" <<<"$out" || { echo "log line format"; exit 1; }
+# Megatron's --log-throughput: the TFLOP/s field (and our tokens/s field) with it, neither
+# without it.
+if [[ " $* " == *" --log-throughput "* ]]; then
+  grep -qE "throughput per GPU \(TFLOP/s/GPU\): [0-9.]+ \| learning rate" <<<"$lines" ||
+    { echo "log line format: no throughput field with --log-throughput"; exit 1; }
+  grep -qE "tokens per second per GPU: [0-9.]+ \|$" <<<"$lines" ||
+    { echo "log line format: no tokens/s field with --log-throughput"; exit 1; }
+else
+  grep -qE "elapsed time per iteration \(ms\): [0-9.]+ \| learning rate" <<<"$lines" ||
+    { echo "log line format: a throughput field without --log-throughput"; exit 1; }
+  if grep -qE "TFLOP/s/GPU|tokens per second" <<<"$lines"; then
+    echo "log line format: throughput fields printed without --log-throughput"; exit 1
+  fi
+fi
