@@ -1,4 +1,4 @@
-// What a checkpoint reader checks before it trusts a value (issue 23, part B): a
+// What a checkpoint reader checks before it trusts a value: a
 // metadata.json or folder name from an untrusted source must give an Error naming the file
 // and field, never a crash, an unbounded allocation or heap bytes in the weights.
 //
