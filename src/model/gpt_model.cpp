@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
 
 namespace mcpp::model {
 

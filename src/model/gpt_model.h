@@ -26,7 +26,6 @@
 #include <memory>
 #include <vector>
 
-#include "comm/communicator.h"
 
 #include "model/config.h"
 #include "model/memory_estimate.h"

@@ -1,6 +1,7 @@
 #include "model/lm_head.h"
 
 #include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
 
 namespace mcpp::model {
 
@@ -78,10 +79,10 @@ double LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspac
   ops::ce_stats(s.logits, s.targets, c.tp_rank * V, s.row_max, s.sum_exp, s.target_logit, st);
   if (cx.tp_comm) {
     ops::copy(s.row_max, ws.local_max, st);
-    cx.tp_comm->all_reduce(s.row_max, comm::ReduceOp::Max, st);
+    parallel::max_from_tp(s.row_max, *cx.tp_comm, st);
     ops::ce_rescale_sum_exp(ws.local_max, s.row_max, s.sum_exp, st);
-    cx.tp_comm->all_reduce(s.sum_exp, comm::ReduceOp::Sum, st);
-    cx.tp_comm->all_reduce(s.target_logit, comm::ReduceOp::Sum, st);
+    parallel::reduce_from_tp(s.sum_exp, *cx.tp_comm, st);
+    parallel::reduce_from_tp(s.target_logit, *cx.tp_comm, st);
   }
   ops::ce_loss(s.row_max, s.sum_exp, s.target_logit, s.losses, st);
   return ops::dot(s.losses, s.mask, st);

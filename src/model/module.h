@@ -22,10 +22,13 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
 #include "model/config.h"
 #include "ops/types.h"
 #include "tensor/tensor.h"
+
+namespace mcpp::comm {
+class Communicator;  // a process group; model code reaches it only through parallel/
+}  // namespace mcpp::comm
 
 namespace mcpp::model {
 

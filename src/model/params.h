@@ -23,7 +23,7 @@ enum class TpSplit {
 enum class Init { Normal, Zeros, Ones };
 
 // Which data-parallel group reduces a parameter's gradient: the dense parameters over
-// DP (x CP); expert parameters over the expert-data-parallel group (EP, issue 18).
+// DP (x CP); expert parameters over the expert-data-parallel group (EP).
 enum class GradGroup { Dense, Expert };
 
 struct ParamInfo {

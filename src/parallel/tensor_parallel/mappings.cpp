@@ -32,6 +32,10 @@ void reduce_from_tp(Tensor& x, comm::Communicator& tp, Stream& s) {
   if (tp.size() > 1) tp.all_reduce(x, comm::ReduceOp::Sum, s);
 }
 
+void max_from_tp(Tensor& x, comm::Communicator& tp, Stream& s) {
+  if (tp.size() > 1) tp.all_reduce(x, comm::ReduceOp::Max, s);
+}
+
 void gather_from_tp(const Tensor& x, Tensor& y, comm::Communicator& tp, Stream& s) {
   const int P = tp.size();
   Tensor x2 = as_2d(x), y2 = as_2d(y);

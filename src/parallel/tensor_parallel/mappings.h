@@ -28,6 +28,10 @@ void copy_to_tp_backward(Tensor& dx, comm::Communicator& tp, Stream& s);
 
 // x: the partial output of a row-parallel layer -> the sum over TP, in place.
 void reduce_from_tp(Tensor& x, comm::Communicator& tp, Stream& s);
+// The vocab-parallel cross-entropy's per-row statistics (Megatron's
+// vocab_parallel_cross_entropy): the maximum over TP, in place. Forward only: the loss's
+// backward needs no communication (each rank differentiates its vocabulary slice).
+void max_from_tp(Tensor& x, comm::Communicator& tp, Stream& s);
 // Identity in backward (the gradient of a replicated output is replicated).
 inline void reduce_from_tp_backward(const Tensor& /*dy*/, comm::Communicator& /*tp*/,
                                     Stream& /*s*/) {}
