@@ -152,6 +152,7 @@ json model_config_json(const model::TransformerConfig& c) {
           {"rotary_percent", c.rotary_percent},
           {"rmsnorm", c.rmsnorm},
           {"norm_epsilon", c.norm_epsilon},
+          {"zero_centered_gamma", c.zero_centered_gamma},
           {"swiglu", c.swiglu},
           {"tie_embeddings", c.tie_embeddings},
           {"add_bias_linear", c.add_bias_linear},
@@ -180,6 +181,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.rope = j.at("rope"), c.rotary_base = j.at("rotary_base");
   c.rotary_percent = j.at("rotary_percent"), c.rmsnorm = j.at("rmsnorm");
   c.norm_epsilon = j.at("norm_epsilon"), c.swiglu = j.at("swiglu");
+  c.zero_centered_gamma = j.value("zero_centered_gamma", false);  // absent before 1p existed
   c.tie_embeddings = j.at("tie_embeddings"), c.add_bias_linear = j.at("add_bias_linear");
   c.hidden_dropout = j.at("hidden_dropout"), c.attention_dropout = j.at("attention_dropout");
   c.init_method_std = j.at("init_method_std"), c.seed = j.at("seed");
@@ -212,6 +214,11 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
       diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
                            saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
   }
+  // --apply-layernorm-1p changes what the stored norm weights mean (absent: false).
+  if (saved.value("zero_centered_gamma", false) != cur.zero_centered_gamma)
+    diffs += fmt::format("\n  zero_centered_gamma (--apply-layernorm-1p): checkpoint {} vs this "
+                         "run {}",
+                         saved.value("zero_centered_gamma", false), cur.zero_centered_gamma);
   MCPP_CHECK_HINT(diffs.empty(),
                   "pass the model flags the checkpoint was trained with (megatron inspect shows "
                   "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP",

@@ -147,7 +147,7 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
   const Blend blend = parse_data_path(a.data_path);
   const auto matrix = split_matrix(parse_split(a.split));
   auto open = [&](const std::string& prefix) {
-    auto low = std::make_shared<IndexedLowLevelDataset>(prefix);
+    auto low = std::make_shared<IndexedLowLevelDataset>(prefix, a.mmap_bin_files);
     if (a.padded_vocab_size > 0)
       low->indexed().check_vocabulary(a.padded_vocab_size,
                                       cached_max_token_id(low->indexed(), a.data_cache_path));

@@ -45,6 +45,7 @@ struct GPTDatasetsArgs {
   bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
   std::string data_cache_path;               // --data-cache-path ("" = no cache)
+  bool mmap_bin_files = true;                // false: --no-mmap-bin-files (pread the .bin)
 };
 
 // Megatron's pad rule: the tokenizer's pad id unless it is absent or equals EOD.

@@ -55,7 +55,8 @@ class LowLevelDataset {
 // Wraps a memory-mapped Megatron .bin/.idx pair.
 class IndexedLowLevelDataset final : public LowLevelDataset {
  public:
-  explicit IndexedLowLevelDataset(const std::string& prefix) : ds_(prefix) {}
+  explicit IndexedLowLevelDataset(const std::string& prefix, bool mmap_bin = true)
+      : ds_(prefix, /*multimodal=*/false, mmap_bin) {}
   int64_t num_sequences() const override { return ds_.num_sequences(); }
   int32_t sequence_length(int64_t seq) const override { return ds_.sequence_lengths()[seq]; }
   int64_t read(int64_t seq, int64_t offset, int64_t length, int64_t* out) const override {

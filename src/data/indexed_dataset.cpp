@@ -123,7 +123,8 @@ std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
 
 // ---- reader -------------------------------------------------------------------------
 
-IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal) : prefix_(prefix) {
+IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal, bool mmap_bin)
+    : prefix_(prefix) {
   const std::string ip = idx_path(prefix), bp = bin_path(prefix);
   Mapped im = map_file(ip);
   idx_map_ = im.ptr, idx_bytes_ = im.bytes;
@@ -160,9 +161,25 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal) : pre
   docs_ = reinterpret_cast<const int64_t*>(p + kHeader + 12 * n);
   if (multimodal) modes_ = reinterpret_cast<const int8_t*>(p + kHeader + 12 * n + 8 * d);
 
-  Mapped bm = map_file(bp);
-  bin_map_ = bm.ptr, bin_bytes_ = bm.bytes;
-  bin_ = static_cast<const uint8_t*>(bin_map_);
+  if (mmap_bin) {
+    Mapped bm = map_file(bp);
+    bin_map_ = bm.ptr, bin_bytes_ = bm.bytes;
+    bin_ = static_cast<const uint8_t*>(bin_map_);
+  } else {
+    bin_fd_ = ::open(bp.c_str(), O_RDONLY | O_CLOEXEC);
+    if (bin_fd_ < 0) {
+      if (idx_map_) ::munmap(idx_map_, idx_bytes_);
+      throw Error(fmt::format("cannot open {}: {}", bp, std::strerror(errno)),
+                  "check the --data-path prefix: it names FILE for FILE.bin and FILE.idx");
+    }
+    struct stat st {};
+    if (::fstat(bin_fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(bin_fd_);
+      if (idx_map_) ::munmap(idx_map_, idx_bytes_);
+      throw Error(fmt::format("{} is not a readable regular file", bp));
+    }
+    bin_bytes_ = size_t(st.st_size);
+  }
 
   // Validate the arrays: lengths >= 0, pointers increasing and inside .bin, document
   // boundaries from 0 to N and non-decreasing.
@@ -206,6 +223,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool multimodal) : pre
 int64_t IndexedDataset::max_token_id() const {
   std::call_once(max_once_, [&] {
     int64_t mx = -1;
+    std::vector<uint8_t> buf;
     auto bad = [&](int64_t seq, const std::string& what) {
       throw Error(fmt::format("{}: sequence {} holds {}, not a token id", bin_path(prefix_), seq,
                               what),
@@ -215,7 +233,8 @@ int64_t IndexedDataset::max_token_id() const {
     for (int64_t i = 0; i < n_; ++i) {
       const int64_t len = read_le<int32_t>(reinterpret_cast<const uint8_t*>(lengths_ + i));
       const uint8_t* p =
-          bin_ + read_le<int64_t>(reinterpret_cast<const uint8_t*>(pointers_ + i));
+          bin_bytes_at(read_le<int64_t>(reinterpret_cast<const uint8_t*>(pointers_ + i)),
+                       len * itemsize_, buf);
       switch (dtype_) {
         case IndexDType::U8:
           for (int64_t k = 0; k < len; ++k) mx = std::max<int64_t>(mx, p[k]);
@@ -269,6 +288,23 @@ void IndexedDataset::check_vocabulary(int64_t vocab_size, std::optional<int64_t>
 IndexedDataset::~IndexedDataset() {
   if (idx_map_) ::munmap(idx_map_, idx_bytes_);
   if (bin_map_) ::munmap(bin_map_, bin_bytes_);
+  if (bin_fd_ >= 0) ::close(bin_fd_);
+}
+
+const uint8_t* IndexedDataset::bin_bytes_at(int64_t offset, int64_t nbytes,
+                                            std::vector<uint8_t>& buf) const {
+  if (bin_) return bin_ + offset;
+  buf.resize(size_t(nbytes));
+  int64_t done = 0;
+  while (done < nbytes) {  // pread may return less than asked (signals, large reads)
+    const ssize_t r = ::pread(bin_fd_, buf.data() + done, size_t(nbytes - done), offset + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      throw Error(fmt::format("{}: read of {} bytes at byte {} failed: {}", bin_path(prefix_),
+                              nbytes, offset + done, r < 0 ? std::strerror(errno) : "end of file"));
+    done += r;
+  }
+  return buf.data();
 }
 
 int64_t IndexedDataset::get(int64_t seq, int64_t offset, int64_t length, int64_t* out) const {
@@ -278,7 +314,8 @@ int64_t IndexedDataset::get(int64_t seq, int64_t offset, int64_t length, int64_t
   MCPP_CHECK(offset >= 0 && length >= 0 && offset + length <= len,
              "{}: read of {} items at offset {} of sequence {} (length {})", prefix_, length,
              offset, seq, len);
-  const uint8_t* src = bin_ + pointers_[seq] + offset * itemsize_;
+  thread_local std::vector<uint8_t> buf;  // --no-mmap-bin-files: get() is thread-safe
+  const uint8_t* src = bin_bytes_at(pointers_[seq] + offset * itemsize_, length * itemsize_, buf);
   switch (dtype_) {
     case IndexDType::U8:
       convert<uint8_t>(src, length, out);

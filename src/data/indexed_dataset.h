@@ -49,10 +49,14 @@ void append_as_dtype(IndexDType dtype, std::span<const int64_t> ids, std::vector
 std::string idx_path(const std::string& prefix);  // prefix + ".idx"
 std::string bin_path(const std::string& prefix);  // prefix + ".bin"
 
-// Memory-mapped reader. Thread-safe for concurrent get() calls.
+// Memory-mapped reader. Thread-safe for concurrent get() calls. mmap_bin = false
+// (--no-mmap-bin-files, Megatron's _FileBinReader): the .idx is still mapped, the .bin is
+// read with pread() at each get(), for file systems where mapping large files is slow or
+// not allowed.
 class IndexedDataset {
  public:
-  explicit IndexedDataset(const std::string& prefix, bool multimodal = false);
+  explicit IndexedDataset(const std::string& prefix, bool multimodal = false,
+                          bool mmap_bin = true);
   ~IndexedDataset();
   IndexedDataset(const IndexedDataset&) = delete;
   IndexedDataset& operator=(const IndexedDataset&) = delete;
@@ -94,6 +98,9 @@ class IndexedDataset {
   size_t idx_bytes_ = 0;
   void* bin_map_ = nullptr;
   size_t bin_bytes_ = 0;
+  int bin_fd_ = -1;  // open .bin when it is not mapped
+  // nbytes of .bin at byte `offset`: a pointer into the mapping, or read into buf.
+  const uint8_t* bin_bytes_at(int64_t offset, int64_t nbytes, std::vector<uint8_t>& buf) const;
   mutable std::once_flag max_once_;
   mutable int64_t max_id_ = -1;
 };

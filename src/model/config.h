@@ -27,6 +27,7 @@ struct TransformerConfig {
   double rotary_percent = 1.0;           // --rotary-percent
   bool rmsnorm = false;                  // --normalization RMSNorm
   double norm_epsilon = 1e-5;            // --norm-epsilon
+  bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
   bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
   bool add_bias_linear = true;           // !--disable-bias-linear

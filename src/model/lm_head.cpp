@@ -17,11 +17,13 @@ void LmHead::add_params(const TransformerConfig& c, bool first_stage,
   if (!c.tie_embeddings) {
     ColumnParallelLinear::add_params(c, "output_layer", -1, c.padded_vocab_size, c.hidden_size,
                                      TpSplit::Rows, c.init_method_std, false, params);
+    params.back().embedding_or_output = true;  // --decoupled-lr's group
   } else if (!first_stage) {  // the tied output weight: a copy of the first stage's
     params.push_back(make_param("embedding.word_embeddings.weight",
                                 {c.padded_vocab_size, c.hidden_size}, TpSplit::Rows, Init::Normal,
                                 c.init_method_std, true, -1, c.tp_size));
     params.back().pipeline_duplicate = true;
+    params.back().embedding_or_output = true;
   }
 }
 

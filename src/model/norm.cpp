@@ -7,7 +7,8 @@ namespace mcpp::model {
 void Norm::add_params(const TransformerConfig& c, const std::string& prefix, int layer,
                       std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size;
-  params.push_back(make_param(prefix + ".weight", {H}, TpSplit::None, Init::Ones, 0, false, layer,
+  const Init w_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;  // 1 + 0 = 1 either way
+  params.push_back(make_param(prefix + ".weight", {H}, TpSplit::None, w_init, 0, false, layer,
                               c.tp_size, /*sp=*/true));
   if (!c.rmsnorm)
     params.push_back(make_param(prefix + ".bias", {H}, TpSplit::None, Init::Zeros, 0, false, layer,
@@ -16,6 +17,7 @@ void Norm::add_params(const TransformerConfig& c, const std::string& prefix, int
 
 Norm::Norm(const TransformerConfig& c, const ParamStore* store, const std::string& prefix)
     : rms_(c.rmsnorm),
+      one_plus_(c.zero_centered_gamma),
       eps_(c.norm_epsilon),
       w_(ParamStore::view(store, prefix + ".weight")),
       b_(ParamStore::view(store, prefix + ".bias")) {}
@@ -27,19 +29,32 @@ void Norm::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
   v(s.mean, {d.Tl}, d.sdt, !c.rmsnorm);
 }
 
+// [H]: a small tensor, so recomputing 1 + w at each use (after every optimizer step the
+// stored weight changes) costs two elementwise passes over H values.
+const Tensor& Norm::gamma(const StepContext& cx) const {
+  if (!one_plus_) return w_.w;
+  if (!gamma_.defined())
+    gamma_ = Tensor::empty(w_.w.shape(), w_.w.dtype(), w_.w.device());
+  ops::fill(gamma_, 1.0, cx.stream());
+  ops::axpy(1.0, w_.w, gamma_, cx.stream());
+  return gamma_;
+}
+
 void Norm::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+  const Tensor& w = gamma(cx);
   if (rms_)
-    ops::rmsnorm_forward(x, w_.w, eps_, s.y, s.rstd, cx.stream());
+    ops::rmsnorm_forward(x, w, eps_, s.y, s.rstd, cx.stream());
   else
-    ops::layernorm_forward(x, w_.w, b_.w, eps_, s.y, s.mean, s.rstd, cx.stream());
+    ops::layernorm_forward(x, w, b_.w, eps_, s.y, s.mean, s.rstd, cx.stream());
 }
 
 void Norm::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, bool accumulate,
                     const StepContext& cx) {
+  const Tensor& w = gamma(cx);
   if (rms_)
-    ops::rmsnorm_backward(dy, x, w_.w, s.rstd, dx, accumulate, w_.g, cx.stream());
+    ops::rmsnorm_backward(dy, x, w, s.rstd, dx, accumulate, w_.g, cx.stream());
   else
-    ops::layernorm_backward(dy, x, w_.w, s.mean, s.rstd, dx, accumulate, w_.g, b_.g, cx.stream());
+    ops::layernorm_backward(dy, x, w, s.mean, s.rstd, dx, accumulate, w_.g, b_.g, cx.stream());
 }
 
 }  // namespace mcpp::model

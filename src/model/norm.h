@@ -2,6 +2,9 @@
 //   LayerNorm: y = (x - mean) * rstd * w + b      RMSNorm: y = x * rstd * w
 //   backward: dx (= or +=, see backward) from dy, x and the saved statistics;
 //             dw += sum_t dy * xhat, db += sum_t dy.
+// --apply-layernorm-1p (TransformerConfig::zero_centered_gamma): the stored weight is
+// w - 1 (initialised to zeros) and the op is given 1 + stored, as Megatron's
+// zero-centred gamma; d(1 + stored) = d(stored), so dw accumulates unchanged.
 // Norm weights act on the rank's sequence shard under SP: registered sequence_parallel,
 // so their gradients are partial sums over TP that finalize_model_grads all-reduces.
 #pragma once
@@ -35,7 +38,11 @@ class Norm {
                 const StepContext& cx);
 
  private:
+  // The weight the op multiplies by: w_.w itself, or 1 + w_.w (zero-centred gamma).
+  const Tensor& gamma(const StepContext& cx) const;
   bool rms_ = false;
+  bool one_plus_ = false;
+  mutable Tensor gamma_;  // 1 + stored weight, refreshed at every use
   double eps_ = 0;
   ParamView w_, b_;
 };

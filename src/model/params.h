@@ -48,6 +48,9 @@ struct ParamInfo {
   bool sequence_parallel = false;
   GradGroup grad_group = GradGroup::Dense;
   int expert = -1;  // expert index (EP), -1 for dense parameters
+  // The word embedding and the output layer (Megatron's is_embedding_or_output_parameter):
+  // the parameters --decoupled-lr steps with their own learning rate. Set by the module.
+  bool embedding_or_output = false;
   // Duplicated on every TP rank: its gradient and norm are counted once (TP rank 0).
   bool tp_duplicated() const { return split == TpSplit::None; }
   int64_t numel() const { return shape_numel(local_shape); }

@@ -86,6 +86,7 @@ void DistributedAdamW::step(double lr, double wd) {
   const auto& infos = ps_.infos();
   for (const auto& s : segs_) {
     p.weight_decay = infos[s.param].weight_decay ? wd : 0.0;
+    p.lr = lr_of(s.param, lr);  // --decoupled-lr
     Tensor w = main_.narrow(s.shard, s.len), g = grads_.shard().narrow(s.shard, s.len);
     Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
     Tensor model = cast ? flat.narrow(s.flat, s.len) : Tensor();

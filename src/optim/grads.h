@@ -34,4 +34,18 @@ bool counts_in_grad_norm(const model::ParamInfo& p, int tp_rank);
 double grad_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
                  comm::Communicator& group);
 
+// --log-params-norm: Megatron's calc_params_l2_norm -- the L2 norm of the whole model's
+// parameters (the fp32 main parameters where the optimizer holds them unsharded, else the
+// model's), each element counted once as in grad_norm, summed over `model_parallel`
+// (TP x PP: DP replicas are equal).
+double params_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
+                   comm::Communicator& model_parallel);
+
+// --log-num-zeros-in-grad: Megatron's count_zeros_fp32 -- the gradient elements (after
+// clipping) that are exactly zero, over the parameters grad_norm counts, summed over the
+// same group as the norm. Copies the gradients to the host (a diagnostic, run on logging
+// iterations only).
+int64_t count_zeros_in_grads(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
+                             comm::Communicator& group);
+
 }  // namespace mcpp::optim

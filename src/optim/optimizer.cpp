@@ -114,9 +114,12 @@ void AdamW::step(double lr, double wd) {
   size_t i = 0;
   while (i < infos.size()) {
     size_t j = i;
-    while (j + 1 < infos.size() && infos[j + 1].weight_decay == infos[i].weight_decay) ++j;
+    while (j + 1 < infos.size() && infos[j + 1].weight_decay == infos[i].weight_decay &&
+           lr_of(j + 1, lr) == lr_of(i, lr))
+      ++j;
     const int64_t begin = infos[i].offset, end = infos[j].offset + infos[j].numel();
     p.weight_decay = infos[i].weight_decay ? wd : 0.0;
+    p.lr = lr_of(i, lr);
     Tensor w = weights.narrow(begin, end - begin);
     Tensor g = ps_.flat_grads().narrow(begin, end - begin);
     Tensor m = m_.narrow(begin, end - begin), v = v_.narrow(begin, end - begin);

@@ -24,6 +24,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "model/params.h"
@@ -78,6 +79,9 @@ class Optimizer {
   virtual void wait_params_all() {}
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }
+  // --decoupled-lr (Megatron's decoupled parameter group): the parameters the registry marks
+  // embedding_or_output step with the rate set here, the others with step()'s lr.
+  void set_decoupled_lr(double lr) { decoupled_lr_ = lr; }
   const AdamWConfig& config() const { return cfg_; }
 
   // ---- state (checkpoints) -----------------------------------------------------------
@@ -105,6 +109,11 @@ class Optimizer {
   AdamWConfig cfg_;
   Tensor main_, m_, v_;
   int64_t step_ = 0;
+  std::optional<double> decoupled_lr_;
+  // The learning rate of parameter `param` (registry index) in a step with rate lr.
+  double lr_of(size_t param, double lr) const {
+    return decoupled_lr_ && ps_.infos()[param].embedding_or_output ? *decoupled_lr_ : lr;
+  }
 };
 
 class AdamW final : public Optimizer {

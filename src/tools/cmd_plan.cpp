@@ -29,6 +29,7 @@
 #include "training/arguments.h"
 #include "training/memory_plan.h"
 #include "training/trainer.h"
+#include "training/validate_compat.h"
 
 namespace mcpp::tools {
 namespace {
@@ -64,7 +65,16 @@ std::string mib(int64_t bytes) { return fmt::format("{:.2f}", double(bytes) / 10
 // The memory table of every pipeline rank for the model `train_args` describe.
 // device_gib > 0: then whether each rank fits in that much device memory, and if not
 // what to change (training::memory_fit_advice).
-void print_memory(std::vector<std::string> train_args, int world, int pp, double device_gib) {
+// Where `megatron train` would run this line: --device, else a GPU for --bf16/--fp16.
+bool plans_gpu(const training::Args& a) {
+  return a.device == "cuda" || (a.device == "auto" && (a.bf16 || a.fp16));
+}
+
+// The model's flags parsed and validated as `megatron train` validates them. A launch
+// line (it has --lr or a training length) is validated for training and meets the
+// trainer's own list of what it cannot do yet (training::check_trainer_support): the plan
+// rejects exactly what training would, with the same message.
+training::Args plan_training_args(std::vector<std::string> train_args, int world) {
   // --vocab-size alone sizes the vocabulary (no tokenizer files needed to plan).
   auto given = [&](const char* flag) {
     return std::find(train_args.begin(), train_args.end(), flag) != train_args.end();
@@ -72,7 +82,14 @@ void print_memory(std::vector<std::string> train_args, int world, int pp, double
   if (given("--vocab-size") && !given("--tokenizer-type"))
     train_args.insert(train_args.end(), {"--tokenizer-type", "NullTokenizer"});
   training::Args a = training::parse_args(train_args);
-  training::validate_args(a, world, /*training=*/false);
+  const bool launch = given("--lr") || given("--train-iters") || given("--train-samples");
+  training::validate_args(a, world, /*training=*/launch);
+  training::check_trainer_support(a, plans_gpu(a) ? Device::CUDA : Device::CPU);
+  return a;
+}
+
+void print_memory(std::vector<std::string> train_args, int world, int pp, double device_gib) {
+  training::Args a = plan_training_args(std::move(train_args), world);
   int64_t vocab = 0;
   if (a.vocab_size) {
     vocab = *a.vocab_size;
@@ -82,7 +99,7 @@ void print_memory(std::vector<std::string> train_args, int world, int pp, double
   a.padded_vocab_size = training::padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
                                                     a.tensor_model_parallel_size);
   // Where and in which dtype: --bf16/--fp16 train on GPUs; fp32 on --device cuda or the CPU.
-  const bool gpu = a.bf16 || a.fp16 || a.device == "cuda";
+  const bool gpu = plans_gpu(a);
   const DType dt = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
   const auto cfg = training::model_config(a, gpu ? Device::CUDA : Device::CPU, dt);
   const std::string keep =
@@ -200,6 +217,16 @@ int run_plan(const std::vector<std::string>& all_args) {
                   "give a positive size in GiB, with the model flags (--hidden-size, ...)",
                   "--device-memory-gib {} needs a positive number and the model's flags",
                   f.get("--device-memory-gib"));
+  // With a model, the launch line first meets `megatron train`'s checks (same errors).
+  if (with_model) {
+    const int64_t w = f.has("--world-size")
+                          ? f.get_int("--world-size", 1)
+                          : f.get_int("--tensor-model-parallel-size", 1) *
+                                f.get_int("--pipeline-model-parallel-size", 1) *
+                                f.get_int("--context-parallel-size", 1) *
+                                f.get_int("--data-parallel-size", 1);
+    (void)plan_training_args(train_args, int(std::max<int64_t>(1, w)));
+  }
   const int pp = int(f.get_int("--pipeline-model-parallel-size", 1));
   const int num_layers = int(f.get_int("--num-layers", 0));
   const int tp = int(f.get_int("--tensor-model-parallel-size", 1));

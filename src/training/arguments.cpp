@@ -210,6 +210,10 @@ void assign(std::vector<int64_t>& f, const Given& g) {
   f.clear();
   for (const auto& t : g.tokens) f.push_back(*to_int(t));
 }
+void assign(std::optional<std::vector<int64_t>>& f, const Given& g) {
+  f.emplace();
+  assign(*f, g);
+}
 
 std::string show(int64_t v) { return std::to_string(v); }
 std::string show(double v) { return python_float(v); }
@@ -230,6 +234,9 @@ std::string show(const std::vector<int64_t>& v) {
   std::vector<std::string> q;
   for (int64_t x : v) q.push_back(std::to_string(x));
   return "[" + join(q, ", ") + "]";
+}
+std::string show(const std::optional<std::vector<int64_t>>& v) {
+  return v ? show(*v) : "None";
 }
 
 template <auto M>

@@ -216,6 +216,18 @@ struct Args {
   bool was_given(const std::string& dest) const { return given.count(dest) != 0; }
   // True when the LR schedule counts samples (--train-samples) rather than iterations.
   bool sample_based() const { return train_samples.has_value(); }
+
+  // ---- compat (issue 23 A.1): the flags of Megatron's example scripts
+  // --rampup-batch-size START INCREMENT SAMPLES (data/num_microbatches.h); None: constant.
+  std::optional<std::vector<int64_t>> rampup_batch_size;
+  // --decoupled-lr / --decoupled-min-lr: the embedding and output layer's own max/min LR
+  // (Megatron's decoupled parameter group); decoupled_min_lr defaults to --min-lr.
+  std::optional<double> decoupled_lr, decoupled_min_lr;
+  bool layernorm_zero_centered_gamma = false;  // --apply-layernorm-1p: weight stored as w - 1
+  bool mmap_bin_files = true;                  // --no-mmap-bin-files: read .bin into memory
+  bool log_params_norm = false;                // log line: " params norm: X |"
+  bool log_num_zeros_in_grad = false;          // log line: " num zeros: X |"
+  bool use_checkpoint_args = false;            // model shape from --load's checkpoint
 };
 
 // Parses flags (argv without the program and subcommand names). Throws mcpp::Error for

@@ -33,12 +33,15 @@ std::string format_iteration_line(const IterationLog& l) {
     s += fmt::format(" learning rate: {:.6E} |", *l.learning_rate);
   else
     s += " learning rate: None |";
+  if (l.decoupled_learning_rate)
+    s += fmt::format(" decoupled learning rate: {:.6E} |", *l.decoupled_learning_rate);
   s += fmt::format(" global batch size: {:5d} |", l.global_batch_size);
   for (const auto& [name, value] : l.losses)
     if (value > 0.0) s += fmt::format(" {}: {:.6E} |", name, value);
   s += fmt::format(" loss scale: {:.1f} |", l.loss_scale);
   if (l.grad_norm) s += fmt::format(" grad norm: {:.3f} |", *l.grad_norm);
-  if (l.num_zeros_in_grad) s += fmt::format(" num zeros: {} |", *l.num_zeros_in_grad);
+  // Megatron's count is a Python float (a tensor's .item()): "12.0".
+  if (l.num_zeros_in_grad) s += fmt::format(" num zeros: {:.1f} |", double(*l.num_zeros_in_grad));
   if (l.params_norm) s += fmt::format(" params norm: {:.3f} |", *l.params_norm);
   s += fmt::format(" number of skipped iterations: {:3d} |", l.skipped_iterations);
   s += fmt::format(" number of nan iterations: {:3d} |", l.nan_iterations);

@@ -19,6 +19,7 @@ struct IterationLog {
   double elapsed_ms_per_iteration = 0.0;
   std::optional<double> throughput_tflops;  // with --log-throughput
   std::optional<double> learning_rate;      // nullopt prints "None"
+  std::optional<double> decoupled_learning_rate;  // --decoupled-lr (first/last stage)
   int64_t global_batch_size = 0;
   std::vector<std::pair<std::string, double>> losses;  // {"lm loss", 10.76}; <= 0 not printed
   double loss_scale = 1.0;

@@ -26,6 +26,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.rope = a.position_embedding_type == "rope";
   c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
   c.rmsnorm = a.normalization == "RMSNorm", c.norm_epsilon = a.layernorm_epsilon;
+  c.zero_centered_gamma = a.layernorm_zero_centered_gamma;
   c.swiglu = a.swiglu, c.tie_embeddings = !a.untie_embeddings_and_output_weights;
   c.add_bias_linear = a.add_bias_linear;
   c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;

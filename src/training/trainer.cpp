@@ -24,7 +24,11 @@ namespace mcpp::training {
 std::pair<double, double> Trainer::State::forward_backward(const data::GPTSampleSource& ds,
                                                            int64_t consumed, int64_t it,
                                                            bool training) {
-  const data::BatchShape shape{args.micro_batch_size, args.seq_length, args.num_microbatches,
+  // Training steps follow the ramp-up (if any); evaluation uses the full global batch, as
+  // Megatron's evaluate().
+  const int64_t gbs = training ? step_global_batch() : args.global_batch_size;
+  const data::BatchShape shape{args.micro_batch_size, args.seq_length,
+                               gbs / (args.micro_batch_size * args.data_parallel_size),
                                args.data_parallel_size, ps->dp_rank()};
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
   // Loss = sum of masked token losses / masked tokens of the whole global batch
@@ -34,10 +38,27 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
   // fp16: the loss scale multiplies the loss (and so every gradient) before backward.
   const double grad_scale = tokens > 0 ? (scaler ? scaler->scale() : 1.0) / tokens : 0.0;
   model::StepKeys keys;
-  keys.iteration = it, keys.global_batch = args.global_batch_size;
+  keys.iteration = it, keys.global_batch = gbs;
   keys.training = training;
   const double loss_sum = fwd_bwd->run(batch, keys, grad_scale, training);
   return {parallel::sum_over(ps->dp(), loss_sum), tokens};
+}
+
+// The ramp-up's batch for the next step; with PP the schedule of that many micro-batches.
+void Trainer::State::update_step_batch() {
+  const int64_t before = batches->current_global_batch_size();
+  batches->update(consumed_train);
+  const int64_t gbs = batches->current_global_batch_size();
+  if (gbs != before) log::info("ramping up batch size from {} to {}", before, gbs);
+  const int64_t m = batches->num_microbatches();
+  if (args.pipeline_model_parallel_size > 1 && m != built_schedule_microbatches) {
+    namespace pl = parallel::pipeline;
+    schedule = pl::build_schedule(schedule_kind, int(args.pipeline_model_parallel_size),
+                                  int(args.virtual_pipeline_model_parallel_size), int(m),
+                                  int(args.microbatch_group_size_per_vp_stage.value_or(0)));
+    fwd_bwd->train_actions = &schedule[size_t(ps->pp_rank())];
+    built_schedule_microbatches = m;
+  }
 }
 
 // Megatron's finalize_model_grads, then the fp16 unscale (_unscale_main_grads): the
@@ -82,8 +103,9 @@ StepResult Trainer::State::train_step() {
               r.loss, r.grad_norm);
   } else {
     opt->clip(args.clip_grad, r.grad_norm);
+    if (args.decoupled_lr) opt->set_decoupled_lr(decoupled_lr());
     opt->step(sched->lr(), sched->wd());
-    sched->step(args.global_batch_size);
+    sched->step(step_global_batch());  // Megatron: increment = this step's batch
   }
   log->section("optimizer", false);
   return r;
@@ -171,8 +193,7 @@ TrainSummary Trainer::run() {
   auto& s = *s_;
   const Args& a = s.args;
   TrainSummary out;
-  const int64_t gbs = a.global_batch_size;
-  const double flops_per_iter = num_floating_point_operations(a, gbs);
+  double flops_per_iter = 0;
   const auto t_start = std::chrono::steady_clock::now();
   int64_t& iteration = s.iteration;
   const int64_t start_iteration = iteration;
@@ -195,6 +216,9 @@ TrainSummary Trainer::run() {
     profiler.before_step(iteration);
     ++iteration;
     saved_now = false;
+    s.update_step_batch();  // Megatron: update_num_microbatches(consumed, True) per step
+    const int64_t gbs = s.step_global_batch();
+    flops_per_iter = num_floating_point_operations(a, gbs);
     const StepResult r = s.train_step();
     profiler.after_step(iteration);
     s.consumed_train += gbs;
@@ -203,10 +227,22 @@ TrainSummary Trainer::run() {
       s.log->activation_memory(iteration, s.model->activation_memory());
     out.losses.push_back(r.loss);
     s.log->record(r.loss, r.grad_norm, r.skipped);
-    if (s.log->due(iteration))
-      s.log->log_interval(iteration,
-                          {s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
-                           s.skipped_iters, s.nan_iters, flops_per_iter});
+    if (s.log->due(iteration)) {
+      IntervalState st{s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
+                       s.skipped_iters, s.nan_iters, flops_per_iter};
+      st.global_batch_size = gbs;
+      if (a.decoupled_lr) st.decoupled_learning_rate = s.decoupled_lr();
+      // Megatron logs the last iteration's values (not interval averages); both are
+      // collective over the groups that hold distinct parts of the model.
+      if (a.log_num_zeros_in_grad)
+        st.num_zeros_in_grad = optim::count_zeros_in_grads(*s.opt, s.model->params(),
+                                                           s.ps->tp_rank(), *s.norm_group);
+      if (a.log_params_norm)
+        st.params_norm = optim::params_norm(
+            *s.opt, s.model->params(), s.ps->tp_rank(),
+            parallel::grad_norm_group(*s.ps, s.world->world(), /*sharded_over_dp=*/false));
+      s.log->log_interval(iteration, st);
+    }
     if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1]) {
       out.last_valid_loss = s.evaluate(1, s.consumed_valid);
       print_validation("iteration " + std::to_string(iteration), out.last_valid_loss);

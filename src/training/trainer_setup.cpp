@@ -21,6 +21,7 @@
 #include "optim/grads.h"
 #include "parallel/pipeline/executor.h"
 #include "training/trainer_state.h"
+#include "training/validate_compat.h"
 #ifdef MCPP_HAVE_CUDA
 #include "ops/cuda/device.h"
 #endif
@@ -58,23 +59,6 @@ Device resolve_device(const Args& a) {
 // The model's dtype: --bf16 / --fp16 (GPU only), else fp32.
 DType model_dtype(const Args& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
 
-// Flags the trainer cannot honour yet are errors here, never silently ignored.
-void reject_unsupported(const Args& a, Device dev) {
-  auto no = [](bool cond, const char* flag, const char* hint) {
-    MCPP_CHECK_HINT(!cond, hint, "{} is not supported by megatron.cpp's trainer yet", flag);
-  };
-  no((a.bf16 || a.fp16) && dev == Device::CPU, "--bf16/--fp16 on the CPU backend",
-     "the CPU backend trains in fp32: drop the flag, or train on a GPU (--device cuda)");
-  no(a.reset_position_ids, "--reset-position-ids", "drop the flag");
-  no(a.reset_attention_mask, "--reset-attention-mask", "drop the flag");
-  MCPP_CHECK_HINT(!a.save_interval || a.save, "add --save DIR",
-                  "--save-interval {} given without --save", *a.save_interval);
-  MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
-                  "--save-interval must be positive, got {}", *a.save_interval);
-  no(a.async_save && a.world_size > 1, "--async-save with more than one process",
-     "drop --async-save under mpirun/srun for now (synchronous saves work)");
-}
-
 std::atomic<bool> g_exit_signal{false};
 extern "C" void on_exit_signal(int) { g_exit_signal.store(true); }
 
@@ -93,6 +77,7 @@ void Trainer::State::setup_parallel() {
                         .nccl_configs = a.nccl_communicator_config_path
                                             ? comm::read_nccl_config(*a.nccl_communicator_config_path)
                                             : comm::NcclConfigs{}});
+  if (a.use_checkpoint_args) apply_checkpoint_args(a);  // before the shape is validated
   validate_args(a, s.world->size());
   if (a.nccl_communicator_config_path && s.world->device() != Device::CUDA)
     log::warn("--nccl-communicator-config-path: this run has no NCCL groups ({} on {}); the "
@@ -103,7 +88,7 @@ void Trainer::State::setup_parallel() {
                    : *a.logging_level <= 20 ? log::Level::Info
                    : *a.logging_level <= 30 ? log::Level::Warn
                                             : log::Level::Error);
-  reject_unsupported(a, s.device);
+  check_trainer_support(a, s.device);  // the same list `megatron plan` checks
   parallel::ParallelSizes sizes;
   sizes.tp = int(a.tensor_model_parallel_size), sizes.pp = int(a.pipeline_model_parallel_size);
   sizes.tp_pp_dp_mapping = a.use_tp_pp_dp_mapping;
@@ -122,7 +107,14 @@ void Trainer::State::setup_parallel() {
   print_args(a);
   for (const auto& line : describe_by_design_flags(a)) log::info("{}", line);
   log::info("{}", padded_vocab_message(vocab, *a.padded_vocab_size));
-  log::info("setting number of microbatches to constant {}", a.num_microbatches);
+  s.batches = std::make_unique<data::NumMicroBatchesCalculator>(
+      a.global_batch_size, a.micro_batch_size, a.data_parallel_size, batch_rampup(a));
+  if (const auto r = batch_rampup(a))
+    log::info("will use batch size rampup starting from global batch size {} to global batch "
+              "size {} with batch size increments {} over {} samples.",
+              r->start, a.global_batch_size, r->increment, r->samples);
+  else
+    log::info("setting number of microbatches to constant {}", a.num_microbatches);
   log::info("CPU threads: {} (OpenMP), BLAS {}", omp_get_max_threads(), openblas_get_num_threads());
 
   s.log = std::make_unique<TrainingLog>(a, s.device, s.world->world(), *s.ps);
@@ -156,7 +148,15 @@ void Trainer::State::build_model() {
     s.schedule_kind = training::schedule_kind(a);
     s.schedule = pl::build_schedule(s.schedule_kind, pp, vpp, int(a.num_microbatches),
                                     int(a.microbatch_group_size_per_vp_stage.value_or(0)));
+    s.built_schedule_microbatches = a.num_microbatches;
     s.forward_only = pl::forward_only(s.schedule)[size_t(stage)];
+    // Every micro-batch count of a ramp-up must make a schedule (the interleaved one needs
+    // multiples of the group size): checked now, not at the step that reaches it.
+    if (const auto r = batch_rampup(a))
+      for (int64_t b = r->start; b < a.global_batch_size; b += r->increment)
+        (void)pl::build_schedule(s.schedule_kind, pp, vpp,
+                                 int(b / (a.micro_batch_size * a.data_parallel_size)),
+                                 int(a.microbatch_group_size_per_vp_stage.value_or(0)));
     s.pp_grads = s.world->split(s.ps->layout().groups(parallel::Group::PP), "pp-grad");
     MCPP_CHECK(s.pp_grads && s.pp_grads->rank() == stage && s.ps->pp().rank() == stage,
                "pipeline group ranks do not follow the pipeline stages");
@@ -297,8 +297,10 @@ void Trainer::State::build_datasets() {
              a.eval_interval && a.eval_iters > 0};
   d.eod_mask_loss = a.eod_mask_loss;
   d.data_cache_path = a.data_cache_path.value_or("");
+  d.mmap_bin_files = a.mmap_bin_files;  // --no-mmap-bin-files
   const int64_t gbs = a.global_batch_size;
-  d.num_samples[0] = a.train_samples.value_or(a.train_iters * gbs);
+  d.num_samples[0] = a.train_samples.value_or(data::samples_for_iters(
+      a.train_iters, gbs, a.micro_batch_size, a.data_parallel_size, batch_rampup(a)));
   if (a.eval_interval)
     d.num_samples[1] = (a.train_iters / *a.eval_interval + 1) * a.eval_iters * gbs;
   d.num_samples[2] = a.eval_iters * gbs;

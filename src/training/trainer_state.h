@@ -10,6 +10,7 @@
 #include "comm/world.h"
 #include "data/gpt_dataset.h"
 #include "data/micro_batches.h"
+#include "data/num_microbatches.h"
 #include "model/gpt_model.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_scheduler.h"
@@ -64,6 +65,17 @@ struct Trainer::State {
   int64_t iteration = 0;
   double flops_so_far = 0;
   std::unique_ptr<checkpoint::AsyncSaver> async_saver;
+  // --rampup-batch-size: this step's global batch and micro-batches (Megatron's
+  // num_microbatches_calculator, updated from consumed_train before every step); without
+  // a ramp-up they stay args' global_batch_size / num_microbatches.
+  std::unique_ptr<data::NumMicroBatchesCalculator> batches;
+  int64_t built_schedule_microbatches = 0;  // PP: the micro-batches `schedule` was built for
+  void update_step_batch();                 // batches->update + the PP schedule to match
+  int64_t step_global_batch() const { return batches->current_global_batch_size(); }
+  // --decoupled-lr: the embedding/output group's LR now (the schedule with its own max/min).
+  double decoupled_lr() const {
+    return sched->lr_for(*args.decoupled_lr, args.decoupled_min_lr.value_or(args.min_lr));
+  }
 
   // trainer_setup.cpp: the steps of Trainer::Trainer.
   void setup_parallel();

@@ -75,7 +75,7 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   synchronize_device(device_);
   const double elapsed = interval_.elapsed(true);
   const double per_iter = elapsed / double(iters_);
-  const int64_t gbs = a_.global_batch_size;
+  const int64_t gbs = s.global_batch_size ? s.global_batch_size : a_.global_batch_size;
   IterationLog L;
   L.iteration = iteration, L.train_iters = a_.train_iters;
   L.consumed_samples = s.consumed_samples;
@@ -91,6 +91,8 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   L.losses = {{"lm loss", loss_ / double(std::max<int64_t>(1, advanced_))}};
   L.loss_scale = s.loss_scale;
   L.grad_norm = last_grad_norm_;
+  L.decoupled_learning_rate = s.decoupled_learning_rate;
+  L.num_zeros_in_grad = s.num_zeros_in_grad, L.params_norm = s.params_norm;
   L.skipped_iterations = s.skipped_iterations, L.nan_iterations = s.nan_iterations;
   if (a_.log_throughput)
     L.tokens_per_sec_per_gpu = double(gbs * a_.seq_length) / per_iter / world_.size();

@@ -11,6 +11,7 @@
 //   * --logging-level 10: every group's communication calls and bytes per iteration.
 // (--profile's per-op GPU times are training/profiler.h's.)
 #pragma once
+#include <optional>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -45,6 +46,11 @@ struct IntervalState {
   double loss_scale = 1.0;
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double flops_per_iteration = 0;
+  // ---- compat (issue 23 A.1)
+  int64_t global_batch_size = 0;                  // this step's (a ramp-up); 0: the flag's
+  std::optional<double> decoupled_learning_rate;  // --decoupled-lr
+  std::optional<int64_t> num_zeros_in_grad;       // --log-num-zeros-in-grad
+  std::optional<double> params_norm;              // --log-params-norm
 };
 
 class TrainingLog {

@@ -17,6 +17,7 @@
 #include "optim/lr_scheduler.h"
 #include "parallel/pipeline/schedule.h"
 #include "training/arguments.h"
+#include "training/validate_compat.h"
 
 namespace mcpp::training {
 namespace {
@@ -523,6 +524,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_pipeline(a);
   validate_data(a);
   if (training) validate_optimizer(a);
+  validate_compat(a, training);  // issue 23 A.1 flags (validate_compat.cpp)
 }
 
 }  // namespace mcpp::training

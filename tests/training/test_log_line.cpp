@@ -50,9 +50,22 @@ TEST(LogLine, OptionalFieldsAndOurTokensPerSecond) {
             " [2026-11-29 15:46:11.709595] iteration        5/      30 | consumed samples:   "
             "       320 | skipped samples:            7 | elapsed time per iteration (ms): "
             "1004.5 | learning rate: None | global batch size:    64 | lm loss: 1.076833E+01 | "
-            "loss scale: 1.0 | num zeros: 12 | params norm: 250.123 | number of skipped "
+            "loss scale: 1.0 | num zeros: 12.0 | params norm: 250.123 | number of skipped "
             "iterations:   2 | number of nan iterations:   1 | tokens per second per GPU: "
             "65432.1 |");
+}
+
+// --decoupled-lr: Megatron prints the decoupled group's rate right after the learning rate.
+TEST(LogLine, DecoupledLearningRateFollowsTheLearningRate) {
+  IterationLog l;
+  l.timestamp = "2026-11-29 15:46:11.709595";
+  l.iteration = 1, l.train_iters = 2, l.consumed_samples = 4, l.global_batch_size = 4;
+  l.learning_rate = 3e-4, l.decoupled_learning_rate = 1.5e-3;
+  const std::string s = format_iteration_line(l);
+  EXPECT_NE(s.find("| learning rate: 3.000000E-04 | decoupled learning rate: 1.500000E-03 | "
+                   "global batch size:     4 |"),
+            std::string::npos)
+      << s;
 }
 
 TEST(LogLine, ValidationLine) {

@@ -1,0 +1,54 @@
+// How many micro-batches a training step runs, as Megatron-Core's
+// num_microbatches_calculator.py: constant (GBS / (MBS x DP)), or with --rampup-batch-size
+// START INCR SAMPLES a global batch that grows from START by INCR every
+// SAMPLES / ((GBS - START) / INCR) consumed samples and is GBS once more than SAMPLES
+// samples are consumed (RampupBatchsizeNumMicroBatchesCalculator.update).
+//
+// The trainer calls update(consumed) before every step (Megatron's train loop does so with
+// the consistency check on), runs num_microbatches() micro-batches, and advances the
+// consumed samples and the LR schedule by current_global_batch_size().
+#pragma once
+#include <cstdint>
+#include <optional>
+
+namespace mcpp::data {
+
+struct BatchRampup {
+  int64_t start = 0;      // global batch size of the first step
+  int64_t increment = 0;  // added at each ramp-up stage
+  int64_t samples = 0;    // consumed samples over which the ramp-up runs
+};
+
+class NumMicroBatchesCalculator {
+ public:
+  // Checks the ramp-up as Megatron's constructor does (start > 0, increment > 0,
+  // GBS - start a non-negative multiple of increment) and, which Megatron checks only
+  // when a step reaches it, that every ramp-up batch size is a multiple of MBS x DP.
+  // Errors name --rampup-batch-size.
+  NumMicroBatchesCalculator(int64_t global_batch_size, int64_t micro_batch_size, int64_t dp,
+                            std::optional<BatchRampup> rampup);
+
+  void update(int64_t consumed_samples);
+  int64_t num_microbatches() const { return current_ / mbs_dp_; }
+  int64_t current_global_batch_size() const { return current_; }
+  bool ramping() const { return rampup_.has_value(); }
+
+ private:
+  int64_t global_, mbs_dp_;
+  std::optional<BatchRampup> rampup_;
+  double samples_per_increment_ = 0;  // Python float, as Megatron computes it
+  int64_t current_ = 0;
+};
+
+// Megatron's update_train_iters for --train-samples with a ramp-up: steps while the
+// consumed samples are at most the ramp-up length (and the train samples), then whole
+// global batches of the remaining samples (a partial last batch is dropped).
+int64_t rampup_train_iters(int64_t train_samples, int64_t global_batch_size,
+                           int64_t micro_batch_size, int64_t dp, const BatchRampup& rampup);
+
+// The samples the first `iters` steps consume (the train dataset's size for
+// --train-iters with a ramp-up).
+int64_t samples_for_iters(int64_t iters, int64_t global_batch_size, int64_t micro_batch_size,
+                          int64_t dp, const std::optional<BatchRampup>& rampup);
+
+}  // namespace mcpp::data

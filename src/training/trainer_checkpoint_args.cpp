@@ -1,0 +1,71 @@
+// --use-checkpoint-args: the model's arguments from --load's checkpoint, as Megatron's
+// load_args_from_checkpoint (checkpointing.py). The checkpoint's metadata.json records the
+// model config (checkpoint::model_config_json); its fields fill the flags of the same
+// meaning. As in Megatron, the shape flags (layers, hidden, FFN, heads, head dim,
+// sequence, positions) are taken only when not given on the command line, and the
+// architecture switches (query groups, positions, norm, SwiGLU, ties, biases, dropout,
+// zero-centred gamma) are forced from the checkpoint. The parallel layout is not taken:
+// any layout loads any checkpoint here (Megatron forces TP/PP because it cannot).
+// Tokenizer paths recorded in a checkpoint are never followed (issue 23 B.5).
+#include <fmt/format.h>
+
+#include "base/log.h"
+#include "checkpoint/checkpoint.h"
+#include "training/validate_compat.h"
+
+namespace mcpp::training {
+
+void apply_checkpoint_args(Args& a) {
+  MCPP_CHECK_HINT(a.load.has_value(), "add --load DIR (the checkpoint whose arguments to use)",
+                  "--use-checkpoint-args reads the model's arguments from --load's checkpoint, "
+                  "but --load was not given");
+  const auto md = checkpoint::read_metadata(*a.load, a.ckpt_step);
+  const model::TransformerConfig c = checkpoint::model_config_from_metadata(md);
+  int taken = 0;
+  // Shape: only where the command line said nothing (Megatron's _set_arg without force).
+  auto shape = [&](const char* dest, int64_t& field, int64_t v) {
+    if (a.was_given(dest)) return;
+    field = v, a.given[dest] = std::to_string(v), ++taken;
+  };
+  shape("num_layers", a.num_layers, c.num_layers);
+  shape("hidden_size", a.hidden_size, c.hidden_size);
+  shape("ffn_hidden_size", a.ffn_hidden_size, c.ffn_hidden_size);
+  shape("num_attention_heads", a.num_attention_heads, c.num_attention_heads);
+  shape("kv_channels", a.kv_channels, c.kv_channels);
+  shape("seq_length", a.seq_length, c.seq_length);
+  shape("max_position_embeddings", a.max_position_embeddings, c.max_position_embeddings);
+  // Switches: forced (_set_arg(..., force=True)); a different command-line value is
+  // overridden, and said so.
+  auto force = [&](const char* dest, auto& field, auto v, const std::string& shown) {
+    if (a.was_given(dest) && field != v)
+      log::warn("--use-checkpoint-args: {} {} from the command line is replaced by the "
+                "checkpoint's {}",
+                flag_name(dest), a.given[dest], shown);
+    field = v, a.given[dest] = shown, ++taken;
+  };
+  auto py = [](bool b) { return std::string(b ? "True" : "False"); };
+  const bool gqa = c.num_query_groups != c.num_attention_heads;
+  force("group_query_attention", a.group_query_attention, gqa, py(gqa));
+  force("num_query_groups", a.num_query_groups, c.num_query_groups,
+        std::to_string(c.num_query_groups));
+  const std::string pos = c.rope ? "rope" : "learned_absolute";
+  force("position_embedding_type", a.position_embedding_type, pos, pos);
+  force("rotary_base", a.rotary_base, int64_t(c.rotary_base),
+        std::to_string(int64_t(c.rotary_base)));
+  force("rotary_percent", a.rotary_percent, c.rotary_percent, python_float(c.rotary_percent));
+  const std::string norm = c.rmsnorm ? "RMSNorm" : "LayerNorm";
+  force("normalization", a.normalization, norm, norm);
+  force("layernorm_epsilon", a.layernorm_epsilon, c.norm_epsilon, python_float(c.norm_epsilon));
+  force("swiglu", a.swiglu, c.swiglu, py(c.swiglu));
+  force("untie_embeddings_and_output_weights", a.untie_embeddings_and_output_weights,
+        !c.tie_embeddings, py(!c.tie_embeddings));
+  force("add_bias_linear", a.add_bias_linear, c.add_bias_linear, py(c.add_bias_linear));
+  force("layernorm_zero_centered_gamma", a.layernorm_zero_centered_gamma, c.zero_centered_gamma,
+        py(c.zero_centered_gamma));
+  force("hidden_dropout", a.hidden_dropout, c.hidden_dropout, python_float(c.hidden_dropout));
+  force("attention_dropout", a.attention_dropout, c.attention_dropout,
+        python_float(c.attention_dropout));
+  log::info("--use-checkpoint-args: {} model arguments from {}", taken, *a.load);
+}
+
+}  // namespace mcpp::training

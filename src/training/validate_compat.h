@@ -1,0 +1,30 @@
+// The checks of issue 23 A.1's flags (Megatron's example scripts) and the one list of what
+// megatron.cpp's trainer cannot do yet, shared by `megatron train` and `megatron plan` so
+// that the planner rejects exactly what training rejects.
+#pragma once
+#include <optional>
+
+#include "data/num_microbatches.h"
+#include "tensor/tensor.h"
+#include "training/arguments.h"
+
+namespace mcpp::training {
+
+// Called once by validate_args, last (it sees every derived default): --rampup-batch-size
+// (Megatron's num_microbatches_calculator checks, and the sample-based train_iters of
+// update_train_iters), --decoupled-lr / --decoupled-min-lr, --use-checkpoint-args.
+void validate_compat(Args& a, bool training);
+
+// --rampup-batch-size as data::BatchRampup (nullopt: constant batch size).
+std::optional<data::BatchRampup> batch_rampup(const Args& a);
+
+// --use-checkpoint-args: fills the model's flags from --load's checkpoint (latest, or
+// --ckpt-step) before validate_args (trainer_checkpoint_args.cpp).
+void apply_checkpoint_args(Args& a);
+
+// What the trainer rejects on `dev` after validate_args (flags whose value is valid but
+// that megatron.cpp's trainer does not implement yet, and the precision a device cannot
+// train in). Throws mcpp::Error naming the flag to drop.
+void check_trainer_support(const Args& a, Device dev);
+
+}  // namespace mcpp::training
