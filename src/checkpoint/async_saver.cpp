@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "base/error.h"
 #include "base/log.h"
 
 namespace mcpp::checkpoint {
@@ -64,6 +65,43 @@ void AsyncSaver::save(const std::string& save_dir, std::span<const RankSnapshot>
     error_ = err;
     done_ = true;
   });
+}
+
+void AsyncSaver::start(std::function<nlohmann::json()> write, PendingCommit commit) {
+  join_and_rethrow();
+  MCPP_CHECK(!pending_, "an asynchronous save is pending: finalize it before the next");
+  pending_ = std::move(commit);
+  records_ = nlohmann::json();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    done_ = false;
+  }
+  worker_ = std::thread([this, write = std::move(write)]() {
+    std::exception_ptr err;
+    nlohmann::json rec;
+    try {
+      rec = write();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    records_ = std::move(rec);
+    error_ = err;
+    done_ = true;
+  });
+}
+
+std::pair<nlohmann::json, AsyncSaver::PendingCommit> AsyncSaver::take(std::string& error) {
+  MCPP_CHECK(pending_, "no asynchronous save is pending");
+  error.clear();
+  try {
+    join_and_rethrow();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  PendingCommit c = std::move(*pending_);
+  pending_.reset();
+  return {std::move(records_), std::move(c)};
 }
 
 }  // namespace mcpp::checkpoint

@@ -4,9 +4,12 @@
 // first. A failed save's error is kept and rethrown by the next poll(), wait() or save().
 #pragma once
 #include <exception>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/checkpoint.h"
 
@@ -26,6 +29,20 @@ class AsyncSaver {
   void save(const std::string& save_dir, std::span<const RankSnapshot> ranks,
             const TrainingState& st, const SaveOptions& opts = {});
 
+  // Multi-rank saves (training_checkpoint.cpp, --async-save under mpirun): `write` runs in
+  // the background and returns this rank's shard records; the checkpoint is committed
+  // only when every rank's write is done, by the collective finalize_async_save.
+  struct PendingCommit {
+    std::string save_dir, tmp_dir;
+    TrainingState st;
+    SaveOptions opts;
+  };
+  void start(std::function<nlohmann::json()> write, PendingCommit commit);
+  bool has_pending() const { return pending_.has_value(); }
+  // Joins the worker and hands over its records and the commit; the worker's error comes
+  // back as the string (empty: none), so that every rank can learn about it collectively.
+  std::pair<nlohmann::json, PendingCommit> take(std::string& error);
+
   // True when no save is in flight. Rethrows (once) the error of a finished save.
   bool poll();
   // Blocks until no save is in flight. Rethrows (once) the error of a finished save.
@@ -38,6 +55,8 @@ class AsyncSaver {
   std::thread worker_;
   bool done_ = true;
   std::exception_ptr error_;
+  std::optional<PendingCommit> pending_;  // start(): a commit that waits for every rank
+  nlohmann::json records_;
 };
 
 }  // namespace mcpp::checkpoint

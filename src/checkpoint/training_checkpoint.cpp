@@ -1,5 +1,9 @@
 #include "checkpoint/training_checkpoint.h"
 
+#include <chrono>
+#include <memory>
+#include <thread>
+
 #include "base/log.h"
 #include "base/timer.h"
 #include "ops/ops.h"
@@ -35,22 +39,18 @@ RankSnapshot snapshot(model::ParamStore& params, optim::Optimizer& opt, RankCoor
   return s;
 }
 
-void save_distributed(const std::string& save_dir, comm::Communicator& world,
-                      const parallel::ParallelState& ps, model::ParamStore& params,
-                      optim::Optimizer& opt, bool save_optim, const TrainingState& st,
-                      const SaveOptions& o) {
-  Stream& cpu = ops::default_stream(Device::CPU);
-  opt.wait_params_all();  // the parameters written must be current
-  RankSnapshot snap = snapshot(params, opt, {0, ps.pp_rank(), ps.dp_rank(), 0}, save_optim);
-  std::string tmp = world.rank() == 0 ? begin_checkpoint(save_dir, st.iteration, o) : "";
-  tmp = parallel::all_gather_strings(world, tmp)[0];
-  nlohmann::json recs = nlohmann::json::array();
-  if (ps.dp_rank() == 0) recs.push_back(write_rank_files(tmp, snap));
-  if (opt.state_sharded() && save_optim) {
-    snap.optimizer_steps = opt.steps();
-    recs.push_back(
-        write_optimizer_shard(tmp, snap, opt.exp_avg(), opt.exp_avg_sq(), opt.segments()));
-  }
+// A deep host copy (the background writer must not see the next step's values).
+Tensor host_copy(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  ops::copy(t, h, ops::default_stream(t.device()));
+  return h;
+}
+
+// Every rank's shard records -> rank 0 commits; the checkpoint is visible to every rank on
+// return.
+void commit_everywhere(comm::Communicator& world, const std::string& save_dir,
+                       const std::string& tmp, const nlohmann::json& recs,
+                       const TrainingState& st, const SaveOptions& o) {
   auto all = parallel::all_gather_strings(world, recs.dump());
   if (world.rank() == 0) {
     std::vector<nlohmann::json> parsed;
@@ -58,7 +58,43 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
       for (auto& rec : nlohmann::json::parse(r)) parsed.push_back(rec);
     commit_checkpoint(save_dir, tmp, parsed, st, o);
   }
-  world.barrier(cpu);  // the checkpoint is visible to every rank when save returns
+  world.barrier(ops::default_stream(Device::CPU));
+}
+
+void save_distributed(const std::string& save_dir, comm::Communicator& world,
+                      const parallel::ParallelState& ps, model::ParamStore& params,
+                      optim::Optimizer& opt, bool save_optim, const TrainingState& st,
+                      const SaveOptions& o, AsyncSaver* async) {
+  opt.wait_params_all();  // the parameters written must be current
+  RankSnapshot snap = snapshot(params, opt, {0, ps.pp_rank(), ps.dp_rank(), 0}, save_optim);
+  std::string tmp = world.rank() == 0 ? begin_checkpoint(save_dir, st.iteration, o) : "";
+  tmp = parallel::all_gather_strings(world, tmp)[0];
+  const bool write_model = ps.dp_rank() == 0;
+  const bool write_shard = opt.state_sharded() && save_optim;
+  if (write_shard) snap.optimizer_steps = opt.steps();
+  if (async) {
+    // Everything the writer reads is copied now: training changes it from the next step.
+    auto snap_copy = std::make_shared<RankSnapshot>(snap.clone());
+    std::shared_ptr<Tensor> m, v;
+    if (write_shard)
+      m = std::make_shared<Tensor>(host_copy(opt.exp_avg())),
+      v = std::make_shared<Tensor>(host_copy(opt.exp_avg_sq()));
+    auto write = [tmp, snap_copy, m, v, write_model, write_shard,
+                  segs = opt.segments()]() {
+      nlohmann::json recs = nlohmann::json::array();
+      if (write_model) recs.push_back(write_rank_files(tmp, *snap_copy));
+      if (write_shard) recs.push_back(write_optimizer_shard(tmp, *snap_copy, *m, *v, segs));
+      return recs;
+    };
+    async->start(std::move(write), {save_dir, tmp, st, o});
+    return;
+  }
+  nlohmann::json recs = nlohmann::json::array();
+  if (write_model) recs.push_back(write_rank_files(tmp, snap));
+  if (write_shard)
+    recs.push_back(
+        write_optimizer_shard(tmp, snap, opt.exp_avg(), opt.exp_avg_sq(), opt.segments()));
+  commit_everywhere(world, save_dir, tmp, recs, st, o);
 }
 
 }  // namespace
@@ -70,9 +106,16 @@ void save_training_checkpoint(const std::string& save_dir, comm::Communicator& w
   Timer t;
   t.start();
   if (world.size() > 1 || opt.state_sharded()) {
-    save_distributed(save_dir, world, ps, params, opt, save_optim, st, o);
-    log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
-              st.iteration, save_dir, t.elapsed());
+    // At most one save in flight: the previous one is committed first (collectively).
+    if (async) finalize_async_save(world, *async, /*blocking=*/true);
+    save_distributed(save_dir, world, ps, params, opt, save_optim, st, o, async);
+    if (async)
+      log::info("  scheduled asynchronous save of checkpoint at iteration {:8d} to {} (every "
+                "rank writes its files in the background)",
+                st.iteration, save_dir);
+    else
+      log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
+                st.iteration, save_dir, t.elapsed());
     return;
   }
   // fp32 main params (bf16/f16 models) and, unless --no-save-optim, the moments; a GPU's
@@ -88,6 +131,30 @@ void save_training_checkpoint(const std::string& save_dir, comm::Communicator& w
     log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
               st.iteration, save_dir, t.elapsed());
   }
+}
+
+bool finalize_async_save(comm::Communicator& world, AsyncSaver& async, bool blocking) {
+  // Every rank has the same saves pending (saves happen at the same iterations).
+  if (!async.has_pending()) return true;
+  if (blocking) {
+    while (async.in_flight()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const double done = parallel::sum_over(world, async.in_flight() ? 0.0 : 1.0);
+  if (done < double(world.size())) return false;
+  std::string error;
+  auto [recs, c] = async.take(error);
+  // A failed write anywhere fails the save everywhere, before anything is committed.
+  const auto errors = parallel::all_gather_strings(world, error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty())
+      throw Error(fmt::format("asynchronous save of iteration {} to {} failed on rank {}: {}",
+                              c.st.iteration, c.save_dir, r, errors[r]),
+                  "the previous checkpoint is intact; check the disk (space, permissions) "
+                  "and restart from it");
+  commit_everywhere(world, c.save_dir, c.tmp_dir, recs, c.st, c.opts);
+  log::info("  successfully saved checkpoint from iteration {:8d} to {} (asynchronously)",
+            c.st.iteration, c.save_dir);
+  return true;
 }
 
 std::optional<TrainingState> load_training_checkpoint(const std::string& load_dir,

@@ -26,12 +26,23 @@
 
 namespace mcpp::checkpoint {
 
-// Collective over `world`. save_optim: !--no-save-optim. async (may be null): with one
-// process holding all of the state, the save is scheduled on it instead.
+// Collective over `world`. save_optim: !--no-save-optim. async (may be null): the save is
+// scheduled on it instead. With one process holding all of the state the background
+// thread also commits it; with more (--async-save under mpirun), the snapshot and the
+// checkpoint's temporary folder are made here, every rank writes its files in the
+// background, and finalize_async_save commits once all of them are done.
 void save_training_checkpoint(const std::string& save_dir, comm::Communicator& world,
                               const parallel::ParallelState& ps, model::ParamStore& params,
                               optim::Optimizer& opt, bool save_optim, const TrainingState& st,
                               const SaveOptions& o, AsyncSaver* async);
+
+// --async-save under mpirun (Megatron's maybe_finalize_async_save): collective over
+// `world`, called by every rank at the same points (each iteration, before the next save,
+// at the end). When a multi-rank save is pending and every rank's background write is done
+// (blocking: after waiting for this rank's), rank 0 commits the checkpoint (metadata,
+// tracker) and it is visible to all ranks on return. Returns true when nothing is pending
+// any more. A rank's failed write is an error on every rank, and nothing is committed.
+bool finalize_async_save(comm::Communicator& world, AsyncSaver& async, bool blocking);
 
 // Loads `iteration` (default: the latest) into the model's parameters and the optimizer
 // (the moments and the step count only when load_optim). nullopt, with a warning, when

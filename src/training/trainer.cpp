@@ -61,6 +61,14 @@ void Trainer::State::update_step_batch() {
   }
 }
 
+void Trainer::State::finish_async_save(bool blocking) {
+  checkpoint::finalize_async_save(world->world(), *async_saver, blocking);  // multi-rank saves
+  if (blocking)
+    async_saver->wait();
+  else
+    async_saver->poll();
+}
+
 // Megatron's finalize_model_grads, then the fp16 unscale (_unscale_main_grads): the
 // optimizer's gradients are then those of the global batch, unscaled.
 void Trainer::State::finalize_grads() {
@@ -212,7 +220,9 @@ TrainSummary Trainer::run() {
 
   StepProfiler profiler(a, s.device, s.world->world().rank(), s.world->world().size());
   while (!a.skip_train && iteration < a.train_iters) {
-    if (s.async_saver) s.async_saver->poll();  // a failed background save surfaces here
+    // A finished background save is committed here (collectively under mpirun), and a
+    // failed one surfaces here.
+    if (s.async_saver) s.finish_async_save(/*blocking=*/false);
     profiler.before_step(iteration);
     ++iteration;
     saved_now = false;
@@ -269,13 +279,13 @@ TrainSummary Trainer::run() {
     }
     if (!exit_reason.empty()) {
       if (a.save && !saved_now) s.save(), saved_now = true;
-      if (s.async_saver) s.async_saver->wait();
+      if (s.async_saver) s.finish_async_save(/*blocking=*/true);
       log::info("{}", exit_reason);
       return finish();
     }
   }
   if (a.save && !saved_now && iteration > start_iteration) s.save();
-  if (s.async_saver) s.async_saver->wait();
+  if (s.async_saver) s.finish_async_save(/*blocking=*/true);
   log::info("after training is done");
   if (s.datasets[1] && a.eval_interval) {
     out.last_valid_loss = s.evaluate(1, s.consumed_valid);

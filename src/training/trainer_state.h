@@ -92,6 +92,8 @@ struct Trainer::State {
   checkpoint::TrainingState training_state() const;
   void save();
   void load();
+  // --async-save: commit a finished background save (blocking: wait for it first).
+  void finish_async_save(bool blocking);
 };
 
 // SIGTERM with --exit-signal-handler: the loop saves and exits at the end of the iteration.

@@ -85,8 +85,6 @@ void check_trainer_support(const Args& a, Device dev) {
                   "--save-interval {} given without --save", *a.save_interval);
   MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
                   "--save-interval must be positive, got {}", *a.save_interval);
-  no(a.async_save && a.world_size > 1, "--async-save with more than one process",
-     "drop --async-save under mpirun/srun for now (synchronous saves work)");
   MCPP_CHECK_HINT(!a.async_save || a.save, "add --save DIR", "--async-save needs --save");
 }
 
