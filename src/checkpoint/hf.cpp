@@ -25,6 +25,7 @@ struct Entry {
   std::string mname, hname;
   std::vector<int64_t> rows;
   bool transpose = false;
+  bool norm_weight = false;  // a norm's weight: + 1 on export under --apply-layernorm-1p
 };
 
 std::vector<int64_t> range(int64_t a, int64_t b) {
@@ -64,20 +65,20 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
     e.push_back({"embedding.position_embeddings.weight", "transformer.wpe.weight", {}, false});
     for (int l = 0; l < c.num_layers; ++l) {
       const std::string h = "transformer.h." + std::to_string(l) + ".";
-      e.push_back({L(l, "input_layernorm.weight"), h + "ln_1.weight", {}, false});
+      e.push_back({L(l, "input_layernorm.weight"), h + "ln_1.weight", {}, false, true});
       e.push_back({L(l, "input_layernorm.bias"), h + "ln_1.bias", {}, false});
       e.push_back({L(l, "self_attention.linear_qkv.weight"), h + "attn.c_attn.weight", all, true});
       e.push_back({L(l, "self_attention.linear_qkv.bias"), h + "attn.c_attn.bias", all, false});
       e.push_back({L(l, "self_attention.linear_proj.weight"), h + "attn.c_proj.weight", {}, true});
       e.push_back({L(l, "self_attention.linear_proj.bias"), h + "attn.c_proj.bias", {}, false});
-      e.push_back({L(l, "pre_mlp_layernorm.weight"), h + "ln_2.weight", {}, false});
+      e.push_back({L(l, "pre_mlp_layernorm.weight"), h + "ln_2.weight", {}, false, true});
       e.push_back({L(l, "pre_mlp_layernorm.bias"), h + "ln_2.bias", {}, false});
       e.push_back({L(l, "mlp.linear_fc1.weight"), h + "mlp.c_fc.weight", {}, true});
       e.push_back({L(l, "mlp.linear_fc1.bias"), h + "mlp.c_fc.bias", {}, false});
       e.push_back({L(l, "mlp.linear_fc2.weight"), h + "mlp.c_proj.weight", {}, true});
       e.push_back({L(l, "mlp.linear_fc2.bias"), h + "mlp.c_proj.bias", {}, false});
     }
-    e.push_back({"decoder.final_layernorm.weight", "transformer.ln_f.weight", {}, false});
+    e.push_back({"decoder.final_layernorm.weight", "transformer.ln_f.weight", {}, false, true});
     e.push_back({"decoder.final_layernorm.bias", "transformer.ln_f.bias", {}, false});
     return e;  // lm_head is tied to wte and not stored, as HF saves GPT-2
   }
@@ -86,7 +87,7 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
   e.push_back({"embedding.word_embeddings.weight", "model.embed_tokens.weight", {}, false});
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string h = "model.layers." + std::to_string(l) + ".";
-    e.push_back({L(l, "input_layernorm.weight"), h + "input_layernorm.weight", {}, false});
+    e.push_back({L(l, "input_layernorm.weight"), h + "input_layernorm.weight", {}, false, true});
     for (const char* suf : {"weight", "bias"}) {
       if (std::string(suf) == "bias" && !bias) continue;
       const std::string s = suf;
@@ -103,9 +104,9 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
       e.push_back({L(l, "mlp.linear_fc2." + s), h + "mlp.down_proj." + s, {}, false});
     }
     e.push_back(
-        {L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false});
+        {L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false, true});
   }
-  e.push_back({"decoder.final_layernorm.weight", "model.norm.weight", {}, false});
+  e.push_back({"decoder.final_layernorm.weight", "model.norm.weight", {}, false, true});
   if (!c.tie_embeddings) e.push_back({"output_layer.weight", "lm_head.weight", {}, false});
   return e;
 }
@@ -314,9 +315,12 @@ std::map<std::string, Tensor> to_hf_tensors(const model::TransformerConfig& c,
     const int64_t R = int64_t(rows.size());
     Shape shape = src.dim() == 1 ? Shape{R} : e.transpose ? Shape{C, R} : Shape{R, C};
     Tensor t = Tensor::empty(shape, dtype);
+    // --apply-layernorm-1p stores a norm weight as w - 1; Hugging Face stores w.
+    const double one = c.zero_centered_gamma && e.norm_weight ? 1.0 : 0.0;
     for (int64_t i = 0; i < R; ++i)
       for (int64_t j = 0; j < C; ++j)
-        set_float(t, e.transpose ? j * R + i : i * C + j, get_float(src, rows[size_t(i)] * C + j));
+        set_float(t, e.transpose ? j * R + i : i * C + j,
+                  get_float(src, rows[size_t(i)] * C + j) + one);
     out[e.hname] = t;
   }
   return out;

@@ -65,7 +65,8 @@ fi
 
 # ---- --apply-layernorm-1p: the same function, stored as w - 1 --------------------------
 for norm in LayerNorm RMSNorm; do
-  run "$W/n0.log" "$M" train "${T[@]}" --global-batch-size 8 --train-iters 8 --normalization $norm
+  run "$W/n0.log" "$M" train "${T[@]}" --global-batch-size 8 --train-iters 8 --normalization $norm \
+      --save "$W/ck_$norm"
   run "$W/n1.log" "$M" train "${T[@]}" --global-batch-size 8 --train-iters 8 --normalization $norm \
       --apply-layernorm-1p --save "$W/ck1p_$norm"
   python3 - "$W/n0.log" "$W/n1.log" "$norm" <<'PY'
@@ -78,6 +79,31 @@ assert worst < 1e-4, f"{sys.argv[3]}: 1p losses differ by {worst:.2e}: {a} vs {b
 print(f"{sys.argv[3]} --apply-layernorm-1p: losses agree to {worst:.1e}")
 PY
 done
+# Exported to Hugging Face (GPT-2: LayerNorm), the 1p model's norm weights are w = 1 + stored:
+# the plain model's, to fp32 rounding.
+for c in ck_LayerNorm ck1p_LayerNorm; do
+  run "$W/$c.conv.log" "$M" convert --load "$W/$c" --to-hf "$W/hf_$c"
+done
+python3 - "$W/hf_ck_LayerNorm/model.safetensors" "$W/hf_ck1p_LayerNorm/model.safetensors" <<'PY'
+import json, struct, sys
+def read(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]; raw = b[8 + n + s:8 + n + e]
+        assert v["dtype"] == "F32", v["dtype"]
+        out[k] = struct.unpack(f"<{len(raw) // 4}f", raw)
+    return out
+a, b = read(sys.argv[1]), read(sys.argv[2])
+assert a.keys() == b.keys()
+norms = [k for k in a if k.endswith((".ln_1.weight", ".ln_2.weight", "ln_f.weight"))]
+assert len(norms) == 5, norms
+worst = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+mean_ln = sum(sum(a[k]) / len(a[k]) for k in norms) / len(norms)
+assert worst < 1e-5 and abs(mean_ln - 1) < 0.05, (worst, mean_ln)
+print(f"HF export of the 1p model equals the plain model's to {worst:.1e} (norm weights ~{mean_ln:.3f})")
+PY
 out=$("$M" train "${T[@]}" --global-batch-size 8 --train-iters 10 --load "$W/ck1p_RMSNorm" \
       --normalization RMSNorm 2>&1) && { echo "a 1p checkpoint loaded without the flag"; exit 1; }
 grep -q "zero_centered_gamma (--apply-layernorm-1p): checkpoint true vs this run false" <<<"$out" ||
