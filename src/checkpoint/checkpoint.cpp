@@ -501,6 +501,7 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
   }
   md["files"] = files;
   md["tensors"] = tensors;
+  if (opts.tokenizer) md["tokenizer"] = write_tokenizer_files(tmp_dir, *opts.tokenizer);
   md["state"] = state_to_json(st);
 
   // metadata.json last inside the directory: its presence marks a complete checkpoint.

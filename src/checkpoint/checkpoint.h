@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/tokenizer_files.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "optim/lr_scheduler.h"
@@ -68,6 +69,8 @@ struct SaveOptions {
   std::optional<model::TransformerConfig> model;
   bool save_rng = true;       // !--no-save-rng
   bool cleanup_stale = true;  // remove leftover *.tmp-* directories (with a warning)
+  // Tokenizer files to carry in iter_N/tokenizer/ (checkpoint/tokenizer_files.h).
+  std::optional<TokenizerFiles> tokenizer;
 };
 
 struct LoadOptions {

@@ -18,6 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/tokenizer_files.h"
 #include "model/gpt_model.h"
 #include "tools/commands.h"
 
@@ -56,8 +57,20 @@ int64_t to_int(const std::string& flag, const std::string& v) {
 // a downloaded checkpoint naming /etc/shadow as its vocab file must not copy it into a
 // folder meant for upload.
 void export_tokenizer_files(const nlohmann::json& config, const std::map<std::string, std::string>& f,
-                            const std::string& out, int64_t max_positions) {
+                            const std::string& out, int64_t max_positions,
+                            const std::optional<checkpoint::TokenizerFiles>& carried) {
   namespace fs = std::filesystem;
+  const bool flags = f.count("--vocab-file") || f.count("--merge-file") ||
+                     f.count("--tokenizer-model") || f.count("--tokenizer-type");
+  // The files the checkpoint carries (stored by `convert --from-hf`, verified on reading)
+  // go out as they came in, byte for byte; tokenizer flags override them.
+  if (carried && !flags) {
+    for (const auto& [name, src] : carried->files)
+      fs::copy_file(src, fs::path(out) / name, fs::copy_options::overwrite_existing);
+    log::info("exported the checkpoint's {} files ({}) alongside the weights", carried->type,
+              carried->files.size());
+    return;
+  }
   auto recorded = [&](const char* k) -> std::string {
     return config.is_object() && config.contains(k) && config[k].is_string()
                ? config[k].get<std::string>()
@@ -69,8 +82,9 @@ void export_tokenizer_files(const nlohmann::json& config, const std::map<std::st
     for (const char* k : {"vocab_file", "merge_file", "tokenizer_model"})
       if (!recorded(k).empty()) paths += fmt::format(" {}={}", k, recorded(k));
     log::warn(
-        "no tokenizer files exported: pass --vocab-file and --merge-file (GPT-2 BPE) or "
-        "--tokenizer-model to add them{}",
+        "no tokenizer files exported (the checkpoint carries none): weights and config.json "
+        "only; pass --vocab-file and --merge-file (GPT-2 BPE) or --tokenizer-model to add "
+        "them{}",
         paths.empty() ? std::string()
                       : "; the paths the checkpoint records are not followed (" + paths.substr(1) +
                             ")");
@@ -119,6 +133,43 @@ void export_tokenizer_files(const nlohmann::json& config, const std::map<std::st
   log::info("exported the {} files alongside the weights", type);
 }
 
+// Megatron-LM's tools/checkpoint/convert.py flags, each answered with what does the same
+// here (an error: these flags never half-work).
+void megatron_convert_py_flag(const std::string& a) {
+  static const std::map<std::string, std::string> kEquivalent = {
+      {"--model-type", "the model type comes from the checkpoint (GPT and Llama only); drop it"},
+      {"--loader",
+       "the source format follows the flag: --load DIR (a megatron.cpp checkpoint) or "
+       "--from-hf HF_DIR (a Hugging Face folder)"},
+      {"--saver",
+       "the target format follows the flag: --to-hf OUT_DIR, or --save DIR (with --from-hf)"},
+      {"--load-dir", "use --load DIR (or --from-hf HF_DIR for a Hugging Face folder)"},
+      {"--save-dir", "use --save DIR (or --to-hf OUT_DIR for a Hugging Face folder)"},
+      {"--target-tensor-parallel-size",
+       "no resharding step is needed: any TP/PP layout loads any checkpoint (train or "
+       "generate with the --tensor-model-parallel-size you want)"},
+      {"--target-pipeline-parallel-size",
+       "no resharding step is needed: any TP/PP layout loads any checkpoint"},
+      {"--target-expert-parallel-size",
+       "no resharding step is needed: the layout is chosen when the checkpoint is loaded"},
+      {"--true-vocab-size",
+       "the vocabulary padding follows the loading layout automatically (re-padded or "
+       "trimmed on load)"},
+      {"--megatron-path", "megatron.cpp needs no Python source tree; drop it"},
+      {"--max-queue-size", "conversion runs in one process; drop it"},
+      {"--checkpoint-type", "the checkpoint's format is read from its metadata; drop it"},
+      {"--loader-transformer-impl", "there is one Transformer implementation; drop it"},
+      {"--saver-transformer-impl", "there is one Transformer implementation; drop it"},
+      {"--no-checking", "drop it: a conversion is always checked"},
+  };
+  auto it = kEquivalent.find(a);
+  if (it == kEquivalent.end()) return;
+  throw Error(fmt::format("megatron convert: {} is a flag of Megatron-LM's "
+                          "tools/checkpoint/convert.py; megatron.cpp's convert does not take it",
+                          a),
+              it->second);
+}
+
 int run_convert(const std::vector<std::string>& argv) {
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < argv.size(); ++i) {
@@ -140,6 +191,7 @@ int run_convert(const std::vector<std::string>& argv) {
                                   "--tokenizer-model"};
     bool ok = false;
     for (const char* k : known) ok |= a == k;
+    megatron_convert_py_flag(a);  // Megatron's tools/checkpoint/convert.py: name the equivalent
     MCPP_CHECK_HINT(ok, kUsage, "megatron convert: unknown flag '{}'", a);
     MCPP_CHECK_HINT(i + 1 < argv.size(), kUsage, "megatron convert: {} needs a value", a);
     f[a] = argv[++i];
@@ -170,7 +222,9 @@ int run_convert(const std::vector<std::string>& argv) {
     const model::TransformerConfig& cfg = w.config;
     const auto& st = w.state;
     checkpoint::export_hf(f["--to-hf"], cfg, w.params, dt);
-    export_tokenizer_files(st.config, f, f["--to-hf"], cfg.max_position_embeddings);
+    export_tokenizer_files(st.config, f, f["--to-hf"], cfg.max_position_embeddings,
+                           checkpoint::checkpoint_tokenizer(
+                               w.metadata.value("__iter_dir", f["--load"]), w.metadata));
     log::info("exported iteration {} of {} as {} to {}", st.iteration, f["--load"],
               checkpoint::hf_arch_name(checkpoint::hf_arch_of(cfg)), f["--to-hf"]);
     return 0;
@@ -190,7 +244,18 @@ int run_convert(const std::vector<std::string>& argv) {
   checkpoint::TrainingState st;  // iteration 0: a starting point (train on, or --finetune)
   st.rng_seed = cfg.seed;
   st.config = {{"converted_from_hf", f["--from-hf"]}};
-  checkpoint::save_checkpoint(f["--save"], m, nullptr, st);
+  checkpoint::SaveOptions so;
+  so.tokenizer = checkpoint::find_hf_tokenizer(f["--from-hf"]);  // carried inside (A.4)
+  if (so.tokenizer)
+    log::info("storing the Hugging Face tokenizer files ({} -> {}) in the checkpoint",
+              so.tokenizer->files.size(), so.tokenizer->type.empty() ? "no usable tokenizer type"
+                                                                    : so.tokenizer->type);
+  else
+    log::warn("{} holds no tokenizer files (vocab.json + merges.txt, tokenizer.json, "
+              "tokenizer.model): the checkpoint carries none; generate and training will need "
+              "the tokenizer flags",
+              f["--from-hf"]);
+  checkpoint::save_checkpoint(f["--save"], m, nullptr, st, so);
   log::info("imported {} ({} layers, hidden {}, padded vocab {}) into {}", f["--from-hf"],
             cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size, f["--save"]);
   return 0;

@@ -27,6 +27,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "comm/world.h"
+#include "checkpoint/tokenizer_files.h"
 #include "data/tokenizers/tokenizer.h"
 #include "inference/generator.h"
 #include "ops/ops.h"
@@ -66,6 +67,19 @@ double get_double(const Flags& f, const std::string& n, double def) {
 
 // Tokenizer flags, falling back to the training config stored in the checkpoint.
 data::TokenizerArgs tokenizer_args(const Flags& f, const nlohmann::json& md) {
+  // The tokenizer files the checkpoint carries (convert --from-hf), unless flags name one.
+  const bool flags = f.has("--tokenizer-type") || f.has("--vocab-file") || f.has("--merge-file") ||
+                     f.has("--tokenizer-model");
+  if (!flags)
+    if (const auto t = checkpoint::checkpoint_tokenizer(md.value("__iter_dir", std::string(".")), md)) {
+      std::fprintf(stderr, "[generate] using the %s files the checkpoint carries (%s)\n",
+                   t->type.c_str(), (std::filesystem::path(md.value("__iter_dir", std::string("."))) /
+                                     "tokenizer").c_str());
+      data::TokenizerArgs ta;
+      ta.type = t->type, ta.vocab_file = t->vocab_file, ta.merge_file = t->merge_file;
+      ta.tokenizer_model = t->tokenizer_model;
+      return ta;
+    }
   const nlohmann::json cfg = md.contains("state") && md["state"].contains("config")
                                  ? md["state"]["config"]
                                  : nlohmann::json::object();

@@ -155,6 +155,7 @@ checkpoint::TrainingState Trainer::State::training_state() const {
 void Trainer::State::save() {
   checkpoint::SaveOptions o;
   o.model = model_cfg, o.save_rng = !args.no_save_rng;
+  o.tokenizer = tokenizer_files;
   checkpoint::save_training_checkpoint(*args.save, world->world(), *ps, model->params(), *opt,
                                        !args.no_save_optim, training_state(), o, async_saver.get());
 }

@@ -68,4 +68,25 @@ void apply_checkpoint_args(Args& a) {
   log::info("--use-checkpoint-args: {} model arguments from {}", taken, *a.load);
 }
 
+std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(Args& a) {
+  if (!a.load) return std::nullopt;
+  for (const char* d : {"tokenizer_type", "vocab_file", "merge_file", "tokenizer_model"})
+    if (a.was_given(d)) return std::nullopt;  // flags override what the checkpoint carries
+  if (!a.ckpt_step && !checkpoint::latest_iteration(*a.load)) return std::nullopt;
+  const auto md = checkpoint::read_metadata(*a.load, a.ckpt_step);
+  auto t = checkpoint::checkpoint_tokenizer(md.value("__iter_dir", *a.load), md);
+  if (!t) return std::nullopt;
+  a.tokenizer_type = t->type, a.given["tokenizer_type"] = t->type;
+  auto set = [&](const char* dest, std::optional<std::string>& field, const std::string& v) {
+    if (v.empty()) return;
+    field = v, a.given[dest] = v;
+  };
+  set("vocab_file", a.vocab_file, t->vocab_file);
+  set("merge_file", a.merge_file, t->merge_file);
+  set("tokenizer_model", a.tokenizer_model, t->tokenizer_model);
+  log::info("using the {} files the checkpoint in {} carries (tokenizer flags override them)",
+            t->type, *a.load);
+  return t;
+}
+
 }  // namespace mcpp::training

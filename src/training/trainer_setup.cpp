@@ -78,6 +78,7 @@ void Trainer::State::setup_parallel() {
                                             ? comm::read_nccl_config(*a.nccl_communicator_config_path)
                                             : comm::NcclConfigs{}});
   if (a.use_checkpoint_args) apply_checkpoint_args(a);  // before the shape is validated
+  s.tokenizer_files = apply_checkpoint_tokenizer(a);     // the files --load's checkpoint carries
   validate_args(a, s.world->size());
   if (a.nccl_communicator_config_path && s.world->device() != Device::CUDA)
     log::warn("--nccl-communicator-config-path: this run has no NCCL groups ({} on {}); the "

@@ -69,6 +69,8 @@ struct Trainer::State {
   // num_microbatches_calculator, updated from consumed_train before every step); without
   // a ramp-up they stay args' global_batch_size / num_microbatches.
   std::unique_ptr<data::NumMicroBatchesCalculator> batches;
+  // Tokenizer files --load's checkpoint carries (and this run's checkpoints carry on).
+  std::optional<checkpoint::TokenizerFiles> tokenizer_files;
   int64_t built_schedule_microbatches = 0;  // PP: the micro-batches `schedule` was built for
   void update_step_batch();                 // batches->update + the PP schedule to match
   int64_t step_global_batch() const { return batches->current_global_batch_size(); }

@@ -4,6 +4,7 @@
 #pragma once
 #include <optional>
 
+#include "checkpoint/tokenizer_files.h"
 #include "data/num_microbatches.h"
 #include "tensor/tensor.h"
 #include "training/arguments.h"
@@ -21,6 +22,11 @@ std::optional<data::BatchRampup> batch_rampup(const Args& a);
 // --use-checkpoint-args: fills the model's flags from --load's checkpoint (latest, or
 // --ckpt-step) before validate_args (trainer_checkpoint_args.cpp).
 void apply_checkpoint_args(Args& a);
+
+// --load of a checkpoint that carries tokenizer files (convert --from-hf), no tokenizer flag
+// given: the tokenizer flags point at those files (verified). Returns them, so that the run's
+// own checkpoints carry them on.
+std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(Args& a);
 
 // What the trainer rejects on `dev` after validate_args (flags whose value is valid but
 // that megatron.cpp's trainer does not implement yet, and the precision a device cannot
