@@ -34,11 +34,13 @@ const char* kUsage =
     "                    LlamaForCausalLM, chosen from the model's architecture)\n"
     "  --vocab-file, --merge-file, --tokenizer-model, --tokenizer-type\n"
     "                    the tokenizer files to export beside the weights (Hugging Face names);\n"
-    "                    the paths a checkpoint records are never followed: an untrusted\n"
+    "                    default: the files the checkpoint carries (stored by --from-hf); the\n"
+    "                    paths a checkpoint records are never followed: an untrusted\n"
     "                    checkpoint could name any local file\n"
     "  --hf-dtype        float32 (default), bfloat16 or float16\n"
     "  --from-hf HF_DIR  read a GPT-2 or Llama folder (config.json + safetensors) and save it\n"
-    "                    as iteration 0 of a megatron.cpp checkpoint in --save\n"
+    "                    as iteration 0 of a megatron.cpp checkpoint in --save, with the\n"
+    "                    folder's tokenizer files inside it\n"
     "  --make-vocab-size-divisible-by N   vocabulary padding on import (default 128)\n";
 
 int64_t to_int(const std::string& flag, const std::string& v) {
