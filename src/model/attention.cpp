@@ -46,7 +46,7 @@ void Attention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspa
 void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y, Workspace& ws,
                         const StepContext& cx) const {
   const auto& c = *cfg_;
-  qkv_.forward(x, s.qkv_in, s.qkv, cx);
+  qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
   if (c.rope) ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, 0, s.qkv, cx.stream());
   core_.forward(s.qkv, s.core, ws, cx);
   const Tensor& ctx = core_.ctx(s.core, ws);
@@ -59,7 +59,7 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
 void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
                                Tensor& y, Workspace& ws, const StepContext& cx) const {
   const auto& c = *cfg_;
-  qkv_.forward(x, s.qkv_in, s.qkv, cx);
+  qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
   if (c.rope && cx.uniform_pos)
     ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.s0, s.qkv, cx.stream());
   if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position

@@ -21,49 +21,62 @@ ColumnParallelLinear::ColumnParallelLinear(const ParamStore* store, const std::s
                                            const std::string& bias)
     : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)) {}
 
+// Under SP the gathered input is not saved (issue 23 A.8, as Megatron-Core's
+// LinearWithGradAccumulationAndAsyncCommunication with sequence_parallel): only the caller's
+// sequence shard x [Tl,in] is kept, and backward all-gathers it again for the weight
+// gradient. The gather lands in the shared workspace buffer ws.dln_full, in forward (read at
+// once by the GEMM) and in backward (read by the weight GEMM, then overwritten by dx_full).
 void ColumnParallelLinear::saved_specs(const Dims& d, int64_t in, Saved& s,
                                        const TensorVisitor& v) {
-  v(s.x_full, {d.T, in}, d.dt, d.sp);
+  v(s.x_full, {d.T, in}, d.dt, false);
 }
 
 void ColumnParallelLinear::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v) {
   v(ws.dln_full, {d.T, d.H}, d.dt, d.sp);
 }
 
-// Column-parallel input: x [Tl,H] -> x_full [T,H] (SP all-gather); else the identity
-// copy_to_tp (x_full is x).
-const Tensor& ColumnParallelLinear::gathered(const Tensor& x, Saved& s,
+// Column-parallel input: x [Tl,H] -> x_full [T,H] (SP all-gather into the workspace); else
+// the identity copy_to_tp (x_full is x).
+const Tensor& ColumnParallelLinear::gathered(const Tensor& x, Workspace& ws,
                                              const StepContext& cx) const {
   if (cx.tp_comm) {
     if (cx.sp)
-      parallel::gather_from_sp(x, s.x_full, *cx.tp_comm, cx.stream());
+      parallel::gather_from_sp(x, ws.dln_full, *cx.tp_comm, cx.stream());
     else
       parallel::copy_to_tp(x, *cx.tp_comm, cx.stream());
   }
-  return cx.sp ? s.x_full : x;
+  return cx.sp ? ws.dln_full : x;
 }
 
-void ColumnParallelLinear::forward(const Tensor& x, Saved& s, Tensor& y,
+void ColumnParallelLinear::forward(const Tensor& x, Saved& s, Tensor& y, Workspace& ws,
                                    const StepContext& cx) const {
-  ops::linear_forward(gathered(x, s, cx), w_.w, b_.w, y, cx.stream());
+  (void)s;
+  ops::linear_forward(gathered(x, ws, cx), w_.w, b_.w, y, cx.stream());
 }
 
 void ColumnParallelLinear::forward_gelu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act,
-                                        const StepContext& cx) const {
-  ops::linear_gelu_forward(gathered(x, s, cx), w_.w, b_.w, pre, act, cx.stream());
+                                        Workspace& ws, const StepContext& cx) const {
+  (void)s;
+  ops::linear_gelu_forward(gathered(x, ws, cx), w_.w, b_.w, pre, act, cx.stream());
 }
 
 // dx_full = dy @ w, dw += dy^T @ x_full, db += sum dy; then the dual of the input
 // transition: the SP reduce-scatter into dx, or the all-reduce in place (dx_full is dx).
+// Under SP x_full is gathered again first (the weight GEMM's input), and dx_full then
+// overwrites it (the data GEMM reads only dy and w).
 void ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx,
                                     Workspace& ws, const StepContext& cx) {
-  Tensor& dx_full = cx.sp ? ws.dln_full : dx;
-  ops::linear_backward(dy, cx.sp ? s.x_full : x, w_.w, dx_full, false, w_.g, b_.g, cx.stream());
-  if (!cx.tp_comm) return;
-  if (cx.sp)
-    parallel::gather_from_sp_backward(dx_full, dx, *cx.tp_comm, cx.stream());
-  else
-    parallel::copy_to_tp_backward(dx_full, *cx.tp_comm, cx.stream());
+  (void)s;
+  if (!cx.sp || !cx.tp_comm) {
+    ops::linear_backward(dy, x, w_.w, dx, false, w_.g, b_.g, cx.stream());
+    if (cx.tp_comm) parallel::copy_to_tp_backward(dx, *cx.tp_comm, cx.stream());
+    return;
+  }
+  Tensor none;
+  const Tensor& x_full = gathered(x, ws, cx);
+  ops::linear_backward(dy, x_full, w_.w, none, false, w_.g, b_.g, cx.stream());
+  ops::linear_backward(dy, x_full, w_.w, ws.dln_full, false, none, none, cx.stream());
+  parallel::gather_from_sp_backward(ws.dln_full, dx, *cx.tp_comm, cx.stream());
 }
 
 // ---- row-parallel ------------------------------------------------------------------------

@@ -33,16 +33,19 @@ class ColumnParallelLinear {
   ColumnParallelLinear(const ParamStore* store, const std::string& weight, const std::string& bias);
 
   struct Saved {
-    Tensor x_full;  // [T,in] the gathered input (SP only; else the GEMM reads x)
+    // Nothing under SP either: the gathered input [T,in] is not kept (backward gathers the
+    // caller's saved shard again); the member stays for the callers' Saved layouts.
+    Tensor x_full;
   };
   static void saved_specs(const Dims& d, int64_t in, Saved& s, const TensorVisitor& v);
-  // dx_full [T,H]: the partial input gradient before its reduce-scatter (SP).
+  // dln_full [T,H] (SP): the gathered input in forward and backward, then the partial input
+  // gradient before its reduce-scatter.
   static void scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v);
 
-  // x [Tl,in] -> y [T,out/TP].
-  void forward(const Tensor& x, Saved& s, Tensor& y, const StepContext& cx) const;
+  // x [Tl,in] -> y [T,out/TP]. x must stay alive until backward (the caller saves it).
+  void forward(const Tensor& x, Saved& s, Tensor& y, Workspace& ws, const StepContext& cx) const;
   // pre = x_full @ w^T + b, act = gelu(pre) in the GEMM's epilogue.
-  void forward_gelu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act,
+  void forward_gelu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act, Workspace& ws,
                     const StepContext& cx) const;
   // dy [T,out/TP] -> dx [Tl,in] (=), through dx_full (the workspace's dln_full under SP).
   void backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, Workspace& ws,
@@ -51,7 +54,7 @@ class ColumnParallelLinear {
   const Tensor& weight() const { return w_.w; }
 
  private:
-  const Tensor& gathered(const Tensor& x, Saved& s, const StepContext& cx) const;
+  const Tensor& gathered(const Tensor& x, Workspace& ws, const StepContext& cx) const;
   ParamView w_, b_;
 };
 

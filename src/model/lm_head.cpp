@@ -60,7 +60,7 @@ double LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspac
   const int64_t V = c.vocab_local();
   const DType sdt = cx.sdt;
   norm_.forward(x, s.lnf, cx);
-  output_.forward(s.lnf.y, s.out_in, s.logits, cx);
+  output_.forward(s.lnf.y, s.out_in, s.logits, ws, cx);
 
   // Labels and mask to sequence-first order: row t = s*B + b.
   MCPP_CHECK(mb.labels.dtype() == DType::I64 && mb.loss_mask.dtype() == DType::F32,
@@ -96,7 +96,8 @@ void LmHead::logits_forward(const Tensor& x, Saved& s, const StepContext& cx) co
   if (!cfg_->rmsnorm) ensure(s.lnf.mean, {rows}, cx.sdt, cx.dev);
   ensure(s.logits, {rows, cfg_->vocab_local()}, cx.dt, cx.dev);
   norm_.forward(x, s.lnf, cx);
-  output_.forward(s.lnf.y, s.out_in, s.logits, cx);
+  Workspace unused;  // generation: no sequence parallelism, nothing gathered
+  output_.forward(s.lnf.y, s.out_in, s.logits, unused, cx);
 }
 
 // Mirrors forward: cross-entropy, output layer, final norm.

@@ -44,10 +44,10 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   auto& s = static_cast<Saved&>(sb);
   Tensor& act = s.act.defined() ? s.act : ws.act;  // kept, or the shared scratch
   if (cfg_->swiglu) {
-    fc1_.forward(x, s.fc1_in, s.fc1, cx);
+    fc1_.forward(x, s.fc1_in, s.fc1, ws, cx);
     ops::swiglu_forward(s.fc1, act, cx.stream());
   } else {
-    fc1_.forward_gelu(x, s.fc1_in, s.fc1, act, cx);  // GEMM epilogue
+    fc1_.forward_gelu(x, s.fc1_in, s.fc1, act, ws, cx);  // GEMM epilogue
   }
   if (residual)
     fc2_.forward_residual(act, *residual, y, cx);

@@ -22,6 +22,7 @@
 #include <map>
 #include <set>
 
+#include "model/memory_estimate.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
 #include "tools/commands.h"
@@ -88,6 +89,28 @@ training::Args plan_training_args(std::vector<std::string> train_args, int world
   return a;
 }
 
+// One transformer layer's saved activations per micro-batch (a middle pipeline stage's
+// layer: no embedding, no head), and beside it Megatron's own estimate:
+// theoretical_memory_usage.py's compute_activation_memory, s*b*h*(18 + 4*ffn/h)/t bytes per
+// layer (Korthikanti et al. 2022, Table 2: 34*s*b*h/t for ffn = 4h), which Megatron reports
+// only for sequence parallelism with selective recomputation (16-bit activations).
+void print_layer_activations(const training::Args& a, const model::TransformerConfig& cfg) {
+  model::PipelinePart one;
+  one.chunks = {{0}}, one.first_stage = false, one.last_stage = false;
+  const int64_t ours = model::saved_activation_bytes(cfg, one, 0, a.micro_batch_size, a.seq_length);
+  const double s = double(a.seq_length), b = double(a.micro_batch_size), h = double(a.hidden_size);
+  const double t = double(a.tensor_model_parallel_size);
+  const double megatron = s * b * h * (18.0 + 4.0 * double(a.ffn_hidden_size) / h) / t;
+  const bool applies =
+      a.sequence_parallel && a.recompute_granularity.value_or("") == "selective";
+  std::printf("activations per transformer layer and micro-batch: %s MiB (megatron.cpp, saved); "
+              "Megatron's theoretical estimate s*b*h*(18 + 4*ffn/h)/t = %s MiB%s (ratio %.2f)\n",
+              mib(ours).c_str(), mib(int64_t(megatron)).c_str(),
+              applies ? "" : " (Megatron's formula assumes --sequence-parallel and "
+                             "--recompute-granularity selective)",
+              double(ours) / megatron);
+}
+
 void print_memory(std::vector<std::string> train_args, int world, int pp, double device_gib) {
   training::Args a = plan_training_args(std::move(train_args), world);
   int64_t vocab = 0;
@@ -124,6 +147,7 @@ void print_memory(std::vector<std::string> train_args, int world, int pp, double
                 mib(m.per_microbatch).c_str(), m.in_flight, mib(m.activations()).c_str(),
                 mib(m.total()).c_str());
   }
+  print_layer_activations(a, cfg);
   const auto m0 = training::plan_stage_memory(a, cfg, 0);
   std::printf("(`megatron train` prints the same per rank at start-up: \"Theoretical memory "
               "footprints\"; activations include %s MiB of shared scratch%s)\n",
