@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "data/cp_split.h"
 
 namespace mcpp::data {
 
@@ -24,7 +25,7 @@ model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& 
     std::copy(scratch.loss_mask.begin(), scratch.loss_mask.end(),
               mb.loss_mask.data<float>() + i * S);
   }
-  return mb;
+  return split_for_context_parallel(mb, b.cp_size, b.cp_rank);
 }
 
 LocalBatch load_local_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,

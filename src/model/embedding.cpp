@@ -49,7 +49,11 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out,
     else
       parallel::reduce_from_tp(emb3, *cx.tp_comm, st);
   }
-  if (!c.rope && cx.uniform_pos) ops::position_embedding_forward(pos_.w, cx.s0, emb3, st);
+  if (!c.rope && cx.uniform_pos)  // under CP the rank's rows are two runs of positions
+    for_each_global_run(cx, cx.s0, Sl, [&](int64_t r0, int64_t n, int64_t pos) {
+      Tensor rows = emb3.narrow(r0, n);
+      ops::position_embedding_forward(pos_.w, pos, rows, st);
+    });
   if (!c.rope && !cx.uniform_pos) {  // generation, one row per sequence at its own position
     Tensor rows = emb3.view({B, H});
     for (int64_t b = 0; b < B; ++b) {
@@ -73,7 +77,10 @@ void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws, const
   ops::dropout_backward(dx3, cx.p_hidden,
                         dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g, dtmp3,
                         st);
-  if (!c.rope) ops::position_embedding_backward(dtmp3, cx.s0, pos_.g, st);
+  if (!c.rope)
+    for_each_global_run(cx, cx.s0, Sl, [&](int64_t r0, int64_t n, int64_t pos) {
+      ops::position_embedding_backward(dtmp3.narrow(r0, n), pos, pos_.g, st);
+    });
   Tensor dword = dtmp3;
   if (cx.tp_comm) {
     if (cx.sp) {

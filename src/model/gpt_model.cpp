@@ -60,6 +60,14 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
 
 GPTModel::~GPTModel() = default;
 
+void GPTModel::set_cp_comm(comm::Communicator* cp) {
+  MCPP_CHECK(cfg_.cp_size == 1 || (cp && cp->size() == cfg_.cp_size && cp->rank() == cfg_.cp_rank),
+             "GPTModel: the context-parallel group must have cp_size {} members with this rank "
+             "at {}",
+             cfg_.cp_size, cfg_.cp_rank);
+  cp_ = cfg_.cp_size > 1 ? cp : nullptr;
+}
+
 int GPTModel::num_chunks() const { return stage_->num_chunks(); }
 
 // ---- slots -------------------------------------------------------------------------------
@@ -125,7 +133,7 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
   MCPP_CHECK(chunk >= 0 && chunk < num_chunks(), "GPTModel: chunk {} outside [0, {})", chunk,
              num_chunks());
   MCPP_CHECK(mb.tokens.dim() == 2, "tokens must be [B, S], got {}", mb.tokens.str());
-  const StepContext cx = make_step_context(cfg_, mb.tokens.size(1), mb.tokens.size(0), keys, tp_);
+  const StepContext cx = make_step_context(cfg_, mb.tokens.size(1), mb.tokens.size(0), keys, tp_, cp_);
   Stream& st = cx.stream();
   const int64_t Tl = cx.Tl, H = cx.H;
   Slot& sv = acquire(chunk, microbatch);
@@ -173,7 +181,7 @@ Tensor GPTModel::backward_chunk(int chunk, int microbatch, const Tensor& output_
   MCPP_CHECK(svp, "GPTModel: backward of micro-batch {} of chunk {} without its forward",
              microbatch, chunk);
   Slot& sv = *svp;
-  const StepContext cx = make_step_context(cfg_, sv.S, sv.B, sv.keys, tp_);
+  const StepContext cx = make_step_context(cfg_, sv.S, sv.B, sv.keys, tp_, cp_);
   Stream& st = cx.stream();
   const int64_t Tl = cx.Tl, H = cx.H;
   allocate([&](const TensorVisitor& v) { stage_->scratch_specs(cx, *ws_, v); }, cx.dev, false);

@@ -20,9 +20,14 @@ struct DropoutKey {
 //   ((i0 + o0) * G1 + (i1 + o1)) * G2 + (i2 + o2).
 // For [S, B, H] activations: S sharded by SP/CP, B by DP (o1 = first sample of this
 // micro-batch in the global batch), H by TP.
+// Context parallelism holds two chunks of the sequence that are not adjacent: local rows
+// i0 >= split0 sit jump0 further along dim 0 ((i0 + o0 + jump0) instead); split0 =
+// INT64_MAX (the default) for one contiguous block. The CUDA backend takes only that.
 struct GlobalIndex3 {
   int64_t offset[3] = {0, 0, 0};
   int64_t global[3] = {0, 0, 0};
+  int64_t split0 = INT64_MAX, jump0 = 0;
+  int64_t row0(int64_t i0) const { return i0 + offset[0] + (i0 >= split0 ? jump0 : 0); }
   static GlobalIndex3 whole(int64_t d0, int64_t d1, int64_t d2) {
     return {{0, 0, 0}, {d0, d1, d2}};
   }

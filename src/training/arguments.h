@@ -151,7 +151,7 @@ struct Args {
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;   // interleaved schedule
   std::optional<int64_t> microbatch_group_size_per_vp_stage;     // default: PP
   int64_t virtual_pipeline_model_parallel_size = 1;  // derived: model chunks per rank
-  int64_t context_parallel_size = 1;         // 1 only for now
+  int64_t context_parallel_size = 1;         // --context-parallel-size (validate_cp.cpp)
   int64_t expert_model_parallel_size = 1;    // 1 only for now
   bool sequence_parallel = false;            // --sequence-parallel (off at TP 1, as Megatron)
   bool use_tp_pp_dp_mapping = false;         // order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
@@ -216,6 +216,11 @@ struct Args {
   bool was_given(const std::string& dest) const { return given.count(dest) != 0; }
   // True when the LR schedule counts samples (--train-samples) rather than iterations.
   bool sample_based() const { return train_samples.has_value(); }
+
+  // ---- context parallel (validate_cp.cpp; docs/context-parallel.md)
+  // --cp-comm-type: p2p (ring), a2a (heads scattered, sequence gathered) or all_gather;
+  // one value for every layer, or one per layer (validate_cp expands it to num_layers).
+  std::vector<std::string> cp_comm_type = {"p2p"};
 };
 
 // Parses flags (argv without the program and subcommand names). Throws mcpp::Error for

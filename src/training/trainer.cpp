@@ -25,19 +25,21 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
                                                            int64_t consumed, int64_t it,
                                                            bool training) {
   const data::BatchShape shape{args.micro_batch_size, args.seq_length, args.num_microbatches,
-                               args.data_parallel_size, ps->dp_rank()};
+                               args.data_parallel_size, ps->dp_rank(),
+                               args.context_parallel_size, ps->cp_rank()};
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
   // Loss = sum of masked token losses / masked tokens of the whole global batch
   // (ARCHITECTURE.md), so every split of the batch trains the same function: the token
-  // count is summed over DP before any backward, and gradients are summed.
-  const double tokens = parallel::sum_over(ps->dp(), batch.loss_tokens);
+  // count is summed over DP and CP (each CP rank holds part of every sequence) before any
+  // backward, and gradients are summed. A CP rank whose tokens are all masked adds 0.
+  const double tokens = parallel::sum_over(ps->dp_cp(), batch.loss_tokens);
   // fp16: the loss scale multiplies the loss (and so every gradient) before backward.
   const double grad_scale = tokens > 0 ? (scaler ? scaler->scale() : 1.0) / tokens : 0.0;
   model::StepKeys keys;
   keys.iteration = it, keys.global_batch = args.global_batch_size;
   keys.training = training;
   const double loss_sum = fwd_bwd->run(batch, keys, grad_scale, training);
-  return {parallel::sum_over(ps->dp(), loss_sum), tokens};
+  return {parallel::sum_over(ps->dp_cp(), loss_sum), tokens};
 }
 
 // Megatron's finalize_model_grads, then the fp16 unscale (_unscale_main_grads): the
