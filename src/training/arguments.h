@@ -221,6 +221,9 @@ struct Args {
   // --cp-comm-type: p2p (ring), a2a (heads scattered, sequence gathered) or all_gather;
   // one value for every layer, or one per layer (validate_cp expands it to num_layers).
   std::vector<std::string> cp_comm_type = {"p2p"};
+  // --calculate-per-token-loss: gradients of the global batch's summed token losses / its
+  // masked tokens; default: the mean of per-micro-batch means (training/forward_backward.h).
+  bool calculate_per_token_loss = false;
 };
 
 // Parses flags (argv without the program and subcommand names). Throws mcpp::Error for
