@@ -18,6 +18,7 @@ struct BatchShape {
   int64_t num_microbatches = 1;  // GBS / (MBS x DP)
   int64_t dp_size = 1, dp_rank = 0;
   int64_t cp_size = 1, cp_rank = 0;  // context parallelism: this rank's two chunks (cp_split.h)
+  bool reset_position_ids = false, reset_attention_mask = false;  // MicroBatch's optional fields
 };
 
 // This rank's micro-batches of one global batch.

@@ -33,9 +33,13 @@ class Communicator;  // a process group; model code reaches it only through para
 
 namespace mcpp::model {
 
-// One micro-batch: tokens, labels [B, S] i64; loss_mask [B, S] f32.
+// One micro-batch: tokens, labels [B, S] i64; loss_mask [B, S] f32. Document masking
+// (host tensors, defined only with the flag): position_ids [B, S] i64 (--reset-position-ids,
+// each token's position in its document), key_start [B, S] i64 (--reset-attention-mask, the
+// global position of its document's first token).
 struct MicroBatch {
   Tensor tokens, labels, loss_mask;
+  Tensor position_ids, key_start;
 };
 
 // The part of the model one pipeline stage holds.
@@ -102,6 +106,9 @@ struct StepContext : Dims {
   ops::AttentionDims ad;                  // local heads, global offsets for attention dropout
   comm::Communicator* tp_comm = nullptr;  // null at TP 1: every region transition is identity
   comm::Communicator* cp_comm = nullptr;  // null at CP 1 (context parallelism)
+  // --reset-position-ids: this rank's [B, S] positions (host); null: positions by row. The
+  // document mask (--reset-attention-mask) travels in ad.key_start.
+  const Tensor* position_ids = nullptr;
   Stream* st = nullptr;
   // Generation: each sequence's first new position (its KV-cache length), [B] on the host
   // and the same [B] i64 on the model's device (for the KV-cache attention op). When they

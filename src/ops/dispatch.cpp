@@ -203,5 +203,9 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
                          Tensor& out, Tensor& lse, Stream& s) {
   MCPP_DISPATCH(attention_lse_merge, out_i, lse_i, d, out, lse, s);
 }
+void rope_positions(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
+                    const Tensor& positions, bool inverse, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(rope_positions, in, d, rot, base, positions, inverse, out, s);
+}
 
 }  // namespace mcpp::ops

@@ -6,11 +6,15 @@
 
 namespace mcpp::training {
 
+comm::Communicator& data_cp_group(const parallel::ParallelState& ps) {
+  return ps.layout().cp() > 1 ? ps.dp_cp() : ps.dp();
+}
+
 LossScales loss_scales(const data::LocalBatch& batch, const parallel::ParallelState& ps,
                        bool per_token_loss, double loss_scale) {
   LossScales r;
   const size_t M = batch.micro_batches.size();
-  r.tokens = parallel::sum_over(ps.dp_cp(), batch.loss_tokens);
+  r.tokens = parallel::sum_over(data_cp_group(ps), batch.loss_tokens);
   if (per_token_loss) {
     r.grad_scale.assign(M, r.tokens > 0 ? loss_scale / r.tokens : 0.0);
     return r;

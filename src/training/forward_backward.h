@@ -15,6 +15,10 @@
 
 namespace mcpp::training {
 
+// The group that reduces gradients, token counts and the loss: dp-cp under context
+// parallelism, else dp (the same ranks; dp keeps CP-less runs' communication log as it was).
+comm::Communicator& data_cp_group(const parallel::ParallelState& ps);
+
 // The loss normalisation of one global batch, defined once from global token counts
 // (Megatron's loss_func + forward_step + finalize_model_grads), as the gradient scale of
 // each micro-batch's summed token losses:

@@ -26,7 +26,8 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
                                                            bool training) {
   const data::BatchShape shape{args.micro_batch_size, args.seq_length, args.num_microbatches,
                                args.data_parallel_size, ps->dp_rank(),
-                               args.context_parallel_size, ps->cp_rank()};
+                               args.context_parallel_size, ps->cp_rank(),
+                               args.reset_position_ids, args.reset_attention_mask};
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
   // The gradient scale of each micro-batch from global token counts (forward_backward.h:
   // Megatron's per-micro-batch mean, or --calculate-per-token-loss), so every split of the
@@ -40,7 +41,7 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
   keys.iteration = it, keys.global_batch = args.global_batch_size;
   keys.training = training;
   const double loss_sum = fwd_bwd->run(batch, keys, ls.grad_scale, training);
-  return {parallel::sum_over(ps->dp_cp(), loss_sum), tokens};
+  return {parallel::sum_over(data_cp_group(*ps), loss_sum), tokens};
 }
 
 // Megatron's finalize_model_grads, then the fp16 unscale (_unscale_main_grads): the

@@ -65,8 +65,6 @@ void reject_unsupported(const Args& a, Device dev) {
   };
   no((a.bf16 || a.fp16) && dev == Device::CPU, "--bf16/--fp16 on the CPU backend",
      "the CPU backend trains in fp32: drop the flag, or train on a GPU (--device cuda)");
-  no(a.reset_position_ids, "--reset-position-ids", "drop the flag");
-  no(a.reset_attention_mask, "--reset-attention-mask", "drop the flag");
   MCPP_CHECK_HINT(!a.save_interval || a.save, "add --save DIR",
                   "--save-interval {} given without --save", *a.save_interval);
   MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
@@ -244,7 +242,7 @@ void Trainer::State::build_optimizer() {
         a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
     s.dp_grads = std::make_unique<parallel::DataParallelGrads>(
         // Over DP x CP: each CP rank's gradients are those of its part of the sequences.
-        P.flat_grads(), std::move(spans), s.ps->dp_cp(), bucket, a.overlap_grad_reduce,
+        P.flat_grads(), std::move(spans), data_cp_group(*s.ps), bucket, a.overlap_grad_reduce,
         a.use_distributed_optimizer, a.grad_reduce_in_bf16);
     const auto& g = *s.dp_grads;
     log::info(
@@ -300,6 +298,7 @@ void Trainer::State::build_datasets() {
   d.reads = {!a.skip_train, a.eval_interval && a.eval_iters > 0,
              a.eval_interval && a.eval_iters > 0};
   d.eod_mask_loss = a.eod_mask_loss;
+  d.reset_position_ids = a.reset_position_ids, d.reset_attention_mask = a.reset_attention_mask;
   d.data_cache_path = a.data_cache_path.value_or("");
   const int64_t gbs = a.global_batch_size;
   d.num_samples[0] = a.train_samples.value_or(a.train_iters * gbs);

@@ -1,4 +1,5 @@
-// Context-parallel flags (--context-parallel-size, --cp-comm-type), checked as Megatron's
+// Context-parallel flags (--context-parallel-size, --cp-comm-type) and the document-masking
+// flags' device (--reset-position-ids, --reset-attention-mask), checked as Megatron's
 // validate_args and TransformerEngine's attention do at start-up, each error naming the
 // flag and ending in a HINT. Runs after the tensor-parallel checks (it needs TP, SP and
 // the query-group count resolved). docs/context-parallel.md describes the feature.
@@ -29,6 +30,11 @@ void validate_context_parallel(Args& a) {
                     "--cp-comm-type {}: unknown communication type", t);
   }
   if (a.cp_comm_type.size() == 1) a.cp_comm_type.assign(size_t(a.num_layers), a.cp_comm_type[0]);
+  // Document masking (with or without CP) has CPU kernels only for now.
+  MCPP_CHECK_HINT(a.device != "cuda" || (!a.reset_position_ids && !a.reset_attention_mask),
+                  "train with --device cpu, or drop the flag",
+                  "--reset-position-ids / --reset-attention-mask run on the CPU backend only "
+                  "for now");
   if (cp == 1) return;
 
   // The load-balanced split: 2*CP equal chunks, rank r holding chunks r and 2CP-1-r.

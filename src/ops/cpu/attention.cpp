@@ -65,6 +65,14 @@ void check_like(const char* op, const char* name, const Tensor& t, DType dt, int
   MCPP_CHECK(t.numel() == numel, "{}: '{}' is {}, expected {} elements", op, name, t.str(), numel);
 }
 
+void check_key_start(const char* op, const AttentionDims& d) {
+  if (!d.key_start.defined()) return;
+  MCPP_CHECK(d.key_start.device() == Device::CPU && d.key_start.dtype() == DType::I64 &&
+                 d.key_start.numel() == d.B * d.S,
+             "{}: key_start {} must be i64 [B={}, S={}] on the CPU", op, d.key_start.str(), d.B,
+             d.S);
+}
+
 // Where a head's rows live in the fused qkv (or dqkv) tensor.
 struct Layout {
   int64_t S, B, NH, NG, HD, G, W;
@@ -154,6 +162,9 @@ void forward_impl(const T* qsrc, const T* kvsrc, const AttentionDims& d, bool ca
   const int64_t heads = d.B * NH;
   const AttnDropout<T> drop(d, p, key);
   const int64_t rs = lay.row_stride();
+  // Document masking: the first visible global key of each (b, q) row.
+  const int64_t* ks = d.key_start.defined() ? d.key_start.data<int64_t>() : nullptr;
+  const int64_t kg0 = d.k_offset;  // global position of key row 0
 
   // K^T and V tiles of every (b, group), packed once: query tiles of all the group's
   // heads read them, and packing inside the task would gather the same scattered rows
@@ -215,6 +226,14 @@ void forward_impl(const T* qsrc, const T* kvsrc, const AttentionDims& d, bool ca
           }
           const int64_t nvalid = diag ? std::min(kn, q0 + i - k0 + 1) : kn;
           std::fill(row + nvalid, row + kBlk, -std::numeric_limits<T>::infinity());
+          if (ks) {  // keys before the row's document start are masked too
+            const int64_t first = std::clamp<int64_t>(ks[b * S + q0 + i] - kg0 - k0, 0, kBlk);
+            std::fill(row, row + first, -std::numeric_limits<T>::infinity());
+            if (first >= nvalid && m[i] == -std::numeric_limits<T>::infinity()) {
+              std::fill(row, row + kBlk, T(0));  // nothing visible yet: adds nothing
+              continue;
+            }
+          }
           const T m_new = std::max(m[i], tiles::row_max(row, kBlk) * scale);
           // 0 on the first tile (m = -inf); 1, without a call to exp, once the row max
           // has settled, which is most tiles.
@@ -237,9 +256,14 @@ void forward_impl(const T* qsrc, const T* kvsrc, const AttentionDims& d, bool ca
 
       T* lse_row = lse + (b * NH + h) * S + q0;
       for (int64_t i = 0; i < qn; ++i) {
+        T* dst = out + (q0 + i) * lay.out_stride() + lay.out(b, h);
+        if (l[i] == T(0)) {  // no visible key in this block (document masking): empty
+          for (int64_t c = 0; c < HD; ++c) dst[c] = 0;
+          lse_row[i] = -std::numeric_limits<T>::infinity();
+          continue;
+        }
         const T inv = T(1) / l[i];
         const T* o = O.get() + i * HDp;
-        T* dst = out + (q0 + i) * lay.out_stride() + lay.out(b, h);
         for (int64_t c = 0; c < HD; ++c) dst[c] = o[c] * inv;
         lse_row[i] = m[i] + std::log(l[i]);
       }
@@ -261,6 +285,8 @@ void backward_impl(const T* dout, const T* qsrc, const T* kvsrc, const T* out, c
   const int64_t heads = d.B * NH;
   const AttnDropout<T> drop(d, p, key);
   const int64_t rs = lay.row_stride(), os = lay.out_stride();
+  const int64_t* ks = d.key_start.defined() ? d.key_start.data<int64_t>() : nullptr;
+  const int64_t kg0 = d.k_offset;
 
   // One task per (b, h) owns its dQ (accumulated over key tiles in a private buffer),
   // so no atomics are needed; dK and dV of a key tile are complete when its loop over
@@ -324,6 +350,9 @@ void backward_impl(const T* dout, const T* qsrc, const T* kvsrc, const T* out, c
             }
             const int64_t nvalid = diag ? std::min(kn, q0 + i - k0 + 1) : kn;
             std::fill(P + nvalid, P + kBlk, -std::numeric_limits<T>::infinity());
+            if (ks)
+              std::fill(P, P + std::clamp<int64_t>(ks[b * S + q0 + i] - kg0 - k0, 0, kBlk),
+                        -std::numeric_limits<T>::infinity());
             tiles::row_exp_sum(P, kBlk, scale, Lv.get()[q0 + i]);  // P = exp(s - lse)
             const T Di = Dv.get()[q0 + i];
             if (drop.on) {
@@ -408,6 +437,7 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
                        double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
   const char* op = "attention_forward";
   check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
   check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
   if (qkv.dtype() == DType::F32)
@@ -423,6 +453,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         DropoutKey key, Tensor& dqkv, Stream& s) {
   const char* op = "attention_backward";
   check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
   check_like(op, "dout", dout, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
@@ -445,6 +476,7 @@ void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const At
                              Tensor& out, Tensor& lse, Stream& s) {
   const char* op = "attention_block_forward";
   check_attention_args(op, q_src, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
   check_like(op, "kv_src", kv_src, q_src.dtype(), q_src.numel());
   check_like(op, "out", out, q_src.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "lse", lse, q_src.dtype(), d.B * d.NH * d.S);
@@ -463,6 +495,7 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
                               Tensor& dq, Tensor& dkv, Stream& s) {
   const char* op = "attention_block_backward";
   check_attention_args(op, q_src, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
   const DType dt = q_src.dtype();
   check_like(op, "kv_src", kv_src, dt, q_src.numel());
   check_like(op, "dout", dout, dt, d.S * d.B * d.NH * d.HD);

@@ -517,6 +517,8 @@ AttentionBackend backend_for(DType dt, int64_t HD, double p) {
 
 void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
                        double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
+  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
+                  "attention_forward: document masking is not implemented on the GPU yet");
   const char* op = "attention_forward";
   AttnParams P = make_params(qkv, d, softmax_scale, dropout_p, key, op);
   check_cuda(out, op, "out");
@@ -546,6 +548,8 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const AttentionDims& d, double softmax_scale,
                         double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
+  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
+                  "attention_backward: document masking is not implemented on the GPU yet");
   const char* op = "attention_backward";
   AttnParams P = make_params(qkv, d, softmax_scale, dropout_p, key, op);
   int64_t on = d.S * d.B * d.NH * d.HD;

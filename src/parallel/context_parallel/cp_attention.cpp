@@ -39,12 +39,23 @@ void check_args(const char* op, const CpAttention& a, const Tensor& qkv,
   MCPP_CHECK(cp.size() > 1, "{}: a context-parallel group of one", op);
 }
 
-// The dims of block (query global chunk qa, key global chunk kc): offsets for dropout.
-ops::AttentionDims block_dims(const CpAttention& a, const Geo& g, int64_t qa, int64_t kc) {
+// Document masking: local chunk x's [B, C] of this rank's [B, 2C] key starts (global).
+Tensor key_start_chunk(const Tensor& ks, const Geo& g, int x) {
+  Tensor out = Tensor::empty({g.B, g.C}, DType::I64);
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t i = 0; i < g.C; ++i)
+      out.data<int64_t>()[b * g.C + i] = ks.data<int64_t>()[b * 2 * g.C + x * g.C + i];
+  return out;
+}
+
+// The dims of block (local query chunk x = global chunk qa, key global chunk kc): offsets
+// for dropout and the document mask.
+ops::AttentionDims block_dims(const CpAttention& a, const Geo& g, int x, int64_t qa, int64_t kc) {
   ops::AttentionDims d = a.ad;
   d.S = g.C;
   d.S_global = 2 * g.P * g.C;
   d.q_offset = qa * g.C, d.k_offset = kc * g.C;
+  if (a.ad.key_start.defined()) d.key_start = key_start_chunk(a.ad.key_start, g, x);
   return d;
 }
 
@@ -67,7 +78,7 @@ struct Acc {  // forward: the running merge
 void forward_blocks(const CpAttention& a, const Geo& g, const Tensor& qkv, const Tensor& kv,
                     int64_t j, Acc& t, Tensor& out, Tensor& lse, Stream& s) {
   for_each_block(g, j, [&](int x, int y, int64_t qa, int64_t kc, bool causal) {
-    const ops::AttentionDims d = block_dims(a, g, qa, kc);
+    const ops::AttentionDims d = block_dims(a, g, x, qa, kc);
     ops::attention_block_forward(rows_of(qkv, g, x), rows_of(kv, g, y), d, causal, a.scale,
                                  a.dropout_p, a.key, t.o_i, t.lse_i, s);
     Tensor o = rows_of(out, g, x), l = lse_of(lse, x);
@@ -79,7 +90,7 @@ void backward_blocks(const CpAttention& a, const Geo& g, const Tensor& dout, con
                      const Tensor& out, const Tensor& lse, const Tensor& kv, int64_t j,
                      Tensor& dqkv, Tensor& dkv, Stream& s) {
   for_each_block(g, j, [&](int x, int y, int64_t qa, int64_t kc, bool causal) {
-    const ops::AttentionDims d = block_dims(a, g, qa, kc);
+    const ops::AttentionDims d = block_dims(a, g, x, qa, kc);
     Tensor dq = rows_of(dqkv, g, x), dk = rows_of(dkv, g, y);
     ops::attention_block_backward(rows_of(dout, g, x), rows_of(qkv, g, x), rows_of(kv, g, y),
                                   rows_of(out, g, x), lse_of(lse, x), d, causal, a.scale,
@@ -224,12 +235,25 @@ void heads_to_seq(const Geo& g, const Tensor& full, Tensor& local, comm::Communi
       std::memcpy(o + size_t(t * g.P * w + p * w) * es, src + size_t(p * R + t) * row, row);
 }
 
-// The gathered attention's dims: the whole sequence, this rank's slice of the heads.
-ops::AttentionDims a2a_dims(const CpAttention& a, const Geo& g) {
+// The gathered attention's dims: the whole sequence, this rank's slice of the heads; with
+// document masking the whole sequence's key starts, gathered from every rank's chunks.
+ops::AttentionDims a2a_dims(const CpAttention& a, const Geo& g, comm::Communicator& cp,
+                            Stream& s) {
   ops::AttentionDims d = a.ad;
   d.S = 2 * g.P * g.C, d.S_global = d.S, d.q_offset = d.k_offset = 0;
   d.NH = a.ad.NH / g.P, d.NG = a.ad.NG / g.P;
   d.h_offset = a.ad.h_offset + g.r * d.NH;
+  if (a.ad.key_start.defined()) {
+    Tensor all = Tensor::empty({g.P * g.B, 2 * g.C}, DType::I64);
+    cp.all_gather(a.ad.key_start, all, s);
+    d.key_start = Tensor::empty({g.B, d.S}, DType::I64);
+    for (int64_t j = 0; j < g.P; ++j)
+      for (int k = 0; k < 2; ++k)
+        for (int64_t b = 0; b < g.B; ++b)
+          for (int64_t i = 0; i < g.C; ++i)
+            d.key_start.data<int64_t>()[b * d.S + g.chunk(j, k) * g.C + i] =
+                all.data<int64_t>()[(j * g.B + b) * 2 * g.C + k * g.C + i];
+  }
   return d;
 }
 
@@ -244,7 +268,7 @@ void a2a_check(const CpAttention& a, const Geo& g) {
 void a2a_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::Communicator& cp,
                  Tensor& out, Tensor& lse, Stream& s) {
   a2a_check(a, g);
-  const ops::AttentionDims d = a2a_dims(a, g);
+  const ops::AttentionDims d = a2a_dims(a, g, cp, s);
   Tensor full = Tensor::empty({d.S * d.B, g.W / g.P}, qkv.dtype());
   seq_to_heads(g, qkv, full, cp, s);
   Tensor ctx = Tensor::empty({d.S * d.B, g.O / g.P}, qkv.dtype());
@@ -257,7 +281,7 @@ void a2a_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const 
                   const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                   Stream& s) {
   a2a_check(a, g);
-  const ops::AttentionDims d = a2a_dims(a, g);
+  const ops::AttentionDims d = a2a_dims(a, g, cp, s);
   const int64_t T = d.S * d.B;
   Tensor full = Tensor::empty({T, g.W / g.P}, qkv.dtype());
   Tensor ctx = Tensor::empty({T, g.O / g.P}, qkv.dtype()), dctx = Tensor::empty(ctx.shape(), qkv.dtype());
