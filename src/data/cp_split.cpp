@@ -35,9 +35,10 @@ model::MicroBatch split_for_context_parallel(const model::MicroBatch& mb, int64_
                     "context-parallel split: {} is not [B, S] on the CPU with S divisible by "
                     "2 x {}",
                     t->str(), cp_size);
-  model::MicroBatch out{split_rows(mb.tokens, cp_size, cp_rank),
-                        split_rows(mb.labels, cp_size, cp_rank),
-                        split_rows(mb.loss_mask, cp_size, cp_rank)};
+  model::MicroBatch out;
+  out.tokens = split_rows(mb.tokens, cp_size, cp_rank);
+  out.labels = split_rows(mb.labels, cp_size, cp_rank);
+  out.loss_mask = split_rows(mb.loss_mask, cp_size, cp_rank);
   // Document masking: positions and document starts are global values, cut alike.
   if (mb.position_ids.defined()) out.position_ids = split_rows(mb.position_ids, cp_size, cp_rank);
   if (mb.key_start.defined()) out.key_start = split_rows(mb.key_start, cp_size, cp_rank);

@@ -69,8 +69,8 @@ void validate_context_parallel(Args& a) {
     }
   // What context parallelism does not combine with yet.
   MCPP_CHECK_HINT(a.device != "cuda",
-                  "train with --device cpu, or drop --context-parallel-size (the GPU ring "
-                  "attention is not implemented yet)",
+                  "train with --device cpu, or drop --context-parallel-size (the GPU blocks "
+                  "exist; the two-chunk hidden dropout and the a2a reshuffle do not yet)",
                   "--context-parallel-size {} runs on the CPU backend only for now", cp);
 }
 

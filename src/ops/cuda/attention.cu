@@ -38,8 +38,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct AttnParams {
-  const void* qkv;
-  void* out;     // forward: out; backward: dqkv
+  const void* qkv;  // queries (and, for self-attention, keys and values)
+  const void* kv;   // keys and values: qkv itself, or another chunk's (context parallelism)
+  void* out;     // forward: out; backward: dQ's destination
+  void* dkv;     // backward: dK/dV's destination (out for self-attention)
+  bool causal = true;  // false: every key visible (a chunk against an earlier one)
+  bool accum = false;  // backward: += into out/dkv instead of =
   float* lse;    // [B, NH, S]
   const void* dout;
   const void* o;
@@ -86,11 +90,12 @@ static __global__ void __launch_bounds__(kThreads)
   const int64_t HDW = HD;
   const T* qkv = static_cast<const T*>(P.qkv);
   const T* qbase = qkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HDW;
-  const T* kbase = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+  const T* kbase = static_cast<const T*>(P.kv) + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
   const T* vbase = kbase + HDW;
   const int64_t rs = P.B * P.W;  // stride between sequence positions
   const int tid = threadIdx.x, rg = tid / 16, cl = tid % 16;
   const int64_t q0 = int64_t(qt) * kTile;
+  const int nkt = P.causal ? qt + 1 : int((P.S + kTile - 1) / kTile);
 
   load_tile<T, HD>(Qs, qbase, rs, q0, P.S, P.scale * kLog2e);
 
@@ -102,7 +107,7 @@ static __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < NI; ++i) o[ii][i] = 0.f;
   }
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = int64_t(kt) * kTile;
     __syncthreads();  // previous tile's Ks/Vs/Ps are consumed
     load_tile<T, HD>(Ks, kbase, rs, k0, P.S, 1.f);
@@ -132,7 +137,7 @@ static __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int64_t k = k0 + cl + 16 * jj;
-        if (k > q || k >= P.S) sc[ii][jj] = -FLT_MAX;
+        if ((P.causal && k > q) || k >= P.S) sc[ii][jj] = -FLT_MAX;
         mt = fmaxf(mt, sc[ii][jj]);
       }
 #pragma unroll
@@ -245,7 +250,8 @@ __device__ __forceinline__ void attn_bwd_scores(const float* Qs, const float* dO
     for (int jj = 0; jj < 4; ++jj) {
       const int64_t k = k0 + cl + 16 * jj;
       float p = 0.f, dpm = dp[ii][jj];
-      if (k <= q && k < P.S && q < P.S) p = exp2f(sc[ii][jj] * c - lse2[rg * 4 + ii]);
+      if ((!P.causal || k <= q) && k < P.S && q < P.S)
+        p = exp2f(sc[ii][jj] * c - lse2[rg * 4 + ii]);
       float pdrop = p;
       if (P.p > 0 && p != 0.f) {
         bool kp = P.keep(b, h, q, k);
@@ -290,7 +296,7 @@ static __global__ void __launch_bounds__(kThreads)
   const T* qkv = static_cast<const T*>(P.qkv);
   const T* dout = static_cast<const T*>(P.dout);
   const int64_t rs = P.B * P.W, ors = P.B * P.NH * HDW;
-  const T* kbase = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+  const T* kbase = static_cast<const T*>(P.kv) + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
   const T* vbase = kbase + HDW;
   const int tid = threadIdx.x, rg = tid / 16, cl = tid % 16;
   const int64_t k0 = int64_t(kt) * kTile;
@@ -308,7 +314,7 @@ static __global__ void __launch_bounds__(kThreads)
     const int64_t h = g * P.QPG + j;
     const T* qbase = qkv + b * P.W + (g * (P.QPG + 2) + j) * HDW;
     const T* dobase = dout + b * P.NH * HDW + h * HDW;
-    for (int qt = kt; qt < nqt; ++qt) {
+    for (int qt = P.causal ? kt : 0; qt < nqt; ++qt) {
       const int64_t q0 = int64_t(qt) * kTile;
       __syncthreads();
       load_tile<T, HD>(Qs, qbase, rs, q0, P.S, 1.f);
@@ -349,16 +355,23 @@ static __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  T* dqkv = static_cast<T*>(P.out);
+  T* dkv = static_cast<T*>(P.dkv);
 #pragma unroll
   for (int ii = 0; ii < 4; ++ii) {
     const int64_t k = k0 + rg * 4 + ii;
     if (k >= P.S) continue;
-    T* krow = dqkv + k * rs + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+    T* krow = dkv + k * rs + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
-      krow[cl + 16 * i] = from_f<T>(dk[ii][i] * P.scale);
-      krow[HDW + cl + 16 * i] = from_f<T>(dv[ii][i]);
+      T& kd = krow[cl + 16 * i];
+      T& vd = krow[HDW + cl + 16 * i];
+      if (P.accum) {
+        kd = from_f<T>(to_f(kd) + dk[ii][i] * P.scale);
+        vd = from_f<T>(to_f(vd) + dv[ii][i]);
+      } else {
+        kd = from_f<T>(dk[ii][i] * P.scale);
+        vd = from_f<T>(dv[ii][i]);
+      }
     }
   }
 }
@@ -385,9 +398,10 @@ static __global__ void __launch_bounds__(kThreads)
   const T* dout = static_cast<const T*>(P.dout);
   const int64_t rs = P.B * P.W, ors = P.B * P.NH * HDW;
   const T* qbase = qkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HDW;
-  const T* kbase = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+  const T* kbase = static_cast<const T*>(P.kv) + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
   const T* vbase = kbase + HDW;
   const T* dobase = dout + b * P.NH * HDW + h * HDW;
+  const int nkt = P.causal ? qt + 1 : int((P.S + kTile - 1) / kTile);
   const int tid = threadIdx.x, rg = tid / 16, cl = tid % 16;
   const int64_t q0 = int64_t(qt) * kTile;
 
@@ -400,7 +414,7 @@ static __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < NI; ++i) dq[ii][i] = 0.f;
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = int64_t(kt) * kTile;
     __syncthreads();
     load_tile<T, HD>(Ks, kbase, rs, k0, P.S, 1.f);
@@ -433,7 +447,10 @@ static __global__ void __launch_bounds__(kThreads)
     if (q >= P.S) continue;
     T* qrow = dqkv + q * rs + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HDW;
 #pragma unroll
-    for (int i = 0; i < NI; ++i) qrow[cl + 16 * i] = from_f<T>(dq[ii][i] * P.scale);
+    for (int i = 0; i < NI; ++i) {
+      T& qd = qrow[cl + 16 * i];
+      qd = P.accum ? from_f<T>(to_f(qd) + dq[ii][i] * P.scale) : from_f<T>(dq[ii][i] * P.scale);
+    }
   }
 }
 
@@ -465,6 +482,8 @@ AttnParams make_params(const Tensor& qkv, const AttentionDims& d, double softmax
   MCPP_CHECK(p >= 0 && p < 1, "{}: dropout probability {} outside [0, 1)", op, p);
   AttnParams P{};
   P.qkv = qkv.raw();
+  P.kv = qkv.raw();
+  P.causal = true, P.accum = false;
   P.S = d.S, P.B = d.B, P.NH = d.NH, P.NG = d.NG, P.QPG = d.NH / d.NG, P.W = d.qkv_width();
   P.scale = float(softmax_scale);
   P.p = p;
@@ -585,11 +604,127 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     return;
   }
   P.out = dqkv.raw();
+  P.dkv = dqkv.raw();
   P.lse = const_cast<float*>(static_cast<const float*>(lse.raw()));
   P.dout = dout.raw();
   P.o = out.raw();
   P.delta = static_cast<const float*>(delta.raw());
   MCPP_DISPATCH_ACT(qkv.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_bwd<T, HD>(P, cs)));
+}
+
+// ---- context parallel: the blocks of ring attention and their merge -------------------
+// The CUDA-core kernels above with separate query and key/value chunks (P.kv), causal or
+// not, and the backward accumulating (+=) into dQ's and dK/dV's destinations. The blocks
+// always take these kernels (correct for every dtype; cuDNN and the flash kernel assume
+// one self-attention call).
+
+void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const AttentionDims& d,
+                             bool causal, double softmax_scale, double dropout_p, DropoutKey key,
+                             Tensor& out, Tensor& lse, Stream& s) {
+  const char* op = "attention_block_forward";
+  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
+                  "{}: document masking is not implemented on the GPU yet", op);
+  AttnParams P = make_params(q_src, d, softmax_scale, dropout_p, key, op);
+  check_cuda(kv_src, op, "kv_src");
+  check_numel(kv_src, q_src.numel(), op, "kv_src");
+  check_cuda(out, op, "out");
+  MCPP_CHECK(out.dtype() == q_src.dtype() && kv_src.dtype() == q_src.dtype(),
+             "{}: q_src {}, kv_src {} and out {} differ in dtype", op, q_src.str(), kv_src.str(),
+             out.str());
+  check_numel(out, d.S * d.B * d.NH * d.HD, op, "out");
+  check_f32(lse, op, "lse");
+  check_numel(lse, d.B * d.NH * d.S, op, "lse");
+  if (d.S * d.B * d.NH == 0) return;
+  P.kv = kv_src.raw(), P.causal = causal;
+  P.out = out.raw();
+  P.lse = static_cast<float*>(lse.raw());
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(q_src.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_fwd<T, HD>(P, cs)));
+}
+
+void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
+                              const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                              bool causal, double softmax_scale, double dropout_p,
+                              DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
+  const char* op = "attention_block_backward";
+  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
+                  "{}: document masking is not implemented on the GPU yet", op);
+  AttnParams P = make_params(q_src, d, softmax_scale, dropout_p, key, op);
+  const int64_t on = d.S * d.B * d.NH * d.HD;
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&kv_src, &dout, &out, &dq, &dkv}) {
+    check_cuda(*t, op, "kv_src/dout/out/dq/dkv");
+    MCPP_CHECK(t->dtype() == q_src.dtype(), "{}: {} and q_src {} differ in dtype", op, t->str(),
+               q_src.str());
+  }
+  check_numel(kv_src, q_src.numel(), op, "kv_src");
+  check_numel(dout, on, op, "dout");
+  check_numel(out, on, op, "out");
+  check_numel(dq, q_src.numel(), op, "dq");
+  check_numel(dkv, q_src.numel(), op, "dkv");
+  check_f32(lse, op, "lse");
+  check_numel(lse, d.B * d.NH * d.S, op, "lse");
+  if (d.S * d.B * d.NH == 0) return;
+  cudaStream_t cs = stream_of(s);
+  Tensor delta = Tensor::empty({d.B, d.NH, d.S}, DType::F32, Device::CUDA);
+  const int64_t rows = d.S * d.B * d.NH;
+  MCPP_DISPATCH_ACT(q_src.dtype(), op,
+                    attn_delta_kernel<T><<<unsigned((rows + 7) / 8), dim3(32, 8), 0, cs>>>(
+                        static_cast<const T*>(dout.raw()), static_cast<const T*>(out.raw()),
+                        static_cast<float*>(delta.raw()), d.S, d.B, d.NH, d.HD));
+  MCPP_LAUNCH_CHECK();
+  P.kv = kv_src.raw(), P.causal = causal, P.accum = true;
+  P.out = dq.raw();
+  P.dkv = dkv.raw();
+  P.lse = const_cast<float*>(static_cast<const float*>(lse.raw()));
+  P.dout = dout.raw();
+  P.o = out.raw();
+  P.delta = static_cast<const float*>(delta.raw());
+  MCPP_DISPATCH_ACT(q_src.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_bwd<T, HD>(P, cs)));
+}
+
+namespace {
+// One warp per (s, b, h) row: the merge of ops::attention_lse_merge in fp32.
+template <typename T>
+__global__ void lse_merge_kernel(const T* __restrict__ oi, const float* __restrict__ li, T* out,
+                                 float* lse, int64_t S, int64_t B, int64_t NH, int64_t HD) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;  // (s * B + b) * NH + h
+  if (row >= S * B * NH) return;
+  const int64_t h = row % NH, sb = row / NH, b = sb % B, s = sb / B;
+  const int64_t li_at = (b * NH + h) * S + s;
+  const float l = lse[li_at], l2 = li[li_at];
+  const float hi = fmaxf(l, l2), lo = fminf(l, l2);
+  if (hi == -INFINITY) return;  // neither block saw a key
+  const float ln = hi + log1pf(expf(lo - hi));
+  const float a = expf(l - ln), c = expf(l2 - ln);
+  for (int64_t k = threadIdx.x; k < HD; k += 32)
+    out[row * HD + k] = from_f<T>(a * to_f(out[row * HD + k]) + c * to_f(oi[row * HD + k]));
+  __syncwarp();
+  if (threadIdx.x == 0) lse[li_at] = ln;
+}
+}  // namespace
+
+void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const AttentionDims& d,
+                         Tensor& out, Tensor& lse, Stream& s) {
+  const char* op = "attention_lse_merge";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out_i, &out}) {
+    check_cuda(*t, op, "out/out_i");
+    check_numel(*t, d.S * d.B * d.NH * d.HD, op, "out/out_i");
+  }
+  MCPP_CHECK(out_i.dtype() == out.dtype(), "{}: out_i {} and out {} differ in dtype", op,
+             out_i.str(), out.str());
+  check_f32(lse, op, "lse");
+  check_f32(lse_i, op, "lse_i");
+  check_numel(lse, d.B * d.NH * d.S, op, "lse");
+  check_numel(lse_i, d.B * d.NH * d.S, op, "lse_i");
+  const int64_t rows = d.S * d.B * d.NH;
+  if (rows == 0) return;
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(out.dtype(), op,
+                    lse_merge_kernel<T><<<unsigned((rows + 7) / 8), dim3(32, 8), 0, cs>>>(
+                        static_cast<const T*>(out_i.raw()),
+                        static_cast<const float*>(lse_i.raw()), static_cast<T*>(out.raw()),
+                        static_cast<float*>(lse.raw()), d.S, d.B, d.NH, d.HD));
+  MCPP_LAUNCH_CHECK();
 }
 
 }  // namespace mcpp::ops::cuda

@@ -29,8 +29,6 @@ Tensor lse_of(const Tensor& lse, int k) {
 
 void check_args(const char* op, const CpAttention& a, const Tensor& qkv,
                 const comm::Communicator& cp) {
-  MCPP_CHECK_HINT(qkv.device() == Device::CPU, "train with --device cpu for now",
-                  "{}: context-parallel attention runs on the CPU backend only (for now)", op);
   MCPP_CHECK(a.ad.S % 2 == 0 && a.ad.S > 0, "{}: {} rows per rank is not two equal chunks", op,
              a.ad.S);
   MCPP_CHECK(qkv.numel() == a.ad.S * a.ad.B * a.ad.qkv_width(),
@@ -125,7 +123,9 @@ void ring_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::C
                   Tensor& out, Tensor& lse, Stream& s) {
   Acc t;
   start_merge(g, a, out, lse, t, s);
-  Tensor buf[2] = {Tensor::empty(qkv.shape(), qkv.dtype()), Tensor::empty(qkv.shape(), qkv.dtype())};
+  const Device dev = qkv.device();
+  Tensor buf[2] = {Tensor::empty(qkv.shape(), qkv.dtype(), dev),
+                   Tensor::empty(qkv.shape(), qkv.dtype(), dev)};
   Tensor cur = qkv;
   for (int64_t i = 0; i < g.P; ++i) {
     // The next step's K/V travel while this step's blocks run.
@@ -142,9 +142,10 @@ void ring_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const
                    const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                    Stream& s) {
   ops::fill(dqkv, 0.0, s);
-  auto make = [&] { return Tensor::empty(qkv.shape(), qkv.dtype()); };
+  auto make = [&] { return Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device()); };
   Tensor kv_buf[2] = {make(), make()}, dkv_buf[2] = {make(), make()};
-  Tensor cur = qkv, dcur = Tensor::zeros(qkv.shape(), qkv.dtype());
+  Tensor cur = qkv, dcur = make();
+  ops::fill(dcur, 0.0, s);
   for (int64_t i = 0; i < g.P; ++i) {
     std::vector<comm::Work> w;
     Tensor& next = kv_buf[i % 2];
@@ -166,7 +167,7 @@ void gather_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm:
                     Tensor& out, Tensor& lse, Stream& s) {
   Acc t;
   start_merge(g, a, out, lse, t, s);
-  Tensor all = Tensor::empty({g.P * qkv.size(0), qkv.size(1)}, qkv.dtype());
+  Tensor all = Tensor::empty({g.P * qkv.size(0), qkv.size(1)}, qkv.dtype(), qkv.device());
   cp.all_gather(qkv, all, s);
   for (int64_t i = 0; i < g.P; ++i) {  // the ring's order, so both merge alike
     const int64_t j = (g.r - i + g.P) % g.P;
@@ -178,16 +179,17 @@ void gather_backward(const CpAttention& a, const Geo& g, const Tensor& dout, con
                      const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                      Stream& s) {
   const int64_t n = qkv.size(0);
-  Tensor all = Tensor::empty({g.P * n, qkv.size(1)}, qkv.dtype());
+  Tensor all = Tensor::empty({g.P * n, qkv.size(1)}, qkv.dtype(), qkv.device());
   cp.all_gather(qkv, all, s);
-  Tensor dall = Tensor::zeros(all.shape(), qkv.dtype());
+  Tensor dall = Tensor::empty(all.shape(), qkv.dtype(), qkv.device());
+  ops::fill(dall, 0.0, s);
   ops::fill(dqkv, 0.0, s);
   for (int64_t i = 0; i < g.P; ++i) {
     const int64_t j = (g.r - i + g.P) % g.P;
     Tensor dj = dall.narrow(j * n, n);
     backward_blocks(a, g, dout, qkv, out, lse, all.narrow(j * n, n), j, dqkv, dj, s);
   }
-  Tensor mine = Tensor::empty(qkv.shape(), qkv.dtype());
+  Tensor mine = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
   cp.reduce_scatter(dall, mine, s);
   ops::axpy(1.0, mine, dqkv, s);
 }
@@ -257,7 +259,9 @@ ops::AttentionDims a2a_dims(const CpAttention& a, const Geo& g, comm::Communicat
   return d;
 }
 
-void a2a_check(const CpAttention& a, const Geo& g) {
+void a2a_check(const CpAttention& a, const Geo& g, const Tensor& qkv) {
+  MCPP_CHECK_HINT(qkv.device() == Device::CPU, "use --cp-comm-type p2p or all_gather",
+                  "--cp-comm-type a2a: the head/sequence reshuffle runs on the CPU only");
   MCPP_CHECK_HINT(a.ad.NG % g.P == 0 && a.ad.NH % g.P == 0,
                   "use --cp-comm-type p2p, or a --context-parallel-size dividing the heads",
                   "--cp-comm-type a2a: {} heads in {} query groups per tensor-parallel rank do "
@@ -267,7 +271,7 @@ void a2a_check(const CpAttention& a, const Geo& g) {
 
 void a2a_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::Communicator& cp,
                  Tensor& out, Tensor& lse, Stream& s) {
-  a2a_check(a, g);
+  a2a_check(a, g, qkv);
   const ops::AttentionDims d = a2a_dims(a, g, cp, s);
   Tensor full = Tensor::empty({d.S * d.B, g.W / g.P}, qkv.dtype());
   seq_to_heads(g, qkv, full, cp, s);
@@ -280,7 +284,7 @@ void a2a_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::Co
 void a2a_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const Tensor& qkv,
                   const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                   Stream& s) {
-  a2a_check(a, g);
+  a2a_check(a, g, qkv);
   const ops::AttentionDims d = a2a_dims(a, g, cp, s);
   const int64_t T = d.S * d.B;
   Tensor full = Tensor::empty({T, g.W / g.P}, qkv.dtype());

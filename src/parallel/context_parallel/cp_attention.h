@@ -23,7 +23,9 @@
 //        a2a: [B, NH/CP, CP*2C] (the gathered sequence's heads). Only backward reads it.
 //   dqkv [2C*B, QKVW]  (=)
 // Attention dropout stays a function of the global (b, h, q, k) index, so every variant
-// draws the serial run's mask. CPU tensors only for now (the blocks' CUDA ops fail).
+// draws the serial run's mask. p2p and all_gather run on either backend's tensors (the CUDA
+// blocks and merge are attention.cu's; CP training on GPUs is not enabled yet: the hidden
+// dropout's two-chunk rows have no CUDA kernel); a2a's reshuffle is host code (CPU only).
 #pragma once
 #include "comm/communicator.h"
 #include "ops/types.h"
