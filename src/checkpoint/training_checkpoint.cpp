@@ -66,10 +66,14 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
                       optim::Optimizer& opt, bool save_optim, const TrainingState& st,
                       const SaveOptions& o, AsyncSaver* async) {
   opt.wait_params_all();  // the parameters written must be current
-  RankSnapshot snap = snapshot(params, opt, {0, ps.pp_rank(), ps.dp_rank(), 0}, save_optim);
+  // Under context parallelism the distributed optimizer shards over DP x CP: its shard
+  // index is the rank in the dp-cp group (the DP rank at CP 1), and the CP ranks of one
+  // DP rank hold the same parameters, so only CP rank 0 writes them.
+  const int dp_shard = ps.layout().cp() > 1 ? ps.dp_cp().rank() : ps.dp_rank();
+  RankSnapshot snap = snapshot(params, opt, {0, ps.pp_rank(), dp_shard, 0}, save_optim);
   std::string tmp = world.rank() == 0 ? begin_checkpoint(save_dir, st.iteration, o) : "";
   tmp = parallel::all_gather_strings(world, tmp)[0];
-  const bool write_model = ps.dp_rank() == 0;
+  const bool write_model = ps.dp_rank() == 0 && ps.cp_rank() == 0;
   const bool write_shard = opt.state_sharded() && save_optim;
   if (write_shard) snap.optimizer_steps = opt.steps();
   if (async) {

@@ -136,9 +136,6 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
       cfg_(config) {
   const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
   MCPP_CHECK(S > 0, "sequence length must be positive, got {}", S);
-  if (cfg_.reset_attention_mask)
-    throw Error("--reset-attention-mask is not implemented yet",
-                "drop the flag (position ids can still be reset with --reset-position-ids)");
   if (cfg_.mock && !num_samples_) num_samples_ = int64_t(indices_.size());
 
   int64_t tokens_per_epoch = 0;
@@ -345,12 +342,15 @@ void make_gpt_sample(const std::vector<int64_t>& text, const GPTDatasetConfig& c
     std::copy(text.begin() + 1, text.begin() + S, out.labels.begin());
     out.labels[S - 1] = cfg.pad;
   }
-  int64_t pos_base = 0;
+  int64_t pos_base = 0, doc = 0;
+  out.doc_start.resize(cfg.reset_attention_mask ? size_t(S) : 0);
   for (int64_t i = 0; i < S; ++i) {
     const bool eod = out.tokens[i] == cfg.eod;
     out.loss_mask[i] = (cfg.eod_mask_loss && eod) ? 0.f : 1.f;
     out.position_ids[i] = i - pos_base;
     if (cfg.reset_position_ids && eod) pos_base = i + 1;
+    if (cfg.reset_attention_mask) out.doc_start[size_t(i)] = doc;
+    if (eod) doc = i + 1;  // the EOD itself still belongs to its document
   }
   for (int64_t i = 0; i < S; ++i) {
     if (out.labels[i] == cfg.pad) out.loss_mask[i] = 0.f, out.labels[i] = 0;

@@ -25,6 +25,9 @@ struct GPTSample {
   std::vector<int64_t> labels;        // [S] target ids (tokens shifted by one)
   std::vector<float> loss_mask;       // [S] 1 = counts in the loss
   std::vector<int64_t> position_ids;  // [S] 0..S-1, or reset after each EOD
+  // [S] with --reset-attention-mask: the first position of each token's document (one past
+  // the last EOD before it; Megatron's attention_mask[(i+1):, :(i+1)] = 0 per EOD at i).
+  std::vector<int64_t> doc_start;
 };
 
 // What the trainer reads. Thread-safe: get() may be called from several threads.
@@ -91,7 +94,7 @@ struct GPTDatasetConfig {
   uint32_t seed = 1234;               // --seed
   int add_extra_token = 1;            // X: add_extra_token_to_sequence (always 1 in pretrain_gpt)
   bool reset_position_ids = false;    // --reset-position-ids
-  bool reset_attention_mask = false;  // --reset-attention-mask (not implemented: an error)
+  bool reset_attention_mask = false;  // --reset-attention-mask (GPTSample::doc_start)
   bool eod_mask_loss = false;         // --eod-mask-loss
   bool drop_last_partial_validation_sequence = true;
   int64_t eod = 0;    // tokenizer.eod

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "data/cp_split.h"
 
 namespace mcpp::data {
 
@@ -14,6 +15,8 @@ model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& 
   mb.tokens = Tensor::empty({mbs, S}, DType::I64);
   mb.labels = Tensor::empty({mbs, S}, DType::I64);
   mb.loss_mask = Tensor::empty({mbs, S}, DType::F32);
+  if (b.reset_position_ids) mb.position_ids = Tensor::empty({mbs, S}, DType::I64);
+  if (b.reset_attention_mask) mb.key_start = Tensor::empty({mbs, S}, DType::I64);
   for (int64_t i = 0; i < mbs; ++i) {
     const int64_t idx = (consumed + sample_offset + i) % ds.size();
     ds.get(idx, scratch);
@@ -23,8 +26,17 @@ model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& 
     std::copy(scratch.labels.begin(), scratch.labels.end(), mb.labels.data<int64_t>() + i * S);
     std::copy(scratch.loss_mask.begin(), scratch.loss_mask.end(),
               mb.loss_mask.data<float>() + i * S);
+    if (b.reset_position_ids)
+      std::copy(scratch.position_ids.begin(), scratch.position_ids.end(),
+                mb.position_ids.data<int64_t>() + i * S);
+    if (b.reset_attention_mask) {
+      MCPP_CHECK(int64_t(scratch.doc_start.size()) == S,
+                 "--reset-attention-mask: the dataset gave no document starts");
+      std::copy(scratch.doc_start.begin(), scratch.doc_start.end(),
+                mb.key_start.data<int64_t>() + i * S);
+    }
   }
-  return mb;
+  return split_for_context_parallel(mb, b.cp_size, b.cp_rank);
 }
 
 LocalBatch load_local_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,

@@ -17,11 +17,13 @@ struct BatchShape {
   int64_t seq_length = 0;        // --seq-length
   int64_t num_microbatches = 1;  // GBS / (MBS x DP)
   int64_t dp_size = 1, dp_rank = 0;
+  int64_t cp_size = 1, cp_rank = 0;  // context parallelism: this rank's two chunks (cp_split.h)
+  bool reset_position_ids = false, reset_attention_mask = false;  // MicroBatch's optional fields
 };
 
 // This rank's micro-batches of one global batch.
 struct LocalBatch {
-  std::vector<model::MicroBatch> micro_batches;  // tokens, labels [MBS, S] i64; loss_mask f32
+  std::vector<model::MicroBatch> micro_batches;  // tokens, labels [MBS, S/CP] i64; loss_mask f32
   std::vector<int64_t> sample_offsets;           // each one's first sample in the global batch
   double loss_tokens = 0;                        // sum of this rank's loss masks
 };

@@ -8,6 +8,31 @@ namespace mcpp::model {
 
 namespace {
 std::string prefix(int layer, const char* s) { return layer_param_name(layer, s); }
+
+// RoPE (or its inverse) on this rank's rows of qkv [S*B, QKVW]: one call at CP 1, one per
+// chunk under context parallelism, each at its global positions.
+void rope_rows(bool backward, const Tensor& in, Tensor& out, const TransformerConfig& c,
+               const StepContext& cx) {
+  if (cx.position_ids) {  // --reset-position-ids: each token at its position in its document
+    const Tensor& ids = *cx.position_ids;  // [B, S] host
+    Tensor pos = Tensor::empty({cx.S, cx.B}, DType::I64);
+    for (int64_t s = 0; s < cx.S; ++s)
+      for (int64_t b = 0; b < cx.B; ++b)
+        pos.data<int64_t>()[s * cx.B + b] = ids.data<int64_t>()[b * cx.S + s];
+    ops::rope_positions(in, cx.ad, c.rot_dim(), c.rotary_base, pos, backward, out, cx.stream());
+    return;
+  }
+  for_each_global_run(cx, 0, cx.S, [&](int64_t r0, int64_t n, int64_t pos) {
+    ops::AttentionDims d = cx.ad;
+    d.S = n;
+    const Tensor src = in.narrow(r0 * cx.B, n * cx.B);
+    Tensor dst = out.narrow(r0 * cx.B, n * cx.B);
+    if (backward)
+      ops::rope_backward(src, d, c.rot_dim(), c.rotary_base, pos, dst, cx.stream());
+    else
+      ops::rope_forward(src, d, c.rot_dim(), c.rotary_base, pos, dst, cx.stream());
+  });
+}
 }  // namespace
 
 void Attention::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
@@ -47,7 +72,7 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
                         const StepContext& cx) const {
   const auto& c = *cfg_;
   qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
-  if (c.rope) ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, 0, s.qkv, cx.stream());
+  if (c.rope) rope_rows(false, s.qkv, s.qkv, c, cx);
   core_.forward(s.qkv, s.core, ws, cx);
   const Tensor& ctx = core_.ctx(s.core, ws);
   if (residual)
@@ -85,8 +110,7 @@ void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx
   const auto& c = *cfg_;
   proj_.backward(dy, core_.ctx(s.core, ws), ws.dctx, ws, cx);
   core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
-  if (c.rope)
-    ops::rope_backward(ws.dqkv, cx.ad, c.rot_dim(), c.rotary_base, 0, ws.dqkv, cx.stream());
+  if (c.rope) rope_rows(true, ws.dqkv, ws.dqkv, c, cx);
   qkv_.backward(ws.dqkv, x, s.qkv_in, dx, ws, cx);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "tensor/dtype.h"
@@ -73,10 +74,23 @@ struct TransformerConfig {
   int64_t fc1_width_local() const { return (swiglu ? 2 : 1) * ffn_local(); }
   int64_t vocab_local() const { return padded_vocab_size / tp_size; }
   bool sp() const { return sequence_parallel && tp_size > 1; }
-  int64_t seq_local() const { return sp() ? seq_length / tp_size : seq_length; }
+  // This rank's rows of the sequence: divided by CP (two chunks), then by TP under SP.
+  int64_t seq_local() const { return sp() ? seq_cp() / tp_size : seq_cp(); }
   int64_t rot_dim() const { return int64_t(double(kv_channels) * rotary_percent); }
   DType grad_dtype() const { return device == Device::CUDA ? DType::F32 : dtype; }
   DType stat_dtype() const { return grad_dtype(); }
+
+  // ---- context parallel (parallel/context_parallel/; docs/context-parallel.md)
+  // The sequence in 2*cp_size chunks, rank r holding chunks r and 2*cp_size-1-r; each
+  // layer's attention exchanges keys and values over the CP group as cp_comm says.
+  enum class CpComm : uint8_t { P2P, A2A, AllGather };
+  int64_t cp_size = 1;
+  int64_t cp_rank = 0;
+  std::vector<CpComm> cp_comm;  // per layer; empty: P2P everywhere
+  int64_t seq_cp() const { return seq_length / cp_size; }  // this CP rank's tokens
+  CpComm cp_comm_of(int layer) const {
+    return size_t(layer) < cp_comm.size() ? cp_comm[size_t(layer)] : CpComm::P2P;
+  }
 
   // Structural checks; user-facing flag validation happens in training/arguments.
   void validate() const;

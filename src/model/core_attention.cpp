@@ -1,11 +1,28 @@
 #include "model/core_attention.h"
 
 #include "ops/ops.h"
+#include "parallel/context_parallel/cp_attention.h"
 
 namespace mcpp::model {
 
 CoreAttention::CoreAttention(const TransformerConfig& c, int layer)
     : layer_(layer), keep_(keeps_output(c)) {}
+
+namespace {
+// This layer's context-parallel attention (cx.cp_comm set: CP > 1).
+parallel::context_parallel::CpAttention cp_args(const StepContext& cx, int layer) {
+  namespace cpa = parallel::context_parallel;
+  using C = TransformerConfig::CpComm;
+  cpa::CpAttention a;
+  const C t = cx.cfg->cp_comm_of(layer);
+  a.type = t == C::A2A ? cpa::CommType::A2A
+           : t == C::AllGather ? cpa::CommType::AllGather
+                               : cpa::CommType::P2P;
+  a.ad = cx.ad, a.scale = cx.scale, a.dropout_p = cx.p_attn;
+  a.key = dropout_key(*cx.cfg, cx.keys, layer, DropoutSite::AttnProbs);
+  return a;
+}
+}  // namespace
 
 bool CoreAttention::keeps_output(const TransformerConfig& c) {
   return c.recompute != TransformerConfig::Recompute::Selective;
@@ -27,6 +44,11 @@ void CoreAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Wor
 
 void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
                             const StepContext& cx) const {
+  if (cx.cp_comm) {
+    parallel::context_parallel::attention_forward(cp_args(cx, layer_), qkv, *cx.cp_comm,
+                                                  ctx(s, ws), lse(s, ws), cx.stream());
+    return;
+  }
   ops::attention_forward(qkv, cx.ad, cx.scale, cx.p_attn,
                          dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), ctx(s, ws),
                          lse(s, ws), cx.stream());
@@ -46,6 +68,11 @@ void CoreAttention::recompute(const Tensor& qkv, Saved& s, Workspace& ws,
 
 void CoreAttention::backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Tensor& dqkv,
                              Workspace& ws, const StepContext& cx) const {
+  if (cx.cp_comm) {
+    parallel::context_parallel::attention_backward(cp_args(cx, layer_), dctx, qkv, ctx(s, ws),
+                                                   lse(s, ws), *cx.cp_comm, dqkv, cx.stream());
+    return;
+  }
   ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws), cx.ad, cx.scale, cx.p_attn,
                           dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), dqkv,
                           cx.stream());

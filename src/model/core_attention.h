@@ -1,6 +1,7 @@
 // The attention core on this rank's heads: causal softmax(q k^T * scale) with attention
 // dropout, times v, on linear_qkv's grouped layout (ops::attention_forward/backward: the
-// cuDNN / flash / CPU kernels). A context-parallel ring variant would stand in here.
+// cuDNN / flash / CPU kernels); under context parallelism (cx.cp_comm) the exchange over
+// the CP group of parallel/context_parallel/cp_attention.h, the layer's --cp-comm-type.
 //
 //   forward:  ctx [T, NH*HD], lse [B, NH, S] = attention(qkv [T, QKVW])
 //   backward: dqkv (=) from dctx, qkv, ctx, lse
@@ -20,7 +21,7 @@ class CoreAttention {
 
   struct Saved {
     Tensor ctx;  // [T, NH*HD] (not kept under selective recomputation)
-    Tensor lse;  // [B, NH, S] log-sum-exp of each softmax row
+    Tensor lse;  // [B, NH, S] log-sum-exp of each softmax row (CP: cp_attention.h's layout)
   };
   // Whether the output is kept for backward (false: selective recomputation).
   static bool keeps_output(const TransformerConfig& c);

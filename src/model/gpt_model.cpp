@@ -60,6 +60,30 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
 
 GPTModel::~GPTModel() = default;
 
+namespace {
+// Document masking: the micro-batch's per-token positions and document starts (CPU only).
+void attach_documents(StepContext& cx, const MicroBatch& mb) {
+  if (!mb.position_ids.defined() && !mb.key_start.defined()) return;
+  MCPP_CHECK_HINT(cx.dev == Device::CPU, "train with --device cpu, or drop the flag",
+                  "--reset-position-ids / --reset-attention-mask run on the CPU backend only "
+                  "for now");
+  for (const Tensor* t : {&mb.position_ids, &mb.key_start})
+    MCPP_CHECK(!t->defined() || (t->dtype() == DType::I64 && t->device() == Device::CPU &&
+                                 t->numel() == cx.B * cx.S),
+               "document masking: {} is not i64 [B={}, S={}] on the host", t->str(), cx.B, cx.S);
+  if (mb.position_ids.defined()) cx.position_ids = &mb.position_ids;
+  if (mb.key_start.defined()) cx.ad.key_start = mb.key_start;
+}
+}  // namespace
+
+void GPTModel::set_cp_comm(comm::Communicator* cp) {
+  MCPP_CHECK(cfg_.cp_size == 1 || (cp && cp->size() == cfg_.cp_size && cp->rank() == cfg_.cp_rank),
+             "GPTModel: the context-parallel group must have cp_size {} members with this rank "
+             "at {}",
+             cfg_.cp_size, cfg_.cp_rank);
+  cp_ = cfg_.cp_size > 1 ? cp : nullptr;
+}
+
 int GPTModel::num_chunks() const { return stage_->num_chunks(); }
 
 // ---- slots -------------------------------------------------------------------------------
@@ -125,7 +149,8 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
   MCPP_CHECK(chunk >= 0 && chunk < num_chunks(), "GPTModel: chunk {} outside [0, {})", chunk,
              num_chunks());
   MCPP_CHECK(mb.tokens.dim() == 2, "tokens must be [B, S], got {}", mb.tokens.str());
-  const StepContext cx = make_step_context(cfg_, mb.tokens.size(1), mb.tokens.size(0), keys, tp_);
+  StepContext cx = make_step_context(cfg_, mb.tokens.size(1), mb.tokens.size(0), keys, tp_, cp_);
+  attach_documents(cx, mb);
   Stream& st = cx.stream();
   const int64_t Tl = cx.Tl, H = cx.H;
   Slot& sv = acquire(chunk, microbatch);
@@ -173,7 +198,8 @@ Tensor GPTModel::backward_chunk(int chunk, int microbatch, const Tensor& output_
   MCPP_CHECK(svp, "GPTModel: backward of micro-batch {} of chunk {} without its forward",
              microbatch, chunk);
   Slot& sv = *svp;
-  const StepContext cx = make_step_context(cfg_, sv.S, sv.B, sv.keys, tp_);
+  StepContext cx = make_step_context(cfg_, sv.S, sv.B, sv.keys, tp_, cp_);
+  attach_documents(cx, sv.mb);
   Stream& st = cx.stream();
   const int64_t Tl = cx.Tl, H = cx.H;
   allocate([&](const TensorVisitor& v) { stage_->scratch_specs(cx, *ws_, v); }, cx.dev, false);

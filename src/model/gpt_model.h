@@ -54,6 +54,10 @@ class GPTModel {
   explicit GPTModel(const TransformerConfig& cfg, comm::Communicator* tp = nullptr,
                     PipelinePart part = {});
   ~GPTModel();
+  // The context-parallel group (cfg.cp_size members, this rank at cfg.cp_rank): every
+  // layer's attention exchanges keys and values over it. Needed before the first forward
+  // when cfg.cp_size > 1.
+  void set_cp_comm(comm::Communicator* cp);
 
   const TransformerConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
@@ -127,6 +131,7 @@ class GPTModel {
 
   TransformerConfig cfg_;
   comm::Communicator* tp_ = nullptr;
+  comm::Communicator* cp_ = nullptr;  // context parallelism (cfg.cp_size > 1)
   PipelinePart part_;
   std::function<void(int)> grad_ready_, params_needed_;
   ParamStore params_;

@@ -16,13 +16,19 @@ Dims make_dims(const TransformerConfig& c, int64_t S, int64_t B) {
   x.S = S, x.B = B, x.T = S * B, x.H = c.hidden_size;
   x.Sl = x.sp ? S / c.tp_size : S, x.s0 = x.sp ? c.tp_rank * x.Sl : 0, x.Tl = x.Sl * B;
   x.dt = c.dtype, x.sdt = c.stat_dtype(), x.dev = c.device;
+  x.cp = c.cp_size, x.cp_rank = c.cp_rank, x.Sg = S * c.cp_size;
   return x;
 }
 
 StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
-                              const StepKeys& keys, comm::Communicator* tp) {
-  MCPP_CHECK(S <= c.seq_length || c.rope, "sequence {} longer than --seq-length {}", S,
-             c.seq_length);
+                              const StepKeys& keys, comm::Communicator* tp,
+                              comm::Communicator* cp) {
+  MCPP_CHECK(S * c.cp_size <= c.seq_length || c.rope, "sequence {} longer than --seq-length {}",
+             S * c.cp_size, c.seq_length);
+  MCPP_CHECK(c.cp_size == 1 || (cp && S % 2 == 0),
+             "GPTModel::forward at cp_size {} needs the CP communicator and an even number of "
+             "rows per rank (got {})",
+             c.cp_size, S);
   MCPP_CHECK(c.tp_size == 1 || tp, "GPTModel::forward at tp_size {} without the TP communicator",
              c.tp_size);
   MCPP_CHECK(!c.sp() || S % c.tp_size == 0,
@@ -38,10 +44,17 @@ StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
   x.p_attn = keys.training ? c.attention_dropout : 0.0;
   // Dropout masks on global (s, b, h) indices: the same for any TP/SP/DP/PP split.
   x.g = ops::GlobalIndex3{{x.s0, keys.sample_offset, 0}, {S, Bg, x.H}};
+  if (c.cp_size > 1) {
+    // Local row j < S/2 is global row chunk0 + j; the rest sit in the second chunk.
+    x.cp_comm = cp;
+    const int64_t C = S / 2;
+    x.g.offset[0] = x.s0 + x.cp_chunk_start(0), x.g.global[0] = x.Sg;
+    x.g.split0 = C - x.s0, x.g.jump0 = x.cp_chunk_start(1) - x.cp_chunk_start(0) - C;
+  }
   x.ad.S = S, x.ad.B = B, x.ad.NH = c.local_heads(), x.ad.NG = c.local_groups();
   x.ad.HD = c.kv_channels;
   x.ad.b_offset = keys.sample_offset, x.ad.h_offset = c.tp_rank * c.local_heads();
-  x.ad.NH_global = c.num_attention_heads, x.ad.S_global = S;
+  x.ad.NH_global = c.num_attention_heads, x.ad.S_global = x.Sg;
   x.scale = 1.0 / std::sqrt(double(c.kv_channels));
   return x;
 }

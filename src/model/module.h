@@ -17,6 +17,7 @@
 // --sequence-parallel the norms, dropout and residual stream hold Tl = S/TP*B rows (this
 // rank's sequence shard [s0, s0 + Sl)); the parallel linears see the gathered T rows.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -32,9 +33,13 @@ class Communicator;  // a process group; model code reaches it only through para
 
 namespace mcpp::model {
 
-// One micro-batch: tokens, labels [B, S] i64; loss_mask [B, S] f32.
+// One micro-batch: tokens, labels [B, S] i64; loss_mask [B, S] f32. Document masking
+// (host tensors, defined only with the flag): position_ids [B, S] i64 (--reset-position-ids,
+// each token's position in its document), key_start [B, S] i64 (--reset-attention-mask, the
+// global position of its document's first token).
 struct MicroBatch {
   Tensor tokens, labels, loss_mask;
+  Tensor position_ids, key_start;
 };
 
 // The part of the model one pipeline stage holds.
@@ -64,8 +69,32 @@ struct Dims {
   bool tp = false;                          // tensor parallelism (TP > 1)
   DType dt = DType::F32, sdt = DType::F32;  // activations, per-row statistics
   Device dev = Device::CPU;
+  // Context parallelism: S is this CP rank's part of the Sg-token sequence, two chunks of
+  // S/2 rows, global chunks cp_rank and 2*cp-1-cp_rank (cp = 1: one chunk, Sg = S).
+  int64_t cp = 1, cp_rank = 0, Sg = 0;
+  // Global position of local chunk k (0 or 1) of this rank's rows.
+  int64_t cp_chunk_start(int k) const {
+    return cp == 1 ? 0 : (k == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * (S / 2);
+  }
 };
 Dims make_dims(const TransformerConfig& c, int64_t S, int64_t B);
+
+// Rows [first, first + n) of this CP rank's S rows as runs of consecutive global
+// positions: f(local row offset from `first`, rows, global position of the run's first
+// row). One run at CP 1 (global = local), at most two under CP (the chunk boundary S/2).
+template <class F>
+void for_each_global_run(const Dims& d, int64_t first, int64_t n, F&& f) {
+  if (d.cp == 1) {
+    f(int64_t(0), n, first);
+    return;
+  }
+  const int64_t C = d.S / 2, end = first + n;
+  if (first < C) f(int64_t(0), std::min(end, C) - first, d.cp_chunk_start(0) + first);
+  if (end > C) {
+    const int64_t a = std::max(first, C);
+    f(a - first, end - a, d.cp_chunk_start(1) + a - C);
+  }
+}
 
 // Dims plus what a pass needs to run: dropout keys and probabilities, the global
 // coordinates of this rank's elements, the attention shapes, the TP group and the stream.
@@ -76,6 +105,10 @@ struct StepContext : Dims {
   ops::GlobalIndex3 g;                    // [S, B, H] dropout masks on global (s, b, h) indices
   ops::AttentionDims ad;                  // local heads, global offsets for attention dropout
   comm::Communicator* tp_comm = nullptr;  // null at TP 1: every region transition is identity
+  comm::Communicator* cp_comm = nullptr;  // null at CP 1 (context parallelism)
+  // --reset-position-ids: this rank's [B, S] positions (host); null: positions by row. The
+  // document mask (--reset-attention-mask) travels in ad.key_start.
+  const Tensor* position_ids = nullptr;
   Stream* st = nullptr;
   // Generation: each sequence's first new position (its KV-cache length), [B] on the host
   // and the same [B] i64 on the model's device (for the KV-cache attention op). When they
@@ -86,8 +119,10 @@ struct StepContext : Dims {
   bool uniform_pos = true;
   Stream& stream() const { return *st; }
 };
+// S: the rows of this CP rank (the whole sequence at CP 1); cp: the CP group (CP > 1).
 StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
-                              const StepKeys& keys, comm::Communicator* tp);
+                              const StepKeys& keys, comm::Communicator* tp,
+                              comm::Communicator* cp = nullptr);
 
 // Generation (inference/): sequence b's new rows are positions [pos[b], pos[b] + Sq) of its
 // KV-cache slot, dropout off, the whole sequence on every TP rank (no SP). pos [B] must

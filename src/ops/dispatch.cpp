@@ -186,4 +186,26 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
   MCPP_DISPATCH(adamw_step, param, grad, m, v, model_param, p, s);
 }
 
+// ---- context parallel
+void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const AttentionDims& d,
+                             bool causal, double sc, double p, DropoutKey key, Tensor& out,
+                             Tensor& lse, Stream& s) {
+  MCPP_DISPATCH(attention_block_forward, q_src, kv_src, d, causal, sc, p, key, out, lse, s);
+}
+void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
+                              const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                              bool causal, double sc, double p, DropoutKey key, Tensor& dq,
+                              Tensor& dkv, Stream& s) {
+  MCPP_DISPATCH(attention_block_backward, dout, q_src, kv_src, out, lse, d, causal, sc, p, key,
+                dq, dkv, s);
+}
+void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const AttentionDims& d,
+                         Tensor& out, Tensor& lse, Stream& s) {
+  MCPP_DISPATCH(attention_lse_merge, out_i, lse_i, d, out, lse, s);
+}
+void rope_positions(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
+                    const Tensor& positions, bool inverse, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(rope_positions, in, d, rot, base, positions, inverse, out, s);
+}
+
 }  // namespace mcpp::ops

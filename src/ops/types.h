@@ -20,9 +20,14 @@ struct DropoutKey {
 //   ((i0 + o0) * G1 + (i1 + o1)) * G2 + (i2 + o2).
 // For [S, B, H] activations: S sharded by SP/CP, B by DP (o1 = first sample of this
 // micro-batch in the global batch), H by TP.
+// Context parallelism holds two chunks of the sequence that are not adjacent: local rows
+// i0 >= split0 sit jump0 further along dim 0 ((i0 + o0 + jump0) instead); split0 =
+// INT64_MAX (the default) for one contiguous block. The CUDA backend takes only that.
 struct GlobalIndex3 {
   int64_t offset[3] = {0, 0, 0};
   int64_t global[3] = {0, 0, 0};
+  int64_t split0 = INT64_MAX, jump0 = 0;
+  int64_t row0(int64_t i0) const { return i0 + offset[0] + (i0 >= split0 ? jump0 : 0); }
   static GlobalIndex3 whole(int64_t d0, int64_t d1, int64_t d2) {
     return {{0, 0, 0}, {d0, d1, d2}};
   }
@@ -37,6 +42,10 @@ struct AttentionDims {
   // (((b + b_offset) * NH_global + h + h_offset) * S_global + q + q_offset) * S_global
   //   + k + k_offset.
   int64_t b_offset = 0, h_offset = 0, NH_global = 0, q_offset = 0, k_offset = 0, S_global = 0;
+  // Document masking (--reset-attention-mask): [B, S] i64 on the CPU, the first GLOBAL key
+  // position query row (b, q) may see (the first token of its document); keys before it are
+  // masked as well as the causal ones. Undefined: causal only. CPU backend only for now.
+  Tensor key_start;
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
 };
 

@@ -61,7 +61,9 @@ std::vector<bool> embedding_group_params(const ParallelState& ps,
 comm::Communicator& grad_norm_group(const ParallelState& ps, comm::Communicator& world,
                                     bool sharded_over_dp) {
   const bool pipelined = ps.layout().pp() > 1;
-  if (sharded_over_dp) return pipelined ? world : ps.group(Group::TP_DP);
+  // The distributed optimizer shards over DP x CP (the gradients' group) under CP.
+  if (sharded_over_dp)
+    return pipelined ? world : ps.group(ps.layout().cp() > 1 ? Group::TP_DP_CP : Group::TP_DP);
   return pipelined ? ps.mp() : ps.tp();
 }
 

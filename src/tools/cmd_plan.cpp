@@ -130,13 +130,19 @@ void print_memory(std::vector<std::string> train_args, int world, int pp, double
           ? fmt::format("; MLP activations kept by the first {} layers of each chunk",
                         a.keep_mlp_activations)
           : std::string();
+  // Context parallelism: each CP rank holds seq_length / CP tokens of every sequence.
+  const std::string cp =
+      a.context_parallel_size > 1
+          ? fmt::format(", CP rank 0 of {} ({} of the {} tokens)", a.context_parallel_size,
+                        a.seq_length / a.context_parallel_size, a.seq_length)
+          : std::string();
   std::printf(
-      "\nmemory per pipeline rank (MiB; TP rank 0 of %lld, DP rank 0 of %lld; %s on %s; "
+      "\nmemory per pipeline rank (MiB; TP rank 0 of %lld, DP rank 0 of %lld%s; %s on %s; "
       "recompute %s%s; micro-batch %lld x %lld tokens)\n",
-      (long long)a.tensor_model_parallel_size, (long long)a.data_parallel_size,
+      (long long)a.tensor_model_parallel_size, (long long)a.data_parallel_size, cp.c_str(),
       std::string(dtype_name(dt)).c_str(), gpu ? "GPU" : "CPU",
       a.recompute_granularity.value_or("none").c_str(), keep.c_str(), (long long)a.micro_batch_size,
-      (long long)a.seq_length);
+      (long long)cfg.seq_cp());
   std::printf("  %-5s %-13s %-14s %-14s %-16s %-9s %-14s %s\n", "rank", "parameters",
               "weights+grads", "optimizer", "act/micro-batch", "in flight", "activations",
               "total");

@@ -151,7 +151,7 @@ struct Args {
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;   // interleaved schedule
   std::optional<int64_t> microbatch_group_size_per_vp_stage;     // default: PP
   int64_t virtual_pipeline_model_parallel_size = 1;  // derived: model chunks per rank
-  int64_t context_parallel_size = 1;         // 1 only for now
+  int64_t context_parallel_size = 1;         // --context-parallel-size (validate_cp.cpp)
   int64_t expert_model_parallel_size = 1;    // 1 only for now
   bool sequence_parallel = false;            // --sequence-parallel (off at TP 1, as Megatron)
   bool use_tp_pp_dp_mapping = false;         // order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
@@ -228,6 +228,14 @@ struct Args {
   bool log_params_norm = false;                // log line: " params norm: X |"
   bool log_num_zeros_in_grad = false;          // log line: " num zeros: X |"
   bool use_checkpoint_args = false;            // model shape from --load's checkpoint
+
+  // ---- context parallel (validate_cp.cpp; docs/context-parallel.md)
+  // --cp-comm-type: p2p (ring), a2a (heads scattered, sequence gathered) or all_gather;
+  // one value for every layer, or one per layer (validate_cp expands it to num_layers).
+  std::vector<std::string> cp_comm_type = {"p2p"};
+  // --calculate-per-token-loss: gradients of the global batch's summed token losses / its
+  // masked tokens; default: the mean of per-micro-batch means (training/forward_backward.h).
+  bool calculate_per_token_loss = false;
 };
 
 // Parses flags (argv without the program and subcommand names). Throws mcpp::Error for

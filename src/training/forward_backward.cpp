@@ -6,8 +6,32 @@
 
 namespace mcpp::training {
 
-double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys, double grad_scale,
-                            bool training) {
+comm::Communicator& data_cp_group(const parallel::ParallelState& ps) {
+  return ps.layout().cp() > 1 ? ps.dp_cp() : ps.dp();
+}
+
+LossScales loss_scales(const data::LocalBatch& batch, const parallel::ParallelState& ps,
+                       bool per_token_loss, double loss_scale) {
+  LossScales r;
+  const size_t M = batch.micro_batches.size();
+  r.tokens = parallel::sum_over(data_cp_group(ps), batch.loss_tokens);
+  if (per_token_loss) {
+    r.grad_scale.assign(M, r.tokens > 0 ? loss_scale / r.tokens : 0.0);
+    return r;
+  }
+  const double per_step = double(M) * double(ps.layout().dp());
+  for (size_t j = 0; j < M; ++j) {
+    const Tensor& mask = batch.micro_batches[j].loss_mask;
+    double n = 0;
+    for (int64_t i = 0; i < mask.numel(); ++i) n += mask.data<float>()[i];
+    if (ps.layout().cp() > 1) n = parallel::sum_over(ps.cp(), n);
+    r.grad_scale.push_back(n > 0 ? loss_scale / (n * per_step) : 0.0);
+  }
+  return r;
+}
+
+double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys,
+                            const std::vector<double>& grad_scale, bool training) {
   if (ps.layout().pp() > 1) return run_pipeline(batch, keys, grad_scale, training);
   const size_t M = batch.micro_batches.size();
   double loss_sum = 0;
@@ -17,7 +41,7 @@ double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys,
     if (!training) continue;
     // The grad-ready hooks of the last backward start the data-parallel buckets.
     if (j == M - 1 && dp_grads) dp_grads->begin_final_backward();
-    model.backward(grad_scale);
+    model.backward(grad_scale[j]);
   }
   return loss_sum;
 }
@@ -25,7 +49,7 @@ double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys,
 // This pipeline stage's actions (forward-only for evaluation), then the loss (held by the
 // last stage) summed over the pipeline.
 double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepKeys keys,
-                                     double grad_scale, bool training) {
+                                     const std::vector<double>& grad_scale, bool training) {
   namespace pl = parallel::pipeline;
   const int M = int(batch.micro_batches.size());
   double loss_sum = 0;
@@ -38,7 +62,7 @@ double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepK
     return r.output;
   };
   cb.backward = [&](int m, int c, const Tensor& g) {
-    return model.backward_chunk(c, m, g, grad_scale, /*final=*/m == M - 1);
+    return model.backward_chunk(c, m, g, grad_scale[size_t(m)], /*final=*/m == M - 1);
   };
   // Gradient hooks fire only in each chunk's last backward (final above).
   if (training && dp_grads) dp_grads->begin_final_backward();

@@ -34,6 +34,11 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.device = dev;
   c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;
   c.sequence_parallel = a.sequence_parallel;
+  c.cp_size = a.context_parallel_size;  // context parallel: per-layer exchange, CP rank's rows
+  for (const std::string& t : a.cp_comm_type)
+    c.cp_comm.push_back(t == "a2a"          ? model::TransformerConfig::CpComm::A2A
+                        : t == "all_gather" ? model::TransformerConfig::CpComm::AllGather
+                                            : model::TransformerConfig::CpComm::P2P);
   using RC = model::TransformerConfig::Recompute;
   const std::string gran = a.recompute_granularity.value_or("");
   c.recompute = gran == "full" ? RC::Full : gran == "selective" ? RC::Selective : RC::None;
@@ -100,7 +105,7 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   for (int c = 0; c < nchunks; ++c)
     m.per_microbatch = std::max(
         m.per_microbatch,
-        model::saved_activation_bytes(cfg, part, c, a.micro_batch_size, a.seq_length));
+        model::saved_activation_bytes(cfg, part, c, a.micro_batch_size, cfg.seq_cp()));
   const int pp = int(a.pipeline_model_parallel_size);
   m.in_flight =
       pp > 1 ? pl::promised_in_flight(schedule_kind(a), pp, stage,
@@ -108,7 +113,7 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
                                       int(a.num_microbatches),
                                       int(a.microbatch_group_size_per_vp_stage.value_or(0)))
              : 1;
-  m.scratch = model::scratch_activation_bytes(cfg, part, a.micro_batch_size, a.seq_length);
+  m.scratch = model::scratch_activation_bytes(cfg, part, a.micro_batch_size, cfg.seq_cp());
   m.attention_workspace = attention_workspace_bytes(a, cfg);
   return m;
 }

@@ -29,19 +29,23 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
   const int64_t gbs = training ? step_global_batch() : args.global_batch_size;
   const data::BatchShape shape{args.micro_batch_size, args.seq_length,
                                gbs / (args.micro_batch_size * args.data_parallel_size),
-                               args.data_parallel_size, ps->dp_rank()};
+                               args.data_parallel_size, ps->dp_rank(),
+                               args.context_parallel_size, ps->cp_rank(),
+                               args.reset_position_ids, args.reset_attention_mask};
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
-  // Loss = sum of masked token losses / masked tokens of the whole global batch
-  // (ARCHITECTURE.md), so every split of the batch trains the same function: the token
-  // count is summed over DP before any backward, and gradients are summed.
-  const double tokens = parallel::sum_over(ps->dp(), batch.loss_tokens);
-  // fp16: the loss scale multiplies the loss (and so every gradient) before backward.
-  const double grad_scale = tokens > 0 ? (scaler ? scaler->scale() : 1.0) / tokens : 0.0;
+  // The gradient scale of each micro-batch from global token counts (forward_backward.h:
+  // Megatron's per-micro-batch mean, or --calculate-per-token-loss), so every split of the
+  // batch over DP, CP and micro-batches trains the same function. The logged loss is the
+  // masked token mean of the global batch either way. fp16: the loss scale multiplies
+  // the loss (and so every gradient) before backward.
+  const LossScales ls =
+      loss_scales(batch, *ps, args.calculate_per_token_loss, scaler ? scaler->scale() : 1.0);
+  const double tokens = ls.tokens;
   model::StepKeys keys;
   keys.iteration = it, keys.global_batch = gbs;
   keys.training = training;
-  const double loss_sum = fwd_bwd->run(batch, keys, grad_scale, training);
-  return {parallel::sum_over(ps->dp(), loss_sum), tokens};
+  const double loss_sum = fwd_bwd->run(batch, keys, ls.grad_scale, training);
+  return {parallel::sum_over(data_cp_group(*ps), loss_sum), tokens};
 }
 
 // The ramp-up's batch for the next step; with PP the schedule of that many micro-batches.

@@ -93,6 +93,7 @@ void Trainer::State::setup_parallel() {
   parallel::ParallelSizes sizes;
   sizes.tp = int(a.tensor_model_parallel_size), sizes.pp = int(a.pipeline_model_parallel_size);
   sizes.tp_pp_dp_mapping = a.use_tp_pp_dp_mapping;
+  sizes.cp = int(a.context_parallel_size);  // context parallel
   sizes.untie_embeddings = a.untie_embeddings_and_output_weights;
   s.ps = std::make_unique<parallel::ParallelState>(*s.world, sizes);
   if (a.threads > 0) {
@@ -137,6 +138,7 @@ void Trainer::State::build_model() {
                                                     s.model_cfg.attention_dropout,
                                                     s.model_cfg.num_layers));
   s.model_cfg.tp_rank = s.ps->tp_rank();
+  s.model_cfg.cp_rank = s.ps->cp_rank();  // context parallel
   const int64_t dp = a.data_parallel_size;
   // The distributed optimizer splits every bucket into DP equal blocks: align each
   // parameter to a multiple of DP (and of 64 elements, as Megatron pads param starts).
@@ -194,6 +196,7 @@ void Trainer::State::build_model() {
   }
 #endif
   s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
+  if (s.model_cfg.cp_size > 1) s.model->set_cp_comm(&s.ps->cp());  // context parallel
   log::info("> initialized tensor model parallel with size {}, pipeline model parallel with "
             "size {}, data parallel with size {}{}{}",
             a.tensor_model_parallel_size, pp, dp, a.sequence_parallel ? ", sequence parallel" : "",
@@ -241,7 +244,8 @@ void Trainer::State::build_optimizer() {
     const int64_t bucket = a.ddp_bucket_size.value_or(
         a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
     s.dp_grads = std::make_unique<parallel::DataParallelGrads>(
-        P.flat_grads(), std::move(spans), s.ps->dp(), bucket, a.overlap_grad_reduce,
+        // Over DP x CP: each CP rank's gradients are those of its part of the sequences.
+        P.flat_grads(), std::move(spans), data_cp_group(*s.ps), bucket, a.overlap_grad_reduce,
         a.use_distributed_optimizer, a.grad_reduce_in_bf16);
     const auto& g = *s.dp_grads;
     log::info(
@@ -297,6 +301,7 @@ void Trainer::State::build_datasets() {
   d.reads = {!a.skip_train, a.eval_interval && a.eval_iters > 0,
              a.eval_interval && a.eval_iters > 0};
   d.eod_mask_loss = a.eod_mask_loss;
+  d.reset_position_ids = a.reset_position_ids, d.reset_attention_mask = a.reset_attention_mask;
   d.data_cache_path = a.data_cache_path.value_or("");
   d.mmap_bin_files = a.mmap_bin_files;  // --no-mmap-bin-files
   const int64_t gbs = a.global_batch_size;

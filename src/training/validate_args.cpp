@@ -40,10 +40,6 @@ void validate_features(Args& a) {
       a.position_embedding_type);
   MCPP_CHECK_HINT(a.optimizer == "adam", "use --optimizer adam (AdamW, Megatron's default)",
                   "--optimizer {} is not implemented yet by megatron.cpp", a.optimizer);
-  MCPP_CHECK_HINT(a.context_parallel_size == 1, "drop --context-parallel-size for now",
-                  "--context-parallel-size {}: context parallelism is not implemented yet; only "
-                  "1 is supported now",
-                  a.context_parallel_size);
   MCPP_CHECK_HINT(a.expert_model_parallel_size == 1, "drop --expert-model-parallel-size for now",
                   "--expert-model-parallel-size {}: expert parallelism is not implemented yet; "
                   "only 1 is supported now",
@@ -509,6 +505,8 @@ void validate_optimizer(Args& a) {
 
 }  // namespace
 
+void validate_context_parallel(Args& a);  // validate_cp.cpp
+
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
                   world_size);
@@ -520,6 +518,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_precision(a);
   validate_model(a);
   validate_tensor_parallel(a);
+  validate_context_parallel(a);
   validate_batch(a);
   validate_pipeline(a);
   validate_data(a);

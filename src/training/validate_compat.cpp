@@ -79,8 +79,6 @@ void check_trainer_support(const Args& a, Device dev) {
   auto no = [](bool cond, const char* flag, const char* hint) {
     MCPP_CHECK_HINT(!cond, hint, "{} is not supported by megatron.cpp's trainer yet", flag);
   };
-  no(a.reset_position_ids, "--reset-position-ids", "drop the flag");
-  no(a.reset_attention_mask, "--reset-attention-mask", "drop the flag");
   MCPP_CHECK_HINT(!a.save_interval || a.save, "add --save DIR",
                   "--save-interval {} given without --save", *a.save_interval);
   MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",

@@ -65,6 +65,14 @@ void check_like(const char* op, const char* name, const Tensor& t, DType dt, int
   MCPP_CHECK(t.numel() == numel, "{}: '{}' is {}, expected {} elements", op, name, t.str(), numel);
 }
 
+void check_key_start(const char* op, const AttentionDims& d) {
+  if (!d.key_start.defined()) return;
+  MCPP_CHECK(d.key_start.device() == Device::CPU && d.key_start.dtype() == DType::I64 &&
+                 d.key_start.numel() == d.B * d.S,
+             "{}: key_start {} must be i64 [B={}, S={}] on the CPU", op, d.key_start.str(), d.B,
+             d.S);
+}
+
 // Where a head's rows live in the fused qkv (or dqkv) tensor.
 struct Layout {
   int64_t S, B, NH, NG, HD, G, W;
@@ -142,9 +150,11 @@ void pack_rows_t(const T* src, int64_t stride, int64_t rn, int64_t HD, T* dst) {
     for (int64_t r = rn; r < kBlk; ++r) dst[c * kBlk + r] = 0;
 }
 
+// Queries from qsrc, keys and values from kvsrc (both in the grouped layout, S rows each;
+// the same tensor for self-attention). causal: row q sees keys k <= q; otherwise all.
 template <typename T>
-void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, DropoutKey key, T* out,
-                  T* lse) {
+void forward_impl(const T* qsrc, const T* kvsrc, const AttentionDims& d, bool causal, T scale,
+                  double p, DropoutKey key, T* out, T* lse) {
   const Layout lay(d);
   const int64_t S = d.S, HD = d.HD, NH = d.NH;
   const int64_t HDp = round_up(HD, kLanes<T>);
@@ -152,6 +162,9 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
   const int64_t heads = d.B * NH;
   const AttnDropout<T> drop(d, p, key);
   const int64_t rs = lay.row_stride();
+  // Document masking: the first visible global key of each (b, q) row.
+  const int64_t* ks = d.key_start.defined() ? d.key_start.data<int64_t>() : nullptr;
+  const int64_t kg0 = d.k_offset;  // global position of key row 0
 
   // K^T and V tiles of every (b, group), packed once: query tiles of all the group's
   // heads read them, and packing inside the task would gather the same scattered rows
@@ -170,7 +183,7 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
           T* Kt = Kt_all + ((b * NG + g) * nqb + kb) * kv_tile;  // [HD, kBlk]
           T* Vt = V_all + ((b * NG + g) * nqb + kb) * kv_tile;   // [kBlk, HDp]
           if (r < kn) {
-            const T* k = qkv + (k0 + r) * rs + lay.k(b, g);
+            const T* k = kvsrc + (k0 + r) * rs + lay.k(b, g);
             const T* v = k + HD;
             for (int64_t c = 0; c < HD; ++c) Kt[c * kBlk + r] = k[c];
             for (int64_t c = 0; c < HD; ++c) Vt[r * HDp + c] = v[c];
@@ -193,18 +206,18 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
       const int64_t qb = nqb - 1 - t / heads, b = (t % heads) / NH, h = t % NH;
       const int64_t g = h / G;
       const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0), Mq = round_up(qn, kMR);
-      pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qt.get(), HDp);
+      pack_rows(qsrc + q0 * rs + lay.q(b, h), rs, qn, HD, Qt.get(), HDp);
       O.zero();
       std::fill(m, m + kBlk, -std::numeric_limits<T>::infinity());
       std::fill(l, l + kBlk, T(0));
 
-      for (int64_t kb = 0; kb <= qb; ++kb) {
+      for (int64_t kb = 0; kb < (causal ? qb + 1 : nqb); ++kb) {
         const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
         const T* Kt = Kt_all + ((b * NG + g) * nqb + kb) * kv_tile;
         const T* Vt = V_all + ((b * NG + g) * nqb + kb) * kv_tile;
         // Sc = Q K^T (unscaled; the scale is folded into the exp below)
         tile_gemm(Mq, kBlk, HD, Qt.get(), HDp, Kt, kBlk, Sc.get(), kBlk, false);
-        const bool diag = kb == qb;  // only this tile holds masked (or padded) keys
+        const bool diag = causal && kb == qb;  // the only tile with masked keys
         for (int64_t i = 0; i < Mq; ++i) {
           T* row = Sc.get() + i * kBlk;
           if (i >= qn) {  // padding rows: contribute nothing
@@ -213,6 +226,14 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
           }
           const int64_t nvalid = diag ? std::min(kn, q0 + i - k0 + 1) : kn;
           std::fill(row + nvalid, row + kBlk, -std::numeric_limits<T>::infinity());
+          if (ks) {  // keys before the row's document start are masked too
+            const int64_t first = std::clamp<int64_t>(ks[b * S + q0 + i] - kg0 - k0, 0, kBlk);
+            std::fill(row, row + first, -std::numeric_limits<T>::infinity());
+            if (first >= nvalid && m[i] == -std::numeric_limits<T>::infinity()) {
+              std::fill(row, row + kBlk, T(0));  // nothing visible yet: adds nothing
+              continue;
+            }
+          }
           const T m_new = std::max(m[i], tiles::row_max(row, kBlk) * scale);
           // 0 on the first tile (m = -inf); 1, without a call to exp, once the row max
           // has settled, which is most tiles.
@@ -235,9 +256,14 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
 
       T* lse_row = lse + (b * NH + h) * S + q0;
       for (int64_t i = 0; i < qn; ++i) {
+        T* dst = out + (q0 + i) * lay.out_stride() + lay.out(b, h);
+        if (l[i] == T(0)) {  // no visible key in this block (document masking): empty
+          for (int64_t c = 0; c < HD; ++c) dst[c] = 0;
+          lse_row[i] = -std::numeric_limits<T>::infinity();
+          continue;
+        }
         const T inv = T(1) / l[i];
         const T* o = O.get() + i * HDp;
-        T* dst = out + (q0 + i) * lay.out_stride() + lay.out(b, h);
         for (int64_t c = 0; c < HD; ++c) dst[c] = o[c] * inv;
         lse_row[i] = m[i] + std::log(l[i]);
       }
@@ -245,9 +271,13 @@ void forward_impl(const T* qkv, const AttentionDims& d, T scale, double p, Dropo
   }
 }
 
+// Queries from qsrc, keys and values from kvsrc (see forward_impl). dQ goes to the query
+// slots of dq, dK and dV to the key/value slots of dkv (both the grouped layout; they may
+// be one tensor): = (accumulate false) or += (accumulate true). Other slots are untouched.
 template <typename T>
-void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, const AttentionDims& d,
-                   T scale, double p, DropoutKey key, T* dqkv) {
+void backward_impl(const T* dout, const T* qsrc, const T* kvsrc, const T* out, const T* lse,
+                   const AttentionDims& d, bool causal, T scale, double p, DropoutKey key, T* dq,
+                   T* dkv, bool accumulate) {
   const Layout lay(d);
   const int64_t S = d.S, HD = d.HD, NH = d.NH, G = lay.G;
   const int64_t HDp = round_up(HD, kLanes<T>);
@@ -255,6 +285,8 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, cons
   const int64_t heads = d.B * NH;
   const AttnDropout<T> drop(d, p, key);
   const int64_t rs = lay.row_stride(), os = lay.out_stride();
+  const int64_t* ks = d.key_start.defined() ? d.key_start.data<int64_t>() : nullptr;
+  const int64_t kg0 = d.k_offset;
 
   // One task per (b, h) owns its dQ (accumulated over key tiles in a private buffer),
   // so no atomics are needed; dK and dV of a key tile are complete when its loop over
@@ -281,7 +313,7 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, cons
       const int64_t b = t / NH, h = t % NH, g = h / G;
       for (int64_t qb = 0; qb < nb; ++qb) {
         const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0);
-        pack_rows(qkv + q0 * rs + lay.q(b, h), rs, qn, HD, Qa + q0 * HDp, HDp);
+        pack_rows(qsrc + q0 * rs + lay.q(b, h), rs, qn, HD, Qa + q0 * HDp, HDp);
         pack_rows(dout + q0 * os + lay.out(b, h), os, qn, HD, dOa + q0 * HDp, HDp);
       }
       // D_i = rowsum(dO_i * O_i) = sum_k P_ik dP_ik (also with dropout: O = (P*Z) V)
@@ -297,18 +329,18 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, cons
 
       for (int64_t kb = 0; kb < nb; ++kb) {
         const int64_t k0 = kb * kBlk, kn = std::min(kBlk, S - k0);
-        pack_rows_t(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kt.get());
-        pack_rows_t(qkv + k0 * rs + lay.v(b, g), rs, kn, HD, Vt.get());
-        pack_rows(qkv + k0 * rs + lay.k(b, g), rs, kn, HD, Kp.get(), HDp);
+        pack_rows_t(kvsrc + k0 * rs + lay.k(b, g), rs, kn, HD, Kt.get());
+        pack_rows_t(kvsrc + k0 * rs + lay.v(b, g), rs, kn, HD, Vt.get());
+        pack_rows(kvsrc + k0 * rs + lay.k(b, g), rs, kn, HD, Kp.get(), HDp);
         dK.zero();
         dV.zero();
-        for (int64_t qb = kb; qb < nb; ++qb) {
+        for (int64_t qb = causal ? kb : 0; qb < nb; ++qb) {
           const int64_t q0 = qb * kBlk, qn = std::min(kBlk, S - q0), Mq = round_up(qn, kMR);
           const T* Q = Qa + q0 * HDp;
           const T* dO = dOa + q0 * HDp;
           tile_gemm(Mq, kBlk, HD, Q, HDp, Kt.get(), kBlk, Sc.get(), kBlk, false);   // Q K^T
           tile_gemm(Mq, kBlk, HD, dO, HDp, Vt.get(), kBlk, dP.get(), kBlk, false);  // dO V^T
-          const bool diag = kb == qb;
+          const bool diag = causal && kb == qb;
           for (int64_t i = 0; i < Mq; ++i) {
             T* P = Sc.get() + i * kBlk;  // becomes dS in place
             T* dp = dP.get() + i * kBlk;
@@ -318,6 +350,9 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, cons
             }
             const int64_t nvalid = diag ? std::min(kn, q0 + i - k0 + 1) : kn;
             std::fill(P + nvalid, P + kBlk, -std::numeric_limits<T>::infinity());
+            if (ks)
+              std::fill(P, P + std::clamp<int64_t>(ks[b * S + q0 + i] - kg0 - k0, 0, kBlk),
+                        -std::numeric_limits<T>::infinity());
             tiles::row_exp_sum(P, kBlk, scale, Lv.get()[q0 + i]);  // P = exp(s - lse)
             const T Di = Dv.get()[q0 + i];
             if (drop.on) {
@@ -344,9 +379,10 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, cons
         // dK = scale * dS^T Q (s = scale * q.k); dV as accumulated.
         T *dk_dst, *dv_dst;
         int64_t dst_stride;
+        const bool acc = accumulate && G == 1;
         if (G == 1) {
-          dk_dst = dqkv + k0 * rs + lay.k(b, g);
-          dv_dst = dqkv + k0 * rs + lay.v(b, g);
+          dk_dst = dkv + k0 * rs + lay.k(b, g);
+          dv_dst = dkv + k0 * rs + lay.v(b, g);
           dst_stride = rs;
         } else {
           dk_dst = dk_scratch + (t * S + k0) * HD;
@@ -355,14 +391,20 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, cons
         }
         for (int64_t r = 0; r < kn; ++r)
           for (int64_t c = 0; c < HD; ++c) {
-            dk_dst[r * dst_stride + c] = dK.get()[r * HDp + c] * scale;
-            dv_dst[r * dst_stride + c] = dV.get()[r * HDp + c];
+            const T dk = dK.get()[r * HDp + c] * scale, dv = dV.get()[r * HDp + c];
+            T& kd = dk_dst[r * dst_stride + c];
+            T& vd = dv_dst[r * dst_stride + c];
+            kd = acc ? kd + dk : dk;
+            vd = acc ? vd + dv : dv;
           }
       }
       for (int64_t i = 0; i < S; ++i) {
-        T* dst = dqkv + i * rs + lay.q(b, h);
+        T* dst = dq + i * rs + lay.q(b, h);
         const T* src = dQa + i * HDp;
-        for (int64_t c = 0; c < HD; ++c) dst[c] = src[c] * scale;
+        if (accumulate)
+          for (int64_t c = 0; c < HD; ++c) dst[c] += src[c] * scale;
+        else
+          for (int64_t c = 0; c < HD; ++c) dst[c] = src[c] * scale;
       }
     }
   }
@@ -374,9 +416,10 @@ void backward_impl(const T* dout, const T* qkv, const T* out, const T* lse, cons
     for (int64_t i = 0; i < S; ++i)
       for (int64_t bg = 0; bg < d.B * d.NG; ++bg) {
         const int64_t b = bg / d.NG, g = bg % d.NG;
-        T* dk = dqkv + i * rs + lay.k(b, g);
-        T* dv = dqkv + i * rs + lay.v(b, g);
-        for (int64_t c = 0; c < HD; ++c) dk[c] = dv[c] = 0;
+        T* dk = dkv + i * rs + lay.k(b, g);
+        T* dv = dkv + i * rs + lay.v(b, g);
+        if (!accumulate)
+          for (int64_t c = 0; c < HD; ++c) dk[c] = dv[c] = 0;
         for (int64_t j = 0; j < G; ++j) {
           const int64_t src = ((b * NH + g * G + j) * S + i) * HD;
           for (int64_t c = 0; c < HD; ++c) {
@@ -394,14 +437,15 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
                        double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
   const char* op = "attention_forward";
   check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
   check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
   if (qkv.dtype() == DType::F32)
-    forward_impl<float>(qkv.data<float>(), d, float(softmax_scale), dropout_p, key,
-                        out.data<float>(), lse.data<float>());
+    forward_impl<float>(qkv.data<float>(), qkv.data<float>(), d, true, float(softmax_scale),
+                        dropout_p, key, out.data<float>(), lse.data<float>());
   else
-    forward_impl<double>(qkv.data<double>(), d, softmax_scale, dropout_p, key, out.data<double>(),
-                         lse.data<double>());
+    forward_impl<double>(qkv.data<double>(), qkv.data<double>(), d, true, softmax_scale,
+                         dropout_p, key, out.data<double>(), lse.data<double>());
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -409,19 +453,110 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         DropoutKey key, Tensor& dqkv, Stream& s) {
   const char* op = "attention_backward";
   check_attention_args(op, qkv, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
   check_like(op, "dout", dout, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "out", out, qkv.dtype(), d.S * d.B * d.NH * d.HD);
   check_like(op, "lse", lse, qkv.dtype(), d.B * d.NH * d.S);
   check_like(op, "dqkv", dqkv, qkv.dtype(), qkv.numel());
   MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv (it is read throughout)", op);
   if (qkv.dtype() == DType::F32)
-    backward_impl<float>(dout.data<float>(), qkv.data<float>(), out.data<float>(),
-                         lse.data<float>(), d, float(softmax_scale), dropout_p, key,
-                         dqkv.data<float>());
+    backward_impl<float>(dout.data<float>(), qkv.data<float>(), qkv.data<float>(),
+                         out.data<float>(), lse.data<float>(), d, true, float(softmax_scale),
+                         dropout_p, key, dqkv.data<float>(), dqkv.data<float>(), false);
   else
-    backward_impl<double>(dout.data<double>(), qkv.data<double>(), out.data<double>(),
-                          lse.data<double>(), d, softmax_scale, dropout_p, key,
-                          dqkv.data<double>());
+    backward_impl<double>(dout.data<double>(), qkv.data<double>(), qkv.data<double>(),
+                          out.data<double>(), lse.data<double>(), d, true, softmax_scale,
+                          dropout_p, key, dqkv.data<double>(), dqkv.data<double>(), false);
+}
+
+// ---- context parallel: attention blocks and their merge -------------------------------
+
+void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const AttentionDims& d,
+                             bool causal, double softmax_scale, double dropout_p, DropoutKey key,
+                             Tensor& out, Tensor& lse, Stream& s) {
+  const char* op = "attention_block_forward";
+  check_attention_args(op, q_src, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
+  check_like(op, "kv_src", kv_src, q_src.dtype(), q_src.numel());
+  check_like(op, "out", out, q_src.dtype(), d.S * d.B * d.NH * d.HD);
+  check_like(op, "lse", lse, q_src.dtype(), d.B * d.NH * d.S);
+  if (q_src.dtype() == DType::F32)
+    forward_impl<float>(q_src.data<float>(), kv_src.data<float>(), d, causal,
+                        float(softmax_scale), dropout_p, key, out.data<float>(),
+                        lse.data<float>());
+  else
+    forward_impl<double>(q_src.data<double>(), kv_src.data<double>(), d, causal, softmax_scale,
+                         dropout_p, key, out.data<double>(), lse.data<double>());
+}
+
+void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
+                              const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                              bool causal, double softmax_scale, double dropout_p, DropoutKey key,
+                              Tensor& dq, Tensor& dkv, Stream& s) {
+  const char* op = "attention_block_backward";
+  check_attention_args(op, q_src, d, softmax_scale, dropout_p, s);
+  check_key_start(op, d);
+  const DType dt = q_src.dtype();
+  check_like(op, "kv_src", kv_src, dt, q_src.numel());
+  check_like(op, "dout", dout, dt, d.S * d.B * d.NH * d.HD);
+  check_like(op, "out", out, dt, d.S * d.B * d.NH * d.HD);
+  check_like(op, "lse", lse, dt, d.B * d.NH * d.S);
+  check_like(op, "dq", dq, dt, q_src.numel());
+  check_like(op, "dkv", dkv, dt, q_src.numel());
+  for (const Tensor* t : {&dq, &dkv})
+    MCPP_CHECK(t->raw() != q_src.raw() && t->raw() != kv_src.raw(),
+               "{}: dq and dkv must not alias the inputs", op);
+  if (dt == DType::F32)
+    backward_impl<float>(dout.data<float>(), q_src.data<float>(), kv_src.data<float>(),
+                         out.data<float>(), lse.data<float>(), d, causal, float(softmax_scale),
+                         dropout_p, key, dq.data<float>(), dkv.data<float>(), true);
+  else
+    backward_impl<double>(dout.data<double>(), q_src.data<double>(), kv_src.data<double>(),
+                          out.data<double>(), lse.data<double>(), d, causal, softmax_scale,
+                          dropout_p, key, dq.data<double>(), dkv.data<double>(), true);
+}
+
+namespace {
+// (out, lse) <- the softmax-weighted union of (out, lse) and (o_i, lse_i): lse' =
+// max + log1p(exp(min - max)), out' = exp(lse - lse') out + exp(lse_i - lse') o_i.
+template <typename T>
+void merge_impl(const T* o_i, const T* lse_i, T* out, T* lse, int64_t S, int64_t B, int64_t NH,
+                int64_t HD) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bh = 0; bh < B * NH; ++bh)
+    for (int64_t q = 0; q < S; ++q) {
+      const int64_t b = bh / NH, h = bh % NH;
+      T& l = lse[bh * S + q];
+      const T li = lse_i[bh * S + q];
+      const T hi = std::max(l, li), lo = std::min(l, li);
+      if (hi == -std::numeric_limits<T>::infinity()) continue;  // neither saw a key
+      const T ln = hi + std::log1p(std::exp(lo - hi));
+      const T a = std::exp(l - ln), c = std::exp(li - ln);
+      T* o = out + (q * B + b) * NH * HD + h * HD;
+      const T* oi = o_i + (q * B + b) * NH * HD + h * HD;
+      for (int64_t k = 0; k < HD; ++k) o[k] = a * o[k] + c * oi[k];
+      l = ln;
+    }
+}
+}  // namespace
+
+void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const AttentionDims& d,
+                         Tensor& out, Tensor& lse, Stream& s) {
+  const char* op = "attention_lse_merge";
+  MCPP_CHECK(s.device == Device::CPU, "{}: the CPU backend was called with a CUDA stream", op);
+  const DType dt = out.dtype();
+  MCPP_CHECK(dt == DType::F32 || dt == DType::F64, "{}: out is {}; f32 or f64 expected", op,
+             out.str());
+  check_like(op, "out_i", out_i, dt, d.S * d.B * d.NH * d.HD);
+  check_like(op, "out", out, dt, d.S * d.B * d.NH * d.HD);
+  check_like(op, "lse_i", lse_i, dt, d.B * d.NH * d.S);
+  check_like(op, "lse", lse, dt, d.B * d.NH * d.S);
+  if (dt == DType::F32)
+    merge_impl<float>(out_i.data<float>(), lse_i.data<float>(), out.data<float>(),
+                      lse.data<float>(), d.S, d.B, d.NH, d.HD);
+  else
+    merge_impl<double>(out_i.data<double>(), lse_i.data<double>(), out.data<double>(),
+                       lse.data<double>(), d.S, d.B, d.NH, d.HD);
 }
 
 }  // namespace mcpp::ops::cpu

@@ -24,7 +24,11 @@ uint32_t check_dropout(const Check& c, const Tensor& x, double p, const GlobalIn
              shape_str(x.shape()));
   MCPP_CHECK(p >= 0 && p <= 1, "{}: dropout probability {} is outside [0, 1]", c.op, p);
   if (p > 0) {
-    for (int d = 0; d < 3; ++d)
+    MCPP_CHECK(x.size(0) == 0 || (g.row0(0) >= 0 && g.row0(x.size(0) - 1) < g.global[0]),
+               "{}: local rows of {} (offset {}, split at {} jumping {}) leave the global "
+               "length {}",
+               c.op, shape_str(x.shape()), g.offset[0], g.split0, g.jump0, g.global[0]);
+    for (int d = g.split0 == INT64_MAX ? 0 : 1; d < 3; ++d)
       MCPP_CHECK_HINT(g.offset[d] >= 0 && g.offset[d] + x.size(d) <= g.global[d],
                       "pass GlobalIndex3::whole(d0, d1, d2) for an unpartitioned tensor",
                       "{}: local block {} at offset ({}, {}, {}) does not fit the global "
@@ -71,7 +75,7 @@ void for_rows(const Tensor& x, const GlobalIndex3& g, F&& body) {
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
   for (int64_t r = 0; r < d0 * d1; ++r) {
     const int64_t i0 = r / d1, i1 = r % d1;
-    body(r, uint64_t(((i0 + g.offset[0]) * g.global[1] + (i1 + g.offset[1])) * g.global[2] +
+    body(r, uint64_t((g.row0(i0) * g.global[1] + (i1 + g.offset[1])) * g.global[2] +
                      g.offset[2]));
   }
 }

@@ -95,7 +95,63 @@ void rope_dispatch(const char* op, const Tensor& in, const AttentionDims& d, int
     rope_impl<double>(in.data<double>(), d, rot_dim, base, s_offset, sign, out.data<double>());
 }
 
+// rope_impl at per-token positions: row r = s*B + b of the [S, B] rows at position pos[r].
+template <typename T>
+void rope_pos_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double base,
+                   const int64_t* pos, double sign, T* out) {
+  const int64_t HD = d.HD, G = d.NH / d.NG, half = rot_dim / 2;
+  const int64_t heads = d.NG * (G + 2);  // HD-sized heads of one (s, b) row
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[size_t(i)] = std::pow(base, -2.0 * double(i) / double(rot_dim));
+#pragma omp parallel
+  {
+    std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < d.S * d.B; ++r) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = double(pos[r]) * inv_freq[size_t(i)];
+        cs[size_t(i)] = T(std::cos(a));
+        sn[size_t(i)] = T(sign * std::sin(a));
+      }
+      for (int64_t hh = 0; hh < heads; ++hh) {
+        const int64_t off = (r * heads + hh) * HD;
+        const T* x = in + off;
+        T* y = out + off;
+        int64_t c0 = 0;
+        if (hh % (G + 2) <= G) {  // query heads and the key head
+          for (int64_t i = 0; i < half; ++i) {
+            const T a = x[i], b = x[i + half];
+            y[i] = a * cs[size_t(i)] - b * sn[size_t(i)];
+            y[i + half] = b * cs[size_t(i)] + a * sn[size_t(i)];
+          }
+          c0 = rot_dim;
+        }
+        if (y != x)
+          for (int64_t c = c0; c < HD; ++c) y[c] = x[c];
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void rope_positions(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
+                    const Tensor& positions, bool inverse, Tensor& qkv_out, Stream& s) {
+  const char* op = "rope_positions";
+  check_rope_args(op, qkv_in, d, rot_dim, base, qkv_out, s);
+  MCPP_CHECK(positions.device() == Device::CPU && positions.dtype() == DType::I64 &&
+                 positions.numel() == d.S * d.B,
+             "{}: positions {} must be i64 [S={}, B={}] on the CPU", op, positions.str(), d.S,
+             d.B);
+  const double sign = inverse ? -1.0 : 1.0;
+  const int64_t* pos = positions.data<int64_t>();
+  if (qkv_in.dtype() == DType::F32)
+    rope_pos_impl<float>(qkv_in.data<float>(), d, rot_dim, base, pos, sign, qkv_out.data<float>());
+  else
+    rope_pos_impl<double>(qkv_in.data<double>(), d, rot_dim, base, pos, sign,
+                          qkv_out.data<double>());
+}
 
 void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
                   int64_t s_offset, Tensor& qkv_out, Stream& s) {

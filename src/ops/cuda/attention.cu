@@ -23,6 +23,7 @@
 
 #include "base/philox.h"
 #include "ops/attention_backend.h"
+#include "ops/cuda/attention_cp.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/flash_attention.h"
@@ -38,8 +39,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct AttnParams {
-  const void* qkv;
-  void* out;     // forward: out; backward: dqkv
+  const void* qkv;  // queries (and, for self-attention, keys and values)
+  const void* kv;   // keys and values: qkv itself, or another chunk's (context parallelism)
+  void* out;     // forward: out; backward: dQ's destination
+  void* dkv;     // backward: dK/dV's destination (out for self-attention)
+  bool causal = true;  // false: every key visible (a chunk against an earlier one)
+  bool accum = false;  // backward: += into out/dkv instead of =
   float* lse;    // [B, NH, S]
   const void* dout;
   const void* o;
@@ -86,11 +91,12 @@ static __global__ void __launch_bounds__(kThreads)
   const int64_t HDW = HD;
   const T* qkv = static_cast<const T*>(P.qkv);
   const T* qbase = qkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HDW;
-  const T* kbase = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+  const T* kbase = static_cast<const T*>(P.kv) + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
   const T* vbase = kbase + HDW;
   const int64_t rs = P.B * P.W;  // stride between sequence positions
   const int tid = threadIdx.x, rg = tid / 16, cl = tid % 16;
   const int64_t q0 = int64_t(qt) * kTile;
+  const int nkt = P.causal ? qt + 1 : int((P.S + kTile - 1) / kTile);
 
   load_tile<T, HD>(Qs, qbase, rs, q0, P.S, P.scale * kLog2e);
 
@@ -102,7 +108,7 @@ static __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < NI; ++i) o[ii][i] = 0.f;
   }
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = int64_t(kt) * kTile;
     __syncthreads();  // previous tile's Ks/Vs/Ps are consumed
     load_tile<T, HD>(Ks, kbase, rs, k0, P.S, 1.f);
@@ -132,7 +138,7 @@ static __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int64_t k = k0 + cl + 16 * jj;
-        if (k > q || k >= P.S) sc[ii][jj] = -FLT_MAX;
+        if ((P.causal && k > q) || k >= P.S) sc[ii][jj] = -FLT_MAX;
         mt = fmaxf(mt, sc[ii][jj]);
       }
 #pragma unroll
@@ -245,7 +251,8 @@ __device__ __forceinline__ void attn_bwd_scores(const float* Qs, const float* dO
     for (int jj = 0; jj < 4; ++jj) {
       const int64_t k = k0 + cl + 16 * jj;
       float p = 0.f, dpm = dp[ii][jj];
-      if (k <= q && k < P.S && q < P.S) p = exp2f(sc[ii][jj] * c - lse2[rg * 4 + ii]);
+      if ((!P.causal || k <= q) && k < P.S && q < P.S)
+        p = exp2f(sc[ii][jj] * c - lse2[rg * 4 + ii]);
       float pdrop = p;
       if (P.p > 0 && p != 0.f) {
         bool kp = P.keep(b, h, q, k);
@@ -290,7 +297,7 @@ static __global__ void __launch_bounds__(kThreads)
   const T* qkv = static_cast<const T*>(P.qkv);
   const T* dout = static_cast<const T*>(P.dout);
   const int64_t rs = P.B * P.W, ors = P.B * P.NH * HDW;
-  const T* kbase = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+  const T* kbase = static_cast<const T*>(P.kv) + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
   const T* vbase = kbase + HDW;
   const int tid = threadIdx.x, rg = tid / 16, cl = tid % 16;
   const int64_t k0 = int64_t(kt) * kTile;
@@ -308,7 +315,7 @@ static __global__ void __launch_bounds__(kThreads)
     const int64_t h = g * P.QPG + j;
     const T* qbase = qkv + b * P.W + (g * (P.QPG + 2) + j) * HDW;
     const T* dobase = dout + b * P.NH * HDW + h * HDW;
-    for (int qt = kt; qt < nqt; ++qt) {
+    for (int qt = P.causal ? kt : 0; qt < nqt; ++qt) {
       const int64_t q0 = int64_t(qt) * kTile;
       __syncthreads();
       load_tile<T, HD>(Qs, qbase, rs, q0, P.S, 1.f);
@@ -349,16 +356,23 @@ static __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  T* dqkv = static_cast<T*>(P.out);
+  T* dkv = static_cast<T*>(P.dkv);
 #pragma unroll
   for (int ii = 0; ii < 4; ++ii) {
     const int64_t k = k0 + rg * 4 + ii;
     if (k >= P.S) continue;
-    T* krow = dqkv + k * rs + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+    T* krow = dkv + k * rs + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
-      krow[cl + 16 * i] = from_f<T>(dk[ii][i] * P.scale);
-      krow[HDW + cl + 16 * i] = from_f<T>(dv[ii][i]);
+      T& kd = krow[cl + 16 * i];
+      T& vd = krow[HDW + cl + 16 * i];
+      if (P.accum) {
+        kd = from_f<T>(to_f(kd) + dk[ii][i] * P.scale);
+        vd = from_f<T>(to_f(vd) + dv[ii][i]);
+      } else {
+        kd = from_f<T>(dk[ii][i] * P.scale);
+        vd = from_f<T>(dv[ii][i]);
+      }
     }
   }
 }
@@ -385,9 +399,10 @@ static __global__ void __launch_bounds__(kThreads)
   const T* dout = static_cast<const T*>(P.dout);
   const int64_t rs = P.B * P.W, ors = P.B * P.NH * HDW;
   const T* qbase = qkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HDW;
-  const T* kbase = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
+  const T* kbase = static_cast<const T*>(P.kv) + b * P.W + (g * (P.QPG + 2) + P.QPG) * HDW;
   const T* vbase = kbase + HDW;
   const T* dobase = dout + b * P.NH * HDW + h * HDW;
+  const int nkt = P.causal ? qt + 1 : int((P.S + kTile - 1) / kTile);
   const int tid = threadIdx.x, rg = tid / 16, cl = tid % 16;
   const int64_t q0 = int64_t(qt) * kTile;
 
@@ -400,7 +415,7 @@ static __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < NI; ++i) dq[ii][i] = 0.f;
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = int64_t(kt) * kTile;
     __syncthreads();
     load_tile<T, HD>(Ks, kbase, rs, k0, P.S, 1.f);
@@ -433,7 +448,10 @@ static __global__ void __launch_bounds__(kThreads)
     if (q >= P.S) continue;
     T* qrow = dqkv + q * rs + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HDW;
 #pragma unroll
-    for (int i = 0; i < NI; ++i) qrow[cl + 16 * i] = from_f<T>(dq[ii][i] * P.scale);
+    for (int i = 0; i < NI; ++i) {
+      T& qd = qrow[cl + 16 * i];
+      qd = P.accum ? from_f<T>(to_f(qd) + dq[ii][i] * P.scale) : from_f<T>(dq[ii][i] * P.scale);
+    }
   }
 }
 
@@ -465,6 +483,8 @@ AttnParams make_params(const Tensor& qkv, const AttentionDims& d, double softmax
   MCPP_CHECK(p >= 0 && p < 1, "{}: dropout probability {} outside [0, 1)", op, p);
   AttnParams P{};
   P.qkv = qkv.raw();
+  P.kv = qkv.raw();
+  P.causal = true, P.accum = false;
   P.S = d.S, P.B = d.B, P.NH = d.NH, P.NG = d.NG, P.QPG = d.NH / d.NG, P.W = d.qkv_width();
   P.scale = float(softmax_scale);
   P.p = p;
@@ -517,6 +537,8 @@ AttentionBackend backend_for(DType dt, int64_t HD, double p) {
 
 void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
                        double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
+  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
+                  "attention_forward: document masking is not implemented on the GPU yet");
   const char* op = "attention_forward";
   AttnParams P = make_params(qkv, d, softmax_scale, dropout_p, key, op);
   check_cuda(out, op, "out");
@@ -546,6 +568,8 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const AttentionDims& d, double softmax_scale,
                         double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
+  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
+                  "attention_backward: document masking is not implemented on the GPU yet");
   const char* op = "attention_backward";
   AttnParams P = make_params(qkv, d, softmax_scale, dropout_p, key, op);
   int64_t on = d.S * d.B * d.NH * d.HD;
@@ -581,11 +605,51 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     return;
   }
   P.out = dqkv.raw();
+  P.dkv = dqkv.raw();
   P.lse = const_cast<float*>(static_cast<const float*>(lse.raw()));
   P.dout = dout.raw();
   P.o = out.raw();
   P.delta = static_cast<const float*>(delta.raw());
   MCPP_DISPATCH_ACT(qkv.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_bwd<T, HD>(P, cs)));
+}
+
+// ---- context parallel: the CUDA-core kernels for one block (attention_cp.h) ------------
+
+void attention_core_block_forward(const Tensor& q_src, const Tensor& kv_src,
+                                  const AttentionDims& d, bool causal, double softmax_scale,
+                                  double dropout_p, DropoutKey key, Tensor& out, Tensor& lse,
+                                  Stream& s) {
+  const char* op = "attention_block_forward";
+  AttnParams P = make_params(q_src, d, softmax_scale, dropout_p, key, op);
+  P.kv = kv_src.raw(), P.causal = causal;
+  P.out = out.raw();
+  P.lse = static_cast<float*>(lse.raw());
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(q_src.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_fwd<T, HD>(P, cs)));
+}
+
+void attention_core_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
+                                   const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                                   bool causal, double softmax_scale, double dropout_p,
+                                   DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
+  const char* op = "attention_block_backward";
+  AttnParams P = make_params(q_src, d, softmax_scale, dropout_p, key, op);
+  cudaStream_t cs = stream_of(s);
+  Tensor delta = Tensor::empty({d.B, d.NH, d.S}, DType::F32, Device::CUDA);
+  const int64_t rows = d.S * d.B * d.NH;
+  MCPP_DISPATCH_ACT(q_src.dtype(), op,
+                    attn_delta_kernel<T><<<unsigned((rows + 7) / 8), dim3(32, 8), 0, cs>>>(
+                        static_cast<const T*>(dout.raw()), static_cast<const T*>(out.raw()),
+                        static_cast<float*>(delta.raw()), d.S, d.B, d.NH, d.HD));
+  MCPP_LAUNCH_CHECK();
+  P.kv = kv_src.raw(), P.causal = causal, P.accum = true;
+  P.out = dq.raw();
+  P.dkv = dkv.raw();
+  P.lse = const_cast<float*>(static_cast<const float*>(lse.raw()));
+  P.dout = dout.raw();
+  P.o = out.raw();
+  P.delta = static_cast<const float*>(delta.raw());
+  MCPP_DISPATCH_ACT(q_src.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_bwd<T, HD>(P, cs)));
 }
 
 }  // namespace mcpp::ops::cuda

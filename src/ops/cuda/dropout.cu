@@ -194,6 +194,10 @@ bool launch_vec(const TX* x, const TO* residual, TO* out, int64_t n, bool drop, 
 
 Index3 make_index(const Tensor& x, const GlobalIndex3& g, const char* op) {
   MCPP_CHECK(x.dim() == 3, "{}: x is {}; a 3-D [d0, d1, d2] tensor is expected", op, x.str());
+  MCPP_CHECK_HINT(g.split0 == INT64_MAX, "train context-parallel runs with --device cpu for now",
+                  "{}: the CUDA dropout takes one contiguous block of rows; a context-parallel "
+                  "rank's two sequence chunks are not implemented on the GPU yet",
+                  op);
   Index3 ix;
   ix.d1 = x.size(1), ix.d2 = x.size(2);
   ix.o0 = g.offset[0], ix.o1 = g.offset[1], ix.o2 = g.offset[2];

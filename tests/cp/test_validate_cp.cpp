@@ -1,0 +1,68 @@
+// validate_cp.cpp's checks through validate_args, in one process: what CP accepts (the
+// per-layer expansion of --cp-comm-type) and each error's flag and HINT.
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "training/arguments.h"
+
+namespace {
+
+using mcpp::training::Args;
+
+std::vector<std::string> argv(std::vector<std::string> extra) {
+  std::vector<std::string> v = {"--num-layers", "2", "--hidden-size", "32",
+                                "--num-attention-heads", "4", "--seq-length", "16",
+                                "--max-position-embeddings", "16", "--micro-batch-size", "1",
+                                "--lr", "1e-3", "--train-iters", "1", "--mock-data",
+                                "--tokenizer-type", "NullTokenizer", "--vocab-size", "100"};
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
+}
+
+Args validated(const std::vector<std::string>& extra, int world) {
+  Args a = mcpp::training::parse_args(argv(extra));
+  mcpp::training::validate_args(a, world);
+  return a;
+}
+
+void expect_error(const std::vector<std::string>& extra, int world, const std::string& what,
+                  const std::string& hint) {
+  try {
+    validated(extra, world);
+    ADD_FAILURE() << "no error for " << what;
+  } catch (const mcpp::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_NE(msg.find(hint), std::string::npos) << msg;
+  }
+}
+
+TEST(ValidateCp, AcceptsAndExpandsCommTypes) {
+  Args a = validated({"--context-parallel-size", "2"}, 4);
+  EXPECT_EQ(a.data_parallel_size, 2);
+  EXPECT_EQ(a.cp_comm_type, (std::vector<std::string>{"p2p", "p2p"}));
+  a = validated({"--context-parallel-size", "2", "--cp-comm-type", "a2a", "all_gather"}, 2);
+  EXPECT_EQ(a.cp_comm_type, (std::vector<std::string>{"a2a", "all_gather"}));
+}
+
+TEST(ValidateCp, Errors) {
+  expect_error({"--context-parallel-size", "4", "--seq-length", "12"}, 4,
+               "--context-parallel-size 4 splits --seq-length 12 into 8 equal chunks",
+               "multiple of 2 x --context-parallel-size = 8");
+  expect_error({"--context-parallel-size", "2", "--tensor-model-parallel-size", "4",
+                "--sequence-parallel", "--seq-length", "12", "--make-vocab-size-divisible-by",
+                "32"},
+               8, "--sequence-parallel splits each context-parallel rank's 6 tokens",
+               "multiple of --context-parallel-size x --tensor-model-parallel-size = 8");
+  expect_error({"--context-parallel-size", "4", "--cp-comm-type", "a2a", "--group-query-attention",
+                "--num-query-groups", "2"},
+               4, "--cp-comm-type a2a needs", "use --cp-comm-type p2p");
+  expect_error({"--context-parallel-size", "2", "--device", "cuda"}, 2,
+               "runs on the CPU backend only", "train with --device cpu");
+  expect_error({"--reset-attention-mask", "--device", "cuda"}, 1,
+               "--reset-attention-mask run on the CPU backend only", "train with --device cpu");
+  expect_error({"--reset-position-ids", "--device", "cuda"}, 1,
+               "--reset-position-ids / --reset-attention-mask", "train with --device cpu");
+}
+
+}  // namespace
