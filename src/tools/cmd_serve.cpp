@@ -197,6 +197,9 @@ int run_serve(const std::vector<std::string>& args) {
                  double(st.kv_cache_bytes) / (1 << 20), (long long)eo.max_waiting,
                  chat.family.c_str(), chat.source.c_str());
   if (rank != 0) {
+    // A launcher forwards SIGINT/SIGTERM to every rank: rank 0 stops the followers itself.
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);
     engine.run();  // follows rank 0 until it exits
     return 0;
   }
