@@ -1,11 +1,12 @@
 #include "serve/http_server.h"
 
-#include <httplib.h>
-
 #include <chrono>
 
 #include "base/error.h"
 #include "serve/service_detail.h"
+
+#ifdef MCPP_HAVE_HTTPLIB
+#include <httplib.h>
 
 namespace mcpp::serve {
 namespace {
@@ -140,5 +141,24 @@ int HttpServer::bind() {
 void HttpServer::listen() { srv_->listen_after_bind(); }
 
 void HttpServer::stop() { srv_->stop(); }
+
+#else  // a build without cpp-httplib
+
+namespace httplib {
+class Server {};
+}  // namespace httplib
+
+namespace mcpp::serve {
+
+HttpServer::HttpServer(Service& service, const HttpOptions& opts) : service_(service), opts_(opts) {
+  throw Error("megatron serve: this build has no HTTP server (cpp-httplib was not found)",
+              "install libcpp-httplib-dev (Debian/Ubuntu) and rebuild");
+}
+HttpServer::~HttpServer() = default;
+int HttpServer::bind() { return 0; }
+void HttpServer::listen() {}
+void HttpServer::stop() {}
+
+#endif
 
 }  // namespace mcpp::serve

@@ -235,6 +235,11 @@ std::shared_ptr<Reply> Service::start_openai(const json& j, bool chat, bool& str
     std::lock_guard lk(job->reply->mu);
     job->reply->chunks.push_back(chunk(0, {{"role", "assistant"}, {"content", ""}}, json()));
   }
+  if (stream && echo) {  // the prompts' text first
+    std::lock_guard lk(job->reply->mu);
+    for (size_t i = 0; i < job->tracks.size(); ++i)
+      job->reply->chunks.push_back(chunk(i, json(job->tracks[i].prompt_text), json()));
+  }
   std::vector<SequenceEvents> ev(specs.size());
   const int64_t eod = tok_.eod();
   for (size_t i = 0; i < specs.size(); ++i) {
