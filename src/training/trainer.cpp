@@ -203,13 +203,14 @@ TrainSummary Trainer::run() {
       s.log->activation_memory(iteration, s.model->activation_memory());
     out.losses.push_back(r.loss);
     s.log->record(r.loss, r.grad_norm, r.skipped);
-    if (s.log->due(iteration))
-      s.log->log_interval(iteration,
-                          {s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
-                           s.skipped_iters, s.nan_iters, flops_per_iter});
+    const IntervalState state{s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
+                              s.skipped_iters, s.nan_iters, flops_per_iter};
+    s.log->tensorboard_iteration(iteration, state);
+    if (s.log->due(iteration)) s.log->log_interval(iteration, state);
     if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1]) {
       out.last_valid_loss = s.evaluate(1, s.consumed_valid);
       print_validation("iteration " + std::to_string(iteration), out.last_valid_loss);
+      s.log->tensorboard_validation(iteration, s.consumed_train, out.last_valid_loss);
       s.log->restart_interval();  // evaluation time is not training time
     }
     if (a.save && a.save_interval && iteration % *a.save_interval == 0) {

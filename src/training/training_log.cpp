@@ -1,6 +1,7 @@
 #include "training/training_log.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/log.h"
 #include "ops/ops.h"
@@ -35,6 +36,36 @@ std::vector<std::string> format_timer_lines(
   return out;
 }
 
+std::vector<std::string> format_timers(const std::string& option,
+                                       const std::vector<std::string>& names,
+                                       const std::vector<std::vector<double>>& per_rank_ms) {
+  std::vector<std::string> out;
+  if (option == "all") {
+    out.push_back("times across ranks (ms):");
+    for (size_t i = 0; i < names.size(); ++i) {
+      out.push_back(fmt::format("  {}:", names[i]));
+      for (size_t r = 0; r < per_rank_ms.size(); ++r)
+        out.push_back(fmt::format("     rank {:2d}: {:.2f}", r, per_rank_ms[r].at(i)));
+    }
+    return out;
+  }
+  std::vector<std::pair<double, double>> mm(names.size(), {1e300, -1e300});
+  for (const auto& rank : per_rank_ms)
+    for (size_t i = 0; i < names.size(); ++i)
+      mm[i] = {std::min(mm[i].first, rank.at(i)), std::max(mm[i].second, rank.at(i))};
+  if (option == "max") {
+    out.push_back("max time across ranks (ms):");
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string dots(size_t(std::max<int>(2, 48 - int(names[i].size()))), '.');
+      out.push_back(fmt::format("    {} {}: {:.2f}", names[i], dots, mm[i].second));
+    }
+    return out;
+  }
+  out.push_back("(min, max) time across ranks (ms):");
+  for (auto& l : format_timer_lines(names, mm)) out.push_back(std::move(l));
+  return out;
+}
+
 std::vector<std::pair<std::string, std::pair<double, double>>> timers_min_max(
     Timers& timers, int64_t iterations, comm::Communicator& group) {
   std::vector<std::string> names;
@@ -52,6 +83,14 @@ std::vector<std::pair<std::string, std::pair<double, double>>> timers_min_max(
 TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world,
                          const parallel::ParallelState& ps)
     : a_(a), device_(device), world_(world), ps_(ps) {
+  MCPP_CHECK_HINT(!a.log_memory_to_tensorboard || device == Device::CUDA,
+                  "drop --log-memory-to-tensorboard, or train with --device cuda",
+                  "--log-memory-to-tensorboard logs the CUDA allocator's bytes; this run is on "
+                  "the CPU");
+  // Megatron's get_tensorboard_writer: the last rank writes (it holds the last pipeline
+  // stage, hence the loss).
+  if (a.tensorboard_dir && world.rank() == world.size() - 1)
+    tb_ = std::make_unique<EventWriter>(*a.tensorboard_dir, a.tensorboard_queue_size);
   interval_.start();
 }
 
@@ -66,7 +105,44 @@ void TrainingLog::section(std::string_view name, bool start) {
 
 void TrainingLog::record(double loss, double grad_norm, bool skipped) {
   ++iters_;
+  last_loss_ = loss;
   if (!skipped) loss_ += loss, ++advanced_, last_grad_norm_ = grad_norm;
+}
+
+// Megatron's training_log, the `writer and iteration % tensorboard_log_interval == 0` part.
+void TrainingLog::tensorboard_iteration(int64_t it, const IntervalState& s) {
+  if (!tb_ || it % a_.tensorboard_log_interval != 0) return;
+  const int64_t samples = s.consumed_samples;
+  auto both = [&](const std::string& tag, double v) {
+    tb_->add_scalar(tag, v, it);
+    tb_->add_scalar(tag + " vs samples", v, samples);
+  };
+  both("learning-rate", s.learning_rate);
+  both("batch-size", double(a_.global_batch_size));
+  both("lm loss", last_loss_);
+  if (a_.log_loss_scale_to_tensorboard) both("loss-scale", s.loss_scale);
+  if (a_.log_world_size_to_tensorboard) both("world-size", double(world_.size()));
+  both("grad-norm", last_grad_norm_);
+#ifdef MCPP_HAVE_CUDA
+  if (a_.log_memory_to_tensorboard) {
+    const auto m = ops::cuda::memory_stats();
+    tb_->add_scalar("mem-reserved-bytes", double(m.reserved), it);
+    tb_->add_scalar("mem-allocated-bytes", double(m.in_use), it);
+    tb_->add_scalar("mem-max-allocated-bytes", double(m.peak), it);
+  }
+#endif
+}
+
+void TrainingLog::tensorboard_validation(int64_t it, int64_t samples, double loss) {
+  if (!tb_) return;
+  tb_->add_scalar("lm loss validation", loss, it);
+  tb_->add_scalar("lm loss validation vs samples", loss, samples);
+  if (a_.log_validation_ppl_to_tensorboard) {
+    const double ppl = std::exp(std::min(20.0, loss));  // Megatron's PPL, capped at e^20
+    tb_->add_scalar("lm loss validation ppl", ppl, it);
+    tb_->add_scalar("lm loss validation ppl vs samples", ppl, samples);
+  }
+  tb_->flush();
 }
 
 void TrainingLog::restart_interval() { interval_.elapsed(true), interval_.start(); }
@@ -97,19 +173,48 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   log::info("{}", format_iteration_line(L));
   if (report_memory_ && device_ == Device::CUDA) cuda_memory(iteration);
   comm_volumes();
-  if (a_.timing_log_level >= 1) timers();
+  if (tb_ && a_.log_timers_to_tensorboard) tb_->add_scalar("iteration-time", per_iter, iteration);
+  if (tb_ && a_.log_throughput)
+    tb_->add_scalar("throughput", L.throughput_tflops.value_or(0.0), iteration);
+  if (a_.timing_log_level >= 1) timers(iteration);
+  if (tb_) tb_->flush();  // a crash loses at most this interval
   loss_ = 0, iters_ = 0, advanced_ = 0;
   interval_.start();
 }
 
-// Megatron's timers.log: every rank's time per iteration, (min, max) over all ranks.
-void TrainingLog::timers() {
-  const auto t = timers_min_max(timers_, iters_, world_);
+// Megatron's timers.log: every rank's time per iteration, gathered from all ranks and
+// shown as --timing-log-option says; with --log-timers-to-tensorboard the maximum over the
+// ranks, in seconds, as "<name>-time" (Megatron's Timers.write).
+void TrainingLog::timers(int64_t iteration) {
   std::vector<std::string> names;
-  std::vector<std::pair<double, double>> mm;
-  for (const auto& [n, v] : t) names.push_back(n), mm.push_back(v);
-  log::info("(min, max) time across ranks (ms):");
-  for (const auto& line : format_timer_lines(names, mm)) log::info("{}", line);
+  std::string mine;
+  for (const auto& [name, t] : timers_.all()) {
+    names.push_back(name);
+    mine += fmt::format("{} ", timers_(name).elapsed(true) * 1e3 /
+                                   double(std::max<int64_t>(1, iters_)));
+  }
+  std::vector<std::vector<double>> per_rank;
+  for (const auto& s : parallel::all_gather_strings(world_, mine)) {
+    std::vector<double> v;
+    size_t pos = 0;
+    while (pos < s.size()) {
+      size_t end = s.find(' ', pos);
+      if (end == std::string::npos) end = s.size();
+      if (end > pos) v.push_back(std::stod(s.substr(pos, end - pos)));
+      pos = end + 1;
+    }
+    MCPP_CHECK(v.size() == names.size(), "timers: a rank reported {} timers, this one {}",
+               v.size(), names.size());
+    per_rank.push_back(std::move(v));
+  }
+  for (const auto& line : format_timers(a_.timing_log_option, names, per_rank))
+    log::info("{}", line);
+  if (tb_ && a_.log_timers_to_tensorboard)
+    for (size_t i = 0; i < names.size(); ++i) {
+      double mx = 0;
+      for (const auto& r : per_rank) mx = std::max(mx, r[i]);
+      tb_->add_scalar(names[i] + "-time", mx / 1e3, iteration);
+    }
 }
 
 // Debug log (--logging-level 10): calls and bytes per iteration of every group and

@@ -8,11 +8,18 @@
 //   * the memory lines: the plan at start-up ("Theoretical memory footprints"), the saved
 //     activations after the first iteration, the CUDA allocator once after the first log
 //     line;
-//   * --logging-level 10: every group's communication calls and bytes per iteration.
+//   * --logging-level 10: every group's communication calls and bytes per iteration;
+//   * --tensorboard-dir: Megatron's TensorBoard scalars (training/tensorboard.h), written
+//     by the last rank: per iteration every --tensorboard-log-interval ("learning-rate",
+//     "batch-size", "lm loss", "loss-scale", "grad-norm", "world-size", "mem-*", each also
+//     "... vs samples" with the consumed samples as step), per log interval
+//     ("iteration-time", "<timer>-time", "throughput"), per evaluation ("lm loss
+//     validation", "lm loss validation ppl"); flushed at every log interval.
 // (--profile's per-op GPU times are training/profiler.h's.)
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +31,7 @@
 #include "parallel/parallel_state.h"
 #include "training/arguments.h"
 #include "training/memory_plan.h"
+#include "training/tensorboard.h"
 
 namespace mcpp::training {
 
@@ -32,6 +40,13 @@ namespace mcpp::training {
 std::vector<std::string> format_timer_lines(
     const std::vector<std::string>& names,
     const std::vector<std::pair<double, double>>& min_max_ms);
+// --timing-log-option: "minmax" as above under "(min, max) time across ranks (ms):";
+// "max": "    forward-backward ...: 14.10" under "max time across ranks (ms):"; "all":
+// "  forward-backward:" then "     rank  0: 12.30" per rank under "times across ranks (ms):".
+// per_rank_ms[rank][timer]. Returns the header line first.
+std::vector<std::string> format_timers(const std::string& option,
+                                       const std::vector<std::string>& names,
+                                       const std::vector<std::vector<double>>& per_rank_ms);
 // Each timer's milliseconds per iteration since the last call (the timers are reset),
 // reduced to (min, max) over `group` (collective: every member calls it with the same
 // timer names).
@@ -65,6 +80,11 @@ class TrainingLog {
   void log_interval(int64_t iteration, const IntervalState& s);
   // Time from here on is the interval's again (evaluation time is not training time).
   void restart_interval();
+  // After record(): the per-iteration TensorBoard scalars when `iteration` is a multiple of
+  // --tensorboard-log-interval (nothing without --tensorboard-dir or off the last rank).
+  void tensorboard_iteration(int64_t iteration, const IntervalState& s);
+  // An evaluation's loss: "lm loss validation" (and "... ppl") at `iteration` and vs samples.
+  void tensorboard_validation(int64_t iteration, int64_t consumed_samples, double loss);
 
   // The memory plan before the first step (per pipeline stage, on TP rank 0 of DP rank 0),
   // and a warning when the allocated weights, gradients and optimizer state differ from it.
@@ -75,7 +95,7 @@ class TrainingLog {
  private:
   void cuda_memory(int64_t iteration);
   void comm_volumes();
-  void timers();
+  void timers(int64_t iteration);
 
   const Args& a_;
   Device device_;
@@ -87,6 +107,8 @@ class TrainingLog {
   int64_t iters_ = 0, advanced_ = 0;
   bool report_memory_ = true;
   std::map<std::string, comm::CommStats> comm_seen_;
+  double last_loss_ = 0;                // the latest iteration's (TensorBoard's "lm loss")
+  std::unique_ptr<EventWriter> tb_;     // the last rank's event file, with --tensorboard-dir
 };
 
 }  // namespace mcpp::training

@@ -508,6 +508,8 @@ void validate_optimizer(Args& a) {
 
 }  // namespace
 
+void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
+
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
                   world_size);
@@ -523,6 +525,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_pipeline(a);
   validate_data(a);
   if (training) validate_optimizer(a);
+  validate_observe(a);
 }
 
 }  // namespace mcpp::training
