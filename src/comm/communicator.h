@@ -77,15 +77,20 @@ class Work {
     if (impl_) impl_->wait();
   }
   bool test() { return !impl_ || impl_->test(); }
+  const std::shared_ptr<WorkImpl>& impl() const { return impl_; }
 
  private:
   std::shared_ptr<WorkImpl> impl_;
 };
 
-// Calls and bytes per operation kind since creation (the planner's volumes).
+// Calls and bytes per operation kind since creation (the planner's volumes), and the
+// host seconds the calling thread spent inside the calls and their Work::wait(): on the
+// host backends (MPI, local) that is the communication time not hidden behind compute
+// (training_log's exposed share); on NCCL only the enqueueing.
 struct CommStats {
   std::array<uint64_t, kNumOpKinds> calls{};
   std::array<uint64_t, kNumOpKinds> bytes{};
+  std::array<double, kNumOpKinds> blocked_seconds{};
 };
 
 // One transfer of a batch_isend_irecv().
@@ -198,6 +203,9 @@ class Communicator {
 
  private:
   OpDesc next_collective(OpKind k, size_t bytes, std::string detail);
+  // Counts the host time from t0 (the call's start) into stats_.blocked_seconds and wraps
+  // w so that its first wait() adds the time it blocks.
+  Work timed(OpKind k, std::chrono::steady_clock::time_point t0, Work w);
   void check_tensor(const Tensor& t, const char* what, OpKind k, const Stream& s) const;
   void check_peer(int peer, OpKind k) const;
 

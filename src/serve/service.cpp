@@ -36,7 +36,8 @@ std::shared_ptr<Reply> Service::start(const std::string& kind, const std::string
   if (j.is_discarded()) {
     // Say where the JSON breaks.
     try {
-      (void)json::parse(body);
+      const json again = json::parse(body);  // throws, saying where
+      (void)again;
     } catch (const json::parse_error& e) {
       bad("", fmt::format("malformed JSON at byte {}: {}", e.byte, e.what()));
     }

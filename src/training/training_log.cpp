@@ -176,7 +176,10 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   if (tb_ && a_.log_timers_to_tensorboard) tb_->add_scalar("iteration-time", per_iter, iteration);
   if (tb_ && a_.log_throughput)
     tb_->add_scalar("throughput", L.throughput_tflops.value_or(0.0), iteration);
-  if (a_.timing_log_level >= 1) timers(iteration);
+  if (a_.timing_log_level >= 1) {
+    timers(iteration);
+    comm_share(elapsed);
+  }
   if (tb_) tb_->flush();  // a crash loses at most this interval
   loss_ = 0, iters_ = 0, advanced_ = 0;
   interval_.start();
@@ -215,6 +218,53 @@ void TrainingLog::timers(int64_t iteration) {
       for (const auto& r : per_rank) mx = std::max(mx, r[i]);
       tb_->add_scalar(names[i] + "-time", mx / 1e3, iteration);
     }
+}
+
+// Our own line (Megatron prints no such number): the share of the interval's wall time
+// each parallel group's communication kept this rank's host thread waiting, i.e. the
+// communication not hidden behind compute, the maximum over the ranks. TP-group all-gathers
+// and reduce-scatters are sequence parallelism's ("SP"), its all-reduces tensor
+// parallelism's; PP is the pipeline's send/recv, DP the gradient reduction and the
+// distributed optimizer's gathers. Host backends only: with NCCL the host merely enqueues.
+void TrainingLog::comm_share(double elapsed) {
+  struct Part {
+    std::string name;
+    comm::Communicator* c;
+    bool sp_only;  // TP group: the all-gathers and reduce-scatters only
+    bool tp_only;  // TP group: everything else
+  };
+  std::vector<Part> parts = {{"TP", &ps_.tp(), false, true}};
+  if (a_.sequence_parallel) parts.push_back({"SP", &ps_.tp(), true, false});
+  parts.push_back({"PP", &ps_.pp(), false, false});
+  parts.push_back({"DP", &ps_.dp(), false, false});
+  if (ps_.cp().size() > 1) parts.push_back({"CP", &ps_.cp(), false, false});
+  if (ps_.ep().size() > 1) parts.push_back({"EP", &ps_.ep(), false, false});
+  std::vector<double> share;
+  for (auto& p : parts) {
+    const comm::CommStats& now = p.c->stats();
+    comm::CommStats& before = share_seen_[p.name];
+    double sec = 0;
+    for (int k = 0; k < comm::kNumOpKinds; ++k) {
+      const bool sp_kind = k == int(comm::OpKind::AllGather) || k == int(comm::OpKind::ReduceScatter);
+      if ((p.sp_only && !sp_kind) || (p.tp_only && a_.sequence_parallel && sp_kind)) continue;
+      sec += now.blocked_seconds[size_t(k)] - before.blocked_seconds[size_t(k)];
+    }
+    before = now;
+    share.push_back(elapsed > 0 ? 100.0 * sec / elapsed : 0.0);
+  }
+  const auto mm = parallel::min_max_over(world_, share);
+  if (device_ != Device::CPU) {
+    log::info("exposed communication share: not measured with NCCL (the host only enqueues; "
+              "see docs/observability.md)");
+    return;
+  }
+  std::string line = "exposed communication (share of the step's wall time, max over ranks):";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].c->size() <= 1) continue;
+    line += fmt::format(" {} {:.1f}% |", parts[i].name, mm[i].second);
+  }
+  if (line.back() != '|') line += " none (one rank per group) |";
+  log::info("{}", line);
 }
 
 // Debug log (--logging-level 10): calls and bytes per iteration of every group and

@@ -8,6 +8,8 @@
 //   * the memory lines: the plan at start-up ("Theoretical memory footprints"), the saved
 //     activations after the first iteration, the CUDA allocator once after the first log
 //     line;
+//   * --timing-log-level >= 1 also: one line of our own with each parallel group's exposed
+//     communication share of the interval (see comm_share);
 //   * --logging-level 10: every group's communication calls and bytes per iteration;
 //   * --tensorboard-dir: Megatron's TensorBoard scalars (training/tensorboard.h), written
 //     by the last rank: per iteration every --tensorboard-log-interval ("learning-rate",
@@ -96,6 +98,7 @@ class TrainingLog {
   void cuda_memory(int64_t iteration);
   void comm_volumes();
   void timers(int64_t iteration);
+  void comm_share(double elapsed_seconds);
 
   const Args& a_;
   Device device_;
@@ -107,6 +110,7 @@ class TrainingLog {
   int64_t iters_ = 0, advanced_ = 0;
   bool report_memory_ = true;
   std::map<std::string, comm::CommStats> comm_seen_;
+  std::map<std::string, comm::CommStats> share_seen_;  // blocked time at the last line
   double last_loss_ = 0;                // the latest iteration's (TensorBoard's "lm loss")
   std::unique_ptr<EventWriter> tb_;     // the last rank's event file, with --tensorboard-dir
 };
