@@ -22,12 +22,12 @@ grep -qE "^ *rank  1: [0-9.]+" tp.log || fail "--timing-log-option all: no per-r
 grep -q "times across ranks (ms):" tp.log || fail "--timing-log-option all: header"
 
 # DP2: the same run with and without overlapped gradient reduction (a model whose
-# gradients take a noticeable time to reduce; buckets of 200k elements so that all but
+# gradients take a noticeable time to reduce; buckets of 300k elements so that all but
 # the last reduce during backward).
-D=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 4 --hidden-size 256
-   --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 2
-   --global-batch-size 4 --lr 3e-4 --threads 1 --train-iters 9 --log-interval 3
-   --timing-log-level 1 --ddp-bucket-size 200000)
+D=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 4 --hidden-size 512
+   --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
+   --global-batch-size 4 --lr 3e-4 --threads 1 --train-iters 12 --log-interval 3
+   --timing-log-level 1 --ddp-bucket-size 300000)
 $MPI -np 2 "$M" train "${D[@]}" >dp.log 2>&1 || { tail -20 dp.log; fail "DP2 run"; }
 $MPI -np 2 "$M" train "${D[@]}" --overlap-grad-reduce >dp_overlap.log 2>&1 \
   || { tail -20 dp_overlap.log; fail "DP2 overlap run"; }
@@ -36,7 +36,7 @@ python3 - dp.log dp_overlap.log <<'PY' || fail "overlap did not lower the expose
 import re, sys
 def shares(f):
     v = [float(x) for x in re.findall(r"exposed communication .*: DP ([0-9.]+)% \|", open(f).read())]
-    assert len(v) == 3, (f, v)
+    assert len(v) == 4, (f, v)
     return v[1:]  # the first interval holds the warm-up
 plain, overlap = shares(sys.argv[1]), shares(sys.argv[2])
 print("exposed DP share without overlap", plain, "with", overlap)
