@@ -26,7 +26,9 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
                                                            bool training) {
   const data::BatchShape shape{args.micro_batch_size, args.seq_length, args.num_microbatches,
                                args.data_parallel_size, ps->dp_rank()};
+  log->section("batch-generator", true, 2);
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
+  log->section("batch-generator", false, 2);
   // Loss = sum of masked token losses / masked tokens of the whole global batch
   // (ARCHITECTURE.md), so every split of the batch trains the same function: the token
   // count is summed over DP before any backward, and gradients are summed.

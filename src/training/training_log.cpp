@@ -45,14 +45,16 @@ std::vector<std::string> format_timers(const std::string& option,
     for (size_t i = 0; i < names.size(); ++i) {
       out.push_back(fmt::format("  {}:", names[i]));
       for (size_t r = 0; r < per_rank_ms.size(); ++r)
-        out.push_back(fmt::format("     rank {:2d}: {:.2f}", r, per_rank_ms[r].at(i)));
+        if (!std::isnan(per_rank_ms[r].at(i)))
+          out.push_back(fmt::format("     rank {:2d}: {:.2f}", r, per_rank_ms[r].at(i)));
     }
     return out;
   }
   std::vector<std::pair<double, double>> mm(names.size(), {1e300, -1e300});
   for (const auto& rank : per_rank_ms)
     for (size_t i = 0; i < names.size(); ++i)
-      mm[i] = {std::min(mm[i].first, rank.at(i)), std::max(mm[i].second, rank.at(i))};
+      if (!std::isnan(rank.at(i)))
+        mm[i] = {std::min(mm[i].first, rank.at(i)), std::max(mm[i].second, rank.at(i))};
   if (option == "max") {
     out.push_back("max time across ranks (ms):");
     for (size_t i = 0; i < names.size(); ++i) {
@@ -94,8 +96,8 @@ TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world
   interval_.start();
 }
 
-void TrainingLog::section(std::string_view name, bool start) {
-  if (a_.timing_log_level < 1) return;
+void TrainingLog::section(std::string_view name, bool start, int level) {
+  if (a_.timing_log_level < level) return;
   synchronize_device(device_);
   if (start)
     timers_(std::string(name)).start();
@@ -189,25 +191,32 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
 // shown as --timing-log-option says; with --log-timers-to-tensorboard the maximum over the
 // ranks, in seconds, as "<name>-time" (Megatron's Timers.write).
 void TrainingLog::timers(int64_t iteration) {
-  std::vector<std::string> names;
+  // "name value" lines per rank; the union of the names (a pipeline stage may lack a
+  // timer another has: it is left out of that name's min/max, as Megatron's zero filter).
   std::string mine;
-  for (const auto& [name, t] : timers_.all()) {
-    names.push_back(name);
-    mine += fmt::format("{} ", timers_(name).elapsed(true) * 1e3 /
-                                   double(std::max<int64_t>(1, iters_)));
-  }
-  std::vector<std::vector<double>> per_rank;
+  for (const auto& [name, t] : timers_.all())
+    mine += fmt::format("{}\t{}\n", name,
+                        timers_(name).elapsed(true) * 1e3 / double(std::max<int64_t>(1, iters_)));
+  std::vector<std::map<std::string, double>> ranks;
+  std::map<std::string, int> index;
   for (const auto& s : parallel::all_gather_strings(world_, mine)) {
-    std::vector<double> v;
+    std::map<std::string, double> m;
     size_t pos = 0;
     while (pos < s.size()) {
-      size_t end = s.find(' ', pos);
-      if (end == std::string::npos) end = s.size();
-      if (end > pos) v.push_back(std::stod(s.substr(pos, end - pos)));
-      pos = end + 1;
+      const size_t tab = s.find('\t', pos), nl = s.find('\n', pos);
+      if (tab == std::string::npos || nl == std::string::npos) break;
+      m[s.substr(pos, tab - pos)] = std::stod(s.substr(tab + 1, nl - tab - 1));
+      pos = nl + 1;
     }
-    MCPP_CHECK(v.size() == names.size(), "timers: a rank reported {} timers, this one {}",
-               v.size(), names.size());
+    for (const auto& [n, v] : m) index[n] = 0;
+    ranks.push_back(std::move(m));
+  }
+  std::vector<std::string> names;
+  for (const auto& [n, i] : index) names.push_back(n);
+  std::vector<std::vector<double>> per_rank;
+  for (const auto& m : ranks) {
+    std::vector<double> v;
+    for (const auto& n : names) v.push_back(m.count(n) ? m.at(n) : std::nan(""));
     per_rank.push_back(std::move(v));
   }
   for (const auto& line : format_timers(a_.timing_log_option, names, per_rank))
@@ -215,7 +224,8 @@ void TrainingLog::timers(int64_t iteration) {
   if (tb_ && a_.log_timers_to_tensorboard)
     for (size_t i = 0; i < names.size(); ++i) {
       double mx = 0;
-      for (const auto& r : per_rank) mx = std::max(mx, r[i]);
+      for (const auto& r : per_rank)
+        if (!std::isnan(r[i])) mx = std::max(mx, r[i]);
       tb_->add_scalar(names[i] + "-time", mx / 1e3, iteration);
     }
 }

@@ -45,7 +45,7 @@ std::vector<std::string> format_timer_lines(
 // --timing-log-option: "minmax" as above under "(min, max) time across ranks (ms):";
 // "max": "    forward-backward ...: 14.10" under "max time across ranks (ms):"; "all":
 // "  forward-backward:" then "     rank  0: 12.30" per rank under "times across ranks (ms):".
-// per_rank_ms[rank][timer]. Returns the header line first.
+// per_rank_ms[rank][timer], NaN where a rank lacks the timer (left out). Header line first.
 std::vector<std::string> format_timers(const std::string& option,
                                        const std::vector<std::string>& names,
                                        const std::vector<std::vector<double>>& per_rank_ms);
@@ -72,7 +72,9 @@ class TrainingLog {
   // synchronise the device at start and stop so that GPU time is measured, not launch
   // time (this costs the host's run-ahead at each section boundary; the default level 0
   // adds no synchronisation and times nothing).
-  void section(std::string_view name, bool start);
+  // level: Megatron's timer log level (1: forward-backward, optimizer, grads; 2 adds
+  // forward-compute, backward-compute, batch-generator and the pipeline's send/recv).
+  void section(std::string_view name, bool start, int level = 1);
   // One iteration done; skipped: its update was skipped (its loss is not averaged).
   void record(double loss, double grad_norm, bool skipped);
   // Whether iteration `it` ends a logging interval.

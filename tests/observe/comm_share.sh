@@ -21,6 +21,16 @@ PY
 grep -qE "^ *rank  1: [0-9.]+" tp.log || fail "--timing-log-option all: no per-rank lines"
 grep -q "times across ranks (ms):" tp.log || fail "--timing-log-option all: header"
 
+grep -q "forward-compute" tp.log && fail "level 1 printed a level-2 timer"
+# Level 2 under PP2: Megatron's compute, batch and pipeline transfer timers, and PP's share.
+$MPI -np 2 "$M" train "${T[@]}" --timing-log-level 2 \
+  --pipeline-model-parallel-size 2 >pp.log 2>&1 || { tail -20 pp.log; fail "PP2 run"; }
+for t in forward-backward forward-compute backward-compute batch-generator forward-send \
+         backward-recv optimizer; do
+  grep -qE "^ +$t \.+: \([0-9.]+, [0-9.]+\)" pp.log || { grep -A20 "time across" pp.log; fail "no $t timer"; }
+done
+grep -qE "exposed communication .*: PP [0-9.]+% \|$" pp.log || fail "no PP share"
+
 # DP2: the same run with and without overlapped gradient reduction (a model whose
 # gradients take a noticeable time to reduce; buckets of 300k elements so that all but
 # the last reduce during backward).
