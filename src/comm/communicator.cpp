@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/log.h"
+#include "ops/nvtx.h"
 
 namespace mcpp::comm {
 
@@ -76,6 +77,10 @@ class TimedWork final : public WorkImpl {
 }  // namespace
 
 Work Communicator::timed(OpKind k, std::chrono::steady_clock::time_point t0, Work w) {
+  if (ops::nvtx_enabled()) {  // a mark on Nsight's timeline where the call was issued
+    ops::nvtx_range_push(fmt::format("{} {}", name_, op_name(k)));
+    ops::nvtx_range_pop();
+  }
   double& sec = stats_.blocked_seconds[int(k)];
   sec += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!w.impl()) return w;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/log.h"
+#include "ops/nvtx.h"
 #include "ops/ops.h"
 #include "parallel/host_collectives.h"
 #include "training/flops.h"
@@ -97,6 +98,12 @@ TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world
 }
 
 void TrainingLog::section(std::string_view name, bool start, int level) {
+  if (ops::nvtx_enabled()) {  // the --profile window: the section on Nsight's timeline
+    if (start)
+      ops::nvtx_range_push(std::string(name));
+    else
+      ops::nvtx_range_pop();
+  }
   if (a_.timing_log_level < level) return;
   synchronize_device(device_);
   if (start)
