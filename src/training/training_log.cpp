@@ -154,7 +154,10 @@ void TrainingLog::tensorboard_validation(int64_t it, int64_t samples, double los
   tb_->flush();
 }
 
-void TrainingLog::restart_interval() { interval_.elapsed(true), interval_.start(); }
+void TrainingLog::restart_interval() {
+  interval_.elapsed(true), interval_.start();
+  snapshot_comm();
+}
 
 void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   synchronize_device(device_);
@@ -243,19 +246,24 @@ void TrainingLog::timers(int64_t iteration) {
 // and reduce-scatters are sequence parallelism's ("SP"), its all-reduces tensor
 // parallelism's; PP is the pipeline's send/recv, DP the gradient reduction and the
 // distributed optimizer's gathers. Host backends only: with NCCL the host merely enqueues.
-void TrainingLog::comm_share(double elapsed) {
-  struct Part {
-    std::string name;
-    comm::Communicator* c;
-    bool sp_only;  // TP group: the all-gathers and reduce-scatters only
-    bool tp_only;  // TP group: everything else
-  };
-  std::vector<Part> parts = {{"TP", &ps_.tp(), false, true}};
+std::vector<TrainingLog::CommPart> TrainingLog::comm_parts() const {
+  std::vector<CommPart> parts = {{"TP", &ps_.tp(), false, true}};
   if (a_.sequence_parallel) parts.push_back({"SP", &ps_.tp(), true, false});
   parts.push_back({"PP", &ps_.pp(), false, false});
   parts.push_back({"DP", &ps_.dp(), false, false});
   if (ps_.cp().size() > 1) parts.push_back({"CP", &ps_.cp(), false, false});
   if (ps_.ep().size() > 1) parts.push_back({"EP", &ps_.ep(), false, false});
+  return parts;
+}
+
+// The blocked time so far, so the next line counts from here (setup, evaluation and
+// checkpoint collectives are not the interval's).
+void TrainingLog::snapshot_comm() {
+  for (const auto& p : comm_parts()) share_seen_[p.name] = p.c->stats();
+}
+
+void TrainingLog::comm_share(double elapsed) {
+  const std::vector<CommPart> parts = comm_parts();
   std::vector<double> share;
   for (auto& p : parts) {
     const comm::CommStats& now = p.c->stats();

@@ -100,6 +100,14 @@ class TrainingLog {
   void cuda_memory(int64_t iteration);
   void comm_volumes();
   void timers(int64_t iteration);
+  struct CommPart {
+    std::string name;  // TP, SP, PP, DP, CP, EP
+    comm::Communicator* c;
+    bool sp_only;  // TP group: the all-gathers and reduce-scatters only
+    bool tp_only;  // TP group: everything else
+  };
+  std::vector<CommPart> comm_parts() const;
+  void snapshot_comm();
   void comm_share(double elapsed_seconds);
 
   const Args& a_;
