@@ -112,6 +112,25 @@ models=$(curl -sf "$URL/v1/models")
 [ "$(jf 'j["data"][0]["object"]' <<<"$models")" = model ] || fail "models: $models"
 h=$(curl -sf "$URL/health")
 [ "$(jf 'j["status"], j["active"], j["waiting"]' <<<"$h")" = "ok 0 0" ] || fail "health: $h"
+# Chat = a completion of the rendered template with the template's stop strings: the plain
+# template here, ChatML from a tokenizer_config.json below.
+chat_vs_completion() {  # MESSAGES_JSON RENDERED STOPS_JSON
+  local a b
+  a=$(curl -sf "$URL/v1/chat/completions" -d "{\"model\": \"m\", \"messages\": $1, \"max_tokens\": 12, \"temperature\": 0}")
+  b=$(curl -sf "$URL/v1/completions" -d "$(python3 -c 'import json,sys; print(json.dumps({"model":"m","prompt":sys.argv[1],"max_tokens":12,"temperature":0,"stop":json.loads(sys.argv[2])}))' "$2" "$3")")
+  [ "$(jf 'j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens"]' <<<"$a")" = \
+    "$(jf 'j["choices"][0]["text"], j["usage"]["prompt_tokens"]' <<<"$b")" ] || fail "chat $a vs completion $b"
+}
+chat_vs_completion '[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]' \
+  $'System: Be brief.\n\nUser: Hi\n\nAssistant:' '["\nUser:", "\nSystem:"]'
 stop_server
 grep -q "stopped" server.log || fail "no clean stop"
+cat >tokenizer_config.json <<'JSON'
+{"chat_template": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"}
+JSON
+start_server server2.log --load "$C" --inference-max-requests 2 --threads 2 --tokenizer-config tokenizer_config.json
+grep -q "chat template: chatml (tokenizer_config.json)" server2.log || { cat server2.log; fail "chatml not chosen"; }
+chat_vs_completion '[{"role": "user", "content": "Hi"}]' \
+  $'<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n' '["<|im_end|>"]'
+stop_server
 echo ok
