@@ -245,7 +245,8 @@ void TrainingLog::timers(int64_t iteration) {
 // communication not hidden behind compute, the maximum over the ranks. TP-group all-gathers
 // and reduce-scatters are sequence parallelism's ("SP"), its all-reduces tensor
 // parallelism's; PP is the pipeline's send/recv, DP the gradient reduction and the
-// distributed optimizer's gathers. Host backends only: with NCCL the host merely enqueues.
+// distributed optimizer's gathers. Host backends: the host time blocked; NCCL: how long the
+// compute stream waited for each call, from CUDA events around the wait.
 std::vector<TrainingLog::CommPart> TrainingLog::comm_parts() const {
   std::vector<CommPart> parts = {{"TP", &ps_.tp(), false, true}};
   if (a_.sequence_parallel) parts.push_back({"SP", &ps_.tp(), true, false});
@@ -259,13 +260,20 @@ std::vector<TrainingLog::CommPart> TrainingLog::comm_parts() const {
 // The blocked time so far, so the next line counts from here (setup, evaluation and
 // checkpoint collectives are not the interval's).
 void TrainingLog::snapshot_comm() {
-  for (const auto& p : comm_parts()) share_seen_[p.name] = p.c->stats();
+  if (a_.timing_log_level < 1) return;
+  synchronize_device(device_);
+  for (const auto& p : comm_parts()) {
+    p.c->set_exposed_timing(true);  // NCCL: time the caller's stalls with CUDA events
+    p.c->collect_timing();
+    share_seen_[p.name] = p.c->stats();
+  }
 }
 
 void TrainingLog::comm_share(double elapsed) {
   const std::vector<CommPart> parts = comm_parts();
   std::vector<double> share;
   for (auto& p : parts) {
+    p.c->collect_timing();  // NCCL: the stalls measured by CUDA events (device synchronised)
     const comm::CommStats& now = p.c->stats();
     comm::CommStats& before = share_seen_[p.name];
     double sec = 0;
@@ -278,11 +286,6 @@ void TrainingLog::comm_share(double elapsed) {
     share.push_back(elapsed > 0 ? 100.0 * sec / elapsed : 0.0);
   }
   const auto mm = parallel::min_max_over(world_, share);
-  if (device_ != Device::CPU) {
-    log::info("exposed communication share: not measured with NCCL (the host only enqueues; "
-              "see docs/observability.md)");
-    return;
-  }
   std::string line = "exposed communication (share of the step's wall time, max over ranks):";
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i].c->size() <= 1) continue;
