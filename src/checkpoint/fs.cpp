@@ -1,5 +1,7 @@
 #include "checkpoint/fs.h"
 
+#include <filesystem>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -109,6 +111,22 @@ std::string checksum_hex(const void* data, size_t n) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+uint64_t tree_bytes(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) return std::filesystem::file_size(path, ec);
+  uint64_t n = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
+}
+
+std::string size_and_rate(uint64_t bytes, double seconds) {
+  const double gb = double(bytes) / 1e9;
+  return fmt::format("{:.3f} GB in {:.3f} s ({:.2f} GB/s)", gb, seconds,
+                     seconds > 0 ? gb / seconds : 0.0);
 }
 
 }  // namespace mcpp::checkpoint

@@ -15,6 +15,10 @@ void fsync_dir(const std::string& dir);
 // unbounded or blocking read.
 inline constexpr size_t kMaxTextFile = size_t(256) << 20;  // metadata.json of huge models
 std::string read_text_file(const std::string& path, size_t max_bytes = kMaxTextFile);
+// Progress lines: the bytes of the regular files under `path` (0 when it does not exist),
+// and "1.23 GB in 0.456 s (2.70 GB/s)".
+uint64_t tree_bytes(const std::string& path);
+std::string size_and_rate(uint64_t bytes, double seconds);
 
 // "xxh3-64" when built with xxHash (MCPP_HAVE_XXHASH), else "fnv1a-64" (slower, same role).
 const char* checksum_algorithm();

@@ -1,4 +1,4 @@
-// The tokenizer files a checkpoint carries (issue 23 A.4): `convert --from-hf` stores the Hugging
+// The tokenizer files a checkpoint carries: `convert --from-hf` stores the Hugging
 // Face folder's tokenizer files inside the checkpoint, so that generate, training with
 // --finetune and `convert --to-hf` need no tokenizer flags, and HF -> checkpoint -> HF gives
 // the same files back, byte for byte.
@@ -10,7 +10,7 @@
 // (checksum_algorithm() as the shards). Reading trusts nothing: only the names of that list,
 // only regular files (no symlinks) inside the iteration folder, each of the recorded size
 // and checksum, at most kMaxTokenizerFile bytes. Paths a checkpoint records in its training
-// config are never followed (issue 23 B.5).
+// config are never followed.
 #pragma once
 #include <cstdint>
 #include <map>

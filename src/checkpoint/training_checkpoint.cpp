@@ -3,8 +3,10 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <filesystem>
 
 #include "base/log.h"
+#include "checkpoint/fs.h"
 #include "base/timer.h"
 #include "ops/ops.h"
 #include "parallel/host_collectives.h"
@@ -103,6 +105,11 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
 
 }  // namespace
 
+// The bytes of a checkpoint's iter_* folder (the progress lines' size).
+static uint64_t iteration_bytes(const std::string& dir, int64_t iteration) {
+  return tree_bytes((std::filesystem::path(dir) / iteration_dir_name(iteration)).string());
+}
+
 void save_training_checkpoint(const std::string& save_dir, comm::Communicator& world,
                               const parallel::ParallelState& ps, model::ParamStore& params,
                               optim::Optimizer& opt, bool save_optim, const TrainingState& st,
@@ -113,13 +120,18 @@ void save_training_checkpoint(const std::string& save_dir, comm::Communicator& w
     // At most one save in flight: the previous one is committed first (collectively).
     if (async) finalize_async_save(world, *async, /*blocking=*/true);
     save_distributed(save_dir, world, ps, params, opt, save_optim, st, o, async);
-    if (async)
+    if (async) {
       log::info("  scheduled asynchronous save of checkpoint at iteration {:8d} to {} (every "
                 "rank writes its files in the background)",
                 st.iteration, save_dir);
-    else
+    } else {
+      const double sec = t.elapsed();
       log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
-                st.iteration, save_dir, t.elapsed());
+                st.iteration, save_dir, sec);
+      if (world.rank() == 0)  // ours: how much and how fast
+        log::info("  checkpoint written: {}",
+                  size_and_rate(iteration_bytes(save_dir, st.iteration), sec));
+    }
     return;
   }
   // fp32 main params (bf16/f16 models) and, unless --no-save-optim, the moments; a GPU's
@@ -132,8 +144,10 @@ void save_training_checkpoint(const std::string& save_dir, comm::Communicator& w
               save_dir);
   } else {
     save_checkpoint(save_dir, one, st, o);
+    const double sec = t.elapsed();
     log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",
-              st.iteration, save_dir, t.elapsed());
+              st.iteration, save_dir, sec);
+    log::info("  checkpoint written: {}", size_and_rate(iteration_bytes(save_dir, st.iteration), sec));
   }
 }
 
@@ -178,8 +192,12 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   const int64_t total = params.total_numel();
   Tensor values = Tensor::zeros({total}, hd), m, v;
   if (load_optim) m = Tensor::zeros({total}, hd), v = Tensor::zeros({total}, hd);
+  Timer t;
+  t.start();
   TrainingState st = load_checkpoint_host(load_dir, iteration, params, values,
                                           load_optim ? &m : nullptr, load_optim ? &v : nullptr, o);
+  log::info("  checkpoint read (iteration {}): {}",  // ours: how much and how fast
+            st.iteration, size_and_rate(iteration_bytes(load_dir, st.iteration), t.elapsed()));
   opt.load_state(values, load_optim ? &m : nullptr, load_optim ? &v : nullptr);
   if (load_optim) opt.set_steps(st.optimizer_steps);
   return st;

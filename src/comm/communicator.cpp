@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/log.h"
+#include "ops/nvtx.h"
 
 namespace mcpp::comm {
 
@@ -51,6 +52,42 @@ bool Communicator::can_reduce(DType t) const {
   }
 }
 
+namespace {
+
+// A Work whose first wait() is added to its communicator's blocked time.
+class TimedWork final : public WorkImpl {
+ public:
+  TimedWork(std::shared_ptr<WorkImpl> inner, double* seconds)
+      : inner_(std::move(inner)), seconds_(seconds) {}
+  bool test() override { return inner_->test(); }
+  void wait() override {
+    if (done_) return inner_->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    inner_->wait();
+    *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<WorkImpl> inner_;
+  double* seconds_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+Work Communicator::timed(OpKind k, std::chrono::steady_clock::time_point t0, Work w) {
+  if (ops::nvtx_enabled()) {  // a mark on Nsight's timeline where the call was issued
+    ops::nvtx_range_push(fmt::format("{} {}", name_, op_name(k)));
+    ops::nvtx_range_pop();
+  }
+  if (!host_time_is_communication()) return w;
+  double& sec = stats_.blocked_seconds[int(k)];
+  sec += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!w.impl()) return w;
+  return Work(std::make_shared<TimedWork>(w.impl(), &sec));
+}
+
 OpDesc Communicator::next_collective(OpKind k, size_t bytes, std::string detail) {
   OpDesc d;
   d.kind = k, d.seq = seq_++, d.bytes = bytes, d.detail = std::move(detail);
@@ -80,15 +117,17 @@ static bool same_rows(const Tensor& a, const Tensor& b) {
 }
 
 Work Communicator::all_reduce_async(Tensor& t, ReduceOp op, Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(t, "the", OpKind::AllReduce, s);
   MCPP_CHECK(can_reduce(t.dtype()), "all_reduce on {}: backend '{}' cannot reduce {}", describe(),
              backend(), dtype_name(t.dtype()));
   OpDesc d = next_collective(OpKind::AllReduce, t.nbytes(),
                              fmt::format("{} {}", reduce_op_name(op), t.str()));
-  return start_all_reduce(t, op, d, s);
+  return timed(OpKind::AllReduce, t0, start_all_reduce(t, op, d, s));
 }
 
 Work Communicator::all_gather_async(const Tensor& in, Tensor& out, Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(in, "input", OpKind::AllGather, s);
   check_tensor(out, "output", OpKind::AllGather, s);
   MCPP_CHECK(in.dtype() == out.dtype() && same_rows(in, out) && out.size(0) == in.size(0) * size(),
@@ -102,10 +141,11 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out, Stream& s) {
                   "all_gather on {}: input {} overlaps output {} other than as block {} of it",
                   describe(), in.str(), out.str(), rank());
   OpDesc d = next_collective(OpKind::AllGather, out.nbytes(), in.str());
-  return start_all_gather(in, out, d, s);
+  return timed(OpKind::AllGather, t0, start_all_gather(in, out, d, s));
 }
 
 Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, Stream& s, ReduceOp op) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(in, "input", OpKind::ReduceScatter, s);
   check_tensor(out, "output", OpKind::ReduceScatter, s);
   MCPP_CHECK(in.dtype() == out.dtype() && same_rows(in, out) && in.size(0) == out.size(0) * size(),
@@ -115,10 +155,11 @@ Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, Stream& s
              describe(), backend(), dtype_name(in.dtype()));
   OpDesc d = next_collective(OpKind::ReduceScatter, in.nbytes(),
                              fmt::format("{} {}", reduce_op_name(op), in.str()));
-  return start_reduce_scatter(in, out, op, d, s);
+  return timed(OpKind::ReduceScatter, t0, start_reduce_scatter(in, out, op, d, s));
 }
 
 Work Communicator::all_to_all_async(const Tensor& in, Tensor& out, Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(in, "input", OpKind::AllToAll, s);
   check_tensor(out, "output", OpKind::AllToAll, s);
   MCPP_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() && in.dim() > 0 &&
@@ -127,11 +168,12 @@ Work Communicator::all_to_all_async(const Tensor& in, Tensor& out, Stream& s) {
              "dim 0 divisible by {}",
              describe(), in.str(), out.str(), size());
   OpDesc d = next_collective(OpKind::AllToAll, in.nbytes(), in.str());
-  return start_all_to_all(in, out, d, s);
+  return timed(OpKind::AllToAll, t0, start_all_to_all(in, out, d, s));
 }
 
 Work Communicator::all_to_allv_async(const Tensor& in, std::span<const int64_t> send_rows,
                                      Tensor& out, std::span<const int64_t> recv_rows, Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(in, "input", OpKind::AllToAllV, s);
   check_tensor(out, "output", OpKind::AllToAllV, s);
   MCPP_CHECK(in.dtype() == out.dtype() && same_rows(in, out),
@@ -154,37 +196,40 @@ Work Communicator::all_to_allv_async(const Tensor& in, std::span<const int64_t> 
              describe(), so, ro, in.size(0), out.size(0));
   OpDesc d =
       next_collective(OpKind::AllToAllV, in.nbytes(), fmt::format("{} -> {}", in.str(), out.str()));
-  return start_all_to_allv(in, std::move(sc), std::move(sd), out, std::move(rc), std::move(rd), d,
-                           s);
+  return timed(OpKind::AllToAllV, t0, start_all_to_allv(in, std::move(sc), std::move(sd), out, std::move(rc), std::move(rd), d,
+                           s));
 }
 
 Work Communicator::broadcast_async(Tensor& t, int root, Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(t, "the", OpKind::Broadcast, s);
   check_peer(root, OpKind::Broadcast);
   OpDesc d = next_collective(OpKind::Broadcast, t.nbytes(),
                              fmt::format("{} from group rank {}", t.str(), root));
   d.peer = root;
-  return start_broadcast(t, root, d, s);
+  return timed(OpKind::Broadcast, t0, start_broadcast(t, root, d, s));
 }
 
 Work Communicator::send_async(const Tensor& t, int peer, Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(t, "the", OpKind::Send, s);
   check_peer(peer, OpKind::Send);
   OpDesc d;
   d.kind = OpKind::Send, d.seq = sent_[size_t(peer)]++, d.bytes = t.nbytes(), d.peer = peer;
   d.detail = fmt::format("{} to group rank {} (world rank {})", t.str(), peer, ranks_[peer]);
   stats_.calls[int(d.kind)]++, stats_.bytes[int(d.kind)] += d.bytes;
-  return start_send(t, peer, d, s);
+  return timed(OpKind::Send, t0, start_send(t, peer, d, s));
 }
 
 Work Communicator::recv_async(Tensor& t, int peer, Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   check_tensor(t, "the", OpKind::Recv, s);
   check_peer(peer, OpKind::Recv);
   OpDesc d;
   d.kind = OpKind::Recv, d.seq = received_[size_t(peer)]++, d.bytes = t.nbytes(), d.peer = peer;
   d.detail = fmt::format("{} from group rank {} (world rank {})", t.str(), peer, ranks_[peer]);
   stats_.calls[int(d.kind)]++, stats_.bytes[int(d.kind)] += d.bytes;
-  return start_recv(t, peer, d, s);
+  return timed(OpKind::Recv, t0, start_recv(t, peer, d, s));
 }
 
 std::vector<Work> Communicator::batch_isend_irecv(std::span<P2POp> ops, Stream& s) {
@@ -201,7 +246,11 @@ std::vector<Work> Communicator::batch_isend_irecv(std::span<P2POp> ops, Stream& 
     stats_.calls[int(k)]++, stats_.bytes[int(k)] += d.bytes;
     descs.push_back(std::move(d));
   }
-  return start_p2p_batch(ops, descs, s);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Work> w = start_p2p_batch(ops, descs, s);
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = timed(ops[i].send ? OpKind::Send : OpKind::Recv, i == 0 ? t0 : std::chrono::steady_clock::now(), std::move(w[i]));
+  return w;
 }
 
 std::vector<Work> Communicator::start_p2p_batch(std::span<P2POp> ops, std::span<const OpDesc> d,
@@ -214,8 +263,9 @@ std::vector<Work> Communicator::start_p2p_batch(std::span<P2POp> ops, std::span<
 }
 
 Work Communicator::barrier_async(Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
   OpDesc d = next_collective(OpKind::Barrier, 0, "");
-  return start_barrier(d, s);
+  return timed(OpKind::Barrier, t0, start_barrier(d, s));
 }
 
 std::string Communicator::timeout_message(const OpDesc& op, double waited_s) const {

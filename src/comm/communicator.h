@@ -77,15 +77,20 @@ class Work {
     if (impl_) impl_->wait();
   }
   bool test() { return !impl_ || impl_->test(); }
+  const std::shared_ptr<WorkImpl>& impl() const { return impl_; }
 
  private:
   std::shared_ptr<WorkImpl> impl_;
 };
 
-// Calls and bytes per operation kind since creation (the planner's volumes).
+// Calls and bytes per operation kind since creation (the planner's volumes), and the
+// host seconds the calling thread spent inside the calls and their Work::wait(): on the
+// host backends (MPI, local) that is the communication time not hidden behind compute
+// (training_log's exposed share); on NCCL only the enqueueing.
 struct CommStats {
   std::array<uint64_t, kNumOpKinds> calls{};
   std::array<uint64_t, kNumOpKinds> bytes{};
+  std::array<double, kNumOpKinds> blocked_seconds{};
 };
 
 // One transfer of a batch_isend_irecv().
@@ -113,6 +118,14 @@ class Communicator {
   Duration timeout() const { return timeout_; }
   void set_timeout(Duration t) { timeout_ = t; }
   const CommStats& stats() const { return stats_; }
+  // The exposed-communication measure of training_log: the host backends count the host
+  // time a call blocks (always on); a device backend (NCCL) times, with CUDA events, how
+  // long the caller's stream waits for each call once set_exposed_timing(true), and
+  // collect_timing() (after the device is synchronised) adds the finished measurements to
+  // stats().blocked_seconds.
+  void set_exposed_timing(bool on) { exposed_timing_ = on; }
+  bool exposed_timing() const { return exposed_timing_; }
+  virtual void collect_timing() {}
   std::string describe() const;  // "group 'tp' (world ranks [2, 3])"
 
   // ---- synchronous (complete on `s` when they return) ------------------------------
@@ -186,6 +199,10 @@ class Communicator {
   // by one, which is enough where each call is nonblocking on its own (MPI).
   virtual std::vector<Work> start_p2p_batch(std::span<P2POp> ops, std::span<const OpDesc> d,
                                             Stream& s);
+  // Whether the host time of a call is its communication time (false for NCCL, whose calls
+  // only enqueue; it adds device-measured time through add_blocked_seconds instead).
+  virtual bool host_time_is_communication() const { return true; }
+  void add_blocked_seconds(OpKind k, double sec) { stats_.blocked_seconds[size_t(k)] += sec; }
   // Ends every process of the job (MPI_Abort; std::abort for a lone process).
   [[noreturn]] virtual void abort_job() const = 0;
   // Whether the backend can reduce this dtype / move this device's memory.
@@ -197,7 +214,11 @@ class Communicator {
   }
 
  private:
+  bool exposed_timing_ = false;
   OpDesc next_collective(OpKind k, size_t bytes, std::string detail);
+  // Counts the host time from t0 (the call's start) into stats_.blocked_seconds and wraps
+  // w so that its first wait() adds the time it blocks.
+  Work timed(OpKind k, std::chrono::steady_clock::time_point t0, Work w);
   void check_tensor(const Tensor& t, const char* what, OpKind k, const Stream& s) const;
   void check_peer(int peer, OpKind k) const;
 

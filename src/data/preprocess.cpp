@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -387,6 +388,16 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
     });
 
   const bool tty = opt.progress && ::isatty(2);
+  // The input's size for the progress line's ETA: known for plain files only (a .gz or
+  // .zst decompresses to an unknown size).
+  int64_t total_bytes = 0;
+  for (const auto& path : opt.inputs) {
+    std::error_code ec;
+    const bool plain = !path.ends_with(".gz") && !path.ends_with(".zst") &&
+                       std::filesystem::is_regular_file(path, ec);
+    total_bytes = plain && total_bytes >= 0 ? total_bytes + int64_t(std::filesystem::file_size(path, ec))
+                                            : -1;
+  }
   threads.emplace_back([&] {  // the writer
     auto last_report = t0;
     int64_t bytes_done = 0, next_log = opt.log_interval;
@@ -417,9 +428,16 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const Tokenizer& tok) {
         for (; opt.log_interval > 0 && st.documents >= next_log; next_log += opt.log_interval) {
           const double s =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          std::fprintf(stderr, "%sProcessed %lld documents (%.1f docs/s, %.2f MB/s).\n",
+          std::string eta;  // ours, after Megatron's sentence
+          if (total_bytes > 0 && bytes_done > 0) {
+            const double left = double(total_bytes - bytes_done) / (double(bytes_done) / s);
+            eta = fmt::format(" {:.0f}% of the input, ETA {}:{:02d}:{:02d}",
+                              100.0 * double(bytes_done) / double(total_bytes), int64_t(left) / 3600,
+                              int64_t(left) / 60 % 60, int64_t(left) % 60);
+          }
+          std::fprintf(stderr, "%sProcessed %lld documents (%.1f docs/s, %.2f MB/s).%s\n",
                        tty ? "\r" : "", (long long)next_log, double(next_log) / s,
-                       double(bytes_done) / s / 1024 / 1024);
+                       double(bytes_done) / s / 1024 / 1024, eta.c_str());
         }
         {
           std::lock_guard lk(mu);

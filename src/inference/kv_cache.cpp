@@ -53,6 +53,12 @@ void KVCache::move_slot(int64_t from, int64_t to) {
   lengths_[size_t(from)] = 0;
 }
 
+void KVCache::reset_slot(int64_t slot) {
+  MCPP_CHECK(slot >= 0 && slot < batch_, "KVCache::reset_slot({}) outside a batch of {}", slot,
+             batch_);
+  lengths_[size_t(slot)] = 0;
+}
+
 void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
 
 size_t KVCache::bytes() const {

@@ -38,6 +38,7 @@ class KVCache {
   void advance(int64_t n) { advance(0, batch_, n); }
   // Copies slot `from`'s valid rows and length into slot `to` (the batch compaction).
   void move_slot(int64_t from, int64_t to);
+  void reset_slot(int64_t slot);  // slot `slot` empty (a server reuses slots one by one)
   void reset();  // every slot empty; the memory is reused for the next batch
   size_t bytes() const;
 

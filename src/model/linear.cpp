@@ -21,7 +21,7 @@ ColumnParallelLinear::ColumnParallelLinear(const ParamStore* store, const std::s
                                            const std::string& bias)
     : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)) {}
 
-// Under SP the gathered input is not saved (issue 23 A.8, as Megatron-Core's
+// Under SP the gathered input is not saved (as Megatron-Core's
 // LinearWithGradAccumulationAndAsyncCommunication with sequence_parallel): only the caller's
 // sequence shard x [Tl,in] is kept, and backward all-gathers it again for the weight
 // gradient. The gather lands in the shared workspace buffer ws.dln_full, in forward (read at

@@ -1,5 +1,6 @@
 #include "model/transformer_layer.h"
 
+#include "ops/nvtx.h"
 #include "ops/ops.h"
 
 namespace mcpp::model {
@@ -42,6 +43,7 @@ void TransformerLayer::scratch_specs(const Dims& d, bool uses_scratch_activation
 
 void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Workspace& ws,
                                const StepContext& cx) const {
+  const ops::NvtxRange nvtx("layer", layer_, "forward");  // Nsight timeline (ops/nvtx.h)
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   const int64_t Sl = cx.Sl, B = cx.B, H = cx.H;
@@ -98,6 +100,7 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
 
 void TransformerLayer::backward(const Tensor& x, LayerSaved& s, Workspace& ws,
                                 const StepContext& cx) {
+  const ops::NvtxRange nvtx("layer", layer_, "backward");  // Nsight timeline (ops/nvtx.h)
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   const int64_t Sl = cx.Sl, B = cx.B, H = cx.H;

@@ -5,6 +5,7 @@
 // The model shape comes from the checkpoint's metadata.json or the HF config.json; loading
 // reshards, so a checkpoint of any TP layout converts.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "checkpoint/fs.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "checkpoint/hf.h"
@@ -220,6 +222,7 @@ int run_convert(const std::vector<std::string>& argv) {
     // The iteration the tracker (or --ckpt-step) names; its metadata must agree with it.
     // Weights only, f32 (checkpoints hold fp32 values: the main params of bf16/f16 runs),
     // TP = 1: loading reshards whatever layout wrote it.
+    const auto t0 = std::chrono::steady_clock::now();  // progress: size and GB/s at the end
     auto w = checkpoint::load_model_weights(f["--load"], step);
     const model::TransformerConfig& cfg = w.config;
     const auto& st = w.state;
@@ -229,6 +232,10 @@ int run_convert(const std::vector<std::string>& argv) {
                                w.metadata.value("__iter_dir", f["--load"]), w.metadata));
     log::info("exported iteration {} of {} as {} to {}", st.iteration, f["--load"],
               checkpoint::hf_arch_name(checkpoint::hf_arch_of(cfg)), f["--to-hf"]);
+    log::info("wrote {}", checkpoint::size_and_rate(
+                              checkpoint::tree_bytes(f["--to-hf"]),
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                                  .count()));
     return 0;
   }
   MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-hf needs --save DIR");
@@ -238,6 +245,7 @@ int run_convert(const std::vector<std::string>& argv) {
           : 128;
   MCPP_CHECK_HINT(div >= 1 && div <= (int64_t(1) << 20), "e.g. --make-vocab-size-divisible-by 128",
                   "--make-vocab-size-divisible-by {} is outside [1, 2^20]", div);
+  const auto t0 = std::chrono::steady_clock::now();  // progress: size and GB/s at the end
   model::TransformerConfig cfg =
       checkpoint::model_config_from_hf(checkpoint::read_hf_config(f["--from-hf"]), div);
   checkpoint::check_hf_fits_files(f["--from-hf"], cfg);
@@ -260,6 +268,11 @@ int run_convert(const std::vector<std::string>& argv) {
   checkpoint::save_checkpoint(f["--save"], m, nullptr, st, so);
   log::info("imported {} ({} layers, hidden {}, padded vocab {}) into {}", f["--from-hf"],
             cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size, f["--save"]);
+  log::info("read {:.3f} GB of Hugging Face files; wrote the checkpoint: {}",
+            double(checkpoint::tree_bytes(f["--from-hf"])) / 1e9,
+            checkpoint::size_and_rate(
+                checkpoint::tree_bytes(f["--save"]),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
   return 0;
 }
 

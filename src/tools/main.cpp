@@ -21,6 +21,7 @@ void usage() {
       "  inspect     describe a dataset prefix or a checkpoint directory\n"
       "  convert     checkpoint <-> Hugging Face (safetensors) conversion\n"
       "  generate    sample text from a checkpoint (KV cache, greedy/top-k/top-p)\n"
+      "  serve       HTTP server: Megatron's PUT /api and OpenAI's /v1 endpoints, batched\n"
       "  plan        pipeline layer assignment, schedule, bubble and in-flight micro-batches\n"
       "  merge-datasets  merge .bin/.idx prefixes (tools/merge_datasets.py)\n"
       "  help        this text\n\n"

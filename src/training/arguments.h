@@ -213,11 +213,22 @@ struct Args {
   // Every flag given on the command line: dest -> value as Python's str() shows it
   // ("True", "0.0001", "['0.7', 'a']"). Holds by-design flags' values too.
   std::map<std::string, std::string> given;
+
+  // ---- observe: TensorBoard and timers (training/tensorboard.h, training_log.h)
+  std::string timing_log_option = "minmax";      // max | minmax | all
+  std::optional<std::string> tensorboard_dir;    // event files, written by the last rank
+  int64_t tensorboard_log_interval = 1;          // iterations between per-iteration scalars
+  int64_t tensorboard_queue_size = 1000;         // events queued before a write
+  bool log_timers_to_tensorboard = false;        // "<timer>-time", "iteration-time"
+  bool log_loss_scale_to_tensorboard = true;     // "loss-scale" (--no-log-loss-scale-...)
+  bool log_validation_ppl_to_tensorboard = false;  // "lm loss validation ppl"
+  bool log_memory_to_tensorboard = false;        // "mem-*-bytes" (CUDA allocator)
+  bool log_world_size_to_tensorboard = false;    // "world-size"
   bool was_given(const std::string& dest) const { return given.count(dest) != 0; }
   // True when the LR schedule counts samples (--train-samples) rather than iterations.
   bool sample_based() const { return train_samples.has_value(); }
 
-  // ---- compat (issue 23 A.1): the flags of Megatron's example scripts
+  // ---- compat: the flags of Megatron's example scripts
   // --rampup-batch-size START INCREMENT SAMPLES (data/num_microbatches.h); None: constant.
   std::optional<std::vector<int64_t>> rampup_batch_size;
   // --decoupled-lr / --decoupled-min-lr: the embedding and output layer's own max/min LR

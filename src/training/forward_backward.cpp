@@ -37,11 +37,15 @@ double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys,
   double loss_sum = 0;
   for (size_t j = 0; j < M; ++j) {
     keys.sample_offset = batch.sample_offsets[j];
+    if (timer) timer("forward-compute", true);
     loss_sum += model.forward(batch.micro_batches[j], keys);
+    if (timer) timer("forward-compute", false);
     if (!training) continue;
     // The grad-ready hooks of the last backward start the data-parallel buckets.
     if (j == M - 1 && dp_grads) dp_grads->begin_final_backward();
+    if (timer) timer("backward-compute", true);
     model.backward(grad_scale[j]);
+    if (timer) timer("backward-compute", false);
   }
   return loss_sum;
 }
@@ -56,13 +60,18 @@ double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepK
   pl::StageCallbacks cb;
   cb.forward = [&](int m, int c, const Tensor& in) {
     keys.sample_offset = batch.sample_offsets[size_t(m)];
+    if (timer) timer("forward-compute", true);
     auto r = model.forward_chunk(c, m, batch.micro_batches[size_t(m)], keys, in);
+    if (timer) timer("forward-compute", false);
     if (!training) model.drop_chunk(c, m);
     loss_sum += r.loss;
     return r.output;
   };
   cb.backward = [&](int m, int c, const Tensor& g) {
-    return model.backward_chunk(c, m, g, grad_scale[size_t(m)], /*final=*/m == M - 1);
+    if (timer) timer("backward-compute", true);
+    Tensor dx = model.backward_chunk(c, m, g, grad_scale[size_t(m)], /*final=*/m == M - 1);
+    if (timer) timer("backward-compute", false);
+    return dx;
   };
   // Gradient hooks fire only in each chunk's last backward (final above).
   if (training && dp_grads) dp_grads->begin_final_backward();
@@ -70,6 +79,7 @@ double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepK
   pl::ExecutorOptions o;
   o.activation_shape = {c.seq_local() * micro_batch_size, c.hidden_size};
   o.dtype = c.dtype, o.device = c.device;
+  o.timer = timer;
   Stream& st = ops::default_stream(c.device);
   pl::run_stage(training ? *train_actions : *eval_actions, ps.pp(), *pp_grads, o, cb, st);
   return parallel::sum_over(ps.pp(), loss_sum);

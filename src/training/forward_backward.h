@@ -4,6 +4,8 @@
 // buffer; nothing here reduces them across ranks (parallel/finalize_model_grads does,
 // after the last micro-batch).
 #pragma once
+#include <functional>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -48,6 +50,9 @@ struct ForwardBackward {
   const std::vector<parallel::pipeline::Action>* train_actions = nullptr;
   const std::vector<parallel::pipeline::Action>* eval_actions = nullptr;
   int64_t micro_batch_size = 1;
+  // Megatron's level-2 timers ("forward-compute", "backward-compute", the pipeline's
+  // "forward-send", "backward-recv", ...): start/stop callbacks, or none.
+  std::function<void(std::string_view, bool)> timer = nullptr;
 
   // Runs the batch; training: with backward, micro-batch j's loss gradient scaled by
   // grad_scale[j] (loss_scales). Returns the sum of masked token losses of this rank's

@@ -1,5 +1,7 @@
 #include "training/profiler.h"
 
+#include "ops/nvtx.h"
+
 #include <algorithm>
 
 #include "base/error.h"
@@ -56,6 +58,7 @@ void StepProfiler::before_step(int64_t completed) {
     ops::cuda::op_profile_collect();  // synchronises; drops anything recorded before
     ops::cuda::set_op_profiling(true);
     ops::cuda::cuda_profiler_capture(true);
+    ops::set_nvtx_enabled(true);  // layer, collective and section ranges (ops/nvtx.h)
     active_ = true;
     t0_ = std::chrono::steady_clock::now();
   }
@@ -76,6 +79,7 @@ void StepProfiler::after_step(int64_t completed) {
   ops::cuda::cuda_profiler_capture(false);
   ops::cuda::set_op_profiling(false);
   active_ = false;
+  ops::set_nvtx_enabled(false);
   const int64_t n = a_.profile_step_end - a_.profile_step_start;
   double sum = 0;
   for (const auto& t : times) sum += t.ms;

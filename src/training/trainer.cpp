@@ -32,7 +32,9 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
                                args.data_parallel_size, ps->dp_rank(),
                                args.context_parallel_size, ps->cp_rank(),
                                args.reset_position_ids, args.reset_attention_mask};
+  log->section("batch-generator", true, 2);
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
+  log->section("batch-generator", false, 2);
   // The gradient scale of each micro-batch from global token counts (forward_backward.h:
   // Megatron's per-micro-batch mean, or --calculate-per-token-loss), so every split of the
   // batch over DP, CP and micro-batches trains the same function. The logged loss is the
@@ -242,11 +244,11 @@ TrainSummary Trainer::run() {
       s.log->activation_memory(iteration, s.model->activation_memory());
     out.losses.push_back(r.loss);
     s.log->record(r.loss, r.grad_norm, r.skipped);
+    IntervalState st{s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
+                     s.skipped_iters, s.nan_iters, flops_per_iter};
+    st.global_batch_size = gbs;
+    if (a.decoupled_lr) st.decoupled_learning_rate = s.decoupled_lr();
     if (s.log->due(iteration)) {
-      IntervalState st{s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
-                       s.skipped_iters, s.nan_iters, flops_per_iter};
-      st.global_batch_size = gbs;
-      if (a.decoupled_lr) st.decoupled_learning_rate = s.decoupled_lr();
       // Megatron logs the last iteration's values (not interval averages); both are
       // collective over the groups that hold distinct parts of the model.
       if (a.log_num_zeros_in_grad)
@@ -256,11 +258,13 @@ TrainSummary Trainer::run() {
         st.params_norm = optim::params_norm(
             *s.opt, s.model->params(), s.ps->tp_rank(),
             parallel::grad_norm_group(*s.ps, s.world->world(), /*sharded_over_dp=*/false));
-      s.log->log_interval(iteration, st);
     }
+    s.log->tensorboard_iteration(iteration, st);
+    if (s.log->due(iteration)) s.log->log_interval(iteration, st);
     if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1]) {
       out.last_valid_loss = s.evaluate(1, s.consumed_valid);
       print_validation("iteration " + std::to_string(iteration), out.last_valid_loss);
+      s.log->tensorboard_validation(iteration, s.consumed_train, out.last_valid_loss);
       s.log->restart_interval();  // evaluation time is not training time
     }
     if (a.save && a.save_interval && iteration % *a.save_interval == 0) {

@@ -6,7 +6,7 @@
 // architecture switches (query groups, positions, norm, SwiGLU, ties, biases, dropout,
 // zero-centred gamma) are forced from the checkpoint. The parallel layout is not taken:
 // any layout loads any checkpoint here (Megatron forces TP/PP because it cannot).
-// Tokenizer paths recorded in a checkpoint are never followed (issue 23 B.5).
+// Tokenizer paths recorded in a checkpoint are never followed.
 #include <fmt/format.h>
 
 #include "base/log.h"

@@ -220,6 +220,7 @@ void Trainer::State::build_model() {
         a.keep_mlp_activations, kept, layers);
   }
   s.fwd_bwd = std::make_unique<ForwardBackward>(ForwardBackward{*s.model, *s.ps});
+  s.fwd_bwd->timer = [&s](std::string_view n, bool start) { s.log->section(n, start, 2); };
   s.fwd_bwd->pp_grads = s.pp_grads.get();
   s.fwd_bwd->train_actions = pp > 1 ? &s.schedule[size_t(s.ps->pp_rank())] : nullptr;
   s.fwd_bwd->eval_actions = &s.forward_only;

@@ -1,8 +1,10 @@
 #include "training/training_log.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/log.h"
+#include "ops/nvtx.h"
 #include "ops/ops.h"
 #include "parallel/host_collectives.h"
 #include "training/flops.h"
@@ -35,6 +37,38 @@ std::vector<std::string> format_timer_lines(
   return out;
 }
 
+std::vector<std::string> format_timers(const std::string& option,
+                                       const std::vector<std::string>& names,
+                                       const std::vector<std::vector<double>>& per_rank_ms) {
+  std::vector<std::string> out;
+  if (option == "all") {
+    out.push_back("times across ranks (ms):");
+    for (size_t i = 0; i < names.size(); ++i) {
+      out.push_back(fmt::format("  {}:", names[i]));
+      for (size_t r = 0; r < per_rank_ms.size(); ++r)
+        if (!std::isnan(per_rank_ms[r].at(i)))
+          out.push_back(fmt::format("     rank {:2d}: {:.2f}", r, per_rank_ms[r].at(i)));
+    }
+    return out;
+  }
+  std::vector<std::pair<double, double>> mm(names.size(), {1e300, -1e300});
+  for (const auto& rank : per_rank_ms)
+    for (size_t i = 0; i < names.size(); ++i)
+      if (!std::isnan(rank.at(i)))
+        mm[i] = {std::min(mm[i].first, rank.at(i)), std::max(mm[i].second, rank.at(i))};
+  if (option == "max") {
+    out.push_back("max time across ranks (ms):");
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string dots(size_t(std::max<int>(2, 48 - int(names[i].size()))), '.');
+      out.push_back(fmt::format("    {} {}: {:.2f}", names[i], dots, mm[i].second));
+    }
+    return out;
+  }
+  out.push_back("(min, max) time across ranks (ms):");
+  for (auto& l : format_timer_lines(names, mm)) out.push_back(std::move(l));
+  return out;
+}
+
 std::vector<std::pair<std::string, std::pair<double, double>>> timers_min_max(
     Timers& timers, int64_t iterations, comm::Communicator& group) {
   std::vector<std::string> names;
@@ -52,11 +86,25 @@ std::vector<std::pair<std::string, std::pair<double, double>>> timers_min_max(
 TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world,
                          const parallel::ParallelState& ps)
     : a_(a), device_(device), world_(world), ps_(ps) {
+  MCPP_CHECK_HINT(!a.log_memory_to_tensorboard || device == Device::CUDA,
+                  "drop --log-memory-to-tensorboard, or train with --device cuda",
+                  "--log-memory-to-tensorboard logs the CUDA allocator's bytes; this run is on "
+                  "the CPU");
+  // Megatron's get_tensorboard_writer: the last rank writes (it holds the last pipeline
+  // stage, hence the loss).
+  if (a.tensorboard_dir && world.rank() == world.size() - 1)
+    tb_ = std::make_unique<EventWriter>(*a.tensorboard_dir, a.tensorboard_queue_size);
   interval_.start();
 }
 
-void TrainingLog::section(std::string_view name, bool start) {
-  if (a_.timing_log_level < 1) return;
+void TrainingLog::section(std::string_view name, bool start, int level) {
+  if (ops::nvtx_enabled()) {  // the --profile window: the section on Nsight's timeline
+    if (start)
+      ops::nvtx_range_push(std::string(name));
+    else
+      ops::nvtx_range_pop();
+  }
+  if (a_.timing_log_level < level) return;
   synchronize_device(device_);
   if (start)
     timers_(std::string(name)).start();
@@ -66,10 +114,50 @@ void TrainingLog::section(std::string_view name, bool start) {
 
 void TrainingLog::record(double loss, double grad_norm, bool skipped) {
   ++iters_;
+  last_loss_ = loss;
   if (!skipped) loss_ += loss, ++advanced_, last_grad_norm_ = grad_norm;
 }
 
-void TrainingLog::restart_interval() { interval_.elapsed(true), interval_.start(); }
+// Megatron's training_log, the `writer and iteration % tensorboard_log_interval == 0` part.
+void TrainingLog::tensorboard_iteration(int64_t it, const IntervalState& s) {
+  if (!tb_ || it % a_.tensorboard_log_interval != 0) return;
+  const int64_t samples = s.consumed_samples;
+  auto both = [&](const std::string& tag, double v) {
+    tb_->add_scalar(tag, v, it);
+    tb_->add_scalar(tag + " vs samples", v, samples);
+  };
+  both("learning-rate", s.learning_rate);
+  both("batch-size", double(s.global_batch_size ? s.global_batch_size : a_.global_batch_size));
+  both("lm loss", last_loss_);
+  if (a_.log_loss_scale_to_tensorboard) both("loss-scale", s.loss_scale);
+  if (a_.log_world_size_to_tensorboard) both("world-size", double(world_.size()));
+  both("grad-norm", last_grad_norm_);
+#ifdef MCPP_HAVE_CUDA
+  if (a_.log_memory_to_tensorboard) {
+    const auto m = ops::cuda::memory_stats();
+    tb_->add_scalar("mem-reserved-bytes", double(m.reserved), it);
+    tb_->add_scalar("mem-allocated-bytes", double(m.in_use), it);
+    tb_->add_scalar("mem-max-allocated-bytes", double(m.peak), it);
+  }
+#endif
+}
+
+void TrainingLog::tensorboard_validation(int64_t it, int64_t samples, double loss) {
+  if (!tb_) return;
+  tb_->add_scalar("lm loss validation", loss, it);
+  tb_->add_scalar("lm loss validation vs samples", loss, samples);
+  if (a_.log_validation_ppl_to_tensorboard) {
+    const double ppl = std::exp(std::min(20.0, loss));  // Megatron's PPL, capped at e^20
+    tb_->add_scalar("lm loss validation ppl", ppl, it);
+    tb_->add_scalar("lm loss validation ppl vs samples", ppl, samples);
+  }
+  tb_->flush();
+}
+
+void TrainingLog::restart_interval() {
+  interval_.elapsed(true), interval_.start();
+  snapshot_comm();
+}
 
 void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   synchronize_device(device_);
@@ -99,19 +187,114 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   log::info("{}", format_iteration_line(L));
   if (report_memory_ && device_ == Device::CUDA) cuda_memory(iteration);
   comm_volumes();
-  if (a_.timing_log_level >= 1) timers();
+  if (tb_ && a_.log_timers_to_tensorboard) tb_->add_scalar("iteration-time", per_iter, iteration);
+  if (tb_ && a_.log_throughput)
+    tb_->add_scalar("throughput", L.throughput_tflops.value_or(0.0), iteration);
+  if (a_.timing_log_level >= 1) {
+    timers(iteration);
+    comm_share(elapsed);
+  }
+  if (tb_) tb_->flush();  // a crash loses at most this interval
   loss_ = 0, iters_ = 0, advanced_ = 0;
   interval_.start();
 }
 
-// Megatron's timers.log: every rank's time per iteration, (min, max) over all ranks.
-void TrainingLog::timers() {
-  const auto t = timers_min_max(timers_, iters_, world_);
+// Megatron's timers.log: every rank's time per iteration, gathered from all ranks and
+// shown as --timing-log-option says; with --log-timers-to-tensorboard the maximum over the
+// ranks, in seconds, as "<name>-time" (Megatron's Timers.write).
+void TrainingLog::timers(int64_t iteration) {
+  // "name value" lines per rank; the union of the names (a pipeline stage may lack a
+  // timer another has: it is left out of that name's min/max, as Megatron's zero filter).
+  std::string mine;
+  for (const auto& [name, t] : timers_.all())
+    mine += fmt::format("{}\t{}\n", name,
+                        timers_(name).elapsed(true) * 1e3 / double(std::max<int64_t>(1, iters_)));
+  std::vector<std::map<std::string, double>> ranks;
+  std::map<std::string, int> index;
+  for (const auto& s : parallel::all_gather_strings(world_, mine)) {
+    std::map<std::string, double> m;
+    size_t pos = 0;
+    while (pos < s.size()) {
+      const size_t tab = s.find('\t', pos), nl = s.find('\n', pos);
+      if (tab == std::string::npos || nl == std::string::npos) break;
+      m[s.substr(pos, tab - pos)] = std::stod(s.substr(tab + 1, nl - tab - 1));
+      pos = nl + 1;
+    }
+    for (const auto& [n, v] : m) index[n] = 0;
+    ranks.push_back(std::move(m));
+  }
   std::vector<std::string> names;
-  std::vector<std::pair<double, double>> mm;
-  for (const auto& [n, v] : t) names.push_back(n), mm.push_back(v);
-  log::info("(min, max) time across ranks (ms):");
-  for (const auto& line : format_timer_lines(names, mm)) log::info("{}", line);
+  for (const auto& [n, i] : index) names.push_back(n);
+  std::vector<std::vector<double>> per_rank;
+  for (const auto& m : ranks) {
+    std::vector<double> v;
+    for (const auto& n : names) v.push_back(m.count(n) ? m.at(n) : std::nan(""));
+    per_rank.push_back(std::move(v));
+  }
+  for (const auto& line : format_timers(a_.timing_log_option, names, per_rank))
+    log::info("{}", line);
+  if (tb_ && a_.log_timers_to_tensorboard)
+    for (size_t i = 0; i < names.size(); ++i) {
+      double mx = 0;
+      for (const auto& r : per_rank)
+        if (!std::isnan(r[i])) mx = std::max(mx, r[i]);
+      tb_->add_scalar(names[i] + "-time", mx / 1e3, iteration);
+    }
+}
+
+// Our own line (Megatron prints no such number): the share of the interval's wall time
+// each parallel group's communication kept this rank's host thread waiting, i.e. the
+// communication not hidden behind compute, the maximum over the ranks. TP-group all-gathers
+// and reduce-scatters are sequence parallelism's ("SP"), its all-reduces tensor
+// parallelism's; PP is the pipeline's send/recv, DP the gradient reduction and the
+// distributed optimizer's gathers. Host backends: the host time blocked; NCCL: how long the
+// compute stream waited for each call, from CUDA events around the wait.
+std::vector<TrainingLog::CommPart> TrainingLog::comm_parts() const {
+  std::vector<CommPart> parts = {{"TP", &ps_.tp(), false, true}};
+  if (a_.sequence_parallel) parts.push_back({"SP", &ps_.tp(), true, false});
+  parts.push_back({"PP", &ps_.pp(), false, false});
+  parts.push_back({"DP", &ps_.dp(), false, false});
+  if (ps_.cp().size() > 1) parts.push_back({"CP", &ps_.cp(), false, false});
+  if (ps_.ep().size() > 1) parts.push_back({"EP", &ps_.ep(), false, false});
+  return parts;
+}
+
+// The blocked time so far, so the next line counts from here (setup, evaluation and
+// checkpoint collectives are not the interval's).
+void TrainingLog::snapshot_comm() {
+  if (a_.timing_log_level < 1) return;
+  synchronize_device(device_);
+  for (const auto& p : comm_parts()) {
+    p.c->set_exposed_timing(true);  // NCCL: time the caller's stalls with CUDA events
+    p.c->collect_timing();
+    share_seen_[p.name] = p.c->stats();
+  }
+}
+
+void TrainingLog::comm_share(double elapsed) {
+  const std::vector<CommPart> parts = comm_parts();
+  std::vector<double> share;
+  for (auto& p : parts) {
+    p.c->collect_timing();  // NCCL: the stalls measured by CUDA events (device synchronised)
+    const comm::CommStats& now = p.c->stats();
+    comm::CommStats& before = share_seen_[p.name];
+    double sec = 0;
+    for (int k = 0; k < comm::kNumOpKinds; ++k) {
+      const bool sp_kind = k == int(comm::OpKind::AllGather) || k == int(comm::OpKind::ReduceScatter);
+      if ((p.sp_only && !sp_kind) || (p.tp_only && a_.sequence_parallel && sp_kind)) continue;
+      sec += now.blocked_seconds[size_t(k)] - before.blocked_seconds[size_t(k)];
+    }
+    before = now;
+    share.push_back(elapsed > 0 ? 100.0 * sec / elapsed : 0.0);
+  }
+  const auto mm = parallel::min_max_over(world_, share);
+  std::string line = "exposed communication (share of the step's wall time, max over ranks):";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].c->size() <= 1) continue;
+    line += fmt::format(" {} {:.1f}% |", parts[i].name, mm[i].second);
+  }
+  if (line.back() != '|') line += " none (one rank per group) |";
+  log::info("{}", line);
 }
 
 // Debug log (--logging-level 10): calls and bytes per iteration of every group and

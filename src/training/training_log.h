@@ -8,12 +8,21 @@
 //   * the memory lines: the plan at start-up ("Theoretical memory footprints"), the saved
 //     activations after the first iteration, the CUDA allocator once after the first log
 //     line;
-//   * --logging-level 10: every group's communication calls and bytes per iteration.
+//   * --timing-log-level >= 1 also: one line of our own with each parallel group's exposed
+//     communication share of the interval (see comm_share);
+//   * --logging-level 10: every group's communication calls and bytes per iteration;
+//   * --tensorboard-dir: Megatron's TensorBoard scalars (training/tensorboard.h), written
+//     by the last rank: per iteration every --tensorboard-log-interval ("learning-rate",
+//     "batch-size", "lm loss", "loss-scale", "grad-norm", "world-size", "mem-*", each also
+//     "... vs samples" with the consumed samples as step), per log interval
+//     ("iteration-time", "<timer>-time", "throughput"), per evaluation ("lm loss
+//     validation", "lm loss validation ppl"); flushed at every log interval.
 // (--profile's per-op GPU times are training/profiler.h's.)
 #pragma once
 #include <optional>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,6 +34,7 @@
 #include "parallel/parallel_state.h"
 #include "training/arguments.h"
 #include "training/memory_plan.h"
+#include "training/tensorboard.h"
 
 namespace mcpp::training {
 
@@ -33,6 +43,13 @@ namespace mcpp::training {
 std::vector<std::string> format_timer_lines(
     const std::vector<std::string>& names,
     const std::vector<std::pair<double, double>>& min_max_ms);
+// --timing-log-option: "minmax" as above under "(min, max) time across ranks (ms):";
+// "max": "    forward-backward ...: 14.10" under "max time across ranks (ms):"; "all":
+// "  forward-backward:" then "     rank  0: 12.30" per rank under "times across ranks (ms):".
+// per_rank_ms[rank][timer], NaN where a rank lacks the timer (left out). Header line first.
+std::vector<std::string> format_timers(const std::string& option,
+                                       const std::vector<std::string>& names,
+                                       const std::vector<std::vector<double>>& per_rank_ms);
 // Each timer's milliseconds per iteration since the last call (the timers are reset),
 // reduced to (min, max) over `group` (collective: every member calls it with the same
 // timer names).
@@ -46,7 +63,7 @@ struct IntervalState {
   double loss_scale = 1.0;
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double flops_per_iteration = 0;
-  // ---- compat (issue 23 A.1)
+  // ---- compat
   int64_t global_batch_size = 0;                  // this step's (a ramp-up); 0: the flag's
   std::optional<double> decoupled_learning_rate;  // --decoupled-lr
   std::optional<int64_t> num_zeros_in_grad;       // --log-num-zeros-in-grad
@@ -61,7 +78,9 @@ class TrainingLog {
   // synchronise the device at start and stop so that GPU time is measured, not launch
   // time (this costs the host's run-ahead at each section boundary; the default level 0
   // adds no synchronisation and times nothing).
-  void section(std::string_view name, bool start);
+  // level: Megatron's timer log level (1: forward-backward, optimizer, grads; 2 adds
+  // forward-compute, backward-compute, batch-generator and the pipeline's send/recv).
+  void section(std::string_view name, bool start, int level = 1);
   // One iteration done; skipped: its update was skipped (its loss is not averaged).
   void record(double loss, double grad_norm, bool skipped);
   // Whether iteration `it` ends a logging interval.
@@ -71,6 +90,11 @@ class TrainingLog {
   void log_interval(int64_t iteration, const IntervalState& s);
   // Time from here on is the interval's again (evaluation time is not training time).
   void restart_interval();
+  // After record(): the per-iteration TensorBoard scalars when `iteration` is a multiple of
+  // --tensorboard-log-interval (nothing without --tensorboard-dir or off the last rank).
+  void tensorboard_iteration(int64_t iteration, const IntervalState& s);
+  // An evaluation's loss: "lm loss validation" (and "... ppl") at `iteration` and vs samples.
+  void tensorboard_validation(int64_t iteration, int64_t consumed_samples, double loss);
 
   // The memory plan before the first step (per pipeline stage, on TP rank 0 of DP rank 0),
   // and a warning when the allocated weights, gradients and optimizer state differ from it.
@@ -81,7 +105,16 @@ class TrainingLog {
  private:
   void cuda_memory(int64_t iteration);
   void comm_volumes();
-  void timers();
+  void timers(int64_t iteration);
+  struct CommPart {
+    std::string name;  // TP, SP, PP, DP, CP, EP
+    comm::Communicator* c;
+    bool sp_only;  // TP group: the all-gathers and reduce-scatters only
+    bool tp_only;  // TP group: everything else
+  };
+  std::vector<CommPart> comm_parts() const;
+  void snapshot_comm();
+  void comm_share(double elapsed_seconds);
 
   const Args& a_;
   Device device_;
@@ -93,6 +126,9 @@ class TrainingLog {
   int64_t iters_ = 0, advanced_ = 0;
   bool report_memory_ = true;
   std::map<std::string, comm::CommStats> comm_seen_;
+  std::map<std::string, comm::CommStats> share_seen_;  // blocked time at the last line
+  double last_loss_ = 0;                // the latest iteration's (TensorBoard's "lm loss")
+  std::unique_ptr<EventWriter> tb_;     // the last rank's event file, with --tensorboard-dir
 };
 
 }  // namespace mcpp::training

@@ -506,6 +506,7 @@ void validate_optimizer(Args& a) {
 }  // namespace
 
 void validate_context_parallel(Args& a);  // validate_cp.cpp
+void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
@@ -523,7 +524,8 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_pipeline(a);
   validate_data(a);
   if (training) validate_optimizer(a);
-  validate_compat(a, training);  // issue 23 A.1 flags (validate_compat.cpp)
+  validate_compat(a, training);  // the example scripts' flags (validate_compat.cpp)
+  validate_observe(a);
 }
 
 }  // namespace mcpp::training

@@ -1,4 +1,4 @@
-// The checks of issue 23 A.1's flags (Megatron's example scripts) and the one list of what
+// The checks of the flags (Megatron's example scripts) and the one list of what
 // megatron.cpp's trainer cannot do yet, shared by `megatron train` and `megatron plan` so
 // that the planner rejects exactly what training rejects.
 #pragma once

@@ -141,11 +141,7 @@ class NcclWork final : public WorkImpl {
       (void)cudaGetLastError();  // destructors do not throw; the watchdog reports hangs
   }
   bool test() override;
-  void wait() override {
-    if (joined_) return;
-    CUDA_CHECK(cudaStreamWaitEvent(caller_, op_->done));
-    joined_ = true;
-  }
+  void wait() override;
 
  private:
   std::shared_ptr<InFlight> op_;
@@ -191,11 +187,35 @@ class NcclCommunicator final : public Communicator {
     // Calls still in flight finish first (the watchdog ends the job if one never does).
     if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
     watchdog_->forget(this);
+    for (const Stall& st : stalls_) (void)cudaEventDestroy(st.before), (void)cudaEventDestroy(st.after);
     scratch_ = Tensor();
     (void)ncclCommDestroy(comm_);
     (void)cudaStreamDestroy(stream_);
   }
   std::string_view backend() const override { return "nccl"; }
+  bool host_time_is_communication() const override { return false; }
+  // A pair of timing events around the caller's wait for a call (NcclWork::wait): their
+  // distance is how long the caller's stream stalled, i.e. the exposed communication.
+  void add_stall(OpKind k, cudaEvent_t before, cudaEvent_t after) const {
+    std::lock_guard<std::mutex> lk(stall_mu_);
+    stalls_.push_back({k, before, after});
+  }
+  void collect_timing() override {
+    std::lock_guard<std::mutex> lk(stall_mu_);
+    std::vector<Stall> left;
+    for (const Stall& st : stalls_) {
+      float ms = 0;
+      if (cudaEventQuery(st.after) != cudaSuccess) {  // not reached yet: keep for later
+        (void)cudaGetLastError();
+        left.push_back(st);
+        continue;
+      }
+      CUDA_CHECK(cudaEventElapsedTime(&ms, st.before, st.after));
+      add_blocked_seconds(st.kind, double(ms) / 1e3);
+      (void)cudaEventDestroy(st.before), (void)cudaEventDestroy(st.after);
+    }
+    stalls_ = std::move(left);
+  }
   ncclComm_t handle() const { return comm_; }
 
  protected:
@@ -341,6 +361,12 @@ class NcclCommunicator final : public Communicator {
     return Work(std::make_shared<NcclWork>(std::move(op), caller, std::move(keep)));
   }
 
+  struct Stall {
+    OpKind kind;
+    cudaEvent_t before, after;
+  };
+  mutable std::mutex stall_mu_;
+  mutable std::vector<Stall> stalls_;
   std::unique_ptr<Communicator> host_;
   std::function<void()> abort_;
   std::shared_ptr<Watchdog> watchdog_;
@@ -352,6 +378,23 @@ class NcclCommunicator final : public Communicator {
 void timed_out(const InFlight& op) {
   const double waited = std::chrono::duration<double>(Clock::now() - op.start).count();
   op.comm->abort_on_timeout(op.desc, waited);
+}
+
+void NcclWork::wait() {
+  if (joined_) return;
+  const NcclCommunicator* c = op_->comm;
+  if (c && c->exposed_timing()) {
+    cudaEvent_t before, after;
+    CUDA_CHECK(cudaEventCreate(&before));
+    CUDA_CHECK(cudaEventCreate(&after));
+    CUDA_CHECK(cudaEventRecord(before, caller_));
+    CUDA_CHECK(cudaStreamWaitEvent(caller_, op_->done));
+    CUDA_CHECK(cudaEventRecord(after, caller_));
+    c->add_stall(op_->desc.kind, before, after);
+  } else {
+    CUDA_CHECK(cudaStreamWaitEvent(caller_, op_->done));
+  }
+  joined_ = true;
 }
 
 bool NcclWork::test() {

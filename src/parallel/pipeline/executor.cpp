@@ -29,12 +29,27 @@ void run_stage(const std::vector<Action>& actions, comm::Communicator& acts,
   };
   // Posts the collected batch (one batch_isend_irecv per communicator), then waits for it.
   auto post = [&] {
+    std::string name;
+    if (o.timer) {  // Megatron's names: forward-send-backward-recv, ...
+      bool has[4] = {};  // forward-send, backward-send, forward-recv, backward-recv
+      for (auto& op : on_acts) has[op.send ? 0 : 2] = true;
+      for (auto& op : on_grads) has[op.send ? 1 : 3] = true;
+      const char* part[4] = {"forward-send", "backward-send", "forward-recv", "backward-recv"};
+      for (int k = 0; k < 4; ++k)
+        if (has[k]) {
+          if (!name.empty()) name += '-';
+          name += part[k];
+        }
+      if (has[0] && has[1] && has[2] && has[3]) name = "forward-backward-send-forward-backward-recv";
+      o.timer(name, true);
+    }
     for (auto [c, ops] : {std::pair{&acts, &on_acts}, std::pair{&grads, &on_grads}}) {
       if (ops->empty()) continue;
       for (auto& w : c->batch_isend_irecv(*ops, st)) pending.push_back(std::move(w));
       ops->clear();
     }
     wait_all();
+    if (o.timer) o.timer(name, false);
   };
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];

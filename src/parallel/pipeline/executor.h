@@ -37,6 +37,9 @@ struct ExecutorOptions {
   Shape activation_shape;  // what flows between stages: [S/TP(SP) * B, H]
   DType dtype = DType::F32;
   Device device = Device::CPU;
+  // Megatron's level-2 pipeline timers around each posted batch of transfers, named by
+  // what it holds: "forward-send", "forward-recv", "backward-send-forward-recv", ...
+  std::function<void(std::string_view, bool)> timer;
 };
 
 // acts / grads: the pipeline group (same ranks, group rank = pipeline stage), twice.

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Batched serving on one GPU (issue 21): `megatron serve --device cuda` with the Llama-style
+# 1B (16 layers, hidden 2048, 32 heads, 8 query groups, FFN 8192, vocab 32000, RoPE,
+# RMSNorm, SwiGLU), prompt 128 tokens, 128 new tokens, greedy, at 1, 8 and 64 concurrent
+# streams: generated tokens/s of the server (all streams' new tokens / wall time from the
+# first request to the last answer), against Hugging Face transformers' generate (bf16,
+# static cache, one batch of the same size) on the same weights in the same call.
+# Prints one table. Needs a CUDA build, python3 with torch + transformers for the reference
+# (REF=0 skips it), no network (the model is random, written here by `megatron train`).
+# Usage: bench/gpu/serve_bench.sh BUILD_DIR [STREAMS="1 8 64"]   env OUT (logs), REF=0|1,
+#        DEVICE=cpu TINY=1 for a smoke test of the script on a CPU build
+set -uo pipefail
+DEVICE=${DEVICE:-cuda}
+BUILD=${1:-build-gpu}
+STREAMS=${2:-"1 8 64"}
+M=$BUILD/megatron
+LOG=${OUT:-/tmp}/serve-bench
+mkdir -p "$LOG"
+CK=$LOG/ckpt
+SHAPE=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --ffn-hidden-size 8192
+       --seq-length 256 --max-position-embeddings 2048 --vocab-size 32000
+       --position-embedding-type rope --normalization RMSNorm --swiglu
+       --group-query-attention --num-query-groups 8 --untie-embeddings-and-output-weights
+       --disable-bias-linear)
+PREC=(--bf16)
+if [ "${TINY:-0}" = 1 ]; then
+  SHAPE=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 256
+         --max-position-embeddings 512 --vocab-size 32000 --position-embedding-type rope
+         --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear)
+  PREC=()
+fi
+if [ ! -f "$CK/latest_checkpointed_iteration.txt" ]; then
+  "$M" train "${SHAPE[@]}" --mock-data --tokenizer-type NullTokenizer --micro-batch-size 1 \
+    --global-batch-size 1 --lr 1e-6 --train-iters 1 --device "$DEVICE" "${PREC[@]}" \
+    --save "$CK" --save-interval 1 >"$LOG/train.log" 2>&1 || { tail "$LOG/train.log"; exit 1; }
+fi
+MAXS=0; for s in $STREAMS; do [ "$s" -gt "$MAXS" ] && MAXS=$s; done
+rm -f "$LOG/port"
+"$M" serve --load "$CK" --device "$DEVICE" --port 0 --port-file "$LOG/port" \
+  --inference-max-requests "$MAXS" --inference-max-seq-length 256 >"$LOG/serve.log" 2>&1 &
+PID=$!
+for _ in $(seq 1 1200); do [ -s "$LOG/port" ] && break; sleep 0.1; done
+[ -s "$LOG/port" ] || { cat "$LOG/serve.log"; kill $PID; exit 1; }
+URL="http://127.0.0.1:$(cat "$LOG/port")"
+python3 - "$URL" "$STREAMS" >"$LOG/serve.json" <<'PY'
+import json, random, sys, threading, time, urllib.request
+url, streams = sys.argv[1], [int(s) for s in sys.argv[2].split()]
+def one(i, out):
+    random.seed(i)
+    body = {"model": "m", "prompt": [random.randrange(100, 31000) for _ in range(128)],
+            "max_tokens": 128, "temperature": 0, "ignore_eos": True}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), method="POST")
+    out[i] = json.load(urllib.request.urlopen(req))["usage"]["completion_tokens"]
+def run(n):
+    out = [0] * n
+    ts = [threading.Thread(target=one, args=(i, out)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in ts: t.start()
+    for t in ts: t.join()
+    return sum(out), time.perf_counter() - t0
+run(1)  # warm-up
+res = {}
+for n in streams:
+    tok, sec = run(n)
+    res[n] = {"tokens": tok, "seconds": sec, "tokens_per_s": tok / sec}
+print(json.dumps(res))
+PY
+kill -TERM $PID; wait $PID
+REFJ='{}'
+if [ "${REF:-1}" = 1 ]; then
+  "$M" convert --load "$CK" --to-hf "$LOG/hf" --hf-dtype bfloat16 >"$LOG/convert.log" 2>&1 &&
+  python3 - "$LOG/hf" "$STREAMS" >"$LOG/hf.json" 2>"$LOG/hf.err" <<'PY'
+import json, sys, time, torch
+from transformers import AutoModelForCausalLM
+path, streams = sys.argv[1], [int(s) for s in sys.argv[2].split()]
+m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16).cuda().eval()
+res = {}
+for n in streams:
+    g = torch.Generator().manual_seed(n)
+    ids = torch.randint(100, 31000, (n, 128), generator=g).cuda()
+    kw = dict(max_new_tokens=128, min_new_tokens=128, do_sample=False, cache_implementation="static")
+    m.generate(ids, **kw)  # warm-up
+    torch.cuda.synchronize(); t0 = time.perf_counter()
+    out = m.generate(ids, **kw)
+    torch.cuda.synchronize(); sec = time.perf_counter() - t0
+    tok = (out.shape[1] - 128) * n
+    res[n] = {"tokens": tok, "seconds": sec, "tokens_per_s": tok / sec}
+print(json.dumps(res))
+PY
+  REFJ=$(cat "$LOG/hf.json" 2>/dev/null || echo '{}')
+fi
+python3 - "$(cat "$LOG/serve.json")" "$REFJ" <<'PY'
+import json, sys
+s, r = json.loads(sys.argv[1]), json.loads(sys.argv[2] or "{}")
+print("| streams | megatron serve tokens/s | transformers generate tokens/s | ratio |")
+print("|---|---|---|---|")
+for n, v in s.items():
+    ours, ref = v["tokens_per_s"], r.get(n, {}).get("tokens_per_s")
+    refs = "%.0f" % ref if ref else "-"
+    ratio = "%.2f" % (ours / ref) if ref else "-"
+    print("| %s | %.0f | %s | %s |" % (n, ours, refs, ratio))
+PY

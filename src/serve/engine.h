@@ -1,0 +1,144 @@
+// The serving engine: continuous batching of independent sequences over one Generator and
+// one KV cache of fixed size (planned once at start-up: slots x positions, never grown).
+//
+//   Engine e(gen, {.slots = 16, .max_seq = 2048, .max_waiting = 256}, tp_comm);
+//   auto seq = e.submit(spec, events);   // any thread; a full queue is QueueFull
+//   e.run();                             // the main thread of every rank, until shutdown()
+//
+// Each iteration of run() (a token boundary): cancelled sequences leave, waiting
+// sequences join while a slot is free (each prompt prefilled alone into its slot, its first
+// token sampled), then every active sequence decodes one token together, each at its own
+// position; a sequence that stops leaves the batch at once (the last active slot moves into
+// its place, KVCache::move_slot) and a waiting one takes the free slot in the next
+// iteration. A sequence samples exactly as in inference::generate_batch (Philox stream
+// = spec.seq_index, counter = its step), so its tokens do not depend on which others share
+// the batch (up to the floating-point order of a batched GEMM).
+//
+// Tensor parallelism: every rank runs run(); rank 0 owns the queue and the sampling and
+// broadcasts each model operation (prefill, decode, slot move, exit) to the TP group before
+// running it, so all ranks call the Generator with the same tokens in the same order. When
+// idle, rank 0 sends a no-op every few seconds so the followers' broadcast never reaches
+// the communicator's timeout.
+//
+// Callbacks run on the engine thread (rank 0); they must not block for long.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "inference/generator.h"
+
+namespace mcpp::serve {
+
+struct EngineOptions {
+  int64_t slots = 8;          // sequences decoded together (--inference-max-requests)
+  int64_t max_seq = 0;        // positions per slot (--inference-max-seq-length)
+  int64_t max_waiting = 256;  // sequences allowed to wait for a slot (--max-queued-requests)
+  int64_t vocab_size = 0;     // tokens >= this are never sampled
+  int64_t eod = -1;           // the tokenizer's end of document
+  Device device = Device::CPU;
+};
+
+struct SequenceSpec {
+  std::vector<int32_t> prompt;  // non-empty, at most max_seq - 1 ... checked by the caller
+  int64_t max_new_tokens = 16;
+  inference::SamplingParams sampling;
+  uint64_t seq_index = 0;  // Philox stream of the sampler (prompt index inside a request)
+  bool ignore_eod = false;
+  std::vector<int64_t> stop_tokens;
+  bool logprobs = false;  // log-probabilities of the prompt's tokens 1.. and of each new one
+};
+
+struct SequenceResult {
+  std::vector<int32_t> tokens;         // generated ids (a stopping EOD/stop token included)
+  std::vector<float> prompt_logprobs;  // [P - 1] when spec.logprobs
+  std::vector<float> logprobs;         // one per generated token when spec.logprobs
+  // "eod", "stop_token", "stop" (on_token said so), "max_tokens", "max_positions",
+  // "cancelled", "shutdown"
+  std::string stop_reason;
+};
+
+struct SequenceEvents {
+  // A new token and its log-probability (0 unless spec.logprobs); false stops the sequence
+  // (stop strings, end of line). Not called for a sequence that is cancelled.
+  std::function<bool(int32_t id, float logprob)> on_token;
+  // Always called exactly once, last.
+  std::function<void(const SequenceResult&)> on_done;
+};
+
+class Sequence {
+ public:
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+ private:
+  friend class Engine;
+  SequenceSpec spec;
+  SequenceEvents events;
+  SequenceResult result;
+  int32_t last = -1;  // the token to feed at the next decode step
+  std::atomic<bool> cancelled_{false};
+};
+
+struct EngineStats {
+  int64_t slots = 0, max_seq = 0, active = 0, waiting = 0;
+  int64_t completed = 0, cancelled = 0, generated_tokens = 0, prompt_tokens = 0;
+  int64_t peak_active = 0;
+  size_t kv_cache_bytes = 0;
+};
+
+struct QueueFull : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Engine {
+ public:
+  // gen must outlive the engine. tp: the TP group (nullptr for one rank).
+  Engine(inference::Generator& gen, const EngineOptions& opts, comm::Communicator* tp = nullptr);
+  ~Engine();
+
+  // Rank 0, any thread. Throws QueueFull when max_waiting sequences already wait.
+  std::shared_ptr<Sequence> submit(SequenceSpec spec, SequenceEvents events);
+  // Several sequences of one request, all queued or none (QueueFull).
+  std::vector<std::shared_ptr<Sequence>> submit_all(std::vector<SequenceSpec> specs,
+                                                    std::vector<SequenceEvents> events);
+  // Every rank, its main thread: serves until shutdown() (rank 0), then tells the others.
+  void run();
+  // Rank 0, any thread: waiting and active sequences end with "shutdown"; run() returns.
+  void shutdown();
+  EngineStats stats() const;
+  const EngineOptions& options() const { return opts_; }
+
+ private:
+  enum Op : int64_t { kNoop = 0, kPrefill = 1, kDecode = 2, kMove = 3, kExit = 4 };
+  void run_leader();
+  void run_follower();
+  // Broadcasts op to the TP group (rank 0) and runs it; returns the logits of prefill/decode.
+  const Tensor* execute(std::vector<int64_t>& op);
+  void broadcast_op(std::vector<int64_t>& op);
+  // Samples sequence s's next token from logits row `row`; false when it stops.
+  bool choose(Sequence& s, const Tensor& logits, int64_t row, int64_t slot);
+  void finish(Sequence& s, const std::string& reason);
+  void compact();  // finished sequences leave; the active slots stay [0, A)
+
+  inference::Generator& gen_;
+  EngineOptions opts_;
+  comm::Communicator* tp_;
+  std::unique_ptr<inference::KVCache> cache_;
+  std::vector<std::shared_ptr<Sequence>> active_;  // slot order
+  std::vector<char> done_;                         // per active slot: finished this step
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Sequence>> waiting_;
+  bool stopping_ = false;
+  EngineStats stats_;
+};
+
+}  // namespace mcpp::serve

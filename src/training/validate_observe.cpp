@@ -1,0 +1,35 @@
+// Validation of the observability flags (TensorBoard, timers): values in range, and the
+// flags that only act with --tensorboard-dir are errors without it (never ignored).
+#include "base/error.h"
+#include "training/arguments.h"
+
+namespace mcpp::training {
+
+void validate_observe(const Args& a) {
+  MCPP_CHECK_HINT(a.timing_log_option == "max" || a.timing_log_option == "minmax" ||
+                      a.timing_log_option == "all",
+                  "use --timing-log-option max, minmax or all",
+                  "--timing-log-option {} is not one of max, minmax, all", a.timing_log_option);
+  MCPP_CHECK_HINT(a.timing_log_level >= 0 && a.timing_log_level <= 2,
+                  "use --timing-log-level 0, 1 or 2", "--timing-log-level {} is not 0, 1 or 2",
+                  a.timing_log_level);
+  MCPP_CHECK_HINT(a.tensorboard_log_interval >= 1, "use --tensorboard-log-interval N with N >= 1",
+                  "--tensorboard-log-interval {} must be positive", a.tensorboard_log_interval);
+  MCPP_CHECK_HINT(a.tensorboard_queue_size >= 1, "use --tensorboard-queue-size N with N >= 1",
+                  "--tensorboard-queue-size {} must be positive", a.tensorboard_queue_size);
+  MCPP_CHECK_HINT(!a.tensorboard_dir || !a.tensorboard_dir->empty(),
+                  "give --tensorboard-dir a folder", "--tensorboard-dir is empty");
+  if (a.tensorboard_dir) return;
+  for (const char* dest :
+       {"tensorboard_log_interval", "tensorboard_queue_size", "log_timers_to_tensorboard",
+        "log_loss_scale_to_tensorboard", "log_validation_ppl_to_tensorboard",
+        "log_memory_to_tensorboard", "log_world_size_to_tensorboard"})
+    MCPP_CHECK_HINT(!a.given.count(dest),
+                    "add --tensorboard-dir DIR, or drop the flag",
+                    "{} acts on TensorBoard logs, but no --tensorboard-dir was given",
+                    a.given.count(dest) && dest == std::string("log_loss_scale_to_tensorboard")
+                        ? "--no-log-loss-scale-to-tensorboard"
+                        : flag_name(dest));
+}
+
+}  // namespace mcpp::training
