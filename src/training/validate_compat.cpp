@@ -76,9 +76,6 @@ void check_trainer_support(const Args& a, Device dev) {
                             "(--device cuda)",
                             flag));
   }
-  auto no = [](bool cond, const char* flag, const char* hint) {
-    MCPP_CHECK_HINT(!cond, hint, "{} is not supported by megatron.cpp's trainer yet", flag);
-  };
   MCPP_CHECK_HINT(!a.save_interval || a.save, "add --save DIR",
                   "--save-interval {} given without --save", *a.save_interval);
   MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
