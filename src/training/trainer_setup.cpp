@@ -21,6 +21,7 @@
 #include "optim/grads.h"
 #include "parallel/pipeline/executor.h"
 #include "training/trainer_state.h"
+#include "training/validate_fp8.h"
 #ifdef MCPP_HAVE_CUDA
 #include "ops/cuda/device.h"
 #endif
@@ -73,6 +74,7 @@ void reject_unsupported(const Args& a, Device dev) {
                   "--save-interval must be positive, got {}", *a.save_interval);
   no(a.async_save && a.world_size > 1, "--async-save with more than one process",
      "drop --async-save under mpirun/srun for now (synchronous saves work)");
+  check_fp8_device(a, dev);  // ---- FP8 (validate_fp8.cpp)
 }
 
 std::atomic<bool> g_exit_signal{false};

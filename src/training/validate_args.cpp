@@ -17,6 +17,7 @@
 #include "optim/lr_scheduler.h"
 #include "parallel/pipeline/schedule.h"
 #include "training/arguments.h"
+#include "training/validate_fp8.h"
 
 namespace mcpp::training {
 namespace {
@@ -523,6 +524,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_pipeline(a);
   validate_data(a);
   if (training) validate_optimizer(a);
+  validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
 }
 
 }  // namespace mcpp::training
