@@ -58,10 +58,12 @@ Tensor transposed(const Tensor& x) {
 TEST(Fp8Gpu, CastTransposeAmaxMatchesTheEmulation) {
   MCPP_REQUIRE_GPU();
   for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
-    for (auto [R, C] : {std::pair<int64_t, int64_t>{64, 96}, {37, 70}}) {  // ragged tiles too
+    // 64x96, 160x208, 384x128: the vectorised kernel (partial 128x64 tiles in the second);
+    // 37x70: the general one (dimensions not multiples of 16)
+    for (auto [R, C] : {std::pair<int64_t, int64_t>{64, 96}, {160, 208}, {384, 128}, {37, 70}}) {
       Tensor x = rand_in({R, C}, 7, DType::BF16, -3.f, 3.f);
       const float big = bf16_to_float(float_to_bf16(1e6f));  // saturates (999424 in bf16)
-      x.data<float>()[5] = big;
+      x.data<float>()[R * C - 5] = big;  // in the last tile: its block's atomic counts
       const float scale = f == Fp8Format::E4M3 ? 100.f : 9000.f;
       Cast c = cast(to_gpu(x, DType::BF16), f, scale);
       const float inv = to_cpu(c.scale_inv).data<float>()[0];
@@ -72,6 +74,29 @@ TEST(Fp8Gpu, CastTransposeAmaxMatchesTheEmulation) {
       const Tensor want_t = transposed(want);
       EXPECT_EQ(std::memcmp(got_t.raw(), want_t.raw(), want_t.nbytes()), 0) << R << "x" << C;
       EXPECT_EQ(to_cpu(c.amax).data<float>()[0], big);
+      // The row-wise-only and column-wise-only variants write the same bytes and amax.
+      const DType dt = f == Fp8Format::E4M3 ? DType::FP8E4M3 : DType::FP8E5M2;
+      Tensor none, q1 = Tensor::empty({R, C}, dt, Device::CUDA),
+                   qt1 = Tensor::empty({C, R}, dt, Device::CUDA);
+      Tensor a1 = scalar_gpu(0.f), a2 = scalar_gpu(0.f);
+      const Tensor x_gpu = to_gpu(x, DType::BF16), sc = scalar_gpu(scale);
+      gpu::fp8_cast_transpose(x_gpu, f, sc, q1, none, a1, none, GS());
+      gpu::fp8_cast_transpose(x_gpu, f, sc, none, qt1, a2, none, GS());
+      Tensor d1 = decoded(q1, f, inv), d2 = decoded(qt1, f, inv);
+      EXPECT_EQ(std::memcmp(d1.raw(), want.raw(), want.nbytes()), 0) << "row-wise only " << R;
+      EXPECT_EQ(std::memcmp(d2.raw(), want_t.raw(), want_t.nbytes()), 0) << "col-wise only " << R;
+      EXPECT_EQ(to_cpu(a1).data<float>()[0], big);
+      EXPECT_EQ(to_cpu(a2).data<float>()[0], big);
+      // fp8_amax alone (tensorwise scaling; 8 values a load when R*C % 8 == 0), and a NaN
+      // wins over every number as in the CPU op.
+      Tensor a3 = scalar_gpu(0.f);
+      gpu::fp8_amax(x_gpu, a3, GS());
+      EXPECT_EQ(to_cpu(a3).data<float>()[0], big) << R << "x" << C;
+      Tensor xn = x.clone();
+      xn.data<float>()[R * C / 2] = NAN;
+      Tensor a4 = scalar_gpu(0.f);
+      gpu::fp8_amax(to_gpu(xn, DType::BF16), a4, GS());
+      EXPECT_TRUE(std::isnan(to_cpu(a4).data<float>()[0])) << R << "x" << C;
     }
 }
 

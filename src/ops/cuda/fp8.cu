@@ -8,6 +8,7 @@
 
 #include <cfloat>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8.h"
@@ -52,6 +53,28 @@ __global__ void amax_kernel(const T* x, int64_t n, float* amax) {
   }
 }
 
+// bf16, 16-byte aligned, n a multiple of 8: eight values a load, a packed max over their
+// 15-bit magnitudes (NaN's bits above Inf's), mapped to abs_bits' float order at the end.
+__global__ void amax_bf16x8_kernel(const uint4* __restrict__ x, int64_t n8, float* amax) {
+  uint32_t m2 = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = x[i];
+    m2 = __vmaxu2(m2, __vmaxu2(__vmaxu2(v.x & 0x7fff7fffu, v.y & 0x7fff7fffu),
+                               __vmaxu2(v.z & 0x7fff7fffu, v.w & 0x7fff7fffu)));
+  }
+  unsigned m = max(m2 & 0xffffu, m2 >> 16);
+  m = m > 0x7f80u ? 0x7fc00000u : m << 16;
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned w[32];
+  if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < int(blockDim.x >> 5); ++i) m = max(m, w[i]);
+    atomicMax(reinterpret_cast<unsigned*>(amax), m);
+  }
+}
+
 __global__ void scale_update_kernel(float* h, float* sc, int64_t L, int64_t K, int64_t e5m2,
                                     int64_t margin, bool amax_max, bool roll) {
   for (int64_t k = 0; k < K; ++k) {
@@ -74,7 +97,8 @@ __global__ void scale_update_kernel(float* h, float* sc, int64_t L, int64_t K, i
   }
 }
 
-// Cast + transpose + amax: one 32 x 32 tile of x per block (32 x 8 threads, 4 rows each),
+// Cast + transpose + amax, the general path (f32 input, ragged shapes; the fast path is
+// cast_transpose_vec_kernel below): one 32 x 32 tile of x per block (32 x 8 threads, 4 rows each),
 // read once, coalesced; the FP8 bytes go out row-wise directly and column-wise through
 // shared memory. The amax is a per-block max, then one atomicMax on its bits.
 template <typename T, typename F8>
@@ -116,6 +140,123 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
     }
 }
 
+// The fast path (bf16 input, both dimensions multiples of 16, 16-byte aligned pointers:
+// every shape the FP8 GEMMs accept). A block of 32 x 4 threads owns a 128-row x 64-column
+// tile; thread (tx, ty) reads rows 4tx..4tx+3, columns 16ty..16ty+15 of it as eight
+// 16-byte loads (all issued before any arithmetic), converts two values per instruction
+// (cvt.rn.satfinite: the same rounding as the scalar path and the emulation), and
+//  - ROW: writes each row's 16 FP8 bytes as one 16-byte store;
+//  - COL: transposes its 4 x 16 bytes in registers (__byte_perm) into 16 words of 4 rows
+//    each and puts them in shared memory as tile[column][row / 4]; a warp writes 32
+//    consecutive words (conflict-free), and after the barrier each thread reads 16 rows
+//    of one column as one 16-byte load (each quarter-warp reads one 128-byte row of the
+//    tile: conflict-free) and writes them to qt with one 16-byte store.
+// The amax is a packed max over the bf16 bits (|v| as 15-bit integers, NaN above Inf),
+// a warp shuffle, and one atomicMax per block.
+constexpr int kVecRows = 128, kVecCols = 64, kVecPitch = kVecRows / 4 + 4;  // pitch: words
+
+template <bool E4M3>
+__device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
+  const float2 f = make_float2(__uint_as_float(bf2 << 16) * sc,
+                               __uint_as_float(bf2 & 0xffff0000u) * sc);
+  return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+template <bool E4M3, bool ROW, bool COL>
+__global__ void __launch_bounds__(128)
+    cast_transpose_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C,
+                              const float* __restrict__ scale, uint8_t* __restrict__ q,
+                              uint8_t* __restrict__ qt, float* amax, float* scale_inv) {
+  __shared__ uint4 tile_storage[COL ? kVecCols * kVecPitch / 4 : 1];
+  __shared__ unsigned wmax[4];
+  uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
+  const float sc = *scale;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t r0 = int64_t(blockIdx.y) * kVecRows, c0 = int64_t(blockIdx.x) * kVecCols;
+  const int64_t cb = c0 + 16 * ty;
+  uint4 in[4][2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + 4 * tx + i;
+    if (cb < C && r < R) {
+      const uint4* p = reinterpret_cast<const uint4*>(x + r * C + cb);
+      in[i][0] = p[0];
+      in[i][1] = p[1];
+    } else {
+      in[i][0] = in[i][1] = make_uint4(0, 0, 0, 0);  // zeros: no amax, not stored
+    }
+  }
+  uint32_t m2 = 0, w[4][4];  // w[i][k]: the FP8 bytes of row i, columns 4k..4k+3
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t v[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
+                           in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
+      w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
+    }
+    if (ROW && cb < C && r0 + 4 * tx + i < R)
+      *reinterpret_cast<uint4*>(q + (r0 + 4 * tx + i) * C + cb) =
+          make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
+  }
+  if (COL) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // columns 4k..4k+3 of rows 0..3 -> 4 words of 4 rows
+      const uint32_t lo01 = __byte_perm(w[0][k], w[1][k], 0x5140),  // a0 b0 a1 b1
+          lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),             // c0 d0 c1 d1
+          hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),             // a2 b2 a3 b3
+          hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);             // c2 d2 c3 d3
+      uint32_t* col = tile + (16 * ty + 4 * k) * kVecPitch + tx;
+      col[0] = __byte_perm(lo01, lo23, 0x5410);
+      col[kVecPitch] = __byte_perm(lo01, lo23, 0x7632);
+      col[2 * kVecPitch] = __byte_perm(hi01, hi23, 0x5410);
+      col[3 * kVecPitch] = __byte_perm(hi01, hi23, 0x7632);
+    }
+  }
+  if (amax) {
+    unsigned m = max(m2 & 0xffffu, m2 >> 16);
+    m = m > 0x7f80u ? 0x7fc00000u : m << 16;  // as abs_bits of the float
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (tx == 0) wmax[ty] = m;
+  }
+  if (COL || amax) __syncthreads();
+  if (amax && tx == 0 && ty == 0)
+    atomicMax(reinterpret_cast<unsigned*>(amax),
+              max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
+  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
+  if (COL) {
+    const int t = ty * 32 + tx;
+#pragma unroll
+    for (int it = 0; it < kVecCols * 8 / 128; ++it) {
+      const int idx = t + 128 * it, c = idx / 8, part = idx % 8;  // rows 16 part .. +15
+      const int64_t cg = c0 + c, rr = r0 + 16 * part;
+      if (cg < C && rr < R)
+        *reinterpret_cast<uint4*>(qt + cg * R + rr) =
+            *reinterpret_cast<const uint4*>(tile + c * kVecPitch + 4 * part);
+    }
+  }
+}
+
+template <bool E4M3>
+void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float* scale,
+                               uint8_t* q, uint8_t* qt, float* amax, float* scale_inv,
+                               cudaStream_t st) {
+  dim3 block(32, 4), grid(unsigned((C + kVecCols - 1) / kVecCols),
+                          unsigned((R + kVecRows - 1) / kVecRows));
+  if (q && qt)
+    cast_transpose_vec_kernel<E4M3, true, true>
+        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+  else if (q)
+    cast_transpose_vec_kernel<E4M3, true, false>
+        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+  else
+    cast_transpose_vec_kernel<E4M3, false, true>
+        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 template <typename F8>
 void launch_cast_transpose(const Tensor& x, const Tensor& scale, Tensor& q, Tensor& qt,
                            Tensor& amax, Tensor& scale_inv, int64_t R, int64_t C, Stream& s) {
@@ -124,6 +265,20 @@ void launch_cast_transpose(const Tensor& x, const Tensor& scale, Tensor& q, Tens
   F8* qtp = qt.defined() ? static_cast<F8*>(qt.raw()) : nullptr;
   float* ap = amax.defined() ? amax.data<float>() : nullptr;
   float* sip = scale_inv.defined() ? scale_inv.data<float>() : nullptr;
+  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) &&
+      (qp || qtp) && (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
+    const auto* xb = static_cast<const bf16*>(x.raw());
+    auto* q8 = reinterpret_cast<uint8_t*>(qp);
+    auto* qt8 = reinterpret_cast<uint8_t*>(qtp);
+    if (std::is_same_v<F8, __nv_fp8_e4m3>)
+      launch_cast_transpose_vec<true>(xb, R, C, scale.data<float>(), q8, qt8, ap, sip,
+                                      stream_of(s));
+    else
+      launch_cast_transpose_vec<false>(xb, R, C, scale.data<float>(), q8, qt8, ap, sip,
+                                       stream_of(s));
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (x.dtype() == DType::F32)
     cast_transpose_kernel<float, F8><<<grid, block, 0, stream_of(s)>>>(
         x.data<float>(), R, C, scale.data<float>(), qp, qtp, ap, sip);
@@ -173,6 +328,9 @@ void fp8_amax(const Tensor& x, Tensor& amax, Stream& s) {
   if (x.dtype() == DType::F32)
     amax_kernel<float>
         <<<grid_for(n, th, 1024), th, 0, stream_of(s)>>>(x.data<float>(), n, amax.data<float>());
+  else if (n % 8 == 0 && (reinterpret_cast<uintptr_t>(x.raw()) & 15) == 0)
+    amax_bf16x8_kernel<<<grid_for(n / 8, th, 1056), th, 0, stream_of(s)>>>(
+        static_cast<const uint4*>(x.raw()), n / 8, amax.data<float>());
   else
     amax_kernel<bf16><<<grid_for(n, th, 1024), th, 0, stream_of(s)>>>(
         static_cast<const bf16*>(x.raw()), n, amax.data<float>());
