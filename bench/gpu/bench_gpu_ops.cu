@@ -243,6 +243,33 @@ int main(int argc, char** argv) {
     bytes("swiglu_backward", "8192x(2x8192)", 5 * io2,
           [&] { ops::swiglu_backward(y2, x2, dx2, s); });
   }
+  // ---- FP8 cast + transpose + amax (docs/fp8.md) at the GPT-3 XL step's shapes (32768
+  // tokens; H 2048, FFN 8192), against a bf16 copy of the same tensor: bytes are the bf16
+  // read plus the FP8 writes (row-wise and column-wise: 4 a value; row-wise only: 3) ------
+  for (int64_t C : {int64_t(2048), int64_t(8192)}) {
+    const int64_t R = 32768;
+    Tensor x = rnd({R, C}, bf), y = rnd({R, C}, bf);
+    Tensor q = Tensor::empty({R, C}, DType::FP8E4M3, Device::CUDA),
+           qt = Tensor::empty({C, R}, DType::FP8E4M3, Device::CUDA),
+           g = Tensor::empty({R, C}, DType::FP8E5M2, Device::CUDA),
+           gt = Tensor::empty({C, R}, DType::FP8E5M2, Device::CUDA), none;
+    Tensor sc = Tensor::empty({1}, DType::F32, Device::CUDA),
+           amax = Tensor::empty({1}, DType::F32, Device::CUDA),
+           sinv = Tensor::empty({1}, DType::F32, Device::CUDA);
+    ops::fill(sc, 1.0, s);
+    ops::fill(amax, 0.0, s);
+    const std::string sh = fmt_shape({R, C});
+    const double n = double(R) * C;
+    bytes("copy bf16 (fp8 reference)", sh, 4 * n, [&] { ops::copy(x, y, s); });
+    bytes("fp8_cast_transpose e4m3", sh, 4 * n,
+          [&] { ops::fp8_cast_transpose(x, ops::Fp8Format::E4M3, sc, q, qt, amax, sinv, s); });
+    bytes("fp8_cast_transpose e5m2", sh, 4 * n,
+          [&] { ops::fp8_cast_transpose(x, ops::Fp8Format::E5M2, sc, g, gt, amax, sinv, s); });
+    bytes("fp8_cast_transpose row-only", sh, 3 * n,
+          [&] { ops::fp8_cast_transpose(x, ops::Fp8Format::E4M3, sc, q, none, amax, sinv, s); });
+    bytes("fp8_cast_transpose col-only", sh, 3 * n,
+          [&] { ops::fp8_cast_transpose(x, ops::Fp8Format::E4M3, sc, none, qt, amax, none, s); });
+  }
   // ---- the 16-byte vector paths at training sizes: SwiGLU of a 32768-token step with
   // F = 8192, dropout + residual of GPT-2 124M (64 x 1024 tokens, H = 768) -----------------
   {

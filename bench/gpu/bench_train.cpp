@@ -6,7 +6,10 @@
 //   dropout  Megatron's defaults --attention-dropout 0.1 --hidden-dropout 0.1;
 //   accum    the same global batch as 4 micro-batches of a quarter (gradient accumulation,
 //            as the trainer runs it: one zero_grads, 4 forward/backward, one step);
-//   dropout+accum  both.
+//   dropout+accum  both;
+//   fp8      the base run with the transformer layers' GEMMs in FP8 (--fp8-format hybrid,
+//            delayed scaling: docs/fp8.md); fp8-tensorwise with current scaling. A table of
+//            each FP8 variant's tokens/s over its model's base run follows the main table.
 // The PyTorch columns are the same configuration's numbers (torch_reference.py writes
 // them under "NAME" for base, "NAME|dropout", "NAME|accum", "NAME|dropout+accum"). Prints one table: step time, tokens/s, TFLOP/s by Megatron's
 // formula, MFU by the 6N + 12·L·H·S convention (989 TFLOP/s peak), peak memory, and the
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "base/philox.h"
+#include "model/fp8/fp8_linear.h"
 #include "model/gpt_model.h"
 #include "ops/attention_backend.h"
 #include "ops/cuda/cudnn_attention.h"
@@ -161,7 +165,7 @@ int main(int argc, char** argv) {
     if (torch.is_discarded() || !torch.is_object()) torch = nlohmann::json::object();
   }
   struct Row {
-    std::string name;
+    std::string name, model, variant;
     int64_t mb;
     double ms, tps, tflops, mfu, peak_mb, torch_c, torch_e, torch_peak;
     bool measured, measured_e;  // PyTorch compiled / eager from this run (else the references)
@@ -172,9 +176,10 @@ int main(int argc, char** argv) {
     size_t e = variants.find(',', a);
     if (e == std::string::npos) e = variants.size();
     std::string v = variants.substr(a, e - a);
-    if (v != "base" && v != "dropout" && v != "accum" && v != "dropout+accum") {
+    if (v != "base" && v != "dropout" && v != "accum" && v != "dropout+accum" && v != "fp8" &&
+        v != "fp8-tensorwise") {
       std::fprintf(stderr, "bench_gpu_train: --variants: unknown '%s' (base, dropout, accum, "
-                   "dropout+accum)\n", v.c_str());
+                   "dropout+accum, fp8, fp8-tensorwise)\n", v.c_str());
       return 2;
     }
     vlist.push_back(v);
@@ -188,6 +193,11 @@ int main(int argc, char** argv) {
     const bool drop = variant.find("dropout") != std::string::npos;
     const int64_t nmb = variant.find("accum") != std::string::npos ? 4 : 1;
     if (drop) c.cfg.attention_dropout = 0.1, c.cfg.hidden_dropout = 0.1;
+    if (variant.rfind("fp8", 0) == 0) {  // ---- FP8 variants
+      c.cfg.fp8.format = model::Fp8Config::Format::Hybrid;
+      c.cfg.fp8.recipe = variant == "fp8-tensorwise" ? model::Fp8Config::Recipe::Tensorwise
+                                                     : model::Fp8Config::Recipe::Delayed;
+    }
     for (auto& [k, v] : mb_override)
       if (c.name.find(k) != std::string::npos) c.mb = v;
     for (auto& [k, v] : keep_override)
@@ -199,6 +209,7 @@ int main(int argc, char** argv) {
             : c.name;
     if (drop) shown += ", dropout 0.1/0.1";
     if (nmb > 1) shown += fmt::format(", {} x {} accumulation", c.mb / nmb, nmb);
+    if (c.cfg.fp8.enabled()) shown += variant == "fp8" ? ", FP8 hybrid delayed" : ", FP8 hybrid tensorwise";
     const std::string key = variant == "base" ? c.name : c.name + "|" + variant;
     gpu::trim_memory_pool();
     gpu::reset_peak_memory();
@@ -253,6 +264,8 @@ int main(int argc, char** argv) {
           loss += m.forward(mbs[size_t(j)], k) / double(B * S);
           m.backward(1.0 / double(B * S));
         }
+        // FP8 delayed scaling: the step's amaxes -> next step's scales (one GPU: no reduction)
+        model::fp8_update_scales(m.config(), m.params(), st);
         opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
         opt.step(1e-4, 0.1);
         char b[32];
@@ -303,7 +316,7 @@ int main(int argc, char** argv) {
     const double tps = double(B * S) / (ms / 1e3);
     const double per_tok = 6 * n6 + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
     if (variant != "base") c.torch_compiled = c.torch_eager = 0;  // no reference numbers
-    Row r{shown, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
+    Row r{shown, c.name, variant, B, ms, tps, mega_flops / (ms / 1e3) / 1e12, tps * per_tok / 989e12,
           gpu::memory_stats().peak / 1048576.0, c.torch_compiled, c.torch_eager, 0, false, false};
     // Each measured number replaces its reference number (a run of torch_reference.py with
     // --modes compiled, or one cut short, has only some of them).
@@ -330,6 +343,21 @@ int main(int argc, char** argv) {
                 r.peak_mb, tok(r.torch_c, r.measured).c_str(), tok(r.torch_e, r.measured_e).c_str(),
                 r.torch_peak > 0 ? fmt::format("{:.0f}", r.torch_peak).c_str() : "-",
                 r.torch_c > 0 ? fmt::format("{:.2f}x", r.tps / r.torch_c).c_str() : "-");
+  }
+  // FP8 against bf16, model by model: the same call, the same micro-batch.
+  bool any_fp8 = false;
+  for (auto& r : rows) any_fp8 = any_fp8 || r.variant.rfind("fp8", 0) == 0;
+  if (any_fp8) {
+    std::printf("\n| model | variant | tokens/s | bf16 tokens/s | FP8 / bf16 | peak (MB) | bf16 "
+                "peak (MB) |\n|---|---|---:|---:|---:|---:|---:|\n");
+    for (auto& r : rows) {
+      if (r.variant.rfind("fp8", 0) != 0) continue;
+      for (auto& b : rows)
+        if (b.model == r.model && b.variant == "base" && b.mb == r.mb)
+          std::printf("| %s | %s | %.1fK | %.1fK | %.3fx | %.0f | %.0f |\n", r.model.c_str(),
+                      r.variant.c_str(), r.tps / 1e3, b.tps / 1e3, r.tps / b.tps, r.peak_mb,
+                      b.peak_mb);
+    }
   }
   std::printf("%s", profiles.c_str());
   // What GEMM tuning found (ops/cuda/gemm.cu): per shape, the heuristic's first pick

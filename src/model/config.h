@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "model/fp8/fp8_config.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
@@ -64,6 +65,8 @@ struct TransformerConfig {
   // cache lines). The distributed optimizer asks for a multiple of the DP size so that
   // every bucket splits into equal DP shards.
   int64_t param_align = 16;
+  // ---- FP8 (docs/fp8.md): the transformer layers' GEMMs in FP8 (off by default).
+  Fp8Config fp8;
 
   int64_t heads_per_group() const { return num_attention_heads / num_query_groups; }
   int64_t local_heads() const { return num_attention_heads / tp_size; }

@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "base/log.h"
+#include "model/fp8/fp8_linear.h"
 #include "ops/ops.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -44,6 +45,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
                  cfg_.num_layers);
   }
   for (auto& p : Stage::parameters(cfg_, part_)) params_.add(std::move(p));
+  for (const auto& ch : part_.chunks) add_fp8_buffers(cfg_, ch, params_);  // FP8 scaling state
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);
   const auto t0 = std::chrono::steady_clock::now();

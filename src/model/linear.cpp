@@ -19,7 +19,7 @@ void ColumnParallelLinear::add_params(const TransformerConfig& c, const std::str
 
 ColumnParallelLinear::ColumnParallelLinear(const ParamStore* store, const std::string& weight,
                                            const std::string& bias)
-    : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)) {}
+    : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)), fp8_(store, weight) {}
 
 // Under SP the gathered input is not saved (as Megatron-Core's
 // LinearWithGradAccumulationAndAsyncCommunication with sequence_parallel): only the caller's
@@ -48,16 +48,27 @@ const Tensor& ColumnParallelLinear::gathered(const Tensor& x, Workspace& ws,
   return cx.sp ? ws.dln_full : x;
 }
 
+// FP8: the gathered input is whole on every rank; the weight is this rank's rows.
 void ColumnParallelLinear::forward(const Tensor& x, Saved& s, Tensor& y, Workspace& ws,
                                    const StepContext& cx) const {
   (void)s;
-  ops::linear_forward(gathered(x, ws, cx), w_.w, b_.w, y, cx.stream());
+  const Tensor& xf = gathered(x, ws, cx);
+  if (fp8_.on(cx))
+    fp8_.forward(xf, false, w_.w, b_.w, Tensor(), y, cx);
+  else
+    ops::linear_forward(xf, w_.w, b_.w, y, cx.stream());
 }
 
 void ColumnParallelLinear::forward_gelu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act,
                                         Workspace& ws, const StepContext& cx) const {
   (void)s;
-  ops::linear_gelu_forward(gathered(x, ws, cx), w_.w, b_.w, pre, act, cx.stream());
+  const Tensor& xf = gathered(x, ws, cx);
+  if (fp8_.on(cx)) {  // the GELU after the FP8 GEMM
+    fp8_.forward(xf, false, w_.w, b_.w, Tensor(), pre, cx);
+    ops::gelu_forward(pre, act, cx.stream());
+  } else {
+    ops::linear_gelu_forward(xf, w_.w, b_.w, pre, act, cx.stream());
+  }
 }
 
 // dx_full = dy @ w, dw += dy^T @ x_full, db += sum dy; then the dual of the input
@@ -67,15 +78,25 @@ void ColumnParallelLinear::forward_gelu(const Tensor& x, Saved& s, Tensor& pre, 
 void ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx,
                                     Workspace& ws, const StepContext& cx) {
   (void)s;
+  const bool fp8 = fp8_.on(cx);
+  Tensor none;
   if (!cx.sp || !cx.tp_comm) {
-    ops::linear_backward(dy, x, w_.w, dx, false, w_.g, b_.g, cx.stream());
+    if (fp8)  // dy: this rank's output columns
+      fp8_.backward(dy, cx.tp_comm != nullptr, x, false, w_, b_, dx, true, cx);
+    else
+      ops::linear_backward(dy, x, w_.w, dx, false, w_.g, b_.g, cx.stream());
     if (cx.tp_comm) parallel::copy_to_tp_backward(dx, *cx.tp_comm, cx.stream());
     return;
   }
-  Tensor none;
+  // x_full and dx_full share ws.dln_full: the weight gradient first, then the data GEMM.
   const Tensor& x_full = gathered(x, ws, cx);
-  ops::linear_backward(dy, x_full, w_.w, none, false, w_.g, b_.g, cx.stream());
-  ops::linear_backward(dy, x_full, w_.w, ws.dln_full, false, none, none, cx.stream());
+  if (fp8) {
+    fp8_.backward(dy, true, x_full, false, w_, b_, none, true, cx);
+    fp8_.backward(dy, true, x_full, false, w_, b_, ws.dln_full, false, cx);
+  } else {
+    ops::linear_backward(dy, x_full, w_.w, none, false, w_.g, b_.g, cx.stream());
+    ops::linear_backward(dy, x_full, w_.w, ws.dln_full, false, none, none, cx.stream());
+  }
   parallel::gather_from_sp_backward(ws.dln_full, dx, *cx.tp_comm, cx.stream());
 }
 
@@ -95,7 +116,7 @@ void RowParallelLinear::add_params(const TransformerConfig& c, const std::string
 
 RowParallelLinear::RowParallelLinear(const ParamStore* store, const std::string& weight,
                                      const std::string& bias)
-    : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)) {}
+    : w_(ParamStore::view(store, weight)), b_(ParamStore::view(store, bias)), fp8_(store, weight) {}
 
 void RowParallelLinear::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v) {
   v(ws.tmp_full, {d.T, d.H}, d.dt, d.sp);
@@ -105,15 +126,23 @@ void RowParallelLinear::scratch_specs(const Dims& d, Workspace& ws, const Tensor
 
 // SP: the partial y_full [T,H] is reduce-scattered into y [Tl,H]; else y_full is y and is
 // all-reduced. Then the bias, once: y[Tl,H] += ones[Tl,1] @ b[1,H].
+// FP8: the input is this rank's columns (split over TP), the weight too.
 void RowParallelLinear::forward(const Tensor& x, Tensor& y, Workspace& ws,
                                 const StepContext& cx) const {
   Stream& st = cx.stream();
+  const bool fp8 = fp8_.on(cx);
   if (!cx.tp_comm) {
-    ops::linear_forward(x, w_.w, b_.w, y, st);
+    if (fp8)
+      fp8_.forward(x, false, w_.w, b_.w, Tensor(), y, cx);
+    else
+      ops::linear_forward(x, w_.w, b_.w, y, st);
     return;
   }
   Tensor& y_full = cx.sp ? ws.tmp_full : y;
-  ops::linear_forward(x, w_.w, Tensor(), y_full, st);
+  if (fp8)
+    fp8_.forward(x, true, w_.w, Tensor(), Tensor(), y_full, cx);
+  else
+    ops::linear_forward(x, w_.w, Tensor(), y_full, st);
   if (cx.sp)
     parallel::reduce_scatter_to_sp(y_full, y, *cx.tp_comm, st);
   else
@@ -127,7 +156,10 @@ void RowParallelLinear::forward(const Tensor& x, Tensor& y, Workspace& ws,
 void RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residual, Tensor& y,
                                          const StepContext& cx) const {
   MCPP_CHECK(!cx.tp_comm, "RowParallelLinear: the residual epilogue needs TP 1");
-  ops::linear_residual_forward(x, w_.w, b_.w, residual, y, cx.stream());
+  if (fp8_.on(cx))
+    fp8_.forward(x, false, w_.w, b_.w, residual, y, cx);
+  else
+    ops::linear_residual_forward(x, w_.w, b_.w, residual, y, cx.stream());
 }
 
 // Its dual: dy [Tl,H] -> dy_full [T,H] (SP all-gather; else the identity).
@@ -145,24 +177,38 @@ const Tensor& RowParallelLinear::grad_output(const Tensor& dy, Workspace& ws,
 void RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Tensor& dx, Workspace& ws,
                                  const StepContext& cx) {
   const Tensor& g = grad_output(dy, ws, cx);
-  ops::linear_backward(g, x, w_.w, dx, false, w_.g, b_.g, cx.stream());
+  if (fp8_.on(cx))  // g: whole on every rank (gathered); x: this rank's columns
+    fp8_.backward(g, false, x, cx.tp_comm != nullptr, w_, b_, dx, true, cx);
+  else
+    ops::linear_backward(g, x, w_.w, dx, false, w_.g, b_.g, cx.stream());
 }
 
 void RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const Tensor& pre,
                                       Tensor& dx, Workspace& ws, const StepContext& cx) {
   const Tensor& g = grad_output(dy, ws, cx);
-  ops::linear_gelu_backward(g, x, w_.w, pre, dx, w_.g, b_.g, cx.stream());
+  if (fp8_.on(cx)) {  // the GELU gradient after the FP8 GEMM
+    fp8_.backward(g, false, x, cx.tp_comm != nullptr, w_, b_, dx, true, cx);
+    ops::gelu_backward(dx, pre, dx, cx.stream());
+  } else {
+    ops::linear_gelu_backward(g, x, w_.w, pre, dx, w_.g, b_.g, cx.stream());
+  }
 }
 
 void RowParallelLinear::backward_data(const Tensor& g, const Tensor& x, Tensor& dx,
                                       const StepContext& cx) const {
   Tensor none;
-  ops::linear_backward(g, x, w_.w, dx, false, none, none, cx.stream());
+  if (fp8_.on(cx))
+    fp8_.backward(g, false, x, cx.tp_comm != nullptr, w_, b_, dx, false, cx);
+  else
+    ops::linear_backward(g, x, w_.w, dx, false, none, none, cx.stream());
 }
 
 void RowParallelLinear::backward_weights(const Tensor& g, const Tensor& x, const StepContext& cx) {
   Tensor none;
-  ops::linear_backward(g, x, w_.w, none, false, w_.g, b_.g, cx.stream());
+  if (fp8_.on(cx))
+    fp8_.backward(g, false, x, cx.tp_comm != nullptr, w_, b_, none, true, cx);
+  else
+    ops::linear_backward(g, x, w_.w, none, false, w_.g, b_.g, cx.stream());
 }
 
 }  // namespace mcpp::model

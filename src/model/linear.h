@@ -12,10 +12,14 @@
 // The region transitions are parallel/tensor_parallel/mappings.h's; at TP 1 they are the
 // identity and the *_full tensors are the local ones. Row-parallel bias gradients come
 // from the gathered gradient, so they are complete (and equal) on every TP rank.
+//
+// FP8 (--fp8-format, inside the transformer layers): the same GEMMs on quantised operands
+// Q(x), Q(w), Q(dy), the bias gradient from the unquantised dy (model/fp8/fp8_linear.h).
 #pragma once
 #include <string>
 #include <vector>
 
+#include "model/fp8/fp8_linear.h"
 #include "model/module.h"
 #include "model/params.h"
 
@@ -56,6 +60,7 @@ class ColumnParallelLinear {
  private:
   const Tensor& gathered(const Tensor& x, Workspace& ws, const StepContext& cx) const;
   ParamView w_, b_;
+  Fp8Linear fp8_;
 };
 
 class RowParallelLinear {
@@ -95,6 +100,7 @@ class RowParallelLinear {
 
  private:
   ParamView w_, b_;
+  Fp8Linear fp8_;
 };
 
 }  // namespace mcpp::model

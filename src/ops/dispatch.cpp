@@ -207,5 +207,24 @@ void rope_positions(const Tensor& in, const AttentionDims& d, int64_t rot, doubl
                     const Tensor& positions, bool inverse, Tensor& out, Stream& s) {
   MCPP_DISPATCH(rope_positions, in, d, rot, base, positions, inverse, out, s);
 }
+// ---- FP8
+void fp8_quantize(const Tensor& x, Fp8Format fmt, const Tensor& scale, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(fp8_quantize, x, fmt, scale, y, s);
+}
+void fp8_amax(const Tensor& x, Tensor& amax, Stream& s) { MCPP_DISPATCH(fp8_amax, x, amax, s); }
+void fp8_scale_update(Tensor& history, Tensor& scale, int64_t e5m2_columns, int64_t margin,
+                      bool amax_max, bool roll, Stream& s) {
+  MCPP_DISPATCH(fp8_scale_update, history, scale, e5m2_columns, margin, amax_max, roll, s);
+}
+void fp8_cast_transpose(const Tensor& x, Fp8Format fmt, const Tensor& scale, Tensor& q,
+                        Tensor& qt, Tensor& amax, Tensor& scale_inv, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_cast_transpose, x, x, fmt, scale, q, qt, amax, scale_inv, s);
+}
+void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+              const Tensor& b_scale_inv, const Tensor& bias, const Tensor& addend,
+              bool accumulate, bool fast_accum, Tensor& c, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_gemm, b, a, a_scale_inv, b, b_scale_inv, bias, addend, accumulate,
+                       fast_accum, c, s);
+}
 
 }  // namespace mcpp::ops

@@ -2,6 +2,7 @@
 // the CPU backend (src/ops/cpu) or the CUDA backend (src/ops/cuda); both implement
 // the same declarations, listed once in catalogue.inc.
 #pragma once
+#include "ops/fp8_grid.h"
 #include "ops/types.h"
 #include "tensor/tensor.h"
 

@@ -210,6 +210,17 @@ struct Args {
   int64_t keep_mlp_activations = 0;
   bool help = false;            // -h / --help was given
 
+  // ---- FP8 (docs/fp8.md; checked and turned into model::Fp8Config by validate_fp8.cpp)
+  std::optional<std::string> fp8;                 // --fp8-format e4m3 | hybrid
+  std::string fp8_recipe = "delayed";             // tensorwise | delayed (| blockwise | mxfp8)
+  int64_t fp8_margin = 0;
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";  // most_recent | max
+  bool fp8_wgrad = true;                          // --no-fp8-wgrad: false
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1, num_layers_at_end_in_bf16 = 1;
+  bool fp8_param_gather = false;
+
   // Every flag given on the command line: dest -> value as Python's str() shows it
   // ("True", "0.0001", "['0.7', 'a']"). Holds by-design flags' values too.
   std::map<std::string, std::string> given;

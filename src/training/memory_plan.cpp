@@ -11,6 +11,7 @@
 
 #include "ops/attention_backend.h"
 #include "ops/types.h"
+#include "training/validate_fp8.h"
 
 namespace mcpp::training {
 
@@ -48,6 +49,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.recompute_num_layers = a.recompute_num_layers.value_or(1);
   c.keep_mlp_activations = a.keep_mlp_activations;
   c.param_align = param_alignment(a);
+  c.fp8 = fp8_config(a);  // ---- FP8 (validate_fp8.cpp)
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include "checkpoint/training_checkpoint.h"
 #include "ops/ops.h"
 #include "optim/grads.h"
+#include "parallel/fp8_amax.h"
 #include "parallel/host_collectives.h"
 #include "training/flops.h"
 #include "training/profiler.h"
@@ -97,6 +98,8 @@ StepResult Trainer::State::train_step() {
   const auto [loss_sum, tokens] = forward_backward(*datasets[0], consumed_train, iteration, true);
   log->section("forward-backward", false);
   r.loss = tokens > 0 ? loss_sum / tokens : 0.0;
+  // FP8 delayed scaling: this step's amaxes over TP x DP x CP, then the scales (fp8_amax.h).
+  parallel::fp8_reduce_amaxes_and_update_scales(*model, *ps, ops::default_stream(device));
 
   log->section("optimizer", true);
   finalize_grads();

@@ -22,6 +22,7 @@
 #include "parallel/pipeline/executor.h"
 #include "training/trainer_state.h"
 #include "training/validate_compat.h"
+#include "training/validate_fp8.h"
 #ifdef MCPP_HAVE_CUDA
 #include "ops/cuda/device.h"
 #endif

@@ -18,6 +18,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "training/arguments.h"
 #include "training/validate_compat.h"
+#include "training/validate_fp8.h"
 
 namespace mcpp::training {
 namespace {
@@ -526,6 +527,7 @@ void validate_args(Args& a, int world_size, bool training) {
   if (training) validate_optimizer(a);
   validate_compat(a, training);  // the example scripts' flags (validate_compat.cpp)
   validate_observe(a);
+  validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
 }
 
 }  // namespace mcpp::training

@@ -1,4 +1,5 @@
 #include "training/validate_compat.h"
+#include "training/validate_fp8.h"
 
 #include <cmath>
 
@@ -81,6 +82,7 @@ void check_trainer_support(const Args& a, Device dev) {
   MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
                   "--save-interval must be positive, got {}", *a.save_interval);
   MCPP_CHECK_HINT(!a.async_save || a.save, "add --save DIR", "--async-save needs --save");
+  check_fp8_device(a, dev);  // FP8 needs --bf16 and a GPU with FP8 (validate_fp8.cpp)
 }
 
 }  // namespace mcpp::training

@@ -113,7 +113,8 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
     EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
   }
   EXPECT_EQ(flag_support("use_flash_attn"), FlagSupport::ByDesign);
-  EXPECT_EQ(flag_support("fp8"), FlagSupport::NotImplemented);
+  EXPECT_EQ(flag_support("fp8"), FlagSupport::Implemented);
+  EXPECT_EQ(flag_support("exp_avg_dtype"), FlagSupport::NotImplemented);
 }
 
 TEST(Parse, SpaceAndEqualsForms) {
@@ -231,10 +232,10 @@ TEST(Parse, RepeatedFlagLastWins) {
 TEST(Parse, NotImplementedFlagWithNonDefaultValueIsAnError) {
   expect_error(
       [] {
-        parse_args({"--fp8-format", "hybrid"});
+        parse_args({"--exp-avg-sq-dtype", "bf16"});
       },
-      {"--fp8-format is a Megatron-LM flag that megatron.cpp does not implement yet",
-       "given hybrid", "default is None"});
+      {"--exp-avg-sq-dtype is a Megatron-LM flag that megatron.cpp does not implement yet",
+       "given bf16", "default is fp32"});
   expect_error([] { parse_args({"--tp-comm-overlap"}); },
                {"--tp-comm-overlap is a Megatron-LM flag that megatron.cpp does not implement"});
   // Several at once are all named.
@@ -291,5 +292,5 @@ TEST(Parse, OurOwnFlagsAndHelp) {
   EXPECT_NE(h.find("megatron.cpp's own flags"), std::string::npos);
   EXPECT_NE(h.find("--device {auto,cpu,cuda}"), std::string::npos);
   EXPECT_NE(h.find("--keep-mlp-activations N  (default: 0)"), std::string::npos);
-  EXPECT_EQ(h.find("--fp8-format"), std::string::npos);
+  EXPECT_EQ(h.find("--exp-avg-dtype"), std::string::npos);
 }

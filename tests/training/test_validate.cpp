@@ -288,7 +288,7 @@ TEST(PrintArgs, MegatronFormat) {
            {"rotary_percent", "1.0"},
            {"save", "None"},
            {"data_path", "['0.5', 'a', '0.5', 'b']"},
-           {"fp8", "None"},  // known, not implemented: its default
+           {"fp8", "None"},  // --fp8-format not given
            {"data_parallel_size", "1"},
            {"ffn_hidden_size", "256"},
            {"tokenizer_type", "NullTokenizer"},

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# FP8 against bf16 on one GPU, after scripts/gpu-check.sh has built BUILD (default
+# build-gpu): bench_gpu_train's base and FP8 variants of GPT-2 350M, GPT-3 XL 1.3B and the
+# Llama-style 1B in one call (each model's bf16 and FP8 runs back to back, same micro-batch),
+# then `megatron train --device cuda --bf16 --fp8-format hybrid` for a few iterations on mock
+# data (the trainer's amax reduction and scale update). Usage: bench/gpu/fp8_bench.sh
+# [BUILD] (env: VARIANTS, default base,fp8; MODELS, default "350M XL Llama"; STEPS).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+B=${1:-build-gpu}
+pyroot() { python3 -c "import importlib, os
+m = importlib.import_module('$1')
+print(m.__file__ and os.path.dirname(m.__file__) or list(m.__path__)[0])" 2>/dev/null; }
+CUDNN_ROOT=$(pyroot nvidia.cudnn) NCCL_ROOT=$(pyroot nvidia.nccl)
+export LD_LIBRARY_PATH="${CUDNN_ROOT:+$CUDNN_ROOT/lib:}${NCCL_ROOT:+$NCCL_ROOT/lib:}${LD_LIBRARY_PATH:-}"
+cmake --build "$B" -j "$(nproc)" --target bench_gpu_train megatron > /dev/null 2>&1 ||
+  { echo "fp8_bench: build failed"; exit 1; }
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader
+for m in ${MODELS:-350M XL Llama}; do
+  echo "== $m"
+  timeout 240 "$B/bench/bench_gpu_train" --only "$m" --variants "${VARIANTS:-base,fp8}" \
+    --steps "${STEPS:-8}" --warmup 3 2> "/tmp/fp8_bench_$m.err" || { echo "rc $?"; tail -20 "/tmp/fp8_bench_$m.err"; }
+  grep -E "losses|ms/step" "/tmp/fp8_bench_$m.err"
+done
+echo "== megatron train --fp8-format hybrid (delayed) on the GPU"
+timeout 120 "$B/megatron" train --device cuda --bf16 --mock-data --tokenizer-type NullTokenizer \
+  --vocab-size 1000 --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 \
+  --max-position-embeddings 256 --micro-batch-size 8 --global-batch-size 32 --lr 3e-4 \
+  --train-iters 30 --log-interval 10 --fp8-format hybrid --fp8-amax-history-len 8 \
+  --fp8-amax-compute-algo max 2>&1 | grep -E "lm loss|rror|HINT" | tail -5

@@ -1,0 +1,248 @@
+#include "model/fp8/fp8_linear.h"
+
+#include <algorithm>
+
+#include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace mcpp::model {
+
+namespace {
+
+// The FP8 linears of a transformer layer, as Megatron puts every linear inside the layer
+// in FP8 (QKV, projection, fc1, fc2); embedding, output layer, core attention and norms
+// are not among them.
+const char* const kFp8Linears[] = {"self_attention.linear_qkv", "self_attention.linear_proj",
+                                   "mlp.linear_fc1", "mlp.linear_fc2"};
+
+std::string prefix_of(const std::string& weight) {
+  const std::string suffix = ".weight";
+  MCPP_CHECK(weight.size() > suffix.size() &&
+                 weight.compare(weight.size() - suffix.size(), suffix.size(), suffix) == 0,
+             "Fp8Linear: '{}' is not a weight name", weight);
+  return weight.substr(0, weight.size() - suffix.size());
+}
+
+// Bit k set: operand k is E5M2.
+int64_t e5m2_columns(const Fp8Config& f) { return f.grads_e5m2() ? int64_t(1) << kFp8Grad : 0; }
+
+ops::Fp8Format format_of(const Fp8Config& f, Fp8Operand k) {
+  return k == kFp8Grad && f.grads_e5m2() ? ops::Fp8Format::E5M2 : ops::Fp8Format::E4M3;
+}
+
+}  // namespace
+
+std::string fp8_history_name(const std::string& prefix) { return prefix + ".fp8_amax_history"; }
+std::string fp8_scale_name(const std::string& prefix) { return prefix + ".fp8_scale"; }
+
+void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers,
+                     ParamStore& store) {
+  if (!c.fp8.delayed()) return;
+  for (int l : layers) {
+    if (!c.fp8.layer_in_fp8(l, c.num_layers)) continue;
+    for (const char* name : kFp8Linears) {
+      const std::string p = layer_param_name(l, name);
+      // The scales start at 1 (Transformer Engine's initial scale); the history empty.
+      store.add_buffer({fp8_history_name(p),
+                        {c.fp8.amax_history_len, 3},
+                        {},
+                        DType::F32,
+                        TpSplit::None,
+                        l,
+                        -1,
+                        Init::Zeros,
+                        {}});
+      store.add_buffer(
+          {fp8_scale_name(p), {3}, {}, DType::F32, TpSplit::None, l, -1, Init::Ones, {}});
+    }
+  }
+}
+
+std::vector<Tensor> fp8_histories(const ParamStore& store) {
+  std::vector<Tensor> out;
+  const auto& infos = store.buffer_infos();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const std::string& n = infos[i].name;
+    const std::string tail = ".fp8_amax_history";
+    if (n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0)
+      out.push_back(store.buffer(i));
+  }
+  return out;
+}
+
+void fp8_update_scales(const TransformerConfig& c, ParamStore& store, Stream& s) {
+  if (!c.fp8.delayed()) return;
+  const auto& infos = store.buffer_infos();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const std::string& n = infos[i].name;
+    const std::string tail = ".fp8_amax_history";
+    if (n.size() <= tail.size() || n.compare(n.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    Tensor h = store.buffer(i);
+    Tensor sc = store.buffer(n.substr(0, n.size() - tail.size()) + ".fp8_scale");
+    ops::fp8_scale_update(h, sc, e5m2_columns(c.fp8), c.fp8.margin, c.fp8.amax_max,
+                          /*roll=*/true, s);
+  }
+}
+
+Fp8Linear::Fp8Linear(const ParamStore* store, const std::string& weight) {
+  if (!store || !store->has(weight)) return;  // shape-only
+  layer_ = store->info(weight).layer;
+  const std::string p = prefix_of(weight);
+  if (store->has_buffer(fp8_history_name(p))) {
+    history_ = store->buffer(fp8_history_name(p));
+    scale_ = store->buffer(fp8_scale_name(p));
+  }
+}
+
+bool Fp8Linear::on(const StepContext& cx) const {
+  return layer_ >= 0 && cx.cfg && cx.cfg->fp8.layer_in_fp8(layer_, cx.cfg->num_layers);
+}
+
+Tensor Fp8Linear::scale_for(const Tensor& v, Fp8Operand k, bool tp_split, bool record,
+                            Tensor* fused_amax, const StepContext& cx) const {
+  const Fp8Config& f = cx.cfg->fp8;
+  Stream& st = cx.stream();
+  if (f.recipe == Fp8Config::Recipe::Delayed) {
+    MCPP_CHECK(history_.defined(),
+               "FP8 layer {}: no delayed-scaling state registered (add_fp8_buffers)", layer_);
+    if (record && cx.keys.training) {
+      Tensor amax = history_.view({history_.numel()}).narrow(k, 1);  // row 0, column k
+      if (fused_amax)
+        *fused_amax = amax;
+      else
+        ops::fp8_amax(v, amax, st);
+    }
+    return scale_.narrow(k, 1);
+  }
+  // tensorwise: the tensor's own amax (over TP when it is split)
+  if (!cur_scale_.defined()) {
+    ensure(cur_amax_, {1, 3}, DType::F32, v.device());
+    ensure(cur_scale_, {3}, DType::F32, v.device());
+    ops::fill(cur_scale_, 1.0, st);
+  }
+  Tensor amax = cur_amax_.view({3}).narrow(k, 1);
+  ops::fill(amax, 0.0, st);
+  ops::fp8_amax(v, amax, st);
+  if (tp_split && cx.tp_comm) parallel::max_from_tp(amax, *cx.tp_comm, st);
+  // A zero tensor keeps the previous scale: any scale quantises it to zeros.
+  ops::fp8_scale_update(cur_amax_, cur_scale_, e5m2_columns(f), 0, false, false, st);
+  return cur_scale_.narrow(k, 1);
+}
+
+const Tensor& Fp8Linear::quantize(const Tensor& v, Fp8Operand k, bool tp_split, bool record,
+                                  const StepContext& cx) const {
+  Tensor& q = q_[k];
+  ensure(q, v.shape(), v.dtype(), v.device());
+  const Tensor scale = scale_for(v, k, tp_split, record, nullptr, cx);
+  ops::fp8_quantize(v, format_of(cx.cfg->fp8, k), scale, q, cx.stream());
+  return q;
+}
+
+namespace {
+
+// Activation and gradient casts go to scratch shared by every layer (one per operand
+// kind and copy), grown to the largest tensor: each is read by the GEMM right after it on
+// the same stream, so a later layer may overwrite it.
+Tensor scratch_view(int slot, const Shape& shape, DType dt, Device dev) {
+  static Tensor pool[6];
+  Tensor& buf = pool[slot];
+  const int64_t n = shape_numel(shape);
+  if (!buf.defined() || buf.numel() < n || buf.dtype() != dt || buf.device() != dev)
+    buf = Tensor::empty({std::max<int64_t>(n, buf.defined() ? buf.numel() : 0)}, dt, dev);
+  return buf.narrow(0, n).view(shape);
+}
+
+Tensor as_2d(const Tensor& t) { return t.view({t.numel() / t.size(-1), t.size(-1)}); }
+
+}  // namespace
+
+const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_split, bool record,
+                                       bool rowwise, bool colwise, const StepContext& cx) const {
+  const Fp8Config& f = cx.cfg->fp8;
+  const DType dt = format_of(f, k) == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
+  const Tensor v2 = as_2d(v);
+  const int64_t R = v2.size(0), C = v2.size(1);
+  const bool weight = k == kFp8Weight;
+  // The weight: both copies, once per training step, kept by this layer.
+  if (weight && cx.keys.training && w_cast_iter_ == cx.keys.iteration) return w_cast_;
+  static Cast shared[3];
+  Cast& c = weight ? w_cast_ : shared[k];
+  if (weight) rowwise = colwise = true;
+  if (weight) {
+    ensure(c.q, {R, C}, dt, v.device());
+    ensure(c.qt, {C, R}, dt, v.device());
+  } else {
+    c.q = rowwise ? scratch_view(2 * k, {R, C}, dt, v.device()) : Tensor();
+    c.qt = colwise ? scratch_view(2 * k + 1, {C, R}, dt, v.device()) : Tensor();
+  }
+  ensure(c.scale_inv, {1}, DType::F32, v.device());
+  Tensor amax;
+  const Tensor scale = scale_for(v2, k, tp_split, record, &amax, cx);
+  Tensor q = rowwise ? c.q : Tensor(), qt = colwise ? c.qt : Tensor();
+  ops::fp8_cast_transpose(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
+  if (weight) w_cast_iter_ = cx.keys.training ? cx.keys.iteration : -1;
+  return c;
+}
+
+void Fp8Linear::forward(const Tensor& x, bool x_split, const Tensor& w, const Tensor& b,
+                        const Tensor& residual, Tensor& y, const StepContext& cx) const {
+  Stream& st = cx.stream();
+  const bool tp = cx.tp_comm != nullptr;
+  if (x.device() == Device::CPU) {  // the emulation
+    const Tensor& xq = quantize(x, kFp8Input, x_split, true, cx);
+    const Tensor& wq = quantize(w, kFp8Weight, tp, true, cx);
+    if (residual.defined())
+      ops::linear_residual_forward(xq, wq, b, residual, y, st);
+    else
+      ops::linear_forward(xq, wq, b, y, st);
+    return;
+  }
+  const Cast& X = cast(x, kFp8Input, x_split, true, true, false, cx);
+  const Cast& W = cast(w, kFp8Weight, tp, true, true, true, cx);
+  Tensor y2 = as_2d(y);
+  // fprop with Hopper's fast FP8 accumulation, as Transformer Engine
+  ops::fp8_gemm(X.q, X.scale_inv, W.q, W.scale_inv, b, residual, false, true, y2, st);
+}
+
+void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool x_split,
+                         const ParamView& w, const ParamView& b, Tensor& dx, bool weights,
+                         const StepContext& cx) const {
+  Stream& st = cx.stream();
+  Tensor none;
+  const bool tp = cx.tp_comm != nullptr;
+  const bool fp8_wgrad = weights && w.g.defined() && wgrad(cx);
+  if (dy.device() == Device::CPU) {  // the emulation
+    const Tensor& gq = quantize(dy, kFp8Grad, dy_split, true, cx);
+    if (dx.defined())
+      ops::linear_backward(gq, x, quantize(w.w, kFp8Weight, tp, false, cx), dx, false, none, none,
+                           st);
+    if (fp8_wgrad) {
+      Tensor dw = w.g;
+      ops::linear_backward(gq, quantize(x, kFp8Input, x_split, false, cx), w.w, none, false, dw,
+                           none, st);
+    }
+  } else {
+    const Cast& G = cast(dy, kFp8Grad, dy_split, true, dx.defined(), fp8_wgrad, cx);
+    if (dx.defined()) {
+      const Cast& W = cast(w.w, kFp8Weight, tp, false, true, true, cx);
+      Tensor dx2 = as_2d(dx);
+      ops::fp8_gemm(G.q, G.scale_inv, W.qt, W.scale_inv, none, none, false, false, dx2, st);
+    }
+    if (fp8_wgrad) {
+      const Cast& X = cast(x, kFp8Input, x_split, false, false, true, cx);
+      Tensor dw = w.g;
+      ops::fp8_gemm(G.qt, G.scale_inv, X.qt, X.scale_inv, none, none, true, false, dw, st);
+    }
+  }
+  if (weights && w.g.defined() && !fp8_wgrad) {  // --no-fp8-wgrad
+    Tensor dw = w.g;
+    ops::linear_backward(dy, x, w.w, none, false, dw, none, st);
+  }
+  if (weights && b.g.defined()) {  // from the unquantised gradient, as Transformer Engine's dbias
+    Tensor db = b.g;
+    ops::linear_backward(dy, x, w.w, none, false, none, db, st);
+  }
+}
+
+}  // namespace mcpp::model

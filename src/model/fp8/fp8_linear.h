@@ -1,0 +1,102 @@
+// One linear layer's FP8 operands and their scaling state (Transformer Engine's per-module
+// fp8_meta), owned by ColumnParallelLinear / RowParallelLinear (model/linear.*). Docs:
+// docs/fp8.md.
+//
+// Operands (the columns of the state): 0 the input x, 1 the weight w (E4M3 both), 2 the
+// output gradient dy (E5M2 under --fp8-format hybrid, else E4M3). Each GEMM reads Q(v), v
+// rounded to the FP8 grid after scaling, then scaled back (ops::fp8_quantize):
+//   fprop  y  = Q(x) @ Q(w)^T + b
+//   dgrad  dx = Q(dy) @ Q(w)
+//   wgrad  dw += Q(dy)^T @ Q(x)       (dy^T @ x with --no-fp8-wgrad);  db += sum dy
+// On the CPU this is the arithmetic itself (the emulation: f32, or f64 for gradient
+// checks); the backward is the straight-through one (quantisation counts as the identity).
+// On CUDA the operands are real FP8 tensors (ops::fp8_cast_transpose: one read of the bf16
+// tensor writes the row-wise copy, the column-wise (transposed) copy and the amax) and the
+// GEMMs are cuBLASLt's FP8 GEMMs (ops::fp8_gemm) in Hopper's one layout: fprop X·Wᵀ,
+// dgrad G·(Wᵀ)ᵀ, wgrad Gᵀ·(Xᵀ)ᵀ. The weight's two FP8 copies are made once per training
+// step (keyed by the iteration; the optimizer changes weights only between steps) and
+// reused by every micro-batch's forward and backward; activations and gradients are cast
+// into scratch shared by all layers.
+//
+// Scaling, per tensor:
+//   delayed (default): scale = fp8_max / amax / 2^margin from the amax history, persistent
+//     buffers <linear>.fp8_amax_history [L, 3] (row 0: this step's amax, max over its
+//     micro-batches) and <linear>.fp8_scale [3], checkpointed and resharded with the model
+//     (duplicated on every TP rank). The step's amaxes are max-reduced over TP x DP (x CP)
+//     and the scales updated once per step, after the backward (parallel/fp8_amax.h):
+//     every rank holds the same scales, which are those of the serial run.
+//   tensorwise (current scaling): the tensor's own amax, max-reduced over TP when the
+//     tensor is TP-split (the gathered input of a column-parallel layer, the gathered
+//     gradient of a row-parallel one are whole already), no state kept.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/module.h"
+#include "model/params.h"
+
+namespace mcpp::model {
+
+enum Fp8Operand : int { kFp8Input = 0, kFp8Weight = 1, kFp8Grad = 2 };
+
+// The persistent buffers of a linear layer named `prefix` (e.g.
+// decoder.layers.3.mlp.linear_fc1): registered for every FP8 linear under the delayed
+// recipe.
+std::string fp8_history_name(const std::string& prefix);
+std::string fp8_scale_name(const std::string& prefix);
+// Registers them for the FP8 layers of the stage (nothing without --fp8-format or with the
+// tensorwise recipe). Call before ParamStore::allocate.
+void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers, ParamStore& store);
+// The delayed-scaling histories held by `store`, in registration order.
+std::vector<Tensor> fp8_histories(const ParamStore& store);
+// Once per training step, after the amaxes are reduced: every scale from its history,
+// then the histories roll (row 0 cleared for the next step).
+void fp8_update_scales(const TransformerConfig& c, ParamStore& store, Stream& s);
+
+class Fp8Linear {
+ public:
+  Fp8Linear() = default;
+  // weight: the layer's weight name; binds the state buffers when registered.
+  Fp8Linear(const ParamStore* store, const std::string& weight);
+
+  // Whether this layer's GEMMs run in FP8 in this pass.
+  bool on(const StepContext& cx) const;
+
+  // fprop: y = Q(x) Q(w)^T (+ b) (+ residual, when defined). x_split: x is this rank's part
+  // of a TP-split tensor (the row-parallel input).
+  void forward(const Tensor& x, bool x_split, const Tensor& w, const Tensor& b,
+               const Tensor& residual, Tensor& y, const StepContext& cx) const;
+  // dgrad dx = Q(dy) Q(w) (when dx is defined); with `weights`, wgrad dw += Q(dy)^T Q(x)
+  // (dy^T x under --no-fp8-wgrad) and db += sum dy (from the unquantised dy). x gives only
+  // the shape when !weights.
+  void backward(const Tensor& dy, bool dy_split, const Tensor& x, bool x_split, const ParamView& w,
+                const ParamView& b, Tensor& dx, bool weights, const StepContext& cx) const;
+  // Q(v) of operand `k` into a scratch tensor of this layer (valid until the next call
+  // for the same operand). tp_split: v is this rank's part of a TP-split tensor (current
+  // scaling reduces the amax over TP then). record: add v's amax to this step's (delayed,
+  // training passes only; the backward re-quantising the saved input passes false).
+  const Tensor& quantize(const Tensor& v, Fp8Operand k, bool tp_split, bool record,
+                         const StepContext& cx) const;
+  bool wgrad(const StepContext& cx) const { return cx.cfg->fp8.wgrad; }
+
+ private:
+  struct Cast {  // a real FP8 operand (CUDA): row-wise, column-wise, 1/scale
+    Tensor q, qt, scale_inv;
+  };
+  // The scale of operand k for v: delayed, the stored one (v's amax recorded into the
+  // history when `record`, by the cast kernel when `fused_amax` is given); tensorwise,
+  // from v's own amax (over TP when tp_split).
+  Tensor scale_for(const Tensor& v, Fp8Operand k, bool tp_split, bool record, Tensor* fused_amax,
+                   const StepContext& cx) const;
+  const Cast& cast(const Tensor& v, Fp8Operand k, bool tp_split, bool record, bool rowwise,
+                   bool colwise, const StepContext& cx) const;
+
+  int layer_ = -1;
+  Tensor history_, scale_;               // delayed: the persistent buffers
+  mutable Tensor cur_amax_, cur_scale_;  // tensorwise: [1, 3], [3]
+  mutable Tensor q_[3];                  // the quantised operands (emulation)
+  mutable Cast w_cast_;                  // the weight's FP8 copies (CUDA) ...
+  mutable int64_t w_cast_iter_ = -1;     // ... made in this training iteration
+};
+
+}  // namespace mcpp::model

@@ -1,0 +1,398 @@
+// FP8 ops on CUDA (catalogue.inc's FP8 section): quantise-dequantise through the
+// hardware's conversion (__nv_fp8_e4m3 / __nv_fp8_e5m2 from float: round to nearest even,
+// saturating, NaN kept: the same grid as ops/fp8_grid.h, which the GPU tests check), amax
+// recording and the delayed-scaling update, all on the stream with device-side scales (no
+// host synchronisation). x and y: f32 or bf16 (one dtype), scales and amaxes f32.
+#include <cuda_fp8.h>
+#include <fmt/format.h>
+
+#include <cfloat>
+#include <string>
+#include <type_traits>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8.h"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+__device__ __forceinline__ float round_fp8(float v, Fp8Format f) {
+  if (f == Fp8Format::E4M3) return float(__nv_fp8_e4m3(v));
+  return float(__nv_fp8_e5m2(v));
+}
+
+template <typename T>
+__global__ void quantize_kernel(const T* x, T* y, int64_t n, Fp8Format f, const float* scale) {
+  const float sc = *scale, inv = 1.0f / sc;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_f<T>(round_fp8(to_f(x[i]) * sc, f) * inv);
+}
+
+// max |x| as the bits of a non-negative float: integer order is float order, NaN's bits
+// (0x7fc00000 and above) exceed Inf's, so a NaN wins as in the CPU op.
+__device__ __forceinline__ unsigned abs_bits(float v) {
+  return v != v ? 0x7fc00000u : (__float_as_uint(v) & 0x7fffffffu);
+}
+
+template <typename T>
+__global__ void amax_kernel(const T* x, int64_t n, float* amax) {
+  unsigned m = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    m = max(m, abs_bits(to_f(x[i])));
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned w[32];
+  if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < int(blockDim.x >> 5); ++i) m = max(m, w[i]);
+    atomicMax(reinterpret_cast<unsigned*>(amax), m);
+  }
+}
+
+// bf16, 16-byte aligned, n a multiple of 8: eight values a load, a packed max over their
+// 15-bit magnitudes (NaN's bits above Inf's), mapped to abs_bits' float order at the end.
+__global__ void amax_bf16x8_kernel(const uint4* __restrict__ x, int64_t n8, float* amax) {
+  uint32_t m2 = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = x[i];
+    m2 = __vmaxu2(m2, __vmaxu2(__vmaxu2(v.x & 0x7fff7fffu, v.y & 0x7fff7fffu),
+                               __vmaxu2(v.z & 0x7fff7fffu, v.w & 0x7fff7fffu)));
+  }
+  unsigned m = max(m2 & 0xffffu, m2 >> 16);
+  m = m > 0x7f80u ? 0x7fc00000u : m << 16;
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned w[32];
+  if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < int(blockDim.x >> 5); ++i) m = max(m, w[i]);
+    atomicMax(reinterpret_cast<unsigned*>(amax), m);
+  }
+}
+
+__global__ void scale_update_kernel(float* h, float* sc, int64_t L, int64_t K, int64_t e5m2,
+                                    int64_t margin, bool amax_max, bool roll) {
+  for (int64_t k = 0; k < K; ++k) {
+    const double mx = (e5m2 >> k) & 1 ? 57344.0 : 448.0;
+    float a = h[k];
+    if (amax_max)
+      for (int64_t r = 1; r < L; ++r) {
+        const float v = h[r * K + k];
+        a = (v != v || a != a) ? NAN : fmaxf(a, v);
+      }
+    if (isfinite(a) && a > 0) {
+      const float v = float(mx / double(a) / ldexp(1.0, int(margin)));
+      sc[k] = isfinite(v) ? v : FLT_MAX;
+    }
+  }
+  if (roll) {
+    for (int64_t r = L - 1; r > 0; --r)
+      for (int64_t k = 0; k < K; ++k) h[r * K + k] = h[(r - 1) * K + k];
+    for (int64_t k = 0; k < K; ++k) h[k] = 0;
+  }
+}
+
+// Cast + transpose + amax, the general path (f32 input, ragged shapes; the fast path is
+// cast_transpose_vec_kernel below): one 32 x 32 tile of x per block (32 x 8 threads, 4 rows each),
+// read once, coalesced; the FP8 bytes go out row-wise directly and column-wise through
+// shared memory. The amax is a per-block max, then one atomicMax on its bits.
+template <typename T, typename F8>
+__global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
+                                      const float* scale, F8* q, F8* qt, float* amax,
+                                      float* scale_inv) {
+  __shared__ uint8_t tile[32][33];
+  __shared__ unsigned wmax[8];
+  const float sc = *scale;
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  unsigned m = 0;
+  for (int i = ty; i < 32; i += 8) {
+    const int64_t r = r0 + i, c = c0 + tx;
+    uint8_t b = 0;
+    if (r < R && c < C) {
+      const float v = to_f(x[r * C + c]);
+      m = max(m, abs_bits(v));
+      const F8 f(v * sc);
+      b = f.__x;
+      if (q) q[r * C + c] = f;
+    }
+    tile[i][tx] = b;
+  }
+  if (amax) {
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (tx == 0) wmax[ty] = m;
+  }
+  __syncthreads();
+  if (amax && tx == 0 && ty == 0) {
+    for (int i = 1; i < 8; ++i) m = max(m, wmax[i]);
+    atomicMax(reinterpret_cast<unsigned*>(amax), m);
+  }
+  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
+  if (qt)
+    for (int i = ty; i < 32; i += 8) {  // qt[c, r] for c = c0 + i, r = r0 + tx
+      const int64_t c = c0 + i, r = r0 + tx;
+      if (r < R && c < C) qt[c * R + r].__x = tile[tx][i];
+    }
+}
+
+// The fast path (bf16 input, both dimensions multiples of 16, 16-byte aligned pointers:
+// every shape the FP8 GEMMs accept). A block of 32 x 4 threads owns a 128-row x 64-column
+// tile; thread (tx, ty) reads rows 4tx..4tx+3, columns 16ty..16ty+15 of it as eight
+// 16-byte loads (all issued before any arithmetic), converts two values per instruction
+// (cvt.rn.satfinite: the same rounding as the scalar path and the emulation), and
+//  - ROW: writes each row's 16 FP8 bytes as one 16-byte store;
+//  - COL: transposes its 4 x 16 bytes in registers (__byte_perm) into 16 words of 4 rows
+//    each and puts them in shared memory as tile[column][row / 4]; a warp writes 32
+//    consecutive words (conflict-free), and after the barrier each thread reads 16 rows
+//    of one column as one 16-byte load (each quarter-warp reads one 128-byte row of the
+//    tile: conflict-free) and writes them to qt with one 16-byte store.
+// The amax is a packed max over the bf16 bits (|v| as 15-bit integers, NaN above Inf),
+// a warp shuffle, and one atomicMax per block.
+constexpr int kVecRows = 128, kVecCols = 64, kVecPitch = kVecRows / 4 + 4;  // pitch: words
+
+template <bool E4M3>
+__device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
+  const float2 f = make_float2(__uint_as_float(bf2 << 16) * sc,
+                               __uint_as_float(bf2 & 0xffff0000u) * sc);
+  return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+template <bool E4M3, bool ROW, bool COL>
+__global__ void __launch_bounds__(128)
+    cast_transpose_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C,
+                              const float* __restrict__ scale, uint8_t* __restrict__ q,
+                              uint8_t* __restrict__ qt, float* amax, float* scale_inv) {
+  __shared__ uint4 tile_storage[COL ? kVecCols * kVecPitch / 4 : 1];
+  __shared__ unsigned wmax[4];
+  uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
+  const float sc = *scale;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t r0 = int64_t(blockIdx.y) * kVecRows, c0 = int64_t(blockIdx.x) * kVecCols;
+  const int64_t cb = c0 + 16 * ty;
+  uint4 in[4][2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + 4 * tx + i;
+    if (cb < C && r < R) {
+      const uint4* p = reinterpret_cast<const uint4*>(x + r * C + cb);
+      in[i][0] = p[0];
+      in[i][1] = p[1];
+    } else {
+      in[i][0] = in[i][1] = make_uint4(0, 0, 0, 0);  // zeros: no amax, not stored
+    }
+  }
+  uint32_t m2 = 0, w[4][4];  // w[i][k]: the FP8 bytes of row i, columns 4k..4k+3
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t v[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
+                           in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
+      w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
+    }
+    if (ROW && cb < C && r0 + 4 * tx + i < R)
+      *reinterpret_cast<uint4*>(q + (r0 + 4 * tx + i) * C + cb) =
+          make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
+  }
+  if (COL) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // columns 4k..4k+3 of rows 0..3 -> 4 words of 4 rows
+      const uint32_t lo01 = __byte_perm(w[0][k], w[1][k], 0x5140),  // a0 b0 a1 b1
+          lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),             // c0 d0 c1 d1
+          hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),             // a2 b2 a3 b3
+          hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);             // c2 d2 c3 d3
+      uint32_t* col = tile + (16 * ty + 4 * k) * kVecPitch + tx;
+      col[0] = __byte_perm(lo01, lo23, 0x5410);
+      col[kVecPitch] = __byte_perm(lo01, lo23, 0x7632);
+      col[2 * kVecPitch] = __byte_perm(hi01, hi23, 0x5410);
+      col[3 * kVecPitch] = __byte_perm(hi01, hi23, 0x7632);
+    }
+  }
+  if (amax) {
+    unsigned m = max(m2 & 0xffffu, m2 >> 16);
+    m = m > 0x7f80u ? 0x7fc00000u : m << 16;  // as abs_bits of the float
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (tx == 0) wmax[ty] = m;
+  }
+  if (COL || amax) __syncthreads();
+  if (amax && tx == 0 && ty == 0)
+    atomicMax(reinterpret_cast<unsigned*>(amax),
+              max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
+  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
+  if (COL) {
+    const int t = ty * 32 + tx;
+#pragma unroll
+    for (int it = 0; it < kVecCols * 8 / 128; ++it) {
+      const int idx = t + 128 * it, c = idx / 8, part = idx % 8;  // rows 16 part .. +15
+      const int64_t cg = c0 + c, rr = r0 + 16 * part;
+      if (cg < C && rr < R)
+        *reinterpret_cast<uint4*>(qt + cg * R + rr) =
+            *reinterpret_cast<const uint4*>(tile + c * kVecPitch + 4 * part);
+    }
+  }
+}
+
+template <bool E4M3>
+void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float* scale,
+                               uint8_t* q, uint8_t* qt, float* amax, float* scale_inv,
+                               cudaStream_t st) {
+  dim3 block(32, 4), grid(unsigned((C + kVecCols - 1) / kVecCols),
+                          unsigned((R + kVecRows - 1) / kVecRows));
+  if (q && qt)
+    cast_transpose_vec_kernel<E4M3, true, true>
+        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+  else if (q)
+    cast_transpose_vec_kernel<E4M3, true, false>
+        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+  else
+    cast_transpose_vec_kernel<E4M3, false, true>
+        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <typename F8>
+void launch_cast_transpose(const Tensor& x, const Tensor& scale, Tensor& q, Tensor& qt,
+                           Tensor& amax, Tensor& scale_inv, int64_t R, int64_t C, Stream& s) {
+  dim3 block(32, 8), grid(unsigned((C + 31) / 32), unsigned((R + 31) / 32));
+  F8* qp = q.defined() ? static_cast<F8*>(q.raw()) : nullptr;
+  F8* qtp = qt.defined() ? static_cast<F8*>(qt.raw()) : nullptr;
+  float* ap = amax.defined() ? amax.data<float>() : nullptr;
+  float* sip = scale_inv.defined() ? scale_inv.data<float>() : nullptr;
+  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) &&
+      (qp || qtp) && (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
+    const auto* xb = static_cast<const bf16*>(x.raw());
+    auto* q8 = reinterpret_cast<uint8_t*>(qp);
+    auto* qt8 = reinterpret_cast<uint8_t*>(qtp);
+    if (std::is_same_v<F8, __nv_fp8_e4m3>)
+      launch_cast_transpose_vec<true>(xb, R, C, scale.data<float>(), q8, qt8, ap, sip,
+                                      stream_of(s));
+    else
+      launch_cast_transpose_vec<false>(xb, R, C, scale.data<float>(), q8, qt8, ap, sip,
+                                       stream_of(s));
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  if (x.dtype() == DType::F32)
+    cast_transpose_kernel<float, F8><<<grid, block, 0, stream_of(s)>>>(
+        x.data<float>(), R, C, scale.data<float>(), qp, qtp, ap, sip);
+  else
+    cast_transpose_kernel<bf16, F8><<<grid, block, 0, stream_of(s)>>>(
+        static_cast<const bf16*>(x.raw()), R, C, scale.data<float>(), qp, qtp, ap, sip);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void check_act(const Tensor& t, const char* op, const char* name) {
+  check_cuda(t, op, name);
+  MCPP_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
+             "{}: {} is {}, expected f32 or bf16", op, name, t.str());
+}
+
+}  // namespace
+
+void fp8_quantize(const Tensor& x, Fp8Format fmt, const Tensor& scale, Tensor& y, Stream& s) {
+  const char* op = "fp8_quantize";
+  check_act(x, op, "x");
+  check_act(y, op, "y");
+  MCPP_CHECK(x.dtype() == y.dtype(), "{}: x {} and y {} differ in dtype", op, x.str(), y.str());
+  check_numel(y, x.numel(), op, "y");
+  check_f32(scale, op, "scale");
+  check_numel(scale, 1, op, "scale");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int th = 256;
+  if (x.dtype() == DType::F32)
+    quantize_kernel<float><<<grid_for(n, th), th, 0, stream_of(s)>>>(
+        x.data<float>(), y.data<float>(), n, fmt, scale.data<float>());
+  else
+    quantize_kernel<bf16><<<grid_for(n, th), th, 0, stream_of(s)>>>(
+        static_cast<const bf16*>(x.raw()), static_cast<bf16*>(y.raw()), n, fmt,
+        scale.data<float>());
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void fp8_amax(const Tensor& x, Tensor& amax, Stream& s) {
+  const char* op = "fp8_amax";
+  check_act(x, op, "x");
+  check_f32(amax, op, "amax");
+  check_numel(amax, 1, op, "amax");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int th = 256;
+  if (x.dtype() == DType::F32)
+    amax_kernel<float>
+        <<<grid_for(n, th, 1024), th, 0, stream_of(s)>>>(x.data<float>(), n, amax.data<float>());
+  else if (n % 8 == 0 && (reinterpret_cast<uintptr_t>(x.raw()) & 15) == 0)
+    amax_bf16x8_kernel<<<grid_for(n / 8, th, 1056), th, 0, stream_of(s)>>>(
+        static_cast<const uint4*>(x.raw()), n / 8, amax.data<float>());
+  else
+    amax_kernel<bf16><<<grid_for(n, th, 1024), th, 0, stream_of(s)>>>(
+        static_cast<const bf16*>(x.raw()), n, amax.data<float>());
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void fp8_scale_update(Tensor& history, Tensor& scale, int64_t e5m2_columns, int64_t margin,
+                      bool amax_max, bool roll, Stream& s) {
+  const char* op = "fp8_scale_update";
+  check_f32(history, op, "history");
+  check_f32(scale, op, "scale");
+  MCPP_CHECK(history.dim() == 2 && history.size(1) == scale.numel(),
+             "{}: history {} and scale {} do not match ([L, K] and [K])", op, history.str(),
+             scale.str());
+  scale_update_kernel<<<1, 1, 0, stream_of(s)>>>(history.data<float>(), scale.data<float>(),
+                                                 history.size(0), history.size(1), e5m2_columns,
+                                                 margin, amax_max, roll);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void fp8_cast_transpose(const Tensor& x, Fp8Format fmt, const Tensor& scale, Tensor& q, Tensor& qt,
+                        Tensor& amax, Tensor& scale_inv, Stream& s) {
+  const char* op = "fp8_cast_transpose";
+  check_act(x, op, "x");
+  MCPP_CHECK(x.dim() == 2, "{}: x {} must be 2-D [R, C]", op, x.str());
+  const int64_t R = x.size(0), C = x.size(1);
+  check_f32(scale, op, "scale");
+  const DType f8 = fmt == Fp8Format::E4M3 ? DType::FP8E4M3 : DType::FP8E5M2;
+  if (q.defined()) {
+    check_cuda(q, op, "q");
+    MCPP_CHECK(q.dtype() == f8 && q.shape() == x.shape(), "{}: q {} for x {}, expected {}", op,
+               q.str(), x.str(), dtype_name(f8));
+  }
+  if (qt.defined()) {
+    check_cuda(qt, op, "qt");
+    MCPP_CHECK(qt.dtype() == f8 && qt.shape() == (Shape{C, R}),
+               "{}: qt {} for x {}, expected {} "
+               "[{}, {}]",
+               op, qt.str(), x.str(), dtype_name(f8), C, R);
+  }
+  if (amax.defined()) check_f32(amax, op, "amax");
+  if (scale_inv.defined()) check_f32(scale_inv, op, "scale_inv");
+  if (R == 0 || C == 0) return;
+  if (fmt == Fp8Format::E4M3)
+    launch_cast_transpose<__nv_fp8_e4m3>(x, scale, q, qt, amax, scale_inv, R, C, s);
+  else
+    launch_cast_transpose<__nv_fp8_e5m2>(x, scale, q, qt, amax, scale_inv, R, C, s);
+}
+
+bool fp8_gemm_supported(std::string* why) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    if (why) *why = "no CUDA device could be queried";
+    return false;
+  }
+  if (prop.major * 10 + prop.minor >= 89) return true;
+  if (why)
+    *why = fmt::format(
+        "{} (compute capability {}.{}) has no FP8 tensor cores (8.9 or newer "
+        "needed)",
+        prop.name, prop.major, prop.minor);
+  return false;
+}
+
+}  // namespace mcpp::ops::cuda

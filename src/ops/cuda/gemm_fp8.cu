@@ -1,0 +1,206 @@
+// cuBLASLt's FP8 GEMM (catalogue.inc, fp8_gemm): C[M,N] = sa * sb * (A[M,K] @ B[N,K]^T)
+// (+ bias) (+ addend | + C). Hopper's FP8 tensor-core GEMMs take one layout only: both
+// operands K-major, cuBLAS's "TN" (docs: cublasLtMatmul, FP8 restrictions), which is why
+// the linear layers keep row-wise and column-wise (transposed) FP8 copies
+// (fp8_cast_transpose): fprop X·Wᵀ, dgrad G·(Wᵀ)ᵀ, wgrad Gᵀ·(Xᵀ)ᵀ are all this one form.
+// The scales are device pointers (cuBLASLt's A/B_SCALE_POINTER, the dequantisation
+// factors 1/scale), so nothing synchronises with the host. The algorithm is cuBLASLt's
+// first heuristic pick, cached per (shape, types, epilogue, alignments): deterministic.
+//
+// Row-major to column-major as in gemm.cu: row-major C[M,N] is column-major C^T[N,M] =
+// B·A^T with cuBLAS's A = our B (op T, stored K x N) and cuBLAS's B = our A (op N, K x M).
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+#include <fmt/format.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+cublasLtHandle_t fp8_lt_handle() {
+  static cublasLtHandle_t h = [] {
+    cublasLtHandle_t x;
+    CUBLAS_CHECK(cublasLtCreate(&x));
+    return x;
+  }();
+  return h;
+}
+
+cudaDataType_t lt_type(DType t, const char* op, const char* name) {
+  switch (t) {
+    case DType::FP8E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::FP8E5M2:
+      return CUDA_R_8F_E5M2;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::F32:
+      return CUDA_R_32F;
+    default:
+      MCPP_FAIL("{}: {} is {}; FP8 operands, bf16 or f32 outputs", op, name, dtype_name(t));
+  }
+}
+
+uint32_t align_of(const void* p) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al >>= 1;
+  return al;
+}
+
+using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, uint32_t,
+                       uint32_t, uint32_t>;
+struct Cache {
+  std::mutex mu;
+  std::map<Key, cublasLtMatmulAlgo_t> algos;
+};
+Cache& cache() {
+  static Cache* c = new Cache;
+  return *c;
+}
+
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Descs() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+bool is_fp8(DType t) { return t == DType::FP8E4M3 || t == DType::FP8E5M2; }
+
+}  // namespace
+
+void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+              const Tensor& b_scale_inv, const Tensor& bias, const Tensor& addend, bool accumulate,
+              bool fast_accum, Tensor& c, Stream& s) {
+  const char* op = "fp8_gemm";
+  check_cuda(a, op, "A");
+  check_cuda(b, op, "B");
+  check_cuda(c, op, "C");
+  check_f32(a_scale_inv, op, "a_scale_inv");
+  check_f32(b_scale_inv, op, "b_scale_inv");
+  MCPP_CHECK(is_fp8(a.dtype()) && is_fp8(b.dtype()) &&
+                 !(a.dtype() == DType::FP8E5M2 && b.dtype() == DType::FP8E5M2),
+             "{}: A {} and B {} must be FP8, not both E5M2", op, a.str(), b.str());
+  MCPP_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1),
+             "{}: A {} and B {} must be [M, K] and [N, K]", op, a.str(), b.str());
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  MCPP_CHECK(c.numel() == M * N && (c.dtype() == DType::BF16 || c.dtype() == DType::F32),
+             "{}: C {} must be bf16 or f32 with {}x{} elements", op, c.str(), M, N);
+  MCPP_CHECK_HINT(M % 16 == 0 && N % 16 == 0 && K % 16 == 0,
+                  "FP8 training needs hidden sizes, FFN sizes and micro-batch tokens (seq x "
+                  "micro-batch) that are multiples of 16",
+                  "{}: [{}x{}]x[{}x{}]^T: cuBLASLt's FP8 GEMM needs every dimension a multiple "
+                  "of 16",
+                  op, M, K, N, K);
+  if (bias.defined())
+    MCPP_CHECK(bias.device() == Device::CUDA && bias.dtype() == c.dtype() && bias.numel() == N,
+               "{}: bias {} must be C's dtype with {} elements", op, bias.str(), N);
+  if (addend.defined())
+    MCPP_CHECK(
+        addend.device() == Device::CUDA && addend.dtype() == c.dtype() && addend.numel() == M * N,
+        "{}: addend {} must be C's dtype and size", op, addend.str());
+  MCPP_CHECK(!(addend.defined() && accumulate), "{}: addend and accumulate exclude each other", op);
+  if (M == 0 || N == 0) return;
+  const void* cin = addend.defined() ? addend.raw() : c.raw();
+  const float alpha = 1.f, beta = (addend.defined() || accumulate) ? 1.f : 0.f;
+
+  Descs d;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ot = CUBLAS_OP_T, on = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ot, sizeof(ot)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &on, sizeof(on)));
+  const void* sa = b_scale_inv.raw();  // cuBLAS's A is our B
+  const void* sb = a_scale_inv.raw();
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  const int8_t fast = fast_accum ? 1 : 0;
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  if (bias.defined()) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    const void* bp = bias.raw();
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+    cudaDataType_t bt = lt_type(bias.dtype(), op, "bias");
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
+  const cudaDataType_t at = lt_type(b.dtype(), op, "B"), bt = lt_type(a.dtype(), op, "A"),
+                       ct = lt_type(c.dtype(), op, "C");
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, at, uint64_t(K), uint64_t(N), K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, bt, uint64_t(K), uint64_t(M), K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, ct, uint64_t(N), uint64_t(M), N));
+
+  const uint32_t al_a = align_of(b.raw()), al_b = align_of(a.raw()),
+                 al_c = std::min(align_of(c.raw()), align_of(cin));
+  const Key key{M,
+                N,
+                K,
+                int(a.dtype()),
+                int(b.dtype()),
+                int(c.dtype()),
+                bias.defined(),
+                beta != 0.f,
+                fast_accum,
+                al_a,
+                al_b,
+                al_c};
+  cublasLtMatmulAlgo_t algo;
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lk(cache().mu);
+    auto it = cache().algos.find(key);
+    if (it != cache().algos.end()) algo = it->second, found = true;
+  }
+  if (!found) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                         sizeof(al_a));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                         sizeof(al_b));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                         sizeof(al_c));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                         sizeof(al_c));
+    cublasLtMatmulHeuristicResult_t res{};
+    int n_res = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(fp8_lt_handle(), d.op, d.a, d.b, d.c,
+                                                             d.c, pref, 1, &res, &n_res);
+    cublasLtMatmulPreferenceDestroy(pref);
+    MCPP_CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
+               "{}: cuBLASLt has no FP8 algorithm for [{}x{}] {} x [{}x{}]^T {}{} -> {} ({})", op,
+               M, K, dtype_name(a.dtype()), N, K, dtype_name(b.dtype()),
+               bias.defined() ? " with bias" : "", dtype_name(c.dtype()),
+               cublasGetStatusString(st));
+    algo = res.algo;
+    std::lock_guard<std::mutex> lk(cache().mu);
+    cache().algos[key] = algo;
+  }
+  void* ws = workspace(kWorkspaceBytes, s);
+  CUBLAS_CHECK(cublasLtMatmul(fp8_lt_handle(), d.op, &alpha, b.raw(), d.a, a.raw(), d.b, &beta, cin,
+                              d.c, c.raw(), d.c, &algo, ws, kWorkspaceBytes, stream_of(s)));
+}
+
+}  // namespace mcpp::ops::cuda
