@@ -44,6 +44,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
                  cfg_.num_layers);
   }
   for (auto& p : Stage::parameters(cfg_, part_)) params_.add(std::move(p));
+  for (auto& b : Stage::buffers(cfg_, part_)) params_.add_buffer(std::move(b));
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);
   const auto t0 = std::chrono::steady_clock::now();

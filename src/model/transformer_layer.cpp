@@ -1,5 +1,6 @@
 #include "model/transformer_layer.h"
 
+#include "model/moe/moe_layer.h"
 #include "ops/ops.h"
 
 namespace mcpp::model {
@@ -9,7 +10,22 @@ void TransformerLayer::add_params(const TransformerConfig& c, int layer,
   Norm::add_params(c, layer_param_name(layer, "input_layernorm"), layer, params);
   Attention::add_params(c, layer, params);
   Norm::add_params(c, layer_param_name(layer, "pre_mlp_layernorm"), layer, params);
-  DenseMlp::add_params(c, layer, params);
+  if (c.is_moe_layer(layer))
+    moe::MoeLayer::add_params(c, layer, params);
+  else
+    DenseMlp::add_params(c, layer, params);
+}
+
+void TransformerLayer::add_buffers(const TransformerConfig& c, int layer,
+                                   std::vector<BufferInfo>& out) {
+  if (c.is_moe_layer(layer)) moe::MoeLayer::add_buffers(c, layer, out);
+}
+
+// The MLP-contract module of this layer: MoE where --moe-layer-freq puts one, else dense.
+static std::unique_ptr<MlpModule> make_mlp(const TransformerConfig& c, int layer,
+                                           const ParamStore* store) {
+  if (c.is_moe_layer(layer)) return std::make_unique<moe::MoeLayer>(c, layer, store);
+  return std::make_unique<DenseMlp>(c, layer, store);
 }
 
 TransformerLayer::TransformerLayer(const TransformerConfig& c, int layer, const ParamStore* store)
@@ -18,7 +34,7 @@ TransformerLayer::TransformerLayer(const TransformerConfig& c, int layer, const 
       ln1_(c, store, layer_param_name(layer, "input_layernorm")),
       attn_(c, layer, store),
       ln2_(c, store, layer_param_name(layer, "pre_mlp_layernorm")),
-      mlp_(std::make_unique<DenseMlp>(c, layer, store)) {}
+      mlp_(make_mlp(c, layer, store)) {}
 
 void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, LayerSaved& s,
                                    const TensorVisitor& v) const {

@@ -186,4 +186,19 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
   MCPP_DISPATCH(adamw_step, param, grad, m, v, model_param, p, s);
 }
 
+// ---- MoE
+void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(moe_permute, x, src, y, s);
+}
+void moe_unpermute(const Tensor& y, const Tensor& offsets, const Tensor& rows, Tensor& out,
+                   Stream& s) {
+  MCPP_DISPATCH(moe_unpermute, y, offsets, rows, out, s);
+}
+void moe_scale_rows(const Tensor& x, const Tensor& p, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(moe_scale_rows, x, p, y, s);
+}
+void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(moe_row_dot, a, b, out, s);
+}
+
 }  // namespace mcpp::ops

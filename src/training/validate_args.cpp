@@ -17,6 +17,7 @@
 #include "optim/lr_scheduler.h"
 #include "parallel/pipeline/schedule.h"
 #include "training/arguments.h"
+#include "training/validate_moe.h"
 
 namespace mcpp::training {
 namespace {
@@ -43,10 +44,6 @@ void validate_features(Args& a) {
                   "--context-parallel-size {}: context parallelism is not implemented yet; only "
                   "1 is supported now",
                   a.context_parallel_size);
-  MCPP_CHECK_HINT(a.expert_model_parallel_size == 1, "drop --expert-model-parallel-size for now",
-                  "--expert-model-parallel-size {}: expert parallelism is not implemented yet; "
-                  "only 1 is supported now",
-                  a.expert_model_parallel_size);
   {
     static const std::set<std::string> ok = {
         "GPT2BPETokenizer",     "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
@@ -519,6 +516,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_precision(a);
   validate_model(a);
   validate_tensor_parallel(a);
+  validate_moe(a);  // mixture of experts (validate_moe.cpp)
   validate_batch(a);
   validate_pipeline(a);
   validate_data(a);

@@ -1,0 +1,192 @@
+#include "model/moe/moe_layer.h"
+
+#include <cmath>
+
+#include "model/moe/transfer.h"
+#include "ops/ops.h"
+#include "parallel/expert_parallel/token_dispatch.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace mcpp::model::moe {
+
+namespace ep = parallel::expert_parallel;
+
+namespace {
+
+// The dispatch group: the TP group under sequence parallelism (each rank holds a sequence
+// shard); none otherwise (TP 1, or generation, where every TP rank holds every token).
+comm::Communicator* dispatch_group(const StepContext& cx) { return cx.sp ? cx.tp_comm : nullptr; }
+
+}  // namespace
+
+int64_t max_rows(const TransformerConfig& c, int64_t T) {
+  const auto& m = c.moe;
+  if (m.capacity_factor > 0 && m.pad_to_capacity) {
+    const int64_t blocks = c.sp() ? c.tp_size : 1, Tb = T / blocks;
+    const int64_t cap = std::min<int64_t>(
+        Tb, int64_t(std::ceil(double(Tb * m.topk) / double(m.num_experts) * m.capacity_factor)));
+    return m.num_experts * cap * blocks;
+  }
+  return T * m.topk;
+}
+
+void MoeLayer::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
+  Router::add_params(c, layer, params);
+  GroupedExperts::add_params(c, layer, params);
+  if (c.moe.shared_ffn_hidden_size > 0) SharedExperts::add_params(c, layer, params);
+}
+
+void MoeLayer::add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out) {
+  Router::add_buffers(c, layer, out);
+}
+
+MoeLayer::MoeLayer(const TransformerConfig& c, int layer, const ParamStore* store)
+    : cfg_(&c), layer_(layer), router_(c, layer, store), experts_(c, layer, store) {
+  if (c.moe.shared_ffn_hidden_size > 0) shared_ = std::make_unique<SharedExperts>(c, layer, store);
+  stats_.tokens_per_expert.assign(size_t(c.moe.num_experts), 0.0);
+}
+
+void MoeLayer::saved_specs(const Dims& d, bool /*keep_activation*/, MlpSaved& sb,
+                           const TensorVisitor& v) const {
+  auto& s = static_cast<Saved&>(sb);
+  const int64_t E = cfg_->moe.num_experts, Nmax = max_rows(*cfg_, d.T);
+  Router::saved_specs(*cfg_, d, s.router, v);
+  v(s.logits_all, {d.T, E}, Router::router_dtype(*cfg_), d.sp);
+  v(s.x_full, {d.T, d.H}, d.dt, d.sp);
+  v(s.xp, {Nmax, d.H}, d.dt, true);
+  v(s.probs, {Nmax}, d.sdt, true);
+  GroupedExperts::saved_specs(*cfg_, Nmax, d.dt, s.experts, v);
+  if (shared_) shared_->saved_specs(d, s.shared, v);
+}
+
+void MoeLayer::scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const {
+  const int64_t E = cfg_->moe.num_experts, Nmax = max_rows(*cfg_, d.T);
+  const DType rd = Router::router_dtype(*cfg_);
+  v(w_.yp, {Nmax, d.H}, d.dt, true);
+  v(w_.gp, {Nmax, d.H}, d.dt, true);
+  v(w_.dxp, {Nmax, d.H}, d.dt, true);
+  v(w_.dp, {Nmax}, d.sdt, true);
+  v(w_.y_full, {d.T, d.H}, d.dt, true);
+  v(w_.g_full, {d.T, d.H}, d.dt, d.sp);
+  v(w_.dx_full, {d.T, d.H}, d.dt, true);
+  v(w_.dx_local, {d.Tl, d.H}, d.dt, true);
+  v(w_.sh_y, {d.Tl, d.H}, d.dt, shared_ != nullptr);
+  v(w_.dlogits_all, {d.T, E}, rd, true);
+  v(w_.dlogits, {d.Tl, E}, rd, d.sp);
+  GroupedExperts::scratch_specs(*cfg_, Nmax, d.dt, w_.experts, v);
+  if (shared_) shared_->scratch_specs(d, w_.shared, ws, v);
+}
+
+void MoeLayer::scratch_specs(const Dims& d, bool /*uses_scratch_activation*/, Workspace& ws,
+                             const TensorVisitor& v) const {
+  scratch_list(d, ws, v);
+}
+
+void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Tensor& y,
+                       Workspace& ws, const StepContext& cx) const {
+  auto& s = static_cast<Saved&>(sb);
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  // This layer's own scratch, for these sizes (a no-op once allocated).
+  allocate([&](const TensorVisitor& v) { scratch_list(cx, ws, v); }, cx.dev, false);
+  comm::Communicator* group = dispatch_group(cx);
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk;
+
+  // Router: this rank's logits, then the group's (every member routes all T tokens).
+  router_.forward(x, s.router, cx);
+  const Tensor* logits = &s.router.logits;
+  if (group) {
+    ep::dispatch(s.router.logits, s.logits_all, group, st);
+    logits = &s.logits_all;
+  }
+  s.logits = to_host(*logits, st);
+  const std::vector<double> bias = router_.expert_bias();
+  s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
+                    group ? group->size() : 1);
+  const Routing& r = s.routing;
+  if (cx.keys.training && stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second) {
+    for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += r.tokens_per_expert[size_t(e)];
+    if (m.aux_loss_coeff > 0) stats_.aux_loss += r.aux_loss / m.aux_loss_coeff;
+    if (m.z_loss_coeff > 0) stats_.z_loss += r.z_loss / m.z_loss_coeff;
+    ++stats_.forwards;
+  }
+
+  // Dispatch: the group's tokens, permuted into expert-grouped rows with their weights.
+  const Tensor* xf = &x;
+  if (group) {
+    ep::dispatch(x, s.x_full, group, st);
+    xf = &s.x_full;
+  }
+  const int64_t N = int64_t(r.row_token.size());
+  s.src = index_tensor(r.row_token, cx.dev, st);
+  s.off = index_tensor(r.tok_offsets, cx.dev, st);
+  s.rows = index_tensor(r.tok_rows, cx.dev, st);
+  std::vector<double> pr(static_cast<size_t>(N), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    if (r.row_slot[size_t(n)] >= 0)
+      pr[size_t(n)] = r.prob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])];
+  Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N), yp = w_.yp.narrow(0, N);
+  ops::moe_permute(*xf, s.src, xp, st);
+  from_host(pr, p, st);
+
+  // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
+  experts_.forward(xp, p, r.counts, s.experts, yp, w_.experts, st);
+  ops::moe_unpermute(yp, s.off, s.rows, w_.y_full, st);
+  if (!group && cx.tp_comm) parallel::reduce_from_tp(w_.y_full, *cx.tp_comm, st);  // no SP
+  ep::combine(w_.y_full, y, group, st);
+  if (shared_) {
+    shared_->forward(x, s.shared, w_.sh_y, ws, cx);
+    ops::add(y, w_.sh_y, y, st);
+  }
+  if (residual) ops::add(y, *residual, y, st);
+}
+
+void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor& dx,
+                        Workspace& ws, const StepContext& cx) {
+  auto& s = static_cast<Saved&>(sb);
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  comm::Communicator* group = dispatch_group(cx);
+  MCPP_CHECK(group || !cx.tp_comm, "MoeLayer::backward at TP {} needs --sequence-parallel",
+             cfg_->tp_size);
+  const Routing& r = s.routing;
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(r.row_token.size());
+
+  // Shared experts first: they write dx (=); everything else adds to it.
+  if (shared_)
+    shared_->backward(dy, x, s.shared, dx, w_.shared, ws, cx);
+  else
+    ops::fill(dx, 0.0, st);
+
+  // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
+  const Tensor* g = &dy;
+  if (group) {
+    ep::combine_backward(dy, w_.g_full, group, st);
+    g = &w_.g_full;
+  }
+  Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
+  Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
+  ops::moe_permute(*g, s.src, gp, st);
+  experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
+  ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
+  ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
+  ops::add(dx, w_.dx_local, dx, st);
+
+  // Router: d(loss)/dp per (token, slot), then through the routing into the logits, with
+  // the aux / z-loss gradients of this rank's own rows.
+  const std::vector<double> dpv = to_host(dp, st);
+  std::vector<double> dprob(static_cast<size_t>(T * k), 0.0), dl(static_cast<size_t>(T * E));
+  for (int64_t n = 0; n < N; ++n)
+    if (r.row_slot[size_t(n)] >= 0)
+      dprob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])] = dpv[size_t(n)];
+  const double aux_scale =
+      cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch) : 1.0;
+  const int64_t r0 = group ? int64_t(group->rank()) * cx.Tl : 0;
+  route_backward(m, r, s.logits.data(), dprob.data(), aux_scale, r0, r0 + cx.Tl, cx.B, dl.data());
+  from_host(dl, w_.dlogits_all, st);
+  Tensor& dlogits = group ? w_.dlogits : w_.dlogits_all;
+  ep::dispatch_backward(w_.dlogits_all, dlogits, group, st);
+  router_.backward(dlogits, x, s.router, dx, cx);
+}
+
+}  // namespace mcpp::model::moe

@@ -1,0 +1,99 @@
+// The MoE layer (Megatron-Core's MoELayer) behind the MLP contract (mlp.h): router ->
+// token dispatch -> grouped experts -> combine (+ shared experts).
+//
+//   forward:   logits = router(x)                          x [Tl,H], logits [Tl,E]
+//              (idx, p) = route(dispatch(logits))          on the host, all T tokens of the group
+//              xp = permute(dispatch(x))                   [N,H], rows grouped by expert
+//              yp = experts(xp, p)                         probabilities after the activation
+//              y  = combine(unpermute(yp)) (+ shared(x)) (+ residual)
+//   backward:  the same steps reversed, each communication through its dual
+//              (parallel/expert_parallel/token_dispatch.h); d(loss)/dp and the aux / z-loss
+//              gradients (scaled by 1/(micro-batches x DP), Megatron's aux-loss scale in our
+//              global-token normalisation) go through the routing's Jacobian into the router.
+//
+// With TP > 1 (sequence parallel, ETP = TP, EP = 1) the dispatch group is the TP group:
+// every rank routes all T tokens of the group (the gathered logits), keeps the aux / z-loss
+// gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
+// at most T*k dropless (the saved buffers' stated bound), E*capacity*TP with padding.
+// Runtime statistics for logging and the expert-bias update live in MoeStats until
+// training/moe_step.cpp collects them once per global batch.
+#pragma once
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "model/mlp.h"
+#include "model/moe/experts.h"
+#include "model/moe/router.h"
+#include "model/moe/routing.h"
+#include "model/moe/shared_experts.h"
+
+namespace mcpp::model::moe {
+
+// What one global batch's training forwards saw (one layer).
+struct MoeStats {
+  std::vector<double> tokens_per_expert;  // [E] rows per expert, summed over forwards
+  double aux_loss = 0, z_loss = 0;        // sums over forwards of L / coeff
+  int64_t forwards = 0;
+  std::set<std::pair<int64_t, int64_t>> seen;  // (iteration, sample offset): recompute runs once
+};
+
+// The rows the permuted buffers need for T tokens (the stated bound of dropless routing).
+int64_t max_rows(const TransformerConfig& c, int64_t T);
+
+class MoeLayer final : public MlpModule {
+ public:
+  static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  static void add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out);
+  MoeLayer(const TransformerConfig& c, int layer, const ParamStore* store);
+
+  struct Saved final : MlpSaved {
+    Router::Saved router;
+    Tensor logits_all;  // [T,E] the group's logits (TP)
+    Tensor x_full;      // [T,H] the group's tokens (TP)
+    Tensor xp;          // [Nmax,H] permuted input
+    Tensor probs;       // [Nmax] statistics dtype
+    GroupedExperts::Saved experts;
+    SharedExperts::Saved shared;
+    // Host: the routing and the index tensors of this micro-batch.
+    std::vector<double> logits;
+    Routing routing;
+    Tensor src, off, rows;
+  };
+  std::unique_ptr<MlpSaved> new_saved() const override { return std::make_unique<Saved>(); }
+  void saved_specs(const Dims& d, bool keep_activation, MlpSaved& s,
+                   const TensorVisitor& v) const override;
+  void scratch_specs(const Dims& d, bool uses_scratch_activation, Workspace& ws,
+                     const TensorVisitor& v) const override;
+  void forward(const Tensor& x, MlpSaved& s, const Tensor* residual, Tensor& y, Workspace& ws,
+               const StepContext& cx) const override;
+  void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
+                const StepContext& cx) override;
+
+  int layer() const { return layer_; }
+  const Router& router() const { return router_; }
+  MoeStats& stats() const { return stats_; }
+
+ private:
+  struct Scratch {
+    Tensor yp, gp, dxp;              // [Nmax,H]
+    Tensor dp;                       // [Nmax] statistics dtype
+    Tensor y_full, g_full, dx_full;  // [T,H]
+    Tensor dx_local, sh_y;           // [Tl,H]
+    Tensor dlogits_all, dlogits;     // [T,E], [Tl,E] router dtype
+    GroupedExperts::Scratch experts;
+    SharedExperts::Scratch shared;
+  };
+  void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
+
+  const TransformerConfig* cfg_;
+  int layer_;
+  Router router_;
+  GroupedExperts experts_;
+  std::unique_ptr<SharedExperts> shared_;
+  mutable Scratch w_;  // this layer's scratch (listed in scratch_specs)
+  mutable MoeStats stats_;
+};
+
+}  // namespace mcpp::model::moe
