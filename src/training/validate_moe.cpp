@@ -280,6 +280,9 @@ void validate_moe(Args& a) {
                   "--expert-tensor-parallel-size {} different from --tensor-model-parallel-size "
                   "{} is not implemented yet",
                   etp, tp);
+  MCPP_CHECK_HINT(!a.add_bias_linear, "add --disable-bias-linear (as Megatron's MoE examples do)",
+                  "--num-experts with linear biases (Megatron's default --add-bias-linear) is not "
+                  "implemented yet: the router and the experts have no biases");
   MCPP_CHECK_HINT(!a.fp16, "train MoE models with --bf16",
                   "--fp16 with --num-experts is not implemented yet (the aux losses' gradients "
                   "are not scaled by the fp16 loss scale)");

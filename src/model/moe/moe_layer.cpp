@@ -104,6 +104,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
                     group ? group->size() : 1);
   const Routing& r = s.routing;
+  stats_.last_aux_loss = r.aux_loss, stats_.last_z_loss = r.z_loss;
   if (cx.keys.training && stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second) {
     for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += r.tokens_per_expert[size_t(e)];
     if (m.aux_loss_coeff > 0) stats_.aux_loss += r.aux_loss / m.aux_loss_coeff;

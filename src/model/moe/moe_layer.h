@@ -36,6 +36,7 @@ struct MoeStats {
   std::vector<double> tokens_per_expert;  // [E] rows per expert, summed over forwards
   double aux_loss = 0, z_loss = 0;        // sums over forwards of L / coeff
   int64_t forwards = 0;
+  double last_aux_loss = 0, last_z_loss = 0;   // the last forward's losses (with coefficients)
   std::set<std::pair<int64_t, int64_t>> seen;  // (iteration, sample offset): recompute runs once
 };
 
