@@ -69,6 +69,14 @@ void TrainingLog::record(double loss, double grad_norm, bool skipped) {
   if (!skipped) loss_ += loss, ++advanced_, last_grad_norm_ = grad_norm;
 }
 
+void TrainingLog::record_moe(const std::vector<std::pair<std::string, double>>& values,
+                             bool skipped) {
+  if (skipped) return;
+  if (moe_sums_.size() != values.size()) moe_sums_.assign(values.begin(), values.end());
+  else
+    for (size_t i = 0; i < values.size(); ++i) moe_sums_[i].second += values[i].second;
+}
+
 void TrainingLog::restart_interval() { interval_.elapsed(true), interval_.start(); }
 
 void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
@@ -89,6 +97,8 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   L.global_batch_size = gbs;
   // Averaged over the iterations that stepped, as Megatron's advanced iterations.
   L.losses = {{"lm loss", loss_ / double(std::max<int64_t>(1, advanced_))}};
+  for (const auto& [name, sum] : moe_sums_)  // mixture of experts
+    L.losses.push_back({name, sum / double(std::max<int64_t>(1, advanced_))});
   L.loss_scale = s.loss_scale;
   L.grad_norm = last_grad_norm_;
   L.skipped_iterations = s.skipped_iterations, L.nan_iterations = s.nan_iterations;
@@ -99,6 +109,7 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   comm_volumes();
   if (a_.timing_log_level >= 1) timers();
   loss_ = 0, iters_ = 0, advanced_ = 0;
+  moe_sums_.clear();
   interval_.start();
 }
 
