@@ -108,7 +108,16 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
   attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, ws.tmp, ws, cx);
   ops::add(x, ws.tmp, s.x2, st);
   ln2_.forward(s.x2, s.ln2, cx);
-  mlp_->forward(s.ln2.y, *s.mlp, nullptr, ws.tmp, ws, cx);
+  MlpSaved* ms = s.mlp.get();
+  if (cfg_->is_moe_layer(layer_)) {
+    // Generation shares one LayerSaved between all layers (sized by layer 0); a MoE layer
+    // keeps its own buffers, as dense and MoE layers save different things.
+    if (!inf_mlp_) inf_mlp_ = mlp_->new_saved();
+    allocate([&](const TensorVisitor& v) { mlp_->saved_specs(cx, true, *inf_mlp_, v); }, cx.dev,
+             false);
+    ms = inf_mlp_.get();
+  }
+  mlp_->forward(s.ln2.y, *ms, nullptr, ws.tmp, ws, cx);
   ops::add(s.x2, ws.tmp, out, st);
 }
 
