@@ -20,6 +20,7 @@
 #include "model/moe/routing.h"
 #include "ops/ops.h"
 #include "training/arguments.h"
+#include "training/flops.h"
 #include "training/validate_moe.h"
 
 using namespace mcpp;
@@ -459,4 +460,20 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-layer-freq", "[1,1,1]"})
                 .find("--moe-layer-freq"),
             std::string::npos);
+}
+
+TEST(MoeFlags, FlopsCountRoutedAndSharedExperts) {
+  // Megatron's formula: a MoE layer's MLP term is (k * I + Is) wide instead of F.
+  training::FlopsShape d{4, 64, 256, 4, 4, 16, 32, 128, true};
+  training::FlopsShape m = d;
+  m.num_moe_layers = 4, m.moe_ffn_hidden_size = 256, m.moe_topk = 1;
+  EXPECT_DOUBLE_EQ(training::num_floating_point_operations(m, 2),
+                   training::num_floating_point_operations(d, 2));
+  m.moe_topk = 2, m.moe_ffn_hidden_size = 64, m.shared_ffn_hidden_size = 128;  // 2*64+128 = F
+  EXPECT_DOUBLE_EQ(training::num_floating_point_operations(m, 2),
+                   training::num_floating_point_operations(d, 2));
+  m.num_moe_layers = 2, m.moe_ffn_hidden_size = 256;  // two layers with 2*256+128 = 640
+  const double mlp_delta = 3.0 * 2.0 * 64 * 3.0 * (640 - 256) * 2 * (2 * 32);
+  EXPECT_DOUBLE_EQ(training::num_floating_point_operations(m, 2),
+                   training::num_floating_point_operations(d, 2) + mlp_delta);
 }
