@@ -109,9 +109,9 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
   ops::add(x, ws.tmp, s.x2, st);
   ln2_.forward(s.x2, s.ln2, cx);
   MlpSaved* ms = s.mlp.get();
-  if (cfg_->is_moe_layer(layer_)) {
-    // Generation shares one LayerSaved between all layers (sized by layer 0); a MoE layer
-    // keeps its own buffers, as dense and MoE layers save different things.
+  if (cfg_->moe.num_experts > 0) {
+    // Generation shares one LayerSaved between all layers (sized by layer 0); in a MoE model
+    // each layer keeps its own MLP buffers, as dense and MoE layers save different things.
     if (!inf_mlp_) inf_mlp_ = mlp_->new_saved();
     allocate([&](const TensorVisitor& v) { mlp_->saved_specs(cx, true, *inf_mlp_, v); }, cx.dev,
              false);

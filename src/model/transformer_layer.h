@@ -61,7 +61,7 @@ class TransformerLayer {
   Attention attn_;
   Norm ln2_;
   std::unique_ptr<MlpModule> mlp_;
-  mutable std::unique_ptr<MlpSaved> inf_mlp_;  // a MoE layer's generation buffers
+  mutable std::unique_ptr<MlpSaved> inf_mlp_;  // generation buffers (MoE models)
 };
 
 }  // namespace mcpp::model

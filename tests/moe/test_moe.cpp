@@ -10,13 +10,17 @@
 //   * the flags: --moe-layer-freq expressions and the start-up errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
 
+#include "../inference/inference_test_util.h"
 #include "base/philox.h"
+#include "inference/generator.h"
 #include "model/gpt_model.h"
 #include "model/moe/moe_layer.h"
+#include "model/memory_estimate.h"
 #include "model/moe/routing.h"
 #include "ops/ops.h"
 #include "training/arguments.h"
@@ -476,4 +480,66 @@ TEST(MoeFlags, FlopsCountRoutedAndSharedExperts) {
   const double mlp_delta = 3.0 * 2.0 * 64 * 3.0 * (640 - 256) * 2 * (2 * 32);
   EXPECT_DOUBLE_EQ(training::num_floating_point_operations(m, 2),
                    training::num_floating_point_operations(d, 2) + mlp_delta);
+}
+
+TEST(MoeModel, SavedActivationsPredictedEqualsMeasuredAndHandCount) {
+  // The memory estimate (megatron plan, the start-up memory line) reads the MoE layer's
+  // saved list; it must equal what a step holds, and the MoE layer's part must be the
+  // stated dropless bound counted by hand: logits [T,E], permuted input [Tk,H], weights
+  // [Tk], fc1 [Tk,2I] and activation [Tk,I] (f64) in place of the dense fc1 [T,2F].
+  auto c = tiny_moe(true, 2, 0.1);
+  c.moe.layer_pattern = {1, 0};
+  model::GPTModel m(c);
+  auto mb = batch(2, c.seq_length, 13, 11);
+  model::StepKeys keys;
+  m.forward(mb, keys);
+  m.backward(1.0);
+  const auto mem = m.activation_memory();
+  const model::PipelinePart whole;
+  EXPECT_EQ(mem.per_slot_max, model::saved_activation_bytes(c, whole, 0, 2, c.seq_length));
+  EXPECT_EQ(mem.scratch, model::scratch_activation_bytes(c, whole, 2, c.seq_length));
+  auto dense = c;
+  dense.moe = {};
+  const int64_t T = 2 * c.seq_length, E = 4, k = 2, H = 8, I = 6, F = 12;
+  const int64_t moe_elems = T * E + T * k * H + T * k + T * k * 2 * I + T * k * I;
+  EXPECT_EQ(model::saved_activation_bytes(c, whole, 0, 2, c.seq_length) -
+                model::saved_activation_bytes(dense, whole, 0, 2, c.seq_length),
+            8 * (moe_elems - T * 2 * F));
+}
+
+TEST(MoeModel, GenerationMatchesFullForwardMixedDenseAndMoeLayers) {
+  // Greedy decoding with the KV cache (model/moe layers through forward_cached) against the
+  // training model's full forward every step: a MoE layer then a dense one, sigmoid routing
+  // with an expert bias and a gated shared expert.
+  auto cfg = test::tiny_config(true, DType::F64);
+  cfg.add_bias_linear = false;
+  cfg.moe.num_experts = 4, cfg.moe.topk = 2, cfg.moe.ffn_hidden_size = 16;
+  cfg.moe.sigmoid = true, cfg.moe.expert_bias = true, cfg.moe.layer_pattern = {1, 0};
+  cfg.moe.shared_ffn_hidden_size = 16, cfg.moe.shared_expert_gate = true;
+  model::GPTModel m(cfg);
+  moe_layers(m).front()->router().set_expert_bias({0.1, -0.2, 0.0, 0.3});
+  inference::Generator gen(m.params(), cfg);
+  const int64_t B = 2, P = 4, steps = 10;
+  inference::KVCache cache(cfg, cfg.max_position_embeddings, B);
+  std::vector<std::vector<int64_t>> seqs(B);
+  Tensor tokens = Tensor::empty({B, P}, DType::I64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < P; ++s) {
+      seqs[size_t(b)].push_back(Philox::u32(9, uint64_t(b), uint64_t(s)) % 60);
+      tokens.data<int64_t>()[b * P + s] = seqs[size_t(b)].back();
+    }
+  const Tensor* logits = &gen.forward(tokens, cache);
+  for (int64_t step = 0; step < steps; ++step) {
+    auto want = test::full_forward_last_logits(m, seqs);
+    Tensor next = Tensor::empty({B, 1}, DType::I64);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t V = logits->size(-1);
+      std::vector<double> got(logits->data<double>() + b * V, logits->data<double>() + (b + 1) * V);
+      ASSERT_LE(test::rel_diff(got, want[size_t(b)]), 1e-12) << "step " << step << " seq " << b;
+      const int64_t id = int64_t(std::max_element(got.begin(), got.end()) - got.begin());
+      seqs[size_t(b)].push_back(id);
+      next.data<int64_t>()[b] = id;
+    }
+    logits = &gen.forward(next, cache);
+  }
 }
