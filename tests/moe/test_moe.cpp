@@ -543,3 +543,29 @@ TEST(MoeModel, GenerationMatchesFullForwardMixedDenseAndMoeLayers) {
     logits = &gen.forward(next, cache);
   }
 }
+
+TEST(MoeModel, RouterDtypeFp64InAnF32Model) {
+  // --moe-router-dtype fp64 on an f32 model: the router GEMM runs on upcast copies and its
+  // gradients come back into the f32 buffers. Against the same model computed in f64.
+  auto c64 = tiny_moe(true, 1, 0.0);
+  auto c32 = c64;
+  c32.dtype = DType::F32, c32.moe.router_dtype = DType::F64, c32.moe.router_dtype_given = true;
+  model::GPTModel m64(c64), m32(c32);
+  ops::copy(m64.params().flat_params(), m32.params().flat_params(), Stream::cpu());
+  ops::copy(m32.params().flat_params(), m64.params().flat_params(), Stream::cpu());
+  auto mb = batch(2, c64.seq_length, 13, 11);
+  model::StepKeys keys;
+  m64.params().zero_grads(), m32.params().zero_grads();
+  EXPECT_NEAR(m32.forward(mb, keys), m64.forward(mb, keys), 1e-4);
+  m64.backward(1.0), m32.backward(1.0);
+  for (const char* n : {"decoder.layers.0.mlp.router.weight",
+                        "decoder.layers.0.self_attention.linear_qkv.weight"}) {
+    Tensor g32 = m32.params().grad(n), g64 = m64.params().grad(n);
+    Tensor g = Tensor::empty(g32.shape(), DType::F64);
+    ops::copy(g32, g, Stream::cpu());
+    ops::axpy(-1.0, g64, g, Stream::cpu());
+    EXPECT_LE(std::sqrt(ops::sum_squares(g, Stream::cpu()) / ops::sum_squares(g64, Stream::cpu())),
+              1e-4)
+        << n;
+  }
+}
