@@ -1,5 +1,7 @@
 #include "model/transformer_layer.h"
 
+#include <typeinfo>
+
 #include "model/moe/moe_layer.h"
 #include "ops/ops.h"
 
@@ -42,8 +44,15 @@ void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, Laye
   Attention::saved_specs(*cfg_, d, s.attn, v);
   v(s.x2, {d.Tl, d.H}, d.dt, true);
   Norm::saved_specs(*cfg_, d, s.ln2, v);
-  if (!s.mlp) s.mlp = mlp_->new_saved();
+  own_mlp_saved(s);
   mlp_->saved_specs(d, keep_mlp_activation, *s.mlp, v);
+}
+
+bool TransformerLayer::own_mlp_saved(LayerSaved& s) const {
+  std::unique_ptr<MlpSaved> fresh = mlp_->new_saved();
+  if (s.mlp && typeid(*s.mlp) == typeid(*fresh)) return false;
+  s.mlp = std::move(fresh);
+  return true;
 }
 
 void TransformerLayer::scratch_specs(const Dims& d, bool uses_scratch_activation, Workspace& ws,
@@ -64,6 +73,12 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
   // Without TP and hidden dropout the residual add runs in the GEMM's epilogue.
   const bool fuse_residual = !cx.tp_comm && cx.p_hidden == 0;
   Tensor tmp3 = ws.tmp.view({Sl, B, H}), x3 = x.view({Sl, B, H}), x23 = s.x2.view({Sl, B, H});
+  // The full-recompute workspace's slots are sized by the chunk's first layer; in a model
+  // of dense and MoE layers a slot may hold the other kind's MLP buffers: make its own
+  // (recomputed layers keep no MLP activation).
+  if (own_mlp_saved(s))
+    allocate([&](const TensorVisitor& v) { mlp_->saved_specs(cx, false, *s.mlp, v); }, cx.dev,
+             true);
   // Attention block: x2 = x + dropout(attention(norm1(x))).
   ln1_.forward(x, s.ln1, cx);
   if (fuse_residual) {

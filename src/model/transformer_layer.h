@@ -55,6 +55,9 @@ class TransformerLayer {
   void backward(const Tensor& x, LayerSaved& s, Workspace& ws, const StepContext& cx);
 
  private:
+  // Gives s.mlp this layer's MLP Saved type (a new, unallocated one when it held the other
+  // kind's); true when it replaced it.
+  bool own_mlp_saved(LayerSaved& s) const;
   const TransformerConfig* cfg_;
   int layer_;
   Norm ln1_;
