@@ -87,6 +87,11 @@ struct TransformerConfig {
     bool drop_by_position = false;           // --moe-token-drop-policy position
     int64_t shared_ffn_hidden_size = 0;      // --moe-shared-expert-intermediate-size
     bool shared_expert_gate = false;         // --moe-shared-expert-gate
+    // Expert parallelism: this rank holds experts [ep_rank*El, (ep_rank+1)*El), El = E/ep_size
+    // (--expert-model-parallel-size; the layout's, never in checkpoint metadata).
+    int64_t ep_size = 1, ep_rank = 0;
+    int64_t local_experts() const { return num_experts / ep_size; }
+    int64_t first_expert() const { return ep_rank * local_experts(); }
   } moe;
   bool is_moe_layer(int64_t layer) const {
     return moe.num_experts > 0 &&

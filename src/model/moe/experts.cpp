@@ -1,5 +1,6 @@
 #include "model/moe/experts.h"
 
+#include "base/error.h"
 #include "ops/ops.h"
 
 namespace mcpp::model::moe {
@@ -17,7 +18,8 @@ std::string fc2_name(int layer, int64_t e) {
 void GroupedExperts::add_params(const TransformerConfig& c, int layer,
                                 std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size, I = c.moe.ffn_hidden_size, fc1 = (c.swiglu ? 2 : 1) * I;
-  for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+  const int64_t e0 = c.moe.first_expert();
+  for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {  // global indices
     ParamInfo w1 = make_param(fc1_name(layer, e), {fc1, H},
                               c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows, Init::Normal,
                               c.init_method_std, true, layer, c.tp_size);
@@ -33,7 +35,8 @@ void GroupedExperts::add_params(const TransformerConfig& c, int layer,
 
 GroupedExperts::GroupedExperts(const TransformerConfig& c, int layer, const ParamStore* store)
     : cfg_(&c) {
-  for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+  const int64_t e0 = c.moe.first_expert();
+  for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {
     w1_.push_back(ParamStore::view(store, fc1_name(layer, e)));
     w2_.push_back(ParamStore::view(store, fc2_name(layer, e)));
   }
@@ -55,6 +58,8 @@ void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DTy
 
 void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vector<int64_t>& counts,
                              Saved& s, Tensor& yp, Scratch& w, Stream& st) const {
+  MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
+             counts.size(), w1_.size());
   const int64_t N = xp.size(0);
   Tensor fc1 = s.fc1.narrow(0, N), act = s.act.narrow(0, N), ap = w.ap.narrow(0, N);
   int64_t off = 0;
@@ -83,6 +88,8 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
 void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor& p,
                               const std::vector<int64_t>& counts, const Saved& s, Tensor& dxp,
                               Tensor& dp, Scratch& w, Stream& st) {
+  MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
+             counts.size(), w1_.size());
   const int64_t N = xp.size(0);
   Tensor fc1 = s.fc1.narrow(0, N), act = s.act.narrow(0, N);
   Tensor ap = w.ap.narrow(0, N), dap = w.dap.narrow(0, N), dact = w.dact.narrow(0, N);

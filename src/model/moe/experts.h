@@ -8,7 +8,9 @@
 //
 // Parameters (grouped form, global expert index e): mlp.experts.linear_fc1.weight{e}
 // [(2)I, H] (SwiGLU: [gate; up], each ETP rank its rows of both) and
-// mlp.experts.linear_fc2.weight{e} [H, I] (split by columns), grad_group Expert. An expert
+// mlp.experts.linear_fc2.weight{e} [H, I] (split by columns), grad_group Expert. With expert
+// parallelism a rank holds its El = E/EP experts only (still named by global index e =
+// ep_rank*El + j) and counts are per local expert. An expert
 // with no rows runs no GEMM and its gradients stay as they are.
 #pragma once
 #include <vector>
@@ -37,7 +39,8 @@ class GroupedExperts {
   static void scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Scratch& w,
                             const TensorVisitor& v);
 
-  // xp [N,H], p [N] (statistics dtype) -> yp [N,H]; counts [E] rows per expert (sum N).
+  // xp [N,H], p [N] (statistics dtype) -> yp [N,H]; counts [El] rows per local expert
+  // (sum N).
   void forward(const Tensor& xp, const Tensor& p, const std::vector<int64_t>& counts, Saved& s,
                Tensor& yp, Scratch& w, Stream& st) const;
   // dyp [N,H] -> dxp [N,H] (=), dp [N] (=); weight gradients +=.

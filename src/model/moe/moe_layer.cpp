@@ -46,6 +46,15 @@ MoeLayer::MoeLayer(const TransformerConfig& c, int layer, const ParamStore* stor
   stats_.tokens_per_expert.assign(size_t(c.moe.num_experts), 0.0);
 }
 
+void MoeLayer::set_expert_parallel_group(comm::Communicator* ep) {
+  const int64_t n = ep ? ep->size() : 1;
+  MCPP_CHECK(n == cfg_->moe.ep_size && (!ep || ep->rank() == cfg_->moe.ep_rank),
+             "MoE layer {}: an EP group of {} ranks (this one {}) for a model built for EP {} "
+             "(rank {})",
+             layer_, n, ep ? ep->rank() : 0, cfg_->moe.ep_size, cfg_->moe.ep_rank);
+  ep_ = n > 1 ? ep : nullptr;
+}
+
 void MoeLayer::saved_specs(const Dims& d, bool /*keep_activation*/, MlpSaved& sb,
                            const TensorVisitor& v) const {
   auto& s = static_cast<Saved&>(sb);
@@ -55,7 +64,11 @@ void MoeLayer::saved_specs(const Dims& d, bool /*keep_activation*/, MlpSaved& sb
   v(s.x_full, {d.T, d.H}, d.dt, d.sp);
   v(s.xp, {Nmax, d.H}, d.dt, true);
   v(s.probs, {Nmax}, d.sdt, true);
-  GroupedExperts::saved_specs(*cfg_, Nmax, d.dt, s.experts, v);
+  const bool epp = cfg_->moe.ep_size > 1;
+  const int64_t Ne = Nmax * cfg_->moe.ep_size;  // the experts' rows: every EP rank's, at most
+  v(s.xe, {Ne, d.H}, d.dt, epp);
+  v(s.pe, {Ne}, d.sdt, epp);
+  GroupedExperts::saved_specs(*cfg_, Ne, d.dt, s.experts, v);
   if (shared_) shared_->saved_specs(d, s.shared, v);
 }
 
@@ -73,7 +86,13 @@ void MoeLayer::scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v
   v(w_.sh_y, {d.Tl, d.H}, d.dt, shared_ != nullptr);
   v(w_.dlogits_all, {d.T, E}, rd, true);
   v(w_.dlogits, {d.Tl, E}, rd, d.sp);
-  GroupedExperts::scratch_specs(*cfg_, Nmax, d.dt, w_.experts, v);
+  const bool epp = cfg_->moe.ep_size > 1;
+  const int64_t Ne = Nmax * cfg_->moe.ep_size;
+  v(w_.ye, {Ne, d.H}, d.dt, epp);
+  v(w_.ge, {Ne, d.H}, d.dt, epp);
+  v(w_.dxe, {Ne, d.H}, d.dt, epp);
+  v(w_.dpe, {Ne}, d.sdt, epp);
+  GroupedExperts::scratch_specs(*cfg_, Ne, d.dt, w_.experts, v);
   if (shared_) shared_->scratch_specs(d, w_.shared, ws, v);
 }
 
@@ -91,6 +110,9 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   allocate([&](const TensorVisitor& v) { scratch_list(cx, ws, v); }, cx.dev, false);
   comm::Communicator* group = dispatch_group(cx);
   const int64_t T = cx.T, E = m.num_experts, k = m.topk;
+  MCPP_CHECK(m.ep_size == 1 || ep_, "MoE layer {}: EP {} without an EP group", layer_, m.ep_size);
+  MCPP_CHECK(!ep_ || !cx.tp_comm, "MoE layer {}: expert parallelism with TP > 1 is not "
+             "implemented yet", layer_);
 
   // Router: this rank's logits, then the group's (every member routes all T tokens).
   router_.forward(x, s.router, cx);
@@ -131,7 +153,17 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   from_host(pr, p, st);
 
   // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
-  experts_.forward(xp, p, r.counts, s.experts, yp, w_.experts, st);
+  if (ep_) {  // the rows to the ranks owning their experts, the outputs back
+    s.plan = ep::plan_alltoall(r.counts, ep_, st);
+    const int64_t Ne = s.plan.rows_out;
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
+    ep::dispatch_alltoall(xp, xe, s.plan, ep_, st);
+    ep::dispatch_alltoall(p, pe, s.plan, ep_, st);
+    if (Ne > 0) experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_.experts, st);
+    ep::combine_alltoall(ye, yp, s.plan, ep_, st);
+  } else {
+    experts_.forward(xp, p, r.counts, s.experts, yp, w_.experts, st);
+  }
   ops::moe_unpermute(yp, s.off, s.rows, w_.y_full, st);
   if (!group && cx.tp_comm) parallel::reduce_from_tp(w_.y_full, *cx.tp_comm, st);  // no SP
   ep::combine(w_.y_full, y, group, st);
@@ -168,7 +200,19 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
   Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
   ops::moe_permute(*g, s.src, gp, st);
-  experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
+  if (ep_) {  // the combine's dual, the experts, the dispatch's dual
+    const int64_t Ne = s.plan.rows_out;
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
+    Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
+    ep::combine_alltoall_backward(gp, ge, s.plan, ep_, st);
+    if (Ne > 0)
+      experts_.backward(ge, xe, pe, s.plan.tokens_per_local_expert, s.experts, dxe, dpe,
+                        w_.experts, st);
+    ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
+    ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
+  } else {
+    experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
+  }
   ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
   ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
   ops::add(dx, w_.dx_local, dx, st);

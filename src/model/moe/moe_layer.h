@@ -15,6 +15,11 @@
 // every rank routes all T tokens of the group (the gathered logits), keeps the aux / z-loss
 // gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
 // at most T*k dropless (the saved buffers' stated bound), E*capacity*TP with padding.
+// Expert parallelism (EP > 1, set_expert_parallel_group; TP 1 for now): each rank routes its
+// own tokens, the permuted rows travel to the ranks owning their experts and back by the
+// all-to-all dispatcher (parallel/expert_parallel/alltoall_dispatch.h, its duals in the
+// backward); the experts see at most EP*N rows (every rank's rows for this rank's experts,
+// the stated dropless bound).
 // Runtime statistics for logging and the expert-bias update live in MoeStats until
 // training/moe_step.cpp collects them once per global batch.
 #pragma once
@@ -28,6 +33,7 @@
 #include "model/moe/router.h"
 #include "model/moe/routing.h"
 #include "model/moe/shared_experts.h"
+#include "parallel/expert_parallel/alltoall_dispatch.h"
 
 namespace mcpp::model::moe {
 
@@ -61,6 +67,10 @@ class MoeLayer final : public MlpModule {
     std::vector<double> logits;
     Routing routing;
     Tensor src, off, rows;
+    // Expert parallelism: the exchange's plan and the rows on the experts' side.
+    parallel::expert_parallel::AlltoallPlan plan;
+    Tensor xe;  // [EP*Nmax,H] rows for this rank's experts, by local expert
+    Tensor pe;  // [EP*Nmax] their probabilities
   };
   std::unique_ptr<MlpSaved> new_saved() const override { return std::make_unique<Saved>(); }
   void saved_specs(const Dims& d, bool keep_activation, MlpSaved& s,
@@ -71,6 +81,10 @@ class MoeLayer final : public MlpModule {
                const StepContext& cx) const override;
   void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
                 const StepContext& cx) override;
+
+  // The EP group (cfg.moe.ep_size ranks, this one cfg.moe.ep_rank); needed before the first
+  // forward when ep_size > 1.
+  void set_expert_parallel_group(comm::Communicator* ep);
 
   int layer() const { return layer_; }
   const Router& router() const { return router_; }
@@ -83,6 +97,8 @@ class MoeLayer final : public MlpModule {
     Tensor y_full, g_full, dx_full;  // [T,H]
     Tensor dx_local, sh_y;           // [Tl,H]
     Tensor dlogits_all, dlogits;     // [T,E], [Tl,E] router dtype
+    Tensor ye, ge, dxe;              // [EP*Nmax,H] expert parallelism: the experts' side
+    Tensor dpe;                      // [EP*Nmax]
     GroupedExperts::Scratch experts;
     SharedExperts::Scratch shared;
   };
@@ -93,6 +109,7 @@ class MoeLayer final : public MlpModule {
   Router router_;
   GroupedExperts experts_;
   std::unique_ptr<SharedExperts> shared_;
+  comm::Communicator* ep_ = nullptr;
   mutable Scratch w_;  // this layer's scratch (listed in scratch_specs)
   mutable MoeStats stats_;
 };
