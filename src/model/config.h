@@ -90,6 +90,7 @@ struct TransformerConfig {
     // Expert parallelism: this rank holds experts [ep_rank*El, (ep_rank+1)*El), El = E/ep_size
     // (--expert-model-parallel-size; the layout's, never in checkpoint metadata).
     int64_t ep_size = 1, ep_rank = 0;
+    bool alltoall = false;  // --moe-token-dispatcher-type alltoall (else allgather)
     int64_t local_experts() const { return num_experts / ep_size; }
     int64_t first_expert() const { return ep_rank * local_experts(); }
   } moe;

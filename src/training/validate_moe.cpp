@@ -270,9 +270,11 @@ void validate_moe(Args& a) {
   // Not implemented yet by megatron.cpp.
   MCPP_CHECK_HINT(ep == 1, "drop --expert-model-parallel-size for now (experts then live on every "
                            "rank; data parallelism still applies)",
-                  "--expert-model-parallel-size {}: expert parallelism (dispatch over EP ranks, "
-                  "expert-data-parallel gradients) is not implemented yet; only 1 is supported "
-                  "now",
+                  "--expert-model-parallel-size {}: training with expert parallelism is not "
+                  "implemented yet (the MoE layer runs at EP > 1 with the all-to-all dispatcher, "
+                  "but the trainer does not yet reduce expert gradients over the "
+                  "expert-data-parallel group, count them once per EP rank in the grad norm, or "
+                  "checkpoint every EP rank's experts); only 1 is supported now",
                   ep);
   MCPP_CHECK_HINT(etp == tp,
                   "drop --expert-tensor-parallel-size (it defaults to "

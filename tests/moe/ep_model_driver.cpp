@@ -1,5 +1,6 @@
-// A whole MoE model with expert parallelism (all-to-all dispatch) under mpirun, against the
-// serial model run by every rank itself. The EP ranks of a group each run their own
+// A whole MoE model with expert parallelism (the all-to-all and the all-gather dispatcher)
+// under mpirun, against the serial model run by every rank itself (so the two dispatchers
+// also agree with each other). The EP ranks of a group each run their own
 // micro-batch (as the data-parallel ranks EP folds over do); rank q's EP model must give:
 //   * the serial model's loss, aux and z losses on micro-batch q;
 //   * for dense parameters (router, attention, shared experts, norms), the serial gradient
@@ -104,11 +105,11 @@ Pass run(model::GPTModel& m, const model::MicroBatch& mb, const model::StepKeys&
 
 bool close(double a, double b) { return std::abs(a - b) <= 1e-10 * (1 + std::abs(b)); }
 
-void check_family(int f, comm::Communicator& ep) {
+void check_family(int f, comm::Communicator& ep, bool alltoall) {
   const int EP = ep.size(), me = ep.rank();
-  const std::string tag = fmt::format("family {} EP {}", f, EP);
+  const std::string tag = fmt::format("family {} EP {} {}", f, EP, alltoall ? "alltoall" : "allgather");
   TransformerConfig cs = family(f), ce = cs;
-  ce.moe.ep_size = EP, ce.moe.ep_rank = me;
+  ce.moe.ep_size = EP, ce.moe.ep_rank = me, ce.moe.alltoall = alltoall;
   model::GPTModel serial(cs), par(ce);
   // The same weights (by name: the EP model holds a subset of the serial one's).
   std::map<std::string, size_t> where;
@@ -192,12 +193,13 @@ int main(int argc, char** argv) {
     parallel::ParallelSizes sz;
     sz.ep = EP;
     parallel::ParallelState ps(*w, sz);
-    for (int f = 0; f < 3; ++f) check_family(f, ps.ep());
+    for (int f = 0; f < 3; ++f)
+      for (bool a2a : {true, false}) check_family(f, ps.ep(), a2a);
     Tensor t = Tensor::from(std::vector<double>{double(g_failures)}, {1});
     w->world().all_reduce(t, comm::ReduceOp::Sum, Stream::cpu());
     const int total = int(t.data<double>()[0]);
     if (w->rank() == 0)
-      std::printf("ep_model_driver: %d ranks, EP %d, 3 families: %s\n", w->size(), EP,
+      std::printf("ep_model_driver: %d ranks, EP %d, 3 families x 2 dispatchers: %s\n", w->size(), EP,
                   total == 0 ? "all checks passed" : "FAILED");
     return total == 0 ? 0 : 1;
   } catch (const std::exception& e) {

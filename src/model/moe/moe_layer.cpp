@@ -92,6 +92,7 @@ void MoeLayer::scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v
   v(w_.ge, {Ne, d.H}, d.dt, epp);
   v(w_.dxe, {Ne, d.H}, d.dt, epp);
   v(w_.dpe, {Ne}, d.sdt, epp);
+  v(w_.tall, {d.T * cfg_->moe.ep_size, d.H}, d.dt, epp && !cfg_->moe.alltoall);
   GroupedExperts::scratch_specs(*cfg_, Ne, d.dt, w_.experts, v);
   if (shared_) shared_->scratch_specs(d, w_.shared, ws, v);
 }
@@ -132,6 +133,17 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     if (m.aux_loss_coeff > 0) stats_.aux_loss += r.aux_loss / m.aux_loss_coeff;
     if (m.z_loss_coeff > 0) stats_.z_loss += r.z_loss / m.z_loss_coeff;
     ++stats_.forwards;
+  }
+
+  if (ep_ && !m.alltoall) {  // the all-gather dispatcher over the EP group
+    allgather_forward(x, s, cx);
+    ep::combine(w_.y_full, y, group, st);
+    if (shared_) {
+      shared_->forward(x, s.shared, w_.sh_y, ws, cx);
+      ops::add(y, w_.sh_y, y, st);
+    }
+    if (residual) ops::add(y, *residual, y, st);
+    return;
   }
 
   // Dispatch: the group's tokens, permuted into expert-grouped rows with their weights.
@@ -197,33 +209,39 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     ep::combine_backward(dy, w_.g_full, group, st);
     g = &w_.g_full;
   }
-  Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
-  Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
-  ops::moe_permute(*g, s.src, gp, st);
-  if (ep_) {  // the combine's dual, the experts, the dispatch's dual
-    const int64_t Ne = s.plan.rows_out;
-    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
-    Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
-    ep::combine_alltoall_backward(gp, ge, s.plan, ep_, st);
-    if (Ne > 0)
-      experts_.backward(ge, xe, pe, s.plan.tokens_per_local_expert, s.experts, dxe, dpe,
-                        w_.experts, st);
-    ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
-    ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
-  } else {
-    experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
-  }
-  ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
-  ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
-  ops::add(dx, w_.dx_local, dx, st);
-
-  // Router: d(loss)/dp per (token, slot), then through the routing into the logits, with
-  // the aux / z-loss gradients of this rank's own rows.
-  const std::vector<double> dpv = to_host(dp, st);
+  // d(loss)/dp per (token, slot), for the router below.
   std::vector<double> dprob(static_cast<size_t>(T * k), 0.0), dl(static_cast<size_t>(T * E));
-  for (int64_t n = 0; n < N; ++n)
-    if (r.row_slot[size_t(n)] >= 0)
-      dprob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])] = dpv[size_t(n)];
+  if (ep_ && !m.alltoall) {
+    allgather_backward(*g, s, dprob, cx);
+    ops::add(dx, w_.dx_full, dx, st);
+  } else {
+    Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
+    Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
+    ops::moe_permute(*g, s.src, gp, st);
+    if (ep_) {  // the combine's dual, the experts, the dispatch's dual
+      const int64_t Ne = s.plan.rows_out;
+      Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
+      Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
+      ep::combine_alltoall_backward(gp, ge, s.plan, ep_, st);
+      if (Ne > 0)
+        experts_.backward(ge, xe, pe, s.plan.tokens_per_local_expert, s.experts, dxe, dpe,
+                          w_.experts, st);
+      ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
+      ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
+    } else {
+      experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
+    }
+    ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
+    ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
+    ops::add(dx, w_.dx_local, dx, st);
+    const std::vector<double> dpv = to_host(dp, st);
+    for (int64_t n = 0; n < N; ++n)
+      if (r.row_slot[size_t(n)] >= 0)
+        dprob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])] = dpv[size_t(n)];
+  }
+
+  // Router: through the routing into the logits, with the aux / z-loss gradients of this
+  // rank's own rows.
   const double aux_scale =
       cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch) : 1.0;
   const int64_t r0 = group ? int64_t(group->rank()) * cx.Tl : 0;
@@ -232,6 +250,102 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   Tensor& dlogits = group ? w_.dlogits : w_.dlogits_all;
   ep::dispatch_backward(w_.dlogits_all, dlogits, group, st);
   router_.backward(dlogits, x, s.router, dx, cx);
+}
+
+// ---- expert parallelism, the all-gather dispatcher ---------------------------------------
+
+namespace {
+
+// A f64 tensor with v on s's device (the routing exchange).
+Tensor f64_tensor(const std::vector<double>& v, Device dev, Stream& st) {
+  Tensor h = Tensor::from(v, {int64_t(v.size())});
+  if (dev == Device::CPU) return h;
+  Tensor d = Tensor::empty(h.shape(), DType::F64, dev);
+  ops::copy(h, d, st);
+  return d;
+}
+
+}  // namespace
+
+void MoeLayer::allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  const Routing& r = s.routing;
+  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), El = m.local_experts();
+  const int64_t e0 = m.first_expert(), Tg = EPn * T;
+
+  // Every EP rank's routing: per (token, slot) the expert (-1 when dropped) and the weight.
+  std::vector<double> mine(static_cast<size_t>(T * k * 2));
+  for (int64_t i = 0; i < T * k; ++i) {
+    mine[size_t(2 * i)] = r.kept[size_t(i)] ? double(r.idx[size_t(i)]) : -1.0;
+    mine[size_t(2 * i + 1)] = r.prob[size_t(i)];
+  }
+  Tensor all = Tensor::empty({Tg * k * 2}, DType::F64, cx.dev);
+  ep_->all_gather(f64_tensor(mine, cx.dev, st), all, st);
+  const std::vector<double> rt = to_host(all, st);
+
+  // This rank's experts' rows over the gathered tokens: expert-major, tokens ascending
+  // (the serial order), and each gathered token's rows for the combine.
+  std::vector<int64_t> src, off(static_cast<size_t>(Tg + 1), 0), rows;
+  std::vector<double> pr;
+  s.ag_counts.assign(size_t(El), 0);
+  s.ag_slot.clear();
+  for (int64_t j = 0; j < El; ++j)
+    for (int64_t t = 0; t < Tg; ++t)
+      for (int64_t q = 0; q < k; ++q)
+        if (rt[size_t(2 * (t * k + q))] == double(e0 + j)) {
+          src.push_back(t), s.ag_slot.push_back(t * k + q), pr.push_back(rt[size_t(2 * (t * k + q) + 1)]);
+          ++s.ag_counts[size_t(j)], ++off[size_t(t + 1)];
+        }
+  for (int64_t t = 0; t < Tg; ++t) off[size_t(t + 1)] += off[size_t(t)];
+  rows.assign(src.size(), 0);
+  {
+    std::vector<int64_t> fill(off.begin(), off.end() - 1);
+    for (size_t n = 0; n < src.size(); ++n) rows[size_t(fill[size_t(src[n])]++)] = int64_t(n);
+  }
+  const int64_t Ne = int64_t(src.size());
+  s.ag_src = index_tensor(src, cx.dev, st);
+  s.ag_off = index_tensor(off, cx.dev, st);
+  s.ag_rows = index_tensor(rows, cx.dev, st);
+
+  // Gather the tokens, run this rank's experts on their rows, combine per gathered token,
+  // and reduce-scatter: each rank gets its tokens' sums over every rank's experts.
+  ep::dispatch(x, w_.tall, ep_, st);
+  if (Ne > 0) {
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
+    ops::moe_permute(w_.tall, s.ag_src, xe, st);
+    from_host(pr, pe, st);
+    experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_.experts, st);
+    ops::moe_unpermute(ye, s.ag_off, s.ag_rows, w_.tall, st);
+  } else {
+    ops::fill(w_.tall, 0.0, st);
+  }
+  ep::combine(w_.tall, w_.y_full, ep_, st);
+}
+
+void MoeLayer::allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
+                                  const StepContext& cx) {
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), Tg = EPn * T;
+  const int64_t Ne = int64_t(s.ag_slot.size());
+  ep::combine_backward(g, w_.tall, ep_, st);  // every rank's output gradients
+  std::vector<double> dp_all(static_cast<size_t>(Tg * k), 0.0);
+  if (Ne > 0) {
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
+    Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
+    ops::moe_permute(w_.tall, s.ag_src, ge, st);
+    experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_.experts, st);
+    ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, w_.tall, st);
+    const std::vector<double> dpv = to_host(dpe, st);
+    for (int64_t n = 0; n < Ne; ++n) dp_all[size_t(s.ag_slot[size_t(n)])] = dpv[size_t(n)];
+  } else {
+    ops::fill(w_.tall, 0.0, st);
+  }
+  ep::dispatch_backward(w_.tall, w_.dx_full, ep_, st);  // to the tokens' ranks, summed
+  Tensor dmine = Tensor::empty({T * k}, DType::F64, cx.dev);
+  ep_->reduce_scatter(f64_tensor(dp_all, cx.dev, st), dmine, st);
+  dprob = to_host(dmine, st);
 }
 
 }  // namespace mcpp::model::moe

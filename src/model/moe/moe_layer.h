@@ -16,10 +16,14 @@
 // gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
 // at most T*k dropless (the saved buffers' stated bound), E*capacity*TP with padding.
 // Expert parallelism (EP > 1, set_expert_parallel_group; TP 1 for now): each rank routes its
-// own tokens, the permuted rows travel to the ranks owning their experts and back by the
-// all-to-all dispatcher (parallel/expert_parallel/alltoall_dispatch.h, its duals in the
-// backward); the experts see at most EP*N rows (every rank's rows for this rank's experts,
-// the stated dropless bound).
+// own tokens (its aux / z losses are its own), then either
+//   alltoall:  the permuted rows travel to the ranks owning their experts and back
+//              (parallel/expert_parallel/alltoall_dispatch.h, its duals in the backward), or
+//   allgather: every rank gathers all EP ranks' tokens and routing, computes its experts'
+//              outputs for all of them, and the outputs are reduce-scattered back
+//              (token_dispatch.h); d(loss)/d(prob) is reduce-scattered to the tokens' ranks.
+// The experts see at most EP*N rows (every rank's rows for this rank's experts, the stated
+// dropless bound).
 // Runtime statistics for logging and the expert-bias update live in MoeStats until
 // training/moe_step.cpp collects them once per global batch.
 #pragma once
@@ -71,6 +75,10 @@ class MoeLayer final : public MlpModule {
     parallel::expert_parallel::AlltoallPlan plan;
     Tensor xe;  // [EP*Nmax,H] rows for this rank's experts, by local expert
     Tensor pe;  // [EP*Nmax] their probabilities
+    // The all-gather dispatcher at EP > 1: the experts' rows over the gathered tokens.
+    std::vector<int64_t> ag_counts;  // [El] rows per local expert
+    std::vector<int64_t> ag_slot;    // per row: (gathered token * k + slot)
+    Tensor ag_src, ag_off, ag_rows;  // permute / unpermute indices over EP*T tokens
   };
   std::unique_ptr<MlpSaved> new_saved() const override { return std::make_unique<Saved>(); }
   void saved_specs(const Dims& d, bool keep_activation, MlpSaved& s,
@@ -99,10 +107,16 @@ class MoeLayer final : public MlpModule {
     Tensor dlogits_all, dlogits;     // [T,E], [Tl,E] router dtype
     Tensor ye, ge, dxe;              // [EP*Nmax,H] expert parallelism: the experts' side
     Tensor dpe;                      // [EP*Nmax]
+    Tensor tall;                     // [EP*T,H] the all-gather dispatcher's gathered rows
     GroupedExperts::Scratch experts;
     SharedExperts::Scratch shared;
   };
   void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
+  // The all-gather dispatcher at EP > 1: x [T,H] -> w_.y_full [T,H] (this rank's tokens'
+  // outputs of all experts); backward: g [T,H] -> w_.dx_full [T,H] and dprob [T*k].
+  void allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
+  void allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
+                          const StepContext& cx);
 
   const TransformerConfig* cfg_;
   int layer_;
