@@ -16,6 +16,7 @@
 #include "base/version.h"
 #include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/moe_metadata.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 #include "ops/ops.h"
@@ -138,7 +139,7 @@ RankSnapshot RankSnapshot::clone() const {
 // ---- config and state JSON -----------------------------------------------------------------
 
 json model_config_json(const model::TransformerConfig& c) {
-  return {{"num_layers", c.num_layers},
+  json j = {{"num_layers", c.num_layers},
           {"hidden_size", c.hidden_size},
           {"ffn_hidden_size", c.ffn_hidden_size},
           {"num_attention_heads", c.num_attention_heads},
@@ -162,6 +163,8 @@ json model_config_json(const model::TransformerConfig& c) {
           {"seed", c.seed},
           {"dtype", std::string(dtype_name(c.dtype))},
           {"tp_size", c.tp_size}};
+  if (c.moe.num_experts > 0) j["moe"] = moe_config_json(c.moe);  // mixture of experts
+  return j;
 }
 
 model::TransformerConfig model_config_from_metadata(const json& md) {
@@ -186,6 +189,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.hidden_dropout = j.at("hidden_dropout"), c.attention_dropout = j.at("attention_dropout");
   c.init_method_std = j.at("init_method_std"), c.seed = j.at("seed");
   c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
+  if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -219,6 +223,15 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     diffs += fmt::format("\n  zero_centered_gamma (--apply-layernorm-1p): checkpoint {} vs this "
                          "run {}",
                          saved.value("zero_centered_gamma", false), cur.zero_centered_gamma);
+  {  // mixture of experts: the parameter shapes (routing settings may change on resume)
+    const json none = json::object(), &a = saved.contains("moe") ? saved["moe"] : none,
+               &b = now.contains("moe") ? now["moe"] : none;
+    for (const char* k : {"num_experts", "layer_pattern", "ffn_hidden_size",
+                          "shared_ffn_hidden_size", "shared_expert_gate", "expert_bias"})
+      if (a.value(k, json()) != b.value(k, json()))
+        diffs += fmt::format("\n  moe.{}: checkpoint {} vs this run {}", k,
+                             a.value(k, json()).dump(), b.value(k, json()).dump());
+  }
   MCPP_CHECK_HINT(diffs.empty(),
                   "pass the model flags the checkpoint was trained with (megatron inspect shows "
                   "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP",

@@ -11,6 +11,7 @@ namespace {
 void add_parameters(const model::TransformerConfig& c, model::ParamStore& ps) {
   const model::PipelinePart whole = model::normalized_part(c, {});
   for (auto& p : model::Stage::parameters(c, whole)) ps.add(std::move(p));
+  for (auto& b : model::Stage::buffers(c, whole)) ps.add_buffer(std::move(b));  // MoE expert bias
 }
 
 }  // namespace
@@ -58,6 +59,10 @@ ModelWeights load_model_weights(const std::string& dir, std::optional<int64_t> i
     // A host-to-device copy from pageable memory returns once the source is read, so
     // `host` may go when this returns.
     ops::copy(host.flat_params(), w.params.flat_params(), ops::default_stream(c.device));
+    for (size_t i = 0; i < host.buffer_infos().size(); ++i) {
+      Tensor dst = w.params.buffer(i);
+      ops::copy(host.buffer(i), dst, ops::default_stream(c.device));
+    }
   }
   w.config = c;
   return w;

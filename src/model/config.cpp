@@ -28,6 +28,17 @@ void TransformerConfig::validate() const {
   MCPP_CHECK(!rope || (rot_dim() % 2 == 0 && rot_dim() > 0),
              "rotary dims {} (kv_channels {} x --rotary-percent {}) must be even and positive",
              rot_dim(), kv_channels, rotary_percent);
+  if (moe.num_experts > 0) {
+    MCPP_CHECK(moe.topk >= 1 && moe.topk <= moe.num_experts, "--moe-router-topk {} outside [1, {}]",
+               moe.topk, moe.num_experts);
+    MCPP_CHECK(moe.ffn_hidden_size > 0 && moe.ffn_hidden_size % tp_size == 0,
+               "--moe-ffn-hidden-size {} not positive or not divisible by TP {}",
+               moe.ffn_hidden_size, tp_size);
+    MCPP_CHECK(moe.layer_pattern.empty() || int64_t(moe.layer_pattern.size()) == num_layers,
+               "--moe-layer-freq lists {} layers, the model has {}", moe.layer_pattern.size(),
+               num_layers);
+    MCPP_CHECK(!add_bias_linear, "MoE layers have no biases: use --disable-bias-linear");
+  }
   if (device == Device::CPU)
     MCPP_CHECK_HINT(dtype == DType::F32 || dtype == DType::F64,
                     "drop --bf16/--fp16 on the CPU, or train on a GPU",

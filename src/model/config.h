@@ -68,6 +68,43 @@ struct TransformerConfig {
   // ---- FP8 (docs/fp8.md): the transformer layers' GEMMs in FP8 (off by default).
   Fp8Config fp8;
 
+  // ---- mixture of experts (docs/moe.md; Megatron flag in brackets). num_experts 0: dense.
+  struct Moe {
+    int64_t num_experts = 0;                 // --num-experts (E)
+    std::vector<int64_t> layer_pattern;      // --moe-layer-freq: 1 = MoE layer, per layer
+    int64_t ffn_hidden_size = 0;             // --moe-ffn-hidden-size (I)
+    int64_t topk = 2;                        // --moe-router-topk (k)
+    bool sigmoid = false;                    // --moe-router-score-function sigmoid
+    bool pre_softmax = false;                // --moe-router-pre-softmax
+    double topk_scaling_factor = 0;          // --moe-router-topk-scaling-factor (0: none)
+    int64_t num_groups = 0, group_topk = 0;  // --moe-router-num-groups / -group-topk
+    bool expert_bias = false;                // --moe-router-enable-expert-bias
+    double bias_update_rate = 1e-3;          // --moe-router-bias-update-rate
+    DType router_dtype = DType::F32;         // --moe-router-dtype (else the model's dtype)
+    bool router_dtype_given = false;
+    enum class Balance : uint8_t { None, AuxLoss, SeqAuxLoss };
+    Balance balance = Balance::AuxLoss;      // --moe-router-load-balancing-type
+    double aux_loss_coeff = 0;               // --moe-aux-loss-coeff
+    double z_loss_coeff = 0;                 // --moe-z-loss-coeff
+    double capacity_factor = 0;              // --moe-expert-capacity-factor (0: dropless)
+    bool pad_to_capacity = false;            // --moe-pad-expert-input-to-capacity
+    bool drop_by_position = false;           // --moe-token-drop-policy position
+    int64_t shared_ffn_hidden_size = 0;      // --moe-shared-expert-intermediate-size
+    bool shared_expert_gate = false;         // --moe-shared-expert-gate
+    // Expert parallelism: this rank holds experts [ep_rank*El, (ep_rank+1)*El), El = E/ep_size
+    // (--expert-model-parallel-size; the layout's, never in checkpoint metadata).
+    int64_t ep_size = 1, ep_rank = 0;
+    bool alltoall = false;  // --moe-token-dispatcher-type alltoall (else allgather)
+    int64_t local_experts() const { return num_experts / ep_size; }
+    int64_t first_expert() const { return ep_rank * local_experts(); }
+  } moe;
+  bool is_moe_layer(int64_t layer) const {
+    return moe.num_experts > 0 &&
+           (moe.layer_pattern.empty() || moe.layer_pattern.at(size_t(layer)) == 1);
+  }
+  int64_t moe_ffn_local() const { return moe.ffn_hidden_size / tp_size; }
+  int64_t moe_fc1_width_local() const { return (swiglu ? 2 : 1) * moe_ffn_local(); }
+
   int64_t heads_per_group() const { return num_attention_heads / num_query_groups; }
   int64_t local_heads() const { return num_attention_heads / tp_size; }
   int64_t local_groups() const { return num_query_groups / tp_size; }

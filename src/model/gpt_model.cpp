@@ -46,6 +46,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
   }
   for (auto& p : Stage::parameters(cfg_, part_)) params_.add(std::move(p));
   for (const auto& ch : part_.chunks) add_fp8_buffers(cfg_, ch, params_);  // FP8 scaling state
+  for (auto& b : Stage::buffers(cfg_, part_)) params_.add_buffer(std::move(b));
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);
   const auto t0 = std::chrono::steady_clock::now();

@@ -61,6 +61,7 @@ class GPTModel {
 
   const TransformerConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
+  Stage& stage() { return *stage_; }  // its modules (training/moe_step.cpp walks the MoE layers)
   const ParamStore& params() const { return params_; }
 
   // Runs the forward pass and the loss; returns the sum over tokens of

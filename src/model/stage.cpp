@@ -24,6 +24,14 @@ std::vector<ParamInfo> Stage::parameters(const TransformerConfig& c, const Pipel
   return out;
 }
 
+std::vector<BufferInfo> Stage::buffers(const TransformerConfig& c, const PipelinePart& in) {
+  const PipelinePart part = normalized_part(c, in);
+  std::vector<BufferInfo> out;
+  for (const auto& ch : part.chunks)
+    for (int l : ch) TransformerLayer::add_buffers(c, l, out);
+  return out;
+}
+
 Stage::Stage(const TransformerConfig& c, const PipelinePart& part, const ParamStore* store)
     : cfg_(&c), part_(part) {
   if (part_.first_stage) embedding_ = Embedding(c, store);

@@ -27,6 +27,8 @@ class Stage {
  public:
   // The part's parameters in registry order: embedding, each chunk's layers, head.
   static std::vector<ParamInfo> parameters(const TransformerConfig& c, const PipelinePart& part);
+  // The part's persistent buffers (MoE routers' expert bias), in layer order.
+  static std::vector<BufferInfo> buffers(const TransformerConfig& c, const PipelinePart& part);
   // part: normalized; store null: shape only.
   Stage(const TransformerConfig& c, const PipelinePart& part, const ParamStore* store);
 

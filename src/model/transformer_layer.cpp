@@ -1,6 +1,9 @@
 #include "model/transformer_layer.h"
 
 #include "ops/nvtx.h"
+#include <typeinfo>
+
+#include "model/moe/moe_layer.h"
 #include "ops/ops.h"
 
 namespace mcpp::model {
@@ -10,7 +13,22 @@ void TransformerLayer::add_params(const TransformerConfig& c, int layer,
   Norm::add_params(c, layer_param_name(layer, "input_layernorm"), layer, params);
   Attention::add_params(c, layer, params);
   Norm::add_params(c, layer_param_name(layer, "pre_mlp_layernorm"), layer, params);
-  DenseMlp::add_params(c, layer, params);
+  if (c.is_moe_layer(layer))
+    moe::MoeLayer::add_params(c, layer, params);
+  else
+    DenseMlp::add_params(c, layer, params);
+}
+
+void TransformerLayer::add_buffers(const TransformerConfig& c, int layer,
+                                   std::vector<BufferInfo>& out) {
+  if (c.is_moe_layer(layer)) moe::MoeLayer::add_buffers(c, layer, out);
+}
+
+// The MLP-contract module of this layer: MoE where --moe-layer-freq puts one, else dense.
+static std::unique_ptr<MlpModule> make_mlp(const TransformerConfig& c, int layer,
+                                           const ParamStore* store) {
+  if (c.is_moe_layer(layer)) return std::make_unique<moe::MoeLayer>(c, layer, store);
+  return std::make_unique<DenseMlp>(c, layer, store);
 }
 
 TransformerLayer::TransformerLayer(const TransformerConfig& c, int layer, const ParamStore* store)
@@ -19,7 +37,7 @@ TransformerLayer::TransformerLayer(const TransformerConfig& c, int layer, const 
       ln1_(c, store, layer_param_name(layer, "input_layernorm")),
       attn_(c, layer, store),
       ln2_(c, store, layer_param_name(layer, "pre_mlp_layernorm")),
-      mlp_(std::make_unique<DenseMlp>(c, layer, store)) {}
+      mlp_(make_mlp(c, layer, store)) {}
 
 void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, LayerSaved& s,
                                    const TensorVisitor& v) const {
@@ -27,8 +45,15 @@ void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, Laye
   Attention::saved_specs(*cfg_, d, s.attn, v);
   v(s.x2, {d.Tl, d.H}, d.dt, true);
   Norm::saved_specs(*cfg_, d, s.ln2, v);
-  if (!s.mlp) s.mlp = mlp_->new_saved();
+  own_mlp_saved(s);
   mlp_->saved_specs(d, keep_mlp_activation, *s.mlp, v);
+}
+
+bool TransformerLayer::own_mlp_saved(LayerSaved& s) const {
+  std::unique_ptr<MlpSaved> fresh = mlp_->new_saved();
+  if (s.mlp && typeid(*s.mlp) == typeid(*fresh)) return false;
+  s.mlp = std::move(fresh);
+  return true;
 }
 
 void TransformerLayer::scratch_specs(const Dims& d, bool uses_scratch_activation, Workspace& ws,
@@ -50,6 +75,12 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
   // Without TP and hidden dropout the residual add runs in the GEMM's epilogue.
   const bool fuse_residual = !cx.tp_comm && cx.p_hidden == 0;
   Tensor tmp3 = ws.tmp.view({Sl, B, H}), x3 = x.view({Sl, B, H}), x23 = s.x2.view({Sl, B, H});
+  // The full-recompute workspace's slots are sized by the chunk's first layer; in a model
+  // of dense and MoE layers a slot may hold the other kind's MLP buffers: make its own
+  // (recomputed layers keep no MLP activation).
+  if (own_mlp_saved(s))
+    allocate([&](const TensorVisitor& v) { mlp_->saved_specs(cx, false, *s.mlp, v); }, cx.dev,
+             true);
   // Attention block: x2 = x + dropout(attention(norm1(x))).
   ln1_.forward(x, s.ln1, cx);
   if (fuse_residual) {
@@ -94,7 +125,16 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
   attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, ws.tmp, ws, cx);
   ops::add(x, ws.tmp, s.x2, st);
   ln2_.forward(s.x2, s.ln2, cx);
-  mlp_->forward(s.ln2.y, *s.mlp, nullptr, ws.tmp, ws, cx);
+  MlpSaved* ms = s.mlp.get();
+  if (cfg_->moe.num_experts > 0) {
+    // Generation shares one LayerSaved between all layers (sized by layer 0); in a MoE model
+    // each layer keeps its own MLP buffers, as dense and MoE layers save different things.
+    if (!inf_mlp_) inf_mlp_ = mlp_->new_saved();
+    allocate([&](const TensorVisitor& v) { mlp_->saved_specs(cx, true, *inf_mlp_, v); }, cx.dev,
+             false);
+    ms = inf_mlp_.get();
+  }
+  mlp_->forward(s.ln2.y, *ms, nullptr, ws.tmp, ws, cx);
   ops::add(s.x2, ws.tmp, out, st);
 }
 

@@ -1,5 +1,5 @@
 // The pre-norm transformer layer (Megatron-Core's TransformerLayer): an attention block
-// and an MLP-contract block (MlpModule: the dense MLP today, a MoE layer later), each
+// and an MLP-contract block (MlpModule: the dense MLP, or a MoE layer: model/moe/), each
 // behind a norm and followed by hidden dropout and the residual add.
 //
 //   x2  = x  + dropout(attention(norm1(x)))
@@ -28,10 +28,13 @@ struct LayerSaved {
 class TransformerLayer {
  public:
   static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  // Its persistent buffers (a MoE router's expert bias).
+  static void add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out);
   // store null: shape only (the memory estimate).
   TransformerLayer(const TransformerConfig& c, int layer, const ParamStore* store);
 
   int global() const { return layer_; }
+  MlpModule& mlp() const { return *mlp_; }
   // keep_mlp_activation: --keep-mlp-activations chose this layer (see mlp.h).
   void saved_specs(const Dims& d, bool keep_mlp_activation, LayerSaved& s,
                    const TensorVisitor& v) const;
@@ -52,12 +55,16 @@ class TransformerLayer {
   void backward(const Tensor& x, LayerSaved& s, Workspace& ws, const StepContext& cx);
 
  private:
+  // Gives s.mlp this layer's MLP Saved type (a new, unallocated one when it held the other
+  // kind's); true when it replaced it.
+  bool own_mlp_saved(LayerSaved& s) const;
   const TransformerConfig* cfg_;
   int layer_;
   Norm ln1_;
   Attention attn_;
   Norm ln2_;
   std::unique_ptr<MlpModule> mlp_;
+  mutable std::unique_ptr<MlpSaved> inf_mlp_;  // generation buffers (MoE models)
 };
 
 }  // namespace mcpp::model

@@ -226,5 +226,19 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
   MCPP_DISPATCH_SHAPED(fp8_gemm, b, a, a_scale_inv, b, b_scale_inv, bias, addend, accumulate,
                        fast_accum, c, s);
 }
+// ---- MoE
+void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(moe_permute, x, src, y, s);
+}
+void moe_unpermute(const Tensor& y, const Tensor& offsets, const Tensor& rows, Tensor& out,
+                   Stream& s) {
+  MCPP_DISPATCH(moe_unpermute, y, offsets, rows, out, s);
+}
+void moe_scale_rows(const Tensor& x, const Tensor& p, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(moe_scale_rows, x, p, y, s);
+}
+void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(moe_row_dot, a, b, out, s);
+}
 
 }  // namespace mcpp::ops

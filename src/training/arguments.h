@@ -258,6 +258,36 @@ struct Args {
   // --calculate-per-token-loss: gradients of the global batch's summed token losses / its
   // masked tokens; default: the mean of per-micro-batch means (training/forward_backward.h).
   bool calculate_per_token_loss = false;
+
+  // ---- mixture of experts (docs/moe.md; checked by validate_moe.cpp)
+  std::optional<int64_t> num_experts;              // None: a dense model
+  std::string moe_layer_freq = "1";                // N (every N-th layer), or "([0]+[1]*3)"
+  std::optional<int64_t> moe_ffn_hidden_size;      // default: --ffn-hidden-size
+  int64_t moe_router_topk = 2;
+  std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
+  std::vector<std::string> moe_aux_loss_coeff = {"0.0"};  // 0: the aux loss is off
+  std::optional<double> moe_z_loss_coeff;
+  std::string moe_router_score_function = "softmax";      // softmax | sigmoid
+  bool moe_router_pre_softmax = false;
+  std::optional<double> moe_router_topk_scaling_factor;
+  bool moe_router_enable_expert_bias = false;             // sigmoid only
+  double moe_router_bias_update_rate = 1e-3;
+  std::optional<int64_t> moe_router_num_groups;
+  std::optional<int64_t> moe_router_group_topk;
+  std::optional<std::string> moe_router_dtype;            // fp32 | fp64
+  std::string moe_token_dispatcher_type = "allgather";    // allgather | alltoall
+  std::optional<double> moe_expert_capacity_factor;       // None: dropless
+  bool moe_pad_expert_input_to_capacity = false;
+  std::string moe_token_drop_policy = "probs";            // probs | position
+  bool moe_grouped_gemm = false;                          // accepted: always grouped
+  std::optional<int64_t> moe_shared_expert_intermediate_size;
+  bool moe_shared_expert_gate = false;
+  std::optional<int64_t> expert_tensor_parallel_size;     // default: TP
+  bool moe_per_layer_logging = false;
+  // Set by validate_moe: 1 where layer i is a MoE layer (--moe-layer-freq), one per layer;
+  // empty for a dense model. The single aux-loss coefficient and type.
+  std::vector<int64_t> moe_layer_pattern;
+  double moe_aux_loss_coeff_value = 0.0;
 };
 
 // Parses flags (argv without the program and subcommand names). Throws mcpp::Error for

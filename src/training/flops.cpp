@@ -11,9 +11,16 @@ FlopsShape FlopsShape::from_args(const Args& a) {
                   "FLOPs need the padded vocabulary size, which is not known yet");
   MCPP_CHECK_HINT(a.kv_channels > 0 && a.ffn_hidden_size > 0, "call validate_args first",
                   "FLOPs need validated arguments (kv_channels / ffn_hidden_size are unset)");
-  return {a.num_layers,          a.hidden_size,        a.ffn_hidden_size,
+  FlopsShape f{a.num_layers,          a.hidden_size,        a.ffn_hidden_size,
           a.num_attention_heads, a.num_query_groups,   a.kv_channels,
           a.seq_length,          *a.padded_vocab_size, a.swiglu};
+  if (a.num_experts) {  // mixture of experts
+    for (int64_t x : a.moe_layer_pattern) f.num_moe_layers += x;
+    f.moe_ffn_hidden_size = a.moe_ffn_hidden_size.value_or(a.ffn_hidden_size);
+    f.moe_topk = a.moe_router_topk;
+    f.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
+  }
+  return f;
 }
 
 double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
@@ -33,7 +40,10 @@ double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
   const double attn_linear = fb_fma * (h * (q + kv + kv) + q * h);
   // Per layer and token pair: QK^T and PV, halved for the causal mask.
   const double attn_core = fb_fma * q / 2.0 * 2.0;
-  const double mlp = fb_fma * h * F * ffn_expansion * L;
+  const double moe = static_cast<double>(m.num_moe_layers);
+  const double moe_width = static_cast<double>(m.moe_ffn_hidden_size * m.moe_topk +
+                                               m.shared_ffn_hidden_size);
+  const double mlp = fb_fma * h * ffn_expansion * (F * (L - moe) + moe_width * moe);
   const double logits = fb_fma * h * V;
   return T * (mlp + attn_linear * L + logits) + Q2 * attn_core * L;
 }

@@ -3,8 +3,9 @@
 // is comparable with Megatron-LM runs.
 //
 // Covered: dense GPT/Llama layers with MHA or GQA, GeLU or SwiGLU MLP, causal attention
-// (the s² term halved), logits over the padded vocabulary. Omitted, because megatron.cpp
-// does not implement them yet (their flags are rejected by parse_args): MoE layers, MLA,
+// (the s² term halved), logits over the padded vocabulary, MoE layers (k routed experts and
+// the shared experts, Megatron's formula; the router's GEMM is left out as there). Omitted, because megatron.cpp
+// does not implement them yet (their flags are rejected by parse_args): MLA,
 // multi-token prediction, attention output gate, linear-attention / hybrid (Mamba) layers,
 // packed (THD) sequences.
 #pragma once
@@ -25,6 +26,9 @@ struct FlopsShape {
   int64_t seq_length = 0;           // s
   int64_t padded_vocab_size = 0;    // V (padded)
   bool swiglu = false;
+  // ---- mixture of experts (Megatron's terms): MoE layers run k routed experts of width
+  // moe_ffn plus the shared experts' width instead of the dense MLP.
+  int64_t num_moe_layers = 0, moe_ffn_hidden_size = 0, moe_topk = 0, shared_ffn_hidden_size = 0;
   static FlopsShape from_args(const Args& args);  // needs args.padded_vocab_size set
 };
 

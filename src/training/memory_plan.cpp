@@ -50,6 +50,32 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.keep_mlp_activations = a.keep_mlp_activations;
   c.param_align = param_alignment(a);
   c.fp8 = fp8_config(a);  // ---- FP8 (validate_fp8.cpp)
+  if (a.num_experts) {  // ---- mixture of experts (validate_moe filled the derived values)
+    auto& m = c.moe;
+    m.num_experts = *a.num_experts, m.layer_pattern = a.moe_layer_pattern;
+    m.ffn_hidden_size = a.moe_ffn_hidden_size.value_or(a.ffn_hidden_size);
+    m.topk = a.moe_router_topk, m.sigmoid = a.moe_router_score_function == "sigmoid";
+    m.pre_softmax = a.moe_router_pre_softmax;
+    m.topk_scaling_factor = a.moe_router_topk_scaling_factor.value_or(0.0);
+    m.num_groups = a.moe_router_num_groups.value_or(0);
+    m.group_topk = a.moe_router_group_topk.value_or(0);
+    m.expert_bias = a.moe_router_enable_expert_bias;
+    m.bias_update_rate = a.moe_router_bias_update_rate;
+    m.router_dtype_given = a.moe_router_dtype.has_value();
+    m.router_dtype = a.moe_router_dtype.value_or("fp32") == "fp64" ? DType::F64 : DType::F32;
+    using B = model::TransformerConfig::Moe::Balance;
+    const std::string lb = a.moe_router_load_balancing_type.empty()
+                               ? "aux_loss" : a.moe_router_load_balancing_type[0];
+    m.balance = lb == "seq_aux_loss" ? B::SeqAuxLoss : lb == "none" ? B::None : B::AuxLoss;
+    m.aux_loss_coeff = a.moe_aux_loss_coeff_value;
+    m.z_loss_coeff = a.moe_z_loss_coeff.value_or(0.0);
+    m.capacity_factor = a.moe_expert_capacity_factor.value_or(0.0);
+    m.pad_to_capacity = a.moe_pad_expert_input_to_capacity;
+    m.drop_by_position = a.moe_token_drop_policy == "position";
+    m.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
+    m.shared_expert_gate = a.moe_shared_expert_gate;
+    m.alltoall = a.moe_token_dispatcher_type == "alltoall";
+  }
   return c;
 }
 

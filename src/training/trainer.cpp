@@ -15,6 +15,7 @@
 #include "training/flops.h"
 #include "training/profiler.h"
 #include "training/log_line.h"
+#include "training/moe_step.h"
 #include "training/trainer_state.h"
 
 namespace mcpp::training {
@@ -103,6 +104,7 @@ StepResult Trainer::State::train_step() {
 
   log->section("optimizer", true);
   finalize_grads();
+  r.moe = moe_finish_global_batch(*model, *ps, args.moe_per_layer_logging);  // expert bias
   r.grad_norm = optim::grad_norm(*opt, model->params(), ps->tp_rank(), *norm_group);
   // fp16: a non-finite norm is a gradient overflow of the loss scale (Megatron's
   // found_inf): the scaler backs off, the step and the LR schedule's step are skipped.
@@ -247,6 +249,7 @@ TrainSummary Trainer::run() {
       s.log->activation_memory(iteration, s.model->activation_memory());
     out.losses.push_back(r.loss);
     s.log->record(r.loss, r.grad_norm, r.skipped);
+    s.log->record_moe(r.moe, r.skipped);
     IntervalState st{s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
                      s.skipped_iters, s.nan_iters, flops_per_iter};
     st.global_batch_size = gbs;

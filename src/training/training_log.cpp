@@ -154,6 +154,14 @@ void TrainingLog::tensorboard_validation(int64_t it, int64_t samples, double los
   tb_->flush();
 }
 
+void TrainingLog::record_moe(const std::vector<std::pair<std::string, double>>& values,
+                             bool skipped) {
+  if (skipped) return;
+  if (moe_sums_.size() != values.size()) moe_sums_.assign(values.begin(), values.end());
+  else
+    for (size_t i = 0; i < values.size(); ++i) moe_sums_[i].second += values[i].second;
+}
+
 void TrainingLog::restart_interval() {
   interval_.elapsed(true), interval_.start();
   snapshot_comm();
@@ -177,6 +185,8 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   L.global_batch_size = gbs;
   // Averaged over the iterations that stepped, as Megatron's advanced iterations.
   L.losses = {{"lm loss", loss_ / double(std::max<int64_t>(1, advanced_))}};
+  for (const auto& [name, sum] : moe_sums_)  // mixture of experts
+    L.losses.push_back({name, sum / double(std::max<int64_t>(1, advanced_))});
   L.loss_scale = s.loss_scale;
   L.grad_norm = last_grad_norm_;
   L.decoupled_learning_rate = s.decoupled_learning_rate;
@@ -196,6 +206,7 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   }
   if (tb_) tb_->flush();  // a crash loses at most this interval
   loss_ = 0, iters_ = 0, advanced_ = 0;
+  moe_sums_.clear();
   interval_.start();
 }
 

@@ -83,6 +83,9 @@ class TrainingLog {
   void section(std::string_view name, bool start, int level = 1);
   // One iteration done; skipped: its update was skipped (its loss is not averaged).
   void record(double loss, double grad_norm, bool skipped);
+  // ---- mixture of experts: Megatron's load_balancing_loss / z_loss fields (moe_step.h),
+  // averaged over the interval's iterations that stepped, after the lm loss.
+  void record_moe(const std::vector<std::pair<std::string, double>>& values, bool skipped);
   // Whether iteration `it` ends a logging interval.
   bool due(int64_t it) const { return it % a_.log_interval == 0 || it == a_.train_iters; }
   // The iteration line and what goes with it; starts the next interval. Collective over
@@ -124,6 +127,7 @@ class TrainingLog {
   Timer interval_;
   double loss_ = 0, last_grad_norm_ = 0;
   int64_t iters_ = 0, advanced_ = 0;
+  std::vector<std::pair<std::string, double>> moe_sums_;  // ---- mixture of experts
   bool report_memory_ = true;
   std::map<std::string, comm::CommStats> comm_seen_;
   std::map<std::string, comm::CommStats> share_seen_;  // blocked time at the last line

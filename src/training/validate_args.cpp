@@ -19,6 +19,7 @@
 #include "training/arguments.h"
 #include "training/validate_compat.h"
 #include "training/validate_fp8.h"
+#include "training/validate_moe.h"
 
 namespace mcpp::training {
 namespace {
@@ -41,10 +42,6 @@ void validate_features(Args& a) {
       a.position_embedding_type);
   MCPP_CHECK_HINT(a.optimizer == "adam", "use --optimizer adam (AdamW, Megatron's default)",
                   "--optimizer {} is not implemented yet by megatron.cpp", a.optimizer);
-  MCPP_CHECK_HINT(a.expert_model_parallel_size == 1, "drop --expert-model-parallel-size for now",
-                  "--expert-model-parallel-size {}: expert parallelism is not implemented yet; "
-                  "only 1 is supported now",
-                  a.expert_model_parallel_size);
   {
     static const std::set<std::string> ok = {
         "GPT2BPETokenizer",     "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
@@ -521,6 +518,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_model(a);
   validate_tensor_parallel(a);
   validate_context_parallel(a);
+  validate_moe(a);  // mixture of experts (validate_moe.cpp)
   validate_batch(a);
   validate_pipeline(a);
   validate_data(a);
@@ -528,6 +526,16 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_compat(a, training);  // the example scripts' flags (validate_compat.cpp)
   validate_observe(a);
   validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
+  // Combinations of the newer features that are not built yet: a clear error, never a
+  // half-applied flag.
+  if (a.num_experts) {
+    MCPP_CHECK_HINT(!a.fp8, "train the MoE model in bf16 (drop --fp8-format)",
+                    "--fp8-format with --num-experts: FP8 expert GEMMs are not implemented yet");
+    MCPP_CHECK_HINT(a.context_parallel_size == 1, "drop --context-parallel-size for a MoE model",
+                    "--context-parallel-size {} with --num-experts: the router's aux-loss "
+                    "counts over TP x CP are not implemented yet",
+                    a.context_parallel_size);
+  }
 }
 
 }  // namespace mcpp::training

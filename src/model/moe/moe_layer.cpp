@@ -1,0 +1,351 @@
+#include "model/moe/moe_layer.h"
+
+#include <cmath>
+
+#include "model/moe/transfer.h"
+#include "ops/ops.h"
+#include "parallel/expert_parallel/token_dispatch.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace mcpp::model::moe {
+
+namespace ep = parallel::expert_parallel;
+
+namespace {
+
+// The dispatch group: the TP group under sequence parallelism (each rank holds a sequence
+// shard); none otherwise (TP 1, or generation, where every TP rank holds every token).
+comm::Communicator* dispatch_group(const StepContext& cx) { return cx.sp ? cx.tp_comm : nullptr; }
+
+}  // namespace
+
+int64_t max_rows(const TransformerConfig& c, int64_t T) {
+  const auto& m = c.moe;
+  if (m.capacity_factor > 0 && m.pad_to_capacity) {
+    const int64_t blocks = c.sp() ? c.tp_size : 1, Tb = T / blocks;
+    const int64_t cap = std::min<int64_t>(
+        Tb, int64_t(std::ceil(double(Tb * m.topk) / double(m.num_experts) * m.capacity_factor)));
+    return m.num_experts * cap * blocks;
+  }
+  return T * m.topk;
+}
+
+void MoeLayer::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
+  Router::add_params(c, layer, params);
+  GroupedExperts::add_params(c, layer, params);
+  if (c.moe.shared_ffn_hidden_size > 0) SharedExperts::add_params(c, layer, params);
+}
+
+void MoeLayer::add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out) {
+  Router::add_buffers(c, layer, out);
+}
+
+MoeLayer::MoeLayer(const TransformerConfig& c, int layer, const ParamStore* store)
+    : cfg_(&c), layer_(layer), router_(c, layer, store), experts_(c, layer, store) {
+  if (c.moe.shared_ffn_hidden_size > 0) shared_ = std::make_unique<SharedExperts>(c, layer, store);
+  stats_.tokens_per_expert.assign(size_t(c.moe.num_experts), 0.0);
+}
+
+void MoeLayer::set_expert_parallel_group(comm::Communicator* ep) {
+  const int64_t n = ep ? ep->size() : 1;
+  MCPP_CHECK(n == cfg_->moe.ep_size && (!ep || ep->rank() == cfg_->moe.ep_rank),
+             "MoE layer {}: an EP group of {} ranks (this one {}) for a model built for EP {} "
+             "(rank {})",
+             layer_, n, ep ? ep->rank() : 0, cfg_->moe.ep_size, cfg_->moe.ep_rank);
+  ep_ = n > 1 ? ep : nullptr;
+}
+
+void MoeLayer::saved_specs(const Dims& d, bool /*keep_activation*/, MlpSaved& sb,
+                           const TensorVisitor& v) const {
+  auto& s = static_cast<Saved&>(sb);
+  const int64_t E = cfg_->moe.num_experts, Nmax = max_rows(*cfg_, d.T);
+  Router::saved_specs(*cfg_, d, s.router, v);
+  v(s.logits_all, {d.T, E}, Router::router_dtype(*cfg_), d.sp);
+  v(s.x_full, {d.T, d.H}, d.dt, d.sp);
+  v(s.xp, {Nmax, d.H}, d.dt, true);
+  v(s.probs, {Nmax}, d.sdt, true);
+  const bool epp = cfg_->moe.ep_size > 1;
+  const int64_t Ne = Nmax * cfg_->moe.ep_size;  // the experts' rows: every EP rank's, at most
+  v(s.xe, {Ne, d.H}, d.dt, epp);
+  v(s.pe, {Ne}, d.sdt, epp);
+  GroupedExperts::saved_specs(*cfg_, Ne, d.dt, s.experts, v);
+  if (shared_) shared_->saved_specs(d, s.shared, v);
+}
+
+void MoeLayer::scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const {
+  const int64_t E = cfg_->moe.num_experts, Nmax = max_rows(*cfg_, d.T);
+  const DType rd = Router::router_dtype(*cfg_);
+  v(w_.yp, {Nmax, d.H}, d.dt, true);
+  v(w_.gp, {Nmax, d.H}, d.dt, true);
+  v(w_.dxp, {Nmax, d.H}, d.dt, true);
+  v(w_.dp, {Nmax}, d.sdt, true);
+  v(w_.y_full, {d.T, d.H}, d.dt, true);
+  v(w_.g_full, {d.T, d.H}, d.dt, d.sp);
+  v(w_.dx_full, {d.T, d.H}, d.dt, true);
+  v(w_.dx_local, {d.Tl, d.H}, d.dt, true);
+  v(w_.sh_y, {d.Tl, d.H}, d.dt, shared_ != nullptr);
+  v(w_.dlogits_all, {d.T, E}, rd, true);
+  v(w_.dlogits, {d.Tl, E}, rd, d.sp);
+  const bool epp = cfg_->moe.ep_size > 1;
+  const int64_t Ne = Nmax * cfg_->moe.ep_size;
+  v(w_.ye, {Ne, d.H}, d.dt, epp);
+  v(w_.ge, {Ne, d.H}, d.dt, epp);
+  v(w_.dxe, {Ne, d.H}, d.dt, epp);
+  v(w_.dpe, {Ne}, d.sdt, epp);
+  v(w_.tall, {d.T * cfg_->moe.ep_size, d.H}, d.dt, epp && !cfg_->moe.alltoall);
+  GroupedExperts::scratch_specs(*cfg_, Ne, d.dt, w_.experts, v);
+  if (shared_) shared_->scratch_specs(d, w_.shared, ws, v);
+}
+
+void MoeLayer::scratch_specs(const Dims& d, bool /*uses_scratch_activation*/, Workspace& ws,
+                             const TensorVisitor& v) const {
+  scratch_list(d, ws, v);
+}
+
+void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Tensor& y,
+                       Workspace& ws, const StepContext& cx) const {
+  auto& s = static_cast<Saved&>(sb);
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  // This layer's own scratch, for these sizes (a no-op once allocated).
+  allocate([&](const TensorVisitor& v) { scratch_list(cx, ws, v); }, cx.dev, false);
+  comm::Communicator* group = dispatch_group(cx);
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk;
+  MCPP_CHECK(m.ep_size == 1 || ep_, "MoE layer {}: EP {} without an EP group", layer_, m.ep_size);
+  MCPP_CHECK(!ep_ || !cx.tp_comm, "MoE layer {}: expert parallelism with TP > 1 is not "
+             "implemented yet", layer_);
+
+  // Router: this rank's logits, then the group's (every member routes all T tokens).
+  router_.forward(x, s.router, cx);
+  const Tensor* logits = &s.router.logits;
+  if (group) {
+    ep::dispatch(s.router.logits, s.logits_all, group, st);
+    logits = &s.logits_all;
+  }
+  s.logits = to_host(*logits, st);
+  const std::vector<double> bias = router_.expert_bias();
+  s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
+                    group ? group->size() : 1);
+  const Routing& r = s.routing;
+  stats_.last_aux_loss = r.aux_loss, stats_.last_z_loss = r.z_loss;
+  if (cx.keys.training && stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second) {
+    for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += r.tokens_per_expert[size_t(e)];
+    if (m.aux_loss_coeff > 0) stats_.aux_loss += r.aux_loss / m.aux_loss_coeff;
+    if (m.z_loss_coeff > 0) stats_.z_loss += r.z_loss / m.z_loss_coeff;
+    ++stats_.forwards;
+  }
+
+  if (ep_ && !m.alltoall) {  // the all-gather dispatcher over the EP group
+    allgather_forward(x, s, cx);
+    ep::combine(w_.y_full, y, group, st);
+    if (shared_) {
+      shared_->forward(x, s.shared, w_.sh_y, ws, cx);
+      ops::add(y, w_.sh_y, y, st);
+    }
+    if (residual) ops::add(y, *residual, y, st);
+    return;
+  }
+
+  // Dispatch: the group's tokens, permuted into expert-grouped rows with their weights.
+  const Tensor* xf = &x;
+  if (group) {
+    ep::dispatch(x, s.x_full, group, st);
+    xf = &s.x_full;
+  }
+  const int64_t N = int64_t(r.row_token.size());
+  s.src = index_tensor(r.row_token, cx.dev, st);
+  s.off = index_tensor(r.tok_offsets, cx.dev, st);
+  s.rows = index_tensor(r.tok_rows, cx.dev, st);
+  std::vector<double> pr(static_cast<size_t>(N), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    if (r.row_slot[size_t(n)] >= 0)
+      pr[size_t(n)] = r.prob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])];
+  Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N), yp = w_.yp.narrow(0, N);
+  ops::moe_permute(*xf, s.src, xp, st);
+  from_host(pr, p, st);
+
+  // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
+  if (ep_) {  // the rows to the ranks owning their experts, the outputs back
+    s.plan = ep::plan_alltoall(r.counts, ep_, st);
+    const int64_t Ne = s.plan.rows_out;
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
+    ep::dispatch_alltoall(xp, xe, s.plan, ep_, st);
+    ep::dispatch_alltoall(p, pe, s.plan, ep_, st);
+    if (Ne > 0) experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_.experts, st);
+    ep::combine_alltoall(ye, yp, s.plan, ep_, st);
+  } else {
+    experts_.forward(xp, p, r.counts, s.experts, yp, w_.experts, st);
+  }
+  ops::moe_unpermute(yp, s.off, s.rows, w_.y_full, st);
+  if (!group && cx.tp_comm) parallel::reduce_from_tp(w_.y_full, *cx.tp_comm, st);  // no SP
+  ep::combine(w_.y_full, y, group, st);
+  if (shared_) {
+    shared_->forward(x, s.shared, w_.sh_y, ws, cx);
+    ops::add(y, w_.sh_y, y, st);
+  }
+  if (residual) ops::add(y, *residual, y, st);
+}
+
+void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor& dx,
+                        Workspace& ws, const StepContext& cx) {
+  auto& s = static_cast<Saved&>(sb);
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  comm::Communicator* group = dispatch_group(cx);
+  MCPP_CHECK(group || !cx.tp_comm, "MoeLayer::backward at TP {} needs --sequence-parallel",
+             cfg_->tp_size);
+  const Routing& r = s.routing;
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(r.row_token.size());
+
+  // Shared experts first: they write dx (=); everything else adds to it.
+  if (shared_)
+    shared_->backward(dy, x, s.shared, dx, w_.shared, ws, cx);
+  else
+    ops::fill(dx, 0.0, st);
+
+  // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
+  const Tensor* g = &dy;
+  if (group) {
+    ep::combine_backward(dy, w_.g_full, group, st);
+    g = &w_.g_full;
+  }
+  // d(loss)/dp per (token, slot), for the router below.
+  std::vector<double> dprob(static_cast<size_t>(T * k), 0.0), dl(static_cast<size_t>(T * E));
+  if (ep_ && !m.alltoall) {
+    allgather_backward(*g, s, dprob, cx);
+    ops::add(dx, w_.dx_full, dx, st);
+  } else {
+    Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
+    Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
+    ops::moe_permute(*g, s.src, gp, st);
+    if (ep_) {  // the combine's dual, the experts, the dispatch's dual
+      const int64_t Ne = s.plan.rows_out;
+      Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
+      Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
+      ep::combine_alltoall_backward(gp, ge, s.plan, ep_, st);
+      if (Ne > 0)
+        experts_.backward(ge, xe, pe, s.plan.tokens_per_local_expert, s.experts, dxe, dpe,
+                          w_.experts, st);
+      ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
+      ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
+    } else {
+      experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
+    }
+    ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
+    ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
+    ops::add(dx, w_.dx_local, dx, st);
+    const std::vector<double> dpv = to_host(dp, st);
+    for (int64_t n = 0; n < N; ++n)
+      if (r.row_slot[size_t(n)] >= 0)
+        dprob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])] = dpv[size_t(n)];
+  }
+
+  // Router: through the routing into the logits, with the aux / z-loss gradients of this
+  // rank's own rows.
+  const double aux_scale =
+      cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch) : 1.0;
+  const int64_t r0 = group ? int64_t(group->rank()) * cx.Tl : 0;
+  route_backward(m, r, s.logits.data(), dprob.data(), aux_scale, r0, r0 + cx.Tl, cx.B, dl.data());
+  from_host(dl, w_.dlogits_all, st);
+  Tensor& dlogits = group ? w_.dlogits : w_.dlogits_all;
+  ep::dispatch_backward(w_.dlogits_all, dlogits, group, st);
+  router_.backward(dlogits, x, s.router, dx, cx);
+}
+
+// ---- expert parallelism, the all-gather dispatcher ---------------------------------------
+
+namespace {
+
+// A f64 tensor with v on s's device (the routing exchange).
+Tensor f64_tensor(const std::vector<double>& v, Device dev, Stream& st) {
+  Tensor h = Tensor::from(v, {int64_t(v.size())});
+  if (dev == Device::CPU) return h;
+  Tensor d = Tensor::empty(h.shape(), DType::F64, dev);
+  ops::copy(h, d, st);
+  return d;
+}
+
+}  // namespace
+
+void MoeLayer::allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  const Routing& r = s.routing;
+  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), El = m.local_experts();
+  const int64_t e0 = m.first_expert(), Tg = EPn * T;
+
+  // Every EP rank's routing: per (token, slot) the expert (-1 when dropped) and the weight.
+  std::vector<double> mine(static_cast<size_t>(T * k * 2));
+  for (int64_t i = 0; i < T * k; ++i) {
+    mine[size_t(2 * i)] = r.kept[size_t(i)] ? double(r.idx[size_t(i)]) : -1.0;
+    mine[size_t(2 * i + 1)] = r.prob[size_t(i)];
+  }
+  Tensor all = Tensor::empty({Tg * k * 2}, DType::F64, cx.dev);
+  ep_->all_gather(f64_tensor(mine, cx.dev, st), all, st);
+  const std::vector<double> rt = to_host(all, st);
+
+  // This rank's experts' rows over the gathered tokens: expert-major, tokens ascending
+  // (the serial order), and each gathered token's rows for the combine.
+  std::vector<int64_t> src, off(static_cast<size_t>(Tg + 1), 0), rows;
+  std::vector<double> pr;
+  s.ag_counts.assign(size_t(El), 0);
+  s.ag_slot.clear();
+  for (int64_t j = 0; j < El; ++j)
+    for (int64_t t = 0; t < Tg; ++t)
+      for (int64_t q = 0; q < k; ++q)
+        if (rt[size_t(2 * (t * k + q))] == double(e0 + j)) {
+          src.push_back(t), s.ag_slot.push_back(t * k + q), pr.push_back(rt[size_t(2 * (t * k + q) + 1)]);
+          ++s.ag_counts[size_t(j)], ++off[size_t(t + 1)];
+        }
+  for (int64_t t = 0; t < Tg; ++t) off[size_t(t + 1)] += off[size_t(t)];
+  rows.assign(src.size(), 0);
+  {
+    std::vector<int64_t> fill(off.begin(), off.end() - 1);
+    for (size_t n = 0; n < src.size(); ++n) rows[size_t(fill[size_t(src[n])]++)] = int64_t(n);
+  }
+  const int64_t Ne = int64_t(src.size());
+  s.ag_src = index_tensor(src, cx.dev, st);
+  s.ag_off = index_tensor(off, cx.dev, st);
+  s.ag_rows = index_tensor(rows, cx.dev, st);
+
+  // Gather the tokens, run this rank's experts on their rows, combine per gathered token,
+  // and reduce-scatter: each rank gets its tokens' sums over every rank's experts.
+  ep::dispatch(x, w_.tall, ep_, st);
+  if (Ne > 0) {
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
+    ops::moe_permute(w_.tall, s.ag_src, xe, st);
+    from_host(pr, pe, st);
+    experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_.experts, st);
+    ops::moe_unpermute(ye, s.ag_off, s.ag_rows, w_.tall, st);
+  } else {
+    ops::fill(w_.tall, 0.0, st);
+  }
+  ep::combine(w_.tall, w_.y_full, ep_, st);
+}
+
+void MoeLayer::allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
+                                  const StepContext& cx) {
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), Tg = EPn * T;
+  const int64_t Ne = int64_t(s.ag_slot.size());
+  ep::combine_backward(g, w_.tall, ep_, st);  // every rank's output gradients
+  std::vector<double> dp_all(static_cast<size_t>(Tg * k), 0.0);
+  if (Ne > 0) {
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
+    Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
+    ops::moe_permute(w_.tall, s.ag_src, ge, st);
+    experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_.experts, st);
+    ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, w_.tall, st);
+    const std::vector<double> dpv = to_host(dpe, st);
+    for (int64_t n = 0; n < Ne; ++n) dp_all[size_t(s.ag_slot[size_t(n)])] = dpv[size_t(n)];
+  } else {
+    ops::fill(w_.tall, 0.0, st);
+  }
+  ep::dispatch_backward(w_.tall, w_.dx_full, ep_, st);  // to the tokens' ranks, summed
+  Tensor dmine = Tensor::empty({T * k}, DType::F64, cx.dev);
+  ep_->reduce_scatter(f64_tensor(dp_all, cx.dev, st), dmine, st);
+  dprob = to_host(dmine, st);
+}
+
+}  // namespace mcpp::model::moe

@@ -1,0 +1,131 @@
+// The MoE layer (Megatron-Core's MoELayer) behind the MLP contract (mlp.h): router ->
+// token dispatch -> grouped experts -> combine (+ shared experts).
+//
+//   forward:   logits = router(x)                          x [Tl,H], logits [Tl,E]
+//              (idx, p) = route(dispatch(logits))          on the host, all T tokens of the group
+//              xp = permute(dispatch(x))                   [N,H], rows grouped by expert
+//              yp = experts(xp, p)                         probabilities after the activation
+//              y  = combine(unpermute(yp)) (+ shared(x)) (+ residual)
+//   backward:  the same steps reversed, each communication through its dual
+//              (parallel/expert_parallel/token_dispatch.h); d(loss)/dp and the aux / z-loss
+//              gradients (scaled by 1/(micro-batches x DP), Megatron's aux-loss scale in our
+//              global-token normalisation) go through the routing's Jacobian into the router.
+//
+// With TP > 1 (sequence parallel, ETP = TP, EP = 1) the dispatch group is the TP group:
+// every rank routes all T tokens of the group (the gathered logits), keeps the aux / z-loss
+// gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
+// at most T*k dropless (the saved buffers' stated bound), E*capacity*TP with padding.
+// Expert parallelism (EP > 1, set_expert_parallel_group; TP 1 for now): each rank routes its
+// own tokens (its aux / z losses are its own), then either
+//   alltoall:  the permuted rows travel to the ranks owning their experts and back
+//              (parallel/expert_parallel/alltoall_dispatch.h, its duals in the backward), or
+//   allgather: every rank gathers all EP ranks' tokens and routing, computes its experts'
+//              outputs for all of them, and the outputs are reduce-scattered back
+//              (token_dispatch.h); d(loss)/d(prob) is reduce-scattered to the tokens' ranks.
+// The experts see at most EP*N rows (every rank's rows for this rank's experts, the stated
+// dropless bound).
+// Runtime statistics for logging and the expert-bias update live in MoeStats until
+// training/moe_step.cpp collects them once per global batch.
+#pragma once
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "model/mlp.h"
+#include "model/moe/experts.h"
+#include "model/moe/router.h"
+#include "model/moe/routing.h"
+#include "model/moe/shared_experts.h"
+#include "parallel/expert_parallel/alltoall_dispatch.h"
+
+namespace mcpp::model::moe {
+
+// What one global batch's training forwards saw (one layer).
+struct MoeStats {
+  std::vector<double> tokens_per_expert;  // [E] rows per expert, summed over forwards
+  double aux_loss = 0, z_loss = 0;        // sums over forwards of L / coeff
+  int64_t forwards = 0;
+  double last_aux_loss = 0, last_z_loss = 0;   // the last forward's losses (with coefficients)
+  std::set<std::pair<int64_t, int64_t>> seen;  // (iteration, sample offset): recompute runs once
+};
+
+// The rows the permuted buffers need for T tokens (the stated bound of dropless routing).
+int64_t max_rows(const TransformerConfig& c, int64_t T);
+
+class MoeLayer final : public MlpModule {
+ public:
+  static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  static void add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out);
+  MoeLayer(const TransformerConfig& c, int layer, const ParamStore* store);
+
+  struct Saved final : MlpSaved {
+    Router::Saved router;
+    Tensor logits_all;  // [T,E] the group's logits (TP)
+    Tensor x_full;      // [T,H] the group's tokens (TP)
+    Tensor xp;          // [Nmax,H] permuted input
+    Tensor probs;       // [Nmax] statistics dtype
+    GroupedExperts::Saved experts;
+    SharedExperts::Saved shared;
+    // Host: the routing and the index tensors of this micro-batch.
+    std::vector<double> logits;
+    Routing routing;
+    Tensor src, off, rows;
+    // Expert parallelism: the exchange's plan and the rows on the experts' side.
+    parallel::expert_parallel::AlltoallPlan plan;
+    Tensor xe;  // [EP*Nmax,H] rows for this rank's experts, by local expert
+    Tensor pe;  // [EP*Nmax] their probabilities
+    // The all-gather dispatcher at EP > 1: the experts' rows over the gathered tokens.
+    std::vector<int64_t> ag_counts;  // [El] rows per local expert
+    std::vector<int64_t> ag_slot;    // per row: (gathered token * k + slot)
+    Tensor ag_src, ag_off, ag_rows;  // permute / unpermute indices over EP*T tokens
+  };
+  std::unique_ptr<MlpSaved> new_saved() const override { return std::make_unique<Saved>(); }
+  void saved_specs(const Dims& d, bool keep_activation, MlpSaved& s,
+                   const TensorVisitor& v) const override;
+  void scratch_specs(const Dims& d, bool uses_scratch_activation, Workspace& ws,
+                     const TensorVisitor& v) const override;
+  void forward(const Tensor& x, MlpSaved& s, const Tensor* residual, Tensor& y, Workspace& ws,
+               const StepContext& cx) const override;
+  void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
+                const StepContext& cx) override;
+
+  // The EP group (cfg.moe.ep_size ranks, this one cfg.moe.ep_rank); needed before the first
+  // forward when ep_size > 1.
+  void set_expert_parallel_group(comm::Communicator* ep);
+
+  int layer() const { return layer_; }
+  const Router& router() const { return router_; }
+  MoeStats& stats() const { return stats_; }
+
+ private:
+  struct Scratch {
+    Tensor yp, gp, dxp;              // [Nmax,H]
+    Tensor dp;                       // [Nmax] statistics dtype
+    Tensor y_full, g_full, dx_full;  // [T,H]
+    Tensor dx_local, sh_y;           // [Tl,H]
+    Tensor dlogits_all, dlogits;     // [T,E], [Tl,E] router dtype
+    Tensor ye, ge, dxe;              // [EP*Nmax,H] expert parallelism: the experts' side
+    Tensor dpe;                      // [EP*Nmax]
+    Tensor tall;                     // [EP*T,H] the all-gather dispatcher's gathered rows
+    GroupedExperts::Scratch experts;
+    SharedExperts::Scratch shared;
+  };
+  void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
+  // The all-gather dispatcher at EP > 1: x [T,H] -> w_.y_full [T,H] (this rank's tokens'
+  // outputs of all experts); backward: g [T,H] -> w_.dx_full [T,H] and dprob [T*k].
+  void allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
+  void allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
+                          const StepContext& cx);
+
+  const TransformerConfig* cfg_;
+  int layer_;
+  Router router_;
+  GroupedExperts experts_;
+  std::unique_ptr<SharedExperts> shared_;
+  comm::Communicator* ep_ = nullptr;
+  mutable Scratch w_;  // this layer's scratch (listed in scratch_specs)
+  mutable MoeStats stats_;
+};
+
+}  // namespace mcpp::model::moe

@@ -1,0 +1,96 @@
+#include "model/moe/router.h"
+
+#include "model/moe/transfer.h"
+#include "ops/ops.h"
+
+namespace mcpp::model::moe {
+
+void Router::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
+  // Duplicated on every TP rank; it sees the rank's sequence shard under SP, so its gradient
+  // is a partial sum over TP (finalize_model_grads all-reduces it, as Megatron's router
+  // weight marked sequence_parallel).
+  params.push_back(make_param(layer_param_name(layer, "mlp.router.weight"),
+                              {c.moe.num_experts, c.hidden_size}, TpSplit::None, Init::Normal,
+                              c.init_method_std, true, layer, c.tp_size, c.sp()));
+}
+
+void Router::add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out) {
+  if (!c.moe.expert_bias) return;
+  BufferInfo b;
+  b.name = layer_param_name(layer, "mlp.router.expert_bias");
+  b.global_shape = {c.moe.num_experts};
+  b.dtype = DType::F32, b.layer = layer, b.init = Init::Zeros;
+  out.push_back(std::move(b));
+}
+
+DType Router::router_dtype(const TransformerConfig& c) {
+  return c.moe.router_dtype_given ? c.moe.router_dtype : c.dtype;
+}
+
+Router::Router(const TransformerConfig& c, int layer, const ParamStore* store)
+    : w_(ParamStore::view(store, layer_param_name(layer, "mlp.router.weight"))),
+      dtype_(router_dtype(c)) {
+  const std::string bn = layer_param_name(layer, "mlp.router.expert_bias");
+  if (store && store->has_buffer(bn)) bias_ = store->buffer(bn);
+  MCPP_CHECK_HINT(!(c.device == Device::CUDA && dtype_ == DType::F64),
+                  "use --moe-router-dtype fp32 on the GPU",
+                  "--moe-router-dtype fp64 on CUDA is not implemented yet (the GEMMs run in "
+                  "bf16, f16 or f32 there)");
+  MCPP_CHECK_HINT(!(c.device == Device::CPU && dtype_ != DType::F32 && dtype_ != DType::F64),
+                  "use --moe-router-dtype fp32 or fp64", "router dtype {} on the CPU",
+                  dtype_name(dtype_));
+}
+
+void Router::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                         const TensorVisitor& v) {
+  const DType rd = router_dtype(c);
+  v(s.x_cast, {d.Tl, d.H}, rd, rd != d.dt);
+  v(s.logits, {d.Tl, c.moe.num_experts}, rd, true);
+}
+
+void Router::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+  Stream& st = cx.stream();
+  if (dtype_ == x.dtype()) {
+    ops::linear_forward(x, w_.w, Tensor(), s.logits, st);
+    return;
+  }
+  // Megatron's --moe-router-dtype: the GEMM in fp32/fp64 on upcast input and weight.
+  ops::copy(x, s.x_cast, st);
+  Tensor w = Tensor::empty(w_.w.shape(), dtype_, w_.w.device());
+  ops::copy(w_.w, w, st);
+  ops::linear_forward(s.x_cast, w, Tensor(), s.logits, st);
+}
+
+void Router::backward(const Tensor& dlogits, const Tensor& x, const Saved& s, Tensor& dx,
+                      const StepContext& cx) {
+  Stream& st = cx.stream();
+  Tensor none;
+  if (dtype_ == x.dtype()) {
+    ops::linear_backward(dlogits, x, w_.w, dx, /*accumulate_dx=*/true, w_.g, none, st);
+    return;
+  }
+  Tensor w = Tensor::empty(w_.w.shape(), dtype_, w_.w.device());
+  ops::copy(w_.w, w, st);
+  Tensor dw = Tensor::zeros(w_.w.shape(), dtype_, w_.w.device());
+  Tensor dxc = Tensor::empty(s.x_cast.shape(), dtype_, x.device());
+  ops::linear_backward(dlogits, s.x_cast, w, dxc, false, dw, none, st);
+  // Back to the model's dtypes: dx += dxc, grad += dw.
+  Tensor tmp = Tensor::empty(dx.shape(), dx.dtype(), dx.device());
+  ops::copy(dxc, tmp, st);
+  ops::add(dx, tmp, dx, st);
+  Tensor tg = Tensor::empty(w_.g.shape(), w_.g.dtype(), w_.g.device());
+  ops::copy(dw, tg, st);
+  ops::add(w_.g, tg, w_.g, st);
+}
+
+std::vector<double> Router::expert_bias() const {
+  if (!bias_.defined()) return {};
+  return to_host(bias_, ops::default_stream(bias_.device()));
+}
+
+void Router::set_expert_bias(const std::vector<double>& b) const {
+  Tensor dst = bias_;
+  from_host(b, dst, ops::default_stream(bias_.device()));
+}
+
+}  // namespace mcpp::model::moe

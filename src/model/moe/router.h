@@ -1,0 +1,48 @@
+// The MoE router (Megatron-Core's TopKRouter): logits = x @ W^T on the model's device,
+// in --moe-router-dtype when given (x and W cast to it, as Megatron upcasts), then the
+// routing on the host (routing.h). Parameters: mlp.router.weight [E, H] (duplicated over
+// TP; under SP its gradient is a partial sum over TP), and with --moe-router-enable-expert-bias
+// the persistent buffer mlp.router.expert_bias [E] f32 (checkpointed, never optimised).
+//
+//   forward:  logits [Tl,E] = x [Tl,H] @ W^T
+//   backward: dx [Tl,H] += dlogits @ W;  dW += dlogits^T @ x
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/module.h"
+#include "model/params.h"
+
+namespace mcpp::model::moe {
+
+class Router {
+ public:
+  static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  static void add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out);
+  Router() = default;
+  Router(const TransformerConfig& c, int layer, const ParamStore* store);
+
+  struct Saved {
+    Tensor x_cast;  // [Tl,H] x in the router dtype (only when it differs from the model's)
+    Tensor logits;  // [Tl,E] router dtype
+  };
+  DType dtype() const { return dtype_; }
+  static DType router_dtype(const TransformerConfig& c);
+  static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                          const TensorVisitor& v);
+  void forward(const Tensor& x, Saved& s, const StepContext& cx) const;
+  // dlogits [Tl,E] in the router dtype; dx [Tl,H] accumulates (+=).
+  void backward(const Tensor& dlogits, const Tensor& x, const Saved& s, Tensor& dx,
+                const StepContext& cx);
+  // The expert bias on the host ([E], empty without the buffer) and writing it back.
+  std::vector<double> expert_bias() const;
+  void set_expert_bias(const std::vector<double>& b) const;
+  bool has_expert_bias() const { return bias_.defined(); }
+
+ private:
+  ParamView w_;
+  Tensor bias_;  // the expert-bias buffer (f32 [E]), undefined without it
+  DType dtype_ = DType::F32;
+};
+
+}  // namespace mcpp::model::moe

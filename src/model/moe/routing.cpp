@@ -1,0 +1,259 @@
+#include "model/moe/routing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "base/error.h"
+
+namespace mcpp::model::moe {
+namespace {
+
+using Balance = TransformerConfig::Moe::Balance;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// The k largest of v[0..n) (ties: lower index first), in descending order.
+void topk(const double* v, int64_t n, int64_t k, int32_t* out) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  std::copy(order.begin(), order.begin() + k, out);
+}
+
+void softmax(const double* l, int64_t n, double* s, double* lse_out = nullptr) {
+  double mx = kNegInf;
+  for (int64_t e = 0; e < n; ++e) mx = std::max(mx, l[e]);
+  double sum = 0;
+  for (int64_t e = 0; e < n; ++e) sum += (s[e] = std::exp(l[e] - mx));
+  for (int64_t e = 0; e < n; ++e) s[e] /= sum;
+  if (lse_out) *lse_out = mx + std::log(sum);
+}
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// Megatron's group_limited_topk: mask every expert outside the best group_topk groups.
+void group_limit(const TransformerConfig::Moe& m, int64_t E, double* sel) {
+  const int64_t G = m.num_groups, per = E / G, kg = m.topk / m.group_topk;
+  std::vector<double> gscore(static_cast<size_t>(G));
+  std::vector<int32_t> top(static_cast<size_t>(kg));
+  for (int64_t g = 0; g < G; ++g) {
+    topk(sel + g * per, per, kg, top.data());
+    double s = 0;
+    for (int32_t i : top) s += sel[g * per + i];
+    gscore[size_t(g)] = s;
+  }
+  std::vector<int32_t> keep(static_cast<size_t>(m.group_topk));
+  topk(gscore.data(), G, m.group_topk, keep.data());
+  std::vector<uint8_t> on(static_cast<size_t>(G), 0);
+  for (int32_t g : keep) on[size_t(g)] = 1;
+  for (int64_t e = 0; e < E; ++e)
+    if (!on[size_t(e / per)]) sel[e] = kNegInf;
+}
+
+// The aux loss's scores: the full softmax, or sigmoid normalised over the experts.
+void aux_score(const TransformerConfig::Moe& m, const double* l, int64_t E, double* s) {
+  if (!m.sigmoid) return softmax(l, E, s);
+  double z = 0;
+  for (int64_t e = 0; e < E; ++e) z += (s[e] = sigmoid(l[e]));
+  for (int64_t e = 0; e < E; ++e) s[e] /= z + 1e-20;
+}
+
+}  // namespace
+
+Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, int64_t B,
+              const double* bias, int64_t blocks) {
+  const int64_t E = m.num_experts, k = m.topk;
+  MCPP_CHECK(blocks >= 1 && T % blocks == 0, "route: {} tokens in {} blocks", T, blocks);
+  Routing r;
+  r.T = T, r.E = E, r.k = k;
+  r.idx.resize(size_t(T * k)), r.prob.resize(size_t(T * k)), r.kept.assign(size_t(T * k), 1);
+  r.topk_raw.resize(size_t(T * k));
+  const bool keep_scores = m.pre_softmax || m.sigmoid;
+  if (keep_scores) r.scores.resize(size_t(T * E));
+  std::vector<double> sel(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const double* l = logits + t * E;
+    double* s = keep_scores ? r.scores.data() + t * E : nullptr;
+    if (m.sigmoid) {
+      for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(l[e]);
+      for (int64_t e = 0; e < E; ++e) sel[size_t(e)] = s[e] + (bias ? bias[e] : 0.0);
+    } else if (m.pre_softmax) {
+      softmax(l, E, s);
+      std::copy(s, s + E, sel.begin());
+    } else {
+      std::copy(l, l + E, sel.begin());
+    }
+    if (m.group_topk > 0) group_limit(m, E, sel.data());
+    int32_t* idx = r.idx.data() + t * k;
+    topk(sel.data(), E, k, idx);
+    double* p = r.prob.data() + t * k;
+    double* raw = r.topk_raw.data() + t * k;
+    if (!m.sigmoid && !m.pre_softmax) {  // softmax over the k selected logits
+      for (int64_t j = 0; j < k; ++j) raw[j] = l[idx[j]];
+      softmax(raw, k, p);
+    } else if (m.pre_softmax) {
+      for (int64_t j = 0; j < k; ++j) p[j] = raw[j] = s[idx[j]];
+    } else {
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += (raw[j] = s[idx[j]]);
+      for (int64_t j = 0; j < k; ++j) p[j] = k > 1 ? raw[j] / (sum + 1e-20) : raw[j];
+    }
+    if (m.topk_scaling_factor > 0)
+      for (int64_t j = 0; j < k; ++j) p[j] *= m.topk_scaling_factor;
+  }
+
+  // Capacity, per block (Megatron applies it to each rank's tokens), then the dispatch rows.
+  std::vector<std::vector<std::pair<int64_t, int32_t>>> rows(static_cast<size_t>(E));  // (token, slot)
+  const int64_t Tb = T / blocks;
+  if (m.capacity_factor > 0)
+    r.capacity = std::min<int64_t>(
+        Tb, int64_t(std::ceil(double(Tb * k) / double(E) * m.capacity_factor)));
+  for (int64_t b = 0; b < blocks; ++b) {
+    std::vector<std::vector<std::pair<int64_t, int32_t>>> cand(static_cast<size_t>(E));
+    for (int64_t t = b * Tb; t < (b + 1) * Tb; ++t)
+      for (int64_t j = 0; j < k; ++j) cand[size_t(r.idx[size_t(t * k + j)])].push_back({t, int32_t(j)});
+    for (int64_t e = 0; e < E; ++e) {
+      auto& c = cand[size_t(e)];
+      if (r.capacity > 0) {
+        if (!m.drop_by_position)  // the highest probabilities (ties: earlier token)
+          std::stable_sort(c.begin(), c.end(), [&](const auto& x, const auto& y) {
+            return r.prob[size_t(x.first * k + x.second)] > r.prob[size_t(y.first * k + y.second)];
+          });
+        for (size_t i = size_t(r.capacity); i < c.size(); ++i) {
+          r.kept[size_t(c[i].first * k + c[i].second)] = 0;
+          r.prob[size_t(c[i].first * k + c[i].second)] = 0;
+        }
+        if (c.size() > size_t(r.capacity)) c.resize(size_t(r.capacity));
+        if (m.pad_to_capacity) {  // fill with the earliest tokens not routed here, p = 0
+          std::vector<uint8_t> has(static_cast<size_t>(Tb), 0);
+          for (const auto& x : c) has[size_t(x.first - b * Tb)] = 1;
+          for (int64_t t = b * Tb; t < (b + 1) * Tb && int64_t(c.size()) < r.capacity; ++t)
+            if (!has[size_t(t - b * Tb)]) c.push_back({t, -1});
+        }
+        std::sort(c.begin(), c.end());  // token order inside the expert
+      }
+      rows[size_t(e)].insert(rows[size_t(e)].end(), c.begin(), c.end());
+    }
+  }
+  r.counts.assign(size_t(E), 0);
+  std::vector<int64_t> per_token(static_cast<size_t>(T + 1), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    r.counts[size_t(e)] = int64_t(rows[size_t(e)].size());
+    for (const auto& [t, j] : rows[size_t(e)]) {
+      r.row_token.push_back(t), r.row_slot.push_back(j);
+      ++per_token[size_t(t + 1)];
+    }
+  }
+  r.tokens_per_expert.assign(r.counts.begin(), r.counts.end());
+  std::partial_sum(per_token.begin(), per_token.end(), per_token.begin());
+  r.tok_offsets = per_token;
+  r.tok_rows.assign(r.row_token.size(), 0);
+  std::vector<int64_t> fill(per_token.begin(), per_token.end() - 1);
+  for (size_t n = 0; n < r.row_token.size(); ++n)
+    r.tok_rows[size_t(fill[size_t(r.row_token[n])]++)] = int64_t(n);
+
+  // Aux losses over all T tokens.
+  if (m.balance != Balance::None && m.aux_loss_coeff > 0) {
+    const bool seq = m.balance == Balance::SeqAuxLoss;
+    const int64_t groups = seq ? B : 1, Tg = seq ? T / B : T;
+    r.aux_scores.resize(size_t(T * E));
+    r.aux_counts.assign(size_t(groups * E), 0);
+    std::vector<int32_t> top(static_cast<size_t>(k));
+    for (int64_t t = 0; t < T; ++t) {
+      double* s = r.aux_scores.data() + t * E;
+      aux_score(m, logits + t * E, E, s);
+      topk(s, E, k, top.data());
+      for (int32_t e : top) r.aux_counts[size_t((seq ? t % B : 0) * E + e)] += 1;
+    }
+    double L = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e)
+        L += r.aux_counts[size_t((seq ? t % B : 0) * E + e)] * r.aux_scores[size_t(t * E + e)];
+    r.aux_loss = m.aux_loss_coeff * double(E) / (double(k) * double(Tg) * double(Tg)) * L /
+                 double(groups);
+  }
+  if (m.z_loss_coeff > 0) {
+    r.lse.resize(size_t(T));
+    std::vector<double> tmp(static_cast<size_t>(E));
+    double z = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      softmax(logits + t * E, E, tmp.data(), &r.lse[size_t(t)]);
+      z += r.lse[size_t(t)] * r.lse[size_t(t)];
+    }
+    r.z_loss = m.z_loss_coeff * z / double(T);
+  }
+  return r;
+}
+
+void route_backward(const TransformerConfig::Moe& m, const Routing& r, const double* logits,
+                    const double* dprob, double aux_scale, int64_t r0, int64_t r1, int64_t B,
+                    double* dlogits) {
+  const int64_t T = r.T, E = r.E, k = r.k;
+  std::fill(dlogits, dlogits + T * E, 0.0);
+  const double sf = m.topk_scaling_factor > 0 ? m.topk_scaling_factor : 1.0;
+  std::vector<double> dp(static_cast<size_t>(k)), tmp(static_cast<size_t>(E)), ds(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* idx = r.idx.data() + t * k;
+    const double* raw = r.topk_raw.data() + t * k;
+    double* dl = dlogits + t * E;
+    for (int64_t j = 0; j < k; ++j)
+      dp[size_t(j)] = r.kept[size_t(t * k + j)] ? sf * dprob[t * k + j] : 0.0;
+    if (!m.sigmoid && !m.pre_softmax) {  // p = softmax(l[idx])
+      softmax(raw, k, tmp.data());
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j) dot += tmp[size_t(j)] * dp[size_t(j)];
+      for (int64_t j = 0; j < k; ++j) dl[idx[j]] += tmp[size_t(j)] * (dp[size_t(j)] - dot);
+    } else if (m.pre_softmax) {  // p = s[idx], s = softmax(l)
+      const double* s = r.scores.data() + t * E;
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j) dot += s[idx[j]] * dp[size_t(j)];
+      for (int64_t e = 0; e < E; ++e) dl[e] -= s[e] * dot;
+      for (int64_t j = 0; j < k; ++j) dl[idx[j]] += s[idx[j]] * dp[size_t(j)];
+    } else {  // p = s[idx] / (sum + eps), s = sigmoid(l)
+      double sum = 0, dot = 0;
+      for (int64_t j = 0; j < k; ++j) sum += raw[j], dot += dp[size_t(j)] * raw[j];
+      const double D = sum + 1e-20;
+      for (int64_t j = 0; j < k; ++j) {
+        const double draw = k > 1 ? dp[size_t(j)] / D - dot / (D * D) : dp[size_t(j)];
+        dl[idx[j]] += draw * raw[j] * (1.0 - raw[j]);
+      }
+    }
+  }
+  // Aux loss: dL/ds[t,e] = coeff E/(k Tg^2) c_e / groups, through the aux score function.
+  if (!r.aux_scores.empty()) {
+    const bool seq = m.balance == Balance::SeqAuxLoss;
+    const int64_t groups = seq ? B : 1, Tg = seq ? T / B : T;
+    const double c = aux_scale * m.aux_loss_coeff * double(E) /
+                     (double(k) * double(Tg) * double(Tg)) / double(groups);
+    for (int64_t t = r0; t < r1; ++t) {
+      const double* s = r.aux_scores.data() + t * E;
+      for (int64_t e = 0; e < E; ++e) ds[size_t(e)] = c * r.aux_counts[size_t((seq ? t % B : 0) * E + e)];
+      double* dl = dlogits + t * E;
+      if (!m.sigmoid) {
+        double dot = 0;
+        for (int64_t e = 0; e < E; ++e) dot += s[e] * ds[size_t(e)];
+        for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (ds[size_t(e)] - dot);
+      } else {  // s = a / (sum a + eps), a = sigmoid(l)
+        double z = 0, dot = 0;
+        for (int64_t e = 0; e < E; ++e) tmp[size_t(e)] = sigmoid(logits[t * E + e]), z += tmp[size_t(e)];
+        const double Z = z + 1e-20;
+        for (int64_t e = 0; e < E; ++e) dot += ds[size_t(e)] * tmp[size_t(e)];
+        for (int64_t e = 0; e < E; ++e) {
+          const double a = tmp[size_t(e)];
+          dl[e] += (ds[size_t(e)] / Z - dot / (Z * Z)) * a * (1.0 - a);
+        }
+      }
+    }
+  }
+  if (!r.lse.empty()) {  // dL/dl = coeff * 2 lse softmax(l) / T
+    for (int64_t t = r0; t < r1; ++t) {
+      softmax(logits + t * E, E, tmp.data());
+      const double c = aux_scale * m.z_loss_coeff * 2.0 * r.lse[size_t(t)] / double(T);
+      for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] += c * tmp[size_t(e)];
+    }
+  }
+}
+
+}  // namespace mcpp::model::moe

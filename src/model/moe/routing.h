@@ -1,0 +1,65 @@
+// The router's math on the host, in fp64 (Megatron's moe_utils.topk_routing_with_score_function,
+// router.py's aux losses, apply_router_token_dropping), as pure functions of the logits so
+// that tests can check them by finite differences. The logits are small ([T, E]); the
+// router GEMM runs on the model's device, this on the host (at least Megatron's fp32
+// routing precision).
+//
+//   softmax (post):  (l_k, idx) = topk(l, k);  p = softmax(l_k)
+//   softmax (pre):   s = softmax(l);  (p, idx) = topk(s, k)
+//   sigmoid:         s = sigmoid(l);  idx = topk(s + bias);  p = s[idx] / (sum s[idx] + 1e-20)
+//                    (k > 1; p = s[idx] for k = 1)
+//   group-limited:   a group's score = sum of its top (k / group_topk) scores; only the best
+//                    group_topk groups take part in the top-k
+//   then p *= scaling factor; capacity (per block of tokens: one rank's tokens in Megatron)
+//   keeps the cap = ceil(Tb * k / E * cf) highest-probability (or earliest) tokens per expert,
+//   and with padding fills every expert to cap with tokens of probability 0.
+//
+// Aux losses (added to the router's backward, never to the LM loss; T = all tokens routed):
+//   aux_loss:      L = coeff * E / (k T^2) * sum_e c_e * sum_t s[t,e]
+//   seq_aux_loss:  the same per sequence (T = S), averaged over the B sequences
+//   z_loss:        L = coeff * mean_t logsumexp_e(l[t,e])^2
+// where s is the full softmax (sigmoid: s/sum s) and c_e counts a separate top-k of s.
+// Ties in every top-k go to the lower index (deterministic).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+
+namespace mcpp::model::moe {
+
+struct Routing {
+  int64_t T = 0, E = 0, k = 0;
+  std::vector<int32_t> idx;   // [T,k] selected experts (top-k order)
+  std::vector<double> prob;   // [T,k] routing weights (scaled); 0 when dropped
+  std::vector<uint8_t> kept;  // [T,k] survived capacity
+  std::vector<double> topk_raw;  // [T,k] what the weights were computed from (see .cpp)
+  std::vector<double> scores;    // [T,E] softmax (pre / aux) or sigmoid values
+  // Dispatch: rows grouped by expert (expert-major, tokens ascending), padding included.
+  std::vector<int64_t> counts;    // [E] rows per expert
+  std::vector<int64_t> row_token; // [N] token of each row
+  std::vector<int32_t> row_slot;  // [N] its top-k slot j, or -1 (a padding row: p = 0)
+  std::vector<int64_t> tok_offsets, tok_rows;  // CSR: the rows of token t, ascending
+  std::vector<double> tokens_per_expert;       // [E] routed (kept) tokens, for the expert bias
+  // Aux losses (values with their coefficient) and what their gradients need.
+  double aux_loss = 0, z_loss = 0;
+  std::vector<double> aux_scores;  // [T,E] s of the aux loss
+  std::vector<double> aux_counts;  // [E] or [B,E] (seq_aux_loss) counts c
+  std::vector<double> lse;         // [T] logsumexp of the logits (z-loss)
+  int64_t capacity = 0;            // 0: dropless
+};
+
+// logits [T,E] (row t = token t of the sequence-first [S,B] order); bias [E] or null.
+// blocks: capacity is applied per block of T/blocks consecutive tokens (one SP rank's).
+// B: sequences (seq_aux_loss groups token t into sequence t % B).
+Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, int64_t B,
+              const double* bias, int64_t blocks = 1);
+
+// dlogits [T,E] (=) from d(loss)/d(prob) dprob [T,k] (rows of dropped slots are ignored);
+// aux and z-loss gradients are added for tokens [r0, r1) only (aux_scale multiplies them:
+// the schedule's 1/num_microbatches).
+void route_backward(const TransformerConfig::Moe& m, const Routing& r, const double* logits,
+                    const double* dprob, double aux_scale, int64_t r0, int64_t r1, int64_t B,
+                    double* dlogits);
+
+}  // namespace mcpp::model::moe

@@ -1,0 +1,53 @@
+// Shared experts (Megatron-Core's SharedExpertMLP): a dense MLP of width
+// --moe-shared-expert-intermediate-size that every token passes through, tensor-parallel
+// over the attention TP group (not ETP), optionally gated:
+//
+//   forward:  y = fc2(act(fc1(x)))  [* sigmoid(x @ g^T) with --moe-shared-expert-gate]
+//   backward: the dense MLP's; with the gate  dz = rowsum(dy * y0) * s (1 - s),
+//             dg += dz^T x, dx += dz g,  dy0 = dy * s
+//
+// Parameters: mlp.shared_experts.linear_fc1.weight [(2)Is, H] (column), linear_fc2.weight
+// [H, Is] (row), gate_weight [1, H] (duplicated over TP; a partial sum under SP).
+#pragma once
+#include <vector>
+
+#include "model/linear.h"
+
+namespace mcpp::model::moe {
+
+class SharedExperts {
+ public:
+  static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  SharedExperts() = default;
+  SharedExperts(const TransformerConfig& c, int layer, const ParamStore* store);
+
+  struct Saved {
+    ColumnParallelLinear::Saved fc1_in;
+    Tensor fc1;   // [T, (2)Is/TP]
+    Tensor act;   // [T, Is/TP]
+    Tensor y0;    // [Tl, H] output before the gate (gate only)
+    Tensor gate;  // [Tl] sigmoid(x g^T), statistics dtype (gate only)
+    Tensor z;     // [Tl, 1] gate logits (gate only)
+  };
+  struct Scratch {
+    Tensor dact, dfc1, dy0, dz;  // [T,Is/TP], [T,(2)Is/TP], [Tl,H], [Tl,1]
+    Tensor dgate;                // [Tl] statistics dtype
+  };
+  void saved_specs(const Dims& d, Saved& s, const TensorVisitor& v) const;
+  void scratch_specs(const Dims& d, Scratch& w, Workspace& ws, const TensorVisitor& v) const;
+
+  // y [Tl,H] (=).
+  void forward(const Tensor& x, Saved& s, Tensor& y, Workspace& ws, const StepContext& cx) const;
+  // dx [Tl,H] (=); parameter gradients +=.
+  void backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Scratch& w, Workspace& ws,
+                const StepContext& cx);
+
+ private:
+  const TransformerConfig* cfg_ = nullptr;
+  int64_t Is_local_ = 0;
+  ColumnParallelLinear fc1_;
+  RowParallelLinear fc2_;
+  ParamView gate_;
+};
+
+}  // namespace mcpp::model::moe

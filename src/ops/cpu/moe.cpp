@@ -1,0 +1,100 @@
+// MoE token permutation and probability ops (catalogue.inc, ---- MoE), CPU reference.
+// Row loops are parallel over output rows; each output element is written by one thread
+// and summed in a fixed order, so results do not depend on the thread count.
+#include "ops/cpu/cpu_common.h"
+
+namespace mcpp::ops::cpu {
+
+void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
+  const Check c{"moe_permute"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  c.dtype(src, "src", DType::I64);
+  const int64_t N = src.numel(), H = N ? y.numel() / N : 0, T = H ? x.numel() / H : 0;
+  c.numel(y, "y", N * H);
+  const int64_t* si = src.data<int64_t>();
+  dispatch_float(dt, [&](auto tag) {
+    using F = decltype(tag);
+    const F* in = x.data<F>();
+    F* out = y.data<F>();
+#pragma omp parallel for schedule(static) if (N * H > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      MCPP_CHECK(si[n] >= 0 && si[n] < T, "moe_permute: row {} of {}", si[n], T);
+      std::copy(in + si[n] * H, in + (si[n] + 1) * H, out + n * H);
+    }
+  });
+}
+
+void moe_unpermute(const Tensor& y, const Tensor& offsets, const Tensor& rows, Tensor& out,
+                   Stream& s) {
+  const Check c{"moe_unpermute"};
+  c.stream(s);
+  const DType dt = c.floating(out, "out");
+  c.dtype(y, "y", dt);
+  c.dtype(offsets, "offsets", DType::I64);
+  c.dtype(rows, "rows", DType::I64);
+  const int64_t T = offsets.numel() - 1, H = T > 0 ? out.numel() / T : 0;
+  c.numel(out, "out", T * H);
+  const int64_t* off = offsets.data<int64_t>();
+  const int64_t* ri = rows.data<int64_t>();
+  const int64_t N = H ? y.numel() / H : 0;
+  dispatch_float(dt, [&](auto tag) {
+    using F = decltype(tag);
+    const F* in = y.data<F>();
+    F* o = out.data<F>();
+#pragma omp parallel for schedule(static) if (T * H > kParallelGrain)
+    for (int64_t t = 0; t < T; ++t) {
+      F* dst = o + t * H;
+      std::fill(dst, dst + H, F(0));
+      for (int64_t i = off[t]; i < off[t + 1]; ++i) {
+        MCPP_CHECK(ri[i] >= 0 && ri[i] < N, "moe_unpermute: row {} of {}", ri[i], N);
+        const F* r = in + ri[i] * H;
+        for (int64_t h = 0; h < H; ++h) dst[h] += r[h];
+      }
+    }
+  });
+}
+
+void moe_scale_rows(const Tensor& x, const Tensor& p, Tensor& y, Stream& s) {
+  const Check c{"moe_scale_rows"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  c.dtype(p, "p", dt);
+  const int64_t N = p.numel(), F_ = N ? x.numel() / N : 0;
+  c.numel(y, "y", N * F_);
+  dispatch_float(dt, [&](auto tag) {
+    using F = decltype(tag);
+    const F* in = x.data<F>();
+    const F* pp = p.data<F>();
+    F* out = y.data<F>();
+#pragma omp parallel for schedule(static) if (N * F_ > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t f = 0; f < F_; ++f) out[n * F_ + f] = in[n * F_ + f] * pp[n];
+  });
+}
+
+void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
+  const Check c{"moe_row_dot"};
+  c.stream(s);
+  const DType dt = c.floating(a, "a");
+  c.dtype(b, "b", dt);
+  c.dtype(out, "out", dt);
+  const int64_t N = out.numel(), F_ = N ? a.numel() / N : 0;
+  c.numel(b, "b", N * F_);
+  dispatch_float(dt, [&](auto tag) {
+    using F = decltype(tag);
+    const F* x = a.data<F>();
+    const F* w = b.data<F>();
+    F* o = out.data<F>();
+#pragma omp parallel for schedule(static) if (N * F_ > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      F acc = 0;
+      for (int64_t f = 0; f < F_; ++f) acc += x[n * F_ + f] * w[n * F_ + f];
+      o[n] = acc;
+    }
+  });
+}
+
+}  // namespace mcpp::ops::cpu

@@ -1,0 +1,89 @@
+#include "training/moe_step.h"
+
+#include "model/moe/moe_layer.h"
+#include "ops/ops.h"
+
+namespace mcpp::training {
+namespace {
+
+void all_reduce_sum(comm::Communicator& g, std::vector<double>& v) {
+  if (g.size() == 1 || v.empty()) return;
+  Tensor t = Tensor::from(v, {int64_t(v.size())});
+  g.all_reduce(t, comm::ReduceOp::Sum, ops::default_stream(Device::CPU));
+  const double* p = t.data<double>();
+  v.assign(p, p + v.size());
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> moe_finish_global_batch(
+    model::GPTModel& m, const parallel::ParallelState& ps, bool per_layer_logging) {
+  const auto& c = m.config();
+  if (c.moe.num_experts == 0) return {};
+  std::vector<model::moe::MoeLayer*> layers;
+  auto& stage = m.stage();
+  for (int ch = 0; ch < stage.num_chunks(); ++ch) {
+    auto& b = stage.block(ch);
+    for (int i = 0; i < b.size(); ++i)
+      if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp())) layers.push_back(l);
+  }
+  const int64_t E = c.moe.num_experts;
+  // Expert bias: counts over DP, then the sign update (Megatron's get_updated_expert_bias).
+  if (c.moe.expert_bias) {
+    std::vector<double> counts;
+    for (auto* l : layers)
+      counts.insert(counts.end(), l->stats().tokens_per_expert.begin(),
+                    l->stats().tokens_per_expert.end());
+    all_reduce_sum(ps.dp(), counts);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      std::vector<double> b = layers[i]->router().expert_bias();
+      double mean = 0;
+      for (int64_t e = 0; e < E; ++e) mean += counts[i * size_t(E) + size_t(e)];
+      mean /= double(E);
+      for (int64_t e = 0; e < E; ++e) {
+        const double off = mean - counts[i * size_t(E) + size_t(e)];
+        b[size_t(e)] += c.moe.bias_update_rate * double((off > 0) - (off < 0));
+      }
+      layers[i]->router().set_expert_bias(b);
+    }
+  }
+  // Log values, per global layer: [aux of layer 0..L-1, z of layer 0..L-1].
+  const size_t L = size_t(c.num_layers);
+  std::vector<double> v(2 * L, 0.0);
+  for (auto* l : layers) {
+    const auto& s = l->stats();
+    const double n = double(std::max<int64_t>(1, s.forwards));
+    v[size_t(l->layer())] = s.aux_loss / n, v[L + size_t(l->layer())] = s.z_loss / n;
+  }
+  if (ps.layout().pp() > 1) all_reduce_sum(ps.pp(), v);
+  all_reduce_sum(ps.dp(), v);
+  for (double& x : v) x /= double(ps.layout().dp());
+  for (auto* l : layers) {  // the next global batch starts counting
+    auto& s = l->stats();
+    std::fill(s.tokens_per_expert.begin(), s.tokens_per_expert.end(), 0.0);
+    s.aux_loss = s.z_loss = 0, s.forwards = 0, s.seen.clear();
+  }
+  int64_t moe_layers = 0;
+  for (size_t i = 0; i < L; ++i) moe_layers += c.is_moe_layer(int64_t(i));
+  std::vector<std::pair<std::string, double>> out;
+  const bool aux = c.moe.aux_loss_coeff > 0 &&
+                   c.moe.balance != model::TransformerConfig::Moe::Balance::None;
+  const std::string aux_name = c.moe.balance == model::TransformerConfig::Moe::Balance::SeqAuxLoss
+                                   ? "seq_load_balancing_loss"
+                                   : "load_balancing_loss";
+  auto add = [&](bool on, const std::string& name, size_t base) {
+    if (!on) return;
+    double sum = 0;
+    for (size_t i = 0; i < L; ++i) sum += v[base + i];
+    out.push_back({name, sum / double(std::max<int64_t>(1, moe_layers))});
+    if (per_layer_logging)
+      for (size_t i = 0; i < L; ++i)
+        if (c.is_moe_layer(int64_t(i)))
+          out.push_back({name + " layer " + std::to_string(i), v[base + i]});
+  };
+  add(aux, aux_name, 0);
+  add(c.moe.z_loss_coeff > 0, "z_loss", L);
+  return out;
+}
+
+}  // namespace mcpp::training

@@ -1,0 +1,25 @@
+// Once per global batch, after the last backward and before the optimizer step, what the
+// MoE layers of this rank's model chunks did (Megatron: finalize_model_grads's
+// _update_router_expert_bias, and the aux-loss tracker that training_log reports):
+//   * the aux-loss-free expert bias: token counts summed over DP (every TP rank of a
+//     dispatch group counted the group's tokens already; CP is 1), then
+//     b_e += rate * sign(mean_e(c) - c_e), and the counts restart;
+//   * the log values: per MoE layer, L / coeff averaged over the micro-batches, summed over
+//     pipeline stages (each holds its own layers), averaged over DP; reported as the mean
+//     over MoE layers under Megatron's names load_balancing_loss / seq_load_balancing_loss /
+//     z_loss (and per layer with --moe-per-layer-logging).
+// Collective over DP and PP: every rank calls it every step (no-op for a dense model).
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/gpt_model.h"
+#include "parallel/parallel_state.h"
+
+namespace mcpp::training {
+
+std::vector<std::pair<std::string, double>> moe_finish_global_batch(
+    model::GPTModel& m, const parallel::ParallelState& ps, bool per_layer_logging);
+
+}  // namespace mcpp::training

@@ -1,0 +1,293 @@
+// Mixture-of-experts flag checks (validate_moe.h). Megatron's rules first (what its
+// validate_args / TransformerConfig reject), then what megatron.cpp does not implement yet.
+#include "training/validate_moe.h"
+
+#include <cctype>
+#include <cmath>
+#include <optional>
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+#include "training/arguments.h"
+
+namespace mcpp::training {
+namespace {
+
+// A tiny evaluator for the list expressions Megatron's moe_freq_type passes to eval():
+// sums of products of integers and integer lists ("([0]+[1]*3)*2").
+struct FreqParser {
+  const std::string& s;
+  size_t i = 0;
+  using Value = std::variant<int64_t, std::vector<int64_t>>;
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw Error(fmt::format("--moe-layer-freq '{}': {} (at character {})", s, why, i + 1),
+                "give an integer N (every N-th layer is a MoE layer) or a list with one 0/1 "
+                "entry per layer, e.g. \"([0]+[1]*3)\" for 4 layers");
+  }
+  void skip() {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  }
+  bool eat(char c) {
+    skip();
+    if (i < s.size() && s[i] == c) return ++i, true;
+    return false;
+  }
+  int64_t integer() {
+    skip();
+    size_t start = i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    if (start == i || i - start > 9) fail("expected a (small) non-negative integer");
+    return std::stoll(s.substr(start, i - start));
+  }
+  Value factor() {
+    if (eat('(')) {
+      Value v = expr();
+      if (!eat(')')) fail("expected ')'");
+      return v;
+    }
+    if (eat('[')) {
+      std::vector<int64_t> l;
+      if (!eat(']')) {
+        do l.push_back(integer());
+        while (eat(','));
+        if (!eat(']')) fail("expected ']'");
+      }
+      return l;
+    }
+    return integer();
+  }
+  Value term() {
+    Value v = factor();
+    while (eat('*')) {
+      Value w = factor();
+      auto* vl = std::get_if<std::vector<int64_t>>(&v);
+      auto* wl = std::get_if<std::vector<int64_t>>(&w);
+      if (vl && wl) fail("a list times a list");
+      if (!vl && !wl) {
+        v = std::get<int64_t>(v) * std::get<int64_t>(w);
+        continue;
+      }
+      const std::vector<int64_t>& l = vl ? *vl : *wl;
+      const int64_t n = vl ? std::get<int64_t>(w) : std::get<int64_t>(v);
+      if (n > 100000 || int64_t(l.size()) * n > 1000000) fail("list too long");
+      std::vector<int64_t> r;
+      for (int64_t k = 0; k < n; ++k) r.insert(r.end(), l.begin(), l.end());
+      v = std::move(r);
+    }
+    return v;
+  }
+  Value expr() {
+    Value v = term();
+    while (eat('+')) {
+      Value w = term();
+      auto* vl = std::get_if<std::vector<int64_t>>(&v);
+      auto* wl = std::get_if<std::vector<int64_t>>(&w);
+      if (!vl != !wl) fail("adds a list and an integer");
+      if (vl)
+        vl->insert(vl->end(), wl->begin(), wl->end());
+      else
+        v = std::get<int64_t>(v) + std::get<int64_t>(w);
+    }
+    return v;
+  }
+};
+
+}  // namespace
+
+std::vector<int64_t> parse_moe_layer_freq(const std::string& spec, int64_t num_layers) {
+  FreqParser p{spec};
+  const FreqParser::Value v = p.expr();
+  p.skip();
+  if (p.i != spec.size()) p.fail("unexpected text");
+  std::vector<int64_t> pattern;
+  if (const auto* n = std::get_if<int64_t>(&v)) {
+    MCPP_CHECK_HINT(*n >= 1, "give --moe-layer-freq N >= 1 (1: every layer is a MoE layer)",
+                    "--moe-layer-freq {} must be positive", *n);
+    for (int64_t l = 0; l < num_layers; ++l) pattern.push_back(l % *n == 0 ? 1 : 0);
+    return pattern;
+  }
+  pattern = std::get<std::vector<int64_t>>(v);
+  MCPP_CHECK_HINT(int64_t(pattern.size()) == num_layers,
+                  fmt::format("give {} entries, one per layer", num_layers),
+                  "--moe-layer-freq '{}' has {} entries but --num-layers is {}", spec,
+                  pattern.size(), num_layers);
+  for (int64_t x : pattern)
+    MCPP_CHECK_HINT(x == 0 || x == 1, "use 1 for a MoE layer and 0 for a dense one",
+                    "--moe-layer-freq '{}' holds {}: entries must be 0 or 1", spec, x);
+  return pattern;
+}
+
+void validate_moe(Args& a) {
+  if (!a.num_experts) {
+    // A dense model: the MoE flags would be silently ignored.
+    for (const char* f :
+         {"moe_ffn_hidden_size", "moe_router_topk", "moe_router_load_balancing_type",
+          "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_score_function",
+          "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+          "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
+          "moe_router_dtype", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+          "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+          "moe_per_layer_logging", "moe_layer_freq"})
+      MCPP_CHECK_HINT(!a.was_given(f), "add --num-experts E, or drop the flag",
+                      "{} applies to mixture-of-experts models only, and --num-experts was "
+                      "not given",
+                      flag_name(f));
+    MCPP_CHECK_HINT(a.expert_model_parallel_size == 1, "add --num-experts E, or drop the flag",
+                    "--expert-model-parallel-size {} needs a mixture-of-experts model "
+                    "(--num-experts)",
+                    a.expert_model_parallel_size);
+    return;
+  }
+  const int64_t E = *a.num_experts, k = a.moe_router_topk, ep = a.expert_model_parallel_size;
+  const int64_t tp = a.tensor_model_parallel_size;
+  MCPP_CHECK_HINT(E >= 1, "give --num-experts E >= 1", "--num-experts {} must be positive", E);
+  MCPP_CHECK_HINT(k >= 1 && k <= E,
+                  fmt::format("give --moe-router-topk between 1 and --num-experts ({})", E),
+                  "--moe-router-topk {} is outside [1, {}]", k, E);
+  MCPP_CHECK_HINT(ep >= 1, "give --expert-model-parallel-size >= 1",
+                  "--expert-model-parallel-size {} must be positive", ep);
+  MCPP_CHECK_HINT(E % ep == 0, "choose --expert-model-parallel-size as a divisor of --num-experts",
+                  "--num-experts {} is not divisible by --expert-model-parallel-size {} (each "
+                  "EP rank holds the same number of experts)",
+                  E, ep);
+  // Expert-parallel folding (Megatron's expert rank grid): ETP x EP x EDP x PP = world.
+  if (!a.expert_tensor_parallel_size) a.expert_tensor_parallel_size = tp;
+  const int64_t etp = *a.expert_tensor_parallel_size;
+  MCPP_CHECK_HINT(etp >= 1, "give --expert-tensor-parallel-size >= 1",
+                  "--expert-tensor-parallel-size {} must be positive", etp);
+  const int64_t attn_ranks = tp * a.context_parallel_size * a.data_parallel_size;
+  MCPP_CHECK_HINT(attn_ranks % (etp * ep) == 0,
+                  "choose --expert-tensor-parallel-size x --expert-model-parallel-size as a "
+                  "divisor of TP x CP x DP",
+                  "--expert-tensor-parallel-size {} x --expert-model-parallel-size {} does not "
+                  "divide the {} ranks of a pipeline stage (TP {} x CP {} x DP {}): the expert "
+                  "grid folds over the attention grid",
+                  etp, ep, attn_ranks, tp, a.context_parallel_size, a.data_parallel_size);
+
+  if (!a.moe_ffn_hidden_size) a.moe_ffn_hidden_size = a.ffn_hidden_size;
+  MCPP_CHECK_HINT(*a.moe_ffn_hidden_size > 0, "give --moe-ffn-hidden-size > 0",
+                  "--moe-ffn-hidden-size {} must be positive", *a.moe_ffn_hidden_size);
+  MCPP_CHECK_HINT(*a.moe_ffn_hidden_size % etp == 0,
+                  "choose --moe-ffn-hidden-size as a multiple of --expert-tensor-parallel-size",
+                  "--moe-ffn-hidden-size {} is not divisible by --expert-tensor-parallel-size {}",
+                  *a.moe_ffn_hidden_size, etp);
+  a.moe_layer_pattern = parse_moe_layer_freq(a.moe_layer_freq, a.num_layers);
+
+  // Router.
+  const bool sigmoid = a.moe_router_score_function == "sigmoid";
+  MCPP_CHECK_HINT(a.moe_router_score_function == "softmax" || sigmoid,
+                  "use --moe-router-score-function softmax or sigmoid",
+                  "--moe-router-score-function {} is not implemented yet by megatron.cpp",
+                  a.moe_router_score_function);
+  MCPP_CHECK_HINT(!(k == 1 && !sigmoid && !a.moe_router_pre_softmax),
+                  "add --moe-router-pre-softmax (a softmax over one selected logit is always 1)",
+                  "--moe-router-topk 1 with the softmax score function needs "
+                  "--moe-router-pre-softmax (as in Megatron)");
+  MCPP_CHECK_HINT(!(a.moe_router_pre_softmax && sigmoid), "drop --moe-router-pre-softmax",
+                  "--moe-router-pre-softmax applies to --moe-router-score-function softmax only");
+  MCPP_CHECK_HINT(!a.moe_router_enable_expert_bias || sigmoid,
+                  "add --moe-router-score-function sigmoid, or drop --moe-router-enable-expert-bias",
+                  "--moe-router-enable-expert-bias (aux-loss-free balancing) supports the sigmoid "
+                  "score function only (as in Megatron)");
+  MCPP_CHECK_HINT(a.moe_router_bias_update_rate >= 0, "give a rate >= 0, e.g. 1e-3",
+                  "--moe-router-bias-update-rate {} is negative", a.moe_router_bias_update_rate);
+  if (a.moe_router_topk_scaling_factor)
+    MCPP_CHECK_HINT(*a.moe_router_topk_scaling_factor > 0, "give a positive factor, e.g. 2.5",
+                    "--moe-router-topk-scaling-factor {} must be positive",
+                    *a.moe_router_topk_scaling_factor);
+  if (a.moe_router_group_topk || a.moe_router_num_groups) {
+    MCPP_CHECK_HINT(a.moe_router_group_topk && a.moe_router_num_groups,
+                    "give both --moe-router-num-groups and --moe-router-group-topk",
+                    "group-limited routing needs --moe-router-num-groups and "
+                    "--moe-router-group-topk together");
+    const int64_t g = *a.moe_router_num_groups, gk = *a.moe_router_group_topk;
+    MCPP_CHECK_HINT(g >= 1 && E % g == 0, "choose --moe-router-num-groups as a divisor of --num-experts",
+                    "--num-experts {} is not divisible by --moe-router-num-groups {}", E, g);
+    MCPP_CHECK_HINT(gk >= 1 && gk <= g,
+                    "give --moe-router-group-topk between 1 and --moe-router-num-groups",
+                    "--moe-router-group-topk {} is outside [1, {}]", gk, g);
+    MCPP_CHECK_HINT(k % gk == 0 && k / gk <= E / g,
+                    "choose --moe-router-topk as a multiple of --moe-router-group-topk, at most "
+                    "group-topk x experts per group",
+                    "--moe-router-topk {} with --moe-router-group-topk {}: each kept group "
+                    "contributes topk/group_topk experts by its top scores (Megatron's "
+                    "group_limited_topk), which needs topk divisible by group_topk and at most "
+                    "{} experts per group",
+                    k, gk, E / g);
+  }
+
+  // Load balancing: one type with one coefficient.
+  MCPP_CHECK_HINT(a.moe_router_load_balancing_type.size() == 1 && a.moe_aux_loss_coeff.size() == 1,
+                  "give one --moe-router-load-balancing-type and one --moe-aux-loss-coeff",
+                  "several load-balancing types / coefficients are not implemented yet by "
+                  "megatron.cpp");
+  const std::string lb = a.moe_router_load_balancing_type[0];
+  MCPP_CHECK_HINT(lb == "aux_loss" || lb == "seq_aux_loss" || lb == "none",
+                  "use --moe-router-load-balancing-type aux_loss, seq_aux_loss or none",
+                  "--moe-router-load-balancing-type {} is not implemented yet by megatron.cpp", lb);
+  a.moe_aux_loss_coeff_value = std::stod(a.moe_aux_loss_coeff[0]);
+  MCPP_CHECK_HINT(a.moe_aux_loss_coeff_value >= 0 && std::isfinite(a.moe_aux_loss_coeff_value),
+                  "give --moe-aux-loss-coeff >= 0, e.g. 1e-2",
+                  "--moe-aux-loss-coeff {} must be finite and non-negative",
+                  a.moe_aux_loss_coeff[0]);
+  if (a.moe_z_loss_coeff)
+    MCPP_CHECK_HINT(*a.moe_z_loss_coeff >= 0, "give --moe-z-loss-coeff >= 0, e.g. 1e-3",
+                    "--moe-z-loss-coeff {} is negative", *a.moe_z_loss_coeff);
+
+  // Capacity.
+  if (a.moe_expert_capacity_factor && *a.moe_expert_capacity_factor < 0)
+    a.moe_expert_capacity_factor.reset();  // Megatron: negative means dropless
+  MCPP_CHECK_HINT(!a.moe_pad_expert_input_to_capacity || a.moe_expert_capacity_factor,
+                  "add --moe-expert-capacity-factor F, or drop --moe-pad-expert-input-to-capacity",
+                  "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (as in "
+                  "Megatron)");
+  if (a.moe_shared_expert_intermediate_size)
+    MCPP_CHECK_HINT(*a.moe_shared_expert_intermediate_size > 0 &&
+                        *a.moe_shared_expert_intermediate_size % tp == 0,
+                    "give a positive size divisible by --tensor-model-parallel-size",
+                    "--moe-shared-expert-intermediate-size {} must be positive and divisible by "
+                    "TP {}",
+                    *a.moe_shared_expert_intermediate_size, tp);
+  MCPP_CHECK_HINT(!a.moe_shared_expert_gate || a.moe_shared_expert_intermediate_size,
+                  "add --moe-shared-expert-intermediate-size N, or drop --moe-shared-expert-gate",
+                  "--moe-shared-expert-gate needs shared experts "
+                  "(--moe-shared-expert-intermediate-size)");
+  MCPP_CHECK_HINT(a.moe_token_dispatcher_type == "allgather" ||
+                      a.moe_token_dispatcher_type == "alltoall",
+                  "use --moe-token-dispatcher-type allgather or alltoall",
+                  "--moe-token-dispatcher-type {} is not implemented yet by megatron.cpp",
+                  a.moe_token_dispatcher_type);
+
+  // Tensor parallelism: the router and the dispatcher see the sequence shard.
+  MCPP_CHECK_HINT(tp == 1 || a.sequence_parallel, "add --sequence-parallel",
+                  "mixture-of-experts layers with --tensor-model-parallel-size {} need "
+                  "--sequence-parallel (as in Megatron)",
+                  tp);
+
+  // Not implemented yet by megatron.cpp.
+  MCPP_CHECK_HINT(ep == 1, "drop --expert-model-parallel-size for now (experts then live on every "
+                           "rank; data parallelism still applies)",
+                  "--expert-model-parallel-size {}: training with expert parallelism is not "
+                  "implemented yet (the MoE layer runs at EP > 1 with the all-to-all dispatcher, "
+                  "but the trainer does not yet reduce expert gradients over the "
+                  "expert-data-parallel group, count them once per EP rank in the grad norm, or "
+                  "checkpoint every EP rank's experts); only 1 is supported now",
+                  ep);
+  MCPP_CHECK_HINT(etp == tp,
+                  "drop --expert-tensor-parallel-size (it defaults to "
+                  "--tensor-model-parallel-size)",
+                  "--expert-tensor-parallel-size {} different from --tensor-model-parallel-size "
+                  "{} is not implemented yet",
+                  etp, tp);
+  MCPP_CHECK_HINT(!a.add_bias_linear, "add --disable-bias-linear (as Megatron's MoE examples do)",
+                  "--num-experts with linear biases (Megatron's default --add-bias-linear) is not "
+                  "implemented yet: the router and the experts have no biases");
+  MCPP_CHECK_HINT(!a.fp16, "train MoE models with --bf16",
+                  "--fp16 with --num-experts is not implemented yet (the aux losses' gradients "
+                  "are not scaled by the fp16 loss scale)");
+}
+
+}  // namespace mcpp::training

@@ -1,0 +1,571 @@
+// Mixture of experts on the CPU, against independent references:
+//   * the routing (every score function, group-limited top-k, scaling, capacity) against
+//     hand-computed values, and its backward (with the aux / seq-aux / z losses) against
+//     f64 central finite differences of the routed objective;
+//   * the permute / unpermute ops against their definition (and each other's adjoint);
+//   * whole tiny MoE models (f64, dropout on) against finite differences of
+//     LM loss + aux losses: SwiGLU and GELU experts, shared experts with and without the
+//     gate, interleaved dense / MoE layers, capacity with padding, zero-token experts and
+//     all tokens routed to one expert;
+//   * the flags: --moe-layer-freq expressions and the start-up errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "../inference/inference_test_util.h"
+#include "base/philox.h"
+#include "inference/generator.h"
+#include "model/gpt_model.h"
+#include "model/moe/moe_layer.h"
+#include "model/memory_estimate.h"
+#include "model/moe/routing.h"
+#include "ops/ops.h"
+#include "training/arguments.h"
+#include "training/flops.h"
+#include "training/validate_moe.h"
+
+using namespace mcpp;
+using model::TransformerConfig;
+namespace moe = model::moe;
+using Balance = TransformerConfig::Moe::Balance;
+
+namespace {
+
+std::vector<double> random_logits(int64_t n, uint64_t seed, double scale = 1.5) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = scale * Philox::normal(seed, 7, uint64_t(i));
+  return v;
+}
+
+TransformerConfig::Moe moe_cfg(int64_t E, int64_t k) {
+  TransformerConfig::Moe m;
+  m.num_experts = E, m.topk = k, m.ffn_hidden_size = 4;
+  return m;
+}
+
+// The routed objective the backward differentiates: sum_{t,j} w[t,j] p[t,j] + aux + z.
+double objective(const TransformerConfig::Moe& m, const std::vector<double>& l, int64_t T,
+                 int64_t B, const std::vector<double>& w, const double* bias, int64_t blocks) {
+  auto r = moe::route(m, l.data(), T, B, bias, blocks);
+  double f = r.aux_loss + r.z_loss;
+  for (size_t i = 0; i < r.prob.size(); ++i) f += w[i] * r.prob[i];
+  return f;
+}
+
+void routing_fd(const TransformerConfig::Moe& m, int64_t T, int64_t B,
+                const std::vector<double>* bias = nullptr, int64_t blocks = 1) {
+  const int64_t E = m.num_experts, k = m.topk;
+  auto l = random_logits(T * E, 5 + uint64_t(E * 10 + k));
+  std::vector<double> w(static_cast<size_t>(T * k));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = Philox::normal(2, 3, i);
+  const double* b = bias ? bias->data() : nullptr;
+  auto r = moe::route(m, l.data(), T, B, b, blocks);
+  std::vector<double> dl(static_cast<size_t>(T * E));
+  moe::route_backward(m, r, l.data(), w.data(), 1.0, 0, T, B, dl.data());
+  const double h = 1e-6;
+  double worst = 0;
+  for (int64_t i = 0; i < T * E; ++i) {
+    auto lp = l, lm = l;
+    lp[size_t(i)] += h, lm[size_t(i)] -= h;
+    const double fd = (objective(m, lp, T, B, w, b, blocks) - objective(m, lm, T, B, w, b, blocks)) /
+                      (2 * h);
+    EXPECT_NEAR(dl[size_t(i)], fd, 1e-7 * std::max(1.0, std::abs(fd))) << "logit " << i;
+    worst = std::max(worst, std::abs(dl[size_t(i)]));
+  }
+  EXPECT_GT(worst, 1e-4);  // the gradient is not trivially zero
+}
+
+}  // namespace
+
+// ---- routing values ----------------------------------------------------------------------
+
+TEST(MoeRouting, SoftmaxPostTopkValues) {
+  auto m = moe_cfg(4, 2);
+  std::vector<double> l = {1.0, 2.0, 3.0, 0.0};
+  auto r = moe::route(m, l.data(), 1, 1, nullptr);
+  EXPECT_EQ(r.idx[0], 2);
+  EXPECT_EQ(r.idx[1], 1);
+  const double e = std::exp(1.0);
+  EXPECT_NEAR(r.prob[0], e / (e + 1), 1e-15);  // softmax([3, 2])
+  EXPECT_NEAR(r.prob[1], 1 / (e + 1), 1e-15);
+  m.topk_scaling_factor = 2.5;
+  r = moe::route(m, l.data(), 1, 1, nullptr);
+  EXPECT_NEAR(r.prob[0], 2.5 * e / (e + 1), 1e-14);
+}
+
+TEST(MoeRouting, PreSoftmaxAndSigmoidValues) {
+  auto m = moe_cfg(3, 1);
+  m.pre_softmax = true;
+  std::vector<double> l = {0.0, std::log(3.0), 0.0};  // softmax = [0.2, 0.6, 0.2]
+  auto r = moe::route(m, l.data(), 1, 1, nullptr);
+  EXPECT_EQ(r.idx[0], 1);
+  EXPECT_NEAR(r.prob[0], 0.6, 1e-15);  // no renormalisation
+  m.pre_softmax = false, m.sigmoid = true, m.topk = 2;
+  r = moe::route(m, l.data(), 1, 1, nullptr);
+  const double s1 = 1 / (1 + 1 / 3.0), s0 = 0.5;  // sigmoid(log 3) = 0.75
+  EXPECT_EQ(r.idx[0], 1);
+  EXPECT_EQ(r.idx[1], 0);  // tie between experts 0 and 2: the lower index
+  EXPECT_NEAR(r.prob[0], s1 / (s1 + s0), 1e-12);
+  // The expert bias changes the choice but not the weights (unbiased scores).
+  std::vector<double> bias = {0.0, 0.0, 1.0};
+  r = moe::route(m, l.data(), 1, 1, bias.data());
+  EXPECT_EQ(r.idx[0], 2);
+  EXPECT_EQ(r.idx[1], 1);
+  EXPECT_NEAR(r.prob[0], s0 / (s1 + s0), 1e-12);
+}
+
+TEST(MoeRouting, GroupLimitedTopk) {
+  // 4 experts in 2 groups; group 0 = {0: 5, 1: -5}, group 1 = {2: 1, 3: 1}; k 2, one group,
+  // group score = its top-2 sum: group 0 = 0, group 1 = 2 -> experts 2 and 3 although 0 is best.
+  auto m = moe_cfg(4, 2);
+  m.num_groups = 2, m.group_topk = 1;
+  std::vector<double> l = {5.0, -5.0, 1.0, 1.0};
+  auto r = moe::route(m, l.data(), 1, 1, nullptr);
+  EXPECT_EQ(r.idx[0], 2);
+  EXPECT_EQ(r.idx[1], 3);
+  m.num_groups = 0, m.group_topk = 0;
+  r = moe::route(m, l.data(), 1, 1, nullptr);
+  EXPECT_EQ(r.idx[0], 0);
+}
+
+TEST(MoeRouting, AuxLossFormula) {
+  // aux = coeff * E / (k T^2) * sum_e c_e * sum_t s[t,e], by hand for T = 2, E = 2, k = 1.
+  auto m = moe_cfg(2, 1);
+  m.pre_softmax = true, m.aux_loss_coeff = 0.1, m.z_loss_coeff = 0.01;
+  std::vector<double> l = {0.0, std::log(3.0), std::log(4.0), 0.0};  // s = [.25 .75], [.8 .2]
+  auto r = moe::route(m, l.data(), 2, 1, nullptr);
+  const double c0 = 1, c1 = 1;  // token 0 -> expert 1, token 1 -> expert 0
+  const double expect = 0.1 * 2 / (1 * 4.0) * (c0 * (0.25 + 0.8) + c1 * (0.75 + 0.2));
+  EXPECT_NEAR(r.aux_loss, expect, 1e-14);
+  const double z0 = std::log(4.0), z1 = std::log(5.0);
+  EXPECT_NEAR(r.z_loss, 0.01 * (z0 * z0 + z1 * z1) / 2, 1e-14);
+}
+
+TEST(MoeRouting, CapacityDropPolicies) {
+  // 4 tokens, 2 experts, k 1, capacity factor 0.5 -> cap = ceil(4/2*0.5) = 1 per expert.
+  auto m = moe_cfg(2, 1);
+  m.pre_softmax = true, m.capacity_factor = 0.5;
+  // Every token prefers expert 0, with rising confidence.
+  std::vector<double> l = {1.0, 0.0, 2.0, 0.0, 3.0, 0.0, 4.0, 0.0};
+  auto r = moe::route(m, l.data(), 4, 1, nullptr);
+  EXPECT_EQ(r.capacity, 1);
+  ASSERT_EQ(r.counts[0], 1);
+  EXPECT_EQ(r.row_token[0], 3);  // probs: the most confident token survives
+  EXPECT_EQ(r.kept[0] + r.kept[1] + r.kept[2], 0);
+  EXPECT_EQ(r.prob[0], 0.0);
+  m.drop_by_position = true;
+  r = moe::route(m, l.data(), 4, 1, nullptr);
+  EXPECT_EQ(r.row_token[0], 0);  // position: the earliest survives
+  EXPECT_EQ(r.counts[1], 0);     // an expert that receives nothing
+  m.pad_to_capacity = true;
+  r = moe::route(m, l.data(), 4, 1, nullptr);
+  ASSERT_EQ(r.counts[1], 1);  // padded with the earliest token not routed there, p = 0
+  EXPECT_EQ(r.row_token[1], 0);
+  EXPECT_EQ(r.row_slot[1], -1);
+  // Capacity per block (one SP rank's tokens): 2 blocks of 2 tokens, cap 1 each.
+  m.pad_to_capacity = false, m.drop_by_position = false;
+  r = moe::route(m, l.data(), 4, 1, nullptr, 2);
+  EXPECT_EQ(r.capacity, 1);
+  ASSERT_EQ(r.counts[0], 2);
+  EXPECT_EQ(r.row_token[0], 1);
+  EXPECT_EQ(r.row_token[1], 3);
+}
+
+// ---- routing gradients -------------------------------------------------------------------
+
+TEST(MoeRoutingGrad, SoftmaxWithAuxLoss) {
+  auto m = moe_cfg(6, 2);
+  m.aux_loss_coeff = 0.3;
+  routing_fd(m, 8, 2);
+}
+TEST(MoeRoutingGrad, PreSoftmaxTop1WithAuxAndZLoss) {
+  auto m = moe_cfg(5, 1);
+  m.pre_softmax = true, m.aux_loss_coeff = 0.2, m.z_loss_coeff = 0.05;
+  routing_fd(m, 6, 3);
+}
+TEST(MoeRoutingGrad, SigmoidScaledWithAuxAndZLoss) {
+  auto m = moe_cfg(6, 3);
+  m.sigmoid = true, m.topk_scaling_factor = 2.5, m.aux_loss_coeff = 0.4, m.z_loss_coeff = 0.1;
+  routing_fd(m, 8, 2);
+}
+TEST(MoeRoutingGrad, SigmoidTop1) {
+  auto m = moe_cfg(4, 1);
+  m.sigmoid = true, m.aux_loss_coeff = 0.1;
+  routing_fd(m, 6, 2);
+}
+TEST(MoeRoutingGrad, SigmoidExpertBiasGroupLimited) {
+  auto m = moe_cfg(8, 4);
+  m.sigmoid = true, m.num_groups = 4, m.group_topk = 2, m.expert_bias = true;
+  m.aux_loss_coeff = 0.2;
+  std::vector<double> bias = {0.3, -0.2, 0.0, 0.1, -0.4, 0.2, 0.0, 0.05};
+  routing_fd(m, 6, 2, &bias);
+}
+TEST(MoeRoutingGrad, SeqAuxLoss) {
+  auto m = moe_cfg(4, 2);
+  m.balance = Balance::SeqAuxLoss, m.aux_loss_coeff = 0.5;
+  routing_fd(m, 12, 3);
+}
+TEST(MoeRoutingGrad, CapacityDroppingAndPadding) {
+  auto m = moe_cfg(4, 2);
+  m.capacity_factor = 0.75, m.aux_loss_coeff = 0.1;
+  routing_fd(m, 8, 2);
+  m.pad_to_capacity = true, m.drop_by_position = true;
+  routing_fd(m, 8, 2, nullptr, 2);
+}
+
+// ---- ops ---------------------------------------------------------------------------------
+
+TEST(MoeOps, PermuteUnpermuteAreAdjoint) {
+  // <permute(x), y> == <x, unpermute(y)> for a routing with repeated and missing tokens.
+  const int64_t T = 5, H = 3;
+  std::vector<int64_t> src = {2, 0, 2, 4, 1, 2};  // token 3 never routed
+  std::vector<int64_t> off = {0, 1, 2, 5, 5, 6}, rows = {1, 4, 0, 2, 5, 3};
+  Tensor x = Tensor::empty({T, H}, DType::F64), y = Tensor::empty({6, H}, DType::F64);
+  for (int64_t i = 0; i < T * H; ++i) x.data<double>()[i] = Philox::normal(1, 1, uint64_t(i));
+  for (int64_t i = 0; i < 6 * H; ++i) y.data<double>()[i] = Philox::normal(1, 2, uint64_t(i));
+  Tensor px = Tensor::empty({6, H}, DType::F64), uy = Tensor::empty({T, H}, DType::F64);
+  Stream& st = Stream::cpu();
+  ops::moe_permute(x, Tensor::from(src, {6}), px, st);
+  ops::moe_unpermute(y, Tensor::from(off, {T + 1}), Tensor::from(rows, {6}), uy, st);
+  for (int64_t n = 0; n < 6; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      EXPECT_EQ(px.data<double>()[n * H + h], x.data<double>()[src[size_t(n)] * H + h]);
+  for (int64_t h = 0; h < H; ++h) EXPECT_EQ(uy.data<double>()[3 * H + h], 0.0);
+  EXPECT_NEAR(ops::dot(px, y, st), ops::dot(x, uy, st), 1e-12);
+}
+
+// ---- whole models ------------------------------------------------------------------------
+
+namespace {
+
+TransformerConfig tiny_moe(bool swiglu, int layers, double dropout) {
+  TransformerConfig c;
+  c.num_layers = layers, c.hidden_size = 8, c.num_attention_heads = 4, c.kv_channels = 2;
+  c.seq_length = 6, c.max_position_embeddings = 8, c.padded_vocab_size = 16;
+  c.hidden_dropout = dropout, c.attention_dropout = dropout, c.dtype = DType::F64;
+  c.init_method_std = 0.3, c.num_query_groups = 2, c.ffn_hidden_size = 12;
+  c.rope = swiglu, c.rmsnorm = swiglu, c.swiglu = swiglu, c.add_bias_linear = false;
+  c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+  c.moe.aux_loss_coeff = 0.05, c.moe.z_loss_coeff = 0.01;
+  return c;
+}
+
+model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({B, S}, DType::I64);
+  mb.labels = Tensor::empty({B, S}, DType::I64);
+  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
+  for (int64_t i = 0; i < B * S; ++i) {
+    mb.tokens.data<int64_t>()[i] = Philox::u32(seed, 1, uint64_t(i)) % V;
+    mb.labels.data<int64_t>()[i] = Philox::u32(seed, 2, uint64_t(i)) % V;
+    mb.loss_mask.data<float>()[i] = i % 5 == 2 ? 0.f : 1.f;
+  }
+  return mb;
+}
+
+std::vector<moe::MoeLayer*> moe_layers(model::GPTModel& m) {
+  std::vector<moe::MoeLayer*> out;
+  auto& b = m.stage().block(0);
+  for (int i = 0; i < b.size(); ++i)
+    if (auto* l = dynamic_cast<moe::MoeLayer*>(&b.layer(i).mlp())) out.push_back(l);
+  return out;
+}
+
+// LM loss (sum of masked token losses) + every MoE layer's aux and z losses.
+double total(model::GPTModel& m, const model::MicroBatch& mb, const model::StepKeys& k) {
+  double f = m.forward(mb, k);
+  for (auto* l : moe_layers(m)) f += l->stats().last_aux_loss + l->stats().last_z_loss;
+  return f;
+}
+
+void model_fd(const TransformerConfig& cfg, const std::function<void(model::GPTModel&)>& setup = {}) {
+  model::GPTModel m(cfg);
+  if (setup) setup(m);
+  auto mb = batch(2, cfg.seq_length, 13, 11);
+  model::StepKeys keys;
+  keys.iteration = 3;
+  auto& ps = m.params();
+  ps.zero_grads();
+  total(m, mb, keys);
+  m.backward(1.0);
+  EXPECT_FALSE(moe_layers(m).empty());
+  const double h = 1e-5;
+  int checked = 0;
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    Tensor w = ps.param(i), g = ps.grad(i);
+    for (uint64_t kk = 0; kk < 3; ++kk) {
+      const int64_t e = int64_t(Philox::u32(9, i, kk) % uint64_t(w.numel()));
+      double* x = w.data<double>() + e;
+      const double x0 = *x;
+      *x = x0 + h;
+      const double lp = total(m, mb, keys);
+      *x = x0 - h;
+      const double lm = total(m, mb, keys);
+      *x = x0;
+      const double fd = (lp - lm) / (2 * h), an = g.data<double>()[e];
+      EXPECT_NEAR(an, fd, 2e-6 * std::max(1.0, std::abs(fd))) << ps.infos()[i].name << "[" << e << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * int(ps.infos().size()));
+}
+
+}  // namespace
+
+TEST(MoeModelGrad, SwigluExpertsWithAuxAndZLossAndDropout) {
+  model_fd(tiny_moe(true, 2, 0.2));
+}
+
+TEST(MoeModelGrad, GeluExpertsPreSoftmaxTop1) {
+  auto c = tiny_moe(false, 1, 0.1);
+  c.moe.topk = 1, c.moe.pre_softmax = true;
+  model_fd(c);
+}
+
+TEST(MoeModelGrad, SharedExpertsWithAndWithoutGateInterleavedLayers) {
+  auto c = tiny_moe(true, 2, 0.2);
+  c.moe.layer_pattern = {0, 1};  // a dense layer, then a MoE layer
+  c.moe.shared_ffn_hidden_size = 10;
+  model_fd(c);
+  c.moe.shared_expert_gate = true, c.moe.sigmoid = true, c.moe.topk = 3;
+  c.moe.balance = Balance::SeqAuxLoss, c.moe.topk_scaling_factor = 1.5;
+  model_fd(c);
+}
+
+TEST(MoeModelGrad, CapacityWithPadding) {
+  auto c = tiny_moe(true, 1, 0.0);
+  c.moe.capacity_factor = 0.5, c.moe.pad_to_capacity = true;
+  model_fd(c);
+  c.moe.pad_to_capacity = false, c.moe.drop_by_position = true;
+  model_fd(c);
+}
+
+TEST(MoeModelGrad, AllTokensToOneExpertOthersReceiveNothing) {
+  // Sigmoid routing, k 1, an expert bias that sends every token to expert 2: experts 0, 1
+  // and 3 get zero rows (no GEMM), and their gradients stay exactly zero.
+  auto c = tiny_moe(true, 1, 0.1);
+  c.moe.sigmoid = true, c.moe.topk = 1, c.moe.expert_bias = true;
+  model_fd(c, [&](model::GPTModel& m) {
+    moe_layers(m).front()->router().set_expert_bias({0.0, 0.0, 100.0, 0.0});
+  });
+  model::GPTModel m(c);
+  moe_layers(m).front()->router().set_expert_bias({0.0, 0.0, 100.0, 0.0});
+  auto mb = batch(2, c.seq_length, 13, 11);
+  model::StepKeys keys;
+  m.params().zero_grads();
+  m.forward(mb, keys);
+  m.backward(1.0);
+  const auto& tpe = moe_layers(m).front()->stats().tokens_per_expert;
+  EXPECT_EQ(tpe[2], double(c.seq_length * 2));
+  EXPECT_EQ(tpe[0] + tpe[1] + tpe[3], 0.0);
+  for (int e : {0, 1, 3})
+    for (const char* w : {"linear_fc1.weight", "linear_fc2.weight"}) {
+      Tensor g = m.params().grad(model::layer_param_name(0, "mlp.experts.") + w + std::to_string(e));
+      EXPECT_EQ(ops::sum_squares(g, Stream::cpu()), 0.0);
+    }
+  Tensor g2 = m.params().grad(model::layer_param_name(0, "mlp.experts.linear_fc1.weight2"));
+  EXPECT_GT(ops::sum_squares(g2, Stream::cpu()), 0.0);
+}
+
+TEST(MoeModel, ParameterNamesAreMegatronCoreGroupedForm) {
+  auto c = tiny_moe(true, 2, 0.0);
+  c.moe.layer_pattern = {1, 0};
+  c.moe.shared_ffn_hidden_size = 4, c.moe.shared_expert_gate = true, c.moe.expert_bias = true;
+  model::GPTModel m(c);
+  const auto& ps = m.params();
+  for (const char* n :
+       {"decoder.layers.0.mlp.router.weight", "decoder.layers.0.mlp.experts.linear_fc1.weight0",
+        "decoder.layers.0.mlp.experts.linear_fc2.weight3",
+        "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+        "decoder.layers.0.mlp.shared_experts.linear_fc2.weight",
+        "decoder.layers.0.mlp.shared_experts.gate_weight", "decoder.layers.1.mlp.linear_fc1.weight",
+        "decoder.layers.0.pre_mlp_layernorm.weight"})
+    EXPECT_TRUE(ps.has(n)) << n;
+  EXPECT_TRUE(ps.has_buffer("decoder.layers.0.mlp.router.expert_bias"));
+  EXPECT_FALSE(ps.has_buffer("decoder.layers.1.mlp.router.expert_bias"));
+  EXPECT_EQ(ps.info("decoder.layers.0.mlp.experts.linear_fc1.weight2").expert, 2);
+  EXPECT_EQ(ps.info("decoder.layers.0.mlp.experts.linear_fc1.weight2").global_shape,
+            (Shape{12, 8}));
+}
+
+// ---- flags -------------------------------------------------------------------------------
+
+TEST(MoeFlags, LayerFreq) {
+  using training::parse_moe_layer_freq;
+  EXPECT_EQ(parse_moe_layer_freq("1", 3), (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("2", 5), (std::vector<int64_t>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("([0]+[1]*3)", 4), (std::vector<int64_t>{0, 1, 1, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("[1,0]*2", 4), (std::vector<int64_t>{1, 0, 1, 0}));
+  EXPECT_THROW(parse_moe_layer_freq("([0]+[1]*3)", 5), Error);
+  EXPECT_THROW(parse_moe_layer_freq("[2,1]", 2), Error);
+  EXPECT_THROW(parse_moe_layer_freq("[1,", 2), Error);
+  EXPECT_THROW(parse_moe_layer_freq("0", 2), Error);
+}
+
+namespace {
+
+std::string start_up_error(std::vector<std::string> extra) {
+  std::vector<std::string> argv = {"--num-layers", "2", "--hidden-size", "32",
+                                   "--num-attention-heads", "4", "--seq-length", "16",
+                                   "--max-position-embeddings", "16", "--micro-batch-size", "2",
+                                   "--lr", "1e-3", "--train-iters", "5", "--mock-data",
+                                   "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+                                   "--disable-bias-linear"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  try {
+    auto a = training::parse_args(argv);
+    training::validate_args(a, 2);
+  } catch (const Error& e) {
+    return std::string(e.what()) + " HINT: " + e.hint();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(MoeFlags, StartUpErrorsNameTheFlag) {
+  EXPECT_EQ(start_up_error({"--num-experts", "4"}), "");
+  EXPECT_NE(start_up_error({"--num-experts", "3", "--expert-model-parallel-size", "2"})
+                .find("not divisible by --expert-model-parallel-size"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-topk", "1"})
+                .find("--moe-router-pre-softmax"),
+            std::string::npos);
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-router-topk", "1",
+                            "--moe-router-pre-softmax"}),
+            "");
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-enable-expert-bias"})
+                .find("sigmoid"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "8", "--moe-router-num-groups", "3",
+                            "--moe-router-group-topk", "1"})
+                .find("--moe-router-num-groups 3"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "8", "--moe-router-topk", "3",
+                            "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"})
+                .find("--moe-router-group-topk 2"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-pad-expert-input-to-capacity"})
+                .find("--moe-expert-capacity-factor"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--moe-router-topk", "4"}).find("--num-experts"), std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2"})
+                .find("--sequence-parallel"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--expert-tensor-parallel-size", "2"})
+                .find("--expert-tensor-parallel-size"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"})
+                .find("sinkhorn"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-layer-freq", "[1,1,1]"})
+                .find("--moe-layer-freq"),
+            std::string::npos);
+}
+
+TEST(MoeFlags, FlopsCountRoutedAndSharedExperts) {
+  // Megatron's formula: a MoE layer's MLP term is (k * I + Is) wide instead of F.
+  training::FlopsShape d{4, 64, 256, 4, 4, 16, 32, 128, true};
+  training::FlopsShape m = d;
+  m.num_moe_layers = 4, m.moe_ffn_hidden_size = 256, m.moe_topk = 1;
+  EXPECT_DOUBLE_EQ(training::num_floating_point_operations(m, 2),
+                   training::num_floating_point_operations(d, 2));
+  m.moe_topk = 2, m.moe_ffn_hidden_size = 64, m.shared_ffn_hidden_size = 128;  // 2*64+128 = F
+  EXPECT_DOUBLE_EQ(training::num_floating_point_operations(m, 2),
+                   training::num_floating_point_operations(d, 2));
+  m.num_moe_layers = 2, m.moe_ffn_hidden_size = 256;  // two layers with 2*256+128 = 640
+  const double mlp_delta = 3.0 * 2.0 * 64 * 3.0 * (640 - 256) * 2 * (2 * 32);
+  EXPECT_DOUBLE_EQ(training::num_floating_point_operations(m, 2),
+                   training::num_floating_point_operations(d, 2) + mlp_delta);
+}
+
+TEST(MoeModel, SavedActivationsPredictedEqualsMeasuredAndHandCount) {
+  // The memory estimate (megatron plan, the start-up memory line) reads the MoE layer's
+  // saved list; it must equal what a step holds, and the MoE layer's part must be the
+  // stated dropless bound counted by hand: logits [T,E], permuted input [Tk,H], weights
+  // [Tk], fc1 [Tk,2I] and activation [Tk,I] (f64) in place of the dense fc1 [T,2F].
+  auto c = tiny_moe(true, 2, 0.1);
+  c.moe.layer_pattern = {1, 0};
+  model::GPTModel m(c);
+  auto mb = batch(2, c.seq_length, 13, 11);
+  model::StepKeys keys;
+  m.forward(mb, keys);
+  m.backward(1.0);
+  const auto mem = m.activation_memory();
+  const model::PipelinePart whole;
+  EXPECT_EQ(mem.per_slot_max, model::saved_activation_bytes(c, whole, 0, 2, c.seq_length));
+  EXPECT_EQ(mem.scratch, model::scratch_activation_bytes(c, whole, 2, c.seq_length));
+  auto dense = c;
+  dense.moe = {};
+  const int64_t T = 2 * c.seq_length, E = 4, k = 2, H = 8, I = 6, F = 12;
+  const int64_t moe_elems = T * E + T * k * H + T * k + T * k * 2 * I + T * k * I;
+  EXPECT_EQ(model::saved_activation_bytes(c, whole, 0, 2, c.seq_length) -
+                model::saved_activation_bytes(dense, whole, 0, 2, c.seq_length),
+            8 * (moe_elems - T * 2 * F));
+}
+
+TEST(MoeModel, GenerationMatchesFullForwardMixedDenseAndMoeLayers) {
+  // Greedy decoding with the KV cache (model/moe layers through forward_cached) against the
+  // training model's full forward every step: a MoE layer then a dense one, sigmoid routing
+  // with an expert bias and a gated shared expert.
+  auto cfg = test::tiny_config(true, DType::F64);
+  cfg.add_bias_linear = false;
+  cfg.moe.num_experts = 4, cfg.moe.topk = 2, cfg.moe.ffn_hidden_size = 16;
+  cfg.moe.sigmoid = true, cfg.moe.expert_bias = true, cfg.moe.layer_pattern = {1, 0};
+  cfg.moe.shared_ffn_hidden_size = 16, cfg.moe.shared_expert_gate = true;
+  model::GPTModel m(cfg);
+  moe_layers(m).front()->router().set_expert_bias({0.1, -0.2, 0.0, 0.3});
+  inference::Generator gen(m.params(), cfg);
+  const int64_t B = 2, P = 4, steps = 10;
+  inference::KVCache cache(cfg, cfg.max_position_embeddings, B);
+  std::vector<std::vector<int64_t>> seqs(B);
+  Tensor tokens = Tensor::empty({B, P}, DType::I64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < P; ++s) {
+      seqs[size_t(b)].push_back(Philox::u32(9, uint64_t(b), uint64_t(s)) % 60);
+      tokens.data<int64_t>()[b * P + s] = seqs[size_t(b)].back();
+    }
+  const Tensor* logits = &gen.forward(tokens, cache);
+  for (int64_t step = 0; step < steps; ++step) {
+    auto want = test::full_forward_last_logits(m, seqs);
+    Tensor next = Tensor::empty({B, 1}, DType::I64);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t V = logits->size(-1);
+      std::vector<double> got(logits->data<double>() + b * V, logits->data<double>() + (b + 1) * V);
+      ASSERT_LE(test::rel_diff(got, want[size_t(b)]), 1e-12) << "step " << step << " seq " << b;
+      const int64_t id = int64_t(std::max_element(got.begin(), got.end()) - got.begin());
+      seqs[size_t(b)].push_back(id);
+      next.data<int64_t>()[b] = id;
+    }
+    logits = &gen.forward(next, cache);
+  }
+}
+
+TEST(MoeModel, RouterDtypeFp64InAnF32Model) {
+  // --moe-router-dtype fp64 on an f32 model: the router GEMM runs on upcast copies and its
+  // gradients come back into the f32 buffers. Against the same model computed in f64.
+  auto c64 = tiny_moe(true, 1, 0.0);
+  auto c32 = c64;
+  c32.dtype = DType::F32, c32.moe.router_dtype = DType::F64, c32.moe.router_dtype_given = true;
+  model::GPTModel m64(c64), m32(c32);
+  ops::copy(m64.params().flat_params(), m32.params().flat_params(), Stream::cpu());
+  ops::copy(m32.params().flat_params(), m64.params().flat_params(), Stream::cpu());
+  auto mb = batch(2, c64.seq_length, 13, 11);
+  model::StepKeys keys;
+  m64.params().zero_grads(), m32.params().zero_grads();
+  EXPECT_NEAR(m32.forward(mb, keys), m64.forward(mb, keys), 1e-4);
+  m64.backward(1.0), m32.backward(1.0);
+  for (const char* n : {"decoder.layers.0.mlp.router.weight",
+                        "decoder.layers.0.self_attention.linear_qkv.weight"}) {
+    Tensor g32 = m32.params().grad(n), g64 = m64.params().grad(n);
+    Tensor g = Tensor::empty(g32.shape(), DType::F64);
+    ops::copy(g32, g, Stream::cpu());
+    ops::axpy(-1.0, g64, g, Stream::cpu());
+    EXPECT_LE(std::sqrt(ops::sum_squares(g, Stream::cpu()) / ops::sum_squares(g64, Stream::cpu())),
+              1e-4)
+        << n;
+  }
+}
