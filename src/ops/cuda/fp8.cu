@@ -158,8 +158,8 @@ constexpr int kVecRows = 128, kVecCols = 64, kVecPitch = kVecRows / 4 + 4;  // p
 
 template <bool E4M3>
 __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
-  const float2 f = make_float2(__uint_as_float(bf2 << 16) * sc,
-                               __uint_as_float(bf2 & 0xffff0000u) * sc);
+  const float2 f =
+      make_float2(__uint_as_float(bf2 << 16) * sc, __uint_as_float(bf2 & 0xffff0000u) * sc);
   return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
@@ -223,8 +223,7 @@ __global__ void __launch_bounds__(128)
   }
   if (COL || amax) __syncthreads();
   if (amax && tx == 0 && ty == 0)
-    atomicMax(reinterpret_cast<unsigned*>(amax),
-              max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
+    atomicMax(reinterpret_cast<unsigned*>(amax), max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
   if (COL) {
     const int t = ty * 32 + tx;
@@ -259,9 +258,8 @@ __global__ void __launch_bounds__(256)
       m2 = __vmaxu2(m2, __vmaxu2(__vmaxu2(v[u].x & 0x7fff7fffu, v[u].y & 0x7fff7fffu),
                                  __vmaxu2(v[u].z & 0x7fff7fffu, v[u].w & 0x7fff7fffu)));
       if (i0 + u * stride < n8)
-        q[i0 + u * stride] =
-            make_uint2(cvt2<E4M3>(v[u].x, sc) | (cvt2<E4M3>(v[u].y, sc) << 16),
-                       cvt2<E4M3>(v[u].z, sc) | (cvt2<E4M3>(v[u].w, sc) << 16));
+        q[i0 + u * stride] = make_uint2(cvt2<E4M3>(v[u].x, sc) | (cvt2<E4M3>(v[u].y, sc) << 16),
+                                        cvt2<E4M3>(v[u].z, sc) | (cvt2<E4M3>(v[u].w, sc) << 16));
     }
   }
   if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / sc;
@@ -279,11 +277,10 @@ __global__ void __launch_bounds__(256)
 }
 
 template <bool E4M3>
-void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float* scale,
-                               uint8_t* q, uint8_t* qt, float* amax, float* scale_inv,
-                               cudaStream_t st) {
-  dim3 block(32, 4), grid(unsigned((C + kVecCols - 1) / kVecCols),
-                          unsigned((R + kVecRows - 1) / kVecRows));
+void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float* scale, uint8_t* q,
+                               uint8_t* qt, float* amax, float* scale_inv, cudaStream_t st) {
+  dim3 block(32, 4),
+      grid(unsigned((C + kVecCols - 1) / kVecCols), unsigned((R + kVecRows - 1) / kVecRows));
   if (q && qt)
     cast_transpose_vec_kernel<E4M3, true, true>
         <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
@@ -306,8 +303,8 @@ void launch_cast_transpose(const Tensor& x, const Tensor& scale, Tensor& q, Tens
   F8* qtp = qt.defined() ? static_cast<F8*>(qt.raw()) : nullptr;
   float* ap = amax.defined() ? amax.data<float>() : nullptr;
   float* sip = scale_inv.defined() ? scale_inv.data<float>() : nullptr;
-  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) &&
-      (qp || qtp) && (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
+  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) && (qp || qtp) &&
+      (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
     const auto* xb = static_cast<const bf16*>(x.raw());
     auto* q8 = reinterpret_cast<uint8_t*>(qp);
     auto* qt8 = reinterpret_cast<uint8_t*>(qtp);
