@@ -145,7 +145,8 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
 // tile; thread (tx, ty) reads rows 4tx..4tx+3, columns 16ty..16ty+15 of it as eight
 // 16-byte loads (all issued before any arithmetic), converts two values per instruction
 // (cvt.rn.satfinite: the same rounding as the scalar path and the emulation), and
-//  - ROW: writes each row's 16 FP8 bytes as one 16-byte store;
+//  - ROW: writes each row's 16 FP8 bytes as one 16-byte store (row-wise only goes to
+//    cast_rowwise_kernel, coalesced);
 //  - COL: transposes its 4 x 16 bytes in registers (__byte_perm) into 16 words of 4 rows
 //    each and puts them in shared memory as tile[column][row / 4]; a warp writes 32
 //    consecutive words (conflict-free), and after the barrier each thread reads 16 rows
@@ -157,8 +158,8 @@ constexpr int kVecRows = 128, kVecCols = 64, kVecPitch = kVecRows / 4 + 4;  // p
 
 template <bool E4M3>
 __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
-  const float2 f = make_float2(__uint_as_float(bf2 << 16) * sc,
-                               __uint_as_float(bf2 & 0xffff0000u) * sc);
+  const float2 f =
+      make_float2(__uint_as_float(bf2 << 16) * sc, __uint_as_float(bf2 & 0xffff0000u) * sc);
   return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
@@ -222,8 +223,7 @@ __global__ void __launch_bounds__(128)
   }
   if (COL || amax) __syncthreads();
   if (amax && tx == 0 && ty == 0)
-    atomicMax(reinterpret_cast<unsigned*>(amax),
-              max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
+    atomicMax(reinterpret_cast<unsigned*>(amax), max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
   if (COL) {
     const int t = ty * 32 + tx;
@@ -238,18 +238,56 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// Row-wise only (the forward's input cast): no transpose, so a plain coalesced pass:
+// each thread converts 8 values a time (a 16-byte load, an 8-byte store), consecutive
+// threads consecutive in memory, four loads issued before their conversions.
 template <bool E4M3>
-void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float* scale,
-                               uint8_t* q, uint8_t* qt, float* amax, float* scale_inv,
-                               cudaStream_t st) {
-  dim3 block(32, 4), grid(unsigned((C + kVecCols - 1) / kVecCols),
-                          unsigned((R + kVecRows - 1) / kVecRows));
+__global__ void __launch_bounds__(256)
+    cast_rowwise_kernel(const uint4* __restrict__ x, int64_t n8, const float* __restrict__ scale,
+                        uint2* __restrict__ q, float* amax, float* scale_inv) {
+  const float sc = *scale;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  uint32_t m2 = 0;
+  for (int64_t i0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i0 < n8; i0 += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      v[u] = i0 + u * stride < n8 ? x[i0 + u * stride] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      m2 = __vmaxu2(m2, __vmaxu2(__vmaxu2(v[u].x & 0x7fff7fffu, v[u].y & 0x7fff7fffu),
+                                 __vmaxu2(v[u].z & 0x7fff7fffu, v[u].w & 0x7fff7fffu)));
+      if (i0 + u * stride < n8)
+        q[i0 + u * stride] = make_uint2(cvt2<E4M3>(v[u].x, sc) | (cvt2<E4M3>(v[u].y, sc) << 16),
+                                        cvt2<E4M3>(v[u].z, sc) | (cvt2<E4M3>(v[u].w, sc) << 16));
+    }
+  }
+  if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / sc;
+  if (!amax) return;
+  unsigned m = max(m2 & 0xffffu, m2 >> 16);
+  m = m > 0x7f80u ? 0x7fc00000u : m << 16;
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned w[8];
+  if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < 8; ++i) m = max(m, w[i]);
+    atomicMax(reinterpret_cast<unsigned*>(amax), m);
+  }
+}
+
+template <bool E4M3>
+void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float* scale, uint8_t* q,
+                               uint8_t* qt, float* amax, float* scale_inv, cudaStream_t st) {
+  dim3 block(32, 4),
+      grid(unsigned((C + kVecCols - 1) / kVecCols), unsigned((R + kVecRows - 1) / kVecRows));
   if (q && qt)
     cast_transpose_vec_kernel<E4M3, true, true>
         <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
-  else if (q)
-    cast_transpose_vec_kernel<E4M3, true, false>
-        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+  else if (q)  // R * C is a multiple of 256, so of 8
+    cast_rowwise_kernel<E4M3><<<grid_for(R * C / 8, 256, 132 * 8), 256, 0, st>>>(
+        reinterpret_cast<const uint4*>(x), R * C / 8, scale, reinterpret_cast<uint2*>(q), amax,
+        scale_inv);
   else
     cast_transpose_vec_kernel<E4M3, false, true>
         <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
@@ -265,8 +303,8 @@ void launch_cast_transpose(const Tensor& x, const Tensor& scale, Tensor& q, Tens
   F8* qtp = qt.defined() ? static_cast<F8*>(qt.raw()) : nullptr;
   float* ap = amax.defined() ? amax.data<float>() : nullptr;
   float* sip = scale_inv.defined() ? scale_inv.data<float>() : nullptr;
-  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) &&
-      (qp || qtp) && (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
+  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) && (qp || qtp) &&
+      (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
     const auto* xb = static_cast<const bf16*>(x.raw());
     auto* q8 = reinterpret_cast<uint8_t*>(qp);
     auto* qt8 = reinterpret_cast<uint8_t*>(qtp);
