@@ -276,7 +276,8 @@ void check_layer(LinearFixture& fx, const Tensor& x, const Tensor& G, double sx,
   StepContext cx = fx.cx();
   ColumnParallelLinear::Saved saved;
   Tensor y = Tensor::empty({fx.T, fx.out}, DType::F64);
-  lin.forward(x, saved, y, cx);
+  Workspace fws;  // the SP gather buffer (unused here: no TP)
+  lin.forward(x, saved, y, fws, cx);
   Tensor W = fx.store.param(fx.w).clone(), B = fx.store.param(fx.b).clone();
   // forward: Q(x) Q(w)^T + b, element by element.
   const Tensor qx = q(x, sx, Fp8Format::E4M3), qw = q(W, sw, Fp8Format::E4M3);
@@ -359,7 +360,8 @@ TEST(Fp8Linear, DelayedUsesStoredScalesAndRecordsAmaxes) {
   ColumnParallelLinear::Saved saved;
   Tensor y = Tensor::empty({fx.T, fx.out}, DType::F64);
   StepContext ev = fx.cx(false);
-  lin.forward(x, saved, y, ev);
+  Workspace ws;
+  lin.forward(x, saved, y, ws, ev);
   EXPECT_EQ(hist.data<float>()[0], 0.0f);
 }
 

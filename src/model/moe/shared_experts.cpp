@@ -54,7 +54,7 @@ void SharedExperts::scratch_specs(const Dims& d, Scratch& w, Workspace& ws,
 void SharedExperts::forward(const Tensor& x, Saved& s, Tensor& y, Workspace& ws,
                             const StepContext& cx) const {
   Stream& st = cx.stream();
-  fc1_.forward(x, s.fc1_in, s.fc1, cx);
+  fc1_.forward(x, s.fc1_in, s.fc1, ws, cx);
   if (cfg_->swiglu)
     ops::swiglu_forward(s.fc1, s.act, st);
   else
