@@ -71,6 +71,12 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITEC
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then NGPU=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
 else NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l); fi
 TARGETS=(megatron test_gpu)
+# The GPU tests of the feature folders (MoE, context parallelism) and the serve fixture's
+# checkpoint writer (the serve GPU test exists only where cpp-httplib was found).
+ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null || true)  # (no grep -q: pipefail)
+for t in test_moe_gpu test_cp_gpu make_serve_checkpoint; do
+  grep -q "^$t:" <<< "$ALL_TARGETS" && TARGETS+=("$t")
+done
 [[ ${BENCH:-1} != 0 ]] && TARGETS+=(bench_gpu_ops bench_gpu_train)
 grep -q "NCCL tests: NO" "$LOGS/configure.log" || TARGETS+=(nccl_driver)
 [[ ${MULTI:-1} != 0 && $NGPU -ge 2 ]] && TARGETS+=(bench_collectives)

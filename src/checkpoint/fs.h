@@ -1,6 +1,7 @@
 // Durable file-system steps of the checkpoint writer, and the shard checksum.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace mcpp::checkpoint {
