@@ -31,6 +31,7 @@
 #include "data/tokenizers/tokenizer.h"
 #include "inference/generator.h"
 #include "ops/ops.h"
+#include "tools/checkpoint_tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 
@@ -63,64 +64,6 @@ double get_double(const Flags& f, const std::string& n, double def) {
   } catch (...) {
   }
   throw Error(fmt::format("{} expects a number, got '{}'", n, f.get(n)));
-}
-
-// Tokenizer flags, falling back to the training config stored in the checkpoint.
-data::TokenizerArgs tokenizer_args(const Flags& f, const nlohmann::json& md) {
-  // The tokenizer files the checkpoint carries (convert --from-hf), unless flags name one.
-  const bool flags = f.has("--tokenizer-type") || f.has("--vocab-file") || f.has("--merge-file") ||
-                     f.has("--tokenizer-model");
-  if (!flags)
-    if (const auto t = checkpoint::checkpoint_tokenizer(md.value("__iter_dir", std::string(".")), md)) {
-      std::fprintf(stderr, "[generate] using the %s files the checkpoint carries (%s)\n",
-                   t->type.c_str(), (std::filesystem::path(md.value("__iter_dir", std::string("."))) /
-                                     "tokenizer").c_str());
-      data::TokenizerArgs ta;
-      ta.type = t->type, ta.vocab_file = t->vocab_file, ta.merge_file = t->merge_file;
-      ta.tokenizer_model = t->tokenizer_model;
-      return ta;
-    }
-  const nlohmann::json cfg = md.contains("state") && md["state"].contains("config")
-                                 ? md["state"]["config"]
-                                 : nlohmann::json::object();
-  auto recorded = [&](const char* key) -> std::string {
-    if (!cfg.is_object() || !cfg.contains(key)) return {};
-    const auto& v = cfg[key];
-    if (v.is_string()) return v.get<std::string>();
-    if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
-    return {};
-  };
-  auto pick = [&](const char* flag, const char* key) {
-    return f.has(flag) ? f.get(flag) : recorded(key);
-  };
-  // A path the checkpoint records (not the user) is opened only when it is a regular file or
-  // a folder: a checkpoint from elsewhere naming a FIFO or /dev/zero must not hang the run.
-  auto pick_path = [&](const char* flag, const char* key) {
-    if (f.has(flag)) return f.get(flag);
-    const std::string p = recorded(key);
-    std::error_code ec;
-    if (p.empty()) return p;
-    MCPP_CHECK_HINT(std::filesystem::is_regular_file(p, ec) || std::filesystem::is_directory(p, ec),
-                    fmt::format("pass {} with the tokenizer file", flag),
-                    "the checkpoint's recorded {} '{}' is not a regular file", key, p);
-    std::fprintf(stderr, "[generate] using the tokenizer file %s recorded in the checkpoint (%s "
-                 "chooses another)\n", p.c_str(), flag);
-    return p;
-  };
-  data::TokenizerArgs ta;
-  ta.type = pick("--tokenizer-type", "tokenizer_type");
-  if (ta.type.empty()) ta.type = "GPT2BPETokenizer";
-  ta.vocab_file = pick_path("--vocab-file", "vocab_file");
-  ta.merge_file = pick_path("--merge-file", "merge_file");
-  ta.tokenizer_model = pick_path("--tokenizer-model", "tokenizer_model");
-  if (std::string vs = pick("--vocab-size", "vocab_size"); !vs.empty() && vs != "None") {
-    try {
-      ta.vocab_size = std::stoll(vs);
-    } catch (...) {
-      throw Error(fmt::format("--vocab-size expects an integer, got '{}'", vs));
-    }
-  }
-  return ta;
 }
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
@@ -282,7 +225,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
   model::TransformerConfig cfg = w.config;
   cfg.hidden_dropout = cfg.attention_dropout = 0;
 
-  auto tok = data::make_tokenizer(tokenizer_args(f, w.metadata));
+  auto tok = data::make_tokenizer(checkpoint_tokenizer_args(f, w.metadata, "generate"));
   MCPP_CHECK_HINT(tok->vocab_size() <= cfg.padded_vocab_size,
                   "use the tokenizer the model was trained with",
                   "the tokenizer has {} tokens but the checkpoint's vocabulary is {}",

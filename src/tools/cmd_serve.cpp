@@ -31,6 +31,7 @@
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "serve/service.h"
+#include "tools/checkpoint_tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 
@@ -39,35 +40,6 @@ namespace {
 
 std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) { g_signal = sig; }
-
-// Tokenizer flags, falling back to the training config recorded in the checkpoint.
-data::TokenizerArgs tokenizer_from(const Flags& f, const nlohmann::json& md) {
-  const nlohmann::json cfg = md.contains("state") && md["state"].contains("config")
-                                 ? md["state"]["config"]
-                                 : nlohmann::json::object();
-  auto pick = [&](const char* flag, const char* key) -> std::string {
-    if (f.has(flag)) return f.get(flag);
-    if (!cfg.is_object() || !cfg.contains(key)) return {};
-    const auto& v = cfg[key];
-    if (v.is_string()) return v.get<std::string>();
-    if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
-    return {};
-  };
-  data::TokenizerArgs ta;
-  ta.type = pick("--tokenizer-type", "tokenizer_type");
-  if (ta.type.empty()) ta.type = "GPT2BPETokenizer";
-  ta.vocab_file = pick("--vocab-file", "vocab_file");
-  ta.merge_file = pick("--merge-file", "merge_file");
-  ta.tokenizer_model = pick("--tokenizer-model", "tokenizer_model");
-  if (std::string vs = pick("--vocab-size", "vocab_size"); !vs.empty() && vs != "None") {
-    try {
-      ta.vocab_size = std::stoll(vs);
-    } catch (...) {
-      throw Error(fmt::format("--vocab-size expects an integer, got '{}'", vs));
-    }
-  }
-  return ta;
-}
 
 // tokenizer_config.json beside a Hugging Face tokenizer (or --tokenizer-config).
 std::string tokenizer_config_path(const Flags& f, const data::TokenizerArgs& ta) {
@@ -167,7 +139,7 @@ int run_serve(const std::vector<std::string>& args) {
   checkpoint::ModelWeights w = checkpoint::load_model_weights(dir, f.get_opt_int("--ckpt-step"), wo);
   model::TransformerConfig cfg = w.config;
   cfg.hidden_dropout = cfg.attention_dropout = 0;
-  const data::TokenizerArgs ta = tokenizer_from(f, w.metadata);
+  const data::TokenizerArgs ta = checkpoint_tokenizer_args(f, w.metadata, "serve");
   auto tok = data::make_tokenizer(ta);
   MCPP_CHECK_HINT(tok->vocab_size() <= cfg.padded_vocab_size,
                   "use the tokenizer the model was trained with",
