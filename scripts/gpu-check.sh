@@ -17,6 +17,17 @@
 # unpacked with `dpkg -x` into a folder of the repository) and pass that folder as
 # CMAKE_PREFIX_PATH=... in the environment.
 #
+# `megatron serve` needs cpp-httplib, which the GPU machine lacks (and cannot install: no
+# network). Carry Debian's instead, not committed: copy /usr/include/httplib.h, the headers
+# its -D flags pull in (openssl/ with x86_64-linux-gnu/openssl/*, zlib.h, zconf.h, brotli/),
+# /usr/lib/x86_64-linux-gnu/libcpp-httplib.so* and the libbrotli{common,dec,enc}.so* it
+# needs (ldd; libssl/libz are on the machine) as plain files (no symlinks) into
+# .gpudeps/{include,lib}, with lib/pkgconfig/cpp-httplib.pc saying prefix=${pcfiledir}/../..
+# (no Requires.private: openssl/zlib/brotli have no .pc files there); name .gpudeps in the
+# device call's carry and set GPUDEPS to its path: PKG_CONFIG_PATH and LD_LIBRARY_PATH
+# (build and run time) then point into it. SERVE_BENCH=1 also runs bench/gpu/serve_bench.sh
+# (`megatron serve` against transformers' generate at SERVE_STREAMS, default "1 8 64").
+#
 # The PyTorch reference (bench/gpu/torch_reference.py: the same four models, eager and
 # torch.compile) runs in the same call, before bench_gpu_train, which reads its JSON so
 # each row carries megatron.cpp / PyTorch measured side by side.
@@ -61,6 +72,11 @@ NCCL_ROOT=${MCPP_NCCL_ROOT:-$(pyroot nvidia.nccl)}
 echo "gpu-check: cuDNN at '${CUDNN_ROOT}', NCCL at '${NCCL_ROOT}'"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader || true
 
+if [[ -n "${GPUDEPS:-}" ]]; then  # the carried cpp-httplib (see the header)
+  GPUDEPS=$(cd "$GPUDEPS" && pwd)
+  export PKG_CONFIG_PATH="$GPUDEPS/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="$GPUDEPS/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 EXTRA=()
 [[ -n "${CMAKE_PREFIX_PATH:-}" ]] && EXTRA+=(-DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH")
 set -e
@@ -74,7 +90,7 @@ TARGETS=(megatron test_gpu)
 # The GPU tests of the feature folders (MoE, context parallelism) and the serve fixture's
 # checkpoint writer (the serve GPU test exists only where cpp-httplib was found).
 ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null || true)  # (no grep -q: pipefail)
-for t in test_moe_gpu test_cp_gpu make_serve_checkpoint; do
+for t in test_moe_gpu test_cp_gpu make_serve_checkpoint test_serve_gpu; do
   grep -q "^$t:" <<< "$ALL_TARGETS" && TARGETS+=("$t")
 done
 [[ ${BENCH:-1} != 0 ]] && TARGETS+=(bench_gpu_ops bench_gpu_train)
@@ -200,6 +216,11 @@ if [[ -n "${FALLBACK_CHECK:-}" ]]; then  # the same losses through the CUDA-core
   MCPP_ATTENTION_FALLBACK=1 "$BUILD/bench/bench_gpu_train" ${TRAIN_ARGS:-} --only "$FALLBACK_CHECK" \
     2>&1 >/dev/null | grep -E "losses|ms/step"
 fi
+serve_rc=0
+if [[ ${SERVE_BENCH:-0} != 0 ]]; then  # batched serving against transformers (issue 21)
+  OUT=$LOGS bench/gpu/serve_bench.sh "$BUILD" "${SERVE_STREAMS:-1 8 64}" > "$LOGS/serve_bench.md" \
+    2> "$LOGS/serve_bench.err" || serve_rc=1
+fi
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
 if [[ ${BENCH:-1} != 0 ]]; then
@@ -226,6 +247,11 @@ if [[ ${BENCH:-1} != 0 ]]; then
   fi
 fi
 [[ -n $scaling ]] && echo "$scaling"
+if [[ ${SERVE_BENCH:-0} != 0 ]]; then
+  echo
+  echo "## megatron serve against transformers generate ($GPU_NAME, commit $COMMIT, $(date -u +%F))"
+  cat "$LOGS/serve_bench.md"; tail -5 "$LOGS/serve_bench.err"
+fi
 echo
-echo "gpu-check: tests rc=$test_rc, multi-GPU rc=$multi_rc, bench rc=$bench_rc, train rc=$train_rc"
-exit $((test_rc != 0 || multi_rc != 0 || bench_rc != 0 || train_rc != 0))
+echo "gpu-check: tests rc=$test_rc, multi-GPU rc=$multi_rc, bench rc=$bench_rc, train rc=$train_rc, serve rc=$serve_rc"
+exit $((test_rc != 0 || multi_rc != 0 || bench_rc != 0 || train_rc != 0 || serve_rc != 0))

@@ -7,8 +7,10 @@
 # static cache, one batch of the same size) on the same weights in the same call.
 # Prints one table. Needs a CUDA build, python3 with torch + transformers for the reference
 # (REF=0 skips it), no network (the model is random, written here by `megatron train`).
-# Usage: bench/gpu/serve_bench.sh BUILD_DIR [STREAMS="1 8 64"]   env OUT (logs), REF=0|1,
-#        DEVICE=cpu TINY=1 for a smoke test of the script on a CPU build
+# Usage: bench/gpu/serve_bench.sh BUILD_DIR [STREAMS="1 8 64"]   env OUT (logs), WORK (the
+#        checkpoint and its HF copy, default /tmp/serve-bench-work), REF=0|1,
+#        NOGRAPH=1 (also without CUDA graphs), DEVICE=cpu TINY=1 for a smoke test of the
+#        script on a CPU build. Every stream count runs once untimed first (warm-up).
 set -uo pipefail
 DEVICE=${DEVICE:-cuda}
 BUILD=${1:-build-gpu}
@@ -16,7 +18,9 @@ STREAMS=${2:-"1 8 64"}
 M=$BUILD/megatron
 LOG=${OUT:-/tmp}/serve-bench
 mkdir -p "$LOG"
-CK=$LOG/ckpt
+WORK=${WORK:-/tmp/serve-bench-work}  # the checkpoint and the HF copy (GBs): not under OUT
+mkdir -p "$WORK"
+CK=$WORK/ckpt
 SHAPE=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --ffn-hidden-size 8192
        --seq-length 256 --max-position-embeddings 2048 --vocab-size 32000
        --position-embedding-type rope --normalization RMSNorm --swiglu
@@ -32,17 +36,19 @@ fi
 if [ ! -f "$CK/latest_checkpointed_iteration.txt" ]; then
   "$M" train "${SHAPE[@]}" --mock-data --tokenizer-type NullTokenizer --micro-batch-size 1 \
     --global-batch-size 1 --lr 1e-6 --train-iters 1 --device "$DEVICE" "${PREC[@]}" \
-    --save "$CK" --save-interval 1 >"$LOG/train.log" 2>&1 || { tail "$LOG/train.log"; exit 1; }
+    --save "$CK" --save-interval 1 --no-save-optim >"$LOG/train.log" 2>&1 || { tail "$LOG/train.log"; exit 1; }
 fi
 MAXS=0; for s in $STREAMS; do [ "$s" -gt "$MAXS" ] && MAXS=$s; done
-rm -f "$LOG/port"
-"$M" serve --load "$CK" --device "$DEVICE" --port 0 --port-file "$LOG/port" \
-  --inference-max-requests "$MAXS" --inference-max-seq-length 256 >"$LOG/serve.log" 2>&1 &
-PID=$!
-for _ in $(seq 1 1200); do [ -s "$LOG/port" ] && break; sleep 0.1; done
-[ -s "$LOG/port" ] || { cat "$LOG/serve.log"; kill $PID; exit 1; }
-URL="http://127.0.0.1:$(cat "$LOG/port")"
-python3 - "$URL" "$STREAMS" >"$LOG/serve.json" <<'PY'
+# One server run: serve_run NAME [serve flags...] -> $LOG/NAME.json {streams: {tokens, seconds, tokens_per_s}}
+serve_run() {
+  local name=$1; shift
+  rm -f "$LOG/port"
+  "$M" serve --load "$CK" --device "$DEVICE" --port 0 --port-file "$LOG/port" \
+    --inference-max-requests "$MAXS" --inference-max-seq-length 256 "$@" >"$LOG/$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 1200); do [ -s "$LOG/port" ] && break; sleep 0.1; done
+  [ -s "$LOG/port" ] || { cat "$LOG/$name.log"; kill $pid; return 1; }
+  python3 - "http://127.0.0.1:$(cat "$LOG/port")" "$STREAMS" >"$LOG/$name.json" <<'PY'
 import json, random, sys, threading, time, urllib.request
 url, streams = sys.argv[1], [int(s) for s in sys.argv[2].split()]
 def one(i, out):
@@ -58,18 +64,25 @@ def run(n):
     for t in ts: t.start()
     for t in ts: t.join()
     return sum(out), time.perf_counter() - t0
-run(1)  # warm-up
+for n in streams: run(n)  # warm-up: every batch size's first steps (GEMM tuning, graphs)
 res = {}
 for n in streams:
     tok, sec = run(n)
     res[n] = {"tokens": tok, "seconds": sec, "tokens_per_s": tok / sec}
 print(json.dumps(res))
 PY
-kill -TERM $PID; wait $PID
+  local rc=$?
+  kill -TERM $pid; wait $pid
+  grep -E "^\[(serve|generate)\]" "$LOG/$name.log" | grep -vE "listening|signal|stopped" >&2
+  return $rc
+}
+serve_run serve || exit 1
+# NOGRAPH=1: the same with every op launched (--no-cuda-graphs), to see what graphs save.
+[ "${NOGRAPH:-0}" = 1 ] && serve_run serve_nograph --no-cuda-graphs
 REFJ='{}'
 if [ "${REF:-1}" = 1 ]; then
-  "$M" convert --load "$CK" --to-hf "$LOG/hf" --hf-dtype bfloat16 >"$LOG/convert.log" 2>&1 &&
-  python3 - "$LOG/hf" "$STREAMS" >"$LOG/hf.json" 2>"$LOG/hf.err" <<'PY'
+  "$M" convert --load "$CK" --to-hf "$WORK/hf" --hf-dtype bfloat16 >"$LOG/convert.log" 2>&1 &&
+  python3 - "$WORK/hf" "$STREAMS" >"$LOG/hf.json" 2>"$LOG/hf.err" <<'PY'
 import json, sys, time, torch
 from transformers import AutoModelForCausalLM
 path, streams = sys.argv[1], [int(s) for s in sys.argv[2].split()]
@@ -89,14 +102,14 @@ print(json.dumps(res))
 PY
   REFJ=$(cat "$LOG/hf.json" 2>/dev/null || echo '{}')
 fi
-python3 - "$(cat "$LOG/serve.json")" "$REFJ" <<'PY'
+NOG=$(cat "$LOG/serve_nograph.json" 2>/dev/null || echo '{}')
+python3 - "$(cat "$LOG/serve.json")" "$REFJ" "$NOG" <<'PY'
 import json, sys
-s, r = json.loads(sys.argv[1]), json.loads(sys.argv[2] or "{}")
-print("| streams | megatron serve tokens/s | transformers generate tokens/s | ratio |")
-print("|---|---|---|---|")
+s, r, g = json.loads(sys.argv[1]), json.loads(sys.argv[2] or "{}"), json.loads(sys.argv[3] or "{}")
+print("| streams | megatron serve tokens/s | without CUDA graphs | transformers generate tokens/s | ratio |")
+print("|---|---|---|---|---|")
 for n, v in s.items():
-    ours, ref = v["tokens_per_s"], r.get(n, {}).get("tokens_per_s")
-    refs = "%.0f" % ref if ref else "-"
-    ratio = "%.2f" % (ours / ref) if ref else "-"
-    print("| %s | %.0f | %s | %s |" % (n, ours, refs, ratio))
+    ours, ref, nog = v["tokens_per_s"], r.get(n, {}).get("tokens_per_s"), g.get(n, {}).get("tokens_per_s")
+    print("| %s | %.0f | %s | %s | %s |" % (n, ours, "%.0f" % nog if nog else "-",
+          "%.0f" % ref if ref else "-", "%.2f" % (ours / ref) if ref else "-"))
 PY

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 
 #include "base/error.h"
 #include "model/stage.h"
+#include "ops/graph.h"
 #include "ops/ops.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -24,6 +27,25 @@ struct Generator::Buffers {
   Tensor logits_host;  // the logits on the host when the model runs on a GPU
   Tensor pos_host;     // [B] i64 each sequence's first new position
   Tensor pos_dev;      // the same on the model's device
+  Tensor logits_view;  // [Sq, B, Vp] of all_positions
+  Tensor ids_dev, ids_host;  // [A] i64 greedy ids (forward_greedy)
+};
+
+// ---- CUDA graphs of the greedy decode step ---------------------------------------------
+// One graph per batch bucket (bucket_size): the step of A sequences runs as the bucket's
+// Bk >= A rows, the padding rows feeding token 0 at position 0 of the free slots [A, Bk)
+// (their rows are overwritten by the prefill of whichever sequence takes the slot next;
+// no active sequence reads them). The inputs that change between steps -- the tokens and
+// the positions -- live in the bucket's device tensors, copied there before each replay;
+// every other address (weights, the cache, the bucket's own activation buffers) is fixed.
+// Only RoPE models without TP qualify: learned position embeddings read the positions on
+// the host, and a TP all-gather over MPI cannot be captured.
+struct Generator::DecodeGraph {
+  Buffers buf;
+  Tensor tok_host, pos_host, tok_dev, pos_dev, ids_dev, ids_host, check_a, check_b;
+  int64_t V = 0;
+  ops::StreamGraph graph;
+  bool checked = false;  // the first replay was compared with the eager step
 };
 
 Generator::Generator(const model::ParamStore& params, const model::TransformerConfig& cfg,
@@ -54,32 +76,98 @@ const Tensor& Generator::prefill(const Tensor& tokens, KVCache& cache, int64_t s
   return run(tokens, cache, slot, all_positions);
 }
 
+const Tensor& Generator::prefill_batch(const Tensor& tokens, KVCache& cache, int64_t first) {
+  MCPP_CHECK(tokens.dim() == 2, "Generator::prefill_batch: tokens must be [n, P], got {}",
+             tokens.str());
+  MCPP_CHECK(first >= 0 && first + tokens.size(0) <= cache.batch(),
+             "Generator::prefill_batch: slots [{}, {}) but the cache holds {}", first,
+             first + tokens.size(0), cache.batch());
+  for (int64_t j = 0; j < tokens.size(0); ++j)
+    MCPP_CHECK(cache.length(first + j) == 0, "Generator::prefill_batch: slot {} is not empty",
+               first + j);
+  return run(tokens, cache, first, false);
+}
+
+const std::vector<int64_t>& Generator::forward_greedy(const Tensor& tokens, KVCache& cache,
+                                                     int64_t V) {
+  MCPP_CHECK(tokens.dim() == 2 && tokens.size(1) == 1 && tokens.dtype() == DType::I64,
+             "Generator::forward_greedy: tokens must be i64 [A, 1], got {}", tokens.str());
+  const int64_t A = tokens.size(0);
+  if (graphs_usable(A, cache)) return greedy_graph(tokens, cache, V);
+  const Tensor& logits = run_on_device(tokens, cache, 0, false);
+  auto& bf = *buf_;
+  Stream& st = ops::default_stream(logits.device());
+  model::ensure(bf.ids_dev, {A}, DType::I64, logits.device());
+  ops::argmax_rows(logits, V, bf.ids_dev, st);
+  const Tensor* ids = &bf.ids_dev;
+  if (ids->device() != Device::CPU) {  // (a D2H copy returns once the ids are on the host)
+    model::ensure(bf.ids_host, {A}, DType::I64, Device::CPU);
+    ops::copy(bf.ids_dev, bf.ids_host, st);
+    ids = &bf.ids_host;
+  }
+  greedy_ids_.assign(ids->data<int64_t>(), ids->data<int64_t>() + A);
+  return greedy_ids_;
+}
+
 const Tensor& Generator::run(const Tensor& tokens, KVCache& cache, int64_t first,
                              bool all_positions) {
-  const auto& c = cfg_;
+  const Tensor* out = &run_on_device(tokens, cache, first, all_positions);
   auto& bf = *buf_;
-  MCPP_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::I64,
-             "Generator::forward: tokens must be i64 [B, Sq], got {}", tokens.str());
-  const int64_t B = tokens.size(0), Sq = tokens.size(1), T = Sq * B, H = c.hidden_size;
+  const auto& c = cfg_;
+  if (out->device() != Device::CPU) {
+    // f32 on the host for sampling (bf16/f16 logits converted by the copy).
+    const DType host_dt = out->dtype() == DType::F64 ? DType::F64 : DType::F32;
+    model::ensure(bf.logits_host, out->shape(), host_dt, Device::CPU);
+    ops::copy(*out, bf.logits_host, ops::default_stream(out->device()));
+    out = &bf.logits_host;
+  }
+  if (all_positions)
+    bf.logits_view = out->view({tokens.size(1), tokens.size(0), c.padded_vocab_size});
+  return all_positions ? bf.logits_view : *out;
+}
+
+void Generator::positions(int64_t B, int64_t Sq, const KVCache& cache, int64_t first,
+                          int64_t* pos) const {
   MCPP_CHECK(first >= 0 && first + B <= cache.batch(),
              "Generator::forward: slots [{}, {}) but the cache holds {}", first, first + B,
              cache.batch());
-  // Each sequence's first new position: its slot's length.
-  model::ensure(bf.pos_host, {B}, DType::I64, Device::CPU);
-  int64_t* pos = bf.pos_host.data<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
     pos[b] = cache.length(first + b);
     MCPP_CHECK_HINT(pos[b] + Sq <= cache.max_seq(),
                     "shorten the prompt or --num-tokens-to-generate",
                     "positions [{}, {}) exceed the KV cache of {} positions", pos[b], pos[b] + Sq,
                     cache.max_seq());
-    MCPP_CHECK_HINT(pos[b] + Sq <= c.max_position_embeddings,
+    MCPP_CHECK_HINT(pos[b] + Sq <= cfg_.max_position_embeddings,
                     "shorten the prompt or --num-tokens-to-generate",
                     "position {} is beyond the model's max_position_embeddings {}", pos[b] + Sq - 1,
-                    c.max_position_embeddings);
+                    cfg_.max_position_embeddings);
   }
+}
+
+const Tensor& Generator::run_on_device(const Tensor& tokens, KVCache& cache, int64_t first,
+                                       bool all_positions) {
+  auto& bf = *buf_;
+  MCPP_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::I64,
+             "Generator::forward: tokens must be i64 [B, Sq], got {}", tokens.str());
+  const int64_t B = tokens.size(0), Sq = tokens.size(1);
+  // Each sequence's first new position: its slot's length.
+  model::ensure(bf.pos_host, {B}, DType::I64, Device::CPU);
+  positions(B, Sq, cache, first, bf.pos_host.data<int64_t>());
+  const Tensor& pos_dev =
+      model::on_device(bf.pos_host, bf.pos_dev, cfg_.device, ops::default_stream(cfg_.device));
+  const Tensor& out = compute(tokens, bf.pos_host.data<int64_t>(), pos_dev, cache, first,
+                              all_positions, bf);
+  cache.advance(first, B, Sq);
+  return out;
+}
+
+const Tensor& Generator::compute(const Tensor& tokens, const int64_t* pos, const Tensor& pos_dev,
+                                 KVCache& cache, int64_t first, bool all_positions,
+                                 Buffers& bf) {
+  const auto& c = cfg_;
+  const int64_t B = tokens.size(0), Sq = tokens.size(1), T = Sq * B, H = c.hidden_size;
   model::StepContext cx = model::make_inference_context(c, Sq, B, pos, tp_);
-  cx.pos_dev = model::on_device(bf.pos_host, bf.pos_dev, cx.dev, cx.stream());
+  cx.pos_dev = pos_dev;
   const bool copy_batch = tokens.device() != cx.dev;
   model::TransformerBlock& block = stage_->block(0);
   model::allocate(
@@ -98,7 +186,6 @@ const Tensor& Generator::run(const Tensor& tokens, KVCache& cache, int64_t first
     Tensor k = cache.k(l).narrow(first, B), v = cache.v(l).narrow(first, B);
     block.layer(l).forward_cached(bf.x, bf.layer, k, v, bf.x, bf.ws, cx);
   }
-  cache.advance(first, B, Sq);
 
   // Head on the rows whose logits are wanted: all, or the last position's B rows.
   const Tensor xs = all_positions ? bf.x : bf.x.narrow((Sq - 1) * B, B);
@@ -109,15 +196,88 @@ const Tensor& Generator::run(const Tensor& tokens, KVCache& cache, int64_t first
     parallel::gather_from_tp(*out, bf.logits_full, *cx.tp_comm, cx.stream());
     out = &bf.logits_full;
   }
-  if (cx.dev != Device::CPU) {
-    // f32 on the host for sampling (bf16/f16 logits converted by the copy).
-    const DType host_dt = out->dtype() == DType::F64 ? DType::F64 : DType::F32;
-    model::ensure(bf.logits_host, out->shape(), host_dt, Device::CPU);
-    ops::copy(*out, bf.logits_host, cx.stream());
-    out = &bf.logits_host;
-  }
-  if (all_positions) *out = out->view({Sq, B, c.padded_vocab_size});
   return *out;
+}
+
+int64_t Generator::bucket_size(int64_t A, int64_t slots) {
+  int64_t b = 1;
+  if (A <= 8)
+    while (b < A) b *= 2;
+  else
+    b = A <= 64 ? (A + 7) / 8 * 8 : (A + 31) / 32 * 32;
+  return std::min(b, slots);
+}
+
+bool Generator::graphs_usable(int64_t A, const KVCache& cache) const {
+  return cuda_graphs_ && cfg_.device == Device::CUDA && !tp_ && cfg_.rope && A >= 1 &&
+         A <= cache.batch();
+}
+
+void Generator::set_cuda_graphs(bool on) { cuda_graphs_ = on; }
+
+const std::vector<int64_t>& Generator::greedy_graph(const Tensor& tokens, KVCache& cache,
+                                                    int64_t V) {
+  const int64_t A = tokens.size(0), Bk = bucket_size(A, cache.batch());
+  const Device dev = cfg_.device;
+  Stream& st = ops::default_stream(dev);
+  auto& slot = graphs_[Bk];
+  if (!slot || slot->V != V) slot = std::make_unique<DecodeGraph>();
+  DecodeGraph& g = *slot;
+  g.V = V;
+  model::ensure(g.tok_host, {Bk, 1}, DType::I64, Device::CPU);
+  model::ensure(g.pos_host, {Bk}, DType::I64, Device::CPU);
+  model::ensure(g.tok_dev, {Bk, 1}, DType::I64, dev);
+  model::ensure(g.pos_dev, {Bk}, DType::I64, dev);
+  model::ensure(g.ids_dev, {Bk}, DType::I64, dev);
+  int64_t* pos = g.pos_host.data<int64_t>();
+  int64_t* tok = g.tok_host.data<int64_t>();
+  positions(A, 1, cache, 0, pos);
+  for (int64_t b = 0; b < A; ++b) tok[b] = tokens.data<int64_t>()[b];
+  for (int64_t b = A; b < Bk; ++b) tok[b] = 0, pos[b] = 0;
+  ops::copy(g.tok_host, g.tok_dev, st);
+  ops::copy(g.pos_host, g.pos_dev, st);
+  auto step = [&]() -> const Tensor& {
+    const Tensor& lg = compute(g.tok_dev, pos, g.pos_dev, cache, 0, false, g.buf);
+    ops::argmax_rows(lg, V, g.ids_dev, st);
+    return lg;
+  };
+  auto to_host = [&](const Tensor& d, Tensor& h) {
+    model::ensure(h, d.shape(), d.dtype(), Device::CPU);
+    ops::copy(d, h, st);
+  };
+  if (!g.graph.ready()) {
+    // Eagerly first (this step's answer): allocates the bucket's buffers and tunes its
+    // GEMMs, so the capture that follows records kernels only. The capture runs nothing.
+    step();
+    if (g.graph.begin_capture(st)) {
+      step();
+      if (!g.graph.end_capture(st)) {
+        cuda_graphs_ = false;
+        std::fprintf(stderr, "[generate] CUDA graph capture of the decode step (batch %lld) "
+                             "failed: decoding without graphs\n", (long long)Bk);
+      }
+    }
+  } else if (!g.checked) {
+    // The first replay against the eager step on the same inputs, bit for bit (the eager
+    // step rewrites the same cache rows with the same values).
+    g.graph.replay(st);
+    const Tensor& lg = g.buf.head.logits;
+    to_host(lg, g.check_a);
+    step();
+    to_host(lg, g.check_b);
+    g.checked = true;
+    if (std::memcmp(g.check_a.raw(), g.check_b.raw(), g.check_a.nbytes()) != 0) {
+      cuda_graphs_ = false;
+      std::fprintf(stderr, "[generate] the CUDA graph of the decode step (batch %lld) differs "
+                           "from the eager step: decoding without graphs\n", (long long)Bk);
+    }
+  } else {
+    g.graph.replay(st);
+  }
+  to_host(g.ids_dev, g.ids_host);
+  cache.advance(0, A, 1);
+  greedy_ids_.assign(g.ids_host.data<int64_t>(), g.ids_host.data<int64_t>() + A);
+  return greedy_ids_;
 }
 
 namespace {

@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,11 +56,41 @@ class Generator {
   // (a prompt's prefill); logits as forward's.
   const Tensor& prefill(const Tensor& tokens, KVCache& cache, int64_t slot,
                         bool all_positions = false);
+  // Prompts of one length together: tokens [n, P] into the empty slots [first, first + n)
+  // (the batched prefill of a server); logits [n, Vp] of each prompt's last position.
+  const Tensor& prefill_batch(const Tensor& tokens, KVCache& cache, int64_t first);
+  // A greedy decode step: forward(tokens [A, 1]) with the argmax over [0, V) of each row
+  // taken on the model's device (ops::argmax_rows), so a GPU step brings back A ids
+  // instead of A x Vp logits. The ids (those inference::argmax gives on the logits) stay
+  // valid until the next call.
+  const std::vector<int64_t>& forward_greedy(const Tensor& tokens, KVCache& cache, int64_t V);
+  // forward_greedy on the GPU replays a CUDA graph of the whole step per batch bucket (on by
+  // default; RoPE models without TP; see generator.cpp). Off: every step launches its ops.
+  void set_cuda_graphs(bool on);
+  bool cuda_graphs() const { return cuda_graphs_; }
+  // The rows a decode step of A sequences runs as under graphs (A rounded up: powers of
+  // two to 8, multiples of 8 to 64, of 32 beyond; at most `slots`).
+  static int64_t bucket_size(int64_t A, int64_t slots);
 
  private:
   struct Buffers;
   // The forward over cache slots [first, first + tokens.size(0)).
   const Tensor& run(const Tensor& tokens, KVCache& cache, int64_t first, bool all_positions);
+  // The same, the logits left on the model's device (gathered over TP).
+  const Tensor& run_on_device(const Tensor& tokens, KVCache& cache, int64_t first,
+                              bool all_positions);
+  // pos[b] = slot first+b's length, checked against the cache and the model's positions.
+  void positions(int64_t B, int64_t Sq, const KVCache& cache, int64_t first, int64_t* pos) const;
+  // The forward of tokens [B, Sq] at host positions pos (pos_dev: the same on the device)
+  // into buffers bf; the cache's lengths are not advanced. Returns the device logits.
+  const Tensor& compute(const Tensor& tokens, const int64_t* pos, const Tensor& pos_dev,
+                        KVCache& cache, int64_t first, bool all_positions, Buffers& bf);
+  struct DecodeGraph;
+  bool graphs_usable(int64_t A, const KVCache& cache) const;
+  const std::vector<int64_t>& greedy_graph(const Tensor& tokens, KVCache& cache, int64_t V);
+  std::vector<int64_t> greedy_ids_;
+  bool cuda_graphs_ = true;
+  std::map<int64_t, std::unique_ptr<DecodeGraph>> graphs_;  // by bucket size
   model::TransformerConfig cfg_;
   comm::Communicator* tp_ = nullptr;
   std::unique_ptr<model::Stage> stage_;  // the model's modules over the given parameters

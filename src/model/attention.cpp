@@ -85,9 +85,11 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
                                Tensor& y, Workspace& ws, const StepContext& cx) const {
   const auto& c = *cfg_;
   qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
-  if (c.rope && cx.uniform_pos)
+  if (c.rope && cx.S == 1 && cx.pos_dev.defined()) {  // a decode step: one launch, each row
+    ops::rope_decode(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.pos_dev, s.qkv, cx.stream());
+  } else if (c.rope && cx.uniform_pos) {
     ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.s0, s.qkv, cx.stream());
-  if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position
+  } else if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position
     ops::AttentionDims d1 = cx.ad;
     d1.S = 1, d1.B = 1;
     const int64_t W = c.qkv_width_local();

@@ -241,4 +241,17 @@ void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
   MCPP_DISPATCH(moe_row_dot, a, b, out, s);
 }
 
+// ---- inference
+void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos, double sc,
+                      const Tensor& k_cache, const Tensor& v_cache, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(decode_attention, qkv, d, pos, sc, k_cache, v_cache, out, s);
+}
+void rope_decode(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
+                 const Tensor& pos, Tensor& out, Stream& s) {
+  MCPP_DISPATCH(rope_decode, in, d, rot, base, pos, out, s);
+}
+void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
+  MCPP_DISPATCH(argmax_rows, logits, V, ids, s);
+}
+
 }  // namespace mcpp::ops

@@ -2,6 +2,7 @@
 #include "serve/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "base/error.h"
@@ -33,6 +34,7 @@ float log_prob(const std::vector<float>& row, int64_t V, int64_t id) {
 }
 
 constexpr auto kIdleHeartbeat = std::chrono::seconds(5);
+constexpr int64_t kMaxPrefillTokens = 8192;  // rows of one batched prefill (its activations)
 
 }  // namespace
 
@@ -55,6 +57,22 @@ Engine::Engine(inference::Generator& gen, const EngineOptions& opts, comm::Commu
   cache_ = std::make_unique<inference::KVCache>(c, opts_.max_seq, opts_.slots, opts_.device);
   stats_.slots = opts_.slots, stats_.max_seq = opts_.max_seq;
   stats_.kv_cache_bytes = cache_->bytes();
+  // On the GPU (one rank), each batch bucket's greedy decode step runs twice before the
+  // first request: its GEMMs are tuned and its CUDA graph captured and checked now, not
+  // in the middle of serving. Token 0 at position 0 of the empty slots; then all reset.
+  if (opts_.device != Device::CPU && !tp_) {
+    for (int64_t a = 1;; ++a) {
+      const int64_t bk = inference::Generator::bucket_size(a, opts_.slots);
+      if (bk < a) break;
+      a = bk;
+      Tensor t = Tensor::zeros({bk, 1}, DType::I64);
+      for (int rep = 0; rep < 2; ++rep) {
+        gen_.forward_greedy(t, *cache_, opts_.vocab_size);
+        cache_->reset();
+      }
+      if (bk == opts_.slots) break;
+    }
+  }
 }
 
 Engine::~Engine() = default;
@@ -131,7 +149,8 @@ void Engine::broadcast_op(std::vector<int64_t>& op) {
   op.assign(body.data<int64_t>(), body.data<int64_t>() + len);
 }
 
-// op: {kPrefill, slot, all_positions, P, tokens...} | {kDecode, A, tokens...} |
+// op: {kPrefill, slot, all_positions, P, tokens...} | {kPrefillBatch, slot, n, P, tokens...} |
+//     {kDecode, A, tokens...} | {kDecodeGreedy, A, tokens...} |
 //     {kMove, from, to} | {kNoop} | {kExit}
 const Tensor* Engine::execute(std::vector<int64_t>& op) {
   if (tp_) broadcast_op(op);
@@ -149,6 +168,20 @@ const Tensor* Engine::execute(std::vector<int64_t>& op) {
       Tensor t = Tensor::empty({A, 1}, DType::I64);
       std::copy(op.begin() + 2, op.begin() + 2 + A, t.data<int64_t>());
       return &gen_.forward(t, *cache_);
+    }
+    case kPrefillBatch: {  // {kPrefillBatch, first slot, n, P, n x P tokens}
+      const int64_t first = op[1], n = op[2], P = op[3];
+      Tensor t = Tensor::empty({n, P}, DType::I64);
+      std::copy(op.begin() + 4, op.begin() + 4 + n * P, t.data<int64_t>());
+      for (int64_t j = 0; j < n; ++j) cache_->reset_slot(first + j);
+      return &gen_.prefill_batch(t, *cache_, first);
+    }
+    case kDecodeGreedy: {
+      const int64_t A = op[1];
+      Tensor t = Tensor::empty({A, 1}, DType::I64);
+      std::copy(op.begin() + 2, op.begin() + 2 + A, t.data<int64_t>());
+      greedy_ids_ = &gen_.forward_greedy(t, *cache_, opts_.vocab_size);
+      return nullptr;
     }
     case kMove:
       cache_->move_slot(op[1], op[2]);
@@ -177,6 +210,11 @@ bool Engine::choose(Sequence& s, const Tensor& logits, int64_t row, int64_t slot
   const int64_t id = inference::sample(lg, opts_.vocab_size, s.spec.sampling, s.spec.seq_index,
                                        uint64_t(r.tokens.size()));
   const float lp = s.spec.logprobs ? log_prob(lg, opts_.vocab_size, id) : 0.f;
+  return accept(s, id, lp, slot);
+}
+
+bool Engine::accept(Sequence& s, int64_t id, float lp, int64_t slot) {
+  SequenceResult& r = s.result;
   r.tokens.push_back(int32_t(id));
   if (s.spec.logprobs) r.logprobs.push_back(lp);
   {
@@ -275,47 +313,89 @@ void Engine::run_leader() {
       return;
     }
 
-    // Join: each waiting sequence into the next free slot, prefilled alone.
-    for (;;) {
-      std::shared_ptr<Sequence> s;
-      {
-        std::lock_guard lk(mu_);
-        if (waiting_.empty() || int64_t(active_.size()) >= opts_.slots) break;
-        s = waiting_.front();
+    // Join: waiting sequences take the free slots in order. A run of prompts of one length
+    // that want no prompt log-probabilities is prefilled together, n = a power of two at a
+    // time (one [n, P] forward, every row at position 0: one read of the weights for n
+    // prompts, not one per prompt).
+    std::vector<std::shared_ptr<Sequence>> joined;
+    {
+      std::lock_guard lk(mu_);
+      while (!waiting_.empty() && int64_t(active_.size()) < opts_.slots) {
+        auto s = waiting_.front();
         waiting_.pop_front();
         active_.push_back(s);
-        stats_.active = int64_t(active_.size());
-        stats_.peak_active = std::max(stats_.peak_active, stats_.active);
+        joined.push_back(s);
         stats_.prompt_tokens += int64_t(s->spec.prompt.size());
       }
-      const int64_t slot = int64_t(active_.size()) - 1, P = int64_t(s->spec.prompt.size());
-      std::vector<int64_t> op{kPrefill, slot, s->spec.logprobs ? 1 : 0, P};
-      op.insert(op.end(), s->spec.prompt.begin(), s->spec.prompt.end());
+      stats_.active = int64_t(active_.size());
+      stats_.peak_active = std::max(stats_.peak_active, stats_.active);
+    }
+    const int64_t first_slot = int64_t(active_.size() - joined.size());
+    for (size_t i = 0; i < joined.size();) {
+      const Sequence& head = *joined[i];
+      const int64_t P = int64_t(head.spec.prompt.size());
+      size_t n = 1;
+      if (!head.spec.logprobs)
+        while (i + n < joined.size() && !joined[i + n]->spec.logprobs &&
+               int64_t(joined[i + n]->spec.prompt.size()) == P &&
+               int64_t(n + 1) * P <= kMaxPrefillTokens)
+          ++n;
+      // A power of two: the batched forwards then come in few shapes, each GEMM tuned once
+      // (ops/cuda/gemm.cu tunes every new shape, tens of ms a shape).
+      while (n & (n - 1)) n &= n - 1;
+      const int64_t slot = first_slot + int64_t(i);
+      std::vector<int64_t> op{n == 1 ? kPrefill : kPrefillBatch, slot,
+                              n == 1 ? (head.spec.logprobs ? 1 : 0) : int64_t(n), P};
+      for (size_t j = 0; j < n; ++j)
+        op.insert(op.end(), joined[i + j]->spec.prompt.begin(), joined[i + j]->spec.prompt.end());
+      const auto t0 = std::chrono::steady_clock::now();
       const Tensor& logits = *execute(op);
-      if (s->spec.logprobs) {  // logits [P, 1, Vp]: row i scores prompt token i + 1
-        for (int64_t i = 0; i + 1 < P; ++i)
-          s->result.prompt_logprobs.push_back(
-              log_prob(row_as_f32(logits, i), opts_.vocab_size, s->spec.prompt[size_t(i + 1)]));
+      {
+        std::lock_guard lk(mu_);
+        stats_.prefills += 1, stats_.prefill_rows += int64_t(n);
+        stats_.prefill_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
-      if (s->spec.max_new_tokens <= 0)
-        finish(*s, "max_tokens");
-      else
-        choose(*s, logits, s->spec.logprobs ? P - 1 : 0, slot);
+      for (size_t j = 0; j < n; ++j) {
+        Sequence& s = *joined[i + j];
+        if (s.spec.logprobs) {  // (alone) logits [P, 1, Vp]: row r scores prompt token r + 1
+          for (int64_t r = 0; r + 1 < P; ++r)
+            s.result.prompt_logprobs.push_back(
+                log_prob(row_as_f32(logits, r), opts_.vocab_size, s.spec.prompt[size_t(r + 1)]));
+        }
+        if (s.spec.max_new_tokens <= 0)
+          finish(s, "max_tokens");
+        else
+          choose(s, logits, s.spec.logprobs ? P - 1 : int64_t(j), slot + int64_t(j));
+      }
+      i += n;
     }
     compact();
 
     // Decode: one row per active sequence, each at its own position.
     const int64_t A = int64_t(active_.size());
     if (A == 0) continue;
-    std::vector<int64_t> op{kDecode, A};
+    const bool greedy = std::all_of(active_.begin(), active_.end(), [](const auto& s) {
+      return s->spec.sampling.is_greedy() && !s->spec.logprobs;
+    });
+    std::vector<int64_t> op{greedy ? kDecodeGreedy : kDecode, A};
     for (auto& s : active_) op.push_back(s->last);
-    const Tensor& logits = *execute(op);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor* logits = execute(op);
+    {
+      std::lock_guard lk(mu_);
+      stats_.decode_steps += 1, stats_.decode_rows += A;
+      stats_.decode_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     for (int64_t i = 0; i < A; ++i) {
       Sequence& s = *active_[size_t(i)];
       if (s.cancelled())
         finish(s, "cancelled");
+      else if (greedy)
+        accept(s, (*greedy_ids_)[size_t(i)], 0.f, i);
       else
-        choose(s, logits, i, i);
+        choose(s, *logits, i, i);
     }
     compact();
   }

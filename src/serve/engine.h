@@ -6,9 +6,10 @@
 //   e.run();                             // the main thread of every rank, until shutdown()
 //
 // Each iteration of run() (a token boundary): cancelled sequences leave, waiting
-// sequences join while a slot is free (each prompt prefilled alone into its slot, its first
-// token sampled), then every active sequence decodes one token together, each at its own
-// position; a sequence that stops leaves the batch at once (the last active slot moves into
+// sequences join while a slot is free (each prompt prefilled into its slot -- prompts of one
+// length that arrived together in one batched forward -- and its first token sampled), then every active sequence decodes one token together, each at its own
+// position (when every active sequence is greedy and wants no log-probabilities, the
+// argmax is taken on the model's device: Generator::forward_greedy); a sequence that stops leaves the batch at once (the last active slot moves into
 // its place, KVCache::move_slot) and a waiting one takes the free slot in the next
 // iteration. A sequence samples exactly as in inference::generate_batch (Philox stream
 // = spec.seq_index, counter = its step), so its tokens do not depend on which others share
@@ -92,6 +93,10 @@ struct EngineStats {
   int64_t completed = 0, cancelled = 0, generated_tokens = 0, prompt_tokens = 0;
   int64_t peak_active = 0;
   size_t kv_cache_bytes = 0;
+  // Where the engine's time goes (rank 0, wall time of the model operations including the
+  // copy of their result to the host): decode steps and the rows they ran, prefills.
+  int64_t decode_steps = 0, decode_rows = 0, prefills = 0, prefill_rows = 0;
+  double decode_seconds = 0, prefill_seconds = 0;
 };
 
 struct QueueFull : std::runtime_error {
@@ -117,7 +122,8 @@ class Engine {
   const EngineOptions& options() const { return opts_; }
 
  private:
-  enum Op : int64_t { kNoop = 0, kPrefill = 1, kDecode = 2, kMove = 3, kExit = 4 };
+  enum Op : int64_t { kNoop = 0, kPrefill = 1, kDecode = 2, kMove = 3, kExit = 4, kDecodeGreedy = 5,
+              kPrefillBatch = 6 };
   void run_leader();
   void run_follower();
   // Broadcasts op to the TP group (rank 0) and runs it; returns the logits of prefill/decode.
@@ -125,6 +131,8 @@ class Engine {
   void broadcast_op(std::vector<int64_t>& op);
   // Samples sequence s's next token from logits row `row`; false when it stops.
   bool choose(Sequence& s, const Tensor& logits, int64_t row, int64_t slot);
+  // Records sequence s's new token id (its log-probability lp); false when it stops.
+  bool accept(Sequence& s, int64_t id, float lp, int64_t slot);
   void finish(Sequence& s, const std::string& reason);
   void compact();  // finished sequences leave; the active slots stay [0, A)
 
@@ -134,6 +142,7 @@ class Engine {
   std::unique_ptr<inference::KVCache> cache_;
   std::vector<std::shared_ptr<Sequence>> active_;  // slot order
   std::vector<char> done_;                         // per active slot: finished this step
+  const std::vector<int64_t>* greedy_ids_ = nullptr;  // the last kDecodeGreedy's ids
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Sequence>> waiting_;

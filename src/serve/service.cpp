@@ -66,6 +66,9 @@ json Service::health() const {
           {"active", s.active},
           {"waiting", s.waiting},
           {"peak_active", s.peak_active},
+          {"decode_steps", s.decode_steps}, {"decode_rows", s.decode_rows},
+          {"decode_seconds", s.decode_seconds}, {"prefills", s.prefills},
+          {"prefill_rows", s.prefill_rows}, {"prefill_seconds", s.prefill_seconds},
           {"completed", s.completed},
           {"cancelled", s.cancelled},
           {"prompt_tokens", s.prompt_tokens},
@@ -132,6 +135,7 @@ std::shared_ptr<Reply> Service::start_api(const json& j) {
                       "sequence", i, P, n_new, max_seq));
     t.prompt_text = tok_.decode(t.prompt);
     t.stop_eol = eol, t.stop_double_eol = eol2;
+    t.lazy = !eol && !eol2;  // the answer is decoded from the ids in on_done
     SequenceSpec s;
     s.prompt = t.prompt;
     s.max_new_tokens = n_new;

@@ -95,11 +95,22 @@ struct Track {
   bool stop_eol = false, stop_double_eol = false;
   SequenceResult result;
   bool done = false;
+  // Nothing to check or stream per token (no stop strings, no end-of-line stops, not a
+  // stream): add() only records the id and settle() decodes the text once at the end,
+  // instead of decoding prompt + answer at every token on the engine thread.
+  bool lazy = false;
 
   // false: a stop string or end of line ended the continuation.
   bool add(const data::Tokenizer& tok, int32_t id, bool is_eod) {
     if (is_eod) return true;
     gen.push_back(id);
+    if (lazy) return true;
+    return update(tok);
+  }
+  void settle(const data::Tokenizer& tok) {
+    if (lazy) update(tok);
+  }
+  bool update(const data::Tokenizer& tok) {
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), gen.begin(), gen.end());
     const std::string full = tok.decode(all);

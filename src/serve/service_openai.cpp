@@ -200,6 +200,7 @@ std::shared_ptr<Reply> Service::start_openai(const json& j, bool chat, bool& str
     t.prompt = prompts[i];
     t.prompt_text = tok_.decode(t.prompt);
     t.stops = stops;
+    t.lazy = !stream && stops.empty();
     job->prompt_tokens += P;
     SequenceSpec s;
     s.prompt = prompts[i];
@@ -257,9 +258,10 @@ std::shared_ptr<Reply> Service::start_openai(const json& j, bool chat, bool& str
       }
       return go;
     };
-    ev[i].on_done = [job, i, chunk, usage](const SequenceResult& r) {
+    ev[i].on_done = [this, job, i, chunk, usage](const SequenceResult& r) {
       Track& t = job->tracks[i];
       t.result = r;
+      t.settle(tok_);
       Reply& rep = *job->reply;
       std::lock_guard lk(rep.mu);
       job->completion_tokens += int64_t(r.tokens.size());

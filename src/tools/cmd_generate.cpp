@@ -4,7 +4,7 @@
 //                     --prompt TEXT [--prompt TEXT ...] | --prompts-file FILE
 //                     [--num-tokens-to-generate 64] [--greedy | --temperature T
 //                     [--top-k K | --top-p P]] [--seed S] [--stop-token ID ...]
-//                     [--micro-batch-size N] [--device cpu|cuda]
+//                     [--micro-batch-size N] [--device cpu|cuda] [--dtype fp32|bf16|fp16]
 //   mpirun -np 2 megatron generate --tensor-model-parallel-size 2 ...
 //
 // The model's shape comes from the checkpoint's metadata (any TP layout; the weights are
@@ -136,6 +136,9 @@ int run_generate(const std::vector<std::string>& raw_args) {
       .add("--tensor-model-parallel-size", Flags::Value,
            "TP ranks (run under mpirun/torchrun with that many processes; default 1)")
       .add("--device", Flags::Value, "cpu (default) or cuda")
+      .add("--dtype", Flags::Value,
+           "weights, activations and KV cache: fp32 (default), or bf16 / fp16 on cuda (the "
+           "checkpoint's f32 cast once at load, as `megatron serve --device cuda` runs)")
       .add("--help", Flags::Switch, "this text");
   add_tokenizer_flags(f);
   f.parse(args, "generate");
@@ -196,6 +199,15 @@ int run_generate(const std::vector<std::string>& raw_args) {
   MCPP_CHECK_HINT(device == Device::CPU, "rebuild where nvcc is found, or use --device cpu",
                   "--device cuda: this build has no CUDA backend");
 #endif
+  const std::string dtype_str = f.has("--dtype") ? f.get("--dtype") : "fp32";
+  MCPP_CHECK_HINT(dtype_str == "bf16" || dtype_str == "fp16" || dtype_str == "fp32",
+                  "use --dtype bf16, fp16 or fp32", "--dtype '{}' is not a dtype", dtype_str);
+  MCPP_CHECK_HINT(device == Device::CUDA || dtype_str == "fp32",
+                  "the CPU backend computes in fp32: drop --dtype or pass --device cuda",
+                  "--dtype {} on --device cpu", dtype_str);
+  const DType dtype = dtype_str == "bf16"   ? DType::BF16
+                      : dtype_str == "fp16" ? DType::F16
+                                            : DType::F32;
 
   // The ranks of a launch form the TP group (a plain run is a world of one).
   comm::InitOptions io;
@@ -220,7 +232,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
                   "--load {}: no checkpoint found (no iter_*/metadata.json)", dir);
   const std::optional<int64_t> step = f.get_opt_int("--ckpt-step");
   checkpoint::WeightsOptions wo;
-  wo.tp_rank = rank, wo.tp_size = tp, wo.device = device;
+  wo.tp_rank = rank, wo.tp_size = tp, wo.device = device, wo.dtype = dtype;
   checkpoint::ModelWeights w = checkpoint::load_model_weights(dir, step, wo);
   model::TransformerConfig cfg = w.config;
   cfg.hidden_dropout = cfg.attention_dropout = 0;

@@ -1,6 +1,7 @@
 // `megatron serve`: a text-generation server over a checkpoint (docs/serving.md).
 //
 //   megatron serve --load DIR [--port 5000] [--host 127.0.0.1] [--device cpu|cuda]
+//                  [--dtype bf16|fp16|fp32]
 //                  [--inference-max-requests 8] [--inference-max-seq-length N]
 //                  [--max-queued-requests 256] [--max-request-bytes 1048576]
 //                  [--chat-template auto|plain|chatml|llama3|llama2] [tokenizer flags]
@@ -64,6 +65,12 @@ int run_serve(const std::vector<std::string>& args) {
       .add("--port", Flags::Value, "TCP port (default 5000, Megatron's; 0 picks a free one)")
       .add("--port-file", Flags::Value, "write the bound port to this file once listening")
       .add("--device", Flags::Value, "cpu (default) or cuda")
+      .add("--dtype", Flags::Value,
+           "the weights, activations and KV cache: bf16 (default on cuda), fp16, fp32 (the "
+           "only one on cpu)")
+      .add("--no-cuda-graphs", Flags::Switch,
+           "launch every op of a greedy decode step instead of replaying a CUDA graph per "
+           "batch size (graphs: --device cuda, RoPE models, TP 1)")
       .add("--tensor-model-parallel-size", Flags::Value,
            "TP ranks (run under mpirun/torchrun with that many processes; default 1)")
       .add("--inference-max-requests", Flags::Value,
@@ -108,6 +115,18 @@ int run_serve(const std::vector<std::string>& args) {
   MCPP_CHECK_HINT(device == Device::CPU, "rebuild where nvcc is found, or use --device cpu",
                   "--device cuda: this build has no CUDA backend");
 #endif
+  // On the GPU the checkpoint's f32 weights are cast once at load (bf16 by default: a
+  // decode step reads every weight, so half the bytes is about twice the tokens/s).
+  const std::string dtype_str =
+      f.has("--dtype") ? f.get("--dtype") : (device == Device::CUDA ? "bf16" : "fp32");
+  MCPP_CHECK_HINT(dtype_str == "bf16" || dtype_str == "fp16" || dtype_str == "fp32",
+                  "use --dtype bf16, fp16 or fp32", "--dtype '{}' is not a dtype", dtype_str);
+  MCPP_CHECK_HINT(device == Device::CUDA || dtype_str == "fp32",
+                  "the CPU backend computes in fp32: drop --dtype or pass --device cuda",
+                  "--dtype {} on --device cpu", dtype_str);
+  const DType dtype = dtype_str == "bf16"   ? DType::BF16
+                      : dtype_str == "fp16" ? DType::F16
+                                             : DType::F32;
   const int64_t port = f.get_int("--port", 5000);
   MCPP_CHECK_HINT(port >= 0 && port <= 65535, "use --port between 0 and 65535",
                   "--port {} is not a TCP port", port);
@@ -135,7 +154,7 @@ int run_serve(const std::vector<std::string>& args) {
                   "train with --save DIR first, or point --load at a directory holding iter_*/",
                   "--load {}: no checkpoint found (no iter_*/metadata.json)", dir);
   checkpoint::WeightsOptions wo;
-  wo.tp_rank = rank, wo.tp_size = tp, wo.device = device;
+  wo.tp_rank = rank, wo.tp_size = tp, wo.device = device, wo.dtype = dtype;
   checkpoint::ModelWeights w = checkpoint::load_model_weights(dir, f.get_opt_int("--ckpt-step"), wo);
   model::TransformerConfig cfg = w.config;
   cfg.hidden_dropout = cfg.attention_dropout = 0;
@@ -156,16 +175,17 @@ int run_serve(const std::vector<std::string>& args) {
   eo.eod = tok->eod();
   eo.device = device;
   inference::Generator gen(w.params, cfg, tp_comm);
+  if (f.has("--no-cuda-graphs")) gen.set_cuda_graphs(false);
   serve::Engine engine(gen, eo, tp_comm);
   const auto st = engine.stats();
   if (rank == 0)
     std::fprintf(stderr,
-                 "[serve] %s iteration %lld: %lld layers, hidden %lld, vocab %lld; %s; %s, TP %lld\n"
+                 "[serve] %s iteration %lld: %lld layers, hidden %lld, vocab %lld; %s; %s %s, TP %lld\n"
                  "[serve] KV cache: %lld slots x %lld positions = %.1f MiB (per rank); up to %lld "
                  "more sequences wait; chat template: %s (%s)\n",
                  dir.c_str(), (long long)w.state.iteration, (long long)cfg.num_layers,
                  (long long)cfg.hidden_size, (long long)cfg.padded_vocab_size, tok->name().c_str(),
-                 dev_name.c_str(), (long long)tp, (long long)st.slots, (long long)st.max_seq,
+                 dev_name.c_str(), dtype_str.c_str(), (long long)tp, (long long)st.slots, (long long)st.max_seq,
                  double(st.kv_cache_bytes) / (1 << 20), (long long)eo.max_waiting,
                  chat.family.c_str(), chat.source.c_str());
   if (rank != 0) {
@@ -211,6 +231,17 @@ int run_serve(const std::vector<std::string>& args) {
   net.join();
   g_signal = g_signal == 0 ? -1 : int(g_signal);
   watch.join();
+  const auto fin = engine.stats();
+  std::fprintf(stderr,
+               "[serve] %lld decode steps (%.1f rows each, %.3f ms each), %lld prefills (%.1f "
+               "prompts each, %.2f ms each); CUDA graphs %s\n",
+               (long long)fin.decode_steps,
+               fin.decode_steps ? double(fin.decode_rows) / fin.decode_steps : 0.0,
+               fin.decode_steps ? 1e3 * fin.decode_seconds / fin.decode_steps : 0.0,
+               (long long)fin.prefills,
+               fin.prefills ? double(fin.prefill_rows) / fin.prefills : 0.0,
+               fin.prefills ? 1e3 * fin.prefill_seconds / fin.prefills : 0.0,
+               gen.cuda_graphs() && device == Device::CUDA && cfg.rope && tp == 1 ? "on" : "off");
   std::fprintf(stderr, "[serve] stopped\n");
   return 0;
 }

@@ -8,10 +8,9 @@
 //   v_cache  [B, Tmax, NG, HD]           likewise with qkv's values
 //   out      [Sq, B, NH*HD]
 //
-// Decoding is memory-bound (every step reads the whole cache once), so the kernel is the
-// simple one: a warp per (query row, batch, head) sweeps the keys in order with an
-// online softmax (running max and sum); each lane owns HD/32 output dims and the q.k dot
-// product is a warp-shuffle reduction. HD <= 256.
+// Here the append (one thread per element); the attention is decode_attention
+// (ops/cuda/decode.cu: a block of warps per query row and head splitting the keys, an
+// online softmax per warp, the warps merged at the end). HD <= 256.
 #include <cmath>
 
 #include "ops/cuda/common.cuh"
@@ -20,8 +19,6 @@
 namespace mcpp::ops::cuda {
 
 namespace {
-
-constexpr int kMaxDimsPerLane = 8;  // HD <= 32 * 8
 
 template <typename T>
 static __global__ void kv_append_kernel(const T* __restrict__ qkv, T* __restrict__ kc,
@@ -37,59 +34,6 @@ static __global__ void kv_append_kernel(const T* __restrict__ qkv, T* __restrict
     const int64_t dst = ((b * Tmax + pos[b] + i) * NG + g) * HD + c;
     kc[dst] = qkv[src + G * HD + c];
     vc[dst] = qkv[src + (G + 1) * HD + c];
-  }
-}
-
-template <typename T>
-static __global__ void kv_attention_kernel(const T* __restrict__ qkv, const T* __restrict__ kc,
-                                           const T* __restrict__ vc, T* __restrict__ out,
-                                           int64_t Sq, int64_t B, int64_t NH, int64_t NG,
-                                           int64_t HD, const int64_t* __restrict__ pos,
-                                           int64_t Tmax, float scale) {
-  const int64_t warps_per_block = blockDim.x / 32;
-  const int64_t item = blockIdx.x * warps_per_block + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (item >= Sq * B * NH) return;
-  const int64_t h = item % NH, b = (item / NH) % B, i = item / (NH * B);
-  const int64_t G = NH / NG, g = h / G, len = pos[b] + i + 1;
-  const int64_t W = NG * (G + 2) * HD, C = NG * HD;
-  const T* kslot = kc + b * Tmax * C + g * HD;
-  const T* vslot = vc + b * Tmax * C + g * HD;
-  const T* q = qkv + (i * B + b) * W + (g * (G + 2) + h % G) * HD;
-  float qr[kMaxDimsPerLane], acc[kMaxDimsPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerLane; ++j) {
-    const int64_t c = lane + 32 * j;
-    qr[j] = c < HD ? to_f(q[c]) * scale : 0.f;
-    acc[j] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
-  for (int64_t k = 0; k < len; ++k) {
-    const T* kr = kslot + k * C;
-    const T* vr = vslot + k * C;
-    float dot = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxDimsPerLane; ++j) {
-      const int64_t c = lane + 32 * j;
-      if (c < HD) dot += qr[j] * to_f(kr[c]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    const float m_new = fmaxf(m, dot);
-    const float corr = __expf(m - m_new), p = __expf(dot - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int j = 0; j < kMaxDimsPerLane; ++j) {
-      const int64_t c = lane + 32 * j;
-      if (c < HD) acc[j] = acc[j] * corr + p * to_f(vr[c]);
-    }
-    m = m_new;
-  }
-  T* o = out + (i * B + b) * NH * HD + h * HD;
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerLane; ++j) {
-    const int64_t c = lane + 32 * j;
-    if (c < HD) o[c] = from_f<T>(acc[j] / l);
   }
 }
 
@@ -109,8 +53,7 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
   MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
              "{}: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)", op, d.S, d.B,
              d.NH, d.NG, d.HD);
-  MCPP_CHECK(d.HD <= 32 * kMaxDimsPerLane, "{}: head dim {} > {} is not supported", op, d.HD,
-             32 * kMaxDimsPerLane);
+  MCPP_CHECK(d.HD <= 256, "{}: head dim {} > 256 is not supported", op, d.HD);
   for (const Tensor* t : {&k_cache, &v_cache, &out})
     MCPP_CHECK(t->dtype() == qkv.dtype(), "{}: {} differs in dtype from qkv {}", op, t->str(),
                qkv.str());
@@ -128,9 +71,6 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
   cudaStream_t cs = stream_of(s);
   const int64_t G = d.NH / d.NG;
   const int64_t n_append = d.S * d.B * d.NG * d.HD;
-  const int64_t items = d.S * d.B * d.NH;
-  constexpr int kThreads = 128;
-  const unsigned blocks = unsigned((items + kThreads / 32 - 1) / (kThreads / 32));
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
     const T* q = static_cast<const T*>(qkv.raw());
     T* kc = static_cast<T*>(k_cache.raw());
@@ -138,11 +78,10 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
     kv_append_kernel<T>
         <<<grid_for(n_append, 256), 256, 0, cs>>>(q, kc, vc, d.S, d.B, d.NG, G, d.HD, dpos, Tmax);
     MCPP_LAUNCH_CHECK();
-    kv_attention_kernel<T><<<blocks, kThreads, 0, cs>>>(q, kc, vc, static_cast<T*>(out.raw()), d.S,
-                                                        d.B, d.NH, d.NG, d.HD, dpos, Tmax,
-                                                        float(softmax_scale));
-    MCPP_LAUNCH_CHECK();
   });
+  // Attend: the split-key kernel of ops/cuda/decode.cu, for every row of a prefill and the
+  // one row of a decode step.
+  cuda::decode_attention(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }
 
 }  // namespace mcpp::ops::cuda

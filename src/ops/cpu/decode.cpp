@@ -1,0 +1,137 @@
+// The inference ops of the catalogue's `---- inference` section, CPU backend (the
+// reference of the CUDA kernels in ops/cuda/decode.cu):
+//
+//   decode_attention  qkv [S, B, NG, NH/NG + 2, HD], pos [B] i64, k/v cache [B, Tmax, NG, HD]
+//                     -> out [S, B, NH*HD] (=): head h of row i of sequence b attends to its
+//                     slot's rows 0 .. pos[b] + i (group h / (NH/NG)); scores, softmax and the
+//                     weighted sum in double, a plain two-pass softmax (the reference)
+//   rope_decode       rope_forward of row b at position pos[b] (row by row through it)
+//   argmax_rows       logits [R, Vp] -> ids [R] i64 (=): the first largest of [0, V)
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/cpu_common.h"
+
+namespace mcpp::ops::cpu {
+namespace {
+
+template <typename T>
+void decode_attn(const T* qkv, const AttentionDims& d, const int64_t* pos, int64_t Tmax,
+                 double scale, const T* kc, const T* vc, T* out) {
+  const int64_t S = d.S, B = d.B, NH = d.NH, NG = d.NG, HD = d.HD, G = NH / NG;
+  const int64_t W = d.qkv_width(), C = NG * HD;
+#pragma omp parallel if (S * B * NH * Tmax * HD > kParallelGrain)
+  {
+    std::vector<double> p(static_cast<size_t>(Tmax)), acc(static_cast<size_t>(HD));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < S * B * NH; ++it) {
+      const int64_t h = it % NH, ib = it / NH, b = ib % B, i = ib / B;
+      const int64_t g = h / G, len = pos[b] + i + 1;
+      const T* q = qkv + ib * W + (g * (G + 2) + h % G) * HD;
+      const T* ks = kc + b * Tmax * C + g * HD;
+      const T* vs = vc + b * Tmax * C + g * HD;
+      double mx = -INFINITY;
+      for (int64_t k = 0; k < len; ++k) {
+        double dot = 0;
+        for (int64_t c = 0; c < HD; ++c) dot += double(q[c]) * double(ks[k * C + c]);
+        p[size_t(k)] = dot * scale;
+        mx = std::max(mx, p[size_t(k)]);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double sum = 0;
+      for (int64_t k = 0; k < len; ++k) {
+        const double e = std::exp(p[size_t(k)] - mx);
+        sum += e;
+        for (int64_t c = 0; c < HD; ++c) acc[size_t(c)] += e * double(vs[k * C + c]);
+      }
+      T* o = out + ib * NH * HD + h * HD;
+      for (int64_t c = 0; c < HD; ++c) o[c] = T(acc[size_t(c)] / sum);
+    }
+  }
+}
+
+}  // namespace
+
+void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
+                      double softmax_scale, const Tensor& k_cache, const Tensor& v_cache,
+                      Tensor& out, Stream& s) {
+  Check c{"decode_attention"};
+  c.stream(s);
+  MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
+             "decode_attention: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)",
+             d.S, d.B, d.NH, d.NG, d.HD);
+  MCPP_CHECK(softmax_scale > 0, "decode_attention: softmax_scale={} must be positive",
+             softmax_scale);
+  const DType dt = c.floating(qkv, "qkv");
+  c.numel(qkv, "qkv", d.S * d.B * d.qkv_width());
+  for (const Tensor* t : {&k_cache, &v_cache}) {
+    c.dtype(*t, t == &k_cache ? "k_cache" : "v_cache", dt);
+    MCPP_CHECK(t->dim() == 4 && t->size(0) == d.B && t->size(2) == d.NG && t->size(3) == d.HD,
+               "decode_attention: cache {} is not [B={}, Tmax, NG={}, HD={}]", t->str(), d.B,
+               d.NG, d.HD);
+  }
+  c.shape(v_cache, "v_cache", k_cache.shape());
+  c.dtype(pos, "pos", DType::I64);
+  c.numel(pos, "pos", d.B);
+  const int64_t Tmax = k_cache.size(1);
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int64_t p = pos.data<int64_t>()[b];
+    MCPP_CHECK(p >= 0 && p + d.S <= Tmax,
+               "decode_attention: sequence {}'s rows [{}, {}) are outside a cache of {} rows", b,
+               p, p + d.S, Tmax);
+  }
+  c.dtype(out, "out", dt);
+  c.numel(out, "out", d.S * d.B * d.NH * d.HD);
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    decode_attn<T>(qkv.data<T>(), d, pos.data<int64_t>(), Tmax, softmax_scale, k_cache.data<T>(),
+                   v_cache.data<T>(), out.data<T>());
+  });
+}
+
+void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
+                 const Tensor& pos, Tensor& qkv_out, Stream& s) {
+  Check c{"rope_decode"};
+  c.stream(s);
+  MCPP_CHECK(d.S == 1, "rope_decode: one row per sequence (S = 1), got S={}", d.S);
+  c.dtype(pos, "pos", DType::I64);
+  c.numel(pos, "pos", d.B);
+  c.numel(qkv_in, "qkv_in", d.B * d.qkv_width());
+  c.numel(qkv_out, "qkv_out", d.B * d.qkv_width());
+  // Row by row through rope_forward itself: the same numbers by construction.
+  AttentionDims d1 = d;
+  d1.B = 1;
+  const int64_t W = d.qkv_width();
+  for (int64_t b = 0; b < d.B; ++b) {
+    const Tensor in = qkv_in.view({d.B, W}).narrow(b, 1);
+    Tensor out = qkv_out.view({d.B, W}).narrow(b, 1);
+    cpu::rope_forward(in, d1, rot_dim, base, pos.data<int64_t>()[b], out, s);
+  }
+}
+
+void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
+  Check c{"argmax_rows"};
+  c.stream(s);
+  const DType dt = c.floating(logits, "logits");
+  c.min_dim(logits, "logits", 1);
+  const int64_t Vp = logits.size(-1), R = logits.numel() / std::max<int64_t>(Vp, 1);
+  MCPP_CHECK(V > 0 && V <= Vp, "argmax_rows: V={} outside (0, {}]", V, Vp);
+  c.dtype(ids, "ids", DType::I64);
+  c.numel(ids, "ids", R);
+  int64_t* o = ids.data<int64_t>();
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = logits.data<T>();
+    for (int64_t r = 0; r < R; ++r) {
+      const T* row = x + r * Vp;
+      int64_t best = 0;
+      for (int64_t i = 1; i < V; ++i)
+        if (row[i] > row[best] || (std::isnan(row[best]) && !std::isnan(row[i]))) best = i;
+      o[r] = best;
+    }
+  });
+}
+
+}  // namespace mcpp::ops::cpu

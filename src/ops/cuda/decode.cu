@@ -1,0 +1,283 @@
+// The inference ops of the catalogue's `---- inference` section, CUDA backend; the CPU
+// backend (ops/cpu/decode.cpp) is the reference (tests/serve/decode_gpu_test.cpp).
+//
+// decode_attention: one query row per (row, sequence, head) against its cache slot,
+//   qkv [S, B, NG, G + 2, HD] (G = NH/NG), pos [B] i64, caches [B, Tmax, NG, HD],
+//   out [S, B, NH*HD]; row i of sequence b sees keys 0 .. pos[b] + i.
+//   A decode step reads the whole cache once and does 2*HD flops per key, so it is
+//   memory- and latency-bound: a block of kWarps warps per (i, b, h) splits the keys (warp
+//   w takes chunks w, w + kWarps, ... of 32 keys), so one sequence's 32 heads still keep
+//   8 x 32 warps busy at one stream, each with one or two chunks of a 256-key cache. Within a chunk each lane scores one key (a whole K row from
+//   its own cache lines, 16-byte loads), the chunk's softmax update is one warp max and one
+//   warp sum, then every lane accumulates HD/32 output dims over the chunk's V rows
+//   (coalesced), the probabilities broadcast by shuffles. The warps' partial (max, sum,
+//   accumulator) combine in shared memory as flash-decoding's split-K does. f32 throughout.
+// rope_decode: one launch for the batch, each row at its own position (the angle from the
+//   device's pos, so a captured CUDA graph stays valid as the positions advance).
+// argmax_rows: a block per row; each thread scans a strided part of the row, then a warp
+//   and a block reduction of (value, index) keep the larger value, the lower index on ties.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kMaxHD = 256;                 // smem q and 8 dims per lane
+constexpr int kDimsPerLane = kMaxHD / 32;
+
+// dot(q_s[0..HD), row[0..HD)) with 16-byte loads when the row allows them.
+template <typename T>
+__device__ __forceinline__ float row_dot(const float* q_s, const T* row, int HD, bool vec) {
+  float dot = 0.f;
+  constexpr int E = 16 / sizeof(T);
+  if (vec) {
+    const uint4* r4 = reinterpret_cast<const uint4*>(row);
+#pragma unroll 4
+    for (int c0 = 0; c0 < HD; c0 += E) {
+      const uint4 u = __ldg(r4 + c0 / E);
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int j = 0; j < E; ++j) dot += q_s[c0 + j] * to_f(e[j]);
+    }
+  } else {
+    for (int c = 0; c < HD; ++c) dot += q_s[c] * to_f(row[c]);
+  }
+  return dot;
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(kWarps * 32)
+    decode_attention_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
+                            const T* __restrict__ kc, const T* __restrict__ vc,
+                            T* __restrict__ out, int64_t B, int NH, int NG, int HD,
+                            int64_t Tmax, float scale, bool vec) {
+  __shared__ float q_s[kMaxHD];
+  __shared__ float m_s[kWarps], l_s[kWarps];
+  __shared__ float acc_s[kWarps][kMaxHD];
+  const int h = blockIdx.x % NH;
+  const int64_t ib = blockIdx.x / NH, b = ib % B, i = ib / B;  // row i of sequence b
+  const int G = NH / NG, g = h / G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t len = pos[b] + i + 1;
+  const int64_t C = int64_t(NG) * HD;
+  const T* q = qkv + ib * int64_t(NG) * (G + 2) * HD + (int64_t(g) * (G + 2) + h % G) * HD;
+  for (int c = threadIdx.x; c < HD; c += blockDim.x) q_s[c] = to_f(q[c]) * scale;
+  __syncthreads();
+  const T* ks = kc + b * Tmax * C + int64_t(g) * HD;
+  const T* vs = vc + b * Tmax * C + int64_t(g) * HD;
+
+  float m = -INFINITY, l = 0.f, acc[kDimsPerLane];
+#pragma unroll
+  for (int j = 0; j < kDimsPerLane; ++j) acc[j] = 0.f;
+  for (int64_t k0 = int64_t(warp) * 32; k0 < len; k0 += kWarps * 32) {
+    const int64_t k = k0 + lane;
+    const float s = k < len ? row_dot(q_s, ks + k * C, HD, vec) : -INFINITY;
+    float mc = s;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, off));
+    const float m_new = fmaxf(m, mc);  // finite: lane 0's key k0 < len
+    const float corr = __expf(m - m_new);
+    const float p = k < len ? __expf(s - m_new) : 0.f;
+    float ps = p;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+    l = l * corr + ps;
+#pragma unroll
+    for (int j = 0; j < kDimsPerLane; ++j) acc[j] *= corr;
+    const int n = int(len - k0 < 32 ? len - k0 : 32);
+#pragma unroll 8
+    for (int t = 0; t < n; ++t) {  // (unrolled: the V-row loads of 8 keys in flight at once)
+      const float pt = __shfl_sync(0xffffffffu, p, t);
+      const T* vr = vs + (k0 + t) * C;
+#pragma unroll
+      for (int j = 0; j < kDimsPerLane; ++j) {
+        const int c = lane + 32 * j;
+        if (c < HD) acc[j] += pt * to_f(vr[c]);
+      }
+    }
+    m = m_new;
+  }
+  // Split-K combine: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M).
+  if (lane == 0) m_s[warp] = m, l_s[warp] = l;
+#pragma unroll
+  for (int j = 0; j < kDimsPerLane; ++j) {
+    const int c = lane + 32 * j;
+    if (c < HD) acc_s[warp][c] = acc[j];
+  }
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w]);
+  float L = 0.f, wgt[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    wgt[w] = m_s[w] == -INFINITY ? 0.f : __expf(m_s[w] - M);  // a warp without keys
+    L += l_s[w] * wgt[w];
+  }
+  T* o = out + (ib * NH + h) * int64_t(HD);
+  for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a += acc_s[w][c] * wgt[w];
+    o[c] = from_f<T>(a / L);
+  }
+}
+
+// One thread per (b, g, head j <= G (the queries and the key), i < half); the angle in
+// double and the rotation rounded as rope.cu's table and rope_kernel do, so the numbers
+// equal rope_forward's at s_offset = pos[b].
+template <typename T>
+static __global__ void rope_decode_kernel(const T* in, T* out, const int64_t* __restrict__ pos,
+                                          int64_t B, int64_t NG, int64_t G, int64_t HD,
+                                          int64_t half, int64_t rot_dim, double base) {
+  const int64_t n = B * NG * (G + 1) * half;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = k % half, r = k / half;
+    const int64_t j = r % (G + 1), bg = r / (G + 1), b = bg / NG;
+    const double a = double(pos[b]) * pow(base, -2.0 * double(i) / double(rot_dim));
+    const float c = float(cos(a)), sn = float(sin(a));
+    const int64_t o = (bg * (G + 2) + j) * HD;
+    const float x1 = to_f(in[o + i]), x2 = to_f(in[o + i + half]);
+    out[o + i] = from_f<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn)));
+    out[o + i + half] = from_f<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)));
+  }
+}
+
+// Dims >= rot_dim and the value heads pass through (out != in only).
+template <typename T>
+static __global__ void copy_rows_kernel(const T* in, T* out, int64_t n) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x)
+    out[k] = in[k];
+}
+
+// (v, i) beats (bv, bi): larger, or equal and earlier; NaN never beats.
+__device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+template <typename T>
+static __global__ void argmax_rows_kernel(const T* __restrict__ x, int64_t V, int64_t Vp,
+                                          int64_t* __restrict__ ids) {
+  __shared__ float bv_s[32];
+  __shared__ int64_t bi_s[32];
+  const T* row = x + int64_t(blockIdx.x) * Vp;
+  float bv = -INFINITY;
+  int64_t bi = INT64_MAX;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = to_f(row[i]);
+    if (better(v, i, bv, bi)) bv = v, bi = i;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  if (lane == 0) bv_s[warp] = bv, bi_s[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < nw; ++w)
+      if (better(bv_s[w], bi_s[w], bv, bi)) bv = bv_s[w], bi = bi_s[w];
+    ids[blockIdx.x] = bi == INT64_MAX ? 0 : bi;  // every value NaN: index 0, as the CPU
+  }
+}
+
+}  // namespace
+
+void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
+                      double softmax_scale, const Tensor& k_cache, const Tensor& v_cache,
+                      Tensor& out, Stream& s) {
+  const char* op = "decode_attention";
+  for (auto [t, name] : {std::pair{&qkv, "qkv"}, {&pos, "pos"}, {&k_cache, "k_cache"},
+                         {&v_cache, "v_cache"}, {static_cast<const Tensor*>(&out), "out"}})
+    check_cuda(*t, op, name);
+  MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
+             "{}: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)", op, d.S,
+             d.B, d.NH, d.NG, d.HD);
+  MCPP_CHECK(d.HD <= kMaxHD, "{}: head dim {} > {} is not supported", op, d.HD, kMaxHD);
+  MCPP_CHECK(pos.dtype() == DType::I64 && pos.numel() == d.B, "{}: pos {} is not i64 [B={}]", op,
+             pos.str(), d.B);
+  for (const Tensor* t : {&k_cache, &v_cache, static_cast<const Tensor*>(&out)})
+    MCPP_CHECK(t->dtype() == qkv.dtype(), "{}: {} differs in dtype from qkv {}", op, t->str(),
+               qkv.str());
+  check_numel(qkv, d.S * d.B * d.qkv_width(), op, "qkv");
+  check_numel(out, d.S * d.B * d.NH * d.HD, op, "out");
+  for (const Tensor* t : {&k_cache, &v_cache})
+    MCPP_CHECK(t->dim() == 4 && t->size(0) == d.B && t->size(2) == d.NG && t->size(3) == d.HD,
+               "{}: cache {} is not [B={}, Tmax, NG={}, HD={}]", op, t->str(), d.B, d.NG, d.HD);
+  MCPP_CHECK(v_cache.shape() == k_cache.shape(), "{}: k_cache {} and v_cache {} differ", op,
+             k_cache.str(), v_cache.str());
+  MCPP_CHECK(d.S * d.B * d.NH < (int64_t(1) << 31), "{}: {} rows x heads exceed a grid", op,
+             d.S * d.B * d.NH);
+  const int64_t esz = int64_t(dtype_size(qkv.dtype()));
+  // 16-byte K-row loads: every row starts at a multiple of HD elements from the base.
+  const bool vec = (d.HD * esz) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(k_cache.raw()) % 16 == 0;
+  MCPP_DISPATCH_ACT(qkv.dtype(), op, {
+    decode_attention_kernel<T><<<unsigned(d.S * d.B * d.NH), kWarps * 32, 0, stream_of(s)>>>(
+        static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
+        static_cast<const T*>(k_cache.raw()), static_cast<const T*>(v_cache.raw()),
+        static_cast<T*>(out.raw()), d.B, int(d.NH), int(d.NG), int(d.HD), k_cache.size(1),
+        float(softmax_scale), vec);
+    MCPP_LAUNCH_CHECK();
+  });
+}
+
+void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
+                 const Tensor& pos, Tensor& qkv_out, Stream& s) {
+  const char* op = "rope_decode";
+  check_cuda(qkv_in, op, "qkv_in");
+  check_cuda(qkv_out, op, "qkv_out");
+  check_cuda(pos, op, "pos");
+  MCPP_CHECK(d.S == 1 && d.B > 0 && d.NG > 0 && d.NH % d.NG == 0,
+             "{}: invalid dims S={} B={} NH={} NG={} (S = 1)", op, d.S, d.B, d.NH, d.NG);
+  MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD && base > 0,
+             "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
+  MCPP_CHECK(pos.dtype() == DType::I64 && pos.numel() == d.B, "{}: pos {} is not i64 [B={}]", op,
+             pos.str(), d.B);
+  MCPP_CHECK(qkv_in.dtype() == qkv_out.dtype(), "{}: in {} and out {} differ", op, qkv_in.str(),
+             qkv_out.str());
+  check_numel(qkv_in, d.B * d.qkv_width(), op, "qkv_in");
+  check_numel(qkv_out, d.B * d.qkv_width(), op, "qkv_out");
+  const int64_t G = d.NH / d.NG, half = rot_dim / 2;
+  const int64_t n = d.B * d.NG * (G + 1) * half;
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(qkv_in.dtype(), op, {
+    const T* in = static_cast<const T*>(qkv_in.raw());
+    T* out = static_cast<T*>(qkv_out.raw());
+    if (in != out) {
+      copy_rows_kernel<T><<<grid_for(qkv_in.numel(), 256), 256, 0, cs>>>(in, out, qkv_in.numel());
+      MCPP_LAUNCH_CHECK();
+    }
+    rope_decode_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(in, out, pos.data<int64_t>(), d.B, d.NG,
+                                                            G, d.HD, half, rot_dim, base);
+    MCPP_LAUNCH_CHECK();
+  });
+}
+
+void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
+  const char* op = "argmax_rows";
+  check_cuda(logits, op, "logits");
+  check_cuda(ids, op, "ids");
+  MCPP_CHECK(logits.dim() >= 1, "{}: logits {} has no rows", op, logits.str());
+  const int64_t Vp = logits.size(-1), R = logits.numel() / std::max<int64_t>(Vp, 1);
+  MCPP_CHECK(V > 0 && V <= Vp, "{}: V={} outside (0, {}]", op, V, Vp);
+  MCPP_CHECK(ids.dtype() == DType::I64 && ids.numel() == R, "{}: ids {} is not i64 [{}]", op,
+             ids.str(), R);
+  if (R == 0) return;
+  MCPP_DISPATCH_ACT(logits.dtype(), op, {
+    argmax_rows_kernel<T><<<unsigned(R), 512, 0, stream_of(s)>>>(
+        static_cast<const T*>(logits.raw()), V, Vp, ids.data<int64_t>());
+    MCPP_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace mcpp::ops::cuda
