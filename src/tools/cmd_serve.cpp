@@ -124,6 +124,9 @@ int run_serve(const std::vector<std::string>& args) {
   MCPP_CHECK_HINT(device == Device::CUDA || dtype_str == "fp32",
                   "the CPU backend computes in fp32: drop --dtype or pass --device cuda",
                   "--dtype {} on --device cpu", dtype_str);
+  MCPP_CHECK_HINT(!f.has("--no-cuda-graphs") || device == Device::CUDA,
+                  "drop --no-cuda-graphs: the CPU runs no graphs",
+                  "--no-cuda-graphs applies to --device cuda only");
   const DType dtype = dtype_str == "bf16"   ? DType::BF16
                       : dtype_str == "fp16" ? DType::F16
                                              : DType::F32;

@@ -2,7 +2,7 @@
 # serve_cli.sh MEGATRON CKPT: `megatron serve` over loopback with curl: Megatron's /api
 # and the OpenAI endpoints give `megatron generate`'s greedy text; SSE framing; every bad
 # input gets its 4xx naming the field and the next request succeeds; SIGTERM exits 0;
-# --dtype that the CPU cannot honour is refused.
+# --dtype and --no-cuda-graphs that the CPU cannot honour are refused.
 set -eu
 M=$1; C=$2
 . "$(dirname "$0")/serve_lib.sh"
@@ -12,13 +12,15 @@ gen() { "$M" generate --load "$C" --prompt "$1" --greedy --num-tokens-to-generat
         | grep -v '^> ' || true; }
 G1=$(gen "$P1" 12); G2=$(gen "$P2" 12); G3=$(gen "$P3" 12)
 [ -n "$G1" ] || fail "megatron generate gave nothing"
-# Precision flags that do not apply: a clear error and a non-zero exit, for serve and generate.
+# Device flags that do not apply: a clear error and a non-zero exit, for serve and generate.
 for cmd in "serve --load $C --dtype bf16" "generate --load $C --prompt x --dtype bf16"; do
   out=$("$M" $cmd 2>&1) && fail "$cmd was accepted on the CPU"
   grep -q -- "--dtype bf16 on --device cpu" <<<"$out" || fail "$cmd: $out"
 done
 out=$("$M" serve --load "$C" --dtype fp8 2>&1) && fail "--dtype fp8 was accepted"
 grep -q -- "--dtype 'fp8' is not a dtype" <<<"$out" || fail "--dtype fp8: $out"
+out=$("$M" serve --load "$C" --no-cuda-graphs 2>&1) && fail "--no-cuda-graphs was accepted on the CPU"
+grep -q -- "--no-cuda-graphs applies to --device cuda only" <<<"$out" || fail "--no-cuda-graphs: $out"
 start_server server.log --load "$C" --inference-max-requests 4 --threads 2
 cat server.log
 grep -q "; cpu fp32, TP 1" server.log || fail "the start-up line does not name the dtype"
