@@ -217,24 +217,20 @@ const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_sp
                                        Tensor* db, bool* db_done) const {
   const Fp8Config& f = cx.cfg->fp8;
   const DType dt = format_of(f, k) == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
-  const bool weight = k == kFp8Weight;
-  if (!weight && (precast_ >> k) & 1u) {  // cast already by a fused kernel
+  if ((precast_ >> k) & 1u) {  // cast already by a fused kernel
     if (db_done && (precast_ & kPrecastDb)) *db_done = true;
     return shared_cast(k);
   }
   const Tensor v2 = as_2d(v);
   const int64_t R = v2.size(0), C = v2.size(1);
-  // The weight: both copies, once per training step, kept by this layer.
-  if (weight && cx.keys.training && w_cast_iter_ == cx.keys.iteration) return w_cast_;
-  Cast& c = weight ? w_cast_ : shared_cast(k);
-  if (weight) rowwise = colwise = true;
-  if (weight) {
-    ensure(c.q, {R, C}, dt, v.device());
-    ensure(c.qt, {C, R}, dt, v.device());
-  } else {
-    c.q = rowwise ? scratch_view(2 * k, {R, C}, dt, v.device()) : Tensor();
-    c.qt = colwise ? scratch_view(2 * k + 1, {C, R}, dt, v.device()) : Tensor();
-  }
+  // The weight too is cast when a GEMM needs it, the copy that GEMM reads (row-wise in
+  // fprop, column-wise in dgrad), into the shared scratch: no FP8 copy of any weight is
+  // kept, so FP8 adds no weight-sized memory (docs/fp8.md: 2.4 GB on GPT-3 XL), for about
+  // 0.6 ms more a step on the XL than one both-copies cast a step (more with several
+  // micro-batches: each casts the weights again).
+  Cast& c = shared_cast(k);
+  c.q = rowwise ? scratch_view(2 * k, {R, C}, dt, v.device()) : Tensor();
+  c.qt = colwise ? scratch_view(2 * k + 1, {C, R}, dt, v.device()) : Tensor();
   ensure(c.scale_inv, {1}, DType::F32, v.device());
   Tensor amax;
   const Tensor scale = scale_for(v2, k, tp_split, record, &amax, cx);
@@ -247,7 +243,6 @@ const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_sp
   } else {
     ops::fp8_cast_transpose(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
   }
-  if (weight) w_cast_iter_ = cx.keys.training ? cx.keys.iteration : -1;
   return c;
 }
 
@@ -265,7 +260,7 @@ void Fp8Linear::forward(const Tensor& x, bool x_split, const Tensor& w, const Te
     return;
   }
   const Cast& X = cast(x, kFp8Input, x_split, true, true, false, cx);
-  const Cast& W = cast(w, kFp8Weight, tp, true, true, true, cx);
+  const Cast& W = cast(w, kFp8Weight, tp, true, true, false, cx);
   Tensor y2 = as_2d(y);
   // fprop with Hopper's fast FP8 accumulation, as Transformer Engine
   ops::fp8_gemm(X.q, X.scale_inv, W.q, W.scale_inv, b, residual, false, true, y2, st);
@@ -293,7 +288,7 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
     Tensor db = weights ? b.g : Tensor();
     const Cast& G = cast(dy, kFp8Grad, dy_split, true, dx.defined(), fp8_wgrad, cx, &db, &db_done);
     if (dx.defined()) {
-      const Cast& W = cast(w.w, kFp8Weight, tp, false, true, true, cx);
+      const Cast& W = cast(w.w, kFp8Weight, tp, false, false, true, cx);
       Tensor dx2 = as_2d(dx);
       ops::fp8_gemm(G.q, G.scale_inv, W.qt, W.scale_inv, none, none, false, false, dx2, st);
     }

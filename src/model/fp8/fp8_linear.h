@@ -13,10 +13,9 @@
 // On CUDA the operands are real FP8 tensors (ops::fp8_cast_transpose: one read of the bf16
 // tensor writes the row-wise copy, the column-wise (transposed) copy and the amax) and the
 // GEMMs are cuBLASLt's FP8 GEMMs (ops::fp8_gemm) in Hopper's one layout: fprop X·Wᵀ,
-// dgrad G·(Wᵀ)ᵀ, wgrad Gᵀ·(Xᵀ)ᵀ. The weight's two FP8 copies are made once per training
-// step (keyed by the iteration; the optimizer changes weights only between steps) and
-// reused by every micro-batch's forward and backward; activations and gradients are cast
-// into scratch shared by all layers. Under the delayed recipe on CUDA the element
+// dgrad G·(Wᵀ)ᵀ, wgrad Gᵀ·(Xᵀ)ᵀ. Every operand, the weight included, is cast into scratch
+// shared by all layers, the copy its GEMM reads, right before it (no FP8 weight copy is
+// kept: FP8 adds no weight-sized memory). Under the delayed recipe on CUDA the element
 // functions next to a GEMM are taken in the cast (precast_*: GELU into fc2's input, its
 // derivative into fc1's output gradient) and every bias gradient in its gradient's cast.
 //
@@ -120,8 +119,6 @@ class Fp8Linear {
   Tensor history_, scale_;               // delayed: the persistent buffers
   mutable Tensor cur_amax_, cur_scale_;  // tensorwise: [1, 3], [3]
   mutable Tensor q_[3];                  // the quantised operands (emulation)
-  mutable Cast w_cast_;                  // the weight's FP8 copies (CUDA) ...
-  mutable int64_t w_cast_iter_ = -1;     // ... made in this training iteration
   // Bit k: operand k is already cast (precast_*), in the shared scratch; kPrecastDb: the
   // precast gradient's bias gradient is taken.
   static constexpr unsigned kPrecastDb = 1u << 3;
