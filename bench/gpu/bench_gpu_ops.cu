@@ -269,6 +269,45 @@ int main(int argc, char** argv) {
           [&] { ops::fp8_cast_transpose(x, ops::Fp8Format::E4M3, sc, q, none, amax, sinv, s); });
     bytes("fp8_cast_transpose col-only", sh, 3 * n,
           [&] { ops::fp8_cast_transpose(x, ops::Fp8Format::E4M3, sc, none, qt, amax, none, s); });
+    // The fused casts (fp8_fused.cu) against the passes they replace; bytes: the fused
+    // op's own traffic for both, so the rates compare directly.
+    Tensor db = Tensor::empty({C}, DType::F32, Device::CUDA), pre = rnd({R, C}, bf),
+           g16 = rnd({R, C}, bf), wd = rnd({C, 16}, bf), xd = rnd({R, 16}, bf);
+    ops::fill(db, 0.0, s);
+    // the bias gradient as the unfused FP8 path takes it (linear_backward's db alone)
+    auto column_sum_add = [&](const Tensor& v, Tensor& d, Stream& st) {
+      Tensor no;
+      ops::linear_backward(v, xd, wd, no, false, no, d, st);
+    };
+    bytes("fp8_cast_transpose e5m2 + dbias (unfused)", sh, 4 * n, [&] {
+      ops::fp8_cast_transpose(x, ops::Fp8Format::E5M2, sc, g, gt, amax, sinv, s);
+      column_sum_add(x, db, s);
+    });
+    bytes("fp8_cast_transpose_dbias e5m2", sh, 4 * n, [&] {
+      ops::fp8_cast_transpose_dbias(x, ops::Fp8Format::E5M2, sc, g, gt, amax, sinv, db, s);
+    });
+    bytes("fp8 gelu_forward + cast row-only (unfused)", sh, 3 * n, [&] {
+      ops::gelu_forward(pre, y, s);
+      ops::fp8_cast_transpose(y, ops::Fp8Format::E4M3, sc, q, none, amax, sinv, s);
+    });
+    bytes("fp8_gelu_cast row-only", sh, 3 * n, [&] {
+      ops::fp8_gelu_cast(pre, ops::Fp8Format::E4M3, sc, none, q, none, amax, sinv, s);
+    });
+    bytes("fp8 gelu_forward + cast col-only (unfused)", sh, 3 * n, [&] {
+      ops::gelu_forward(pre, y, s);
+      ops::fp8_cast_transpose(y, ops::Fp8Format::E4M3, sc, none, qt, none, none, s);
+    });
+    bytes("fp8_gelu_cast col-only", sh, 3 * n, [&] {
+      ops::fp8_gelu_cast(pre, ops::Fp8Format::E4M3, sc, none, none, qt, none, none, s);
+    });
+    bytes("fp8 gelu_backward + cast + dbias (unfused)", sh, 6 * n, [&] {
+      ops::gelu_backward(x, pre, g16, s);
+      ops::fp8_cast_transpose(g16, ops::Fp8Format::E5M2, sc, g, gt, amax, sinv, s);
+      column_sum_add(g16, db, s);
+    });
+    bytes("fp8_dgelu_cast + dbias", sh, 6 * n, [&] {
+      ops::fp8_dgelu_cast(x, pre, ops::Fp8Format::E5M2, sc, none, g, gt, amax, sinv, db, s);
+    });
   }
   // ---- the 16-byte vector paths at training sizes: SwiGLU of a 32768-token step with
   // F = 8192, dropout + residual of GPT-2 124M (64 x 1024 tokens, H = 768) -----------------

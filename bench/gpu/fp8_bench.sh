@@ -4,7 +4,10 @@
 # Llama-style 1B in one call (each model's bf16 and FP8 runs back to back, same micro-batch),
 # then `megatron train --device cuda --bf16 --fp8-format hybrid` for a few iterations on mock
 # data (the trainer's amax reduction and scale update). Usage: bench/gpu/fp8_bench.sh
-# [BUILD] (env: VARIANTS, default base,fp8; MODELS, default "350M XL Llama"; STEPS).
+# [BUILD] (env: VARIANTS, default base,fp8; MODELS, default "350M XL Llama"; STEPS;
+# OPS=1: first bench_gpu_ops --only fp8, the casts and the fused casts against the passes
+# they replace; PARITY=1: then scripts/fp8-parity.sh cuda with PARALLEL=1, its env passed
+# on: DATA, GPT2_DIR, OUT).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build-gpu}
@@ -13,9 +16,13 @@ m = importlib.import_module('$1')
 print(m.__file__ and os.path.dirname(m.__file__) or list(m.__path__)[0])" 2>/dev/null; }
 CUDNN_ROOT=$(pyroot nvidia.cudnn) NCCL_ROOT=$(pyroot nvidia.nccl)
 export LD_LIBRARY_PATH="${CUDNN_ROOT:+$CUDNN_ROOT/lib:}${NCCL_ROOT:+$NCCL_ROOT/lib:}${LD_LIBRARY_PATH:-}"
-cmake --build "$B" -j "$(nproc)" --target bench_gpu_train megatron > /dev/null 2>&1 ||
+cmake --build "$B" -j "$(nproc)" --target bench_gpu_train bench_gpu_ops megatron > /dev/null 2>&1 ||
   { echo "fp8_bench: build failed"; exit 1; }
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader
+if [ "${OPS:-0}" = 1 ]; then
+  echo "== bench_gpu_ops --only fp8"
+  timeout 120 "$B/bench/bench_gpu_ops" --only fp8 2>&1 | grep -E "fp8|op " | head -40
+fi
 for m in ${MODELS:-350M XL Llama}; do
   echo "== $m"
   timeout 240 "$B/bench/bench_gpu_train" --only "$m" --variants "${VARIANTS:-base,fp8}" \
@@ -28,3 +35,7 @@ timeout 120 "$B/megatron" train --device cuda --bf16 --mock-data --tokenizer-typ
   --max-position-embeddings 256 --micro-batch-size 8 --global-batch-size 32 --lr 3e-4 \
   --train-iters 30 --log-interval 10 --fp8-format hybrid --fp8-amax-history-len 8 \
   --fp8-amax-compute-algo max 2>&1 | grep -E "lm loss|rror|HINT" | tail -5
+if [ "${PARITY:-0}" = 1 ]; then
+  echo "== scripts/fp8-parity.sh cuda (bf16, hybrid delayed, hybrid tensorwise at once)"
+  PARALLEL=1 M="$B/megatron" timeout 420 scripts/fp8-parity.sh cuda
+fi

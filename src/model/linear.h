@@ -56,6 +56,14 @@ class ColumnParallelLinear {
                 const StepContext& cx);
 
   const Tensor& weight() const { return w_.w; }
+  const Fp8Linear& fp8() const { return fp8_; }
+  // FP8 with the fused casts (a GELU MLP's fc1): the output gradient
+  // gelu_backward(dact, pre) cast for the next backward, with the bias gradient
+  // (Fp8Linear::precast_dgelu_grad); dpre gets it in bf16 when still needed.
+  void fp8_precast_dgelu_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre,
+                              const StepContext& cx) const {
+    fp8_.precast_dgelu_grad(dact, pre, dpre, b_, cx);
+  }
 
  private:
   const Tensor& gathered(const Tensor& x, Workspace& ws, const StepContext& cx) const;
@@ -97,6 +105,8 @@ class RowParallelLinear {
   // between them (SwiGLU): dx = g @ w (x gives the shape only), then dw, db.
   void backward_data(const Tensor& g, const Tensor& x, Tensor& dx, const StepContext& cx) const;
   void backward_weights(const Tensor& g, const Tensor& x, const StepContext& cx);
+
+  const Fp8Linear& fp8() const { return fp8_; }
 
  private:
   ParamView w_, b_;

@@ -226,6 +226,20 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
   MCPP_DISPATCH_SHAPED(fp8_gemm, b, a, a_scale_inv, b, b_scale_inv, bias, addend, accumulate,
                        fast_accum, c, s);
 }
+void fp8_cast_transpose_dbias(const Tensor& x, Fp8Format fmt, const Tensor& scale, Tensor& q,
+                              Tensor& qt, Tensor& amax, Tensor& scale_inv, Tensor& db, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_cast_transpose_dbias, x, x, fmt, scale, q, qt, amax, scale_inv, db, s);
+}
+void fp8_gelu_cast(const Tensor& pre, Fp8Format fmt, const Tensor& scale, Tensor& act, Tensor& q,
+                   Tensor& qt, Tensor& amax, Tensor& scale_inv, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_gelu_cast, pre, pre, fmt, scale, act, q, qt, amax, scale_inv, s);
+}
+void fp8_dgelu_cast(const Tensor& dact, const Tensor& pre, Fp8Format fmt, const Tensor& scale,
+                    Tensor& dpre, Tensor& q, Tensor& qt, Tensor& amax, Tensor& scale_inv,
+                    Tensor& db, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_dgelu_cast, pre, dact, pre, fmt, scale, dpre, q, qt, amax, scale_inv,
+                       db, s);
+}
 // ---- MoE
 void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
   MCPP_DISPATCH(moe_permute, x, src, y, s);

@@ -1,6 +1,7 @@
 #include "model/fp8/fp8_linear.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "ops/ops.h"
 #include "parallel/tensor_parallel/mappings.h"
@@ -145,7 +146,7 @@ namespace {
 // kind and copy), grown to the largest tensor: each is read by the GEMM right after it on
 // the same stream, so a later layer may overwrite it.
 Tensor scratch_view(int slot, const Shape& shape, DType dt, Device dev) {
-  static Tensor pool[6];
+  static Tensor pool[6];  // operand k: slot 2k row-wise, 2k + 1 column-wise
   Tensor& buf = pool[slot];
   const int64_t n = shape_numel(shape);
   if (!buf.defined() || buf.numel() < n || buf.dtype() != dt || buf.device() != dev)
@@ -155,33 +156,93 @@ Tensor scratch_view(int slot, const Shape& shape, DType dt, Device dev) {
 
 Tensor as_2d(const Tensor& t) { return t.view({t.numel() / t.size(-1), t.size(-1)}); }
 
+// The bf16 tensors the fused casts take: every dimension the FP8 GEMMs accept (multiples
+// of 16), 16-byte aligned.
+bool fusable(const Tensor& v) {
+  if (v.dtype() != DType::BF16 || v.device() != Device::CUDA || v.dim() < 2) return false;
+  const int64_t C = v.size(-1), R = v.numel() / std::max<int64_t>(C, 1);
+  return R % 16 == 0 && C % 16 == 0 && (reinterpret_cast<uintptr_t>(v.raw()) & 15) == 0;
+}
+
 }  // namespace
 
+Fp8Linear::Cast& Fp8Linear::shared_cast(int k) {
+  static Cast shared[3];
+  return shared[k];
+}
+
+bool Fp8Linear::fused(const Tensor& v, const StepContext& cx) const {
+  return on(cx) && cx.cfg->fp8.delayed() && fusable(v);
+}
+
+void Fp8Linear::precast_gelu_input(const Tensor& pre, Tensor& act, bool backward,
+                                   const StepContext& cx) const {
+  const Fp8Config& f = cx.cfg->fp8;
+  const Tensor p2 = as_2d(pre);
+  const int64_t R = p2.size(0), C = p2.size(1);
+  Cast& c = shared_cast(kFp8Input);
+  c.q = !backward ? scratch_view(2 * kFp8Input, {R, C}, DType::FP8E4M3, pre.device()) : Tensor();
+  c.qt = backward ? scratch_view(2 * kFp8Input + 1, {C, R}, DType::FP8E4M3, pre.device()) : Tensor();
+  ensure(c.scale_inv, {1}, DType::F32, pre.device());
+  Tensor amax;
+  const Tensor scale = scale_for(p2, kFp8Input, false, !backward, &amax, cx);
+  Tensor a2 = act.defined() ? as_2d(act) : Tensor();
+  ops::fp8_gelu_cast(p2, format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
+                     cx.stream());
+  precast_ |= 1u << kFp8Input;
+}
+
+void Fp8Linear::precast_dgelu_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre,
+                                   const ParamView& b, const StepContext& cx) const {
+  const Fp8Config& f = cx.cfg->fp8;
+  const ops::Fp8Format fmt = format_of(f, kFp8Grad);
+  const DType dt = fmt == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
+  const Tensor d2 = as_2d(dact), p2 = as_2d(pre);
+  const int64_t R = d2.size(0), C = d2.size(1);
+  Cast& c = shared_cast(kFp8Grad);
+  c.q = scratch_view(2 * kFp8Grad, {R, C}, dt, dact.device());
+  c.qt = wgrad(cx) ? scratch_view(2 * kFp8Grad + 1, {C, R}, dt, dact.device()) : Tensor();
+  ensure(c.scale_inv, {1}, DType::F32, dact.device());
+  Tensor amax;
+  const Tensor scale = scale_for(d2, kFp8Grad, false, true, &amax, cx);
+  Tensor out = wgrad(cx) ? Tensor() : as_2d(dpre);
+  Tensor db = b.g;
+  ops::fp8_dgelu_cast(d2, p2, fmt, scale, out, c.q, c.qt, amax, c.scale_inv, db, cx.stream());
+  precast_ |= 1u << kFp8Grad;
+  if (db.defined()) precast_ |= kPrecastDb;
+}
+
 const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_split, bool record,
-                                       bool rowwise, bool colwise, const StepContext& cx) const {
+                                       bool rowwise, bool colwise, const StepContext& cx,
+                                       Tensor* db, bool* db_done) const {
   const Fp8Config& f = cx.cfg->fp8;
   const DType dt = format_of(f, k) == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
+  if ((precast_ >> k) & 1u) {  // cast already by a fused kernel
+    if (db_done && (precast_ & kPrecastDb)) *db_done = true;
+    return shared_cast(k);
+  }
   const Tensor v2 = as_2d(v);
   const int64_t R = v2.size(0), C = v2.size(1);
-  const bool weight = k == kFp8Weight;
-  // The weight: both copies, once per training step, kept by this layer.
-  if (weight && cx.keys.training && w_cast_iter_ == cx.keys.iteration) return w_cast_;
-  static Cast shared[3];
-  Cast& c = weight ? w_cast_ : shared[k];
-  if (weight) rowwise = colwise = true;
-  if (weight) {
-    ensure(c.q, {R, C}, dt, v.device());
-    ensure(c.qt, {C, R}, dt, v.device());
-  } else {
-    c.q = rowwise ? scratch_view(2 * k, {R, C}, dt, v.device()) : Tensor();
-    c.qt = colwise ? scratch_view(2 * k + 1, {C, R}, dt, v.device()) : Tensor();
-  }
+  // The weight too is cast when a GEMM needs it, the copy that GEMM reads (row-wise in
+  // fprop, column-wise in dgrad), into the shared scratch: no FP8 copy of any weight is
+  // kept, so FP8 adds no weight-sized memory (docs/fp8.md: 2.4 GB on GPT-3 XL), for about
+  // 0.6 ms more a step on the XL than one both-copies cast a step (more with several
+  // micro-batches: each casts the weights again).
+  Cast& c = shared_cast(k);
+  c.q = rowwise ? scratch_view(2 * k, {R, C}, dt, v.device()) : Tensor();
+  c.qt = colwise ? scratch_view(2 * k + 1, {C, R}, dt, v.device()) : Tensor();
   ensure(c.scale_inv, {1}, DType::F32, v.device());
   Tensor amax;
   const Tensor scale = scale_for(v2, k, tp_split, record, &amax, cx);
   Tensor q = rowwise ? c.q : Tensor(), qt = colwise ? c.qt : Tensor();
-  ops::fp8_cast_transpose(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
-  if (weight) w_cast_iter_ = cx.keys.training ? cx.keys.iteration : -1;
+  if (db && db->defined() && (rowwise || colwise) && fusable(v2)) {
+    // the bias gradient from the same read (its column sums)
+    ops::fp8_cast_transpose_dbias(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, *db,
+                                  cx.stream());
+    if (db_done) *db_done = true;
+  } else {
+    ops::fp8_cast_transpose(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
+  }
   return c;
 }
 
@@ -199,7 +260,7 @@ void Fp8Linear::forward(const Tensor& x, bool x_split, const Tensor& w, const Te
     return;
   }
   const Cast& X = cast(x, kFp8Input, x_split, true, true, false, cx);
-  const Cast& W = cast(w, kFp8Weight, tp, true, true, true, cx);
+  const Cast& W = cast(w, kFp8Weight, tp, true, true, false, cx);
   Tensor y2 = as_2d(y);
   // fprop with Hopper's fast FP8 accumulation, as Transformer Engine
   ops::fp8_gemm(X.q, X.scale_inv, W.q, W.scale_inv, b, residual, false, true, y2, st);
@@ -212,6 +273,7 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
   Tensor none;
   const bool tp = cx.tp_comm != nullptr;
   const bool fp8_wgrad = weights && w.g.defined() && wgrad(cx);
+  bool db_done = false;  // the bias gradient taken in the gradient's cast
   if (dy.device() == Device::CPU) {  // the emulation
     const Tensor& gq = quantize(dy, kFp8Grad, dy_split, true, cx);
     if (dx.defined())
@@ -223,9 +285,10 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
                            none, st);
     }
   } else {
-    const Cast& G = cast(dy, kFp8Grad, dy_split, true, dx.defined(), fp8_wgrad, cx);
+    Tensor db = weights ? b.g : Tensor();
+    const Cast& G = cast(dy, kFp8Grad, dy_split, true, dx.defined(), fp8_wgrad, cx, &db, &db_done);
     if (dx.defined()) {
-      const Cast& W = cast(w.w, kFp8Weight, tp, false, true, true, cx);
+      const Cast& W = cast(w.w, kFp8Weight, tp, false, false, true, cx);
       Tensor dx2 = as_2d(dx);
       ops::fp8_gemm(G.q, G.scale_inv, W.qt, W.scale_inv, none, none, false, false, dx2, st);
     }
@@ -239,7 +302,7 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
     Tensor dw = w.g;
     ops::linear_backward(dy, x, w.w, none, false, dw, none, st);
   }
-  if (weights && b.g.defined()) {  // from the unquantised gradient, as Transformer Engine's dbias
+  if (weights && b.g.defined() && !db_done) {  // from the unquantised gradient (TE's dbias)
     Tensor db = b.g;
     ops::linear_backward(dy, x, w.w, none, false, none, db, st);
   }

@@ -13,10 +13,11 @@
 // On CUDA the operands are real FP8 tensors (ops::fp8_cast_transpose: one read of the bf16
 // tensor writes the row-wise copy, the column-wise (transposed) copy and the amax) and the
 // GEMMs are cuBLASLt's FP8 GEMMs (ops::fp8_gemm) in Hopper's one layout: fprop X·Wᵀ,
-// dgrad G·(Wᵀ)ᵀ, wgrad Gᵀ·(Xᵀ)ᵀ. The weight's two FP8 copies are made once per training
-// step (keyed by the iteration; the optimizer changes weights only between steps) and
-// reused by every micro-batch's forward and backward; activations and gradients are cast
-// into scratch shared by all layers.
+// dgrad G·(Wᵀ)ᵀ, wgrad Gᵀ·(Xᵀ)ᵀ. Every operand, the weight included, is cast into scratch
+// shared by all layers, the copy its GEMM reads, right before it (no FP8 weight copy is
+// kept: FP8 adds no weight-sized memory). Under the delayed recipe on CUDA the element
+// functions next to a GEMM are taken in the cast (precast_*: GELU into fc2's input, its
+// derivative into fc1's output gradient) and every bias gradient in its gradient's cast.
 //
 // Scaling, per tensor:
 //   delayed (default): scale = fp8_max / amax / 2^margin from the amax history, persistent
@@ -79,6 +80,24 @@ class Fp8Linear {
                          const StepContext& cx) const;
   bool wgrad(const StepContext& cx) const { return cx.cfg->fp8.wgrad; }
 
+  // The fused casts (CUDA, bf16, delayed scaling: the scale is known before the tensor is
+  // read, so the element function, the cast and the amax are one pass; ops' fp8_*_cast).
+  // Whether they apply to v (a [.., C] bf16 tensor) in this pass.
+  bool fused(const Tensor& v, const StepContext& cx) const;
+  // fc2 of a GELU MLP: its input a = gelu(pre) cast from pre by fp8_gelu_cast, used by the
+  // next forward (row-wise copy, amax recorded; act, when defined, gets a in bf16 too) or,
+  // with `backward`, by the next backward's wgrad (column-wise copy, nothing recorded).
+  void precast_gelu_input(const Tensor& pre, Tensor& act, bool backward,
+                          const StepContext& cx) const;
+  // fc1 of a GELU MLP: its output gradient g = gelu_backward(dact, pre) cast by
+  // fp8_dgelu_cast (both copies, amax recorded) with the bias gradient b.g += sum g; g is
+  // written to dpre only when the next backward still reads the bf16 gradient
+  // (--no-fp8-wgrad). dpre may be dact (in place).
+  void precast_dgelu_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre, const ParamView& b,
+                          const StepContext& cx) const;
+  // Forget the precast operands (the caller, once the GEMMs that read them are issued).
+  void clear_precast() const { precast_ = 0; }
+
  private:
   struct Cast {  // a real FP8 operand (CUDA): row-wise, column-wise, 1/scale
     Tensor q, qt, scale_inv;
@@ -88,15 +107,22 @@ class Fp8Linear {
   // from v's own amax (over TP when tp_split).
   Tensor scale_for(const Tensor& v, Fp8Operand k, bool tp_split, bool record, Tensor* fused_amax,
                    const StepContext& cx) const;
+  // db (an output gradient's cast only): when given and the fused cast applies, db += the
+  // column sums of v in the same pass, and *db_done is set.
+  // Activation and gradient casts, shared by every layer (operand k's slot).
+  static Cast& shared_cast(int k);
   const Cast& cast(const Tensor& v, Fp8Operand k, bool tp_split, bool record, bool rowwise,
-                   bool colwise, const StepContext& cx) const;
+                   bool colwise, const StepContext& cx, Tensor* db = nullptr,
+                   bool* db_done = nullptr) const;
 
   int layer_ = -1;
   Tensor history_, scale_;               // delayed: the persistent buffers
   mutable Tensor cur_amax_, cur_scale_;  // tensorwise: [1, 3], [3]
   mutable Tensor q_[3];                  // the quantised operands (emulation)
-  mutable Cast w_cast_;                  // the weight's FP8 copies (CUDA) ...
-  mutable int64_t w_cast_iter_ = -1;     // ... made in this training iteration
+  // Bit k: operand k is already cast (precast_*), in the shared scratch; kPrecastDb: the
+  // precast gradient's bias gradient is taken.
+  static constexpr unsigned kPrecastDb = 1u << 3;
+  mutable unsigned precast_ = 0;
 };
 
 }  // namespace mcpp::model

@@ -107,4 +107,20 @@ void fp8_gemm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const 
                   "fp8_gemm: FP8 GEMMs are a CUDA-backend path");
 }
 
+void fp8_cast_transpose_dbias(const Tensor&, Fp8Format, const Tensor&, Tensor&, Tensor&, Tensor&,
+                              Tensor&, Tensor&, Stream&) {
+  MCPP_CHECK_HINT(false, "--fp8-format on --device cpu runs the emulation (fp8_quantize)",
+                  "fp8_cast_transpose_dbias: FP8 tensors are a CUDA-backend path");
+}
+void fp8_gelu_cast(const Tensor&, Fp8Format, const Tensor&, Tensor&, Tensor&, Tensor&, Tensor&,
+                   Tensor&, Stream&) {
+  MCPP_CHECK_HINT(false, "--fp8-format on --device cpu runs the emulation (fp8_quantize)",
+                  "fp8_gelu_cast: FP8 tensors are a CUDA-backend path");
+}
+void fp8_dgelu_cast(const Tensor&, const Tensor&, Fp8Format, const Tensor&, Tensor&, Tensor&,
+                    Tensor&, Tensor&, Tensor&, Tensor&, Stream&) {
+  MCPP_CHECK_HINT(false, "--fp8-format on --device cpu runs the emulation (fp8_quantize)",
+                  "fp8_dgelu_cast: FP8 tensors are a CUDA-backend path");
+}
+
 }  // namespace mcpp::ops::cpu

@@ -1,0 +1,277 @@
+// Fused FP8 casts on CUDA (catalogue.inc's FP8 section, docs/fp8.md "Fused casts"): the
+// element functions next to an FP8 GEMM taken inside the cast that feeds it, so each
+// removes a whole pass over a bf16 tensor:
+//   fp8_cast_transpose_dbias  the cast of an output gradient + its column sums (the bias
+//                             gradient) from the same registers
+//   fp8_gelu_cast             a = gelu(pre) cast for fc2 (GELU MLP), a kept in bf16 only
+//                             when asked
+//   fp8_dgelu_cast            g = dact * gelu'(pre) cast for fc1's backward, + its bias
+//                             gradient, g kept in bf16 only when asked
+// Each applies the element function of ops/cuda/activations.cu (the same float
+// expression, rounded to bf16 as gelu_forward / gelu_backward write it) and then exactly
+// fp8_cast_transpose's conversion (cvt.rn.satfinite of v * scale) and amax (packed max over
+// the bf16 magnitudes, NaN above Inf): its FP8 bytes and amax equal the unfused composition
+// byte for byte (tests/gpu/test_fp8_fused_gpu.cpp). The column sums go through a fixed
+// order (per 128-row tile, then the tiles in order): deterministic, but not the order of
+// linear_backward's column_reduce_add, so db may differ from it in the last bits.
+//
+// Layout as fp8.cu's cast_transpose_vec_kernel: bf16 x [R, C], R and C multiples of 16,
+// 16-byte aligned pointers; a block of 32 x 4 threads owns a 128 x 64 tile, thread (tx, ty)
+// rows 4tx..4tx+3 and columns 16ty..16ty+15; the column-wise copy through a shared tile.
+#include <cuda_fp8.h>
+
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+
+namespace {
+
+constexpr int kRows = 128, kCols = 64, kPitch = kRows / 4 + 4;  // pitch: 32-bit words
+
+// activations.cu's GELU and its derivative, the same expressions (bit-identical results).
+constexpr float kK0 = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kK1 = 0.044715f;
+__device__ __forceinline__ float gelu_f(float x) {
+  float t = tanhf(kK0 * (x + kK1 * x * x * x));
+  return 0.5f * x * (1.f + t);
+}
+__device__ __forceinline__ float gelu_grad_f(float x) {
+  float t = tanhf(kK0 * (x + kK1 * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kK0 * (1.f + 3.f * kK1 * x * x);
+}
+
+enum Pro : int { kNone = 0, kGelu = 1, kDgelu = 2 };
+
+__device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ uint32_t bf_bits(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// Two bf16 values (one word) through the element function; b: pre for kDgelu.
+template <int PRO>
+__device__ __forceinline__ uint32_t apply(uint32_t a, uint32_t b) {
+  if (PRO == kGelu) return bf_bits(gelu_f(lo_f(a))) | (bf_bits(gelu_f(hi_f(a))) << 16);
+  if (PRO == kDgelu)
+    return bf_bits(lo_f(a) * gelu_grad_f(lo_f(b))) | (bf_bits(hi_f(a) * gelu_grad_f(hi_f(b))) << 16);
+  return a;
+}
+
+template <bool E4M3>
+__device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
+  const float2 f = make_float2(lo_f(bf2) * sc, hi_f(bf2) * sc);
+  return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// q, qt, out16, amax, scale_inv, dbp: each skipped when null. dbp: [gridDim.y, C] partial
+// column sums (one row per 128-row tile).
+template <bool E4M3, int PRO>
+__global__ void __launch_bounds__(128)
+    fused_cast_kernel(const bf16* x, const bf16* __restrict__ x2, int64_t R, int64_t C,
+                      const float* __restrict__ scale, uint8_t* __restrict__ q,
+                      uint8_t* __restrict__ qt, bf16* out16, float* amax,
+                      float* scale_inv, float* __restrict__ dbp) {
+  __shared__ uint4 tile_storage[kCols * kPitch / 4];
+  __shared__ unsigned wmax[4];
+  uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
+  const float sc = *scale;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t r0 = int64_t(blockIdx.y) * kRows, c0 = int64_t(blockIdx.x) * kCols;
+  const int64_t cb = c0 + 16 * ty;
+  uint4 in[4][2], in2[4][2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + 4 * tx + i;
+    const bool ok = cb < C && r < R;
+    const uint4 z = make_uint4(0, 0, 0, 0);  // zeros: f(0) = 0, no amax, no sum, not stored
+    in[i][0] = ok ? reinterpret_cast<const uint4*>(x + r * C + cb)[0] : z;
+    in[i][1] = ok ? reinterpret_cast<const uint4*>(x + r * C + cb)[1] : z;
+    in2[i][0] = PRO == kDgelu && ok ? reinterpret_cast<const uint4*>(x2 + r * C + cb)[0] : z;
+    in2[i][1] = PRO == kDgelu && ok ? reinterpret_cast<const uint4*>(x2 + r * C + cb)[1] : z;
+  }
+  float cs[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) cs[j] = 0.f;
+  uint32_t m2 = 0, w[4][4];  // w[i][k]: the FP8 bytes of row i, columns 4k..4k+3
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
+                     in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
+    if (PRO != kNone) {
+      const uint32_t p[8] = {in2[i][0].x, in2[i][0].y, in2[i][0].z, in2[i][0].w,
+                             in2[i][1].x, in2[i][1].y, in2[i][1].z, in2[i][1].w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = apply<PRO>(v[k], p[k]);
+    }
+    const int64_t r = r0 + 4 * tx + i;
+    const bool ok = cb < C && r < R;
+    if (out16 && ok) {
+      uint4* o = reinterpret_cast<uint4*>(out16 + r * C + cb);
+      o[0] = make_uint4(v[0], v[1], v[2], v[3]);
+      o[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    }
+    if (dbp)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        cs[2 * k] += lo_f(v[k]);
+        cs[2 * k + 1] += hi_f(v[k]);
+      }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
+      w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
+    }
+    if (q && ok)
+      *reinterpret_cast<uint4*>(q + r * C + cb) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
+  }
+  if (qt) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // columns 4k..4k+3 of rows 0..3 -> 4 words of 4 rows
+      const uint32_t lo01 = __byte_perm(w[0][k], w[1][k], 0x5140),
+                     lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),
+                     hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),
+                     hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);
+      uint32_t* col = tile + (16 * ty + 4 * k) * kPitch + tx;
+      col[0] = __byte_perm(lo01, lo23, 0x5410);
+      col[kPitch] = __byte_perm(lo01, lo23, 0x7632);
+      col[2 * kPitch] = __byte_perm(hi01, hi23, 0x5410);
+      col[3 * kPitch] = __byte_perm(hi01, hi23, 0x7632);
+    }
+  }
+  if (dbp) {
+    // The warp (one ty) holds columns cb..cb+15 of all 128 rows: a butterfly over its 32
+    // lanes (every lane ends with the same sums, in one fixed order), lane 0 writes them.
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], o);
+    if (tx == 0 && cb < C) {
+      float* p = dbp + int64_t(blockIdx.y) * C + cb;
+#pragma unroll
+      for (int j = 0; j < 16; j += 4)
+        *reinterpret_cast<float4*>(p + j) = make_float4(cs[j], cs[j + 1], cs[j + 2], cs[j + 3]);
+    }
+  }
+  if (amax) {
+    unsigned m = max(m2 & 0xffffu, m2 >> 16);
+    m = m > 0x7f80u ? 0x7fc00000u : m << 16;  // as abs_bits of the float
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (tx == 0) wmax[ty] = m;
+  }
+  __syncthreads();
+  if (amax && tx == 0 && ty == 0)
+    atomicMax(reinterpret_cast<unsigned*>(amax), max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
+  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
+  if (qt) {
+    const int t = ty * 32 + tx;
+#pragma unroll
+    for (int it = 0; it < kCols * 8 / 128; ++it) {
+      const int idx = t + 128 * it, c = idx / 8, part = idx % 8;  // rows 16 part .. +15
+      const int64_t cg = c0 + c, rr = r0 + 16 * part;
+      if (cg < C && rr < R)
+        *reinterpret_cast<uint4*>(qt + cg * R + rr) =
+            *reinterpret_cast<const uint4*>(tile + c * kPitch + 4 * part);
+    }
+  }
+}
+
+// db[c] += the tiles' partial sums, in tile order.
+__global__ void dbias_finish_kernel(const float* __restrict__ p, int64_t tiles, int64_t C,
+                                    float* __restrict__ db) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int64_t t = 0; t < tiles; ++t) s += p[t * C + c];
+    db[c] += s;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The checks every fused cast shares, then the launch. x2: pre (kDgelu) or undefined.
+void fused_cast(const char* op, int pro, const Tensor& x, const Tensor& x2, Fp8Format fmt,
+                const Tensor& scale, Tensor& out16, Tensor& q, Tensor& qt, Tensor& amax,
+                Tensor& scale_inv, Tensor& db, Stream& s) {
+  check_cuda(x, op, "x");
+  MCPP_CHECK(x.dtype() == DType::BF16 && x.dim() == 2, "{}: x {} must be bf16 [R, C]", op, x.str());
+  const int64_t R = x.size(0), C = x.size(1);
+  MCPP_CHECK_HINT(R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) && R <= 65535LL * kRows,
+                  "the FP8 path keeps every dimension a multiple of 16 (docs/fp8.md)",
+                  "{}: x {} needs both dimensions multiples of 16, 16-byte aligned", op, x.str());
+  check_f32(scale, op, "scale");
+  check_numel(scale, 1, op, "scale");
+  const DType f8 = fmt == Fp8Format::E4M3 ? DType::FP8E4M3 : DType::FP8E5M2;
+  auto check_same = [&](const Tensor& t, const char* name, DType dt, const Shape& shape) {
+    if (!t.defined()) return;
+    check_cuda(t, op, name);
+    MCPP_CHECK(t.dtype() == dt && t.shape() == shape && aligned16(t.raw()),
+               "{}: {} is {}, expected {} [{}, {}], 16-byte aligned", op, name, t.str(),
+               dtype_name(dt), shape[0], shape[1]);
+  };
+  check_same(x2, "pre", DType::BF16, x.shape());
+  check_same(out16, "out", DType::BF16, x.shape());
+  check_same(q, "q", f8, x.shape());
+  check_same(qt, "qt", f8, Shape{C, R});
+  if (amax.defined()) check_f32(amax, op, "amax");
+  if (scale_inv.defined()) check_f32(scale_inv, op, "scale_inv");
+  if (db.defined()) {
+    check_f32(db, op, "db");
+    check_numel(db, C, op, "db");
+  }
+  if (R == 0 || C == 0) return;
+  const dim3 block(32, 4), grid(unsigned((C + kCols - 1) / kCols), unsigned((R + kRows - 1) / kRows));
+  Tensor partial;
+  if (db.defined()) partial = Tensor::empty({int64_t(grid.y), C}, DType::F32, Device::CUDA);
+  const auto* xp = static_cast<const bf16*>(x.raw());
+  const auto* x2p = x2.defined() ? static_cast<const bf16*>(x2.raw()) : nullptr;
+  auto* qp = q.defined() ? static_cast<uint8_t*>(q.raw()) : nullptr;
+  auto* qtp = qt.defined() ? static_cast<uint8_t*>(qt.raw()) : nullptr;
+  auto* op16 = out16.defined() ? static_cast<bf16*>(out16.raw()) : nullptr;
+  float* ap = amax.defined() ? amax.data<float>() : nullptr;
+  float* sip = scale_inv.defined() ? scale_inv.data<float>() : nullptr;
+  float* pp = partial.defined() ? partial.data<float>() : nullptr;
+  const float* scp = scale.data<float>();
+  cudaStream_t st = stream_of(s);
+#define MCPP_FUSED_LAUNCH(E4, P) \
+  fused_cast_kernel<E4, P><<<grid, block, 0, st>>>(xp, x2p, R, C, scp, qp, qtp, op16, ap, sip, pp)
+  const bool e4 = fmt == Fp8Format::E4M3;
+  if (pro == kGelu) {
+    if (e4) MCPP_FUSED_LAUNCH(true, kGelu); else MCPP_FUSED_LAUNCH(false, kGelu);
+  } else if (pro == kDgelu) {
+    if (e4) MCPP_FUSED_LAUNCH(true, kDgelu); else MCPP_FUSED_LAUNCH(false, kDgelu);
+  } else {
+    if (e4) MCPP_FUSED_LAUNCH(true, kNone); else MCPP_FUSED_LAUNCH(false, kNone);
+  }
+#undef MCPP_FUSED_LAUNCH
+  CUDA_CHECK(cudaGetLastError());
+  if (pp) {
+    dbias_finish_kernel<<<grid_for(C, 256), 256, 0, st>>>(pp, int64_t(grid.y), C, db.data<float>());
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace
+
+void fp8_cast_transpose_dbias(const Tensor& x, Fp8Format fmt, const Tensor& scale, Tensor& q,
+                              Tensor& qt, Tensor& amax, Tensor& scale_inv, Tensor& db,
+                              Stream& s) {
+  Tensor none;
+  fused_cast("fp8_cast_transpose_dbias", kNone, x, none, fmt, scale, none, q, qt, amax, scale_inv,
+             db, s);
+}
+
+void fp8_gelu_cast(const Tensor& pre, Fp8Format fmt, const Tensor& scale, Tensor& act, Tensor& q,
+                   Tensor& qt, Tensor& amax, Tensor& scale_inv, Stream& s) {
+  Tensor none;
+  fused_cast("fp8_gelu_cast", kGelu, pre, none, fmt, scale, act, q, qt, amax, scale_inv, none, s);
+}
+
+void fp8_dgelu_cast(const Tensor& dact, const Tensor& pre, Fp8Format fmt, const Tensor& scale,
+                    Tensor& dpre, Tensor& q, Tensor& qt, Tensor& amax, Tensor& scale_inv,
+                    Tensor& db, Stream& s) {
+  MCPP_CHECK(pre.defined(), "fp8_dgelu_cast: pre is required");
+  fused_cast("fp8_dgelu_cast", kDgelu, dact, pre, fmt, scale, dpre, q, qt, amax, scale_inv, db, s);
+}
+
+}  // namespace mcpp::ops::cuda
