@@ -303,3 +303,63 @@ TEST(TorchPickle, TruncatedAndCorruptPicklesGiveErrors) {
 
 }  // namespace
 }  // namespace mcpp
+
+namespace mcpp {
+namespace {
+
+// Copies a torch_dist fixture and rewrites a 12-character string of its .metadata pickle
+// (same length: the pickle stays well-formed) to `to`.
+std::string hostile_dist(const std::string& from, const std::string& to) {
+  const std::string dir = testing::scratch_dir() + "/dist";
+  fs::create_directories(dir + "/iter_0000010");
+  fs::copy(fixture("gpt_dist/iter_0000010"), dir + "/iter_0000010",
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  testing::write_bytes(dir + "/latest_checkpointed_iteration.txt", "10");
+  std::string md = testing::read_bytes(dir + "/iter_0000010/.metadata");
+  EXPECT_EQ(from.size(), to.size());
+  int n = 0;
+  for (size_t p = md.find(from); p != std::string::npos; p = md.find(from, p + 1), ++n)
+    md.replace(p, from.size(), to);
+  EXPECT_GT(n, 0);
+  testing::write_bytes(dir + "/iter_0000010/.metadata", md);
+  return dir;
+}
+
+std::string read_error(const std::string& dir) {
+  try {
+    mg::read(*mg::detect(dir));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MegatronImport, TorchDistStorageOutsideTheFolderIsRefused) {
+  const std::string m = read_error(hostile_dist("__0_0.distcp", "../0_0.distc"));
+  EXPECT_NE(m.find("is not a file name inside the folder"), std::string::npos) << m;
+}
+
+TEST(MegatronImport, TorchDistMissingOrTruncatedShardFileIsAnError) {
+  std::string m = read_error(hostile_dist("__0_0.distcp", "__9_9.distcp"));
+  EXPECT_NE(m.find("__9_9.distcp"), std::string::npos) << m;
+  const std::string dir = hostile_dist("__0_0.distcp", "__0_0.distcp");
+  const std::string shard = dir + "/iter_0000010/__0_0.distcp";
+  const std::string b = testing::read_bytes(shard);
+  testing::write_bytes(shard, b.substr(0, b.size() / 2));
+  m = read_error(dir);
+  EXPECT_NE(m.find("lie outside"), std::string::npos) << m;
+}
+
+TEST(MegatronImport, InspectDescribesTheCheckpoint) {
+  auto lines = mg::describe(*mg::detect(fixture("llama_legacy")));
+  std::string all;
+  for (auto& l : lines) all += l + "\n";
+  EXPECT_NE(all.find("legacy (torch) layout, iteration 10"), std::string::npos) << all;
+  EXPECT_NE(all.find("TP 2 x PP 2"), std::string::npos) << all;
+  EXPECT_NE(all.find("query groups 2"), std::string::npos) << all;
+  EXPECT_NE(all.find("Llama-style"), std::string::npos) << all;
+  EXPECT_NE(all.find("megatron convert --from-megatron"), std::string::npos) << all;
+}
+
+}  // namespace
+}  // namespace mcpp

@@ -89,6 +89,9 @@ class TorchFile {
 
 // Elements of a DType as torch stores them (bytes per element), for storage classes.
 int64_t torch_dtype_size(DType t);
+// A storage class ("torch.BFloat16Storage") -> its dtype and element size; false when the
+// class is unknown or its elements are of a type megatron.cpp does not read.
+bool storage_class(const std::string& cls, DType& dtype, int64_t& elem_size);
 // "torch.float32" -> F32 etc.; false if the global names no supported dtype.
 bool torch_dtype_from_global(const std::string& name, DType& out);
 // Converts n elements of raw little-endian `src` (dtype `from`) into `dst` (F32 or F64).
