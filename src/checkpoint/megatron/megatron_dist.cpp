@@ -9,7 +9,11 @@
 // A chunk's bytes are a torch.save archive of the chunk tensor (what FileSystemWriter
 // writes), or, failing the zip signature, its raw little-endian elements. Chunks are placed
 // at their offsets in the global tensor; every element must be covered exactly once.
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <set>
 
 #include "base/error.h"

@@ -1,10 +1,15 @@
 #include "checkpoint/megatron/megatron_import.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <memory>
 #include <set>
+#include <tuple>
 
 #include "base/error.h"
 #include "base/log.h"

@@ -34,7 +34,7 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
   }
   if (im.had_optimizer)
     log::warn("{} holds optimizer state; it is not imported (the Adam moments restart from "
-              "zero): continue with --finetune, or train from the imported weights",
+              "zero): train on with --load OUT --finetune (or --no-load-optim)",
               d->iter_dir);
   TrainingState st;  // iteration 0: a starting point, as convert --from-hf writes
   st.rng_seed = im.config.seed;

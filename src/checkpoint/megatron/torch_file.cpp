@@ -1,6 +1,8 @@
 // TorchFile and element conversion of torch_pickle.h: a torch.save archive's data.pkl and
 // the tensors it references, read with bounds checks against the storage entries.
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "base/error.h"
 #include "checkpoint/megatron/torch_pickle.h"

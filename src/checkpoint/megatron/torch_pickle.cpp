@@ -1,6 +1,8 @@
 #include "checkpoint/megatron/torch_pickle.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <map>
 #include <set>
 #include <unordered_map>
