@@ -363,3 +363,173 @@ TEST(MegatronImport, InspectDescribesTheCheckpoint) {
 
 }  // namespace
 }  // namespace mcpp
+
+namespace mcpp {
+namespace {
+
+// A protocol-2 pickle written by hand: a torch.distributed.checkpoint Metadata whose tensors
+// come in several chunks (what a TP x PP Megatron save writes), for the chunk placement.
+struct PickleWriter {
+  std::string b = BIN("\x80\x02");
+  void u32(uint32_t v) {
+    for (int k = 0; k < 4; ++k) b += char(v >> (8 * k));
+  }
+  void str(const std::string& s) { b += 'X', u32(uint32_t(s.size())), b += s; }
+  void num(int64_t v) { b += 'J', u32(uint32_t(int32_t(v))); }
+  void glob(const std::string& m, const std::string& n) { b += "c" + m + "\n" + n + "\n"; }
+  void size(const std::vector<int64_t>& v) {
+    glob("torch", "Size");
+    b += '(';
+    for (auto x : v) num(x);
+    b += "t\x85R";
+  }
+  void obj_begin(const std::string& m, const std::string& n) { glob(m, n), b += ")\x81}("; }
+  void obj_end() { b += "ub"; }
+};
+
+struct Chunk {
+  std::vector<int64_t> off, sz;
+};
+struct DistTensor {
+  std::string key;
+  std::vector<int64_t> shape;
+  std::vector<Chunk> chunks;
+};
+
+// Writes iter_0000010/{.metadata, __0_0.distcp (raw f32), common.pt, metadata.json}; element
+// e of each global tensor holds the value e.
+std::string write_chunked_dist(const std::vector<DistTensor>& ts) {
+  const std::string dir = testing::scratch_dir() + "/iter_0000010";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("gpt_dist/iter_0000010/common.pt"), dir + "/common.pt");
+  fs::copy_file(fixture("gpt_dist/iter_0000010/metadata.json"), dir + "/metadata.json");
+  const std::string M = "torch.distributed.checkpoint.metadata";
+  PickleWriter p;
+  std::string data;
+  struct Where {
+    std::string key;
+    Chunk c;
+    int64_t offset, length;
+  };
+  std::vector<Where> where;
+  p.obj_begin(M, "Metadata");
+  p.str("state_dict_metadata");
+  p.b += "}(";
+  for (const auto& t : ts) {
+    p.str(t.key);
+    p.obj_begin(M, "TensorStorageMetadata");
+    p.str("properties");
+    p.obj_begin(M, "TensorProperties");
+    p.str("dtype");
+    p.glob("torch", "float32");
+    p.obj_end();
+    p.str("size");
+    p.size(t.shape);
+    p.str("chunks");
+    p.b += "](";
+    for (const auto& c : t.chunks) {
+      p.obj_begin(M, "ChunkStorageMetadata");
+      p.str("offsets");
+      p.size(c.off);
+      p.str("sizes");
+      p.size(c.sz);
+      p.obj_end();
+      // the chunk's elements, row-major, each the flat index of its global position
+      const size_t nd = t.shape.size();
+      int64_t n = 1;
+      for (auto s : c.sz) n *= s;
+      const int64_t start = int64_t(data.size());
+      for (int64_t e = 0; e < n; ++e) {
+        int64_t rem = e, g = 0, stride = 1;
+        for (size_t d = nd; d-- > 0;) {
+          g += (c.off[d] + rem % c.sz[d]) * stride;
+          rem /= c.sz[d], stride *= t.shape[d];
+        }
+        float v = float(g);
+        data.append(reinterpret_cast<const char*>(&v), 4);
+      }
+      where.push_back({t.key, c, start, int64_t(data.size()) - start});
+    }
+    p.b += "e";
+    p.obj_end();
+  }
+  p.b += "u";
+  p.str("storage_data");
+  p.b += "}(";
+  for (const auto& w : where) {
+    p.obj_begin(M, "MetadataIndex");
+    p.str("fqn");
+    p.str(w.key);
+    p.str("offset");
+    p.size(w.c.off);
+    p.str("index");
+    p.num(0);
+    p.obj_end();
+    p.obj_begin("torch.distributed.checkpoint.filesystem", "_StorageInfo");
+    p.str("relative_path");
+    p.str("__0_0.distcp");
+    p.str("offset");
+    p.num(w.offset);
+    p.str("length");
+    p.num(w.length);
+    p.obj_end();
+  }
+  p.b += "u";
+  p.obj_end();
+  p.b += ".";
+  testing::write_bytes(dir + "/.metadata", p.b);
+  testing::write_bytes(dir + "/__0_0.distcp", data);
+  return dir;
+}
+
+const DistTensor kEmbedding{"embedding.word_embeddings.weight", {64, 16},
+                            {{{0, 0}, {32, 16}}, {{32, 0}, {32, 16}}}};  // TP2 rows
+const DistTensor kFc2{"decoder.layers.mlp.linear_fc2.weight", {4, 16, 64},  // PP2 x TP2 cols
+                      {{{0, 0, 0}, {2, 16, 32}}, {{0, 0, 32}, {2, 16, 32}},
+                       {{2, 0, 0}, {2, 16, 32}}, {{2, 0, 32}, {2, 16, 32}}}};
+
+TEST(MegatronImport, TorchDistChunksArePlacedAndLayersSplit) {
+  const std::string dir = write_chunked_dist({kEmbedding, kFc2});
+  auto d = mg::detect(dir);
+  ASSERT_TRUE(d);
+  mg::Imported im;
+  mg::read_torch_dist(*d, im);  // (only two tensors: no check against the whole model)
+  const Tensor& e = im.tensors.at("embedding.word_embeddings.weight");
+  ASSERT_EQ(e.shape(), (Shape{64, 16}));
+  for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(e.data<float>()[i], float(i)) << i;
+  for (int l = 0; l < 4; ++l) {
+    const Tensor& w = im.tensors.at("decoder.layers." + std::to_string(l) + ".mlp.linear_fc2.weight");
+    ASSERT_EQ(w.shape(), (Shape{16, 64}));
+    for (int64_t i = 0; i < w.numel(); ++i)
+      ASSERT_EQ(w.data<float>()[i], float(l * 16 * 64 + i)) << l << " " << i;
+  }
+}
+
+TEST(MegatronImport, TorchDistOverlappingOrMissingChunksAreErrors) {
+  DistTensor overlap = kEmbedding;
+  overlap.chunks[1].off = {31, 0};  // rows 31..62: row 31 twice, row 63 never
+  mg::Imported a;
+  try {
+    mg::read_torch_dist(*mg::detect(write_chunked_dist({overlap})), a);
+    ADD_FAILURE() << "overlapping chunks were read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chunks overlap"), std::string::npos) << e.what();
+  }
+  DistTensor gap = kEmbedding;
+  gap.chunks.pop_back();
+  mg::Imported b;
+  try {
+    mg::read_torch_dist(*mg::detect(write_chunked_dist({gap})), b);
+    ADD_FAILURE() << "a tensor with a missing chunk was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not cover the whole tensor"), std::string::npos)
+        << e.what();
+  }
+  DistTensor outside = kEmbedding;
+  outside.chunks[1].off = {40, 0};  // rows 40..71 of 64
+  mg::Imported c;
+  EXPECT_THROW(mg::read_torch_dist(*mg::detect(write_chunked_dist({outside})), c), Error);
+}
+
+}  // namespace
+}  // namespace mcpp

@@ -359,6 +359,12 @@ void read_legacy(const Detected& d, Imported& im) {
     for (int64_t v = 0; v < V; ++v) {
       const Value& sd = *chunks[size_t(v)];
       MCPP_CHECK(sd.is(K::Dict), "{}: model is a {}", r.path, sd.describe());
+      MCPP_CHECK_HINT(!sd.get("language_model"),
+                      "convert it to Megatron-Core names first with Megatron-LM's "
+                      "tools/checkpoint/convert.py --saver mcore",
+                      "{}: a pre-Megatron-Core (legacy GPTModel, 'language_model.encoder') "
+                      "checkpoint; megatron.cpp reads Megatron-Core names",
+                      r.path);
       for (const auto& [kv, tv] : sd.entries) {
         MCPP_CHECK(kv->is(K::Str), "{}: a model key is a {}", r.path, kv->describe());
         std::string name = canonical_name(kv->s);
