@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 #include "ops/ops.h"
@@ -125,6 +126,7 @@ std::vector<int64_t> list_iterations(const std::string& load_dir) {
 }
 
 std::optional<int64_t> latest_iteration(const std::string& load_dir) {
+  megatron::refuse_megatron_checkpoint(load_dir);  // a Megatron-LM folder: say how to convert
   const std::string tracker = join_path(load_dir, kTrackerFile);
   std::error_code ec;
   if (fs::exists(tracker, ec)) {
@@ -174,6 +176,7 @@ std::optional<int64_t> latest_iteration(const std::string& load_dir) {
 namespace {
 
 std::string resolve_iter_dir(const std::string& dir, std::optional<int64_t> iteration) {
+  megatron::refuse_megatron_checkpoint(dir, iteration);
   if (!iteration && fs::exists(fs::path(dir) / kMetadataFile)) return dir;  // an iter_* dir
   std::optional<int64_t> it = iteration ? iteration : latest_iteration(dir);
   MCPP_CHECK_HINT(it.has_value(),

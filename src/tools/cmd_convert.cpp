@@ -2,6 +2,7 @@
 //   megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype
 //   float32|bfloat16|float16] megatron convert --from-hf HF_DIR --save DIR
 //   [--make-vocab-size-divisible-by N]
+//   megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] --save DIR
 // The model shape comes from the checkpoint's metadata.json or the HF config.json; loading
 // reshards, so a checkpoint of any TP layout converts.
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/tokenizer_files.h"
 #include "model/gpt_model.h"
 #include "tools/commands.h"
@@ -31,7 +33,8 @@ using namespace mcpp;
 const char* kUsage =
     "usage: megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype DTYPE]\n"
     "                        [--vocab-file F --merge-file F | --tokenizer-model F]\n"
-    "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n\n"
+    "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n"
+    "       megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] --save DIR\n\n"
     "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel or\n"
     "                    LlamaForCausalLM, chosen from the model's architecture)\n"
     "  --vocab-file, --merge-file, --tokenizer-model, --tokenizer-type\n"
@@ -43,7 +46,12 @@ const char* kUsage =
     "  --from-hf HF_DIR  read a GPT-2 or Llama folder (config.json + safetensors) and save it\n"
     "                    as iteration 0 of a megatron.cpp checkpoint in --save, with the\n"
     "                    folder's tokenizer files inside it\n"
-    "  --make-vocab-size-divisible-by N   vocabulary padding on import (default 128)\n";
+    "  --make-vocab-size-divisible-by N   vocabulary padding on import (default 128)\n"
+    "  --from-megatron DIR  read a Megatron-LM checkpoint (legacy iter_N/mp_rank_*/\n"
+    "                    model_optim_rng.pt or torch_dist iter_N/*.distcp; GPT and Llama models;\n"
+    "                    any TP x PP) and save its weights as iteration 0 in --save; the model\n"
+    "                    shape comes from the checkpoint's args; optimizer state is not imported\n"
+    "  --ckpt-step N     with --from-megatron: iteration N instead of the tracker's\n";
 
 int64_t to_int(const std::string& flag, const std::string& v) {
   try {
@@ -143,11 +151,14 @@ void megatron_convert_py_flag(const std::string& a) {
   static const std::map<std::string, std::string> kEquivalent = {
       {"--model-type", "the model type comes from the checkpoint (GPT and Llama only); drop it"},
       {"--loader",
-       "the source format follows the flag: --load DIR (a megatron.cpp checkpoint) or "
-       "--from-hf HF_DIR (a Hugging Face folder)"},
+       "the source format follows the flag: --load DIR (a megatron.cpp checkpoint), "
+       "--from-hf HF_DIR (a Hugging Face folder) or --from-megatron DIR (a Megatron-LM "
+       "checkpoint, legacy or torch_dist)"},
       {"--saver",
        "the target format follows the flag: --to-hf OUT_DIR, or --save DIR (with --from-hf)"},
-      {"--load-dir", "use --load DIR (or --from-hf HF_DIR for a Hugging Face folder)"},
+      {"--load-dir",
+       "use --load DIR (or --from-hf HF_DIR for a Hugging Face folder, --from-megatron DIR "
+       "for a Megatron-LM checkpoint)"},
       {"--save-dir", "use --save DIR (or --to-hf OUT_DIR for a Hugging Face folder)"},
       {"--target-tensor-parallel-size",
        "no resharding step is needed: any TP/PP layout loads any checkpoint (train or "
@@ -187,6 +198,7 @@ int run_convert(const std::vector<std::string>& argv) {
                                   "--to-hf",
                                   "--hf-dtype",
                                   "--from-hf",
+                                  "--from-megatron",
                                   "--save",
                                   "--make-vocab-size-divisible-by",
                                   "--tokenizer-type",
@@ -200,9 +212,30 @@ int run_convert(const std::vector<std::string>& argv) {
     MCPP_CHECK_HINT(i + 1 < argv.size(), kUsage, "megatron convert: {} needs a value", a);
     f[a] = argv[++i];
   }
-  const bool to_hf = f.count("--to-hf"), from_hf = f.count("--from-hf");
-  MCPP_CHECK_HINT(to_hf != from_hf, kUsage,
-                  "megatron convert: give exactly one of --to-hf and --from-hf");
+  const bool to_hf = f.count("--to-hf"), from_hf = f.count("--from-hf"),
+             from_megatron = f.count("--from-megatron");
+  MCPP_CHECK_HINT(int(to_hf) + int(from_hf) + int(from_megatron) == 1, kUsage,
+                  "megatron convert: give exactly one of --to-hf, --from-hf and --from-megatron");
+  if (from_megatron) {
+    MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-megatron needs --save DIR");
+    for (const char* k : {"--load", "--hf-dtype", "--make-vocab-size-divisible-by",
+                          "--tokenizer-type", "--vocab-file", "--merge-file", "--tokenizer-model"})
+      MCPP_CHECK_HINT(!f.count(k), kUsage,
+                      "megatron convert --from-megatron does not take {} (the model and its "
+                      "vocabulary padding come from the Megatron checkpoint's args)",
+                      k);
+    std::optional<int64_t> step;
+    if (f.count("--ckpt-step")) step = to_int("--ckpt-step", f["--ckpt-step"]);
+    MCPP_CHECK_HINT(!step || *step >= 0, kUsage, "--ckpt-step {} is negative", *step);
+    const auto t0 = std::chrono::steady_clock::now();
+    checkpoint::megatron::convert_to_checkpoint(f["--from-megatron"], step, f["--save"]);
+    log::info("read {:.3f} GB of Megatron files; wrote the checkpoint: {}",
+              double(checkpoint::tree_bytes(f["--from-megatron"])) / 1e9,
+              checkpoint::size_and_rate(
+                  checkpoint::tree_bytes(f["--save"]),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+    return 0;
+  }
 
   if (to_hf) {
     MCPP_CHECK_HINT(f.count("--load"), kUsage, "megatron convert --to-hf needs --load DIR");

@@ -3,7 +3,9 @@
 //   megatron inspect PREFIX
 //       dtype, sequence / document / token counts, sequence-length statistics
 //   megatron inspect CHECKPOINT_DIR
-//       iterations, model shape, tensors and shards, every checksum verified
+//       iterations, model shape, tensors and shards, every checksum verified; for a
+//       Megatron-LM checkpoint (legacy or torch_dist): its layout, ranks, model, and the
+//       convert command
 //   megatron inspect --data-path ... [--split 969,30,1] --seq-length S --seed N
 //                    (--train-samples T | --train-iters I --global-batch-size B)
 //                    [--eval-iters E --eval-interval V] --show-samples I:J [--show-split train]
@@ -13,6 +15,7 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/megatron/megatron_import.h"
 
 #include "data/dataset_builder.h"
 #include "data/indexed_dataset.h"
@@ -72,6 +75,12 @@ int run_inspect(const std::vector<std::string>& args) {
     // A directory is a checkpoint (a save folder or one iter_* folder); else a dataset prefix.
     namespace fs = std::filesystem;
     if (fs::is_directory(p)) {
+      // A Megatron-LM checkpoint (legacy or torch_dist): say what it is and how to convert it.
+      if (auto mg = checkpoint::megatron::detect(p)) {
+        for (const auto& line : checkpoint::megatron::describe(*mg))
+          std::printf("%s\n", line.c_str());
+        continue;
+      }
       const bool ckpt = !checkpoint::list_iterations(p).empty() ||
                         fs::exists(fs::path(p) / checkpoint::kTrackerFile) ||
                         fs::exists(fs::path(p) / checkpoint::kMetadataFile);

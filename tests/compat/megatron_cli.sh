@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# megatron_cli.sh MEGATRON_BIN SOURCE_DIR: issue 23 A.5 through the command line.
+#   convert --from-megatron of both fixture layouts, then inspect/--to-hf of the result;
+#   inspect of a Megatron folder says what it is; --load / convert --load of one stops with
+#   the convert HINT; flags that do not apply to --from-megatron are refused.
+set -u
+M=$1; SRC=$2; G=$SRC/tests/golden/megatron
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+expect_fail() {  # REGEX CMD...
+  local re=$1; shift
+  out=$("$@" 2>&1); rc=$?
+  [ $rc -ne 0 ] && [ $rc -le 128 ] || fail "exit $rc for: $* -> $out"
+  grep -Eq -- "$re" <<<"$out" || fail "no /$re/ in: $out"
+}
+for fam in gpt llama; do
+  for layout in legacy dist; do
+    out=$("$M" convert --from-megatron "$G/${fam}_$layout" --save "$T/$fam$layout" 2>&1) \
+      || fail "convert $fam $layout: $out"
+    grep -q "imported .*from TP" <<<"$out" || fail "no import line: $out"
+    "$M" inspect "$T/$fam$layout" >/dev/null 2>&1 || fail "inspect of the converted $fam $layout"
+  done
+done
+out=$("$M" convert --from-megatron "$G/gpt_legacy" --save "$T/g2" 2>&1)
+grep -q "optimizer state; it is not imported" <<<"$out" || fail "no optimizer note: $out"
+# the converted GPT exports to Hugging Face (GPT2LMHeadModel)
+"$M" convert --load "$T/gptlegacy" --to-hf "$T/hf" >/dev/null 2>&1 || fail "--to-hf"
+[ -s "$T/hf/model.safetensors" ] || fail "no model.safetensors"
+out=$("$M" inspect "$G/llama_dist" 2>&1) || fail "inspect: $out"
+grep -q "Megatron-LM checkpoint, torch_dist layout, iteration 10" <<<"$out" || fail "inspect: $out"
+expect_fail "is a Megatron-LM checkpoint.*|HINT: convert it once: megatron convert --from-megatron" \
+  "$M" convert --load "$G/gpt_legacy" --to-hf "$T/x"
+expect_fail "HINT: convert it once: megatron convert --from-megatron" \
+  "$M" train --load "$G/llama_legacy" --mock-data --tokenizer-type NullTokenizer --vocab-size 61 \
+  --num-layers 4 --hidden-size 16 --num-attention-heads 4 --seq-length 8 \
+  --max-position-embeddings 12 --micro-batch-size 1 --global-batch-size 1 --lr 1e-3 \
+  --train-iters 1 --threads 1
+expect_fail "does not take --hf-dtype" \
+  "$M" convert --from-megatron "$G/gpt_dist" --save "$T/y" --hf-dtype bfloat16
+expect_fail "holds no Megatron-LM checkpoint" "$M" convert --from-megatron "$T" --save "$T/z"
+expect_fail "exactly one of --to-hf, --from-hf and --from-megatron" \
+  "$M" convert --from-megatron "$G/gpt_dist" --from-hf "$T" --save "$T/z"
+echo ok
