@@ -55,8 +55,10 @@ json piece_json(const Piece& p, size_t ndim) {
 }
 
 std::string file_name(const char* kind, const RankCoord& c, bool with_dp) {
-  return with_dp ? fmt::format("{}_tp{:02d}_pp{:02d}_dp{:02d}.safetensors", kind, c.tp, c.pp, c.dp)
-                 : fmt::format("{}_tp{:02d}_pp{:02d}.safetensors", kind, c.tp, c.pp);
+  // EP rank > 0 (expert parallelism) writes its experts into files of its own.
+  const std::string ep = c.ep > 0 ? fmt::format("_ep{:02d}", c.ep) : std::string();
+  return with_dp ? fmt::format("{}_tp{:02d}_pp{:02d}_dp{:02d}{}.safetensors", kind, c.tp, c.pp, c.dp, ep)
+                 : fmt::format("{}_tp{:02d}_pp{:02d}{}.safetensors", kind, c.tp, c.pp, ep);
 }
 
 std::string join_path(const std::string& a, const std::string& b) {
@@ -332,6 +334,7 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
       // A TP-duplicated tensor is written once, by TP rank 0; the tied embedding's copy on
       // the last pipeline stage not at all (the first stage writes it).
       if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
+      if (!(p.expert >= 0 ? rank.write_experts : rank.write_dense)) continue;  // EP writers
       Tensor t = flat.narrow(p.offset, p.numel()).view(p.local_shape);
       const std::string key = prefix + p.name;
       json pieces = json::array();
@@ -369,6 +372,7 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
     for (size_t i = 0; i < rank.buffer_infos.size(); ++i) {
       const model::BufferInfo& b = rank.buffer_infos[i];
       if (b.split == TpSplit::None && rank.coord.tp != 0) continue;
+      if (!(b.expert >= 0 ? rank.write_experts : rank.write_dense)) continue;  // EP writers
       // The format stores 1-D and 2-D tensors (a scalar is a [1] buffer).
       MCPP_CHECK(!b.global_shape.empty(), "buffer {} is 0-dimensional; register it as shape [1]",
                  b.name);

@@ -5,6 +5,7 @@
 //                                              global shape, dtype, shards (file, boxes in the
 //                                              global tensor, xxh3-64), training state, config
 //   <save>/iter_0000100/model_tp00_pp00.safetensors          one per (tp, pp[, ep]) on dp 0
+//                                                            (_ep01...: EP rank > 0's experts)
 //   <save>/iter_0000100/optim_tp00_pp00_dp00.safetensors     Adam moments of that rank
 //
 // Tensors are keyed by Megatron-Core names; a shard is the tensor a rank holds, described by
@@ -102,6 +103,10 @@ struct RankSnapshot {
   Tensor exp_avg, exp_avg_sq;  // undefined: no optimizer state saved
   int64_t optimizer_steps = 0;
   bool write_model = true;  // false on dp > 0 (the model is a DP replica)
+  // Expert parallelism: of the model, write the dense parameters and buffers (DP rank 0)
+  // and/or the experts (ParamInfo::expert >= 0; expert-DP rank 0 of each EP rank, which
+  // holds experts no other writer has, keyed by global expert index).
+  bool write_dense = true, write_experts = true;
   // The non-trainable buffers: buffers[i] is the rank's shard of buffer_infos[i] (its
   // local shape and dtype). Saved with the model, never with the optimizer.
   std::vector<model::BufferInfo> buffer_infos;

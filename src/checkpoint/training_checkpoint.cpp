@@ -72,10 +72,16 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   // index is the rank in the dp-cp group (the DP rank at CP 1), and the CP ranks of one
   // DP rank hold the same parameters, so only CP rank 0 writes them.
   const int dp_shard = ps.layout().cp() > 1 ? ps.dp_cp().rank() : ps.dp_rank();
-  RankSnapshot snap = snapshot(params, opt, {0, ps.pp_rank(), dp_shard, 0}, save_optim);
+  // Expert parallelism: the EP ranks of one DP group hold different experts; each EP rank's
+  // expert-DP rank 0 writes them (files named by its EP rank), DP rank 0 the dense rest.
+  const bool ep = ps.layout().ep() > 1;
+  RankSnapshot snap =
+      snapshot(params, opt, {0, ps.pp_rank(), dp_shard, ep ? ps.ep_rank() : 0}, save_optim);
   std::string tmp = world.rank() == 0 ? begin_checkpoint(save_dir, st.iteration, o) : "";
   tmp = parallel::all_gather_strings(world, tmp)[0];
-  const bool write_model = ps.dp_rank() == 0 && ps.cp_rank() == 0;
+  snap.write_dense = ps.dp_rank() == 0 && ps.cp_rank() == 0;
+  snap.write_experts = ep ? ps.coords().edp == 0 : snap.write_dense;
+  const bool write_model = snap.write_dense || snap.write_experts;
   const bool write_shard = opt.state_sharded() && save_optim;
   if (write_shard) snap.optimizer_steps = opt.steps();
   if (async) {

@@ -10,10 +10,11 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
                                    parallel::DataParallelGrads& grads, bool overlap_param_gather)
     : Optimizer(ps, cfg), grads_(grads), overlap_(overlap_param_gather) {
   MCPP_CHECK(grads.reduce_scatter(), "DistributedAdamW needs reduce-scattered gradients");
-  const int r = grads.dp().rank();
   const auto& infos = ps.infos();
   for (size_t b = 0; b < grads.buckets().size(); ++b) {
     const auto& bk = grads.buckets()[b];
+    // The bucket's group: DP, or the expert-data-parallel group for expert buckets (EP > 1).
+    const int r = bk.group->rank();
     const int64_t n = grads.block(b), lo = bk.begin + r * n, hi = lo + n;
     for (size_t i : bk.params) {
       const int64_t p0 = std::max(lo, infos[i].offset);
@@ -118,9 +119,9 @@ void DistributedAdamW::wait_params_all() {
 
 void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat, bool async) {
   Stream& st = ops::default_stream(main_.device());
-  comm::Communicator& dp = grads_.dp();
   for (size_t b = 0; b < grads_.buckets().size(); ++b) {
     const auto& bk = grads_.buckets()[b];
+    comm::Communicator& dp = *bk.group;  // DP, or expert-DP for an expert bucket
     const int64_t n = grads_.block(b);
     Tensor out = flat.narrow(bk.begin, bk.end - bk.begin);
     Tensor in = shard.defined() ? shard.narrow(bk.shard_offset, n) : out.narrow(dp.rank() * n, n);

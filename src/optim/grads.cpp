@@ -27,10 +27,39 @@ bool counts_in_grad_norm(const model::ParamInfo& p, int tp_rank) {
   return (tp_rank == 0 || !p.tp_duplicated()) && !p.pipeline_duplicate;
 }
 
+namespace {
+
+// Sums a dense and an expert partial sum over their groups (expert parallelism), or their
+// total over `group` (expert_group null).
+double sum_split(double dense, double expert, comm::Communicator& group,
+                 comm::Communicator* expert_group) {
+  Tensor t = Tensor::empty({1}, DType::F64);
+  auto reduce = [&](double v, comm::Communicator& g) {
+    if (g.size() == 1) return v;
+    t.data<double>()[0] = v;
+    g.all_reduce(t, comm::ReduceOp::Sum, Stream::cpu());
+    return t.data<double>()[0];
+  };
+  if (!expert_group) return reduce(dense + expert, group);
+  return reduce(dense, group) + reduce(expert, *expert_group);
+}
+
+}  // namespace
+
 double grad_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
-                 comm::Communicator& group) {
-  if (group.size() == 1) return std::sqrt(opt.grad_sq_norm());
+                 comm::Communicator& group, comm::Communicator* expert_group) {
   const auto& infos = params.infos();
+  if (expert_group && expert_group->size() > 1) {
+    const ParamFilter dense = [&](size_t i) {
+      return infos[i].expert < 0 && counts_in_grad_norm(infos[i], tp_rank);
+    };
+    const ParamFilter expert = [&](size_t i) {
+      return infos[i].expert >= 0 && counts_in_grad_norm(infos[i], tp_rank);
+    };
+    return std::sqrt(sum_split(opt.grad_sq_norm(&dense), opt.grad_sq_norm(&expert), group,
+                               expert_group));
+  }
+  if (group.size() == 1) return std::sqrt(opt.grad_sq_norm());
   const ParamFilter counted = [&](size_t i) { return counts_in_grad_norm(infos[i], tp_rank); };
   Tensor t = Tensor::empty({1}, DType::F64);
   t.data<double>()[0] = opt.grad_sq_norm(&counted);
@@ -39,7 +68,7 @@ double grad_norm(const Optimizer& opt, const model::ParamStore& params, int tp_r
 }
 
 double params_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
-                   comm::Communicator& model_parallel) {
+                   comm::Communicator& model_parallel, comm::Communicator* expert_group) {
   // The fp32 main parameters when the optimizer holds them whole (bf16/f16 models, not
   // sharded); otherwise the model's own (fp32 on the CPU; bf16 under the distributed
   // optimizer, whose main parameters are DP shards).
@@ -48,9 +77,13 @@ double params_norm(const Optimizer& opt, const model::ParamStore& params, int tp
       adam && adam->main_params().defined() ? adam->main_params()
                                               : const_cast<model::ParamStore&>(params).flat_params();
   Stream& st = ops::default_stream(values.device());
-  double sum = 0;
+  double sum = 0, expert = 0;
+  const bool split = expert_group && expert_group->size() > 1;
   for (const auto& p : params.infos())
-    if (counts_in_grad_norm(p, tp_rank)) sum += ops::sum_squares(values.narrow(p.offset, p.numel()), st);
+    if (counts_in_grad_norm(p, tp_rank))
+      (split && p.expert >= 0 ? expert : sum) +=
+          ops::sum_squares(values.narrow(p.offset, p.numel()), st);
+  if (split) return std::sqrt(sum_split(sum, expert, model_parallel, expert_group));
   Tensor t = Tensor::empty({1}, DType::F64);
   t.data<double>()[0] = sum;
   if (model_parallel.size() > 1) model_parallel.all_reduce(t, comm::ReduceOp::Sum, Stream::cpu());
@@ -58,7 +91,7 @@ double params_norm(const Optimizer& opt, const model::ParamStore& params, int tp
 }
 
 int64_t count_zeros_in_grads(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
-                             comm::Communicator& group) {
+                             comm::Communicator& group, comm::Communicator* expert_group) {
   const Tensor& g = opt.grads();
   Tensor host = g;
   if (g.device() != Device::CPU) {
@@ -66,9 +99,11 @@ int64_t count_zeros_in_grads(const Optimizer& opt, const model::ParamStore& para
     ops::copy(g, host, ops::default_stream(g.device()));
   }
   const auto& infos = params.infos();
-  int64_t zeros = 0;
+  int64_t zeros_dense = 0, expert_zeros = 0;
+  const bool split = expert_group && expert_group->size() > 1;
   for (const auto& s : opt.segments()) {
     if (!counts_in_grad_norm(infos[s.param], tp_rank)) continue;
+    int64_t& zeros = split && infos[s.param].expert >= 0 ? expert_zeros : zeros_dense;
     if (host.dtype() == DType::F64) {
       const double* x = host.data<double>() + s.shard;
       for (int64_t i = 0; i < s.len; ++i) zeros += x[i] == 0.0;
@@ -77,8 +112,10 @@ int64_t count_zeros_in_grads(const Optimizer& opt, const model::ParamStore& para
       for (int64_t i = 0; i < s.len; ++i) zeros += x[i] == 0.0f;
     }
   }
+  if (split)
+    return int64_t(sum_split(double(zeros_dense), double(expert_zeros), group, expert_group));
   Tensor t = Tensor::empty({1}, DType::F64);
-  t.data<double>()[0] = double(zeros);
+  t.data<double>()[0] = double(zeros_dense);
   if (group.size() > 1) group.all_reduce(t, comm::ReduceOp::Sum, Stream::cpu());
   return int64_t(t.data<double>()[0]);
 }

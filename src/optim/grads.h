@@ -10,6 +10,10 @@
 //     parameters it holds a distinct copy of (TP-duplicated ones on TP rank 0 only; the
 //     last stage's copy of the tied embedding never), summed over the ranks holding
 //     distinct gradients (parallel::grad_norm_group).
+//   * expert parallelism (EP > 1): the EP ranks hold different experts, so the expert
+//     parameters' squares are summed over `expert_group` (ETP x EP (x PP): Megatron's
+//     expert-model-parallel group) and the dense ones over `group` as before; the two sums
+//     are added. Null (EP 1): every parameter over `group`, bit for bit as before.
 #pragma once
 #include <vector>
 
@@ -32,20 +36,20 @@ bool counts_in_grad_norm(const model::ParamInfo& p, int tp_rank);
 // any gradient is (an fp16 overflow). In a group of one every parameter counts (TP rank 0,
 // no pipeline copy) and the optimizer reduces its buffer as it likes best.
 double grad_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
-                 comm::Communicator& group);
+                 comm::Communicator& group, comm::Communicator* expert_group = nullptr);
 
 // --log-params-norm: Megatron's calc_params_l2_norm -- the L2 norm of the whole model's
 // parameters (the fp32 main parameters where the optimizer holds them unsharded, else the
 // model's), each element counted once as in grad_norm, summed over `model_parallel`
 // (TP x PP: DP replicas are equal).
 double params_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
-                   comm::Communicator& model_parallel);
+                   comm::Communicator& model_parallel, comm::Communicator* expert_group = nullptr);
 
 // --log-num-zeros-in-grad: Megatron's count_zeros_fp32 -- the gradient elements (after
 // clipping) that are exactly zero, over the parameters grad_norm counts, summed over the
 // same group as the norm. Copies the gradients to the host (a diagnostic, run on logging
 // iterations only).
 int64_t count_zeros_in_grads(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
-                             comm::Communicator& group);
+                             comm::Communicator& group, comm::Communicator* expert_group = nullptr);
 
 }  // namespace mcpp::optim

@@ -136,10 +136,18 @@ void print_memory(std::vector<std::string> train_args, int world, int pp, double
           ? fmt::format(", CP rank 0 of {} ({} of the {} tokens)", a.context_parallel_size,
                         a.seq_length / a.context_parallel_size, a.seq_length)
           : std::string();
+  // Expert parallelism: EP rank 0 holds E / EP of the experts.
+  const std::string ep =
+      a.num_experts && a.expert_model_parallel_size > 1
+          ? fmt::format(", EP rank 0 of {} ({} of the {} experts per MoE layer)",
+                        a.expert_model_parallel_size, *a.num_experts / a.expert_model_parallel_size,
+                        *a.num_experts)
+          : std::string();
   std::printf(
-      "\nmemory per pipeline rank (MiB; TP rank 0 of %lld, DP rank 0 of %lld%s; %s on %s; "
+      "\nmemory per pipeline rank (MiB; TP rank 0 of %lld, DP rank 0 of %lld%s%s; %s on %s; "
       "recompute %s%s; micro-batch %lld x %lld tokens)\n",
       (long long)a.tensor_model_parallel_size, (long long)a.data_parallel_size, cp.c_str(),
+      ep.c_str(),
       std::string(dtype_name(dt)).c_str(), gpu ? "GPU" : "CPU",
       a.recompute_granularity.value_or("none").c_str(), keep.c_str(), (long long)a.micro_batch_size,
       (long long)cfg.seq_cp());

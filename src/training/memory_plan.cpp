@@ -75,6 +75,9 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     m.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
     m.shared_expert_gate = a.moe_shared_expert_gate;
     m.alltoall = a.moe_token_dispatcher_type == "alltoall";
+    // Expert parallelism: E / EP experts per rank (every EP rank holds as many; the trainer
+    // sets its own ep_rank, the plan counts rank 0's).
+    m.ep_size = a.expert_model_parallel_size, m.ep_rank = 0;
   }
   return c;
 }
@@ -109,24 +112,36 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   StageMemory m;
   const model::PipelinePart part = pipeline_part(a, stage);
   const int64_t align = cfg.param_align;
-  for (const auto& p : model::parameter_registry(cfg, part))
-    m.parameters += (p.numel() + align - 1) / align * align;
+  int64_t expert_params = 0;  // expert parallelism: sharded over EDP by the dist. optimizer
+  for (const auto& p : model::parameter_registry(cfg, part)) {
+    const int64_t n = (p.numel() + align - 1) / align * align;
+    m.parameters += n;
+    if (p.expert >= 0) expert_params += n;
+  }
+  // The distributed optimizer's shard: dense parameters over DP (x CP), experts over the
+  // expert-data-parallel group (EDP = TP x CP x DP / (ETP x EP); DP at EP 1).
+  const int64_t edp = a.data_parallel_size * a.tensor_model_parallel_size *
+                      a.context_parallel_size /
+                      (a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size) *
+                       a.expert_model_parallel_size);
+  const int64_t shard =
+      (m.parameters - expert_params) / a.data_parallel_size + expert_params / std::max<int64_t>(1, edp);
   m.weights = m.parameters * int64_t(dtype_size(cfg.dtype));
   m.grads = m.parameters * int64_t(dtype_size(cfg.grad_dtype()));
   // The distributed optimizer's reduce-scatter target: this rank's 1/DP of the gradients.
   if (a.use_distributed_optimizer)
-    m.grads += m.parameters / a.data_parallel_size * int64_t(dtype_size(cfg.grad_dtype()));
+    m.grads += shard * int64_t(dtype_size(cfg.grad_dtype()));
   // --grad-reduce-in-bf16 (DP > 1): the bf16 staging copy of the buffer (and of the shard).
   if (a.grad_reduce_in_bf16 && a.data_parallel_size > 1)
     m.grads +=
-        (m.parameters + (a.use_distributed_optimizer ? m.parameters / a.data_parallel_size : 0)) *
+        (m.parameters + (a.use_distributed_optimizer ? shard : 0)) *
         int64_t(dtype_size(DType::BF16));
   // AdamW: moments in fp32 (f64 for f64 models), plus fp32 main params for 16-bit models;
   // the distributed optimizer keeps main params and moments of its 1/DP shard.
   const bool wide = cfg.dtype == DType::F32 || cfg.dtype == DType::F64;
   const int64_t state = cfg.dtype == DType::F64 ? 8 : 4;
   if (a.use_distributed_optimizer)
-    m.optimizer = 3 * (m.parameters / a.data_parallel_size) * state;
+    m.optimizer = 3 * shard * state;
   else
     m.optimizer = 2 * m.parameters * state + (wide ? 0 : m.parameters * 4);
   const int nchunks = part.chunks.empty() ? 1 : int(part.chunks.size());

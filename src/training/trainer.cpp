@@ -105,7 +105,8 @@ StepResult Trainer::State::train_step() {
   log->section("optimizer", true);
   finalize_grads();
   r.moe = moe_finish_global_batch(*model, *ps, args.moe_per_layer_logging);  // expert bias
-  r.grad_norm = optim::grad_norm(*opt, model->params(), ps->tp_rank(), *norm_group);
+  r.grad_norm =
+      optim::grad_norm(*opt, model->params(), ps->tp_rank(), *norm_group, expert_norm_group);
   // fp16: a non-finite norm is a gradient overflow of the loss scale (Megatron's
   // found_inf): the scaler backs off, the step and the LR schedule's step are skipped.
   const bool overflow = !std::isfinite(r.grad_norm);
@@ -175,7 +176,8 @@ void Trainer::State::load() {
   const Args& a = args;
   checkpoint::LoadOptions o;
   o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = a.finetune;
-  o.partial_model = a.pipeline_model_parallel_size > 1;
+  // A pipeline stage, or an EP rank (its experts), holds part of the checkpoint's tensors.
+  o.partial_model = a.pipeline_model_parallel_size > 1 || a.expert_model_parallel_size > 1;
   const bool load_optim = !(a.no_load_optim || a.finetune);
   const auto st = checkpoint::load_training_checkpoint(*a.load, a.ckpt_step, model->params(), *opt,
                                                        load_optim, o);
@@ -259,11 +261,13 @@ TrainSummary Trainer::run() {
       // collective over the groups that hold distinct parts of the model.
       if (a.log_num_zeros_in_grad)
         st.num_zeros_in_grad = optim::count_zeros_in_grads(*s.opt, s.model->params(),
-                                                           s.ps->tp_rank(), *s.norm_group);
+                                                           s.ps->tp_rank(), *s.norm_group,
+                                                           s.expert_norm_group);
       if (a.log_params_norm)
         st.params_norm = optim::params_norm(
             *s.opt, s.model->params(), s.ps->tp_rank(),
-            parallel::grad_norm_group(*s.ps, s.world->world(), /*sharded_over_dp=*/false));
+            parallel::grad_norm_group(*s.ps, s.world->world(), /*sharded_over_dp=*/false),
+            s.expert_mp_group);
     }
     s.log->tensorboard_iteration(iteration, st);
     if (s.log->due(iteration)) s.log->log_interval(iteration, st);

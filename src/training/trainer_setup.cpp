@@ -15,6 +15,7 @@
 #include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
 #include "ops/attention_backend.h"
+#include "model/moe/moe_layer.h"
 #include "training/profiler.h"
 #include "ops/ops.h"
 #include "optim/distributed_optimizer.h"
@@ -96,6 +97,10 @@ void Trainer::State::setup_parallel() {
   sizes.tp_pp_dp_mapping = a.use_tp_pp_dp_mapping;
   sizes.cp = int(a.context_parallel_size);  // context parallel
   sizes.untie_embeddings = a.untie_embeddings_and_output_weights;
+  // Expert parallelism: Megatron's expert rank grid, EP folded over the attention ranks
+  // (validate_moe checked ETP x EP divides TP x CP x DP).
+  sizes.ep = int(a.expert_model_parallel_size);
+  sizes.etp = int(a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size));
   s.ps = std::make_unique<parallel::ParallelState>(*s.world, sizes);
   if (a.threads > 0) {
     omp_set_num_threads(int(a.threads));
@@ -140,6 +145,7 @@ void Trainer::State::build_model() {
                                                     s.model_cfg.num_layers));
   s.model_cfg.tp_rank = s.ps->tp_rank();
   s.model_cfg.cp_rank = s.ps->cp_rank();  // context parallel
+  if (s.model_cfg.moe.ep_size > 1) s.model_cfg.moe.ep_rank = s.ps->ep_rank();  // its experts
   const int64_t dp = a.data_parallel_size;
   // The distributed optimizer splits every bucket into DP equal blocks: align each
   // parameter to a multiple of DP (and of 64 elements, as Megatron pads param starts).
@@ -198,6 +204,21 @@ void Trainer::State::build_model() {
 #endif
   s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
   if (s.model_cfg.cp_size > 1) s.model->set_cp_comm(&s.ps->cp());  // context parallel
+  if (s.model_cfg.moe.ep_size > 1) {  // expert parallelism: every MoE layer's EP group
+    int moe_layers = 0;
+    for (int ch = 0; ch < s.model->stage().num_chunks(); ++ch) {
+      auto& b = s.model->stage().block(ch);
+      for (int i = 0; i < b.size(); ++i)
+        if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp()))
+          l->set_expert_parallel_group(&s.ps->ep()), ++moe_layers;
+    }
+    log::info("> expert parallel: EP {} (this rank {}, experts {}-{} of {}), expert tensor "
+              "parallel {}, expert data parallel {}, {} dispatcher, {} MoE layers on this rank",
+              s.ps->layout().ep(), s.ps->ep_rank(), s.model_cfg.moe.first_expert(),
+              s.model_cfg.moe.first_expert() + s.model_cfg.moe.local_experts() - 1,
+              s.model_cfg.moe.num_experts, s.ps->layout().etp(), s.ps->layout().edp(),
+              s.model_cfg.moe.alltoall ? "alltoall" : "allgather", moe_layers);
+  }
   log::info("> initialized tensor model parallel with size {}, pipeline model parallel with "
             "size {}, data parallel with size {}{}{}",
             a.tensor_model_parallel_size, pp, dp, a.sequence_parallel ? ", sequence parallel" : "",
@@ -240,15 +261,19 @@ void Trainer::State::build_optimizer() {
     for (size_t i = 0; i < P.infos().size(); ++i) {
       const auto& p = P.infos()[i];
       const int64_t next = i + 1 < P.infos().size() ? P.infos()[i + 1].offset : P.total_numel();
-      spans.push_back({p.offset, next - p.offset, p.layer});
+      spans.push_back({p.offset, next - p.offset, p.layer, p.expert >= 0});
     }
+    // Expert parallelism: expert gradients over the expert-data-parallel group (at EP 1
+    // it is the DP group: one set of buckets, as for a dense model).
+    comm::Communicator* expert_dp =
+        s.ps->layout().ep() > 1 ? &s.ps->expert_dp() : nullptr;
     // Megatron's default bucket: max(40M, 1M * DP) parameters (only with overlap).
     const int64_t bucket = a.ddp_bucket_size.value_or(
         a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
     s.dp_grads = std::make_unique<parallel::DataParallelGrads>(
         // Over DP x CP: each CP rank's gradients are those of its part of the sequences.
         P.flat_grads(), std::move(spans), data_cp_group(*s.ps), bucket, a.overlap_grad_reduce,
-        a.use_distributed_optimizer, a.grad_reduce_in_bf16);
+        a.use_distributed_optimizer, a.grad_reduce_in_bf16, expert_dp);
     const auto& g = *s.dp_grads;
     log::info(
         "> gradient buckets: {} (--ddp-bucket-size {}), {} in {}{}{}", g.buckets().size(), bucket,
@@ -279,6 +304,14 @@ void Trainer::State::build_optimizer() {
     s.model->set_params_needed_hook([o = s.opt.get()](int layer) { o->wait_params(layer); });
   s.grad_params = optim::grad_params(P, *s.ps);  // collective over the embedding group
   s.norm_group = &parallel::grad_norm_group(*s.ps, s.world->world(), s.opt->state_sharded());
+  // Expert parallelism: the expert parameters' squares summed over ETP x EP (x PP) -- for
+  // the grad norm only when the optimizer holds whole gradients: its shards (dense over
+  // DP, experts over EDP) are all distinct over the sharded norm group already.
+  if (s.ps->layout().ep() > 1) {
+    s.expert_mp_group = &s.ps->group(a.pipeline_model_parallel_size > 1 ? parallel::Group::TP_EP_PP
+                                                                         : parallel::Group::TP_EP);
+    if (!s.opt->state_sharded()) s.expert_norm_group = s.expert_mp_group;
+  }
   // The memory plan before the first step allocates any activation, per pipeline stage;
   // the allocated weights, gradients and optimizer state must agree with it.
   s.plan = plan_stage_memory(a, s.model_cfg, s.ps->pp_rank());

@@ -54,6 +54,11 @@ struct Trainer::State {
   // finalize_model_grads's view of every parameter, and the group the grad norm sums over.
   std::vector<parallel::GradParam> grad_params;
   comm::Communicator* norm_group = nullptr;
+  // EP > 1: the group over which expert gradients' squares add up in the grad norm (null
+  // when the optimizer's shards are distinct over norm_group), and expert parameters'
+  // (--log-params-norm).
+  comm::Communicator* expert_norm_group = nullptr;
+  comm::Communicator* expert_mp_group = nullptr;
   std::unique_ptr<optim::OptimizerParamScheduler> sched;
   std::unique_ptr<optim::LossScaler> scaler;  // --fp16
   std::unique_ptr<ForwardBackward> fwd_bwd;

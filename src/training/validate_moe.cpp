@@ -268,14 +268,12 @@ void validate_moe(Args& a) {
                   tp);
 
   // Not implemented yet by megatron.cpp.
-  MCPP_CHECK_HINT(ep == 1, "drop --expert-model-parallel-size for now (experts then live on every "
-                           "rank; data parallelism still applies)",
-                  "--expert-model-parallel-size {}: training with expert parallelism is not "
-                  "implemented yet (the MoE layer runs at EP > 1 with the all-to-all dispatcher, "
-                  "but the trainer does not yet reduce expert gradients over the "
-                  "expert-data-parallel group, count them once per EP rank in the grad norm, or "
-                  "checkpoint every EP rank's experts); only 1 is supported now",
-                  ep);
+  // Expert parallelism: what the trainer does not run yet at EP > 1.
+  MCPP_CHECK_HINT(ep == 1 || tp == 1 || a.moe_token_dispatcher_type == "alltoall",
+                  "add --moe-token-dispatcher-type alltoall",
+                  "--expert-model-parallel-size {} with --tensor-model-parallel-size {}: the "
+                  "allgather dispatcher runs expert parallelism at TP 1 only",
+                  ep, tp);
   MCPP_CHECK_HINT(etp == tp,
                   "drop --expert-tensor-parallel-size (it defaults to "
                   "--tensor-model-parallel-size)",

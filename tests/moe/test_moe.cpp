@@ -458,6 +458,11 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_NE(start_up_error({"--num-experts", "4", "--expert-tensor-parallel-size", "2"})
                 .find("--expert-tensor-parallel-size"),
             std::string::npos);
+  // Expert parallelism trains at TP 1 (EP folded over DP), with the distributed optimizer too.
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2"}), "");
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2",
+                            "--use-distributed-optimizer"}),
+            "");
   EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"})
                 .find("sinkhorn"),
             std::string::npos);

@@ -112,8 +112,13 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   comm::Communicator* group = dispatch_group(cx);
   const int64_t T = cx.T, E = m.num_experts, k = m.topk;
   MCPP_CHECK(m.ep_size == 1 || ep_, "MoE layer {}: EP {} without an EP group", layer_, m.ep_size);
-  MCPP_CHECK(!ep_ || !cx.tp_comm, "MoE layer {}: expert parallelism with TP > 1 is not "
-             "implemented yet", layer_);
+  // EP x TP (ETP = TP, sequence parallel): the TP group routes its gathered tokens, then
+  // the all-to-all runs over the EP group (ranks of one TP rank), each rank's experts
+  // compute their ETP shard, and the TP reduce-scatter of the combine sums the shards.
+  // The all-gather dispatcher gathers only the local tokens: TP 1.
+  MCPP_CHECK(!ep_ || !cx.tp_comm || (m.alltoall && group),
+             "MoE layer {}: expert parallelism with TP > 1 needs the alltoall dispatcher and "
+             "sequence parallelism", layer_);
 
   // Router: this rank's logits, then the group's (every member routes all T tokens).
   router_.forward(x, s.router, cx);

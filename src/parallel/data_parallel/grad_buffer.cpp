@@ -7,7 +7,8 @@ namespace mcpp::parallel {
 
 DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
                                      comm::Communicator& dp, int64_t bucket_size, bool overlap,
-                                     bool reduce_scatter, bool reduce_in_bf16)
+                                     bool reduce_scatter, bool reduce_in_bf16,
+                                     comm::Communicator* expert_dp)
     : grads_(std::move(grads)), spans_(std::move(spans)), dp_(dp), overlap_(overlap),
       reduce_scatter_(reduce_scatter) {
   MCPP_CHECK(grads_.dim() == 1, "DataParallelGrads: flat buffer expected, got {}", grads_.str());
@@ -15,6 +16,9 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
   const int64_t total = grads_.numel();
   bucket_size = std::max<int64_t>(bucket_size, 1);
   bucket_of_.assign(spans_.size(), -1);
+  // Expert spans get their own group only when it is another one (EP > 1).
+  const bool split = expert_dp && expert_dp != &dp_;
+  auto group_of = [&](size_t k) { return split && spans_[k].expert ? expert_dp : &dp_; };
   // Backprop order: the last registered parameter first.
   GradBucket cur;
   cur.end = total;
@@ -25,7 +29,10 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
                k);
     lo = p.offset;
     cur.params.push_back(k);
-    if (cur.end - lo >= bucket_size || k == 0) {
+    cur.group = group_of(k);
+    // A bucket ends at its size, at the first parameter, or where the next parameter (in
+    // backprop order) is reduced over another group.
+    if (cur.end - lo >= bucket_size || k == 0 || group_of(k - 1) != cur.group) {
       cur.begin = lo;
       buckets_.push_back(cur);
       cur = GradBucket{};
@@ -38,12 +45,13 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
     auto& bk = buckets_[b];
     for (size_t k : bk.params) bucket_of_[k] = int(b);
     if (reduce_scatter_) {
-      MCPP_CHECK((bk.end - bk.begin) % dp_.size() == 0,
-                 "bucket [{}, {}) is not a multiple of the data-parallel size {}: align the "
+      const int g = bk.group->size();  // DP, or EDP (a divisor of DP) for expert buckets
+      MCPP_CHECK((bk.end - bk.begin) % g == 0,
+                 "bucket [{}, {}) is not a multiple of its data-parallel size {}: align the "
                  "parameters to it",
-                 bk.begin, bk.end, dp_.size());
+                 bk.begin, bk.end, g);
       bk.shard_offset = shard_total;
-      shard_total += (bk.end - bk.begin) / dp_.size();
+      shard_total += (bk.end - bk.begin) / g;
     }
   }
   if (reduce_scatter_) {
@@ -74,7 +82,8 @@ void DataParallelGrads::start(size_t b, Stream& s) {
   const auto& bk = buckets_[b];
   const int64_t len = bk.end - bk.begin;
   Tensor in = grads_.narrow(bk.begin, len);
-  if (dp_.size() == 1 && !reduce_scatter_) {
+  comm::Communicator& g = *bk.group;
+  if (g.size() == 1 && !reduce_scatter_) {
     views_[2 * b] = in;
     started_[b] = true;
     return;
@@ -90,9 +99,9 @@ void DataParallelGrads::start(size_t b, Stream& s) {
     Tensor out = staging_.defined() ? staging_.narrow(grads_.numel() + bk.shard_offset, block(b))
                                     : shard_.narrow(bk.shard_offset, block(b));
     views_[2 * b + 1] = out;
-    work_[b] = dp_.reduce_scatter_async(views_[2 * b], views_[2 * b + 1], s);
+    work_[b] = g.reduce_scatter_async(views_[2 * b], views_[2 * b + 1], s);
   } else {
-    work_[b] = dp_.all_reduce_async(views_[2 * b], comm::ReduceOp::Sum, s);
+    work_[b] = g.all_reduce_async(views_[2 * b], comm::ReduceOp::Sum, s);
   }
   started_[b] = true;
 }
@@ -126,7 +135,8 @@ void DataParallelGrads::finish(Stream& s) {
     // collective, so the cast back below is ordered after it.
     work_[b].wait();
     work_[b] = comm::Work();
-    if (staging_.defined()) unstage(b, s);
+    // A bucket of a group of one (expert parameters at EDP 1) was never staged.
+    if (staging_.defined() && (reduce_scatter_ || buckets_[b].group->size() > 1)) unstage(b, s);
   }
   armed_ = false;
 }

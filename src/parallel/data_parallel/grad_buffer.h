@@ -24,6 +24,15 @@
 //     (its gradients then also accumulate in bf16); here only the transfer is bf16.
 //   Every DP rank runs the same backward, so the buckets start in the same order on all
 //   of them, as the communicator's sequence numbers require.
+//   * Expert parallelism (Megatron's expert_data_parallel buffers): expert parameters
+//     (ParamSpan::expert) are reduced over the expert-data-parallel group instead, given
+//     as `expert_dp` when it differs from `dp` (EP > 1: the EP ranks of one DP group hold
+//     different experts at the same offsets, so a DP sum would mix them). Buckets then
+//     never mix dense and expert parameters; each bucket reduces over its own group. The
+//     gradients are pre-scaled by the global token count already, so a sum over EDP is the
+//     sum over every micro-batch that routed rows to these experts. With reduce-scatter an
+//     expert bucket is scattered over EDP: its blocks are len / EDP (block(k)), and the
+//     shard holds rank edp's block (Megatron's expert distributed optimizer).
 // This file knows spans of a flat buffer, not the model (parallel/ sits below model/).
 #pragma once
 #include <cstdint>
@@ -39,6 +48,7 @@ namespace mcpp::parallel {
 struct ParamSpan {
   int64_t offset = 0, numel = 0;
   int layer = -1;  // the model's layer index, -1 for embedding/head (ready last)
+  bool expert = false;  // reduced over the expert-data-parallel group (when one is given)
 };
 
 // A run of one parameter's elements in two buffers laid out differently: elements
@@ -56,6 +66,7 @@ struct GradBucket {
   int64_t begin = 0, end = 0;   // [begin, end) of the flat buffer
   std::vector<size_t> params;   // indices into the spans
   int64_t shard_offset = 0;     // distributed optimizer: where block `rank` lands in shard()
+  comm::Communicator* group = nullptr;  // the group that reduces it (dp, or expert_dp)
 };
 
 class DataParallelGrads {
@@ -63,9 +74,10 @@ class DataParallelGrads {
   // grads: the flat gradient buffer [total]; spans: every parameter, registry order.
   // reduce_in_bf16 needs an fp32 buffer; in a group of one there is nothing to reduce,
   // so it has no effect there (no staging buffer, reduce_dtype() stays the buffer's).
+  // expert_dp: the group that reduces expert spans (null, or &dp: the same as dense ones).
   DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans, comm::Communicator& dp,
                     int64_t bucket_size, bool overlap, bool reduce_scatter,
-                    bool reduce_in_bf16 = false);
+                    bool reduce_in_bf16 = false, comm::Communicator* expert_dp = nullptr);
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   comm::Communicator& dp() const { return dp_; }
@@ -79,8 +91,11 @@ class DataParallelGrads {
   Tensor& shard() { return shard_; }
   // Bytes of the shard buffer (0 without reduce-scatter).
   int64_t shard_bytes() const { return shard_.defined() ? int64_t(shard_.nbytes()) : 0; }
-  // Elements of bucket k that rank r owns: [begin + r*n, begin + (r+1)*n), n = len / DP.
-  int64_t block(size_t k) const { return (buckets_[k].end - buckets_[k].begin) / dp_.size(); }
+  // Elements of bucket k that rank r of its group owns: [begin + r*n, begin + (r+1)*n),
+  // n = len / (its group's size: DP, or EDP for an expert bucket).
+  int64_t block(size_t k) const {
+    return (buckets_[k].end - buckets_[k].begin) / buckets_[k].group->size();
+  }
 
   // Before the backward whose gradients are final (the last micro-batch): arms the counts.
   void begin_final_backward();
