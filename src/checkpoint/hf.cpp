@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/hf_moe.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 
@@ -99,10 +100,15 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
           {L(l, "self_attention.linear_qkv." + s), h + "self_attn.v_proj." + s, qkv.v, false});
       e.push_back(
           {L(l, "self_attention.linear_proj." + s), h + "self_attn.o_proj." + s, {}, false});
+      if (c.is_moe_layer(l)) continue;  // below
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.gate_proj." + s, range(0, F), false});
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.up_proj." + s, range(F, 2 * F), false});
       e.push_back({L(l, "mlp.linear_fc2." + s), h + "mlp.down_proj." + s, {}, false});
     }
+    if (c.is_moe_layer(l))  // Mixtral (hf_moe.h): router and experts
+      for (const auto& m : hf_moe::mixtral_layer_entries(c, l))
+        e.push_back({m.mname, m.hname, m.row1 < 0 ? std::vector<int64_t>{} : range(m.row0, m.row1),
+                     false});
     e.push_back(
         {L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false, true});
   }
@@ -139,18 +145,18 @@ const char* torch_dtype(DType t) {
 }  // namespace
 
 const char* hf_arch_name(HfArch a) {
-  return a == HfArch::Gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  return a == HfArch::Gpt2    ? "GPT2LMHeadModel"
+         : a == HfArch::Llama ? "LlamaForCausalLM"
+                              : "MixtralForCausalLM";
 }
 
 HfArch hf_arch_of(const model::TransformerConfig& c) {
-  // Mixture of experts: no mapping yet, so say so rather than drop the experts (the class
-  // of Megatron-LM #5844, whose converter silently dropped every Mixtral expert).
-  MCPP_CHECK_HINT(c.moe.num_experts == 0,
-                  "keep the megatron.cpp checkpoint; Mixtral / Qwen3-MoE mappings are not "
-                  "written yet (docs/moe.md)",
-                  "Hugging Face conversion of a mixture-of-experts model ({} experts) is not "
-                  "implemented yet",
-                  c.moe.num_experts);
+  // Mixture of experts: Mixtral or an error naming what it cannot express (never a
+  // conversion that drops the experts, as Megatron-LM #5844's did).
+  if (c.moe.num_experts > 0) {
+    hf_moe::check_mixtral(c);
+    return HfArch::Mixtral;
+  }
   if (!c.rope && !c.rmsnorm && !c.swiglu) {
     MCPP_CHECK_HINT(c.add_bias_linear && c.tie_embeddings,
                     "GPT-2 needs biases and tied embeddings (drop --disable-bias-linear and "
@@ -176,7 +182,8 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
 }
 
 json hf_config(const model::TransformerConfig& c, DType dtype) {
-  if (hf_arch_of(c) == HfArch::Gpt2)
+  const HfArch arch = hf_arch_of(c);
+  if (arch == HfArch::Gpt2)
     return {{"architectures", {"GPT2LMHeadModel"}},
             {"model_type", "gpt2"},
             {"vocab_size", c.padded_vocab_size},
@@ -195,7 +202,7 @@ json hf_config(const model::TransformerConfig& c, DType dtype) {
             {"scale_attn_weights", true},
             {"tie_word_embeddings", true},
             {"torch_dtype", torch_dtype(dtype)}};
-  return {{"architectures", {"LlamaForCausalLM"}},
+  json j = {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"vocab_size", c.padded_vocab_size},
           {"hidden_size", c.hidden_size},
@@ -215,6 +222,8 @@ json hf_config(const model::TransformerConfig& c, DType dtype) {
           {"initializer_range", c.init_method_std},
           {"tie_word_embeddings", c.tie_embeddings},
           {"torch_dtype", torch_dtype(dtype)}};
+  if (arch == HfArch::Mixtral) hf_moe::to_mixtral_config(c, j);
+  return j;
 }
 
 model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_by) {
@@ -271,7 +280,7 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.hidden_dropout = j.value("resid_pdrop", 0.1);
       c.attention_dropout = j.value("attn_pdrop", 0.1);
       c.init_method_std = j.value("initializer_range", 0.02);
-    } else if (type == "llama") {
+    } else if (type == "llama" || type == "mixtral") {  // Mixtral: Llama + MoE (hf_moe.h)
       c.num_layers = size("num_hidden_layers"), c.hidden_size = size("hidden_size");
       c.num_attention_heads = size("num_attention_heads");
       c.num_query_groups = opt_size("num_key_value_heads", c.num_attention_heads);
@@ -285,10 +294,8 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.seq_length = c.max_position_embeddings;
       c.norm_epsilon = pos_real("rms_norm_eps", 1e-6);
       c.rope = true, c.rmsnorm = true, c.swiglu = true;
-      c.rotary_base = pos_real("rope_theta", 10000.0);
-      MCPP_CHECK_HINT(j.value("rope_scaling", json()).is_null(),
-                      "RoPE scaling (llama3, yarn, linear) is not implemented yet",
-                      "config.json has rope_scaling {}", j["rope_scaling"].dump());
+      // transformers 4.x: rope_theta; 5.x: rope_parameters. Each class's own default.
+      c.rotary_base = hf_moe::rope_theta_from_hf(j, type, type == "mixtral" ? 1e6 : 1e4);
       const std::string act = j.value("hidden_act", "silu");
       MCPP_CHECK(act == "silu", "Llama hidden_act '{}' is not supported (only silu)", act);
       const bool ab = j.value("attention_bias", false), mb = j.value("mlp_bias", false);
@@ -299,8 +306,12 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.hidden_dropout = 0.0;
       c.attention_dropout = j.value("attention_dropout", 0.0);
       c.init_method_std = j.value("initializer_range", 0.02);
+      if (type == "mixtral") hf_moe::moe_config_from_hf(j, type, c);
+    } else if (hf_moe::is_moe_model_type(type)) {
+      hf_moe::moe_config_from_hf(j, type, c);  // the types it cannot import: their error
     } else {
-      MCPP_FAIL("Hugging Face model_type '{}' is not supported (gpt2 and llama are)", type);
+      MCPP_FAIL("Hugging Face model_type '{}' is not supported (gpt2, llama and mixtral are)",
+                type);
     }
     const int64_t v = size("vocab_size");
     const int64_t m = std::max<int64_t>(1, divisible_by);
@@ -339,8 +350,12 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
   check_tp1(c, ps);
   // HF files may name GPT-2's tensors without the "transformer." prefix (GPT2Model) and carry
   // non-parameter buffers; both are accepted.
+  // MoE: transformers 5's fused experts become the Hub's per-expert tensors first.
+  const std::map<std::string, Tensor> unfused =
+      c.moe.num_experts > 0 ? hf_moe::unfuse_experts(c, in) : std::map<std::string, Tensor>{};
+  const std::map<std::string, Tensor>& tensors = c.moe.num_experts > 0 ? unfused : in;
   std::map<std::string, const Tensor*> hf;
-  for (const auto& [n, t] : in) hf[n] = &t;
+  for (const auto& [n, t] : tensors) hf[n] = &t;
   auto find = [&](const std::string& n) -> const Tensor* {
     if (hf.count(n)) return hf[n];
     const std::string p = "transformer.";
@@ -381,7 +396,7 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
                "internal: parameter {} not fully covered by the Hugging Face mapping", p.name);
   }
   std::vector<std::string> unknown;
-  for (const auto& [n, t] : in) {
+  for (const auto& [n, t] : tensors) {
     if (used.count(n)) continue;
     const bool buffer = n.find("attn.bias") != std::string::npos ||
                         n.find("attn.masked_bias") != std::string::npos ||

@@ -27,8 +27,8 @@
 
 namespace mcpp::checkpoint {
 
-enum class HfArch { Gpt2, Llama };
-const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", "LlamaForCausalLM"
+enum class HfArch { Gpt2, Llama, Mixtral };
+const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM"
 // The HF architecture a model maps to; an mcpp::Error naming the feature when it fits neither
 // (e.g. GPT-2 needs LayerNorm, GELU, biases, learned positions, tied embeddings, no GQA).
 HfArch hf_arch_of(const model::TransformerConfig& c);
