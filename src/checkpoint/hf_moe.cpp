@@ -86,7 +86,8 @@ void moe_config_from_hf(const json& j, const std::string& type, model::Transform
                   "Hugging Face config.json ({}): num_experts_per_tok {} exceeds the {} experts",
                   type, c.moe.topk, c.moe.num_experts);
   c.moe.ffn_hidden_size = c.ffn_hidden_size;  // Mixtral's intermediate_size is per expert
-  c.moe.layer_pattern.clear();                // every layer is MoE
+  // Every layer is MoE, spelt as training spells --moe-layer-freq 1 (checkpoints compare it).
+  c.moe.layer_pattern.assign(size_t(c.num_layers), 1);
   // Softmax -> top-k -> renormalise: Megatron's default (post-softmax) router, no scaling.
   c.moe.sigmoid = false, c.moe.pre_softmax = false, c.moe.topk_scaling_factor = 0;
   c.moe.balance = model::TransformerConfig::Moe::Balance::AuxLoss;

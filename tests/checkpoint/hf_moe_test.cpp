@@ -122,6 +122,7 @@ model::TransformerConfig tiny_moe() {
   auto c = tiny_config("llama");
   c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 12;
   c.moe.aux_loss_coeff = 0.02, c.rotary_base = 500000;
+  c.moe.layer_pattern = {1, 1};  // as training spells --moe-layer-freq 1
   return c;
 }
 
@@ -132,7 +133,7 @@ TEST(HfMoe, MixtralConfigFromTransformers5) {
   EXPECT_EQ(c.moe.num_experts, 4);
   EXPECT_EQ(c.moe.topk, 2);
   EXPECT_EQ(c.moe.ffn_hidden_size, 48);
-  EXPECT_TRUE(c.moe.layer_pattern.empty());  // every layer MoE
+  EXPECT_EQ(c.moe.layer_pattern, (std::vector<int64_t>{1, 1}));  // every layer MoE
   EXPECT_FALSE(c.moe.sigmoid || c.moe.pre_softmax);
   EXPECT_DOUBLE_EQ(c.moe.aux_loss_coeff, 0.01);
   EXPECT_DOUBLE_EQ(c.rotary_base, 10000.0);  // from rope_parameters (Mixtral's default: 1e6)
