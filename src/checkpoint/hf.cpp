@@ -493,8 +493,12 @@ void check_hf_fits_files(const std::string& hf_dir, const model::TransformerConf
   // one byte each, in floating point so that no product overflows.
   const double H = double(c.hidden_size), F = double(c.ffn_hidden_size);
   const double qkv = double(c.num_attention_heads + 2 * c.num_query_groups) * double(c.kv_channels);
+  // MoE layers: E experts of width I each (a config.json with 2^20 experts is refused here too).
+  const double mlp = c.moe.num_experts > 0
+                         ? double(c.moe.num_experts) * 2 * double(c.moe.ffn_hidden_size) * H
+                         : 2 * F * H;
   const double params = double(c.padded_vocab_size) * H +
-                        double(c.num_layers) * (qkv * H + H * H + 2 * F * H);
+                        double(c.num_layers) * (qkv * H + H * H + mlp);
   double have = 0;
   for (const auto& f : hf_weight_files(hf_dir)) {
     std::error_code ec;

@@ -80,7 +80,9 @@ void moe_config_from_hf(const json& j, const std::string& type, model::Transform
     return j[k].get<int64_t>();
   };
   // transformers maps num_experts onto num_local_experts (attribute_map); accept either.
-  c.moe.num_experts = count(j.contains("num_local_experts") ? "num_local_experts" : "num_experts");
+  c.moe.num_experts = count(j.contains("num_experts") && !j.contains("num_local_experts")
+                                ? "num_experts"
+                                : "num_local_experts");
   c.moe.topk = count("num_experts_per_tok");
   MCPP_CHECK_HINT(c.moe.topk <= c.moe.num_experts, "check config.json",
                   "Hugging Face config.json ({}): num_experts_per_tok {} exceeds the {} experts",

@@ -52,6 +52,8 @@ model::TransformerConfig mixtral_config() {
   return c;
 }
 
+json read_fixture_config() { return ck::read_hf_config(fixture("mixtral")); }
+
 std::map<std::string, Tensor> fixture_tensors(const std::string& fam) {
   return ck::load_safetensors(fixture(fam) + "/model.safetensors").tensors;
 }
@@ -301,6 +303,15 @@ TEST(HfMoe, Transformers4ConfigAndUnsupportedFields) {
   EXPECT_NE(bad("sliding_window", 16).find("sliding_window 16"), std::string::npos);
   EXPECT_NE(bad("num_experts_per_tok", 9).find("num_experts_per_tok 9"), std::string::npos);
   EXPECT_NE(bad("num_local_experts", 0).find("'num_local_experts' is 0"), std::string::npos);
+  // Far more experts than the weight files can hold: refused before any allocation.
+  {
+    json big = read_fixture_config();
+    big["num_local_experts"] = 1 << 19;
+    big["num_experts_per_tok"] = 2;
+    const auto cb = ck::model_config_from_hf(big, 1);
+    const std::string e = error_of([&] { ck::check_hf_fits_files(fixture("mixtral"), cb); });
+    EXPECT_NE(e.find("weight files hold only"), std::string::npos) << e;
+  }
   json rp = j;
   rp["rope_theta"] = 1e4;
   rp["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
