@@ -107,8 +107,8 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
     }
     if (c.is_moe_layer(l))  // Mixtral (hf_moe.h): router and experts
       for (const auto& m : hf_moe::mixtral_layer_entries(c, l))
-        e.push_back({m.mname, m.hname, m.row1 < 0 ? std::vector<int64_t>{} : range(m.row0, m.row1),
-                     false});
+        e.push_back(
+            {m.mname, m.hname, m.row1 < 0 ? std::vector<int64_t>{} : range(m.row0, m.row1), false});
     e.push_back(
         {L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false, true});
   }
@@ -203,25 +203,25 @@ json hf_config(const model::TransformerConfig& c, DType dtype) {
             {"tie_word_embeddings", true},
             {"torch_dtype", torch_dtype(dtype)}};
   json j = {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", c.padded_vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.ffn_hidden_size},
-          {"num_hidden_layers", c.num_layers},
-          {"num_attention_heads", c.num_attention_heads},
-          {"num_key_value_heads", c.num_query_groups},
-          {"head_dim", c.kv_channels},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"rms_norm_eps", c.norm_epsilon},
-          {"rope_theta", c.rotary_base},
-          {"rope_scaling", nullptr},
-          {"hidden_act", "silu"},
-          {"attention_bias", c.add_bias_linear},
-          {"mlp_bias", c.add_bias_linear},
-          {"attention_dropout", c.attention_dropout},
-          {"initializer_range", c.init_method_std},
-          {"tie_word_embeddings", c.tie_embeddings},
-          {"torch_dtype", torch_dtype(dtype)}};
+            {"model_type", "llama"},
+            {"vocab_size", c.padded_vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"num_hidden_layers", c.num_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_query_groups},
+            {"head_dim", c.kv_channels},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"rms_norm_eps", c.norm_epsilon},
+            {"rope_theta", c.rotary_base},
+            {"rope_scaling", nullptr},
+            {"hidden_act", "silu"},
+            {"attention_bias", c.add_bias_linear},
+            {"mlp_bias", c.add_bias_linear},
+            {"attention_dropout", c.attention_dropout},
+            {"initializer_range", c.init_method_std},
+            {"tie_word_embeddings", c.tie_embeddings},
+            {"torch_dtype", torch_dtype(dtype)}};
   if (arch == HfArch::Mixtral) hf_moe::to_mixtral_config(c, j);
   return j;
 }
@@ -240,10 +240,12 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
   // allocate nonsense below).
   auto size = [&](const char* k) -> int64_t {
     const json& v = need(k);
-    MCPP_CHECK_HINT(v.is_number_integer() && v.get<int64_t>() >= 1 &&
-                        v.get<int64_t>() < (int64_t(1) << 31),
-                    "check config.json", "Hugging Face config.json ({}): '{}' is {}, expected a "
-                    "positive integer", type, k, v.dump());
+    MCPP_CHECK_HINT(
+        v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() < (int64_t(1) << 31),
+        "check config.json",
+        "Hugging Face config.json ({}): '{}' is {}, expected a "
+        "positive integer",
+        type, k, v.dump());
     return v.get<int64_t>();
   };
   auto opt_size = [&](const char* k, int64_t dflt) -> int64_t {
@@ -253,14 +255,16 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
     if (!j.contains(k) || j[k].is_null()) return dflt;
     const json& v = j[k];
     MCPP_CHECK_HINT(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
-                    "check config.json", "Hugging Face config.json ({}): '{}' is {}, expected a "
-                    "positive number", type, k, v.dump());
+                    "check config.json",
+                    "Hugging Face config.json ({}): '{}' is {}, expected a "
+                    "positive number",
+                    type, k, v.dump());
     return v.get<double>();
   };
   auto divides = [&](int64_t a, int64_t b, const char* ka, const char* kb) {
     MCPP_CHECK_HINT(a % b == 0, "check config.json",
-                    "Hugging Face config.json ({}): '{}' {} is not a multiple of '{}' {}", type,
-                    ka, a, kb, b);
+                    "Hugging Face config.json ({}): '{}' {} is not a multiple of '{}' {}", type, ka,
+                    a, kb, b);
   };
   try {
     if (type == "gpt2") {
@@ -387,7 +391,7 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
     for (int64_t i = 0; i < R; ++i)
       for (int64_t j = 0; j < C; ++j)
         set_float(dst, rows[size_t(i)] * C + j,
-                   get_float(*src, e.transpose ? j * R + i : i * C + j));
+                  get_float(*src, e.transpose ? j * R + i : i * C + j));
     rows_filled[e.mname] += R;
   }
   for (const auto& p : ps.infos()) {
@@ -440,8 +444,7 @@ namespace {
 // "..", not absolute, and (after symlinks) inside the folder. An index from the internet
 // must not make the importer read /etc/shadow or another user's files.
 std::string weight_file_in(const fs::path& dir, const json& entry, const std::string& index) {
-  MCPP_CHECK(entry.is_string(), "{}: weight_map value {} is not a file name", index,
-             entry.dump());
+  MCPP_CHECK(entry.is_string(), "{}: weight_map value {} is not a file name", index, entry.dump());
   const std::string name = entry.get<std::string>();
   const fs::path rel(name);
   bool up = false;
@@ -454,8 +457,8 @@ std::string weight_file_in(const fs::path& dir, const json& entry, const std::st
   const std::string b = base.string() + "/";
   MCPP_CHECK_HINT(full.string().rfind(b, 0) == 0,
                   "a model folder's index names files inside the folder only",
-                  "{}: weight_map names '{}', which resolves to {} outside the model folder",
-                  index, name, full.string());
+                  "{}: weight_map names '{}', which resolves to {} outside the model folder", index,
+                  name, full.string());
   return name;
 }
 
@@ -497,8 +500,8 @@ void check_hf_fits_files(const std::string& hf_dir, const model::TransformerConf
   const double mlp = c.moe.num_experts > 0
                          ? double(c.moe.num_experts) * 2 * double(c.moe.ffn_hidden_size) * H
                          : 2 * F * H;
-  const double params = double(c.padded_vocab_size) * H +
-                        double(c.num_layers) * (qkv * H + H * H + mlp);
+  const double params =
+      double(c.padded_vocab_size) * H + double(c.num_layers) * (qkv * H + H * H + mlp);
   double have = 0;
   for (const auto& f : hf_weight_files(hf_dir)) {
     std::error_code ec;

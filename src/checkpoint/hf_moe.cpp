@@ -15,8 +15,8 @@ double rope_theta_from_hf(const json& j, const std::string& type, double dflt) {
   auto positive = [&](const json& v, const char* field) {
     MCPP_CHECK_HINT(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
                     "check config.json",
-                    "Hugging Face config.json ({}): '{}' is {}, expected a positive number",
-                    type, field, v.dump());
+                    "Hugging Face config.json ({}): '{}' is {}, expected a positive number", type,
+                    field, v.dump());
     return v.get<double>();
   };
   MCPP_CHECK_HINT(j.value("rope_scaling", json()).is_null(),
@@ -47,22 +47,19 @@ double rope_theta_from_hf(const json& j, const std::string& type, double dflt) {
       const std::string rt = s.value("rope_type", std::string("default"));
       MCPP_CHECK_HINT(rt == "default",
                       "RoPE scaling (llama3, yarn, linear, dynamic) is not implemented yet",
-                      "Hugging Face config.json ({}) has rope_parameters.rope_type '{}'", type,
-                      rt);
+                      "Hugging Face config.json ({}) has rope_parameters.rope_type '{}'", type, rt);
       if (!s.contains("rope_theta")) continue;
       const double t = positive(s["rope_theta"], "rope_parameters.rope_theta");
       MCPP_CHECK_HINT(!given || t == theta, "check config.json",
-                      "Hugging Face config.json ({}): rope theta {} and {} disagree", type,
-                      theta, t);
+                      "Hugging Face config.json ({}): rope theta {} and {} disagree", type, theta,
+                      t);
       theta = t, given = true;
     }
   }
   return theta;
 }
 
-bool is_moe_model_type(const std::string& type) {
-  return type == "mixtral" || type == "qwen3_moe";
-}
+bool is_moe_model_type(const std::string& type) { return type == "mixtral" || type == "qwen3_moe"; }
 
 void moe_config_from_hf(const json& j, const std::string& type, model::TransformerConfig& c) {
   MCPP_CHECK_HINT(type != "qwen3_moe",
@@ -75,14 +72,14 @@ void moe_config_from_hf(const json& j, const std::string& type, model::Transform
     MCPP_CHECK_HINT(j.contains(k) && j[k].is_number_integer() && j[k].get<int64_t>() >= 1 &&
                         j[k].get<int64_t>() < (int64_t(1) << 20),
                     "check config.json",
-                    "Hugging Face config.json ({}): '{}' is {}, expected a positive integer",
-                    type, k, j.contains(k) ? j[k].dump() : std::string("missing"));
+                    "Hugging Face config.json ({}): '{}' is {}, expected a positive integer", type,
+                    k, j.contains(k) ? j[k].dump() : std::string("missing"));
     return j[k].get<int64_t>();
   };
   // transformers maps num_experts onto num_local_experts (attribute_map); accept either.
-  c.moe.num_experts = count(j.contains("num_experts") && !j.contains("num_local_experts")
-                                ? "num_experts"
-                                : "num_local_experts");
+  c.moe.num_experts =
+      count(j.contains("num_experts") && !j.contains("num_local_experts") ? "num_experts"
+                                                                          : "num_local_experts");
   c.moe.topk = count("num_experts_per_tok");
   MCPP_CHECK_HINT(c.moe.topk <= c.moe.num_experts, "check config.json",
                   "Hugging Face config.json ({}): num_experts_per_tok {} exceeds the {} experts",
@@ -100,26 +97,26 @@ void moe_config_from_hf(const json& j, const std::string& type, model::Transform
                   type, coef.dump());
   c.moe.aux_loss_coeff = coef.get<double>();
   const json sw = j.value("sliding_window", json());
-  MCPP_CHECK_HINT(sw.is_null() || (sw.is_number_integer() &&
-                                   sw.get<int64_t>() >= c.max_position_embeddings),
-                  "sliding-window attention is not implemented; a window at least "
-                  "max_position_embeddings long never applies (set it to null)",
-                  "Hugging Face config.json ({}) has sliding_window {} (max_position_embeddings "
-                  "{})",
-                  type, sw.dump(), c.max_position_embeddings);
+  MCPP_CHECK_HINT(
+      sw.is_null() || (sw.is_number_integer() && sw.get<int64_t>() >= c.max_position_embeddings),
+      "sliding-window attention is not implemented; a window at least "
+      "max_position_embeddings long never applies (set it to null)",
+      "Hugging Face config.json ({}) has sliding_window {} (max_position_embeddings "
+      "{})",
+      type, sw.dump(), c.max_position_embeddings);
   const json jitter = j.value("router_jitter_noise", json(0.0));
   if (!jitter.is_number() || jitter.get<double>() != 0.0)
-    log::warn("{} config.json: router_jitter_noise {} (Hugging Face's training-time router "
-              "noise) has no megatron.cpp equivalent: training here routes without noise",
-              type, jitter.dump());
+    log::warn(
+        "{} config.json: router_jitter_noise {} (Hugging Face's training-time router "
+        "noise) has no megatron.cpp equivalent: training here routes without noise",
+        type, jitter.dump());
 }
 
 void check_mixtral(const model::TransformerConfig& c) {
   const auto& m = c.moe;
   auto need = [](bool ok, const char* what, const char* hint) {
     MCPP_CHECK_HINT(ok, hint,
-                    "this mixture-of-experts model has no MixtralForCausalLM equivalent: {}",
-                    what);
+                    "this mixture-of-experts model has no MixtralForCausalLM equivalent: {}", what);
   };
   need(c.rope && c.rmsnorm && c.swiglu && c.rotary_percent == 1.0,
        "Mixtral is RoPE (all dims) + RMSNorm + SwiGLU",
@@ -212,8 +209,8 @@ std::map<std::string, Tensor> unfuse_experts(const model::TransformerConfig& c,
     const std::string pre = n.substr(0, mlp) + ".block_sparse_moe.";
     auto shape_is = [&](const Shape& want) {
       MCPP_CHECK_HINT(t.shape() == want, "the config.json does not match the weights",
-                      "Hugging Face tensor {} has shape {}, expected {}", n,
-                      shape_str(t.shape()), shape_str(want));
+                      "Hugging Face tensor {} has shape {}, expected {}", n, shape_str(t.shape()),
+                      shape_str(want));
     };
     if (ends_with(n, ".mlp.gate.weight")) {
       put(pre + "gate.weight", t, n);

@@ -92,8 +92,7 @@ double logits_rel_err(model::GPTModel& m, const std::string& fam) {
 
 // transformers 5's in-memory layout of the same weights: mlp.gate.weight,
 // mlp.experts.gate_up_proj [E, 2I, H] (per expert [w1; w3]), mlp.experts.down_proj [E, H, I].
-std::map<std::string, Tensor> fuse(const std::map<std::string, Tensor>& hub, int64_t L,
-                                   int64_t E) {
+std::map<std::string, Tensor> fuse(const std::map<std::string, Tensor>& hub, int64_t L, int64_t E) {
   std::map<std::string, Tensor> out;
   for (const auto& [n, t] : hub)
     if (n.find("block_sparse_moe") == std::string::npos) out[n] = t;
@@ -183,13 +182,27 @@ TEST(HfMoe, MixtralExportIsByteIdenticalAndKeepsConfig) {
     EXPECT_TRUE(same_bytes(now.at(name), t)) << name;
   }
   const json ref = ck::read_hf_config(fixture("mixtral")), ours = ck::hf_config(c);
-  for (const char* k :
-       {"architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
-        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-        "max_position_embeddings", "rms_norm_eps", "rope_parameters", "hidden_act",
-        "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
-        "tie_word_embeddings", "sliding_window", "output_router_logits", "router_jitter_noise",
-        "attention_dropout"})
+  for (const char* k : {"architectures",
+                        "model_type",
+                        "vocab_size",
+                        "hidden_size",
+                        "intermediate_size",
+                        "num_hidden_layers",
+                        "num_attention_heads",
+                        "num_key_value_heads",
+                        "head_dim",
+                        "max_position_embeddings",
+                        "rms_norm_eps",
+                        "rope_parameters",
+                        "hidden_act",
+                        "num_local_experts",
+                        "num_experts_per_tok",
+                        "router_aux_loss_coef",
+                        "tie_word_embeddings",
+                        "sliding_window",
+                        "output_router_logits",
+                        "router_jitter_noise",
+                        "attention_dropout"})
     EXPECT_EQ(ours.value(k, json("absent")), ref.at(k)) << k;
   EXPECT_EQ(ours.at("rope_theta"), 10000.0);  // transformers 4.x's spelling, written too
 }
@@ -228,8 +241,9 @@ TEST(HfMoe, FusedTransformers5LayoutImportsTheSameWeights) {
   auto both = hub;
   both["model.layers.0.mlp.experts.down_proj"] =
       fuse(hub, c.num_layers, c.moe.num_experts).at("model.layers.0.mlp.experts.down_proj");
-  EXPECT_NE(error_of([&] { ck::from_hf_tensors(c, both, a.params()); })
-                .find("model.layers.0.block_sparse_moe.experts.0.w2.weight is given twice"),
+  EXPECT_NE(error_of([&] {
+              ck::from_hf_tensors(c, both, a.params());
+            }).find("model.layers.0.block_sparse_moe.experts.0.w2.weight is given twice"),
             std::string::npos);
   // A fused tensor of the wrong expert count names itself and both shapes.
   auto f = fuse(hub, c.num_layers, c.moe.num_experts);
@@ -260,8 +274,7 @@ TEST(HfMoe, MissingExpertIsAnErrorNamingIt) {
     auto t = fixture_tensors("mixtral");
     t.erase(gone);
     const std::string e = error_of([&] { ck::from_hf_tensors(c, t, m.params()); });
-    EXPECT_NE(e.find(std::string("Hugging Face tensor ") + gone + " is missing"),
-              std::string::npos)
+    EXPECT_NE(e.find(std::string("Hugging Face tensor ") + gone + " is missing"), std::string::npos)
         << e;
   }
 }
@@ -277,13 +290,24 @@ TEST(HfMoe, Qwen3MoeIsAClearError) {
 // config.json as transformers 4.x wrote Mixtral's (rope_theta at the top, torch_dtype, no
 // head_dim), with the errors for what we cannot map.
 TEST(HfMoe, Transformers4ConfigAndUnsupportedFields) {
-  json j = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"},
-            {"vocab_size", 100}, {"hidden_size", 64}, {"intermediate_size", 96},
-            {"num_hidden_layers", 2}, {"num_attention_heads", 8}, {"num_key_value_heads", 2},
-            {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5}, {"rope_theta", 1e6},
-            {"sliding_window", nullptr}, {"num_local_experts", 8}, {"num_experts_per_tok", 2},
-            {"router_aux_loss_coef", 0.02}, {"output_router_logits", false},
-            {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}};
+  json j = {{"architectures", {"MixtralForCausalLM"}},
+            {"model_type", "mixtral"},
+            {"vocab_size", 100},
+            {"hidden_size", 64},
+            {"intermediate_size", 96},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 8},
+            {"num_key_value_heads", 2},
+            {"max_position_embeddings", 128},
+            {"rms_norm_eps", 1e-5},
+            {"rope_theta", 1e6},
+            {"sliding_window", nullptr},
+            {"num_local_experts", 8},
+            {"num_experts_per_tok", 2},
+            {"router_aux_loss_coef", 0.02},
+            {"output_router_logits", false},
+            {"tie_word_embeddings", false},
+            {"torch_dtype", "bfloat16"}};
   auto c = ck::model_config_from_hf(j, 128);
   EXPECT_EQ(c.kv_channels, 8);
   EXPECT_EQ(c.padded_vocab_size, 128);
@@ -315,11 +339,14 @@ TEST(HfMoe, Transformers4ConfigAndUnsupportedFields) {
   json rp = j;
   rp["rope_theta"] = 1e4;
   rp["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
-  EXPECT_NE(error_of([&] { ck::model_config_from_hf(rp, 1); }).find("disagree"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { ck::model_config_from_hf(rp, 1); }).find("disagree"), std::string::npos);
   // A Llama config.json from transformers 5: the base comes from rope_parameters too.
-  json llama = {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 16},
-                {"intermediate_size", 24}, {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+  json llama = {{"model_type", "llama"},
+                {"vocab_size", 64},
+                {"hidden_size", 16},
+                {"intermediate_size", 24},
+                {"num_hidden_layers", 1},
+                {"num_attention_heads", 4},
                 {"max_position_embeddings", 32},
                 {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}};
   EXPECT_DOUBLE_EQ(ck::model_config_from_hf(llama, 1).rotary_base, 500000.0);
