@@ -105,8 +105,15 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.up_proj." + s, range(F, 2 * F), false});
       e.push_back({L(l, "mlp.linear_fc2." + s), h + "mlp.down_proj." + s, {}, false});
     }
-    if (c.is_moe_layer(l))  // Mixtral (hf_moe.h): router and experts
-      for (const auto& m : hf_moe::mixtral_layer_entries(c, l))
+    if (c.qk_layernorm)  // Qwen3's per-head q/k RMSNorm weights [HD]
+      for (const char* n : {"q", "k"})
+        e.push_back({L(l, std::string("self_attention.") + n + "_layernorm.weight"),
+                     h + "self_attn." + n + "_norm.weight",
+                     {},
+                     false,
+                     true});
+    if (c.is_moe_layer(l))  // Mixtral / Qwen3-MoE (hf_moe.h): router and experts
+      for (const auto& m : hf_moe::moe_layer_entries(c, l))
         e.push_back(
             {m.mname, m.hname, m.row1 < 0 ? std::vector<int64_t>{} : range(m.row0, m.row1), false});
     e.push_back(
@@ -145,18 +152,21 @@ const char* torch_dtype(DType t) {
 }  // namespace
 
 const char* hf_arch_name(HfArch a) {
-  return a == HfArch::Gpt2    ? "GPT2LMHeadModel"
-         : a == HfArch::Llama ? "LlamaForCausalLM"
-                              : "MixtralForCausalLM";
+  return a == HfArch::Gpt2      ? "GPT2LMHeadModel"
+         : a == HfArch::Llama   ? "LlamaForCausalLM"
+         : a == HfArch::Mixtral ? "MixtralForCausalLM"
+                                : "Qwen3MoeForCausalLM";
 }
 
 HfArch hf_arch_of(const model::TransformerConfig& c) {
-  // Mixture of experts: Mixtral or an error naming what it cannot express (never a
-  // conversion that drops the experts, as Megatron-LM #5844's did).
-  if (c.moe.num_experts > 0) {
-    hf_moe::check_mixtral(c);
-    return HfArch::Mixtral;
-  }
+  // Mixture of experts: Mixtral, Qwen3-MoE or an error naming what neither can express
+  // (never a conversion that drops the experts, as Megatron-LM #5844's did).
+  if (c.moe.num_experts > 0)
+    return hf_moe::moe_arch_of(c) == hf_moe::MoeArch::Qwen3Moe ? HfArch::Qwen3Moe : HfArch::Mixtral;
+  MCPP_CHECK_HINT(!c.qk_layernorm,
+                  "export a MoE model (Qwen3MoeForCausalLM), or train without --qk-layernorm",
+                  "a dense model with --qk-layernorm (Qwen3ForCausalLM) has no Hugging Face "
+                  "mapping here yet");
   if (!c.rope && !c.rmsnorm && !c.swiglu) {
     MCPP_CHECK_HINT(c.add_bias_linear && c.tie_embeddings,
                     "GPT-2 needs biases and tied embeddings (drop --disable-bias-linear and "
@@ -222,7 +232,7 @@ json hf_config(const model::TransformerConfig& c, DType dtype) {
             {"initializer_range", c.init_method_std},
             {"tie_word_embeddings", c.tie_embeddings},
             {"torch_dtype", torch_dtype(dtype)}};
-  if (arch == HfArch::Mixtral) hf_moe::to_mixtral_config(c, j);
+  if (arch == HfArch::Mixtral || arch == HfArch::Qwen3Moe) hf_moe::to_moe_config(c, j);
   return j;
 }
 
@@ -284,7 +294,7 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.hidden_dropout = j.value("resid_pdrop", 0.1);
       c.attention_dropout = j.value("attn_pdrop", 0.1);
       c.init_method_std = j.value("initializer_range", 0.02);
-    } else if (type == "llama" || type == "mixtral") {  // Mixtral: Llama + MoE (hf_moe.h)
+    } else if (type == "llama" || hf_moe::is_moe_model_type(type)) {  // MoE: + hf_moe.h
       c.num_layers = size("num_hidden_layers"), c.hidden_size = size("hidden_size");
       c.num_attention_heads = size("num_attention_heads");
       c.num_query_groups = opt_size("num_key_value_heads", c.num_attention_heads);
@@ -310,12 +320,12 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.hidden_dropout = 0.0;
       c.attention_dropout = j.value("attention_dropout", 0.0);
       c.init_method_std = j.value("initializer_range", 0.02);
-      if (type == "mixtral") hf_moe::moe_config_from_hf(j, type, c);
-    } else if (hf_moe::is_moe_model_type(type)) {
-      hf_moe::moe_config_from_hf(j, type, c);  // the types it cannot import: their error
+      if (type != "llama") hf_moe::moe_config_from_hf(j, type, c);
     } else {
-      MCPP_FAIL("Hugging Face model_type '{}' is not supported (gpt2, llama and mixtral are)",
-                type);
+      MCPP_FAIL(
+          "Hugging Face model_type '{}' is not supported (gpt2, llama, mixtral and "
+          "qwen3_moe are)",
+          type);
     }
     const int64_t v = size("vocab_size");
     const int64_t m = std::max<int64_t>(1, divisible_by);
@@ -497,11 +507,13 @@ void check_hf_fits_files(const std::string& hf_dir, const model::TransformerConf
   const double H = double(c.hidden_size), F = double(c.ffn_hidden_size);
   const double qkv = double(c.num_attention_heads + 2 * c.num_query_groups) * double(c.kv_channels);
   // MoE layers: E experts of width I each (a config.json with 2^20 experts is refused here too).
-  const double mlp = c.moe.num_experts > 0
-                         ? double(c.moe.num_experts) * 2 * double(c.moe.ffn_hidden_size) * H
-                         : 2 * F * H;
+  const double L = double(c.num_layers);
+  double moe_layers = c.moe.num_experts > 0 && c.moe.layer_pattern.empty() ? L : 0;
+  for (int64_t x : c.moe.layer_pattern) moe_layers += double(x);
   const double params =
-      double(c.padded_vocab_size) * H + double(c.num_layers) * (qkv * H + H * H + mlp);
+      double(c.padded_vocab_size) * H + L * (qkv * H + H * H) +
+      moe_layers * double(c.moe.num_experts) * 2 * double(c.moe.ffn_hidden_size) * H +
+      (L - moe_layers) * 2 * F * H;
   double have = 0;
   for (const auto& f : hf_weight_files(hf_dir)) {
     std::error_code ec;

@@ -4,8 +4,10 @@
 //  * import reproduces transformers' logits; export gives back the same tensors byte for
 //    byte and the same config fields; a checkpoint round trip (convert) keeps them;
 //  * transformers 5's fused expert layout imports to the same weights;
-//  * an unmapped tensor, a missing expert, both layouts at once, a Qwen3-MoE folder and MoE
-//    settings Mixtral cannot express are errors naming the tensor, field or flag.
+//  * an unmapped tensor, a missing expert, both layouts at once and MoE settings neither
+//    architecture can express are errors naming the tensor, field or flag;
+//  * --qk-layernorm (Qwen3's q/k norms): gradients against finite differences, names,
+//    checkpoint metadata and start-up errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include "checkpoint/weights.h"
 #include "ckpt_test_util.h"
 #include "model/gpt_model.h"
+#include "training/arguments.h"
 
 using namespace mcpp;
 using namespace mcpp::testing;
@@ -279,12 +282,123 @@ TEST(HfMoe, MissingExpertIsAnErrorNamingIt) {
   }
 }
 
-TEST(HfMoe, Qwen3MoeIsAClearError) {
-  const std::string e =
-      error_of([] { ck::model_config_from_hf(ck::read_hf_config(fixture("qwen3_moe")), 1); });
-  EXPECT_NE(e.find("qwen3_moe"), std::string::npos) << e;
-  EXPECT_NE(e.find("q_norm"), std::string::npos) << e;
-  EXPECT_NE(e.find("--qk-layernorm"), std::string::npos) << e;
+// Qwen3-MoE: q/k norms (--qk-layernorm), a dense first layer (mlp_only_layers), experts of
+// moe_intermediate_size, norm_topk_prob true.
+TEST(HfMoe, Qwen3MoeConfigFromTransformers5) {
+  auto c = ck::model_config_from_hf(ck::read_hf_config(fixture("qwen3_moe")), 1);
+  EXPECT_TRUE(c.qk_layernorm);
+  EXPECT_EQ(c.moe.layer_pattern, (std::vector<int64_t>{0, 1, 1}));
+  EXPECT_EQ(c.moe.num_experts, 4);
+  EXPECT_EQ(c.moe.ffn_hidden_size, 24);
+  EXPECT_EQ(c.ffn_hidden_size, 40);
+  EXPECT_FALSE(c.moe.pre_softmax);  // norm_topk_prob true: the default router
+  EXPECT_DOUBLE_EQ(c.rotary_base, 20000.0);
+  EXPECT_DOUBLE_EQ(c.norm_epsilon, 1e-6);
+  EXPECT_EQ(ck::hf_arch_of(c), ck::HfArch::Qwen3Moe);
+}
+
+TEST(HfMoe, Qwen3MoeImportReproducesTransformersLogits) {
+  auto c = ck::model_config_from_hf(ck::read_hf_config(fixture("qwen3_moe")), 1);
+  c.seq_length = 8;
+  ck::check_hf_fits_files(fixture("qwen3_moe"), c);
+  model::GPTModel m(c);
+  ck::import_hf(fixture("qwen3_moe"), c, m.params());
+  const double rel = logits_rel_err(m, "qwen3_moe");
+  std::printf("qwen3_moe: max |ours - transformers| / max |logit| = %.3g\n", rel);
+  EXPECT_LT(rel, 1e-5) << "relative max diff " << rel;
+  // Without the q/k norms (weights of ones where the fixture has its own), the check fails.
+  auto t = fixture_tensors("qwen3_moe");
+  for (auto& [n, x] : t)
+    if (n.find("_norm.weight") != std::string::npos && n.find("self_attn") != std::string::npos)
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 1.0f;
+  model::GPTModel b(c);
+  ck::from_hf_tensors(c, t, b.params());
+  EXPECT_GT(logits_rel_err(b, "qwen3_moe"), 1e-3);
+}
+
+TEST(HfMoe, Qwen3MoeExportIsByteIdenticalAndKeepsConfig) {
+  auto c = ck::model_config_from_hf(ck::read_hf_config(fixture("qwen3_moe")), 1);
+  model::GPTModel m(c);
+  ck::import_hf(fixture("qwen3_moe"), c, m.params());
+  const auto committed = fixture_tensors("qwen3_moe");
+  const auto now = ck::to_hf_tensors(c, m.params(), DType::F32);
+  ASSERT_EQ(now.size(), committed.size());
+  for (const auto& [name, t] : committed) {
+    ASSERT_TRUE(now.count(name)) << name;
+    EXPECT_TRUE(same_bytes(now.at(name), t)) << name;
+  }
+  const json ref = ck::read_hf_config(fixture("qwen3_moe")), ours = ck::hf_config(c);
+  for (const char* k : {"architectures",        "model_type",
+                        "vocab_size",           "hidden_size",
+                        "intermediate_size",    "moe_intermediate_size",
+                        "num_hidden_layers",    "num_attention_heads",
+                        "num_key_value_heads",  "max_position_embeddings",
+                        "rms_norm_eps",         "rope_parameters",
+                        "hidden_act",           "num_local_experts",
+                        "num_experts_per_tok",  "norm_topk_prob",
+                        "decoder_sparse_step",  "mlp_only_layers",
+                        "router_aux_loss_coef", "tie_word_embeddings",
+                        "attention_bias",       "use_sliding_window",
+                        "sliding_window",       "output_router_logits"})
+    EXPECT_EQ(ours.value(k, json("absent")), ref.at(k)) << k;
+  EXPECT_EQ(ours.at("num_experts"), 4);  // 4.x's name (transformers 5 writes num_local_experts)
+  // transformers 5's fused experts (mlp.experts.gate_up_proj / down_proj) import the same.
+  std::map<std::string, Tensor> fused;
+  for (const auto& [n, t] : committed)
+    if (n.find(".mlp.experts.") == std::string::npos) fused[n] = t;
+  for (int l : {1, 2}) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    Tensor gu = Tensor::empty({4, 48, 32}, DType::F32), dn = Tensor::empty({4, 32, 24}, DType::F32);
+    for (int e = 0; e < 4; ++e) {
+      const std::string x = p + std::to_string(e) + ".";
+      const Tensor &g = committed.at(x + "gate_proj.weight"),
+                   &u = committed.at(x + "up_proj.weight");
+      char* o = static_cast<char*>(gu.raw()) + size_t(e) * 2 * g.nbytes();
+      std::memcpy(o, g.raw(), g.nbytes());
+      std::memcpy(o + g.nbytes(), u.raw(), u.nbytes());
+      const Tensor& d = committed.at(x + "down_proj.weight");
+      std::memcpy(static_cast<char*>(dn.raw()) + size_t(e) * d.nbytes(), d.raw(), d.nbytes());
+    }
+    fused[p + "gate_up_proj"] = gu;
+    fused[p + "down_proj"] = dn;
+  }
+  model::GPTModel b(c);
+  ck::from_hf_tensors(c, fused, b.params());
+  EXPECT_TRUE(same_bytes(b.params().flat_params(), m.params().flat_params()));
+}
+
+TEST(HfMoe, Qwen3MoeMissingQkNormIsAnErrorNamingIt) {
+  auto c = ck::model_config_from_hf(ck::read_hf_config(fixture("qwen3_moe")), 1);
+  auto t = fixture_tensors("qwen3_moe");
+  t.erase("model.layers.2.self_attn.k_norm.weight");
+  model::GPTModel m(c);
+  const std::string e = error_of([&] { ck::from_hf_tensors(c, t, m.params()); });
+  EXPECT_NE(e.find("Hugging Face tensor model.layers.2.self_attn.k_norm.weight is missing"),
+            std::string::npos)
+      << e;
+}
+
+// norm_topk_prob false (Qwen2/3-MoE's default) is Megatron's --moe-router-pre-softmax, and
+// decoder_sparse_step picks every N-th layer.
+TEST(HfMoe, Qwen3MoeRouterAndLayerFields) {
+  json j = ck::read_hf_config(fixture("qwen3_moe"));
+  j["norm_topk_prob"] = false;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = json::array();
+  auto c = ck::model_config_from_hf(j, 1);
+  EXPECT_TRUE(c.moe.pre_softmax);
+  EXPECT_EQ(c.moe.layer_pattern, (std::vector<int64_t>{0, 1, 0}));
+  const json back = ck::hf_config(c);
+  EXPECT_EQ(back.at("norm_topk_prob"), false);
+  EXPECT_EQ(back.at("mlp_only_layers"), json({0, 2}));
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4;
+  EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("sliding_window 4"),
+            std::string::npos);
+  j["use_sliding_window"] = false;
+  j["mlp_only_layers"] = {7};
+  EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("mlp_only_layers entry 7"),
+            std::string::npos);
 }
 
 // config.json as transformers 4.x wrote Mixtral's (rope_theta at the top, torch_dtype, no
@@ -401,4 +515,134 @@ TEST(HfMoe, MoeSettingsMixtralCannotExpressAreErrors) {
   c = tiny_moe();
   c.moe.capacity_factor = 1.0;
   expect_error(c, "token dropping");
+}
+
+// ---- --qk-layernorm (model/qk_norm.h), the model option Qwen3 needs ----------------------
+
+namespace {
+
+model::TransformerConfig tiny_qk(bool moe, bool one_p) {
+  model::TransformerConfig c;
+  c.num_layers = 2, c.hidden_size = 8, c.num_attention_heads = 4, c.kv_channels = 4;
+  c.num_query_groups = 2, c.seq_length = 6, c.max_position_embeddings = 8;
+  c.padded_vocab_size = 16, c.ffn_hidden_size = 10, c.init_method_std = 0.3;
+  c.hidden_dropout = 0.1, c.attention_dropout = 0.1, c.dtype = DType::F64;
+  c.rope = c.rmsnorm = c.swiglu = true, c.add_bias_linear = false, c.tie_embeddings = false;
+  c.zero_centered_gamma = one_p, c.qk_layernorm = true;
+  if (moe) c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+  if (moe) c.moe.layer_pattern = {0, 1};
+  return c;
+}
+
+model::MicroBatch qk_batch(int64_t B, int64_t S, int64_t V) {
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({B, S}, DType::I64);
+  mb.labels = Tensor::empty({B, S}, DType::I64);
+  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
+  for (int64_t i = 0; i < B * S; ++i) {
+    mb.tokens.data<int64_t>()[i] = Philox::u32(21, 1, uint64_t(i)) % V;
+    mb.labels.data<int64_t>()[i] = Philox::u32(21, 2, uint64_t(i)) % V;
+    mb.loss_mask.data<float>()[i] = 1.f;
+  }
+  return mb;
+}
+
+// Every element of the q/k norm weights and three of every other parameter: the backward's
+// gradient of the summed LM loss (f64, dropout on) against central finite differences.
+void qk_fd(const model::TransformerConfig& cfg) {
+  model::GPTModel m(cfg);
+  auto& ps = m.params();
+  fill_global(ps, ps.flat_params(), 13);  // q/k norm weights away from 1: a real test
+  const auto mb = qk_batch(2, cfg.seq_length, 16);
+  model::StepKeys keys;
+  keys.iteration = 2;
+  ps.zero_grads();
+  m.forward(mb, keys);
+  m.backward(1.0);
+  const double h = 1e-6;
+  int norms = 0;
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    const std::string& name = ps.infos()[i].name;
+    Tensor w = ps.param(i), g = ps.grad(i);
+    const bool qk = name.find("_layernorm.weight") != std::string::npos &&
+                    name.find("self_attention") != std::string::npos;
+    norms += qk;
+    const int64_t n = qk ? w.numel() : 3;
+    for (int64_t kk = 0; kk < n; ++kk) {
+      const int64_t e = qk ? kk : int64_t(Philox::u32(9, i, uint64_t(kk)) % uint64_t(w.numel()));
+      double* x = w.data<double>() + e;
+      const double x0 = *x;
+      *x = x0 + h;
+      const double lp = m.forward(mb, keys);
+      *x = x0 - h;
+      const double lm = m.forward(mb, keys);
+      *x = x0;
+      const double fd = (lp - lm) / (2 * h), an = g.data<double>()[e];
+      EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::abs(fd))) << name << "[" << e << "]";
+    }
+  }
+  EXPECT_EQ(norms, 2 * cfg.num_layers);  // q and k of every layer
+}
+
+std::string qk_start_up_error(std::vector<std::string> extra) {
+  std::vector<std::string> argv = {"--num-layers",
+                                   "2",
+                                   "--hidden-size",
+                                   "32",
+                                   "--num-attention-heads",
+                                   "4",
+                                   "--seq-length",
+                                   "16",
+                                   "--max-position-embeddings",
+                                   "16",
+                                   "--micro-batch-size",
+                                   "2",
+                                   "--lr",
+                                   "1e-3",
+                                   "--train-iters",
+                                   "5",
+                                   "--mock-data",
+                                   "--tokenizer-type",
+                                   "NullTokenizer",
+                                   "--vocab-size",
+                                   "100",
+                                   "--qk-layernorm"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  try {
+    auto a = training::parse_args(argv);
+    training::validate_args(a, 2);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(QkLayernorm, GradientsMatchFiniteDifferencesDense) { qk_fd(tiny_qk(false, false)); }
+TEST(QkLayernorm, GradientsMatchFiniteDifferencesMoeAnd1p) { qk_fd(tiny_qk(true, true)); }
+
+TEST(QkLayernorm, ParameterNamesAndCheckpointMetadata) {
+  const auto c = tiny_qk(false, false);
+  model::GPTModel m(c);
+  EXPECT_EQ(m.params().param("decoder.layers.1.self_attention.q_layernorm.weight").shape(),
+            (Shape{4}));
+  EXPECT_EQ(m.params().param("decoder.layers.0.self_attention.k_layernorm.weight").shape(),
+            (Shape{4}));
+  EXPECT_EQ(ck::model_config_json(c).at("qk_layernorm"), true);
+  auto off = c;
+  off.qk_layernorm = false;
+  EXPECT_FALSE(ck::model_config_json(off).contains("qk_layernorm"));  // dense metadata unchanged
+  EXPECT_NE(error_of([&] { ck::hf_config(c); }).find("--qk-layernorm"), std::string::npos);
+}
+
+TEST(QkLayernorm, StartUpErrorsNameTheFlag) {
+  EXPECT_EQ(qk_start_up_error({"--normalization", "RMSNorm", "--device", "cpu"}), "");
+  EXPECT_NE(qk_start_up_error({}).find("--normalization LayerNorm"), std::string::npos);
+  EXPECT_NE(qk_start_up_error({"--normalization", "RMSNorm", "--tensor-model-parallel-size", "2"})
+                .find("--qk-layernorm with --tensor-model-parallel-size 2"),
+            std::string::npos);
+  EXPECT_NE(
+      qk_start_up_error({"--normalization", "RMSNorm", "--device", "cuda"}).find("no CUDA kernel"),
+      std::string::npos);
 }
