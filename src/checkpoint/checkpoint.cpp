@@ -166,6 +166,7 @@ json model_config_json(const model::TransformerConfig& c) {
           {"dtype", std::string(dtype_name(c.dtype))},
           {"tp_size", c.tp_size}};
   if (c.moe.num_experts > 0) j["moe"] = moe_config_json(c.moe);  // mixture of experts
+  if (c.qk_layernorm) j["qk_layernorm"] = true;  // --qk-layernorm (absent: off)
   return j;
 }
 
@@ -192,6 +193,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.init_method_std = j.at("init_method_std"), c.seed = j.at("seed");
   c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
   if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
+  c.qk_layernorm = j.value("qk_layernorm", false);                    // --qk-layernorm
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -220,6 +222,9 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
       diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
                            saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
   }
+  if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
+    diffs += fmt::format("\n  qk_layernorm: checkpoint {} vs this run {}",
+                         saved.value("qk_layernorm", false), cur.qk_layernorm);
   // --apply-layernorm-1p changes what the stored norm weights mean (absent: false).
   if (saved.value("zero_centered_gamma", false) != cur.zero_centered_gamma)
     diffs += fmt::format("\n  zero_centered_gamma (--apply-layernorm-1p): checkpoint {} vs this "

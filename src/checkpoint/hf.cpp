@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/hf_moe.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 
@@ -99,10 +100,22 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
           {L(l, "self_attention.linear_qkv." + s), h + "self_attn.v_proj." + s, qkv.v, false});
       e.push_back(
           {L(l, "self_attention.linear_proj." + s), h + "self_attn.o_proj." + s, {}, false});
+      if (c.is_moe_layer(l)) continue;  // below
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.gate_proj." + s, range(0, F), false});
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.up_proj." + s, range(F, 2 * F), false});
       e.push_back({L(l, "mlp.linear_fc2." + s), h + "mlp.down_proj." + s, {}, false});
     }
+    if (c.qk_layernorm)  // Qwen3's per-head q/k RMSNorm weights [HD]
+      for (const char* n : {"q", "k"})
+        e.push_back({L(l, std::string("self_attention.") + n + "_layernorm.weight"),
+                     h + "self_attn." + n + "_norm.weight",
+                     {},
+                     false,
+                     true});
+    if (c.is_moe_layer(l))  // Mixtral / Qwen3-MoE (hf_moe.h): router and experts
+      for (const auto& m : hf_moe::moe_layer_entries(c, l))
+        e.push_back(
+            {m.mname, m.hname, m.row1 < 0 ? std::vector<int64_t>{} : range(m.row0, m.row1), false});
     e.push_back(
         {L(l, "pre_mlp_layernorm.weight"), h + "post_attention_layernorm.weight", {}, false, true});
   }
@@ -139,18 +152,21 @@ const char* torch_dtype(DType t) {
 }  // namespace
 
 const char* hf_arch_name(HfArch a) {
-  return a == HfArch::Gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  return a == HfArch::Gpt2      ? "GPT2LMHeadModel"
+         : a == HfArch::Llama   ? "LlamaForCausalLM"
+         : a == HfArch::Mixtral ? "MixtralForCausalLM"
+                                : "Qwen3MoeForCausalLM";
 }
 
 HfArch hf_arch_of(const model::TransformerConfig& c) {
-  // Mixture of experts: no mapping yet, so say so rather than drop the experts (the class
-  // of Megatron-LM #5844, whose converter silently dropped every Mixtral expert).
-  MCPP_CHECK_HINT(c.moe.num_experts == 0,
-                  "keep the megatron.cpp checkpoint; Mixtral / Qwen3-MoE mappings are not "
-                  "written yet (docs/moe.md)",
-                  "Hugging Face conversion of a mixture-of-experts model ({} experts) is not "
-                  "implemented yet",
-                  c.moe.num_experts);
+  // Mixture of experts: Mixtral, Qwen3-MoE or an error naming what neither can express
+  // (never a conversion that drops the experts, as Megatron-LM #5844's did).
+  if (c.moe.num_experts > 0)
+    return hf_moe::moe_arch_of(c) == hf_moe::MoeArch::Qwen3Moe ? HfArch::Qwen3Moe : HfArch::Mixtral;
+  MCPP_CHECK_HINT(!c.qk_layernorm,
+                  "export a MoE model (Qwen3MoeForCausalLM), or train without --qk-layernorm",
+                  "a dense model with --qk-layernorm (Qwen3ForCausalLM) has no Hugging Face "
+                  "mapping here yet");
   if (!c.rope && !c.rmsnorm && !c.swiglu) {
     MCPP_CHECK_HINT(c.add_bias_linear && c.tie_embeddings,
                     "GPT-2 needs biases and tied embeddings (drop --disable-bias-linear and "
@@ -176,7 +192,8 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
 }
 
 json hf_config(const model::TransformerConfig& c, DType dtype) {
-  if (hf_arch_of(c) == HfArch::Gpt2)
+  const HfArch arch = hf_arch_of(c);
+  if (arch == HfArch::Gpt2)
     return {{"architectures", {"GPT2LMHeadModel"}},
             {"model_type", "gpt2"},
             {"vocab_size", c.padded_vocab_size},
@@ -195,26 +212,28 @@ json hf_config(const model::TransformerConfig& c, DType dtype) {
             {"scale_attn_weights", true},
             {"tie_word_embeddings", true},
             {"torch_dtype", torch_dtype(dtype)}};
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", c.padded_vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.ffn_hidden_size},
-          {"num_hidden_layers", c.num_layers},
-          {"num_attention_heads", c.num_attention_heads},
-          {"num_key_value_heads", c.num_query_groups},
-          {"head_dim", c.kv_channels},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"rms_norm_eps", c.norm_epsilon},
-          {"rope_theta", c.rotary_base},
-          {"rope_scaling", nullptr},
-          {"hidden_act", "silu"},
-          {"attention_bias", c.add_bias_linear},
-          {"mlp_bias", c.add_bias_linear},
-          {"attention_dropout", c.attention_dropout},
-          {"initializer_range", c.init_method_std},
-          {"tie_word_embeddings", c.tie_embeddings},
-          {"torch_dtype", torch_dtype(dtype)}};
+  json j = {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", c.padded_vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"num_hidden_layers", c.num_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_query_groups},
+            {"head_dim", c.kv_channels},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"rms_norm_eps", c.norm_epsilon},
+            {"rope_theta", c.rotary_base},
+            {"rope_scaling", nullptr},
+            {"hidden_act", "silu"},
+            {"attention_bias", c.add_bias_linear},
+            {"mlp_bias", c.add_bias_linear},
+            {"attention_dropout", c.attention_dropout},
+            {"initializer_range", c.init_method_std},
+            {"tie_word_embeddings", c.tie_embeddings},
+            {"torch_dtype", torch_dtype(dtype)}};
+  if (arch == HfArch::Mixtral || arch == HfArch::Qwen3Moe) hf_moe::to_moe_config(c, j);
+  return j;
 }
 
 model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_by) {
@@ -231,10 +250,12 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
   // allocate nonsense below).
   auto size = [&](const char* k) -> int64_t {
     const json& v = need(k);
-    MCPP_CHECK_HINT(v.is_number_integer() && v.get<int64_t>() >= 1 &&
-                        v.get<int64_t>() < (int64_t(1) << 31),
-                    "check config.json", "Hugging Face config.json ({}): '{}' is {}, expected a "
-                    "positive integer", type, k, v.dump());
+    MCPP_CHECK_HINT(
+        v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() < (int64_t(1) << 31),
+        "check config.json",
+        "Hugging Face config.json ({}): '{}' is {}, expected a "
+        "positive integer",
+        type, k, v.dump());
     return v.get<int64_t>();
   };
   auto opt_size = [&](const char* k, int64_t dflt) -> int64_t {
@@ -244,14 +265,16 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
     if (!j.contains(k) || j[k].is_null()) return dflt;
     const json& v = j[k];
     MCPP_CHECK_HINT(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
-                    "check config.json", "Hugging Face config.json ({}): '{}' is {}, expected a "
-                    "positive number", type, k, v.dump());
+                    "check config.json",
+                    "Hugging Face config.json ({}): '{}' is {}, expected a "
+                    "positive number",
+                    type, k, v.dump());
     return v.get<double>();
   };
   auto divides = [&](int64_t a, int64_t b, const char* ka, const char* kb) {
     MCPP_CHECK_HINT(a % b == 0, "check config.json",
-                    "Hugging Face config.json ({}): '{}' {} is not a multiple of '{}' {}", type,
-                    ka, a, kb, b);
+                    "Hugging Face config.json ({}): '{}' {} is not a multiple of '{}' {}", type, ka,
+                    a, kb, b);
   };
   try {
     if (type == "gpt2") {
@@ -271,7 +294,7 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.hidden_dropout = j.value("resid_pdrop", 0.1);
       c.attention_dropout = j.value("attn_pdrop", 0.1);
       c.init_method_std = j.value("initializer_range", 0.02);
-    } else if (type == "llama") {
+    } else if (type == "llama" || hf_moe::is_moe_model_type(type)) {  // MoE: + hf_moe.h
       c.num_layers = size("num_hidden_layers"), c.hidden_size = size("hidden_size");
       c.num_attention_heads = size("num_attention_heads");
       c.num_query_groups = opt_size("num_key_value_heads", c.num_attention_heads);
@@ -285,10 +308,8 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.seq_length = c.max_position_embeddings;
       c.norm_epsilon = pos_real("rms_norm_eps", 1e-6);
       c.rope = true, c.rmsnorm = true, c.swiglu = true;
-      c.rotary_base = pos_real("rope_theta", 10000.0);
-      MCPP_CHECK_HINT(j.value("rope_scaling", json()).is_null(),
-                      "RoPE scaling (llama3, yarn, linear) is not implemented yet",
-                      "config.json has rope_scaling {}", j["rope_scaling"].dump());
+      // transformers 4.x: rope_theta; 5.x: rope_parameters. Each class's own default.
+      c.rotary_base = hf_moe::rope_theta_from_hf(j, type, type == "mixtral" ? 1e6 : 1e4);
       const std::string act = j.value("hidden_act", "silu");
       MCPP_CHECK(act == "silu", "Llama hidden_act '{}' is not supported (only silu)", act);
       const bool ab = j.value("attention_bias", false), mb = j.value("mlp_bias", false);
@@ -299,8 +320,12 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.hidden_dropout = 0.0;
       c.attention_dropout = j.value("attention_dropout", 0.0);
       c.init_method_std = j.value("initializer_range", 0.02);
+      if (type != "llama") hf_moe::moe_config_from_hf(j, type, c);
     } else {
-      MCPP_FAIL("Hugging Face model_type '{}' is not supported (gpt2 and llama are)", type);
+      MCPP_FAIL(
+          "Hugging Face model_type '{}' is not supported (gpt2, llama, mixtral and "
+          "qwen3_moe are)",
+          type);
     }
     const int64_t v = size("vocab_size");
     const int64_t m = std::max<int64_t>(1, divisible_by);
@@ -339,8 +364,12 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
   check_tp1(c, ps);
   // HF files may name GPT-2's tensors without the "transformer." prefix (GPT2Model) and carry
   // non-parameter buffers; both are accepted.
+  // MoE: transformers 5's fused experts become the Hub's per-expert tensors first.
+  const std::map<std::string, Tensor> unfused =
+      c.moe.num_experts > 0 ? hf_moe::unfuse_experts(c, in) : std::map<std::string, Tensor>{};
+  const std::map<std::string, Tensor>& tensors = c.moe.num_experts > 0 ? unfused : in;
   std::map<std::string, const Tensor*> hf;
-  for (const auto& [n, t] : in) hf[n] = &t;
+  for (const auto& [n, t] : tensors) hf[n] = &t;
   auto find = [&](const std::string& n) -> const Tensor* {
     if (hf.count(n)) return hf[n];
     const std::string p = "transformer.";
@@ -372,7 +401,7 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
     for (int64_t i = 0; i < R; ++i)
       for (int64_t j = 0; j < C; ++j)
         set_float(dst, rows[size_t(i)] * C + j,
-                   get_float(*src, e.transpose ? j * R + i : i * C + j));
+                  get_float(*src, e.transpose ? j * R + i : i * C + j));
     rows_filled[e.mname] += R;
   }
   for (const auto& p : ps.infos()) {
@@ -381,7 +410,7 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
                "internal: parameter {} not fully covered by the Hugging Face mapping", p.name);
   }
   std::vector<std::string> unknown;
-  for (const auto& [n, t] : in) {
+  for (const auto& [n, t] : tensors) {
     if (used.count(n)) continue;
     const bool buffer = n.find("attn.bias") != std::string::npos ||
                         n.find("attn.masked_bias") != std::string::npos ||
@@ -425,8 +454,7 @@ namespace {
 // "..", not absolute, and (after symlinks) inside the folder. An index from the internet
 // must not make the importer read /etc/shadow or another user's files.
 std::string weight_file_in(const fs::path& dir, const json& entry, const std::string& index) {
-  MCPP_CHECK(entry.is_string(), "{}: weight_map value {} is not a file name", index,
-             entry.dump());
+  MCPP_CHECK(entry.is_string(), "{}: weight_map value {} is not a file name", index, entry.dump());
   const std::string name = entry.get<std::string>();
   const fs::path rel(name);
   bool up = false;
@@ -439,8 +467,8 @@ std::string weight_file_in(const fs::path& dir, const json& entry, const std::st
   const std::string b = base.string() + "/";
   MCPP_CHECK_HINT(full.string().rfind(b, 0) == 0,
                   "a model folder's index names files inside the folder only",
-                  "{}: weight_map names '{}', which resolves to {} outside the model folder",
-                  index, name, full.string());
+                  "{}: weight_map names '{}', which resolves to {} outside the model folder", index,
+                  name, full.string());
   return name;
 }
 
@@ -478,8 +506,14 @@ void check_hf_fits_files(const std::string& hf_dir, const model::TransformerConf
   // one byte each, in floating point so that no product overflows.
   const double H = double(c.hidden_size), F = double(c.ffn_hidden_size);
   const double qkv = double(c.num_attention_heads + 2 * c.num_query_groups) * double(c.kv_channels);
-  const double params = double(c.padded_vocab_size) * H +
-                        double(c.num_layers) * (qkv * H + H * H + 2 * F * H);
+  // MoE layers: E experts of width I each (a config.json with 2^20 experts is refused here too).
+  const double L = double(c.num_layers);
+  double moe_layers = c.moe.num_experts > 0 && c.moe.layer_pattern.empty() ? L : 0;
+  for (int64_t x : c.moe.layer_pattern) moe_layers += double(x);
+  const double params =
+      double(c.padded_vocab_size) * H + L * (qkv * H + H * H) +
+      moe_layers * double(c.moe.num_experts) * 2 * double(c.moe.ffn_hidden_size) * H +
+      (L - moe_layers) * 2 * F * H;
   double have = 0;
   for (const auto& f : hf_weight_files(hf_dir)) {
     std::error_code ec;

@@ -1,5 +1,6 @@
 // Hugging Face exchange: a TP=1 ParamStore <-> a Hugging Face model folder
-// (model.safetensors + config.json) in the GPT2LMHeadModel or LlamaForCausalLM layout.
+// (model.safetensors + config.json) in the GPT2LMHeadModel or LlamaForCausalLM layout, or
+// for mixture-of-experts models MixtralForCausalLM or Qwen3MoeForCausalLM (hf_moe.h).
 //
 // Layout conversions (docs/checkpoint.md has the full table):
 //  * GPT-2 uses Conv1D, whose weights are stored [in, out]: every linear is transposed.
@@ -27,8 +28,9 @@
 
 namespace mcpp::checkpoint {
 
-enum class HfArch { Gpt2, Llama };
-const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", "LlamaForCausalLM"
+enum class HfArch { Gpt2, Llama, Mixtral, Qwen3Moe };
+// "GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"
+const char* hf_arch_name(HfArch a);
 // The HF architecture a model maps to; an mcpp::Error naming the feature when it fits neither
 // (e.g. GPT-2 needs LayerNorm, GELU, biases, learned positions, tied embeddings, no GQA).
 HfArch hf_arch_of(const model::TransformerConfig& c);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "model/qk_norm.h"
 #include "ops/ops.h"
 
 namespace mcpp::model {
@@ -42,6 +43,11 @@ void Attention::add_params(const TransformerConfig& c, int layer, std::vector<Pa
                                    c.add_bias_linear, params);
   RowParallelLinear::add_params(c, prefix(layer, "self_attention.linear_proj"), layer, H, NHD,
                                 output_init_std(c), c.add_bias_linear, params);
+  if (c.qk_layernorm)  // Megatron-Core's names; norm weights: ones (zeros under 1p), no decay
+    for (const char* n : {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"})
+      params.push_back(make_param(prefix(layer, n), {c.kv_channels}, TpSplit::None,
+                                  c.zero_centered_gamma ? Init::Zeros : Init::Ones, 0, false, layer,
+                                  c.tp_size));
 }
 
 Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* store)
@@ -50,12 +56,23 @@ Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* st
            prefix(layer, "self_attention.linear_qkv.bias")),
       core_(c, layer),
       proj_(store, prefix(layer, "self_attention.linear_proj.weight"),
-            prefix(layer, "self_attention.linear_proj.bias")) {}
+            prefix(layer, "self_attention.linear_proj.bias")) {
+  if (!c.qk_layernorm) return;
+  // The q/k norm weights see only this rank's heads: TP > 1 would need their gradients summed
+  // over TP, and the op has no CUDA kernel yet (validate_qk_layernorm.cpp says so at start-up).
+  MCPP_CHECK_HINT(c.tp_size == 1 && c.device == Device::CPU,
+                  "drop --qk-layernorm, or run it on the CPU with --tensor-model-parallel-size 1",
+                  "--qk-layernorm is implemented for TP 1 on the CPU only (TP {}, {})", c.tp_size,
+                  c.device == Device::CPU ? "CPU" : "CUDA");
+  q_norm_ = ParamStore::view(store, prefix(layer, "self_attention.q_layernorm.weight"));
+  k_norm_ = ParamStore::view(store, prefix(layer, "self_attention.k_layernorm.weight"));
+}
 
 void Attention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
                             const TensorVisitor& v) {
   ColumnParallelLinear::saved_specs(d, d.H, s.qkv_in, v);
   v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, true);
+  v(s.qk_in, {d.T, c.qkv_width_local()}, d.dt, c.qk_layernorm);
   CoreAttention::saved_specs(c, d, s.core, v);
 }
 
@@ -71,7 +88,12 @@ void Attention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspa
 void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y, Workspace& ws,
                         const StepContext& cx) const {
   const auto& c = *cfg_;
-  qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
+  if (c.qk_layernorm) {
+    qkv_.forward(x, s.qkv_in, s.qk_in, ws, cx);
+    qk_norm_forward(c, s.qk_in, q_norm_.w, k_norm_.w, s.qkv);
+  } else {
+    qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
+  }
   if (c.rope) rope_rows(false, s.qkv, s.qkv, c, cx);
   core_.forward(s.qkv, s.core, ws, cx);
   const Tensor& ctx = core_.ctx(s.core, ws);
@@ -85,6 +107,7 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
                                Tensor& y, Workspace& ws, const StepContext& cx) const {
   const auto& c = *cfg_;
   qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
+  if (c.qk_layernorm) qk_norm_forward(c, s.qkv, q_norm_.w, k_norm_.w, s.qkv);
   if (c.rope && cx.S == 1 && cx.pos_dev.defined()) {  // a decode step: one launch, each row
     ops::rope_decode(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.pos_dev, s.qkv, cx.stream());
   } else if (c.rope && cx.uniform_pos) {
@@ -106,13 +129,15 @@ void Attention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx)
   core_.recompute(s.qkv, s.core, ws, cx);
 }
 
-// Mirrors forward: projection, core, RoPE, QKV.
+// Mirrors forward: projection, core, RoPE, q/k norms, QKV.
 void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Workspace& ws,
                          const StepContext& cx) {
   const auto& c = *cfg_;
   proj_.backward(dy, core_.ctx(s.core, ws), ws.dctx, ws, cx);
   core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
   if (c.rope) rope_rows(true, ws.dqkv, ws.dqkv, c, cx);
+  if (c.qk_layernorm)
+    qk_norm_backward(c, s.qk_in, q_norm_.w, k_norm_.w, ws.dqkv, q_norm_.g, k_norm_.g);
   qkv_.backward(ws.dqkv, x, s.qkv_in, dx, ws, cx);
 }
 

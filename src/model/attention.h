@@ -2,10 +2,11 @@
 // row-parallel output projection. x is the normed input [Tl,H]; each rank holds NH/TP
 // query heads and NG/TP key/value groups.
 //
-//   forward:  qkv = rope(linear_qkv(x))            [T, QKVW]
+//   forward:  qkv = rope(qk_norm(linear_qkv(x)))   [T, QKVW]  (qk_norm: --qk-layernorm only)
 //             ctx = core(qkv)                       [T, NH*HD]
 //             y   = linear_proj(ctx) (+ residual)   [Tl, H]
-//   backward: dctx = linear_proj'(dy); dqkv = rope'(core'(dctx)); dx = linear_qkv'(dqkv)
+//   backward: dctx = linear_proj'(dy); dqkv = qk_norm'(rope'(core'(dctx)));
+//             dx = linear_qkv'(dqkv)
 #pragma once
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ class Attention {
   struct Saved {
     ColumnParallelLinear::Saved qkv_in;  // the gathered x (SP)
     Tensor qkv;                          // [T,QKVW] after RoPE: exactly what the core saw
+    Tensor qk_in;                        // [T,QKVW] before the q/k norms (--qk-layernorm)
     CoreAttention::Saved core;
   };
   static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
@@ -50,6 +52,7 @@ class Attention {
   ColumnParallelLinear qkv_;
   CoreAttention core_;
   RowParallelLinear proj_;
+  ParamView q_norm_, k_norm_;  // --qk-layernorm: [HD] each
 };
 
 }  // namespace mcpp::model

@@ -288,6 +288,8 @@ struct Args {
   // empty for a dense model. The single aux-loss coefficient and type.
   std::vector<int64_t> moe_layer_pattern;
   double moe_aux_loss_coeff_value = 0.0;
+  // ---- q/k layernorm (validate_qk_layernorm.cpp; model/qk_norm.h)
+  bool qk_layernorm = false;
 };
 
 // Parses flags (argv without the program and subcommand names). Throws mcpp::Error for

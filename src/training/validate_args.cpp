@@ -505,6 +505,7 @@ void validate_optimizer(Args& a) {
 
 void validate_context_parallel(Args& a);  // validate_cp.cpp
 void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
+void validate_qk_layernorm(const Args& a);  // ---- q/k layernorm (validate_qk_layernorm.cpp)
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
@@ -526,6 +527,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_compat(a, training);  // the example scripts' flags (validate_compat.cpp)
   validate_observe(a);
   validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
+  validate_qk_layernorm(a);  // ---- q/k layernorm
   // Combinations of the newer features that are not built yet: a clear error, never a
   // half-applied flag.
   if (a.num_experts) {
