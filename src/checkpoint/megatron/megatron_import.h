@@ -1,4 +1,4 @@
-// Megatron-LM's own checkpoints -> megatron.cpp (issue 23 A.5; docs/from-megatron.md).
+// Megatron-LM's own checkpoints -> megatron.cpp (docs/from-megatron.md).
 //
 // Two layouts are read, GPT and Llama models (dense), through the restricted reader of
 // torch_pickle.h (no code is executed):
