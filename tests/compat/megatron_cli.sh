@@ -36,6 +36,12 @@ grep -q "resuming at iteration 10 (80 samples consumed)" <<<"$out" || fail "no r
 grep -q "iteration  *11/.*consumed samples:  *88 .*learning rate: 2.944202E-04" <<<"$out" \
   || fail "iteration 11: $out"
 grep -q '"optimizer_steps": *11' "$T/g3/iter_0000011/metadata.json" || fail "Adam step after resume"
+# --no-load-optim: the weights alone, iteration 0; refused where it does not apply
+out=$("$M" convert --from-megatron "$G/gpt_legacy" --no-load-optim --save "$T/g4" 2>&1) \
+  || fail "--no-load-optim: $out"
+grep -q "optimizer state of .* is left out" <<<"$out" || fail "no --no-load-optim line: $out"
+grep -q '"iteration": *0' "$T/g4/iter_0000000/metadata.json" || fail "--no-load-optim iteration"
+expect_fail "applies to --from-megatron only" "$M" convert --load "$T/g4" --to-hf "$T/h2" --no-load-optim
 expect_fail "the checkpoint has 800" \
   "$M" train --load "$T/g2" --mock-data --tokenizer-type NullTokenizer --vocab-size 61 \
   --make-vocab-size-divisible-by 32 --num-layers 4 --hidden-size 16 --num-attention-heads 4 \

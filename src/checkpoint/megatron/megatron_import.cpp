@@ -337,7 +337,7 @@ void read_legacy(const Detected& d, Imported& im) {
   std::map<std::string, std::vector<Tensor>> shards;  // TP shards by megatron.cpp name
   // The optimizer state: imported when every rank file holds the non-distributed optimizer's.
   OptimizerShards opt;
-  bool import_optim = true;
+  bool import_optim = d.load_optim;
   const Value* dist_opt = args->get("use_distributed_optimizer");
   const bool distributed = dist_opt && dist_opt->is(K::Bool) && dist_opt->b;
   for (size_t k = 0; k < ranks.size(); ++k) {

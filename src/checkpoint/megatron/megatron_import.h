@@ -45,6 +45,7 @@ struct Detected {
   std::string iter_dir;     // the iteration folder to read
   std::string iteration;    // "10", or "release"
   std::vector<std::string> files;  // legacy: the model_optim_rng.pt files; dist: .distcp files
+  bool load_optim = true;  // false (convert --no-load-optim): the weights alone
 };
 
 // Whether `dir` (a checkpoint root with a tracker and iter_*/ folders, or an iter_* /
@@ -155,7 +156,9 @@ namespace mcpp::checkpoint::megatron {
 // `megatron convert --from-megatron SRC --save OUT`: reads SRC (detect + read), builds the
 // TP=1 model, and saves it as iteration 0 of a megatron.cpp checkpoint in save_dir (defined
 // in megatron_save.cpp). Returns what was imported (for the log and tests).
+// load_optim false (--no-load-optim): the weights alone, iteration 0, whatever optimizer
+// state the checkpoint holds.
 Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> iteration,
-                               const std::string& save_dir);
+                               const std::string& save_dir, bool load_optim = true);
 
 }  // namespace mcpp::checkpoint::megatron

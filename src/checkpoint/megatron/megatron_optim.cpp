@@ -43,8 +43,8 @@ bool no_weight_decay(const RankParam& p) {
   return p.key.ends_with(".bias") || p.shape.size() == 1;
 }
 
-const char* kHint = "the import reads Megatron's standard parameter groups; convert without "
-                    "the optimizer state: train on with --load OUT --finetune";
+const char* kHint = "the import reads Megatron's standard parameter groups; convert the "
+                    "weights alone with --no-load-optim and train on with --finetune";
 
 }  // namespace
 
@@ -109,8 +109,11 @@ void read_rank_optimizer(const Value& root, const TorchFile& tf,
                          const std::vector<RankParam>& params, int64_t tp, int64_t T,
                          const std::string& path, OptimizerShards& out) {
   const Value* opt = root.get("optimizer");
-  MCPP_CHECK(opt && opt->is(K::Dict), "{}: 'optimizer' is a {}, expected a dict", path,
-             opt ? opt->describe() : "missing entry");
+  MCPP_CHECK_HINT(opt && opt->is(K::Dict),
+                  "a ChainedOptimizer of several optimizers saves a list; convert the weights "
+                  "alone with --no-load-optim",
+                  "{}: 'optimizer' is a {}, expected a dict", path,
+                  opt ? opt->describe() : "missing entry");
   // Float16OptimizerWithFloat16Params wraps torch's state dict; FP32Optimizer is it.
   const Value* tsd = opt->get("optimizer");
   const Value* mains = nullptr;
@@ -125,8 +128,8 @@ void read_rank_optimizer(const Value& root, const TorchFile& tf,
   const Value* state = tsd->get("state");
   const Value* groups = tsd->get("param_groups");
   MCPP_CHECK_HINT(state && groups && state->is(K::Dict),
-                  "a ChainedOptimizer of several optimizers (MoE, --decoupled-lr "
-                  "layouts) is not imported; convert and train on with --finetune",
+                  "a ChainedOptimizer of several optimizers is not imported; convert the "
+                  "weights alone with --no-load-optim and train on with --finetune",
                   "{} has no 'state' dict and 'param_groups' (torch.optim state dict)", ow);
   const std::vector<ParamSlot> slots = legacy_param_slots(*groups, params, path);
 
@@ -206,7 +209,7 @@ void read_rank_optimizer(const Value& root, const TorchFile& tf,
     const Value* st = get_int(*state, s.index);
     MCPP_CHECK_HINT(st && st->is(K::Dict),
                     "a checkpoint saved before the first optimizer step has no moments: "
-                    "convert and train on with --finetune",
+                    "convert the weights alone with --no-load-optim",
                     "{} is missing", pw);
     for (const char* k : {"exp_avg", "exp_avg_sq"}) {
       const Value* t = st->get(k);
@@ -280,7 +283,7 @@ void check_optimizer(Imported& im, const std::string& what) {
                                                                          : "fp32_from_fp16_params";
     for (const auto& [name, t] : im.tensors) {
       auto it = m->find(name);
-      MCPP_CHECK_HINT(it != m->end(), "convert and train on with --finetune",
+      MCPP_CHECK_HINT(it != m->end(), "convert the weights alone with --no-load-optim",
                       "{}: the optimizer state ({}) has nothing for '{}'", what, part, name);
       MCPP_CHECK(it->second.shape() == t.shape(),
                  "{}: the optimizer's {} of '{}' has shape {} after merging the ranks, the "

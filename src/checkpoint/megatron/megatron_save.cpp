@@ -13,7 +13,7 @@
 namespace mcpp::checkpoint::megatron {
 
 Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> iteration,
-                               const std::string& save_dir) {
+                               const std::string& save_dir, bool load_optim) {
   std::optional<Detected> d = detect(src, iteration);
   MCPP_CHECK_HINT(d.has_value(),
                   "give the folder Megatron-LM saved into (holding latest_checkpointed_"
@@ -24,6 +24,7 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
                   src);
   log::info("reading {} ({} layout, iteration {}, {} file(s))", d->iter_dir,
             layout_name(d->layout), d->iteration, d->files.size());
+  d->load_optim = load_optim;
   Imported im = read(*d);
   for (const auto& n : im.notes) log::warn("{}", n);
   model::GPTModel m(im.config);
@@ -74,6 +75,8 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
               os.step, os.beta1, os.beta2, os.eps,
               os.main_params.empty() ? "" : ", the fp32 main params as the weights",
               os.has_scheduler ? ", the LR scheduler's state" : "", st.iteration);
+  } else if (im.had_optimizer && !load_optim) {
+    log::info("--no-load-optim: the optimizer state of {} is left out (weights only)", d->iter_dir);
   } else if (im.had_optimizer) {
     log::warn("{}; weights are imported, the optimizer state is not (the Adam moments restart "
               "from zero): train on with --load OUT --finetune (or --no-load-optim)",
