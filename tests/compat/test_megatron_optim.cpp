@@ -293,8 +293,11 @@ TEST(MegatronOptim, MissingMainParamsOfAHalfPrecisionRunAreAnError) {
   EXPECT_NE(m.find("fp32_from_fp16_params[1] holds"), std::string::npos) << m;
 }
 
-// Rewrites one byte of a torch.save file's data.pkl (same length) and fixes its CRC.
-std::string patch_pickle(std::string f, const std::string& after, char from, char to) {
+// Rewrites one byte of a torch.save file's data.pkl (same length) and fixes its CRC: the byte
+// `from` of the value after the string `after` (past a memo opcode) becomes `to`; with
+// from == 0, every occurrence of `after` in data.pkl becomes the same-length string `to_str`.
+std::string patch_pickle(std::string f, const std::string& after, char from, char to,
+                         const std::string& to_str = "") {
   mg::ZipArchive z({reinterpret_cast<const uint8_t*>(f.data()), f.size()}, "x");
   std::string pkl;
   for (const auto& [n, _] : z.entries())
@@ -312,12 +315,17 @@ std::string patch_pickle(std::string f, const std::string& after, char from, cha
   const uint32_t old_crc = crc(at, len);
   size_t q = f.find(after, at);
   EXPECT_NE(q, std::string::npos);
-  q += after.size();
-  if (f[q] == 'q') q += 2;         // BINPUT n
-  else if (f[q] == 'r') q += 5;    // LONG_BINPUT n
-  else if (f[q] == '\x94') q += 1;  // MEMOIZE
-  EXPECT_EQ(f[q], from);
-  f[q] = to;
+  if (from == 0) {
+    for (; q != std::string::npos && q < at + len; q = f.find(after, q + 1))
+      f.replace(q, after.size(), to_str);
+  } else if (q != std::string::npos) {
+    q += after.size();
+    if (f[q] == 'q') q += 2;          // BINPUT n
+    else if (f[q] == 'r') q += 5;     // LONG_BINPUT n
+    else if (f[q] == '\x94') q += 1;  // MEMOIZE
+    EXPECT_EQ(f[q], from);
+    f[q] = to;
+  }
   const uint32_t new_crc = crc(at, len);
   std::string ob(4, '\0'), nb(4, '\0');
   for (int k = 0; k < 4; ++k) ob[size_t(k)] = char(old_crc >> (8 * k)), nb[size_t(k)] = char(new_crc >> (8 * k));
@@ -343,6 +351,31 @@ TEST(MegatronOptim, DistributedOptimizerCheckpointImportsWeightsAndSaysSo) {
   auto d = mg::read(*mg::detect(fixture("gpt_dist")));
   EXPECT_FALSE(d.had_optimizer);
   EXPECT_TRUE(d.optimizer_skipped.empty());
+}
+
+// A layout convert does not map (groups without wd_mult): an error naming the file and the
+// group, whose HINT is --no-load-optim; with it the weights convert; inspect still describes.
+TEST(MegatronOptim, UnmappedGroupsAreRefusedAndNoLoadOptimConvertsTheWeights) {
+  const std::string top = scratch_dir(), dir = top + "/src";
+  fs::copy(fixture("llama_legacy"), dir, fs::copy_options::recursive);
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().filename() == "model_optim_rng.pt")
+      write_bytes(e.path().string(),
+                  patch_pickle(read_bytes(e.path().string()), "wd_mult", 0, 0, "wd_mulz"));
+  const std::string m = error_of([&] { mg::convert_to_checkpoint(dir, std::nullopt, top + "/a"); });
+  EXPECT_NE(m.find("param_groups[0] has no 'wd_mult'"), std::string::npos) << m;
+  EXPECT_NE(m.find("model_optim_rng.pt"), std::string::npos) << m;
+  EXPECT_NE(m.find("--no-load-optim"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(top + "/a/latest_checkpointed_iteration.txt"));
+  auto im = mg::convert_to_checkpoint(dir, std::nullopt, top + "/b", /*load_optim=*/false);
+  EXPECT_FALSE(im.optimizer.has_value());
+  model::GPTModel mm(im.config);
+  auto st = checkpoint::load_checkpoint(top + "/b", std::nullopt, mm, nullptr);
+  EXPECT_EQ(st.iteration, 0);
+  std::string all;
+  for (const auto& l : mg::describe(*mg::detect(dir))) all += l + "\n";
+  EXPECT_NE(all.find("optimizer state convert refuses"), std::string::npos) << all;
+  EXPECT_NE(all.find("model      4 layers"), std::string::npos) << all;
 }
 
 }  // namespace

@@ -449,13 +449,25 @@ std::vector<std::string> describe(const Detected& d) {
   Imported im;
   im.iteration = d.iteration;
   if (d.layout == Layout::Legacy) {
-    read_legacy(d, im);
-    out.push_back(fmt::format("ranks      TP {} x PP {} ({} model_optim_rng.pt files){}",
-                              im.source_tp, im.source_pp, d.files.size(),
-                              im.optimizer ? fmt::format(", with Adam state (step {}, imported "
-                                                         "by convert)", im.optimizer->step)
-                              : im.had_optimizer ? ", with optimizer state (not imported)"
-                                                 : ""));
+    std::string why;  // an optimizer state convert would refuse: said, the rest still described
+    try {
+      read_legacy(d, im);
+    } catch (const Error& e) {
+      Detected weights_only = d;
+      weights_only.load_optim = false;
+      im = Imported{};
+      im.iteration = d.iteration;
+      read_legacy(weights_only, im);  // a model problem throws again, as before
+      why = e.summary();
+    }
+    out.push_back(fmt::format(
+        "ranks      TP {} x PP {} ({} model_optim_rng.pt files){}", im.source_tp, im.source_pp,
+        d.files.size(),
+        im.optimizer ? fmt::format(", with Adam state (step {}, imported by convert)",
+                                   im.optimizer->step)
+        : !why.empty()     ? ", with optimizer state convert refuses: " + why
+        : im.had_optimizer ? ", with optimizer state (not imported)"
+                           : ""));
   } else {
     read_torch_dist(d, im);
     out.push_back(fmt::format("files      {} .distcp file(s){}", d.files.size(),
