@@ -180,6 +180,22 @@ TEST(MegatronOptim, ResumeFromTheConvertedCheckpointStepsFromTheImportedMoments)
   EXPECT_GT(differing(m2.params().flat_params(), ps.flat_params()), ps.flat_params().numel() / 2);
 }
 
+// The main params round to the stored bf16 weights; a main param of another parameter (two
+// norm weights of one shape swapped) is noticed.
+TEST(MegatronOptim, MainParamsThatAreNotTheWeightsRoundingAreNoted) {
+  auto im = mg::read(*mg::detect(fixture("llama_legacy")));
+  for (const auto& n : im.notes) EXPECT_EQ(n.find("do not round"), std::string::npos) << n;
+  auto& mp = im.optimizer->main_params;
+  std::swap(mp.at("decoder.layers.0.input_layernorm.weight"),
+            mp.at("decoder.layers.1.input_layernorm.weight"));
+  im.notes.clear();
+  mg::check_optimizer(im, "x");
+  ASSERT_EQ(im.notes.size(), 1u);
+  EXPECT_NE(im.notes[0].find("2 tensor(s) (first 'decoder.layers.0.input_layernorm.weight')"),
+            std::string::npos)
+      << im.notes[0];
+}
+
 TEST(MegatronOptim, LlamaConvertKeepsTheMainParamsAndLoadsThemExactly) {
   const std::string out = scratch_dir() + "/llama";
   auto im = mg::convert_to_checkpoint(fixture("llama_legacy"), std::nullopt, out);

@@ -293,6 +293,28 @@ void check_optimizer(Imported& im, const std::string& what) {
     MCPP_CHECK(m->size() == im.tensors.size(), "{}: the optimizer state ({}) has {} tensors, the "
                "model {}", what, part, m->size(), im.tensors.size());
   }
+  // Megatron copies the main params to the model after every step, so the stored bf16/fp16
+  // weights are their rounding: within 2^-8 relative (bf16's half ulp is 2^-9) where the
+  // weight is normal. A main param that is not is another parameter's: the mapping or the file
+  // is wrong. Said, not refused (the main params are what the run would continue from).
+  std::vector<std::string> off;
+  for (const auto& [name, w] : im.tensors) {
+    if (!half) break;
+    const float* a = w.data<float>();
+    const float* b = os.main_params.at(name).data<float>();
+    for (int64_t i = 0; i < w.numel(); ++i)
+      if (std::abs(double(a[i]) - double(b[i])) > std::ldexp(std::abs(double(a[i])), -8) + 1e-30 &&
+          std::abs(a[i]) > 1e-30f) {
+        off.push_back(name);
+        break;
+      }
+  }
+  if (!off.empty())
+    im.notes.push_back(fmt::format(
+        "{}: the fp32 main params of {} tensor(s) (first '{}') do not round to the stored "
+        "half-precision weights; the main params are used: check the checkpoint, or convert "
+        "with --no-load-optim to take the weights",
+        what, off.size(), off.front()));
 }
 
 }  // namespace mcpp::checkpoint::megatron
