@@ -34,7 +34,8 @@ const char* kUsage =
     "usage: megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype DTYPE]\n"
     "                        [--vocab-file F --merge-file F | --tokenizer-model F]\n"
     "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n"
-    "       megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] --save DIR\n\n"
+    "       megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] [--no-load-optim]\n"
+    "                        --save DIR\n\n"
     "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel or\n"
     "                    LlamaForCausalLM, chosen from the model's architecture)\n"
     "  --vocab-file, --merge-file, --tokenizer-model, --tokenizer-type\n"
@@ -50,8 +51,12 @@ const char* kUsage =
     "  --make-vocab-size-divisible-by N   vocabulary padding on import (default 128)\n"
     "  --from-megatron DIR  read a Megatron-LM checkpoint (legacy iter_N/mp_rank_*/\n"
     "                    model_optim_rng.pt or torch_dist iter_N/*.distcp; GPT and Llama models;\n"
-    "                    any TP x PP) and save its weights as iteration 0 in --save; the model\n"
-    "                    shape comes from the checkpoint's args; optimizer state is not imported\n"
+    "                    any TP x PP) and save it in --save; the model shape comes from the\n"
+    "                    checkpoint's args. With the legacy layout's non-distributed optimizer\n"
+    "                    state (Adam moments, step, fp32 main params, LR scheduler) the result\n"
+    "                    resumes at Megatron's iteration; otherwise it is iteration 0, weights\n"
+    "                    only (docs/from-megatron.md)\n"
+    "  --no-load-optim   with --from-megatron: the weights alone, as iteration 0\n"
     "  --ckpt-step N     with --from-megatron: iteration N instead of the tracker's\n";
 
 int64_t to_int(const std::string& flag, const std::string& v) {
@@ -194,6 +199,10 @@ int run_convert(const std::vector<std::string>& argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
+    if (a == "--no-load-optim") {  // a switch (the only one): weights alone, --from-megatron
+      f[a] = "1";
+      continue;
+    }
     static const char* known[] = {"--load",
                                   "--ckpt-step",
                                   "--to-hf",
@@ -217,6 +226,8 @@ int run_convert(const std::vector<std::string>& argv) {
              from_megatron = f.count("--from-megatron");
   MCPP_CHECK_HINT(int(to_hf) + int(from_hf) + int(from_megatron) == 1, kUsage,
                   "megatron convert: give exactly one of --to-hf, --from-hf and --from-megatron");
+  MCPP_CHECK_HINT(from_megatron || !f.count("--no-load-optim"), kUsage,
+                  "megatron convert: --no-load-optim applies to --from-megatron only");
   if (from_megatron) {
     MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-megatron needs --save DIR");
     for (const char* k : {"--load", "--hf-dtype", "--make-vocab-size-divisible-by",
@@ -229,7 +240,8 @@ int run_convert(const std::vector<std::string>& argv) {
     if (f.count("--ckpt-step")) step = to_int("--ckpt-step", f["--ckpt-step"]);
     MCPP_CHECK_HINT(!step || *step >= 0, kUsage, "--ckpt-step {} is negative", *step);
     const auto t0 = std::chrono::steady_clock::now();
-    checkpoint::megatron::convert_to_checkpoint(f["--from-megatron"], step, f["--save"]);
+    checkpoint::megatron::convert_to_checkpoint(f["--from-megatron"], step, f["--save"],
+                                                !f.count("--no-load-optim"));
     log::info("read {:.3f} GB of Megatron files; wrote the checkpoint: {}",
               double(checkpoint::tree_bytes(f["--from-megatron"])) / 1e9,
               checkpoint::size_and_rate(

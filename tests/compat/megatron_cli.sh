@@ -22,7 +22,32 @@ for fam in gpt llama; do
   done
 done
 out=$("$M" convert --from-megatron "$G/gpt_legacy" --save "$T/g2" 2>&1)
-grep -q "optimizer state; it is not imported" <<<"$out" || fail "no optimizer note: $out"
+grep -q "imported the Adam state (step 10, betas 0.9 0.95" <<<"$out" || fail "no optimizer line: $out"
+# --load resumes Megatron's run: iteration 10, its consumed samples, LR schedule and Adam state
+# (the flags are the fixture run's: a schedule that differs is refused, as Megatron does)
+out=$("$M" train --load "$T/g2" --save "$T/g3" --mock-data --tokenizer-type NullTokenizer \
+  --vocab-size 61 --make-vocab-size-divisible-by 32 --num-layers 4 --hidden-size 16 \
+  --num-attention-heads 4 --seq-length 8 --max-position-embeddings 12 --micro-batch-size 4 \
+  --global-batch-size 8 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-samples 16 \
+  --lr-decay-samples 800 --weight-decay 0.01 --adam-beta2 0.95 --train-samples 800 \
+  --exit-interval 11 --threads 1 --log-interval 1 --save-interval 1 2>&1) || fail "resume: $out"
+grep -q "resuming at iteration 10 (80 samples consumed)" <<<"$out" || fail "no resume: $out"
+# cosine from 3e-4 to 3e-5 over samples 16..800, at 88 samples: 2.944202E-04
+grep -q "iteration  *11/.*consumed samples:  *88 .*learning rate: 2.944202E-04" <<<"$out" \
+  || fail "iteration 11: $out"
+grep -q '"optimizer_steps": *11' "$T/g3/iter_0000011/metadata.json" || fail "Adam step after resume"
+# --no-load-optim: the weights alone, iteration 0; refused where it does not apply
+out=$("$M" convert --from-megatron "$G/gpt_legacy" --no-load-optim --save "$T/g4" 2>&1) \
+  || fail "--no-load-optim: $out"
+grep -q "optimizer state of .* is left out" <<<"$out" || fail "no --no-load-optim line: $out"
+grep -q '"iteration": *0' "$T/g4/iter_0000000/metadata.json" || fail "--no-load-optim iteration"
+expect_fail "applies to --from-megatron only" "$M" convert --load "$T/g4" --to-hf "$T/h2" --no-load-optim
+expect_fail "the checkpoint has 800" \
+  "$M" train --load "$T/g2" --mock-data --tokenizer-type NullTokenizer --vocab-size 61 \
+  --make-vocab-size-divisible-by 32 --num-layers 4 --hidden-size 16 --num-attention-heads 4 \
+  --seq-length 8 --max-position-embeddings 12 --micro-batch-size 4 --global-batch-size 8 \
+  --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-samples 16 --lr-decay-samples 800 \
+  --weight-decay 0.01 --train-samples 88 --threads 1
 # the converted GPT exports to Hugging Face (GPT2LMHeadModel)
 "$M" convert --load "$T/gptlegacy" --to-hf "$T/hf" >/dev/null 2>&1 || fail "--to-hf"
 [ -s "$T/hf/model.safetensors" ] || fail "no model.safetensors"

@@ -14,6 +14,12 @@ linear_fc1 as [gate; up], padded vocabulary), and writes for each:
                         __0_0.distcp), common.pt and metadata.json; layer tensors stacked along
                         a leading layer axis under keys without the layer number, as
                         Megatron-Core's TransformerBlock.sharded_state_dict does
+  <out>/<fam>_legacy_optim.safetensors, <fam>_legacy_optim_index.json   the legacy files'
+                        optimizer state is Megatron's non-distributed optimizer's (see
+                        megatron_optimizer): the TP=1 truth of exp_avg / exp_avg_sq / fp32 main
+                        params by name, and every rank key's [group, position, state index]
+  <out>/llama_legacy_logits.safetensors   the logits of the Llama main params (bf16 run: the
+                        import prefers them over the bf16 weights)
   <out>/<fam>_logits.safetensors   tokens [B, S] and the logits [S, B, Vp] of an independent
                         float64 PyTorch forward of the same weights (as stored: GPT in float32,
                         Llama in bfloat16)
@@ -222,8 +228,101 @@ def megatron_args(fam, cfg, ckpt_format):
         fp8=None, moe_router_topk=2)
 
 
+def optimizer_truth(fam, cfg, w):
+    """TP=1 Adam state of the model (float32): exp_avg, exp_avg_sq and the fp32 main params.
+    bf16 runs: main params within a quarter ulp of the bf16 weights (so rounding them gives
+    the weights, as after Megatron's copy of main params to the model); fp32: the weights."""
+    g = torch.Generator().manual_seed(99 if fam == "gpt" else 98)
+    truth = {}
+    for k, t in w.items():
+        m = (1e-3 * torch.randn(t.shape, generator=g, dtype=torch.float64)).float()
+        v = (1e-6 * (0.1 + torch.rand(t.shape, generator=g, dtype=torch.float64))).float()
+        if t.dtype == torch.float32:
+            main = t.clone()
+        else:
+            _, e = torch.frexp(t.double())
+            ulp = torch.ldexp(torch.ones_like(t, dtype=torch.float64), e - 8)
+            u = torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1
+            main = (t.double() + 0.2 * ulp * u).float()
+            assert torch.equal(main.to(t.dtype), t), k
+        truth[k] = {"exp_avg": m, "exp_avg_sq": v, "main": main}
+    return truth
+
+
+def no_weight_decay(name, t):
+    """Megatron's standard override: no weight decay on biases and 1-D parameters."""
+    return name.endswith(".bias") or t.dim() == 1
+
+
+def megatron_optimizer(fam, cfg, sd, truth, pp, tp):
+    """A rank's optimizer entry as Megatron's legacy checkpoint holds it (non-distributed).
+
+    Parameter groups as megatron/core/optimizer/__init__.py _get_param_groups builds them:
+    the rank's trainable parameters in named_parameters() order (the model state dict's order,
+    _extra_state aside) are split by their overrides, and the groups are ordered by their key.
+    Megatron-Core today sorts the default group (weight decay) first; older releases sorted
+    (wd_mult, lr_mult, ...) tuples, which put wd_mult 0.0 first. GPT uses today's order and
+    Llama the older one, so both are covered. torch's Optimizer.state_dict numbers the
+    parameters group after group; state is keyed by that number.
+    GPT (fp32): FP32Optimizer.state_dict() is the torch state dict itself, torch Adam's per
+    parameter 'step'. Llama (bf16): Float16OptimizerWithFloat16Params.state_dict() =
+    {optimizer, grad_scaler, fp32_from_fp16_params: main params per group}, and the step kept
+    per group (apex / Transformer Engine FusedAdam)."""
+    swiglu, per = cfg["llama"], L // PP
+    params = [(k, t) for k, t in sd.items() if t is not None]
+    wd = [p for p in params if not no_weight_decay(*p)]
+    nowd = [p for p in params if no_weight_decay(*p)]
+    groups = [(wd, 1.0), (nowd, 0.0)] if fam == "gpt" else [(nowd, 0.0), (wd, 1.0)]
+    state, pgroups, mains, index, n = {}, [], [], {}, 0
+    for gi, (members, wd_mult) in enumerate(groups):
+        ids, main_g = [], []
+        for j, (k, t) in enumerate(members):
+            glob = global_name(k, pp, per)
+            tr = truth[glob if glob in truth else "embedding.word_embeddings.weight"]
+            s = {key: tp_shard(glob, tr[key], tp, swiglu) for key in ("exp_avg", "exp_avg_sq", "main")}
+            assert s["main"].shape == t.shape, (k, s["main"].shape, t.shape)
+            st = {"exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"]}
+            if fam == "gpt":
+                st = {"step": torch.tensor(float(ITER)), **st}
+            state[n] = st
+            main_g.append(s["main"])
+            index[k] = [gi, j, n]
+            ids.append(n)
+            n += 1
+        pg = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01 * wd_mult,
+              "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+              "differentiable": False, "fused": None, "wd_mult": wd_mult, "lr_mult": 1.0,
+              "is_expert_parallel": False, "is_decoupled_lr": False, "max_lr": 3e-4,
+              "min_lr": 3e-5, "default_config": True, "params": ids}
+        if fam != "gpt":
+            pg["step"] = ITER
+            pg["bias_correction"] = True
+        pgroups.append(pg)
+        mains.append(main_g)
+    torch_sd = {"state": state, "param_groups": pgroups}
+    if cfg["dtype"] == torch.float32:
+        return torch_sd, index
+    return {"optimizer": torch_sd, "grad_scaler": None, "fp32_from_fp16_params": mains}, index
+
+
+def global_name(k, pp, per):
+    """A rank's key -> the TP=1 local-spec name of full_weights (TE names undone)."""
+    for a, b in (("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"),
+                 ("self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"),
+                 ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"),
+                 ("mlp.linear_fc1.layer_norm_bias", "pre_mlp_layernorm.bias")):
+        if k.endswith(a):
+            k = k[: -len(a)] + b
+    if k.startswith("decoder.layers."):
+        _, _, l, rest = k.split(".", 3)
+        k = f"decoder.layers.{int(l) + pp * per}.{rest}"
+    return k
+
+
 def write_legacy(out, fam, cfg, w):
     swiglu, te = cfg["llama"], cfg["te"]
+    opt_truth = optimizer_truth(fam, cfg, w)
+    index = {}
     per = L // PP
     root = os.path.join(out, f"{fam}_legacy")
     for pp in range(PP):
@@ -251,16 +350,7 @@ def write_legacy(out, fam, cfg, w):
                 src = w.get("output_layer.weight", w["embedding.word_embeddings.weight"])
                 sd["output_layer.weight"] = tp_shard("output_layer.weight", src, tp, swiglu)
             sd._metadata = collections.OrderedDict([("", {"version": 1})])
-            # an optimizer state after a few steps (Adam over this rank's tensors)
-            params = [torch.nn.Parameter(t.float().clone()) for t in sd.values() if t is not None]
-            opt = torch.optim.Adam(params, lr=3e-4, betas=(0.9, 0.95))
-            for p_ in params:
-                p_.grad = torch.ones_like(p_) * 1e-3
-            opt.step()
-            optim = {"optimizer": opt.state_dict()}
-            if cfg["dtype"] != torch.float32:
-                optim["grad_scaler"] = None
-                optim["fp32_from_fp16_params"] = [[p_.detach().clone() for p_ in params]]
+            optim, index[f"mp_rank_{tp:02d}_{pp:03d}"] = megatron_optimizer(fam, cfg, sd, opt_truth, pp, tp)
             np.random.seed(1234)
             random.seed(1234)
             rng = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
@@ -270,8 +360,11 @@ def write_legacy(out, fam, cfg, w):
             state = {
                 "args": megatron_args(fam, cfg, "torch"), "checkpoint_version": 3.0,
                 "iteration": ITER, "model": sd, "optimizer": optim,
-                "opt_param_scheduler": {"max_lr": 3e-4, "min_lr": 3e-5, "num_steps": ITER * 8,
-                                        "warmup_steps": 0, "decay_style": "cosine"},
+                # OptimizerParamScheduler.state_dict()'s keys (num_steps counts samples)
+                "opt_param_scheduler": {"max_lr": 3e-4, "lr_warmup_steps": 16, "num_steps": ITER * 8,
+                                        "lr_decay_style": "cosine", "lr_decay_steps": 800,
+                                        "min_lr": 3e-5, "start_wd": 0.01, "end_wd": 0.01,
+                                        "wd_incr_style": "constant", "wd_incr_steps": 800},
                 "rng_state": [rng], "num_floating_point_operations_so_far": 1.5e9,
             }
             d = os.path.join(root, f"iter_{ITER:07d}", f"mp_rank_{tp:02d}_{pp:03d}")
@@ -279,6 +372,18 @@ def write_legacy(out, fam, cfg, w):
             torch.save(state, os.path.join(d, "model_optim_rng.pt"))
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(ITER))
+    # for the tests: every rank's key -> [group, position in group, state index], and the TP=1
+    # truth (float32) by megatron.cpp/Megatron-Core local-spec name
+    with open(os.path.join(out, f"{fam}_legacy_optim_index.json"), "w") as f:
+        json.dump({"step": ITER, "ranks": index}, f, indent=1, sort_keys=True)
+    flat = {}
+    for k, tr in opt_truth.items():
+        for key, t in tr.items():
+            flat[f"{key}/{k}"] = t
+    save_safetensors(os.path.join(out, f"{fam}_legacy_optim.safetensors"), flat)
+    if cfg["dtype"] != torch.float32:  # the import prefers the main params: their logits
+        return {k: tr["main"] for k, tr in opt_truth.items()}
+    return None
 
 
 def write_dist(out, fam, cfg, w):
@@ -312,7 +417,7 @@ def write_dist(out, fam, cfg, w):
 
 
 def save_safetensors(path, tensors):
-    names = {torch.float64: "F64", torch.int64: "I64"}
+    names = {torch.float64: "F64", torch.int64: "I64", torch.float32: "F32"}
     header, blobs, off = {}, [], 0
     for name in sorted(tensors):
         t = tensors[name].contiguous()
@@ -337,12 +442,18 @@ def main():
     tokens = torch.randint(0, VOCAB, (B, S), generator=g, dtype=torch.int64)
     for fam, cfg in FAMILIES.items():
         w = full_weights(fam, cfg)
+        main = None
         for writer in (write_legacy, write_dist):
             try:  # one failing layout must not lose the others' files
-                writer(out, fam, cfg, w)
+                r = writer(out, fam, cfg, w)
+                main = r if writer is write_legacy else main
             except Exception:  # noqa: BLE001
                 import traceback
                 traceback.print_exc()
+        if main is not None:
+            lm = forward(main, cfg, tokens)
+            save_safetensors(os.path.join(out, f"{fam}_legacy_logits.safetensors"),
+                             {"tokens": tokens, "logits": lm.contiguous()})
         logits = forward(w, cfg, tokens)
         save_safetensors(os.path.join(out, f"{fam}_logits.safetensors"),
                          {"tokens": tokens, "logits": logits.contiguous()})

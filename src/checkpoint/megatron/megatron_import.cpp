@@ -335,6 +335,11 @@ void read_legacy(const Detected& d, Imported& im) {
                   P);
   const int64_t L = im.config.num_layers;
   std::map<std::string, std::vector<Tensor>> shards;  // TP shards by megatron.cpp name
+  // The optimizer state: imported when every rank file holds the non-distributed optimizer's.
+  OptimizerShards opt;
+  bool import_optim = d.load_optim;
+  const Value* dist_opt = args->get("use_distributed_optimizer");
+  const bool distributed = dist_opt && dist_opt->is(K::Bool) && dist_opt->b;
   for (size_t k = 0; k < ranks.size(); ++k) {
     const RankDir& r = ranks[k];
     MCPP_CHECK(r.tp < T && r.pp < P, "{}: rank folder outside TP {} x PP {}", r.path, T, P);
@@ -345,7 +350,10 @@ void read_legacy(const Detected& d, Imported& im) {
     }
     const Value& root = *tf->root();
     MCPP_CHECK(root.is(K::Dict), "{}: the state dict is a {}", r.path, root.describe());
-    im.had_optimizer |= root.get("optimizer") != nullptr;
+    const bool has_opt = root.get("optimizer") != nullptr && !root.get("optimizer")->is(K::None);
+    im.had_optimizer |= has_opt;
+    import_optim &= has_opt;
+    std::vector<RankParam> rank_params;  // this file's trainable parameters, in order
     // model, or model0..model{V-1} under virtual pipelining
     std::vector<const Value*> chunks;
     if (const Value* m = root.get("model")) chunks.push_back(m);
@@ -381,11 +389,41 @@ void read_legacy(const Detected& d, Imported& im) {
                                                     name == "output_layer.weight"),
                    "{}: '{}' appears twice for TP rank {}", r.path, name, r.tp);
         if (!vec[size_t(r.tp)].defined()) vec[size_t(r.tp)] = tf->tensor(*tv, DType::F32, kv->s);
+        MCPP_CHECK(tv->is(K::Tensor), "{}: model entry '{}' is a {}", r.path, kv->s,
+                   tv->describe());
+        rank_params.push_back({kv->s, name, Shape(tv->shape.begin(), tv->shape.end()), tv->dtype});
       }
+    }
+    if (import_optim && !distributed)
+      read_rank_optimizer(root, *tf, rank_params, r.tp, T, r.path, opt);
+    if (import_optim && k == 0) {
+      im.optimizer.emplace();
+      read_scheduler(root, r.path, *im.optimizer);
     }
   }
   for (auto& [name, s] : shards)
     im.tensors[name] = merge_tp(s, split_of(name, im.config.swiglu), name, d.iter_dir);
+  if (!import_optim || distributed) {
+    im.optimizer.reset();
+    if (im.had_optimizer)
+      im.optimizer_skipped =
+          distributed ? fmt::format("{} was written with --use-distributed-optimizer: the Adam "
+                                    "state is in the distrib_optim.pt files of its mp_rank_* "
+                                    "folders, which the import does not read",
+                                    d.iter_dir)
+                      : fmt::format("{}: some rank files hold no optimizer state", d.iter_dir);
+    return;
+  }
+  OptimizerState& os = *im.optimizer;
+  os.step = *opt.step;
+  if (opt.betas_eps) os.beta1 = (*opt.betas_eps)[0], os.beta2 = (*opt.betas_eps)[1],
+                     os.eps = (*opt.betas_eps)[2];
+  const std::pair<std::map<std::string, std::vector<Tensor>>*, std::map<std::string, Tensor>*>
+      parts[] = {{&opt.exp_avg, &os.exp_avg}, {&opt.exp_avg_sq, &os.exp_avg_sq},
+                 {&opt.main_params, &os.main_params}};
+  for (auto [from, to] : parts)
+    for (auto& [name, s] : *from)
+      (*to)[name] = merge_tp(s, split_of(name, im.config.swiglu), name, d.iter_dir);
 }
 
 }  // namespace
@@ -396,6 +434,11 @@ Imported read(const Detected& d) {
   if (d.layout == Layout::Legacy) read_legacy(d, im);
   else read_torch_dist(d, im);
   check_against_model(im, d.iter_dir);
+  check_optimizer(im, d.iter_dir);
+  if (im.had_optimizer && !im.optimizer && im.optimizer_skipped.empty())
+    im.optimizer_skipped = fmt::format("{} holds optimizer state under torch_dist's optimizer.* "
+                                       "keys, which the import does not read",
+                                       d.iter_dir);
   return im;
 }
 
@@ -406,10 +449,25 @@ std::vector<std::string> describe(const Detected& d) {
   Imported im;
   im.iteration = d.iteration;
   if (d.layout == Layout::Legacy) {
-    read_legacy(d, im);
-    out.push_back(fmt::format("ranks      TP {} x PP {} ({} model_optim_rng.pt files){}",
-                              im.source_tp, im.source_pp, d.files.size(),
-                              im.had_optimizer ? ", with optimizer state" : ""));
+    std::string why;  // an optimizer state convert would refuse: said, the rest still described
+    try {
+      read_legacy(d, im);
+    } catch (const Error& e) {
+      Detected weights_only = d;
+      weights_only.load_optim = false;
+      im = Imported{};
+      im.iteration = d.iteration;
+      read_legacy(weights_only, im);  // a model problem throws again, as before
+      why = e.summary();
+    }
+    out.push_back(fmt::format(
+        "ranks      TP {} x PP {} ({} model_optim_rng.pt files){}", im.source_tp, im.source_pp,
+        d.files.size(),
+        im.optimizer ? fmt::format(", with Adam state (step {}, imported by convert)",
+                                   im.optimizer->step)
+        : !why.empty()     ? ", with optimizer state convert refuses: " + why
+        : im.had_optimizer ? ", with optimizer state (not imported)"
+                           : ""));
   } else {
     read_torch_dist(d, im);
     out.push_back(fmt::format("files      {} .distcp file(s){}", d.files.size(),

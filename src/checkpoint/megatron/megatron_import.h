@@ -17,9 +17,17 @@
 //    layers of decoder.layers.* are stacked along a leading layer axis.
 // Transformer Engine's names (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight)
 // map to megatron.cpp's input_layernorm / pre_mlp_layernorm; _extra_state entries are skipped.
-// The model shape comes from the checkpoint's args. Optimizer state is not imported (said so
-// in the log): the result is a starting point (iteration 0), as `convert --from-hf` writes.
+// The model shape comes from the checkpoint's args.
+// Optimizer state (megatron_optim.cpp) is imported from the legacy layout written with
+// Megatron's non-distributed optimizer (FP32Optimizer, Float16OptimizerWithFloat16Params):
+// Adam's exp_avg / exp_avg_sq, the step, the fp32 main params (fp32_from_fp16_params: the
+// precise weights of a bf16/fp16 run, preferred over the model's half-precision weights) and
+// the LR scheduler's state, TP/PP-merged like the weights; the converted checkpoint then
+// resumes at Megatron's iteration. The distributed optimizer's state (distrib_optim.pt,
+// torch_dist's optimizer.* keys) is not imported (the log says so and names the flag): the
+// result is then a starting point (iteration 0), as `convert --from-hf` writes.
 #pragma once
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
@@ -37,6 +45,7 @@ struct Detected {
   std::string iter_dir;     // the iteration folder to read
   std::string iteration;    // "10", or "release"
   std::vector<std::string> files;  // legacy: the model_optim_rng.pt files; dist: .distcp files
+  bool load_optim = true;  // false (convert --no-load-optim): the weights alone
 };
 
 // Whether `dir` (a checkpoint root with a tracker and iter_*/ folders, or an iter_* /
@@ -49,11 +58,28 @@ const char* layout_name(Layout l);
 // there is an error whose HINT is the convert command.
 void refuse_megatron_checkpoint(const std::string& dir, std::optional<int64_t> iteration = {});  // "legacy (torch)", "torch_dist"
 
+// The imported optimizer state: the same names and shapes as Imported::tensors, F32.
+struct OptimizerState {
+  std::map<std::string, Tensor> exp_avg, exp_avg_sq;
+  std::map<std::string, Tensor> main_params;  // bf16/fp16 runs only: fp32_from_fp16_params
+  int64_t step = 0;                           // Adam's step (bias correction)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // the first group's, for the log
+  // OptimizerParamScheduler.state_dict() and the counters, when the checkpoint has them
+  bool has_scheduler = false;
+  double max_lr = 0, min_lr = 0, lr_warmup_steps = 0, start_wd = 0, end_wd = 0;
+  int64_t lr_decay_steps = 0, wd_incr_steps = 0, num_steps = 0;
+  std::string lr_decay_style, wd_incr_style;
+  int64_t consumed_train_samples = 0;
+  double flops_so_far = 0;
+};
+
 struct Imported {
   model::TransformerConfig config;
-  std::map<std::string, Tensor> tensors;  // megatron.cpp TP=1 names, F32
+  std::map<std::string, Tensor> tensors;  // megatron.cpp TP=1 names, F32 (the model weights)
   std::string iteration;
-  bool had_optimizer = false;           // optimizer state present (not imported)
+  bool had_optimizer = false;           // optimizer state present
+  std::optional<OptimizerState> optimizer;  // imported (legacy, non-distributed optimizer)
+  std::string optimizer_skipped;        // why present optimizer state was not imported
   std::vector<std::string> notes;       // what the log should say (e.g. GELU form)
   int64_t source_tp = 1, source_pp = 1;
 };
@@ -77,6 +103,52 @@ void check_against_model(Imported& im, const std::string& what);
 // torch_dist: reads the tensors of iter_dir (defined in megatron_dist.cpp).
 void read_torch_dist(const Detected& d, Imported& im);
 
+// ---- the legacy layout's optimizer state (megatron_optim.cpp) -----------------------------
+class TorchFile;
+// A trainable parameter of one rank's file, in the order of its model state dict(s)
+// (model, or model0, model1, ... under virtual pipelining): Megatron's named_parameters()
+// order, which is the order _get_param_groups fills each group in.
+struct RankParam {
+  std::string key;   // as in the file ("decoder.layers.0.self_attention.linear_qkv.weight")
+  std::string name;  // megatron.cpp's name (global layer number)
+  Shape shape;
+  DType dtype;       // as stored (bf16/f16: a Float16Optimizer main param exists)
+};
+// Where a parameter's state sits: group (in param_groups), position in the group (also in
+// fp32_from_fp16_params[group] among the group's half-precision parameters), and the key of
+// optimizer.state (param_groups[group]['params'][position]).
+struct ParamSlot {
+  int64_t group = 0, position = 0, index = 0;
+};
+// Megatron's rule (megatron/core/optimizer/__init__.py _get_param_groups): a parameter whose
+// name ends in ".bias" or that is 1-D gets wd_mult 0 (no weight decay), the others the
+// default group; each group lists its parameters in named_parameters() order; the groups'
+// order differs between releases (today the default group first; before, sorted tuples with
+// wd_mult 0.0 first), so each saved group's wd_mult says which set it holds. The counts are
+// checked against the saved groups; errors name `what` and the group. Returns one slot per
+// param, in params' order.
+std::vector<ParamSlot> legacy_param_slots(const Value& param_groups,
+                                          const std::vector<RankParam>& params,
+                                          const std::string& what);
+// One rank's optimizer state, per megatron.cpp name: shards[name][tp] for exp_avg,
+// exp_avg_sq and (half-precision runs) the main params.
+struct OptimizerShards {
+  std::map<std::string, std::vector<Tensor>> exp_avg, exp_avg_sq, main_params;
+  std::optional<int64_t> step;
+  std::optional<std::array<double, 3>> betas_eps;
+};
+// Reads root['optimizer'] of one legacy rank file into `out` (slot tp of T). Errors name the
+// file and the entry (a missing state entry, a moment whose shape is not the parameter's,
+// steps that disagree, a group layout that is not Megatron's).
+void read_rank_optimizer(const Value& root, const TorchFile& tf,
+                         const std::vector<RankParam>& params, int64_t tp, int64_t T,
+                         const std::string& path, OptimizerShards& out);
+// The scheduler's state and counters from a rank file's root (opt_param_scheduler, args).
+void read_scheduler(const Value& root, const std::string& path, OptimizerState& out);
+// After check_against_model: the merged moments (and main params of a half-precision run)
+// cover exactly the model's tensors with their shapes; the tied output layer's copy dropped.
+void check_optimizer(Imported& im, const std::string& what);
+
 }  // namespace mcpp::checkpoint::megatron
 
 namespace mcpp::checkpoint::megatron {
@@ -84,7 +156,9 @@ namespace mcpp::checkpoint::megatron {
 // `megatron convert --from-megatron SRC --save OUT`: reads SRC (detect + read), builds the
 // TP=1 model, and saves it as iteration 0 of a megatron.cpp checkpoint in save_dir (defined
 // in megatron_save.cpp). Returns what was imported (for the log and tests).
+// load_optim false (--no-load-optim): the weights alone, iteration 0, whatever optimizer
+// state the checkpoint holds.
 Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> iteration,
-                               const std::string& save_dir);
+                               const std::string& save_dir, bool load_optim = true);
 
 }  // namespace mcpp::checkpoint::megatron

@@ -1,16 +1,19 @@
 // megatron_import.h's convert_to_checkpoint: a Megatron-LM checkpoint -> a megatron.cpp one.
 #include <cstring>
+#include <memory>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/megatron/megatron_import.h"
 #include "model/gpt_model.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
 
 namespace mcpp::checkpoint::megatron {
 
 Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> iteration,
-                               const std::string& save_dir) {
+                               const std::string& save_dir, bool load_optim) {
   std::optional<Detected> d = detect(src, iteration);
   MCPP_CHECK_HINT(d.has_value(),
                   "give the folder Megatron-LM saved into (holding latest_checkpointed_"
@@ -21,27 +24,65 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
                   src);
   log::info("reading {} ({} layout, iteration {}, {} file(s))", d->iter_dir,
             layout_name(d->layout), d->iteration, d->files.size());
+  d->load_optim = load_optim;
   Imported im = read(*d);
   for (const auto& n : im.notes) log::warn("{}", n);
   model::GPTModel m(im.config);
   auto& ps = m.params();
-  for (const auto& p : ps.infos()) {
-    const Tensor& from = im.tensors.at(p.name);  // check_against_model: present, same shape
-    Tensor to = ps.param(p.name);
+  // A bf16/fp16 run's fp32 main params are its precise weights: they are what is saved (as
+  // our own checkpoints save the optimizer's main params); the half-precision weights are
+  // their rounding.
+  const std::map<std::string, Tensor>& values =
+      im.optimizer && !im.optimizer->main_params.empty() ? im.optimizer->main_params : im.tensors;
+  auto copy = [](const Tensor& from, Tensor to, const std::string& name) {
     MCPP_CHECK(to.dtype() == DType::F32 && to.numel() == from.numel(),
-               "internal: parameter {} is not an F32 tensor of {} elements", p.name, from.numel());
+               "internal: {} is not an F32 tensor of {} elements", name, from.numel());
     std::memcpy(to.data<float>(), from.data<float>(), size_t(from.numel()) * sizeof(float));
-  }
-  if (im.had_optimizer)
-    log::warn("{} holds optimizer state; it is not imported (the Adam moments restart from "
-              "zero): train on with --load OUT --finetune (or --no-load-optim)",
-              d->iter_dir);
-  TrainingState st;  // iteration 0: a starting point, as convert --from-hf writes
+  };
+  for (const auto& p : ps.infos())  // check_against_model / check_optimizer: present, same shape
+    copy(values.at(p.name), ps.param(p.name), p.name);
+  TrainingState st;
   st.rng_seed = im.config.seed;
   st.config = {{"converted_from_megatron", d->iter_dir},
                {"megatron_iteration", d->iteration},
                {"megatron_layout", layout_name(d->layout)}};
-  save_checkpoint(save_dir, m, nullptr, st);
+  std::unique_ptr<optim::AdamW> opt;
+  if (im.optimizer) {
+    const OptimizerState& os = *im.optimizer;
+    opt = std::make_unique<optim::AdamW>(ps, optim::AdamWConfig{os.beta1, os.beta2, os.eps});
+    for (const auto& p : ps.infos()) {
+      copy(os.exp_avg.at(p.name), opt->exp_avg().narrow(p.offset, p.numel()), p.name);
+      copy(os.exp_avg_sq.at(p.name), opt->exp_avg_sq().narrow(p.offset, p.numel()), p.name);
+    }
+    opt->set_steps(os.step);
+    // Megatron's iteration and counters: --load resumes where Megatron stopped.
+    st.iteration = d->iteration == "release" ? 0 : std::stoll(d->iteration);
+    st.rng_iteration = st.iteration;
+    st.consumed_train_samples = os.consumed_train_samples;
+    st.num_floating_point_operations_so_far = os.flops_so_far;
+    st.optimizer_steps = os.step;
+    if (os.has_scheduler) {
+      auto& sc = st.scheduler;
+      sc.max_lr = os.max_lr, sc.min_lr = os.min_lr, sc.lr_warmup_steps = os.lr_warmup_steps;
+      sc.lr_decay_steps = os.lr_decay_steps, sc.num_steps = os.num_steps;
+      sc.lr_decay_style = optim::parse_lr_decay_style(os.lr_decay_style);
+      sc.start_wd = os.start_wd, sc.end_wd = os.end_wd, sc.wd_incr_steps = os.wd_incr_steps;
+      sc.wd_incr_style = optim::parse_wd_incr_style(os.wd_incr_style);
+    }
+    log::info("imported the Adam state (step {}, betas {} {}, eps {}){}{}: --load OUT resumes "
+              "at iteration {} (pass Megatron's optimizer and LR flags; dropout masks differ "
+              "from Megatron's, whose RNG states have no counterpart here)",
+              os.step, os.beta1, os.beta2, os.eps,
+              os.main_params.empty() ? "" : ", the fp32 main params as the weights",
+              os.has_scheduler ? ", the LR scheduler's state" : "", st.iteration);
+  } else if (im.had_optimizer && !load_optim) {
+    log::info("--no-load-optim: the optimizer state of {} is left out (weights only)", d->iter_dir);
+  } else if (im.had_optimizer) {
+    log::warn("{}; weights are imported, the optimizer state is not (the Adam moments restart "
+              "from zero): train on with --load OUT --finetune (or --no-load-optim)",
+              im.optimizer_skipped);
+  }
+  save_checkpoint(save_dir, m, opt.get(), st);
   log::info("imported {} ({} layers, hidden {}, padded vocab {}, from TP {} x PP {}) into {}",
             d->iter_dir, im.config.num_layers, im.config.hidden_size,
             im.config.padded_vocab_size, im.source_tp, im.source_pp, save_dir);
