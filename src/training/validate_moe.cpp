@@ -274,11 +274,12 @@ void validate_moe(Args& a) {
                   "--expert-model-parallel-size {} with --tensor-model-parallel-size {}: the "
                   "allgather dispatcher runs expert parallelism at TP 1 only",
                   ep, tp);
-  MCPP_CHECK_HINT(etp == tp,
-                  "drop --expert-tensor-parallel-size (it defaults to "
+  // ETP 1 at TP > 1: whole experts on each TP rank, each rank's own tokens (moe_layer.h).
+  MCPP_CHECK_HINT(etp == tp || etp == 1,
+                  "use --expert-tensor-parallel-size 1 or drop it (it defaults to "
                   "--tensor-model-parallel-size)",
-                  "--expert-tensor-parallel-size {} different from --tensor-model-parallel-size "
-                  "{} is not implemented yet",
+                  "--expert-tensor-parallel-size {} with --tensor-model-parallel-size {} is not "
+                  "implemented yet (ETP equal to TP, or 1, is)",
                   etp, tp);
   MCPP_CHECK_HINT(!a.add_bias_linear, "add --disable-bias-linear (as Megatron's MoE examples do)",
                   "--num-experts with linear biases (Megatron's default --add-bias-linear) is not "

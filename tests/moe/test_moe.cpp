@@ -458,6 +458,15 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_NE(start_up_error({"--num-experts", "4", "--expert-tensor-parallel-size", "2"})
                 .find("--expert-tensor-parallel-size"),
             std::string::npos);
+  // ETP 1 at TP 2 (whole experts on each TP rank) is accepted (ETP 2 at TP 1 is not, above).
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1"}),
+            "");
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                            "--expert-model-parallel-size", "2",
+                            "--moe-token-dispatcher-type", "alltoall"}),
+            "");
   // Expert parallelism trains at TP 1 (EP folded over DP), with the distributed optimizer too.
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2"}), "");
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2",

@@ -17,6 +17,44 @@ namespace {
 // shard); none otherwise (TP 1, or generation, where every TP rank holds every token).
 comm::Communicator* dispatch_group(const StepContext& cx) { return cx.sp ? cx.tp_comm : nullptr; }
 
+// The rows a rank sends to the experts (host): the permute's source token, the unpermute's
+// CSR (offsets, rows), rows per expert, and per row (token * k + slot), -1 for padding.
+struct RowSet {
+  std::vector<int64_t> src, off, rows, counts, slot;
+};
+
+// Every row of the routing (the group's T tokens; ETP = TP, or TP 1).
+RowSet all_rows(const Routing& r) {
+  RowSet o{r.row_token, r.tok_offsets, r.tok_rows, r.counts, {}};
+  o.slot.resize(r.row_token.size());
+  for (size_t n = 0; n < o.slot.size(); ++n)
+    o.slot[n] = r.row_slot[n] >= 0 ? r.row_token[n] * r.k + r.row_slot[n] : -1;
+  return o;
+}
+
+// ETP 1 at TP > 1: the rows of this rank's own tokens [t0, t0 + Tl) of the group's routing,
+// in its order (expert-major, tokens ascending), tokens renumbered from 0. Each TP rank's
+// experts are whole, so a token's rows need no other TP rank (Megatron's ETP-1 hand-over).
+RowSet own_rows(const Routing& r, int64_t t0, int64_t Tl) {
+  RowSet o;
+  o.counts.assign(r.counts.size(), 0);
+  o.off.assign(size_t(Tl + 1), 0);
+  int64_t n = 0;
+  for (size_t e = 0; e < r.counts.size(); ++e)
+    for (int64_t end = n + r.counts[e]; n < end; ++n) {
+      const int64_t t = r.row_token[size_t(n)] - t0;
+      if (t < 0 || t >= Tl) continue;
+      const int32_t q = r.row_slot[size_t(n)];
+      o.src.push_back(t), o.slot.push_back(q >= 0 ? (t + t0) * r.k + q : -1);
+      ++o.counts[e], ++o.off[size_t(t + 1)];
+    }
+  for (int64_t t = 0; t < Tl; ++t) o.off[size_t(t + 1)] += o.off[size_t(t)];
+  o.rows.assign(o.src.size(), 0);
+  std::vector<int64_t> fill(o.off.begin(), o.off.end() - 1);
+  for (size_t i = 0; i < o.src.size(); ++i) o.rows[size_t(fill[size_t(o.src[i])]++)] = int64_t(i);
+  return o;
+}
+
 }  // namespace
 
 int64_t max_rows(const TransformerConfig& c, int64_t T) {
@@ -152,38 +190,48 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   }
 
   // Dispatch: the group's tokens, permuted into expert-grouped rows with their weights.
+  // ETP 1 at TP > 1 (own): only this rank's tokens, through whole experts, back to it.
+  const bool own = group && cfg_->moe_etp() == 1;
   const Tensor* xf = &x;
-  if (group) {
+  if (group && !own) {
     ep::dispatch(x, s.x_full, group, st);
     xf = &s.x_full;
   }
-  const int64_t N = int64_t(r.row_token.size());
-  s.src = index_tensor(r.row_token, cx.dev, st);
-  s.off = index_tensor(r.tok_offsets, cx.dev, st);
-  s.rows = index_tensor(r.tok_rows, cx.dev, st);
+  RowSet rs = own ? own_rows(r, int64_t(group->rank()) * cx.Tl, cx.Tl) : all_rows(r);
+  const int64_t N = int64_t(rs.src.size());
+  s.src = index_tensor(rs.src, cx.dev, st);
+  s.off = index_tensor(rs.off, cx.dev, st);
+  s.rows = index_tensor(rs.rows, cx.dev, st);
+  s.row_counts = std::move(rs.counts);
+  s.row_slot = std::move(rs.slot);
   std::vector<double> pr(static_cast<size_t>(N), 0.0);
   for (int64_t n = 0; n < N; ++n)
-    if (r.row_slot[size_t(n)] >= 0)
-      pr[size_t(n)] = r.prob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])];
+    if (s.row_slot[size_t(n)] >= 0) pr[size_t(n)] = r.prob[size_t(s.row_slot[size_t(n)])];
   Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N), yp = w_.yp.narrow(0, N);
   ops::moe_permute(*xf, s.src, xp, st);
   from_host(pr, p, st);
 
   // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
   if (ep_) {  // the rows to the ranks owning their experts, the outputs back
-    s.plan = ep::plan_alltoall(r.counts, ep_, st);
+    s.plan = ep::plan_alltoall(s.row_counts, ep_, st);
     const int64_t Ne = s.plan.rows_out;
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
     ep::dispatch_alltoall(xp, xe, s.plan, ep_, st);
     ep::dispatch_alltoall(p, pe, s.plan, ep_, st);
     if (Ne > 0) experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_.experts, st);
     ep::combine_alltoall(ye, yp, s.plan, ep_, st);
-  } else {
-    experts_.forward(xp, p, r.counts, s.experts, yp, w_.experts, st);
+  } else if (N > 0) {
+    experts_.forward(xp, p, s.row_counts, s.experts, yp, w_.experts, st);
   }
-  ops::moe_unpermute(yp, s.off, s.rows, w_.y_full, st);
-  if (!group && cx.tp_comm) parallel::reduce_from_tp(w_.y_full, *cx.tp_comm, st);  // no SP
-  ep::combine(w_.y_full, y, group, st);
+  if (own) {  // whole experts on this rank's tokens: the sums are complete
+    ops::moe_unpermute(yp, s.off, s.rows, y, st);
+  } else {
+    ops::moe_unpermute(yp, s.off, s.rows, w_.y_full, st);
+    // No SP (generation): the TP ranks' ETP shards summed; whole experts (ETP 1) are not.
+    if (!group && cx.tp_comm && cfg_->moe_etp() > 1)
+      parallel::reduce_from_tp(w_.y_full, *cx.tp_comm, st);
+    ep::combine(w_.y_full, y, group, st);
+  }
   if (shared_) {
     shared_->forward(x, s.shared, w_.sh_y, ws, cx);
     ops::add(y, w_.sh_y, y, st);
@@ -200,7 +248,8 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   MCPP_CHECK(group || !cx.tp_comm, "MoeLayer::backward at TP {} needs --sequence-parallel",
              cfg_->tp_size);
   const Routing& r = s.routing;
-  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(r.row_token.size());
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(s.row_slot.size());
+  const bool own = group && cfg_->moe_etp() == 1;  // as in the forward
 
   // Shared experts first: they write dx (=); everything else adds to it.
   if (shared_)
@@ -210,7 +259,7 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
 
   // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
   const Tensor* g = &dy;
-  if (group) {
+  if (group && !own) {
     ep::combine_backward(dy, w_.g_full, group, st);
     g = &w_.g_full;
   }
@@ -233,16 +282,19 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
                           w_.experts, st);
       ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
       ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
-    } else {
-      experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
+    } else if (N > 0) {
+      experts_.backward(gp, xp, p, s.row_counts, s.experts, dxp, dp, w_.experts, st);
     }
-    ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
-    ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
+    if (own) {  // this rank's tokens only: d(loss)/dp of the others' tokens stays 0 here
+      ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_local, st);
+    } else {
+      ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
+      ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
+    }
     ops::add(dx, w_.dx_local, dx, st);
     const std::vector<double> dpv = to_host(dp, st);
     for (int64_t n = 0; n < N; ++n)
-      if (r.row_slot[size_t(n)] >= 0)
-        dprob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])] = dpv[size_t(n)];
+      if (s.row_slot[size_t(n)] >= 0) dprob[size_t(s.row_slot[size_t(n)])] = dpv[size_t(n)];
   }
 
   // Router: through the routing into the logits, with the aux / z-loss gradients of this

@@ -11,6 +11,10 @@
 //              gradients (scaled by 1/(micro-batches x DP), Megatron's aux-loss scale in our
 //              global-token normalisation) go through the routing's Jacobian into the router.
 //
+// ETP 1 at TP > 1 (--expert-tensor-parallel-size 1): every TP rank still routes the group's
+// T tokens (the same aux losses), but sends only its own tokens' rows to whole experts
+// (locally, or over the EP group), gets their complete outputs back, and keeps d(loss)/dp
+// of its own tokens: the router's reduce-scatter sums each token's from its one owner.
 // With TP > 1 (sequence parallel, ETP = TP, EP = 1) the dispatch group is the TP group:
 // every rank routes all T tokens of the group (the gathered logits), keeps the aux / z-loss
 // gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
@@ -71,6 +75,8 @@ class MoeLayer final : public MlpModule {
     std::vector<double> logits;
     Routing routing;
     Tensor src, off, rows;
+    std::vector<int64_t> row_counts;  // rows per expert sent by this rank
+    std::vector<int64_t> row_slot;    // per row: token * k + slot (group numbering), -1 padding
     // Expert parallelism: the exchange's plan and the rows on the experts' side.
     parallel::expert_parallel::AlltoallPlan plan;
     Tensor xe;  // [EP*Nmax,H] rows for this rank's experts, by local expert
