@@ -269,11 +269,6 @@ void validate_moe(Args& a) {
 
   // Not implemented yet by megatron.cpp.
   // Expert parallelism: what the trainer does not run yet at EP > 1.
-  MCPP_CHECK_HINT(ep == 1 || tp == 1 || a.moe_token_dispatcher_type == "alltoall",
-                  "add --moe-token-dispatcher-type alltoall",
-                  "--expert-model-parallel-size {} with --tensor-model-parallel-size {}: the "
-                  "allgather dispatcher runs expert parallelism at TP 1 only",
-                  ep, tp);
   // ETP 1 at TP > 1: whole experts on each TP rank, each rank's own tokens (moe_layer.h).
   MCPP_CHECK_HINT(etp == tp || etp == 1,
                   "use --expert-tensor-parallel-size 1 or drop it (it defaults to "

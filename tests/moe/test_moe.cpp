@@ -467,6 +467,11 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
                             "--expert-model-parallel-size", "2",
                             "--moe-token-dispatcher-type", "alltoall"}),
             "");
+  // ... and with the allgather dispatcher (Megatron's default) at EP > 1 with TP > 1.
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                            "--expert-model-parallel-size", "2"}),
+            "");
   // Expert parallelism trains at TP 1 (EP folded over DP), with the distributed optimizer too.
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2"}), "");
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2",

@@ -148,15 +148,15 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   // This layer's own scratch, for these sizes (a no-op once allocated).
   allocate([&](const TensorVisitor& v) { scratch_list(cx, ws, v); }, cx.dev, false);
   comm::Communicator* group = dispatch_group(cx);
-  const int64_t T = cx.T, E = m.num_experts, k = m.topk;
+  const int64_t T = cx.T, E = m.num_experts;
   MCPP_CHECK(m.ep_size == 1 || ep_, "MoE layer {}: EP {} without an EP group", layer_, m.ep_size);
   // EP x TP (ETP = TP, sequence parallel): the TP group routes its gathered tokens, then
-  // the all-to-all runs over the EP group (ranks of one TP rank), each rank's experts
-  // compute their ETP shard, and the TP reduce-scatter of the combine sums the shards.
-  // The all-gather dispatcher gathers only the local tokens: TP 1.
-  MCPP_CHECK(!ep_ || !cx.tp_comm || (m.alltoall && group),
-             "MoE layer {}: expert parallelism with TP > 1 needs the alltoall dispatcher and "
-             "sequence parallelism", layer_);
+  // the all-to-all (or all-gather) runs over the EP group (ranks of one TP rank), each
+  // rank's experts compute their ETP shard, and the TP reduce-scatter of the combine sums
+  // the shards. ETP 1: each rank's own tokens only, to whole experts and back.
+  MCPP_CHECK(!ep_ || !cx.tp_comm || group,
+             "MoE layer {}: expert parallelism with TP > 1 needs sequence parallelism", layer_);
+  const bool own = group && cfg_->moe_etp() == 1;  // ETP 1 at TP > 1: this rank's tokens
 
   // Router: this rank's logits, then the group's (every member routes all T tokens).
   router_.forward(x, s.router, cx);
@@ -179,8 +179,17 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   }
 
   if (ep_ && !m.alltoall) {  // the all-gather dispatcher over the EP group
-    allgather_forward(x, s, cx);
-    ep::combine(w_.y_full, y, group, st);
+    if (own) {  // this rank's tokens, whole experts: complete outputs of its shard
+      allgather_forward(x, int64_t(group->rank()) * cx.Tl, cx.Tl, y, s, cx);
+    } else {  // the TP group's tokens (ETP = TP): shard partial sums, then the TP combine
+      const Tensor* xf = &x;
+      if (group) {
+        ep::dispatch(x, s.x_full, group, st);
+        xf = &s.x_full;
+      }
+      allgather_forward(*xf, 0, T, w_.y_full, s, cx);
+      ep::combine(w_.y_full, y, group, st);
+    }
     if (shared_) {
       shared_->forward(x, s.shared, w_.sh_y, ws, cx);
       ops::add(y, w_.sh_y, y, st);
@@ -191,7 +200,6 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
 
   // Dispatch: the group's tokens, permuted into expert-grouped rows with their weights.
   // ETP 1 at TP > 1 (own): only this rank's tokens, through whole experts, back to it.
-  const bool own = group && cfg_->moe_etp() == 1;
   const Tensor* xf = &x;
   if (group && !own) {
     ep::dispatch(x, s.x_full, group, st);
@@ -266,8 +274,13 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   // d(loss)/dp per (token, slot), for the router below.
   std::vector<double> dprob(static_cast<size_t>(T * k), 0.0), dl(static_cast<size_t>(T * E));
   if (ep_ && !m.alltoall) {
-    allgather_backward(*g, s, dprob, cx);
-    ops::add(dx, w_.dx_full, dx, st);
+    if (own) {
+      allgather_backward(*g, w_.dx_local, s, dprob, cx);
+    } else {
+      allgather_backward(*g, w_.dx_full, s, dprob, cx);
+      ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);  // the TP shards summed
+    }
+    ops::add(dx, w_.dx_local, dx, st);
   } else {
     Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
     Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
@@ -324,18 +337,21 @@ Tensor f64_tensor(const std::vector<double>& v, Device dev, Stream& st) {
 
 }  // namespace
 
-void MoeLayer::allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+void MoeLayer::allgather_forward(const Tensor& x, int64_t t0, int64_t T, Tensor& out, Saved& s,
+                                 const StepContext& cx) const {
   const auto& m = cfg_->moe;
   Stream& st = cx.stream();
   const Routing& r = s.routing;
-  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), El = m.local_experts();
+  const int64_t k = m.topk, EPn = ep_->size(), El = m.local_experts();
   const int64_t e0 = m.first_expert(), Tg = EPn * T;
+  s.ag_t0 = t0, s.ag_tokens = T;
 
   // Every EP rank's routing: per (token, slot) the expert (-1 when dropped) and the weight.
   std::vector<double> mine(static_cast<size_t>(T * k * 2));
   for (int64_t i = 0; i < T * k; ++i) {
-    mine[size_t(2 * i)] = r.kept[size_t(i)] ? double(r.idx[size_t(i)]) : -1.0;
-    mine[size_t(2 * i + 1)] = r.prob[size_t(i)];
+    const size_t ri = size_t(t0 * k + i);
+    mine[size_t(2 * i)] = r.kept[ri] ? double(r.idx[ri]) : -1.0;
+    mine[size_t(2 * i + 1)] = r.prob[ri];
   }
   Tensor all = Tensor::empty({Tg * k * 2}, DType::F64, cx.dev);
   ep_->all_gather(f64_tensor(mine, cx.dev, st), all, st);
@@ -367,42 +383,45 @@ void MoeLayer::allgather_forward(const Tensor& x, Saved& s, const StepContext& c
 
   // Gather the tokens, run this rank's experts on their rows, combine per gathered token,
   // and reduce-scatter: each rank gets its tokens' sums over every rank's experts.
-  ep::dispatch(x, w_.tall, ep_, st);
+  Tensor tall = w_.tall.narrow(0, Tg);
+  ep::dispatch(x, tall, ep_, st);
   if (Ne > 0) {
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
-    ops::moe_permute(w_.tall, s.ag_src, xe, st);
+    ops::moe_permute(tall, s.ag_src, xe, st);
     from_host(pr, pe, st);
     experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_.experts, st);
-    ops::moe_unpermute(ye, s.ag_off, s.ag_rows, w_.tall, st);
+    ops::moe_unpermute(ye, s.ag_off, s.ag_rows, tall, st);
   } else {
-    ops::fill(w_.tall, 0.0, st);
+    ops::fill(tall, 0.0, st);
   }
-  ep::combine(w_.tall, w_.y_full, ep_, st);
+  ep::combine(tall, out, ep_, st);
 }
 
-void MoeLayer::allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
-                                  const StepContext& cx) {
+void MoeLayer::allgather_backward(const Tensor& g, Tensor& dx, Saved& s,
+                                  std::vector<double>& dprob, const StepContext& cx) {
   const auto& m = cfg_->moe;
   Stream& st = cx.stream();
-  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), Tg = EPn * T;
+  const int64_t T = s.ag_tokens, t0 = s.ag_t0, k = m.topk, EPn = ep_->size(), Tg = EPn * T;
   const int64_t Ne = int64_t(s.ag_slot.size());
-  ep::combine_backward(g, w_.tall, ep_, st);  // every rank's output gradients
+  Tensor tall = w_.tall.narrow(0, Tg);
+  ep::combine_backward(g, tall, ep_, st);  // every rank's output gradients
   std::vector<double> dp_all(static_cast<size_t>(Tg * k), 0.0);
   if (Ne > 0) {
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
     Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
-    ops::moe_permute(w_.tall, s.ag_src, ge, st);
+    ops::moe_permute(tall, s.ag_src, ge, st);
     experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_.experts, st);
-    ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, w_.tall, st);
+    ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, tall, st);
     const std::vector<double> dpv = to_host(dpe, st);
     for (int64_t n = 0; n < Ne; ++n) dp_all[size_t(s.ag_slot[size_t(n)])] = dpv[size_t(n)];
   } else {
-    ops::fill(w_.tall, 0.0, st);
+    ops::fill(tall, 0.0, st);
   }
-  ep::dispatch_backward(w_.tall, w_.dx_full, ep_, st);  // to the tokens' ranks, summed
+  ep::dispatch_backward(tall, dx, ep_, st);  // to the tokens' ranks, summed
   Tensor dmine = Tensor::empty({T * k}, DType::F64, cx.dev);
   ep_->reduce_scatter(f64_tensor(dp_all, cx.dev, st), dmine, st);
-  dprob = to_host(dmine, st);
+  const std::vector<double> dm = to_host(dmine, st);
+  std::copy(dm.begin(), dm.end(), dprob.begin() + t0 * k);  // tokens [t0, t0 + T) of the group
 }
 
 }  // namespace mcpp::model::moe

@@ -19,13 +19,15 @@
 // every rank routes all T tokens of the group (the gathered logits), keeps the aux / z-loss
 // gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
 // at most T*k dropless (the saved buffers' stated bound), E*capacity*TP with padding.
-// Expert parallelism (EP > 1, set_expert_parallel_group; TP 1 for now): each rank routes its
-// own tokens (its aux / z losses are its own), then either
+// Expert parallelism (EP > 1, set_expert_parallel_group): each rank routes its own tokens
+// (at TP > 1 its TP group's, as above), then either
 //   alltoall:  the permuted rows travel to the ranks owning their experts and back
 //              (parallel/expert_parallel/alltoall_dispatch.h, its duals in the backward), or
 //   allgather: every rank gathers all EP ranks' tokens and routing, computes its experts'
 //              outputs for all of them, and the outputs are reduce-scattered back
 //              (token_dispatch.h); d(loss)/d(prob) is reduce-scattered to the tokens' ranks.
+//              At TP > 1 the tokens gathered over EP are the TP group's (ETP = TP; the TP
+//              combine then sums the shards) or the rank's own shard (ETP 1).
 // The experts see at most EP*N rows (every rank's rows for this rank's experts, the stated
 // dropless bound).
 // Runtime statistics for logging and the expert-bias update live in MoeStats until
@@ -85,6 +87,7 @@ class MoeLayer final : public MlpModule {
     std::vector<int64_t> ag_counts;  // [El] rows per local expert
     std::vector<int64_t> ag_slot;    // per row: (gathered token * k + slot)
     Tensor ag_src, ag_off, ag_rows;  // permute / unpermute indices over EP*T tokens
+    int64_t ag_t0 = 0, ag_tokens = 0;  // the group's tokens [t0, t0 + T) this rank sent
   };
   std::unique_ptr<MlpSaved> new_saved() const override { return std::make_unique<Saved>(); }
   void saved_specs(const Dims& d, bool keep_activation, MlpSaved& s,
@@ -118,10 +121,13 @@ class MoeLayer final : public MlpModule {
     SharedExperts::Scratch shared;
   };
   void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
-  // The all-gather dispatcher at EP > 1: x [T,H] -> w_.y_full [T,H] (this rank's tokens'
-  // outputs of all experts); backward: g [T,H] -> w_.dx_full [T,H] and dprob [T*k].
-  void allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
-  void allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
+  // The all-gather dispatcher at EP > 1: x [T,H], the routing's tokens [t0, t0 + T) (the
+  // TP group's all at ETP = TP, this rank's shard at ETP 1) -> out [T,H] (their outputs of
+  // every EP rank's experts: ETP shard partial sums, or complete at ETP 1); backward: g
+  // [T,H] -> dx [T,H] and dprob of those tokens (written into the group's [T_group*k]).
+  void allgather_forward(const Tensor& x, int64_t t0, int64_t T, Tensor& out, Saved& s,
+                         const StepContext& cx) const;
+  void allgather_backward(const Tensor& g, Tensor& dx, Saved& s, std::vector<double>& dprob,
                           const StepContext& cx);
 
   const TransformerConfig* cfg_;
