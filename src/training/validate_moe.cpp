@@ -276,6 +276,15 @@ void validate_moe(Args& a) {
                   "--expert-tensor-parallel-size {} with --tensor-model-parallel-size {} is not "
                   "implemented yet (ETP equal to TP, or 1, is)",
                   etp, tp);
+  // The bf16 staging buffer exists at DP > 1 only: at DP 1 with EDP > 1 (ETP 1 at TP > 1)
+  // the expert buckets would be reduced in fp32, silently ignoring the flag.
+  const int64_t edp = attn_ranks / (etp * ep);
+  MCPP_CHECK_HINT(!(a.grad_reduce_in_bf16 && a.data_parallel_size == 1 && edp > 1),
+                  "drop --grad-reduce-in-bf16, or train with data-parallel size > 1",
+                  "--grad-reduce-in-bf16 at data-parallel size 1 with expert-data-parallel "
+                  "size {} (--expert-tensor-parallel-size {} at --tensor-model-parallel-size "
+                  "{}) is not implemented yet",
+                  edp, etp, tp);
   MCPP_CHECK_HINT(!a.add_bias_linear, "add --disable-bias-linear (as Megatron's MoE examples do)",
                   "--num-experts with linear biases (Megatron's default --add-bias-linear) is not "
                   "implemented yet: the router and the experts have no biases");

@@ -467,6 +467,12 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
                             "--expert-model-parallel-size", "2",
                             "--moe-token-dispatcher-type", "alltoall"}),
             "");
+  // ETP 1 at TP 2, DP 1 (EDP 2): expert buckets would skip the bf16 reduction.
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                            "--bf16", "--grad-reduce-in-bf16"})
+                .find("--grad-reduce-in-bf16 at data-parallel size 1"),
+            std::string::npos);
   // ... and with the allgather dispatcher (Megatron's default) at EP > 1 with TP > 1.
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
                             "--sequence-parallel", "--expert-tensor-parallel-size", "1",
