@@ -211,7 +211,9 @@ void Trainer::State::build_model() {
       auto& b = s.model->stage().block(ch);
       for (int i = 0; i < b.size(); ++i)
         if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp()))
-          l->set_expert_parallel_group(&s.ps->ep()), ++moe_layers;
+          l->set_expert_parallel_group(&s.ps->ep()),
+              l->set_expert_tensor_parallel_group(&s.ps->group(parallel::Group::ExpertTP)),
+              ++moe_layers;
     }
     log::info("> expert parallel: EP {} (this rank {}, experts {}-{} of {}), expert tensor "
               "parallel {}, expert data parallel {}, {} dispatcher, {} MoE layers on this rank",

@@ -269,12 +269,12 @@ void validate_moe(Args& a) {
 
   // Not implemented yet by megatron.cpp.
   // Expert parallelism: what the trainer does not run yet at EP > 1.
-  // ETP 1 at TP > 1: whole experts on each TP rank, each rank's own tokens (moe_layer.h).
-  MCPP_CHECK_HINT(etp == tp || etp == 1,
-                  "use --expert-tensor-parallel-size 1 or drop it (it defaults to "
+  // ETP < TP: each ETP group of consecutive TP ranks sends its own tokens (moe_layer.h).
+  MCPP_CHECK_HINT(etp <= tp && tp % etp == 0,
+                  "use a divisor of --tensor-model-parallel-size, or drop it (it defaults to "
                   "--tensor-model-parallel-size)",
                   "--expert-tensor-parallel-size {} with --tensor-model-parallel-size {} is not "
-                  "implemented yet (ETP equal to TP, or 1, is)",
+                  "implemented yet (ETP dividing TP is)",
                   etp, tp);
   // The bf16 staging buffer exists at DP > 1 only: at DP 1 with EDP > 1 (ETP 1 at TP > 1)
   // the expert buckets would be reduced in fp32, silently ignoring the flag.

@@ -84,6 +84,32 @@ MoeLayer::MoeLayer(const TransformerConfig& c, int layer, const ParamStore* stor
   stats_.tokens_per_expert.assign(size_t(c.moe.num_experts), 0.0);
 }
 
+void MoeLayer::set_expert_tensor_parallel_group(comm::Communicator* etp) {
+  etp_ = etp && etp->size() > 1 ? etp : nullptr;
+}
+
+MoeLayer::Span MoeLayer::span(const StepContext& cx) const {
+  comm::Communicator* group = dispatch_group(cx);
+  const int64_t etp = cfg_->moe_etp();
+  Span sp;
+  if (!group || etp >= group->size()) {  // ETP = TP (or TP 1): the dispatch group's tokens
+    sp.group = group, sp.tokens = cx.T, sp.all = true, sp.complete = false;
+    return sp;
+  }
+  // ETP < TP: the expert grid puts ETP consecutive TP ranks in one ETP group, whose
+  // sequence shards are consecutive too.
+  const int64_t tp_rank = group->rank();
+  sp.tokens = etp * cx.Tl, sp.t0 = tp_rank / etp * sp.tokens, sp.all = false;
+  sp.complete = etp == 1;
+  if (etp > 1) {
+    MCPP_CHECK(etp_ && etp_->size() == etp && etp_->rank() == tp_rank % etp,
+               "MoE layer {}: ETP {} at TP {} needs its expert-tensor-parallel group (TP rank "
+               "{})", layer_, etp, group->size(), tp_rank);
+    sp.group = etp_;
+  }
+  return sp;
+}
+
 void MoeLayer::set_expert_parallel_group(comm::Communicator* ep) {
   const int64_t n = ep ? ep->size() : 1;
   MCPP_CHECK(n == cfg_->moe.ep_size && (!ep || ep->rank() == cfg_->moe.ep_rank),
@@ -156,7 +182,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   // the shards. ETP 1: each rank's own tokens only, to whole experts and back.
   MCPP_CHECK(!ep_ || !cx.tp_comm || group,
              "MoE layer {}: expert parallelism with TP > 1 needs sequence parallelism", layer_);
-  const bool own = group && cfg_->moe_etp() == 1;  // ETP 1 at TP > 1: this rank's tokens
+  const Span sp = span(cx);
 
   // Router: this rank's logits, then the group's (every member routes all T tokens).
   router_.forward(x, s.router, cx);
@@ -178,18 +204,21 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     ++stats_.forwards;
   }
 
+  // The span's tokens on this rank (the TP group's at ETP = TP, the ETP group's at ETP < TP,
+  // its own at ETP 1), and where their outputs go: y itself when complete (ETP 1), else
+  // partial sums over the ETP shards that the combine over sp.group reduce-scatters.
+  Tensor xsub;
+  const Tensor* xf = &x;
+  if (sp.group) {
+    xsub = s.x_full.narrow(0, sp.tokens);
+    ep::dispatch(x, xsub, sp.group, st);
+    xf = &xsub;
+  }
+  Tensor yn = sp.complete ? y : w_.y_full.narrow(0, sp.tokens);
+
   if (ep_ && !m.alltoall) {  // the all-gather dispatcher over the EP group
-    if (own) {  // this rank's tokens, whole experts: complete outputs of its shard
-      allgather_forward(x, int64_t(group->rank()) * cx.Tl, cx.Tl, y, s, cx);
-    } else {  // the TP group's tokens (ETP = TP): shard partial sums, then the TP combine
-      const Tensor* xf = &x;
-      if (group) {
-        ep::dispatch(x, s.x_full, group, st);
-        xf = &s.x_full;
-      }
-      allgather_forward(*xf, 0, T, w_.y_full, s, cx);
-      ep::combine(w_.y_full, y, group, st);
-    }
+    allgather_forward(*xf, sp.t0, sp.tokens, yn, s, cx);
+    if (!sp.complete) ep::combine(yn, y, sp.group, st);
     if (shared_) {
       shared_->forward(x, s.shared, w_.sh_y, ws, cx);
       ops::add(y, w_.sh_y, y, st);
@@ -198,14 +227,8 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     return;
   }
 
-  // Dispatch: the group's tokens, permuted into expert-grouped rows with their weights.
-  // ETP 1 at TP > 1 (own): only this rank's tokens, through whole experts, back to it.
-  const Tensor* xf = &x;
-  if (group && !own) {
-    ep::dispatch(x, s.x_full, group, st);
-    xf = &s.x_full;
-  }
-  RowSet rs = own ? own_rows(r, int64_t(group->rank()) * cx.Tl, cx.Tl) : all_rows(r);
+  // Dispatch: the span's tokens, permuted into expert-grouped rows with their weights.
+  RowSet rs = sp.all ? all_rows(r) : own_rows(r, sp.t0, sp.tokens);
   const int64_t N = int64_t(rs.src.size());
   s.src = index_tensor(rs.src, cx.dev, st);
   s.off = index_tensor(rs.off, cx.dev, st);
@@ -231,15 +254,10 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   } else if (N > 0) {
     experts_.forward(xp, p, s.row_counts, s.experts, yp, w_.experts, st);
   }
-  if (own) {  // whole experts on this rank's tokens: the sums are complete
-    ops::moe_unpermute(yp, s.off, s.rows, y, st);
-  } else {
-    ops::moe_unpermute(yp, s.off, s.rows, w_.y_full, st);
-    // No SP (generation): the TP ranks' ETP shards summed; whole experts (ETP 1) are not.
-    if (!group && cx.tp_comm && cfg_->moe_etp() > 1)
-      parallel::reduce_from_tp(w_.y_full, *cx.tp_comm, st);
-    ep::combine(w_.y_full, y, group, st);
-  }
+  ops::moe_unpermute(yp, s.off, s.rows, yn, st);
+  // No SP (generation): the TP ranks' ETP shards summed; whole experts (ETP 1) are not.
+  if (!group && cx.tp_comm && cfg_->moe_etp() > 1) parallel::reduce_from_tp(yn, *cx.tp_comm, st);
+  if (!sp.complete) ep::combine(yn, y, sp.group, st);
   if (shared_) {
     shared_->forward(x, s.shared, w_.sh_y, ws, cx);
     ops::add(y, w_.sh_y, y, st);
@@ -257,7 +275,7 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
              cfg_->tp_size);
   const Routing& r = s.routing;
   const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(s.row_slot.size());
-  const bool own = group && cfg_->moe_etp() == 1;  // as in the forward
+  const Span sp = span(cx);  // as in the forward
 
   // Shared experts first: they write dx (=); everything else adds to it.
   if (shared_)
@@ -267,19 +285,17 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
 
   // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
   const Tensor* g = &dy;
-  if (group && !own) {
-    ep::combine_backward(dy, w_.g_full, group, st);
-    g = &w_.g_full;
+  Tensor gsub, dxn = sp.complete ? w_.dx_local : w_.dx_full.narrow(0, sp.tokens);
+  if (sp.group) {
+    gsub = w_.g_full.narrow(0, sp.tokens);
+    ep::combine_backward(dy, gsub, sp.group, st);
+    g = &gsub;
   }
   // d(loss)/dp per (token, slot), for the router below.
   std::vector<double> dprob(static_cast<size_t>(T * k), 0.0), dl(static_cast<size_t>(T * E));
   if (ep_ && !m.alltoall) {
-    if (own) {
-      allgather_backward(*g, w_.dx_local, s, dprob, cx);
-    } else {
-      allgather_backward(*g, w_.dx_full, s, dprob, cx);
-      ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);  // the TP shards summed
-    }
+    allgather_backward(*g, dxn, s, dprob, cx);
+    if (!sp.complete) ep::dispatch_backward(dxn, w_.dx_local, sp.group, st);  // shards summed
     ops::add(dx, w_.dx_local, dx, st);
   } else {
     Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
@@ -298,12 +314,9 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     } else if (N > 0) {
       experts_.backward(gp, xp, p, s.row_counts, s.experts, dxp, dp, w_.experts, st);
     }
-    if (own) {  // this rank's tokens only: d(loss)/dp of the others' tokens stays 0 here
-      ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_local, st);
-    } else {
-      ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
-      ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
-    }
+    // d(loss)/dp of tokens outside the span stays 0 here (their ETP group sets it).
+    ops::moe_unpermute(dxp, s.off, s.rows, dxn, st);
+    if (!sp.complete) ep::dispatch_backward(dxn, w_.dx_local, sp.group, st);
     ops::add(dx, w_.dx_local, dx, st);
     const std::vector<double> dpv = to_host(dp, st);
     for (int64_t n = 0; n < N; ++n)

@@ -15,6 +15,8 @@
 // T tokens (the same aux losses), but sends only its own tokens' rows to whole experts
 // (locally, or over the EP group), gets their complete outputs back, and keeps d(loss)/dp
 // of its own tokens: the router's reduce-scatter sums each token's from its one owner.
+// 1 < ETP < TP: the same with the ETP group's tokens (all-gathered over it), each rank
+// computing its ETP shard and the ETP group reduce-scattering the partial sums.
 // With TP > 1 (sequence parallel, ETP = TP, EP = 1) the dispatch group is the TP group:
 // every rank routes all T tokens of the group (the gathered logits), keeps the aux / z-loss
 // gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
@@ -102,6 +104,8 @@ class MoeLayer final : public MlpModule {
   // The EP group (cfg.moe.ep_size ranks, this one cfg.moe.ep_rank); needed before the first
   // forward when ep_size > 1.
   void set_expert_parallel_group(comm::Communicator* ep);
+  // The expert-tensor-parallel group, needed when 1 < ETP < TP (ETP consecutive TP ranks).
+  void set_expert_tensor_parallel_group(comm::Communicator* etp);
 
   int layer() const { return layer_; }
   const Router& router() const { return router_; }
@@ -121,6 +125,15 @@ class MoeLayer final : public MlpModule {
     SharedExperts::Scratch shared;
   };
   void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
+  // The tokens this rank sends to the experts: [t0, t0 + tokens) of the TP group's routing;
+  // group: what gathers them (and reduce-scatters their outputs), null for none; all: every
+  // row of the routing (ETP = TP); complete: the experts' outputs need no sum (ETP 1).
+  struct Span {
+    comm::Communicator* group = nullptr;
+    int64_t t0 = 0, tokens = 0;
+    bool all = true, complete = false;
+  };
+  Span span(const StepContext& cx) const;
   // The all-gather dispatcher at EP > 1: x [T,H], the routing's tokens [t0, t0 + T) (the
   // TP group's all at ETP = TP, this rank's shard at ETP 1) -> out [T,H] (their outputs of
   // every EP rank's experts: ETP shard partial sums, or complete at ETP 1); backward: g
@@ -136,6 +149,7 @@ class MoeLayer final : public MlpModule {
   GroupedExperts experts_;
   std::unique_ptr<SharedExperts> shared_;
   comm::Communicator* ep_ = nullptr;
+  comm::Communicator* etp_ = nullptr;  // only when 1 < ETP < TP
   mutable Scratch w_;  // this layer's scratch (listed in scratch_specs)
   mutable MoeStats stats_;
 };
