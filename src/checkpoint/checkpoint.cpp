@@ -95,8 +95,8 @@ std::vector<Piece> pieces_of(TpSplit split, const Shape& global_shape, const Sha
 }  // namespace
 
 std::vector<Piece> local_pieces(const ParamInfo& p, int64_t tp_rank, int64_t tp_size) {
-  (void)tp_size;
-  return pieces_of(p.split, p.global_shape, p.local_shape, tp_rank);
+  (void)tp_size;  // experts under ETP != TP: their ETP rank
+  return pieces_of(p.split, p.global_shape, p.local_shape, p.shard_rank(tp_rank));
 }
 
 std::vector<Piece> local_pieces(const model::BufferInfo& b, int64_t tp_rank, int64_t tp_size) {

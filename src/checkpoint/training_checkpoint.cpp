@@ -74,9 +74,10 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   const int dp_shard = ps.layout().cp() > 1 ? ps.dp_cp().rank() : ps.dp_rank();
   // Expert parallelism: the EP ranks of one DP group hold different experts; each EP rank's
   // expert-DP rank 0 writes them (files named by its EP rank), DP rank 0 the dense rest.
-  const bool ep = ps.layout().ep() > 1;
+  // ETP != TP likewise: the TP ranks of one EP rank may hold the same whole experts.
+  const bool ep = ps.layout().ep() > 1 || ps.layout().etp() != ps.layout().tp();
   RankSnapshot snap =
-      snapshot(params, opt, {0, ps.pp_rank(), dp_shard, ep ? ps.ep_rank() : 0}, save_optim);
+      snapshot(params, opt, {0, ps.pp_rank(), dp_shard, ps.ep_rank()}, save_optim);
   std::string tmp = world.rank() == 0 ? begin_checkpoint(save_dir, st.iteration, o) : "";
   tmp = parallel::all_gather_strings(world, tmp)[0];
   snap.write_dense = ps.dp_rank() == 0 && ps.cp_rank() == 0;

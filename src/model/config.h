@@ -96,6 +96,10 @@ struct TransformerConfig {
     // (--expert-model-parallel-size; the layout's, never in checkpoint metadata).
     int64_t ep_size = 1, ep_rank = 0;
     bool alltoall = false;  // --moe-token-dispatcher-type alltoall (else allgather)
+    // Expert tensor parallelism when it differs from TP (--expert-tensor-parallel-size 1 at
+    // TP > 1: whole experts on every rank, ETP rank 0); 0: ETP = TP, the expert shards follow
+    // the TP rank.
+    int64_t etp_size = 0, etp_rank = 0;
     int64_t local_experts() const { return num_experts / ep_size; }
     int64_t first_expert() const { return ep_rank * local_experts(); }
   } moe;
@@ -103,7 +107,9 @@ struct TransformerConfig {
     return moe.num_experts > 0 &&
            (moe.layer_pattern.empty() || moe.layer_pattern.at(size_t(layer)) == 1);
   }
-  int64_t moe_ffn_local() const { return moe.ffn_hidden_size / tp_size; }
+  int64_t moe_etp() const { return moe.etp_size > 0 ? moe.etp_size : tp_size; }
+  int64_t moe_etp_rank() const { return moe.etp_size > 0 ? moe.etp_rank : tp_rank; }
+  int64_t moe_ffn_local() const { return moe.ffn_hidden_size / moe_etp(); }
   int64_t moe_fc1_width_local() const { return (swiglu ? 2 : 1) * moe_ffn_local(); }
 
   int64_t heads_per_group() const { return num_attention_heads / num_query_groups; }

@@ -135,7 +135,7 @@ void ParamStore::zero_grads() {
 }
 
 int64_t ParamStore::global_index(const ParamInfo& p, int64_t r, int64_t c) const {
-  return global_flat_index(p.split, p.global_shape, p.local_shape, tp_rank_, r, c);
+  return global_flat_index(p.split, p.global_shape, p.local_shape, p.shard_rank(tp_rank_), r, c);
 }
 
 int64_t ParamStore::global_flat_index(TpSplit split, const Shape& global, const Shape& local,

@@ -48,6 +48,10 @@ struct ParamInfo {
   bool sequence_parallel = false;
   GradGroup grad_group = GradGroup::Dense;
   int expert = -1;  // expert index (EP), -1 for dense parameters
+  // Its rank in the group it is split over when that is not the TP group (experts under
+  // --expert-tensor-parallel-size != TP: the ETP rank); -1: the TP rank.
+  int split_rank = -1;
+  int64_t shard_rank(int64_t tp_rank) const { return split_rank >= 0 ? split_rank : tp_rank; }
   // The word embedding and the output layer (Megatron's is_embedding_or_output_parameter):
   // the parameters --decoupled-lr steps with their own learning rate. Set by the module.
   bool embedding_or_output = false;

@@ -49,7 +49,7 @@ double sum_split(double dense, double expert, comm::Communicator& group,
 double grad_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
                  comm::Communicator& group, comm::Communicator* expert_group) {
   const auto& infos = params.infos();
-  if (expert_group && expert_group->size() > 1) {
+  if (expert_group) {  // even of one rank: the expert part is then not summed over `group`
     const ParamFilter dense = [&](size_t i) {
       return infos[i].expert < 0 && counts_in_grad_norm(infos[i], tp_rank);
     };
@@ -78,7 +78,7 @@ double params_norm(const Optimizer& opt, const model::ParamStore& params, int tp
                                               : const_cast<model::ParamStore&>(params).flat_params();
   Stream& st = ops::default_stream(values.device());
   double sum = 0, expert = 0;
-  const bool split = expert_group && expert_group->size() > 1;
+  const bool split = expert_group != nullptr;
   for (const auto& p : params.infos())
     if (counts_in_grad_norm(p, tp_rank))
       (split && p.expert >= 0 ? expert : sum) +=
@@ -100,7 +100,7 @@ int64_t count_zeros_in_grads(const Optimizer& opt, const model::ParamStore& para
   }
   const auto& infos = params.infos();
   int64_t zeros_dense = 0, expert_zeros = 0;
-  const bool split = expert_group && expert_group->size() > 1;
+  const bool split = expert_group != nullptr;
   for (const auto& s : opt.segments()) {
     if (!counts_in_grad_norm(infos[s.param], tp_rank)) continue;
     int64_t& zeros = split && infos[s.param].expert >= 0 ? expert_zeros : zeros_dense;

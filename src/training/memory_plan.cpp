@@ -79,12 +79,23 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     // Expert parallelism: E / EP experts per rank (every EP rank holds as many; the trainer
     // sets its own ep_rank, the plan counts rank 0's).
     m.ep_size = a.expert_model_parallel_size, m.ep_rank = 0;
+    // ETP != TP (1 at TP > 1): the experts' own shard count (the trainer sets the rank).
+    const int64_t etp = a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size);
+    m.etp_size = etp != a.tensor_model_parallel_size ? etp : 0, m.etp_rank = 0;
   }
   return c;
 }
 
 int64_t param_alignment(const Args& a) {
-  return a.use_distributed_optimizer ? std::lcm<int64_t>(64, a.data_parallel_size) : 16;
+  if (!a.use_distributed_optimizer) return 16;
+  int64_t align = std::lcm<int64_t>(64, a.data_parallel_size);
+  if (a.num_experts) {  // expert buckets split into EDP blocks (EDP > DP when ETP < TP)
+    const int64_t etp = a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size);
+    const int64_t edp = a.tensor_model_parallel_size * a.context_parallel_size *
+                        a.data_parallel_size / (etp * a.expert_model_parallel_size);
+    if (edp > 0) align = std::lcm(align, edp);
+  }
+  return align;
 }
 
 model::PipelinePart pipeline_part(const Args& a, int stage) {

@@ -146,6 +146,7 @@ void Trainer::State::build_model() {
   s.model_cfg.tp_rank = s.ps->tp_rank();
   s.model_cfg.cp_rank = s.ps->cp_rank();  // context parallel
   if (s.model_cfg.moe.ep_size > 1) s.model_cfg.moe.ep_rank = s.ps->ep_rank();  // its experts
+  if (s.model_cfg.moe.etp_size > 0) s.model_cfg.moe.etp_rank = s.ps->coords().etp;  // ETP != TP
   const int64_t dp = a.data_parallel_size;
   // The distributed optimizer splits every bucket into DP equal blocks: align each
   // parameter to a multiple of DP (and of 64 elements, as Megatron pads param starts).
@@ -204,13 +205,15 @@ void Trainer::State::build_model() {
 #endif
   s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
   if (s.model_cfg.cp_size > 1) s.model->set_cp_comm(&s.ps->cp());  // context parallel
-  if (s.model_cfg.moe.ep_size > 1) {  // expert parallelism: every MoE layer's EP group
+  if (s.model_cfg.moe.ep_size > 1 || s.model_cfg.moe.etp_size > 0) {  // every MoE layer's EP group
     int moe_layers = 0;
     for (int ch = 0; ch < s.model->stage().num_chunks(); ++ch) {
       auto& b = s.model->stage().block(ch);
       for (int i = 0; i < b.size(); ++i)
         if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp()))
-          l->set_expert_parallel_group(&s.ps->ep()), ++moe_layers;
+          l->set_expert_parallel_group(&s.ps->ep()),
+              l->set_expert_tensor_parallel_group(&s.ps->group(parallel::Group::ExpertTP)),
+              ++moe_layers;
     }
     log::info("> expert parallel: EP {} (this rank {}, experts {}-{} of {}), expert tensor "
               "parallel {}, expert data parallel {}, {} dispatcher, {} MoE layers on this rank",
@@ -265,8 +268,9 @@ void Trainer::State::build_optimizer() {
     }
     // Expert parallelism: expert gradients over the expert-data-parallel group (at EP 1
     // it is the DP group: one set of buckets, as for a dense model).
-    comm::Communicator* expert_dp =
-        s.ps->layout().ep() > 1 ? &s.ps->expert_dp() : nullptr;
+    // ETP != TP changes it too (ETP 1 at TP 2: the TP ranks' whole experts are EDP replicas).
+    const bool expert_groups = s.ps->layout().ep() > 1 || s.ps->layout().etp() != s.ps->layout().tp();
+    comm::Communicator* expert_dp = expert_groups ? &s.ps->expert_dp() : nullptr;
     // Megatron's default bucket: max(40M, 1M * DP) parameters (only with overlap).
     const int64_t bucket = a.ddp_bucket_size.value_or(
         a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
@@ -307,7 +311,7 @@ void Trainer::State::build_optimizer() {
   // Expert parallelism: the expert parameters' squares summed over ETP x EP (x PP) -- for
   // the grad norm only when the optimizer holds whole gradients: its shards (dense over
   // DP, experts over EDP) are all distinct over the sharded norm group already.
-  if (s.ps->layout().ep() > 1) {
+  if (s.ps->layout().ep() > 1 || s.ps->layout().etp() != s.ps->layout().tp()) {
     s.expert_mp_group = &s.ps->group(a.pipeline_model_parallel_size > 1 ? parallel::Group::TP_EP_PP
                                                                          : parallel::Group::TP_EP);
     if (!s.opt->state_sharded()) s.expert_norm_group = s.expert_mp_group;

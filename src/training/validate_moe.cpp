@@ -269,17 +269,22 @@ void validate_moe(Args& a) {
 
   // Not implemented yet by megatron.cpp.
   // Expert parallelism: what the trainer does not run yet at EP > 1.
-  MCPP_CHECK_HINT(ep == 1 || tp == 1 || a.moe_token_dispatcher_type == "alltoall",
-                  "add --moe-token-dispatcher-type alltoall",
-                  "--expert-model-parallel-size {} with --tensor-model-parallel-size {}: the "
-                  "allgather dispatcher runs expert parallelism at TP 1 only",
-                  ep, tp);
-  MCPP_CHECK_HINT(etp == tp,
-                  "drop --expert-tensor-parallel-size (it defaults to "
+  // ETP < TP: each ETP group of consecutive TP ranks sends its own tokens (moe_layer.h).
+  MCPP_CHECK_HINT(etp <= tp && tp % etp == 0,
+                  "use a divisor of --tensor-model-parallel-size, or drop it (it defaults to "
                   "--tensor-model-parallel-size)",
-                  "--expert-tensor-parallel-size {} different from --tensor-model-parallel-size "
-                  "{} is not implemented yet",
+                  "--expert-tensor-parallel-size {} with --tensor-model-parallel-size {} is not "
+                  "implemented yet (ETP dividing TP is)",
                   etp, tp);
+  // The bf16 staging buffer exists at DP > 1 only: at DP 1 with EDP > 1 (ETP 1 at TP > 1)
+  // the expert buckets would be reduced in fp32, silently ignoring the flag.
+  const int64_t edp = attn_ranks / (etp * ep);
+  MCPP_CHECK_HINT(!(a.grad_reduce_in_bf16 && a.data_parallel_size == 1 && edp > 1),
+                  "drop --grad-reduce-in-bf16, or train with data-parallel size > 1",
+                  "--grad-reduce-in-bf16 at data-parallel size 1 with expert-data-parallel "
+                  "size {} (--expert-tensor-parallel-size {} at --tensor-model-parallel-size "
+                  "{}) is not implemented yet",
+                  edp, etp, tp);
   MCPP_CHECK_HINT(!a.add_bias_linear, "add --disable-bias-linear (as Megatron's MoE examples do)",
                   "--num-experts with linear biases (Megatron's default --add-bias-linear) is not "
                   "implemented yet: the router and the experts have no biases");

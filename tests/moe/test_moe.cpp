@@ -458,6 +458,26 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_NE(start_up_error({"--num-experts", "4", "--expert-tensor-parallel-size", "2"})
                 .find("--expert-tensor-parallel-size"),
             std::string::npos);
+  // ETP 1 at TP 2 (whole experts on each TP rank) is accepted (ETP 2 at TP 1 is not, above).
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1"}),
+            "");
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                            "--expert-model-parallel-size", "2",
+                            "--moe-token-dispatcher-type", "alltoall"}),
+            "");
+  // ETP 1 at TP 2, DP 1 (EDP 2): expert buckets would skip the bf16 reduction.
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                            "--bf16", "--grad-reduce-in-bf16"})
+                .find("--grad-reduce-in-bf16 at data-parallel size 1"),
+            std::string::npos);
+  // ... and with the allgather dispatcher (Megatron's default) at EP > 1 with TP > 1.
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                            "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                            "--expert-model-parallel-size", "2"}),
+            "");
   // Expert parallelism trains at TP 1 (EP folded over DP), with the distributed optimizer too.
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2"}), "");
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2",

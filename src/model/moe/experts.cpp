@@ -22,12 +22,14 @@ void GroupedExperts::add_params(const TransformerConfig& c, int layer,
   for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {  // global indices
     ParamInfo w1 = make_param(fc1_name(layer, e), {fc1, H},
                               c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows, Init::Normal,
-                              c.init_method_std, true, layer, c.tp_size);
+                              c.init_method_std, true, layer, c.moe_etp());
     ParamInfo w2 = make_param(fc2_name(layer, e), {H, I}, TpSplit::Cols, Init::Normal,
-                              output_init_std(c), true, layer, c.tp_size);
+                              output_init_std(c), true, layer, c.moe_etp());
     for (ParamInfo* p : {&w1, &w2}) {
       p->grad_group = GradGroup::Expert;
       p->expert = int(e);
+      // Sharded over the ETP group: its box of the global tensor follows the ETP rank.
+      if (c.moe.etp_size > 0) p->split_rank = int(c.moe.etp_rank);
       params.push_back(std::move(*p));
     }
   }

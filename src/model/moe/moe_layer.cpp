@@ -17,6 +17,44 @@ namespace {
 // shard); none otherwise (TP 1, or generation, where every TP rank holds every token).
 comm::Communicator* dispatch_group(const StepContext& cx) { return cx.sp ? cx.tp_comm : nullptr; }
 
+// The rows a rank sends to the experts (host): the permute's source token, the unpermute's
+// CSR (offsets, rows), rows per expert, and per row (token * k + slot), -1 for padding.
+struct RowSet {
+  std::vector<int64_t> src, off, rows, counts, slot;
+};
+
+// Every row of the routing (the group's T tokens; ETP = TP, or TP 1).
+RowSet all_rows(const Routing& r) {
+  RowSet o{r.row_token, r.tok_offsets, r.tok_rows, r.counts, {}};
+  o.slot.resize(r.row_token.size());
+  for (size_t n = 0; n < o.slot.size(); ++n)
+    o.slot[n] = r.row_slot[n] >= 0 ? r.row_token[n] * r.k + r.row_slot[n] : -1;
+  return o;
+}
+
+// ETP 1 at TP > 1: the rows of this rank's own tokens [t0, t0 + Tl) of the group's routing,
+// in its order (expert-major, tokens ascending), tokens renumbered from 0. Each TP rank's
+// experts are whole, so a token's rows need no other TP rank (Megatron's ETP-1 hand-over).
+RowSet own_rows(const Routing& r, int64_t t0, int64_t Tl) {
+  RowSet o;
+  o.counts.assign(r.counts.size(), 0);
+  o.off.assign(size_t(Tl + 1), 0);
+  int64_t n = 0;
+  for (size_t e = 0; e < r.counts.size(); ++e)
+    for (int64_t end = n + r.counts[e]; n < end; ++n) {
+      const int64_t t = r.row_token[size_t(n)] - t0;
+      if (t < 0 || t >= Tl) continue;
+      const int32_t q = r.row_slot[size_t(n)];
+      o.src.push_back(t), o.slot.push_back(q >= 0 ? (t + t0) * r.k + q : -1);
+      ++o.counts[e], ++o.off[size_t(t + 1)];
+    }
+  for (int64_t t = 0; t < Tl; ++t) o.off[size_t(t + 1)] += o.off[size_t(t)];
+  o.rows.assign(o.src.size(), 0);
+  std::vector<int64_t> fill(o.off.begin(), o.off.end() - 1);
+  for (size_t i = 0; i < o.src.size(); ++i) o.rows[size_t(fill[size_t(o.src[i])]++)] = int64_t(i);
+  return o;
+}
+
 }  // namespace
 
 int64_t max_rows(const TransformerConfig& c, int64_t T) {
@@ -44,6 +82,32 @@ MoeLayer::MoeLayer(const TransformerConfig& c, int layer, const ParamStore* stor
     : cfg_(&c), layer_(layer), router_(c, layer, store), experts_(c, layer, store) {
   if (c.moe.shared_ffn_hidden_size > 0) shared_ = std::make_unique<SharedExperts>(c, layer, store);
   stats_.tokens_per_expert.assign(size_t(c.moe.num_experts), 0.0);
+}
+
+void MoeLayer::set_expert_tensor_parallel_group(comm::Communicator* etp) {
+  etp_ = etp && etp->size() > 1 ? etp : nullptr;
+}
+
+MoeLayer::Span MoeLayer::span(const StepContext& cx) const {
+  comm::Communicator* group = dispatch_group(cx);
+  const int64_t etp = cfg_->moe_etp();
+  Span sp;
+  if (!group || etp >= group->size()) {  // ETP = TP (or TP 1): the dispatch group's tokens
+    sp.group = group, sp.tokens = cx.T, sp.all = true, sp.complete = false;
+    return sp;
+  }
+  // ETP < TP: the expert grid puts ETP consecutive TP ranks in one ETP group, whose
+  // sequence shards are consecutive too.
+  const int64_t tp_rank = group->rank();
+  sp.tokens = etp * cx.Tl, sp.t0 = tp_rank / etp * sp.tokens, sp.all = false;
+  sp.complete = etp == 1;
+  if (etp > 1) {
+    MCPP_CHECK(etp_ && etp_->size() == etp && etp_->rank() == tp_rank % etp,
+               "MoE layer {}: ETP {} at TP {} needs its expert-tensor-parallel group (TP rank "
+               "{})", layer_, etp, group->size(), tp_rank);
+    sp.group = etp_;
+  }
+  return sp;
 }
 
 void MoeLayer::set_expert_parallel_group(comm::Communicator* ep) {
@@ -110,15 +174,15 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   // This layer's own scratch, for these sizes (a no-op once allocated).
   allocate([&](const TensorVisitor& v) { scratch_list(cx, ws, v); }, cx.dev, false);
   comm::Communicator* group = dispatch_group(cx);
-  const int64_t T = cx.T, E = m.num_experts, k = m.topk;
+  const int64_t T = cx.T, E = m.num_experts;
   MCPP_CHECK(m.ep_size == 1 || ep_, "MoE layer {}: EP {} without an EP group", layer_, m.ep_size);
   // EP x TP (ETP = TP, sequence parallel): the TP group routes its gathered tokens, then
-  // the all-to-all runs over the EP group (ranks of one TP rank), each rank's experts
-  // compute their ETP shard, and the TP reduce-scatter of the combine sums the shards.
-  // The all-gather dispatcher gathers only the local tokens: TP 1.
-  MCPP_CHECK(!ep_ || !cx.tp_comm || (m.alltoall && group),
-             "MoE layer {}: expert parallelism with TP > 1 needs the alltoall dispatcher and "
-             "sequence parallelism", layer_);
+  // the all-to-all (or all-gather) runs over the EP group (ranks of one TP rank), each
+  // rank's experts compute their ETP shard, and the TP reduce-scatter of the combine sums
+  // the shards. ETP 1: each rank's own tokens only, to whole experts and back.
+  MCPP_CHECK(!ep_ || !cx.tp_comm || group,
+             "MoE layer {}: expert parallelism with TP > 1 needs sequence parallelism", layer_);
+  const Span sp = span(cx);
 
   // Router: this rank's logits, then the group's (every member routes all T tokens).
   router_.forward(x, s.router, cx);
@@ -140,9 +204,21 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     ++stats_.forwards;
   }
 
+  // The span's tokens on this rank (the TP group's at ETP = TP, the ETP group's at ETP < TP,
+  // its own at ETP 1), and where their outputs go: y itself when complete (ETP 1), else
+  // partial sums over the ETP shards that the combine over sp.group reduce-scatters.
+  Tensor xsub;
+  const Tensor* xf = &x;
+  if (sp.group) {
+    xsub = s.x_full.narrow(0, sp.tokens);
+    ep::dispatch(x, xsub, sp.group, st);
+    xf = &xsub;
+  }
+  Tensor yn = sp.complete ? y : w_.y_full.narrow(0, sp.tokens);
+
   if (ep_ && !m.alltoall) {  // the all-gather dispatcher over the EP group
-    allgather_forward(x, s, cx);
-    ep::combine(w_.y_full, y, group, st);
+    allgather_forward(*xf, sp.t0, sp.tokens, yn, s, cx);
+    if (!sp.complete) ep::combine(yn, y, sp.group, st);
     if (shared_) {
       shared_->forward(x, s.shared, w_.sh_y, ws, cx);
       ops::add(y, w_.sh_y, y, st);
@@ -151,39 +227,37 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     return;
   }
 
-  // Dispatch: the group's tokens, permuted into expert-grouped rows with their weights.
-  const Tensor* xf = &x;
-  if (group) {
-    ep::dispatch(x, s.x_full, group, st);
-    xf = &s.x_full;
-  }
-  const int64_t N = int64_t(r.row_token.size());
-  s.src = index_tensor(r.row_token, cx.dev, st);
-  s.off = index_tensor(r.tok_offsets, cx.dev, st);
-  s.rows = index_tensor(r.tok_rows, cx.dev, st);
+  // Dispatch: the span's tokens, permuted into expert-grouped rows with their weights.
+  RowSet rs = sp.all ? all_rows(r) : own_rows(r, sp.t0, sp.tokens);
+  const int64_t N = int64_t(rs.src.size());
+  s.src = index_tensor(rs.src, cx.dev, st);
+  s.off = index_tensor(rs.off, cx.dev, st);
+  s.rows = index_tensor(rs.rows, cx.dev, st);
+  s.row_counts = std::move(rs.counts);
+  s.row_slot = std::move(rs.slot);
   std::vector<double> pr(static_cast<size_t>(N), 0.0);
   for (int64_t n = 0; n < N; ++n)
-    if (r.row_slot[size_t(n)] >= 0)
-      pr[size_t(n)] = r.prob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])];
+    if (s.row_slot[size_t(n)] >= 0) pr[size_t(n)] = r.prob[size_t(s.row_slot[size_t(n)])];
   Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N), yp = w_.yp.narrow(0, N);
   ops::moe_permute(*xf, s.src, xp, st);
   from_host(pr, p, st);
 
   // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
   if (ep_) {  // the rows to the ranks owning their experts, the outputs back
-    s.plan = ep::plan_alltoall(r.counts, ep_, st);
+    s.plan = ep::plan_alltoall(s.row_counts, ep_, st);
     const int64_t Ne = s.plan.rows_out;
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
     ep::dispatch_alltoall(xp, xe, s.plan, ep_, st);
     ep::dispatch_alltoall(p, pe, s.plan, ep_, st);
     if (Ne > 0) experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_.experts, st);
     ep::combine_alltoall(ye, yp, s.plan, ep_, st);
-  } else {
-    experts_.forward(xp, p, r.counts, s.experts, yp, w_.experts, st);
+  } else if (N > 0) {
+    experts_.forward(xp, p, s.row_counts, s.experts, yp, w_.experts, st);
   }
-  ops::moe_unpermute(yp, s.off, s.rows, w_.y_full, st);
-  if (!group && cx.tp_comm) parallel::reduce_from_tp(w_.y_full, *cx.tp_comm, st);  // no SP
-  ep::combine(w_.y_full, y, group, st);
+  ops::moe_unpermute(yp, s.off, s.rows, yn, st);
+  // No SP (generation): the TP ranks' ETP shards summed; whole experts (ETP 1) are not.
+  if (!group && cx.tp_comm && cfg_->moe_etp() > 1) parallel::reduce_from_tp(yn, *cx.tp_comm, st);
+  if (!sp.complete) ep::combine(yn, y, sp.group, st);
   if (shared_) {
     shared_->forward(x, s.shared, w_.sh_y, ws, cx);
     ops::add(y, w_.sh_y, y, st);
@@ -200,7 +274,8 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   MCPP_CHECK(group || !cx.tp_comm, "MoeLayer::backward at TP {} needs --sequence-parallel",
              cfg_->tp_size);
   const Routing& r = s.routing;
-  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(r.row_token.size());
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(s.row_slot.size());
+  const Span sp = span(cx);  // as in the forward
 
   // Shared experts first: they write dx (=); everything else adds to it.
   if (shared_)
@@ -210,15 +285,18 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
 
   // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
   const Tensor* g = &dy;
-  if (group) {
-    ep::combine_backward(dy, w_.g_full, group, st);
-    g = &w_.g_full;
+  Tensor gsub, dxn = sp.complete ? w_.dx_local : w_.dx_full.narrow(0, sp.tokens);
+  if (sp.group) {
+    gsub = w_.g_full.narrow(0, sp.tokens);
+    ep::combine_backward(dy, gsub, sp.group, st);
+    g = &gsub;
   }
   // d(loss)/dp per (token, slot), for the router below.
   std::vector<double> dprob(static_cast<size_t>(T * k), 0.0), dl(static_cast<size_t>(T * E));
   if (ep_ && !m.alltoall) {
-    allgather_backward(*g, s, dprob, cx);
-    ops::add(dx, w_.dx_full, dx, st);
+    allgather_backward(*g, dxn, s, dprob, cx);
+    if (!sp.complete) ep::dispatch_backward(dxn, w_.dx_local, sp.group, st);  // shards summed
+    ops::add(dx, w_.dx_local, dx, st);
   } else {
     Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
     Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
@@ -233,16 +311,16 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
                           w_.experts, st);
       ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
       ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
-    } else {
-      experts_.backward(gp, xp, p, r.counts, s.experts, dxp, dp, w_.experts, st);
+    } else if (N > 0) {
+      experts_.backward(gp, xp, p, s.row_counts, s.experts, dxp, dp, w_.experts, st);
     }
-    ops::moe_unpermute(dxp, s.off, s.rows, w_.dx_full, st);
-    ep::dispatch_backward(w_.dx_full, w_.dx_local, group, st);
+    // d(loss)/dp of tokens outside the span stays 0 here (their ETP group sets it).
+    ops::moe_unpermute(dxp, s.off, s.rows, dxn, st);
+    if (!sp.complete) ep::dispatch_backward(dxn, w_.dx_local, sp.group, st);
     ops::add(dx, w_.dx_local, dx, st);
     const std::vector<double> dpv = to_host(dp, st);
     for (int64_t n = 0; n < N; ++n)
-      if (r.row_slot[size_t(n)] >= 0)
-        dprob[size_t(r.row_token[size_t(n)] * k + r.row_slot[size_t(n)])] = dpv[size_t(n)];
+      if (s.row_slot[size_t(n)] >= 0) dprob[size_t(s.row_slot[size_t(n)])] = dpv[size_t(n)];
   }
 
   // Router: through the routing into the logits, with the aux / z-loss gradients of this
@@ -272,18 +350,21 @@ Tensor f64_tensor(const std::vector<double>& v, Device dev, Stream& st) {
 
 }  // namespace
 
-void MoeLayer::allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+void MoeLayer::allgather_forward(const Tensor& x, int64_t t0, int64_t T, Tensor& out, Saved& s,
+                                 const StepContext& cx) const {
   const auto& m = cfg_->moe;
   Stream& st = cx.stream();
   const Routing& r = s.routing;
-  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), El = m.local_experts();
+  const int64_t k = m.topk, EPn = ep_->size(), El = m.local_experts();
   const int64_t e0 = m.first_expert(), Tg = EPn * T;
+  s.ag_t0 = t0, s.ag_tokens = T;
 
   // Every EP rank's routing: per (token, slot) the expert (-1 when dropped) and the weight.
   std::vector<double> mine(static_cast<size_t>(T * k * 2));
   for (int64_t i = 0; i < T * k; ++i) {
-    mine[size_t(2 * i)] = r.kept[size_t(i)] ? double(r.idx[size_t(i)]) : -1.0;
-    mine[size_t(2 * i + 1)] = r.prob[size_t(i)];
+    const size_t ri = size_t(t0 * k + i);
+    mine[size_t(2 * i)] = r.kept[ri] ? double(r.idx[ri]) : -1.0;
+    mine[size_t(2 * i + 1)] = r.prob[ri];
   }
   Tensor all = Tensor::empty({Tg * k * 2}, DType::F64, cx.dev);
   ep_->all_gather(f64_tensor(mine, cx.dev, st), all, st);
@@ -315,42 +396,45 @@ void MoeLayer::allgather_forward(const Tensor& x, Saved& s, const StepContext& c
 
   // Gather the tokens, run this rank's experts on their rows, combine per gathered token,
   // and reduce-scatter: each rank gets its tokens' sums over every rank's experts.
-  ep::dispatch(x, w_.tall, ep_, st);
+  Tensor tall = w_.tall.narrow(0, Tg);
+  ep::dispatch(x, tall, ep_, st);
   if (Ne > 0) {
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
-    ops::moe_permute(w_.tall, s.ag_src, xe, st);
+    ops::moe_permute(tall, s.ag_src, xe, st);
     from_host(pr, pe, st);
     experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_.experts, st);
-    ops::moe_unpermute(ye, s.ag_off, s.ag_rows, w_.tall, st);
+    ops::moe_unpermute(ye, s.ag_off, s.ag_rows, tall, st);
   } else {
-    ops::fill(w_.tall, 0.0, st);
+    ops::fill(tall, 0.0, st);
   }
-  ep::combine(w_.tall, w_.y_full, ep_, st);
+  ep::combine(tall, out, ep_, st);
 }
 
-void MoeLayer::allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
-                                  const StepContext& cx) {
+void MoeLayer::allgather_backward(const Tensor& g, Tensor& dx, Saved& s,
+                                  std::vector<double>& dprob, const StepContext& cx) {
   const auto& m = cfg_->moe;
   Stream& st = cx.stream();
-  const int64_t T = cx.T, k = m.topk, EPn = ep_->size(), Tg = EPn * T;
+  const int64_t T = s.ag_tokens, t0 = s.ag_t0, k = m.topk, EPn = ep_->size(), Tg = EPn * T;
   const int64_t Ne = int64_t(s.ag_slot.size());
-  ep::combine_backward(g, w_.tall, ep_, st);  // every rank's output gradients
+  Tensor tall = w_.tall.narrow(0, Tg);
+  ep::combine_backward(g, tall, ep_, st);  // every rank's output gradients
   std::vector<double> dp_all(static_cast<size_t>(Tg * k), 0.0);
   if (Ne > 0) {
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
     Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
-    ops::moe_permute(w_.tall, s.ag_src, ge, st);
+    ops::moe_permute(tall, s.ag_src, ge, st);
     experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_.experts, st);
-    ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, w_.tall, st);
+    ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, tall, st);
     const std::vector<double> dpv = to_host(dpe, st);
     for (int64_t n = 0; n < Ne; ++n) dp_all[size_t(s.ag_slot[size_t(n)])] = dpv[size_t(n)];
   } else {
-    ops::fill(w_.tall, 0.0, st);
+    ops::fill(tall, 0.0, st);
   }
-  ep::dispatch_backward(w_.tall, w_.dx_full, ep_, st);  // to the tokens' ranks, summed
+  ep::dispatch_backward(tall, dx, ep_, st);  // to the tokens' ranks, summed
   Tensor dmine = Tensor::empty({T * k}, DType::F64, cx.dev);
   ep_->reduce_scatter(f64_tensor(dp_all, cx.dev, st), dmine, st);
-  dprob = to_host(dmine, st);
+  const std::vector<double> dm = to_host(dmine, st);
+  std::copy(dm.begin(), dm.end(), dprob.begin() + t0 * k);  // tokens [t0, t0 + T) of the group
 }
 
 }  // namespace mcpp::model::moe

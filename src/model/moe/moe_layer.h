@@ -11,17 +11,25 @@
 //              gradients (scaled by 1/(micro-batches x DP), Megatron's aux-loss scale in our
 //              global-token normalisation) go through the routing's Jacobian into the router.
 //
+// ETP 1 at TP > 1 (--expert-tensor-parallel-size 1): every TP rank still routes the group's
+// T tokens (the same aux losses), but sends only its own tokens' rows to whole experts
+// (locally, or over the EP group), gets their complete outputs back, and keeps d(loss)/dp
+// of its own tokens: the router's reduce-scatter sums each token's from its one owner.
+// 1 < ETP < TP: the same with the ETP group's tokens (all-gathered over it), each rank
+// computing its ETP shard and the ETP group reduce-scattering the partial sums.
 // With TP > 1 (sequence parallel, ETP = TP, EP = 1) the dispatch group is the TP group:
 // every rank routes all T tokens of the group (the gathered logits), keeps the aux / z-loss
 // gradients of its own rows, and computes its ETP shard of every expert. N, the rows, is
 // at most T*k dropless (the saved buffers' stated bound), E*capacity*TP with padding.
-// Expert parallelism (EP > 1, set_expert_parallel_group; TP 1 for now): each rank routes its
-// own tokens (its aux / z losses are its own), then either
+// Expert parallelism (EP > 1, set_expert_parallel_group): each rank routes its own tokens
+// (at TP > 1 its TP group's, as above), then either
 //   alltoall:  the permuted rows travel to the ranks owning their experts and back
 //              (parallel/expert_parallel/alltoall_dispatch.h, its duals in the backward), or
 //   allgather: every rank gathers all EP ranks' tokens and routing, computes its experts'
 //              outputs for all of them, and the outputs are reduce-scattered back
 //              (token_dispatch.h); d(loss)/d(prob) is reduce-scattered to the tokens' ranks.
+//              At TP > 1 the tokens gathered over EP are the TP group's (ETP = TP; the TP
+//              combine then sums the shards) or the rank's own shard (ETP 1).
 // The experts see at most EP*N rows (every rank's rows for this rank's experts, the stated
 // dropless bound).
 // Runtime statistics for logging and the expert-bias update live in MoeStats until
@@ -71,6 +79,8 @@ class MoeLayer final : public MlpModule {
     std::vector<double> logits;
     Routing routing;
     Tensor src, off, rows;
+    std::vector<int64_t> row_counts;  // rows per expert sent by this rank
+    std::vector<int64_t> row_slot;    // per row: token * k + slot (group numbering), -1 padding
     // Expert parallelism: the exchange's plan and the rows on the experts' side.
     parallel::expert_parallel::AlltoallPlan plan;
     Tensor xe;  // [EP*Nmax,H] rows for this rank's experts, by local expert
@@ -79,6 +89,7 @@ class MoeLayer final : public MlpModule {
     std::vector<int64_t> ag_counts;  // [El] rows per local expert
     std::vector<int64_t> ag_slot;    // per row: (gathered token * k + slot)
     Tensor ag_src, ag_off, ag_rows;  // permute / unpermute indices over EP*T tokens
+    int64_t ag_t0 = 0, ag_tokens = 0;  // the group's tokens [t0, t0 + T) this rank sent
   };
   std::unique_ptr<MlpSaved> new_saved() const override { return std::make_unique<Saved>(); }
   void saved_specs(const Dims& d, bool keep_activation, MlpSaved& s,
@@ -93,6 +104,8 @@ class MoeLayer final : public MlpModule {
   // The EP group (cfg.moe.ep_size ranks, this one cfg.moe.ep_rank); needed before the first
   // forward when ep_size > 1.
   void set_expert_parallel_group(comm::Communicator* ep);
+  // The expert-tensor-parallel group, needed when 1 < ETP < TP (ETP consecutive TP ranks).
+  void set_expert_tensor_parallel_group(comm::Communicator* etp);
 
   int layer() const { return layer_; }
   const Router& router() const { return router_; }
@@ -112,10 +125,22 @@ class MoeLayer final : public MlpModule {
     SharedExperts::Scratch shared;
   };
   void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
-  // The all-gather dispatcher at EP > 1: x [T,H] -> w_.y_full [T,H] (this rank's tokens'
-  // outputs of all experts); backward: g [T,H] -> w_.dx_full [T,H] and dprob [T*k].
-  void allgather_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
-  void allgather_backward(const Tensor& g, Saved& s, std::vector<double>& dprob,
+  // The tokens this rank sends to the experts: [t0, t0 + tokens) of the TP group's routing;
+  // group: what gathers them (and reduce-scatters their outputs), null for none; all: every
+  // row of the routing (ETP = TP); complete: the experts' outputs need no sum (ETP 1).
+  struct Span {
+    comm::Communicator* group = nullptr;
+    int64_t t0 = 0, tokens = 0;
+    bool all = true, complete = false;
+  };
+  Span span(const StepContext& cx) const;
+  // The all-gather dispatcher at EP > 1: x [T,H], the routing's tokens [t0, t0 + T) (the
+  // TP group's all at ETP = TP, this rank's shard at ETP 1) -> out [T,H] (their outputs of
+  // every EP rank's experts: ETP shard partial sums, or complete at ETP 1); backward: g
+  // [T,H] -> dx [T,H] and dprob of those tokens (written into the group's [T_group*k]).
+  void allgather_forward(const Tensor& x, int64_t t0, int64_t T, Tensor& out, Saved& s,
+                         const StepContext& cx) const;
+  void allgather_backward(const Tensor& g, Tensor& dx, Saved& s, std::vector<double>& dprob,
                           const StepContext& cx);
 
   const TransformerConfig* cfg_;
@@ -124,6 +149,7 @@ class MoeLayer final : public MlpModule {
   GroupedExperts experts_;
   std::unique_ptr<SharedExperts> shared_;
   comm::Communicator* ep_ = nullptr;
+  comm::Communicator* etp_ = nullptr;  // only when 1 < ETP < TP
   mutable Scratch w_;  // this layer's scratch (listed in scratch_specs)
   mutable MoeStats stats_;
 };
