@@ -17,9 +17,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/cpu_common.h"
+#include "ops/kv_cache_checks.h"
 
 namespace mcpp::ops::cpu {
 namespace {
@@ -83,23 +85,13 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
                                 Stream& s) {
   Check c{"attention_kv_cache_forward"};
   c.stream(s);
-  MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
-             "attention_kv_cache_forward: invalid dims S={} B={} NH={} NG={} HD={} (all "
-             "positive, NG | NH)",
-             d.S, d.B, d.NH, d.NG, d.HD);
   MCPP_CHECK(softmax_scale > 0, "attention_kv_cache_forward: softmax_scale={} must be positive",
              softmax_scale);
   const DType dt = c.floating(qkv, "qkv");
-  c.numel(qkv, "qkv", d.S * d.B * d.qkv_width());
-  for (const Tensor* t : {&k_cache, &v_cache}) {
-    c.dtype(*t, t == &k_cache ? "k_cache" : "v_cache", dt);
-    MCPP_CHECK(t->dim() == 4 && t->size(0) == d.B && t->size(2) == d.NG && t->size(3) == d.HD,
-               "attention_kv_cache_forward: cache {} is not [B={}, Tmax, NG={}, HD={}]", t->str(),
-               d.B, d.NG, d.HD);
-  }
-  c.shape(v_cache, "v_cache", k_cache.shape());
-  c.dtype(pos, "pos", DType::I64);
-  c.numel(pos, "pos", d.B);
+  for (auto [t, name] : {std::pair{&pos, "pos"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"},
+                         {static_cast<const Tensor*>(&out), "out"}})
+    c.defined(*t, name);  // on the CPU
+  check_kv_cache_args("attention_kv_cache_forward", qkv, d, pos, k_cache, v_cache, out);
   const int64_t Tmax = k_cache.size(1);
   for (int64_t b = 0; b < d.B; ++b) {
     const int64_t p0 = pos.data<int64_t>()[b];
@@ -108,8 +100,6 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
                "of {} rows",
                b, p0, p0 + d.S, Tmax);
   }
-  c.dtype(out, "out", dt);
-  c.numel(out, "out", d.S * d.B * d.NH * d.HD);
   dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
     kv_cache_attention<T>(qkv.data<T>(), d, pos.data<int64_t>(), Tmax, softmax_scale,

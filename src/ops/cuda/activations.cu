@@ -12,23 +12,13 @@
 #include <initializer_list>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gelu.cuh"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
 
 namespace {
 
-constexpr float kK0 = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kK1 = 0.044715f;
-
-__device__ __forceinline__ float gelu_f(float x) {
-  float t = tanhf(kK0 * (x + kK1 * x * x * x));
-  return 0.5f * x * (1.f + t);
-}
-__device__ __forceinline__ float gelu_grad_f(float x) {
-  float t = tanhf(kK0 * (x + kK1 * x * x * x));
-  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kK0 * (1.f + 3.f * kK1 * x * x);
-}
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 
 template <typename T>

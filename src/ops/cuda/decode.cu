@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/kv_cache_checks.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -199,22 +200,8 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   for (auto [t, name] : {std::pair{&qkv, "qkv"}, {&pos, "pos"}, {&k_cache, "k_cache"},
                          {&v_cache, "v_cache"}, {static_cast<const Tensor*>(&out), "out"}})
     check_cuda(*t, op, name);
-  MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
-             "{}: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)", op, d.S,
-             d.B, d.NH, d.NG, d.HD);
+  check_kv_cache_args(op, qkv, d, pos, k_cache, v_cache, out);
   MCPP_CHECK(d.HD <= kMaxHD, "{}: head dim {} > {} is not supported", op, d.HD, kMaxHD);
-  MCPP_CHECK(pos.dtype() == DType::I64 && pos.numel() == d.B, "{}: pos {} is not i64 [B={}]", op,
-             pos.str(), d.B);
-  for (const Tensor* t : {&k_cache, &v_cache, static_cast<const Tensor*>(&out)})
-    MCPP_CHECK(t->dtype() == qkv.dtype(), "{}: {} differs in dtype from qkv {}", op, t->str(),
-               qkv.str());
-  check_numel(qkv, d.S * d.B * d.qkv_width(), op, "qkv");
-  check_numel(out, d.S * d.B * d.NH * d.HD, op, "out");
-  for (const Tensor* t : {&k_cache, &v_cache})
-    MCPP_CHECK(t->dim() == 4 && t->size(0) == d.B && t->size(2) == d.NG && t->size(3) == d.HD,
-               "{}: cache {} is not [B={}, Tmax, NG={}, HD={}]", op, t->str(), d.B, d.NG, d.HD);
-  MCPP_CHECK(v_cache.shape() == k_cache.shape(), "{}: k_cache {} and v_cache {} differ", op,
-             k_cache.str(), v_cache.str());
   MCPP_CHECK(d.S * d.B * d.NH < (int64_t(1) << 31), "{}: {} rows x heads exceed a grid", op,
              d.S * d.B * d.NH);
   const int64_t esz = int64_t(dtype_size(qkv.dtype()));

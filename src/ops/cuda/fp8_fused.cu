@@ -21,6 +21,7 @@
 #include <cuda_fp8.h>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gelu.cuh"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -29,17 +30,6 @@ namespace {
 
 constexpr int kRows = 128, kCols = 64, kPitch = kRows / 4 + 4;  // pitch: 32-bit words
 
-// activations.cu's GELU and its derivative, the same expressions (bit-identical results).
-constexpr float kK0 = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kK1 = 0.044715f;
-__device__ __forceinline__ float gelu_f(float x) {
-  float t = tanhf(kK0 * (x + kK1 * x * x * x));
-  return 0.5f * x * (1.f + t);
-}
-__device__ __forceinline__ float gelu_grad_f(float x) {
-  float t = tanhf(kK0 * (x + kK1 * x * x * x));
-  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kK0 * (1.f + 3.f * kK1 * x * x);
-}
 
 enum Pro : int { kNone = 0, kGelu = 1, kDgelu = 2 };
 
