@@ -35,6 +35,7 @@
 #include "tools/checkpoint_tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "tools/inference_session.h"
 
 namespace mcpp::tools {
 namespace {
@@ -104,32 +105,16 @@ int run_serve(const std::vector<std::string>& args) {
     omp_set_num_threads(int(n));
   }
   openblas_set_num_threads(omp_get_max_threads());
-  const int64_t tp = f.get_int("--tensor-model-parallel-size", 1);
-  MCPP_CHECK_HINT(tp >= 1 && tp <= 4096, "use --tensor-model-parallel-size N with N >= 1",
-                  "--tensor-model-parallel-size {} is out of range", tp);
-  const std::string dev_name = f.has("--device") ? f.get("--device") : "cpu";
-  MCPP_CHECK_HINT(dev_name == "cpu" || dev_name == "cuda", "use --device cpu or --device cuda",
-                  "--device '{}' is not a device", dev_name);
-  const Device device = dev_name == "cuda" ? Device::CUDA : Device::CPU;
-#ifndef MCPP_HAVE_CUDA
-  MCPP_CHECK_HINT(device == Device::CPU, "rebuild where nvcc is found, or use --device cpu",
-                  "--device cuda: this build has no CUDA backend");
-#endif
   // On the GPU the checkpoint's f32 weights are cast once at load (bf16 by default: a
   // decode step reads every weight, so half the bytes is about twice the tokens/s).
-  const std::string dtype_str =
-      f.has("--dtype") ? f.get("--dtype") : (device == Device::CUDA ? "bf16" : "fp32");
-  MCPP_CHECK_HINT(dtype_str == "bf16" || dtype_str == "fp16" || dtype_str == "fp32",
-                  "use --dtype bf16, fp16 or fp32", "--dtype '{}' is not a dtype", dtype_str);
-  MCPP_CHECK_HINT(device == Device::CUDA || dtype_str == "fp32",
-                  "the CPU backend computes in fp32: drop --dtype or pass --device cuda",
-                  "--dtype {} on --device cpu", dtype_str);
+  const InferenceTarget target = parse_inference_target(f, "bf16");
+  const int64_t tp = target.tp;
+  const Device device = target.device;
+  const std::string& dev_name = target.dev_name;
+  const std::string& dtype_str = target.dtype_name;
   MCPP_CHECK_HINT(!f.has("--no-cuda-graphs") || device == Device::CUDA,
                   "drop --no-cuda-graphs: the CPU runs no graphs",
                   "--no-cuda-graphs applies to --device cuda only");
-  const DType dtype = dtype_str == "bf16"   ? DType::BF16
-                      : dtype_str == "fp16" ? DType::F16
-                                             : DType::F32;
   const int64_t port = f.get_int("--port", 5000);
   MCPP_CHECK_HINT(port >= 0 && port <= 65535, "use --port between 0 and 65535",
                   "--port {} is not a TCP port", port);
@@ -138,35 +123,14 @@ int run_serve(const std::vector<std::string>& args) {
                   "--max-request-bytes {} is too small", max_body);
   const std::string chat_choice = f.has("--chat-template") ? f.get("--chat-template") : "auto";
 
-  comm::InitOptions io;
-  io.device = device;
-  std::unique_ptr<comm::World> world = comm::init(io);
-  MCPP_CHECK_HINT(world->size() == tp,
-                  fmt::format("launch {} processes (mpirun -np {}) or pass "
-                              "--tensor-model-parallel-size {}", tp, tp, world->size()),
-                  "megatron serve: {} processes but --tensor-model-parallel-size {}",
-                  world->size(), tp);
-  const int rank = world->rank();
-  comm::Communicator* tp_comm = tp > 1 ? &world->world() : nullptr;
-
-  const std::string dir = f.get("--load");
-  MCPP_CHECK_HINT(std::filesystem::is_directory(dir),
-                  "pass the --save directory of a training run to --load",
-                  "--load {}: no such directory", dir);
-  MCPP_CHECK_HINT(checkpoint::latest_iteration(dir).has_value(),
-                  "train with --save DIR first, or point --load at a directory holding iter_*/",
-                  "--load {}: no checkpoint found (no iter_*/metadata.json)", dir);
-  checkpoint::WeightsOptions wo;
-  wo.tp_rank = rank, wo.tp_size = tp, wo.device = device, wo.dtype = dtype;
-  checkpoint::ModelWeights w = checkpoint::load_model_weights(dir, f.get_opt_int("--ckpt-step"), wo);
-  model::TransformerConfig cfg = w.config;
-  cfg.hidden_dropout = cfg.attention_dropout = 0;
-  const data::TokenizerArgs ta = checkpoint_tokenizer_args(f, w.metadata, "serve");
-  auto tok = data::make_tokenizer(ta);
-  MCPP_CHECK_HINT(tok->vocab_size() <= cfg.padded_vocab_size,
-                  "use the tokenizer the model was trained with",
-                  "the tokenizer has {} tokens but the checkpoint's vocabulary is {}",
-                  tok->vocab_size(), cfg.padded_vocab_size);
+  InferenceSession session = open_inference_session(f, target, "serve");
+  const int rank = session.rank;
+  comm::Communicator* tp_comm = session.tp_comm;
+  const std::string& dir = session.dir;
+  const checkpoint::ModelWeights& w = session.weights;
+  const model::TransformerConfig& cfg = session.cfg;
+  const data::TokenizerArgs& ta = session.tok_args;
+  const data::Tokenizer* tok = session.tok.get();
   serve::ChatTemplate chat = serve::load_chat_template(chat_choice, tokenizer_config_path(f, ta));
 
   serve::EngineOptions eo;
