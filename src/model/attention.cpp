@@ -104,12 +104,18 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
 }
 
 void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
-                               Tensor& y, Workspace& ws, const StepContext& cx) const {
+                               const Tensor* residual, Tensor& y, Workspace& ws,
+                               const StepContext& cx) const {
   const auto& c = *cfg_;
   qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
   if (c.qk_layernorm) qk_norm_forward(c, s.qkv, q_norm_.w, k_norm_.w, s.qkv);
-  if (c.rope && cx.S == 1 && cx.pos_dev.defined()) {  // a decode step: one launch, each row
-    ops::rope_decode(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.pos_dev, s.qkv, cx.stream());
+  // A decode step: RoPE at each row's position, the cache append and the attention in one op
+  // (rope_decode + attention_kv_cache_forward; on the GPU two kernels, not three).
+  const bool decode_step = c.rope && cx.S == 1 && cx.pos_dev.defined();
+  if (decode_step) {
+    ensure(s.core.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
+    ops::rope_attention_decode(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.pos_dev, cx.scale,
+                               k_cache, v_cache, s.core.ctx, cx.stream());
   } else if (c.rope && cx.uniform_pos) {
     ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.s0, s.qkv, cx.stream());
   } else if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position
@@ -121,8 +127,11 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
       ops::rope_forward(row, d1, c.rot_dim(), c.rotary_base, cx.pos[b], row, cx.stream());
     }
   }
-  core_.forward_cached(s.qkv, k_cache, v_cache, s.core, cx);
-  proj_.forward(s.core.ctx, y, ws, cx);
+  if (!decode_step) core_.forward_cached(s.qkv, k_cache, v_cache, s.core, cx);
+  if (residual)
+    proj_.forward_residual(s.core.ctx, *residual, y, cx);
+  else
+    proj_.forward(s.core.ctx, y, ws, cx);
 }
 
 void Attention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const {

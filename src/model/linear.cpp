@@ -55,6 +55,8 @@ void ColumnParallelLinear::forward(const Tensor& x, Saved& s, Tensor& y, Workspa
   const Tensor& xf = gathered(x, ws, cx);
   if (fp8_.on(cx))
     fp8_.forward(xf, false, w_.w, b_.w, Tensor(), y, cx);
+  else if (cx.pos)  // generation (inference/): a decode step's few rows stream the weights
+    ops::linear_decode(xf, w_.w, b_.w, Tensor(), y, cx.stream());
   else
     ops::linear_forward(xf, w_.w, b_.w, y, cx.stream());
 }
@@ -69,6 +71,16 @@ void ColumnParallelLinear::forward_gelu(const Tensor& x, Saved& s, Tensor& pre, 
   } else {
     ops::linear_gelu_forward(xf, w_.w, b_.w, pre, act, cx.stream());
   }
+}
+
+void ColumnParallelLinear::forward_swiglu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act,
+                                          Workspace& ws, const StepContext& cx) const {
+  if (!cx.pos || fp8_.on(cx)) {
+    forward(x, s, pre, ws, cx);
+    ops::swiglu_forward(pre, act, cx.stream());
+    return;
+  }
+  ops::linear_swiglu_decode(gathered(x, ws, cx), w_.w, b_.w, pre, act, cx.stream());
 }
 
 // dx_full = dy @ w, dw += dy^T @ x_full, db += sum dy; then the dual of the input
@@ -134,6 +146,8 @@ void RowParallelLinear::forward(const Tensor& x, Tensor& y, Workspace& ws,
   if (!cx.tp_comm) {
     if (fp8)
       fp8_.forward(x, false, w_.w, b_.w, Tensor(), y, cx);
+    else if (cx.pos)  // generation (inference/): see ColumnParallelLinear::forward
+      ops::linear_decode(x, w_.w, b_.w, Tensor(), y, st);
     else
       ops::linear_forward(x, w_.w, b_.w, y, st);
     return;
@@ -141,6 +155,8 @@ void RowParallelLinear::forward(const Tensor& x, Tensor& y, Workspace& ws,
   Tensor& y_full = cx.sp ? ws.tmp_full : y;
   if (fp8)
     fp8_.forward(x, true, w_.w, Tensor(), Tensor(), y_full, cx);
+  else if (cx.pos)
+    ops::linear_decode(x, w_.w, Tensor(), Tensor(), y_full, st);
   else
     ops::linear_forward(x, w_.w, Tensor(), y_full, st);
   if (cx.sp)
@@ -158,6 +174,8 @@ void RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residual
   MCPP_CHECK(!cx.tp_comm, "RowParallelLinear: the residual epilogue needs TP 1");
   if (fp8_.on(cx))
     fp8_.forward(x, false, w_.w, b_.w, residual, y, cx);
+  else if (cx.pos)  // generation: linear then add, fused on the GPU for a few rows
+    ops::linear_decode(x, w_.w, b_.w, residual, y, cx.stream());
   else
     ops::linear_residual_forward(x, w_.w, b_.w, residual, y, cx.stream());
 }

@@ -51,6 +51,11 @@ class ColumnParallelLinear {
   // pre = x_full @ w^T + b, act = gelu(pre) in the GEMM's epilogue.
   void forward_gelu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act, Workspace& ws,
                     const StepContext& cx) const;
+  // A SwiGLU fc1 in generation (cx.pos set): act [T, out/TP/2] = swiglu(x @ w^T + b) through
+  // ops::linear_swiglu_decode (pre [T, out/TP] its fallback's buffer); otherwise forward into
+  // pre, then swiglu_forward.
+  void forward_swiglu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act, Workspace& ws,
+                      const StepContext& cx) const;
   // dy [T,out/TP] -> dx [Tl,in] (=), through dx_full (the workspace's dln_full under SP).
   void backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, Workspace& ws,
                 const StepContext& cx);

@@ -50,8 +50,7 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   auto& s = static_cast<Saved&>(sb);
   Tensor& act = s.act.defined() ? s.act : ws.act;  // kept, or the shared scratch
   if (cfg_->swiglu) {
-    fc1_.forward(x, s.fc1_in, s.fc1, ws, cx);
-    ops::swiglu_forward(s.fc1, act, cx.stream());
+    fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);  // (one op in generation)
   } else if (fc2_.fp8().fused(s.fc1, cx)) {
     // FP8: GELU taken in the cast of fc2's input (fp8_gelu_cast), one pass over fc1's
     // output; the bf16 activation is written only when this layer keeps it.

@@ -121,9 +121,16 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
                                       Tensor& v_cache, Tensor& out, Workspace& ws,
                                       const StepContext& cx) const {
   Stream& st = cx.stream();
+  // Without TP the residual adds run inside the projections (linear_decode: on the GPU one
+  // rounding instead of two, one kernel fewer each); under TP after the reduction.
+  const bool fuse_residual = !cx.tp_comm;
   ln1_.forward(x, s.ln1, cx);
-  attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, ws.tmp, ws, cx);
-  ops::add(x, ws.tmp, s.x2, st);
+  if (fuse_residual) {
+    attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, &x, s.x2, ws, cx);
+  } else {
+    attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, nullptr, ws.tmp, ws, cx);
+    ops::add(x, ws.tmp, s.x2, st);
+  }
   ln2_.forward(s.x2, s.ln2, cx);
   MlpSaved* ms = s.mlp.get();
   if (cfg_->moe.num_experts > 0) {
@@ -134,8 +141,12 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
              false);
     ms = inf_mlp_.get();
   }
-  mlp_->forward(s.ln2.y, *ms, nullptr, ws.tmp, ws, cx);
-  ops::add(s.x2, ws.tmp, out, st);
+  if (fuse_residual && cfg_->moe.num_experts == 0) {
+    mlp_->forward(s.ln2.y, *ms, &s.x2, out, ws, cx);
+  } else {
+    mlp_->forward(s.ln2.y, *ms, nullptr, ws.tmp, ws, cx);
+    ops::add(s.x2, ws.tmp, out, st);
+  }
 }
 
 void TransformerLayer::backward(const Tensor& x, LayerSaved& s, Workspace& ws,

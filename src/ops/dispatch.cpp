@@ -267,5 +267,18 @@ void rope_decode(const Tensor& in, const AttentionDims& d, int64_t rot, double b
 void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
   MCPP_DISPATCH(argmax_rows, logits, V, ids, s);
 }
+void linear_decode(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual,
+                   Tensor& y, Stream& s) {
+  MCPP_DISPATCH_SHAPED(linear_decode, w, x, w, b, residual, y, s);
+}
+void linear_swiglu_decode(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& fc1,
+                          Tensor& y, Stream& s) {
+  MCPP_DISPATCH_SHAPED(linear_swiglu_decode, w, x, w, b, fc1, y, s);
+}
+void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot, double base,
+                           const Tensor& pos, double sc, Tensor& k_cache, Tensor& v_cache,
+                           Tensor& out, Stream& s) {
+  MCPP_DISPATCH(rope_attention_decode, qkv, d, rot, base, pos, sc, k_cache, v_cache, out, s);
+}
 
 }  // namespace mcpp::ops

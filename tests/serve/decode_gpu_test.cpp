@@ -1,11 +1,16 @@
 // The CUDA inference ops against the CPU reference (label gpu; tests/gpu/gpu_test_util.h):
 // decode_attention at the 1B model's head shape and others, sequences of one batch at
 // different positions (1 key, part of a 32-key chunk, several chunks per warp), one row
-// (a decode step) and seven (a prefill chunk), f32 and bf16; argmax_rows on bf16 logits with a tie, a NaN and a padded vocabulary.
+// (a decode step) and seven (a prefill chunk), f32 and bf16; argmax_rows on bf16 logits with a tie, a NaN and a padded vocabulary;
+// linear_decode (the GEMV and tensor-core kernels of ops/cuda/gemv.cu) against the CPU op
+// and the GPU GEMM (linear_forward then add), and each row's numbers independent of the row
+// count; the tensor-core kernel on one row equals its rows of a larger batch.
 #include <cmath>
 #include <tuple>
+#include <vector>
 
 #include "gpu_test_util.h"
+#include "ops/cuda/gemv.h"
 
 namespace mcpp::test {
 namespace {
@@ -55,6 +60,142 @@ TEST(GpuDecode, ArgmaxMatchesCpu) {
   EXPECT_EQ(back.data<int64_t>()[1], 5);
   EXPECT_EQ(back.data<int64_t>()[3], 777);
   EXPECT_EQ(back.data<int64_t>()[4], 0);
+}
+
+// Shapes: the 1B model's QKV, a width that takes 4 rows per GEMV warp and ends mid-block
+// (N % 16 != 0), fc2's long rows, a K that is not a multiple of 64 (no tensor-core path),
+// and one whose rows are not whole 16-byte words (cuBLASLt only). Rows 1..65, with and
+// without bias and residual. Every kernel that takes the case (the op's own choice, the
+// GEMV up to 8 rows, the tensor-core kernel up to 64) against the CPU op and the GPU GEMM,
+// and each kernel's rows equal to the same row alone.
+TEST(GpuDecode, LinearDecodeMatchesCpuAndGemm) {
+  MCPP_REQUIRE_GPU();
+  using gpu::DecodeGemm;
+  struct Case { int64_t N, K; };
+  for (DType dt : {DType::BF16, DType::F32, DType::F16})
+    for (Case c : {Case{3072, 2048}, Case{8450, 320}, Case{300, 8192}, Case{37, 136}, Case{33, 20}})
+      for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 33, 64, 65})
+        for (int variant = 0; variant < 3; ++variant) {  // plain, bias, bias + residual
+          if (c.N == 8450 && rows != 3 && rows != 8 && rows != 33) continue;  // (large)
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " N=" << c.N << " K=" << c.K
+                                            << " rows=" << rows << " variant=" << variant);
+          const uint64_t sd = uint64_t(c.N * 131 + c.K * 7 + rows * 3 + variant);
+          Tensor x = rand_in({rows, c.K}, sd + 1, dt), w = rand_in({c.N, c.K}, sd + 2, dt);
+          Tensor b = variant >= 1 ? rand_in({c.N}, sd + 3, dt) : Tensor();
+          Tensor r = variant == 2 ? rand_in({rows, c.N}, sd + 4, dt, -4.f, 4.f) : Tensor();
+          Tensor ref = Tensor::empty({rows, c.N}, DType::F32);
+          cpu::linear_decode(x, w, b, r, ref, CS());
+          Tensor gx = to_gpu(x, dt), gw = to_gpu(w, dt);
+          Tensor gb = b.defined() ? to_gpu(b, dt) : Tensor();
+          Tensor gr = r.defined() ? to_gpu(r, dt) : Tensor();
+          // The GPU GEMM and add on the same inputs.
+          Tensor gg = gpu_nan({rows, c.N}, dt);
+          gpu::linear_forward(gx, gw, gb, gg, GS());
+          if (gr.defined()) gpu::add(gr, gg, gg, GS());
+          const Tensor gemm = to_cpu(gg);
+          std::vector<DecodeGemm> paths{DecodeGemm::Auto};
+          if (rows <= 8 && c.K % (16 / int64_t(dtype_size(dt))) == 0)
+            paths.push_back(DecodeGemm::Gemv);
+          if (rows <= 64 && dt != DType::F32 && c.K % 64 == 0)
+            paths.push_back(DecodeGemm::TensorCore);
+          for (DecodeGemm path : paths) {
+            SCOPED_TRACE(::testing::Message() << "path " << int(path));
+            Tensor gy = gpu_nan({rows, c.N}, dt);
+            if (path == DecodeGemm::Auto)
+              gpu::linear_decode(gx, gw, gb, gr, gy, GS());
+            else
+              gpu::linear_decode_with(path, gx, gw, gb, gr, gy, GS());
+            EXPECT_CLOSE(gy, ref, dt);
+            const Tensor all = to_cpu(gy);
+            EXPECT_LE(rel_err(all, gemm), tol(dt)) << "against linear_forward";
+            if (path == DecodeGemm::Auto) continue;
+            // Batch invariance: row t alone gives row t's bits (the engine's batches and
+            // `megatron generate`'s single sequence then decode alike).
+            for (int64_t t = 0; t < rows; t += rows <= 8 ? 1 : (rows - 1) / 2) {  // (<= 3)
+              Tensor y1 = gpu_nan({1, c.N}, dt);
+              Tensor r1 = gr.defined() ? gr.narrow(t, 1) : Tensor();
+              gpu::linear_decode_with(path, gx.narrow(t, 1), gw, gb, r1, y1, GS());
+              const Tensor one = to_cpu(y1);
+              EXPECT_EQ(std::memcmp(one.raw(), static_cast<const float*>(all.raw()) + t * c.N,
+                                    size_t(c.N) * sizeof(float)),
+                        0)
+                  << "row " << t << " of " << rows << " differs from the row alone";
+            }
+          }
+        }
+}
+
+// linear_swiglu_decode: the fused tensor-core kernel (bf16/f16, up to 8 rows) and its
+// fallback through fc1 (more rows, K not a multiple of 64, f32) against the CPU composition
+// linear_forward + swiglu_forward; the fused kernel's rows independent of the row count.
+TEST(GpuDecode, LinearSwigluDecodeMatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  struct Case { int64_t F, K; };
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (Case c : {Case{8192, 2048}, Case{100, 320}, Case{21, 136}})
+      for (int64_t rows : {1, 3, 8, 9})
+        for (bool bias : {false, true}) {
+          if (c.F == 8192 && rows == 3) continue;
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " F=" << c.F << " K=" << c.K
+                                            << " rows=" << rows << " bias=" << bias);
+          const uint64_t sd = uint64_t(c.F * 17 + c.K + rows * 5 + bias);
+          Tensor x = rand_in({rows, c.K}, sd + 1, dt), w = rand_in({2 * c.F, c.K}, sd + 2, dt);
+          Tensor b = bias ? rand_in({2 * c.F}, sd + 3, dt) : Tensor();
+          Tensor fc1 = Tensor::empty({rows, 2 * c.F}, DType::F32);
+          Tensor ref = Tensor::empty({rows, c.F}, DType::F32);
+          cpu::linear_swiglu_decode(x, w, b, fc1, ref, CS());
+          Tensor gx = to_gpu(x, dt), gw = to_gpu(w, dt);
+          Tensor gb = bias ? to_gpu(b, dt) : Tensor();
+          Tensor gfc1 = gpu_nan({rows, 2 * c.F}, dt), gy = gpu_nan({rows, c.F}, dt);
+          gpu::linear_swiglu_decode(gx, gw, gb, gfc1, gy, GS());
+          EXPECT_CLOSE(gy, ref, dt);
+          const bool fused = rows <= 8 && dt != DType::F32 && c.K % 64 == 0;
+          if (!fused) continue;
+          Tensor all = to_cpu(gy);
+          for (int64_t t = 0; t < rows; ++t) {
+            Tensor y1 = gpu_nan({1, c.F}, dt), f1 = gpu_nan({1, 2 * c.F}, dt);
+            gpu::linear_swiglu_decode(gx.narrow(t, 1), gw, gb, f1, y1, GS());
+            Tensor one = to_cpu(y1);
+            EXPECT_EQ(std::memcmp(one.raw(), static_cast<const float*>(all.raw()) + t * c.F,
+                                  size_t(c.F) * sizeof(float)),
+                      0)
+                << "row " << t << " of " << rows << " differs from the row alone";
+          }
+        }
+}
+
+// rope_attention_decode (the fused RoPE + append kernel, then decode_attention) against the
+// CPU's rope_decode + attention_kv_cache_forward: the attention output and the cache rows it
+// wrote (the rotated keys, the values), sequences at different positions, whole and partial
+// rotary dims, grouped and ungrouped heads.
+TEST(GpuDecode, RopeAttentionDecodeMatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::BF16})
+    for (auto [NH, NG, HD, rot] :
+         {std::tuple{32, 8, 64, 64}, {4, 4, 128, 64}, {6, 2, 80, 80}, {8, 2, 32, 16}}) {
+      ops::AttentionDims d;
+      d.S = 1, d.B = 4, d.NH = NH, d.NG = NG, d.HD = HD;
+      const int64_t Tmax = 300;
+      const Shape cache{d.B, Tmax, d.NG, d.HD};
+      Tensor kc = rand_in(cache, 31, dt, -2.f, 2.f), vc = rand_in(cache, 32, dt);
+      Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 33, dt, -2.f, 2.f);
+      Tensor pos = Tensor::empty({d.B}, DType::I64);
+      const int64_t p[] = {0, 37, 200, Tmax - 1};
+      for (int64_t b = 0; b < d.B; ++b) pos.data<int64_t>()[b] = p[b];
+      const double scale = 1.0 / std::sqrt(double(HD));
+      Tensor gq = to_gpu(qkv, dt), gk = to_gpu(kc, dt), gv = to_gpu(vc, dt);
+      Tensor kc2 = kc.clone(), vc2 = vc.clone(), q2 = qkv.clone();
+      Tensor out = Tensor::empty({d.S, d.B, d.NH * d.HD}, DType::F32);
+      cpu::rope_attention_decode(q2, d, rot, 10000.0, pos, scale, kc2, vc2, out, CS());
+      Tensor gout = gpu_nan(out.shape(), dt);
+      gpu::rope_attention_decode(gq, d, rot, 10000.0, to_gpu(pos, DType::I64), scale, gk, gv,
+                                 gout, GS());
+      SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD
+                                        << " rot=" << rot << " dtype=" << dtype_name(dt));
+      EXPECT_CLOSE(gout, out, dt);
+      EXPECT_CLOSE(gk, kc2, dt) << "k_cache";
+      EXPECT_CLOSE(gv, vc2, dt) << "v_cache";
+    }
 }
 
 }  // namespace

@@ -7,6 +7,11 @@
 //                     weighted sum in double, a plain two-pass softmax (the reference)
 //   rope_decode       rope_forward of row b at position pos[b] (row by row through it)
 //   argmax_rows       logits [R, Vp] -> ids [R] i64 (=): the first largest of [0, V)
+//   linear_decode     linear_forward, then add of the residual (the composition the CUDA
+//                     GEMV of ops/cuda/gemv.cu fuses)
+//   linear_swiglu_decode, rope_attention_decode: likewise the compositions the CUDA backend
+//                     fuses (linear_forward + swiglu_forward; rope_decode +
+//                     attention_kv_cache_forward)
 #include <omp.h>
 
 #include <cmath>
@@ -123,6 +128,27 @@ void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
       o[r] = best;
     }
   });
+}
+
+void linear_decode(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual,
+                   Tensor& y, Stream& s) {
+  MCPP_CHECK(!residual.defined() || residual.raw() != y.raw(),
+             "linear_decode: residual must not alias y");
+  linear_forward(x, w, b, y, s);
+  if (residual.defined()) add(residual.view(y.shape()), y, y, s);
+}
+
+void linear_swiglu_decode(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& fc1,
+                          Tensor& y, Stream& s) {
+  linear_forward(x, w, b, fc1, s);
+  swiglu_forward(fc1, y, s);
+}
+
+void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
+                           const Tensor& pos, double softmax_scale, Tensor& k_cache,
+                           Tensor& v_cache, Tensor& out, Stream& s) {
+  cpu::rope_decode(qkv, d, rot_dim, base, pos, qkv, s);
+  cpu::attention_kv_cache_forward(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }
 
 }  // namespace mcpp::ops::cpu

@@ -4,6 +4,10 @@
 // decode_attention: one query row per (row, sequence, head) against its cache slot,
 //   qkv [S, B, NG, G + 2, HD] (G = NH/NG), pos [B] i64, caches [B, Tmax, NG, HD],
 //   out [S, B, NH*HD]; row i of sequence b sees keys 0 .. pos[b] + i.
+//   A decode step (S = 1) runs decode_attention_group_kernel where it has an instance
+//   (HD 32/64/128, G = NH/NG 1/2/4/8): a block per (sequence, group) reads each cache row
+//   once for the group's G heads (session 9's profile: the per-head kernel below took ~100
+//   us a layer at 64 sequences of 130 keys, re-reading each row G times). Otherwise:
 //   A decode step reads the whole cache once and does 2*HD flops per key, so it is
 //   memory- and latency-bound: a block of kWarps warps per (i, b, h) splits the keys (warp
 //   w takes chunks w, w + kWarps, ... of 32 keys), so one sequence's 32 heads still keep
@@ -14,6 +18,8 @@
 //   accumulator) combine in shared memory as flash-decoding's split-K does. f32 throughout.
 // rope_decode: one launch for the batch, each row at its own position (the angle from the
 //   device's pos, so a captured CUDA graph stays valid as the positions advance).
+// rope_attention_decode: rope_append_kernel (the rotation and the cache append of a decode
+//   step in one launch) then decode_attention.
 // argmax_rows: a block per row; each thread scans a strided part of the row, then a warp
 //   and a block reduction of (value, index) keep the larger value, the lower index on ties.
 #include <cfloat>
@@ -129,6 +135,146 @@ static __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// A decode step (S = 1) of a grouped-query model: one block per (sequence, query group)
+// holding all G = NH/NG query heads of the group, so each key and value row of the cache is
+// read once for the G heads instead of once per head (the per-head kernel above reads the
+// group's rows G times and runs B x NH blocks whose warps mostly sit idle at a few hundred
+// keys). Warp w takes the 32-key chunks w, w + kWarps, ...; lane l scores key k0 + l against
+// the G queries (kept in shared memory as f32, scaled), the chunk's softmax update is one
+// warp max and one warp sum per head, and lane l accumulates dims [l*D, l*D + D) of each
+// head's output over the chunk's V rows, the probabilities broadcast by shuffles. The warps'
+// partial (max, sum, accumulator) per head combine in shared memory as above.
+template <typename T, int G, int D>
+static __global__ void __launch_bounds__(kWarps * 32)
+    decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
+                                  const T* __restrict__ kc, const T* __restrict__ vc,
+                                  T* __restrict__ out, int NG, int64_t Tmax, float scale,
+                                  bool vec) {
+  constexpr int HD = 32 * D;
+  __shared__ float q_s[G][HD];
+  __shared__ float m_s[kWarps][G], l_s[kWarps][G];
+  __shared__ float acc_s[kWarps][G][HD];
+  const int g = blockIdx.x % NG;
+  const int64_t b = blockIdx.x / NG;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t len = pos[b] + 1;
+  const int64_t C = int64_t(NG) * HD;
+  const T* q = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // the group's G query heads
+  for (int c = threadIdx.x; c < G * HD; c += blockDim.x) q_s[c / HD][c % HD] = to_f(q[c]) * scale;
+  __syncthreads();
+  const T* ks = kc + b * Tmax * C + int64_t(g) * HD;
+  const T* vs = vc + b * Tmax * C + int64_t(g) * HD;
+
+  float m[G], l[G], acc[G][D];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY, l[h] = 0.f;
+#pragma unroll
+    for (int d = 0; d < D; ++d) acc[h][d] = 0.f;
+  }
+  for (int64_t k0 = int64_t(warp) * 32; k0 < len; k0 += kWarps * 32) {
+    const int64_t k = k0 + lane;
+    float sc[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) sc[h] = 0.f;
+    if (k < len) {
+      const T* kr = ks + k * C;
+      if (vec) {
+        constexpr int E = 16 / sizeof(T);
+        const uint4* r4 = reinterpret_cast<const uint4*>(kr);
+#pragma unroll 4
+        for (int c0 = 0; c0 < HD; c0 += E) {
+          const uint4 u = __ldg(r4 + c0 / E);
+          const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+          for (int j = 0; j < E; ++j) {
+            const float kv = to_f(e[j]);
+#pragma unroll
+            for (int h = 0; h < G; ++h) sc[h] += q_s[h][c0 + j] * kv;
+          }
+        }
+      } else {
+        for (int c = 0; c < HD; ++c) {
+          const float kv = to_f(kr[c]);
+#pragma unroll
+          for (int h = 0; h < G; ++h) sc[h] += q_s[h][c] * kv;
+        }
+      }
+    }
+    float p[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const float s = k < len ? sc[h] : -INFINITY;
+      float mc = s;
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, off));
+      const float m_new = fmaxf(m[h], mc);  // finite: lane 0's key k0 < len
+      const float corr = __expf(m[h] - m_new);
+      p[h] = k < len ? __expf(s - m_new) : 0.f;
+      float ps = p[h];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+      l[h] = l[h] * corr + ps;
+#pragma unroll
+      for (int d = 0; d < D; ++d) acc[h][d] *= corr;
+      m[h] = m_new;
+    }
+    const int n = int(len - k0 < 32 ? len - k0 : 32);
+#pragma unroll 8
+    for (int t = 0; t < n; ++t) {  // (unrolled: the V-row loads of 8 keys in flight at once)
+      const T* vr = vs + (k0 + t) * C + lane * D;
+      float v[D];
+#pragma unroll
+      for (int d = 0; d < D; ++d) v[d] = to_f(vr[d]);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        const float pt = __shfl_sync(0xffffffffu, p[h], t);
+#pragma unroll
+        for (int d = 0; d < D; ++d) acc[h][d] += pt * v[d];
+      }
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) m_s[warp][h] = m[h], l_s[warp][h] = l[h];
+  }
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int d = 0; d < D; ++d) acc_s[warp][h][lane * D + d] = acc[h][d];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    const int h = idx / HD, c = idx % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w][h]);
+    float L = 0.f, a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float wgt = m_s[w][h] == -INFINITY ? 0.f : __expf(m_s[w][h] - M);  // no keys
+      L += l_s[w][h] * wgt;
+      a += acc_s[w][h][c] * wgt;
+    }
+    out[((b * NG + g) * G + h) * int64_t(HD) + c] = from_f<T>(a / L);
+  }
+}
+
+// The group kernel for (G, HD) when it has an instance: G in {1, 2, 4, 8}, HD in {32, 64,
+// 128} with G * HD <= 1024 (its shared memory); false otherwise.
+template <typename T>
+bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T* out,
+                  const AttentionDims& d, int64_t Tmax, float scale, bool vec, cudaStream_t cs) {
+  const int64_t G = d.NH / d.NG;
+  const unsigned grid = unsigned(d.B * d.NG);
+#define MCPP_GROUP_CASE(GG, DD)                                                                   if (G == GG && d.HD == 32 * DD) {                                                                 decode_attention_group_kernel<T, GG, DD><<<grid, kWarps * 32, 0, cs>>>(                             qkv, pos, kc, vc, out, int(d.NG), Tmax, scale, vec);                                        return true;                                                                                  }
+  MCPP_GROUP_CASE(1, 1) MCPP_GROUP_CASE(1, 2) MCPP_GROUP_CASE(1, 4)
+  MCPP_GROUP_CASE(2, 1) MCPP_GROUP_CASE(2, 2) MCPP_GROUP_CASE(2, 4)
+  MCPP_GROUP_CASE(4, 1) MCPP_GROUP_CASE(4, 2) MCPP_GROUP_CASE(4, 4)
+  MCPP_GROUP_CASE(8, 1) MCPP_GROUP_CASE(8, 2) MCPP_GROUP_CASE(8, 4)
+#undef MCPP_GROUP_CASE
+  return false;
+}
+
 // One thread per (b, g, head j <= G (the queries and the key), i < half); the angle in
 // double and the rotation rounded as rope.cu's table and rope_kernel do, so the numbers
 // equal rope_forward's at s_offset = pos[b].
@@ -147,6 +293,46 @@ static __global__ void rope_decode_kernel(const T* in, T* out, const int64_t* __
     const float x1 = to_f(in[o + i]), x2 = to_f(in[o + i + half]);
     out[o + i] = from_f<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn)));
     out[o + i + half] = from_f<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)));
+  }
+}
+
+// rope_attention_decode's first half: one thread per (b, g, head j < G + 2, dim c). The
+// query heads are rotated in place as rope_decode_kernel rotates them (the threads c < half
+// write both halves); the key head's rotated dims and the value head go to the cache rows
+// pos[b] (the key is not written back to qkv, so no thread reads a value another writes).
+template <typename T>
+static __global__ void rope_append_kernel(T* qkv, const int64_t* __restrict__ pos,
+                                          T* __restrict__ kc, T* __restrict__ vc, int64_t B,
+                                          int64_t NG, int64_t G, int64_t HD, int64_t half,
+                                          int64_t rot_dim, double base, int64_t Tmax) {
+  const int64_t n = B * NG * (G + 2) * HD;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = k % HD, r = k / HD;
+    const int64_t j = r % (G + 2), bg = r / (G + 2), b = bg / NG, g = bg % NG;
+    const int64_t o = r * HD;  // head j of (b, g) in qkv
+    const int64_t dst = ((b * Tmax + pos[b]) * NG + g) * HD + c;
+    if (j == G + 1) {
+      vc[dst] = qkv[o + c];
+      continue;
+    }
+    if (c >= rot_dim) {  // past the rotary dims: queries stay, the key is copied
+      if (j == G) kc[dst] = qkv[o + c];
+      continue;
+    }
+    if (j < G && c >= half) continue;  // (the partner thread c - half writes it)
+    const int64_t i = c < half ? c : c - half;
+    const double a = double(pos[b]) * pow(base, -2.0 * double(i) / double(rot_dim));
+    const float cs = float(cos(a)), sn = float(sin(a));
+    const float x1 = to_f(qkv[o + i]), x2 = to_f(qkv[o + i + half]);
+    const T o1 = from_f<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+    const T o2 = from_f<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+    if (j == G) {
+      kc[dst] = c < half ? o1 : o2;
+    } else {
+      qkv[o + i] = o1;
+      qkv[o + i + half] = o2;
+    }
   }
 }
 
@@ -209,6 +395,15 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   const bool vec = (d.HD * esz) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(k_cache.raw()) % 16 == 0;
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
+    // A decode step: the group kernel where it has an instance; a prefill: per head.
+    if (d.S == 1 && launch_group<T>(static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
+                                    static_cast<const T*>(k_cache.raw()),
+                                    static_cast<const T*>(v_cache.raw()), static_cast<T*>(out.raw()),
+                                    d, k_cache.size(1), float(softmax_scale), vec,
+                                    stream_of(s))) {
+      MCPP_LAUNCH_CHECK();
+      break;
+    }
     decode_attention_kernel<T><<<unsigned(d.S * d.B * d.NH), kWarps * 32, 0, stream_of(s)>>>(
         static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
         static_cast<const T*>(k_cache.raw()), static_cast<const T*>(v_cache.raw()),
@@ -248,6 +443,30 @@ void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, 
                                                             G, d.HD, half, rot_dim, base);
     MCPP_LAUNCH_CHECK();
   });
+}
+
+void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
+                           const Tensor& pos, double softmax_scale, Tensor& k_cache,
+                           Tensor& v_cache, Tensor& out, Stream& s) {
+  const char* op = "rope_attention_decode";
+  for (auto [t, name] : {std::pair{static_cast<const Tensor*>(&qkv), "qkv"}, {&pos, "pos"},
+                         {static_cast<const Tensor*>(&k_cache), "k_cache"},
+                         {static_cast<const Tensor*>(&v_cache), "v_cache"},
+                         {static_cast<const Tensor*>(&out), "out"}})
+    check_cuda(*t, op, name);
+  check_kv_cache_args(op, qkv, d, pos, k_cache, v_cache, out);
+  MCPP_CHECK(d.S == 1, "{}: one row per sequence (S = 1), got S={}", op, d.S);
+  MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD && base > 0,
+             "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
+  const int64_t G = d.NH / d.NG, n = d.B * d.NG * (G + 2) * d.HD;
+  MCPP_DISPATCH_ACT(qkv.dtype(), op, {
+    rope_append_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+        static_cast<T*>(qkv.raw()), pos.data<int64_t>(), static_cast<T*>(k_cache.raw()),
+        static_cast<T*>(v_cache.raw()), d.B, d.NG, G, d.HD, rot_dim / 2, rot_dim, base,
+        k_cache.size(1));
+    MCPP_LAUNCH_CHECK();
+  });
+  cuda::decode_attention(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }
 
 void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {

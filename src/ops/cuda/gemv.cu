@@ -1,0 +1,391 @@
+// linear_decode, CUDA backend (the catalogue's `---- inference` section): a linear layer of
+// a decode step, y[T,out] = x[T,in] @ w[out,in]^T (+ b[out]) (+ residual[T,out]).
+//
+// Why not cuBLASLt: a decode step multiplies a few rows by every weight once, so it is a
+// stream of the weights (2 bytes a parameter in bf16) with 2*T flops per parameter; a GEMM
+// library tiles for reuse that is not there. Two kernels stream them:
+//
+// Tensor cores (bf16/f16, K a multiple of 64, up to 64 rows; the one Auto picks up to 8
+// rows, and up to 16 for weights of <= 8M elements -- bench_decode's measurements on the
+// H200; cuBLASLt is faster beyond): mma.sync m16n8k16, a block owns 16 weight rows, its 8
+// warps split K in steps of 64 (warp w takes steps w, w + 8, ..., two in flight), and each
+// lane loads 32 contiguous bytes of each of its two rows per step. The mma's k slots need
+// not be consecutive k: lane (g = lane/4, t = lane%4) holds k = 16t .. 16t+15 of the step
+// for its weight rows g and g+8 and for its token g of each 8-token tile, and the A and B
+// fragments take their slots from those same registers (slots 2t, 2t+1 <- k 16t+4j .. +1,
+// slots 2t+8, 2t+9 <- k 16t+4j+2 .. +3 for mma j = 0..3), so both operands see one
+// permutation of k and the product is unchanged -- with plain 16-byte global loads and no
+// shared-memory staging. The warps' partial sums meet in shared memory and are added in
+// warp order. A token's column of the mma is computed alike whichever tile slot it has, so
+// row t's y depends on row t's x alone: a sequence decodes to the same numbers alone or in
+// any batch this kernel runs (tests/serve/decode_gpu_test.cpp checks it bit for bit).
+//
+// CUDA cores (f32/bf16/f16, up to 8 rows: the f32 model, and K not a multiple of 64): each
+// warp owns R output rows (R = 1, 2 or 4 by the layer's width, so that a wave has ~16
+// warps per SM) and walks their weight rows in 16-byte words, lane l taking words l,
+// l + 32, ... (U words of each row in flight at once), every word multiplied into the T
+// accumulators of that row with the T matching words of x (L1-resident). Sums are f32,
+// added in k order within a lane and reduced by one fixed xor-shuffle tree: batch-invariant
+// too.
+//
+// Both epilogues add the bias, then the residual, in f32, and round once. Anything else --
+// more rows, a dtype mix, rows that are not whole 16-byte words, unaligned bases -- runs
+// linear_forward (cuBLASLt) then add, the CPU backend's composition.
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/gemv.h"
+#include "ops/cuda/mma_sm80.cuh"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+namespace {
+
+constexpr int kMaxRows = 8;      // the CUDA-core GEMV up to here (its FMAs keep up)
+constexpr int kMaxMmaRows = 64;  // the tensor-core kernel takes up to here (Auto: see below)
+constexpr int kWarps = 8;    // per block
+
+// acc += dot(x word, w word), element by element in order (E = 16 / sizeof(T) elements).
+template <typename T>
+__device__ __forceinline__ float dot_word(const uint4& xw, const uint4& ww, float acc) {
+  constexpr int E = int(16 / sizeof(T));
+  const T* xe = reinterpret_cast<const T*>(&xw);
+  const T* we = reinterpret_cast<const T*>(&ww);
+#pragma unroll
+  for (int j = 0; j < E; ++j) acc = fmaf(to_f(xe[j]), to_f(we[j]), acc);
+  return acc;
+}
+
+template <typename T, int M, int R>
+static __global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                const T* __restrict__ res, T* __restrict__ y, int64_t N, int64_t K) {
+  constexpr int E = int(16 / sizeof(T));
+  constexpr int U = 4 / R;  // words of each row in flight per lane
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t n0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
+  if (n0 >= N) return;
+  const int64_t KW = K / E;  // 16-byte words per row
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)  // rows past N repeat row N - 1 (computed, never stored)
+    wr[r] = reinterpret_cast<const uint4*>(w) + (n0 + r < N ? n0 + r : N - 1) * KW;
+  float acc[M][R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+
+  for (int64_t c0 = lane; c0 < KW; c0 += 32 * U) {
+    uint4 wv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[u][r] = c < KW ? __ldg(wr[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c < KW) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xw = __ldg(xv + m * KW + c);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[m][r] = dot_word<T>(xw, wv[u][r], acc[m][r]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[m][r];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      const int64_t n = n0 + r;
+      if (lane == (m * R + r) % 32 && n < N) {
+        if (bias) v += to_f(bias[n]);
+        if (res) v += to_f(res[m * N + n]);
+        y[m * N + n] = from_f<T>(v);
+      }
+    }
+}
+
+template <typename T, int M>
+void launch_rows(const T* x, const T* w, const T* b, const T* res, T* y, int64_t N, int64_t K,
+                 cudaStream_t cs) {
+  // R: the most rows per warp that still leave ~16 warps per SM of the H200's 132.
+  const int R = N >= 4 * 2112 ? 4 : N >= 2 * 2112 ? 2 : 1;
+  const int64_t warps = (N + R - 1) / R;
+  const unsigned grid = unsigned((warps + kWarps - 1) / kWarps);
+  if (R == 4)
+    gemv_kernel<T, M, 4><<<grid, kWarps * 32, 0, cs>>>(x, w, b, res, y, N, K);
+  else if (R == 2)
+    gemv_kernel<T, M, 2><<<grid, kWarps * 32, 0, cs>>>(x, w, b, res, y, N, K);
+  else
+    gemv_kernel<T, M, 1><<<grid, kWarps * 32, 0, cs>>>(x, w, b, res, y, N, K);
+}
+
+template <typename T>
+void launch(int64_t M, const T* x, const T* w, const T* b, const T* res, T* y, int64_t N,
+            int64_t K, cudaStream_t cs) {
+  switch (M) {
+    case 1: return launch_rows<T, 1>(x, w, b, res, y, N, K, cs);
+    case 2: return launch_rows<T, 2>(x, w, b, res, y, N, K, cs);
+    case 3: return launch_rows<T, 3>(x, w, b, res, y, N, K, cs);
+    case 4: return launch_rows<T, 4>(x, w, b, res, y, N, K, cs);
+    case 5: return launch_rows<T, 5>(x, w, b, res, y, N, K, cs);
+    case 6: return launch_rows<T, 6>(x, w, b, res, y, N, K, cs);
+    case 7: return launch_rows<T, 7>(x, w, b, res, y, N, K, cs);
+    default: return launch_rows<T, 8>(x, w, b, res, y, N, K, cs);
+  }
+}
+
+// ---- tensor cores, 9..64 rows
+constexpr int kTcWarps = 8;  // per block: the split of K
+constexpr int kTcStep = 64;  // k per warp step
+
+// SWIGLU: w is [gate | up] (N = 2F rows) and y [M, F]: the block's rows g are gate rows
+// n0 + g and its rows g + 8 the matching up rows F + n0 + g (n0 = 8 * block), so each lane
+// ends with the gate and up sums of the same (token, output) and applies the SwiGLU there.
+__device__ __forceinline__ float swiglu_of(float gate, float up) {
+  return gate / (1.f + expf(-gate)) * up;
+}
+
+template <typename T, int TILES, bool SWIGLU>
+static __global__ void __launch_bounds__(kTcWarps * 32)
+    skinny_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                      const T* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y,
+                      int64_t M, int64_t N, int64_t K) {
+  __shared__ float red[kTcWarps][TILES * 4][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int64_t F = N / 2;
+  const int64_t n0 = int64_t(blockIdx.x) * (SWIGLU ? 8 : 16);
+  int64_t ra, rb;
+  if constexpr (SWIGLU) {
+    ra = n0 + g < F ? n0 + g : F - 1;
+    rb = F + ra;
+  } else {
+    ra = n0 + g < N ? n0 + g : N - 1;
+    rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+  }
+  const T* wa = w + ra * K + 16 * t;
+  const T* wb = w + rb * K + 16 * t;
+  float acc[TILES][4];
+#pragma unroll
+  for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  const int64_t steps = K / kTcStep;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int64_t s0 = warp; s0 < steps; s0 += 2 * kTcWarps) {
+    uint4 A[2][4];  // per step in flight: row a k 0..7, 8..15; row b k 0..7, 8..15
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
+      const bool in = s < steps;
+      A[j][0] = in ? __ldg(reinterpret_cast<const uint4*>(wa + kb)) : zero;
+      A[j][1] = in ? __ldg(reinterpret_cast<const uint4*>(wa + kb + 8)) : zero;
+      A[j][2] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb)) : zero;
+      A[j][3] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb + 8)) : zero;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
+      if (s >= steps) break;
+#pragma unroll
+      for (int tile = 0; tile < TILES; ++tile) {
+        const int64_t tok = int64_t(tile) * 8 + g;
+        const T* xr = x + tok * K + kb + 16 * t;
+        const uint4 X0 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr)) : zero;
+        const uint4 X1 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr + 8)) : zero;
+        {
+          const uint32_t a[4] = {A[j][0].x, A[j][2].x, A[j][0].y, A[j][2].y}, b[2] = {X0.x, X0.y};
+          mma16816<T>(acc[tile], a, b);
+        }
+        {
+          const uint32_t a[4] = {A[j][0].z, A[j][2].z, A[j][0].w, A[j][2].w}, b[2] = {X0.z, X0.w};
+          mma16816<T>(acc[tile], a, b);
+        }
+        {
+          const uint32_t a[4] = {A[j][1].x, A[j][3].x, A[j][1].y, A[j][3].y}, b[2] = {X1.x, X1.y};
+          mma16816<T>(acc[tile], a, b);
+        }
+        {
+          const uint32_t a[4] = {A[j][1].z, A[j][3].z, A[j][1].w, A[j][3].w}, b[2] = {X1.z, X1.w};
+          mma16816<T>(acc[tile], a, b);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int tile = 0; tile < TILES; ++tile)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][tile * 4 + i][lane] = acc[tile][i];
+  __syncthreads();
+  // Warp w finishes tiles w, w + kTcWarps, ...: the warps' sums in warp order, then the
+  // epilogue. Fragment element i: weight row g (+8 for i >= 2), token 2t + (i & 1).
+  for (int tile = warp; tile < TILES; tile += kTcWarps) {
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kTcWarps; ++ww) v[i] += red[ww][tile * 4 + i][lane];
+    }
+    if constexpr (SWIGLU) {
+      const int64_t j = n0 + g;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t tok = int64_t(tile) * 8 + 2 * t + e;
+        if (j < F && tok < M) {
+          float gate = v[e], up = v[e + 2];
+          if (bias) gate += to_f(bias[j]), up += to_f(bias[F + j]);
+          y[tok * F + j] = from_f<T>(swiglu_of(gate, up));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = n0 + g + (i >= 2 ? 8 : 0), tok = int64_t(tile) * 8 + 2 * t + (i & 1);
+        if (n < N && tok < M) {
+          float o = v[i];
+          if (bias) o += to_f(bias[n]);
+          if (res) o += to_f(res[tok * N + n]);
+          y[tok * N + n] = from_f<T>(o);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, bool SWIGLU = false>
+void launch_mma(int64_t M, const T* x, const T* w, const T* b, const T* res, T* y, int64_t N,
+                int64_t K, cudaStream_t cs) {
+  if constexpr (std::is_same_v<T, float>) {
+    MCPP_FAIL("linear_decode: the tensor-core path takes bf16/f16, not f32");
+  } else {
+    const unsigned grid = unsigned(SWIGLU ? (N / 2 + 7) / 8 : (N + 15) / 16);
+    const dim3 blk(kTcWarps * 32);
+#define MCPP_MMA_CASE(TL)                                                               \
+  case TL:                                                                              \
+    skinny_mma_kernel<T, TL, SWIGLU><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K); \
+    break;
+    switch ((M + 7) / 8) {
+      MCPP_MMA_CASE(1) MCPP_MMA_CASE(2) MCPP_MMA_CASE(3) MCPP_MMA_CASE(4)
+      MCPP_MMA_CASE(5) MCPP_MMA_CASE(6) MCPP_MMA_CASE(7)
+      default: skinny_mma_kernel<T, 8, SWIGLU><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K);
+    }
+#undef MCPP_MMA_CASE
+  }
+}
+
+bool aligned16(const Tensor& t) {
+  return !t.defined() || reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0;
+}
+
+}  // namespace
+
+void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const Tensor& b,
+                        const Tensor& residual, Tensor& y, Stream& s) {
+  const char* op = "linear_decode";
+  check_cuda(x, op, "x");
+  check_cuda(w, op, "w");
+  check_cuda(y, op, "y");
+  MCPP_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
+             "{}: w {} does not take x {} (w is [out, in])", op, w.str(), x.str());
+  const int64_t N = w.size(0), K = w.size(1), rows = x.numel() / std::max<int64_t>(K, 1);
+  check_numel(y, rows * N, op, "y");
+  if (b.defined()) {
+    check_cuda(b, op, "b");
+    check_numel(b, N, op, "b");
+  }
+  if (residual.defined()) {
+    check_cuda(residual, op, "residual");
+    check_numel(residual, rows * N, op, "residual");
+    MCPP_CHECK(residual.raw() != y.raw() || rows == 0, "{}: residual must not alias y", op);
+  }
+  const DType dt = x.dtype();
+  const int64_t E = 16 / int64_t(dtype_size(dt));
+  const bool same = w.dtype() == dt && y.dtype() == dt && (!b.defined() || b.dtype() == dt) &&
+                    (!residual.defined() || residual.dtype() == dt);
+  const bool base = rows >= 1 && N >= 1 && same && aligned16(x) && aligned16(w) &&
+                    x.raw() != y.raw();
+  const bool gemv_ok = base && rows <= kMaxRows && K >= E && K % E == 0 &&
+                       (dt == DType::BF16 || dt == DType::F16 || dt == DType::F32);
+  const bool mma_ok = base && rows <= kMaxMmaRows && K % kTcStep == 0 &&
+                      (dt == DType::BF16 || dt == DType::F16);
+  // Measured on the H200 (bench/gpu/bench_decode.cpp, the 1B model's weights): the
+  // tensor-core kernel streams at least as fast as the GEMV up to 8 rows and as cuBLASLt at
+  // 16 rows for the attention's small weights (<= 8M elements), cuBLASLt wins beyond.
+  if (path == DecodeGemm::Auto) {
+    if (mma_ok && (rows <= kMaxRows || (rows <= 16 && N * K <= (int64_t(8) << 20))))
+      path = DecodeGemm::TensorCore;
+    else
+      path = gemv_ok ? DecodeGemm::Gemv : DecodeGemm::Library;
+  }
+  if (path == DecodeGemm::Gemv && !gemv_ok) path = DecodeGemm::Library;
+  if (path == DecodeGemm::TensorCore && !mma_ok) path = DecodeGemm::Library;
+  if (path == DecodeGemm::Library) {  // the composition (also what the CPU backend computes)
+    linear_forward(x, w, b, y, s);
+    if (residual.defined()) add(residual.view(y.shape()), y, y, s);
+    return;
+  }
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(dt, op, {
+    const T* xp = static_cast<const T*>(x.raw());
+    const T* wp = static_cast<const T*>(w.raw());
+    const T* bp = b.defined() ? static_cast<const T*>(b.raw()) : nullptr;
+    const T* rp = residual.defined() ? static_cast<const T*>(residual.raw()) : nullptr;
+    T* yp = static_cast<T*>(y.raw());
+    if (path == DecodeGemm::Gemv)
+      launch<T>(rows, xp, wp, bp, rp, yp, N, K, cs);
+    else
+      launch_mma<T>(rows, xp, wp, bp, rp, yp, N, K, cs);
+    MCPP_LAUNCH_CHECK();
+  });
+}
+
+void linear_decode(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual,
+                   Tensor& y, Stream& s) {
+  linear_decode_with(DecodeGemm::Auto, x, w, b, residual, y, s);
+}
+
+void linear_swiglu_decode(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& fc1,
+                          Tensor& y, Stream& s) {
+  const char* op = "linear_swiglu_decode";
+  check_cuda(x, op, "x");
+  check_cuda(w, op, "w");
+  check_cuda(y, op, "y");
+  MCPP_CHECK(w.dim() == 2 && w.size(0) % 2 == 0 && x.dim() >= 1 && x.size(-1) == w.size(1),
+             "{}: w {} does not take x {} (w is [2F, in] = [gate | up])", op, w.str(), x.str());
+  const int64_t N = w.size(0), F = N / 2, K = w.size(1), rows = x.numel() / std::max<int64_t>(K, 1);
+  check_numel(y, rows * F, op, "y");
+  if (b.defined()) {
+    check_cuda(b, op, "b");
+    check_numel(b, N, op, "b");
+  }
+  const DType dt = x.dtype();
+  const bool fused = rows >= 1 && rows <= kMaxRows && F >= 1 && K % kTcStep == 0 &&
+                     (dt == DType::BF16 || dt == DType::F16) && w.dtype() == dt &&
+                     y.dtype() == dt && (!b.defined() || b.dtype() == dt) && aligned16(x) &&
+                     aligned16(w) && x.raw() != y.raw();
+  if (!fused) {  // the composition, through fc1 [rows, 2F]
+    check_cuda(fc1, op, "fc1");
+    check_numel(fc1, rows * N, op, "fc1");
+    linear_forward(x, w, b, fc1, s);
+    swiglu_forward(fc1, y, s);
+    return;
+  }
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(dt, op, {
+    launch_mma<T, true>(rows, static_cast<const T*>(x.raw()), static_cast<const T*>(w.raw()),
+                        b.defined() ? static_cast<const T*>(b.raw()) : nullptr, nullptr,
+                        static_cast<T*>(y.raw()), N, K, cs);
+    MCPP_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace mcpp::ops::cuda
