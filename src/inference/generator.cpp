@@ -42,7 +42,9 @@ struct Generator::Buffers {
 // the host, and a TP all-gather over MPI cannot be captured.
 struct Generator::DecodeGraph {
   Buffers buf;
-  Tensor tok_host, pos_host, tok_dev, pos_dev, ids_dev, ids_host, check_a, check_b;
+  // io_host/io_dev [2 Bk] i64: the tokens then the positions, one copy to the device a step;
+  // tok_* [Bk, 1] and pos_* [Bk] are views of them.
+  Tensor io_host, io_dev, tok_host, pos_host, tok_dev, pos_dev, ids_dev, ids_host, check_a, check_b;
   int64_t V = 0;
   ops::StreamGraph graph;
   bool checked = false;  // the first replay was compared with the eager step
@@ -224,18 +226,19 @@ const std::vector<int64_t>& Generator::greedy_graph(const Tensor& tokens, KVCach
   if (!slot || slot->V != V) slot = std::make_unique<DecodeGraph>();
   DecodeGraph& g = *slot;
   g.V = V;
-  model::ensure(g.tok_host, {Bk, 1}, DType::I64, Device::CPU);
-  model::ensure(g.pos_host, {Bk}, DType::I64, Device::CPU);
-  model::ensure(g.tok_dev, {Bk, 1}, DType::I64, dev);
-  model::ensure(g.pos_dev, {Bk}, DType::I64, dev);
+  if (!g.io_dev.defined()) {
+    g.io_host = Tensor::empty({2 * Bk}, DType::I64, Device::CPU);
+    g.io_dev = Tensor::empty({2 * Bk}, DType::I64, dev);
+    g.tok_host = g.io_host.narrow(0, Bk).view({Bk, 1}), g.pos_host = g.io_host.narrow(Bk, Bk);
+    g.tok_dev = g.io_dev.narrow(0, Bk).view({Bk, 1}), g.pos_dev = g.io_dev.narrow(Bk, Bk);
+  }
   model::ensure(g.ids_dev, {Bk}, DType::I64, dev);
   int64_t* pos = g.pos_host.data<int64_t>();
   int64_t* tok = g.tok_host.data<int64_t>();
   positions(A, 1, cache, 0, pos);
   for (int64_t b = 0; b < A; ++b) tok[b] = tokens.data<int64_t>()[b];
   for (int64_t b = A; b < Bk; ++b) tok[b] = 0, pos[b] = 0;
-  ops::copy(g.tok_host, g.tok_dev, st);
-  ops::copy(g.pos_host, g.pos_dev, st);
+  ops::copy(g.io_host, g.io_dev, st);
   auto step = [&]() -> const Tensor& {
     const Tensor& lg = compute(g.tok_dev, pos, g.pos_dev, cache, 0, false, g.buf);
     ops::argmax_rows(lg, V, g.ids_dev, st);
