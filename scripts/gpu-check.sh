@@ -26,7 +26,8 @@
 # (no Requires.private: openssl/zlib/brotli have no .pc files there); name .gpudeps in the
 # device call's carry and set GPUDEPS to its path: PKG_CONFIG_PATH and LD_LIBRARY_PATH
 # (build and run time) then point into it. SERVE_BENCH=1 also runs bench/gpu/serve_bench.sh
-# (`megatron serve` against transformers' generate at SERVE_STREAMS, default "1 8 64").
+# (`megatron serve` against transformers' generate at SERVE_STREAMS, default "1 8 64") and
+# bench/gpu/bench_decode.cpp on its checkpoint (the decode step's kernels and op profile).
 #
 # The PyTorch reference (bench/gpu/torch_reference.py: the same four models, eager and
 # torch.compile) runs in the same call, before bench_gpu_train, which reads its JSON so
@@ -94,6 +95,7 @@ for t in test_moe_gpu test_cp_gpu make_serve_checkpoint test_serve_gpu; do
   grep -q "^$t:" <<< "$ALL_TARGETS" && TARGETS+=("$t")
 done
 [[ ${BENCH:-1} != 0 ]] && TARGETS+=(bench_gpu_ops bench_gpu_train)
+[[ ${SERVE_BENCH:-0} != 0 ]] && TARGETS+=(bench_decode)  # where a decode step's time goes
 grep -q "NCCL tests: NO" "$LOGS/configure.log" || TARGETS+=(nccl_driver)
 [[ ${MULTI:-1} != 0 && $NGPU -ge 2 ]] && TARGETS+=(bench_collectives)
 time cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" 2>&1 \
@@ -220,6 +222,9 @@ serve_rc=0
 if [[ ${SERVE_BENCH:-0} != 0 ]]; then  # batched serving against transformers (issue 21)
   OUT=$LOGS bench/gpu/serve_bench.sh "$BUILD" "${SERVE_STREAMS:-1 8 64}" > "$LOGS/serve_bench.md" \
     2> "$LOGS/serve_bench.err" || serve_rc=1
+  # The decode step on the bench's checkpoint: kernels against cuBLASLt, op profile, step time.
+  "$BUILD/bench/bench_decode" "${WORK:-/tmp/serve-bench-work}/ckpt" > "$LOGS/bench_decode.md" \
+    2>&1 || serve_rc=1
 fi
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
@@ -251,6 +256,7 @@ if [[ ${SERVE_BENCH:-0} != 0 ]]; then
   echo
   echo "## megatron serve against transformers generate ($GPU_NAME, commit $COMMIT, $(date -u +%F))"
   cat "$LOGS/serve_bench.md"; tail -5 "$LOGS/serve_bench.err"
+  echo; cat "$LOGS/bench_decode.md"
 fi
 echo
 echo "gpu-check: tests rc=$test_rc, multi-GPU rc=$multi_rc, bench rc=$bench_rc, train rc=$train_rc, serve rc=$serve_rc"

@@ -64,11 +64,17 @@ def run(n):
     for t in ts: t.start()
     for t in ts: t.join()
     return sum(out), time.perf_counter() - t0
+def health():
+    return json.load(urllib.request.urlopen(url + "/health"))
 for n in streams: run(n)  # warm-up: every batch size's first steps (GEMM tuning, graphs)
 res = {}
 for n in streams:
+    h0 = health()
     tok, sec = run(n)
-    res[n] = {"tokens": tok, "seconds": sec, "tokens_per_s": tok / sec}
+    h1 = health()
+    d = {k: h1[k] - h0[k] for k in ("decode_steps", "decode_rows", "decode_seconds",
+                                    "prefills", "prefill_rows", "prefill_seconds")}
+    res[n] = {"tokens": tok, "seconds": sec, "tokens_per_s": tok / sec, "engine": d}
 print(json.dumps(res))
 PY
   local rc=$?
@@ -112,4 +118,17 @@ for n, v in s.items():
     ours, ref, nog = v["tokens_per_s"], r.get(n, {}).get("tokens_per_s"), g.get(n, {}).get("tokens_per_s")
     print("| %s | %.0f | %s | %s | %s |" % (n, ours, "%.0f" % nog if nog else "-",
           "%.0f" % ref if ref else "-", "%.2f" % (ours / ref) if ref else "-"))
+# Where each timed run's wall time went, from the server's /health counters (the engine's
+# model operations, each including the copy of its result to the host).
+print()
+print("| streams | wall s | decode steps | rows/step | ms/step | decode s | prefills | prompts/prefill | ms/prefill | prefill s |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for n, v in s.items():
+    e = v.get("engine")
+    if not e: continue
+    ds, ps = max(e["decode_steps"], 1), max(e["prefills"], 1)
+    print("| %s | %.3f | %d | %.1f | %.3f | %.3f | %d | %.1f | %.2f | %.3f |" % (
+        n, v["seconds"], e["decode_steps"], e["decode_rows"] / ds, 1e3 * e["decode_seconds"] / ds,
+        e["decode_seconds"], e["prefills"], e["prefill_rows"] / ps, 1e3 * e["prefill_seconds"] / ps,
+        e["prefill_seconds"]))
 PY
