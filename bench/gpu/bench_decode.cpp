@@ -4,8 +4,8 @@
 //
 // 1. The step's GEMMs, layer 0's four weights and the output layer: linear_forward
 //    (cuBLASLt) against linear_decode's CUDA-core GEMV (up to 8 rows) and its tensor-core
-//    kernel (ops/cuda/gemv.cu) at each row count, each timed over 50 back-to-back launches after a warm-up; the rate is the
-//    weight bytes read once per call.
+//    kernel (ops/cuda/gemv.cu) at each row count, each timed over 50 back-to-back launches after a
+//    warm-up; the rate is the weight bytes read once per call.
 // 2. For each row count A: A prompts of PROMPT random tokens prefilled together, then
 //    (a) the op profile of one eager greedy step (ops::cuda op profiler: every catalogue op
 //    between two CUDA events; their sum against the time to read the weights once at the
@@ -13,6 +13,8 @@
 //    tokens and positions to the device, the step's CUDA graph, the ids back) over 64 steps,
 //    and the same without CUDA graphs.
 // Prints markdown tables. Needs a CUDA build and a GPU; measures, asserts nothing.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,8 +23,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "checkpoint/weights.h"
 #include "inference/generator.h"
@@ -79,18 +79,20 @@ int main(int argc, char** argv) {
   for (const auto& p : mw.params.infos())
     if (p.name.find("embedding") == std::string::npos)  // (a step gathers A embedding rows)
       weight_bytes += mw.params.param(p.name).numel() * 2;
-  std::printf("## bench_decode: %d layers, hidden %lld, ffn %lld, vocab %lld; %.3f GB of bf16 "
-              "weights read per step (the embedding table excluded)\n\n",
-              cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.ffn_hidden_size,
-              (long long)cfg.padded_vocab_size, weight_bytes / 1e9);
+  std::printf(
+      "## bench_decode: %d layers, hidden %lld, ffn %lld, vocab %lld; %.3f GB of bf16 "
+      "weights read per step (the embedding table excluded)\n\n",
+      cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.ffn_hidden_size,
+      (long long)cfg.padded_vocab_size, weight_bytes / 1e9);
 
   // ---- 1. the GEMMs
   const char* names[] = {"decoder.layers.0.self_attention.linear_qkv.weight",
                          "decoder.layers.0.self_attention.linear_proj.weight",
                          "decoder.layers.0.mlp.linear_fc1.weight",
                          "decoder.layers.0.mlp.linear_fc2.weight", "output_layer.weight"};
-  std::printf("| weight [out, in] | rows | cuBLASLt us | GB/s | GEMV us | GB/s | tensor-core "
-              "us | GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| weight [out, in] | rows | cuBLASLt us | GB/s | GEMV us | GB/s | tensor-core "
+      "us | GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const char* name : names) {
     if (!mw.params.has(name)) continue;
     const Tensor w = mw.params.param(name);
@@ -108,8 +110,8 @@ int main(int argc, char** argv) {
       const double t1 = M <= 8 ? run(DecodeGemm::Gemv) : 0;
       const double t2 = run(DecodeGemm::TensorCore);
       std::printf("| %s [%lld, %lld] | %lld | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f |\n",
-                  std::string(name).substr(0, std::string(name).rfind('.')).c_str(),
-                  (long long)N, (long long)K, (long long)M, t0, gb / (t0 * 1e-6), t1,
+                  std::string(name).substr(0, std::string(name).rfind('.')).c_str(), (long long)N,
+                  (long long)K, (long long)M, t0, gb / (t0 * 1e-6), t1,
                   t1 > 0 ? gb / (t1 * 1e-6) : 0.0, t2, gb / (t2 * 1e-6));
     }
   }
@@ -148,13 +150,14 @@ int main(int argc, char** argv) {
     double total = 0;
     int64_t calls = 0;
     for (const auto& o : prof) total += o.ms, calls += o.calls;
-    std::printf("### one eager decode step, %lld rows: %lld ops, %.0f us of op time "
-                "(weights once at the copy rate: %.0f us)\n\n",
-                (long long)A, (long long)calls, total * 1e3, floor_us);
+    std::printf(
+        "### one eager decode step, %lld rows: %lld ops, %.0f us of op time "
+        "(weights once at the copy rate: %.0f us)\n\n",
+        (long long)A, (long long)calls, total * 1e3, floor_us);
     std::printf("| op | calls | us | share |\n|---|---:|---:|---:|\n");
     for (const auto& o : prof)
-      std::printf("| %s | %lld | %.1f | %.1f%% |\n", o.name.c_str(), (long long)o.calls,
-                  o.ms * 1e3, 100.0 * o.ms / total);
+      std::printf("| %s | %lld | %.1f | %.1f%% |\n", o.name.c_str(), (long long)o.calls, o.ms * 1e3,
+                  100.0 * o.ms / total);
     // (b) wall time per step, as the engine runs it
     for (bool graphs : {true, false}) {
       gen.set_cuda_graphs(graphs);
@@ -162,7 +165,8 @@ int main(int argc, char** argv) {
       const int steps = 64;
       const auto t0 = Clock::now();
       for (int i = 0; i < steps; ++i) gen.forward_greedy(tok, cache, V);
-      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / steps;
+      const double us =
+          std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / steps;
       std::printf("\nstep wall time, %lld rows, CUDA graphs %s: %.0f us (%.0f tokens/s)\n",
                   (long long)A, graphs ? "on" : "off", us, double(A) / (us * 1e-6));
       // back to the prompt's length plus one (the steps above advanced every slot)

@@ -44,7 +44,7 @@ namespace {
 
 constexpr int kMaxRows = 8;      // the CUDA-core GEMV up to here (its FMAs keep up)
 constexpr int kMaxMmaRows = 64;  // the tensor-core kernel takes up to here (Auto: see below)
-constexpr int kWarps = 8;    // per block
+constexpr int kWarps = 8;        // per block
 
 // acc += dot(x word, w word), element by element in order (E = 16 / sizeof(T) elements).
 template <typename T>
