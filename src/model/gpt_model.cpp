@@ -64,18 +64,27 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
 GPTModel::~GPTModel() = default;
 
 namespace {
-// Document masking: the micro-batch's per-token positions and document starts (CPU only).
+// Document masking: the micro-batch's per-token positions (CPU only) and document starts
+// (on the model's device: the attention kernels read them; [B, S] i64, copied once per
+// forward and once per backward of a chunk).
 void attach_documents(StepContext& cx, const MicroBatch& mb) {
   if (!mb.position_ids.defined() && !mb.key_start.defined()) return;
-  MCPP_CHECK_HINT(cx.dev == Device::CPU, "train with --device cpu, or drop the flag",
-                  "--reset-position-ids / --reset-attention-mask run on the CPU backend only "
-                  "for now");
+  MCPP_CHECK_HINT(cx.dev == Device::CPU || !mb.position_ids.defined(),
+                  "train with --device cpu, or drop --reset-position-ids (--reset-attention-mask "
+                  "runs on the GPU)",
+                  "--reset-position-ids runs on the CPU backend only for now");
   for (const Tensor* t : {&mb.position_ids, &mb.key_start})
     MCPP_CHECK(!t->defined() || (t->dtype() == DType::I64 && t->device() == Device::CPU &&
                                  t->numel() == cx.B * cx.S),
                "document masking: {} is not i64 [B={}, S={}] on the host", t->str(), cx.B, cx.S);
   if (mb.position_ids.defined()) cx.position_ids = &mb.position_ids;
-  if (mb.key_start.defined()) cx.ad.key_start = mb.key_start;
+  if (!mb.key_start.defined()) return;
+  if (cx.dev == Device::CPU) {
+    cx.ad.key_start = mb.key_start;
+  } else {
+    cx.ad.key_start = Tensor::empty({cx.B, cx.S}, DType::I64, cx.dev);
+    ops::copy(mb.key_start, cx.ad.key_start, cx.stream());
+  }
 }
 }  // namespace
 

@@ -42,9 +42,9 @@ struct AttentionDims {
   // (((b + b_offset) * NH_global + h + h_offset) * S_global + q + q_offset) * S_global
   //   + k + k_offset.
   int64_t b_offset = 0, h_offset = 0, NH_global = 0, q_offset = 0, k_offset = 0, S_global = 0;
-  // Document masking (--reset-attention-mask): [B, S] i64 on the CPU, the first GLOBAL key
-  // position query row (b, q) may see (the first token of its document); keys before it are
-  // masked as well as the causal ones. Undefined: causal only. CPU backend only for now.
+  // Document masking (--reset-attention-mask): [B, S] i64 on the op's device, the first
+  // GLOBAL key position query row (b, q) may see (the first token of its document); keys
+  // before it are masked as well as the causal ones. Undefined: causal only.
   Tensor key_start;
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
 };

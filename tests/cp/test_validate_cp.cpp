@@ -59,10 +59,18 @@ TEST(ValidateCp, Errors) {
                4, "--cp-comm-type a2a needs", "use --cp-comm-type p2p");
   expect_error({"--context-parallel-size", "2", "--device", "cuda"}, 2,
                "runs on the CPU backend only", "train with --device cpu");
-  expect_error({"--reset-attention-mask", "--device", "cuda"}, 1,
-               "--reset-attention-mask run on the CPU backend only", "train with --device cpu");
   expect_error({"--reset-position-ids", "--device", "cuda"}, 1,
-               "--reset-position-ids / --reset-attention-mask", "train with --device cpu");
+               "--reset-position-ids runs on the CPU backend only",
+               "--reset-attention-mask alone runs on the GPU");
+  expect_error({"--reset-position-ids", "--reset-attention-mask", "--device", "cuda"}, 1,
+               "--reset-position-ids runs on the CPU backend only", "train with --device cpu");
+}
+
+// The document mask has GPU kernels (ops/cuda/attention_block.cu): accepted on --device cuda.
+TEST(ValidateCp, AttentionMaskOnCuda) {
+  const Args a = validated({"--reset-attention-mask", "--device", "cuda"}, 1);
+  EXPECT_TRUE(a.reset_attention_mask);
+  EXPECT_FALSE(a.reset_position_ids);
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
-// The catalogue's `context parallel` section on the GPU: the blocks of ring attention
-// (argument checks here; the CUDA-core kernels of attention.cu through attention_cp.h: a
-// separate key/value chunk, causal or not, the backward accumulating), their fp32 lse merge
-// (one warp per row), and per-token RoPE for --reset-position-ids, which is not
+// The catalogue's `context parallel` section on the GPU and the document mask of
+// ops::attention_forward/backward: argument checks here, then the kernels of attention_cp.h
+// -- the tensor-core block kernels of attention_block.cu for bf16/f16 at head dim 64 or 128,
+// the CUDA-core kernels of attention.cu for the rest (f32, other head dims); the fp32 lse
+// merge (one warp per row); and per-token RoPE for --reset-position-ids, which is not
 // implemented on the GPU yet (an error naming the flag; validate_cp.cpp refuses the flag on
-// --device cuda first). The blocks always take the CUDA-core kernels (correct for every
-// dtype): cuDNN and the flash kernel assume one self-attention call.
+// --device cuda first). cuDNN's SDPA is not used for blocks: its graphs here express one
+// causal self-attention, not a separate key chunk or a per-row document start.
 #include <cmath>
 
 #include "base/error.h"
@@ -14,12 +15,22 @@
 
 namespace mcpp::ops::cuda {
 
+namespace {
+// The document mask of d on the GPU: i64 [B, S] in device memory.
+void check_key_start(const char* op, const AttentionDims& d) {
+  if (!d.key_start.defined()) return;
+  MCPP_CHECK(d.key_start.device() == Device::CUDA && d.key_start.dtype() == DType::I64 &&
+                 d.key_start.numel() == d.B * d.S,
+             "{}: key_start {} must be i64 [B={}, S={}] on the GPU", op, d.key_start.str(), d.B,
+             d.S);
+}
+}  // namespace
+
 void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const AttentionDims& d,
                              bool causal, double softmax_scale, double dropout_p, DropoutKey key,
                              Tensor& out, Tensor& lse, Stream& s) {
   const char* op = "attention_block_forward";
-  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
-                  "{}: document masking is not implemented on the GPU yet", op);
+  check_key_start(op, d);
   check_cuda(q_src, op, "q_src");
   check_numel(q_src, d.S * d.B * d.qkv_width(), op, "q_src");
   check_cuda(kv_src, op, "kv_src");
@@ -32,17 +43,18 @@ void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const At
   check_f32(lse, op, "lse");
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
   if (d.S * d.B * d.NH == 0) return;
-  attention_core_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out, lse,
-                               s);
+  if (flash_block_takes(q_src.dtype(), d.HD))
+    flash_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out, lse, s);
+  else
+    attention_core_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out,
+                                 lse, s);
 }
 
-void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
-                              const Tensor& out, const Tensor& lse, const AttentionDims& d,
-                              bool causal, double softmax_scale, double dropout_p,
-                              DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
-  const char* op = "attention_block_backward";
-  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
-                  "{}: document masking is not implemented on the GPU yet", op);
+namespace {
+void check_backward(const char* op, const Tensor& dout, const Tensor& q_src,
+                    const Tensor& kv_src, const Tensor& out, const Tensor& lse,
+                    const AttentionDims& d, const Tensor& dq, const Tensor& dkv) {
+  check_key_start(op, d);
   check_cuda(q_src, op, "q_src");
   check_numel(q_src, d.S * d.B * d.qkv_width(), op, "q_src");
   const int64_t on = d.S * d.B * d.NH * d.HD;
@@ -58,9 +70,50 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
   check_numel(dkv, q_src.numel(), op, "dkv");
   check_f32(lse, op, "lse");
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
+}
+}  // namespace
+
+void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
+                              const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                              bool causal, double softmax_scale, double dropout_p,
+                              DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
+  check_backward("attention_block_backward", dout, q_src, kv_src, out, lse, d, dq, dkv);
   if (d.S * d.B * d.NH == 0) return;
-  attention_core_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale,
-                                dropout_p, key, dq, dkv, s);
+  if (flash_block_takes(q_src.dtype(), d.HD))
+    flash_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale, dropout_p, key,
+                         true, dq, dkv, s);
+  else
+    attention_core_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale,
+                                  dropout_p, key, dq, dkv, s);
+}
+
+// ---- document masking of self-attention: one causal block over the whole sequence -------
+
+void attention_doc_forward(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
+                           double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
+  const char* op = "attention_forward";
+  check_key_start(op, d);
+  MCPP_CHECK(d.q_offset == d.k_offset, "{}: a self-attention call with q_offset {} != k_offset {}",
+             op, d.q_offset, d.k_offset);
+  cuda::attention_block_forward(qkv, qkv, d, true, softmax_scale, dropout_p, key, out, lse, s);
+}
+
+void attention_doc_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                            const Tensor& lse, const AttentionDims& d, double softmax_scale,
+                            double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
+  const char* op = "attention_backward";
+  check_backward(op, dout, qkv, qkv, out, lse, d, dqkv, dqkv);
+  MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv", op);
+  if (d.S * d.B * d.NH == 0) return;
+  if (flash_block_takes(qkv.dtype(), d.HD)) {
+    flash_block_backward(dout, qkv, qkv, out, lse, d, true, softmax_scale, dropout_p, key, false,
+                         dqkv, dqkv, s);
+    return;
+  }
+  // The CUDA-core kernels accumulate: from zero, every slot of dqkv is written.
+  cuda::fill(dqkv, 0.0, s);
+  attention_core_block_backward(dout, qkv, qkv, out, lse, d, true, softmax_scale, dropout_p, key,
+                                dqkv, dqkv, s);
 }
 
 namespace {
