@@ -17,6 +17,8 @@
 
 #include "../gpu/gpu_test_util.h"
 #include "model/gpt_model.h"
+#include "ops/attention_backend.h"
+#include "ops/cuda/cudnn_attention.h"
 
 namespace {
 
@@ -77,7 +79,40 @@ void check_block(DType dt, bool causal, double p) {
 TEST(ContextParallelGpu, CausalBlockF32) { check_block(DType::F32, true, 0.0); }
 TEST(ContextParallelGpu, NonCausalBlockF32Dropout) { check_block(DType::F32, false, 0.1); }
 TEST(ContextParallelGpu, CausalBlockBF16Dropout) { check_block(DType::BF16, true, 0.1); }
-TEST(ContextParallelGpu, NonCausalBlockBF16) { check_block(DType::BF16, false, 0.0); }
+
+// bf16 without dropout: cuDNN's fused attention (causal and unmasked graphs with a separate
+// key/value chunk) where this build and device have it -- the calls must have run there --
+// and the own tensor-core block kernel under --attention-backend flash.
+void check_block_cudnn(bool causal) {
+  MCPP_REQUIRE_GPU();
+  const auto before = gpu::cudnn_attention_stats();
+  check_block(DType::BF16, causal, 0.0);
+  const auto after = gpu::cudnn_attention_stats();
+  std::printf("[cp blocks] cuDNN %s: %lld forward, %lld backward calls (%s)\n",
+              causal ? "causal" : "non-causal",
+              (long long)(after.forward_calls - before.forward_calls),
+              (long long)(after.backward_calls - before.backward_calls),
+              gpu::cudnn_attention_status().c_str());
+  if (gpu::cudnn_attention_enabled()) {
+    EXPECT_EQ(after.forward_calls - before.forward_calls, 1) << "the block ran elsewhere";
+    EXPECT_GE(after.backward_calls - before.backward_calls, 1) << "the block ran elsewhere";
+  }
+}
+TEST(ContextParallelGpu, NonCausalBlockBF16Cudnn) { check_block_cudnn(false); }
+TEST(ContextParallelGpu, CausalBlockBF16Cudnn) { check_block_cudnn(true); }
+
+struct FlashRequest {  // --attention-backend flash for one test
+  FlashRequest() { ops::set_attention_request(ops::AttentionRequest::Flash); }
+  ~FlashRequest() { ops::set_attention_request(ops::AttentionRequest::Auto); }
+};
+TEST(ContextParallelGpu, NonCausalBlockBF16Flash) {
+  FlashRequest f;
+  check_block(DType::BF16, false, 0.0);
+}
+TEST(ContextParallelGpu, CausalBlockF16Flash) {
+  FlashRequest f;
+  check_block(DType::F16, true, 0.0);
+}
 
 TEST(ContextParallelGpu, LseMergeMatchesCpu) {
   MCPP_REQUIRE_GPU();

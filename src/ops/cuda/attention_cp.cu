@@ -1,16 +1,23 @@
 // The catalogue's `context parallel` section on the GPU and the document mask of
-// ops::attention_forward/backward: argument checks here, then the kernels of attention_cp.h
-// -- the tensor-core block kernels of attention_block.cu for bf16/f16 at head dim 64 or 128,
-// the CUDA-core kernels of attention.cu for the rest (f32, other head dims); the fp32 lse
-// merge (one warp per row); and per-token RoPE for --reset-position-ids, which is not
-// implemented on the GPU yet (an error naming the flag; validate_cp.cpp refuses the flag on
-// --device cuda first). cuDNN's SDPA is not used for blocks: its graphs here express one
-// causal self-attention, not a separate key chunk or a per-row document start.
+// ops::attention_forward/backward: argument checks here, then a kernel chosen as the
+// training attention's (ops::choose_attention_backend, --attention-backend):
+//   * cuDNN's fused attention (cudnn_attention.h's block entry points: causal or unmasked
+//     graphs with a separate key/value pointer, lse from its Stats) for bf16/f16 blocks
+//     without dropout and without a document mask; its backward writes dQ, dK, dV into a
+//     scratch chunk that is then added into the destinations' slots;
+//   * the tensor-core block kernels of attention_block.cu for bf16/f16 at head dim 64 or
+//     128 otherwise (dropout, the document mask: cuDNN can draw neither);
+//   * the CUDA-core kernels of attention.cu for the rest (f32, other head dims).
+// Plus the fp32 lse merge (one warp per row), and per-token RoPE for --reset-position-ids,
+// which is not implemented on the GPU yet (an error naming the flag; validate_cp.cpp
+// refuses the flag on --device cuda first).
 #include <cmath>
 
 #include "base/error.h"
+#include "ops/attention_backend.h"
 #include "ops/cuda/attention_cp.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -23,6 +30,34 @@ void check_key_start(const char* op, const AttentionDims& d) {
                  d.key_start.numel() == d.B * d.S,
              "{}: key_start {} must be i64 [B={}, S={}] on the GPU", op, d.key_start.str(), d.B,
              d.S);
+}
+
+enum class BlockKernel { Cudnn, Flash, CudaCore };
+
+// The kernel of one block: the training attention's choice for this dtype, head dim and
+// dropout (which also honours --attention-backend and throws for a request it cannot
+// serve), with the document mask (which cuDNN cannot express) on the flash kernel.
+BlockKernel block_kernel(DType dt, const AttentionDims& d, double p) {
+  const AttentionBackend be =
+      choose_attention_backend(attention_backend_query(Device::CUDA, dt, d.HD, p)).backend;
+  if (be == AttentionBackend::CudaCore) return BlockKernel::CudaCore;
+  if (be == AttentionBackend::Cudnn && !d.key_start.defined()) return BlockKernel::Cudnn;
+  return flash_block_takes(dt, d.HD) ? BlockKernel::Flash : BlockKernel::CudaCore;
+}
+
+FlashArgs cudnn_args(const Tensor& q_src, const AttentionDims& d, double scale) {
+  return FlashArgs{q_src.raw(), d, q_src.dtype(), scale, 0.0, DropoutKey{}};
+}
+
+// dq's query slots += t's, dkv's key/value slots += t's (t: a grouped [rows, W] chunk).
+template <typename T>
+__global__ void add_slots_kernel(const T* __restrict__ t, T* dq, T* dkv, int64_t n, int64_t W,
+                                 int64_t GW, int64_t QW) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    T* dst = (i % W) % GW < QW ? dq : dkv;  // QW: the group's query columns
+    dst[i] = from_f<T>(to_f(dst[i]) + to_f(t[i]));
+  }
 }
 }  // namespace
 
@@ -43,7 +78,12 @@ void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const At
   check_f32(lse, op, "lse");
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
   if (d.S * d.B * d.NH == 0) return;
-  if (flash_block_takes(q_src.dtype(), d.HD))
+  const BlockKernel k = block_kernel(q_src.dtype(), d, dropout_p);
+  if (k == BlockKernel::Cudnn &&
+      cudnn_block_forward(cudnn_args(q_src, d, softmax_scale), kv_src.raw(), causal, out.raw(),
+                          static_cast<float*>(lse.raw()), stream_of(s)))
+    return;
+  if (k != BlockKernel::CudaCore && flash_block_takes(q_src.dtype(), d.HD))
     flash_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out, lse, s);
   else
     attention_core_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out,
@@ -79,7 +119,23 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
                               DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
   check_backward("attention_block_backward", dout, q_src, kv_src, out, lse, d, dq, dkv);
   if (d.S * d.B * d.NH == 0) return;
-  if (flash_block_takes(q_src.dtype(), d.HD))
+  const BlockKernel k = block_kernel(q_src.dtype(), d, dropout_p);
+  if (k == BlockKernel::Cudnn) {
+    Tensor t = Tensor::empty({q_src.numel()}, q_src.dtype(), Device::CUDA);  // dQ, dK, dV (=)
+    if (cudnn_block_backward(cudnn_args(q_src, d, softmax_scale), kv_src.raw(), causal,
+                             dout.raw(), out.raw(), static_cast<const float*>(lse.raw()), t.raw(),
+                             t.raw(), stream_of(s))) {
+      const int64_t n = t.numel(), QPG = d.NH / d.NG;
+      MCPP_DISPATCH_ACT(q_src.dtype(), "attention_block_backward",
+                        add_slots_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+                            static_cast<const T*>(t.raw()), static_cast<T*>(dq.raw()),
+                            static_cast<T*>(dkv.raw()), n, d.qkv_width(), (QPG + 2) * d.HD,
+                            QPG * d.HD));
+      MCPP_LAUNCH_CHECK();
+      return;
+    }
+  }
+  if (k != BlockKernel::CudaCore && flash_block_takes(q_src.dtype(), d.HD))
     flash_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale, dropout_p, key,
                          true, dq, dkv, s);
   else
@@ -105,7 +161,8 @@ void attention_doc_backward(const Tensor& dout, const Tensor& qkv, const Tensor&
   check_backward(op, dout, qkv, qkv, out, lse, d, dqkv, dqkv);
   MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv", op);
   if (d.S * d.B * d.NH == 0) return;
-  if (flash_block_takes(qkv.dtype(), d.HD)) {
+  if (block_kernel(qkv.dtype(), d, dropout_p) != BlockKernel::CudaCore &&
+      flash_block_takes(qkv.dtype(), d.HD)) {
     flash_block_backward(dout, qkv, qkv, out, lse, d, true, softmax_scale, dropout_p, key, false,
                          dqkv, dqkv, s);
     return;

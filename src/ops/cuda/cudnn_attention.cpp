@@ -88,6 +88,13 @@ bool cudnn_attention_backward(const FlashArgs&, const void*, const void*, const 
   return false;
 }
 int64_t set_cudnn_attention_bwd_workspace_cap(int64_t) { return 0; }
+bool cudnn_block_forward(const FlashArgs&, const void*, bool, void*, float*, cudaStream_t) {
+  return false;
+}
+bool cudnn_block_backward(const FlashArgs&, const void*, bool, const void*, const void*,
+                          const float*, void*, void*, cudaStream_t) {
+  return false;
+}
 
 #else  // MCPP_HAVE_CUDNN
 
@@ -110,7 +117,10 @@ struct Key {
   DType dtype;
   int64_t S, B, NH, NG, HD;
   int64_t b_mem;  // the batch of the memory layout (B, or more for a batch chunk)
-  auto tie() const { return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD, b_mem); }
+  bool causal = true;  // false: a context-parallel block against an earlier key chunk
+  auto tie() const {
+    return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD, b_mem, causal);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -278,12 +288,12 @@ std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
       auto p = std::make_shared<Plan>();
       if (k.backward) {
         const BwdVariant& v = kBwdVariants[vi];
-        build_backward(g, L, v, k.deterministic);
+        build_backward(g, L, v, k.deterministic, k.causal);
         p->softmax_sum_buffer = v.softmax_sum_buffer, p->dq_accum = !k.deterministic;
         p->variant = v.name;
       } else {
-        build_forward(g, L);
-        p->variant = "forward";
+        build_forward(g, L, k.causal);
+        p->variant = k.causal ? "forward" : "forward, no mask";
       }
       make_plan(g, st.handle, k.deterministic, *p);
       plan = p;
@@ -293,8 +303,8 @@ std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
   }
   const char* dir = k.backward ? "backward" : "forward";
   if (plan) {
-    log::info("attention: cuDNN {} plan for {}: engine {}{}, workspace {:.1f} MB, graph: {}",
-              dir, shape_str(a), plan->engine,
+    log::info("attention: cuDNN {} plan for {}{}: engine {}{}, workspace {:.1f} MB, graph: {}",
+              dir, shape_str(a), k.causal ? "" : " (non-causal block)", plan->engine,
               plan->noted_nondeterministic ? " (noted nondeterministic)" : "",
               plan->workspace / 1048576.0, plan->variant);
     ++g_stats.plans;
@@ -332,27 +342,44 @@ bool cudnn_attention_enabled() { return state().enabled; }
 
 std::string cudnn_attention_status() { return state().status; }
 
-bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+namespace {
+// One attention call on cuDNN: queries from a.qkv, keys and values from kv (the same
+// tensor for self-attention), causal or not; see cudnn_attention.h.
+bool sdpa_forward(const FlashArgs& a, const void* kv, bool causal, void* out, float* lse,
+                  cudaStream_t cs) {
   State& st = state();
   if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
-  const Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  k.causal = causal;
   std::shared_ptr<Plan> p = plan_for(st, k, a);
   if (!p) return false;
   const size_t es = 2;  // bf16 / f16
   const int64_t QPG = a.d.NH / a.d.NG;
   char* base = static_cast<char*>(const_cast<void*>(a.qkv));
+  char* kvb = static_cast<char*>(const_cast<void*>(kv));
   float scale = float(a.softmax_scale), neg_inf = std::numeric_limits<float>::lowest();
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{base, kvb + QPG * a.d.HD * es, kvb + (QPG + 1) * a.d.HD * es, out, lse,
+                          &scale};
+  if (causal) uids.push_back(kNegInf), ptrs.push_back(&neg_inf);  // only the mask uses it
   try {
-    execute(st, *p, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-            {base, base + QPG * a.d.HD * es, base + (QPG + 1) * a.d.HD * es, out, lse, &scale,
-             &neg_inf},
-            cs);
+    execute(st, *p, uids, ptrs, cs);
   } catch (const CudnnError& e) {
     MCPP_FAIL("attention_forward: cuDNN execution failed for {}: {}", shape_str(a), e.what());
   }
   ++g_stats.forward_calls;
   return true;
+}
+}  // namespace
+
+bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+  return sdpa_forward(a, a.qkv, true, out, lse, cs);
+}
+
+bool cudnn_block_forward(const FlashArgs& a, const void* kv, bool causal, void* out, float* lse,
+                         cudaStream_t cs) {
+  return sdpa_forward(a, kv, causal, out, lse, cs);
 }
 
 // The deterministic backward keeps dP for every (sequence, head) in cuDNN's workspace,
@@ -392,8 +419,11 @@ void check_planned_workspace(const AttentionDims& d, int64_t bc, int64_t workspa
 
 int64_t set_cudnn_attention_bwd_workspace_cap(int64_t bytes) { return g_bwd_cap.exchange(bytes); }
 
-bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,
-                              const float* lse, void* dqkv, cudaStream_t cs, int deterministic) {
+namespace {
+// dQ (=) into dq's query slots, dK and dV (=) into dkv's key/value slots (dq may be dkv).
+bool sdpa_backward(const FlashArgs& a, const void* kv, bool causal, const void* dout,
+                   const void* out, const float* lse, void* dq, void* dkv, cudaStream_t cs,
+                   int deterministic) {
   State& st = state();
   if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
@@ -401,7 +431,8 @@ bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* 
   const int64_t bc = backward_chunk(a.d, det);
   FlashArgs ac = a;
   ac.d.B = bc;
-  const Key k{true, det, a.dtype, a.d.S, bc, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  Key k{true, det, a.dtype, a.d.S, bc, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  k.causal = causal;
   std::shared_ptr<Plan> p = plan_for(st, k, ac);
   if (!p) return false;
   if (det) check_planned_workspace(a.d, bc, p->workspace);
@@ -419,13 +450,16 @@ bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* 
   for (int64_t b0 = 0; b0 < a.d.B; b0 += bc) {
     // Sequence b0 starts b0 rows of the batch into each [S, B, ...] tensor.
     char* base = static_cast<char*>(const_cast<void*>(a.qkv)) + b0 * W * es;
-    char* dbase = static_cast<char*>(dqkv) + b0 * W * es;
+    char* kvb = static_cast<char*>(const_cast<void*>(kv)) + b0 * W * es;
+    char* dqb = static_cast<char*>(dq) + b0 * W * es;
+    char* dkvb = static_cast<char*>(dkv) + b0 * W * es;
     char* o = static_cast<char*>(const_cast<void*>(out)) + b0 * OW * es;
     char* dO = static_cast<char*>(const_cast<void*>(dout)) + b0 * OW * es;
     float* l = const_cast<float*>(lse) + b0 * a.d.NH * a.d.S;
-    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne};
-    std::vector<void*> ptrs{base, base + koff, base + voff, o, dO, l, dbase, dbase + koff,
-                            dbase + voff, &scale, &neg_inf, &one};
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
+    std::vector<void*> ptrs{base, kvb + koff, kvb + voff, o, dO, l, dqb, dkvb + koff,
+                            dkvb + voff, &scale, &one};
+    if (causal) uids.push_back(kNegInf), ptrs.push_back(&neg_inf);  // only the mask uses it
     if (extra.defined()) {
       char* e = static_cast<char*>(extra.raw());
       if (p->softmax_sum_buffer) uids.push_back(kSoftmaxSum), ptrs.push_back(e);
@@ -442,6 +476,18 @@ bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* 
   }
   ++g_stats.backward_calls;
   return true;
+}
+}  // namespace
+
+bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,
+                              const float* lse, void* dqkv, cudaStream_t cs, int deterministic) {
+  return sdpa_backward(a, a.qkv, true, dout, out, lse, dqkv, dqkv, cs, deterministic);
+}
+
+bool cudnn_block_backward(const FlashArgs& a, const void* kv, bool causal, const void* dout,
+                          const void* out, const float* lse, void* dq, void* dkv,
+                          cudaStream_t cs) {
+  return sdpa_backward(a, kv, causal, dout, out, lse, dq, dkv, cs, -1);
 }
 
 #endif  // MCPP_HAVE_CUDNN

@@ -52,8 +52,19 @@ bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* 
                               const float* lse, void* dqkv, cudaStream_t cs,
                               int deterministic = -1);
 
+// One context-parallel block (ops/cuda/attention_cp.cu): queries from a.qkv, keys and
+// values from kv (same layout), causal or not (no mask: a chunk against an earlier one).
+// Forward: out, lse (=). Backward from the FINAL out/lse: dQ (=) into dq's query slots, dK
+// and dV (=) into dkv's key/value slots (dq may be dkv; the caller accumulates). Same plan
+// cache and deterministic backward as above; false when cuDNN cannot run it.
+bool cudnn_block_forward(const FlashArgs& a, const void* kv, bool causal, void* out, float* lse,
+                         cudaStream_t cs);
+bool cudnn_block_backward(const FlashArgs& a, const void* kv, bool causal, const void* dout,
+                          const void* out, const float* lse, void* dq, void* dkv,
+                          cudaStream_t cs);
+
 struct CudnnAttentionStats {
-  int64_t forward_calls = 0, backward_calls = 0;  // calls that ran on cuDNN
+  int64_t forward_calls = 0, backward_calls = 0;  // calls that ran on cuDNN (blocks too)
   int64_t plans = 0, rejected = 0;                // plans built, shapes cuDNN rejected
 };
 CudnnAttentionStats cudnn_attention_stats();

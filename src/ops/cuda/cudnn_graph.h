@@ -195,7 +195,8 @@ struct Layout {
   Dims s_transposed() const { return {QPG * S * S, S * S, 1, S}; }
 };
 
-void build_forward(Graph& g, const Layout& L) {
+// causal false: no mask (a context-parallel block against an earlier key chunk).
+void build_forward(Graph& g, const Layout& L, bool causal = true) {
   const cudnnDataType_t io = g.io();
   Raw Q = g.tensor(kQ, L.q_dims, L.q_strides, io);
   Raw KT = g.tensor(kK, L.kt_dims, L.kt_strides, io);
@@ -208,7 +209,7 @@ void build_forward(Graph& g, const Layout& L) {
   g.matmul(Q, KT, s);
   Raw s_scaled = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled);
-  Raw s_masked = g.causal(s_scaled, sd);
+  Raw s_masked = causal ? g.causal(s_scaled, sd) : s_scaled;
   Raw mx = g.virt(rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s_masked, mx);
   Raw centred = g.virt(sd, ss);
@@ -236,7 +237,8 @@ struct BwdVariant {
 constexpr BwdVariant kBwdVariants[] = {{true, true, "D buffered, mask after Stats"},
                                        {false, false, "D virtual, mask before Stats"}};
 
-void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool deterministic) {
+void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool deterministic,
+                    bool causal = true) {
   const cudnnDataType_t io = g.io();
   Raw Q = g.tensor(kQ, L.q_dims, L.q_strides, io);
   Raw KT = g.tensor(kK, L.kt_dims, L.kt_strides, io);
@@ -264,10 +266,10 @@ void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool determi
   g.matmul(Q, KT, s);
   Raw s_scaled = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled);
-  Raw pre = v.mask_after_stats ? s_scaled : g.causal(s_scaled, sd);
+  Raw pre = !causal || v.mask_after_stats ? s_scaled : g.causal(s_scaled, sd);
   Raw centred = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_SUB, pre, stats, centred);
-  Raw post = v.mask_after_stats ? g.causal(centred, sd) : centred;
+  Raw post = causal && v.mask_after_stats ? g.causal(centred, sd) : centred;
   Raw P = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_EXP, post, nullptr, P);
 
