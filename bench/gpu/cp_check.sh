@@ -6,9 +6,11 @@
 # (bench_cp_blocks) and the long-sequence benchmark (long_seq.sh). The two tables
 # (cp_blocks.md, long_seq.md) and one archive of every log (cp_logs.tgz) go to $OUT, also
 # when a stage fails or the call is cut short (the device tool returns at most 8 files). Env: BUILD_DIR (build-gpu), JOBS (nproc), TESTS=0 / BLOCKS=0 / LONG=0 skip a stage,
-# SEQS, TORCH, LONG_TIMEOUT for long_seq.sh.
+# SEQS, TORCH, ITERS, TORCH_STEPS for long_seq.sh; DEADLINE (seconds after the start; the
+# long-sequence stage is cut there, default 3600), BLOCK_ARGS for bench_cp_blocks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+T0=$(date +%s)
 BUILD=${BUILD_DIR:-build-gpu}
 DEST=${OUT:-$BUILD/logs}
 LOGS=$(mktemp -d /tmp/cp_check.XXXXXX)
@@ -46,14 +48,18 @@ if [[ ${TESTS:-1} != 0 ]]; then
 fi
 if [[ ${BLOCKS:-1} != 0 ]]; then
   SECONDS=0
-  timeout 120 "$BUILD"/bench/bench_cp_blocks > "$LOGS/cp_blocks.md" 2> "$LOGS/cp_blocks.err"
+  # (word splitting of BLOCK_ARGS intended)
+  # shellcheck disable=SC2086
+  timeout 120 "$BUILD"/bench/bench_cp_blocks ${BLOCK_ARGS:-} > "$LOGS/cp_blocks.md" 2> "$LOGS/cp_blocks.err"
   cat "$LOGS/cp_blocks.md"; tail -3 "$LOGS/cp_blocks.err"
   echo "cp_check: blocks ${SECONDS} s"
   pack
 fi
 if [[ ${LONG:-1} != 0 ]]; then
-  # Cut at LONG_TIMEOUT seconds (default 240): the table keeps the lengths measured.
-  OUT=$LOGS timeout "${LONG_TIMEOUT:-240}" bench/gpu/long_seq.sh "$BUILD"
+  # Cut at DEADLINE: the table keeps the lengths measured.
+  left=$(( ${DEADLINE:-3600} - ($(date +%s) - T0) ))
+  echo "cp_check: long sequences, ${left} s left"
+  OUT=$LOGS timeout "$left" bench/gpu/long_seq.sh "$BUILD"
   [[ -f $LOGS/long_seq.md ]] && cat "$LOGS/long_seq.md"
 fi
 exit $rc

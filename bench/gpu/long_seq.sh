@@ -2,26 +2,26 @@
 # Long sequences on one GPU (issue 20 item 5): the Llama-style 1B (16 layers, hidden 2048,
 # 32 heads, 8 query groups, SwiGLU 8192, vocab 32000, untied) trained by `megatron train
 # --device cuda --bf16` on mock data at sequence lengths SEQS (default 8K, 16K, 32K), one
-# sequence per step, against the PyTorch reference at the same sequence in the same call:
+# sequence per step, against the PyTorch reference at the same sequences in the same call:
 # bench/gpu/torch_reference.py's model (bf16 autocast, fp32 parameters, fused AdamW, SDPA
-# restricted to flash attention), torch.compile'd with dynamic shapes (one compilation
-# serves every length), with activation checkpointing of every block only where it would
-# not fit otherwise (an out-of-memory run is retried with it).
+# restricted to flash attention), torch.compile'd once with dynamic shapes for every
+# length, with activation checkpointing of every block only where it would not fit
+# otherwise (an out-of-memory length is retried with it).
 #   megatron.cpp: the recomputation `megatron plan --device-memory-gib` says is needed (none
 #   when the plan fits); tokens/s from Megatron's "elapsed time per iteration" of the last
 #   log interval; TFLOP/s from --log-throughput (Megatron's num_floating_point_operations:
 #   attention counted, causal not discounted); peak = "max allocated" of the memory line.
 #   PyTorch: the same FLOPs per step over its step time; peak = max_memory_allocated.
-# MFU against the H200's 989 TFLOP/s (dense bf16 datasheet). Prints one markdown table and
-# writes it to $OUT/long_seq.md (the logs beside it).
-# Usage: bench/gpu/long_seq.sh BUILD_DIR   (env SEQS="8192 16384 32768", ITERS (6),
-#        TORCH=0 to skip PyTorch, TORCH_STEPS (3), OUT for the logs, GIB (139) for the plan)
+# MFU against the H200's 989 TFLOP/s (dense bf16 datasheet). Writes one markdown table to
+# $OUT/long_seq.md (also when cut short: the lengths measured so far), logs beside it.
+# Usage: bench/gpu/long_seq.sh BUILD_DIR   (env SEQS="8192 16384 32768", ITERS (4: timed
+#        over the last 2), TORCH=0 to skip PyTorch, TORCH_STEPS (2), OUT, GIB (139))
 set -uo pipefail
 BUILD=${1:-build-gpu}
 M=$BUILD/megatron
 HERE=$(cd "$(dirname "$0")" && pwd)
 SEQS=${SEQS:-"8192 16384 32768"}
-ITERS=${ITERS:-6}
+ITERS=${ITERS:-4}
 LOG=${OUT:-/tmp}
 mkdir -p "$LOG"
 MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention
@@ -30,35 +30,66 @@ MODEL=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query
   --vocab-size 32000 --tokenizer-type NullTokenizer --mock-data --micro-batch-size 1
   --global-batch-size 1 --attention-dropout 0 --hidden-dropout 0 --lr 1e-4 --min-lr 1e-5
   --weight-decay 0.1 --clip-grad 1.0 --bf16 --device cuda)
-TABLE=$LOG/long_seq.md
-printf '| S | megatron.cpp recompute | tokens/s | TFLOP/s | MFU | peak (MB) | PyTorch compiled | tokens/s | MFU | peak (MB) | megatron.cpp / PyTorch | memory megatron.cpp / PyTorch |\n|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n' > "$TABLE"
+
+# The table from what exists (megatron-S.json, torch.json): run on exit, also when cut.
+table() {
+  python3 - "$LOG" $SEQS > "$LOG/long_seq.md" <<'PY'
+import json, os, sys
+log, seqs = sys.argv[1], [int(s) for s in sys.argv[2:]]
+load = lambda p: json.load(open(p)) if os.path.exists(p) else {}
+torch = load(os.path.join(log, "torch.json"))
+print("| S | megatron.cpp recompute | tokens/s | TFLOP/s | MFU | peak (MB) | PyTorch compiled | "
+      "tokens/s | MFU | peak (MB) | megatron.cpp / PyTorch | peak megatron.cpp / PyTorch |")
+print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+cell = lambda v, f: f.format(v) if v else "-"
+for S in seqs:
+    m, t = load(os.path.join(log, f"megatron-{S}.json")), torch.get(str(S), {})
+    if not m and not t:
+        continue
+    ms, tf, peak = m.get("ms", 0), m.get("tflops", 0), m.get("peak_mb", 0)
+    tps = S / (ms / 1e3) if ms else 0
+    flops = tf * 1e12 * ms / 1e3  # the step's FLOPs by Megatron's formula
+    tms, tpeak = t.get("ms", 0), t.get("peak_mb", 0)
+    ttps = S / (tms / 1e3) if tms else 0
+    tmfu = flops / (tms / 1e3) / 989e12 if tms and flops else 0
+    tname = ("activation checkpointing" if t.get("ckpt") else "no checkpointing") if tms else \
+        t.get("error", "not measured")
+    print(f"| {S} | {m.get('recompute', '-')} | {cell(tps, '{:.0f}')} | {cell(tf, '{:.1f}')} | "
+          f"{cell(tf / 989 * 100, '{:.1f}%')} | {cell(peak, '{:.0f}')} | {tname} | "
+          f"{cell(ttps, '{:.0f}')} | {cell(tmfu * 100, '{:.1f}%')} | {cell(tpeak, '{:.0f}')} | "
+          f"{cell(tps / ttps if ttps and tps else 0, '{:.2f}x')} | "
+          f"{cell(peak / tpeak if tpeak and peak else 0, '{:.2f}')} |")
+PY
+}
+trap table EXIT
 
 for S in $SEQS; do
   SEQ=(--seq-length "$S" --max-position-embeddings "$S")
   # What the memory plan says: no recomputation when it fits, else selective, else full.
-  RECOMP=()
   for r in none selective full; do
     R=()
     [[ $r == selective ]] && R=(--recompute-granularity selective)
     [[ $r == full ]] && R=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
+    RECOMP=("${R[@]}") RNAME=$r
     "$M" plan "${MODEL[@]}" "${SEQ[@]}" "${R[@]}" --train-iters "$ITERS" \
-      --device-memory-gib "${GIB:-139}" > "$LOG/plan-$S-$r.log" 2>&1
-    if grep -q "fits in" "$LOG/plan-$S-$r.log"; then RECOMP=("${R[@]}"); RNAME=$r; break; fi
-    if grep -q "ERROR" "$LOG/plan-$S-$r.log"; then  # the plan itself failed: say so, train plain
-      RECOMP=(); RNAME="none (plan failed, see plan-$S-$r.log)"; break
+      --device-memory-gib "${GIB:-139}" > "$LOG/plan-$S.log" 2>&1
+    grep -q "fits in" "$LOG/plan-$S.log" && break
+    if grep -q "ERROR" "$LOG/plan-$S.log"; then  # the plan itself failed: say so, train plain
+      RECOMP=() RNAME="none (plan failed)"; break
     fi
-    RNAME=$r RECOMP=("${R[@]}")
   done
   "$M" train "${MODEL[@]}" "${SEQ[@]}" "${RECOMP[@]}" --train-iters "$ITERS" --log-interval 2 \
     --log-throughput --eval-iters 0 > "$LOG/train-$S.log" 2>&1 || tail -5 "$LOG/train-$S.log"
   ms=$(grep -oE "elapsed time per iteration \(ms\): [0-9.]+" "$LOG/train-$S.log" | tail -1 | awk '{print $NF}')
   tf=$(grep -oE "throughput per GPU \(TFLOP/s/GPU\): [0-9.]+" "$LOG/train-$S.log" | tail -1 | awk '{print $NF}')
   peak=$(grep -oE "max allocated: [0-9.]+" "$LOG/train-$S.log" | head -1 | awk '{print $NF}')
+  echo "{\"ms\": ${ms:-0}, \"tflops\": ${tf:-0}, \"peak_mb\": ${peak:-0}, \"recompute\": \"$RNAME\"}" \
+    > "$LOG/megatron-$S.json"
   echo "long_seq: S $S megatron.cpp ${ms:-?} ms/iteration, ${tf:-?} TFLOP/s, peak ${peak:-?} MB (recompute $RNAME)"
-  TJSON=$LOG/torch-$S.json
-  rm -f "$TJSON"
-  if [[ ${TORCH:-1} != 0 ]]; then
-    PYTHONUNBUFFERED=1 python3 - "$HERE" "$S" "${TORCH_STEPS:-3}" "$TJSON" <<'PY' > "$LOG/torch-$S.log" 2>&1
+done
+
+[[ ${TORCH:-1} == 0 ]] && exit 0
+PYTHONUNBUFFERED=1 python3 - "$HERE" "${TORCH_STEPS:-2}" "$LOG/torch.json" $SEQS <<'PY' 2>&1 | tee "$LOG/torch.log"
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
@@ -66,11 +97,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 import torch_reference as tr
 
-S, steps, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+steps, out, seqs = int(sys.argv[2]), sys.argv[3], [int(s) for s in sys.argv[4:]]
 L, h, nh, ng, ffn, _, V, _, llama = tr.MODELS["Llama-style 1B"]
+torch.backends.cuda.matmul.allow_tf32 = True
+print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
 
 
-class Ckpt(tr.GPT):  # every block recomputed in backward (activation checkpointing)
+class Ckpt(tr.GPT):  # torch_reference's model, every block recomputed in backward
     def forward(self, idx, targets):
         x = self.wte(idx)
         rope = (self.cos[:, :, :idx.shape[1]], self.sin[:, :, :idx.shape[1]])
@@ -80,11 +113,22 @@ class Ckpt(tr.GPT):  # every block recomputed in backward (activation checkpoint
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def run(ckpt):
-    torch.manual_seed(0)
-    model = (Ckpt if ckpt else tr.GPT)(L, h, nh, ng, ffn, S, V, llama).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
-    fwd = torch.compile(model, dynamic=True)
+built = {}  # one compiled model (and optimizer) serves every length
+
+
+def get(ckpt):
+    if ckpt not in built:
+        built.clear()
+        torch.cuda.empty_cache()
+        torch.manual_seed(0)
+        model = (Ckpt if ckpt else tr.GPT)(L, h, nh, ng, ffn, max(seqs), V, llama).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+        built[ckpt] = (model, opt, torch.compile(model, dynamic=True))
+    return built[ckpt]
+
+
+def run(S, ckpt):
+    model, opt, fwd = get(ckpt)
     tok = torch.randint(0, V - 64, (1, S + 1), device="cuda")
     x, y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
 
@@ -106,39 +150,24 @@ def run(ckpt):
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) / steps * 1e3
-    return ms, torch.cuda.max_memory_allocated() / 2**20, warm
+    return (time.perf_counter() - t0) / steps * 1e3, torch.cuda.max_memory_allocated() / 2**20, warm
 
 
-res = {"S": S}
-for ckpt in (False, True):
-    try:
-        ms, peak, warm = run(ckpt)
-        res.update(ms=ms, peak_mb=peak, ckpt=ckpt)
-        print(f"torch S {S} ckpt {ckpt}: {ms:.1f} ms/step, peak {peak:.0f} MB (warm-up {warm:.0f} s)")
-        break
-    except torch.OutOfMemoryError as e:
-        print(f"torch S {S} ckpt {ckpt}: out of memory ({str(e)[:120]}); retrying with checkpointing")
-        torch.cuda.empty_cache()
-json.dump(res, open(out, "w"))
+res = {}
+ckpt_from = False  # once a length needs checkpointing, the longer ones do too
+for S in seqs:
+    for ckpt in ((False, True) if not ckpt_from else (True,)):
+        try:
+            ms, peak, warm = run(S, ckpt)
+            res[str(S)] = {"ms": ms, "peak_mb": peak, "ckpt": ckpt}
+            print(f"torch S {S} checkpointing {ckpt}: {ms:.1f} ms/step, {S / ms * 1e3:.0f} tok/s, "
+                  f"peak {peak:.0f} MB (first two steps {warm:.0f} s)")
+            break
+        except torch.OutOfMemoryError as e:
+            print(f"torch S {S} checkpointing {ckpt}: out of memory ({str(e)[:100]})")
+            res[str(S)] = {"error": "out of memory"}
+            ckpt_from = True
+            built.clear()
+            torch.cuda.empty_cache()
+    json.dump(res, open(out, "w"), indent=1)
 PY
-    tail -2 "$LOG/torch-$S.log"
-  fi
-  python3 - "$S" "${ms:-0}" "${tf:-0}" "${peak:-0}" "$RNAME" "$TJSON" >> "$TABLE" <<'PY'
-import json, os, sys
-S, ms, tf, peak, rname, tj = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
-t = json.load(open(tj)) if os.path.exists(tj) else {}
-tps = S / (ms / 1e3) if ms else 0
-flops = tf * 1e12 * ms / 1e3  # the step's FLOPs by Megatron's formula
-cell = lambda v, f: f.format(v) if v else "-"
-tms, tpeak = t.get("ms", 0), t.get("peak_mb", 0)
-ttps = S / (tms / 1e3) if tms else 0
-tmfu = flops / (tms / 1e3) / 989e12 if tms and flops else 0
-tname = ("yes, with activation checkpointing" if t.get("ckpt") else "yes") if tms else "not measured"
-print(f"| {S} | {rname} | {cell(tps, '{:.0f}')} | {cell(tf, '{:.1f}')} | {cell(tf / 989 * 100, '{:.1f}%')} | "
-      f"{cell(peak, '{:.0f}')} | {tname} | {cell(ttps, '{:.0f}')} | {cell(tmfu * 100, '{:.1f}%')} | "
-      f"{cell(tpeak, '{:.0f}')} | {cell(tps / ttps if ttps else 0, '{:.2f}x')} | "
-      f"{cell(peak / tpeak if tpeak else 0, '{:.2f}')} |")
-PY
-done
-cat "$TABLE"
