@@ -14,8 +14,14 @@
 #   PyTorch: the same FLOPs per step over its step time; peak = max_memory_allocated.
 # MFU against the H200's 989 TFLOP/s (dense bf16 datasheet). Writes one markdown table to
 # $OUT/long_seq.md (also when cut short: the lengths measured so far), logs beside it.
+# Attention runs as `megatron train` picks it (cuDNN's fused attention here) with its
+# deterministic backward, whose workspace holds dP of a whole sequence: NH * S^2 * 2 bytes
+# (65.8 GB at 32K with 32 heads; the memory plan counts it). DETERMINISTIC=0 runs with
+# MCPP_ATTENTION_DETERMINISTIC=0 instead (cuDNN's atomic dQ accumulation, no such workspace;
+# PyTorch's flash backward accumulates dQ atomically too).
 # Usage: bench/gpu/long_seq.sh BUILD_DIR   (env SEQS="8192 16384 32768", ITERS (4: timed
-#        over the last 2), TORCH=0 to skip PyTorch, TORCH_STEPS (2), OUT, GIB (139))
+#        over the last 2), TORCH=0 to skip PyTorch, TORCH_STEPS (2), OUT, GIB (139),
+#        DETERMINISTIC=0)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 M=$BUILD/megatron
@@ -62,6 +68,7 @@ for S in seqs:
 PY
 }
 trap table EXIT
+[[ ${DETERMINISTIC:-1} == 0 ]] && export MCPP_ATTENTION_DETERMINISTIC=0  # plan and train
 
 for S in $SEQS; do
   SEQ=(--seq-length "$S" --max-position-embeddings "$S")
