@@ -15,8 +15,11 @@
 # MFU against the H200's 989 TFLOP/s (dense bf16 datasheet). Writes one markdown table to
 # $OUT/long_seq.md (also when cut short: the lengths measured so far), logs beside it.
 # Attention runs as `megatron train` picks it (cuDNN's fused attention here) with its
-# deterministic backward, whose workspace holds dP of a whole sequence: NH * S^2 * 2 bytes
-# (65.8 GB at 32K with 32 heads; the memory plan counts it). DETERMINISTIC=0 runs with
+# deterministic backward, whose workspace holds dP of the heads of one call: NH * S^2 * 2
+# bytes for a whole sequence (64 GiB at 32K with 32 heads), so above the cap
+# (MCPP_ATTENTION_BWD_WORKSPACE_MB, default 8192) a sequence runs in chunks of whole
+# key/value groups (one group of 4 heads at 32K: 8 GiB); the memory plan counts the same
+# and its total is the table's "plan" column. DETERMINISTIC=0 runs with
 # MCPP_ATTENTION_DETERMINISTIC=0 instead (cuDNN's atomic dQ accumulation, no such workspace;
 # PyTorch's flash backward accumulates dQ atomically too).
 # Usage: bench/gpu/long_seq.sh BUILD_DIR   (env SEQS="8192 16384 32768", ITERS (4: timed
@@ -44,9 +47,10 @@ import json, os, sys
 log, seqs = sys.argv[1], [int(s) for s in sys.argv[2:]]
 load = lambda p: json.load(open(p)) if os.path.exists(p) else {}
 torch = load(os.path.join(log, "torch.json"))
-print("| S | megatron.cpp recompute | tokens/s | TFLOP/s | MFU | peak (MB) | PyTorch compiled | "
-      "tokens/s | MFU | peak (MB) | megatron.cpp / PyTorch | peak megatron.cpp / PyTorch |")
-print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+print("| S | megatron.cpp recompute | tokens/s | TFLOP/s | MFU | peak (MB) | plan (MiB) | "
+      "PyTorch compiled | tokens/s | MFU | peak (MB) | megatron.cpp / PyTorch | "
+      "peak megatron.cpp / PyTorch |")
+print("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
 cell = lambda v, f: f.format(v) if v else "-"
 for S in seqs:
     m, t = load(os.path.join(log, f"megatron-{S}.json")), torch.get(str(S), {})
@@ -61,7 +65,8 @@ for S in seqs:
     tname = ("activation checkpointing" if t.get("ckpt") else "no checkpointing") if tms else \
         t.get("error", "not measured")
     print(f"| {S} | {m.get('recompute', '-')} | {cell(tps, '{:.0f}')} | {cell(tf, '{:.1f}')} | "
-          f"{cell(tf / 989 * 100, '{:.1f}%')} | {cell(peak, '{:.0f}')} | {tname} | "
+          f"{cell(tf / 989 * 100, '{:.1f}%')} | {cell(peak, '{:.0f}')} | "
+          f"{cell(m.get('plan_mib', 0), '{:.0f}')} | {tname} | "
           f"{cell(ttps, '{:.0f}')} | {cell(tmfu * 100, '{:.1f}%')} | {cell(tpeak, '{:.0f}')} | "
           f"{cell(tps / ttps if ttps and tps else 0, '{:.2f}x')} | "
           f"{cell(peak / tpeak if tpeak and peak else 0, '{:.2f}')} |")
@@ -90,9 +95,11 @@ for S in $SEQS; do
   ms=$(grep -oE "elapsed time per iteration \(ms\): [0-9.]+" "$LOG/train-$S.log" | tail -1 | awk '{print $NF}')
   tf=$(grep -oE "throughput per GPU \(TFLOP/s/GPU\): [0-9.]+" "$LOG/train-$S.log" | tail -1 | awk '{print $NF}')
   peak=$(grep -oE "max allocated: [0-9.]+" "$LOG/train-$S.log" | head -1 | awk '{print $NF}')
-  echo "{\"ms\": ${ms:-0}, \"tflops\": ${tf:-0}, \"peak_mb\": ${peak:-0}, \"recompute\": \"$RNAME\"}" \
+  # The plan's total for rank 0 (MiB; the last column of its table), to set beside the peak.
+  plan=$(awk '$1 == "0" && NF >= 8 { print $NF; exit }' "$LOG/plan-$S.log")
+  echo "{\"ms\": ${ms:-0}, \"tflops\": ${tf:-0}, \"peak_mb\": ${peak:-0}, \"plan_mib\": ${plan:-0}, \"recompute\": \"$RNAME\"}" \
     > "$LOG/megatron-$S.json"
-  echo "long_seq: S $S megatron.cpp ${ms:-?} ms/iteration, ${tf:-?} TFLOP/s, peak ${peak:-?} MB (recompute $RNAME)"
+  echo "long_seq: S $S megatron.cpp ${ms:-?} ms/iteration, ${tf:-?} TFLOP/s, peak ${peak:-?} MB, plan ${plan:-?} MiB (recompute $RNAME)"
 done
 
 [[ ${TORCH:-1} == 0 ]] && exit 0

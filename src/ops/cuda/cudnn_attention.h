@@ -45,7 +45,8 @@ bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
 // out is the forward's output (cuDNN recomputes rowsum(dout * out) itself).
 // deterministic: 1 / 0 force the ordered / atomic dQ path; -1 the process default.
 // The cap on the deterministic backward's cuDNN workspace (bytes; the batch runs in chunks
-// of sequences under it). Default 8 GB or MCPP_ATTENTION_BWD_WORKSPACE_MB; returns the
+// of sequences under it, a sequence over it in chunks of whole key/value groups: ops/types.h's
+// attention_bwd_chunking). Default 8 GB or MCPP_ATTENTION_BWD_WORKSPACE_MB; returns the
 // previous value.
 int64_t set_cudnn_attention_bwd_workspace_cap(int64_t bytes);
 bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,

@@ -181,15 +181,17 @@ struct Layout {
   Dims kv_dims, kv_strides;  // K, V, dK, dV
   Dims o_dims, o_strides;    // O, dO
   Dims stat_dims, s_dims;    // Stats [.., S, 1]; scores [.., S, S]
-  // d.B sequences of a batch of `b_mem` (>= d.B) in memory: the sequence stride is that
-  // of the whole batch (a batch chunk of the backward, see cudnn_attention_backward).
-  Layout(const AttentionDims& d, int64_t b_mem) {
+  // d.B sequences of d.NG groups in a batch of `b_mem` (>= d.B) sequences of `ng_mem`
+  // (>= d.NG) groups in memory: the row stride is that of the whole batch (a chunk of the
+  // backward, see sdpa_backward). The group stride does not depend on either, so a chunk of
+  // groups of one sequence is again [d.NG, QPG, S, HD] at a pointer offset.
+  Layout(const AttentionDims& d, int64_t b_mem, int64_t ng_mem) {
     QPG = d.NH / d.NG, Bp = d.B * d.NG, S = d.S, HD = d.HD;
-    const int64_t W = d.qkv_width(), gstride = (QPG + 2) * HD, srow = b_mem * W;
+    const int64_t gstride = (QPG + 2) * HD, srow = b_mem * ng_mem * gstride;
     q_dims = {Bp, QPG, S, HD}, q_strides = {gstride, HD, srow, 1};
     kt_dims = {Bp, 1, HD, S}, kt_strides = {gstride, HD, 1, srow};
     kv_dims = {Bp, 1, S, HD}, kv_strides = {gstride, HD, srow, 1};
-    o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, b_mem * d.NH * HD, 1};
+    o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, b_mem * ng_mem * QPG * HD, 1};
     stat_dims = {Bp, QPG, S, 1}, s_dims = {Bp, QPG, S, S};
   }
   Dims s_transposed() const { return {QPG * S * S, S * S, 1, S}; }
