@@ -30,13 +30,7 @@ void validate_context_parallel(Args& a) {
                     "--cp-comm-type {}: unknown communication type", t);
   }
   if (a.cp_comm_type.size() == 1) a.cp_comm_type.assign(size_t(a.num_layers), a.cp_comm_type[0]);
-  // Document masking: the attention mask runs on both backends; per-token positions (RoPE
-  // and the learned position embedding at each token's place in its document) have CPU
-  // kernels only for now.
-  MCPP_CHECK_HINT(a.device != "cuda" || !a.reset_position_ids,
-                  "train with --device cpu, or drop --reset-position-ids "
-                  "(--reset-attention-mask alone runs on the GPU)",
-                  "--reset-position-ids runs on the CPU backend only for now");
+  // Document masking (--reset-attention-mask, --reset-position-ids) runs on both backends.
   if (cp == 1) return;
 
   // The load-balanced split: 2*CP equal chunks, rank r holding chunks r and 2CP-1-r.

@@ -10,7 +10,9 @@
 // with key_start (f32, bf16 and f16, head dim 64 and 128, dropout on and off; forward and
 // backward), CP blocks with the mask where some rows see no key at all (lse -inf), and the
 // whole model (GPT-2 and Llama, f32 and bf16) on packed documents: loss and every parameter
-// gradient against the CPU model, and a loss that differs from the unmasked one.
+// gradient against the CPU model, and a loss that differs from the unmasked one; the same
+// with --reset-position-ids too (per-token RoPE / learned positions on the GPU), whose loss
+// differs from the one at row positions.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -355,15 +357,23 @@ model::MicroBatch packed_batch(uint64_t seed) {
   return mb;
 }
 
-void compare_packed(bool llama, DType dt, double dropout, double tol_loss, double tol_grad) {
+// positions: --reset-position-ids too (each token at its place in its document: RoPE and
+// the learned position embedding at per-token positions on the GPU).
+void compare_packed(bool llama, DType dt, double dropout, double tol_loss, double tol_grad,
+                    bool positions = false) {
   MCPP_REQUIRE_GPU();
   SCOPED_TRACE(::testing::Message() << (llama ? "llama " : "gpt ") << dtype_name(dt)
-                                    << " dropout " << dropout);
+                                    << " dropout " << dropout << " positions " << positions);
   model::GPTModel cm(model_cfg(llama, Device::CPU, DType::F32, dropout));
   model::GPTModel gm(model_cfg(llama, Device::CUDA, dt, dropout));
   ops::copy(cm.params().flat_params(), gm.params().flat_params(), GS());
   ops::copy(gm.params().flat_params(), cm.params().flat_params(), GS());
-  const model::MicroBatch mb = packed_batch(19);
+  model::MicroBatch mb = packed_batch(19);
+  if (positions) {
+    mb.position_ids = Tensor::empty({kB, kS}, DType::I64);
+    for (int64_t i = 0; i < kB * kS; ++i)
+      mb.position_ids.data<int64_t>()[i] = i % kS - mb.key_start.data<int64_t>()[i];
+  }
   model::StepKeys k;
   k.iteration = 3;
   cm.params().zero_grads(), gm.params().zero_grads();
@@ -377,16 +387,16 @@ void compare_packed(bool llama, DType dt, double dropout, double tol_loss, doubl
     EXPECT_LE(e, tol_grad) << cm.params().infos()[i].name;
     worst = std::max(worst, e);
   }
-  // Without the document mask the same tokens give another loss.
+  // Without the document mask (or the per-token positions) the same tokens give another loss.
   model::MicroBatch plain = mb;
-  plain.key_start = Tensor();
+  (positions ? plain.position_ids : plain.key_start) = Tensor();
   const double lu = gm.forward(plain, k);
   gm.backward(inv);
   EXPECT_GT(std::abs(lu - lg), 1e-5 * std::abs(lc)) << "the mask changed nothing";
-  std::printf("[documents %s %s p=%.1f] loss %.6f vs cpu %.6f (unmasked %.6f), worst grad rel "
-              "%.2e\n",
-              llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), dropout, lg, lc, lu,
-              worst);
+  std::printf("[documents %s %s p=%.1f%s] loss %.6f vs cpu %.6f (without the %s %.6f), worst "
+              "grad rel %.2e\n",
+              llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), dropout,
+              positions ? " positions" : "", lg, lc, positions ? "positions" : "mask", lu, worst);
 }
 
 TEST(DocumentMaskGpu, ModelGptF32) { compare_packed(false, DType::F32, 0.0, 1e-5, 1e-4); }
@@ -394,5 +404,18 @@ TEST(DocumentMaskGpu, ModelLlamaF32Dropout) { compare_packed(true, DType::F32, 0
 // (bf16: the tolerances of tests/gpu/test_model_gpu.cpp's unmasked bf16 runs.)
 TEST(DocumentMaskGpu, ModelGptBF16Dropout) { compare_packed(false, DType::BF16, 0.1, 3e-2, 8e-2); }
 TEST(DocumentMaskGpu, ModelLlamaBF16) { compare_packed(true, DType::BF16, 0.0, 3e-2, 8e-2); }
+// --reset-position-ids with --reset-attention-mask: GPT-2's learned positions, Llama's RoPE.
+TEST(DocumentMaskGpu, ModelGptF32Positions) {
+  compare_packed(false, DType::F32, 0.1, 1e-5, 1e-4, true);
+}
+TEST(DocumentMaskGpu, ModelLlamaF32Positions) {
+  compare_packed(true, DType::F32, 0.0, 1e-5, 1e-4, true);
+}
+TEST(DocumentMaskGpu, ModelGptBF16Positions) {
+  compare_packed(false, DType::BF16, 0.0, 3e-2, 8e-2, true);
+}
+TEST(DocumentMaskGpu, ModelLlamaBF16DropoutPositions) {
+  compare_packed(true, DType::BF16, 0.1, 3e-2, 8e-2, true);
+}
 
 }  // namespace

@@ -112,8 +112,8 @@ void check_group_chunks(const Case& c, bool causal) {
             double& n = j < QW ? nq : nk;
             double& e = j < QW ? dq2 : dk2;
             const float got = j < QW ? a[at] : b[at], want = j < QW ? rq[at] : rk[at];
-            if (!std::isfinite(got)) {
-              n = INFINITY;
+            if (!std::isfinite(got)) {  // an unwritten element fails the comparison
+              e = INFINITY;
               continue;
             }
             n += double(want) * want, e += double(got - want) * (got - want);

@@ -67,11 +67,16 @@ TEST(ValidateCp, Errors) {
                 "--reset-attention-mask"},
                2, "the per-chunk document starts are built on the host",
                "drop --reset-attention-mask");
-  expect_error({"--reset-position-ids", "--device", "cuda"}, 1,
-               "--reset-position-ids runs on the CPU backend only",
-               "--reset-attention-mask alone runs on the GPU");
-  expect_error({"--reset-position-ids", "--reset-attention-mask", "--device", "cuda"}, 1,
-               "--reset-position-ids runs on the CPU backend only", "train with --device cpu");
+}
+
+// Document masking on the GPU: both flags, alone or together.
+TEST(ValidateCp, DocumentFlagsOnCuda) {
+  for (auto flags : std::vector<std::vector<std::string>>{
+           {"--reset-position-ids"}, {"--reset-position-ids", "--reset-attention-mask"}}) {
+    flags.insert(flags.end(), {"--device", "cuda"});
+    const Args a = validated(flags, 1);
+    EXPECT_TRUE(a.reset_position_ids);
+  }
 }
 
 // CP on the GPU where its pieces exist: p2p / all_gather without hidden dropout.

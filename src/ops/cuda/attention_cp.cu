@@ -218,18 +218,4 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
   MCPP_LAUNCH_CHECK();
 }
 
-namespace {
-[[noreturn]] void not_yet(const char* op) {
-  ::mcpp::fail_at(__FILE__, __LINE__,
-                  fmt::format("{} is not implemented on the GPU yet", op),
-                  "train with --device cpu, or drop --context-parallel-size / "
-                  "--reset-position-ids / --reset-attention-mask");
-}
-}  // namespace
-
-void rope_positions(const Tensor&, const AttentionDims&, int64_t, double, const Tensor&, bool,
-                    Tensor&, Stream&) {
-  not_yet("rope_positions (--reset-position-ids)");
-}
-
 }  // namespace mcpp::ops::cuda
