@@ -8,9 +8,8 @@
 //   * the tensor-core block kernels of attention_block.cu for bf16/f16 at head dim 64 or
 //     128 otherwise (dropout, the document mask: cuDNN can draw neither);
 //   * the CUDA-core kernels of attention.cu for the rest (f32, other head dims).
-// Plus the fp32 lse merge (one warp per row), and per-token RoPE for --reset-position-ids,
-// which is not implemented on the GPU yet (an error naming the flag; validate_cp.cpp
-// refuses the flag on --device cuda first).
+// Plus the fp32 lse merge (one warp per row). (Per-token RoPE, --reset-position-ids, is
+// rope_positions in rope.cu.)
 #include <cmath>
 
 #include "base/error.h"
