@@ -14,13 +14,9 @@ std::string prefix(int layer, const char* s) { return layer_param_name(layer, s)
 // chunk under context parallelism, each at its global positions.
 void rope_rows(bool backward, const Tensor& in, Tensor& out, const TransformerConfig& c,
                const StepContext& cx) {
-  if (cx.position_ids) {  // --reset-position-ids: each token at its position in its document
-    const Tensor& ids = *cx.position_ids;  // [B, S] host
-    Tensor pos = Tensor::empty({cx.S, cx.B}, DType::I64);
-    for (int64_t s = 0; s < cx.S; ++s)
-      for (int64_t b = 0; b < cx.B; ++b)
-        pos.data<int64_t>()[s * cx.B + b] = ids.data<int64_t>()[b * cx.S + s];
-    ops::rope_positions(in, cx.ad, c.rot_dim(), c.rotary_base, pos, backward, out, cx.stream());
+  if (cx.position_ids.defined()) {  // --reset-position-ids: each token at its document place
+    ops::rope_positions(in, cx.ad, c.rot_dim(), c.rotary_base, cx.position_ids, backward, out,
+                        cx.stream());
     return;
   }
   for_each_global_run(cx, 0, cx.S, [&](int64_t r0, int64_t n, int64_t pos) {

@@ -6,15 +6,11 @@
 namespace mcpp::model {
 
 namespace {
-// --reset-position-ids: the [B, Sl] position ids of this rank's rows [s0, s0 + Sl) of the
-// host [B, S] tensor (the SP shard; the whole of the rank's rows without SP).
-Tensor shard_ids(const Tensor& ids, int64_t s0, int64_t Sl) {
-  const int64_t B = ids.size(0), S = ids.size(1);
-  Tensor out = Tensor::empty({B, Sl}, DType::I64);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < Sl; ++s)
-      out.data<int64_t>()[b * Sl + s] = ids.data<int64_t>()[b * S + s0 + s];
-  return out;
+// --reset-position-ids: the ids of this rank's rows [s0, s0 + Sl) of cx.position_ids (the
+// SP shard; all of them without SP), sequence-first, as [1, Sl*B] against rows
+// [Sl*B, 1, H]: embedding_forward/backward's [B, S] ids for one "sequence" of all the rows.
+Tensor shard_ids(const StepContext& cx, int64_t Sl) {
+  return cx.position_ids.narrow(cx.s0, Sl).view({1, Sl * cx.B});
 }
 }  // namespace
 
@@ -63,9 +59,10 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out,
     else
       parallel::reduce_from_tp(emb3, *cx.tp_comm, st);
   }
-  if (!c.rope && cx.position_ids) {  // each token at its position in its document
+  if (!c.rope && cx.position_ids.defined()) {  // each token at its place in its document
     Tensor pos = Tensor::empty({Sl, B, H}, emb3.dtype(), emb3.device());
-    ops::embedding_forward(shard_ids(*cx.position_ids, cx.s0, Sl), pos_.w, 0, pos, st);
+    Tensor rows = pos.view({Sl * B, 1, H});
+    ops::embedding_forward(shard_ids(cx, Sl), pos_.w, 0, rows, st);
     ops::add(emb3, pos, emb3, st);
   } else if (!c.rope && cx.uniform_pos)  // under CP the rank's rows are two runs of positions
     for_each_global_run(cx, cx.s0, Sl, [&](int64_t r0, int64_t n, int64_t pos) {
@@ -95,8 +92,8 @@ void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws, const
   ops::dropout_backward(dx3, cx.p_hidden,
                         dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g, dtmp3,
                         st);
-  if (!c.rope && cx.position_ids)
-    ops::embedding_backward(dtmp3, shard_ids(*cx.position_ids, cx.s0, Sl), 0, pos_.g, st);
+  if (!c.rope && cx.position_ids.defined())
+    ops::embedding_backward(dtmp3.view({Sl * B, 1, H}), shard_ids(cx, Sl), 0, pos_.g, st);
   else if (!c.rope)
     for_each_global_run(cx, cx.s0, Sl, [&](int64_t r0, int64_t n, int64_t pos) {
       ops::position_embedding_backward(dtmp3.narrow(r0, n), pos, pos_.g, st);

@@ -64,18 +64,36 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
 GPTModel::~GPTModel() = default;
 
 namespace {
-// Document masking: the micro-batch's per-token positions and document starts (CPU only).
+// Document masking: the micro-batch's per-token positions and document starts, on the
+// model's device, copied once per forward and once per backward of a chunk. Positions go
+// sequence-first ([S, B], the rows of the activations: RoPE's table and the learned
+// position lookup read them per row, an SP shard is a narrow); key_start stays [B, S] (the
+// attention kernels read it per sequence).
 void attach_documents(StepContext& cx, const MicroBatch& mb) {
   if (!mb.position_ids.defined() && !mb.key_start.defined()) return;
-  MCPP_CHECK_HINT(cx.dev == Device::CPU, "train with --device cpu, or drop the flag",
-                  "--reset-position-ids / --reset-attention-mask run on the CPU backend only "
-                  "for now");
   for (const Tensor* t : {&mb.position_ids, &mb.key_start})
     MCPP_CHECK(!t->defined() || (t->dtype() == DType::I64 && t->device() == Device::CPU &&
                                  t->numel() == cx.B * cx.S),
                "document masking: {} is not i64 [B={}, S={}] on the host", t->str(), cx.B, cx.S);
-  if (mb.position_ids.defined()) cx.position_ids = &mb.position_ids;
-  if (mb.key_start.defined()) cx.ad.key_start = mb.key_start;
+  if (mb.position_ids.defined()) {
+    Tensor sb = Tensor::empty({cx.S, cx.B}, DType::I64);
+    const int64_t* ids = mb.position_ids.data<int64_t>();
+    for (int64_t s = 0; s < cx.S; ++s)
+      for (int64_t b = 0; b < cx.B; ++b) sb.data<int64_t>()[s * cx.B + b] = ids[b * cx.S + s];
+    if (cx.dev == Device::CPU) {
+      cx.position_ids = sb;
+    } else {  // (the pageable copy returns once sb is staged: sb may go)
+      cx.position_ids = Tensor::empty({cx.S, cx.B}, DType::I64, cx.dev);
+      ops::copy(sb, cx.position_ids, cx.stream());
+    }
+  }
+  if (!mb.key_start.defined()) return;
+  if (cx.dev == Device::CPU) {
+    cx.ad.key_start = mb.key_start;
+  } else {
+    cx.ad.key_start = Tensor::empty({cx.B, cx.S}, DType::I64, cx.dev);
+    ops::copy(mb.key_start, cx.ad.key_start, cx.stream());
+  }
 }
 }  // namespace
 

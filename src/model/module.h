@@ -106,9 +106,10 @@ struct StepContext : Dims {
   ops::AttentionDims ad;                  // local heads, global offsets for attention dropout
   comm::Communicator* tp_comm = nullptr;  // null at TP 1: every region transition is identity
   comm::Communicator* cp_comm = nullptr;  // null at CP 1 (context parallelism)
-  // --reset-position-ids: this rank's [B, S] positions (host); null: positions by row. The
-  // document mask (--reset-attention-mask) travels in ad.key_start.
-  const Tensor* position_ids = nullptr;
+  // --reset-position-ids: this rank's positions, sequence-first [S, B] i64 on the model's
+  // device (rows s*B + b, as activations); undefined: positions by row. The document mask
+  // (--reset-attention-mask) travels in ad.key_start.
+  Tensor position_ids;
   Stream* st = nullptr;
   // Generation: each sequence's first new position (its KV-cache length), [B] on the host
   // and the same [B] i64 on the model's device (for the KV-cache attention op). When they

@@ -42,9 +42,9 @@ struct AttentionDims {
   // (((b + b_offset) * NH_global + h + h_offset) * S_global + q + q_offset) * S_global
   //   + k + k_offset.
   int64_t b_offset = 0, h_offset = 0, NH_global = 0, q_offset = 0, k_offset = 0, S_global = 0;
-  // Document masking (--reset-attention-mask): [B, S] i64 on the CPU, the first GLOBAL key
-  // position query row (b, q) may see (the first token of its document); keys before it are
-  // masked as well as the causal ones. Undefined: causal only. CPU backend only for now.
+  // Document masking (--reset-attention-mask): [B, S] i64 on the op's device, the first
+  // GLOBAL key position query row (b, q) may see (the first token of its document); keys
+  // before it are masked as well as the causal ones. Undefined: causal only.
   Tensor key_start;
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
 };
@@ -52,33 +52,55 @@ struct AttentionDims {
 // cuDNN's deterministic attention backward keeps dP of every (sequence, head) in its
 // workspace, NH*S*S*2 bytes a sequence; above a cap (MCPP_ATTENTION_BWD_WORKSPACE_MB,
 // default 8192) the batch runs in chunks of sequences: the largest divisor of B whose
-// workspace fits (at least 1). Shared by the CUDA op and the memory plan.
+// workspace fits. When one sequence alone is over the cap (the Llama-style 1B at S 32K:
+// 32 heads x 32K^2 x 2 = 64 GiB), that sequence runs in chunks of whole key/value groups
+// (the query heads of a group with their K/V head, so dK/dV of a group come from its own
+// heads only): the largest divisor of NG whose heads' dP fits (at least 1 group). Shared
+// by the CUDA op and the memory plan.
 inline int64_t attention_bwd_workspace_cap_from_env() {
   const char* e = std::getenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
   const int64_t mb = e ? std::atoll(e) : 8192;
   return (mb > 0 ? mb : 0) << 20;
 }
-inline int64_t attention_bwd_chunk(int64_t B, int64_t per_seq, int64_t cap) {
-  int64_t bc = B;
-  while (bc > 1 && bc * per_seq > cap) {
-    --bc;
-    while (B % bc) --bc;
+// The largest divisor of n (at least 1) whose `n_c * unit` fits `cap`.
+inline int64_t attention_bwd_chunk(int64_t n, int64_t unit, int64_t cap) {
+  int64_t c = n;
+  while (c > 1 && c * unit > cap) {
+    --c;
+    while (n % c) --c;
   }
-  return bc;
+  return c;
 }
 // dP of one sequence: NH (local) heads of S x S, 2 bytes each.
 inline int64_t attention_bwd_per_seq_bytes(int64_t NH, int64_t S) { return NH * S * S * 2; }
-// The workspace cuDNN's deterministic backward asks for, for a batch of B sequences under
-// `cap`: dP of the Bc sequences of one chunk, plus, with grouped-query attention
-// (NG < NH), an f32 [Bc, NH, S, HD] buffer in which it sums the heads of a group before
-// reducing to dK/dV. This is the size cuDNN 9 reports for these graphs (measured on
-// 9.19, H200); the op compares every backward plan's workspace with it and warns, naming
-// the linked cuDNN version, if a cuDNN asks for more (ops/cuda/cudnn_attention.cpp), so the
+// One cuDNN backward call: `seqs` sequences of `groups` key/value groups each (groups < NG
+// only with seqs == 1).
+struct AttentionBwdChunk {
+  int64_t seqs = 1, groups = 1;
+};
+inline AttentionBwdChunk attention_bwd_chunking(int64_t B, int64_t NH, int64_t NG, int64_t S,
+                                                int64_t cap) {
+  const int64_t per_seq = attention_bwd_per_seq_bytes(NH, S);
+  AttentionBwdChunk c{attention_bwd_chunk(B, per_seq, cap), NG};
+  if (c.seqs == 1 && per_seq > cap) c.groups = attention_bwd_chunk(NG, per_seq / NG, cap);
+  return c;
+}
+// The workspace cuDNN's deterministic backward asks for in one call over Bc sequences of
+// NHc heads in NGc groups: dP, Bc*NHc*S*S*2 bytes, plus, with grouped-query attention
+// (NGc < NHc), an f32 [Bc, NHc, S, HD] buffer in which it sums the heads of a group before
+// reducing to dK/dV. This is the size cuDNN 9 reports for these graphs (measured on 9.19,
+// H200); the op compares every backward plan's workspace with it and warns, naming the
+// linked cuDNN version, if a cuDNN asks for more (ops/cuda/cudnn_attention.cpp), so the
 // memory plan's figure is checked against whichever cuDNN the run links.
+inline int64_t cudnn_attention_bwd_call_workspace_bytes(int64_t Bc, int64_t NHc, int64_t NGc,
+                                                        int64_t S, int64_t HD) {
+  return Bc * attention_bwd_per_seq_bytes(NHc, S) + (NGc < NHc ? Bc * NHc * S * HD * 4 : 0);
+}
+// The same for a batch of B sequences under `cap`: that of one chunk.
 inline int64_t cudnn_attention_bwd_workspace_bytes(int64_t B, int64_t NH, int64_t NG,
                                                    int64_t S, int64_t HD, int64_t cap) {
-  const int64_t bc = attention_bwd_chunk(B, attention_bwd_per_seq_bytes(NH, S), cap);
-  return bc * attention_bwd_per_seq_bytes(NH, S) + (NG < NH ? bc * NH * S * HD * 4 : 0);
+  const AttentionBwdChunk c = attention_bwd_chunking(B, NH, NG, S, cap);
+  return cudnn_attention_bwd_call_workspace_bytes(c.seqs, NH / NG * c.groups, c.groups, S, HD);
 }
 
 struct AdamWParams {

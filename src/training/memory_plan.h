@@ -45,9 +45,10 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
 
 // The workspace cuDNN's deterministic attention backward takes on a GPU
 // (ops/cuda/cudnn_attention.cpp), by ops/types.h's cudnn_attention_bwd_workspace_bytes: dP
-// of every (sequence, local head), B*NH/TP*S*S*2 bytes, for the sequences of one batch
-// chunk (MCPP_ATTENTION_BWD_WORKSPACE_MB, default 8192), and B*NH/TP*S*HD*4 bytes more with
-// grouped-query attention; the op checks each cuDNN plan's workspace against the same
+// of every (sequence, local head) of one cuDNN call, Bc*NHc*S*S*2 bytes, and Bc*NHc*S*HD*4
+// bytes more with grouped-query attention, where a call holds the sequences of one batch
+// chunk under MCPP_ATTENTION_BWD_WORKSPACE_MB (default 8192), or, when one sequence is over
+// it, the heads of a chunk of whole key/value groups (NHc < NH/TP); the op checks each cuDNN plan's workspace against the same
 // formula at run time and warns, naming the linked cuDNN, if it asks for more. 0 where
 // cuDNN's attention does not run (ops::choose_attention_backend with --attention-backend,
 // assuming cuDNN is present on a GPU run unless MCPP_ATTENTION_CUDNN=0): CPU, f32, attention

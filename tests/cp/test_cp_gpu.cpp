@@ -3,15 +3,30 @@
 // (+= into dQ / dK,dV destinations that already hold values), and the lse merge, in f32
 // and bf16, with and without attention dropout; then a whole CP=2 decomposition (every
 // visible block, merged, backward with the final out/lse) against the GPU's own full
-// causal attention.
+// causal attention. bf16/f16 blocks at head dim 64/128 run the tensor-core kernels of
+// ops/cuda/attention_block.cu, f32 the CUDA-core ones.
+//
+// Document masking (--reset-attention-mask) on the GPU against the CPU op: the attention op
+// with key_start (f32, bf16 and f16, head dim 64 and 128, dropout on and off; forward and
+// backward), CP blocks with the mask where some rows see no key at all (lse -inf), and the
+// whole model (GPT-2 and Llama, f32 and bf16) on packed documents: loss and every parameter
+// gradient against the CPU model, and a loss that differs from the unmasked one; the same
+// with --reset-position-ids too (per-token RoPE / learned positions on the GPU), whose loss
+// differs from the one at row positions.
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "../gpu/gpu_test_util.h"
+#include "model/gpt_model.h"
+#include "ops/attention_backend.h"
+#include "ops/cuda/cudnn_attention.h"
 
 namespace {
 
 using namespace mcpp;
 using namespace mcpp::test;
+namespace model = mcpp::model;
 
 struct Dims {
   int64_t C = 80, B = 2, NH = 4, NG = 2, HD = 64;  // 80 rows: a full and a partial tile
@@ -66,7 +81,40 @@ void check_block(DType dt, bool causal, double p) {
 TEST(ContextParallelGpu, CausalBlockF32) { check_block(DType::F32, true, 0.0); }
 TEST(ContextParallelGpu, NonCausalBlockF32Dropout) { check_block(DType::F32, false, 0.1); }
 TEST(ContextParallelGpu, CausalBlockBF16Dropout) { check_block(DType::BF16, true, 0.1); }
-TEST(ContextParallelGpu, NonCausalBlockBF16) { check_block(DType::BF16, false, 0.0); }
+
+// bf16 without dropout: cuDNN's fused attention (causal and unmasked graphs with a separate
+// key/value chunk) where this build and device have it -- the calls must have run there --
+// and the own tensor-core block kernel under --attention-backend flash.
+void check_block_cudnn(bool causal) {
+  MCPP_REQUIRE_GPU();
+  const auto before = gpu::cudnn_attention_stats();
+  check_block(DType::BF16, causal, 0.0);
+  const auto after = gpu::cudnn_attention_stats();
+  std::printf("[cp blocks] cuDNN %s: %lld forward, %lld backward calls (%s)\n",
+              causal ? "causal" : "non-causal",
+              (long long)(after.forward_calls - before.forward_calls),
+              (long long)(after.backward_calls - before.backward_calls),
+              gpu::cudnn_attention_status().c_str());
+  if (gpu::cudnn_attention_enabled()) {
+    EXPECT_EQ(after.forward_calls - before.forward_calls, 1) << "the block ran elsewhere";
+    EXPECT_GE(after.backward_calls - before.backward_calls, 1) << "the block ran elsewhere";
+  }
+}
+TEST(ContextParallelGpu, NonCausalBlockBF16Cudnn) { check_block_cudnn(false); }
+TEST(ContextParallelGpu, CausalBlockBF16Cudnn) { check_block_cudnn(true); }
+
+struct FlashRequest {  // --attention-backend flash for one test
+  FlashRequest() { ops::set_attention_request(ops::AttentionRequest::Flash); }
+  ~FlashRequest() { ops::set_attention_request(ops::AttentionRequest::Auto); }
+};
+TEST(ContextParallelGpu, NonCausalBlockBF16Flash) {
+  FlashRequest f;
+  check_block(DType::BF16, false, 0.0);
+}
+TEST(ContextParallelGpu, CausalBlockF16Flash) {
+  FlashRequest f;
+  check_block(DType::F16, true, 0.0);
+}
 
 TEST(ContextParallelGpu, LseMergeMatchesCpu) {
   MCPP_REQUIRE_GPU();
@@ -128,6 +176,246 @@ TEST(ContextParallelGpu, BlocksMergeToFullAttention) {
   }
   EXPECT_LE(rel_err(to_cpu(out), to_cpu(out_ref)), 1e-5);
   EXPECT_LE(rel_err(to_cpu(dqkv), to_cpu(dqkv_ref)), 1e-4);
+}
+
+// ---- document masking --------------------------------------------------------------------
+
+// key_start [B, S] (host): sample b's documents end where (s * 13 + b * 5) % 47 == 0 (EOD at s),
+// plus one long document, so query tiles start both on and off tile boundaries.
+Tensor doc_starts(int64_t B, int64_t S) {
+  Tensor ks = Tensor::empty({B, S}, DType::I64);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t doc = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      ks.data<int64_t>()[b * S + s] = doc;
+      if ((s * 13 + b * 5) % 47 == 0 && s < S / 2) doc = s + 1;
+    }
+  }
+  return ks;
+}
+
+Tensor ks_gpu(const Tensor& ks) {
+  Tensor g = Tensor::empty(ks.shape(), DType::I64, Device::CUDA);
+  gpu::copy(ks, g, GS());
+  return g;
+}
+
+// lse with -inf rows (a row that sees no key): the same rows -inf, the rest close.
+void expect_lse_close(const Tensor& gpu_lse, const Tensor& cpu_lse, int64_t* empty_rows = nullptr) {
+  const Tensor g = to_cpu(gpu_lse);
+  const float* x = static_cast<const float*>(g.raw());
+  const float* y = static_cast<const float*>(cpu_lse.raw());
+  double num = 0, den = 0;
+  int64_t empty = 0;
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    if (std::isinf(y[i])) {
+      ASSERT_TRUE(std::isinf(x[i]) && x[i] < 0) << "lse row " << i << " should be -inf: " << x[i];
+      ++empty;
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(x[i])) << "lse row " << i << ": " << x[i];
+    num += (x[i] - y[i]) * double(x[i] - y[i]), den += double(y[i]) * y[i];
+  }
+  EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 2e-5) << "lse";
+  if (empty_rows) *empty_rows = empty;
+}
+
+void check_doc_attention(DType dt, int64_t HD, double p) {
+  MCPP_REQUIRE_GPU();
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " HD " << HD << " p " << p);
+  const int64_t S = 200, B = 2, NH = 4, NG = 2, O = NH * HD;
+  ops::AttentionDims d;
+  d.S = S, d.B = B, d.NH = NH, d.NG = NG, d.HD = HD;
+  const int64_t W = d.qkv_width();
+  const Tensor ks = doc_starts(B, S);
+  const Tensor qkv = rand_in({S * B, W}, 41, dt), dout = rand_in({S * B, O}, 42, dt);
+  const ops::DropoutKey key{7, 8};
+  const double scale = 1.0 / std::sqrt(double(HD));
+  ops::AttentionDims dc = d, dg = d;
+  dc.key_start = ks, dg.key_start = ks_gpu(ks);
+  Tensor out_c = Tensor::empty({S * B, O}, DType::F32), lse_c = Tensor::empty({B, NH, S}, DType::F32);
+  cpu::attention_forward(qkv, dc, scale, p, key, out_c, lse_c, CS());
+  Tensor gq = to_gpu(qkv, dt);
+  Tensor out_g = gpu_nan({S * B, O}, dt), lse_g = gpu_nan({B, NH, S}, DType::F32);
+  gpu::attention_forward(gq, dg, scale, p, key, out_g, lse_g, GS());
+  EXPECT_CLOSE(out_g, out_c, dt);
+  EXPECT_CLOSE(lse_g, lse_c, DType::F32);
+  // The mask matters: the unmasked call gives another output.
+  Tensor out_u = gpu_nan({S * B, O}, dt), lse_u = gpu_nan({B, NH, S}, DType::F32);
+  gpu::attention_forward(gq, d, scale, p, key, out_u, lse_u, GS());
+  EXPECT_GT(rel_err(to_cpu(out_u), out_c), 10 * tol(dt));
+  // Backward from the CPU's output rounded to dt; dqkv (=) poisoned first.
+  const Tensor out_r = rounded(out_c, dt);
+  Tensor dqkv_c = Tensor::empty({S * B, W}, DType::F32);
+  cpu::attention_backward(dout, qkv, out_r, lse_c, dc, scale, p, key, dqkv_c, CS());
+  Tensor dqkv_g = gpu_nan({S * B, W}, dt);
+  gpu::attention_backward(to_gpu(dout, dt), gq, to_gpu(out_r, dt), to_gpu(lse_c, DType::F32), dg,
+                          scale, p, key, dqkv_g, GS());
+  EXPECT_CLOSE(dqkv_g, dqkv_c, dt);
+}
+
+TEST(DocumentMaskGpu, AttentionF32) { check_doc_attention(DType::F32, 64, 0.0); }
+TEST(DocumentMaskGpu, AttentionF32Dropout) { check_doc_attention(DType::F32, 64, 0.1); }
+TEST(DocumentMaskGpu, AttentionBF16) { check_doc_attention(DType::BF16, 64, 0.0); }
+TEST(DocumentMaskGpu, AttentionBF16Dropout) { check_doc_attention(DType::BF16, 64, 0.1); }
+TEST(DocumentMaskGpu, AttentionBF16HeadDim128) { check_doc_attention(DType::BF16, 128, 0.0); }
+TEST(DocumentMaskGpu, AttentionF16Dropout) { check_doc_attention(DType::F16, 128, 0.1); }
+
+// One CP block with the document mask: query chunk 2 against key chunk 1 (not causal) or
+// itself (causal), 80 rows each; a document starting inside chunk 2 hides chunk 1 from its
+// rows, which then see no key in the non-causal block (out 0, lse -inf).
+void check_doc_block(DType dt, bool causal, double p) {
+  MCPP_REQUIRE_GPU();
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << (causal ? " causal" : " non-causal")
+                                    << " p " << p);
+  const Dims z;
+  const int64_t C = z.C, B = z.B, S = 4 * C, O = z.NH * z.HD;
+  const ops::AttentionDims d0 = block(z, 2 * C, causal ? 2 * C : C, S);
+  const Tensor full_ks = doc_starts(B, S);
+  Tensor ks = Tensor::empty({B, C}, DType::I64);  // the query chunk's rows
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < C; ++i) {
+      int64_t v = full_ks.data<int64_t>()[b * S + 2 * C + i];
+      if (i >= 50) v = std::max(v, 2 * C + 50);  // a document from global 210 on
+      ks.data<int64_t>()[b * C + i] = v;
+    }
+  ops::AttentionDims dc = d0, dg = d0;
+  dc.key_start = ks, dg.key_start = ks_gpu(ks);
+  const int64_t W = d0.qkv_width(), rows = C * B;
+  const Tensor q = rand_in({rows, W}, 51, dt), kv = causal ? q : rand_in({rows, W}, 52, dt);
+  const Tensor dout = rand_in({rows, O}, 53, dt);
+  const Tensor dq0 = rand_in({rows, W}, 54, dt), dkv0 = rand_in({rows, W}, 55, dt);
+  const ops::DropoutKey key{13, 14};
+  const double scale = 0.125;
+  Tensor out_c = Tensor::empty({rows, O}, DType::F32), lse_c = Tensor::empty({B, z.NH, C}, DType::F32);
+  cpu::attention_block_forward(q, kv, dc, causal, scale, p, key, out_c, lse_c, CS());
+  Tensor gq = to_gpu(q, dt), gkv = causal ? gq : to_gpu(kv, dt);
+  Tensor out_g = gpu_nan({rows, O}, dt), lse_g = gpu_nan({B, z.NH, C}, DType::F32);
+  gpu::attention_block_forward(gq, gkv, dg, causal, scale, p, key, out_g, lse_g, GS());
+  EXPECT_CLOSE(out_g, out_c, dt);
+  int64_t empty = 0;
+  expect_lse_close(lse_g, lse_c, &empty);
+  if (!causal) EXPECT_GT(empty, 0) << "the test meant some rows to see no key";
+  // Backward (+=) into filled destinations, from the CPU's out rounded to dt and a FINAL lse
+  // as the ring passes it: finite for every row (the diagonal block always sees the row
+  // itself), here the block's lse raised by 0.25 as if other blocks had been merged, and 0.75
+  // for the rows this block leaves empty. (With lse = -inf the CPU reference's exp(s - lse)
+  // would be NaN; the ring never passes that.)
+  const Tensor out_r = rounded(out_c, dt);
+  Tensor lse_fin = lse_c.clone();
+  for (int64_t i = 0; i < lse_fin.numel(); ++i) {
+    float& v = static_cast<float*>(lse_fin.raw())[i];
+    v = std::isinf(v) ? 0.75f : v + 0.25f;
+  }
+  Tensor dq_c = dq0.clone(), dkv_c = causal ? dq_c : dkv0.clone();
+  cpu::attention_block_backward(dout, q, kv, out_r, lse_fin, dc, causal, scale, p, key, dq_c,
+                                dkv_c, CS());
+  Tensor dq_g = to_gpu(dq0, dt), dkv_g = causal ? dq_g : to_gpu(dkv0, dt);
+  gpu::attention_block_backward(to_gpu(dout, dt), gq, gkv, to_gpu(out_r, dt),
+                                to_gpu(lse_fin, DType::F32), dg, causal, scale, p, key, dq_g,
+                                dkv_g, GS());
+  EXPECT_CLOSE(dq_g, dq_c, dt);
+  if (!causal) EXPECT_CLOSE(dkv_g, dkv_c, dt);
+}
+
+TEST(DocumentMaskGpu, BlockF32) { check_doc_block(DType::F32, false, 0.1); }
+TEST(DocumentMaskGpu, CausalBlockF32) { check_doc_block(DType::F32, true, 0.0); }
+TEST(DocumentMaskGpu, BlockBF16) { check_doc_block(DType::BF16, false, 0.0); }
+TEST(DocumentMaskGpu, CausalBlockBF16Dropout) { check_doc_block(DType::BF16, true, 0.1); }
+
+// The whole model on packed documents, GPU against CPU (head dim 64, S = 80: the bf16 runs
+// take the tensor-core block kernel; f32 the CUDA-core one).
+constexpr int64_t kB = 2, kS = 80, kVocab = 120;
+
+model::TransformerConfig model_cfg(bool llama, Device dev, DType dt, double dropout) {
+  model::TransformerConfig c;
+  c.num_layers = 2, c.kv_channels = 64, c.seq_length = kS, c.max_position_embeddings = 96;
+  c.padded_vocab_size = 128, c.hidden_dropout = dropout, c.attention_dropout = dropout;
+  c.seed = 5, c.init_method_std = 0.05, c.device = dev, c.dtype = dt;
+  if (llama) {
+    c.hidden_size = 256, c.num_attention_heads = 4, c.num_query_groups = 2;
+    c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
+    c.tie_embeddings = false, c.add_bias_linear = false;
+  } else {
+    c.hidden_size = 128, c.num_attention_heads = 2, c.num_query_groups = 2;
+    c.ffn_hidden_size = 512;
+  }
+  return c;
+}
+
+model::MicroBatch packed_batch(uint64_t seed) {
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({kB, kS}, DType::I64);
+  mb.labels = Tensor::empty({kB, kS}, DType::I64);
+  mb.loss_mask = Tensor::empty({kB, kS}, DType::F32);
+  for (int64_t i = 0; i < kB * kS; ++i) {
+    mb.tokens.data<int64_t>()[i] = int64_t(Philox::u32(seed, 1, i) % kVocab);
+    mb.labels.data<int64_t>()[i] = int64_t(Philox::u32(seed, 2, i) % kVocab);
+    mb.loss_mask.data<float>()[i] = 1.f;
+  }
+  mb.key_start = doc_starts(kB, kS);
+  return mb;
+}
+
+// positions: --reset-position-ids too (each token at its place in its document: RoPE and
+// the learned position embedding at per-token positions on the GPU).
+void compare_packed(bool llama, DType dt, double dropout, double tol_loss, double tol_grad,
+                    bool positions = false) {
+  MCPP_REQUIRE_GPU();
+  SCOPED_TRACE(::testing::Message() << (llama ? "llama " : "gpt ") << dtype_name(dt)
+                                    << " dropout " << dropout << " positions " << positions);
+  model::GPTModel cm(model_cfg(llama, Device::CPU, DType::F32, dropout));
+  model::GPTModel gm(model_cfg(llama, Device::CUDA, dt, dropout));
+  ops::copy(cm.params().flat_params(), gm.params().flat_params(), GS());
+  ops::copy(gm.params().flat_params(), cm.params().flat_params(), GS());
+  model::MicroBatch mb = packed_batch(19);
+  if (positions) {
+    mb.position_ids = Tensor::empty({kB, kS}, DType::I64);
+    for (int64_t i = 0; i < kB * kS; ++i)
+      mb.position_ids.data<int64_t>()[i] = i % kS - mb.key_start.data<int64_t>()[i];
+  }
+  model::StepKeys k;
+  k.iteration = 3;
+  cm.params().zero_grads(), gm.params().zero_grads();
+  const double lc = cm.forward(mb, k), lg = gm.forward(mb, k);
+  EXPECT_NEAR(lg, lc, tol_loss * std::abs(lc)) << "loss sum";
+  const double inv = 1.0 / double(kB * kS);
+  cm.backward(inv), gm.backward(inv);
+  double worst = 0;
+  for (size_t i = 0; i < cm.params().infos().size(); ++i) {
+    const double e = rel_err(to_cpu(gm.params().grad(i)), cm.params().grad(i));
+    EXPECT_LE(e, tol_grad) << cm.params().infos()[i].name;
+    worst = std::max(worst, e);
+  }
+  // Without the document mask (or the per-token positions) the same tokens give another loss.
+  model::MicroBatch plain = mb;
+  (positions ? plain.position_ids : plain.key_start) = Tensor();
+  const double lu = gm.forward(plain, k);
+  gm.backward(inv);
+  EXPECT_GT(std::abs(lu - lg), 1e-5 * std::abs(lc)) << "the mask changed nothing";
+  std::printf("[documents %s %s p=%.1f%s] loss %.6f vs cpu %.6f (without the %s %.6f), worst "
+              "grad rel %.2e\n",
+              llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), dropout,
+              positions ? " positions" : "", lg, lc, positions ? "positions" : "mask", lu, worst);
+}
+
+TEST(DocumentMaskGpu, ModelGptF32) { compare_packed(false, DType::F32, 0.0, 1e-5, 1e-4); }
+TEST(DocumentMaskGpu, ModelLlamaF32Dropout) { compare_packed(true, DType::F32, 0.1, 1e-5, 1e-4); }
+// (bf16: the tolerances of tests/gpu/test_model_gpu.cpp's unmasked bf16 runs.)
+TEST(DocumentMaskGpu, ModelGptBF16Dropout) { compare_packed(false, DType::BF16, 0.1, 3e-2, 8e-2); }
+TEST(DocumentMaskGpu, ModelLlamaBF16) { compare_packed(true, DType::BF16, 0.0, 3e-2, 8e-2); }
+// --reset-position-ids with --reset-attention-mask: GPT-2's learned positions, Llama's RoPE.
+TEST(DocumentMaskGpu, ModelGptF32Positions) {
+  compare_packed(false, DType::F32, 0.1, 1e-5, 1e-4, true);
+}
+TEST(DocumentMaskGpu, ModelLlamaF32Positions) {
+  compare_packed(true, DType::F32, 0.0, 1e-5, 1e-4, true);
+}
+TEST(DocumentMaskGpu, ModelGptBF16Positions) {
+  compare_packed(false, DType::BF16, 0.0, 3e-2, 8e-2, true);
+}
+TEST(DocumentMaskGpu, ModelLlamaBF16DropoutPositions) {
+  compare_packed(true, DType::BF16, 0.1, 3e-2, 8e-2, true);
 }
 
 }  // namespace

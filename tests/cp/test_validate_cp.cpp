@@ -58,11 +58,42 @@ TEST(ValidateCp, Errors) {
                 "--num-query-groups", "2"},
                4, "--cp-comm-type a2a needs", "use --cp-comm-type p2p");
   expect_error({"--context-parallel-size", "2", "--device", "cuda"}, 2,
-               "runs on the CPU backend only", "train with --device cpu");
-  expect_error({"--reset-attention-mask", "--device", "cuda"}, 1,
-               "--reset-attention-mask run on the CPU backend only", "train with --device cpu");
-  expect_error({"--reset-position-ids", "--device", "cuda"}, 1,
-               "--reset-position-ids / --reset-attention-mask", "train with --device cpu");
+               "the CUDA dropout kernel does not draw the mask of a rank's two sequence chunks",
+               "give --hidden-dropout 0");
+  expect_error({"--context-parallel-size", "2", "--device", "cuda", "--hidden-dropout", "0",
+                "--cp-comm-type", "a2a"},
+               2, "--cp-comm-type a2a on --device cuda", "use --cp-comm-type p2p or all_gather");
+  expect_error({"--context-parallel-size", "2", "--device", "cuda", "--hidden-dropout", "0",
+                "--reset-attention-mask"},
+               2, "the per-chunk document starts are built on the host",
+               "drop --reset-attention-mask");
+}
+
+// Document masking on the GPU: both flags, alone or together.
+TEST(ValidateCp, DocumentFlagsOnCuda) {
+  for (auto flags : std::vector<std::vector<std::string>>{
+           {"--reset-position-ids"}, {"--reset-position-ids", "--reset-attention-mask"}}) {
+    flags.insert(flags.end(), {"--device", "cuda"});
+    const Args a = validated(flags, 1);
+    EXPECT_TRUE(a.reset_position_ids);
+  }
+}
+
+// CP on the GPU where its pieces exist: p2p / all_gather without hidden dropout.
+TEST(ValidateCp, CpOnCudaWithoutHiddenDropout) {
+  for (const char* t : {"p2p", "all_gather"}) {
+    const Args a = validated({"--context-parallel-size", "2", "--device", "cuda", "--hidden-dropout",
+                              "0", "--attention-dropout", "0.1", "--cp-comm-type", t},
+                             2);
+    EXPECT_EQ(a.context_parallel_size, 2);
+  }
+}
+
+// The document mask has GPU kernels (ops/cuda/attention_block.cu): accepted on --device cuda.
+TEST(ValidateCp, AttentionMaskOnCuda) {
+  const Args a = validated({"--reset-attention-mask", "--device", "cuda"}, 1);
+  EXPECT_TRUE(a.reset_attention_mask);
+  EXPECT_FALSE(a.reset_position_ids);
 }
 
 }  // namespace

@@ -63,6 +63,9 @@ AttnParams make_params(const Tensor& qkv, const AttentionDims& d, double softmax
   P.b_off = d.b_offset, P.h_off = d.h_offset, P.q_off = d.q_offset, P.k_off = d.k_offset;
   P.NHg = d.NH_global > 0 ? d.NH_global : d.NH;
   P.Sg = d.S_global > 0 ? d.S_global : d.S;
+  // The document mask (device i64 [B, S], checked by attention_cp.cu), keys from k_offset.
+  P.ks = d.key_start.defined() ? static_cast<const int64_t*>(d.key_start.raw()) : nullptr;
+  P.kg0 = d.k_offset;
   return P;
 }
 
@@ -120,8 +123,8 @@ AttentionBackend backend_for(DType dt, int64_t HD, double p) {
 
 void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
                        double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
-  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
-                  "attention_forward: document masking is not implemented on the GPU yet");
+  if (d.key_start.defined())  // --reset-attention-mask: attention_cp.h's block kernels
+    return attention_doc_forward(qkv, d, softmax_scale, dropout_p, key, out, lse, s);
   const char* op = "attention_forward";
   AttnParams P = make_params(qkv, d, softmax_scale, dropout_p, key, op);
   check_cuda(out, op, "out");
@@ -151,8 +154,8 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const AttentionDims& d, double softmax_scale,
                         double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
-  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
-                  "attention_backward: document masking is not implemented on the GPU yet");
+  if (d.key_start.defined())  // --reset-attention-mask: attention_cp.h's block kernels
+    return attention_doc_backward(dout, qkv, out, lse, d, softmax_scale, dropout_p, key, dqkv, s);
   const char* op = "attention_backward";
   AttnParams P = make_params(qkv, d, softmax_scale, dropout_p, key, op);
   int64_t on = d.S * d.B * d.NH * d.HD;

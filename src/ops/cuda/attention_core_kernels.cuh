@@ -28,6 +28,13 @@ struct AttnParams {
   float drop_scale;              // 1 / (1 - p)
   uint64_t seed, stream;
   int64_t b_off, h_off, NHg, q_off, k_off, Sg;
+  // Document mask (--reset-attention-mask): key_start [B, S] (global positions) or null;
+  // key row k sits at global position k + kg0.
+  const int64_t* ks;
+  int64_t kg0;
+  __device__ __forceinline__ bool before_doc(int64_t b, int64_t q, int64_t k) const {
+    return ks != nullptr && q < S && k + kg0 < ks[b * S + q];
+  }
 
   __device__ __forceinline__ bool keep(int64_t b, int64_t h, int64_t q, int64_t k) const {
     uint64_t gi = uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k + k_off);
@@ -111,7 +118,7 @@ static __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int64_t k = k0 + cl + 16 * jj;
-        if ((P.causal && k > q) || k >= P.S) sc[ii][jj] = -FLT_MAX;
+        if ((P.causal && k > q) || k >= P.S || P.before_doc(b, q, k)) sc[ii][jj] = -FLT_MAX;
         mt = fmaxf(mt, sc[ii][jj]);
       }
 #pragma unroll
@@ -153,11 +160,12 @@ static __global__ void __launch_bounds__(kThreads)
   for (int ii = 0; ii < 4; ++ii) {
     const int64_t q = q0 + rg * 4 + ii;
     if (q >= P.S) continue;
-    const float inv = 1.f / l[ii];
+    const float inv = l[ii] > 0.f ? 1.f / l[ii] : 0.f;  // 0: a document-masked row sees no key
     T* orow = out + (q * P.B + b) * P.NH * HDW + h * HDW;
 #pragma unroll
     for (int i = 0; i < NI; ++i) orow[cl + 16 * i] = from_f<T>(o[ii][i] * inv);
-    if (cl == 0) P.lse[(b * P.NH + h) * P.S + q] = (m[ii] + log2f(l[ii])) * kLn2;
+    if (cl == 0)
+      P.lse[(b * P.NH + h) * P.S + q] = l[ii] > 0.f ? (m[ii] + log2f(l[ii])) * kLn2 : -INFINITY;
   }
 }
 
@@ -224,7 +232,7 @@ __device__ __forceinline__ void attn_bwd_scores(const float* Qs, const float* dO
     for (int jj = 0; jj < 4; ++jj) {
       const int64_t k = k0 + cl + 16 * jj;
       float p = 0.f, dpm = dp[ii][jj];
-      if ((!P.causal || k <= q) && k < P.S && q < P.S)
+      if ((!P.causal || k <= q) && k < P.S && q < P.S && !P.before_doc(b, q, k))
         p = exp2f(sc[ii][jj] * c - lse2[rg * 4 + ii]);
       float pdrop = p;
       if (P.p > 0 && p != 0.f) {

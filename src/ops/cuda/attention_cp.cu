@@ -1,25 +1,70 @@
-// The catalogue's `context parallel` section on the GPU: the blocks of ring attention
-// (argument checks here; the CUDA-core kernels of attention.cu through attention_cp.h: a
-// separate key/value chunk, causal or not, the backward accumulating), their fp32 lse merge
-// (one warp per row), and per-token RoPE for --reset-position-ids, which is not
-// implemented on the GPU yet (an error naming the flag; validate_cp.cpp refuses the flag on
-// --device cuda first). The blocks always take the CUDA-core kernels (correct for every
-// dtype): cuDNN and the flash kernel assume one self-attention call.
+// The catalogue's `context parallel` section on the GPU and the document mask of
+// ops::attention_forward/backward: argument checks here, then a kernel chosen as the
+// training attention's (ops::choose_attention_backend, --attention-backend):
+//   * cuDNN's fused attention (cudnn_attention.h's block entry points: causal or unmasked
+//     graphs with a separate key/value pointer, lse from its Stats) for bf16/f16 blocks
+//     without dropout and without a document mask; its backward writes dQ, dK, dV into a
+//     scratch chunk that is then added into the destinations' slots;
+//   * the tensor-core block kernels of attention_block.cu for bf16/f16 at head dim 64 or
+//     128 otherwise (dropout, the document mask: cuDNN can draw neither);
+//   * the CUDA-core kernels of attention.cu for the rest (f32, other head dims).
+// Plus the fp32 lse merge (one warp per row). (Per-token RoPE, --reset-position-ids, is
+// rope_positions in rope.cu.)
 #include <cmath>
 
 #include "base/error.h"
+#include "ops/attention_backend.h"
 #include "ops/cuda/attention_cp.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
+
+namespace {
+// The document mask of d on the GPU: i64 [B, S] in device memory.
+void check_key_start(const char* op, const AttentionDims& d) {
+  if (!d.key_start.defined()) return;
+  MCPP_CHECK(d.key_start.device() == Device::CUDA && d.key_start.dtype() == DType::I64 &&
+                 d.key_start.numel() == d.B * d.S,
+             "{}: key_start {} must be i64 [B={}, S={}] on the GPU", op, d.key_start.str(), d.B,
+             d.S);
+}
+
+enum class BlockKernel { Cudnn, Flash, CudaCore };
+
+// The kernel of one block: the training attention's choice for this dtype, head dim and
+// dropout (which also honours --attention-backend and throws for a request it cannot
+// serve), with the document mask (which cuDNN cannot express) on the flash kernel.
+BlockKernel block_kernel(DType dt, const AttentionDims& d, double p) {
+  const AttentionBackend be =
+      choose_attention_backend(attention_backend_query(Device::CUDA, dt, d.HD, p)).backend;
+  if (be == AttentionBackend::CudaCore) return BlockKernel::CudaCore;
+  if (be == AttentionBackend::Cudnn && !d.key_start.defined()) return BlockKernel::Cudnn;
+  return flash_block_takes(dt, d.HD) ? BlockKernel::Flash : BlockKernel::CudaCore;
+}
+
+FlashArgs cudnn_args(const Tensor& q_src, const AttentionDims& d, double scale) {
+  return FlashArgs{q_src.raw(), d, q_src.dtype(), scale, 0.0, DropoutKey{}};
+}
+
+// dq's query slots += t's, dkv's key/value slots += t's (t: a grouped [rows, W] chunk).
+template <typename T>
+__global__ void add_slots_kernel(const T* __restrict__ t, T* dq, T* dkv, int64_t n, int64_t W,
+                                 int64_t GW, int64_t QW) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    T* dst = (i % W) % GW < QW ? dq : dkv;  // QW: the group's query columns
+    dst[i] = from_f<T>(to_f(dst[i]) + to_f(t[i]));
+  }
+}
+}  // namespace
 
 void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const AttentionDims& d,
                              bool causal, double softmax_scale, double dropout_p, DropoutKey key,
                              Tensor& out, Tensor& lse, Stream& s) {
   const char* op = "attention_block_forward";
-  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
-                  "{}: document masking is not implemented on the GPU yet", op);
+  check_key_start(op, d);
   check_cuda(q_src, op, "q_src");
   check_numel(q_src, d.S * d.B * d.qkv_width(), op, "q_src");
   check_cuda(kv_src, op, "kv_src");
@@ -32,17 +77,23 @@ void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const At
   check_f32(lse, op, "lse");
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
   if (d.S * d.B * d.NH == 0) return;
-  attention_core_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out, lse,
-                               s);
+  const BlockKernel k = block_kernel(q_src.dtype(), d, dropout_p);
+  if (k == BlockKernel::Cudnn &&
+      cudnn_block_forward(cudnn_args(q_src, d, softmax_scale), kv_src.raw(), causal, out.raw(),
+                          static_cast<float*>(lse.raw()), stream_of(s)))
+    return;
+  if (k != BlockKernel::CudaCore && flash_block_takes(q_src.dtype(), d.HD))
+    flash_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out, lse, s);
+  else
+    attention_core_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out,
+                                 lse, s);
 }
 
-void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
-                              const Tensor& out, const Tensor& lse, const AttentionDims& d,
-                              bool causal, double softmax_scale, double dropout_p,
-                              DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
-  const char* op = "attention_block_backward";
-  MCPP_CHECK_HINT(!d.key_start.defined(), "train with --device cpu, or drop --reset-attention-mask",
-                  "{}: document masking is not implemented on the GPU yet", op);
+namespace {
+void check_backward(const char* op, const Tensor& dout, const Tensor& q_src,
+                    const Tensor& kv_src, const Tensor& out, const Tensor& lse,
+                    const AttentionDims& d, const Tensor& dq, const Tensor& dkv) {
+  check_key_start(op, d);
   check_cuda(q_src, op, "q_src");
   check_numel(q_src, d.S * d.B * d.qkv_width(), op, "q_src");
   const int64_t on = d.S * d.B * d.NH * d.HD;
@@ -58,9 +109,67 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
   check_numel(dkv, q_src.numel(), op, "dkv");
   check_f32(lse, op, "lse");
   check_numel(lse, d.B * d.NH * d.S, op, "lse");
+}
+}  // namespace
+
+void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Tensor& kv_src,
+                              const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                              bool causal, double softmax_scale, double dropout_p,
+                              DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
+  check_backward("attention_block_backward", dout, q_src, kv_src, out, lse, d, dq, dkv);
   if (d.S * d.B * d.NH == 0) return;
-  attention_core_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale,
-                                dropout_p, key, dq, dkv, s);
+  const BlockKernel k = block_kernel(q_src.dtype(), d, dropout_p);
+  if (k == BlockKernel::Cudnn) {
+    Tensor t = Tensor::empty({q_src.numel()}, q_src.dtype(), Device::CUDA);  // dQ, dK, dV (=)
+    if (cudnn_block_backward(cudnn_args(q_src, d, softmax_scale), kv_src.raw(), causal,
+                             dout.raw(), out.raw(), static_cast<const float*>(lse.raw()), t.raw(),
+                             t.raw(), stream_of(s))) {
+      const int64_t n = t.numel(), QPG = d.NH / d.NG;
+      MCPP_DISPATCH_ACT(q_src.dtype(), "attention_block_backward",
+                        add_slots_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+                            static_cast<const T*>(t.raw()), static_cast<T*>(dq.raw()),
+                            static_cast<T*>(dkv.raw()), n, d.qkv_width(), (QPG + 2) * d.HD,
+                            QPG * d.HD));
+      MCPP_LAUNCH_CHECK();
+      return;
+    }
+  }
+  if (k != BlockKernel::CudaCore && flash_block_takes(q_src.dtype(), d.HD))
+    flash_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale, dropout_p, key,
+                         true, dq, dkv, s);
+  else
+    attention_core_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale,
+                                  dropout_p, key, dq, dkv, s);
+}
+
+// ---- document masking of self-attention: one causal block over the whole sequence -------
+
+void attention_doc_forward(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
+                           double dropout_p, DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
+  const char* op = "attention_forward";
+  check_key_start(op, d);
+  MCPP_CHECK(d.q_offset == d.k_offset, "{}: a self-attention call with q_offset {} != k_offset {}",
+             op, d.q_offset, d.k_offset);
+  cuda::attention_block_forward(qkv, qkv, d, true, softmax_scale, dropout_p, key, out, lse, s);
+}
+
+void attention_doc_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                            const Tensor& lse, const AttentionDims& d, double softmax_scale,
+                            double dropout_p, DropoutKey key, Tensor& dqkv, Stream& s) {
+  const char* op = "attention_backward";
+  check_backward(op, dout, qkv, qkv, out, lse, d, dqkv, dqkv);
+  MCPP_CHECK(dqkv.raw() != qkv.raw(), "{}: dqkv must not alias qkv", op);
+  if (d.S * d.B * d.NH == 0) return;
+  if (block_kernel(qkv.dtype(), d, dropout_p) != BlockKernel::CudaCore &&
+      flash_block_takes(qkv.dtype(), d.HD)) {
+    flash_block_backward(dout, qkv, qkv, out, lse, d, true, softmax_scale, dropout_p, key, false,
+                         dqkv, dqkv, s);
+    return;
+  }
+  // The CUDA-core kernels accumulate: from zero, every slot of dqkv is written.
+  cuda::fill(dqkv, 0.0, s);
+  attention_core_block_backward(dout, qkv, qkv, out, lse, d, true, softmax_scale, dropout_p, key,
+                                dqkv, dqkv, s);
 }
 
 namespace {
@@ -106,20 +215,6 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
                         static_cast<const float*>(lse_i.raw()), static_cast<T*>(out.raw()),
                         static_cast<float*>(lse.raw()), d.S, d.B, d.NH, d.HD));
   MCPP_LAUNCH_CHECK();
-}
-
-namespace {
-[[noreturn]] void not_yet(const char* op) {
-  ::mcpp::fail_at(__FILE__, __LINE__,
-                  fmt::format("{} is not implemented on the GPU yet", op),
-                  "train with --device cpu, or drop --context-parallel-size / "
-                  "--reset-position-ids / --reset-attention-mask");
-}
-}  // namespace
-
-void rope_positions(const Tensor&, const AttentionDims&, int64_t, double, const Tensor&, bool,
-                    Tensor&, Stream&) {
-  not_yet("rope_positions (--reset-position-ids)");
 }
 
 }  // namespace mcpp::ops::cuda

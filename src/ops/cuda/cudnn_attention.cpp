@@ -88,6 +88,13 @@ bool cudnn_attention_backward(const FlashArgs&, const void*, const void*, const 
   return false;
 }
 int64_t set_cudnn_attention_bwd_workspace_cap(int64_t) { return 0; }
+bool cudnn_block_forward(const FlashArgs&, const void*, bool, void*, float*, cudaStream_t) {
+  return false;
+}
+bool cudnn_block_backward(const FlashArgs&, const void*, bool, const void*, const void*,
+                          const float*, void*, void*, cudaStream_t) {
+  return false;
+}
 
 #else  // MCPP_HAVE_CUDNN
 
@@ -110,7 +117,11 @@ struct Key {
   DType dtype;
   int64_t S, B, NH, NG, HD;
   int64_t b_mem;  // the batch of the memory layout (B, or more for a batch chunk)
-  auto tie() const { return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD, b_mem); }
+  bool causal = true;  // false: a context-parallel block against an earlier key chunk
+  int64_t ng_mem = 0;  // the groups of the memory layout (NG, or more for a group chunk)
+  auto tie() const {
+    return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD, b_mem, causal, ng_mem);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -268,7 +279,7 @@ std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
   auto it = st.plans.find(k);
   if (it != st.plans.end()) return it->second;
   const cudnnDataType_t io = a.dtype == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
-  const Layout L(a.d, k.b_mem);
+  const Layout L(a.d, k.b_mem, k.ng_mem);
   std::shared_ptr<Plan> plan;
   std::string why;
   const int nvariants = k.backward ? int(std::size(kBwdVariants)) : 1;
@@ -278,12 +289,12 @@ std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
       auto p = std::make_shared<Plan>();
       if (k.backward) {
         const BwdVariant& v = kBwdVariants[vi];
-        build_backward(g, L, v, k.deterministic);
+        build_backward(g, L, v, k.deterministic, k.causal);
         p->softmax_sum_buffer = v.softmax_sum_buffer, p->dq_accum = !k.deterministic;
         p->variant = v.name;
       } else {
-        build_forward(g, L);
-        p->variant = "forward";
+        build_forward(g, L, k.causal);
+        p->variant = k.causal ? "forward" : "forward, no mask";
       }
       make_plan(g, st.handle, k.deterministic, *p);
       plan = p;
@@ -293,8 +304,8 @@ std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
   }
   const char* dir = k.backward ? "backward" : "forward";
   if (plan) {
-    log::info("attention: cuDNN {} plan for {}: engine {}{}, workspace {:.1f} MB, graph: {}",
-              dir, shape_str(a), plan->engine,
+    log::info("attention: cuDNN {} plan for {}{}: engine {}{}, workspace {:.1f} MB, graph: {}",
+              dir, shape_str(a), k.causal ? "" : " (non-causal block)", plan->engine,
               plan->noted_nondeterministic ? " (noted nondeterministic)" : "",
               plan->workspace / 1048576.0, plan->variant);
     ++g_stats.plans;
@@ -332,116 +343,163 @@ bool cudnn_attention_enabled() { return state().enabled; }
 
 std::string cudnn_attention_status() { return state().status; }
 
-bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+namespace {
+// One attention call on cuDNN: queries from a.qkv, keys and values from kv (the same
+// tensor for self-attention), causal or not; see cudnn_attention.h.
+bool sdpa_forward(const FlashArgs& a, const void* kv, bool causal, void* out, float* lse,
+                  cudaStream_t cs) {
   State& st = state();
   if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
-  const Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  k.causal = causal, k.ng_mem = a.d.NG;
   std::shared_ptr<Plan> p = plan_for(st, k, a);
   if (!p) return false;
   const size_t es = 2;  // bf16 / f16
   const int64_t QPG = a.d.NH / a.d.NG;
   char* base = static_cast<char*>(const_cast<void*>(a.qkv));
+  char* kvb = static_cast<char*>(const_cast<void*>(kv));
   float scale = float(a.softmax_scale), neg_inf = std::numeric_limits<float>::lowest();
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{base, kvb + QPG * a.d.HD * es, kvb + (QPG + 1) * a.d.HD * es, out, lse,
+                          &scale};
+  if (causal) uids.push_back(kNegInf), ptrs.push_back(&neg_inf);  // only the mask uses it
   try {
-    execute(st, *p, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-            {base, base + QPG * a.d.HD * es, base + (QPG + 1) * a.d.HD * es, out, lse, &scale,
-             &neg_inf},
-            cs);
+    execute(st, *p, uids, ptrs, cs);
   } catch (const CudnnError& e) {
     MCPP_FAIL("attention_forward: cuDNN execution failed for {}: {}", shape_str(a), e.what());
   }
   ++g_stats.forward_calls;
   return true;
 }
+}  // namespace
+
+bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+  return sdpa_forward(a, a.qkv, true, out, lse, cs);
+}
+
+bool cudnn_block_forward(const FlashArgs& a, const void* kv, bool causal, void* out, float* lse,
+                         cudaStream_t cs) {
+  return sdpa_forward(a, kv, causal, out, lse, cs);
+}
 
 // The deterministic backward keeps dP for every (sequence, head) in cuDNN's workspace,
 // B*NH*S*S*2 bytes (1.5 GB for GPT-2 124M at micro-batch 64, 4.3 GB for the Llama-style
-// 1B at 16): when that exceeds a cap (default 8 GB, MCPP_ATTENTION_BWD_WORKSPACE_MB) the
-// batch runs in chunks of sequences whose workspace fits it, each chunk its own cuDNN call
-// on strided views. Chunks cost speed (8 chunks: 38-46% slower backward at the four
-// benchmark shapes), so the default cap only stops extreme cases. Each sequence's gradients are computed alone either way, so the result does not
-// depend on the chunking.
+// 1B at 16, 64 GiB for one sequence of the 1B at 32K): when that exceeds a cap (default
+// 8 GB, MCPP_ATTENTION_BWD_WORKSPACE_MB) the batch runs in chunks of sequences whose
+// workspace fits it, and a sequence that alone is over the cap in chunks of whole
+// key/value groups (ops/types.h's attention_bwd_chunking), each chunk its own cuDNN call
+// on strided views of the same tensors. Chunks cost speed (8 sequence chunks: 38-46%
+// slower backward at the four benchmark shapes), so the default cap only stops extreme
+// cases. Each (sequence, group) -- a K/V head with its query heads -- is computed alone
+// by the same per-head math either way, so the result does not depend on the chunking
+// (tests/cp/test_cp_gpu.cpp checks the bits).
 namespace {
 std::atomic<int64_t> g_bwd_cap{attention_bwd_workspace_cap_from_env()};
 
-int64_t backward_chunk(const AttentionDims& d, bool deterministic) {
-  if (!deterministic) return d.B;
-  return attention_bwd_chunk(d.B, attention_bwd_per_seq_bytes(d.NH, d.S), g_bwd_cap.load());
+AttentionBwdChunk backward_chunk(const AttentionDims& d, bool deterministic) {
+  if (!deterministic) return {d.B, d.NG};
+  return attention_bwd_chunking(d.B, d.NH, d.NG, d.S, g_bwd_cap.load());
 }
 
 // The memory plan predicts this workspace from ops/types.h's formula; a cuDNN that asks for
 // more than predicted makes the plan (and its fit check) optimistic: say so once, naming
 // the linked version. cuDNN 9.19 adds a few hundred bytes of its own to the dP buffer
 // (256 at the GPT-2 124M shape); the plan's stated accuracy is a few MiB, so up to 1 MiB
-// over the formula is not worth a warning.
-void check_planned_workspace(const AttentionDims& d, int64_t bc, int64_t workspace) {
+// over the formula is not worth a warning. dc: the dims of one call.
+void check_planned_workspace(const AttentionDims& dc, int64_t workspace) {
   static std::atomic<bool> warned{false};
   const int64_t planned =
-      cudnn_attention_bwd_workspace_bytes(bc, d.NH, d.NG, d.S, d.HD, int64_t(1) << 62);
+      cudnn_attention_bwd_call_workspace_bytes(dc.B, dc.NH, dc.NG, dc.S, dc.HD);
   constexpr int64_t kSlack = int64_t(1) << 20;
   if (workspace <= planned + kSlack || warned.exchange(true)) return;
   log::warn("attention: cuDNN {} asks for {} bytes of workspace for the deterministic backward "
             "of {} sequences (S {}, {} heads, {} groups, head dim {}); the memory plan assumed "
             "{}. HINT: the start-up memory line and `megatron plan` underestimate this run by "
             "the difference; please report it with this line",
-            version_str(cudnnGetVersion()), workspace, bc, d.S, d.NH, d.NG, d.HD, planned);
+            version_str(cudnnGetVersion()), workspace, dc.B, dc.S, dc.NH, dc.NG, dc.HD, planned);
 }
 
 }  // namespace
 
 int64_t set_cudnn_attention_bwd_workspace_cap(int64_t bytes) { return g_bwd_cap.exchange(bytes); }
 
-bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,
-                              const float* lse, void* dqkv, cudaStream_t cs, int deterministic) {
+namespace {
+// dQ (=) into dq's query slots, dK and dV (=) into dkv's key/value slots (dq may be dkv).
+bool sdpa_backward(const FlashArgs& a, const void* kv, bool causal, const void* dout,
+                   const void* out, const float* lse, void* dq, void* dkv, cudaStream_t cs,
+                   int deterministic) {
   State& st = state();
   if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
   const bool det = deterministic < 0 ? st.deterministic : deterministic != 0;
-  const int64_t bc = backward_chunk(a.d, det);
-  FlashArgs ac = a;
-  ac.d.B = bc;
-  const Key k{true, det, a.dtype, a.d.S, bc, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  const AttentionBwdChunk c = backward_chunk(a.d, det);
+  const int64_t QPG = a.d.NH / a.d.NG;
+  FlashArgs ac = a;  // one call: c.seqs sequences of c.groups groups
+  ac.d.B = c.seqs, ac.d.NG = c.groups, ac.d.NH = c.groups * QPG;
+  Key k{true, det, a.dtype, a.d.S, ac.d.B, ac.d.NH, ac.d.NG, a.d.HD, a.d.B};
+  k.causal = causal, k.ng_mem = a.d.NG;
   std::shared_ptr<Plan> p = plan_for(st, k, ac);
   if (!p) return false;
-  if (det) check_planned_workspace(a.d, bc, p->workspace);
+  if (det) check_planned_workspace(ac.d, p->workspace);
   const size_t es = 2;
-  const int64_t QPG = a.d.NH / a.d.NG, koff = QPG * a.d.HD * es, voff = koff + a.d.HD * es;
-  const int64_t W = a.d.qkv_width(), OW = a.d.NH * a.d.HD;
+  const int64_t koff = QPG * a.d.HD * es, voff = koff + a.d.HD * es;
+  const int64_t W = a.d.qkv_width(), OW = a.d.NH * a.d.HD, gstride = (QPG + 2) * a.d.HD;
   float scale = float(a.softmax_scale), neg_inf = std::numeric_limits<float>::lowest(), one = 1.f;
-  // Buffers the graph keeps outside cuDNN's workspace: D [Bc*NH*S] f32 and, on the atomic
+  // Buffers the graph keeps outside cuDNN's workspace: D [Bc*NHc*S] f32 and, on the atomic
   // path, the f32 dQ accumulator (zeroed: cuDNN adds into it).
   Tensor extra;
-  const int64_t rows = bc * a.d.NH * a.d.S, sum_bytes = (rows * 4 + 255) / 256 * 256;
+  const int64_t rows = ac.d.B * ac.d.NH * a.d.S, sum_bytes = (rows * 4 + 255) / 256 * 256;
   const int64_t acc_bytes = p->dq_accum ? rows * a.d.HD * 4 : 0;
   if (p->softmax_sum_buffer || p->dq_accum)
     extra = Tensor::empty({sum_bytes + acc_bytes}, DType::U8, Device::CUDA);
-  for (int64_t b0 = 0; b0 < a.d.B; b0 += bc) {
-    // Sequence b0 starts b0 rows of the batch into each [S, B, ...] tensor.
-    char* base = static_cast<char*>(const_cast<void*>(a.qkv)) + b0 * W * es;
-    char* dbase = static_cast<char*>(dqkv) + b0 * W * es;
-    char* o = static_cast<char*>(const_cast<void*>(out)) + b0 * OW * es;
-    char* dO = static_cast<char*>(const_cast<void*>(dout)) + b0 * OW * es;
-    float* l = const_cast<float*>(lse) + b0 * a.d.NH * a.d.S;
-    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kNegInf, kOne};
-    std::vector<void*> ptrs{base, base + koff, base + voff, o, dO, l, dbase, dbase + koff,
-                            dbase + voff, &scale, &neg_inf, &one};
-    if (extra.defined()) {
-      char* e = static_cast<char*>(extra.raw());
-      if (p->softmax_sum_buffer) uids.push_back(kSoftmaxSum), ptrs.push_back(e);
-      if (p->dq_accum) {
-        CUDA_CHECK(cudaMemsetAsync(e + sum_bytes, 0, size_t(acc_bytes), cs));
-        uids.push_back(kDQAccum), ptrs.push_back(e + sum_bytes);
+  for (int64_t b0 = 0; b0 < a.d.B; b0 += c.seqs) {
+    for (int64_t g0 = 0; g0 < a.d.NG; g0 += c.groups) {
+      // Sequence b0 starts b0 rows of the batch into each [S, B, ...] tensor; group g0 is
+      // g0 * (QPG + 2) heads into a qkv row and g0 * QPG heads into an out row.
+      const int64_t in_off = (b0 * W + g0 * gstride) * int64_t(es);
+      const int64_t o_off = (b0 * OW + g0 * QPG * a.d.HD) * int64_t(es);
+      char* base = static_cast<char*>(const_cast<void*>(a.qkv)) + in_off;
+      char* kvb = static_cast<char*>(const_cast<void*>(kv)) + in_off;
+      char* dqb = static_cast<char*>(dq) + in_off;
+      char* dkvb = static_cast<char*>(dkv) + in_off;
+      char* o = static_cast<char*>(const_cast<void*>(out)) + o_off;
+      char* dO = static_cast<char*>(const_cast<void*>(dout)) + o_off;
+      float* l = const_cast<float*>(lse) + (b0 * a.d.NH + g0 * QPG) * a.d.S;
+      std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
+      std::vector<void*> ptrs{base, kvb + koff, kvb + voff, o, dO, l, dqb, dkvb + koff,
+                              dkvb + voff, &scale, &one};
+      if (causal) uids.push_back(kNegInf), ptrs.push_back(&neg_inf);  // only the mask uses it
+      if (extra.defined()) {
+        char* e = static_cast<char*>(extra.raw());
+        if (p->softmax_sum_buffer) uids.push_back(kSoftmaxSum), ptrs.push_back(e);
+        if (p->dq_accum) {
+          CUDA_CHECK(cudaMemsetAsync(e + sum_bytes, 0, size_t(acc_bytes), cs));
+          uids.push_back(kDQAccum), ptrs.push_back(e + sum_bytes);
+        }
       }
-    }
-    try {
-      execute(st, *p, uids, ptrs, cs);
-    } catch (const CudnnError& e) {
-      MCPP_FAIL("attention_backward: cuDNN execution failed for {}: {}", shape_str(a), e.what());
+      try {
+        execute(st, *p, uids, ptrs, cs);
+      } catch (const CudnnError& e) {
+        MCPP_FAIL("attention_backward: cuDNN execution failed for {}: {}", shape_str(a),
+                  e.what());
+      }
     }
   }
   ++g_stats.backward_calls;
   return true;
+}
+}  // namespace
+
+bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,
+                              const float* lse, void* dqkv, cudaStream_t cs, int deterministic) {
+  return sdpa_backward(a, a.qkv, true, dout, out, lse, dqkv, dqkv, cs, deterministic);
+}
+
+bool cudnn_block_backward(const FlashArgs& a, const void* kv, bool causal, const void* dout,
+                          const void* out, const float* lse, void* dq, void* dkv,
+                          cudaStream_t cs) {
+  return sdpa_backward(a, kv, causal, dout, out, lse, dq, dkv, cs, -1);
 }
 
 #endif  // MCPP_HAVE_CUDNN

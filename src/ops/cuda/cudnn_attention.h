@@ -45,15 +45,27 @@ bool cudnn_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
 // out is the forward's output (cuDNN recomputes rowsum(dout * out) itself).
 // deterministic: 1 / 0 force the ordered / atomic dQ path; -1 the process default.
 // The cap on the deterministic backward's cuDNN workspace (bytes; the batch runs in chunks
-// of sequences under it). Default 8 GB or MCPP_ATTENTION_BWD_WORKSPACE_MB; returns the
+// of sequences under it, a sequence over it in chunks of whole key/value groups: ops/types.h's
+// attention_bwd_chunking). Default 8 GB or MCPP_ATTENTION_BWD_WORKSPACE_MB; returns the
 // previous value.
 int64_t set_cudnn_attention_bwd_workspace_cap(int64_t bytes);
 bool cudnn_attention_backward(const FlashArgs& a, const void* dout, const void* out,
                               const float* lse, void* dqkv, cudaStream_t cs,
                               int deterministic = -1);
 
+// One context-parallel block (ops/cuda/attention_cp.cu): queries from a.qkv, keys and
+// values from kv (same layout), causal or not (no mask: a chunk against an earlier one).
+// Forward: out, lse (=). Backward from the FINAL out/lse: dQ (=) into dq's query slots, dK
+// and dV (=) into dkv's key/value slots (dq may be dkv; the caller accumulates). Same plan
+// cache and deterministic backward as above; false when cuDNN cannot run it.
+bool cudnn_block_forward(const FlashArgs& a, const void* kv, bool causal, void* out, float* lse,
+                         cudaStream_t cs);
+bool cudnn_block_backward(const FlashArgs& a, const void* kv, bool causal, const void* dout,
+                          const void* out, const float* lse, void* dq, void* dkv,
+                          cudaStream_t cs);
+
 struct CudnnAttentionStats {
-  int64_t forward_calls = 0, backward_calls = 0;  // calls that ran on cuDNN
+  int64_t forward_calls = 0, backward_calls = 0;  // calls that ran on cuDNN (blocks too)
   int64_t plans = 0, rejected = 0;                // plans built, shapes cuDNN rejected
 };
 CudnnAttentionStats cudnn_attention_stats();

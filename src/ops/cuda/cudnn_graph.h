@@ -181,21 +181,24 @@ struct Layout {
   Dims kv_dims, kv_strides;  // K, V, dK, dV
   Dims o_dims, o_strides;    // O, dO
   Dims stat_dims, s_dims;    // Stats [.., S, 1]; scores [.., S, S]
-  // d.B sequences of a batch of `b_mem` (>= d.B) in memory: the sequence stride is that
-  // of the whole batch (a batch chunk of the backward, see cudnn_attention_backward).
-  Layout(const AttentionDims& d, int64_t b_mem) {
+  // d.B sequences of d.NG groups in a batch of `b_mem` (>= d.B) sequences of `ng_mem`
+  // (>= d.NG) groups in memory: the row stride is that of the whole batch (a chunk of the
+  // backward, see sdpa_backward). The group stride does not depend on either, so a chunk of
+  // groups of one sequence is again [d.NG, QPG, S, HD] at a pointer offset.
+  Layout(const AttentionDims& d, int64_t b_mem, int64_t ng_mem) {
     QPG = d.NH / d.NG, Bp = d.B * d.NG, S = d.S, HD = d.HD;
-    const int64_t W = d.qkv_width(), gstride = (QPG + 2) * HD, srow = b_mem * W;
+    const int64_t gstride = (QPG + 2) * HD, srow = b_mem * ng_mem * gstride;
     q_dims = {Bp, QPG, S, HD}, q_strides = {gstride, HD, srow, 1};
     kt_dims = {Bp, 1, HD, S}, kt_strides = {gstride, HD, 1, srow};
     kv_dims = {Bp, 1, S, HD}, kv_strides = {gstride, HD, srow, 1};
-    o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, b_mem * d.NH * HD, 1};
+    o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, b_mem * ng_mem * QPG * HD, 1};
     stat_dims = {Bp, QPG, S, 1}, s_dims = {Bp, QPG, S, S};
   }
   Dims s_transposed() const { return {QPG * S * S, S * S, 1, S}; }
 };
 
-void build_forward(Graph& g, const Layout& L) {
+// causal false: no mask (a context-parallel block against an earlier key chunk).
+void build_forward(Graph& g, const Layout& L, bool causal = true) {
   const cudnnDataType_t io = g.io();
   Raw Q = g.tensor(kQ, L.q_dims, L.q_strides, io);
   Raw KT = g.tensor(kK, L.kt_dims, L.kt_strides, io);
@@ -208,7 +211,7 @@ void build_forward(Graph& g, const Layout& L) {
   g.matmul(Q, KT, s);
   Raw s_scaled = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled);
-  Raw s_masked = g.causal(s_scaled, sd);
+  Raw s_masked = causal ? g.causal(s_scaled, sd) : s_scaled;
   Raw mx = g.virt(rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s_masked, mx);
   Raw centred = g.virt(sd, ss);
@@ -236,7 +239,8 @@ struct BwdVariant {
 constexpr BwdVariant kBwdVariants[] = {{true, true, "D buffered, mask after Stats"},
                                        {false, false, "D virtual, mask before Stats"}};
 
-void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool deterministic) {
+void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool deterministic,
+                    bool causal = true) {
   const cudnnDataType_t io = g.io();
   Raw Q = g.tensor(kQ, L.q_dims, L.q_strides, io);
   Raw KT = g.tensor(kK, L.kt_dims, L.kt_strides, io);
@@ -264,10 +268,10 @@ void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool determi
   g.matmul(Q, KT, s);
   Raw s_scaled = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled);
-  Raw pre = v.mask_after_stats ? s_scaled : g.causal(s_scaled, sd);
+  Raw pre = !causal || v.mask_after_stats ? s_scaled : g.causal(s_scaled, sd);
   Raw centred = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_SUB, pre, stats, centred);
-  Raw post = v.mask_after_stats ? g.causal(centred, sd) : centred;
+  Raw post = causal && v.mask_after_stats ? g.causal(centred, sd) : centred;
   Raw P = g.virt(sd, ss);
   g.pointwise(CUDNN_POINTWISE_EXP, post, nullptr, P);
 

@@ -4,7 +4,9 @@
 // angle(s, i) = (s + s_offset) * base^(-2i / rot_dim), i < h:
 //   out[i]     = x[i] cos - x[i + h] sin
 //   out[i + h] = x[i + h] cos + x[i] sin
-// Backward applies the inverse rotation (sin -> -sin) to the gradient.
+// Backward applies the inverse rotation (sin -> -sin) to the gradient. rope_positions
+// (--reset-position-ids) takes each row's position from a device tensor instead of
+// s + s_offset: the table then has a row per (s, b) and the kernels see S*B rows of B = 1.
 // The cos/sin table is computed in f64 (angles reach thousands of radians) and kept f32.
 // Vector path: a thread rotates N = 16 / sizeof(T) consecutive pairs (i, i + h) with 16-byte
 // loads and stores, when h and HD are whole numbers of packs and qkv is 16-byte aligned;
@@ -35,6 +37,20 @@ static __global__ void rope_table_kernel(float2* table, int64_t S, int64_t half,
     int64_t s = k / half, i = k - s * half;
     double inv_freq = pow(base, -2.0 * double(i) / double(rot_dim));
     double a = double(s + off) * inv_freq;
+    table[k] = make_float2(float(cos(a)), float(sin(a)));
+  }
+}
+
+// The same table at per-row positions: row r of the S*B rows at pos[r].
+static __global__ void rope_pos_table_kernel(float2* table, const int64_t* __restrict__ pos,
+                                             int64_t rows, int64_t half, double base,
+                                             int64_t rot_dim) {
+  int64_t n = rows * half;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    int64_t r = k / half, i = k - r * half;
+    double inv_freq = pow(base, -2.0 * double(i) / double(rot_dim));
+    double a = double(pos[r]) * inv_freq;
     table[k] = make_float2(float(cos(a)), float(sin(a)));
   }
 }
@@ -99,8 +115,11 @@ static __global__ void rope_vec_kernel(const T* in, T* out, const float2* __rest
   }
 }
 
-void rope_apply(const Tensor& in, const AttentionDims& d, int64_t rot_dim, double base,
-                int64_t s_offset, Tensor& out, Stream& s, float sign, const char* op) {
+// positions: null, or [S*B] i64 on the device (rope_positions; s_offset unused).
+void rope_apply(const Tensor& in, const AttentionDims& d_in, int64_t rot_dim, double base,
+                int64_t s_offset, Tensor& out, Stream& s, float sign, const char* op,
+                const int64_t* positions = nullptr) {
+  AttentionDims d = d_in;
   check_cuda(in, op, "input");
   check_cuda(out, op, "output");
   MCPP_CHECK(in.dtype() == out.dtype(), "{}: input {} and output {} differ in dtype", op,
@@ -117,10 +136,15 @@ void rope_apply(const Tensor& in, const AttentionDims& d, int64_t rot_dim, doubl
   if (out.raw() != in.raw())
     CUDA_CHECK(cudaMemcpyAsync(out.raw(), in.raw(), in.nbytes(), cudaMemcpyDeviceToDevice, cs));
   int64_t half = rot_dim / 2;
+  if (positions) d.S *= d.B, d.B = 1;  // a table row per (s, b): S*B rows of one sequence
   Tensor table = Tensor::empty({d.S, half, 2}, DType::F32, Device::CUDA);
   float2* tp = static_cast<float2*>(table.raw());
-  rope_table_kernel<<<grid_for(d.S * half, 256), 256, 0, cs>>>(tp, d.S, half, base, s_offset,
-                                                               rot_dim);
+  if (positions)
+    rope_pos_table_kernel<<<grid_for(d.S * half, 256), 256, 0, cs>>>(tp, positions, d.S, half,
+                                                                      base, rot_dim);
+  else
+    rope_table_kernel<<<grid_for(d.S * half, 256), 256, 0, cs>>>(tp, d.S, half, base, s_offset,
+                                                                 rot_dim);
   MCPP_LAUNCH_CHECK();
   int64_t QPG = d.NH / d.NG;
   int64_t work = d.S * d.B * d.NG * (QPG + 1) * half;
@@ -151,6 +175,17 @@ void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,
 void rope_backward(const Tensor& dqkv_out, const AttentionDims& d, int64_t rot_dim, double base,
                    int64_t s_offset, Tensor& dqkv_in, Stream& s) {
   rope_apply(dqkv_out, d, rot_dim, base, s_offset, dqkv_in, s, -1.f, "rope_backward");
+}
+
+void rope_positions(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
+                    const Tensor& positions, bool inverse, Tensor& qkv_out, Stream& s) {
+  const char* op = "rope_positions";
+  MCPP_CHECK(positions.defined() && positions.device() == Device::CUDA &&
+                 positions.dtype() == DType::I64 && positions.numel() == d.S * d.B,
+             "{}: positions {} must be i64 [S={}, B={}] on the GPU", op,
+             positions.defined() ? positions.str() : std::string("(undefined)"), d.S, d.B);
+  rope_apply(qkv_in, d, rot_dim, base, 0, qkv_out, s, inverse ? -1.f : 1.f, op,
+             static_cast<const int64_t*>(positions.raw()));
 }
 
 }  // namespace mcpp::ops::cuda

@@ -39,6 +39,11 @@ void check_args(const char* op, const CpAttention& a, const Tensor& qkv,
 
 // Document masking: local chunk x's [B, C] of this rank's [B, 2C] key starts (global).
 Tensor key_start_chunk(const Tensor& ks, const Geo& g, int x) {
+  MCPP_CHECK_HINT(ks.device() == Device::CPU,
+                  "drop --reset-attention-mask under context parallelism on the GPU, or train "
+                  "with --device cpu",
+                  "--reset-attention-mask with context parallelism: the per-chunk document "
+                  "starts are built on the host only for now");
   Tensor out = Tensor::empty({g.B, g.C}, DType::I64);
   for (int64_t b = 0; b < g.B; ++b)
     for (int64_t i = 0; i < g.C; ++i)
