@@ -5,10 +5,10 @@
 //   forward   out[q, k]  = z(q, k) / (q+1)                           (fa_fwd_kernel)
 //   dO = e_q  dV[k, q]   = z(q, k) / (q+1)                           (fa_bwd_dkv_kernel)
 //   dO = 1    dQ[q, k]   = s / (q+1) * (z(q, k) - delta_q)           (fa_bwd_dq_kernel)
-// with z = 0 or 1/(1-p). Each extracted mask must equal keep = Philox::uniform(seed,
-// stream, global (b, h, q, k) index) >= p, which is the CPU op's mask (checked here on
-// the CPU op's forward too), on the aligned path (S a multiple of 4) and the per-element
-// one; a TP2 split of the heads (h_offset) and a DP split of the batch (b_offset) must
+// with z = 0 or AttnDropoutMask::keep_scale(p). Each extracted mask must equal keep =
+// AttnDropoutMask::uniform(seed, stream, global (b, h, q, k) index) >= p (base/philox.h),
+// which is the CPU op's mask (checked here on the CPU op's forward too), on the aligned
+// path (S a multiple of 8) and the per-element one; a TP2 split of the heads (h_offset) and a DP split of the batch (b_offset) must
 // draw the full run's masks. Values: random inputs, GQA, S not a multiple of 64, head
 // dims 64 and 128, bf16 and f16, forward and backward against the CPU op (f32 on the
 // same rounded inputs); ops::attention_* with dropout must give the flash kernel's bits.
@@ -59,7 +59,7 @@ Mask philox_mask(const ops::AttentionDims& d) {
           const uint64_t i = uint64_t(
               (((b + d.b_offset) * NHg + h + d.h_offset) * Sg + q + d.q_offset) * Sg + k +
               d.k_offset);
-          m[mi(d, b, h, q, k)] = Philox::uniform(kKey.seed, kKey.stream, i) >= kP;
+          m[mi(d, b, h, q, k)] = AttnDropoutMask::uniform(kKey.seed, kKey.stream, i) >= kP;
         }
   return m;
 }
@@ -72,7 +72,7 @@ struct Masks {
 // input and reads the three masks back.
 Masks flash_masks(const ops::AttentionDims& d, DType dt) {
   const int64_t S = d.S, B = d.B, NH = d.NH, HD = d.HD, G = d.NH / d.NG, W = d.qkv_width();
-  const double scale = 1.0 / std::sqrt(double(HD)), z = 1.0 / (1.0 - kP);
+  const double scale = 1.0 / std::sqrt(double(HD)), z = AttnDropoutMask::keep_scale(kP);
   Tensor gqkv = to_gpu(structured_qkv(d), dt);
   const gpu::FlashArgs fa{gqkv.raw(), d, dt, scale, kP, kKey};
   Tensor gout = gpu_nan({S, B, NH * HD}, dt), glse = gpu_nan({B, NH, S}, DType::F32);
@@ -163,10 +163,11 @@ class GpuFlashDropout : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
-  // S = 64 / 128: the aligned path (one Philox block per four keys, bits shuffled between
-  // lanes); 127 and 66: per-element draws; 100: aligned, S not a multiple of 64.
+  // S = 64 / 128: the aligned path (one Philox block per eight keys, bits shuffled between
+  // lanes); 127, 66 and 100 (a multiple of 4, not of 8): per-element draws; 104: aligned,
+  // S not a multiple of 64.
   for (auto [S, HD] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {127, 128}, {66, 128},
-                       {100, 128}}) {
+                       {100, 128}, {104, 64}}) {
     SCOPED_TRACE(::testing::Message() << "S=" << S << " HD=" << HD << " " << dtype_name(dt()));
     const ops::AttentionDims d = dims(S, 2, 3, HD);
     const Mask want = philox_mask(d);
@@ -202,7 +203,7 @@ TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
 // TP2: each rank holds half the heads (h_offset, NH_global); DP2: each rank one of the
 // two sequences (b_offset). Every kernel of every rank draws the full run's mask.
 TEST_P(GpuFlashDropout, SplitsOfHeadsAndBatchDrawTheFullRunsMask) {
-  for (int64_t S : {128, 126}) {
+  for (int64_t S : {128, 120, 126}) {
     SCOPED_TRACE(::testing::Message() << "S=" << S << " " << dtype_name(dt()));
     const ops::AttentionDims full = dims(S, 2, 4, 128);
     const Masks fm = flash_masks(full, dt());

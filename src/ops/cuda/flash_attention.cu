@@ -5,17 +5,18 @@
 // f32 natural-log (=), dqkv (=, every element written once).
 //
 // Attention dropout runs in the kernels (forward and both backward kernels), with the
-// mask of the CPU op and of attention.cu's CUDA-core kernel: element (b, h, q, k) is kept
-// iff (Philox::u32(seed, stream, i) >> 8) >= ceil(p 2^24), i its global index
-// (((b + b_off) NH_global + h + h_off) S_global + q + q_off) S_global + k + k_off
-// (types.h). So a TP split of heads, an SP/DP split of the batch and a recomputed forward
-// draw the same mask, and the mask is never stored. Four consecutive indices 4j..4j+3 share
-// one Philox block; when S_global and k_off are multiples of 4 every aligned group of four
-// keys is one block, and the lanes that hold a group's elements (two in the forward and dQ
-// layouts, four in dK/dV's transposed one) each draw a share of the blocks and exchange
-// the keep bits by shuffles: one block per four elements, as the CPU. Otherwise every
-// element draws its own block (correct, four times the work). As in FlashAttention, lse
-// and the row normaliser are those of the undropped probabilities.
+// mask of the CPU op and of attention.cu's CUDA-core kernel (AttnDropoutMask, base/
+// philox.h): element (b, h, q, k) is kept iff its 16-bit uniform u16(i) >= ceil(p 2^16),
+// i its global index (((b + b_off) NH_global + h + h_off) S_global + q + q_off) S_global +
+// k + k_off (types.h). So a TP split of heads, an SP/DP split of the batch and a recomputed
+// forward draw the same mask, and the mask is never stored. Eight consecutive indices
+// 8j..8j+7 share one Philox-4x32-7 block; when S_global and k_off are multiples of 8 every
+// aligned group of eight keys is one block, and the lanes that hold a group's elements
+// (four in the forward and dQ layouts, eight in dK/dV's transposed one) each draw a share
+// of the blocks and exchange the keep bits by shuffles: one block per eight elements, as
+// the CPU. Otherwise every element draws its own block (correct, eight times the work).
+// As in FlashAttention, lse and the row normaliser are those of the undropped
+// probabilities.
 //
 // Each block has 4 warps and a 64-row tile; each warp owns 16 rows. Scores live in
 // registers (C fragments), and P is fed back to the next MMA as A fragments without a
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
     const int64_t k0 = int64_t(j) * kRows;
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
+    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -271,8 +272,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
     const int64_t q0 = int64_t(qt) * kRows;
     uint32_t keep = 0;  // computed while the next tiles load
     if constexpr (DROP)
-      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16 + (gr & ~3), q0, gr, tq,
-                              lane);
+      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane);
     if (it + 1 < iters) {
       issue(it + 1, buf ^ 1);
       cp_async_commit();
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
     const int64_t k0 = int64_t(j) * kRows;
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
+    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -509,13 +509,12 @@ FaParams make(const FlashArgs& a) {
   const AttentionDims& d = a.d;
   FaDrop& D = P.D;
   D.set_key(a.key.seed, a.key.stream);
-  // uniform = u24 / 2^24 exactly, so uniform >= p <=> u24 >= ceil(p 2^24) (as the CPU op).
-  D.threshold = uint32_t(std::ceil(a.dropout_p * 16777216.0));
-  D.scale = float(1.0 / (1.0 - a.dropout_p));
+  D.threshold = AttnDropoutMask::threshold(a.dropout_p);
+  D.scale = float(AttnDropoutMask::keep_scale(a.dropout_p));
   D.b_off = d.b_offset, D.h_off = d.h_offset, D.q_off = d.q_offset, D.k_off = d.k_offset;
   D.NHg = d.NH_global > 0 ? d.NH_global : d.NH;
   D.Sg = d.S_global > 0 ? d.S_global : d.S;
-  D.aligned = D.Sg % 4 == 0 && D.k_off % 4 == 0;
+  D.aligned = D.Sg % 8 == 0 && D.k_off % 8 == 0;
   return P;
 }
 
