@@ -69,8 +69,10 @@ struct Masks {
 };
 
 // Runs the flash kernel directly (so no other kernel can stand in) on the structured
-// input and reads the three masks back.
-Masks flash_masks(const ops::AttentionDims& d, DType dt) {
+// input and reads the three masks back. handoff: the backward's dQ kernel reads the keep
+// bits the dK/dV kernel wrote (flash_attention_mask_bytes; the dispatched op's path),
+// else it draws them again.
+Masks flash_masks(const ops::AttentionDims& d, DType dt, bool handoff = true) {
   const int64_t S = d.S, B = d.B, NH = d.NH, HD = d.HD, G = d.NH / d.NG, W = d.qkv_width();
   const double scale = 1.0 / std::sqrt(double(HD)), z = AttnDropoutMask::keep_scale(kP);
   Tensor gqkv = to_gpu(structured_qkv(d), dt);
@@ -106,8 +108,15 @@ Masks flash_masks(const ops::AttentionDims& d, DType dt) {
     Tensor delta = delta_of(dout_c);
     Tensor gdout = to_gpu(dout_c, dt), gdelta = to_gpu(delta, DType::F32);
     Tensor gdqkv = gpu_nan(gqkv.shape(), dt);
+    const int64_t mb = handoff ? gpu::flash_attention_mask_bytes(fa) : 0;
+    Tensor ws;
+    if (mb > 0) {  // garbage first: every byte the dQ kernel reads must have been written
+      ws = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
+      CUDA_CHECK(cudaMemsetAsync(ws.raw(), 0xA5, size_t(mb), cs()));
+    }
     gpu::flash_attention_backward(fa, gdout.raw(), static_cast<const float*>(glse.raw()),
-                                  static_cast<const float*>(gdelta.raw()), gdqkv.raw(), cs());
+                                  static_cast<const float*>(gdelta.raw()), gdqkv.raw(), cs(),
+                                  mb > 0 ? ws.raw() : nullptr);
     return std::make_pair(to_cpu(gdqkv), delta);
   };
   // dO[q, h, :] = e_q: dV[k, q] = sum over the group's heads of Pd[q, k] (one head a group).
@@ -182,7 +191,8 @@ TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
     const Masks m = flash_masks(d, dt());
     EXPECT_EQ(mismatches(m.fwd, want), 0) << "forward mask";
     EXPECT_EQ(mismatches(m.dkv, want), 0) << "dK/dV kernel mask";
-    EXPECT_EQ(mismatches(m.dq, want), 0) << "dQ kernel mask";
+    EXPECT_EQ(mismatches(m.dq, want), 0) << "dQ kernel mask (handed over from dK/dV)";
+    EXPECT_EQ(mismatches(flash_masks(d, dt(), false).dq, want), 0) << "dQ kernel mask (drawn)";
   }
   // The CPU op's own mask, read the same way from its forward.
   const ops::AttentionDims d = dims(64, 2, 3, 64);

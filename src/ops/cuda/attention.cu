@@ -176,9 +176,14 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     return;
   const Tensor delta = row_delta(dout, out, d, qkv.dtype(), op, cs);
   if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
-    flash_attention_backward(fa, dout.raw(),
-                             static_cast<const float*>(lse.raw()),
-                             static_cast<const float*>(delta.raw()), dqkv.raw(), cs);
+    // With dropout the dK/dV kernel hands its keep bits to the dQ kernel (B NH S^2 / 8
+    // bytes, 1/16 of cuDNN's deterministic dP workspace): one Philox draw per backward.
+    const int64_t mb = flash_attention_mask_bytes(fa);
+    Tensor mask;
+    if (mb > 0) mask = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
+    flash_attention_backward(fa, dout.raw(), static_cast<const float*>(lse.raw()),
+                             static_cast<const float*>(delta.raw()), dqkv.raw(), cs,
+                             mb > 0 ? mask.raw() : nullptr);
     return;
   }
   P.out = dqkv.raw();

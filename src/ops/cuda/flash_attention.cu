@@ -23,7 +23,13 @@
 // trip through shared memory (the C layout of two n8 tiles is the A layout of one k16
 // tile). K/V (forward, dQ) or Q/dO (dK/dV) tiles are double-buffered with cp.async.
 // Backward is deterministic: one kernel owns dK, dV of a key tile and sums over the
-// group's query heads and the query tiles in a fixed order; another owns dQ.
+// group's query heads and the query tiles in a fixed order; another owns dQ. With dropout
+// the dK/dV kernel, which draws the mask anyway, writes its keep bits (one bit per score,
+// B NH S^2 / 8 bytes, FaMaskBuf) and the dQ kernel reads them instead of drawing the
+// mask a second time. (FlashAttention-2's single backward kernel with dQ summed by fp32
+// atomics would also skip the dQ kernel's two score GEMMs, but is deterministic only up
+// to the order of the atomics, and its extra dQ accumulators do not fit next to dK/dV's
+// in the head-dim-128 kernel's 255 registers.)
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -58,6 +64,8 @@ struct FaParams {
   float scale_log2;   // softmax scale * log2(e)
   float scale;
   FaDrop D;
+  uint8_t* mask;      // backward with dropout: the keep bytes dK/dV writes and dQ reads
+                      // (FaMaskBuf), or null: the dQ kernel draws the mask again
 };
 
 // 64 rows x HD of a strided [rows, HD] slab into smem (zeros for rows >= S).
@@ -271,8 +279,13 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
     const int hi = it / per_head, qt = kt + (it - hi * per_head);
     const int64_t q0 = int64_t(qt) * kRows;
     uint32_t keep = 0;  // computed while the next tiles load
-    if constexpr (DROP)
-      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane);
+    if constexpr (DROP) {
+      uint32_t drawn;
+      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane, drawn);
+      if (P.mask)
+        store_mask(P.mask, P.S, (b * P.NH + g * P.QPG + hi) * P.S, q0 + 8 * gr + 2 * tq,
+                   k0 + warp * 16, drawn);
+    }
     if (it + 1 < iters) {
       issue(it + 1, buf ^ 1);
       cp_async_commit();
@@ -414,7 +427,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
     const int64_t k0 = int64_t(j) * kRows;
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
+    if constexpr (DROP)
+      keep = P.mask ? load_mask_rows_q(P.mask, P.S, (b * P.NH + h) * P.S, row0, k0, tq)
+                    : keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -531,12 +546,13 @@ void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
 
 template <typename T, int HD, bool DROP>
 void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
-         cudaStream_t cs) {
+         cudaStream_t cs, void* mask) {
   static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
                       allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()), true);
   (void)once;
   FaParams P = make(a);
   P.out = dqkv, P.lse = const_cast<float*>(lse), P.dout = dout, P.delta = delta;
+  P.mask = DROP && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
   const unsigned tiles = unsigned((P.S + kRows - 1) / kRows);
   fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
                              cs>>>(P);
@@ -562,9 +578,9 @@ void fwd_p(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
 }
 template <typename T, int HD>
 void bwd_p(const FlashArgs& a, const void* dout, const float* lse, const float* delta,
-           void* dqkv, cudaStream_t cs) {
-  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs);
-  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs);
+           void* dqkv, cudaStream_t cs, void* mask) {
+  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs, mask);
+  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs, mask);
 }
 }  // namespace
 
@@ -580,16 +596,23 @@ void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
   }
 }
 
+int64_t flash_attention_mask_bytes(const FlashArgs& a) {
+  if (!(a.dropout_p > 0)) return 0;
+  const int64_t Sg = a.d.S_global > 0 ? a.d.S_global : a.d.S;
+  if (Sg % 8 != 0 || a.d.k_offset % 8 != 0) return 0;  // FaDrop::aligned
+  return FaMaskBuf::bytes(a.d.B, a.d.NH, a.d.S);
+}
+
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
-                              const float* delta, void* dqkv, cudaStream_t cs) {
+                              const float* delta, void* dqkv, cudaStream_t cs, void* mask) {
   MCPP_CHECK(a.dropout_p >= 0 && a.dropout_p < 1,
              "flash attention: dropout probability {} outside [0, 1)", a.dropout_p);
   if (a.dtype == DType::BF16) {
-    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs);
-    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs);
+    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs, mask);
+    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs, mask);
   } else {
-    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs);
-    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs);
+    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs, mask);
+    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs, mask);
   }
 }
 

@@ -108,10 +108,13 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
 // eight lanes gr = 0..7 (same tq) hold the eight keys of each aligned group kw + 8r + 0..7
 // for the same queries, one block per (query, r): lane gr draws the four blocks of n = gr
 // (c, r = 0, 1) and sends lane t its bit of each (a nibble per lane, eight shuffles).
+// drawn (aligned path only): byte m = c * 2 + r of it is the block of (query q0 + 8 gr +
+// 2 tq + c, keys kw + 8r .. + 7), for the dQ kernel (FaMaskBuf).
 __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b, int64_t h,
                                                      int64_t kw, int64_t q0, int gr, int tq,
-                                                     int lane) {
+                                                     int lane, uint32_t& drawn) {
   uint32_t mine = 0;
+  drawn = 0;
   if (D.aligned) {
     uint32_t out = 0;  // nibble t, bit m = c * 2 + r: key kw + 8r + t of query q0 + 8gr + 2tq + c
     // Global row (b, h, q) of this lane's first query q0 + 8 gr + 2 tq.
@@ -122,6 +125,7 @@ __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b,
     for (int m = 0; m < 4; ++m) {
       const int c = m >> 1, r = m & 1;
       const uint32_t k8 = D.keep8(((row + uint64_t(c)) * Sg + kb) / 8 + uint64_t(r));
+      drawn |= k8 << (8 * m);
 #pragma unroll
       for (int t = 0; t < 8; ++t) out |= ((k8 >> t) & 1u) << (4 * t + m);
     }
@@ -143,6 +147,46 @@ __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b,
         for (int c = 0; c < 2; ++c)
           mine |= D.keep1(D.index(b, h, q0 + 8 * n + 2 * tq + c, kw + gr + 8 * r))
                   << ((r * 8 + n) * 2 + c);
+  }
+  return mine;
+}
+
+// The backward's mask handed from the dK/dV kernel to the dQ kernel, so the backward
+// draws it once: keep bytes [B, NH, S, ld] (byte j of row (b, h, q) = keys 8j .. 8j + 7,
+// bit e = key 8j + e), ld = 8 ceil(S / 64) so a 64-key tile is one aligned 8-byte word.
+// Used on the aligned path only (S_global, k_off and S multiples of 8).
+struct FaMaskBuf {
+  static int64_t ld(int64_t S) { return 8 * ((S + 63) / 64); }
+  static int64_t bytes(int64_t B, int64_t NH, int64_t S) { return B * NH * S * ld(S); }
+};
+
+// dK/dV side: this lane's drawn blocks (keep_bits_rows_k's `drawn`) into the buffer: two
+// bytes (keys kw .. kw + 15, kw a multiple of 16) for each of its two queries. Columns
+// past S land in the row's padding; rows past S are not written.
+__device__ __forceinline__ void store_mask(uint8_t* mask, int64_t S, int64_t row_base,
+                                           int64_t q, int64_t kw, uint32_t drawn) {
+  const int64_t ld = 8 * ((S + 63) / 64);
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+    if (q + c < S)
+      *reinterpret_cast<uint16_t*>(mask + (row_base + q + c) * ld + kw / 8) =
+          uint16_t((drawn >> (16 * c)) & 0xFFFFu);
+}
+
+// dQ side: the keep bits of rows row0, row0 + 8 and keys k0 .. k0 + 63 (k0 a multiple of
+// 64) in keep_bits_rows_q's layout, read from the buffer instead of drawn.
+__device__ __forceinline__ uint32_t load_mask_rows_q(const uint8_t* mask, int64_t S,
+                                                     int64_t row_base, int64_t row0, int64_t k0,
+                                                     int tq) {
+  const int64_t ld = 8 * ((S + 63) / 64);
+  uint32_t mine = 0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
+    if (row >= S) continue;
+    const uint64_t v = *reinterpret_cast<const uint64_t*>(mask + (row_base + row) * ld + k0 / 8);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) mine |= uint32_t((v >> (8 * n + 2 * tq)) & 3u) << ((r * 8 + n) * 2);
   }
   return mine;
 }
