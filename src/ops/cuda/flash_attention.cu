@@ -600,7 +600,7 @@ int64_t flash_attention_mask_bytes(const FlashArgs& a) {
   if (!(a.dropout_p > 0)) return 0;
   const int64_t Sg = a.d.S_global > 0 ? a.d.S_global : a.d.S;
   if (Sg % 8 != 0 || a.d.k_offset % 8 != 0) return 0;  // FaDrop::aligned
-  return FaMaskBuf::bytes(a.d.B, a.d.NH, a.d.S);
+  return flash_dropout_mask_bytes(a.d.B, a.d.NH, a.d.S);
 }
 
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,

@@ -155,9 +155,10 @@ __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b,
 // draws it once: keep bytes [B, NH, S, ld] (byte j of row (b, h, q) = keys 8j .. 8j + 7,
 // bit e = key 8j + e), ld = 8 ceil(S / 64) so a 64-key tile is one aligned 8-byte word.
 // Used on the aligned path only (S_global, k_off and S multiples of 8).
+// Its size: ops::flash_dropout_mask_bytes (attention_backend.h), which the memory plan
+// can call without CUDA.
 struct FaMaskBuf {
   static int64_t ld(int64_t S) { return 8 * ((S + 63) / 64); }
-  static int64_t bytes(int64_t B, int64_t NH, int64_t S) { return B * NH * S * ld(S); }
 };
 
 // dK/dV side: this lane's drawn blocks (keep_bits_rows_k's `drawn`) into the buffer: two
