@@ -9,7 +9,7 @@
 // philox.h): element (b, h, q, k) is kept iff its 16-bit uniform u16(i) >= ceil(p 2^16),
 // i its global index (((b + b_off) NH_global + h + h_off) S_global + q + q_off) S_global +
 // k + k_off (types.h). So a TP split of heads, an SP/DP split of the batch and a recomputed
-// forward draw the same mask, and the mask is never stored. Eight consecutive indices
+// forward draw the same mask, and the forward stores none. Eight consecutive indices
 // 8j..8j+7 share one Philox-4x32-7 block; when S_global and k_off are multiples of 8 every
 // aligned group of eight keys is one block, and the lanes that hold a group's elements
 // (four in the forward and dQ layouts, eight in dK/dV's transposed one) each draw a share
@@ -26,10 +26,7 @@
 // group's query heads and the query tiles in a fixed order; another owns dQ. With dropout
 // the dK/dV kernel, which draws the mask anyway, writes its keep bits (one bit per score,
 // B NH S^2 / 8 bytes, FaMaskBuf) and the dQ kernel reads them instead of drawing the
-// mask a second time. (FlashAttention-2's single backward kernel with dQ summed by fp32
-// atomics would also skip the dQ kernel's two score GEMMs, but is deterministic only up
-// to the order of the atomics, and its extra dQ accumulators do not fit next to dK/dV's
-// in the head-dim-128 kernel's 255 registers.)
+// mask a second time (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
