@@ -20,9 +20,11 @@ struct Philox {
   static constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   static constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 
-  // Four 32-bit outputs for a 128-bit counter (c0..c3) under a 64-bit key.
+  // Four 32-bit outputs for a 128-bit counter (c0..c3) under a 64-bit key, after R rounds
+  // (10 everywhere but the attention-dropout mask, AttnDropoutMask below).
+  template <int R = 10>
   MCPP_HD static void block(uint32_t c[4], uint32_t k0, uint32_t k1) {
-    for (int r = 0; r < 10; ++r) {
+    for (int r = 0; r < R; ++r) {
       uint64_t p0 = uint64_t(kM0) * c[0];
       uint64_t p1 = uint64_t(kM1) * c[2];
       uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
@@ -50,6 +52,50 @@ struct Philox {
     double u1 = (double(a) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
     double u2 = double(b) * (1.0 / 4294967296.0);
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+};
+
+// The attention-dropout mask (the CPU op ops/cpu/attention.cpp, the CUDA kernels of
+// flash_attention.cu and attention.cu, the context-parallel block kernels): element i (the
+// global (b, h, q, k) index, types.h) is kept iff its 16-bit uniform u16(i) >= threshold(p),
+// i.e. u16 / 2^16 >= p. It has the most elements of any mask (B NH S^2 per layer, drawn in
+// the forward and again in the backward), so its cost is cut twice against Philox::u32:
+//  - 16-bit uniforms: the eight indices 8j..8j+7 share the Philox block at counter j (word
+//    (i >> 1) & 3, half i & 1), eight elements per block instead of four. p is quantised to
+//    threshold / 2^16 (p = 0.1: 0.1000061); keep_scale = 1 / (1 - threshold / 2^16), so
+//    the expectation of a kept-and-scaled value is exactly the value.
+//  - Philox-4x32-7: Salmon et al. (SC'11, "Parallel random numbers: as easy as 1, 2, 3",
+//    Table 2) find 7 rounds the fewest with which Philox4x32 passes all of TestU01's
+//    BigCrush (the 10-round default adds a safety margin; C++26's philox4x32 keeps 10 and
+//    notes no known defect at 7). A dropout mask needs far less than BigCrush; seeds, init
+//    and the hidden-dropout mask stay at 10 rounds.
+// tests/ops/test_attention_mask.cpp checks the kept fraction over 1e7 elements for several p.
+struct AttnDropoutMask {
+  static constexpr int kRounds = 7;
+  // keep iff u16 >= threshold; 65536 keeps nothing (p > 65535/65536).
+  static uint32_t threshold(double p) { return uint32_t(std::ceil(p * 65536.0)); }
+  static double keep_scale(double p) {
+    const uint32_t t = threshold(p);
+    return t >= 65536u ? 0.0 : 65536.0 / double(65536u - t);
+  }
+  // The Philox block of elements 8j..8j+7 (counter j, the stream, the seed as key).
+  MCPP_HD static void block(uint64_t seed, uint64_t stream, uint64_t j, uint32_t w[4]) {
+    w[0] = uint32_t(j), w[1] = uint32_t(j >> 32), w[2] = uint32_t(stream),
+    w[3] = uint32_t(stream >> 32);
+    Philox::block<kRounds>(w, uint32_t(seed), uint32_t(seed >> 32));
+  }
+  // Uniform e of the blocks stored one after another from w (e = 0..7: w's own block).
+  MCPP_HD static uint32_t pick(const uint32_t* w, int e) {
+    return (w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu;
+  }
+  MCPP_HD static uint32_t u16(uint64_t seed, uint64_t stream, uint64_t i) {
+    uint32_t w[4];
+    block(seed, stream, i >> 3, w);
+    return pick(w, int(i & 7));
+  }
+  // u16 / 2^16: keep iff uniform >= p is the same rule as u16 >= threshold(p).
+  MCPP_HD static float uniform(uint64_t seed, uint64_t stream, uint64_t i) {
+    return float(u16(seed, stream, i)) * (1.0f / 65536.0f);
   }
 };
 

@@ -5,10 +5,10 @@
 //   forward   out[q, k]  = z(q, k) / (q+1)                           (fa_fwd_kernel)
 //   dO = e_q  dV[k, q]   = z(q, k) / (q+1)                           (fa_bwd_dkv_kernel)
 //   dO = 1    dQ[q, k]   = s / (q+1) * (z(q, k) - delta_q)           (fa_bwd_dq_kernel)
-// with z = 0 or 1/(1-p). Each extracted mask must equal keep = Philox::uniform(seed,
-// stream, global (b, h, q, k) index) >= p, which is the CPU op's mask (checked here on
-// the CPU op's forward too), on the aligned path (S a multiple of 4) and the per-element
-// one; a TP2 split of the heads (h_offset) and a DP split of the batch (b_offset) must
+// with z = 0 or AttnDropoutMask::keep_scale(p). Each extracted mask must equal keep =
+// AttnDropoutMask::uniform(seed, stream, global (b, h, q, k) index) >= p (base/philox.h),
+// which is the CPU op's mask (checked here on the CPU op's forward too), on the aligned
+// path (S a multiple of 8) and the per-element one; a TP2 split of the heads (h_offset) and a DP split of the batch (b_offset) must
 // draw the full run's masks. Values: random inputs, GQA, S not a multiple of 64, head
 // dims 64 and 128, bf16 and f16, forward and backward against the CPU op (f32 on the
 // same rounded inputs); ops::attention_* with dropout must give the flash kernel's bits.
@@ -29,6 +29,7 @@ cudaStream_t cs() { return static_cast<cudaStream_t>(GS().handle); }
 
 // Q = 0, K[k, d] = V[k, d] = [d == k] for every (sequence, group).
 Tensor structured_qkv(const ops::AttentionDims& d) {
+  EXPECT_LE(d.S, d.HD) << "one-hot K and V need S <= HD";  // else K's ones land in V
   Tensor t = Tensor::empty({d.S, d.B, d.qkv_width()}, DType::F32);
   float* x = static_cast<float*>(t.raw());
   std::memset(x, 0, size_t(t.numel()) * sizeof(float));
@@ -59,7 +60,7 @@ Mask philox_mask(const ops::AttentionDims& d) {
           const uint64_t i = uint64_t(
               (((b + d.b_offset) * NHg + h + d.h_offset) * Sg + q + d.q_offset) * Sg + k +
               d.k_offset);
-          m[mi(d, b, h, q, k)] = Philox::uniform(kKey.seed, kKey.stream, i) >= kP;
+          m[mi(d, b, h, q, k)] = AttnDropoutMask::uniform(kKey.seed, kKey.stream, i) >= kP;
         }
   return m;
 }
@@ -69,10 +70,12 @@ struct Masks {
 };
 
 // Runs the flash kernel directly (so no other kernel can stand in) on the structured
-// input and reads the three masks back.
-Masks flash_masks(const ops::AttentionDims& d, DType dt) {
+// input and reads the three masks back. handoff: the backward's dQ kernel reads the keep
+// bits the dK/dV kernel wrote (flash_attention_mask_bytes; the dispatched op's path),
+// else it draws them again.
+Masks flash_masks(const ops::AttentionDims& d, DType dt, bool handoff = true) {
   const int64_t S = d.S, B = d.B, NH = d.NH, HD = d.HD, G = d.NH / d.NG, W = d.qkv_width();
-  const double scale = 1.0 / std::sqrt(double(HD)), z = 1.0 / (1.0 - kP);
+  const double scale = 1.0 / std::sqrt(double(HD)), z = AttnDropoutMask::keep_scale(kP);
   Tensor gqkv = to_gpu(structured_qkv(d), dt);
   const gpu::FlashArgs fa{gqkv.raw(), d, dt, scale, kP, kKey};
   Tensor gout = gpu_nan({S, B, NH * HD}, dt), glse = gpu_nan({B, NH, S}, DType::F32);
@@ -106,8 +109,15 @@ Masks flash_masks(const ops::AttentionDims& d, DType dt) {
     Tensor delta = delta_of(dout_c);
     Tensor gdout = to_gpu(dout_c, dt), gdelta = to_gpu(delta, DType::F32);
     Tensor gdqkv = gpu_nan(gqkv.shape(), dt);
+    const int64_t mb = handoff ? gpu::flash_attention_mask_bytes(fa) : 0;
+    Tensor ws;
+    if (mb > 0) {  // garbage first: every byte the dQ kernel reads must have been written
+      ws = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
+      CUDA_CHECK(cudaMemsetAsync(ws.raw(), 0xA5, size_t(mb), cs()));
+    }
     gpu::flash_attention_backward(fa, gdout.raw(), static_cast<const float*>(glse.raw()),
-                                  static_cast<const float*>(gdelta.raw()), gdqkv.raw(), cs());
+                                  static_cast<const float*>(gdelta.raw()), gdqkv.raw(), cs(),
+                                  mb > 0 ? ws.raw() : nullptr);
     return std::make_pair(to_cpu(gdqkv), delta);
   };
   // dO[q, h, :] = e_q: dV[k, q] = sum over the group's heads of Pd[q, k] (one head a group).
@@ -163,10 +173,11 @@ class GpuFlashDropout : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
-  // S = 64 / 128: the aligned path (one Philox block per four keys, bits shuffled between
-  // lanes); 127 and 66: per-element draws; 100: aligned, S not a multiple of 64.
+  // S = 64 / 128: the aligned path (one Philox block per eight keys, bits shuffled between
+  // lanes); 127, 66 and 100 (a multiple of 4, not of 8): per-element draws; 104: aligned,
+  // S not a multiple of 64. (The structured input needs S <= HD.)
   for (auto [S, HD] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {127, 128}, {66, 128},
-                       {100, 128}}) {
+                       {100, 128}, {104, 128}}) {
     SCOPED_TRACE(::testing::Message() << "S=" << S << " HD=" << HD << " " << dtype_name(dt()));
     const ops::AttentionDims d = dims(S, 2, 3, HD);
     const Mask want = philox_mask(d);
@@ -181,7 +192,8 @@ TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
     const Masks m = flash_masks(d, dt());
     EXPECT_EQ(mismatches(m.fwd, want), 0) << "forward mask";
     EXPECT_EQ(mismatches(m.dkv, want), 0) << "dK/dV kernel mask";
-    EXPECT_EQ(mismatches(m.dq, want), 0) << "dQ kernel mask";
+    EXPECT_EQ(mismatches(m.dq, want), 0) << "dQ kernel mask (handed over from dK/dV)";
+    EXPECT_EQ(mismatches(flash_masks(d, dt(), false).dq, want), 0) << "dQ kernel mask (drawn)";
   }
   // The CPU op's own mask, read the same way from its forward.
   const ops::AttentionDims d = dims(64, 2, 3, 64);
@@ -202,7 +214,7 @@ TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
 // TP2: each rank holds half the heads (h_offset, NH_global); DP2: each rank one of the
 // two sequences (b_offset). Every kernel of every rank draws the full run's mask.
 TEST_P(GpuFlashDropout, SplitsOfHeadsAndBatchDrawTheFullRunsMask) {
-  for (int64_t S : {128, 126}) {
+  for (int64_t S : {128, 120, 126}) {
     SCOPED_TRACE(::testing::Message() << "S=" << S << " " << dtype_name(dt()));
     const ops::AttentionDims full = dims(S, 2, 4, 128);
     const Masks fm = flash_masks(full, dt());

@@ -155,3 +155,13 @@ TEST(AttentionBackend, ProcessRequestFeedsTheQuery) {
   ops::set_attention_request(before);
   EXPECT_EQ(ops::attention_backend_query(Device::CUDA, DType::BF16, 64, 0.0).request, before);
 }
+
+// The flash backward's dropout-mask buffer (one bit per score, rows padded to 64 keys so a
+// 64-key tile is one aligned 8-byte word): what the CUDA op allocates and a memory plan can
+// count without CUDA.
+TEST(AttentionBackend, FlashDropoutMaskBytes) {
+  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(64, 12, 1024), int64_t(96) << 20);   // GPT-2 124M
+  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(16, 32, 2048), int64_t(256) << 20);  // Llama 1B
+  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(2, 3, 100), 2 * 3 * 100 * 16);  // 128 keys a row
+  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(1, 1, 64), 64 * 8);
+}

@@ -15,7 +15,8 @@
 // tile live per thread, O(block * (block + HD)); the backward recomputes the
 // probabilities from lse one tile at a time. Tiles strictly above the diagonal are
 // never visited. Attention dropout multiplies the (normalised) probability P[q, k] by
-// keep / (1 - p), keep = Philox::uniform(seed, stream, global (b, h, q, k) index) >= p;
+// keep / (1 - p_q), keep = AttnDropoutMask::uniform(seed, stream, global (b, h, q, k)
+// index) >= p (base/philox.h: p quantised to p_q = ceil(p 2^16) / 2^16);
 // lse is that of the undropped softmax, as in FlashAttention.
 #include <omp.h>
 
@@ -87,43 +88,38 @@ struct Layout {
 };
 
 // The dropout mask of attention probabilities, drawn from the global (b, h, q, k) index
-// so that splitting B (DP), heads (TP) or the sequence (CP) draws the same mask.
+// so that splitting B (DP), heads (TP) or the sequence (CP) draws the same mask
+// (AttnDropoutMask in base/philox.h: 16-bit uniforms, eight per Philox-4x32-7 block).
 template <typename T>
 struct AttnDropout {
   bool on = false;
-  uint32_t threshold = 0;  // keep iff (u32 >> 8) >= threshold  <=>  uniform >= p
+  uint32_t threshold = 0;  // keep iff u16 >= threshold  <=>  u16 / 2^16 >= p
   T keep_scale = 1;
   uint64_t seed = 0, stream = 0;
   int64_t b_off = 0, h_off = 0, NHg = 0, q_off = 0, k_off = 0, Sg = 0;
 
   AttnDropout(const AttentionDims& d, double p, DropoutKey key) {
     on = p > 0;
-    // uniform = n / 2^24 exactly, so uniform >= p <=> n >= ceil(p * 2^24) (p * 2^24 is
-    // exact in double).
-    threshold = uint32_t(std::ceil(p * 16777216.0));
-    keep_scale = T(1.0 / (1.0 - p));
+    threshold = AttnDropoutMask::threshold(p);
+    keep_scale = T(AttnDropoutMask::keep_scale(p));
     seed = key.seed, stream = key.stream;
     b_off = d.b_offset, h_off = d.h_offset, q_off = d.q_offset, k_off = d.k_offset;
     NHg = d.NH_global > 0 ? d.NH_global : d.NH;
     Sg = d.S_global > 0 ? d.S_global : d.S;
   }
-  // z[j] = keep(b, h, q, k0 + j) ? 1/(1-p) : 0 for j < n <= kBlk. Element i's number is
-  // lane i & 3 of the Philox block at counter i >> 2 (Philox::u32), so whole blocks are
-  // drawn for the aligned groups of four covering the row and then picked from.
+  // z[j] = keep(b, h, q, k0 + j) ? keep_scale : 0 for j < n <= kBlk. Element i's number is
+  // 16-bit half i & 7 of the Philox block at counter i >> 3, so whole blocks are drawn for
+  // the aligned groups of eight covering the row and then picked from.
   void fill(T* z, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n) const {
     const uint64_t idx =
         uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k0 + k_off);
-    const uint64_t first = idx >> 2, nblocks = ((idx + uint64_t(n) - 1) >> 2) - first + 1;
-    uint32_t r[kBlk + 8];
-    for (uint64_t blk = 0; blk < nblocks; ++blk) {
-      const uint64_t ctr = first + blk;
-      uint32_t c[4] = {uint32_t(ctr), uint32_t(ctr >> 32), uint32_t(stream),
-                       uint32_t(stream >> 32)};
-      Philox::block(c, uint32_t(seed), uint32_t(seed >> 32));
-      r[4 * blk] = c[0], r[4 * blk + 1] = c[1], r[4 * blk + 2] = c[2], r[4 * blk + 3] = c[3];
-    }
-    const uint32_t* u = r + (idx & 3);
-    for (int64_t j = 0; j < n; ++j) z[j] = (u[j] >> 8) >= threshold ? keep_scale : T(0);
+    const uint64_t first = idx >> 3, nblocks = ((idx + uint64_t(n) - 1) >> 3) - first + 1;
+    uint32_t r[(kBlk + 16) / 2];  // 8 uniforms of 16 bits per block
+    for (uint64_t blk = 0; blk < nblocks; ++blk)
+      AttnDropoutMask::block(seed, stream, first + blk, r + 4 * blk);
+    const uint64_t e0 = idx & 7;
+    for (int64_t j = 0; j < n; ++j)
+      z[j] = AttnDropoutMask::pick(r, int(e0 + uint64_t(j))) >= threshold ? keep_scale : T(0);
   }
 };
 

@@ -58,7 +58,7 @@ AttnParams make_params(const Tensor& qkv, const AttentionDims& d, double softmax
   P.S = d.S, P.B = d.B, P.NH = d.NH, P.NG = d.NG, P.QPG = d.NH / d.NG, P.W = d.qkv_width();
   P.scale = float(softmax_scale);
   P.p = p;
-  P.drop_scale = float(1.0 / (1.0 - p));
+  P.drop_scale = float(AttnDropoutMask::keep_scale(p));
   P.seed = key.seed, P.stream = key.stream;
   P.b_off = d.b_offset, P.h_off = d.h_offset, P.q_off = d.q_offset, P.k_off = d.k_offset;
   P.NHg = d.NH_global > 0 ? d.NH_global : d.NH;
@@ -179,9 +179,14 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     return;
   const Tensor delta = row_delta(dout, out, d, qkv.dtype(), op, cs);
   if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
-    flash_attention_backward(fa, dout.raw(),
-                             static_cast<const float*>(lse.raw()),
-                             static_cast<const float*>(delta.raw()), dqkv.raw(), cs);
+    // With dropout the dK/dV kernel hands its keep bits to the dQ kernel (B NH S^2 / 8
+    // bytes, 1/16 of cuDNN's deterministic dP workspace): one Philox draw per backward.
+    const int64_t mb = flash_attention_mask_bytes(fa);
+    Tensor mask;
+    if (mb > 0) mask = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
+    flash_attention_backward(fa, dout.raw(), static_cast<const float*>(lse.raw()),
+                             static_cast<const float*>(delta.raw()), dqkv.raw(), cs,
+                             mb > 0 ? mask.raw() : nullptr);
     return;
   }
   P.out = dqkv.raw();

@@ -5,24 +5,28 @@
 // f32 natural-log (=), dqkv (=, every element written once).
 //
 // Attention dropout runs in the kernels (forward and both backward kernels), with the
-// mask of the CPU op and of attention.cu's CUDA-core kernel: element (b, h, q, k) is kept
-// iff (Philox::u32(seed, stream, i) >> 8) >= ceil(p 2^24), i its global index
-// (((b + b_off) NH_global + h + h_off) S_global + q + q_off) S_global + k + k_off
-// (types.h). So a TP split of heads, an SP/DP split of the batch and a recomputed forward
-// draw the same mask, and the mask is never stored. Four consecutive indices 4j..4j+3 share
-// one Philox block; when S_global and k_off are multiples of 4 every aligned group of four
-// keys is one block, and the lanes that hold a group's elements (two in the forward and dQ
-// layouts, four in dK/dV's transposed one) each draw a share of the blocks and exchange
-// the keep bits by shuffles: one block per four elements, as the CPU. Otherwise every
-// element draws its own block (correct, four times the work). As in FlashAttention, lse
-// and the row normaliser are those of the undropped probabilities.
+// mask of the CPU op and of attention.cu's CUDA-core kernel (AttnDropoutMask, base/
+// philox.h): element (b, h, q, k) is kept iff its 16-bit uniform u16(i) >= ceil(p 2^16),
+// i its global index (((b + b_off) NH_global + h + h_off) S_global + q + q_off) S_global +
+// k + k_off (types.h). So a TP split of heads, an SP/DP split of the batch and a recomputed
+// forward draw the same mask, and the forward stores none. Eight consecutive indices
+// 8j..8j+7 share one Philox-4x32-7 block; when S_global and k_off are multiples of 8 every
+// aligned group of eight keys is one block, and the lanes that hold a group's elements
+// (four in the forward and dQ layouts, eight in dK/dV's transposed one) each draw a share
+// of the blocks and exchange the keep bits by shuffles: one block per eight elements, as
+// the CPU. Otherwise every element draws its own block (correct, eight times the work).
+// As in FlashAttention, lse and the row normaliser are those of the undropped
+// probabilities.
 //
 // Each block has 4 warps and a 64-row tile; each warp owns 16 rows. Scores live in
 // registers (C fragments), and P is fed back to the next MMA as A fragments without a
 // trip through shared memory (the C layout of two n8 tiles is the A layout of one k16
 // tile). K/V (forward, dQ) or Q/dO (dK/dV) tiles are double-buffered with cp.async.
 // Backward is deterministic: one kernel owns dK, dV of a key tile and sums over the
-// group's query heads and the query tiles in a fixed order; another owns dQ.
+// group's query heads and the query tiles in a fixed order; another owns dQ. With dropout
+// the dK/dV kernel, which draws the mask anyway, writes its keep bits (one bit per score,
+// B NH S^2 / 8 bytes, FaMaskBuf) and the dQ kernel reads them instead of drawing the
+// mask a second time (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -57,6 +61,8 @@ struct FaParams {
   float scale_log2;   // softmax scale * log2(e)
   float scale;
   FaDrop D;
+  uint8_t* mask;      // backward with dropout: the keep bytes dK/dV writes and dQ reads
+                      // (FaMaskBuf), or null: the dQ kernel draws the mask again
 };
 
 // 64 rows x HD of a strided [rows, HD] slab into smem (zeros for rows >= S).
@@ -109,7 +115,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
     const int64_t k0 = int64_t(j) * kRows;
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
+    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -270,9 +276,13 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
     const int hi = it / per_head, qt = kt + (it - hi * per_head);
     const int64_t q0 = int64_t(qt) * kRows;
     uint32_t keep = 0;  // computed while the next tiles load
-    if constexpr (DROP)
-      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16 + (gr & ~3), q0, gr, tq,
-                              lane);
+    if constexpr (DROP) {
+      uint32_t drawn;
+      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane, drawn);
+      if (P.mask)
+        store_mask(P.mask, P.S, (b * P.NH + g * P.QPG + hi) * P.S, q0 + 8 * gr + 2 * tq,
+                   k0 + warp * 16, drawn);
+    }
     if (it + 1 < iters) {
       issue(it + 1, buf ^ 1);
       cp_async_commit();
@@ -414,7 +424,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
     const int64_t k0 = int64_t(j) * kRows;
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
+    if constexpr (DROP)
+      keep = P.mask ? load_mask_rows_q(P.mask, P.S, (b * P.NH + h) * P.S, row0, k0, tq)
+                    : keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -509,13 +521,12 @@ FaParams make(const FlashArgs& a) {
   const AttentionDims& d = a.d;
   FaDrop& D = P.D;
   D.set_key(a.key.seed, a.key.stream);
-  // uniform = u24 / 2^24 exactly, so uniform >= p <=> u24 >= ceil(p 2^24) (as the CPU op).
-  D.threshold = uint32_t(std::ceil(a.dropout_p * 16777216.0));
-  D.scale = float(1.0 / (1.0 - a.dropout_p));
+  D.threshold = AttnDropoutMask::threshold(a.dropout_p);
+  D.scale = float(AttnDropoutMask::keep_scale(a.dropout_p));
   D.b_off = d.b_offset, D.h_off = d.h_offset, D.q_off = d.q_offset, D.k_off = d.k_offset;
   D.NHg = d.NH_global > 0 ? d.NH_global : d.NH;
   D.Sg = d.S_global > 0 ? d.S_global : d.S;
-  D.aligned = D.Sg % 4 == 0 && D.k_off % 4 == 0;
+  D.aligned = D.Sg % 8 == 0 && D.k_off % 8 == 0;
   return P;
 }
 
@@ -532,12 +543,13 @@ void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
 
 template <typename T, int HD, bool DROP>
 void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
-         cudaStream_t cs) {
+         cudaStream_t cs, void* mask) {
   static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
                       allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()), true);
   (void)once;
   FaParams P = make(a);
   P.out = dqkv, P.lse = const_cast<float*>(lse), P.dout = dout, P.delta = delta;
+  P.mask = DROP && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
   const unsigned tiles = unsigned((P.S + kRows - 1) / kRows);
   fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
                              cs>>>(P);
@@ -563,9 +575,9 @@ void fwd_p(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
 }
 template <typename T, int HD>
 void bwd_p(const FlashArgs& a, const void* dout, const float* lse, const float* delta,
-           void* dqkv, cudaStream_t cs) {
-  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs);
-  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs);
+           void* dqkv, cudaStream_t cs, void* mask) {
+  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs, mask);
+  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs, mask);
 }
 }  // namespace
 
@@ -581,16 +593,23 @@ void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
   }
 }
 
+int64_t flash_attention_mask_bytes(const FlashArgs& a) {
+  if (!(a.dropout_p > 0)) return 0;
+  const int64_t Sg = a.d.S_global > 0 ? a.d.S_global : a.d.S;
+  if (Sg % 8 != 0 || a.d.k_offset % 8 != 0) return 0;  // FaDrop::aligned
+  return flash_dropout_mask_bytes(a.d.B, a.d.NH, a.d.S);
+}
+
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
-                              const float* delta, void* dqkv, cudaStream_t cs) {
+                              const float* delta, void* dqkv, cudaStream_t cs, void* mask) {
   MCPP_CHECK(a.dropout_p >= 0 && a.dropout_p < 1,
              "flash attention: dropout probability {} outside [0, 1)", a.dropout_p);
   if (a.dtype == DType::BF16) {
-    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs);
-    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs);
+    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs, mask);
+    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs, mask);
   } else {
-    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs);
-    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs);
+    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs, mask);
+    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs, mask);
   }
 }
 

@@ -1,7 +1,8 @@
 // Attention dropout inside flash_attention.cu's kernels: the keep bits of a warp's 16 x 64
-// score tile in the mma.sync m16n8k16 C-fragment layout, drawn from Philox at the global
-// (b, h, q, k) index exactly as the CPU op (ops/cpu/attention.cpp, AttnDropout) and
-// attention.cu's CUDA-core kernel draw them (see flash_attention.cu's opening comment).
+// score tile in the mma.sync m16n8k16 C-fragment layout, drawn at the global (b, h, q, k)
+// index exactly as the CPU op (ops/cpu/attention.cpp, AttnDropout) and attention.cu's
+// CUDA-core kernel draw them: AttnDropoutMask of base/philox.h, eight 16-bit uniforms per
+// Philox-4x32-7 block (see flash_attention.cu's opening comment).
 #pragma once
 #include <cstdint>
 
@@ -10,21 +11,22 @@
 namespace mcpp::ops::cuda {
 
 // The dropout mask's key and global coordinates. The Philox work is most of the cost of
-// dropout here (10 rounds per block), so its round keys come precomputed from the kernel
-// parameters (a constant-bank operand of the XOR, no add per round) and the first round's
-// product of the stream word is folded in (set_key).
+// dropout here, so its round keys come precomputed from the kernel parameters (a
+// constant-bank operand of the XOR, no add per round) and the first round's product of
+// the stream word is folded in (set_key).
 struct FaDrop {
+  static constexpr int R = AttnDropoutMask::kRounds;
   uint64_t seed, stream;
-  uint32_t rk0[10], rk1[10];  // round r's key words: seed words + r (W0, W1)
-  uint32_t x0, x1, s_lo;      // round 0: hi(M1 stream_lo) ^ rk0[0], stream_hi ^ rk1[0], lo(M1 stream_lo)
-  uint32_t threshold;  // keep iff (u32 >> 8) >= threshold  <=>  uniform >= p
-  float scale;         // 1 / (1 - p)
+  uint32_t rk0[R], rk1[R];  // round r's key words: seed words + r (W0, W1)
+  uint32_t x0, x1, s_lo;    // round 0: hi(M1 stream_lo) ^ rk0[0], stream_hi ^ rk1[0], lo(M1 stream_lo)
+  uint32_t threshold;       // keep iff u16 >= threshold  <=>  u16 / 2^16 >= p
+  float scale;              // AttnDropoutMask::keep_scale(p)
   int64_t b_off, h_off, NHg, q_off, k_off, Sg;
-  bool aligned;        // global index = 4j + (local key & 3): a key group is one block
+  bool aligned;  // global index = 8j + (local key & 7): an aligned group of 8 keys is one block
 
   __host__ void set_key(uint64_t sd, uint64_t st) {
     seed = sd, stream = st;
-    for (int r = 0; r < 10; ++r)
+    for (int r = 0; r < R; ++r)
       rk0[r] = uint32_t(sd) + uint32_t(r) * Philox::kW0,
       rk1[r] = uint32_t(sd >> 32) + uint32_t(r) * Philox::kW1;
     const uint64_t p1 = uint64_t(Philox::kM1) * uint32_t(st);
@@ -33,107 +35,60 @@ struct FaDrop {
   __host__ __device__ __forceinline__ uint64_t index(int64_t b, int64_t h, int64_t q, int64_t k) const {
     return uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k + k_off);
   }
-  __device__ __forceinline__ uint32_t keep(uint32_t u) const { return (u >> 8) >= threshold; }
-  // The Philox block holding global index i: Philox::block on the counter
-  // (i >> 2, stream) under the seed (Philox::u32's four lanes), written out round by round.
-  __host__ __device__ __forceinline__ void block(uint64_t i, uint32_t w[4]) const {
-    const uint64_t ctr = i >> 2;
+  // The eight keep bits of AttnDropoutMask::block at counter ctr (global indices 8 ctr ..
+  // 8 ctr + 7; bit e = element 8 ctr + e kept), its rounds written out on scalars (no
+  // local array: the kernels are at their register limit).
+  __device__ __forceinline__ uint32_t keep8(uint64_t ctr) const {
     const uint64_t q0 = uint64_t(Philox::kM0) * uint32_t(ctr);
     uint32_t c0 = x0 ^ uint32_t(ctr >> 32), c1 = s_lo, c2 = uint32_t(q0 >> 32) ^ x1,
              c3 = uint32_t(q0);
 #pragma unroll
-    for (int r = 1; r < 10; ++r) {
+    for (int r = 1; r < R; ++r) {
       const uint64_t p0 = uint64_t(Philox::kM0) * c0, p1 = uint64_t(Philox::kM1) * c2;
       const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ rk0[r], n2 = uint32_t(p0 >> 32) ^ c3 ^ rk1[r];
       c0 = n0, c1 = uint32_t(p1), c2 = n2, c3 = uint32_t(p0);
     }
-    w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
+    auto two = [&](uint32_t w) {
+      return uint32_t((w & 0xFFFFu) >= threshold) | uint32_t((w >> 16) >= threshold) << 1;
+    };
+    return two(c0) | two(c1) << 2 | two(c2) << 4 | two(c3) << 6;
+  }
+  __device__ __forceinline__ uint32_t keep1(uint64_t i) const {
+    return AttnDropoutMask::u16(seed, stream, i) >= threshold;
   }
 };
 
 // Keep bits of a warp's 16 x 64 score tile in the mma C layout, rows = queries (forward,
 // dQ): bit (r * 8 + n) * 2 + c is element (row0 + 8r, k0 + 8n + 2tq + c), row0 = this
-// lane's first row. Lanes tq and tq ^ 1 hold the two halves of the aligned key group
-// k0 + 8n + 4 (tq >> 1) + 0..3 of the same rows: each draws the blocks of half the n and
-// hands the partner its half.
+// lane's first row. The four lanes tq = 0..3 of a row group hold the aligned key group
+// k0 + 8n + 0..7 of the same rows (two keys each), one block: lane tq draws the blocks of
+// n = tq, tq + 4 (both rows, four blocks) and hands each partner its two bits per block.
 __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b, int64_t h,
-                                                     int64_t row0, int64_t k0, int tq) {
+                                                     int64_t row0, int64_t k0, int tq,
+                                                     int lane) {
   uint32_t mine = 0;
   if (D.aligned) {
-    const int par = tq & 1;
-    uint32_t other = 0;
-    // Global index of (row0 + 8r, k0 + 4 (tq >> 1)); the blocks step by 8 keys.
-    const uint64_t base0 = D.index(b, h, row0, k0 + 4 * (tq >> 1)),
-                   base1 = D.index(b, h, row0 + 8, k0 + 4 * (tq >> 1));
+    // Counters of (row0, k0) and (row0 + 8, k0); the blocks step by one per 8 keys.
+    const uint64_t c0 = D.index(b, h, row0, k0) >> 3, c1 = D.index(b, h, row0 + 8, k0) >> 3;
+    uint32_t out = 0;  // byte t: for block m = r * 2 + nn (n = tq + 4 nn), bits 2m, 2m + 1 =
+                       // elements 2t, 2t + 1 of the block (partner t's keys)
     // One block at a time (unroll 1): unrolled, the blocks run side by side and take
     // 40-110 more registers, which spills in the head-dim-128 kernels.
 #pragma unroll 1
-    for (int r = 0; r < 2; ++r)
-#pragma unroll 1
-      for (int nn = 0; nn < 4; ++nn) {
-        const int n = 2 * nn + par;
-        uint32_t w[4];
-        D.block((r ? base1 : base0) + uint64_t(8 * n), w);
-        const int bit = (r * 8 + n) * 2;
-        const uint32_t lo = D.keep(w[0]) | D.keep(w[1]) << 1, hi = D.keep(w[2]) | D.keep(w[3]) << 1;
-        mine |= (par ? hi : lo) << bit;
-        other |= (par ? lo : hi) << bit;
+    for (int m = 0; m < 4; ++m) {
+      const int r = m >> 1, n = tq + 4 * (m & 1);
+      const uint32_t k8 = D.keep8((r ? c1 : c0) + uint64_t(n));
+#pragma unroll
+      for (int t = 0; t < 4; ++t) out |= ((k8 >> (2 * t)) & 3u) << (8 * t + 2 * m);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t v = __shfl_sync(0xffffffffu, out, (lane & ~3) | s) >> (8 * tq);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int r = m >> 1, n = s + 4 * (m & 1);
+        mine |= ((v >> (2 * m)) & 3u) << ((r * 8 + n) * 2);
       }
-    mine |= __shfl_xor_sync(0xffffffffu, other, 1);
-  } else {
-#pragma unroll 1
-    for (int r = 0; r < 2; ++r)
-#pragma unroll 1
-      for (int n = 0; n < 8; ++n)
-#pragma unroll 1
-        for (int c = 0; c < 2; ++c) {
-          const uint64_t i = D.index(b, h, row0 + 8 * r, k0 + 8 * n + 2 * tq + c);
-          mine |= D.keep(Philox::u32(D.seed, D.stream, i)) << ((r * 8 + n) * 2 + c);
-        }
-  }
-  return mine;
-}
-
-// The same for dK/dV's transposed tile, rows = keys: bit (r * 8 + n) * 2 + c is element
-// (query q0 + 8n + 2tq + c, key key0 + 8r), key0 = kbase + (gr & 3), kbase = the warp's
-// aligned group start (k0 + 16 warp + (gr & ~3)). The four lanes gr & ~3 .. + 3 (same tq)
-// hold the four keys of each group: lane i draws the blocks of n = 2i, 2i + 1 and sends
-// lane t the bits of key offset t (one byte per lane, four shuffles).
-__device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b, int64_t h,
-                                                     int64_t kbase, int64_t q0, int gr, int tq,
-                                                     int lane) {
-  uint32_t mine = 0;
-  const int i = gr & 3;
-  if (D.aligned) {
-    uint32_t out = 0;  // byte t, bit j: key offset t of block j = (nn * 2 + c) * 2 + r
-    // Global row (b, h, q) of this lane's first query q0 + 16i + 2tq, and the keys' offset.
-    const uint64_t row = uint64_t(((b + D.b_off) * D.NHg + h + D.h_off) * D.Sg + q0 + 16 * i +
-                                  2 * tq + D.q_off),
-                   kb = uint64_t(kbase + D.k_off), Sg = uint64_t(D.Sg);
-#pragma unroll 1
-    for (int nn = 0; nn < 2; ++nn)
-#pragma unroll 1
-      for (int c = 0; c < 2; ++c)
-#pragma unroll 1
-        for (int r = 0; r < 2; ++r) {
-          const int j = (nn * 2 + c) * 2 + r;
-          uint32_t w[4];
-          D.block((row + uint64_t(8 * nn + c)) * Sg + kb + uint64_t(8 * r), w);
-#pragma unroll
-          for (int t = 0; t < 4; ++t) out |= D.keep(w[t]) << (8 * t + j);
-        }
-#pragma unroll
-    for (int src = 0; src < 4; ++src) {
-      const uint32_t v = __shfl_sync(0xffffffffu, out, lane + 4 * (src - i)) >> (8 * i);
-#pragma unroll
-      for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int j = (nn * 2 + c) * 2 + r, n = 2 * src + nn;
-            mine |= ((v >> j) & 1u) << ((r * 8 + n) * 2 + c);
-          }
     }
   } else {
 #pragma unroll 1
@@ -141,10 +96,98 @@ __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b,
 #pragma unroll 1
       for (int n = 0; n < 8; ++n)
 #pragma unroll 1
-        for (int c = 0; c < 2; ++c) {
-          const uint64_t idx = D.index(b, h, q0 + 8 * n + 2 * tq + c, kbase + i + 8 * r);
-          mine |= D.keep(Philox::u32(D.seed, D.stream, idx)) << ((r * 8 + n) * 2 + c);
-        }
+        for (int c = 0; c < 2; ++c)
+          mine |= D.keep1(D.index(b, h, row0 + 8 * r, k0 + 8 * n + 2 * tq + c))
+                  << ((r * 8 + n) * 2 + c);
+  }
+  return mine;
+}
+
+// The same for dK/dV's transposed tile, rows = keys: bit (r * 8 + n) * 2 + c is element
+// (query q0 + 8n + 2tq + c, key kw + gr + 8r), kw = k0 + 16 warp (a multiple of 8). The
+// eight lanes gr = 0..7 (same tq) hold the eight keys of each aligned group kw + 8r + 0..7
+// for the same queries, one block per (query, r): lane gr draws the four blocks of n = gr
+// (c, r = 0, 1) and sends lane t its bit of each (a nibble per lane, eight shuffles).
+// drawn (aligned path only): byte m = c * 2 + r of it is the block of (query q0 + 8 gr +
+// 2 tq + c, keys kw + 8r .. + 7), for the dQ kernel (FaMaskBuf).
+__device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b, int64_t h,
+                                                     int64_t kw, int64_t q0, int gr, int tq,
+                                                     int lane, uint32_t& drawn) {
+  uint32_t mine = 0;
+  drawn = 0;
+  if (D.aligned) {
+    uint32_t out = 0;  // nibble t, bit m = c * 2 + r: key kw + 8r + t of query q0 + 8gr + 2tq + c
+    // Global row (b, h, q) of this lane's first query q0 + 8 gr + 2 tq.
+    const uint64_t row = uint64_t(((b + D.b_off) * D.NHg + h + D.h_off) * D.Sg + q0 + 8 * gr +
+                                  2 * tq + D.q_off),
+                   kb = uint64_t(kw + D.k_off), Sg = uint64_t(D.Sg);
+#pragma unroll 1
+    for (int m = 0; m < 4; ++m) {
+      const int c = m >> 1, r = m & 1;
+      const uint32_t k8 = D.keep8(((row + uint64_t(c)) * Sg + kb) / 8 + uint64_t(r));
+      drawn |= k8 << (8 * m);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) out |= ((k8 >> t) & 1u) << (4 * t + m);
+    }
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint32_t v = __shfl_sync(0xffffffffu, out, 4 * s + tq) >> (4 * gr);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int c = m >> 1, r = m & 1;
+        mine |= ((v >> m) & 1u) << ((r * 8 + s) * 2 + c);
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int r = 0; r < 2; ++r)
+#pragma unroll 1
+      for (int n = 0; n < 8; ++n)
+#pragma unroll 1
+        for (int c = 0; c < 2; ++c)
+          mine |= D.keep1(D.index(b, h, q0 + 8 * n + 2 * tq + c, kw + gr + 8 * r))
+                  << ((r * 8 + n) * 2 + c);
+  }
+  return mine;
+}
+
+// The backward's mask handed from the dK/dV kernel to the dQ kernel, so the backward
+// draws it once: keep bytes [B, NH, S, ld] (byte j of row (b, h, q) = keys 8j .. 8j + 7,
+// bit e = key 8j + e), ld = 8 ceil(S / 64) so a 64-key tile is one aligned 8-byte word.
+// Used on the aligned path only (S_global, k_off and S multiples of 8).
+// Its size: ops::flash_dropout_mask_bytes (attention_backend.h), which the memory plan
+// can call without CUDA.
+struct FaMaskBuf {
+  static int64_t ld(int64_t S) { return 8 * ((S + 63) / 64); }
+};
+
+// dK/dV side: this lane's drawn blocks (keep_bits_rows_k's `drawn`) into the buffer: two
+// bytes (keys kw .. kw + 15, kw a multiple of 16) for each of its two queries. Columns
+// past S land in the row's padding; rows past S are not written.
+__device__ __forceinline__ void store_mask(uint8_t* mask, int64_t S, int64_t row_base,
+                                           int64_t q, int64_t kw, uint32_t drawn) {
+  const int64_t ld = 8 * ((S + 63) / 64);
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+    if (q + c < S)
+      *reinterpret_cast<uint16_t*>(mask + (row_base + q + c) * ld + kw / 8) =
+          uint16_t((drawn >> (16 * c)) & 0xFFFFu);
+}
+
+// dQ side: the keep bits of rows row0, row0 + 8 and keys k0 .. k0 + 63 (k0 a multiple of
+// 64) in keep_bits_rows_q's layout, read from the buffer instead of drawn.
+__device__ __forceinline__ uint32_t load_mask_rows_q(const uint8_t* mask, int64_t S,
+                                                     int64_t row_base, int64_t row0, int64_t k0,
+                                                     int tq) {
+  const int64_t ld = 8 * ((S + 63) / 64);
+  uint32_t mine = 0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
+    if (row >= S) continue;
+    const uint64_t v = *reinterpret_cast<const uint64_t*>(mask + (row_base + row) * ld + k0 / 8);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) mine |= uint32_t((v >> (8 * n + 2 * tq)) & 3u) << ((r * 8 + n) * 2);
   }
   return mine;
 }
