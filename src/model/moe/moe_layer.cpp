@@ -420,8 +420,9 @@ void MoeLayer::route_device(const Tensor& logits, Saved& s, const StepContext& c
   }
   if (!spec.aux && !spec.z) return;
   if (!stats_.dev_sum.defined()) {
-    stats_.dev_sum = Tensor::zeros({2}, DType::F32, cx.dev);
-    stats_.dev_last = Tensor::zeros({2}, DType::F32, cx.dev);
+    stats_.dev_sum = Tensor::empty({2}, DType::F32, cx.dev);
+    stats_.dev_last = Tensor::empty({2}, DType::F32, cx.dev);
+    ops::fill(stats_.dev_sum, 0.0, st);
   }
   ops::moe_route_stats(logits, spec, cx.B, s.d_aux_counts, stats_.dev_last, st);
   if (count) ops::add(stats_.dev_sum, stats_.dev_last, stats_.dev_sum, st), ++stats_.dev_forwards;
