@@ -294,12 +294,18 @@ int main(int argc, char** argv) {
             "\n### {} (micro-batch {}): GPU time per op, one profiled step of {:.1f} ms "
             "(unprofiled {:.1f} ms)\n\n| op | calls | ms | % of step |\n|---|---:|---:|---:|\n",
             c.name, B, pms, ms);
-        for (auto& t : times)
+        double small = 0;
+        for (auto& t : times) {
           if (t.ms >= 0.005 * pms)
             profiles += fmt::format("| {} | {} | {:.2f} | {:.1f}% |\n", t.name, t.calls, t.ms,
                                     100 * t.ms / pms);
-        profiles += fmt::format("| (ops under 0.5% each, host gaps, syncs) | | {:.2f} | |\n",
-                                pms - sum);
+          else
+            small += t.ms;
+        }
+        profiles += fmt::format("| (the ops under 0.5% each) | | {:.2f} | {:.1f}% |\n", small,
+                                100 * small / pms);
+        profiles += fmt::format("| (outside ops: host gaps, syncs) | | {:.2f} | {:.1f}% |\n",
+                                pms - sum, 100 * (pms - sum) / pms);
       }
       na = active_params(m.params(), c.cfg);
       auto mem = gpu::memory_stats();
