@@ -7,6 +7,10 @@
 
 namespace mcpp::ops {
 
+// What the CUDA routing kernels take (a token's scores live in one thread's registers);
+// larger routers route on the host (model/moe/moe_layer.cpp checks these).
+inline constexpr int64_t kMoeRouteMaxExpertsCuda = 256, kMoeRouteMaxTopkCuda = 16;
+
 struct MoeRouteSpec {
   int64_t E = 0, k = 0;                    // experts, experts per token
   bool sigmoid = false;                    // score function sigmoid (else softmax)

@@ -389,7 +389,8 @@ ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
 
 bool MoeLayer::routes_on_device(const StepContext& cx, bool all_rows) const {
   const auto& m = cfg_->moe;
-  return cx.dev == Device::CUDA && m.capacity_factor <= 0 && all_rows && !(ep_ && !m.alltoall);
+  return cx.dev == Device::CUDA && m.capacity_factor <= 0 && all_rows && !(ep_ && !m.alltoall) &&
+         m.num_experts <= ops::kMoeRouteMaxExpertsCuda && m.topk <= ops::kMoeRouteMaxTopkCuda;
 }
 
 void MoeLayer::route_device(const Tensor& logits, Saved& s, const StepContext& cx) const {

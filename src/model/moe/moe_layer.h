@@ -150,8 +150,8 @@ class MoeLayer final : public MlpModule {
   };
   void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
   // Whether this forward routes on the device: CUDA, dropless, every row of the routing
-  // on this rank (ETP = TP), and not the all-gather dispatcher at EP > 1 (those keep the
-  // host routing, routing.h).
+  // on this rank (ETP = TP), not the all-gather dispatcher at EP > 1, at most 256 experts
+  // and top-16 (the others keep the host routing, routing.h).
   bool routes_on_device(const StepContext& cx, bool all_rows) const;
   // The device routing of the group's logits [T,E]: fills s's device tensors, the host row
   // counts (the one transfer) and the statistics.

@@ -17,8 +17,8 @@ namespace mcpp::ops::cuda {
 namespace {
 
 namespace mm = moe_math;
-constexpr int kMaxE = 256;   // scores per token held in registers / local memory
-constexpr int kMaxK = 16;
+constexpr int kMaxE = int(kMoeRouteMaxExpertsCuda);  // a token's scores, thread-local
+constexpr int kMaxK = int(kMoeRouteMaxTopkCuda);
 constexpr int kTile = 256;   // tokens per counting-sort tile
 constexpr int kThreads = 128;
 
