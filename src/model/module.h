@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,7 @@ struct Workspace {
   Tensor sel_ctx, sel_lse;          // selective recompute: the attention core's output
   std::vector<LayerSaved> rc_acts;  // full recompute: one per layer of the largest group
   std::vector<Tensor> rc_hidden;    // full recompute: hidden states inside a group
+  std::shared_ptr<void> moe;        // model/moe: the MoE layers' scratch, one for all of them
   Workspace();
   ~Workspace();
 };

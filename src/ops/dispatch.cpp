@@ -254,6 +254,28 @@ void moe_scale_rows(const Tensor& x, const Tensor& p, Tensor& y, Stream& s) {
 void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
   MCPP_DISPATCH(moe_row_dot, a, b, out, s);
 }
+void moe_route_topk(const Tensor& logits, const Tensor& bias, const MoeRouteSpec& r,
+                    Tensor& idx, Tensor& prob, Stream& s) {
+  MCPP_DISPATCH(moe_route_topk, logits, bias, r, idx, prob, s);
+}
+void moe_route_index(const Tensor& idx, int64_t E, Tensor& counts, Tensor& src,
+                     Tensor& row_slot, Tensor& slot_row, Tensor& offsets, Tensor& rows,
+                     Stream& s) {
+  MCPP_DISPATCH(moe_route_index, idx, E, counts, src, row_slot, slot_row, offsets, rows, s);
+}
+void moe_gather(const Tensor& x, const Tensor& index, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(moe_gather, x, index, y, s);
+}
+void moe_route_stats(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Tensor& aux_counts,
+                     Tensor& losses, Stream& s) {
+  MCPP_DISPATCH(moe_route_stats, logits, r, B, aux_counts, losses, s);
+}
+void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& dprob,
+                        const Tensor& aux_counts, const MoeRouteSpec& r, int64_t B,
+                        double aux_scale, int64_t r0, int64_t r1, Tensor& dlogits, Stream& s) {
+  MCPP_DISPATCH(moe_route_backward, logits, idx, dprob, aux_counts, r, B, aux_scale, r0, r1,
+                dlogits, s);
+}
 
 // ---- inference
 void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos, double sc,

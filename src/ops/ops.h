@@ -3,6 +3,7 @@
 // the same declarations, listed once in catalogue.inc.
 #pragma once
 #include "ops/fp8_grid.h"
+#include "ops/moe_route.h"
 #include "ops/types.h"
 #include "tensor/tensor.h"
 

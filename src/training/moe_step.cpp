@@ -28,6 +28,7 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
       if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp())) layers.push_back(l);
   }
   const int64_t E = c.moe.num_experts;
+  for (auto* l : layers) l->sync_stats();  // the device routing's losses, once per batch
   // Expert bias: counts over DP, then the sign update (Megatron's get_updated_expert_bias).
   if (c.moe.expert_bias) {
     std::vector<double> counts;

@@ -1,13 +1,17 @@
 // MoE on CUDA (ctest label gpu): the MoE ops against the CPU ops on random data (f32, bf16,
 // f16; outputs poisoned with NaN first), and a whole tiny MoE model (router, permutation,
 // experts, shared gated expert, aux and z losses) on the GPU against the same model on the
-// CPU: loss, logits and every parameter gradient.
+// CPU: loss, logits and every parameter gradient. The device routing ops (top-k with every
+// score function, the dispatch index, the load-balancing statistics, the routing backward)
+// against the CPU ops on the same logits: the same experts, rows and tie-breaks exactly.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <tuple>
 
 #include "../gpu/gpu_test_util.h"
 #include "model/gpt_model.h"
+#include "model/moe/moe_layer.h"
 
 using namespace mcpp;
 using namespace mcpp::test;
@@ -68,6 +72,105 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, GpuMoeOp, ::testing::Values(DType::F32, DType::
 
 namespace {
 
+struct RouteCase {
+  const char* name;
+  TransformerConfig::Moe m;
+  bool bias;
+};
+
+std::vector<RouteCase> route_cases() {
+  auto base = [](int64_t E, int64_t k) {
+    TransformerConfig::Moe m;
+    m.num_experts = E, m.topk = k, m.ffn_hidden_size = 4, m.aux_loss_coeff = 1e-2;
+    m.z_loss_coeff = 1e-3;
+    return m;
+  };
+  std::vector<RouteCase> v;
+  v.push_back({"mixtral_softmax_top2", base(8, 2), false});
+  v.push_back({"pre_softmax_scaled_seq_aux", base(16, 4), false});
+  v.back().m.pre_softmax = true, v.back().m.topk_scaling_factor = 2.5;
+  v.back().m.balance = TransformerConfig::Moe::Balance::SeqAuxLoss;
+  v.push_back({"deepseek_sigmoid_bias_groups", base(32, 6), true});
+  v.back().m.sigmoid = true, v.back().m.num_groups = 8, v.back().m.group_topk = 3;
+  v.back().m.topk_scaling_factor = 2.0;
+  v.push_back({"sigmoid_top1_no_balance", base(64, 1), true});
+  v.back().m.sigmoid = true, v.back().m.balance = TransformerConfig::Moe::Balance::None;
+  return v;
+}
+
+}  // namespace
+
+class GpuMoeRoute : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { MCPP_REQUIRE_GPU(); }
+};
+
+TEST_P(GpuMoeRoute, MatchesCpuOps) {
+  const DType dt = GetParam();
+  const int64_t S = 300, B = 2, T = S * B;  // three tiles of the counting sort
+  for (const auto& c : route_cases()) {
+    SCOPED_TRACE(c.name);
+    const int64_t E = c.m.num_experts, k = c.m.topk, N = T * k;
+    const ops::MoeRouteSpec spec = model::moe::route_spec(c.m);
+    const int64_t G = spec.seq_aux ? B : 1;
+    // Logits in dt (bf16: many exact ties), the CPU op on the same values in f32.
+    Tensor l = rand_in({T, E}, 21, dt, -3.f, 3.f), gl = to_gpu(l, dt);
+    Tensor bias = rand_f32({E}, 22, 0.f, 0.5f), gbias = to_gpu(bias, DType::F32);
+    Tensor b = c.bias ? bias : Tensor(), gb = c.bias ? gbias : Tensor();
+    Tensor idx = Tensor::empty({T, k}, DType::I64), prob = Tensor::empty({T, k}, DType::F32);
+    Tensor gidx = Tensor::empty({T, k}, DType::I64, Device::CUDA), gprob = gpu_nan({T, k}, DType::F32);
+    cpu::moe_route_topk(l, b, spec, idx, prob, CS());
+    gpu::moe_route_topk(gl, gb, spec, gidx, gprob, GS());
+    Tensor hidx = to_cpu(gidx);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < N; ++i) differ += hidx.data<int64_t>()[i] != idx.data<int64_t>()[i];
+    EXPECT_EQ(differ, 0) << "selected experts differ from the CPU op's";
+    EXPECT_LE(rel_err(to_cpu(gprob), prob), 1e-6);
+
+    auto i64 = [](int64_t n, Device d) { return Tensor::empty({n}, DType::I64, d); };
+    Tensor cnt = i64(E, Device::CPU), src = i64(N, Device::CPU), rs = i64(N, Device::CPU);
+    Tensor sr = i64(N, Device::CPU), off = i64(T + 1, Device::CPU), rows = i64(N, Device::CPU);
+    Tensor gcnt = i64(E, Device::CUDA), gsrc = i64(N, Device::CUDA), grs = i64(N, Device::CUDA);
+    Tensor gsr = i64(N, Device::CUDA), goff = i64(T + 1, Device::CUDA), grows = i64(N, Device::CUDA);
+    cpu::moe_route_index(idx, E, cnt, src, rs, sr, off, rows, CS());
+    gpu::moe_route_index(gidx, E, gcnt, gsrc, grs, gsr, goff, grows, GS());
+    for (auto [h, g, name] : {std::tuple{&cnt, &gcnt, "counts"}, {&src, &gsrc, "src"},
+                              {&rs, &grs, "row_slot"}, {&sr, &gsr, "slot_row"},
+                              {&off, &goff, "offsets"}, {&rows, &grows, "rows"}}) {
+      Tensor gh = to_cpu(*g);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < h->numel(); ++i) bad += gh.data<int64_t>()[i] != h->data<int64_t>()[i];
+      EXPECT_EQ(bad, 0) << name;
+    }
+    Tensor pr = Tensor::empty({N}, DType::F32), gpr = gpu_nan({N}, DType::F32);
+    cpu::moe_gather(prob, rs, pr, CS());
+    gpu::moe_gather(gprob, grs, gpr, GS());
+    EXPECT_LE(rel_err(to_cpu(gpr), pr), 1e-6);
+
+    Tensor ac = Tensor::empty({G * E}, DType::F32), ls = Tensor::empty({2}, DType::F32);
+    Tensor gac = gpu_nan({G * E}, DType::F32), gls = gpu_nan({2}, DType::F32);
+    cpu::moe_route_stats(l, spec, B, ac, ls, CS());
+    gpu::moe_route_stats(gl, spec, B, gac, gls, GS());
+    if (spec.aux) {
+      EXPECT_EQ(rel_err(to_cpu(gac), ac), 0.0) << "aux counts";
+      EXPECT_GT(ls.data<float>()[0], 0.f);
+    }
+    EXPECT_LE(rel_err(to_cpu(gls), ls), 1e-5) << "losses";
+
+    Tensor dp = rand_f32({T, k}, 23), gdp = to_gpu(dp, DType::F32);
+    Tensor dl = Tensor::empty({T, E}, DType::F32), gdl = gpu_nan({T, E}, dt);
+    cpu::moe_route_backward(l, idx, dp, ac, spec, B, 0.5, 100, 500, dl, CS());
+    gpu::moe_route_backward(gl, gidx, gdp, gac, spec, B, 0.5, 100, 500, gdl, GS());
+    EXPECT_LE(rel_err(to_cpu(gdl), rounded(dl, dt)), dt == DType::F32 ? 1e-5 : tol(dt))
+        << "dlogits";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GpuMoeRoute, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& i) { return std::string(dtype_name(i.param)); });
+
+namespace {
+
 TransformerConfig moe_cfg(Device dev, DType dt) {
   TransformerConfig c;
   c.num_layers = 2, c.kv_channels = 64, c.seq_length = 64, c.max_position_embeddings = 64;
@@ -96,7 +199,49 @@ model::MicroBatch batch(uint64_t seed, int64_t B, int64_t S) {
   return mb;
 }
 
+
+
+// The fine-grained (DeepSeek-style) router: sigmoid scores with the expert bias buffer,
+// group-limited top-k, scaling, seq_aux_loss; GELU experts, no shared expert.
+TransformerConfig sigmoid_cfg(Device dev, DType dt) {
+  TransformerConfig c = moe_cfg(dev, dt);
+  c.swiglu = false;
+  c.moe.num_experts = 16, c.moe.topk = 4, c.moe.sigmoid = true, c.moe.expert_bias = true;
+  c.moe.num_groups = 4, c.moe.group_topk = 2, c.moe.topk_scaling_factor = 2.0;
+  c.moe.balance = TransformerConfig::Moe::Balance::SeqAuxLoss;
+  c.moe.shared_ffn_hidden_size = 0, c.moe.shared_expert_gate = false;
+  return c;
+}
+
+void f32_matches_cpu(const TransformerConfig& ccfg, const TransformerConfig& gcfg,
+                     const char* name) {
+  GPTModel cm(ccfg);
+  GPTModel gm(gcfg);
+  ops::copy(cm.params().flat_params(), gm.params().flat_params(), GS());
+  auto mb = batch(17, 2, 64);
+  model::StepKeys k;
+  k.iteration = 2;
+  cm.params().zero_grads(), gm.params().zero_grads();
+  const double lc = cm.forward(mb, k), lg = gm.forward(mb, k);
+  EXPECT_NEAR(lg, lc, 1e-5 * std::abs(lc));
+  EXPECT_LE(rel_err(to_cpu(gm.logits()), cm.logits()), 1e-5);
+  cm.backward(1.0 / 128), gm.backward(1.0 / 128);
+  double worst = 0;
+  for (size_t i = 0; i < cm.params().infos().size(); ++i) {
+    const double e = rel_err(to_cpu(gm.params().grad(i)), cm.params().grad(i));
+    EXPECT_LE(e, 1e-4) << cm.params().infos()[i].name;
+    worst = std::max(worst, e);
+  }
+  std::printf("[moe f32 %s] loss %.6f vs cpu %.6f, worst grad rel %.2e\n", name, lg, lc, worst);
+}
+
 }  // namespace
+
+TEST(GpuMoeModel, F32SigmoidGroupsBiasMatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  f32_matches_cpu(sigmoid_cfg(Device::CPU, DType::F32), sigmoid_cfg(Device::CUDA, DType::F32),
+                  "sigmoid");
+}
 
 TEST(GpuMoeModel, F32MatchesCpu) {
   MCPP_REQUIRE_GPU();

@@ -136,29 +136,36 @@ void MoeLayer::saved_specs(const Dims& d, bool /*keep_activation*/, MlpSaved& sb
   if (shared_) shared_->saved_specs(d, s.shared, v);
 }
 
+MoeLayer::Scratch& MoeLayer::scratch(Workspace& ws) const {
+  if (!ws.moe) ws.moe = std::make_shared<Scratch>();
+  w_ = static_cast<Scratch*>(ws.moe.get());
+  return *w_;
+}
+
 void MoeLayer::scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const {
+  scratch(ws);
   const int64_t E = cfg_->moe.num_experts, Nmax = max_rows(*cfg_, d.T);
   const DType rd = Router::router_dtype(*cfg_);
-  v(w_.yp, {Nmax, d.H}, d.dt, true);
-  v(w_.gp, {Nmax, d.H}, d.dt, true);
-  v(w_.dxp, {Nmax, d.H}, d.dt, true);
-  v(w_.dp, {Nmax}, d.sdt, true);
-  v(w_.y_full, {d.T, d.H}, d.dt, true);
-  v(w_.g_full, {d.T, d.H}, d.dt, d.sp);
-  v(w_.dx_full, {d.T, d.H}, d.dt, true);
-  v(w_.dx_local, {d.Tl, d.H}, d.dt, true);
-  v(w_.sh_y, {d.Tl, d.H}, d.dt, shared_ != nullptr);
-  v(w_.dlogits_all, {d.T, E}, rd, true);
-  v(w_.dlogits, {d.Tl, E}, rd, d.sp);
+  v(w_->yp, {Nmax, d.H}, d.dt, true);
+  v(w_->gp, {Nmax, d.H}, d.dt, true);
+  v(w_->dxp, {Nmax, d.H}, d.dt, true);
+  v(w_->dp, {Nmax}, d.sdt, true);
+  v(w_->y_full, {d.T, d.H}, d.dt, true);
+  v(w_->g_full, {d.T, d.H}, d.dt, d.sp);
+  v(w_->dx_full, {d.T, d.H}, d.dt, true);
+  v(w_->dx_local, {d.Tl, d.H}, d.dt, true);
+  v(w_->sh_y, {d.Tl, d.H}, d.dt, shared_ != nullptr);
+  v(w_->dlogits_all, {d.T, E}, rd, true);
+  v(w_->dlogits, {d.Tl, E}, rd, d.sp);
   const bool epp = cfg_->moe.ep_size > 1;
   const int64_t Ne = Nmax * cfg_->moe.ep_size;
-  v(w_.ye, {Ne, d.H}, d.dt, epp);
-  v(w_.ge, {Ne, d.H}, d.dt, epp);
-  v(w_.dxe, {Ne, d.H}, d.dt, epp);
-  v(w_.dpe, {Ne}, d.sdt, epp);
-  v(w_.tall, {d.T * cfg_->moe.ep_size, d.H}, d.dt, epp && !cfg_->moe.alltoall);
-  GroupedExperts::scratch_specs(*cfg_, Ne, d.dt, w_.experts, v);
-  if (shared_) shared_->scratch_specs(d, w_.shared, ws, v);
+  v(w_->ye, {Ne, d.H}, d.dt, epp);
+  v(w_->ge, {Ne, d.H}, d.dt, epp);
+  v(w_->dxe, {Ne, d.H}, d.dt, epp);
+  v(w_->dpe, {Ne}, d.sdt, epp);
+  v(w_->tall, {d.T * cfg_->moe.ep_size, d.H}, d.dt, epp && !cfg_->moe.alltoall);
+  GroupedExperts::scratch_specs(*cfg_, Ne, d.dt, w_->experts, v);
+  if (shared_) shared_->scratch_specs(d, w_->shared, ws, v);
 }
 
 void MoeLayer::scratch_specs(const Dims& d, bool /*uses_scratch_activation*/, Workspace& ws,
@@ -182,8 +189,6 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   // the shards. ETP 1: each rank's own tokens only, to whole experts and back.
   MCPP_CHECK(!ep_ || !cx.tp_comm || group,
              "MoE layer {}: expert parallelism with TP > 1 needs sequence parallelism", layer_);
-  const Span sp = span(cx);
-
   // Router: this rank's logits, then the group's (every member routes all T tokens).
   router_.forward(x, s.router, cx);
   const Tensor* logits = &s.router.logits;
@@ -191,18 +196,27 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     ep::dispatch(s.router.logits, s.logits_all, group, st);
     logits = &s.logits_all;
   }
-  s.logits = to_host(*logits, st);
-  const std::vector<double> bias = router_.expert_bias();
-  s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
-                    group ? group->size() : 1);
-  const Routing& r = s.routing;
-  stats_.last_aux_loss = r.aux_loss, stats_.last_z_loss = r.z_loss;
-  if (cx.keys.training && stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second) {
-    for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += r.tokens_per_expert[size_t(e)];
-    if (m.aux_loss_coeff > 0) stats_.aux_loss += r.aux_loss / m.aux_loss_coeff;
-    if (m.z_loss_coeff > 0) stats_.z_loss += r.z_loss / m.z_loss_coeff;
-    ++stats_.forwards;
+  const Span sp = span(cx);
+  s.on_device = routes_on_device(cx, sp.all);
+  if (s.on_device) {
+    route_device(*logits, s, cx);
+  } else {
+    s.logits = to_host(*logits, st);
+    const std::vector<double> bias = router_.expert_bias();
+    s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
+                      group ? group->size() : 1);
+    const Routing& r = s.routing;
+    stats_.last_aux_loss = r.aux_loss, stats_.last_z_loss = r.z_loss;
+    if (cx.keys.training &&
+        stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second) {
+      for (int64_t e = 0; e < E; ++e)
+        stats_.tokens_per_expert[size_t(e)] += r.tokens_per_expert[size_t(e)];
+      if (m.aux_loss_coeff > 0) stats_.aux_loss += r.aux_loss / m.aux_loss_coeff;
+      if (m.z_loss_coeff > 0) stats_.z_loss += r.z_loss / m.z_loss_coeff;
+      ++stats_.forwards;
+    }
   }
+  const Routing& r = s.routing;
 
   // The span's tokens on this rank (the TP group's at ETP = TP, the ETP group's at ETP < TP,
   // its own at ETP 1), and where their outputs go: y itself when complete (ETP 1), else
@@ -214,53 +228,62 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     ep::dispatch(x, xsub, sp.group, st);
     xf = &xsub;
   }
-  Tensor yn = sp.complete ? y : w_.y_full.narrow(0, sp.tokens);
+  Tensor yn = sp.complete ? y : w_->y_full.narrow(0, sp.tokens);
 
   if (ep_ && !m.alltoall) {  // the all-gather dispatcher over the EP group
     allgather_forward(*xf, sp.t0, sp.tokens, yn, s, cx);
     if (!sp.complete) ep::combine(yn, y, sp.group, st);
     if (shared_) {
-      shared_->forward(x, s.shared, w_.sh_y, ws, cx);
-      ops::add(y, w_.sh_y, y, st);
+      shared_->forward(x, s.shared, w_->sh_y, ws, cx);
+      ops::add(y, w_->sh_y, y, st);
     }
     if (residual) ops::add(y, *residual, y, st);
     return;
   }
 
   // Dispatch: the span's tokens, permuted into expert-grouped rows with their weights.
-  RowSet rs = sp.all ? all_rows(r) : own_rows(r, sp.t0, sp.tokens);
-  const int64_t N = int64_t(rs.src.size());
-  s.src = index_tensor(rs.src, cx.dev, st);
-  s.off = index_tensor(rs.off, cx.dev, st);
-  s.rows = index_tensor(rs.rows, cx.dev, st);
-  s.row_counts = std::move(rs.counts);
-  s.row_slot = std::move(rs.slot);
-  std::vector<double> pr(static_cast<size_t>(N), 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    if (s.row_slot[size_t(n)] >= 0) pr[size_t(n)] = r.prob[size_t(s.row_slot[size_t(n)])];
-  Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N), yp = w_.yp.narrow(0, N);
+  int64_t N = 0;
+  Tensor p;
+  if (s.on_device) {  // route_device built the index; the weights follow their rows
+    N = s.n_rows;
+    p = s.probs.narrow(0, N);
+    ops::moe_gather(s.d_prob, s.d_row_slot, p, st);
+  } else {
+    RowSet rs = sp.all ? all_rows(r) : own_rows(r, sp.t0, sp.tokens);
+    N = s.n_rows = int64_t(rs.src.size());
+    s.src = index_tensor(rs.src, cx.dev, st);
+    s.off = index_tensor(rs.off, cx.dev, st);
+    s.rows = index_tensor(rs.rows, cx.dev, st);
+    s.row_counts = std::move(rs.counts);
+    s.row_slot = std::move(rs.slot);
+    std::vector<double> pr(static_cast<size_t>(N), 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      if (s.row_slot[size_t(n)] >= 0) pr[size_t(n)] = r.prob[size_t(s.row_slot[size_t(n)])];
+    p = s.probs.narrow(0, N);
+    from_host(pr, p, st);
+  }
+  Tensor xp = s.xp.narrow(0, N), yp = w_->yp.narrow(0, N);
   ops::moe_permute(*xf, s.src, xp, st);
-  from_host(pr, p, st);
 
   // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
   if (ep_) {  // the rows to the ranks owning their experts, the outputs back
     s.plan = ep::plan_alltoall(s.row_counts, ep_, st);
     const int64_t Ne = s.plan.rows_out;
-    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_->ye.narrow(0, Ne);
     ep::dispatch_alltoall(xp, xe, s.plan, ep_, st);
     ep::dispatch_alltoall(p, pe, s.plan, ep_, st);
-    if (Ne > 0) experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_.experts, st);
+    if (Ne > 0) experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_->experts, st);
     ep::combine_alltoall(ye, yp, s.plan, ep_, st);
   } else if (N > 0) {
-    experts_.forward(xp, p, s.row_counts, s.experts, yp, w_.experts, st);
+    experts_.forward(xp, p, s.row_counts, s.experts, yp, w_->experts, st);
   }
   ops::moe_unpermute(yp, s.off, s.rows, yn, st);
   // No SP (generation): the TP ranks' ETP shards summed; whole experts (ETP 1) are not.
   if (!group && cx.tp_comm && cfg_->moe_etp() > 1) parallel::reduce_from_tp(yn, *cx.tp_comm, st);
   if (!sp.complete) ep::combine(yn, y, sp.group, st);
   if (shared_) {
-    shared_->forward(x, s.shared, w_.sh_y, ws, cx);
-    ops::add(y, w_.sh_y, y, st);
+    shared_->forward(x, s.shared, w_->sh_y, ws, cx);
+    ops::add(y, w_->sh_y, y, st);
   }
   if (residual) ops::add(y, *residual, y, st);
 }
@@ -270,57 +293,65 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   auto& s = static_cast<Saved&>(sb);
   const auto& m = cfg_->moe;
   Stream& st = cx.stream();
+  scratch(ws);
   comm::Communicator* group = dispatch_group(cx);
   MCPP_CHECK(group || !cx.tp_comm, "MoeLayer::backward at TP {} needs --sequence-parallel",
              cfg_->tp_size);
   const Routing& r = s.routing;
-  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = int64_t(s.row_slot.size());
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = s.n_rows;
   const Span sp = span(cx);  // as in the forward
 
   // Shared experts first: they write dx (=); everything else adds to it.
   if (shared_)
-    shared_->backward(dy, x, s.shared, dx, w_.shared, ws, cx);
+    shared_->backward(dy, x, s.shared, dx, w_->shared, ws, cx);
   else
     ops::fill(dx, 0.0, st);
 
   // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
   const Tensor* g = &dy;
-  Tensor gsub, dxn = sp.complete ? w_.dx_local : w_.dx_full.narrow(0, sp.tokens);
+  Tensor gsub, dxn = sp.complete ? w_->dx_local : w_->dx_full.narrow(0, sp.tokens);
   if (sp.group) {
-    gsub = w_.g_full.narrow(0, sp.tokens);
+    gsub = w_->g_full.narrow(0, sp.tokens);
     ep::combine_backward(dy, gsub, sp.group, st);
     g = &gsub;
   }
-  // d(loss)/dp per (token, slot), for the router below.
-  std::vector<double> dprob(static_cast<size_t>(T * k), 0.0), dl(static_cast<size_t>(T * E));
+  // d(loss)/dp per (token, slot), for the router below (the host routing's).
+  std::vector<double> dprob, dl;
+  if (!s.on_device) dprob.assign(size_t(T * k), 0.0), dl.resize(size_t(T * E));
   if (ep_ && !m.alltoall) {
     allgather_backward(*g, dxn, s, dprob, cx);
-    if (!sp.complete) ep::dispatch_backward(dxn, w_.dx_local, sp.group, st);  // shards summed
-    ops::add(dx, w_.dx_local, dx, st);
+    if (!sp.complete) ep::dispatch_backward(dxn, w_->dx_local, sp.group, st);  // shards summed
+    ops::add(dx, w_->dx_local, dx, st);
   } else {
     Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
-    Tensor gp = w_.gp.narrow(0, N), dxp = w_.dxp.narrow(0, N), dp = w_.dp.narrow(0, N);
+    Tensor gp = w_->gp.narrow(0, N), dxp = w_->dxp.narrow(0, N), dp = w_->dp.narrow(0, N);
     ops::moe_permute(*g, s.src, gp, st);
     if (ep_) {  // the combine's dual, the experts, the dispatch's dual
       const int64_t Ne = s.plan.rows_out;
-      Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
-      Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
+      Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_->ge.narrow(0, Ne);
+      Tensor dxe = w_->dxe.narrow(0, Ne), dpe = w_->dpe.narrow(0, Ne);
       ep::combine_alltoall_backward(gp, ge, s.plan, ep_, st);
       if (Ne > 0)
         experts_.backward(ge, xe, pe, s.plan.tokens_per_local_expert, s.experts, dxe, dpe,
-                          w_.experts, st);
+                          w_->experts, st);
       ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
       ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
     } else if (N > 0) {
-      experts_.backward(gp, xp, p, s.row_counts, s.experts, dxp, dp, w_.experts, st);
+      experts_.backward(gp, xp, p, s.row_counts, s.experts, dxp, dp, w_->experts, st);
     }
     // d(loss)/dp of tokens outside the span stays 0 here (their ETP group sets it).
     ops::moe_unpermute(dxp, s.off, s.rows, dxn, st);
-    if (!sp.complete) ep::dispatch_backward(dxn, w_.dx_local, sp.group, st);
-    ops::add(dx, w_.dx_local, dx, st);
-    const std::vector<double> dpv = to_host(dp, st);
-    for (int64_t n = 0; n < N; ++n)
-      if (s.row_slot[size_t(n)] >= 0) dprob[size_t(s.row_slot[size_t(n)])] = dpv[size_t(n)];
+    if (!sp.complete) ep::dispatch_backward(dxn, w_->dx_local, sp.group, st);
+    ops::add(dx, w_->dx_local, dx, st);
+    if (s.on_device) {  // each (token, slot)'s d(loss)/dp from its row
+      Tensor dprob_d = Tensor::empty({T * k}, DType::F32, cx.dev);
+      ops::moe_gather(dp, s.d_slot_row, dprob_d, st);
+      s.d_prob = dprob_d;  // the forward's weights are not needed any more
+    } else {
+      const std::vector<double> dpv = to_host(dp, st);
+      for (int64_t n = 0; n < N; ++n)
+        if (s.row_slot[size_t(n)] >= 0) dprob[size_t(s.row_slot[size_t(n)])] = dpv[size_t(n)];
+    }
   }
 
   // Router: through the routing into the logits, with the aux / z-loss gradients of this
@@ -328,11 +359,85 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   const double aux_scale =
       cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch) : 1.0;
   const int64_t r0 = group ? int64_t(group->rank()) * cx.Tl : 0;
-  route_backward(m, r, s.logits.data(), dprob.data(), aux_scale, r0, r0 + cx.Tl, cx.B, dl.data());
-  from_host(dl, w_.dlogits_all, st);
-  Tensor& dlogits = group ? w_.dlogits : w_.dlogits_all;
-  ep::dispatch_backward(w_.dlogits_all, dlogits, group, st);
+  if (s.on_device) {
+    const Tensor& logits = group ? s.logits_all : s.router.logits;
+    ops::moe_route_backward(logits, s.d_idx, s.d_prob, s.d_aux_counts, route_spec(m), cx.B,
+                            aux_scale, r0, r0 + cx.Tl, w_->dlogits_all, st);
+  } else {
+    route_backward(m, r, s.logits.data(), dprob.data(), aux_scale, r0, r0 + cx.Tl, cx.B,
+                   dl.data());
+    from_host(dl, w_->dlogits_all, st);
+  }
+  Tensor& dlogits = group ? w_->dlogits : w_->dlogits_all;
+  ep::dispatch_backward(w_->dlogits_all, dlogits, group, st);
   router_.backward(dlogits, x, s.router, dx, cx);
+}
+
+// ---- routing on the device -------------------------------------------------------------
+
+ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
+  ops::MoeRouteSpec r;
+  r.E = m.num_experts, r.k = m.topk, r.sigmoid = m.sigmoid, r.pre_softmax = m.pre_softmax;
+  r.num_groups = m.num_groups, r.group_topk = m.group_topk, r.scaling = m.topk_scaling_factor;
+  using Balance = TransformerConfig::Moe::Balance;
+  r.aux = m.balance != Balance::None && m.aux_loss_coeff > 0;
+  r.seq_aux = r.aux && m.balance == Balance::SeqAuxLoss;
+  r.z = m.z_loss_coeff > 0;
+  r.aux_coeff = m.aux_loss_coeff, r.z_coeff = m.z_loss_coeff;
+  return r;
+}
+
+bool MoeLayer::routes_on_device(const StepContext& cx, bool all_rows) const {
+  const auto& m = cfg_->moe;
+  return cx.dev == Device::CUDA && m.capacity_factor <= 0 && all_rows && !(ep_ && !m.alltoall) &&
+         m.num_experts <= ops::kMoeRouteMaxExpertsCuda && m.topk <= ops::kMoeRouteMaxTopkCuda;
+}
+
+void MoeLayer::route_device(const Tensor& logits, Saved& s, const StepContext& cx) const {
+  const auto& m = cfg_->moe;
+  Stream& st = cx.stream();
+  const ops::MoeRouteSpec spec = route_spec(m);
+  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = T * k;
+  auto i64 = [&](int64_t n) { return Tensor::empty({n}, DType::I64, cx.dev); };
+  s.d_idx = i64(N), s.d_row_slot = i64(N), s.d_slot_row = i64(N);
+  s.src = i64(N), s.off = i64(T + 1), s.rows = i64(N);
+  s.d_prob = Tensor::empty({N}, DType::F32, cx.dev);
+  ops::moe_route_topk(logits, router_.expert_bias_tensor(), spec, s.d_idx, s.d_prob, st);
+  Tensor counts = i64(E);
+  ops::moe_route_index(s.d_idx, E, counts, s.src, s.d_row_slot, s.d_slot_row, s.off, s.rows, st);
+  // The one device-to-host transfer: the GEMM shapes and the all-to-all splits need them.
+  Tensor hc = Tensor::empty({E}, DType::I64);
+  ops::copy(counts, hc, st);
+  s.row_counts.assign(hc.data<int64_t>(), hc.data<int64_t>() + E);
+  s.n_rows = N;
+  s.row_slot.clear();
+  const int64_t G = spec.seq_aux ? cx.B : 1;
+  s.d_aux_counts = Tensor::empty({G * E}, DType::F32, cx.dev);
+  const bool count = cx.keys.training &&
+                     stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second;
+  if (count) {
+    for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += double(s.row_counts[size_t(e)]);
+    ++stats_.forwards;
+  }
+  if (!spec.aux && !spec.z) return;
+  if (!stats_.dev_sum.defined()) {
+    stats_.dev_sum = Tensor::empty({2}, DType::F32, cx.dev);
+    stats_.dev_last = Tensor::empty({2}, DType::F32, cx.dev);
+    ops::fill(stats_.dev_sum, 0.0, st);
+  }
+  ops::moe_route_stats(logits, spec, cx.B, s.d_aux_counts, stats_.dev_last, st);
+  if (count) ops::add(stats_.dev_sum, stats_.dev_last, stats_.dev_sum, st), ++stats_.dev_forwards;
+}
+
+void MoeLayer::sync_stats() const {
+  if (!stats_.dev_sum.defined()) return;
+  Stream& st = ops::default_stream(stats_.dev_sum.device());
+  const std::vector<double> sum = to_host(stats_.dev_sum, st), last = to_host(stats_.dev_last, st);
+  const auto& m = cfg_->moe;
+  stats_.aux_loss += sum[0], stats_.z_loss += sum[1];
+  stats_.last_aux_loss = last[0] * m.aux_loss_coeff, stats_.last_z_loss = last[1] * m.z_loss_coeff;
+  ops::fill(stats_.dev_sum, 0.0, st);
+  stats_.dev_forwards = 0;
 }
 
 // ---- expert parallelism, the all-gather dispatcher ---------------------------------------
@@ -396,13 +501,13 @@ void MoeLayer::allgather_forward(const Tensor& x, int64_t t0, int64_t T, Tensor&
 
   // Gather the tokens, run this rank's experts on their rows, combine per gathered token,
   // and reduce-scatter: each rank gets its tokens' sums over every rank's experts.
-  Tensor tall = w_.tall.narrow(0, Tg);
+  Tensor tall = w_->tall.narrow(0, Tg);
   ep::dispatch(x, tall, ep_, st);
   if (Ne > 0) {
-    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_.ye.narrow(0, Ne);
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_->ye.narrow(0, Ne);
     ops::moe_permute(tall, s.ag_src, xe, st);
     from_host(pr, pe, st);
-    experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_.experts, st);
+    experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_->experts, st);
     ops::moe_unpermute(ye, s.ag_off, s.ag_rows, tall, st);
   } else {
     ops::fill(tall, 0.0, st);
@@ -416,14 +521,14 @@ void MoeLayer::allgather_backward(const Tensor& g, Tensor& dx, Saved& s,
   Stream& st = cx.stream();
   const int64_t T = s.ag_tokens, t0 = s.ag_t0, k = m.topk, EPn = ep_->size(), Tg = EPn * T;
   const int64_t Ne = int64_t(s.ag_slot.size());
-  Tensor tall = w_.tall.narrow(0, Tg);
+  Tensor tall = w_->tall.narrow(0, Tg);
   ep::combine_backward(g, tall, ep_, st);  // every rank's output gradients
   std::vector<double> dp_all(static_cast<size_t>(Tg * k), 0.0);
   if (Ne > 0) {
-    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_.ge.narrow(0, Ne);
-    Tensor dxe = w_.dxe.narrow(0, Ne), dpe = w_.dpe.narrow(0, Ne);
+    Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_->ge.narrow(0, Ne);
+    Tensor dxe = w_->dxe.narrow(0, Ne), dpe = w_->dpe.narrow(0, Ne);
     ops::moe_permute(tall, s.ag_src, ge, st);
-    experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_.experts, st);
+    experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_->experts, st);
     ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, tall, st);
     const std::vector<double> dpv = to_host(dpe, st);
     for (int64_t n = 0; n < Ne; ++n) dp_all[size_t(s.ag_slot[size_t(n)])] = dpv[size_t(n)];

@@ -2,7 +2,7 @@
 // token dispatch -> grouped experts -> combine (+ shared experts).
 //
 //   forward:   logits = router(x)                          x [Tl,H], logits [Tl,E]
-//              (idx, p) = route(dispatch(logits))          on the host, all T tokens of the group
+//              (idx, p) = route(dispatch(logits))          all T tokens of the group
 //              xp = permute(dispatch(x))                   [N,H], rows grouped by expert
 //              yp = experts(xp, p)                         probabilities after the activation
 //              y  = combine(unpermute(yp)) (+ shared(x)) (+ residual)
@@ -11,6 +11,13 @@
 //              gradients (scaled by 1/(micro-batches x DP), Megatron's aux-loss scale in our
 //              global-token normalisation) go through the routing's Jacobian into the router.
 //
+// Where the routing runs: on the GPU, dropless, with every row of the routing on this rank
+// (ETP = TP) and not the all-gather dispatcher at EP > 1, it runs on the device (the routing
+// ops of catalogue.inc): top-k, the expert-grouped index, the weights, the aux / z-loss
+// statistics and the backward never leave the GPU, and the one device-to-host transfer per
+// layer and micro-batch is the E row counts (the GEMM shapes and the all-to-all splits, as
+// in Megatron). Otherwise (the CPU, capacity, ETP < TP, the all-gather dispatcher at EP > 1)
+// it runs on the host in fp64 (routing.h), the reference the device ops are tested against.
 // ETP 1 at TP > 1 (--expert-tensor-parallel-size 1): every TP rank still routes the group's
 // T tokens (the same aux losses), but sends only its own tokens' rows to whole experts
 // (locally, or over the EP group), gets their complete outputs back, and keeps d(loss)/dp
@@ -45,6 +52,7 @@
 #include "model/moe/router.h"
 #include "model/moe/routing.h"
 #include "model/moe/shared_experts.h"
+#include "ops/moe_route.h"
 #include "parallel/expert_parallel/alltoall_dispatch.h"
 
 namespace mcpp::model::moe {
@@ -56,7 +64,15 @@ struct MoeStats {
   int64_t forwards = 0;
   double last_aux_loss = 0, last_z_loss = 0;   // the last forward's losses (with coefficients)
   std::set<std::pair<int64_t, int64_t>> seen;  // (iteration, sample offset): recompute runs once
+  // The device routing keeps its losses on the device (f32 [2]: aux, z without their
+  // coefficients): the sums over forwards and the last forward's; MoeLayer::sync_stats
+  // moves them into the fields above once per global batch.
+  Tensor dev_sum, dev_last;
+  int64_t dev_forwards = 0;
 };
+
+// The router's settings for the routing ops (ops/moe_route.h).
+ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m);
 
 // The rows the permuted buffers need for T tokens (the stated bound of dropless routing).
 int64_t max_rows(const TransformerConfig& c, int64_t T);
@@ -79,6 +95,11 @@ class MoeLayer final : public MlpModule {
     std::vector<double> logits;
     Routing routing;
     Tensor src, off, rows;
+    int64_t n_rows = 0;  // N, the rows this rank sends to the experts
+    // Device routing (on_device; see forward): experts [T,k] i64, weights [T,k] f32, the row
+    // of each (token, slot) and back (i64), and the aux loss's counts [G,E] f32.
+    bool on_device = false;
+    Tensor d_idx, d_prob, d_row_slot, d_slot_row, d_aux_counts;
     std::vector<int64_t> row_counts;  // rows per expert sent by this rank
     std::vector<int64_t> row_slot;    // per row: token * k + slot (group numbering), -1 padding
     // Expert parallelism: the exchange's plan and the rows on the experts' side.
@@ -110,6 +131,9 @@ class MoeLayer final : public MlpModule {
   int layer() const { return layer_; }
   const Router& router() const { return router_; }
   MoeStats& stats() const { return stats_; }
+  // The device routing's losses into stats() (aux_loss, z_loss, last_*): one transfer; call
+  // before reading them (a no-op for the host routing).
+  void sync_stats() const;
 
  private:
   struct Scratch {
@@ -125,6 +149,13 @@ class MoeLayer final : public MlpModule {
     SharedExperts::Scratch shared;
   };
   void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
+  // Whether this forward routes on the device: CUDA, dropless, every row of the routing
+  // on this rank (ETP = TP), not the all-gather dispatcher at EP > 1, at most 256 experts
+  // and top-16 (the others keep the host routing, routing.h).
+  bool routes_on_device(const StepContext& cx, bool all_rows) const;
+  // The device routing of the group's logits [T,E]: fills s's device tensors, the host row
+  // counts (the one transfer) and the statistics.
+  void route_device(const Tensor& logits, Saved& s, const StepContext& cx) const;
   // The tokens this rank sends to the experts: [t0, t0 + tokens) of the TP group's routing;
   // group: what gathers them (and reduce-scatters their outputs), null for none; all: every
   // row of the routing (ETP = TP); complete: the experts' outputs need no sum (ETP 1).
@@ -150,7 +181,10 @@ class MoeLayer final : public MlpModule {
   std::unique_ptr<SharedExperts> shared_;
   comm::Communicator* ep_ = nullptr;
   comm::Communicator* etp_ = nullptr;  // only when 1 < ETP < TP
-  mutable Scratch w_;  // this layer's scratch (listed in scratch_specs)
+  // The scratch, shared by every MoE layer through the Workspace (ws.moe): nothing in it
+  // outlives one forward or one backward. scratch() points w_ at it on entry.
+  Scratch& scratch(Workspace& ws) const;
+  mutable Scratch* w_ = nullptr;
   mutable MoeStats stats_;
 };
 

@@ -71,7 +71,8 @@ void Router::backward(const Tensor& dlogits, const Tensor& x, const Saved& s, Te
   }
   Tensor w = Tensor::empty(w_.w.shape(), dtype_, w_.w.device());
   ops::copy(w_.w, w, st);
-  Tensor dw = Tensor::zeros(w_.w.shape(), dtype_, w_.w.device());
+  Tensor dw = Tensor::empty(w_.w.shape(), dtype_, w_.w.device());
+  ops::fill(dw, 0.0, st);  // (Tensor::zeros is host-only)
   Tensor dxc = Tensor::empty(s.x_cast.shape(), dtype_, x.device());
   ops::linear_backward(dlogits, s.x_cast, w, dxc, false, dw, none, st);
   // Back to the model's dtypes: dx += dxc, grad += dw.

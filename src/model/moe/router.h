@@ -38,6 +38,9 @@ class Router {
   std::vector<double> expert_bias() const;
   void set_expert_bias(const std::vector<double>& b) const;
   bool has_expert_bias() const { return bias_.defined(); }
+  // The buffer itself (f32 [E] on the model's device; undefined without it), for the
+  // device routing.
+  const Tensor& expert_bias_tensor() const { return bias_; }
 
  private:
   ParamView w_;

@@ -81,12 +81,20 @@ using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, i
 struct AlgoCache {
   std::mutex mu;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> classes;  // by shape class (shape_class below)
   std::vector<std::string> report;  // one line per tuned key
 };
 AlgoCache& algo_cache() {
   static AlgoCache* c = new AlgoCache;
   return *c;
 }
+
+// Shapes that change from call to call (a MoE layer's rows per expert: M, or K in the
+// weight gradient) would tune at every new size. A miss on the exact key first reuses the
+// algorithm tuned for its shape class (M and K rounded up to 256 from 256 on), once cuBLASLt
+// confirms that it applies; dense models' dimensions, multiples of 256, stay classes of
+// their own.
+int64_t shape_class(int64_t x) { return x < 256 ? x : (x + 255) / 256 * 256; }
 
 // RAII for the cuBLASLt descriptors of one call.
 struct LtDescs {
@@ -357,6 +365,19 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     auto it = cache.algos.find(key);
     if (it != cache.algos.end()) algo = it->second, found = true;
   }
+  AlgoKey class_key = key;
+  std::get<2>(class_key) = shape_class(M), std::get<4>(class_key) = shape_class(K);
+  if (!found) {
+    AlgoCache& cache = algo_cache();
+    std::lock_guard<std::mutex> lk(cache.mu);
+    auto it = cache.classes.find(class_key);
+    cublasLtMatmulHeuristicResult_t chk{};
+    if (it != cache.classes.end() &&
+        cublasLtMatmulAlgoCheck(lt_handle(), d.op, d.a, d.b, d.c, d.c, &it->second, &chk) ==
+            CUBLAS_STATUS_SUCCESS &&
+        chk.workspaceSize <= kWorkspaceBytes)
+      algo = it->second, found = true, cache.algos[key] = algo;
+  }
   if (!found) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -396,6 +417,7 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     AlgoCache& cache = algo_cache();
     std::lock_guard<std::mutex> lk(cache.mu);
     cache.algos[key] = algo;
+    cache.classes.emplace(class_key, algo);
   }
   void* ws = workspace(kWorkspaceBytes, s);
   CUBLAS_CHECK(cublasLtMatmul(lt_handle(), d.op, &alpha, B, d.a, A, d.b, &beta, cin, d.c, C, d.c,
@@ -580,6 +602,7 @@ bool set_gemm_autotune(bool on) {
   AlgoCache& cache = algo_cache();
   std::lock_guard<std::mutex> lk(cache.mu);
   cache.algos.clear();
+  cache.classes.clear();
   cache.report.clear();
   return autotune_flag().exchange(on);
 }
@@ -589,6 +612,7 @@ GemmTuneRanker set_gemm_tune_ranker(GemmTuneRanker r) {
     AlgoCache& cache = algo_cache();
     std::lock_guard<std::mutex> lk(cache.mu);
     cache.algos.clear();
+  cache.classes.clear();
     cache.report.clear();
   }
   RankerSlot& slot = ranker_slot();

@@ -1,6 +1,11 @@
-// MoE token permutation and probability ops (catalogue.inc, ---- MoE): simple, correct,
-// deterministic kernels (no atomics: each output element is one thread's fixed-order sum).
-// Activations f32/bf16/f16; p and row-dot outputs f32; index tensors i64.
+// MoE token permutation and probability ops (catalogue.inc, ---- MoE): deterministic kernels
+// (no atomics: each output element is one thread's fixed-order sum). Activations
+// f32/bf16/f16; p and row-dot outputs f32; index tensors i64. Where rows are whole 16-byte
+// words and aligned, the row kernels move them as packs (a row per block-row of threads, no
+// per-element index division); the math per element is the scalar kernels', in the same
+// order, so both paths give the same bits.
+#include <initializer_list>
+
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
 
@@ -51,6 +56,62 @@ __global__ void row_dot_kernel(const T* __restrict__ a, const T* __restrict__ b,
   if (lane == 0) out[warp] = acc;
 }
 
+// The packed forms: rows of H elements as H/N packs of N (16 bytes); grid-stride over packs.
+template <typename T, int N>
+__global__ void permute_pack_kernel(const T* __restrict__ x, const int64_t* __restrict__ src,
+                                    T* __restrict__ y, int64_t N_, int64_t HP) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N_ * HP;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / HP, c = i - n * HP;
+    st_pack<N>(y + (n * HP + c) * N, ld_pack<N>(x + (src[n] * HP + c) * N));
+  }
+}
+
+template <typename T, int N>
+__global__ void unpermute_pack_kernel(const T* __restrict__ y, const int64_t* __restrict__ off,
+                                      const int64_t* __restrict__ rows, T* __restrict__ out,
+                                      int64_t T_, int64_t HP) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T_ * HP;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / HP, c = i - t * HP;
+    float acc[N];
+#pragma unroll
+    for (int q = 0; q < N; ++q) acc[q] = 0.f;
+    for (int64_t r = off[t]; r < off[t + 1]; ++r) {
+      const Pack<T, N> v = ld_pack<N>(y + (rows[r] * HP + c) * N);
+#pragma unroll
+      for (int q = 0; q < N; ++q) acc[q] += to_f(v.v[q]);
+    }
+    Pack<T, N> o;
+#pragma unroll
+    for (int q = 0; q < N; ++q) o.v[q] = from_f<T>(acc[q]);
+    st_pack<N>(out + (t * HP + c) * N, o);
+  }
+}
+
+template <typename T, int N>
+__global__ void scale_rows_pack_kernel(const T* __restrict__ x, const float* __restrict__ p,
+                                       T* y, int64_t N_, int64_t FP) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N_ * FP;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float pn = p[i / FP];
+    const Pack<T, N> v = ld_pack<N>(x + i * N);
+    Pack<T, N> o;
+#pragma unroll
+    for (int q = 0; q < N; ++q) o.v[q] = from_f<T>(to_f(v.v[q]) * pn);
+    st_pack<N>(y + i * N, o);
+  }
+}
+
+// Whether rows of `width` elements of T can move as 16-byte packs between these pointers.
+template <typename T>
+bool packable(int64_t width, std::initializer_list<const void*> ptrs) {
+  if (width % kPackN<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (!is_aligned16(p)) return false;
+  return true;
+}
+
 void check_index(const Tensor& t, const char* op, const char* name) {
   check_cuda(t, op, name);
   MCPP_CHECK(t.dtype() == DType::I64, "{}: {} is {}, expected i64", op, name, t.str());
@@ -65,10 +126,16 @@ void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
   MCPP_CHECK(x.dtype() == y.dtype(), "moe_permute: x {} and y {} differ in dtype", x.str(), y.str());
   const int64_t N = src.numel(), H = N ? y.numel() / N : 0;
   if (N * H == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "moe_permute",
-                    permute_kernel<T><<<grid_for(N * H, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<const T*>(x.raw()), src.data<int64_t>(),
-                        static_cast<T*>(y.raw()), N, H));
+  MCPP_DISPATCH_ACT(x.dtype(), "moe_permute", {
+    constexpr int P = kPackN<T>;
+    if (packable<T>(H, {x.raw(), y.raw()}))
+      permute_pack_kernel<T, P><<<grid_for(N * H / P, 256), 256, 0, stream_of(s)>>>(
+          static_cast<const T*>(x.raw()), src.data<int64_t>(), static_cast<T*>(y.raw()), N,
+          H / P);
+    else
+      permute_kernel<T><<<grid_for(N * H, 256), 256, 0, stream_of(s)>>>(
+          static_cast<const T*>(x.raw()), src.data<int64_t>(), static_cast<T*>(y.raw()), N, H);
+  });
   MCPP_LAUNCH_CHECK();
 }
 
@@ -82,10 +149,17 @@ void moe_unpermute(const Tensor& y, const Tensor& offsets, const Tensor& rows, T
              out.str());
   const int64_t T_ = offsets.numel() - 1, H = T_ > 0 ? out.numel() / T_ : 0;
   if (T_ * H == 0) return;
-  MCPP_DISPATCH_ACT(out.dtype(), "moe_unpermute",
-                    unpermute_kernel<T><<<grid_for(T_ * H, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<const T*>(y.raw()), offsets.data<int64_t>(),
-                        rows.data<int64_t>(), static_cast<T*>(out.raw()), T_, H));
+  MCPP_DISPATCH_ACT(out.dtype(), "moe_unpermute", {
+    constexpr int P = kPackN<T>;
+    if (packable<T>(H, {y.raw(), out.raw()}))
+      unpermute_pack_kernel<T, P><<<grid_for(T_ * H / P, 256), 256, 0, stream_of(s)>>>(
+          static_cast<const T*>(y.raw()), offsets.data<int64_t>(), rows.data<int64_t>(),
+          static_cast<T*>(out.raw()), T_, H / P);
+    else
+      unpermute_kernel<T><<<grid_for(T_ * H, 256), 256, 0, stream_of(s)>>>(
+          static_cast<const T*>(y.raw()), offsets.data<int64_t>(), rows.data<int64_t>(),
+          static_cast<T*>(out.raw()), T_, H);
+  });
   MCPP_LAUNCH_CHECK();
 }
 
@@ -96,10 +170,15 @@ void moe_scale_rows(const Tensor& x, const Tensor& p, Tensor& y, Stream& s) {
   const int64_t N = p.numel(), F = N ? x.numel() / N : 0;
   check_numel(y, N * F, "moe_scale_rows", "y");
   if (N * F == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "moe_scale_rows",
-                    scale_rows_kernel<T><<<grid_for(N * F, 256), 256, 0, stream_of(s)>>>(
-                        static_cast<const T*>(x.raw()), p.data<float>(),
-                        static_cast<T*>(y.raw()), N, F));
+  MCPP_DISPATCH_ACT(x.dtype(), "moe_scale_rows", {
+    constexpr int P = kPackN<T>;
+    if (packable<T>(F, {x.raw(), y.raw()}))
+      scale_rows_pack_kernel<T, P><<<grid_for(N * F / P, 256), 256, 0, stream_of(s)>>>(
+          static_cast<const T*>(x.raw()), p.data<float>(), static_cast<T*>(y.raw()), N, F / P);
+    else
+      scale_rows_kernel<T><<<grid_for(N * F, 256), 256, 0, stream_of(s)>>>(
+          static_cast<const T*>(x.raw()), p.data<float>(), static_cast<T*>(y.raw()), N, F);
+  });
   MCPP_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,356 @@
+// MoE routing on the device (catalogue.inc, ---- MoE routing): top-k with the score
+// function, the expert-grouped dispatch index, the load-balancing statistics and the
+// routing's backward, so that a MoE layer moves only its E row counts to the host.
+// The per-token math is ops/moe_route_math.h, shared with the CPU reference op; here one
+// thread routes one token in f32 (logits of any activation dtype are widened first), with
+// its E scores in thread-local arrays (E <= kMaxE).
+// Determinism: no floating-point atomics. The index is a counting sort whose order is
+// fixed (tiles of tokens counted, scanned per expert, then each expert's thread walks its
+// tile's tokens in order); the statistics are block reductions in a fixed tree order.
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/moe_route_math.h"
+#include "ops/ops.h"
+
+namespace mcpp::ops::cuda {
+namespace {
+
+namespace mm = moe_math;
+constexpr int kMaxE = int(kMoeRouteMaxExpertsCuda);  // a token's scores, thread-local
+constexpr int kMaxK = int(kMoeRouteMaxTopkCuda);
+constexpr int kTile = 256;   // tokens per counting-sort tile
+constexpr int kThreads = 128;
+
+template <typename T>
+__device__ void load_row(const T* __restrict__ logits, int64_t t, int64_t E, float* l) {
+  for (int64_t e = 0; e < E; ++e) l[e] = to_f(logits[t * E + e]);
+}
+
+template <typename T>
+__global__ void topk_kernel(const T* __restrict__ logits, const float* __restrict__ bias,
+                            MoeRouteSpec r, int64_t T_, int64_t* __restrict__ idx,
+                            float* __restrict__ prob) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= T_) return;
+  float l[kMaxE], sel[kMaxE], tmp[kMaxE + kMaxK];
+  load_row(logits, t, r.E, l);
+  mm::route_token(r, l, bias, sel, tmp, idx + t * r.k, prob + t * r.k);
+}
+
+// Counting sort, step 1: rows per (tile, expert).
+__global__ void tile_count_kernel(const int64_t* __restrict__ idx, int64_t T_, int64_t k,
+                                  int64_t E, int64_t* __restrict__ tile_counts) {
+  __shared__ int cnt[1024];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  const int64_t t0 = blockIdx.x * int64_t(kTile);
+  for (int64_t i = threadIdx.x; i < kTile * k; i += blockDim.x) {
+    const int64_t t = t0 + i / k;
+    if (t < T_) atomicAdd(&cnt[idx[t * k + i % k]], 1);  // integer counts: order-free
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    tile_counts[blockIdx.x * E + e] = cnt[e];
+}
+
+// Step 2 (one block): counts per expert, each tile's first row per expert.
+__global__ void tile_scan_kernel(int64_t* __restrict__ tile_counts, int64_t tiles, int64_t E,
+                                 int64_t* __restrict__ counts) {
+  __shared__ int64_t first[1025];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int64_t run = 0;
+    for (int64_t b = 0; b < tiles; ++b) {
+      const int64_t c = tile_counts[b * E + e];
+      tile_counts[b * E + e] = run;
+      run += c;
+    }
+    counts[e] = run;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    first[0] = 0;
+    for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + counts[e];
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    for (int64_t b = 0; b < tiles; ++b) tile_counts[b * E + e] += first[e];
+}
+
+// Step 3: expert e's thread walks the tile's (token, slot) pairs in order.
+__global__ void tile_fill_kernel(const int64_t* __restrict__ idx, int64_t T_, int64_t k,
+                                 int64_t E, const int64_t* __restrict__ tile_first,
+                                 int64_t* __restrict__ src, int64_t* __restrict__ row_slot,
+                                 int64_t* __restrict__ slot_row) {
+  const int64_t t0 = blockIdx.x * int64_t(kTile), t1 = min(T_, t0 + kTile);
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int64_t n = tile_first[blockIdx.x * E + e];
+    for (int64_t i = t0 * k; i < t1 * k; ++i)
+      if (idx[i] == e) src[n] = i / k, row_slot[n] = i, slot_row[i] = n, ++n;
+  }
+}
+
+// Step 4: each token's rows, ascending (moe_unpermute's CSR).
+__global__ void csr_kernel(const int64_t* __restrict__ slot_row, int64_t T_, int64_t k,
+                           int64_t* __restrict__ offsets, int64_t* __restrict__ rows) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t > T_) return;
+  offsets[t] = t * k;
+  if (t == T_) return;
+  int64_t v[kMaxK];
+  for (int64_t j = 0; j < k; ++j) {  // insertion sort of k values
+    int64_t x = slot_row[t * k + j], q = j;
+    for (; q > 0 && v[q - 1] > x; --q) v[q] = v[q - 1];
+    v[q] = x;
+  }
+  for (int64_t j = 0; j < k; ++j) rows[t * k + j] = v[j];
+}
+
+template <typename T>
+__global__ void gather_kernel(const T* __restrict__ x, const int64_t* __restrict__ index,
+                              T* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = x[index[i]];
+}
+
+// Statistics, step 1: per token its aux scores sc [T,E], a 1 where its aux top-k picks the
+// expert (hit [T,E]), and logsumexp^2 (lse2 [T]).
+template <typename T>
+__global__ void stats_token_kernel(const T* __restrict__ logits, MoeRouteSpec r, int64_t T_,
+                                   float* __restrict__ sc, float* __restrict__ hit,
+                                   float* __restrict__ lse2) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= T_) return;
+  const int64_t E = r.E;
+  float l[kMaxE], s[kMaxE];
+  int64_t top[kMaxK];
+  load_row(logits, t, E, l);
+  if (r.aux) {
+    mm::aux_scores(r, l, s);
+    mm::topk(s, E, r.k, top);
+    for (int64_t e = 0; e < E; ++e) sc[t * E + e] = s[e], hit[t * E + e] = 0.f;
+    for (int64_t j = 0; j < r.k; ++j) hit[t * E + top[j]] = 1.f;
+  }
+  if (r.z) {
+    const float lse = mm::softmax(l, E, s);
+    lse2[t] = lse * lse;
+  }
+}
+
+// A block's sum of its threads' values, in one fixed tree order (blockDim.x = kThreads).
+__device__ float block_sum(float v, float* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (int(threadIdx.x) < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+    __syncthreads();
+  }
+  const float out = sh[0];
+  __syncthreads();
+  return out;
+}
+
+// Step 2: per (group g, expert e) block: the group's tokens t = g + G i (G = B for
+// seq_aux: token t is in sequence t % B; else G = 1), counts and score sums.
+__global__ void stats_column_kernel(const float* __restrict__ sc, const float* __restrict__ hit,
+                                    int64_t T_, int64_t E, int64_t G, float* __restrict__ counts,
+                                    float* __restrict__ colsum) {
+  __shared__ float sh[kThreads];
+  const int64_t g = blockIdx.x / E, e = blockIdx.x % E;
+  float c = 0.f, s = 0.f;
+  for (int64_t t = g + G * threadIdx.x; t < T_; t += G * kThreads)
+    c += hit[t * E + e], s += sc[t * E + e];
+  c = block_sum(c, sh);
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) counts[blockIdx.x] = c, colsum[blockIdx.x] = s;
+}
+
+// Step 3 (one block): the two losses.
+__global__ void stats_final_kernel(const float* __restrict__ counts,
+                                   const float* __restrict__ colsum, const float* __restrict__ lse2,
+                                   MoeRouteSpec r, int64_t T_, int64_t G, float* __restrict__ losses) {
+  __shared__ float sh[kThreads];
+  float L = 0.f, z = 0.f;
+  if (r.aux)
+    for (int64_t i = threadIdx.x; i < G * r.E; i += kThreads) L += counts[i] * colsum[i];
+  if (r.z)
+    for (int64_t t = threadIdx.x; t < T_; t += kThreads) z += lse2[t];
+  L = block_sum(L, sh);
+  z = block_sum(z, sh);
+  if (threadIdx.x == 0) {
+    const float Tg = float(T_ / G);
+    losses[0] = r.aux ? float(r.E) / (float(r.k) * Tg * Tg) * L / float(G) : 0.f;
+    losses[1] = r.z ? z / float(T_) : 0.f;
+  }
+}
+
+template <typename T>
+__global__ void backward_kernel(const T* __restrict__ logits, const int64_t* __restrict__ idx,
+                                const float* __restrict__ dprob, const float* __restrict__ counts,
+                                MoeRouteSpec r, int64_t T_, int64_t B, float ds, float zc,
+                                int64_t r0, int64_t r1, T* __restrict__ dlogits) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= T_) return;
+  const int64_t E = r.E;
+  float l[kMaxE], dl[kMaxE], s[kMaxE], tmp[kMaxE];
+  load_row(logits, t, E, l);
+  mm::route_token_backward(r, l, idx + t * r.k, dprob + t * r.k, t >= r0 && t < r1,
+                           counts ? counts + (r.seq_aux ? t % B : 0) * E : nullptr, ds, zc, dl,
+                           s, tmp);
+  for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = from_f<T>(dl[e]);
+}
+
+void check_spec(const MoeRouteSpec& r, const char* op) {
+  MCPP_CHECK_HINT(r.E > 0 && r.E <= kMaxE && r.k >= 1 && r.k <= std::min<int64_t>(r.E, kMaxK),
+                  "the CUDA routing holds a token's scores in registers; run such a router "
+                  "on the CPU",
+                  "{}: {} experts, top-{}: the CUDA routing takes E <= {} and k <= {}", op, r.E,
+                  r.k, kMaxE, kMaxK);
+  MCPP_CHECK(r.group_topk == 0 || (r.num_groups > 0 && r.E % r.num_groups == 0 &&
+                                   r.k % r.group_topk == 0 && r.group_topk <= r.num_groups),
+             "{}: group-limited routing of {} experts in {} groups, top-{} groups, top-{}", op,
+             r.E, r.num_groups, r.group_topk, r.k);
+}
+
+void check_i64(const Tensor& t, int64_t n, const char* op, const char* name) {
+  check_cuda(t, op, name);
+  MCPP_CHECK(t.dtype() == DType::I64, "{}: {} is {}, expected i64", op, name, t.str());
+  check_numel(t, n, op, name);
+}
+
+unsigned blocks(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+}  // namespace
+
+void moe_route_topk(const Tensor& logits, const Tensor& bias, const MoeRouteSpec& r,
+                    Tensor& idx, Tensor& prob, Stream& s) {
+  const char* op = "moe_route_topk";
+  check_spec(r, op);
+  check_cuda(logits, op, "logits");
+  const int64_t T_ = logits.numel() / r.E;
+  check_numel(logits, T_ * r.E, op, "logits");
+  check_i64(idx, T_ * r.k, op, "idx");
+  check_f32(prob, op, "prob");
+  check_numel(prob, T_ * r.k, op, "prob");
+  const float* b = nullptr;
+  if (bias.defined()) {
+    check_f32(bias, op, "bias");
+    check_numel(bias, r.E, op, "bias");
+    b = bias.data<float>();
+  }
+  if (T_ == 0) return;
+  MCPP_DISPATCH_ACT(logits.dtype(), op,
+                    topk_kernel<T><<<blocks(T_), kThreads, 0, stream_of(s)>>>(
+                        static_cast<const T*>(logits.raw()), b, r, T_, idx.data<int64_t>(),
+                        prob.data<float>()));
+  MCPP_LAUNCH_CHECK();
+}
+
+void moe_route_index(const Tensor& idx, int64_t E, Tensor& counts, Tensor& src,
+                     Tensor& row_slot, Tensor& slot_row, Tensor& offsets, Tensor& rows,
+                     Stream& s) {
+  const char* op = "moe_route_index";
+  const int64_t N = idx.numel(), T_ = offsets.numel() - 1, k = T_ > 0 ? N / T_ : 0;
+  MCPP_CHECK(T_ > 0 && T_ * k == N && k <= kMaxK && E >= 1 && E <= 1024,
+             "{}: idx {} for offsets {} and {} experts", op, idx.str(), offsets.str(), E);
+  check_i64(idx, N, op, "idx");
+  check_i64(counts, E, op, "counts");
+  check_i64(src, N, op, "src");
+  check_i64(row_slot, N, op, "row_slot");
+  check_i64(slot_row, N, op, "slot_row");
+  check_i64(offsets, T_ + 1, op, "offsets");
+  check_i64(rows, N, op, "rows");
+  const int64_t tiles = (T_ + kTile - 1) / kTile;
+  Tensor tile = Tensor::empty({tiles, E}, DType::I64, Device::CUDA);
+  cudaStream_t cs = stream_of(s);
+  tile_count_kernel<<<unsigned(tiles), 256, 0, cs>>>(idx.data<int64_t>(), T_, k, E,
+                                                      tile.data<int64_t>());
+  tile_scan_kernel<<<1, 256, 0, cs>>>(tile.data<int64_t>(), tiles, E, counts.data<int64_t>());
+  tile_fill_kernel<<<unsigned(tiles), 128, 0, cs>>>(idx.data<int64_t>(), T_, k, E,
+                                                     tile.data<int64_t>(), src.data<int64_t>(),
+                                                     row_slot.data<int64_t>(),
+                                                     slot_row.data<int64_t>());
+  csr_kernel<<<blocks(T_ + 1), kThreads, 0, cs>>>(slot_row.data<int64_t>(), T_, k,
+                                                  offsets.data<int64_t>(), rows.data<int64_t>());
+  MCPP_LAUNCH_CHECK();
+}
+
+void moe_gather(const Tensor& x, const Tensor& index, Tensor& y, Stream& s) {
+  const char* op = "moe_gather";
+  check_cuda(x, op, "x");
+  check_cuda(y, op, "y");
+  check_i64(index, y.numel(), op, "index");
+  MCPP_CHECK(x.dtype() == y.dtype(), "{}: x {} and y {} differ in dtype", op, x.str(), y.str());
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  MCPP_DISPATCH_ACT(x.dtype(), op,
+                    gather_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+                        static_cast<const T*>(x.raw()), index.data<int64_t>(),
+                        static_cast<T*>(y.raw()), n));
+  MCPP_LAUNCH_CHECK();
+}
+
+void moe_route_stats(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Tensor& aux_counts,
+                     Tensor& losses, Stream& s) {
+  const char* op = "moe_route_stats";
+  check_spec(r, op);
+  check_cuda(logits, op, "logits");
+  const int64_t E = r.E, T_ = logits.numel() / E, G = r.seq_aux ? B : 1;
+  MCPP_CHECK(B >= 1 && T_ > 0 && T_ % B == 0, "{}: {} tokens in {} sequences", op, T_, B);
+  check_f32(aux_counts, op, "aux_counts");
+  check_numel(aux_counts, G * E, op, "aux_counts");
+  check_f32(losses, op, "losses");
+  check_numel(losses, 2, op, "losses");
+  Tensor sc = Tensor::empty({r.aux ? T_ * E : 1}, DType::F32, Device::CUDA);
+  Tensor hit = Tensor::empty({r.aux ? T_ * E : 1}, DType::F32, Device::CUDA);
+  Tensor lse2 = Tensor::empty({r.z ? T_ : 1}, DType::F32, Device::CUDA);
+  Tensor colsum = Tensor::empty({G * E}, DType::F32, Device::CUDA);
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(logits.dtype(), op,
+                    stats_token_kernel<T><<<blocks(T_), kThreads, 0, cs>>>(
+                        static_cast<const T*>(logits.raw()), r, T_, sc.data<float>(),
+                        hit.data<float>(), lse2.data<float>()));
+  if (r.aux)
+    stats_column_kernel<<<unsigned(G * E), kThreads, 0, cs>>>(
+        sc.data<float>(), hit.data<float>(), T_, E, G, aux_counts.data<float>(),
+        colsum.data<float>());
+  stats_final_kernel<<<1, kThreads, 0, cs>>>(aux_counts.data<float>(), colsum.data<float>(),
+                                             lse2.data<float>(), r, T_, G,
+                                             losses.data<float>());
+  MCPP_LAUNCH_CHECK();
+}
+
+void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& dprob,
+                        const Tensor& aux_counts, const MoeRouteSpec& r, int64_t B,
+                        double aux_scale, int64_t r0, int64_t r1, Tensor& dlogits, Stream& s) {
+  const char* op = "moe_route_backward";
+  check_spec(r, op);
+  check_cuda(logits, op, "logits");
+  const int64_t E = r.E, k = r.k, T_ = logits.numel() / E, G = r.seq_aux ? B : 1;
+  MCPP_CHECK(B >= 1 && T_ % B == 0, "{}: {} tokens in {} sequences", op, T_, B);
+  check_i64(idx, T_ * k, op, "idx");
+  check_f32(dprob, op, "dprob");
+  check_numel(dprob, T_ * k, op, "dprob");
+  check_cuda(dlogits, op, "dlogits");
+  MCPP_CHECK(dlogits.dtype() == logits.dtype() && dlogits.numel() == T_ * E,
+             "{}: dlogits {} for logits {}", op, dlogits.str(), logits.str());
+  const float* cnt = nullptr;
+  if (r.aux) {
+    check_f32(aux_counts, op, "aux_counts");
+    check_numel(aux_counts, G * E, op, "aux_counts");
+    cnt = aux_counts.data<float>();
+  }
+  if (T_ == 0) return;
+  const double Tg = double(T_ / G);
+  const float ds = float(aux_scale * r.aux_coeff * double(E) / (double(k) * Tg * Tg) / double(G));
+  const float zc = float(aux_scale * r.z_coeff * 2.0 / double(T_));
+  MCPP_DISPATCH_ACT(logits.dtype(), op,
+                    backward_kernel<T><<<blocks(T_), kThreads, 0, stream_of(s)>>>(
+                        static_cast<const T*>(logits.raw()), idx.data<int64_t>(),
+                        dprob.data<float>(), cnt, r, T_, B, ds, zc, r0, r1,
+                        static_cast<T*>(dlogits.raw())));
+  MCPP_LAUNCH_CHECK();
+}
+
+}  // namespace mcpp::ops::cuda
