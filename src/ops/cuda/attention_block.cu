@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_fwd_kernel(BlkParams P) {
     const int buf = (j - first) & 1;
     const int64_t k0 = int64_t(j) * kRows;
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
+    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < end) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, k0 + kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, k0 + kRows, P.S);

@@ -87,9 +87,10 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dkv_kernel(BlkParams P) {
     const int hi = it / count, qt = qlist[it - hi * count];
     const int64_t q0 = int64_t(qt) * kRows;
     uint32_t keep = 0;
-    if constexpr (DROP)
-      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16 + (gr & ~3), q0, gr, tq,
-                              lane);
+    if constexpr (DROP) {
+      uint32_t drawn;  // the blocks' own bits: the block dQ kernel draws its mask again
+      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane, drawn);
+    }
     if (it + 1 < iters) {
       issue(it + 1, buf ^ 1);
       cp_async_commit();
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dq_kernel(BlkParams P) {
     const int buf = (j - first) & 1;
     const int64_t k0 = int64_t(j) * kRows;
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq);
+    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < end) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, k0 + kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, k0 + kRows, P.S);
