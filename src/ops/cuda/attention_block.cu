@@ -313,14 +313,7 @@ BlkParams make(const Call& c, Tensor& tmin, cudaStream_t cs) {
     MCPP_LAUNCH_CHECK();
     P.tmin = static_cast<const int64_t*>(tmin.raw());
   }
-  FaDrop& D = P.D;
-  D.set_key(c.key.seed, c.key.stream);
-  D.threshold = uint32_t(std::ceil(c.p * 16777216.0));  // as flash_attention.cu and the CPU op
-  D.scale = float(1.0 / (1.0 - c.p));
-  D.b_off = d.b_offset, D.h_off = d.h_offset, D.q_off = d.q_offset, D.k_off = d.k_offset;
-  D.NHg = d.NH_global > 0 ? d.NH_global : d.NH;
-  D.Sg = d.S_global > 0 ? d.S_global : d.S;
-  D.aligned = D.Sg % 4 == 0 && D.k_off % 4 == 0;
+  P.D.setup(d, c.p, c.key);  // the mask of flash_attention.cu and the CPU op
   return P;
 }
 

@@ -518,15 +518,7 @@ FaParams make(const FlashArgs& a) {
   P.qkv = a.qkv, P.S = a.d.S, P.B = a.d.B, P.NH = a.d.NH, P.NG = a.d.NG;
   P.QPG = a.d.NH / a.d.NG, P.W = a.d.qkv_width();
   P.scale = float(a.softmax_scale), P.scale_log2 = float(a.softmax_scale) * kLog2e;
-  const AttentionDims& d = a.d;
-  FaDrop& D = P.D;
-  D.set_key(a.key.seed, a.key.stream);
-  D.threshold = AttnDropoutMask::threshold(a.dropout_p);
-  D.scale = float(AttnDropoutMask::keep_scale(a.dropout_p));
-  D.b_off = d.b_offset, D.h_off = d.h_offset, D.q_off = d.q_offset, D.k_off = d.k_offset;
-  D.NHg = d.NH_global > 0 ? d.NH_global : d.NH;
-  D.Sg = d.S_global > 0 ? d.S_global : d.S;
-  D.aligned = D.Sg % 8 == 0 && D.k_off % 8 == 0;
+  P.D.setup(a.d, a.dropout_p, a.key);
   return P;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "base/philox.h"
+#include "ops/types.h"
 
 namespace mcpp::ops::cuda {
 
@@ -31,6 +32,18 @@ struct FaDrop {
       rk1[r] = uint32_t(sd >> 32) + uint32_t(r) * Philox::kW1;
     const uint64_t p1 = uint64_t(Philox::kM1) * uint32_t(st);
     x0 = uint32_t(p1 >> 32) ^ rk0[0], x1 = uint32_t(st >> 32) ^ rk1[0], s_lo = uint32_t(p1);
+  }
+  // Everything from the op's arguments: the key, threshold, keep scale, global offsets
+  // and the aligned-path test. The one place the flash and the CP block kernels set it
+  // up, so both always draw the mask the CPU op draws.
+  __host__ void setup(const AttentionDims& d, double p, DropoutKey key) {
+    set_key(key.seed, key.stream);
+    threshold = AttnDropoutMask::threshold(p);
+    scale = float(AttnDropoutMask::keep_scale(p));
+    b_off = d.b_offset, h_off = d.h_offset, q_off = d.q_offset, k_off = d.k_offset;
+    NHg = d.NH_global > 0 ? d.NH_global : d.NH;
+    Sg = d.S_global > 0 ? d.S_global : d.S;
+    aligned = Sg % 8 == 0 && k_off % 8 == 0;
   }
   __host__ __device__ __forceinline__ uint64_t index(int64_t b, int64_t h, int64_t q, int64_t k) const {
     return uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k + k_off);
