@@ -191,8 +191,15 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   q.cudnn_available = !env_is("MCPP_ATTENTION_CUDNN", "0");
   q.fallback_forced = std::getenv("MCPP_ATTENTION_FALLBACK") != nullptr;
   q.request = ops::parse_attention_request(a.attention_backend);
-  if (ops::choose_attention_backend(q).backend != ops::AttentionBackend::Cudnn) return 0;
+  const ops::AttentionBackend backend = ops::choose_attention_backend(q).backend;
   const int64_t tp = a.tensor_model_parallel_size;
+  // The own flash kernel with dropout hands the backward's mask from the dK/dV kernel to the
+  // dQ kernel in a buffer of one bit per score (on its aligned path: S a multiple of 8).
+  if (backend == ops::AttentionBackend::Flash && cfg.attention_dropout > 0 &&
+      a.seq_length % 8 == 0)
+    return ops::flash_dropout_mask_bytes(a.micro_batch_size, cfg.num_attention_heads / tp,
+                                         a.seq_length);
+  if (backend != ops::AttentionBackend::Cudnn) return 0;
   return ops::cudnn_attention_bwd_workspace_bytes(
       a.micro_batch_size, cfg.num_attention_heads / tp, cfg.num_query_groups / tp, a.seq_length,
       cfg.kv_channels, ops::attention_bwd_workspace_cap_from_env());
