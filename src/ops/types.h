@@ -22,7 +22,7 @@ struct DropoutKey {
 // micro-batch in the global batch), H by TP.
 // Context parallelism holds two chunks of the sequence that are not adjacent: local rows
 // i0 >= split0 sit jump0 further along dim 0 ((i0 + o0 + jump0) instead); split0 =
-// INT64_MAX (the default) for one contiguous block. The CUDA backend takes only that.
+// INT64_MAX (the default) for one contiguous block.
 struct GlobalIndex3 {
   int64_t offset[3] = {0, 0, 0};
   int64_t global[3] = {0, 0, 0};

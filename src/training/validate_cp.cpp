@@ -63,27 +63,9 @@ void validate_context_parallel(Args& a) {
                       a.num_attention_heads, a.num_query_groups, tp, cp);
       break;
     }
-  // On the GPU the attention blocks run (ops/cuda/attention_cp.cu: cuDNN or the own flash
-  // kernel, with the lse merge); what is still missing there is refused here by name. Not
-  // yet run on several GPUs: the multi-GPU runs issue measures and checks it.
-  if (a.device == "cuda") {
-    MCPP_CHECK_HINT(a.hidden_dropout == 0.0,
-                    "give --hidden-dropout 0, or train with --device cpu",
-                    "--context-parallel-size {} on --device cuda with --hidden-dropout {}: the "
-                    "CUDA dropout kernel does not draw the mask of a rank's two sequence chunks "
-                    "yet (GlobalIndex3::split0, ops/cuda/dropout.cu)",
-                    cp, a.hidden_dropout);
-    for (const std::string& t : a.cp_comm_type)
-      MCPP_CHECK_HINT(t != "a2a", "use --cp-comm-type p2p or all_gather, or --device cpu",
-                      "--cp-comm-type a2a on --device cuda: the all-to-all reshuffle of heads "
-                      "and sequence runs on the host only for now");
-    MCPP_CHECK_HINT(!a.reset_attention_mask,
-                    "drop --reset-attention-mask (it runs on the GPU without context "
-                    "parallelism), or train with --device cpu",
-                    "--reset-attention-mask with --context-parallel-size {} on --device cuda: "
-                    "the per-chunk document starts are built on the host only for now",
-                    cp);
-  }
+  // Everything above runs on the GPU too: the attention blocks (ops/cuda/attention_cp.cu:
+  // cuDNN or the own kernels, with the lse merge), a2a's reshuffles (row gathers around
+  // the all-to-all), the document starts per chunk and the dropout of a rank's two chunks.
 }
 
 }  // namespace mcpp::training

@@ -57,16 +57,6 @@ TEST(ValidateCp, Errors) {
   expect_error({"--context-parallel-size", "4", "--cp-comm-type", "a2a", "--group-query-attention",
                 "--num-query-groups", "2"},
                4, "--cp-comm-type a2a needs", "use --cp-comm-type p2p");
-  expect_error({"--context-parallel-size", "2", "--device", "cuda"}, 2,
-               "the CUDA dropout kernel does not draw the mask of a rank's two sequence chunks",
-               "give --hidden-dropout 0");
-  expect_error({"--context-parallel-size", "2", "--device", "cuda", "--hidden-dropout", "0",
-                "--cp-comm-type", "a2a"},
-               2, "--cp-comm-type a2a on --device cuda", "use --cp-comm-type p2p or all_gather");
-  expect_error({"--context-parallel-size", "2", "--device", "cuda", "--hidden-dropout", "0",
-                "--reset-attention-mask"},
-               2, "the per-chunk document starts are built on the host",
-               "drop --reset-attention-mask");
 }
 
 // Document masking on the GPU: both flags, alone or together.
@@ -79,13 +69,15 @@ TEST(ValidateCp, DocumentFlagsOnCuda) {
   }
 }
 
-// CP on the GPU where its pieces exist: p2p / all_gather without hidden dropout.
-TEST(ValidateCp, CpOnCudaWithoutHiddenDropout) {
-  for (const char* t : {"p2p", "all_gather"}) {
+// CP on the GPU: every comm type, with hidden dropout and the document mask.
+TEST(ValidateCp, CpOnCuda) {
+  for (const char* t : {"p2p", "all_gather", "a2a"}) {
     const Args a = validated({"--context-parallel-size", "2", "--device", "cuda", "--hidden-dropout",
-                              "0", "--attention-dropout", "0.1", "--cp-comm-type", t},
+                              "0.1", "--attention-dropout", "0.1", "--reset-attention-mask",
+                              "--reset-position-ids", "--cp-comm-type", t},
                              2);
     EXPECT_EQ(a.context_parallel_size, 2);
+    EXPECT_TRUE(a.reset_attention_mask);
   }
 }
 

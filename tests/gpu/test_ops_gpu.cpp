@@ -366,6 +366,31 @@ TEST_P(GpuDropout, SameMaskAsCpuWholeAndPartitioned) {
           ASSERT_EQ(static_cast<float*>(cyb.raw())[(i0 * 2 + i1) * w2 + i2],
                     static_cast<float*>(y.raw())[((i0 + 3) * d1 + i1 + 1) * d2 + i2 + 100]);
 
+    // A context-parallel rank's two chunks (global rows 1-2 and 6-7: split0 2, jump0 3),
+    // forward and backward, draw the whole tensor's mask on those rows.
+    ops::GlobalIndex3 two = g;
+    two.offset[0] = 1, two.split0 = 2, two.jump0 = 3;
+    const int64_t rows[4] = {1, 2, 6, 7}, R = d1 * d2;
+    Tensor xc = Tensor::empty({4, d1, d2}, DType::F32);
+    for (int64_t i = 0; i < 4; ++i)
+      std::memcpy(static_cast<float*>(xc.raw()) + i * R, static_cast<float*>(x.raw()) + rows[i] * R,
+                  size_t(R) * sizeof(float));
+    Tensor gyc = gpu_nan({4, d1, d2}, DType::F32), gdc = gpu_nan({4, d1, d2}, DType::F32);
+    gpu::dropout_add_forward(to_gpu(xc, DType::F32), Tensor(), p, key, two, gyc, GS());
+    gpu::dropout_backward(to_gpu(xc, DType::F32), p, key, two, gdc, GS());
+    Tensor cyc = to_cpu(gyc), cdc = to_cpu(gdc), dwhole = Tensor::empty({d0, d1, d2}, DType::F32);
+    cpu::dropout_backward(x, p, key, g, dwhole, CS());
+    for (int64_t i = 0; i < 4; ++i) {
+      ASSERT_EQ(std::memcmp(static_cast<float*>(cyc.raw()) + i * R,
+                            static_cast<float*>(y.raw()) + rows[i] * R, size_t(R) * sizeof(float)),
+                0)
+          << "chunk row " << i << " p=" << p;
+      ASSERT_EQ(std::memcmp(static_cast<float*>(cdc.raw()) + i * R,
+                            static_cast<float*>(dwhole.raw()) + rows[i] * R, size_t(R) * sizeof(float)),
+                0)
+          << "backward, chunk row " << i << " p=" << p;
+    }
+
     // Backward and the residual form.
     Tensor dx = Tensor::empty({d0, d1, d2}, DType::F32), gdx = gpu_nan({d0, d1, d2}, DType::F32);
     cpu::dropout_backward(x, p, key, g, dx, CS());

@@ -24,10 +24,16 @@ struct Index3 {
   int64_t d1, d2;      // local inner dims
   int64_t o0, o1, o2;  // offsets of the local block
   int64_t G1, G2;      // global inner dims
+  // A context-parallel rank's second sequence chunk: local rows >= split0 sit jump0
+  // further along dim 0 (GlobalIndex3::row0).
+  int64_t split0 = INT64_MAX, jump0 = 0;
+  __device__ __forceinline__ int64_t row0(int64_t i0) const {
+    return i0 + o0 + (i0 >= split0 ? jump0 : 0);
+  }
   __device__ __forceinline__ uint64_t global(int64_t i) const {
     int64_t i2 = i % d2, r = i / d2;
     int64_t i1 = r % d1, i0 = r / d1;
-    return uint64_t(((i0 + o0) * G1 + (i1 + o1)) * G2 + (i2 + o2));
+    return uint64_t((row0(i0) * G1 + (i1 + o1)) * G2 + (i2 + o2));
   }
 };
 
@@ -140,7 +146,7 @@ static __global__ void dropout_vec_kernel(const TX* __restrict__ x, const TO* re
        j += int64_t(gridDim.x) * blockDim.x) {
     uint32_t r = uint32_t(j) / W, c = uint32_t(j) - r * W;  // local row i0 * d1 + i1, pack
     uint32_t i0 = r / d1, i1 = r - i0 * d1;
-    uint64_t g0 = uint64_t(((int64_t(i0) + ix.o0) * ix.G1 + (int64_t(i1) + ix.o1)) * ix.G2 +
+    uint64_t g0 = uint64_t((ix.row0(i0) * ix.G1 + (int64_t(i1) + ix.o1)) * ix.G2 +
                            (int64_t(c) * N + ix.o2));
     uint32_t u[N];
 #pragma unroll
@@ -194,15 +200,14 @@ bool launch_vec(const TX* x, const TO* residual, TO* out, int64_t n, bool drop, 
 
 Index3 make_index(const Tensor& x, const GlobalIndex3& g, const char* op) {
   MCPP_CHECK(x.dim() == 3, "{}: x is {}; a 3-D [d0, d1, d2] tensor is expected", op, x.str());
-  MCPP_CHECK_HINT(g.split0 == INT64_MAX, "train context-parallel runs with --device cpu for now",
-                  "{}: the CUDA dropout takes one contiguous block of rows; a context-parallel "
-                  "rank's two sequence chunks are not implemented on the GPU yet",
-                  op);
   Index3 ix;
   ix.d1 = x.size(1), ix.d2 = x.size(2);
   ix.o0 = g.offset[0], ix.o1 = g.offset[1], ix.o2 = g.offset[2];
   ix.G1 = g.global[1], ix.G2 = g.global[2];
-  MCPP_CHECK(g.global[0] >= x.size(0) + g.offset[0] && ix.G1 >= ix.d1 + ix.o1 &&
+  ix.split0 = g.split0, ix.jump0 = g.jump0;
+  MCPP_CHECK(g.split0 >= 0 && g.jump0 >= 0, "{}: split0 {} / jump0 {} negative", op, g.split0,
+             g.jump0);
+  MCPP_CHECK(g.global[0] >= g.row0(x.size(0) - 1) + 1 && ix.G1 >= ix.d1 + ix.o1 &&
                  ix.G2 >= ix.d2 + ix.o2,
              "{}: local block {} at offset ({}, {}, {}) does not fit the global shape [{}, {}, "
              "{}]",

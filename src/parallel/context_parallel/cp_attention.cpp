@@ -13,6 +13,7 @@ namespace {
 // The sequence geometry of one rank.
 struct Geo {
   int64_t P, r, C, B, W, O;  // CP size and rank, chunk rows, batch, qkv and out widths
+  Tensor ks[2];  // document masking (p2p, all_gather): local chunk k's [B, C] key starts
   explicit Geo(const ops::AttentionDims& d, const comm::Communicator& cp)
       : P(cp.size()), r(cp.rank()), C(d.S / 2), B(d.B), W(d.qkv_width()), O(d.NH * d.HD) {}
   // Global chunk of local chunk k (0, 1) of rank j.
@@ -37,18 +38,36 @@ void check_args(const char* op, const CpAttention& a, const Tensor& qkv,
   MCPP_CHECK(cp.size() > 1, "{}: a context-parallel group of one", op);
 }
 
+// The document starts are small i64 tensors ([B, 2C] a rank): on the GPU they are
+// reshuffled on the host and sent back (one synchronising copy each way).
+Tensor to_host(const Tensor& t, Stream& s) {
+  if (t.device() == Device::CPU) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  ops::copy(t, h, s);
+  return h;
+}
+Tensor to_device(const Tensor& h, Device dev, Stream& s) {
+  if (dev == Device::CPU) return h;
+  Tensor d = Tensor::empty(h.shape(), h.dtype(), dev);
+  ops::copy(h, d, s);
+  return d;
+}
+
 // Document masking: local chunk x's [B, C] of this rank's [B, 2C] key starts (global).
-Tensor key_start_chunk(const Tensor& ks, const Geo& g, int x) {
-  MCPP_CHECK_HINT(ks.device() == Device::CPU,
-                  "drop --reset-attention-mask under context parallelism on the GPU, or train "
-                  "with --device cpu",
-                  "--reset-attention-mask with context parallelism: the per-chunk document "
-                  "starts are built on the host only for now");
+Tensor key_start_chunk(const Tensor& ks, const Geo& g, int x, Stream& s) {
+  const Tensor h = to_host(ks, s);
   Tensor out = Tensor::empty({g.B, g.C}, DType::I64);
   for (int64_t b = 0; b < g.B; ++b)
     for (int64_t i = 0; i < g.C; ++i)
-      out.data<int64_t>()[b * g.C + i] = ks.data<int64_t>()[b * 2 * g.C + x * g.C + i];
-  return out;
+      out.data<int64_t>()[b * g.C + i] = h.data<int64_t>()[b * 2 * g.C + x * g.C + i];
+  return to_device(out, ks.device(), s);
+}
+
+Geo geometry(const CpAttention& a, const comm::Communicator& cp, Stream& s) {
+  Geo g(a.ad, cp);
+  if (a.ad.key_start.defined() && a.type != CommType::A2A)
+    for (int k = 0; k < 2; ++k) g.ks[k] = key_start_chunk(a.ad.key_start, g, k, s);
+  return g;
 }
 
 // The dims of block (local query chunk x = global chunk qa, key global chunk kc): offsets
@@ -58,7 +77,7 @@ ops::AttentionDims block_dims(const CpAttention& a, const Geo& g, int x, int64_t
   d.S = g.C;
   d.S_global = 2 * g.P * g.C;
   d.q_offset = qa * g.C, d.k_offset = kc * g.C;
-  if (a.ad.key_start.defined()) d.key_start = key_start_chunk(a.ad.key_start, g, x);
+  if (a.ad.key_start.defined()) d.key_start = g.ks[x];
   return d;
 }
 
@@ -201,45 +220,63 @@ void gather_backward(const CpAttention& a, const Geo& g, const Tensor& dout, con
 
 // ---- a2a (Ulysses) -----------------------------------------------------------------------
 
+// The reshuffles move whole rows of w elements, so each side is one row gather
+// (ops::moe_permute, y[n] = x[src[n]], on the tensors' device) around the all-to-all; the
+// index is built on the host.
+void gather_rows(const Tensor& x, const std::vector<int64_t>& src, Tensor& y, Stream& s) {
+  Tensor idx = Tensor::from(src, {int64_t(src.size())});
+  if (x.device() != Device::CPU) {
+    Tensor d = Tensor::empty(idx.shape(), DType::I64, x.device());
+    ops::copy(idx, d, s);
+    idx = d;
+  }
+  ops::moe_permute(x, idx, y, s);
+}
+
+// Row m of the gathered sequence [2PC*B, w] sits in the all-to-all's block of rank j at
+// local chunk k (block j*2 + k): the global chunk order from the ranks' (r, 2P-1-r) pairs.
+std::vector<int64_t> chunk_order(const Geo& g) {
+  const int64_t rows = g.rows(), n = 2 * g.P * rows;
+  std::vector<int64_t> at(static_cast<size_t>(n));
+  for (int64_t j = 0; j < g.P; ++j)
+    for (int k = 0; k < 2; ++k)
+      for (int64_t i = 0; i < rows; ++i)
+        at[size_t(g.chunk(j, k) * rows + i)] = (j * 2 + k) * rows + i;
+  return at;
+}
+
 // local [2C*B, P*w] (this rank's rows, all column slices) -> full [2PC*B, w] (every rank's
 // rows in global sequence order, column slice r), over an all-to-all.
 void seq_to_heads(const Geo& g, const Tensor& local, Tensor& full, comm::Communicator& cp,
                   Stream& s) {
   const int64_t R = 2 * g.rows(), w = full.size(1);
-  const size_t es = dtype_size(local.dtype()), row = size_t(w) * es;
-  Tensor send = Tensor::empty({g.P * R, w}, local.dtype()), recv = Tensor::empty(send.shape(), local.dtype());
-  auto* src = static_cast<const char*>(local.raw());
-  auto* dst = static_cast<char*>(send.raw());
+  Tensor send = Tensor::empty({g.P * R, w}, local.dtype(), local.device());
+  Tensor recv = Tensor::empty(send.shape(), local.dtype(), local.device());
+  std::vector<int64_t> src(static_cast<size_t>(g.P * R));
   for (int64_t p = 0; p < g.P; ++p)  // block p: column slice p of every row
-    for (int64_t t = 0; t < R; ++t)
-      std::memcpy(dst + size_t(p * R + t) * row, src + (size_t(t * g.P * w + p * w)) * es, row);
+    for (int64_t t = 0; t < R; ++t) src[size_t(p * R + t)] = t * g.P + p;
+  gather_rows(local.view({R * g.P, w}), src, send, s);
   cp.all_to_all(send, recv, s);
-  auto* in = static_cast<const char*>(recv.raw());
-  auto* o = static_cast<char*>(full.raw());
-  const size_t chunk = size_t(g.rows()) * row;
-  for (int64_t j = 0; j < g.P; ++j)  // block j: rank j's chunks j and 2P-1-j
-    for (int k = 0; k < 2; ++k)
-      std::memcpy(o + size_t(g.chunk(j, k)) * chunk, in + size_t(j * 2 + k) * chunk, chunk);
+  gather_rows(recv, chunk_order(g), full, s);
 }
 
 // The inverse: full [2PC*B, w] (slice r of every row) -> local [2C*B, P*w].
 void heads_to_seq(const Geo& g, const Tensor& full, Tensor& local, comm::Communicator& cp,
                   Stream& s) {
   const int64_t R = 2 * g.rows(), w = full.size(1);
-  const size_t es = dtype_size(full.dtype()), row = size_t(w) * es;
-  const size_t chunk = size_t(g.rows()) * row;
-  Tensor send = Tensor::empty({g.P * R, w}, full.dtype()), recv = Tensor::empty(send.shape(), full.dtype());
-  auto* in = static_cast<const char*>(full.raw());
-  auto* dst = static_cast<char*>(send.raw());
-  for (int64_t j = 0; j < g.P; ++j)
-    for (int k = 0; k < 2; ++k)
-      std::memcpy(dst + size_t(j * 2 + k) * chunk, in + size_t(g.chunk(j, k)) * chunk, chunk);
+  Tensor send = Tensor::empty({g.P * R, w}, full.dtype(), full.device());
+  Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
+  // send block (j, k) = the gathered rows of global chunk chunk(j, k): chunk_order inverted.
+  const std::vector<int64_t> at = chunk_order(g);
+  std::vector<int64_t> src(at.size());
+  for (size_t m = 0; m < at.size(); ++m) src[size_t(at[m])] = int64_t(m);
+  gather_rows(full, src, send, s);
   cp.all_to_all(send, recv, s);
-  auto* src = static_cast<const char*>(recv.raw());
-  auto* o = static_cast<char*>(local.raw());
+  std::vector<int64_t> back(static_cast<size_t>(g.P * R));
   for (int64_t p = 0; p < g.P; ++p)
-    for (int64_t t = 0; t < R; ++t)
-      std::memcpy(o + size_t(t * g.P * w + p * w) * es, src + size_t(p * R + t) * row, row);
+    for (int64_t t = 0; t < R; ++t) back[size_t(t * g.P + p)] = p * R + t;
+  Tensor out = local.view({R * g.P, w});
+  gather_rows(recv, back, out, s);
 }
 
 // The gathered attention's dims: the whole sequence, this rank's slice of the heads; with
@@ -251,8 +288,9 @@ ops::AttentionDims a2a_dims(const CpAttention& a, const Geo& g, comm::Communicat
   d.NH = a.ad.NH / g.P, d.NG = a.ad.NG / g.P;
   d.h_offset = a.ad.h_offset + g.r * d.NH;
   if (a.ad.key_start.defined()) {
-    Tensor all = Tensor::empty({g.P * g.B, 2 * g.C}, DType::I64);
+    Tensor all = Tensor::empty({g.P * g.B, 2 * g.C}, DType::I64, a.ad.key_start.device());
     cp.all_gather(a.ad.key_start, all, s);
+    all = to_host(all, s);
     d.key_start = Tensor::empty({g.B, d.S}, DType::I64);
     for (int64_t j = 0; j < g.P; ++j)
       for (int k = 0; k < 2; ++k)
@@ -260,13 +298,12 @@ ops::AttentionDims a2a_dims(const CpAttention& a, const Geo& g, comm::Communicat
           for (int64_t i = 0; i < g.C; ++i)
             d.key_start.data<int64_t>()[b * d.S + g.chunk(j, k) * g.C + i] =
                 all.data<int64_t>()[(j * g.B + b) * 2 * g.C + k * g.C + i];
+    d.key_start = to_device(d.key_start, a.ad.key_start.device(), s);
   }
   return d;
 }
 
 void a2a_check(const CpAttention& a, const Geo& g, const Tensor& qkv) {
-  MCPP_CHECK_HINT(qkv.device() == Device::CPU, "use --cp-comm-type p2p or all_gather",
-                  "--cp-comm-type a2a: the head/sequence reshuffle runs on the CPU only");
   MCPP_CHECK_HINT(a.ad.NG % g.P == 0 && a.ad.NH % g.P == 0,
                   "use --cp-comm-type p2p, or a --context-parallel-size dividing the heads",
                   "--cp-comm-type a2a: {} heads in {} query groups per tensor-parallel rank do "
@@ -308,7 +345,7 @@ void a2a_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const 
 void attention_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& cp,
                        Tensor& out, Tensor& lse, Stream& s) {
   check_args("context-parallel attention_forward", a, qkv, cp);
-  const Geo g(a.ad, cp);
+  const Geo g = geometry(a, cp, s);
   switch (a.type) {
     case CommType::P2P: return ring_forward(a, g, qkv, cp, out, lse, s);
     case CommType::AllGather: return gather_forward(a, g, qkv, cp, out, lse, s);
@@ -320,7 +357,7 @@ void attention_backward(const CpAttention& a, const Tensor& dout, const Tensor& 
                         const Tensor& out, const Tensor& lse, comm::Communicator& cp,
                         Tensor& dqkv, Stream& s) {
   check_args("context-parallel attention_backward", a, qkv, cp);
-  const Geo g(a.ad, cp);
+  const Geo g = geometry(a, cp, s);
   switch (a.type) {
     case CommType::P2P: return ring_backward(a, g, dout, qkv, out, lse, cp, dqkv, s);
     case CommType::AllGather: return gather_backward(a, g, dout, qkv, out, lse, cp, dqkv, s);

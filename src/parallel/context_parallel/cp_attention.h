@@ -23,9 +23,10 @@
 //        a2a: [B, NH/CP, CP*2C] (the gathered sequence's heads). Only backward reads it.
 //   dqkv [2C*B, QKVW]  (=)
 // Attention dropout stays a function of the global (b, h, q, k) index, so every variant
-// draws the serial run's mask. p2p and all_gather run on either backend's tensors (the CUDA
-// blocks and merge are attention.cu's; CP training on GPUs is not enabled yet: the hidden
-// dropout's two-chunk rows have no CUDA kernel); a2a's reshuffle is host code (CPU only).
+// draws the serial run's mask. Every variant runs on either backend's tensors: the blocks
+// and merge are the op catalogue's (ops/cuda/attention_cp.cu on the GPU), a2a's reshuffles
+// are row gathers (ops::moe_permute) around the all-to-all, and the document starts of a
+// rank's chunks are rearranged on the host (small i64 tensors, copied once per call).
 #pragma once
 #include "comm/communicator.h"
 #include "ops/types.h"
