@@ -65,7 +65,7 @@ void validate_compat(Args& a, bool training) {
   }
 }
 
-void check_trainer_support(const Args& a, Device dev) {
+void check_trainer_support(const Args& a, Device dev, bool query_gpu) {
   // Precision: say exactly which flag to drop.
   if ((a.bf16 || a.fp16) && dev == Device::CPU) {
     const char* flag = a.bf16 ? "--bf16" : "--fp16";
@@ -82,7 +82,7 @@ void check_trainer_support(const Args& a, Device dev) {
   MCPP_CHECK_HINT(!a.save_interval || *a.save_interval > 0, "use a positive interval",
                   "--save-interval must be positive, got {}", *a.save_interval);
   MCPP_CHECK_HINT(!a.async_save || a.save, "add --save DIR", "--async-save needs --save");
-  check_fp8_device(a, dev);  // FP8 needs --bf16 and a GPU with FP8 (validate_fp8.cpp)
+  check_fp8_device(a, dev, query_gpu);  // FP8 needs --bf16 and a GPU with FP8 (validate_fp8.cpp)
 }
 
 }  // namespace mcpp::training

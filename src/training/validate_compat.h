@@ -30,7 +30,9 @@ std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(Args& a);
 
 // What the trainer rejects on `dev` after validate_args (flags whose value is valid but
 // that megatron.cpp's trainer does not implement yet, and the precision a device cannot
-// train in). Throws mcpp::Error naming the flag to drop.
-void check_trainer_support(const Args& a, Device dev);
+// train in). Throws mcpp::Error naming the flag to drop. query_gpu false (`megatron plan`,
+// which may plan a GPU run on a machine without one): what only the GPU itself can say
+// (FP8 tensor cores) is left to the run's start-up.
+void check_trainer_support(const Args& a, Device dev, bool query_gpu = true);
 
 }  // namespace mcpp::training

@@ -99,12 +99,13 @@ model::Fp8Config fp8_config(const Args& a) {
   return c;
 }
 
-void check_fp8_device(const Args& a, Device dev) {
+void check_fp8_device(const Args& a, Device dev, bool query_gpu) {
   if (!a.fp8 || dev == Device::CPU) return;  // the CPU backend emulates FP8 (docs/fp8.md)
   MCPP_CHECK_HINT(a.bf16, "add --bf16",
                   "--fp8-format on a GPU needs --bf16 (bf16 parameters and activations around "
                   "the FP8 GEMMs)");
 #ifdef MCPP_HAVE_CUDA
+  if (!query_gpu) return;
   std::string why;
   MCPP_CHECK_HINT(ops::cuda::fp8_gemm_supported(&why),
                   "train without --fp8-format on this GPU, or on a Hopper (H100/H200) or newer",

@@ -14,6 +14,6 @@ void validate_fp8(const Args& a);
 model::Fp8Config fp8_config(const Args& a);
 // Start-up: FP8 on `dev` is possible (the CPU emulates it; a GPU needs FP8 tensor cores,
 // compute capability 8.9 or newer, and --bf16).
-void check_fp8_device(const Args& a, Device dev);
+void check_fp8_device(const Args& a, Device dev, bool query_gpu = true);
 
 }  // namespace mcpp::training
