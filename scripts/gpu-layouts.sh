@@ -118,6 +118,12 @@ timer() {  # ms per iteration of timer $2 in the last interval of log $1 ("-" if
   v=$(grep -E "^.* $2 \.+: \(" "$1" | tail -1 | sed -E 's/.*\(([0-9.]+),.*/\1/')
   echo "${v:--}"
 }
+# The last "exposed communication" line's shares (TP/SP/PP/DP/CP/EP, max over ranks).
+exposed() {
+  local v
+  v=$(grep -oE "exposed communication \(.*\): .*" "$1" | tail -1 | sed -E 's/^[^:]*: //; s/ \|$//; s/\|/,/g')
+  echo "${v:--}"
+}
 # The busiest rank's peak: the largest "max allocated" of any rank's memory line (the plan's
 # number it is set against is the busiest rank's too).
 peak() { grep -oE "max allocated: [0-9.]+" "$1" | awk '$3 > m {m = $3} END {printf "%.0f", m}'; }
@@ -137,33 +143,33 @@ for L in $LAYOUTS; do
     --tokenizer-type NullTokenizer --lr 1e-4 --train-iters "$ITERS" --log-interval $((ITERS / 2)) --log-throughput
     --device cuda --timing-log-level 1)
   if [[ -z $plan_mib || $plan_mib == 0 ]]; then
-    rows+=("| $L | $NP | - | - | - | - | - | - | plan failed: $(grep -m1 -i "error" "$LOG/$L.plan" | cut -c1-160) |")
+    rows+=("| $L | $NP | - | - | - | - | - | - | - | plan failed: $(grep -m1 -i "error" "$LOG/$L.plan" | cut -c1-160) |")
     plan_failed=1
     continue
   fi
   if [[ -n ${PLAN_ONLY:-} ]]; then
-    rows+=("| $L | $NP | - | - | - | - | - | $plan_mib (plan) | flags accepted |")
+    rows+=("| $L | $NP | - | - | - | - | - | - | $plan_mib (plan) | flags accepted |")
     continue
   fi
   # The MoE models' plan holds the dropless bound of the dispatch buffers (every token of the
   # expert-parallel group routed to this rank's experts): a worst case, so they are run anyway
   # and the measured peak stands beside it.
   if ((plan_mib > MAX_MIB)) && [[ $MODEL != mixtral && $MODEL != finegrained ]]; then
-    rows+=("| $L | $NP | - | - | - | - | - | $plan_mib (plan) | does not fit: plan > $MAX_MIB MiB |")
+    rows+=("| $L | $NP | - | - | - | - | - | - | $plan_mib (plan) | does not fit: plan > $MAX_MIB MiB |")
     continue
   fi
   if [[ -n ${DRY:-} ]]; then
     echo "${CMD[*]}"
-    rows+=("| $L | $NP | - | - | - | - | - | $plan_mib (plan) | dry run |")
+    rows+=("| $L | $NP | - | - | - | - | - | - | $plan_mib (plan) | dry run |")
     continue
   fi
-  "${CMD[@]}" > "$LOG/$L.log" 2>&1 || { tail -20 "$LOG/$L.log"; rows+=("| $L | $NP | failed | | | | | | see $LOG/$L.log |"); continue; }
+  "${CMD[@]}" > "$LOG/$L.log" 2>&1 || { tail -20 "$LOG/$L.log"; rows+=("| $L | $NP | failed | | | | | | | see $LOG/$L.log |"); continue; }
   t=$(tflops "$LOG/$L.log")
-  rows+=("| $L | $NP | $(tps "$LOG/$L.log") | $t | $(awk -v t="$t" 'BEGIN{printf "%.1f%%", 100 * t / 989}') | $(timer "$LOG/$L.log" forward-backward) | $(timer "$LOG/$L.log" grads-reduce) | $(peak "$LOG/$L.log") / $plan_mib (plan) | |")
+  rows+=("| $L | $NP | $(tps "$LOG/$L.log") | $t | $(awk -v t="$t" 'BEGIN{printf "%.1f%%", 100 * t / 989}') | $(timer "$LOG/$L.log" forward-backward) | $(timer "$LOG/$L.log" grads-reduce) | $(exposed "$LOG/$L.log") | $(peak "$LOG/$L.log") / $plan_mib (plan) | |")
 done
 echo "## Layouts of $MODEL${SEQ:+ at seq $SEQ}, bf16 (fp8: FP8 GEMMs), micro-batch $MB ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit $(git rev-parse --short HEAD 2>/dev/null), $(date -u +%F))"
-echo "| layout | GPUs | tokens/s per GPU | TFLOP/s per GPU | MFU (989) | forward-backward ms | grads-reduce ms (exposed) | peak MiB, measured / plan | note |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+echo "| layout | GPUs | tokens/s per GPU | TFLOP/s per GPU | MFU (989) | forward-backward ms | grads-reduce ms (exposed) | exposed communication, share of the step | peak MiB, measured / plan | note |"
+echo "|---|---:|---:|---:|---:|---:|---:|---|---:|---|"
 printf '%s\n' "${rows[@]}"
 [[ -n ${PLAN_ONLY:-} ]] && exit $plan_failed
 exit 0

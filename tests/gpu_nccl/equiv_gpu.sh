@@ -18,9 +18,24 @@
 # recomputation) | pp2_v2 (two virtual stages a GPU: activations and gradients both ways
 # between the two GPUs in one NCCL group; selective recomputation). The models have 4
 # layers so that PP2 with two virtual stages has a layer per model chunk.
+# Mixture of experts (4 experts top-2, aux loss; 8 experts on 8 GPUs), both runs MoE:
+# ep2_alltoall | ep2_allgather (the two dispatchers) | ep2_distopt (alltoall, distributed
+# optimizer, overlapped) | ep2_tp2 (4 GPUs, SP) | ep2_pp2 (4 GPUs) | ep8 (8 GPUs).
+# Context parallelism (dropout on: its masks are global): cp2_p2p | cp2_a2a | cp2_tp2
+# (4 GPUs, SP) | tp2_cp2_dp2 (8 GPUs, SP, distributed optimizer).
+# FP8 (hybrid), both runs FP8: fp8_tp2_delayed | fp8_tp2_tensorwise | fp8_dp2_delayed |
+# fp8_dp2_tensorwise.
+# Modes (env): PLAN_ONLY=1 checks the multi-GPU launch's flags with `megatron plan
+# --world-size NP` and runs nothing (no GPU needed: CI); ONE_GPU=1 runs only the one-GPU
+# baseline of each family and prints the multi-GPU command (a dry run on one GPU);
+# FAMILIES (default "gpt llama") picks the model families.
 set -euo pipefail
 M=$1 LAYOUT=$2 MPIRUN=${3:-mpirun}
 NP=2  # GPUs (ranks) of the layout
+X=()  # model flags of both runs (MoE, FP8)
+GB=8  # global batch
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 256 --moe-aux-loss-coeff 1e-2
+  --moe-grouped-gemm --disable-bias-linear)
 TOL=${TOL:-1e-2}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -46,10 +61,32 @@ case $LAYOUT in
                                   --pipeline-model-parallel-size 2 --use-distributed-optimizer
                                   --overlap-grad-reduce --overlap-param-gather
                                   --ddp-bucket-size 50000) ;;
+  ep2_alltoall) X=("${MOE[@]}") L=(--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall) ;;
+  ep2_allgather) X=("${MOE[@]}") L=(--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather) ;;
+  ep2_distopt) X=("${MOE[@]}") L=(--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+                 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+                 --ddp-bucket-size 50000) ;;
+  ep2_tp2) NP=4 X=("${MOE[@]}") L=(--tensor-model-parallel-size 2 --sequence-parallel
+             --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall) ;;
+  ep2_pp2) NP=4 X=("${MOE[@]}") L=(--pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+             --moe-token-dispatcher-type alltoall) ;;
+  ep8) NP=8 GB=16 X=(--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 256
+         --moe-aux-loss-coeff 1e-2 --moe-grouped-gemm --disable-bias-linear)
+       L=(--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall) ;;
+  cp2_p2p) L=(--context-parallel-size 2 --cp-comm-type p2p) ;;
+  cp2_a2a) L=(--context-parallel-size 2 --cp-comm-type a2a) ;;
+  cp2_tp2) NP=4 L=(--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel) ;;
+  tp2_cp2_dp2) NP=8 L=(--tensor-model-parallel-size 2 --sequence-parallel --context-parallel-size 2
+                 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+                 --ddp-bucket-size 50000) ;;
+  fp8_tp2_delayed|fp8_tp2_tensorwise|fp8_dp2_delayed|fp8_dp2_tensorwise)
+    X=(--fp8-format hybrid --fp8-recipe "${LAYOUT##*_}")
+    if [[ $LAYOUT == fp8_tp2_* ]]; then L=(--tensor-model-parallel-size 2)
+    else L=(--overlap-grad-reduce --ddp-bucket-size 50000); fi ;;
   *) echo "unknown layout $LAYOUT"; exit 2 ;;
 esac
 COMMON=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4
-  --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 8
+  --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size "$GB"
   --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 5 --train-iters 20
   --hidden-dropout 0.1 --attention-dropout 0.1 --seed 11 --log-interval 1 --device cuda --bf16
   --distributed-timeout-minutes 2)
@@ -57,6 +94,7 @@ GPT=(--hidden-size 128 --num-attention-heads 2)
 LLAMA=(--hidden-size 256 --num-attention-heads 4 --position-embedding-type rope
   --normalization RMSNorm --swiglu --group-query-attention --num-query-groups 2
   --untie-embeddings-and-output-weights --disable-bias-linear)
+COMMON+=("${X[@]}")
 losses() { grep -oE "lm loss: [0-9.E+-]+" "$1" | awk '{print $3}'; }
 run1() { "$M" train "${COMMON[@]}" "$@" > "$W/log" 2>&1 || { cat "$W/log"; exit 1; }; cat "$W/log"; }
 run2() {
@@ -65,8 +103,22 @@ run2() {
   cat "$W/log"
 }
 fail=0
-for fam in gpt llama; do
+for fam in ${FAMILIES:-gpt llama}; do
   if [[ $fam == gpt ]]; then F=("${GPT[@]}"); else F=("${LLAMA[@]}"); fi
+  if [[ -n ${PLAN_ONLY:-} ]]; then
+    if "$M" plan "${COMMON[@]}" "${L[@]}" "${F[@]}" --world-size "$NP" > "$W/plan" 2>&1; then
+      echo "[$fam $LAYOUT] $NP-GPU flags accepted by megatron plan"
+    else
+      echo "[$fam $LAYOUT] megatron plan refused the $NP-GPU launch:"; cat "$W/plan"; fail=1
+    fi
+    continue
+  fi
+  if [[ -n ${ONE_GPU:-} ]]; then
+    run1 "${F[@]}" > "$W/$fam.1gpu.log"
+    echo "[$fam $LAYOUT] one-GPU baseline: $(losses "$W/$fam.1gpu.log" | wc -l) steps, loss $(losses "$W/$fam.1gpu.log" | head -1) -> $(losses "$W/$fam.1gpu.log" | tail -1)"
+    echo "  not run here ($NP GPUs): $MPIRUN -np $NP $M train ${COMMON[*]} ${L[*]} ${F[*]}"
+    continue
+  fi
   run1 "${F[@]}" > "$W/$fam.1gpu.log"
   run2 "${F[@]}" --save "$W/$fam.a" > "$W/$fam.2gpu.log"
   grep -q "backend nccl\|NCCL groups" "$W/$fam.2gpu.log" || { echo "$fam: the run did not use NCCL"; fail=1; }
