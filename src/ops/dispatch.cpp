@@ -241,8 +241,8 @@ void fp8_dgelu_cast(const Tensor& dact, const Tensor& pre, Fp8Format fmt, const 
                        db, s);
 }
 // ---- MoE
-void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
-  MCPP_DISPATCH(moe_permute, x, src, y, s);
+void gather_rows(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(gather_rows, x, src, y, s);
 }
 void moe_unpermute(const Tensor& y, const Tensor& offsets, const Tensor& rows, Tensor& out,
                    Stream& s) {

@@ -263,7 +263,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     from_host(pr, p, st);
   }
   Tensor xp = s.xp.narrow(0, N), yp = w_->yp.narrow(0, N);
-  ops::moe_permute(*xf, s.src, xp, st);
+  ops::gather_rows(*xf, s.src, xp, st);
 
   // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
   if (ep_) {  // the rows to the ranks owning their experts, the outputs back
@@ -325,7 +325,7 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   } else {
     Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
     Tensor gp = w_->gp.narrow(0, N), dxp = w_->dxp.narrow(0, N), dp = w_->dp.narrow(0, N);
-    ops::moe_permute(*g, s.src, gp, st);
+    ops::gather_rows(*g, s.src, gp, st);
     if (ep_) {  // the combine's dual, the experts, the dispatch's dual
       const int64_t Ne = s.plan.rows_out;
       Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_->ge.narrow(0, Ne);
@@ -505,7 +505,7 @@ void MoeLayer::allgather_forward(const Tensor& x, int64_t t0, int64_t T, Tensor&
   ep::dispatch(x, tall, ep_, st);
   if (Ne > 0) {
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_->ye.narrow(0, Ne);
-    ops::moe_permute(tall, s.ag_src, xe, st);
+    ops::gather_rows(tall, s.ag_src, xe, st);
     from_host(pr, pe, st);
     experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_->experts, st);
     ops::moe_unpermute(ye, s.ag_off, s.ag_rows, tall, st);
@@ -527,7 +527,7 @@ void MoeLayer::allgather_backward(const Tensor& g, Tensor& dx, Saved& s,
   if (Ne > 0) {
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_->ge.narrow(0, Ne);
     Tensor dxe = w_->dxe.narrow(0, Ne), dpe = w_->dpe.narrow(0, Ne);
-    ops::moe_permute(tall, s.ag_src, ge, st);
+    ops::gather_rows(tall, s.ag_src, ge, st);
     experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_->experts, st);
     ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, tall, st);
     const std::vector<double> dpv = to_host(dpe, st);

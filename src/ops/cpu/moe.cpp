@@ -10,8 +10,8 @@
 
 namespace mcpp::ops::cpu {
 
-void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
-  const Check c{"moe_permute"};
+void gather_rows(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
+  const Check c{"gather_rows"};
   c.stream(s);
   const DType dt = c.floating(x, "x");
   c.dtype(y, "y", dt);
@@ -25,7 +25,7 @@ void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
     F* out = y.data<F>();
 #pragma omp parallel for schedule(static) if (N * H > kParallelGrain)
     for (int64_t n = 0; n < N; ++n) {
-      MCPP_CHECK(si[n] >= 0 && si[n] < T, "moe_permute: row {} of {}", si[n], T);
+      MCPP_CHECK(si[n] >= 0 && si[n] < T, "gather_rows: row {} of {}", si[n], T);
       std::copy(in + si[n] * H, in + (si[n] + 1) * H, out + n * H);
     }
   });

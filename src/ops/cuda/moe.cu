@@ -119,14 +119,14 @@ void check_index(const Tensor& t, const char* op, const char* name) {
 
 }  // namespace
 
-void moe_permute(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
-  check_cuda(x, "moe_permute", "x");
-  check_cuda(y, "moe_permute", "y");
-  check_index(src, "moe_permute", "src");
-  MCPP_CHECK(x.dtype() == y.dtype(), "moe_permute: x {} and y {} differ in dtype", x.str(), y.str());
+void gather_rows(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
+  check_cuda(x, "gather_rows", "x");
+  check_cuda(y, "gather_rows", "y");
+  check_index(src, "gather_rows", "src");
+  MCPP_CHECK(x.dtype() == y.dtype(), "gather_rows: x {} and y {} differ in dtype", x.str(), y.str());
   const int64_t N = src.numel(), H = N ? y.numel() / N : 0;
   if (N * H == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), "moe_permute", {
+  MCPP_DISPATCH_ACT(x.dtype(), "gather_rows", {
     constexpr int P = kPackN<T>;
     if (packable<T>(H, {x.raw(), y.raw()}))
       permute_pack_kernel<T, P><<<grid_for(N * H / P, 256), 256, 0, stream_of(s)>>>(

@@ -221,16 +221,16 @@ void gather_backward(const CpAttention& a, const Geo& g, const Tensor& dout, con
 // ---- a2a (Ulysses) -----------------------------------------------------------------------
 
 // The reshuffles move whole rows of w elements, so each side is one row gather
-// (ops::moe_permute, y[n] = x[src[n]], on the tensors' device) around the all-to-all; the
+// (ops::gather_rows, y[n] = x[src[n]], on the tensors' device) around the all-to-all; the
 // index is built on the host.
-void gather_rows(const Tensor& x, const std::vector<int64_t>& src, Tensor& y, Stream& s) {
+void gather_rows_at(const Tensor& x, const std::vector<int64_t>& src, Tensor& y, Stream& s) {
   Tensor idx = Tensor::from(src, {int64_t(src.size())});
   if (x.device() != Device::CPU) {
     Tensor d = Tensor::empty(idx.shape(), DType::I64, x.device());
     ops::copy(idx, d, s);
     idx = d;
   }
-  ops::moe_permute(x, idx, y, s);
+  ops::gather_rows(x, idx, y, s);
 }
 
 // Row m of the gathered sequence [2PC*B, w] sits in the all-to-all's block of rank j at
@@ -255,9 +255,9 @@ void seq_to_heads(const Geo& g, const Tensor& local, Tensor& full, comm::Communi
   std::vector<int64_t> src(static_cast<size_t>(g.P * R));
   for (int64_t p = 0; p < g.P; ++p)  // block p: column slice p of every row
     for (int64_t t = 0; t < R; ++t) src[size_t(p * R + t)] = t * g.P + p;
-  gather_rows(local.view({R * g.P, w}), src, send, s);
+  gather_rows_at(local.view({R * g.P, w}), src, send, s);
   cp.all_to_all(send, recv, s);
-  gather_rows(recv, chunk_order(g), full, s);
+  gather_rows_at(recv, chunk_order(g), full, s);
 }
 
 // The inverse: full [2PC*B, w] (slice r of every row) -> local [2C*B, P*w].
@@ -270,13 +270,13 @@ void heads_to_seq(const Geo& g, const Tensor& full, Tensor& local, comm::Communi
   const std::vector<int64_t> at = chunk_order(g);
   std::vector<int64_t> src(at.size());
   for (size_t m = 0; m < at.size(); ++m) src[size_t(at[m])] = int64_t(m);
-  gather_rows(full, src, send, s);
+  gather_rows_at(full, src, send, s);
   cp.all_to_all(send, recv, s);
   std::vector<int64_t> back(static_cast<size_t>(g.P * R));
   for (int64_t p = 0; p < g.P; ++p)
     for (int64_t t = 0; t < R; ++t) back[size_t(t * g.P + p)] = p * R + t;
   Tensor out = local.view({R * g.P, w});
-  gather_rows(recv, back, out, s);
+  gather_rows_at(recv, back, out, s);
 }
 
 // The gathered attention's dims: the whole sequence, this rank's slice of the heads; with

@@ -25,7 +25,7 @@
 // Attention dropout stays a function of the global (b, h, q, k) index, so every variant
 // draws the serial run's mask. Every variant runs on either backend's tensors: the blocks
 // and merge are the op catalogue's (ops/cuda/attention_cp.cu on the GPU), a2a's reshuffles
-// are row gathers (ops::moe_permute) around the all-to-all, and the document starts of a
+// are row gathers (ops::gather_rows) around the all-to-all, and the document starts of a
 // rank's chunks are rearranged on the host (small i64 tensors, copied once per call).
 #pragma once
 #include "comm/communicator.h"

@@ -39,7 +39,7 @@ void check_rows(const Tensor& t, int64_t rows, const char* what) {
 // Source-major (the exchange's order) -> expert-major rows, or back.
 void resort(const Tensor& x, Tensor& y, const Tensor& index, Stream& s) {
   if (x.size(0) == 0) return;
-  ops::moe_permute(x, index, y, s);
+  ops::gather_rows(x, index, y, s);
 }
 
 // Rows in global-expert order, to the ranks owning the experts, re-sorted by local expert.
