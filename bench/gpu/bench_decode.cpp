@@ -6,12 +6,12 @@
 //    (cuBLASLt) against linear_decode's CUDA-core GEMV (up to 8 rows) and its tensor-core
 //    kernel (ops/cuda/gemv.cu) at each row count, each timed over 50 back-to-back launches after a
 //    warm-up; the rate is the weight bytes read once per call.
-// 2. For each row count A: A prompts of PROMPT random tokens prefilled together, then
-//    (a) the op profile of one eager greedy step (ops::cuda op profiler: every catalogue op
-//    between two CUDA events; their sum against the time to read the weights once at the
-//    copy rate), (b) the wall time of a greedy step as the server runs it (forward_greedy:
-//    tokens and positions to the device, the step's CUDA graph, the ids back) over 64 steps,
-//    and the same without CUDA graphs.
+// 2. For each row count A: A prompts of PROMPT random tokens prefilled together (the
+//    prefill's wall time and op profile), then (a) the op profile of one eager greedy step
+//    (ops::cuda op profiler: every catalogue op between two CUDA events; their sum against
+//    the time to read the weights once at the copy rate), (b) the wall time of a greedy step
+//    as the server runs it (forward_greedy: tokens and positions to the device, the step's
+//    CUDA graph, the ids back) over 64 steps, and the same without CUDA graphs.
 // Prints markdown tables. Needs a CUDA build and a GPU; measures, asserts nothing.
 #include <cuda_runtime.h>
 
@@ -136,28 +136,45 @@ int main(int argc, char** argv) {
     cache.reset();
     Tensor prompt = Tensor::empty({A, P}, DType::I64);
     for (int64_t i = 0; i < A * P; ++i) prompt.data<int64_t>()[i] = 100 + (i * 7919) % 30000;
+    // The prefill of the A prompts together (the engine's batched prefill): once untimed
+    // (GEMM tuning, cuDNN's graph), its wall time over 5 (logits back on the host), then
+    // one under the op profiler.
     gen.prefill_batch(prompt, cache, 0);
+    const int reps = 5;
+    const auto tp0 = Clock::now();
+    for (int i = 0; i < reps; ++i) cache.reset(), gen.prefill_batch(prompt, cache, 0);
+    const double pre_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - tp0).count() / reps;
+    const double flop = 2.0 * double(weight_bytes / 2) * double(A * P);
+    std::printf("### prefill of %lld prompts of %lld tokens: %.2f ms wall (%.1f TFLOP/s of "
+                "weight GEMMs, attention excluded)\n\n",
+                (long long)A, (long long)P, pre_ms, flop / (pre_ms * 1e-3) / 1e12);
+    auto profiled = [&](const char* what, auto&& fn) {
+      ops::cuda::op_profile_collect();
+      ops::cuda::set_op_profiling(true);
+      fn();
+      ops::cuda::set_op_profiling(false);
+      const auto prof = ops::cuda::op_profile_collect();
+      double total = 0;
+      int64_t calls = 0;
+      for (const auto& o : prof) total += o.ms, calls += o.calls;
+      std::printf("### %s, %lld rows: %lld ops, %.0f us of op time (weights once at the copy "
+                  "rate: %.0f us)\n\n",
+                  what, (long long)A, (long long)calls, total * 1e3, floor_us);
+      std::printf("| op | calls | us | share |\n|---|---:|---:|---:|\n");
+      for (const auto& o : prof)
+        std::printf("| %s | %lld | %.1f | %.1f%% |\n", o.name.c_str(), (long long)o.calls,
+                    o.ms * 1e3, 100.0 * o.ms / total);
+      std::printf("\n");
+    };
+    cache.reset();
+    profiled("one prefill", [&] { gen.prefill_batch(prompt, cache, 0); });
     Tensor tok = Tensor::empty({A, 1}, DType::I64);
     for (int64_t a = 0; a < A; ++a) tok.data<int64_t>()[a] = 1000 + a;
     // (a) one eager step under the op profiler (after one untimed for the GEMM tuning)
     gen.set_cuda_graphs(false);
     gen.forward_greedy(tok, cache, V);
-    ops::cuda::op_profile_collect();
-    ops::cuda::set_op_profiling(true);
-    gen.forward_greedy(tok, cache, V);
-    ops::cuda::set_op_profiling(false);
-    const auto prof = ops::cuda::op_profile_collect();
-    double total = 0;
-    int64_t calls = 0;
-    for (const auto& o : prof) total += o.ms, calls += o.calls;
-    std::printf(
-        "### one eager decode step, %lld rows: %lld ops, %.0f us of op time "
-        "(weights once at the copy rate: %.0f us)\n\n",
-        (long long)A, (long long)calls, total * 1e3, floor_us);
-    std::printf("| op | calls | us | share |\n|---|---:|---:|---:|\n");
-    for (const auto& o : prof)
-      std::printf("| %s | %lld | %.1f | %.1f%% |\n", o.name.c_str(), (long long)o.calls, o.ms * 1e3,
-                  100.0 * o.ms / total);
+    profiled("one eager decode step", [&] { gen.forward_greedy(tok, cache, V); });
     // (b) wall time per step, as the engine runs it
     for (bool graphs : {true, false}) {
       gen.set_cuda_graphs(graphs);

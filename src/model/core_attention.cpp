@@ -57,6 +57,11 @@ void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
 void CoreAttention::forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Saved& s,
                                    const StepContext& cx) const {
   ensure(s.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
+  if (cx.uniform_pos && cx.s0 == 0) {  // prompts from position 0: the training attention
+    ensure(s.lse, {cx.B, cx.ad.NH, cx.S}, DType::F32, cx.dev);
+    ops::attention_prefill(qkv, cx.ad, cx.scale, k_cache, v_cache, s.ctx, s.lse, cx.stream());
+    return;
+  }
   ops::attention_kv_cache_forward(qkv, cx.ad, cx.pos_dev, cx.scale, k_cache, v_cache, s.ctx,
                                   cx.stream());
 }

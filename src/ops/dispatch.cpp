@@ -302,5 +302,9 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot, dou
                            Tensor& out, Stream& s) {
   MCPP_DISPATCH(rope_attention_decode, qkv, d, rot, base, pos, sc, k_cache, v_cache, out, s);
 }
+void attention_prefill(const Tensor& qkv, const AttentionDims& d, double sc, Tensor& k_cache,
+                       Tensor& v_cache, Tensor& out, Tensor& lse, Stream& s) {
+  MCPP_DISPATCH(attention_prefill, qkv, d, sc, k_cache, v_cache, out, lse, s);
+}
 
 }  // namespace mcpp::ops

@@ -4,8 +4,10 @@
 // (a decode step) and seven (a prefill chunk), f32 and bf16; argmax_rows on bf16 logits with a tie, a NaN and a padded vocabulary;
 // linear_decode (the GEMV and tensor-core kernels of ops/cuda/gemv.cu) against the CPU op
 // and the GPU GEMM (linear_forward then add), and each row's numbers independent of the row
-// count; the tensor-core kernel on one row equals its rows of a larger batch.
+// count; the tensor-core kernel on one row equals its rows of a larger batch;
+// attention_prefill (prompts from position 0 through the training attention) against the CPU.
 #include <cmath>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -195,6 +197,38 @@ TEST(GpuDecode, RopeAttentionDecodeMatchesCpu) {
       EXPECT_CLOSE(gout, out, dt);
       EXPECT_CLOSE(gk, kc2, dt) << "k_cache";
       EXPECT_CLOSE(gv, vc2, dt) << "v_cache";
+    }
+}
+
+// attention_prefill (prompts from position 0: the append, then the training attention --
+// cuDNN / flash for bf16 and f16, the CUDA-core kernel for f32; head dim 80 the decode
+// kernel) against the
+// CPU op (attention_kv_cache_forward at position 0): the output and both caches, whose rows
+// past the prompt must stay untouched. The 1B model's heads at a 128-token prompt, others.
+TEST(GpuDecode, AttentionPrefillMatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (auto [S, B, NH, NG, HD] : {std::tuple{128, 3, 32, 8, 64}, {77, 2, 4, 4, 128},
+                                    {5, 2, 6, 2, 80}, {9, 2, 4, 2, 16}, {1, 4, 32, 8, 64}}) {
+      ops::AttentionDims d;
+      d.S = S, d.B = B, d.NH = NH, d.NG = NG, d.HD = HD;
+      const int64_t Tmax = 160;
+      const Shape cache{d.B, Tmax, d.NG, d.HD};
+      Tensor kc = rand_in(cache, 41, dt, -2.f, 2.f), vc = rand_in(cache, 42, dt);
+      Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 43, dt, -2.f, 2.f);
+      const double scale = 1.0 / std::sqrt(double(HD));
+      Tensor gk = to_gpu(kc, dt), gv = to_gpu(vc, dt);
+      Tensor out = Tensor::empty({d.S, d.B, d.NH * d.HD}, DType::F32);
+      Tensor lse = Tensor::empty({d.B, d.NH, d.S}, DType::F32);
+      cpu::attention_prefill(qkv, d, scale, kc, vc, out, lse, CS());
+      Tensor gout = gpu_nan(out.shape(), dt);
+      Tensor glse = Tensor::empty({d.B, d.NH, d.S}, DType::F32, Device::CUDA);
+      gpu::attention_prefill(to_gpu(qkv, dt), d, scale, gk, gv, gout, glse, GS());
+      SCOPED_TRACE(::testing::Message() << "S=" << S << " B=" << B << " NH=" << NH << " NG="
+                                        << NG << " HD=" << HD << " dtype=" << dtype_name(dt));
+      EXPECT_CLOSE(gout, out, dt);
+      EXPECT_CLOSE(gk, kc, dt) << "k_cache";
+      EXPECT_CLOSE(gv, vc, dt) << "v_cache";
     }
 }
 

@@ -107,4 +107,12 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
   });
 }
 
+// A prefill from position 0: the same op with every position 0 (lse is not written).
+void attention_prefill(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
+                       Tensor& k_cache, Tensor& v_cache, Tensor& out, Tensor& /*lse*/,
+                       Stream& s) {
+  const Tensor pos = Tensor::zeros({d.B}, DType::I64);
+  cpu::attention_kv_cache_forward(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
+}
+
 }  // namespace mcpp::ops::cpu

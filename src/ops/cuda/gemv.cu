@@ -30,7 +30,9 @@
 //
 // Both epilogues add the bias, then the residual, in f32, and round once. Anything else --
 // more rows, a dtype mix, rows that are not whole 16-byte words, unaligned bases -- runs
-// linear_forward (cuBLASLt) then add, the CPU backend's composition.
+// cuBLASLt: linear_residual_forward (the residual as the GEMM's C input, one kernel and one
+// rounding instead of a GEMM then an add: 32 kernels fewer in a 64-row step) or
+// linear_forward.
 #include <cstdint>
 #include <type_traits>
 
@@ -328,9 +330,11 @@ void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const
   }
   if (path == DecodeGemm::Gemv && !gemv_ok) path = DecodeGemm::Library;
   if (path == DecodeGemm::TensorCore && !mma_ok) path = DecodeGemm::Library;
-  if (path == DecodeGemm::Library) {  // the composition (also what the CPU backend computes)
-    linear_forward(x, w, b, y, s);
-    if (residual.defined()) add(residual.view(y.shape()), y, y, s);
+  if (path == DecodeGemm::Library) {  // cuBLASLt, the residual as its C input (one rounding)
+    if (residual.defined())
+      linear_residual_forward(x, w, b, residual.view(y.shape()), y, s);
+    else
+      linear_forward(x, w, b, y, s);
     return;
   }
   cudaStream_t cs = stream_of(s);

@@ -9,7 +9,7 @@ enum class DecodeGemm {
   Auto,        // Gemv up to 8 rows, TensorCore up to 64, else Library
   Gemv,        // CUDA cores, f32/bf16/f16, up to 8 rows, in a multiple of 16 bytes
   TensorCore,  // mma.sync, bf16/f16, up to 64 rows, in a multiple of 64
-  Library,     // linear_forward (cuBLASLt) then add
+  Library,     // cuBLASLt (linear_residual_forward with a residual, else linear_forward)
 };
 // linear_decode through `path`; a path that does not take the shape or dtypes falls back
 // to Library.
