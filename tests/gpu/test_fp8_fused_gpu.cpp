@@ -126,6 +126,11 @@ TEST(Fp8FusedGpu, CastWithBiasGradientMatchesCastAndColumnSums) {
                                     GS());
       EXPECT_EQ(bytes_of(row.q), bytes_of(want.q)) << "row-wise only";
       EXPECT_LT(db_err(row.db, db0, xg), 1e-6) << "row-wise only";
+      // Both copies without a bias gradient (the FP8 linear's both-copies cast).
+      Out both = fresh(R, C, f, db0);
+      gpu::fp8_cast_transpose_dbias(xg, f, scalar_gpu(scale), both.q, both.qt, both.amax,
+                                    both.scale_inv, none, GS());
+      expect_same_cast(both, want, "cast, no dbias");
     }
 }
 

@@ -300,11 +300,14 @@ const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_sp
   Tensor amax;
   const Tensor scale = scale_for(v2, k, tp_split, record, &amax, cx);
   Tensor q = rowwise ? c.q : Tensor(), qt = colwise ? c.qt : Tensor();
-  if (db && db->defined() && (rowwise || colwise) && fusable(v2)) {
-    // the bias gradient from the same read (its column sums)
-    ops::fp8_cast_transpose_dbias(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, *db,
-                                  cx.stream());
-    if (db_done) *db_done = true;
+  const bool with_db = db && db->defined() && (rowwise || colwise);
+  if ((with_db || (rowwise && colwise)) && fusable(v2)) {
+    // the bias gradient from the same read (its column sums); without one, the fused
+    // kernel is still the faster both-copies cast (its row-wise stores are whole sectors)
+    Tensor none;
+    ops::fp8_cast_transpose_dbias(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv,
+                                  with_db ? *db : none, cx.stream());
+    if (with_db && db_done) *db_done = true;
   } else {
     ops::fp8_cast_transpose(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
   }

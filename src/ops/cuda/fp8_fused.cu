@@ -21,7 +21,7 @@
 //
 // Layout as fp8.cu's cast_transpose_vec_kernel: bf16 x [R, C], R and C multiples of 16,
 // 16-byte aligned pointers; a block of 32 x 4 threads owns a 128 x 64 tile, thread (tx, ty)
-// rows 4tx..4tx+3 and columns 16ty..16ty+15; the column-wise copy through a shared tile.
+// rows 4tx..4tx+3 and columns 16ty..16ty+15; both copies leave through shared memory.
 #include <cuda_fp8.h>
 
 #include "ops/cuda/common.cuh"
@@ -89,7 +89,14 @@ __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
 // column sums (one row per 128-row tile). The inputs by PRO (the output is [R, C]):
 //   kNone, kGelu: x [R, C];  kDgelu: x = dact, x2 = pre, both [R, C];
 //   kSwiglu: x = pre [R, 2C] (gate | up);  kDswiglu: x = dact [R, C/2], x2 = pre [R, C],
-//   C/2 a multiple of the tile's 64 columns (a tile lies in the gate or the up half).
+//   C/2 a multiple of the tile's 64 columns: a block reads its dact, gate and up tiles
+//   once and writes the gate's gradient tile, then the up's (gridDim.x = C/2 / 64).
+// Both copies leave through shared memory so that a warp stores whole sectors: the
+// column-wise one as a transposed tile, the row-wise one as 128 rows of 64 bytes (a
+// thread's 16-byte chunk of row r at slot chunk ^ ((r / 4) % 8) of a 128-byte row, so the
+// writes of 8 consecutive threads hit 8 different bank groups), then 16-byte stores, 4
+// threads a row: 8 rows of 64 contiguous bytes a warp instruction, against 32 half-used
+// sectors when each thread stored its own 4 rows.
 template <bool E4M3, int PRO>
 __global__ void __launch_bounds__(128)
     fused_cast_kernel(const bf16* x, const bf16* __restrict__ x2, int64_t R, int64_t C,
@@ -97,24 +104,25 @@ __global__ void __launch_bounds__(128)
                       uint8_t* __restrict__ qt, bf16* out16, float* amax,
                       float* scale_inv, float* __restrict__ dbp) {
   __shared__ uint4 tile_storage[kCols * kPitch / 4];
+  __shared__ uint4 rows[kRows * 8];
   __shared__ unsigned wmax[4];
   uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
   const float sc = *scale;
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t r0 = int64_t(blockIdx.y) * kRows, c0 = int64_t(blockIdx.x) * kCols;
-  const int64_t cb = c0 + 16 * ty;
-  // Where this thread's 16 input columns live (the output's columns cb..cb+15).
+  constexpr int kHalves = PRO == kDswiglu ? 2 : 1;
   const int64_t half = C / 2;
-  const bool up_half = PRO == kDswiglu && c0 >= half;
-  const int64_t ic = PRO == kDswiglu && up_half ? cb - half : cb;  // column in the half
-  const int64_t ld = PRO == kSwiglu ? 2 * C : PRO == kDswiglu ? half : C;  // x's row stride
-  const int64_t ld2 = PRO == kSwiglu ? 2 * C : C;                         // x2's
+  const int64_t r0 = int64_t(blockIdx.y) * kRows, c0 = int64_t(blockIdx.x) * kCols;
+  // This thread's 16 input columns: ic.. of x (and x2) with row strides ld (ld2).
+  const int64_t ic = c0 + 16 * ty;
+  const int64_t in_cols = PRO == kDswiglu ? half : C;
+  const int64_t ld = PRO == kSwiglu ? 2 * C : PRO == kDswiglu ? half : C;
+  const int64_t ld2 = PRO == kSwiglu ? 2 * C : C;
   const bf16* p2 = PRO == kSwiglu ? x + C : x2;  // kSwiglu: up; kDgelu: pre; kDswiglu: gate
   uint4 in[4][2], in2[4][2], in3[4][2];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t r = r0 + 4 * tx + i;
-    const bool ok = cb < C && r < R;
+    const bool ok = ic < in_cols && r < R;
     const uint4 z = make_uint4(0, 0, 0, 0);  // zeros: f(0) = 0, no amax, no sum, not stored
     const bool two = PRO == kDgelu || PRO == kSwiglu || PRO == kDswiglu;
     in[i][0] = ok ? reinterpret_cast<const uint4*>(x + r * ld + ic)[0] : z;
@@ -124,70 +132,95 @@ __global__ void __launch_bounds__(128)
     in3[i][0] = PRO == kDswiglu && ok ? reinterpret_cast<const uint4*>(x2 + r * C + half + ic)[0] : z;
     in3[i][1] = PRO == kDswiglu && ok ? reinterpret_cast<const uint4*>(x2 + r * C + half + ic)[1] : z;
   }
-  float cs[16];
+  uint32_t m2 = 0;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) cs[j] = 0.f;
-  uint32_t m2 = 0, w[4][4];  // w[i][k]: the FP8 bytes of row i, columns 4k..4k+3
+  for (int h = 0; h < kHalves; ++h) {
+    const int64_t ch = c0 + h * half, cb = ch + 16 * ty;  // the output's tile and columns
+    float cs[16];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint32_t v[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
-                     in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
-    if (PRO != kNone) {
-      const uint32_t p[8] = {in2[i][0].x, in2[i][0].y, in2[i][0].z, in2[i][0].w,
-                             in2[i][1].x, in2[i][1].y, in2[i][1].z, in2[i][1].w};
-      const uint32_t u[8] = {in3[i][0].x, in3[i][0].y, in3[i][0].z, in3[i][0].w,
-                             in3[i][1].x, in3[i][1].y, in3[i][1].z, in3[i][1].w};
+    for (int j = 0; j < 16; ++j) cs[j] = 0.f;
+    uint32_t w[4][4];  // w[i][k]: the FP8 bytes of row i, columns 4k..4k+3
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = apply<PRO>(v[k], p[k], u[k], up_half);
-    }
-    const int64_t r = r0 + 4 * tx + i;
-    const bool ok = cb < C && r < R;
-    if (out16 && ok) {
-      uint4* o = reinterpret_cast<uint4*>(out16 + r * C + cb);
-      o[0] = make_uint4(v[0], v[1], v[2], v[3]);
-      o[1] = make_uint4(v[4], v[5], v[6], v[7]);
-    }
-    if (dbp)
+    for (int i = 0; i < 4; ++i) {
+      uint32_t v[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
+                       in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
+      if (PRO != kNone) {
+        const uint32_t p[8] = {in2[i][0].x, in2[i][0].y, in2[i][0].z, in2[i][0].w,
+                               in2[i][1].x, in2[i][1].y, in2[i][1].z, in2[i][1].w};
+        const uint32_t u[8] = {in3[i][0].x, in3[i][0].y, in3[i][0].z, in3[i][0].w,
+                               in3[i][1].x, in3[i][1].y, in3[i][1].z, in3[i][1].w};
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        cs[2 * k] += lo_f(v[k]);
-        cs[2 * k + 1] += hi_f(v[k]);
+        for (int k = 0; k < 8; ++k) v[k] = apply<PRO>(v[k], p[k], u[k], h == 1);
       }
+      const int64_t r = r0 + 4 * tx + i;
+      if (out16 && cb < C && r < R) {
+        uint4* o = reinterpret_cast<uint4*>(out16 + r * C + cb);
+        o[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        o[1] = make_uint4(v[4], v[5], v[6], v[7]);
+      }
+      if (dbp)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
-      w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
+        for (int k = 0; k < 8; ++k) {
+          cs[2 * k] += lo_f(v[k]);
+          cs[2 * k + 1] += hi_f(v[k]);
+        }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
+        w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
+      }
+      if (q) rows[(4 * tx + i) * 8 + (ty ^ (tx & 7))] = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
     }
-    if (q && ok)
-      *reinterpret_cast<uint4*>(q + r * C + cb) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
-  }
-  if (qt) {
+    if (qt) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {  // columns 4k..4k+3 of rows 0..3 -> 4 words of 4 rows
-      const uint32_t lo01 = __byte_perm(w[0][k], w[1][k], 0x5140),
-                     lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),
-                     hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),
-                     hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);
-      uint32_t* col = tile + (16 * ty + 4 * k) * kPitch + tx;
-      col[0] = __byte_perm(lo01, lo23, 0x5410);
-      col[kPitch] = __byte_perm(lo01, lo23, 0x7632);
-      col[2 * kPitch] = __byte_perm(hi01, hi23, 0x5410);
-      col[3 * kPitch] = __byte_perm(hi01, hi23, 0x7632);
+      for (int k = 0; k < 4; ++k) {  // columns 4k..4k+3 of rows 0..3 -> 4 words of 4 rows
+        const uint32_t lo01 = __byte_perm(w[0][k], w[1][k], 0x5140),
+                       lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),
+                       hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),
+                       hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);
+        uint32_t* col = tile + (16 * ty + 4 * k) * kPitch + tx;
+        col[0] = __byte_perm(lo01, lo23, 0x5410);
+        col[kPitch] = __byte_perm(lo01, lo23, 0x7632);
+        col[2 * kPitch] = __byte_perm(hi01, hi23, 0x5410);
+        col[3 * kPitch] = __byte_perm(hi01, hi23, 0x7632);
+      }
     }
-  }
-  if (dbp) {
-    // The warp (one ty) holds columns cb..cb+15 of all 128 rows: a butterfly over its 32
-    // lanes (every lane ends with the same sums, in one fixed order), lane 0 writes them.
+    if (dbp) {
+      // The warp (one ty) holds columns cb..cb+15 of all 128 rows: a butterfly over its 32
+      // lanes (every lane ends with the same sums, in one fixed order), lane 0 writes them.
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], o);
-    if (tx == 0 && cb < C) {
-      float* p = dbp + int64_t(blockIdx.y) * C + cb;
+        for (int o = 16; o > 0; o >>= 1) cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], o);
+      if (tx == 0 && cb < C) {
+        float* p = dbp + int64_t(blockIdx.y) * C + cb;
 #pragma unroll
-      for (int j = 0; j < 16; j += 4)
-        *reinterpret_cast<float4*>(p + j) = make_float4(cs[j], cs[j + 1], cs[j + 2], cs[j + 3]);
+        for (int j = 0; j < 16; j += 4)
+          *reinterpret_cast<float4*>(p + j) = make_float4(cs[j], cs[j + 1], cs[j + 2], cs[j + 3]);
+      }
     }
+    __syncthreads();
+    const int t = ty * 32 + tx;
+    if (qt) {
+#pragma unroll
+      for (int it = 0; it < kCols * 8 / 128; ++it) {
+        const int idx = t + 128 * it, c = idx / 8, part = idx % 8;  // rows 16 part .. +15
+        const int64_t cg = ch + c, rr = r0 + 16 * part;
+        if (cg < C && rr < R)
+          *reinterpret_cast<uint4*>(qt + cg * R + rr) =
+              *reinterpret_cast<const uint4*>(tile + c * kPitch + 4 * part);
+      }
+    }
+    if (q) {
+#pragma unroll
+      for (int it = 0; it < kRows * 4 / 128; ++it) {
+        const int idx = t + 128 * it, row = idx / 4, c = idx % 4;  // columns 16 c .. +15
+        const int64_t rr = r0 + row, cg = ch + 16 * c;
+        if (cg < C && rr < R)
+          *reinterpret_cast<uint4*>(q + rr * C + cg) = rows[row * 8 + (c ^ ((row >> 2) & 7))];
+      }
+    }
+    if (h + 1 < kHalves) __syncthreads();  // the next half writes the tiles again
   }
   if (amax) {
     unsigned m = max(m2 & 0xffffu, m2 >> 16);
@@ -199,17 +232,6 @@ __global__ void __launch_bounds__(128)
   if (amax && tx == 0 && ty == 0)
     atomicMax(reinterpret_cast<unsigned*>(amax), max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
-  if (qt) {
-    const int t = ty * 32 + tx;
-#pragma unroll
-    for (int it = 0; it < kCols * 8 / 128; ++it) {
-      const int idx = t + 128 * it, c = idx / 8, part = idx % 8;  // rows 16 part .. +15
-      const int64_t cg = c0 + c, rr = r0 + 16 * part;
-      if (cg < C && rr < R)
-        *reinterpret_cast<uint4*>(qt + cg * R + rr) =
-            *reinterpret_cast<const uint4*>(tile + c * kPitch + 4 * part);
-    }
-  }
 }
 
 // db[c] += the tiles' partial sums, in tile order.
@@ -261,7 +283,10 @@ void fused_cast(const char* op, int pro, const Tensor& x, const Tensor& x2, Fp8F
   check_same(q, "q", f8, Shape{R, C});
   check_same(qt, "qt", f8, Shape{C, R});
   if (R == 0 || C == 0) return;
-  const dim3 block(32, 4), grid(unsigned((C + kCols - 1) / kCols), unsigned((R + kRows - 1) / kRows));
+  // kDswiglu: one block for a tile of the gate's gradient and the matching tile of the up's
+  const int64_t tiled_cols = pro == kDswiglu ? C / 2 : C;
+  const dim3 block(32, 4),
+      grid(unsigned((tiled_cols + kCols - 1) / kCols), unsigned((R + kRows - 1) / kRows));
   Tensor partial;
   if (db.defined()) partial = Tensor::empty({int64_t(grid.y), C}, DType::F32, Device::CUDA);
   const auto* xp = static_cast<const bf16*>(x.raw());
