@@ -17,7 +17,10 @@
 // (--torch FILE, its JSON), else the ones measured earlier on the same kind of GPU
 // (shared/reference/gpu-machine.md, marked "ref").
 // With --profile, one more step per model runs under the op profiler (ops/cuda/device.h)
-// and a table of GPU time per op (GEMMs by weight shape) follows the main table.
+// and a table of GPU time per op (GEMMs by weight shape) follows the main table; after an
+// FP8 run's table comes the FP8 GEMM ceiling (each FP8 GEMM of one layer timed alone at
+// the step's shapes) against the step's FP8 GEMM and cast times. The FP8 GEMMs' tuning
+// report follows the bf16 GEMMs' on stderr.
 // --keep NAME=N sets --keep-mlp-activations N for the models whose name contains NAME
 // (defaults 8, 24, 18, 11: as many layers as fit under PyTorch compiled's peak memory;
 // 0: every layer recomputes its MLP activation in backward); the model column shows it.
