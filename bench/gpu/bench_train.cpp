@@ -17,7 +17,10 @@
 // (--torch FILE, its JSON), else the ones measured earlier on the same kind of GPU
 // (shared/reference/gpu-machine.md, marked "ref").
 // With --profile, one more step per model runs under the op profiler (ops/cuda/device.h)
-// and a table of GPU time per op (GEMMs by weight shape) follows the main table.
+// and a table of GPU time per op (GEMMs by weight shape) follows the main table; after an
+// FP8 run's table comes the FP8 GEMM ceiling (each FP8 GEMM of one layer timed alone at
+// the step's shapes) against the step's FP8 GEMM and cast times. The FP8 GEMMs' tuning
+// report follows the bf16 GEMMs' on stderr.
 // --keep NAME=N sets --keep-mlp-activations N for the models whose name contains NAME
 // (defaults 8, 24, 18, 11: as many layers as fit under PyTorch compiled's peak memory;
 // 0: every layer recomputes its MLP activation in backward); the model column shows it.
@@ -45,6 +48,7 @@
 #include "ops/attention_backend.h"
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/device.h"
+#include "ops/cuda/fp8.h"
 #include "gemm_sustained.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
@@ -112,6 +116,88 @@ std::string mem_line(int64_t iters) {
                 (long long)iters, m.in_use / 1048576.0, m.peak / 1048576.0,
                 m.reserved / 1048576.0, m.reserved_peak / 1048576.0);
   return buf;
+}
+
+
+// ---- FP8: the FP8 GEMM ceiling of a model's layer shapes (docs/fp8.md)
+// Each FP8 GEMM of one transformer layer (QKV, projection, fc1, fc2 in fprop, dgrad and
+// wgrad, the operands and epilogues the step uses: fprop E4M3 x E4M3 -> bf16 with fast
+// accumulation, dgrad E5M2 x E4M3 -> bf16, wgrad E5M2 x E4M3 accumulating into f32) timed
+// alone on random FP8 data, the same tuned algorithm choice as the step: the time the
+// step's FP8 GEMMs would take at the rate the GPU gives them in isolation. Returns the
+// table and sets *layer_ms to one layer's sum.
+std::string fp8_gemm_ceiling(const model::TransformerConfig& c, int64_t T, Stream& st,
+                             double* layer_ms) {
+  const int64_t H = c.hidden_size, HD = c.kv_channels;
+  const int64_t qkv = (c.num_attention_heads + 2 * c.num_query_groups) * HD;
+  const int64_t fc1 = (c.swiglu ? 2 : 1) * c.ffn_hidden_size, F = c.ffn_hidden_size;
+  struct Lin { const char* name; int64_t out, in; bool bias; };
+  const Lin lins[] = {{"qkv", qkv, H, c.add_bias_linear}, {"proj", H, H, c.add_bias_linear},
+                      {"fc1", fc1, H, c.add_bias_linear}, {"fc2", H, F, c.add_bias_linear}};
+  // Random finite FP8 bytes (no E5M2 Inf/NaN, no E4M3 NaN), 16 MiB tiled over each operand.
+  const int64_t chunk = int64_t(1) << 24;
+  Tensor dev_chunk[2];  // the same bytes as E4M3 and as E5M2
+  for (int j = 0; j < 2; ++j) {
+    const DType dt = j ? DType::FP8E5M2 : DType::FP8E4M3;
+    Tensor host = Tensor::empty({chunk}, dt);
+    auto* hb = static_cast<uint8_t*>(host.raw());
+    for (int64_t i = 0; i < chunk; ++i)  // exponent's top bit cleared: finite in both formats
+      hb[i] = uint8_t(Philox::u32(7, 3, uint64_t(i)) & 0xbbu);
+    dev_chunk[j] = Tensor::empty({chunk}, dt, Device::CUDA);
+    ops::copy(host, dev_chunk[j], st);
+  }
+  auto rnd = [&](int64_t r, int64_t k, DType dt) {
+    const Tensor& src = dev_chunk[dt == DType::FP8E5M2 ? 1 : 0];
+    Tensor t = Tensor::empty({r * k}, dt, Device::CUDA);
+    for (int64_t o = 0; o < r * k; o += chunk) {
+      Tensor dst = t.narrow(o, std::min(chunk, r * k - o));
+      ops::copy(src.narrow(0, dst.numel()), dst, st);
+    }
+    return t.view({r, k});
+  };
+  Tensor one = Tensor::empty({1}, DType::F32, Device::CUDA);
+  ops::fill(one, 1.0, st);
+  std::string out = fmt::format(
+      "\n### FP8 GEMM ceiling, {} (tokens {}): each GEMM of one layer alone, random FP8 data\n\n"
+      "| GEMM | [M x K] x [N x K]^T | ms | TFLOP/s |\n|---|---|---:|---:|\n",
+      c.swiglu ? "SwiGLU layer" : "GELU layer", T);
+  double sum = 0, flops = 0;
+  for (const Lin& l : lins) {
+    for (int pass = 0; pass < 3; ++pass) {
+      // fprop [T,in] x [out,in]; dgrad [T,out] x [in,out]; wgrad [out,T] x [in,T]
+      const int64_t M = pass == 2 ? l.out : T, K = pass == 0 ? l.in : pass == 1 ? l.out : T,
+                    N = pass == 0 ? l.out : l.in;
+      Tensor a = rnd(M, K, pass == 0 ? DType::FP8E4M3 : DType::FP8E5M2);
+      Tensor b = rnd(N, K, DType::FP8E4M3);
+      Tensor cc = Tensor::empty({M, N}, pass == 2 ? DType::F32 : DType::BF16, Device::CUDA);
+      ops::fill(cc, 0.0, st);
+      Tensor bias;
+      if (pass == 0 && l.bias) {
+        bias = Tensor::empty({N}, DType::BF16, Device::CUDA);
+        ops::fill(bias, 0.01, st);
+      }
+      Tensor none;
+      auto run = [&] { ops::fp8_gemm(a, one, b, one, bias, none, pass == 2, pass == 0, cc, st); };
+      for (int i = 0; i < 3; ++i) run();  // tunes on the first call
+      gpu::synchronize(st);
+      const int reps = 20;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) run();
+      gpu::synchronize(st);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+              .count() / reps;
+      const double f = 2.0 * double(M) * double(N) * double(K);
+      sum += ms, flops += f;
+      out += fmt::format("| {} {} | [{} x {}] x [{} x {}]^T | {:.3f} | {:.0f} |\n", l.name,
+                         pass == 0 ? "fprop" : pass == 1 ? "dgrad" : "wgrad", M, K, N, K, ms,
+                         f / ms / 1e9);
+    }
+  }
+  out += fmt::format("| one layer | | {:.3f} | {:.0f} |\n| x {} layers | | {:.1f} | |\n", sum,
+                     flops / sum / 1e9, c.num_layers, sum * double(c.num_layers));
+  *layer_ms = sum;
+  return out;
 }
 
 }  // namespace
@@ -227,6 +313,7 @@ int main(int argc, char** argv) {
                                                  c.cfg.attention_dropout, c.cfg.num_layers)
                      .c_str());
     double ms = 0, n6 = 0, mega_flops = 0;
+    double prof_fp8_gemm_ms = 0, prof_fp8_cast_ms = 0;  // ---- FP8: the profiled step's
     {
       model::GPTModel m(c.cfg);
       optim::AdamW opt(m.params(), {});
@@ -295,9 +382,16 @@ int main(int argc, char** argv) {
             "\n### {} (micro-batch {}): GPU time per op, one profiled step of {:.1f} ms "
             "(unprofiled {:.1f} ms)\n\n| op | calls | ms | % of step |\n|---|---:|---:|---:|\n",
             shown, B, pms, ms);
-        for (auto& t : times)
+        double fp8_gemm_ms = 0, fp8_cast_ms = 0;  // ---- FP8: the step's FP8 GEMMs and casts
+        for (auto& t : times) {
           profiles += fmt::format("| {} | {} | {:.2f} | {:.1f}% |\n", t.name, t.calls, t.ms,
                                   100 * t.ms / pms);
+          if (t.name.rfind("fp8_gemm", 0) == 0)
+            fp8_gemm_ms += t.ms;
+          else if (t.name.rfind("fp8_", 0) == 0)
+            fp8_cast_ms += t.ms;
+        }
+        prof_fp8_gemm_ms = fp8_gemm_ms, prof_fp8_cast_ms = fp8_cast_ms;
         profiles += fmt::format("| (outside ops: host gaps, syncs) | | {:.2f} | {:.1f}% |\n",
                                 pms - sum, 100 * (pms - sum) / pms);
       }
@@ -329,6 +423,18 @@ int main(int argc, char** argv) {
       if (t.value("eager", 0.0) > 0) r.torch_e = t.value("eager", 0.0), r.measured_e = true;
     }
     rows.push_back(r);
+    if (prof_fp8_gemm_ms > 0) {  // ---- FP8: the GEMM ceiling, after the peak is read
+      double layer_ms = 0;
+      profiles += fp8_gemm_ceiling(c.cfg, B * S / nmb, st, &layer_ms);
+      const int64_t fp8_layers = c.cfg.num_layers - c.cfg.fp8.bf16_start - c.cfg.fp8.bf16_end;
+      const double ceil_ms = layer_ms * double(fp8_layers * nmb);
+      profiles += fmt::format(
+          "\nFP8 GEMMs in the profiled step: {:.1f} ms against the ceiling's {:.1f} ms ({} FP8 "
+          "layers x {} micro-batches: {:+.1f}%); the FP8 casts and fused casts (fp8_* ops but "
+          "the GEMM): {:.1f} ms\n",
+          prof_fp8_gemm_ms, ceil_ms, fp8_layers, nmb, 100 * (prof_fp8_gemm_ms / ceil_ms - 1),
+          prof_fp8_cast_ms);
+    }
   }
   std::printf("| model | micro-batch | step (ms) | tokens/s | TFLOP/s (Megatron formula) | MFU "
               "(6N+12LHS) | peak allocated (MB) | PyTorch compiled | PyTorch eager | PyTorch "
@@ -363,5 +469,6 @@ int main(int argc, char** argv) {
   // What GEMM tuning found (ops/cuda/gemm.cu): per shape, the heuristic's first pick
   // against the fastest bitwise-equal candidate.
   std::fprintf(stderr, "GEMM tuning:\n%s", gpu::gemm_tuning_report().c_str());
+  std::fprintf(stderr, "FP8 GEMM tuning:\n%s", gpu::fp8_gemm_tuning_report().c_str());
   return 0;
 }

@@ -5,6 +5,9 @@
 # then `megatron train --device cuda --bf16 --fp8-format hybrid` for a few iterations on mock
 # data (the trainer's amax reduction and scale update). Usage: bench/gpu/fp8_bench.sh
 # [BUILD] (env: VARIANTS, default base,fp8; MODELS, default "350M XL Llama"; STEPS;
+# PROFILE=1: one more step of each run under the op profiler (GPU time per op), and for the
+# FP8 runs the FP8 GEMM ceiling: each FP8 GEMM of a layer timed alone at the step's shapes,
+# against the step's FP8 GEMM time; the FP8 GEMMs' tuning report follows each model;
 # OPS=1: first bench_gpu_ops --only fp8, the casts and the fused casts against the passes
 # they replace; PARITY=1: then scripts/fp8-parity.sh cuda with PARALLEL=1, its env passed
 # on: DATA, GPT2_DIR, OUT).
@@ -23,11 +26,15 @@ if [ "${OPS:-0}" = 1 ]; then
   echo "== bench_gpu_ops --only fp8"
   timeout 120 "$B/bench/bench_gpu_ops" --only fp8 2>&1 | grep -E "fp8|op " | head -40
 fi
+PROF=()
+[ "${PROFILE:-0}" = 1 ] && PROF=(--profile)
 for m in ${MODELS:-350M XL Llama}; do
   echo "== $m"
   timeout 240 "$B/bench/bench_gpu_train" --only "$m" --variants "${VARIANTS:-base,fp8}" \
-    --steps "${STEPS:-8}" --warmup 3 2> "/tmp/fp8_bench_$m.err" || { echo "rc $?"; tail -20 "/tmp/fp8_bench_$m.err"; }
-  grep -E "losses|ms/step" "/tmp/fp8_bench_$m.err"
+    --steps "${STEPS:-8}" --warmup 3 "${PROF[@]}" 2> "/tmp/fp8_bench_$m.err" ||
+    { echo "rc $?"; tail -20 "/tmp/fp8_bench_$m.err"; }
+  grep -E "losses|ms/step|memory" "/tmp/fp8_bench_$m.err"
+  [ "${PROFILE:-0}" = 1 ] && sed -n '/^FP8 GEMM tuning:/,$p' "/tmp/fp8_bench_$m.err"
 done
 echo "== megatron train --fp8-format hybrid (delayed) on the GPU"
 timeout 120 "$B/megatron" train --device cuda --bf16 --mock-data --tokenizer-type NullTokenizer \

@@ -69,6 +69,10 @@ class ColumnParallelLinear {
                               const StepContext& cx) const {
     fp8_.precast_dgelu_grad(dact, pre, dpre, b_, cx);
   }
+  // The same for a SwiGLU MLP's fc1 (Fp8Linear::precast_dswiglu_grad): no bf16 gradient.
+  void fp8_precast_dswiglu_grad(const Tensor& dact, const Tensor& pre, const StepContext& cx) const {
+    fp8_.precast_dswiglu_grad(dact, pre, b_, cx);
+  }
 
  private:
   const Tensor& gathered(const Tensor& x, Workspace& ws, const StepContext& cx) const;

@@ -26,21 +26,31 @@ void DenseMlp::saved_specs(const Dims& d, bool keep_activation, MlpSaved& sb,
   auto& s = static_cast<Saved&>(sb);
   ColumnParallelLinear::saved_specs(d, d.H, s.fc1_in, v);
   v(s.fc1, {d.T, cfg_->fc1_width_local()}, d.dt, true);
-  v(s.act, {d.T, cfg_->ffn_local()}, d.dt, keep_activation);
+  // FP8 (keeps_input_t): a kept activation is kept as fc2's FP8 wgrad operand, its
+  // column-wise copy [F, T] (half the bytes; the backward casts nothing for it).
+  if (fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local()))
+    v(s.act, {cfg_->ffn_local(), d.T}, Fp8Linear::kept_input_dtype(), keep_activation);
+  else
+    v(s.act, {d.T, cfg_->ffn_local()}, d.dt, keep_activation);
 }
 
 void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Workspace& ws,
                              const TensorVisitor& v) const {
   ColumnParallelLinear::scratch_specs(d, ws, v);
   RowParallelLinear::scratch_specs(d, ws, v);
-  // FP8 with the fused casts in every layer (a GELU MLP, delayed scaling, FP8 wgrad, no
-  // layer kept in bf16, bf16 on CUDA): the activation is never written in bf16.
+  // FP8 with the fused casts in every layer (delayed scaling, FP8 wgrad, no layer kept in
+  // bf16, bf16 on CUDA; SwiGLU: F a multiple of 64): the activation is never written in
+  // bf16, nor (SwiGLU) fc1's output gradient.
   const Fp8Config& f = cfg_->fp8;
-  const bool fp8_fused = !cfg_->swiglu && f.delayed() && f.wgrad && f.bf16_start == 0 &&
-                         f.bf16_end == 0 && d.dt == DType::BF16 && d.dev == Device::CUDA &&
-                         d.T % 16 == 0 && cfg_->ffn_local() % 16 == 0;
-  v(ws.act, {d.T, cfg_->ffn_local()}, d.dt, uses_scratch_activation && !fp8_fused);
-  v(ws.dfc1, {d.T, cfg_->fc1_width_local()}, d.dt, true);
+  const bool fp8_fused = f.delayed() && f.wgrad && f.bf16_start == 0 && f.bf16_end == 0 &&
+                         d.dt == DType::BF16 && d.dev == Device::CUDA && d.T % 16 == 0 &&
+                         cfg_->ffn_local() % (cfg_->swiglu ? 64 : 16) == 0;
+  // A SwiGLU layer that keeps its activation in FP8 without the fused casts writes the
+  // bf16 one to the scratch.
+  const bool fp8_kept_t = cfg_->swiglu && fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local());
+  v(ws.act, {d.T, cfg_->ffn_local()}, d.dt,
+    (uses_scratch_activation || fp8_kept_t) && !fp8_fused);
+  v(ws.dfc1, {d.T, cfg_->fc1_width_local()}, d.dt, !(fp8_fused && cfg_->swiglu));
   // SwiGLU only: GELU's gradient comes out of fc2's GEMM epilogue.
   v(ws.dact, {d.T, cfg_->ffn_local()}, d.dt, cfg_->swiglu);
 }
@@ -48,7 +58,35 @@ void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Worksp
 void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Tensor& y,
                        Workspace& ws, const StepContext& cx) const {
   auto& s = static_cast<Saved&>(sb);
-  Tensor& act = s.act.defined() ? s.act : ws.act;  // kept, or the shared scratch
+  const bool kept_t = s.act.defined() && s.act.dtype() == Fp8Linear::kept_input_dtype();
+  // kept, or the shared scratch (also when fc2 keeps its FP8 copy instead)
+  Tensor& act = s.act.defined() && !kept_t ? s.act : ws.act;
+  if (cfg_->swiglu && fc2_.fp8().fused_swiglu(s.fc1, cx)) {
+    // FP8: SwiGLU taken in the cast of fc2's input (fp8_swiglu_cast), one pass over fc1's
+    // output, no bf16 activation; a kept activation is the cast's column-wise copy.
+    // fc2 reads only the cast; fc1's output stands in for its input.
+    fc1_.forward(x, s.fc1_in, s.fc1, ws, cx);
+    fc2_.fp8().precast_swiglu_input(s.fc1, s.act, false, cx);
+    if (residual)
+      fc2_.forward_residual(s.fc1, *residual, y, cx);
+    else
+      fc2_.forward(s.fc1, y, ws, cx);
+    fc2_.fp8().clear_precast();
+    return;
+  }
+  if (cfg_->swiglu && kept_t) {
+    // FP8, activation kept: the bf16 activation in the scratch, cast both ways at once
+    // (the row-wise copy for fc2 now, the column-wise one kept for its wgrad).
+    MCPP_CHECK(ws.act.defined(), "DenseMlp: FP8 kept activation without the scratch activation");
+    fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);
+    fc2_.fp8().precast_input(act, s.act, cx);
+    if (residual)
+      fc2_.forward_residual(act, *residual, y, cx);
+    else
+      fc2_.forward(act, y, ws, cx);
+    fc2_.fp8().clear_precast();
+    return;
+  }
   if (cfg_->swiglu) {
     fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);  // (one op in generation)
   } else if (fc2_.fp8().fused(s.fc1, cx)) {
@@ -64,6 +102,8 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     fc2_.fp8().clear_precast();
     return;
   } else {
+    MCPP_CHECK(!kept_t, "DenseMlp: an FP8 kept activation needs the fused FP8 cast ({})",
+               s.fc1.str());
     fc1_.forward_gelu(x, s.fc1_in, s.fc1, act, ws, cx);  // GEMM epilogue
   }
   if (residual)
@@ -77,7 +117,34 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   auto& s = static_cast<Saved&>(sb);
   Stream& st = cx.stream();
   const bool kept = s.act.defined();
-  if (cfg_->swiglu && kept) {  // the same GEMMs and element functions as below, minus the y pass
+  const bool kept_t = kept && s.act.dtype() == Fp8Linear::kept_input_dtype();
+  if (cfg_->swiglu && fc2_.fp8().fused_swiglu(s.fc1, cx)) {
+    // FP8 with the fused casts: fc2's dgrad into ws.dact; fc2's wgrad operand swiglu(fc1)
+    // cast column-wise from fc1's output (or kept from the forward); then SwiGLU's
+    // gradient taken in the cast of fc1's output gradient: no bf16 activation or gradient.
+    // fc1's output (the gradient's shape) stands in for the gradient the casts replace.
+    const Tensor& g = fc2_.grad_output(dy, ws, cx);
+    fc2_.backward_data(g, s.fc1, ws.dact, cx);
+    Tensor none;
+    if (kept_t)
+      fc2_.fp8().use_kept_input(s.act, cx);
+    else
+      fc2_.fp8().precast_swiglu_input(s.fc1, none, true, cx);
+    fc2_.backward_weights(g, s.fc1, cx);
+    fc2_.fp8().clear_precast();
+    fc1_.fp8_precast_dswiglu_grad(ws.dact, s.fc1, cx);
+    fc1_.backward(s.fc1, x, s.fc1_in, dx, ws, cx);
+    fc1_.fp8().clear_precast();
+    return;
+  }
+  if (cfg_->swiglu && kept_t) {  // as below, fc2's wgrad operand the kept FP8 copy
+    const Tensor& g = fc2_.grad_output(dy, ws, cx);
+    fc2_.backward_data(g, ws.dact, ws.dact, cx);  // (x: the shape only)
+    ops::swiglu_backward(ws.dact, s.fc1, ws.dfc1, st);
+    fc2_.fp8().use_kept_input(s.act, cx);
+    fc2_.backward_weights(g, ws.dact, cx);
+    fc2_.fp8().clear_precast();
+  } else if (cfg_->swiglu && kept) {  // the same GEMMs and element functions as below, minus the y pass
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
     fc2_.backward_data(g, s.act, ws.dact, cx);
     ops::swiglu_backward(ws.dact, s.fc1, ws.dfc1, st);
@@ -99,7 +166,10 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     // is the cast of its bf16 gelu(pre); a plain column-wise cast is the cheaper pass:
     // 0.24 against 0.34 ms on [32768x8192]).
     Tensor none;
-    if (fc2_.fp8().wgrad(cx) && !kept) {
+    if (kept_t) {  // the column-wise copy kept from the forward
+      fc2_.fp8().use_kept_input(s.act, cx);
+      fc2_.backward(dy, s.fc1, ws.dfc1, ws, cx);  // s.fc1: act's shape
+    } else if (fc2_.fp8().wgrad(cx) && !kept) {
       fc2_.fp8().precast_gelu_input(s.fc1, none, true, cx);
       fc2_.backward(dy, s.fc1, ws.dfc1, ws, cx);  // s.fc1: act's shape (the cast is made)
     } else {

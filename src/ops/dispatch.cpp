@@ -240,6 +240,16 @@ void fp8_dgelu_cast(const Tensor& dact, const Tensor& pre, Fp8Format fmt, const 
   MCPP_DISPATCH_SHAPED(fp8_dgelu_cast, pre, dact, pre, fmt, scale, dpre, q, qt, amax, scale_inv,
                        db, s);
 }
+void fp8_swiglu_cast(const Tensor& pre, Fp8Format fmt, const Tensor& scale, Tensor& act, Tensor& q,
+                     Tensor& qt, Tensor& amax, Tensor& scale_inv, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_swiglu_cast, pre, pre, fmt, scale, act, q, qt, amax, scale_inv, s);
+}
+void fp8_dswiglu_cast(const Tensor& dact, const Tensor& pre, Fp8Format fmt, const Tensor& scale,
+                      Tensor& dpre, Tensor& q, Tensor& qt, Tensor& amax, Tensor& scale_inv,
+                      Tensor& db, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_dswiglu_cast, pre, dact, pre, fmt, scale, dpre, q, qt, amax,
+                       scale_inv, db, s);
+}
 // ---- MoE
 void gather_rows(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
   MCPP_DISPATCH(gather_rows, x, src, y, s);

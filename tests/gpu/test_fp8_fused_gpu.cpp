@@ -1,7 +1,7 @@
 // The fused FP8 casts (src/ops/cuda/fp8_fused.cu, docs/fp8.md) against the compositions
 // they replace: every FP8 byte (row-wise and column-wise), the amax, 1/scale and the bf16
 // tensor they may also write equal, byte for byte, the CUDA ops run one after the other
-// (gelu_forward / gelu_backward, then fp8_cast_transpose, itself byte-identical to the CPU
+// (gelu_forward / gelu_backward / swiglu_forward / swiglu_backward, then fp8_cast_transpose, itself byte-identical to the CPU
 // emulation: test_fp8_gpu.cpp); the FP8 values also equal the CPU emulation of the
 // composition (CPU gelu, bf16 rounding, fp8_quantize) wherever the CPU's and the GPU's
 // GELU round to the same bf16 value, and the bias gradient equals f64 column sums.
@@ -126,6 +126,11 @@ TEST(Fp8FusedGpu, CastWithBiasGradientMatchesCastAndColumnSums) {
                                     GS());
       EXPECT_EQ(bytes_of(row.q), bytes_of(want.q)) << "row-wise only";
       EXPECT_LT(db_err(row.db, db0, xg), 1e-6) << "row-wise only";
+      // Both copies without a bias gradient (the FP8 linear's both-copies cast).
+      Out both = fresh(R, C, f, db0);
+      gpu::fp8_cast_transpose_dbias(xg, f, scalar_gpu(scale), both.q, both.qt, both.amax,
+                                    both.scale_inv, none, GS());
+      expect_same_cast(both, want, "cast, no dbias");
     }
 }
 
@@ -188,6 +193,67 @@ TEST(Fp8FusedGpu, DgeluCastMatchesGeluBackwardThenCastWithBiasGradient) {
       cpu::gelu_backward(dact, pre, g_cpu, CS());
       expect_matches_emulation(rounded(g_cpu, DType::BF16), g, got.q, f, scale, "dgelu");
     }
+}
+
+// SwiGLU: pre [R, 2F] = [gate | up]; F 64 (one tile of each half), 192 (three), with a
+// ragged row count.
+const std::pair<int64_t, int64_t> kSwigluShapes[] = {{64, 64}, {160, 192}, {384, 128}};
+
+TEST(Fp8FusedGpu, SwigluCastMatchesSwigluThenCast) {
+  MCPP_REQUIRE_GPU();
+  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+    for (auto [R, F] : kSwigluShapes) {
+      Tensor pre = rand_in({R, 2 * F}, 41, DType::BF16, -4.f, 4.f);
+      const Tensor pg = to_gpu(pre, DType::BF16);
+      const float scale = f == Fp8Format::E4M3 ? 30.f : 3000.f;
+      Tensor a = gpu_nan({R, F}, DType::BF16);
+      gpu::swiglu_forward(pg, a, GS());
+      const Out want = reference_cast(a, f, scale);
+      Out got = fresh(R, F, f, Tensor::zeros({F}, DType::F32));
+      gpu::fp8_swiglu_cast(pg, f, scalar_gpu(scale), got.out16, got.q, got.qt, got.amax,
+                           got.scale_inv, GS());
+      expect_same_cast(got, want, "swiglu + cast");
+      EXPECT_EQ(bytes_of(got.out16), bytes_of(a)) << "the bf16 activation";
+      Tensor none;
+      Out col = fresh(R, F, f, Tensor::zeros({F}, DType::F32));
+      gpu::fp8_swiglu_cast(pg, f, scalar_gpu(scale), none, none, col.qt, none, none, GS());
+      EXPECT_EQ(bytes_of(col.qt), bytes_of(want.qt)) << "column-wise only";
+      Tensor act_cpu = Tensor::empty({R, F}, DType::F32);
+      cpu::swiglu_forward(pre, act_cpu, CS());
+      expect_matches_emulation(rounded(act_cpu, DType::BF16), a, got.q, f, scale, "swiglu");
+    }
+}
+
+TEST(Fp8FusedGpu, DswigluCastMatchesSwigluBackwardThenCastWithBiasGradient) {
+  MCPP_REQUIRE_GPU();
+  for (Fp8Format f : {Fp8Format::E5M2, Fp8Format::E4M3})
+    for (auto [R, F] : kSwigluShapes) {
+      Tensor pre = rand_in({R, 2 * F}, 51, DType::BF16, -4.f, 4.f);
+      Tensor dact = rand_in({R, F}, 52, DType::BF16, -1e-2f, 1e-2f);
+      const Tensor pg = to_gpu(pre, DType::BF16), dg = to_gpu(dact, DType::BF16);
+      const float scale = f == Fp8Format::E4M3 ? 3e4f : 3e6f;
+      const Tensor db0 = rand_in({2 * F}, 53, DType::F32, -1e-2f, 1e-2f);
+      Tensor g = gpu_nan({R, 2 * F}, DType::BF16);
+      gpu::swiglu_backward(dg, pg, g, GS());
+      const Out want = reference_cast(g, f, scale);
+      Out got = fresh(R, 2 * F, f, db0);
+      gpu::fp8_dswiglu_cast(dg, pg, f, scalar_gpu(scale), got.out16, got.q, got.qt, got.amax,
+                            got.scale_inv, got.db, GS());
+      expect_same_cast(got, want, "dswiglu + cast");
+      EXPECT_EQ(bytes_of(got.out16), bytes_of(g)) << "the bf16 gradient";
+      EXPECT_LT(db_err(got.db, db0, g), 1e-6) << R << "x" << F;
+      Tensor g_cpu = Tensor::empty({R, 2 * F}, DType::F32);
+      cpu::swiglu_backward(dact, pre, g_cpu, CS());
+      expect_matches_emulation(rounded(g_cpu, DType::BF16), g, got.q, f, scale, "dswiglu");
+    }
+  // F not a multiple of 64: a tile would straddle gate and up.
+  Tensor none;
+  Tensor dg = to_gpu(rand_in({32, 48}, 1, DType::BF16), DType::BF16);
+  Tensor pg = to_gpu(rand_in({32, 96}, 2, DType::BF16), DType::BF16);
+  Tensor q = Tensor::empty({32, 96}, DType::FP8E5M2, Device::CUDA);
+  EXPECT_THROW(gpu::fp8_dswiglu_cast(dg, pg, Fp8Format::E5M2, scalar_gpu(1.f), none, q, none, none,
+                                     none, none, GS()),
+               Error);
 }
 
 TEST(Fp8FusedGpu, RejectsWhatItCannotFuse) {

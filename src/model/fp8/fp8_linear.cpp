@@ -145,8 +145,15 @@ namespace {
 // Activation and gradient casts go to scratch shared by every layer (one per operand
 // kind and copy), grown to the largest tensor: each is read by the GEMM right after it on
 // the same stream, so a later layer may overwrite it.
+// Slots: the input and the weight one each (their row-wise copy is read only in the
+// forward, their column-wise copy only in the backward: never both live), the gradient two
+// (dgrad reads its row-wise copy, wgrad its column-wise one, after one cast). Sharing the
+// input's slot takes the largest input's FP8 size (fc2's [T, F]: 256 MiB on GPT-3 XL) off
+// the peak.
+int slot_of(int k, bool colwise) { return k == kFp8Grad ? 2 * k + (colwise ? 1 : 0) : 2 * k; }
+
 Tensor scratch_view(int slot, const Shape& shape, DType dt, Device dev) {
-  static Tensor pool[6];  // operand k: slot 2k row-wise, 2k + 1 column-wise
+  static Tensor pool[6];
   Tensor& buf = pool[slot];
   const int64_t n = shape_numel(shape);
   if (!buf.defined() || buf.numel() < n || buf.dtype() != dt || buf.device() != dev)
@@ -175,41 +182,97 @@ bool Fp8Linear::fused(const Tensor& v, const StepContext& cx) const {
   return on(cx) && cx.cfg->fp8.delayed() && fusable(v);
 }
 
-void Fp8Linear::precast_gelu_input(const Tensor& pre, Tensor& act, bool backward,
-                                   const StepContext& cx) const {
+bool Fp8Linear::fused_swiglu(const Tensor& pre, const StepContext& cx) const {
+  return fused(pre, cx) && wgrad(cx) && pre.size(-1) % 128 == 0;  // F % 64
+}
+
+void Fp8Linear::precast_act_input(const Tensor& pre, Tensor& act, bool backward, bool swiglu,
+                                  const StepContext& cx) const {
   const Fp8Config& f = cx.cfg->fp8;
   const Tensor p2 = as_2d(pre);
-  const int64_t R = p2.size(0), C = p2.size(1);
+  const int64_t R = p2.size(0), C = swiglu ? p2.size(1) / 2 : p2.size(1);
   Cast& c = shared_cast(kFp8Input);
-  c.q = !backward ? scratch_view(2 * kFp8Input, {R, C}, DType::FP8E4M3, pre.device()) : Tensor();
-  c.qt = backward ? scratch_view(2 * kFp8Input + 1, {C, R}, DType::FP8E4M3, pre.device()) : Tensor();
+  // act FP8: the kept column-wise copy (keeps_input_t), written with the row-wise one
+  const bool keep = !backward && act.defined() && act.dtype() == kept_input_dtype();
+  c.q = !backward ? scratch_view(slot_of(kFp8Input, false), {R, C}, DType::FP8E4M3, pre.device())
+                  : Tensor();
+  c.qt = backward ? scratch_view(slot_of(kFp8Input, true), {C, R}, DType::FP8E4M3, pre.device())
+                  : keep ? act : Tensor();
   ensure(c.scale_inv, {1}, DType::F32, pre.device());
   Tensor amax;
   const Tensor scale = scale_for(p2, kFp8Input, false, !backward, &amax, cx);
-  Tensor a2 = act.defined() ? as_2d(act) : Tensor();
-  ops::fp8_gelu_cast(p2, format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
-                     cx.stream());
+  Tensor a2 = act.defined() && !keep ? as_2d(act) : Tensor();
+  if (swiglu)
+    ops::fp8_swiglu_cast(p2, format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
+                         cx.stream());
+  else
+    ops::fp8_gelu_cast(p2, format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
+                       cx.stream());
+  if (keep) {
+    ensure(kept_scale_inv_, {1}, DType::F32, pre.device());
+    ops::copy(c.scale_inv, kept_scale_inv_, cx.stream());
+  }
   precast_ |= 1u << kFp8Input;
 }
 
-void Fp8Linear::precast_dgelu_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre,
-                                   const ParamView& b, const StepContext& cx) const {
+void Fp8Linear::precast_act_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre,
+                                 const ParamView& b, bool swiglu, const StepContext& cx) const {
   const Fp8Config& f = cx.cfg->fp8;
   const ops::Fp8Format fmt = format_of(f, kFp8Grad);
   const DType dt = fmt == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
   const Tensor d2 = as_2d(dact), p2 = as_2d(pre);
-  const int64_t R = d2.size(0), C = d2.size(1);
+  const int64_t R = d2.size(0), C = p2.size(1);  // the gradient is pre's shape
+  MCPP_CHECK(!swiglu || wgrad(cx), "Fp8Linear: the fused SwiGLU gradient cast needs FP8 wgrad");
   Cast& c = shared_cast(kFp8Grad);
-  c.q = scratch_view(2 * kFp8Grad, {R, C}, dt, dact.device());
-  c.qt = wgrad(cx) ? scratch_view(2 * kFp8Grad + 1, {C, R}, dt, dact.device()) : Tensor();
+  c.q = scratch_view(slot_of(kFp8Grad, false), {R, C}, dt, dact.device());
+  c.qt = wgrad(cx) ? scratch_view(slot_of(kFp8Grad, true), {C, R}, dt, dact.device()) : Tensor();
   ensure(c.scale_inv, {1}, DType::F32, dact.device());
   Tensor amax;
   const Tensor scale = scale_for(d2, kFp8Grad, false, true, &amax, cx);
   Tensor out = wgrad(cx) ? Tensor() : as_2d(dpre);
   Tensor db = b.g;
-  ops::fp8_dgelu_cast(d2, p2, fmt, scale, out, c.q, c.qt, amax, c.scale_inv, db, cx.stream());
+  if (swiglu)
+    ops::fp8_dswiglu_cast(d2, p2, fmt, scale, out, c.q, c.qt, amax, c.scale_inv, db, cx.stream());
+  else
+    ops::fp8_dgelu_cast(d2, p2, fmt, scale, out, c.q, c.qt, amax, c.scale_inv, db, cx.stream());
   precast_ |= 1u << kFp8Grad;
   if (db.defined()) precast_ |= kPrecastDb;
+}
+
+bool Fp8Linear::keeps_input_t(const TransformerConfig& c, const Dims& d, int64_t cols) const {
+  const Fp8Config& f = c.fp8;
+  return layer_ >= 0 && f.delayed() && f.wgrad && f.layer_in_fp8(layer_, c.num_layers) &&
+         d.dev == Device::CUDA && d.dt == DType::BF16 && d.T % 16 == 0 && cols % 16 == 0;
+}
+
+void Fp8Linear::precast_input(const Tensor& x, Tensor& kept, const StepContext& cx) const {
+  const Tensor x2 = as_2d(x);
+  const int64_t R = x2.size(0), C = x2.size(1);
+  MCPP_CHECK(fused(x2, cx) && kept.dtype() == kept_input_dtype() && kept.numel() == R * C,
+             "Fp8Linear::precast_input: x {} / kept {} are not a fused FP8 cast's", x.str(),
+             kept.str());
+  Cast& c = shared_cast(kFp8Input);
+  c.q = scratch_view(slot_of(kFp8Input, false), {R, C}, DType::FP8E4M3, x.device());
+  c.qt = kept.view({C, R});
+  ensure(c.scale_inv, {1}, DType::F32, x.device());
+  Tensor amax;
+  const Tensor scale = scale_for(x2, kFp8Input, false, true, &amax, cx);
+  ops::fp8_cast_transpose(x2, format_of(cx.cfg->fp8, kFp8Input), scale, c.q, c.qt, amax,
+                          c.scale_inv, cx.stream());
+  ensure(kept_scale_inv_, {1}, DType::F32, x.device());
+  ops::copy(c.scale_inv, kept_scale_inv_, cx.stream());
+  precast_ |= 1u << kFp8Input;
+}
+
+void Fp8Linear::use_kept_input(const Tensor& kept, const StepContext& cx) const {
+  MCPP_CHECK(kept.dtype() == kept_input_dtype() && kept.dim() == 2 && kept_scale_inv_.defined(),
+             "Fp8Linear: kept input {} was not written by this step's forward", kept.str());
+  Cast& c = shared_cast(kFp8Input);
+  c.q = Tensor();
+  c.qt = kept;
+  ensure(c.scale_inv, {1}, DType::F32, kept.device());
+  ops::copy(kept_scale_inv_, c.scale_inv, cx.stream());
+  precast_ |= 1u << kFp8Input;
 }
 
 const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_split, bool record,
@@ -229,17 +292,22 @@ const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_sp
   // 0.6 ms more a step on the XL than one both-copies cast a step (more with several
   // micro-batches: each casts the weights again).
   Cast& c = shared_cast(k);
-  c.q = rowwise ? scratch_view(2 * k, {R, C}, dt, v.device()) : Tensor();
-  c.qt = colwise ? scratch_view(2 * k + 1, {C, R}, dt, v.device()) : Tensor();
+  MCPP_CHECK(k == kFp8Grad || !(rowwise && colwise),
+             "Fp8Linear: operand {} cast both ways at once shares one scratch slot", int(k));
+  c.q = rowwise ? scratch_view(slot_of(k, false), {R, C}, dt, v.device()) : Tensor();
+  c.qt = colwise ? scratch_view(slot_of(k, true), {C, R}, dt, v.device()) : Tensor();
   ensure(c.scale_inv, {1}, DType::F32, v.device());
   Tensor amax;
   const Tensor scale = scale_for(v2, k, tp_split, record, &amax, cx);
   Tensor q = rowwise ? c.q : Tensor(), qt = colwise ? c.qt : Tensor();
-  if (db && db->defined() && (rowwise || colwise) && fusable(v2)) {
-    // the bias gradient from the same read (its column sums)
-    ops::fp8_cast_transpose_dbias(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, *db,
-                                  cx.stream());
-    if (db_done) *db_done = true;
+  const bool with_db = db && db->defined() && (rowwise || colwise);
+  if ((with_db || (rowwise && colwise)) && fusable(v2)) {
+    // the bias gradient from the same read (its column sums); without one, the fused
+    // kernel is still the faster both-copies cast (its row-wise stores are whole sectors)
+    Tensor none;
+    ops::fp8_cast_transpose_dbias(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv,
+                                  with_db ? *db : none, cx.stream());
+    if (with_db && db_done) *db_done = true;
   } else {
     ops::fp8_cast_transpose(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
   }

@@ -85,20 +85,60 @@ class Fp8Linear {
   // Whether they apply to v (a [.., C] bf16 tensor) in this pass.
   bool fused(const Tensor& v, const StepContext& cx) const;
   // fc2 of a GELU MLP: its input a = gelu(pre) cast from pre by fp8_gelu_cast, used by the
-  // next forward (row-wise copy, amax recorded; act, when defined, gets a in bf16 too) or,
-  // with `backward`, by the next backward's wgrad (column-wise copy, nothing recorded).
+  // next forward (row-wise copy, amax recorded; act, when defined, gets a in bf16 too, or,
+  // when act is FP8 [C, R], the kept column-wise copy: keeps_input_t) or, with `backward`,
+  // by the next backward's wgrad (column-wise copy, nothing recorded).
   void precast_gelu_input(const Tensor& pre, Tensor& act, bool backward,
-                          const StepContext& cx) const;
+                          const StepContext& cx) const {
+    precast_act_input(pre, act, backward, false, cx);
+  }
+  // The same for fc2 of a SwiGLU MLP: a = swiglu(pre), pre [T, 2F] (fp8_swiglu_cast).
+  void precast_swiglu_input(const Tensor& pre, Tensor& act, bool backward,
+                            const StepContext& cx) const {
+    precast_act_input(pre, act, backward, true, cx);
+  }
+  // Whether the SwiGLU casts apply to pre [T, 2F] in this pass: fused(), FP8 wgrad (the
+  // bf16 activation and gradient are never written) and F a multiple of 64.
+  bool fused_swiglu(const Tensor& pre, const StepContext& cx) const;
   // fc1 of a GELU MLP: its output gradient g = gelu_backward(dact, pre) cast by
   // fp8_dgelu_cast (both copies, amax recorded) with the bias gradient b.g += sum g; g is
   // written to dpre only when the next backward still reads the bf16 gradient
   // (--no-fp8-wgrad). dpre may be dact (in place).
   void precast_dgelu_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre, const ParamView& b,
-                          const StepContext& cx) const;
+                          const StepContext& cx) const {
+    precast_act_grad(dact, pre, dpre, b, false, cx);
+  }
+  // fc1 of a SwiGLU MLP: g = swiglu_backward(dact, pre) [T, 2F] cast by fp8_dswiglu_cast
+  // (both copies, amax recorded, db); with FP8 wgrad only (fused_swiglu): no bf16 g.
+  void precast_dswiglu_grad(const Tensor& dact, const Tensor& pre, const ParamView& b,
+                            const StepContext& cx) const {
+    Tensor none;
+    precast_act_grad(dact, pre, none, b, true, cx);
+  }
   // Forget the precast operands (the caller, once the GEMMs that read them are issued).
   void clear_precast() const { precast_ = 0; }
 
+  // The input's column-wise (transposed) FP8 copy kept from the forward for the backward's
+  // wgrad, in place of a kept bf16 input (half the bytes, and no cast in the backward): a
+  // layer that keeps its input (fc2's, --keep-mlp-activations) under delayed scaling with
+  // FP8 wgrad on CUDA in bf16, where the scale cannot change between the forward and the
+  // backward (it changes after the step), so the kept bytes are those the backward's cast
+  // would write. Whether this layer does so for an input of `cols` columns: then the
+  // caller saves an FP8 [cols, T] tensor (kept_input_dtype) instead of the bf16 input.
+  bool keeps_input_t(const TransformerConfig& c, const Dims& d, int64_t cols) const;
+  static DType kept_input_dtype() { return DType::FP8E4M3; }
+  // Forward: x cast row-wise for this forward's GEMM (scratch) and column-wise into
+  // kept [C, R] in one pass, amax recorded.
+  void precast_input(const Tensor& x, Tensor& kept, const StepContext& cx) const;
+  // Backward: the wgrad operand is `kept` (written by precast_input or precast_gelu_input
+  // in this step's forward); clear_precast() after the GEMMs.
+  void use_kept_input(const Tensor& kept, const StepContext& cx) const;
+
  private:
+  void precast_act_input(const Tensor& pre, Tensor& act, bool backward, bool swiglu,
+                         const StepContext& cx) const;
+  void precast_act_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre, const ParamView& b,
+                        bool swiglu, const StepContext& cx) const;
   struct Cast {  // a real FP8 operand (CUDA): row-wise, column-wise, 1/scale
     Tensor q, qt, scale_inv;
   };
@@ -119,6 +159,7 @@ class Fp8Linear {
   Tensor history_, scale_;               // delayed: the persistent buffers
   mutable Tensor cur_amax_, cur_scale_;  // tensorwise: [1, 3], [3]
   mutable Tensor q_[3];                  // the quantised operands (emulation)
+  mutable Tensor kept_scale_inv_;        // [1]: 1/scale of the kept input copy
   // Bit k: operand k is already cast (precast_*), in the shared scratch; kPrecastDb: the
   // precast gradient's bias gradient is taken.
   static constexpr unsigned kPrecastDb = 1u << 3;

@@ -122,5 +122,15 @@ void fp8_dgelu_cast(const Tensor&, const Tensor&, Fp8Format, const Tensor&, Tens
   MCPP_CHECK_HINT(false, "--fp8-format on --device cpu runs the emulation (fp8_quantize)",
                   "fp8_dgelu_cast: FP8 tensors are a CUDA-backend path");
 }
+void fp8_swiglu_cast(const Tensor&, Fp8Format, const Tensor&, Tensor&, Tensor&, Tensor&, Tensor&,
+                     Tensor&, Stream&) {
+  MCPP_CHECK_HINT(false, "--fp8-format on --device cpu runs the emulation (fp8_quantize)",
+                  "fp8_swiglu_cast: FP8 tensors are a CUDA-backend path");
+}
+void fp8_dswiglu_cast(const Tensor&, const Tensor&, Fp8Format, const Tensor&, Tensor&, Tensor&,
+                      Tensor&, Tensor&, Tensor&, Tensor&, Stream&) {
+  MCPP_CHECK_HINT(false, "--fp8-format on --device cpu runs the emulation (fp8_quantize)",
+                  "fp8_dswiglu_cast: FP8 tensors are a CUDA-backend path");
+}
 
 }  // namespace mcpp::ops::cpu

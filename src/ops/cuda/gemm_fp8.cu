@@ -4,8 +4,13 @@
 // the linear layers keep row-wise and column-wise (transposed) FP8 copies
 // (fp8_cast_transpose): fprop X·Wᵀ, dgrad G·(Wᵀ)ᵀ, wgrad Gᵀ·(Xᵀ)ᵀ are all this one form.
 // The scales are device pointers (cuBLASLt's A/B_SCALE_POINTER, the dequantisation
-// factors 1/scale), so nothing synchronises with the host. The algorithm is cuBLASLt's
-// first heuristic pick, cached per (shape, types, epilogue, alignments): deterministic.
+// factors 1/scale), so nothing synchronises with the host. The algorithm is chosen once
+// per (shape, types, epilogue, alignments) and cached, as the bf16 GEMMs (gemm.cu): the
+// first call of a key times up to kTuneCandidates of cuBLASLt's heuristic candidates on its
+// own operands (into scratch outputs) and keeps the fastest whose output is bitwise equal
+// to the heuristic's first pick, so the numbers never depend on the timing (split-K and
+// stream-K orders that round differently are never taken). MCPP_GEMM_AUTOTUNE=0 (read by
+// gemm.cu) keeps the first pick; fp8_gemm_tuning_report() lists what tuning found.
 //
 // Row-major to column-major as in gemm.cu: row-major C[M,N] is column-major C^T[N,M] =
 // B·A^T with cuBLAS's A = our B (op T, stored K x N) and cuBLAS's B = our A (op N, K x M).
@@ -13,11 +18,17 @@
 #include <cuda_fp8.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -62,6 +73,7 @@ using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, boo
 struct Cache {
   std::mutex mu;
   std::map<Key, cublasLtMatmulAlgo_t> algos;
+  std::vector<std::string> report;  // one line per tuned key
 };
 Cache& cache() {
   static Cache* c = new Cache;
@@ -80,6 +92,124 @@ struct Descs {
 };
 
 bool is_fp8(DType t) { return t == DType::FP8E4M3 || t == DType::FP8E5M2; }
+
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneReps = 3;
+
+// gemm.cu's switch (docs/environment.md): unset or 1 tunes, 0 keeps the first pick. Any
+// other value is gemm.cu's error, raised at its first GEMM; here it counts as tuning on.
+bool autotune_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MCPP_GEMM_AUTOTUNE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+// flag |= (a[i] != b[i]) over n 16-bit words (bf16 and f32 outputs).
+__global__ void fp8_differs_kernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b,
+                                   int64_t n, unsigned* flag) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    if (a[i] != b[i]) {
+      *flag = 1u;
+      return;
+    }
+}
+
+// Device memory for tuning, outside the tensor pool (never in the reported peak), freed
+// when tuning ends; null when the device has no room (then the first pick is kept).
+struct Raw {
+  void* p = nullptr;
+  explicit Raw(size_t bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr, (void)cudaGetLastError();
+  }
+  ~Raw() {
+    if (p) cudaFree(p);
+  }
+  Raw(const Raw&) = delete;
+  Raw& operator=(const Raw&) = delete;
+};
+
+// "tile T stages S" of a candidate (cuBLASLt's enum values).
+std::string algo_name(const cublasLtMatmulAlgo_t& a) {
+  uint32_t tile = 0, stages = 0, splitk = 0;
+  int id = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                       nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                       sizeof(stages), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                       sizeof(splitk), nullptr);
+  return fmt::format("algo {} tile {} stages {} split-k {}", id, tile, stages, splitk);
+}
+
+// Times candidates res[0, n) of one call (operands A = cuBLAS's A, B = cuBLAS's B, C input
+// cin) into scratch outputs; returns the fastest whose output is bitwise equal to
+// candidate 0's. `line` gets what was found.
+cublasLtMatmulAlgo_t tune(const Descs& d, const cublasLtMatmulHeuristicResult_t* res, int n,
+                          const float* alpha, const void* A, const void* B, const float* beta,
+                          const void* cin, size_t out_bytes, void* ws, cudaStream_t cs,
+                          std::string& line) {
+  Raw ref{out_bytes}, out{out_bytes}, flag{sizeof(unsigned)};
+  if (!ref.p || !out.p || !flag.p) {
+    line = "no device memory to tune; heuristic's first pick";
+    return res[0].algo;
+  }
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  auto launch = [&](int i, void* dst) {
+    return cublasLtMatmul(fp8_lt_handle(), d.op, alpha, A, d.a, B, d.b, beta, cin, d.c, dst, d.c,
+                          &res[i].algo, ws, kWorkspaceBytes, cs) == CUBLAS_STATUS_SUCCESS;
+  };
+  auto time_ms = [&](int i) {
+    float best = 1e30f;
+    for (int r = 0; r < kTuneReps; ++r) {
+      CUDA_CHECK(cudaEventRecord(e0, cs));
+      if (!launch(i, out.p)) return -1.f;
+      CUDA_CHECK(cudaEventRecord(e1, cs));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      best = std::min(best, ms);
+    }
+    return best;
+  };
+  auto differs = [&]() {
+    CUDA_CHECK(cudaMemsetAsync(flag.p, 0, sizeof(unsigned), cs));
+    const int64_t words = int64_t(out_bytes / 2);
+    fp8_differs_kernel<<<grid_for(words, 256), 256, 0, cs>>>(
+        static_cast<const uint16_t*>(ref.p), static_cast<const uint16_t*>(out.p), words,
+        static_cast<unsigned*>(flag.p));
+    CUDA_CHECK(cudaGetLastError());
+    unsigned h = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&h, flag.p, sizeof(h), cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    return h != 0;
+  };
+  int best = 0, equal = 0;
+  float t0 = -1.f;
+  if (launch(0, ref.p)) t0 = time_ms(0);
+  float best_ms = t0;
+  if (t0 > 0) {
+    equal = 1;
+    for (int i = 1; i < n; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS || !launch(i, out.p) || differs()) continue;
+      ++equal;
+      const float ms = time_ms(i);
+      if (ms > 0 && ms < best_ms) best = i, best_ms = ms;
+    }
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  line = fmt::format("{} candidates, {} bitwise equal to the first; first {:.3f} ms ({}), chosen "
+                     "#{} {:.3f} ms ({})",
+                     n, std::max(equal, 1), t0, algo_name(res[0].algo), best, best_ms,
+                     algo_name(res[best].algo));
+  return res[best].algo;
+}
 
 }  // namespace
 
@@ -184,23 +314,43 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                                          sizeof(al_c));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                          sizeof(al_c));
-    cublasLtMatmulHeuristicResult_t res{};
+    cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
     int n_res = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(fp8_lt_handle(), d.op, d.a, d.b, d.c,
-                                                             d.c, pref, 1, &res, &n_res);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(fp8_lt_handle(), d.op, d.a, d.b, d.c, d.c, pref,
+                                       autotune_enabled() ? kTuneCandidates : 1, res, &n_res);
     cublasLtMatmulPreferenceDestroy(pref);
     MCPP_CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
                "{}: cuBLASLt has no FP8 algorithm for [{}x{}] {} x [{}x{}]^T {}{} -> {} ({})", op,
                M, K, dtype_name(a.dtype()), N, K, dtype_name(b.dtype()),
                bias.defined() ? " with bias" : "", dtype_name(c.dtype()),
                cublasGetStatusString(st));
-    algo = res.algo;
+    algo = res[0].algo;
+    if (n_res > 1) {
+      std::string line;
+      algo = tune(d, res, n_res, &alpha, b.raw(), a.raw(), &beta, cin,
+                  size_t(M * N) * dtype_size(c.dtype()), workspace(kWorkspaceBytes, s),
+                  stream_of(s), line);
+      line = fmt::format("fp8_gemm [{}x{}] {} x [{}x{}]^T {}{}{} -> {}: {}", M, K,
+                         dtype_name(a.dtype()), N, K, dtype_name(b.dtype()),
+                         bias.defined() ? " +bias" : "", beta != 0.f ? " +C" : "",
+                         dtype_name(c.dtype()), line);
+      std::lock_guard<std::mutex> lk(cache().mu);
+      cache().report.push_back(line);
+    }
     std::lock_guard<std::mutex> lk(cache().mu);
     cache().algos[key] = algo;
   }
   void* ws = workspace(kWorkspaceBytes, s);
   CUBLAS_CHECK(cublasLtMatmul(fp8_lt_handle(), d.op, &alpha, b.raw(), d.a, a.raw(), d.b, &beta, cin,
                               d.c, c.raw(), d.c, &algo, ws, kWorkspaceBytes, stream_of(s)));
+}
+
+std::string fp8_gemm_tuning_report() {
+  std::lock_guard<std::mutex> lk(cache().mu);
+  std::string out;
+  for (const auto& l : cache().report) out += l + "\n";
+  return out;
 }
 
 }  // namespace mcpp::ops::cuda
