@@ -58,24 +58,15 @@ __device__ __forceinline__ uint32_t bf_bits(float v) {
 }
 
 // Two bf16 values (one word) through the element function; b: pre for kDgelu.
-// kSwiglu: a gate, b up; kDswiglu: a dact, b gate, c up, `up_half`: the up half's
-// gradient (else the gate's).
-__device__ __forceinline__ float dswiglu1(float d, float g, float u, bool up_half) {
-  float dg, du;
-  fused_swiglu_grad_f(d, g, u, dg, du);
-  return up_half ? du : dg;
-}
+// kSwiglu: a gate, b up (kDswiglu is evaluated once for both halves in the kernel).
 template <int PRO>
-__device__ __forceinline__ uint32_t apply(uint32_t a, uint32_t b, uint32_t c, bool up_half) {
+__device__ __forceinline__ uint32_t apply(uint32_t a, uint32_t b) {
   if (PRO == kGelu) return bf_bits(gelu_f(lo_f(a))) | (bf_bits(gelu_f(hi_f(a))) << 16);
   if (PRO == kDgelu)
     return bf_bits(lo_f(a) * gelu_grad_f(lo_f(b))) | (bf_bits(hi_f(a) * gelu_grad_f(hi_f(b))) << 16);
   if (PRO == kSwiglu)
     return bf_bits(fused_swiglu_f(lo_f(a), lo_f(b))) |
            (bf_bits(fused_swiglu_f(hi_f(a), hi_f(b))) << 16);
-  if (PRO == kDswiglu)
-    return bf_bits(dswiglu1(lo_f(a), lo_f(b), lo_f(c), up_half)) |
-           (bf_bits(dswiglu1(hi_f(a), hi_f(b), hi_f(c), up_half)) << 16);
   return a;
 }
 
@@ -132,6 +123,28 @@ __global__ void __launch_bounds__(128)
     in3[i][0] = PRO == kDswiglu && ok ? reinterpret_cast<const uint4*>(x2 + r * C + half + ic)[0] : z;
     in3[i][1] = PRO == kDswiglu && ok ? reinterpret_cast<const uint4*>(x2 + r * C + half + ic)[1] : z;
   }
+  // kDswiglu: both halves' gradients from one evaluation of the sigmoid per (gate, up)
+  // pair (fused_swiglu_grad_f gives dg and du together), kept as bf16 pairs for the halves.
+  uint32_t dg2[4][8], du2[4][8];
+  if constexpr (PRO == kDswiglu) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t d[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
+                             in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
+      const uint32_t g[8] = {in2[i][0].x, in2[i][0].y, in2[i][0].z, in2[i][0].w,
+                             in2[i][1].x, in2[i][1].y, in2[i][1].z, in2[i][1].w};
+      const uint32_t u[8] = {in3[i][0].x, in3[i][0].y, in3[i][0].z, in3[i][0].w,
+                             in3[i][1].x, in3[i][1].y, in3[i][1].z, in3[i][1].w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        float glo, ulo, ghi, uhi;
+        fused_swiglu_grad_f(lo_f(d[k]), lo_f(g[k]), lo_f(u[k]), glo, ulo);
+        fused_swiglu_grad_f(hi_f(d[k]), hi_f(g[k]), hi_f(u[k]), ghi, uhi);
+        dg2[i][k] = bf_bits(glo) | (bf_bits(ghi) << 16);
+        du2[i][k] = bf_bits(ulo) | (bf_bits(uhi) << 16);
+      }
+    }
+  }
   uint32_t m2 = 0;
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) {
@@ -144,13 +157,14 @@ __global__ void __launch_bounds__(128)
     for (int i = 0; i < 4; ++i) {
       uint32_t v[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
                        in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
-      if (PRO != kNone) {
+      if constexpr (PRO == kDswiglu) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = h == 1 ? du2[i][k] : dg2[i][k];
+      } else if (PRO != kNone) {
         const uint32_t p[8] = {in2[i][0].x, in2[i][0].y, in2[i][0].z, in2[i][0].w,
                                in2[i][1].x, in2[i][1].y, in2[i][1].z, in2[i][1].w};
-        const uint32_t u[8] = {in3[i][0].x, in3[i][0].y, in3[i][0].z, in3[i][0].w,
-                               in3[i][1].x, in3[i][1].y, in3[i][1].z, in3[i][1].w};
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = apply<PRO>(v[k], p[k], u[k], h == 1);
+        for (int k = 0; k < 8; ++k) v[k] = apply<PRO>(v[k], p[k]);
       }
       const int64_t r = r0 + 4 * tx + i;
       if (out16 && cb < C && r < R) {
