@@ -10,7 +10,11 @@
 // flash kernel (--attention-backend flash), the kernel family the blocks use.
 // Communication is not included (one GPU); the multi-GPU issue measures the ring's overlap.
 // Shapes: the Llama-style 1B's attention (32 heads, 8 query groups, head dim 64), B = 1.
+// --profile: where the difference goes -- the forward and the backward timed apart (full
+// call and blocks), then one ring and one full call under the op profiler (GPU time per
+// catalogue op: blocks, merges, fills against attention_forward / attention_backward).
 // Usage: bench_cp_blocks [--seq 8192,16384,32768] [--cp 2,4] [--reps 5] [--dropout P]
+//                        [--profile]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -63,14 +67,17 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {8192, 16384, 32768}, cps = {2, 4};
   int reps = 5;
   double p = 0;
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seq" && i + 1 < argc) seqs = list(argv[++i]);
     else if (a == "--cp" && i + 1 < argc) cps = list(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--dropout" && i + 1 < argc) p = std::atof(argv[++i]);
+    else if (a == "--profile") profile = true;
     else {
-      std::fprintf(stderr, "bench_cp_blocks: unknown argument '%s' (--seq, --cp, --reps, --dropout)\n",
+      std::fprintf(stderr, "bench_cp_blocks: unknown argument '%s' (--seq, --cp, --reps, --dropout, "
+                   "--profile)\n",
                    a.c_str());
       return 2;
     }
@@ -122,9 +129,8 @@ int main(int argc, char** argv) {
       Tensor oi = Tensor::empty({C * B, O}, dt, Device::CUDA);
       Tensor li = Tensor::empty({B, NH, C}, DType::F32, Device::CUDA);
       int64_t blocks = 0;
-      auto ring = [&] {
+      auto ring_fwd = [&] {
         blocks = 0;
-        ops::fill(dqkv, 0.0, st);
         for (int64_t qa = 0; qa < n; ++qa) {  // every query chunk, whichever rank holds it
           ops::fill(o[size_t(qa)], 0.0, st);
           ops::fill(l[size_t(qa)], -std::numeric_limits<double>::infinity(), st);
@@ -136,6 +142,9 @@ int main(int argc, char** argv) {
             ops::attention_lse_merge(oi, li, d, o[size_t(qa)], l[size_t(qa)], st);
           }
         }
+      };
+      auto ring_bwd = [&] {
+        ops::fill(dqkv, 0.0, st);
         for (int64_t qa = 0; qa < n; ++qa)
           for (int64_t kc = 0; kc <= qa; ++kc) {
             ops::AttentionDims d = full;
@@ -146,7 +155,32 @@ int main(int argc, char** argv) {
                                           dq, dkv, st);
           }
       };
+      auto ring = [&] { ring_fwd(), ring_bwd(); };
       const double t_ring = time_ms(reps, st, ring);
+      if (profile) {
+        auto fwd = [&] { ops::attention_forward(qkv, full, scale, p, key, out, lse, st); };
+        auto bwd = [&] {
+          ops::attention_backward(dout, qkv, out, lse, full, scale, p, key, dqkv, st);
+        };
+        fwd();
+        const double tf = time_ms(reps, st, fwd), tb = time_ms(reps, st, bwd);
+        ring_fwd();
+        const double rf = time_ms(reps, st, ring_fwd), rb = time_ms(reps, st, ring_bwd);
+        std::printf("### S %lld, CP %lld: forward full %.2f ms, blocks+merges %.2f (%.3fx); "
+                    "backward full %.2f, blocks %.2f (%.3fx)\n\n",
+                    (long long)S, (long long)CP, tf, rf, rf / tf, tb, rb, rb / tb);
+        for (int which = 0; which < 2; ++which) {
+          gpu::op_profile_collect();
+          gpu::set_op_profiling(true);
+          if (which == 0) full_call(); else ring();
+          gpu::set_op_profiling(false);
+          std::printf("%s, one call under the op profiler:\n\n| op | calls | ms |\n|---|---:|---:|\n",
+                      which == 0 ? "full attention" : "CP blocks");
+          for (const auto& op : gpu::op_profile_collect())
+            std::printf("| %s | %lld | %.3f |\n", op.name.c_str(), (long long)op.calls, op.ms);
+          std::printf("\n");
+        }
+      }
       char row[256];
       std::snprintf(row, sizeof row, "| %lld | %lld | %lld | %.2f | %.2f | %.2f | %.3fx | %.3fx |\n",
                     (long long)S, (long long)CP, (long long)blocks, t_auto, t_flash, t_ring,
