@@ -121,7 +121,7 @@ timer() {  # ms per iteration of timer $2 in the last interval of log $1 ("-" if
 # The last "exposed communication" line's shares (TP/SP/PP/DP/CP/EP, max over ranks).
 exposed() {
   local v
-  v=$(grep -oE "exposed communication \(.*\): .*" "$1" | tail -1 | sed -E 's/^[^:]*: //; s/ \|$//; s/\|/,/g')
+  v=$(grep -oE "exposed communication \(.*\): .*" "$1" | tail -1 | sed -E 's/^[^:]*: //; s/ \|$//; s/ \| /, /g')
   echo "${v:--}"
 }
 # The busiest rank's peak: the largest "max allocated" of any rank's memory line (the plan's
