@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gemm_tuning.h"
 #include "ops/cuda/reduce.cuh"
 #include "ops/ops.h"
 
@@ -97,16 +98,6 @@ AlgoCache& algo_cache() {
 int64_t shape_class(int64_t x) { return x < 256 ? x : (x + 255) / 256 * 256; }
 
 // RAII for the cuBLASLt descriptors of one call.
-struct LtDescs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  ~LtDescs() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneReps = 3;
@@ -126,7 +117,6 @@ std::atomic<bool>& autotune_flag() {
   }()};
   return v;
 }
-bool autotune_enabled() { return autotune_flag().load(); }
 
 // A benchmark's ranking of the bitwise-equal candidates (set_gemm_tune_ranker, device.h);
 // empty: the short-run times decide. Held by value and copied under its lock, so a ranker
@@ -160,35 +150,7 @@ std::string algo_config(const cublasLtMatmulAlgo_t& a) {
   return fmt::format("algo {} tile {} stages {} cluster {}", id, tile, stages, cluster);
 }
 
-// flag |= (a[i] != b[i]) over n 16-bit words (every output dtype is 2 or 4 bytes).
-static __global__ void differs_kernel(const uint16_t* __restrict__ a,
-                                      const uint16_t* __restrict__ b, int64_t n,
-                                      unsigned* flag) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    if (a[i] != b[i]) {
-      *flag = 1u;
-      return;
-    }
-}
 
-// Device memory for tuning, outside the tensor pool (so it never counts in the peak the
-// log reports) and freed when tuning ends. Empty when the device has no room: then the
-// heuristic's first pick is used.
-struct RawBuffer {
-  void* p = nullptr;
-  explicit RawBuffer(size_t bytes) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      p = nullptr;
-      (void)cudaGetLastError();
-    }
-  }
-  ~RawBuffer() {
-    if (p) cudaFree(p);
-  }
-  RawBuffer(const RawBuffer&) = delete;
-  RawBuffer& operator=(const RawBuffer&) = delete;
-};
 
 // GELU epilogues: Forward writes gelu(C) to C and the pre-activation to aux; Backward
 // multiplies C by gelu'(aux) (aux [M, N] row-major, C's dtype).
@@ -206,7 +168,7 @@ cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_
   void* ws = workspace(kWorkspaceBytes, s);
   const bool with_aux = aux_out != nullptr;
   const size_t ob = size_t(out_bytes), ab = with_aux ? size_t(aux_bytes) : 1;
-  RawBuffer ref{ob}, out{ob}, flag{sizeof(unsigned)}, ref_aux{ab}, out_aux{ab};
+  TuningBuffer ref{ob}, out{ob}, flag{sizeof(unsigned)}, ref_aux{ab}, out_aux{ab};
   if (!ref.p || !out.p || !flag.p || !ref_aux.p || !out_aux.p) {
     line = "no device memory to tune; heuristic's first pick";
     return res[0].algo;
@@ -237,16 +199,7 @@ cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_
     return best;
   };
   auto differs = [&](const void* a, const void* b, int64_t bytes) {
-    CUDA_CHECK(cudaMemsetAsync(flag.p, 0, sizeof(unsigned), cs));
-    const int64_t n = bytes / 2;
-    differs_kernel<<<grid_for(n, 256), 256, 0, cs>>>(static_cast<const uint16_t*>(a),
-                                                     static_cast<const uint16_t*>(b), n,
-                                                     static_cast<unsigned*>(flag.p));
-    MCPP_LAUNCH_CHECK();
-    unsigned h = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&h, flag.p, sizeof(h), cudaMemcpyDeviceToHost, cs));
-    CUDA_CHECK(cudaStreamSynchronize(cs));
-    return h != 0;
+    return device_bytes_differ(a, b, bytes, static_cast<unsigned*>(flag.p), cs);
   };
   int best = 0;
   float t0 = -1.f;
@@ -395,7 +348,7 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
     int n_res = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(), d.op, d.a, d.b, d.c, d.c,
-                                                       pref, autotune_enabled() ? kTuneCandidates
+                                                       pref, gemm_autotune_enabled() ? kTuneCandidates
                                                                                 : 1,
                                                        res, &n_res);
     cublasLtMatmulPreferenceDestroy(pref);
@@ -445,6 +398,37 @@ static __global__ void add_bias_kernel(T* y, const TB* __restrict__ b, int64_t r
 }
 
 }  // namespace
+
+bool gemm_autotune_enabled() { return autotune_flag().load(); }
+
+namespace {
+// flag |= (a[i] != b[i]) over n 16-bit words (every output dtype is 2 or 4 bytes).
+__global__ void differs_kernel(const uint16_t* __restrict__ a,
+                                      const uint16_t* __restrict__ b, int64_t n,
+                                      unsigned* flag) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    if (a[i] != b[i]) {
+      *flag = 1u;
+      return;
+    }
+}
+}  // namespace
+
+bool device_bytes_differ(const void* a, const void* b, int64_t bytes, unsigned* flag,
+                         cudaStream_t cs) {
+  CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(unsigned), cs));
+  const int64_t n = bytes / 2;
+  if (n > 0) {
+    differs_kernel<<<grid_for(n, 256), 256, 0, cs>>>(static_cast<const uint16_t*>(a),
+                                                     static_cast<const uint16_t*>(b), n, flag);
+    MCPP_LAUNCH_CHECK();
+  }
+  unsigned h = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&h, flag, sizeof(h), cudaMemcpyDeviceToHost, cs));
+  CUDA_CHECK(cudaStreamSynchronize(cs));
+  return h != 0;
+}
 
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
           double beta, Tensor& C, Stream& s) {

@@ -9,8 +9,9 @@
 // first call of a key times up to kTuneCandidates of cuBLASLt's heuristic candidates on its
 // own operands (into scratch outputs) and keeps the fastest whose output is bitwise equal
 // to the heuristic's first pick, so the numbers never depend on the timing (split-K and
-// stream-K orders that round differently are never taken). MCPP_GEMM_AUTOTUNE=0 (read by
-// gemm.cu) keeps the first pick; fp8_gemm_tuning_report() lists what tuning found.
+// stream-K orders that round differently are never taken). The switch (MCPP_GEMM_AUTOTUNE,
+// set_gemm_autotune), the scratch and the bitwise check are gemm.cu's (gemm_tuning.h);
+// fp8_gemm_tuning_report() lists what tuning found.
 //
 // Row-major to column-major as in gemm.cu: row-major C[M,N] is column-major C^T[N,M] =
 // B·A^T with cuBLAS's A = our B (op T, stored K x N) and cuBLAS's B = our A (op N, K x M).
@@ -29,6 +30,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8.h"
+#include "ops/cuda/gemm_tuning.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -80,56 +82,14 @@ Cache& cache() {
   return *c;
 }
 
-struct Descs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  ~Descs() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 bool is_fp8(DType t) { return t == DType::FP8E4M3 || t == DType::FP8E5M2; }
 
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneReps = 3;
 
-// gemm.cu's switch (docs/environment.md): unset or 1 tunes, 0 keeps the first pick. Any
-// other value is gemm.cu's error, raised at its first GEMM; here it counts as tuning on.
-bool autotune_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MCPP_GEMM_AUTOTUNE");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
 
-// flag |= (a[i] != b[i]) over n 16-bit words (bf16 and f32 outputs).
-__global__ void fp8_differs_kernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b,
-                                   int64_t n, unsigned* flag) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    if (a[i] != b[i]) {
-      *flag = 1u;
-      return;
-    }
-}
 
-// Device memory for tuning, outside the tensor pool (never in the reported peak), freed
-// when tuning ends; null when the device has no room (then the first pick is kept).
-struct Raw {
-  void* p = nullptr;
-  explicit Raw(size_t bytes) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr, (void)cudaGetLastError();
-  }
-  ~Raw() {
-    if (p) cudaFree(p);
-  }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-};
 
 // "tile T stages S" of a candidate (cuBLASLt's enum values).
 std::string algo_name(const cublasLtMatmulAlgo_t& a) {
@@ -148,11 +108,11 @@ std::string algo_name(const cublasLtMatmulAlgo_t& a) {
 // Times candidates res[0, n) of one call (operands A = cuBLAS's A, B = cuBLAS's B, C input
 // cin) into scratch outputs; returns the fastest whose output is bitwise equal to
 // candidate 0's. `line` gets what was found.
-cublasLtMatmulAlgo_t tune(const Descs& d, const cublasLtMatmulHeuristicResult_t* res, int n,
+cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_t* res, int n,
                           const float* alpha, const void* A, const void* B, const float* beta,
                           const void* cin, size_t out_bytes, void* ws, cudaStream_t cs,
                           std::string& line) {
-  Raw ref{out_bytes}, out{out_bytes}, flag{sizeof(unsigned)};
+  TuningBuffer ref{out_bytes}, out{out_bytes}, flag{sizeof(unsigned)};
   if (!ref.p || !out.p || !flag.p) {
     line = "no device memory to tune; heuristic's first pick";
     return res[0].algo;
@@ -178,16 +138,8 @@ cublasLtMatmulAlgo_t tune(const Descs& d, const cublasLtMatmulHeuristicResult_t*
     return best;
   };
   auto differs = [&]() {
-    CUDA_CHECK(cudaMemsetAsync(flag.p, 0, sizeof(unsigned), cs));
-    const int64_t words = int64_t(out_bytes / 2);
-    fp8_differs_kernel<<<grid_for(words, 256), 256, 0, cs>>>(
-        static_cast<const uint16_t*>(ref.p), static_cast<const uint16_t*>(out.p), words,
-        static_cast<unsigned*>(flag.p));
-    CUDA_CHECK(cudaGetLastError());
-    unsigned h = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&h, flag.p, sizeof(h), cudaMemcpyDeviceToHost, cs));
-    CUDA_CHECK(cudaStreamSynchronize(cs));
-    return h != 0;
+    return device_bytes_differ(ref.p, out.p, int64_t(out_bytes), static_cast<unsigned*>(flag.p),
+                               cs);
   };
   int best = 0, equal = 0;
   float t0 = -1.f;
@@ -248,7 +200,7 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
   const void* cin = addend.defined() ? addend.raw() : c.raw();
   const float alpha = 1.f, beta = (addend.defined() || accumulate) ? 1.f : 0.f;
 
-  Descs d;
+  LtDescs d;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ot = CUBLAS_OP_T, on = CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ot, sizeof(ot)));
@@ -318,7 +270,7 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
     int n_res = 0;
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(fp8_lt_handle(), d.op, d.a, d.b, d.c, d.c, pref,
-                                       autotune_enabled() ? kTuneCandidates : 1, res, &n_res);
+                                       gemm_autotune_enabled() ? kTuneCandidates : 1, res, &n_res);
     cublasLtMatmulPreferenceDestroy(pref);
     MCPP_CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
                "{}: cuBLASLt has no FP8 algorithm for [{}x{}] {} x [{}x{}]^T {}{} -> {} ({})", op,
