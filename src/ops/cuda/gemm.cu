@@ -135,20 +135,6 @@ GemmTuneRanker current_ranker() {
   return r.ranker;
 }
 
-// "tile T stages S cluster C" of an algorithm (cuBLASLt's enum values, cublasLt.h).
-std::string algo_config(const cublasLtMatmulAlgo_t& a) {
-  uint32_t tile = 0, stages = 0;
-  uint16_t cluster = 0;
-  int id = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
-                                       nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                       sizeof(stages), nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                       sizeof(cluster), nullptr);
-  return fmt::format("algo {} tile {} stages {} cluster {}", id, tile, stages, cluster);
-}
 
 
 
@@ -398,6 +384,24 @@ static __global__ void add_bias_kernel(T* y, const TB* __restrict__ b, int64_t r
 }
 
 }  // namespace
+
+// "algo I tile T stages S split-k K cluster C" (cuBLASLt's enum values, cublasLt.h).
+std::string algo_config(const cublasLtMatmulAlgo_t& a) {
+  uint32_t tile = 0, stages = 0, splitk = 0;
+  uint16_t cluster = 0;
+  int id = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                       nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                       sizeof(stages), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                       sizeof(splitk), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                       sizeof(cluster), nullptr);
+  return fmt::format("algo {} tile {} stages {} split-k {} cluster {}", id, tile, stages, splitk,
+                     cluster);
+}
 
 bool gemm_autotune_enabled() { return autotune_flag().load(); }
 

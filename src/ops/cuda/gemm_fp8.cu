@@ -91,19 +91,6 @@ constexpr int kTuneReps = 3;
 
 
 
-// "tile T stages S" of a candidate (cuBLASLt's enum values).
-std::string algo_name(const cublasLtMatmulAlgo_t& a) {
-  uint32_t tile = 0, stages = 0, splitk = 0;
-  int id = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
-                                       nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                       sizeof(stages), nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                       sizeof(splitk), nullptr);
-  return fmt::format("algo {} tile {} stages {} split-k {}", id, tile, stages, splitk);
-}
 
 // Times candidates res[0, n) of one call (operands A = cuBLAS's A, B = cuBLAS's B, C input
 // cin) into scratch outputs; returns the fastest whose output is bitwise equal to
@@ -158,8 +145,8 @@ cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_
   CUDA_CHECK(cudaEventDestroy(e1));
   line = fmt::format("{} candidates, {} bitwise equal to the first; first {:.3f} ms ({}), chosen "
                      "#{} {:.3f} ms ({})",
-                     n, std::max(equal, 1), t0, algo_name(res[0].algo), best, best_ms,
-                     algo_name(res[best].algo));
+                     n, std::max(equal, 1), t0, algo_config(res[0].algo), best, best_ms,
+                     algo_config(res[best].algo));
   return res[best].algo;
 }
 

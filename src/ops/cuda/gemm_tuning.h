@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace mcpp::ops::cuda {
 
@@ -47,6 +48,9 @@ struct LtDescs {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// What a tuning report says of an algorithm: "algo I tile T stages S split-k K cluster C".
+std::string algo_config(const cublasLtMatmulAlgo_t& a);
 
 // Whether the first `bytes` (even) of device buffers a and b differ, compared as 16-bit
 // words on cs; flag: one device unsigned of scratch. Synchronises cs.
