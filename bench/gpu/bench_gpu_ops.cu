@@ -308,6 +308,24 @@ int main(int argc, char** argv) {
     bytes("fp8_dgelu_cast + dbias", sh, 6 * n, [&] {
       ops::fp8_dgelu_cast(x, pre, ops::Fp8Format::E5M2, sc, none, g, gt, amax, sinv, db, s);
     });
+    bytes("fp8_cast_transpose_dbias e5m2, no dbias", sh, 4 * n, [&] {
+      ops::fp8_cast_transpose_dbias(x, ops::Fp8Format::E5M2, sc, g, gt, amax, sinv, none, s);
+    });
+    if (C == 8192) {
+      // SwiGLU's fused casts at the Llama-style 1B's MLP (F = C): pre [R, 2F] = [gate | up];
+      // the forward reads pre and writes the row-wise copy of [R, F] (4n + n), the backward
+      // reads dact and pre and writes both copies of [R, 2F] (2n + 4n + 4n).
+      Tensor pre2 = rnd({R, 2 * C}, bf),
+             g2 = Tensor::empty({R, 2 * C}, DType::FP8E5M2, Device::CUDA),
+             g2t = Tensor::empty({2 * C, R}, DType::FP8E5M2, Device::CUDA);
+      bytes("fp8_swiglu_cast row-only", fmt_shape({R, 2 * C}), 5 * n, [&] {
+        ops::fp8_swiglu_cast(pre2, ops::Fp8Format::E4M3, sc, none, q, none, amax, sinv, s);
+      });
+      bytes("fp8_dswiglu_cast", fmt_shape({R, 2 * C}), 10 * n, [&] {
+        ops::fp8_dswiglu_cast(x, pre2, ops::Fp8Format::E5M2, sc, none, g2, g2t, amax, sinv, none,
+                              s);
+      });
+    }
   }
   // ---- the 16-byte vector paths at training sizes: SwiGLU of a 32768-token step with
   // F = 8192, dropout + residual of GPT-2 124M (64 x 1024 tokens, H = 768) -----------------

@@ -140,18 +140,18 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
     }
 }
 
-// The fast path (bf16 input, both dimensions multiples of 16, 16-byte aligned pointers:
-// every shape the FP8 GEMMs accept). A block of 32 x 4 threads owns a 128-row x 64-column
+// The fast path of the column-wise-only cast (bf16 input, both dimensions multiples of 16,
+// 16-byte aligned pointers: every shape the FP8 GEMMs accept; both copies at once go to
+// fp8_fused.cu's kernel, which stages the row-wise copy too, and row-wise only to
+// cast_rowwise_kernel). A block of 32 x 4 threads owns a 128-row x 64-column
 // tile; thread (tx, ty) reads rows 4tx..4tx+3, columns 16ty..16ty+15 of it as eight
 // 16-byte loads (all issued before any arithmetic), converts two values per instruction
-// (cvt.rn.satfinite: the same rounding as the scalar path and the emulation), and
-//  - ROW: writes each row's 16 FP8 bytes as one 16-byte store (row-wise only goes to
-//    cast_rowwise_kernel, coalesced);
-//  - COL: transposes its 4 x 16 bytes in registers (__byte_perm) into 16 words of 4 rows
-//    each and puts them in shared memory as tile[column][row / 4]; a warp writes 32
-//    consecutive words (conflict-free), and after the barrier each thread reads 16 rows
-//    of one column as one 16-byte load (each quarter-warp reads one 128-byte row of the
-//    tile: conflict-free) and writes them to qt with one 16-byte store.
+// (cvt.rn.satfinite: the same rounding as the scalar path and the emulation),
+// transposes its 4 x 16 bytes in registers (__byte_perm) into 16 words of 4 rows
+// each and puts them in shared memory as tile[column][row / 4]; a warp writes 32
+// consecutive words (conflict-free), and after the barrier each thread reads 16 rows
+// of one column as one 16-byte load (each quarter-warp reads one 128-byte row of the
+// tile: conflict-free) and writes them to qt with one 16-byte store.
 // The amax is a packed max over the bf16 bits (|v| as 15-bit integers, NaN above Inf),
 // a warp shuffle, and one atomicMax per block.
 constexpr int kVecRows = 128, kVecCols = 64, kVecPitch = kVecRows / 4 + 4;  // pitch: words
@@ -163,12 +163,12 @@ __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
   return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
-template <bool E4M3, bool ROW, bool COL>
+template <bool E4M3>
 __global__ void __launch_bounds__(128)
     cast_transpose_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C,
-                              const float* __restrict__ scale, uint8_t* __restrict__ q,
-                              uint8_t* __restrict__ qt, float* amax, float* scale_inv) {
-  __shared__ uint4 tile_storage[COL ? kVecCols * kVecPitch / 4 : 1];
+                              const float* __restrict__ scale, uint8_t* __restrict__ qt,
+                              float* amax, float* scale_inv) {
+  __shared__ uint4 tile_storage[kVecCols * kVecPitch / 4];
   __shared__ unsigned wmax[4];
   uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
   const float sc = *scale;
@@ -197,11 +197,8 @@ __global__ void __launch_bounds__(128)
       m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
       w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
     }
-    if (ROW && cb < C && r0 + 4 * tx + i < R)
-      *reinterpret_cast<uint4*>(q + (r0 + 4 * tx + i) * C + cb) =
-          make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
   }
-  if (COL) {
+  {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {  // columns 4k..4k+3 of rows 0..3 -> 4 words of 4 rows
       const uint32_t lo01 = __byte_perm(w[0][k], w[1][k], 0x5140),  // a0 b0 a1 b1
@@ -221,11 +218,11 @@ __global__ void __launch_bounds__(128)
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (tx == 0) wmax[ty] = m;
   }
-  if (COL || amax) __syncthreads();
+  __syncthreads();
   if (amax && tx == 0 && ty == 0)
     atomicMax(reinterpret_cast<unsigned*>(amax), max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
-  if (COL) {
+  {
     const int t = ty * 32 + tx;
 #pragma unroll
     for (int it = 0; it < kVecCols * 8 / 128; ++it) {
@@ -281,16 +278,12 @@ void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float*
                                uint8_t* qt, float* amax, float* scale_inv, cudaStream_t st) {
   dim3 block(32, 4),
       grid(unsigned((C + kVecCols - 1) / kVecCols), unsigned((R + kVecRows - 1) / kVecRows));
-  if (q && qt)
-    cast_transpose_vec_kernel<E4M3, true, true>
-        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
-  else if (q)  // R * C is a multiple of 256, so of 8
+  if (q)  // R * C is a multiple of 256, so of 8
     cast_rowwise_kernel<E4M3><<<grid_for(R * C / 8, 256, 132 * 8), 256, 0, st>>>(
         reinterpret_cast<const uint4*>(x), R * C / 8, scale, reinterpret_cast<uint2*>(q), amax,
         scale_inv);
   else
-    cast_transpose_vec_kernel<E4M3, false, true>
-        <<<grid, block, 0, st>>>(x, R, C, scale, q, qt, amax, scale_inv);
+    cast_transpose_vec_kernel<E4M3><<<grid, block, 0, st>>>(x, R, C, scale, qt, amax, scale_inv);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -303,7 +296,7 @@ void launch_cast_transpose(const Tensor& x, const Tensor& scale, Tensor& q, Tens
   F8* qtp = qt.defined() ? static_cast<F8*>(qt.raw()) : nullptr;
   float* ap = amax.defined() ? amax.data<float>() : nullptr;
   float* sip = scale_inv.defined() ? scale_inv.data<float>() : nullptr;
-  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) && (qp || qtp) &&
+  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) && (qp != nullptr) != (qtp != nullptr) &&
       (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
     const auto* xb = static_cast<const bf16*>(x.raw());
     auto* q8 = reinterpret_cast<uint8_t*>(qp);
@@ -412,6 +405,13 @@ void fp8_cast_transpose(const Tensor& x, Fp8Format fmt, const Tensor& scale, Ten
   if (amax.defined()) check_f32(amax, op, "amax");
   if (scale_inv.defined()) check_f32(scale_inv, op, "scale_inv");
   if (R == 0 || C == 0) return;
+  if (q.defined() && qt.defined() && x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 &&
+      aligned16(x.raw()) && aligned16(q.raw()) && aligned16(qt.raw()) &&
+      R <= 65535LL * kVecRows) {
+    Tensor none;  // both copies: the fused kernel without an element function or db
+    cuda::fp8_cast_transpose_dbias(x, fmt, scale, q, qt, amax, scale_inv, none, s);
+    return;
+  }
   if (fmt == Fp8Format::E4M3)
     launch_cast_transpose<__nv_fp8_e4m3>(x, scale, q, qt, amax, scale_inv, R, C, s);
   else

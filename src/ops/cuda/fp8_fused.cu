@@ -70,6 +70,15 @@ __device__ __forceinline__ uint32_t apply(uint32_t a, uint32_t b) {
   return a;
 }
 
+// The 16-byte slot of row r's chunk c (of 8) in the row-wise staging tile: LANES 0 spreads
+// the 8 row quads of a quarter warp's writes over the slots; LANES 1 puts the two rows that
+// a quarter warp touches (r and r + 4 when writing, r and r + 1 when reading) in opposite
+// halves of the 128-byte row, so neither side conflicts on a bank.
+template <int LANES>
+__device__ __forceinline__ int row_slot(int r, int c) {
+  return LANES ? c + 4 * ((r ^ (r >> 2)) & 1) : c ^ ((r >> 2) & 7);
+}
+
 template <bool E4M3>
 __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
   const float2 f = make_float2(lo_f(bf2) * sc, hi_f(bf2) * sc);
@@ -88,8 +97,15 @@ __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
 // writes of 8 consecutive threads hit 8 different bank groups), then 16-byte stores, 4
 // threads a row: 8 rows of 64 contiguous bytes a warp instruction, against 32 half-used
 // sectors when each thread stored its own 4 rows.
-template <bool E4M3, int PRO>
-__global__ void __launch_bounds__(128)
+// Measured per element function (bench_gpu_ops --only fp8 on the H200, bench/RESULTS.md):
+// the lane layout (LANES 1 for all but GELU, where both are within 2%), and the blocks per
+// SM the register budget is sized for (kDgelu 5 and kDswiglu 3 spill a few registers and
+// still run 5% and 1% faster than at 4 and 2).
+constexpr int kLanes[5] = {1, 0, 1, 1, 1};
+constexpr int kMinBlocks[5] = {6, 6, 5, 4, 3};
+
+template <bool E4M3, int PRO, int LANES = kLanes[PRO]>
+__global__ void __launch_bounds__(128, kMinBlocks[PRO])
     fused_cast_kernel(const bf16* x, const bf16* __restrict__ x2, int64_t R, int64_t C,
                       const float* __restrict__ scale, uint8_t* __restrict__ q,
                       uint8_t* __restrict__ qt, bf16* out16, float* amax,
@@ -97,9 +113,14 @@ __global__ void __launch_bounds__(128)
   __shared__ uint4 tile_storage[kCols * kPitch / 4];
   __shared__ uint4 rows[kRows * 8];
   __shared__ unsigned wmax[4];
+  __shared__ float csum[LANES ? 4 : 1][kCols];
   uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
   const float sc = *scale;
-  const int tx = threadIdx.x, ty = threadIdx.y;
+  // (tx, ty): the thread's row quad and column group. LANES 0: a warp is one column group
+  // over all 32 row quads; LANES 1: a warp is 8 row quads x the 4 column groups, so that a
+  // load instruction touches 8 rows (not 32) of 128 contiguous bytes each.
+  const int lane = threadIdx.x, warp = threadIdx.y;
+  const int tx = LANES ? warp * 8 + (lane >> 2) : lane, ty = LANES ? (lane & 3) : warp;
   constexpr int kHalves = PRO == kDswiglu ? 2 : 1;
   const int64_t half = C / 2;
   const int64_t r0 = int64_t(blockIdx.y) * kRows, c0 = int64_t(blockIdx.x) * kCols;
@@ -183,7 +204,8 @@ __global__ void __launch_bounds__(128)
         m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
         w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
       }
-      if (q) rows[(4 * tx + i) * 8 + (ty ^ (tx & 7))] = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
+      if (q) rows[(4 * tx + i) * 8 + row_slot<LANES>(4 * tx + i, ty)] =
+          make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
     }
     if (qt) {
 #pragma unroll
@@ -192,14 +214,24 @@ __global__ void __launch_bounds__(128)
                        lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),
                        hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),
                        hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);
-        uint32_t* col = tile + (16 * ty + 4 * k) * kPitch + tx;
+        uint32_t* col = tile + (16 * ty + 4 * k) * kPitch + (LANES ? (tx + 8 * ty) & 31 : tx);
         col[0] = __byte_perm(lo01, lo23, 0x5410);
         col[kPitch] = __byte_perm(lo01, lo23, 0x7632);
         col[2 * kPitch] = __byte_perm(hi01, hi23, 0x5410);
         col[3 * kPitch] = __byte_perm(hi01, hi23, 0x7632);
       }
     }
-    if (dbp) {
+    if (dbp && LANES) {
+      // The warp holds 32 of the 128 rows of columns ch..ch+63: a butterfly over its 8 row
+      // quads, then the 4 warps' sums in warp order (after the barrier below).
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int o = 16; o >= 4; o >>= 1) cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], o);
+      if (lane < 4)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) csum[warp][16 * ty + j] = cs[j];
+    } else if (dbp) {
       // The warp (one ty) holds columns cb..cb+15 of all 128 rows: a butterfly over its 32
       // lanes (every lane ends with the same sums, in one fixed order), lane 0 writes them.
 #pragma unroll
@@ -214,7 +246,10 @@ __global__ void __launch_bounds__(128)
       }
     }
     __syncthreads();
-    const int t = ty * 32 + tx;
+    const int t = warp * 32 + lane;
+    if (dbp && LANES && t < kCols && ch + t < C)
+      dbp[int64_t(blockIdx.y) * C + ch + t] =
+          ((csum[0][t] + csum[1][t]) + csum[2][t]) + csum[3][t];
     if (qt) {
 #pragma unroll
       for (int it = 0; it < kCols * 8 / 128; ++it) {
@@ -222,7 +257,8 @@ __global__ void __launch_bounds__(128)
         const int64_t cg = ch + c, rr = r0 + 16 * part;
         if (cg < C && rr < R)
           *reinterpret_cast<uint4*>(qt + cg * R + rr) =
-              *reinterpret_cast<const uint4*>(tile + c * kPitch + 4 * part);
+              *reinterpret_cast<const uint4*>(tile + c * kPitch +
+                                              (LANES ? (4 * part + 8 * (c / 16)) & 31 : 4 * part));
       }
     }
     if (q) {
@@ -231,7 +267,7 @@ __global__ void __launch_bounds__(128)
         const int idx = t + 128 * it, row = idx / 4, c = idx % 4;  // columns 16 c .. +15
         const int64_t rr = r0 + row, cg = ch + 16 * c;
         if (cg < C && rr < R)
-          *reinterpret_cast<uint4*>(q + rr * C + cg) = rows[row * 8 + (c ^ ((row >> 2) & 7))];
+          *reinterpret_cast<uint4*>(q + rr * C + cg) = rows[row * 8 + row_slot<LANES>(row, c)];
       }
     }
     if (h + 1 < kHalves) __syncthreads();  // the next half writes the tiles again
@@ -240,12 +276,13 @@ __global__ void __launch_bounds__(128)
     unsigned m = max(m2 & 0xffffu, m2 >> 16);
     m = m > 0x7f80u ? 0x7fc00000u : m << 16;  // as abs_bits of the float
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (tx == 0) wmax[ty] = m;
+    if (lane == 0) wmax[warp] = m;
   }
   __syncthreads();
-  if (amax && tx == 0 && ty == 0)
+  if (amax && lane == 0 && warp == 0)
     atomicMax(reinterpret_cast<unsigned*>(amax), max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
-  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
+  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && lane == 0 && warp == 0)
+    *scale_inv = 1.0f / sc;
 }
 
 // db[c] += the tiles' partial sums, in tile order.
