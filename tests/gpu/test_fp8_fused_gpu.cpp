@@ -1,8 +1,9 @@
 // The fused FP8 casts (src/ops/cuda/fp8_fused.cu, docs/fp8.md) against the compositions
 // they replace: every FP8 byte (row-wise and column-wise), the amax, 1/scale and the bf16
 // tensor they may also write equal, byte for byte, the CUDA ops run one after the other
-// (gelu_forward / gelu_backward / swiglu_forward / swiglu_backward, then fp8_cast_transpose, itself byte-identical to the CPU
-// emulation: test_fp8_gpu.cpp); the FP8 values also equal the CPU emulation of the
+// (gelu_forward / gelu_backward / swiglu_forward / swiglu_backward, then the row-wise
+// fp8_cast_transpose, itself byte-identical to the CPU emulation: test_fp8_gpu.cpp, and
+// its bytes transposed); the FP8 values also equal the CPU emulation of the
 // composition (CPU gelu, bf16 rounding, fp8_quantize) wherever the CPU's and the GPU's
 // GELU round to the same bf16 value, and the bias gradient equals f64 column sums.
 #include <cmath>
@@ -44,13 +45,20 @@ Out fresh(int64_t R, int64_t C, Fp8Format f, const Tensor& db0) {
   return o;
 }
 
-// The composition's cast of the bf16 GPU tensor v: the row-wise and the column-wise copy by
-// two calls, each its own kernel (both at once would run the fused kernel under test).
+// The composition's cast of the bf16 GPU tensor v: the row-wise copy by the row-wise-only
+// kernel, the column-wise copy its bytes transposed on the host (a column-wise cast on the
+// GPU would run the fused kernel under test).
 Out reference_cast(const Tensor& v, Fp8Format f, float scale) {
-  Out o = fresh(v.size(0), v.size(1), f, Tensor::zeros({v.size(1)}, DType::F32));
+  const int64_t R = v.size(0), C = v.size(1);
+  Out o = fresh(R, C, f, Tensor::zeros({C}, DType::F32));
   Tensor none;
   gpu::fp8_cast_transpose(v, f, scalar_gpu(scale), o.q, none, o.amax, o.scale_inv, GS());
-  gpu::fp8_cast_transpose(v, f, scalar_gpu(scale), none, o.qt, o.amax, none, GS());
+  const std::vector<uint8_t> b = bytes_of(o.q);
+  Tensor t = Tensor::empty({C, R}, f8_of(f));
+  auto* p = static_cast<uint8_t*>(t.raw());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) p[c * R + r] = b[r * C + c];
+  gpu::copy(t, o.qt, GS());
   return o;
 }
 

@@ -97,8 +97,8 @@ __global__ void scale_update_kernel(float* h, float* sc, int64_t L, int64_t K, i
   }
 }
 
-// Cast + transpose + amax, the general path (f32 input, ragged shapes; the fast path is
-// cast_transpose_vec_kernel below): one 32 x 32 tile of x per block (32 x 8 threads, 4 rows each),
+// Cast + transpose + amax, the general path (f32 input, ragged shapes; the fast paths are
+// below): one 32 x 32 tile of x per block (32 x 8 threads, 4 rows each),
 // read once, coalesced; the FP8 bytes go out row-wise directly and column-wise through
 // shared memory. The amax is a per-block max, then one atomicMax on its bits.
 template <typename T, typename F8>
@@ -140,99 +140,19 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
     }
 }
 
-// The fast path of the column-wise-only cast (bf16 input, both dimensions multiples of 16,
-// 16-byte aligned pointers: every shape the FP8 GEMMs accept; both copies at once go to
-// fp8_fused.cu's kernel, which stages the row-wise copy too, and row-wise only to
-// cast_rowwise_kernel). A block of 32 x 4 threads owns a 128-row x 64-column
-// tile; thread (tx, ty) reads rows 4tx..4tx+3, columns 16ty..16ty+15 of it as eight
-// 16-byte loads (all issued before any arithmetic), converts two values per instruction
-// (cvt.rn.satfinite: the same rounding as the scalar path and the emulation),
-// transposes its 4 x 16 bytes in registers (__byte_perm) into 16 words of 4 rows
-// each and puts them in shared memory as tile[column][row / 4]; a warp writes 32
-// consecutive words (conflict-free), and after the barrier each thread reads 16 rows
-// of one column as one 16-byte load (each quarter-warp reads one 128-byte row of the
-// tile: conflict-free) and writes them to qt with one 16-byte store.
-// The amax is a packed max over the bf16 bits (|v| as 15-bit integers, NaN above Inf),
-// a warp shuffle, and one atomicMax per block.
-constexpr int kVecRows = 128, kVecCols = 64, kVecPitch = kVecRows / 4 + 4;  // pitch: words
+// The fast paths (bf16 input, both dimensions multiples of 16, 16-byte aligned pointers:
+// every shape the FP8 GEMMs accept): a column-wise copy (alone or with the row-wise one)
+// comes from fp8_fused.cu's tiled kernel without an element function, a row-wise copy
+// alone from cast_rowwise_kernel below. Both convert two values per instruction
+// (cvt.rn.satfinite: the same rounding as the scalar path and the emulation) and take the
+// amax as a packed max over the bf16 bits (|v| as 15-bit integers, NaN above Inf).
+constexpr int kVecRows = 128;  // the tiled kernel's rows per block (its grid's y limit)
 
 template <bool E4M3>
 __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
   const float2 f =
       make_float2(__uint_as_float(bf2 << 16) * sc, __uint_as_float(bf2 & 0xffff0000u) * sc);
   return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2);
-}
-
-template <bool E4M3>
-__global__ void __launch_bounds__(128)
-    cast_transpose_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C,
-                              const float* __restrict__ scale, uint8_t* __restrict__ qt,
-                              float* amax, float* scale_inv) {
-  __shared__ uint4 tile_storage[kVecCols * kVecPitch / 4];
-  __shared__ unsigned wmax[4];
-  uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
-  const float sc = *scale;
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t r0 = int64_t(blockIdx.y) * kVecRows, c0 = int64_t(blockIdx.x) * kVecCols;
-  const int64_t cb = c0 + 16 * ty;
-  uint4 in[4][2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t r = r0 + 4 * tx + i;
-    if (cb < C && r < R) {
-      const uint4* p = reinterpret_cast<const uint4*>(x + r * C + cb);
-      in[i][0] = p[0];
-      in[i][1] = p[1];
-    } else {
-      in[i][0] = in[i][1] = make_uint4(0, 0, 0, 0);  // zeros: no amax, not stored
-    }
-  }
-  uint32_t m2 = 0, w[4][4];  // w[i][k]: the FP8 bytes of row i, columns 4k..4k+3
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t v[8] = {in[i][0].x, in[i][0].y, in[i][0].z, in[i][0].w,
-                           in[i][1].x, in[i][1].y, in[i][1].z, in[i][1].w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
-      w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
-    }
-  }
-  {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {  // columns 4k..4k+3 of rows 0..3 -> 4 words of 4 rows
-      const uint32_t lo01 = __byte_perm(w[0][k], w[1][k], 0x5140),  // a0 b0 a1 b1
-          lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),             // c0 d0 c1 d1
-          hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),             // a2 b2 a3 b3
-          hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);             // c2 d2 c3 d3
-      uint32_t* col = tile + (16 * ty + 4 * k) * kVecPitch + tx;
-      col[0] = __byte_perm(lo01, lo23, 0x5410);
-      col[kVecPitch] = __byte_perm(lo01, lo23, 0x7632);
-      col[2 * kVecPitch] = __byte_perm(hi01, hi23, 0x5410);
-      col[3 * kVecPitch] = __byte_perm(hi01, hi23, 0x7632);
-    }
-  }
-  if (amax) {
-    unsigned m = max(m2 & 0xffffu, m2 >> 16);
-    m = m > 0x7f80u ? 0x7fc00000u : m << 16;  // as abs_bits of the float
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (tx == 0) wmax[ty] = m;
-  }
-  __syncthreads();
-  if (amax && tx == 0 && ty == 0)
-    atomicMax(reinterpret_cast<unsigned*>(amax), max(max(wmax[0], wmax[1]), max(wmax[2], wmax[3])));
-  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) *scale_inv = 1.0f / sc;
-  {
-    const int t = ty * 32 + tx;
-#pragma unroll
-    for (int it = 0; it < kVecCols * 8 / 128; ++it) {
-      const int idx = t + 128 * it, c = idx / 8, part = idx % 8;  // rows 16 part .. +15
-      const int64_t cg = c0 + c, rr = r0 + 16 * part;
-      if (cg < C && rr < R)
-        *reinterpret_cast<uint4*>(qt + cg * R + rr) =
-            *reinterpret_cast<const uint4*>(tile + c * kVecPitch + 4 * part);
-    }
-  }
 }
 
 // Row-wise only (the forward's input cast): no transpose, so a plain coalesced pass:
@@ -274,16 +194,12 @@ __global__ void __launch_bounds__(256)
 }
 
 template <bool E4M3>
-void launch_cast_transpose_vec(const bf16* x, int64_t R, int64_t C, const float* scale, uint8_t* q,
-                               uint8_t* qt, float* amax, float* scale_inv, cudaStream_t st) {
-  dim3 block(32, 4),
-      grid(unsigned((C + kVecCols - 1) / kVecCols), unsigned((R + kVecRows - 1) / kVecRows));
-  if (q)  // R * C is a multiple of 256, so of 8
-    cast_rowwise_kernel<E4M3><<<grid_for(R * C / 8, 256, 132 * 8), 256, 0, st>>>(
-        reinterpret_cast<const uint4*>(x), R * C / 8, scale, reinterpret_cast<uint2*>(q), amax,
-        scale_inv);
-  else
-    cast_transpose_vec_kernel<E4M3><<<grid, block, 0, st>>>(x, R, C, scale, qt, amax, scale_inv);
+void launch_cast_rowwise(const bf16* x, int64_t R, int64_t C, const float* scale, uint8_t* q,
+                         float* amax, float* scale_inv, cudaStream_t st) {
+  // R * C is a multiple of 256, so of 8
+  cast_rowwise_kernel<E4M3><<<grid_for(R * C / 8, 256, 132 * 8), 256, 0, st>>>(
+      reinterpret_cast<const uint4*>(x), R * C / 8, scale, reinterpret_cast<uint2*>(q), amax,
+      scale_inv);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -296,17 +212,14 @@ void launch_cast_transpose(const Tensor& x, const Tensor& scale, Tensor& q, Tens
   F8* qtp = qt.defined() ? static_cast<F8*>(qt.raw()) : nullptr;
   float* ap = amax.defined() ? amax.data<float>() : nullptr;
   float* sip = scale_inv.defined() ? scale_inv.data<float>() : nullptr;
-  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) && (qp != nullptr) != (qtp != nullptr) &&
-      (!qp || aligned16(qp)) && (!qtp || aligned16(qtp)) && R <= 65535LL * kVecRows) {
+  if (x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 && aligned16(x.raw()) && qp &&
+      !qtp && aligned16(qp)) {
     const auto* xb = static_cast<const bf16*>(x.raw());
     auto* q8 = reinterpret_cast<uint8_t*>(qp);
-    auto* qt8 = reinterpret_cast<uint8_t*>(qtp);
     if (std::is_same_v<F8, __nv_fp8_e4m3>)
-      launch_cast_transpose_vec<true>(xb, R, C, scale.data<float>(), q8, qt8, ap, sip,
-                                      stream_of(s));
+      launch_cast_rowwise<true>(xb, R, C, scale.data<float>(), q8, ap, sip, stream_of(s));
     else
-      launch_cast_transpose_vec<false>(xb, R, C, scale.data<float>(), q8, qt8, ap, sip,
-                                       stream_of(s));
+      launch_cast_rowwise<false>(xb, R, C, scale.data<float>(), q8, ap, sip, stream_of(s));
     CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -405,10 +318,10 @@ void fp8_cast_transpose(const Tensor& x, Fp8Format fmt, const Tensor& scale, Ten
   if (amax.defined()) check_f32(amax, op, "amax");
   if (scale_inv.defined()) check_f32(scale_inv, op, "scale_inv");
   if (R == 0 || C == 0) return;
-  if (q.defined() && qt.defined() && x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 &&
-      aligned16(x.raw()) && aligned16(q.raw()) && aligned16(qt.raw()) &&
+  if (qt.defined() && x.dtype() == DType::BF16 && R % 16 == 0 && C % 16 == 0 &&
+      aligned16(x.raw()) && (!q.defined() || aligned16(q.raw())) && aligned16(qt.raw()) &&
       R <= 65535LL * kVecRows) {
-    Tensor none;  // both copies: the fused kernel without an element function or db
+    Tensor none;  // a column-wise copy: the tiled kernel, no element function, no db
     cuda::fp8_cast_transpose_dbias(x, fmt, scale, q, qt, amax, scale_inv, none, s);
     return;
   }
