@@ -1,9 +1,6 @@
 // GELU (tanh form) and SwiGLU, forward above backward. x, y, dy, dx: one activation
-// dtype (f32, bf16, f16), f32 arithmetic; every output is overwritten (`=`).
-//   gelu(x)  = 0.5 x (1 + tanh(k0 (x + k1 x^3))),  k0 = sqrt(2/pi), k1 = 0.044715
-//   gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2),  t = tanh(...)
-//   swiglu([g | u]) = silu(g) * u,  silu(g) = g * sigmoid(g)
-//   d/dg = dy * u * sigmoid(g) (1 + g (1 - sigmoid(g))),  d/du = dy * silu(g)
+// dtype (f32, bf16, f16), f32 arithmetic; every output is overwritten (`=`). The element
+// math (and its fast forms for 16-bit dtypes) is activation_math.cuh's.
 // swiglu_backward_recompute writes both from one read of x (the MLP backward).
 // Each op has a 16-byte vector kernel (a Pack of 8 bf16/f16 or 4 f32 per thread and step;
 // common.cuh) taken when every pointer is 16-byte aligned (and, for SwiGLU, F is a whole
@@ -12,27 +9,25 @@
 #include <initializer_list>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/gelu.cuh"
+#include "ops/cuda/activation_math.cuh"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
 
 namespace {
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
-
 template <typename T>
 static __global__ void gelu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_f<T>(gelu_f(to_f(x[i])));
+    y[i] = from_f<T>(gelu_f<kFastMath<T>>(to_f(x[i])));
 }
 template <typename T>
 static __global__ void gelu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                        T* __restrict__ dx, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f(to_f(x[i])));
+    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f<kFastMath<T>>(to_f(x[i])));
 }
 
 // Vector forms: nv whole packs, then the n - nv*N tail elements one by one.
@@ -44,10 +39,10 @@ static __global__ void gelu_fwd_vec_kernel(const T* __restrict__ x, T* __restric
   for (int64_t v = tid; v < nv; v += stride) {
     Pack<T, N> a = ld_pack<N>(x + v * N), o;
 #pragma unroll
-    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(gelu_f(to_f(a.v[k])));
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(gelu_f<kFastMath<T>>(to_f(a.v[k])));
     st_pack(y + v * N, o);
   }
-  for (int64_t i = nv * N + tid; i < n; i += stride) y[i] = from_f<T>(gelu_f(to_f(x[i])));
+  for (int64_t i = nv * N + tid; i < n; i += stride) y[i] = from_f<T>(gelu_f<kFastMath<T>>(to_f(x[i])));
 }
 template <typename T>
 static __global__ void gelu_bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
@@ -58,20 +53,11 @@ static __global__ void gelu_bwd_vec_kernel(const T* __restrict__ dy, const T* __
   for (int64_t v = tid; v < nv; v += stride) {
     Pack<T, N> d = ld_pack<N>(dy + v * N), a = ld_pack<N>(x + v * N), o;
 #pragma unroll
-    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(to_f(d.v[k]) * gelu_grad_f(to_f(a.v[k])));
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(to_f(d.v[k]) * gelu_grad_f<kFastMath<T>>(to_f(a.v[k])));
     st_pack(dx + v * N, o);
   }
   for (int64_t i = nv * N + tid; i < n; i += stride)
-    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f(to_f(x[i])));
-}
-
-// SwiGLU's element rules, shared by every kernel below so that the three ops agree bit
-// for bit: y = silu(g) u, and the gradients of y with respect to gate and up.
-__device__ __forceinline__ float swiglu_f(float g, float u) { return g * sigmoid_f(g) * u; }
-__device__ __forceinline__ void swiglu_grad_f(float d, float g, float u, float& dg, float& du) {
-  float sg = sigmoid_f(g);
-  dg = d * u * sg * (1.f + g * (1.f - sg));
-  du = d * g * sg;
+    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f<kFastMath<T>>(to_f(x[i])));
 }
 
 // x[T, 2F] = [gate | up]; y, dy[T, F]; dx[T, 2F]. kY: write y = swiglu(x); kDx: write dx
@@ -86,10 +72,10 @@ static __global__ void swiglu_kernel(const T* __restrict__ dy, const T* __restri
        i += int64_t(gridDim.x) * blockDim.x) {
     int64_t r = i / F, f = i - r * F;
     float g = to_f(x[r * 2 * F + f]), u = to_f(x[r * 2 * F + F + f]);
-    if constexpr (kY) y[i] = from_f<T>(swiglu_f(g, u));
+    if constexpr (kY) y[i] = from_f<T>(swiglu_f<kFastMath<T>>(g, u));
     if constexpr (kDx) {
       float dg, du;
-      swiglu_grad_f(to_f(dy[i]), g, u, dg, du);
+      swiglu_grad_f<kFastMath<T>>(to_f(dy[i]), g, u, dg, du);
       dx[r * 2 * F + f] = from_f<T>(dg);
       dx[r * 2 * F + F + f] = from_f<T>(du);
     }
@@ -113,10 +99,10 @@ static __global__ void swiglu_vec_kernel(const T* __restrict__ dy, const T* __re
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       float g = to_f(pg.v[k]), u = to_f(pu.v[k]);
-      if constexpr (kY) oy.v[k] = from_f<T>(swiglu_f(g, u));
+      if constexpr (kY) oy.v[k] = from_f<T>(swiglu_f<kFastMath<T>>(g, u));
       if constexpr (kDx) {
         float dg, du;
-        swiglu_grad_f(to_f(pd.v[k]), g, u, dg, du);
+        swiglu_grad_f<kFastMath<T>>(to_f(pd.v[k]), g, u, dg, du);
         og.v[k] = from_f<T>(dg);
         ou.v[k] = from_f<T>(du);
       }

@@ -19,13 +19,16 @@
 // order (per 128-row tile, then the tiles in order): deterministic, but not the order of
 // linear_backward's column_reduce_add, so db may differ from it in the last bits.
 //
-// Layout as fp8.cu's cast_transpose_vec_kernel: bf16 x [R, C], R and C multiples of 16,
-// 16-byte aligned pointers; a block of 32 x 4 threads owns a 128 x 64 tile, thread (tx, ty)
-// rows 4tx..4tx+3 and columns 16ty..16ty+15; both copies leave through shared memory.
+// Layout: bf16 x [R, C], R and C multiples of 16, 16-byte aligned pointers; a block of
+// 32 x 4 threads owns a 128 x 64 tile, thread (tx, ty) rows 4tx..4tx+3 and columns
+// 16ty..16ty+15, a warp 8 row quads x the 4 column groups (so that a 16-byte load
+// instruction touches 8 rows of 128 contiguous bytes, not 32 rows of 32: 8-12% faster);
+// both copies leave through shared memory. Without an element function this is also
+// fp8_cast_transpose's kernel whenever a column-wise copy is asked for (fp8.cu).
 #include <cuda_fp8.h>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/gelu.cuh"
+#include "ops/cuda/activation_math.cuh"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -37,20 +40,6 @@ constexpr int kRows = 128, kCols = 64, kPitch = kRows / 4 + 4;  // pitch: 32-bit
 
 enum Pro : int { kNone = 0, kGelu = 1, kDgelu = 2, kSwiglu = 3, kDswiglu = 4 };
 
-// SwiGLU's element rules: the float expressions of activations.cu's swiglu_f and
-// swiglu_grad_f, written out again (that file keeps them static); the GPU tests hold the
-// fused casts byte for byte to swiglu_forward / swiglu_backward followed by the cast.
-__device__ __forceinline__ float fused_sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
-__device__ __forceinline__ float fused_swiglu_f(float g, float u) {
-  return g * fused_sigmoid_f(g) * u;
-}
-__device__ __forceinline__ void fused_swiglu_grad_f(float d, float g, float u, float& dg,
-                                                    float& du) {
-  float sg = fused_sigmoid_f(g);
-  dg = d * u * sg * (1.f + g * (1.f - sg));
-  du = d * g * sg;
-}
-
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ uint32_t bf_bits(float v) {
@@ -61,23 +50,20 @@ __device__ __forceinline__ uint32_t bf_bits(float v) {
 // kSwiglu: a gate, b up (kDswiglu is evaluated once for both halves in the kernel).
 template <int PRO>
 __device__ __forceinline__ uint32_t apply(uint32_t a, uint32_t b) {
-  if (PRO == kGelu) return bf_bits(gelu_f(lo_f(a))) | (bf_bits(gelu_f(hi_f(a))) << 16);
+  constexpr bool F = kFastMath<bf16>;
+  if (PRO == kGelu) return bf_bits(gelu_f<F>(lo_f(a))) | (bf_bits(gelu_f<F>(hi_f(a))) << 16);
   if (PRO == kDgelu)
-    return bf_bits(lo_f(a) * gelu_grad_f(lo_f(b))) | (bf_bits(hi_f(a) * gelu_grad_f(hi_f(b))) << 16);
+    return bf_bits(lo_f(a) * gelu_grad_f<F>(lo_f(b))) |
+           (bf_bits(hi_f(a) * gelu_grad_f<F>(hi_f(b))) << 16);
   if (PRO == kSwiglu)
-    return bf_bits(fused_swiglu_f(lo_f(a), lo_f(b))) |
-           (bf_bits(fused_swiglu_f(hi_f(a), hi_f(b))) << 16);
+    return bf_bits(swiglu_f<F>(lo_f(a), lo_f(b))) | (bf_bits(swiglu_f<F>(hi_f(a), hi_f(b))) << 16);
   return a;
 }
 
-// The 16-byte slot of row r's chunk c (of 8) in the row-wise staging tile: LANES 0 spreads
-// the 8 row quads of a quarter warp's writes over the slots; LANES 1 puts the two rows that
-// a quarter warp touches (r and r + 4 when writing, r and r + 1 when reading) in opposite
+// The 16-byte slot of row r's chunk c (of 8) in the row-wise staging tile: the two rows a
+// quarter warp touches (r and r + 4 when writing, r and r + 1 when reading) sit in opposite
 // halves of the 128-byte row, so neither side conflicts on a bank.
-template <int LANES>
-__device__ __forceinline__ int row_slot(int r, int c) {
-  return LANES ? c + 4 * ((r ^ (r >> 2)) & 1) : c ^ ((r >> 2) & 7);
-}
+__device__ __forceinline__ int row_slot(int r, int c) { return c + 4 * ((r ^ (r >> 2)) & 1); }
 
 template <bool E4M3>
 __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
@@ -97,14 +83,11 @@ __device__ __forceinline__ uint32_t cvt2(uint32_t bf2, float sc) {
 // writes of 8 consecutive threads hit 8 different bank groups), then 16-byte stores, 4
 // threads a row: 8 rows of 64 contiguous bytes a warp instruction, against 32 half-used
 // sectors when each thread stored its own 4 rows.
-// Measured per element function (bench_gpu_ops --only fp8 on the H200, bench/RESULTS.md):
-// the lane layout (LANES 1 for all but GELU, where both are within 2%), and the blocks per
-// SM the register budget is sized for (kDgelu 5 and kDswiglu 3 spill a few registers and
-// still run 5% and 1% faster than at 4 and 2).
-constexpr int kLanes[5] = {1, 0, 1, 1, 1};
-constexpr int kMinBlocks[5] = {6, 6, 5, 4, 3};
+// The blocks per SM each element function's register budget is sized for (kDgelu's 5
+// spills a few registers and still runs 5% faster than at 4; bench_gpu_ops --only fp8).
+constexpr int kMinBlocks[5] = {6, 6, 5, 4, 2};
 
-template <bool E4M3, int PRO, int LANES = kLanes[PRO]>
+template <bool E4M3, int PRO>
 __global__ void __launch_bounds__(128, kMinBlocks[PRO])
     fused_cast_kernel(const bf16* x, const bf16* __restrict__ x2, int64_t R, int64_t C,
                       const float* __restrict__ scale, uint8_t* __restrict__ q,
@@ -113,14 +96,12 @@ __global__ void __launch_bounds__(128, kMinBlocks[PRO])
   __shared__ uint4 tile_storage[kCols * kPitch / 4];
   __shared__ uint4 rows[kRows * 8];
   __shared__ unsigned wmax[4];
-  __shared__ float csum[LANES ? 4 : 1][kCols];
+  __shared__ float csum[4][kCols];
   uint32_t* tile = reinterpret_cast<uint32_t*>(tile_storage);
   const float sc = *scale;
-  // (tx, ty): the thread's row quad and column group. LANES 0: a warp is one column group
-  // over all 32 row quads; LANES 1: a warp is 8 row quads x the 4 column groups, so that a
-  // load instruction touches 8 rows (not 32) of 128 contiguous bytes each.
+  // (tx, ty): the thread's row quad and column group.
   const int lane = threadIdx.x, warp = threadIdx.y;
-  const int tx = LANES ? warp * 8 + (lane >> 2) : lane, ty = LANES ? (lane & 3) : warp;
+  const int tx = warp * 8 + (lane >> 2), ty = lane & 3;
   constexpr int kHalves = PRO == kDswiglu ? 2 : 1;
   const int64_t half = C / 2;
   const int64_t r0 = int64_t(blockIdx.y) * kRows, c0 = int64_t(blockIdx.x) * kCols;
@@ -159,8 +140,8 @@ __global__ void __launch_bounds__(128, kMinBlocks[PRO])
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         float glo, ulo, ghi, uhi;
-        fused_swiglu_grad_f(lo_f(d[k]), lo_f(g[k]), lo_f(u[k]), glo, ulo);
-        fused_swiglu_grad_f(hi_f(d[k]), hi_f(g[k]), hi_f(u[k]), ghi, uhi);
+        swiglu_grad_f<kFastMath<bf16>>(lo_f(d[k]), lo_f(g[k]), lo_f(u[k]), glo, ulo);
+        swiglu_grad_f<kFastMath<bf16>>(hi_f(d[k]), hi_f(g[k]), hi_f(u[k]), ghi, uhi);
         dg2[i][k] = bf_bits(glo) | (bf_bits(ghi) << 16);
         du2[i][k] = bf_bits(ulo) | (bf_bits(uhi) << 16);
       }
@@ -204,7 +185,7 @@ __global__ void __launch_bounds__(128, kMinBlocks[PRO])
         m2 = __vmaxu2(m2, __vmaxu2(v[2 * k] & 0x7fff7fffu, v[2 * k + 1] & 0x7fff7fffu));
         w[i][k] = cvt2<E4M3>(v[2 * k], sc) | (cvt2<E4M3>(v[2 * k + 1], sc) << 16);
       }
-      if (q) rows[(4 * tx + i) * 8 + row_slot<LANES>(4 * tx + i, ty)] =
+      if (q) rows[(4 * tx + i) * 8 + row_slot(4 * tx + i, ty)] =
           make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
     }
     if (qt) {
@@ -214,14 +195,16 @@ __global__ void __launch_bounds__(128, kMinBlocks[PRO])
                        lo23 = __byte_perm(w[2][k], w[3][k], 0x5140),
                        hi01 = __byte_perm(w[0][k], w[1][k], 0x7362),
                        hi23 = __byte_perm(w[2][k], w[3][k], 0x7362);
-        uint32_t* col = tile + (16 * ty + 4 * k) * kPitch + (LANES ? (tx + 8 * ty) & 31 : tx);
+        // row quad tx of column c at word (tx + 8 (c / 16)) % 32: a warp's 32 stores hit
+        // 32 banks
+        uint32_t* col = tile + (16 * ty + 4 * k) * kPitch + ((tx + 8 * ty) & 31);
         col[0] = __byte_perm(lo01, lo23, 0x5410);
         col[kPitch] = __byte_perm(lo01, lo23, 0x7632);
         col[2 * kPitch] = __byte_perm(hi01, hi23, 0x5410);
         col[3 * kPitch] = __byte_perm(hi01, hi23, 0x7632);
       }
     }
-    if (dbp && LANES) {
+    if (dbp) {
       // The warp holds 32 of the 128 rows of columns ch..ch+63: a butterfly over its 8 row
       // quads, then the 4 warps' sums in warp order (after the barrier below).
 #pragma unroll
@@ -231,23 +214,10 @@ __global__ void __launch_bounds__(128, kMinBlocks[PRO])
       if (lane < 4)
 #pragma unroll
         for (int j = 0; j < 16; ++j) csum[warp][16 * ty + j] = cs[j];
-    } else if (dbp) {
-      // The warp (one ty) holds columns cb..cb+15 of all 128 rows: a butterfly over its 32
-      // lanes (every lane ends with the same sums, in one fixed order), lane 0 writes them.
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], o);
-      if (tx == 0 && cb < C) {
-        float* p = dbp + int64_t(blockIdx.y) * C + cb;
-#pragma unroll
-        for (int j = 0; j < 16; j += 4)
-          *reinterpret_cast<float4*>(p + j) = make_float4(cs[j], cs[j + 1], cs[j + 2], cs[j + 3]);
-      }
     }
     __syncthreads();
     const int t = warp * 32 + lane;
-    if (dbp && LANES && t < kCols && ch + t < C)
+    if (dbp && t < kCols && ch + t < C)
       dbp[int64_t(blockIdx.y) * C + ch + t] =
           ((csum[0][t] + csum[1][t]) + csum[2][t]) + csum[3][t];
     if (qt) {
@@ -258,7 +228,7 @@ __global__ void __launch_bounds__(128, kMinBlocks[PRO])
         if (cg < C && rr < R)
           *reinterpret_cast<uint4*>(qt + cg * R + rr) =
               *reinterpret_cast<const uint4*>(tile + c * kPitch +
-                                              (LANES ? (4 * part + 8 * (c / 16)) & 31 : 4 * part));
+                                              ((4 * part + 8 * (c / 16)) & 31));
       }
     }
     if (q) {
@@ -267,7 +237,7 @@ __global__ void __launch_bounds__(128, kMinBlocks[PRO])
         const int idx = t + 128 * it, row = idx / 4, c = idx % 4;  // columns 16 c .. +15
         const int64_t rr = r0 + row, cg = ch + 16 * c;
         if (cg < C && rr < R)
-          *reinterpret_cast<uint4*>(q + rr * C + cg) = rows[row * 8 + row_slot<LANES>(row, c)];
+          *reinterpret_cast<uint4*>(q + rr * C + cg) = rows[row * 8 + row_slot(row, c)];
       }
     }
     if (h + 1 < kHalves) __syncthreads();  // the next half writes the tiles again

@@ -1,0 +1,72 @@
+// The activation functions' element math, as f32 device functions: the one definition that
+// activations.cu (gelu_* / swiglu_*) and fp8_fused.cu (the same functions fused into the
+// FP8 casts) both apply, so the fused casts stay byte-identical to the unfused composition.
+//   gelu(x)  = 0.5 x (1 + tanh(y)) = x sigmoid(2y),  y = k0 (x + k1 x^3),
+//              k0 = sqrt(2/pi), k1 = 0.044715
+//   gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) y'      (t = tanh(y), y' = k0 (1 + 3 k1 x^2))
+//            = s + 2 x s (1 - s) y'                   (s = sigmoid(2y): 1 + t = 2s,
+//                                                      1 - t^2 = 4 s (1 - s))
+//   swiglu([g | u]) = silu(g) u,  silu(g) = g sigmoid(g)
+//   d/dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g))),  d/du = dy silu(g)
+// FAST (every 16-bit activation dtype: kFastMath<T>) takes the sigmoid forms with the
+// hardware exp2 and reciprocal (__expf, __fdividef: a few f32 ulps, where tanhf, expf and
+// an IEEE division cost ~40 instructions and made the fused FP8 casts compute-bound: 1.5x
+// slower, bench/RESULTS.md); a bf16 or f16 result rounds differently from the exact forms'
+// in well under 0.1% of elements, and then by one unit. f32 tensors keep tanhf / expf / IEEE
+// division, as the CPU computes them.
+#pragma once
+
+#include <type_traits>
+
+namespace mcpp::ops::cuda {
+
+constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluK1 = 0.044715f;
+
+template <typename T>
+constexpr bool kFastMath = !std::is_same_v<T, float>;
+
+template <bool FAST>
+__device__ __forceinline__ float sigmoid_f(float x) {
+  if constexpr (FAST)
+    return __fdividef(1.f, 1.f + __expf(-x));  // 0 once exp(-x) overflows: sigmoid's limit
+  else
+    return 1.f / (1.f + expf(-x));
+}
+
+template <bool FAST>
+__device__ __forceinline__ float gelu_f(float x) {
+  if constexpr (FAST) {
+    return x * sigmoid_f<true>(2.f * kGeluK0 * (x + kGeluK1 * x * x * x));
+  } else {
+    const float t = tanhf(kGeluK0 * (x + kGeluK1 * x * x * x));
+    return 0.5f * x * (1.f + t);
+  }
+}
+
+template <bool FAST>
+__device__ __forceinline__ float gelu_grad_f(float x) {
+  if constexpr (FAST) {
+    const float s = sigmoid_f<true>(2.f * kGeluK0 * (x + kGeluK1 * x * x * x));
+    return s + 2.f * x * s * (1.f - s) * kGeluK0 * (1.f + 3.f * kGeluK1 * x * x);
+  } else {
+    const float t = tanhf(kGeluK0 * (x + kGeluK1 * x * x * x));
+    return 0.5f * (1.f + t) +
+           0.5f * x * (1.f - t * t) * kGeluK0 * (1.f + 3.f * kGeluK1 * x * x);
+  }
+}
+
+template <bool FAST>
+__device__ __forceinline__ float swiglu_f(float g, float u) {
+  return g * sigmoid_f<FAST>(g) * u;
+}
+
+// Both gradients from one sigmoid.
+template <bool FAST>
+__device__ __forceinline__ void swiglu_grad_f(float d, float g, float u, float& dg, float& du) {
+  const float sg = sigmoid_f<FAST>(g);
+  dg = d * u * sg * (1.f + g * (1.f - sg));
+  du = d * g * sg;
+}
+
+}  // namespace mcpp::ops::cuda
