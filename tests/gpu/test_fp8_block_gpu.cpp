@@ -7,6 +7,12 @@
 // the residual addend; dgrad E5M2 1x128 x 128x128 through Wᵀ; wgrad 1x128 x 1x128 along the
 // tokens, accumulating into f32) against f32 GEMMs of the emulated operands, on operands
 // whose blocks have scales 2^-12 .. 2^10 apart, so a scale read from the wrong block shows.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "gpu_test_util.h"
 #include "ops/fp8_grid.h"
 
