@@ -72,7 +72,8 @@ Tensor randn(const Shape& s, uint64_t seed, double scale) {
 Tensor graded(int64_t R, int64_t C, uint64_t seed) {
   Tensor t = randn({R, C}, seed, 1.0);
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c) t.data<double>()[r * C + c] *= std::ldexp(1.0, int((r * 7 + c / 50) % 23) - 11);
+    for (int64_t c = 0; c < C; ++c)
+      t.data<double>()[r * C + c] *= std::ldexp(1.0, int((r * 7 + c / 50) % 23) - 11);
   return t;
 }
 
@@ -163,7 +164,8 @@ TEST(Fp8Block, BlocksAreIndependentAndEdgeValues) {
   // Zeros stay zeros with scale_inv 1; Inf saturates at scale 1 (and so does its block); a
   // NaN is kept and skipped by its block's amax.
   Tensor z = Tensor::empty({2, 256}, DType::F64);
-  for (int64_t i = 0; i < z.numel(); ++i) z.data<double>()[i] = i < 256 ? 0.0 : 1e-3 * double(i - 256);
+  for (int64_t i = 0; i < z.numel(); ++i)
+    z.data<double>()[i] = i < 256 ? 0.0 : 1e-3 * double(i - 256);
   z.data<double>()[256 + 3] = INFINITY;
   z.data<double>()[256 + 130] = NAN;
   check_quantize(z, 1, 128, Fp8Format::E4M3);
@@ -242,7 +244,8 @@ double contract(const Tensor& G, const Tensor& A, const Tensor& B) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < n; ++j) {
       double y = 0;
-      for (int64_t i = 0; i < k; ++i) y += A.data<double>()[t * k + i] * B.data<double>()[j * k + i];
+      for (int64_t i = 0; i < k; ++i)
+        y += A.data<double>()[t * k + i] * B.data<double>()[j * k + i];
       s += G.data<double>()[t * n + j] * y;
     }
   return s;
@@ -291,8 +294,8 @@ void check_block_layer(BlockFixture& fx, const Tensor& x, const Tensor& G, bool 
       double want = B.data<double>()[j];
       for (int64_t i = 0; i < fx.in; ++i)
         want += qx.data<double>()[t * fx.in + i] * qw.data<double>()[j * fx.in + i];
-      worst = std::max(worst, std::fabs(y.data<double>()[t * fx.out + j] - want) /
-                                  (1 + std::fabs(want)));
+      worst = std::max(worst,
+                       std::fabs(y.data<double>()[t * fx.out + j] - want) / (1 + std::fabs(want)));
     }
   EXPECT_LT(worst, 1e-12);
 
@@ -300,8 +303,8 @@ void check_block_layer(BlockFixture& fx, const Tensor& x, const Tensor& G, bool 
   Workspace ws;
   Tensor dx = Tensor::empty({fx.T, fx.in}, DType::F64);
   lin.backward(G, x, saved, dx, ws, cx);
-  const Tensor qg_rows = ref_quantize(G, 1, 128, gf);    // dgrad: along dy's rows
-  const Tensor qg_cols = ref_quantize(G, 128, 1, gf);    // wgrad: along the tokens
+  const Tensor qg_rows = ref_quantize(G, 1, 128, gf);  // dgrad: along dy's rows
+  const Tensor qg_cols = ref_quantize(G, 128, 1, gf);  // wgrad: along the tokens
   const Tensor qx_cols = ref_quantize(x, 128, 1, e4);
   Tensor xv = x.clone(), wv = W.clone();
   if (fd_x) {  // dx = d/dx <Q1(G), x Q2(w)^T>
@@ -370,25 +373,29 @@ TEST(Fp8BlockFlags, BlockwiseIsARecipe) {
   EXPECT_TRUE(c.grads_e5m2());
   EXPECT_FALSE(c.wgrad);
   EXPECT_EQ(fp8_config(parse_and_validate(with(
-                base_argv(), {"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"})))
+                           base_argv(), {"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"})))
                 .format,
             Fp8Config::Format::E4M3);
   for (const char* f : {"--fp8-margin", "--fp8-amax-history-len"})
     expect_error(
         [&] {
-          parse_and_validate(with(base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe",
-                                                "blockwise", f, "2"}));
+          parse_and_validate(
+              with(base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", f, "2"}));
         },
         {"sets delayed scaling", "--fp8-recipe blockwise scales each block"});
   expect_error(
       [] {
-        parse_and_validate(with(base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe",
-                                              "blockwise", "--fp8-amax-compute-algo", "max"}));
+        parse_and_validate(with(base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise",
+                                              "--fp8-amax-compute-algo", "max"}));
       },
       {"--fp8-amax-compute-algo sets delayed scaling"});
-  expect_error([] { parse_and_validate(with(base_argv(), {"--fp8-recipe", "blockwise"})); },
-               {"--fp8-recipe acts on FP8 training only"});
-  EXPECT_NO_THROW(check_fp8_device(
-      parse_and_validate(with(base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"})),
-      Device::CPU));
+  expect_error(
+      [] {
+        parse_and_validate(with(base_argv(), {"--fp8-recipe", "blockwise"}));
+      },
+      {"--fp8-recipe acts on FP8 training only"});
+  EXPECT_NO_THROW(
+      check_fp8_device(parse_and_validate(with(
+                           base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"})),
+                       Device::CPU));
 }

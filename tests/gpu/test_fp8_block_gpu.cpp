@@ -29,7 +29,8 @@ Tensor graded(int64_t R, int64_t C, uint64_t seed, DType dt, float base) {
   Tensor t = rand_f32({R, C}, seed, -1.f, 1.f);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c)
-      t.data<float>()[r * C + c] *= base * std::ldexp(1.f, int((r / 128 * 5 + c / 128 * 3 + r % 7) % 23) - 12);
+      t.data<float>()[r * C + c] *=
+          base * std::ldexp(1.f, int((r / 128 * 5 + c / 128 * 3 + r % 7) % 23) - 12);
   return dt == DType::F32 ? t : rounded(t, dt);
 }
 
@@ -124,7 +125,8 @@ TEST(Fp8BlockGpu, CastMatchesTheEmulationByteForByte) {
         const Emulated er = emulate(x, f, 1, 128), ec = emulate(x, f, 128, 1);
         Cast c = cast(xg, f, false);
         expect_copy(
-            c.q, c.s_q, f, false, [&](int64_t r, int64_t k) { return er.y.data<float>()[r * C + k]; },
+            c.q, c.s_q, f, false,
+            [&](int64_t r, int64_t k) { return er.y.data<float>()[r * C + k]; },
             [&](int64_t r, int64_t kb) { return er.si.data<float>()[r * er.si.size(1) + kb]; },
             (tag + " q").c_str());
         expect_copy(
@@ -139,16 +141,20 @@ TEST(Fp8BlockGpu, CastMatchesTheEmulationByteForByte) {
         // 128x128 tiles: one scale a tile for both copies
         const Emulated et = emulate(x, f, 128, 128);
         Cast t = cast(xg, f, true);
-        auto esi = [&](int64_t rb, int64_t cb) { return et.si.data<float>()[rb * et.si.size(1) + cb]; };
+        auto esi = [&](int64_t rb, int64_t cb) {
+          return et.si.data<float>()[rb * et.si.size(1) + cb];
+        };
         expect_copy(
-            t.q, t.s_q, f, true, [&](int64_t r, int64_t k) { return et.y.data<float>()[r * C + k]; },
-            esi, (tag + " tile q").c_str());
+            t.q, t.s_q, f, true,
+            [&](int64_t r, int64_t k) { return et.y.data<float>()[r * C + k]; }, esi,
+            (tag + " tile q").c_str());
         expect_copy(
             t.qt, t.s_qt, f, true,
             [&](int64_t cc, int64_t r) { return et.y.data<float>()[r * C + cc]; },
             [&](int64_t cb, int64_t rb) { return esi(rb, cb); }, (tag + " tile qt").c_str());
         // the device emulation op agrees with the CPU's too
-        Tensor yg = Tensor::empty({R, C}, in, Device::CUDA), sig = Tensor::empty(er.si.shape(), DType::F32, Device::CUDA);
+        Tensor yg = Tensor::empty({R, C}, in, Device::CUDA),
+               sig = Tensor::empty(er.si.shape(), DType::F32, Device::CUDA);
         gpu::fp8_block_quantize(xg, f, 1, 128, yg, sig, GS());
         const Tensor ygc = to_cpu(yg), want = in == DType::F32 ? er.y : rounded(er.y, in);
         EXPECT_EQ(std::memcmp(ygc.raw(), want.raw(), want.nbytes()), 0) << tag;

@@ -110,8 +110,7 @@ void Fp8Linear::block_backward(const Tensor& dy, const Tensor& x, const ParamVie
       const Tensor& gq = block_quantize(d2, kFp8Grad, ops::kFp8Block, 1, 1, cx);
       const Tensor& xq = block_quantize(x2, kFp8Input, ops::kFp8Block, 1, 1, cx);
       Tensor dw = w.g;
-      ops::linear_backward(gq.view(dy.shape()), xq.view(x.shape()), w.w, none, false, dw, none,
-                           st);
+      ops::linear_backward(gq.view(dy.shape()), xq.view(x.shape()), w.w, none, false, dw, none, st);
     }
     return;
   }

@@ -48,13 +48,15 @@ void fp8_block_quantize(const Tensor& x, Fp8Format fmt, int64_t br, int64_t bc, 
 
 // The CPU backend has no FP8 storage path: its blockwise training is the emulation above.
 void fp8_block_cast(const Tensor&, Fp8Format, bool, Tensor&, Tensor&, Tensor&, Tensor&, Stream&) {
-  MCPP_CHECK_HINT(false, "--fp8-recipe blockwise on --device cpu runs the emulation "
+  MCPP_CHECK_HINT(false,
+                  "--fp8-recipe blockwise on --device cpu runs the emulation "
                   "(fp8_block_quantize)",
                   "fp8_block_cast: FP8 tensors are a CUDA-backend path");
 }
 void fp8_block_gemm(const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&, bool,
                     const Tensor&, const Tensor&, bool, Tensor&, Stream&) {
-  MCPP_CHECK_HINT(false, "--fp8-recipe blockwise on --device cpu runs the emulation "
+  MCPP_CHECK_HINT(false,
+                  "--fp8-recipe blockwise on --device cpu runs the emulation "
                   "(fp8_block_quantize)",
                   "fp8_block_gemm: FP8 GEMMs are a CUDA-backend path");
 }

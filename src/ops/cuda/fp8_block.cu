@@ -117,8 +117,8 @@ void launch(const Tensor& x, int64_t R, int64_t C, bool tile, uint8_t* q, float*
   }();
   (void)attr;
   const dim3 grid(unsigned(fp8_block_count(C)), unsigned(fp8_block_count(R)));
-  block_cast_kernel<T, E4M3><<<grid, kThreads, smem, stream_of(s)>>>(static_cast<const T*>(x.raw()), R, C, tile, q,
-                                                                      s_q, qt, s_qt);
+  block_cast_kernel<T, E4M3><<<grid, kThreads, smem, stream_of(s)>>>(static_cast<const T*>(x.raw()),
+                                                                     R, C, tile, q, s_q, qt, s_qt);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -156,8 +156,8 @@ void fp8_block_quantize(const Tensor& x, Fp8Format fmt, int64_t br, int64_t bc, 
   check_cuda(y, op, "y");
   MCPP_CHECK((x.dtype() == DType::BF16 || x.dtype() == DType::F32) && y.dtype() == x.dtype() &&
                  y.numel() == x.numel() && br >= 1 && bc >= 1,
-             "{}: x {} / y {} must be bf16 or f32 of one size, blocks {}x{} non-empty", op,
-             x.str(), y.str(), br, bc);
+             "{}: x {} / y {} must be bf16 or f32 of one size, blocks {}x{} non-empty", op, x.str(),
+             y.str(), br, bc);
   const int64_t C = x.dim() == 0 ? 1 : x.size(-1), R = C ? x.numel() / C : 0;
   const int64_t nb = ((R + br - 1) / br) * ((C + bc - 1) / bc);
   float* si = nullptr;
@@ -172,8 +172,8 @@ void fp8_block_quantize(const Tensor& x, Fp8Format fmt, int64_t br, int64_t bc, 
     block_quantize_kernel<bf16><<<grid, 256, 0, stream_of(s)>>>(
         static_cast<const bf16*>(x.raw()), static_cast<bf16*>(y.raw()), R, C, br, bc, fmt, si);
   else
-    block_quantize_kernel<float><<<grid, 256, 0, stream_of(s)>>>(
-        x.data<float>(), y.data<float>(), R, C, br, bc, fmt, si);
+    block_quantize_kernel<float>
+        <<<grid, 256, 0, stream_of(s)>>>(x.data<float>(), y.data<float>(), R, C, br, bc, fmt, si);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -181,8 +181,8 @@ void fp8_block_cast(const Tensor& x, Fp8Format fmt, bool tile, Tensor& q, Tensor
                     Tensor& s_qt, Stream& s) {
   const char* op = "fp8_block_cast";
   check_cuda(x, op, "x");
-  MCPP_CHECK(x.dtype() == DType::BF16 || x.dtype() == DType::F32,
-             "{}: x {} must be bf16 or f32", op, x.str());
+  MCPP_CHECK(x.dtype() == DType::BF16 || x.dtype() == DType::F32, "{}: x {} must be bf16 or f32",
+             op, x.str());
   MCPP_CHECK(x.dim() == 2, "{}: x {} must be [R, C]", op, x.str());
   const int64_t R = x.size(0), C = x.size(1);
   MCPP_CHECK_HINT(R % 16 == 0 && C % 16 == 0,
