@@ -8,7 +8,8 @@
 //            as the trainer runs it: one zero_grads, 4 forward/backward, one step);
 //   dropout+accum  both;
 //   fp8      the base run with the transformer layers' GEMMs in FP8 (--fp8-format hybrid,
-//            delayed scaling: docs/fp8.md); fp8-tensorwise with current scaling. A table of
+//            delayed scaling: docs/fp8.md); fp8-tensorwise with current scaling;
+//            fp8-blockwise with 1x128 / 128x128 block scales. A table of
 //            each FP8 variant's tokens/s over its model's base run follows the main table.
 // The PyTorch columns are the same configuration's numbers (torch_reference.py writes
 // them under "NAME" for base, "NAME|dropout", "NAME|accum", "NAME|dropout+accum"). Prints one table: step time, tokens/s, TFLOP/s by Megatron's
@@ -263,9 +264,9 @@ int main(int argc, char** argv) {
     if (e == std::string::npos) e = variants.size();
     std::string v = variants.substr(a, e - a);
     if (v != "base" && v != "dropout" && v != "accum" && v != "dropout+accum" && v != "fp8" &&
-        v != "fp8-tensorwise") {
+        v != "fp8-tensorwise" && v != "fp8-blockwise") {
       std::fprintf(stderr, "bench_gpu_train: --variants: unknown '%s' (base, dropout, accum, "
-                   "dropout+accum, fp8, fp8-tensorwise)\n", v.c_str());
+                   "dropout+accum, fp8, fp8-tensorwise, fp8-blockwise)\n", v.c_str());
       return 2;
     }
     vlist.push_back(v);
@@ -281,8 +282,9 @@ int main(int argc, char** argv) {
     if (drop) c.cfg.attention_dropout = 0.1, c.cfg.hidden_dropout = 0.1;
     if (variant.rfind("fp8", 0) == 0) {  // ---- FP8 variants
       c.cfg.fp8.format = model::Fp8Config::Format::Hybrid;
-      c.cfg.fp8.recipe = variant == "fp8-tensorwise" ? model::Fp8Config::Recipe::Tensorwise
-                                                     : model::Fp8Config::Recipe::Delayed;
+      c.cfg.fp8.recipe = variant == "fp8-tensorwise"  ? model::Fp8Config::Recipe::Tensorwise
+                         : variant == "fp8-blockwise" ? model::Fp8Config::Recipe::Blockwise
+                                                      : model::Fp8Config::Recipe::Delayed;
     }
     for (auto& [k, v] : mb_override)
       if (c.name.find(k) != std::string::npos) c.mb = v;
@@ -295,7 +297,10 @@ int main(int argc, char** argv) {
             : c.name;
     if (drop) shown += ", dropout 0.1/0.1";
     if (nmb > 1) shown += fmt::format(", {} x {} accumulation", c.mb / nmb, nmb);
-    if (c.cfg.fp8.enabled()) shown += variant == "fp8" ? ", FP8 hybrid delayed" : ", FP8 hybrid tensorwise";
+    if (c.cfg.fp8.enabled())
+      shown += variant == "fp8"             ? ", FP8 hybrid delayed"
+               : variant == "fp8-blockwise" ? ", FP8 hybrid blockwise"
+                                            : ", FP8 hybrid tensorwise";
     const std::string key = variant == "base" ? c.name : c.name + "|" + variant;
     gpu::trim_memory_pool();
     gpu::reset_peak_memory();
@@ -386,7 +391,7 @@ int main(int argc, char** argv) {
         for (auto& t : times) {
           profiles += fmt::format("| {} | {} | {:.2f} | {:.1f}% |\n", t.name, t.calls, t.ms,
                                   100 * t.ms / pms);
-          if (t.name.rfind("fp8_gemm", 0) == 0)
+          if (t.name.rfind("fp8_gemm", 0) == 0 || t.name.rfind("fp8_block_gemm", 0) == 0)
             fp8_gemm_ms += t.ms;
           else if (t.name.rfind("fp8_", 0) == 0)
             fp8_cast_ms += t.ms;

@@ -4,7 +4,8 @@
 # Llama-style 1B in one call (each model's bf16 and FP8 runs back to back, same micro-batch),
 # then `megatron train --device cuda --bf16 --fp8-format hybrid` for a few iterations on mock
 # data (the trainer's amax reduction and scale update). Usage: bench/gpu/fp8_bench.sh
-# [BUILD] (env: VARIANTS, default base,fp8; MODELS, default "350M XL Llama"; STEPS;
+# [BUILD] (env: VARIANTS, default base,fp8 -- fp8-tensorwise and fp8-blockwise are the other
+# recipes, BLOCK=1 adds fp8-blockwise; MODELS, default "350M XL Llama"; STEPS;
 # PROFILE=1: one more step of each run under the op profiler (GPU time per op), and for the
 # FP8 runs the FP8 GEMM ceiling: each FP8 GEMM of a layer timed alone at the step's shapes,
 # against the step's FP8 GEMM time; the FP8 GEMMs' tuning report follows each model;
@@ -26,11 +27,13 @@ if [ "${OPS:-0}" = 1 ]; then
   echo "== bench_gpu_ops --only fp8"
   timeout 120 "$B/bench/bench_gpu_ops" --only fp8 2>&1 | grep -E "fp8|op " | head -40
 fi
+VARIANTS=${VARIANTS:-base,fp8}
+[ "${BLOCK:-0}" = 1 ] && VARIANTS="$VARIANTS,fp8-blockwise"  # ---- FP8 blockwise
 PROF=()
 [ "${PROFILE:-0}" = 1 ] && PROF=(--profile)
 for m in ${MODELS:-350M XL Llama}; do
   echo "== $m"
-  timeout 240 "$B/bench/bench_gpu_train" --only "$m" --variants "${VARIANTS:-base,fp8}" \
+  timeout 240 "$B/bench/bench_gpu_train" --only "$m" --variants "$VARIANTS" \
     --steps "${STEPS:-8}" --warmup 3 "${PROF[@]}" 2> "/tmp/fp8_bench_$m.err" ||
     { echo "rc $?"; tail -20 "/tmp/fp8_bench_$m.err"; }
   grep -E "losses|ms/step|memory" "/tmp/fp8_bench_$m.err"
@@ -42,6 +45,14 @@ timeout 120 "$B/megatron" train --device cuda --bf16 --mock-data --tokenizer-typ
   --max-position-embeddings 256 --micro-batch-size 8 --global-batch-size 32 --lr 3e-4 \
   --train-iters 30 --log-interval 10 --fp8-format hybrid --fp8-amax-history-len 8 \
   --fp8-amax-compute-algo max 2>&1 | grep -E "lm loss|rror|HINT" | tail -5
+if [[ $VARIANTS == *blockwise* ]]; then  # ---- FP8 blockwise: the trainer's path too
+  echo "== megatron train --fp8-format hybrid --fp8-recipe blockwise on the GPU"
+  timeout 120 "$B/megatron" train --device cuda --bf16 --mock-data --tokenizer-type NullTokenizer \
+    --vocab-size 1000 --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 \
+    --max-position-embeddings 256 --micro-batch-size 8 --global-batch-size 32 --lr 3e-4 \
+    --train-iters 30 --log-interval 10 --fp8-format hybrid --fp8-recipe blockwise 2>&1 |
+    grep -E "lm loss|rror|HINT" | tail -5
+fi
 if [ "${PARITY:-0}" = 1 ]; then
   echo "== scripts/fp8-parity.sh cuda (bf16, hybrid delayed, hybrid tensorwise at once)"
   PARALLEL=1 M="$B/megatron" timeout 420 scripts/fp8-parity.sh cuda

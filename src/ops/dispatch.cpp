@@ -250,6 +250,21 @@ void fp8_dswiglu_cast(const Tensor& dact, const Tensor& pre, Fp8Format fmt, cons
   MCPP_DISPATCH_SHAPED(fp8_dswiglu_cast, pre, dact, pre, fmt, scale, dpre, q, qt, amax,
                        scale_inv, db, s);
 }
+// ---- FP8 blockwise
+void fp8_block_quantize(const Tensor& x, Fp8Format fmt, int64_t br, int64_t bc, Tensor& y,
+                        Tensor& scale_inv, Stream& s) {
+  MCPP_DISPATCH(fp8_block_quantize, x, fmt, br, bc, y, scale_inv, s);
+}
+void fp8_block_cast(const Tensor& x, Fp8Format fmt, bool tile, Tensor& q, Tensor& s_q, Tensor& qt,
+                    Tensor& s_qt, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_block_cast, x, x, fmt, tile, q, s_q, qt, s_qt, s);
+}
+void fp8_block_gemm(const Tensor& a, const Tensor& a_scale_inv, bool a_tile, const Tensor& b,
+                    const Tensor& b_scale_inv, bool b_tile, const Tensor& bias,
+                    const Tensor& addend, bool accumulate, Tensor& c, Stream& s) {
+  MCPP_DISPATCH_SHAPED(fp8_block_gemm, b, a, a_scale_inv, a_tile, b, b_scale_inv, b_tile, bias,
+                       addend, accumulate, c, s);
+}
 // ---- MoE
 void gather_rows(const Tensor& x, const Tensor& src, Tensor& y, Stream& s) {
   MCPP_DISPATCH(gather_rows, x, src, y, s);

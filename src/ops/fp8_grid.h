@@ -40,6 +40,50 @@ MCPP_HD T fp8_round(T v, Fp8Format f) {
   return std::copysign(r, v);
 }
 
+// The blockwise recipe (Transformer Engine's Float8BlockScaling, DeepSeek-V3 style): the scale
+// of one block from the block's own amax (max |v| over the block, NaNs skipped, as fmaxf
+// does), as TE's compute_scale_from_amax with the recipe's defaults (epsilon 0, power-of-2
+// scales): an amax of 0, Inf or NaN gives 1 (a block of zeros stays zeros; an Inf block
+// saturates); else fp8_max / amax rounded to nearest in f32, FLT_MAX if that overflows
+// (TE: the input type's largest value, bf16's 0x7f7f or f32's: both become 2^127 below),
+// then truncated to the power of two at or below it (its exponent bits kept), so that
+// x * scale and q * (1 / scale) are exact. scale_inv = 1 / scale is the GEMM's factor.
+MCPP_HD float fp8_block_scale(float amax, Fp8Format f) {
+  if (!(amax > 0.f) || amax == INFINITY) return 1.f;  // 0, NaN (!(NaN > 0)), Inf
+#ifdef __CUDA_ARCH__
+  float s = __fdiv_rn(float(fp8_max(f)), amax);  // IEEE division whatever the flags
+#else
+  float s = float(fp8_max(f)) / amax;
+#endif
+  if (s == INFINITY) s = 3.40282347e38f;  // FLT_MAX
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(__float_as_uint(s) & 0xFF800000u);
+#else
+  uint32_t b;
+  __builtin_memcpy(&b, &s, 4);
+  b &= 0xFF800000u;
+  __builtin_memcpy(&s, &b, 4);
+  return s;
+#endif
+}
+// The block size of the blockwise recipe: 1x128 (activations, gradients: along the GEMM's
+// K), 128x128 (weights).
+constexpr int kFp8Block = 128;
+
+// The scale_inv layout cuBLASLt's block-scaled FP8 GEMMs read (Transformer Engine's
+// "GEMM-ready" layout), for an FP8 operand [R, K] stored K-major (K the GEMM's reduction
+// dimension): 1x128 blocks (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F): [ceil(K/128), R4],
+// block (r, kb) at kb * R4 + r with R4 = R rounded up to 4 (the rows fastest); 128x128
+// blocks (..._BLK128x128_32F): [ceil(R/128), KB4], block (rb, kb) at rb * KB4 + kb with KB4
+// = ceil(K/128) rounded up to 4. The padding (16-byte rows) is never read as a scale.
+MCPP_HD int64_t fp8_block_count(int64_t n) { return (n + kFp8Block - 1) / kFp8Block; }
+MCPP_HD int64_t fp8_round4(int64_t n) { return (n + 3) / 4 * 4; }
+// scale_inv's [rows, cols] for an operand [R, K]; tile: 128x128 blocks.
+MCPP_HD void fp8_block_scale_dims(int64_t R, int64_t K, bool tile, int64_t* rows, int64_t* cols) {
+  *rows = tile ? fp8_block_count(R) : fp8_block_count(K);
+  *cols = tile ? fp8_round4(fp8_block_count(K)) : fp8_round4(R);
+}
+
 // The value of an FP8 code (NaN for NaN codes, +-Inf for E5M2's infinities).
 inline double fp8_decode(uint8_t bits, Fp8Format f) {
   const int M = f == Fp8Format::E4M3 ? 3 : 2, E = 7 - M, bias = f == Fp8Format::E4M3 ? 7 : 15;

@@ -10,6 +10,7 @@
 
 #ifdef MCPP_HAVE_CUDA
 #include "ops/cuda/fp8.h"
+#include "ops/cuda/fp8_block.h"
 #endif
 
 namespace mcpp::training {
@@ -36,23 +37,20 @@ void validate_fp8(const Args& a) {
   MCPP_CHECK_HINT(!a.fp16, "use --bf16 with --fp8-format (as Megatron with Transformer Engine)",
                   "--fp8-format with --fp16: FP8 training keeps bf16 parameters and activations");
   const std::string& r = a.fp8_recipe;
-  MCPP_CHECK_HINT(r != "blockwise", "use --fp8-recipe tensorwise or delayed",
-                  "--fp8-recipe blockwise (1x128 / 128x128 block scales) is not implemented yet "
-                  "by megatron.cpp");
-  MCPP_CHECK_HINT(r != "mxfp8", "use --fp8-recipe tensorwise or delayed",
+  MCPP_CHECK_HINT(r != "mxfp8", "use --fp8-recipe tensorwise, delayed or blockwise",
                   "--fp8-recipe mxfp8 needs MX block scaling (E8M0 scales per 32 values), which "
                   "only Blackwell GPUs' tensor cores have; megatron.cpp targets Hopper");
-  MCPP_CHECK_HINT(r != "custom", "use --fp8-recipe tensorwise or delayed",
+  MCPP_CHECK_HINT(r != "custom", "use --fp8-recipe tensorwise, delayed or blockwise",
                   "--fp8-recipe custom loads a Python quantizer factory "
                   "(--fp8-quantizer-factory); megatron.cpp has no Python");
-  MCPP_CHECK_HINT(r == "tensorwise" || r == "delayed", "use --fp8-recipe tensorwise or delayed",
+  MCPP_CHECK_HINT(r == "tensorwise" || r == "delayed" || r == "blockwise",
+                  "use --fp8-recipe tensorwise, delayed or blockwise",
                   "--fp8-recipe {} is not a recipe", r);
-  if (r == "tensorwise")
+  if (r != "delayed")
     for (const char* f : {"fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo"})
       MCPP_CHECK_HINT(!a.was_given(f), "drop it, or use --fp8-recipe delayed",
-                      "{} sets delayed scaling; --fp8-recipe tensorwise scales each tensor by "
-                      "its own amax",
-                      flag_name(f));
+                      "{} sets delayed scaling; --fp8-recipe {} scales {} by its own amax",
+                      flag_name(f), r, r == "tensorwise" ? "each tensor" : "each block");
   MCPP_CHECK_HINT(a.fp8_amax_history_len >= 1 && a.fp8_amax_history_len <= 65536,
                   "give --fp8-amax-history-len a value in [1, 65536] (Megatron's default: 1)",
                   "--fp8-amax-history-len {} is out of range", a.fp8_amax_history_len);
@@ -89,7 +87,9 @@ model::Fp8Config fp8_config(const Args& a) {
   if (!a.fp8) return c;
   using F = model::Fp8Config;
   c.format = *a.fp8 == "hybrid" ? F::Format::Hybrid : F::Format::E4M3;
-  c.recipe = a.fp8_recipe == "tensorwise" ? F::Recipe::Tensorwise : F::Recipe::Delayed;
+  c.recipe = a.fp8_recipe == "tensorwise"  ? F::Recipe::Tensorwise
+             : a.fp8_recipe == "blockwise" ? F::Recipe::Blockwise
+                                           : F::Recipe::Delayed;
   c.amax_history_len = a.fp8_amax_history_len;
   c.amax_max = a.fp8_amax_compute_algo == "max";
   c.margin = a.fp8_margin;
@@ -110,6 +110,11 @@ void check_fp8_device(const Args& a, Device dev, bool query_gpu) {
   MCPP_CHECK_HINT(ops::cuda::fp8_gemm_supported(&why),
                   "train without --fp8-format on this GPU, or on a Hopper (H100/H200) or newer",
                   "--fp8-format: {}", why);
+  // ---- FP8 blockwise: cuBLASLt's block-scaled FP8 GEMMs (cuBLAS >= 12.9, Hopper)
+  if (a.fp8_recipe == "blockwise")
+    MCPP_CHECK_HINT(ops::cuda::fp8_block_gemm_supported(&why),
+                    "use --fp8-recipe tensorwise or delayed on this GPU",
+                    "--fp8-recipe blockwise: {}", why);
 #endif
 }
 

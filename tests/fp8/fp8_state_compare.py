@@ -22,7 +22,7 @@ def scales(ckpt):
     return out
 ref, got = scales(sys.argv[1]), scales(sys.argv[2])
 if not ref:
-    print("no FP8 state (tensorwise recipe: no scales are kept)"); sys.exit(0)
+    print("no FP8 state (tensorwise or blockwise recipe: no scales are kept)"); sys.exit(0)
 assert ref.keys() == got.keys(), f"scales {sorted(ref)} vs {sorted(got)}"
 worst = max(abs(x - y) / max(abs(x), 1e-30) for k in ref for x, y in zip(ref[k], got[k]))
 nz = sum(1 for k in ref for x in ref[k] if x != 0 and x != 1)

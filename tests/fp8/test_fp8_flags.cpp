@@ -57,8 +57,6 @@ TEST(Fp8Flags, BadCombinationsAreClearErrors) {
   };
   bad({"--fp8-recipe", "tensorwise"}, {"--fp8-recipe acts on FP8 training only"});
   bad({"--no-fp8-wgrad"}, {"--no-fp8-wgrad acts on FP8 training only"});
-  bad({"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"},
-      {"--fp8-recipe blockwise", "not implemented yet"});
   bad({"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}, {"--fp8-recipe mxfp8", "Blackwell"});
   bad({"--fp8-format", "hybrid", "--fp8-recipe", "custom"}, {"--fp8-recipe custom"});
   bad({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-margin", "1"},

@@ -9,7 +9,8 @@ namespace mcpp::model {
 
 struct Fp8Config {
   enum class Format : uint8_t { None, E4M3, Hybrid };   // --fp8-format
-  enum class Recipe : uint8_t { Delayed, Tensorwise };  // --fp8-recipe
+  // --fp8-recipe; Blockwise: 1x128 / 128x128 block scales (fp8_linear.h, docs/fp8.md)
+  enum class Recipe : uint8_t { Delayed, Tensorwise, Blockwise };
   Format format = Format::None;
   Recipe recipe = Recipe::Delayed;
   int64_t amax_history_len = 1;  // --fp8-amax-history-len (delayed)
@@ -22,6 +23,7 @@ struct Fp8Config {
 
   bool enabled() const { return format != Format::None; }
   bool delayed() const { return enabled() && recipe == Recipe::Delayed; }
+  bool blockwise() const { return enabled() && recipe == Recipe::Blockwise; }
   // Gradients are E5M2 under hybrid (more range), E4M3 under e4m3.
   bool grads_e5m2() const { return format == Format::Hybrid; }
   // Whether global layer `layer` of `num_layers` runs its GEMMs in FP8.

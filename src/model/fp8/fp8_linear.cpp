@@ -316,6 +316,7 @@ const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_sp
 
 void Fp8Linear::forward(const Tensor& x, bool x_split, const Tensor& w, const Tensor& b,
                         const Tensor& residual, Tensor& y, const StepContext& cx) const {
+  if (blockwise(cx)) return block_forward(x, w, b, residual, y, cx);
   Stream& st = cx.stream();
   const bool tp = cx.tp_comm != nullptr;
   if (x.device() == Device::CPU) {  // the emulation
@@ -342,7 +343,9 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
   const bool tp = cx.tp_comm != nullptr;
   const bool fp8_wgrad = weights && w.g.defined() && wgrad(cx);
   bool db_done = false;  // the bias gradient taken in the gradient's cast
-  if (dy.device() == Device::CPU) {  // the emulation
+  if (blockwise(cx)) {
+    block_backward(dy, x, w, dx, fp8_wgrad, cx);
+  } else if (dy.device() == Device::CPU) {  // the emulation
     const Tensor& gq = quantize(dy, kFp8Grad, dy_split, true, cx);
     if (dx.defined())
       ops::linear_backward(gq, x, quantize(w.w, kFp8Weight, tp, false, cx), dx, false, none, none,

@@ -29,6 +29,13 @@
 //   tensorwise (current scaling): the tensor's own amax, max-reduced over TP when the
 //     tensor is TP-split (the gathered input of a column-parallel layer, the gathered
 //     gradient of a row-parallel one are whole already), no state kept.
+//   blockwise (Transformer Engine's Float8BlockScaling, DeepSeek-V3): one power-of-two
+//     scale per block from the block's own amax, nothing kept, nothing reduced: x and dy
+//     in 1x128 blocks along the K of the GEMM that reads them (fprop and dgrad: along
+//     their rows; wgrad, K = the tokens: along their columns, a second quantisation of the
+//     same tensor), w in 128x128 blocks (one set serving fprop and dgrad). Blocks are a
+//     rank's own, so a TP run equals the serial one when the TP-split dimensions are
+//     multiples of 128 (docs/fp8.md). No fused casts (their scale is per tensor).
 #pragma once
 #include <string>
 #include <vector>
@@ -141,7 +148,22 @@ class Fp8Linear {
                         bool swiglu, const StepContext& cx) const;
   struct Cast {  // a real FP8 operand (CUDA): row-wise, column-wise, 1/scale
     Tensor q, qt, scale_inv;
+    Tensor s_q, s_qt;  // blockwise: the copies' block scale_inv (cuBLASLt's layout)
   };
+  // ---- FP8 blockwise (fp8_block_linear.cpp)
+  bool blockwise(const StepContext& cx) const { return cx.cfg->fp8.blockwise(); }
+  void block_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual,
+                     Tensor& y, const StepContext& cx) const;
+  // dgrad and (fp8_wgrad) wgrad; the --no-fp8-wgrad GEMM and db stay backward()'s.
+  void block_backward(const Tensor& dy, const Tensor& x, const ParamView& w, Tensor& dx,
+                      bool fp8_wgrad, const StepContext& cx) const;
+  // The emulation's Q(v) in br x bc blocks into q_[k] (slot 0) or qb_[k] (slot 1).
+  const Tensor& block_quantize(const Tensor& v, Fp8Operand k, int64_t br, int64_t bc, int slot,
+                               const StepContext& cx) const;
+  // The real cast (CUDA) into the shared scratch: tile for the weight; row / col: the copies.
+  const Cast& block_cast(const Tensor& v, Fp8Operand k, bool row, bool col,
+                         const StepContext& cx) const;
+  mutable Tensor qb_[3];  // blockwise emulation: the second quantisation of x and dy
   // The scale of operand k for v: delayed, the stored one (v's amax recorded into the
   // history when `record`, by the cast kernel when `fused_amax` is given); tensorwise,
   // from v's own amax (over TP when tp_split).

@@ -30,6 +30,8 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8.h"
+#include "ops/cuda/fp8_block.h"
+#include "ops/fp8_grid.h"
 #include "ops/cuda/gemm_tuning.h"
 #include "ops/ops.h"
 
@@ -71,7 +73,7 @@ uint32_t align_of(const void* p) {
 }
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, uint32_t,
-                       uint32_t, uint32_t>;
+                       uint32_t, uint32_t, int, int>;
 struct Cache {
   std::mutex mu;
   std::map<Key, cublasLtMatmulAlgo_t> algos;
@@ -150,12 +152,14 @@ cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_
   return res[best].algo;
 }
 
-}  // namespace
-
-void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
-              const Tensor& b_scale_inv, const Tensor& bias, const Tensor& addend, bool accumulate,
-              bool fast_accum, Tensor& c, Stream& s) {
-  const char* op = "fp8_gemm";
+// One FP8 GEMM with our A's and B's scale modes (scalar: fp8_gemm; VEC128 / BLK128x128:
+// fp8_block_gemm). Returns false, touching nothing, when `soft` and cuBLASLt has no
+// algorithm (fp8_block_gemm then tries another form).
+bool fp8_gemm_modes(const char* op, const Tensor& a, const Tensor& a_scale_inv, int mode_a,
+                    const Tensor& b, const Tensor& b_scale_inv, int mode_b, const Tensor& bias,
+                    const Tensor& addend, bool accumulate, bool fast_accum, Tensor& c, Stream& s,
+                    bool soft) {
+  const bool block = mode_a != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   check_cuda(a, op, "A");
   check_cuda(b, op, "B");
   check_cuda(c, op, "C");
@@ -183,7 +187,7 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
         addend.device() == Device::CUDA && addend.dtype() == c.dtype() && addend.numel() == M * N,
         "{}: addend {} must be C's dtype and size", op, addend.str());
   MCPP_CHECK(!(addend.defined() && accumulate), "{}: addend and accumulate exclude each other", op);
-  if (M == 0 || N == 0) return;
+  if (M == 0 || N == 0) return true;
   const void* cin = addend.defined() ? addend.raw() : c.raw();
   const float alpha = 1.f, beta = (addend.defined() || accumulate) ? 1.f : 0.f;
 
@@ -198,6 +202,14 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  if (block) {  // ---- FP8 blockwise: the scale tensors' modes (cuBLAS's A is our B)
+    const cublasLtMatmulMatrixScale_t ma = cublasLtMatmulMatrixScale_t(mode_b),
+                                      mb = cublasLtMatmulMatrixScale_t(mode_a);
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof(mb)));
+  }
   const int8_t fast = fast_accum ? 1 : 0;
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
@@ -231,7 +243,9 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                 fast_accum,
                 al_a,
                 al_b,
-                al_c};
+                al_c,
+                mode_a,
+                mode_b};
   cublasLtMatmulAlgo_t algo;
   bool found = false;
   {
@@ -259,18 +273,30 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
         cublasLtMatmulAlgoGetHeuristic(fp8_lt_handle(), d.op, d.a, d.b, d.c, d.c, pref,
                                        gemm_autotune_enabled() ? kTuneCandidates : 1, res, &n_res);
     cublasLtMatmulPreferenceDestroy(pref);
-    MCPP_CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
-               "{}: cuBLASLt has no FP8 algorithm for [{}x{}] {} x [{}x{}]^T {}{} -> {} ({})", op,
-               M, K, dtype_name(a.dtype()), N, K, dtype_name(b.dtype()),
-               bias.defined() ? " with bias" : "", dtype_name(c.dtype()),
-               cublasGetStatusString(st));
+    if (soft && (st != CUBLAS_STATUS_SUCCESS || n_res == 0)) return false;
+    MCPP_CHECK_HINT(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
+                    block ? "use --fp8-recipe tensorwise or delayed on this GPU / cuBLAS"
+                          : "check the shapes: multiples of 16",
+                    "{}: cuBLASLt has no FP8 algorithm for [{}x{}] {} x [{}x{}]^T {}{}{} -> {} "
+                    "({})",
+                    op, M, K, dtype_name(a.dtype()), N, K, dtype_name(b.dtype()),
+                    block ? fmt::format(" with block scales ({} x {}; --fp8-recipe blockwise)",
+                                        mode_a == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                            ? "128x128"
+                                            : "1x128",
+                                        mode_b == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                            ? "128x128"
+                                            : "1x128")
+                          : std::string(),
+                    bias.defined() ? " with bias" : "", beta != 0.f ? " +C" : "",
+                    dtype_name(c.dtype()), cublasGetStatusString(st));
     algo = res[0].algo;
     if (n_res > 1) {
       std::string line;
       algo = tune(d, res, n_res, &alpha, b.raw(), a.raw(), &beta, cin,
                   size_t(M * N) * dtype_size(c.dtype()), workspace(kWorkspaceBytes, s),
                   stream_of(s), line);
-      line = fmt::format("fp8_gemm [{}x{}] {} x [{}x{}]^T {}{}{} -> {}: {}", M, K,
+      line = fmt::format("{} [{}x{}] {} x [{}x{}]^T {}{}{} -> {}: {}", op, M, K,
                          dtype_name(a.dtype()), N, K, dtype_name(b.dtype()),
                          bias.defined() ? " +bias" : "", beta != 0.f ? " +C" : "",
                          dtype_name(c.dtype()), line);
@@ -283,6 +309,73 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
   void* ws = workspace(kWorkspaceBytes, s);
   CUBLAS_CHECK(cublasLtMatmul(fp8_lt_handle(), d.op, &alpha, b.raw(), d.a, a.raw(), d.b, &beta, cin,
                               d.c, c.raw(), d.c, &algo, ws, kWorkspaceBytes, stream_of(s)));
+  return true;
+}
+
+}  // namespace
+
+void fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+              const Tensor& b_scale_inv, const Tensor& bias, const Tensor& addend, bool accumulate,
+              bool fast_accum, Tensor& c, Stream& s) {
+  fp8_gemm_modes("fp8_gemm", a, a_scale_inv, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, b,
+                 b_scale_inv, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, bias, addend, accumulate,
+                 fast_accum, c, s, false);
+}
+
+// ---- FP8 blockwise: cuBLASLt's block-scaled FP8 GEMM (the scale layouts: ops/fp8_grid.h,
+// as fp8_block_cast writes them and Transformer Engine hands them to cuBLASLt). A +C that
+// cuBLASLt refuses with block scales (the residual addend, wgrad's accumulation) is taken as
+// the GEMM into scratch, then one add: the same sum, rounded once more in C's dtype.
+void fp8_block_gemm(const Tensor& a, const Tensor& a_scale_inv, bool a_tile, const Tensor& b,
+                    const Tensor& b_scale_inv, bool b_tile, const Tensor& bias,
+                    const Tensor& addend, bool accumulate, Tensor& c, Stream& s) {
+  const char* op = "fp8_block_gemm";
+  MCPP_CHECK(!(a_tile && b_tile), "{}: 128x128 by 128x128 block scales is not a cuBLASLt GEMM "
+             "(1D x 1D, 1D x 2D or 2D x 1D)", op);
+  MCPP_CHECK(a.dim() == 2 && b.dim() == 2, "{}: A {} and B {} must be 2-D", op, a.str(), b.str());
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  int64_t r = 0, q = 0;
+  fp8_block_scale_dims(M, K, a_tile, &r, &q);
+  check_f32(a_scale_inv, op, "a_scale_inv");
+  check_numel(a_scale_inv, r * q, op, "a_scale_inv");
+  fp8_block_scale_dims(N, K, b_tile, &r, &q);
+  check_f32(b_scale_inv, op, "b_scale_inv");
+  check_numel(b_scale_inv, r * q, op, "b_scale_inv");
+  const int ma = a_tile ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                        : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const int mb = b_tile ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                        : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const bool plus_c = addend.defined() || accumulate;
+  if (fp8_gemm_modes(op, a, a_scale_inv, ma, b, b_scale_inv, mb, bias, addend, accumulate, false, c,
+                     s, plus_c))
+    return;
+  Tensor tmp = Tensor::empty(c.shape(), c.dtype(), Device::CUDA), none;
+  fp8_gemm_modes(op, a, a_scale_inv, ma, b, b_scale_inv, mb, bias, none, false, false, tmp, s,
+                 false);
+  add(addend.defined() ? addend : c, tmp, c, s);
+}
+
+bool fp8_block_gemm_supported(std::string* why) {
+  const size_t v = cublasLtGetVersion();
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    if (why) *why = "no CUDA device could be queried";
+    return false;
+  }
+  if (v < 120900) {
+    if (why) *why = fmt::format("cuBLASLt {} has no block-scaled FP8 GEMMs (12.9 or newer)", v);
+    return false;
+  }
+  // cuBLAS documents the 1x128 / 128x128 scale modes for Hopper; newer GPUs' FP8 block
+  // scaling is MX (Transformer Engine emulates this recipe with MXFP8 there).
+  if (prop.major != 9) {
+    if (why)
+      *why = fmt::format("{} (compute capability {}.{}): cuBLASLt's 1x128 / 128x128 block "
+                         "scales are a Hopper (9.0) feature",
+                         prop.name, prop.major, prop.minor);
+    return false;
+  }
+  return true;
 }
 
 std::string fp8_gemm_tuning_report() {
