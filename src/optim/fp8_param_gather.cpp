@@ -1,0 +1,298 @@
+#include "optim/fp8_param_gather.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#include "model/fp8/fp8_linear.h"
+#include "ops/fp8_grid.h"
+#include "ops/ops.h"
+
+namespace mcpp::optim {
+
+namespace {
+
+constexpr auto kE4M3 = ops::Fp8Format::E4M3;
+
+// The CPU backend keeps no FP8 tensors of its own (its FP8 training is the emulation), so
+// the cast to E4M3 bytes and back is here: the same values as ops::fp8_quantize (x * scale
+// and the dequantisation in the model's dtype) and as the CUDA cast's bytes.
+uint8_t e4m3_code(double r) {  // r on the E4M3 grid (fp8_round's result)
+  static const std::array<double, 127> pos = [] {
+    std::array<double, 127> v{};
+    for (int c = 0; c < 127; ++c) v[size_t(c)] = ops::fp8_decode(uint8_t(c), kE4M3);
+    return v;
+  }();
+  if (r != r) return 0x7F;
+  const double a = std::fabs(r);
+  const auto it = std::lower_bound(pos.begin(), pos.end(), a);
+  MCPP_CHECK(it != pos.end() && *it == a, "e4m3_code: {} is not an E4M3 value", r);
+  return uint8_t((std::signbit(r) ? 0x80 : 0) | int(it - pos.begin()));
+}
+
+template <typename T>
+void cpu_cast(const Tensor& x, const Tensor& scale, Tensor& q, Tensor& scale_inv) {
+  const float sc = scale.data<float>()[0];
+  const T* xp = x.data<T>();
+  auto* qp = static_cast<uint8_t*>(q.raw());
+  for (int64_t i = 0; i < x.numel(); ++i) qp[i] = e4m3_code(double(ops::fp8_round(T(xp[i] * T(sc)), kE4M3)));
+  scale_inv.data<float>()[0] = 1.0f / sc;
+}
+
+template <typename T>
+void cpu_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& y) {
+  const T inv = T(scale_inv.data<float>()[0]);
+  const auto* qp = static_cast<const uint8_t*>(q.raw());
+  T* yp = y.data<T>();
+  for (int64_t i = 0; i < q.numel(); ++i) yp[i] = T(ops::fp8_decode(qp[i], kE4M3)) * inv;
+}
+
+// q = fp8(x * scale[0]) (E4M3 bytes), scale_inv = 1 / scale; amax (when given) =
+// max(amax, max|x|). x: main parameters (f32, or f64 on the CPU), any length.
+void cast_e4m3(const Tensor& x, const Tensor& scale, Tensor& q, Tensor* amax, Tensor& scale_inv,
+               Stream& st) {
+  if (x.device() == Device::CPU) {
+    if (amax) ops::fp8_amax(x, *amax, st);
+    if (x.dtype() == DType::F64)
+      cpu_cast<double>(x, scale, q, scale_inv);
+    else
+      cpu_cast<float>(x, scale, q, scale_inv);
+    return;
+  }
+  // Rows of 128 (or 16) for the cast kernel's tiles when the length allows.
+  const int64_t n = x.numel(), C = n % 128 == 0 ? 128 : n % 16 == 0 ? 16 : 1;
+  Tensor x2 = x.view({n / C, C}), q2 = q.view({n / C, C}), none, a = amax ? *amax : Tensor();
+  ops::fp8_cast_transpose(x2, kE4M3, scale, q2, none, a, scale_inv, st);
+}
+
+}  // namespace
+
+Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrads& grads,
+                               const model::TransformerConfig& c, comm::Communicator* tp)
+    : ps_(ps), cfg_(c), tp_(tp) {
+  const auto& infos = ps.infos();
+  const Device dev = ps.device();
+  const DType mdt = ps.flat_params().dtype();
+  fp8_index_.assign(infos.size(), -1);
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (!model::is_fp8_weight(c, infos[i])) continue;
+    fp8_index_[i] = int(fp8_params_.size());
+    fp8_params_.push_back(i);
+    const Shape& sh = infos[i].local_shape;  // [out, in]
+    MCPP_CHECK(sh.size() == 2, "--fp8-param-gather: {} is not a matrix", infos[i].name);
+    model::Fp8ParamWeight& w = weights_.add(infos[i].name);
+    w.q = Tensor::zeros(sh, DType::FP8E4M3, dev);
+    if (dev != Device::CPU) w.qt = Tensor::zeros({sh[1], sh[0]}, DType::FP8E4M3, dev);
+    w.scale_inv = Tensor::zeros({1}, DType::F32, dev);
+    w.amax = Tensor::zeros({1}, DType::F32, dev);
+    if (dev == Device::CPU) w.deq = Tensor::zeros(sh, mdt, dev);
+    fp8_elements_ += infos[i].numel();
+  }
+  const size_t esize = dtype_size(mdt);
+  for (size_t b = 0; b < grads.buckets().size(); ++b) {
+    const auto& bk = grads.buckets()[b];
+    Bucket B;
+    B.group = bk.group;
+    B.begin = bk.begin, B.len = bk.end - bk.begin, B.shard_offset = bk.shard_offset;
+    B.block = grads.block(b);
+    const int G = bk.group->size(), r = bk.group->rank();
+    const int64_t n = grads.block(b);
+    B.fp8.resize(size_t(G)), B.other.resize(size_t(G));
+    for (int q = 0; q < G; ++q) {
+      const int64_t lo = bk.begin + q * n, hi = lo + n;
+      int64_t nf = 0, no = 0;
+      for (size_t i : bk.params) {
+        const int64_t p0 = std::max(lo, infos[i].offset);
+        const int64_t p1 = std::min(hi, infos[i].offset + infos[i].numel());
+        if (p1 <= p0) continue;
+        const bool f = fp8_index_[i] >= 0;
+        Piece pc{i, p0, p1 - p0, f ? nf : no, q == r ? bk.shard_offset + (p0 - lo) : -1};
+        (f ? nf : no) += pc.len;
+        (f ? B.fp8 : B.other)[size_t(q)].push_back(pc);
+      }
+      B.F = std::max(B.F, nf), B.O = std::max(B.O, no);
+    }
+    for (size_t i : bk.params) {
+      B.layers.push_back(infos[i].layer);
+      if (fp8_index_[i] >= 0) B.fp8_params.push_back(i);
+    }
+    if (B.F > 0) {
+      MCPP_CHECK(!dp_ || dp_ == bk.group,
+                 "--fp8-param-gather: FP8 weights in buckets of different groups");
+      dp_ = bk.group;
+      B.send_f = Tensor::empty({B.F}, DType::FP8E4M3, dev);
+      B.recv_f = Tensor::empty({G * B.F}, DType::FP8E4M3, dev);
+      if (B.O > 0) {
+        B.send_o = Tensor::empty({B.O}, mdt, dev);
+        B.recv_o = Tensor::empty({G * B.O}, mdt, dev);
+      }
+    }
+    plain_bytes_ += (bk.end - bk.begin) * int64_t(esize);
+    buckets_.push_back(std::move(B));
+  }
+  if (!dp_) dp_ = &grads.dp();
+  const int64_t P = int64_t(fp8_params_.size());
+  if (!c.fp8.delayed() && P > 0) {
+    amax_ = Tensor::zeros({P}, DType::F32, dev);
+    scale_ = Tensor::empty({P}, DType::F32, dev);
+    ops::fill(scale_, 1.0, ops::default_stream(dev));
+  }
+  if (dev != Device::CPU) {
+    dummy_x_ = Tensor::zeros({1, 16}, DType::F32, dev);
+    dummy_q_ = Tensor::zeros({1, 16}, DType::FP8E4M3, dev);
+  }
+  model::attach_fp8_param_weights(&ps_, &weights_);
+}
+
+Fp8ParamGather::~Fp8ParamGather() { model::attach_fp8_param_weights(&ps_, nullptr); }
+
+void Fp8ParamGather::cast_weights(const Tensor& main) {
+  Stream& st = ops::default_stream(main.device());
+  const auto& infos = ps_.infos();
+  const int r = dp_->rank();
+  const bool delayed = cfg_.fp8.delayed();
+  if (!delayed && !fp8_params_.empty()) {
+    // The amax of each whole weight: its pieces' over DP, its TP shards' over TP.
+    ops::fill(amax_, 0.0, st);
+    for (const Bucket& B : buckets_)
+      if (B.F > 0)
+        for (const Piece& pc : B.fp8[size_t(r)]) {
+          Tensor a = amax_.narrow(fp8_index_[pc.param], 1);
+          ops::fp8_amax(main.narrow(pc.shard, pc.len), a, st);
+        }
+    if (dp_->size() > 1) dp_->all_reduce(amax_, comm::ReduceOp::Max, st);
+    if (tp_ && tp_->size() > 1) tp_->all_reduce(amax_, comm::ReduceOp::Max, st);
+    Tensor h = amax_.view({1, amax_.numel()});
+    // A zero weight keeps its previous scale, as the layer's own cast does.
+    ops::fp8_scale_update(h, scale_, 0, 0, false, false, st);
+  }
+  std::vector<char> cast(fp8_params_.size(), 0);
+  auto scale_of = [&](size_t i) {
+    if (!delayed) return scale_.narrow(fp8_index_[i], 1);
+    const std::string& name = infos[i].name;  // <prefix>.weight
+    const std::string prefix = name.substr(0, name.size() - 7);
+    return ps_.buffer(model::fp8_scale_name(prefix)).narrow(model::kFp8Weight, 1);
+  };
+  if (delayed)
+    for (size_t i : fp8_params_) ops::fill(weights_.at(infos[i].name).amax, 0.0, st);
+  for (Bucket& B : buckets_) {
+    if (B.F == 0) continue;
+    for (const Piece& pc : B.fp8[size_t(r)]) {
+      model::Fp8ParamWeight& w = weights_.at(infos[pc.param].name);
+      Tensor q = B.send_f.narrow(pc.packed, pc.len);
+      cast_e4m3(main.narrow(pc.shard, pc.len), scale_of(pc.param), q, delayed ? &w.amax : nullptr,
+                w.scale_inv, st);
+      cast[size_t(fp8_index_[pc.param])] = 1;
+    }
+  }
+  // A weight with no element in this rank's blocks: its scale_inv all the same.
+  for (size_t k = 0; k < fp8_params_.size(); ++k) {
+    if (cast[k]) continue;
+    const size_t i = fp8_params_[k];
+    model::Fp8ParamWeight& w = weights_.at(infos[i].name);
+    if (main.device() == Device::CPU) {
+      w.scale_inv.data<float>()[0] = 1.0f / scale_of(i).data<float>()[0];
+    } else {
+      Tensor none;
+      ops::fp8_cast_transpose(dummy_x_, kE4M3, scale_of(i), dummy_q_, none, none, w.scale_inv, st);
+    }
+  }
+}
+
+void Fp8ParamGather::cast_and_gather(const Tensor& main, bool from_flat, bool async) {
+  wait_all();  // the previous gathers read the send buffers
+  cast_weights(main);
+  Stream& st = ops::default_stream(main.device());
+  Tensor& flat = ps_.flat_params();
+  fp8_bytes_ = other_bytes_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& B = buckets_[b];
+    comm::Communicator& g = *B.group;
+    const int r = g.rank();
+    if (B.F == 0) {
+      // No FP8 weight in the bucket: every rank's block in the model dtype, in place, as
+      // without the flag (from the main parameters for f32/f64 models).
+      B.plain_out = flat.narrow(B.begin, B.len);
+      B.plain_in = from_flat ? B.plain_out.narrow(r * B.block, B.block)
+                             : main.narrow(B.shard_offset, B.block);
+      other_bytes_ += int64_t(B.plain_out.nbytes());
+      if (async)
+        B.work_o = g.all_gather_async(B.plain_in, B.plain_out, st);
+      else
+        g.all_gather(B.plain_in, B.plain_out, st);
+    } else {
+      for (const Piece& pc : B.other[size_t(r)]) {
+        Tensor dst = B.send_o.narrow(pc.packed, pc.len);
+        ops::copy(from_flat ? flat.narrow(pc.flat, pc.len) : main.narrow(pc.shard, pc.len), dst,
+                  st);
+      }
+      fp8_bytes_ += int64_t(B.recv_f.nbytes());
+      if (B.O > 0) other_bytes_ += int64_t(B.recv_o.nbytes());
+      if (async) {
+        B.work_f = g.all_gather_async(B.send_f, B.recv_f, st);
+        if (B.O > 0) B.work_o = g.all_gather_async(B.send_o, B.recv_o, st);
+      } else {
+        g.all_gather(B.send_f, B.recv_f, st);
+        if (B.O > 0) g.all_gather(B.send_o, B.recv_o, st);
+      }
+    }
+    B.pending = true;
+    if (!async) finish(b);
+  }
+}
+
+// Completes bucket b's gathers and unpacks them: every rank's FP8 pieces into the FP8
+// weights (then their transposes, or on the CPU their dequantised values), the other
+// pieces into the flat parameters.
+void Fp8ParamGather::finish(size_t b) {
+  Bucket& B = buckets_[b];
+  if (!B.pending) return;
+  B.work_f.wait(), B.work_o.wait();
+  B.work_f = comm::Work(), B.work_o = comm::Work();
+  B.pending = false;
+  B.plain_in = B.plain_out = Tensor();
+  if (B.F == 0) return;
+  const auto& infos = ps_.infos();
+  Stream& st = ops::default_stream(ps_.device());
+  Tensor& flat = ps_.flat_params();
+  const int G = B.group->size();
+  for (int q = 0; q < G; ++q) {
+    for (const Piece& pc : B.fp8[size_t(q)]) {
+      model::Fp8ParamWeight& w = weights_.at(infos[pc.param].name);
+      Tensor dst = w.q.view({w.q.numel()}).narrow(pc.flat - infos[pc.param].offset, pc.len);
+      ops::copy(B.recv_f.narrow(q * B.F + pc.packed, pc.len), dst, st);
+    }
+    for (const Piece& pc : B.other[size_t(q)]) {
+      Tensor dst = flat.narrow(pc.flat, pc.len);
+      ops::copy(B.recv_o.narrow(q * B.O + pc.packed, pc.len), dst, st);
+    }
+  }
+  for (size_t i : B.fp8_params) {
+    model::Fp8ParamWeight& w = weights_.at(infos[i].name);
+    if (w.q.device() != Device::CPU)
+      ops::transpose(w.q, w.qt, st);
+    else if (w.deq.dtype() == DType::F64)
+      cpu_dequantize<double>(w.q, w.scale_inv, w.deq);
+    else
+      cpu_dequantize<float>(w.q, w.scale_inv, w.deq);
+  }
+}
+
+void Fp8ParamGather::wait(int layer) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& B = buckets_[b];
+    if (!B.pending) continue;
+    if (std::find(B.layers.begin(), B.layers.end(), layer) == B.layers.end()) {
+      B.work_f.test(), B.work_o.test();  // progress the others (MPI needs polling)
+      continue;
+    }
+    finish(b);
+  }
+}
+
+void Fp8ParamGather::wait_all() {
+  for (size_t b = 0; b < buckets_.size(); ++b) finish(b);
+}
+
+}  // namespace mcpp::optim
