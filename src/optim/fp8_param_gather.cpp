@@ -48,10 +48,10 @@ void cpu_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& y) {
   for (int64_t i = 0; i < q.numel(); ++i) yp[i] = T(ops::fp8_decode(qp[i], kE4M3)) * inv;
 }
 
-// q = fp8(x * scale[0]) (E4M3 bytes), scale_inv = 1 / scale; amax (when given) =
-// max(amax, max|x|). x: main parameters (f32, or f64 on the CPU), any length.
-void cast_e4m3(const Tensor& x, const Tensor& scale, Tensor& q, Tensor* amax, Tensor& scale_inv,
-               Stream& st) {
+}  // namespace
+
+void fp8_param_cast(const Tensor& x, const Tensor& scale, Tensor& q, Tensor* amax,
+                    Tensor& scale_inv, Stream& st) {
   if (x.device() == Device::CPU) {
     if (amax) ops::fp8_amax(x, *amax, st);
     if (x.dtype() == DType::F64)
@@ -66,7 +66,16 @@ void cast_e4m3(const Tensor& x, const Tensor& scale, Tensor& q, Tensor* amax, Te
   ops::fp8_cast_transpose(x2, kE4M3, scale, q2, none, a, scale_inv, st);
 }
 
-}  // namespace
+void fp8_param_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& y) {
+  MCPP_CHECK(q.device() == Device::CPU && y.device() == Device::CPU && q.numel() == y.numel() &&
+                 q.dtype() == DType::FP8E4M3,
+             "fp8_param_dequantize: q {} / y {} are not CPU tensors of one size", q.str(),
+             y.str());
+  if (y.dtype() == DType::F64)
+    cpu_dequantize<double>(q, scale_inv, y);
+  else
+    cpu_dequantize<float>(q, scale_inv, y);
+}
 
 Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrads& grads,
                                const model::TransformerConfig& c, comm::Communicator* tp)
@@ -181,8 +190,8 @@ void Fp8ParamGather::cast_weights(const Tensor& main) {
     for (const Piece& pc : B.fp8[size_t(r)]) {
       model::Fp8ParamWeight& w = weights_.at(infos[pc.param].name);
       Tensor q = B.send_f.narrow(pc.packed, pc.len);
-      cast_e4m3(main.narrow(pc.shard, pc.len), scale_of(pc.param), q, delayed ? &w.amax : nullptr,
-                w.scale_inv, st);
+      fp8_param_cast(main.narrow(pc.shard, pc.len), scale_of(pc.param), q,
+                     delayed ? &w.amax : nullptr, w.scale_inv, st);
       cast[size_t(fp8_index_[pc.param])] = 1;
     }
   }
@@ -272,10 +281,8 @@ void Fp8ParamGather::finish(size_t b) {
     model::Fp8ParamWeight& w = weights_.at(infos[i].name);
     if (w.q.device() != Device::CPU)
       ops::transpose(w.q, w.qt, st);
-    else if (w.deq.dtype() == DType::F64)
-      cpu_dequantize<double>(w.q, w.scale_inv, w.deq);
     else
-      cpu_dequantize<float>(w.q, w.scale_inv, w.deq);
+      fp8_param_dequantize(w.q, w.scale_inv, w.deq);
   }
 }
 

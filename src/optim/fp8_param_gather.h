@@ -36,6 +36,16 @@
 
 namespace mcpp::optim {
 
+// q = fp8(x * scale[0]) as E4M3 bytes (q: FP8E4M3, x's numel), scale_inv[0] = 1 / scale[0];
+// amax (when given) = max(amax, max|x|). x: main parameters (f32; f64 on the CPU), any
+// length. CUDA: the cast kernel of ops::fp8_cast_transpose; CPU: the same bytes, from
+// ops::fp8_round of x * scale in x's dtype (the emulation's arithmetic).
+void fp8_param_cast(const Tensor& x, const Tensor& scale, Tensor& q, Tensor* amax,
+                    Tensor& scale_inv, Stream& st);
+// CPU: y = the values of E4M3 bytes q times scale_inv[0], in y's dtype (f32 / f64): what
+// ops::fp8_quantize of the cast tensor gives.
+void fp8_param_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& y);
+
 class Fp8ParamGather {
  public:
   // tp: the tensor-parallel group (tensorwise scaling: a weight's amax over its TP
