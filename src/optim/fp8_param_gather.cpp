@@ -4,6 +4,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "model/fp8/fp8_linear.h"
 #include "ops/fp8_grid.h"

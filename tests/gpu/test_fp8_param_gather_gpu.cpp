@@ -11,7 +11,12 @@
 //      own bf16 weights: the loss, every gradient, the amax histories; after a step every
 //      FP8 weight holds the CPU emulation's bytes of the new main parameters at the
 //      weight's scale, its transpose, and 1/scale.
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "comm/local/local_communicator.h"
 #include "gpu_test_util.h"

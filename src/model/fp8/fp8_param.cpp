@@ -1,5 +1,6 @@
 #include "model/fp8/fp8_param.h"
 
+#include <string>
 #include <unordered_map>
 
 namespace mcpp::model {
