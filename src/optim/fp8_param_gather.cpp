@@ -62,10 +62,17 @@ void fp8_param_cast(const Tensor& x, const Tensor& scale, Tensor& q, Tensor* ama
       cpu_cast<float>(x, scale, q, scale_inv);
     return;
   }
-  // Rows of 128 (or 16) for the cast kernel's tiles when the length allows.
-  const int64_t n = x.numel(), C = n % 128 == 0 ? 128 : n % 16 == 0 ? 16 : 1;
-  Tensor x2 = x.view({n / C, C}), q2 = q.view({n / C, C}), none, a = amax ? *amax : Tensor();
-  ops::fp8_cast_transpose(x2, kE4M3, scale, q2, none, a, scale_inv, st);
+  // Rows of 1024 (or 128, 16) for the cast kernel's 32 x 32 tiles when the length allows,
+  // in chunks of at most 65535 tile rows (the grid's y limit).
+  const int64_t n = x.numel();
+  const int64_t C = n % 1024 == 0 ? 1024 : n % 128 == 0 ? 128 : n % 16 == 0 ? 16 : 1;
+  const int64_t chunk = 65535LL * 32 * C;
+  Tensor none, a = amax ? *amax : Tensor();
+  for (int64_t o = 0; o < n; o += chunk) {
+    const int64_t len = std::min(chunk, n - o);
+    Tensor x2 = x.narrow(o, len).view({len / C, C}), q2 = q.narrow(o, len).view({len / C, C});
+    ops::fp8_cast_transpose(x2, kE4M3, scale, q2, none, a, scale_inv, st);
+  }
 }
 
 void fp8_param_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& y) {

@@ -125,8 +125,8 @@ std::vector<Tensor> grads_of(GPTModel& m) {
 
 TEST(Fp8ParamGatherGpu, CastMatchesTheCpuEmulation) {
   MCPP_REQUIRE_GPU();
-  // lengths: rows of 128, rows of 16, and single elements (the kernel's row shapes)
-  for (int64_t n : {int64_t(4096), int64_t(1008), int64_t(37)}) {
+  // lengths: rows of 1024, of 128, of 16, and single elements (the kernel's row shapes)
+  for (int64_t n : {int64_t(8192), int64_t(4224), int64_t(1008), int64_t(37)}) {
     for (float sc : {1.0f, 37.5f, 0.0625f}) {
       SCOPED_TRACE(testing::Message() << "n " << n << " scale " << sc);
       const Tensor x = main_values(n, uint64_t(n) + uint64_t(sc * 16), sc);
