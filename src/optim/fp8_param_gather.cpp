@@ -99,8 +99,7 @@ Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrad
     fp8_params_.push_back(i);
     const Shape& sh = infos[i].local_shape;  // [out, in]
     MCPP_CHECK(sh.size() == 2, "--fp8-param-gather: {} is not a matrix", infos[i].name);
-    model::Fp8ParamWeight& w = weights_.add(infos[i].name);
-    w.q = Tensor::zeros(sh, DType::FP8E4M3, dev);
+    model::Fp8ParamWeight& w = weights_.add(infos[i].name);  // w.q: a view, set below
     if (dev != Device::CPU) w.qt = Tensor::zeros({sh[1], sh[0]}, DType::FP8E4M3, dev);
     w.scale_inv = Tensor::zeros({1}, DType::F32, dev);
     w.amax = Tensor::zeros({1}, DType::F32, dev);
@@ -117,20 +116,30 @@ Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrad
     const int G = bk.group->size(), r = bk.group->rank();
     const int64_t n = grads.block(b);
     B.fp8.resize(size_t(G)), B.other.resize(size_t(G));
+    B.off_f.assign(size_t(G) + 1, 0), B.off_o.assign(size_t(G) + 1, 0);
+    // Rank q's chunk holds its block's FP8 elements (then, in the other buffer, its other
+    // elements) in flat order, chunks in rank order, no padding: the FP8 buffer is the
+    // bucket's FP8 weights back to back, and each weight is one contiguous view of it.
+    std::vector<size_t> order(bk.params.begin(), bk.params.end());  // flat order
+    std::sort(order.begin(), order.end(),
+              [&](size_t x, size_t y) { return infos[x].offset < infos[y].offset; });
     for (int q = 0; q < G; ++q) {
       const int64_t lo = bk.begin + q * n, hi = lo + n;
       int64_t nf = 0, no = 0;
-      for (size_t i : bk.params) {
+      for (size_t i : order) {
         const int64_t p0 = std::max(lo, infos[i].offset);
         const int64_t p1 = std::min(hi, infos[i].offset + infos[i].numel());
         if (p1 <= p0) continue;
         const bool f = fp8_index_[i] >= 0;
-        Piece pc{i, p0, p1 - p0, f ? nf : no, q == r ? bk.shard_offset + (p0 - lo) : -1};
+        Piece pc{i, p0, p1 - p0, f ? B.off_f[size_t(q)] + nf : B.off_o[size_t(q)] + no,
+                 q == r ? bk.shard_offset + (p0 - lo) : -1};
         (f ? nf : no) += pc.len;
         (f ? B.fp8 : B.other)[size_t(q)].push_back(pc);
       }
-      B.F = std::max(B.F, nf), B.O = std::max(B.O, no);
+      B.off_f[size_t(q) + 1] = B.off_f[size_t(q)] + nf;
+      B.off_o[size_t(q) + 1] = B.off_o[size_t(q)] + no;
     }
+    B.F = B.off_f[size_t(G)], B.O = B.off_o[size_t(G)];
     for (size_t i : bk.params) {
       B.layers.push_back(infos[i].layer);
       if (fp8_index_[i] >= 0) B.fp8_params.push_back(i);
@@ -139,16 +148,32 @@ Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrad
       MCPP_CHECK(!dp_ || dp_ == bk.group,
                  "--fp8-param-gather: FP8 weights in buckets of different groups");
       dp_ = bk.group;
-      B.send_f = Tensor::empty({B.F}, DType::FP8E4M3, dev);
-      B.recv_f = Tensor::empty({G * B.F}, DType::FP8E4M3, dev);
-      if (B.O > 0) {
-        B.send_o = Tensor::empty({B.O}, mdt, dev);
-        B.recv_o = Tensor::empty({G * B.O}, mdt, dev);
-      }
+      B.recv_f = Tensor::zeros({B.F}, DType::FP8E4M3, dev);
+      if (B.O > 0) B.recv_o = Tensor::empty({B.O}, mdt, dev);
+      // each FP8 weight: its first piece's place (its pieces follow it back to back)
+      for (int q = G - 1; q >= 0; --q)
+        for (const Piece& pc : B.fp8[size_t(q)])
+          if (pc.flat == infos[pc.param].offset)
+            weights_.at(infos[pc.param].name).q =
+                B.recv_f.narrow(pc.packed, infos[pc.param].numel()).view(infos[pc.param].local_shape);
+      // (a weight's pieces are back to back: the last of one rank's chunk, the first of the
+      // next's; checked here)
+      std::vector<int64_t> first(infos.size(), -1);
+      for (int q = 0; q < G; ++q)
+        for (const Piece& pc : B.fp8[size_t(q)]) {
+          if (first[pc.param] < 0) first[pc.param] = pc.packed - (pc.flat - infos[pc.param].offset);
+          MCPP_CHECK(pc.packed - (pc.flat - infos[pc.param].offset) == first[pc.param],
+                     "--fp8-param-gather: {} is not contiguous in the gathered bytes",
+                     infos[pc.param].name);
+        }
     }
     plain_bytes_ += (bk.end - bk.begin) * int64_t(esize);
     buckets_.push_back(std::move(B));
   }
+  for (size_t k = 0; k < fp8_params_.size(); ++k)  // every weight one view, whole
+    MCPP_CHECK(weights_.at(infos[fp8_params_[k]].name).q.defined(),
+               "--fp8-param-gather: {} has no place in the gathered FP8 bytes",
+               infos[fp8_params_[k]].name);
   if (!dp_) dp_ = &grads.dp();
   const int64_t P = int64_t(fp8_params_.size());
   if (!c.fp8.delayed() && P > 0) {
@@ -198,7 +223,7 @@ void Fp8ParamGather::cast_weights(const Tensor& main) {
     if (B.F == 0) continue;
     for (const Piece& pc : B.fp8[size_t(r)]) {
       model::Fp8ParamWeight& w = weights_.at(infos[pc.param].name);
-      Tensor q = B.send_f.narrow(pc.packed, pc.len);
+      Tensor q = B.recv_f.narrow(pc.packed, pc.len);
       fp8_param_cast(main.narrow(pc.shard, pc.len), scale_of(pc.param), q,
                      delayed ? &w.amax : nullptr, w.scale_inv, st);
       cast[size_t(fp8_index_[pc.param])] = 1;
@@ -219,15 +244,15 @@ void Fp8ParamGather::cast_weights(const Tensor& main) {
 }
 
 void Fp8ParamGather::cast_and_gather(const Tensor& main, bool from_flat, bool async) {
-  wait_all();  // the previous gathers read the send buffers
+  wait_all();  // the previous gathers read and write the same buffers
   cast_weights(main);
   Stream& st = ops::default_stream(main.device());
   Tensor& flat = ps_.flat_params();
-  fp8_bytes_ = other_bytes_ = 0;
+  fp8_bytes_ = other_bytes_ = own_bytes_ = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& B = buckets_[b];
     comm::Communicator& g = *B.group;
-    const int r = g.rank();
+    const int r = g.rank(), G = g.size();
     if (B.F == 0) {
       // No FP8 weight in the bucket: every rank's block in the model dtype, in place, as
       // without the flag (from the main parameters for f32/f64 models).
@@ -235,57 +260,60 @@ void Fp8ParamGather::cast_and_gather(const Tensor& main, bool from_flat, bool as
       B.plain_in = from_flat ? B.plain_out.narrow(r * B.block, B.block)
                              : main.narrow(B.shard_offset, B.block);
       other_bytes_ += int64_t(B.plain_out.nbytes());
-      if (async)
-        B.work_o = g.all_gather_async(B.plain_in, B.plain_out, st);
-      else
-        g.all_gather(B.plain_in, B.plain_out, st);
+      B.works.push_back(async ? g.all_gather_async(B.plain_in, B.plain_out, st)
+                              : (g.all_gather(B.plain_in, B.plain_out, st), comm::Work()));
     } else {
-      for (const Piece& pc : B.other[size_t(r)]) {
-        Tensor dst = B.send_o.narrow(pc.packed, pc.len);
+      for (const Piece& pc : B.other[size_t(r)]) {  // this rank's other elements, packed
+        Tensor dst = B.recv_o.narrow(pc.packed, pc.len);
         ops::copy(from_flat ? flat.narrow(pc.flat, pc.len) : main.narrow(pc.shard, pc.len), dst,
                   st);
       }
       fp8_bytes_ += int64_t(B.recv_f.nbytes());
       if (B.O > 0) other_bytes_ += int64_t(B.recv_o.nbytes());
-      if (async) {
-        B.work_f = g.all_gather_async(B.send_f, B.recv_f, st);
-        if (B.O > 0) B.work_o = g.all_gather_async(B.send_o, B.recv_o, st);
-      } else {
-        g.all_gather(B.send_f, B.recv_f, st);
-        if (B.O > 0) g.all_gather(B.send_o, B.recv_o, st);
+      // An all-gather of chunks of different sizes (Megatron keeps FP8 and bf16 parameters
+      // in separate buffers; here a rank's block holds both): this rank's chunks to every
+      // other rank, theirs into their places, as one batch of point-to-point transfers.
+      const auto chunk = [](const Tensor& t, const std::vector<int64_t>& off, int q) {
+        return t.narrow(off[size_t(q)], off[size_t(q) + 1] - off[size_t(q)]);
+      };
+      own_bytes_ += int64_t(chunk(B.recv_f, B.off_f, r).nbytes()) +
+                    (B.O > 0 ? int64_t(chunk(B.recv_o, B.off_o, r).nbytes()) : 0);
+      std::vector<comm::P2POp> ops;
+      for (int q = 0; q < G; ++q) {
+        if (q == r) continue;
+        for (const auto& [t, off] : {std::pair{&B.recv_f, &B.off_f}, std::pair{&B.recv_o, &B.off_o}}) {
+          if (!t->defined()) continue;
+          if (chunk(*t, *off, r).numel() > 0) ops.push_back({true, chunk(*t, *off, r), q});
+          if (chunk(*t, *off, q).numel() > 0) ops.push_back({false, chunk(*t, *off, q), q});
+        }
       }
+      if (!ops.empty())
+        for (comm::Work& w : g.batch_isend_irecv(ops, st)) B.works.push_back(std::move(w));
     }
     B.pending = true;
     if (!async) finish(b);
   }
 }
 
-// Completes bucket b's gathers and unpacks them: every rank's FP8 pieces into the FP8
-// weights (then their transposes, or on the CPU their dequantised values), the other
-// pieces into the flat parameters.
+// Completes bucket b's transfers and unpacks them: every rank's other pieces into the flat
+// parameters; the FP8 weights (views of the received bytes) get their transposes, or on
+// the CPU their dequantised values.
 void Fp8ParamGather::finish(size_t b) {
   Bucket& B = buckets_[b];
   if (!B.pending) return;
-  B.work_f.wait(), B.work_o.wait();
-  B.work_f = comm::Work(), B.work_o = comm::Work();
+  for (comm::Work& w : B.works) w.wait();
+  B.works.clear();
   B.pending = false;
   B.plain_in = B.plain_out = Tensor();
   if (B.F == 0) return;
   const auto& infos = ps_.infos();
   Stream& st = ops::default_stream(ps_.device());
   Tensor& flat = ps_.flat_params();
-  const int G = B.group->size();
-  for (int q = 0; q < G; ++q) {
-    for (const Piece& pc : B.fp8[size_t(q)]) {
-      model::Fp8ParamWeight& w = weights_.at(infos[pc.param].name);
-      Tensor dst = w.q.view({w.q.numel()}).narrow(pc.flat - infos[pc.param].offset, pc.len);
-      ops::copy(B.recv_f.narrow(q * B.F + pc.packed, pc.len), dst, st);
-    }
-    for (const Piece& pc : B.other[size_t(q)]) {
+  for (const auto& pieces : B.other)
+    for (const Piece& pc : pieces) {
       Tensor dst = flat.narrow(pc.flat, pc.len);
-      ops::copy(B.recv_o.narrow(q * B.O + pc.packed, pc.len), dst, st);
+      ops::copy(B.recv_o.narrow(pc.packed, pc.len), dst, st);
     }
-  }
   for (size_t i : B.fp8_params) {
     model::Fp8ParamWeight& w = weights_.at(infos[i].name);
     if (w.q.device() != Device::CPU)
@@ -300,7 +328,7 @@ void Fp8ParamGather::wait(int layer) {
     Bucket& B = buckets_[b];
     if (!B.pending) continue;
     if (std::find(B.layers.begin(), B.layers.end(), layer) == B.layers.end()) {
-      B.work_f.test(), B.work_o.test();  // progress the others (MPI needs polling)
+      for (comm::Work& w : B.works) w.test();  // progress the others (MPI needs polling)
       continue;
     }
     finish(b);

@@ -17,10 +17,14 @@
 //               weight cast does: every rank uses the serial run's scale).
 // Then, bucket by bucket (the gradient buckets, whose rank-r block rank r owns), every
 // rank's block is all-gathered in two parts: the FP8 weights' elements as FP8 bytes, the
-// other parameters' (norms, biases, embeddings, layers kept in bf16) in the model dtype;
-// each part is packed per rank (a rank's FP8 elements, then padding to the largest rank's
-// count) and unpacked into the FP8 weights and the flat parameters. The column-wise copy
-// dgrad reads is the exact transpose of the gathered bytes (same scale).
+// other parameters' (norms, biases, embeddings, layers kept in bf16) in the model dtype.
+// A rank's part is its block's elements of that kind in flat order (no padding: the ranks'
+// counts differ, the embedding sitting in one rank's block, so the gather is a batch of
+// point-to-point transfers); the FP8 buffer then holds the bucket's FP8 weights back to
+// back, and each FP8 weight is a view of it; the other elements are unpacked into the flat
+// parameters. A bucket without FP8 weights is all-gathered in place as without the flag.
+// The column-wise copy dgrad reads is the exact transpose of the gathered bytes (same
+// scale), made once per gather.
 //
 // The model's own (bf16 / f32) copy of an FP8 weight is then current only in this rank's
 // block: every reader of model weights takes them elsewhere (checkpoints from the gathered
@@ -71,6 +75,8 @@ class Fp8ParamGather {
   // the model dtype (without the flag) writes.
   int64_t gathered_fp8_bytes() const { return fp8_bytes_; }
   int64_t gathered_other_bytes() const { return other_bytes_; }
+  // Of those, the bytes of this rank's own chunks (written in place, never received).
+  int64_t own_bytes() const { return own_bytes_; }
   int64_t plain_bytes() const { return plain_bytes_; }
 
  private:
@@ -86,10 +92,11 @@ class Fp8ParamGather {
     int64_t begin = 0, len = 0, block = 0, shard_offset = 0;  // the gradient bucket's
     std::vector<size_t> fp8_params;              // its FP8 weights
     std::vector<std::vector<Piece>> fp8, other;  // per rank of the group
-    int64_t F = 0, O = 0;                        // packed chunk sizes (max over ranks)
-    Tensor send_f, recv_f, send_o, recv_o;
+    std::vector<int64_t> off_f, off_o;  // rank q's chunk: [off[q], off[q + 1])
+    int64_t F = 0, O = 0;               // the bucket's FP8 / other elements
+    Tensor recv_f, recv_o;              // every rank's chunk (the FP8 weights are views of recv_f)
     Tensor plain_in, plain_out;  // a bucket without FP8 weights: gathered whole, in place
-    comm::Work work_f, work_o;
+    std::vector<comm::Work> works;
     bool pending = false;
     std::vector<int> layers;
   };
@@ -106,7 +113,7 @@ class Fp8ParamGather {
   std::vector<Bucket> buckets_;
   Tensor amax_, scale_;                // tensorwise: [P] each
   Tensor dummy_x_, dummy_q_;           // scale_inv of a weight with no piece on this rank
-  int64_t fp8_elements_ = 0, fp8_bytes_ = 0, other_bytes_ = 0, plain_bytes_ = 0;
+  int64_t fp8_elements_ = 0, fp8_bytes_ = 0, other_bytes_ = 0, own_bytes_ = 0, plain_bytes_ = 0;
 };
 
 }  // namespace mcpp::optim

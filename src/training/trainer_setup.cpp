@@ -401,15 +401,20 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     // parameters; the bytes one parameter all-gather moves (tests/fp8 check them).
     auto& dist = dynamic_cast<optim::DistributedAdamW&>(*s.opt);
     comm::Communicator& dp = data_cp_group(*s.ps);
-    const uint64_t before = dp.stats().bytes[size_t(comm::OpKind::AllGather)];
+    auto arrived = [&dp] {  // what the DP group counts gathered or received
+      return dp.stats().bytes[size_t(comm::OpKind::AllGather)] +
+             dp.stats().bytes[size_t(comm::OpKind::Recv)];
+    };
+    const uint64_t before = arrived();
     dist.refresh_fp8_params();
-    const uint64_t moved = dp.stats().bytes[size_t(comm::OpKind::AllGather)] - before;
+    const uint64_t moved = arrived() - before;
     const optim::Fp8ParamGather& g = *dist.fp8_param_gather();
     log::info("> --fp8-param-gather: {} FP8 weight elements on this rank; a parameter "
               "all-gather writes {} bytes of FP8 and {} bytes of {} ({} counted by the DP "
-              "group; {} bytes without the flag)",
+              "group, {} this rank's own; {} bytes without the flag)",
               g.fp8_elements(), g.gathered_fp8_bytes(), g.gathered_other_bytes(),
-              dtype_name(s.model->params().flat_params().dtype()), moved, g.plain_bytes());
+              dtype_name(s.model->params().flat_params().dtype()), moved, g.own_bytes(),
+              g.plain_bytes());
   }
   if (a.async_save) {
     MCPP_CHECK_HINT(a.save, "add --save DIR", "--async-save needs --save");

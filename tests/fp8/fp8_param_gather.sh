@@ -4,9 +4,10 @@
 # beyond the loss equivalences of CMakeLists.txt:
 #   1. the gathered bytes are FP8: the start-up line's FP8 weight elements on a rank equal
 #      FP8_ELEMENTS (the model's QKV, projection, fc1 and fc2 weights, computed from its
-#      shape by the caller), the FP8 part of a parameter all-gather holds at least that many
-#      bytes (every rank's FP8 pieces), the DP group's communicator counted exactly the
-#      FP8 bytes plus the model-dtype bytes, and that is less than the same gather in the
+#      shape by the caller), the FP8 part of a parameter all-gather is exactly that many
+#      bytes (every rank's FP8 elements once, no padding), what the DP group's
+#      communicator counted received (or gathered) plus the rank's own chunks is exactly
+#      the FP8 plus the model-dtype bytes, and that is less than the same gather in the
 #      model dtype;
 #   2. a checkpoint of a run with the flag, resumed by a run without it (and the other way
 #      round), goes on as a run that never had the flag: iterations 11-20 equal and the
@@ -25,10 +26,10 @@ run plain.log --save "$d/plain"
 run pg.log --fp8-param-gather --save "$d/pg" --exit-interval 10
 line=$(grep -m1 -- "> --fp8-param-gather:" "$d/pg.log") || { echo "FAIL: no --fp8-param-gather line"; exit 1; }
 echo "$line" | sed 's/^.*> //'
-read -r e f o moved plain < <(echo "$line" | sed -E 's/.*: ([0-9]+) FP8 weight elements.* writes ([0-9]+) bytes of FP8 and ([0-9]+) bytes of .* \(([0-9]+) counted by the DP group; ([0-9]+) bytes without.*/\1 \2 \3 \4 \5/')
+read -r e f o moved own plain < <(echo "$line" | sed -E 's/.*: ([0-9]+) FP8 weight elements.* writes ([0-9]+) bytes of FP8 and ([0-9]+) bytes of .* \(([0-9]+) counted by the DP group, ([0-9]+) this rank.s own; ([0-9]+) bytes without.*/\1 \2 \3 \4 \5 \6/')
 [ "$e" -eq "$elems" ] || { echo "FAIL: $e FP8 weight elements on rank 0, expected $elems"; exit 1; }
-[ "$f" -ge "$e" ] || { echo "FAIL: $f FP8 bytes gathered for $e FP8 weight elements"; exit 1; }
-[ "$moved" -eq $((f + o)) ] || { echo "FAIL: the DP group counted $moved bytes, not $f + $o"; exit 1; }
+[ "$f" -eq "$e" ] || { echo "FAIL: $f FP8 bytes gathered for $e FP8 weight elements"; exit 1; }
+[ $((moved + own)) -eq $((f + o)) ] || { echo "FAIL: the DP group counted $moved + $own bytes, not $f + $o"; exit 1; }
 [ $((f + o)) -lt "$plain" ] || { echo "FAIL: $((f + o)) bytes gathered, not fewer than $plain"; exit 1; }
 echo "ok: $e FP8 weight elements, $f bytes of FP8 + $o other bytes gathered ($plain without the flag)"
 # with the flag to 10, then without; without to 10 (the plain run's checkpoint at 10 is
