@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ops/ops.h"
+#include "optim/fp8_param_gather.h"
 
 namespace mcpp::optim {
 
@@ -37,9 +38,23 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
     for (size_t i : grads.buckets()[b].params) bucket_layers_[b].push_back(infos.at(i).layer);
 }
 
+DistributedAdamW::~DistributedAdamW() = default;
+
+void DistributedAdamW::enable_fp8_param_gather(const model::TransformerConfig& c,
+                                               comm::Communicator* tp) {
+  pg_ = std::make_unique<Fp8ParamGather>(ps_, grads_, c, tp);
+}
+
+void DistributedAdamW::refresh_fp8_params() {
+  MCPP_CHECK(pg_, "refresh_fp8_params: --fp8-param-gather is not enabled");
+  pg_->cast_and_gather(main_, ps_.flat_params().dtype() != main_.dtype(), false);
+}
+
 Tensor DistributedAdamW::full_main_params() {
   const DType pd = ps_.flat_params().dtype();
-  if (pd == DType::F32 || pd == DType::F64) return Tensor();
+  // --fp8-param-gather: the model's copy of an FP8 weight is current only in this rank's
+  // blocks; the main parameters are the values.
+  if ((pd == DType::F32 || pd == DType::F64) && !pg_) return Tensor();
   return gather_main_params();
 }
 
@@ -94,11 +109,16 @@ void DistributedAdamW::step(double lr, double wd) {
     ops::adamw_step(w, g, m, v, model, p, st);
   }
   // Updated blocks -> every rank's model parameters (Megatron: the param all-gather, in
-  // place in its param buffer for 16-bit models).
-  all_gather_flat(cast ? Tensor() : main_, flat, overlap_);
+  // place in its param buffer for 16-bit models); --fp8-param-gather: the FP8 weights
+  // cast here and gathered as FP8.
+  if (pg_)
+    pg_->cast_and_gather(main_, cast, overlap_);
+  else
+    all_gather_flat(cast ? Tensor() : main_, flat, overlap_);
 }
 
 void DistributedAdamW::wait_params(int layer) {
+  if (pg_) return pg_->wait(layer);
   for (size_t b = 0; b < gather_work_.size(); ++b) {
     const auto& ls = bucket_layers_[b];
     if (std::find(ls.begin(), ls.end(), layer) == ls.end()) {
@@ -111,6 +131,7 @@ void DistributedAdamW::wait_params(int layer) {
 }
 
 void DistributedAdamW::wait_params_all() {
+  if (pg_) pg_->wait_all();
   for (auto& w : gather_work_) {
     w.wait();
     w = comm::Work();

@@ -10,11 +10,19 @@
 // Optimizer state bytes per rank are 1/DP of AdamW's. Behind optim::Optimizer (optimizer.h)
 // it is AdamW's twin: grads() is the shard, segments() place each parameter's part of it.
 #pragma once
+#include <memory>
+
 #include "model/params.h"
 #include "optim/optimizer.h"
 #include "parallel/data_parallel/grad_buffer.h"
 
+namespace mcpp::model {
+struct TransformerConfig;
+}
+
 namespace mcpp::optim {
+
+class Fp8ParamGather;
 
 class DistributedAdamW final : public Optimizer {
  public:
@@ -23,6 +31,7 @@ class DistributedAdamW final : public Optimizer {
   // (--overlap-param-gather), or by wait_params_all().
   DistributedAdamW(model::ParamStore& params, AdamWConfig cfg, parallel::DataParallelGrads& grads,
                    bool overlap_param_gather = false);
+  ~DistributedAdamW() override;
 
   // This rank's reduced gradient shard.
   Tensor& grads() override { return grads_.shard(); }
@@ -52,6 +61,17 @@ class DistributedAdamW final : public Optimizer {
   // [total] tensor (collective over DP), in any dtype.
   Tensor gather_main_params();
 
+  // ---- --fp8-param-gather (optim/fp8_param_gather.h) -----------------------------------
+  // From now on the step casts this rank's main parameters of the FP8 layers' weights to
+  // FP8 and all-gathers those as FP8 bytes (the layers read them); the model's own copy of
+  // those weights is then current only in this rank's blocks, so full_main_params()
+  // gathers the main parameters for every model dtype. tp: null at TP 1.
+  void enable_fp8_param_gather(const model::TransformerConfig& c, comm::Communicator* tp);
+  // The FP8 weights from the current main parameters (collective over DP): call once the
+  // model's start-up values (or a checkpoint's) are loaded, before the first forward.
+  void refresh_fp8_params();
+  const Fp8ParamGather* fp8_param_gather() const { return pg_.get(); }
+
  private:
   // Every rank's block of each bucket into `flat` [total]: from `shard` (laid out as the
   // gradient shard), or, when shard is undefined, from each rank's own block of `flat`
@@ -64,6 +84,7 @@ class DistributedAdamW final : public Optimizer {
   std::vector<comm::Work> gather_work_;          // per bucket, in flight
   std::vector<Tensor> gather_keep_;              // their buffers
   std::vector<std::vector<int>> bucket_layers_;  // per bucket, the layers of its parameters
+  std::unique_ptr<Fp8ParamGather> pg_;           // --fp8-param-gather
 };
 
 }  // namespace mcpp::optim

@@ -23,6 +23,7 @@
 #include "parallel/pipeline/executor.h"
 #include "training/trainer_state.h"
 #include "training/validate_compat.h"
+#include "optim/fp8_param_gather.h"
 #include "training/validate_fp8.h"
 #ifdef MCPP_HAVE_CUDA
 #include "ops/cuda/device.h"
@@ -294,7 +295,11 @@ void Trainer::State::build_optimizer() {
   }
   const optim::AdamWConfig adam{a.adam_beta1, a.adam_beta2, a.adam_eps};
   if (a.use_distributed_optimizer) {
-    s.opt = std::make_unique<optim::DistributedAdamW>(P, adam, *s.dp_grads, a.overlap_param_gather);
+    auto dist = std::make_unique<optim::DistributedAdamW>(P, adam, *s.dp_grads, a.overlap_param_gather);
+    // ---- --fp8-param-gather: the FP8 weights all-gathered as FP8 (optim/fp8_param_gather.h)
+    if (a.fp8_param_gather)
+      dist->enable_fp8_param_gather(s.model_cfg, s.ps->tp().size() > 1 ? &s.ps->tp() : nullptr);
+    s.opt = std::move(dist);
     // fp32 main params + two moments, against the same state held for the whole buffer.
     const int64_t full = 3 * P.total_numel() * int64_t(sizeof(float));
     log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
@@ -391,6 +396,26 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.save) checkpoint::check_save_dir_writable(*a.save);  // fail at start-up, not at the first save
   if (a.load) s.load();
+  if (a.fp8_param_gather) {
+    // ---- --fp8-param-gather: the first FP8 weights, from the start-up (or loaded) main
+    // parameters; the bytes one parameter all-gather moves (tests/fp8 check them).
+    auto& dist = dynamic_cast<optim::DistributedAdamW&>(*s.opt);
+    comm::Communicator& dp = data_cp_group(*s.ps);
+    auto arrived = [&dp] {  // what the DP group counts gathered or received
+      return dp.stats().bytes[size_t(comm::OpKind::AllGather)] +
+             dp.stats().bytes[size_t(comm::OpKind::Recv)];
+    };
+    const uint64_t before = arrived();
+    dist.refresh_fp8_params();
+    const uint64_t moved = arrived() - before;
+    const optim::Fp8ParamGather& g = *dist.fp8_param_gather();
+    log::info("> --fp8-param-gather: {} FP8 weight elements on this rank; a parameter "
+              "all-gather writes {} bytes of FP8 and {} bytes of {} ({} counted by the DP "
+              "group, {} this rank's own; {} bytes without the flag)",
+              g.fp8_elements(), g.gathered_fp8_bytes(), g.gathered_other_bytes(),
+              dtype_name(s.model->params().flat_params().dtype()), moved, g.own_bytes(),
+              g.plain_bytes());
+  }
   if (a.async_save) {
     MCPP_CHECK_HINT(a.save, "add --save DIR", "--async-save needs --save");
     s.async_saver = std::make_unique<checkpoint::AsyncSaver>();

@@ -75,11 +75,20 @@ void validate_fp8(const Args& a) {
                     "none of the {} layers in FP8",
                     s, e, a.num_layers);
   }
-  MCPP_CHECK_HINT(!a.fp8_param_gather,
-                  "drop --fp8-param-gather: the distributed optimizer all-gathers bf16 "
-                  "parameters, and each FP8 layer casts its weight itself",
-                  "--fp8-param-gather (all-gathering FP8 parameters) is not implemented yet by "
-                  "megatron.cpp");
+  // ---- --fp8-param-gather (optim/fp8_param_gather.h): Megatron's constraints, and ours.
+  if (a.fp8_param_gather) {
+    MCPP_CHECK_HINT(a.use_distributed_optimizer, "add --use-distributed-optimizer",
+                    "--fp8-param-gather all-gathers FP8 parameters in the distributed "
+                    "optimizer's parameter gather (Megatron: distributed optimizer or FSDP only)");
+    MCPP_CHECK_HINT(r == "delayed" || r == "tensorwise",
+                    "use --fp8-recipe delayed or tensorwise, or drop --fp8-param-gather",
+                    "--fp8-param-gather with --fp8-recipe {} is not implemented by megatron.cpp",
+                    r);
+    MCPP_CHECK_HINT(!a.log_params_norm, "drop --log-params-norm, or drop --fp8-param-gather",
+                    "--log-params-norm with --fp8-param-gather: the norm reads the model's own "
+                    "copy of the weights, which --fp8-param-gather keeps current only in each "
+                    "rank's shard");
+  }
 }
 
 model::Fp8Config fp8_config(const Args& a) {

@@ -68,7 +68,7 @@ TEST(Fp8Flags, BadCombinationsAreClearErrors) {
   bad({"--fp8-format", "hybrid", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "1",
        "--num-layers-at-end-in-bf16", "1"},
       {"leave none of the 2 layers in FP8"});
-  bad({"--fp8-format", "hybrid", "--fp8-param-gather"}, {"--fp8-param-gather", "not implemented"});
+  bad({"--fp8-format", "hybrid", "--fp8-param-gather"}, {"--fp8-param-gather", "--use-distributed-optimizer"});
   bad({"--fp8-format", "hybrid", "--fp16"}, {"--fp8-format with --fp16"});
   // argparse's choices already reject what Megatron's parser rejects.
   expect_error([] { parse_args({"--fp8-format", "e5m2"}); }, {"'e5m2' is not one of e4m3, hybrid"});

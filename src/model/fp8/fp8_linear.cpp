@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "model/fp8/fp8_param.h"
 #include "ops/ops.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -87,6 +88,7 @@ void fp8_update_scales(const TransformerConfig& c, ParamStore& store, Stream& s)
 }
 
 Fp8Linear::Fp8Linear(const ParamStore* store, const std::string& weight) {
+  bind_param_weight(store, weight);  // --fp8-param-gather
   if (!store || !store->has(weight)) return;  // shape-only
   layer_ = store->info(weight).layer;
   const std::string p = prefix_of(weight);
@@ -319,9 +321,13 @@ void Fp8Linear::forward(const Tensor& x, bool x_split, const Tensor& w, const Te
   if (blockwise(cx)) return block_forward(x, w, b, residual, y, cx);
   Stream& st = cx.stream();
   const bool tp = cx.tp_comm != nullptr;
+  const Fp8ParamWeight* pw = param_weight();  // --fp8-param-gather: the optimizer's FP8 weight
+  // Delayed: the weight's amax as measured by the optimizer's cast, recorded as this
+  // layer's own weight cast would record it (training passes only).
+  if (pw && cx.cfg->fp8.delayed()) scale_for(pw->amax, kFp8Weight, false, true, nullptr, cx);
   if (x.device() == Device::CPU) {  // the emulation
     const Tensor& xq = quantize(x, kFp8Input, x_split, true, cx);
-    const Tensor& wq = quantize(w, kFp8Weight, tp, true, cx);
+    const Tensor& wq = pw ? pw->deq : quantize(w, kFp8Weight, tp, true, cx);
     if (residual.defined())
       ops::linear_residual_forward(xq, wq, b, residual, y, st);
     else
@@ -329,7 +335,8 @@ void Fp8Linear::forward(const Tensor& x, bool x_split, const Tensor& w, const Te
     return;
   }
   const Cast& X = cast(x, kFp8Input, x_split, true, true, false, cx);
-  const Cast& W = cast(w, kFp8Weight, tp, true, true, false, cx);
+  const Cast pwc = pw ? Cast{pw->q, Tensor(), pw->scale_inv} : Cast{};
+  const Cast& W = pw ? pwc : cast(w, kFp8Weight, tp, true, true, false, cx);
   Tensor y2 = as_2d(y);
   // fprop with Hopper's fast FP8 accumulation, as Transformer Engine
   ops::fp8_gemm(X.q, X.scale_inv, W.q, W.scale_inv, b, residual, false, true, y2, st);
@@ -343,13 +350,14 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
   const bool tp = cx.tp_comm != nullptr;
   const bool fp8_wgrad = weights && w.g.defined() && wgrad(cx);
   bool db_done = false;  // the bias gradient taken in the gradient's cast
+  const Fp8ParamWeight* pw = param_weight();  // --fp8-param-gather: the optimizer's FP8 weight
   if (blockwise(cx)) {
     block_backward(dy, x, w, dx, fp8_wgrad, cx);
   } else if (dy.device() == Device::CPU) {  // the emulation
     const Tensor& gq = quantize(dy, kFp8Grad, dy_split, true, cx);
     if (dx.defined())
-      ops::linear_backward(gq, x, quantize(w.w, kFp8Weight, tp, false, cx), dx, false, none, none,
-                           st);
+      ops::linear_backward(gq, x, pw ? pw->deq : quantize(w.w, kFp8Weight, tp, false, cx), dx,
+                           false, none, none, st);
     if (fp8_wgrad) {
       Tensor dw = w.g;
       ops::linear_backward(gq, quantize(x, kFp8Input, x_split, false, cx), w.w, none, false, dw,
@@ -359,7 +367,8 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
     Tensor db = weights ? b.g : Tensor();
     const Cast& G = cast(dy, kFp8Grad, dy_split, true, dx.defined(), fp8_wgrad, cx, &db, &db_done);
     if (dx.defined()) {
-      const Cast& W = cast(w.w, kFp8Weight, tp, false, false, true, cx);
+      const Cast pwc = pw ? Cast{Tensor(), pw->qt, pw->scale_inv} : Cast{};
+      const Cast& W = pw ? pwc : cast(w.w, kFp8Weight, tp, false, false, true, cx);
       Tensor dx2 = as_2d(dx);
       ops::fp8_gemm(G.q, G.scale_inv, W.qt, W.scale_inv, none, none, false, false, dx2, st);
     }
@@ -377,6 +386,17 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
     Tensor db = b.g;
     ops::linear_backward(dy, x, w.w, none, false, none, db, st);
   }
+}
+
+// ---- --fp8-param-gather (model/fp8/fp8_param.h) ---------------------------------------
+
+void Fp8Linear::bind_param_weight(const ParamStore* store, const std::string& weight) {
+  pg_store_ = store, pg_weight_ = weight;
+}
+
+// Looked up at each use: the optimizer attaches the FP8 weights after the layers exist.
+const Fp8ParamWeight* Fp8Linear::param_weight() const {
+  return find_fp8_param_weight(pg_store_, pg_weight_);
 }
 
 }  // namespace mcpp::model

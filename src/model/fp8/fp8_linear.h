@@ -45,6 +45,8 @@
 
 namespace mcpp::model {
 
+struct Fp8ParamWeight;  // --fp8-param-gather (model/fp8/fp8_param.h)
+
 enum Fp8Operand : int { kFp8Input = 0, kFp8Weight = 1, kFp8Grad = 2 };
 
 // The persistent buffers of a linear layer named `prefix` (e.g.
@@ -186,6 +188,17 @@ class Fp8Linear {
   // precast gradient's bias gradient is taken.
   static constexpr unsigned kPrecastDb = 1u << 3;
   mutable unsigned precast_ = 0;
+
+  // ---- --fp8-param-gather (model/fp8/fp8_param.h) -------------------------------------
+  // The FP8 weight the distributed optimizer keeps for this layer (cast once per step from
+  // its fp32 main parameters, all-gathered as FP8 bytes), or nullptr: then the layer casts
+  // its own weight. With one, the GEMMs read it (row-wise in fprop, its transpose in dgrad;
+  // the emulation its dequantised values) and the forward records no weight amax (the
+  // optimizer's cast does, delayed scaling).
+  const Fp8ParamWeight* param_weight() const;
+  void bind_param_weight(const ParamStore* store, const std::string& weight);
+  const ParamStore* pg_store_ = nullptr;
+  std::string pg_weight_;
 };
 
 }  // namespace mcpp::model
