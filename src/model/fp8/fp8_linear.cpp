@@ -335,7 +335,7 @@ void Fp8Linear::forward(const Tensor& x, bool x_split, const Tensor& w, const Te
     return;
   }
   const Cast& X = cast(x, kFp8Input, x_split, true, true, false, cx);
-  const Cast pwc = pw ? Cast{pw->q, Tensor(), pw->scale_inv} : Cast{};
+  const Cast pwc = pw ? Cast{pw->q, Tensor(), pw->scale_inv, Tensor(), Tensor()} : Cast{};
   const Cast& W = pw ? pwc : cast(w, kFp8Weight, tp, true, true, false, cx);
   Tensor y2 = as_2d(y);
   // fprop with Hopper's fast FP8 accumulation, as Transformer Engine
@@ -367,7 +367,7 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
     Tensor db = weights ? b.g : Tensor();
     const Cast& G = cast(dy, kFp8Grad, dy_split, true, dx.defined(), fp8_wgrad, cx, &db, &db_done);
     if (dx.defined()) {
-      const Cast pwc = pw ? Cast{Tensor(), pw->qt, pw->scale_inv} : Cast{};
+      const Cast pwc = pw ? Cast{Tensor(), pw->qt, pw->scale_inv, Tensor(), Tensor()} : Cast{};
       const Cast& W = pw ? pwc : cast(w.w, kFp8Weight, tp, false, false, true, cx);
       Tensor dx2 = as_2d(dx);
       ops::fp8_gemm(G.q, G.scale_inv, W.qt, W.scale_inv, none, none, false, false, dx2, st);
