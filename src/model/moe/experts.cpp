@@ -15,14 +15,31 @@ std::string fc2_name(int layer, int64_t e) {
 
 }  // namespace
 
+void GroupedExperts::add_fp8_buffers(const TransformerConfig& c, int layer,
+                                     std::vector<BufferInfo>& out) {
+  if (!c.fp8.delayed() || !c.fp8.layer_in_fp8(layer, c.num_layers)) return;
+  const int64_t e0 = c.moe.first_expert();
+  for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e)
+    for (const std::string& w : {fc1_name(layer, e), fc2_name(layer, e)}) {
+      // As a dense linear's (fp8_linear.cpp): scales start at 1, the history empty; the
+      // state is the expert's, so it travels with the expert (EP writers, resharding).
+      BufferInfo h;
+      h.name = fp8_history_name(w), h.global_shape = {c.fp8.amax_history_len, 3};
+      h.layer = layer, h.expert = int(e), h.init = Init::Zeros;
+      BufferInfo sc = h;
+      sc.name = fp8_scale_name(w), sc.global_shape = {3}, sc.init = Init::Ones;
+      out.push_back(std::move(h)), out.push_back(std::move(sc));
+    }
+}
+
 void GroupedExperts::add_params(const TransformerConfig& c, int layer,
                                 std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size, I = c.moe.ffn_hidden_size, fc1 = (c.swiglu ? 2 : 1) * I;
   const int64_t e0 = c.moe.first_expert();
   for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {  // global indices
-    ParamInfo w1 = make_param(fc1_name(layer, e), {fc1, H},
-                              c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows, Init::Normal,
-                              c.init_method_std, true, layer, c.moe_etp());
+    ParamInfo w1 =
+        make_param(fc1_name(layer, e), {fc1, H}, c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows,
+                   Init::Normal, c.init_method_std, true, layer, c.moe_etp());
     ParamInfo w2 = make_param(fc2_name(layer, e), {H, I}, TpSplit::Cols, Init::Normal,
                               output_init_std(c), true, layer, c.moe_etp());
     for (ParamInfo* p : {&w1, &w2}) {
@@ -41,7 +58,53 @@ GroupedExperts::GroupedExperts(const TransformerConfig& c, int layer, const Para
   for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {
     w1_.push_back(ParamStore::view(store, fc1_name(layer, e)));
     w2_.push_back(ParamStore::view(store, fc2_name(layer, e)));
+    f1_.emplace_back(store, fc1_name(layer, e));
+    f2_.emplace_back(store, fc2_name(layer, e));
   }
+}
+
+int64_t GroupedExperts::row_multiple(const StepContext& cx, Device dev) const {
+  if (pad_rows_ > 0) return pad_rows_;
+  if (dev == Device::CPU) return 1;           // the emulation takes any shape
+  return cx.cfg->fp8.blockwise() ? 128 : 16;  // 128: whole 128-row blocks for the block GEMMs
+}
+
+namespace {
+
+// Rows [0, n) of v into buf's first np rows, rows [n, np) zero.
+Tensor pad_rows(const Tensor& v, int64_t np, Tensor& buf, Stream& st) {
+  const int64_t C = v.size(1);
+  ensure(buf, {np, C}, v.dtype(), v.device());
+  ops::fill(buf, 0.0, st);
+  Tensor head = buf.narrow(0, v.size(0));
+  ops::copy(v, head, st);
+  return buf;
+}
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+void GroupedExperts::fp8_forward(const Fp8Linear& f, const Tensor& x, bool x_split,
+                                 const ParamView& w, Tensor& y, const StepContext& cx) const {
+  const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
+  if (np == n) return f.forward(x, x_split, w.w, Tensor(), Tensor(), y, cx);
+  const Tensor xp = pad_rows(x, np, pad_[0], cx.stream());
+  ensure(pad_[1], {np, y.size(1)}, y.dtype(), y.device());
+  f.forward(xp, x_split, w.w, Tensor(), Tensor(), pad_[1], cx);
+  ops::copy(pad_[1].narrow(0, n), y, cx.stream());
+}
+
+void GroupedExperts::fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_split,
+                                  const Tensor& x, bool x_split, const ParamView& w, Tensor& dx,
+                                  const StepContext& cx) const {
+  const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
+  if (np == n) return f.backward(dy, dy_split, x, x_split, w, ParamView{}, dx, true, cx);
+  const Tensor xp = pad_rows(x, np, pad_[0], cx.stream());
+  const Tensor gp = pad_rows(dy, np, pad_[1], cx.stream());
+  ensure(pad_[2], {np, dx.size(1)}, dx.dtype(), dx.device());
+  f.backward(gp, dy_split, xp, x_split, w, ParamView{}, pad_[2], true, cx);
+  ops::copy(pad_[2].narrow(0, n), dx, cx.stream());
 }
 
 void GroupedExperts::saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Saved& s,
@@ -59,7 +122,13 @@ void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DTy
 }
 
 void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vector<int64_t>& counts,
-                             Saved& s, Tensor& yp, Scratch& w, Stream& st) const {
+                             Saved& s, Tensor& yp, Scratch& w, const StepContext& cx0,
+                             comm::Communicator* etp) const {
+  Stream& st = cx0.stream();
+  // The expert GEMMs' TP group is the ETP group (fp8_linear.h: a split tensor's amax)
+  StepContext cx = cx0;
+  cx.tp_comm = etp;
+  const bool fp8 = !f1_.empty() && f1_[0].on(cx);
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
@@ -69,7 +138,10 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
     const int64_t n = counts[e];
     if (n == 0) continue;  // an expert without tokens: nothing to compute
     Tensor h = fc1.narrow(off, n);
-    ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, st);
+    if (fp8)
+      fp8_forward(f1_[e], xp.narrow(off, n), false, w1_[e], h, cx);
+    else
+      ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, st);
     off += n;
   }
   if (cfg_->swiglu)
@@ -82,14 +154,22 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
     const int64_t n = counts[e];
     if (n == 0) continue;
     Tensor y = yp.narrow(off, n);
-    ops::linear_forward(ap.narrow(off, n), w2_[e].w, Tensor(), y, st);
+    if (fp8)
+      fp8_forward(f2_[e], ap.narrow(off, n), etp != nullptr, w2_[e], y, cx);
+    else
+      ops::linear_forward(ap.narrow(off, n), w2_[e].w, Tensor(), y, st);
     off += n;
   }
 }
 
 void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor& p,
                               const std::vector<int64_t>& counts, const Saved& s, Tensor& dxp,
-                              Tensor& dp, Scratch& w, Stream& st) {
+                              Tensor& dp, Scratch& w, const StepContext& cx0,
+                              comm::Communicator* etp) {
+  Stream& st = cx0.stream();
+  StepContext cx = cx0;
+  cx.tp_comm = etp;
+  const bool fp8 = !f1_.empty() && f1_[0].on(cx);
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
@@ -102,8 +182,12 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
     const int64_t n = counts[e];
     if (n == 0) continue;
     Tensor dx = dap.narrow(off, n);
-    ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false, w2_[e].g,
-                         none, st);
+    if (fp8)
+      fp8_backward(f2_[e], dyp.narrow(off, n), false, ap.narrow(off, n), etp != nullptr, w2_[e], dx,
+                   cx);
+    else
+      ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false, w2_[e].g,
+                           none, st);
     off += n;
   }
   ops::moe_row_dot(dap, act, dp, st);
@@ -117,8 +201,12 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
     const int64_t n = counts[e];
     if (n == 0) continue;
     Tensor dx = dxp.narrow(off, n);
-    ops::linear_backward(dfc1.narrow(off, n), xp.narrow(off, n), w1_[e].w, dx, false, w1_[e].g,
-                         none, st);
+    if (fp8)
+      fp8_backward(f1_[e], dfc1.narrow(off, n), etp != nullptr, xp.narrow(off, n), false, w1_[e],
+                   dx, cx);
+    else
+      ops::linear_backward(dfc1.narrow(off, n), xp.narrow(off, n), w1_[e].w, dx, false, w1_[e].g,
+                           none, st);
     off += n;
   }
 }
