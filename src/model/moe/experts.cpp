@@ -1,5 +1,7 @@
 #include "model/moe/experts.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "ops/ops.h"
 
@@ -71,10 +73,21 @@ int64_t GroupedExperts::row_multiple(const StepContext& cx, Device dev) const {
 
 namespace {
 
-// Rows [0, n) of v into buf's first np rows, rows [n, np) zero.
-Tensor pad_rows(const Tensor& v, int64_t np, Tensor& buf, Stream& st) {
-  const int64_t C = v.size(1);
-  ensure(buf, {np, C}, v.dtype(), v.device());
+// Scratch for the padded operands, shared by every MoE layer (slot 0: the input, 1: the
+// output or output gradient, 2: the input gradient), grown to the largest use: each is read
+// by the GEMM right after it on the same stream, so the next expert may overwrite it.
+Tensor pad_scratch(int slot, const Shape& shape, DType dt, Device dev) {
+  static Tensor pool[3];
+  Tensor& buf = pool[slot];
+  const int64_t n = shape_numel(shape);
+  if (!buf.defined() || buf.numel() < n || buf.dtype() != dt || buf.device() != dev)
+    buf = Tensor::empty({std::max<int64_t>(n, buf.defined() ? buf.numel() : 0)}, dt, dev);
+  return buf.narrow(0, n).view(shape);
+}
+
+// Rows [0, n) of v into slot's first np rows, rows [n, np) zero.
+Tensor pad_rows(const Tensor& v, int64_t np, int slot, Stream& st) {
+  Tensor buf = pad_scratch(slot, {np, v.size(1)}, v.dtype(), v.device());
   ops::fill(buf, 0.0, st);
   Tensor head = buf.narrow(0, v.size(0));
   ops::copy(v, head, st);
@@ -89,10 +102,10 @@ void GroupedExperts::fp8_forward(const Fp8Linear& f, const Tensor& x, bool x_spl
                                  const ParamView& w, Tensor& y, const StepContext& cx) const {
   const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
   if (np == n) return f.forward(x, x_split, w.w, Tensor(), Tensor(), y, cx);
-  const Tensor xp = pad_rows(x, np, pad_[0], cx.stream());
-  ensure(pad_[1], {np, y.size(1)}, y.dtype(), y.device());
-  f.forward(xp, x_split, w.w, Tensor(), Tensor(), pad_[1], cx);
-  ops::copy(pad_[1].narrow(0, n), y, cx.stream());
+  const Tensor xp = pad_rows(x, np, 0, cx.stream());
+  Tensor yp = pad_scratch(1, {np, y.size(1)}, y.dtype(), y.device());
+  f.forward(xp, x_split, w.w, Tensor(), Tensor(), yp, cx);
+  ops::copy(yp.narrow(0, n), y, cx.stream());
 }
 
 void GroupedExperts::fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_split,
@@ -100,11 +113,11 @@ void GroupedExperts::fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_
                                   const StepContext& cx) const {
   const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
   if (np == n) return f.backward(dy, dy_split, x, x_split, w, ParamView{}, dx, true, cx);
-  const Tensor xp = pad_rows(x, np, pad_[0], cx.stream());
-  const Tensor gp = pad_rows(dy, np, pad_[1], cx.stream());
-  ensure(pad_[2], {np, dx.size(1)}, dx.dtype(), dx.device());
-  f.backward(gp, dy_split, xp, x_split, w, ParamView{}, pad_[2], true, cx);
-  ops::copy(pad_[2].narrow(0, n), dx, cx.stream());
+  const Tensor xp = pad_rows(x, np, 0, cx.stream());
+  const Tensor gp = pad_rows(dy, np, 1, cx.stream());
+  Tensor dxp = pad_scratch(2, {np, dx.size(1)}, dx.dtype(), dx.device());
+  f.backward(gp, dy_split, xp, x_split, w, ParamView{}, dxp, true, cx);
+  ops::copy(dxp.narrow(0, n), dx, cx.stream());
 }
 
 void GroupedExperts::saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Saved& s,

@@ -88,7 +88,6 @@ class GroupedExperts {
   std::vector<ParamView> w1_, w2_;
   std::vector<Fp8Linear> f1_, f2_;  // one per local expert and GEMM
   int64_t pad_rows_ = 0;
-  mutable Tensor pad_[3];  // the padded operands: in, out / output gradient, dgrad
 };
 
 }  // namespace mcpp::model::moe
