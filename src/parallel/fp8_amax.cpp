@@ -14,7 +14,6 @@ void reduce_row0(const std::vector<Tensor>& hist, std::initializer_list<comm::Co
                  Stream& s) {
   if (hist.empty()) return;
   const int64_t K = hist[0].size(1);
-  // Row 0 of every history into one buffer: one all-reduce per group.
   Tensor flat = Tensor::empty({int64_t(hist.size()) * K}, DType::F32, hist[0].device());
   for (size_t i = 0; i < hist.size(); ++i) {
     Tensor dst = flat.narrow(int64_t(i) * K, K);

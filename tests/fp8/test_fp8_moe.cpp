@@ -357,3 +357,32 @@ TEST(Fp8Experts, LayersKeptInModelPrecisionLeaveExpertsUnquantised) {
     off += n;
   }
 }
+
+// --no-fp8-wgrad: the experts' weight gradients from the unquantised operands (dyᵀ x), their
+// fprop and dgrad still in FP8.
+TEST(Fp8Experts, NoFp8WgradKeepsWeightGradientsUnquantised) {
+  ExpertsFixture fx(Fp8Config::Recipe::Tensorwise, 2);
+  fx.c.fp8.wgrad = false;
+  moe::GroupedExperts ge(fx.c, 0, &fx.store);
+  const std::vector<int64_t> counts = {4, 3};
+  const Inputs in = inputs(fx, counts, 71);
+  const Pass r = run(fx, ge, in.x, in.p, counts, in.G);
+  const int64_t n = 3, off = 4;
+  const Tensor x = rows(in.x, off, n), p = rows(in.p, off, n), G = rows(in.G, off, n);
+  const Tensor W1 = fx.store.param(w1(1)).clone(), W2 = fx.store.param(w2(1)).clone();
+  const Tensor qx = q(x, scale_of(448, amax(x)), Fp8Format::E4M3);
+  const Tensor qw1 = q(W1, scale_of(448, amax(W1)), Fp8Format::E4M3);
+  Tensor h = mm_t(qx, qw1), a = Tensor::empty(h.shape(), DType::F64);
+  ops::gelu_forward(h, a, S());
+  const Tensor ap = scale_rows(a, p);  // fc2's unquantised input
+  Tensor W2v = W2.clone();
+  const Tensor want = fd(W2v, [&] { return dot(G, mm_t(ap, W2v)); });
+  EXPECT_LT(max_rel(fx.store.grad(w2(1)), want), 1e-8);
+  // and the FP8 wgrad would differ (the test tells them apart)
+  const Tensor qap = q(ap, scale_of(448, amax(ap)), Fp8Format::E4M3);
+  const Tensor qg = q(G, scale_of(57344, amax(G)), Fp8Format::E5M2);
+  EXPECT_GT(max_rel(fd(W2v, [&] { return dot(qg, mm_t(qap, W2v)); }), want), 1e-4);
+  // fprop still FP8
+  const Tensor qw2 = q(W2, scale_of(448, amax(W2)), Fp8Format::E4M3);
+  EXPECT_LT(max_rel(rows(r.y, off, n), mm_t(qap, qw2)), 1e-12);
+}

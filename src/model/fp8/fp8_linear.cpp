@@ -107,7 +107,7 @@ void fp8_update_scales(const TransformerConfig& c, ParamStore& store, Stream& s)
 }
 
 Fp8Linear::Fp8Linear(const ParamStore* store, const std::string& weight) {
-  bind_param_weight(store, weight);           // --fp8-param-gather
+  bind_param_weight(store, weight);  // --fp8-param-gather
   if (!store || !store->has(weight)) return;  // shape-only
   layer_ = store->info(weight).layer;
   const std::string p = prefix_of(weight);
@@ -218,8 +218,7 @@ void Fp8Linear::precast_act_input(const Tensor& pre, Tensor& act, bool backward,
   c.q = !backward ? scratch_view(slot_of(kFp8Input, false), {R, C}, DType::FP8E4M3, pre.device())
                   : Tensor();
   c.qt = backward ? scratch_view(slot_of(kFp8Input, true), {C, R}, DType::FP8E4M3, pre.device())
-         : keep   ? act
-                  : Tensor();
+                  : keep ? act : Tensor();
   ensure(c.scale_inv, {1}, DType::F32, pre.device());
   Tensor amax;
   const Tensor scale = scale_for(p2, kFp8Input, false, !backward, &amax, cx);
@@ -369,7 +368,7 @@ void Fp8Linear::backward(const Tensor& dy, bool dy_split, const Tensor& x, bool 
   Tensor none;
   const bool tp = cx.tp_comm != nullptr;
   const bool fp8_wgrad = weights && w.g.defined() && wgrad(cx);
-  bool db_done = false;                       // the bias gradient taken in the gradient's cast
+  bool db_done = false;  // the bias gradient taken in the gradient's cast
   const Fp8ParamWeight* pw = param_weight();  // --fp8-param-gather: the optimizer's FP8 weight
   if (blockwise(cx)) {
     block_backward(dy, x, w, dx, fp8_wgrad, cx);

@@ -39,9 +39,9 @@ void GroupedExperts::add_params(const TransformerConfig& c, int layer,
   const int64_t H = c.hidden_size, I = c.moe.ffn_hidden_size, fc1 = (c.swiglu ? 2 : 1) * I;
   const int64_t e0 = c.moe.first_expert();
   for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {  // global indices
-    ParamInfo w1 =
-        make_param(fc1_name(layer, e), {fc1, H}, c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows,
-                   Init::Normal, c.init_method_std, true, layer, c.moe_etp());
+    ParamInfo w1 = make_param(fc1_name(layer, e), {fc1, H},
+                              c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows, Init::Normal,
+                              c.init_method_std, true, layer, c.moe_etp());
     ParamInfo w2 = make_param(fc2_name(layer, e), {H, I}, TpSplit::Cols, Init::Normal,
                               output_init_std(c), true, layer, c.moe_etp());
     for (ParamInfo* p : {&w1, &w2}) {

@@ -15,7 +15,7 @@
 //
 // FP8 (--fp8-format, docs/fp8.md "Routed experts"): each expert GEMM is an Fp8Linear of its
 // own (fc1_e, fc2_e: fprop, dgrad and wgrad as a dense linear's, every recipe), with its own
-// scaling state (delayed: buffers named after the expert's weight, add_expert_fp8_buffers).
+// scaling state (delayed: buffers named after the expert's weight, add_fp8_buffers below).
 // fc1_e is column-parallel over the ETP group (its input whole, its output gradient split),
 // fc2_e row-parallel (its input split): current scaling reduces a split tensor's amax over
 // the ETP group, the expert's `etp` communicator (null when the experts are not split). The
@@ -67,9 +67,6 @@ class GroupedExperts {
                 const std::vector<int64_t>& counts, const Saved& s, Tensor& dxp, Tensor& dp,
                 Scratch& w, const StepContext& cx, comm::Communicator* etp);
 
-  // The FP8 state of local expert j's GEMMs (tests).
-  const Fp8Linear& fp8_fc1(size_t j) const { return f1_[j]; }
-  const Fp8Linear& fp8_fc2(size_t j) const { return f2_[j]; }
   // Rows an FP8 expert GEMM's operands are padded to a multiple of; 0 (default): 16 on CUDA
   // (128 under blockwise), none on the CPU. Tests set it on the CPU to check that the padding
   // changes nothing.
