@@ -15,7 +15,11 @@
 // per-expert cuBLASLt GEMMs of ops::linear_forward (what GroupedExperts runs) against one
 // cublasGemmGroupedBatchedEx call (cuBLAS >= 12.5; bf16 in and out, fp32 compute), at each
 // model's shapes with balanced rows.
-// Usage: bench_gpu_moe [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB]
+// --fp8 RECIPE (delayed | tensorwise | blockwise) runs every model in FP8 (hybrid format:
+// the dense layers' GEMMs and each routed expert's, docs/fp8.md; delayed: amax history
+// 1024, max, the scales updated after each step as the trainer does), rows named
+// "... (FP8 RECIPE)" so that moe_bench.sh can set them against the bf16 rows.
+// Usage: bench_gpu_moe [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB] [--fp8 RECIPE]
 //                      [--torch torch_moe.json] [--profile] [--json-out ours.json]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -34,6 +38,7 @@
 #include <vector>
 
 #include "base/philox.h"
+#include "model/fp8/fp8_linear.h"
 #include "model/gpt_model.h"
 #include "ops/cuda/device.h"
 #include "ops/ops.h"
@@ -194,7 +199,7 @@ int main(int argc, char** argv) {
   // and tune each once (gemm.cu); with two, the timed Mixtral-style steps still carried
   // that tuning (736 against 467 ms a step, measured on an H200).
   int steps = 5, warmup = 8;
-  std::string only, torch_file, json_out;
+  std::string only, torch_file, json_out, fp8;
   bool profile = false, gemm_cmp = false;
   std::map<std::string, int64_t> mb_override;
   for (int i = 1; i < argc; ++i) {
@@ -204,6 +209,7 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
     else if (a == "--json-out" && i + 1 < argc) json_out = argv[++i];
+    else if (a == "--fp8" && i + 1 < argc) fp8 = argv[++i];
     else if (a == "--profile") profile = true;
     else if (a == "--gemm-compare") gemm_cmp = true;
     else if (a == "--mb" && i + 1 < argc) {
@@ -218,6 +224,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_gpu_moe: unknown argument '%s'\n", a.c_str());
       return 2;
     }
+  }
+  if (!fp8.empty() && fp8 != "delayed" && fp8 != "tensorwise" && fp8 != "blockwise") {
+    std::fprintf(stderr, "bench_gpu_moe: --fp8 wants delayed, tensorwise or blockwise, got '%s'\n",
+                 fp8.c_str());
+    return 2;
   }
   gpu::init_device();
   Stream& st = gpu::default_stream();
@@ -240,6 +251,17 @@ int main(int argc, char** argv) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     for (auto& [k, v] : mb_override)
       if (c.name.find(k) != std::string::npos) c.mb = v;
+    const bool same_mb = c.mb == cases_mb(c.name);
+    if (!fp8.empty()) {
+      using F = model::Fp8Config;
+      c.cfg.fp8.format = F::Format::Hybrid;
+      c.cfg.fp8.recipe = fp8 == "tensorwise"  ? F::Recipe::Tensorwise
+                         : fp8 == "blockwise" ? F::Recipe::Blockwise
+                                              : F::Recipe::Delayed;
+      if (fp8 == "delayed") c.cfg.fp8.amax_history_len = 1024, c.cfg.fp8.amax_max = true;
+      c.name += " (FP8 " + fp8 + ")";
+      c.torch_ref = 0;  // the PyTorch reference is bf16
+    }
     gpu::trim_memory_pool();
     gpu::reset_peak_memory();
     const int64_t B = c.mb, S = c.cfg.seq_length, V = c.cfg.padded_vocab_size;
@@ -270,6 +292,7 @@ int main(int argc, char** argv) {
         m.params().zero_grads();
         const double loss = m.forward(mb, k) / double(B * S);
         m.backward(1.0 / double(B * S));
+        model::fp8_update_scales(m.config(), m.params(), st);  // delayed only
         opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
         opt.step(1e-4, 0.1);
         trace += fmt::format(" {:.4f}", loss);
@@ -322,7 +345,7 @@ int main(int argc, char** argv) {
     const double tps = double(B * S) / (ms / 1e3);
     const double per_tok = 6 * na + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
     Row r{c.name, B, ms, tps, tps * per_tok / 989e12, gpu::memory_stats().peak / 1048576.0,
-          c.mb == cases_mb(c.name) ? c.torch_ref : 0.0, 0, false};
+          same_mb ? c.torch_ref : 0.0, 0, false};
     if (torch.contains(c.name) && torch[c.name].value("mb", int64_t(0)) == B &&
         torch[c.name].value("compiled", 0.0) > 0) {
       r.torch_tps = torch[c.name].value("compiled", 0.0), r.measured = true;

@@ -11,7 +11,10 @@
 #   bench/gpu/moe_bench.sh   env: BUILD_DIR (build-gpu), JOBS, OUT (logs), TESTS=0,
 #                            TORCH=0, TORCH_TIMEOUT (seconds, 200), DEADLINE (epoch seconds
 #                            by which PyTorch must end), MOE_ARGS (bench_gpu_moe),
-#                            TORCH_ARGS (torch_moe_reference.py)
+#                            TORCH_ARGS (torch_moe_reference.py), VARIANTS (base, or
+#                            base,fp8: the same models in FP8 too, hybrid format, recipe
+#                            FP8_RECIPE (delayed; tensorwise, blockwise), and a table of FP8
+#                            against bf16 per model: step time, speed-up, peak memory)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD_DIR:-build-gpu}
@@ -43,6 +46,16 @@ T1=$(date +%s)
   > "$LOGS/moe_ours.md" 2> "$LOGS/moe_ours.err" || { rc=1; tail -20 "$LOGS/moe_ours.err"; }
 grep -E "bench_gpu_moe:|ms/step" "$LOGS/moe_ours.err"
 echo "moe_bench: ours $(( $(date +%s) - T1 )) s"
+FP8=0
+[[ ,${VARIANTS:-base}, == *,fp8,* ]] && FP8=1
+if [[ $FP8 == 1 ]]; then
+  T3=$(date +%s)
+  "$BUILD/bench/bench_gpu_moe" --profile --fp8 "${FP8_RECIPE:-delayed}" \
+    --json-out "$LOGS/moe_ours_fp8.json" ${MOE_ARGS:-} > "$LOGS/moe_ours_fp8.md" \
+    2> "$LOGS/moe_ours_fp8.err" || { rc=1; tail -20 "$LOGS/moe_ours_fp8.err"; }
+  grep -E "bench_gpu_moe:|ms/step" "$LOGS/moe_ours_fp8.err"
+  echo "moe_bench: ours in FP8 $(( $(date +%s) - T3 )) s"
+fi
 if [[ ${TORCH:-1} != 0 ]]; then
   T2=$(date +%s)
   budget=${TORCH_TIMEOUT:-200}
@@ -79,5 +92,25 @@ for n, r in ours.items():
         n, r["mb"], r["ms"], r["tps"] / 1e3, 100 * r["mfu"], r["peak_mb"], ptxt, pk, ratio,
         vs_dense))
 PY
+if [[ $FP8 == 1 ]]; then
+  echo
+  python3 - "$LOGS/moe_ours.json" "$LOGS/moe_ours_fp8.json" <<'PY'
+import json, sys
+try:
+    bf16, fp8 = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+except Exception as e:
+    print(f"moe_bench: no FP8 table ({e})"); sys.exit(0)
+print("| model | micro-batch | bf16 step (ms) | FP8 step (ms) | FP8 / bf16 tokens/s | bf16 peak (MB) "
+      "| FP8 peak (MB) |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for n, r in fp8.items():
+    base = bf16.get(n[: n.rfind(" (FP8")], {})
+    same = base and base.get("mb") == r["mb"]
+    print("| %s | %d | %s | %.1f | %s | %s | %.0f |" % (
+        n, r["mb"], "%.1f" % base["ms"] if same else "-", r["ms"],
+        "%.2fx" % (r["tps"] / base["tps"]) if same else "-",
+        "%.0f" % base["peak_mb"] if same else "-", r["peak_mb"]))
+PY
+fi
 sed -n '/^### /,$p' "$LOGS/moe_ours.md"
 exit $rc

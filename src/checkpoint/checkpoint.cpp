@@ -369,14 +369,15 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
     std::map<std::string, Tensor> tensors;
     add(tensors, f, "", rank.params);
     // The persistent buffers, under their own names, by the parameters' rule: a duplicated
-    // one by TP rank 0, a split one by every TP rank (its box of the global tensor). Marked
+    // one by TP rank 0 (an expert's: ETP rank 0 of its holders), a split one by every TP rank (its box of the global tensor). Marked
     // "buffer" so that a loader that does not register one skips it instead of failing.
     MCPP_CHECK(rank.buffers.size() == rank.buffer_infos.size(),
                "RankSnapshot holds {} buffers for {} buffer entries", rank.buffers.size(),
                rank.buffer_infos.size());
     for (size_t i = 0; i < rank.buffer_infos.size(); ++i) {
       const model::BufferInfo& b = rank.buffer_infos[i];
-      if (b.split == TpSplit::None && rank.coord.tp != 0) continue;
+      const int dup_rank = b.expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
+      if (b.split == TpSplit::None && dup_rank != 0) continue;
       if (!(b.expert >= 0 ? rank.write_experts : rank.write_dense)) continue;  // EP writers
       // The format stores 1-D and 2-D tensors (a scalar is a [1] buffer).
       MCPP_CHECK(!b.global_shape.empty(), "buffer {} is 0-dimensional; register it as shape [1]",

@@ -107,6 +107,10 @@ struct RankSnapshot {
   // and/or the experts (ParamInfo::expert >= 0; expert-DP rank 0 of each EP rank, which
   // holds experts no other writer has, keyed by global expert index).
   bool write_dense = true, write_experts = true;
+  // This rank's coordinate in its expert-tensor-parallel group: an expert's TP-duplicated
+  // buffer (its FP8 scaling state) is written by ETP rank 0 of the ranks holding it, which
+  // need not include TP rank 0 (ETP < TP with EP > 1).
+  int expert_tp_rank = 0;
   // The non-trainable buffers: buffers[i] is the rank's shard of buffer_infos[i] (its
   // local shape and dtype). Saved with the model, never with the optimizer.
   std::vector<model::BufferInfo> buffer_infos;

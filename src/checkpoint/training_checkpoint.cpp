@@ -82,6 +82,7 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   tmp = parallel::all_gather_strings(world, tmp)[0];
   snap.write_dense = ps.dp_rank() == 0 && ps.cp_rank() == 0;
   snap.write_experts = ep ? ps.coords().edp == 0 : snap.write_dense;
+  snap.expert_tp_rank = ps.coords().etp;
   const bool write_model = snap.write_dense || snap.write_experts;
   const bool write_shard = opt.state_sharded() && save_optim;
   if (write_shard) snap.optimizer_steps = opt.steps();

@@ -5,7 +5,11 @@
 // smaller group diverged, Megatron-LM PR #442), then every scale is updated from its
 // history. Afterwards every rank of a stage holds the same scales, equal to the serial
 // run's: the max over all micro-batches of the global batch and over the TP shards of a
-// split tensor. Call after the step's last backward, before the next forward.
+// split tensor. The routed experts' GEMMs (model/moe/experts.h) are reduced apart, each
+// over the ranks that hold that expert (its ETP group x its expert-data-parallel group), so
+// that no expert's amax mixes with another's (stricter than Megatron, which reduces one
+// buffer over the whole amax group). Call after the step's last backward, before the next
+// forward.
 #pragma once
 #include "model/gpt_model.h"
 #include "parallel/parallel_state.h"

@@ -531,8 +531,6 @@ void validate_args(Args& a, int world_size, bool training) {
   // Combinations of the newer features that are not built yet: a clear error, never a
   // half-applied flag.
   if (a.num_experts) {
-    MCPP_CHECK_HINT(!a.fp8, "train the MoE model in bf16 (drop --fp8-format)",
-                    "--fp8-format with --num-experts: FP8 expert GEMMs are not implemented yet");
     MCPP_CHECK_HINT(a.context_parallel_size == 1, "drop --context-parallel-size for a MoE model",
                     "--context-parallel-size {} with --num-experts: the router's aux-loss "
                     "counts over TP x CP are not implemented yet",

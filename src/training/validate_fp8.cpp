@@ -84,6 +84,14 @@ void validate_fp8(const Args& a) {
                     "use --fp8-recipe delayed or tensorwise, or drop --fp8-param-gather",
                     "--fp8-param-gather with --fp8-recipe {} is not implemented by megatron.cpp",
                     r);
+    // The routed experts' weights live in the expert-data-parallel shards of the optimizer,
+    // outside the FP8 parameter gather (optim/fp8_param_gather.h), and their GEMMs cast
+    // their own weights: a half-applied flag, so refused.
+    MCPP_CHECK_HINT(!a.num_experts,
+                    "drop --fp8-param-gather for a MoE model (its FP8 expert "
+                    "GEMMs cast their own weights)",
+                    "--fp8-param-gather with --num-experts: the FP8 parameter gather of the "
+                    "routed experts' weights is not implemented by megatron.cpp");
     MCPP_CHECK_HINT(!a.log_params_norm, "drop --log-params-norm, or drop --fp8-param-gather",
                     "--log-params-norm with --fp8-param-gather: the norm reads the model's own "
                     "copy of the weights, which --fp8-param-gather keeps current only in each "

@@ -33,7 +33,7 @@ check() {  # label, world, flags...
   fi
   echo "ok $label: $et"
 }
-check moe_with_fp8 1 --num-experts 4 --disable-bias-linear --fp8-format hybrid
+check moe_with_fp8_param_gather 1 --num-experts 4 --disable-bias-linear --fp8-format hybrid --use-distributed-optimizer --fp8-param-gather
 check cp_a2a_heads 1 --cp-comm-type bogus
 check save_interval_without_save 1 --save-interval 5
 check bf16_on_cpu 1 --bf16 --device cpu

@@ -68,8 +68,21 @@ TEST(Fp8Flags, BadCombinationsAreClearErrors) {
   bad({"--fp8-format", "hybrid", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "1",
        "--num-layers-at-end-in-bf16", "1"},
       {"leave none of the 2 layers in FP8"});
-  bad({"--fp8-format", "hybrid", "--fp8-param-gather"}, {"--fp8-param-gather", "--use-distributed-optimizer"});
+  bad({"--fp8-format", "hybrid", "--fp8-param-gather"},
+      {"--fp8-param-gather", "--use-distributed-optimizer"});
   bad({"--fp8-format", "hybrid", "--fp16"}, {"--fp8-format with --fp16"});
+  // MoE: FP8 expert GEMMs are accepted; the FP8 parameter gather of expert weights is not.
+  const std::vector<std::string> moe = {"--num-experts", "4", "--disable-bias-linear"};
+  std::vector<std::string> moe_fp8 = with(base_argv(), {"--fp8-format", "hybrid"});
+  moe_fp8.insert(moe_fp8.end(), moe.begin(), moe.end());
+  EXPECT_TRUE(fp8_config(parse_and_validate(moe_fp8)).enabled());
+  bad({"--fp8-format", "hybrid", "--num-experts", "4", "--disable-bias-linear",
+       "--use-distributed-optimizer", "--fp8-param-gather"},
+      {"--fp8-param-gather with --num-experts"});
+  // Megatron's router padding for FP8 is not built: an error, never ignored.
+  bad({"--fp8-format", "hybrid", "--num-experts", "4", "--disable-bias-linear",
+       "--moe-router-padding-for-fp8"},
+      {"--moe-router-padding-for-fp8", "does not implement"});
   // argparse's choices already reject what Megatron's parser rejects.
   expect_error([] { parse_args({"--fp8-format", "e5m2"}); }, {"'e5m2' is not one of e4m3, hybrid"});
   // On the GPU FP8 needs --bf16.

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "model/fp8/fp8_param.h"
+#include "model/moe/experts.h"
 #include "ops/ops.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -17,12 +18,19 @@ namespace {
 const char* const kFp8Linears[] = {"self_attention.linear_qkv", "self_attention.linear_proj",
                                    "mlp.linear_fc1", "mlp.linear_fc2"};
 
+// The state's prefix: a linear's name (its weight's without ".weight"); a routed expert's
+// GEMM, whose weight is "<linear>.weight<e>" (model/moe/experts.h), the weight's name itself.
 std::string prefix_of(const std::string& weight) {
   const std::string suffix = ".weight";
-  MCPP_CHECK(weight.size() > suffix.size() &&
-                 weight.compare(weight.size() - suffix.size(), suffix.size(), suffix) == 0,
-             "Fp8Linear: '{}' is not a weight name", weight);
-  return weight.substr(0, weight.size() - suffix.size());
+  if (weight.size() > suffix.size() &&
+      weight.compare(weight.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return weight.substr(0, weight.size() - suffix.size());
+  const size_t dot = weight.rfind(suffix);
+  const bool expert =
+      dot != std::string::npos && dot + suffix.size() < weight.size() &&
+      weight.find_first_not_of("0123456789", dot + suffix.size()) == std::string::npos;
+  MCPP_CHECK(expert, "Fp8Linear: '{}' is not a weight name", weight);
+  return weight;
 }
 
 // Bit k set: operand k is E5M2.
@@ -42,8 +50,18 @@ void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers,
   if (!c.fp8.delayed()) return;
   for (int l : layers) {
     if (!c.fp8.layer_in_fp8(l, c.num_layers)) continue;
+    const bool moe = c.is_moe_layer(l);
+    if (moe) {  // the routed experts' GEMMs, one state each, carrying the expert index
+      std::vector<BufferInfo> experts;
+      moe::GroupedExperts::add_fp8_buffers(c, l, experts);
+      for (BufferInfo& b : experts) store.add_buffer(std::move(b));
+    }
     for (const char* name : kFp8Linears) {
-      const std::string p = layer_param_name(l, name);
+      std::string p = layer_param_name(l, name);
+      if (moe && p.find(".mlp.") != std::string::npos) {  // no dense MLP: the shared experts'
+        if (c.moe.shared_ffn_hidden_size <= 0) continue;
+        p = layer_param_name(l, std::string("mlp.shared_experts.") + (name + 4));
+      }
       // The scales start at 1 (Transformer Engine's initial scale); the history empty.
       store.add_buffer({fp8_history_name(p),
                         {c.fp8.amax_history_len, 3},
@@ -60,11 +78,12 @@ void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers,
   }
 }
 
-std::vector<Tensor> fp8_histories(const ParamStore& store) {
+std::vector<Tensor> fp8_histories(const ParamStore& store, bool experts) {
   std::vector<Tensor> out;
   const auto& infos = store.buffer_infos();
   for (size_t i = 0; i < infos.size(); ++i) {
     const std::string& n = infos[i].name;
+    if ((infos[i].expert >= 0) != experts) continue;
     const std::string tail = ".fp8_amax_history";
     if (n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0)
       out.push_back(store.buffer(i));

@@ -57,8 +57,9 @@ std::string fp8_scale_name(const std::string& prefix);
 // Registers them for the FP8 layers of the stage (nothing without --fp8-format or with the
 // tensorwise recipe). Call before ParamStore::allocate.
 void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers, ParamStore& store);
-// The delayed-scaling histories held by `store`, in registration order.
-std::vector<Tensor> fp8_histories(const ParamStore& store);
+// The delayed-scaling histories held by `store`, in registration order: the dense linears'
+// (experts false) or the routed experts' GEMMs' (experts true; BufferInfo::expert >= 0).
+std::vector<Tensor> fp8_histories(const ParamStore& store, bool experts = false);
 // Once per training step, after the amaxes are reduced: every scale from its history,
 // then the histories roll (row 0 cleared for the next step).
 void fp8_update_scales(const TransformerConfig& c, ParamStore& store, Stream& s);

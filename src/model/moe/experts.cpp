@@ -1,5 +1,7 @@
 #include "model/moe/experts.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "ops/ops.h"
 
@@ -14,6 +16,23 @@ std::string fc2_name(int layer, int64_t e) {
 }
 
 }  // namespace
+
+void GroupedExperts::add_fp8_buffers(const TransformerConfig& c, int layer,
+                                     std::vector<BufferInfo>& out) {
+  if (!c.fp8.delayed() || !c.fp8.layer_in_fp8(layer, c.num_layers)) return;
+  const int64_t e0 = c.moe.first_expert();
+  for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e)
+    for (const std::string& w : {fc1_name(layer, e), fc2_name(layer, e)}) {
+      // As a dense linear's (fp8_linear.cpp): scales start at 1, the history empty; the
+      // state is the expert's, so it travels with the expert (EP writers, resharding).
+      BufferInfo h;
+      h.name = fp8_history_name(w), h.global_shape = {c.fp8.amax_history_len, 3};
+      h.layer = layer, h.expert = int(e), h.init = Init::Zeros;
+      BufferInfo sc = h;
+      sc.name = fp8_scale_name(w), sc.global_shape = {3}, sc.init = Init::Ones;
+      out.push_back(std::move(h)), out.push_back(std::move(sc));
+    }
+}
 
 void GroupedExperts::add_params(const TransformerConfig& c, int layer,
                                 std::vector<ParamInfo>& params) {
@@ -41,7 +60,64 @@ GroupedExperts::GroupedExperts(const TransformerConfig& c, int layer, const Para
   for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {
     w1_.push_back(ParamStore::view(store, fc1_name(layer, e)));
     w2_.push_back(ParamStore::view(store, fc2_name(layer, e)));
+    f1_.emplace_back(store, fc1_name(layer, e));
+    f2_.emplace_back(store, fc2_name(layer, e));
   }
+}
+
+int64_t GroupedExperts::row_multiple(const StepContext& cx, Device dev) const {
+  if (pad_rows_ > 0) return pad_rows_;
+  if (dev == Device::CPU) return 1;           // the emulation takes any shape
+  return cx.cfg->fp8.blockwise() ? 128 : 16;  // 128: whole 128-row blocks for the block GEMMs
+}
+
+namespace {
+
+// Scratch for the padded operands, shared by every MoE layer (slot 0: the input, 1: the
+// output or output gradient, 2: the input gradient), grown to the largest use: each is read
+// by the GEMM right after it on the same stream, so the next expert may overwrite it.
+Tensor pad_scratch(int slot, const Shape& shape, DType dt, Device dev) {
+  static Tensor pool[3];
+  Tensor& buf = pool[slot];
+  const int64_t n = shape_numel(shape);
+  if (!buf.defined() || buf.numel() < n || buf.dtype() != dt || buf.device() != dev)
+    buf = Tensor::empty({std::max<int64_t>(n, buf.defined() ? buf.numel() : 0)}, dt, dev);
+  return buf.narrow(0, n).view(shape);
+}
+
+// Rows [0, n) of v into slot's first np rows, rows [n, np) zero.
+Tensor pad_rows(const Tensor& v, int64_t np, int slot, Stream& st) {
+  Tensor buf = pad_scratch(slot, {np, v.size(1)}, v.dtype(), v.device());
+  ops::fill(buf, 0.0, st);
+  Tensor head = buf.narrow(0, v.size(0));
+  ops::copy(v, head, st);
+  return buf;
+}
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+void GroupedExperts::fp8_forward(const Fp8Linear& f, const Tensor& x, bool x_split,
+                                 const ParamView& w, Tensor& y, const StepContext& cx) const {
+  const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
+  if (np == n) return f.forward(x, x_split, w.w, Tensor(), Tensor(), y, cx);
+  const Tensor xp = pad_rows(x, np, 0, cx.stream());
+  Tensor yp = pad_scratch(1, {np, y.size(1)}, y.dtype(), y.device());
+  f.forward(xp, x_split, w.w, Tensor(), Tensor(), yp, cx);
+  ops::copy(yp.narrow(0, n), y, cx.stream());
+}
+
+void GroupedExperts::fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_split,
+                                  const Tensor& x, bool x_split, const ParamView& w, Tensor& dx,
+                                  const StepContext& cx) const {
+  const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
+  if (np == n) return f.backward(dy, dy_split, x, x_split, w, ParamView{}, dx, true, cx);
+  const Tensor xp = pad_rows(x, np, 0, cx.stream());
+  const Tensor gp = pad_rows(dy, np, 1, cx.stream());
+  Tensor dxp = pad_scratch(2, {np, dx.size(1)}, dx.dtype(), dx.device());
+  f.backward(gp, dy_split, xp, x_split, w, ParamView{}, dxp, true, cx);
+  ops::copy(dxp.narrow(0, n), dx, cx.stream());
 }
 
 void GroupedExperts::saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Saved& s,
@@ -59,7 +135,13 @@ void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DTy
 }
 
 void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vector<int64_t>& counts,
-                             Saved& s, Tensor& yp, Scratch& w, Stream& st) const {
+                             Saved& s, Tensor& yp, Scratch& w, const StepContext& cx0,
+                             comm::Communicator* etp) const {
+  Stream& st = cx0.stream();
+  // The expert GEMMs' TP group is the ETP group (fp8_linear.h: a split tensor's amax)
+  StepContext cx = cx0;
+  cx.tp_comm = etp;
+  const bool fp8 = !f1_.empty() && f1_[0].on(cx);
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
@@ -69,7 +151,10 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
     const int64_t n = counts[e];
     if (n == 0) continue;  // an expert without tokens: nothing to compute
     Tensor h = fc1.narrow(off, n);
-    ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, st);
+    if (fp8)
+      fp8_forward(f1_[e], xp.narrow(off, n), false, w1_[e], h, cx);
+    else
+      ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, st);
     off += n;
   }
   if (cfg_->swiglu)
@@ -82,14 +167,22 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
     const int64_t n = counts[e];
     if (n == 0) continue;
     Tensor y = yp.narrow(off, n);
-    ops::linear_forward(ap.narrow(off, n), w2_[e].w, Tensor(), y, st);
+    if (fp8)
+      fp8_forward(f2_[e], ap.narrow(off, n), etp != nullptr, w2_[e], y, cx);
+    else
+      ops::linear_forward(ap.narrow(off, n), w2_[e].w, Tensor(), y, st);
     off += n;
   }
 }
 
 void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor& p,
                               const std::vector<int64_t>& counts, const Saved& s, Tensor& dxp,
-                              Tensor& dp, Scratch& w, Stream& st) {
+                              Tensor& dp, Scratch& w, const StepContext& cx0,
+                              comm::Communicator* etp) {
+  Stream& st = cx0.stream();
+  StepContext cx = cx0;
+  cx.tp_comm = etp;
+  const bool fp8 = !f1_.empty() && f1_[0].on(cx);
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
@@ -102,8 +195,12 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
     const int64_t n = counts[e];
     if (n == 0) continue;
     Tensor dx = dap.narrow(off, n);
-    ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false, w2_[e].g,
-                         none, st);
+    if (fp8)
+      fp8_backward(f2_[e], dyp.narrow(off, n), false, ap.narrow(off, n), etp != nullptr, w2_[e], dx,
+                   cx);
+    else
+      ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false, w2_[e].g,
+                           none, st);
     off += n;
   }
   ops::moe_row_dot(dap, act, dp, st);
@@ -117,8 +214,12 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
     const int64_t n = counts[e];
     if (n == 0) continue;
     Tensor dx = dxp.narrow(off, n);
-    ops::linear_backward(dfc1.narrow(off, n), xp.narrow(off, n), w1_[e].w, dx, false, w1_[e].g,
-                         none, st);
+    if (fp8)
+      fp8_backward(f1_[e], dfc1.narrow(off, n), etp != nullptr, xp.narrow(off, n), false, w1_[e],
+                   dx, cx);
+    else
+      ops::linear_backward(dfc1.narrow(off, n), xp.narrow(off, n), w1_[e].w, dx, false, w1_[e].g,
+                           none, st);
     off += n;
   }
 }

@@ -12,17 +12,36 @@
 // parallelism a rank holds its El = E/EP experts only (still named by global index e =
 // ep_rank*El + j) and counts are per local expert. An expert
 // with no rows runs no GEMM and its gradients stay as they are.
+//
+// FP8 (--fp8-format, docs/fp8.md "Routed experts"): each expert GEMM is an Fp8Linear of its
+// own (fc1_e, fc2_e: fprop, dgrad and wgrad as a dense linear's, every recipe), with its own
+// scaling state (delayed: buffers named after the expert's weight, add_fp8_buffers below).
+// fc1_e is column-parallel over the ETP group (its input whole, its output gradient split),
+// fc2_e row-parallel (its input split): current scaling reduces a split tensor's amax over
+// the ETP group, the expert's `etp` communicator (null when the experts are not split). The
+// routing probability stays outside the GEMMs (applied in the model's dtype). On CUDA an
+// expert's rows are copied into a zero-padded scratch of a multiple of 16 rows (128 under
+// blockwise) when its count is not one: cuBLASLt's FP8 GEMMs need every dimension such a
+// multiple, and zero rows change no amax, no output row and no weight gradient.
 #pragma once
 #include <vector>
 
+#include "model/fp8/fp8_linear.h"
 #include "model/module.h"
 #include "model/params.h"
+
+namespace mcpp::comm {
+class Communicator;
+}
 
 namespace mcpp::model::moe {
 
 class GroupedExperts {
  public:
   static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  // The delayed-scaling buffers of this rank's experts' GEMMs (FP8 layers, delayed recipe),
+  // carrying the expert index: checkpointed and resharded as the expert weights are.
+  static void add_fp8_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out);
   GroupedExperts() = default;
   GroupedExperts(const TransformerConfig& c, int layer, const ParamStore* store);
 
@@ -40,17 +59,32 @@ class GroupedExperts {
                             const TensorVisitor& v);
 
   // xp [N,H], p [N] (statistics dtype) -> yp [N,H]; counts [El] rows per local expert
-  // (sum N).
+  // (sum N). etp: the group the experts are split over (null when whole).
   void forward(const Tensor& xp, const Tensor& p, const std::vector<int64_t>& counts, Saved& s,
-               Tensor& yp, Scratch& w, Stream& st) const;
+               Tensor& yp, Scratch& w, const StepContext& cx, comm::Communicator* etp) const;
   // dyp [N,H] -> dxp [N,H] (=), dp [N] (=); weight gradients +=.
   void backward(const Tensor& dyp, const Tensor& xp, const Tensor& p,
                 const std::vector<int64_t>& counts, const Saved& s, Tensor& dxp, Tensor& dp,
-                Scratch& w, Stream& st);
+                Scratch& w, const StepContext& cx, comm::Communicator* etp);
+
+  // Rows an FP8 expert GEMM's operands are padded to a multiple of; 0 (default): 16 on CUDA
+  // (128 under blockwise), none on the CPU. Tests set it on the CPU to check that the padding
+  // changes nothing.
+  void set_fp8_row_multiple(int64_t m) { pad_rows_ = m; }
 
  private:
+  // One FP8 expert GEMM pass over rows [off, off + n) (padded on CUDA): fprop into y, or the
+  // backward (dgrad into dx, wgrad into the weight's gradient).
+  void fp8_forward(const Fp8Linear& f, const Tensor& x, bool x_split, const ParamView& w, Tensor& y,
+                   const StepContext& cx) const;
+  void fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_split, const Tensor& x,
+                    bool x_split, const ParamView& w, Tensor& dx, const StepContext& cx) const;
+  int64_t row_multiple(const StepContext& cx, Device dev) const;
+
   const TransformerConfig* cfg_ = nullptr;
   std::vector<ParamView> w1_, w2_;
+  std::vector<Fp8Linear> f1_, f2_;  // one per local expert and GEMM
+  int64_t pad_rows_ = 0;
 };
 
 }  // namespace mcpp::model::moe

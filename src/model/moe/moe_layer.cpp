@@ -17,6 +17,15 @@ namespace {
 // shard); none otherwise (TP 1, or generation, where every TP rank holds every token).
 comm::Communicator* dispatch_group(const StepContext& cx) { return cx.sp ? cx.tp_comm : nullptr; }
 
+// The group the experts are split over (ETP > 1): the ETP group when it is smaller than TP,
+// else the TP group; null when the experts are whole. FP8 reduces a split tensor's amax
+// over it (model/moe/experts.h).
+comm::Communicator* expert_tp_group(const TransformerConfig& c, comm::Communicator* etp,
+                                    const StepContext& cx) {
+  if (c.moe_etp() <= 1) return nullptr;
+  return etp ? etp : cx.tp_comm;
+}
+
 // The rows a rank sends to the experts (host): the permute's source token, the unpermute's
 // CSR (offsets, rows), rows per expert, and per row (token * k + slot), -1 for padding.
 struct RowSet {
@@ -272,10 +281,13 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_->ye.narrow(0, Ne);
     ep::dispatch_alltoall(xp, xe, s.plan, ep_, st);
     ep::dispatch_alltoall(p, pe, s.plan, ep_, st);
-    if (Ne > 0) experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_->experts, st);
+    if (Ne > 0)
+      experts_.forward(xe, pe, s.plan.tokens_per_local_expert, s.experts, ye, w_->experts, cx,
+                       expert_tp_group(*cfg_, etp_, cx));
     ep::combine_alltoall(ye, yp, s.plan, ep_, st);
   } else if (N > 0) {
-    experts_.forward(xp, p, s.row_counts, s.experts, yp, w_->experts, st);
+    experts_.forward(xp, p, s.row_counts, s.experts, yp, w_->experts, cx,
+                     expert_tp_group(*cfg_, etp_, cx));
   }
   ops::moe_unpermute(yp, s.off, s.rows, yn, st);
   // No SP (generation): the TP ranks' ETP shards summed; whole experts (ETP 1) are not.
@@ -333,11 +345,12 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
       ep::combine_alltoall_backward(gp, ge, s.plan, ep_, st);
       if (Ne > 0)
         experts_.backward(ge, xe, pe, s.plan.tokens_per_local_expert, s.experts, dxe, dpe,
-                          w_->experts, st);
+                          w_->experts, cx, expert_tp_group(*cfg_, etp_, cx));
       ep::dispatch_alltoall_backward(dxe, dxp, s.plan, ep_, st);
       ep::dispatch_alltoall_backward(dpe, dp, s.plan, ep_, st);
     } else if (N > 0) {
-      experts_.backward(gp, xp, p, s.row_counts, s.experts, dxp, dp, w_->experts, st);
+      experts_.backward(gp, xp, p, s.row_counts, s.experts, dxp, dp, w_->experts, cx,
+                        expert_tp_group(*cfg_, etp_, cx));
     }
     // d(loss)/dp of tokens outside the span stays 0 here (their ETP group sets it).
     ops::moe_unpermute(dxp, s.off, s.rows, dxn, st);
@@ -507,7 +520,8 @@ void MoeLayer::allgather_forward(const Tensor& x, int64_t t0, int64_t T, Tensor&
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ye = w_->ye.narrow(0, Ne);
     ops::gather_rows(tall, s.ag_src, xe, st);
     from_host(pr, pe, st);
-    experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_->experts, st);
+    experts_.forward(xe, pe, s.ag_counts, s.experts, ye, w_->experts, cx,
+                     expert_tp_group(*cfg_, etp_, cx));
     ops::moe_unpermute(ye, s.ag_off, s.ag_rows, tall, st);
   } else {
     ops::fill(tall, 0.0, st);
@@ -528,7 +542,8 @@ void MoeLayer::allgather_backward(const Tensor& g, Tensor& dx, Saved& s,
     Tensor xe = s.xe.narrow(0, Ne), pe = s.pe.narrow(0, Ne), ge = w_->ge.narrow(0, Ne);
     Tensor dxe = w_->dxe.narrow(0, Ne), dpe = w_->dpe.narrow(0, Ne);
     ops::gather_rows(tall, s.ag_src, ge, st);
-    experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_->experts, st);
+    experts_.backward(ge, xe, pe, s.ag_counts, s.experts, dxe, dpe, w_->experts, cx,
+                      expert_tp_group(*cfg_, etp_, cx));
     ops::moe_unpermute(dxe, s.ag_off, s.ag_rows, tall, st);
     const std::vector<double> dpv = to_host(dpe, st);
     for (int64_t n = 0; n < Ne; ++n) dp_all[size_t(s.ag_slot[size_t(n)])] = dpv[size_t(n)];
