@@ -15,6 +15,14 @@ double sum_over(comm::Communicator& group, double v) {
   return t.data<double>()[0];
 }
 
+void sum_over(comm::Communicator& group, std::vector<double>& values) {
+  if (group.size() == 1 || values.empty()) return;
+  Tensor t = Tensor::from(values, {int64_t(values.size())});
+  group.all_reduce(t, comm::ReduceOp::Sum, ops::default_stream(Device::CPU));
+  const double* p = t.data<double>();
+  values.assign(p, p + values.size());
+}
+
 std::vector<std::string> all_gather_strings(comm::Communicator& group, const std::string& mine) {
   Stream& st = ops::default_stream(Device::CPU);
   const int n = group.size();

@@ -13,6 +13,8 @@ namespace mcpp::parallel {
 
 // Sum of one number over the group.
 double sum_over(comm::Communicator& group, double v);
+// Element-wise sum of `values` over the group, in place (every member passes as many).
+void sum_over(comm::Communicator& group, std::vector<double>& values);
 // Every member's `mine`, by group rank (lengths first, then the bytes padded to the
 // longest).
 std::vector<std::string> all_gather_strings(comm::Communicator& group, const std::string& mine);

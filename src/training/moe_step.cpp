@@ -2,19 +2,10 @@
 
 #include "model/moe/moe_layer.h"
 #include "ops/ops.h"
+#include "parallel/host_collectives.h"
+#include "training/forward_backward.h"
 
 namespace mcpp::training {
-namespace {
-
-void all_reduce_sum(comm::Communicator& g, std::vector<double>& v) {
-  if (g.size() == 1 || v.empty()) return;
-  Tensor t = Tensor::from(v, {int64_t(v.size())});
-  g.all_reduce(t, comm::ReduceOp::Sum, ops::default_stream(Device::CPU));
-  const double* p = t.data<double>();
-  v.assign(p, p + v.size());
-}
-
-}  // namespace
 
 std::vector<std::pair<std::string, double>> moe_finish_global_batch(
     model::GPTModel& m, const parallel::ParallelState& ps, bool per_layer_logging) {
@@ -29,13 +20,14 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
   }
   const int64_t E = c.moe.num_experts;
   for (auto* l : layers) l->sync_stats();  // the device routing's losses, once per batch
-  // Expert bias: counts over DP, then the sign update (Megatron's get_updated_expert_bias).
+  // Expert bias: counts over DP x CP (a TP group routes the same tokens on every member),
+  // then the sign update (Megatron's get_updated_expert_bias).
   if (c.moe.expert_bias) {
     std::vector<double> counts;
     for (auto* l : layers)
       counts.insert(counts.end(), l->stats().tokens_per_expert.begin(),
                     l->stats().tokens_per_expert.end());
-    all_reduce_sum(ps.dp(), counts);
+    parallel::sum_over(data_cp_group(ps), counts);
     for (size_t i = 0; i < layers.size(); ++i) {
       std::vector<double> b = layers[i]->router().expert_bias();
       double mean = 0;
@@ -56,8 +48,10 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
     const double n = double(std::max<int64_t>(1, s.forwards));
     v[size_t(l->layer())] = s.aux_loss / n, v[L + size_t(l->layer())] = s.z_loss / n;
   }
-  if (ps.layout().pp() > 1) all_reduce_sum(ps.pp(), v);
-  all_reduce_sum(ps.dp(), v);
+  // Summed over the pipeline (each stage its layers) and over CP (each rank its tokens'
+  // share of the losses, routing.h), averaged over DP.
+  if (ps.layout().pp() > 1) parallel::sum_over(ps.pp(), v);
+  parallel::sum_over(data_cp_group(ps), v);
   for (double& x : v) x /= double(ps.layout().dp());
   for (auto* l : layers) {  // the next global batch starts counting
     auto& s = l->stats();

@@ -528,14 +528,6 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_observe(a);
   validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
   validate_qk_layernorm(a);  // ---- q/k layernorm
-  // Combinations of the newer features that are not built yet: a clear error, never a
-  // half-applied flag.
-  if (a.num_experts) {
-    MCPP_CHECK_HINT(a.context_parallel_size == 1, "drop --context-parallel-size for a MoE model",
-                    "--context-parallel-size {} with --num-experts: the router's aux-loss "
-                    "counts over TP x CP are not implemented yet",
-                    a.context_parallel_size);
-  }
 }
 
 }  // namespace mcpp::training

@@ -3,7 +3,7 @@
 #   serial WORK FAMILY MEGATRON FLAGS...          reference run: WORK/FAMILY/serial.{log,ckpt}
 #   parallel WORK FAMILY NAME NP MEGATRON COMPARE MPIRUN... -- FLAGS... -- PARALLEL_FLAGS...
 #       runs `MPIRUN -np NP MEGATRON train FLAGS PARALLEL_FLAGS`; its per-iteration lm loss
-#       must equal the serial run's within 1e-5 relative, and its final checkpoint (all
+#       (and a MoE model's logged aux losses) must equal the serial run's within 1e-5 relative, and its final checkpoint (all
 #       parameters, both Adam moments, read back at TP 1) too.
 #   resume (same arguments) [-- RESUME_NP RESUME_FLAGS...]
 #       runs the parallel layout to iteration 10 (--exit-interval 10, saving), then resumes
@@ -15,18 +15,20 @@
 #       checkpoints equal bit for bit (COMPARE with tolerance 0).
 set -euo pipefail
 RTOL=1e-5
-losses() { grep -Eo 'iteration +[0-9]+/ *[0-9]+ \|.* lm loss: [0-9.E+-]+' "$1" |
-           sed -E 's/iteration +([0-9]+)\/.* lm loss: ([0-9.E+-]+)/\1 \2/'; }
-compare_losses() {  # compare_losses REF_LOG LOG [FIRST_ITER]
-  local first=${3:-1}
-  join <(losses "$1" | awk -v f="$first" '$1>=f' | sort -k1,1) \
-       <(losses "$2" | awk -v f="$first" '$1>=f' | sort -k1,1) |
-  awk -v tol=$RTOL -v first="$first" '
+losses() {  # losses LOG [FIELD]: "iteration value" per logged iteration (FIELD: lm loss)
+  local f=${2:-lm loss}
+  grep -Eo "iteration +[0-9]+/ *[0-9]+ \|.*\| $f: [0-9.E+-]+" "$1" |
+    sed -E "s/iteration +([0-9]+)\/.*\| $f: ([0-9.E+-]+)/\1 \2/"; }
+compare_losses() {  # compare_losses REF_LOG LOG [FIRST_ITER [FIELD]]
+  local first=${3:-1} field=${4:-lm loss}
+  join <(losses "$1" "$field" | awk -v f="$first" '$1>=f' | sort -k1,1) \
+       <(losses "$2" "$field" | awk -v f="$first" '$1>=f' | sort -k1,1) |
+  awk -v tol=$RTOL -v first="$first" -v field="$field" '
     { n++; d = $2 - $3; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / m;
       if (r > worst) worst = r;
-      if (r > tol) { bad++; printf "FAIL: iteration %d: lm loss %s vs serial %s (relative %.2e)\n", $1, $3, $2, r } }
-    END { if (n < 10) { printf "FAIL: only %d iterations (from %d) to compare\n", n, first; exit 1 }
-          printf "%s: %d iterations of lm loss, worst relative difference %.2e\n", bad ? "FAIL" : "ok", n, worst;
+      if (r > tol) { bad++; printf "FAIL: iteration %d: %s %s vs serial %s (relative %.2e)\n", $1, field, $3, $2, r } }
+    END { if (n < 10) { printf "FAIL: only %d iterations (from %d) of %s to compare\n", n, first, field; exit 1 }
+          printf "%s: %d iterations of %s, worst relative difference %.2e\n", bad ? "FAIL" : "ok", n, field, worst;
           exit bad ? 1 : 0 }'
 }
 mode=$1; shift
@@ -66,6 +68,10 @@ parallel|resume|same)
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" > "$out.log" 2>&1 ||
       { cat "$out.log"; exit 1; }
     compare_losses "$d/serial.log" "$out.log"
+    # MoE: the logged aux losses too (summed over CP, averaged over DP as one process logs them)
+    for f in load_balancing_loss seq_load_balancing_loss z_loss; do
+      grep -q "| $f: " "$d/serial.log" && compare_losses "$d/serial.log" "$out.log" 1 "$f"
+    done
   else
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" --exit-interval 10 \
       > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }

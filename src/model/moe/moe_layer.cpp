@@ -5,6 +5,7 @@
 #include "model/moe/transfer.h"
 #include "ops/ops.h"
 #include "parallel/expert_parallel/token_dispatch.h"
+#include "parallel/host_collectives.h"
 #include "parallel/tensor_parallel/mappings.h"
 
 namespace mcpp::model::moe {
@@ -212,8 +213,13 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   } else {
     s.logits = to_host(*logits, st);
     const std::vector<double> bias = router_.expert_bias();
+    AuxLossGroup cp;  // context parallelism: the aux counts over the CP group (routing.h)
+    if (cx.cp_comm) {
+      cp.ranks = cx.cp_comm->size();
+      cp.sum = [&](std::vector<double>& v) { parallel::sum_over(*cx.cp_comm, v); };
+    }
     s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
-                      group ? group->size() : 1);
+                      group ? group->size() : 1, cp);
     const Routing& r = s.routing;
     stats_.last_aux_loss = r.aux_loss, stats_.last_z_loss = r.z_loss;
     if (cx.keys.training &&
@@ -402,7 +408,9 @@ ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
 
 bool MoeLayer::routes_on_device(const StepContext& cx, bool all_rows) const {
   const auto& m = cfg_->moe;
+  // (Context parallelism routes on the host: its aux counts are summed over the CP group.)
   return cx.dev == Device::CUDA && m.capacity_factor <= 0 && all_rows && !(ep_ && !m.alltoall) &&
+         !cx.cp_comm &&
          m.num_experts <= ops::kMoeRouteMaxExpertsCuda && m.topk <= ops::kMoeRouteMaxTopkCuda;
 }
 

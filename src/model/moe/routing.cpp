@@ -63,11 +63,11 @@ void aux_score(const TransformerConfig::Moe& m, const double* l, int64_t E, doub
 }  // namespace
 
 Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, int64_t B,
-              const double* bias, int64_t blocks) {
+              const double* bias, int64_t blocks, const AuxLossGroup& cp) {
   const int64_t E = m.num_experts, k = m.topk;
   MCPP_CHECK(blocks >= 1 && T % blocks == 0, "route: {} tokens in {} blocks", T, blocks);
   Routing r;
-  r.T = T, r.E = E, r.k = k;
+  r.T = T, r.E = E, r.k = k, r.cp = cp.ranks;
   r.idx.resize(size_t(T * k)), r.prob.resize(size_t(T * k)), r.kept.assign(size_t(T * k), 1);
   r.topk_raw.resize(size_t(T * k));
   const bool keep_scores = m.pre_softmax || m.sigmoid;
@@ -154,10 +154,10 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
   for (size_t n = 0; n < r.row_token.size(); ++n)
     r.tok_rows[size_t(fill[size_t(r.row_token[n])]++)] = int64_t(n);
 
-  // Aux losses over all T tokens.
+  // Aux losses over all T tokens (of the CP group's: T x CP).
   if (m.balance != Balance::None && m.aux_loss_coeff > 0) {
     const bool seq = m.balance == Balance::SeqAuxLoss;
-    const int64_t groups = seq ? B : 1, Tg = seq ? T / B : T;
+    const int64_t groups = seq ? B : 1, Tg = (seq ? T / B : T) * r.cp;
     r.aux_scores.resize(size_t(T * E));
     r.aux_counts.assign(size_t(groups * E), 0);
     std::vector<int32_t> top(static_cast<size_t>(k));
@@ -167,6 +167,7 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
       topk(s, E, k, top.data());
       for (int32_t e : top) r.aux_counts[size_t((seq ? t % B : 0) * E + e)] += 1;
     }
+    if (cp.sum) cp.sum(r.aux_counts);
     double L = 0;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t e = 0; e < E; ++e)
@@ -182,7 +183,7 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
       softmax(logits + t * E, E, tmp.data(), &r.lse[size_t(t)]);
       z += r.lse[size_t(t)] * r.lse[size_t(t)];
     }
-    r.z_loss = m.z_loss_coeff * z / double(T);
+    r.z_loss = m.z_loss_coeff * z / double(T * r.cp);
   }
   return r;
 }
@@ -224,7 +225,7 @@ void route_backward(const TransformerConfig::Moe& m, const Routing& r, const dou
   // Aux loss: dL/ds[t,e] = coeff E/(k Tg^2) c_e / groups, through the aux score function.
   if (!r.aux_scores.empty()) {
     const bool seq = m.balance == Balance::SeqAuxLoss;
-    const int64_t groups = seq ? B : 1, Tg = seq ? T / B : T;
+    const int64_t groups = seq ? B : 1, Tg = (seq ? T / B : T) * r.cp;
     const double c = aux_scale * m.aux_loss_coeff * double(E) /
                      (double(k) * double(Tg) * double(Tg)) / double(groups);
     for (int64_t t = r0; t < r1; ++t) {
@@ -250,7 +251,7 @@ void route_backward(const TransformerConfig::Moe& m, const Routing& r, const dou
   if (!r.lse.empty()) {  // dL/dl = coeff * 2 lse softmax(l) / T
     for (int64_t t = r0; t < r1; ++t) {
       softmax(logits + t * E, E, tmp.data());
-      const double c = aux_scale * m.z_loss_coeff * 2.0 * r.lse[size_t(t)] / double(T);
+      const double c = aux_scale * m.z_loss_coeff * 2.0 * r.lse[size_t(t)] / double(T * r.cp);
       for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] += c * tmp[size_t(e)];
     }
   }

@@ -20,8 +20,15 @@
 //   z_loss:        L = coeff * mean_t logsumexp_e(l[t,e])^2
 // where s is the full softmax (sigmoid: s/sum s) and c_e counts a separate top-k of s.
 // Ties in every top-k go to the lower index (deterministic).
+//
+// Context parallelism splits each sequence over CP ranks: every rank routes its own tokens,
+// the counts c_e (per sequence for seq_aux_loss) are summed over the CP group and T (S) is
+// the CP group's, so each rank's L and z-loss are its tokens' share of the whole sequences'
+// and their sum over the CP ranks, like the gradients' sum, is the one-process value
+// (Megatron's TP x CP reduction of the counts; its 1/|CP| on the z-loss).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/config.h"
@@ -47,13 +54,20 @@ struct Routing {
   std::vector<double> aux_counts;  // [E] or [B,E] (seq_aux_loss) counts c
   std::vector<double> lse;         // [T] logsumexp of the logits (z-loss)
   int64_t capacity = 0;            // 0: dropless
+  int64_t cp = 1;                  // the CP ranks sharing the aux losses' token count
+};
+
+// Context parallelism (see above): the CP group's size and a sum of the aux counts over it.
+struct AuxLossGroup {
+  int64_t ranks = 1;
+  std::function<void(std::vector<double>&)> sum;
 };
 
 // logits [T,E] (row t = token t of the sequence-first [S,B] order); bias [E] or null.
 // blocks: capacity is applied per block of T/blocks consecutive tokens (one SP rank's).
 // B: sequences (seq_aux_loss groups token t into sequence t % B).
 Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, int64_t B,
-              const double* bias, int64_t blocks = 1);
+              const double* bias, int64_t blocks = 1, const AuxLossGroup& cp = {});
 
 // dlogits [T,E] (=) from d(loss)/d(prob) dprob [T,k] (rows of dropped slots are ignored);
 // aux and z-loss gradients are added for tokens [r0, r1) only (aux_scale multiplies them:
