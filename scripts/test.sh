@@ -10,6 +10,8 @@ scripts/fetch_assets.sh all >/dev/null
 BUILD=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/ccache}
+# Paths hashed relative to the checkout: a cache filled in one clone serves another.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD" -j "$JOBS"
 # Many test processes on few cores: one BLAS/OpenMP thread each unless told.
