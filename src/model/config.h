@@ -90,6 +90,7 @@ struct TransformerConfig {
     double capacity_factor = 0;              // --moe-expert-capacity-factor (0: dropless)
     bool pad_to_capacity = false;            // --moe-pad-expert-input-to-capacity
     bool drop_by_position = false;           // --moe-token-drop-policy position
+    int64_t pad_multiple = 0;                // --moe-router-padding-for-fp8: 16 (routing.h)
     int64_t shared_ffn_hidden_size = 0;      // --moe-shared-expert-intermediate-size
     bool shared_expert_gate = false;         // --moe-shared-expert-gate
     // Expert parallelism: this rank holds experts [ep_rank*El, (ep_rank+1)*El), El = E/ep_size

@@ -284,6 +284,7 @@ struct Args {
   bool moe_shared_expert_gate = false;
   std::optional<int64_t> expert_tensor_parallel_size;     // default: TP
   bool moe_per_layer_logging = false;
+  bool moe_router_padding_for_fp8 = false;  // FP8: expert row counts padded to 16 (routing.h)
   // Set by validate_moe: 1 where layer i is a MoE layer (--moe-layer-freq), one per layer;
   // empty for a dense model. The single aux-loss coefficient and type.
   std::vector<int64_t> moe_layer_pattern;

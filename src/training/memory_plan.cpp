@@ -72,6 +72,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     m.z_loss_coeff = a.moe_z_loss_coeff.value_or(0.0);
     m.capacity_factor = a.moe_expert_capacity_factor.value_or(0.0);
     m.pad_to_capacity = a.moe_pad_expert_input_to_capacity;
+    m.pad_multiple = a.moe_router_padding_for_fp8 ? 16 : 0;  // Megatron's FP8 alignment
     m.drop_by_position = a.moe_token_drop_policy == "position";
     m.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
     m.shared_expert_gate = a.moe_shared_expert_gate;

@@ -130,7 +130,7 @@ void validate_moe(Args& a) {
           "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
           "moe_router_dtype", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
           "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-          "moe_per_layer_logging", "moe_layer_freq"})
+          "moe_per_layer_logging", "moe_layer_freq", "moe_router_padding_for_fp8"})
       MCPP_CHECK_HINT(!a.was_given(f), "add --num-experts E, or drop the flag",
                       "{} applies to mixture-of-experts models only, and --num-experts was "
                       "not given",
@@ -255,6 +255,17 @@ void validate_moe(Args& a) {
                   "add --moe-shared-expert-intermediate-size N, or drop --moe-shared-expert-gate",
                   "--moe-shared-expert-gate needs shared experts "
                   "(--moe-shared-expert-intermediate-size)");
+  // Megatron's checks of the FP8 router padding (TransformerConfig.__post_init__).
+  if (a.moe_router_padding_for_fp8) {
+    MCPP_CHECK_HINT(a.fp8, "add --fp8-format, or drop --moe-router-padding-for-fp8",
+                    "--moe-router-padding-for-fp8 needs FP8 training (--fp8-format), as in "
+                    "Megatron");
+    MCPP_CHECK_HINT(a.moe_token_dispatcher_type == "alltoall",
+                    "add --moe-token-dispatcher-type alltoall",
+                    "--moe-router-padding-for-fp8 with --moe-token-dispatcher-type {}: Megatron's "
+                    "allgather dispatcher does not support the router padding",
+                    a.moe_token_dispatcher_type);
+  }
   MCPP_CHECK_HINT(a.moe_token_dispatcher_type == "allgather" ||
                       a.moe_token_dispatcher_type == "alltoall",
                   "use --moe-token-dispatcher-type allgather or alltoall",

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "../training/test_util.h"
+#include "training/memory_plan.h"
 #include "training/validate_fp8.h"
 
 using namespace mcpp;
@@ -79,10 +80,19 @@ TEST(Fp8Flags, BadCombinationsAreClearErrors) {
   bad({"--fp8-format", "hybrid", "--num-experts", "4", "--disable-bias-linear",
        "--use-distributed-optimizer", "--fp8-param-gather"},
       {"--fp8-param-gather with --num-experts"});
-  // Megatron's router padding for FP8 is not built: an error, never ignored.
+  // Megatron's router padding for FP8: its checks (FP8, the alltoall dispatcher), then the
+  // pad multiple 16 in the model's config.
   bad({"--fp8-format", "hybrid", "--num-experts", "4", "--disable-bias-linear",
        "--moe-router-padding-for-fp8"},
-      {"--moe-router-padding-for-fp8", "does not implement"});
+      {"--moe-router-padding-for-fp8", "allgather", "alltoall"});
+  bad({"--num-experts", "4", "--disable-bias-linear", "--moe-token-dispatcher-type", "alltoall",
+       "--moe-router-padding-for-fp8"},
+      {"--moe-router-padding-for-fp8 needs FP8 training"});
+  bad({"--moe-router-padding-for-fp8"}, {"--moe-router-padding-for-fp8", "--num-experts"});
+  std::vector<std::string> padded = moe_fp8;
+  for (const char* f : {"--moe-token-dispatcher-type", "alltoall", "--moe-router-padding-for-fp8"})
+    padded.push_back(f);
+  EXPECT_EQ(model_config(parse_and_validate(padded), Device::CPU, DType::F32).moe.pad_multiple, 16);
   // argparse's choices already reject what Megatron's parser rejects.
   expect_error([] { parse_args({"--fp8-format", "e5m2"}); }, {"'e5m2' is not one of e4m3, hybrid"});
   // On the GPU FP8 needs --bf16.

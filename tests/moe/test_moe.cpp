@@ -174,6 +174,48 @@ TEST(MoeRouting, CapacityDropPolicies) {
   EXPECT_EQ(r.row_token[1], 3);
 }
 
+// --moe-router-padding-for-fp8 (pad multiple 16): every expert's rows of each block become a
+// multiple of 16 with the block's earliest tokens not routed there (Megatron's
+// pad_routing_map), at probability 0; the routed rows and the expert-bias counts unchanged.
+TEST(MoeRouting, Fp8PaddingPadsEachExpertWithTheEarliestOtherTokens) {
+  auto m = moe_cfg(4, 2);
+  const int64_t T = 40, blocks = 2, Tb = T / blocks;
+  auto l = random_logits(T * 4, 21);
+  const auto plain = moe::route(m, l.data(), T, 1, nullptr, blocks);
+  m.pad_multiple = 16;
+  const auto r = moe::route(m, l.data(), T, 1, nullptr, blocks);
+  EXPECT_EQ(r.idx, plain.idx);
+  EXPECT_EQ(r.prob, plain.prob);
+  EXPECT_EQ(r.tokens_per_expert, plain.tokens_per_expert);
+  int64_t n = 0, padded = 0;
+  for (int64_t e = 0; e < 4; ++e) {
+    // Rows of expert e, block by block (tokens ascending inside the expert).
+    std::vector<std::vector<int64_t>> routed(blocks), pad(blocks);
+    for (int64_t i = 0; i < r.counts[size_t(e)]; ++i, ++n) {
+      const int64_t t = r.row_token[size_t(n)];
+      (r.row_slot[size_t(n)] < 0 ? pad : routed)[size_t(t / Tb)].push_back(t);
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t have = int64_t(routed[size_t(b)].size()), add = int64_t(pad[size_t(b)].size());
+      EXPECT_EQ((have + add) % 16, 0) << "expert " << e << " block " << b;
+      EXPECT_LT(add, 16);
+      // The padding tokens: the earliest of the block that are not routed to e.
+      std::vector<int64_t> expect;
+      for (int64_t t = b * Tb; t < (b + 1) * Tb && int64_t(expect.size()) < add; ++t)
+        if (std::find(routed[size_t(b)].begin(), routed[size_t(b)].end(), t) ==
+            routed[size_t(b)].end())
+          expect.push_back(t);
+      std::vector<int64_t> got = pad[size_t(b)];
+      std::sort(got.begin(), got.end());
+      EXPECT_EQ(got, expect) << "expert " << e << " block " << b;
+      padded += add;
+    }
+  }
+  EXPECT_EQ(n, int64_t(r.row_token.size()));
+  EXPECT_GT(padded, 0);
+  EXPECT_EQ(int64_t(r.row_token.size()), int64_t(plain.row_token.size()) + padded);
+}
+
 // ---- routing gradients -------------------------------------------------------------------
 
 TEST(MoeRoutingGrad, SoftmaxWithAuxLoss) {
@@ -333,6 +375,42 @@ TEST(MoeModelGrad, SharedExpertsWithAndWithoutGateInterleavedLayers) {
   c.moe.shared_expert_gate = true, c.moe.sigmoid = true, c.moe.topk = 3;
   c.moe.balance = Balance::SeqAuxLoss, c.moe.topk_scaling_factor = 1.5;
   model_fd(c);
+}
+
+// The FP8 router padding's rows carry probability 0: without FP8, the model's loss and
+// every gradient are those of the unpadded model (f64; dropless and with capacity).
+TEST(MoeModel, Fp8RouterPaddingChangesNoValueWithoutFp8) {
+  for (bool capacity : {false, true}) {
+    auto c = tiny_moe(true, 2, 0.2);
+    if (capacity) c.moe.capacity_factor = 1.0;
+    auto run = [&](int64_t pad, std::vector<Tensor>& grads, int64_t& rows) {
+      auto cc = c;
+      cc.moe.pad_multiple = pad;
+      model::GPTModel m(cc);
+      auto mb = batch(2, cc.seq_length, 13, 11);
+      model::StepKeys keys;
+      keys.iteration = 3;
+      m.params().zero_grads();
+      const double f = total(m, mb, keys);
+      m.backward(1.0);
+      for (size_t i = 0; i < m.params().infos().size(); ++i) grads.push_back(m.params().grad(i).clone());
+      rows = 0;
+      for (auto* l : moe_layers(m))
+        for (double n : l->stats().tokens_per_expert) rows += int64_t(n);
+      return f;
+    };
+    std::vector<Tensor> g0, g1;
+    int64_t rows0 = 0, rows1 = 0;
+    const double f0 = run(0, g0, rows0), f1 = run(16, g1, rows1);
+    EXPECT_NEAR(f1, f0, 1e-12 * std::abs(f0)) << "capacity " << capacity;
+    EXPECT_EQ(rows1, rows0);  // the expert-bias counts leave the padding out
+    ASSERT_EQ(g0.size(), g1.size());
+    for (size_t i = 0; i < g0.size(); ++i)
+      for (int64_t j = 0; j < g0[i].numel(); ++j)
+        EXPECT_NEAR(g1[i].data<double>()[j], g0[i].data<double>()[j],
+                    1e-12 * std::max(1.0, std::abs(g0[i].data<double>()[j])))
+            << "param " << i << " [" << j << "] capacity " << capacity;
+  }
 }
 
 TEST(MoeModelGrad, CapacityWithPadding) {

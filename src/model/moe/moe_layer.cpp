@@ -69,13 +69,18 @@ RowSet own_rows(const Routing& r, int64_t t0, int64_t Tl) {
 
 int64_t max_rows(const TransformerConfig& c, int64_t T) {
   const auto& m = c.moe;
+  const int64_t blocks = c.sp() ? c.tp_size : 1, Tb = T / blocks;
+  int64_t rows = T * m.topk;
   if (m.capacity_factor > 0 && m.pad_to_capacity) {
-    const int64_t blocks = c.sp() ? c.tp_size : 1, Tb = T / blocks;
     const int64_t cap = std::min<int64_t>(
         Tb, int64_t(std::ceil(double(Tb * m.topk) / double(m.num_experts) * m.capacity_factor)));
-    return m.num_experts * cap * blocks;
+    rows = m.num_experts * cap * blocks;
   }
-  return T * m.topk;
+  // The FP8 router padding adds under pad_multiple rows per expert and block, and an expert
+  // holds at most all of a block's tokens.
+  if (m.pad_multiple > 1)
+    rows = std::min(rows + m.num_experts * blocks * (m.pad_multiple - 1), m.num_experts * T);
+  return rows;
 }
 
 void MoeLayer::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
@@ -408,9 +413,10 @@ ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
 
 bool MoeLayer::routes_on_device(const StepContext& cx, bool all_rows) const {
   const auto& m = cfg_->moe;
-  // (Context parallelism routes on the host: its aux counts are summed over the CP group.)
+  // (Context parallelism routes on the host: its aux counts are summed over the CP group;
+  // so does the FP8 router padding.)
   return cx.dev == Device::CUDA && m.capacity_factor <= 0 && all_rows && !(ep_ && !m.alltoall) &&
-         !cx.cp_comm &&
+         !cx.cp_comm && m.pad_multiple <= 1 &&
          m.num_experts <= ops::kMoeRouteMaxExpertsCuda && m.topk <= ops::kMoeRouteMaxTopkCuda;
 }
 

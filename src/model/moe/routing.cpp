@@ -107,6 +107,7 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
   // Capacity, per block (Megatron applies it to each rank's tokens), then the dispatch rows.
   std::vector<std::vector<std::pair<int64_t, int32_t>>> rows(static_cast<size_t>(E));  // (token, slot)
   const int64_t Tb = T / blocks;
+  std::vector<int64_t> pad_rows(static_cast<size_t>(E), 0);  // rows added by pad_multiple
   if (m.capacity_factor > 0)
     r.capacity = std::min<int64_t>(
         Tb, int64_t(std::ceil(double(Tb * k) / double(E) * m.capacity_factor)));
@@ -134,6 +135,18 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
         }
         std::sort(c.begin(), c.end());  // token order inside the expert
       }
+      if (m.pad_multiple > 1) {  // Megatron's pad_routing_map: the earliest tokens not routed
+        const int64_t need = (m.pad_multiple - int64_t(c.size()) % m.pad_multiple) % m.pad_multiple;
+        if (need > 0) {
+          std::vector<uint8_t> has(static_cast<size_t>(Tb), 0);
+          for (const auto& x : c) has[size_t(x.first - b * Tb)] = 1;
+          int64_t added = 0;
+          for (int64_t t = b * Tb; t < (b + 1) * Tb && added < need; ++t)
+            if (!has[size_t(t - b * Tb)]) c.push_back({t, -1}), ++added;
+          pad_rows[size_t(e)] += added;
+          std::sort(c.begin(), c.end());
+        }
+      }
       rows[size_t(e)].insert(rows[size_t(e)].end(), c.begin(), c.end());
     }
   }
@@ -146,7 +159,9 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
       ++per_token[size_t(t + 1)];
     }
   }
+  // The expert-bias counts are the router's (before the FP8 padding, as in Megatron).
   r.tokens_per_expert.assign(r.counts.begin(), r.counts.end());
+  for (int64_t e = 0; e < E; ++e) r.tokens_per_expert[size_t(e)] -= double(pad_rows[size_t(e)]);
   std::partial_sum(per_token.begin(), per_token.end(), per_token.begin());
   r.tok_offsets = per_token;
   r.tok_rows.assign(r.row_token.size(), 0);

@@ -13,6 +13,10 @@
 //   then p *= scaling factor; capacity (per block of tokens: one rank's tokens in Megatron)
 //   keeps the cap = ceil(Tb * k / E * cf) highest-probability (or earliest) tokens per expert,
 //   and with padding fills every expert to cap with tokens of probability 0.
+//   --moe-router-padding-for-fp8 (pad_multiple 16): then each block's rows of every expert
+//   are padded to a multiple of 16 with the block's earliest tokens not routed there, at
+//   probability 0 (Megatron's pad_routing_map), so the FP8 expert GEMMs need no padding;
+//   outputs and gradients are unchanged (FP8 amaxes may see the extra rows).
 //
 // Aux losses (added to the router's backward, never to the LM loss; T = all tokens routed):
 //   aux_loss:      L = coeff * E / (k T^2) * sum_e c_e * sum_t s[t,e]
