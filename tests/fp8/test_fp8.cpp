@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 
+#include "fp8_test_util.h"
 #include "model/fp8/fp8_linear.h"
 #include "model/linear.h"
 #include "ops/fp8_grid.h"
@@ -22,6 +23,9 @@ using namespace mcpp::model;
 using ops::Fp8Format;
 
 namespace {
+
+using fp8_test::fd;
+using fp8_test::max_rel;
 
 Stream& S() { return Stream::cpu(); }
 
@@ -239,31 +243,6 @@ double contract(const Tensor& G, const Tensor& A, const Tensor& B) {
       s += G.data<double>()[t * n + j] * y;
     }
   return s;
-}
-
-// Central differences of f in every element of x (f64, h relative to the element scale).
-Tensor fd(Tensor x, const std::function<double()>& f, double h = 1e-4) {
-  Tensor g = Tensor::empty(x.shape(), DType::F64);
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    double& e = x.data<double>()[i];
-    const double e0 = e;
-    e = e0 + h;
-    const double fp = f();
-    e = e0 - h;
-    const double fm = f();
-    e = e0;
-    g.data<double>()[i] = (fp - fm) / (2 * h);
-  }
-  return g;
-}
-
-double max_rel(const Tensor& a, const Tensor& b) {
-  double d = 0, m = 1e-300;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    d = std::max(d, std::fabs(a.data<double>()[i] - b.data<double>()[i]));
-    m = std::max(m, std::fabs(b.data<double>()[i]));
-  }
-  return d / m;
 }
 
 // Runs forward + backward of the FP8 layer on x with output gradient G; checks forward,

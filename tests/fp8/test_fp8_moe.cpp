@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 
+#include "fp8_test_util.h"
 #include "model/fp8/fp8_linear.h"
 #include "model/moe/experts.h"
 #include "ops/fp8_grid.h"
@@ -23,6 +24,10 @@ using namespace mcpp::model;
 using ops::Fp8Format;
 
 namespace {
+
+using fp8_test::max_rel;
+// Central differences with a step of 1e-5 (the objectives here are bilinear).
+Tensor fd(Tensor x, const std::function<double()>& f) { return fp8_test::fd(x, f, 1e-5); }
 
 Stream& S() { return Stream::cpu(); }
 
@@ -78,30 +83,6 @@ Tensor scale_rows(const Tensor& a, const Tensor& p) {
   return o;
 }
 Tensor rows(const Tensor& t, int64_t off, int64_t n) { return t.narrow(off, n).clone(); }
-
-Tensor fd(Tensor x, const std::function<double()>& f, double h = 1e-5) {
-  Tensor g = Tensor::empty(x.shape(), DType::F64);
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    double& e = x.data<double>()[i];
-    const double e0 = e;
-    e = e0 + h;
-    const double fp = f();
-    e = e0 - h;
-    const double fm = f();
-    e = e0;
-    g.data<double>()[i] = (fp - fm) / (2 * h);
-  }
-  return g;
-}
-
-double max_rel(const Tensor& a, const Tensor& b) {
-  double d = 0, m = 1e-300;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    d = std::max(d, std::fabs(a.data<double>()[i] - b.data<double>()[i]));
-    m = std::max(m, std::fabs(b.data<double>()[i]));
-  }
-  return d / m;
-}
 
 std::string w1(int64_t e) {
   return "decoder.layers.0.mlp.experts.linear_fc1.weight" + std::to_string(e);
