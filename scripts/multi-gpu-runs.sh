@@ -6,7 +6,7 @@
 #   1 equivalence  tests/gpu_nccl/equiv_gpu.sh per layout: EP2 (alltoall, allgather, with the
 #                  distributed optimizer), CP2 (p2p, a2a), FP8 hybrid (delayed, tensorwise)
 #                  with TP2 and with DP2 against one GPU; on 4 GPUs EP2xTP2, CP2xTP2,
-#                  EP2xPP2; on 8 EP8 and TP2xCP2xDP2 (bf16, 20 steps, dropout on)
+#                  EP2xPP2, EP2xCP2; on 8 EP8 and TP2xCP2xDP2 (bf16, 20 steps, dropout on)
 #   2 experts      scripts/gpu-layouts.sh on the MoE benchmark models (mixtral,
 #                  finegrained): one GPU, then EP2/EP4/EP8 over DP at the same tokens per
 #                  GPU, alltoall dispatch (EP8 also with the all-gather one)
@@ -66,7 +66,7 @@ for part in $PARTS; do
       echo "## 1. Equivalence on GPUs against one GPU"
       for spec in ep2_alltoall:2 ep2_allgather:2 ep2_distopt:2 cp2_p2p:2 cp2_a2a:2 \
                   fp8_tp2_delayed:2 fp8_tp2_tensorwise:2 fp8_dp2_delayed:2 fp8_dp2_tensorwise:2 \
-                  ep2_tp2:4 cp2_tp2:4 ep2_pp2:4 ep8:8 tp2_cp2_dp2:8; do
+                  ep2_tp2:4 cp2_tp2:4 ep2_pp2:4 ep2_cp2:4 ep8:8 tp2_cp2_dp2:8; do
         L=${spec%:*} n=${spec#*:}
         if [[ -z ${PLAN_ONLY:-} && -z ${ONE_GPU:-} ]] && ((n > NGPU)); then
           echo "not run ($NGPU GPUs visible): equivalence $L ($n GPUs)"

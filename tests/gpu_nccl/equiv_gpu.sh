@@ -20,7 +20,8 @@
 # layers so that PP2 with two virtual stages has a layer per model chunk.
 # Mixture of experts (4 experts top-2, aux loss; 8 experts on 8 GPUs), both runs MoE:
 # ep2_alltoall | ep2_allgather (the two dispatchers) | ep2_distopt (alltoall, distributed
-# optimizer, overlapped) | ep2_tp2 (4 GPUs, SP) | ep2_pp2 (4 GPUs) | ep8 (8 GPUs).
+# optimizer, overlapped) | ep2_tp2 (4 GPUs, SP) | ep2_pp2 (4 GPUs) | ep8 (8 GPUs) |
+# ep2_cp2 (4 GPUs: EP folded over CP, the aux counts summed over CP).
 # Context parallelism (dropout on: its masks are global): cp2_p2p | cp2_a2a | cp2_tp2
 # (4 GPUs, SP) | tp2_cp2_dp2 (8 GPUs, SP, distributed optimizer).
 # FP8 (hybrid), both runs FP8: fp8_tp2_delayed | fp8_tp2_tensorwise | fp8_dp2_delayed |
@@ -69,6 +70,8 @@ case $LAYOUT in
   ep2_tp2) NP=4 X=("${MOE[@]}") L=(--tensor-model-parallel-size 2 --sequence-parallel
              --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall) ;;
   ep2_pp2) NP=4 X=("${MOE[@]}") L=(--pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+             --moe-token-dispatcher-type alltoall) ;;
+  ep2_cp2) NP=4 X=("${MOE[@]}") L=(--context-parallel-size 2 --expert-model-parallel-size 2
              --moe-token-dispatcher-type alltoall) ;;
   ep8) NP=8 GB=16 X=(--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 256
          --moe-aux-loss-coeff 1e-2 --moe-grouped-gemm --disable-bias-linear)
