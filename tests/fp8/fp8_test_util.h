@@ -1,13 +1,45 @@
-// Shared by the FP8 unit tests (test_fp8*.cpp): finite differences and a relative error
-// over f64 tensors.
+// Shared by the FP8 unit tests (test_fp8*.cpp), on f64 tensors: random inputs, the
+// emulation's quantise-dequantise and scale rules written out, finite differences and a
+// relative error.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <random>
 
+#include "ops/fp8_grid.h"
 #include "tensor/tensor.h"
 
 namespace mcpp::fp8_test {
+
+// Normal(0, scale) values (f64), from a seeded std::mt19937_64.
+inline Tensor randn(const Shape& s, uint64_t seed, double scale) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> d(0, scale);
+  Tensor t = Tensor::empty(s, DType::F64);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = d(gen);
+  return t;
+}
+
+// v quantised with scale s: fp8_round(v * s) * (1 / s), the f32 scale and its f32 inverse
+// as the op uses them.
+inline Tensor q(const Tensor& v, double s, ops::Fp8Format f) {
+  Tensor o = v.clone();
+  const float sf = float(s), inv = 1.0f / sf;
+  for (int64_t i = 0; i < o.numel(); ++i)
+    o.data<double>()[i] = ops::fp8_round(o.data<double>()[i] * double(sf), f) * double(inv);
+  return o;
+}
+
+// max |v| as fp8_amax records it: rounded up to f32.
+inline float amax(const Tensor& v) {
+  double m = 0;
+  for (int64_t i = 0; i < v.numel(); ++i) m = std::max(m, std::fabs(v.data<double>()[i]));
+  float f = float(m);
+  return double(f) < m ? std::nextafter(f, INFINITY) : f;
+}
+// The scale fp8_scale_update makes of an amax (margin 0).
+inline double scale_of(double fp8_max, float a) { return double(float(fp8_max / double(a))); }
 
 // Central differences of f in every element of x (f64; x is perturbed in place and restored).
 inline Tensor fd(Tensor x, const std::function<double()>& f, double h = 1e-4) {

@@ -26,6 +26,10 @@ namespace {
 
 using fp8_test::fd;
 using fp8_test::max_rel;
+using fp8_test::randn;
+using fp8_test::q;
+using fp8_test::amax;
+using fp8_test::scale_of;
 
 Stream& S() { return Stream::cpu(); }
 
@@ -203,33 +207,6 @@ struct LinearFixture {
     return make_step_context(c, c.seq_length, T / c.seq_length, k, nullptr);
   }
 };
-
-Tensor randn(const Shape& s, uint64_t seed, double scale) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> d(0, scale);
-  Tensor t = Tensor::empty(s, DType::F64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = d(gen);
-  return t;
-}
-
-// v quantised with scale s: fp8_round(v * s) * (1 / s), the float scale as the op uses it.
-Tensor q(const Tensor& v, double s, Fp8Format f) {
-  Tensor o = v.clone();
-  const float sf = float(s), inv = 1.0f / sf;
-  for (int64_t i = 0; i < o.numel(); ++i)
-    o.data<double>()[i] = ops::fp8_round(o.data<double>()[i] * double(sf), f) * double(inv);
-  return o;
-}
-
-// max |v| as fp8_amax records it: rounded up to f32.
-float amax(const Tensor& v) {
-  double m = 0;
-  for (int64_t i = 0; i < v.numel(); ++i) m = std::max(m, std::fabs(v.data<double>()[i]));
-  float f = float(m);
-  return double(f) < m ? std::nextafter(f, INFINITY) : f;
-}
-// The scale fp8_scale_update makes of an amax (margin 0).
-double scale_of(double fp8_max, float a) { return double(float(fp8_max / double(a))); }
 
 // <G, A @ B^T> for A [T, k], B [n, k], G [T, n].
 double contract(const Tensor& G, const Tensor& A, const Tensor& B) {

@@ -29,6 +29,7 @@ namespace {
 
 using fp8_test::fd;
 using fp8_test::max_rel;
+using fp8_test::randn;
 
 Stream& S() { return Stream::cpu(); }
 
@@ -62,14 +63,6 @@ Tensor ref_quantize(const Tensor& v, int64_t br, int64_t bc, Fp8Format f,
       if (si) si->push_back(1 / s);
     }
   return o;
-}
-
-Tensor randn(const Shape& s, uint64_t seed, double scale) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> d(0, scale);
-  Tensor t = Tensor::empty(s, DType::F64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = d(gen);
-  return t;
 }
 
 // Rows (or columns) of very different magnitudes, so each block gets another scale.

@@ -26,37 +26,14 @@ using ops::Fp8Format;
 namespace {
 
 using fp8_test::max_rel;
+using fp8_test::randn;
+using fp8_test::q;
+using fp8_test::amax;
+using fp8_test::scale_of;
 // Central differences with a step of 1e-5 (the objectives here are bilinear).
 Tensor fd(Tensor x, const std::function<double()>& f) { return fp8_test::fd(x, f, 1e-5); }
 
 Stream& S() { return Stream::cpu(); }
-
-Tensor randn(const Shape& s, uint64_t seed, double scale) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> d(0, scale);
-  Tensor t = Tensor::empty(s, DType::F64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = d(gen);
-  return t;
-}
-
-// max |v| rounded up to f32 (as fp8_amax records it), and the scale fp8_scale_update makes
-// of it (margin 0).
-float amax(const Tensor& v) {
-  double m = 0;
-  for (int64_t i = 0; i < v.numel(); ++i) m = std::max(m, std::fabs(v.data<double>()[i]));
-  float f = float(m);
-  return double(f) < m ? std::nextafter(f, INFINITY) : f;
-}
-double scale_of(double fp8_max, float a) { return double(float(fp8_max / double(a))); }
-
-// v quantised with scale s: fp8_round(v * s) / s, the f32 scale and its f32 inverse.
-Tensor q(const Tensor& v, double s, Fp8Format f) {
-  Tensor o = v.clone();
-  const float sf = float(s), inv = 1.0f / sf;
-  for (int64_t i = 0; i < o.numel(); ++i)
-    o.data<double>()[i] = ops::fp8_round(o.data<double>()[i] * double(sf), f) * double(inv);
-  return o;
-}
 
 // A [T, k] @ B [n, k]^T.
 Tensor mm_t(const Tensor& A, const Tensor& B) {
