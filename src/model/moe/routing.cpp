@@ -111,6 +111,18 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
   if (m.capacity_factor > 0)
     r.capacity = std::min<int64_t>(
         Tb, int64_t(std::ceil(double(Tb * k) / double(E) * m.capacity_factor)));
+  // Padding: up to n more rows of block b for an expert whose rows are c, the block's
+  // earliest tokens not routed there, at probability 0 (slot -1); returns how many.
+  auto pad_with_earliest = [&](std::vector<std::pair<int64_t, int32_t>>& c, int64_t b,
+                               int64_t n) {
+    if (n <= 0) return int64_t(0);
+    std::vector<uint8_t> has(static_cast<size_t>(Tb), 0);
+    for (const auto& x : c) has[size_t(x.first - b * Tb)] = 1;
+    int64_t added = 0;
+    for (int64_t t = b * Tb; t < (b + 1) * Tb && added < n; ++t)
+      if (!has[size_t(t - b * Tb)]) c.push_back({t, -1}), ++added;
+    return added;
+  };
   for (int64_t b = 0; b < blocks; ++b) {
     std::vector<std::vector<std::pair<int64_t, int32_t>>> cand(static_cast<size_t>(E));
     for (int64_t t = b * Tb; t < (b + 1) * Tb; ++t)
@@ -127,25 +139,14 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
           r.prob[size_t(c[i].first * k + c[i].second)] = 0;
         }
         if (c.size() > size_t(r.capacity)) c.resize(size_t(r.capacity));
-        if (m.pad_to_capacity) {  // fill with the earliest tokens not routed here, p = 0
-          std::vector<uint8_t> has(static_cast<size_t>(Tb), 0);
-          for (const auto& x : c) has[size_t(x.first - b * Tb)] = 1;
-          for (int64_t t = b * Tb; t < (b + 1) * Tb && int64_t(c.size()) < r.capacity; ++t)
-            if (!has[size_t(t - b * Tb)]) c.push_back({t, -1});
-        }
+        if (m.pad_to_capacity)  // fill to the capacity
+          pad_with_earliest(c, b, r.capacity - int64_t(c.size()));
         std::sort(c.begin(), c.end());  // token order inside the expert
       }
-      if (m.pad_multiple > 1) {  // Megatron's pad_routing_map: the earliest tokens not routed
+      if (m.pad_multiple > 1) {  // Megatron's pad_routing_map: to a multiple of pad_multiple
         const int64_t need = (m.pad_multiple - int64_t(c.size()) % m.pad_multiple) % m.pad_multiple;
-        if (need > 0) {
-          std::vector<uint8_t> has(static_cast<size_t>(Tb), 0);
-          for (const auto& x : c) has[size_t(x.first - b * Tb)] = 1;
-          int64_t added = 0;
-          for (int64_t t = b * Tb; t < (b + 1) * Tb && added < need; ++t)
-            if (!has[size_t(t - b * Tb)]) c.push_back({t, -1}), ++added;
-          pad_rows[size_t(e)] += added;
-          std::sort(c.begin(), c.end());
-        }
+        pad_rows[size_t(e)] += pad_with_earliest(c, b, need);
+        std::sort(c.begin(), c.end());
       }
       rows[size_t(e)].insert(rows[size_t(e)].end(), c.begin(), c.end());
     }
