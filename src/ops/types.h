@@ -106,6 +106,9 @@ inline int64_t cudnn_attention_bwd_workspace_bytes(int64_t B, int64_t NH, int64_
 struct AdamWParams {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;  // 1-based step number, for bias correction
+  // The gradient is read as grad * grad_scale (rounded to grad's dtype, as ops::scale would
+  // leave it): gradient clipping folded into the step's one pass (optim::Optimizer::clip).
+  double grad_scale = 1.0;
 };
 
 }  // namespace mcpp::ops

@@ -91,6 +91,8 @@ void DistributedAdamW::step(double lr, double wd) {
   Stream& st = ops::default_stream(main_.device());
   ops::AdamWParams p;
   p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
+  p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
+  grad_scale_ = 1.0;
   // A 16-bit model: each segment's updated main params go, rounded, straight into this
   // rank's own block of the model's flat parameters (a segment is one contiguous span of
   // both), which the all-gather below then sends in place.

@@ -37,9 +37,10 @@ double Optimizer::grad_sq_norm(const ParamFilter* counted) const {
 }
 
 void Optimizer::clip(double max_norm, double total_norm) {
+  grad_scale_ = 1.0;
   if (max_norm <= 0) return;
   const double coeff = max_norm / (total_norm + 1e-6);
-  if (coeff < 1.0) ops::scale(grads(), coeff, ops::default_stream(grads().device()));
+  if (coeff < 1.0) grad_scale_ = coeff;
 }
 
 void Optimizer::scale_grads(double factor) {
@@ -105,6 +106,8 @@ void AdamW::step(double lr, double wd) {
   Stream& st = ops::default_stream(ps_.device());
   ops::AdamWParams p;
   p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
+  p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
+  grad_scale_ = 1.0;
   Tensor& weights = main_.defined() ? main_ : ps_.flat_params();
   // One call per run of consecutive parameters with the same decay setting. With fp32 main
   // params the call also writes the run's model params (bf16/f16, rounded to nearest even):

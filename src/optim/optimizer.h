@@ -58,9 +58,13 @@ class Optimizer {
   // run may span it). counted == nullptr: every parameter (AdamW then reduces its whole
   // buffer in one call). Summing over ranks is the caller's (optim/grad_norm.h).
   virtual double grad_sq_norm(const ParamFilter* counted = nullptr) const;
-  // Megatron's clip_grad_by_total_norm_fp32: scale grads() by max_norm / (norm + 1e-6) when
-  // that is < 1; max_norm <= 0 turns clipping off.
+  // Megatron's clip_grad_by_total_norm_fp32: the next step() reads grads() scaled by
+  // max_norm / (norm + 1e-6) when that is < 1 (bit for bit as if grads() had been scaled:
+  // the factor is applied in the step's own pass, which saves a read and a write of every
+  // gradient; grads() itself keeps the unclipped values); max_norm <= 0 turns clipping off.
   void clip(double max_norm, double total_norm);
+  // The factor clip() set for the next step (1 when none).
+  double pending_grad_scale() const { return grad_scale_; }
   // grads() *= factor (fp16: 1 / loss scale, Megatron's _unscale_main_grads).
   void scale_grads(double factor);
   // scale_grads(inv_scale), then whether any gradient is NaN/Inf (synchronises).
@@ -110,6 +114,7 @@ class Optimizer {
   Tensor main_, m_, v_;
   int64_t step_ = 0;
   std::optional<double> decoupled_lr_;
+  double grad_scale_ = 1.0;  // clip()'s factor, applied and reset by step()
   // The learning rate of parameter `param` (registry index) in a step with rate lr.
   double lr_of(size_t param, double lr) const {
     return decoupled_lr_ && ps_.infos()[param].embedding_or_output ? *decoupled_lr_ : lr;

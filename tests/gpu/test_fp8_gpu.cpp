@@ -149,3 +149,35 @@ TEST(Fp8Gpu, GemmAllThreePassesAgainstTheEmulation) {
   cpu::gemm(false, true, 1.0, qx, qw, 1.0, y2_ref, CS());
   EXPECT_LT(rel_err(to_cpu(y2), y2_ref), 5e-3);
 }
+
+// Delayed scaling's update (the parallel CUDA kernel) against the CPU op, bit for bit: the
+// history rolled and row 0 zeroed, the scales of both formats with a margin, the max over
+// the history or row 0 alone, a NaN anywhere keeping the old scale, a zero column keeping
+// it too; history lengths around the kernel's chunk of 1024 elements.
+TEST(Fp8Gpu, ScaleUpdateMatchesTheCpuOp) {
+  for (int64_t L : {1, 7, 341, 342, 1024, 2049})
+    for (bool amax_max : {true, false})
+      for (int nan_row : {-1, 0, 3}) {
+        const int64_t K = 3;
+        Tensor h = Tensor::empty({L, K}, DType::F32);
+        for (int64_t i = 0; i < L * K; ++i)
+          h.data<float>()[i] = float((i * 2654435761u) % 1000) * 0.37f + 0.01f;
+        for (int64_t r = 0; r < L; ++r) h.data<float>()[r * K + 2] = 0.f;  // a zero column
+        if (nan_row >= 0 && nan_row < L) h.data<float>()[nan_row * K + 1] = NAN;
+        Tensor sc = Tensor::from(std::vector<float>{2.f, 3.f, 5.f}, {3});
+        Tensor gh = to_gpu(h, DType::F32), gsc = to_gpu(sc, DType::F32);
+        cpu::fp8_scale_update(h, sc, /*e5m2_columns=*/0b010, /*margin=*/1, amax_max, true, CS());
+        gpu::fp8_scale_update(gh, gsc, 0b010, 1, amax_max, true, GS());
+        const Tensor bh = to_cpu(gh), bsc = to_cpu(gsc);
+        SCOPED_TRACE(::testing::Message() << "L " << L << " max " << amax_max << " nan row "
+                                          << nan_row);
+        for (int64_t i = 0; i < L * K; ++i) {
+          const float a = h.data<float>()[i], b = bh.data<float>()[i];
+          ASSERT_TRUE((a != a && b != b) || a == b) << "history element " << i << ": CPU " << a
+                                                    << ", GPU " << b;
+        }
+        for (int k = 0; k < 3; ++k)
+          EXPECT_EQ(sc.data<float>()[k], bsc.data<float>()[k]) << "scale " << k;
+        EXPECT_EQ(bsc.data<float>()[2], 5.f) << "a zero column keeps its scale";
+      }
+}

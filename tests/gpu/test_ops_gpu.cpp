@@ -788,6 +788,45 @@ TEST(GpuAdamW, FusedModelParamsBitwise) {
   }
 }
 
+// grad_scale (clipping folded into the step): bit for bit scale(grad) then the step, on
+// both the vector and the scalar path, for f32, bf16 and f16 gradients.
+TEST(GpuAdamW, GradScaleEqualsScalingTheGradientsFirst) {
+  MCPP_REQUIRE_GPU();
+  for (int64_t n : {int64_t(1) << 16, int64_t(100003)})
+    for (DType gdt : {DType::F32, DType::BF16, DType::F16}) {
+      const std::string what = fmt::format("n {}, grads {}", n, dtype_name(gdt));
+      Tensor p = rand_f32({n}, 160), m = rand_f32({n}, 161, -0.1f, 0.1f),
+             v = rand_f32({n}, 162, 0.f, 0.01f);
+      Tensor fp = to_gpu(p, DType::F32), fm = to_gpu(m, DType::F32), fv = to_gpu(v, DType::F32);
+      Tensor up = to_gpu(p, DType::F32), um = to_gpu(m, DType::F32), uv = to_gpu(v, DType::F32);
+      Tensor sp = to_gpu_at(p, DType::F32, 1), sm = to_gpu_at(m, DType::F32, 1),
+             sv = to_gpu_at(v, DType::F32, 1);
+      Tensor fo = gpu_nan({n}, DType::BF16), uo = gpu_nan({n}, DType::BF16),
+             so = gpu_nan({n + 1}, DType::BF16).narrow(1, n);
+      ops::AdamWParams ap;
+      ap.lr = 1e-3, ap.beta1 = 0.9, ap.beta2 = 0.95, ap.weight_decay = 0.1;
+      for (int step = 1; step <= 3; ++step) {
+        ap.step = step, ap.grad_scale = 0.2917 * step;
+        Tensor g = rand_in({n}, 170 + step, gdt);
+        Tensor gg = to_gpu(g, gdt), sg = to_gpu_at(g, gdt, 1), ug = to_gpu(g, gdt);
+        gpu::adamw_step(fp, gg, fm, fv, fo, ap, GS());
+        gpu::adamw_step(sp, sg, sm, sv, so, ap, GS());
+        gpu::scale(ug, ap.grad_scale, GS());
+        ops::AdamWParams unscaled = ap;
+        unscaled.grad_scale = 1.0;
+        gpu::adamw_step(up, ug, um, uv, uo, unscaled, GS());
+        EXPECT_TRUE(same_bits(gg, to_gpu(g, gdt)))
+            << what << ": the gradient is read, not written";
+      }
+      EXPECT_TRUE(same_bits(fp, up)) << what << ": grad_scale vs scale + step";
+      EXPECT_TRUE(same_bits(fm, um)) << what;
+      EXPECT_TRUE(same_bits(fv, uv)) << what;
+      EXPECT_TRUE(same_bits(fo, uo)) << what;
+      EXPECT_TRUE(same_bits(fp, sp)) << what << ": vector vs scalar path";
+      EXPECT_TRUE(same_bits(fo, so)) << what;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Widths, GpuDropout, ::testing::Values(int64_t(301), int64_t(300)));
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuOp, ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          dtype_param_name);

@@ -140,6 +140,31 @@ static bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+// grad_scale (gradient clipping folded into the step): bit for bit scale(grad) then the step.
+TEST(AdamW, GradScaleEqualsScalingTheGradientsFirst) {
+  const int64_t n = 101;
+  for (DType dt : {DType::F64, DType::F32}) {
+    Tensor p = randn({n}, 3, 1.0, dt), m = Tensor::zeros({n}, dt), v = Tensor::zeros({n}, dt);
+    Tensor p2 = p.clone(), m2 = m.clone(), v2 = v.clone(), none;
+    ops::AdamWParams hp;
+    hp.lr = 1e-2, hp.weight_decay = 0.1;
+    for (int step = 1; step <= 3; ++step) {
+      hp.step = step;
+      Tensor g = randn({n}, 200 + step, 1.0, dt), g2 = g.clone();
+      hp.grad_scale = 0.3711 * step;
+      cpu::adamw_step(p, g, m, v, none, hp, S());
+      EXPECT_TRUE(same_bits(g, g2)) << "the gradient is read, not written";
+      cpu::scale(g2, hp.grad_scale, S());
+      ops::AdamWParams unscaled = hp;
+      unscaled.grad_scale = 1.0;
+      cpu::adamw_step(p2, g2, m2, v2, none, unscaled, S());
+    }
+    EXPECT_TRUE(same_bits(p, p2)) << dtype_name(dt);
+    EXPECT_TRUE(same_bits(m, m2)) << dtype_name(dt);
+    EXPECT_TRUE(same_bits(v, v2)) << dtype_name(dt);
+  }
+}
+
 // The mixed-precision step in one pass: adamw_step with a bf16/f16 model_param must leave
 // p, m, v and the model params bit for bit as adamw_step followed by copy(p, model) does.
 // The CPU backend takes grads in param's dtype (f32 here); the CUDA test covers bf16/f16

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "data/micro_batches.h"
@@ -66,11 +67,34 @@ TEST(TrainerParts, ClipScalesByMaxNormOverNorm) {
   model::ParamStore ps = small_store();
   optim::AdamW opt(ps, {});
   const double norm = std::sqrt(opt.grad_sq_norm());
-  opt.clip(0.5 * norm, norm);  // halves every gradient (up to the 1e-6 of Megatron's formula)
-  EXPECT_NEAR(std::sqrt(opt.grad_sq_norm()), 0.5 * norm * norm / (norm + 1e-6), 1e-6 * norm);
   const double before = opt.grad_sq_norm();
+  opt.clip(0.5 * norm, norm);  // halves every gradient (up to the 1e-6 of Megatron's formula)
+  EXPECT_DOUBLE_EQ(opt.pending_grad_scale(), 0.5 * norm / (norm + 1e-6));
+  EXPECT_EQ(opt.grad_sq_norm(), before) << "the factor is applied in the step's pass";
   opt.clip(10 * norm, norm);  // a norm under the limit is left alone
-  EXPECT_EQ(opt.grad_sq_norm(), before);
+  EXPECT_EQ(opt.pending_grad_scale(), 1.0);
+  opt.clip(0.0, norm);  // clipping off
+  EXPECT_EQ(opt.pending_grad_scale(), 1.0);
+}
+
+// A clipped step equals, bit for bit, the step on gradients scaled beforehand (what clip
+// did before the factor moved into the step), and the factor applies to one step only.
+TEST(TrainerParts, ClippedStepEqualsTheStepOnScaledGradients) {
+  model::ParamStore a = small_store(), b = small_store();
+  optim::AdamW oa(a, {}), ob(b, {});
+  const double norm = std::sqrt(oa.grad_sq_norm());
+  const double coeff = 0.3 * norm / (norm + 1e-6);
+  for (int step = 0; step < 3; ++step) {
+    oa.clip(0.3 * norm, norm);
+    ob.scale_grads(coeff);
+    oa.step(1e-2, 0.1), ob.step(1e-2, 0.1);
+    EXPECT_EQ(oa.pending_grad_scale(), 1.0);
+    const Tensor &pa = a.flat_params(), &pb = b.flat_params();
+    ASSERT_EQ(pa.nbytes(), pb.nbytes());
+    EXPECT_EQ(std::memcmp(pa.raw(), pb.raw(), pa.nbytes()), 0) << "step " << step;
+    // b's gradients back to a's (unscaled: clip left a's alone) for the next step.
+    std::memcpy(b.flat_grads().raw(), a.flat_grads().raw(), a.flat_grads().nbytes());
+  }
 }
 
 TEST(TrainerParts, WhichParametersCountInTheGradNorm) {

@@ -88,9 +88,9 @@ Tensor pad_scratch(int slot, const Shape& shape, DType dt, Device dev) {
 // Rows [0, n) of v into slot's first np rows, rows [n, np) zero.
 Tensor pad_rows(const Tensor& v, int64_t np, int slot, Stream& st) {
   Tensor buf = pad_scratch(slot, {np, v.size(1)}, v.dtype(), v.device());
-  ops::fill(buf, 0.0, st);
-  Tensor head = buf.narrow(0, v.size(0));
+  Tensor head = buf.narrow(0, v.size(0)), tail = buf.narrow(v.size(0), np - v.size(0));
   ops::copy(v, head, st);
+  ops::fill(tail, 0.0, st);  // only the padding rows: the head is overwritten
   return buf;
 }
 

@@ -324,15 +324,15 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = s.n_rows;
   const Span sp = span(cx);  // as in the forward
 
-  // Shared experts first: they write dx (=); everything else adds to it.
-  if (shared_)
-    shared_->backward(dy, x, s.shared, dx, w_->shared, ws, cx);
-  else
-    ops::fill(dx, 0.0, st);
+  // Shared experts first: they write dx (=), and the routed experts' part goes to dx_local
+  // and is added; without them the routed experts' part is written straight into dx. The
+  // router's part is added last.
+  if (shared_) shared_->backward(dy, x, s.shared, dx, w_->shared, ws, cx);
+  Tensor& routed = shared_ ? w_->dx_local : dx;
 
   // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
   const Tensor* g = &dy;
-  Tensor gsub, dxn = sp.complete ? w_->dx_local : w_->dx_full.narrow(0, sp.tokens);
+  Tensor gsub, dxn = sp.complete ? routed : w_->dx_full.narrow(0, sp.tokens);
   if (sp.group) {
     gsub = w_->g_full.narrow(0, sp.tokens);
     ep::combine_backward(dy, gsub, sp.group, st);
@@ -343,8 +343,8 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   if (!s.on_device) dprob.assign(size_t(T * k), 0.0), dl.resize(size_t(T * E));
   if (ep_ && !m.alltoall) {
     allgather_backward(*g, dxn, s, dprob, cx);
-    if (!sp.complete) ep::dispatch_backward(dxn, w_->dx_local, sp.group, st);  // shards summed
-    ops::add(dx, w_->dx_local, dx, st);
+    if (!sp.complete) ep::dispatch_backward(dxn, routed, sp.group, st);  // shards summed
+    if (shared_) ops::add(dx, w_->dx_local, dx, st);
   } else {
     Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
     Tensor gp = w_->gp.narrow(0, N), dxp = w_->dxp.narrow(0, N), dp = w_->dp.narrow(0, N);
@@ -365,8 +365,8 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     }
     // d(loss)/dp of tokens outside the span stays 0 here (their ETP group sets it).
     ops::moe_unpermute(dxp, s.off, s.rows, dxn, st);
-    if (!sp.complete) ep::dispatch_backward(dxn, w_->dx_local, sp.group, st);
-    ops::add(dx, w_->dx_local, dx, st);
+    if (!sp.complete) ep::dispatch_backward(dxn, routed, sp.group, st);
+    if (shared_) ops::add(dx, w_->dx_local, dx, st);
     if (s.on_device) {  // each (token, slot)'s d(loss)/dp from its row
       Tensor dprob_d = Tensor::empty({T * k}, DType::F32, cx.dev);
       ops::moe_gather(dp, s.d_slot_row, dprob_d, st);

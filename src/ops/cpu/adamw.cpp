@@ -47,12 +47,12 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
     const R* G = grad.data<R>();
     const R decay = R(1 - p.lr * p.weight_decay), b1 = R(p.beta1), b2 = R(p.beta2);
     const R c1 = R(1 - p.beta1), c2 = R(1 - p.beta2), step_size = R(p.lr / bc1);
-    const R sqrt_bc2 = R(std::sqrt(bc2)), eps = R(p.eps);
+    const R sqrt_bc2 = R(std::sqrt(bc2)), eps = R(p.eps), gs = R(p.grad_scale);
     // store(i, p): the model-parameter write, if any, of the updated element i.
     auto update = [&](auto store) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
       for (int64_t i = 0; i < n; ++i) {
-        const R g = G[i];
+        const R g = G[i] * gs;  // as scale(grad, grad_scale): one rounded product
         const R mi = b1 * M[i] + c1 * g;
         const R vi = b2 * V[i] + c2 * g * g;
         M[i] = mi, V[i] = vi;

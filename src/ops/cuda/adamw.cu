@@ -32,6 +32,7 @@ constexpr int kPack = 8;  // elements per thread per iteration
 // The per-step scalars, formed on the host.
 struct AdamWScalars {
   float lr, b1, b2, c1, c2, eps, decay, inv_bc1, inv_bc2;  // c1 = 1 - b1, c2 = 1 - b2
+  float gscale;  // the gradient's factor (clipping): exact when 1
 };
 
 // Every operation an explicitly rounded intrinsic: nvcc may not contract any of them into
@@ -46,6 +47,13 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   v = vi;
   const float den = __fadd_rn(__fsqrt_rn(__fmul_rn(vi, a.inv_bc2)), a.eps);
   p = __fsub_rn(__fmul_rn(p, a.decay), __fdiv_rn(__fmul_rn(a.lr, __fmul_rn(mi, a.inv_bc1)), den));
+}
+
+// The gradient times the clipping factor, rounded to the gradient's type: the bits
+// ops::scale (axpby's beta * y, one rounded product) would have left in the buffer.
+template <typename TG>
+__device__ __forceinline__ float scaled_grad(TG g, float s) {
+  return to_f(from_f<TG>(__fmul_rn(s, to_f(g))));
 }
 
 // TG: the gradient's type. TO: the model parameters' (bf16/f16), or void for none (out is
@@ -65,7 +73,8 @@ static __global__ void __launch_bounds__(kThreads)
                        vp = ld_pack<kPack>(v + i);
     const Pack<TG, kPack> gp = ld_pack<kPack>(g + i);
 #pragma unroll
-    for (int j = 0; j < kPack; ++j) adamw_element(pp.v[j], mp.v[j], vp.v[j], to_f(gp.v[j]), a);
+    for (int j = 0; j < kPack; ++j)
+      adamw_element(pp.v[j], mp.v[j], vp.v[j], scaled_grad(gp.v[j], a.gscale), a);
     st_pack(p + i, pp);
     st_pack(m + i, mp);
     st_pack(v + i, vp);
@@ -78,7 +87,7 @@ static __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t i = packs * kPack + tid; i < n; i += stride) {
     float pi = p[i], mi = m[i], vi = v[i];
-    adamw_element(pi, mi, vi, to_f(g[i]), a);
+    adamw_element(pi, mi, vi, scaled_grad(g[i], a.gscale), a);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -148,7 +157,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
                        float(ap.eps),
                        float(1.0 - ap.lr * ap.weight_decay),
                        float(1.0 / bc1),
-                       float(1.0 / bc2)};
+                       float(1.0 / bc2),
+                       float(ap.grad_scale)};
   float *P = static_cast<float*>(param.raw()), *M = static_cast<float*>(m.raw()),
         *V = static_cast<float*>(v.raw());
   cudaStream_t cs = stream_of(s);

@@ -75,26 +75,59 @@ __global__ void amax_bf16x8_kernel(const uint4* __restrict__ x, int64_t n8, floa
   }
 }
 
-__global__ void scale_update_kernel(float* h, float* sc, int64_t L, int64_t K, int64_t e5m2,
-                                    int64_t margin, bool amax_max, bool roll) {
+// Delayed scaling's update of one [L, K] amax history (row 0 the newest): per column the
+// amax (max over the rows, or row 0 alone; NaN if any is NaN), the scale max / amax / 2^margin
+// where that is finite and positive, then (roll) every row moves down one and row 0 is
+// zeroed. One block: the max over the rows strided across the threads, then the in-place
+// roll in chunks of blockDim elements from the end, each read before any of it is written.
+constexpr int kScaleUpdateThreads = 1024;
+__global__ void __launch_bounds__(kScaleUpdateThreads)
+    scale_update_kernel(float* h, float* sc, int64_t L, int64_t K, int64_t e5m2, int64_t margin,
+                        bool amax_max, bool roll) {
+  __shared__ float wmax[kScaleUpdateThreads / 32];
+  __shared__ int wnan[kScaleUpdateThreads / 32];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
   for (int64_t k = 0; k < K; ++k) {
-    const double mx = (e5m2 >> k) & 1 ? 57344.0 : 448.0;
-    float a = h[k];
-    if (amax_max)
-      for (int64_t r = 1; r < L; ++r) {
-        const float v = h[r * K + k];
-        a = (v != v || a != a) ? NAN : fmaxf(a, v);
-      }
-    if (isfinite(a) && a > 0) {
-      const float v = float(mx / double(a) / ldexp(1.0, int(margin)));
-      sc[k] = isfinite(v) ? v : FLT_MAX;
+    float a = 0.f;
+    int nan = 0;
+    const int64_t rows = amax_max ? L : 1;
+    for (int64_t r = t; r < rows; r += blockDim.x) {
+      const float v = h[r * K + k];
+      nan |= v != v;
+      a = fmaxf(a, v);
     }
+    for (int o = 16; o > 0; o >>= 1) {
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+      nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+    }
+    if (lane == 0) wmax[warp] = a, wnan[warp] = nan;
+    __syncthreads();
+    if (t == 0) {
+      // The serial rule: the max of the column's values (amaxes are >= 0), NaN if any is.
+      float m = h[k];
+      int any = m != m;
+      for (int w = 0; w < nw; ++w) m = fmaxf(m, wmax[w]), any |= wnan[w];
+      if (any) m = NAN;
+      const double mx = (e5m2 >> k) & 1 ? 57344.0 : 448.0;
+      if (isfinite(m) && m > 0) {
+        const float v = float(mx / double(m) / ldexp(1.0, int(margin)));
+        sc[k] = isfinite(v) ? v : FLT_MAX;
+      }
+    }
+    __syncthreads();
   }
-  if (roll) {
-    for (int64_t r = L - 1; r > 0; --r)
-      for (int64_t k = 0; k < K; ++k) h[r * K + k] = h[(r - 1) * K + k];
-    for (int64_t k = 0; k < K; ++k) h[k] = 0;
+  if (!roll) return;
+  // h[i] = h[i - K] for i >= K, from the top down, one chunk at a time.
+  const int64_t n = L * K;
+  for (int64_t hi = n; hi > K; hi -= blockDim.x) {
+    const int64_t i = hi - blockDim.x + t;
+    const bool mine = i >= K && i < hi;
+    const float v = mine ? h[i - K] : 0.f;
+    __syncthreads();
+    if (mine) h[i] = v;
+    __syncthreads();
   }
+  for (int64_t k = t; k < K; k += blockDim.x) h[k] = 0.f;
 }
 
 // Cast + transpose + amax, the general path (f32 input, ragged shapes; the fast paths are
@@ -289,7 +322,7 @@ void fp8_scale_update(Tensor& history, Tensor& scale, int64_t e5m2_columns, int6
   MCPP_CHECK(history.dim() == 2 && history.size(1) == scale.numel(),
              "{}: history {} and scale {} do not match ([L, K] and [K])", op, history.str(),
              scale.str());
-  scale_update_kernel<<<1, 1, 0, stream_of(s)>>>(history.data<float>(), scale.data<float>(),
+  scale_update_kernel<<<1, kScaleUpdateThreads, 0, stream_of(s)>>>(history.data<float>(), scale.data<float>(),
                                                  history.size(0), history.size(1), e5m2_columns,
                                                  margin, amax_max, roll);
   CUDA_CHECK(cudaGetLastError());

@@ -82,7 +82,7 @@ using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, i
 struct AlgoCache {
   std::mutex mu;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
-  std::map<AlgoKey, cublasLtMatmulAlgo_t> classes;  // by shape class (shape_class below)
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> classes;  // by shape class (gemm_shape_class)
   std::vector<std::string> report;  // one line per tuned key
 };
 AlgoCache& algo_cache() {
@@ -90,12 +90,6 @@ AlgoCache& algo_cache() {
   return *c;
 }
 
-// Shapes that change from call to call (a MoE layer's rows per expert: M, or K in the
-// weight gradient) would tune at every new size. A miss on the exact key first reuses the
-// algorithm tuned for its shape class (M and K rounded up to 256 from 256 on), once cuBLASLt
-// confirms that it applies; dense models' dimensions, multiples of 256, stay classes of
-// their own.
-int64_t shape_class(int64_t x) { return x < 256 ? x : (x + 255) / 256 * 256; }
 
 // RAII for the cuBLASLt descriptors of one call.
 
@@ -305,7 +299,7 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     if (it != cache.algos.end()) algo = it->second, found = true;
   }
   AlgoKey class_key = key;
-  std::get<2>(class_key) = shape_class(M), std::get<4>(class_key) = shape_class(K);
+  std::get<2>(class_key) = gemm_shape_class(M), std::get<4>(class_key) = gemm_shape_class(K);
   if (!found) {
     AlgoCache& cache = algo_cache();
     std::lock_guard<std::mutex> lk(cache.mu);

@@ -77,6 +77,7 @@ using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, boo
 struct Cache {
   std::mutex mu;
   std::map<Key, cublasLtMatmulAlgo_t> algos;
+  std::map<Key, cublasLtMatmulAlgo_t> classes;  // by shape class (gemm_shape_class)
   std::vector<std::string> report;  // one line per tuned key
 };
 Cache& cache() {
@@ -253,6 +254,20 @@ bool fp8_gemm_modes(const char* op, const Tensor& a, const Tensor& a_scale_inv, 
     auto it = cache().algos.find(key);
     if (it != cache().algos.end()) algo = it->second, found = true;
   }
+  // A MoE expert's rows change every step: a new M (or K, the wgrad's tokens) first tries the
+  // algorithm of its shape class, as gemm.cu does.
+  Key class_key = key;
+  std::get<0>(class_key) = gemm_shape_class(M), std::get<2>(class_key) = gemm_shape_class(K);
+  if (!found) {
+    std::lock_guard<std::mutex> lk(cache().mu);
+    auto it = cache().classes.find(class_key);
+    cublasLtMatmulHeuristicResult_t chk{};
+    if (it != cache().classes.end() &&
+        cublasLtMatmulAlgoCheck(fp8_lt_handle(), d.op, d.a, d.b, d.c, d.c, &it->second, &chk) ==
+            CUBLAS_STATUS_SUCCESS &&
+        chk.workspaceSize <= kWorkspaceBytes)
+      algo = it->second, found = true, cache().algos[key] = algo;
+  }
   if (!found) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -305,6 +320,7 @@ bool fp8_gemm_modes(const char* op, const Tensor& a, const Tensor& a_scale_inv, 
     }
     std::lock_guard<std::mutex> lk(cache().mu);
     cache().algos[key] = algo;
+    cache().classes.emplace(class_key, algo);
   }
   void* ws = workspace(kWorkspaceBytes, s);
   CUBLAS_CHECK(cublasLtMatmul(fp8_lt_handle(), d.op, &alpha, b.raw(), d.a, a.raw(), d.b, &beta, cin,

@@ -16,6 +16,13 @@ namespace mcpp::ops::cuda {
 // MCPP_GEMM_AUTOTUNE (docs/environment.md), changed at run time by set_gemm_autotune.
 bool gemm_autotune_enabled();
 
+// Shapes that change from call to call (a MoE layer's rows per expert: M, or K in the
+// weight gradient) would tune at every new size. A miss on the exact key first reuses the
+// algorithm tuned for its shape class (M and K rounded up to 256 from 256 on), once cuBLASLt
+// confirms that it applies; dense models' dimensions, multiples of 256, stay classes of
+// their own.
+inline int64_t gemm_shape_class(int64_t x) { return x < 256 ? x : (x + 255) / 256 * 256; }
+
 // Device memory for tuning, outside the tensor pool (so it never counts in the peak the log
 // reports), freed when tuning ends. p is null when the device has no room: then the
 // heuristic's first pick is used.
