@@ -347,6 +347,30 @@ int main(int argc, char** argv) {
     bytes("swiglu_backward_recompute", sh, 6 * io,
           [&] { ops::swiglu_backward_recompute(dy, x, dx, y, s); });
   }
+  // ---- the routed experts' activation with the probabilities at a Mixtral-style step (65536
+  // expert rows, I = 4096): the unfused ops of before and the two fused ops -------------------
+  {
+    const int64_t N = 65536, F = 4096;
+    Tensor fc1 = rnd({N, 2 * F}, bf), act = rnd({N, F}, bf), ap = rnd({N, F}, bf),
+           dap = rnd({N, F}, bf), dact = rnd({N, F}, bf), dfc1 = rnd({N, 2 * F}, bf),
+           p = rnd({N}, DType::F32), dp = rnd({N}, DType::F32);
+    double io = double(N) * F * 2;  // bytes of one [N, F] bf16 tensor
+    std::string sh = fmt_shape({N, 2 * F});
+    bytes("moe swiglu_forward + moe_scale_rows", sh, 3 * io, [&] {
+      ops::swiglu_forward(fc1, act, s);
+      ops::moe_scale_rows(act, p, ap, s);
+    });
+    bytes("moe_act_scale_forward", sh, 3 * io,
+          [&] { ops::moe_act_scale_forward(fc1, p, true, ap, s); });
+    bytes("moe scale_rows + row_dot + scale_rows + swiglu_bwd", sh, 5 * io, [&] {
+      ops::moe_scale_rows(act, p, ap, s);
+      ops::moe_row_dot(dap, act, dp, s);
+      ops::moe_scale_rows(dap, p, dact, s);
+      ops::swiglu_backward(dact, fc1, dfc1, s);
+    });
+    bytes("moe_act_scale_backward", sh, 5 * io,
+          [&] { ops::moe_act_scale_backward(dap, fc1, p, true, dfc1, dp, s); });
+  }
   {
     const int64_t S = 1024, B = 64, H = 768;
     Tensor x = rnd({S, B, H}, bf), res = rnd({S, B, H}, bf), dx = rnd({S, B, H}, bf);

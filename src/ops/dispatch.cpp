@@ -279,6 +279,13 @@ void moe_scale_rows(const Tensor& x, const Tensor& p, Tensor& y, Stream& s) {
 void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
   MCPP_DISPATCH(moe_row_dot, a, b, out, s);
 }
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tensor& ap, Stream& s) {
+  MCPP_DISPATCH(moe_act_scale_forward, fc1, p, swiglu, ap, s);
+}
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
+                            Tensor& dfc1, Tensor& dp, Stream& s) {
+  MCPP_DISPATCH(moe_act_scale_backward, dap, fc1, p, swiglu, dfc1, dp, s);
+}
 void moe_route_topk(const Tensor& logits, const Tensor& bias, const MoeRouteSpec& r,
                     Tensor& idx, Tensor& prob, Stream& s) {
   MCPP_DISPATCH(moe_route_topk, logits, bias, r, idx, prob, s);

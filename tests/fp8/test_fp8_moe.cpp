@@ -108,8 +108,8 @@ Pass run(ExpertsFixture& fx, moe::GroupedExperts& ge, const Tensor& x, const Ten
   const int64_t N = x.size(0);
   moe::GroupedExperts::Saved s;
   moe::GroupedExperts::Scratch w;
-  s.fc1 = Tensor::empty({N, fx.I}, DType::F64), s.act = Tensor::empty({N, fx.I}, DType::F64);
-  for (Tensor* t : {&w.ap, &w.dap, &w.dact, &w.dfc1}) *t = Tensor::empty({N, fx.I}, DType::F64);
+  s.fc1 = Tensor::empty({N, fx.I}, DType::F64), s.ap = Tensor::empty({N, fx.I}, DType::F64);
+  for (Tensor* t : {&w.dap, &w.dfc1}) *t = Tensor::empty({N, fx.I}, DType::F64);
   Pass r{Tensor::empty({N, fx.H}, DType::F64), Tensor::empty({N, fx.H}, DType::F64),
          Tensor::empty({N}, DType::F64)};
   StepContext cx = fx.cx();

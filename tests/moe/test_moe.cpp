@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -277,6 +278,98 @@ TEST(MoeOps, PermuteUnpermuteAreAdjoint) {
       EXPECT_EQ(px.data<double>()[n * H + h], x.data<double>()[src[size_t(n)] * H + h]);
   for (int64_t h = 0; h < H; ++h) EXPECT_EQ(uy.data<double>()[3 * H + h], 0.0);
   EXPECT_NEAR(ops::dot(px, y, st), ops::dot(x, uy, st), 1e-12);
+}
+
+namespace {
+
+// fc1 [N, W] ~ 1.5 N(0,1), p [N] in [0, 1) with rows 1 and N-2 zero, dap [N, F] ~ N(0,1).
+struct ActScaleIn {
+  Tensor fc1, p, dap;
+};
+ActScaleIn act_scale_inputs(int64_t N, int64_t F, bool swiglu, DType dt, uint64_t seed) {
+  const int64_t W = (swiglu ? 2 : 1) * F;
+  ActScaleIn in{Tensor::empty({N, W}, dt), Tensor::empty({N}, dt), Tensor::empty({N, F}, dt)};
+  for (int64_t i = 0; i < N * W; ++i)
+    set_float(in.fc1, i, 1.5 * Philox::normal(seed, 1, uint64_t(i)));
+  for (int64_t i = 0; i < N * F; ++i) set_float(in.dap, i, Philox::normal(seed, 2, uint64_t(i)));
+  for (int64_t n = 0; n < N; ++n)
+    set_float(in.p, n, n == 1 || n == N - 2 ? 0.0 : Philox::uniform(seed, 3, uint64_t(n)));
+  return in;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST(MoeOps, ActScaleIsTheUnfusedComposition) {
+  // The fused ops against the activation, moe_scale_rows and moe_row_dot in turn: the same
+  // bits (the CUDA kernels are held to these ops, tests/moe/test_moe_gpu.cpp).
+  Stream& st = Stream::cpu();
+  const int64_t N = 7, F = 5;
+  for (DType dt : {DType::F32, DType::F64})
+    for (bool swiglu : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (swiglu ? " swiglu" : " gelu"));
+      const ActScaleIn in = act_scale_inputs(N, F, swiglu, dt, 5);
+      Tensor act = Tensor::empty({N, F}, dt), ap_ref = Tensor::empty({N, F}, dt);
+      if (swiglu)
+        ops::swiglu_forward(in.fc1, act, st);
+      else
+        ops::gelu_forward(in.fc1, act, st);
+      ops::moe_scale_rows(act, in.p, ap_ref, st);
+      Tensor ap = Tensor::empty({N, F}, dt);
+      ops::moe_act_scale_forward(in.fc1, in.p, swiglu, ap, st);
+      EXPECT_TRUE(same_bits(ap, ap_ref));
+      for (int64_t f = 0; f < F; ++f) EXPECT_EQ(get_float(ap, 1 * F + f), 0.0);
+
+      Tensor dp_ref = Tensor::empty({N}, dt), dact = Tensor::empty({N, F}, dt);
+      Tensor dfc1_ref = Tensor::empty(in.fc1.shape(), dt);
+      ops::moe_row_dot(in.dap, act, dp_ref, st);
+      ops::moe_scale_rows(in.dap, in.p, dact, st);
+      if (swiglu)
+        ops::swiglu_backward(dact, in.fc1, dfc1_ref, st);
+      else
+        ops::gelu_backward(dact, in.fc1, dfc1_ref, st);
+      Tensor dp = Tensor::empty({N}, dt), dfc1 = Tensor::empty(in.fc1.shape(), dt);
+      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, st);
+      EXPECT_TRUE(same_bits(dp, dp_ref));
+      EXPECT_TRUE(same_bits(dfc1, dfc1_ref));
+      for (int64_t w = 0; w < in.fc1.size(1); ++w)
+        EXPECT_EQ(get_float(dfc1, 1 * in.fc1.size(1) + w), 0.0);
+    }
+}
+
+TEST(MoeOpsGrad, ActScaleBackwardIsTheForwardsDerivative) {
+  // fp64 central differences of L = sum(dap * ap(fc1, p)) against dfc1 and dp.
+  Stream& st = Stream::cpu();
+  const int64_t N = 4, F = 3;
+  const double h = 1e-6;
+  for (bool swiglu : {true, false}) {
+    SCOPED_TRACE(swiglu ? "swiglu" : "gelu");
+    ActScaleIn in = act_scale_inputs(N, F, swiglu, DType::F64, 9);
+    auto loss = [&] {
+      Tensor ap = Tensor::empty({N, F}, DType::F64);
+      ops::moe_act_scale_forward(in.fc1, in.p, swiglu, ap, st);
+      return ops::dot(ap, in.dap, st);
+    };
+    Tensor dp = Tensor::empty({N}, DType::F64), dfc1 = Tensor::empty(in.fc1.shape(), DType::F64);
+    ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, st);
+    auto fd = [&](Tensor& t, int64_t i) {
+      double* v = t.data<double>() + i;
+      const double v0 = *v;
+      *v = v0 + h;
+      const double lp = loss();
+      *v = v0 - h;
+      const double lm = loss();
+      *v = v0;
+      return (lp - lm) / (2 * h);
+    };
+    for (int64_t i = 0; i < in.fc1.numel(); ++i)
+      EXPECT_NEAR(dfc1.data<double>()[i], fd(in.fc1, i), 1e-7) << "fc1 element " << i;
+    for (int64_t n = 0; n < N; ++n)
+      EXPECT_NEAR(dp.data<double>()[n], fd(in.p, n), 1e-7) << "row " << n;
+  }
 }
 
 // ---- whole models ------------------------------------------------------------------------
@@ -589,7 +682,7 @@ TEST(MoeModel, SavedActivationsPredictedEqualsMeasuredAndHandCount) {
   // The memory estimate (megatron plan, the start-up memory line) reads the MoE layer's
   // saved list; it must equal what a step holds, and the MoE layer's part must be the
   // stated dropless bound counted by hand: logits [T,E], permuted input [Tk,H], weights
-  // [Tk], fc1 [Tk,2I] and activation [Tk,I] (f64) in place of the dense fc1 [T,2F].
+  // [Tk], fc1 [Tk,2I] and the scaled activation [Tk,I] (f64) in place of the dense fc1 [T,2F].
   auto c = tiny_moe(true, 2, 0.1);
   c.moe.layer_pattern = {1, 0};
   model::GPTModel m(c);

@@ -102,8 +102,8 @@ Step step(Gpu& g, const Tensor& x, const Tensor& p, const Tensor& G) {
   model::moe::GroupedExperts ge(g.c, 0, &g.store);
   model::moe::GroupedExperts::Saved s;
   model::moe::GroupedExperts::Scratch w;
-  s.fc1 = gpu_nan({N, kI}, DType::BF16), s.act = gpu_nan({N, kI}, DType::BF16);
-  for (Tensor* t : {&w.ap, &w.dap, &w.dact, &w.dfc1}) *t = gpu_nan({N, kI}, DType::BF16);
+  s.fc1 = gpu_nan({N, kI}, DType::BF16), s.ap = gpu_nan({N, kI}, DType::BF16);
+  for (Tensor* t : {&w.dap, &w.dfc1}) *t = gpu_nan({N, kI}, DType::BF16);
   Tensor y = gpu_nan({N, kH}, DType::BF16), dx = gpu_nan({N, kH}, DType::BF16);
   Tensor dp = gpu_nan({N}, DType::F32);
   model::StepKeys k;
@@ -112,7 +112,7 @@ Step step(Gpu& g, const Tensor& x, const Tensor& p, const Tensor& G) {
   g.store.zero_grads();
   const Tensor xg = to_gpu(x, DType::BF16), pg = to_gpu(p, DType::F32), gg = to_gpu(G, DType::BF16);
   ge.forward(xg, pg, kCounts, s, y, w, cx, nullptr);
-  Step r{to_cpu(y), Tensor(), to_cpu(s.fc1), to_cpu(w.ap)};
+  Step r{to_cpu(y), Tensor(), to_cpu(s.fc1), to_cpu(s.ap)};
   ge.backward(gg, xg, pg, kCounts, s, dx, dp, w, cx, nullptr);
   r.dx = to_cpu(dx), r.dap = to_cpu(w.dap), r.dfc1 = to_cpu(w.dfc1);
   return r;

@@ -6,7 +6,9 @@
 // against the CPU ops on the same logits: the same experts, rows and tie-breaks exactly.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <tuple>
 
 #include "../gpu/gpu_test_util.h"
@@ -69,6 +71,84 @@ TEST_P(GpuMoeOp, PermuteUnpermuteScaleRowDot) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuMoeOp, ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          [](const auto& i) { return std::string(dtype_name(i.param)); });
+
+namespace {
+
+// Two GPU tensors hold the same bits (as f32 host copies: bf16 and f16 widen exactly), every
+// element written (the outputs start as NaN).
+::testing::AssertionResult same_bits(const Tensor& g1, const Tensor& g2) {
+  const Tensor a = to_cpu(g1), b = to_cpu(g2);
+  const float* x = static_cast<const float*>(a.raw());
+  const float* y = static_cast<const float*>(b.raw());
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (!std::isfinite(x[i]) || std::memcmp(&x[i], &y[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs " << y[i];
+  return ::testing::AssertionSuccess();
+}
+
+// dtype, SwiGLU (else GELU), F.
+using ActScaleCase = std::tuple<DType, bool, int64_t>;
+
+}  // namespace
+
+class GpuMoeActScale : public ::testing::TestWithParam<ActScaleCase> {
+ protected:
+  void SetUp() override { MCPP_REQUIRE_GPU(); }
+};
+
+TEST_P(GpuMoeActScale, FusedEqualsUnfusedBitwiseAndCpu) {
+  // The fused ops against the CUDA ops they replace (ap and dfc1 bit for bit, dp to f32
+  // summation order) and against the CPU ops (f32, to the dtype's tolerance). The widths
+  // take every path: F = 4096 and 1024 the 16-byte packs with 256 and 128 threads a row,
+  // 96 a warp a row, 99 the scalar fallback. Rows 1 and N-2 have p = 0.
+  const auto [dt, swiglu, F] = GetParam();
+  const int64_t N = 37, W = (swiglu ? 2 : 1) * F;
+  const Tensor fc1 = rand_in({N, W}, 31, dt, -4.f, 4.f), dap = rand_in({N, F}, 32, dt);
+  Tensor p = rand_f32({N}, 33, 0.f, 1.f);
+  p.data<float>()[1] = p.data<float>()[N - 2] = 0.f;
+  const Tensor gfc1 = to_gpu(fc1, dt), gdap = to_gpu(dap, dt), gp = to_gpu(p, DType::F32);
+
+  // Forward: fused, unfused (the activation, then moe_scale_rows), CPU.
+  Tensor gap = gpu_nan({N, F}, dt), gact = gpu_nan({N, F}, dt), gap_ref = gpu_nan({N, F}, dt);
+  gpu::moe_act_scale_forward(gfc1, gp, swiglu, gap, GS());
+  if (swiglu)
+    gpu::swiglu_forward(gfc1, gact, GS());
+  else
+    gpu::gelu_forward(gfc1, gact, GS());
+  gpu::moe_scale_rows(gact, gp, gap_ref, GS());
+  EXPECT_TRUE(same_bits(gap, gap_ref));
+  Tensor ap = Tensor::empty({N, F}, DType::F32);
+  cpu::moe_act_scale_forward(fc1, p, swiglu, ap, CS());
+  EXPECT_CLOSE(gap, ap, dt);
+
+  // Backward: fused, unfused (moe_row_dot, moe_scale_rows, the activation's backward), CPU.
+  Tensor gdfc1 = gpu_nan({N, W}, dt), gdp = gpu_nan({N}, DType::F32);
+  gpu::moe_act_scale_backward(gdap, gfc1, gp, swiglu, gdfc1, gdp, GS());
+  Tensor gdact = gpu_nan({N, F}, dt), gdfc1_ref = gpu_nan({N, W}, dt),
+         gdp_ref = gpu_nan({N}, DType::F32);
+  gpu::moe_row_dot(gdap, gact, gdp_ref, GS());
+  gpu::moe_scale_rows(gdap, gp, gdact, GS());
+  if (swiglu)
+    gpu::swiglu_backward(gdact, gfc1, gdfc1_ref, GS());
+  else
+    gpu::gelu_backward(gdact, gfc1, gdfc1_ref, GS());
+  EXPECT_TRUE(same_bits(gdfc1, gdfc1_ref));
+  EXPECT_LE(rel_err(to_cpu(gdp), to_cpu(gdp_ref)), 1e-5);
+  Tensor dfc1 = Tensor::empty({N, W}, DType::F32), dp = Tensor::empty({N}, DType::F32);
+  cpu::moe_act_scale_backward(dap, fc1, p, swiglu, dfc1, dp, CS());
+  EXPECT_CLOSE(gdfc1, dfc1, dt);
+  EXPECT_CLOSE(gdp, dp, dt);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuMoeActScale,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16, DType::F16),
+                                            ::testing::Bool(),
+                                            ::testing::Values<int64_t>(4096, 1024, 96, 99)),
+                         [](const auto& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) +
+                                  (std::get<1>(i.param) ? "_swiglu_" : "_gelu_") +
+                                  std::to_string(std::get<2>(i.param));
+                         });
 
 namespace {
 

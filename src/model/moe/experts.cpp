@@ -123,14 +123,12 @@ void GroupedExperts::fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_
 void GroupedExperts::saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Saved& s,
                                  const TensorVisitor& v) {
   v(s.fc1, {Nmax, c.moe_fc1_width_local()}, dt, true);
-  v(s.act, {Nmax, c.moe_ffn_local()}, dt, true);
+  v(s.ap, {Nmax, c.moe_ffn_local()}, dt, true);
 }
 
 void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Scratch& w,
                                    const TensorVisitor& v) {
-  v(w.ap, {Nmax, c.moe_ffn_local()}, dt, true);
   v(w.dap, {Nmax, c.moe_ffn_local()}, dt, true);
-  v(w.dact, {Nmax, c.moe_ffn_local()}, dt, true);
   v(w.dfc1, {Nmax, c.moe_fc1_width_local()}, dt, true);
 }
 
@@ -145,7 +143,7 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
-  Tensor fc1 = s.fc1.narrow(0, N), act = s.act.narrow(0, N), ap = w.ap.narrow(0, N);
+  Tensor fc1 = s.fc1.narrow(0, N), ap = s.ap.narrow(0, N);
   int64_t off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];
@@ -157,11 +155,7 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
       ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, st);
     off += n;
   }
-  if (cfg_->swiglu)
-    ops::swiglu_forward(fc1, act, st);
-  else
-    ops::gelu_forward(fc1, act, st);
-  ops::moe_scale_rows(act, p, ap, st);  // probabilities after the activation
+  ops::moe_act_scale_forward(fc1, p, cfg_->swiglu, ap, st);  // probabilities after the act
   off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];
@@ -186,10 +180,8 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
-  Tensor fc1 = s.fc1.narrow(0, N), act = s.act.narrow(0, N);
-  Tensor ap = w.ap.narrow(0, N), dap = w.dap.narrow(0, N), dact = w.dact.narrow(0, N);
-  Tensor dfc1 = w.dfc1.narrow(0, N), none;
-  ops::moe_scale_rows(act, p, ap, st);  // the fc2 input, for its weight gradient
+  const Tensor fc1 = s.fc1.narrow(0, N), ap = s.ap.narrow(0, N);  // ap: fc2's saved input
+  Tensor dap = w.dap.narrow(0, N), dfc1 = w.dfc1.narrow(0, N), none;
   int64_t off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];
@@ -203,12 +195,7 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
                            none, st);
     off += n;
   }
-  ops::moe_row_dot(dap, act, dp, st);
-  ops::moe_scale_rows(dap, p, dact, st);
-  if (cfg_->swiglu)
-    ops::swiglu_backward(dact, fc1, dfc1, st);
-  else
-    ops::gelu_backward(dact, fc1, dfc1, st);
+  ops::moe_act_scale_backward(dap, fc1, p, cfg_->swiglu, dfc1, dp, st);
   off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];

@@ -6,6 +6,10 @@
 //   backward: d(ap) = dy_e @ W2_e;  dW2_e += dy_e^T (a_e * p_e);  dp = rowsum(d(ap) * a_e)
 //             da = d(ap) * p_e;  dh = act'(h_e) da;  dW1_e += dh^T x_e;  dx_e = dh @ W1_e
 //
+// The activation and the probabilities are one op each way over all rows
+// (moe_act_scale_forward / _backward: ap from h; dp and dh from d(ap) and h, a recomputed),
+// bit for bit the unfused activation and moe_scale_rows / moe_row_dot ops.
+//
 // Parameters (grouped form, global expert index e): mlp.experts.linear_fc1.weight{e}
 // [(2)I, H] (SwiGLU: [gate; up], each ETP rank its rows of both) and
 // mlp.experts.linear_fc2.weight{e} [H, I] (split by columns), grad_group Expert. With expert
@@ -46,12 +50,14 @@ class GroupedExperts {
   GroupedExperts(const TransformerConfig& c, int layer, const ParamStore* store);
 
   // Rows of the N-row buffers this batch uses, one slice per expert.
+  // fc2's input ap is saved, so its weight gradient needs no recompute; the activation a
+  // itself is recomputed from fc1 inside moe_act_scale_backward (dp needs it).
   struct Saved {
     Tensor fc1;  // [Nmax, FC1W/ETP] fc1 outputs
-    Tensor act;  // [Nmax, I/ETP] activations (before the probabilities)
+    Tensor ap;   // [Nmax, I/ETP] activations times the probabilities (fc2's input)
   };
   struct Scratch {
-    Tensor ap, dap, dact, dfc1;  // [Nmax, I/ETP] x3, [Nmax, FC1W/ETP]
+    Tensor dap, dfc1;  // [Nmax, I/ETP], [Nmax, FC1W/ETP]
   };
   static void saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Saved& s,
                           const TensorVisitor& v);

@@ -3,6 +3,7 @@
 // and summed in a fixed order, so results do not depend on the thread count.
 #include <algorithm>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/cpu_common.h"
@@ -100,6 +101,65 @@ void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
       o[n] = acc;
     }
   });
+}
+
+// ---- the experts' activation with the probabilities: the reference is the composition of
+// the unfused ops (activations.cpp, the two above), so the fused op is those bits by
+// construction; the CUDA kernels are checked against it.
+
+namespace {
+
+// fc1 [N, W] (W = 2F for SwiGLU, F for GELU) and the F of ap / dap [N, F]; N = p.numel().
+std::pair<int64_t, int64_t> act_scale_dims(const Check& c, const Tensor& fc1, const Tensor& p,
+                                           bool swiglu, const Tensor& out, const char* oname) {
+  const int64_t N = p.numel(), F = N ? out.numel() / N : 0;
+  c.numel(out, oname, N * F);
+  c.numel(fc1, "fc1", (swiglu ? 2 : 1) * N * F);
+  return {N, F};
+}
+
+void act_forward(const Tensor& fc1, bool swiglu, Tensor& act, Stream& s) {
+  if (swiglu)
+    swiglu_forward(fc1, act, s);
+  else
+    gelu_forward(fc1, act, s);
+}
+
+}  // namespace
+
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tensor& ap, Stream& s) {
+  const Check c{"moe_act_scale_forward"};
+  c.stream(s);
+  const DType dt = c.floating(fc1, "fc1");
+  c.dtype(ap, "ap", dt);
+  c.dtype(p, "p", dt);
+  const auto [N, F] = act_scale_dims(c, fc1, p, swiglu, ap, "ap");
+  if (N * F == 0) return;
+  Tensor act = Tensor::empty({N, F}, dt);  // [N, F]
+  act_forward(fc1.view({N, (swiglu ? 2 : 1) * F}), swiglu, act, s);
+  moe_scale_rows(act, p, ap, s);
+}
+
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
+                            Tensor& dfc1, Tensor& dp, Stream& s) {
+  const Check c{"moe_act_scale_backward"};
+  c.stream(s);
+  const DType dt = c.floating(fc1, "fc1");
+  c.dtype(dap, "dap", dt), c.dtype(p, "p", dt), c.dtype(dfc1, "dfc1", dt), c.dtype(dp, "dp", dt);
+  const auto [N, F] = act_scale_dims(c, fc1, p, swiglu, dap, "dap");
+  c.numel(dfc1, "dfc1", fc1.numel());
+  c.numel(dp, "dp", N);
+  if (N == 0) return;
+  const Shape fc1_shape{N, (swiglu ? 2 : 1) * F};
+  Tensor act = Tensor::empty({N, F}, dt), dact = Tensor::empty({N, F}, dt);  // [N, F] x2
+  act_forward(fc1.view(fc1_shape), swiglu, act, s);
+  moe_row_dot(dap, act, dp, s);
+  moe_scale_rows(dap, p, dact, s);
+  Tensor dx = dfc1.view(fc1_shape);
+  if (swiglu)
+    swiglu_backward(dact, fc1.view(fc1_shape), dx, s);
+  else
+    gelu_backward(dact, fc1.view(fc1_shape), dx, s);
 }
 
 // ---- routing (the reference of ops/cuda/moe_route.cu; the per-token math is shared:

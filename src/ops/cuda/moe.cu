@@ -4,8 +4,11 @@
 // words and aligned, the row kernels move them as packs (a row per block-row of threads, no
 // per-element index division); the math per element is the scalar kernels', in the same
 // order, so both paths give the same bits.
+#include <algorithm>
 #include <initializer_list>
+#include <utility>
 
+#include "ops/cuda/activation_math.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
 
@@ -193,6 +196,224 @@ void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
                     row_dot_kernel<T><<<unsigned((N * 32 + 255) / 256), 256, 0, stream_of(s)>>>(
                         static_cast<const T*>(a.raw()), static_cast<const T*>(b.raw()),
                         out.data<float>(), N, F));
+  MCPP_LAUNCH_CHECK();
+}
+
+// ---- the experts' activation with the probabilities (experts.h): ap = act(fc1) * p and its
+// backward, each one pass over the rows. The element math is activations.cu's
+// (activation_math.cuh) and the two scale kernels' above, with the activation rounded to T
+// where the unfused ops store it and dap * p rounded where moe_scale_rows stores it, so ap
+// and dfc1 are the unfused ops' bits; dp sums as row_dot_kernel does per lane (one f32 FMA
+// an element), in a different order across lanes.
+
+namespace {
+
+// V elements of T at p as floats: one 16-byte pack (V = kPackN<T>, p aligned) or one scalar.
+template <int V, typename T>
+__device__ __forceinline__ void ld_vec(const T* p, float (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = to_f(*p);
+  } else {
+    const Pack<T, V> v = ld_pack<V>(p);
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = to_f(v.v[k]);
+  }
+}
+template <int V, typename T>
+__device__ __forceinline__ void st_vec(T* p, const float (&in)[V]) {
+  if constexpr (V == 1) {
+    *p = from_f<T>(in[0]);
+  } else {
+    Pack<T, V> v;
+#pragma unroll
+    for (int k = 0; k < V; ++k) v.v[k] = from_f<T>(in[k]);
+    st_pack<V>(p, v);
+  }
+}
+
+// The activation of V columns starting at column c of row r (fc1 rows of W = 2F or F),
+// rounded to T as the unfused forward stores it; g / u: the inputs (u unused for GELU).
+template <typename T, bool kSwiglu, int V>
+__device__ __forceinline__ void act_vec(const T* fc1, int64_t r, int64_t c, int64_t F,
+                                        float (&g)[V], float (&u)[V], float (&a)[V]) {
+  constexpr bool kFast = kFastMath<T>;
+  const T* row = fc1 + r * (kSwiglu ? 2 * F : F);
+  ld_vec<V>(row + c, g);
+  if constexpr (kSwiglu) ld_vec<V>(row + F + c, u);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    if constexpr (kSwiglu)
+      a[k] = to_f(from_f<T>(swiglu_f<kFast>(g[k], u[k])));
+    else
+      a[k] = to_f(from_f<T>(gelu_f<kFast>(g[k])));
+  }
+}
+
+// ap [N, F] = act(fc1) * p: V columns per thread and step, FV = F / V steps a row. small:
+// N * FV fits 32 bits (the row of step v is then a 32-bit division).
+template <typename T, bool kSwiglu, int V>
+__global__ void act_scale_fwd_kernel(const T* __restrict__ fc1, const float* __restrict__ p,
+                                     T* __restrict__ ap, int64_t N, int64_t F, int64_t FV,
+                                     bool small) {
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < N * FV;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = small ? int64_t(uint32_t(v) / uint32_t(FV)) : v / FV, c = (v - r * FV) * V;
+    float g[V], u[V], a[V];
+    act_vec<T, kSwiglu, V>(fc1, r, c, F, g, u, a);
+    const float pr = p[r];
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = __fmul_rn(a[k], pr);  // moe_scale_rows' product
+    st_vec<V>(ap + r * F + c, a);
+  }
+}
+
+// The backward, a row per TPR threads (256 / TPR rows a block): each thread takes V columns
+// a step, writes their dfc1 and sums dap * act; the row's sum is a butterfly in each warp,
+// then the warps' sums in order (shared memory) when TPR > 32. The loop over rows is uniform
+// across the block, so the barriers are reached by every thread.
+template <typename T, bool kSwiglu, int V, int TPR>
+__global__ void __launch_bounds__(256)
+    act_scale_bwd_kernel(const T* __restrict__ dap, const T* __restrict__ fc1,
+                         const float* __restrict__ p, T* __restrict__ dfc1, float* __restrict__ dp,
+                         int64_t N, int64_t F) {
+  constexpr int R = 256 / TPR, W = TPR / 32;  // rows a block, warps a row
+  constexpr bool kFast = kFastMath<T>;
+  __shared__ float part[256 / 32];
+  const int sub = threadIdx.x / TPR, t = threadIdx.x % TPR;
+  const int64_t W1 = kSwiglu ? 2 * F : F;
+  for (int64_t base = blockIdx.x * int64_t(R); base < N; base += int64_t(gridDim.x) * R) {
+    const int64_t r = base + sub;
+    float acc = 0.f;
+    if (r < N) {
+      const float pr = p[r];
+      for (int64_t c = int64_t(t) * V; c < F; c += int64_t(TPR) * V) {
+        float g[V], u[V], a[V], d[V], dg[V], du[V];
+        act_vec<T, kSwiglu, V>(fc1, r, c, F, g, u, a);
+        ld_vec<V>(dap + r * F + c, d);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          acc += d[k] * a[k];
+          const float dact = to_f(from_f<T>(__fmul_rn(d[k], pr)));  // moe_scale_rows' bits
+          if constexpr (kSwiglu)
+            swiglu_grad_f<kFast>(dact, g[k], u[k], dg[k], du[k]);
+          else
+            dg[k] = dact * gelu_grad_f<kFast>(g[k]);
+        }
+        st_vec<V>(dfc1 + r * W1 + c, dg);
+        if constexpr (kSwiglu) st_vec<V>(dfc1 + r * W1 + F + c, du);
+      }
+    }
+    for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if constexpr (W == 1) {
+      if (t == 0 && r < N) dp[r] = acc;
+    } else {
+      if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+      __syncthreads();
+      if (t == 0 && r < N) {
+        float sum = 0.f;
+        for (int w = 0; w < W; ++w) sum += part[sub * W + w];
+        dp[r] = sum;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+template <typename T, bool kSwiglu, int V, int TPR>
+void act_scale_bwd_launch(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, int64_t N,
+                          int64_t F, Stream& s) {
+  constexpr int R = 256 / TPR;
+  const int64_t blocks = std::min<int64_t>((N + R - 1) / R, int64_t(1) << 20);
+  act_scale_bwd_kernel<T, kSwiglu, V, TPR>
+      <<<unsigned(blocks), 256, 0, stream_of(s)>>>(dap, fc1, p, dfc1, dp, N, F);
+}
+
+// A row's threads: enough for a step or two of each, a warp at the least.
+template <typename T, bool kSwiglu, int V>
+void act_scale_bwd_rows(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, int64_t N,
+                        int64_t F, Stream& s) {
+  const int64_t FV = F / V;
+  if (FV <= 64)
+    act_scale_bwd_launch<T, kSwiglu, V, 32>(dap, fc1, p, dfc1, dp, N, F, s);
+  else if (FV <= 256)
+    act_scale_bwd_launch<T, kSwiglu, V, 128>(dap, fc1, p, dfc1, dp, N, F, s);
+  else
+    act_scale_bwd_launch<T, kSwiglu, V, 256>(dap, fc1, p, dfc1, dp, N, F, s);
+}
+
+// Checks of the fused ops: T tensors of one activation dtype, p [N] f32; returns F.
+int64_t act_scale_check(const char* op, const Tensor& fc1, const Tensor& p, bool swiglu,
+                        std::initializer_list<std::pair<const Tensor*, const char*>> acts) {
+  check_cuda(fc1, op, "fc1");
+  check_f32(p, op, "p");
+  const int64_t N = p.numel(), F = N ? fc1.numel() / ((swiglu ? 2 : 1) * N) : 0;
+  check_numel(fc1, (swiglu ? 2 : 1) * N * F, op, "fc1");
+  for (const auto& [t, name] : acts) {
+    check_cuda(*t, op, name);
+    MCPP_CHECK(t->dtype() == fc1.dtype(), "{}: {} is {} but fc1 is {} (one activation dtype)", op,
+               name, t->str(), fc1.str());
+  }
+  return F;
+}
+
+}  // namespace
+
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tensor& ap, Stream& s) {
+  const char* op = "moe_act_scale_forward";
+  const int64_t F = act_scale_check(op, fc1, p, swiglu, {{&ap, "ap"}}), N = p.numel();
+  check_numel(ap, N * F, op, "ap");
+  if (N * F == 0) return;
+  MCPP_DISPATCH_ACT(fc1.dtype(), op, {
+    constexpr int P = kPackN<T>;
+    auto x = static_cast<const T*>(fc1.raw());
+    auto y = static_cast<T*>(ap.raw());
+    const bool vec = packable<T>(F, {x, y});
+    const int64_t FV = vec ? F / P : F;
+    const bool small = N * FV <= int64_t(UINT32_MAX);
+    const unsigned grid = grid_for(N * FV, 256);
+    if (vec && swiglu)
+      act_scale_fwd_kernel<T, true, P>
+          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
+    else if (vec)
+      act_scale_fwd_kernel<T, false, P>
+          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
+    else if (swiglu)
+      act_scale_fwd_kernel<T, true, 1>
+          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
+    else
+      act_scale_fwd_kernel<T, false, 1>
+          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
+  });
+  MCPP_LAUNCH_CHECK();
+}
+
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
+                            Tensor& dfc1, Tensor& dp, Stream& s) {
+  const char* op = "moe_act_scale_backward";
+  const int64_t F = act_scale_check(op, fc1, p, swiglu, {{&dap, "dap"}, {&dfc1, "dfc1"}}),
+                N = p.numel();
+  check_numel(dap, N * F, op, "dap");
+  check_numel(dfc1, fc1.numel(), op, "dfc1");
+  check_f32(dp, op, "dp");
+  check_numel(dp, N, op, "dp");
+  if (N == 0) return;
+  MCPP_DISPATCH_ACT(fc1.dtype(), op, {
+    constexpr int P = kPackN<T>;
+    auto d = static_cast<const T*>(dap.raw());
+    auto x = static_cast<const T*>(fc1.raw());
+    auto dx = static_cast<T*>(dfc1.raw());
+    const float* pp = p.data<float>();
+    float* o = dp.data<float>();
+    const bool vec = packable<T>(F, {d, x, dx});  // F % P == 0: the up half is aligned too
+    if (vec && swiglu)
+      act_scale_bwd_rows<T, true, P>(d, x, pp, dx, o, N, F, s);
+    else if (vec)
+      act_scale_bwd_rows<T, false, P>(d, x, pp, dx, o, N, F, s);
+    else if (swiglu)
+      act_scale_bwd_rows<T, true, 1>(d, x, pp, dx, o, N, F, s);
+    else
+      act_scale_bwd_rows<T, false, 1>(d, x, pp, dx, o, N, F, s);
+  });
   MCPP_LAUNCH_CHECK();
 }
 
