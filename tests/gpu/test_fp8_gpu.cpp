@@ -155,6 +155,7 @@ TEST(Fp8Gpu, GemmAllThreePassesAgainstTheEmulation) {
 // the history or row 0 alone, a NaN anywhere keeping the old scale, a zero column keeping
 // it too; history lengths around the kernel's chunk of 1024 elements.
 TEST(Fp8Gpu, ScaleUpdateMatchesTheCpuOp) {
+  MCPP_REQUIRE_GPU();
   for (int64_t L : {1, 7, 341, 342, 1024, 2049})
     for (bool amax_max : {true, false})
       for (int nan_row : {-1, 0, 3}) {
