@@ -195,10 +195,11 @@ int64_t cases_mb(const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Eight warm-up steps: the expert GEMMs meet new row-count classes over the first steps
-  // and tune each once (gemm.cu); with two, the timed Mixtral-style steps still carried
-  // that tuning (736 against 467 ms a step, measured on an H200).
-  int steps = 5, warmup = 8;
+  // Twenty warm-up steps: the expert GEMMs meet new row-count classes over the first steps
+  // (more as the routing grows unbalanced) and tune each once (gemm.cu, gemm_fp8.cu); with
+  // eight, the timed Mixtral-style steps still carried some of that tuning (478 against 436
+  // ms a step on an H200), with two most of it (736 against 467).
+  int steps = 5, warmup = 20;
   std::string only, torch_file, json_out, fp8;
   bool profile = false, gemm_cmp = false;
   std::map<std::string, int64_t> mb_override;
