@@ -74,7 +74,14 @@ if(MCPP_ENABLE_CUDA)
     add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-DFMT_USE_CONSTEXPR=1>
                         $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>
                         $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
-    set(MCPP_CUDA_DEPS CUDA::cudart CUDA::cublas CUDA::cublasLt)
+    # cuBLAS(Lt) is not linked: src/ops/cuda/cublaslt_loader.cpp opens it on the first GEMM
+    # (loading it costs every process ~0.35 s, CPU runs included). Its headers come with
+    # cudart's include folder; the loader is told the soname and the configured path.
+    set(MCPP_CUDA_DEPS CUDA::cudart ${CMAKE_DL_LIBS})
+    set(MCPP_CUBLASLT_DEFS
+        MCPP_CUBLASLT_SONAME="libcublasLt.so.${CUDAToolkit_VERSION_MAJOR}"
+        MCPP_CUBLASLT_PATH="${CUDAToolkit_LIBRARY_DIR}/libcublasLt.so.${CUDAToolkit_VERSION_MAJOR}"
+        MCPP_CUDA_MAJOR="${CUDAToolkit_VERSION_MAJOR}")
     # cuDNN and NCCL: the CUDA toolkit folder on CI, a Python wheel's folder on the GPU machine
     # (pass -DMCPP_CUDNN_ROOT=... -DMCPP_NCCL_ROOT=...; scripts/gpu-check.sh does).
     find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${MCPP_CUDNN_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})

@@ -1,9 +1,9 @@
 #include "data/gpt_dataset.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 #include <regex>
@@ -72,8 +72,9 @@ std::vector<int32_t> build_document_index(const std::vector<int32_t>& docs, int6
 // element type only matters for caching, the permutation is the same.
 std::vector<int64_t> build_shuffle_index(int64_t num_samples, int64_t total,
                                          NumpyRandomState& rng) {
-  std::vector<int64_t> out(static_cast<size_t>(total));
-  std::iota(out.begin(), out.end(), int64_t(0));
+  std::vector<int64_t> out;  // reserve + push_back: no zero-fill pass over tens of MB
+  out.reserve(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) out.push_back(i);
   rng.shuffle(out.data(), num_samples);
   if (num_samples < total) rng.shuffle(out.data() + num_samples, total - num_samples);
   return out;
@@ -81,22 +82,25 @@ std::vector<int64_t> build_shuffle_index(int64_t num_samples, int64_t total,
 
 }  // namespace
 
+int64_t sample_count(int64_t tokens, int64_t seq_length, int64_t add_extra_token,
+                     bool drop_last_partial) {
+  if (drop_last_partial) return (tokens - add_extra_token) / seq_length;
+  // helpers.cpp computes this in single precision.
+  return int64_t(std::ceil(float(tokens - add_extra_token) / float(seq_length)));
+}
+
 std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
                                         const std::vector<int32_t>& document_index,
                                         int64_t seq_length, int64_t num_epochs,
                                         int64_t tokens_per_epoch, bool drop_last_partial,
                                         int add_extra_token) {
   const int64_t X = add_extra_token;
-  int64_t num_samples;
-  if (drop_last_partial) {
-    num_samples = (num_epochs * tokens_per_epoch - X) / seq_length;
-  } else {
-    // helpers.cpp computes this in single precision.
-    num_samples = int64_t(std::ceil(float(num_epochs * tokens_per_epoch - X) / float(seq_length)));
-  }
-  std::vector<int64_t> idx(size_t(2 * (num_samples + 1)));
+  const int64_t num_samples =
+      sample_count(num_epochs * tokens_per_epoch, seq_length, X, drop_last_partial);
+  std::vector<int64_t> idx;  // reserve + push_back: no zero-fill pass over tens of MB
+  idx.reserve(size_t(2 * (num_samples + 1)));
   int64_t row = 0, doc_pos = 0, doc_offset = 0;
-  idx[0] = 0, idx[1] = 0;
+  idx.push_back(0), idx.push_back(0);
   ++row;
   const int64_t ndocs = int64_t(document_index.size());
   while (row <= num_samples) {
@@ -119,8 +123,8 @@ std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
         doc_offset = 0;
       }
     }
-    idx[2 * row] = doc_pos;
-    idx[2 * row + 1] = doc_offset;
+    idx.push_back(doc_pos);
+    idx.push_back(doc_offset);
     ++row;
   }
   return idx;
@@ -149,6 +153,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
                     low_->num_sequences()),
         "change --split so that every non-zero split gets sequences (e.g. --split 98,2,0 "
         "for a small dataset), or use a larger dataset");
+  tokens_per_epoch_ = tokens_per_epoch;
 
   // _get_num_epochs
   num_epochs_ = 1;
@@ -156,25 +161,40 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
     const int64_t requested = *num_samples_ * S + X;
     for (int64_t t = tokens_per_epoch; t < requested; t += tokens_per_epoch) ++num_epochs_;
   }
-  int64_t samples_sans_final = 0;
   if (num_epochs_ > 1) {
-    samples_sans_final = ((num_epochs_ - 1) * tokens_per_epoch - X) / S;
-    const int64_t from_final = *num_samples_ - samples_sans_final;
+    samples_sans_final_ = ((num_epochs_ - 1) * tokens_per_epoch - X) / S;
+    const int64_t from_final = *num_samples_ - samples_sans_final_;
     const int64_t per_epoch = (tokens_per_epoch - X) / S;
     MCPP_CHECK(from_final >= 0 && from_final <= per_epoch + 1, "bad final-epoch sample count {}",
                from_final);
     separate_final_epoch_ = from_final < int64_t(0.80 * double(per_epoch));
   }
+  const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
+  total_samples_ = sample_count(num_epochs_ * tokens_per_epoch, S, X, drop_last);
+  if (!cfg_.path_to_cache.empty() && !cfg_.mock) built();
+}
 
-  if (!cfg_.path_to_cache.empty() && !cfg_.mock && load_cache(tokens_per_epoch)) return;
+const GPTDataset& GPTDataset::built() const {
+  std::call_once(built_once_, [this] {
+    build_indices();
+    indices_built_ = true;
+  });
+  return *this;
+}
+
+void GPTDataset::build_indices() const {
+  if (!cfg_.path_to_cache.empty() && !cfg_.mock && load_cache()) return;
+  const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
   NumpyRandomState rng(cfg_.seed);
   document_index_ = build_document_index(indices_, num_epochs_, rng, separate_final_epoch_);
   const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
-  sample_index_ = build_sample_index(*low_, document_index_, S, num_epochs_, tokens_per_epoch,
+  sample_index_ = build_sample_index(*low_, document_index_, S, num_epochs_, tokens_per_epoch_,
                                      drop_last, int(X));
   const int64_t total = int64_t(sample_index_.size() / 2) - 1;
+  MCPP_CHECK(total == total_samples_, "the {} sample index holds {} samples, expected {}",
+             split_name(split_), total, total_samples_);
   shuffle_index_ =
-      build_shuffle_index(separate_final_epoch_ ? samples_sans_final : total, total, rng);
+      build_shuffle_index(separate_final_epoch_ ? samples_sans_final_ : total, total, rng);
   if (!cfg_.path_to_cache.empty() && !cfg_.mock) save_cache();
 }
 
@@ -196,7 +216,7 @@ std::string GPTDataset::description() const {
       indices_.empty() ? 0 : indices_.front(), indices_.size(), tokens);
 }
 
-bool GPTDataset::load_cache(int64_t tokens_per_epoch) {
+bool GPTDataset::load_cache() const {
   const std::string desc = description();
   const CacheFiles f = cache_files(cfg_.path_to_cache, desc, "GPTDataset", split_name(split_));
   if (!std::filesystem::exists(f.path("description.txt"))) return false;
@@ -215,9 +235,7 @@ bool GPTDataset::load_cache(int64_t tokens_per_epoch) {
   // Shapes and ranges before trusting a single value.
   const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
   const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
-  const int64_t total =
-      drop_last ? (num_epochs_ * tokens_per_epoch - X) / S
-                : int64_t(std::ceil(float(num_epochs_ * tokens_per_epoch - X) / float(S)));
+  const int64_t total = total_samples_;
   const int64_t ndoc = int64_t(indices_.size()) * num_epochs_;
   if (doc->descr != "<i4" || doc->shape != std::vector<int64_t>{ndoc})
     return bad(fmt::format("document_index.npy is {} {}, expected <i4 [{}]", doc->descr,
@@ -232,8 +250,7 @@ bool GPTDataset::load_cache(int64_t tokens_per_epoch) {
   for (int64_t v : *d)
     if (v < lo || v > hi) return bad("document_index.npy holds a sequence outside the split");
   for (size_t i = 0; i < s->size(); i += 2)
-    if ((*s)[i] < 0 || (*s)[i] >= ndoc || (*s)[i + 1] < 0 ||
-        (i >= 2 && (*s)[i] < (*s)[i - 2]))
+    if ((*s)[i] < 0 || (*s)[i] >= ndoc || (*s)[i + 1] < 0 || (i >= 2 && (*s)[i] < (*s)[i - 2]))
       return bad("sample_index.npy is out of range");
   // Every sample must read exactly what get_text() will read: each piece inside its
   // sequence and S + X tokens in all (fewer only for validation's last partial sample). A
@@ -246,14 +263,15 @@ bool GPTDataset::load_cache(int64_t tokens_per_epoch) {
     bool ok = true;
     for (int64_t i = db; ok && i <= de; ++i) {
       const int64_t len = low_->sequence_length((*d)[size_t(i)]);
-      const int64_t off = i > db ? 0 : ob, want = i < de ? len - off : (db == de ? oe - ob : oe) + X;
+      const int64_t off = i > db ? 0 : ob,
+                    want = i < de ? len - off : (db == de ? oe - ob : oe) + X;
       ok = off >= 0 && want >= 0 && off <= len && want <= len - off && n + want <= S + X;
       n += want;
     }
     const bool last_partial = !drop_last && j == total - 1;
     if (!ok || (last_partial ? n < X : n != S + X))
-      return bad(fmt::format("sample_index.npy: sample {} does not cover {} tokens of the split",
-                             j, S + X));
+      return bad(fmt::format("sample_index.npy: sample {} does not cover {} tokens of the split", j,
+                             S + X));
   }
   for (int64_t v : *h)
     if (v < 0 || v >= total) return bad("shuffle_index.npy is out of range");
@@ -294,7 +312,7 @@ void GPTDataset::save_cache() const {
 
 int64_t GPTDataset::size() const {
   if (cfg_.mock) return *num_samples_;
-  return int64_t(sample_index_.size() / 2) - 1;
+  return total_samples_;
 }
 
 std::string GPTDataset::describe() const {
@@ -306,6 +324,7 @@ std::string GPTDataset::describe() const {
 void GPTDataset::get_text(int64_t index, std::vector<int64_t>& out) const {
   MCPP_CHECK(index >= 0 && index < size(), "sample {} out of range [0, {}) of {}", index, size(),
              describe());
+  built();
   const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
   const int64_t j = shuffle_index_[size_t(index)];
   const int64_t doc_beg = sample_index_[2 * j], off_beg = sample_index_[2 * j + 1];
@@ -380,9 +399,9 @@ std::vector<double> parse_split(const std::string& split) {
     char* end = nullptr;
     const double x = plain ? std::strtod(word.c_str(), &end) : 0.0;
     if (!plain || end != word.c_str() + word.size() || !std::isfinite(x))
-      throw Error(fmt::format("--split '{}': '{}' is not a non-negative decimal number", split,
-                              word),
-                  "give three weights, e.g. --split 969,30,1");
+      throw Error(
+          fmt::format("--split '{}': '{}' is not a non-negative decimal number", split, word),
+          "give three weights, e.g. --split 969,30,1");
     v.push_back(x);
     word.clear();
   };

@@ -7,8 +7,10 @@
 // GPTDataset and BlendedDataset (blended_dataset.h) implement it; the builder in
 // dataset_builder.h makes the three split datasets from Megatron-style arguments.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,9 +99,9 @@ struct GPTDatasetConfig {
   bool reset_attention_mask = false;  // --reset-attention-mask (GPTSample::doc_start)
   bool eod_mask_loss = false;         // --eod-mask-loss
   bool drop_last_partial_validation_sequence = true;
-  int64_t eod = 0;    // tokenizer.eod
-  int64_t pad = -1;   // tokenizer.pad, or -1 (Megatron's _PAD_TOKEN_ID)
-  bool mock = false;  // MockGPTDataset semantics (len = num_samples)
+  int64_t eod = 0;            // tokenizer.eod
+  int64_t pad = -1;           // tokenizer.pad, or -1 (Megatron's _PAD_TOKEN_ID)
+  bool mock = false;          // MockGPTDataset semantics (len = num_samples)
   std::string path_to_cache;  // --data-cache-path ("" = no cache); see index_cache.h
   std::string split_spec;     // --split as given (part of the cache description)
 };
@@ -116,10 +118,10 @@ class GPTDataset final : public GPTSampleSource {
   void get_text(int64_t index, std::vector<int64_t>& out) const override;
   std::string describe() const override;
 
-  // The indices, for tests and `megatron inspect`.
-  const std::vector<int32_t>& document_index() const { return document_index_; }
-  const std::vector<int64_t>& sample_index() const { return sample_index_; }  // [(n+1)*2]
-  const std::vector<int64_t>& shuffle_index() const { return shuffle_index_; }
+  // The indices, for tests and `megatron inspect` (built on first use, see below).
+  const std::vector<int32_t>& document_index() const { return built().document_index_; }
+  const std::vector<int64_t>& sample_index() const { return built().sample_index_; }  // [(n+1)*2]
+  const std::vector<int64_t>& shuffle_index() const { return built().shuffle_index_; }
   int64_t num_epochs() const { return num_epochs_; }
   bool separate_final_epoch() const { return separate_final_epoch_; }
   int64_t num_sequences_in_split() const { return int64_t(indices_.size()); }
@@ -132,20 +134,40 @@ class GPTDataset final : public GPTSampleSource {
   GPTDatasetConfig cfg_;
   int64_t num_epochs_ = 1;
   bool separate_final_epoch_ = false;
-  std::vector<int32_t> document_index_;
-  std::vector<int64_t> sample_index_;
-  std::vector<int64_t> shuffle_index_;
-  bool loaded_from_cache_ = false;
+  int64_t tokens_per_epoch_ = 0;
+  int64_t samples_sans_final_ = 0;
+  int64_t total_samples_ = 0;  // samples the indices cover (Megatron's len() when not mock)
+  // The three indices are built (or loaded from --data-cache-path) on first use, once, by
+  // whichever thread asks first: a split this run never reads (validation in a run that
+  // stops before --eval-interval, a middle pipeline stage) costs nothing. Mock data covers
+  // ~68M tokens a split, so building all three eagerly took ~1.5 s of every process start.
+  // With --data-cache-path they are built in the constructor, so that rank 0 writes the
+  // cache before the other ranks look for it (trainer_setup.cpp).
+  mutable std::once_flag built_once_;
+  mutable std::vector<int32_t> document_index_;
+  mutable std::vector<int64_t> sample_index_;
+  mutable std::vector<int64_t> shuffle_index_;
+  mutable bool loaded_from_cache_ = false;
+  mutable std::atomic<bool> indices_built_{false};
+  const GPTDataset& built() const;
+  void build_indices() const;
 
  public:
-  bool loaded_from_cache() const { return loaded_from_cache_; }
+  bool loaded_from_cache() const { return built().loaded_from_cache_; }
+  // Whether the indices exist yet (they are built on first use); for tests.
+  bool indices_built() const { return indices_built_.load(); }
   // The JSON that identifies these indices (Megatron's unique_description, our fields).
   std::string description() const;
 
  private:
-  bool load_cache(int64_t tokens_per_epoch);
+  bool load_cache() const;
   void save_cache() const;
 };
+
+// How many samples of seq_length (+ add_extra_token) tokens `tokens` tokens make: whole
+// samples only, or with drop_last_partial false one more partial one (helpers.cpp's count).
+int64_t sample_count(int64_t tokens, int64_t seq_length, int64_t add_extra_token,
+                     bool drop_last_partial);
 
 // helpers.cpp build_sample_idx: rows (position in document_index, offset), flattened.
 std::vector<int64_t> build_sample_index(const LowLevelDataset& low,

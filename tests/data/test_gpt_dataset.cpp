@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/error.h"
 #include "data/blended_dataset.h"
@@ -83,6 +84,60 @@ TEST(GPTDataset, SeparateFinalEpochThreshold) {
   EXPECT_FALSE(a.separate_final_epoch());
   GPTDataset b(low, {0}, 275 + 219, Split::Train, cfg);
   EXPECT_TRUE(b.separate_final_epoch());
+}
+
+TEST(GPTDataset, IndicesAreBuiltOnFirstUseOnceAcrossThreads) {
+  // Mock data: ~68M tokens per split. A split nobody reads must not build its indices
+  // (that took ~1.5 s of every process start); size() and the log line need none.
+  GPTDatasetsArgs a;
+  a.mock_data = true, a.seq_length = 16, a.seed = 1234, a.vocab_size = 100, a.eod = 99;
+  a.num_samples = {std::optional<int64_t>(160), std::optional<int64_t>(800),
+                   std::optional<int64_t>(800)};
+  auto sets = build_train_valid_test_datasets(a);
+  std::vector<const GPTDataset*> g;
+  for (auto& s : sets) {
+    g.push_back(dynamic_cast<const GPTDataset*>(s.get()));
+    ASSERT_TRUE(g.back());
+    EXPECT_FALSE(g.back()->indices_built());
+    EXPECT_GT(g.back()->size(), 0);
+  }
+  // Four threads ask for samples of the fresh train split at once: one build, and every
+  // thread reads what a dataset built before any read gives.
+  auto ref_sets = build_train_valid_test_datasets(a);
+  auto* ref = dynamic_cast<const GPTDataset*>(ref_sets[0].get());
+  ASSERT_FALSE(ref->shuffle_index().empty());
+  EXPECT_TRUE(ref->indices_built());
+  std::vector<std::vector<int64_t>> got(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&, t] { g[0]->get_text(t, got[size_t(t)]); });
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(g[0]->indices_built());
+  EXPECT_FALSE(g[1]->indices_built());
+  EXPECT_FALSE(g[2]->indices_built());
+  for (int t = 0; t < 4; ++t) {
+    std::vector<int64_t> want;
+    ref->get_text(t, want);
+    EXPECT_EQ(got[size_t(t)], want) << "sample " << t;
+  }
+  EXPECT_EQ(g[0]->shuffle_index(), ref->shuffle_index());
+}
+
+TEST(GPTDataset, SizeBeforeTheIndicesEqualsTheBuiltIndex) {
+  // size() is counted from the token total; the built sample index must agree, for whole
+  // samples and for validation's partial last sample, over one and several epochs.
+  auto low = std::make_shared<FakeLow>(std::vector<int32_t>{5, 3, 4, 9, 2, 7});
+  for (bool drop : {true, false})
+    for (std::optional<int64_t> n :
+         {std::optional<int64_t>(), std::optional<int64_t>(3), std::optional<int64_t>(17)}) {
+      GPTDatasetConfig cfg;
+      cfg.sequence_length = 4;
+      cfg.drop_last_partial_validation_sequence = drop;
+      GPTDataset ds(low, {0, 1, 2, 3, 4, 5}, n, Split::Valid, cfg);
+      const int64_t before = ds.size();
+      EXPECT_FALSE(ds.indices_built());
+      EXPECT_EQ(before, int64_t(ds.sample_index().size() / 2) - 1) << drop;
+      EXPECT_EQ(before, int64_t(ds.shuffle_index().size()));
+    }
 }
 
 TEST(Split, ParseAndRoundHalfToEven) {
