@@ -21,7 +21,7 @@ enum class Fp8Format : int { E4M3 = 0, E5M2 = 1 };
 MCPP_HD double fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0 : 57344.0; }
 
 template <typename T>
-MCPP_HD T fp8_round(T v, Fp8Format f) {
+MCPP_HD T fp8_round_generic(T v, Fp8Format f) {
   if (v != v) return v;                              // NaN
   const int M = f == Fp8Format::E4M3 ? 3 : 2;        // mantissa bits
   const int emin = f == Fp8Format::E4M3 ? -6 : -14;  // exponent of the smallest normal
@@ -38,6 +38,45 @@ MCPP_HD T fp8_round(T v, Fp8Format f) {
   T r = std::nearbyint(a / q) * q;
   if (r > maxv) r = maxv;  // a tie just below max rounds up past it: E4M3 has no 480
   return std::copysign(r, v);
+}
+
+// fp8_round_generic for f32 on the host, with bit operations in place of frexp, ldexp and
+// nearbyint (library calls on the host, ~2/3 of the CPU FP8 emulation's time). The same
+// value for every input (test_fp8.cpp sweeps the sign, every exponent and the mantissa bits
+// that decide the rounding): the exponent is read from the bits (f32 subnormals lie far below
+// both formats' smallest normal, so they take the clamped quantum as before); a * 2^(M - ex)
+// is exact (a power-of-two scaling into [0, 2^(M+1))), and adding and subtracting 2^23 rounds
+// it to the nearest integer, ties to even, as nearbyint does in the default rounding mode.
+inline float fp8_round_f32(float v, Fp8Format f) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &v, 4);
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  if (mag > 0x7F800000u) return v;  // NaN
+  const int M = f == Fp8Format::E4M3 ? 3 : 2;
+  const int emin = f == Fp8Format::E4M3 ? -6 : -14;
+  const float maxv = float(fp8_max(f));
+  float a;
+  __builtin_memcpy(&a, &mag, 4);
+  if (a >= maxv) return std::copysign(maxv, v);  // saturate, Inf included
+  if (mag == 0) return v;
+  int ex = int(mag >> 23) - 127;
+  if (ex < emin) ex = emin;
+  const uint32_t inv_q_bits = uint32_t(127 + M - ex) << 23, q_bits = uint32_t(127 + ex - M) << 23;
+  float inv_q, q;
+  __builtin_memcpy(&inv_q, &inv_q_bits, 4);
+  __builtin_memcpy(&q, &q_bits, 4);
+  const float x = a * inv_q;
+  float r = ((x + 8388608.f) - 8388608.f) * q;
+  if (r > maxv) r = maxv;
+  return std::copysign(r, v);
+}
+
+template <typename T>
+MCPP_HD T fp8_round(T v, Fp8Format f) {
+#ifndef __CUDA_ARCH__
+  if constexpr (sizeof(T) == 4) return fp8_round_f32(v, f);
+#endif
+  return fp8_round_generic(v, f);
 }
 
 // The blockwise recipe (Transformer Engine's Float8BlockScaling, DeepSeek-V3 style): the scale

@@ -7,6 +7,8 @@
 // recorded by the layer and updated once per step.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -70,6 +72,33 @@ TEST(Fp8Grid, EveryCodeIsAFixedPointInFloatAndDouble) {
       EXPECT_EQ(ops::fp8_round(-v, f), -v);
       EXPECT_EQ(ops::fp8_round(float(v), f), float(v));
     }
+}
+
+// The host's f32 fast path (bit operations) against the generic form (frexp, ldexp,
+// nearbyint), bit for bit: both signs, every exponent (f32 subnormals, Inf and NaN
+// included), all 2^16 values of the mantissa's top 16 bits (the bits that decide the
+// rounding in both formats, ties included) with the low 7 bits zero, all ones, and mixed.
+TEST(Fp8Grid, HostF32FastPathEqualsTheGenericForm) {
+  int64_t checked = 0, differ = 0;
+  for (Fp8Format f : kFormats)
+    for (uint32_t sign = 0; sign < 2; ++sign)
+      for (uint32_t e = 0; e < 256; ++e)
+        for (uint32_t top = 0; top < (1u << 16); ++top)
+          for (uint32_t low : {0u, 0x7Fu, 0x2Au}) {
+            const uint32_t bits = sign << 31 | e << 23 | top << 7 | low;
+            float v;
+            std::memcpy(&v, &bits, 4);
+            const float fast = ops::fp8_round_f32(v, f), slow = ops::fp8_round_generic(v, f);
+            uint32_t a, b;
+            std::memcpy(&a, &fast, 4);
+            std::memcpy(&b, &slow, 4);
+            ++checked;
+            if (a != b && !(std::isnan(fast) && std::isnan(slow)) && ++differ <= 5)
+              ADD_FAILURE() << "input bits 0x" << std::hex << bits << ": fast 0x" << a
+                            << ", generic 0x" << b;
+          }
+  EXPECT_EQ(differ, 0) << "of " << checked;
+  EXPECT_EQ(checked, int64_t(2) * 2 * 256 * 65536 * 3);
 }
 
 // Between two neighbours a < b: below the midpoint -> a, above -> b, at it -> the one whose

@@ -33,10 +33,14 @@ void fp8_block_quantize(const Tensor& x, Fp8Format fmt, int64_t br, int64_t bc, 
     for (int64_t b = 0; b < nbr * nbc; ++b) {
       const int64_t r0 = b / nbc * br, c0 = b % nbc * bc;
       const int64_t r1 = std::min(R, r0 + br), c1 = std::min(C, c0 + bc);
-      // The amax in f32 as the GPU's (of f32 or bf16 values: exact), NaNs skipped (fmaxf).
+      // The amax in f32 as the GPU's (of f32 or bf16 values: exact), NaNs skipped as fmaxf
+      // skips them (amax itself is never NaN, so a comparison does what fmaxf does).
       float amax = 0.f;
       for (int64_t r = r0; r < r1; ++r)
-        for (int64_t j = c0; j < c1; ++j) amax = std::fmax(amax, float(std::fabs(xp[r * C + j])));
+        for (int64_t j = c0; j < c1; ++j) {
+          const float a = float(std::fabs(xp[r * C + j]));
+          amax = a > amax ? a : amax;
+        }
       const float sc = fp8_block_scale(amax, fmt), inv = 1.f / sc;  // powers of two: exact
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t j = c0; j < c1; ++j)
