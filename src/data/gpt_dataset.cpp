@@ -169,9 +169,14 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<i
                from_final);
     separate_final_epoch_ = from_final < int64_t(0.80 * double(per_epoch));
   }
-  const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
+  const bool drop_last = drops_last_partial();
   total_samples_ = sample_count(num_epochs_ * tokens_per_epoch, S, X, drop_last);
   if (!cfg_.path_to_cache.empty() && !cfg_.mock) built();
+}
+
+// Megatron's drop_last_partial_validation_sequence applies to the validation split only.
+bool GPTDataset::drops_last_partial() const {
+  return split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
 }
 
 const GPTDataset& GPTDataset::built() const {
@@ -187,7 +192,7 @@ void GPTDataset::build_indices() const {
   const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
   NumpyRandomState rng(cfg_.seed);
   document_index_ = build_document_index(indices_, num_epochs_, rng, separate_final_epoch_);
-  const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
+  const bool drop_last = drops_last_partial();
   sample_index_ = build_sample_index(*low_, document_index_, S, num_epochs_, tokens_per_epoch_,
                                      drop_last, int(X));
   const int64_t total = int64_t(sample_index_.size() / 2) - 1;
@@ -234,7 +239,7 @@ bool GPTDataset::load_cache() const {
   if (!shf) return bad("shuffle_index.npy: " + why);
   // Shapes and ranges before trusting a single value.
   const int64_t S = cfg_.sequence_length, X = cfg_.add_extra_token;
-  const bool drop_last = split_ == Split::Valid ? cfg_.drop_last_partial_validation_sequence : true;
+  const bool drop_last = drops_last_partial();
   const int64_t total = total_samples_;
   const int64_t ndoc = int64_t(indices_.size()) * num_epochs_;
   if (doc->descr != "<i4" || doc->shape != std::vector<int64_t>{ndoc})

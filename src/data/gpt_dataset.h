@@ -150,6 +150,7 @@ class GPTDataset final : public GPTSampleSource {
   mutable bool loaded_from_cache_ = false;
   mutable std::atomic<bool> indices_built_{false};
   const GPTDataset& built() const;
+  bool drops_last_partial() const;
   void build_indices() const;
 
  public:
