@@ -247,8 +247,13 @@ TrainSummary Trainer::run() {
     profiler.after_step(iteration);
     s.consumed_train += gbs;
     s.flops_so_far += flops_per_iter;
-    if (iteration == start_iteration + 1)
+    if (iteration == start_iteration + 1) {
       s.log->activation_memory(iteration, s.model->activation_memory());
+      if (a.overlap_grad_reduce && s.dp_grads)
+        log::info("> --overlap-grad-reduce: {} of {} gradient buckets started their reduction "
+                  "during backward",
+                  s.dp_grads->started_during_backward(), s.dp_grads->buckets().size());
+    }
     out.losses.push_back(r.loss);
     s.log->record(r.loss, r.grad_norm, r.skipped);
     s.log->record_moe(r.moe, r.skipped);

@@ -103,6 +103,13 @@ void run(comm::Communicator& dp, int64_t bucket, bool overlap, bool rs, bool bf1
     if (overlap)
       for (int layer : {1, 0, -1}) g.layer_ready(layer, st);
     g.finish(st);
+    // Overlap: every bucket's last layer was reported, so all of them started before
+    // finish(); without it none did.
+    const size_t early = overlap ? g.buckets().size() : 0;
+    check(g.started_during_backward() == early,
+          fmt::format("{}, step {}: {} buckets started during backward, expected {}", name, t,
+                      g.started_during_backward(), early),
+          me);
 
     int64_t bad = 0, checked = 0;
     auto expect = [&](float got, int64_t i) {

@@ -128,6 +128,9 @@ void DataParallelGrads::unstage(size_t b, Stream& s) {
 }
 
 void DataParallelGrads::finish(Stream& s) {
+  started_during_backward_ = 0;
+  if (armed_)
+    for (size_t b = 0; b < buckets_.size(); ++b) started_during_backward_ += started_[b];
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!armed_ || !started_[b]) start(b, s);
   for (size_t b = 0; b < buckets_.size(); ++b) {

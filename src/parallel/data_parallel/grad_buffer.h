@@ -103,6 +103,10 @@ class DataParallelGrads {
   void layer_ready(int layer, Stream& s);
   // Starts every bucket not started yet (all of them without overlap) and waits for all.
   void finish(Stream& s);
+  // Buckets the last finish() found already started by layer_ready(): those whose
+  // reduction began during backward (0 without --overlap-grad-reduce). A count, not a
+  // time: what the overlap did, whatever the machine's load.
+  size_t started_during_backward() const { return started_during_backward_; }
 
  private:
   void start(size_t k, Stream& s);
@@ -118,6 +122,7 @@ class DataParallelGrads {
   std::vector<int> bucket_of_;        // parameter -> bucket
   std::vector<int64_t> pending_;      // per bucket: parameters not yet ready
   std::vector<bool> started_;
+  size_t started_during_backward_ = 0;
   std::vector<comm::Work> work_;
   std::vector<Tensor> views_;         // the tensors in flight (kept alive)
 };
