@@ -14,6 +14,15 @@ export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/ccache}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD" -j "$JOBS"
+# The test scripts' checks run Debian's python3 (standard library only). A python3 earlier
+# on PATH may be a version manager's shim (pyenv's costs ~0.25 s a start, the interpreter
+# ~0.04 s), and the CPU tests start python3 hundreds of times.
+if [ -x /usr/bin/python3 ] && [ "$(command -v python3)" != /usr/bin/python3 ]; then
+  bin=$(cd "$BUILD" && pwd)/bin
+  mkdir -p "$bin"
+  ln -sf /usr/bin/python3 "$bin/python3"
+  export PATH="$bin:$PATH"
+fi
 # Many test processes on few cores: one BLAS/OpenMP thread each unless told.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
@@ -21,4 +30,7 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 # small training processes, each filling ~100 MB of dataset indices; with 2 MB pages the page
 # faults that dominated their start-up (~25% of a tiny MPI run) mostly go away.
 export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
+# MPI ranks that wait yield their core (OpenMPI spins otherwise): many tests run
+# oversubscribed mpiruns side by side.
+export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 ctest --test-dir "$BUILD" --output-on-failure -LE gpu -j "${CTEST_JOBS:-2}" --timeout 900
