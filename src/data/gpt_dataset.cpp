@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <regex>
 
@@ -70,14 +71,25 @@ std::vector<int32_t> build_document_index(const std::vector<int32_t>& docs, int6
 
 // _build_shuffle_index: [0, n) shuffled, then [n, total) shuffled separately. The
 // element type only matters for caching, the permutation is the same.
-std::vector<int64_t> build_shuffle_index(int64_t num_samples, int64_t total,
-                                         NumpyRandomState& rng) {
-  std::vector<int64_t> out;  // reserve + push_back: no zero-fill pass over tens of MB
-  out.reserve(static_cast<size_t>(total));
-  for (int64_t i = 0; i < total; ++i) out.push_back(i);
-  rng.shuffle(out.data(), num_samples);
-  if (num_samples < total) rng.shuffle(out.data() + num_samples, total - num_samples);
-  return out;
+template <typename T>
+void shuffle_split(T* v, int64_t num_samples, int64_t total, NumpyRandomState& rng) {
+  for (int64_t i = 0; i < total; ++i) v[i] = T(i);
+  rng.shuffle(v, num_samples);
+  if (num_samples < total) rng.shuffle(v + num_samples, total - num_samples);
+}
+
+CompactIndex<uint32_t> build_shuffle_index(int64_t num_samples, int64_t total,
+                                           NumpyRandomState& rng) {
+  // Megatron's dtype: uint32 below 2^32 - 1 samples. The swaps then also touch half the
+  // memory (mock data's 4.3M-sample split: most of a small run's start-up).
+  if (total >= int64_t(std::numeric_limits<uint32_t>::max()) - 1) {
+    std::vector<int64_t> out(static_cast<size_t>(total));
+    shuffle_split(out.data(), num_samples, total, rng);
+    return CompactIndex<uint32_t>(std::move(out));
+  }
+  std::vector<uint32_t> out(static_cast<size_t>(total));
+  shuffle_split(out.data(), num_samples, total, rng);
+  return CompactIndex<uint32_t>(std::move(out));
 }
 
 }  // namespace
@@ -89,15 +101,16 @@ int64_t sample_count(int64_t tokens, int64_t seq_length, int64_t add_extra_token
   return int64_t(std::ceil(float(tokens - add_extra_token) / float(seq_length)));
 }
 
-std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
-                                        const std::vector<int32_t>& document_index,
-                                        int64_t seq_length, int64_t num_epochs,
-                                        int64_t tokens_per_epoch, bool drop_last_partial,
-                                        int add_extra_token) {
+namespace {
+
+template <typename T>
+std::vector<T> sample_index_as(const LowLevelDataset& low, const std::vector<int32_t>& document_index,
+                               int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch,
+                               bool drop_last_partial, int add_extra_token) {
   const int64_t X = add_extra_token;
   const int64_t num_samples =
       sample_count(num_epochs * tokens_per_epoch, seq_length, X, drop_last_partial);
-  std::vector<int64_t> idx;  // reserve + push_back: no zero-fill pass over tens of MB
+  std::vector<T> idx;  // reserve + push_back: no zero-fill pass over tens of MB
   idx.reserve(size_t(2 * (num_samples + 1)));
   int64_t row = 0, doc_pos = 0, doc_offset = 0;
   idx.push_back(0), idx.push_back(0);
@@ -123,11 +136,27 @@ std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
         doc_offset = 0;
       }
     }
-    idx.push_back(doc_pos);
-    idx.push_back(doc_offset);
+    idx.push_back(T(doc_pos));
+    idx.push_back(T(doc_offset));
     ++row;
   }
   return idx;
+}
+
+}  // namespace
+
+CompactIndex<int32_t> build_sample_index(const LowLevelDataset& low,
+                                         const std::vector<int32_t>& document_index,
+                                         int64_t seq_length, int64_t num_epochs,
+                                         int64_t tokens_per_epoch, bool drop_last_partial,
+                                         int add_extra_token) {
+  if (int64_t(document_index.size()) <= int64_t(std::numeric_limits<int32_t>::max()))
+    return CompactIndex<int32_t>(sample_index_as<int32_t>(low, document_index, seq_length,
+                                                          num_epochs, tokens_per_epoch,
+                                                          drop_last_partial, add_extra_token));
+  return CompactIndex<int32_t>(sample_index_as<int64_t>(low, document_index, seq_length,
+                                                        num_epochs, tokens_per_epoch,
+                                                        drop_last_partial, add_extra_token));
 }
 
 GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> low, std::vector<int32_t> indices,
@@ -281,8 +310,15 @@ bool GPTDataset::load_cache() const {
   for (int64_t v : *h)
     if (v < 0 || v >= total) return bad("shuffle_index.npy is out of range");
   document_index_.assign(d->begin(), d->end());
-  sample_index_ = std::move(*s);
-  shuffle_index_ = std::move(*h);
+  // Held as build_indices() holds them: 4-byte elements where the values fit.
+  if (ndoc <= int64_t(std::numeric_limits<int32_t>::max()))
+    sample_index_ = CompactIndex<int32_t>(std::vector<int32_t>(s->begin(), s->end()));
+  else
+    sample_index_ = CompactIndex<int32_t>(std::move(*s));
+  if (total < int64_t(std::numeric_limits<uint32_t>::max()) - 1)
+    shuffle_index_ = CompactIndex<uint32_t>(std::vector<uint32_t>(h->begin(), h->end()));
+  else
+    shuffle_index_ = CompactIndex<uint32_t>(std::move(*h));
   loaded_from_cache_ = true;
   log::info("loaded the {} indices of {} from {}-*", split_name(split_), low_->path(), f.path(""));
   return true;
@@ -296,22 +332,26 @@ void GPTDataset::save_cache() const {
   write_npy(f.path("document_index.npy"), "<i4", {int64_t(document_index_.size())},
             document_index_.data(), document_index_.size() * 4);
   // Megatron's dtypes: int32 sample index while it fits, uint32 shuffle index below 2^32-1.
+  const auto& si = sample_index_;
   int64_t smax = 0;
-  for (int64_t v : sample_index_) smax = std::max(smax, v);
-  if (smax <= std::numeric_limits<int32_t>::max()) {
-    std::vector<int32_t> v(sample_index_.begin(), sample_index_.end());
+  if (!si.is_narrow())
+    for (int64_t v : si.wide()) smax = std::max(smax, v);
+  if (si.is_narrow()) {
+    write_npy(f.path("sample_index.npy"), "<i4", {total + 1, 2}, si.narrow().data(),
+              si.narrow().size() * 4);
+  } else if (smax <= std::numeric_limits<int32_t>::max()) {
+    std::vector<int32_t> v(si.wide().begin(), si.wide().end());
     write_npy(f.path("sample_index.npy"), "<i4", {total + 1, 2}, v.data(), v.size() * 4);
   } else {
-    write_npy(f.path("sample_index.npy"), "<i8", {total + 1, 2}, sample_index_.data(),
-              sample_index_.size() * 8);
+    write_npy(f.path("sample_index.npy"), "<i8", {total + 1, 2}, si.wide().data(),
+              si.wide().size() * 8);
   }
-  if (total < int64_t(std::numeric_limits<uint32_t>::max()) - 1) {
-    std::vector<uint32_t> v(shuffle_index_.begin(), shuffle_index_.end());
-    write_npy(f.path("shuffle_index.npy"), "<u4", {total}, v.data(), v.size() * 4);
-  } else {
-    write_npy(f.path("shuffle_index.npy"), "<i8", {total}, shuffle_index_.data(),
-              shuffle_index_.size() * 8);
-  }
+  const auto& sh = shuffle_index_;
+  if (sh.is_narrow())
+    write_npy(f.path("shuffle_index.npy"), "<u4", {total}, sh.narrow().data(),
+              sh.narrow().size() * 4);
+  else
+    write_npy(f.path("shuffle_index.npy"), "<i8", {total}, sh.wide().data(), sh.wide().size() * 8);
   write_cache_description(f, desc);
 }
 

@@ -106,6 +106,30 @@ struct GPTDatasetConfig {
   std::string split_spec;     // --split as given (part of the cache description)
 };
 
+// An index of non-negative integers held in 4-byte elements while its values fit
+// (Megatron's int32 sample index and uint32 shuffle index), else in 8-byte ones: half the
+// memory, and half the pages to fault in, for every corpus below 2^31 documents / 2^32 - 1
+// samples.
+template <typename Narrow>
+class CompactIndex {
+ public:
+  CompactIndex() = default;
+  explicit CompactIndex(std::vector<Narrow> v) : narrow_(std::move(v)) {}
+  explicit CompactIndex(std::vector<int64_t> v) : wide_(std::move(v)) {}
+  int64_t operator[](size_t i) const { return wide_.empty() ? int64_t(narrow_[i]) : wide_[i]; }
+  size_t size() const { return wide_.empty() ? narrow_.size() : wide_.size(); }
+  bool is_narrow() const { return wide_.empty(); }
+  const std::vector<Narrow>& narrow() const { return narrow_; }
+  const std::vector<int64_t>& wide() const { return wide_; }
+  std::vector<int64_t> to_vector() const {
+    return is_narrow() ? std::vector<int64_t>(narrow_.begin(), narrow_.end()) : wide_;
+  }
+
+ private:
+  std::vector<Narrow> narrow_;
+  std::vector<int64_t> wide_;
+};
+
 class GPTDataset final : public GPTSampleSource {
  public:
   // indices: the split's sequence ids (contiguous range from the split book-ends).
@@ -120,8 +144,9 @@ class GPTDataset final : public GPTSampleSource {
 
   // The indices, for tests and `megatron inspect` (built on first use, see below).
   const std::vector<int32_t>& document_index() const { return built().document_index_; }
-  const std::vector<int64_t>& sample_index() const { return built().sample_index_; }  // [(n+1)*2]
-  const std::vector<int64_t>& shuffle_index() const { return built().shuffle_index_; }
+  // Copies, widened to int64 (held as 4-byte elements where they fit: CompactIndex).
+  std::vector<int64_t> sample_index() const { return built().sample_index_.to_vector(); }  // [(n+1)*2]
+  std::vector<int64_t> shuffle_index() const { return built().shuffle_index_.to_vector(); }
   int64_t num_epochs() const { return num_epochs_; }
   bool separate_final_epoch() const { return separate_final_epoch_; }
   int64_t num_sequences_in_split() const { return int64_t(indices_.size()); }
@@ -145,8 +170,8 @@ class GPTDataset final : public GPTSampleSource {
   // cache before the other ranks look for it (trainer_setup.cpp).
   mutable std::once_flag built_once_;
   mutable std::vector<int32_t> document_index_;
-  mutable std::vector<int64_t> sample_index_;
-  mutable std::vector<int64_t> shuffle_index_;
+  mutable CompactIndex<int32_t> sample_index_;
+  mutable CompactIndex<uint32_t> shuffle_index_;
   mutable bool loaded_from_cache_ = false;
   mutable std::atomic<bool> indices_built_{false};
   const GPTDataset& built() const;
@@ -170,8 +195,10 @@ class GPTDataset final : public GPTSampleSource {
 int64_t sample_count(int64_t tokens, int64_t seq_length, int64_t add_extra_token,
                      bool drop_last_partial);
 
-// helpers.cpp build_sample_idx: rows (position in document_index, offset), flattened.
-std::vector<int64_t> build_sample_index(const LowLevelDataset& low,
+// helpers.cpp build_sample_idx: rows (position in document_index, offset), flattened;
+// int32 elements while the document index has fewer than 2^31 entries (offsets are int32
+// sequence lengths), as Megatron's helper builds it.
+CompactIndex<int32_t> build_sample_index(const LowLevelDataset& low,
                                         const std::vector<int32_t>& document_index,
                                         int64_t seq_length, int64_t num_epochs,
                                         int64_t tokens_per_epoch, bool drop_last_partial,

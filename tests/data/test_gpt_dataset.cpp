@@ -48,9 +48,10 @@ uint64_t checksum(const auto& v) {
 TEST(GPTDataset, WorkedExampleSampleIndex) {
   FakeLow low({5, 3, 4});
   auto one = build_sample_index(low, {0, 1, 2}, 4, 1, 12, true, 1);
-  EXPECT_EQ(one, (std::vector<int64_t>{0, 0, 0, 4, 2, 0}));
+  EXPECT_TRUE(one.is_narrow());  // int32 elements, as Megatron's helper
+  EXPECT_EQ(one.to_vector(), (std::vector<int64_t>{0, 0, 0, 4, 2, 0}));
   auto two = build_sample_index(low, {0, 1, 2, 0, 1, 2}, 4, 2, 12, true, 1);
-  EXPECT_EQ(two, (std::vector<int64_t>{0, 0, 0, 4, 2, 0, 3, 0, 3, 4, 5, 0}));
+  EXPECT_EQ(two.to_vector(), (std::vector<int64_t>{0, 0, 0, 4, 2, 0, 3, 0, 3, 4, 5, 0}));
 }
 
 TEST(GPTDataset, WorkedExampleSampleText) {
@@ -299,4 +300,21 @@ TEST(GPTDataset, MatchesIndependentReimplementation) {
       }
     }
   }
+}
+
+TEST(GPTDataset, CompactIndexReadsTheSameNarrowOrWide) {
+  const std::vector<int64_t> values{0, 7, 3, 2147483647};
+  CompactIndex<int32_t> narrow(std::vector<int32_t>(values.begin(), values.end()));
+  CompactIndex<int32_t> wide{std::vector<int64_t>(values)};
+  EXPECT_TRUE(narrow.is_narrow());
+  EXPECT_FALSE(wide.is_narrow());
+  ASSERT_EQ(narrow.size(), values.size());
+  ASSERT_EQ(wide.size(), values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(narrow[i], values[i]);
+    EXPECT_EQ(wide[i], values[i]);
+  }
+  EXPECT_EQ(narrow.to_vector(), values);
+  EXPECT_EQ(wide.to_vector(), values);
+  EXPECT_EQ(CompactIndex<uint32_t>().size(), 0u);
 }
