@@ -48,27 +48,33 @@ MCPP_HD T fp8_round_generic(T v, Fp8Format f) {
 // is exact (a power-of-two scaling into [0, 2^(M+1))), and adding and subtracting 2^23 rounds
 // it to the nearest integer, ties to even, as nearbyint does in the default rounding mode.
 inline float fp8_round_f32(float v, Fp8Format f) {
+  // Branch-free (selects only), so that loops over tensors vectorise: every input takes the
+  // arithmetic path, and NaN, saturation and zero are chosen after it.
   uint32_t bits;
   __builtin_memcpy(&bits, &v, 4);
   const uint32_t mag = bits & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return v;  // NaN
   const int M = f == Fp8Format::E4M3 ? 3 : 2;
   const int emin = f == Fp8Format::E4M3 ? -6 : -14;
-  const float maxv = float(fp8_max(f));
+  const float maxv = f == Fp8Format::E4M3 ? 448.f : 57344.f;
   float a;
   __builtin_memcpy(&a, &mag, 4);
-  if (a >= maxv) return std::copysign(maxv, v);  // saturate, Inf included
-  if (mag == 0) return v;
-  int ex = int(mag >> 23) - 127;
-  if (ex < emin) ex = emin;
+  int ex = int(mag >> 23) - 127;  // 128 for Inf and NaN: their results are replaced below
+  ex = ex < emin ? emin : ex;
   const uint32_t inv_q_bits = uint32_t(127 + M - ex) << 23, q_bits = uint32_t(127 + ex - M) << 23;
   float inv_q, q;
   __builtin_memcpy(&inv_q, &inv_q_bits, 4);
   __builtin_memcpy(&q, &q_bits, 4);
   const float x = a * inv_q;
-  float r = ((x + 8388608.f) - 8388608.f) * q;
-  if (r > maxv) r = maxv;
-  return std::copysign(r, v);
+  float r = ((x + 8388608.f) - 8388608.f) * q;  // 0 stays 0
+  r = r > maxv ? maxv : r;
+  r = a >= maxv ? maxv : r;  // saturate, Inf included
+  uint32_t rb;
+  __builtin_memcpy(&rb, &r, 4);
+  rb |= bits & 0x80000000u;  // copysign
+  rb = mag > 0x7F800000u ? bits : rb;  // NaN kept
+  float out;
+  __builtin_memcpy(&out, &rb, 4);
+  return out;
 }
 
 template <typename T>
