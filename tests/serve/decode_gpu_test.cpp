@@ -43,6 +43,51 @@ TEST(GpuDecode, AttentionMatchesCpu) {
     }
 }
 
+// A decode step's attention (the split kernel on an sm_90 GPU): each sequence alone, a
+// batch of one, equal bit for bit to its row of a batch of seven at different positions --
+// one key, a partial warp, splits left empty, several passes per block (up to 1,100 keys) --
+// and the batch close to the CPU op; f32, bf16 and f16, the 1B model's heads (G 4, HD 64),
+// G 8 x HD 128 and G 1 x HD 32.
+TEST(GpuDecode, AttentionBatchInvariantAtAnyLength) {
+  MCPP_REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (auto [NH, NG, HD] : {std::tuple{32, 8, 64}, {16, 2, 128}, {4, 4, 32}}) {
+      ops::AttentionDims d;
+      d.S = 1, d.B = 7, d.NH = NH, d.NG = NG, d.HD = HD;
+      const int64_t Tmax = 1100, W = d.qkv_width(), O = int64_t(NH) * HD;
+      const Shape cache{d.B, Tmax, d.NG, d.HD};
+      Tensor kc = rand_in(cache, 41, dt, -2.f, 2.f), vc = rand_in(cache, 42, dt);
+      Tensor qkv = rand_in({1, d.B, W}, 43, dt, -2.f, 2.f);
+      Tensor pos = Tensor::empty({d.B}, DType::I64);
+      const int64_t p[] = {0, 5, 63, 64, 200, 257, Tmax - 1};
+      for (int64_t b = 0; b < d.B; ++b) pos.data<int64_t>()[b] = p[b];
+      const double scale = 1.0 / std::sqrt(double(HD));
+      SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD
+                                        << " dtype=" << dtype_name(dt));
+      Tensor out = Tensor::empty({1, d.B, O}, DType::F32);
+      cpu::decode_attention(qkv, d, pos, scale, kc, vc, out, CS());
+      Tensor gall = gpu_nan(out.shape(), dt);
+      gpu::decode_attention(to_gpu(qkv, dt), d, to_gpu(pos, DType::I64), scale, to_gpu(kc, dt),
+                            to_gpu(vc, dt), gall, GS());
+      EXPECT_CLOSE(gall, out, dt);
+      const Tensor all = to_cpu(gall);
+      for (int64_t b = 0; b < d.B; ++b) {
+        ops::AttentionDims d1 = d;
+        d1.B = 1;
+        const Tensor q1 = qkv.view({d.B, W}).narrow(b, 1).clone().view({1, 1, W});
+        Tensor g1 = gpu_nan({1, 1, O}, dt);
+        gpu::decode_attention(to_gpu(q1, dt), d1, to_gpu(pos.narrow(b, 1).clone(), DType::I64),
+                              scale, to_gpu(kc.narrow(b, 1).clone(), dt),
+                              to_gpu(vc.narrow(b, 1).clone(), dt), g1, GS());
+        const Tensor one = to_cpu(g1);
+        EXPECT_EQ(std::memcmp(one.raw(), static_cast<const float*>(all.raw()) + b * O,
+                              size_t(O) * sizeof(float)),
+                  0)
+            << "sequence " << b << " at position " << p[b] << " alone differs from its batch row";
+      }
+    }
+}
+
 TEST(GpuDecode, ArgmaxMatchesCpu) {
   MCPP_REQUIRE_GPU();
   const int64_t R = 6, Vp = 32064, V = 32000;

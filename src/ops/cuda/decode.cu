@@ -144,8 +144,11 @@ static __global__ void __launch_bounds__(kWarps * 32)
 // warp max and one warp sum per head, and lane l accumulates dims [l*D, l*D + D) of each
 // head's output over the chunk's V rows, the probabilities broadcast by shuffles. The warps'
 // partial (max, sum, accumulator) per head combine in shared memory as above.
+// Four blocks an SM where G * HD <= 256 (the 1B model's 4 x 64: 66 registers would leave
+// three, and 64 sequences x 8 groups = 512 blocks would run in two waves on the H200's 132
+// SMs, nearly doubling the kernel's time at 64 streams).
 template <typename T, int G, int D>
-static __global__ void __launch_bounds__(kWarps * 32)
+static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
                                   const T* __restrict__ kc, const T* __restrict__ vc,
                                   T* __restrict__ out, int NG, int64_t Tmax, float scale,
@@ -296,43 +299,46 @@ static __global__ void rope_decode_kernel(const T* in, T* out, const int64_t* __
   }
 }
 
-// rope_attention_decode's first half: one thread per (b, g, head j < G + 2, dim c). The
-// query heads are rotated in place as rope_decode_kernel rotates them (the threads c < half
-// write both halves); the key head's rotated dims and the value head go to the cache rows
-// pos[b] (the key is not written back to qkv, so no thread reads a value another writes).
+// rope_attention_decode's first half. Threads [0, B NG half) each own one rotary pair i
+// of one (b, g): the angle once (in double, as rope_decode_kernel and rope.cu's table
+// compute it), then the pair of each of the G query heads rotated in place and the key's
+// pair written rotated to the cache row pos[b]. The next B NG HD threads copy the value
+// head and the key's dims past rot_dim to the cache (the key is not written back to qkv,
+// so no thread reads a value another writes). One angle per (b, g, i) instead of one per
+// rotated element: a sixth of the double-precision pow/cos/sin at the 1B model's G = 4.
 template <typename T>
 static __global__ void rope_append_kernel(T* qkv, const int64_t* __restrict__ pos,
                                           T* __restrict__ kc, T* __restrict__ vc, int64_t B,
                                           int64_t NG, int64_t G, int64_t HD, int64_t half,
                                           int64_t rot_dim, double base, int64_t Tmax) {
-  const int64_t n = B * NG * (G + 2) * HD;
+  const int64_t n_rot = B * NG * half, n = n_rot + B * NG * HD;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = k % HD, r = k / HD;
-    const int64_t j = r % (G + 2), bg = r / (G + 2), b = bg / NG, g = bg % NG;
-    const int64_t o = r * HD;  // head j of (b, g) in qkv
+    if (k < n_rot) {
+      const int64_t i = k % half, bg = k / half, b = bg / NG, g = bg % NG;
+      const double a = double(pos[b]) * pow(base, -2.0 * double(i) / double(rot_dim));
+      const float cs = float(cos(a)), sn = float(sin(a));
+      T* head = qkv + bg * (G + 2) * HD;
+      for (int64_t j = 0; j <= G; ++j, head += HD) {  // G query heads, then the key
+        const float x1 = to_f(head[i]), x2 = to_f(head[i + half]);
+        const T o1 = from_f<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+        const T o2 = from_f<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+        if (j < G) {
+          head[i] = o1;
+          head[i + half] = o2;
+        } else {
+          T* dst = kc + ((b * Tmax + pos[b]) * NG + g) * HD;
+          dst[i] = o1;
+          dst[i + half] = o2;
+        }
+      }
+      continue;
+    }
+    const int64_t k2 = k - n_rot, c = k2 % HD, bg = k2 / HD, b = bg / NG, g = bg % NG;
     const int64_t dst = ((b * Tmax + pos[b]) * NG + g) * HD + c;
-    if (j == G + 1) {
-      vc[dst] = qkv[o + c];
-      continue;
-    }
-    if (c >= rot_dim) {  // past the rotary dims: queries stay, the key is copied
-      if (j == G) kc[dst] = qkv[o + c];
-      continue;
-    }
-    if (j < G && c >= half) continue;  // (the partner thread c - half writes it)
-    const int64_t i = c < half ? c : c - half;
-    const double a = double(pos[b]) * pow(base, -2.0 * double(i) / double(rot_dim));
-    const float cs = float(cos(a)), sn = float(sin(a));
-    const float x1 = to_f(qkv[o + i]), x2 = to_f(qkv[o + i + half]);
-    const T o1 = from_f<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-    const T o2 = from_f<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
-    if (j == G) {
-      kc[dst] = c < half ? o1 : o2;
-    } else {
-      qkv[o + i] = o1;
-      qkv[o + i + half] = o2;
-    }
+    const T* key = qkv + (bg * (G + 2) + G) * HD;
+    vc[dst] = key[HD + c];                 // the value head follows the key head
+    if (c >= rot_dim) kc[dst] = key[c];    // past the rotary dims the key is copied
   }
 }
 
@@ -458,7 +464,7 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
   MCPP_CHECK(d.S == 1, "{}: one row per sequence (S = 1), got S={}", op, d.S);
   MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD && base > 0,
              "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
-  const int64_t G = d.NH / d.NG, n = d.B * d.NG * (G + 2) * d.HD;
+  const int64_t G = d.NH / d.NG, n = d.B * d.NG * (rot_dim / 2 + d.HD);
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
     rope_append_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
         static_cast<T*>(qkv.raw()), pos.data<int64_t>(), static_cast<T*>(k_cache.raw()),
