@@ -11,7 +11,10 @@
 # against the step's FP8 GEMM time; the FP8 GEMMs' tuning report follows each model;
 # OPS=1: first bench_gpu_ops --only fp8, the casts and the fused casts against the passes
 # they replace; PARITY=1: then scripts/fp8-parity.sh cuda with PARALLEL=1, its env passed
-# on: DATA, GPT2_DIR, OUT).
+# on: DATA, GPT2_DIR, OUT; TORCH=1: before each model's runs, bench/gpu/torch_reference.py
+# measures the same model in bf16, compiled (TORCH_TIMEOUT seconds a model, default 200), and
+# bench_gpu_train's bf16 row carries its tokens/s and peak: our bf16 and FP8 steps against
+# PyTorch's bf16 step in the same call).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build-gpu}
@@ -33,8 +36,16 @@ PROF=()
 [ "${PROFILE:-0}" = 1 ] && PROF=(--profile)
 for m in ${MODELS:-350M XL Llama}; do
   echo "== $m"
+  TJ=()
+  if [ "${TORCH:-0}" = 1 ]; then
+    PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-200}" python3 bench/gpu/torch_reference.py \
+      --only "$m" --modes compiled --variants base --json "/tmp/fp8_bench_torch_$m.json" \
+      > "/tmp/fp8_bench_torch_$m.out" 2>&1 || echo "torch_reference rc $?"
+    grep -E "tok/s|rror" "/tmp/fp8_bench_torch_$m.out" | head -5
+    [ -s "/tmp/fp8_bench_torch_$m.json" ] && TJ=(--torch "/tmp/fp8_bench_torch_$m.json")
+  fi
   timeout 240 "$B/bench/bench_gpu_train" --only "$m" --variants "$VARIANTS" \
-    --steps "${STEPS:-8}" --warmup 3 "${PROF[@]}" 2> "/tmp/fp8_bench_$m.err" ||
+    --steps "${STEPS:-8}" --warmup 3 "${PROF[@]}" "${TJ[@]}" 2> "/tmp/fp8_bench_$m.err" ||
     { echo "rc $?"; tail -20 "/tmp/fp8_bench_$m.err"; }
   grep -E "losses|ms/step|memory" "/tmp/fp8_bench_$m.err"
   [ "${PROFILE:-0}" = 1 ] && sed -n '/^FP8 GEMM tuning:/,$p' "/tmp/fp8_bench_$m.err"
