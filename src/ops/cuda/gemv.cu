@@ -8,7 +8,7 @@
 // Tensor cores (bf16/f16, K a multiple of 64, up to 64 rows; the one Auto picks up to 8
 // rows, and up to 16 for weights of <= 8M elements -- bench_decode's measurements on the
 // H200; cuBLASLt is faster beyond): mma.sync m16n8k16, a block owns 16 weight rows, its 8
-// warps split K in steps of 64 (warp w takes steps w, w + 8, ..., two in flight), and each
+// warps split K in steps of 64 (warp w takes steps w, w + 8, ..., two or four in flight: decode_gemm_depth), and each
 // lane loads 32 contiguous bytes of each of its two rows per step. The mma's k slots need
 // not be consecutive k: lane (g = lane/4, t = lane%4) holds k = 16t .. 16t+15 of the step
 // for its weight rows g and g+8 and for its token g of each 8-token tile, and the A and B
@@ -34,6 +34,8 @@
 // rounding instead of a GEMM then an add: 32 kernels fewer in a 64-row step) or
 // linear_forward.
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -158,7 +160,7 @@ __device__ __forceinline__ float swiglu_of(float gate, float up) {
   return gate / (1.f + expf(-gate)) * up;
 }
 
-template <typename T, int TILES, bool SWIGLU>
+template <typename T, int TILES, bool SWIGLU, int DEPTH>
 static __global__ void __launch_bounds__(kTcWarps * 32)
     skinny_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
                       const T* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y,
@@ -182,10 +184,10 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
   for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   const int64_t steps = K / kTcStep;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int64_t s0 = warp; s0 < steps; s0 += 2 * kTcWarps) {
-    uint4 A[2][4];  // per step in flight: row a k 0..7, 8..15; row b k 0..7, 8..15
+  for (int64_t s0 = warp; s0 < steps; s0 += DEPTH * kTcWarps) {
+    uint4 A[DEPTH][4];  // per step in flight: row a k 0..7, 8..15; row b k 0..7, 8..15
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < DEPTH; ++j) {
       const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
       const bool in = s < steps;
       A[j][0] = in ? __ldg(reinterpret_cast<const uint4*>(wa + kb)) : zero;
@@ -194,7 +196,7 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
       A[j][3] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb + 8)) : zero;
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < DEPTH; ++j) {
       const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
       if (s >= steps) break;
 #pragma unroll
@@ -263,6 +265,33 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
   }
 }
 
+// Steps of weights in flight per warp: DEPTH 4 where the layer has few blocks (its rows / 16
+// -- 8 for SwiGLU -- under two per SM of an H200: the attention's QKV and projection and
+// fc2 of the 1B model, whose warps each walk many steps of K, so with two in flight a warp
+// waits on ~8 DRAM round trips at fc2's K = 8192), 2 where the grid alone keeps the memory
+// system busy (fc1, the output layer: four in flight cost them occupancy, measured
+// 2026-12-02). MCPP_DECODE_GEMM_DEPTH=2 or 4 forces one (bench/gpu comparisons).
+int decode_gemm_depth(int64_t blocks) {
+  static const int forced = [] {
+    const char* e = std::getenv("MCPP_DECODE_GEMM_DEPTH");
+    if (!e || !*e) return 0;
+    const std::string v(e);
+    MCPP_CHECK(v == "2" || v == "4", "MCPP_DECODE_GEMM_DEPTH={} is not 2 or 4", v);
+    return std::stoi(v);
+  }();
+  if (forced) return forced;
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 132;
+    }
+    return n;
+  }();
+  return blocks < 2 * sms ? 4 : 2;
+}
+
 template <typename T, bool SWIGLU = false>
 void launch_mma(int64_t M, const T* x, const T* w, const T* b, const T* res, T* y, int64_t N,
                 int64_t K, cudaStream_t cs) {
@@ -271,14 +300,18 @@ void launch_mma(int64_t M, const T* x, const T* w, const T* b, const T* res, T* 
   } else {
     const unsigned grid = unsigned(SWIGLU ? (N / 2 + 7) / 8 : (N + 15) / 16);
     const dim3 blk(kTcWarps * 32);
-#define MCPP_MMA_CASE(TL)                                                               \
-  case TL:                                                                              \
-    skinny_mma_kernel<T, TL, SWIGLU><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K); \
+    const int depth = decode_gemm_depth(grid);
+#define MCPP_MMA_CASE(TL)                                                                    \
+  case TL:                                                                                   \
+    if (depth == 4)                                                                          \
+      skinny_mma_kernel<T, TL, SWIGLU, 4><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K);   \
+    else                                                                                     \
+      skinny_mma_kernel<T, TL, SWIGLU, 2><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K);   \
     break;
     switch ((M + 7) / 8) {
       MCPP_MMA_CASE(1) MCPP_MMA_CASE(2) MCPP_MMA_CASE(3) MCPP_MMA_CASE(4)
-      MCPP_MMA_CASE(5) MCPP_MMA_CASE(6) MCPP_MMA_CASE(7)
-      default: skinny_mma_kernel<T, 8, SWIGLU><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K);
+      MCPP_MMA_CASE(5) MCPP_MMA_CASE(6) MCPP_MMA_CASE(7) MCPP_MMA_CASE(8)
+      default: MCPP_FAIL("linear_decode: {} rows exceed the tensor-core kernel's 64", M);
     }
 #undef MCPP_MMA_CASE
   }
