@@ -8,9 +8,10 @@
 // Tensor cores (bf16/f16, K a multiple of 64, up to 64 rows; the one Auto picks up to 8
 // rows, and up to 16 for weights of <= 8M elements -- bench_decode's measurements on the
 // H200; cuBLASLt is faster beyond): mma.sync m16n8k16, a block owns 16 weight rows, its 8
-// warps split K in steps of 64 (warp w takes steps w, w + 8, ..., two or four in flight: decode_gemm_depth), and each
-// lane loads 32 contiguous bytes of each of its two rows per step. The mma's k slots need
-// not be consecutive k: lane (g = lane/4, t = lane%4) holds k = 16t .. 16t+15 of the step
+// warps split K in steps of 64 (warp w takes steps w, w + 8, ..., two or four in flight:
+// decode_gemm_depth; the same steps in the same order either way), and each lane loads 32
+// contiguous bytes of each of its two rows per step. The mma's k slots need not be
+// consecutive k: lane (g = lane/4, t = lane%4) holds k = 16t .. 16t+15 of the step
 // for its weight rows g and g+8 and for its token g of each 8-token tile, and the A and B
 // fragments take their slots from those same registers (slots 2t, 2t+1 <- k 16t+4j .. +1,
 // slots 2t+8, 2t+9 <- k 16t+4j+2 .. +3 for mma j = 0..3), so both operands see one
@@ -282,11 +283,8 @@ int decode_gemm_depth(int64_t blocks) {
   if (forced) return forced;
   static const int sms = [] {
     int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 132;
-    }
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
   return blocks < 2 * sms ? 4 : 2;
