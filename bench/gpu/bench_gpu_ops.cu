@@ -368,8 +368,13 @@ int main(int argc, char** argv) {
       ops::moe_scale_rows(dap, p, dact, s);
       ops::swiglu_backward(dact, fc1, dfc1, s);
     });
+    Tensor none;
     bytes("moe_act_scale_backward", sh, 5 * io,
-          [&] { ops::moe_act_scale_backward(dap, fc1, p, true, dfc1, dp, s); });
+          [&] { ops::moe_act_scale_backward(dap, fc1, p, true, dfc1, dp, none, s); });
+    // ap recomputed over dap (the experts' backward when the forward kept no ap): one more
+    // [N, F] written; dap is rewritten each call, its values then ap's (same traffic).
+    bytes("moe_act_scale_backward + ap in place", sh, 6 * io,
+          [&] { ops::moe_act_scale_backward(dap, fc1, p, true, dfc1, dp, dap, s); });
   }
   {
     const int64_t S = 1024, B = 64, H = 768;

@@ -19,8 +19,11 @@
 // the dense layers' GEMMs and each routed expert's, docs/fp8.md; delayed: amax history
 // 1024, max, the scales updated after each step as the trainer does), rows named
 // "... (FP8 RECIPE)" so that moe_bench.sh can set them against the bf16 rows.
+// --keep N sets the MoE models' --keep-mlp-activations (rows "... (keep N)"): the first N
+// layers keep the experts' permuted input and fc2 input for backward instead of gathering
+// and recomputing them there (model/moe/experts.h; the default keeps none).
 // Usage: bench_gpu_moe [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB] [--fp8 RECIPE]
-//                      [--torch torch_moe.json] [--profile] [--json-out ours.json]
+//                      [--keep N] [--torch torch_moe.json] [--profile] [--json-out ours.json]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -202,6 +205,7 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 20;
   std::string only, torch_file, json_out, fp8;
   bool profile = false, gemm_cmp = false;
+  int64_t keep = -1;
   std::map<std::string, int64_t> mb_override;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -211,6 +215,7 @@ int main(int argc, char** argv) {
     else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
     else if (a == "--json-out" && i + 1 < argc) json_out = argv[++i];
     else if (a == "--fp8" && i + 1 < argc) fp8 = argv[++i];
+    else if (a == "--keep" && i + 1 < argc) keep = std::atoll(argv[++i]);
     else if (a == "--profile") profile = true;
     else if (a == "--gemm-compare") gemm_cmp = true;
     else if (a == "--mb" && i + 1 < argc) {
@@ -253,6 +258,11 @@ int main(int argc, char** argv) {
     for (auto& [k, v] : mb_override)
       if (c.name.find(k) != std::string::npos) c.mb = v;
     const bool same_mb = c.mb == cases_mb(c.name);
+    const std::string base_name = c.name;  // the PyTorch reference's key
+    if (keep >= 0 && c.cfg.moe.num_experts > 0) {
+      c.cfg.keep_mlp_activations = keep;
+      c.name += fmt::format(" (keep {})", keep);
+    }
     if (!fp8.empty()) {
       using F = model::Fp8Config;
       c.cfg.fp8.format = F::Format::Hybrid;
@@ -347,10 +357,10 @@ int main(int argc, char** argv) {
     const double per_tok = 6 * na + 12.0 * c.cfg.num_layers * c.cfg.hidden_size * S;
     Row r{c.name, B, ms, tps, tps * per_tok / 989e12, gpu::memory_stats().peak / 1048576.0,
           same_mb ? c.torch_ref : 0.0, 0, false};
-    if (torch.contains(c.name) && torch[c.name].value("mb", int64_t(0)) == B &&
-        torch[c.name].value("compiled", 0.0) > 0) {
-      r.torch_tps = torch[c.name].value("compiled", 0.0), r.measured = true;
-      r.torch_peak = torch[c.name].value("compiled_peak_mb", 0.0);
+    if (torch.contains(base_name) && torch[base_name].value("mb", int64_t(0)) == B &&
+        torch[base_name].value("compiled", 0.0) > 0 && fp8.empty()) {
+      r.torch_tps = torch[base_name].value("compiled", 0.0), r.measured = true;
+      r.torch_peak = torch[base_name].value("compiled_peak_mb", 0.0);
     }
     rows.push_back(r);
   }

@@ -283,8 +283,8 @@ void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tens
   MCPP_DISPATCH(moe_act_scale_forward, fc1, p, swiglu, ap, s);
 }
 void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
-                            Tensor& dfc1, Tensor& dp, Stream& s) {
-  MCPP_DISPATCH(moe_act_scale_backward, dap, fc1, p, swiglu, dfc1, dp, s);
+                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
+  MCPP_DISPATCH(moe_act_scale_backward, dap, fc1, p, swiglu, dfc1, dp, ap, s);
 }
 void moe_route_topk(const Tensor& logits, const Tensor& bias, const MoeRouteSpec& r,
                     Tensor& idx, Tensor& prob, Stream& s) {

@@ -119,6 +119,40 @@ TEST(KeepMlpActivations, TrainingIsBitwiseThatOfRecomputing) {
         }
 }
 
+TEST(KeepMlpActivations, MoeLayersTrainBitwiseAsRecomputing) {
+  // A MoE layer that keeps nothing gathers its permuted input again and recomputes the
+  // experts' fc2 input in backward (model/moe/experts.h): the same bits as keeping both,
+  // and per kept layer its N x H permuted rows and N x I fc2 inputs more (N = T k rows).
+  const int L = 3;
+  for (bool llama : {false, true})
+    for (DType dt : {DType::F32, DType::F64})
+      for (double dropout : {0.1, 0.0}) {
+        TransformerConfig c = model::test::tiny(llama, L, dropout);
+        c.dtype = dt, c.add_bias_linear = false;  // MoE layers have no biases
+        c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+        c.moe.aux_loss_coeff = 1e-2;
+        const Training ref = train(c);
+        for (int64_t keep : {1, 3}) {
+          SCOPED_TRACE(fmt::format("{} {} dropout {}, keep {}", llama ? "llama" : "gpt",
+                                   dtype_name(dt), dropout, keep));
+          c.keep_mlp_activations = keep;
+          const Training t = train(c);
+          ASSERT_EQ(t.losses.size(), ref.losses.size());
+          for (size_t i = 0; i < ref.losses.size(); ++i)
+            EXPECT_EQ(std::memcmp(&t.losses[i], &ref.losses[i], sizeof(double)), 0)
+                << "micro-batch " << i << ": " << t.losses[i] << " vs " << ref.losses[i];
+          for (size_t i = 0; i < ref.grads.size(); ++i)
+            EXPECT_TRUE(same_bits(t.grads[i], ref.grads[i])) << "gradients of step " << i;
+          EXPECT_TRUE(same_bits(t.params, ref.params)) << "parameters after the last step";
+          const int64_t N = 2 * c.seq_length * c.moe.topk;  // B = 2
+          const int64_t per_layer =
+              N * (c.hidden_size + c.moe.ffn_hidden_size) * int64_t(dtype_size(dt));
+          EXPECT_EQ(t.saved, ref.saved + keep * per_layer);
+          EXPECT_EQ(t.scratch, ref.scratch);
+        }
+      }
+}
+
 TEST(KeepMlpActivations, WhichLayersKeep) {
   TransformerConfig c = model::test::tiny(false, 4, 0.0);
   auto keeps = [&](int n) { return model::keeps_mlp_activation(c, n); };

@@ -331,12 +331,26 @@ TEST(MoeOps, ActScaleIsTheUnfusedComposition) {
         ops::swiglu_backward(dact, in.fc1, dfc1_ref, st);
       else
         ops::gelu_backward(dact, in.fc1, dfc1_ref, st);
-      Tensor dp = Tensor::empty({N}, dt), dfc1 = Tensor::empty(in.fc1.shape(), dt);
-      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, st);
+      Tensor dp = Tensor::empty({N}, dt), dfc1 = Tensor::empty(in.fc1.shape(), dt), none;
+      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, none, st);
       EXPECT_TRUE(same_bits(dp, dp_ref));
       EXPECT_TRUE(same_bits(dfc1, dfc1_ref));
       for (int64_t w = 0; w < in.fc1.size(1); ++w)
         EXPECT_EQ(get_float(dfc1, 1 * in.fc1.size(1) + w), 0.0);
+
+      // The recomputed ap (the experts' backward when the forward kept none): the forward's
+      // bits, into its own tensor and in place over dap, the other outputs unchanged.
+      Tensor ap2 = Tensor::empty({N, F}, dt), dp2 = Tensor::empty({N}, dt);
+      Tensor dfc1_2 = Tensor::empty(in.fc1.shape(), dt);
+      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1_2, dp2, ap2, st);
+      EXPECT_TRUE(same_bits(ap2, ap_ref));
+      EXPECT_TRUE(same_bits(dp2, dp_ref));
+      EXPECT_TRUE(same_bits(dfc1_2, dfc1_ref));
+      Tensor inplace = in.dap.clone();
+      ops::moe_act_scale_backward(inplace, in.fc1, in.p, swiglu, dfc1_2, dp2, inplace, st);
+      EXPECT_TRUE(same_bits(inplace, ap_ref));
+      EXPECT_TRUE(same_bits(dp2, dp_ref));
+      EXPECT_TRUE(same_bits(dfc1_2, dfc1_ref));
     }
 }
 
@@ -354,7 +368,8 @@ TEST(MoeOpsGrad, ActScaleBackwardIsTheForwardsDerivative) {
       return ops::dot(ap, in.dap, st);
     };
     Tensor dp = Tensor::empty({N}, DType::F64), dfc1 = Tensor::empty(in.fc1.shape(), DType::F64);
-    ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, st);
+    Tensor none;
+    ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, none, st);
     auto fd = [&](Tensor& t, int64_t i) {
       double* v = t.data<double>() + i;
       const double v0 = *v;
@@ -681,8 +696,9 @@ TEST(MoeFlags, FlopsCountRoutedAndSharedExperts) {
 TEST(MoeModel, SavedActivationsPredictedEqualsMeasuredAndHandCount) {
   // The memory estimate (megatron plan, the start-up memory line) reads the MoE layer's
   // saved list; it must equal what a step holds, and the MoE layer's part must be the
-  // stated dropless bound counted by hand: logits [T,E], permuted input [Tk,H], weights
-  // [Tk], fc1 [Tk,2I] and the scaled activation [Tk,I] (f64) in place of the dense fc1 [T,2F].
+  // stated dropless bound counted by hand: logits [T,E], weights [Tk] and fc1 [Tk,2I] (f64)
+  // in place of the dense fc1 [T,2F]; with --keep-mlp-activations also the permuted input
+  // [Tk,H] and the scaled activation [Tk,I] (the dense layer: its activation [T,F]).
   auto c = tiny_moe(true, 2, 0.1);
   c.moe.layer_pattern = {1, 0};
   model::GPTModel m(c);
@@ -697,10 +713,19 @@ TEST(MoeModel, SavedActivationsPredictedEqualsMeasuredAndHandCount) {
   auto dense = c;
   dense.moe = {};
   const int64_t T = 2 * c.seq_length, E = 4, k = 2, H = 8, I = 6, F = 12;
-  const int64_t moe_elems = T * E + T * k * H + T * k + T * k * 2 * I + T * k * I;
+  const int64_t moe_elems = T * E + T * k + T * k * 2 * I;
   EXPECT_EQ(model::saved_activation_bytes(c, whole, 0, 2, c.seq_length) -
                 model::saved_activation_bytes(dense, whole, 0, 2, c.seq_length),
             8 * (moe_elems - T * 2 * F));
+  c.keep_mlp_activations = dense.keep_mlp_activations = 2;
+  EXPECT_EQ(model::saved_activation_bytes(c, whole, 0, 2, c.seq_length) -
+                model::saved_activation_bytes(dense, whole, 0, 2, c.seq_length),
+            8 * (moe_elems + T * k * H + T * k * I - T * 2 * F - T * F));
+  model::GPTModel kept(c);
+  kept.forward(mb, keys);
+  kept.backward(1.0);
+  EXPECT_EQ(kept.activation_memory().per_slot_max,
+            model::saved_activation_bytes(c, whole, 0, 2, c.seq_length));
 }
 
 TEST(MoeModel, GenerationMatchesFullForwardMixedDenseAndMoeLayers) {

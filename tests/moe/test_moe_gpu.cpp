@@ -122,8 +122,8 @@ TEST_P(GpuMoeActScale, FusedEqualsUnfusedBitwiseAndCpu) {
   EXPECT_CLOSE(gap, ap, dt);
 
   // Backward: fused, unfused (moe_row_dot, moe_scale_rows, the activation's backward), CPU.
-  Tensor gdfc1 = gpu_nan({N, W}, dt), gdp = gpu_nan({N}, DType::F32);
-  gpu::moe_act_scale_backward(gdap, gfc1, gp, swiglu, gdfc1, gdp, GS());
+  Tensor gdfc1 = gpu_nan({N, W}, dt), gdp = gpu_nan({N}, DType::F32), none;
+  gpu::moe_act_scale_backward(gdap, gfc1, gp, swiglu, gdfc1, gdp, none, GS());
   Tensor gdact = gpu_nan({N, F}, dt), gdfc1_ref = gpu_nan({N, W}, dt),
          gdp_ref = gpu_nan({N}, DType::F32);
   gpu::moe_row_dot(gdap, gact, gdp_ref, GS());
@@ -134,8 +134,22 @@ TEST_P(GpuMoeActScale, FusedEqualsUnfusedBitwiseAndCpu) {
     gpu::gelu_backward(gdact, gfc1, gdfc1_ref, GS());
   EXPECT_TRUE(same_bits(gdfc1, gdfc1_ref));
   EXPECT_LE(rel_err(to_cpu(gdp), to_cpu(gdp_ref)), 1e-5);
-  Tensor dfc1 = Tensor::empty({N, W}, DType::F32), dp = Tensor::empty({N}, DType::F32);
-  cpu::moe_act_scale_backward(dap, fc1, p, swiglu, dfc1, dp, CS());
+  // With the forward's ap recomputed (the experts' backward when ap was not kept): into its
+  // own tensor and in place over dap, the forward's bits, dfc1 and dp unchanged.
+  {
+    Tensor gap2 = gpu_nan({N, F}, dt), gdfc1_2 = gpu_nan({N, W}, dt), gdp2 = gpu_nan({N}, DType::F32);
+    gpu::moe_act_scale_backward(gdap, gfc1, gp, swiglu, gdfc1_2, gdp2, gap2, GS());
+    EXPECT_TRUE(same_bits(gap2, gap));
+    EXPECT_TRUE(same_bits(gdfc1_2, gdfc1));
+    EXPECT_TRUE(same_bits(gdp2, gdp));
+    Tensor ginplace = to_gpu(dap, dt);
+    gpu::moe_act_scale_backward(ginplace, gfc1, gp, swiglu, gdfc1_2, gdp2, ginplace, GS());
+    EXPECT_TRUE(same_bits(ginplace, gap));
+    EXPECT_TRUE(same_bits(gdfc1_2, gdfc1));
+    EXPECT_TRUE(same_bits(gdp2, gdp));
+  }
+  Tensor dfc1 = Tensor::empty({N, W}, DType::F32), dp = Tensor::empty({N}, DType::F32), cnone;
+  cpu::moe_act_scale_backward(dap, fc1, p, swiglu, dfc1, dp, cnone, CS());
   EXPECT_CLOSE(gdfc1, dfc1, dt);
   EXPECT_CLOSE(gdp, dp, dt);
 }

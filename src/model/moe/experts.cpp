@@ -120,10 +120,10 @@ void GroupedExperts::fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_
   ops::copy(dxp.narrow(0, n), dx, cx.stream());
 }
 
-void GroupedExperts::saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Saved& s,
-                                 const TensorVisitor& v) {
+void GroupedExperts::saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, bool keep_ap,
+                                 Saved& s, const TensorVisitor& v) {
   v(s.fc1, {Nmax, c.moe_fc1_width_local()}, dt, true);
-  v(s.ap, {Nmax, c.moe_ffn_local()}, dt, true);
+  v(s.ap, {Nmax, c.moe_ffn_local()}, dt, keep_ap);
 }
 
 void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Scratch& w,
@@ -143,7 +143,8 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
-  Tensor fc1 = s.fc1.narrow(0, N), ap = s.ap.narrow(0, N);
+  // ap: kept, or in the scratch dap (the backward's alone) until fc2 has read it
+  Tensor fc1 = s.fc1.narrow(0, N), ap = (s.ap.defined() ? s.ap : w.dap).narrow(0, N);
   int64_t off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];
@@ -180,8 +181,16 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
   MCPP_CHECK(counts.size() == w1_.size(), "GroupedExperts: {} row counts for {} local experts",
              counts.size(), w1_.size());
   const int64_t N = xp.size(0);
-  const Tensor fc1 = s.fc1.narrow(0, N), ap = s.ap.narrow(0, N);  // ap: fc2's saved input
+  const int64_t I = cfg_->moe_ffn_local();
+  const bool kept = s.ap.defined();
+  const Tensor fc1 = s.fc1.narrow(0, N);
   Tensor dap = w.dap.narrow(0, N), dfc1 = w.dfc1.narrow(0, N), none;
+  // fc2's input: kept; or recomputed by moe_act_scale_backward over dap once fc2's data
+  // gradients are read (bf16/f16); or (FP8) recomputed first into dfc1's leading N x I
+  // elements, which moe_act_scale_backward overwrites only after fc2's backward.
+  Tensor ap = kept ? s.ap.narrow(0, N) : fp8 ? w.dfc1.view({-1}).narrow(0, N * I).view({N, I}) : dap;
+  if (!kept && fp8) ops::moe_act_scale_forward(fc1, p, cfg_->swiglu, ap, st);
+  const bool split = !kept && !fp8;  // fc2's two GEMMs apart, ap recomputed between them
   int64_t off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];
@@ -191,11 +200,22 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
       fp8_backward(f2_[e], dyp.narrow(off, n), false, ap.narrow(off, n), etp != nullptr, w2_[e], dx,
                    cx);
     else
-      ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false, w2_[e].g,
-                           none, st);
+      ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false,
+                           split ? none : w2_[e].g, none, st);
     off += n;
   }
-  ops::moe_act_scale_backward(dap, fc1, p, cfg_->swiglu, dfc1, dp, st);
+  Tensor ap_out = split ? dap : none;  // in place over dap
+  ops::moe_act_scale_backward(dap, fc1, p, cfg_->swiglu, dfc1, dp, ap_out, st);
+  if (split) {
+    off = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      if (n == 0) continue;
+      ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, none, false,
+                           w2_[e].g, none, st);
+      off += n;
+    }
+  }
   off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];

@@ -50,17 +50,23 @@ class GroupedExperts {
   GroupedExperts(const TransformerConfig& c, int layer, const ParamStore* store);
 
   // Rows of the N-row buffers this batch uses, one slice per expert.
-  // fc2's input ap is saved, so its weight gradient needs no recompute; the activation a
-  // itself is recomputed from fc1 inside moe_act_scale_backward (dp needs it).
+  // The activation a itself is always recomputed from fc1 inside moe_act_scale_backward (dp
+  // needs it). fc2's input ap is kept only where the layer keeps its MLP activation
+  // (--keep-mlp-activations, as the dense MLP): otherwise the forward writes it into the
+  // backward-only scratch dap, and the backward recomputes it in the same pass as dfc1 (bf16
+  // and f16: fc2's data-gradient GEMMs, then moe_act_scale_backward writing ap over dap,
+  // then fc2's weight-gradient GEMMs; FP8, whose expert GEMMs take both gradients in one
+  // call: moe_act_scale_forward into dfc1's rows first). The same bits either way; the
+  // Mixtral-style model at micro-batch 16 keeps 537 MB a layer fewer.
   struct Saved {
     Tensor fc1;  // [Nmax, FC1W/ETP] fc1 outputs
-    Tensor ap;   // [Nmax, I/ETP] activations times the probabilities (fc2's input)
+    Tensor ap;   // [Nmax, I/ETP] activations times the probabilities (fc2's input), kept
   };
   struct Scratch {
     Tensor dap, dfc1;  // [Nmax, I/ETP], [Nmax, FC1W/ETP]
   };
-  static void saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Saved& s,
-                          const TensorVisitor& v);
+  static void saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, bool keep_ap,
+                          Saved& s, const TensorVisitor& v);
   static void scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Scratch& w,
                             const TensorVisitor& v);
 

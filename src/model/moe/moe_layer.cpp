@@ -134,20 +134,25 @@ void MoeLayer::set_expert_parallel_group(comm::Communicator* ep) {
   ep_ = n > 1 ? ep : nullptr;
 }
 
-void MoeLayer::saved_specs(const Dims& d, bool /*keep_activation*/, MlpSaved& sb,
+// keep_activation (--keep-mlp-activations, as the dense MLP's): the layer keeps the permuted
+// input xp and the experts' fc2 input for backward; otherwise the backward gathers xp again
+// from the layer's input (its norm's output, kept anyway) and recomputes fc2's input
+// (experts.h). Same bits, k + k I/H rows of H fewer per token kept (Mixtral-style, micro-batch
+// 16: 805 MB a layer). Under expert parallelism xp is only the forward's send buffer.
+void MoeLayer::saved_specs(const Dims& d, bool keep_activation, MlpSaved& sb,
                            const TensorVisitor& v) const {
   auto& s = static_cast<Saved&>(sb);
   const int64_t E = cfg_->moe.num_experts, Nmax = max_rows(*cfg_, d.T);
+  const bool epp = cfg_->moe.ep_size > 1;
   Router::saved_specs(*cfg_, d, s.router, v);
   v(s.logits_all, {d.T, E}, Router::router_dtype(*cfg_), d.sp);
   v(s.x_full, {d.T, d.H}, d.dt, d.sp);
-  v(s.xp, {Nmax, d.H}, d.dt, true);
+  v(s.xp, {Nmax, d.H}, d.dt, keep_activation && !epp);
   v(s.probs, {Nmax}, d.sdt, true);
-  const bool epp = cfg_->moe.ep_size > 1;
   const int64_t Ne = Nmax * cfg_->moe.ep_size;  // the experts' rows: every EP rank's, at most
   v(s.xe, {Ne, d.H}, d.dt, epp);
   v(s.pe, {Ne}, d.sdt, epp);
-  GroupedExperts::saved_specs(*cfg_, Ne, d.dt, s.experts, v);
+  GroupedExperts::saved_specs(*cfg_, Ne, d.dt, keep_activation, s.experts, v);
   if (shared_) shared_->saved_specs(d, s.shared, v);
 }
 
@@ -282,7 +287,8 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     p = s.probs.narrow(0, N);
     from_host(pr, p, st);
   }
-  Tensor xp = s.xp.narrow(0, N), yp = w_->yp.narrow(0, N);
+  // xp: kept, or in the backward-only scratch dxp (the backward gathers it again)
+  Tensor xp = (s.xp.defined() ? s.xp : w_->dxp).narrow(0, N), yp = w_->yp.narrow(0, N);
   ops::gather_rows(*xf, s.src, xp, st);
 
   // Experts, then the combine: each token sums its rows (its k experts' weighted outputs).
@@ -346,8 +352,13 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     if (!sp.complete) ep::dispatch_backward(dxn, routed, sp.group, st);  // shards summed
     if (shared_) ops::add(dx, w_->dx_local, dx, st);
   } else {
-    Tensor xp = s.xp.narrow(0, N), p = s.probs.narrow(0, N);
+    Tensor p = s.probs.narrow(0, N);
     Tensor gp = w_->gp.narrow(0, N), dxp = w_->dxp.narrow(0, N), dp = w_->dp.narrow(0, N);
+    // The permuted input, kept or gathered again as the forward gathered it (into the
+    // forward-only scratch yp); expert parallelism reads the received rows xe instead.
+    Tensor xp = (s.xp.defined() ? s.xp : w_->yp).narrow(0, N);
+    if (!s.xp.defined() && !ep_ && N > 0)
+      ops::gather_rows(sp.group ? s.x_full.narrow(0, sp.tokens) : x, s.src, xp, st);
     ops::gather_rows(*g, s.src, gp, st);
     if (ep_) {  // the combine's dual, the experts, the dispatch's dual
       const int64_t Ne = s.plan.rows_out;

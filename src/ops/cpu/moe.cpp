@@ -141,7 +141,7 @@ void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tens
 }
 
 void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
-                            Tensor& dfc1, Tensor& dp, Stream& s) {
+                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
   const Check c{"moe_act_scale_backward"};
   c.stream(s);
   const DType dt = c.floating(fc1, "fc1");
@@ -149,6 +149,7 @@ void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& 
   const auto [N, F] = act_scale_dims(c, fc1, p, swiglu, dap, "dap");
   c.numel(dfc1, "dfc1", fc1.numel());
   c.numel(dp, "dp", N);
+  if (ap.defined()) c.dtype(ap, "ap", dt), c.numel(ap, "ap", N * F);
   if (N == 0) return;
   const Shape fc1_shape{N, (swiglu ? 2 : 1) * F};
   Tensor act = Tensor::empty({N, F}, dt), dact = Tensor::empty({N, F}, dt);  // [N, F] x2
@@ -160,6 +161,7 @@ void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& 
     swiglu_backward(dact, fc1.view(fc1_shape), dx, s);
   else
     gelu_backward(dact, fc1.view(fc1_shape), dx, s);
+  if (ap.defined()) moe_scale_rows(act, p, ap, s);  // last: ap may alias dap
 }
 
 // ---- routing (the reference of ops/cuda/moe_route.cu; the per-token math is shared:

@@ -270,12 +270,14 @@ __global__ void act_scale_fwd_kernel(const T* __restrict__ fc1, const float* __r
 // The backward, a row per TPR threads (256 / TPR rows a block): each thread takes V columns
 // a step, writes their dfc1 and sums dap * act; the row's sum is a butterfly in each warp,
 // then the warps' sums in order (shared memory) when TPR > 32. The loop over rows is uniform
-// across the block, so the barriers are reached by every thread.
+// across the block, so the barriers are reached by every thread. ap (null: not wanted): the
+// forward's act * p for the same columns, written after the thread has read their dap, so it
+// may alias dap -- which is why neither pointer is __restrict__.
 template <typename T, bool kSwiglu, int V, int TPR>
 __global__ void __launch_bounds__(256)
-    act_scale_bwd_kernel(const T* __restrict__ dap, const T* __restrict__ fc1,
-                         const float* __restrict__ p, T* __restrict__ dfc1, float* __restrict__ dp,
-                         int64_t N, int64_t F) {
+    act_scale_bwd_kernel(const T* dap, const T* __restrict__ fc1, const float* __restrict__ p,
+                         T* __restrict__ dfc1, float* __restrict__ dp, T* ap, int64_t N,
+                         int64_t F) {
   constexpr int R = 256 / TPR, W = TPR / 32;  // rows a block, warps a row
   constexpr bool kFast = kFastMath<T>;
   __shared__ float part[256 / 32];
@@ -301,6 +303,11 @@ __global__ void __launch_bounds__(256)
         }
         st_vec<V>(dfc1 + r * W1 + c, dg);
         if constexpr (kSwiglu) st_vec<V>(dfc1 + r * W1 + F + c, du);
+        if (ap) {  // act_scale_fwd_kernel's product
+#pragma unroll
+          for (int k = 0; k < V; ++k) a[k] = __fmul_rn(a[k], pr);
+          st_vec<V>(ap + r * F + c, a);
+        }
       }
     }
     for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -320,25 +327,25 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T, bool kSwiglu, int V, int TPR>
-void act_scale_bwd_launch(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, int64_t N,
-                          int64_t F, Stream& s) {
+void act_scale_bwd_launch(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, T* ap,
+                          int64_t N, int64_t F, Stream& s) {
   constexpr int R = 256 / TPR;
   const int64_t blocks = std::min<int64_t>((N + R - 1) / R, int64_t(1) << 20);
   act_scale_bwd_kernel<T, kSwiglu, V, TPR>
-      <<<unsigned(blocks), 256, 0, stream_of(s)>>>(dap, fc1, p, dfc1, dp, N, F);
+      <<<unsigned(blocks), 256, 0, stream_of(s)>>>(dap, fc1, p, dfc1, dp, ap, N, F);
 }
 
 // A row's threads: enough for a step or two of each, a warp at the least.
 template <typename T, bool kSwiglu, int V>
-void act_scale_bwd_rows(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, int64_t N,
-                        int64_t F, Stream& s) {
+void act_scale_bwd_rows(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, T* ap,
+                        int64_t N, int64_t F, Stream& s) {
   const int64_t FV = F / V;
   if (FV <= 64)
-    act_scale_bwd_launch<T, kSwiglu, V, 32>(dap, fc1, p, dfc1, dp, N, F, s);
+    act_scale_bwd_launch<T, kSwiglu, V, 32>(dap, fc1, p, dfc1, dp, ap, N, F, s);
   else if (FV <= 256)
-    act_scale_bwd_launch<T, kSwiglu, V, 128>(dap, fc1, p, dfc1, dp, N, F, s);
+    act_scale_bwd_launch<T, kSwiglu, V, 128>(dap, fc1, p, dfc1, dp, ap, N, F, s);
   else
-    act_scale_bwd_launch<T, kSwiglu, V, 256>(dap, fc1, p, dfc1, dp, N, F, s);
+    act_scale_bwd_launch<T, kSwiglu, V, 256>(dap, fc1, p, dfc1, dp, ap, N, F, s);
 }
 
 // Checks of the fused ops: T tensors of one activation dtype, p [N] f32; returns F.
@@ -388,7 +395,7 @@ void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tens
 }
 
 void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
-                            Tensor& dfc1, Tensor& dp, Stream& s) {
+                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
   const char* op = "moe_act_scale_backward";
   const int64_t F = act_scale_check(op, fc1, p, swiglu, {{&dap, "dap"}, {&dfc1, "dfc1"}}),
                 N = p.numel();
@@ -396,23 +403,29 @@ void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& 
   check_numel(dfc1, fc1.numel(), op, "dfc1");
   check_f32(dp, op, "dp");
   check_numel(dp, N, op, "dp");
+  if (ap.defined()) {
+    act_scale_check(op, fc1, p, swiglu, {{&ap, "ap"}});
+    check_numel(ap, N * F, op, "ap");
+  }
   if (N == 0) return;
   MCPP_DISPATCH_ACT(fc1.dtype(), op, {
     constexpr int P = kPackN<T>;
     auto d = static_cast<const T*>(dap.raw());
     auto x = static_cast<const T*>(fc1.raw());
     auto dx = static_cast<T*>(dfc1.raw());
+    auto a = ap.defined() ? static_cast<T*>(ap.raw()) : nullptr;
     const float* pp = p.data<float>();
     float* o = dp.data<float>();
-    const bool vec = packable<T>(F, {d, x, dx});  // F % P == 0: the up half is aligned too
+    // F % P == 0: the up half is aligned too
+    const bool vec = packable<T>(F, {d, x, dx}) && (!a || packable<T>(F, {a}));
     if (vec && swiglu)
-      act_scale_bwd_rows<T, true, P>(d, x, pp, dx, o, N, F, s);
+      act_scale_bwd_rows<T, true, P>(d, x, pp, dx, o, a, N, F, s);
     else if (vec)
-      act_scale_bwd_rows<T, false, P>(d, x, pp, dx, o, N, F, s);
+      act_scale_bwd_rows<T, false, P>(d, x, pp, dx, o, a, N, F, s);
     else if (swiglu)
-      act_scale_bwd_rows<T, true, 1>(d, x, pp, dx, o, N, F, s);
+      act_scale_bwd_rows<T, true, 1>(d, x, pp, dx, o, a, N, F, s);
     else
-      act_scale_bwd_rows<T, false, 1>(d, x, pp, dx, o, N, F, s);
+      act_scale_bwd_rows<T, false, 1>(d, x, pp, dx, o, a, N, F, s);
   });
   MCPP_LAUNCH_CHECK();
 }
