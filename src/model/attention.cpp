@@ -101,9 +101,14 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
 
 void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
                                const Tensor* residual, Tensor& y, Workspace& ws,
-                               const StepContext& cx) const {
+                               const StepContext& cx, const Norm::Fold* fold) const {
   const auto& c = *cfg_;
-  qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
+  if (fold) {
+    Tensor unused;
+    qkv_.forward_folded(x, *fold, false, unused, s.qkv, cx);
+  } else {
+    qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
+  }
   if (c.qk_layernorm) qk_norm_forward(c, s.qkv, q_norm_.w, k_norm_.w, s.qkv);
   // A decode step: RoPE at each row's position, the cache append and the attention in one op
   // (rope_decode + attention_kv_cache_forward; on the GPU two kernels, not three).

@@ -39,10 +39,11 @@ class Attention {
                const StepContext& cx) const;
   // Generation: y = attention(x) (+ *residual, without TP) over the KV cache
   // [B, Tmax, NG, HD], whose slot b receives the new positions [cx.pos[b], +Sq) (RoPE at
-  // each sequence's own positions).
+  // each sequence's own positions). fold: x is the input of that norm, folded into the
+  // QKV projection (Norm::fold), not its output.
   void forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
-                      const Tensor* residual, Tensor& y, Workspace& ws,
-                      const StepContext& cx) const;
+                      const Tensor* residual, Tensor& y, Workspace& ws, const StepContext& cx,
+                      const Norm::Fold* fold = nullptr) const;
   // Before the layer's backward: the core rebuilds what selective recomputation dropped.
   void prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const;
   // dy [Tl,H] -> dx [Tl,H] (=, the workspace's dln); parameter gradients +=.

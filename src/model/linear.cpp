@@ -83,6 +83,23 @@ void ColumnParallelLinear::forward_swiglu(const Tensor& x, Saved& s, Tensor& pre
   ops::linear_swiglu_decode(gathered(x, ws, cx), w_.w, b_.w, pre, act, cx.stream());
 }
 
+void ColumnParallelLinear::forward_folded(const Tensor& x, const Norm::Fold& f, bool swiglu,
+                                          Tensor& pre, Tensor& y, const StepContext& cx) const {
+  MCPP_CHECK(!cx.tp_comm && cx.pos, "ColumnParallelLinear: a folded norm is for generation at TP 1");
+  if (fp8_.on(cx)) {
+    ops::rmsnorm_forward(x, *f.w, f.eps, f.s->y, f.s->rstd, cx.stream());
+    Saved unused;
+    Workspace none;
+    if (swiglu)
+      forward_swiglu(f.s->y, unused, pre, y, none, cx);
+    else
+      forward(f.s->y, unused, y, none, cx);
+    return;
+  }
+  ops::rmsnorm_linear_decode(x, *f.w, f.eps, f.s->y, f.s->rstd, w_.w, b_.w, swiglu, pre, y,
+                             cx.stream());
+}
+
 // dx_full = dy @ w, dw += dy^T @ x_full, db += sum dy; then the dual of the input
 // transition: the SP reduce-scatter into dx, or the all-reduce in place (dx_full is dx).
 // Under SP x_full is gathered again first (the weight GEMM's input), and dx_full then

@@ -21,6 +21,7 @@
 
 #include "model/fp8/fp8_linear.h"
 #include "model/module.h"
+#include "model/norm.h"
 #include "model/params.h"
 
 namespace mcpp::model {
@@ -55,6 +56,11 @@ class ColumnParallelLinear {
   // ops::linear_swiglu_decode (pre [T, out/TP] its fallback's buffer); otherwise forward into
   // pre, then swiglu_forward.
   void forward_swiglu(const Tensor& x, Saved& s, Tensor& pre, Tensor& act, Workspace& ws,
+                      const StepContext& cx) const;
+  // Generation: y = this layer (SwiGLU'd when swiglu; pre its fallback's fc1 buffer) of the
+  // folded norm `f` of x (Norm::fold), the norm in this layer's kernel where the GPU takes it
+  // (ops::rmsnorm_linear_decode); FP8: the norm, then forward / forward_swiglu.
+  void forward_folded(const Tensor& x, const Norm::Fold& f, bool swiglu, Tensor& pre, Tensor& y,
                       const StepContext& cx) const;
   // dy [T,out/TP] -> dx [Tl,in] (=), through dx_full (the workspace's dln_full under SP).
   void backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, Workspace& ws,

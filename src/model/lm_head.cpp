@@ -95,6 +95,11 @@ void LmHead::logits_forward(const Tensor& x, Saved& s, const StepContext& cx) co
   ensure(s.lnf.y, {rows, cx.H}, cx.dt, cx.dev), ensure(s.lnf.rstd, {rows}, cx.sdt, cx.dev);
   if (!cfg_->rmsnorm) ensure(s.lnf.mean, {rows}, cx.sdt, cx.dev);
   ensure(s.logits, {rows, cfg_->vocab_local()}, cx.dt, cx.dev);
+  if (const auto f = norm_.fold(s.lnf, cx)) {  // the final RMSNorm in the output layer's kernel
+    Tensor unused;
+    output_.forward_folded(x, *f, false, unused, s.logits, cx);
+    return;
+  }
   norm_.forward(x, s.lnf, cx);
   Workspace unused;  // generation: no sequence parallelism, nothing gathered
   output_.forward(s.lnf.y, s.out_in, s.logits, unused, cx);

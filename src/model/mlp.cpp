@@ -112,6 +112,29 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     fc2_.forward(act, y, ws, cx);
 }
 
+void MlpModule::forward_folded(const Tensor& x, const Norm::Fold& f, MlpSaved& s,
+                               const Tensor* residual, Tensor& y, Workspace& ws,
+                               const StepContext& cx) const {
+  ops::rmsnorm_forward(x, *f.w, f.eps, f.s->y, f.s->rstd, cx.stream());
+  forward(f.s->y, s, residual, y, ws, cx);
+}
+
+// SwiGLU without FP8 (FP8's fused casts read fc1's output): fc1 with the norm and the SwiGLU
+// in one kernel, then fc2 as in forward.
+void DenseMlp::forward_folded(const Tensor& x, const Norm::Fold& f, MlpSaved& sb,
+                              const Tensor* residual, Tensor& y, Workspace& ws,
+                              const StepContext& cx) const {
+  auto& s = static_cast<Saved&>(sb);
+  if (!cfg_->swiglu || fc1_.fp8().on(cx) || fc2_.fp8().on(cx))
+    return MlpModule::forward_folded(x, f, sb, residual, y, ws, cx);
+  Tensor& act = s.act.defined() ? s.act : ws.act;
+  fc1_.forward_folded(x, f, true, s.fc1, act, cx);
+  if (residual)
+    fc2_.forward_residual(act, *residual, y, cx);
+  else
+    fc2_.forward(act, y, ws, cx);
+}
+
 void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor& dx, Workspace& ws,
                         const StepContext& cx) {
   auto& s = static_cast<Saved&>(sb);

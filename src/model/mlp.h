@@ -38,6 +38,11 @@ class MlpModule {
   // epilogue when `residual` is given (TP 1 only).
   virtual void forward(const Tensor& x, MlpSaved& s, const Tensor* residual, Tensor& y,
                        Workspace& ws, const StepContext& cx) const = 0;
+  // Generation: forward of the folded norm `f` of x (Norm::fold; x its input). Here the
+  // norm, then forward; the dense SwiGLU MLP takes the norm into fc1's kernel.
+  virtual void forward_folded(const Tensor& x, const Norm::Fold& f, MlpSaved& s,
+                              const Tensor* residual, Tensor& y, Workspace& ws,
+                              const StepContext& cx) const;
   // dy [Tl,H] -> dx [Tl,H] (=); parameter gradients +=.
   virtual void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
                         const StepContext& cx) = 0;
@@ -60,6 +65,8 @@ class DenseMlp final : public MlpModule {
                      const TensorVisitor& v) const override;
   void forward(const Tensor& x, MlpSaved& s, const Tensor* residual, Tensor& y, Workspace& ws,
                const StepContext& cx) const override;
+  void forward_folded(const Tensor& x, const Norm::Fold& f, MlpSaved& s, const Tensor* residual,
+                      Tensor& y, Workspace& ws, const StepContext& cx) const override;
   void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
                 const StepContext& cx) override;
 

@@ -1,5 +1,9 @@
 #include "model/norm.h"
 
+#include <cstdlib>
+#include <string>
+
+#include "base/error.h"
 #include "ops/ops.h"
 
 namespace mcpp::model {
@@ -46,6 +50,19 @@ void Norm::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
     ops::rmsnorm_forward(x, w, eps_, s.y, s.rstd, cx.stream());
   else
     ops::layernorm_forward(x, w, b_.w, eps_, s.y, s.mean, s.rstd, cx.stream());
+}
+
+std::optional<Norm::Fold> Norm::fold(Saved& s, const StepContext& cx) const {
+  // MCPP_DECODE_FOLD_NORM=0: every norm its own kernel (the same bits; bench/gpu comparisons).
+  static const bool enabled = [] {
+    const char* e = std::getenv("MCPP_DECODE_FOLD_NORM");
+    if (!e || !*e) return true;
+    const std::string v(e);
+    MCPP_CHECK(v == "0" || v == "1", "MCPP_DECODE_FOLD_NORM={} is not 0 or 1", v);
+    return v == "1";
+  }();
+  if (!enabled || !rms_ || !cx.pos || cx.tp_comm) return std::nullopt;
+  return Fold{&gamma(cx), eps_, &s};
 }
 
 void Norm::backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, bool accumulate,

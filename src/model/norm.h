@@ -8,6 +8,7 @@
 // Norm weights act on the rank's sequence shard under SP: registered sequence_parallel,
 // so their gradients are partial sums over TP that finalize_model_grads all-reduces.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,18 @@ class Norm {
                           const TensorVisitor& v);
 
   void forward(const Tensor& x, Saved& s, const StepContext& cx) const;
+
+  // Generation on one rank (no TP): an RMSNorm's output is only the next linear layer's
+  // input, so that layer takes the norm into its own kernel (ops::rmsnorm_linear_decode; on
+  // the GPU one kernel fewer per norm in a decode step, the same bits). What the op needs:
+  // the weight, epsilon, and this norm's buffers for the composition it falls back to.
+  struct Fold {
+    const Tensor* w = nullptr;
+    double eps = 0;
+    Saved* s = nullptr;
+  };
+  // This norm's fold at this step, or none (LayerNorm, training, TP): then forward as usual.
+  std::optional<Fold> fold(Saved& s, const StepContext& cx) const;
   // dy [Tl,H] -> dx [Tl,H]: += when accumulate (the residual stream's gradient), else =.
   void backward(const Tensor& dy, const Tensor& x, const Saved& s, Tensor& dx, bool accumulate,
                 const StepContext& cx);

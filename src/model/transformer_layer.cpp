@@ -124,12 +124,25 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
   // Without TP the residual adds run inside the projections (linear_decode: on the GPU one
   // rounding instead of two, one kernel fewer each); under TP after the reduction.
   const bool fuse_residual = !cx.tp_comm;
-  ln1_.forward(x, s.ln1, cx);
+  // RMSNorms at TP 1 go into the kernels of the linear layers that read them (Norm::fold).
+  const std::optional<Norm::Fold> f1 = ln1_.fold(s.ln1, cx);
+  if (!f1) ln1_.forward(x, s.ln1, cx);
+  const Tensor& attn_in = f1 ? x : s.ln1.y;
+  const Norm::Fold* fold1 = f1 ? &*f1 : nullptr;
   if (fuse_residual) {
-    attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, &x, s.x2, ws, cx);
+    attn_.forward_cached(attn_in, s.attn, k_cache, v_cache, &x, s.x2, ws, cx, fold1);
   } else {
-    attn_.forward_cached(s.ln1.y, s.attn, k_cache, v_cache, nullptr, ws.tmp, ws, cx);
+    attn_.forward_cached(attn_in, s.attn, k_cache, v_cache, nullptr, ws.tmp, ws, cx, fold1);
     ops::add(x, ws.tmp, s.x2, st);
+  }
+  // (A MoE layer's router reads the norm's output too: never folded.)
+  const std::optional<Norm::Fold> f2 =
+      cfg_->moe.num_experts == 0 ? ln2_.fold(s.ln2, cx) : std::nullopt;
+  if (f2) {
+    mlp_->forward_folded(s.x2, *f2, *s.mlp, fuse_residual ? &s.x2 : nullptr,
+                         fuse_residual ? out : ws.tmp, ws, cx);
+    if (!fuse_residual) ops::add(s.x2, ws.tmp, out, st);
+    return;
   }
   ln2_.forward(s.x2, s.ln2, cx);
   MlpSaved* ms = s.mlp.get();

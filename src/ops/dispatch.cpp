@@ -329,6 +329,11 @@ void linear_swiglu_decode(const Tensor& x, const Tensor& w, const Tensor& b, Ten
                           Tensor& y, Stream& s) {
   MCPP_DISPATCH_SHAPED(linear_swiglu_decode, w, x, w, b, fc1, y, s);
 }
+void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor& xn,
+                           Tensor& rstd, const Tensor& w, const Tensor& b, bool swiglu,
+                           Tensor& fc1, Tensor& y, Stream& s) {
+  MCPP_DISPATCH_SHAPED(rmsnorm_linear_decode, w, x, nw, eps, xn, rstd, w, b, swiglu, fc1, y, s);
+}
 void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot, double base,
                            const Tensor& pos, double sc, Tensor& k_cache, Tensor& v_cache,
                            Tensor& out, Stream& s) {

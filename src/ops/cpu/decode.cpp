@@ -9,8 +9,9 @@
 //   argmax_rows       logits [R, Vp] -> ids [R] i64 (=): the first largest of [0, V)
 //   linear_decode     linear_forward, then add of the residual (the composition the CUDA
 //                     GEMV of ops/cuda/gemv.cu fuses)
-//   linear_swiglu_decode, rope_attention_decode: likewise the compositions the CUDA backend
-//                     fuses (linear_forward + swiglu_forward; rope_decode +
+//   linear_swiglu_decode, rmsnorm_linear_decode, rope_attention_decode: likewise the
+//                     compositions the CUDA backend fuses (linear_forward + swiglu_forward;
+//                     rmsnorm_forward + linear_decode / linear_swiglu_decode; rope_decode +
 //                     attention_kv_cache_forward)
 #include <omp.h>
 
@@ -142,6 +143,16 @@ void linear_swiglu_decode(const Tensor& x, const Tensor& w, const Tensor& b, Ten
                           Tensor& y, Stream& s) {
   linear_forward(x, w, b, fc1, s);
   swiglu_forward(fc1, y, s);
+}
+
+void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor& xn,
+                           Tensor& rstd, const Tensor& w, const Tensor& b, bool swiglu,
+                           Tensor& fc1, Tensor& y, Stream& s) {
+  cpu::rmsnorm_forward(x, nw, eps, xn, rstd, s);
+  if (swiglu)
+    cpu::linear_swiglu_decode(xn, w, b, fc1, y, s);
+  else
+    cpu::linear_decode(xn, w, b, Tensor(), y, s);
 }
 
 void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,

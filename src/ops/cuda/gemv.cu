@@ -42,6 +42,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/mma_sm80.cuh"
+#include "ops/cuda/norm_shape.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -161,13 +162,72 @@ __device__ __forceinline__ float swiglu_of(float gate, float up) {
   return gate / (1.f + expf(-gate)) * up;
 }
 
-template <typename T, int TILES, bool SWIGLU, int DEPTH>
+// The RMSNorm folded into the kernel (rmsnorm_linear_decode): x is the norm's input, nw its
+// weight (x's dtype); each row's rstd is computed first as ops/cuda/norms.cu's register-row
+// kernel computes it for a row of K (wpr warps a row, each lane the 16-byte vectors t, t +
+// 32 wpr, ... of it, nv of them: norm_fwd_row_shape; squares summed in that order, the xor
+// butterfly, then the warps' sums in order), and each x element is normalised as that kernel
+// writes it, (x * rstd) * nw rounded to T, as it is loaded: the norm's output, bit for bit,
+// without its kernel or its [M, K] round trip.
+struct FoldedNorm {
+  const void* nw = nullptr;  // null: no norm
+  float eps = 0.f;
+  int wpr = 1, nv = 1;
+};
+
+// x * rstd * nw of 8 elements as the norm kernel rounds them, repacked.
+template <typename T>
+__device__ __forceinline__ uint4 norm_word(uint4 xw, uint4 ww, float r) {
+  T* xe = reinterpret_cast<T*>(&xw);
+  const T* we = reinterpret_cast<const T*>(&ww);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) xe[j] = from_f<T>(to_f(xe[j]) * r * to_f(we[j]));
+  return xw;
+}
+
+template <typename T, int TILES, bool SWIGLU, int DEPTH, bool NORM = false>
 static __global__ void __launch_bounds__(kTcWarps * 32)
     skinny_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
                       const T* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y,
-                      int64_t M, int64_t N, int64_t K) {
+                      int64_t M, int64_t N, int64_t K, FoldedNorm fn = {}) {
   __shared__ float red[kTcWarps][TILES * 4][32];
+  __shared__ float rstd_s[NORM ? TILES * 8 : 1], part[kTcWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const T* __restrict__ nw = static_cast<const T*>(fn.nw);
+  if constexpr (NORM) {
+    // Rows m0 + grp, wpr warps each, 8 / wpr rows a pass (the loop is uniform: every
+    // thread reaches the barriers).
+    constexpr int E = 16 / int(sizeof(T));
+    const int G = 32 * fn.wpr, grp = warp / fn.wpr, tg = int(threadIdx.x) % G;
+    const int64_t nvec = K / E;
+    for (int64_t m0 = 0; m0 < M; m0 += kTcWarps / fn.wpr) {
+      const int64_t m = m0 + grp;
+      float ss = 0.f;
+      if (m < M)
+        for (int j = 0; j < fn.nv; ++j) {
+          const int64_t vi = tg + int64_t(j) * G;
+          if (vi >= nvec) continue;
+          uint4 u = __ldg(reinterpret_cast<const uint4*>(x + m * K) + vi);
+          const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+          for (int k = 0; k < E; ++k) {
+            const float d = to_f(e[k]);
+            ss += d * d;
+          }
+        }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (fn.wpr > 1) {
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0.f;
+        for (int i = 0; i < fn.wpr; ++i) ss += part[grp * fn.wpr + i];
+        __syncthreads();
+      }
+      if (m < M && tg == 0) rstd_s[m] = rsqrtf(ss / float(K) + fn.eps);
+    }
+    __syncthreads();
+  }
   const int64_t F = N / 2;
   const int64_t n0 = int64_t(blockIdx.x) * (SWIGLU ? 8 : 16);
   int64_t ra, rb;
@@ -204,8 +264,15 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
       for (int tile = 0; tile < TILES; ++tile) {
         const int64_t tok = int64_t(tile) * 8 + g;
         const T* xr = x + tok * K + kb + 16 * t;
-        const uint4 X0 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr)) : zero;
-        const uint4 X1 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr + 8)) : zero;
+        uint4 X0 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr)) : zero;
+        uint4 X1 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr + 8)) : zero;
+        if constexpr (NORM) {
+          if (tok < M) {
+            const float r = rstd_s[tok];
+            X0 = norm_word<T>(X0, __ldg(reinterpret_cast<const uint4*>(nw + kb + 16 * t)), r);
+            X1 = norm_word<T>(X1, __ldg(reinterpret_cast<const uint4*>(nw + kb + 16 * t + 8)), r);
+          }
+        }
         {
           const uint32_t a[4] = {A[j][0].x, A[j][2].x, A[j][0].y, A[j][2].y}, b[2] = {X0.x, X0.y};
           mma16816<T>(acc[tile], a, b);
@@ -292,13 +359,22 @@ int decode_gemm_depth(int64_t blocks) {
 
 template <typename T, bool SWIGLU = false>
 void launch_mma(int64_t M, const T* x, const T* w, const T* b, const T* res, T* y, int64_t N,
-                int64_t K, cudaStream_t cs) {
+                int64_t K, cudaStream_t cs, const FoldedNorm& fn = {}) {
   if constexpr (std::is_same_v<T, float>) {
     MCPP_FAIL("linear_decode: the tensor-core path takes bf16/f16, not f32");
   } else {
     const unsigned grid = unsigned(SWIGLU ? (N / 2 + 7) / 8 : (N + 15) / 16);
     const dim3 blk(kTcWarps * 32);
     const int depth = decode_gemm_depth(grid);
+    if (fn.nw) {  // the folded norm: up to kMaxRows rows (one tile)
+      MCPP_CHECK(M <= kMaxRows, "rmsnorm_linear_decode: {} rows, the folded norm takes {}", M,
+                 kMaxRows);
+      if (depth == 4)
+        skinny_mma_kernel<T, 1, SWIGLU, 4, true><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K, fn);
+      else
+        skinny_mma_kernel<T, 1, SWIGLU, 2, true><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K, fn);
+      return;
+    }
 #define MCPP_MMA_CASE(TL)                                                                    \
   case TL:                                                                                   \
     if (depth == 4)                                                                          \
@@ -419,6 +495,52 @@ void linear_swiglu_decode(const Tensor& x, const Tensor& w, const Tensor& b, Ten
     launch_mma<T, true>(rows, static_cast<const T*>(x.raw()), static_cast<const T*>(w.raw()),
                         b.defined() ? static_cast<const T*>(b.raw()) : nullptr, nullptr,
                         static_cast<T*>(y.raw()), N, K, cs);
+    MCPP_LAUNCH_CHECK();
+  });
+}
+
+void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor& xn,
+                           Tensor& rstd, const Tensor& w, const Tensor& b, bool swiglu,
+                           Tensor& fc1, Tensor& y, Stream& s) {
+  const char* op = "rmsnorm_linear_decode";
+  check_cuda(x, op, "x");
+  check_cuda(nw, op, "nw");
+  check_cuda(w, op, "w");
+  check_cuda(y, op, "y");
+  MCPP_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1) && nw.numel() == w.size(1),
+             "{}: w {} (as [out, in]) and the norm weight {} do not take x {}", op, w.str(),
+             nw.str(), x.str());
+  const int64_t N = w.size(0), K = w.size(1), rows = x.numel() / std::max<int64_t>(K, 1);
+  const DType dt = x.dtype();
+  const int64_t E = 16 / int64_t(dtype_size(dt));
+  const NormRowShape sh = norm_fwd_row_shape(K / E);
+  // The folded kernel where the unfolded composition would take the tensor-core kernel with
+  // the norm's register rows (so both sum and round alike); the composition otherwise.
+  const bool fold = rows >= 1 && rows <= kMaxRows && (dt == DType::BF16 || dt == DType::F16) &&
+                    nw.dtype() == dt && w.dtype() == dt && y.dtype() == dt &&
+                    (!b.defined() || (b.dtype() == dt && b.numel() == N)) && K % kTcStep == 0 &&
+                    sh.wpr >= 1 && sh.wpr <= kTcWarps && (!swiglu || N % 2 == 0) &&
+                    aligned16(x) && aligned16(w) && aligned16(nw) && x.raw() != y.raw();
+  if (!fold) {
+    rmsnorm_forward(x, nw, eps, xn, rstd, s);
+    if (swiglu)
+      linear_swiglu_decode(xn, w, b, fc1, y, s);
+    else
+      linear_decode(xn, w, b, Tensor(), y, s);
+    return;
+  }
+  check_numel(y, rows * (swiglu ? N / 2 : N), op, "y");
+  const FoldedNorm fn{nw.raw(), float(eps), sh.wpr, sh.nv};
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(dt, op, {
+    const T* xp = static_cast<const T*>(x.raw());
+    const T* wp = static_cast<const T*>(w.raw());
+    const T* bp = b.defined() ? static_cast<const T*>(b.raw()) : nullptr;
+    T* yp = static_cast<T*>(y.raw());
+    if (swiglu)
+      launch_mma<T, true>(rows, xp, wp, bp, nullptr, yp, N, K, cs, fn);
+    else
+      launch_mma<T>(rows, xp, wp, bp, nullptr, yp, N, K, cs, fn);
     MCPP_LAUNCH_CHECK();
   });
 }

@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/norm_shape.h"
 #include "ops/ops.h"
 
 namespace mcpp::ops::cuda {
@@ -278,23 +279,18 @@ static __global__ void __launch_bounds__(kThreads)
 template <int I>
 using Int = std::integral_constant<int, I>;
 
-// Call f(Int<WPR>, Int<V>) with the register-row shape for a row of nvec 16-byte vectors, and
-// return false when the row is too long to hold in registers. Forward: one warp a row up to
-// 128 vectors (H = 1024 in bf16), then 2, 4, 8, 16 warps with 3 or 4 vectors a lane.
+// Call f(Int<WPR>, Int<V>) with the register-row shape for a row of nvec 16-byte vectors
+// (norm_fwd_row_shape, ops/cuda/norm_shape.h: the decode GEMM's folded RMSNorm reads the same
+// table), and return false when the row is too long to hold in registers.
 template <typename F>
 bool with_fwd_shape(int64_t nvec, F&& f) {
-  if (nvec <= 32) return f(Int<1>{}, Int<1>{}), true;
-  if (nvec <= 64) return f(Int<1>{}, Int<2>{}), true;
-  if (nvec <= 96) return f(Int<1>{}, Int<3>{}), true;
-  if (nvec <= 128) return f(Int<1>{}, Int<4>{}), true;
-  if (nvec <= 192) return f(Int<2>{}, Int<3>{}), true;
-  if (nvec <= 256) return f(Int<2>{}, Int<4>{}), true;
-  if (nvec <= 384) return f(Int<4>{}, Int<3>{}), true;
-  if (nvec <= 512) return f(Int<4>{}, Int<4>{}), true;
-  if (nvec <= 768) return f(Int<8>{}, Int<3>{}), true;
-  if (nvec <= 1024) return f(Int<8>{}, Int<4>{}), true;
-  if (nvec <= 1536) return f(Int<16>{}, Int<3>{}), true;
-  if (nvec <= 2048) return f(Int<16>{}, Int<4>{}), true;
+  const NormRowShape sh = norm_fwd_row_shape(nvec);
+#define MCPP_FWD_SHAPE(W, V) \
+  if (sh.wpr == W && sh.nv == V) return f(Int<W>{}, Int<V>{}), true;
+  MCPP_FWD_SHAPE(1, 1) MCPP_FWD_SHAPE(1, 2) MCPP_FWD_SHAPE(1, 3) MCPP_FWD_SHAPE(1, 4)
+  MCPP_FWD_SHAPE(2, 3) MCPP_FWD_SHAPE(2, 4) MCPP_FWD_SHAPE(4, 3) MCPP_FWD_SHAPE(4, 4)
+  MCPP_FWD_SHAPE(8, 3) MCPP_FWD_SHAPE(8, 4) MCPP_FWD_SHAPE(16, 3) MCPP_FWD_SHAPE(16, 4)
+#undef MCPP_FWD_SHAPE
   return false;
 }
 // Backward holds x, dy, the old dx and two column sums a vector: at most 3 vectors a lane,

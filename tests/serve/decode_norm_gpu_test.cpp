@@ -1,0 +1,85 @@
+// rmsnorm_linear_decode (label gpu): the RMSNorm folded into the decode GEMM's kernel against
+// its composition on the GPU, rmsnorm_forward then linear_decode / linear_swiglu_decode, bit
+// for bit -- at every register-row shape of the norm kernel the fold replicates (1 to 8 warps
+// a row, 1 to 4 vectors a lane), 1 to 8 rows, with and without a bias, bf16 and f16 -- and
+// the shapes it does not take (9 rows, f32, an f32 norm weight) running the composition.
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "gpu_test_util.h"
+
+namespace mcpp::test {
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = to_cpu(a), y = to_cpu(b);
+  return x.numel() == y.numel() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+
+TEST(GpuDecode, RmsnormFoldedIntoTheGemmIsTheComposition) {
+  MCPP_REQUIRE_GPU();
+  const double eps = 1e-5;
+  // K: the norm kernel's shapes for bf16 rows (nvec = K / 8): (1,1) (1,2) (2,3) (2,4) (4,3)
+  // (4,4) (8,3) (8,4); f16 the same.
+  const int64_t Ks[] = {64, 512, 1536, 2048, 3072, 4096, 6144, 8192};
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int64_t K : Ks)
+      for (int64_t rows : {1, 3, 8})
+        for (bool swiglu : {false, true})
+          for (bool bias : {false, true}) {
+            const int64_t N = swiglu ? 2 * 96 : 200, out = swiglu ? N / 2 : N;
+            SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " K=" << K << " rows=" << rows
+                                              << (swiglu ? " swiglu" : "")
+                                              << (bias ? " bias" : ""));
+            const uint64_t seed = uint64_t(K * 16 + rows * 4 + swiglu * 2 + bias);
+            const Tensor x = to_gpu(rand_in({rows, K}, seed, dt, -3.f, 3.f), dt);
+            const Tensor nw = to_gpu(rand_in({K}, seed + 1, dt, 0.5f, 1.5f), dt);
+            const Tensor w = to_gpu(rand_in({N, K}, seed + 2, dt, -0.1f, 0.1f), dt);
+            const Tensor b = bias ? to_gpu(rand_in({N}, seed + 3, dt), dt) : Tensor();
+            // The composition.
+            Tensor xn = gpu_nan({rows, K}, dt), rstd = gpu_nan({rows}, DType::F32);
+            Tensor fc1 = gpu_nan({rows, N}, dt), ref = gpu_nan({rows, out}, dt);
+            gpu::rmsnorm_forward(x, nw, eps, xn, rstd, GS());
+            if (swiglu)
+              gpu::linear_swiglu_decode(xn, w, b, fc1, ref, GS());
+            else
+              gpu::linear_decode(xn, w, b, Tensor(), ref, GS());
+            // The fold: y equal, and the composition's buffers left as they were (not run).
+            Tensor xn2 = gpu_nan({rows, K}, dt), rstd2 = gpu_nan({rows}, DType::F32);
+            Tensor fc1b = gpu_nan({rows, N}, dt), y = gpu_nan({rows, out}, dt);
+            gpu::rmsnorm_linear_decode(x, nw, eps, xn2, rstd2, w, b, swiglu, fc1b, y, GS());
+            EXPECT_TRUE(same_bits(y, ref));
+            EXPECT_TRUE(std::isnan(to_cpu(rstd2).data<float>()[0])) << "the fold ran the norm";
+          }
+}
+
+TEST(GpuDecode, RmsnormFoldFallsBackToTheComposition) {
+  MCPP_REQUIRE_GPU();
+  const double eps = 1e-6;
+  const int64_t K = 256, N = 64;
+  // 9 rows (past the folded kernel's 8), f32 activations, an f32 norm weight with bf16 x.
+  const std::tuple<DType, DType, int64_t> cases[] = {
+      {DType::BF16, DType::BF16, 9}, {DType::F32, DType::F32, 2}, {DType::BF16, DType::F32, 2}};
+  for (auto [dt, wdt, rows] : cases) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " norm " << dtype_name(wdt)
+                                      << " rows=" << rows);
+    const Tensor x = to_gpu(rand_in({rows, K}, 5, dt, -2.f, 2.f), dt);
+    const Tensor nw = to_gpu(rand_in({K}, 6, wdt, 0.5f, 1.5f), wdt);
+    const Tensor w = to_gpu(rand_in({N, K}, 7, dt, -0.1f, 0.1f), dt);
+    Tensor xn = gpu_nan({rows, K}, dt), rstd = gpu_nan({rows}, DType::F32);
+    Tensor ref = gpu_nan({rows, N}, dt), unused;
+    gpu::rmsnorm_forward(x, nw, eps, xn, rstd, GS());
+    gpu::linear_decode(xn, w, Tensor(), Tensor(), ref, GS());
+    Tensor xn2 = gpu_nan({rows, K}, dt), rstd2 = gpu_nan({rows}, DType::F32);
+    Tensor y = gpu_nan({rows, N}, dt);
+    gpu::rmsnorm_linear_decode(x, nw, eps, xn2, rstd2, w, Tensor(), false, unused, y, GS());
+    EXPECT_TRUE(same_bits(y, ref));
+    EXPECT_TRUE(same_bits(xn2, xn));  // the composition ran: its norm output is there
+    EXPECT_TRUE(same_bits(rstd2, rstd));
+  }
+}
+
+}  // namespace
+}  // namespace mcpp::test
