@@ -111,7 +111,7 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
   }
   if (c.qk_layernorm) qk_norm_forward(c, s.qkv, q_norm_.w, k_norm_.w, s.qkv);
   // A decode step: RoPE at each row's position, the cache append and the attention in one op
-  // (rope_decode + attention_kv_cache_forward; on the GPU two kernels, not three).
+  // (rope_decode + attention_kv_cache_forward; on the GPU one kernel for the usual head shapes).
   const bool decode_step = c.rope && cx.S == 1 && cx.pos_dev.defined();
   if (decode_step) {
     ensure(s.core.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);

@@ -1,12 +1,16 @@
 // The CUDA inference ops against the CPU reference (label gpu; tests/gpu/gpu_test_util.h):
 // decode_attention at the 1B model's head shape and others, sequences of one batch at
 // different positions (1 key, part of a 32-key chunk, several chunks per warp), one row
-// (a decode step) and seven (a prefill chunk), f32 and bf16; argmax_rows on bf16 logits with a tie, a NaN and a padded vocabulary;
-// linear_decode (the GEMV and tensor-core kernels of ops/cuda/gemv.cu) against the CPU op
-// and the GPU GEMM (linear_forward then add), and each row's numbers independent of the row
-// count; the tensor-core kernel on one row equals its rows of a larger batch;
-// attention_prefill (prompts from position 0 through the training attention) against the CPU.
+// (a decode step) and seven (a prefill chunk), f32 and bf16; argmax_rows on bf16 logits
+// with a tie, a NaN and a padded vocabulary; linear_decode (the GEMV and tensor-core
+// kernels of ops/cuda/gemv.cu) against the CPU op and the GPU GEMM (linear_forward then
+// add), and each row's numbers independent of the row count; the tensor-core kernel on one
+// row equals its rows of a larger batch; rope_attention_decode against the CPU and, bit for
+// bit, against the GPU ops it fuses; attention_prefill (prompts from position 0 through the
+// training attention) against the CPU.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -242,6 +246,90 @@ TEST(GpuDecode, RopeAttentionDecodeMatchesCpu) {
       EXPECT_CLOSE(gout, out, dt);
       EXPECT_CLOSE(gk, kc2, dt) << "k_cache";
       EXPECT_CLOSE(gv, vc2, dt) << "v_cache";
+    }
+}
+
+// Where two host copies of GPU tensors (widened to f32, exact for bf16 and f16) first differ
+// in their bits; -1 where every element is the same.
+int64_t first_diff(const Tensor& a, const Tensor& b) {
+  const uint32_t* x = static_cast<const uint32_t*>(a.raw());
+  const uint32_t* y = static_cast<const uint32_t*>(b.raw());
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (x[i] != y[i]) return i;
+  return -1;
+}
+
+// rope_attention_decode (one kernel a layer where the decode group kernel has an instance:
+// RoPE, the cache append and the attention per (sequence, KV group)) equal bit for bit to
+// the GPU composition it replaces -- rope_decode into a copy of qkv, then
+// attention_kv_cache_forward (the append, then decode_attention) -- in the output, both
+// caches (the rotated key and the value at pos[b], every other row untouched) and qkv (the
+// query heads rotated in place, key and value heads as they came in). f32, bf16, f16; the
+// 1B model's heads (G 4, HD 64) and G 1 x HD 128, each with whole and partial rotary dims,
+// plus G 3 x HD 80 (no group kernel: the rotation kernel, then decode_attention); batches of
+// 1, 3 and 64 sequences at different positions from 0 to 299 (past one pass of the block's
+// 8 x 32 keys). The bits catch what a tolerance would not: a query scaled before its
+// rounding to the dtype, a key read from the cache before the block wrote it.
+TEST(GpuDecode, RopeAttentionDecodeFusedMatchesComposition) {
+  MCPP_REQUIRE_GPU();
+  const int64_t Tmax = 300;
+  const double base = 10000.0;
+  for (auto [NH, NG, HD, rot] : {std::tuple{32, 8, 64, 64},
+                                 {32, 8, 64, 32},
+                                 {4, 4, 128, 128},
+                                 {4, 4, 128, 64},
+                                 {6, 2, 80, 40}})
+    for (int64_t B : {1, 3, 64}) {
+      ops::AttentionDims d;
+      d.S = 1, d.B = B, d.NH = NH, d.NG = NG, d.HD = HD;
+      const int64_t W = d.qkv_width(), G = NH / NG;
+      const Shape cache{d.B, Tmax, d.NG, d.HD};
+      const uint64_t sd = uint64_t(NH * 1000 + HD * 10 + rot + B * 7);
+      const Tensor kc32 = rand_f32(cache, sd + 1, -2.f, 2.f), vc32 = rand_f32(cache, sd + 2);
+      const Tensor qkv32 = rand_f32({1, d.B, W}, sd + 3, -2.f, 2.f);
+      Tensor pos = Tensor::empty({d.B}, DType::I64);
+      for (int64_t b = 0; b < d.B; ++b)  // 0, 131, 262, 93, ...; the last at Tmax - 1
+        pos.data<int64_t>()[b] = b == d.B - 1 && b > 0 ? Tmax - 1 : (b * 131) % Tmax;
+      if (d.B == 1) pos.data<int64_t>()[0] = 260;
+      const Tensor gpos = to_gpu(pos, DType::I64);
+      const double scale = 1.0 / std::sqrt(double(HD));
+      for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+        SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD << " rot="
+                                          << rot << " B=" << B << " dtype=" << dtype_name(dt));
+        const Tensor qkv = rounded(qkv32, dt), kc = rounded(kc32, dt), vc = rounded(vc32, dt);
+        // The composition: rope_decode out of place (query and key heads rotated), then the
+        // append and the attention.
+        Tensor rq = gpu_nan({1, d.B, W}, dt);
+        gpu::rope_decode(to_gpu(qkv, dt), d, rot, base, gpos, rq, GS());
+        Tensor rk = to_gpu(kc, dt), rv = to_gpu(vc, dt);
+        Tensor rout = gpu_nan({1, d.B, NH * HD}, dt);
+        gpu::attention_kv_cache_forward(rq, d, gpos, scale, rk, rv, rout, GS());
+        // The fused op, in place on qkv.
+        Tensor fq = to_gpu(qkv, dt), fk = to_gpu(kc, dt), fv = to_gpu(vc, dt);
+        Tensor fout = gpu_nan({1, d.B, NH * HD}, dt);
+        gpu::rope_attention_decode(fq, d, rot, base, gpos, scale, fk, fv, fout, GS());
+
+        const Tensor ref = to_cpu(rout), got = to_cpu(fout);
+        const float* r = static_cast<const float*>(ref.raw());
+        bool finite = true;
+        for (int64_t i = 0; i < ref.numel(); ++i) finite = finite && std::isfinite(r[i]);
+        ASSERT_TRUE(finite) << "the composition left an output element unwritten";
+        const int64_t o = first_diff(got, ref);
+        EXPECT_EQ(o, -1) << "out differs first at element " << o << " (sequence " << o / (NH * HD)
+                         << ", head " << o % (NH * HD) / HD
+                         << "): " << static_cast<const float*>(got.raw())[std::max<int64_t>(o, 0)]
+                         << " vs " << r[std::max<int64_t>(o, 0)];
+        EXPECT_EQ(first_diff(to_cpu(fk), to_cpu(rk)), -1) << "k_cache";
+        EXPECT_EQ(first_diff(to_cpu(fv), to_cpu(rv)), -1) << "v_cache";
+        // qkv: the query heads as rope_decode rotated them, the key and value heads unchanged.
+        Tensor want = to_cpu(rq);
+        float* w = static_cast<float*>(want.raw());
+        const float* in = static_cast<const float*>(qkv.raw());
+        for (int64_t bg = 0; bg < d.B * NG; ++bg)
+          for (int64_t c = G * HD; c < (G + 2) * HD; ++c)
+            w[bg * (G + 2) * HD + c] = in[bg * (G + 2) * HD + c];
+        EXPECT_EQ(first_diff(to_cpu(fq), want), -1) << "qkv";
+      }
     }
 }
 

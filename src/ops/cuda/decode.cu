@@ -11,15 +11,20 @@
 //   A decode step reads the whole cache once and does 2*HD flops per key, so it is
 //   memory- and latency-bound: a block of kWarps warps per (i, b, h) splits the keys (warp
 //   w takes chunks w, w + kWarps, ... of 32 keys), so one sequence's 32 heads still keep
-//   8 x 32 warps busy at one stream, each with one or two chunks of a 256-key cache. Within a chunk each lane scores one key (a whole K row from
-//   its own cache lines, 16-byte loads), the chunk's softmax update is one warp max and one
-//   warp sum, then every lane accumulates HD/32 output dims over the chunk's V rows
-//   (coalesced), the probabilities broadcast by shuffles. The warps' partial (max, sum,
-//   accumulator) combine in shared memory as flash-decoding's split-K does. f32 throughout.
+//   8 x 32 warps busy at one stream, each with one or two chunks of a 256-key cache. Within
+//   a chunk each lane scores one key (a whole K row from its own cache lines, 16-byte
+//   loads), the chunk's softmax update is one warp max and one warp sum, then every lane
+//   accumulates HD/32 output dims over the chunk's V rows (coalesced), the probabilities
+//   broadcast by shuffles. The warps' partial (max, sum, accumulator) combine in shared
+//   memory as flash-decoding's split-K does. f32 throughout.
 // rope_decode: one launch for the batch, each row at its own position (the angle from the
 //   device's pos, so a captured CUDA graph stays valid as the positions advance).
-// rope_attention_decode: rope_append_kernel (the rotation and the cache append of a decode
-//   step in one launch) then decode_attention.
+// rope_attention_decode: a decode step's whole attention, one launch a layer where the group
+//   kernel has an instance: rope_attention_group_kernel, a block per (sequence, group),
+//   rotates the group's query heads and its key at pos[b], appends the key and value to
+//   the cache, then attends with the group kernel's body (attend_group), so its bits are
+//   those of rope_append_kernel followed by decode_attention -- which is what runs for the
+//   other head shapes.
 // argmax_rows: a block per row; each thread scans a strided part of the row, then a warp
 //   and a block reduction of (value, index) keep the larger value, the lower index on ties.
 #include <cfloat>
@@ -144,29 +149,23 @@ static __global__ void __launch_bounds__(kWarps * 32)
 // warp max and one warp sum per head, and lane l accumulates dims [l*D, l*D + D) of each
 // head's output over the chunk's V rows, the probabilities broadcast by shuffles. The warps'
 // partial (max, sum, accumulator) per head combine in shared memory as above.
-// Four blocks an SM where G * HD <= 256 (the 1B model's 4 x 64: 66 registers would leave
-// three, and 64 sequences x 8 groups = 512 blocks would run in two waves on the H200's 132
-// SMs, nearly doubling the kernel's time at 64 streams).
-template <typename T, int G, int D>
-static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
-    decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
-                                  const T* __restrict__ kc, const T* __restrict__ vc,
-                                  T* __restrict__ out, int NG, int64_t Tmax, float scale,
-                                  bool vec) {
+// attend_group is that block's work once its queries are in q_s: decode_attention's group
+// kernel loads them from qkv, rope_attention_decode's kernel rotates them first; one body,
+// so the two give the same bits. ks, vs: the group's rows of the sequence's cache slot (row
+// stride C); keys 0 .. len - 1; o: the block's G output heads [G, HD].
+// kNc: the 16-byte K loads through the read-only path (__ldg), which is undefined for data
+// the kernel itself writes, so decode_attention's kernel only. Otherwise __ldca: ld.global
+// with a plain load's caching, coherent with the block's own writes after a barrier; as an
+// intrinsic rather than a dereference because with the dereference the compiler schedules
+// the loop differently and the 1B model's <bf16, 4, 2> spills 44 bytes, not the 12 of the
+// group kernel.
+template <typename T, int G, int D, bool kNc>
+__device__ __forceinline__ void attend_group(const float (&q_s)[G][32 * D], const T* ks,
+                                             const T* vs, int64_t len, int64_t C, bool vec, T* o) {
   constexpr int HD = 32 * D;
-  __shared__ float q_s[G][HD];
   __shared__ float m_s[kWarps][G], l_s[kWarps][G];
   __shared__ float acc_s[kWarps][G][HD];
-  const int g = blockIdx.x % NG;
-  const int64_t b = blockIdx.x / NG;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t len = pos[b] + 1;
-  const int64_t C = int64_t(NG) * HD;
-  const T* q = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // the group's G query heads
-  for (int c = threadIdx.x; c < G * HD; c += blockDim.x) q_s[c / HD][c % HD] = to_f(q[c]) * scale;
-  __syncthreads();
-  const T* ks = kc + b * Tmax * C + int64_t(g) * HD;
-  const T* vs = vc + b * Tmax * C + int64_t(g) * HD;
 
   float m[G], l[G], acc[G][D];
 #pragma unroll
@@ -187,7 +186,11 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
         const uint4* r4 = reinterpret_cast<const uint4*>(kr);
 #pragma unroll 4
         for (int c0 = 0; c0 < HD; c0 += E) {
-          const uint4 u = __ldg(r4 + c0 / E);
+          uint4 u;
+          if constexpr (kNc)
+            u = __ldg(r4 + c0 / E);
+          else
+            u = __ldca(r4 + c0 / E);
           const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
           for (int j = 0; j < E; ++j) {
@@ -258,24 +261,132 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
       L += l_s[w][h] * wgt;
       a += acc_s[w][h][c] * wgt;
     }
-    out[((b * NG + g) * G + h) * int64_t(HD) + c] = from_f<T>(a / L);
+    o[idx] = from_f<T>(a / L);
   }
 }
 
-// The group kernel for (G, HD) when it has an instance: G in {1, 2, 4, 8}, HD in {32, 64,
-// 128} with G * HD <= 1024 (its shared memory); false otherwise.
+// Four blocks an SM where G * HD <= 256 (the 1B model's 4 x 64: 66 registers would leave
+// three, and 64 sequences x 8 groups = 512 blocks would run in two waves on the H200's 132
+// SMs, nearly doubling the kernel's time at 64 streams).
+template <typename T, int G, int D>
+static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
+    decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
+                                  const T* __restrict__ kc, const T* __restrict__ vc,
+                                  T* __restrict__ out, int NG, int64_t Tmax, float scale,
+                                  bool vec) {
+  constexpr int HD = 32 * D;
+  __shared__ float q_s[G][HD];
+  const int g = blockIdx.x % NG;
+  const int64_t b = blockIdx.x / NG;
+  const int64_t C = int64_t(NG) * HD;
+  const T* q = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // the group's G query heads
+  for (int c = threadIdx.x; c < G * HD; c += blockDim.x) q_s[c / HD][c % HD] = to_f(q[c]) * scale;
+  __syncthreads();
+  const int64_t cache = b * Tmax * C + int64_t(g) * HD;
+  attend_group<T, G, D, true>(q_s, kc + cache, vc + cache, pos[b] + 1, C, vec,
+                              out + (b * NG + g) * int64_t(G) * HD);
+}
+
+// RoPE's angle for rotary pair i at position p, in double with cos and sin rounded to f32 as
+// rope.cu's table computes them, so a decode step rotates as rope_forward at s_offset = p.
+__device__ __forceinline__ void rope_angle(int64_t p, int64_t i, int64_t rot_dim, double base,
+                                           float& cs, float& sn) {
+  const double a = double(p) * pow(base, -2.0 * double(i) / double(rot_dim));
+  cs = float(cos(a)), sn = float(sin(a));
+}
+
+// The pair (x1, x2) = (x[i], x[i + half]) rotated as rope.cu's rope_kernel rotates it: each
+// product and difference rounded in f32 (no FMA contraction), then once to T.
 template <typename T>
-bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T* out,
-                  const AttentionDims& d, int64_t Tmax, float scale, bool vec, cudaStream_t cs) {
-  const int64_t G = d.NH / d.NG;
-  const unsigned grid = unsigned(d.B * d.NG);
-#define MCPP_GROUP_CASE(GG, DD)                                                                   if (G == GG && d.HD == 32 * DD) {                                                                 decode_attention_group_kernel<T, GG, DD><<<grid, kWarps * 32, 0, cs>>>(                             qkv, pos, kc, vc, out, int(d.NG), Tmax, scale, vec);                                        return true;                                                                                  }
+__device__ __forceinline__ void rope_rotate(float x1, float x2, float cs, float sn, T& o1, T& o2) {
+  o1 = from_f<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+  o2 = from_f<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+}
+
+// rope_attention_decode where the group kernel has an instance: the whole step of one
+// (sequence b, group g) in one block, RoPE and the cache append ahead of attend_group (one
+// launch a layer instead of rope_append_kernel's and the group kernel's). Threads [0, half)
+// each own a rotary pair i: the angle once, then the pair of each of the G query heads
+// rotated in place in qkv and into q_s, and the key's pair rotated into the cache row
+// pos[b]; threads [half, half + HD) each own a dim c: the value to the cache row and, past
+// rot_dim, the key and the queries as they are. q_s gets the query rounded to T, then
+// scaled, as the group kernel reads it from the rotated qkv: scaling the unrounded f32
+// would change the scores' bits. qkv's key head stays unrotated, and no thread reads what
+// another writes before the barrier.
+// Then the block attends over the cache rows it just wrote (key and value pos[b]): kc and
+// vc are not __restrict__ const and no load of them takes the read-only path
+// (attend_group<..., false>), and __syncthreads makes the block's global writes visible to
+// its threads. The group kernel's register bound: the 1B model's 4 blocks an SM.
+template <typename T, int G, int D>
+static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
+    rope_attention_group_kernel(T* qkv, const int64_t* __restrict__ pos, T* kc, T* vc,
+                                T* __restrict__ out, int NG, int64_t Tmax, int half, int rot_dim,
+                                double base, float scale, bool vec) {
+  constexpr int HD = 32 * D;
+  __shared__ float q_s[G][HD];
+  const int g = blockIdx.x % NG;
+  const int64_t b = blockIdx.x / NG, p = pos[b];
+  const int64_t C = int64_t(NG) * HD;
+  T* head = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // G query heads, the key, the value
+  const int64_t cache = b * Tmax * C + int64_t(g) * HD;
+  T* kr = kc + cache + p * C;  // the group's cache rows at position p
+  T* vr = vc + cache + p * C;
+  for (int t = threadIdx.x; t < half + HD; t += blockDim.x) {
+    if (t < half) {
+      float cs, sn;
+      rope_angle(p, t, rot_dim, base, cs, sn);
+#pragma unroll
+      for (int j = 0; j <= G; ++j) {  // G query heads, then the key
+        T o1, o2;
+        rope_rotate(to_f(head[j * HD + t]), to_f(head[j * HD + t + half]), cs, sn, o1, o2);
+        if (j < G) {
+          head[j * HD + t] = o1, head[j * HD + t + half] = o2;
+          q_s[j][t] = to_f(o1) * scale, q_s[j][t + half] = to_f(o2) * scale;
+        } else {
+          kr[t] = o1, kr[t + half] = o2;
+        }
+      }
+    } else {
+      const int c = t - half;
+      vr[c] = head[(G + 1) * HD + c];  // the value head follows the key head
+      if (c >= rot_dim) {              // past the rotary dims the key and queries pass through
+        kr[c] = head[G * HD + c];
+#pragma unroll
+        for (int j = 0; j < G; ++j) q_s[j][c] = to_f(head[j * HD + c]) * scale;
+      }
+    }
+  }
+  __syncthreads();
+  attend_group<T, G, D, false>(q_s, kc + cache, vc + cache, p + 1, C, vec,
+                               out + (b * NG + g) * int64_t(G) * HD);
+}
+
+// f.template operator()<G, D>() for the group kernels' instance of (G, HD) -- G in {1, 2,
+// 4, 8}, HD = 32 D in {32, 64, 128}, so G * HD <= 1024 (their shared memory) -- and true;
+// false where there is none.
+template <typename F>
+bool with_group_instance(int64_t G, int64_t HD, F&& f) {
+#define MCPP_GROUP_CASE(GG, DD)      \
+  if (G == GG && HD == 32 * DD) {    \
+    f.template operator()<GG, DD>(); \
+    return true;                     \
+  }
   MCPP_GROUP_CASE(1, 1) MCPP_GROUP_CASE(1, 2) MCPP_GROUP_CASE(1, 4)
   MCPP_GROUP_CASE(2, 1) MCPP_GROUP_CASE(2, 2) MCPP_GROUP_CASE(2, 4)
   MCPP_GROUP_CASE(4, 1) MCPP_GROUP_CASE(4, 2) MCPP_GROUP_CASE(4, 4)
   MCPP_GROUP_CASE(8, 1) MCPP_GROUP_CASE(8, 2) MCPP_GROUP_CASE(8, 4)
 #undef MCPP_GROUP_CASE
   return false;
+}
+
+// The group kernel for d's (G, HD) when it has an instance; false otherwise.
+template <typename T>
+bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T* out,
+                  const AttentionDims& d, int64_t Tmax, float scale, bool vec, cudaStream_t cs) {
+  return with_group_instance(d.NH / d.NG, d.HD, [&]<int G, int D>() {
+    decode_attention_group_kernel<T, G, D><<<unsigned(d.B * d.NG), kWarps * 32, 0, cs>>>(
+        qkv, pos, kc, vc, out, int(d.NG), Tmax, scale, vec);
+  });
 }
 
 // One thread per (b, g, head j <= G (the queries and the key), i < half); the angle in
@@ -290,22 +401,20 @@ static __global__ void rope_decode_kernel(const T* in, T* out, const int64_t* __
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = k % half, r = k / half;
     const int64_t j = r % (G + 1), bg = r / (G + 1), b = bg / NG;
-    const double a = double(pos[b]) * pow(base, -2.0 * double(i) / double(rot_dim));
-    const float c = float(cos(a)), sn = float(sin(a));
+    float c, sn;
+    rope_angle(pos[b], i, rot_dim, base, c, sn);
     const int64_t o = (bg * (G + 2) + j) * HD;
-    const float x1 = to_f(in[o + i]), x2 = to_f(in[o + i + half]);
-    out[o + i] = from_f<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn)));
-    out[o + i + half] = from_f<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)));
+    rope_rotate(to_f(in[o + i]), to_f(in[o + i + half]), c, sn, out[o + i], out[o + i + half]);
   }
 }
 
-// rope_attention_decode's first half. Threads [0, B NG half) each own one rotary pair i
-// of one (b, g): the angle once (in double, as rope_decode_kernel and rope.cu's table
-// compute it), then the pair of each of the G query heads rotated in place and the key's
-// pair written rotated to the cache row pos[b]. The next B NG HD threads copy the value
-// head and the key's dims past rot_dim to the cache (the key is not written back to qkv,
-// so no thread reads a value another writes). One angle per (b, g, i) instead of one per
-// rotated element: a sixth of the double-precision pow/cos/sin at the 1B model's G = 4.
+// rope_attention_decode's first half where the group kernel has no instance (then
+// decode_attention attends). Threads [0, B NG half) each own one rotary pair i of one
+// (b, g): the angle once, then the pair of each of the G query heads rotated in place and the
+// key's pair written rotated to the cache row pos[b]. The next B NG HD threads copy the value
+// head and the key's dims past rot_dim to the cache (the key is not written back to qkv, so
+// no thread reads a value another writes). One angle per (b, g, i) instead of one per
+// rotated element: a sixth of the double-precision pow/cos/sin at G = 4.
 template <typename T>
 static __global__ void rope_append_kernel(T* qkv, const int64_t* __restrict__ pos,
                                           T* __restrict__ kc, T* __restrict__ vc, int64_t B,
@@ -316,13 +425,12 @@ static __global__ void rope_append_kernel(T* qkv, const int64_t* __restrict__ po
        k += int64_t(gridDim.x) * blockDim.x) {
     if (k < n_rot) {
       const int64_t i = k % half, bg = k / half, b = bg / NG, g = bg % NG;
-      const double a = double(pos[b]) * pow(base, -2.0 * double(i) / double(rot_dim));
-      const float cs = float(cos(a)), sn = float(sin(a));
+      float cs, sn;
+      rope_angle(pos[b], i, rot_dim, base, cs, sn);
       T* head = qkv + bg * (G + 2) * HD;
       for (int64_t j = 0; j <= G; ++j, head += HD) {  // G query heads, then the key
-        const float x1 = to_f(head[i]), x2 = to_f(head[i + half]);
-        const T o1 = from_f<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-        const T o2 = from_f<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+        T o1, o2;
+        rope_rotate(to_f(head[i]), to_f(head[i + half]), cs, sn, o1, o2);
         if (j < G) {
           head[i] = o1;
           head[i + half] = o2;
@@ -383,6 +491,12 @@ static __global__ void argmax_rows_kernel(const T* __restrict__ x, int64_t V, in
   }
 }
 
+// 16-byte K-row loads: every row starts at a multiple of HD elements from the base.
+bool vec_rows(const Tensor& qkv, const AttentionDims& d, const Tensor& k_cache) {
+  return (d.HD * int64_t(dtype_size(qkv.dtype()))) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(k_cache.raw()) % 16 == 0;
+}
+
 }  // namespace
 
 void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
@@ -396,10 +510,7 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   MCPP_CHECK(d.HD <= kMaxHD, "{}: head dim {} > {} is not supported", op, d.HD, kMaxHD);
   MCPP_CHECK(d.S * d.B * d.NH < (int64_t(1) << 31), "{}: {} rows x heads exceed a grid", op,
              d.S * d.B * d.NH);
-  const int64_t esz = int64_t(dtype_size(qkv.dtype()));
-  // 16-byte K-row loads: every row starts at a multiple of HD elements from the base.
-  const bool vec = (d.HD * esz) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(k_cache.raw()) % 16 == 0;
+  const bool vec = vec_rows(qkv, d, k_cache);
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
     // A decode step: the group kernel where it has an instance; a prefill: per head.
     if (d.S == 1 && launch_group<T>(static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
@@ -464,15 +575,28 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
   MCPP_CHECK(d.S == 1, "{}: one row per sequence (S = 1), got S={}", op, d.S);
   MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD && base > 0,
              "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
+  MCPP_CHECK(d.B * d.NH < (int64_t(1) << 31), "{}: {} sequences x heads exceed a grid", op,
+             d.B * d.NH);
   const int64_t G = d.NH / d.NG, n = d.B * d.NG * (rot_dim / 2 + d.HD);
+  const bool vec = vec_rows(qkv, d, k_cache);
+  cudaStream_t cs = stream_of(s);
+  bool fused = false;
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
-    rope_append_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
-        static_cast<T*>(qkv.raw()), pos.data<int64_t>(), static_cast<T*>(k_cache.raw()),
-        static_cast<T*>(v_cache.raw()), d.B, d.NG, G, d.HD, rot_dim / 2, rot_dim, base,
-        k_cache.size(1));
+    T* q = static_cast<T*>(qkv.raw());
+    T* kc = static_cast<T*>(k_cache.raw());
+    T* vc = static_cast<T*>(v_cache.raw());
+    fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
+      rope_attention_group_kernel<T, GG, DD><<<unsigned(d.B * d.NG), kWarps * 32, 0, cs>>>(
+          q, pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG), k_cache.size(1),
+          int(rot_dim / 2), int(rot_dim), base, float(softmax_scale), vec);
+    });
+    if (!fused)
+      rope_append_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(q, pos.data<int64_t>(), kc, vc, d.B,
+                                                              d.NG, G, d.HD, rot_dim / 2, rot_dim,
+                                                              base, k_cache.size(1));
     MCPP_LAUNCH_CHECK();
   });
-  cuda::decode_attention(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
+  if (!fused) cuda::decode_attention(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }
 
 void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
