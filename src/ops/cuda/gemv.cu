@@ -194,6 +194,39 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
   __shared__ float rstd_s[NORM ? TILES * 8 : 1], part[kTcWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const T* __restrict__ nw = static_cast<const T*>(fn.nw);
+  const int64_t F = N / 2;
+  const int64_t n0 = int64_t(blockIdx.x) * (SWIGLU ? 8 : 16);
+  int64_t ra, rb;
+  if constexpr (SWIGLU) {
+    ra = n0 + g < F ? n0 + g : F - 1;
+    rb = F + ra;
+  } else {
+    ra = n0 + g < N ? n0 + g : N - 1;
+    rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+  }
+  const T* wa = w + ra * K + 16 * t;
+  const T* wb = w + rb * K + 16 * t;
+  float acc[TILES][4];
+#pragma unroll
+  for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  const int64_t steps = K / kTcStep;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 A[DEPTH][4];  // per step in flight: row a k 0..7, 8..15; row b k 0..7, 8..15
+  auto load_weights = [&](int64_t s0) {
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) {
+      const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
+      const bool in = s < steps;
+      A[j][0] = in ? __ldg(reinterpret_cast<const uint4*>(wa + kb)) : zero;
+      A[j][1] = in ? __ldg(reinterpret_cast<const uint4*>(wa + kb + 8)) : zero;
+      A[j][2] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb)) : zero;
+      A[j][3] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb + 8)) : zero;
+    }
+  };
+  // The folded norm: the first steps' weights are requested before its prologue, so the
+  // row sums overlap their DRAM latency instead of delaying it (the weights do not depend
+  // on x).
+  if constexpr (NORM) load_weights(warp);
   if constexpr (NORM) {
     // Rows m0 + grp, wpr warps each, 8 / wpr rows a pass (the loop is uniform: every
     // thread reaches the barriers).
@@ -228,34 +261,8 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
     }
     __syncthreads();
   }
-  const int64_t F = N / 2;
-  const int64_t n0 = int64_t(blockIdx.x) * (SWIGLU ? 8 : 16);
-  int64_t ra, rb;
-  if constexpr (SWIGLU) {
-    ra = n0 + g < F ? n0 + g : F - 1;
-    rb = F + ra;
-  } else {
-    ra = n0 + g < N ? n0 + g : N - 1;
-    rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
-  }
-  const T* wa = w + ra * K + 16 * t;
-  const T* wb = w + rb * K + 16 * t;
-  float acc[TILES][4];
-#pragma unroll
-  for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  const int64_t steps = K / kTcStep;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   for (int64_t s0 = warp; s0 < steps; s0 += DEPTH * kTcWarps) {
-    uint4 A[DEPTH][4];  // per step in flight: row a k 0..7, 8..15; row b k 0..7, 8..15
-#pragma unroll
-    for (int j = 0; j < DEPTH; ++j) {
-      const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
-      const bool in = s < steps;
-      A[j][0] = in ? __ldg(reinterpret_cast<const uint4*>(wa + kb)) : zero;
-      A[j][1] = in ? __ldg(reinterpret_cast<const uint4*>(wa + kb + 8)) : zero;
-      A[j][2] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb)) : zero;
-      A[j][3] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb + 8)) : zero;
-    }
+    if (!NORM || s0 != warp) load_weights(s0);
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) {
       const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
