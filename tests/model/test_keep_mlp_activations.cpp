@@ -72,6 +72,18 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+// Every micro-batch's loss, every step's gradients and the final parameters, bit for bit.
+void expect_same_training(const Training& t, const Training& ref) {
+  ASSERT_EQ(t.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_EQ(std::memcmp(&t.losses[i], &ref.losses[i], sizeof(double)), 0)
+        << "micro-batch " << i << ": " << t.losses[i] << " vs " << ref.losses[i];
+  ASSERT_EQ(t.grads.size(), ref.grads.size());
+  for (size_t i = 0; i < ref.grads.size(); ++i)
+    EXPECT_TRUE(same_bits(t.grads[i], ref.grads[i])) << "gradients of step " << i;
+  EXPECT_TRUE(same_bits(t.params, ref.params)) << "parameters after the last step";
+}
+
 struct Setting {
   const char* name;
   RC rc;
@@ -100,13 +112,7 @@ TEST(KeepMlpActivations, TrainingIsBitwiseThatOfRecomputing) {
                                      dtype_name(dt), dropout, s.name, keep));
             c.keep_mlp_activations = keep;
             const Training t = train(c);
-            ASSERT_EQ(t.losses.size(), ref.losses.size());
-            for (size_t i = 0; i < ref.losses.size(); ++i)
-              EXPECT_EQ(std::memcmp(&t.losses[i], &ref.losses[i], sizeof(double)), 0)
-                  << "micro-batch " << i << ": " << t.losses[i] << " vs " << ref.losses[i];
-            for (size_t i = 0; i < ref.grads.size(); ++i)
-              EXPECT_TRUE(same_bits(t.grads[i], ref.grads[i])) << "gradients of step " << i;
-            EXPECT_TRUE(same_bits(t.params, ref.params)) << "parameters after the last step";
+            expect_same_training(t, ref);
             // The memory: one [T, F] per kept layer; the shared one goes when all keep.
             const int kept = int(std::min<int64_t>(keep, stored));
             const int64_t act = 2 * c.seq_length * c.ffn_hidden_size * int64_t(dtype_size(dt));
@@ -137,13 +143,7 @@ TEST(KeepMlpActivations, MoeLayersTrainBitwiseAsRecomputing) {
                                    dtype_name(dt), dropout, keep));
           c.keep_mlp_activations = keep;
           const Training t = train(c);
-          ASSERT_EQ(t.losses.size(), ref.losses.size());
-          for (size_t i = 0; i < ref.losses.size(); ++i)
-            EXPECT_EQ(std::memcmp(&t.losses[i], &ref.losses[i], sizeof(double)), 0)
-                << "micro-batch " << i << ": " << t.losses[i] << " vs " << ref.losses[i];
-          for (size_t i = 0; i < ref.grads.size(); ++i)
-            EXPECT_TRUE(same_bits(t.grads[i], ref.grads[i])) << "gradients of step " << i;
-          EXPECT_TRUE(same_bits(t.params, ref.params)) << "parameters after the last step";
+          expect_same_training(t, ref);
           const int64_t N = 2 * c.seq_length * c.moe.topk;  // B = 2
           const int64_t per_layer =
               N * (c.hidden_size + c.moe.ffn_hidden_size) * int64_t(dtype_size(dt));
