@@ -135,15 +135,11 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
     attn_.forward_cached(attn_in, s.attn, k_cache, v_cache, nullptr, ws.tmp, ws, cx, fold1);
     ops::add(x, ws.tmp, s.x2, st);
   }
-  // (A MoE layer's router reads the norm's output too: never folded.)
+  // (A MoE layer's router reads the norm's output too: never folded. A fold means TP 1, so
+  // the residual add is fc2's.)
   const std::optional<Norm::Fold> f2 =
       cfg_->moe.num_experts == 0 ? ln2_.fold(s.ln2, cx) : std::nullopt;
-  if (f2) {
-    mlp_->forward_folded(s.x2, *f2, *s.mlp, fuse_residual ? &s.x2 : nullptr,
-                         fuse_residual ? out : ws.tmp, ws, cx);
-    if (!fuse_residual) ops::add(s.x2, ws.tmp, out, st);
-    return;
-  }
+  if (f2) return mlp_->forward_folded(s.x2, *f2, *s.mlp, &s.x2, out, ws, cx);
   ln2_.forward(s.x2, s.ln2, cx);
   MlpSaved* ms = s.mlp.get();
   if (cfg_->moe.num_experts > 0) {
