@@ -2,9 +2,7 @@
 # tcp_launch.sh NP CMD ARGS...: starts NP copies of CMD as torchrun would, without MPI:
 # RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free
 # MASTER_PORT in each one's environment. Output of rank r goes to stdout/stderr as is.
-# Exit status: the first non-zero status of any rank, else 0. As torchrun's agent does, a
-# rank that fails stops the others (a peer of a rank that died would otherwise wait for it
-# until its own timeout).
+# Exit status: the first non-zero status of any rank, else 0.
 #   TCP_LAUNCH_RANKS="0 2"  start only these ranks (a job with missing peers)
 #   TCP_LAUNCH_PORT=N       use this port instead of a free one
 set -uo pipefail
@@ -22,11 +20,8 @@ for r in $ranks; do
   pids+=($!)
 done
 status=0
-for _ in "${pids[@]}"; do
-  wait -n; rc=$?
-  if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
-    status=$rc
-    kill "${pids[@]}" 2>/dev/null
-  fi
+for p in "${pids[@]}"; do
+  wait "$p"; rc=$?
+  [ $status -eq 0 ] && status=$rc
 done
 exit $status
