@@ -133,6 +133,48 @@ __device__ __forceinline__ void st_pack(T* p, const Pack<T, N>& x) {
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// ---- programmatic dependent launch (Hopper) --------------------------------------------
+// A kernel launched with launch_dependent may start while the kernel before it in the
+// stream is still running: its blocks are scheduled once every block of that kernel has
+// called pdl_trigger (or exited). So the decode step's kernels -- each a few microseconds,
+// back to back in one CUDA graph -- overlap their launch and their first weight loads with
+// the previous kernel's tail instead of paying both in the gap between them.
+// The contract, for every kernel launched that way:
+//   - before pdl_wait it reads only what no kernel of this step writes (weights, the KV
+//     cache of earlier positions) and writes nothing;
+//   - pdl_wait returns once the kernel before it has completed and its writes are visible
+//     (that kernel itself waited on the one before it, so on everything before);
+//   - pdl_trigger after its own pdl_wait, so at most two kernels overlap.
+// Launched the ordinary way (or on a GPU before sm_90) both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launch_dependent asks for the overlap: on unless MCPP_DECODE_PDL=0 (A/B
+// measurements, or to rule it out).
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, cs>>>(args...), allowed to overlap the kernel before it as
+// above (the kernel must keep the contract).
+template <typename... P, typename... A>
+void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t cs,
+                      A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = cs;
+  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
 }  // namespace mcpp::ops::cuda
 
 // Runs `__VA_ARGS__` with `T` bound to the C++ type of activation dtype `dt`

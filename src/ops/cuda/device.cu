@@ -1,11 +1,14 @@
 // Device set-up and the stream-ordered caching allocator (see device.h).
 #include "ops/cuda/device.h"
 
+#include "ops/cuda/common.cuh"
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 
@@ -196,6 +199,20 @@ void* workspace(size_t bytes, const Stream& s) {
     st.ws_bytes = bytes;
   }
   return st.ws;
+}
+
+bool pdl_enabled() {
+  // Programmatic dependent launch needs sm_90 (griddepcontrol); MCPP_DECODE_PDL=0 turns it
+  // off (documented in docs/environment.md).
+  static const bool on = [] {
+    const char* e = std::getenv("MCPP_DECODE_PDL");
+    if (e && e[0] == '0') return false;
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
+  return on;
 }
 
 }  // namespace mcpp::ops::cuda
