@@ -157,9 +157,7 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Whether launch_dependent asks for the overlap: on unless MCPP_DECODE_PDL=0 (A/B
-// measurements, or to rule it out).
-bool pdl_enabled();
+// (Whether launch_dependent asks for the overlap: pdl_enabled, device.h.)
 
 // kernel<<<grid, block, smem, cs>>>(args...), allowed to overlap the kernel before it as
 // above (the kernel must keep the contract).

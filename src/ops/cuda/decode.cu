@@ -276,6 +276,8 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
                                   bool vec) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
+  pdl_wait();  // (launch_dependent: everything below reads the step's tensors)
+  pdl_trigger();
   const int g = blockIdx.x % NG;
   const int64_t b = blockIdx.x / NG;
   const int64_t C = int64_t(NG) * HD;
@@ -324,6 +326,8 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
                                 double base, float scale, bool vec) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
+  pdl_wait();  // (launch_dependent: everything below reads or writes the step's tensors)
+  pdl_trigger();
   const int g = blockIdx.x % NG;
   const int64_t b = blockIdx.x / NG, p = pos[b];
   const int64_t C = int64_t(NG) * HD;
@@ -384,8 +388,8 @@ template <typename T>
 bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T* out,
                   const AttentionDims& d, int64_t Tmax, float scale, bool vec, cudaStream_t cs) {
   return with_group_instance(d.NH / d.NG, d.HD, [&]<int G, int D>() {
-    decode_attention_group_kernel<T, G, D><<<unsigned(d.B * d.NG), kWarps * 32, 0, cs>>>(
-        qkv, pos, kc, vc, out, int(d.NG), Tmax, scale, vec);
+    launch_dependent(decode_attention_group_kernel<T, G, D>, unsigned(d.B * d.NG), kWarps * 32, 0,
+                     cs, qkv, pos, kc, vc, out, int(d.NG), Tmax, scale, vec);
   });
 }
 
@@ -468,6 +472,8 @@ static __global__ void argmax_rows_kernel(const T* __restrict__ x, int64_t V, in
                                           int64_t* __restrict__ ids) {
   __shared__ float bv_s[32];
   __shared__ int64_t bi_s[32];
+  pdl_wait();  // (launch_dependent: x is the step's logits)
+  pdl_trigger();
   const T* row = x + int64_t(blockIdx.x) * Vp;
   float bv = -INFINITY;
   int64_t bi = INT64_MAX;
@@ -586,9 +592,10 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
     T* kc = static_cast<T*>(k_cache.raw());
     T* vc = static_cast<T*>(v_cache.raw());
     fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
-      rope_attention_group_kernel<T, GG, DD><<<unsigned(d.B * d.NG), kWarps * 32, 0, cs>>>(
-          q, pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG), k_cache.size(1),
-          int(rot_dim / 2), int(rot_dim), base, float(softmax_scale), vec);
+      launch_dependent(rope_attention_group_kernel<T, GG, DD>, unsigned(d.B * d.NG), kWarps * 32,
+                       0, cs, q, pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()),
+                       int(d.NG), k_cache.size(1), int(rot_dim / 2), int(rot_dim), base,
+                       float(softmax_scale), vec);
     });
     if (!fused)
       rope_append_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(q, pos.data<int64_t>(), kc, vc, d.B,
@@ -610,8 +617,8 @@ void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
              ids.str(), R);
   if (R == 0) return;
   MCPP_DISPATCH_ACT(logits.dtype(), op, {
-    argmax_rows_kernel<T><<<unsigned(R), 512, 0, stream_of(s)>>>(
-        static_cast<const T*>(logits.raw()), V, Vp, ids.data<int64_t>());
+    launch_dependent(argmax_rows_kernel<T>, unsigned(R), 512, 0, stream_of(s),
+                     static_cast<const T*>(logits.raw()), V, Vp, ids.data<int64_t>());
     MCPP_LAUNCH_CHECK();
   });
 }

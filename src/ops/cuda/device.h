@@ -46,6 +46,11 @@ void reset_peak_memory();
 // Returns cached, unused pool memory to the driver (e.g. before measuring).
 void trim_memory_pool();
 
+// Whether the decode kernels are launched to overlap the kernel before them (programmatic
+// dependent launch, ops/cuda/common.cuh's launch_dependent): on an sm_90+ GPU unless
+// MCPP_DECODE_PDL=0.
+bool pdl_enabled();
+
 // A device scratch buffer shared by the ops of one stream order (cuBLASLt workspace);
 // grows on demand, never shrinks.
 void* workspace(size_t bytes, const Stream& s);

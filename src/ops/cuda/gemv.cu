@@ -230,10 +230,12 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
       A[j][3] = in ? __ldg(reinterpret_cast<const uint4*>(wb + kb + 8)) : zero;
     }
   };
-  // The folded norm: the first steps' weights are requested before its prologue, so the
-  // row sums overlap their DRAM latency instead of delaying it (the weights do not depend
-  // on x).
-  if constexpr (NORM) load_weights(warp);
+  // The first steps' weights are requested before anything waits on x -- the previous
+  // kernel (launched with launch_dependent: common.cuh) and the folded norm's prologue -- so
+  // that their DRAM latency overlaps both (the weights do not depend on x).
+  load_weights(warp);
+  pdl_wait();
+  pdl_trigger();
   if constexpr (NORM) {
     // Rows m0 + grp, wpr warps each, 8 / wpr rows a pass (the loop is uniform: every
     // thread reaches the barriers).
@@ -269,7 +271,7 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
     __syncthreads();
   }
   for (int64_t s0 = warp; s0 < steps; s0 += DEPTH * kTcWarps) {
-    if (!NORM || s0 != warp) load_weights(s0);
+    if (s0 != warp) load_weights(s0);
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) {
       const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
@@ -384,17 +386,18 @@ void launch_mma(int64_t M, const T* x, const T* w, const T* b, const T* res, T* 
       MCPP_CHECK(M <= kMaxRows, "rmsnorm_linear_decode: {} rows, the folded norm takes {}", M,
                  kMaxRows);
       if (depth == 4)
-        skinny_mma_kernel<T, 1, SWIGLU, 4, true><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K, fn);
+        launch_dependent(skinny_mma_kernel<T, 1, SWIGLU, 4, true>, grid, blk, 0, cs, x, w, b, res,
+                         y, M, N, K, fn);
       else
-        skinny_mma_kernel<T, 1, SWIGLU, 2, true><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K, fn);
+        launch_dependent(skinny_mma_kernel<T, 1, SWIGLU, 2, true>, grid, blk, 0, cs, x, w, b, res,
+                         y, M, N, K, fn);
       return;
     }
 #define MCPP_MMA_CASE(TL)                                                                    \
   case TL:                                                                                   \
-    if (depth == 4)                                                                          \
-      skinny_mma_kernel<T, TL, SWIGLU, 4><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K);   \
-    else                                                                                     \
-      skinny_mma_kernel<T, TL, SWIGLU, 2><<<grid, blk, 0, cs>>>(x, w, b, res, y, M, N, K);   \
+    launch_dependent(depth == 4 ? skinny_mma_kernel<T, TL, SWIGLU, 4>                        \
+                                : skinny_mma_kernel<T, TL, SWIGLU, 2>,                       \
+                     grid, blk, 0, cs, x, w, b, res, y, M, N, K, FoldedNorm{});              \
     break;
     switch ((M + 7) / 8) {
       MCPP_MMA_CASE(1) MCPP_MMA_CASE(2) MCPP_MMA_CASE(3) MCPP_MMA_CASE(4)
