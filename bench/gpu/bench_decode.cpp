@@ -3,9 +3,10 @@
 //   bench_decode CKPT [ROWS="1,8,64"] [PROMPT=128]
 //
 // 1. The step's GEMMs, layer 0's four weights and the output layer: linear_forward
-//    (cuBLASLt) against linear_decode's CUDA-core GEMV (up to 8 rows) and its tensor-core
-//    kernel (ops/cuda/gemv.cu) at each row count, each timed over 50 back-to-back launches after a
-//    warm-up; the rate is the weight bytes read once per call.
+//    (cuBLASLt) against linear_decode's CUDA-core GEMV (up to 8 rows), its tensor-core
+//    kernel (ops/cuda/gemv.cu) and its split-K kernel (ops/cuda/gemv_splitk.cu) at each row
+//    count, each timed over 50 back-to-back launches after a warm-up; the rate is the weight
+//    bytes read once per call.
 // 2. For each row count A: A prompts of PROMPT random tokens prefilled together (the
 //    prefill's wall time and op profile), then (a) the op profile of one eager greedy step
 //    (ops::cuda op profiler: every catalogue op between two CUDA events; their sum against
@@ -92,7 +93,13 @@ int main(int argc, char** argv) {
                          "decoder.layers.0.mlp.linear_fc2.weight", "output_layer.weight"};
   std::printf(
       "| weight [out, in] | rows | cuBLASLt us | GB/s | GEMV us | GB/s | tensor-core "
-      "us | GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+      "us | GB/s | split-K us | GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  // Split-K needs K in steps of 64 and an sm_90 GPU (elsewhere linear_decode_with would time
+  // cuBLASLt under its name: the column shows 0).
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  const bool sm90 = major >= 9;
   for (const char* name : names) {
     if (!mw.params.has(name)) continue;
     const Tensor w = mw.params.param(name);
@@ -109,10 +116,12 @@ int main(int argc, char** argv) {
       const double t0 = run(DecodeGemm::Library);
       const double t1 = M <= 8 ? run(DecodeGemm::Gemv) : 0;
       const double t2 = run(DecodeGemm::TensorCore);
-      std::printf("| %s [%lld, %lld] | %lld | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f |\n",
-                  std::string(name).substr(0, std::string(name).rfind('.')).c_str(), (long long)N,
-                  (long long)K, (long long)M, t0, gb / (t0 * 1e-6), t1,
-                  t1 > 0 ? gb / (t1 * 1e-6) : 0.0, t2, gb / (t2 * 1e-6));
+      const double t3 = K % 64 == 0 && sm90 ? run(DecodeGemm::SplitK) : 0;
+      std::printf(
+          "| %s [%lld, %lld] | %lld | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f |\n",
+          std::string(name).substr(0, std::string(name).rfind('.')).c_str(), (long long)N,
+          (long long)K, (long long)M, t0, gb / (t0 * 1e-6), t1, t1 > 0 ? gb / (t1 * 1e-6) : 0.0,
+          t2, gb / (t2 * 1e-6), t3, t3 > 0 ? gb / (t3 * 1e-6) : 0.0);
     }
   }
   // The copy rate (read + write), for the floor below.

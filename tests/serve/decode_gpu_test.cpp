@@ -3,11 +3,12 @@
 // different positions (1 key, part of a 32-key chunk, several chunks per warp), one row
 // (a decode step) and seven (a prefill chunk), f32 and bf16; argmax_rows on bf16 logits
 // with a tie, a NaN and a padded vocabulary; linear_decode (the GEMV and tensor-core
-// kernels of ops/cuda/gemv.cu) against the CPU op and the GPU GEMM (linear_forward then
-// add), and each row's numbers independent of the row count; the tensor-core kernel on one
-// row equals its rows of a larger batch; rope_attention_decode against the CPU and, bit for
-// bit, against the GPU ops it fuses; attention_prefill (prompts from position 0 through the
-// training attention) against the CPU.
+// kernels of ops/cuda/gemv.cu, the split-K kernel of gemv_splitk.cu) against the CPU op and
+// the GPU GEMM (linear_forward then add), and each row's numbers independent of the row
+// count; the tensor-core kernel on one row equals its rows of a larger batch;
+// rope_attention_decode against the CPU and, bit for bit, against the GPU ops it fuses;
+// attention_prefill (prompts from position 0 through the training attention) against the
+// CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -115,19 +116,25 @@ TEST(GpuDecode, ArgmaxMatchesCpu) {
 
 // Shapes: the 1B model's QKV, a width that takes 4 rows per GEMV warp and ends mid-block
 // (N % 16 != 0), fc2's long rows, a K that is not a multiple of 64 (no tensor-core path),
-// and one whose rows are not whole 16-byte words (cuBLASLt only). Rows 1..65, with and
+// and one whose rows are not whole 16-byte words (cuBLASLt only); for the split-K kernel
+// (its split as an H200's 132 SMs make it) K split 8 ways (3072 x 2048: one x chunk a
+// block; 300 and 1000 x 8192: four, and a ragged last tile of 128 rows), 2 ways (8450 x
+// 512), 4 ways (4200 x 1024), and not at all (8450 x 320, 520 x 192: K / 64 odd, the
+// slice's last chunk partial). Rows 1..65 (the large shapes 3, 8, 33, 64), with and
 // without bias and residual. Every kernel that takes the case (the op's own choice, the
-// GEMV up to 8 rows, the tensor-core kernel up to 64) against the CPU op and the GPU GEMM,
-// and each kernel's rows equal to the same row alone.
+// GEMV up to 8 rows, the tensor-core and split-K kernels up to 64) against the CPU op and
+// the GPU GEMM, and each kernel's rows equal to the same row alone.
 TEST(GpuDecode, LinearDecodeMatchesCpuAndGemm) {
   MCPP_REQUIRE_GPU();
   using gpu::DecodeGemm;
-  struct Case { int64_t N, K; };
+  struct Case { int64_t N, K; bool large = false; };
   for (DType dt : {DType::BF16, DType::F32, DType::F16})
-    for (Case c : {Case{3072, 2048}, Case{8450, 320}, Case{300, 8192}, Case{37, 136}, Case{33, 20}})
+    for (Case c : {Case{3072, 2048}, Case{8450, 320, true}, Case{300, 8192}, Case{37, 136},
+                   Case{33, 20}, Case{1000, 8192, true}, Case{8450, 512, true},
+                   Case{4200, 1024, true}, Case{520, 192}})
       for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 33, 64, 65})
         for (int variant = 0; variant < 3; ++variant) {  // plain, bias, bias + residual
-          if (c.N == 8450 && rows != 3 && rows != 8 && rows != 33) continue;  // (large)
+          if (c.large && rows != 3 && rows != 8 && rows != 33 && rows != 64) continue;
           SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " N=" << c.N << " K=" << c.K
                                             << " rows=" << rows << " variant=" << variant);
           const uint64_t sd = uint64_t(c.N * 131 + c.K * 7 + rows * 3 + variant);
@@ -147,8 +154,10 @@ TEST(GpuDecode, LinearDecodeMatchesCpuAndGemm) {
           std::vector<DecodeGemm> paths{DecodeGemm::Auto};
           if (rows <= 8 && c.K % (16 / int64_t(dtype_size(dt))) == 0)
             paths.push_back(DecodeGemm::Gemv);
-          if (rows <= 64 && dt != DType::F32 && c.K % 64 == 0)
+          if (rows <= 64 && dt != DType::F32 && c.K % 64 == 0) {
             paths.push_back(DecodeGemm::TensorCore);
+            paths.push_back(DecodeGemm::SplitK);
+          }
           for (DecodeGemm path : paths) {
             SCOPED_TRACE(::testing::Message() << "path " << int(path));
             Tensor gy = gpu_nan({rows, c.N}, dt);

@@ -173,6 +173,23 @@ void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, 
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
 }
 
+// launch_dependent for a kernel whose blocks run in thread-block clusters of `cluster`
+// consecutive blocks along x (sm_90; grid.x a multiple of it, at most 8): the cluster shape
+// and the overlap go in one launch configuration. The same contract.
+template <typename... P, typename... A>
+void launch_dependent_clusters(void (*kernel)(P...), dim3 grid, dim3 block, unsigned cluster,
+                               size_t smem, cudaStream_t cs, A&&... args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = cs;
+  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
 }  // namespace mcpp::ops::cuda
 
 // Runs `__VA_ARGS__` with `T` bound to the C++ type of activation dtype `dt`

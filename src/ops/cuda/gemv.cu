@@ -414,6 +414,13 @@ bool aligned16(const Tensor& t) {
 
 }  // namespace
 
+// ops/cuda/gemv_splitk.cu (DecodeGemm::SplitK): whether its kernel takes the dtype, rows and
+// K (the rest as mma_ok); MCPP_DECODE_SPLITK=1; the launch.
+bool splitk_takes(DType dt, int64_t rows, int64_t K);
+bool splitk_for_auto();
+void launch_splitk(DType dt, int64_t M, const void* x, const void* w, const void* b,
+                   const void* res, void* y, int64_t N, int64_t K, cudaStream_t cs);
+
 void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const Tensor& b,
                         const Tensor& residual, Tensor& y, Stream& s) {
   const char* op = "linear_decode";
@@ -443,6 +450,10 @@ void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const
                        (dt == DType::BF16 || dt == DType::F16 || dt == DType::F32);
   const bool mma_ok = base && rows <= kMaxMmaRows && K % kTcStep == 0 &&
                       (dt == DType::BF16 || dt == DType::F16);
+  const bool splitk_ok = base && splitk_takes(dt, rows, K);
+  // MCPP_DECODE_SPLITK=1: the split-K kernel for 9..64 rows (opt-in until measured).
+  if (path == DecodeGemm::Auto && rows > kMaxRows && splitk_ok && splitk_for_auto())
+    path = DecodeGemm::SplitK;
   // Measured on the H200 (bench/gpu/bench_decode.cpp, the 1B model's weights): the
   // tensor-core kernel streams at least as fast as the GEMV up to 8 rows and as cuBLASLt at
   // 16 rows for the attention's small weights (<= 8M elements), cuBLASLt wins beyond.
@@ -454,6 +465,7 @@ void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const
   }
   if (path == DecodeGemm::Gemv && !gemv_ok) path = DecodeGemm::Library;
   if (path == DecodeGemm::TensorCore && !mma_ok) path = DecodeGemm::Library;
+  if (path == DecodeGemm::SplitK && !splitk_ok) path = DecodeGemm::Library;
   if (path == DecodeGemm::Library) {  // cuBLASLt, the residual as its C input (one rounding)
     if (residual.defined())
       linear_residual_forward(x, w, b, residual.view(y.shape()), y, s);
@@ -462,6 +474,12 @@ void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const
     return;
   }
   cudaStream_t cs = stream_of(s);
+  if (path == DecodeGemm::SplitK) {
+    launch_splitk(dt, rows, x.raw(), w.raw(), b.defined() ? b.raw() : nullptr,
+                  residual.defined() ? residual.raw() : nullptr, y.raw(), N, K, cs);
+    MCPP_LAUNCH_CHECK();
+    return;
+  }
   MCPP_DISPATCH_ACT(dt, op, {
     const T* xp = static_cast<const T*>(x.raw());
     const T* wp = static_cast<const T*>(w.raw());
