@@ -137,8 +137,8 @@ inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p)
 // A kernel launched with launch_dependent may start while the kernel before it in the
 // stream is still running: its blocks are scheduled once every block of that kernel has
 // called pdl_trigger (or exited). So the decode step's kernels -- each a few microseconds,
-// back to back in one CUDA graph -- overlap their launch and their first weight loads with
-// the previous kernel's tail instead of paying both in the gap between them.
+// launched back to back -- overlap their launch and their first weight loads with the
+// previous kernel's tail instead of paying both in the gap between them.
 // The contract, for every kernel launched that way:
 //   - before pdl_wait it reads only what no kernel of this step writes (weights, the KV
 //     cache of earlier positions) and writes nothing;
@@ -157,7 +157,13 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// (Whether launch_dependent asks for the overlap: pdl_enabled, device.h.)
+// Whether a launch on cs asks for the overlap: pdl_enabled() (device.h) and cs not capturing
+// a CUDA graph. Measured on an H200 (bench_decode, the 1B model; bench/RESULTS.md, session
+// 19): launched eagerly -- the step of sampled, non-greedy generation -- the overlap takes
+// the step from 1,201-1,222 to 1,102-1,111 us at one row (4-8% at 8 and 64 rows); inside the
+// greedy step's CUDA graph it gains nothing at 1 and 64 rows and costs 5% at 8 (1,152-1,166
+// against 1,214-1,221 us), so captured kernels are launched the ordinary way.
+bool pdl_for_stream(cudaStream_t cs);
 
 // kernel<<<grid, block, smem, cs>>>(args...), allowed to overlap the kernel before it as
 // above (the kernel must keep the contract).
@@ -169,7 +175,7 @@ void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = cs;
-  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr, cfg.numAttrs = pdl_for_stream(cs) ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
 }
 
@@ -186,7 +192,7 @@ void launch_dependent_clusters(void (*kernel)(P...), dim3 grid, dim3 block, unsi
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = cs;
-  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  cfg.attrs = attr, cfg.numAttrs = pdl_for_stream(cs) ? 2 : 1;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
 }
 

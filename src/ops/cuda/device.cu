@@ -215,4 +215,11 @@ bool pdl_enabled() {
   return on;
 }
 
+bool pdl_for_stream(cudaStream_t cs) {
+  if (!pdl_enabled()) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(cs, &st));
+  return st == cudaStreamCaptureStatusNone;
+}
+
 }  // namespace mcpp::ops::cuda
