@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "ops/cuda/device.h"
 #include "ops/types.h"
@@ -158,42 +159,41 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Whether a launch on cs asks for the overlap: pdl_enabled() (device.h) and cs not capturing
-// a CUDA graph. Measured on an H200 (bench_decode, the 1B model; bench/RESULTS.md, session
-// 19): launched eagerly -- the step of sampled, non-greedy generation -- the overlap takes
-// the step from 1,201-1,222 to 1,102-1,111 us at one row (4-8% at 8 and 64 rows); inside the
-// greedy step's CUDA graph it gains nothing at 1 and 64 rows and costs 5% at 8 (1,152-1,166
-// against 1,214-1,221 us), so captured kernels are launched the ordinary way.
+// a CUDA graph. Measured on an H200 (bench_decode, the 1B model; bench/RESULTS.md,
+// "programmatic dependent launch of the decode kernels"): launched eagerly -- the step of
+// sampled, non-greedy generation -- the overlap takes the step from 1,191-1,222 to
+// 1,102-1,111 us at one row (1-4% at 8 and 64 rows); inside the greedy step's CUDA graph it
+// gains nothing at 1 and 64 rows and costs 5% at 8 (1,152-1,166 against 1,214-1,221 us), so
+// captured kernels are launched the ordinary way.
 bool pdl_for_stream(cudaStream_t cs);
 
-// kernel<<<grid, block, smem, cs>>>(args...), allowed to overlap the kernel before it as
-// above (the kernel must keep the contract).
-template <typename... P, typename... A>
-void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t cs,
-                      A&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = cs;
-  cfg.attrs = attr, cfg.numAttrs = pdl_for_stream(cs) ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
-}
-
-// launch_dependent for a kernel whose blocks run in thread-block clusters of `cluster`
-// consecutive blocks along x (sm_90; grid.x a multiple of it, at most 8): the cluster shape
-// and the overlap go in one launch configuration. The same contract.
+// kernel<<<grid, block, smem, cs>>>(args...) in thread-block clusters of `cluster`
+// consecutive blocks along x (sm_90; grid.x a multiple of it, at most 8; 0: no clusters),
+// allowed to overlap the kernel before it as above (the kernel must keep the contract).
 template <typename... P, typename... A>
 void launch_dependent_clusters(void (*kernel)(P...), dim3 grid, dim3 block, unsigned cluster,
                                size_t smem, cudaStream_t cs, A&&... args) {
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n = 0;
+  if (cluster > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster, attr[n].val.clusterDim.y = 1, attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl_for_stream(cs)) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = cs;
-  cfg.attrs = attr, cfg.numAttrs = pdl_for_stream(cs) ? 2 : 1;
+  cfg.attrs = attr, cfg.numAttrs = n;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+template <typename... P, typename... A>
+void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t cs,
+                      A&&... args) {
+  launch_dependent_clusters(kernel, grid, block, 0, smem, cs, std::forward<A>(args)...);
 }
 
 }  // namespace mcpp::ops::cuda

@@ -289,22 +289,7 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
             X1 = norm_word<T>(X1, __ldg(reinterpret_cast<const uint4*>(nw + kb + 16 * t + 8)), r);
           }
         }
-        {
-          const uint32_t a[4] = {A[j][0].x, A[j][2].x, A[j][0].y, A[j][2].y}, b[2] = {X0.x, X0.y};
-          mma16816<T>(acc[tile], a, b);
-        }
-        {
-          const uint32_t a[4] = {A[j][0].z, A[j][2].z, A[j][0].w, A[j][2].w}, b[2] = {X0.z, X0.w};
-          mma16816<T>(acc[tile], a, b);
-        }
-        {
-          const uint32_t a[4] = {A[j][1].x, A[j][3].x, A[j][1].y, A[j][3].y}, b[2] = {X1.x, X1.y};
-          mma16816<T>(acc[tile], a, b);
-        }
-        {
-          const uint32_t a[4] = {A[j][1].z, A[j][3].z, A[j][1].w, A[j][3].w}, b[2] = {X1.z, X1.w};
-          mma16816<T>(acc[tile], a, b);
-        }
+        mma_step_words<T>(acc[tile], A[j], X0, X1);
       }
     }
   }

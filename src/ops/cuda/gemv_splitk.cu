@@ -178,22 +178,7 @@ static __global__ void __launch_bounds__(kSkThreads, 2)
         const T* xr = xc + tile * 8 * kSkLdx + j * kSkStep;  // token 8 tile + g
         const uint4 X0 = *reinterpret_cast<const uint4*>(xr);
         const uint4 X1 = *reinterpret_cast<const uint4*>(xr + 32);
-        {
-          const uint32_t a[4] = {W[j][0].x, W[j][2].x, W[j][0].y, W[j][2].y}, b[2] = {X0.x, X0.y};
-          mma16816<T>(acc[tile], a, b);
-        }
-        {
-          const uint32_t a[4] = {W[j][0].z, W[j][2].z, W[j][0].w, W[j][2].w}, b[2] = {X0.z, X0.w};
-          mma16816<T>(acc[tile], a, b);
-        }
-        {
-          const uint32_t a[4] = {W[j][1].x, W[j][3].x, W[j][1].y, W[j][3].y}, b[2] = {X1.x, X1.y};
-          mma16816<T>(acc[tile], a, b);
-        }
-        {
-          const uint32_t a[4] = {W[j][1].z, W[j][3].z, W[j][1].w, W[j][3].w}, b[2] = {X1.z, X1.w};
-          mma16816<T>(acc[tile], a, b);
-        }
+        mma_step_words<T>(acc[tile], W[j], X0, X1);
       }
       load_step(j, s + kSkDepth);
     }

@@ -29,6 +29,33 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The four products of one 64-k step of the decode GEMMs (gemv.cu, gemv_splitk.cu), whose
+// operands come straight from 16-byte loads: w[0], w[1] two 8-element words of a weight row,
+// w[2], w[3] the same k of the row 8 below, x0, x1 the same k of a token. Each product
+// takes one 32-bit pair of every word as its k slots, the same pair for both operands -- a
+// permutation of k the weights and the tokens share, which leaves the product as it is.
+// Which k each word holds is the kernel's choice (its loads).
+template <typename T>
+__device__ __forceinline__ void mma_step_words(float acc[4], const uint4 (&w)[4], uint4 x0,
+                                               uint4 x1) {
+  {
+    const uint32_t a[4] = {w[0].x, w[2].x, w[0].y, w[2].y}, b[2] = {x0.x, x0.y};
+    mma16816<T>(acc, a, b);
+  }
+  {
+    const uint32_t a[4] = {w[0].z, w[2].z, w[0].w, w[2].w}, b[2] = {x0.z, x0.w};
+    mma16816<T>(acc, a, b);
+  }
+  {
+    const uint32_t a[4] = {w[1].x, w[3].x, w[1].y, w[3].y}, b[2] = {x1.x, x1.y};
+    mma16816<T>(acc, a, b);
+  }
+  {
+    const uint32_t a[4] = {w[1].z, w[3].z, w[1].w, w[3].w}, b[2] = {x1.z, x1.w};
+    mma16816<T>(acc, a, b);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (std::is_same_v<T, bf16>) {
