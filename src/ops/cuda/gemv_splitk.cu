@@ -66,6 +66,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/mma_sm80.cuh"
@@ -254,30 +255,16 @@ void launch_tiles(int M, const T* x, const T* w, const T* b, const T* res, T* y,
                             x, w, b, res, y, M, N, K, S);
 }
 
+// launch_tiles for TILES = ceil(M / 8), one instance per tile count 1..8.
 template <typename T>
 void launch_splitk_typed(int64_t M, const T* x, const T* w, const T* b, const T* res, T* y,
                          int64_t N, int64_t K, cudaStream_t cs) {
-  const int m = int(M);
-  switch ((M + 7) / 8) {
-    case 1:
-      return launch_tiles<T, 1>(m, x, w, b, res, y, N, K, cs);
-    case 2:
-      return launch_tiles<T, 2>(m, x, w, b, res, y, N, K, cs);
-    case 3:
-      return launch_tiles<T, 3>(m, x, w, b, res, y, N, K, cs);
-    case 4:
-      return launch_tiles<T, 4>(m, x, w, b, res, y, N, K, cs);
-    case 5:
-      return launch_tiles<T, 5>(m, x, w, b, res, y, N, K, cs);
-    case 6:
-      return launch_tiles<T, 6>(m, x, w, b, res, y, N, K, cs);
-    case 7:
-      return launch_tiles<T, 7>(m, x, w, b, res, y, N, K, cs);
-    case 8:
-      return launch_tiles<T, 8>(m, x, w, b, res, y, N, K, cs);
-    default:
-      MCPP_FAIL("linear_decode: {} rows exceed the split-K kernel's {}", M, kSkMaxRows);
-  }
+  MCPP_CHECK(M >= 1 && M <= kSkMaxRows, "linear_decode: {} rows outside the split-K kernel's 1..{}",
+             M, kSkMaxRows);
+  const int tiles = int((M + 7) / 8);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((tiles == I + 1 ? launch_tiles<T, I + 1>(int(M), x, w, b, res, y, N, K, cs) : void()), ...);
+  }(std::make_integer_sequence<int, kSkMaxRows / 8>{});
 }
 
 }  // namespace
