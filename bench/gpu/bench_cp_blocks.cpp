@@ -1,18 +1,21 @@
 // The context-parallel ring's block attention on one GPU against one full attention call
 // of the same total work (issue 20: "the ring's block attention costs at most 5% more").
 // For a sequence of S tokens split into 2 x CP chunks (rank r holding chunks r and
-// 2CP-1-r), every block that the CP ranks run over a whole ring -- each query chunk
-// against itself (causal) and against every earlier key chunk -- is run here one after the
-// other on one GPU: attention_block_forward + attention_lse_merge for all blocks, then
-// attention_block_backward for all blocks from the merged output. Together they do exactly
-// the work of one causal attention over S, which is timed beside them twice: the full
-// call as training runs it (cuDNN's fused attention, bf16 without dropout) and the own
-// flash kernel (--attention-backend flash), the kernel family the blocks use.
+// 2CP-1-r), every rank's share of a whole ring -- the ring's own code,
+// parallel/context_parallel's RingRank, forward steps with their merges, then backward
+// steps, dK/dV accumulated per owner as the ring carries them home -- is run here rank
+// after rank on one GPU. Together they do exactly the work of one causal attention over S,
+// which is timed beside them twice: the full call as training runs it (cuDNN's fused
+// attention, bf16 without dropout) and the own flash kernel (--attention-backend flash).
+// The ring runs two ways: its fused steps (one block a step in Megatron's step shapes,
+// what the ring runs where cuDNN takes the blocks) and chunk blocks
+// (MCPP_CP_FUSED_STEPS=0: each visible pair of chunks its own block, what it runs with
+// dropout or the document mask).
 // Communication is not included (one GPU); the multi-GPU issue measures the ring's overlap.
 // Shapes: the Llama-style 1B's attention (32 heads, 8 query groups, head dim 64), B = 1.
 // --profile: where the difference goes -- the forward and the backward timed apart (full
-// call and blocks), then one ring and one full call under the op profiler (GPU time per
-// catalogue op: blocks, merges, fills against attention_forward / attention_backward).
+// call and fused ring), then one ring and one full call under the op profiler (GPU time
+// per catalogue op: blocks, merges, fills against attention_forward / attention_backward).
 // Usage: bench_cp_blocks [--seq 8192,16384,32768] [--cp 2,4] [--reps 5] [--dropout P]
 //                        [--profile]
 #include <algorithm>
@@ -28,8 +31,10 @@
 #include "ops/attention_backend.h"
 #include "ops/cuda/device.h"
 #include "ops/ops.h"
+#include "parallel/context_parallel/cp_attention.h"
 
 using namespace mcpp;
+namespace cp = mcpp::parallel::context_parallel;
 namespace gpu = mcpp::ops::cuda;
 
 namespace {
@@ -90,8 +95,8 @@ int main(int argc, char** argv) {
   const ops::DropoutKey key{3, 4};
   // The table is printed at the end (the attention kernels log their plans as they go).
   std::string table =
-      "| S | CP | blocks | full, cuDNN (ms) | full, own flash (ms) | CP blocks fwd+merge+bwd (ms) "
-      "| blocks / cuDNN | blocks / own flash |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "| S | CP | ring | blocks | full, cuDNN (ms) | full, own flash (ms) | ring fwd+merge+bwd "
+      "(ms) | ring / cuDNN | ring / own flash |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
   for (int64_t S : seqs) {
     ops::AttentionDims full;
     full.S = S, full.B = B, full.NH = NH, full.NG = NG, full.HD = HD;
@@ -119,74 +124,100 @@ int main(int argc, char** argv) {
       const int64_t n = 2 * CP, C = S / n;
       if (S % n) continue;
       auto rows = [&](const Tensor& t, int64_t c) { return t.narrow(c * C * B, C * B); };
-      // Per query chunk: the running output and lse, and one block's.
-      const size_t nc = static_cast<size_t>(n);
-      std::vector<Tensor> o(nc), l(nc);
-      for (int64_t c = 0; c < n; ++c) {
-        o[size_t(c)] = Tensor::empty({C * B, O}, dt, Device::CUDA);
-        l[size_t(c)] = Tensor::empty({B, NH, C}, DType::F32, Device::CUDA);
+      // Each rank's local tensors: its chunks r and 2CP-1-r, in that order.
+      auto local = [&](const Tensor& t, int64_t r) {
+        Tensor l = Tensor::empty({2 * C * B, t.size(1)}, dt, Device::CUDA);
+        Tensor a = l.narrow(0, C * B), b = l.narrow(C * B, C * B);
+        ops::copy(rows(t, r), a, st);
+        ops::copy(rows(t, n - 1 - r), b, st);
+        return l;
+      };
+      const size_t np = static_cast<size_t>(CP);
+      std::vector<Tensor> q(np), g(np), o(np), l(np), dq(np), dkv(np);
+      for (int64_t r = 0; r < CP; ++r) {
+        const size_t i = size_t(r);
+        q[i] = local(qkv, r), g[i] = local(dout, r);
+        o[i] = Tensor::empty({2 * C * B, O}, dt, Device::CUDA);
+        l[i] = Tensor::empty({B * NH * 2 * C}, DType::F32, Device::CUDA);
+        dq[i] = Tensor::empty(q[i].shape(), dt, Device::CUDA);
+        dkv[i] = Tensor::empty(q[i].shape(), dt, Device::CUDA);
       }
-      Tensor oi = Tensor::empty({C * B, O}, dt, Device::CUDA);
-      Tensor li = Tensor::empty({B, NH, C}, DType::F32, Device::CUDA);
-      int64_t blocks = 0;
-      auto ring_fwd = [&] {
-        blocks = 0;
-        for (int64_t qa = 0; qa < n; ++qa) {  // every query chunk, whichever rank holds it
-          ops::fill(o[size_t(qa)], 0.0, st);
-          ops::fill(l[size_t(qa)], -std::numeric_limits<double>::infinity(), st);
-          for (int64_t kc = 0; kc <= qa; ++kc, ++blocks) {
-            ops::AttentionDims d = full;
-            d.S = C, d.S_global = S, d.q_offset = qa * C, d.k_offset = kc * C;
-            ops::attention_block_forward(rows(qkv, qa), rows(qkv, kc), d, kc == qa, scale, p, key,
-                                         oi, li, st);
-            ops::attention_lse_merge(oi, li, d, o[size_t(qa)], l[size_t(qa)], st);
+      cp::CpAttention a;
+      a.ad = full, a.ad.S = 2 * C, a.ad.S_global = S;
+      a.scale = scale, a.dropout_p = p, a.key = key;
+      auto run_mode = [&](bool fused_env, std::string& mode, int64_t& blocks) {
+        if (fused_env) unsetenv("MCPP_CP_FUSED_STEPS");
+        else setenv("MCPP_CP_FUSED_STEPS", "0", 1);
+        std::vector<cp::RingRank> rk;
+        for (int64_t r = 0; r < CP; ++r) rk.emplace_back(a, CP, r, dt, st);
+        unsetenv("MCPP_CP_FUSED_STEPS");
+        mode = rk[0].fused ? "fused steps" : "chunk blocks";
+        blocks = rk[0].fused ? CP * CP : n * (n + 1) / 2;
+        auto ring_fwd = [&] {
+          for (int64_t r = 0; r < CP; ++r) {
+            const size_t i = size_t(r);
+            rk[i].start_forward(o[i], l[i], st);
+            for (int64_t k = 0; k < CP; ++k) {
+              const int64_t j = (r - k + CP) % CP;
+              rk[i].forward_step(q[i], q[size_t(j)], j, o[i], l[i], st);
+            }
           }
-        }
-      };
-      auto ring_bwd = [&] {
-        ops::fill(dqkv, 0.0, st);
-        for (int64_t qa = 0; qa < n; ++qa)
-          for (int64_t kc = 0; kc <= qa; ++kc) {
-            ops::AttentionDims d = full;
-            d.S = C, d.S_global = S, d.q_offset = qa * C, d.k_offset = kc * C;
-            Tensor dq = rows(dqkv, qa), dkv = rows(dqkv, kc);
-            ops::attention_block_backward(rows(dout, qa), rows(qkv, qa), rows(qkv, kc),
-                                          o[size_t(qa)], l[size_t(qa)], d, kc == qa, scale, p, key,
-                                          dq, dkv, st);
-          }
-      };
-      auto ring = [&] { ring_fwd(), ring_bwd(); };
-      const double t_ring = time_ms(reps, st, ring);
-      if (profile) {
-        auto fwd = [&] { ops::attention_forward(qkv, full, scale, p, key, out, lse, st); };
-        auto bwd = [&] {
-          ops::attention_backward(dout, qkv, out, lse, full, scale, p, key, dqkv, st);
         };
-        fwd();
-        const double tf = time_ms(reps, st, fwd), tb = time_ms(reps, st, bwd);
-        ring_fwd();
-        const double rf = time_ms(reps, st, ring_fwd), rb = time_ms(reps, st, ring_bwd);
-        std::printf("### S %lld, CP %lld: forward full %.2f ms, blocks+merges %.2f (%.3fx); "
-                    "backward full %.2f, blocks %.2f (%.3fx)\n\n",
-                    (long long)S, (long long)CP, tf, rf, rf / tf, tb, rb, rb / tb);
-        for (int which = 0; which < 2; ++which) {
-          gpu::op_profile_collect();
-          gpu::set_op_profiling(true);
-          if (which == 0) full_call(); else ring();
-          gpu::set_op_profiling(false);
-          std::printf("%s, one call under the op profiler:\n\n| op | calls | ms |\n|---|---:|---:|\n",
-                      which == 0 ? "full attention" : "CP blocks");
-          for (const auto& op : gpu::op_profile_collect())
-            std::printf("| %s | %lld | %.3f |\n", op.name.c_str(), (long long)op.calls, op.ms);
-          std::printf("\n");
+        auto ring_bwd = [&] {
+          for (int64_t r = 0; r < CP; ++r) {
+            ops::fill(dq[size_t(r)], 0.0, st);
+            ops::fill(dkv[size_t(r)], 0.0, st);
+          }
+          for (int64_t r = 0; r < CP; ++r)
+            for (int64_t k = 0; k < CP; ++k) {
+              const int64_t j = (r - k + CP) % CP;
+              rk[size_t(r)].backward_step(g[size_t(r)], q[size_t(r)], o[size_t(r)], l[size_t(r)],
+                                          q[size_t(j)], j, dq[size_t(r)], dkv[size_t(j)], st);
+            }
+          for (int64_t r = 0; r < CP; ++r) ops::axpy(1.0, dkv[size_t(r)], dq[size_t(r)], st);
+        };
+        auto ring = [&] { ring_fwd(), ring_bwd(); };
+        const double t_ring = time_ms(reps, st, ring);
+        if (profile && rk[0].fused == fused_env) {
+          auto fwd = [&] { ops::attention_forward(qkv, full, scale, p, key, out, lse, st); };
+          auto bwd = [&] {
+            ops::attention_backward(dout, qkv, out, lse, full, scale, p, key, dqkv, st);
+          };
+          fwd();
+          const double tf = time_ms(reps, st, fwd), tb = time_ms(reps, st, bwd);
+          ring_fwd();
+          const double rf = time_ms(reps, st, ring_fwd), rb = time_ms(reps, st, ring_bwd);
+          std::printf("### S %lld, CP %lld, %s: forward full %.2f ms, ring %.2f (%.3fx); "
+                      "backward full %.2f, ring %.2f (%.3fx)\n\n",
+                      (long long)S, (long long)CP, mode.c_str(), tf, rf, rf / tf, tb, rb,
+                      rb / tb);
+          for (int which = 0; which < 2; ++which) {
+            gpu::op_profile_collect();
+            gpu::set_op_profiling(true);
+            if (which == 0) full_call(); else ring();
+            gpu::set_op_profiling(false);
+            std::printf("%s, one call under the op profiler:\n\n| op | calls | ms |\n"
+                        "|---|---:|---:|\n",
+                        which == 0 ? "full attention" : mode.c_str());
+            for (const auto& op : gpu::op_profile_collect())
+              std::printf("| %s | %lld | %.3f |\n", op.name.c_str(), (long long)op.calls, op.ms);
+            std::printf("\n");
+          }
         }
+        return t_ring;
+      };
+      for (const bool fused_env : {true, false}) {
+        std::string mode;
+        int64_t blocks = 0;
+        const double t_ring = run_mode(fused_env, mode, blocks);
+        char row[256];
+        std::snprintf(row, sizeof row,
+                      "| %lld | %lld | %s | %lld | %.2f | %.2f | %.2f | %.3fx | %.3fx |\n",
+                      (long long)S, (long long)CP, mode.c_str(), (long long)blocks, t_auto,
+                      t_flash, t_ring, t_ring / t_auto, t_ring / t_flash);
+        table += row;
+        std::fprintf(stderr, "%s", row);
       }
-      char row[256];
-      std::snprintf(row, sizeof row, "| %lld | %lld | %lld | %.2f | %.2f | %.2f | %.3fx | %.3fx |\n",
-                    (long long)S, (long long)CP, (long long)blocks, t_auto, t_flash, t_ring,
-                    t_ring / t_auto, t_ring / t_flash);
-      table += row;
-      std::fprintf(stderr, "%s", row);
     }
   }
   std::printf("%s", table.c_str());

@@ -24,7 +24,7 @@
 # PyTorch's flash backward accumulates dQ atomically too).
 # Usage: bench/gpu/long_seq.sh BUILD_DIR   (env SEQS="8192 16384 32768", ITERS (4: timed
 #        over the last 2), TORCH=0 to skip PyTorch, TORCH_STEPS (2), OUT, GIB (139),
-#        DETERMINISTIC=0)
+#        DETERMINISTIC=0, MEGATRON=0 to run only PyTorch)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 M=$BUILD/megatron
@@ -76,6 +76,7 @@ trap table EXIT
 [[ ${DETERMINISTIC:-1} == 0 ]] && export MCPP_ATTENTION_DETERMINISTIC=0  # plan and train
 
 for S in $SEQS; do
+  [[ ${MEGATRON:-1} == 0 ]] && break
   SEQ=(--seq-length "$S" --max-position-embeddings "$S")
   # What the memory plan says: no recomputation when it fits, else selective, else full.
   for r in none selective full; do

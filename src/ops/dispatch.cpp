@@ -199,6 +199,10 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
   MCPP_DISPATCH(attention_block_backward, dout, q_src, kv_src, out, lse, d, causal, sc, p, key,
                 dq, dkv, s);
 }
+bool attention_block_rect_supported(DType dt, const AttentionDims& d, bool causal, double p,
+                                    Stream& s) {
+  MCPP_DISPATCH(attention_block_rect_supported, dt, d, causal, p, s);
+}
 void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const AttentionDims& d,
                          Tensor& out, Tensor& lse, Stream& s) {
   MCPP_DISPATCH(attention_lse_merge, out_i, lse_i, d, out, lse, s);

@@ -46,7 +46,20 @@ struct AttentionDims {
   // GLOBAL key position query row (b, q) may see (the first token of its document); keys
   // before it are masked as well as the causal ones. Undefined: causal only.
   Tensor key_start;
+  // A context-parallel block (ops::attention_block_*) may be rectangular: S query rows
+  // against S_kv key/value rows (0: S). Its lse may be a view into a wider [B, NH, lse_ld]
+  // tensor whose first S columns of each row are this call's (0: lse_ld = S). Both other
+  // than their defaults only where ops::attention_block_rect_supported says so (cuDNN's
+  // fused attention, no dropout, no document mask): the ring's fused steps
+  // (parallel/context_parallel/cp_attention.cpp).
+  int64_t S_kv = 0, lse_ld = 0;
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
+  int64_t kv_rows() const { return S_kv > 0 ? S_kv : S; }
+  int64_t lse_stride() const { return lse_ld > 0 ? lse_ld : S; }
+  bool rectangular() const { return kv_rows() != S || lse_stride() != S; }
+  // The elements an lse view of this call spans: [B, NH] rows of lse_stride(), the last
+  // row's first S.
+  int64_t lse_span() const { return B * NH == 0 ? 0 : (B * NH - 1) * lse_stride() + S; }
 };
 
 // cuDNN's deterministic attention backward keeps dP of every (sequence, head) in its
@@ -71,36 +84,43 @@ inline int64_t attention_bwd_chunk(int64_t n, int64_t unit, int64_t cap) {
   }
   return c;
 }
-// dP of one sequence: NH (local) heads of S x S, 2 bytes each.
-inline int64_t attention_bwd_per_seq_bytes(int64_t NH, int64_t S) { return NH * S * S * 2; }
+// dP of one sequence: NH (local) heads of S x S_kv (a rectangular context-parallel block;
+// S_kv 0: S x S), 2 bytes each.
+inline int64_t attention_bwd_per_seq_bytes(int64_t NH, int64_t S, int64_t S_kv = 0) {
+  return NH * S * (S_kv > 0 ? S_kv : S) * 2;
+}
 // One cuDNN backward call: `seqs` sequences of `groups` key/value groups each (groups < NG
 // only with seqs == 1).
 struct AttentionBwdChunk {
   int64_t seqs = 1, groups = 1;
 };
 inline AttentionBwdChunk attention_bwd_chunking(int64_t B, int64_t NH, int64_t NG, int64_t S,
-                                                int64_t cap) {
-  const int64_t per_seq = attention_bwd_per_seq_bytes(NH, S);
+                                                int64_t cap, int64_t S_kv = 0) {
+  const int64_t per_seq = attention_bwd_per_seq_bytes(NH, S, S_kv);
   AttentionBwdChunk c{attention_bwd_chunk(B, per_seq, cap), NG};
   if (c.seqs == 1 && per_seq > cap) c.groups = attention_bwd_chunk(NG, per_seq / NG, cap);
   return c;
 }
 // The workspace cuDNN's deterministic backward asks for in one call over Bc sequences of
 // NHc heads in NGc groups: dP, Bc*NHc*S*S*2 bytes, plus, with grouped-query attention
-// (NGc < NHc), an f32 [Bc, NHc, S, HD] buffer in which it sums the heads of a group before
+// (NGc < NHc), an f32 [Bc, NHc, S_kv, HD] buffer in which it sums the heads of a group before
 // reducing to dK/dV. This is the size cuDNN 9 reports for these graphs (measured on 9.19,
-// H200); the op compares every backward plan's workspace with it and warns, naming the
-// linked cuDNN version, if a cuDNN asks for more (ops/cuda/cudnn_attention.cpp), so the
-// memory plan's figure is checked against whichever cuDNN the run links.
+// H200, for square calls); the op compares every backward plan's workspace with it and
+// warns, naming the linked cuDNN version, if a cuDNN asks for more
+// (ops/cuda/cudnn_attention.cpp), so the memory plan's figure is checked against whichever
+// cuDNN the run links. S_kv 0: S (a square call).
 inline int64_t cudnn_attention_bwd_call_workspace_bytes(int64_t Bc, int64_t NHc, int64_t NGc,
-                                                        int64_t S, int64_t HD) {
-  return Bc * attention_bwd_per_seq_bytes(NHc, S) + (NGc < NHc ? Bc * NHc * S * HD * 4 : 0);
+                                                        int64_t S, int64_t HD, int64_t S_kv = 0) {
+  const int64_t skv = S_kv > 0 ? S_kv : S;
+  return Bc * attention_bwd_per_seq_bytes(NHc, S, skv) + (NGc < NHc ? Bc * NHc * skv * HD * 4 : 0);
 }
 // The same for a batch of B sequences under `cap`: that of one chunk.
 inline int64_t cudnn_attention_bwd_workspace_bytes(int64_t B, int64_t NH, int64_t NG,
-                                                   int64_t S, int64_t HD, int64_t cap) {
-  const AttentionBwdChunk c = attention_bwd_chunking(B, NH, NG, S, cap);
-  return cudnn_attention_bwd_call_workspace_bytes(c.seqs, NH / NG * c.groups, c.groups, S, HD);
+                                                   int64_t S, int64_t HD, int64_t cap,
+                                                   int64_t S_kv = 0) {
+  const AttentionBwdChunk c = attention_bwd_chunking(B, NH, NG, S, cap, S_kv);
+  return cudnn_attention_bwd_call_workspace_bytes(c.seqs, NH / NG * c.groups, c.groups, S, HD,
+                                                  S_kv);
 }
 
 struct AdamWParams {

@@ -174,16 +174,16 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   return m;
 }
 
-int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg) {
+int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg,
+                                  int64_t cap_bytes) {
+  const int64_t cap = cap_bytes >= 0 ? cap_bytes : ops::attention_bwd_workspace_cap_from_env();
   auto env_is = [](const char* name, const char* v) {
     const char* e = std::getenv(name);
     return e && std::string(e) == v;
   };
-  // The atomic backward (MCPP_ATTENTION_DETERMINISTIC=0) needs little workspace; CP runs
-  // its own attention.
-  if (cfg.device != Device::CUDA || a.context_parallel_size > 1 ||
-      env_is("MCPP_ATTENTION_DETERMINISTIC", "0"))
-    return 0;
+  // The atomic backward (MCPP_ATTENTION_DETERMINISTIC=0) needs little workspace.
+  const int64_t cp = a.context_parallel_size;
+  if (cfg.device != Device::CUDA || env_is("MCPP_ATTENTION_DETERMINISTIC", "0")) return 0;
   // The same choice the GPU dispatch makes (a GPU run is assumed to have cuDNN, as the
   // plan may run on a machine without one).
   ops::AttentionBackendQuery q;
@@ -201,9 +201,24 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
     return ops::flash_dropout_mask_bytes(a.micro_batch_size, cfg.num_attention_heads / tp,
                                          a.seq_length);
   if (backend != ops::AttentionBackend::Cudnn) return 0;
-  return ops::cudnn_attention_bwd_workspace_bytes(
-      a.micro_batch_size, cfg.num_attention_heads / tp, cfg.num_query_groups / tp, a.seq_length,
-      cfg.kv_channels, ops::attention_bwd_workspace_cap_from_env());
+  const int64_t nh = cfg.num_attention_heads / tp, ng = cfg.num_query_groups / tp;
+  auto ws = [&](int64_t heads, int64_t groups, int64_t rows) {
+    return ops::cudnn_attention_bwd_workspace_bytes(a.micro_batch_size, heads, groups, rows,
+                                                    cfg.kv_channels, cap);
+  };
+  if (cp == 1) return ws(nh, ng, a.seq_length);
+  // CP: a2a layers run plain attention over the whole sequence on heads / CP; p2p and
+  // all_gather layers run the ring, whose largest block is the diagonal step over the
+  // rank's two chunks (S / CP rows; cp_attention.cpp's fused steps), or one chunk (S / 2CP)
+  // where the steps run chunk by chunk (the document mask; MCPP_CP_FUSED_STEPS=0).
+  int64_t most = 0;
+  for (const std::string& t : a.cp_comm_type) {
+    const int64_t rows = a.reset_attention_mask || env_is("MCPP_CP_FUSED_STEPS", "0")
+                             ? a.seq_length / (2 * cp)
+                             : a.seq_length / cp;
+    most = std::max(most, t == "a2a" ? ws(nh / cp, ng / cp, a.seq_length) : ws(nh, ng, rows));
+  }
+  return most;
 }
 
 std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg, int stage,
@@ -224,6 +239,24 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
     tries.push_back(fit > 0    ? fmt::format("--keep-mlp-activations {} (the most that fit)", fit)
                     : fit == 0 ? std::string("drop --keep-mlp-activations")
                                : std::string("fewer --keep-mlp-activations (alone not enough)"));
+  }
+  if (m.attention_workspace > 0) {
+    // The largest cap on cuDNN's deterministic attention workspace (MiB, halving from the
+    // planned workspace) under which the plan fits, if any does: the backward then runs in
+    // more chunks (slower, the same bits).
+    int64_t fit = 0;
+    for (int64_t mb = (m.attention_workspace >> 20) / 2; mb >= 16 && fit == 0; mb /= 2)
+      if (m.total() - m.attention_workspace + attention_workspace_bytes(a, cfg, mb << 20) <=
+          budget)
+        fit = mb;
+    tries.push_back(
+        fit > 0 ? fmt::format("MCPP_ATTENTION_BWD_WORKSPACE_MB={} (cuDNN's deterministic "
+                              "attention backward in smaller chunks, now {}: slower, the same "
+                              "results)",
+                              fit, mib(m.attention_workspace))
+                : fmt::format("a smaller MCPP_ATTENTION_BWD_WORKSPACE_MB (the attention "
+                              "workspace is {}; alone not enough)",
+                              mib(m.attention_workspace)));
   }
   if (a.micro_batch_size > 1)
     tries.push_back(fmt::format("a smaller --micro-batch-size (now {}; activations are {} of "

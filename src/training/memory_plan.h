@@ -54,8 +54,12 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
 // assuming cuDNN is present on a GPU run unless MCPP_ATTENTION_CUDNN=0): CPU, f32, attention
 // dropout, head dims that are not a multiple of 8 up to 128, --attention-backend
 // flash/unfused/local, MCPP_ATTENTION_DETERMINISTIC=0 (the atomic path's workspace is
-// small), context parallelism.
-int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg);
+// small). With context parallelism: the ring's largest block (the diagonal step over the
+// rank's two chunks, or one chunk where the steps run chunk by chunk), or a2a's attention
+// over the whole sequence on heads / CP. cap_bytes: the cap to plan under (-1: the
+// environment's MCPP_ATTENTION_BWD_WORKSPACE_MB, as the op uses).
+int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg,
+                                  int64_t cap_bytes = -1);
 
 // Whether stage `stage` fits in `budget` bytes, and if not, what would make it fit: empty
 // when the plan fits, else one line saying by how much it does not and the changes to try

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "../ops_attention/attention_test_util.h"
+#include "parallel/context_parallel/cp_attention.h"
 
 namespace {
 
@@ -181,3 +182,62 @@ TEST(ContextParallelAttention, MergeIsSymmetricAndIgnoresEmptyBlocks) {
 }
 
 }  // namespace
+
+// The ring's fused steps (parallel/context_parallel/cp_attention.h's ring_step): over every
+// rank r and every ring step j, each step's rectangle of local chunks covers exactly the
+// visible (query chunk, key chunk) pairs -- every pair with kc <= qa once, none with kc >
+// qa -- and is causal exactly when it holds a chunk against itself; its dims name the
+// rows, the lse stride and the first chunks' positions.
+TEST(ContextParallelAttention, RingStepsCoverEveryVisibleChunkPairOnce) {
+  namespace cpa = mcpp::parallel::context_parallel;
+  for (int64_t P = 2; P <= 6; ++P) {
+    const int64_t n = 2 * P, C = 16;
+    std::vector<int> seen(size_t(n * n), 0);
+    auto chunk = [&](int64_t r, int k) { return k == 0 ? r : n - 1 - r; };
+    ops::AttentionDims local;
+    local.S = 2 * C, local.B = 1, local.NH = 2, local.NG = 1, local.HD = 8;
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t j = 0; j < P; ++j) {
+        const cpa::RingStep st = cpa::ring_step(r, j);
+        bool self = false;
+        for (int x = st.x0; x < st.x0 + st.nx; ++x)
+          for (int y = st.y0; y < st.y0 + st.ny; ++y) {
+            const int64_t qa = chunk(r, x), kc = chunk(j, y);
+            if (qa == kc) self = true;
+            // A pair with kc > qa may sit in the causal diagonal's upper triangle only.
+            if (kc > qa) {
+              EXPECT_TRUE(st.causal && r == j && x == 0 && y == 1) << P << " " << r << " " << j;
+              continue;
+            }
+            ++seen[size_t(qa * n + kc)];
+          }
+        EXPECT_EQ(st.causal, self) << P << " " << r << " " << j;
+        const ops::AttentionDims d = cpa::ring_step_dims(local, P, r, j);
+        EXPECT_EQ(d.S, st.nx * C);
+        EXPECT_EQ(d.kv_rows(), st.ny * C);
+        EXPECT_EQ(d.lse_stride(), 2 * C);
+        EXPECT_EQ(d.lse_span(), (local.B * local.NH - 1) * 2 * C + st.nx * C);
+        EXPECT_EQ(d.q_offset, chunk(r, st.x0) * C);
+        EXPECT_EQ(d.k_offset, chunk(j, st.y0) * C);
+        EXPECT_EQ(d.S_global, n * C);
+      }
+    for (int64_t qa = 0; qa < n; ++qa)
+      for (int64_t kc = 0; kc < n; ++kc)
+        EXPECT_EQ(seen[size_t(qa * n + kc)], kc <= qa ? 1 : 0) << "CP " << P << " pair " << qa << "," << kc;
+  }
+}
+
+// The CPU keeps square chunk blocks: a rectangular block there is refused by name.
+TEST(ContextParallelAttention, CpuRefusesRectangularBlocks) {
+  ops::AttentionDims d;
+  d.S = 8, d.S_kv = 4, d.lse_ld = 8, d.B = 1, d.NH = 2, d.NG = 1, d.HD = 4;
+  EXPECT_FALSE(ops::attention_block_rect_supported(DType::F32, d, false, 0.0, Stream::cpu()));
+  Tensor q = Tensor::zeros({8, d.qkv_width()}, DType::F32), kv = Tensor::zeros({4, d.qkv_width()}, DType::F32);
+  Tensor out = Tensor::zeros({8, 8}, DType::F32), lse = Tensor::zeros({16}, DType::F32);
+  try {
+    ops::attention_block_forward(q, kv, d, false, 0.5, 0.0, {1, 2}, out, lse, Stream::cpu());
+    ADD_FAILURE() << "the CPU ran a rectangular block";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("8 query and 4 key rows"), std::string::npos) << e.what();
+  }
+}

@@ -21,6 +21,7 @@
 #include "model/gpt_model.h"
 #include "ops/attention_backend.h"
 #include "ops/cuda/cudnn_attention.h"
+#include "parallel/context_parallel/cp_attention.h"
 
 namespace {
 
@@ -130,6 +131,124 @@ TEST(ContextParallelGpu, LseMergeMatchesCpu) {
     gpu::attention_lse_merge(to_gpu(ob, dt), to_gpu(lb, DType::F32), d, o_g, l_g, GS());
     EXPECT_CLOSE(o_g, o_c, dt);
     EXPECT_CLOSE(l_g, l_c, DType::F32);
+  }
+}
+
+// The ring's own code (parallel/context_parallel's RingRank) for every rank of a CP ring on
+// one GPU, bf16 without dropout: forward steps in ring order with their merges, backward
+// steps with dK/dV summed per owner as the ring carries them home. With cuDNN each step is
+// one block of Megatron's shape -- a causal block over both local chunks, rectangular
+// blocks of 2C x C and C x 2C rows, lse rows 2C apart -- and the chunk blocks
+// (MCPP_CP_FUSED_STEPS=0) four at most a step. Both must give the full causal attention's
+// output, lse and gradients (the CPU op in f32 on the same bf16 inputs).
+void check_ring_steps(int64_t CP, bool fused_env) {
+  MCPP_REQUIRE_GPU();
+  namespace cpa = mcpp::parallel::context_parallel;
+  const DType dt = DType::BF16;
+  const Dims z;  // C 80: a full and a partial tile per chunk
+  const int64_t C = z.C, B = z.B, n = 2 * CP, S = n * C, O = z.NH * z.HD;
+  ops::AttentionDims full = block(z, 0, 0, S);
+  full.S = S;
+  const int64_t W = full.qkv_width();
+  const Tensor qkv_c = rand_in({S * B, W}, 41 + CP, dt), dout_c = rand_in({S * B, O}, 42, dt);
+  const double scale = 0.125;
+  const ops::DropoutKey key{7, 8};
+  Tensor out_c = Tensor::empty({S * B, O}, DType::F32), lse_c = Tensor::empty({B, z.NH, S}, DType::F32);
+  cpu::attention_forward(qkv_c, full, scale, 0.0, key, out_c, lse_c, CS());
+  Tensor dqkv_c = Tensor::empty({S * B, W}, DType::F32);
+  cpu::attention_backward(dout_c, qkv_c, rounded(out_c, dt), lse_c, full, scale, 0.0, key, dqkv_c,
+                          CS());
+
+  // Rank r's rows: global chunks r and 2CP-1-r.
+  auto chunk_of = [&](int64_t r, int k) { return k == 0 ? r : n - 1 - r; };
+  auto local = [&](const Tensor& t, int64_t r) {
+    const int64_t w = t.numel() / (S * B);
+    Tensor l = Tensor::empty({2 * C * B, w}, DType::F32);
+    for (int k = 0; k < 2; ++k)
+      std::copy_n(t.data<float>() + chunk_of(r, k) * C * B * w, C * B * w,
+                  l.data<float>() + k * C * B * w);
+    return l;
+  };
+  cpa::CpAttention a;
+  a.ad = full, a.ad.S = 2 * C, a.ad.S_global = S;
+  a.scale = scale, a.key = key;
+  if (fused_env) unsetenv("MCPP_CP_FUSED_STEPS");
+  else setenv("MCPP_CP_FUSED_STEPS", "0", 1);
+  std::vector<cpa::RingRank> rk;
+  for (int64_t r = 0; r < CP; ++r) rk.emplace_back(a, CP, r, dt, GS());
+  unsetenv("MCPP_CP_FUSED_STEPS");
+  const bool cudnn = gpu::cudnn_attention_enabled();
+  for (const auto& g : rk) EXPECT_EQ(g.fused, fused_env && cudnn) << "CP " << CP;
+  const size_t np = static_cast<size_t>(CP);
+  std::vector<Tensor> q(np), dO(np), o(np), l(np), dq(np), dkv(np);
+  for (size_t r = 0; r < np; ++r) {
+    q[r] = to_gpu(local(qkv_c, int64_t(r)), dt), dO[r] = to_gpu(local(dout_c, int64_t(r)), dt);
+    o[r] = gpu_nan({2 * C * B, O}, dt), l[r] = gpu_nan({B * z.NH * 2 * C}, DType::F32);
+    dq[r] = Tensor::empty(q[r].shape(), dt, Device::CUDA), dkv[r] = Tensor::empty(q[r].shape(), dt, Device::CUDA);
+    gpu::fill(dq[r], 0.0, GS());
+    gpu::fill(dkv[r], 0.0, GS());
+  }
+  const auto before = gpu::cudnn_attention_stats();
+  for (int64_t r = 0; r < CP; ++r) {
+    rk[size_t(r)].start_forward(o[size_t(r)], l[size_t(r)], GS());
+    for (int64_t i = 0; i < CP; ++i) {
+      const int64_t j = (r - i + CP) % CP;
+      rk[size_t(r)].forward_step(q[size_t(r)], q[size_t(j)], j, o[size_t(r)], l[size_t(r)], GS());
+    }
+  }
+  for (int64_t r = 0; r < CP; ++r)
+    for (int64_t i = 0; i < CP; ++i) {
+      const int64_t j = (r - i + CP) % CP;
+      rk[size_t(r)].backward_step(dO[size_t(r)], q[size_t(r)], o[size_t(r)], l[size_t(r)],
+                                  q[size_t(j)], j, dq[size_t(r)], dkv[size_t(j)], GS());
+    }
+  const auto after = gpu::cudnn_attention_stats();
+  if (fused_env && cudnn)  // one block a step: CP steps on each of CP ranks
+    EXPECT_EQ(after.forward_calls - before.forward_calls, CP * CP);
+  for (size_t r = 0; r < np; ++r) {
+    gpu::axpy(1.0, dkv[r], dq[r], GS());
+    EXPECT_CLOSE(o[r], local(out_c, int64_t(r)), dt) << "rank " << r;
+    EXPECT_CLOSE(dq[r], local(dqkv_c, int64_t(r)), dt) << "rank " << r;
+    // lse: [B, NH, 2C] (fused) or [2][B, NH, C] (chunk blocks) against the full [B, NH, S].
+    const Tensor lg = to_cpu(l[r]);
+    Tensor ref = Tensor::empty(lg.shape(), DType::F32);
+    for (int64_t bh = 0; bh < B * z.NH; ++bh)
+      for (int k = 0; k < 2; ++k)
+        for (int64_t i = 0; i < C; ++i) {
+          const float v = lse_c.data<float>()[bh * S + chunk_of(int64_t(r), k) * C + i];
+          const int64_t at = rk[r].fused ? bh * 2 * C + k * C + i : (k * B * z.NH + bh) * C + i;
+          ref.data<float>()[at] = v;
+        }
+    EXPECT_LE(rel_err(lg, ref), 1e-3) << "rank " << r << " lse";
+  }
+}
+TEST(ContextParallelGpu, RingFusedStepsCp2) { check_ring_steps(2, true); }
+TEST(ContextParallelGpu, RingFusedStepsCp3) { check_ring_steps(3, true); }
+TEST(ContextParallelGpu, RingChunkBlocksCp3) { check_ring_steps(3, false); }
+
+// A rectangular block is only for cuDNN: where the own kernels would run it (dropout),
+// the op says so and refuses it with an error naming the shape.
+TEST(ContextParallelGpu, RectangularBlocksOnlyWhereCudnnTakesThem) {
+  MCPP_REQUIRE_GPU();
+  const Dims z;
+  ops::AttentionDims d = block(z, 0, 0, 4 * z.C);
+  d.S = 2 * z.C, d.S_kv = z.C, d.lse_ld = 2 * z.C;
+  EXPECT_FALSE(gpu::attention_block_rect_supported(DType::BF16, d, false, 0.1, GS()));
+  EXPECT_FALSE(gpu::attention_block_rect_supported(DType::F32, d, false, 0.0, GS()));
+  EXPECT_FALSE(gpu::attention_block_rect_supported(DType::BF16, d, true, 0.0, GS()));
+  EXPECT_FALSE(cpu::attention_block_rect_supported(DType::BF16, d, false, 0.0, CS()));
+  EXPECT_EQ(gpu::attention_block_rect_supported(DType::BF16, d, false, 0.0, GS()),
+            gpu::cudnn_attention_enabled());
+  const int64_t W = d.qkv_width();
+  Tensor q = to_gpu(rand_in({2 * z.C * z.B, W}, 1, DType::BF16), DType::BF16);
+  Tensor kv = to_gpu(rand_in({z.C * z.B, W}, 2, DType::BF16), DType::BF16);
+  Tensor out = gpu_nan({2 * z.C * z.B, z.NH * z.HD}, DType::BF16);
+  Tensor lse = gpu_nan({d.lse_span()}, DType::F32);
+  try {
+    gpu::attention_block_forward(q, kv, d, false, 0.125, 0.1, ops::DropoutKey{1, 2}, out, lse, GS());
+    ADD_FAILURE() << "a rectangular block with dropout ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("160 query and 80 key rows"), std::string::npos) << e.what();
   }
 }
 

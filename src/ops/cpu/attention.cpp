@@ -471,6 +471,10 @@ void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const At
                              bool causal, double softmax_scale, double dropout_p, DropoutKey key,
                              Tensor& out, Tensor& lse, Stream& s) {
   const char* op = "attention_block_forward";
+  MCPP_CHECK(!d.rectangular(),
+             "{}: a block of {} query and {} key rows (lse stride {}) runs on the GPU's cuDNN "
+             "only (ops::attention_block_rect_supported)",
+             op, d.S, d.kv_rows(), d.lse_stride());
   check_attention_args(op, q_src, d, softmax_scale, dropout_p, s);
   check_key_start(op, d);
   check_like(op, "kv_src", kv_src, q_src.dtype(), q_src.numel());
@@ -490,6 +494,10 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
                               bool causal, double softmax_scale, double dropout_p, DropoutKey key,
                               Tensor& dq, Tensor& dkv, Stream& s) {
   const char* op = "attention_block_backward";
+  MCPP_CHECK(!d.rectangular(),
+             "{}: a block of {} query and {} key rows (lse stride {}) runs on the GPU's cuDNN "
+             "only (ops::attention_block_rect_supported)",
+             op, d.S, d.kv_rows(), d.lse_stride());
   check_attention_args(op, q_src, d, softmax_scale, dropout_p, s);
   check_key_start(op, d);
   const DType dt = q_src.dtype();
@@ -515,15 +523,16 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
 namespace {
 // (out, lse) <- the softmax-weighted union of (out, lse) and (o_i, lse_i): lse' =
 // max + log1p(exp(min - max)), out' = exp(lse - lse') out + exp(lse_i - lse') o_i.
+// lse and lse_i: [B, NH] rows `ld` apart, the first S of each this call's.
 template <typename T>
 void merge_impl(const T* o_i, const T* lse_i, T* out, T* lse, int64_t S, int64_t B, int64_t NH,
-                int64_t HD) {
+                int64_t HD, int64_t ld) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh)
     for (int64_t q = 0; q < S; ++q) {
       const int64_t b = bh / NH, h = bh % NH;
-      T& l = lse[bh * S + q];
-      const T li = lse_i[bh * S + q];
+      T& l = lse[bh * ld + q];
+      const T li = lse_i[bh * ld + q];
       const T hi = std::max(l, li), lo = std::min(l, li);
       if (hi == -std::numeric_limits<T>::infinity()) continue;  // neither saw a key
       const T ln = hi + std::log1p(std::exp(lo - hi));
@@ -545,14 +554,18 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
              out.str());
   check_like(op, "out_i", out_i, dt, d.S * d.B * d.NH * d.HD);
   check_like(op, "out", out, dt, d.S * d.B * d.NH * d.HD);
-  check_like(op, "lse_i", lse_i, dt, d.B * d.NH * d.S);
-  check_like(op, "lse", lse, dt, d.B * d.NH * d.S);
+  check_like(op, "lse_i", lse_i, dt, d.lse_span());
+  check_like(op, "lse", lse, dt, d.lse_span());
   if (dt == DType::F32)
     merge_impl<float>(out_i.data<float>(), lse_i.data<float>(), out.data<float>(),
-                      lse.data<float>(), d.S, d.B, d.NH, d.HD);
+                      lse.data<float>(), d.S, d.B, d.NH, d.HD, d.lse_stride());
   else
     merge_impl<double>(out_i.data<double>(), lse_i.data<double>(), out.data<double>(),
-                       lse.data<double>(), d.S, d.B, d.NH, d.HD);
+                       lse.data<double>(), d.S, d.B, d.NH, d.HD, d.lse_stride());
+}
+
+bool attention_block_rect_supported(DType, const AttentionDims&, bool, double, Stream&) {
+  return false;  // the CPU ring runs square chunk blocks
 }
 
 }  // namespace mcpp::ops::cpu

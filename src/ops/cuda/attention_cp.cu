@@ -47,16 +47,36 @@ BlockKernel block_kernel(DType dt, const AttentionDims& d, double p) {
 FlashArgs cudnn_args(const Tensor& q_src, const AttentionDims& d, double scale) {
   return FlashArgs{q_src.raw(), d, q_src.dtype(), scale, 0.0, DropoutKey{}};
 }
+FlashArgs cudnn_args_of(DType dt, const AttentionDims& d) {
+  return FlashArgs{nullptr, d, dt, 1.0, 0.0, DropoutKey{}};
+}
 
 // dq's query slots += t's, dkv's key/value slots += t's (t: a grouped [rows, W] chunk).
+// dq or dkv null: those slots are left alone (a rectangular block's two scratch chunks).
 template <typename T>
 __global__ void add_slots_kernel(const T* __restrict__ t, T* dq, T* dkv, int64_t n, int64_t W,
                                  int64_t GW, int64_t QW) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     T* dst = (i % W) % GW < QW ? dq : dkv;  // QW: the group's query columns
-    dst[i] = from_f<T>(to_f(dst[i]) + to_f(t[i]));
+    if (dst) dst[i] = from_f<T>(to_f(dst[i]) + to_f(t[i]));
   }
+}
+
+template <typename T>
+void add_slots(const Tensor& t, T* dq, T* dkv, const AttentionDims& d, cudaStream_t cs) {
+  const int64_t n = t.numel(), QPG = d.NH / d.NG;
+  add_slots_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(static_cast<const T*>(t.raw()), dq, dkv,
+                                                         n, d.qkv_width(), (QPG + 2) * d.HD,
+                                                         QPG * d.HD);
+  MCPP_LAUNCH_CHECK();
+}
+
+// A rectangular block (or one whose lse is a strided view) has no kernel but cuDNN's.
+[[noreturn]] void no_rect_kernel(const char* op, const AttentionDims& d) {
+  MCPP_FAIL("{}: a block of {} query and {} key rows (lse stride {}) has no kernel but cuDNN's, "
+            "which did not take it; callers ask ops::attention_block_rect_supported first",
+            op, d.S, d.kv_rows(), d.lse_stride());
 }
 }  // namespace
 
@@ -68,20 +88,21 @@ void attention_block_forward(const Tensor& q_src, const Tensor& kv_src, const At
   check_cuda(q_src, op, "q_src");
   check_numel(q_src, d.S * d.B * d.qkv_width(), op, "q_src");
   check_cuda(kv_src, op, "kv_src");
-  check_numel(kv_src, q_src.numel(), op, "kv_src");
+  check_numel(kv_src, d.kv_rows() * d.B * d.qkv_width(), op, "kv_src");
   check_cuda(out, op, "out");
   MCPP_CHECK(out.dtype() == q_src.dtype() && kv_src.dtype() == q_src.dtype(),
              "{}: q_src {}, kv_src {} and out {} differ in dtype", op, q_src.str(), kv_src.str(),
              out.str());
   check_numel(out, d.S * d.B * d.NH * d.HD, op, "out");
   check_f32(lse, op, "lse");
-  check_numel(lse, d.B * d.NH * d.S, op, "lse");
+  check_numel(lse, d.lse_span(), op, "lse");
   if (d.S * d.B * d.NH == 0) return;
   const BlockKernel k = block_kernel(q_src.dtype(), d, dropout_p);
   if (k == BlockKernel::Cudnn &&
       cudnn_block_forward(cudnn_args(q_src, d, softmax_scale), kv_src.raw(), causal, out.raw(),
                           static_cast<float*>(lse.raw()), stream_of(s)))
     return;
+  if (d.rectangular()) no_rect_kernel(op, d);
   if (k != BlockKernel::CudaCore && flash_block_takes(q_src.dtype(), d.HD))
     flash_block_forward(q_src, kv_src, d, causal, softmax_scale, dropout_p, key, out, lse, s);
   else
@@ -102,13 +123,13 @@ void check_backward(const char* op, const Tensor& dout, const Tensor& q_src,
     MCPP_CHECK(t->dtype() == q_src.dtype(), "{}: {} and q_src {} differ in dtype", op, t->str(),
                q_src.str());
   }
-  check_numel(kv_src, q_src.numel(), op, "kv_src");
+  check_numel(kv_src, d.kv_rows() * d.B * d.qkv_width(), op, "kv_src");
   check_numel(dout, on, op, "dout");
   check_numel(out, on, op, "out");
   check_numel(dq, q_src.numel(), op, "dq");
-  check_numel(dkv, q_src.numel(), op, "dkv");
+  check_numel(dkv, kv_src.numel(), op, "dkv");
   check_f32(lse, op, "lse");
-  check_numel(lse, d.B * d.NH * d.S, op, "lse");
+  check_numel(lse, d.lse_span(), op, "lse");
 }
 }  // namespace
 
@@ -120,20 +141,29 @@ void attention_block_backward(const Tensor& dout, const Tensor& q_src, const Ten
   if (d.S * d.B * d.NH == 0) return;
   const BlockKernel k = block_kernel(q_src.dtype(), d, dropout_p);
   if (k == BlockKernel::Cudnn) {
-    Tensor t = Tensor::empty({q_src.numel()}, q_src.dtype(), Device::CUDA);  // dQ, dK, dV (=)
+    // cuDNN writes (=): dQ, dK, dV into scratch chunks, then added into the slots. A square
+    // block shares one chunk (dQ's and dK/dV's slots are disjoint columns of a row); a
+    // rectangular one has a chunk of query rows and one of key rows.
+    const bool one = d.kv_rows() == d.S;
+    Tensor tq = Tensor::empty({q_src.numel()}, q_src.dtype(), Device::CUDA);
+    Tensor tkv = one ? tq : Tensor::empty({kv_src.numel()}, q_src.dtype(), Device::CUDA);
     if (cudnn_block_backward(cudnn_args(q_src, d, softmax_scale), kv_src.raw(), causal,
-                             dout.raw(), out.raw(), static_cast<const float*>(lse.raw()), t.raw(),
-                             t.raw(), stream_of(s))) {
-      const int64_t n = t.numel(), QPG = d.NH / d.NG;
-      MCPP_DISPATCH_ACT(q_src.dtype(), "attention_block_backward",
-                        add_slots_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
-                            static_cast<const T*>(t.raw()), static_cast<T*>(dq.raw()),
-                            static_cast<T*>(dkv.raw()), n, d.qkv_width(), (QPG + 2) * d.HD,
-                            QPG * d.HD));
-      MCPP_LAUNCH_CHECK();
+                             dout.raw(), out.raw(), static_cast<const float*>(lse.raw()),
+                             tq.raw(), tkv.raw(), stream_of(s))) {
+      MCPP_DISPATCH_ACT(q_src.dtype(), "attention_block_backward", {
+        T* q = static_cast<T*>(dq.raw());
+        T* kv = static_cast<T*>(dkv.raw());
+        if (one) {
+          add_slots<T>(tq, q, kv, d, stream_of(s));
+        } else {
+          add_slots<T>(tq, q, nullptr, d, stream_of(s));
+          add_slots<T>(tkv, nullptr, kv, d, stream_of(s));
+        }
+      });
       return;
     }
   }
+  if (d.rectangular()) no_rect_kernel("attention_block_backward", d);
   if (k != BlockKernel::CudaCore && flash_block_takes(q_src.dtype(), d.HD))
     flash_block_backward(dout, q_src, kv_src, out, lse, d, causal, softmax_scale, dropout_p, key,
                          true, dq, dkv, s);
@@ -174,13 +204,15 @@ void attention_doc_backward(const Tensor& dout, const Tensor& qkv, const Tensor&
 
 namespace {
 // One warp per (s, b, h) row: the merge of ops::attention_lse_merge in fp32.
+// lse and li: [B, NH] rows ld apart.
 template <typename T>
 __global__ void lse_merge_kernel(const T* __restrict__ oi, const float* __restrict__ li, T* out,
-                                 float* lse, int64_t S, int64_t B, int64_t NH, int64_t HD) {
+                                 float* lse, int64_t S, int64_t B, int64_t NH, int64_t HD,
+                                 int64_t ld) {
   const int64_t row = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;  // (s * B + b) * NH + h
   if (row >= S * B * NH) return;
   const int64_t h = row % NH, sb = row / NH, b = sb % B, s = sb / B;
-  const int64_t li_at = (b * NH + h) * S + s;
+  const int64_t li_at = (b * NH + h) * ld + s;
   const float l = lse[li_at], l2 = li[li_at];
   const float hi = fmaxf(l, l2), lo = fminf(l, l2);
   if (hi == -INFINITY) return;  // neither block saw a key
@@ -204,8 +236,8 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
              out_i.str(), out.str());
   check_f32(lse, op, "lse");
   check_f32(lse_i, op, "lse_i");
-  check_numel(lse, d.B * d.NH * d.S, op, "lse");
-  check_numel(lse_i, d.B * d.NH * d.S, op, "lse_i");
+  check_numel(lse, d.lse_span(), op, "lse");
+  check_numel(lse_i, d.lse_span(), op, "lse_i");
   const int64_t rows = d.S * d.B * d.NH;
   if (rows == 0) return;
   cudaStream_t cs = stream_of(s);
@@ -213,8 +245,16 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
                     lse_merge_kernel<T><<<unsigned((rows + 7) / 8), dim3(32, 8), 0, cs>>>(
                         static_cast<const T*>(out_i.raw()),
                         static_cast<const float*>(lse_i.raw()), static_cast<T*>(out.raw()),
-                        static_cast<float*>(lse.raw()), d.S, d.B, d.NH, d.HD));
+                        static_cast<float*>(lse.raw()), d.S, d.B, d.NH, d.HD,
+                        d.lse_stride()));
   MCPP_LAUNCH_CHECK();
+}
+
+bool attention_block_rect_supported(DType dt, const AttentionDims& d, bool causal, double p,
+                                    Stream&) {
+  if (d.key_start.defined() || block_kernel(dt, d, p) != BlockKernel::Cudnn) return false;
+  if (causal && d.kv_rows() != d.S) return false;
+  return cudnn_block_supported(cudnn_args_of(dt, d), causal);
 }
 
 }  // namespace mcpp::ops::cuda

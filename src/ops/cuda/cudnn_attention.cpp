@@ -52,7 +52,8 @@ bool env_is(const char* name, const char* value) {
 }
 
 std::string shape_str(const FlashArgs& a) {
-  return fmt::format("{} S={} B={} NH={} NG={} HD={}", dtype_name(a.dtype), a.d.S, a.d.B,
+  std::string kv = a.d.kv_rows() != a.d.S ? fmt::format(" S_kv={}", a.d.kv_rows()) : "";
+  return fmt::format("{} S={}{} B={} NH={} NG={} HD={}", dtype_name(a.dtype), a.d.S, kv, a.d.B,
                      a.d.NH, a.d.NG, a.d.HD);
 }
 
@@ -95,6 +96,7 @@ bool cudnn_block_backward(const FlashArgs&, const void*, bool, const void*, cons
                           const float*, void*, void*, cudaStream_t) {
   return false;
 }
+bool cudnn_block_supported(const FlashArgs&, bool) { return false; }
 
 #else  // MCPP_HAVE_CUDNN
 
@@ -119,8 +121,10 @@ struct Key {
   int64_t b_mem;  // the batch of the memory layout (B, or more for a batch chunk)
   bool causal = true;  // false: a context-parallel block against an earlier key chunk
   int64_t ng_mem = 0;  // the groups of the memory layout (NG, or more for a group chunk)
+  int64_t S_kv = 0, lse_ld = 0;  // a rectangular block's key rows and lse row stride
   auto tie() const {
-    return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD, b_mem, causal, ng_mem);
+    return std::tie(backward, deterministic, dtype, S, B, NH, NG, HD, b_mem, causal, ng_mem,
+                    S_kv, lse_ld);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -310,10 +314,13 @@ std::shared_ptr<Plan> plan_for(State& st, const Key& k, const FlashArgs& a) {
               plan->workspace / 1048576.0, plan->variant);
     ++g_stats.plans;
   } else {
-    log::warn("attention: cuDNN rejected the {} graph for {} ({}); the own flash kernel runs "
-              "for this shape. HINT: CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr prints "
-              "cuDNN's reasons; MCPP_ATTENTION_CUDNN=0 turns cuDNN off",
-              dir, shape_str(a), why);
+    const bool rect = k.S_kv != k.S || k.lse_ld != k.S;
+    log::warn("attention: cuDNN rejected the {} graph for {} ({}); {}. HINT: "
+              "CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr prints cuDNN's reasons; "
+              "MCPP_ATTENTION_CUDNN=0 turns cuDNN off",
+              dir, shape_str(a), why,
+              rect ? "the context-parallel ring runs square chunk blocks instead"
+                   : "the own flash kernel runs for this shape");
     ++g_stats.rejected;
   }
   st.plans.emplace(k, plan);
@@ -351,8 +358,11 @@ bool sdpa_forward(const FlashArgs& a, const void* kv, bool causal, void* out, fl
   State& st = state();
   if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
+  MCPP_CHECK(!causal || a.d.kv_rows() == a.d.S,
+             "attention_block_forward: a causal block of {} query and {} key rows", a.d.S,
+             a.d.kv_rows());
   Key k{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD, a.d.B};
-  k.causal = causal, k.ng_mem = a.d.NG;
+  k.causal = causal, k.ng_mem = a.d.NG, k.S_kv = a.d.kv_rows(), k.lse_ld = a.d.lse_stride();
   std::shared_ptr<Plan> p = plan_for(st, k, a);
   if (!p) return false;
   const size_t es = 2;  // bf16 / f16
@@ -399,7 +409,7 @@ std::atomic<int64_t> g_bwd_cap{attention_bwd_workspace_cap_from_env()};
 
 AttentionBwdChunk backward_chunk(const AttentionDims& d, bool deterministic) {
   if (!deterministic) return {d.B, d.NG};
-  return attention_bwd_chunking(d.B, d.NH, d.NG, d.S, g_bwd_cap.load());
+  return attention_bwd_chunking(d.B, d.NH, d.NG, d.S, g_bwd_cap.load(), d.kv_rows());
 }
 
 // The memory plan predicts this workspace from ops/types.h's formula; a cuDNN that asks for
@@ -410,14 +420,15 @@ AttentionBwdChunk backward_chunk(const AttentionDims& d, bool deterministic) {
 void check_planned_workspace(const AttentionDims& dc, int64_t workspace) {
   static std::atomic<bool> warned{false};
   const int64_t planned =
-      cudnn_attention_bwd_call_workspace_bytes(dc.B, dc.NH, dc.NG, dc.S, dc.HD);
+      cudnn_attention_bwd_call_workspace_bytes(dc.B, dc.NH, dc.NG, dc.S, dc.HD, dc.kv_rows());
   constexpr int64_t kSlack = int64_t(1) << 20;
   if (workspace <= planned + kSlack || warned.exchange(true)) return;
   log::warn("attention: cuDNN {} asks for {} bytes of workspace for the deterministic backward "
-            "of {} sequences (S {}, {} heads, {} groups, head dim {}); the memory plan assumed "
-            "{}. HINT: the start-up memory line and `megatron plan` underestimate this run by "
-            "the difference; please report it with this line",
-            version_str(cudnnGetVersion()), workspace, dc.B, dc.S, dc.NH, dc.NG, dc.HD, planned);
+            "of {} sequences (S {}, S_kv {}, {} heads, {} groups, head dim {}); the memory plan "
+            "assumed {}. HINT: the start-up memory line and `megatron plan` underestimate this "
+            "run by the difference; please report it with this line",
+            version_str(cudnnGetVersion()), workspace, dc.B, dc.S, dc.kv_rows(), dc.NH, dc.NG,
+            dc.HD, planned);
 }
 
 }  // namespace
@@ -437,8 +448,11 @@ bool sdpa_backward(const FlashArgs& a, const void* kv, bool causal, const void* 
   const int64_t QPG = a.d.NH / a.d.NG;
   FlashArgs ac = a;  // one call: c.seqs sequences of c.groups groups
   ac.d.B = c.seqs, ac.d.NG = c.groups, ac.d.NH = c.groups * QPG;
+  MCPP_CHECK(!causal || a.d.kv_rows() == a.d.S,
+             "attention_block_backward: a causal block of {} query and {} key rows", a.d.S,
+             a.d.kv_rows());
   Key k{true, det, a.dtype, a.d.S, ac.d.B, ac.d.NH, ac.d.NG, a.d.HD, a.d.B};
-  k.causal = causal, k.ng_mem = a.d.NG;
+  k.causal = causal, k.ng_mem = a.d.NG, k.S_kv = a.d.kv_rows(), k.lse_ld = a.d.lse_stride();
   std::shared_ptr<Plan> p = plan_for(st, k, ac);
   if (!p) return false;
   if (det) check_planned_workspace(ac.d, p->workspace);
@@ -465,7 +479,7 @@ bool sdpa_backward(const FlashArgs& a, const void* kv, bool causal, const void* 
       char* dkvb = static_cast<char*>(dkv) + in_off;
       char* o = static_cast<char*>(const_cast<void*>(out)) + o_off;
       char* dO = static_cast<char*>(const_cast<void*>(dout)) + o_off;
-      float* l = const_cast<float*>(lse) + (b0 * a.d.NH + g0 * QPG) * a.d.S;
+      float* l = const_cast<float*>(lse) + (b0 * a.d.NH + g0 * QPG) * a.d.lse_stride();
       std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
       std::vector<void*> ptrs{base, kvb + koff, kvb + voff, o, dO, l, dqb, dkvb + koff,
                               dkvb + voff, &scale, &one};
@@ -500,6 +514,25 @@ bool cudnn_block_backward(const FlashArgs& a, const void* kv, bool causal, const
                           const void* out, const float* lse, void* dq, void* dkv,
                           cudaStream_t cs) {
   return sdpa_backward(a, kv, causal, dout, out, lse, dq, dkv, cs, -1);
+}
+
+bool cudnn_block_supported(const FlashArgs& a, bool causal) {
+  State& st = state();
+  if (!st.enabled || !cudnn_attention_applies(a.dtype, a.d.HD, 0.0)) return false;
+  if (causal && a.d.kv_rows() != a.d.S) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  Key f{false, false, a.dtype, a.d.S, a.d.B, a.d.NH, a.d.NG, a.d.HD, a.d.B};
+  f.causal = causal, f.ng_mem = a.d.NG, f.S_kv = a.d.kv_rows(), f.lse_ld = a.d.lse_stride();
+  if (!plan_for(st, f, a)) return false;
+  // The backward's plan is that of one chunk of the call, as sdpa_backward builds it.
+  const bool det = st.deterministic;
+  const AttentionBwdChunk c = backward_chunk(a.d, det);
+  FlashArgs ac = a;
+  const int64_t QPG = a.d.NH / a.d.NG;
+  ac.d.B = c.seqs, ac.d.NG = c.groups, ac.d.NH = c.groups * QPG;
+  Key b{true, det, a.dtype, a.d.S, ac.d.B, ac.d.NH, ac.d.NG, a.d.HD, a.d.B};
+  b.causal = causal, b.ng_mem = a.d.NG, b.S_kv = a.d.kv_rows(), b.lse_ld = a.d.lse_stride();
+  return plan_for(st, b, ac) != nullptr;
 }
 
 #endif  // MCPP_HAVE_CUDNN

@@ -63,6 +63,10 @@ bool cudnn_block_forward(const FlashArgs& a, const void* kv, bool causal, void* 
 bool cudnn_block_backward(const FlashArgs& a, const void* kv, bool causal, const void* dout,
                           const void* out, const float* lse, void* dq, void* dkv,
                           cudaStream_t cs);
+// Whether cuDNN has forward and backward plans for blocks of a.d's shape (building and
+// caching them; a.qkv unused): a rectangular block (a.d.S_kv, a.d.lse_ld) has no other
+// kernel, so the ring asks before it runs its fused steps.
+bool cudnn_block_supported(const FlashArgs& a, bool causal);
 
 struct CudnnAttentionStats {
   int64_t forward_calls = 0, backward_calls = 0;  // calls that ran on cuDNN (blocks too)

@@ -175,26 +175,34 @@ class Graph {
 
 // The tensors of one attention call as cuDNN sees them (file comment).
 struct Layout {
-  int64_t Bp, QPG, S, HD;
+  int64_t Bp, QPG, S, Skv, HD;
   Dims q_dims, q_strides;    // Q, dQ (into qkv / dqkv)
   Dims kt_dims, kt_strides;  // K^T and V^T (backend matmuls take the transposed operand)
   Dims kv_dims, kv_strides;  // K, V, dK, dV
   Dims o_dims, o_strides;    // O, dO
-  Dims stat_dims, s_dims;    // Stats [.., S, 1]; scores [.., S, S]
+  Dims stat_dims, stat_strides;  // Stats [.., S, 1], rows d.lse_stride() apart
+  Dims s_dims;               // scores [.., S, Skv]
+  Dims kvh_dims;             // dK, dV per query head [.., QPG, Skv, HD] (GQA's head sum)
   // d.B sequences of d.NG groups in a batch of `b_mem` (>= d.B) sequences of `ng_mem`
   // (>= d.NG) groups in memory: the row stride is that of the whole batch (a chunk of the
   // backward, see sdpa_backward). The group stride does not depend on either, so a chunk of
-  // groups of one sequence is again [d.NG, QPG, S, HD] at a pointer offset.
+  // groups of one sequence is again [d.NG, QPG, S, HD] at a pointer offset. A rectangular
+  // context-parallel block has Skv = d.kv_rows() key/value rows (the same row stride).
   Layout(const AttentionDims& d, int64_t b_mem, int64_t ng_mem) {
-    QPG = d.NH / d.NG, Bp = d.B * d.NG, S = d.S, HD = d.HD;
+    QPG = d.NH / d.NG, Bp = d.B * d.NG, S = d.S, Skv = d.kv_rows(), HD = d.HD;
     const int64_t gstride = (QPG + 2) * HD, srow = b_mem * ng_mem * gstride;
+    const int64_t ld = d.lse_stride();
     q_dims = {Bp, QPG, S, HD}, q_strides = {gstride, HD, srow, 1};
-    kt_dims = {Bp, 1, HD, S}, kt_strides = {gstride, HD, 1, srow};
-    kv_dims = {Bp, 1, S, HD}, kv_strides = {gstride, HD, srow, 1};
+    kt_dims = {Bp, 1, HD, Skv}, kt_strides = {gstride, HD, 1, srow};
+    kv_dims = {Bp, 1, Skv, HD}, kv_strides = {gstride, HD, srow, 1};
     o_dims = {Bp, QPG, S, HD}, o_strides = {QPG * HD, HD, b_mem * ng_mem * QPG * HD, 1};
-    stat_dims = {Bp, QPG, S, 1}, s_dims = {Bp, QPG, S, S};
+    stat_dims = {Bp, QPG, S, 1}, stat_strides = {QPG * ld, ld, 1, 1};
+    s_dims = {Bp, QPG, S, Skv};
+    kvh_dims = {Bp, QPG, Skv, HD};
   }
-  Dims s_transposed() const { return {QPG * S * S, S * S, 1, S}; }
+  // The scores' transpose [.., Skv, S] as a view of the packed [.., S, Skv].
+  Dims st_dims() const { return {Bp, QPG, Skv, S}; }
+  Dims s_transposed() const { return {QPG * S * Skv, S * Skv, 1, Skv}; }
 };
 
 // causal false: no mask (a context-parallel block against an earlier key chunk).
@@ -204,7 +212,7 @@ void build_forward(Graph& g, const Layout& L, bool causal = true) {
   Raw KT = g.tensor(kK, L.kt_dims, L.kt_strides, io);
   Raw V = g.tensor(kV, L.kv_dims, L.kv_strides, io);
   Raw O = g.tensor(kO, L.o_dims, L.o_strides, io);
-  Raw stats = g.tensor(kStats, L.stat_dims, packed(L.stat_dims), CUDNN_DATA_FLOAT);
+  Raw stats = g.tensor(kStats, L.stat_dims, L.stat_strides, CUDNN_DATA_FLOAT);
   Raw scale = g.scalar(kScale);
   const Dims sd = L.s_dims, ss = packed(sd), rd = L.stat_dims, rs = packed(rd);
   Raw s = g.virt(sd, ss);
@@ -247,7 +255,7 @@ void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool determi
   Raw VT = g.tensor(kV, L.kt_dims, L.kt_strides, io);
   Raw O = g.tensor(kO, L.o_dims, L.o_strides, io);
   Raw dO = g.tensor(kDO, L.o_dims, L.o_strides, io);
-  Raw stats = g.tensor(kStats, L.stat_dims, packed(L.stat_dims), CUDNN_DATA_FLOAT);
+  Raw stats = g.tensor(kStats, L.stat_dims, L.stat_strides, CUDNN_DATA_FLOAT);
   Raw dQ = g.tensor(kDQ, L.q_dims, L.q_strides, io);
   Raw dK = g.tensor(kDK, L.kv_dims, L.kv_strides, io);
   Raw dV = g.tensor(kDV, L.kv_dims, L.kv_strides, io);
@@ -276,11 +284,11 @@ void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool determi
   g.pointwise(CUDNN_POINTWISE_EXP, post, nullptr, P);
 
   // dV = P^T dO (summed over the query heads of a group under GQA)
-  Raw PT = g.virt(sd, L.s_transposed(), io);
+  Raw PT = g.virt(L.st_dims(), L.s_transposed(), io);
   g.reshape(P, PT);
   auto head_sum = [&](Raw a, Raw b, Raw out) {
     if (L.QPG == 1) return g.matmul(a, b, out);
-    Raw full = g.virt(hd_dims, hd_packed, io);
+    Raw full = g.virt(L.kvh_dims, packed(L.kvh_dims), io);
     g.matmul(a, b, full);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
   };
@@ -299,7 +307,7 @@ void build_backward(Graph& g, const Layout& L, const BwdVariant& v, bool determi
   g.pointwise(CUDNN_POINTWISE_MUL, dP3, scale, dS);
 
   // dK = dS^T Q (summed over the group's query heads), dQ = dS K
-  Raw dST = g.virt(sd, L.s_transposed(), io);
+  Raw dST = g.virt(L.st_dims(), L.s_transposed(), io);
   g.reshape(dS, dST);
   head_sum(dST, Q, dK);
   Raw K = g.virt(L.kv_dims, L.kv_strides);  // (virtual, so f32 like cuDNN's frontend makes it)

@@ -1,7 +1,9 @@
 #include "parallel/context_parallel/cp_attention.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
@@ -9,24 +11,6 @@
 
 namespace mcpp::parallel::context_parallel {
 namespace {
-
-// The sequence geometry of one rank.
-struct Geo {
-  int64_t P, r, C, B, W, O;  // CP size and rank, chunk rows, batch, qkv and out widths
-  Tensor ks[2];  // document masking (p2p, all_gather): local chunk k's [B, C] key starts
-  explicit Geo(const ops::AttentionDims& d, const comm::Communicator& cp)
-      : P(cp.size()), r(cp.rank()), C(d.S / 2), B(d.B), W(d.qkv_width()), O(d.NH * d.HD) {}
-  // Global chunk of local chunk k (0, 1) of rank j.
-  int64_t chunk(int64_t j, int k) const { return k == 0 ? j : 2 * P - 1 - j; }
-  int64_t rows() const { return C * B; }  // rows of one chunk in a [S*B, width] tensor
-};
-
-Tensor rows_of(const Tensor& t, const Geo& g, int k) { return t.narrow(k * g.rows(), g.rows()); }
-// Local chunk k's lse, [B, NH, C] (the p2p / all_gather layout [2][B, NH, C]).
-Tensor lse_of(const Tensor& lse, int k) {
-  const int64_t n = lse.numel() / 2;
-  return lse.flat().narrow(k * n, n);
-}
 
 void check_args(const char* op, const CpAttention& a, const Tensor& qkv,
                 const comm::Communicator& cp) {
@@ -53,85 +37,157 @@ Tensor to_device(const Tensor& h, Device dev, Stream& s) {
   return d;
 }
 
-// Document masking: local chunk x's [B, C] of this rank's [B, 2C] key starts (global).
-Tensor key_start_chunk(const Tensor& ks, const Geo& g, int x, Stream& s) {
-  const Tensor h = to_host(ks, s);
-  Tensor out = Tensor::empty({g.B, g.C}, DType::I64);
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t i = 0; i < g.C; ++i)
-      out.data<int64_t>()[b * g.C + i] = h.data<int64_t>()[b * 2 * g.C + x * g.C + i];
-  return to_device(out, ks.device(), s);
+}  // namespace
+
+// ---- Megatron's step shapes (cp_attention.h) --------------------------------------------
+RingStep ring_step(int64_t r, int64_t j) {
+  if (j == r) return {0, 2, 0, 2, true};
+  if (j < r) return {0, 2, 0, 1, false};
+  return {1, 1, 0, 2, false};
 }
 
-Geo geometry(const CpAttention& a, const comm::Communicator& cp, Stream& s) {
-  Geo g(a.ad, cp);
-  if (a.ad.key_start.defined() && a.type != CommType::A2A)
-    for (int k = 0; k < 2; ++k) g.ks[k] = key_start_chunk(a.ad.key_start, g, k, s);
-  return g;
-}
-
-// The dims of block (local query chunk x = global chunk qa, key global chunk kc): offsets
-// for dropout and the document mask.
-ops::AttentionDims block_dims(const CpAttention& a, const Geo& g, int x, int64_t qa, int64_t kc) {
-  ops::AttentionDims d = a.ad;
-  d.S = g.C;
-  d.S_global = 2 * g.P * g.C;
-  d.q_offset = qa * g.C, d.k_offset = kc * g.C;
-  if (a.ad.key_start.defined()) d.key_start = g.ks[x];
+ops::AttentionDims ring_step_dims(const ops::AttentionDims& local, int64_t P, int64_t r,
+                                  int64_t j) {
+  const RingStep st = ring_step(r, j);
+  const int64_t C = local.S / 2;
+  auto chunk = [&](int64_t rank, int k) { return k == 0 ? rank : 2 * P - 1 - rank; };
+  ops::AttentionDims d = local;
+  d.S = st.nx * C, d.S_kv = st.ny * C, d.lse_ld = 2 * C;
+  d.S_global = 2 * P * C;
+  // (Positions matter to dropout and the document mask only, neither of which fuses.)
+  d.q_offset = chunk(r, st.x0) * C, d.k_offset = chunk(j, st.y0) * C;
   return d;
 }
 
-// Calls f(x, y, causal): the visible (local query chunk x, key chunk y of rank j) blocks.
+// ---- one rank's blocks (RingRank) ----------------------------------------------------------
+
+namespace {
+// Whether every step shape runs as one block (MCPP_CP_FUSED_STEPS=0: never).
+bool fuse_steps(const CpAttention& a, int64_t P, DType dt, Stream& s) {
+  if (a.type == CommType::A2A || a.ad.key_start.defined() || a.dropout_p > 0) return false;
+  if (const char* e = std::getenv("MCPP_CP_FUSED_STEPS"); e && std::string(e) == "0")
+    return false;
+  // The three shapes: the diagonal, against an earlier rank, against a later one (a rank
+  // meets one or both of the last two; every rank asks about all three, so all decide alike).
+  for (const auto& [r, j] : {std::pair<int64_t, int64_t>{1, 1}, {1, 0}, {0, 1}})
+    if (!ops::attention_block_rect_supported(dt, ring_step_dims(a.ad, P, r, j),
+                                             ring_step(r, j).causal, a.dropout_p, s))
+      return false;
+  return true;
+}
+}  // namespace
+
+RingRank::RingRank(const CpAttention& a_, int64_t cp_size, int64_t rank, DType dt, Stream& s)
+    : a(a_), P(cp_size), r(rank), C(a_.ad.S / 2), B(a_.ad.B), W(a_.ad.qkv_width()),
+      O(a_.ad.NH * a_.ad.HD) {
+  if (a.ad.key_start.defined() && a.type != CommType::A2A) {
+    const Tensor h = to_host(a.ad.key_start, s);
+    for (int x = 0; x < 2; ++x) {  // local chunk x's [B, C] of the rank's [B, 2C] starts
+      Tensor out = Tensor::empty({B, C}, DType::I64);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < C; ++i)
+          out.data<int64_t>()[b * C + i] = h.data<int64_t>()[b * 2 * C + x * C + i];
+      ks[x] = to_device(out, a.ad.key_start.device(), s);
+    }
+  }
+  fused = a.type != CommType::A2A && fuse_steps(a, P, dt, s);
+}
+
+Tensor RingRank::chunk_rows(const Tensor& t, int x0, int n) const {
+  return t.narrow(x0 * rows(), n * rows());
+}
+
+ops::AttentionDims RingRank::block_dims(int x, int64_t qa, int64_t kc) const {
+  ops::AttentionDims d = a.ad;
+  d.S = C;
+  d.S_global = 2 * P * C;
+  d.q_offset = qa * C, d.k_offset = kc * C;
+  if (a.ad.key_start.defined()) d.key_start = ks[x];
+  return d;
+}
+
+// Local chunk k's lse, [B, NH, C] (the chunk-block layout [2][B, NH, C]).
+static Tensor lse_of(const Tensor& lse, int k) {
+  const int64_t n = lse.numel() / 2;
+  return lse.flat().narrow(k * n, n);
+}
+// A fused step's view of an lse in the layout [B, NH, 2C].
+static Tensor step_lse(const Tensor& lse, const RingStep& st, const ops::AttentionDims& d) {
+  return lse.flat().narrow(st.x0 * (d.lse_ld / 2), d.lse_span());
+}
+
 template <class F>
-void for_each_block(const Geo& g, int64_t j, F&& f) {
+void RingRank::for_each_block(int64_t j, F&& f) const {
   for (int x = 0; x < 2; ++x)
     for (int y = 0; y < 2; ++y) {
-      const int64_t qa = g.chunk(g.r, x), kc = g.chunk(j, y);
+      const int64_t qa = chunk(r, x), kc = chunk(j, y);
       if (kc <= qa) f(x, y, qa, kc, kc == qa);
     }
 }
 
-// ---- the blocks against one rank's keys/values -------------------------------------------
+void RingRank::start_forward(Tensor& out, Tensor& lse, Stream& s) {
+  if (!fused) {  // fused steps start with the diagonal, which writes every row (=)
+    ops::fill(out, 0.0, s);
+    ops::fill(lse, -std::numeric_limits<double>::infinity(), s);
+  }
+  const int64_t n = fused ? 2 : 1;
+  o_i = Tensor::empty({n * rows(), O}, out.dtype(), out.device());
+  lse_i = Tensor::empty({B, a.ad.NH, n * C}, lse.dtype(), lse.device());
+}
 
-struct Acc {  // forward: the running merge
-  Tensor o_i, lse_i;
-};
-
-void forward_blocks(const CpAttention& a, const Geo& g, const Tensor& qkv, const Tensor& kv,
-                    int64_t j, Acc& t, Tensor& out, Tensor& lse, Stream& s) {
-  for_each_block(g, j, [&](int x, int y, int64_t qa, int64_t kc, bool causal) {
-    const ops::AttentionDims d = block_dims(a, g, x, qa, kc);
-    ops::attention_block_forward(rows_of(qkv, g, x), rows_of(kv, g, y), d, causal, a.scale,
-                                 a.dropout_p, a.key, t.o_i, t.lse_i, s);
-    Tensor o = rows_of(out, g, x), l = lse_of(lse, x);
-    ops::attention_lse_merge(t.o_i, t.lse_i, d, o, l, s);
+void RingRank::forward_step(const Tensor& qkv, const Tensor& kv, int64_t j, Tensor& out,
+                            Tensor& lse, Stream& s) {
+  if (fused) {
+    const RingStep st = ring_step(r, j);
+    const ops::AttentionDims d = ring_step_dims(a.ad, P, r, j);
+    const Tensor q = chunk_rows(qkv, st.x0, st.nx), k = chunk_rows(kv, st.y0, st.ny);
+    Tensor o = chunk_rows(out, st.x0, st.nx), l = step_lse(lse, st, d);
+    if (j == r) {  // the diagonal covers every row: merged into (0, -inf) it is itself
+      ops::attention_block_forward(q, k, d, true, a.scale, a.dropout_p, a.key, o, l, s);
+      return;
+    }
+    Tensor oi = o_i.narrow(0, st.nx * rows()), li = step_lse(lse_i, st, d);
+    ops::attention_block_forward(q, k, d, st.causal, a.scale, a.dropout_p, a.key, oi, li, s);
+    ops::attention_lse_merge(oi, li, d, o, l, s);
+    return;
+  }
+  for_each_block(j, [&](int x, int y, int64_t qa, int64_t kc, bool causal) {
+    const ops::AttentionDims d = block_dims(x, qa, kc);
+    ops::attention_block_forward(chunk_rows(qkv, x, 1), chunk_rows(kv, y, 1), d, causal,
+                                 a.scale, a.dropout_p, a.key, o_i, lse_i, s);
+    Tensor o = chunk_rows(out, x, 1), l = lse_of(lse, x);
+    ops::attention_lse_merge(o_i, lse_i, d, o, l, s);
   });
 }
 
-void backward_blocks(const CpAttention& a, const Geo& g, const Tensor& dout, const Tensor& qkv,
-                     const Tensor& out, const Tensor& lse, const Tensor& kv, int64_t j,
-                     Tensor& dqkv, Tensor& dkv, Stream& s) {
-  for_each_block(g, j, [&](int x, int y, int64_t qa, int64_t kc, bool causal) {
-    const ops::AttentionDims d = block_dims(a, g, x, qa, kc);
-    Tensor dq = rows_of(dqkv, g, x), dk = rows_of(dkv, g, y);
-    ops::attention_block_backward(rows_of(dout, g, x), rows_of(qkv, g, x), rows_of(kv, g, y),
-                                  rows_of(out, g, x), lse_of(lse, x), d, causal, a.scale,
-                                  a.dropout_p, a.key, dq, dk, s);
+void RingRank::backward_step(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                             const Tensor& lse, const Tensor& kv, int64_t j, Tensor& dqkv,
+                             Tensor& dkv, Stream& s) const {
+  if (fused) {
+    const RingStep st = ring_step(r, j);
+    const ops::AttentionDims d = ring_step_dims(a.ad, P, r, j);
+    Tensor dq = chunk_rows(dqkv, st.x0, st.nx), dk = chunk_rows(dkv, st.y0, st.ny);
+    ops::attention_block_backward(chunk_rows(dout, st.x0, st.nx), chunk_rows(qkv, st.x0, st.nx),
+                                  chunk_rows(kv, st.y0, st.ny), chunk_rows(out, st.x0, st.nx),
+                                  step_lse(lse, st, d), d, st.causal, a.scale, a.dropout_p,
+                                  a.key, dq, dk, s);
+    return;
+  }
+  for_each_block(j, [&](int x, int y, int64_t qa, int64_t kc, bool causal) {
+    const ops::AttentionDims d = block_dims(x, qa, kc);
+    Tensor dq = chunk_rows(dqkv, x, 1), dk = chunk_rows(dkv, y, 1);
+    ops::attention_block_backward(chunk_rows(dout, x, 1), chunk_rows(qkv, x, 1),
+                                  chunk_rows(kv, y, 1), chunk_rows(out, x, 1), lse_of(lse, x), d,
+                                  causal, a.scale, a.dropout_p, a.key, dq, dk, s);
   });
 }
 
-void start_merge(const Geo& g, const CpAttention& a, Tensor& out, Tensor& lse, Acc& t,
-                 Stream& s) {
-  ops::fill(out, 0.0, s);
-  ops::fill(lse, -std::numeric_limits<double>::infinity(), s);
-  t.o_i = Tensor::empty({g.rows(), g.O}, out.dtype(), out.device());
-  t.lse_i = Tensor::empty({a.ad.B, a.ad.NH, g.C}, lse.dtype(), lse.device());
-}
+namespace {
 
 // ---- p2p: the ring -----------------------------------------------------------------------
 
 // Posts send(t -> r+1) and recv(into -> from r-1) together (no ordering deadlock).
-std::vector<comm::Work> ring_shift(comm::Communicator& cp, const Geo& g,
+std::vector<comm::Work> ring_shift(comm::Communicator& cp, const RingRank& g,
                                    std::initializer_list<std::pair<Tensor, Tensor>> pairs,
                                    Stream& s) {
   std::vector<comm::P2POp> ops;
@@ -143,10 +199,9 @@ std::vector<comm::Work> ring_shift(comm::Communicator& cp, const Geo& g,
   return cp.batch_isend_irecv(ops, s);
 }
 
-void ring_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::Communicator& cp,
+void ring_forward(const CpAttention& a, RingRank& g, const Tensor& qkv, comm::Communicator& cp,
                   Tensor& out, Tensor& lse, Stream& s) {
-  Acc t;
-  start_merge(g, a, out, lse, t, s);
+  g.start_forward(out, lse, s);
   const Device dev = qkv.device();
   Tensor buf[2] = {Tensor::empty(qkv.shape(), qkv.dtype(), dev),
                    Tensor::empty(qkv.shape(), qkv.dtype(), dev)};
@@ -156,13 +211,13 @@ void ring_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::C
     std::vector<comm::Work> w;
     Tensor& next = buf[i % 2];
     if (i + 1 < g.P) w = ring_shift(cp, g, {{cur, next}}, s);
-    forward_blocks(a, g, qkv, cur, (g.r - i + g.P) % g.P, t, out, lse, s);
+    g.forward_step(qkv, cur, (g.r - i + g.P) % g.P, out, lse, s);
     for (auto& x : w) x.wait();
     cur = next;
   }
 }
 
-void ring_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const Tensor& qkv,
+void ring_backward(const CpAttention& a, const RingRank& g, const Tensor& dout, const Tensor& qkv,
                    const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                    Stream& s) {
   ops::fill(dqkv, 0.0, s);
@@ -174,7 +229,7 @@ void ring_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const
     std::vector<comm::Work> w;
     Tensor& next = kv_buf[i % 2];
     if (i + 1 < g.P) w = ring_shift(cp, g, {{cur, next}}, s);
-    backward_blocks(a, g, dout, qkv, out, lse, cur, (g.r - i + g.P) % g.P, dqkv, dcur, s);
+    g.backward_step(dout, qkv, out, lse, cur, (g.r - i + g.P) % g.P, dqkv, dcur, s);
     // dK/dV of rank j move on with its K/V; after CP shifts they are home.
     Tensor& dnext = dkv_buf[i % 2];
     for (auto& x : ring_shift(cp, g, {{dcur, dnext}}, s)) x.wait();
@@ -187,19 +242,18 @@ void ring_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const
 
 // ---- all_gather --------------------------------------------------------------------------
 
-void gather_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::Communicator& cp,
+void gather_forward(const CpAttention& a, RingRank& g, const Tensor& qkv, comm::Communicator& cp,
                     Tensor& out, Tensor& lse, Stream& s) {
-  Acc t;
-  start_merge(g, a, out, lse, t, s);
+  g.start_forward(out, lse, s);
   Tensor all = Tensor::empty({g.P * qkv.size(0), qkv.size(1)}, qkv.dtype(), qkv.device());
   cp.all_gather(qkv, all, s);
   for (int64_t i = 0; i < g.P; ++i) {  // the ring's order, so both merge alike
     const int64_t j = (g.r - i + g.P) % g.P;
-    forward_blocks(a, g, qkv, all.narrow(j * qkv.size(0), qkv.size(0)), j, t, out, lse, s);
+    g.forward_step(qkv, all.narrow(j * qkv.size(0), qkv.size(0)), j, out, lse, s);
   }
 }
 
-void gather_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const Tensor& qkv,
+void gather_backward(const CpAttention& a, const RingRank& g, const Tensor& dout, const Tensor& qkv,
                      const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                      Stream& s) {
   const int64_t n = qkv.size(0);
@@ -211,7 +265,7 @@ void gather_backward(const CpAttention& a, const Geo& g, const Tensor& dout, con
   for (int64_t i = 0; i < g.P; ++i) {
     const int64_t j = (g.r - i + g.P) % g.P;
     Tensor dj = dall.narrow(j * n, n);
-    backward_blocks(a, g, dout, qkv, out, lse, all.narrow(j * n, n), j, dqkv, dj, s);
+    g.backward_step(dout, qkv, out, lse, all.narrow(j * n, n), j, dqkv, dj, s);
   }
   Tensor mine = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
   cp.reduce_scatter(dall, mine, s);
@@ -235,7 +289,7 @@ void gather_rows_at(const Tensor& x, const std::vector<int64_t>& src, Tensor& y,
 
 // Row m of the gathered sequence [2PC*B, w] sits in the all-to-all's block of rank j at
 // local chunk k (block j*2 + k): the global chunk order from the ranks' (r, 2P-1-r) pairs.
-std::vector<int64_t> chunk_order(const Geo& g) {
+std::vector<int64_t> chunk_order(const RingRank& g) {
   const int64_t rows = g.rows(), n = 2 * g.P * rows;
   std::vector<int64_t> at(static_cast<size_t>(n));
   for (int64_t j = 0; j < g.P; ++j)
@@ -247,7 +301,7 @@ std::vector<int64_t> chunk_order(const Geo& g) {
 
 // local [2C*B, P*w] (this rank's rows, all column slices) -> full [2PC*B, w] (every rank's
 // rows in global sequence order, column slice r), over an all-to-all.
-void seq_to_heads(const Geo& g, const Tensor& local, Tensor& full, comm::Communicator& cp,
+void seq_to_heads(const RingRank& g, const Tensor& local, Tensor& full, comm::Communicator& cp,
                   Stream& s) {
   const int64_t R = 2 * g.rows(), w = full.size(1);
   Tensor send = Tensor::empty({g.P * R, w}, local.dtype(), local.device());
@@ -261,7 +315,7 @@ void seq_to_heads(const Geo& g, const Tensor& local, Tensor& full, comm::Communi
 }
 
 // The inverse: full [2PC*B, w] (slice r of every row) -> local [2C*B, P*w].
-void heads_to_seq(const Geo& g, const Tensor& full, Tensor& local, comm::Communicator& cp,
+void heads_to_seq(const RingRank& g, const Tensor& full, Tensor& local, comm::Communicator& cp,
                   Stream& s) {
   const int64_t R = 2 * g.rows(), w = full.size(1);
   Tensor send = Tensor::empty({g.P * R, w}, full.dtype(), full.device());
@@ -281,7 +335,7 @@ void heads_to_seq(const Geo& g, const Tensor& full, Tensor& local, comm::Communi
 
 // The gathered attention's dims: the whole sequence, this rank's slice of the heads; with
 // document masking the whole sequence's key starts, gathered from every rank's chunks.
-ops::AttentionDims a2a_dims(const CpAttention& a, const Geo& g, comm::Communicator& cp,
+ops::AttentionDims a2a_dims(const CpAttention& a, const RingRank& g, comm::Communicator& cp,
                             Stream& s) {
   ops::AttentionDims d = a.ad;
   d.S = 2 * g.P * g.C, d.S_global = d.S, d.q_offset = d.k_offset = 0;
@@ -303,7 +357,7 @@ ops::AttentionDims a2a_dims(const CpAttention& a, const Geo& g, comm::Communicat
   return d;
 }
 
-void a2a_check(const CpAttention& a, const Geo& g, const Tensor& qkv) {
+void a2a_check(const CpAttention& a, const RingRank& g, const Tensor& qkv) {
   MCPP_CHECK_HINT(a.ad.NG % g.P == 0 && a.ad.NH % g.P == 0,
                   "use --cp-comm-type p2p, or a --context-parallel-size dividing the heads",
                   "--cp-comm-type a2a: {} heads in {} query groups per tensor-parallel rank do "
@@ -311,7 +365,7 @@ void a2a_check(const CpAttention& a, const Geo& g, const Tensor& qkv) {
                   a.ad.NH, a.ad.NG, g.P);
 }
 
-void a2a_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::Communicator& cp,
+void a2a_forward(const CpAttention& a, const RingRank& g, const Tensor& qkv, comm::Communicator& cp,
                  Tensor& out, Tensor& lse, Stream& s) {
   a2a_check(a, g, qkv);
   const ops::AttentionDims d = a2a_dims(a, g, cp, s);
@@ -323,7 +377,7 @@ void a2a_forward(const CpAttention& a, const Geo& g, const Tensor& qkv, comm::Co
   heads_to_seq(g, ctx, out, cp, s);
 }
 
-void a2a_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const Tensor& qkv,
+void a2a_backward(const CpAttention& a, const RingRank& g, const Tensor& dout, const Tensor& qkv,
                   const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                   Stream& s) {
   a2a_check(a, g, qkv);
@@ -345,7 +399,7 @@ void a2a_backward(const CpAttention& a, const Geo& g, const Tensor& dout, const 
 void attention_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& cp,
                        Tensor& out, Tensor& lse, Stream& s) {
   check_args("context-parallel attention_forward", a, qkv, cp);
-  const Geo g = geometry(a, cp, s);
+  RingRank g(a, cp.size(), cp.rank(), qkv.dtype(), s);
   switch (a.type) {
     case CommType::P2P: return ring_forward(a, g, qkv, cp, out, lse, s);
     case CommType::AllGather: return gather_forward(a, g, qkv, cp, out, lse, s);
@@ -357,7 +411,7 @@ void attention_backward(const CpAttention& a, const Tensor& dout, const Tensor& 
                         const Tensor& out, const Tensor& lse, comm::Communicator& cp,
                         Tensor& dqkv, Stream& s) {
   check_args("context-parallel attention_backward", a, qkv, cp);
-  const Geo g = geometry(a, cp, s);
+  const RingRank g(a, cp.size(), cp.rank(), qkv.dtype(), s);
   switch (a.type) {
     case CommType::P2P: return ring_backward(a, g, dout, qkv, out, lse, cp, dqkv, s);
     case CommType::AllGather: return gather_backward(a, g, dout, qkv, out, lse, cp, dqkv, s);

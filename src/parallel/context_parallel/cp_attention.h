@@ -19,8 +19,15 @@
 //
 //   qkv  [2C*B, QKVW]  this rank's rows (grouped layout), chunk 0 then chunk 1
 //   out  [2C*B, NH*HD] (=)
-//   lse  B*NH*2C values (=): p2p / all_gather: [2][B, NH, C] (per local chunk);
-//        a2a: [B, NH/CP, CP*2C] (the gathered sequence's heads). Only backward reads it.
+//   lse  B*NH*2C values (=): p2p / all_gather: [B, NH, 2C] where the steps are fused
+//        (below), else [2][B, NH, C] (per local chunk); a2a: [B, NH/CP, CP*2C] (the
+//        gathered sequence's heads). Only backward reads it.
+//
+// Fused steps (p2p, all_gather): where the blocks run on cuDNN's fused attention (bf16/f16,
+// no dropout, no document mask: ops::attention_block_rect_supported; MCPP_CP_FUSED_STEPS=0
+// turns it off), each ring step is one block of Megatron's shape (ring_step) instead of
+// up to four chunk-sized blocks: fewer, larger calls, and the diagonal step writes the
+// running output directly (it comes first and covers every row).
 //   dqkv [2C*B, QKVW]  (=)
 // Attention dropout stays a function of the global (b, h, q, k) index, so every variant
 // draws the serial run's mask. Every variant runs on either backend's tensors: the blocks
@@ -41,6 +48,58 @@ struct CpAttention {
   ops::AttentionDims ad;  // this rank: S = 2C rows, local heads; b/h offsets, NH_global
   double scale = 1, dropout_p = 0;
   ops::DropoutKey key;
+};
+
+// The block of ring step (rank r, K/V of rank j) with fused steps: local query chunks
+// [x0, x0 + nx) against local key chunks [y0, y0 + ny) of j:
+//   j == r: both x both, causal (the rank's chunks r < 2CP-1-r are in sequence order, so the
+//           plain causal mask over its 2C rows is the chunks' mask);
+//   j <  r: both query chunks x j's first (j's second, 2CP-1-j, comes after both);
+//   j >  r: the second query chunk x both of j's (the first, r, comes before both).
+struct RingStep {
+  int x0, nx, y0, ny;
+  bool causal;
+};
+RingStep ring_step(int64_t r, int64_t j);
+// Its dims: `local` the rank's (S = 2C rows) with S = nx*C query rows, S_kv = ny*C key
+// rows, lse rows 2C apart (the [B, NH, 2C] lse), offsets of the first chunks.
+ops::AttentionDims ring_step_dims(const ops::AttentionDims& local, int64_t cp_size, int64_t r,
+                                  int64_t j);
+
+// One rank's share of the ring (p2p, all_gather) without the communication: its blocks
+// against one rank's K/V at a time, merged into the running (out, lse), and their
+// backward. attention_forward/backward drive it over the ring or the gathered K/V;
+// bench_cp_blocks and the GPU tests drive every rank of a ring on one device.
+struct RingRank {
+  RingRank(const CpAttention& a, int64_t cp_size, int64_t rank, DType dt, Stream& s);
+  // Before the forward's first step, which is the diagonal (j == rank).
+  void start_forward(Tensor& out, Tensor& lse, Stream& s);
+  // The blocks against rank j's qkv `kv`, merged into out / lse.
+  void forward_step(const Tensor& qkv, const Tensor& kv, int64_t j, Tensor& out, Tensor& lse,
+                    Stream& s);
+  // Their backward from the final out / lse: dQ += into dqkv, dK and dV += into dkv (j's).
+  void backward_step(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                     const Tensor& lse, const Tensor& kv, int64_t j, Tensor& dqkv, Tensor& dkv,
+                     Stream& s) const;
+
+  CpAttention a;
+  int64_t P, r, C, B, W, O;  // CP size and rank, chunk rows, batch, qkv and out widths
+  Tensor ks[2];  // document masking (p2p, all_gather): local chunk k's [B, C] key starts
+  // One block per ring step (ring_step) where the blocks run on cuDNN
+  // (ops::attention_block_rect_supported; lse [B, NH, 2C]); otherwise the visible chunk
+  // pairs one by one (lse [2][B, NH, C]).
+  bool fused = false;
+  Tensor o_i, lse_i;  // a block's output and lse before the merge
+
+  // Global chunk of local chunk k (0, 1) of rank j.
+  int64_t chunk(int64_t j, int k) const { return k == 0 ? j : 2 * P - 1 - j; }
+  int64_t rows() const { return C * B; }  // rows of one chunk in a [S*B, width] tensor
+
+ private:
+  Tensor chunk_rows(const Tensor& t, int x0, int n) const;  // local chunks [x0, x0 + n)
+  ops::AttentionDims block_dims(int x, int64_t qa, int64_t kc) const;
+  template <class F>
+  void for_each_block(int64_t j, F&& f) const;  // f(x, y, qa, kc, causal): visible pairs
 };
 
 void attention_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& cp,
