@@ -24,7 +24,8 @@
 # PyTorch's flash backward accumulates dQ atomically too).
 # Usage: bench/gpu/long_seq.sh BUILD_DIR   (env SEQS="8192 16384 32768", ITERS (4: timed
 #        over the last 2), TORCH=0 to skip PyTorch, TORCH_STEPS (2), OUT, GIB (139),
-#        DETERMINISTIC=0, MEGATRON=0 to run only PyTorch)
+#        DETERMINISTIC=0, MEGATRON=0 to run only PyTorch, BUDGET=torch: PyTorch first, and
+#        its peak at each length is megatron.cpp's memory budget there)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 M=$BUILD/megatron
@@ -75,17 +76,32 @@ PY
 trap table EXIT
 [[ ${DETERMINISTIC:-1} == 0 ]] && export MCPP_ATTENTION_DETERMINISTIC=0  # plan and train
 
+# The memory budget of length S (GiB): GIB, or with BUDGET=torch PyTorch's measured peak at
+# S (torch.json; the run is then "no more memory than PyTorch" by construction, the plan
+# choosing the cheapest recomputation that fits it).
+budget() {
+  if [[ ${BUDGET:-} == torch && -f $LOG/torch.json ]]; then
+    python3 -c "import json,sys; t=json.load(open('$LOG/torch.json')).get('$1',{}); \
+print(t['peak_mb']/1024 if 'peak_mb' in t else ${GIB:-139})"
+  else
+    echo "${GIB:-139}"
+  fi
+}
+
+run_megatron() {
 for S in $SEQS; do
-  [[ ${MEGATRON:-1} == 0 ]] && break
   SEQ=(--seq-length "$S" --max-position-embeddings "$S")
-  # What the memory plan says: no recomputation when it fits, else selective, else full.
-  for r in none selective full; do
+  GIB_S=$(budget "$S")
+  # What the memory plan says: the cheapest recomputation that fits the budget -- none, the
+  # norms' outputs (selective, layernorm), with the attention core's too, every layer.
+  for r in none layernorm selective full; do
     R=()
-    [[ $r == selective ]] && R=(--recompute-granularity selective)
+    [[ $r == layernorm ]] && R=(--recompute-granularity selective --recompute-modules layernorm)
+    [[ $r == selective ]] && R=(--recompute-granularity selective --recompute-modules core_attn layernorm)
     [[ $r == full ]] && R=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
     RECOMP=("${R[@]}") RNAME=$r
     "$M" plan "${MODEL[@]}" "${SEQ[@]}" "${R[@]}" --train-iters "$ITERS" \
-      --device-memory-gib "${GIB:-139}" > "$LOG/plan-$S.log" 2>&1
+      --device-memory-gib "$GIB_S" > "$LOG/plan-$S.log" 2>&1
     grep -q "fits in" "$LOG/plan-$S.log" && break
     if grep -q "ERROR" "$LOG/plan-$S.log"; then  # the plan itself failed: say so, train plain
       RECOMP=() RNAME="none (plan failed)"; break
@@ -103,7 +119,9 @@ for S in $SEQS; do
   echo "long_seq: S $S megatron.cpp ${ms:-?} ms/iteration, ${tf:-?} TFLOP/s, peak ${peak:-?} MB, plan ${plan:-?} MiB (recompute $RNAME)"
 done
 
-[[ ${TORCH:-1} == 0 ]] && exit 0
+}
+
+run_torch() {
 PYTHONUNBUFFERED=1 python3 - "$HERE" "${TORCH_STEPS:-2}" "$LOG/torch.json" $SEQS <<'PY' 2>&1 | tee "$LOG/torch.log"
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -186,3 +204,13 @@ for S in seqs:
             torch.cuda.empty_cache()
     json.dump(res, open(out, "w"), indent=1)
 PY
+}
+
+if [[ ${BUDGET:-} == torch ]]; then  # PyTorch first: its peaks are the budgets
+  [[ ${TORCH:-1} != 0 ]] && run_torch
+  [[ ${MEGATRON:-1} != 0 ]] && run_megatron
+else
+  [[ ${MEGATRON:-1} != 0 ]] && run_megatron
+  [[ ${TORCH:-1} != 0 ]] && run_torch
+fi
+exit 0

@@ -55,6 +55,12 @@ struct TransformerConfig {
   enum class Recompute : uint8_t { None, Full, Selective };
   enum class RecomputeMethod : uint8_t { Uniform, Block };
   Recompute recompute = Recompute::None;
+  // Selective recomputation's modules (--recompute-modules): the attention core's output
+  // and lse (core_attn, Megatron's default), and the two norms' outputs (layernorm: only
+  // the residual stream and each norm's rstd are kept; backward re-runs the norm forward
+  // into a shared workspace buffer before the GEMMs that read it). Read only when
+  // recompute is Selective; Megatron's default modules are core_attn alone.
+  bool recompute_core_attn = true, recompute_norms = false;
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int64_t recompute_num_layers = 1;
   // --keep-mlp-activations N (megatron.cpp's own): the first N layers of each model chunk

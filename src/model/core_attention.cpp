@@ -25,7 +25,7 @@ parallel::context_parallel::CpAttention cp_args(const StepContext& cx, int layer
 }  // namespace
 
 bool CoreAttention::keeps_output(const TransformerConfig& c) {
-  return c.recompute != TransformerConfig::Recompute::Selective;
+  return c.recompute != TransformerConfig::Recompute::Selective || !c.recompute_core_attn;
 }
 
 void CoreAttention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,

@@ -178,6 +178,7 @@ struct Workspace {
   Tensor ones;                 // [Tl,1] of ones: the bias add after a TP reduction
   Tensor act;                  // [T,F] the MLP activation of layers that do not keep their own
   Tensor dx, dtmp, dln;        // [Tl,H] residual-stream gradient, dropout / norm gradients
+  Tensor ln_y;                 // [Tl,H] the norms' outputs when recomputed (layernorm module)
   Tensor dtmp_full, dln_full;  // [T,H] (SP)
   Tensor dloss;                // [S,B] d loss / d token loss
   Tensor local_max;            // [T] this rank's row max of the logits (TP, last stage)

@@ -27,8 +27,8 @@ Norm::Norm(const TransformerConfig& c, const ParamStore* store, const std::strin
       b_(ParamStore::view(store, prefix + ".bias")) {}
 
 void Norm::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
-                       const TensorVisitor& v) {
-  v(s.y, {d.Tl, d.H}, d.dt, true);
+                       const TensorVisitor& v, bool keep_y) {
+  v(s.y, {d.Tl, d.H}, d.dt, keep_y);
   v(s.rstd, {d.Tl}, d.sdt, true);
   v(s.mean, {d.Tl}, d.sdt, !c.rmsnorm);
 }

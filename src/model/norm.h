@@ -30,8 +30,10 @@ class Norm {
     Tensor mean;  // [Tl] LayerNorm only
     Tensor rstd;  // [Tl]
   };
+  // keep_y false: y is not kept (selective recomputation of the norms: the caller points
+  // y at a workspace buffer and re-runs forward before y's reader in backward).
   static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
-                          const TensorVisitor& v);
+                          const TensorVisitor& v, bool keep_y = true);
 
   void forward(const Tensor& x, Saved& s, const StepContext& cx) const;
 

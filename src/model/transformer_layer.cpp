@@ -39,12 +39,19 @@ TransformerLayer::TransformerLayer(const TransformerConfig& c, int layer, const 
       ln2_(c, store, layer_param_name(layer, "pre_mlp_layernorm")),
       mlp_(make_mlp(c, layer, store)) {}
 
+// --recompute-modules layernorm: the norms' outputs live in ws.ln_y, written by forward and
+// written again in backward just before the GEMM backward that reads them (each norm's
+// input -- the layer input x, or x2 -- and rstd are kept anyway for the norm's backward).
+bool TransformerLayer::recomputes_norms() const {
+  return cfg_->recompute == TransformerConfig::Recompute::Selective && cfg_->recompute_norms;
+}
+
 void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, LayerSaved& s,
                                    const TensorVisitor& v) const {
-  Norm::saved_specs(*cfg_, d, s.ln1, v);
+  Norm::saved_specs(*cfg_, d, s.ln1, v, !recomputes_norms());
   Attention::saved_specs(*cfg_, d, s.attn, v);
   v(s.x2, {d.Tl, d.H}, d.dt, true);
-  Norm::saved_specs(*cfg_, d, s.ln2, v);
+  Norm::saved_specs(*cfg_, d, s.ln2, v, !recomputes_norms());
   own_mlp_saved(s);
   mlp_->saved_specs(d, keep_mlp_activation, *s.mlp, v);
 }
@@ -62,6 +69,7 @@ void TransformerLayer::scratch_specs(const Dims& d, bool uses_scratch_activation
   v(ws.dx, {d.Tl, d.H}, d.dt, true);
   v(ws.dtmp, {d.Tl, d.H}, d.dt, true);
   v(ws.dln, {d.Tl, d.H}, d.dt, true);
+  v(ws.ln_y, {d.Tl, d.H}, d.dt, recomputes_norms());
   Attention::scratch_specs(*cfg_, d, ws, v);
   mlp_->scratch_specs(d, uses_scratch_activation, ws, v);
 }
@@ -81,6 +89,7 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
   if (own_mlp_saved(s))
     allocate([&](const TensorVisitor& v) { mlp_->saved_specs(cx, false, *s.mlp, v); }, cx.dev,
              true);
+  if (recomputes_norms()) s.ln1.y = ws.ln_y, s.ln2.y = ws.ln_y;  // read at once, not kept
   // Attention block: x2 = x + dropout(attention(norm1(x))).
   ln1_.forward(x, s.ln1, cx);
   if (fuse_residual) {
@@ -102,6 +111,7 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
                              dropout_key(c, cx.keys, layer_, DropoutSite::AfterFc2), cx.g, out3,
                              st);
   }
+  if (recomputes_norms()) s.ln1.y = s.ln2.y = Tensor();  // the workspace is not kept
 }
 
 void TransformerLayer::inference_specs(const Dims& d, LayerSaved& s, Workspace& ws,
@@ -174,14 +184,20 @@ void TransformerLayer::backward(const Tensor& x, LayerSaved& s, Workspace& ws,
   if (dropout)
     ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, layer_, DropoutSite::AfterFc2),
                           cx.g, dtmp3, st);
+  if (recomputes_norms()) {  // norm2's output again, for fc1's weight gradient
+    s.ln1.y = ws.ln_y, s.ln2.y = ws.ln_y;
+    ln2_.forward(s.x2, s.ln2, cx);
+  }
   mlp_->backward(dproj, s.ln2.y, *s.mlp, ws.dln, ws, cx);
   ln2_.backward(ws.dln, s.x2, s.ln2, ws.dx, true, cx);
   // Attention block: x2 = x + dropout(attention(norm1(x))).
   if (dropout)
     ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, layer_, DropoutSite::AfterProj),
                           cx.g, dtmp3, st);
+  if (recomputes_norms()) ln1_.forward(x, s.ln1, cx);  // norm1's output, for QKV's
   attn_.backward(dproj, s.ln1.y, s.attn, ws.dln, ws, cx);
   ln1_.backward(ws.dln, x, s.ln1, ws.dx, true, cx);
+  if (recomputes_norms()) s.ln1.y = s.ln2.y = Tensor();
 }
 
 }  // namespace mcpp::model

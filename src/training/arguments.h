@@ -169,6 +169,9 @@ struct Args {
   std::optional<std::string> recompute_method;       // uniform | block (full only)
   std::optional<int64_t> recompute_num_layers;       // layers per group (uniform) / recomputed (block)
   bool recompute_activations = false;                // = --recompute-granularity selective
+  // --recompute-modules: what selective recomputation re-runs (Megatron's names; empty:
+  // Megatron's default, core_attn). validate_args fills the default and checks the names.
+  std::vector<std::string> recompute_modules;
 
   // Precision and initialisation.
   bool bf16 = false, fp16 = false;

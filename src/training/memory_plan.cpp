@@ -44,6 +44,11 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   using RC = model::TransformerConfig::Recompute;
   const std::string gran = a.recompute_granularity.value_or("");
   c.recompute = gran == "full" ? RC::Full : gran == "selective" ? RC::Selective : RC::None;
+  if (c.recompute == RC::Selective && !a.recompute_modules.empty()) {  // else Megatron's default
+    const auto& m = a.recompute_modules;
+    c.recompute_core_attn = std::find(m.begin(), m.end(), "core_attn") != m.end();
+    c.recompute_norms = std::find(m.begin(), m.end(), "layernorm") != m.end();
+  }
   c.recompute_method = a.recompute_method.value_or("uniform") == "block"
                            ? model::TransformerConfig::RecomputeMethod::Block
                            : model::TransformerConfig::RecomputeMethod::Uniform;

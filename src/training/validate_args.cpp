@@ -24,6 +24,33 @@
 namespace mcpp::training {
 namespace {
 
+// --recompute-modules under selective recomputation: Megatron's names and default
+// (core_attn); the ones megatron.cpp implements are core_attn (the attention core's output
+// and lse are recomputed in backward) and layernorm (the outputs of input_layernorm and
+// pre_mlp_layernorm are recomputed from the kept residual stream).
+void validate_recompute_modules(Args& a) {
+  if (a.recompute_modules.empty()) a.recompute_modules = {"core_attn"};
+  static const std::set<std::string> megatron = {
+      "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+      "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"};
+  for (const std::string& m : a.recompute_modules) {
+    MCPP_CHECK_HINT(megatron.count(m) > 0,
+                    "choose from core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
+                    "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc",
+                    "--recompute-modules: '{}' is not a module Megatron can recompute", m);
+    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm",
+                    "use core_attn and/or layernorm, or --recompute-granularity full",
+                    "--recompute-modules {} is not implemented yet by megatron.cpp (it "
+                    "recomputes core_attn and layernorm)",
+                    m);
+    MCPP_CHECK_HINT(m != "layernorm" || !a.fp8,
+                    "drop layernorm from --recompute-modules, or train without --fp8-format",
+                    "--recompute-modules layernorm with --fp8-format is not implemented by "
+                    "megatron.cpp (the FP8 GEMMs keep their own copy of the norm's output; "
+                    "Megatron refuses it with delayed scaling)");
+  }
+}
+
 constexpr int64_t kMaxThreads = 4096;
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
@@ -317,6 +344,13 @@ void validate_pipeline(Args& a) {
     a.recompute_granularity = "selective";
   }
   const std::string gran = a.recompute_granularity.value_or("");
+  // Megatron reads --recompute-modules only under selective granularity; here a value that
+  // would change nothing is an error rather than silently ignored.
+  MCPP_CHECK_HINT(gran == "selective" || a.recompute_modules.empty(),
+                  "add --recompute-granularity selective (or --recompute-activations), or drop "
+                  "--recompute-modules",
+                  "--recompute-modules {} applies to --recompute-granularity selective only",
+                  fmt::format("{}", fmt::join(a.recompute_modules, " ")));
   size_t fewest = SIZE_MAX;  // layers of the smallest model chunk
   for (const auto& ch : layers) fewest = std::min(fewest, ch.size());
   if (gran == "full") {
@@ -341,6 +375,7 @@ void validate_pipeline(Args& a) {
                     *a.recompute_method);
     MCPP_CHECK_HINT(!a.recompute_num_layers, "drop --recompute-num-layers",
                     "--recompute-num-layers applies to --recompute-granularity full only");
+    validate_recompute_modules(a);
   } else {
     MCPP_CHECK_HINT(!a.recompute_method && !a.recompute_num_layers,
                     "add --recompute-granularity full",

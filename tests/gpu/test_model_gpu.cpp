@@ -3,6 +3,7 @@
 // AdamW training steps (f32, bf16 with fp32 main params, fp16 with the loss scaler).
 // Plus the two ops the device-generic model added (dot, transpose) against the CPU.
 #include <cmath>
+#include <cstring>
 
 #include "gpu_test_util.h"
 #include "model/gpt_model.h"
@@ -137,6 +138,38 @@ TEST(GpuModel, LlamaF32WithDropoutMatchesCpu) { compare_step(true, DType::F32, 0
 TEST(GpuModel, GptBf16CloseToCpu) { compare_step(false, DType::BF16, 0.0, 3e-2, 8e-2); }
 TEST(GpuModel, LlamaBf16CloseToCpu) { compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2); }
 TEST(GpuModel, LlamaF16CloseToCpu) { compare_step(true, DType::F16, 0.0, 1e-2, 3e-2); }
+
+// --recompute-modules layernorm on the GPU: the norms' outputs re-run in backward into the
+// shared workspace buffer give the loss and every gradient bit for bit (bf16, dropout on
+// and off, alone and with the attention core recomputed too).
+TEST(GpuModel, RecomputedNormsGiveTheSameBits) {
+  MCPP_REQUIRE_GPU();
+  for (bool llama : {false, true})
+    for (double dropout : {0.0, 0.1})
+      for (bool core : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt") << " dropout " << dropout
+                                          << " core_attn " << core);
+        TransformerConfig c = cfg(llama, Device::CUDA, DType::BF16, dropout);
+        c.recompute = core ? TransformerConfig::Recompute::Selective
+                           : TransformerConfig::Recompute::None;
+        GPTModel ref(c);
+        c.recompute = TransformerConfig::Recompute::Selective;
+        c.recompute_core_attn = core, c.recompute_norms = true;
+        GPTModel m(c);
+        ops::copy(ref.params().flat_params(), m.params().flat_params(), GS());
+        auto mb = batch(29);
+        model::StepKeys k;
+        k.iteration = 1;
+        ref.params().zero_grads(), m.params().zero_grads();
+        const double lr = ref.forward(mb, k), lm = m.forward(mb, k);
+        EXPECT_EQ(lr, lm);
+        ref.backward(1e-3), m.backward(1e-3);
+        const Tensor gr = to_cpu(ref.params().flat_grads()), gm = to_cpu(m.params().flat_grads());
+        ASSERT_EQ(gr.numel(), gm.numel());
+        EXPECT_EQ(std::memcmp(gr.raw(), gm.raw(), size_t(gr.numel()) * sizeof(float)), 0);
+        EXPECT_LT(m.activation_memory().per_slot_max, ref.activation_memory().per_slot_max);
+      }
+}
 
 TEST(GpuModel, TrainingStepsTrackCpu) {
   MCPP_REQUIRE_GPU();

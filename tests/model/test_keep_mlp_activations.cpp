@@ -175,3 +175,35 @@ TEST(KeepMlpActivations, WhichLayersKeep) {
 }
 
 }  // namespace
+
+// --recompute-modules layernorm (selective recomputation): the two norms' outputs are not
+// kept; backward re-runs each norm's forward into one shared [T, H] buffer before the GEMM
+// that reads it. The norm kernels and GEMMs see the same inputs, so training is bit for
+// bit that of keeping them -- alone, with core_attn, and with --keep-mlp-activations --
+// and each layer keeps two [T, H] tensors fewer (the shared buffer is one [T, H] of
+// scratch).
+TEST(RecomputeModules, NormsTrainBitwiseAsKeepingThem) {
+  const int L = 3;
+  for (bool llama : {false, true})
+    for (DType dt : {DType::F32, DType::F64})
+      for (double dropout : {0.1, 0.0})
+        for (bool core_attn : {false, true})
+          for (int64_t keep : {0, 2}) {
+            SCOPED_TRACE(fmt::format("{} {} dropout {} core_attn {} keep {}",
+                                     llama ? "llama" : "gpt", dtype_name(dt), dropout, core_attn,
+                                     keep));
+            TransformerConfig c = model::test::tiny(llama, L, dropout);
+            c.dtype = dt, c.keep_mlp_activations = keep;
+            c.recompute = core_attn ? RC::Selective : RC::None;  // the reference keeps norms
+            const Training ref = train(c);
+            c.recompute = RC::Selective, c.recompute_core_attn = core_attn;
+            c.recompute_norms = true;
+            const Training t = train(c);
+            expect_same_training(t, ref);
+            const int64_t th = 2 * c.seq_length * c.hidden_size * int64_t(dtype_size(dt));
+            EXPECT_EQ(t.saved, ref.saved - 2 * L * th);
+            EXPECT_EQ(t.scratch, ref.scratch + th);
+            GPTModel probe(c);
+            EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
+          }
+}

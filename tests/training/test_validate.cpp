@@ -1,5 +1,6 @@
 // validate_args: Megatron's derived defaults and every configuration error, with hints.
 #include "test_util.h"
+#include "training/memory_plan.h"
 
 using namespace mcpp;
 using namespace mcpp::training;
@@ -390,6 +391,36 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
   expect_invalid(pp({"--recompute-num-layers", "1"}),
                  {"given without --recompute-granularity full"}, 2);
   expect_invalid(pp({"--recompute-granularity", "partial"}), {"partial"}, 2);
+  // --recompute-modules: Megatron's names, its default (core_attn), and what is built here.
+  a = parse_and_validate(pp({"--recompute-activations"}), 2);
+  EXPECT_EQ(a.recompute_modules, std::vector<std::string>{"core_attn"});
+  a = parse_and_validate(
+      pp({"--recompute-granularity", "selective", "--recompute-modules", "layernorm"}), 2);
+  EXPECT_EQ(a.recompute_modules, std::vector<std::string>{"layernorm"});
+  auto cfg = model_config(a, Device::CPU, DType::F32);
+  EXPECT_TRUE(cfg.recompute_norms);
+  EXPECT_FALSE(cfg.recompute_core_attn);
+  a = parse_and_validate(pp({"--recompute-activations", "--recompute-modules", "core_attn",
+                             "layernorm"}),
+                         2);
+  cfg = model_config(a, Device::CPU, DType::F32);
+  EXPECT_TRUE(cfg.recompute_norms && cfg.recompute_core_attn);
+  cfg = model_config(parse_and_validate(pp({"--recompute-activations"}), 2), Device::CPU,
+                     DType::F32);
+  EXPECT_TRUE(cfg.recompute_core_attn && !cfg.recompute_norms);
+  expect_invalid(pp({"--recompute-modules", "layernorm"}),
+                 {"--recompute-modules layernorm applies to --recompute-granularity selective"},
+                 2);
+  expect_invalid(pp({"--recompute-granularity", "full", "--recompute-method", "uniform",
+                     "--recompute-num-layers", "1", "--recompute-modules", "core_attn"}),
+                 {"applies to --recompute-granularity selective"}, 2);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mlp"}),
+                 {"--recompute-modules mlp is not implemented yet"}, 2);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "norms"}),
+                 {"'norms' is not a module Megatron can recompute"}, 2);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "layernorm",
+                     "--fp8-format", "hybrid", "--bf16"}),
+                 {"--recompute-modules layernorm with --fp8-format"}, 2);
 }
 
 TEST(Validate, KeepMlpActivations) {
