@@ -186,9 +186,9 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
     const char* e = std::getenv(name);
     return e && std::string(e) == v;
   };
-  // The atomic backward (MCPP_ATTENTION_DETERMINISTIC=0) needs little workspace.
   const int64_t cp = a.context_parallel_size;
-  if (cfg.device != Device::CUDA || env_is("MCPP_ATTENTION_DETERMINISTIC", "0")) return 0;
+  if (cfg.device != Device::CUDA) return 0;
+  const bool atomic = env_is("MCPP_ATTENTION_DETERMINISTIC", "0");
   // The same choice the GPU dispatch makes (a GPU run is assumed to have cuDNN, as the
   // plan may run on a machine without one).
   ops::AttentionBackendQuery q;
@@ -208,6 +208,12 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   if (backend != ops::AttentionBackend::Cudnn) return 0;
   const int64_t nh = cfg.num_attention_heads / tp, ng = cfg.num_query_groups / tp;
   auto ws = [&](int64_t heads, int64_t groups, int64_t rows) {
+    // The atomic backward (MCPP_ATTENTION_DETERMINISTIC=0) keeps no dP: its f32 dQ
+    // accumulator and row sums (ours) and about as much again of cuDNN's own (measured on
+    // an H200 with cuDNN 9.19: 141 / 271 / 533 MiB for the 1B's one sequence at 8K / 16K /
+    // 32K, against 129 / 258 / 516 by this formula).
+    if (atomic)
+      return a.micro_batch_size * heads * rows * (2 * cfg.kv_channels * 4 + 4);
     return ops::cudnn_attention_bwd_workspace_bytes(a.micro_batch_size, heads, groups, rows,
                                                     cfg.kv_channels, cap);
   };
@@ -245,7 +251,8 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
                     : fit == 0 ? std::string("drop --keep-mlp-activations")
                                : std::string("fewer --keep-mlp-activations (alone not enough)"));
   }
-  if (m.attention_workspace > 0) {
+  const char* det = std::getenv("MCPP_ATTENTION_DETERMINISTIC");
+  if (m.attention_workspace > 0 && !(det && std::string(det) == "0")) {
     // The largest cap on cuDNN's deterministic attention workspace (MiB, halving from the
     // planned workspace) under which the plan fits, if any does: the backward then runs in
     // more chunks (slower, the same bits).

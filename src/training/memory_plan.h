@@ -53,8 +53,8 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
 // cuDNN's attention does not run (ops::choose_attention_backend with --attention-backend,
 // assuming cuDNN is present on a GPU run unless MCPP_ATTENTION_CUDNN=0): CPU, f32, attention
 // dropout, head dims that are not a multiple of 8 up to 128, --attention-backend
-// flash/unfused/local, MCPP_ATTENTION_DETERMINISTIC=0 (the atomic path's workspace is
-// small). With context parallelism: the ring's largest block (the diagonal step over the
+// flash/unfused/local. MCPP_ATTENTION_DETERMINISTIC=0 (cuDNN's atomic dQ path): its f32
+// dQ accumulators instead, 2 * B*NH*S*HD*4 bytes. With context parallelism: the ring's largest block (the diagonal step over the
 // rank's two chunks, or one chunk where the steps run chunk by chunk), or a2a's attention
 // over the whole sequence on heads / CP. cap_bytes: the cap to plan under (-1: the
 // environment's MCPP_ATTENTION_BWD_WORKSPACE_MB, as the op uses).

@@ -153,9 +153,19 @@ TEST(MemoryPlan, AttentionWorkspace) {
   setenv("MCPP_ATTENTION_BWD_WORKSPACE_MB", "600", 1);
   EXPECT_EQ(ws(xl, 1), 512 * MiB);
   unsetenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
+  // The atomic backward: no dP, the f32 dQ accumulators (ours and cuDNN's) and row sums:
+  // 16 sequences x 16 heads x 2048 rows x (2 x 128 x 4 + 4) bytes.
   setenv("MCPP_ATTENTION_DETERMINISTIC", "0", 1);
-  EXPECT_EQ(ws(xl, 1), 0);
+  EXPECT_EQ(ws(xl, 1), 16LL * 16 * 2048 * (2 * 128 * 4 + 4));
   unsetenv("MCPP_ATTENTION_DETERMINISTIC");
+  // Context parallelism: the ring's diagonal step over the rank's 2 chunks (S / CP rows),
+  // or one chunk where the steps run chunk by chunk; a2a: the whole sequence, heads / CP.
+  const auto cp2 = with(xl, {"--context-parallel-size", "2"});
+  EXPECT_EQ(ws(cp2, 2), 16 * 16 * 1024LL * 1024 * 2);
+  setenv("MCPP_CP_FUSED_STEPS", "0", 1);
+  EXPECT_EQ(ws(cp2, 2), 16 * 16 * 512LL * 512 * 2);
+  unsetenv("MCPP_CP_FUSED_STEPS");
+  EXPECT_EQ(ws(with(cp2, {"--cp-comm-type", "a2a"}), 2), 16 * 8 * 2048LL * 2048 * 2);
   // --attention-backend: the workspace is planned only where cuDNN runs.
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "fused"}), 1), 2048 * MiB);
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "flash"}), 1), 0);
