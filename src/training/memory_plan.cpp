@@ -176,7 +176,30 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
              : 1;
   m.scratch = model::scratch_activation_bytes(cfg, part, a.micro_batch_size, cfg.seq_cp());
   m.attention_workspace = attention_workspace_bytes(a, cfg);
+  m.cp_exchange = cp_exchange_bytes(a, cfg);
   return m;
+}
+
+int64_t cp_exchange_bytes(const Args& a, const model::TransformerConfig& cfg) {
+  const int64_t cp = a.context_parallel_size;
+  if (cp <= 1) return 0;
+  const int64_t unit = cfg.seq_cp() * a.micro_batch_size * cfg.qkv_width_local() *
+                       int64_t(dtype_size(cfg.dtype));
+  // The blocks' cuDNN scratch (ops/cuda/attention_cp.cu): bf16/f16 without attention
+  // dropout or the document mask on a GPU, where cuDNN runs them.
+  const char* fused_env = std::getenv("MCPP_CP_FUSED_STEPS");
+  const bool cudnn = cfg.device == Device::CUDA && cfg.dtype != DType::F32 &&
+                     cfg.dtype != DType::F64 && cfg.attention_dropout == 0 &&
+                     !a.reset_attention_mask;
+  const bool fused = cudnn && !(fused_env && std::string(fused_env) == "0");
+  const int64_t halves = !cudnn ? 0 : fused ? 3 : 1;  // scratch in half units
+  int64_t most = 0;
+  for (const std::string& t : a.cp_comm_type) {
+    const int64_t halves_t = t == "p2p" ? 10 + halves : t == "all_gather" ? 2 * (2 * cp + 1) + halves
+                                                                            : 12;
+    most = std::max(most, halves_t * unit / 2);
+  }
+  return most;
 }
 
 int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig& cfg,

@@ -35,10 +35,23 @@ struct StageMemory {
   int in_flight = 0;            // the schedule's most micro-batches in flight on this stage
   int64_t scratch = 0;          // bytes of shared activation buffers
   int64_t attention_workspace = 0;  // bytes: cuDNN's deterministic attention backward (GPU)
+  int64_t cp_exchange = 0;  // bytes: context parallelism's transient exchange buffers
   int64_t activations() const { return int64_t(in_flight) * per_microbatch + scratch; }
   int64_t weights_and_optimizer() const { return weights + grads + optimizer; }
-  int64_t total() const { return weights_and_optimizer() + activations() + attention_workspace; }
+  int64_t total() const {
+    return weights_and_optimizer() + activations() + attention_workspace + cp_exchange;
+  }
 };
+
+// The buffers one layer's context-parallel attention backward holds at once besides the
+// saved activations (parallel/context_parallel/cp_attention.cpp), in units of the rank's
+// qkv [S/CP * B, QKVW/TP]: p2p, K/V and dK/dV double-buffered on the ring plus the
+// travelling dK/dV (5); all_gather, the gathered K/V and their gradients (2 CP) and this
+// rank's reduce-scattered share (1); a2a, the gathered qkv, output, its gradient and the
+// qkv gradient with the all-to-all's send and receive buffers (6). On cuDNN the blocks'
+// backward adds its scratch (a fused step: at most 1.5 units; a chunk block: 0.5). The
+// largest over the layers' comm types; 0 without CP.
+int64_t cp_exchange_bytes(const Args& a, const model::TransformerConfig& cfg);
 
 // The memory of pipeline stage `stage` (TP rank 0, DP rank 0) for model config `cfg`.
 StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg, int stage);

@@ -178,6 +178,38 @@ TEST(MemoryPlan, AttentionWorkspace) {
             512 * MiB);
 }
 
+// Context parallelism's exchange buffers (cp_exchange_bytes): in units of the rank's qkv,
+// [S/CP * B, QKVW/TP]; p2p 5 (+1.5 of cuDNN scratch with fused steps, +0.5 with chunk
+// blocks), all_gather 2 CP + 1 (+ the scratch), a2a 6; part of the plan's total.
+TEST(MemoryPlan, ContextParallelExchangeBuffers) {
+  const auto base = with(base_argv(), {"--bf16", "--num-layers", "2", "--hidden-size", "256",
+                                       "--num-attention-heads", "8", "--seq-length", "1024",
+                                       "--max-position-embeddings", "1024",
+                                       "--micro-batch-size", "2", "--attention-dropout", "0",
+                                       "--context-parallel-size", "2"});
+  auto plan = [](std::vector<std::string> argv, Device dev) {
+    Args a = parse_and_validate(argv, 2);
+    a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by,
+                                            a.tensor_model_parallel_size);
+    const auto cfg = model_config(a, dev, dev == Device::CUDA ? DType::BF16 : DType::F32);
+    const StageMemory m = plan_stage_memory(a, cfg, 0);
+    EXPECT_EQ(m.cp_exchange, cp_exchange_bytes(a, cfg));
+    EXPECT_EQ(m.total(), m.weights_and_optimizer() + m.activations() + m.attention_workspace +
+                             m.cp_exchange);
+    return m.cp_exchange;
+  };
+  const int64_t unit_gpu = 512 * 2 * 768 * 2, unit_cpu = 512 * 2 * 768 * 4;  // QKVW 3 x 256
+  EXPECT_EQ(plan(base, Device::CUDA), 13 * unit_gpu / 2);
+  EXPECT_EQ(plan(base, Device::CPU), 5 * unit_cpu);
+  setenv("MCPP_CP_FUSED_STEPS", "0", 1);
+  EXPECT_EQ(plan(base, Device::CUDA), 11 * unit_gpu / 2);
+  unsetenv("MCPP_CP_FUSED_STEPS");
+  EXPECT_EQ(plan(with(base, {"--cp-comm-type", "all_gather"}), Device::CUDA),
+            (2 * (2 * 2 + 1) + 3) * unit_gpu / 2);
+  EXPECT_EQ(plan(with(base, {"--cp-comm-type", "a2a"}), Device::CPU), 6 * unit_cpu);
+  EXPECT_EQ(plan(with(base, {"--context-parallel-size", "1"}), Device::CUDA), 0);
+}
+
 // The host side of the start-up check: what Linux says is available, and how many of this
 // job's ranks share it, from each launcher's variables (the fewest Slurm names: lenient).
 TEST(MemoryPlan, HostMemoryAndLocalRanks) {
