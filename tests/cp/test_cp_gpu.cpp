@@ -140,9 +140,18 @@ TEST(ContextParallelGpu, LseMergeMatchesCpu) {
 // one block of Megatron's shape -- a causal block over both local chunks, rectangular
 // blocks of 2C x C and C x 2C rows, lse rows 2C apart -- and the chunk blocks
 // (MCPP_CP_FUSED_STEPS=0) four at most a step. Both must give the full causal attention's
-// output, lse and gradients (the CPU op in f32 on the same bf16 inputs).
-void check_ring_steps(int64_t CP, bool fused_env) {
+// output, lse and gradients (the CPU op in f32 on the same bf16 inputs). cap > 0: cuDNN's
+// deterministic backward workspace capped there, so every block's backward runs in chunks of
+// one key/value group (strided views, the lse rows 2C apart included).
+void check_ring_steps(int64_t CP, bool fused_env, int64_t cap = 0) {
   MCPP_REQUIRE_GPU();
+  struct Cap {  // restores the process's cap
+    int64_t before = -1;
+    ~Cap() {
+      if (before >= 0) gpu::set_cudnn_attention_bwd_workspace_cap(before);
+    }
+  } restore;
+  if (cap > 0) restore.before = gpu::set_cudnn_attention_bwd_workspace_cap(cap);
   namespace cpa = mcpp::parallel::context_parallel;
   const DType dt = DType::BF16;
   const Dims z;  // C 80: a full and a partial tile per chunk
@@ -225,6 +234,7 @@ void check_ring_steps(int64_t CP, bool fused_env) {
 TEST(ContextParallelGpu, RingFusedStepsCp2) { check_ring_steps(2, true); }
 TEST(ContextParallelGpu, RingFusedStepsCp3) { check_ring_steps(3, true); }
 TEST(ContextParallelGpu, RingChunkBlocksCp3) { check_ring_steps(3, false); }
+TEST(ContextParallelGpu, RingFusedStepsCp2GroupChunks) { check_ring_steps(2, true, 1); }
 
 // A rectangular block is only for cuDNN: where the own kernels would run it (dropout),
 // the op says so and refuses it with an error naming the shape.
