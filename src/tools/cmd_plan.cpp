@@ -166,19 +166,16 @@ void print_memory(std::vector<std::string> train_args, int world, int pp, double
   }
   print_layer_activations(a, cfg);
   const auto m0 = training::plan_stage_memory(a, cfg, 0);
+  std::string includes;  // what the total holds besides weights, optimizer and activations
+  if (m0.attention_workspace > 0)
+    includes += fmt::format("; total includes {} MiB of cuDNN's attention-backward workspace",
+                            mib(m0.attention_workspace));
+  if (m0.cp_exchange > 0)
+    includes += fmt::format("; total includes {} MiB of context-parallel exchange buffers",
+                            mib(m0.cp_exchange));
   std::printf("(`megatron train` prints the same per rank at start-up: \"Theoretical memory "
               "footprints\"; activations include %s MiB of shared scratch%s)\n",
-              mib(m0.scratch).c_str(),
-              (std::string(m0.attention_workspace > 0
-                               ? fmt::format("; total includes {} MiB of cuDNN's "
-                                             "attention-backward workspace",
-                                             mib(m0.attention_workspace))
-                               : "") +
-               (m0.cp_exchange > 0
-                    ? fmt::format("; total includes {} MiB of context-parallel exchange buffers",
-                                  mib(m0.cp_exchange))
-                    : ""))
-                  .c_str());
+              mib(m0.scratch).c_str(), includes.c_str());
   if (device_gib > 0) {
     const auto budget = int64_t(device_gib * 1073741824.0);
     for (int s = 0; s < pp; ++s) {

@@ -223,11 +223,17 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   const ops::AttentionBackend backend = ops::choose_attention_backend(q).backend;
   const int64_t tp = a.tensor_model_parallel_size;
   // The own flash kernel with dropout hands the backward's mask from the dK/dV kernel to the
-  // dQ kernel in a buffer of one bit per score (on its aligned path: S a multiple of 8).
+  // dQ kernel in a buffer of one bit per score (on its aligned path: S a multiple of 8); the
+  // CP ring's block kernels draw it in each kernel instead, a2a's whole-sequence attention
+  // keeps one for its heads / CP.
   if (backend == ops::AttentionBackend::Flash && cfg.attention_dropout > 0 &&
-      a.seq_length % 8 == 0)
-    return ops::flash_dropout_mask_bytes(a.micro_batch_size, cfg.num_attention_heads / tp,
-                                         a.seq_length);
+      a.seq_length % 8 == 0) {
+    const bool a2a = cp > 1 && std::find(a.cp_comm_type.begin(), a.cp_comm_type.end(),
+                                         "a2a") != a.cp_comm_type.end();
+    if (cp > 1 && !a2a) return 0;
+    return ops::flash_dropout_mask_bytes(a.micro_batch_size,
+                                         cfg.num_attention_heads / tp / cp, a.seq_length);
+  }
   if (backend != ops::AttentionBackend::Cudnn) return 0;
   const int64_t nh = cfg.num_attention_heads / tp, ng = cfg.num_query_groups / tp;
   auto ws = [&](int64_t heads, int64_t groups, int64_t rows) {

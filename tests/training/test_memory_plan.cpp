@@ -166,6 +166,11 @@ TEST(MemoryPlan, AttentionWorkspace) {
   EXPECT_EQ(ws(cp2, 2), 16 * 16 * 512LL * 512 * 2);
   unsetenv("MCPP_CP_FUSED_STEPS");
   EXPECT_EQ(ws(with(cp2, {"--cp-comm-type", "a2a"}), 2), 16 * 8 * 2048LL * 2048 * 2);
+  // With dropout the own kernels run: the ring's block kernels keep no mask buffer, a2a's
+  // whole-sequence flash attention one bit per score of its 8 heads.
+  const auto cp2_drop = with(cp2, {"--attention-dropout", "0.1"});
+  EXPECT_EQ(ws(cp2_drop, 2), 0);
+  EXPECT_EQ(ws(with(cp2_drop, {"--cp-comm-type", "a2a"}), 2), 64 * MiB);
   // --attention-backend: the workspace is planned only where cuDNN runs.
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "fused"}), 1), 2048 * MiB);
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "flash"}), 1), 0);
