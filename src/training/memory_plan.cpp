@@ -11,6 +11,7 @@
 
 #include "ops/attention_backend.h"
 #include "ops/types.h"
+#include "parallel/context_parallel/cp_attention.h"
 #include "training/validate_fp8.h"
 
 namespace mcpp::training {
@@ -187,11 +188,10 @@ int64_t cp_exchange_bytes(const Args& a, const model::TransformerConfig& cfg) {
                        int64_t(dtype_size(cfg.dtype));
   // The blocks' cuDNN scratch (ops/cuda/attention_cp.cu): bf16/f16 without attention
   // dropout or the document mask on a GPU, where cuDNN runs them.
-  const char* fused_env = std::getenv("MCPP_CP_FUSED_STEPS");
   const bool cudnn = cfg.device == Device::CUDA && cfg.dtype != DType::F32 &&
                      cfg.dtype != DType::F64 && cfg.attention_dropout == 0 &&
                      !a.reset_attention_mask;
-  const bool fused = cudnn && !(fused_env && std::string(fused_env) == "0");
+  const bool fused = cudnn && parallel::context_parallel::fused_steps_enabled();
   const int64_t halves = !cudnn ? 0 : fused ? 3 : 1;  // scratch in half units
   int64_t most = 0;
   for (const std::string& t : a.cp_comm_type) {
@@ -253,9 +253,9 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   // where the steps run chunk by chunk (the document mask; MCPP_CP_FUSED_STEPS=0).
   int64_t most = 0;
   for (const std::string& t : a.cp_comm_type) {
-    const int64_t rows = a.reset_attention_mask || env_is("MCPP_CP_FUSED_STEPS", "0")
-                             ? a.seq_length / (2 * cp)
-                             : a.seq_length / cp;
+    const bool chunk_blocks =
+        a.reset_attention_mask || !parallel::context_parallel::fused_steps_enabled();
+    const int64_t rows = chunk_blocks ? a.seq_length / (2 * cp) : a.seq_length / cp;
     most = std::max(most, t == "a2a" ? ws(nh / cp, ng / cp, a.seq_length) : ws(nh, ng, rows));
   }
   return most;

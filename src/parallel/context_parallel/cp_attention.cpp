@@ -39,6 +39,11 @@ Tensor to_device(const Tensor& h, Device dev, Stream& s) {
 
 }  // namespace
 
+bool fused_steps_enabled() {
+  const char* e = std::getenv("MCPP_CP_FUSED_STEPS");
+  return !(e && std::string(e) == "0");
+}
+
 // ---- Megatron's step shapes (cp_attention.h) --------------------------------------------
 RingStep ring_step(int64_t r, int64_t j) {
   if (j == r) return {0, 2, 0, 2, true};
@@ -64,8 +69,8 @@ ops::AttentionDims ring_step_dims(const ops::AttentionDims& local, int64_t P, in
 namespace {
 // Whether every step shape runs as one block (MCPP_CP_FUSED_STEPS=0: never).
 bool fuse_steps(const CpAttention& a, int64_t P, DType dt, Stream& s) {
-  if (a.type == CommType::A2A || a.ad.key_start.defined() || a.dropout_p > 0) return false;
-  if (const char* e = std::getenv("MCPP_CP_FUSED_STEPS"); e && std::string(e) == "0")
+  if (a.type == CommType::A2A || a.ad.key_start.defined() || a.dropout_p > 0 ||
+      !fused_steps_enabled())
     return false;
   // The three shapes: the diagonal, against an earlier rank, against a later one (a rank
   // meets one or both of the last two; every rank asks about all three, so all decide alike).

@@ -56,6 +56,11 @@ struct CpAttention {
 //           plain causal mask over its 2C rows is the chunks' mask);
 //   j <  r: both query chunks x j's first (j's second, 2CP-1-j, comes after both);
 //   j >  r: the second query chunk x both of j's (the first, r, comes before both).
+// MCPP_CP_FUSED_STEPS (docs/environment.md): "0" keeps the chunk blocks everywhere; unset or
+// any other value lets the ring fuse its steps where the blocks run on cuDNN. The ring and
+// the memory plan both ask here.
+bool fused_steps_enabled();
+
 struct RingStep {
   int x0, nx, y0, ny;
   bool causal;
