@@ -195,8 +195,9 @@ int64_t cp_exchange_bytes(const Args& a, const model::TransformerConfig& cfg) {
   const int64_t halves = !cudnn ? 0 : fused ? 3 : 1;  // scratch in half units
   int64_t most = 0;
   for (const std::string& t : a.cp_comm_type) {
-    const int64_t halves_t = t == "p2p" ? 10 + halves : t == "all_gather" ? 2 * (2 * cp + 1) + halves
-                                                                            : 12;
+    const int64_t halves_t = t == "p2p"          ? 10 + halves
+                             : t == "all_gather" ? 2 * (2 * cp + 1) + halves
+                                                 : 12;
     most = std::max(most, halves_t * unit / 2);
   }
   return most;
