@@ -13,7 +13,18 @@
 //    the time to read the weights once at the copy rate), (b) the wall time of a greedy step
 //    as the server runs it (forward_greedy: tokens and positions to the device, the step's
 //    CUDA graph, the ids back) over 64 steps, and the same without CUDA graphs.
+// 3. With BENCH_DECODE_VARIANTS="V1,V2,..." -- each V a ';'-separated list of NAME=VALUE
+//    settings of the environment, or "base" for none (e.g. "base,MCPP_DECODE_L2_AHEAD_MB=0;
+//    MCPP_DECODE_ATTN_PREFETCH=0") -- the graph-replayed step at each row count under each
+//    setting, a fresh generator (graphs captured anew) per setting, every name any setting
+//    names unset before each, the settings interleaved over three rounds; one table.
+// BENCH_DECODE_GEMMS=0 skips the GEMM table of part 1.
+// BENCH_DECODE_NCU=A: only A prompts prefilled and three greedy steps (graph captured and
+//    checked), then one graph-replayed step between cudaProfilerStart and Stop -- for
+//    `ncu --profile-from-start off --graph-profiling node`, each of the step's kernels
+//    measured on its own -- and exit.
 // Prints markdown tables. Needs a CUDA build and a GPU; measures, asserts nothing.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +34,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/weights.h"
@@ -86,6 +98,26 @@ int main(int argc, char** argv) {
       cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.ffn_hidden_size,
       (long long)cfg.padded_vocab_size, weight_bytes / 1e9);
 
+  if (const char* ncu = std::getenv("BENCH_DECODE_NCU"); ncu && *ncu) {
+    const int64_t A = std::atoll(ncu);
+    inference::Generator g(mw.params, cfg);
+    inference::KVCache kv(cfg, std::min<int64_t>(cfg.max_position_embeddings, P + 160), A,
+                          Device::CUDA);
+    Tensor prompt = Tensor::empty({A, P}, DType::I64);
+    for (int64_t i = 0; i < A * P; ++i) prompt.data<int64_t>()[i] = 100 + (i * 7919) % 30000;
+    g.prefill_batch(prompt, kv, 0);
+    Tensor tok = Tensor::empty({A, 1}, DType::I64);
+    for (int64_t a = 0; a < A; ++a) tok.data<int64_t>()[a] = 1000 + a;
+    for (int i = 0; i < 3; ++i) g.forward_greedy(tok, kv, cfg.padded_vocab_size);
+    cudaDeviceSynchronize();
+    cudaProfilerStart();
+    g.forward_greedy(tok, kv, cfg.padded_vocab_size);
+    cudaDeviceSynchronize();
+    cudaProfilerStop();
+    std::printf("bench_decode: one profiled step of %lld rows\n", (long long)A);
+    return 0;
+  }
+
   // ---- 1. the GEMMs
   const char* names[] = {"decoder.layers.0.self_attention.linear_qkv.weight",
                          "decoder.layers.0.self_attention.linear_proj.weight",
@@ -100,7 +132,10 @@ int main(int argc, char** argv) {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   const bool sm90 = major >= 9;
+  const char* gemms_env = std::getenv("BENCH_DECODE_GEMMS");
+  const bool gemms = !(gemms_env && std::string(gemms_env) == "0");
   for (const char* name : names) {
+    if (!gemms) break;
     if (!mw.params.has(name)) continue;
     const Tensor w = mw.params.param(name);
     const int64_t N = w.size(0), K = w.size(1);
@@ -198,6 +233,69 @@ int main(int argc, char** argv) {
       // back to the prompt's length plus one (the steps above advanced every slot)
       for (int64_t a = 0; a < A; ++a) cache.reset_slot(a), cache.advance(a, 1, P + 1);
     }
+    std::printf("\n");
+  }
+
+  // ---- 3. the step under each prefetch setting
+  const char* variants_env = std::getenv("BENCH_DECODE_VARIANTS");
+  if (!variants_env || !*variants_env) return 0;
+  std::vector<std::string> variants;
+  std::vector<std::vector<std::pair<std::string, std::string>>> settings;
+  std::vector<std::string> env_names;  // every name any variant sets
+  {
+    std::stringstream ss(variants_env);
+    std::string v;
+    while (std::getline(ss, v, ',')) {
+      variants.push_back(v);
+      settings.emplace_back();
+      if (v == "base") continue;
+      std::stringstream vs(v);
+      std::string kv;
+      while (std::getline(vs, kv, ';')) {
+        const size_t e = kv.find('=');
+        if (e == std::string::npos || e == 0) {
+          std::fprintf(stderr, "BENCH_DECODE_VARIANTS: '%s' is not NAME=VALUE\n", kv.c_str());
+          return 2;
+        }
+        settings.back().emplace_back(kv.substr(0, e), kv.substr(e + 1));
+        env_names.push_back(kv.substr(0, e));
+      }
+    }
+  }
+  // us[variant][row count]: the best of three rounds' means over 64 steps.
+  std::vector<std::vector<double>> best(variants.size(),
+                                        std::vector<double>(rows_list.size(), 1e30));
+  for (int round = 0; round < 3; ++round)
+    for (size_t v = 0; v < variants.size(); ++v) {
+      for (const auto& n : env_names) unsetenv(n.c_str());
+      for (const auto& [n, val] : settings[v]) setenv(n.c_str(), val.c_str(), 1);
+      inference::Generator g2(mw.params, cfg);
+      for (size_t r = 0; r < rows_list.size(); ++r) {
+        const int64_t A = rows_list[r];
+        cache.reset();
+        Tensor prompt = Tensor::empty({A, P}, DType::I64);
+        for (int64_t i = 0; i < A * P; ++i) prompt.data<int64_t>()[i] = 100 + (i * 7919) % 30000;
+        g2.prefill_batch(prompt, cache, 0);
+        Tensor tok = Tensor::empty({A, 1}, DType::I64);
+        for (int64_t a = 0; a < A; ++a) tok.data<int64_t>()[a] = 1000 + a;
+        for (int i = 0; i < 3; ++i) g2.forward_greedy(tok, cache, V);  // capture, check
+        const int steps = 64;
+        const auto t0 = Clock::now();
+        for (int i = 0; i < steps; ++i) g2.forward_greedy(tok, cache, V);
+        const double us =
+            std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / steps;
+        best[v][r] = std::min(best[v][r], us);
+      }
+    }
+  std::printf("### graph-replayed step by setting (best of 3 rounds of 64 steps), us\n\n"
+              "| setting |");
+  for (int64_t A : rows_list) std::printf(" %lld rows |", (long long)A);
+  std::printf("\n|---|");
+  for (size_t r = 0; r < rows_list.size(); ++r) std::printf("---:|");
+  std::printf("\n");
+  for (size_t v = 0; v < variants.size(); ++v) {
+    std::printf("| %s |", variants[v].c_str());
+    for (size_t r = 0; r < rows_list.size(); ++r) std::printf(" %.0f |", best[v][r]);
     std::printf("\n");
   }
   return 0;

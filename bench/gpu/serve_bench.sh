@@ -73,7 +73,8 @@ for n in streams:
     tok, sec = run(n)
     h1 = health()
     d = {k: h1[k] - h0[k] for k in ("decode_steps", "decode_rows", "decode_seconds",
-                                    "prefills", "prefill_rows", "prefill_seconds")}
+                                    "prefills", "prefill_rows", "prefill_seconds",
+                                    "idle_seconds", "callback_seconds")}
     res[n] = {"tokens": tok, "seconds": sec, "tokens_per_s": tok / sec, "engine": d}
 print(json.dumps(res))
 PY
@@ -121,14 +122,17 @@ for n, v in s.items():
 # Where each timed run's wall time went, from the server's /health counters (the engine's
 # model operations, each including the copy of its result to the host).
 print()
-print("| streams | wall s | decode steps | rows/step | ms/step | decode s | prefills | prompts/prefill | ms/prefill | prefill s |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| streams | wall s | decode steps | rows/step | ms/step | decode s | prefills | prompts/prefill | ms/prefill | prefill s | idle s | callbacks s | rest s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for n, v in s.items():
     e = v.get("engine")
     if not e: continue
     ds, ps = max(e["decode_steps"], 1), max(e["prefills"], 1)
-    print("| %s | %.3f | %d | %.1f | %.3f | %.3f | %d | %.1f | %.2f | %.3f |" % (
+    # rest: the wall time outside the engine's model operations, its idle wait and the
+    # callbacks -- the clients' spread of arrivals and replies, and the engine's own work.
+    rest = v["seconds"] - e["decode_seconds"] - e["prefill_seconds"] - e["idle_seconds"] - e["callback_seconds"]
+    print("| %s | %.3f | %d | %.1f | %.3f | %.3f | %d | %.1f | %.2f | %.3f | %.4f | %.4f | %.4f |" % (
         n, v["seconds"], e["decode_steps"], e["decode_rows"] / ds, 1e3 * e["decode_seconds"] / ds,
         e["decode_seconds"], e["prefills"], e["prefill_rows"] / ps, 1e3 * e["prefill_seconds"] / ps,
-        e["prefill_seconds"]))
+        e["prefill_seconds"], e["idle_seconds"], e["callback_seconds"], rest))
 PY

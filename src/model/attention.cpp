@@ -101,7 +101,8 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
 
 void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
                                const Tensor* residual, Tensor& y, Workspace& ws,
-                               const StepContext& cx, const Norm::Fold* fold) const {
+                               const StepContext& cx, const Norm::Fold* fold,
+                               const Tensor* next_weight) const {
   const auto& c = *cfg_;
   if (fold) {
     Tensor unused;
@@ -115,8 +116,10 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
   const bool decode_step = c.rope && cx.S == 1 && cx.pos_dev.defined();
   if (decode_step) {
     ensure(s.core.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
+    const Tensor* const next[2] = {&proj_.weight(), next_weight};
     ops::rope_attention_decode(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.pos_dev, cx.scale,
-                               k_cache, v_cache, s.core.ctx, cx.stream());
+                               k_cache, v_cache, s.core.ctx, cx.stream(),
+                               std::span<const Tensor* const>(next, next_weight ? 2 : 1));
   } else if (c.rope && cx.uniform_pos) {
     ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.s0, s.qkv, cx.stream());
   } else if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position

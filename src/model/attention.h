@@ -40,10 +40,13 @@ class Attention {
   // Generation: y = attention(x) (+ *residual, without TP) over the KV cache
   // [B, Tmax, NG, HD], whose slot b receives the new positions [cx.pos[b], +Sq) (RoPE at
   // each sequence's own positions). fold: x is the input of that norm, folded into the
-  // QKV projection (Norm::fold), not its output.
+  // QKV projection (Norm::fold), not its output. next_weight: the weight the layer reads
+  // after the projection (the MLP's first), which a decode step's attention asks the GPU to
+  // bring into L2 after the projection's own (ops::rope_attention_decode's l2_next).
   void forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
                       const Tensor* residual, Tensor& y, Workspace& ws, const StepContext& cx,
-                      const Norm::Fold* fold = nullptr) const;
+                      const Norm::Fold* fold = nullptr,
+                      const Tensor* next_weight = nullptr) const;
   // Before the layer's backward: the core rebuilds what selective recomputation dropped.
   void prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const;
   // dy [Tl,H] -> dx [Tl,H] (=, the workspace's dln); parameter gradients +=.

@@ -122,6 +122,7 @@ class RowParallelLinear {
   void backward_weights(const Tensor& g, const Tensor& x, const StepContext& cx);
 
   const Fp8Linear& fp8() const { return fp8_; }
+  const Tensor& weight() const { return w_.w; }
 
  private:
   ParamView w_, b_;

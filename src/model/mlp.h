@@ -46,6 +46,9 @@ class MlpModule {
   // dy [Tl,H] -> dx [Tl,H] (=); parameter gradients +=.
   virtual void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
                         const StepContext& cx) = 0;
+  // The weight a generation step's forward reads first, which the attention before it asks
+  // the GPU to bring into L2 ahead (Attention::forward_cached); null: none worth it (MoE).
+  virtual const Tensor* first_weight() const { return nullptr; }
 };
 
 class DenseMlp final : public MlpModule {
@@ -69,6 +72,7 @@ class DenseMlp final : public MlpModule {
                       Tensor& y, Workspace& ws, const StepContext& cx) const override;
   void backward(const Tensor& dy, const Tensor& x, MlpSaved& s, Tensor& dx, Workspace& ws,
                 const StepContext& cx) override;
+  const Tensor* first_weight() const override { return &fc1_.weight(); }
 
  private:
   const TransformerConfig* cfg_;

@@ -140,9 +140,11 @@ void TransformerLayer::forward_cached(const Tensor& x, LayerSaved& s, Tensor& k_
   const Tensor& attn_in = f1 ? x : s.ln1.y;
   const Norm::Fold* fold1 = f1 ? &*f1 : nullptr;
   if (fuse_residual) {
-    attn_.forward_cached(attn_in, s.attn, k_cache, v_cache, &x, s.x2, ws, cx, fold1);
+    attn_.forward_cached(attn_in, s.attn, k_cache, v_cache, &x, s.x2, ws, cx, fold1,
+                         mlp_->first_weight());
   } else {
-    attn_.forward_cached(attn_in, s.attn, k_cache, v_cache, nullptr, ws.tmp, ws, cx, fold1);
+    attn_.forward_cached(attn_in, s.attn, k_cache, v_cache, nullptr, ws.tmp, ws, cx, fold1,
+                         mlp_->first_weight());
     ops::add(x, ws.tmp, s.x2, st);
   }
   // (A MoE layer's router reads the norm's output too: never folded. A fold means TP 1, so

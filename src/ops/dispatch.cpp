@@ -340,8 +340,9 @@ void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor
 }
 void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot, double base,
                            const Tensor& pos, double sc, Tensor& k_cache, Tensor& v_cache,
-                           Tensor& out, Stream& s) {
-  MCPP_DISPATCH(rope_attention_decode, qkv, d, rot, base, pos, sc, k_cache, v_cache, out, s);
+                           Tensor& out, Stream& s, std::span<const Tensor* const> l2_next) {
+  MCPP_DISPATCH(rope_attention_decode, qkv, d, rot, base, pos, sc, k_cache, v_cache, out, s,
+                l2_next);
 }
 void attention_prefill(const Tensor& qkv, const AttentionDims& d, double sc, Tensor& k_cache,
                        Tensor& v_cache, Tensor& out, Tensor& lse, Stream& s) {

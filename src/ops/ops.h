@@ -2,6 +2,8 @@
 // the CPU backend (src/ops/cpu) or the CUDA backend (src/ops/cuda); both implement
 // the same declarations, listed once in catalogue.inc.
 #pragma once
+#include <span>
+
 #include "ops/fp8_grid.h"
 #include "ops/moe_route.h"
 #include "ops/types.h"

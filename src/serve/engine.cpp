@@ -237,7 +237,11 @@ bool Engine::accept(Sequence& s, int64_t id, float lp, int64_t slot) {
     ++stats_.generated_tokens;
   }
   bool go = true;
-  if (s.events.on_token) go = s.events.on_token(int32_t(id), lp);
+  if (s.events.on_token) {
+    const auto t0 = std::chrono::steady_clock::now();
+    go = s.events.on_token(int32_t(id), lp);
+    count_callback(t0);
+  }
   if (!s.spec.ignore_eod && id == opts_.eod) {
     finish(s, "eod");
   } else if (std::find(s.spec.stop_tokens.begin(), s.spec.stop_tokens.end(), id) !=
@@ -266,7 +270,17 @@ void Engine::finish(Sequence& s, const std::string& reason) {
     else
       ++stats_.completed;
   }
-  if (s.events.on_done) s.events.on_done(s.result);
+  if (s.events.on_done) {
+    const auto t0 = std::chrono::steady_clock::now();
+    s.events.on_done(s.result);
+    count_callback(t0);
+  }
+}
+
+void Engine::count_callback(std::chrono::steady_clock::time_point t0) {
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard lk(mu_);
+  stats_.callback_seconds += dt;
 }
 
 void Engine::compact() {
@@ -295,10 +309,14 @@ void Engine::run_leader() {
     bool stop = false;
     {
       std::unique_lock lk(mu_);
+      const auto t_wait = std::chrono::steady_clock::now();
       const bool woke = cv_.wait_for(lk, kIdleHeartbeat, [&] {
         return stopping_ || !active_.empty() ||
                (!waiting_.empty() && int64_t(active_.size()) < opts_.slots);
       });
+      if (active_.empty())
+        stats_.idle_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
       stop = stopping_;
       if (!woke && !stop) {
         lk.unlock();

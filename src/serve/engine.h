@@ -24,6 +24,7 @@
 // Callbacks run on the engine thread (rank 0); they must not block for long.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -97,6 +98,10 @@ struct EngineStats {
   // copy of their result to the host): decode steps and the rows they ran, prefills.
   int64_t decode_steps = 0, decode_rows = 0, prefills = 0, prefill_rows = 0;
   double decode_seconds = 0, prefill_seconds = 0;
+  // The rest of the engine thread's time: waiting for work with no sequence active, and
+  // inside the sequences' callbacks (the service's token handling and replies). A run's
+  // wall time less these and the model operations is the engine's own bookkeeping.
+  double idle_seconds = 0, callback_seconds = 0;
 };
 
 struct QueueFull : std::runtime_error {
@@ -134,6 +139,7 @@ class Engine {
   // Records sequence s's new token id (its log-probability lp); false when it stops.
   bool accept(Sequence& s, int64_t id, float lp, int64_t slot);
   void finish(Sequence& s, const std::string& reason);
+  void count_callback(std::chrono::steady_clock::time_point t0);  // += now - t0
   void compact();  // finished sequences leave; the active slots stay [0, A)
 
   inference::Generator& gen_;

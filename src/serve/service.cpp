@@ -69,6 +69,7 @@ json Service::health() const {
           {"decode_steps", s.decode_steps}, {"decode_rows", s.decode_rows},
           {"decode_seconds", s.decode_seconds}, {"prefills", s.prefills},
           {"prefill_rows", s.prefill_rows}, {"prefill_seconds", s.prefill_seconds},
+          {"idle_seconds", s.idle_seconds}, {"callback_seconds", s.callback_seconds},
           {"completed", s.completed},
           {"cancelled", s.cancelled},
           {"prompt_tokens", s.prompt_tokens},

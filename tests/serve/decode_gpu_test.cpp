@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -93,25 +95,40 @@ TEST(GpuDecode, AttentionBatchInvariantAtAnyLength) {
     }
 }
 
+// Rows of 16-byte words (the kernel's word path: Vp 32064 and 32128 in bf16, V a multiple
+// of the word or ending mid-word) and rows that are not (Vp 32001: element by element),
+// bf16 and f32; a tie, a winner beyond V, a NaN, a row of equal values, a row of NaNs, the
+// maximum in the last real element.
 TEST(GpuDecode, ArgmaxMatchesCpu) {
   MCPP_REQUIRE_GPU();
-  const int64_t R = 6, Vp = 32064, V = 32000;
-  Tensor x = rand_in({R, Vp}, 21, DType::BF16, -4.f, 4.f);
-  float* p = static_cast<float*>(x.raw());
-  p[1 * Vp + 5] = p[1 * Vp + 31000] = 8.f;  // a tie: the lower index
-  p[2 * Vp + 32010] = 100.f;                // beyond V
-  p[3 * Vp + 0] = NAN, p[3 * Vp + 777] = 9.f;
-  for (int64_t i = 0; i < V; ++i) p[4 * Vp + i] = 1.f;  // all equal: index 0
-  Tensor ids = Tensor::empty({R}, DType::I64);
-  cpu::argmax_rows(x, V, ids, CS());
-  Tensor gids = Tensor::empty({R}, DType::I64, Device::CUDA);
-  gpu::argmax_rows(to_gpu(x, DType::BF16), V, gids, GS());
-  Tensor back = to_cpu(gids);
-  for (int64_t r = 0; r < R; ++r)
-    EXPECT_EQ(back.data<int64_t>()[r], ids.data<int64_t>()[r]) << "row " << r;
-  EXPECT_EQ(back.data<int64_t>()[1], 5);
-  EXPECT_EQ(back.data<int64_t>()[3], 777);
-  EXPECT_EQ(back.data<int64_t>()[4], 0);
+  for (auto [Vp, V, dt] : {std::tuple{int64_t(32064), int64_t(32000), DType::BF16},
+                           {int64_t(32128), int64_t(31999), DType::BF16},
+                           {int64_t(32001), int64_t(32000), DType::BF16},
+                           {int64_t(32064), int64_t(32003), DType::F32}}) {
+    SCOPED_TRACE(::testing::Message() << "Vp=" << Vp << " V=" << V << " " << dtype_name(dt));
+    const int64_t R = 8;
+    Tensor x = rand_in({R, Vp}, 21, dt, -4.f, 4.f);
+    float* p = static_cast<float*>(x.raw());
+    p[1 * Vp + 5] = p[1 * Vp + 31000] = 8.f;  // a tie: the lower index
+    p[2 * Vp + V] = 100.f;                    // beyond V
+    p[3 * Vp + 0] = NAN, p[3 * Vp + 777] = 9.f;
+    for (int64_t i = 0; i < V; ++i) p[4 * Vp + i] = 1.f;  // all equal: index 0
+    for (int64_t i = 0; i < V; ++i) p[6 * Vp + i] = NAN;  // all NaN: index 0
+    p[7 * Vp + V - 1] = 50.f;                             // the last real element
+    Tensor ids = Tensor::empty({R}, DType::I64);
+    cpu::argmax_rows(x, V, ids, CS());
+    Tensor gids = Tensor::empty({R}, DType::I64, Device::CUDA);
+    gpu::argmax_rows(to_gpu(x, dt), V, gids, GS());
+    Tensor back = to_cpu(gids);
+    for (int64_t r = 0; r < R; ++r)
+      EXPECT_EQ(back.data<int64_t>()[r], ids.data<int64_t>()[r]) << "row " << r;
+    EXPECT_EQ(back.data<int64_t>()[1], 5);
+    EXPECT_NE(back.data<int64_t>()[2], V);
+    EXPECT_EQ(back.data<int64_t>()[3], 777);
+    EXPECT_EQ(back.data<int64_t>()[4], 0);
+    EXPECT_EQ(back.data<int64_t>()[6], 0);
+    EXPECT_EQ(back.data<int64_t>()[7], V - 1);
+  }
 }
 
 // Shapes: the 1B model's QKV, a width that takes 4 rows per GEMV warp and ends mid-block
@@ -278,11 +295,19 @@ int64_t first_diff(const Tensor& a, const Tensor& b) {
 // plus G 3 x HD 80 (no group kernel: the rotation kernel, then decode_attention); batches of
 // 1, 3 and 64 sequences at different positions from 0 to 299 (past one pass of the block's
 // 8 x 32 keys). The bits catch what a tolerance would not: a query scaled before its
-// rounding to the dtype, a key read from the cache before the block wrote it.
+// rounding to the dtype, a key read from the cache before the block wrote it. Each case
+// runs the fused op with every cache-row prefetch level (MCPP_DECODE_ATTN_PREFETCH 0, 1, 2:
+// none, L2, L1 -- the L1 lines of rows the block then appends to must not go stale) and
+// with and without weights requested into L2 by extra blocks (l2_next: a 3 MiB and a 5 MiB
+// tensor under a 6 MiB budget, so the second range is cut mid-tensor): all the same bits.
 TEST(GpuDecode, RopeAttentionDecodeFusedMatchesComposition) {
   MCPP_REQUIRE_GPU();
   const int64_t Tmax = 300;
   const double base = 10000.0;
+  const Tensor w1 = to_gpu(rand_f32({768, 1024}, 71), DType::F32);   // 3 MiB
+  const Tensor w2 = to_gpu(rand_f32({1280, 1024}, 72), DType::F32);  // 5 MiB
+  const Tensor* const next[2] = {&w1, &w2};
+  ASSERT_EQ(setenv("MCPP_DECODE_L2_AHEAD_MB", "6", 1), 0);
   for (auto [NH, NG, HD, rot] : {std::tuple{32, 8, 64, 64},
                                  {32, 8, 64, 32},
                                  {4, 4, 128, 128},
@@ -313,10 +338,16 @@ TEST(GpuDecode, RopeAttentionDecodeFusedMatchesComposition) {
         Tensor rk = to_gpu(kc, dt), rv = to_gpu(vc, dt);
         Tensor rout = gpu_nan({1, d.B, NH * HD}, dt);
         gpu::attention_kv_cache_forward(rq, d, gpos, scale, rk, rv, rout, GS());
+        for (const char* level : {"2", "1", "0"})
+          for (bool ahead : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "prefetch level " << level << (ahead ? ", l2_next" : ""));
+        ASSERT_EQ(setenv("MCPP_DECODE_ATTN_PREFETCH", level, 1), 0);
         // The fused op, in place on qkv.
         Tensor fq = to_gpu(qkv, dt), fk = to_gpu(kc, dt), fv = to_gpu(vc, dt);
         Tensor fout = gpu_nan({1, d.B, NH * HD}, dt);
-        gpu::rope_attention_decode(fq, d, rot, base, gpos, scale, fk, fv, fout, GS());
+        gpu::rope_attention_decode(fq, d, rot, base, gpos, scale, fk, fv, fout, GS(),
+                                   ahead ? std::span<const Tensor* const>(next, 2)
+                                         : std::span<const Tensor* const>());
 
         const Tensor ref = to_cpu(rout), got = to_cpu(fout);
         const float* r = static_cast<const float*>(ref.raw());
@@ -338,8 +369,11 @@ TEST(GpuDecode, RopeAttentionDecodeFusedMatchesComposition) {
           for (int64_t c = G * HD; c < (G + 2) * HD; ++c)
             w[bg * (G + 2) * HD + c] = in[bg * (G + 2) * HD + c];
         EXPECT_EQ(first_diff(to_cpu(fq), want), -1) << "qkv";
+          }
       }
     }
+  unsetenv("MCPP_DECODE_ATTN_PREFETCH");
+  unsetenv("MCPP_DECODE_L2_AHEAD_MB");
 }
 
 // attention_prefill (prompts from position 0: the append, then the training attention --

@@ -157,7 +157,8 @@ void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor
 
 void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
                            const Tensor& pos, double softmax_scale, Tensor& k_cache,
-                           Tensor& v_cache, Tensor& out, Stream& s) {
+                           Tensor& v_cache, Tensor& out, Stream& s,
+                           std::span<const Tensor* const> /*l2_next: a GPU cache hint*/) {
   cpu::rope_decode(qkv, d, rot_dim, base, pos, qkv, s);
   cpu::attention_kv_cache_forward(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }

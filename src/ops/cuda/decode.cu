@@ -30,6 +30,11 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "ops/cuda/common.cuh"
 #include "ops/kv_cache_checks.h"
@@ -41,6 +46,68 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kMaxHD = 256;                 // smem q and 8 dims per lane
 constexpr int kDimsPerLane = kMaxHD / 32;
+
+// Requests the cache rows [0, len) of one (sequence, group) that warp w's chunks will read
+// (keys w*32 + lane, w*32 + lane + kWarps*32, ...: each lane its own key's K and V rows, one
+// request per 128-byte line) before the block's first dependent loads: the scores' K loads
+// and the V loop then find their lines in L1 (level 2) or L2 (level 1) instead of waiting on
+// DRAM once per chunk and again per eight V rows. level 0: nothing. A prefetch reads no
+// value, so the results are the same bits with and without it.
+template <typename T, int HD>
+__device__ __forceinline__ void prefetch_group_rows(const T* ks, const T* vs, int64_t len,
+                                                    int64_t C, int level) {
+  if (level == 0) return;
+  constexpr int kLine = 128 / int(sizeof(T));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t k = int64_t(warp) * 32 + lane; k < len; k += kWarps * 32) {
+#pragma unroll
+    for (int c = 0; c < HD; c += kLine) {
+      const T* kp = ks + k * C + c;
+      const T* vp = vs + k * C + c;
+      if (level == 2) {
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(kp));
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(vp));
+      } else {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kp));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp));
+      }
+    }
+  }
+}
+
+// Weights that a decode step reads after its attention (the projection, then the MLP's
+// first weight), requested into L2 by the first `blocks` blocks of rope_attention_decode's
+// kernel while its other blocks attend: a one-row step's attention keeps 8 of the H200's
+// 132 SMs busy for several microseconds in which DRAM would otherwise idle. Two byte ranges,
+// each thread requesting pieces of kPiece bytes (Hopper's bulk L2 prefetch; a line at a time
+// before sm_90). Weights are written by no kernel of the step, so the blocks need not wait
+// for the kernel before them.
+struct L2Ahead {
+  const char* p[2] = {nullptr, nullptr};
+  int64_t n[2] = {0, 0};
+  int blocks = 0;
+};
+
+int decode_attention_prefetch();  // (below, with the other switches read on the host)
+
+__device__ __forceinline__ void l2_ahead(const L2Ahead& a) {
+  constexpr int64_t kPiece = 4096;
+  const int64_t nt = int64_t(a.blocks) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t off = tid * kPiece; off < a.n[r]; off += nt * kPiece) {
+      const char* q = a.p[r] + off;
+      const int64_t left = a.n[r] - off;
+      const unsigned sz = unsigned(left < kPiece ? left : kPiece) & ~15u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (sz > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q), "r"(sz) : "memory");
+#else
+      for (unsigned i = 0; i < sz; i += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(q + i));
+#endif
+    }
+  }
+}
 
 // dot(q_s[0..HD), row[0..HD)) with 16-byte loads when the row allows them.
 template <typename T>
@@ -273,7 +340,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
                                   const T* __restrict__ kc, const T* __restrict__ vc,
                                   T* __restrict__ out, int NG, int64_t Tmax, float scale,
-                                  bool vec) {
+                                  bool vec, int prefetch) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
   pdl_wait();  // (launch_dependent: everything below reads the step's tensors)
@@ -281,6 +348,8 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
   const int g = blockIdx.x % NG;
   const int64_t b = blockIdx.x / NG;
   const int64_t C = int64_t(NG) * HD;
+  prefetch_group_rows<T, HD>(kc + b * Tmax * C + int64_t(g) * HD,
+                             vc + b * Tmax * C + int64_t(g) * HD, pos[b] + 1, C, prefetch);
   const T* q = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // the group's G query heads
   for (int c = threadIdx.x; c < G * HD; c += blockDim.x) q_s[c / HD][c % HD] = to_f(q[c]) * scale;
   __syncthreads();
@@ -323,22 +392,36 @@ template <typename T, int G, int D>
 static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     rope_attention_group_kernel(T* qkv, const int64_t* __restrict__ pos, T* kc, T* vc,
                                 T* __restrict__ out, int NG, int64_t Tmax, int half, int rot_dim,
-                                double base, float scale, bool vec) {
+                                double base, float scale, bool vec, int prefetch, L2Ahead ahead,
+                                const float2* __restrict__ rope_tab) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
+  if (int(blockIdx.x) < ahead.blocks) {  // (the weights read next: no wait, see L2Ahead)
+    l2_ahead(ahead);
+    return;
+  }
   pdl_wait();  // (launch_dependent: everything below reads or writes the step's tensors)
   pdl_trigger();
-  const int g = blockIdx.x % NG;
-  const int64_t b = blockIdx.x / NG, p = pos[b];
+  const int blk = int(blockIdx.x) - ahead.blocks;
+  const int g = blk % NG;
+  const int64_t b = blk / NG, p = pos[b];
   const int64_t C = int64_t(NG) * HD;
   T* head = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // G query heads, the key, the value
   const int64_t cache = b * Tmax * C + int64_t(g) * HD;
+  // The earlier positions' rows, requested while the angles are computed (row p is the
+  // block's own append, written below).
+  prefetch_group_rows<T, HD>(kc + cache, vc + cache, p, C, prefetch);
   T* kr = kc + cache + p * C;  // the group's cache rows at position p
   T* vr = vc + cache + p * C;
   for (int t = threadIdx.x; t < half + HD; t += blockDim.x) {
     if (t < half) {
       float cs, sn;
-      rope_angle(p, t, rot_dim, base, cs, sn);
+      if (rope_tab) {  // (decode_rope_table: the same two floats, computed once)
+        const float2 e = rope_tab[p * half + t];
+        cs = e.x, sn = e.y;
+      } else {
+        rope_angle(p, t, rot_dim, base, cs, sn);
+      }
 #pragma unroll
       for (int j = 0; j <= G; ++j) {  // G query heads, then the key
         T o1, o2;
@@ -389,7 +472,8 @@ bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T*
                   const AttentionDims& d, int64_t Tmax, float scale, bool vec, cudaStream_t cs) {
   return with_group_instance(d.NH / d.NG, d.HD, [&]<int G, int D>() {
     launch_dependent(decode_attention_group_kernel<T, G, D>, unsigned(d.B * d.NG), kWarps * 32, 0,
-                     cs, qkv, pos, kc, vc, out, int(d.NG), Tmax, scale, vec);
+                     cs, qkv, pos, kc, vc, out, int(d.NG), Tmax, scale, vec,
+                     decode_attention_prefetch());
   });
 }
 
@@ -467,9 +551,30 @@ __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi)
   return v > bv || (v == bv && i < bi);
 }
 
+// A block of kArgmaxThreads per row. Where the row's base is 16-byte aligned each thread
+// reads whole 16-byte words w = tid, tid + kArgmaxThreads, ..., kArgmaxWords of them
+// requested before the first is compared (a 32K vocabulary in one round of loads: the
+// one-block scan of 2-byte loads this replaced took 22 us a row on an H200, ncu); elements
+// at V or beyond are skipped. Otherwise element by element. The (value, lowest index) winner
+// is the same in any order of comparison, so the result does not depend on the split.
+constexpr int kArgmaxThreads = 1024, kArgmaxWords = 4;
+
 template <typename T>
-static __global__ void argmax_rows_kernel(const T* __restrict__ x, int64_t V, int64_t Vp,
-                                          int64_t* __restrict__ ids) {
+__device__ __forceinline__ void argmax_word(const uint4& u, int64_t i0, int64_t V, float& bv,
+                                            int64_t& bi) {
+  constexpr int E = int(16 / sizeof(T));
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int j = 0; j < E; ++j) {
+    const float v = to_f(e[j]);
+    if (i0 + j < V && better(v, i0 + j, bv, bi)) bv = v, bi = i0 + j;
+  }
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_rows_kernel(const T* __restrict__ x, int64_t V, int64_t Vp, int64_t* __restrict__ ids,
+                       bool vec) {
   __shared__ float bv_s[32];
   __shared__ int64_t bi_s[32];
   pdl_wait();  // (launch_dependent: x is the step's logits)
@@ -477,9 +582,28 @@ static __global__ void argmax_rows_kernel(const T* __restrict__ x, int64_t V, in
   const T* row = x + int64_t(blockIdx.x) * Vp;
   float bv = -INFINITY;
   int64_t bi = INT64_MAX;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = to_f(row[i]);
-    if (better(v, i, bv, bi)) bv = v, bi = i;
+  if (vec) {
+    constexpr int E = int(16 / sizeof(T));
+    const int64_t words = (V + E - 1) / E;
+    const uint4* r4 = reinterpret_cast<const uint4*>(row);
+    for (int64_t w0 = threadIdx.x; w0 < words; w0 += int64_t(kArgmaxThreads) * kArgmaxWords) {
+      uint4 u[kArgmaxWords];
+#pragma unroll
+      for (int k = 0; k < kArgmaxWords; ++k) {
+        const int64_t w = w0 + int64_t(k) * kArgmaxThreads;
+        if (w < words) u[k] = __ldg(r4 + w);
+      }
+#pragma unroll
+      for (int k = 0; k < kArgmaxWords; ++k) {
+        const int64_t w = w0 + int64_t(k) * kArgmaxThreads;
+        if (w < words) argmax_word<T>(u[k], w * E, V, bv, bi);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const float v = to_f(row[i]);
+      if (better(v, i, bv, bi)) bv = v, bi = i;
+    }
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
@@ -501,6 +625,103 @@ static __global__ void argmax_rows_kernel(const T* __restrict__ x, int64_t V, in
 bool vec_rows(const Tensor& qkv, const AttentionDims& d, const Tensor& k_cache) {
   return (d.HD * int64_t(dtype_size(qkv.dtype()))) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(k_cache.raw()) % 16 == 0;
+}
+
+// MCPP_DECODE_ATTN_PREFETCH (docs/environment.md): 0 none, 1 the cache rows into L2, 2
+// into L1 (the default). Read at every launch (a captured step keeps its launch's), so a
+// test can compare the levels in one process.
+int decode_attention_prefetch() {
+  const char* e = std::getenv("MCPP_DECODE_ATTN_PREFETCH");
+  if (!e || !*e) return 2;
+  const std::string v = e;
+  MCPP_CHECK_HINT(v == "0" || v == "1" || v == "2", "set it to 0, 1 or 2 (docs/environment.md)",
+                  "MCPP_DECODE_ATTN_PREFETCH={} is not 0, 1 or 2", v);
+  return v[0] - '0';
+}
+
+// The bytes of the weights read next that rope_attention_decode requests into L2:
+// MCPP_DECODE_L2_AHEAD_MB (docs/environment.md; 0 turns it off).
+int64_t l2_ahead_budget() {
+  const char* e = std::getenv("MCPP_DECODE_L2_AHEAD_MB");
+  int64_t mb = 24;
+  if (e && *e) {
+    char* end = nullptr;
+    mb = std::strtoll(e, &end, 10);
+    MCPP_CHECK_HINT(end && *end == 0 && mb >= 0 && mb <= 4096,
+                    "set it to a number of MiB, 0 to turn it off (docs/environment.md)",
+                    "MCPP_DECODE_L2_AHEAD_MB={} is not a number of MiB in [0, 4096]", e);
+  }
+  return mb << 20;
+}
+
+// The ranges of l2_next (device tensors, in order) within the budget, and the blocks that
+// request them: one per 512 KiB, at most 32.
+L2Ahead l2_ahead_of(std::span<const Tensor* const> next, const char* op) {
+  L2Ahead a;
+  int64_t left = l2_ahead_budget();
+  int r = 0;
+  for (const Tensor* t : next) {
+    if (!t || !t->defined() || left <= 0 || r == 2) continue;
+    check_cuda(*t, op, "l2_next");
+    const int64_t n = std::min<int64_t>(t->numel() * int64_t(dtype_size(t->dtype())), left);
+    if (n < 16 || !is_aligned16(t->raw())) continue;
+    a.p[r] = static_cast<const char*>(t->raw()), a.n[r] = n;
+    left -= n, ++r;
+  }
+  const int64_t total = a.n[0] + a.n[1];
+  a.blocks = int(std::min<int64_t>(32, (total + (512 << 10) - 1) >> 19));
+  return a;
+}
+
+// RoPE's (cos, sin) for positions 0 .. rows - 1 and pairs 0 .. half - 1, each as
+// rope_angle computes it (so a table entry and the angle computed in the kernel are the
+// same two floats).
+static __global__ void decode_rope_table_kernel(float2* tab, int64_t rows, int64_t half,
+                                                int64_t rot_dim, double base) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < rows * half;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    float cs, sn;
+    rope_angle(k / half, k % half, rot_dim, base, cs, sn);
+    tab[k] = make_float2(cs, sn);
+  }
+}
+
+// The table rope_attention_decode's kernel reads instead of computing each angle in double
+// precision (pow, cos and sin in one warp of each block while the others wait at its
+// barrier: half of a 64-sequence step's attention time, ncu's stall sampling on an H200).
+// One per (device, rot_dim, base), grown to the largest cache seen; rows * half * 8 bytes
+// (512 KiB for 2,048 positions of 64 rotary dims), never freed: a captured CUDA graph may
+// hold the pointer. Built outside graph capture (the engine's and generate's first step of
+// each shape runs eagerly); while capturing, a missing table gives null and the kernel
+// computes the angles. MCPP_DECODE_ROPE_TABLE=0 turns it off.
+const float2* decode_rope_table(int64_t rows, int64_t rot_dim, double base, cudaStream_t cs) {
+  if (const char* e = std::getenv("MCPP_DECODE_ROPE_TABLE"); e && e[0] == '0') return nullptr;
+  struct Entry {
+    int dev;
+    int64_t rot_dim;
+    double base;
+    int64_t rows;
+    float2* tab;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> tables;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard lk(mu);
+  for (const Entry& t : tables)
+    if (t.dev == dev && t.rot_dim == rot_dim && t.base == base && t.rows >= rows) return t.tab;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(cs, &st));
+  if (st != cudaStreamCaptureStatusNone) return nullptr;
+  const int64_t half = rot_dim / 2;
+  float2* tab = nullptr;
+  CUDA_CHECK(cudaMalloc(&tab, size_t(rows * half) * sizeof(float2)));
+  decode_rope_table_kernel<<<grid_for(rows * half, 256), 256, 0, cs>>>(tab, rows, half, rot_dim,
+                                                                     base);
+  MCPP_LAUNCH_CHECK();
+  CUDA_CHECK(cudaStreamSynchronize(cs));  // complete before any stream reads it
+  tables.push_back({dev, rot_dim, base, rows, tab});
+  return tab;
 }
 
 }  // namespace
@@ -570,7 +791,8 @@ void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, 
 
 void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
                            const Tensor& pos, double softmax_scale, Tensor& k_cache,
-                           Tensor& v_cache, Tensor& out, Stream& s) {
+                           Tensor& v_cache, Tensor& out, Stream& s,
+                           std::span<const Tensor* const> l2_next) {
   const char* op = "rope_attention_decode";
   for (auto [t, name] : {std::pair{static_cast<const Tensor*>(&qkv), "qkv"}, {&pos, "pos"},
                          {static_cast<const Tensor*>(&k_cache), "k_cache"},
@@ -586,16 +808,20 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
   const int64_t G = d.NH / d.NG, n = d.B * d.NG * (rot_dim / 2 + d.HD);
   const bool vec = vec_rows(qkv, d, k_cache);
   cudaStream_t cs = stream_of(s);
+  const L2Ahead ahead = l2_ahead_of(l2_next, op);
   bool fused = false;
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
     T* q = static_cast<T*>(qkv.raw());
     T* kc = static_cast<T*>(k_cache.raw());
     T* vc = static_cast<T*>(v_cache.raw());
     fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
-      launch_dependent(rope_attention_group_kernel<T, GG, DD>, unsigned(d.B * d.NG), kWarps * 32,
-                       0, cs, q, pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()),
-                       int(d.NG), k_cache.size(1), int(rot_dim / 2), int(rot_dim), base,
-                       float(softmax_scale), vec);
+      const float2* rope_tab = decode_rope_table(k_cache.size(1), rot_dim, base, cs);
+      launch_dependent(rope_attention_group_kernel<T, GG, DD>,
+                       unsigned(ahead.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
+                       pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG),
+                       k_cache.size(1), int(rot_dim / 2), int(rot_dim), base,
+                       float(softmax_scale), vec, decode_attention_prefetch(), ahead,
+                       rope_tab);
     });
     if (!fused)
       rope_append_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(q, pos.data<int64_t>(), kc, vc, d.B,
@@ -616,9 +842,11 @@ void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
   MCPP_CHECK(ids.dtype() == DType::I64 && ids.numel() == R, "{}: ids {} is not i64 [{}]", op,
              ids.str(), R);
   if (R == 0) return;
+  const bool vec = is_aligned16(logits.raw()) &&
+                   (Vp * int64_t(dtype_size(logits.dtype()))) % 16 == 0;
   MCPP_DISPATCH_ACT(logits.dtype(), op, {
-    launch_dependent(argmax_rows_kernel<T>, unsigned(R), 512, 0, stream_of(s),
-                     static_cast<const T*>(logits.raw()), V, Vp, ids.data<int64_t>());
+    launch_dependent(argmax_rows_kernel<T>, unsigned(R), kArgmaxThreads, 0, stream_of(s),
+                     static_cast<const T*>(logits.raw()), V, Vp, ids.data<int64_t>(), vec);
     MCPP_LAUNCH_CHECK();
   });
 }

@@ -402,7 +402,7 @@ bool aligned16(const Tensor& t) {
 // ops/cuda/gemv_splitk.cu (DecodeGemm::SplitK): whether its kernel takes the dtype, rows and
 // K (the rest as mma_ok); MCPP_DECODE_SPLITK=1; the launch.
 bool splitk_takes(DType dt, int64_t rows, int64_t K);
-bool splitk_for_auto();
+int splitk_for_auto();  // MCPP_DECODE_SPLITK: 0 off, 1 for 9..64 rows, 2 for 1..64 rows
 void launch_splitk(DType dt, int64_t M, const void* x, const void* w, const void* b,
                    const void* res, void* y, int64_t N, int64_t K, cudaStream_t cs);
 
@@ -436,9 +436,12 @@ void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const
   const bool mma_ok = base && rows <= kMaxMmaRows && K % kTcStep == 0 &&
                       (dt == DType::BF16 || dt == DType::F16);
   const bool splitk_ok = base && splitk_takes(dt, rows, K);
-  // MCPP_DECODE_SPLITK=1: the split-K kernel for 9..64 rows (opt-in until measured).
-  if (path == DecodeGemm::Auto && rows > kMaxRows && splitk_ok && splitk_for_auto())
-    path = DecodeGemm::SplitK;
+  // MCPP_DECODE_SPLITK=1: the split-K kernel for 9..64 rows (opt-in until measured); =2:
+  // for every row count it takes.
+  if (path == DecodeGemm::Auto && splitk_ok) {
+    const int sk = splitk_for_auto();
+    if (sk == 2 || (sk == 1 && rows > kMaxRows)) path = DecodeGemm::SplitK;
+  }
   // Measured on the H200 (bench/gpu/bench_decode.cpp, the 1B model's weights): the
   // tensor-core kernel streams at least as fast as the GEMV up to 8 rows and as cuBLASLt at
   // 16 rows for the attention's small weights (<= 8M elements), cuBLASLt wins beyond.
