@@ -3,13 +3,16 @@
 // for bit -- at every register-row shape of the norm kernel the fold replicates (1 to 8 warps
 // a row, 1 to 4 vectors a lane), with and without a bias, bf16 and f16; one row folded, 3
 // and 8 through the composition -- and the shapes it does not take (9 rows, f32, an f32
-// norm weight) running the composition.
+// norm weight) running the composition; the tensor-core decode GEMM's persistent grid
+// against a block per tile, bit for bit.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "ops/cuda/gemv.h"
 
 namespace mcpp::test {
 namespace {
@@ -57,6 +60,77 @@ TEST(GpuDecode, RmsnormFoldedIntoTheGemmIsTheComposition) {
             else  // the composition (its norm output written)
               EXPECT_TRUE(same_bits(rstd2, rstd));
           }
+}
+
+// The tensor-core decode GEMM's persistent grid (a block per tile where the GPU holds every
+// block at once, otherwise as many blocks as it holds, each looping over tiles and
+// requesting its next tile's weights ahead) against a block per tile (MCPP_DECODE_PERSISTENT
+// =0), bit for bit: the fold at one row (the 1B model's fc1 with SwiGLU, 1,024 tiles, and
+// its output layer, 2,008), linear_decode at 1, 8 and 33 rows with a residual and a ragged
+// last tile, linear_swiglu_decode at 5 rows.
+TEST(GpuDecode, PersistentGridGivesTheTilesBits) {
+  MCPP_REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  auto both = [](auto&& run) {  // run() -> y, with and without the persistent grid
+    ASSERT_EQ(setenv("MCPP_DECODE_PERSISTENT", "0", 1), 0);
+    const Tensor tiles = to_cpu(run());
+    ASSERT_EQ(unsetenv("MCPP_DECODE_PERSISTENT"), 0);
+    const Tensor pers = to_cpu(run());
+    ASSERT_EQ(tiles.numel(), pers.numel());
+    EXPECT_EQ(std::memcmp(tiles.raw(), pers.raw(), tiles.nbytes()), 0);
+    const float* p = static_cast<const float*>(pers.raw());
+    for (int64_t i = 0; i < pers.numel(); ++i) ASSERT_FALSE(std::isnan(p[i])) << "unwritten " << i;
+  };
+  {
+    SCOPED_TRACE("fold, SwiGLU fc1 [16384, 2048], 1 row");
+    const int64_t K = 2048, N = 16384;
+    const Tensor x = to_gpu(rand_in({1, K}, 81, dt, -3.f, 3.f), dt);
+    const Tensor nw = to_gpu(rand_in({K}, 82, dt, 0.5f, 1.5f), dt);
+    const Tensor w = to_gpu(rand_in({N, K}, 83, dt, -0.1f, 0.1f), dt);
+    both([&] {
+      Tensor xn = gpu_nan({1, K}, dt), rstd = gpu_nan({1}, DType::F32);
+      Tensor fc1 = gpu_nan({1, N}, dt), y = gpu_nan({1, N / 2}, dt);
+      gpu::rmsnorm_linear_decode(x, nw, 1e-5, xn, rstd, w, Tensor(), true, fc1, y, GS());
+      return y;
+    });
+  }
+  {
+    SCOPED_TRACE("fold, output layer [32128, 2048], 1 row");
+    const int64_t K = 2048, N = 32128;
+    const Tensor x = to_gpu(rand_in({1, K}, 84, dt, -3.f, 3.f), dt);
+    const Tensor nw = to_gpu(rand_in({K}, 85, dt, 0.5f, 1.5f), dt);
+    const Tensor w = to_gpu(rand_in({N, K}, 86, dt, -0.1f, 0.1f), dt);
+    both([&] {
+      Tensor xn = gpu_nan({1, K}, dt), rstd = gpu_nan({1}, DType::F32);
+      Tensor fc1 = gpu_nan({1, N}, dt), y = gpu_nan({1, N}, dt);
+      gpu::rmsnorm_linear_decode(x, nw, 1e-5, xn, rstd, w, Tensor(), false, fc1, y, GS());
+      return y;
+    });
+  }
+  for (int64_t rows : {1, 8, 33}) {
+    SCOPED_TRACE(::testing::Message() << "linear_decode [20007, 512] + residual, " << rows << " rows");
+    const int64_t K = 512, N = 20007;
+    const Tensor x = to_gpu(rand_in({rows, K}, 87 + rows, dt), dt);
+    const Tensor w = to_gpu(rand_in({N, K}, 88, dt, -0.1f, 0.1f), dt);
+    const Tensor b = to_gpu(rand_in({N}, 89, dt), dt);
+    const Tensor r = to_gpu(rand_in({rows, N}, 90, dt), dt);
+    both([&] {
+      Tensor y = gpu_nan({rows, N}, dt);
+      ops::cuda::linear_decode_with(ops::cuda::DecodeGemm::TensorCore, x, w, b, r, y, GS());
+      return y;
+    });
+  }
+  {
+    SCOPED_TRACE("linear_swiglu_decode [2 x 9000, 1024], 5 rows");
+    const int64_t K = 1024, F = 9000;
+    const Tensor x = to_gpu(rand_in({5, K}, 91, dt), dt);
+    const Tensor w = to_gpu(rand_in({2 * F, K}, 92, dt, -0.1f, 0.1f), dt);
+    both([&] {
+      Tensor fc1 = gpu_nan({5, 2 * F}, dt), y = gpu_nan({5, F}, dt);
+      gpu::linear_swiglu_decode(x, w, Tensor(), fc1, y, GS());
+      return y;
+    });
+  }
 }
 
 TEST(GpuDecode, RmsnormFoldFallsBackToTheComposition) {

@@ -219,11 +219,7 @@ bool pdl_for_stream(cudaStream_t cs) {
   if (!pdl_enabled()) return false;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(cs, &st));
-  if (st == cudaStreamCaptureStatusNone) return true;
-  // While capturing (read then only, so a benchmark can compare both in one process):
-  // MCPP_DECODE_PDL_GRAPHS=1 keeps the overlap as programmatic edges of the graph.
-  const char* e = std::getenv("MCPP_DECODE_PDL_GRAPHS");
-  return e && e[0] == '1';
+  return st == cudaStreamCaptureStatusNone;
 }
 
 }  // namespace mcpp::ops::cuda

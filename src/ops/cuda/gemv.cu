@@ -35,8 +35,12 @@
 // rounding instead of a GEMM then an add: 32 kernels fewer in a 64-row step) or
 // linear_forward.
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -192,30 +196,40 @@ __device__ __forceinline__ uint4 norm_word(uint4 xw, uint4 ww, float r) {
   return xw;
 }
 
+// A block owns the weight-row tiles blockIdx.x, blockIdx.x + gridDim.x, ... < n_tiles (16
+// rows each; 8 gate + 8 up rows for SwiGLU): one tile when the grid has a block per tile, as
+// launched until 2026-12-03; several when launch_mma makes the grid persistent (as many
+// blocks as the GPU holds at once), where each block computes the folded norm's rstd once
+// and requests its next tile's first weights before the reduction and epilogue of the
+// current one. Each tile's sums are formed in the same order either way: the same bits.
 template <typename T, int TILES, bool SWIGLU, int DEPTH, bool NORM = false>
 static __global__ void __launch_bounds__(kTcWarps * 32)
-    skinny_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                      const T* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y,
-                      int64_t M, int64_t N, int64_t K, FoldedNorm fn = {}) {
+    skinny_mma_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                      const T* __restrict__ res, T* __restrict__ y, int64_t M, int64_t N, int64_t K,
+                      int64_t n_tiles, FoldedNorm fn = {}) {
   __shared__ float red[kTcWarps][TILES * 4][32];
   __shared__ float rstd_s[NORM ? TILES * 8 : 1], part[kTcWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const T* __restrict__ nw = static_cast<const T*>(fn.nw);
   const int64_t F = N / 2;
-  const int64_t n0 = int64_t(blockIdx.x) * (SWIGLU ? 8 : 16);
-  int64_t ra, rb;
-  if constexpr (SWIGLU) {
-    ra = n0 + g < F ? n0 + g : F - 1;
-    rb = F + ra;
-  } else {
-    ra = n0 + g < N ? n0 + g : N - 1;
-    rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
-  }
-  const T* wa = w + ra * K + 16 * t;
-  const T* wb = w + rb * K + 16 * t;
+  int64_t wt = blockIdx.x;  // the weight tile
+  const T* wa = nullptr;
+  const T* wb = nullptr;
+  auto rows_of = [&](int64_t tl) {  // this lane's two weight rows of tile tl
+    const int64_t n0 = tl * (SWIGLU ? 8 : 16);
+    int64_t ra, rb;
+    if constexpr (SWIGLU) {
+      ra = n0 + g < F ? n0 + g : F - 1;
+      rb = F + ra;
+    } else {
+      ra = n0 + g < N ? n0 + g : N - 1;
+      rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+    }
+    wa = w + ra * K + 16 * t;
+    wb = w + rb * K + 16 * t;
+  };
+  rows_of(wt);
   float acc[TILES][4];
-#pragma unroll
-  for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   const int64_t steps = K / kTcStep;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   uint4 A[DEPTH][4];  // per step in flight: row a k 0..7, 8..15; row b k 0..7, 8..15
@@ -270,67 +284,79 @@ static __global__ void __launch_bounds__(kTcWarps * 32)
     }
     __syncthreads();
   }
-  for (int64_t s0 = warp; s0 < steps; s0 += DEPTH * kTcWarps) {
-    if (s0 != warp) load_weights(s0);
+  for (; wt < n_tiles; wt += gridDim.x) {
+    const int64_t n0 = wt * (SWIGLU ? 8 : 16);
 #pragma unroll
-    for (int j = 0; j < DEPTH; ++j) {
-      const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
-      if (s >= steps) break;
+    for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int64_t s0 = warp; s0 < steps; s0 += DEPTH * kTcWarps) {
+      if (s0 != warp) load_weights(s0);
 #pragma unroll
-      for (int tile = 0; tile < TILES; ++tile) {
-        const int64_t tok = int64_t(tile) * 8 + g;
-        const T* xr = x + tok * K + kb + 16 * t;
-        uint4 X0 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr)) : zero;
-        uint4 X1 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr + 8)) : zero;
-        if constexpr (NORM) {
-          if (tok < M) {
-            const float r = rstd_s[tok];
-            X0 = norm_word<T>(X0, __ldg(reinterpret_cast<const uint4*>(nw + kb + 16 * t)), r);
-            X1 = norm_word<T>(X1, __ldg(reinterpret_cast<const uint4*>(nw + kb + 16 * t + 8)), r);
+      for (int j = 0; j < DEPTH; ++j) {
+        const int64_t s = s0 + j * kTcWarps, kb = s * kTcStep;
+        if (s >= steps) break;
+#pragma unroll
+        for (int tile = 0; tile < TILES; ++tile) {
+          const int64_t tok = int64_t(tile) * 8 + g;
+          const T* xr = x + tok * K + kb + 16 * t;
+          uint4 X0 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr)) : zero;
+          uint4 X1 = tok < M ? __ldg(reinterpret_cast<const uint4*>(xr + 8)) : zero;
+          if constexpr (NORM) {
+            if (tok < M) {
+              const float r = rstd_s[tok];
+              X0 = norm_word<T>(X0, __ldg(reinterpret_cast<const uint4*>(nw + kb + 16 * t)), r);
+              X1 = norm_word<T>(X1, __ldg(reinterpret_cast<const uint4*>(nw + kb + 16 * t + 8)), r);
+            }
           }
-        }
-        mma_step_words<T>(acc[tile], A[j], X0, X1);
-      }
-    }
-  }
-#pragma unroll
-  for (int tile = 0; tile < TILES; ++tile)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][tile * 4 + i][lane] = acc[tile][i];
-  __syncthreads();
-  // Warp w finishes tiles w, w + kTcWarps, ...: the warps' sums in warp order, then the
-  // epilogue. Fragment element i: weight row g (+8 for i >= 2), token 2t + (i & 1).
-  for (int tile = warp; tile < TILES; tile += kTcWarps) {
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[i] = 0.f;
-#pragma unroll
-      for (int ww = 0; ww < kTcWarps; ++ww) v[i] += red[ww][tile * 4 + i][lane];
-    }
-    if constexpr (SWIGLU) {
-      const int64_t j = n0 + g;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t tok = int64_t(tile) * 8 + 2 * t + e;
-        if (j < F && tok < M) {
-          float gate = v[e], up = v[e + 2];
-          if (bias) gate += to_f(bias[j]), up += to_f(bias[F + j]);
-          y[tok * F + j] = from_f<T>(swiglu_of(gate, up));
+          mma_step_words<T>(acc[tile], A[j], X0, X1);
         }
       }
-    } else {
+    }
+    // The next tile's first weights, in flight while this one is reduced and written.
+    const bool more = wt + gridDim.x < n_tiles;
+    if (more) {
+      rows_of(wt + gridDim.x);
+      load_weights(warp);
+    }
+#pragma unroll
+    for (int tile = 0; tile < TILES; ++tile)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][tile * 4 + i][lane] = acc[tile][i];
+    __syncthreads();
+    // Warp w finishes tiles w, w + kTcWarps, ...: the warps' sums in warp order, then the
+    // epilogue. Fragment element i: weight row g (+8 for i >= 2), token 2t + (i & 1).
+    for (int tile = warp; tile < TILES; tile += kTcWarps) {
+      float v[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t n = n0 + g + (i >= 2 ? 8 : 0), tok = int64_t(tile) * 8 + 2 * t + (i & 1);
-        if (n < N && tok < M) {
-          float o = v[i];
-          if (bias) o += to_f(bias[n]);
-          if (res) o += to_f(res[tok * N + n]);
-          y[tok * N + n] = from_f<T>(o);
+        v[i] = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < kTcWarps; ++ww) v[i] += red[ww][tile * 4 + i][lane];
+      }
+      if constexpr (SWIGLU) {
+        const int64_t j = n0 + g;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t tok = int64_t(tile) * 8 + 2 * t + e;
+          if (j < F && tok < M) {
+            float gate = v[e], up = v[e + 2];
+            if (bias) gate += to_f(bias[j]), up += to_f(bias[F + j]);
+            y[tok * F + j] = from_f<T>(swiglu_of(gate, up));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = n0 + g + (i >= 2 ? 8 : 0), tok = int64_t(tile) * 8 + 2 * t + (i & 1);
+          if (n < N && tok < M) {
+            float o = v[i];
+            if (bias) o += to_f(bias[n]);
+            if (res) o += to_f(res[tok * N + n]);
+            y[tok * N + n] = from_f<T>(o);
+          }
         }
       }
     }
+    if (more) __syncthreads();  // red is written again for the next tile
   }
 }
 
@@ -358,31 +384,63 @@ int decode_gemm_depth(int64_t blocks) {
   return blocks < 2 * sms ? 4 : 2;
 }
 
+// The grid of a tensor-core decode GEMM of `tiles` weight-row tiles: a block per tile, or,
+// where that is more blocks than the GPU holds at once, the blocks it holds (the kernel's
+// occupancy x SMs), each looping over tiles: the 1B model's fc1 (1,024 tiles, 3 blocks of 76
+// registers an SM) and output layer. MCPP_DECODE_PERSISTENT=0 keeps a block per tile (read at
+// each launch; docs/environment.md).
+template <typename K>
+unsigned decode_gemm_grid(K kernel, int64_t tiles) {
+  if (const char* e = std::getenv("MCPP_DECODE_PERSISTENT"); e && e[0] == '0')
+    return unsigned(tiles);
+  static std::mutex mu;
+  static std::vector<std::pair<const void*, int64_t>> resident;  // kernel -> blocks at once
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int64_t held = 0;
+  {
+    std::lock_guard lk(mu);
+    for (const auto& [k, n] : resident)
+      if (k == key) held = n;
+    if (held == 0) {
+      int dev = 0, sms = 0, per_sm = 0;
+      CUDA_CHECK(cudaGetDevice(&dev));
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTcWarps * 32, 0));
+      held = std::max<int64_t>(1, int64_t(sms) * per_sm);
+      resident.emplace_back(key, held);
+    }
+  }
+  return unsigned(std::min(tiles, held));
+}
+
 template <typename T, bool SWIGLU = false>
 void launch_mma(int64_t M, const T* x, const T* w, const T* b, const T* res, T* y, int64_t N,
                 int64_t K, cudaStream_t cs, const FoldedNorm& fn = {}) {
   if constexpr (std::is_same_v<T, float>) {
     MCPP_FAIL("linear_decode: the tensor-core path takes bf16/f16, not f32");
   } else {
-    const unsigned grid = unsigned(SWIGLU ? (N / 2 + 7) / 8 : (N + 15) / 16);
+    const int64_t tiles = SWIGLU ? (N / 2 + 7) / 8 : (N + 15) / 16;
     const dim3 blk(kTcWarps * 32);
-    const int depth = decode_gemm_depth(grid);
+    const int depth = decode_gemm_depth(tiles);
+    auto go = [&](auto kernel, const FoldedNorm& f) {
+      launch_dependent(kernel, decode_gemm_grid(kernel, tiles), blk, 0, cs, x, w, b, res, y, M,
+                       N, K, tiles, f);
+    };
     if (fn.nw) {  // the folded norm: up to kMaxRows rows (one tile)
       MCPP_CHECK(M <= kMaxRows, "rmsnorm_linear_decode: {} rows, the folded norm takes {}", M,
                  kMaxRows);
       if (depth == 4)
-        launch_dependent(skinny_mma_kernel<T, 1, SWIGLU, 4, true>, grid, blk, 0, cs, x, w, b, res,
-                         y, M, N, K, fn);
+        go(skinny_mma_kernel<T, 1, SWIGLU, 4, true>, fn);
       else
-        launch_dependent(skinny_mma_kernel<T, 1, SWIGLU, 2, true>, grid, blk, 0, cs, x, w, b, res,
-                         y, M, N, K, fn);
+        go(skinny_mma_kernel<T, 1, SWIGLU, 2, true>, fn);
       return;
     }
 #define MCPP_MMA_CASE(TL)                                                                    \
   case TL:                                                                                   \
-    launch_dependent(depth == 4 ? skinny_mma_kernel<T, TL, SWIGLU, 4>                        \
-                                : skinny_mma_kernel<T, TL, SWIGLU, 2>,                       \
-                     grid, blk, 0, cs, x, w, b, res, y, M, N, K, FoldedNorm{});              \
+    if (depth == 4)                                                                          \
+      go(skinny_mma_kernel<T, TL, SWIGLU, 4>, FoldedNorm{});                                 \
+    else                                                                                     \
+      go(skinny_mma_kernel<T, TL, SWIGLU, 2>, FoldedNorm{});                                 \
     break;
     switch ((M + 7) / 8) {
       MCPP_MMA_CASE(1) MCPP_MMA_CASE(2) MCPP_MMA_CASE(3) MCPP_MMA_CASE(4)
@@ -402,7 +460,7 @@ bool aligned16(const Tensor& t) {
 // ops/cuda/gemv_splitk.cu (DecodeGemm::SplitK): whether its kernel takes the dtype, rows and
 // K (the rest as mma_ok); MCPP_DECODE_SPLITK=1; the launch.
 bool splitk_takes(DType dt, int64_t rows, int64_t K);
-int splitk_for_auto();  // MCPP_DECODE_SPLITK: 0 off, 1 for 9..64 rows, 2 for 1..64 rows
+bool splitk_for_auto();
 void launch_splitk(DType dt, int64_t M, const void* x, const void* w, const void* b,
                    const void* res, void* y, int64_t N, int64_t K, cudaStream_t cs);
 
@@ -436,12 +494,9 @@ void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const
   const bool mma_ok = base && rows <= kMaxMmaRows && K % kTcStep == 0 &&
                       (dt == DType::BF16 || dt == DType::F16);
   const bool splitk_ok = base && splitk_takes(dt, rows, K);
-  // MCPP_DECODE_SPLITK=1: the split-K kernel for 9..64 rows (opt-in until measured); =2:
-  // for every row count it takes.
-  if (path == DecodeGemm::Auto && splitk_ok) {
-    const int sk = splitk_for_auto();
-    if (sk == 2 || (sk == 1 && rows > kMaxRows)) path = DecodeGemm::SplitK;
-  }
+  // MCPP_DECODE_SPLITK=1: the split-K kernel for 9..64 rows (opt-in until measured).
+  if (path == DecodeGemm::Auto && rows > kMaxRows && splitk_ok && splitk_for_auto())
+    path = DecodeGemm::SplitK;
   // Measured on the H200 (bench/gpu/bench_decode.cpp, the 1B model's weights): the
   // tensor-core kernel streams at least as fast as the GEMV up to 8 rows and as cuBLASLt at
   // 16 rows for the attention's small weights (<= 8M elements), cuBLASLt wins beyond.

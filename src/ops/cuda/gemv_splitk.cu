@@ -280,10 +280,12 @@ bool splitk_takes(DType dt, int64_t rows, int64_t K) {
          K >= kSkStep && K % kSkStep == 0;
 }
 
-int splitk_for_auto() {
-  // (read at each call: a benchmark compares the settings in one process)
-  const char* e = std::getenv("MCPP_DECODE_SPLITK");
-  return e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+bool splitk_for_auto() {
+  static const bool on = [] {
+    const char* e = std::getenv("MCPP_DECODE_SPLITK");
+    return e && e[0] == '1';
+  }();
+  return on;
 }
 
 void launch_splitk(DType dt, int64_t M, const void* x, const void* w, const void* b,
