@@ -688,7 +688,7 @@ static __global__ void decode_rope_table_kernel(float2* tab, int64_t rows, int64
 
 // The table rope_attention_decode's kernel reads instead of computing each angle in double
 // precision (pow, cos and sin in one warp of each block while the others wait at its
-// barrier: half of a 64-sequence step's attention time, ncu's stall sampling on an H200).
+// barrier): 20 us off the 1B model's decode step on an H200 (bench/RESULTS.md, session 21).
 // One per (device, rot_dim, base), grown to the largest cache seen; rows * half * 8 bytes
 // (512 KiB for 2,048 positions of 64 rotary dims), never freed: a captured CUDA graph may
 // hold the pointer. Built outside graph capture (the engine's and generate's first step of
