@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -81,29 +82,18 @@ TEST(GpuDecode, PersistentGridGivesTheTilesBits) {
     const float* p = static_cast<const float*>(pers.raw());
     for (int64_t i = 0; i < pers.numel(); ++i) ASSERT_FALSE(std::isnan(p[i])) << "unwritten " << i;
   };
-  {
-    SCOPED_TRACE("fold, SwiGLU fc1 [16384, 2048], 1 row");
-    const int64_t K = 2048, N = 16384;
-    const Tensor x = to_gpu(rand_in({1, K}, 81, dt, -3.f, 3.f), dt);
-    const Tensor nw = to_gpu(rand_in({K}, 82, dt, 0.5f, 1.5f), dt);
-    const Tensor w = to_gpu(rand_in({N, K}, 83, dt, -0.1f, 0.1f), dt);
+  for (auto [N, swiglu] : {std::pair{int64_t(16384), true}, {int64_t(32128), false}}) {
+    SCOPED_TRACE(::testing::Message() << "fold at 1 row, [" << N << ", 2048]"
+                                      << (swiglu ? " SwiGLU (fc1)" : " (output layer)"));
+    const int64_t K = 2048, out = swiglu ? N / 2 : N;
+    const uint64_t sd = uint64_t(N) + swiglu;
+    const Tensor x = to_gpu(rand_in({1, K}, sd + 1, dt, -3.f, 3.f), dt);
+    const Tensor nw = to_gpu(rand_in({K}, sd + 2, dt, 0.5f, 1.5f), dt);
+    const Tensor w = to_gpu(rand_in({N, K}, sd + 3, dt, -0.1f, 0.1f), dt);
     both([&] {
       Tensor xn = gpu_nan({1, K}, dt), rstd = gpu_nan({1}, DType::F32);
-      Tensor fc1 = gpu_nan({1, N}, dt), y = gpu_nan({1, N / 2}, dt);
-      gpu::rmsnorm_linear_decode(x, nw, 1e-5, xn, rstd, w, Tensor(), true, fc1, y, GS());
-      return y;
-    });
-  }
-  {
-    SCOPED_TRACE("fold, output layer [32128, 2048], 1 row");
-    const int64_t K = 2048, N = 32128;
-    const Tensor x = to_gpu(rand_in({1, K}, 84, dt, -3.f, 3.f), dt);
-    const Tensor nw = to_gpu(rand_in({K}, 85, dt, 0.5f, 1.5f), dt);
-    const Tensor w = to_gpu(rand_in({N, K}, 86, dt, -0.1f, 0.1f), dt);
-    both([&] {
-      Tensor xn = gpu_nan({1, K}, dt), rstd = gpu_nan({1}, DType::F32);
-      Tensor fc1 = gpu_nan({1, N}, dt), y = gpu_nan({1, N}, dt);
-      gpu::rmsnorm_linear_decode(x, nw, 1e-5, xn, rstd, w, Tensor(), false, fc1, y, GS());
+      Tensor fc1 = gpu_nan({1, N}, dt), y = gpu_nan({1, out}, dt);
+      gpu::rmsnorm_linear_decode(x, nw, 1e-5, xn, rstd, w, Tensor(), swiglu, fc1, y, GS());
       return y;
     });
   }
