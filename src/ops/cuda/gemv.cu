@@ -20,6 +20,9 @@
 // warp order. A token's column of the mma is computed alike whichever tile slot it has, so
 // row t's y depends on row t's x alone: a sequence decodes to the same numbers alone or in
 // any batch this kernel runs (tests/serve/decode_gpu_test.cpp checks it bit for bit).
+// Where a layer has more 16-row tiles than the GPU holds blocks at once, the grid is
+// persistent (decode_gemm_grid): each block loops over tiles, asking for its next tile's
+// weights before it reduces the current one (the same bits; decode_norm_gpu_test.cpp).
 //
 // CUDA cores (f32/bf16/f16, up to 8 rows: the f32 model, and K not a multiple of 64): each
 // warp owns R output rows (R = 1, 2 or 4 by the layer's width, so that a wave has ~16
