@@ -37,14 +37,14 @@
 // cuBLASLt: linear_residual_forward (the residual as the GEMM's C input, one kernel and one
 // rounding instead of a GEMM then an add: 32 kernels fewer in a 64-row step) or
 // linear_forward.
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
-#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gemv.h"
@@ -200,8 +200,8 @@ __device__ __forceinline__ uint4 norm_word(uint4 xw, uint4 ww, float r) {
 }
 
 // A block owns the weight-row tiles blockIdx.x, blockIdx.x + gridDim.x, ... < n_tiles (16
-// rows each; 8 gate + 8 up rows for SwiGLU): one tile when the grid has a block per tile, as
-// launched until 2026-12-03; several when launch_mma makes the grid persistent (as many
+// rows each; 8 gate + 8 up rows for SwiGLU): one tile when the grid has a block per tile;
+// several when launch_mma makes the grid persistent (as many
 // blocks as the GPU holds at once), where each block computes the folded norm's rstd once
 // and requests its next tile's first weights before the reduction and epilogue of the
 // current one. Each tile's sums are formed in the same order either way: the same bits.
