@@ -73,6 +73,29 @@ double time_us(F&& fn, int n = 50) {
   return 1e3 * ms / n;
 }
 
+// A prompts of P deterministic tokens, [A, P], and one step's tokens, [A, 1].
+Tensor prompts(int64_t A, int64_t P) {
+  Tensor t = Tensor::empty({A, P}, DType::I64);
+  for (int64_t i = 0; i < A * P; ++i) t.data<int64_t>()[i] = 100 + (i * 7919) % 30000;
+  return t;
+}
+Tensor step_tokens(int64_t A) {
+  Tensor t = Tensor::empty({A, 1}, DType::I64);
+  for (int64_t a = 0; a < A; ++a) t.data<int64_t>()[a] = 1000 + a;
+  return t;
+}
+
+// Wall time of a greedy step as the engine runs it, us: three untimed (graph capture and
+// check), then the mean of 64.
+double greedy_step_us(inference::Generator& g, inference::KVCache& cache, const Tensor& tok,
+                      int64_t V) {
+  for (int i = 0; i < 3; ++i) g.forward_greedy(tok, cache, V);
+  const int steps = 64;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) g.forward_greedy(tok, cache, V);
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / steps;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,11 +126,8 @@ int main(int argc, char** argv) {
     inference::Generator g(mw.params, cfg);
     inference::KVCache kv(cfg, std::min<int64_t>(cfg.max_position_embeddings, P + 160), A,
                           Device::CUDA);
-    Tensor prompt = Tensor::empty({A, P}, DType::I64);
-    for (int64_t i = 0; i < A * P; ++i) prompt.data<int64_t>()[i] = 100 + (i * 7919) % 30000;
-    g.prefill_batch(prompt, kv, 0);
-    Tensor tok = Tensor::empty({A, 1}, DType::I64);
-    for (int64_t a = 0; a < A; ++a) tok.data<int64_t>()[a] = 1000 + a;
+    g.prefill_batch(prompts(A, P), kv, 0);
+    const Tensor tok = step_tokens(A);
     for (int i = 0; i < 3; ++i) g.forward_greedy(tok, kv, cfg.padded_vocab_size);
     cudaDeviceSynchronize();
     cudaProfilerStart();
@@ -178,8 +198,7 @@ int main(int argc, char** argv) {
   const int64_t V = cfg.padded_vocab_size;
   for (int64_t A : rows_list) {
     cache.reset();
-    Tensor prompt = Tensor::empty({A, P}, DType::I64);
-    for (int64_t i = 0; i < A * P; ++i) prompt.data<int64_t>()[i] = 100 + (i * 7919) % 30000;
+    const Tensor prompt = prompts(A, P);
     // The prefill of the A prompts together (the engine's batched prefill): once untimed
     // (GEMM tuning, cuDNN's graph), its wall time over 5 (logits back on the host), then
     // one under the op profiler.
@@ -213,8 +232,7 @@ int main(int argc, char** argv) {
     };
     cache.reset();
     profiled("one prefill", [&] { gen.prefill_batch(prompt, cache, 0); });
-    Tensor tok = Tensor::empty({A, 1}, DType::I64);
-    for (int64_t a = 0; a < A; ++a) tok.data<int64_t>()[a] = 1000 + a;
+    const Tensor tok = step_tokens(A);
     // (a) one eager step under the op profiler (after one untimed for the GEMM tuning)
     gen.set_cuda_graphs(false);
     gen.forward_greedy(tok, cache, V);
@@ -222,12 +240,7 @@ int main(int argc, char** argv) {
     // (b) wall time per step, as the engine runs it
     for (bool graphs : {true, false}) {
       gen.set_cuda_graphs(graphs);
-      for (int i = 0; i < 3; ++i) gen.forward_greedy(tok, cache, V);  // capture, check
-      const int steps = 64;
-      const auto t0 = Clock::now();
-      for (int i = 0; i < steps; ++i) gen.forward_greedy(tok, cache, V);
-      const double us =
-          std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / steps;
+      const double us = greedy_step_us(gen, cache, tok, V);
       std::printf("\nstep wall time, %lld rows, CUDA graphs %s: %.0f us (%.0f tokens/s)\n",
                   (long long)A, graphs ? "on" : "off", us, double(A) / (us * 1e-6));
       // back to the prompt's length plus one (the steps above advanced every slot)
@@ -273,18 +286,8 @@ int main(int argc, char** argv) {
       for (size_t r = 0; r < rows_list.size(); ++r) {
         const int64_t A = rows_list[r];
         cache.reset();
-        Tensor prompt = Tensor::empty({A, P}, DType::I64);
-        for (int64_t i = 0; i < A * P; ++i) prompt.data<int64_t>()[i] = 100 + (i * 7919) % 30000;
-        g2.prefill_batch(prompt, cache, 0);
-        Tensor tok = Tensor::empty({A, 1}, DType::I64);
-        for (int64_t a = 0; a < A; ++a) tok.data<int64_t>()[a] = 1000 + a;
-        for (int i = 0; i < 3; ++i) g2.forward_greedy(tok, cache, V);  // capture, check
-        const int steps = 64;
-        const auto t0 = Clock::now();
-        for (int i = 0; i < steps; ++i) g2.forward_greedy(tok, cache, V);
-        const double us =
-            std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / steps;
-        best[v][r] = std::min(best[v][r], us);
+        g2.prefill_batch(prompts(A, P), cache, 0);
+        best[v][r] = std::min(best[v][r], greedy_step_us(g2, cache, step_tokens(A), V));
       }
     }
   std::printf("### graph-replayed step by setting (best of 3 rounds of 64 steps), us\n\n"

@@ -17,25 +17,24 @@
 //   accumulates HD/32 output dims over the chunk's V rows (coalesced), the probabilities
 //   broadcast by shuffles. The warps' partial (max, sum, accumulator) combine in shared
 //   memory as flash-decoding's split-K does. f32 throughout.
-// rope_decode: one launch for the batch, each row at its own position (the angle from the
-//   device's pos, so a captured CUDA graph stays valid as the positions advance).
+// rope_decode: ops/cuda/decode_rope.cu.
 // rope_attention_decode: a decode step's whole attention, one launch a layer where the group
 //   kernel has an instance: rope_attention_group_kernel, a block per (sequence, group),
 //   rotates the group's query heads and its key at pos[b], appends the key and value to
 //   the cache, then attends with the group kernel's body (attend_group), so its bits are
 //   those of rope_append_kernel followed by decode_attention -- which is what runs for the
-//   other head shapes.
+//   other head shapes. The RoPE pieces (the angle, the rotation, the table, rope_decode and
+//   the rotate-and-append kernel of the other head shapes): ops/cuda/decode_rope.cu.
 // argmax_rows: ops/cuda/argmax.cu.
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
 #include <span>
 #include <string>
-#include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/decode_rope.cuh"
 #include "ops/kv_cache_checks.h"
 #include "ops/ops.h"
 
@@ -357,22 +356,6 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
                               out + (b * NG + g) * int64_t(G) * HD);
 }
 
-// RoPE's angle for rotary pair i at position p, in double with cos and sin rounded to f32 as
-// rope.cu's table computes them, so a decode step rotates as rope_forward at s_offset = p.
-__device__ __forceinline__ void rope_angle(int64_t p, int64_t i, int64_t rot_dim, double base,
-                                           float& cs, float& sn) {
-  const double a = double(p) * pow(base, -2.0 * double(i) / double(rot_dim));
-  cs = float(cos(a)), sn = float(sin(a));
-}
-
-// The pair (x1, x2) = (x[i], x[i + half]) rotated as rope.cu's rope_kernel rotates it: each
-// product and difference rounded in f32 (no FMA contraction), then once to T.
-template <typename T>
-__device__ __forceinline__ void rope_rotate(float x1, float x2, float cs, float sn, T& o1, T& o2) {
-  o1 = from_f<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-  o2 = from_f<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
-}
-
 // rope_attention_decode where the group kernel has an instance: the whole step of one
 // (sequence b, group g) in one block, RoPE and the cache append ahead of attend_group (one
 // launch a layer instead of rope_append_kernel's and the group kernel's). Threads [0, half)
@@ -476,75 +459,6 @@ bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T*
   });
 }
 
-// One thread per (b, g, head j <= G (the queries and the key), i < half); the angle in
-// double and the rotation rounded as rope.cu's table and rope_kernel do, so the numbers
-// equal rope_forward's at s_offset = pos[b].
-template <typename T>
-static __global__ void rope_decode_kernel(const T* in, T* out, const int64_t* __restrict__ pos,
-                                          int64_t B, int64_t NG, int64_t G, int64_t HD,
-                                          int64_t half, int64_t rot_dim, double base) {
-  const int64_t n = B * NG * (G + 1) * half;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = k % half, r = k / half;
-    const int64_t j = r % (G + 1), bg = r / (G + 1), b = bg / NG;
-    float c, sn;
-    rope_angle(pos[b], i, rot_dim, base, c, sn);
-    const int64_t o = (bg * (G + 2) + j) * HD;
-    rope_rotate(to_f(in[o + i]), to_f(in[o + i + half]), c, sn, out[o + i], out[o + i + half]);
-  }
-}
-
-// rope_attention_decode's first half where the group kernel has no instance (then
-// decode_attention attends). Threads [0, B NG half) each own one rotary pair i of one
-// (b, g): the angle once, then the pair of each of the G query heads rotated in place and the
-// key's pair written rotated to the cache row pos[b]. The next B NG HD threads copy the value
-// head and the key's dims past rot_dim to the cache (the key is not written back to qkv, so
-// no thread reads a value another writes). One angle per (b, g, i) instead of one per
-// rotated element: a sixth of the double-precision pow/cos/sin at G = 4.
-template <typename T>
-static __global__ void rope_append_kernel(T* qkv, const int64_t* __restrict__ pos,
-                                          T* __restrict__ kc, T* __restrict__ vc, int64_t B,
-                                          int64_t NG, int64_t G, int64_t HD, int64_t half,
-                                          int64_t rot_dim, double base, int64_t Tmax) {
-  const int64_t n_rot = B * NG * half, n = n_rot + B * NG * HD;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    if (k < n_rot) {
-      const int64_t i = k % half, bg = k / half, b = bg / NG, g = bg % NG;
-      float cs, sn;
-      rope_angle(pos[b], i, rot_dim, base, cs, sn);
-      T* head = qkv + bg * (G + 2) * HD;
-      for (int64_t j = 0; j <= G; ++j, head += HD) {  // G query heads, then the key
-        T o1, o2;
-        rope_rotate(to_f(head[i]), to_f(head[i + half]), cs, sn, o1, o2);
-        if (j < G) {
-          head[i] = o1;
-          head[i + half] = o2;
-        } else {
-          T* dst = kc + ((b * Tmax + pos[b]) * NG + g) * HD;
-          dst[i] = o1;
-          dst[i + half] = o2;
-        }
-      }
-      continue;
-    }
-    const int64_t k2 = k - n_rot, c = k2 % HD, bg = k2 / HD, b = bg / NG, g = bg % NG;
-    const int64_t dst = ((b * Tmax + pos[b]) * NG + g) * HD + c;
-    const T* key = qkv + (bg * (G + 2) + G) * HD;
-    vc[dst] = key[HD + c];                 // the value head follows the key head
-    if (c >= rot_dim) kc[dst] = key[c];    // past the rotary dims the key is copied
-  }
-}
-
-// Dims >= rot_dim and the value heads pass through (out != in only).
-template <typename T>
-static __global__ void copy_rows_kernel(const T* in, T* out, int64_t n) {
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
-       k += int64_t(gridDim.x) * blockDim.x)
-    out[k] = in[k];
-}
-
 // 16-byte K-row loads: every row starts at a multiple of HD elements from the base.
 bool vec_rows(const Tensor& qkv, const AttentionDims& d, const Tensor& k_cache) {
   return (d.HD * int64_t(dtype_size(qkv.dtype()))) % 16 == 0 &&
@@ -597,57 +511,6 @@ L2Ahead l2_ahead_of(std::span<const Tensor* const> next, const char* op) {
   return a;
 }
 
-// RoPE's (cos, sin) for positions 0 .. rows - 1 and pairs 0 .. half - 1, each as
-// rope_angle computes it (so a table entry and the angle computed in the kernel are the
-// same two floats).
-static __global__ void decode_rope_table_kernel(float2* tab, int64_t rows, int64_t half,
-                                                int64_t rot_dim, double base) {
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < rows * half;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    float cs, sn;
-    rope_angle(k / half, k % half, rot_dim, base, cs, sn);
-    tab[k] = make_float2(cs, sn);
-  }
-}
-
-// The table rope_attention_decode's kernel reads instead of computing each angle in double
-// precision (pow, cos and sin in one warp of each block while the others wait at its
-// barrier): 20 us off the 1B model's decode step on an H200 (bench/RESULTS.md).
-// One per (device, rot_dim, base), grown to the largest cache seen; rows * half * 8 bytes
-// (512 KiB for 2,048 positions of 64 rotary dims), never freed: a captured CUDA graph may
-// hold the pointer. Built outside graph capture (the engine's and generate's first step of
-// each shape runs eagerly); while capturing, a missing table gives null and the kernel
-// computes the angles. MCPP_DECODE_ROPE_TABLE=0 turns it off.
-const float2* decode_rope_table(int64_t rows, int64_t rot_dim, double base, cudaStream_t cs) {
-  if (const char* e = std::getenv("MCPP_DECODE_ROPE_TABLE"); e && e[0] == '0') return nullptr;
-  struct Entry {
-    int dev;
-    int64_t rot_dim;
-    double base;
-    int64_t rows;
-    float2* tab;
-  };
-  static std::mutex mu;
-  static std::vector<Entry> tables;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard lk(mu);
-  for (const Entry& t : tables)
-    if (t.dev == dev && t.rot_dim == rot_dim && t.base == base && t.rows >= rows) return t.tab;
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(cs, &st));
-  if (st != cudaStreamCaptureStatusNone) return nullptr;
-  const int64_t half = rot_dim / 2;
-  float2* tab = nullptr;
-  CUDA_CHECK(cudaMalloc(&tab, size_t(rows * half) * sizeof(float2)));
-  decode_rope_table_kernel<<<grid_for(rows * half, 256), 256, 0, cs>>>(tab, rows, half, rot_dim,
-                                                                     base);
-  MCPP_LAUNCH_CHECK();
-  CUDA_CHECK(cudaStreamSynchronize(cs));  // complete before any stream reads it
-  tables.push_back({dev, rot_dim, base, rows, tab});
-  return tab;
-}
-
 }  // namespace
 
 void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
@@ -681,38 +544,6 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   });
 }
 
-void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
-                 const Tensor& pos, Tensor& qkv_out, Stream& s) {
-  const char* op = "rope_decode";
-  check_cuda(qkv_in, op, "qkv_in");
-  check_cuda(qkv_out, op, "qkv_out");
-  check_cuda(pos, op, "pos");
-  MCPP_CHECK(d.S == 1 && d.B > 0 && d.NG > 0 && d.NH % d.NG == 0,
-             "{}: invalid dims S={} B={} NH={} NG={} (S = 1)", op, d.S, d.B, d.NH, d.NG);
-  MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD && base > 0,
-             "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
-  MCPP_CHECK(pos.dtype() == DType::I64 && pos.numel() == d.B, "{}: pos {} is not i64 [B={}]", op,
-             pos.str(), d.B);
-  MCPP_CHECK(qkv_in.dtype() == qkv_out.dtype(), "{}: in {} and out {} differ", op, qkv_in.str(),
-             qkv_out.str());
-  check_numel(qkv_in, d.B * d.qkv_width(), op, "qkv_in");
-  check_numel(qkv_out, d.B * d.qkv_width(), op, "qkv_out");
-  const int64_t G = d.NH / d.NG, half = rot_dim / 2;
-  const int64_t n = d.B * d.NG * (G + 1) * half;
-  cudaStream_t cs = stream_of(s);
-  MCPP_DISPATCH_ACT(qkv_in.dtype(), op, {
-    const T* in = static_cast<const T*>(qkv_in.raw());
-    T* out = static_cast<T*>(qkv_out.raw());
-    if (in != out) {
-      copy_rows_kernel<T><<<grid_for(qkv_in.numel(), 256), 256, 0, cs>>>(in, out, qkv_in.numel());
-      MCPP_LAUNCH_CHECK();
-    }
-    rope_decode_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(in, out, pos.data<int64_t>(), d.B, d.NG,
-                                                            G, d.HD, half, rot_dim, base);
-    MCPP_LAUNCH_CHECK();
-  });
-}
-
 void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
                            const Tensor& pos, double softmax_scale, Tensor& k_cache,
                            Tensor& v_cache, Tensor& out, Stream& s,
@@ -729,7 +560,7 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
              "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
   MCPP_CHECK(d.B * d.NH < (int64_t(1) << 31), "{}: {} sequences x heads exceed a grid", op,
              d.B * d.NH);
-  const int64_t G = d.NH / d.NG, n = d.B * d.NG * (rot_dim / 2 + d.HD);
+  const int64_t G = d.NH / d.NG;
   const bool vec = vec_rows(qkv, d, k_cache);
   cudaStream_t cs = stream_of(s);
   const L2Ahead ahead = l2_ahead_of(l2_next, op);
@@ -747,12 +578,9 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
                        float(softmax_scale), vec, decode_attention_prefetch(), ahead,
                        rope_tab);
     });
-    if (!fused)
-      rope_append_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(q, pos.data<int64_t>(), kc, vc, d.B,
-                                                              d.NG, G, d.HD, rot_dim / 2, rot_dim,
-                                                              base, k_cache.size(1));
     MCPP_LAUNCH_CHECK();
   });
+  if (!fused) launch_rope_append(qkv, d, rot_dim, base, pos, k_cache, v_cache, cs);
   if (!fused) cuda::decode_attention(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }
 
