@@ -9,7 +9,8 @@
 # (REF=0 skips it), no network (the model is random, written here by `megatron train`).
 # Usage: bench/gpu/serve_bench.sh BUILD_DIR [STREAMS="1 8 64"]   env OUT (logs), WORK (the
 #        checkpoint and its HF copy, default /tmp/serve-bench-work), REF=0|1,
-#        NOGRAPH=1 (also without CUDA graphs), DEVICE=cpu TINY=1 for a smoke test of the
+#        NOGRAPH=1 (also without CUDA graphs), BARRIER=0 (the clock starts before the client
+#        threads, not at a barrier that releases them together), DEVICE=cpu TINY=1 for a smoke test of the
 #        script on a CPU build. Every stream count runs once untimed first (warm-up).
 set -uo pipefail
 DEVICE=${DEVICE:-cuda}
@@ -49,19 +50,30 @@ serve_run() {
   for _ in $(seq 1 1200); do [ -s "$LOG/port" ] && break; sleep 0.1; done
   [ -s "$LOG/port" ] || { cat "$LOG/$name.log"; kill $pid; return 1; }
   python3 - "http://127.0.0.1:$(cat "$LOG/port")" "$STREAMS" >"$LOG/$name.json" <<'PY'
-import json, random, sys, threading, time, urllib.request
+import json, os, random, sys, threading, time, urllib.request
 url, streams = sys.argv[1], [int(s) for s in sys.argv[2].split()]
-def one(i, out):
+# Every client thread is started and its request body built before the clock starts; a
+# barrier releases them together (the n streams are concurrent from the first one).
+def one(i, out, go):
     random.seed(i)
     body = {"model": "m", "prompt": [random.randrange(100, 31000) for _ in range(128)],
             "max_tokens": 128, "temperature": 0, "ignore_eos": True}
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), method="POST")
+    go.wait()
     out[i] = json.load(urllib.request.urlopen(req))["usage"]["completion_tokens"]
+# BARRIER=0: the clock starts before the threads, as before 2026-12-03 (the streams then
+# arrive over the ~ms the client takes to start them).
+class NoBarrier:
+    def wait(self): pass
 def run(n):
-    out = [0] * n
-    ts = [threading.Thread(target=one, args=(i, out)) for i in range(n)]
-    t0 = time.perf_counter()
+    barrier = os.environ.get("BARRIER", "1") != "0"
+    out, go = [0] * n, threading.Barrier(n + 1) if barrier else NoBarrier()
+    ts = [threading.Thread(target=one, args=(i, out, go)) for i in range(n)]
+    if not barrier: t0 = time.perf_counter()
     for t in ts: t.start()
+    if barrier:
+        go.wait()
+        t0 = time.perf_counter()
     for t in ts: t.join()
     return sum(out), time.perf_counter() - t0
 def health():
@@ -74,7 +86,7 @@ for n in streams:
     h1 = health()
     d = {k: h1[k] - h0[k] for k in ("decode_steps", "decode_rows", "decode_seconds",
                                     "prefills", "prefill_rows", "prefill_seconds",
-                                    "idle_seconds", "callback_seconds")}
+                                    "idle_seconds", "callback_seconds", "host_seconds")}
     res[n] = {"tokens": tok, "seconds": sec, "tokens_per_s": tok / sec, "engine": d}
 print(json.dumps(res))
 PY
@@ -122,17 +134,18 @@ for n, v in s.items():
 # Where each timed run's wall time went, from the server's /health counters (the engine's
 # model operations, each including the copy of its result to the host).
 print()
-print("| streams | wall s | decode steps | rows/step | ms/step | decode s | prefills | prompts/prefill | ms/prefill | prefill s | idle s | callbacks s | rest s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| streams | wall s | decode steps | rows/step | ms/step | decode s | prefills | prompts/prefill | ms/prefill | prefill s | idle s | callbacks s | engine host s | rest s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for n, v in s.items():
     e = v.get("engine")
     if not e: continue
     ds, ps = max(e["decode_steps"], 1), max(e["prefills"], 1)
-    # rest: the wall time outside the engine's model operations, its idle wait and the
-    # callbacks -- the clients' spread of arrivals and replies, and the engine's own work.
-    rest = v["seconds"] - e["decode_seconds"] - e["prefill_seconds"] - e["idle_seconds"] - e["callback_seconds"]
-    print("| %s | %.3f | %d | %.1f | %.3f | %.3f | %d | %.1f | %.2f | %.3f | %.4f | %.4f | %.4f |" % (
+    # rest: the wall time outside the engine's model operations, its idle wait, the
+    # callbacks and its own host work -- the clients' spread of arrivals and replies.
+    rest = (v["seconds"] - e["decode_seconds"] - e["prefill_seconds"] - e["idle_seconds"] -
+            e["callback_seconds"] - e["host_seconds"])
+    print("| %s | %.3f | %d | %.1f | %.3f | %.3f | %d | %.1f | %.2f | %.3f | %.4f | %.4f | %.4f | %.4f |" % (
         n, v["seconds"], e["decode_steps"], e["decode_rows"] / ds, 1e3 * e["decode_seconds"] / ds,
         e["decode_seconds"], e["prefills"], e["prefill_rows"] / ps, 1e3 * e["prefill_seconds"] / ps,
-        e["prefill_seconds"], e["idle_seconds"], e["callback_seconds"], rest))
+        e["prefill_seconds"], e["idle_seconds"], e["callback_seconds"], e["host_seconds"], rest))
 PY

@@ -334,6 +334,23 @@ void Engine::run_leader() {
         }
       }
     }
+    // This iteration's own host time (host_seconds): its wall time from here less the model
+    // operations (ops_s) and the callbacks, added when the iteration ends, however it ends.
+    double ops_s = 0;
+    struct HostTime {
+      Engine& e;
+      const double& ops;
+      const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      const double cb0;
+      ~HostTime() {
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard lk(e.mu_);
+        e.stats_.host_seconds += std::max(0.0, dt - ops - (e.stats_.callback_seconds - cb0));
+      }
+    } host_time{*this, ops_s, std::chrono::steady_clock::now(), [&] {
+                  std::lock_guard lk(mu_);
+                  return stats_.callback_seconds;
+                }()};
     for (auto& s : admitted) finish(*s, stop ? "shutdown" : "cancelled");
     admitted.clear();
     // Cancelled (or, on shutdown, all) active sequences leave at this token boundary.
@@ -384,10 +401,11 @@ void Engine::run_leader() {
       const auto t0 = std::chrono::steady_clock::now();
       const Tensor& logits = *execute(op);
       {
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ops_s += dt;
         std::lock_guard lk(mu_);
         stats_.prefills += 1, stats_.prefill_rows += int64_t(n);
-        stats_.prefill_seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        stats_.prefill_seconds += dt;
       }
       for (size_t j = 0; j < n; ++j) {
         Sequence& s = *joined[i + j];
@@ -416,10 +434,11 @@ void Engine::run_leader() {
     const auto t0 = std::chrono::steady_clock::now();
     const Tensor* logits = execute(op);
     {
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ops_s += dt;
       std::lock_guard lk(mu_);
       stats_.decode_steps += 1, stats_.decode_rows += A;
-      stats_.decode_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      stats_.decode_seconds += dt;
     }
     for (int64_t i = 0; i < A; ++i) {
       Sequence& s = *active_[size_t(i)];

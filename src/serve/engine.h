@@ -102,6 +102,9 @@ struct EngineStats {
   // inside the sequences' callbacks (the service's token handling and replies). A run's
   // wall time less these and the model operations is the engine's own bookkeeping.
   double idle_seconds = 0, callback_seconds = 0;
+  // The engine thread's own work while it has work: its loop's wall time (after the wait)
+  // less the model operations and the callbacks -- joins, token bookkeeping, compaction.
+  double host_seconds = 0;
 };
 
 struct QueueFull : std::runtime_error {

@@ -70,6 +70,7 @@ json Service::health() const {
           {"decode_seconds", s.decode_seconds}, {"prefills", s.prefills},
           {"prefill_rows", s.prefill_rows}, {"prefill_seconds", s.prefill_seconds},
           {"idle_seconds", s.idle_seconds}, {"callback_seconds", s.callback_seconds},
+          {"host_seconds", s.host_seconds},
           {"completed", s.completed},
           {"cancelled", s.cancelled},
           {"prompt_tokens", s.prompt_tokens},

@@ -4,7 +4,8 @@
 // a row, 1 to 4 vectors a lane), with and without a bias, bf16 and f16; one row folded, 3
 // and 8 through the composition -- and the shapes it does not take (9 rows, f32, an f32
 // norm weight) running the composition; the tensor-core decode GEMM's persistent grid
-// against a block per tile, bit for bit.
+// against a block per tile, bit for bit; the norm's few-row launch and the L2 request of the
+// weight after it, bit for bit.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +122,73 @@ TEST(GpuDecode, PersistentGridGivesTheTilesBits) {
       return y;
     });
   }
+}
+
+// The norm forward's few-row launch (a row a block where rows taken 4 or 8 at a time would
+// leave SMs idle: a decode step's 64 rows) against the block of several rows
+// (MCPP_NORM_ROW_BLOCKS=0), bit for bit: RMSNorm and LayerNorm with a bias, bf16 and f32,
+// rows of 2 to 16 warps, 1 to 300 rows, the outputs, means and rstds.
+TEST(GpuDecode, NormRowBlocksGiveTheBlocksBits) {
+  MCPP_REQUIRE_GPU();
+  for (DType dt : {DType::BF16, DType::F32})
+    for (int64_t H : {1024, 2048, 4096, 8192})
+      for (int64_t rows : {1, 7, 64, 300})
+        for (bool rms : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " H=" << H << " rows=" << rows
+                                            << (rms ? " RMSNorm" : " LayerNorm"));
+          const uint64_t sd = uint64_t(H + rows * 3 + rms);
+          const Tensor x = to_gpu(rand_in({rows, H}, sd, dt, -3.f, 3.f), dt);
+          const Tensor w = to_gpu(rand_in({H}, sd + 1, dt, 0.5f, 1.5f), dt);
+          const Tensor b = to_gpu(rand_in({H}, sd + 2, dt), dt);
+          auto run = [&] {
+            Tensor y = gpu_nan({rows, H}, dt), mean = gpu_nan({rows}, DType::F32);
+            Tensor rstd = gpu_nan({rows}, DType::F32);
+            if (rms)
+              gpu::rmsnorm_forward(x, w, 1e-5, y, rstd, GS());
+            else
+              gpu::layernorm_forward(x, w, b, 1e-5, y, mean, rstd, GS());
+            return std::tuple{to_cpu(y), to_cpu(rstd), rms ? Tensor() : to_cpu(mean)};
+          };
+          ASSERT_EQ(setenv("MCPP_NORM_ROW_BLOCKS", "0", 1), 0);
+          const auto [y0, r0, m0] = run();
+          ASSERT_EQ(unsetenv("MCPP_NORM_ROW_BLOCKS"), 0);
+          const auto [y1, r1, m1] = run();
+          EXPECT_EQ(std::memcmp(y0.raw(), y1.raw(), y0.nbytes()), 0);
+          EXPECT_EQ(std::memcmp(r0.raw(), r1.raw(), r0.nbytes()), 0);
+          if (!rms) EXPECT_EQ(std::memcmp(m0.raw(), m1.raw(), m0.nbytes()), 0);
+          const float* rp = r1.data<float>();
+          for (int64_t i = 0; i < rows; ++i) ASSERT_FALSE(std::isnan(rp[i])) << "rstd " << i;
+        }
+}
+
+// rmsnorm_linear_decode past the tensor-core rows requests the GEMM's weight into L2 before
+// the norm (MCPP_DECODE_NORM_L2_MB): a prefetch reads no value, so the same bits with it on
+// (the 1B model's QKV [3072, 2048] at 16 and 64 rows), off, and for a weight past the budget.
+TEST(GpuDecode, NormL2PrefetchKeepsTheBits) {
+  MCPP_REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  const int64_t K = 2048, N = 3072;
+  const Tensor nw = to_gpu(rand_in({K}, 31, dt, 0.5f, 1.5f), dt);
+  const Tensor w = to_gpu(rand_in({N, K}, 32, dt, -0.1f, 0.1f), dt);
+  for (int64_t rows : {16, 64})
+    for (const char* mb : {"16", "4"}) {  // 12 MiB: within the budget, then past it
+      SCOPED_TRACE(::testing::Message() << rows << " rows, budget " << mb << " MiB");
+      const Tensor x = to_gpu(rand_in({rows, K}, 33 + rows, dt, -3.f, 3.f), dt);
+      auto run = [&] {
+        Tensor xn = gpu_nan({rows, K}, dt), rstd = gpu_nan({rows}, DType::F32);
+        Tensor fc1 = gpu_nan({rows, N}, dt), y = gpu_nan({rows, N}, dt);
+        gpu::rmsnorm_linear_decode(x, nw, 1e-5, xn, rstd, w, Tensor(), false, fc1, y, GS());
+        return to_cpu(y);
+      };
+      ASSERT_EQ(setenv("MCPP_DECODE_NORM_L2_MB", "0", 1), 0);
+      const Tensor off = run();
+      ASSERT_EQ(setenv("MCPP_DECODE_NORM_L2_MB", mb, 1), 0);
+      const Tensor on = run();
+      ASSERT_EQ(unsetenv("MCPP_DECODE_NORM_L2_MB"), 0);
+      EXPECT_EQ(std::memcmp(off.raw(), on.raw(), off.nbytes()), 0);
+      const auto* p = static_cast<const uint16_t*>(on.raw());
+      for (int64_t i = 0; i < on.numel(); ++i) ASSERT_NE(p[i] & 0x7fc0, 0x7fc0) << "unwritten " << i;
+    }
 }
 
 TEST(GpuDecode, RmsnormFoldFallsBackToTheComposition) {

@@ -21,6 +21,7 @@
 // The grid depends only on (T, H), so dw and db are bitwise reproducible.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <type_traits>
 
@@ -164,33 +165,41 @@ __device__ __forceinline__ void staged(const float* src, int nvec, int v, float 
 // Register rows: rows [base, base + R) at a time, row base + (warp / WPR) on WPR warps, lane
 // t of the row holding vectors t, t + 32 WPR, ... (V of them; those past H / N are empty).
 // Dynamic shared memory: w, then b, staged as f32 (2 H floats).
-template <typename T, bool RMS, int WPR, int V>
-static __global__ void __launch_bounds__(32 * block_warps(WPR))
+// BW: the block's warps -- block_warps(WPR), or WPR (a row a block) where a launch has few
+// rows (launch_forward). Which block holds a row changes nothing in its sums.
+template <typename T, bool RMS, int WPR, int V, int BW = block_warps(WPR)>
+static __global__ void __launch_bounds__(32 * BW)
     norm_fwd_reg_kernel(const T* __restrict__ x, Param w, Param b, float eps, T* __restrict__ y,
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
                         int H) {
-  constexpr int N = kVec<T>, BW = block_warps(WPR), R = BW / WPR, G = 32 * WPR;
+  constexpr int N = kVec<T>, R = BW / WPR, G = 32 * WPR;
   extern __shared__ float4 smem4[];
   __shared__ float red[2][BW][1];
   float* sw = reinterpret_cast<float*>(smem4);
   float* sb = sw + H;
   const bool has_b = !RMS && b.p;
-  stage_param<N>(w, sw, H);
-  if (has_b) stage_param<N>(b, sb, H);
-  __syncthreads();
   const int nvec = H / N, grp = threadIdx.x / 32 / WPR, t = threadIdx.x % G;
-  int slot = 0;
-  for (int64_t base = blockIdx.x * int64_t(R); base < rows; base += int64_t(gridDim.x) * R) {
-    const int64_t row = base + grp;
-    const bool active = row < rows;
-    float v[V][N];
+  float v[V][N];
+  auto load_row = [&](int64_t row) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int vi = t + j * G;
       uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (active && vi < nvec) u = reinterpret_cast<const uint4*>(x + row * H)[vi];
+      if (row < rows && vi < nvec) u = reinterpret_cast<const uint4*>(x + row * H)[vi];
       to_floats<T>(u, v[j]);
     }
+  };
+  // The first row's x is requested before the parameters are staged: its latency overlaps
+  // theirs (a few-row launch is little more than those two round trips).
+  load_row(blockIdx.x * int64_t(R) + grp);
+  stage_param<N>(w, sw, H);
+  if (has_b) stage_param<N>(b, sb, H);
+  __syncthreads();
+  int slot = 0;
+  for (int64_t base = blockIdx.x * int64_t(R); base < rows; base += int64_t(gridDim.x) * R) {
+    const int64_t row = base + grp;
+    const bool active = row < rows;
+    if (base != blockIdx.x * int64_t(R)) load_row(row);
     float mean = 0.f;
     if constexpr (!RMS) {
       float s[1] = {0.f};
@@ -325,6 +334,20 @@ unsigned blocks_for(int64_t rows, int R) {
   return unsigned(std::min<int64_t>((rows + R - 1) / R, kMaxBlocks));
 }
 
+// Whether rows taken R at a time would leave SMs without a block (and a row a block would
+// not): the forward then runs a row a block. MCPP_NORM_ROW_BLOCKS=0 turns it off (read at
+// each launch; docs/environment.md).
+bool few_row_blocks(int64_t rows, int R) {
+  if (const char* e = std::getenv("MCPP_NORM_ROW_BLOCKS"); e && e[0] == '0') return false;
+  static const int64_t sms = [] {
+    int dev = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return int64_t(n);
+  }();
+  return (rows + R - 1) / R < sms && rows <= kMaxBlocks;
+}
+
 // Dynamic shared memory past 48 KB (less the static part) needs the kernel's consent.
 template <typename K>
 void allow_smem(K kernel, size_t bytes) {
@@ -339,10 +362,19 @@ void launch_forward(const T* x, Param w, Param b, float eps, T* y, float* mean, 
   const bool reg = vector_rows<T>(H, {x, y}) &&
                    with_fwd_shape(H * int64_t(sizeof(T)) / 16, [&](auto wpr, auto v) {
                      constexpr int WPR = decltype(wpr)::value, V = decltype(v)::value;
-                     auto kernel = norm_fwd_reg_kernel<T, RMS, WPR, V>;
                      const size_t smem = size_t(!RMS && b.p ? 2 : 1) * H * sizeof(float);
-                     allow_smem(kernel, smem);
                      constexpr int BW = block_warps(WPR);
+                     if (BW > WPR && few_row_blocks(rows, BW / WPR)) {
+                       // Fewer blocks than SMs at BW / WPR rows a block (a decode step's
+                       // 64 rows of H = 2048 would be 16 blocks): a row a block.
+                       auto kernel = norm_fwd_reg_kernel<T, RMS, WPR, V, WPR>;
+                       allow_smem(kernel, smem);
+                       kernel<<<blocks_for(rows, 1), 32 * WPR, smem, cs>>>(x, w, b, eps, y, mean,
+                                                                         rstd, rows, int(H));
+                       return;
+                     }
+                     auto kernel = norm_fwd_reg_kernel<T, RMS, WPR, V>;
+                     allow_smem(kernel, smem);
                      kernel<<<blocks_for(rows, BW / WPR), 32 * BW, smem, cs>>>(
                          x, w, b, eps, y, mean, rstd, rows, int(H));
                    });
