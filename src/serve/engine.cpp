@@ -283,24 +283,31 @@ void Engine::count_callback(std::chrono::steady_clock::time_point t0) {
   stats_.callback_seconds += dt;
 }
 
+// Finished sequences leave the batch; the live ones keep slots [0, A). Only a live sequence
+// is moved (its cache rows copied into a hole below it): finished ones at the end are
+// dropped first, so a step where many finish -- the sequences that joined together -- moves
+// none of them (moving each finished tail sequence into the hole before dropping it had cost
+// 32 copies a move, 19 ms of a 0.236 s run at 64 streams, 2026-12-03).
 void Engine::compact() {
-  for (int64_t i = 0; i < int64_t(active_.size());) {
-    if (active_[size_t(i)]->last >= 0) {
-      ++i;
-      continue;
-    }
-    const int64_t end = int64_t(active_.size()) - 1;
-    if (i != end) {
-      std::vector<int64_t> op{kMove, end, i};
-      execute(op);
-      active_[size_t(i)] = active_[size_t(end)];
-    }
-    {
-      std::lock_guard lk(mu_);
-      active_.pop_back();
-      stats_.active = int64_t(active_.size());
-    }
+  auto drop_finished_tail = [&] {
+    while (!active_.empty() && active_.back()->last < 0) active_.pop_back();
+  };
+  {
+    std::lock_guard lk(mu_);
+    drop_finished_tail();
   }
+  for (int64_t i = 0; i < int64_t(active_.size()); ++i) {
+    if (active_[size_t(i)]->last >= 0) continue;
+    const int64_t end = int64_t(active_.size()) - 1;  // live: the tail was dropped
+    std::vector<int64_t> op{kMove, end, i};
+    execute(op);
+    std::lock_guard lk(mu_);
+    active_[size_t(i)] = active_[size_t(end)];
+    active_.pop_back();
+    drop_finished_tail();
+  }
+  std::lock_guard lk(mu_);
+  stats_.active = int64_t(active_.size());
 }
 
 void Engine::run_leader() {

@@ -26,7 +26,6 @@
 //   other head shapes. The RoPE pieces (the angle, the rotation, the table, rope_decode and
 //   the rotate-and-append kernel of the other head shapes): ops/cuda/decode_rope.cu.
 // argmax_rows: ops/cuda/argmax.cu.
-#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -512,40 +511,7 @@ L2Ahead l2_ahead_of(std::span<const Tensor* const> next, const char* op) {
   return a;
 }
 
-// l2_ahead as a kernel of its own: a few-row RMSNorm leaves DRAM idle for microseconds,
-// in which the weight of the GEMM after it can come into L2 (l2_prefetch_for_norm).
-static __global__ void __launch_bounds__(kWarps * 32) l2_ahead_kernel(L2Ahead a) { l2_ahead(a); }
-
 }  // namespace
-
-// The bytes of the weight after a few-row norm that l2_prefetch_for_norm requests:
-// MCPP_DECODE_NORM_L2_MB (default 16; 0 turns it off; docs/environment.md). Read at each
-// launch.
-int64_t norm_l2_budget() {
-  const char* e = std::getenv("MCPP_DECODE_NORM_L2_MB");
-  if (!e || !*e) return int64_t(16) << 20;
-  char* end = nullptr;
-  const long long mb = std::strtoll(e, &end, 10);
-  MCPP_CHECK_HINT(end && *end == 0 && mb >= 0 && mb <= 4096,
-                  "set it to a number of MiB, 0 to turn it off (docs/environment.md)",
-                  "MCPP_DECODE_NORM_L2_MB={} is not a number of MiB in [0, 4096]", e);
-  return int64_t(mb) << 20;
-}
-
-// Requests w into L2 ahead of the norm before its GEMM when all of w fits the budget (the
-// 1B model's QKV weight, 12 MiB: its 64-row cuBLASLt GEMM read it at 0.8 TB/s from DRAM).
-// A weight past the budget is left alone: a part of it would not spare its GEMM the DRAM.
-bool l2_prefetch_for_norm(const Tensor& w, Stream& s) {
-  const int64_t bytes = w.numel() * int64_t(dtype_size(w.dtype()));
-  if (bytes < (int64_t(1) << 20) || bytes > norm_l2_budget() || !is_aligned16(w.raw()))
-    return false;
-  L2Ahead a;
-  a.p[0] = static_cast<const char*>(w.raw()), a.n[0] = bytes;
-  a.blocks = int(std::min<int64_t>(32, (bytes + (512 << 10) - 1) >> 19));
-  l2_ahead_kernel<<<unsigned(a.blocks), kWarps * 32, 0, stream_of(s)>>>(a);
-  MCPP_LAUNCH_CHECK();
-  return true;
-}
 
 void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
                       double softmax_scale, const Tensor& k_cache, const Tensor& v_cache,

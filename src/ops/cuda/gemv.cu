@@ -454,22 +454,6 @@ void launch_mma(int64_t M, const T* x, const T* w, const T* b, const T* res, T* 
   }
 }
 
-// The attention's weights (QKV, projection) of a 1B model and smaller.
-constexpr int64_t kSmallWeight = int64_t(8) << 20;
-
-// Rows up to which Auto gives small weights the tensor-core kernel: 16, or
-// MCPP_DECODE_TC_ROWS (9..64; read at each launch, docs/environment.md).
-int64_t tc_small_rows() {
-  const char* e = std::getenv("MCPP_DECODE_TC_ROWS");
-  if (!e || !*e) return 16;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  MCPP_CHECK_HINT(end && *end == 0 && v >= kMaxRows && v <= kMaxMmaRows,
-                  "set it to a row count in [8, 64] (docs/environment.md)",
-                  "MCPP_DECODE_TC_ROWS={} is not a row count in [8, 64]", e);
-  return v;
-}
-
 bool aligned16(const Tensor& t) {
   return !t.defined() || reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0;
 }
@@ -479,10 +463,7 @@ bool aligned16(const Tensor& t) {
 // ops/cuda/gemv_splitk.cu (DecodeGemm::SplitK): whether its kernel takes the dtype, rows and
 // K (the rest as mma_ok); MCPP_DECODE_SPLITK=1; the launch.
 bool splitk_takes(DType dt, int64_t rows, int64_t K);
-int splitk_for_auto();  // MCPP_DECODE_SPLITK: 0 off, 1 at 9..64 rows, 2 ("small") there for
-                        // weights of <= kSmallWeight elements only
-// ops/cuda/decode.cu: requests w into L2 when it fits MCPP_DECODE_NORM_L2_MB.
-bool l2_prefetch_for_norm(const Tensor& w, Stream& s);
+bool splitk_for_auto();
 void launch_splitk(DType dt, int64_t M, const void* x, const void* w, const void* b,
                    const void* res, void* y, int64_t N, int64_t K, cudaStream_t cs);
 
@@ -516,17 +497,14 @@ void linear_decode_with(DecodeGemm path, const Tensor& x, const Tensor& w, const
   const bool mma_ok = base && rows <= kMaxMmaRows && K % kTcStep == 0 &&
                       (dt == DType::BF16 || dt == DType::F16);
   const bool splitk_ok = base && splitk_takes(dt, rows, K);
-  // MCPP_DECODE_SPLITK=1 / small: the split-K kernel for 9..64 rows (opt-in until measured).
-  const bool small = N * K <= kSmallWeight;
-  if (path == DecodeGemm::Auto && rows > kMaxRows && splitk_ok) {
-    const int sk = splitk_for_auto();
-    if (sk == 1 || (sk == 2 && small)) path = DecodeGemm::SplitK;
-  }
+  // MCPP_DECODE_SPLITK=1: the split-K kernel for 9..64 rows (opt-in until measured).
+  if (path == DecodeGemm::Auto && rows > kMaxRows && splitk_ok && splitk_for_auto())
+    path = DecodeGemm::SplitK;
   // Measured on the H200 (bench/gpu/bench_decode.cpp, the 1B model's weights): the
   // tensor-core kernel streams at least as fast as the GEMV up to 8 rows and as cuBLASLt at
-  // 16 rows for the attention's small weights, cuBLASLt wins beyond (tc_small_rows).
+  // 16 rows for the attention's small weights (<= 8M elements), cuBLASLt wins beyond.
   if (path == DecodeGemm::Auto) {
-    if (mma_ok && (rows <= kMaxRows || (rows <= tc_small_rows() && small)))
+    if (mma_ok && (rows <= kMaxRows || (rows <= 16 && N * K <= (int64_t(8) << 20))))
       path = DecodeGemm::TensorCore;
     else
       path = gemv_ok ? DecodeGemm::Gemv : DecodeGemm::Library;
@@ -625,9 +603,6 @@ void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor
                     sh.wpr >= 1 && sh.wpr <= kTcWarps && (!swiglu || N % 2 == 0) &&
                     aligned16(x) && aligned16(w) && aligned16(nw) && x.raw() != y.raw();
   if (!fold) {
-    // Past the tensor-core rows (cuBLASLt's GEMM; the norm a latency-bound kernel in which
-    // DRAM idles), w is requested into L2 first.
-    if (rows > kMaxRows) l2_prefetch_for_norm(w, s);
     rmsnorm_forward(x, nw, eps, xn, rstd, s);
     if (swiglu)
       linear_swiglu_decode(xn, w, b, fc1, y, s);

@@ -66,7 +66,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
 #include <utility>
 
 #include "ops/cuda/common.cuh"
@@ -281,13 +280,12 @@ bool splitk_takes(DType dt, int64_t rows, int64_t K) {
          K >= kSkStep && K % kSkStep == 0;
 }
 
-int splitk_for_auto() {
-  const char* e = std::getenv("MCPP_DECODE_SPLITK");
-  if (!e || !*e || e[0] == '0') return 0;
-  const std::string v(e);
-  MCPP_CHECK_HINT(v == "1" || v == "small", "set it to 0, 1 or small (docs/environment.md)",
-                  "MCPP_DECODE_SPLITK={} is not 0, 1 or small", v);
-  return v == "1" ? 1 : 2;
+bool splitk_for_auto() {
+  static const bool on = [] {
+    const char* e = std::getenv("MCPP_DECODE_SPLITK");
+    return e && e[0] == '1';
+  }();
+  return on;
 }
 
 void launch_splitk(DType dt, int64_t M, const void* x, const void* w, const void* b,

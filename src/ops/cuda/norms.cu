@@ -165,9 +165,30 @@ __device__ __forceinline__ void staged(const float* src, int nvec, int v, float 
 // Register rows: rows [base, base + R) at a time, row base + (warp / WPR) on WPR warps, lane
 // t of the row holding vectors t, t + 32 WPR, ... (V of them; those past H / N are empty).
 // Dynamic shared memory: w, then b, staged as f32 (2 H floats).
+// Vector vi of a parameter as f32, straight from global memory: one 16-byte load where the
+// parameter has x's dtype and is aligned, else element by element. The values are those
+// stage_param writes: the same bits either way.
+template <typename T>
+__device__ __forceinline__ void param_vec(Param p, int vi, float (&f)[kVec<T>]) {
+  constexpr int N = kVec<T>;
+  constexpr DType kT = std::is_same_v<T, bf16>  ? DType::BF16
+                       : std::is_same_v<T, f16> ? DType::F16
+                                                : DType::F32;
+  if (p.t == kT && (reinterpret_cast<uintptr_t>(p.p) & 15) == 0) {
+    to_floats<T>(__ldg(static_cast<const uint4*>(p.p) + vi), f);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) f[k] = p[int64_t(vi) * N + k];
+  }
+}
+
 // BW: the block's warps -- block_warps(WPR), or WPR (a row a block) where a launch has few
-// rows (launch_forward). Which block holds a row changes nothing in its sums.
-template <typename T, bool RMS, int WPR, int V, int BW = block_warps(WPR)>
+// rows (launch_forward). Which block holds a row changes nothing in its sums. DIRECT: each
+// lane loads its vectors of w (and b) into registers once, with x's first row, instead of
+// the block staging them in shared memory first -- for few-row launches, where staging
+// (each thread's elements one dependent load after another: 32 of them for a 64-thread
+// block at H = 2048) is most of the kernel's time.
+template <typename T, bool RMS, int WPR, int V, int BW = block_warps(WPR), bool DIRECT = false>
 static __global__ void __launch_bounds__(32 * BW)
     norm_fwd_reg_kernel(const T* __restrict__ x, Param w, Param b, float eps, T* __restrict__ y,
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
@@ -189,17 +210,29 @@ static __global__ void __launch_bounds__(32 * BW)
       to_floats<T>(u, v[j]);
     }
   };
-  // The first row's x is requested before the parameters are staged: its latency overlaps
-  // theirs (a few-row launch is little more than those two round trips).
-  load_row(blockIdx.x * int64_t(R) + grp);
-  stage_param<N>(w, sw, H);
-  if (has_b) stage_param<N>(b, sb, H);
-  __syncthreads();
+  float wr[DIRECT ? V : 1][N], br[DIRECT && !RMS ? V : 1][N];
+  if constexpr (DIRECT) {
+    // The first row's x and the lane's parameter vectors requested together: one round trip
+    // (a few-row launch is little more than that).
+    load_row(blockIdx.x * int64_t(R) + grp);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int vi = t + j * G;
+      if (vi >= nvec) continue;
+      param_vec<T>(w, vi, wr[j]);
+      if constexpr (!RMS)
+        if (has_b) param_vec<T>(b, vi, br[j]);
+    }
+  } else {
+    stage_param<N>(w, sw, H);
+    if (has_b) stage_param<N>(b, sb, H);
+    __syncthreads();
+  }
   int slot = 0;
   for (int64_t base = blockIdx.x * int64_t(R); base < rows; base += int64_t(gridDim.x) * R) {
     const int64_t row = base + grp;
     const bool active = row < rows;
-    if (base != blockIdx.x * int64_t(R)) load_row(row);
+    if (!DIRECT || base != blockIdx.x * int64_t(R)) load_row(row);
     float mean = 0.f;
     if constexpr (!RMS) {
       float s[1] = {0.f};
@@ -227,11 +260,22 @@ static __global__ void __launch_bounds__(32 * BW)
       const int vi = t + j * G;
       if (vi >= nvec) continue;
       float wv[N], o[N];
-      staged<N>(sw, nvec, vi, wv);
+      if constexpr (DIRECT) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) wv[k] = wr[j][k];
+      } else {
+        staged<N>(sw, nvec, vi, wv);
+      }
 #pragma unroll
       for (int k = 0; k < N; ++k) o[k] = (v[j][k] - mean) * rstd * wv[k];
       if (has_b) {
-        staged<N>(sb, nvec, vi, wv);
+        if constexpr (DIRECT) {
+          if constexpr (!RMS)
+#pragma unroll
+            for (int k = 0; k < N; ++k) wv[k] = br[j][k];
+        } else {
+          staged<N>(sb, nvec, vi, wv);
+        }
 #pragma unroll
         for (int k = 0; k < N; ++k) o[k] += wv[k];
       }
@@ -366,11 +410,11 @@ void launch_forward(const T* x, Param w, Param b, float eps, T* y, float* mean, 
                      constexpr int BW = block_warps(WPR);
                      if (BW > WPR && few_row_blocks(rows, BW / WPR)) {
                        // Fewer blocks than SMs at BW / WPR rows a block (a decode step's
-                       // 64 rows of H = 2048 would be 16 blocks): a row a block.
-                       auto kernel = norm_fwd_reg_kernel<T, RMS, WPR, V, WPR>;
-                       allow_smem(kernel, smem);
-                       kernel<<<blocks_for(rows, 1), 32 * WPR, smem, cs>>>(x, w, b, eps, y, mean,
-                                                                         rstd, rows, int(H));
+                       // 64 rows of H = 2048 would be 16 blocks): a row a block, the
+                       // parameters loaded directly (DIRECT), no shared memory.
+                       auto kernel = norm_fwd_reg_kernel<T, RMS, WPR, V, WPR, true>;
+                       kernel<<<blocks_for(rows, 1), 32 * WPR, 0, cs>>>(x, w, b, eps, y, mean,
+                                                                      rstd, rows, int(H));
                        return;
                      }
                      auto kernel = norm_fwd_reg_kernel<T, RMS, WPR, V>;
