@@ -65,24 +65,29 @@ def one(i, out, go):
 # arrive over the ~ms the client takes to start them).
 class NoBarrier:
     def wait(self): pass
+def health():
+    return json.load(urllib.request.urlopen(url + "/health"))
+# -> (tokens, seconds, the server's counters just before the clock starts: after the threads
+# have started, so the engine's idle time while they start stays out of the difference)
 def run(n):
     barrier = os.environ.get("BARRIER", "1") != "0"
     out, go = [0] * n, threading.Barrier(n + 1) if barrier else NoBarrier()
     ts = [threading.Thread(target=one, args=(i, out, go)) for i in range(n)]
-    if not barrier: t0 = time.perf_counter()
+    if not barrier:
+        h0 = health()
+        t0 = time.perf_counter()
     for t in ts: t.start()
     if barrier:
+        time.sleep(0.05)  # every thread built its request and waits at the barrier
+        h0 = health()
         go.wait()
         t0 = time.perf_counter()
     for t in ts: t.join()
-    return sum(out), time.perf_counter() - t0
-def health():
-    return json.load(urllib.request.urlopen(url + "/health"))
+    return sum(out), time.perf_counter() - t0, h0
 for n in streams: run(n)  # warm-up: every batch size's first steps (GEMM tuning, graphs)
 res = {}
 for n in streams:
-    h0 = health()
-    tok, sec = run(n)
+    tok, sec, h0 = run(n)
     h1 = health()
     d = {k: h1[k] - h0[k] for k in ("decode_steps", "decode_rows", "decode_seconds",
                                     "prefills", "prefill_rows", "prefill_seconds",

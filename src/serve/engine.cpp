@@ -121,7 +121,7 @@ std::vector<std::shared_ptr<Sequence>> Engine::submit_all(std::vector<SequenceSp
   {
     std::lock_guard lk(mu_);
     if (stopping_) throw QueueFull("the server is shutting down");
-    if (int64_t(waiting_.size() + out.size()) > opts_.max_waiting + opts_.slots - int64_t(active_.size()))
+    if (int64_t(waiting_.size() + out.size()) > opts_.max_waiting + opts_.slots - live_)
       throw QueueFull(fmt::format("{} sequences already wait for one of {} slots", waiting_.size(),
                                   opts_.slots));
     for (auto& s : out) waiting_.push_back(s);
@@ -165,8 +165,10 @@ void Engine::broadcast_op(std::vector<int64_t>& op) {
 }
 
 // op: {kPrefill, slot, all_positions, P, tokens...} | {kPrefillBatch, slot, n, P, tokens...} |
-//     {kDecode, A, tokens...} | {kDecodeGreedy, A, tokens...} |
-//     {kMove, from, to} | {kNoop} | {kExit}
+//     {kDecode, A, tokens...} | {kDecodeGreedy, A, tokens...} | {kNoop} | {kExit}
+// A decode step's token -1 marks a free slot below the last active one (a hole): its cache
+// length is reset and it feeds token 0 at position 0, as the padding rows of a CUDA graph's
+// bucket do; nothing reads its row.
 const Tensor* Engine::execute(std::vector<int64_t>& op) {
   if (tp_) broadcast_op(op);
   switch (op.at(0)) {
@@ -179,9 +181,7 @@ const Tensor* Engine::execute(std::vector<int64_t>& op) {
       return &gen_.prefill(t, *cache_, slot, op[2] != 0);
     }
     case kDecode: {
-      const int64_t A = op[1];
-      Tensor t = Tensor::empty({A, 1}, DType::I64);
-      std::copy(op.begin() + 2, op.begin() + 2 + A, t.data<int64_t>());
+      Tensor t = decode_tokens(op);
       return &gen_.forward(t, *cache_);
     }
     case kPrefillBatch: {  // {kPrefillBatch, first slot, n, P, n x P tokens}
@@ -192,18 +192,28 @@ const Tensor* Engine::execute(std::vector<int64_t>& op) {
       return &gen_.prefill_batch(t, *cache_, first);
     }
     case kDecodeGreedy: {
-      const int64_t A = op[1];
-      Tensor t = Tensor::empty({A, 1}, DType::I64);
-      std::copy(op.begin() + 2, op.begin() + 2 + A, t.data<int64_t>());
+      Tensor t = decode_tokens(op);
       greedy_ids_ = &gen_.forward_greedy(t, *cache_, opts_.vocab_size);
       return nullptr;
     }
-    case kMove:
-      cache_->move_slot(op[1], op[2]);
-      return nullptr;
     default:
       return nullptr;
   }
+}
+
+// A decode op's tokens as [A, 1]; the holes' slots emptied, their token 0.
+Tensor Engine::decode_tokens(const std::vector<int64_t>& op) {
+  const int64_t A = op.at(1);
+  Tensor t = Tensor::empty({A, 1}, DType::I64);
+  int64_t* p = t.data<int64_t>();
+  for (int64_t i = 0; i < A; ++i) {
+    p[i] = op[size_t(2 + i)];
+    if (p[i] < 0) {
+      cache_->reset_slot(i);
+      p[i] = 0;
+    }
+  }
+  return t;
 }
 
 void Engine::run_follower() {
@@ -283,31 +293,18 @@ void Engine::count_callback(std::chrono::steady_clock::time_point t0) {
   stats_.callback_seconds += dt;
 }
 
-// Finished sequences leave the batch; the live ones keep slots [0, A). Only a live sequence
-// is moved (its cache rows copied into a hole below it): finished ones at the end are
-// dropped first, so a step where many finish -- the sequences that joined together -- moves
-// none of them (moving each finished tail sequence into the hole before dropping it had cost
-// 32 copies a move, 19 ms of a 0.236 s run at 64 streams, 2026-12-03).
+// Finished sequences leave the batch and free their slots where they are: no sequence's
+// cache moves. The decode steps run slots [0, A), A one past the last active slot; a free
+// slot below it is a hole that the next joining sequence fills (the step feeds it a
+// padding token meanwhile: decode_tokens). Moving the last active sequence into each freed
+// slot instead had cost 32 cache copies a move (16 layers, K and V), host time in every
+// step where a group of sequences that joined together finished.
 void Engine::compact() {
-  auto drop_finished_tail = [&] {
-    while (!active_.empty() && active_.back()->last < 0) active_.pop_back();
-  };
-  {
-    std::lock_guard lk(mu_);
-    drop_finished_tail();
-  }
-  for (int64_t i = 0; i < int64_t(active_.size()); ++i) {
-    if (active_[size_t(i)]->last >= 0) continue;
-    const int64_t end = int64_t(active_.size()) - 1;  // live: the tail was dropped
-    std::vector<int64_t> op{kMove, end, i};
-    execute(op);
-    std::lock_guard lk(mu_);
-    active_[size_t(i)] = active_[size_t(end)];
-    active_.pop_back();
-    drop_finished_tail();
-  }
   std::lock_guard lk(mu_);
-  stats_.active = int64_t(active_.size());
+  for (auto& s : active_)
+    if (s && s->last < 0) s.reset(), --live_;
+  while (!active_.empty() && !active_.back()) active_.pop_back();
+  stats_.active = live_;
 }
 
 void Engine::run_leader() {
@@ -318,10 +315,9 @@ void Engine::run_leader() {
       std::unique_lock lk(mu_);
       const auto t_wait = std::chrono::steady_clock::now();
       const bool woke = cv_.wait_for(lk, kIdleHeartbeat, [&] {
-        return stopping_ || !active_.empty() ||
-               (!waiting_.empty() && int64_t(active_.size()) < opts_.slots);
+        return stopping_ || live_ > 0 || (!waiting_.empty() && live_ < opts_.slots);
       });
-      if (active_.empty())
+      if (live_ == 0)
         stats_.idle_seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
       stop = stopping_;
@@ -362,7 +358,7 @@ void Engine::run_leader() {
     admitted.clear();
     // Cancelled (or, on shutdown, all) active sequences leave at this token boundary.
     for (auto& s : active_)
-      if (s->last >= 0 && (s->cancelled() || stop)) finish(*s, stop ? "shutdown" : "cancelled");
+      if (s && s->last >= 0 && (s->cancelled() || stop)) finish(*s, stop ? "shutdown" : "cancelled");
     compact();
     if (stop) {
       std::vector<int64_t> op{kExit};
@@ -370,24 +366,32 @@ void Engine::run_leader() {
       return;
     }
 
-    // Join: waiting sequences take the free slots in order. A run of prompts of one length
-    // that want no prompt log-probabilities is prefilled together, n = a power of two at a
-    // time (one [n, P] forward, every row at position 0: one read of the weights for n
+    // Join: waiting sequences take the free slots, lowest first (the holes, then past the
+    // last active slot). A run of prompts of one length that want no prompt
+    // log-probabilities and took consecutive slots is prefilled together, n = a power of two
+    // at a time (one [n, P] forward, every row at position 0: one read of the weights for n
     // prompts, not one per prompt).
     std::vector<std::shared_ptr<Sequence>> joined;
+    std::vector<int64_t> slots;  // joined[i]'s slot
     {
       std::lock_guard lk(mu_);
-      while (!waiting_.empty() && int64_t(active_.size()) < opts_.slots) {
+      int64_t free = 0;  // the next slot to try
+      while (!waiting_.empty() && live_ < opts_.slots) {
+        while (free < int64_t(active_.size()) && active_[size_t(free)]) ++free;
         auto s = waiting_.front();
         waiting_.pop_front();
-        active_.push_back(s);
+        if (free == int64_t(active_.size()))
+          active_.push_back(s);
+        else
+          active_[size_t(free)] = s;
+        ++live_;
         joined.push_back(s);
+        slots.push_back(free);
         stats_.prompt_tokens += int64_t(s->spec.prompt.size());
       }
-      stats_.active = int64_t(active_.size());
+      stats_.active = live_;
       stats_.peak_active = std::max(stats_.peak_active, stats_.active);
     }
-    const int64_t first_slot = int64_t(active_.size() - joined.size());
     for (size_t i = 0; i < joined.size();) {
       const Sequence& head = *joined[i];
       const int64_t P = int64_t(head.spec.prompt.size());
@@ -395,12 +399,12 @@ void Engine::run_leader() {
       if (!head.spec.logprobs)
         while (i + n < joined.size() && !joined[i + n]->spec.logprobs &&
                int64_t(joined[i + n]->spec.prompt.size()) == P &&
-               int64_t(n + 1) * P <= kMaxPrefillTokens)
+               slots[i + n] == slots[i] + int64_t(n) && int64_t(n + 1) * P <= kMaxPrefillTokens)
           ++n;
       // A power of two: the batched forwards then come in few shapes, each GEMM tuned once
       // (ops/cuda/gemm.cu tunes every new shape, tens of ms a shape).
       while (n & (n - 1)) n &= n - 1;
-      const int64_t slot = first_slot + int64_t(i);
+      const int64_t slot = slots[i];
       std::vector<int64_t> op{n == 1 ? kPrefill : kPrefillBatch, slot,
                               n == 1 ? (head.spec.logprobs ? 1 : 0) : int64_t(n), P};
       for (size_t j = 0; j < n; ++j)
@@ -430,14 +434,15 @@ void Engine::run_leader() {
     }
     compact();
 
-    // Decode: one row per active sequence, each at its own position.
+    // Decode: one row per slot up to the last active one, each sequence at its own position
+    // (a hole: a padding row, decode_tokens).
     const int64_t A = int64_t(active_.size());
     if (A == 0) continue;
     const bool greedy = std::all_of(active_.begin(), active_.end(), [](const auto& s) {
-      return s->spec.sampling.is_greedy() && !s->spec.logprobs;
+      return !s || (s->spec.sampling.is_greedy() && !s->spec.logprobs);
     });
     std::vector<int64_t> op{greedy ? kDecodeGreedy : kDecode, A};
-    for (auto& s : active_) op.push_back(s->last);
+    for (auto& s : active_) op.push_back(s ? s->last : -1);
     const auto t0 = std::chrono::steady_clock::now();
     const Tensor* logits = execute(op);
     {
@@ -448,6 +453,7 @@ void Engine::run_leader() {
       stats_.decode_seconds += dt;
     }
     for (int64_t i = 0; i < A; ++i) {
+      if (!active_[size_t(i)]) continue;
       Sequence& s = *active_[size_t(i)];
       if (s.cancelled())
         finish(s, "cancelled");

@@ -9,14 +9,15 @@
 // sequences join while a slot is free (each prompt prefilled into its slot -- prompts of one
 // length that arrived together in one batched forward -- and its first token sampled), then every active sequence decodes one token together, each at its own
 // position (when every active sequence is greedy and wants no log-probabilities, the
-// argmax is taken on the model's device: Generator::forward_greedy); a sequence that stops leaves the batch at once (the last active slot moves into
-// its place, KVCache::move_slot) and a waiting one takes the free slot in the next
-// iteration. A sequence samples exactly as in inference::generate_batch (Philox stream
+// argmax is taken on the model's device: Generator::forward_greedy); a sequence that stops
+// leaves the batch at once, its slot free where it is (no cache moves: the steps run the
+// slots up to the last active one, a free slot below it decoding a padding row), and a
+// waiting one takes the lowest free slot in the next iteration. A sequence samples exactly as in inference::generate_batch (Philox stream
 // = spec.seq_index, counter = its step), so its tokens do not depend on which others share
 // the batch (up to the floating-point order of a batched GEMM).
 //
 // Tensor parallelism: every rank runs run(); rank 0 owns the queue and the sampling and
-// broadcasts each model operation (prefill, decode, slot move, exit) to the TP group before
+// broadcasts each model operation (prefill, decode, exit) to the TP group before
 // running it, so all ranks call the Generator with the same tokens in the same order. When
 // idle, rank 0 sends a no-op every few seconds so the followers' broadcast never reaches
 // the communicator's timeout.
@@ -103,7 +104,7 @@ struct EngineStats {
   // wall time less these and the model operations is the engine's own bookkeeping.
   double idle_seconds = 0, callback_seconds = 0;
   // The engine thread's own work while it has work: its loop's wall time (after the wait)
-  // less the model operations and the callbacks -- joins, token bookkeeping, compaction.
+  // less the model operations and the callbacks -- joins, token bookkeeping.
   double host_seconds = 0;
 };
 
@@ -130,7 +131,7 @@ class Engine {
   const EngineOptions& options() const { return opts_; }
 
  private:
-  enum Op : int64_t { kNoop = 0, kPrefill = 1, kDecode = 2, kMove = 3, kExit = 4, kDecodeGreedy = 5,
+  enum Op : int64_t { kNoop = 0, kPrefill = 1, kDecode = 2, kExit = 4, kDecodeGreedy = 5,
               kPrefillBatch = 6 };
   void run_leader();
   void run_follower();
@@ -143,14 +144,15 @@ class Engine {
   bool accept(Sequence& s, int64_t id, float lp, int64_t slot);
   void finish(Sequence& s, const std::string& reason);
   void count_callback(std::chrono::steady_clock::time_point t0);  // += now - t0
-  void compact();  // finished sequences leave; the active slots stay [0, A)
+  void compact();  // finished sequences leave their slots (holes below the last active one)
+  Tensor decode_tokens(const std::vector<int64_t>& op);  // a decode op's [A, 1] tokens
 
   inference::Generator& gen_;
   EngineOptions opts_;
   comm::Communicator* tp_;
   std::unique_ptr<inference::KVCache> cache_;
-  std::vector<std::shared_ptr<Sequence>> active_;  // slot order
-  std::vector<char> done_;                         // per active slot: finished this step
+  std::vector<std::shared_ptr<Sequence>> active_;  // by slot; null: a free slot (a hole)
+  int64_t live_ = 0;                               // non-null entries of active_
   const std::vector<int64_t>* greedy_ids_ = nullptr;  // the last kDecodeGreedy's ids
   mutable std::mutex mu_;
   std::condition_variable cv_;

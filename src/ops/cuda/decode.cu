@@ -571,12 +571,24 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
     T* vc = static_cast<T*>(v_cache.raw());
     fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
       const float2* rope_tab = decode_rope_table(k_cache.size(1), rot_dim, base, cs);
-      launch_dependent(rope_attention_group_kernel<T, GG, DD>,
-                       unsigned(ahead.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
+      auto kernel = rope_attention_group_kernel<T, GG, DD>;
+      // The request blocks only where the attention's blocks leave room in the one wave the
+      // GPU holds (64 sequences x 8 groups of the 1B model: 512 of 528): more would start a
+      // second wave of attention blocks after the first's.
+      static const int64_t resident = [&] {
+        int dev = 0, sms = 0, per_sm = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
+        return int64_t(sms) * per_sm;
+      }();
+      L2Ahead a = ahead;
+      if (d.B * d.NG < resident)
+        a.blocks = int(std::min<int64_t>(a.blocks, resident - d.B * d.NG));
+      launch_dependent(kernel, unsigned(a.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
                        pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG),
                        k_cache.size(1), int(rot_dim / 2), int(rot_dim), base,
-                       float(softmax_scale), vec, decode_attention_prefetch(), ahead,
-                       rope_tab);
+                       float(softmax_scale), vec, decode_attention_prefetch(), a, rope_tab);
     });
     MCPP_LAUNCH_CHECK();
   });
