@@ -142,6 +142,9 @@ EngineStats Engine::stats() const {
   std::lock_guard lk(mu_);
   EngineStats s = stats_;
   s.waiting = int64_t(waiting_.size());
+  if (idle_now_)  // the wait in progress, so far
+    s.idle_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - idle_since_).count();
   return s;
 }
 
@@ -314,12 +317,14 @@ void Engine::run_leader() {
     {
       std::unique_lock lk(mu_);
       const auto t_wait = std::chrono::steady_clock::now();
+      idle_since_ = t_wait, idle_now_ = live_ == 0;  // (stats() counts an idle wait so far)
       const bool woke = cv_.wait_for(lk, kIdleHeartbeat, [&] {
         return stopping_ || live_ > 0 || (!waiting_.empty() && live_ < opts_.slots);
       });
-      if (live_ == 0)
+      if (idle_now_)
         stats_.idle_seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
+      idle_now_ = false;
       stop = stopping_;
       if (!woke && !stop) {
         lk.unlock();

@@ -153,6 +153,8 @@ class Engine {
   std::unique_ptr<inference::KVCache> cache_;
   std::vector<std::shared_ptr<Sequence>> active_;  // by slot; null: a free slot (a hole)
   int64_t live_ = 0;                               // non-null entries of active_
+  bool idle_now_ = false;                          // run_leader waits with nothing active ...
+  std::chrono::steady_clock::time_point idle_since_;  // ... since then
   const std::vector<int64_t>* greedy_ids_ = nullptr;  // the last kDecodeGreedy's ids
   mutable std::mutex mu_;
   std::condition_variable cv_;
