@@ -10,7 +10,8 @@
 # Usage: bench/gpu/serve_bench.sh BUILD_DIR [STREAMS="1 8 64"]   env OUT (logs), WORK (the
 #        checkpoint and its HF copy, default /tmp/serve-bench-work), REF=0|1,
 #        NOGRAPH=1 (also without CUDA graphs), BARRIER=0 (the clock starts before the client
-#        threads, not at a barrier that releases them together), DEVICE=cpu TINY=1 for a smoke test of the
+#        threads, not at a barrier that releases them together), CONNECT=0 (each client
+#        connects when it sends, not before the clock starts), DEVICE=cpu TINY=1 for a smoke test of the
 #        script on a CPU build. Every stream count runs once untimed first (warm-up).
 set -uo pipefail
 DEVICE=${DEVICE:-cuda}
@@ -50,17 +51,29 @@ serve_run() {
   for _ in $(seq 1 1200); do [ -s "$LOG/port" ] && break; sleep 0.1; done
   [ -s "$LOG/port" ] || { cat "$LOG/$name.log"; kill $pid; return 1; }
   python3 - "http://127.0.0.1:$(cat "$LOG/port")" "$STREAMS" >"$LOG/$name.json" <<'PY'
-import json, os, random, sys, threading, time, urllib.request
+import http.client, json, os, random, sys, threading, time, urllib.parse, urllib.request
 url, streams = sys.argv[1], [int(s) for s in sys.argv[2].split()]
-# Every client thread is started and its request body built before the clock starts; a
-# barrier releases them together (the n streams are concurrent from the first one).
+# Every client thread is started, its request body built and (CONNECT=1, the default) its
+# HTTP connection opened before the clock starts, as a load generator with a connection pool
+# does; a barrier releases them together (the n streams are concurrent from the first one).
+# CONNECT=0: a connection per request at send time (urllib), as before 2026-12-03.
 def one(i, out, go):
     random.seed(i)
     body = {"model": "m", "prompt": [random.randrange(100, 31000) for _ in range(128)],
             "max_tokens": 128, "temperature": 0, "ignore_eos": True}
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), method="POST")
+    data = json.dumps(body).encode()
+    if os.environ.get("CONNECT", "1") == "0":
+        req = urllib.request.Request(url + "/v1/completions", data, method="POST")
+        go.wait()
+        out[i] = json.load(urllib.request.urlopen(req))["usage"]["completion_tokens"]
+        return
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port)
+    conn.connect()
     go.wait()
-    out[i] = json.load(urllib.request.urlopen(req))["usage"]["completion_tokens"]
+    conn.request("POST", "/v1/completions", data, {"Content-Type": "application/json"})
+    out[i] = json.loads(conn.getresponse().read())["usage"]["completion_tokens"]
+    conn.close()
 # BARRIER=0: the clock starts before the threads, as before 2026-12-03 (the streams then
 # arrive over the ~ms the client takes to start them).
 class NoBarrier:
