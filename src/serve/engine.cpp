@@ -348,7 +348,7 @@ void Engine::run_leader() {
     struct HostTime {
       Engine& e;
       const double& ops;
-      const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      const std::chrono::steady_clock::time_point t0;
       const double cb0;
       ~HostTime() {
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
