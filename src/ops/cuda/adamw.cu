@@ -99,14 +99,7 @@ static __global__ void __launch_bounds__(kThreads)
 // step (more blocks would only queue behind them).
 template <typename TG, typename TO>
 int64_t resident_blocks() {
-  static const int64_t blocks = [] {
-    int dev = 0, sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_kernel<TG, TO>, kThreads, 0));
-    return int64_t(sms) * std::max(per_sm, 1);
-  }();
+  static const int64_t blocks = occupancy_blocks(adamw_kernel<TG, TO>, kThreads);
   return blocks;
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -133,6 +134,27 @@ __device__ __forceinline__ void st_pack(T* p, const Pack<T, N>& x) {
 }
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The GPU's multiprocessors (the device current at the first call: one kind of GPU a
+// process).
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+  }();
+  return n;
+}
+
+// Blocks of `threads` threads (no dynamic shared memory) of `kernel` that the GPU holds at
+// once: its occupancy times the multiprocessors, at least 1. Not cached: callers keep it.
+template <typename K>
+int64_t occupancy_blocks(K kernel, int threads) {
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  return std::max<int64_t>(1, int64_t(sm_count()) * per_sm);
+}
 
 // ---- programmatic dependent launch (Hopper) --------------------------------------------
 // A kernel launched with launch_dependent may start while the kernel before it in the

@@ -575,13 +575,7 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
       // The request blocks only where the attention's blocks leave room in the one wave the
       // GPU holds (64 sequences x 8 groups of the 1B model: 512 of 528): more would start a
       // second wave of attention blocks after the first's.
-      static const int64_t resident = [&] {
-        int dev = 0, sms = 0, per_sm = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
-        return int64_t(sms) * per_sm;
-      }();
+      static const int64_t resident = occupancy_blocks(kernel, kWarps * 32);
       L2Ahead a = ahead;
       if (d.B * d.NG < resident)
         a.blocks = int(std::min<int64_t>(a.blocks, resident - d.B * d.NG));

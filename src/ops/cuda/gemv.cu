@@ -378,13 +378,7 @@ int decode_gemm_depth(int64_t blocks) {
     return std::stoi(v);
   }();
   if (forced) return forced;
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  return blocks < 2 * sms ? 4 : 2;
+  return blocks < 2 * sm_count() ? 4 : 2;
 }
 
 // The grid of a tensor-core decode GEMM of `tiles` weight-row tiles: a block per tile, or,
@@ -405,11 +399,7 @@ unsigned decode_gemm_grid(K kernel, int64_t tiles) {
     for (const auto& [k, n] : resident)
       if (k == key) held = n;
     if (held == 0) {
-      int dev = 0, sms = 0, per_sm = 0;
-      CUDA_CHECK(cudaGetDevice(&dev));
-      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTcWarps * 32, 0));
-      held = std::max<int64_t>(1, int64_t(sms) * per_sm);
+      held = occupancy_blocks(kernel, kTcWarps * 32);
       resident.emplace_back(key, held);
     }
   }

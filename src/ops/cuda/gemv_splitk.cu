@@ -223,16 +223,6 @@ static __global__ void __launch_bounds__(kSkThreads, 2)
 #endif
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-  }();
-  return n;
-}
-
 // S: blocks a tile, the split of K (the rule and why: the file's first comment).
 int splitk_clusters(int64_t N, int64_t K) {
   const int64_t tiles = (N + kSkRows - 1) / kSkRows, steps = K / kSkStep;

@@ -382,14 +382,9 @@ unsigned blocks_for(int64_t rows, int R) {
 // not): the forward then runs a row a block. MCPP_NORM_ROW_BLOCKS=0 turns it off (read at
 // each launch; docs/environment.md).
 bool few_row_blocks(int64_t rows, int R) {
-  if (const char* e = std::getenv("MCPP_NORM_ROW_BLOCKS"); e && e[0] == '0') return false;
-  static const int64_t sms = [] {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return int64_t(n);
-  }();
-  return (rows + R - 1) / R < sms && rows <= kMaxBlocks;
+  if ((rows + R - 1) / R >= sm_count() || rows > kMaxBlocks) return false;  // (training)
+  const char* e = std::getenv("MCPP_NORM_ROW_BLOCKS");
+  return !(e && e[0] == '0');
 }
 
 // Dynamic shared memory past 48 KB (less the static part) needs the kernel's consent.
