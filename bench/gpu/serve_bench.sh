@@ -11,7 +11,8 @@
 #        checkpoint and its HF copy, default /tmp/serve-bench-work), REF=0|1,
 #        NOGRAPH=1 (also without CUDA graphs), BARRIER=0 (the clock starts before the client
 #        threads, not at a barrier that releases them together), CONNECT=0 (each client
-#        connects when it sends, not before the clock starts), DEVICE=cpu TINY=1 for a smoke test of the
+#        connects when it sends, not before the clock starts), PROCS (client processes,
+#        default 8; 1: every client thread in one Python process), DEVICE=cpu TINY=1 for a smoke test of the
 #        script on a CPU build. Every stream count runs once untimed first (warm-up).
 set -uo pipefail
 DEVICE=${DEVICE:-cuda}
@@ -51,13 +52,17 @@ serve_run() {
   for _ in $(seq 1 1200); do [ -s "$LOG/port" ] && break; sleep 0.1; done
   [ -s "$LOG/port" ] || { cat "$LOG/$name.log"; kill $pid; return 1; }
   python3 - "http://127.0.0.1:$(cat "$LOG/port")" "$STREAMS" >"$LOG/$name.json" <<'PY'
-import http.client, json, os, random, sys, threading, time, urllib.parse, urllib.request
+import http.client, json, multiprocessing as mp, os, random, sys, threading, time, urllib.parse, urllib.request
 url, streams = sys.argv[1], [int(s) for s in sys.argv[2].split()]
 # Every client thread is started, its request body built and (CONNECT=1, the default) its
 # HTTP connection opened before the clock starts, as a load generator with a connection pool
 # does; a barrier releases them together (the n streams are concurrent from the first one).
 # CONNECT=0: a connection per request at send time (urllib), as before 2026-12-03.
-def one(i, out, go):
+# The threads are spread over PROCS processes (default 8): in one Python process the 64
+# answers, which arrive together at the last step, are read and parsed one after another
+# under the interpreter's lock (~11 ms, the engine idle meanwhile); PROCS=1 is that client.
+# A thread's answer time is taken when it has parsed its answer; the clock stops at the last.
+def one(i, out, ends, go):
     random.seed(i)
     body = {"model": "m", "prompt": [random.randrange(100, 31000) for _ in range(128)],
             "max_tokens": 128, "temperature": 0, "ignore_eos": True}
@@ -66,6 +71,7 @@ def one(i, out, go):
         req = urllib.request.Request(url + "/v1/completions", data, method="POST")
         go.wait()
         out[i] = json.load(urllib.request.urlopen(req))["usage"]["completion_tokens"]
+        ends[i] = time.perf_counter()
         return
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port)
@@ -73,6 +79,7 @@ def one(i, out, go):
     go.wait()
     conn.request("POST", "/v1/completions", data, {"Content-Type": "application/json"})
     out[i] = json.loads(conn.getresponse().read())["usage"]["completion_tokens"]
+    ends[i] = time.perf_counter()
     conn.close()
 # BARRIER=0: the clock starts before the threads, as before 2026-12-03 (the streams then
 # arrive over the ~ms the client takes to start them).
@@ -80,12 +87,37 @@ class NoBarrier:
     def wait(self): pass
 def health():
     return json.load(urllib.request.urlopen(url + "/health"))
+# One process's streams ids: its threads wait at a barrier that the parent's (cross-process)
+# barrier opens; reports (tokens, the last answer's time) on q.
+def proc(ids, bar, q):
+    out, ends = {i: 0 for i in ids}, {i: 0.0 for i in ids}
+    go = threading.Barrier(len(ids) + 1)
+    ts = [threading.Thread(target=one, args=(i, out, ends, go)) for i in ids]
+    for t in ts: t.start()
+    bar.wait()
+    go.wait()
+    for t in ts: t.join()
+    q.put((sum(out.values()), max(ends.values())))
 # -> (tokens, seconds, the server's counters just before the clock starts: after the threads
 # have started, so the engine's idle time while they start stays out of the difference)
 def run(n):
     barrier = os.environ.get("BARRIER", "1") != "0"
-    out, go = [0] * n, threading.Barrier(n + 1) if barrier else NoBarrier()
-    ts = [threading.Thread(target=one, args=(i, out, go)) for i in range(n)]
+    nproc = min(n, int(os.environ.get("PROCS", "8")))
+    if barrier and nproc > 1:
+        ctx = mp.get_context("fork")
+        bar, q = ctx.Barrier(nproc + 1), ctx.Queue()
+        ps = [ctx.Process(target=proc, args=(list(range(k, n, nproc)), bar, q)) for k in range(nproc)]
+        for p in ps: p.start()
+        time.sleep(0.3)  # every process started its threads, built its requests, connected
+        h0 = health()
+        bar.wait()
+        t0 = time.perf_counter()
+        res = [q.get() for _ in ps]
+        for p in ps: p.join()
+        return sum(r[0] for r in res), max(r[1] for r in res) - t0, h0
+    out, ends = [0] * n, [0.0] * n
+    go = threading.Barrier(n + 1) if barrier else NoBarrier()
+    ts = [threading.Thread(target=one, args=(i, out, ends, go)) for i in range(n)]
     if not barrier:
         h0 = health()
         t0 = time.perf_counter()
@@ -96,7 +128,7 @@ def run(n):
         go.wait()
         t0 = time.perf_counter()
     for t in ts: t.join()
-    return sum(out), time.perf_counter() - t0, h0
+    return sum(out), max(ends) - t0, h0
 for n in streams: run(n)  # warm-up: every batch size's first steps (GEMM tuning, graphs)
 res = {}
 for n in streams:

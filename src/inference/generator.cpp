@@ -45,9 +45,29 @@ struct Generator::DecodeGraph {
   // io_host/io_dev [2 Bk] i64: the tokens then the positions, one copy to the device a step;
   // tok_* [Bk, 1] and pos_* [Bk] are views of them.
   Tensor io_host, io_dev, tok_host, pos_host, tok_dev, pos_dev, ids_dev, ids_host, check_a, check_b;
+  // A launched replay's inputs and ids on the host, page-locked, by the launch's parity: a
+  // step is queued while the one before it may still run, whose copies read and write the
+  // other pair (launch_greedy).
+  ops::PinnedHost io_pin[2], ids_pin[2];
+  ops::StreamFence done[2];  // the replay of that parity and the copy of its ids
   int64_t V = 0;
   ops::StreamGraph graph;
   bool checked = false;  // the first replay was compared with the eager step
+};
+
+// A launched greedy step: its ids on the host once `done` has passed (a replay), or already
+// there (ids, when done is null).
+struct Generator::Launched {
+  int64_t rows = 0;
+  ops::StreamFence* done = nullptr;
+  const int64_t* pinned = nullptr;
+  std::vector<int64_t> ids;
+  void collect() {
+    if (!done) return;
+    done->wait();
+    ids.assign(pinned, pinned + rows);
+    done = nullptr;
+  }
 };
 
 Generator::Generator(const model::ParamStore& params, const model::TransformerConfig& cfg,
@@ -92,10 +112,72 @@ const Tensor& Generator::prefill_batch(const Tensor& tokens, KVCache& cache, int
 
 const std::vector<int64_t>& Generator::forward_greedy(const Tensor& tokens, KVCache& cache,
                                                      int64_t V) {
+  MCPP_CHECK(launched_.empty(),
+             "Generator::forward_greedy: {} launched steps were not collected (greedy_ids)",
+             launched_.size());
+  launch_greedy(tokens, cache, V);
+  return greedy_ids();
+}
+
+void Generator::launch_greedy(const Tensor& tokens, KVCache& cache, int64_t V) {
   MCPP_CHECK(tokens.dim() == 2 && tokens.size(1) == 1 && tokens.dtype() == DType::I64,
-             "Generator::forward_greedy: tokens must be i64 [A, 1], got {}", tokens.str());
+             "Generator::launch_greedy: tokens must be i64 [A, 1], got {}", tokens.str());
+  MCPP_CHECK(launched_.size() < 2, "Generator::launch_greedy: two launched steps wait for greedy_ids()");
   const int64_t A = tokens.size(0);
-  if (graphs_usable(A, cache)) return greedy_graph(tokens, cache, V);
+  const int64_t* t = tokens.data<int64_t>();
+  bool from_last = false;
+  for (int64_t b = 0; b < A; ++b) {
+    if (t[b] != kFromLastStep) continue;
+    MCPP_CHECK(b < last_rows_,
+               "Generator::launch_greedy: row {} takes the last step's id, but that step had {} rows",
+               b, last_rows_);
+    from_last = true;
+  }
+  Launched l;
+  l.rows = A;
+  DecodeGraph* g = graphs_usable(A, cache) ? &decode_graph(A, cache, V) : nullptr;
+  if (g && g->graph.ready() && g->checked) {
+    const int par = int(launches_ & 1);
+    replay_greedy(*g, tokens, cache, par);
+    l.done = &g->done[par];
+    l.pinned = static_cast<const int64_t*>(g->ids_pin[par].data());
+    last_ids_.clear();
+  } else {
+    Tensor resolved = tokens;
+    if (from_last) {  // the last step's ids, on the host
+      if (!launched_.empty()) {
+        launched_.back().collect();
+        last_ids_ = launched_.back().ids;
+      }
+      resolved = tokens.clone();
+      int64_t* r = resolved.data<int64_t>();
+      for (int64_t b = 0; b < A; ++b)
+        if (r[b] == kFromLastStep) r[b] = last_ids_.at(size_t(b));
+    }
+    if (g)
+      greedy_graph_first(*g, resolved, cache, l.ids);
+    else
+      greedy_eager(resolved, cache, V, l.ids);
+    last_ids_ = l.ids;
+  }
+  last_rows_ = A;
+  ++launches_;
+  launched_.push_back(std::move(l));
+}
+
+const std::vector<int64_t>& Generator::greedy_ids() {
+  MCPP_CHECK(!launched_.empty(), "Generator::greedy_ids: no launched step");
+  Launched& l = launched_.front();
+  l.collect();
+  greedy_ids_ = std::move(l.ids);
+  launched_.erase(launched_.begin());
+  if (launched_.empty()) last_ids_ = greedy_ids_;
+  return greedy_ids_;
+}
+
+void Generator::greedy_eager(const Tensor& tokens, KVCache& cache, int64_t V,
+                             std::vector<int64_t>& ids_out) {
+  const int64_t A = tokens.size(0);
   const Tensor& logits = run_on_device(tokens, cache, 0, false);
   auto& bf = *buf_;
   Stream& st = ops::default_stream(logits.device());
@@ -106,9 +188,9 @@ const std::vector<int64_t>& Generator::forward_greedy(const Tensor& tokens, KVCa
     model::ensure(bf.ids_host, {A}, DType::I64, Device::CPU);
     ops::copy(bf.ids_dev, bf.ids_host, st);
     ids = &bf.ids_host;
+    last_ids_dev_ = bf.ids_dev;
   }
-  greedy_ids_.assign(ids->data<int64_t>(), ids->data<int64_t>() + A);
-  return greedy_ids_;
+  ids_out.assign(ids->data<int64_t>(), ids->data<int64_t>() + A);
 }
 
 const Tensor& Generator::run(const Tensor& tokens, KVCache& cache, int64_t first,
@@ -217,13 +299,14 @@ bool Generator::graphs_usable(int64_t A, const KVCache& cache) const {
 
 void Generator::set_cuda_graphs(bool on) { cuda_graphs_ = on; }
 
-const std::vector<int64_t>& Generator::greedy_graph(const Tensor& tokens, KVCache& cache,
-                                                    int64_t V) {
-  const int64_t A = tokens.size(0), Bk = bucket_size(A, cache.batch());
+Generator::DecodeGraph& Generator::decode_graph(int64_t A, const KVCache& cache, int64_t V) {
+  const int64_t Bk = bucket_size(A, cache.batch());
   const Device dev = cfg_.device;
-  Stream& st = ops::default_stream(dev);
   auto& slot = graphs_[Bk];
-  if (!slot || slot->V != V) slot = std::make_unique<DecodeGraph>();
+  if (!slot || slot->V != V) {
+    MCPP_CHECK(launched_.empty(), "Generator: the vocabulary bound changed with steps in flight");
+    slot = std::make_unique<DecodeGraph>();
+  }
   DecodeGraph& g = *slot;
   g.V = V;
   if (!g.io_dev.defined()) {
@@ -231,8 +314,61 @@ const std::vector<int64_t>& Generator::greedy_graph(const Tensor& tokens, KVCach
     g.io_dev = Tensor::empty({2 * Bk}, DType::I64, dev);
     g.tok_host = g.io_host.narrow(0, Bk).view({Bk, 1}), g.pos_host = g.io_host.narrow(Bk, Bk);
     g.tok_dev = g.io_dev.narrow(0, Bk).view({Bk, 1}), g.pos_dev = g.io_dev.narrow(Bk, Bk);
+    for (int p = 0; p < 2; ++p) {
+      g.io_pin[p] = ops::PinnedHost(size_t(2 * Bk) * sizeof(int64_t));
+      g.ids_pin[p] = ops::PinnedHost(size_t(Bk) * sizeof(int64_t));
+    }
   }
   model::ensure(g.ids_dev, {Bk}, DType::I64, dev);
+  return g;
+}
+
+// A captured bucket's step, queued: its inputs through the parity's page-locked buffer (the
+// other parity's may still feed the step before), rows of kFromLastStep copied on the device
+// from the last step's ids, the replay, its ids back to the parity's buffer, the fence.
+void Generator::replay_greedy(DecodeGraph& g, const Tensor& tokens, KVCache& cache, int par) {
+  const int64_t A = tokens.size(0), Bk = g.tok_dev.size(0);
+  Stream& st = ops::default_stream(cfg_.device);
+  // This parity's buffers were last used two launches ago; that step has been collected or
+  // its fence is waited for here (greedy_ids' collect waits at most once).
+  g.done[par].wait();
+  Tensor io = Tensor::wrap(g.io_pin[par].data(), {2 * Bk}, DType::I64);
+  int64_t* tok = io.data<int64_t>();
+  int64_t* pos = tok + Bk;
+  positions(A, 1, cache, 0, pos);
+  const int64_t* t = tokens.data<int64_t>();
+  for (int64_t b = 0; b < A; ++b) tok[b] = t[b] == kFromLastStep ? 0 : t[b];
+  for (int64_t b = A; b < Bk; ++b) tok[b] = 0, pos[b] = 0;
+  ops::copy(io, g.io_dev, st);  // (from page-locked memory: returns at once)
+  Tensor tok_flat = g.tok_dev.flat();
+  for (int64_t b = 0; b < A;) {  // each run of rows that take the last step's ids
+    if (t[b] != kFromLastStep) {
+      ++b;
+      continue;
+    }
+    int64_t e = b;
+    while (e < A && t[e] == kFromLastStep) ++e;
+    Tensor dst = tok_flat.narrow(b, e - b);
+    ops::copy(last_ids_dev_.narrow(b, e - b), dst, st);
+    b = e;
+  }
+  g.graph.replay(st);
+  Tensor ids = Tensor::wrap(g.ids_pin[par].data(), {Bk}, DType::I64);
+  ops::copy_to_host_async(g.ids_dev, ids, st);
+  g.done[par].record(st);
+  cache.advance(0, A, 1);
+  last_ids_dev_ = g.ids_dev;
+}
+
+// A bucket's first steps, each run to its ids: eagerly first (this step's answer; it
+// allocates the bucket's buffers and tunes its GEMMs, so that the capture that follows
+// records kernels only -- the capture runs nothing), then the first replay checked against
+// the eager step.
+void Generator::greedy_graph_first(DecodeGraph& g, const Tensor& tokens, KVCache& cache,
+                                   std::vector<int64_t>& ids_out) {
+  const int64_t A = tokens.size(0), Bk = g.tok_dev.size(0);
+  const int64_t V = g.V;
+  Stream& st = ops::default_stream(cfg_.device);
   int64_t* pos = g.pos_host.data<int64_t>();
   int64_t* tok = g.tok_host.data<int64_t>();
   positions(A, 1, cache, 0, pos);
@@ -249,8 +385,6 @@ const std::vector<int64_t>& Generator::greedy_graph(const Tensor& tokens, KVCach
     ops::copy(d, h, st);
   };
   if (!g.graph.ready()) {
-    // Eagerly first (this step's answer): allocates the bucket's buffers and tunes its
-    // GEMMs, so the capture that follows records kernels only. The capture runs nothing.
     step();
     if (g.graph.begin_capture(st)) {
       step();
@@ -260,7 +394,7 @@ const std::vector<int64_t>& Generator::greedy_graph(const Tensor& tokens, KVCach
                              "failed: decoding without graphs\n", (long long)Bk);
       }
     }
-  } else if (!g.checked) {
+  } else {
     // The first replay against the eager step on the same inputs, bit for bit (the eager
     // step rewrites the same cache rows with the same values).
     g.graph.replay(st);
@@ -274,13 +408,11 @@ const std::vector<int64_t>& Generator::greedy_graph(const Tensor& tokens, KVCach
       std::fprintf(stderr, "[generate] the CUDA graph of the decode step (batch %lld) differs "
                            "from the eager step: decoding without graphs\n", (long long)Bk);
     }
-  } else {
-    g.graph.replay(st);
   }
   to_host(g.ids_dev, g.ids_host);
   cache.advance(0, A, 1);
-  greedy_ids_.assign(g.ids_host.data<int64_t>(), g.ids_host.data<int64_t>() + A);
-  return greedy_ids_;
+  last_ids_dev_ = g.ids_dev;
+  ids_out.assign(g.ids_host.data<int64_t>(), g.ids_host.data<int64_t>() + A);
 }
 
 namespace {

@@ -64,6 +64,16 @@ class Generator {
   // instead of A x Vp logits. The ids (those inference::argmax gives on the logits) stay
   // valid until the next call.
   const std::vector<int64_t>& forward_greedy(const Tensor& tokens, KVCache& cache, int64_t V);
+  // forward_greedy in two halves, so that the host works while the device runs the step
+  // (the server's pipelined decode): launch_greedy queues the step and advances the cache;
+  // greedy_ids waits for the oldest launched step and returns its ids (valid until the next
+  // call of either). A token kFromLastStep takes the id that the step launched before this
+  // one gave the same row -- read on the device where the step replays a CUDA graph, so the
+  // host need not have waited for it. At most two steps are launched and not yet collected;
+  // forward_greedy needs none.
+  static constexpr int64_t kFromLastStep = -2;
+  void launch_greedy(const Tensor& tokens, KVCache& cache, int64_t V);
+  const std::vector<int64_t>& greedy_ids();
   // forward_greedy on the GPU replays a CUDA graph of the whole step per batch bucket (on by
   // default; RoPE models without TP; see generator.cpp). Off: every step launches its ops.
   void set_cuda_graphs(bool on);
@@ -87,7 +97,20 @@ class Generator {
                         KVCache& cache, int64_t first, bool all_positions, Buffers& bf);
   struct DecodeGraph;
   bool graphs_usable(int64_t A, const KVCache& cache) const;
-  const std::vector<int64_t>& greedy_graph(const Tensor& tokens, KVCache& cache, int64_t V);
+  // launch_greedy's three ways: a captured bucket's replay, queued (its ids come back
+  // without the host waiting); a bucket's first steps (eager, capture, checked replay) and a
+  // step without graphs, each run to its ids.
+  DecodeGraph& decode_graph(int64_t A, const KVCache& cache, int64_t V);  // A's bucket
+  void replay_greedy(DecodeGraph& g, const Tensor& tokens, KVCache& cache, int par);
+  void greedy_graph_first(DecodeGraph& g, const Tensor& tokens, KVCache& cache,
+                          std::vector<int64_t>& ids);
+  void greedy_eager(const Tensor& tokens, KVCache& cache, int64_t V, std::vector<int64_t>& ids);
+  struct Launched;  // a launched greedy step, until greedy_ids() collects it
+  std::vector<Launched> launched_;  // oldest first
+  std::vector<int64_t> last_ids_;  // the last launched step's ids on the host (when known)
+  Tensor last_ids_dev_;            // ... and on the device: kFromLastStep reads them there
+  int64_t last_rows_ = 0;          // that step's rows
+  uint64_t launches_ = 0;          // the parity picks a graph's host buffers
   std::vector<int64_t> greedy_ids_;
   bool cuda_graphs_ = true;
   std::map<int64_t, std::unique_ptr<DecodeGraph>> graphs_;  // by bucket size

@@ -1,6 +1,9 @@
 // A captured run of stream work, replayed with one launch: CUDA graphs, for generation's
 // decode step, whose ~200 small kernels at one stream would otherwise cost more in launch
 // gaps than in their own work (inference/generator.cpp captures one graph per batch size).
+// And what lets the host queue the next step before the last one has finished (the
+// serving engine's pipelined decode): page-locked host buffers, a device-to-host copy that
+// does not wait, and a fence the host waits at later.
 //
 //   StreamGraph g;
 //   if (g.begin_capture(s)) { ...ops on s...; g.end_capture(s); }   // records, runs nothing
@@ -32,6 +35,46 @@ class StreamGraph {
  private:
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
+// Host memory that a stream's copies read and write without the host waiting: page-locked
+// (cudaHostAlloc) where a CUDA device is present -- a copy from ordinary memory may wait for
+// the stream's earlier work, which would serialise a pipeline -- ordinary memory otherwise.
+class PinnedHost {
+ public:
+  PinnedHost() = default;
+  explicit PinnedHost(size_t bytes);
+  ~PinnedHost();
+  PinnedHost(PinnedHost&& o) noexcept : p_(o.p_), pinned_(o.pinned_) { o.p_ = nullptr; }
+  PinnedHost& operator=(PinnedHost&& o) noexcept;
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  void* data() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+  bool pinned_ = false;
+};
+
+// src (on s's device) into dst (host, a PinnedHost's memory for the copy not to wait) in
+// s's order, returning before the copy is done: read dst after a StreamFence recorded after
+// it has passed. On a CPU stream, a plain copy.
+void copy_to_host_async(const Tensor& src, Tensor& dst, Stream& s);
+
+// A point in a stream's work that the host waits for later (a CUDA event). Recorded on a
+// CPU stream, or never recorded, it has already passed.
+class StreamFence {
+ public:
+  StreamFence() = default;
+  ~StreamFence();
+  StreamFence(const StreamFence&) = delete;
+  StreamFence& operator=(const StreamFence&) = delete;
+  void record(Stream& s);  // the work queued on s so far
+  void wait();             // returns once that work is done
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+  bool recorded_ = false;
 };
 
 }  // namespace mcpp::ops

@@ -232,16 +232,16 @@ void Engine::run_follower() {
   }
 }
 
-bool Engine::choose(Sequence& s, const Tensor& logits, int64_t row, int64_t slot) {
+bool Engine::choose(Sequence& s, const Tensor& logits, int64_t row) {
   SequenceResult& r = s.result;
   const std::vector<float> lg = row_as_f32(logits, row);
   const int64_t id = inference::sample(lg, opts_.vocab_size, s.spec.sampling, s.spec.seq_index,
                                        uint64_t(r.tokens.size()));
   const float lp = s.spec.logprobs ? log_prob(lg, opts_.vocab_size, id) : 0.f;
-  return accept(s, id, lp, slot);
+  return accept(s, id, lp);
 }
 
-bool Engine::accept(Sequence& s, int64_t id, float lp, int64_t slot) {
+bool Engine::accept(Sequence& s, int64_t id, float lp) {
   SequenceResult& r = s.result;
   r.tokens.push_back(int32_t(id));
   if (s.spec.logprobs) r.logprobs.push_back(lp);
@@ -264,7 +264,9 @@ bool Engine::accept(Sequence& s, int64_t id, float lp, int64_t slot) {
     finish(s, "stop");
   } else if (int64_t(r.tokens.size()) >= s.spec.max_new_tokens) {
     finish(s, "max_tokens");
-  } else if (cache_->length(slot) >= opts_.max_seq) {
+  } else if (int64_t(s.spec.prompt.size() + r.tokens.size()) - 1 >= opts_.max_seq) {
+    // (the token would be fed at that position; counted from the sequence, not the cache,
+    // whose length a pipelined step in flight has already advanced)
     finish(s, "max_positions");
   } else {
     s.last = int32_t(id);
@@ -312,6 +314,13 @@ void Engine::compact() {
 
 void Engine::run_leader() {
   for (;;) {
+    // A step in flight whose sequences have all finished (the one launched while the last
+    // tokens were taken): collected before the engine may wait, its ids unused.
+    if (live_ == 0 && !inflight_.empty()) {
+      const double dt = collect_inflight();
+      std::lock_guard lk(mu_);
+      stats_.decode_seconds += dt;
+    }
     std::vector<std::shared_ptr<Sequence>> admitted;
     bool stop = false;
     {
@@ -366,6 +375,7 @@ void Engine::run_leader() {
       if (s && s->last >= 0 && (s->cancelled() || stop)) finish(*s, stop ? "shutdown" : "cancelled");
     compact();
     if (stop) {
+      if (!inflight_.empty()) gen_.greedy_ids(), inflight_.clear();  // (its copies done)
       std::vector<int64_t> op{kExit};
       execute(op);
       return;
@@ -433,7 +443,7 @@ void Engine::run_leader() {
         if (s.spec.max_new_tokens <= 0)
           finish(s, "max_tokens");
         else
-          choose(s, logits, s.spec.logprobs ? P - 1 : int64_t(j), slot + int64_t(j));
+          choose(s, logits, s.spec.logprobs ? P - 1 : int64_t(j));
       }
       i += n;
     }
@@ -441,11 +451,55 @@ void Engine::run_leader() {
 
     // Decode: one row per slot up to the last active one, each sequence at its own position
     // (a hole: a padding row, decode_tokens).
-    const int64_t A = int64_t(active_.size());
+    int64_t A = int64_t(active_.size());
     if (A == 0) continue;
     const bool greedy = std::all_of(active_.begin(), active_.end(), [](const auto& s) {
       return !s || (s->spec.sampling.is_greedy() && !s->spec.logprobs);
     });
+    if (greedy && !tp_) {
+      // Pipelined (one rank): this step is queued before the step in flight has been
+      // collected -- a sequence in it feeds the id that step gives its row, read on the
+      // device (Generator::kFromLastStep) -- and that step's tokens are then taken (the
+      // callbacks, the replies) while the device runs this one. A sequence that stops at
+      // the step in flight has a row in this one too, whose id nobody takes.
+      Tensor t = Tensor::empty({A, 1}, DType::I64);
+      int64_t* p = t.data<int64_t>();
+      for (int64_t i = 0; i < A; ++i) {
+        const auto& s = active_[size_t(i)];
+        const bool pending = s && i < int64_t(inflight_.size()) && inflight_[size_t(i)] == s;
+        if (!s || (pending && cache_->length(i) >= opts_.max_seq)) {
+          // A hole, or a sequence whose pending token ends it at the last position (accept's
+          // max_positions): a padding row.
+          cache_->reset_slot(i);
+          p[i] = 0;
+        } else {
+          p[i] = pending ? inference::Generator::kFromLastStep : s->last;
+        }
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      gen_.launch_greedy(t, *cache_, opts_.vocab_size);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double dw = collect_inflight();
+      ops_s += dt + dw;
+      {
+        std::lock_guard lk(mu_);
+        stats_.decode_steps += 1, stats_.decode_rows += A;
+        stats_.decode_seconds += dt + dw;
+      }
+      inflight_ = active_;
+      compact();
+      continue;
+    }
+    // Every other step runs to its result: the step in flight is collected first.
+    if (!inflight_.empty()) {
+      const double dw = collect_inflight();
+      ops_s += dw;
+      std::lock_guard lk(mu_);
+      stats_.decode_seconds += dw;
+    }
+    compact();
+    A = int64_t(active_.size());
+    if (A == 0) continue;
     std::vector<int64_t> op{greedy ? kDecodeGreedy : kDecode, A};
     for (auto& s : active_) op.push_back(s ? s->last : -1);
     const auto t0 = std::chrono::steady_clock::now();
@@ -463,12 +517,33 @@ void Engine::run_leader() {
       if (s.cancelled())
         finish(s, "cancelled");
       else if (greedy)
-        accept(s, (*greedy_ids_)[size_t(i)], 0.f, i);
+        accept(s, (*greedy_ids_)[size_t(i)], 0.f);
       else
-        choose(s, *logits, i, i);
+        choose(s, *logits, i);
     }
     compact();
   }
+}
+
+// Waits for the pipelined step in flight and takes its ids: each row's sequence, as it was
+// at the launch, accepts its token unless it has finished since (stopped at the step
+// before, cancelled). Returns the seconds spent waiting.
+double Engine::collect_inflight() {
+  if (inflight_.empty()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t>& ids = gen_.greedy_ids();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::shared_ptr<Sequence>> rows;
+  rows.swap(inflight_);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i] || rows[i]->last < 0) continue;
+    Sequence& s = *rows[i];
+    if (s.cancelled())
+      finish(s, "cancelled");
+    else
+      accept(s, ids[i], 0.f);
+  }
+  return dt;
 }
 
 }  // namespace mcpp::serve

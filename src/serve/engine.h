@@ -139,9 +139,10 @@ class Engine {
   const Tensor* execute(std::vector<int64_t>& op);
   void broadcast_op(std::vector<int64_t>& op);
   // Samples sequence s's next token from logits row `row`; false when it stops.
-  bool choose(Sequence& s, const Tensor& logits, int64_t row, int64_t slot);
+  bool choose(Sequence& s, const Tensor& logits, int64_t row);
   // Records sequence s's new token id (its log-probability lp); false when it stops.
-  bool accept(Sequence& s, int64_t id, float lp, int64_t slot);
+  bool accept(Sequence& s, int64_t id, float lp);
+  double collect_inflight();  // run_leader's pipelined step: waits for it, takes its tokens
   void finish(Sequence& s, const std::string& reason);
   void count_callback(std::chrono::steady_clock::time_point t0);  // += now - t0
   void compact();  // finished sequences leave their slots (holes below the last active one)
@@ -156,6 +157,9 @@ class Engine {
   bool idle_now_ = false;                          // run_leader waits with nothing active ...
   std::chrono::steady_clock::time_point idle_since_;  // ... since then
   const std::vector<int64_t>* greedy_ids_ = nullptr;  // the last kDecodeGreedy's ids
+  // The pipelined greedy step in flight (one rank): the sequence of each of its rows as at
+  // its launch (null: a hole); empty when none is in flight.
+  std::vector<std::shared_ptr<Sequence>> inflight_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Sequence>> waiting_;

@@ -155,6 +155,24 @@ TEST_P(GenerateGpu, WeightsLoadedToTheGpuGenerateTheCpuTokens) {
   for (size_t i = 0; i < spans.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
 }
 
+// The server's pipelined decode on the GPU: Llama's steps replay a CUDA graph, queued, each
+// row's token copied on the device from the step before; GPT-2's run eagerly (learned
+// positions: no graphs), kFromLastStep read on the host. The ids of steps run one at a time.
+TEST_P(GenerateGpu, PipelinedStepsEqualStepsOneAtATime) {
+  MCPP_REQUIRE_GPU();
+  const bool llama = GetParam();
+  auto cfg = tiny_config(llama, DType::F32);
+  model::GPTModel m(cfg);
+  perturb_norms(m.params());
+  auto gcfg = cfg;
+  gcfg.device = Device::CUDA;
+  model::ParamStore gparams = to_gpu_store(gcfg, m.params());
+  inference::Generator ref(gparams, gcfg), pip(gparams, gcfg);
+  inference::KVCache rc(gcfg, cfg.max_position_embeddings, 4, Device::CUDA);
+  inference::KVCache pc(gcfg, cfg.max_position_embeddings, 4, Device::CUDA);
+  check_pipelined_greedy(ref, rc, pip, pc, 50);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, GenerateGpu, ::testing::Values(false, true),
                          [](const auto& i) { return i.param ? "Llama" : "GPT2"; });
 

@@ -4,7 +4,10 @@
 #include <cmath>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "base/philox.h"
+#include "inference/generator.h"
 #include "model/gpt_model.h"
 
 namespace mcpp::test {
@@ -70,6 +73,59 @@ inline double rel_diff(const std::vector<double>& a, const std::vector<double>& 
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+// The server's pipelined decode (Generator::launch_greedy / greedy_ids) against steps run one
+// at a time (forward_greedy) on the same prompts: `pip` launches each step before it
+// collects the one before, its rows feeding that step's ids by kFromLastStep -- except row 1,
+// which at step 4 feeds a host token instead (a sequence that joined), and row 3, which
+// from step 6 is a hole (its slot emptied, token 0 at position 0). `ref` feeds the same
+// tokens from the host after waiting for each step. Every step's ids are equal (the same
+// kernels on the same inputs); the rows stay in lock step, steps enough for a GPU bucket's
+// eager, captured and checked steps to pass before the replays that run queued.
+inline void check_pipelined_greedy(inference::Generator& ref, inference::KVCache& rc,
+                                   inference::Generator& pip, inference::KVCache& pc,
+                                   int64_t V) {
+  const int64_t A = 4, P = 3, steps = 10;
+  for (int64_t b = 0; b < A; ++b) {
+    Tensor pr = Tensor::empty({1, P}, DType::I64);
+    for (int64_t j = 0; j < P; ++j) pr.data<int64_t>()[j] = 1 + (7 * b + 3 * j) % (V - 1);
+    ref.prefill(pr, rc, b), pip.prefill(pr, pc, b);
+  }
+  Tensor rt = Tensor::empty({A, 1}, DType::I64), pt = Tensor::empty({A, 1}, DType::I64);
+  for (int64_t b = 0; b < A; ++b) rt.data<int64_t>()[b] = pt.data<int64_t>()[b] = 2 + b;
+  std::vector<std::vector<int64_t>> want, got;
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s >= 6) rc.reset_slot(3), rt.data<int64_t>()[3] = 0;
+    if (s == 4) rt.data<int64_t>()[1] = 11;
+    want.push_back(ref.forward_greedy(rt, rc, V));
+    for (int64_t b = 0; b < A; ++b) rt.data<int64_t>()[b] = want.back()[size_t(b)];
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s > 0)
+      for (int64_t b = 0; b < A; ++b) pt.data<int64_t>()[b] = inference::Generator::kFromLastStep;
+    if (s == 4) pt.data<int64_t>()[1] = 11;
+    if (s >= 6) {
+      pc.reset_slot(3);
+      pt.data<int64_t>()[3] = 0;
+    }
+    pip.launch_greedy(pt, pc, V);
+    if (s > 0) got.push_back(pip.greedy_ids());
+  }
+  got.push_back(pip.greedy_ids());
+  ASSERT_EQ(got.size(), want.size());
+  for (int64_t s = 0; s < steps; ++s) EXPECT_EQ(got[size_t(s)], want[size_t(s)]) << "step " << s;
+  for (int64_t b = 0; b < A; ++b) EXPECT_EQ(pc.length(b), rc.length(b)) << "slot " << b;
+  // Two steps in flight at most, and a row of kFromLastStep needs the last step to have it.
+  pip.launch_greedy(pt, pc, V);
+  pip.launch_greedy(pt, pc, V);
+  EXPECT_THROW(pip.launch_greedy(pt, pc, V), Error);
+  EXPECT_THROW(pip.forward_greedy(pt, pc, V), Error);
+  pip.greedy_ids(), pip.greedy_ids();
+  EXPECT_THROW(pip.greedy_ids(), Error);
+  Tensor wide = Tensor::empty({A + 1, 1}, DType::I64);
+  for (int64_t b = 0; b <= A; ++b) wide.data<int64_t>()[b] = inference::Generator::kFromLastStep;
+  EXPECT_THROW(pip.launch_greedy(wide, pc, V), Error);
 }
 
 }  // namespace mcpp::test

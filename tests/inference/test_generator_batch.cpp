@@ -197,3 +197,17 @@ TEST(GenerateBatch, RejectsMorePromptsThanSlotsAndEmptyPrompts) {
 }
 
 }  // namespace
+
+// The server's pipelined decode on the CPU (each launch runs to its ids; kFromLastStep read
+// on the host): the ids of steps run one at a time (inference_test_util.h).
+TEST(GenerateBatch, PipelinedStepsEqualStepsOneAtATime) {
+  for (bool llama : {false, true}) {
+    auto cfg = tiny_config(llama, DType::F32);
+    model::GPTModel m(cfg);
+    perturb_norms(m.params());
+    inference::Generator ref(m.params(), cfg), pip(m.params(), cfg);
+    inference::KVCache rc(cfg, cfg.max_position_embeddings, 4), pc(cfg, cfg.max_position_embeddings, 4);
+    SCOPED_TRACE(llama ? "Llama" : "GPT-2");
+    check_pipelined_greedy(ref, rc, pip, pc, 50);
+  }
+}
