@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "base/error.h"
 #include "ops/ops.h"
@@ -52,6 +54,13 @@ Engine::Engine(inference::Generator& gen, const EngineOptions& opts, comm::Commu
                   "--inference-max-requests {} is out of range", opts_.slots);
   MCPP_CHECK_HINT(opts_.max_waiting >= 0, "pass --max-queued-requests N with N >= 0",
                   "--max-queued-requests {} is negative", opts_.max_waiting);
+  // MCPP_SERVE_PIPELINE=0 (docs/environment.md): every greedy step runs to its tokens.
+  if (const char* e = std::getenv("MCPP_SERVE_PIPELINE"); e && *e) {
+    const std::string v = e;
+    MCPP_CHECK_HINT(v == "0" || v == "1", "set it to 0 or 1 (docs/environment.md)",
+                    "MCPP_SERVE_PIPELINE={} is not 0 or 1", v);
+    pipeline_ = v == "1";
+  }
   if (opts_.vocab_size <= 0 || opts_.vocab_size > c.padded_vocab_size)
     opts_.vocab_size = c.padded_vocab_size;
   // The whole KV memory, allocated once: a burst of requests waits, it never allocates.
@@ -456,7 +465,7 @@ void Engine::run_leader() {
     const bool greedy = std::all_of(active_.begin(), active_.end(), [](const auto& s) {
       return !s || (s->spec.sampling.is_greedy() && !s->spec.logprobs);
     });
-    if (greedy && !tp_) {
+    if (greedy && !tp_ && pipeline_) {
       // Pipelined (one rank): this step is queued before the step in flight has been
       // collected -- a sequence in it feeds the id that step gives its row, read on the
       // device (Generator::kFromLastStep) -- and that step's tokens are then taken (the

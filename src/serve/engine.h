@@ -16,6 +16,14 @@
 // = spec.seq_index, counter = its step), so its tokens do not depend on which others share
 // the batch (up to the floating-point order of a batched GEMM).
 //
+// Pipelined decode (one rank, every active sequence greedy): each step is queued before the
+// step in flight has been collected -- a sequence in that step feeds the id it gives, read on
+// the device (Generator::launch_greedy, kFromLastStep) -- and that step's tokens are then
+// taken, callbacks and replies included, while the device runs the new one: the GPU does
+// not wait for the host between steps. A sequence that stops at the step in flight has a
+// row in the next one whose id nobody takes. MCPP_SERVE_PIPELINE=0: each step runs to its
+// tokens first.
+//
 // Tensor parallelism: every rank runs run(); rank 0 owns the queue and the sampling and
 // broadcasts each model operation (prefill, decode, exit) to the TP group before
 // running it, so all ranks call the Generator with the same tokens in the same order. When
@@ -160,6 +168,7 @@ class Engine {
   // The pipelined greedy step in flight (one rank): the sequence of each of its rows as at
   // its launch (null: a hole); empty when none is in flight.
   std::vector<std::shared_ptr<Sequence>> inflight_;
+  bool pipeline_ = true;  // MCPP_SERVE_PIPELINE
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Sequence>> waiting_;
