@@ -1,8 +1,7 @@
 // The CUDA inference ops against the CPU reference (label gpu; tests/gpu/gpu_test_util.h):
 // decode_attention at the 1B model's head shape and others, sequences of one batch at
 // different positions (1 key, part of a 32-key chunk, several chunks per warp), one row
-// (a decode step) and seven (a prefill chunk), f32 and bf16, the group kernels' two ways of
-// sharing keys among warps (MCPP_DECODE_ATTN_SPLIT 1 and 0); argmax_rows on bf16 logits
+// (a decode step) and seven (a prefill chunk), f32 and bf16; argmax_rows on bf16 logits
 // with a tie, a NaN and a padded vocabulary; linear_decode (the GEMV and tensor-core
 // kernels of ops/cuda/gemv.cu, the split-K kernel of gemv_splitk.cu) against the CPU op and
 // the GPU GEMM (linear_forward then add), and each row's numbers independent of the row
@@ -25,89 +24,75 @@
 namespace mcpp::test {
 namespace {
 
-// A decode step (S = 1) runs the group kernels where G and HD have an instance, each under
-// both MCPP_DECODE_ATTN_SPLIT values, at 1 to 300 keys: split's warps get no keys (1, 5),
-// fewer than 32 (33, 130), exactly 32 (256) and more (257, 300: a second sub-chunk); chunks'
-// warps no keys, part of a 32-key chunk or up to two chunks.
 TEST(GpuDecode, AttentionMatchesCpu) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16})
     for (auto [S, NH, NG, HD] :
          {std::tuple{1, 32, 8, 64}, {1, 4, 4, 128}, {1, 6, 2, 80}, {1, 2, 1, 32}, {7, 32, 8, 64}}) {
       ops::AttentionDims d;
-      d.S = S, d.B = 7, d.NH = NH, d.NG = NG, d.HD = HD;
+      d.S = S, d.B = 5, d.NH = NH, d.NG = NG, d.HD = HD;
       const int64_t Tmax = 300;
       const Shape cache{d.B, Tmax, d.NG, d.HD};
       Tensor kc = rand_in(cache, 11, dt, -2.f, 2.f), vc = rand_in(cache, 12, dt);
       Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 13, dt, -2.f, 2.f);
       Tensor pos = Tensor::empty({d.B}, DType::I64);
-      const int64_t p[] = {0, 4, 32, 129, 255, 256, Tmax - S};
+      const int64_t p[] = {0, 20, 127, 128, Tmax - S};
       for (int64_t b = 0; b < d.B; ++b) pos.data<int64_t>()[b] = p[b];
       const double scale = 1.0 / std::sqrt(double(HD));
       Tensor out = Tensor::empty({d.S, d.B, d.NH * d.HD}, DType::F32);
       cpu::decode_attention(qkv, d, pos, scale, kc, vc, out, CS());
-      for (const char* split : {"1", "0"}) {
-        ASSERT_EQ(setenv("MCPP_DECODE_ATTN_SPLIT", split, 1), 0);
-        Tensor gout = gpu_nan(out.shape(), dt);
-        gpu::decode_attention(to_gpu(qkv, dt), d, to_gpu(pos, DType::I64), scale, to_gpu(kc, dt),
-                              to_gpu(vc, dt), gout, GS());
-        SCOPED_TRACE(::testing::Message()
-                     << "S=" << S << " NH=" << NH << " NG=" << NG << " HD=" << HD
-                     << " dtype=" << dtype_name(dt) << " split=" << split);
-        EXPECT_CLOSE(gout, out, dt);
-      }
+      Tensor gout = gpu_nan(out.shape(), dt);
+      gpu::decode_attention(to_gpu(qkv, dt), d, to_gpu(pos, DType::I64), scale, to_gpu(kc, dt),
+                            to_gpu(vc, dt), gout, GS());
+      SCOPED_TRACE(::testing::Message() << "S=" << S << " NH=" << NH << " NG=" << NG << " HD=" << HD
+                                        << " dtype=" << dtype_name(dt));
+      EXPECT_CLOSE(gout, out, dt);
     }
-  unsetenv("MCPP_DECODE_ATTN_SPLIT");
 }
 
-// A decode step's attention (the group kernels, under both MCPP_DECODE_ATTN_SPLIT values):
-// each sequence alone, a batch of one, equal bit for bit to its row of a batch of eight at
-// 1, 5, 33, 130, 256, 257, 600 and 1,100 keys -- split's warps without keys, with fewer than
-// 32, exactly 32 and more (up to five sub-chunks); chunks' warps without keys, with part of
-// a chunk, up to five chunks -- and the batch close to the CPU op; f32, bf16 and f16, the
-// 1B model's heads (G 4, HD 64), G 8 x HD 128 and G 1 x HD 32.
+// A decode step's attention (the split kernel on an sm_90 GPU): each sequence alone, a
+// batch of one, equal bit for bit to its row of a batch of seven at different positions --
+// one key, a partial warp, splits left empty, several passes per block (up to 1,100 keys) --
+// and the batch close to the CPU op; f32, bf16 and f16, the 1B model's heads (G 4, HD 64),
+// G 8 x HD 128 and G 1 x HD 32.
 TEST(GpuDecode, AttentionBatchInvariantAtAnyLength) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (auto [NH, NG, HD] : {std::tuple{32, 8, 64}, {16, 2, 128}, {4, 4, 32}}) {
       ops::AttentionDims d;
-      d.S = 1, d.B = 8, d.NH = NH, d.NG = NG, d.HD = HD;
+      d.S = 1, d.B = 7, d.NH = NH, d.NG = NG, d.HD = HD;
       const int64_t Tmax = 1100, W = d.qkv_width(), O = int64_t(NH) * HD;
       const Shape cache{d.B, Tmax, d.NG, d.HD};
       Tensor kc = rand_in(cache, 41, dt, -2.f, 2.f), vc = rand_in(cache, 42, dt);
       Tensor qkv = rand_in({1, d.B, W}, 43, dt, -2.f, 2.f);
       Tensor pos = Tensor::empty({d.B}, DType::I64);
-      const int64_t p[] = {0, 4, 32, 129, 255, 256, 599, Tmax - 1};
+      const int64_t p[] = {0, 5, 63, 64, 200, 257, Tmax - 1};
       for (int64_t b = 0; b < d.B; ++b) pos.data<int64_t>()[b] = p[b];
       const double scale = 1.0 / std::sqrt(double(HD));
+      SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD
+                                        << " dtype=" << dtype_name(dt));
       Tensor out = Tensor::empty({1, d.B, O}, DType::F32);
       cpu::decode_attention(qkv, d, pos, scale, kc, vc, out, CS());
-      for (const char* split : {"1", "0"}) {
-        SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD
-                                          << " dtype=" << dtype_name(dt) << " split=" << split);
-        ASSERT_EQ(setenv("MCPP_DECODE_ATTN_SPLIT", split, 1), 0);
-        Tensor gall = gpu_nan(out.shape(), dt);
-        gpu::decode_attention(to_gpu(qkv, dt), d, to_gpu(pos, DType::I64), scale, to_gpu(kc, dt),
-                              to_gpu(vc, dt), gall, GS());
-        EXPECT_CLOSE(gall, out, dt);
-        const Tensor all = to_cpu(gall);
-        for (int64_t b = 0; b < d.B; ++b) {
-          ops::AttentionDims d1 = d;
-          d1.B = 1;
-          const Tensor q1 = qkv.view({d.B, W}).narrow(b, 1).clone().view({1, 1, W});
-          Tensor g1 = gpu_nan({1, 1, O}, dt);
-          gpu::decode_attention(to_gpu(q1, dt), d1, to_gpu(pos.narrow(b, 1).clone(), DType::I64),
-                                scale, to_gpu(kc.narrow(b, 1).clone(), dt),
-                                to_gpu(vc.narrow(b, 1).clone(), dt), g1, GS());
-          const Tensor one = to_cpu(g1);
-          EXPECT_EQ(std::memcmp(one.raw(), static_cast<const float*>(all.raw()) + b * O,
-                                size_t(O) * sizeof(float)),
-                    0)
-              << "sequence " << b << " at position " << p[b] << " alone differs from its batch row";
-        }
+      Tensor gall = gpu_nan(out.shape(), dt);
+      gpu::decode_attention(to_gpu(qkv, dt), d, to_gpu(pos, DType::I64), scale, to_gpu(kc, dt),
+                            to_gpu(vc, dt), gall, GS());
+      EXPECT_CLOSE(gall, out, dt);
+      const Tensor all = to_cpu(gall);
+      for (int64_t b = 0; b < d.B; ++b) {
+        ops::AttentionDims d1 = d;
+        d1.B = 1;
+        const Tensor q1 = qkv.view({d.B, W}).narrow(b, 1).clone().view({1, 1, W});
+        Tensor g1 = gpu_nan({1, 1, O}, dt);
+        gpu::decode_attention(to_gpu(q1, dt), d1, to_gpu(pos.narrow(b, 1).clone(), DType::I64),
+                              scale, to_gpu(kc.narrow(b, 1).clone(), dt),
+                              to_gpu(vc.narrow(b, 1).clone(), dt), g1, GS());
+        const Tensor one = to_cpu(g1);
+        EXPECT_EQ(std::memcmp(one.raw(), static_cast<const float*>(all.raw()) + b * O,
+                              size_t(O) * sizeof(float)),
+                  0)
+            << "sequence " << b << " at position " << p[b] << " alone differs from its batch row";
       }
     }
-  unsetenv("MCPP_DECODE_ATTN_SPLIT");
 }
 
 // Rows of 16-byte words (the kernel's word path: Vp 32064 and 32128 in bf16, V a multiple
@@ -258,42 +243,36 @@ TEST(GpuDecode, LinearSwigluDecodeMatchesCpu) {
 
 // rope_attention_decode (the fused RoPE + append kernel, then decode_attention) against the
 // CPU's rope_decode + attention_kv_cache_forward: the attention output and the cache rows it
-// wrote (the rotated keys, the values), sequences at 1, 5, 33, 130, 257 and 300 keys (see
-// AttentionMatchesCpu), whole and partial rotary dims, grouped and ungrouped heads, under
-// both MCPP_DECODE_ATTN_SPLIT values.
+// wrote (the rotated keys, the values), sequences at different positions, whole and partial
+// rotary dims, grouped and ungrouped heads.
 TEST(GpuDecode, RopeAttentionDecodeMatchesCpu) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16})
     for (auto [NH, NG, HD, rot] :
          {std::tuple{32, 8, 64, 64}, {4, 4, 128, 64}, {6, 2, 80, 80}, {8, 2, 32, 16}}) {
       ops::AttentionDims d;
-      d.S = 1, d.B = 6, d.NH = NH, d.NG = NG, d.HD = HD;
+      d.S = 1, d.B = 4, d.NH = NH, d.NG = NG, d.HD = HD;
       const int64_t Tmax = 300;
       const Shape cache{d.B, Tmax, d.NG, d.HD};
       Tensor kc = rand_in(cache, 31, dt, -2.f, 2.f), vc = rand_in(cache, 32, dt);
       Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 33, dt, -2.f, 2.f);
       Tensor pos = Tensor::empty({d.B}, DType::I64);
-      const int64_t p[] = {0, 4, 32, 129, 256, Tmax - 1};
+      const int64_t p[] = {0, 37, 200, Tmax - 1};
       for (int64_t b = 0; b < d.B; ++b) pos.data<int64_t>()[b] = p[b];
       const double scale = 1.0 / std::sqrt(double(HD));
+      Tensor gq = to_gpu(qkv, dt), gk = to_gpu(kc, dt), gv = to_gpu(vc, dt);
       Tensor kc2 = kc.clone(), vc2 = vc.clone(), q2 = qkv.clone();
       Tensor out = Tensor::empty({d.S, d.B, d.NH * d.HD}, DType::F32);
       cpu::rope_attention_decode(q2, d, rot, 10000.0, pos, scale, kc2, vc2, out, CS());
-      for (const char* split : {"1", "0"}) {
-        ASSERT_EQ(setenv("MCPP_DECODE_ATTN_SPLIT", split, 1), 0);
-        Tensor gq = to_gpu(qkv, dt), gk = to_gpu(kc, dt), gv = to_gpu(vc, dt);
-        Tensor gout = gpu_nan(out.shape(), dt);
-        gpu::rope_attention_decode(gq, d, rot, 10000.0, to_gpu(pos, DType::I64), scale, gk, gv,
-                                   gout, GS());
-        SCOPED_TRACE(::testing::Message()
-                     << "NH=" << NH << " NG=" << NG << " HD=" << HD << " rot=" << rot
-                     << " dtype=" << dtype_name(dt) << " split=" << split);
-        EXPECT_CLOSE(gout, out, dt);
-        EXPECT_CLOSE(gk, kc2, dt) << "k_cache";
-        EXPECT_CLOSE(gv, vc2, dt) << "v_cache";
-      }
+      Tensor gout = gpu_nan(out.shape(), dt);
+      gpu::rope_attention_decode(gq, d, rot, 10000.0, to_gpu(pos, DType::I64), scale, gk, gv,
+                                 gout, GS());
+      SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD
+                                        << " rot=" << rot << " dtype=" << dtype_name(dt));
+      EXPECT_CLOSE(gout, out, dt);
+      EXPECT_CLOSE(gk, kc2, dt) << "k_cache";
+      EXPECT_CLOSE(gv, vc2, dt) << "v_cache";
     }
-  unsetenv("MCPP_DECODE_ATTN_SPLIT");
 }
 
 // Where two host copies of GPU tensors (widened to f32, exact for bf16 and f16) first differ
@@ -315,15 +294,14 @@ int64_t first_diff(const Tensor& a, const Tensor& b) {
 // 1B model's heads (G 4, HD 64) and G 1 x HD 128, each with whole and partial rotary dims,
 // plus G 3 x HD 80 (no group kernel: the rotation kernel, then decode_attention); batches of
 // 1, 3 and 64 sequences at different positions from 0 to 299 (past one pass of the block's
-// 8 x 32 keys; at 64 sequences also 5, 33, 130, 256 and 257 keys: warps of the split
-// kernel without keys, with 1, 4 or 5, 16 or 17, 32 and 33). The bits catch what a
-// tolerance would not: a query scaled before its rounding to the dtype, a key read from the
-// cache before the block wrote it. Each case runs under both MCPP_DECODE_ATTN_SPLIT values
-// (the composition too: they differ in the bits) and the fused op with every cache-row
-// prefetch level (MCPP_DECODE_ATTN_PREFETCH 0, 1, 2: none, L2, L1 -- the L1 lines of rows
-// the block then appends to must not go stale) and with and without weights requested into
-// L2 by extra blocks (l2_next: a 3 MiB and a 5 MiB tensor under a 6 MiB budget, so the
-// second range is cut mid-tensor): all the same bits.
+// 8 x 32 keys). The bits catch what a tolerance would not: a query scaled before its
+// rounding to the dtype, a key read from the cache before the block wrote it. Each case
+// runs the fused op with every cache-row prefetch level (MCPP_DECODE_ATTN_PREFETCH 0, 1, 2:
+// none, L2, L1 -- the L1 lines of rows the block then appends to must not go stale) and
+// with and without weights requested into L2 by extra blocks (l2_next: a 3 MiB and a 5 MiB
+// tensor under a 6 MiB budget, so the second range is cut mid-tensor), and with the V loop's
+// probabilities from shared memory or from shuffles (MCPP_DECODE_ATTN_PSMEM 1, 0; the
+// composition's attention runs the default, 1): all the same bits.
 TEST(GpuDecode, RopeAttentionDecodeFusedMatchesComposition) {
   MCPP_REQUIRE_GPU();
   const int64_t Tmax = 300;
@@ -349,62 +327,57 @@ TEST(GpuDecode, RopeAttentionDecodeFusedMatchesComposition) {
       for (int64_t b = 0; b < d.B; ++b)  // 0, 131, 262, 93, ...; the last at Tmax - 1
         pos.data<int64_t>()[b] = b == d.B - 1 && b > 0 ? Tmax - 1 : (b * 131) % Tmax;
       if (d.B == 1) pos.data<int64_t>()[0] = 260;
-      const int64_t at[] = {4, 32, 129, 255, 256};  // 5, 33, 130, 256 and 257 keys
-      if (d.B == 64)
-        for (int64_t j = 0; j < 5; ++j) pos.data<int64_t>()[1 + j] = at[j];
       const Tensor gpos = to_gpu(pos, DType::I64);
       const double scale = 1.0 / std::sqrt(double(HD));
-      for (DType dt : {DType::F32, DType::BF16, DType::F16})
-        for (const char* split : {"1", "0"}) {
-          SCOPED_TRACE(::testing::Message()
-                       << "NH=" << NH << " NG=" << NG << " HD=" << HD << " rot=" << rot
-                       << " B=" << B << " dtype=" << dtype_name(dt) << " split=" << split);
-          ASSERT_EQ(setenv("MCPP_DECODE_ATTN_SPLIT", split, 1), 0);
-          const Tensor qkv = rounded(qkv32, dt), kc = rounded(kc32, dt), vc = rounded(vc32, dt);
-          // The composition: rope_decode out of place (query and key heads rotated), then the
-          // append and the attention.
-          Tensor rq = gpu_nan({1, d.B, W}, dt);
-          gpu::rope_decode(to_gpu(qkv, dt), d, rot, base, gpos, rq, GS());
-          Tensor rk = to_gpu(kc, dt), rv = to_gpu(vc, dt);
-          Tensor rout = gpu_nan({1, d.B, NH * HD}, dt);
-          gpu::attention_kv_cache_forward(rq, d, gpos, scale, rk, rv, rout, GS());
-          for (const char* level : {"2", "1", "0"})
-            for (bool ahead : {false, true}) {
-              SCOPED_TRACE(::testing::Message()
-                           << "prefetch level " << level << (ahead ? ", l2_next" : ""));
-              ASSERT_EQ(setenv("MCPP_DECODE_ATTN_PREFETCH", level, 1), 0);
-              // The fused op, in place on qkv.
-              Tensor fq = to_gpu(qkv, dt), fk = to_gpu(kc, dt), fv = to_gpu(vc, dt);
-              Tensor fout = gpu_nan({1, d.B, NH * HD}, dt);
-              gpu::rope_attention_decode(fq, d, rot, base, gpos, scale, fk, fv, fout, GS(),
-                                         ahead ? std::span<const Tensor* const>(next, 2)
-                                               : std::span<const Tensor* const>());
+      for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+        SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD << " rot="
+                                          << rot << " B=" << B << " dtype=" << dtype_name(dt));
+        const Tensor qkv = rounded(qkv32, dt), kc = rounded(kc32, dt), vc = rounded(vc32, dt);
+        // The composition: rope_decode out of place (query and key heads rotated), then the
+        // append and the attention.
+        Tensor rq = gpu_nan({1, d.B, W}, dt);
+        gpu::rope_decode(to_gpu(qkv, dt), d, rot, base, gpos, rq, GS());
+        Tensor rk = to_gpu(kc, dt), rv = to_gpu(vc, dt);
+        Tensor rout = gpu_nan({1, d.B, NH * HD}, dt);
+        gpu::attention_kv_cache_forward(rq, d, gpos, scale, rk, rv, rout, GS());
+        for (const char* level : {"2", "1", "0"})
+          for (bool ahead : {false, true})
+            for (const char* ps : {"1", "0"}) {
+        SCOPED_TRACE(::testing::Message() << "prefetch level " << level << (ahead ? ", l2_next" : "")
+                                          << ", MCPP_DECODE_ATTN_PSMEM=" << ps);
+        ASSERT_EQ(setenv("MCPP_DECODE_ATTN_PREFETCH", level, 1), 0);
+        ASSERT_EQ(setenv("MCPP_DECODE_ATTN_PSMEM", ps, 1), 0);
+        // The fused op, in place on qkv.
+        Tensor fq = to_gpu(qkv, dt), fk = to_gpu(kc, dt), fv = to_gpu(vc, dt);
+        Tensor fout = gpu_nan({1, d.B, NH * HD}, dt);
+        gpu::rope_attention_decode(fq, d, rot, base, gpos, scale, fk, fv, fout, GS(),
+                                   ahead ? std::span<const Tensor* const>(next, 2)
+                                         : std::span<const Tensor* const>());
 
-              const Tensor ref = to_cpu(rout), got = to_cpu(fout);
-              const float* r = static_cast<const float*>(ref.raw());
-              bool finite = true;
-              for (int64_t i = 0; i < ref.numel(); ++i) finite = finite && std::isfinite(r[i]);
-              ASSERT_TRUE(finite) << "the composition left an output element unwritten";
-              const int64_t o = first_diff(got, ref);
-              EXPECT_EQ(o, -1) << "out differs first at element " << o << " (sequence "
-                               << o / (NH * HD) << ", head " << o % (NH * HD) / HD << "): "
-                               << static_cast<const float*>(got.raw())[std::max<int64_t>(o, 0)]
-                               << " vs " << r[std::max<int64_t>(o, 0)];
-              EXPECT_EQ(first_diff(to_cpu(fk), to_cpu(rk)), -1) << "k_cache";
-              EXPECT_EQ(first_diff(to_cpu(fv), to_cpu(rv)), -1) << "v_cache";
-              // qkv: the query heads as rope_decode rotated them, the key and value heads
-              // unchanged.
-              Tensor want = to_cpu(rq);
-              float* w = static_cast<float*>(want.raw());
-              const float* in = static_cast<const float*>(qkv.raw());
-              for (int64_t bg = 0; bg < d.B * NG; ++bg)
-                for (int64_t c = G * HD; c < (G + 2) * HD; ++c)
-                  w[bg * (G + 2) * HD + c] = in[bg * (G + 2) * HD + c];
-              EXPECT_EQ(first_diff(to_cpu(fq), want), -1) << "qkv";
+        const Tensor ref = to_cpu(rout), got = to_cpu(fout);
+        const float* r = static_cast<const float*>(ref.raw());
+        bool finite = true;
+        for (int64_t i = 0; i < ref.numel(); ++i) finite = finite && std::isfinite(r[i]);
+        ASSERT_TRUE(finite) << "the composition left an output element unwritten";
+        const int64_t o = first_diff(got, ref);
+        EXPECT_EQ(o, -1) << "out differs first at element " << o << " (sequence " << o / (NH * HD)
+                         << ", head " << o % (NH * HD) / HD
+                         << "): " << static_cast<const float*>(got.raw())[std::max<int64_t>(o, 0)]
+                         << " vs " << r[std::max<int64_t>(o, 0)];
+        EXPECT_EQ(first_diff(to_cpu(fk), to_cpu(rk)), -1) << "k_cache";
+        EXPECT_EQ(first_diff(to_cpu(fv), to_cpu(rv)), -1) << "v_cache";
+        // qkv: the query heads as rope_decode rotated them, the key and value heads unchanged.
+        Tensor want = to_cpu(rq);
+        float* w = static_cast<float*>(want.raw());
+        const float* in = static_cast<const float*>(qkv.raw());
+        for (int64_t bg = 0; bg < d.B * NG; ++bg)
+          for (int64_t c = G * HD; c < (G + 2) * HD; ++c)
+            w[bg * (G + 2) * HD + c] = in[bg * (G + 2) * HD + c];
+        EXPECT_EQ(first_diff(to_cpu(fq), want), -1) << "qkv";
             }
-        }
+        unsetenv("MCPP_DECODE_ATTN_PSMEM");
+      }
     }
-  unsetenv("MCPP_DECODE_ATTN_SPLIT");
   unsetenv("MCPP_DECODE_ATTN_PREFETCH");
   unsetenv("MCPP_DECODE_L2_AHEAD_MB");
 }

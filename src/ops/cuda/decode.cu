@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/decode_rope.cuh"
@@ -45,34 +46,19 @@ constexpr int kWarps = 8;
 constexpr int kMaxHD = 256;                 // smem q and 8 dims per lane
 constexpr int kDimsPerLane = kMaxHD / 32;
 
-// The keys [begin, end) warp w of a split block attends: len in kWarps contiguous ranges of
-// len/kWarps keys or one more (none below kWarps keys for the first warps).
-struct KeyRange {
-  int64_t begin, end;
-};
-__device__ __forceinline__ KeyRange split_keys(int64_t len, int warp) {
-  return {len * warp / kWarps, len * (warp + 1) / kWarps};
-}
-
-// Requests the cache rows [0, rows) of one (sequence, group) that warp w will read attending
-// over len keys (split: its range of split_keys(len, w), lane l the keys begin + l, begin + l
-// + 32, ...; chunks: keys w*32 + lane, w*32 + lane + kWarps*32, ...; each lane its own keys'
-// K and V rows, one request per 128-byte line) before the block's first dependent loads: the
-// scores' K loads and the V loop then find their lines in L1 (level 2) or L2 (level 1)
-// instead of waiting on DRAM once per chunk and again per eight V rows. level 0: nothing. A
-// prefetch reads no value, so the results are the same bits with and without it.
-template <typename T, int HD, bool kSplit>
+// Requests the cache rows [0, len) of one (sequence, group) that warp w's chunks will read
+// (keys w*32 + lane, w*32 + lane + kWarps*32, ...: each lane its own key's K and V rows, one
+// request per 128-byte line) before the block's first dependent loads: the scores' K loads
+// and the V loop then find their lines in L1 (level 2) or L2 (level 1) instead of waiting on
+// DRAM once per chunk and again per eight V rows. level 0: nothing. A prefetch reads no
+// value, so the results are the same bits with and without it.
+template <typename T, int HD>
 __device__ __forceinline__ void prefetch_group_rows(const T* ks, const T* vs, int64_t len,
-                                                    int64_t rows, int64_t C, int level) {
+                                                    int64_t C, int level) {
   if (level == 0) return;
   constexpr int kLine = 128 / int(sizeof(T));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int64_t k = int64_t(warp) * 32 + lane, end = rows, step = kWarps * 32;
-  if constexpr (kSplit) {
-    const KeyRange r = split_keys(len, warp);
-    k = r.begin + lane, end = r.end < rows ? r.end : rows, step = 32;
-  }
-  for (; k < end; k += step) {
+  for (int64_t k = int64_t(warp) * 32 + lane; k < len; k += kWarps * 32) {
 #pragma unroll
     for (int c = 0; c < HD; c += kLine) {
       const T* kp = ks + k * C + c;
@@ -102,7 +88,7 @@ struct L2Ahead {
 };
 
 int decode_attention_prefetch();  // (below, with the other switches read on the host)
-bool decode_attention_split();
+bool decode_attention_psmem();
 
 __device__ __forceinline__ void l2_ahead(const L2Ahead& a) {
   constexpr int64_t kPiece = 4096;
@@ -221,114 +207,90 @@ static __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// N elements of a cache row at p (a lane's piece of a V row, N elements into the row times
+// the lane) widened to f32: one 4-, 8- or 16-byte word where vec (the row starts on 16
+// bytes), element by element otherwise. A plain load: the fused kernel reads rows it wrote.
+template <typename T, int N>
+__device__ __forceinline__ void load_row_piece(const T* p, bool vec, float (&v)[N]) {
+  constexpr int kBytes = N * int(sizeof(T));
+  if constexpr (kBytes == 4 || kBytes == 8 || kBytes == 16) {
+    if (vec) {
+      using W = std::conditional_t<kBytes == 4, unsigned, std::conditional_t<kBytes == 8, uint2, uint4>>;
+      const W u = *reinterpret_cast<const W*>(p);
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[j] = to_f(e[j]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = to_f(p[j]);
+}
+
+// G floats between registers and shared memory in 16-byte pieces (G = 4, 8), one 8-byte
+// piece (G = 2) or one float: a lane's probabilities in one store, a key's in one load.
+template <int G>
+__device__ __forceinline__ void store_g(float* s, const float (&x)[G]) {
+  if constexpr (G % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < G; h += 4)
+      *reinterpret_cast<float4*>(s + h) = make_float4(x[h], x[h + 1], x[h + 2], x[h + 3]);
+  } else if constexpr (G == 2) {
+    *reinterpret_cast<float2*>(s) = make_float2(x[0], x[1]);
+  } else {
+    s[0] = x[0];
+  }
+}
+template <int G>
+__device__ __forceinline__ void load_g(const float* s, float (&x)[G]) {
+  if constexpr (G % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < G; h += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(s + h);
+      x[h] = f.x, x[h + 1] = f.y, x[h + 2] = f.z, x[h + 3] = f.w;
+    }
+  } else if constexpr (G == 2) {
+    const float2 f = *reinterpret_cast<const float2*>(s);
+    x[0] = f.x, x[1] = f.y;
+  } else {
+    x[0] = s[0];
+  }
+}
+
 // A decode step (S = 1) of a grouped-query model: one block per (sequence, query group)
 // holding all G = NH/NG query heads of the group, so each key and value row of the cache is
 // read once for the G heads instead of once per head (the per-head kernel above reads the
 // group's rows G times and runs B x NH blocks whose warps mostly sit idle at a few hundred
-// keys). The G queries sit in shared memory as f32, scaled. attend_group is the block's work
-// once its queries are in q_s: decode_attention's group kernel loads them from qkv,
-// rope_attention_decode's kernel rotates them first; one body, so the two give the same bits.
-// ks, vs: the group's rows of the sequence's cache slot (row stride C); keys 0 .. len - 1;
-// o: the block's G output heads [G, HD]. Two ways to share the keys among the warps
-// (MCPP_DECODE_ATTN_SPLIT, a template argument of both kernels):
-// - split (1, the default): warp w takes the contiguous keys [w len/8, (w + 1) len/8), in
-//   sub-chunks of up to 32. Lane l scores key k0 + l against the G queries, the sub-chunk's
-//   softmax update is one warp max and one warp sum per head, and each lane stores its G
-//   probabilities in shared memory. The V loop then takes two keys an iteration, one per
-//   half-warp: lane i of a half accumulates dims [2Di, 2Di + 2D) of its key's row (the half
-//   reads the whole row, coalesced), the key's G probabilities one shared vector load; the
-//   halves add up once a sub-chunk, into the warp's accumulator in shared memory.
-// - chunks (0): warp w takes the 32-key chunks w, w + kWarps, ...; lane l scores key k0 + l,
-//   the same softmax update, then lane l accumulates dims [lD, lD + D) of each head's output
-//   over the chunk's V rows, one key an iteration, the probabilities broadcast by G shuffles.
-// Why split: the kernel is latency-bound (the 1B model at 64 sequences of ~130 keys: 19.3 us
-// against ~3.5 us to read its cache at DRAM bandwidth), and with chunks only 5 of 8 warps get
-// keys at 130, each a whole 32-key chunk -- 32 V iterations of G shuffles and a 4-byte load
-// -- while the others wait at the barrier (54% of the warp time, ncu on an H200). Split gives
-// every warp 16 or 17 keys: 9 V iterations, each one 8-byte load and one 16-byte shared load
-// for 2 keys. The warps' partial (max, sum, accumulator) per head then combine in shared
-// memory as above; a warp without keys leaves max -INFINITY and sum and accumulator 0.
-// kNc: the cache loads of the scores (and of split's V loop) through the read-only path
-// (__ldg), which is undefined for data the kernel itself writes, so decode_attention's kernel
-// only. Otherwise __ldca: ld.global with a plain load's caching, coherent with the block's own
-// writes after a barrier; as an intrinsic rather than a dereference because with the
-// dereference the compiler schedules the loop differently and the 1B model's <bf16, 4, 2>
-// spills 44 bytes, not the 12 of the group kernel (chunks).
-template <bool kNc, typename U>
-__device__ __forceinline__ U load_cache(const U* p) {
-  if constexpr (kNc)
-    return __ldg(p);
-  else
-    return __ldca(p);
-}
-
-// sc[h] += q_s[h] . the K row at kr for the G heads, over the row's dims in order: where vec,
-// in 16-byte words, each loaded while the one before it is used. (One word ahead, not the
-// four in flight of chunks' unrolled loop: with four, split's <bf16, 4, 2> spilled 28-32
-// bytes under its 64-register bound, the compiler hoisting each word's G x 8 q_s loads with
-// them. A row's words share its one or two 128-byte lines: after the first, L1 hits.)
-template <typename T, int G, int D, bool kNc>
-__device__ __forceinline__ void score_row(const float (&q_s)[G][32 * D], const T* kr, bool vec,
-                                          float (&sc)[G]) {
-  constexpr int HD = 32 * D;
-  if (vec) {
-    constexpr int E = 16 / sizeof(T), W = HD / E;
-    const uint4* r4 = reinterpret_cast<const uint4*>(kr);
-    uint4 next = load_cache<kNc>(r4);
-#pragma unroll 1
-    for (int w = 0; w < W; ++w) {
-      const uint4 u = next;
-      if (w + 1 < W) next = load_cache<kNc>(r4 + w + 1);
-      const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const float kv = to_f(e[j]);
-#pragma unroll
-        for (int h = 0; h < G; ++h) sc[h] += q_s[h][w * E + j] * kv;
-      }
-    }
-  } else {
-    for (int c = 0; c < HD; ++c) {
-      const float kv = to_f(kr[c]);
-#pragma unroll
-      for (int h = 0; h < G; ++h) sc[h] += q_s[h][c] * kv;
-    }
-  }
-}
-
-// Split-K combine: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M) per head, from each
-// warp's partial max m_s[w], sum l_s[w] and accumulator acc_s[w] (after the block's barrier).
-template <typename T, int G, int D>
-__device__ __forceinline__ void combine_warps(const float (&m_s)[kWarps][G],
-                                              const float (&l_s)[kWarps][G],
-                                              const float (&acc_s)[kWarps][G][32 * D], T* o) {
-  constexpr int HD = 32 * D;
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-    const int h = idx / HD, c = idx % HD;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w][h]);
-    float L = 0.f, a = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float wgt = m_s[w][h] == -INFINITY ? 0.f : __expf(m_s[w][h] - M);  // no keys
-      L += l_s[w][h] * wgt;
-      a += acc_s[w][h][c] * wgt;
-    }
-    o[idx] = from_f<T>(a / L);
-  }
-}
-
-// The chunks assignment (MCPP_DECODE_ATTN_SPLIT=0).
-template <typename T, int G, int D, bool kNc>
-__device__ __forceinline__ void attend_group_chunks(const float (&q_s)[G][32 * D], const T* ks,
-                                                    const T* vs, int64_t len, int64_t C, bool vec,
-                                                    T* o) {
+// keys). Warp w takes the 32-key chunks w, w + kWarps, ...; lane l scores key k0 + l against
+// the G queries (kept in shared memory as f32, scaled), the chunk's softmax update is one
+// warp max and one warp sum per head, and lane l accumulates dims [l*D, l*D + D) of each
+// head's output over the chunk's V rows, the probabilities broadcast by shuffles. The warps'
+// partial (max, sum, accumulator) per head combine in shared memory as above.
+// attend_group is that block's work once its queries are in q_s: decode_attention's group
+// kernel loads them from qkv, rope_attention_decode's kernel rotates them first; one body,
+// so the two give the same bits. ks, vs: the group's rows of the sequence's cache slot (row
+// stride C); keys 0 .. len - 1; o: the block's G output heads [G, HD].
+// kNc: the 16-byte K loads through the read-only path (__ldg), which is undefined for data
+// the kernel itself writes, so decode_attention's kernel only. Otherwise __ldca: ld.global
+// with a plain load's caching, coherent with the block's own writes after a barrier; as an
+// intrinsic rather than a dereference because with the dereference the compiler schedules
+// the loop differently and the 1B model's <bf16, 4, 2> spills 44 bytes, not the 12 of the
+// group kernel.
+// kPs (MCPP_DECODE_ATTN_PSMEM, default on): the V loop takes each key's G probabilities from
+// shared memory in one vector load (each lane stores its key's once a chunk) instead of G
+// shuffles, and a lane's D value elements in one 4-16 byte load where vec, instead of D
+// loads: the kernel is bound by the instructions it issues (the keys split finer over the
+// warps, which leaves lanes idle while they score, was slower: 21.4 against 19.2 us at 64
+// sequences). The same products summed in the same order: the same bits either way.
+template <typename T, int G, int D, bool kNc, bool kPs>
+__device__ __forceinline__ void attend_group(const float (&q_s)[G][32 * D], const T* ks,
+                                             const T* vs, int64_t len, int64_t C, bool vec, T* o) {
   constexpr int HD = 32 * D;
   __shared__ float m_s[kWarps][G], l_s[kWarps][G];
   __shared__ float acc_s[kWarps][G][HD];
+  __shared__ __align__(16) float p_s[kPs ? kWarps : 1][32][G];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
   float m[G], l[G], acc[G][D];
 #pragma unroll
   for (int h = 0; h < G; ++h) {
@@ -388,17 +350,33 @@ __device__ __forceinline__ void attend_group_chunks(const float (&q_s)[G][32 * D
       m[h] = m_new;
     }
     const int n = int(len - k0 < 32 ? len - k0 : 32);
+    if constexpr (kPs) {
+      __syncwarp();  // (the chunk before has read p_s)
+      store_g<G>(p_s[warp][lane], p);
+      __syncwarp();
+#pragma unroll 4
+      for (int t = 0; t < n; ++t) {  // (unrolled: the V-row loads of 4 keys in flight at once)
+        float v[D], pt[G];
+        load_row_piece<T, D>(vs + (k0 + t) * C + lane * D, vec, v);
+        load_g<G>(p_s[warp][t], pt);
+#pragma unroll
+        for (int h = 0; h < G; ++h)
+#pragma unroll
+          for (int d = 0; d < D; ++d) acc[h][d] += pt[h] * v[d];
+      }
+    } else {
 #pragma unroll 8
-    for (int t = 0; t < n; ++t) {  // (unrolled: the V-row loads of 8 keys in flight at once)
-      const T* vr = vs + (k0 + t) * C + lane * D;
-      float v[D];
+      for (int t = 0; t < n; ++t) {  // (unrolled: the V-row loads of 8 keys in flight at once)
+        const T* vr = vs + (k0 + t) * C + lane * D;
+        float v[D];
 #pragma unroll
-      for (int d = 0; d < D; ++d) v[d] = to_f(vr[d]);
+        for (int d = 0; d < D; ++d) v[d] = to_f(vr[d]);
 #pragma unroll
-      for (int h = 0; h < G; ++h) {
-        const float pt = __shfl_sync(0xffffffffu, p[h], t);
+        for (int h = 0; h < G; ++h) {
+          const float pt = __shfl_sync(0xffffffffu, p[h], t);
 #pragma unroll
-        for (int d = 0; d < D; ++d) acc[h][d] += pt * v[d];
+          for (int d = 0; d < D; ++d) acc[h][d] += pt * v[d];
+        }
       }
     }
   }
@@ -410,179 +388,32 @@ __device__ __forceinline__ void attend_group_chunks(const float (&q_s)[G][32 * D
   for (int h = 0; h < G; ++h)
 #pragma unroll
     for (int d = 0; d < D; ++d) acc_s[warp][h][lane * D + d] = acc[h][d];
-  combine_warps<T, G, D>(m_s, l_s, acc_s, o);
-}
-
-// N elements of a cache row at p, widened to f32: whole 4-, 8- or 16-byte words where vec
-// (the row starts on 16 bytes and p is N elements into it times a lane, so on N elements).
-template <typename T, int N, bool kNc>
-__device__ __forceinline__ void load_row_piece(const T* p, bool vec, float (&v)[N]) {
-  constexpr int kBytes = N * int(sizeof(T));
-  if (vec) {
-    if constexpr (kBytes >= 16) {
-      constexpr int E = 16 / sizeof(T);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    const int h = idx / HD, c = idx % HD;
+    float M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kBytes / 16; ++w) {
-        const uint4 u = load_cache<kNc>(reinterpret_cast<const uint4*>(p) + w);
-        const T* e = reinterpret_cast<const T*>(&u);
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w][h]);
+    float L = 0.f, a = 0.f;
 #pragma unroll
-        for (int j = 0; j < E; ++j) v[w * E + j] = to_f(e[j]);
-      }
-    } else if constexpr (kBytes == 8) {
-      const uint2 u = load_cache<kNc>(reinterpret_cast<const uint2*>(p));
-      const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int j = 0; j < N; ++j) v[j] = to_f(e[j]);
-    } else {
-      static_assert(kBytes == 4);
-      const unsigned u = load_cache<kNc>(reinterpret_cast<const unsigned*>(p));
-      const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int j = 0; j < N; ++j) v[j] = to_f(e[j]);
+    for (int w = 0; w < kWarps; ++w) {
+      const float wgt = m_s[w][h] == -INFINITY ? 0.f : __expf(m_s[w][h] - M);  // no keys
+      L += l_s[w][h] * wgt;
+      a += acc_s[w][h][c] * wgt;
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = to_f(p[j]);
+    o[idx] = from_f<T>(a / L);
   }
-}
-
-// G floats between registers and shared memory in 16-byte pieces (G = 4, 8), one 8-byte
-// piece (G = 2) or one float: a lane's probabilities in one store, a key's in one load.
-template <int G>
-__device__ __forceinline__ void store_g(float* s, const float (&x)[G]) {
-  if constexpr (G % 4 == 0) {
-#pragma unroll
-    for (int h = 0; h < G; h += 4)
-      *reinterpret_cast<float4*>(s + h) = make_float4(x[h], x[h + 1], x[h + 2], x[h + 3]);
-  } else if constexpr (G == 2) {
-    *reinterpret_cast<float2*>(s) = make_float2(x[0], x[1]);
-  } else {
-    s[0] = x[0];
-  }
-}
-template <int G>
-__device__ __forceinline__ void load_g(const float* s, float (&x)[G]) {
-  if constexpr (G % 4 == 0) {
-#pragma unroll
-    for (int h = 0; h < G; h += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(s + h);
-      x[h] = f.x, x[h + 1] = f.y, x[h + 2] = f.z, x[h + 3] = f.w;
-    }
-  } else if constexpr (G == 2) {
-    const float2 f = *reinterpret_cast<const float2*>(s);
-    x[0] = f.x, x[1] = f.y;
-  } else {
-    x[0] = s[0];
-  }
-}
-
-// The split assignment (MCPP_DECODE_ATTN_SPLIT=1, the default). The warp's running max, sum
-// and accumulator stay in shared memory (m_s, l_s, acc_s[warp], lane owning dims [c0, c0 + D))
-// between sub-chunks, not in registers: a sub-chunk's V loop sums into zeroed registers, and
-// the lane adds that to its rescaled acc_s once, so only the scores are live while a lane
-// scores. Held in registers across the loop, <bf16, 4, 2> spilled under its 64-register
-// bound in every unrolling tried (the max and sum alone: 12 to 16 bytes).
-template <typename T, int G, int D, bool kNc>
-__device__ __forceinline__ void attend_group_split(const float (&q_s)[G][32 * D], const T* ks,
-                                                   const T* vs, int64_t len, int64_t C, bool vec,
-                                                   T* o) {
-  constexpr int HD = 32 * D;
-  __shared__ __align__(16) float m_s[kWarps][G];  // (16 bytes: load_g and store_g's float4)
-  __shared__ __align__(16) float l_s[kWarps][G];
-  __shared__ float acc_s[kWarps][G][HD];
-  __shared__ __align__(16) float p_s[kWarps][32][G];  // each warp's sub-chunk probabilities
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int half = lane / 16, i = lane % 16;  // the half-warp, the lane within it
-  const int c0 = i * 2 * D + half * D;
-  if (lane < G) m_s[warp][lane] = -INFINITY, l_s[warp][lane] = 0.f;
-#pragma unroll
-  for (int h = 0; h < G; ++h)
-#pragma unroll
-    for (int d = 0; d < D; ++d) acc_s[warp][h][c0 + d] = 0.f;  // (a warp without keys too)
-  __syncwarp();
-  const KeyRange r = split_keys(len, warp);
-  const T* kr = ks + (r.begin + lane) * C;              // the lane's K row of a sub-chunk
-  const T* vr = vs + (r.begin + half) * C + i * 2 * D;  // the half's first V row
-  for (int left = int(r.end - r.begin); left > 0; left -= 32, kr += 32 * C, vr += 32 * C) {
-    const int n = left < 32 ? left : 32;
-    float sc[G];
-#pragma unroll
-    for (int h = 0; h < G; ++h) sc[h] = 0.f;
-    if (lane < n) score_row<T, G, D, kNc>(q_s, kr, vec, sc);
-    float m[G], l[G], p[G], corr[G];
-    load_g<G>(m_s[warp], m);
-    load_g<G>(l_s[warp], l);
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const float s = lane < n ? sc[h] : -INFINITY;
-      float mc = s;
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, off));
-      const float m_new = fmaxf(m[h], mc);  // finite: lane 0 holds a key
-      corr[h] = __expf(m[h] - m_new);
-      p[h] = lane < n ? __expf(s - m_new) : 0.f;
-      float ps = p[h];
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) ps += __shfl_xor_sync(0xffffffffu, ps, off);
-      l[h] = l[h] * corr[h] + ps;
-      m[h] = m_new;
-    }
-    __syncwarp();  // (every lane has read m and l)
-    if (lane == 0) store_g<G>(m_s[warp], m), store_g<G>(l_s[warp], l);
-    store_g<G>(p_s[warp][lane], p);  // 0 past n
-    __syncwarp();
-    float acc[G][2 * D];  // dims [2Di, 2Di + 2D) of the half's keys
-#pragma unroll
-    for (int h = 0; h < G; ++h)
-#pragma unroll
-      for (int d = 0; d < 2 * D; ++d) acc[h][d] = 0.f;
-    const T* vt = vr;
-#pragma unroll 2
-    for (int t = 0; t < n; t += 2, vt += 2 * C) {  // (4 keys in flight; 8: the RoPE one spills)
-      if (t + half < n) {                          // (t + half <= 31; p_s is 0 past n)
-        float v[2 * D], pt[G];
-        load_row_piece<T, 2 * D, kNc>(vt, vec, v);
-        load_g<G>(p_s[warp][t + half], pt);
-#pragma unroll
-        for (int h = 0; h < G; ++h)
-#pragma unroll
-          for (int d = 0; d < 2 * D; ++d) acc[h][d] += pt[h] * v[d];
-      }
-    }
-    __syncwarp();  // (the next sub-chunk overwrites p_s)
-    // The halves' sums: lane i of half 0 takes dims [2Di, 2Di + D), of half 1 the next D,
-    // adding what its partner (lane i of the other half) holds for them.
-#pragma unroll
-    for (int h = 0; h < G; ++h)
-#pragma unroll
-      for (int d = 0; d < D; ++d) {
-        const float mine = half ? acc[h][D + d] : acc[h][d];
-        const float theirs = half ? acc[h][d] : acc[h][D + d];
-        float& a = acc_s[warp][h][c0 + d];
-        a = a * corr[h] + (mine + __shfl_xor_sync(0xffffffffu, theirs, 16));
-      }
-  }
-  combine_warps<T, G, D>(m_s, l_s, acc_s, o);
-}
-
-template <typename T, int G, int D, bool kNc, bool kSplit>
-__device__ __forceinline__ void attend_group(const float (&q_s)[G][32 * D], const T* ks,
-                                             const T* vs, int64_t len, int64_t C, bool vec, T* o) {
-  if constexpr (kSplit)
-    attend_group_split<T, G, D, kNc>(q_s, ks, vs, len, C, vec, o);
-  else
-    attend_group_chunks<T, G, D, kNc>(q_s, ks, vs, len, C, vec, o);
 }
 
 // Four blocks an SM where G * HD <= 256 (the 1B model's 4 x 64: 66 registers would leave
 // three, and 64 sequences x 8 groups = 512 blocks would run in two waves on the H200's 132
 // SMs, nearly doubling the kernel's time at 64 streams).
-template <typename T, int G, int D, bool kSplit>
+template <typename T, int G, int D, bool kPs>
 static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
                                   const T* __restrict__ kc, const T* __restrict__ vc,
-                                  T* __restrict__ out, int NG, int64_t Tmax, float scale, bool vec,
-                                  int prefetch) {
+                                  T* __restrict__ out, int NG, int64_t Tmax, float scale,
+                                  bool vec, int prefetch) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
   pdl_wait();  // (launch_dependent: everything below reads the step's tensors)
@@ -590,15 +421,14 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
   const int g = blockIdx.x % NG;
   const int64_t b = blockIdx.x / NG;
   const int64_t C = int64_t(NG) * HD;
-  prefetch_group_rows<T, HD, kSplit>(kc + b * Tmax * C + int64_t(g) * HD,
-                                     vc + b * Tmax * C + int64_t(g) * HD, pos[b] + 1, pos[b] + 1, C,
-                                     prefetch);
+  prefetch_group_rows<T, HD>(kc + b * Tmax * C + int64_t(g) * HD,
+                             vc + b * Tmax * C + int64_t(g) * HD, pos[b] + 1, C, prefetch);
   const T* q = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // the group's G query heads
   for (int c = threadIdx.x; c < G * HD; c += blockDim.x) q_s[c / HD][c % HD] = to_f(q[c]) * scale;
   __syncthreads();
   const int64_t cache = b * Tmax * C + int64_t(g) * HD;
-  attend_group<T, G, D, true, kSplit>(q_s, kc + cache, vc + cache, pos[b] + 1, C, vec,
-                                      out + (b * NG + g) * int64_t(G) * HD);
+  attend_group<T, G, D, true, kPs>(q_s, kc + cache, vc + cache, pos[b] + 1, C, vec,
+                              out + (b * NG + g) * int64_t(G) * HD);
 }
 
 // rope_attention_decode where the group kernel has an instance: the whole step of one
@@ -613,9 +443,9 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
 // another writes before the barrier.
 // Then the block attends over the cache rows it just wrote (key and value pos[b]): kc and
 // vc are not __restrict__ const and no load of them takes the read-only path
-// (attend_group<..., false, kSplit>), and __syncthreads makes the block's global writes
-// visible to its threads. The group kernel's register bound: the 1B model's 4 blocks an SM.
-template <typename T, int G, int D, bool kSplit>
+// (attend_group<..., false>), and __syncthreads makes the block's global writes visible to
+// its threads. The group kernel's register bound: the 1B model's 4 blocks an SM.
+template <typename T, int G, int D, bool kPs>
 static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     rope_attention_group_kernel(T* qkv, const int64_t* __restrict__ pos, T* kc, T* vc,
                                 T* __restrict__ out, int NG, int64_t Tmax, int half, int rot_dim,
@@ -637,7 +467,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
   const int64_t cache = b * Tmax * C + int64_t(g) * HD;
   // The earlier positions' rows, requested while the angles are computed (row p is the
   // block's own append, written below).
-  prefetch_group_rows<T, HD, kSplit>(kc + cache, vc + cache, p + 1, p, C, prefetch);
+  prefetch_group_rows<T, HD>(kc + cache, vc + cache, p, C, prefetch);
   T* kr = kc + cache + p * C;  // the group's cache rows at position p
   T* vr = vc + cache + p * C;
   for (int t = threadIdx.x; t < half + HD; t += blockDim.x) {
@@ -671,8 +501,8 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     }
   }
   __syncthreads();
-  attend_group<T, G, D, false, kSplit>(q_s, kc + cache, vc + cache, p + 1, C, vec,
-                                       out + (b * NG + g) * int64_t(G) * HD);
+  attend_group<T, G, D, false, kPs>(q_s, kc + cache, vc + cache, p + 1, C, vec,
+                               out + (b * NG + g) * int64_t(G) * HD);
 }
 
 // f.template operator()<G, D>() for the group kernels' instance of (G, HD) -- G in {1, 2,
@@ -697,17 +527,16 @@ bool with_group_instance(int64_t G, int64_t HD, F&& f) {
 template <typename T>
 bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T* out,
                   const AttentionDims& d, int64_t Tmax, float scale, bool vec, cudaStream_t cs) {
-  const bool split = decode_attention_split();
   return with_group_instance(d.NH / d.NG, d.HD, [&]<int G, int D>() {
-    launch_dependent(split ? decode_attention_group_kernel<T, G, D, true>
-                           : decode_attention_group_kernel<T, G, D, false>,
+    launch_dependent(decode_attention_psmem() ? decode_attention_group_kernel<T, G, D, true>
+                                              : decode_attention_group_kernel<T, G, D, false>,
                      unsigned(d.B * d.NG), kWarps * 32, 0, cs, qkv, pos, kc, vc, out, int(d.NG),
                      Tmax, scale, vec, decode_attention_prefetch());
   });
 }
 
-// 16-byte K-row loads (and split's 4- to 32-byte pieces of V rows): every row starts at a
-// multiple of HD elements from its cache's base.
+// 16-byte K-row loads (and word loads of V-row pieces): every row starts at a multiple of HD
+// elements from the base.
 bool vec_rows(const Tensor& qkv, const AttentionDims& d, const Tensor& k_cache,
               const Tensor& v_cache) {
   return (d.HD * int64_t(dtype_size(qkv.dtype()))) % 16 == 0 &&
@@ -727,15 +556,15 @@ int decode_attention_prefetch() {
   return v[0] - '0';
 }
 
-// MCPP_DECODE_ATTN_SPLIT (docs/environment.md): how the group kernels share a sequence's keys
-// among their warps, 1 (the default) contiguous ranges, 0 chunks of 32 (attend_group). Read
-// at every launch, as the prefetch level.
-bool decode_attention_split() {
-  const char* e = std::getenv("MCPP_DECODE_ATTN_SPLIT");
+// MCPP_DECODE_ATTN_PSMEM (docs/environment.md): 1 (the default) the group kernels' V loop
+// with the probabilities in shared memory and word loads (attend_group's kPs), 0 shuffles.
+// Read at every launch.
+bool decode_attention_psmem() {
+  const char* e = std::getenv("MCPP_DECODE_ATTN_PSMEM");
   if (!e || !*e) return true;
   const std::string v = e;
   MCPP_CHECK_HINT(v == "0" || v == "1", "set it to 0 or 1 (docs/environment.md)",
-                  "MCPP_DECODE_ATTN_SPLIT={} is not 0 or 1", v);
+                  "MCPP_DECODE_ATTN_PSMEM={} is not 0 or 1", v);
   return v == "1";
 }
 
@@ -831,27 +660,24 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
     T* q = static_cast<T*>(qkv.raw());
     T* kc = static_cast<T*>(k_cache.raw());
     T* vc = static_cast<T*>(v_cache.raw());
-    const bool split = decode_attention_split();
     fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
       const float2* rope_tab = decode_rope_table(k_cache.size(1), rot_dim, base, cs);
-      auto launch = [&]<bool kSplit>() {
-        auto kernel = rope_attention_group_kernel<T, GG, DD, kSplit>;
-        // The request blocks only where the attention's blocks leave room in the one wave
-        // the GPU holds (64 sequences x 8 groups of the 1B model: 512 of 528): more would
-        // start a second wave of attention blocks after the first's.
-        static const int64_t resident = occupancy_blocks(kernel, kWarps * 32);
-        L2Ahead a = ahead;
-        if (d.B * d.NG < resident)
-          a.blocks = int(std::min<int64_t>(a.blocks, resident - d.B * d.NG));
-        launch_dependent(kernel, unsigned(a.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
-                         pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG),
-                         k_cache.size(1), int(rot_dim / 2), int(rot_dim), base,
-                         float(softmax_scale), vec, decode_attention_prefetch(), a, rope_tab);
-      };
-      if (split)
-        launch.template operator()<true>();
-      else
-        launch.template operator()<false>();
+      const bool ps = decode_attention_psmem();
+      auto kernel = ps ? rope_attention_group_kernel<T, GG, DD, true>
+                       : rope_attention_group_kernel<T, GG, DD, false>;
+      // The request blocks only where the attention's blocks leave room in the one wave the
+      // GPU holds (64 sequences x 8 groups of the 1B model: 512 of 528): more would start a
+      // second wave of attention blocks after the first's.
+      static const int64_t resident[2] = {
+          occupancy_blocks(rope_attention_group_kernel<T, GG, DD, false>, kWarps * 32),
+          occupancy_blocks(rope_attention_group_kernel<T, GG, DD, true>, kWarps * 32)};
+      L2Ahead a = ahead;
+      if (d.B * d.NG < resident[ps])
+        a.blocks = int(std::min<int64_t>(a.blocks, resident[ps] - d.B * d.NG));
+      launch_dependent(kernel, unsigned(a.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
+                       pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG),
+                       k_cache.size(1), int(rot_dim / 2), int(rot_dim), base,
+                       float(softmax_scale), vec, decode_attention_prefetch(), a, rope_tab);
     });
     MCPP_LAUNCH_CHECK();
   });
