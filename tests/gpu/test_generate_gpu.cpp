@@ -53,17 +53,27 @@ int64_t argmax(const std::vector<double>& x) {
 const std::vector<std::vector<int32_t>> kPrompts = {
     {3, 14, 15}, {9, 26, 5, 35, 8, 9, 7, 9, 3}, {2}, {38, 4, 6, 26, 43}};
 
+// The tiny model (tiny_config, f32, norms perturbed) on the CPU, and its weights on the GPU.
+struct TinyOnGpu {
+  explicit TinyOnGpu(bool llama) : cfg(tiny_config(llama, DType::F32)), m(cfg), gcfg(cfg) {
+    perturb_norms(m.params());
+    gcfg.device = Device::CUDA;
+    gparams = to_gpu_store(gcfg, m.params());
+  }
+  model::TransformerConfig cfg;
+  model::GPTModel m;
+  model::TransformerConfig gcfg;
+  model::ParamStore gparams;
+};
+
 class GenerateGpu : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GenerateGpu, BatchLogitsMatchCpu) {
   MCPP_REQUIRE_GPU();
-  const bool llama = GetParam();
-  auto cfg = tiny_config(llama, DType::F32);
-  model::GPTModel m(cfg);
-  perturb_norms(m.params());
-  auto gcfg = cfg;
-  gcfg.device = Device::CUDA;
-  model::ParamStore gparams = to_gpu_store(gcfg, m.params());
+  TinyOnGpu t(GetParam());
+  const auto &cfg = t.cfg, &gcfg = t.gcfg;
+  model::GPTModel& m = t.m;
+  model::ParamStore& gparams = t.gparams;
   inference::Generator cpu_gen(m.params(), cfg), gpu_gen(gparams, gcfg);
   const int64_t B = int64_t(kPrompts.size()), steps = 10;
   inference::KVCache cc(cfg, 24, B), gc(gcfg, 24, B, Device::CUDA);
@@ -90,13 +100,10 @@ TEST_P(GenerateGpu, BatchLogitsMatchCpu) {
 
 TEST_P(GenerateGpu, GreedyBatchEqualsCpuAndFullRecompute) {
   MCPP_REQUIRE_GPU();
-  const bool llama = GetParam();
-  auto cfg = tiny_config(llama, DType::F32);
-  model::GPTModel m(cfg);
-  perturb_norms(m.params());
-  auto gcfg = cfg;
-  gcfg.device = Device::CUDA;
-  model::ParamStore gparams = to_gpu_store(gcfg, m.params());
+  TinyOnGpu t(GetParam());
+  const auto &cfg = t.cfg, &gcfg = t.gcfg;
+  model::GPTModel& m = t.m;
+  model::ParamStore& gparams = t.gparams;
   inference::Generator cpu_gen(m.params(), cfg), gpu_gen(gparams, gcfg);
   inference::GenerateOptions o;
   o.tokens_to_generate = 12;
@@ -160,13 +167,10 @@ TEST_P(GenerateGpu, WeightsLoadedToTheGpuGenerateTheCpuTokens) {
 // positions: no graphs), kFromLastStep read on the host. The ids of steps run one at a time.
 TEST_P(GenerateGpu, PipelinedStepsEqualStepsOneAtATime) {
   MCPP_REQUIRE_GPU();
-  const bool llama = GetParam();
-  auto cfg = tiny_config(llama, DType::F32);
-  model::GPTModel m(cfg);
-  perturb_norms(m.params());
-  auto gcfg = cfg;
-  gcfg.device = Device::CUDA;
-  model::ParamStore gparams = to_gpu_store(gcfg, m.params());
+  TinyOnGpu t(GetParam());
+  const auto &cfg = t.cfg, &gcfg = t.gcfg;
+  model::GPTModel& m = t.m;
+  model::ParamStore& gparams = t.gparams;
   inference::Generator ref(gparams, gcfg), pip(gparams, gcfg);
   inference::KVCache rc(gcfg, cfg.max_position_embeddings, 4, Device::CUDA);
   inference::KVCache pc(gcfg, cfg.max_position_embeddings, 4, Device::CUDA);
