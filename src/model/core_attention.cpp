@@ -1,5 +1,6 @@
 #include "model/core_attention.h"
 
+#include "ops/attention_backend.h"
 #include "ops/ops.h"
 #include "parallel/context_parallel/cp_attention.h"
 
@@ -22,10 +23,26 @@ parallel::context_parallel::CpAttention cp_args(const StepContext& cx, int layer
   a.key = dropout_key(*cx.cfg, cx.keys, layer, DropoutSite::AttnProbs);
   return a;
 }
+// The step's attention dims with this layer's saved keep bits (when it keeps them).
+ops::AttentionDims with_keep(const ops::AttentionDims& ad, const CoreAttention::Saved& s) {
+  if (!s.keep.defined() || ad.key_start.defined()) return ad;
+  ops::AttentionDims d = ad;
+  d.keep_bits = s.keep;
+  return d;
+}
 }  // namespace
 
 bool CoreAttention::keeps_output(const TransformerConfig& c) {
   return c.recompute != TransformerConfig::Recompute::Selective || !c.recompute_core_attn;
+}
+
+bool CoreAttention::saves_dropout_mask(const TransformerConfig& c, int64_t S) {
+  if (!(c.attention_dropout > 0) || c.device != Device::CUDA || c.cp_size != 1 || S % 8 != 0 ||
+      !keeps_output(c))
+    return false;
+  return ops::choose_attention_backend(ops::attention_backend_query(
+                                           c.device, c.dtype, c.kv_channels, c.attention_dropout))
+             .backend == ops::AttentionBackend::Flash;
 }
 
 void CoreAttention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
@@ -33,6 +50,8 @@ void CoreAttention::saved_specs(const TransformerConfig& c, const Dims& d, Saved
   const int64_t NH = c.local_heads();
   v(s.ctx, {d.T, NH * c.kv_channels}, d.dt, keeps_output(c));
   v(s.lse, {d.B, NH, d.S}, d.sdt, keeps_output(c));
+  v(s.keep, {(ops::flash_dropout_mask_bytes(d.B, NH, d.S) + 7) / 8}, DType::I64,
+    saves_dropout_mask(c, d.S));
 }
 
 void CoreAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
@@ -49,7 +68,7 @@ void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
                                                   ctx(s, ws), lse(s, ws), cx.stream());
     return;
   }
-  ops::attention_forward(qkv, cx.ad, cx.scale, cx.p_attn,
+  ops::attention_forward(qkv, with_keep(cx.ad, s), cx.scale, cx.p_attn,
                          dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), ctx(s, ws),
                          lse(s, ws), cx.stream());
 }
@@ -78,7 +97,8 @@ void CoreAttention::backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Te
                                                    lse(s, ws), *cx.cp_comm, dqkv, cx.stream());
     return;
   }
-  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws), cx.ad, cx.scale, cx.p_attn,
+  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws), with_keep(cx.ad, s), cx.scale,
+                          cx.p_attn,
                           dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), dqkv,
                           cx.stream());
 }

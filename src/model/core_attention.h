@@ -20,11 +20,17 @@ class CoreAttention {
   CoreAttention(const TransformerConfig& c, int layer);
 
   struct Saved {
-    Tensor ctx;  // [T, NH*HD] (not kept under selective recomputation)
-    Tensor lse;  // [B, NH, S] log-sum-exp of each softmax row (CP: cp_attention.h's layout)
+    Tensor ctx;   // [T, NH*HD] (not kept under selective recomputation)
+    Tensor lse;   // [B, NH, S] log-sum-exp of each softmax row (CP: cp_attention.h's layout)
+    Tensor keep;  // attention dropout's keep bits, a bit per score (saves_dropout_mask)
   };
   // Whether the output is kept for backward (false: selective recomputation).
   static bool keeps_output(const TransformerConfig& c);
+  // Whether the layer keeps the dropout mask from forward to backward: the own flash
+  // kernel with attention dropout on its aligned path (S a multiple of 8), no context
+  // parallelism, output kept. The forward then draws the mask once and both backward
+  // kernels read it (B NH S^2 / 8 bytes a layer) instead of the backward drawing it again.
+  static bool saves_dropout_mask(const TransformerConfig& c, int64_t S);
   static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
                           const TensorVisitor& v);
   static void scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,

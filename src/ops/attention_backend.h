@@ -61,12 +61,15 @@ struct AttentionBackendChoice {
 bool cudnn_attention_takes(DType dt, int64_t head_dim);
 bool flash_attention_takes(DType dt, int64_t head_dim);
 
-// The device memory the flash backward with attention dropout holds between its dK/dV and
-// dQ kernels: the keep bits of every score, rows padded to 64 keys (flash_attention.cu,
-// FaMaskBuf), B * NH * S * 8 * ceil(S / 64) bytes for B sequences of NH local heads; used
-// when S_global and k_offset are multiples of 8 (else 0 and the dQ kernel redraws).
+// The device memory of the own flash kernel's attention-dropout keep bits, from forward to
+// backward (the model's layers) or between the backward's dK/dV and dQ kernels: a bit per
+// causal score, each row's key tiles up to its own (flash_attention_dropout.cuh, FaMaskBuf),
+// B * NH * 256 * nt * (nt + 1) bytes for B sequences of NH local heads, nt = ceil(S / 64)
+// (about B NH S^2 / 16); used when S_global and k_offset are multiples of 8 (else 0 and
+// every kernel draws).
 inline int64_t flash_dropout_mask_bytes(int64_t B, int64_t NH, int64_t S) {
-  return B * NH * S * 8 * ((S + 63) / 64);
+  const int64_t nt = (S + 63) / 64;
+  return B * NH * 256 * nt * (nt + 1);
 }
 
 // Throws mcpp::Error (naming --attention-backend, with a HINT) when q.request cannot be

@@ -53,6 +53,12 @@ struct AttentionDims {
   // fused attention, no dropout, no document mask): the ring's fused steps
   // (parallel/context_parallel/cp_attention.cpp).
   int64_t S_kv = 0, lse_ld = 0;
+  // Attention dropout's keep bits from forward to backward (device bytes, at least
+  // flash_dropout_mask_bytes(B, NH, S): attention_backend.h), or undefined. Where the own
+  // flash kernel runs with dropout on its aligned path, the forward writes the bits it
+  // draws and the backward reads them instead of drawing the mask again; every other
+  // kernel ignores it. The model's layers keep one per layer (model/core_attention.h).
+  Tensor keep_bits;
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
   int64_t kv_rows() const { return S_kv > 0 ? S_kv : S; }
   int64_t lse_stride() const { return lse_ld > 0 ? lse_ld : S; }

@@ -23,6 +23,7 @@
 #include <set>
 
 #include "model/memory_estimate.h"
+#include "ops/attention_backend.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
 #include "tools/commands.h"
@@ -83,6 +84,9 @@ training::Args plan_training_args(std::vector<std::string> train_args, int world
   if (given("--vocab-size") && !given("--tokenizer-type"))
     train_args.insert(train_args.end(), {"--tokenizer-type", "NullTokenizer"});
   training::Args a = training::parse_args(train_args);
+  // The attention kernel the plan counts for (its dropout mask, its workspace) is the one
+  // `megatron train` would pick: the same --attention-backend request.
+  ops::set_attention_request(ops::parse_attention_request(a.attention_backend));
   const bool launch = given("--lr") || given("--train-iters") || given("--train-samples");
   training::validate_args(a, world, /*training=*/launch);
   // The GPU's own capabilities (FP8) are checked when the run starts on it: a plan may be

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/core_attention.h"
 #include "ops/attention_backend.h"
 #include "ops/types.h"
 #include "parallel/context_parallel/cp_attention.h"
@@ -229,6 +230,9 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   // keeps one for its heads / CP.
   if (backend == ops::AttentionBackend::Flash && cfg.attention_dropout > 0 &&
       a.seq_length % 8 == 0) {
+    // Where the layers keep the forward's bits (counted with their saved activations), the
+    // backward holds no buffer of its own.
+    if (model::CoreAttention::saves_dropout_mask(cfg, a.seq_length)) return 0;
     const bool a2a = cp > 1 && std::find(a.cp_comm_type.begin(), a.cp_comm_type.end(),
                                          "a2a") != a.cp_comm_type.end();
     if (cp > 1 && !a2a) return 0;

@@ -8,8 +8,9 @@
 // with z = 0 or AttnDropoutMask::keep_scale(p). Each extracted mask must equal keep =
 // AttnDropoutMask::uniform(seed, stream, global (b, h, q, k) index) >= p (base/philox.h),
 // which is the CPU op's mask (checked here on the CPU op's forward too), on the aligned
-// path (S a multiple of 8) and the per-element one; a TP2 split of the heads (h_offset) and a DP split of the batch (b_offset) must
-// draw the full run's masks. Values: random inputs, GQA, S not a multiple of 64, head
+// path (S a multiple of 8) and the per-element one, whether the backward draws the mask,
+// gets it from the dK/dV kernel or reads the bits the forward wrote; a TP2 split of the
+// heads (h_offset) and a DP split of the batch (b_offset) must draw the full run's masks. Values: random inputs, GQA, S not a multiple of 64, head
 // dims 64 and 128, bf16 and f16, forward and backward against the CPU op (f32 on the
 // same rounded inputs); ops::attention_* with dropout must give the flash kernel's bits.
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "ops/attention_backend.h"
 #include "ops/cuda/flash_attention.h"
 
 namespace mcpp::test {
@@ -69,17 +71,34 @@ struct Masks {
   Mask fwd, dkv, dq;
 };
 
+// Where the backward's kernels get the mask: Handoff, the dQ kernel reads the keep bits the
+// dK/dV kernel drew and wrote (the dispatched op's path without saved bits); Draw, both
+// draw it; Forward, the forward writes the bits it draws into a buffer and both backward
+// kernels read them (the model's layers: AttentionDims::keep_bits).
+enum class MaskFrom { Handoff, Draw, Forward };
+
 // Runs the flash kernel directly (so no other kernel can stand in) on the structured
-// input and reads the three masks back. handoff: the backward's dQ kernel reads the keep
-// bits the dK/dV kernel wrote (flash_attention_mask_bytes; the dispatched op's path),
-// else it draws them again.
-Masks flash_masks(const ops::AttentionDims& d, DType dt, bool handoff = true) {
+// input and reads the three masks back.
+Masks flash_masks(const ops::AttentionDims& d, DType dt, MaskFrom from = MaskFrom::Handoff) {
   const int64_t S = d.S, B = d.B, NH = d.NH, HD = d.HD, G = d.NH / d.NG, W = d.qkv_width();
   const double scale = 1.0 / std::sqrt(double(HD)), z = AttnDropoutMask::keep_scale(kP);
   Tensor gqkv = to_gpu(structured_qkv(d), dt);
   const gpu::FlashArgs fa{gqkv.raw(), d, dt, scale, kP, kKey};
   Tensor gout = gpu_nan({S, B, NH * HD}, dt), glse = gpu_nan({B, NH, S}, DType::F32);
-  gpu::flash_attention_forward(fa, gout.raw(), static_cast<float*>(glse.raw()), cs());
+  // Garbage first: every byte a kernel reads must have been written.
+  auto garbage_buffer = [&]() {
+    const int64_t mb = gpu::flash_attention_mask_bytes(fa);
+    Tensor ws;
+    if (mb > 0) {
+      ws = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
+      CUDA_CHECK(cudaMemsetAsync(ws.raw(), 0xA5, size_t(mb), cs()));
+    }
+    return ws;
+  };
+  const Tensor saved = from == MaskFrom::Forward ? garbage_buffer() : Tensor();
+  if (from == MaskFrom::Forward) EXPECT_TRUE(saved.defined() || d.S % 8 != 0);
+  gpu::flash_attention_forward(fa, gout.raw(), static_cast<float*>(glse.raw()), cs(),
+                               saved.defined() ? saved.raw() : nullptr);
   Tensor out = to_cpu(gout);
   const float* o = static_cast<const float*>(out.raw());
   Masks m;
@@ -109,15 +128,10 @@ Masks flash_masks(const ops::AttentionDims& d, DType dt, bool handoff = true) {
     Tensor delta = delta_of(dout_c);
     Tensor gdout = to_gpu(dout_c, dt), gdelta = to_gpu(delta, DType::F32);
     Tensor gdqkv = gpu_nan(gqkv.shape(), dt);
-    const int64_t mb = handoff ? gpu::flash_attention_mask_bytes(fa) : 0;
-    Tensor ws;
-    if (mb > 0) {  // garbage first: every byte the dQ kernel reads must have been written
-      ws = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
-      CUDA_CHECK(cudaMemsetAsync(ws.raw(), 0xA5, size_t(mb), cs()));
-    }
+    const Tensor ws = from == MaskFrom::Handoff ? garbage_buffer() : saved;
     gpu::flash_attention_backward(fa, gdout.raw(), static_cast<const float*>(glse.raw()),
                                   static_cast<const float*>(gdelta.raw()), gdqkv.raw(), cs(),
-                                  mb > 0 ? ws.raw() : nullptr);
+                                  ws.defined() ? ws.raw() : nullptr, from == MaskFrom::Forward);
     return std::make_pair(to_cpu(gdqkv), delta);
   };
   // dO[q, h, :] = e_q: dV[k, q] = sum over the group's heads of Pd[q, k] (one head a group).
@@ -193,7 +207,12 @@ TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
     EXPECT_EQ(mismatches(m.fwd, want), 0) << "forward mask";
     EXPECT_EQ(mismatches(m.dkv, want), 0) << "dK/dV kernel mask";
     EXPECT_EQ(mismatches(m.dq, want), 0) << "dQ kernel mask (handed over from dK/dV)";
-    EXPECT_EQ(mismatches(flash_masks(d, dt(), false).dq, want), 0) << "dQ kernel mask (drawn)";
+    EXPECT_EQ(mismatches(flash_masks(d, dt(), MaskFrom::Draw).dq, want), 0)
+        << "dQ kernel mask (drawn)";
+    const Masks saved = flash_masks(d, dt(), MaskFrom::Forward);
+    EXPECT_EQ(mismatches(saved.fwd, want), 0) << "forward mask (writing its bits)";
+    EXPECT_EQ(mismatches(saved.dkv, want), 0) << "dK/dV kernel mask (the forward's bits)";
+    EXPECT_EQ(mismatches(saved.dq, want), 0) << "dQ kernel mask (the forward's bits)";
   }
   // The CPU op's own mask, read the same way from its forward.
   const ops::AttentionDims d = dims(64, 2, 3, 64);
@@ -222,7 +241,7 @@ TEST_P(GpuFlashDropout, SplitsOfHeadsAndBatchDrawTheFullRunsMask) {
     for (int tp = 0; tp < 2; ++tp) {
       ops::AttentionDims d = dims(S, 2, 2, 128);
       d.h_offset = 2 * tp, d.NH_global = 4;
-      const Masks m = flash_masks(d, dt());
+      const Masks m = flash_masks(d, dt(), tp == 0 ? MaskFrom::Forward : MaskFrom::Handoff);
       int64_t bad[3] = {0, 0, 0};
       for (int64_t b = 0; b < 2; ++b)
         for (int64_t h = 0; h < 2; ++h)
@@ -290,6 +309,23 @@ TEST_P(GpuFlashDropout, ValuesMatchTheCpuOp) {
     gpu::attention_backward(to_gpu(dout, dt()), gqkv, to_gpu(out_r, dt()), to_gpu(lse, DType::F32),
                             d, scale, 0.1, kKey, gdqkv, GS());
     EXPECT_CLOSE(gdqkv, dqkv, dt());
+    // With the keep bits kept from forward to backward (the model's layers), the same bits
+    // out of both, whatever the buffer held before.
+    {
+      ops::AttentionDims dk = d;
+      const int64_t mb = ops::flash_dropout_mask_bytes(d.B, d.NH, d.S);
+      dk.keep_bits = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
+      CUDA_CHECK(cudaMemsetAsync(dk.keep_bits.raw(), 0x5A, size_t(mb), cs()));
+      Tensor kout = gpu_nan(out.shape(), dt()), klse = gpu_nan(lse.shape(), DType::F32);
+      gpu::attention_forward(gqkv, dk, scale, 0.1, kKey, kout, klse, GS());
+      Tensor ka = to_cpu(kout);
+      EXPECT_EQ(std::memcmp(a.raw(), ka.raw(), size_t(a.numel()) * 4), 0) << "out, kept bits";
+      Tensor kdqkv = gpu_nan(qkv.shape(), dt());
+      gpu::attention_backward(to_gpu(dout, dt()), gqkv, to_gpu(out_r, dt()),
+                              to_gpu(lse, DType::F32), dk, scale, 0.1, kKey, kdqkv, GS());
+      Tensor x = to_cpu(gdqkv), y = to_cpu(kdqkv);
+      EXPECT_EQ(std::memcmp(x.raw(), y.raw(), size_t(x.numel()) * 4), 0) << "dqkv, kept bits";
+    }
     // Without dropout the same inputs give other values (the mask is really applied).
     Tensor nout = Tensor::empty(out.shape(), DType::F32), nlse = Tensor::empty(lse.shape(), DType::F32);
     cpu::attention_forward(qkv, d, scale, 0.0, kKey, nout, nlse, CS());

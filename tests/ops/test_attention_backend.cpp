@@ -160,8 +160,13 @@ TEST(AttentionBackend, ProcessRequestFeedsTheQuery) {
 // 64-key tile is one aligned 8-byte word): what the CUDA op allocates and a memory plan can
 // count without CUDA.
 TEST(AttentionBackend, FlashDropoutMaskBytes) {
-  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(64, 12, 1024), int64_t(96) << 20);   // GPT-2 124M
-  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(16, 32, 2048), int64_t(256) << 20);  // Llama 1B
-  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(2, 3, 100), 2 * 3 * 100 * 16);  // 128 keys a row
+  // Row q of query tile t keeps 8 (t + 1) bytes (keys up to its own tile's end): tile t's 64
+  // rows 512 (t + 1) bytes, a head's nt tiles 256 nt (nt + 1).
   EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(1, 1, 64), 64 * 8);
+  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(2, 3, 100), 2 * 3 * (64 * 8 + 64 * 16));
+  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(64, 12, 1024), 64 * 12 * 69632);  // GPT-2 124M
+  EXPECT_EQ(mcpp::ops::flash_dropout_mask_bytes(16, 32, 2048), 16 * 32 * 270336);  // Llama 1B
+  // About half of a bit per score of the square.
+  EXPECT_NEAR(double(mcpp::ops::flash_dropout_mask_bytes(1, 1, 8192)) / (8192.0 * 8192 / 8), 0.5,
+              0.01);
 }

@@ -7,6 +7,7 @@
 // parallel_equiv.memory_plan_*_keep*).
 #include <algorithm>
 
+#include "model/core_attention.h"
 #include "ops/types.h"
 #include "test_util.h"
 #include "training/memory_plan.h"
@@ -145,9 +146,30 @@ TEST(MemoryPlan, AttentionWorkspace) {
   EXPECT_EQ(ws(llama, 1), 4096 * MiB + 256 * MiB);  // what cuDNN 9.19 asked for on the H200
   EXPECT_EQ(ws(xl, 1, Device::CPU), 0);
   EXPECT_EQ(ws(xl, 1, Device::CUDA, DType::F32), 0);
-  // With dropout the own flash kernel runs; its backward keeps one mask bit per score:
-  // 16 sequences x 16 heads x 2048 rows x 2048 / 8 bytes.
-  EXPECT_EQ(ws(with(xl, {"--attention-dropout", "0.1"}), 1), 128 * MiB);
+  // With dropout the own flash kernel runs with a bit per causal score (each row's key
+  // tiles up to its own: 256 x 32 x 33 bytes a head at S 2048). The layers keep the
+  // forward's bits for their backward (saved activations, not workspace); under selective
+  // recomputation of the core the backward holds them between its two kernels.
+  const int64_t bits = 16 * 16 * 270336LL;
+  const auto xl_drop = with(xl, {"--attention-dropout", "0.1"});
+  EXPECT_EQ(ws(xl_drop, 1), 0);
+  EXPECT_EQ(ws(with(xl_drop, {"--recompute-activations"}), 1), bits);
+  {
+    Args a = parse_and_validate(xl_drop, 1);
+    a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by, 1);
+    Args a0 = parse_and_validate(xl, 1);
+    a0.padded_vocab_size = a.padded_vocab_size;
+    const auto cfg = model_config(a, Device::CUDA, DType::BF16);
+    const auto cfg0 = model_config(a0, Device::CUDA, DType::BF16);
+    EXPECT_TRUE(mcpp::model::CoreAttention::saves_dropout_mask(cfg, 2048));
+    EXPECT_FALSE(mcpp::model::CoreAttention::saves_dropout_mask(cfg0, 2048));
+    EXPECT_FALSE(mcpp::model::CoreAttention::saves_dropout_mask(cfg, 2044));  // unaligned
+    EXPECT_FALSE(mcpp::model::CoreAttention::saves_dropout_mask(
+        model_config(a, Device::CPU, DType::BF16), 2048));
+    EXPECT_EQ(plan_stage_memory(a, cfg, 0).activations() -
+                  plan_stage_memory(a0, cfg0, 0).activations(),
+              24 * bits);
+  }
   // Under a 600 MiB cap: 2 of the 16 sequences a call (the largest divisor of 16 whose
   // 2 x 256 MiB fit).
   setenv("MCPP_ATTENTION_BWD_WORKSPACE_MB", "600", 1);
@@ -170,7 +192,7 @@ TEST(MemoryPlan, AttentionWorkspace) {
   // whole-sequence flash attention one bit per score of its 8 heads.
   const auto cp2_drop = with(cp2, {"--attention-dropout", "0.1"});
   EXPECT_EQ(ws(cp2_drop, 2), 0);
-  EXPECT_EQ(ws(with(cp2_drop, {"--cp-comm-type", "a2a"}), 2), 64 * MiB);
+  EXPECT_EQ(ws(with(cp2_drop, {"--cp-comm-type", "a2a"}), 2), 16 * 8 * 270336LL);
   // --attention-backend: the workspace is planned only where cuDNN runs.
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "fused"}), 1), 2048 * MiB);
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "flash"}), 1), 0);

@@ -110,6 +110,19 @@ AttentionBackend backend_for(DType dt, int64_t HD, double p) {
   return choose_attention_backend(attention_backend_query(Device::CUDA, dt, HD, p)).backend;
 }
 
+// The caller's buffer for the flash kernel's keep bits (AttentionDims::keep_bits), or null
+// where there is none or the call has no bits to keep (no dropout, unaligned).
+void* keep_bits_of(const FlashArgs& fa, const char* op) {
+  const Tensor& t = fa.d.keep_bits;
+  const int64_t mb = flash_attention_mask_bytes(fa);
+  if (!t.defined() || mb == 0) return nullptr;
+  check_cuda(t, op, "keep_bits");
+  MCPP_CHECK(int64_t(t.nbytes()) >= mb,
+             "{}: keep_bits {} holds fewer than the {} bytes of the dropout mask", op, t.str(),
+             mb);
+  return t.raw();
+}
+
 #define MCPP_DISPATCH_HD(hd, ...)                    \
   do {                                               \
     switch (hd) {                                    \
@@ -143,7 +156,8 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
       cudnn_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs))
     return;
   if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
-    flash_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs);
+    flash_attention_forward(fa, out.raw(), static_cast<float*>(lse.raw()), cs,
+                            keep_bits_of(fa, op));
     return;
   }
   P.out = out.raw();
@@ -179,14 +193,16 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     return;
   const Tensor delta = row_delta(dout, out, d, qkv.dtype(), op, cs);
   if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
-    // With dropout the dK/dV kernel hands its keep bits to the dQ kernel (B NH S^2 / 8
-    // bytes, 1/16 of cuDNN's deterministic dP workspace): one Philox draw per backward.
-    const int64_t mb = flash_attention_mask_bytes(fa);
+    // With dropout the keep bits (B NH S^2 / 8 bytes, 1/16 of cuDNN's deterministic dP
+    // workspace) come from the forward when the caller kept them (d.keep_bits: no draw in
+    // the backward), else the dK/dV kernel draws them and hands them to the dQ kernel.
+    void* saved = keep_bits_of(fa, op);
+    const int64_t mb = saved ? 0 : flash_attention_mask_bytes(fa);
     Tensor mask;
     if (mb > 0) mask = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
     flash_attention_backward(fa, dout.raw(), static_cast<const float*>(lse.raw()),
                              static_cast<const float*>(delta.raw()), dqkv.raw(), cs,
-                             mb > 0 ? mask.raw() : nullptr);
+                             saved ? saved : mb > 0 ? mask.raw() : nullptr, saved != nullptr);
     return;
   }
   P.out = dqkv.raw();

@@ -24,9 +24,11 @@
 // tile). K/V (forward, dQ) or Q/dO (dK/dV) tiles are double-buffered with cp.async.
 // Backward is deterministic: one kernel owns dK, dV of a key tile and sums over the
 // group's query heads and the query tiles in a fixed order; another owns dQ. With dropout
-// the dK/dV kernel, which draws the mask anyway, writes its keep bits (one bit per score,
-// B NH S^2 / 8 bytes, FaMaskBuf) and the dQ kernel reads them instead of drawing the
-// mask a second time (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ).
+// the keep bits (one bit per score, B NH S^2 / 8 bytes, FaMaskBuf) are drawn once per
+// layer when the caller keeps a buffer from forward to backward (the model's layers do):
+// the forward writes them, both backward kernels read them. Without one the dK/dV kernel
+// draws the mask again and writes its bits for the dQ kernel (docs/cuda-backend.md says
+// why not FlashAttention-2's atomic dQ).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -61,8 +63,10 @@ struct FaParams {
   float scale_log2;   // softmax scale * log2(e)
   float scale;
   FaDrop D;
-  uint8_t* mask;      // backward with dropout: the keep bytes dK/dV writes and dQ reads
-                      // (FaMaskBuf), or null: the dQ kernel draws the mask again
+  uint8_t* mask;      // with dropout (aligned path), the keep bits (FaMaskBuf): forward,
+                      // written when set; backward, written by dK/dV and read by dQ, or
+                      // null: the dQ kernel draws the mask again
+  bool mask_ready;    // backward: `mask` holds the forward's bits; dK/dV reads them too
 };
 
 // 64 rows x HD of a strided [rows, HD] slab into smem (zeros for rows >= S).
@@ -109,13 +113,22 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int64_t row0 = q0 + warp * 16 + gr;  // rows row0 and row0 + 8
   const int nkt = qt + 1;
+  // Where the forward's keep bits go (FaMaskBuf), if anywhere.
+  uint8_t* mrow0 = nullptr;
+  uint8_t* mrow1 = nullptr;
+  if constexpr (DROP) {
+    mrow0 = mask_row_q(P.mask, P.S, b * P.NH + h, row0);
+    mrow1 = mask_row_q(P.mask, P.S, b * P.NH + h, row0 + 8);
+  }
 
   for (int j = 0; j < nkt; ++j) {
     const int buf = j & 1;
     const int64_t k0 = int64_t(j) * kRows;
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
-    if constexpr (DROP) keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
+    if constexpr (DROP)
+      keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane, mrow0 ? mrow0 + k0 / 8 : nullptr,
+                              mrow1 ? mrow1 + k0 / 8 : nullptr);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -277,11 +290,14 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
     const int64_t q0 = int64_t(qt) * kRows;
     uint32_t keep = 0;  // computed while the next tiles load
     if constexpr (DROP) {
-      uint32_t drawn;
-      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane, drawn);
-      if (P.mask)
-        store_mask(P.mask, P.S, (b * P.NH + g * P.QPG + hi) * P.S, q0 + 8 * gr + 2 * tq,
-                   k0 + warp * 16, drawn);
+      const int64_t bh = b * P.NH + g * P.QPG + hi;
+      if (P.mask_ready) {
+        keep = load_mask_rows_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq);
+      } else {
+        uint32_t drawn;
+        keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane, drawn);
+        if (P.mask) store_mask(P.mask, P.S, bh, q0 + 8 * gr + 2 * tq, k0 + warp * 16, drawn);
+      }
     }
     if (it + 1 < iters) {
       issue(it + 1, buf ^ 1);
@@ -425,7 +441,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
     if constexpr (DROP)
-      keep = P.mask ? load_mask_rows_q(P.mask, P.S, (b * P.NH + h) * P.S, row0, k0, tq)
+      keep = P.mask ? load_mask_rows_q(P.mask, P.S, b * P.NH + h, row0, k0, tq)
                     : keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
@@ -523,11 +539,12 @@ FaParams make(const FlashArgs& a) {
 }
 
 template <typename T, int HD, bool DROP>
-void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs, void* mask) {
   static bool once = (allow_smem(fa_fwd_kernel<T, HD, DROP>, fwd_bytes<HD>()), true);
   (void)once;
   FaParams P = make(a);
   P.out = out, P.lse = lse;
+  P.mask = DROP && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
   dim3 grid(unsigned((P.S + kRows - 1) / kRows), unsigned(P.B * P.NH));
   fa_fwd_kernel<T, HD, DROP><<<grid, kThreadsFA, fwd_bytes<HD>(), cs>>>(P);
   MCPP_LAUNCH_CHECK();
@@ -535,13 +552,14 @@ void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
 
 template <typename T, int HD, bool DROP>
 void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
-         cudaStream_t cs, void* mask) {
+         cudaStream_t cs, void* mask, bool mask_ready) {
   static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
                       allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()), true);
   (void)once;
   FaParams P = make(a);
   P.out = dqkv, P.lse = const_cast<float*>(lse), P.dout = dout, P.delta = delta;
   P.mask = DROP && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
+  P.mask_ready = P.mask && mask_ready;
   const unsigned tiles = unsigned((P.S + kRows - 1) / kRows);
   fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
                              cs>>>(P);
@@ -561,27 +579,28 @@ bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p) {
 
 namespace {
 template <typename T, int HD>
-void fwd_p(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
-  if (a.dropout_p > 0) fwd<T, HD, true>(a, out, lse, cs);
-  else fwd<T, HD, false>(a, out, lse, cs);
+void fwd_p(const FlashArgs& a, void* out, float* lse, cudaStream_t cs, void* mask) {
+  if (a.dropout_p > 0) fwd<T, HD, true>(a, out, lse, cs, mask);
+  else fwd<T, HD, false>(a, out, lse, cs, nullptr);
 }
 template <typename T, int HD>
 void bwd_p(const FlashArgs& a, const void* dout, const float* lse, const float* delta,
-           void* dqkv, cudaStream_t cs, void* mask) {
-  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs, mask);
-  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs, mask);
+           void* dqkv, cudaStream_t cs, void* mask, bool mask_ready) {
+  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
+  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs, mask, false);
 }
 }  // namespace
 
-void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs) {
+void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs,
+                             void* mask) {
   MCPP_CHECK(a.dropout_p >= 0 && a.dropout_p < 1,
              "flash attention: dropout probability {} outside [0, 1)", a.dropout_p);
   if (a.dtype == DType::BF16) {
-    if (a.d.HD == 64) fwd_p<bf16, 64>(a, out, lse, cs);
-    else fwd_p<bf16, 128>(a, out, lse, cs);
+    if (a.d.HD == 64) fwd_p<bf16, 64>(a, out, lse, cs, mask);
+    else fwd_p<bf16, 128>(a, out, lse, cs, mask);
   } else {
-    if (a.d.HD == 64) fwd_p<f16, 64>(a, out, lse, cs);
-    else fwd_p<f16, 128>(a, out, lse, cs);
+    if (a.d.HD == 64) fwd_p<f16, 64>(a, out, lse, cs, mask);
+    else fwd_p<f16, 128>(a, out, lse, cs, mask);
   }
 }
 
@@ -593,15 +612,16 @@ int64_t flash_attention_mask_bytes(const FlashArgs& a) {
 }
 
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
-                              const float* delta, void* dqkv, cudaStream_t cs, void* mask) {
+                              const float* delta, void* dqkv, cudaStream_t cs, void* mask,
+                              bool mask_ready) {
   MCPP_CHECK(a.dropout_p >= 0 && a.dropout_p < 1,
              "flash attention: dropout probability {} outside [0, 1)", a.dropout_p);
   if (a.dtype == DType::BF16) {
-    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs, mask);
-    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs, mask);
+    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
+    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
   } else {
-    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs, mask);
-    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs, mask);
+    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
+    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
   }
 }
 

@@ -22,16 +22,20 @@ struct FlashArgs {
 };
 
 bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p);
-// out[S, B, NH*HD] (=), lse[B, NH, S] f32 (=).
-void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs);
+// out[S, B, NH*HD] (=), lse[B, NH, S] f32 (=). With dropout, `mask` (device memory of
+// flash_attention_mask_bytes(a) bytes, or null) receives the keep bits the forward draws,
+// for a backward called with mask_ready (0 bytes: the forward writes nothing).
+void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStream_t cs,
+                             void* mask = nullptr);
 // dqkv (=) from dout, lse and delta = rowsum(dout * out) [B, NH, S]. With dropout, `mask`
 // (device memory of flash_attention_mask_bytes(a) bytes, or null) carries the keep bits
 // from the dK/dV kernel to the dQ kernel, so the backward draws the mask once instead of
 // twice; null (or 0 bytes: S_global or k_offset not a multiple of 8) draws it in both.
-// Deterministic either way: no atomics, the same bits.
+// mask_ready: `mask` holds the bits the forward of the same call wrote, and neither
+// backward kernel draws. Deterministic either way: no atomics, the same bits.
 int64_t flash_attention_mask_bytes(const FlashArgs& a);
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
                               const float* delta, void* dqkv, cudaStream_t cs,
-                              void* mask = nullptr);
+                              void* mask = nullptr, bool mask_ready = false);
 
 }  // namespace mcpp::ops::cuda

@@ -76,9 +76,13 @@ struct FaDrop {
 // lane's first row. The four lanes tq = 0..3 of a row group hold the aligned key group
 // k0 + 8n + 0..7 of the same rows (two keys each), one block: lane tq draws the blocks of
 // n = tq, tq + 4 (both rows, four blocks) and hands each partner its two bits per block.
+// store0, store1 (aligned path only; may be null): where the blocks of rows row0 and
+// row0 + 8 go for the backward, byte n = keys k0 + 8n .. + 7 (the forward's FaMaskBuf rows
+// at key k0: mask_row_q).
 __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b, int64_t h,
                                                      int64_t row0, int64_t k0, int tq,
-                                                     int lane) {
+                                                     int lane, uint8_t* store0 = nullptr,
+                                                     uint8_t* store1 = nullptr) {
   uint32_t mine = 0;
   if (D.aligned) {
     // Counters of (row0, k0) and (row0 + 8, k0); the blocks step by one per 8 keys.
@@ -91,6 +95,7 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
     for (int m = 0; m < 4; ++m) {
       const int r = m >> 1, n = tq + 4 * (m & 1);
       const uint32_t k8 = D.keep8((r ? c1 : c0) + uint64_t(n));
+      if (uint8_t* row = r ? store1 : store0) row[n] = uint8_t(k8);
 #pragma unroll
       for (int t = 0; t < 4; ++t) out |= ((k8 >> (2 * t)) & 3u) << (8 * t + 2 * m);
     }
@@ -119,17 +124,40 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
 // The same for dK/dV's transposed tile, rows = keys: bit (r * 8 + n) * 2 + c is element
 // (query q0 + 8n + 2tq + c, key kw + gr + 8r), kw = k0 + 16 warp (a multiple of 8). The
 // eight lanes gr = 0..7 (same tq) hold the eight keys of each aligned group kw + 8r + 0..7
-// for the same queries, one block per (query, r): lane gr draws the four blocks of n = gr
-// (c, r = 0, 1) and sends lane t its bit of each (a nibble per lane, eight shuffles).
-// drawn (aligned path only): byte m = c * 2 + r of it is the block of (query q0 + 8 gr +
-// 2 tq + c, keys kw + 8r .. + 7), for the dQ kernel (FaMaskBuf).
+// for the same queries, one block per (query, r): lane gr holds the four blocks of n = gr
+// (c, r = 0, 1) -- `blocks`, byte m = c * 2 + r is the block of (query q0 + 8 gr + 2 tq +
+// c, keys kw + 8r .. + 7) -- and sends lane t its bit of each (a nibble per lane, eight
+// shuffles).
+__device__ __forceinline__ uint32_t rows_k_from_blocks(uint32_t blocks, int gr, int tq) {
+  uint32_t out = 0;  // nibble t, bit m = c * 2 + r: key kw + 8r + t of query q0 + 8gr + 2tq + c
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t k8 = (blocks >> (8 * m)) & 0xFFu;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) out |= ((k8 >> t) & 1u) << (4 * t + m);
+  }
+  uint32_t mine = 0;
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const uint32_t v = __shfl_sync(0xffffffffu, out, 4 * s + tq) >> (4 * gr);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int c = m >> 1, r = m & 1;
+      mine |= ((v >> m) & 1u) << ((r * 8 + s) * 2 + c);
+    }
+  }
+  return mine;
+}
+
+// The blocks drawn (aligned path; `drawn` is rows_k_from_blocks's `blocks`, for the dQ
+// kernel: FaMaskBuf), or element by element (the rest; drawn stays 0).
 __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b, int64_t h,
                                                      int64_t kw, int64_t q0, int gr, int tq,
                                                      int lane, uint32_t& drawn) {
+  (void)lane;
   uint32_t mine = 0;
   drawn = 0;
   if (D.aligned) {
-    uint32_t out = 0;  // nibble t, bit m = c * 2 + r: key kw + 8r + t of query q0 + 8gr + 2tq + c
     // Global row (b, h, q) of this lane's first query q0 + 8 gr + 2 tq.
     const uint64_t row = uint64_t(((b + D.b_off) * D.NHg + h + D.h_off) * D.Sg + q0 + 8 * gr +
                                   2 * tq + D.q_off),
@@ -137,20 +165,9 @@ __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b,
 #pragma unroll 1
     for (int m = 0; m < 4; ++m) {
       const int c = m >> 1, r = m & 1;
-      const uint32_t k8 = D.keep8(((row + uint64_t(c)) * Sg + kb) / 8 + uint64_t(r));
-      drawn |= k8 << (8 * m);
-#pragma unroll
-      for (int t = 0; t < 8; ++t) out |= ((k8 >> t) & 1u) << (4 * t + m);
+      drawn |= D.keep8(((row + uint64_t(c)) * Sg + kb) / 8 + uint64_t(r)) << (8 * m);
     }
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const uint32_t v = __shfl_sync(0xffffffffu, out, 4 * s + tq) >> (4 * gr);
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int c = m >> 1, r = m & 1;
-        mine |= ((v >> m) & 1u) << ((r * 8 + s) * 2 + c);
-      }
-    }
+    mine = rows_k_from_blocks(drawn, gr, tq);
   } else {
 #pragma unroll 1
     for (int r = 0; r < 2; ++r)
@@ -164,41 +181,69 @@ __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b,
   return mine;
 }
 
-// The backward's mask handed from the dK/dV kernel to the dQ kernel, so the backward
-// draws it once: keep bytes [B, NH, S, ld] (byte j of row (b, h, q) = keys 8j .. 8j + 7,
-// bit e = key 8j + e), ld = 8 ceil(S / 64) so a 64-key tile is one aligned 8-byte word.
-// Used on the aligned path only (S_global, k_off and S multiples of 8).
-// Its size: ops::flash_dropout_mask_bytes (attention_backend.h), which the memory plan
-// can call without CUDA.
+// The keep bits of a call's causal scores in device memory (FaMaskBuf): a byte per eight
+// keys (bit e of byte j = key 8j + e) of each row (b, h, q), only the key tiles a causal
+// row reaches: row q of query tile t = q / 64 holds the 8 (t + 1) bytes of keys 0 .. 64 (t +
+// 1) - 1, and the rows of (b, h) follow one another tile by tile (256 nt (nt + 1) bytes,
+// nt = ceil(S / 64); half of a square layout). A 64-key tile of a row is one aligned 8-byte
+// word. Used on the aligned path only (S_global, k_off and S multiples of 8). Who writes it:
+// the forward when the caller keeps a buffer from forward to backward (the model's layers:
+// AttentionDims::keep_bits), and both backward kernels read it, one draw per layer and
+// step; else the dK/dV kernel, for the dQ kernel. Its size: ops::flash_dropout_mask_bytes
+// (attention_backend.h), which the memory plan can call without CUDA.
 struct FaMaskBuf {
-  static int64_t ld(int64_t S) { return 8 * ((S + 63) / 64); }
+  // The byte offset of row (bh = b NH + h, q).
+  __device__ __forceinline__ static int64_t row(int64_t S, int64_t bh, int64_t q) {
+    const int64_t nt = (S + 63) / 64, t = q >> 6;
+    return bh * 256 * nt * (nt + 1) + 256 * t * (t + 1) + (q & 63) * 8 * (t + 1);
+  }
 };
 
+// The buffer row of (bh, row), or null when row >= S or there is no buffer.
+__device__ __forceinline__ uint8_t* mask_row_q(uint8_t* mask, int64_t S, int64_t bh,
+                                               int64_t row) {
+  return mask && row < S ? mask + FaMaskBuf::row(S, bh, row) : nullptr;
+}
+
+// dK/dV side, reading: the blocks keep_bits_rows_k would draw, from the buffer (two bytes,
+// keys kw .. kw + 15, for each of the lane's two queries; 0 past S), in its layout.
+__device__ __forceinline__ uint32_t load_mask_rows_k(const uint8_t* mask, int64_t S, int64_t bh,
+                                                     int64_t kw, int64_t q0, int gr, int tq) {
+  uint32_t blocks = 0;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int64_t q = q0 + 8 * gr + 2 * tq + c;
+    if (q < S)
+      blocks |= uint32_t(*reinterpret_cast<const uint16_t*>(mask + FaMaskBuf::row(S, bh, q) +
+                                                            kw / 8))
+                << (16 * c);
+  }
+  return rows_k_from_blocks(blocks, gr, tq);
+}
+
 // dK/dV side: this lane's drawn blocks (keep_bits_rows_k's `drawn`) into the buffer: two
-// bytes (keys kw .. kw + 15, kw a multiple of 16) for each of its two queries. Columns
-// past S land in the row's padding; rows past S are not written.
-__device__ __forceinline__ void store_mask(uint8_t* mask, int64_t S, int64_t row_base,
-                                           int64_t q, int64_t kw, uint32_t drawn) {
-  const int64_t ld = 8 * ((S + 63) / 64);
+// bytes (keys kw .. kw + 15, kw a multiple of 16, in a tile at or left of q's) for each of
+// its two queries. Columns past S land in the row's padding; rows past S are not written.
+__device__ __forceinline__ void store_mask(uint8_t* mask, int64_t S, int64_t bh, int64_t q,
+                                           int64_t kw, uint32_t drawn) {
 #pragma unroll
   for (int c = 0; c < 2; ++c)
     if (q + c < S)
-      *reinterpret_cast<uint16_t*>(mask + (row_base + q + c) * ld + kw / 8) =
+      *reinterpret_cast<uint16_t*>(mask + FaMaskBuf::row(S, bh, q + c) + kw / 8) =
           uint16_t((drawn >> (16 * c)) & 0xFFFFu);
 }
 
 // dQ side: the keep bits of rows row0, row0 + 8 and keys k0 .. k0 + 63 (k0 a multiple of
-// 64) in keep_bits_rows_q's layout, read from the buffer instead of drawn.
-__device__ __forceinline__ uint32_t load_mask_rows_q(const uint8_t* mask, int64_t S,
-                                                     int64_t row_base, int64_t row0, int64_t k0,
-                                                     int tq) {
-  const int64_t ld = 8 * ((S + 63) / 64);
+// 64, at or left of the rows' tile) in keep_bits_rows_q's layout, read from the buffer.
+__device__ __forceinline__ uint32_t load_mask_rows_q(const uint8_t* mask, int64_t S, int64_t bh,
+                                                     int64_t row0, int64_t k0, int tq) {
   uint32_t mine = 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + 8 * r;
     if (row >= S) continue;
-    const uint64_t v = *reinterpret_cast<const uint64_t*>(mask + (row_base + row) * ld + k0 / 8);
+    const uint64_t v =
+        *reinterpret_cast<const uint64_t*>(mask + FaMaskBuf::row(S, bh, row) + k0 / 8);
 #pragma unroll
     for (int n = 0; n < 8; ++n) mine |= uint32_t((v >> (8 * n + 2 * tq)) & 3u) << ((r * 8 + n) * 2);
   }

@@ -36,9 +36,23 @@ namespace {
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 // Warps of a register-row block: 8, or one row's WPR warps when a row needs more.
 constexpr int block_warps(int WPR) { return WPR > kWarps ? WPR : kWarps; }
-// Blocks of a launch at most (each then walks several row groups). It fixes the partial sums
-// of dw/db, so it is a constant, not the device's multiprocessor count.
+// Blocks of a launch at most (each then walks several row groups).
 constexpr int64_t kMaxBlocks = 1024;
+// The backward's blocks at most. It fixes the partial sums of dw/db (each block writes one
+// [NP, H] row of them), so it is a constant, not the device's multiprocessor count: 264 is
+// one wave of two 8-warp blocks on an H100/H200's 132 SMs. Each block pays a fixed cost
+// (the weight staged, its sums written, later read back by partial_sum_kernel), which at
+// 1024 blocks was ~20 us a call whatever the rows: four times as many calls with 4-way
+// gradient accumulation (bench/RESULTS.md, issue 17). MCPP_NORM_BWD_BLOCKS overrides it
+// (read once; docs/environment.md): another value gives other dw/db bits.
+int64_t max_bwd_blocks() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("MCPP_NORM_BWD_BLOCKS");
+    const long v = e ? std::strtol(e, nullptr, 10) : 0;
+    return v > 0 ? int64_t(v) : int64_t(264);
+  }();
+  return n;
+}
 
 // A parameter vector of run-time dtype.
 struct Param {
@@ -374,8 +388,8 @@ bool vector_rows(int64_t H, std::initializer_list<const void*> ptrs) {
 }
 
 // Blocks for `rows` rows taken R at a time: a function of (T, H) only.
-unsigned blocks_for(int64_t rows, int R) {
-  return unsigned(std::min<int64_t>((rows + R - 1) / R, kMaxBlocks));
+unsigned blocks_for(int64_t rows, int R, int64_t cap = kMaxBlocks) {
+  return unsigned(std::min<int64_t>((rows + R - 1) / R, cap));
 }
 
 // Whether rows taken R at a time would leave SMs without a block (and a row a block would
@@ -442,7 +456,7 @@ void launch_backward(const T* dy, const T* x, Param w, const float* mean, const 
         constexpr int WPR = decltype(wpr)::value, V = decltype(v)::value;
         constexpr int BW = block_warps(WPR), R = BW / WPR;
         auto kernel = norm_bwd_reg_kernel<T, RMS, WPR, V>;
-        const unsigned nb = blocks_for(rows, R);
+        const unsigned nb = blocks_for(rows, R, max_bwd_blocks());
         float* pp = workspace(nb);
         const size_t smem =
             size_t(std::max<int64_t>(H, R > 1 && grads ? NP * H : 0)) * sizeof(float);
@@ -450,7 +464,7 @@ void launch_backward(const T* dy, const T* x, Param w, const float* mean, const 
         kernel<<<nb, 32 * BW, smem, cs>>>(dy, x, w, mean, rstd, dx, acc, pp, rows, int(H));
       });
   if (!reg) {
-    const unsigned nb = blocks_for(rows, 1);
+    const unsigned nb = blocks_for(rows, 1, max_bwd_blocks());
     float* pp = workspace(nb);
     norm_bwd_stream_kernel<T, RMS>
         <<<nb, kThreads, 0, cs>>>(dy, x, w, mean, rstd, dx, acc, pp, rows, H);
