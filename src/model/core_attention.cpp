@@ -1,5 +1,7 @@
 #include "model/core_attention.h"
 
+#include <cstdlib>
+
 #include "ops/attention_backend.h"
 #include "ops/ops.h"
 #include "parallel/context_parallel/cp_attention.h"
@@ -37,8 +39,13 @@ bool CoreAttention::keeps_output(const TransformerConfig& c) {
 }
 
 bool CoreAttention::saves_dropout_mask(const TransformerConfig& c, int64_t S) {
-  if (!(c.attention_dropout > 0) || c.device != Device::CUDA || c.cp_size != 1 || S % 8 != 0 ||
-      !keeps_output(c))
+  // MCPP_ATTENTION_SAVE_MASK=0: the backward draws the mask again (docs/environment.md).
+  static const bool off = [] {
+    const char* e = std::getenv("MCPP_ATTENTION_SAVE_MASK");
+    return e && e[0] == '0';
+  }();
+  if (off || !(c.attention_dropout > 0) || c.device != Device::CUDA || c.cp_size != 1 ||
+      S % 8 != 0 || !keeps_output(c))
     return false;
   return ops::choose_attention_backend(ops::attention_backend_query(
                                            c.device, c.dtype, c.kv_channels, c.attention_dropout))
