@@ -28,7 +28,9 @@
 // Usage: bench_gpu_train [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB ...]
 //                        [--keep NAME=N ...] [--torch torch.json] [--profile]
 //                        [--variants base,dropout,accum,dropout+accum]
-//                        [--gemm-tune short|sustained]
+//                        [--gemm-tune short|sustained] [--loss-sync]
+// --loss-sync reads each micro-batch's loss before queueing its backward (the trainer
+// reads them all after the last backward; for timing the difference).
 // --gemm-tune sustained ranks GEMM candidates at the power-capped clock (gemm_sustained.h)
 // instead of the library's short runs; the report after the table shows both times.
 #include <fmt/format.h>
@@ -207,6 +209,7 @@ int main(int argc, char** argv) {
   int steps = 6, warmup = 2;
   std::string only, torch_file;
   bool profile = false;
+  bool loss_sync = false;  // read each micro-batch's loss before its backward (as before)
   std::string variants = "base,dropout,accum";
   std::string profiles;  // the per-op tables, printed after the main table
   std::map<std::string, int64_t> mb_override, keep_override;
@@ -217,6 +220,7 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--torch" && i + 1 < argc) torch_file = argv[++i];
     else if (a == "--profile") profile = true;
+    else if (a == "--loss-sync") loss_sync = true;
     else if (a == "--variants" && i + 1 < argc) variants = argv[++i];
     else if (a == "--gemm-tune" && i + 1 < argc) {
       // sustained: rank GEMM candidates at the power-capped clock (gemm_sustained.h).
@@ -351,11 +355,16 @@ int main(int argc, char** argv) {
         k.iteration = it, k.global_batch = B;
         m.params().zero_grads();
         loss = 0;
+        // As the trainer (training/forward_backward.cpp): the losses read after the last
+        // backward is queued.
+        std::vector<model::PendingLoss> pending;
         for (int64_t j = 0; j < nmb; ++j) {
           k.sample_offset = j * Bm;
-          loss += m.forward(mbs[size_t(j)], k) / double(B * S);
+          pending.push_back(m.forward_pending(mbs[size_t(j)], k));
+          if (loss_sync) pending.back().value();  // the GPU then waits for the host
           m.backward(1.0 / double(B * S));
         }
+        for (const auto& l : pending) loss += l.value() / double(B * S);
         // FP8 delayed scaling: the step's amaxes -> next step's scales (one GPU: no reduction)
         model::fp8_update_scales(m.config(), m.params(), st);
         opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));

@@ -249,6 +249,10 @@ void GPTModel::drop_chunk(int chunk, int microbatch) { release(chunk, microbatch
 // ---- the whole model ---------------------------------------------------------------------
 
 double GPTModel::forward(const MicroBatch& mb, const StepKeys& keys) {
+  return forward_pending(mb, keys).value();
+}
+
+PendingLoss GPTModel::forward_pending(const MicroBatch& mb, const StepKeys& keys) {
   MCPP_CHECK(num_chunks() == 1 && part_.first_stage && part_.last_stage,
              "GPTModel::forward runs the whole model; this one holds a pipeline stage's part "
              "(use forward_chunk)");

@@ -67,6 +67,9 @@ class GPTModel {
   // Runs the forward pass and the loss; returns the sum over tokens of
   // loss_mask * token_loss (not normalised). Saves activations for backward.
   double forward(const MicroBatch& mb, const StepKeys& keys);
+  // The same without waiting for the loss: read it (value()) once the step's backward
+  // passes are queued.
+  PendingLoss forward_pending(const MicroBatch& mb, const StepKeys& keys);
   // Backpropagates d(loss)/d(token_loss[t]) = loss_mask[t] * grad_scale and
   // accumulates (+=) every parameter gradient. Needs the preceding forward().
   void backward(double grad_scale);
@@ -81,7 +84,7 @@ class GPTModel {
   // last chunk of the last stage, the masked loss sum in `loss`. What it saved stays
   // until backward_chunk() or drop_chunk() (forward-only evaluation).
   struct ChunkOutput {
-    double loss = 0;
+    PendingLoss loss;  // the masked loss sum (last chunk of the last stage)
     Tensor output;  // undefined on the last chunk of the last stage
   };
   ChunkOutput forward_chunk(int chunk, int microbatch, const MicroBatch& mb,

@@ -53,8 +53,10 @@ void LmHead::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace&
   ColumnParallelLinear::scratch_specs(d, ws, v);
 }
 
-double LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
-                       const StepContext& cx) const {
+double PendingLoss::value() const { return partial.defined() ? ops::dot_end(partial, *stream) : 0.0; }
+
+PendingLoss LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
+                            const StepContext& cx) const {
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   const int64_t V = c.vocab_local();
@@ -87,7 +89,10 @@ double LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspac
     parallel::reduce_from_tp(s.target_logit, *cx.tp_comm, st);
   }
   ops::ce_loss(s.row_max, s.sum_exp, s.target_logit, s.losses, st);
-  return ops::dot(s.losses, s.mask, st);
+  PendingLoss loss;
+  loss.stream = &st;
+  ops::dot_begin(s.losses, s.mask, loss.partial, st);
+  return loss;
 }
 
 void LmHead::logits_forward(const Tensor& x, Saved& s, const StepContext& cx) const {

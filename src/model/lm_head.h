@@ -14,6 +14,16 @@
 
 namespace mcpp::model {
 
+// A micro-batch's masked loss sum, still on the device (ops::dot_begin's partial sums):
+// value() waits for the forward that computes it. A step queues every micro-batch's
+// forward and backward before it reads any of them, so the GPU never waits for the host
+// between micro-batches.
+struct PendingLoss {
+  Tensor partial;          // undefined: no loss here (0)
+  Stream* stream = nullptr;
+  double value() const;
+};
+
 class LmHead {
  public:
   // The final norm, and the output layer (untied), or on a last stage without the
@@ -37,9 +47,9 @@ class LmHead {
   static void scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
                             const TensorVisitor& v);
 
-  // x [Tl,H]; returns the masked loss sum (synchronises: the caller logs it).
-  double forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
-                 const StepContext& cx) const;
+  // x [Tl,H]; returns the masked loss sum, read when the caller asks (PendingLoss).
+  PendingLoss forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
+                      const StepContext& cx) const;
   // Generation: this rank's logits [rows, Vp/TP] of x [rows, H] into s.logits (no loss).
   void logits_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
   // d loss / d token_loss = mask * grad_scale; the workspace's dx = d(x) out.

@@ -112,6 +112,10 @@ void scale(Tensor& x, double alpha, Stream& s) { MCPP_DISPATCH(scale, x, alpha, 
 double sum_squares(const Tensor& x, Stream& s) { MCPP_DISPATCH(sum_squares, x, s); }
 bool has_nonfinite(const Tensor& x, Stream& s) { MCPP_DISPATCH(has_nonfinite, x, s); }
 double dot(const Tensor& x, const Tensor& y, Stream& s) { MCPP_DISPATCH(dot, x, y, s); }
+void dot_begin(const Tensor& x, const Tensor& y, Tensor& partial, Stream& s) {
+  MCPP_DISPATCH(dot_begin, x, y, partial, s);
+}
+double dot_end(const Tensor& partial, Stream& s) { MCPP_DISPATCH(dot_end, partial, s); }
 void transpose(const Tensor& x, Tensor& y, Stream& s) { MCPP_DISPATCH(transpose, x, y, s); }
 void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, DropoutKey key,
                          const GlobalIndex3& g, Tensor& out, Stream& s) {

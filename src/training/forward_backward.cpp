@@ -34,11 +34,12 @@ double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys,
                             const std::vector<double>& grad_scale, bool training) {
   if (ps.layout().pp() > 1) return run_pipeline(batch, keys, grad_scale, training);
   const size_t M = batch.micro_batches.size();
-  double loss_sum = 0;
+  // The losses are read after the last backward is queued: no wait between micro-batches.
+  std::vector<model::PendingLoss> losses;
   for (size_t j = 0; j < M; ++j) {
     keys.sample_offset = batch.sample_offsets[j];
     if (timer) timer("forward-compute", true);
-    loss_sum += model.forward(batch.micro_batches[j], keys);
+    losses.push_back(model.forward_pending(batch.micro_batches[j], keys));
     if (timer) timer("forward-compute", false);
     if (!training) continue;
     // The grad-ready hooks of the last backward start the data-parallel buckets.
@@ -47,6 +48,8 @@ double ForwardBackward::run(const data::LocalBatch& batch, model::StepKeys keys,
     model.backward(grad_scale[j]);
     if (timer) timer("backward-compute", false);
   }
+  double loss_sum = 0;
+  for (const model::PendingLoss& l : losses) loss_sum += l.value();  // in order: same bits
   return loss_sum;
 }
 
@@ -56,7 +59,7 @@ double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepK
                                      const std::vector<double>& grad_scale, bool training) {
   namespace pl = parallel::pipeline;
   const int M = int(batch.micro_batches.size());
-  double loss_sum = 0;
+  std::vector<model::PendingLoss> losses;  // read after the stage's actions, in their order
   pl::StageCallbacks cb;
   cb.forward = [&](int m, int c, const Tensor& in) {
     keys.sample_offset = batch.sample_offsets[size_t(m)];
@@ -64,7 +67,7 @@ double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepK
     auto r = model.forward_chunk(c, m, batch.micro_batches[size_t(m)], keys, in);
     if (timer) timer("forward-compute", false);
     if (!training) model.drop_chunk(c, m);
-    loss_sum += r.loss;
+    if (r.loss.partial.defined()) losses.push_back(r.loss);
     return r.output;
   };
   cb.backward = [&](int m, int c, const Tensor& g) {
@@ -82,6 +85,8 @@ double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepK
   o.timer = timer;
   Stream& st = ops::default_stream(c.device);
   pl::run_stage(training ? *train_actions : *eval_actions, ps.pp(), *pp_grads, o, cb, st);
+  double loss_sum = 0;
+  for (const model::PendingLoss& l : losses) loss_sum += l.value();
   return parallel::sum_over(ps.pp(), loss_sum);
 }
 

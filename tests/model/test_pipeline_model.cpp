@@ -140,7 +140,7 @@ StageRun run_stages(const TransformerConfig& c, const pl::Schedule& sched, int v
                                                   mbs[size_t(a.microbatch)],
                                                   keys_for(a.microbatch, B, M),
                                                   take(in_act[size_t(s)], k));
-            r.loss += o.loss;
+            r.loss += o.loss.value();
             if (o.output.defined()) out_act[size_t(s)][k] = o.output.clone();
             break;
           }

@@ -193,6 +193,22 @@ double dot(const Tensor& x, const Tensor& y, Stream& s) {
   });
 }
 
+// The CPU has nothing to overlap: the sum itself, kept in a one-element partial.
+void dot_begin(const Tensor& x, const Tensor& y, Tensor& partial, Stream& s) {
+  if (!partial.defined() || partial.numel() != 1 || partial.dtype() != DType::F64 ||
+      partial.device() != Device::CPU)
+    partial = Tensor::empty({1}, DType::F64);
+  partial.data<double>()[0] = dot(x, y, s);
+}
+
+double dot_end(const Tensor& partial, Stream& s) {
+  const Check c{"dot_end"};
+  c.stream(s);
+  MCPP_CHECK(partial.defined() && partial.numel() == 1 && partial.dtype() == DType::F64,
+             "dot_end: partial {} is not dot_begin's", partial.str());
+  return partial.data<double>()[0];
+}
+
 void transpose(const Tensor& x, Tensor& y, Stream& s) {
   const Check c{"transpose"};
   c.stream(s);

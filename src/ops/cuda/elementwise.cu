@@ -416,18 +416,30 @@ bool has_nonfinite(const Tensor& x, Stream& s) {
   return h != 0;
 }
 
-double dot(const Tensor& x, const Tensor& y, Stream& s) {
+void dot_begin(const Tensor& x, const Tensor& y, Tensor& partial, Stream& s) {
   check_cuda(x, "dot", "x");
   check_cuda(y, "dot", "y");
   check_numel(y, x.numel(), "dot", "y");
-  int64_t n = x.numel();
-  if (n == 0) return 0.0;
+  if (!partial.defined() || partial.numel() != kReduceBlocks || partial.dtype() != DType::F64 ||
+      partial.device() != Device::CUDA)
+    partial = Tensor::empty({kReduceBlocks}, DType::F64, Device::CUDA);
   cudaStream_t cs = stream_of(s);
+  const int64_t n = x.numel();
+  if (n == 0) {
+    CUDA_CHECK(cudaMemsetAsync(partial.raw(), 0, kReduceBlocks * sizeof(double), cs));
+    return;
+  }
   // Fixed grid and fixed summation order, as sum_squares: bitwise reproducible.
-  Tensor partial = Tensor::empty({kReduceBlocks}, DType::F64, Device::CUDA);
   dot_kernel<<<kReduceBlocks, 256, 0, cs>>>(x.raw(), x.dtype(), y.raw(), y.dtype(), n,
                                              static_cast<double*>(partial.raw()));
   MCPP_LAUNCH_CHECK();
+}
+
+double dot_end(const Tensor& partial, Stream& s) {
+  MCPP_CHECK(partial.defined() && partial.numel() == kReduceBlocks &&
+                 partial.dtype() == DType::F64 && partial.device() == Device::CUDA,
+             "dot_end: partial {} is not dot_begin's", partial.str());
+  cudaStream_t cs = stream_of(s);
   std::vector<double> h(kReduceBlocks);
   CUDA_CHECK(cudaMemcpyAsync(h.data(), partial.raw(), kReduceBlocks * sizeof(double),
                              cudaMemcpyDeviceToHost, cs));
@@ -435,6 +447,12 @@ double dot(const Tensor& x, const Tensor& y, Stream& s) {
   double total = 0;
   for (double v : h) total += v;
   return total;
+}
+
+double dot(const Tensor& x, const Tensor& y, Stream& s) {
+  Tensor partial;
+  dot_begin(x, y, partial, s);
+  return dot_end(partial, s);
 }
 
 void transpose(const Tensor& x, Tensor& y, Stream& s) {
