@@ -34,5 +34,10 @@ StreamFence::~StreamFence() = default;
 void StreamFence::record(Stream&) {}
 void StreamFence::wait() {}
 
+StreamFork::StreamFork(Stream& main, int) : main_(&main) {}
+StreamFork::~StreamFork() = default;
+Stream& StreamFork::side(int) { return *main_; }
+void StreamFork::join() {}
+
 }  // namespace mcpp::ops
 #endif

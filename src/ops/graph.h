@@ -77,4 +77,28 @@ class StreamFence {
   bool recorded_ = false;
 };
 
+// Independent ops side by side: up to kMaxSides side streams start from `main`'s work so
+// far (fork, at construction) and `main` continues after all their work (join, at
+// destruction or join()). Where one kernel leaves part of the GPU idle (the last wave of a
+// small GEMM), the next one on another side stream fills it. Ops queued on side(i) must
+// allocate nothing (their tensors are freed in main's order): GEMMs on caller-owned
+// tensors, as the MoE experts' (model/moe/experts.cpp). The ops' results are the ones
+// they give on one stream. On a CPU stream, or with n <= 1, side(i) is main itself.
+class StreamFork {
+ public:
+  static constexpr int kMaxSides = 8;
+  StreamFork(Stream& main, int n);
+  ~StreamFork();
+  StreamFork(const StreamFork&) = delete;
+  StreamFork& operator=(const StreamFork&) = delete;
+  int size() const { return n_; }
+  Stream& side(int i);  // i taken modulo size()
+  void join();
+
+ private:
+  Stream* main_;
+  int n_ = 1;
+  bool joined_ = true;
+};
+
 }  // namespace mcpp::ops

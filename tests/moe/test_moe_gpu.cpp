@@ -4,6 +4,7 @@
 // CPU: loss, logits and every parameter gradient. The device routing ops (top-k with every
 // score function, the dispatch index, the load-balancing statistics, the routing backward)
 // against the CPU ops on the same logits: the same experts, rows and tie-breaks exactly.
+// The experts' GEMMs on side streams (ops::StreamFork): the bits of one stream.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "../gpu/gpu_test_util.h"
 #include "model/gpt_model.h"
 #include "model/moe/moe_layer.h"
+#include "ops/graph.h"
 
 using namespace mcpp;
 using namespace mcpp::test;
@@ -376,4 +378,65 @@ TEST(GpuMoeModel, Bf16CloseToCpu) {
     sq += ops::sum_squares(gm.params().grad(i), GS());
   EXPECT_TRUE(std::isfinite(sq) && sq > 0);
   std::printf("[moe bf16] loss %.6f vs cpu f32 %.6f, grad sq %.3e\n", lg, lc, sq);
+}
+
+// ops::StreamFork, as the experts use it (model/moe/experts.cpp): per-expert GEMMs of very
+// different row counts (none, one, a ragged tile, several waves) spread over four side
+// streams, forward and both backward GEMMs, the weight gradients accumulated twice, give the
+// bits of the same GEMMs one after another on the main stream, and the main stream's next
+// op sees every side's result.
+TEST(GpuStreamFork, ExpertGemmsOnSideStreamsGiveTheBitsOfOneStream) {
+  MCPP_REQUIRE_GPU();
+  const std::vector<int64_t> rows = {0, 1, 37, 3000, 513, 4096, 128, 2};
+  const int64_t In = 1024, Out = 768, E = int64_t(rows.size());
+  int64_t N = 0;
+  for (int64_t r : rows) N += r;
+  const Tensor x = to_gpu(rand_in({N, In}, 11, DType::BF16), DType::BF16);
+  const Tensor dy = to_gpu(rand_in({N, Out}, 12, DType::BF16), DType::BF16);
+  std::vector<Tensor> w;
+  for (int64_t e = 0; e < E; ++e)
+    w.push_back(to_gpu(rand_in({Out, In}, 100 + uint64_t(e), DType::BF16, -0.05f, 0.05f),
+                       DType::BF16));
+  struct Out_ {
+    Tensor y, dx;
+    std::vector<Tensor> dw;
+  };
+  auto run = [&](int streams) {
+    Out_ o;
+    o.y = gpu_nan({N, Out}, DType::BF16), o.dx = gpu_nan({N, In}, DType::BF16);
+    for (int64_t e = 0; e < E; ++e) {
+      o.dw.push_back(Tensor::empty({Out, In}, DType::F32, Device::CUDA));
+      ops::fill(o.dw.back(), 0.0, GS());
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      ops::StreamFork f(GS(), streams);
+      int64_t off = 0;
+      Tensor none;
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t n = rows[size_t(e)];
+        if (n == 0) continue;
+        Tensor y = o.y.narrow(off, n), dx = o.dx.narrow(off, n);
+        ops::linear_forward(x.narrow(off, n), w[size_t(e)], Tensor(), y, f.side(int(e)));
+        ops::linear_backward(dy.narrow(off, n), x.narrow(off, n), w[size_t(e)], dx, false,
+                             o.dw[size_t(e)], none, f.side(int(e)));
+        off += n;
+      }
+    }
+    // Read on the main stream only (joined).
+    Out_ c{to_cpu(o.y), to_cpu(o.dx), {}};
+    for (auto& t : o.dw) c.dw.push_back(to_cpu(t));
+    return c;
+  };
+  const Out_ one = run(1), four = run(4);
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return a.numel() == b.numel() &&
+           std::memcmp(a.raw(), b.raw(), size_t(a.numel()) * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same(one.y, four.y)) << "forward";
+  EXPECT_TRUE(same(one.dx, four.dx)) << "data gradient";
+  for (int64_t e = 0; e < E; ++e) EXPECT_TRUE(same(one.dw[size_t(e)], four.dw[size_t(e)])) << e;
+  // The GEMMs really ran: outputs of the experts with rows hold no NaN left from gpu_nan.
+  double s = 0;
+  for (int64_t i = 0; i < four.y.numel(); ++i) s += four.y.data<float>()[i];
+  EXPECT_TRUE(std::isfinite(s));
 }

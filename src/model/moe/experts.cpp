@@ -1,8 +1,10 @@
 #include "model/moe/experts.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "base/error.h"
+#include "ops/graph.h"
 #include "ops/ops.h"
 
 namespace mcpp::model::moe {
@@ -132,6 +134,21 @@ void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DTy
   v(w.dfc1, {Nmax, c.moe_fc1_width_local()}, dt, true);
 }
 
+namespace {
+// The streams one loop of expert GEMMs spreads over (ops::StreamFork): expert e's GEMM on
+// side e mod n, so one expert's last wave runs beside the next one's first (32 experts of
+// ~3K rows are 1.5 waves each on an H200). MCPP_MOE_GEMM_STREAMS (docs/environment.md),
+// default 4; 1 runs them one after another on the step's stream. The same bits either way.
+int gemm_streams() {
+  static const int n = [] {
+    const char* e = std::getenv("MCPP_MOE_GEMM_STREAMS");
+    const long v = e ? std::strtol(e, nullptr, 10) : 4;
+    return int(std::clamp<long>(v, 1, ops::StreamFork::kMaxSides));
+  }();
+  return n;
+}
+}  // namespace
+
 void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vector<int64_t>& counts,
                              Saved& s, Tensor& yp, Scratch& w, const StepContext& cx0,
                              comm::Communicator* etp) const {
@@ -145,19 +162,24 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
   const int64_t N = xp.size(0);
   // ap: kept, or in the scratch dap (the backward's alone) until fc2 has read it
   Tensor fc1 = s.fc1.narrow(0, N), ap = (s.ap.defined() ? s.ap : w.dap).narrow(0, N);
+  const int ns = fp8 ? 1 : gemm_streams();  // FP8: its scales' state runs in step order
   int64_t off = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) continue;  // an expert without tokens: nothing to compute
-    Tensor h = fc1.narrow(off, n);
-    if (fp8)
-      fp8_forward(f1_[e], xp.narrow(off, n), false, w1_[e], h, cx);
-    else
-      ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, st);
-    off += n;
+  {
+    ops::StreamFork f(st, ns);
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      if (n == 0) continue;  // an expert without tokens: nothing to compute
+      Tensor h = fc1.narrow(off, n);
+      if (fp8)
+        fp8_forward(f1_[e], xp.narrow(off, n), false, w1_[e], h, cx);
+      else
+        ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, f.side(int(e)));
+      off += n;
+    }
   }
   ops::moe_act_scale_forward(fc1, p, cfg_->swiglu, ap, st);  // probabilities after the act
   off = 0;
+  ops::StreamFork f(st, ns);
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];
     if (n == 0) continue;
@@ -165,7 +187,7 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
     if (fp8)
       fp8_forward(f2_[e], ap.narrow(off, n), etp != nullptr, w2_[e], y, cx);
     else
-      ops::linear_forward(ap.narrow(off, n), w2_[e].w, Tensor(), y, st);
+      ops::linear_forward(ap.narrow(off, n), w2_[e].w, Tensor(), y, f.side(int(e)));
     off += n;
   }
 }
@@ -191,43 +213,50 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
   Tensor ap = kept ? s.ap.narrow(0, N) : fp8 ? w.dfc1.view({-1}).narrow(0, N * I).view({N, I}) : dap;
   if (!kept && fp8) ops::moe_act_scale_forward(fc1, p, cfg_->swiglu, ap, st);
   const bool split = !kept && !fp8;  // fc2's two GEMMs apart, ap recomputed between them
+  const int ns = fp8 ? 1 : gemm_streams();
   int64_t off = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) continue;
-    Tensor dx = dap.narrow(off, n);
-    if (fp8)
-      fp8_backward(f2_[e], dyp.narrow(off, n), false, ap.narrow(off, n), etp != nullptr, w2_[e], dx,
-                   cx);
-    else
-      ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false,
-                           split ? none : w2_[e].g, none, st);
-    off += n;
+  {
+    ops::StreamFork f(st, ns);
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      if (n == 0) continue;
+      Tensor dx = dap.narrow(off, n);
+      if (fp8)
+        fp8_backward(f2_[e], dyp.narrow(off, n), false, ap.narrow(off, n), etp != nullptr, w2_[e],
+                     dx, cx);
+      else
+        ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false,
+                             split ? none : w2_[e].g, none, f.side(int(e)));
+      off += n;
+    }
   }
   Tensor ap_out = split ? dap : none;  // in place over dap
   ops::moe_act_scale_backward(dap, fc1, p, cfg_->swiglu, dfc1, dp, ap_out, st);
-  if (split) {
+  {
+    ops::StreamFork f(st, ns);
+    if (split) {  // fc2's weight gradients beside fc1's backward: both read only what is done
+      off = 0;
+      for (size_t e = 0; e < counts.size(); ++e) {
+        const int64_t n = counts[e];
+        if (n == 0) continue;
+        ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, none, false,
+                             w2_[e].g, none, f.side(int(e)));
+        off += n;
+      }
+    }
     off = 0;
     for (size_t e = 0; e < counts.size(); ++e) {
       const int64_t n = counts[e];
       if (n == 0) continue;
-      ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, none, false,
-                           w2_[e].g, none, st);
+      Tensor dx = dxp.narrow(off, n);
+      if (fp8)
+        fp8_backward(f1_[e], dfc1.narrow(off, n), etp != nullptr, xp.narrow(off, n), false,
+                     w1_[e], dx, cx);
+      else
+        ops::linear_backward(dfc1.narrow(off, n), xp.narrow(off, n), w1_[e].w, dx, false,
+                             w1_[e].g, none, f.side(int(e) + 1));
       off += n;
     }
-  }
-  off = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) continue;
-    Tensor dx = dxp.narrow(off, n);
-    if (fp8)
-      fp8_backward(f1_[e], dfc1.narrow(off, n), etp != nullptr, xp.narrow(off, n), false, w1_[e],
-                   dx, cx);
-    else
-      ops::linear_backward(dfc1.narrow(off, n), xp.narrow(off, n), w1_[e].w, dx, false, w1_[e].g,
-                           none, st);
-    off += n;
   }
 }
 

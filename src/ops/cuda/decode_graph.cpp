@@ -5,6 +5,7 @@
 // GPU). StreamFence: an event without timing.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <utility>
@@ -113,6 +114,61 @@ void StreamFence::record(Stream& s) {
 void StreamFence::wait() {
   if (recorded_) CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
   recorded_ = false;
+}
+
+namespace {
+// The process's side streams and an event each (created once, on first use): a fork
+// records `forked` on main, a join each side's `done`. One host thread forks at a time.
+struct SidePool {
+  Stream sides[StreamFork::kMaxSides];
+  cudaEvent_t done[StreamFork::kMaxSides] = {};
+  cudaEvent_t forked = nullptr;
+  int made = 0;
+};
+SidePool& side_pool(int n) {
+  static SidePool* p = new SidePool;  // never destroyed: streams may be used at exit
+  if (!p->forked) CUDA_CHECK(cudaEventCreateWithFlags(&p->forked, cudaEventDisableTiming));
+  for (; p->made < n; ++p->made) {
+    p->sides[p->made] = cuda::new_stream();
+    CUDA_CHECK(cudaEventCreateWithFlags(&p->done[p->made], cudaEventDisableTiming));
+  }
+  return *p;
+}
+}  // namespace
+
+StreamFork::StreamFork(Stream& main, int n) : main_(&main) {
+  if (main.device != Device::CUDA || n <= 1) return;
+  n_ = std::min(n, kMaxSides);
+  SidePool& p = side_pool(n_);
+  CUDA_CHECK(cudaEventRecord(p.forked, static_cast<cudaStream_t>(main.handle)));
+  for (int i = 0; i < n_; ++i)
+    CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(p.sides[i].handle), p.forked, 0));
+  joined_ = false;
+}
+
+StreamFork::~StreamFork() {
+  if (!joined_) {  // errors ignored: a destructor may run while an exception unwinds
+    SidePool& p = side_pool(n_);
+    for (int i = 0; i < n_; ++i) {
+      (void)cudaEventRecord(p.done[i], static_cast<cudaStream_t>(p.sides[i].handle));
+      (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(main_->handle), p.done[i], 0);
+    }
+  }
+}
+
+Stream& StreamFork::side(int i) {
+  if (n_ <= 1 || joined_) return *main_;
+  return side_pool(n_).sides[((i % n_) + n_) % n_];
+}
+
+void StreamFork::join() {
+  if (joined_) return;
+  SidePool& p = side_pool(n_);
+  for (int i = 0; i < n_; ++i) {
+    CUDA_CHECK(cudaEventRecord(p.done[i], static_cast<cudaStream_t>(p.sides[i].handle)));
+    CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(main_->handle), p.done[i], 0));
+  }
+  joined_ = true;
 }
 
 }  // namespace mcpp::ops

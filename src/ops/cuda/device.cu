@@ -40,9 +40,13 @@ struct DeviceState {
   std::mutex mu;
   std::unordered_map<void*, Block> live;
   size_t in_use = 0, peak = 0;
-  // Workspace (cuBLASLt): one buffer, grown by reallocating in stream order.
-  void* ws = nullptr;
-  size_t ws_bytes = 0;
+  // Workspace (cuBLASLt): one buffer per stream (ops on two streams may run at once:
+  // ops::StreamFork), grown by reallocating in that stream's order.
+  struct Ws {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  std::unordered_map<void*, Ws> ws;
 };
 
 DeviceState& state() {
@@ -192,13 +196,14 @@ void trim_memory_pool() {
 void* workspace(size_t bytes, const Stream& s) {
   DeviceState& st = state();
   std::lock_guard<std::mutex> lk(st.mu);
-  if (bytes > st.ws_bytes) {
+  DeviceState::Ws& w = st.ws[s.handle];
+  if (bytes > w.bytes) {
     auto cs = static_cast<cudaStream_t>(s.handle);
-    if (st.ws) CUDA_CHECK(cudaFreeAsync(st.ws, cs));
-    CUDA_CHECK(cudaMallocAsync(&st.ws, bytes, st.pool, cs));
-    st.ws_bytes = bytes;
+    if (w.p) CUDA_CHECK(cudaFreeAsync(w.p, cs));
+    CUDA_CHECK(cudaMallocAsync(&w.p, bytes, st.pool, cs));
+    w.bytes = bytes;
   }
-  return st.ws;
+  return w.p;
 }
 
 bool pdl_enabled() {

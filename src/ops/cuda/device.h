@@ -51,8 +51,8 @@ void trim_memory_pool();
 // MCPP_DECODE_PDL=0.
 bool pdl_enabled();
 
-// A device scratch buffer shared by the ops of one stream order (cuBLASLt workspace);
-// grows on demand, never shrinks.
+// A device scratch buffer shared by the ops of one stream order (cuBLASLt workspace), one
+// per stream; grows on demand, never shrinks.
 void* workspace(size_t bytes, const Stream& s);
 
 // ---- op profiler -------------------------------------------------------------------
