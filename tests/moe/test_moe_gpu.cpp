@@ -440,3 +440,47 @@ TEST(GpuStreamFork, ExpertGemmsOnSideStreamsGiveTheBitsOfOneStream) {
   for (int64_t i = 0; i < four.y.numel(); ++i) s += four.y.data<float>()[i];
   EXPECT_TRUE(std::isfinite(s));
 }
+
+// The counting sort at training sizes: more than 32 tiles (the scan's chunks of 32 tiles with
+// a carry), ragged last tile, experts that get no rows, one expert that gets most, every
+// token on one expert, and 1000 experts (more than the scan's 32 warps): the CPU op's
+// index exactly.
+TEST(GpuMoeRouteIndex, ManyTilesSkewAndManyExperts) {
+  MCPP_REQUIRE_GPU();
+  struct C {
+    int64_t T, k, E;
+    int mode;  // 0 skewed, 1 all on one expert, 2 uniform
+  };
+  for (C c : {C{256 * 70 + 13, 6, 32, 0}, C{256 * 40 + 1, 2, 8, 1}, C{256 * 9 + 77, 3, 1000, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " k=" << c.k << " E=" << c.E
+                                      << " mode=" << c.mode);
+    const int64_t N = c.T * c.k;
+    Tensor idx = Tensor::empty({c.T, c.k}, DType::I64);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j < c.k; ++j) {
+        const uint64_t r = Philox::u32(7, 3, uint64_t(t * c.k + j));
+        int64_t e = int64_t(r % uint64_t(c.E));
+        if (c.mode == 0) e = r % 3 == 0 ? 5 : int64_t(r % 16) * 2 % c.E;  // odd experts empty
+        if (c.mode == 1) e = 3;
+        idx.data<int64_t>()[t * c.k + j] = e;  // duplicates in a token allowed: order decides
+      }
+    auto i64 = [](int64_t n, Device d) { return Tensor::empty({n}, DType::I64, d); };
+    Tensor cnt = i64(c.E, Device::CPU), src = i64(N, Device::CPU), rs = i64(N, Device::CPU);
+    Tensor sr = i64(N, Device::CPU), off = i64(c.T + 1, Device::CPU), rows = i64(N, Device::CPU);
+    Tensor gcnt = i64(c.E, Device::CUDA), gsrc = i64(N, Device::CUDA), grs = i64(N, Device::CUDA);
+    Tensor gsr = i64(N, Device::CUDA), goff = i64(c.T + 1, Device::CUDA),
+           grows = i64(N, Device::CUDA);
+    cpu::moe_route_index(idx, c.E, cnt, src, rs, sr, off, rows, CS());
+    Tensor gidx = Tensor::empty(idx.shape(), DType::I64, Device::CUDA);
+    gpu::copy(idx, gidx, GS());
+    gpu::moe_route_index(gidx, c.E, gcnt, gsrc, grs, gsr, goff, grows, GS());
+    for (auto [h, g, name] : {std::tuple{&cnt, &gcnt, "counts"}, {&src, &gsrc, "src"},
+                              {&rs, &grs, "row_slot"}, {&sr, &gsr, "slot_row"},
+                              {&off, &goff, "offsets"}, {&rows, &grows, "rows"}}) {
+      Tensor gh = to_cpu(*g);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < h->numel(); ++i) bad += gh.data<int64_t>()[i] != h->data<int64_t>()[i];
+      EXPECT_EQ(bad, 0) << name;
+    }
+  }
+}

@@ -5,8 +5,9 @@
 // thread routes one token in f32 (logits of any activation dtype are widened first), with
 // its E scores in thread-local arrays (E <= kMaxE).
 // Determinism: no floating-point atomics. The index is a counting sort whose order is
-// fixed (tiles of tokens counted, scanned per expert, then each expert's thread walks its
-// tile's tokens in order); the statistics are block reductions in a fixed tree order.
+// fixed (tiles of tokens counted, scanned per expert, then a warp per tile walks its
+// (token, slot) pairs in order, 32 at a time); the statistics are block reductions in a
+// fixed tree order.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
@@ -54,39 +55,75 @@ __global__ void tile_count_kernel(const int64_t* __restrict__ idx, int64_t T_, i
     tile_counts[blockIdx.x * E + e] = cnt[e];
 }
 
-// Step 2 (one block): counts per expert, each tile's first row per expert.
-__global__ void tile_scan_kernel(int64_t* __restrict__ tile_counts, int64_t tiles, int64_t E,
-                                 int64_t* __restrict__ counts) {
-  __shared__ int64_t first[1025];
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    int64_t run = 0;
-    for (int64_t b = 0; b < tiles; ++b) {
-      const int64_t c = tile_counts[b * E + e];
-      tile_counts[b * E + e] = run;
-      run += c;
+// Step 2 (one block of kScanThreads): counts per expert, each tile's first row per expert.
+// A warp per expert scans its column of tile counts 32 tiles at a time (shuffles), then
+// warp 0 scans the experts' totals the same way and every entry gets its expert's start.
+constexpr int kScanThreads = 1024;
+__device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int64_t u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+__global__ void __launch_bounds__(kScanThreads)
+    tile_scan_kernel(int64_t* __restrict__ tile_counts, int64_t tiles, int64_t E,
+                     int64_t* __restrict__ counts) {
+  __shared__ int64_t first[1024];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = kScanThreads / 32;
+  for (int64_t e = warp; e < E; e += warps) {
+    int64_t carry = 0;
+    for (int64_t b0 = 0; b0 < tiles; b0 += 32) {
+      const int64_t b = b0 + lane;
+      const int64_t c = b < tiles ? tile_counts[b * E + e] : 0;
+      const int64_t inc = warp_inclusive_scan(c, lane);
+      if (b < tiles) tile_counts[b * E + e] = carry + inc - c;  // exclusive, within e
+      carry += __shfl_sync(0xffffffffu, inc, 31);
     }
-    counts[e] = run;
+    if (lane == 0) counts[e] = carry;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    first[0] = 0;
-    for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + counts[e];
+  if (warp == 0) {  // expert e's first row: the exclusive scan of the counts
+    int64_t carry = 0;
+    for (int64_t e0 = 0; e0 < E; e0 += 32) {
+      const int64_t e = e0 + lane;
+      const int64_t c = e < E ? counts[e] : 0;
+      const int64_t inc = warp_inclusive_scan(c, lane);
+      if (e < E) first[e] = carry + inc - c;
+      carry += __shfl_sync(0xffffffffu, inc, 31);
+    }
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
-    for (int64_t b = 0; b < tiles; ++b) tile_counts[b * E + e] += first[e];
+  for (int64_t i = threadIdx.x; i < tiles * E; i += kScanThreads) tile_counts[i] += first[i % E];
 }
 
-// Step 3: expert e's thread walks the tile's (token, slot) pairs in order.
-__global__ void tile_fill_kernel(const int64_t* __restrict__ idx, int64_t T_, int64_t k,
-                                 int64_t E, const int64_t* __restrict__ tile_first,
-                                 int64_t* __restrict__ src, int64_t* __restrict__ row_slot,
-                                 int64_t* __restrict__ slot_row) {
+// Step 3 (a warp per tile): the tile's (token, slot) pairs in order, 32 at a time; the
+// lanes holding the same expert (__match_any_sync) take consecutive rows from that
+// expert's running count, in lane order, so each expert's rows keep the pairs' order.
+__global__ void __launch_bounds__(32)
+    tile_fill_kernel(const int64_t* __restrict__ idx, int64_t T_, int64_t k, int64_t E,
+                     const int64_t* __restrict__ tile_first, int64_t* __restrict__ src,
+                     int64_t* __restrict__ row_slot, int64_t* __restrict__ slot_row) {
+  __shared__ int64_t next[1024];
+  const int lane = threadIdx.x;
+  for (int64_t e = lane; e < E; e += 32) next[e] = tile_first[blockIdx.x * E + e];
+  __syncwarp();
   const int64_t t0 = blockIdx.x * int64_t(kTile), t1 = min(T_, t0 + kTile);
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    int64_t n = tile_first[blockIdx.x * E + e];
-    for (int64_t i = t0 * k; i < t1 * k; ++i)
-      if (idx[i] == e) src[n] = i / k, row_slot[n] = i, slot_row[i] = n, ++n;
+  const unsigned below = (1u << lane) - 1u;
+  for (int64_t i0 = t0 * k; i0 < t1 * k; i0 += 32) {
+    const int64_t i = i0 + lane;
+    const bool valid = i < t1 * k;
+    const int e = valid ? int(idx[i]) : -1 - lane;  // invalid lanes match no one
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    int64_t n = 0;
+    if (valid) n = next[e] + __popc(peers & below);
+    __syncwarp();
+    if (valid) {
+      src[n] = i / k, row_slot[n] = i, slot_row[i] = n;
+      if ((peers & below) == 0) next[e] += __popc(peers);  // the group's first lane
+    }
+    __syncwarp();
   }
 }
 
@@ -266,8 +303,9 @@ void moe_route_index(const Tensor& idx, int64_t E, Tensor& counts, Tensor& src,
   cudaStream_t cs = stream_of(s);
   tile_count_kernel<<<unsigned(tiles), 256, 0, cs>>>(idx.data<int64_t>(), T_, k, E,
                                                       tile.data<int64_t>());
-  tile_scan_kernel<<<1, 256, 0, cs>>>(tile.data<int64_t>(), tiles, E, counts.data<int64_t>());
-  tile_fill_kernel<<<unsigned(tiles), 128, 0, cs>>>(idx.data<int64_t>(), T_, k, E,
+  tile_scan_kernel<<<1, kScanThreads, 0, cs>>>(tile.data<int64_t>(), tiles, E,
+                                               counts.data<int64_t>());
+  tile_fill_kernel<<<unsigned(tiles), 32, 0, cs>>>(idx.data<int64_t>(), T_, k, E,
                                                      tile.data<int64_t>(), src.data<int64_t>(),
                                                      row_slot.data<int64_t>(),
                                                      slot_row.data<int64_t>());
