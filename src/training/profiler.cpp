@@ -85,7 +85,8 @@ void StepProfiler::after_step(int64_t completed) {
   for (const auto& t : times) sum += t.ms;
   std::string out = fmt::format(
       "profile (iterations {}-{}, rank {}): GPU time per op, ms per iteration; {:.2f} of "
-      "{:.2f} ms in ops (the rest: host gaps, synchronisation, communication outside ops)",
+      "{:.2f} ms in ops (the rest: host gaps, synchronisation, communication outside ops; "
+      "ops on side streams, the MoE experts' GEMMs, count their overlap too)",
       a_.profile_step_start + 1, a_.profile_step_end, rank_, sum / double(n),
       wall_ms / double(n));
   constexpr size_t kShown = 30;
