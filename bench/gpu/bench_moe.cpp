@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "base/philox.h"
+#include "profile_rows.h"
 #include "model/fp8/fp8_linear.h"
 #include "model/gpt_model.h"
 #include "ops/cuda/device.h"
@@ -341,14 +342,7 @@ int main(int argc, char** argv) {
         }
         profiles += fmt::format("| (the ops under 0.5% each) | | {:.2f} | {:.1f}% |\n", small,
                                 100 * small / pms);
-        if (sum <= pms)
-          profiles += fmt::format("| (outside ops: host gaps, syncs) | | {:.2f} | {:.1f}% |\n",
-                                  pms - sum, 100 * (pms - sum) / pms);
-        else  // ops on side streams (the MoE experts' GEMMs) time their overlap too
-          profiles += fmt::format("| (ops overlapping on side streams: their times add up to "
-                                  "{:.2f} ms more than the step; MCPP_MOE_GEMM_STREAMS=1 for "
-                                  "times that add up) | | | |\n",
-                                  sum - pms);
+        profiles += bench::profile_remainder_row(pms, sum);
       }
       na = active_params(m.params(), c.cfg);
       auto mem = gpu::memory_stats();

@@ -53,6 +53,7 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/fp8.h"
 #include "gemm_sustained.h"
+#include "profile_rows.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "training/flops.h"
@@ -406,14 +407,7 @@ int main(int argc, char** argv) {
             fp8_cast_ms += t.ms;
         }
         prof_fp8_gemm_ms = fp8_gemm_ms, prof_fp8_cast_ms = fp8_cast_ms;
-        if (sum <= pms)
-          profiles += fmt::format("| (outside ops: host gaps, syncs) | | {:.2f} | {:.1f}% |\n",
-                                  pms - sum, 100 * (pms - sum) / pms);
-        else  // ops on side streams (the MoE experts' GEMMs) time their overlap too
-          profiles += fmt::format("| (ops overlapping on side streams: their times add up to "
-                                  "{:.2f} ms more than the step; MCPP_MOE_GEMM_STREAMS=1 for "
-                                  "times that add up) | | | |\n",
-                                  sum - pms);
+        profiles += bench::profile_remainder_row(pms, sum);
       }
       n6 = flops_params(m.params(), c.cfg);
       training::FlopsShape fs;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <tuple>
+#include <utility>
 
 #include "../gpu/gpu_test_util.h"
 #include "model/gpt_model.h"
@@ -196,6 +197,30 @@ std::vector<RouteCase> route_cases() {
 
 }  // namespace
 
+namespace {
+// moe_route_index of the experts idx [T, k] (gidx: the same on the GPU) on both backends:
+// every output the same, element for element. Returns the row_slot of each (CPU, GPU).
+std::pair<Tensor, Tensor> expect_index_matches_cpu(const Tensor& idx, const Tensor& gidx, int64_t E) {
+  const int64_t T = idx.size(0), N = idx.numel();
+  auto i64 = [](int64_t n, Device d) { return Tensor::empty({n}, DType::I64, d); };
+  Tensor cnt = i64(E, Device::CPU), src = i64(N, Device::CPU), rs = i64(N, Device::CPU);
+  Tensor sr = i64(N, Device::CPU), off = i64(T + 1, Device::CPU), rows = i64(N, Device::CPU);
+  Tensor gcnt = i64(E, Device::CUDA), gsrc = i64(N, Device::CUDA), grs = i64(N, Device::CUDA);
+  Tensor gsr = i64(N, Device::CUDA), goff = i64(T + 1, Device::CUDA), grows = i64(N, Device::CUDA);
+  cpu::moe_route_index(idx, E, cnt, src, rs, sr, off, rows, CS());
+  gpu::moe_route_index(gidx, E, gcnt, gsrc, grs, gsr, goff, grows, GS());
+  for (auto [h, g, name] : {std::tuple{&cnt, &gcnt, "counts"}, {&src, &gsrc, "src"},
+                            {&rs, &grs, "row_slot"}, {&sr, &gsr, "slot_row"},
+                            {&off, &goff, "offsets"}, {&rows, &grows, "rows"}}) {
+    Tensor gh = to_cpu(*g);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < h->numel(); ++i) bad += gh.data<int64_t>()[i] != h->data<int64_t>()[i];
+    EXPECT_EQ(bad, 0) << name;
+  }
+  return {rs, grs};
+}
+}  // namespace
+
 class GpuMoeRoute : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override { MCPP_REQUIRE_GPU(); }
@@ -223,21 +248,7 @@ TEST_P(GpuMoeRoute, MatchesCpuOps) {
     EXPECT_EQ(differ, 0) << "selected experts differ from the CPU op's";
     EXPECT_LE(rel_err(to_cpu(gprob), prob), 1e-6);
 
-    auto i64 = [](int64_t n, Device d) { return Tensor::empty({n}, DType::I64, d); };
-    Tensor cnt = i64(E, Device::CPU), src = i64(N, Device::CPU), rs = i64(N, Device::CPU);
-    Tensor sr = i64(N, Device::CPU), off = i64(T + 1, Device::CPU), rows = i64(N, Device::CPU);
-    Tensor gcnt = i64(E, Device::CUDA), gsrc = i64(N, Device::CUDA), grs = i64(N, Device::CUDA);
-    Tensor gsr = i64(N, Device::CUDA), goff = i64(T + 1, Device::CUDA), grows = i64(N, Device::CUDA);
-    cpu::moe_route_index(idx, E, cnt, src, rs, sr, off, rows, CS());
-    gpu::moe_route_index(gidx, E, gcnt, gsrc, grs, gsr, goff, grows, GS());
-    for (auto [h, g, name] : {std::tuple{&cnt, &gcnt, "counts"}, {&src, &gsrc, "src"},
-                              {&rs, &grs, "row_slot"}, {&sr, &gsr, "slot_row"},
-                              {&off, &goff, "offsets"}, {&rows, &grows, "rows"}}) {
-      Tensor gh = to_cpu(*g);
-      int64_t bad = 0;
-      for (int64_t i = 0; i < h->numel(); ++i) bad += gh.data<int64_t>()[i] != h->data<int64_t>()[i];
-      EXPECT_EQ(bad, 0) << name;
-    }
+    const auto [rs, grs] = expect_index_matches_cpu(idx, gidx, E);
     Tensor pr = Tensor::empty({N}, DType::F32), gpr = gpu_nan({N}, DType::F32);
     cpu::moe_gather(prob, rs, pr, CS());
     gpu::moe_gather(gprob, grs, gpr, GS());
@@ -464,23 +475,8 @@ TEST(GpuMoeRouteIndex, ManyTilesSkewAndManyExperts) {
         if (c.mode == 1) e = 3;
         idx.data<int64_t>()[t * c.k + j] = e;  // duplicates in a token allowed: order decides
       }
-    auto i64 = [](int64_t n, Device d) { return Tensor::empty({n}, DType::I64, d); };
-    Tensor cnt = i64(c.E, Device::CPU), src = i64(N, Device::CPU), rs = i64(N, Device::CPU);
-    Tensor sr = i64(N, Device::CPU), off = i64(c.T + 1, Device::CPU), rows = i64(N, Device::CPU);
-    Tensor gcnt = i64(c.E, Device::CUDA), gsrc = i64(N, Device::CUDA), grs = i64(N, Device::CUDA);
-    Tensor gsr = i64(N, Device::CUDA), goff = i64(c.T + 1, Device::CUDA),
-           grows = i64(N, Device::CUDA);
-    cpu::moe_route_index(idx, c.E, cnt, src, rs, sr, off, rows, CS());
     Tensor gidx = Tensor::empty(idx.shape(), DType::I64, Device::CUDA);
     gpu::copy(idx, gidx, GS());
-    gpu::moe_route_index(gidx, c.E, gcnt, gsrc, grs, gsr, goff, grows, GS());
-    for (auto [h, g, name] : {std::tuple{&cnt, &gcnt, "counts"}, {&src, &gsrc, "src"},
-                              {&rs, &grs, "row_slot"}, {&sr, &gsr, "slot_row"},
-                              {&off, &goff, "offsets"}, {&rows, &grows, "rows"}}) {
-      Tensor gh = to_cpu(*g);
-      int64_t bad = 0;
-      for (int64_t i = 0; i < h->numel(); ++i) bad += gh.data<int64_t>()[i] != h->data<int64_t>()[i];
-      EXPECT_EQ(bad, 0) << name;
-    }
+    expect_index_matches_cpu(idx, gidx, c.E);
   }
 }

@@ -43,7 +43,7 @@ constexpr int64_t kMaxBlocks = 1024;
 // one wave of two 8-warp blocks on an H100/H200's 132 SMs. Each block pays a fixed cost
 // (the weight staged, its sums written, later read back by partial_sum_kernel), which at
 // 1024 blocks was ~20 us a call whatever the rows: four times as many calls with 4-way
-// gradient accumulation (bench/RESULTS.md, issue 17). MCPP_NORM_BWD_BLOCKS overrides it
+// gradient accumulation (bench/RESULTS.md). MCPP_NORM_BWD_BLOCKS overrides it
 // (read once; docs/environment.md): another value gives other dw/db bits.
 int64_t max_bwd_blocks() {
   static const int64_t n = [] {
