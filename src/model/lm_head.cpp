@@ -53,7 +53,9 @@ void LmHead::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace&
   ColumnParallelLinear::scratch_specs(d, ws, v);
 }
 
-double PendingLoss::value() const { return partial.defined() ? ops::dot_end(partial, *stream) : 0.0; }
+double PendingLoss::value() const {
+  return partial.defined() ? ops::dot_end(partial, *stream) : 0.0;
+}
 
 PendingLoss LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Workspace& ws,
                             const StepContext& cx) const {

@@ -193,7 +193,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     return;
   const Tensor delta = row_delta(dout, out, d, qkv.dtype(), op, cs);
   if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
-    // With dropout the keep bits (B NH S^2 / 8 bytes, 1/16 of cuDNN's deterministic dP
+    // With dropout the keep bits (about B NH S^2 / 16 bytes, 1/32 of cuDNN's deterministic dP
     // workspace) come from the forward when the caller kept them (d.keep_bits: no draw in
     // the backward), else the dK/dV kernel draws them and hands them to the dQ kernel.
     void* saved = keep_bits_of(fa, op);

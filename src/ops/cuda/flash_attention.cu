@@ -24,11 +24,11 @@
 // tile). K/V (forward, dQ) or Q/dO (dK/dV) tiles are double-buffered with cp.async.
 // Backward is deterministic: one kernel owns dK, dV of a key tile and sums over the
 // group's query heads and the query tiles in a fixed order; another owns dQ. With dropout
-// the keep bits (one bit per score, B NH S^2 / 8 bytes, FaMaskBuf) are drawn once per
-// layer when the caller keeps a buffer from forward to backward (the model's layers do):
-// the forward writes them, both backward kernels read them. Without one the dK/dV kernel
-// draws the mask again and writes its bits for the dQ kernel (docs/cuda-backend.md says
-// why not FlashAttention-2's atomic dQ).
+// the keep bits (a bit per causal score, about B NH S^2 / 16 bytes, FaMaskBuf) are drawn
+// once per layer when the caller keeps a buffer from forward to backward (the model's
+// layers do): the forward writes them, both backward kernels read them. Without one the
+// dK/dV kernel draws the mask again and writes its bits for the dQ kernel
+// (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
