@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dkv_kernel(BlkParams P) {
     uint32_t keep = 0;
     if constexpr (DROP) {
       uint32_t drawn;  // the blocks' own bits: the block dQ kernel draws its mask again
-      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane, drawn);
+      keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, drawn);
     }
     if (it + 1 < iters) {
       issue(it + 1, buf ^ 1);

@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
         keep = load_mask_rows_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq);
       } else {
         uint32_t drawn;
-        keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, lane, drawn);
+        keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, drawn);
         if (P.mask) store_mask(P.mask, P.S, bh, q0 + 8 * gr + 2 * tq, k0 + warp * 16, drawn);
       }
     }

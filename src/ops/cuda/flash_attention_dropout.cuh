@@ -153,8 +153,7 @@ __device__ __forceinline__ uint32_t rows_k_from_blocks(uint32_t blocks, int gr, 
 // kernel: FaMaskBuf), or element by element (the rest; drawn stays 0).
 __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b, int64_t h,
                                                      int64_t kw, int64_t q0, int gr, int tq,
-                                                     int lane, uint32_t& drawn) {
-  (void)lane;
+                                                     uint32_t& drawn) {
   uint32_t mine = 0;
   drawn = 0;
   if (D.aligned) {
