@@ -153,6 +153,34 @@ TEST(KeepMlpActivations, MoeLayersTrainBitwiseAsRecomputing) {
       }
 }
 
+// Shared experts (model/moe/shared_experts.h) follow the same policy: a layer that does not
+// keep its MLP activations recomputes the shared expert's activation from its fc1 output in
+// backward. The same bits, with and without the shared expert's gate, and per kept layer
+// one [T, Is] more.
+TEST(KeepMlpActivations, SharedExpertsTrainBitwiseAsRecomputing) {
+  const int L = 3;
+  for (bool llama : {false, true})
+    for (bool gate : {false, true}) {
+      TransformerConfig c = model::test::tiny(llama, L, 0.1);
+      c.dtype = DType::F64, c.add_bias_linear = false;
+      c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+      c.moe.shared_ffn_hidden_size = 10, c.moe.shared_expert_gate = gate;
+      const Training ref = train(c);
+      for (int64_t keep : {1, 3}) {
+        SCOPED_TRACE(fmt::format("{} gate {}, keep {}", llama ? "llama" : "gpt", gate, keep));
+        c.keep_mlp_activations = keep;
+        const Training t = train(c);
+        expect_same_training(t, ref);
+        const int64_t T = 2 * c.seq_length, N = T * c.moe.topk;  // B = 2
+        const int64_t per_layer =
+            (N * (c.hidden_size + c.moe.ffn_hidden_size) + T * c.moe.shared_ffn_hidden_size) *
+            int64_t(dtype_size(c.dtype));
+        EXPECT_EQ(t.saved, ref.saved + keep * per_layer);
+        EXPECT_EQ(t.scratch, ref.scratch);
+      }
+    }
+}
+
 TEST(KeepMlpActivations, WhichLayersKeep) {
   TransformerConfig c = model::test::tiny(false, 4, 0.0);
   auto keeps = [&](int n) { return model::keeps_mlp_activation(c, n); };

@@ -153,7 +153,7 @@ void MoeLayer::saved_specs(const Dims& d, bool keep_activation, MlpSaved& sb,
   v(s.xe, {Ne, d.H}, d.dt, epp);
   v(s.pe, {Ne}, d.sdt, epp);
   GroupedExperts::saved_specs(*cfg_, Ne, d.dt, keep_activation, s.experts, v);
-  if (shared_) shared_->saved_specs(d, s.shared, v);
+  if (shared_) shared_->saved_specs(d, keep_activation, s.shared, v);
 }
 
 MoeLayer::Scratch& MoeLayer::scratch(Workspace& ws) const {
@@ -259,7 +259,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     allgather_forward(*xf, sp.t0, sp.tokens, yn, s, cx);
     if (!sp.complete) ep::combine(yn, y, sp.group, st);
     if (shared_) {
-      shared_->forward(x, s.shared, w_->sh_y, ws, cx);
+      shared_->forward(x, s.shared, w_->sh_y, w_->shared, ws, cx);
       ops::add(y, w_->sh_y, y, st);
     }
     if (residual) ops::add(y, *residual, y, st);
@@ -311,7 +311,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   if (!group && cx.tp_comm && cfg_->moe_etp() > 1) parallel::reduce_from_tp(yn, *cx.tp_comm, st);
   if (!sp.complete) ep::combine(yn, y, sp.group, st);
   if (shared_) {
-    shared_->forward(x, s.shared, w_->sh_y, ws, cx);
+    shared_->forward(x, s.shared, w_->sh_y, w_->shared, ws, cx);
     ops::add(y, w_->sh_y, y, st);
   }
   if (residual) ops::add(y, *residual, y, st);

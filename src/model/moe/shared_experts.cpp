@@ -29,11 +29,13 @@ SharedExperts::SharedExperts(const TransformerConfig& c, int layer, const ParamS
       fc2_(store, layer_param_name(layer, "mlp.shared_experts.linear_fc2.weight"), ""),
       gate_(ParamStore::view(store, layer_param_name(layer, "mlp.shared_experts.gate_weight"))) {}
 
-void SharedExperts::saved_specs(const Dims& d, Saved& s, const TensorVisitor& v) const {
+void SharedExperts::saved_specs(const Dims& d, bool keep_activation, Saved& s,
+                                const TensorVisitor& v) const {
   const bool gate = cfg_->moe.shared_expert_gate;
   ColumnParallelLinear::saved_specs(d, d.H, s.fc1_in, v);
   v(s.fc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, true);
-  v(s.act, {d.T, Is_local_}, d.dt, true);
+  // (FP8: fc2's cast of its input is made in the forward; the activation stays kept.)
+  v(s.act, {d.T, Is_local_}, d.dt, keep_activation || cfg_->fp8.enabled());
   v(s.y0, {d.Tl, d.H}, d.dt, gate);
   v(s.gate, {d.Tl}, d.sdt, gate);
   v(s.z, {d.Tl, 1}, d.dt, gate);
@@ -49,21 +51,23 @@ void SharedExperts::scratch_specs(const Dims& d, Scratch& w, Workspace& ws,
   v(w.dy0, {d.Tl, d.H}, d.dt, gate);
   v(w.dz, {d.Tl, 1}, d.dt, gate);
   v(w.dgate, {d.Tl}, d.sdt, gate);
+  v(w.act, {d.T, Is_local_}, d.dt, !cfg_->fp8.enabled());
 }
 
-void SharedExperts::forward(const Tensor& x, Saved& s, Tensor& y, Workspace& ws,
+void SharedExperts::forward(const Tensor& x, Saved& s, Tensor& y, Scratch& w, Workspace& ws,
                             const StepContext& cx) const {
   Stream& st = cx.stream();
+  Tensor& act = s.act.defined() ? s.act : w.act;
   fc1_.forward(x, s.fc1_in, s.fc1, ws, cx);
   if (cfg_->swiglu)
-    ops::swiglu_forward(s.fc1, s.act, st);
+    ops::swiglu_forward(s.fc1, act, st);
   else
-    ops::gelu_forward(s.fc1, s.act, st);
+    ops::gelu_forward(s.fc1, act, st);
   if (!cfg_->moe.shared_expert_gate) {
-    fc2_.forward(s.act, y, ws, cx);
+    fc2_.forward(act, y, ws, cx);
     return;
   }
-  fc2_.forward(s.act, s.y0, ws, cx);
+  fc2_.forward(act, s.y0, ws, cx);
   ops::linear_forward(x, gate_.w, Tensor(), s.z, st);
   std::vector<double> z = to_host(s.z, st);
   for (double& v : z) v = 1.0 / (1.0 + std::exp(-v));
@@ -83,11 +87,25 @@ void SharedExperts::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor
     ops::moe_scale_rows(dy, s.gate, w.dy0, st);
     d0 = &w.dy0;
   }
-  fc2_.backward(*d0, s.act, w.dact, ws, cx);
-  if (cfg_->swiglu)
-    ops::swiglu_backward(w.dact, s.fc1, w.dfc1, st);
-  else
+  if (s.act.defined()) {
+    fc2_.backward(*d0, s.act, w.dact, ws, cx);
+    if (cfg_->swiglu)
+      ops::swiglu_backward(w.dact, s.fc1, w.dfc1, st);
+    else
+      ops::gelu_backward(w.dact, s.fc1, w.dfc1, st);
+  } else if (cfg_->swiglu) {
+    // fc2's input gradient (which does not read the activation), then the SwiGLU gradient
+    // and the activation from one read of fc1's output, then fc2's weight gradient: the
+    // same GEMMs as one backward (DenseMlp's order).
+    const Tensor& g = fc2_.grad_output(*d0, ws, cx);
+    fc2_.backward_data(g, w.act, w.dact, cx);
+    ops::swiglu_backward_recompute(w.dact, s.fc1, w.dfc1, w.act, st);
+    fc2_.backward_weights(g, w.act, cx);
+  } else {
+    ops::gelu_forward(s.fc1, w.act, st);
+    fc2_.backward(*d0, w.act, w.dact, ws, cx);
     ops::gelu_backward(w.dact, s.fc1, w.dfc1, st);
+  }
   fc1_.backward(w.dfc1, x, s.fc1_in, dx, ws, cx);
   if (cfg_->moe.shared_expert_gate) {
     Tensor none;

@@ -6,6 +6,13 @@
 //   backward: the dense MLP's; with the gate  dz = rowsum(dy * y0) * s (1 - s),
 //             dg += dz^T x, dx += dz g,  dy0 = dy * s
 //
+// Keep-or-recompute, as the dense MLP (mlp.h, --keep-mlp-activations): the activation
+// act(fc1) is kept for fc2's weight gradient only in a layer that keeps its MLP
+// activations (and under FP8); otherwise the forward writes it to scratch and the
+// backward recomputes it from the kept fc1 output in the pass that takes the activation's
+// gradient (swiglu_backward_recompute; GELU: one gelu_forward). The same element
+// functions and GEMMs either way, so the same bits; [T, Is/TP] fewer kept a layer.
+//
 // Parameters: mlp.shared_experts.linear_fc1.weight [(2)Is, H] (column), linear_fc2.weight
 // [H, Is] (row), gate_weight [1, H] (duplicated over TP; a partial sum under SP).
 #pragma once
@@ -24,7 +31,7 @@ class SharedExperts {
   struct Saved {
     ColumnParallelLinear::Saved fc1_in;
     Tensor fc1;   // [T, (2)Is/TP]
-    Tensor act;   // [T, Is/TP]
+    Tensor act;   // [T, Is/TP] kept activation, or undefined: recomputed (Scratch::act)
     Tensor y0;    // [Tl, H] output before the gate (gate only)
     Tensor gate;  // [Tl] sigmoid(x g^T), statistics dtype (gate only)
     Tensor z;     // [Tl, 1] gate logits (gate only)
@@ -32,12 +39,16 @@ class SharedExperts {
   struct Scratch {
     Tensor dact, dfc1, dy0, dz;  // [T,Is/TP], [T,(2)Is/TP], [Tl,H], [Tl,1]
     Tensor dgate;                // [Tl] statistics dtype
+    Tensor act;                  // [T,Is/TP] the activation when the layer does not keep it
   };
-  void saved_specs(const Dims& d, Saved& s, const TensorVisitor& v) const;
+  // keep_activation: the layer keeps its MLP activations (--keep-mlp-activations).
+  void saved_specs(const Dims& d, bool keep_activation, Saved& s, const TensorVisitor& v) const;
   void scratch_specs(const Dims& d, Scratch& w, Workspace& ws, const TensorVisitor& v) const;
 
   // y [Tl,H] (=).
-  void forward(const Tensor& x, Saved& s, Tensor& y, Workspace& ws, const StepContext& cx) const;
+  // w: the scratch (its act holds the activation when s.act is undefined).
+  void forward(const Tensor& x, Saved& s, Tensor& y, Scratch& w, Workspace& ws,
+               const StepContext& cx) const;
   // dx [Tl,H] (=); parameter gradients +=.
   void backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Scratch& w, Workspace& ws,
                 const StepContext& cx);
