@@ -26,8 +26,9 @@ namespace {
 
 // --recompute-modules under selective recomputation: Megatron's names and default
 // (core_attn); the ones megatron.cpp implements are core_attn (the attention core's output
-// and lse are recomputed in backward) and layernorm (the outputs of input_layernorm and
-// pre_mlp_layernorm are recomputed from the kept residual stream).
+// and lse are recomputed in backward), layernorm (the outputs of input_layernorm and
+// pre_mlp_layernorm are recomputed from the kept residual stream) and shared_experts (the
+// MoE shared experts' fc1 output and activation are recomputed from their input).
 void validate_recompute_modules(Args& a) {
   if (a.recompute_modules.empty()) a.recompute_modules = {"core_attn"};
   static const std::set<std::string> megatron = {
@@ -38,11 +39,21 @@ void validate_recompute_modules(Args& a) {
                     "choose from core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
                     "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc",
                     "--recompute-modules: '{}' is not a module Megatron can recompute", m);
-    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm",
-                    "use core_attn and/or layernorm, or --recompute-granularity full",
+    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm" || m == "shared_experts",
+                    "use core_attn, layernorm and/or shared_experts, or "
+                    "--recompute-granularity full",
                     "--recompute-modules {} is not implemented yet by megatron.cpp (it "
-                    "recomputes core_attn and layernorm)",
+                    "recomputes core_attn, layernorm and shared_experts)",
                     m);
+    MCPP_CHECK_HINT(m != "shared_experts" || (a.num_experts.value_or(0) > 0 &&
+                                              a.moe_shared_expert_intermediate_size.value_or(0) > 0),
+                    "drop shared_experts from --recompute-modules, or give the MoE layers shared "
+                    "experts (--num-experts with --moe-shared-expert-intermediate-size)",
+                    "--recompute-modules shared_experts: this model has no shared experts");
+    MCPP_CHECK_HINT(m != "shared_experts" || !a.fp8,
+                    "drop shared_experts from --recompute-modules, or train without --fp8-format",
+                    "--recompute-modules shared_experts with --fp8-format is not implemented by "
+                    "megatron.cpp (a recomputed FP8 GEMM would update its scaling state twice)");
     MCPP_CHECK_HINT(m != "layernorm" || !a.fp8,
                     "drop layernorm from --recompute-modules, or train without --fp8-format",
                     "--recompute-modules layernorm with --fp8-format is not implemented by "

@@ -235,3 +235,32 @@ TEST(RecomputeModules, NormsTrainBitwiseAsKeepingThem) {
             EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
           }
 }
+
+// --recompute-modules shared_experts: the MoE layers' shared experts keep neither their fc1
+// output nor their activation; backward runs their fc1 again from the layer's input. The
+// same GEMMs on the same inputs, so training is bit for bit that of keeping them (gated and
+// not, with and without --keep-mlp-activations), with one [T, (2)Is] fewer kept a layer
+// (and the kept activations of the layers that keep them), one [T, (2)Is] more of scratch.
+TEST(RecomputeModules, SharedExpertsTrainBitwiseAsKeepingThem) {
+  const int L = 3;
+  for (bool llama : {false, true})
+    for (bool gate : {false, true})
+      for (int64_t keep : {0, 2}) {
+        SCOPED_TRACE(fmt::format("{} gate {} keep {}", llama ? "llama" : "gpt", gate, keep));
+        TransformerConfig c = model::test::tiny(llama, L, 0.1);
+        c.dtype = DType::F64, c.add_bias_linear = false, c.keep_mlp_activations = keep;
+        c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+        c.moe.shared_ffn_hidden_size = 10, c.moe.shared_expert_gate = gate;
+        c.recompute = RC::Selective, c.recompute_core_attn = false;
+        const Training ref = train(c);
+        c.recompute_shared_experts = true;
+        const Training t = train(c);
+        expect_same_training(t, ref);
+        const int64_t T = 2 * c.seq_length, Is = c.moe.shared_ffn_hidden_size;
+        const int64_t fc1 = T * (c.swiglu ? 2 : 1) * Is * 8, act = T * Is * 8;  // f64
+        EXPECT_EQ(t.saved, ref.saved - L * fc1 - std::min<int64_t>(keep, L) * act);
+        EXPECT_EQ(t.scratch, ref.scratch + fc1);
+        GPTModel probe(c);
+        EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
+      }
+}

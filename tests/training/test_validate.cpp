@@ -416,6 +416,18 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
                  {"applies to --recompute-granularity selective"}, 2);
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mlp"}),
                  {"--recompute-modules mlp is not implemented yet"}, 2);
+  // shared_experts: the MoE layers' shared experts (and only where there are some).
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "shared_experts"}),
+                 {"--recompute-modules shared_experts: this model has no shared experts"}, 2);
+  const std::initializer_list<std::string> shared = {
+      "--recompute-activations", "--recompute-modules", "core_attn", "shared_experts",
+      "--num-experts", "4", "--moe-shared-expert-intermediate-size", "64",
+      "--disable-bias-linear"};
+  a = parse_and_validate(pp(shared), 2);
+  cfg = model_config(a, Device::CPU, DType::F32);
+  EXPECT_TRUE(cfg.recompute_shared_experts && cfg.recompute_core_attn && !cfg.recompute_norms);
+  expect_invalid(with(pp(shared), {"--fp8-format", "hybrid", "--bf16"}),
+                 {"--recompute-modules shared_experts with --fp8-format"}, 2);
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "norms"}),
                  {"'norms' is not a module Megatron can recompute"}, 2);
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "layernorm",

@@ -27,15 +27,17 @@ SharedExperts::SharedExperts(const TransformerConfig& c, int layer, const ParamS
       Is_local_(c.moe.shared_ffn_hidden_size / c.tp_size),
       fc1_(store, layer_param_name(layer, "mlp.shared_experts.linear_fc1.weight"), ""),
       fc2_(store, layer_param_name(layer, "mlp.shared_experts.linear_fc2.weight"), ""),
-      gate_(ParamStore::view(store, layer_param_name(layer, "mlp.shared_experts.gate_weight"))) {}
+      gate_(ParamStore::view(store, layer_param_name(layer, "mlp.shared_experts.gate_weight"))),
+      recompute_(c.recompute == TransformerConfig::Recompute::Selective &&
+                 c.recompute_shared_experts) {}
 
 void SharedExperts::saved_specs(const Dims& d, bool keep_activation, Saved& s,
                                 const TensorVisitor& v) const {
   const bool gate = cfg_->moe.shared_expert_gate;
   ColumnParallelLinear::saved_specs(d, d.H, s.fc1_in, v);
-  v(s.fc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, true);
+  v(s.fc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, !recompute_);
   // (FP8: fc2's cast of its input is made in the forward; the activation stays kept.)
-  v(s.act, {d.T, Is_local_}, d.dt, keep_activation || cfg_->fp8.enabled());
+  v(s.act, {d.T, Is_local_}, d.dt, !recompute_ && (keep_activation || cfg_->fp8.enabled()));
   v(s.y0, {d.Tl, d.H}, d.dt, gate);
   v(s.gate, {d.Tl}, d.sdt, gate);
   v(s.z, {d.Tl, 1}, d.dt, gate);
@@ -52,17 +54,19 @@ void SharedExperts::scratch_specs(const Dims& d, Scratch& w, Workspace& ws,
   v(w.dz, {d.Tl, 1}, d.dt, gate);
   v(w.dgate, {d.Tl}, d.sdt, gate);
   v(w.act, {d.T, Is_local_}, d.dt, !cfg_->fp8.enabled());
+  v(w.fc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, recompute_);
 }
 
 void SharedExperts::forward(const Tensor& x, Saved& s, Tensor& y, Scratch& w, Workspace& ws,
                             const StepContext& cx) const {
   Stream& st = cx.stream();
   Tensor& act = s.act.defined() ? s.act : w.act;
-  fc1_.forward(x, s.fc1_in, s.fc1, ws, cx);
+  Tensor& fc1 = s.fc1.defined() ? s.fc1 : w.fc1;
+  fc1_.forward(x, s.fc1_in, fc1, ws, cx);
   if (cfg_->swiglu)
-    ops::swiglu_forward(s.fc1, act, st);
+    ops::swiglu_forward(fc1, act, st);
   else
-    ops::gelu_forward(s.fc1, act, st);
+    ops::gelu_forward(fc1, act, st);
   if (!cfg_->moe.shared_expert_gate) {
     fc2_.forward(act, y, ws, cx);
     return;
@@ -78,6 +82,8 @@ void SharedExperts::forward(const Tensor& x, Saved& s, Tensor& y, Scratch& w, Wo
 void SharedExperts::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Scratch& w,
                              Workspace& ws, const StepContext& cx) {
   Stream& st = cx.stream();
+  if (!s.fc1.defined()) fc1_.forward(x, s.fc1_in, w.fc1, ws, cx);  // shared_experts recompute
+  const Tensor& fc1 = s.fc1.defined() ? s.fc1 : w.fc1;
   const Tensor* d0 = &dy;
   if (cfg_->moe.shared_expert_gate) {
     ops::moe_row_dot(dy, s.y0, w.dgate, st);
@@ -90,21 +96,21 @@ void SharedExperts::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor
   if (s.act.defined()) {
     fc2_.backward(*d0, s.act, w.dact, ws, cx);
     if (cfg_->swiglu)
-      ops::swiglu_backward(w.dact, s.fc1, w.dfc1, st);
+      ops::swiglu_backward(w.dact, fc1, w.dfc1, st);
     else
-      ops::gelu_backward(w.dact, s.fc1, w.dfc1, st);
+      ops::gelu_backward(w.dact, fc1, w.dfc1, st);
   } else if (cfg_->swiglu) {
     // fc2's input gradient (which does not read the activation), then the SwiGLU gradient
     // and the activation from one read of fc1's output, then fc2's weight gradient: the
     // same GEMMs as one backward (DenseMlp's order).
     const Tensor& g = fc2_.grad_output(*d0, ws, cx);
     fc2_.backward_data(g, w.act, w.dact, cx);
-    ops::swiglu_backward_recompute(w.dact, s.fc1, w.dfc1, w.act, st);
+    ops::swiglu_backward_recompute(w.dact, fc1, w.dfc1, w.act, st);
     fc2_.backward_weights(g, w.act, cx);
   } else {
-    ops::gelu_forward(s.fc1, w.act, st);
+    ops::gelu_forward(fc1, w.act, st);
     fc2_.backward(*d0, w.act, w.dact, ws, cx);
-    ops::gelu_backward(w.dact, s.fc1, w.dfc1, st);
+    ops::gelu_backward(w.dact, fc1, w.dfc1, st);
   }
   fc1_.backward(w.dfc1, x, s.fc1_in, dx, ws, cx);
   if (cfg_->moe.shared_expert_gate) {

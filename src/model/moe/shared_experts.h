@@ -12,6 +12,10 @@
 // backward recomputes it from the kept fc1 output in the pass that takes the activation's
 // gradient (swiglu_backward_recompute; GELU: one gelu_forward). The same element
 // functions and GEMMs either way, so the same bits; [T, Is/TP] fewer kept a layer.
+// --recompute-modules shared_experts (selective recomputation) keeps neither fc1's output
+// nor the activation: the backward runs fc1 again from the layer's input (the same GEMM,
+// so the same bits; under SP it gathers the input again); the gate's output, value and
+// logits stay kept.
 //
 // Parameters: mlp.shared_experts.linear_fc1.weight [(2)Is, H] (column), linear_fc2.weight
 // [H, Is] (row), gate_weight [1, H] (duplicated over TP; a partial sum under SP).
@@ -30,7 +34,7 @@ class SharedExperts {
 
   struct Saved {
     ColumnParallelLinear::Saved fc1_in;
-    Tensor fc1;   // [T, (2)Is/TP]
+    Tensor fc1;   // [T, (2)Is/TP], or undefined: recomputed (Scratch::fc1)
     Tensor act;   // [T, Is/TP] kept activation, or undefined: recomputed (Scratch::act)
     Tensor y0;    // [Tl, H] output before the gate (gate only)
     Tensor gate;  // [Tl] sigmoid(x g^T), statistics dtype (gate only)
@@ -40,6 +44,7 @@ class SharedExperts {
     Tensor dact, dfc1, dy0, dz;  // [T,Is/TP], [T,(2)Is/TP], [Tl,H], [Tl,1]
     Tensor dgate;                // [Tl] statistics dtype
     Tensor act;                  // [T,Is/TP] the activation when the layer does not keep it
+    Tensor fc1;                  // [T,(2)Is/TP] fc1's output under shared_experts recompute
   };
   // keep_activation: the layer keeps its MLP activations (--keep-mlp-activations).
   void saved_specs(const Dims& d, bool keep_activation, Saved& s, const TensorVisitor& v) const;
@@ -59,6 +64,7 @@ class SharedExperts {
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
   ParamView gate_;
+  bool recompute_ = false;  // --recompute-modules shared_experts
 };
 
 }  // namespace mcpp::model::moe
