@@ -22,8 +22,12 @@
 // --keep N sets the MoE models' --keep-mlp-activations (rows "... (keep N)"): the first N
 // layers keep the experts' permuted input and fc2 input for backward instead of gathering
 // and recomputing them there (model/moe/experts.h; the default keeps none).
+// --recompute-modules a,b,... runs the MoE models under selective recomputation of those
+// modules (core_attn, layernorm, shared_experts: docs/flags.md; rows "... (recompute a,b)"),
+// to set memory against speed.
 // Usage: bench_gpu_moe [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB] [--fp8 RECIPE]
-//                      [--keep N] [--torch torch_moe.json] [--profile] [--json-out ours.json]
+//                      [--keep N] [--recompute-modules LIST] [--torch torch_moe.json]
+//                      [--profile] [--json-out ours.json]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -204,7 +208,7 @@ int main(int argc, char** argv) {
   // eight, the timed Mixtral-style steps still carried some of that tuning (478 against 436
   // ms a step on an H200), with two most of it (736 against 467).
   int steps = 5, warmup = 20;
-  std::string only, torch_file, json_out, fp8;
+  std::string only, torch_file, json_out, fp8, recompute;
   bool profile = false, gemm_cmp = false;
   int64_t keep = -1;
   std::map<std::string, int64_t> mb_override;
@@ -217,6 +221,7 @@ int main(int argc, char** argv) {
     else if (a == "--json-out" && i + 1 < argc) json_out = argv[++i];
     else if (a == "--fp8" && i + 1 < argc) fp8 = argv[++i];
     else if (a == "--keep" && i + 1 < argc) keep = std::atoll(argv[++i]);
+    else if (a == "--recompute-modules" && i + 1 < argc) recompute = argv[++i];
     else if (a == "--profile") profile = true;
     else if (a == "--gemm-compare") gemm_cmp = true;
     else if (a == "--mb" && i + 1 < argc) {
@@ -236,6 +241,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu_moe: --fp8 wants delayed, tensorwise or blockwise, got '%s'\n",
                  fp8.c_str());
     return 2;
+  }
+  for (size_t a = 0; a < recompute.size();) {
+    size_t e = recompute.find(',', a);
+    if (e == std::string::npos) e = recompute.size();
+    const std::string m = recompute.substr(a, e - a);
+    if (m != "core_attn" && m != "layernorm" && m != "shared_experts") {
+      std::fprintf(stderr, "bench_gpu_moe: --recompute-modules: '%s' is not one of core_attn, "
+                   "layernorm, shared_experts\n", m.c_str());
+      return 2;
+    }
+    a = e + 1;
   }
   gpu::init_device();
   Stream& st = gpu::default_stream();
@@ -263,6 +279,16 @@ int main(int argc, char** argv) {
     if (keep >= 0 && c.cfg.moe.num_experts > 0) {
       c.cfg.keep_mlp_activations = keep;
       c.name += fmt::format(" (keep {})", keep);
+    }
+    if (!recompute.empty() && c.cfg.moe.num_experts > 0) {
+      auto has = [&](const char* m) {
+        return ("," + recompute + ",").find(std::string(",") + m + ",") != std::string::npos;
+      };
+      c.cfg.recompute = model::TransformerConfig::Recompute::Selective;
+      c.cfg.recompute_core_attn = has("core_attn");
+      c.cfg.recompute_norms = has("layernorm");
+      c.cfg.recompute_shared_experts = has("shared_experts") && c.cfg.moe.shared_ffn_hidden_size > 0;
+      c.name += " (recompute " + recompute + ")";
     }
     if (!fp8.empty()) {
       using F = model::Fp8Config;
