@@ -253,6 +253,11 @@ int main(int argc, char** argv) {
     }
     a = e + 1;
   }
+  if (!fp8.empty() && recompute.find("shared_experts") != std::string::npos) {
+    std::fprintf(stderr, "bench_gpu_moe: --recompute-modules shared_experts with --fp8 is not "
+                 "implemented (as megatron train refuses it)\n");
+    return 2;
+  }
   gpu::init_device();
   Stream& st = gpu::default_stream();
   nlohmann::json torch = nlohmann::json::object();

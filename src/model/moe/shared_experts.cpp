@@ -37,7 +37,7 @@ void SharedExperts::saved_specs(const Dims& d, bool keep_activation, Saved& s,
   ColumnParallelLinear::saved_specs(d, d.H, s.fc1_in, v);
   v(s.fc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, !recompute_);
   // (FP8: fc2's cast of its input is made in the forward; the activation stays kept.)
-  v(s.act, {d.T, Is_local_}, d.dt, !recompute_ && (keep_activation || cfg_->fp8.enabled()));
+  v(s.act, {d.T, Is_local_}, d.dt, cfg_->fp8.enabled() || (!recompute_ && keep_activation));
   v(s.y0, {d.Tl, d.H}, d.dt, gate);
   v(s.gate, {d.Tl}, d.sdt, gate);
   v(s.z, {d.Tl, 1}, d.dt, gate);
