@@ -20,6 +20,7 @@
 
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/device.h"
+#include "ops/attention_backend.h"
 #include "ops/cuda/flash_attention.h"
 #include "ops/ops.h"
 
@@ -469,6 +470,37 @@ int main(int argc, char** argv) {
         gpu::flash_attention_backward(fa, dout.raw(), static_cast<float*>(lse.raw()),
                                       static_cast<float*>(delta.raw()), dqkv.raw(), cs);
       });
+      // With Megatron's default attention dropout (0.1) as the model's layers run it: the
+      // forward writes the keep bits, the backward reads them.
+      gpu::FlashArgs fd = fa;
+      fd.dropout_p = 0.1, fd.key = {1234, 7};
+      Tensor keep = Tensor::empty({(gpu::flash_attention_mask_bytes(fd) + 7) / 8}, DType::I64,
+                                  Device::CUDA);
+      flops("  own flash fwd, dropout 0.1", sh, fwd, [&] {
+        gpu::flash_attention_forward(fd, out.raw(), static_cast<float*>(lse.raw()), cs,
+                                     keep.raw());
+      });
+      flops("  own flash bwd, dropout 0.1", sh, 2.5 * fwd, [&] {
+        gpu::flash_attention_backward(fd, dout.raw(), static_cast<float*>(lse.raw()),
+                                      static_cast<float*>(delta.raw()), dqkv.raw(), cs,
+                                      keep.raw(), true);
+      });
+      // The same with dS handed from the dK/dV kernel to the dQ kernel (what the op runs
+      // when the buffer fits the workspace cap).
+      const int64_t chunk = gpu::flash_attention_ds_chunk(fa, ops::attention_bwd_workspace_cap_from_env());
+      if (chunk > 0) {
+        Tensor ds = Tensor::empty({ops::flash_ds_bytes(chunk, c.NH, c.S) / 2}, bf, Device::CUDA);
+        flops("  own flash bwd, dS hand-over", sh, 2.5 * fwd, [&] {
+          gpu::flash_attention_backward(fa, dout.raw(), static_cast<float*>(lse.raw()),
+                                        static_cast<float*>(delta.raw()), dqkv.raw(), cs,
+                                        nullptr, false, ds.raw(), chunk);
+        });
+        flops("  own flash bwd, dropout 0.1, dS hand-over", sh, 2.5 * fwd, [&] {
+          gpu::flash_attention_backward(fd, dout.raw(), static_cast<float*>(lse.raw()),
+                                        static_cast<float*>(delta.raw()), dqkv.raw(), cs,
+                                        keep.raw(), true, ds.raw(), chunk);
+        });
+      }
     }
     if (c.NG == 8) {
       double io = double(qkv.numel()) * 2 * 2;

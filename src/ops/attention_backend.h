@@ -21,6 +21,7 @@
 // "cuDNN not available" under `auto`, and conflict with an explicit `fused` / `flash`.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "tensor/tensor.h"
@@ -70,6 +71,21 @@ bool flash_attention_takes(DType dt, int64_t head_dim);
 inline int64_t flash_dropout_mask_bytes(int64_t B, int64_t NH, int64_t S) {
   const int64_t nt = (S + 63) / 64;
   return B * NH * 256 * nt * (nt + 1);
+}
+
+// The own flash backward's dS hand-over: its dK/dV kernel writes dS (2 bytes a causal score,
+// whole 64 x 64 tiles: B * NH * 4096 * nt * (nt + 1) bytes, about B NH S^2) and its dQ
+// kernel computes dQ = dS K from it instead of recomputing the scores, in chunks of
+// sequences whose dS fits MCPP_ATTENTION_BWD_WORKSPACE_MB (ops/types.h), as cuDNN's dP
+// workspace; where one sequence alone does not fit (or MCPP_FLASH_DQ_FROM_DS=0), the dQ
+// kernel recomputes dS and no buffer is held.
+inline int64_t flash_ds_bytes(int64_t B, int64_t NH, int64_t S) {
+  const int64_t nt = (S + 63) / 64;
+  return B * NH * 4096 * nt * (nt + 1);
+}
+inline bool flash_attention_ds_enabled() {
+  const char* e = std::getenv("MCPP_FLASH_DQ_FROM_DS");
+  return !(e && std::string(e) == "0");
 }
 
 // Throws mcpp::Error (naming --attention-backend, with a HINT) when q.request cannot be

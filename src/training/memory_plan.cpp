@@ -225,20 +225,24 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   q.request = ops::parse_attention_request(a.attention_backend);
   const ops::AttentionBackend backend = ops::choose_attention_backend(q).backend;
   const int64_t tp = a.tensor_model_parallel_size;
-  // The own flash kernel with dropout hands the backward's mask from the dK/dV kernel to the
-  // dQ kernel in a buffer of one bit per score (on its aligned path: S a multiple of 8); the
-  // CP ring's block kernels draw it in each kernel instead, a2a's whole-sequence attention
-  // keeps one for its heads / CP.
-  if (backend == ops::AttentionBackend::Flash && cfg.attention_dropout > 0 &&
-      a.seq_length % 8 == 0) {
-    // Where the layers keep the forward's bits (counted with their saved activations), the
-    // backward holds no buffer of its own.
-    if (model::CoreAttention::saves_dropout_mask(cfg, a.seq_length)) return 0;
+  // The own flash kernel's backward hands dS from its dK/dV kernel to its dQ kernel
+  // (ops::flash_ds_bytes, in sequence chunks under the cap); where one sequence's dS is over
+  // the cap, with dropout it hands over the mask instead, a bit per score (on its aligned
+  // path: S a multiple of 8), unless the layers keep the forward's bits (counted with their
+  // saved activations). The CP ring's block kernels hold neither; a2a's whole-sequence
+  // attention runs this backward on heads / CP.
+  if (backend == ops::AttentionBackend::Flash) {
     const bool a2a = cp > 1 && std::find(a.cp_comm_type.begin(), a.cp_comm_type.end(),
                                          "a2a") != a.cp_comm_type.end();
     if (cp > 1 && !a2a) return 0;
-    return ops::flash_dropout_mask_bytes(a.micro_batch_size,
-                                         cfg.num_attention_heads / tp / cp, a.seq_length);
+    const int64_t heads = cfg.num_attention_heads / tp / cp;
+    const int64_t per_seq = ops::flash_ds_bytes(1, heads, a.seq_length);
+    if (ops::flash_attention_ds_enabled() && per_seq <= cap)
+      return ops::attention_bwd_chunk(a.micro_batch_size, per_seq, cap) * per_seq;
+    if (cfg.attention_dropout > 0 && a.seq_length % 8 == 0 &&
+        !model::CoreAttention::saves_dropout_mask(cfg, a.seq_length))
+      return ops::flash_dropout_mask_bytes(a.micro_batch_size, heads, a.seq_length);
+    return 0;
   }
   if (backend != ops::AttentionBackend::Cudnn) return 0;
   const int64_t nh = cfg.num_attention_heads / tp, ng = cfg.num_query_groups / tp;

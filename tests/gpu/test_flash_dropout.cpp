@@ -13,6 +13,8 @@
 // heads (h_offset) and a DP split of the batch (b_offset) must draw the full run's masks. Values: random inputs, GQA, S not a multiple of 64, head
 // dims 64 and 128, bf16 and f16, forward and backward against the CPU op (f32 on the
 // same rounded inputs); ops::attention_* with dropout must give the flash kernel's bits.
+// The backward's dQ from the dS tiles the dK/dV kernel hands over (the default) and from
+// the dQ kernel's own recomputation: both against the CPU op, the masks of both.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -79,7 +81,10 @@ enum class MaskFrom { Handoff, Draw, Forward };
 
 // Runs the flash kernel directly (so no other kernel can stand in) on the structured
 // input and reads the three masks back.
-Masks flash_masks(const ops::AttentionDims& d, DType dt, MaskFrom from = MaskFrom::Handoff) {
+// ds: the backward hands dS from the dK/dV kernel to the dQ kernel (a buffer of garbage
+// first, one sequence a chunk), so the dQ kernel's mask is the one the dK/dV kernel applied.
+Masks flash_masks(const ops::AttentionDims& d, DType dt, MaskFrom from = MaskFrom::Handoff,
+                  bool ds = false) {
   const int64_t S = d.S, B = d.B, NH = d.NH, HD = d.HD, G = d.NH / d.NG, W = d.qkv_width();
   const double scale = 1.0 / std::sqrt(double(HD)), z = AttnDropoutMask::keep_scale(kP);
   Tensor gqkv = to_gpu(structured_qkv(d), dt);
@@ -129,9 +134,15 @@ Masks flash_masks(const ops::AttentionDims& d, DType dt, MaskFrom from = MaskFro
     Tensor gdout = to_gpu(dout_c, dt), gdelta = to_gpu(delta, DType::F32);
     Tensor gdqkv = gpu_nan(gqkv.shape(), dt);
     const Tensor ws = from == MaskFrom::Handoff ? garbage_buffer() : saved;
+    Tensor dsbuf;
+    if (ds) {
+      dsbuf = Tensor::empty({ops::flash_ds_bytes(1, NH, S) / 2}, dt, Device::CUDA);
+      CUDA_CHECK(cudaMemsetAsync(dsbuf.raw(), 0xFF, size_t(dsbuf.numel()) * 2, cs()));
+    }
     gpu::flash_attention_backward(fa, gdout.raw(), static_cast<const float*>(glse.raw()),
                                   static_cast<const float*>(gdelta.raw()), gdqkv.raw(), cs(),
-                                  ws.defined() ? ws.raw() : nullptr, from == MaskFrom::Forward);
+                                  ws.defined() ? ws.raw() : nullptr, from == MaskFrom::Forward,
+                                  ds ? dsbuf.raw() : nullptr, ds ? 1 : 0);
     return std::make_pair(to_cpu(gdqkv), delta);
   };
   // dO[q, h, :] = e_q: dV[k, q] = sum over the group's heads of Pd[q, k] (one head a group).
@@ -213,6 +224,12 @@ TEST_P(GpuFlashDropout, MasksAreThePhiloxMaskOfTheCpuOp) {
     EXPECT_EQ(mismatches(saved.fwd, want), 0) << "forward mask (writing its bits)";
     EXPECT_EQ(mismatches(saved.dkv, want), 0) << "dK/dV kernel mask (the forward's bits)";
     EXPECT_EQ(mismatches(saved.dq, want), 0) << "dQ kernel mask (the forward's bits)";
+    for (MaskFrom from : {MaskFrom::Draw, MaskFrom::Forward}) {
+      const Masks viads = flash_masks(d, dt(), from, true);
+      const char* how = from == MaskFrom::Draw ? "drawn" : "the forward's bits";
+      EXPECT_EQ(mismatches(viads.dkv, want), 0) << "dK/dV kernel mask writing dS, " << how;
+      EXPECT_EQ(mismatches(viads.dq, want), 0) << "dQ from the dS tiles, " << how;
+    }
   }
   // The CPU op's own mask, read the same way from its forward.
   const ops::AttentionDims d = dims(64, 2, 3, 64);
@@ -331,6 +348,85 @@ TEST_P(GpuFlashDropout, ValuesMatchTheCpuOp) {
     cpu::attention_forward(qkv, d, scale, 0.0, kKey, nout, nlse, CS());
     EXPECT_GT(rel_err(to_cpu(gout), nout), 10 * tol(dt()));
   }
+}
+
+// The backward's two dQ paths (the dQ kernel recomputing dS, or reading the dS tiles the
+// dK/dV kernel wrote, in one chunk or a sequence at a time), with and without dropout,
+// against the CPU op: dK and dV the same bits on every path (the same kernel), dQ within
+// tolerance of the CPU op on each, and the chunked dS path the bits of the unchunked one.
+// The dS buffer holds garbage first (every tile the dQ kernel reads must be written).
+TEST_P(GpuFlashDropout, BackwardDqPathsMatchTheCpuOp) {
+  struct C {
+    int64_t S, B, NH, NG, HD;
+  };
+  for (double p : {0.0, 0.1})
+    for (C c : {C{200, 3, 4, 2, 64}, C{130, 2, 6, 6, 64}, C{192, 2, 4, 1, 128}, C{77, 2, 2, 2, 128}}) {
+      ops::AttentionDims d;
+      d.S = c.S, d.B = c.B, d.NH = c.NH, d.NG = c.NG, d.HD = c.HD;
+      const double scale = 1.0 / std::sqrt(double(c.HD));
+      SCOPED_TRACE(::testing::Message() << "p=" << p << " S=" << c.S << " B=" << c.B << " NH="
+                                        << c.NH << " NG=" << c.NG << " HD=" << c.HD << " "
+                                        << dtype_name(dt()));
+      Tensor qkv = rand_in({c.S, c.B, d.qkv_width()}, 700 + c.S, dt(), -2.f, 2.f);
+      Tensor out = Tensor::empty({c.S, c.B, c.NH * c.HD}, DType::F32);
+      Tensor lse = Tensor::empty({c.B, c.NH, c.S}, DType::F32);
+      cpu::attention_forward(qkv, d, scale, p, kKey, out, lse, CS());
+      Tensor dout = rand_in(out.shape(), 800 + c.S, dt());
+      Tensor out_r = rounded(out, dt());
+      Tensor dqkv = Tensor::empty(qkv.shape(), DType::F32);
+      cpu::attention_backward(dout, qkv, out_r, lse, d, scale, p, kKey, dqkv, CS());
+      // delta = rowsum(dO * O) on the rounded inputs, as the op computes it.
+      Tensor delta = Tensor::empty({c.B, c.NH, c.S}, DType::F32);
+      {
+        Tensor dr = rounded(dout, dt());
+        const float* dd = static_cast<const float*>(dr.raw());
+        const float* o = static_cast<const float*>(out_r.raw());
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.NH; ++h)
+            for (int64_t q = 0; q < c.S; ++q) {
+              double acc = 0;
+              for (int64_t e = 0; e < c.HD; ++e) {
+                const int64_t i = (q * c.B + b) * c.NH * c.HD + h * c.HD + e;
+                acc += double(dd[i]) * double(o[i]);
+              }
+              static_cast<float*>(delta.raw())[(b * c.NH + h) * c.S + q] = float(acc);
+            }
+      }
+      Tensor gqkv = to_gpu(qkv, dt()), gdout = to_gpu(dout, dt()),
+             glse = to_gpu(lse, DType::F32), gdelta = to_gpu(delta, DType::F32);
+      const gpu::FlashArgs fa{gqkv.raw(), d, dt(), scale, p, kKey};
+      Tensor res[3];
+      for (int path = 0; path < 3; ++path) {  // recompute; dS in one chunk; a sequence a chunk
+        const int64_t chunk = path == 0 ? 0 : path == 1 ? c.B : 1;
+        Tensor dsbuf, mask;
+        if (chunk > 0) {
+          dsbuf = Tensor::empty({ops::flash_ds_bytes(chunk, c.NH, c.S) / 2}, dt(), Device::CUDA);
+          CUDA_CHECK(cudaMemsetAsync(dsbuf.raw(), 0xFF, size_t(dsbuf.numel()) * 2, cs()));
+        } else if (const int64_t mb = gpu::flash_attention_mask_bytes(fa); mb > 0) {
+          mask = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
+        }
+        Tensor g = gpu_nan(qkv.shape(), dt());
+        gpu::flash_attention_backward(fa, gdout.raw(), static_cast<const float*>(glse.raw()),
+                                      static_cast<const float*>(gdelta.raw()), g.raw(), cs(),
+                                      mask.defined() ? mask.raw() : nullptr, false,
+                                      chunk > 0 ? dsbuf.raw() : nullptr, chunk);
+        EXPECT_CLOSE(g, dqkv, dt()) << "path " << path;
+        res[path] = to_cpu(g);
+      }
+      const int64_t G = c.NH / c.NG, W = d.qkv_width();
+      int64_t kv_diff = 0, q_diff = 0, chunk_diff = 0;
+      for (int64_t i = 0; i < res[0].numel(); ++i) {
+        const float* r0 = static_cast<const float*>(res[0].raw());
+        const float* r1 = static_cast<const float*>(res[1].raw());
+        const float* r2 = static_cast<const float*>(res[2].raw());
+        const bool is_q = (i % W) / c.HD % (G + 2) < G;
+        (is_q ? q_diff : kv_diff) += r0[i] != r1[i];
+        chunk_diff += std::memcmp(&r1[i], &r2[i], 4) != 0;
+      }
+      EXPECT_EQ(kv_diff, 0) << "dK/dV differ between the dQ paths";
+      EXPECT_EQ(chunk_diff, 0) << "the chunked dS path differs from the unchunked one";
+      (void)q_diff;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuFlashDropout, ::testing::Values(DType::BF16, DType::F16),

@@ -146,14 +146,29 @@ TEST(MemoryPlan, AttentionWorkspace) {
   EXPECT_EQ(ws(llama, 1), 4096 * MiB + 256 * MiB);  // what cuDNN 9.19 asked for on the H200
   EXPECT_EQ(ws(xl, 1, Device::CPU), 0);
   EXPECT_EQ(ws(xl, 1, Device::CUDA, DType::F32), 0);
-  // With dropout the own flash kernel runs with a bit per causal score (each row's key
-  // tiles up to its own: 256 x 32 x 33 bytes a head at S 2048). The layers keep the
-  // forward's bits for their backward (saved activations, not workspace); under selective
-  // recomputation of the core the backward holds them between its two kernels.
-  const int64_t bits = 16 * 16 * 270336LL;
+  // With dropout the own flash kernel runs. Its backward hands dS from the dK/dV kernel to
+  // the dQ kernel: 2 bytes a score of the causal 64 x 64 tiles (4096 x 32 x 33 x 2 / 2 bytes
+  // a head at S 2048), under the same cap as cuDNN's workspace.
+  const int64_t ds = 16 * 16 * 4096LL * 32 * 33;
   const auto xl_drop = with(xl, {"--attention-dropout", "0.1"});
+  EXPECT_EQ(ws(xl_drop, 1), ds);
+  EXPECT_EQ(ws(with(xl_drop, {"--recompute-activations"}), 1), ds);
+  setenv("MCPP_ATTENTION_BWD_WORKSPACE_MB", "300", 1);  // 4 of the 16 sequences a call
+  EXPECT_EQ(ws(xl_drop, 1), ds / 4);
+  unsetenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
+  // Without the hand-over (MCPP_FLASH_DQ_FROM_DS=0, or one sequence's dS over the cap) the
+  // dQ kernel recomputes dS from a bit per causal score (each row's key tiles up to its
+  // own: 256 x 32 x 33 bytes a head). The layers keep the forward's bits for their backward
+  // (saved activations, not workspace); under selective recomputation of the core the
+  // backward holds them between its two kernels.
+  const int64_t bits = 16 * 16 * 270336LL;
+  setenv("MCPP_FLASH_DQ_FROM_DS", "0", 1);
   EXPECT_EQ(ws(xl_drop, 1), 0);
   EXPECT_EQ(ws(with(xl_drop, {"--recompute-activations"}), 1), bits);
+  unsetenv("MCPP_FLASH_DQ_FROM_DS");
+  setenv("MCPP_ATTENTION_BWD_WORKSPACE_MB", "60", 1);  // one sequence: 66 MiB
+  EXPECT_EQ(ws(with(xl_drop, {"--recompute-activations"}), 1), bits);
+  unsetenv("MCPP_ATTENTION_BWD_WORKSPACE_MB");
   {
     Args a = parse_and_validate(xl_drop, 1);
     a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by, 1);
@@ -188,14 +203,19 @@ TEST(MemoryPlan, AttentionWorkspace) {
   EXPECT_EQ(ws(cp2, 2), 16 * 16 * 512LL * 512 * 2);
   unsetenv("MCPP_CP_FUSED_STEPS");
   EXPECT_EQ(ws(with(cp2, {"--cp-comm-type", "a2a"}), 2), 16 * 8 * 2048LL * 2048 * 2);
-  // With dropout the own kernels run: the ring's block kernels keep no mask buffer, a2a's
-  // whole-sequence flash attention one bit per score of its 8 heads.
+  // With dropout the own kernels run: the ring's block kernels keep no buffer, a2a's
+  // whole-sequence flash attention the dS of its 8 heads (or, without the hand-over, one
+  // bit per score).
   const auto cp2_drop = with(cp2, {"--attention-dropout", "0.1"});
   EXPECT_EQ(ws(cp2_drop, 2), 0);
+  EXPECT_EQ(ws(with(cp2_drop, {"--cp-comm-type", "a2a"}), 2), ds / 2);
+  setenv("MCPP_FLASH_DQ_FROM_DS", "0", 1);
   EXPECT_EQ(ws(with(cp2_drop, {"--cp-comm-type", "a2a"}), 2), 16 * 8 * 270336LL);
-  // --attention-backend: the workspace is planned only where cuDNN runs.
+  unsetenv("MCPP_FLASH_DQ_FROM_DS");
+  // --attention-backend: cuDNN's dP, the own flash kernel's dS, nothing for the CUDA-core
+  // kernel.
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "fused"}), 1), 2048 * MiB);
-  EXPECT_EQ(ws(with(xl, {"--attention-backend", "flash"}), 1), 0);
+  EXPECT_EQ(ws(with(xl, {"--attention-backend", "flash"}), 1), ds);
   EXPECT_EQ(ws(with(xl, {"--attention-backend", "unfused"}), 1), 0);
   EXPECT_EQ(ws(with(llama, {"--attention-backend", "local"}), 1), 0);
   // The formula the op checks each cuDNN plan against (ops/types.h) is the plan's.

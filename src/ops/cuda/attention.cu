@@ -196,13 +196,20 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     // With dropout the keep bits (about B NH S^2 / 16 bytes, 1/32 of cuDNN's deterministic dP
     // workspace) come from the forward when the caller kept them (d.keep_bits: no draw in
     // the backward), else the dK/dV kernel draws them and hands them to the dQ kernel.
+    // dS goes from the dK/dV kernel to the dQ kernel in a workspace (flash_ds_bytes, in
+    // sequence chunks under the cuDNN workspace cap), and then the mask needs no hand-over.
     void* saved = keep_bits_of(fa, op);
-    const int64_t mb = saved ? 0 : flash_attention_mask_bytes(fa);
+    const int64_t chunk = flash_attention_ds_chunk(fa, attention_bwd_workspace_cap_from_env());
+    Tensor ds;
+    if (chunk > 0)
+      ds = Tensor::empty({flash_ds_bytes(chunk, d.NH, d.S) / 2}, qkv.dtype(), Device::CUDA);
+    const int64_t mb = saved || chunk > 0 ? 0 : flash_attention_mask_bytes(fa);
     Tensor mask;
     if (mb > 0) mask = Tensor::empty({(mb + 7) / 8}, DType::I64, Device::CUDA);
     flash_attention_backward(fa, dout.raw(), static_cast<const float*>(lse.raw()),
                              static_cast<const float*>(delta.raw()), dqkv.raw(), cs,
-                             saved ? saved : mb > 0 ? mask.raw() : nullptr, saved != nullptr);
+                             saved ? saved : mb > 0 ? mask.raw() : nullptr, saved != nullptr,
+                             chunk > 0 ? ds.raw() : nullptr, chunk);
     return;
   }
   P.out = dqkv.raw();

@@ -157,10 +157,11 @@ __global__ void __launch_bounds__(kThreadsB) blk_fwd_kernel(BlkParams P) {
       uint32_t a[4];
       load_a<LD>(a, Qs, warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t bb[2];
-        load_bt<LD>(bb, Kt, n * 8, kk * 16, lane);
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t bb[4];
+        load_bt2<LD>(bb, Kt, n * 8, kk * 16, lane);
         mma16816<T>(sc[n], a, bb);
+        mma16816<T>(sc[n + 1], a, bb + 2);
       }
     }
     // The mask: the last tile (diagonal, keys >= S) and, with documents, every tile.
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_fwd_kernel(BlkParams P) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float mn = fmaxf(m[r], mx[r]);
       mref[r] = mn == -INFINITY ? 0.f : mn;
-      alpha[r] = exp2f(m[r] - mref[r]);  // 0 when m was -inf
+      alpha[r] = ex2_ftz(m[r] - mref[r]);  // 0 when m was -inf
       m[r] = mn;
       l[r] *= alpha[r];
     }
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_fwd_kernel(BlkParams P) {
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(sc[n][e] - mref[e >> 1]);
+        const float p = ex2_ftz(sc[n][e] - mref[e >> 1]);
         l[e >> 1] += p;  // the normaliser of the undropped probabilities
         if constexpr (DROP) sc[n][e] = kept(keep, n, e) ? p * P.D.scale : 0.f;
         else sc[n][e] = p;

@@ -116,12 +116,14 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dkv_kernel(BlkParams P) {
       load_a<LD>(ak, Ks, warp * 16, kk * 16, lane);
       load_a<LD>(av, Vs, warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t bq[2], bo[2];
-        load_bt<LD>(bq, Qt, n * 8, kk * 16, lane);
-        load_bt<LD>(bo, dOt, n * 8, kk * 16, lane);
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t bq[4], bo[4];
+        load_bt2<LD>(bq, Qt, n * 8, kk * 16, lane);
+        load_bt2<LD>(bo, dOt, n * 8, kk * 16, lane);
         mma16816<T>(sc[n], ak, bq);
         mma16816<T>(dp[n], av, bo);
+        mma16816<T>(sc[n + 1], ak, bq + 2);
+        mma16816<T>(dp[n + 1], av, bo + 2);
       }
     }
 #pragma unroll
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dkv_kernel(BlkParams P) {
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * tq + (e & 1);
         const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
-        float p = exp2f(sc[n][e] * P.scale_log2 - lse2[qc]);
+        float p = ex2_ftz(sc[n][e] * P.scale_log2 - lse2[qc]);
         if (!visible(P, q, key, kss[qc])) p = 0.f;
         if constexpr (DROP) {
           const bool kp = kept(keep, n, e);
@@ -253,12 +255,14 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dq_kernel(BlkParams P) {
       load_a<LD>(aq, Qs, warp * 16, kk * 16, lane);
       load_a<LD>(ao, dOs, warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t bk[2], bv[2];
-        load_bt<LD>(bk, Kt, n * 8, kk * 16, lane);
-        load_bt<LD>(bv, Vt, n * 8, kk * 16, lane);
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t bk[4], bv[4];
+        load_bt2<LD>(bk, Kt, n * 8, kk * 16, lane);
+        load_bt2<LD>(bv, Vt, n * 8, kk * 16, lane);
         mma16816<T>(sc[n], aq, bk);
         mma16816<T>(dp[n], ao, bv);
+        mma16816<T>(sc[n + 1], aq, bk + 2);
+        mma16816<T>(dp[n + 1], ao, bv + 2);
       }
     }
     const bool edge = j == end - 1 || P.ks != nullptr;
@@ -267,7 +271,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dq_kernel(BlkParams P) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
-        float p = exp2f(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
+        float p = ex2_ftz(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
         if (edge && !visible(P, row, col, ksr[e >> 1])) p = 0.f;
         float dpm = dp[n][e];
         if constexpr (DROP) dpm = kept(keep, n, e) ? dpm * P.D.scale : 0.f;

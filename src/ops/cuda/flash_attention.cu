@@ -29,6 +29,7 @@
 // layers do): the forward writes them, both backward kernels read them. Without one the
 // dK/dV kernel draws the mask again and writes its bits for the dQ kernel
 // (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -67,6 +68,21 @@ struct FaParams {
                       // written when set; backward, written by dK/dV and read by dQ, or
                       // null: the dQ kernel draws the mask again
   bool mask_ready;    // backward: `mask` holds the forward's bits; dK/dV reads them too
+  void* ds;           // backward: the dK/dV kernel's dS tiles for the dQ kernel (FaDsBuf), or
+                      // null: the dQ kernel recomputes dS
+  int64_t b0;         // backward: the first sequence of this launch (batch chunks)
+};
+
+// dS (unscaled, in the compute type) of one launch's causal 64 x 64 tiles, for the dQ
+// kernel: tile (qt, kt <= qt) of sequence b (b0 <= b < b0 + chunk) and head h at tile index
+// ((b - b0) NH + h) nt (nt + 1) / 2 + qt (qt + 1) / 2 + kt, each stored key-major (64 rows of
+// keys, 64 query columns), the layout the dK/dV kernel computes it in.
+struct FaDsBuf {
+  __device__ __forceinline__ static int64_t tile(int64_t NH, int64_t S, int64_t bh, int qt,
+                                                 int kt) {
+    const int64_t nt = (S + 63) / 64;
+    return ((bh * (nt * (nt + 1) / 2)) + int64_t(qt) * (qt + 1) / 2 + kt) * 4096;
+  }
 };
 
 // 64 rows x HD of a strided [rows, HD] slab into smem (zeros for rows >= S).
@@ -149,35 +165,39 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
       uint32_t a[4];
       load_a<LD>(a, Qs, warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t bb[2];
-        load_bt<LD>(bb, Kt, n * 8, kk * 16, lane);
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t bb[4];
+        load_bt2<LD>(bb, Kt, n * 8, kk * 16, lane);
         mma16816<T>(sc[n], a, bb);
+        mma16816<T>(sc[n + 1], a, bb + 2);
       }
     }
-    // Scale, causal mask (only the diagonal tile needs it; keys >= S lie there too).
+    // Causal mask (only the diagonal tile needs it; keys >= S lie there too). The scores
+    // stay unscaled: the row max commutes with the positive scale, which the exponent's
+    // FFMA applies (m, mref are in the scaled log2 domain).
     const bool diag = j == nkt - 1;
     float mx[2] = {-INFINITY, -INFINITY};
+    if (diag) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
+          if (col > row || col >= P.S) sc[n][e] = -INFINITY;
+        }
+    }
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sc[n][e] * P.scale_log2;
-        if (diag) {
-          const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
-          if (col > row || col >= P.S) x = -INFINITY;
-        }
-        sc[n][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[n][e]);
     float alpha[2], mref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);
+      const float mn = fmaxf(m[r], mx[r] * P.scale_log2);
       mref[r] = mn == -INFINITY ? 0.f : mn;
-      alpha[r] = exp2f(m[r] - mref[r]);  // 0 when m was -inf
+      alpha[r] = ex2_ftz(m[r] - mref[r]);  // 0 when m was -inf
       m[r] = mn;
       l[r] *= alpha[r];
     }
@@ -190,7 +210,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(sc[n][e] - mref[e >> 1]);
+        const float p = ex2_ftz(fmaf(sc[n][e], P.scale_log2, -mref[e >> 1]));
         l[e >> 1] += p;  // the normaliser of the undropped probabilities
         if constexpr (DROP) sc[n][e] = kept(keep, n, e) ? p * P.D.scale : 0.f;
         else sc[n][e] = p;
@@ -247,7 +267,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
 
   const int nt = int((P.S + kRows - 1) / kRows);
   const int kt = int(blockIdx.x);
-  const int64_t b = blockIdx.y / P.NG, g = blockIdx.y - b * P.NG;
+  const int64_t bl = blockIdx.y / P.NG, b = P.b0 + bl, g = blockIdx.y - bl * P.NG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
   const T* qkv = static_cast<const T*>(P.qkv);
   const T* dout = static_cast<const T*>(P.dout);
@@ -324,12 +344,21 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
       load_a<LD>(ak, Ks, warp * 16, kk * 16, lane);
       load_a<LD>(av, Vs, warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t bq[2], bo[2];
-        load_bt<LD>(bq, Qt, n * 8, kk * 16, lane);
-        load_bt<LD>(bo, dOt, n * 8, kk * 16, lane);
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t bq[4], bo[4];
+        if constexpr (HD == 64) {
+          load_bt2<LD>(bq, Qt, n * 8, kk * 16, lane);
+          load_bt2<LD>(bo, dOt, n * 8, kk * 16, lane);
+        } else {  // two x2 loads each: the x4 ones take the head-dim-128 kernel into spills
+          load_bt<LD>(bq, Qt, n * 8, kk * 16, lane);
+          load_bt<LD>(bo, dOt, n * 8, kk * 16, lane);
+          load_bt<LD>(bq + 2, Qt, n * 8 + 8, kk * 16, lane);
+          load_bt<LD>(bo + 2, dOt, n * 8 + 8, kk * 16, lane);
+        }
         mma16816<T>(sc[n], ak, bq);
         mma16816<T>(dp[n], av, bo);
+        mma16816<T>(sc[n + 1], ak, bq + 2);
+        mma16816<T>(dp[n + 1], av, bo + 2);
       }
     }
     const bool diag = qt == kt;
@@ -339,7 +368,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * tq + (e & 1);
         const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
-        float p = exp2f(sc[n][e] * P.scale_log2 - lse2[qc]);
+        float p = ex2_ftz(sc[n][e] * P.scale_log2 - lse2[qc]);
         if ((diag && key > q) || q >= P.S || key >= P.S) p = 0.f;
         if constexpr (DROP) {  // dV from the dropped P; dP of the dropped entries is 0
           const bool kp = kept(keep, n, e);
@@ -350,6 +379,16 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
           dp[n][e] = p * (dp[n][e] - dl[qc]);  // dS^T (unscaled)
         }
       }
+    if (P.ds) {  // dS^T for the dQ kernel: rows key0, key0 + 8 of the tile, two queries each
+      T* tile = static_cast<T*>(P.ds) +
+                FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<uint32_t*>(tile + (warp * 16 + gr + 8 * r) * 64 + n * 8 + 2 * tq) =
+              pack2<T>(dp[n][2 * r], dp[n][2 * r + 1]);
+    }
     // dV += P^T dO, dK += dS^T Q: k-chunks of 16 queries.
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -465,12 +504,14 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
       load_a<LD>(aq, Qs, warp * 16, kk * 16, lane);
       load_a<LD>(ao, dOs, warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t bk[2], bv[2];
-        load_bt<LD>(bk, Kt, n * 8, kk * 16, lane);
-        load_bt<LD>(bv, Vt, n * 8, kk * 16, lane);
+      for (int n = 0; n < 8; n += 2) {
+        uint32_t bk[4], bv[4];
+        load_bt2<LD>(bk, Kt, n * 8, kk * 16, lane);
+        load_bt2<LD>(bv, Vt, n * 8, kk * 16, lane);
         mma16816<T>(sc[n], aq, bk);
         mma16816<T>(dp[n], ao, bv);
+        mma16816<T>(sc[n + 1], aq, bk + 2);
+        mma16816<T>(dp[n + 1], ao, bv + 2);
       }
     }
     const bool diag = j == nkt - 1;
@@ -479,7 +520,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
-        float p = exp2f(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
+        float p = ex2_ftz(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
         if (diag && (col > row || col >= P.S)) p = 0.f;
         float dpm = dp[n][e];
         if constexpr (DROP) dpm = kept(keep, n, e) ? dpm * P.D.scale : 0.f;
@@ -517,12 +558,98 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
   }
 }
 
+// ---- backward: dQ of one query tile of one (b, h) from the dK/dV kernel's dS ----------
+// dQ = scale * sum over key tiles of dS K: no scores, softmax or mask again. dS tiles come
+// key-major, so their A fragments are ldmatrix.trans loads.
+constexpr int kLdS = 64 + 8;  // smem row stride of a dS tile (elements)
+
+template <int LD, typename T>
+__device__ __forceinline__ void load_a_from_kmajor(uint32_t a[4], const T* tile, int r0, int c0,
+                                                   int lane) {
+  // A (rows r0.., cols c0..) = tile^T: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in
+  // the order of a[0..3] are the stored blocks (c0 | c0 + 8) x (r0 | r0 + 8), transposed.
+  ldsm_x4_trans(a, tile + (c0 + (lane & 7) + (lane >> 4) * 8) * LD + r0 + ((lane >> 3) & 1) * 8);
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_kernel(FaParams P) {
+  constexpr int LD = ld<HD>(), TILE = kRows * LD, ND = HD / 8, DTILE = kRows * kLdS;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Ks = reinterpret_cast<T*>(fa_smem);  // [2][64][LD]
+  T* Ds = Ks + 2 * TILE;                   // [2][64][kLdS]
+
+  const int nq = int((P.S + kRows - 1) / kRows);
+  const int qt = nq - 1 - int(blockIdx.x);
+  const int64_t bl = blockIdx.y / P.NH, b = P.b0 + bl, h = blockIdx.y - bl * P.NH,
+                g = h / P.QPG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const int64_t stride = P.B * P.W;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* ds = static_cast<const T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + h, qt, 0);
+  auto load_ds = [&](T* dst, int j) {  // 64 rows x 128 bytes, contiguous
+    const T* src = ds + int64_t(j) * 4096;
+    for (int i = threadIdx.x; i < kRows * 8; i += kThreadsFA)
+      cp_async16(dst + (i >> 3) * kLdS + (i & 7) * 8, src + i * 8, true);
+  };
+
+  load_tile<HD>(Ks, kb, stride, 0, P.S);
+  load_ds(Ds, 0);
+  cp_async_commit();
+  float dq[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+  const int nkt = qt + 1;
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < nkt) {
+      load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
+      load_ds(Ds + (buf ^ 1) * DTILE, j + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* Kt = Ks + buf * TILE;
+    const T* Dt = Ds + buf * DTILE;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t a[4];
+      load_a_from_kmajor<kLdS>(a, Dt, warp * 16, c * 16, lane);
+#pragma unroll
+      for (int nd = 0; nd < HD / 16; ++nd) {
+        uint32_t bb[4];
+        load_b_trans<LD>(bb, Kt, c * 16, nd * 16, lane);
+        mma16816<T>(dq[2 * nd], a, bb);
+        mma16816<T>(dq[2 * nd + 1], a, bb + 2);
+      }
+    }
+    __syncthreads();
+  }
+
+  T* dqkv = static_cast<T*>(P.out);
+  T* dqb = dqkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HD;
+  const int64_t row0 = int64_t(qt) * kRows + warp * 16 + gr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + r * 8;
+    if (row >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<uint32_t*>(dqb + row * stride + n * 8 + 2 * tq) =
+          pack2<T>(dq[n][2 * r] * P.scale, dq[n][2 * r + 1] * P.scale);
+  }
+}
+
 template <int HD>
 constexpr size_t fwd_bytes() { return size_t(5 * kRows * ld<HD>()) * 2; }
 template <int HD>
 constexpr size_t dkv_bytes() { return size_t(6 * kRows * ld<HD>()) * 2 + 4 * kRows * sizeof(float); }
 template <int HD>
 constexpr size_t dq_bytes() { return size_t(6 * kRows * ld<HD>()) * 2; }
+template <int HD>
+constexpr size_t dq_ds_bytes() { return size_t(2 * kRows * (ld<HD>() + kLdS)) * 2; }
 
 template <typename K>
 void allow_smem(K kernel, size_t bytes) {
@@ -552,15 +679,33 @@ void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs, void* mask)
 
 template <typename T, int HD, bool DROP>
 void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
-         cudaStream_t cs, void* mask, bool mask_ready) {
+         cudaStream_t cs, void* mask, bool mask_ready, void* ds, int64_t ds_chunk) {
   static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
-                      allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()), true);
+                      allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()),
+                      allow_smem(fa_bwd_dq_ds_kernel<T, HD>, dq_ds_bytes<HD>()), true);
   (void)once;
   FaParams P = make(a);
   P.out = dqkv, P.lse = const_cast<float*>(lse), P.dout = dout, P.delta = delta;
   P.mask = DROP && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
   P.mask_ready = P.mask && mask_ready;
   const unsigned tiles = unsigned((P.S + kRows - 1) / kRows);
+  if (ds) {
+    // dS tiles from the dK/dV kernel to the dQ kernel, in chunks of ds_chunk sequences. The
+    // mask needs no hand-over: without the forward's bits the dK/dV kernel draws it alone.
+    P.ds = ds;
+    if (!P.mask_ready) P.mask = nullptr;
+    for (int64_t b0 = 0; b0 < P.B; b0 += ds_chunk) {
+      const int64_t nb = std::min(ds_chunk, P.B - b0);
+      P.b0 = b0;
+      fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(nb * P.NG)), kThreadsFA,
+                                       dkv_bytes<HD>(), cs>>>(P);
+      MCPP_LAUNCH_CHECK();
+      fa_bwd_dq_ds_kernel<T, HD><<<dim3(tiles, unsigned(nb * P.NH)), kThreadsFA,
+                                   dq_ds_bytes<HD>(), cs>>>(P);
+      MCPP_LAUNCH_CHECK();
+    }
+    return;
+  }
   fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
                              cs>>>(P);
   MCPP_LAUNCH_CHECK();
@@ -585,9 +730,9 @@ void fwd_p(const FlashArgs& a, void* out, float* lse, cudaStream_t cs, void* mas
 }
 template <typename T, int HD>
 void bwd_p(const FlashArgs& a, const void* dout, const float* lse, const float* delta,
-           void* dqkv, cudaStream_t cs, void* mask, bool mask_ready) {
-  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
-  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs, mask, false);
+           void* dqkv, cudaStream_t cs, void* mask, bool mask_ready, void* ds, int64_t chunk) {
+  if (a.dropout_p > 0) bwd<T, HD, true>(a, dout, lse, delta, dqkv, cs, mask, mask_ready, ds, chunk);
+  else bwd<T, HD, false>(a, dout, lse, delta, dqkv, cs, mask, false, ds, chunk);
 }
 }  // namespace
 
@@ -611,17 +756,25 @@ int64_t flash_attention_mask_bytes(const FlashArgs& a) {
   return flash_dropout_mask_bytes(a.d.B, a.d.NH, a.d.S);
 }
 
+int64_t flash_attention_ds_chunk(const FlashArgs& a, int64_t cap_bytes) {
+  if (!flash_attention_ds_enabled()) return 0;
+  const int64_t per_seq = flash_ds_bytes(1, a.d.NH, a.d.S);
+  if (per_seq > cap_bytes) return 0;
+  return attention_bwd_chunk(a.d.B, per_seq, cap_bytes);
+}
+
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
                               const float* delta, void* dqkv, cudaStream_t cs, void* mask,
-                              bool mask_ready) {
+                              bool mask_ready, void* ds, int64_t ds_chunk) {
   MCPP_CHECK(a.dropout_p >= 0 && a.dropout_p < 1,
              "flash attention: dropout probability {} outside [0, 1)", a.dropout_p);
+  MCPP_CHECK(!ds || ds_chunk > 0, "flash attention: a dS buffer needs a chunk of sequences");
   if (a.dtype == DType::BF16) {
-    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
-    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
+    if (a.d.HD == 64) bwd_p<bf16, 64>(a, dout, lse, delta, dqkv, cs, mask, mask_ready, ds, ds_chunk);
+    else bwd_p<bf16, 128>(a, dout, lse, delta, dqkv, cs, mask, mask_ready, ds, ds_chunk);
   } else {
-    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
-    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs, mask, mask_ready);
+    if (a.d.HD == 64) bwd_p<f16, 64>(a, dout, lse, delta, dqkv, cs, mask, mask_ready, ds, ds_chunk);
+    else bwd_p<f16, 128>(a, dout, lse, delta, dqkv, cs, mask, mask_ready, ds, ds_chunk);
   }
 }
 

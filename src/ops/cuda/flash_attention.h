@@ -33,9 +33,17 @@ void flash_attention_forward(const FlashArgs& a, void* out, float* lse, cudaStre
 // twice; null (or 0 bytes: S_global or k_offset not a multiple of 8) draws it in both.
 // mask_ready: `mask` holds the bits the forward of the same call wrote, and neither
 // backward kernel draws. Deterministic either way: no atomics, the same bits.
+// ds (device memory of flash_ds_bytes(ds_chunk, NH, S), attention_backend.h, or null):
+// the dK/dV kernel writes dS there and the dQ kernel reads it instead of recomputing the
+// scores, ds_chunk sequences at a time; then the mask needs no hand-over buffer (`mask`
+// only serves mask_ready). Null: the dQ kernel recomputes dS.
 int64_t flash_attention_mask_bytes(const FlashArgs& a);
 void flash_attention_backward(const FlashArgs& a, const void* dout, const float* lse,
                               const float* delta, void* dqkv, cudaStream_t cs,
-                              void* mask = nullptr, bool mask_ready = false);
+                              void* mask = nullptr, bool mask_ready = false,
+                              void* ds = nullptr, int64_t ds_chunk = 0);
+// The sequences per dS chunk whose buffer fits cap_bytes (a divisor of B), or 0: no dS
+// hand-over (one sequence alone over the cap, or MCPP_FLASH_DQ_FROM_DS=0).
+int64_t flash_attention_ds_chunk(const FlashArgs& a, int64_t cap_bytes);
 
 }  // namespace mcpp::ops::cuda

@@ -56,6 +56,15 @@ __device__ __forceinline__ void mma_step_words(float acc[4], const uint4 (&w)[4]
   }
 }
 
+// 2^x in one MUFU.EX2 (flush-to-zero): exp2f's ex2.approx.f32 adds a range test and two
+// conditional multiplies to keep subnormal results, which softmax weights below 2^-126
+// never need. ex2(-inf) = +0.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (std::is_same_v<T, bf16>) {
@@ -83,26 +92,41 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
                : "r"(a));
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t lds32(const T* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t r[2], const void* p) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(a));
 }
 
-// A fragment: rows r0..r0+15, cols c0..c0+15 of a row-major smem tile.
+// The fragment loads below use ldmatrix (one instruction for what took two or four
+// 32-bit shared loads a thread); the tiles' rows must start on 16-byte boundaries (the
+// kernels' row strides are HD + 8 elements) and r0, c0, n0, k0 be multiples of 8.
+//
+// A fragment: rows r0..r0+15, cols c0..c0+15 of a row-major smem tile. Lane l addresses
+// row r0 + (l & 15) at col c0 + 8 (l >> 4): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15)
+// in the order of the fragment's registers a[0..3].
 template <int LD, typename T>
 __device__ __forceinline__ void load_a(uint32_t a[4], const T* tile, int r0, int c0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  a[0] = lds32(tile + (r0 + g) * LD + c0 + 2 * t);
-  a[1] = lds32(tile + (r0 + g + 8) * LD + c0 + 2 * t);
-  a[2] = lds32(tile + (r0 + g) * LD + c0 + 8 + 2 * t);
-  a[3] = lds32(tile + (r0 + g + 8) * LD + c0 + 8 + 2 * t);
+  ldsm_x4(a, tile + (r0 + (lane & 15)) * LD + c0 + (lane >> 4) * 8);
 }
 // B fragment (k16 x n8) from a tile that holds B^T row-major (rows n, cols k): K for Q K^T.
+// Lanes 0-7 address rows n0.. at col k0, lanes 8-15 at col k0 + 8 (16-31: unused, valid).
 template <int LD, typename T>
 __device__ __forceinline__ void load_bt(uint32_t b[2], const T* tile, int n0, int k0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  b[0] = lds32(tile + (n0 + g) * LD + k0 + 2 * t);
-  b[1] = lds32(tile + (n0 + g) * LD + k0 + 8 + 2 * t);
+  ldsm_x2(b, tile + (n0 + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8);
+}
+// The B fragments of two n8 tiles at once: b[0..1] for rows n0..n0+7, b[2..3] for
+// n0+8..n0+15 (load_bt of n0 and of n0 + 8 in one ldmatrix.x4).
+template <int LD, typename T>
+__device__ __forceinline__ void load_bt2(uint32_t b[4], const T* tile, int n0, int k0, int lane) {
+  ldsm_x4(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8);
 }
 // B fragments of two n8 tiles (k16 x n16) from a tile holding B row-major (rows k,
 // cols n): V for P V. b[0..1]: cols n0..n0+7, b[2..3]: n0+8..n0+15.
