@@ -66,13 +66,7 @@ struct BlkParams {
 template <int HD, typename T>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int64_t r0,
                                           int64_t S) {
-  constexpr int CH = HD / 8, LD = ld<HD>();
-  for (int i = threadIdx.x; i < kRows * CH; i += kThreadsB) {
-    const int r = i / CH, c = i - r * CH;
-    const int64_t row = r0 + r;
-    const bool ok = row < S;
-    cp_async16(dst + r * LD + c * 8, ok ? src + row * stride + c * 8 : src, ok);
-  }
+  cp_async_tile<kRows, HD, ld<HD>(), kThreadsB>(dst, src, stride, r0, S);
 }
 
 // The key tiles [first, end) a query tile visits: causal stops at the diagonal, the
@@ -201,7 +195,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_fwd_kernel(BlkParams P) {
       for (int e = 0; e < 4; ++e) {
         const float p = ex2_ftz(sc[n][e] - mref[e >> 1]);
         l[e >> 1] += p;  // the normaliser of the undropped probabilities
-        if constexpr (DROP) sc[n][e] = kept(keep, n, e) ? p * P.D.scale : 0.f;
+        if constexpr (DROP) sc[n][e] = kept_q(keep, n, e) ? p * P.D.scale : 0.f;
         else sc[n][e] = p;
       }
 #pragma unroll

@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dq_kernel(BlkParams P) {
         float p = ex2_ftz(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
         if (edge && !visible(P, row, col, ksr[e >> 1])) p = 0.f;
         float dpm = dp[n][e];
-        if constexpr (DROP) dpm = kept(keep, n, e) ? dpm * P.D.scale : 0.f;
+        if constexpr (DROP) dpm = kept_q(keep, n, e) ? dpm * P.D.scale : 0.f;
         dp[n][e] = p * (dpm - dl[e >> 1]);  // dS (unscaled)
       }
 #pragma unroll

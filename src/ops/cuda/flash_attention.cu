@@ -89,13 +89,7 @@ struct FaDsBuf {
 template <int HD, typename T>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int64_t r0,
                                           int64_t S) {
-  constexpr int CH = HD / 8, LD = ld<HD>();
-  for (int i = threadIdx.x; i < kRows * CH; i += kThreadsFA) {
-    const int r = i / CH, c = i - r * CH;
-    const int64_t row = r0 + r;
-    const bool ok = row < S;
-    cp_async16(dst + r * LD + c * 8, ok ? src + row * stride + c * 8 : src, ok);
-  }
+  cp_async_tile<kRows, HD, ld<HD>(), kThreadsFA>(dst, src, stride, r0, S);
 }
 
 // ---- forward -------------------------------------------------------------------------
@@ -143,8 +137,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
     // The dropout mask's integer work needs no tile: it overlaps the copies in flight.
     uint32_t keep = 0;
     if constexpr (DROP)
-      keep = keep_bits_rows_q(P.D, b, h, row0, k0, tq, lane, mrow0 ? mrow0 + k0 / 8 : nullptr,
-                              mrow1 ? mrow1 + k0 / 8 : nullptr);
+      keep = keep_bits_rows_q<HD == 64>(P.D, b, h, row0, k0, tq, lane,
+                                        mrow0 ? mrow0 + k0 / 8 : nullptr,
+                                        mrow1 ? mrow1 + k0 / 8 : nullptr);
     if (j + 1 < nkt) {
       load_tile<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
       load_tile<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
@@ -212,7 +207,8 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
       for (int e = 0; e < 4; ++e) {
         const float p = ex2_ftz(fmaf(sc[n][e], P.scale_log2, -mref[e >> 1]));
         l[e >> 1] += p;  // the normaliser of the undropped probabilities
-        if constexpr (DROP) sc[n][e] = kept(keep, n, e) ? p * P.D.scale : 0.f;
+        // Dropped probabilities are zeroed; the keep scale multiplies O once at the end.
+        if constexpr (DROP) sc[n][e] = kept_q(keep, n, e) ? p : 0.f;
         else sc[n][e] = p;
       }
     // O += P V: P's C fragments of n-tiles 2c, 2c+1 are the A fragment of k-chunk c.
@@ -243,7 +239,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int64_t row = row0 + r * 8;
     if (row >= P.S) continue;
-    const float inv = 1.f / l[r];
+    const float inv = (DROP ? P.D.scale : 1.f) / l[r];
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       const uint32_t v = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
@@ -523,7 +519,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
         float p = ex2_ftz(sc[n][e] * P.scale_log2 - lse2[e >> 1]);
         if (diag && (col > row || col >= P.S)) p = 0.f;
         float dpm = dp[n][e];
-        if constexpr (DROP) dpm = kept(keep, n, e) ? dpm * P.D.scale : 0.f;
+        if constexpr (DROP) dpm = kept_q(keep, n, e) ? dpm * P.D.scale : 0.f;
         dp[n][e] = p * (dpm - dl[e >> 1]);  // dS (unscaled)
       }
     // dQ += dS K: k-chunks of 16 keys; K row-major [key][d] is B row-major.

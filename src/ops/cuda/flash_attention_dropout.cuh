@@ -49,9 +49,15 @@ struct FaDrop {
     return uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k + k_off);
   }
   // The eight keep bits of AttnDropoutMask::block at counter ctr (global indices 8 ctr ..
-  // 8 ctr + 7; bit e = element 8 ctr + e kept), its rounds written out on scalars (no
-  // local array: the kernels are at their register limit).
+  // 8 ctr + 7; bit e = element 8 ctr + e kept).
   __device__ __forceinline__ uint32_t keep8(uint64_t ctr) const {
+    uint32_t w[4];
+    words(ctr, w);
+    return two(w[0]) | two(w[1]) << 2 | two(w[2]) << 4 | two(w[3]) << 6;
+  }
+  // The block's four words (word t: the 16-bit uniforms of elements 2t, 2t + 1 in its low
+  // and high halves), and a word's two keep bits (bit c: element 2t + c).
+  __device__ __forceinline__ void words(uint64_t ctr, uint32_t w[4]) const {
     const uint64_t q0 = uint64_t(Philox::kM0) * uint32_t(ctr);
     uint32_t c0 = x0 ^ uint32_t(ctr >> 32), c1 = s_lo, c2 = uint32_t(q0 >> 32) ^ x1,
              c3 = uint32_t(q0);
@@ -61,24 +67,38 @@ struct FaDrop {
       const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ rk0[r], n2 = uint32_t(p0 >> 32) ^ c3 ^ rk1[r];
       c0 = n0, c1 = uint32_t(p1), c2 = n2, c3 = uint32_t(p0);
     }
-    auto two = [&](uint32_t w) {
-      return uint32_t((w & 0xFFFFu) >= threshold) | uint32_t((w >> 16) >= threshold) << 1;
-    };
-    return two(c0) | two(c1) << 2 | two(c2) << 4 | two(c3) << 6;
+    w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
+  }
+  __device__ __forceinline__ uint32_t two(uint32_t w) const {
+    return uint32_t((w & 0xFFFFu) >= threshold) | uint32_t((w >> 16) >= threshold) << 1;
   }
   __device__ __forceinline__ uint32_t keep1(uint64_t i) const {
     return AttnDropoutMask::u16(seed, stream, i) >= threshold;
   }
 };
 
+// keep_bits_rows_q's layout: the bit of C-fragment element e (row half e >> 1, column
+// e & 1) of n-tile n.
+__host__ __device__ constexpr int kept_q_bit(int n, int e) {
+  return 8 * (n & 3) + 4 * (e >> 1) + 2 * (n >> 2) + (e & 1);
+}
+__device__ __forceinline__ bool kept_q(uint32_t bits, int n, int e) {
+  return (bits >> kept_q_bit(n, e)) & 1u;
+}
+
 // Keep bits of a warp's 16 x 64 score tile in the mma C layout, rows = queries (forward,
-// dQ): bit (r * 8 + n) * 2 + c is element (row0 + 8r, k0 + 8n + 2tq + c), row0 = this
-// lane's first row. The four lanes tq = 0..3 of a row group hold the aligned key group
-// k0 + 8n + 0..7 of the same rows (two keys each), one block: lane tq draws the blocks of
-// n = tq, tq + 4 (both rows, four blocks) and hands each partner its two bits per block.
+// dQ), in the layout kept_q reads: element (row0 + 8r, k0 + 8n + 2tq + c) is bit
+// 8 (n & 3) + 4r + 2 (n >> 2) + c, row0 = this lane's first row. The four lanes tq = 0..3
+// of a row group hold the aligned key group k0 + 8n + 0..7 of the same rows (two keys
+// each, one 32-bit word of its Philox block: word t = keys 2t, 2t + 1), one block: lane tq
+// draws the blocks m = 2r + nn of n = tq + 4 nn, and byte t of its `out` holds partner t's
+// two bits of each (bits 2m, 2m + 1); each lane then takes byte tq of the four partners'
+// words (four shuffles, three byte permutes) -- byte s of the result is what lane s drew,
+// which is why the layout orders the bits by n & 3 first.
 // store0, store1 (aligned path only; may be null): where the blocks of rows row0 and
 // row0 + 8 go for the backward, byte n = keys k0 + 8n .. + 7 (the forward's FaMaskBuf rows
 // at key k0: mask_row_q).
+template <bool UNROLL = false>
 __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b, int64_t h,
                                                      int64_t row0, int64_t k0, int tq,
                                                      int lane, uint8_t* store0 = nullptr,
@@ -87,27 +107,34 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
   if (D.aligned) {
     // Counters of (row0, k0) and (row0 + 8, k0); the blocks step by one per 8 keys.
     const uint64_t c0 = D.index(b, h, row0, k0) >> 3, c1 = D.index(b, h, row0 + 8, k0) >> 3;
-    uint32_t out = 0;  // byte t: for block m = r * 2 + nn (n = tq + 4 nn), bits 2m, 2m + 1 =
-                       // elements 2t, 2t + 1 of the block (partner t's keys)
-    // One block at a time (unroll 1): unrolled, the blocks run side by side and take
-    // 40-110 more registers, which spills in the head-dim-128 kernels.
-#pragma unroll 1
-    for (int m = 0; m < 4; ++m) {
+    uint32_t out = 0;
+    // UNROLL: the four blocks side by side (more registers: the head-dim-128 and the
+    // backward kernels would spill, so they draw one block at a time).
+    auto draw = [&](int m) {
       const int r = m >> 1, n = tq + 4 * (m & 1);
-      const uint32_t k8 = D.keep8((r ? c1 : c0) + uint64_t(n));
-      if (uint8_t* row = r ? store1 : store0) row[n] = uint8_t(k8);
+      uint32_t w[4];
+      D.words((r ? c1 : c0) + uint64_t(n), w);
+      uint32_t k8 = 0;
 #pragma unroll
-      for (int t = 0; t < 4; ++t) out |= ((k8 >> (2 * t)) & 3u) << (8 * t + 2 * m);
-    }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t v = __shfl_sync(0xffffffffu, out, (lane & ~3) | s) >> (8 * tq);
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int r = m >> 1, n = s + 4 * (m & 1);
-        mine |= ((v >> (2 * m)) & 3u) << ((r * 8 + n) * 2);
+      for (int t = 0; t < 4; ++t) {
+        const uint32_t two = D.two(w[t]);
+        out |= two << (8 * t + 2 * m);
+        k8 |= two << (2 * t);
       }
+      if (uint8_t* row = r ? store1 : store0) row[n] = uint8_t(k8);
+    };
+    if constexpr (UNROLL) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) draw(m);
+    } else {
+#pragma unroll 1
+      for (int m = 0; m < 4; ++m) draw(m);
     }
+    const int base = lane & ~3;
+    const uint32_t v0 = __shfl_sync(0xffffffffu, out, base), v1 = __shfl_sync(0xffffffffu, out, base | 1),
+                   v2 = __shfl_sync(0xffffffffu, out, base | 2), v3 = __shfl_sync(0xffffffffu, out, base | 3);
+    const uint32_t sel = uint32_t(tq) | uint32_t(tq + 4) << 4;
+    mine = __byte_perm(__byte_perm(v0, v1, sel), __byte_perm(v2, v3, sel), 0x5410);
   } else {
 #pragma unroll 1
     for (int r = 0; r < 2; ++r)
@@ -116,7 +143,7 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
 #pragma unroll 1
         for (int c = 0; c < 2; ++c)
           mine |= D.keep1(D.index(b, h, row0 + 8 * r, k0 + 8 * n + 2 * tq + c))
-                  << ((r * 8 + n) * 2 + c);
+                  << kept_q_bit(n, 2 * r + c);
   }
   return mine;
 }
@@ -233,7 +260,8 @@ __device__ __forceinline__ void store_mask(uint8_t* mask, int64_t S, int64_t bh,
 }
 
 // dQ side: the keep bits of rows row0, row0 + 8 and keys k0 .. k0 + 63 (k0 a multiple of
-// 64, at or left of the rows' tile) in keep_bits_rows_q's layout, read from the buffer.
+// 64, at or left of the rows' tile) in keep_bits_rows_q's layout (kept_q), read from the
+// buffer.
 __device__ __forceinline__ uint32_t load_mask_rows_q(const uint8_t* mask, int64_t S, int64_t bh,
                                                      int64_t row0, int64_t k0, int tq) {
   uint32_t mine = 0;
@@ -243,12 +271,14 @@ __device__ __forceinline__ uint32_t load_mask_rows_q(const uint8_t* mask, int64_
     if (row >= S) continue;
     const uint64_t v =
         *reinterpret_cast<const uint64_t*>(mask + FaMaskBuf::row(S, bh, row) + k0 / 8);
+    const uint64_t w = v >> (2 * tq);
 #pragma unroll
-    for (int n = 0; n < 8; ++n) mine |= uint32_t((v >> (8 * n + 2 * tq)) & 3u) << ((r * 8 + n) * 2);
+    for (int n = 0; n < 8; ++n) mine |= uint32_t((w >> (8 * n)) & 3u) << kept_q_bit(n, 2 * r);
   }
   return mine;
 }
 
+// keep_bits_rows_k's and load_mask_rows_k's layout (dK/dV): bit (r * 8 + n) * 2 + c.
 __device__ __forceinline__ bool kept(uint32_t bits, int n, int e) {
   return (bits >> (((e >> 1) * 8 + n) * 2 + (e & 1))) & 1u;
 }

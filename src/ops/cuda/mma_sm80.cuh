@@ -81,6 +81,29 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
   int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
+// ROWS x (COLS elements of 2 bytes) of a strided [rows, COLS] slab into shared memory
+// with row stride LD, by THREADS threads (16 bytes each per step); rows r0 + r >= S are
+// zero-filled, nothing read. The trip count is a constant and each thread's address is
+// computed once and stepped: a runtime-bounded loop over i = tid, tid + THREADS, ... cost
+// ~30 integer instructions and a branch per 16 bytes (64-bit row products, the remainder
+// loop), as much as the tile's softmax in the forward kernel.
+template <int ROWS, int COLS, int LD, int THREADS, typename T>
+__device__ __forceinline__ void cp_async_tile(T* dst, const T* src, int64_t stride, int64_t r0,
+                                              int64_t S) {
+  static_assert(sizeof(T) == 2 && COLS % 8 == 0);
+  constexpr int CH = COLS / 8, STEP = THREADS / CH;
+  static_assert(THREADS % CH == 0 && ROWS % STEP == 0);
+  const int r = int(threadIdx.x) / CH, c = int(threadIdx.x) % CH;
+  const int64_t left = S - r0 - r;  // rows of this thread still inside: it * STEP < left
+  const T* g = src + (r0 + r) * stride + c * 8;
+  T* d = dst + r * LD + c * 8;
+#pragma unroll
+  for (int it = 0; it < ROWS / STEP; ++it) {
+    const bool ok = it * STEP < left;
+    cp_async16(d + it * STEP * LD, ok ? g : src, ok);
+    g += STEP * stride;
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
