@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kThreadsB) blk_bwd_dkv_kernel(BlkParams P) {
         float p = ex2_ftz(sc[n][e] * P.scale_log2 - lse2[qc]);
         if (!visible(P, q, key, kss[qc])) p = 0.f;
         if constexpr (DROP) {
-          const bool kp = kept(keep, n, e);
+          const bool kp = kept_k(keep, n, e);
           sc[n][e] = kp ? p * P.D.scale : 0.f;
           dp[n][e] = p * ((kp ? dp[n][e] * P.D.scale : 0.f) - dl[qc]);
         } else {

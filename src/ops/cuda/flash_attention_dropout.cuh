@@ -148,31 +148,26 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
   return mine;
 }
 
-// The same for dK/dV's transposed tile, rows = keys: bit (r * 8 + n) * 2 + c is element
-// (query q0 + 8n + 2tq + c, key kw + gr + 8r), kw = k0 + 16 warp (a multiple of 8). The
-// eight lanes gr = 0..7 (same tq) hold the eight keys of each aligned group kw + 8r + 0..7
-// for the same queries, one block per (query, r): lane gr holds the four blocks of n = gr
-// (c, r = 0, 1) -- `blocks`, byte m = c * 2 + r is the block of (query q0 + 8 gr + 2 tq +
-// c, keys kw + 8r .. + 7) -- and sends lane t its bit of each (a nibble per lane, eight
-// shuffles).
+// dK/dV's transposed tile, rows = keys: element (query q0 + 8n + 2tq + c, key kw + gr + 8r),
+// C-fragment element e = 2r + c of n-tile n, kw = k0 + 16 warp (a multiple of 8), is bit
+// kept_k_bit(n, e) = 8 (2c + r) + n. The eight lanes gr = 0..7 (same tq) hold the eight
+// keys of each aligned group kw + 8r + 0..7 for the same queries, one block per (query,
+// r): lane gr holds the four blocks of n = gr -- `blocks`, byte m = 2c + r is the block of
+// (query q0 + 8 gr + 2 tq + c, keys kw + 8r .. + 7). Each lane reads the eight partners'
+// words (eight shuffles) and takes bit gr of every byte: bit t of byte m of partner n's
+// word lands on bit 8m + n (one shift, mask and shifted OR per partner; the four bytes are
+// four 8 x 8 bit transposes done side by side).
+__host__ __device__ constexpr int kept_k_bit(int n, int e) {
+  return 8 * (2 * (e & 1) + (e >> 1)) + n;
+}
+__device__ __forceinline__ bool kept_k(uint32_t bits, int n, int e) {
+  return (bits >> kept_k_bit(n, e)) & 1u;
+}
 __device__ __forceinline__ uint32_t rows_k_from_blocks(uint32_t blocks, int gr, int tq) {
-  uint32_t out = 0;  // nibble t, bit m = c * 2 + r: key kw + 8r + t of query q0 + 8gr + 2tq + c
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    const uint32_t k8 = (blocks >> (8 * m)) & 0xFFu;
-#pragma unroll
-    for (int t = 0; t < 8; ++t) out |= ((k8 >> t) & 1u) << (4 * t + m);
-  }
   uint32_t mine = 0;
 #pragma unroll
-  for (int s = 0; s < 8; ++s) {
-    const uint32_t v = __shfl_sync(0xffffffffu, out, 4 * s + tq) >> (4 * gr);
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int c = m >> 1, r = m & 1;
-      mine |= ((v >> m) & 1u) << ((r * 8 + s) * 2 + c);
-    }
-  }
+  for (int n = 0; n < 8; ++n)
+    mine |= ((__shfl_sync(0xffffffffu, blocks, 4 * n + tq) >> gr) & 0x01010101u) << n;
   return mine;
 }
 
@@ -202,7 +197,7 @@ __device__ __forceinline__ uint32_t keep_bits_rows_k(const FaDrop& D, int64_t b,
 #pragma unroll 1
         for (int c = 0; c < 2; ++c)
           mine |= D.keep1(D.index(b, h, q0 + 8 * n + 2 * tq + c, kw + gr + 8 * r))
-                  << ((r * 8 + n) * 2 + c);
+                  << kept_k_bit(n, 2 * r + c);
   }
   return mine;
 }
@@ -232,8 +227,9 @@ __device__ __forceinline__ uint8_t* mask_row_q(uint8_t* mask, int64_t S, int64_t
 }
 
 // dK/dV side, reading: the blocks keep_bits_rows_k would draw, from the buffer (two bytes,
-// keys kw .. kw + 15, for each of the lane's two queries; 0 past S), in its layout.
-__device__ __forceinline__ uint32_t load_mask_rows_k(const uint8_t* mask, int64_t S, int64_t bh,
+// keys kw .. kw + 15, for each of the lane's two queries; 0 past S), in its `drawn`
+// layout (rows_k_from_blocks makes the keep bits of them).
+__device__ __forceinline__ uint32_t load_mask_blocks_k(const uint8_t* mask, int64_t S, int64_t bh,
                                                      int64_t kw, int64_t q0, int gr, int tq) {
   uint32_t blocks = 0;
 #pragma unroll
@@ -244,7 +240,7 @@ __device__ __forceinline__ uint32_t load_mask_rows_k(const uint8_t* mask, int64_
                                                             kw / 8))
                 << (16 * c);
   }
-  return rows_k_from_blocks(blocks, gr, tq);
+  return blocks;
 }
 
 // dK/dV side: this lane's drawn blocks (keep_bits_rows_k's `drawn`) into the buffer: two
@@ -276,11 +272,6 @@ __device__ __forceinline__ uint32_t load_mask_rows_q(const uint8_t* mask, int64_
     for (int n = 0; n < 8; ++n) mine |= uint32_t((w >> (8 * n)) & 3u) << kept_q_bit(n, 2 * r);
   }
   return mine;
-}
-
-// keep_bits_rows_k's and load_mask_rows_k's layout (dK/dV): bit (r * 8 + n) * 2 + c.
-__device__ __forceinline__ bool kept(uint32_t bits, int n, int e) {
-  return (bits >> (((e >> 1) * 8 + n) * 2 + (e & 1))) & 1u;
 }
 
 }  // namespace mcpp::ops::cuda
