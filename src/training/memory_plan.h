@@ -62,11 +62,14 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
 // bytes more with grouped-query attention, where a call holds the sequences of one batch
 // chunk under MCPP_ATTENTION_BWD_WORKSPACE_MB (default 8192), or, when one sequence is over
 // it, the heads of a chunk of whole key/value groups (NHc < NH/TP); the op checks each cuDNN plan's workspace against the same
-// formula at run time and warns, naming the linked cuDNN, if it asks for more. 0 where
-// cuDNN's attention does not run (ops::choose_attention_backend with --attention-backend,
-// assuming cuDNN is present on a GPU run unless MCPP_ATTENTION_CUDNN=0): CPU, f32, attention
-// dropout, head dims that are not a multiple of 8 up to 128, --attention-backend
-// flash/unfused/local. MCPP_ATTENTION_DETERMINISTIC=0 (cuDNN's atomic dQ path): its f32
+// formula at run time and warns, naming the linked cuDNN, if it asks for more. Where the
+// own flash kernel runs instead (ops::choose_attention_backend with --attention-backend,
+// assuming cuDNN is present on a GPU run unless MCPP_ATTENTION_CUDNN=0: attention dropout,
+// --attention-backend flash, no cuDNN), its dS hand-over buffer, ops::flash_ds_bytes of
+// the sequences of one chunk under the same cap (or, with MCPP_FLASH_DQ_FROM_DS=0 or a
+// sequence over the cap, the keep bits its dK/dV kernel hands to a recomputing dQ kernel
+// when the layer keeps none). 0 where neither runs: CPU, f32, head dims that are not a
+// multiple of 8 up to 128, --attention-backend unfused/local. MCPP_ATTENTION_DETERMINISTIC=0 (cuDNN's atomic dQ path): its f32
 // dQ accumulators instead, 2 * B*NH*S*HD*4 bytes. With context parallelism: the ring's largest block (the diagonal step over the
 // rank's two chunks, or one chunk where the steps run chunk by chunk), or a2a's attention
 // over the whole sequence on heads / CP. cap_bytes: the cap to plan under (-1: the

@@ -23,11 +23,13 @@
 // trip through shared memory (the C layout of two n8 tiles is the A layout of one k16
 // tile). K/V (forward, dQ) or Q/dO (dK/dV) tiles are double-buffered with cp.async.
 // Backward is deterministic: one kernel owns dK, dV of a key tile and sums over the
-// group's query heads and the query tiles in a fixed order; another owns dQ. With dropout
-// the keep bits (a bit per causal score, about B NH S^2 / 16 bytes, FaMaskBuf) are drawn
-// once per layer when the caller keeps a buffer from forward to backward (the model's
-// layers do): the forward writes them, both backward kernels read them. Without one the
-// dK/dV kernel draws the mask again and writes its bits for the dQ kernel
+// group's query heads and the query tiles in a fixed order; another owns dQ. By default the
+// dK/dV kernel also writes dS (FaDsBuf, scratch in chunks of sequences) and the dQ kernel
+// is dQ = dS K; without that buffer the dQ kernel recomputes the scores and dS. With
+// dropout the keep bits (a bit per causal score, about B NH S^2 / 16 bytes, FaMaskBuf) are
+// drawn once per layer when the caller keeps a buffer from forward to backward (the
+// model's layers do): the forward writes them, the backward kernels read them. Without one
+// the dK/dV kernel draws the mask again (and, for a recomputing dQ kernel, writes its bits)
 // (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ).
 #include <algorithm>
 #include <cfloat>
