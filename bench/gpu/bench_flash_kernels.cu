@@ -1,0 +1,153 @@
+// The own flash-attention kernels alone (flash_attention.cu), at the attention shapes of
+// bench_gpu_train's four models: forward and backward, with and without attention dropout,
+// on each dQ path. One table, milliseconds a call (median of --reps after two warm-ups).
+//
+// It is built from flash_attention.cu's source itself, not against the megatron_cuda
+// library, so one nvcc call makes a binary that needs only libfmt and the driver: built on
+// the CI-like machine and carried to the GPU machine, it measures a kernel change without
+// the GPU machine's ~90 s build (the device time of a session is short):
+//   nvcc -std=c++20 -arch=sm_90a -O3 --expt-relaxed-constexpr -DFMT_USE_CONSTEXPR=1 -I src \
+//     -o bench_flash_kernels bench/gpu/bench_flash_kernels.cu src/base/error.cpp \
+//     src/ops/attention_backend.cpp src/tensor/dtype.cpp -lfmt
+// CMake builds it as well (target bench_flash_kernels). Two builds of different trees, run
+// alternately in one call, compare a change (the H200 runs at its power cap: compare only
+// within a call).
+//
+// Usage: bench_flash_kernels [--reps N] [--only NAME]   (NAME: 124M, 350M, XL or Llama)
+// Columns: fwd; fwd with dropout 0.1 writing the keep bits (as the model's layers run it);
+// bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
+// bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
+#include "ops/cuda/flash_attention.cu"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace mcpp::ops::cuda {
+// The library's reporter lives in device.cu with the allocator and the streams; this
+// binary has none of those.
+void cuda_fail(const char* file, int line, const char* expr, int code, const char* name,
+               const char* msg) {
+  fail_at(file, line, fmt::format("CUDA call failed: {} -> {} ({}): {}", expr, name, code, msg));
+}
+}  // namespace mcpp::ops::cuda
+
+namespace {
+
+using namespace mcpp;
+
+// bf16 values in [-2, 2) from a hash of the index.
+__global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 16, h *= 0x85EBCA6Bu, h ^= h >> 13, h *= 0xC2B2AE35u, h ^= h >> 16;
+    const float f = float(h >> 8) * (4.f / 16777216.f) - 2.f;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    p[i] = uint16_t(u >> 16);
+  }
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) MCPP_FAIL("bench_flash_kernels: {}: {}", what, cudaGetErrorString(e));
+}
+
+struct AttnShape {
+  const char* name;
+  int64_t B, S, NH, NG, HD;
+};
+
+}  // namespace
+
+static int run(int argc, char** argv) {
+  int reps = 20;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: bench_flash_kernels [--reps N] [--only NAME]\n");
+      return 2;
+    }
+  }
+  namespace gpu = mcpp::ops::cuda;
+  cudaStream_t cs;
+  check(cudaStreamCreate(&cs), "stream");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  std::printf("| shape | fwd | fwd, dropout | bwd, dS | bwd, dropout, dS | bwd, dropout, no dS |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|\n");
+  for (AttnShape c : {AttnShape{"124M", 64, 1024, 12, 12, 64}, AttnShape{"350M", 64, 1024, 16, 16, 64},
+                  AttnShape{"XL", 16, 2048, 16, 16, 128}, AttnShape{"Llama", 16, 2048, 32, 8, 64}}) {
+    if (!only.empty() && only != c.name) continue;
+    ops::AttentionDims d;
+    d.S = c.S, d.B = c.B, d.NH = c.NH, d.NG = c.NG, d.HD = c.HD;
+    const int64_t nq = c.S * c.B * d.qkv_width(), no = c.S * c.B * c.NH * c.HD,
+                  nl = c.B * c.NH * c.S;
+    gpu::FlashArgs fa{nullptr, d, DType::BF16, 1.0 / std::sqrt(double(c.HD))};
+    gpu::FlashArgs fd = fa;
+    fd.dropout_p = 0.1, fd.key = {1234, 7};
+    const int64_t chunk = gpu::flash_attention_ds_chunk(fa, ops::attention_bwd_workspace_cap_from_env());
+    void *qkv, *out, *dout, *dqkv, *ds = nullptr, *mask;
+    float *lse, *delta;
+    check(cudaMalloc(&qkv, nq * 2), "malloc");
+    check(cudaMalloc(&dqkv, nq * 2), "malloc");
+    check(cudaMalloc(&out, no * 2), "malloc");
+    check(cudaMalloc(&dout, no * 2), "malloc");
+    check(cudaMalloc(&lse, nl * 4), "malloc");
+    check(cudaMalloc(&delta, nl * 4), "malloc");
+    check(cudaMemset(delta, 0, nl * 4), "memset");
+    if (chunk > 0) check(cudaMalloc(&ds, ops::flash_ds_bytes(chunk, c.NH, c.S)), "malloc");
+    check(cudaMalloc(&mask, gpu::flash_attention_mask_bytes(fd) + 8), "malloc");
+    fill_kernel<<<1024, 256, 0, cs>>>(static_cast<uint16_t*>(qkv), nq, 1);
+    fill_kernel<<<1024, 256, 0, cs>>>(static_cast<uint16_t*>(dout), no, 2);
+    fa.qkv = fd.qkv = qkv;
+    auto time = [&](auto fn) {
+      fn(), fn();
+      std::vector<float> ms(static_cast<size_t>(reps));
+      for (float& t : ms) {
+        check(cudaEventRecord(e0, cs), "record");
+        fn();
+        check(cudaEventRecord(e1, cs), "record");
+        check(cudaEventSynchronize(e1), "kernel");
+        check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+      }
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    };
+    const float f0 = time([&] { gpu::flash_attention_forward(fa, out, lse, cs); });
+    const float f1 = time([&] { gpu::flash_attention_forward(fd, out, lse, cs, mask); });
+    auto bwd = [&](const gpu::FlashArgs& a, bool keep, bool with_ds) {
+      return time([&] {
+        gpu::flash_attention_backward(a, dout, lse, delta, dqkv, cs, keep ? mask : nullptr, keep,
+                                      with_ds ? ds : nullptr, with_ds ? chunk : 0);
+      });
+    };
+    auto cell = [&](const gpu::FlashArgs& a, bool keep, bool with_ds) {
+      return with_ds && chunk == 0 ? std::string("-") : fmt::format("{:.3f}", bwd(a, keep, with_ds));
+    };
+    const std::string b0 = cell(fa, false, true), b1 = cell(fd, true, true),
+                      b2 = cell(fd, true, false);
+    std::printf("| %s: B %lld S %lld NH %lld NG %lld HD %lld | %.3f | %.3f | %s | %s | %s |\n",
+                c.name, (long long)c.B, (long long)c.S, (long long)c.NH, (long long)c.NG,
+                (long long)c.HD, f0, f1, b0.c_str(), b1.c_str(), b2.c_str());
+    std::fflush(stdout);
+    for (void* p : {qkv, dqkv, out, dout, ds, mask, static_cast<void*>(lse), static_cast<void*>(delta)})
+      if (p) check(cudaFree(p), "free");
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
