@@ -13,17 +13,22 @@
 // alternately in one call, compare a change (the H200 runs at its power cap: compare only
 // within a call).
 //
-// Usage: bench_flash_kernels [--reps N] [--only NAME]   (NAME: 124M, 350M, XL or Llama)
+// Usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma]   (NAME: 124M, 350M, XL or
+// Llama)
 // Columns: fwd; fwd with dropout 0.1 writing the keep bits (as the model's layers run it);
 // bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
 // bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
-#include "ops/cuda/flash_attention.cu"
-
+// --wgmma: instead, the head-dim-64 shapes' forward on fa_fwd_kernel and on the wgmma
+// kernel (fa_fwd_wgmma_kernel, not yet called by the library), without and with dropout, on
+// the same inputs: both times, the largest difference of out (relative to its largest
+// value) and of lse, and whether the keep bits both wrote are the same bytes.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "ops/cuda/flash_attention.cu"
 
 namespace mcpp::ops::cuda {
 // The library's reporter lives in device.cu with the allocator and the streams; this
@@ -60,17 +65,95 @@ struct AttnShape {
   int64_t B, S, NH, NG, HD;
 };
 
+template <typename T>
+std::vector<T> to_host(const void* p, int64_t n) {
+  std::vector<T> h(static_cast<size_t>(n));
+  check(cudaMemcpy(h.data(), p, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost), "copy");
+  return h;
+}
+float bf16_value(uint16_t v) {
+  const uint32_t u = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// --wgmma: fa_fwd_kernel against fa_fwd_wgmma_kernel on the same inputs (bf16, head dim
+// 64), without and with dropout.
+template <typename Time>
+void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
+                   const ops::cuda::FlashArgs& fd, void* out, float* lse, void* mask,
+                   cudaStream_t cs, Time& time) {
+  namespace gpu = mcpp::ops::cuda;
+  using gpu::bf16;
+  const int64_t no = c.S * c.B * c.NH * c.HD, nl = c.B * c.NH * c.S;
+  static bool once =
+      (gpu::allow_smem(gpu::fa_fwd_kernel<bf16, 64, false>, gpu::fwd_bytes<64>()),
+       gpu::allow_smem(gpu::fa_fwd_kernel<bf16, 64, true>, gpu::fwd_bytes<64>()),
+       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, false>, gpu::fwd_wgmma_bytes()),
+       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, true>, gpu::fwd_wgmma_bytes()), true);
+  (void)once;
+  const int64_t mask_bytes = gpu::flash_attention_mask_bytes(fd);
+  for (bool drop : {false, true}) {
+    gpu::FaParams P = gpu::make(drop ? fd : fa);
+    P.out = out, P.lse = lse;
+    P.mask = drop && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
+    const dim3 grid(unsigned((P.S + 63) / 64), unsigned(P.B * P.NH));
+    auto run = [&](bool wg) {
+      constexpr size_t kb = gpu::fwd_bytes<64>(), wb = gpu::fwd_wgmma_bytes();
+      if (wg && drop)
+        gpu::fa_fwd_wgmma_kernel<bf16, true><<<grid, 128, wb, cs>>>(P);
+      else if (wg)
+        gpu::fa_fwd_wgmma_kernel<bf16, false><<<grid, 128, wb, cs>>>(P);
+      else if (drop)
+        gpu::fa_fwd_kernel<bf16, 64, true><<<grid, 128, kb, cs>>>(P);
+      else
+        gpu::fa_fwd_kernel<bf16, 64, false><<<grid, 128, kb, cs>>>(P);
+      check(cudaGetLastError(), "launch");
+    };
+    if (P.mask) check(cudaMemset(mask, 0, size_t(mask_bytes)), "memset");
+    run(false);
+    check(cudaStreamSynchronize(cs), "fa_fwd_kernel");
+    const auto o_ref = to_host<uint16_t>(out, no);
+    const auto l_ref = to_host<float>(lse, nl);
+    const auto m_ref = drop && P.mask ? to_host<uint8_t>(mask, mask_bytes) : std::vector<uint8_t>{};
+    check(cudaMemset(out, 0, size_t(no) * 2), "memset");
+    if (P.mask) check(cudaMemset(mask, 0, size_t(mask_bytes)), "memset");
+    run(true);
+    check(cudaStreamSynchronize(cs), "fa_fwd_wgmma_kernel");
+    const auto o_wg = to_host<uint16_t>(out, no);
+    const auto l_wg = to_host<float>(lse, nl);
+    float dmax = 0, omax = 0, lmax = 0;
+    for (size_t i = 0; i < o_ref.size(); ++i) {
+      dmax = std::max(dmax, std::fabs(bf16_value(o_ref[i]) - bf16_value(o_wg[i])));
+      omax = std::max(omax, std::fabs(bf16_value(o_ref[i])));
+    }
+    for (size_t i = 0; i < l_ref.size(); ++i) lmax = std::max(lmax, std::fabs(l_ref[i] - l_wg[i]));
+    std::string bits = "-";
+    if (drop && P.mask) bits = to_host<uint8_t>(mask, mask_bytes) == m_ref ? "equal" : "DIFFER";
+    const float t0 = time([&] { run(false); }), t1 = time([&] { run(true); });
+    std::printf("| %s | %s | %.3f | %.3f | %.2e | %.2e | %s |\n", c.name, drop ? "0.1" : "0", t0,
+                t1, omax > 0 ? dmax / omax : dmax, lmax, bits.c_str());
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 static int run(int argc, char** argv) {
   int reps = 20;
   std::string only;
+  bool wgmma = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    if (a == "--reps" && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
+    else if (a == "--wgmma")
+      wgmma = true;
     else {
-      std::fprintf(stderr, "usage: bench_flash_kernels [--reps N] [--only NAME]\n");
+      std::fprintf(stderr, "usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma]\n");
       return 2;
     }
   }
@@ -80,10 +163,18 @@ static int run(int argc, char** argv) {
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
-  std::printf("| shape | fwd | fwd, dropout | bwd, dS | bwd, dropout, dS | bwd, dropout, no dS |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|\n");
-  for (AttnShape c : {AttnShape{"124M", 64, 1024, 12, 12, 64}, AttnShape{"350M", 64, 1024, 16, 16, 64},
-                  AttnShape{"XL", 16, 2048, 16, 16, 128}, AttnShape{"Llama", 16, 2048, 32, 8, 64}}) {
+  if (wgmma) {
+    std::printf(
+        "| shape | dropout | fa_fwd_kernel ms | wgmma ms | max |d out| / max |out| | "
+        "max |d lse| | keep bits |\n|---|---:|---:|---:|---:|---:|---|\n");
+  } else {
+    std::printf(
+        "| shape | fwd | fwd, dropout | bwd, dS | bwd, dropout, dS | bwd, dropout, no dS |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|\n");
+  }
+  for (AttnShape c :
+       {AttnShape{"124M", 64, 1024, 12, 12, 64}, AttnShape{"350M", 64, 1024, 16, 16, 64},
+        AttnShape{"XL", 16, 2048, 16, 16, 128}, AttnShape{"Llama", 16, 2048, 32, 8, 64}}) {
     if (!only.empty() && only != c.name) continue;
     ops::AttentionDims d;
     d.S = c.S, d.B = c.B, d.NH = c.NH, d.NG = c.NG, d.HD = c.HD;
@@ -92,7 +183,8 @@ static int run(int argc, char** argv) {
     gpu::FlashArgs fa{nullptr, d, DType::BF16, 1.0 / std::sqrt(double(c.HD))};
     gpu::FlashArgs fd = fa;
     fd.dropout_p = 0.1, fd.key = {1234, 7};
-    const int64_t chunk = gpu::flash_attention_ds_chunk(fa, ops::attention_bwd_workspace_cap_from_env());
+    const int64_t chunk =
+        gpu::flash_attention_ds_chunk(fa, ops::attention_bwd_workspace_cap_from_env());
     void *qkv, *out, *dout, *dqkv, *ds = nullptr, *mask;
     float *lse, *delta;
     check(cudaMalloc(&qkv, nq * 2), "malloc");
@@ -120,6 +212,13 @@ static int run(int argc, char** argv) {
       std::sort(ms.begin(), ms.end());
       return ms[ms.size() / 2];
     };
+    if (wgmma) {
+      if (c.HD == 64) compare_wgmma(c, fa, fd, out, lse, mask, cs, time);
+      for (void* p :
+           {qkv, dqkv, out, dout, ds, mask, static_cast<void*>(lse), static_cast<void*>(delta)})
+        if (p) check(cudaFree(p), "free");
+      continue;
+    }
     const float f0 = time([&] { gpu::flash_attention_forward(fa, out, lse, cs); });
     const float f1 = time([&] { gpu::flash_attention_forward(fd, out, lse, cs, mask); });
     auto bwd = [&](const gpu::FlashArgs& a, bool keep, bool with_ds) {
@@ -129,7 +228,8 @@ static int run(int argc, char** argv) {
       });
     };
     auto cell = [&](const gpu::FlashArgs& a, bool keep, bool with_ds) {
-      return with_ds && chunk == 0 ? std::string("-") : fmt::format("{:.3f}", bwd(a, keep, with_ds));
+      return with_ds && chunk == 0 ? std::string("-")
+                                   : fmt::format("{:.3f}", bwd(a, keep, with_ds));
     };
     const std::string b0 = cell(fa, false, true), b1 = cell(fd, true, true),
                       b2 = cell(fd, true, false);
@@ -137,7 +237,8 @@ static int run(int argc, char** argv) {
                 c.name, (long long)c.B, (long long)c.S, (long long)c.NH, (long long)c.NG,
                 (long long)c.HD, f0, f1, b0.c_str(), b1.c_str(), b2.c_str());
     std::fflush(stdout);
-    for (void* p : {qkv, dqkv, out, dout, ds, mask, static_cast<void*>(lse), static_cast<void*>(delta)})
+    for (void* p :
+         {qkv, dqkv, out, dout, ds, mask, static_cast<void*>(lse), static_cast<void*>(delta)})
       if (p) check(cudaFree(p), "free");
   }
   return 0;

@@ -131,8 +131,10 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
       for (int m = 0; m < 4; ++m) draw(m);
     }
     const int base = lane & ~3;
-    const uint32_t v0 = __shfl_sync(0xffffffffu, out, base), v1 = __shfl_sync(0xffffffffu, out, base | 1),
-                   v2 = __shfl_sync(0xffffffffu, out, base | 2), v3 = __shfl_sync(0xffffffffu, out, base | 3);
+    const uint32_t v0 = __shfl_sync(0xffffffffu, out, base),
+                   v1 = __shfl_sync(0xffffffffu, out, base | 1),
+                   v2 = __shfl_sync(0xffffffffu, out, base | 2),
+                   v3 = __shfl_sync(0xffffffffu, out, base | 3);
     const uint32_t sel = uint32_t(tq) | uint32_t(tq + 4) << 4;
     mine = __byte_perm(__byte_perm(v0, v1, sel), __byte_perm(v2, v3, sel), 0x5410);
   } else {
