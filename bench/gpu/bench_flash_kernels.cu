@@ -18,10 +18,11 @@
 // Columns: fwd; fwd with dropout 0.1 writing the keep bits (as the model's layers run it);
 // bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
 // bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
-// --wgmma: instead, the head-dim-64 shapes' forward on fa_fwd_kernel and on the wgmma
-// kernel (fa_fwd_wgmma_kernel, not yet called by the library), without and with dropout, on
-// the same inputs: both times, the largest difference of out (relative to its largest
-// value) and of lse, and whether the keep bits both wrote are the same bytes.
+// --wgmma: instead, for the head-dim-64 shapes, the mma.sync kernels against the wgmma
+// ones (fa_fwd_wgmma_kernel, fa_bwd_dkv_wgmma_kernel; not yet called by the library),
+// without and with dropout, on the same inputs: both times, the largest difference of the
+// output (out; dK and dV) relative to its largest value, of lse, and whether the keep bits
+// both forwards wrote are the same bytes.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -78,12 +79,12 @@ float bf16_value(uint16_t v) {
   return f;
 }
 
-// --wgmma: fa_fwd_kernel against fa_fwd_wgmma_kernel on the same inputs (bf16, head dim
-// 64), without and with dropout.
+// --wgmma: fa_fwd_kernel against fa_fwd_wgmma_kernel and fa_bwd_dkv_kernel against
+// fa_bwd_dkv_wgmma_kernel on the same inputs (bf16, head dim 64), without and with dropout.
 template <typename Time>
 void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
-                   const ops::cuda::FlashArgs& fd, void* out, float* lse, void* mask,
-                   cudaStream_t cs, Time& time) {
+                   const ops::cuda::FlashArgs& fd, void* out, float* lse, void* mask, void* dqkv,
+                   const void* dout, const float* delta, cudaStream_t cs, Time& time) {
   namespace gpu = mcpp::ops::cuda;
   using gpu::bf16;
   const int64_t no = c.S * c.B * c.NH * c.HD, nl = c.B * c.NH * c.S;
@@ -91,7 +92,11 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
       (gpu::allow_smem(gpu::fa_fwd_kernel<bf16, 64, false>, gpu::fwd_bytes<64>()),
        gpu::allow_smem(gpu::fa_fwd_kernel<bf16, 64, true>, gpu::fwd_bytes<64>()),
        gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, false>, gpu::fwd_wgmma_bytes()),
-       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, true>, gpu::fwd_wgmma_bytes()), true);
+       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, true>, gpu::fwd_wgmma_bytes()),
+       gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, 64, false>, gpu::dkv_bytes<64>()),
+       gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, 64, true>, gpu::dkv_bytes<64>()),
+       gpu::allow_smem(gpu::fa_bwd_dkv_wgmma_kernel<bf16, false>, gpu::bwd_dkv_wgmma_bytes()),
+       gpu::allow_smem(gpu::fa_bwd_dkv_wgmma_kernel<bf16, true>, gpu::bwd_dkv_wgmma_bytes()), true);
   (void)once;
   const int64_t mask_bytes = gpu::flash_attention_mask_bytes(fd);
   for (bool drop : {false, true}) {
@@ -132,8 +137,43 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
     std::string bits = "-";
     if (drop && P.mask) bits = to_host<uint8_t>(mask, mask_bytes) == m_ref ? "equal" : "DIFFER";
     const float t0 = time([&] { run(false); }), t1 = time([&] { run(true); });
-    std::printf("| %s | %s | %.3f | %.3f | %.2e | %.2e | %s |\n", c.name, drop ? "0.1" : "0", t0,
-                t1, omax > 0 ? dmax / omax : dmax, lmax, bits.c_str());
+    std::printf("| %s fwd | %s | %.3f | %.3f | %.2e | %.2e | %s |\n", c.name, drop ? "0.1" : "0",
+                t0, t1, omax > 0 ? dmax / omax : dmax, lmax, bits.c_str());
+    std::fflush(stdout);
+
+    // dK, dV from the lse just written (and, with dropout, the keep bits): no dS hand-over.
+    gpu::FaParams B = P;
+    B.out = dqkv, B.dout = dout, B.delta = delta, B.mask_ready = B.mask != nullptr;
+    const dim3 bgrid(unsigned((B.S + 63) / 64), unsigned(B.B * B.NG));
+    auto run_dkv = [&](bool wg) {
+      constexpr size_t kb = gpu::dkv_bytes<64>(), wb = gpu::bwd_dkv_wgmma_bytes();
+      if (wg && drop)
+        gpu::fa_bwd_dkv_wgmma_kernel<bf16, true><<<bgrid, 128, wb, cs>>>(B);
+      else if (wg)
+        gpu::fa_bwd_dkv_wgmma_kernel<bf16, false><<<bgrid, 128, wb, cs>>>(B);
+      else if (drop)
+        gpu::fa_bwd_dkv_kernel<bf16, 64, true><<<bgrid, 128, kb, cs>>>(B);
+      else
+        gpu::fa_bwd_dkv_kernel<bf16, 64, false><<<bgrid, 128, kb, cs>>>(B);
+      check(cudaGetLastError(), "launch");
+    };
+    const int64_t nq = c.S * c.B * (c.NH + 2 * c.NG) * c.HD;
+    check(cudaMemset(dqkv, 0, size_t(nq) * 2), "memset");
+    run_dkv(false);
+    check(cudaStreamSynchronize(cs), "fa_bwd_dkv_kernel");
+    const auto g_ref = to_host<uint16_t>(dqkv, nq);
+    check(cudaMemset(dqkv, 0, size_t(nq) * 2), "memset");
+    run_dkv(true);
+    check(cudaStreamSynchronize(cs), "fa_bwd_dkv_wgmma_kernel");
+    const auto g_wg = to_host<uint16_t>(dqkv, nq);
+    float gd = 0, gmax = 0;
+    for (size_t i = 0; i < g_ref.size(); ++i) {
+      gd = std::max(gd, std::fabs(bf16_value(g_ref[i]) - bf16_value(g_wg[i])));
+      gmax = std::max(gmax, std::fabs(bf16_value(g_ref[i])));
+    }
+    const float b0 = time([&] { run_dkv(false); }), b1 = time([&] { run_dkv(true); });
+    std::printf("| %s dK/dV | %s | %.3f | %.3f | %.2e | - | - |\n", c.name, drop ? "0.1" : "0", b0,
+                b1, gmax > 0 ? gd / gmax : gd);
     std::fflush(stdout);
   }
 }
@@ -165,7 +205,7 @@ static int run(int argc, char** argv) {
   check(cudaEventCreate(&e1), "event");
   if (wgmma) {
     std::printf(
-        "| shape | dropout | fa_fwd_kernel ms | wgmma ms | max |d out| / max |out| | "
+        "| kernel | dropout | mma.sync ms | wgmma ms | max |d out| / max |out| | "
         "max |d lse| | keep bits |\n|---|---:|---:|---:|---:|---:|---|\n");
   } else {
     std::printf(
@@ -213,7 +253,7 @@ static int run(int argc, char** argv) {
       return ms[ms.size() / 2];
     };
     if (wgmma) {
-      if (c.HD == 64) compare_wgmma(c, fa, fd, out, lse, mask, cs, time);
+      if (c.HD == 64) compare_wgmma(c, fa, fd, out, lse, mask, dqkv, dout, delta, cs, time);
       for (void* p :
            {qkv, dqkv, out, dout, ds, mask, static_cast<void*>(lse), static_cast<void*>(delta)})
         if (p) check(cudaFree(p), "free");

@@ -590,6 +590,173 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
   }
 }
 
+// ---- backward dK, dV on Hopper's warpgroup MMA (head dim 64) -------------------------
+// fa_bwd_dkv_kernel's algorithm and results with the four products of a tile as wgmma
+// m64n64k16 over the 64-key tile: S^T = K Q^T and dP^T = V dO^T from 128B-swizzled tiles
+// (all K-major), dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q as
+// MN-major tiles. NOT YET RUN ON A GPU: the library does not call it; bench_flash_kernels
+// --wgmma compares it with fa_bwd_dkv_kernel.
+[[maybe_unused]] constexpr size_t bwd_dkv_wgmma_bytes() {
+  return size_t(6 * kSw128Tile) * 2 + 4 * kRows * sizeof(float) + 1024;
+}
+
+template <typename T, bool DROP>
+__global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P) {
+  constexpr int HD = 64, ND = HD / 8;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Vs = Ks + kSw128Tile;
+  T* Qs = Vs + kSw128Tile;                                        // [2]
+  T* dOs = Qs + 2 * kSw128Tile;                                   // [2]
+  float* lse_s = reinterpret_cast<float*>(dOs + 2 * kSw128Tile);  // [2][64], log2 domain
+  float* dl_s = lse_s + 2 * kRows;                                // [2][64]
+
+  const int nt = int((P.S + kRows - 1) / kRows);
+  const int kt = int(blockIdx.x);
+  const int64_t bl = blockIdx.y / P.NG, b = P.b0 + bl, g = blockIdx.y - bl * P.NG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const T* dout = static_cast<const T*>(P.dout);
+  const int64_t stride = P.B * P.W, ostride = P.B * P.NH * HD;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* vb = kb + HD;
+  const int64_t k0 = int64_t(kt) * kRows;
+
+  const int per_head = nt - kt, iters = int(P.QPG) * per_head;
+  auto issue = [&](int it, int buf) {
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t h = g * P.QPG + hi;
+    const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + hi) * HD;
+    cp_async_tile_sw128(Qs + buf * kSw128Tile, qb, stride, int64_t(qt) * kRows, P.S);
+    cp_async_tile_sw128(dOs + buf * kSw128Tile, dout + b * P.NH * HD + h * HD, ostride,
+                        int64_t(qt) * kRows, P.S);
+    if (threadIdx.x < kRows) {
+      const int64_t q = int64_t(qt) * kRows + threadIdx.x;
+      const bool ok = q < P.S;
+      lse_s[buf * kRows + threadIdx.x] = ok ? P.lse[(b * P.NH + h) * P.S + q] * kLog2e : 0.f;
+      dl_s[buf * kRows + threadIdx.x] = ok ? P.delta[(b * P.NH + h) * P.S + q] : 0.f;
+    }
+  };
+
+  cp_async_tile_sw128(Ks, kb, stride, k0, P.S);
+  cp_async_tile_sw128(Vs, vb, stride, k0, P.S);
+  issue(0, 0);
+  cp_async_commit();
+  const uint64_t dk_desc = wgmma_desc_sw128(Ks), dv_desc = wgmma_desc_sw128(Vs);
+
+  float dk[32], dv[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.f;
+  const int64_t key0 = k0 + warp * 16 + gr;  // this thread's key rows: key0, key0 + 8
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t q0 = int64_t(qt) * kRows;
+    uint32_t keep = 0;
+    if constexpr (DROP) {
+      const int64_t bh = b * P.NH + g * P.QPG + hi;
+      if (P.mask_ready) {
+        keep = rows_k_from_blocks(load_mask_blocks_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq),
+                                  gr, tq);
+      } else {
+        uint32_t drawn;
+        keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, drawn);
+        if (P.mask) store_mask(P.mask, P.S, bh, q0 + 8 * gr + 2 * tq, k0 + warp * 16, drawn);
+      }
+    }
+    if (it + 1 < iters) {
+      issue(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    const T* Qt = Qs + buf * kSw128Tile;
+    const T* dOt = dOs + buf * kSw128Tile;
+    const uint64_t dq_desc = wgmma_desc_sw128(Qt), ddo_desc = wgmma_desc_sw128(dOt);
+    const float* lse2 = lse_s + buf * kRows;
+    const float* dl = dl_s + buf * kRows;
+
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, k16 steps along the head dim.
+    float sc[32], dp[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_64x64x16_ss<T>(sc, dk_desc + 2 * kk, dq_desc + 2 * kk, kk > 0);
+      wgmma_64x64x16_ss<T>(dp, dv_desc + 2 * kk, ddo_desc + 2 * kk, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    const bool edge = DROP || qt == kt || q0 + kRows > P.S || k0 + kRows > P.S;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * n + e, qc = n * 8 + 2 * tq + (e & 1);
+        const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
+        float p = ex2_ftz(sc[i] * P.scale_log2 - lse2[qc]);
+        if (edge && (key > q || q >= P.S || key >= P.S)) p = 0.f;
+        if constexpr (DROP) {  // dV from the dropped P (the keep scale once at the end)
+          const bool kp = kept_k(keep, n, e);
+          sc[i] = kp ? p : 0.f;
+          dp[i] = p * ((kp ? dp[i] * P.D.scale : 0.f) - dl[qc]);
+        } else {
+          sc[i] = p;                     // P^T
+          dp[i] = p * (dp[i] - dl[qc]);  // dS^T (unscaled)
+        }
+      }
+    if (P.ds) {  // dS^T for the dQ kernel, as fa_bwd_dkv_kernel writes it
+      T* tile =
+          static_cast<T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<uint32_t*>(tile + (warp * 16 + gr + 8 * r) * 64 + n * 8 + 2 * tq) =
+              pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]);
+    }
+    // dV += P^T dO, dK += dS^T Q: k16 chunks of queries (16 rows of dO and Q: 2048 bytes).
+    uint32_t ap[4][4], ad[4][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        ap[c][k] = pack2<T>(sc[8 * c + 2 * k], sc[8 * c + 2 * k + 1]);
+        ad[c][k] = pack2<T>(dp[8 * c + 2 * k], dp[8 * c + 2 * k + 1]);
+      }
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      wgmma_64x64x16_rs<T>(dv, ap[c], ddo_desc + (2048 >> 4) * c, true);
+      wgmma_64x64x16_rs<T>(dk, ad[c], dq_desc + (2048 >> 4) * c, true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();
+  }
+
+  T* dqkv = static_cast<T*>(P.out);
+  T* dkb = dqkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  T* dvb = dkb + HD;
+  const float dvs = DROP ? P.D.scale : 1.f;  // dV's keep scale
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = key0 + r * 8;
+    if (key >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      *reinterpret_cast<uint32_t*>(dkb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dk[4 * n + 2 * r] * P.scale, dk[4 * n + 2 * r + 1] * P.scale);
+      *reinterpret_cast<uint32_t*>(dvb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dv[4 * n + 2 * r] * dvs, dv[4 * n + 2 * r + 1] * dvs);
+    }
+  }
+}
+
 // ---- backward: dQ of one query tile of one (b, h) ------------------------------------
 template <typename T, int HD, bool DROP>
 __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_kernel(FaParams P) {
