@@ -18,8 +18,8 @@
 // Columns: fwd; fwd with dropout 0.1 writing the keep bits (as the model's layers run it);
 // bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
 // bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
-// --wgmma: instead, for the head-dim-64 shapes, the mma.sync kernels against the wgmma
-// ones (fa_fwd_wgmma_kernel, fa_bwd_dkv_wgmma_kernel; not yet called by the library),
+// --wgmma: instead, the mma.sync kernels against the wgmma ones (fa_fwd_wgmma_kernel, all
+// shapes; fa_bwd_dkv_wgmma_kernel, head dim 64; not yet called by the library),
 // without and with dropout, on the same inputs: both times, the largest difference of the
 // output (out; dK and dV) relative to its largest value, of lse, and whether the keep bits
 // both forwards wrote are the same bytes.
@@ -79,9 +79,10 @@ float bf16_value(uint16_t v) {
   return f;
 }
 
-// --wgmma: fa_fwd_kernel against fa_fwd_wgmma_kernel and fa_bwd_dkv_kernel against
-// fa_bwd_dkv_wgmma_kernel on the same inputs (bf16, head dim 64), without and with dropout.
-template <typename Time>
+// --wgmma: fa_fwd_kernel against fa_fwd_wgmma_kernel (head dims 64 and 128) and
+// fa_bwd_dkv_kernel against fa_bwd_dkv_wgmma_kernel (64) on the same inputs (bf16), without
+// and with dropout.
+template <int HD, typename Time>
 void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
                    const ops::cuda::FlashArgs& fd, void* out, float* lse, void* mask, void* dqkv,
                    const void* dout, const float* delta, cudaStream_t cs, Time& time) {
@@ -89,10 +90,10 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
   using gpu::bf16;
   const int64_t no = c.S * c.B * c.NH * c.HD, nl = c.B * c.NH * c.S;
   static bool once =
-      (gpu::allow_smem(gpu::fa_fwd_kernel<bf16, 64, false>, gpu::fwd_bytes<64>()),
-       gpu::allow_smem(gpu::fa_fwd_kernel<bf16, 64, true>, gpu::fwd_bytes<64>()),
-       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, false>, gpu::fwd_wgmma_bytes()),
-       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, true>, gpu::fwd_wgmma_bytes()),
+      (gpu::allow_smem(gpu::fa_fwd_kernel<bf16, HD, false>, gpu::fwd_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_fwd_kernel<bf16, HD, true>, gpu::fwd_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, HD, false>, gpu::fwd_wgmma_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, HD, true>, gpu::fwd_wgmma_bytes<HD>()),
        gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, 64, false>, gpu::dkv_bytes<64>()),
        gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, 64, true>, gpu::dkv_bytes<64>()),
        gpu::allow_smem(gpu::fa_bwd_dkv_wgmma_kernel<bf16, false>, gpu::bwd_dkv_wgmma_bytes()),
@@ -105,15 +106,15 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
     P.mask = drop && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
     const dim3 grid(unsigned((P.S + 63) / 64), unsigned(P.B * P.NH));
     auto run = [&](bool wg) {
-      constexpr size_t kb = gpu::fwd_bytes<64>(), wb = gpu::fwd_wgmma_bytes();
+      constexpr size_t kb = gpu::fwd_bytes<HD>(), wb = gpu::fwd_wgmma_bytes<HD>();
       if (wg && drop)
-        gpu::fa_fwd_wgmma_kernel<bf16, true><<<grid, 128, wb, cs>>>(P);
+        gpu::fa_fwd_wgmma_kernel<bf16, HD, true><<<grid, 128, wb, cs>>>(P);
       else if (wg)
-        gpu::fa_fwd_wgmma_kernel<bf16, false><<<grid, 128, wb, cs>>>(P);
+        gpu::fa_fwd_wgmma_kernel<bf16, HD, false><<<grid, 128, wb, cs>>>(P);
       else if (drop)
-        gpu::fa_fwd_kernel<bf16, 64, true><<<grid, 128, kb, cs>>>(P);
+        gpu::fa_fwd_kernel<bf16, HD, true><<<grid, 128, kb, cs>>>(P);
       else
-        gpu::fa_fwd_kernel<bf16, 64, false><<<grid, 128, kb, cs>>>(P);
+        gpu::fa_fwd_kernel<bf16, HD, false><<<grid, 128, kb, cs>>>(P);
       check(cudaGetLastError(), "launch");
     };
     if (P.mask) check(cudaMemset(mask, 0, size_t(mask_bytes)), "memset");
@@ -142,6 +143,7 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
     std::fflush(stdout);
 
     // dK, dV from the lse just written (and, with dropout, the keep bits): no dS hand-over.
+    if constexpr (HD != 64) continue;
     gpu::FaParams B = P;
     B.out = dqkv, B.dout = dout, B.delta = delta, B.mask_ready = B.mask != nullptr;
     const dim3 bgrid(unsigned((B.S + 63) / 64), unsigned(B.B * B.NG));
@@ -253,7 +255,10 @@ static int run(int argc, char** argv) {
       return ms[ms.size() / 2];
     };
     if (wgmma) {
-      if (c.HD == 64) compare_wgmma(c, fa, fd, out, lse, mask, dqkv, dout, delta, cs, time);
+      if (c.HD == 64)
+        compare_wgmma<64>(c, fa, fd, out, lse, mask, dqkv, dout, delta, cs, time);
+      else
+        compare_wgmma<128>(c, fa, fd, out, lse, mask, dqkv, dout, delta, cs, time);
       for (void* p :
            {qkv, dqkv, out, dout, ds, mask, static_cast<void*>(lse), static_cast<void*>(delta)})
         if (p) check(cudaFree(p), "free");

@@ -252,27 +252,31 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
   }
 }
 
-// ---- forward on Hopper's warpgroup MMA (head dim 64) ----------------------------------
+// ---- forward on Hopper's warpgroup MMA (head dims 64 and 128) ------------------------
 // The same algorithm, tiles and results as fa_fwd_kernel, with the two products of a tile
 // as wgmma.mma_async m64n64k16 over the whole 64-row tile (one warpgroup): S = Q K^T from
-// 128B-swizzled Q and K tiles (both K-major), O += P V with P from registers and V an
-// MN-major tile. The accumulators are in mma.sync's C layout per warp, so the softmax, the
-// causal mask and the dropout keep bits are fa_fwd_kernel's. NOT YET RUN ON A GPU: the
-// library does not call it; bench_flash_kernels --wgmma runs it beside fa_fwd_kernel on the
-// same inputs and reports the largest differences and both times (the step before it may
-// serve the forward).
+// 128B-swizzled Q and K tiles (both K-major; head dim 128: two tiles of 64 columns, k16
+// steps 4..7 in the second), O += P V with P from registers and V an MN-major tile (head
+// dim 128: one product per 64-column half, so no descriptor spans two tiles). The accumulators are
+// in mma.sync's C layout per warp, so the softmax, the causal mask and the dropout keep bits are
+// fa_fwd_kernel's. NOT YET RUN ON A GPU: the library does not call it; bench_flash_kernels --wgmma
+// runs it beside fa_fwd_kernel on the same inputs and reports the largest differences and both
+// times (the step before it may serve the forward).
 constexpr int kSw128Tile = 64 * 64;  // elements of a swizzled 64 x 64 tile (8 KiB)
-// Its dynamic shared memory: Q, K[2], V[2] and the 1024-byte alignment slack.
-[[maybe_unused]] constexpr size_t fwd_wgmma_bytes() { return size_t(5 * kSw128Tile) * 2 + 1024; }
+// Its dynamic shared memory: Q, K[2], V[2] of 64 x HD and the 1024-byte alignment slack.
+template <int HD>
+constexpr size_t fwd_wgmma_bytes() {
+  return size_t(5 * kRows * HD) * 2 + 1024;
+}
 
-template <typename T, bool DROP>
+template <typename T, int HD, bool DROP>
 __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
-  constexpr int HD = 64, ND = HD / 8;
+  constexpr int ND = HD / 8, NHALF = HD / 64, TILE = kRows * HD;
   extern __shared__ __align__(16) unsigned char fa_smem[];
   // 1024-byte aligned tiles (the swizzle atom): Q, then K [2], then V [2].
   T* Qs = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
-  T* Ks = Qs + kSw128Tile;
-  T* Vs = Ks + 2 * kSw128Tile;
+  T* Ks = Qs + TILE;
+  T* Vs = Ks + 2 * TILE;
 
   const int nq = int((P.S + kRows - 1) / kRows);
   const int qt = nq - 1 - int(blockIdx.x);  // longest rows first
@@ -285,15 +289,17 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
   const T* vb = kb + HD;
   const int64_t q0 = int64_t(qt) * kRows;
 
-  cp_async_tile_sw128(Qs, qb, stride, q0, P.S);
-  cp_async_tile_sw128(Ks, kb, stride, 0, P.S);
-  cp_async_tile_sw128(Vs, vb, stride, 0, P.S);
+  cp_async_tile_sw128<HD>(Qs, qb, stride, q0, P.S);
+  cp_async_tile_sw128<HD>(Ks, kb, stride, 0, P.S);
+  cp_async_tile_sw128<HD>(Vs, vb, stride, 0, P.S);
   cp_async_commit();
   const uint64_t dq = wgmma_desc_sw128(Qs);
 
-  float o[32];
+  float o[NHALF][32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o[i] = 0.f;
+  for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[hh][i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int64_t row0 = q0 + warp * 16 + gr;  // rows row0 and row0 + 8
   const int nkt = qt + 1;
@@ -312,8 +318,8 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
       keep = keep_bits_rows_q<true>(P.D, b, h, row0, k0, tq, lane, mrow0 ? mrow0 + k0 / 8 : nullptr,
                                     mrow1 ? mrow1 + k0 / 8 : nullptr);
     if (j + 1 < nkt) {
-      cp_async_tile_sw128(Ks + (buf ^ 1) * kSw128Tile, kb, stride, k0 + kRows, P.S);
-      cp_async_tile_sw128(Vs + (buf ^ 1) * kSw128Tile, vb, stride, k0 + kRows, P.S);
+      cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * TILE, kb, stride, k0 + kRows, P.S);
+      cp_async_tile_sw128<HD>(Vs + (buf ^ 1) * TILE, vb, stride, k0 + kRows, P.S);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -321,14 +327,18 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
     }
     fence_proxy_async_smem();
     __syncthreads();
-    const uint64_t dk = wgmma_desc_sw128(Ks + buf * kSw128Tile);
-    const uint64_t dv = wgmma_desc_sw128(Vs + buf * kSw128Tile);
+    const uint64_t dk = wgmma_desc_sw128(Ks + buf * TILE);
+    const uint64_t dv = wgmma_desc_sw128(Vs + buf * TILE);
 
-    // S = Q K^T: four k16 steps along the head dim (32 bytes of the swizzled rows each).
+    // S = Q K^T: k16 steps along the head dim, 32 bytes of a tile's swizzled rows each
+    // (descriptor units of 16 bytes; the second 64-column tile 8 KiB on).
     float sc[32];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_64x64x16_ss<T>(sc, dq + 2 * kk, dk + 2 * kk, kk > 0);
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
+      wgmma_64x64x16_ss<T>(sc, dq + off, dk + off, kk > 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
 
@@ -357,7 +367,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
       l[r] *= alpha[r];
     }
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
+    for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[hh][i] *= alpha[(i >> 1) & 1];
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -370,7 +382,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
           sc[4 * n + e] = p;
       }
     // O += P V: P's C fragments of n8 blocks 2c, 2c + 1 are the A fragment of key chunk c;
-    // V's rows 16c .. 16c + 15 start 2048 bytes further each.
+    // V's rows 16c .. 16c + 15 start 2048 bytes further each (in each 64-column tile).
     uint32_t a[4][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -381,7 +393,10 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
     }
     wgmma_fence();
 #pragma unroll
-    for (int c = 0; c < 4; ++c) wgmma_64x64x16_rs<T>(o, a[c], dv + (2048 >> 4) * c, true);
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < NHALF; ++hh)
+        wgmma_64x64x16_rs<T>(o[hh], a[c], dv + (8192 >> 4) * hh + (2048 >> 4) * c, true);
     wgmma_commit();
     wgmma_wait<0>();
     __syncthreads();  // buffer `buf` is refilled next iteration
@@ -399,7 +414,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
 #pragma unroll
     for (int n = 0; n < ND; ++n)
       *reinterpret_cast<uint32_t*>(ob + row * ostride + n * 8 + 2 * tq) =
-          pack2<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+          pack2<T>(o[n >> 3][4 * (n & 7) + 2 * r] * inv, o[n >> 3][4 * (n & 7) + 2 * r + 1] * inv);
     if (tq == 0) P.lse[(b * P.NH + h) * P.S + row] = (m[r] + log2f(l[r])) * kLn2;
   }
 }
@@ -411,10 +426,10 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
   extern __shared__ __align__(16) unsigned char fa_smem[];
   T* Ks = reinterpret_cast<T*>(fa_smem);
   T* Vs = Ks + TILE;
-  T* Qs = Vs + TILE;       // [2][64][LD]
-  T* dOs = Qs + 2 * TILE;  // [2][64][LD]
+  T* Qs = Vs + TILE;                                        // [2][64][LD]
+  T* dOs = Qs + 2 * TILE;                                   // [2][64][LD]
   float* lse_s = reinterpret_cast<float*>(dOs + 2 * TILE);  // [2][64], log2 domain
-  float* dl_s = lse_s + 2 * kRows;                           // [2][64]
+  float* dl_s = lse_s + 2 * kRows;                          // [2][64]
 
   const int nt = int((P.S + kRows - 1) / kRows);
   const int kt = int(blockIdx.x);
@@ -463,8 +478,8 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
     if constexpr (DROP) {
       const int64_t bh = b * P.NH + g * P.QPG + hi;
       if (P.mask_ready) {
-        keep = rows_k_from_blocks(
-            load_mask_blocks_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq), gr, tq);
+        keep = rows_k_from_blocks(load_mask_blocks_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq),
+                                  gr, tq);
       } else {
         uint32_t drawn;
         keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, drawn);
@@ -532,13 +547,13 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
           sc[n][e] = kp ? p : 0.f;
           dp[n][e] = p * ((kp ? dp[n][e] * P.D.scale : 0.f) - dl[qc]);
         } else {
-          sc[n][e] = p;                       // P^T
+          sc[n][e] = p;                        // P^T
           dp[n][e] = p * (dp[n][e] - dl[qc]);  // dS^T (unscaled)
         }
       }
     if (P.ds) {  // dS^T for the dQ kernel: rows key0, key0 + 8 of the tile, two queries each
-      T* tile = static_cast<T*>(P.ds) +
-                FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
+      T* tile =
+          static_cast<T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -627,9 +642,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P
     const int hi = it / per_head, qt = kt + (it - hi * per_head);
     const int64_t h = g * P.QPG + hi;
     const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + hi) * HD;
-    cp_async_tile_sw128(Qs + buf * kSw128Tile, qb, stride, int64_t(qt) * kRows, P.S);
-    cp_async_tile_sw128(dOs + buf * kSw128Tile, dout + b * P.NH * HD + h * HD, ostride,
-                        int64_t(qt) * kRows, P.S);
+    cp_async_tile_sw128<64>(Qs + buf * kSw128Tile, qb, stride, int64_t(qt) * kRows, P.S);
+    cp_async_tile_sw128<64>(dOs + buf * kSw128Tile, dout + b * P.NH * HD + h * HD, ostride,
+                            int64_t(qt) * kRows, P.S);
     if (threadIdx.x < kRows) {
       const int64_t q = int64_t(qt) * kRows + threadIdx.x;
       const bool ok = q < P.S;
@@ -638,8 +653,8 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P
     }
   };
 
-  cp_async_tile_sw128(Ks, kb, stride, k0, P.S);
-  cp_async_tile_sw128(Vs, vb, stride, k0, P.S);
+  cp_async_tile_sw128<64>(Ks, kb, stride, k0, P.S);
+  cp_async_tile_sw128<64>(Vs, vb, stride, k0, P.S);
   issue(0, 0);
   cp_async_commit();
   const uint64_t dk_desc = wgmma_desc_sw128(Ks), dv_desc = wgmma_desc_sw128(Vs);

@@ -7,7 +7,8 @@
 //
 // Tile layout (what the descriptors describe): 64 rows of 64 two-byte elements, 128 bytes a
 // row, rows contiguous, 16-byte chunk j of row r stored at chunk j ^ (r & 7); the tile
-// starts on a 1024-byte boundary. Eight rows (1024 bytes) are one swizzle atom.
+// starts on a 1024-byte boundary. Eight rows (1024 bytes) are one swizzle atom. Rows of 128
+// elements are two such tiles, columns 0-63 and 64-127, one after the other.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -129,21 +130,25 @@ __device__ __forceinline__ void wgmma_64x64x16_rs(float (&d)[32], const uint32_t
 
 #undef MCPP_WGMMA_D32
 
-// 64 rows x 64 two-byte elements of a strided [rows, 64] slab into a 128B-swizzled tile (the
-// layout above) with cp.async, by 128 threads; rows r0 + r >= S are zero-filled.
-template <typename T>
+// 64 rows x HD two-byte elements (HD = 64 or 128) of a strided [rows, HD] slab into
+// HD / 64 128B-swizzled tiles (the layout above; columns 64h .. 64h + 63 in tile h, 8 KiB
+// apart) with cp.async, by 128 threads; rows r0 + r >= S are zero-filled.
+template <int HD, typename T>
 __device__ __forceinline__ void cp_async_tile_sw128(T* dst, const T* src, int64_t stride,
                                                     int64_t r0, int64_t S) {
-  const int r = int(threadIdx.x) >> 3, j = int(threadIdx.x) & 7;
+  static_assert(HD == 64 || HD == 128);
+  constexpr int CH = HD / 8, STEP = 128 / CH;  // 16-byte chunks a row, rows a step
+  const int r = int(threadIdx.x) / CH, j = int(threadIdx.x) % CH;
   const int64_t left = S - r0 - r;
   const T* g = src + (r0 + r) * stride + j * 8;
-  // 16 rows a step: r & 7, and so the swizzled chunk, is the same for every step's row.
-  unsigned char* d = reinterpret_cast<unsigned char*>(dst) + r * 128 + ((j ^ (r & 7)) << 4);
+  // STEP is a multiple of 8: r & 7, and so the swizzled chunk, is every step's row's.
+  unsigned char* d = reinterpret_cast<unsigned char*>(dst) + (j >> 3) * 8192 + r * 128 +
+                     (((j & 7) ^ (r & 7)) << 4);
 #pragma unroll
-  for (int it = 0; it < 4; ++it) {
-    const bool ok = it * 16 < left;
-    cp_async16(d + it * 16 * 128, ok ? g : src, ok);
-    g += 16 * stride;
+  for (int it = 0; it < 64 / STEP; ++it) {
+    const bool ok = it * STEP < left;
+    cp_async16(d + it * STEP * 128, ok ? g : src, ok);
+    g += STEP * stride;
   }
 }
 
