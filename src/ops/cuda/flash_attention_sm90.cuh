@@ -1,0 +1,341 @@
+// Included once, by ops/cuda/flash_attention.cu, inside its anonymous namespace (after
+// FaParams, FaDsBuf, the tile loaders and the dropout helpers; wgmma_sm90.cuh is included
+// at the top of that file): the flash-attention kernels on Hopper's warpgroup MMA, with the
+// algorithms, launch shapes and results of the mma.sync kernels beside which they stand.
+// Not yet run on a GPU, so the library does not launch them;
+// bench/gpu/bench_flash_kernels.cu --wgmma compares each with its mma.sync kernel.
+#pragma once
+
+// ---- forward on Hopper's warpgroup MMA (head dims 64 and 128) ------------------------
+// The same algorithm, tiles and results as fa_fwd_kernel, with the two products of a tile
+// as wgmma.mma_async m64n64k16 over the whole 64-row tile (one warpgroup): S = Q K^T from
+// 128B-swizzled Q and K tiles (both K-major; head dim 128: two tiles of 64 columns, k16
+// steps 4..7 in the second), O += P V with P from registers and V an MN-major tile (head
+// dim 128: one product per 64-column half, so no descriptor spans two tiles). The accumulators are
+// in mma.sync's C layout per warp, so the softmax, the causal mask and the dropout keep bits are
+// fa_fwd_kernel's. NOT YET RUN ON A GPU: the library does not call it; bench_flash_kernels --wgmma
+// runs it beside fa_fwd_kernel on the same inputs and reports the largest differences and both
+// times (the step before it may serve the forward).
+constexpr int kSw128Tile = 64 * 64;  // elements of a swizzled 64 x 64 tile (8 KiB)
+// Its dynamic shared memory: Q, K[2], V[2] of 64 x HD and the 1024-byte alignment slack.
+template <int HD>
+constexpr size_t fwd_wgmma_bytes() {
+  return size_t(5 * kRows * HD) * 2 + 1024;
+}
+
+template <typename T, int HD, bool DROP>
+__global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
+  constexpr int ND = HD / 8, NHALF = HD / 64, TILE = kRows * HD;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  // 1024-byte aligned tiles (the swizzle atom): Q, then K [2], then V [2].
+  T* Qs = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Ks = Qs + TILE;
+  T* Vs = Ks + 2 * TILE;
+
+  const int nq = int((P.S + kRows - 1) / kRows);
+  const int qt = nq - 1 - int(blockIdx.x);  // longest rows first
+  const int64_t b = blockIdx.y / P.NH, h = blockIdx.y - b * P.NH, g = h / P.QPG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const int64_t stride = P.B * P.W;
+  const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HD;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* vb = kb + HD;
+  const int64_t q0 = int64_t(qt) * kRows;
+
+  cp_async_tile_sw128<HD>(Qs, qb, stride, q0, P.S);
+  cp_async_tile_sw128<HD>(Ks, kb, stride, 0, P.S);
+  cp_async_tile_sw128<HD>(Vs, vb, stride, 0, P.S);
+  cp_async_commit();
+  const uint64_t dq = wgmma_desc_sw128(Qs);
+
+  float o[NHALF][32];
+#pragma unroll
+  for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[hh][i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int64_t row0 = q0 + warp * 16 + gr;  // rows row0 and row0 + 8
+  const int nkt = qt + 1;
+  uint8_t* mrow0 = nullptr;
+  uint8_t* mrow1 = nullptr;
+  if constexpr (DROP) {
+    mrow0 = mask_row_q(P.mask, P.S, b * P.NH + h, row0);
+    mrow1 = mask_row_q(P.mask, P.S, b * P.NH + h, row0 + 8);
+  }
+
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    const int64_t k0 = int64_t(j) * kRows;
+    uint32_t keep = 0;
+    if constexpr (DROP)
+      keep = keep_bits_rows_q<true>(P.D, b, h, row0, k0, tq, lane, mrow0 ? mrow0 + k0 / 8 : nullptr,
+                                    mrow1 ? mrow1 + k0 / 8 : nullptr);
+    if (j + 1 < nkt) {
+      cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * TILE, kb, stride, k0 + kRows, P.S);
+      cp_async_tile_sw128<HD>(Vs + (buf ^ 1) * TILE, vb, stride, k0 + kRows, P.S);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    const uint64_t dk = wgmma_desc_sw128(Ks + buf * TILE);
+    const uint64_t dv = wgmma_desc_sw128(Vs + buf * TILE);
+
+    // S = Q K^T: k16 steps along the head dim, 32 bytes of a tile's swizzled rows each
+    // (descriptor units of 16 bytes; the second 64-column tile 8 KiB on).
+    float sc[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
+      wgmma_64x64x16_ss<T>(sc, dq + off, dk + off, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    const bool diag = j == nkt - 1;
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (diag) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
+          if (col > row || col >= P.S) sc[4 * n + e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
+    float alpha[2], mref[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r] * P.scale_log2);
+      mref[r] = mn == -INFINITY ? 0.f : mn;
+      alpha[r] = ex2_ftz(m[r] - mref[r]);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[hh][i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = ex2_ftz(fmaf(sc[4 * n + e], P.scale_log2, -mref[e >> 1]));
+        l[e >> 1] += p;
+        if constexpr (DROP)
+          sc[4 * n + e] = kept_q(keep, n, e) ? p : 0.f;
+        else
+          sc[4 * n + e] = p;
+      }
+    // O += P V: P's C fragments of n8 blocks 2c, 2c + 1 are the A fragment of key chunk c;
+    // V's rows 16c .. 16c + 15 start 2048 bytes further each (in each 64-column tile).
+    uint32_t a[4][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      a[c][0] = pack2<T>(sc[8 * c + 0], sc[8 * c + 1]);
+      a[c][1] = pack2<T>(sc[8 * c + 2], sc[8 * c + 3]);
+      a[c][2] = pack2<T>(sc[8 * c + 4], sc[8 * c + 5]);
+      a[c][3] = pack2<T>(sc[8 * c + 6], sc[8 * c + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < NHALF; ++hh)
+        wgmma_64x64x16_rs<T>(o[hh], a[c], dv + (8192 >> 4) * hh + (2048 >> 4) * c, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();  // buffer `buf` is refilled next iteration
+  }
+
+  T* ob = static_cast<T*>(P.out) + b * P.NH * HD + h * HD;
+  const int64_t ostride = P.B * P.NH * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int64_t row = row0 + r * 8;
+    if (row >= P.S) continue;
+    const float inv = (DROP ? P.D.scale : 1.f) / l[r];
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<uint32_t*>(ob + row * ostride + n * 8 + 2 * tq) =
+          pack2<T>(o[n >> 3][4 * (n & 7) + 2 * r] * inv, o[n >> 3][4 * (n & 7) + 2 * r + 1] * inv);
+    if (tq == 0) P.lse[(b * P.NH + h) * P.S + row] = (m[r] + log2f(l[r])) * kLn2;
+  }
+}
+
+// ---- backward dK, dV on Hopper's warpgroup MMA (head dim 64) -------------------------
+// fa_bwd_dkv_kernel's algorithm and results with the four products of a tile as wgmma
+// m64n64k16 over the 64-key tile: S^T = K Q^T and dP^T = V dO^T from 128B-swizzled tiles
+// (all K-major), dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q as
+// MN-major tiles. NOT YET RUN ON A GPU: the library does not call it; bench_flash_kernels
+// --wgmma compares it with fa_bwd_dkv_kernel.
+[[maybe_unused]] constexpr size_t bwd_dkv_wgmma_bytes() {
+  return size_t(6 * kSw128Tile) * 2 + 4 * kRows * sizeof(float) + 1024;
+}
+
+template <typename T, bool DROP>
+__global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P) {
+  constexpr int HD = 64, ND = HD / 8;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Vs = Ks + kSw128Tile;
+  T* Qs = Vs + kSw128Tile;                                        // [2]
+  T* dOs = Qs + 2 * kSw128Tile;                                   // [2]
+  float* lse_s = reinterpret_cast<float*>(dOs + 2 * kSw128Tile);  // [2][64], log2 domain
+  float* dl_s = lse_s + 2 * kRows;                                // [2][64]
+
+  const int nt = int((P.S + kRows - 1) / kRows);
+  const int kt = int(blockIdx.x);
+  const int64_t bl = blockIdx.y / P.NG, b = P.b0 + bl, g = blockIdx.y - bl * P.NG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const T* dout = static_cast<const T*>(P.dout);
+  const int64_t stride = P.B * P.W, ostride = P.B * P.NH * HD;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* vb = kb + HD;
+  const int64_t k0 = int64_t(kt) * kRows;
+
+  const int per_head = nt - kt, iters = int(P.QPG) * per_head;
+  auto issue = [&](int it, int buf) {
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t h = g * P.QPG + hi;
+    const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + hi) * HD;
+    cp_async_tile_sw128<64>(Qs + buf * kSw128Tile, qb, stride, int64_t(qt) * kRows, P.S);
+    cp_async_tile_sw128<64>(dOs + buf * kSw128Tile, dout + b * P.NH * HD + h * HD, ostride,
+                            int64_t(qt) * kRows, P.S);
+    if (threadIdx.x < kRows) {
+      const int64_t q = int64_t(qt) * kRows + threadIdx.x;
+      const bool ok = q < P.S;
+      lse_s[buf * kRows + threadIdx.x] = ok ? P.lse[(b * P.NH + h) * P.S + q] * kLog2e : 0.f;
+      dl_s[buf * kRows + threadIdx.x] = ok ? P.delta[(b * P.NH + h) * P.S + q] : 0.f;
+    }
+  };
+
+  cp_async_tile_sw128<64>(Ks, kb, stride, k0, P.S);
+  cp_async_tile_sw128<64>(Vs, vb, stride, k0, P.S);
+  issue(0, 0);
+  cp_async_commit();
+  const uint64_t dk_desc = wgmma_desc_sw128(Ks), dv_desc = wgmma_desc_sw128(Vs);
+
+  float dk[32], dv[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.f;
+  const int64_t key0 = k0 + warp * 16 + gr;  // this thread's key rows: key0, key0 + 8
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t q0 = int64_t(qt) * kRows;
+    uint32_t keep = 0;
+    if constexpr (DROP) {
+      const int64_t bh = b * P.NH + g * P.QPG + hi;
+      if (P.mask_ready) {
+        keep = rows_k_from_blocks(load_mask_blocks_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq),
+                                  gr, tq);
+      } else {
+        uint32_t drawn;
+        keep = keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, drawn);
+        if (P.mask) store_mask(P.mask, P.S, bh, q0 + 8 * gr + 2 * tq, k0 + warp * 16, drawn);
+      }
+    }
+    if (it + 1 < iters) {
+      issue(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    const T* Qt = Qs + buf * kSw128Tile;
+    const T* dOt = dOs + buf * kSw128Tile;
+    const uint64_t dq_desc = wgmma_desc_sw128(Qt), ddo_desc = wgmma_desc_sw128(dOt);
+    const float* lse2 = lse_s + buf * kRows;
+    const float* dl = dl_s + buf * kRows;
+
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, k16 steps along the head dim.
+    float sc[32], dp[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_64x64x16_ss<T>(sc, dk_desc + 2 * kk, dq_desc + 2 * kk, kk > 0);
+      wgmma_64x64x16_ss<T>(dp, dv_desc + 2 * kk, ddo_desc + 2 * kk, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    const bool edge = DROP || qt == kt || q0 + kRows > P.S || k0 + kRows > P.S;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * n + e, qc = n * 8 + 2 * tq + (e & 1);
+        const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
+        float p = ex2_ftz(sc[i] * P.scale_log2 - lse2[qc]);
+        if (edge && (key > q || q >= P.S || key >= P.S)) p = 0.f;
+        if constexpr (DROP) {  // dV from the dropped P (the keep scale once at the end)
+          const bool kp = kept_k(keep, n, e);
+          sc[i] = kp ? p : 0.f;
+          dp[i] = p * ((kp ? dp[i] * P.D.scale : 0.f) - dl[qc]);
+        } else {
+          sc[i] = p;                     // P^T
+          dp[i] = p * (dp[i] - dl[qc]);  // dS^T (unscaled)
+        }
+      }
+    if (P.ds) {  // dS^T for the dQ kernel, as fa_bwd_dkv_kernel writes it
+      T* tile =
+          static_cast<T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<uint32_t*>(tile + (warp * 16 + gr + 8 * r) * 64 + n * 8 + 2 * tq) =
+              pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]);
+    }
+    // dV += P^T dO, dK += dS^T Q: k16 chunks of queries (16 rows of dO and Q: 2048 bytes).
+    uint32_t ap[4][4], ad[4][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        ap[c][k] = pack2<T>(sc[8 * c + 2 * k], sc[8 * c + 2 * k + 1]);
+        ad[c][k] = pack2<T>(dp[8 * c + 2 * k], dp[8 * c + 2 * k + 1]);
+      }
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      wgmma_64x64x16_rs<T>(dv, ap[c], ddo_desc + (2048 >> 4) * c, true);
+      wgmma_64x64x16_rs<T>(dk, ad[c], dq_desc + (2048 >> 4) * c, true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();
+  }
+
+  T* dqkv = static_cast<T*>(P.out);
+  T* dkb = dqkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  T* dvb = dkb + HD;
+  const float dvs = DROP ? P.D.scale : 1.f;  // dV's keep scale
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = key0 + r * 8;
+    if (key >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      *reinterpret_cast<uint32_t*>(dkb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dk[4 * n + 2 * r] * P.scale, dk[4 * n + 2 * r + 1] * P.scale);
+      *reinterpret_cast<uint32_t*>(dvb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dv[4 * n + 2 * r] * dvs, dv[4 * n + 2 * r + 1] * dvs);
+    }
+  }
+}
