@@ -11,11 +11,9 @@
 // as wgmma.mma_async m64n64k16 over the whole 64-row tile (one warpgroup): S = Q K^T from
 // 128B-swizzled Q and K tiles (both K-major; head dim 128: two tiles of 64 columns, k16
 // steps 4..7 in the second), O += P V with P from registers and V an MN-major tile (head
-// dim 128: one product per 64-column half, so no descriptor spans two tiles). The accumulators are
-// in mma.sync's C layout per warp, so the softmax, the causal mask and the dropout keep bits are
-// fa_fwd_kernel's. NOT YET RUN ON A GPU: the library does not call it; bench_flash_kernels --wgmma
-// runs it beside fa_fwd_kernel on the same inputs and reports the largest differences and both
-// times (the step before it may serve the forward).
+// dim 128: one product per 64-column half, so no descriptor spans two tiles). The
+// accumulators are in mma.sync's C layout per warp, so the softmax, the causal mask and the
+// dropout keep bits are fa_fwd_kernel's.
 constexpr int kSw128Tile = 64 * 64;  // elements of a swizzled 64 x 64 tile (8 KiB)
 // Its dynamic shared memory: Q, K[2], V[2] of 64 x HD and the 1024-byte alignment slack.
 template <int HD>
@@ -177,8 +175,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
 // fa_bwd_dkv_kernel's algorithm and results with the four products of a tile as wgmma
 // m64n64k16 over the 64-key tile: S^T = K Q^T and dP^T = V dO^T from 128B-swizzled tiles
 // (all K-major), dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q as
-// MN-major tiles. NOT YET RUN ON A GPU: the library does not call it; bench_flash_kernels
-// --wgmma compares it with fa_bwd_dkv_kernel.
+// MN-major tiles.
 [[maybe_unused]] constexpr size_t bwd_dkv_wgmma_bytes() {
   return size_t(6 * kSw128Tile) * 2 + 4 * kRows * sizeof(float) + 1024;
 }
