@@ -19,7 +19,7 @@
 // bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
 // bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
 // --wgmma: instead, the mma.sync kernels against the wgmma ones (fa_fwd_wgmma_kernel, all
-// shapes; fa_bwd_dkv_wgmma_kernel, head dim 64; not yet called by the library),
+// shapes; fa_bwd_dkv_wgmma_kernel, head dim 64; what the library launches on Hopper),
 // without and with dropout, on the same inputs: both times, the largest difference of the
 // output (out; dK and dV) relative to its largest value, of lse, and whether the keep bits
 // both forwards wrote are the same bytes.

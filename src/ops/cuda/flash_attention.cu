@@ -32,11 +32,14 @@
 // the dK/dV kernel draws the mask again (and, for a recomputing dQ kernel, writes its bits)
 // (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ). The dQ kernels are in
 // flash_attention_dq.cuh, the Hopper (wgmma) kernels in flash_attention_sm90.cuh, both
-// included below inside this file's anonymous namespace.
+// included below inside this file's anonymous namespace. On Hopper (an sm_90a image loaded)
+// the forward and the head-dim-64 dK/dV kernel are the wgmma ones (use_wgmma).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "base/philox.h"
 #include "ops/cuda/common.cuh"
@@ -466,22 +469,61 @@ FaParams make(const FlashArgs& a) {
   return P;
 }
 
+// 1 in the image the runtime loads for this device when it holds the wgmma kernels (an
+// sm_90a cubin on a compute-capability-9.0 GPU), 0 in any other (sm_80 SASS, or PTX of
+// compute_90 JIT-compiled for a later GPU, where wgmma.mma_async does not exist).
+__device__ const int kWgmmaImage = MCPP_WGMMA;
+
+// Whether the Hopper kernels run: the loaded image has them and MCPP_FLASH_WGMMA is not 0.
+// Read once per process (the current device's image; a symbol read, no kernel launch).
+bool use_wgmma() {
+  static const bool on = [] {
+    const char* e = std::getenv("MCPP_FLASH_WGMMA");
+    if (e && std::string_view(e) == "0") return false;
+    int built = 0;
+    return cudaMemcpyFromSymbol(&built, kWgmmaImage, sizeof(int)) == cudaSuccess && built == 1;
+  }();
+  return on;
+}
+
 template <typename T, int HD, bool DROP>
 void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs, void* mask) {
-  static bool once = (allow_smem(fa_fwd_kernel<T, HD, DROP>, fwd_bytes<HD>()), true);
+  const bool wg = use_wgmma();
+  static bool once = (wg ? allow_smem(fa_fwd_wgmma_kernel<T, HD, DROP>, fwd_wgmma_bytes<HD>())
+                         : allow_smem(fa_fwd_kernel<T, HD, DROP>, fwd_bytes<HD>()),
+                      true);
   (void)once;
   FaParams P = make(a);
   P.out = out, P.lse = lse;
   P.mask = DROP && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
   dim3 grid(unsigned((P.S + kRows - 1) / kRows), unsigned(P.B * P.NH));
-  fa_fwd_kernel<T, HD, DROP><<<grid, kThreadsFA, fwd_bytes<HD>(), cs>>>(P);
+  if (wg)
+    fa_fwd_wgmma_kernel<T, HD, DROP><<<grid, kThreadsFA, fwd_wgmma_bytes<HD>(), cs>>>(P);
+  else
+    fa_fwd_kernel<T, HD, DROP><<<grid, kThreadsFA, fwd_bytes<HD>(), cs>>>(P);
+  MCPP_LAUNCH_CHECK();
+}
+
+// The dK/dV kernel of a launch: the wgmma one for head dim 64 on Hopper, else mma.sync's.
+template <typename T, int HD, bool DROP>
+void launch_dkv(const FaParams& P, dim3 grid, cudaStream_t cs) {
+  if constexpr (HD == 64) {
+    if (use_wgmma()) {
+      fa_bwd_dkv_wgmma_kernel<T, DROP><<<grid, kThreadsFA, bwd_dkv_wgmma_bytes(), cs>>>(P);
+      MCPP_LAUNCH_CHECK();
+      return;
+    }
+  }
+  fa_bwd_dkv_kernel<T, HD, DROP><<<grid, kThreadsFA, dkv_bytes<HD>(), cs>>>(P);
   MCPP_LAUNCH_CHECK();
 }
 
 template <typename T, int HD, bool DROP>
 void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
          cudaStream_t cs, void* mask, bool mask_ready, void* ds, int64_t ds_chunk) {
-  static bool once = (allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
+  static bool once = (HD == 64 && use_wgmma()
+                          ? allow_smem(fa_bwd_dkv_wgmma_kernel<T, DROP>, bwd_dkv_wgmma_bytes())
+                          : allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
                       allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()),
                       allow_smem(fa_bwd_dq_ds_kernel<T, HD>, dq_ds_bytes<HD>()), true);
   (void)once;
@@ -498,18 +540,14 @@ void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* de
     for (int64_t b0 = 0; b0 < P.B; b0 += ds_chunk) {
       const int64_t nb = std::min(ds_chunk, P.B - b0);
       P.b0 = b0;
-      fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(nb * P.NG)), kThreadsFA,
-                                       dkv_bytes<HD>(), cs>>>(P);
-      MCPP_LAUNCH_CHECK();
+      launch_dkv<T, HD, DROP>(P, dim3(tiles, unsigned(nb * P.NG)), cs);
       fa_bwd_dq_ds_kernel<T, HD><<<dim3(tiles, unsigned(nb * P.NH)), kThreadsFA,
                                    dq_ds_bytes<HD>(), cs>>>(P);
       MCPP_LAUNCH_CHECK();
     }
     return;
   }
-  fa_bwd_dkv_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NG)), kThreadsFA, dkv_bytes<HD>(),
-                             cs>>>(P);
-  MCPP_LAUNCH_CHECK();
+  launch_dkv<T, HD, DROP>(P, dim3(tiles, unsigned(P.B * P.NG)), cs);
   fa_bwd_dq_kernel<T, HD, DROP><<<dim3(tiles, unsigned(P.B * P.NH)), kThreadsFA, dq_bytes<HD>(), cs>>>(
       P);
   MCPP_LAUNCH_CHECK();
