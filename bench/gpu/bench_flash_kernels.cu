@@ -18,11 +18,11 @@
 // Columns: fwd; fwd with dropout 0.1 writing the keep bits (as the model's layers run it);
 // bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
 // bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
-// --wgmma: instead, the mma.sync kernels against the wgmma ones (fa_fwd_wgmma_kernel, all
-// shapes; fa_bwd_dkv_wgmma_kernel, head dim 64; what the library launches on Hopper),
+// --wgmma: instead, the mma.sync kernels against the wgmma ones (fa_fwd_wgmma_kernel,
+// fa_bwd_dkv_wgmma_kernel, fa_bwd_dq_ds_wgmma_kernel: what the library launches on Hopper),
 // without and with dropout, on the same inputs: both times, the largest difference of the
-// output (out; dK and dV) relative to its largest value, of lse, and whether the keep bits
-// both forwards wrote are the same bytes.
+// output (out; dK and dV; dQ) relative to its largest value, of lse, and whether the keep
+// bits both forwards wrote are the same bytes.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -80,12 +80,13 @@ float bf16_value(uint16_t v) {
 }
 
 // --wgmma: fa_fwd_kernel against fa_fwd_wgmma_kernel (head dims 64 and 128) and
-// fa_bwd_dkv_kernel against fa_bwd_dkv_wgmma_kernel (64) on the same inputs (bf16), without
-// and with dropout.
+// fa_bwd_dkv_kernel against fa_bwd_dkv_wgmma_kernel, and fa_bwd_dq_ds_kernel against
+// fa_bwd_dq_ds_wgmma_kernel, on the same inputs (bf16), without and with dropout.
 template <int HD, typename Time>
 void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
                    const ops::cuda::FlashArgs& fd, void* out, float* lse, void* mask, void* dqkv,
-                   const void* dout, const float* delta, cudaStream_t cs, Time& time) {
+                   const void* dout, const float* delta, void* ds, int64_t chunk,
+                   cudaStream_t cs, Time& time) {
   namespace gpu = mcpp::ops::cuda;
   using gpu::bf16;
   const int64_t no = c.S * c.B * c.NH * c.HD, nl = c.B * c.NH * c.S;
@@ -94,10 +95,15 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
        gpu::allow_smem(gpu::fa_fwd_kernel<bf16, HD, true>, gpu::fwd_bytes<HD>()),
        gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, HD, false>, gpu::fwd_wgmma_bytes<HD>()),
        gpu::allow_smem(gpu::fa_fwd_wgmma_kernel<bf16, HD, true>, gpu::fwd_wgmma_bytes<HD>()),
-       gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, 64, false>, gpu::dkv_bytes<64>()),
-       gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, 64, true>, gpu::dkv_bytes<64>()),
-       gpu::allow_smem(gpu::fa_bwd_dkv_wgmma_kernel<bf16, false>, gpu::bwd_dkv_wgmma_bytes()),
-       gpu::allow_smem(gpu::fa_bwd_dkv_wgmma_kernel<bf16, true>, gpu::bwd_dkv_wgmma_bytes()), true);
+       gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, HD, false>, gpu::dkv_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_bwd_dkv_kernel<bf16, HD, true>, gpu::dkv_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_bwd_dkv_wgmma_kernel<bf16, HD, false>,
+                       gpu::bwd_dkv_wgmma_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_bwd_dkv_wgmma_kernel<bf16, HD, true>,
+                       gpu::bwd_dkv_wgmma_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_bwd_dq_ds_kernel<bf16, HD>, gpu::dq_ds_bytes<HD>()),
+       gpu::allow_smem(gpu::fa_bwd_dq_ds_wgmma_kernel<bf16, HD>, gpu::dq_ds_wgmma_bytes<HD>()),
+       true);
   (void)once;
   const int64_t mask_bytes = gpu::flash_attention_mask_bytes(fd);
   for (bool drop : {false, true}) {
@@ -143,20 +149,19 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
     std::fflush(stdout);
 
     // dK, dV from the lse just written (and, with dropout, the keep bits): no dS hand-over.
-    if constexpr (HD != 64) continue;
     gpu::FaParams B = P;
     B.out = dqkv, B.dout = dout, B.delta = delta, B.mask_ready = B.mask != nullptr;
     const dim3 bgrid(unsigned((B.S + 63) / 64), unsigned(B.B * B.NG));
     auto run_dkv = [&](bool wg) {
-      constexpr size_t kb = gpu::dkv_bytes<64>(), wb = gpu::bwd_dkv_wgmma_bytes();
+      constexpr size_t kb = gpu::dkv_bytes<HD>(), wb = gpu::bwd_dkv_wgmma_bytes<HD>();
       if (wg && drop)
-        gpu::fa_bwd_dkv_wgmma_kernel<bf16, true><<<bgrid, 128, wb, cs>>>(B);
+        gpu::fa_bwd_dkv_wgmma_kernel<bf16, HD, true><<<bgrid, 128, wb, cs>>>(B);
       else if (wg)
-        gpu::fa_bwd_dkv_wgmma_kernel<bf16, false><<<bgrid, 128, wb, cs>>>(B);
+        gpu::fa_bwd_dkv_wgmma_kernel<bf16, HD, false><<<bgrid, 128, wb, cs>>>(B);
       else if (drop)
-        gpu::fa_bwd_dkv_kernel<bf16, 64, true><<<bgrid, 128, kb, cs>>>(B);
+        gpu::fa_bwd_dkv_kernel<bf16, HD, true><<<bgrid, 128, kb, cs>>>(B);
       else
-        gpu::fa_bwd_dkv_kernel<bf16, 64, false><<<bgrid, 128, kb, cs>>>(B);
+        gpu::fa_bwd_dkv_kernel<bf16, HD, false><<<bgrid, 128, kb, cs>>>(B);
       check(cudaGetLastError(), "launch");
     };
     const int64_t nq = c.S * c.B * (c.NH + 2 * c.NG) * c.HD;
@@ -176,6 +181,41 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
     const float b0 = time([&] { run_dkv(false); }), b1 = time([&] { run_dkv(true); });
     std::printf("| %s dK/dV | %s | %.3f | %.3f | %.2e | - | - |\n", c.name, drop ? "0.1" : "0", b0,
                 b1, gmax > 0 ? gd / gmax : gd);
+    std::fflush(stdout);
+
+    // dQ = dS K from the dS tiles the (mma.sync) dK/dV kernel hands over, for the first
+    // chunk of sequences: fa_bwd_dq_ds_kernel against fa_bwd_dq_ds_wgmma_kernel.
+    if (!ds) continue;
+    B.ds = ds, B.b0 = 0;
+    const int64_t nb = std::min(chunk, c.B);
+    const dim3 cgrid(bgrid.x, unsigned(nb * B.NG)), qgrid(bgrid.x, unsigned(nb * B.NH));
+    auto run_dq = [&](bool wg) {
+      constexpr size_t wb = gpu::dq_ds_wgmma_bytes<HD>();
+      if (wg)
+        gpu::fa_bwd_dq_ds_wgmma_kernel<bf16, HD><<<qgrid, 128, wb, cs>>>(B);
+      else
+        gpu::fa_bwd_dq_ds_kernel<bf16, HD><<<qgrid, 128, gpu::dq_ds_bytes<HD>(), cs>>>(B);
+      check(cudaGetLastError(), "launch");
+    };
+    auto dq_of = [&](bool wg) {
+      check(cudaMemset(dqkv, 0, size_t(nq) * 2), "memset");
+      if (drop)
+        gpu::fa_bwd_dkv_kernel<bf16, HD, true><<<cgrid, 128, gpu::dkv_bytes<HD>(), cs>>>(B);
+      else
+        gpu::fa_bwd_dkv_kernel<bf16, HD, false><<<cgrid, 128, gpu::dkv_bytes<HD>(), cs>>>(B);
+      run_dq(wg);
+      check(cudaStreamSynchronize(cs), "dq kernels");
+      return to_host<uint16_t>(dqkv, nq);
+    };
+    const auto q_ref = dq_of(false), q_wg = dq_of(true);
+    float qd = 0, qmax = 0;
+    for (size_t i = 0; i < q_ref.size(); ++i) {
+      qd = std::max(qd, std::fabs(bf16_value(q_ref[i]) - bf16_value(q_wg[i])));
+      qmax = std::max(qmax, std::fabs(bf16_value(q_ref[i])));
+    }
+    const float d0 = time([&] { run_dq(false); }), d1 = time([&] { run_dq(true); });
+    std::printf("| %s dQ from dS (%lld seqs) | %s | %.3f | %.3f | %.2e | - | - |\n", c.name,
+                (long long)nb, drop ? "0.1" : "0", d0, d1, qmax > 0 ? qd / qmax : qd);
     std::fflush(stdout);
   }
 }
@@ -256,9 +296,9 @@ static int run(int argc, char** argv) {
     };
     if (wgmma) {
       if (c.HD == 64)
-        compare_wgmma<64>(c, fa, fd, out, lse, mask, dqkv, dout, delta, cs, time);
+        compare_wgmma<64>(c, fa, fd, out, lse, mask, dqkv, dout, delta, ds, chunk, cs, time);
       else
-        compare_wgmma<128>(c, fa, fd, out, lse, mask, dqkv, dout, delta, cs, time);
+        compare_wgmma<128>(c, fa, fd, out, lse, mask, dqkv, dout, delta, ds, chunk, cs, time);
       for (void* p :
            {qkv, dqkv, out, dout, ds, mask, static_cast<void*>(lse), static_cast<void*>(delta)})
         if (p) check(cudaFree(p), "free");

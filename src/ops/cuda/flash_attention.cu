@@ -33,7 +33,7 @@
 // (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ). The dQ kernels are in
 // flash_attention_dq.cuh, the Hopper (wgmma) kernels in flash_attention_sm90.cuh, both
 // included below inside this file's anonymous namespace. On Hopper (an sm_90a image loaded)
-// the forward and the head-dim-64 dK/dV kernel are the wgmma ones (use_wgmma).
+// the forward, dK/dV and dQ-from-dS kernels are the wgmma ones (use_wgmma).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -504,28 +504,27 @@ void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs, void* mask)
   MCPP_LAUNCH_CHECK();
 }
 
-// The dK/dV kernel of a launch: the wgmma one for head dim 64 on Hopper, else mma.sync's.
+// The dK/dV kernel of a launch: the wgmma one on Hopper, else mma.sync's.
 template <typename T, int HD, bool DROP>
 void launch_dkv(const FaParams& P, dim3 grid, cudaStream_t cs) {
-  if constexpr (HD == 64) {
-    if (use_wgmma()) {
-      fa_bwd_dkv_wgmma_kernel<T, DROP><<<grid, kThreadsFA, bwd_dkv_wgmma_bytes(), cs>>>(P);
-      MCPP_LAUNCH_CHECK();
-      return;
-    }
-  }
-  fa_bwd_dkv_kernel<T, HD, DROP><<<grid, kThreadsFA, dkv_bytes<HD>(), cs>>>(P);
+  if (use_wgmma())
+    fa_bwd_dkv_wgmma_kernel<T, HD, DROP><<<grid, kThreadsFA, bwd_dkv_wgmma_bytes<HD>(), cs>>>(P);
+  else
+    fa_bwd_dkv_kernel<T, HD, DROP><<<grid, kThreadsFA, dkv_bytes<HD>(), cs>>>(P);
   MCPP_LAUNCH_CHECK();
 }
 
 template <typename T, int HD, bool DROP>
 void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* delta, void* dqkv,
          cudaStream_t cs, void* mask, bool mask_ready, void* ds, int64_t ds_chunk) {
-  static bool once = (HD == 64 && use_wgmma()
-                          ? allow_smem(fa_bwd_dkv_wgmma_kernel<T, DROP>, bwd_dkv_wgmma_bytes())
-                          : allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
+  static bool once = (use_wgmma() ? allow_smem(fa_bwd_dkv_wgmma_kernel<T, HD, DROP>,
+                                                bwd_dkv_wgmma_bytes<HD>())
+                                   : allow_smem(fa_bwd_dkv_kernel<T, HD, DROP>, dkv_bytes<HD>()),
                       allow_smem(fa_bwd_dq_kernel<T, HD, DROP>, dq_bytes<HD>()),
-                      allow_smem(fa_bwd_dq_ds_kernel<T, HD>, dq_ds_bytes<HD>()), true);
+                      use_wgmma()
+                          ? allow_smem(fa_bwd_dq_ds_wgmma_kernel<T, HD>, dq_ds_wgmma_bytes<HD>())
+                          : allow_smem(fa_bwd_dq_ds_kernel<T, HD>, dq_ds_bytes<HD>()),
+                      true);
   (void)once;
   FaParams P = make(a);
   P.out = dqkv, P.lse = const_cast<float*>(lse), P.dout = dout, P.delta = delta;
@@ -541,8 +540,11 @@ void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* de
       const int64_t nb = std::min(ds_chunk, P.B - b0);
       P.b0 = b0;
       launch_dkv<T, HD, DROP>(P, dim3(tiles, unsigned(nb * P.NG)), cs);
-      fa_bwd_dq_ds_kernel<T, HD><<<dim3(tiles, unsigned(nb * P.NH)), kThreadsFA,
-                                   dq_ds_bytes<HD>(), cs>>>(P);
+      const dim3 grid(tiles, unsigned(nb * P.NH));
+      if (use_wgmma())
+        fa_bwd_dq_ds_wgmma_kernel<T, HD><<<grid, kThreadsFA, dq_ds_wgmma_bytes<HD>(), cs>>>(P);
+      else
+        fa_bwd_dq_ds_kernel<T, HD><<<grid, kThreadsFA, dq_ds_bytes<HD>(), cs>>>(P);
       MCPP_LAUNCH_CHECK();
     }
     return;

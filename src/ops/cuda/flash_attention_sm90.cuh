@@ -3,8 +3,8 @@
 // at the top of that file): the flash-attention kernels on Hopper's warpgroup MMA, with the
 // algorithms, launch shapes and results of the mma.sync kernels beside which they stand.
 // flash_attention.cu launches them where the loaded image has them (sm_90a on a compute-
-// capability-9.0 GPU; MCPP_FLASH_WGMMA=0 keeps mma.sync's): the forward for head dims 64
-// and 128, dK/dV for 64. bench/gpu/bench_flash_kernels.cu --wgmma compares each with its
+// capability-9.0 GPU; MCPP_FLASH_WGMMA=0 keeps mma.sync's): the forward, dK/dV and dQ
+// from dS, head dims 64 and 128. bench/gpu/bench_flash_kernels.cu --wgmma compares each with its
 // mma.sync kernel (on an H200 the results were bit for bit equal).
 #pragma once
 
@@ -173,24 +173,26 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
   }
 }
 
-// ---- backward dK, dV on Hopper's warpgroup MMA (head dim 64) -------------------------
+// ---- backward dK, dV on Hopper's warpgroup MMA (head dims 64 and 128) ----------------
 // fa_bwd_dkv_kernel's algorithm and results with the four products of a tile as wgmma
 // m64n64k16 over the 64-key tile: S^T = K Q^T and dP^T = V dO^T from 128B-swizzled tiles
-// (all K-major), dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q as
-// MN-major tiles.
-[[maybe_unused]] constexpr size_t bwd_dkv_wgmma_bytes() {
-  return size_t(6 * kSw128Tile) * 2 + 4 * kRows * sizeof(float) + 1024;
+// (all K-major; head dim 128: k16 steps 4..7 in the second 64-column tile), dV += P^T dO
+// and dK += dS^T Q with P^T, dS^T from registers and dO, Q as MN-major tiles (head dim 128:
+// one product per 64-column half).
+template <int HD>
+constexpr size_t bwd_dkv_wgmma_bytes() {
+  return size_t(6 * kSw128Tile * (HD / 64)) * 2 + 4 * kRows * sizeof(float) + 1024;
 }
 
-template <typename T, bool DROP>
+template <typename T, int HD, bool DROP>
 __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P) {
-  constexpr int HD = 64, ND = HD / 8;
+  constexpr int ND = HD / 8, NHALF = HD / 64, TILE = NHALF * kSw128Tile;
   extern __shared__ __align__(16) unsigned char fa_smem[];
   T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
-  T* Vs = Ks + kSw128Tile;
-  T* Qs = Vs + kSw128Tile;                                        // [2]
-  T* dOs = Qs + 2 * kSw128Tile;                                   // [2]
-  float* lse_s = reinterpret_cast<float*>(dOs + 2 * kSw128Tile);  // [2][64], log2 domain
+  T* Vs = Ks + TILE;
+  T* Qs = Vs + TILE;                                        // [2]
+  T* dOs = Qs + 2 * TILE;                                   // [2]
+  float* lse_s = reinterpret_cast<float*>(dOs + 2 * TILE);  // [2][64], log2 domain
   float* dl_s = lse_s + 2 * kRows;                                // [2][64]
 
   const int nt = int((P.S + kRows - 1) / kRows);
@@ -209,8 +211,8 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P
     const int hi = it / per_head, qt = kt + (it - hi * per_head);
     const int64_t h = g * P.QPG + hi;
     const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + hi) * HD;
-    cp_async_tile_sw128<64>(Qs + buf * kSw128Tile, qb, stride, int64_t(qt) * kRows, P.S);
-    cp_async_tile_sw128<64>(dOs + buf * kSw128Tile, dout + b * P.NH * HD + h * HD, ostride,
+    cp_async_tile_sw128<HD>(Qs + buf * TILE, qb, stride, int64_t(qt) * kRows, P.S);
+    cp_async_tile_sw128<HD>(dOs + buf * TILE, dout + b * P.NH * HD + h * HD, ostride,
                             int64_t(qt) * kRows, P.S);
     if (threadIdx.x < kRows) {
       const int64_t q = int64_t(qt) * kRows + threadIdx.x;
@@ -220,15 +222,17 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P
     }
   };
 
-  cp_async_tile_sw128<64>(Ks, kb, stride, k0, P.S);
-  cp_async_tile_sw128<64>(Vs, vb, stride, k0, P.S);
+  cp_async_tile_sw128<HD>(Ks, kb, stride, k0, P.S);
+  cp_async_tile_sw128<HD>(Vs, vb, stride, k0, P.S);
   issue(0, 0);
   cp_async_commit();
   const uint64_t dk_desc = wgmma_desc_sw128(Ks), dv_desc = wgmma_desc_sw128(Vs);
 
-  float dk[32], dv[32];
+  float dk[NHALF][32], dv[NHALF][32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.f;
+  for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dk[hh][i] = dv[hh][i] = 0.f;
   const int64_t key0 = k0 + warp * 16 + gr;  // this thread's key rows: key0, key0 + 8
 
   for (int it = 0; it < iters; ++it) {
@@ -256,19 +260,21 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P
     }
     fence_proxy_async_smem();
     __syncthreads();
-    const T* Qt = Qs + buf * kSw128Tile;
-    const T* dOt = dOs + buf * kSw128Tile;
+    const T* Qt = Qs + buf * TILE;
+    const T* dOt = dOs + buf * TILE;
     const uint64_t dq_desc = wgmma_desc_sw128(Qt), ddo_desc = wgmma_desc_sw128(dOt);
     const float* lse2 = lse_s + buf * kRows;
     const float* dl = dl_s + buf * kRows;
 
-    // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, k16 steps along the head dim.
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, k16 steps along the head dim
+    // (32 bytes of the swizzled rows each; the second 64-column tile 8 KiB on).
     float sc[32], dp[32];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      wgmma_64x64x16_ss<T>(sc, dk_desc + 2 * kk, dq_desc + 2 * kk, kk > 0);
-      wgmma_64x64x16_ss<T>(dp, dv_desc + 2 * kk, ddo_desc + 2 * kk, kk > 0);
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
+      wgmma_64x64x16_ss<T>(sc, dk_desc + off, dq_desc + off, kk > 0);
+      wgmma_64x64x16_ss<T>(dp, dv_desc + off, ddo_desc + off, kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -312,10 +318,13 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P
       }
     wgmma_fence();
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      wgmma_64x64x16_rs<T>(dv, ap[c], ddo_desc + (2048 >> 4) * c, true);
-      wgmma_64x64x16_rs<T>(dk, ad[c], dq_desc + (2048 >> 4) * c, true);
-    }
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < NHALF; ++hh) {
+        const uint64_t off = (8192 >> 4) * hh + (2048 >> 4) * c;
+        wgmma_64x64x16_rs<T>(dv[hh], ap[c], ddo_desc + off, true);
+        wgmma_64x64x16_rs<T>(dk[hh], ad[c], dq_desc + off, true);
+      }
     wgmma_commit();
     wgmma_wait<0>();
     __syncthreads();
@@ -331,10 +340,87 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_wgmma_kernel(FaParams P
     if (key >= P.S) continue;
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
+      const int i = 4 * (n & 7) + 2 * r;
       *reinterpret_cast<uint32_t*>(dkb + key * stride + n * 8 + 2 * tq) =
-          pack2<T>(dk[4 * n + 2 * r] * P.scale, dk[4 * n + 2 * r + 1] * P.scale);
+          pack2<T>(dk[n >> 3][i] * P.scale, dk[n >> 3][i + 1] * P.scale);
       *reinterpret_cast<uint32_t*>(dvb + key * stride + n * 8 + 2 * tq) =
-          pack2<T>(dv[4 * n + 2 * r] * dvs, dv[4 * n + 2 * r + 1] * dvs);
+          pack2<T>(dv[n >> 3][i] * dvs, dv[n >> 3][i + 1] * dvs);
     }
+  }
+}
+
+// ---- backward dQ = dS K from the handed-over dS, on Hopper's warpgroup MMA -------------
+// fa_bwd_dq_ds_kernel's work and launch shape: the 64-query tile of one head sums, over its
+// key tiles in order, dS (64 x 64, stored key-major by the dK/dV kernel: an MN-major A)
+// times the key tile (an MN-major B; head dim 128: one product per 64-column half).
+template <int HD>
+constexpr size_t dq_ds_wgmma_bytes() {
+  return size_t(2 * kSw128Tile * (HD / 64 + 1)) * 2 + 1024;
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_wgmma_kernel(FaParams P) {
+  constexpr int NHALF = HD / 64, ND = HD / 8, KT = NHALF * kSw128Tile;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Ds = Ks + 2 * KT;  // [2] 64 keys x 64 queries
+
+  const int nq = int((P.S + kRows - 1) / kRows);
+  const int qt = nq - 1 - int(blockIdx.x);
+  const int64_t bl = blockIdx.y / P.NH, b = P.b0 + bl, h = blockIdx.y - bl * P.NH,
+                g = h / P.QPG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const int64_t stride = P.B * P.W;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* ds = static_cast<const T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + h, qt, 0);
+
+  cp_async_tile_sw128<HD>(Ks, kb, stride, 0, P.S);
+  cp_async_tile_sw128<64>(Ds, ds, 64, 0, 64);
+  cp_async_commit();
+  float dq[NHALF][32];
+#pragma unroll
+  for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[hh][i] = 0.f;
+  const int nkt = qt + 1;
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < nkt) {
+      cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * KT, kb, stride, int64_t(j + 1) * kRows, P.S);
+      cp_async_tile_sw128<64>(Ds + (buf ^ 1) * kSw128Tile, ds + int64_t(j + 1) * 4096, 64, 0, 64);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    const uint64_t dd = wgmma_desc_sw128(Ds + buf * kSw128Tile);
+    const uint64_t dk = wgmma_desc_sw128(Ks + buf * KT);
+    // k16 chunks of keys: 16 rows of both tiles, 2048 bytes.
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < NHALF; ++hh)
+        wgmma_64x64x16_ss<T, 1, 1>(dq[hh], dd + (2048 >> 4) * c,
+                                   dk + (8192 >> 4) * hh + (2048 >> 4) * c, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();  // buffer `buf` is refilled next iteration
+  }
+
+  T* dqb = static_cast<T*>(P.out) + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HD;
+  const int64_t row0 = int64_t(qt) * kRows + warp * 16 + gr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + r * 8;
+    if (row >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<uint32_t*>(dqb + row * stride + n * 8 + 2 * tq) =
+          pack2<T>(dq[n >> 3][4 * (n & 7) + 2 * r] * P.scale,
+                   dq[n >> 3][4 * (n & 7) + 2 * r + 1] * P.scale);
   }
 }

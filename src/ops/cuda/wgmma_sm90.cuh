@@ -67,13 +67,15 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
-// d[64 x 64] (+)= A[64 x 16] B[16 x 64]; A and B K-major tiles in shared memory (desc_a:
-// 64 rows of M, desc_b: 64 rows of N). accumulate = false overwrites d. d: warp w of the
-// warpgroup holds rows 16w + lane / 4 (+ 8); d[4n + e] is column 8n + 2 (lane % 4) +
-// (e & 1) of that row + 8 (e >> 1): mma.sync's C layout for each n8 block.
-template <typename T>
+// d[64 x 64] (+)= A[64 x 16] B[16 x 64]; A and B tiles in shared memory, K-major by
+// default (desc_a: 64 rows of M, desc_b: 64 rows of N), MN-major with TA / TB = 1 (16 rows
+// of K, the 64 elements of M / N contiguous in each). accumulate = false overwrites d.
+// d: warp w of the warpgroup holds rows 16w + lane / 4 (+ 8); d[4n + e] is column 8n +
+// 2 (lane % 4) + (e & 1) of that row + 8 (e >> 1): mma.sync's C layout for each n8 block.
+template <typename T, int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_64x64x16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                                   bool accumulate) {
+  static_assert((TA == 0 || TA == 1) && (TB == 0 || TB == 1));
 #if MCPP_WGMMA
   if constexpr (std::is_same_v<T, bf16>)
     asm volatile(
@@ -81,18 +83,18 @@ __device__ __forceinline__ void wgmma_64x64x16_ss(float (&d)[32], uint64_t desc_
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        "%32, %33, p, 1, 1, %35, %36;\n}\n"
         : MCPP_WGMMA_D32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(TA), "n"(TB));
   else
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        "%32, %33, p, 1, 1, %35, %36;\n}\n"
         : MCPP_WGMMA_D32(d)
-        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(TA), "n"(TB));
 #else
   __trap();
 #endif
