@@ -116,6 +116,16 @@ if [[ -z "${SKIP_TESTS:-}" ]]; then
     --output-on-failure -j 8 --timeout 600 2>&1 \
     | tee "$LOGS/ctest.log" | grep -vE "^ +Start|Test +#.*Passed" | tail -60
   test_rc=${PIPESTATUS[0]}
+  # The flash-attention tests once more on the mma.sync kernels (on Hopper the run above
+  # took the wgmma ones: docs/cuda-backend.md), so both kernel families stay tested.
+  if [[ -z "${TEST_REGEX:-}" ]]; then
+    MCPP_FLASH_WGMMA=0 "$BUILD/tests/test_gpu" --gtest_filter='GpuFlash*:*Attention*' \
+      > "$LOGS/flash_mma_tests.log" 2>&1
+    flash_rc=$?
+    echo "gpu-check: flash tests with MCPP_FLASH_WGMMA=0 (mma.sync kernels): $(grep -E \
+      '^\[  (PASSED|FAILED)' "$LOGS/flash_mma_tests.log" | tr '\n' ' ')"
+    [[ $flash_rc == 0 ]] || test_rc=$flash_rc
+  fi
   # What the GPU trainer tests measured (deviations from the CPU curve, skipped iterations).
   cp "$BUILD"/Testing/Temporary/LastTest.log "$LOGS/ctest-full.log" 2>/dev/null
   grep -hE "^\[(gpt|llama|fp16|resume|GPU|CPU)" "$LOGS/ctest-full.log" 2>/dev/null | sort -u

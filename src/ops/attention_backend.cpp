@@ -12,6 +12,7 @@
 #ifdef MCPP_HAVE_CUDA
 namespace mcpp::ops::cuda {
 bool cudnn_attention_enabled();  // ops/cuda/cudnn_attention.h (no CUDA headers needed here)
+bool flash_attention_uses_wgmma();  // ops/cuda/flash_attention.h
 }
 #endif
 
@@ -164,8 +165,16 @@ std::string describe_attention_backend(Device device, DType dtype, int64_t head_
                                        double dropout_p, int64_t num_layers) {
   const AttentionBackendChoice c =
       choose_attention_backend(attention_backend_query(device, dtype, head_dim, dropout_p));
-  return fmt::format("attention (all {} layers, head dim {}, dropout {}): {}{}", num_layers,
-                     head_dim, dropout_p, c.reason,
+  std::string family;  // which of the own flash kernels' two families runs
+#ifdef MCPP_HAVE_CUDA
+  if (c.backend == AttentionBackend::Flash)
+    family = cuda::flash_attention_uses_wgmma()
+                 ? "; Hopper wgmma kernels"
+                 : "; mma.sync kernels (the wgmma ones need an sm_90a build on a "
+                   "compute-capability-9.0 GPU, and MCPP_FLASH_WGMMA not 0)";
+#endif
+  return fmt::format("attention (all {} layers, head dim {}, dropout {}): {}{}{}", num_layers,
+                     head_dim, dropout_p, c.reason, family,
                      c.slow() ? " -- several times slower than the tensor-core kernels" : "");
 }
 

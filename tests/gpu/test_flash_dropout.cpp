@@ -16,7 +16,9 @@
 // The backward's dQ from the dS tiles the dK/dV kernel hands over (the default) and from
 // the dQ kernel's own recomputation: both against the CPU op, the masks of both.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -433,6 +435,23 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, GpuFlashDropout, ::testing::Values(DType::BF16,
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(dtype_name(i.param));
                          });
+
+// Which kernel family runs follows the device, the image and MCPP_FLASH_WGMMA, and the
+// start-up line names it. (gpu-check runs this file twice: as built, and with
+// MCPP_FLASH_WGMMA=0, when the mma.sync kernels must run.)
+TEST(GpuFlashKernels, FamilyFollowsTheDeviceAndTheStartUpLineNamesIt) {
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  const char* env = std::getenv("MCPP_FLASH_WGMMA");
+  const bool wg = ops::cuda::flash_attention_uses_wgmma();
+  if (major != 9 || minor != 0 || (env && std::strcmp(env, "0") == 0)) EXPECT_FALSE(wg);
+  const std::string line = ops::describe_attention_backend(Device::CUDA, DType::BF16, 64, 0.1, 12);
+  EXPECT_NE(line.find("own flash kernel with dropout"), std::string::npos) << line;
+  EXPECT_NE(line.find(wg ? "Hopper wgmma kernels" : "mma.sync kernels"), std::string::npos)
+      << line;
+}
 
 }  // namespace
 }  // namespace mcpp::test

@@ -557,6 +557,8 @@ void bwd(const FlashArgs& a, const void* dout, const float* lse, const float* de
 
 }  // namespace
 
+bool flash_attention_uses_wgmma() { return use_wgmma(); }
+
 bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p) {
   static const bool disabled = std::getenv("MCPP_ATTENTION_FALLBACK") != nullptr;
   (void)dropout_p;  // dropout runs in the kernel

@@ -22,6 +22,10 @@ struct FlashArgs {
 };
 
 bool flash_attention_applies(DType dt, int64_t head_dim, double dropout_p);
+// Whether the kernels run on Hopper's warpgroup MMA (flash_attention_sm90.cuh): the image
+// loaded for the current device has them (sm_90a on a compute-capability-9.0 GPU) and
+// MCPP_FLASH_WGMMA is not 0. Otherwise the mma.sync kernels run (the same results).
+bool flash_attention_uses_wgmma();
 // out[S, B, NH*HD] (=), lse[B, NH, S] f32 (=). With dropout, `mask` (device memory of
 // flash_attention_mask_bytes(a) bytes, or null) receives the keep bits the forward draws,
 // for a backward called with mask_ready (0 bytes: the forward writes nothing).
