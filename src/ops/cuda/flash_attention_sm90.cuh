@@ -4,18 +4,10 @@
 // algorithms, launch shapes and results of the mma.sync kernels beside which they stand.
 // flash_attention.cu launches them where the loaded image has them (sm_90a on a compute-
 // capability-9.0 GPU; MCPP_FLASH_WGMMA=0 keeps mma.sync's): the forward, dK/dV and dQ
-// from dS, head dims 64 and 128. bench/gpu/bench_flash_kernels.cu --wgmma compares each with its
-// mma.sync kernel (on an H200 the results were bit for bit equal).
+// from dS, head dims 64 and 128. bench/gpu/bench_flash_kernels.cu --wgmma compares each
+// with its mma.sync kernel (on an H200 the results were bit for bit equal).
 #pragma once
 
-// ---- forward on Hopper's warpgroup MMA (head dims 64 and 128) ------------------------
-// The same algorithm, tiles and results as fa_fwd_kernel, with the two products of a tile
-// as wgmma.mma_async m64n64k16 over the whole 64-row tile (one warpgroup): S = Q K^T from
-// 128B-swizzled Q and K tiles (both K-major; head dim 128: two tiles of 64 columns, k16
-// steps 4..7 in the second), O += P V with P from registers and V an MN-major tile (head
-// dim 128: one product per 64-column half, so no descriptor spans two tiles). The
-// accumulators are in mma.sync's C layout per warp, so the softmax, the causal mask and the
-// dropout keep bits are fa_fwd_kernel's.
 // Experimental variants, for bench_flash_kernels builds (its opening comment); neither is
 // measured yet, and the library is built without them:
 // -DMCPP_FA_FWD_OVERLAP=1: the forward's overlapped loop (FlashAttention-3's order).
@@ -31,6 +23,15 @@
 #else
 #define MCPP_FA_DKV_BOUNDS __launch_bounds__(kThreadsFA)
 #endif
+
+// ---- forward on Hopper's warpgroup MMA (head dims 64 and 128) ------------------------
+// The same algorithm, tiles and results as fa_fwd_kernel, with the two products of a tile
+// as wgmma.mma_async m64n64k16 over the whole 64-row tile (one warpgroup): S = Q K^T from
+// 128B-swizzled Q and K tiles (both K-major; head dim 128: two tiles of 64 columns, k16
+// steps 4..7 in the second), O += P V with P from registers and V an MN-major tile (head
+// dim 128: one product per 64-column half, so no descriptor spans two tiles). The
+// accumulators are in mma.sync's C layout per warp, so the softmax, the causal mask and the
+// dropout keep bits are fa_fwd_kernel's.
 constexpr int kSw128Tile = 64 * 64;  // elements of a swizzled 64 x 64 tile (8 KiB)
 // Its dynamic shared memory: Q, K[2], V[2] of 64 x HD and the 1024-byte alignment slack.
 template <int HD>
