@@ -481,7 +481,11 @@ bool use_wgmma() {
     const char* e = std::getenv("MCPP_FLASH_WGMMA");
     if (e && std::string_view(e) == "0") return false;
     int built = 0;
-    return cudaMemcpyFromSymbol(&built, kWgmmaImage, sizeof(int)) == cudaSuccess && built == 1;
+    if (cudaMemcpyFromSymbol(&built, kWgmmaImage, sizeof(int)) != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch check to report
+      return false;
+    }
+    return built == 1;
   }();
   return on;
 }
