@@ -31,9 +31,10 @@
 // model's layers do): the forward writes them, the backward kernels read them. Without one
 // the dK/dV kernel draws the mask again (and, for a recomputing dQ kernel, writes its bits)
 // (docs/cuda-backend.md says why not FlashAttention-2's atomic dQ). The dQ kernels are in
-// flash_attention_dq.cuh, the Hopper (wgmma) kernels in flash_attention_sm90.cuh, both
-// included below inside this file's anonymous namespace. On Hopper (an sm_90a image loaded)
-// the forward, dK/dV and dQ-from-dS kernels are the wgmma ones (use_wgmma).
+// flash_attention_dq.cuh, the Hopper (wgmma) kernels in flash_attention_sm90.cuh (forward)
+// and flash_attention_sm90_bwd.cuh, all included below inside this file's anonymous
+// namespace. On Hopper (an sm_90a image loaded) the forward, dK/dV and dQ-from-dS kernels
+// are the wgmma ones (use_wgmma).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -445,6 +446,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dkv_kernel(FaParams P) {
 
 #include "ops/cuda/flash_attention_dq.cuh"
 #include "ops/cuda/flash_attention_sm90.cuh"
+#include "ops/cuda/flash_attention_sm90_bwd.cuh"
 
 template <int HD>
 constexpr size_t fwd_bytes() { return size_t(5 * kRows * ld<HD>()) * 2; }

@@ -1,0 +1,384 @@
+// Included once, by ops/cuda/flash_attention.cu, right after flash_attention_sm90.cuh and
+// inside the same anonymous namespace: the backward kernels on Hopper's warpgroup MMA (dK/dV
+// and dQ from the handed-over dS), with the algorithms, launch shapes and results of the
+// mma.sync kernels beside which they stand (kSw128Tile and the wgmma helpers come from
+// there).
+#pragma once
+
+// Experimental: -DMCPP_FA_DKV_MIN_BLOCKS=3 holds the head-dim-64 dK/dV kernel without
+// dropout to 168 registers, three CTAs an SM instead of two (ptxas: 16 bytes of spills;
+// with dropout 248, so that one keeps its registers). Not yet measured; the library is
+// built without it.
+#if defined(MCPP_FA_DKV_MIN_BLOCKS) && MCPP_FA_DKV_MIN_BLOCKS > 1
+#define MCPP_FA_DKV_BOUNDS \
+  __launch_bounds__(kThreadsFA, HD == 64 && !DROP ? MCPP_FA_DKV_MIN_BLOCKS : 1)
+#else
+#define MCPP_FA_DKV_BOUNDS __launch_bounds__(kThreadsFA)
+#endif
+
+// ---- backward dK, dV on Hopper's warpgroup MMA (head dims 64 and 128) ----------------
+// fa_bwd_dkv_kernel's algorithm and results with the four products of a tile as wgmma
+// m64n64k16 over the 64-key tile: S^T = K Q^T and dP^T = V dO^T from 128B-swizzled tiles
+// (all K-major; head dim 128: k16 steps 4..7 in the second 64-column tile), dV += P^T dO
+// and dK += dS^T Q with P^T, dS^T from registers and dO, Q as MN-major tiles (head dim 128:
+// one product per 64-column half).
+template <int HD>
+constexpr size_t bwd_dkv_wgmma_bytes() {
+  return size_t(6 * kSw128Tile * (HD / 64)) * 2 + 4 * kRows * sizeof(float) + 1024;
+}
+
+template <typename T, int HD, bool DROP>
+__global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
+  constexpr int ND = HD / 8, NHALF = HD / 64, TILE = NHALF * kSw128Tile;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Vs = Ks + TILE;
+  T* Qs = Vs + TILE;                                        // [2]
+  T* dOs = Qs + 2 * TILE;                                   // [2]
+  float* lse_s = reinterpret_cast<float*>(dOs + 2 * TILE);  // [2][64], log2 domain
+  float* dl_s = lse_s + 2 * kRows;                                // [2][64]
+
+  const int nt = int((P.S + kRows - 1) / kRows);
+  const int kt = int(blockIdx.x);
+  const int64_t bl = blockIdx.y / P.NG, b = P.b0 + bl, g = blockIdx.y - bl * P.NG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const T* dout = static_cast<const T*>(P.dout);
+  const int64_t stride = P.B * P.W, ostride = P.B * P.NH * HD;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* vb = kb + HD;
+  const int64_t k0 = int64_t(kt) * kRows;
+
+  const int per_head = nt - kt, iters = int(P.QPG) * per_head;
+  auto issue = [&](int it, int buf) {
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t h = g * P.QPG + hi;
+    const T* qb = qkv + b * P.W + (g * (P.QPG + 2) + hi) * HD;
+    cp_async_tile_sw128<HD>(Qs + buf * TILE, qb, stride, int64_t(qt) * kRows, P.S);
+    cp_async_tile_sw128<HD>(dOs + buf * TILE, dout + b * P.NH * HD + h * HD, ostride,
+                            int64_t(qt) * kRows, P.S);
+    if (threadIdx.x < kRows) {
+      const int64_t q = int64_t(qt) * kRows + threadIdx.x;
+      const bool ok = q < P.S;
+      lse_s[buf * kRows + threadIdx.x] = ok ? P.lse[(b * P.NH + h) * P.S + q] * kLog2e : 0.f;
+      dl_s[buf * kRows + threadIdx.x] = ok ? P.delta[(b * P.NH + h) * P.S + q] : 0.f;
+    }
+  };
+
+  cp_async_tile_sw128<HD>(Ks, kb, stride, k0, P.S);
+  cp_async_tile_sw128<HD>(Vs, vb, stride, k0, P.S);
+  issue(0, 0);
+  cp_async_commit();
+  const uint64_t dk_desc = wgmma_desc_sw128(Ks), dv_desc = wgmma_desc_sw128(Vs);
+
+  float dk[NHALF][32], dv[NHALF][32];
+#pragma unroll
+  for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dk[hh][i] = dv[hh][i] = 0.f;
+  const int64_t key0 = k0 + warp * 16 + gr;  // this thread's key rows: key0, key0 + 8
+
+  // The parts of one (head, query tile) step `it`, whose Q, dO, lse and delta are in buffer
+  // it & 1. scores: S^T = K Q^T and dP^T = V dO^T, 64 keys x 64 queries, k16 steps along
+  // the head dim (32 bytes of the swizzled rows each; the second 64-column tile 8 KiB on),
+  // one commit group. sc, dp: the scores' accumulators (carried from step to step by the
+  // pipelined loop, local to a step in the plain one).
+  auto scores = [&](float(&sc)[32], float(&dp)[32], int buf) {
+    const uint64_t dq_desc = wgmma_desc_sw128(Qs + buf * TILE);
+    const uint64_t ddo_desc = wgmma_desc_sw128(dOs + buf * TILE);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
+      wgmma_64x64x16_ss<T>(sc, dk_desc + off, dq_desc + off, kk > 0);
+      wgmma_64x64x16_ss<T>(dp, dv_desc + off, ddo_desc + off, kk > 0);
+    }
+    wgmma_commit();
+  };
+  // The dropout keep bits of the step: read from the forward's, or drawn (and stored).
+  auto keep_bits = [&](int it) -> uint32_t {
+    if constexpr (DROP) {
+      const int hi = it / per_head, qt = kt + (it - hi * per_head);
+      const int64_t q0 = int64_t(qt) * kRows, bh = b * P.NH + g * P.QPG + hi;
+      if (P.mask_ready)
+        return rows_k_from_blocks(load_mask_blocks_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq),
+                                  gr, tq);
+      uint32_t drawn;
+      const uint32_t keep =
+          keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, drawn);
+      if (P.mask) store_mask(P.mask, P.S, bh, q0 + 8 * gr + 2 * tq, k0 + warp * 16, drawn);
+      return keep;
+    }
+    return 0;
+  };
+  // The scores into P^T (dropped, for dV) and dS^T (unscaled), in place.
+  auto softmax_grad = [&](float(&sc)[32], float(&dp)[32], int it, uint32_t keep) {
+    const int buf = it & 1, hi = it / per_head, qt = kt + (it - hi * per_head);
+    const int64_t q0 = int64_t(qt) * kRows;
+    const float* lse2 = lse_s + buf * kRows;
+    const float* dl = dl_s + buf * kRows;
+    const bool edge = DROP || qt == kt || q0 + kRows > P.S || k0 + kRows > P.S;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * n + e, qc = n * 8 + 2 * tq + (e & 1);
+        const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
+        float p = ex2_ftz(sc[i] * P.scale_log2 - lse2[qc]);
+        if (edge && (key > q || q >= P.S || key >= P.S)) p = 0.f;
+        if constexpr (DROP) {  // dV from the dropped P (the keep scale once at the end)
+          const bool kp = kept_k(keep, n, e);
+          sc[i] = kp ? p : 0.f;
+          dp[i] = p * ((kp ? dp[i] * P.D.scale : 0.f) - dl[qc]);
+        } else {
+          sc[i] = p;
+          dp[i] = p * (dp[i] - dl[qc]);
+        }
+      }
+  };
+  // dS^T for the dQ kernel, as fa_bwd_dkv_kernel writes it.
+  auto store_ds = [&](const float(&dp)[32], int it) {
+    if (!P.ds) return;
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    T* tile = static_cast<T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        *reinterpret_cast<uint32_t*>(tile + (warp * 16 + gr + 8 * r) * 64 + n * 8 + 2 * tq) =
+            pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]);
+  };
+  // dV += P^T dO, dK += dS^T Q: k16 chunks of queries (16 rows of dO and Q: 2048 bytes),
+  // one commit group.
+  auto grads = [&](const float(&sc)[32], const float(&dp)[32], int buf) {
+    uint32_t ap[4][4], ad[4][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        ap[c][k] = pack2<T>(sc[8 * c + 2 * k], sc[8 * c + 2 * k + 1]);
+        ad[c][k] = pack2<T>(dp[8 * c + 2 * k], dp[8 * c + 2 * k + 1]);
+      }
+    const uint64_t dq_desc = wgmma_desc_sw128(Qs + buf * TILE);
+    const uint64_t ddo_desc = wgmma_desc_sw128(dOs + buf * TILE);
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < NHALF; ++hh) {
+        const uint64_t off = (8192 >> 4) * hh + (2048 >> 4) * c;
+        wgmma_64x64x16_rs<T>(dv[hh], ap[c], ddo_desc + off, true);
+        wgmma_64x64x16_rs<T>(dk[hh], ad[c], dq_desc + off, true);
+      }
+    wgmma_commit();
+  };
+
+  if constexpr (HD == 64) {
+    // Software-pipelined: step it + 1's scores are queued right behind step it's gradient
+    // products, so the tensor cores have work while this warpgroup waits (the keep bits
+    // are read or drawn meanwhile); step it + 2's tiles go into the buffer step it read once
+    // its products are done. Head dim 128 keeps the plain loop below, written out: there
+    // the pipelined one spilled registers (XL's dK/dV 1.78 -> 1.93 ms on an H200), and the
+    // plain loop through these lambdas measured 7% slower than written out.
+    if (iters > 1) {
+      issue(1, 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    float sc[32], dp[32];
+    scores(sc, dp, 0);
+    // `more` (compile-time: the loop-carried scores stay the products' alone, no copies
+    // while they run) says whether a step follows.
+    auto step = [&](int it, auto more) {
+      const int buf = it & 1;
+      const uint32_t keep = keep_bits(it);
+      wgmma_wait<0>();  // this step's scores (and the previous step's gradient products)
+      softmax_grad(sc, dp, it, keep);
+      store_ds(dp, it);
+      grads(sc, dp, buf);
+      if constexpr (decltype(more)::value) {  // the next step's tiles are in: queue its scores
+        cp_async_wait<0>();
+        fence_proxy_async_smem();
+        __syncthreads();
+        scores(sc, dp, buf ^ 1);
+      }
+      wgmma_wait<1>();  // this step's gradient products are done with buffer `buf`
+      __syncthreads();
+      if (it + 2 < iters) {
+        issue(it + 2, buf);
+        cp_async_commit();
+      }
+    };
+    for (int it = 0; it + 1 < iters; ++it) step(it, std::true_type{});
+    step(iters - 1, std::false_type{});
+    wgmma_wait<0>();
+  } else {
+    for (int it = 0; it < iters; ++it) {
+      const int buf = it & 1;
+      const int hi = it / per_head, qt = kt + (it - hi * per_head);
+      const int64_t q0 = int64_t(qt) * kRows;
+      const uint32_t keep = keep_bits(it);
+      if (it + 1 < iters) {
+        issue(it + 1, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      fence_proxy_async_smem();
+      __syncthreads();
+      const uint64_t dq_desc = wgmma_desc_sw128(Qs + buf * TILE);
+      const uint64_t ddo_desc = wgmma_desc_sw128(dOs + buf * TILE);
+      const float* lse2 = lse_s + buf * kRows;
+      const float* dl = dl_s + buf * kRows;
+      float sc[32], dp[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
+        wgmma_64x64x16_ss<T>(sc, dk_desc + off, dq_desc + off, kk > 0);
+        wgmma_64x64x16_ss<T>(dp, dv_desc + off, ddo_desc + off, kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      const bool edge = DROP || qt == kt || q0 + kRows > P.S || k0 + kRows > P.S;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * n + e, qc = n * 8 + 2 * tq + (e & 1);
+          const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
+          float p = ex2_ftz(sc[i] * P.scale_log2 - lse2[qc]);
+          if (edge && (key > q || q >= P.S || key >= P.S)) p = 0.f;
+          if constexpr (DROP) {
+            const bool kp = kept_k(keep, n, e);
+            sc[i] = kp ? p : 0.f;
+            dp[i] = p * ((kp ? dp[i] * P.D.scale : 0.f) - dl[qc]);
+          } else {
+            sc[i] = p;
+            dp[i] = p * (dp[i] - dl[qc]);
+          }
+        }
+      store_ds(dp, it);
+      uint32_t ap[4][4], ad[4][4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          ap[c][k] = pack2<T>(sc[8 * c + 2 * k], sc[8 * c + 2 * k + 1]);
+          ad[c][k] = pack2<T>(dp[8 * c + 2 * k], dp[8 * c + 2 * k + 1]);
+        }
+      wgmma_fence();
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int hh = 0; hh < NHALF; ++hh) {
+          const uint64_t off = (8192 >> 4) * hh + (2048 >> 4) * c;
+          wgmma_64x64x16_rs<T>(dv[hh], ap[c], ddo_desc + off, true);
+          wgmma_64x64x16_rs<T>(dk[hh], ad[c], dq_desc + off, true);
+        }
+      wgmma_commit();
+      wgmma_wait<0>();
+      __syncthreads();
+    }
+  }
+
+
+  T* dqkv = static_cast<T*>(P.out);
+  T* dkb = dqkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  T* dvb = dkb + HD;
+  const float dvs = DROP ? P.D.scale : 1.f;  // dV's keep scale
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = key0 + r * 8;
+    if (key >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const int i = 4 * (n & 7) + 2 * r;
+      *reinterpret_cast<uint32_t*>(dkb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dk[n >> 3][i] * P.scale, dk[n >> 3][i + 1] * P.scale);
+      *reinterpret_cast<uint32_t*>(dvb + key * stride + n * 8 + 2 * tq) =
+          pack2<T>(dv[n >> 3][i] * dvs, dv[n >> 3][i + 1] * dvs);
+    }
+  }
+}
+
+// ---- backward dQ = dS K from the handed-over dS, on Hopper's warpgroup MMA -------------
+// fa_bwd_dq_ds_kernel's work and launch shape: the 64-query tile of one head sums, over its
+// key tiles in order, dS (64 x 64, stored key-major by the dK/dV kernel: an MN-major A)
+// times the key tile (an MN-major B; head dim 128: one product per 64-column half).
+template <int HD>
+constexpr size_t dq_ds_wgmma_bytes() {
+  return size_t(2 * kSw128Tile * (HD / 64 + 1)) * 2 + 1024;
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_wgmma_kernel(FaParams P) {
+  constexpr int NHALF = HD / 64, ND = HD / 8, KT = NHALF * kSw128Tile;
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Ds = Ks + 2 * KT;  // [2] 64 keys x 64 queries
+
+  const int nq = int((P.S + kRows - 1) / kRows);
+  const int qt = nq - 1 - int(blockIdx.x);
+  const int64_t bl = blockIdx.y / P.NH, b = P.b0 + bl, h = blockIdx.y - bl * P.NH,
+                g = h / P.QPG;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const T* qkv = static_cast<const T*>(P.qkv);
+  const int64_t stride = P.B * P.W;
+  const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
+  const T* ds = static_cast<const T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + h, qt, 0);
+
+  cp_async_tile_sw128<HD>(Ks, kb, stride, 0, P.S);
+  cp_async_tile_sw128<64>(Ds, ds, 64, 0, 64);
+  cp_async_commit();
+  float dq[NHALF][32];
+#pragma unroll
+  for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[hh][i] = 0.f;
+  const int nkt = qt + 1;
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < nkt) {
+      cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * KT, kb, stride, int64_t(j + 1) * kRows, P.S);
+      cp_async_tile_sw128<64>(Ds + (buf ^ 1) * kSw128Tile, ds + int64_t(j + 1) * 4096, 64, 0, 64);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    const uint64_t dd = wgmma_desc_sw128(Ds + buf * kSw128Tile);
+    const uint64_t dk = wgmma_desc_sw128(Ks + buf * KT);
+    // k16 chunks of keys: 16 rows of both tiles, 2048 bytes.
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < NHALF; ++hh)
+        wgmma_64x64x16_ss<T, 1, 1>(dq[hh], dd + (2048 >> 4) * c,
+                                   dk + (8192 >> 4) * hh + (2048 >> 4) * c, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();  // buffer `buf` is refilled next iteration
+  }
+
+  T* dqb = static_cast<T*>(P.out) + b * P.W + (g * (P.QPG + 2) + (h - g * P.QPG)) * HD;
+  const int64_t row0 = int64_t(qt) * kRows + warp * 16 + gr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + r * 8;
+    if (row >= P.S) continue;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<uint32_t*>(dqb + row * stride + n * 8 + 2 * tq) =
+          pack2<T>(dq[n >> 3][4 * (n & 7) + 2 * r] * P.scale,
+                   dq[n >> 3][4 * (n & 7) + 2 * r + 1] * P.scale);
+  }
+}
