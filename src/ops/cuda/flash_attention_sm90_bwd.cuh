@@ -24,7 +24,8 @@
 // one product per 64-column half).
 template <int HD>
 constexpr size_t bwd_dkv_wgmma_bytes() {
-  return size_t(6 * kSw128Tile * (HD / 64)) * 2 + 4 * kRows * sizeof(float) + 1024;
+  return size_t(6 * kSw128Tile * (HD / 64)) * 2 + 4 * kRows * sizeof(float) + 2 * kRows * 8 +
+         1024;
 }
 
 template <typename T, int HD, bool DROP>
@@ -37,6 +38,8 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   T* dOs = Qs + 2 * TILE;                                   // [2]
   float* lse_s = reinterpret_cast<float*>(dOs + 2 * TILE);  // [2][64], log2 domain
   float* dl_s = lse_s + 2 * kRows;                                // [2][64]
+  // [2][64 queries][8 bytes]: the forward's keep bits of a step's 64 x 64 tile (head dim 64)
+  uint8_t* mask_s = reinterpret_cast<uint8_t*>(dl_s + 2 * kRows);
 
   const int nt = int((P.S + kRows - 1) / kRows);
   const int kt = int(blockIdx.x);
@@ -70,7 +73,12 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
     if (threadIdx.x < kRows)
       lse_s[buf * kRows + threadIdx.x] = v.x * kLog2e, dl_s[buf * kRows + threadIdx.x] = v.y;
   };
-  // Step `it`'s Q and dO tiles into buffer `buf` (cp.async; the caller commits).
+  // With dropout the forward's keep bits of a step come into shared memory with its tiles
+  // (a query row's 8 bytes of the key tile), not from global memory where they are used:
+  // that load stalled the warpgroup (a quarter of its stalls at GPT-2 124M's shape); held
+  // in registers a step ahead instead they measured slower.
+  // Step `it`'s Q and dO tiles (and keep bits) into buffer `buf` (cp.async; the caller
+  // commits).
   auto issue_tiles = [&](int it, int buf) {
     const int hi = it / per_head, qt = kt + (it - hi * per_head);
     const int64_t h = g * P.QPG + hi;
@@ -78,6 +86,14 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
     cp_async_tile_sw128<HD>(Qs + buf * TILE, qb, stride, int64_t(qt) * kRows, P.S);
     cp_async_tile_sw128<HD>(dOs + buf * TILE, dout + b * P.NH * HD + h * HD, ostride,
                             int64_t(qt) * kRows, P.S);
+    if constexpr (DROP) {
+      if (P.mask_ready && threadIdx.x < kRows) {
+        const int64_t q = int64_t(qt) * kRows + threadIdx.x;
+        cp_async8(mask_s + (buf * kRows + threadIdx.x) * 8,
+                  q < P.S ? P.mask + FaMaskBuf::row(P.S, b * P.NH + h, q) + k0 / 8 : P.mask,
+                  q < P.S);
+      }
+    }
   };
   auto issue = [&](int it, int buf) {
     issue_tiles(it, buf);
@@ -119,9 +135,12 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
     if constexpr (DROP) {
       const int hi = it / per_head, qt = kt + (it - hi * per_head);
       const int64_t q0 = int64_t(qt) * kRows, bh = b * P.NH + g * P.QPG + hi;
-      if (P.mask_ready)
-        return rows_k_from_blocks(load_mask_blocks_k(P.mask, P.S, bh, k0 + warp * 16, q0, gr, tq),
+      if (P.mask_ready) {  // load_mask_blocks_k's two bytes of each of two rows
+        const uint8_t* m = mask_s + ((it & 1) * kRows + 8 * gr + 2 * tq) * 8 + 2 * warp;
+        return rows_k_from_blocks(uint32_t(*reinterpret_cast<const uint16_t*>(m)) |
+                                      uint32_t(*reinterpret_cast<const uint16_t*>(m + 8)) << 16,
                                   gr, tq);
+      }
       uint32_t drawn;
       const uint32_t keep =
           keep_bits_rows_k(P.D, b, g * P.QPG + hi, k0 + warp * 16, q0, gr, tq, drawn);
@@ -242,7 +261,8 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
       const int buf = it & 1;
       const int hi = it / per_head, qt = kt + (it - hi * per_head);
       const int64_t q0 = int64_t(qt) * kRows;
-      const uint32_t keep = keep_bits(it);
+      // Drawn keep bits before the tiles are waited for; read ones after (shared memory).
+      uint32_t keep = P.mask_ready ? 0u : keep_bits(it);
       if (it + 1 < iters) {
         issue(it + 1, buf ^ 1);
         cp_async_commit();
@@ -252,6 +272,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
       }
       fence_proxy_async_smem();
       __syncthreads();
+      if (P.mask_ready) keep = keep_bits(it);
       const uint64_t dq_desc = wgmma_desc_sw128(Qs + buf * TILE);
       const uint64_t ddo_desc = wgmma_desc_sw128(dOs + buf * TILE);
       const float* lse2 = lse_s + buf * kRows;

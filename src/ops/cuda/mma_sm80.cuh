@@ -81,6 +81,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
   int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pred) {
+  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int n = pred ? 8 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
 // ROWS x (COLS elements of 2 bytes) of a strided [rows, COLS] slab into shared memory
 // with row stride LD, by THREADS threads (16 bytes each per step); rows r0 + r >= S are
 // zero-filled, nothing read. The trip count is a constant and each thread's address is
