@@ -185,8 +185,9 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
                 b1, gmax > 0 ? gd / gmax : gd);
     std::fflush(stdout);
 
-    // dQ = dS K from the dS tiles the (mma.sync) dK/dV kernel hands over, for the first
-    // chunk of sequences: fa_bwd_dq_ds_kernel against fa_bwd_dq_ds_wgmma_kernel.
+    // dQ = dS K from the dS tiles each family's dK/dV kernel hands over (the Hopper kernels
+    // store them swizzled at head dim 64), for the first chunk of sequences:
+    // fa_bwd_dq_ds_kernel against fa_bwd_dq_ds_wgmma_kernel.
     if (!ds) continue;
     B.ds = ds, B.b0 = 0;
     const int64_t nb = std::min(chunk, c.B);
@@ -201,7 +202,12 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
     };
     auto dq_of = [&](bool wg) {
       check(cudaMemset(dqkv, 0, size_t(nq) * 2), "memset");
-      if (drop)
+      constexpr size_t wb = gpu::bwd_dkv_wgmma_bytes<HD>();
+      if (wg && drop)
+        gpu::fa_bwd_dkv_wgmma_kernel<bf16, HD, true><<<cgrid, 128, wb, cs>>>(B);
+      else if (wg)
+        gpu::fa_bwd_dkv_wgmma_kernel<bf16, HD, false><<<cgrid, 128, wb, cs>>>(B);
+      else if (drop)
         gpu::fa_bwd_dkv_kernel<bf16, HD, true><<<cgrid, 128, gpu::dkv_bytes<HD>(), cs>>>(B);
       else
         gpu::fa_bwd_dkv_kernel<bf16, HD, false><<<cgrid, 128, gpu::dkv_bytes<HD>(), cs>>>(B);

@@ -22,10 +22,18 @@
 // (all K-major; head dim 128: k16 steps 4..7 in the second 64-column tile), dV += P^T dO
 // and dK += dS^T Q with P^T, dS^T from registers and dO, Q as MN-major tiles (head dim 128:
 // one product per 64-column half).
+// dS tiles as the Hopper kernels hand them over (head dim 64): each 64 x 64 tile of
+// FaDsBuf holds the bytes of a 128B-swizzled tile (wgmma_sm90.cuh's layout), so the dK/dV
+// kernel writes it from shared memory with one bulk copy and the dQ kernel reads it back
+// with a plain copy. Head dim 128 keeps the row-major tiles of the mma.sync kernels (its
+// dK/dV kernel has no shared memory left for the staging).
+template <int HD>
+constexpr bool kDsSwizzled = HD == 64;
+
 template <int HD>
 constexpr size_t bwd_dkv_wgmma_bytes() {
   return size_t(6 * kSw128Tile * (HD / 64)) * 2 + 4 * kRows * sizeof(float) + 2 * kRows * 8 +
-         1024;
+         (kDsSwizzled<HD> ? 2 * kSw128Tile * 2 : 0) + 1024;
 }
 
 template <typename T, int HD, bool DROP>
@@ -40,6 +48,8 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   float* dl_s = lse_s + 2 * kRows;                                // [2][64]
   // [2][64 queries][8 bytes]: the forward's keep bits of a step's 64 x 64 tile (head dim 64)
   uint8_t* mask_s = reinterpret_cast<uint8_t*>(dl_s + 2 * kRows);
+  // [2] swizzled 64 x 64 dS tiles on their way to FaDsBuf (kDsSwizzled)
+  unsigned char* ds_s = mask_s + 2 * kRows * 8;
 
   const int nt = int((P.S + kRows - 1) / kRows);
   const int kt = int(blockIdx.x);
@@ -174,17 +184,48 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
         }
       }
   };
-  // dS^T for the dQ kernel, as fa_bwd_dkv_kernel writes it.
+  // The step's dS tile in FaDsBuf.
+  auto ds_tile = [&](int it) {
+    const int hi = it / per_head, qt = kt + (it - hi * per_head);
+    return static_cast<T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
+  };
+  // dS^T for the dQ kernel: kDsSwizzled, into buffer it & 1 of ds_s by stmatrix (ds_copy
+  // then writes it out, after a barrier); else straight into FaDsBuf as fa_bwd_dkv_kernel
+  // writes it.
   auto store_ds = [&](const float(&dp)[32], int it) {
     if (!P.ds) return;
-    const int hi = it / per_head, qt = kt + (it - hi * per_head);
-    T* tile = static_cast<T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
+    if constexpr (kDsSwizzled<HD>) {
+      // Matrices n = 4 nh .. 4 nh + 3 of rows 16 warp + 8 r ..: this lane addresses row
+      // lane % 8 of matrix lane / 8 (chunk n of a swizzled row: n ^ (row & 7)).
+      unsigned char* st = ds_s + (it & 1) * (kSw128Tile * 2);
+      const int rr = lane & 7, mi = lane >> 3;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int nh = 0; nh < 2; ++nh) {
+          const int n = 4 * nh;
+          stmatrix_x4(st + (warp * 16 + 8 * r + rr) * 128 + (((n + mi) ^ rr) << 4),
+                      pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]),
+                      pack2<T>(dp[4 * (n + 1) + 2 * r], dp[4 * (n + 1) + 2 * r + 1]),
+                      pack2<T>(dp[4 * (n + 2) + 2 * r], dp[4 * (n + 2) + 2 * r + 1]),
+                      pack2<T>(dp[4 * (n + 3) + 2 * r], dp[4 * (n + 3) + 2 * r + 1]));
+        }
+      fence_proxy_async_smem();
+      return;
+    }
+    T* tile = ds_tile(it);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int n = 0; n < 8; ++n)
         *reinterpret_cast<uint32_t*>(tile + (warp * 16 + gr + 8 * r) * 64 + n * 8 + 2 * tq) =
             pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]);
+  };
+  // kDsSwizzled: the tile store_ds staged for step `it` out to FaDsBuf (thread 0, after a
+  // barrier behind every thread's stmatrix).
+  auto ds_copy = [&](int it) {
+    if (P.ds && threadIdx.x == 0) bulk_store(ds_tile(it), ds_s + (it & 1) * (kSw128Tile * 2),
+                                             kSw128Tile * 2);
   };
   // dV += P^T dO, dK += dS^T Q: k16 chunks of queries (16 rows of dO and Q: 2048 bytes),
   // one commit group.
@@ -243,10 +284,14 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
         cp_async_wait<0>();
         fence_proxy_async_smem();
         __syncthreads();
+        ds_copy(it);
         scores(sc, dp, buf ^ 1);
       }
       wgmma_wait<1>();  // this step's gradient products are done with buffer `buf`
+      // The previous step's dS copy has read its buffer, which the next step refills.
+      if (decltype(more)::value && threadIdx.x == 0) bulk_wait_read<1>();
       __syncthreads();
+      if constexpr (!decltype(more)::value) ds_copy(it);
       if (it + 2 < iters) {
         issue_tiles(it + 2, buf);
         put_stats(buf, stats);
@@ -256,6 +301,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
     for (int it = 0; it + 1 < iters; ++it) step(it, std::true_type{});
     step(iters - 1, std::false_type{});
     wgmma_wait<0>();
+    if (threadIdx.x == 0) bulk_wait_all();  // the dS copies, before the CTA's memory goes
   } else {
     for (int it = 0; it < iters; ++it) {
       const int buf = it & 1;
@@ -375,8 +421,19 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_wgmma_kernel(FaParams
   const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
   const T* ds = static_cast<const T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + h, qt, 0);
 
+  // One dS tile into `dst`: kDsSwizzled, the stored bytes as they are; else swizzled here.
+  auto load_ds = [&](T* dst, const T* src) {
+    if constexpr (kDsSwizzled<HD>) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        cp_async16(dst + (i * kThreadsFA + threadIdx.x) * 8, src + (i * kThreadsFA + threadIdx.x) * 8,
+                   true);
+    } else {
+      cp_async_tile_sw128<64>(dst, src, 64, 0, 64);
+    }
+  };
   cp_async_tile_sw128<HD>(Ks, kb, stride, 0, P.S);
-  cp_async_tile_sw128<64>(Ds, ds, 64, 0, 64);
+  load_ds(Ds, ds);
   cp_async_commit();
   float dq[NHALF][32];
 #pragma unroll
@@ -388,7 +445,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_wgmma_kernel(FaParams
     const int buf = j & 1;
     if (j + 1 < nkt) {
       cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * KT, kb, stride, int64_t(j + 1) * kRows, P.S);
-      cp_async_tile_sw128<64>(Ds + (buf ^ 1) * kSw128Tile, ds + int64_t(j + 1) * 4096, 64, 0, 64);
+      load_ds(Ds + (buf ^ 1) * kSw128Tile, ds + int64_t(j + 1) * 4096);
       cp_async_commit();
       cp_async_wait<1>();
     } else {

@@ -60,6 +60,45 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
+// stmatrix: four 8 x 8 two-byte matrices from registers into shared memory; lane l gives
+// the address of row l % 8 of matrix l / 8, and register i of lane l holds row l / 4,
+// columns 2 (l % 4), + 1 of matrix i (mma.sync's C layout of an n8 block).
+__device__ __forceinline__ void stmatrix_x4(void* p, uint32_t a, uint32_t b, uint32_t c,
+                                            uint32_t d) {
+#if MCPP_WGMMA
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(s),
+               "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+#endif
+}
+// A bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared to
+// global memory by the issuing thread alone (the async proxy: the writers of the shared
+// bytes fence_proxy_async_smem() and meet at a barrier first), committed as one bulk group.
+__device__ __forceinline__ void bulk_store(void* g, const void* smem, uint32_t bytes) {
+#if MCPP_WGMMA
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile(
+      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(g),
+      "r"(s), "r"(bytes)
+      : "memory");
+#endif
+}
+// The issuing thread's bulk groups but the newest N have read their shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#if MCPP_WGMMA
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// The issuing thread's bulk groups are complete (their global writes performed).
+__device__ __forceinline__ void bulk_wait_all() {
+#if MCPP_WGMMA
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 #define MCPP_WGMMA_D32(d)                                                                         \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
