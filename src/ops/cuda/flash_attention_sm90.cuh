@@ -10,14 +10,6 @@
 // flash_attention_sm90_bwd.cuh, included right after it.
 #pragma once
 
-// Experimental variants, for bench_flash_kernels builds (its opening comment); neither is
-// measured yet, and the library is built without them: -DMCPP_FA_FWD_OVERLAP=1 (here) and
-// -DMCPP_FA_DKV_MIN_BLOCKS=3 (flash_attention_sm90_bwd.cuh).
-// -DMCPP_FA_FWD_OVERLAP=1: the forward's overlapped loop (FlashAttention-3's order).
-#ifndef MCPP_FA_FWD_OVERLAP
-#define MCPP_FA_FWD_OVERLAP 0
-#endif
-
 // ---- forward on Hopper's warpgroup MMA (head dims 64 and 128) ------------------------
 // The same algorithm, tiles and results as fa_fwd_kernel, with the two products of a tile
 // as wgmma.mma_async m64n64k16 over the whole 64-row tile (one warpgroup): S = Q K^T from
@@ -74,98 +66,17 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
     mrow1 = mask_row_q(P.mask, P.S, b * P.NH + h, row0 + 8);
   }
 
-  if constexpr (MCPP_FA_FWD_OVERLAP) {
-    // Overlapped (FlashAttention-3's intra-warpgroup order): tile j's scores are queued with
-    // tile j - 1's P V product, and tile j's softmax (with its dropout keep bits) runs while
-    // that product does; O is rescaled once the product is done, so O sees the same
-    // operations in the same order as the plain loop below (the same bits). Tile j + 1's K
-    // and V go into the buffer tile j - 1 used once its product is done.
-    // Experimental: compiled only with -DMCPP_FA_FWD_OVERLAP=1 (top of this file).
-    float sc[32];
-    uint32_t a[4][4];  // P of the previous tile, the A operand of its P V product
-    auto scores = [&](int buf) {
-      const uint64_t dk = wgmma_desc_sw128(Ks + buf * TILE);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
-        wgmma_64x64x16_ss<T>(sc, dq + off, dk + off, kk > 0);
-      }
-      wgmma_commit();
-    };
-    auto keep_of = [&](int j) -> uint32_t {
-      if constexpr (DROP) {
-        const int64_t k0 = int64_t(j) * kRows;
-        return keep_bits_rows_q<true>(P.D, b, h, row0, k0, tq, lane,
-                                      mrow0 ? mrow0 + k0 / 8 : nullptr,
-                                      mrow1 ? mrow1 + k0 / 8 : nullptr);
-      }
-      return 0;
-    };
-    // Tile j's scores (in sc) into P (in sc), m and l updated; alpha: O's rescale.
-    auto softmax = [&](int j, uint32_t keep, float (&alpha)[2]) {
-      const int64_t k0 = int64_t(j) * kRows;
-      if (j == nkt - 1) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
-            if (col > row || col >= P.S) sc[4 * n + e] = -INFINITY;
-          }
-      }
-      float mx[2] = {-INFINITY, -INFINITY}, mref[2];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[r], mx[r] * P.scale_log2);
-        mref[r] = mn == -INFINITY ? 0.f : mn;
-        alpha[r] = ex2_ftz(m[r] - mref[r]);
-        m[r] = mn;
-        l[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = ex2_ftz(fmaf(sc[4 * n + e], P.scale_log2, -mref[e >> 1]));
-          l[e >> 1] += p;
-          if constexpr (DROP)
-            sc[4 * n + e] = kept_q(keep, n, e) ? p : 0.f;
-          else
-            sc[4 * n + e] = p;
-        }
-    };
-    auto rescale_and_pack = [&](const float (&alpha)[2]) {
-#pragma unroll
-      for (int hh = 0; hh < NHALF; ++hh)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) o[hh][i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        a[c][0] = pack2<T>(sc[8 * c + 0], sc[8 * c + 1]);
-        a[c][1] = pack2<T>(sc[8 * c + 2], sc[8 * c + 3]);
-        a[c][2] = pack2<T>(sc[8 * c + 4], sc[8 * c + 5]);
-        a[c][3] = pack2<T>(sc[8 * c + 6], sc[8 * c + 7]);
-      }
-    };
-    auto pv = [&](int buf) {  // O += P V of the tile in buffer `buf`
-      const uint64_t dv = wgmma_desc_sw128(Vs + buf * TILE);
-      wgmma_fence();
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-#pragma unroll
-        for (int hh = 0; hh < NHALF; ++hh)
-          wgmma_64x64x16_rs<T>(o[hh], a[c], dv + (8192 >> 4) * hh + (2048 >> 4) * c, true);
-      wgmma_commit();
-    };
-
-    if (nkt > 1) {
-      cp_async_tile_sw128<HD>(Ks + TILE, kb, stride, kRows, P.S);
-      cp_async_tile_sw128<HD>(Vs + TILE, vb, stride, kRows, P.S);
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    const int64_t k0 = int64_t(j) * kRows;
+    uint32_t keep = 0;
+    if constexpr (DROP)
+      keep = keep_bits_rows_q<true>(P.D, b, h, row0, k0, tq, lane,
+                                    mrow0 ? mrow0 + k0 / 8 : nullptr,
+                                    mrow1 ? mrow1 + k0 / 8 : nullptr);
+    if (j + 1 < nkt) {
+      cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * TILE, kb, stride, k0 + kRows, P.S);
+      cp_async_tile_sw128<HD>(Vs + (buf ^ 1) * TILE, vb, stride, k0 + kRows, P.S);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -173,130 +84,79 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
     }
     fence_proxy_async_smem();
     __syncthreads();
-    scores(0);
-    {
-      const uint32_t keep = keep_of(0);
-      wgmma_wait<0>();
-      float alpha[2];
-      softmax(0, keep, alpha);
-      rescale_and_pack(alpha);
+    const uint64_t dk = wgmma_desc_sw128(Ks + buf * TILE);
+    const uint64_t dv = wgmma_desc_sw128(Vs + buf * TILE);
+
+    // S = Q K^T: k16 steps along the head dim, 32 bytes of a tile's swizzled rows each
+    // (descriptor units of 16 bytes; the second 64-column tile 8 KiB on).
+    float sc[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
+      wgmma_64x64x16_ss<T>(sc, dq + off, dk + off, kk > 0);
     }
-    for (int j = 1; j < nkt; ++j) {
-      const int buf = j & 1;
-      cp_async_wait<0>();  // tile j's K and V
-      fence_proxy_async_smem();
-      __syncthreads();
-      scores(buf);
-      pv(buf ^ 1);  // tile j - 1's
-      const uint32_t keep = keep_of(j);
-      wgmma_wait<1>();  // the scores (the P V product may run on)
-      float alpha[2];
-      softmax(j, keep, alpha);
-      wgmma_wait<0>();  // the P V product: its V buffer is free, O may be rescaled
-      __syncthreads();
-      if (j + 1 < nkt) {
-        cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * TILE, kb, stride, int64_t(j + 1) * kRows, P.S);
-        cp_async_tile_sw128<HD>(Vs + (buf ^ 1) * TILE, vb, stride, int64_t(j + 1) * kRows, P.S);
-        cp_async_commit();
-      }
-      rescale_and_pack(alpha);
-    }
-    pv((nkt - 1) & 1);
+    wgmma_commit();
     wgmma_wait<0>();
-  } else {
-    for (int j = 0; j < nkt; ++j) {
-      const int buf = j & 1;
-      const int64_t k0 = int64_t(j) * kRows;
-      uint32_t keep = 0;
-      if constexpr (DROP)
-        keep = keep_bits_rows_q<true>(P.D, b, h, row0, k0, tq, lane,
-                                      mrow0 ? mrow0 + k0 / 8 : nullptr,
-                                      mrow1 ? mrow1 + k0 / 8 : nullptr);
-      if (j + 1 < nkt) {
-        cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * TILE, kb, stride, k0 + kRows, P.S);
-        cp_async_tile_sw128<HD>(Vs + (buf ^ 1) * TILE, vb, stride, k0 + kRows, P.S);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      fence_proxy_async_smem();
-      __syncthreads();
-      const uint64_t dk = wgmma_desc_sw128(Ks + buf * TILE);
-      const uint64_t dv = wgmma_desc_sw128(Vs + buf * TILE);
 
-      // S = Q K^T: k16 steps along the head dim, 32 bytes of a tile's swizzled rows each
-      // (descriptor units of 16 bytes; the second 64-column tile 8 KiB on).
-      float sc[32];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        const uint64_t off = (kk >> 2) * (8192 >> 4) + 2 * (kk & 3);
-        wgmma_64x64x16_ss<T>(sc, dq + off, dk + off, kk > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-
-      const bool diag = j == nkt - 1;
-      float mx[2] = {-INFINITY, -INFINITY};
-      if (diag) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
-            if (col > row || col >= P.S) sc[4 * n + e] = -INFINITY;
-          }
-      }
-#pragma unroll
-      for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
-      float alpha[2], mref[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[r], mx[r] * P.scale_log2);
-        mref[r] = mn == -INFINITY ? 0.f : mn;
-        alpha[r] = ex2_ftz(m[r] - mref[r]);
-        m[r] = mn;
-        l[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int hh = 0; hh < NHALF; ++hh)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) o[hh][i] *= alpha[(i >> 1) & 1];
+    const bool diag = j == nkt - 1;
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (diag) {
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float p = ex2_ftz(fmaf(sc[4 * n + e], P.scale_log2, -mref[e >> 1]));
-          l[e >> 1] += p;
-          if constexpr (DROP)
-            sc[4 * n + e] = kept_q(keep, n, e) ? p : 0.f;
-          else
-            sc[4 * n + e] = p;
+          const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
+          if (col > row || col >= P.S) sc[4 * n + e] = -INFINITY;
         }
-      // O += P V: P's C fragments of n8 blocks 2c, 2c + 1 are the A fragment of key chunk c;
-      // V's rows 16c .. 16c + 15 start 2048 bytes further each (in each 64-column tile).
-      uint32_t a[4][4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        a[c][0] = pack2<T>(sc[8 * c + 0], sc[8 * c + 1]);
-        a[c][1] = pack2<T>(sc[8 * c + 2], sc[8 * c + 3]);
-        a[c][2] = pack2<T>(sc[8 * c + 4], sc[8 * c + 5]);
-        a[c][3] = pack2<T>(sc[8 * c + 6], sc[8 * c + 7]);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-#pragma unroll
-        for (int hh = 0; hh < NHALF; ++hh)
-          wgmma_64x64x16_rs<T>(o[hh], a[c], dv + (8192 >> 4) * hh + (2048 >> 4) * c, true);
-      wgmma_commit();
-      wgmma_wait<0>();
-      __syncthreads();  // buffer `buf` is refilled next iteration
     }
-
+#pragma unroll
+    for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
+    float alpha[2], mref[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r] * P.scale_log2);
+      mref[r] = mn == -INFINITY ? 0.f : mn;
+      alpha[r] = ex2_ftz(m[r] - mref[r]);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int hh = 0; hh < NHALF; ++hh)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[hh][i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = ex2_ftz(fmaf(sc[4 * n + e], P.scale_log2, -mref[e >> 1]));
+        l[e >> 1] += p;
+        if constexpr (DROP)
+          sc[4 * n + e] = kept_q(keep, n, e) ? p : 0.f;
+        else
+          sc[4 * n + e] = p;
+      }
+    // O += P V: P's C fragments of n8 blocks 2c, 2c + 1 are the A fragment of key chunk c;
+    // V's rows 16c .. 16c + 15 start 2048 bytes further each (in each 64-column tile).
+    uint32_t a[4][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      a[c][0] = pack2<T>(sc[8 * c + 0], sc[8 * c + 1]);
+      a[c][1] = pack2<T>(sc[8 * c + 2], sc[8 * c + 3]);
+      a[c][2] = pack2<T>(sc[8 * c + 4], sc[8 * c + 5]);
+      a[c][3] = pack2<T>(sc[8 * c + 6], sc[8 * c + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < NHALF; ++hh)
+        wgmma_64x64x16_rs<T>(o[hh], a[c], dv + (8192 >> 4) * hh + (2048 >> 4) * c, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();  // buffer `buf` is refilled next iteration
   }
 
   T* ob = static_cast<T*>(P.out) + b * P.NH * HD + h * HD;

@@ -6,9 +6,9 @@
 #pragma once
 
 // Experimental: -DMCPP_FA_DKV_MIN_BLOCKS=3 holds the head-dim-64 dK/dV kernel without
-// dropout to 168 registers, three CTAs an SM instead of two (ptxas: 16 bytes of spills;
-// with dropout 248, so that one keeps its registers). Not yet measured; the library is
-// built without it.
+// dropout to 168 registers, three CTAs an SM instead of two (ptxas: wgmma serialized). On
+// an H200 that kernel ran 4-7% faster at GPT-2's shapes but the Llama shape's backward 3%
+// slower (bench/RESULTS.md, session 29), so the library is built without it.
 #if defined(MCPP_FA_DKV_MIN_BLOCKS) && MCPP_FA_DKV_MIN_BLOCKS > 1
 #define MCPP_FA_DKV_BOUNDS \
   __launch_bounds__(kThreadsFA, HD == 64 && !DROP ? MCPP_FA_DKV_MIN_BLOCKS : 1)
