@@ -425,9 +425,10 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_wgmma_kernel(FaParams
   auto load_ds = [&](T* dst, const T* src) {
     if constexpr (kDsSwizzled<HD>) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        cp_async16(dst + (i * kThreadsFA + threadIdx.x) * 8, src + (i * kThreadsFA + threadIdx.x) * 8,
-                   true);
+      for (int i = 0; i < 4; ++i) {
+        const unsigned e = (i * kThreadsFA + threadIdx.x) * 8;
+        cp_async16(dst + e, src + e, true);
+      }
     } else {
       cp_async_tile_sw128<64>(dst, src, 64, 0, 64);
     }
