@@ -102,6 +102,25 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
 }
 
 // ---- forward -------------------------------------------------------------------------
+// The forward's online-softmax update of a warp's two rows (this lane's rows row0 and
+// row0 + 8) after a tile whose maxima over this lane's scores are mx: the rows' maxima over
+// the quad (into mx), the new running maxima m (log2 domain), mref (m, or 0 while a row has
+// seen only -inf) and alpha, the factor of the old O and l (0 when m was -inf); l scaled.
+__device__ __forceinline__ void online_max(float (&mx)[2], float (&m)[2], float (&l)[2],
+                                           float scale_log2, float (&mref)[2],
+                                           float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mn = fmaxf(m[r], mx[r] * scale_log2);
+    mref[r] = mn == -INFINITY ? 0.f : mn;
+    alpha[r] = ex2_ftz(m[r] - mref[r]);
+    m[r] = mn;
+    l[r] *= alpha[r];
+  }
+}
+
 template <typename T, int HD, bool DROP>
 __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
   constexpr int LD = ld<HD>(), TILE = kRows * LD, NK = HD / 16, ND = HD / 8;
@@ -195,16 +214,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_kernel(FaParams P) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], sc[n][e]);
     float alpha[2], mref[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r] * P.scale_log2);
-      mref[r] = mn == -INFINITY ? 0.f : mn;
-      alpha[r] = ex2_ftz(m[r] - mref[r]);  // 0 when m was -inf
-      m[r] = mn;
-      l[r] *= alpha[r];
-    }
+    online_max(mx, m, l, P.scale_log2, mref, alpha);
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       o[n][0] *= alpha[0], o[n][1] *= alpha[0];

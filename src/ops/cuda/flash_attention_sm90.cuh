@@ -113,16 +113,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
     float alpha[2], mref[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r] * P.scale_log2);
-      mref[r] = mn == -INFINITY ? 0.f : mn;
-      alpha[r] = ex2_ftz(m[r] - mref[r]);
-      m[r] = mn;
-      l[r] *= alpha[r];
-    }
+    online_max(mx, m, l, P.scale_log2, mref, alpha);
 #pragma unroll
     for (int hh = 0; hh < NHALF; ++hh)
 #pragma unroll
