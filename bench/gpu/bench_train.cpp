@@ -30,7 +30,9 @@
 //                        [--variants base,dropout,accum,dropout+accum]
 //                        [--gemm-tune short|sustained] [--loss-sync]
 // --loss-sync reads each micro-batch's loss before queueing its backward (the trainer
-// reads them all after the last backward; for timing the difference).
+// reads them all after the last backward; for timing the difference). Each run's stderr
+// lines give the step time and the host's share of it: the time from a step's start until
+// its last backward is queued (near the step time, the host sets the pace).
 // --gemm-tune sustained ranks GEMM candidates at the power-capped clock (gemm_sustained.h)
 // instead of the library's short runs; the report after the table shows both times.
 #include <fmt/format.h>
@@ -351,7 +353,11 @@ int main(int argc, char** argv) {
       }
       double loss = 0, first_loss = 0;
       std::string trace;  // every step's loss, to compare runs (e.g. MCPP_ATTENTION_FALLBACK=1)
+      // Host time from a step's start until its last backward is queued (summed over the
+      // timed steps): near the step time, the host and not the GPU sets the pace.
+      double queue_ms = 0;
       auto step = [&](int64_t it) {
+        const auto q0 = std::chrono::steady_clock::now();
         model::StepKeys k;
         k.iteration = it, k.global_batch = B;
         m.params().zero_grads();
@@ -365,6 +371,8 @@ int main(int argc, char** argv) {
           if (loss_sync) pending.back().value();  // the GPU then waits for the host
           m.backward(1.0 / double(B * S));
         }
+        queue_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              q0).count();
         for (const auto& l : pending) loss += l.value() / double(B * S);
         // FP8 delayed scaling: the step's amaxes -> next step's scales (one GPU: no reduction)
         model::fp8_update_scales(m.config(), m.params(), st);
@@ -377,10 +385,12 @@ int main(int argc, char** argv) {
       for (int i = 0; i < warmup; ++i) step(i), first_loss = i == 0 ? loss : first_loss;
       gpu::synchronize(st);
       auto t0 = std::chrono::steady_clock::now();
+      queue_ms = 0;
       for (int i = 0; i < steps; ++i) step(warmup + i);
       gpu::synchronize(st);
       auto t1 = std::chrono::steady_clock::now();
       ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
+      const double queue_step_ms = queue_ms / steps;
       if (profile) {
         gpu::op_profile_collect();  // drop anything recorded before
         gpu::set_op_profiling(true);
@@ -417,8 +427,10 @@ int main(int argc, char** argv) {
       fs.num_query_groups = c.cfg.num_query_groups, fs.kv_channels = c.cfg.kv_channels;
       fs.seq_length = S, fs.padded_vocab_size = V, fs.swiglu = c.cfg.swiglu;
       mega_flops = training::num_floating_point_operations(fs, B);
-      std::fprintf(stderr, "  losses:%s\n  %.1f ms/step\n  %s\n", trace.c_str(), ms,
-                   mem_line(warmup + steps).c_str());
+      std::fprintf(stderr,
+                   "  losses:%s\n  %.1f ms/step (the host queued its forward and backward "
+                   "passes in %.1f ms)\n  %s\n",
+                   trace.c_str(), ms, queue_step_ms, mem_line(warmup + steps).c_str());
       (void)first_loss;
     }
     const double tps = double(B * S) / (ms / 1e3);
