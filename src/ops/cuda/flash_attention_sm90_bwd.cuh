@@ -25,15 +25,22 @@
 // dS tiles as the Hopper kernels hand them over (head dim 64): each 64 x 64 tile of
 // FaDsBuf holds the bytes of a 128B-swizzled tile (wgmma_sm90.cuh's layout), so the dK/dV
 // kernel writes it from shared memory with one bulk copy and the dQ kernel reads it back
-// with a plain copy. Head dim 128 keeps the row-major tiles of the mma.sync kernels (its
-// dK/dV kernel has no shared memory left for the staging).
+// with a plain copy. Head dim 128 keeps the row-major tiles of the mma.sync kernels: its
+// dK/dV kernel has room for one staging tile, not two (two CTAs an SM), and the variant
+// that stages through one (-DMCPP_FA_DS_SWIZZLED_HD128=1, for bench_flash_kernels builds)
+// has not been measured yet.
+#ifndef MCPP_FA_DS_SWIZZLED_HD128
+#define MCPP_FA_DS_SWIZZLED_HD128 0
+#endif
 template <int HD>
-constexpr bool kDsSwizzled = HD == 64;
+constexpr bool kDsSwizzled = HD == 64 || MCPP_FA_DS_SWIZZLED_HD128;
+template <int HD>
+constexpr int kDsStages = kDsSwizzled<HD> ? (HD == 64 ? 2 : 1) : 0;  // staging tiles
 
 template <int HD>
 constexpr size_t bwd_dkv_wgmma_bytes() {
   return size_t(6 * kSw128Tile * (HD / 64)) * 2 + 4 * kRows * sizeof(float) + 2 * kRows * 8 +
-         (kDsSwizzled<HD> ? 2 * kSw128Tile * 2 : 0) + 1024;
+         kDsStages<HD> * kSw128Tile * 2 + 1024;
 }
 
 template <typename T, int HD, bool DROP>
@@ -48,7 +55,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   float* dl_s = lse_s + 2 * kRows;                                // [2][64]
   // [2][64 queries][8 bytes]: the forward's keep bits of a step's 64 x 64 tile (head dim 64)
   uint8_t* mask_s = reinterpret_cast<uint8_t*>(dl_s + 2 * kRows);
-  // [2] swizzled 64 x 64 dS tiles on their way to FaDsBuf (kDsSwizzled)
+  // [kDsStages] swizzled 64 x 64 dS tiles on their way to FaDsBuf
   unsigned char* ds_s = mask_s + 2 * kRows * 8;
 
   const int nt = int((P.S + kRows - 1) / kRows);
@@ -190,7 +197,9 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
     const int hi = it / per_head, qt = kt + (it - hi * per_head);
     return static_cast<T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + g * P.QPG + hi, qt, kt);
   };
-  // dS^T for the dQ kernel: kDsSwizzled, into buffer it & 1 of ds_s by stmatrix (ds_copy
+  // The staging tile of step `it`.
+  auto ds_stage = [&](int it) { return ds_s + (kDsStages<HD> == 2 ? it & 1 : 0) * kSw128Tile * 2; };
+  // dS^T for the dQ kernel: kDsSwizzled, into the step's staging tile by stmatrix (ds_copy
   // then writes it out, after a barrier); else straight into FaDsBuf as fa_bwd_dkv_kernel
   // writes it.
   auto store_ds = [&](const float(&dp)[32], int it) {
@@ -198,7 +207,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
     if constexpr (kDsSwizzled<HD>) {
       // Matrices n = 4 nh .. 4 nh + 3 of rows 16 warp + 8 r ..: this lane addresses row
       // lane % 8 of matrix lane / 8 (chunk n of a swizzled row: n ^ (row & 7)).
-      unsigned char* st = ds_s + (it & 1) * (kSw128Tile * 2);
+      unsigned char* st = ds_stage(it);
       const int rr = lane & 7, mi = lane >> 3;
 #pragma unroll
       for (int r = 0; r < 2; ++r)
@@ -225,8 +234,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   // kDsSwizzled: the tile store_ds staged for step `it` out to FaDsBuf (thread 0, after a
   // barrier behind every thread's stmatrix).
   auto ds_copy = [&](int it) {
-    if (P.ds && threadIdx.x == 0) bulk_store(ds_tile(it), ds_s + (it & 1) * (kSw128Tile * 2),
-                                             kSw128Tile * 2);
+    if (P.ds && threadIdx.x == 0) bulk_store(ds_tile(it), ds_stage(it), kSw128Tile * 2);
   };
   // dV += P^T dO, dK += dS^T Q: k16 chunks of queries (16 rows of dO and Q: 2048 bytes),
   // one commit group.
@@ -317,6 +325,8 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
       } else {
         cp_async_wait<0>();
       }
+      // The previous step's dS copy has read the staging tile this step refills.
+      if (kDsSwizzled<HD> && threadIdx.x == 0) bulk_wait_read<0>();
       fence_proxy_async_smem();
       __syncthreads();
       if (P.mask_ready) keep = keep_bits(it);
@@ -373,7 +383,9 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
       wgmma_commit();
       wgmma_wait<0>();
       __syncthreads();
+      if constexpr (kDsSwizzled<HD>) ds_copy(it);
     }
+    if (kDsSwizzled<HD> && threadIdx.x == 0) bulk_wait_all();
   }
 
 
