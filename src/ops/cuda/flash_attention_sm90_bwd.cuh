@@ -8,7 +8,7 @@
 // Experimental: -DMCPP_FA_DKV_MIN_BLOCKS=3 holds the head-dim-64 dK/dV kernel without
 // dropout to 168 registers, three CTAs an SM instead of two (ptxas: wgmma serialized). On
 // an H200 that kernel ran 4-7% faster at GPT-2's shapes but the Llama shape's backward 3%
-// slower (bench/RESULTS.md, session 29), so the library is built without it.
+// slower (bench/RESULTS.md), so the library is built without it.
 #if defined(MCPP_FA_DKV_MIN_BLOCKS) && MCPP_FA_DKV_MIN_BLOCKS > 1
 #define MCPP_FA_DKV_BOUNDS \
   __launch_bounds__(kThreadsFA, HD == 64 && !DROP ? MCPP_FA_DKV_MIN_BLOCKS : 1)
@@ -173,7 +173,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
     const float* lse2 = lse_s + buf * kRows;
     const float* dl = dl_s + buf * kRows;
     // The causal and sequence-end tests on every tile, not only on edge tiles (where they
-    // can be true): one code path, 4-6% faster on an H200 (bench/RESULTS.md, session 29).
+    // can be true): one code path, 4-6% faster on an H200 (bench/RESULTS.md).
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
