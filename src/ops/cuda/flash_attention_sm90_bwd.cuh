@@ -53,7 +53,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   T* dOs = Qs + 2 * TILE;                                   // [2]
   float* lse_s = reinterpret_cast<float*>(dOs + 2 * TILE);  // [2][64], log2 domain
   float* dl_s = lse_s + 2 * kRows;                                // [2][64]
-  // [2][64 queries][8 bytes]: the forward's keep bits of a step's 64 x 64 tile (head dim 64)
+  // [2][64 queries][8 bytes]: the forward's keep bits of a step's 64 x 64 tile (dropout)
   uint8_t* mask_s = reinterpret_cast<uint8_t*>(dl_s + 2 * kRows);
   // [kDsStages] swizzled 64 x 64 dS tiles on their way to FaDsBuf
   unsigned char* ds_s = mask_s + 2 * kRows * 8;
