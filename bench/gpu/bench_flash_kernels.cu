@@ -11,9 +11,9 @@
 //     src/ops/attention_backend.cpp src/tensor/dtype.cpp -lfmt
 // CMake builds it as well (target bench_flash_kernels). Two builds of different trees, run
 // alternately in one call, compare a change (the H200 runs at its power cap: compare only
-// within a call). The experimental variants of flash_attention_sm90_bwd.cuh build the same
-// way with -DMCPP_FA_DKV_MIN_BLOCKS=3 or -DMCPP_FA_DS_SWIZZLED_HD128=1 added; --wgmma then
-// checks them bit for bit against the mma.sync kernels.
+// within a call). The experimental variant of flash_attention_sm90_bwd.cuh builds the same
+// way with -DMCPP_FA_DKV_MIN_BLOCKS=3 added; --wgmma then checks it bit for bit against the
+// mma.sync kernels.
 //
 // Usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma]   (NAME: 124M, 350M, XL or
 // Llama)

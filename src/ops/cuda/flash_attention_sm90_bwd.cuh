@@ -22,20 +22,14 @@
 // (all K-major; head dim 128: k16 steps 4..7 in the second 64-column tile), dV += P^T dO
 // and dK += dS^T Q with P^T, dS^T from registers and dO, Q as MN-major tiles (head dim 128:
 // one product per 64-column half).
-// dS tiles as the Hopper kernels hand them over (head dim 64): each 64 x 64 tile of
-// FaDsBuf holds the bytes of a 128B-swizzled tile (wgmma_sm90.cuh's layout), so the dK/dV
-// kernel writes it from shared memory with one bulk copy and the dQ kernel reads it back
-// with a plain copy. Head dim 128 keeps the row-major tiles of the mma.sync kernels: its
-// dK/dV kernel has room for one staging tile, not two (two CTAs an SM), and the variant
-// that stages through one (-DMCPP_FA_DS_SWIZZLED_HD128=1, for bench_flash_kernels builds)
-// has not been measured yet.
-#ifndef MCPP_FA_DS_SWIZZLED_HD128
-#define MCPP_FA_DS_SWIZZLED_HD128 0
-#endif
+// dS tiles as the Hopper kernels hand them over: each 64 x 64 tile of FaDsBuf holds the
+// bytes of a 128B-swizzled tile (wgmma_sm90.cuh's layout), so the dK/dV kernel writes it
+// from shared memory with one bulk copy and the dQ kernel reads it back with a plain copy.
+// Head dim 64 stages through two tiles; head dim 128 through one (its dK/dV kernel has room
+// for no more at two CTAs an SM), so each step waits for the previous step's copy to have
+// read it. (The mma.sync kernels keep row-major tiles.)
 template <int HD>
-constexpr bool kDsSwizzled = HD == 64 || MCPP_FA_DS_SWIZZLED_HD128;
-template <int HD>
-constexpr int kDsStages = kDsSwizzled<HD> ? (HD == 64 ? 2 : 1) : 0;  // staging tiles
+constexpr int kDsStages = HD == 64 ? 2 : 1;  // staging tiles
 
 template <int HD>
 constexpr size_t bwd_dkv_wgmma_bytes() {
@@ -199,40 +193,29 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   };
   // The staging tile of step `it`.
   auto ds_stage = [&](int it) { return ds_s + (kDsStages<HD> == 2 ? it & 1 : 0) * kSw128Tile * 2; };
-  // dS^T for the dQ kernel: kDsSwizzled, into the step's staging tile by stmatrix (ds_copy
-  // then writes it out, after a barrier); else straight into FaDsBuf as fa_bwd_dkv_kernel
-  // writes it.
+  // dS^T for the dQ kernel, into the step's staging tile by stmatrix (ds_copy then writes
+  // it out, after a barrier).
   auto store_ds = [&](const float(&dp)[32], int it) {
     if (!P.ds) return;
-    if constexpr (kDsSwizzled<HD>) {
-      // Matrices n = 4 nh .. 4 nh + 3 of rows 16 warp + 8 r ..: this lane addresses row
-      // lane % 8 of matrix lane / 8 (chunk n of a swizzled row: n ^ (row & 7)).
-      unsigned char* st = ds_stage(it);
-      const int rr = lane & 7, mi = lane >> 3;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int nh = 0; nh < 2; ++nh) {
-          const int n = 4 * nh;
-          stmatrix_x4(st + (warp * 16 + 8 * r + rr) * 128 + (((n + mi) ^ rr) << 4),
-                      pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]),
-                      pack2<T>(dp[4 * (n + 1) + 2 * r], dp[4 * (n + 1) + 2 * r + 1]),
-                      pack2<T>(dp[4 * (n + 2) + 2 * r], dp[4 * (n + 2) + 2 * r + 1]),
-                      pack2<T>(dp[4 * (n + 3) + 2 * r], dp[4 * (n + 3) + 2 * r + 1]));
-        }
-      fence_proxy_async_smem();
-      return;
-    }
-    T* tile = ds_tile(it);
+    // Matrices n = 4 nh .. 4 nh + 3 of rows 16 warp + 8 r ..: this lane addresses row
+    // lane % 8 of matrix lane / 8 (chunk n of a swizzled row: n ^ (row & 7)).
+    unsigned char* st = ds_stage(it);
+    const int rr = lane & 7, mi = lane >> 3;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
-        *reinterpret_cast<uint32_t*>(tile + (warp * 16 + gr + 8 * r) * 64 + n * 8 + 2 * tq) =
-            pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]);
+      for (int nh = 0; nh < 2; ++nh) {
+        const int n = 4 * nh;
+        stmatrix_x4(st + (warp * 16 + 8 * r + rr) * 128 + (((n + mi) ^ rr) << 4),
+                    pack2<T>(dp[4 * n + 2 * r], dp[4 * n + 2 * r + 1]),
+                    pack2<T>(dp[4 * (n + 1) + 2 * r], dp[4 * (n + 1) + 2 * r + 1]),
+                    pack2<T>(dp[4 * (n + 2) + 2 * r], dp[4 * (n + 2) + 2 * r + 1]),
+                    pack2<T>(dp[4 * (n + 3) + 2 * r], dp[4 * (n + 3) + 2 * r + 1]));
+      }
+    fence_proxy_async_smem();
   };
-  // kDsSwizzled: the tile store_ds staged for step `it` out to FaDsBuf (thread 0, after a
-  // barrier behind every thread's stmatrix).
+  // The tile store_ds staged for step `it` out to FaDsBuf (thread 0, after a barrier
+  // behind every thread's stmatrix).
   auto ds_copy = [&](int it) {
     if (P.ds && threadIdx.x == 0) bulk_store(ds_tile(it), ds_stage(it), kSw128Tile * 2);
   };
@@ -326,7 +309,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
         cp_async_wait<0>();
       }
       // The previous step's dS copy has read the staging tile this step refills.
-      if (kDsSwizzled<HD> && threadIdx.x == 0) bulk_wait_read<0>();
+      if (threadIdx.x == 0) bulk_wait_read<0>();
       fence_proxy_async_smem();
       __syncthreads();
       if (P.mask_ready) keep = keep_bits(it);
@@ -383,9 +366,9 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
       wgmma_commit();
       wgmma_wait<0>();
       __syncthreads();
-      if constexpr (kDsSwizzled<HD>) ds_copy(it);
+      ds_copy(it);
     }
-    if (kDsSwizzled<HD> && threadIdx.x == 0) bulk_wait_all();
+    if (threadIdx.x == 0) bulk_wait_all();
   }
 
 
@@ -434,16 +417,12 @@ __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_wgmma_kernel(FaParams
   const T* kb = qkv + b * P.W + (g * (P.QPG + 2) + P.QPG) * HD;
   const T* ds = static_cast<const T*>(P.ds) + FaDsBuf::tile(P.NH, P.S, bl * P.NH + h, qt, 0);
 
-  // One dS tile into `dst`: kDsSwizzled, the stored bytes as they are; else swizzled here.
+  // One dS tile into `dst`: the stored bytes of a swizzled tile, as they are.
   auto load_ds = [&](T* dst, const T* src) {
-    if constexpr (kDsSwizzled<HD>) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const unsigned e = (i * kThreadsFA + threadIdx.x) * 8;
-        cp_async16(dst + e, src + e, true);
-      }
-    } else {
-      cp_async_tile_sw128<64>(dst, src, 64, 0, 64);
+    for (int i = 0; i < 4; ++i) {
+      const unsigned e = (i * kThreadsFA + threadIdx.x) * 8;
+      cp_async16(dst + e, src + e, true);
     }
   };
   cp_async_tile_sw128<HD>(Ks, kb, stride, 0, P.S);
