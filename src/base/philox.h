@@ -21,7 +21,7 @@ struct Philox {
   static constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 
   // Four 32-bit outputs for a 128-bit counter (c0..c3) under a 64-bit key, after R rounds
-  // (10 everywhere but the attention-dropout mask, AttnDropoutMask below).
+  // (10 everywhere but the attention-dropout mask, DropoutMask below).
   template <int R = 10>
   MCPP_HD static void block(uint32_t c[4], uint32_t k0, uint32_t k1) {
     for (int r = 0; r < R; ++r) {
@@ -55,11 +55,13 @@ struct Philox {
   }
 };
 
-// The attention-dropout mask (the CPU op ops/cpu/attention.cpp, the CUDA kernels of
-// flash_attention.cu and attention.cu, the context-parallel block kernels): element i (the
-// global (b, h, q, k) index, types.h) is kept iff its 16-bit uniform u16(i) >= threshold(p),
-// i.e. u16 / 2^16 >= p. It has the most elements of any mask (B NH S^2 per layer, drawn in
-// the forward and again in the backward), so its cost is cut twice against Philox::u32:
+// Every dropout mask: attention dropout (the CPU op ops/cpu/attention.cpp, the CUDA
+// kernels of flash_attention.cu and attention.cu, the context-parallel block kernels) and
+// the hidden and embedding dropout (ops/cpu/dropout.cpp, ops/cuda/dropout.cu). Element i
+// (its global index: (b, h, q, k) for attention, (s, b, h) for hidden dropout; types.h) is
+// kept iff its 16-bit uniform u16(i) >= threshold(p), i.e. u16 / 2^16 >= p. The masks are
+// drawn in the forward and again in the backward (attention's has B NH S^2 elements a
+// layer), so their cost is cut twice against Philox::u32:
 //  - 16-bit uniforms: the eight indices 8j..8j+7 share the Philox block at counter j (word
 //    (i >> 1) & 3, half i & 1), eight elements per block instead of four. p is quantised to
 //    threshold / 2^16 (p = 0.1: 0.1000061); keep_scale = 1 / (1 - threshold / 2^16), so
@@ -67,10 +69,13 @@ struct Philox {
 //  - Philox-4x32-7: Salmon et al. (SC'11, "Parallel random numbers: as easy as 1, 2, 3",
 //    Table 2) find 7 rounds the fewest with which Philox4x32 passes all of TestU01's
 //    BigCrush (the 10-round default adds a safety margin; C++26's philox4x32 keeps 10 and
-//    notes no known defect at 7). A dropout mask needs far less than BigCrush; seeds, init
-//    and the hidden-dropout mask stay at 10 rounds.
+//    notes no known defect at 7). A dropout mask needs far less than BigCrush; seeds and
+//    init stay at 10 rounds.
+// (At 10 rounds and four elements a block, the hidden dropout's GPU kernels took as long
+// in the backward, two passes over the activations, as in the forward, three: bound by
+// the Philox work, not by memory.)
 // tests/ops/test_attention_mask.cpp checks the kept fraction over 1e7 elements for several p.
-struct AttnDropoutMask {
+struct DropoutMask {
   static constexpr int kRounds = 7;
   // keep iff u16 >= threshold; 65536 keeps nothing (p > 65535/65536).
   static uint32_t threshold(double p) { return uint32_t(std::ceil(p * 65536.0)); }

@@ -64,8 +64,8 @@ Reference naive_doc_attention(const Tensor& qkv, const AttentionDims& d, const T
         for (int64_t k = k0; k <= q; ++k) {
           double prob = std::exp(sc[size_t(k)] - m) / l;
           const uint64_t idx = uint64_t(((b * NH + h) * S + q) * S + k);
-          if (p > 0) prob = mcpp::AttnDropoutMask::uniform(key.seed, key.stream, idx) >= p
-                       ? prob * mcpp::AttnDropoutMask::keep_scale(p) : 0;
+          if (p > 0) prob = mcpp::DropoutMask::uniform(key.seed, key.stream, idx) >= p
+                       ? prob * mcpp::DropoutMask::keep_scale(p) : 0;
           for (int64_t c = 0; c < HD; ++c)
             r.out[size_t((q * B + b) * NH * HD + h * HD + c)] += prob * at(k, b, g, G + 1, c);
         }

@@ -7,10 +7,13 @@
 # flip moved one iteration's loss by 1.6e-4 (measured, frozen weights) -- and training
 # carries flips forward (Adam turns last-bit gradient noise into whole steps). So:
 #   1. training (the flags' learning rate): all 20 iterations within 1e-2 of the serial run;
-#   2. frozen weights (--lr 0, 10 iterations, serial and parallel): at least 8 iterations
-#      within 1e-5 (as fp32 layouts are) and all within 1e-3 -- a flip is a rare event on
-#      one iteration, a wrong scale (an amax reduced over the wrong group, or not at all)
-#      changes every iteration by ~1e-4..1e-3 (measured with the TP or DP reduction removed);
+#   2. frozen weights (--lr 0, 10 iterations, serial and parallel): at least half of the
+#      iterations within 1e-5 (as fp32 layouts are) and all within 1e-3 -- a flip touches
+#      some iterations, a wrong scale (an amax reduced over the wrong group, or not at all)
+#      changes every iteration by ~1e-4..1e-3 (measured with the TP or DP reduction
+#      removed). How many iterations a flip touches depends on the data: the tensorwise
+#      TP2 layout over six seeds gave 6 to 10 of 10 within 1e-5 (dropout on; without
+#      dropout 10 of 10);
 #   3. delayed scaling: the amax histories and scales checkpointed at iteration 2 (runs
 #      stopped there by --exit-interval) within 1e-4 of the serial run's.
 set -euo pipefail
@@ -39,7 +42,7 @@ join <(losses "$out.frozen_serial.log" | sort -k1,1) <(losses "$out.frozen.log" 
 awk '{ n++; d = $2 - $3; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
        if (r <= 1e-5) tight++; if (r > 1e-3) { bad++; printf "FAIL: frozen iteration %d: %s vs %s (relative %.2e)\n", $1, $3, $2, r } }
      END { if (n < 10) { printf "FAIL: %d frozen iterations to compare\n", n; exit 1 }
-           ok = !bad && tight >= 8
+           ok = !bad && 2 * tight >= n
            printf "%s: frozen weights, %d of %d iterations within 1e-5, worst %.2e\n", ok ? "ok" : "FAIL", tight, n, worst; exit ok ? 0 : 1 }'
 # The serial reference at iteration 2 is this test's own: the family's tests may run at once.
 rm -rf "$out.serial_it2.ckpt" "$out.it2.ckpt"

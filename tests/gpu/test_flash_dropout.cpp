@@ -5,8 +5,8 @@
 //   forward   out[q, k]  = z(q, k) / (q+1)                           (fa_fwd_kernel)
 //   dO = e_q  dV[k, q]   = z(q, k) / (q+1)                           (fa_bwd_dkv_kernel)
 //   dO = 1    dQ[q, k]   = s / (q+1) * (z(q, k) - delta_q)           (fa_bwd_dq_kernel)
-// with z = 0 or AttnDropoutMask::keep_scale(p). Each extracted mask must equal keep =
-// AttnDropoutMask::uniform(seed, stream, global (b, h, q, k) index) >= p (base/philox.h),
+// with z = 0 or DropoutMask::keep_scale(p). Each extracted mask must equal keep =
+// DropoutMask::uniform(seed, stream, global (b, h, q, k) index) >= p (base/philox.h),
 // which is the CPU op's mask (checked here on the CPU op's forward too), on the aligned
 // path (S a multiple of 8) and the per-element one, whether the backward draws the mask,
 // gets it from the dK/dV kernel or reads the bits the forward wrote; a TP2 split of the
@@ -66,7 +66,7 @@ Mask philox_mask(const ops::AttentionDims& d) {
           const uint64_t i = uint64_t(
               (((b + d.b_offset) * NHg + h + d.h_offset) * Sg + q + d.q_offset) * Sg + k +
               d.k_offset);
-          m[mi(d, b, h, q, k)] = AttnDropoutMask::uniform(kKey.seed, kKey.stream, i) >= kP;
+          m[mi(d, b, h, q, k)] = DropoutMask::uniform(kKey.seed, kKey.stream, i) >= kP;
         }
   return m;
 }
@@ -88,7 +88,7 @@ enum class MaskFrom { Handoff, Draw, Forward };
 Masks flash_masks(const ops::AttentionDims& d, DType dt, MaskFrom from = MaskFrom::Handoff,
                   bool ds = false) {
   const int64_t S = d.S, B = d.B, NH = d.NH, HD = d.HD, G = d.NH / d.NG, W = d.qkv_width();
-  const double scale = 1.0 / std::sqrt(double(HD)), z = AttnDropoutMask::keep_scale(kP);
+  const double scale = 1.0 / std::sqrt(double(HD)), z = DropoutMask::keep_scale(kP);
   Tensor gqkv = to_gpu(structured_qkv(d), dt);
   const gpu::FlashArgs fa{gqkv.raw(), d, dt, scale, kP, kKey};
   Tensor gout = gpu_nan({S, B, NH * HD}, dt), glse = gpu_nan({B, NH, S}, DType::F32);

@@ -228,8 +228,9 @@ TEST_P(GpuVec, DropoutVectorSameMaskAsScalarAndCpu) {
 }
 
 // Blocks of a global [6, 4, 768] tensor (as under SP/TP/DP): o2 = 96 keeps packs on Philox
-// block boundaries (vector path), o2 = 98 does not (scalar path); both draw the whole
-// tensor's mask.
+// block boundaries (vector path), o2 = 98 does not (scalar path), o2 = 100 starts packs
+// halfway into a block (f32's 4-element packs: the vector path on the second half of each
+// block; bf16/f16: the scalar path); all draw the whole tensor's mask.
 TEST_P(GpuVec, DropoutPartitionedBlocks) {
   const int64_t d0 = 6, d1 = 4, d2 = 768;
   const ops::DropoutKey key{99, 5};
@@ -237,7 +238,7 @@ TEST_P(GpuVec, DropoutPartitionedBlocks) {
   const double p = 0.3;
   Tensor y = Tensor::empty({d0, d1, d2}, DType::F32);
   cpu::dropout_add_forward(x, Tensor(), p, key, ops::GlobalIndex3::whole(d0, d1, d2), y, CS());
-  for (int64_t o2 : {int64_t(96), int64_t(98)}) {
+  for (int64_t o2 : {int64_t(96), int64_t(98), int64_t(100)}) {
     const int64_t b0 = 3, b1 = 2, w2 = 256;
     ops::GlobalIndex3 part{{2, 1, o2}, {d0, d1, d2}};
     Tensor xb = Tensor::empty({b0, b1, w2}, DType::F32);

@@ -1,4 +1,4 @@
-// The attention-dropout mask (AttnDropoutMask, base/philox.h: 16-bit uniforms, eight per
+// The attention-dropout mask (DropoutMask, base/philox.h: 16-bit uniforms, eight per
 // Philox-4x32-7 block): its statistics over 1e7 elements, and its definition through
 // whole blocks against the per-element draw the CUDA kernels' fallback uses.
 #include <gtest/gtest.h>
@@ -20,16 +20,16 @@ std::vector<uint16_t> draw(uint64_t first) {
   std::vector<uint16_t> u(static_cast<size_t>(kN));
   for (int64_t j = 0; j < kN / 8; ++j) {
     uint32_t w[4];
-    AttnDropoutMask::block(kSeed, kStream, first / 8 + uint64_t(j), w);
-    for (int e = 0; e < 8; ++e) u[size_t(8 * j + e)] = uint16_t(AttnDropoutMask::pick(w, e));
+    DropoutMask::block(kSeed, kStream, first / 8 + uint64_t(j), w);
+    for (int e = 0; e < 8; ++e) u[size_t(8 * j + e)] = uint16_t(DropoutMask::pick(w, e));
   }
   return u;
 }
 
-TEST(AttnDropoutMask, KeptFractionIsOneMinusPWithinFiveSigma) {
+TEST(DropoutMask, KeptFractionIsOneMinusPWithinFiveSigma) {
   const std::vector<uint16_t> u = draw(uint64_t(1) << 40);  // far from counter 0
   for (double p : {0.01, 0.1, 0.25, 0.5, 0.9}) {
-    const uint32_t t = AttnDropoutMask::threshold(p);
+    const uint32_t t = DropoutMask::threshold(p);
     int64_t kept = 0;
     for (uint16_t v : u) kept += v >= t;
     const double q = 1.0 - double(t) / 65536.0;  // the quantised keep probability
@@ -38,15 +38,15 @@ TEST(AttnDropoutMask, KeptFractionIsOneMinusPWithinFiveSigma) {
     EXPECT_LT(std::fabs(double(kept) - double(kN) * q), 5 * sigma);
     // The quantisation moves p by less than 2^-16; the scale makes E[keep * scale] = 1.
     EXPECT_LE(std::fabs((1 - q) - p), 1.0 / 65536.0);
-    EXPECT_NEAR(q * AttnDropoutMask::keep_scale(p), 1.0, 1e-15);
+    EXPECT_NEAR(q * DropoutMask::keep_scale(p), 1.0, 1e-15);
   }
 }
 
-TEST(AttnDropoutMask, NeighboursAreUncorrelated) {
+TEST(DropoutMask, NeighboursAreUncorrelated) {
   // Elements sharing a 32-bit word (i, i + 1), a block (i, i + 2) and adjacent blocks
   // (i, i + 8): the fraction of (disjoint) pairs both kept at p = 0.5 is q^2 within 5 sigma.
   const std::vector<uint16_t> u = draw(0);
-  const uint32_t t = AttnDropoutMask::threshold(0.5);
+  const uint32_t t = DropoutMask::threshold(0.5);
   for (int lag : {1, 2, 4, 8}) {
     int64_t both = 0, n = 0;
     for (int64_t i = 0; i + lag < kN; i += 2 * lag) both += (u[size_t(i)] >= t) & (u[size_t(i + lag)] >= t), ++n;
@@ -60,19 +60,19 @@ TEST(AttnDropoutMask, NeighboursAreUncorrelated) {
   EXPECT_LT(std::fabs(sum / double(kN) - 32767.5), 5 * sd);
 }
 
-TEST(AttnDropoutMask, PerElementDrawIsTheBlocksDraw) {
+TEST(DropoutMask, PerElementDrawIsTheBlocksDraw) {
   const std::vector<uint16_t> u = draw(8 * 12345);
   for (int64_t i = 0; i < 4096; ++i)
-    ASSERT_EQ(AttnDropoutMask::u16(kSeed, kStream, uint64_t(8 * 12345 + i)), u[size_t(i)]) << i;
-  EXPECT_EQ(AttnDropoutMask::uniform(kSeed, kStream, 8 * 12345 + 5), float(u[5]) / 65536.0f);
+    ASSERT_EQ(DropoutMask::u16(kSeed, kStream, uint64_t(8 * 12345 + i)), u[size_t(i)]) << i;
+  EXPECT_EQ(DropoutMask::uniform(kSeed, kStream, 8 * 12345 + 5), float(u[5]) / 65536.0f);
   // p = 0 keeps everything, p just below 1 nothing (scale 0, no division by zero).
-  EXPECT_EQ(AttnDropoutMask::threshold(0.0), 0u);
-  EXPECT_EQ(AttnDropoutMask::keep_scale(0.0), 1.0);
-  EXPECT_EQ(AttnDropoutMask::threshold(0.99999999), 65536u);
-  EXPECT_EQ(AttnDropoutMask::keep_scale(0.99999999), 0.0);
+  EXPECT_EQ(DropoutMask::threshold(0.0), 0u);
+  EXPECT_EQ(DropoutMask::keep_scale(0.0), 1.0);
+  EXPECT_EQ(DropoutMask::threshold(0.99999999), 65536u);
+  EXPECT_EQ(DropoutMask::keep_scale(0.99999999), 0.0);
 }
 
-TEST(AttnDropoutMask, SevenRoundsArePhiloxsFirstSevenRounds) {
+TEST(DropoutMask, SevenRoundsArePhiloxsFirstSevenRounds) {
   // Philox::block<7> then three more rounds (keys advanced by 7 W) is Philox::block<10>.
   uint32_t a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4};
   const uint32_t k0 = 0xA4093822u, k1 = 0x299F31D0u;

@@ -1,5 +1,5 @@
-// Dropout: the mask is Philox::uniform over the global index (checked element by
-// element), identical when the tensor is computed whole or in blocks with offsets,
+// Dropout: the mask is DropoutMask's 16-bit uniform of the global index (checked element
+// by element against the scalar reference, base/philox.h), identical when the tensor is computed whole or in blocks with offsets,
 // keeps about 1 - p, and backward applies the same mask.
 #include "base/philox.h"
 #include "op_test_util.h"
@@ -18,8 +18,10 @@ TEST(Dropout, MaskIsPhiloxOfGlobalIndex) {
   Tensor out = Tensor::empty({d0, d1, d2}, DType::F64);
   cpu::dropout_add_forward(x, res, p, kKey, ops::GlobalIndex3::whole(d0, d1, d2), out, S());
   for (int64_t i = 0; i < x.numel(); ++i) {
-    const bool keep = Philox::uniform(kKey.seed, kKey.stream, uint64_t(i)) >= p;
-    const double want = res.data<double>()[i] + (keep ? x.data<double>()[i] / (1 - p) : 0.0);
+    const bool keep =
+        DropoutMask::u16(kKey.seed, kKey.stream, uint64_t(i)) >= DropoutMask::threshold(p);
+    const double want =
+        res.data<double>()[i] + (keep ? x.data<double>()[i] * DropoutMask::keep_scale(p) : 0.0);
     ASSERT_NEAR(out.data<double>()[i], want, 1e-15) << i;
   }
 }
@@ -69,7 +71,7 @@ TEST(Dropout, KeepFractionAndBackwardUsesSameMask) {
          dx = Tensor::empty(ones.shape(), DType::F32);
   cpu::dropout_add_forward(ones, Tensor(), p, kKey, g, out, S());
   int64_t kept = 0;
-  const float sc = float(1 / (1 - p));
+  const float sc = float(DropoutMask::keep_scale(p));
   for (int64_t i = 0; i < out.numel(); ++i) {
     const float v = out.data<float>()[i];
     ASSERT_TRUE(v == 0.0f || v == sc) << v;

@@ -1,6 +1,6 @@
 // Shared helpers of the attention and RoPE tests: random tensors and a naive O(S^2)
 // reference of causal GQA attention with dropout, written independently of the tiled
-// kernels (full softmax per query row, mask drawn with AttnDropoutMask::uniform directly).
+// kernels (full softmax per query row, mask drawn with DropoutMask::uniform directly).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -76,8 +76,8 @@ inline Reference naive_attention(const std::vector<double>& qkv, const Attention
             const uint64_t idx =
                 uint64_t((((b + d.b_offset) * NHg + h + d.h_offset) * Sg + q + d.q_offset) * Sg +
                          k + d.k_offset);
-            prob = mcpp::AttnDropoutMask::uniform(key.seed, key.stream, idx) >= p
-                       ? prob * mcpp::AttnDropoutMask::keep_scale(p) : 0.0;
+            prob = mcpp::DropoutMask::uniform(key.seed, key.stream, idx) >= p
+                       ? prob * mcpp::DropoutMask::keep_scale(p) : 0.0;
           }
           for (int64_t c = 0; c < HD; ++c)
             r.out[size_t((q * B + b) * NH * HD + h * HD + c)] += prob * at(k, b, g, G + 1, c);

@@ -15,7 +15,7 @@
 // tile live per thread, O(block * (block + HD)); the backward recomputes the
 // probabilities from lse one tile at a time. Tiles strictly above the diagonal are
 // never visited. Attention dropout multiplies the (normalised) probability P[q, k] by
-// keep / (1 - p_q), keep = AttnDropoutMask::uniform(seed, stream, global (b, h, q, k)
+// keep / (1 - p_q), keep = DropoutMask::uniform(seed, stream, global (b, h, q, k)
 // index) >= p (base/philox.h: p quantised to p_q = ceil(p 2^16) / 2^16);
 // lse is that of the undropped softmax, as in FlashAttention.
 #include <omp.h>
@@ -89,7 +89,7 @@ struct Layout {
 
 // The dropout mask of attention probabilities, drawn from the global (b, h, q, k) index
 // so that splitting B (DP), heads (TP) or the sequence (CP) draws the same mask
-// (AttnDropoutMask in base/philox.h: 16-bit uniforms, eight per Philox-4x32-7 block).
+// (DropoutMask in base/philox.h: 16-bit uniforms, eight per Philox-4x32-7 block).
 template <typename T>
 struct AttnDropout {
   bool on = false;
@@ -100,8 +100,8 @@ struct AttnDropout {
 
   AttnDropout(const AttentionDims& d, double p, DropoutKey key) {
     on = p > 0;
-    threshold = AttnDropoutMask::threshold(p);
-    keep_scale = T(AttnDropoutMask::keep_scale(p));
+    threshold = DropoutMask::threshold(p);
+    keep_scale = T(DropoutMask::keep_scale(p));
     seed = key.seed, stream = key.stream;
     b_off = d.b_offset, h_off = d.h_offset, q_off = d.q_offset, k_off = d.k_offset;
     NHg = d.NH_global > 0 ? d.NH_global : d.NH;
@@ -116,10 +116,10 @@ struct AttnDropout {
     const uint64_t first = idx >> 3, nblocks = ((idx + uint64_t(n) - 1) >> 3) - first + 1;
     uint32_t r[(kBlk + 16) / 2];  // 8 uniforms of 16 bits per block
     for (uint64_t blk = 0; blk < nblocks; ++blk)
-      AttnDropoutMask::block(seed, stream, first + blk, r + 4 * blk);
+      DropoutMask::block(seed, stream, first + blk, r + 4 * blk);
     const uint64_t e0 = idx & 7;
     for (int64_t j = 0; j < n; ++j)
-      z[j] = AttnDropoutMask::pick(r, int(e0 + uint64_t(j))) >= threshold ? keep_scale : T(0);
+      z[j] = DropoutMask::pick(r, int(e0 + uint64_t(j))) >= threshold ? keep_scale : T(0);
   }
 };
 

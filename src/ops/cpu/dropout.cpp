@@ -2,10 +2,10 @@
 //   x, residual, out, dout, dx: [d0, d1, d2], a block of a global [G0, G1, G2] tensor
 //   (GlobalIndex3). out = residual + mask x / (1 - p)  (=; out may alias residual);
 //   dx = mask dout / (1 - p)  (=; dx may alias dout).
-// The mask is never stored: element (i0, i1, i2) is kept iff
-// Philox::uniform(seed, stream, global index) >= p, so any partition of the global
-// tensor (SP, CP, DP, TP) and the backward pass draw the same mask. The comparison is
-// done exactly in integers: uniform = u24 / 2^24, so uniform >= p  <=>  u24 >= ceil(p 2^24).
+// The mask is never stored: element (i0, i1, i2) is kept iff its 16-bit uniform
+// DropoutMask::u16(seed, stream, global index) >= DropoutMask::threshold(p) (base/philox.h),
+// so any partition of the global tensor (SP, CP, DP, TP) and the backward pass draw the
+// same mask; kept values are scaled by DropoutMask::keep_scale(p).
 #include <algorithm>
 #include <cmath>
 
@@ -18,7 +18,7 @@ namespace {
 
 constexpr int64_t kChunk = 1024;  // elements of a row whose random bits are drawn at once
 
-// Validates shapes, p and the global index map; returns the keep threshold on u24.
+// Validates shapes, p and the global index map; returns the keep threshold on u16.
 uint32_t check_dropout(const Check& c, const Tensor& x, double p, const GlobalIndex3& g) {
   MCPP_CHECK(x.dim() == 3, "{}: expected a 3-D [d0, d1, d2] tensor, found {}", c.op,
              shape_str(x.shape()));
@@ -36,36 +36,40 @@ uint32_t check_dropout(const Check& c, const Tensor& x, double p, const GlobalIn
                       c.op, shape_str(x.shape()), g.offset[0], g.offset[1], g.offset[2],
                       g.global[0], g.global[1], g.global[2], d);
   }
-  return uint32_t(std::ceil(p * 16777216.0));
+  return DropoutMask::threshold(p);
 }
 
-// keep[i] = Philox::uniform(key, first + i) >= p for i < n (n <= kChunk). Four
-// consecutive indices share one Philox block, so a block is computed once per quad.
-// The rounds are Philox::block written out on scalars so that GCC vectorises
-// them across quads (Philox::block itself is the scalar reference the tests compare to).
+// keep[i] = DropoutMask::u16(key, first + i) >= threshold for i < n (n <= kChunk). Eight
+// consecutive indices share one Philox block, so a block is computed once per eight.
+// The rounds are DropoutMask::block written out on scalars so that GCC vectorises them
+// across blocks (DropoutMask::block itself is the scalar reference the tests compare to).
 void draw_keep(DropoutKey key, uint64_t first, int64_t n, uint32_t threshold, uint8_t* keep) {
-  constexpr int64_t kQuads = kChunk / 4 + 2;
-  uint32_t bits[4 * kQuads];
-  const uint64_t q0 = first >> 2;
-  const int64_t nq = int64_t(((first + uint64_t(n) - 1) >> 2) - q0 + 1);
+  constexpr int64_t kBlocks = kChunk / 8 + 2;
+  uint32_t words[4 * kBlocks];
+  const uint64_t j0 = first >> 3;
+  const int64_t nb = int64_t(((first + uint64_t(n) - 1) >> 3) - j0 + 1);
   const uint32_t k0 = uint32_t(key.seed), k1 = uint32_t(key.seed >> 32);
   const uint32_t s0 = uint32_t(key.stream), s1 = uint32_t(key.stream >> 32);
 #pragma omp simd
-  for (int64_t j = 0; j < nq; ++j) {
-    const uint64_t q = q0 + uint64_t(j);
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint64_t q = j0 + uint64_t(j);
     uint32_t c0 = uint32_t(q), c1 = uint32_t(q >> 32), c2 = s0, c3 = s1, a = k0, b = k1;
-#pragma GCC unroll 10
-    for (int r = 0; r < 10; ++r) {
+#pragma GCC unroll 7
+    for (int r = 0; r < DropoutMask::kRounds; ++r) {
       const uint64_t p0 = uint64_t(Philox::kM0) * c0, p1 = uint64_t(Philox::kM1) * c2;
       const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ a, n2 = uint32_t(p0 >> 32) ^ c3 ^ b;
       c0 = n0, c1 = uint32_t(p1), c2 = n2, c3 = uint32_t(p0);
       a += Philox::kW0, b += Philox::kW1;
     }
-    bits[4 * j] = c0, bits[4 * j + 1] = c1, bits[4 * j + 2] = c2, bits[4 * j + 3] = c3;
+    words[4 * j] = c0, words[4 * j + 1] = c1, words[4 * j + 2] = c2, words[4 * j + 3] = c3;
   }
-  const int64_t skip = int64_t(first & 3);
+  // Element e of the blocks from j0 on: half e & 1 of word e >> 1 (DropoutMask::pick).
+  const int64_t skip = int64_t(first & 7);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) keep[i] = (bits[skip + i] >> 8) >= threshold;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = skip + i;
+    keep[i] = ((words[e >> 1] >> (16 * (e & 1))) & 0xFFFFu) >= threshold;
+  }
 }
 
 // Calls body(row, global_index_of_element_0) for each of the d0*d1 rows, in parallel.
@@ -103,7 +107,7 @@ void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, Drop
       for (int64_t i = 0; i < n; ++i) O[i] = (has_res ? RES[i] : R(0)) + X[i];
       return;
     }
-    const R sc = p < 1 ? R(1.0 / (1.0 - p)) : R(0);
+    const R sc = R(DropoutMask::keep_scale(p));
     for_rows(x, g, [&](int64_t r, uint64_t gi) {
       uint8_t keep[kChunk];
       for (int64_t h0 = 0; h0 < H; h0 += kChunk) {
@@ -138,7 +142,7 @@ void dropout_backward(const Tensor& dout, double p, DropoutKey key, const Global
       if (DX != DO) std::copy(DO, DO + dout.numel(), DX);
       return;
     }
-    const R sc = p < 1 ? R(1.0 / (1.0 - p)) : R(0);
+    const R sc = R(DropoutMask::keep_scale(p));
     for_rows(dout, g, [&](int64_t r, uint64_t gi) {
       uint8_t keep[kChunk];
       for (int64_t h0 = 0; h0 < H; h0 += kChunk) {

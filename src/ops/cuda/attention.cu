@@ -58,7 +58,7 @@ AttnParams make_params(const Tensor& qkv, const AttentionDims& d, double softmax
   P.S = d.S, P.B = d.B, P.NH = d.NH, P.NG = d.NG, P.QPG = d.NH / d.NG, P.W = d.qkv_width();
   P.scale = float(softmax_scale);
   P.p = p;
-  P.drop_scale = float(AttnDropoutMask::keep_scale(p));
+  P.drop_scale = float(DropoutMask::keep_scale(p));
   P.seed = key.seed, P.stream = key.stream;
   P.b_off = d.b_offset, P.h_off = d.h_offset, P.q_off = d.q_offset, P.k_off = d.k_offset;
   P.NHg = d.NH_global > 0 ? d.NH_global : d.NH;

@@ -25,7 +25,7 @@ struct AttnParams {
   int64_t S, B, NH, NG, QPG, W;  // W = qkv row width per token
   float scale;                   // softmax scale
   double p;                      // dropout probability
-  float drop_scale;              // AttnDropoutMask::keep_scale(p)
+  float drop_scale;              // DropoutMask::keep_scale(p)
   uint64_t seed, stream;
   int64_t b_off, h_off, NHg, q_off, k_off, Sg;
   // Document mask (--reset-attention-mask): key_start [B, S] (global positions) or null;
@@ -38,7 +38,7 @@ struct AttnParams {
 
   __device__ __forceinline__ bool keep(int64_t b, int64_t h, int64_t q, int64_t k) const {
     uint64_t gi = uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k + k_off);
-    return double(AttnDropoutMask::uniform(seed, stream, gi)) >= p;  // base/philox.h
+    return double(DropoutMask::uniform(seed, stream, gi)) >= p;  // base/philox.h
   }
 };
 

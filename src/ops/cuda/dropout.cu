@@ -1,15 +1,17 @@
 // Dropout with the mask drawn from Philox over the element's *global* index (types.h):
-// keep iff Philox::uniform(seed, stream, global_index) >= p, kept values scaled by
-// 1/(1-p). The same function as the CPU backend, so any partition of a tensor, on any
-// backend, drops the same elements. The mask is never stored; backward redraws it.
-// x, dout, dx: activation dtype; residual and out: one activation dtype (may differ
-// from x's). out = residual + dropout(x) (`=`; out may alias residual).
-// Vector paths (16-byte packs, common.cuh) when every pointer is 16-byte aligned: p == 0 is
-// a flat add / copy; p > 0 also needs whole packs per row (d2 % N == 0) and global indices
-// that are 0 mod 4 at each pack's start (o2 % 4 == 0, G2 % 4 == 0), so each group of four
-// elements is one Philox block, exactly the block Philox::u32 assigns them. Every element
-// still sees u32(seed, stream, its global index): the masks are the scalar kernels', bit
-// for bit, as is the float math. Anything else takes the scalar kernels.
+// keep iff DropoutMask::u16(seed, stream, global index) >= DropoutMask::threshold(p)
+// (base/philox.h: eight 16-bit uniforms per Philox-4x32-7 block), kept values scaled by
+// DropoutMask::keep_scale(p). The same function as the CPU backend, so any partition of a
+// tensor, on any backend, drops the same elements. The mask is never stored; backward
+// redraws it. x, dout, dx: activation dtype; residual and out: one activation dtype (may
+// differ from x's). out = residual + dropout(x) (`=`; out may alias residual).
+// Vector paths (16-byte packs of N = 4 or 8 elements, common.cuh) when every pointer is
+// 16-byte aligned: p == 0 is a flat add / copy; p > 0 also needs whole packs per row
+// (d2 % N == 0) and global indices that are 0 mod min(N, 8) at each pack's start
+// (o2 and G2 multiples of it), so a pack is one Philox block (N = 8) or half of one (N =
+// 4). Every element still sees u16(seed, stream, its global index): the masks are the
+// scalar kernels', bit for bit, as is the float math. Anything else takes the scalar
+// kernels.
 #include <cmath>
 
 #include "base/philox.h"
@@ -37,39 +39,37 @@ struct Index3 {
   }
 };
 
-// The 24-bit draws of the 4 consecutive local elements [4j, 4j + 4). When they are 4
-// consecutive global indices starting at a multiple of 4 (same row, aligned: the usual
-// case for H % 4 == 0), one Philox block serves all four lanes, exactly as Philox::u32
-// assigns them; otherwise each element is drawn on its own.
-__device__ __forceinline__ void draw4(uint64_t seed, uint64_t stream, const Index3& ix,
-                                      int64_t i0, int64_t n, uint32_t (&u)[4]) {
-  uint64_t g0 = ix.global(i0);
-  if (ix.d2 % 4 == 0 && (g0 & 3) == 0 && i0 + 3 < n) {
-    uint32_t c[4] = {uint32_t(g0 >> 2), uint32_t(g0 >> 34), uint32_t(stream),
-                     uint32_t(stream >> 32)};
-    Philox::block(c, uint32_t(seed), uint32_t(seed >> 32));
+// The 16-bit uniforms of the 8 consecutive local elements [8j, 8j + 8). When they are 8
+// consecutive global indices starting at a multiple of 8 (same row, aligned: the usual
+// case for H % 8 == 0), they are one Philox block; otherwise each element is drawn on its
+// own (u16 past n: 0).
+__device__ __forceinline__ void draw8(uint64_t seed, uint64_t stream, const Index3& ix,
+                                      int64_t i0, int64_t n, uint32_t (&u)[8]) {
+  const uint64_t g0 = ix.global(i0);
+  if (ix.d2 % 8 == 0 && (g0 & 7) == 0 && i0 + 7 < n) {
+    uint32_t w[4];
+    DropoutMask::block(seed, stream, g0 >> 3, w);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) u[k] = c[k] >> 8;
+    for (int k = 0; k < 8; ++k) u[k] = DropoutMask::pick(w, k);
   } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      u[k] = i0 + k < n ? Philox::u32(seed, stream, ix.global(i0 + k)) >> 8 : 0u;
+    for (int k = 0; k < 8; ++k)
+      u[k] = i0 + k < n ? DropoutMask::u16(seed, stream, ix.global(i0 + k)) : 0u;
   }
 }
 
-// keep iff uniform >= p, with uniform = u / 2^24: u >= ceil(p 2^24) (exact, as the CPU).
 template <typename TX, typename TO>
 static __global__ void dropout_add_kernel(const TX* __restrict__ x, const TO* residual, TO* out,
                                           int64_t n, uint32_t threshold, bool drop, float scale,
                                           uint64_t seed, uint64_t stream, Index3 ix) {
-  int64_t groups = (n + 3) / 4;
+  int64_t groups = (n + 7) / 8;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < groups;
        j += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t u[4] = {threshold, threshold, threshold, threshold};
-    if (drop) draw4(seed, stream, ix, 4 * j, n, u);
+    uint32_t u[8];
+    if (drop) draw8(seed, stream, ix, 8 * j, n, u);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      int64_t i = 4 * j + k;
+    for (int k = 0; k < 8; ++k) {
+      int64_t i = 8 * j + k;
       if (i >= n) break;
       float v = to_f(x[i]);
       if (drop) v = u[k] >= threshold ? v * scale : 0.f;
@@ -83,14 +83,14 @@ template <typename T>
 static __global__ void dropout_bwd_kernel(const T* __restrict__ dout, T* dx, int64_t n,
                                           uint32_t threshold, bool drop, float scale,
                                           uint64_t seed, uint64_t stream, Index3 ix) {
-  int64_t groups = (n + 3) / 4;
+  int64_t groups = (n + 7) / 8;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < groups;
        j += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t u[4] = {threshold, threshold, threshold, threshold};
-    if (drop) draw4(seed, stream, ix, 4 * j, n, u);
+    uint32_t u[8];
+    if (drop) draw8(seed, stream, ix, 8 * j, n, u);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      int64_t i = 4 * j + k;
+    for (int k = 0; k < 8; ++k) {
+      int64_t i = 8 * j + k;
       if (i >= n) break;
       float v = to_f(dout[i]);
       if (drop) v = u[k] >= threshold ? v * scale : 0.f;
@@ -133,14 +133,14 @@ static __global__ void add_copy_vec_kernel(const TX* __restrict__ x, const TO* r
 
 // p > 0: out = residual + dropout(x) on one pack of N elements of a row per thread and
 // step (residual may be null: dropout_backward). nv = numel / N < 2^32 and W = d2 / N
-// packs per row; the pack's first global index g0 is 0 mod 4, so lanes 4b..4b+3 are the
-// four outputs of the Philox block at counter g0 / 4 + b.
+// packs per row; the pack's first global index g0 is 0 mod min(N, 8), so its elements
+// are the uniforms g0 & 7 .. (g0 & 7) + N - 1 of the blocks from counter g0 / 8 on.
 template <typename TX, typename TO>
 static __global__ void dropout_vec_kernel(const TX* __restrict__ x, const TO* residual, TO* out,
                                           int64_t nv, uint32_t W, uint32_t threshold, float scale,
                                           uint64_t seed, uint64_t stream, Index3 ix) {
-  constexpr int N = kPackN<TX, TO>;
-  static_assert(N % 4 == 0, "a pack is whole Philox blocks");
+  constexpr int N = kPackN<TX, TO>, NB = (N + 7) / 8;  // Philox blocks a pack touches
+  static_assert(N == 4 || N % 8 == 0, "a pack is half a Philox block or whole ones");
   uint32_t d1 = uint32_t(ix.d1);
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < nv;
        j += int64_t(gridDim.x) * blockDim.x) {
@@ -148,19 +148,25 @@ static __global__ void dropout_vec_kernel(const TX* __restrict__ x, const TO* re
     uint32_t i0 = r / d1, i1 = r - i0 * d1;
     uint64_t g0 = uint64_t((ix.row0(i0) * ix.G1 + (int64_t(i1) + ix.o1)) * ix.G2 +
                            (int64_t(c) * N + ix.o2));
-    uint32_t u[N];
-#pragma unroll
-    for (int b = 0; b < N / 4; ++b) {
-      uint64_t q = (g0 >> 2) + uint64_t(b);
-      uint32_t ctr[4] = {uint32_t(q), uint32_t(q >> 32), uint32_t(stream), uint32_t(stream >> 32)};
-      Philox::block(ctr, uint32_t(seed), uint32_t(seed >> 32));
-#pragma unroll
-      for (int k = 0; k < 4; ++k) u[4 * b + k] = ctr[k] >> 8;
-    }
+    // The loads first: they are in flight while the Philox rounds run.
     Pack<TX, N> a = ld_pack<N>(x + j * N);
+    Pack<TO, N> rr;
+    if (residual) rr = ld_pack<N>(residual + j * N);
+    uint32_t w[4 * NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+      DropoutMask::block(seed, stream, (g0 >> 3) + uint64_t(b), w + 4 * b);
+    uint32_t u[N];
+    if constexpr (N == 4) {  // uniforms 0..3 or 4..7 of the block (g0 & 7 is 0 or 4)
+      const bool hi = (g0 & 4) != 0;
+      const uint32_t w0 = hi ? w[2] : w[0], w1 = hi ? w[3] : w[1];
+      u[0] = w0 & 0xFFFFu, u[1] = w0 >> 16, u[2] = w1 & 0xFFFFu, u[3] = w1 >> 16;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) u[k] = DropoutMask::pick(w, k);
+    }
     Pack<TO, N> o;
     if (residual) {
-      Pack<TO, N> rr = ld_pack<N>(residual + j * N);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float v = to_f(a.v[k]);
@@ -191,7 +197,8 @@ bool launch_vec(const TX* x, const TO* residual, TO* out, int64_t n, bool drop, 
     add_copy_vec_kernel<TX, TO><<<grid_for(n / N + 1, 256), 256, 0, cs>>>(x, residual, out, n);
     return true;
   }
-  if (ix.d2 % N != 0 || ix.o2 % 4 != 0 || ix.G2 % 4 != 0 || n / N > int64_t(UINT32_MAX))
+  constexpr int A = N < 8 ? N : 8;  // a pack's first global index is a multiple of A
+  if (ix.d2 % N != 0 || ix.o2 % A != 0 || ix.G2 % A != 0 || n / N > int64_t(UINT32_MAX))
     return false;
   dropout_vec_kernel<TX, TO><<<grid_for(n / N, 256), 256, 0, cs>>>(
       x, residual, out, n / N, uint32_t(ix.d2 / N), threshold, scale, key.seed, key.stream, ix);
@@ -234,15 +241,15 @@ void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, Drop
   Index3 ix = p > 0 ? make_index(x, g, op) : Index3{1, 1, 0, 0, 0, 1, 1};
   int64_t n = x.numel();
   if (n == 0) return;
-  float scale = p < 1 ? float(1.0 / (1.0 - p)) : 0.f;
-  uint32_t threshold = uint32_t(std::ceil(p * 16777216.0));
+  const float scale = float(DropoutMask::keep_scale(p));
+  const uint32_t threshold = DropoutMask::threshold(p);
   MCPP_DISPATCH_ACT(
       x.dtype(), op, MCPP_DISPATCH_ACT2(out.dtype(), op, {
         auto xp = static_cast<const T*>(x.raw());
         auto rp = residual.defined() ? static_cast<const T2*>(residual.raw()) : nullptr;
         auto op_ = static_cast<T2*>(out.raw());
         if (!launch_vec<T, T2>(xp, rp, op_, n, p > 0, threshold, scale, key, ix, stream_of(s)))
-          dropout_add_kernel<T, T2><<<grid_for((n + 3) / 4, 256), 256, 0, stream_of(s)>>>(
+          dropout_add_kernel<T, T2><<<grid_for((n + 7) / 8, 256), 256, 0, stream_of(s)>>>(
               xp, rp, op_, n, threshold, p > 0, scale, key.seed, key.stream, ix);
       }));
   MCPP_LAUNCH_CHECK();
@@ -260,13 +267,13 @@ void dropout_backward(const Tensor& dout, double p, DropoutKey key, const Global
   Index3 ix = p > 0 ? make_index(dout, g, op) : Index3{1, 1, 0, 0, 0, 1, 1};
   int64_t n = dout.numel();
   if (n == 0) return;
-  float scale = p < 1 ? float(1.0 / (1.0 - p)) : 0.f;
-  uint32_t threshold = uint32_t(std::ceil(p * 16777216.0));
+  const float scale = float(DropoutMask::keep_scale(p));
+  const uint32_t threshold = DropoutMask::threshold(p);
   MCPP_DISPATCH_ACT(dout.dtype(), op, {
     auto dp = static_cast<const T*>(dout.raw());
     auto dxp = static_cast<T*>(dx.raw());
     if (!launch_vec<T, T>(dp, nullptr, dxp, n, p > 0, threshold, scale, key, ix, stream_of(s)))
-      dropout_bwd_kernel<T><<<grid_for((n + 3) / 4, 256), 256, 0, stream_of(s)>>>(
+      dropout_bwd_kernel<T><<<grid_for((n + 7) / 8, 256), 256, 0, stream_of(s)>>>(
           dp, dxp, n, threshold, p > 0, scale, key.seed, key.stream, ix);
   });
   MCPP_LAUNCH_CHECK();

@@ -5,7 +5,7 @@
 // f32 natural-log (=), dqkv (=, every element written once).
 //
 // Attention dropout runs in the kernels (forward and both backward kernels), with the
-// mask of the CPU op and of attention.cu's CUDA-core kernel (AttnDropoutMask, base/
+// mask of the CPU op and of attention.cu's CUDA-core kernel (DropoutMask, base/
 // philox.h): element (b, h, q, k) is kept iff its 16-bit uniform u16(i) >= ceil(p 2^16),
 // i its global index (((b + b_off) NH_global + h + h_off) S_global + q + q_off) S_global +
 // k + k_off (types.h). So a TP split of heads, an SP/DP split of the batch and a recomputed

@@ -1,7 +1,7 @@
 // Attention dropout inside flash_attention.cu's kernels: the keep bits of a warp's 16 x 64
 // score tile in the mma.sync m16n8k16 C-fragment layout, drawn at the global (b, h, q, k)
 // index exactly as the CPU op (ops/cpu/attention.cpp, AttnDropout) and attention.cu's
-// CUDA-core kernel draw them: AttnDropoutMask of base/philox.h, eight 16-bit uniforms per
+// CUDA-core kernel draw them: DropoutMask of base/philox.h, eight 16-bit uniforms per
 // Philox-4x32-7 block (see flash_attention.cu's opening comment).
 #pragma once
 #include <cstdint>
@@ -16,12 +16,12 @@ namespace mcpp::ops::cuda {
 // constant-bank operand of the XOR, no add per round) and the first round's product of
 // the stream word is folded in (set_key).
 struct FaDrop {
-  static constexpr int R = AttnDropoutMask::kRounds;
+  static constexpr int R = DropoutMask::kRounds;
   uint64_t seed, stream;
   uint32_t rk0[R], rk1[R];  // round r's key words: seed words + r (W0, W1)
   uint32_t x0, x1, s_lo;    // round 0: hi(M1 stream_lo) ^ rk0[0], stream_hi ^ rk1[0], lo(M1 stream_lo)
   uint32_t threshold;       // keep iff u16 >= threshold  <=>  u16 / 2^16 >= p
-  float scale;              // AttnDropoutMask::keep_scale(p)
+  float scale;              // DropoutMask::keep_scale(p)
   int64_t b_off, h_off, NHg, q_off, k_off, Sg;
   bool aligned;  // global index = 8j + (local key & 7): an aligned group of 8 keys is one block
 
@@ -38,8 +38,8 @@ struct FaDrop {
   // up, so both always draw the mask the CPU op draws.
   __host__ void setup(const AttentionDims& d, double p, DropoutKey key) {
     set_key(key.seed, key.stream);
-    threshold = AttnDropoutMask::threshold(p);
-    scale = float(AttnDropoutMask::keep_scale(p));
+    threshold = DropoutMask::threshold(p);
+    scale = float(DropoutMask::keep_scale(p));
     b_off = d.b_offset, h_off = d.h_offset, q_off = d.q_offset, k_off = d.k_offset;
     NHg = d.NH_global > 0 ? d.NH_global : d.NH;
     Sg = d.S_global > 0 ? d.S_global : d.S;
@@ -48,7 +48,7 @@ struct FaDrop {
   __host__ __device__ __forceinline__ uint64_t index(int64_t b, int64_t h, int64_t q, int64_t k) const {
     return uint64_t((((b + b_off) * NHg + h + h_off) * Sg + q + q_off) * Sg + k + k_off);
   }
-  // The eight keep bits of AttnDropoutMask::block at counter ctr (global indices 8 ctr ..
+  // The eight keep bits of DropoutMask::block at counter ctr (global indices 8 ctr ..
   // 8 ctr + 7; bit e = element 8 ctr + e kept).
   __device__ __forceinline__ uint32_t keep8(uint64_t ctr) const {
     uint32_t w[4];
@@ -73,7 +73,7 @@ struct FaDrop {
     return uint32_t((w & 0xFFFFu) >= threshold) | uint32_t((w >> 16) >= threshold) << 1;
   }
   __device__ __forceinline__ uint32_t keep1(uint64_t i) const {
-    return AttnDropoutMask::u16(seed, stream, i) >= threshold;
+    return DropoutMask::u16(seed, stream, i) >= threshold;
   }
 };
 
