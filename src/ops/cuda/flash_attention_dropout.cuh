@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kThreads)
     if (q >= S) continue;
     const uint64_t c0 = D.index(b, h, q, int64_t(kt) * 64) >> 3;
     uint64_t bytes = 0;
-#pragma unroll 1
+#pragma unroll  // eight independent blocks side by side
     for (int n = 0; n < 8; ++n) bytes |= uint64_t(D.keep8(c0 + uint64_t(n))) << (8 * n);
     *reinterpret_cast<uint64_t*>(mask + FaMaskBuf::row(S, bh, q) + kt * 8) = bytes;
   }
