@@ -11,11 +11,9 @@
 //     src/ops/attention_backend.cpp src/tensor/dtype.cpp -lfmt
 // CMake builds it as well (target bench_flash_kernels). Two builds of different trees, run
 // alternately in one call, compare a change (the H200 runs at its power cap: compare only
-// within a call). The experimental variants build the same way with
-// -DMCPP_FA_DKV_MIN_BLOCKS=3 (flash_attention_sm90_bwd.cuh) or -DMCPP_FA_FWD_MASK_KERNEL=1
-// (flash_attention_dropout.cuh: the Hopper forward reads keep bits drawn ahead by a kernel
-// of their own; its --wgmma row then times both kernels and checks the bits) added;
-// --wgmma checks them bit for bit against the mma.sync kernels.
+// within a call). The experimental variant of flash_attention_sm90_bwd.cuh builds the same
+// way with -DMCPP_FA_DKV_MIN_BLOCKS=3 added; --wgmma then checks it bit for bit against the
+// mma.sync kernels.
 //
 // Usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma]   (NAME: 124M, 350M, XL or
 // Llama)
@@ -117,16 +115,9 @@ void compare_wgmma(const AttnShape& c, const ops::cuda::FlashArgs& fa,
     const dim3 grid(unsigned((P.S + 63) / 64), unsigned(P.B * P.NH));
     auto run = [&](bool wg) {
       constexpr size_t kb = gpu::fwd_bytes<HD>(), wb = gpu::fwd_wgmma_bytes<HD>();
-      if (wg && drop) {
-        gpu::FaParams Q = P;
-#if MCPP_FA_FWD_MASK_KERNEL
-        if (Q.mask) {  // the keep bits drawn ahead, as the library then runs it
-          gpu::fa_draw_mask_kernel<256><<<grid, 256, 0, cs>>>(Q.D, Q.S, Q.NH, Q.mask);
-          Q.mask_ready = true;
-        }
-#endif
-        gpu::fa_fwd_wgmma_kernel<bf16, HD, true><<<grid, 128, wb, cs>>>(Q);
-      } else if (wg)
+      if (wg && drop)
+        gpu::fa_fwd_wgmma_kernel<bf16, HD, true><<<grid, 128, wb, cs>>>(P);
+      else if (wg)
         gpu::fa_fwd_wgmma_kernel<bf16, HD, false><<<grid, 128, wb, cs>>>(P);
       else if (drop)
         gpu::fa_fwd_kernel<bf16, HD, true><<<grid, 128, kb, cs>>>(P);

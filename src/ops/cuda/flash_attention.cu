@@ -76,8 +76,7 @@ struct FaParams {
   uint8_t* mask;      // with dropout (aligned path), the keep bits (FaMaskBuf): forward,
                       // written when set; backward, written by dK/dV and read by dQ, or
                       // null: the dQ kernel draws the mask again
-  bool mask_ready;    // `mask` holds the bits: backward, the forward's (dK/dV reads them
-                      // too); forward, fa_draw_mask_kernel's (MCPP_FA_FWD_MASK_KERNEL)
+  bool mask_ready;    // backward: `mask` holds the forward's bits; dK/dV reads them too
   void* ds;           // backward: the dK/dV kernel's dS tiles for the dQ kernel (FaDsBuf), or
                       // null: the dQ kernel recomputes dS
   int64_t b0;         // backward: the first sequence of this launch (batch chunks)
@@ -514,13 +513,6 @@ void fwd(const FlashArgs& a, void* out, float* lse, cudaStream_t cs, void* mask)
   P.out = out, P.lse = lse;
   P.mask = DROP && P.D.aligned ? static_cast<uint8_t*>(mask) : nullptr;
   dim3 grid(unsigned((P.S + kRows - 1) / kRows), unsigned(P.B * P.NH));
-#if MCPP_FA_FWD_MASK_KERNEL
-  if (DROP && wg && P.mask) {  // the keep bits drawn ahead (flash_attention_dropout.cuh)
-    fa_draw_mask_kernel<256><<<grid, 256, 0, cs>>>(P.D, P.S, P.NH, P.mask);
-    MCPP_LAUNCH_CHECK();
-    P.mask_ready = true;
-  }
-#endif
   if (wg)
     fa_fwd_wgmma_kernel<T, HD, DROP><<<grid, kThreadsFA, fwd_wgmma_bytes<HD>(), cs>>>(P);
   else

@@ -6,10 +6,6 @@
 #pragma once
 #include <cstdint>
 
-#ifndef MCPP_FA_FWD_MASK_KERNEL
-#define MCPP_FA_FWD_MASK_KERNEL 0  // experimental: see fa_draw_mask_kernel
-#endif
-
 #include "base/philox.h"
 #include "ops/types.h"
 
@@ -230,29 +226,6 @@ struct FaMaskBuf {
 __device__ __forceinline__ uint8_t* mask_row_q(uint8_t* mask, int64_t S, int64_t bh,
                                                int64_t row) {
   return mask && row < S ? mask + FaMaskBuf::row(S, bh, row) : nullptr;
-}
-
-// Experimental (-DMCPP_FA_FWD_MASK_KERNEL=1, bench_flash_kernels builds; off in every
-// build): the keep bits of a forward's causal tiles drawn ahead of it into FaMaskBuf, the
-// bytes the forward would store, so the Hopper forward reads them (load_mask_rows_q)
-// instead of drawing. One thread a (query row, 64-key tile): eight blocks, one 8-byte
-// store; grid (query tiles, longest rows first, B NH). Aligned path only.
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads)
-    fa_draw_mask_kernel(FaDrop D, int64_t S, int64_t NH, uint8_t* mask) {
-  const int qt = int(gridDim.x - 1 - blockIdx.x);
-  const int64_t bh = blockIdx.y, b = bh / NH, h = bh - b * NH;
-  const int tiles = qt + 1;
-  for (int i = int(threadIdx.x); i < 64 * tiles; i += kThreads) {
-    const int r = i / tiles, kt = i - r * tiles;  // consecutive threads: one row's tiles
-    const int64_t q = int64_t(qt) * 64 + r;
-    if (q >= S) continue;
-    const uint64_t c0 = D.index(b, h, q, int64_t(kt) * 64) >> 3;
-    uint64_t bytes = 0;
-#pragma unroll  // eight independent blocks side by side
-    for (int n = 0; n < 8; ++n) bytes |= uint64_t(D.keep8(c0 + uint64_t(n))) << (8 * n);
-    *reinterpret_cast<uint64_t*>(mask + FaMaskBuf::row(S, bh, q) + kt * 8) = bytes;
-  }
 }
 
 // dK/dV side, reading: the blocks keep_bits_rows_k would draw, from the buffer (two bytes,

@@ -70,16 +70,10 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
     const int buf = j & 1;
     const int64_t k0 = int64_t(j) * kRows;
     uint32_t keep = 0;
-    if constexpr (DROP) {
-#if MCPP_FA_FWD_MASK_KERNEL
-      if (P.mask_ready)  // drawn ahead by fa_draw_mask_kernel
-        keep = load_mask_rows_q(P.mask, P.S, b * P.NH + h, row0, k0, tq);
-      else
-#endif
-        keep = keep_bits_rows_q<true>(P.D, b, h, row0, k0, tq, lane,
-                                      mrow0 ? mrow0 + k0 / 8 : nullptr,
-                                      mrow1 ? mrow1 + k0 / 8 : nullptr);
-    }
+    if constexpr (DROP)
+      keep = keep_bits_rows_q<true>(P.D, b, h, row0, k0, tq, lane,
+                                    mrow0 ? mrow0 + k0 / 8 : nullptr,
+                                    mrow1 ? mrow1 + k0 / 8 : nullptr);
     if (j + 1 < nkt) {
       cp_async_tile_sw128<HD>(Ks + (buf ^ 1) * TILE, kb, stride, k0 + kRows, P.S);
       cp_async_tile_sw128<HD>(Vs + (buf ^ 1) * TILE, vb, stride, k0 + kRows, P.S);
