@@ -26,6 +26,10 @@ case $cmd in
     shift 3
     grep -q "MCPP_ENABLE_CUDA:BOOL=ON" "$build/CMakeCache.txt" ||
       { echo "gpu-bundle: $build is not a CUDA build (-DMCPP_ENABLE_CUDA=ON)" >&2; exit 1; }
+    # Replace only an earlier bundle (never a folder of something else).
+    [[ ! -e $out || -f $out/MANIFEST ]] ||
+      { echo "gpu-bundle: $out exists and is not a bundle (no MANIFEST); not replacing it" >&2
+        exit 1; }
     cmake --build "$build" --target megatron_core "$@"
     rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
     bins=()
