@@ -3,20 +3,26 @@
 // on each dQ path. One table, milliseconds a call (median of --reps after two warm-ups).
 //
 // It is built from flash_attention.cu's source itself, not against the megatron_cuda
-// library, so one nvcc call makes a binary that needs only libfmt and the driver: built on
-// the CI-like machine and carried to the GPU machine, it measures a kernel change without
-// the GPU machine's ~90 s build (the device time of a session is short):
+// library, so one nvcc call makes a binary that needs only libfmt, cuBLAS (for --hot) and
+// the driver: built on the CI-like machine and carried to the GPU machine, it measures a
+// kernel change without the GPU machine's ~90 s build (the device time of a session is
+// short):
 //   nvcc -std=c++20 -arch=sm_90a -O3 --expt-relaxed-constexpr -DFMT_USE_CONSTEXPR=1 -I src \
 //     -o bench_flash_kernels bench/gpu/bench_flash_kernels.cu src/base/error.cpp \
-//     src/ops/attention_backend.cpp src/tensor/dtype.cpp -lfmt
+//     src/ops/attention_backend.cpp src/tensor/dtype.cpp -lfmt -lcublas
 // CMake builds it as well (target bench_flash_kernels). Two builds of different trees, run
 // alternately in one call, compare a change (the H200 runs at its power cap: compare only
 // within a call). The experimental variant of flash_attention_sm90_bwd.cuh builds the same
 // way with -DMCPP_FA_DKV_MIN_BLOCKS=3 added; --wgmma then checks it bit for bit against the
 // mma.sync kernels.
 //
-// Usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma]   (NAME: 124M, 350M, XL or
-// Llama)
+// Usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma] [--hot MS]   (NAME: 124M,
+// 350M, XL or Llama)
+// --hot MS: before each timed call (warm-ups too), about MS milliseconds of cuBLAS bf16
+// GEMMs (8192^3) on the same stream, untimed. Alone, the kernels run at the idle card's
+// 1.98 GHz; inside a training step the H200 sits at its 700 W cap at about 1.4-1.6 GHz
+// (bench/RESULTS.md), and the GEMMs before each call put it there, so a change is compared
+// at the clock the step gives it.
 // Columns: fwd; fwd with dropout 0.1 writing the keep bits (as the model's layers run it);
 // bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
 // bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
@@ -30,6 +36,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <cublas_v2.h>
 
 #include "ops/cuda/flash_attention.cu"
 
@@ -62,6 +70,48 @@ __global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t seed) {
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) MCPP_FAIL("bench_flash_kernels: {}: {}", what, cudaGetErrorString(e));
 }
+
+// --hot: bf16 GEMMs of 8192^3 through cuBLAS, enough of them for about `ms` milliseconds
+// (timed once at set-up), run before each timed call on its stream.
+struct Heater {
+  cublasHandle_t h = nullptr;
+  void* m = nullptr;  // A, B, C: three 8192 x 8192 bf16 matrices
+  int n = 0;          // GEMMs a heat()
+  static constexpr int kN = 8192;
+  Heater(double ms, cudaStream_t cs) {
+    if (ms <= 0) return;
+    const int64_t e = int64_t(kN) * kN;
+    check(cudaMalloc(&m, size_t(3 * e) * 2), "malloc");
+    fill_kernel<<<1024, 256, 0, cs>>>(static_cast<uint16_t*>(m), 2 * e, 3);
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(h, cs) != CUBLAS_STATUS_SUCCESS)
+      MCPP_FAIL("bench_flash_kernels --hot: cuBLAS could not start");
+    n = 4;
+    cudaEvent_t a, b;
+    check(cudaEventCreate(&a), "event");
+    check(cudaEventCreate(&b), "event");
+    heat();  // warm-up, then time four
+    check(cudaEventRecord(a, cs), "record");
+    heat();
+    check(cudaEventRecord(b, cs), "record");
+    check(cudaEventSynchronize(b), "heat");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, a, b), "elapsed");
+    n = std::max(1, int(ms / (t / 4) + 0.5));
+    std::printf("--hot %.1f: %d GEMMs of 8192^3 (%.2f ms each) before each timed call\n", ms,
+                n, t / 4);
+  }
+  void heat() const {
+    const float one = 1.f, zero = 0.f;
+    const int64_t e = int64_t(kN) * kN;
+    auto* a = static_cast<uint16_t*>(m);
+    for (int i = 0; i < n; ++i)
+      if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, kN, kN, kN, &one, a, CUDA_R_16BF, kN,
+                       a + e, CUDA_R_16BF, kN, &zero, a + 2 * e, CUDA_R_16BF, kN,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+        MCPP_FAIL("bench_flash_kernels --hot: cublasGemmEx failed");
+  }
+};
 
 struct AttnShape {
   const char* name;
@@ -234,6 +284,7 @@ static int run(int argc, char** argv) {
   int reps = 20;
   std::string only;
   bool wgmma = false;
+  double hot_ms = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc)
@@ -242,8 +293,11 @@ static int run(int argc, char** argv) {
       only = argv[++i];
     else if (a == "--wgmma")
       wgmma = true;
+    else if (a == "--hot" && i + 1 < argc)
+      hot_ms = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma]\n");
+      std::fprintf(stderr,
+                   "usage: bench_flash_kernels [--reps N] [--only NAME] [--wgmma] [--hot MS]\n");
       return 2;
     }
   }
@@ -253,6 +307,7 @@ static int run(int argc, char** argv) {
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
+  const Heater heater(hot_ms, cs);
   if (wgmma) {
     std::printf(
         "| kernel | dropout | mma.sync ms | wgmma ms | max |d out| / max |out| | "
@@ -290,9 +345,10 @@ static int run(int argc, char** argv) {
     fill_kernel<<<1024, 256, 0, cs>>>(static_cast<uint16_t*>(dout), no, 2);
     fa.qkv = fd.qkv = qkv;
     auto time = [&](auto fn) {
-      fn(), fn();
+      heater.heat(), fn(), heater.heat(), fn();
       std::vector<float> ms(static_cast<size_t>(reps));
       for (float& t : ms) {
+        heater.heat();
         check(cudaEventRecord(e0, cs), "record");
         fn();
         check(cudaEventRecord(e1, cs), "record");
