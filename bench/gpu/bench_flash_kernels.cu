@@ -21,8 +21,8 @@
 // --hot MS: before each timed call (warm-ups too), about MS milliseconds of cuBLAS bf16
 // GEMMs (8192^3) on the same stream, untimed. Alone, the kernels run at the idle card's
 // 1.98 GHz; inside a training step the H200 sits at its 700 W cap at about 1.4-1.6 GHz
-// (bench/RESULTS.md), and the GEMMs before each call put it there, so a change is compared
-// at the clock the step gives it.
+// (bench/RESULTS.md); the GEMMs before each call are meant to put it there, so that a
+// change is compared at the clock the step gives it (not yet checked on the GPU).
 // Columns: fwd; fwd with dropout 0.1 writing the keep bits (as the model's layers run it);
 // bwd without dropout with dS handed over (dS); bwd with dropout reading the forward's keep
 // bits, with dS (as the layers run it) and recomputing dS in the dQ kernel (no dS).
@@ -97,10 +97,18 @@ struct Heater {
     check(cudaEventSynchronize(b), "heat");
     float t = 0;
     check(cudaEventElapsedTime(&t, a, b), "elapsed");
+    check(cudaEventDestroy(a), "event");
+    check(cudaEventDestroy(b), "event");
     n = std::max(1, int(ms / (t / 4) + 0.5));
     std::printf("--hot %.1f: %d GEMMs of 8192^3 (%.2f ms each) before each timed call\n", ms,
                 n, t / 4);
   }
+  ~Heater() {
+    if (h) cublasDestroy(h);
+    if (m) cudaFree(m);
+  }
+  Heater(const Heater&) = delete;
+  Heater& operator=(const Heater&) = delete;
   void heat() const {
     const float one = 1.f, zero = 0.f;
     const int64_t e = int64_t(kN) * kN;
