@@ -54,16 +54,21 @@ case $cmd in
   env)
     [[ $# -eq 2 ]] || { echo "usage: $0 env BUNDLE_DIR" >&2; exit 2; }
     dir=$(cd "$2" && pwd)
-    if [[ -f $dir/lib/libmegatron_core.so.xz ]]; then
-      xz -d -f "$dir/lib/libmegatron_core.so.xz" 2>/dev/null ||
+    lib=$dir/lib
+    if [[ -f $lib/libmegatron_core.so.xz ]]; then
+      if [[ ! -w $lib ]]; then  # a read-only copy: unpack into a folder of our own
+        tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle-lib.XXXXXX")
+        cp "$lib"/* "$tmp"/ && lib=$tmp
+      fi
+      xz -d -f "$lib/libmegatron_core.so.xz" 2>/dev/null ||
         python3 -c "import lzma, sys
-open(sys.argv[1][:-3], 'wb').write(lzma.open(sys.argv[1]).read())" "$dir/lib/libmegatron_core.so.xz"
+open(sys.argv[1][:-3], 'wb').write(lzma.open(sys.argv[1]).read())" "$lib/libmegatron_core.so.xz"
     fi
     pyroot() { python3 -c "import importlib, os
 m = importlib.import_module('$1')
 print(m.__file__ and os.path.dirname(m.__file__) or list(m.__path__)[0])" 2>/dev/null || true; }
     cudnn=$(pyroot nvidia.cudnn) nccl=$(pyroot nvidia.nccl)
-    path="$dir/lib${cudnn:+:$cudnn/lib}${nccl:+:$nccl/lib}:/usr/local/cuda/lib64"
+    path="$lib${cudnn:+:$cudnn/lib}${nccl:+:$nccl/lib}:/usr/local/cuda/lib64"
     path="$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     missing=$(for b in "$dir"/bin/*; do LD_LIBRARY_PATH=$path ldd "$b" |
       sed -n "s|^\(.*not found\)|$(basename "$b"):\1|p"; done | sort -u)
