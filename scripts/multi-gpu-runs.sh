@@ -66,7 +66,7 @@ for part in $PARTS; do
       echo "## 1. Equivalence on GPUs against one GPU"
       for spec in ep2_alltoall:2 ep2_allgather:2 ep2_distopt:2 cp2_p2p:2 cp2_a2a:2 \
                   fp8_tp2_delayed:2 fp8_tp2_tensorwise:2 fp8_dp2_delayed:2 fp8_dp2_tensorwise:2 \
-                  ep2_tp2:4 cp2_tp2:4 ep2_pp2:4 ep2_cp2:4 ep8:8 tp2_cp2_dp2:8; do
+                  ep2_tp2:4 cp2_tp2:4 cp4_a2a_p2p:4 ep2_pp2:4 ep2_cp2:4 ep8:8 tp2_cp2_dp2:8; do
         L=${spec%:*} n=${spec#*:}
         if [[ -z ${PLAN_ONLY:-} && -z ${ONE_GPU:-} ]] && ((n > NGPU)); then
           echo "not run ($NGPU GPUs visible): equivalence $L ($n GPUs)"

@@ -139,7 +139,8 @@ struct TransformerConfig {
   // ---- context parallel (parallel/context_parallel/; docs/context-parallel.md)
   // The sequence in 2*cp_size chunks, rank r holding chunks r and 2*cp_size-1-r; each
   // layer's attention exchanges keys and values over the CP group as cp_comm says.
-  enum class CpComm : uint8_t { P2P, A2A, AllGather };
+  // A2AP2P: --hierarchical-context-parallel-sizes' all-to-all inside groups, ring between.
+  enum class CpComm : uint8_t { P2P, A2A, AllGather, A2AP2P };
   int64_t cp_size = 1;
   int64_t cp_rank = 0;
   std::vector<CpComm> cp_comm;  // per layer; empty: P2P everywhere

@@ -18,9 +18,11 @@ parallel::context_parallel::CpAttention cp_args(const StepContext& cx, int layer
   using C = TransformerConfig::CpComm;
   cpa::CpAttention a;
   const C t = cx.cfg->cp_comm_of(layer);
-  a.type = t == C::A2A ? cpa::CommType::A2A
+  a.type = t == C::A2A         ? cpa::CommType::A2A
            : t == C::AllGather ? cpa::CommType::AllGather
+           : t == C::A2AP2P    ? cpa::CommType::A2AP2P
                                : cpa::CommType::P2P;
+  a.a2a = cx.cp_a2a_comm, a.p2p = cx.cp_p2p_comm;
   a.ad = cx.ad, a.scale = cx.scale, a.dropout_p = cx.p_attn;
   a.key = dropout_key(*cx.cfg, cx.keys, layer, DropoutSite::AttnProbs);
   return a;

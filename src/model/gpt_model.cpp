@@ -97,12 +97,14 @@ void attach_documents(StepContext& cx, const MicroBatch& mb) {
 }
 }  // namespace
 
-void GPTModel::set_cp_comm(comm::Communicator* cp) {
+void GPTModel::set_cp_comm(comm::Communicator* cp, comm::Communicator* a2a,
+                           comm::Communicator* p2p) {
   MCPP_CHECK(cfg_.cp_size == 1 || (cp && cp->size() == cfg_.cp_size && cp->rank() == cfg_.cp_rank),
              "GPTModel: the context-parallel group must have cp_size {} members with this rank "
              "at {}",
              cfg_.cp_size, cfg_.cp_rank);
   cp_ = cfg_.cp_size > 1 ? cp : nullptr;
+  cp_a2a_ = cp_ ? a2a : nullptr, cp_p2p_ = cp_ ? p2p : nullptr;
 }
 
 int GPTModel::num_chunks() const { return stage_->num_chunks(); }
@@ -171,6 +173,7 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
              num_chunks());
   MCPP_CHECK(mb.tokens.dim() == 2, "tokens must be [B, S], got {}", mb.tokens.str());
   StepContext cx = make_step_context(cfg_, mb.tokens.size(1), mb.tokens.size(0), keys, tp_, cp_);
+  cx.cp_a2a_comm = cp_a2a_, cx.cp_p2p_comm = cp_p2p_;
   attach_documents(cx, mb);
   Stream& st = cx.stream();
   const int64_t Tl = cx.Tl, H = cx.H;
@@ -220,6 +223,7 @@ Tensor GPTModel::backward_chunk(int chunk, int microbatch, const Tensor& output_
              microbatch, chunk);
   Slot& sv = *svp;
   StepContext cx = make_step_context(cfg_, sv.S, sv.B, sv.keys, tp_, cp_);
+  cx.cp_a2a_comm = cp_a2a_, cx.cp_p2p_comm = cp_p2p_;
   attach_documents(cx, sv.mb);
   Stream& st = cx.stream();
   const int64_t Tl = cx.Tl, H = cx.H;

@@ -56,8 +56,10 @@ class GPTModel {
   ~GPTModel();
   // The context-parallel group (cfg.cp_size members, this rank at cfg.cp_rank): every
   // layer's attention exchanges keys and values over it. Needed before the first forward
-  // when cfg.cp_size > 1.
-  void set_cp_comm(comm::Communicator* cp);
+  // when cfg.cp_size > 1. a2a, p2p: the group's hierarchical levels, which a2a+p2p layers
+  // (--hierarchical-context-parallel-sizes) need.
+  void set_cp_comm(comm::Communicator* cp, comm::Communicator* a2a = nullptr,
+                   comm::Communicator* p2p = nullptr);
 
   const TransformerConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
@@ -136,6 +138,8 @@ class GPTModel {
   TransformerConfig cfg_;
   comm::Communicator* tp_ = nullptr;
   comm::Communicator* cp_ = nullptr;  // context parallelism (cfg.cp_size > 1)
+  comm::Communicator* cp_a2a_ = nullptr;  // its hierarchical levels (a2a+p2p layers)
+  comm::Communicator* cp_p2p_ = nullptr;
   PipelinePart part_;
   std::function<void(int)> grad_ready_, params_needed_;
   ParamStore params_;

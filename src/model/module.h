@@ -107,6 +107,9 @@ struct StepContext : Dims {
   ops::AttentionDims ad;                  // local heads, global offsets for attention dropout
   comm::Communicator* tp_comm = nullptr;  // null at TP 1: every region transition is identity
   comm::Communicator* cp_comm = nullptr;  // null at CP 1 (context parallelism)
+  // a2a+p2p layers: the CP group's hierarchical levels (all-to-all, ring); else null.
+  comm::Communicator* cp_a2a_comm = nullptr;
+  comm::Communicator* cp_p2p_comm = nullptr;
   // --reset-position-ids: this rank's positions, sequence-first [S, B] i64 on the model's
   // device (rows s*B + b, as activations); undefined: positions by row. The document mask
   // (--reset-attention-mask) travels in ad.key_start.

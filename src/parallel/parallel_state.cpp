@@ -45,6 +45,12 @@ ParallelSizes validated(ParallelSizes s) {
       {"--expert-tensor-parallel-size", s.etp},
   };
   MCPP_CHECK(s.world >= 1, "world size {} must be at least 1", s.world);
+  MCPP_CHECK_HINT(s.cp_a2a == 0 || (s.cp_a2a >= 1 && s.cp % s.cp_a2a == 0),
+                  "give --hierarchical-context-parallel-sizes A P with A x P = "
+                  "--context-parallel-size",
+                  "--hierarchical-context-parallel-sizes: an all-to-all level of {} does not "
+                  "divide --context-parallel-size {}",
+                  s.cp_a2a, s.cp);
   for (auto [flag, v] : flags) MCPP_CHECK(v >= 1, "{} {} must be at least 1", flag, v);
   const int64_t mp = int64_t(s.tp) * s.pp * s.cp;
   MCPP_CHECK_HINT(s.world % mp == 0,
@@ -173,7 +179,9 @@ std::string_view group_name(Group g) {
                                                          "expert-tp",
                                                          "tp-ep",
                                                          "tp-ep-pp",
-                                                         "expert-dp"};
+                                                         "expert-dp",
+                                                         "cp-a2a",
+                                                         "cp-p2p"};
   return names[size_t(g)];
 }
 
@@ -208,6 +216,27 @@ Layout::Layout(const ParallelSizes& sizes)
                   "pipeline groups differ between the dense layout (TP {} CP {}) and the "
                   "expert layout (ETP {} EP {}), order {}",
                   tp(), cp(), etp_, ep(), order());
+  // Hierarchical CP: within each CP group's list, level 0 takes A consecutive members and
+  // level 1 the members A apart (Megatron's "(l s u) -> (l u) s" rearrangement).
+  const int A = sizes_.cp_a2a;
+  for (const auto& cp_ranks : groups(Group::CP)) {
+    const int n = int(cp_ranks.size());
+    if (A == 0) {
+      for (int r : cp_ranks) {
+        groups_[size_t(Group::CpA2A)].push_back({r});
+        groups_[size_t(Group::CpP2P)].push_back({r});
+      }
+      continue;
+    }
+    for (int p = 0; p < n / A; ++p)
+      groups_[size_t(Group::CpA2A)].emplace_back(cp_ranks.begin() + p * A,
+                                                 cp_ranks.begin() + (p + 1) * A);
+    for (int q = 0; q < A; ++q) {
+      std::vector<int> ring;
+      for (int p = 0; p < n / A; ++p) ring.push_back(cp_ranks[size_t(p * A + q)]);
+      groups_[size_t(Group::CpP2P)].push_back(std::move(ring));
+    }
+  }
   // default_embedding_ranks / default_position_embedding_ranks: first and last stage
   // of each pipeline group.
   for (const auto& pp_ranks : groups(Group::PP)) {

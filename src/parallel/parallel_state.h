@@ -59,6 +59,9 @@ struct ParallelSizes {
   bool tp_pp_dp_mapping = false;  // --use-tp-pp-dp-mapping
   bool untie_embeddings = false;  // --untie-embeddings-and-output-weights: the embedding
                                   // group is the first stage only
+  // --hierarchical-context-parallel-sizes A P (two levels, A x P = cp): the all-to-all
+  // level's size A; 0 = none (the two hierarchical groups are then groups of one).
+  int cp_a2a = 0;
 };
 
 enum class Group : uint8_t {
@@ -78,8 +81,13 @@ enum class Group : uint8_t {
   TP_EP,
   TP_EP_PP,
   ExpertDP,
+  // Hierarchical CP (Megatron's create_hierarchical_groups over each CP group's list):
+  // level 0, A consecutive CP ranks (the all-to-all of a2a+p2p); level 1, the ranks A
+  // apart (its ring). Groups of one without --hierarchical-context-parallel-sizes.
+  CpA2A,
+  CpP2P,
 };
-inline constexpr int kNumGroups = 16;
+inline constexpr int kNumGroups = 18;
 std::string_view group_name(Group g);  // "tp", "dp-cp", "tp-pp", "embedding", "expert-dp", ...
 
 struct Coords {
@@ -142,6 +150,8 @@ class ParallelState {
   comm::Communicator& embedding() const { return group(Group::Embedding); }
   comm::Communicator& ep() const { return group(Group::EP); }
   comm::Communicator& expert_dp() const { return group(Group::ExpertDP); }
+  comm::Communicator& cp_a2a() const { return group(Group::CpA2A); }
+  comm::Communicator& cp_p2p() const { return group(Group::CpP2P); }
 
   int tp_rank() const { return coords_.tp; }
   int pp_rank() const { return coords_.pp; }

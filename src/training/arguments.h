@@ -258,6 +258,10 @@ struct Args {
   // --cp-comm-type: p2p (ring), a2a (heads scattered, sequence gathered) or all_gather;
   // one value for every layer, or one per layer (validate_cp expands it to num_layers).
   std::vector<std::string> cp_comm_type = {"p2p"};
+  // --hierarchical-context-parallel-sizes A P: the CP group as A consecutive ranks that
+  // exchange by all-to-all inside groups of P ranks that form a ring (a2a+p2p layers);
+  // A x P = CP. Megatron's create_hierarchical_groups lays the levels out.
+  std::optional<std::vector<int64_t>> hierarchical_context_parallel_sizes;
   // --calculate-per-token-loss: gradients of the global batch's summed token losses / its
   // masked tokens; default: the mean of per-micro-batch means (training/forward_backward.h).
   bool calculate_per_token_loss = false;

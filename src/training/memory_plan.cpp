@@ -42,6 +42,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   for (const std::string& t : a.cp_comm_type)
     c.cp_comm.push_back(t == "a2a"          ? model::TransformerConfig::CpComm::A2A
                         : t == "all_gather" ? model::TransformerConfig::CpComm::AllGather
+                        : t == "a2a+p2p"    ? model::TransformerConfig::CpComm::A2AP2P
                                             : model::TransformerConfig::CpComm::P2P);
   using RC = model::TransformerConfig::Recompute;
   const std::string gran = a.recompute_granularity.value_or("");
@@ -183,6 +184,16 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   return m;
 }
 
+namespace {
+// A layer's --cp-comm-type as it runs: a2a+p2p with a level of one is the other level's
+// exchange over the whole group (cp_attention.cpp).
+std::string effective_cp_comm(const Args& a, const std::string& t) {
+  if (t != "a2a+p2p" || !a.hierarchical_context_parallel_sizes) return t;
+  const int64_t g = (*a.hierarchical_context_parallel_sizes)[0];
+  return g == 1 ? "p2p" : g == a.context_parallel_size ? "a2a" : t;
+}
+}  // namespace
+
 int64_t cp_exchange_bytes(const Args& a, const model::TransformerConfig& cfg) {
   const int64_t cp = a.context_parallel_size;
   if (cp <= 1) return 0;
@@ -196,9 +207,13 @@ int64_t cp_exchange_bytes(const Args& a, const model::TransformerConfig& cfg) {
   const bool fused = cudnn && parallel::context_parallel::fused_steps_enabled();
   const int64_t halves = !cudnn ? 0 : fused ? 3 : 1;  // scratch in half units
   int64_t most = 0;
-  for (const std::string& t : a.cp_comm_type) {
+  for (const std::string& layer_type : a.cp_comm_type) {
+    const std::string t = effective_cp_comm(a, layer_type);
+    // a2a+p2p: a2a's gathered qkv, output and their gradients (8 halves) live through
+    // the ring's 10 (the same sizes: A times the rows on 1/A of the heads).
     const int64_t halves_t = t == "p2p"          ? 10 + halves
                              : t == "all_gather" ? 2 * (2 * cp + 1) + halves
+                             : t == "a2a+p2p"    ? 18 + halves
                                                  : 12;
     most = std::max(most, halves_t * unit / 2);
   }
@@ -232,8 +247,9 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   // saved activations). The CP ring's block kernels hold neither; a2a's whole-sequence
   // attention runs this backward on heads / CP.
   if (backend == ops::AttentionBackend::Flash) {
-    const bool a2a = cp > 1 && std::find(a.cp_comm_type.begin(), a.cp_comm_type.end(),
-                                         "a2a") != a.cp_comm_type.end();
+    bool a2a = false;
+    for (const std::string& t : a.cp_comm_type) a2a = a2a || effective_cp_comm(a, t) == "a2a";
+    a2a = a2a && cp > 1;
     if (cp > 1 && !a2a) return 0;
     const int64_t heads = cfg.num_attention_heads / tp / cp;
     const int64_t per_seq = ops::flash_ds_bytes(1, heads, a.seq_length);
@@ -262,11 +278,16 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   // rank's two chunks (S / CP rows; cp_attention.cpp's fused steps), or one chunk (S / 2CP)
   // where the steps run chunk by chunk (the document mask; MCPP_CP_FUSED_STEPS=0).
   int64_t most = 0;
-  for (const std::string& t : a.cp_comm_type) {
+  for (const std::string& layer_type : a.cp_comm_type) {
+    const std::string t = effective_cp_comm(a, layer_type);
     const bool chunk_blocks =
         a.reset_attention_mask || !parallel::context_parallel::fused_steps_enabled();
-    const int64_t rows = chunk_blocks ? a.seq_length / (2 * cp) : a.seq_length / cp;
-    most = std::max(most, t == "a2a" ? ws(nh / cp, ng / cp, a.seq_length) : ws(nh, ng, rows));
+    // a2a+p2p: the ring of cp / A ranks on heads / A (A: the all-to-all level).
+    const int64_t g = t == "a2a+p2p" ? (*a.hierarchical_context_parallel_sizes)[0] : 1;
+    const int64_t ring = cp / g;
+    const int64_t rows = chunk_blocks ? a.seq_length / (2 * ring) : a.seq_length / ring;
+    most = std::max(most,
+                    t == "a2a" ? ws(nh / cp, ng / cp, a.seq_length) : ws(nh / g, ng / g, rows));
   }
   return most;
 }

@@ -7,6 +7,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 
@@ -97,6 +98,12 @@ void Trainer::State::setup_parallel() {
   sizes.tp = int(a.tensor_model_parallel_size), sizes.pp = int(a.pipeline_model_parallel_size);
   sizes.tp_pp_dp_mapping = a.use_tp_pp_dp_mapping;
   sizes.cp = int(a.context_parallel_size);  // context parallel
+  if (const auto& h = a.hierarchical_context_parallel_sizes; h && h->size() == 2)
+    sizes.cp_a2a = int((*h)[0]);
+  if (a.hierarchical_context_parallel_sizes &&
+      std::find(a.cp_comm_type.begin(), a.cp_comm_type.end(), "a2a+p2p") == a.cp_comm_type.end())
+    log::info("--hierarchical-context-parallel-sizes: no layer uses --cp-comm-type a2a+p2p, "
+              "the only exchange its groups shape");
   sizes.untie_embeddings = a.untie_embeddings_and_output_weights;
   // Expert parallelism: Megatron's expert rank grid, EP folded over the attention ranks
   // (validate_moe checked ETP x EP divides TP x CP x DP).
@@ -205,7 +212,8 @@ void Trainer::State::build_model() {
   }
 #endif
   s.model = std::make_unique<model::GPTModel>(s.model_cfg, &s.ps->tp(), part);
-  if (s.model_cfg.cp_size > 1) s.model->set_cp_comm(&s.ps->cp());  // context parallel
+  if (s.model_cfg.cp_size > 1)  // context parallel (and its levels for a2a+p2p layers)
+    s.model->set_cp_comm(&s.ps->cp(), &s.ps->cp_a2a(), &s.ps->cp_p2p());
   if (s.model_cfg.moe.ep_size > 1 || s.model_cfg.moe.etp_size > 0) {  // every MoE layer's EP group
     int moe_layers = 0;
     for (int ch = 0; ch < s.model->stage().num_chunks(); ++ch) {

@@ -43,6 +43,15 @@ TEST(ValidateCp, AcceptsAndExpandsCommTypes) {
   EXPECT_EQ(a.cp_comm_type, (std::vector<std::string>{"p2p", "p2p"}));
   a = validated({"--context-parallel-size", "2", "--cp-comm-type", "a2a", "all_gather"}, 2);
   EXPECT_EQ(a.cp_comm_type, (std::vector<std::string>{"a2a", "all_gather"}));
+  a = validated({"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "p2p",
+                 "--hierarchical-context-parallel-sizes", "2", "2"},
+                4);
+  EXPECT_EQ(a.cp_comm_type, (std::vector<std::string>{"a2a+p2p", "p2p"}));
+  EXPECT_EQ(a.hierarchical_context_parallel_sizes, (std::vector<int64_t>{2, 2}));
+  // Megatron accepts the sizes without an a2a+p2p layer (its groups are then unused).
+  EXPECT_NO_THROW(validated({"--context-parallel-size", "4",
+                             "--hierarchical-context-parallel-sizes", "2", "1", "2"},
+                            4));
 }
 
 TEST(ValidateCp, Errors) {
@@ -57,6 +66,28 @@ TEST(ValidateCp, Errors) {
   expect_error({"--context-parallel-size", "4", "--cp-comm-type", "a2a", "--group-query-attention",
                 "--num-query-groups", "2"},
                4, "--cp-comm-type a2a needs", "use --cp-comm-type p2p");
+  // a2a+p2p: the sizes are needed, must multiply to CP, come in two levels, and the
+  // all-to-all level must divide a TP rank's heads and query groups.
+  expect_error({"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p"}, 4,
+               "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes",
+               "A x P = --context-parallel-size 4");
+  expect_error({"--context-parallel-size", "4", "--hierarchical-context-parallel-sizes", "2",
+                "4"},
+               4, "--hierarchical-context-parallel-sizes 2 4 multiply to 8, not "
+               "--context-parallel-size 4",
+               "product is --context-parallel-size 4");
+  expect_error({"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                "--hierarchical-context-parallel-sizes", "2", "1", "2"},
+               4, "takes two levels of --hierarchical-context-parallel-sizes, not 3",
+               "the all-to-all groups' and the ring's");
+  expect_error({"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                "--hierarchical-context-parallel-sizes", "0", "4"},
+               4, "a size below 1", "positive sizes");
+  expect_error({"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                "--hierarchical-context-parallel-sizes", "4", "1", "--group-query-attention",
+                "--num-query-groups", "2"},
+               4, "--cp-comm-type a2a+p2p needs --num-attention-heads 4 and --num-query-groups 2",
+               "dividing the heads and query groups");
 }
 
 // Document masking on the GPU: both flags, alone or together.

@@ -23,7 +23,8 @@
 # optimizer, overlapped) | ep2_tp2 (4 GPUs, SP) | ep2_pp2 (4 GPUs) | ep8 (8 GPUs) |
 # ep2_cp2 (4 GPUs: EP folded over CP, the aux counts summed over CP).
 # Context parallelism (dropout on: its masks are global): cp2_p2p | cp2_a2a | cp2_tp2
-# (4 GPUs, SP) | tp2_cp2_dp2 (8 GPUs, SP, distributed optimizer).
+# (4 GPUs, SP) | cp4_a2a_p2p (4 GPUs, hierarchical 2 x 2) | tp2_cp2_dp2 (8 GPUs, SP,
+# distributed optimizer).
 # FP8 (hybrid), both runs FP8: fp8_tp2_delayed | fp8_tp2_tensorwise | fp8_dp2_delayed |
 # fp8_dp2_tensorwise.
 # Modes (env): PLAN_ONLY=1 checks the multi-GPU launch's flags with `megatron plan
@@ -79,6 +80,8 @@ case $LAYOUT in
   cp2_p2p) L=(--context-parallel-size 2 --cp-comm-type p2p) ;;
   cp2_a2a) L=(--context-parallel-size 2 --cp-comm-type a2a) ;;
   cp2_tp2) NP=4 L=(--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel) ;;
+  cp4_a2a_p2p) NP=4 L=(--context-parallel-size 4 --cp-comm-type a2a+p2p
+                 --hierarchical-context-parallel-sizes 2 2) ;;
   tp2_cp2_dp2) NP=8 L=(--tensor-model-parallel-size 2 --sequence-parallel --context-parallel-size 2
                  --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
                  --ddp-bucket-size 50000) ;;

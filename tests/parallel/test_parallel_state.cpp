@@ -115,6 +115,27 @@ TEST(Layout, ContextParallel2) {
   EXPECT_EQ(l.groups(Group::TP_CP)[0], (std::vector<int>{0, 1, 2, 3}));
 }
 
+// Hierarchical CP (--hierarchical-context-parallel-sizes 2 4 at CP 8, TP 2): inside each CP
+// group's list, Megatron's create_hierarchical_groups puts A = 2 consecutive members in a
+// level-0 (all-to-all) group and the members 2 apart in a level-1 (ring) group.
+TEST(Layout, HierarchicalContextParallel) {
+  ParallelSizes s;
+  s.world = 16, s.tp = 2, s.cp = 8, s.cp_a2a = 2;
+  Layout l(s);
+  ASSERT_EQ(l.groups(Group::CP), R({{0, 2, 4, 6, 8, 10, 12, 14}, {1, 3, 5, 7, 9, 11, 13, 15}}));
+  EXPECT_EQ(l.groups(Group::CpA2A), R({{0, 2}, {4, 6}, {8, 10}, {12, 14}, {1, 3}, {5, 7},
+                                       {9, 11}, {13, 15}}));
+  EXPECT_EQ(l.groups(Group::CpP2P), R({{0, 4, 8, 12}, {2, 6, 10, 14}, {1, 5, 9, 13},
+                                       {3, 7, 11, 15}}));
+  // Without the flag both levels are groups of one.
+  s.cp_a2a = 0;
+  EXPECT_EQ(Layout(s).groups(Group::CpA2A).size(), 16u);
+  s.cp_a2a = 3;
+  EXPECT_NE(error_of(s).find("all-to-all level of 3 does not divide --context-parallel-size 8"),
+            std::string::npos)
+      << error_of(s);
+}
+
 // The docstring example of initialize_model_parallel: TP=2, PP=4, DP=2 on 16 ranks.
 TEST(Layout, MegatronDocstringTp2Pp4) {
   Layout l = make(16, 2, 4);

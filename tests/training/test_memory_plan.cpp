@@ -203,6 +203,16 @@ TEST(MemoryPlan, AttentionWorkspace) {
   EXPECT_EQ(ws(cp2, 2), 16 * 16 * 512LL * 512 * 2);
   unsetenv("MCPP_CP_FUSED_STEPS");
   EXPECT_EQ(ws(with(cp2, {"--cp-comm-type", "a2a"}), 2), 16 * 8 * 2048LL * 2048 * 2);
+  // a2a+p2p at CP 4 as 2 x 2: the ring of two on heads / 2 (its diagonal over S / 2 rows);
+  // as 4 x 1 it is a2a, as 1 x 4 the ring of four.
+  const auto hier = [&](const char* g, const char* p) {
+    return ws(with(xl, {"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                        "--hierarchical-context-parallel-sizes", g, p}),
+              4);
+  };
+  EXPECT_EQ(hier("2", "2"), 16 * 8 * 1024LL * 1024 * 2);
+  EXPECT_EQ(hier("4", "1"), 16 * 4 * 2048LL * 2048 * 2);
+  EXPECT_EQ(hier("1", "4"), 16 * 16 * 512LL * 512 * 2);
   // With dropout the own kernels run: the ring's block kernels keep no buffer, a2a's
   // whole-sequence flash attention the dS of its 8 heads (or, without the hand-over, one
   // bit per score).
@@ -254,6 +264,22 @@ TEST(MemoryPlan, ContextParallelExchangeBuffers) {
   EXPECT_EQ(plan(with(base, {"--cp-comm-type", "all_gather"}), Device::CUDA),
             (2 * (2 * 2 + 1) + 3) * unit_gpu / 2);
   EXPECT_EQ(plan(with(base, {"--cp-comm-type", "a2a"}), Device::CPU), 6 * unit_cpu);
+  // a2a+p2p: a2a's four gathered tensors beside the ring's five; a level of one is the
+  // other exchange.
+  const auto hier = with(base, {"--cp-comm-type", "a2a+p2p", "--context-parallel-size", "4",
+                                "--hierarchical-context-parallel-sizes", "2", "2"});
+  const int64_t unit4_cpu = unit_cpu / 2;  // S / 4 rows
+  auto plan4 = [&](std::vector<std::string> argv) {
+    Args a = parse_and_validate(argv, 4);
+    a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by,
+                                            a.tensor_model_parallel_size);
+    return cp_exchange_bytes(a, model_config(a, Device::CPU, DType::F32));
+  };
+  EXPECT_EQ(plan4(hier), 9 * unit4_cpu);
+  EXPECT_EQ(plan4(with(hier, {"--hierarchical-context-parallel-sizes", "4", "1"})),
+            6 * unit4_cpu);
+  EXPECT_EQ(plan4(with(hier, {"--hierarchical-context-parallel-sizes", "1", "4"})),
+            5 * unit4_cpu);
   EXPECT_EQ(plan(with(base, {"--context-parallel-size", "1"}), Device::CUDA), 0);
 }
 

@@ -232,9 +232,6 @@ TEST(Validate, RotaryPercentRange) {
 }
 
 TEST(Validate, ValuesNotImplementedYet) {
-  // Context parallelism is implemented (tests/cp); its unimplemented combinations say so.
-  expect_invalid(with(base_argv(), {"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}),
-                 {"--cp-comm-type a2a+p2p is not implemented yet"}, 2);
   expect_invalid(with(base_argv(), {"--expert-model-parallel-size", "2"}),
                  {"--expert-model-parallel-size 2"}, 2);
   expect_invalid(with(base_argv(), {"--position-embedding-type", "yarn"}),

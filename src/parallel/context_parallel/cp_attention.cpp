@@ -292,9 +292,21 @@ void gather_rows_at(const Tensor& x, const std::vector<int64_t>& src, Tensor& y,
   ops::gather_rows(x, idx, y, s);
 }
 
+// An all-to-all level: P ranks (this one r), each holding two chunks of C x B rows, its
+// level-local chunks r and 2P-1-r. For a2a the level is the whole CP group and the
+// gathered sequence is the global one. For a2a+p2p it is a group of P consecutive CP
+// ranks p*P + r, whose chunks gathered in this order are the ring's two "super-chunks" p
+// and 2Q-1-p (Q ring ranks, P*C rows each): global chunks [pP, pP + P) and
+// [2PQ - (p+1)P, 2PQ - pP), both ascending (TransformerEngine's chunk reordering).
+struct A2aLevel {
+  int64_t P, r, C, B;
+  int64_t rows() const { return C * B; }
+  int64_t chunk(int64_t j, int k) const { return k == 0 ? j : 2 * P - 1 - j; }
+};
+
 // Row m of the gathered sequence [2PC*B, w] sits in the all-to-all's block of rank j at
-// local chunk k (block j*2 + k): the global chunk order from the ranks' (r, 2P-1-r) pairs.
-std::vector<int64_t> chunk_order(const RingRank& g) {
+// local chunk k (block j*2 + k): the order of the ranks' (j, 2P-1-j) pairs.
+std::vector<int64_t> chunk_order(const A2aLevel& g) {
   const int64_t rows = g.rows(), n = 2 * g.P * rows;
   std::vector<int64_t> at(static_cast<size_t>(n));
   for (int64_t j = 0; j < g.P; ++j)
@@ -305,8 +317,8 @@ std::vector<int64_t> chunk_order(const RingRank& g) {
 }
 
 // local [2C*B, P*w] (this rank's rows, all column slices) -> full [2PC*B, w] (every rank's
-// rows in global sequence order, column slice r), over an all-to-all.
-void seq_to_heads(const RingRank& g, const Tensor& local, Tensor& full, comm::Communicator& cp,
+// rows in the level's sequence order, column slice r), over an all-to-all.
+void seq_to_heads(const A2aLevel& g, const Tensor& local, Tensor& full, comm::Communicator& c,
                   Stream& s) {
   const int64_t R = 2 * g.rows(), w = full.size(1);
   Tensor send = Tensor::empty({g.P * R, w}, local.dtype(), local.device());
@@ -315,22 +327,22 @@ void seq_to_heads(const RingRank& g, const Tensor& local, Tensor& full, comm::Co
   for (int64_t p = 0; p < g.P; ++p)  // block p: column slice p of every row
     for (int64_t t = 0; t < R; ++t) src[size_t(p * R + t)] = t * g.P + p;
   gather_rows_at(local.view({R * g.P, w}), src, send, s);
-  cp.all_to_all(send, recv, s);
+  c.all_to_all(send, recv, s);
   gather_rows_at(recv, chunk_order(g), full, s);
 }
 
 // The inverse: full [2PC*B, w] (slice r of every row) -> local [2C*B, P*w].
-void heads_to_seq(const RingRank& g, const Tensor& full, Tensor& local, comm::Communicator& cp,
+void heads_to_seq(const A2aLevel& g, const Tensor& full, Tensor& local, comm::Communicator& c,
                   Stream& s) {
   const int64_t R = 2 * g.rows(), w = full.size(1);
   Tensor send = Tensor::empty({g.P * R, w}, full.dtype(), full.device());
   Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
-  // send block (j, k) = the gathered rows of global chunk chunk(j, k): chunk_order inverted.
+  // send block (j, k) = the gathered rows of chunk(j, k): chunk_order inverted.
   const std::vector<int64_t> at = chunk_order(g);
   std::vector<int64_t> src(at.size());
   for (size_t m = 0; m < at.size(); ++m) src[size_t(at[m])] = int64_t(m);
   gather_rows_at(full, src, send, s);
-  cp.all_to_all(send, recv, s);
+  c.all_to_all(send, recv, s);
   std::vector<int64_t> back(static_cast<size_t>(g.P * R));
   for (int64_t p = 0; p < g.P; ++p)
     for (int64_t t = 0; t < R; ++t) back[size_t(t * g.P + p)] = p * R + t;
@@ -338,17 +350,18 @@ void heads_to_seq(const RingRank& g, const Tensor& full, Tensor& local, comm::Co
   gather_rows_at(recv, back, out, s);
 }
 
-// The gathered attention's dims: the whole sequence, this rank's slice of the heads; with
-// document masking the whole sequence's key starts, gathered from every rank's chunks.
-ops::AttentionDims a2a_dims(const CpAttention& a, const RingRank& g, comm::Communicator& cp,
+// The gathered attention's dims: the level's sequence (2PC rows), this rank's slice of the
+// heads; with document masking the gathered rows' key starts (global positions), from
+// every rank's chunks of the level.
+ops::AttentionDims a2a_dims(const CpAttention& a, const A2aLevel& g, comm::Communicator& c,
                             Stream& s) {
   ops::AttentionDims d = a.ad;
-  d.S = 2 * g.P * g.C, d.S_global = d.S, d.q_offset = d.k_offset = 0;
+  d.S = 2 * g.P * g.C, d.q_offset = d.k_offset = 0;
   d.NH = a.ad.NH / g.P, d.NG = a.ad.NG / g.P;
   d.h_offset = a.ad.h_offset + g.r * d.NH;
   if (a.ad.key_start.defined()) {
     Tensor all = Tensor::empty({g.P * g.B, 2 * g.C}, DType::I64, a.ad.key_start.device());
-    cp.all_gather(a.ad.key_start, all, s);
+    c.all_gather(a.ad.key_start, all, s);
     all = to_host(all, s);
     d.key_start = Tensor::empty({g.B, d.S}, DType::I64);
     for (int64_t j = 0; j < g.P; ++j)
@@ -362,41 +375,118 @@ ops::AttentionDims a2a_dims(const CpAttention& a, const RingRank& g, comm::Commu
   return d;
 }
 
-void a2a_check(const CpAttention& a, const RingRank& g, const Tensor& qkv) {
-  MCPP_CHECK_HINT(a.ad.NG % g.P == 0 && a.ad.NH % g.P == 0,
-                  "use --cp-comm-type p2p, or a --context-parallel-size dividing the heads",
-                  "--cp-comm-type a2a: {} heads in {} query groups per tensor-parallel rank do "
-                  "not split over {} context-parallel ranks",
-                  a.ad.NH, a.ad.NG, g.P);
+void a2a_check(const CpAttention& a, int64_t P, const char* flag) {
+  MCPP_CHECK_HINT(a.ad.NG % P == 0 && a.ad.NH % P == 0,
+                  "use --cp-comm-type p2p, or an all-to-all group size dividing the heads",
+                  "--cp-comm-type {}: {} heads in {} query groups per tensor-parallel rank do "
+                  "not split over {} ranks",
+                  flag, a.ad.NH, a.ad.NG, P);
 }
 
-void a2a_forward(const CpAttention& a, const RingRank& g, const Tensor& qkv, comm::Communicator& cp,
-                 Tensor& out, Tensor& lse, Stream& s) {
-  a2a_check(a, g, qkv);
+A2aLevel level_of(const CpAttention& a, const comm::Communicator& c) {
+  return {c.size(), c.rank(), a.ad.S / 2, a.ad.B};
+}
+
+void a2a_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& cp, Tensor& out,
+                 Tensor& lse, Stream& s) {
+  a2a_check(a, cp.size(), "a2a");
+  const A2aLevel g = level_of(a, cp);
+  const int64_t W = a.ad.qkv_width(), O = a.ad.NH * a.ad.HD;
   const ops::AttentionDims d = a2a_dims(a, g, cp, s);
-  Tensor full = Tensor::empty({d.S * d.B, g.W / g.P}, qkv.dtype());
+  Tensor full = Tensor::empty({d.S * d.B, W / g.P}, qkv.dtype(), qkv.device());
   seq_to_heads(g, qkv, full, cp, s);
-  Tensor ctx = Tensor::empty({d.S * d.B, g.O / g.P}, qkv.dtype());
+  Tensor ctx = Tensor::empty({d.S * d.B, O / g.P}, qkv.dtype(), qkv.device());
   Tensor l = lse.view({d.B, d.NH, d.S});
   ops::attention_forward(full, d, a.scale, a.dropout_p, a.key, ctx, l, s);
   heads_to_seq(g, ctx, out, cp, s);
 }
 
-void a2a_backward(const CpAttention& a, const RingRank& g, const Tensor& dout, const Tensor& qkv,
-                  const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
-                  Stream& s) {
-  a2a_check(a, g, qkv);
+void a2a_backward(const CpAttention& a, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                  const Tensor& lse, comm::Communicator& cp, Tensor& dqkv, Stream& s) {
+  a2a_check(a, cp.size(), "a2a");
+  const A2aLevel g = level_of(a, cp);
+  const int64_t W = a.ad.qkv_width(), O = a.ad.NH * a.ad.HD;
   const ops::AttentionDims d = a2a_dims(a, g, cp, s);
   const int64_t T = d.S * d.B;
-  Tensor full = Tensor::empty({T, g.W / g.P}, qkv.dtype());
-  Tensor ctx = Tensor::empty({T, g.O / g.P}, qkv.dtype()), dctx = Tensor::empty(ctx.shape(), qkv.dtype());
+  const Device dev = qkv.device();
+  Tensor full = Tensor::empty({T, W / g.P}, qkv.dtype(), dev);
+  Tensor ctx = Tensor::empty({T, O / g.P}, qkv.dtype(), dev);
+  Tensor dctx = Tensor::empty(ctx.shape(), qkv.dtype(), dev);
   seq_to_heads(g, qkv, full, cp, s);
   seq_to_heads(g, out, ctx, cp, s);
   seq_to_heads(g, dout, dctx, cp, s);
-  Tensor dfull = Tensor::empty(full.shape(), qkv.dtype());
+  Tensor dfull = Tensor::empty(full.shape(), qkv.dtype(), dev);
   ops::attention_backward(dctx, full, ctx, lse.view({d.B, d.NH, d.S}), d, a.scale, a.dropout_p,
                           a.key, dfull, s);
   heads_to_seq(g, dfull, dqkv, cp, s);
+}
+
+// ---- a2a+p2p (hierarchical) ----------------------------------------------------------------
+
+// The all-to-all over level 0 turns this rank's two chunks on all its heads into the
+// level's 2PC rows on heads / P: the ring rank's two super-chunks (A2aLevel), on which the
+// ring of level 1 runs as p2p does, with the same global positions (dropout, documents).
+struct Hierarchy {
+  comm::Communicator& a2a;
+  comm::Communicator& p2p;
+  A2aLevel lv;
+  CpAttention ring;  // the ring's attention on the gathered rows
+};
+
+Hierarchy hierarchy_of(const CpAttention& a, comm::Communicator& cp, Stream& s) {
+  MCPP_CHECK(a.a2a && a.p2p,
+             "--cp-comm-type a2a+p2p: the hierarchical context-parallel groups are not set");
+  MCPP_CHECK(a.a2a->size() * a.p2p->size() == cp.size() &&
+                 cp.rank() == a.p2p->rank() * a.a2a->size() + a.a2a->rank(),
+             "--cp-comm-type a2a+p2p: groups of {} x {} ranks (at {}, {}) do not lay out the "
+             "context-parallel group of {} (rank {})",
+             a.a2a->size(), a.p2p->size(), a.a2a->rank(), a.p2p->rank(), cp.size(), cp.rank());
+  a2a_check(a, a.a2a->size(), "a2a+p2p");
+  Hierarchy h{*a.a2a, *a.p2p, level_of(a, *a.a2a), a};
+  h.ring.type = CommType::P2P;
+  const int64_t S_global = a.ad.S * cp.size();
+  h.ring.ad = a2a_dims(a, h.lv, h.a2a, s);
+  h.ring.ad.S_global = S_global;
+  return h;
+}
+
+void hier_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& cp, Tensor& out,
+                  Tensor& lse, Stream& s) {
+  Hierarchy h = hierarchy_of(a, cp, s);
+  const int64_t P = h.lv.P, T = h.ring.ad.S * h.ring.ad.B;
+  const int64_t W = a.ad.qkv_width(), O = a.ad.NH * a.ad.HD;
+  Tensor full = Tensor::empty({T, W / P}, qkv.dtype(), qkv.device());
+  seq_to_heads(h.lv, qkv, full, h.a2a, s);
+  Tensor ctx = Tensor::empty({T, O / P}, qkv.dtype(), qkv.device());
+  RingRank g(h.ring, h.p2p.size(), h.p2p.rank(), qkv.dtype(), s);
+  ring_forward(h.ring, g, full, h.p2p, ctx, lse, s);
+  heads_to_seq(h.lv, ctx, out, h.a2a, s);
+}
+
+void hier_backward(const CpAttention& a, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                   const Tensor& lse, comm::Communicator& cp, Tensor& dqkv, Stream& s) {
+  Hierarchy h = hierarchy_of(a, cp, s);
+  const int64_t P = h.lv.P, T = h.ring.ad.S * h.ring.ad.B;
+  const int64_t W = a.ad.qkv_width(), O = a.ad.NH * a.ad.HD;
+  const Device dev = qkv.device();
+  Tensor full = Tensor::empty({T, W / P}, qkv.dtype(), dev);
+  Tensor ctx = Tensor::empty({T, O / P}, qkv.dtype(), dev);
+  Tensor dctx = Tensor::empty(ctx.shape(), qkv.dtype(), dev);
+  seq_to_heads(h.lv, qkv, full, h.a2a, s);
+  seq_to_heads(h.lv, out, ctx, h.a2a, s);
+  seq_to_heads(h.lv, dout, dctx, h.a2a, s);
+  Tensor dfull = Tensor::empty(full.shape(), qkv.dtype(), dev);
+  const RingRank g(h.ring, h.p2p.size(), h.p2p.rank(), qkv.dtype(), s);
+  ring_backward(h.ring, g, dctx, full, ctx, lse, h.p2p, dfull, s);
+  heads_to_seq(h.lv, dfull, dqkv, h.a2a, s);
+}
+
+// a2a+p2p with a level of one is the other level's exchange over the whole CP group.
+CommType effective_type(const CpAttention& a) {
+  if (a.type != CommType::A2AP2P || !a.a2a || !a.p2p) return a.type;
+  if (a.a2a->size() == 1) return CommType::P2P;
+  if (a.p2p->size() == 1) return CommType::A2A;
+  return a.type;
 }
 
 }  // namespace
@@ -404,24 +494,28 @@ void a2a_backward(const CpAttention& a, const RingRank& g, const Tensor& dout, c
 void attention_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& cp,
                        Tensor& out, Tensor& lse, Stream& s) {
   check_args("context-parallel attention_forward", a, qkv, cp);
-  RingRank g(a, cp.size(), cp.rank(), qkv.dtype(), s);
-  switch (a.type) {
-    case CommType::P2P: return ring_forward(a, g, qkv, cp, out, lse, s);
-    case CommType::AllGather: return gather_forward(a, g, qkv, cp, out, lse, s);
-    case CommType::A2A: return a2a_forward(a, g, qkv, cp, out, lse, s);
-  }
+  const CommType t = effective_type(a);
+  if (t == CommType::A2A) return a2a_forward(a, qkv, cp, out, lse, s);
+  if (t == CommType::A2AP2P) return hier_forward(a, qkv, cp, out, lse, s);
+  CpAttention b = a;
+  b.type = t;
+  RingRank g(b, cp.size(), cp.rank(), qkv.dtype(), s);
+  if (t == CommType::AllGather) return gather_forward(b, g, qkv, cp, out, lse, s);
+  ring_forward(b, g, qkv, cp, out, lse, s);
 }
 
 void attention_backward(const CpAttention& a, const Tensor& dout, const Tensor& qkv,
                         const Tensor& out, const Tensor& lse, comm::Communicator& cp,
                         Tensor& dqkv, Stream& s) {
   check_args("context-parallel attention_backward", a, qkv, cp);
-  const RingRank g(a, cp.size(), cp.rank(), qkv.dtype(), s);
-  switch (a.type) {
-    case CommType::P2P: return ring_backward(a, g, dout, qkv, out, lse, cp, dqkv, s);
-    case CommType::AllGather: return gather_backward(a, g, dout, qkv, out, lse, cp, dqkv, s);
-    case CommType::A2A: return a2a_backward(a, g, dout, qkv, out, lse, cp, dqkv, s);
-  }
+  const CommType t = effective_type(a);
+  if (t == CommType::A2A) return a2a_backward(a, dout, qkv, out, lse, cp, dqkv, s);
+  if (t == CommType::A2AP2P) return hier_backward(a, dout, qkv, out, lse, cp, dqkv, s);
+  CpAttention b = a;
+  b.type = t;
+  const RingRank g(b, cp.size(), cp.rank(), qkv.dtype(), s);
+  if (t == CommType::AllGather) return gather_backward(b, g, dout, qkv, out, lse, cp, dqkv, s);
+  ring_backward(b, g, dout, qkv, out, lse, cp, dqkv, s);
 }
 
 }  // namespace mcpp::parallel::context_parallel

@@ -16,12 +16,19 @@
 //   all_gather   K/V all-gathered, the same blocks; backward reduce-scatters dK/dV.
 //   a2a          (Ulysses) all-to-all turns [2C rows, all local heads] into [whole
 //                sequence, heads/CP], plain causal attention, and back.
+//   a2a+p2p      (--hierarchical-context-parallel-sizes A Q, A x Q = CP) an all-to-all
+//                inside each group of A consecutive CP ranks turns their 2A chunks into
+//                two "super-chunks" of A*C rows on heads/A, which are exactly a ring
+//                rank's two chunks of a ring of Q ranks (the CP ranks A apart); the ring
+//                runs on them as p2p does, and the all-to-all goes back. A level of one
+//                is the other level's exchange over the whole group.
 //
 //   qkv  [2C*B, QKVW]  this rank's rows (grouped layout), chunk 0 then chunk 1
 //   out  [2C*B, NH*HD] (=)
 //   lse  B*NH*2C values (=): p2p / all_gather: [B, NH, 2C] where the steps are fused
 //        (below), else [2][B, NH, C] (per local chunk); a2a: [B, NH/CP, CP*2C] (the
-//        gathered sequence's heads). Only backward reads it.
+//        gathered sequence's heads); a2a+p2p: the ring's layout on the super-chunks
+//        ([B, NH/A, 2AC] or [2][B, NH/A, AC]). Only backward reads it.
 //
 // Fused steps (p2p, all_gather): where the blocks run on cuDNN's fused attention (bf16/f16,
 // no dropout, no document mask: ops::attention_block_rect_supported; MCPP_CP_FUSED_STEPS=0
@@ -41,13 +48,17 @@
 
 namespace mcpp::parallel::context_parallel {
 
-enum class CommType : uint8_t { P2P, A2A, AllGather };
+enum class CommType : uint8_t { P2P, A2A, AllGather, A2AP2P };
 
 struct CpAttention {
   CommType type = CommType::P2P;
   ops::AttentionDims ad;  // this rank: S = 2C rows, local heads; b/h offsets, NH_global
   double scale = 1, dropout_p = 0;
   ops::DropoutKey key;
+  // a2a+p2p: the hierarchical levels (parallel::Group::CpA2A, CpP2P), with this rank at
+  // p2p->rank() * a2a->size() + a2a->rank() of the CP group.
+  comm::Communicator* a2a = nullptr;
+  comm::Communicator* p2p = nullptr;
 };
 
 // The block of ring step (rank r, K/V of rank j) with fused steps: local query chunks
