@@ -60,4 +60,28 @@ TEST(LoadModelWeights, EqualsTheTrainingModelsLoadWithoutGradients) {
   }
 }
 
+TEST(LoadModelWeights, RestoresTheExpertBias) {
+  // The router's expert bias is a persistent buffer (never optimised): generation and
+  // conversion must route with the trained bias, not the zeros a fresh model starts from.
+  auto cfg = test::tiny_config(true, DType::F32);
+  cfg.add_bias_linear = false;
+  cfg.moe.num_experts = 4, cfg.moe.topk = 2, cfg.moe.ffn_hidden_size = 16;
+  cfg.moe.sigmoid = true, cfg.moe.expert_bias = true;
+  model::GPTModel saved(cfg);
+  const std::string name = "decoder.layers.0.mlp.router.expert_bias";
+  ASSERT_TRUE(saved.params().has_buffer(name));
+  Tensor bias = saved.params().buffer(name);
+  const float want[4] = {0.25f, -0.5f, 0.0f, 1.5f};
+  for (int e = 0; e < 4; ++e) bias.data<float>()[e] = want[e];
+  const std::string dir = fresh_dir("expert_bias");
+  checkpoint::TrainingState st;
+  st.iteration = 2;
+  checkpoint::save_checkpoint(dir, saved, nullptr, st);
+  auto w = checkpoint::load_model_weights(dir, std::nullopt);
+  ASSERT_TRUE(w.params.has_buffer(name));
+  Tensor got = w.params.buffer(name);
+  for (int e = 0; e < 4; ++e) EXPECT_EQ(got.data<float>()[e], want[e]) << e;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
