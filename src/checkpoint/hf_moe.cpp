@@ -165,6 +165,10 @@ MoeArch moe_arch_of(const model::TransformerConfig& c) {
        "Qwen3's norm_topk_prob, scaling, group-limited or expert bias)",
        "its router is Megatron's default (Qwen3-MoE: or --moe-router-pre-softmax): drop the "
        "other router flags");
+  need(m.balance != model::TransformerConfig::Moe::Balance::Sinkhorn,
+       "sinkhorn routing (its weights are softmax values of the chosen experts, not "
+       "renormalised)",
+       "train with --moe-router-load-balancing-type aux_loss, seq_aux_loss or none");
   need(m.shared_ffn_hidden_size == 0, "shared experts (--moe-shared-expert-intermediate-size)",
        "it has routed experts only");
   need(m.capacity_factor == 0, "token dropping (--moe-expert-capacity-factor)", "it is dropless");

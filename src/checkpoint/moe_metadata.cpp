@@ -40,7 +40,7 @@ model::TransformerConfig::Moe moe_config_from_json(const json& j) {
   m.router_dtype_given = !rd.empty();
   if (m.router_dtype_given) m.router_dtype = dtype_from_name(rd);
   const int b = j.at("balance");
-  MCPP_CHECK(b >= 0 && b <= 2, "moe.balance {} is not a load-balancing type", b);
+  MCPP_CHECK(b >= 0 && b <= 3, "moe.balance {} is not a load-balancing type", b);
   m.balance = model::TransformerConfig::Moe::Balance(b);
   m.aux_loss_coeff = j.at("aux_loss_coeff"), m.z_loss_coeff = j.at("z_loss_coeff");
   m.capacity_factor = j.at("capacity_factor"), m.pad_to_capacity = j.at("pad_to_capacity");

@@ -91,7 +91,9 @@ struct TransformerConfig {
     double bias_update_rate = 1e-3;          // --moe-router-bias-update-rate
     DType router_dtype = DType::F32;         // --moe-router-dtype (else the model's dtype)
     bool router_dtype_given = false;
-    enum class Balance : uint8_t { None, AuxLoss, SeqAuxLoss };
+    // Sinkhorn: S-BASE routing (routing.h), no aux loss. Stored in checkpoint metadata
+    // as its number: append only.
+    enum class Balance : uint8_t { None, AuxLoss, SeqAuxLoss, Sinkhorn };
     Balance balance = Balance::AuxLoss;      // --moe-router-load-balancing-type
     double aux_loss_coeff = 0;               // --moe-aux-loss-coeff
     double z_loss_coeff = 0;                 // --moe-z-loss-coeff
@@ -109,6 +111,10 @@ struct TransformerConfig {
     // TP > 1: whole experts on every rank, ETP rank 0); 0: ETP = TP, the expert shards follow
     // the TP rank.
     int64_t etp_size = 0, etp_rank = 0;
+    // An aux loss (aux_loss or seq_aux_loss with a positive coefficient) is on.
+    bool aux_loss_on() const {
+      return (balance == Balance::AuxLoss || balance == Balance::SeqAuxLoss) && aux_loss_coeff > 0;
+    }
     int64_t local_experts() const { return num_experts / ep_size; }
     int64_t first_expert() const { return ep_rank * local_experts(); }
   } moe;

@@ -76,7 +76,10 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     using B = model::TransformerConfig::Moe::Balance;
     const std::string lb = a.moe_router_load_balancing_type.empty()
                                ? "aux_loss" : a.moe_router_load_balancing_type[0];
-    m.balance = lb == "seq_aux_loss" ? B::SeqAuxLoss : lb == "none" ? B::None : B::AuxLoss;
+    m.balance = lb == "seq_aux_loss" ? B::SeqAuxLoss
+                : lb == "sinkhorn"   ? B::Sinkhorn
+                : lb == "none"       ? B::None
+                                     : B::AuxLoss;
     m.aux_loss_coeff = a.moe_aux_loss_coeff_value;
     m.z_loss_coeff = a.moe_z_loss_coeff.value_or(0.0);
     m.capacity_factor = a.moe_expert_capacity_factor.value_or(0.0);

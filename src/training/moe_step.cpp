@@ -61,8 +61,7 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
   int64_t moe_layers = 0;
   for (size_t i = 0; i < L; ++i) moe_layers += c.is_moe_layer(int64_t(i));
   std::vector<std::pair<std::string, double>> out;
-  const bool aux = c.moe.aux_loss_coeff > 0 &&
-                   c.moe.balance != model::TransformerConfig::Moe::Balance::None;
+  const bool aux = c.moe.aux_loss_on();
   const std::string aux_name = c.moe.balance == model::TransformerConfig::Moe::Balance::SeqAuxLoss
                                    ? "seq_load_balancing_loss"
                                    : "load_balancing_loss";

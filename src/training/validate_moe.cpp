@@ -178,11 +178,15 @@ void validate_moe(Args& a) {
 
   // Router.
   const bool sigmoid = a.moe_router_score_function == "sigmoid";
+  // Sinkhorn routing (S-BASE) replaces the score function: it chooses by the Sinkhorn-
+  // normalised exp(logits) and weighs by softmax (sigmoid at top-1) of the logits.
+  const bool sinkhorn = a.moe_router_load_balancing_type.size() == 1 &&
+                        a.moe_router_load_balancing_type[0] == "sinkhorn";
   MCPP_CHECK_HINT(a.moe_router_score_function == "softmax" || sigmoid,
                   "use --moe-router-score-function softmax or sigmoid",
                   "--moe-router-score-function {} is not implemented yet by megatron.cpp",
                   a.moe_router_score_function);
-  MCPP_CHECK_HINT(!(k == 1 && !sigmoid && !a.moe_router_pre_softmax),
+  MCPP_CHECK_HINT(!(k == 1 && !sigmoid && !a.moe_router_pre_softmax && !sinkhorn),
                   "add --moe-router-pre-softmax (a softmax over one selected logit is always 1)",
                   "--moe-router-topk 1 with the softmax score function needs "
                   "--moe-router-pre-softmax (as in Megatron)");
@@ -219,19 +223,42 @@ void validate_moe(Args& a) {
                     k, gk, E / g);
   }
 
+  if (sinkhorn) {
+    // Megatron's sinkhorn path reads none of these; given, they would be silently ignored.
+    const std::pair<bool, const char*> unused[] = {
+        {sigmoid, "--moe-router-score-function sigmoid"},
+        {a.moe_router_pre_softmax, "--moe-router-pre-softmax"},
+        {a.moe_router_topk_scaling_factor.has_value(), "--moe-router-topk-scaling-factor"},
+        {a.moe_router_num_groups.has_value() || a.moe_router_group_topk.has_value(),
+         "--moe-router-num-groups / --moe-router-group-topk"},
+        {a.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias"}};
+    for (const auto& [given, flag] : unused)
+      MCPP_CHECK_HINT(!given,
+                      fmt::format("drop {}, or use another --moe-router-load-balancing-type",
+                                  flag),
+                      "{} has no effect with --moe-router-load-balancing-type sinkhorn (its "
+                      "routing takes softmax, or sigmoid at top-1, of the logits)",
+                      flag);
+  }
+
   // Load balancing: one type with one coefficient.
   MCPP_CHECK_HINT(a.moe_router_load_balancing_type.size() == 1 && a.moe_aux_loss_coeff.size() == 1,
                   "give one --moe-router-load-balancing-type and one --moe-aux-loss-coeff",
                   "several load-balancing types / coefficients are not implemented yet by "
                   "megatron.cpp");
   const std::string lb = a.moe_router_load_balancing_type[0];
-  MCPP_CHECK_HINT(lb == "aux_loss" || lb == "seq_aux_loss" || lb == "none",
-                  "use --moe-router-load-balancing-type aux_loss, seq_aux_loss or none",
+  MCPP_CHECK_HINT(lb == "aux_loss" || lb == "seq_aux_loss" || lb == "sinkhorn" || lb == "none",
+                  "use --moe-router-load-balancing-type aux_loss, seq_aux_loss, sinkhorn or none",
                   "--moe-router-load-balancing-type {} is not implemented yet by megatron.cpp", lb);
   a.moe_aux_loss_coeff_value = std::stod(a.moe_aux_loss_coeff[0]);
   MCPP_CHECK_HINT(a.moe_aux_loss_coeff_value >= 0 && std::isfinite(a.moe_aux_loss_coeff_value),
                   "give --moe-aux-loss-coeff >= 0, e.g. 1e-2",
                   "--moe-aux-loss-coeff {} must be finite and non-negative",
+                  a.moe_aux_loss_coeff[0]);
+  MCPP_CHECK_HINT(!sinkhorn || a.moe_aux_loss_coeff_value == 0,
+                  "drop --moe-aux-loss-coeff (sinkhorn balances by its normalisation)",
+                  "--moe-router-load-balancing-type sinkhorn with --moe-aux-loss-coeff {}: "
+                  "Sinkhorn routing does not support an aux loss (Megatron asserts the same)",
                   a.moe_aux_loss_coeff[0]);
   if (a.moe_z_loss_coeff)
     MCPP_CHECK_HINT(*a.moe_z_loss_coeff >= 0, "give --moe-z-loss-coeff >= 0, e.g. 1e-3",

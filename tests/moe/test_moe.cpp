@@ -217,6 +217,68 @@ TEST(MoeRouting, Fp8PaddingPadsEachExpertWithTheEarliestOtherTokens) {
   EXPECT_EQ(int64_t(r.row_token.size()), int64_t(plain.row_token.size()) + padded);
 }
 
+// Megatron's sinkhorn against its fixed point: rows sum to 1/T and columns to 1/E, and a
+// 2 x 2 cost [a b; c d] ends at [x, 1/2 - x; 1/2 - x, x] with x / (1/2 - x) = sqrt(ad / bc)
+// (the scaling keeps the cross ratio).
+TEST(MoeRouting, SinkhornReachesTheDoublyStochasticFixedPoint) {
+  const std::vector<double> l2 = {0.3, -0.7, 1.1, 0.2};
+  const auto p2 = moe::sinkhorn(l2.data(), 2, 2);
+  const double rho = std::exp(l2[0] + l2[3] - l2[1] - l2[2]);
+  const double x = std::sqrt(rho) / (2 * (1 + std::sqrt(rho)));
+  EXPECT_NEAR(p2[0], x, 1e-4);
+  EXPECT_NEAR(p2[3], x, 1e-4);
+  EXPECT_NEAR(p2[1], 0.5 - x, 1e-4);
+  const int64_t T = 12, E = 5;
+  const auto l = random_logits(T * E, 41, 2.0);
+  const auto p = moe::sinkhorn(l.data(), T, E);
+  for (int64_t e = 0; e < E; ++e) {
+    double c = 0;
+    for (int64_t t = 0; t < T; ++t) c += p[size_t(t * E + e)];
+    EXPECT_NEAR(c, 1.0 / double(E), 1e-6) << "column " << e;  // exact after the d1 update
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    double r = 0;
+    for (int64_t e = 0; e < E; ++e) r += p[size_t(t * E + e)];
+    EXPECT_NEAR(r, 1.0 / double(T), 2e-3 / double(T)) << "row " << t;
+  }
+}
+
+// Eight tokens that all prefer expert 0, the earlier ones less: top-1 of the sigmoid (the
+// evaluation path) sends all eight to it; sinkhorn in training sends the earliest ones to
+// expert 1, balancing the two. Weights: sigmoid of the chosen logit either way; per block.
+TEST(MoeRouting, SinkhornBalancesWhereTopkDoesNot) {
+  auto m = moe_cfg(2, 1);
+  m.balance = Balance::Sinkhorn;
+  const int64_t T = 8;
+  std::vector<double> l;
+  for (int64_t t = 0; t < T; ++t) l.push_back(2.0 + 0.1 * double(t)), l.push_back(0.0);
+  auto eval = moe::route(m, l.data(), T, 1, nullptr, 1, {}, /*training=*/false);
+  EXPECT_EQ(eval.counts, (std::vector<int64_t>{8, 0}));
+  auto r = moe::route(m, l.data(), T, 1, nullptr);
+  EXPECT_EQ(r.counts, (std::vector<int64_t>{4, 4}));
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(r.idx[size_t(t)], t < 4 ? 1 : 0) << t;
+    const double a = 1 / (1 + std::exp(-l[size_t(2 * t + r.idx[size_t(t)])]));
+    EXPECT_NEAR(r.prob[size_t(t)], a, 1e-15) << t;
+  }
+  // Two blocks (two SP ranks' tokens) normalise separately: each balances its own four.
+  auto b2 = moe::route(m, l.data(), T, 1, nullptr, 2);
+  EXPECT_EQ(b2.counts, (std::vector<int64_t>{4, 4}));
+  for (int64_t t = 0; t < T; ++t) EXPECT_EQ(b2.idx[size_t(t)], t % 4 < 2 ? 1 : 0) << t;
+  // Top-2: softmax weights of the chosen experts, not renormalised.
+  auto m2 = moe_cfg(4, 2);
+  m2.balance = Balance::Sinkhorn;
+  const auto l4 = random_logits(6 * 4, 17);
+  auto r2 = moe::route(m2, l4.data(), 6, 1, nullptr);
+  for (int64_t t = 0; t < 6; ++t) {
+    double z = 0;
+    for (int64_t e = 0; e < 4; ++e) z += std::exp(l4[size_t(t * 4 + e)]);
+    for (int64_t j = 0; j < 2; ++j)
+      EXPECT_NEAR(r2.prob[size_t(t * 2 + j)], std::exp(l4[size_t(t * 4 + r2.idx[size_t(t * 2 + j)])]) / z,
+                  1e-14);
+  }
+}
+
 // ---- routing gradients -------------------------------------------------------------------
 
 TEST(MoeRoutingGrad, SoftmaxWithAuxLoss) {
@@ -250,6 +312,15 @@ TEST(MoeRoutingGrad, SeqAuxLoss) {
   auto m = moe_cfg(4, 2);
   m.balance = Balance::SeqAuxLoss, m.aux_loss_coeff = 0.5;
   routing_fd(m, 12, 3);
+}
+TEST(MoeRoutingGrad, SinkhornTop2WithZLossAndTop1) {
+  auto m = moe_cfg(6, 2);
+  m.balance = Balance::Sinkhorn, m.z_loss_coeff = 0.1;
+  routing_fd(m, 8, 2);
+  m.topk = 1;
+  routing_fd(m, 8, 2, nullptr, 2);
+  m.capacity_factor = 1.0;  // dropping by the sinkhorn-chosen slots' weights
+  routing_fd(m, 8, 2);
 }
 TEST(MoeRoutingGrad, CapacityDroppingAndPadding) {
   auto m = moe_cfg(4, 2);
@@ -485,6 +556,14 @@ TEST(MoeModelGrad, SharedExpertsWithAndWithoutGateInterleavedLayers) {
   model_fd(c);
 }
 
+TEST(MoeModelGrad, SinkhornRoutingTop2AndTop1) {
+  auto c = tiny_moe(true, 2, 0.2);
+  c.moe.balance = Balance::Sinkhorn, c.moe.aux_loss_coeff = 0;
+  model_fd(c);
+  c.moe.topk = 1;
+  model_fd(c);
+}
+
 // The FP8 router padding's rows carry probability 0: without FP8, the model's loss and
 // every gradient are those of the unpadded model (f64; dropless and with capacity).
 TEST(MoeModel, Fp8RouterPaddingChangesNoValueWithoutFp8) {
@@ -669,8 +748,28 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_EQ(start_up_error({"--num-experts", "4", "--expert-model-parallel-size", "2",
                             "--use-distributed-optimizer"}),
             "");
-  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"})
-                .find("sinkhorn"),
+  // Sinkhorn: no aux loss (Megatron asserts it), top-1 without pre-softmax, and the router
+  // flags its routing ignores are refused.
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"}),
+            "");
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-router-topk", "1", "--moe-z-loss-coeff", "1e-3"}),
+            "");
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-aux-loss-coeff", "1e-2"})
+                .find("Sinkhorn routing does not support an aux loss"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-router-score-function", "sigmoid"})
+                .find("--moe-router-score-function sigmoid has no effect"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-router-topk-scaling-factor", "2"})
+                .find("--moe-router-topk-scaling-factor has no effect"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type",
+                            "global_aux_loss"})
+                .find("global_aux_loss is not implemented yet"),
             std::string::npos);
   EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-layer-freq", "[1,1,1]"})
                 .find("--moe-layer-freq"),

@@ -350,6 +350,19 @@ TEST(GpuMoeModel, F32SigmoidGroupsBiasMatchesCpu) {
                   "sigmoid");
 }
 
+// Sinkhorn routing (top-2 and top-1) routes on the host on both backends: the GPU model's
+// loss and gradients are the CPU model's.
+TEST(GpuMoeModel, F32SinkhornMatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  for (int64_t k : {2, 1}) {
+    auto cc = moe_cfg(Device::CPU, DType::F32), gc = moe_cfg(Device::CUDA, DType::F32);
+    for (auto* c : {&cc, &gc})
+      c->moe.balance = TransformerConfig::Moe::Balance::Sinkhorn, c->moe.aux_loss_coeff = 0,
+      c->moe.topk = k;
+    f32_matches_cpu(cc, gc, k == 2 ? "sinkhorn top-2" : "sinkhorn top-1");
+  }
+}
+
 TEST(GpuMoeModel, F32MatchesCpu) {
   MCPP_REQUIRE_GPU();
   GPTModel cm(moe_cfg(Device::CPU, DType::F32));

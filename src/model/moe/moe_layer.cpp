@@ -229,7 +229,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
       cp.sum = [&](std::vector<double>& v) { parallel::sum_over(*cx.cp_comm, v); };
     }
     s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
-                      group ? group->size() : 1, cp);
+                      group ? group->size() : 1, cp, cx.keys.training);
     const Routing& r = s.routing;
     stats_.last_aux_loss = r.aux_loss, stats_.last_z_loss = r.z_loss;
     if (cx.keys.training &&
@@ -415,7 +415,7 @@ ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
   r.E = m.num_experts, r.k = m.topk, r.sigmoid = m.sigmoid, r.pre_softmax = m.pre_softmax;
   r.num_groups = m.num_groups, r.group_topk = m.group_topk, r.scaling = m.topk_scaling_factor;
   using Balance = TransformerConfig::Moe::Balance;
-  r.aux = m.balance != Balance::None && m.aux_loss_coeff > 0;
+  r.aux = m.aux_loss_on();
   r.seq_aux = r.aux && m.balance == Balance::SeqAuxLoss;
   r.z = m.z_loss_coeff > 0;
   r.aux_coeff = m.aux_loss_coeff, r.z_coeff = m.z_loss_coeff;
@@ -425,8 +425,9 @@ ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
 bool MoeLayer::routes_on_device(const StepContext& cx, bool all_rows) const {
   const auto& m = cfg_->moe;
   // (Context parallelism routes on the host: its aux counts are summed over the CP group;
-  // so does the FP8 router padding.)
+  // so do the FP8 router padding and sinkhorn routing.)
   return cx.dev == Device::CUDA && m.capacity_factor <= 0 && all_rows && !(ep_ && !m.alltoall) &&
+         m.balance != TransformerConfig::Moe::Balance::Sinkhorn &&
          !cx.cp_comm && m.pad_multiple <= 1 &&
          m.num_experts <= ops::kMoeRouteMaxExpertsCuda && m.topk <= ops::kMoeRouteMaxTopkCuda;
 }

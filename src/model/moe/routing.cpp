@@ -62,20 +62,78 @@ void aux_score(const TransformerConfig::Moe& m, const double* l, int64_t E, doub
 
 }  // namespace
 
+std::vector<double> sinkhorn(const double* logits, int64_t T, int64_t E, double tol) {
+  std::vector<double> cost(static_cast<size_t>(T * E)), d0(static_cast<size_t>(T), 1.0),
+      d1(static_cast<size_t>(E), 1.0), d1_old(static_cast<size_t>(E), 1.0);
+  for (int64_t i = 0; i < T * E; ++i) cost[size_t(i)] = std::exp(logits[i]);
+  constexpr double eps = 1e-8;
+  double error = 1e9;
+  int rounds = 0;
+  while (error > tol) {
+    MCPP_CHECK(++rounds <= 100000,
+               "sinkhorn routing did not converge in 100000 rounds ({} tokens, {} experts; "
+               "non-finite router logits?)",
+               T, E);
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += d1[size_t(e)] * cost[size_t(t * E + e)];
+      d0[size_t(t)] = (1.0 / double(T)) * 1.0 / (s + eps);
+    }
+    std::fill(d1.begin(), d1.end(), 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) d1[size_t(e)] += d0[size_t(t)] * cost[size_t(t * E + e)];
+    error = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      d1[size_t(e)] = (1.0 / double(E)) * 1.0 / (d1[size_t(e)] + eps);
+      error += std::abs(d1_old[size_t(e)] - d1[size_t(e)]);
+    }
+    error /= double(E);
+    d1_old = d1;
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      cost[size_t(t * E + e)] *= d1[size_t(e)] * d0[size_t(t)];
+  return cost;
+}
+
 Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, int64_t B,
-              const double* bias, int64_t blocks, const AuxLossGroup& cp) {
+              const double* bias, int64_t blocks, const AuxLossGroup& cp, bool training) {
   const int64_t E = m.num_experts, k = m.topk;
   MCPP_CHECK(blocks >= 1 && T % blocks == 0, "route: {} tokens in {} blocks", T, blocks);
   Routing r;
   r.T = T, r.E = E, r.k = k, r.cp = cp.ranks;
   r.idx.resize(size_t(T * k)), r.prob.resize(size_t(T * k)), r.kept.assign(size_t(T * k), 1);
   r.topk_raw.resize(size_t(T * k));
-  const bool keep_scores = m.pre_softmax || m.sigmoid;
+  const bool sink = m.balance == Balance::Sinkhorn;
+  const bool keep_scores = m.pre_softmax || m.sigmoid || sink;
   if (keep_scores) r.scores.resize(size_t(T * E));
+  // Sinkhorn's choice in training: each block's normalised exp(logits).
+  std::vector<double> sink_sel;
+  if (sink && training) {
+    const int64_t Tb = T / blocks;
+    sink_sel.resize(size_t(T * E));
+    for (int64_t b = 0; b < blocks; ++b) {
+      const std::vector<double> n = sinkhorn(logits + b * Tb * E, Tb, E);
+      std::copy(n.begin(), n.end(), sink_sel.begin() + b * Tb * E);
+    }
+  }
   std::vector<double> sel(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const double* l = logits + t * E;
     double* s = keep_scores ? r.scores.data() + t * E : nullptr;
+    if (sink) {  // a = sigmoid (top-1) or softmax of the logits; chosen by sinkhorn or a
+      if (k == 1)
+        for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(l[e]);
+      else
+        softmax(l, E, s);
+      const double* by = training ? sink_sel.data() + t * E : s;
+      std::copy(by, by + E, sel.begin());
+      int32_t* idx = r.idx.data() + t * k;
+      topk(sel.data(), E, k, idx);
+      for (int64_t j = 0; j < k; ++j)
+        r.prob[size_t(t * k + j)] = r.topk_raw[size_t(t * k + j)] = s[idx[j]];
+      continue;
+    }
     if (m.sigmoid) {
       for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(l[e]);
       for (int64_t e = 0; e < E; ++e) sel[size_t(e)] = s[e] + (bias ? bias[e] : 0.0);
@@ -171,7 +229,7 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
     r.tok_rows[size_t(fill[size_t(r.row_token[n])]++)] = int64_t(n);
 
   // Aux losses over all T tokens (of the CP group's: T x CP).
-  if (m.balance != Balance::None && m.aux_loss_coeff > 0) {
+  if (m.aux_loss_on()) {
     const bool seq = m.balance == Balance::SeqAuxLoss;
     const int64_t groups = seq ? B : 1, Tg = (seq ? T / B : T) * r.cp;
     r.aux_scores.resize(size_t(T * E));
@@ -210,6 +268,10 @@ void route_backward(const TransformerConfig::Moe& m, const Routing& r, const dou
   const int64_t T = r.T, E = r.E, k = r.k;
   std::fill(dlogits, dlogits + T * E, 0.0);
   const double sf = m.topk_scaling_factor > 0 ? m.topk_scaling_factor : 1.0;
+  // Sinkhorn's p = a[idx] differentiates as pre-softmax's (a = softmax, k > 1) or as
+  // sigmoid top-1's (a = sigmoid); its choice has no gradient.
+  const bool sink = m.balance == Balance::Sinkhorn;
+  const bool pre = m.pre_softmax || (sink && k > 1), sig = m.sigmoid || (sink && k == 1);
   std::vector<double> dp(static_cast<size_t>(k)), tmp(static_cast<size_t>(E)), ds(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const int32_t* idx = r.idx.data() + t * k;
@@ -217,12 +279,12 @@ void route_backward(const TransformerConfig::Moe& m, const Routing& r, const dou
     double* dl = dlogits + t * E;
     for (int64_t j = 0; j < k; ++j)
       dp[size_t(j)] = r.kept[size_t(t * k + j)] ? sf * dprob[t * k + j] : 0.0;
-    if (!m.sigmoid && !m.pre_softmax) {  // p = softmax(l[idx])
+    if (!sig && !pre) {  // p = softmax(l[idx])
       softmax(raw, k, tmp.data());
       double dot = 0;
       for (int64_t j = 0; j < k; ++j) dot += tmp[size_t(j)] * dp[size_t(j)];
       for (int64_t j = 0; j < k; ++j) dl[idx[j]] += tmp[size_t(j)] * (dp[size_t(j)] - dot);
-    } else if (m.pre_softmax) {  // p = s[idx], s = softmax(l)
+    } else if (pre) {  // p = s[idx], s = softmax(l)
       const double* s = r.scores.data() + t * E;
       double dot = 0;
       for (int64_t j = 0; j < k; ++j) dot += s[idx[j]] * dp[size_t(j)];

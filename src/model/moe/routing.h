@@ -10,6 +10,11 @@
 //                    (k > 1; p = s[idx] for k = 1)
 //   group-limited:   a group's score = sum of its top (k / group_topk) scores; only the best
 //                    group_topk groups take part in the top-k
+//   sinkhorn:        training: idx = topk(sinkhorn(exp(l)), k), from Megatron's Sinkhorn
+//                    normalisation of the block's [Tb, E] exp(l) (rows and columns rescaled
+//                    in turn until the mean change of the column factors is at most 1e-4;
+//                    no gradient); evaluation: idx = topk(a, k); either way p = a[idx] with
+//                    a = softmax(l) (k > 1) or sigmoid(l) (k = 1), not renormalised
 //   then p *= scaling factor; capacity (per block of tokens: one rank's tokens in Megatron)
 //   keeps the cap = ceil(Tb * k / E * cf) highest-probability (or earliest) tokens per expert,
 //   and with padding fills every expert to cap with tokens of probability 0.
@@ -68,10 +73,19 @@ struct AuxLossGroup {
 };
 
 // logits [T,E] (row t = token t of the sequence-first [S,B] order); bias [E] or null.
-// blocks: capacity is applied per block of T/blocks consecutive tokens (one SP rank's).
+// blocks: capacity (and sinkhorn's normalisation) apply per block of T/blocks consecutive
+// tokens (one SP rank's, as Megatron routes each rank's tokens).
 // B: sequences (seq_aux_loss groups token t into sequence t % B).
+// training: false in evaluation and generation (sinkhorn then chooses by a = softmax/sigmoid).
 Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, int64_t B,
-              const double* bias, int64_t blocks = 1, const AuxLossGroup& cp = {});
+              const double* bias, int64_t blocks = 1, const AuxLossGroup& cp = {},
+              bool training = true);
+
+// Megatron's sinkhorn (moe_utils.py) on cost = exp(l) [T,E], in f64: d0 = 1/T / (cost d1 +
+// 1e-8) by rows, d1 = 1/E / (d0 cost + 1e-8) by columns, repeated until the mean |change| of
+// d1 is at most tol; returns d1[e] cost[t,e] d0[t]. An error past 100000 rounds (a positive
+// matrix converges; that many rounds mean non-finite logits).
+std::vector<double> sinkhorn(const double* logits, int64_t T, int64_t E, double tol = 1e-4);
 
 // dlogits [T,E] (=) from d(loss)/d(prob) dprob [T,k] (rows of dropped slots are ignored);
 // aux and z-loss gradients are added for tokens [r0, r1) only (aux_scale multiplies them:
