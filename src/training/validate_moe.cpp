@@ -267,6 +267,10 @@ void validate_moe(Args& a) {
   // Capacity.
   if (a.moe_expert_capacity_factor && *a.moe_expert_capacity_factor < 0)
     a.moe_expert_capacity_factor.reset();  // Megatron: negative means dropless
+  MCPP_CHECK_HINT(!(sinkhorn && a.moe_expert_capacity_factor),
+                  "drop --moe-expert-capacity-factor, or use aux_loss, seq_aux_loss or none",
+                  "--moe-expert-capacity-factor works with the aux_loss, seq_aux_loss and none "
+                  "load-balancing types only, not sinkhorn (as in Megatron)");
   MCPP_CHECK_HINT(!a.moe_pad_expert_input_to_capacity || a.moe_expert_capacity_factor,
                   "add --moe-expert-capacity-factor F, or drop --moe-pad-expert-input-to-capacity",
                   "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (as in "

@@ -319,8 +319,6 @@ TEST(MoeRoutingGrad, SinkhornTop2WithZLossAndTop1) {
   routing_fd(m, 8, 2);
   m.topk = 1;
   routing_fd(m, 8, 2, nullptr, 2);
-  m.capacity_factor = 1.0;  // dropping by the sinkhorn-chosen slots' weights
-  routing_fd(m, 8, 2);
 }
 TEST(MoeRoutingGrad, CapacityDroppingAndPadding) {
   auto m = moe_cfg(4, 2);
@@ -766,6 +764,10 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn",
                             "--moe-router-topk-scaling-factor", "2"})
                 .find("--moe-router-topk-scaling-factor has no effect"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-expert-capacity-factor", "1.5"})
+                .find("not sinkhorn"),
             std::string::npos);
   EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type",
                             "global_aux_loss"})
