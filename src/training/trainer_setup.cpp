@@ -235,6 +235,24 @@ void Trainer::State::build_model() {
             "size {}, data parallel with size {}{}{}",
             a.tensor_model_parallel_size, pp, dp, a.sequence_parallel ? ", sequence parallel" : "",
             a.use_distributed_optimizer ? ", distributed optimizer" : "");
+  if (a.context_parallel_size > 1) {
+    // The exchange of each layer's attention, run-length grouped (per-layer types allowed).
+    std::string kinds;
+    for (size_t i = 0; i < a.cp_comm_type.size();) {
+      size_t j = i;
+      while (j < a.cp_comm_type.size() && a.cp_comm_type[j] == a.cp_comm_type[i]) ++j;
+      kinds += fmt::format("{}{} ({} layer{})", kinds.empty() ? "" : ", ", a.cp_comm_type[i],
+                           j - i, j - i == 1 ? "" : "s");
+      i = j;
+    }
+    const auto& h = a.hierarchical_context_parallel_sizes;
+    log::info("> context parallel with size {} (this rank {}): {}{}", a.context_parallel_size,
+              s.ps->cp_rank(), kinds,
+              h && h->size() == 2
+                  ? fmt::format("; a2a+p2p: all-to-all groups of {}, a ring of {}", (*h)[0],
+                                (*h)[1])
+                  : std::string());
+  }
   log::info(" > number of parameters on (tensor, pipeline) model parallel rank ({}, {}): {}",
             s.ps->tp_rank(), s.ps->pp_rank(), s.model->params().total_numel());
   if (a.recompute_granularity)
