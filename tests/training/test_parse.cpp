@@ -254,15 +254,18 @@ TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
   Args a = parse_args({"--use-flash-attn", "--no-masked-softmax-fusion", "--transformer-impl",
                        "local", "--deterministic-mode", "--num-workers", "8",
                        "--no-gradient-accumulation-fusion", "--distributed-backend", "gloo",
-                       "--use-mcore-models"});
+                       "--use-mcore-models", "--moe-permute-fusion", "--moe-router-fusion"});
   auto lines = describe_by_design_flags(a);
-  EXPECT_EQ(lines.size(), 8u);
+  EXPECT_EQ(lines.size(), 10u);
   std::string all;
   for (const auto& l : lines) all += l + "\n";
   EXPECT_NE(all.find("--use-flash-attn True: accepted by design: attention always runs"),
             std::string::npos)
       << all;
   EXPECT_NE(all.find("--num-workers 8"), std::string::npos) << all;
+  EXPECT_NE(all.find("--moe-permute-fusion True: accepted by design: the MoE permute"),
+            std::string::npos)
+      << all;
   expect_error(
       [] {
         parse_args({"--transformer-impl", "inference_optimized"});
