@@ -60,9 +60,11 @@ struct TransformerConfig {
   // the residual stream and each norm's rstd are kept; backward re-runs the norm forward
   // into a shared workspace buffer before the GEMMs that read it), and the MoE layers' shared
   // experts (shared_experts: only their input is kept; backward re-runs their fc1 into
-  // scratch). Read only when recompute is Selective; Megatron's default modules are
-  // core_attn alone.
+  // scratch), and the dense MLPs (mlp: the same for every dense layer's fc1, whose output
+  // is a layer's largest activation). Read only when recompute is Selective; Megatron's
+  // default modules are core_attn alone.
   bool recompute_core_attn = true, recompute_norms = false, recompute_shared_experts = false;
+  bool recompute_mlp = false;
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int64_t recompute_num_layers = 1;
   // --keep-mlp-activations N (megatron.cpp's own): the first N layers of each model chunk

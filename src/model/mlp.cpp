@@ -19,13 +19,19 @@ DenseMlp::DenseMlp(const TransformerConfig& c, int layer, const ParamStore* stor
       fc1_(store, layer_param_name(layer, "mlp.linear_fc1.weight"),
            layer_param_name(layer, "mlp.linear_fc1.bias")),
       fc2_(store, layer_param_name(layer, "mlp.linear_fc2.weight"),
-           layer_param_name(layer, "mlp.linear_fc2.bias")) {}
+           layer_param_name(layer, "mlp.linear_fc2.bias")),
+      recompute_(c.recompute == TransformerConfig::Recompute::Selective && c.recompute_mlp) {
+  MCPP_CHECK(!recompute_ || (!c.fp8.enabled() && c.keep_mlp_activations == 0),
+             "DenseMlp: --recompute-modules mlp with FP8 or --keep-mlp-activations (refused at "
+             "start-up)");
+}
 
 void DenseMlp::saved_specs(const Dims& d, bool keep_activation, MlpSaved& sb,
                            const TensorVisitor& v) const {
   auto& s = static_cast<Saved&>(sb);
   ColumnParallelLinear::saved_specs(d, d.H, s.fc1_in, v);
-  v(s.fc1, {d.T, cfg_->fc1_width_local()}, d.dt, true);
+  v(s.fc1, {d.T, cfg_->fc1_width_local()}, d.dt, !recompute_);
+  keep_activation = keep_activation && !recompute_;
   // FP8 (keeps_input_t): a kept activation is kept as fc2's FP8 wgrad operand, its
   // column-wise copy [F, T] (half the bytes; the backward casts nothing for it).
   if (fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local()))
@@ -53,6 +59,7 @@ void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Worksp
   v(ws.dfc1, {d.T, cfg_->fc1_width_local()}, d.dt, !(fp8_fused && cfg_->swiglu));
   // SwiGLU only: GELU's gradient comes out of fc2's GEMM epilogue.
   v(ws.dact, {d.T, cfg_->ffn_local()}, d.dt, cfg_->swiglu);
+  v(ws.fc1, {d.T, cfg_->fc1_width_local()}, d.dt, recompute_);
 }
 
 void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Tensor& y,
@@ -87,7 +94,12 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     fc2_.fp8().clear_precast();
     return;
   }
-  if (cfg_->swiglu) {
+  if (recompute_) {  // fc1's output to the shared buffer (no FP8: refused at start-up)
+    if (cfg_->swiglu)
+      fc1_.forward_swiglu(x, s.fc1_in, ws.fc1, act, ws, cx);
+    else
+      fc1_.forward_gelu(x, s.fc1_in, ws.fc1, act, ws, cx);
+  } else if (cfg_->swiglu) {
     fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);  // (one op in generation)
   } else if (fc2_.fp8().fused(s.fc1, cx)) {
     // FP8: GELU taken in the cast of fc2's input (fp8_gelu_cast), one pass over fc1's
@@ -125,7 +137,7 @@ void DenseMlp::forward_folded(const Tensor& x, const Norm::Fold& f, MlpSaved& sb
                               const Tensor* residual, Tensor& y, Workspace& ws,
                               const StepContext& cx) const {
   auto& s = static_cast<Saved&>(sb);
-  if (!cfg_->swiglu || fc1_.fp8().on(cx) || fc2_.fp8().on(cx))
+  if (!cfg_->swiglu || fc1_.fp8().on(cx) || fc2_.fp8().on(cx) || recompute_)
     return MlpModule::forward_folded(x, f, sb, residual, y, ws, cx);
   Tensor& act = s.act.defined() ? s.act : ws.act;
   fc1_.forward_folded(x, f, true, s.fc1, act, cx);
@@ -139,38 +151,47 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
                         const StepContext& cx) {
   auto& s = static_cast<Saved&>(sb);
   Stream& st = cx.stream();
+  if (recompute_) {
+    // fc1's output again, by the forward's own kernel from the kept input (the activation
+    // it also writes is rewritten below): then the backward as when fc1's output is kept.
+    if (cfg_->swiglu)
+      fc1_.forward_swiglu(x, s.fc1_in, ws.fc1, ws.act, ws, cx);
+    else
+      fc1_.forward_gelu(x, s.fc1_in, ws.fc1, ws.act, ws, cx);
+  }
+  const Tensor& fc1 = recompute_ ? ws.fc1 : s.fc1;
   const bool kept = s.act.defined();
   const bool kept_t = kept && s.act.dtype() == Fp8Linear::kept_input_dtype();
-  if (cfg_->swiglu && fc2_.fp8().fused_swiglu(s.fc1, cx)) {
+  if (cfg_->swiglu && fc2_.fp8().fused_swiglu(fc1, cx)) {
     // FP8 with the fused casts: fc2's dgrad into ws.dact; fc2's wgrad operand swiglu(fc1)
     // cast column-wise from fc1's output (or kept from the forward); then SwiGLU's
     // gradient taken in the cast of fc1's output gradient: no bf16 activation or gradient.
     // fc1's output (the gradient's shape) stands in for the gradient the casts replace.
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
-    fc2_.backward_data(g, s.fc1, ws.dact, cx);
+    fc2_.backward_data(g, fc1, ws.dact, cx);
     Tensor none;
     if (kept_t)
       fc2_.fp8().use_kept_input(s.act, cx);
     else
-      fc2_.fp8().precast_swiglu_input(s.fc1, none, true, cx);
-    fc2_.backward_weights(g, s.fc1, cx);
+      fc2_.fp8().precast_swiglu_input(fc1, none, true, cx);
+    fc2_.backward_weights(g, fc1, cx);
     fc2_.fp8().clear_precast();
-    fc1_.fp8_precast_dswiglu_grad(ws.dact, s.fc1, cx);
-    fc1_.backward(s.fc1, x, s.fc1_in, dx, ws, cx);
+    fc1_.fp8_precast_dswiglu_grad(ws.dact, fc1, cx);
+    fc1_.backward(fc1, x, s.fc1_in, dx, ws, cx);
     fc1_.fp8().clear_precast();
     return;
   }
   if (cfg_->swiglu && kept_t) {  // as below, fc2's wgrad operand the kept FP8 copy
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
     fc2_.backward_data(g, ws.dact, ws.dact, cx);  // (x: the shape only)
-    ops::swiglu_backward(ws.dact, s.fc1, ws.dfc1, st);
+    ops::swiglu_backward(ws.dact, fc1, ws.dfc1, st);
     fc2_.fp8().use_kept_input(s.act, cx);
     fc2_.backward_weights(g, ws.dact, cx);
     fc2_.fp8().clear_precast();
   } else if (cfg_->swiglu && kept) {  // the same GEMMs and element functions as below, minus the y pass
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
     fc2_.backward_data(g, s.act, ws.dact, cx);
-    ops::swiglu_backward(ws.dact, s.fc1, ws.dfc1, st);
+    ops::swiglu_backward(ws.dact, fc1, ws.dfc1, st);
     fc2_.backward_weights(g, s.act, cx);
   } else if (cfg_->swiglu) {
     // fc2's input gradient first (it does not read the activation), then the SwiGLU
@@ -178,9 +199,9 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     // bias gradients, which need the activation. The same GEMMs as one linear_backward.
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
     fc2_.backward_data(g, ws.act, ws.dact, cx);
-    ops::swiglu_backward_recompute(ws.dact, s.fc1, ws.dfc1, ws.act, st);
+    ops::swiglu_backward_recompute(ws.dact, fc1, ws.dfc1, ws.act, st);
     fc2_.backward_weights(g, ws.act, cx);
-  } else if (fc2_.fp8().fused(s.fc1, cx)) {
+  } else if (fc2_.fp8().fused(fc1, cx)) {
     // FP8 with the fused casts: fc2's wgrad operand gelu(fc1) cast from fc1's output (no
     // bf16 activation; kept or with --no-fp8-wgrad the bf16 one, as below), fc2's dgrad into
     // ws.dfc1, then GELU's derivative taken in the cast of fc1's output gradient (with
@@ -191,16 +212,16 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     Tensor none;
     if (kept_t) {  // the column-wise copy kept from the forward
       fc2_.fp8().use_kept_input(s.act, cx);
-      fc2_.backward(dy, s.fc1, ws.dfc1, ws, cx);  // s.fc1: act's shape
+      fc2_.backward(dy, fc1, ws.dfc1, ws, cx);  // fc1: act's shape
     } else if (fc2_.fp8().wgrad(cx) && !kept) {
-      fc2_.fp8().precast_gelu_input(s.fc1, none, true, cx);
-      fc2_.backward(dy, s.fc1, ws.dfc1, ws, cx);  // s.fc1: act's shape (the cast is made)
+      fc2_.fp8().precast_gelu_input(fc1, none, true, cx);
+      fc2_.backward(dy, fc1, ws.dfc1, ws, cx);  // fc1: act's shape (the cast is made)
     } else {
-      if (!kept) ops::gelu_forward(s.fc1, ws.act, st);
+      if (!kept) ops::gelu_forward(fc1, ws.act, st);
       fc2_.backward(dy, kept ? s.act : ws.act, ws.dfc1, ws, cx);
     }
     fc2_.fp8().clear_precast();
-    fc1_.fp8_precast_dgelu_grad(ws.dfc1, s.fc1, ws.dfc1, cx);
+    fc1_.fp8_precast_dgelu_grad(ws.dfc1, fc1, ws.dfc1, cx);
     fc1_.backward(ws.dfc1, x, s.fc1_in, dx, ws, cx);
     fc1_.fp8().clear_precast();
     return;
@@ -208,8 +229,8 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     // On CUDA a kept activation is the fc1 GEMM epilogue's GELU (of the fp32 accumulator),
     // the recomputed one gelu_forward's of the rounded fc1 output: they may differ in the
     // last bits (docs/cuda-backend.md); on the CPU both are gelu_forward's.
-    if (!kept) ops::gelu_forward(s.fc1, ws.act, st);
-    fc2_.backward_gelu(dy, kept ? s.act : ws.act, s.fc1, ws.dfc1, ws, cx);
+    if (!kept) ops::gelu_forward(fc1, ws.act, st);
+    fc2_.backward_gelu(dy, kept ? s.act : ws.act, fc1, ws.dfc1, ws, cx);
   }
   fc1_.backward(ws.dfc1, x, s.fc1_in, dx, ws, cx);
 }

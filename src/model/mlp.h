@@ -11,6 +11,9 @@
 // fc1 output in backward (one [T,F] per layer saved for one elementwise pass; with SwiGLU
 // no extra pass: swiglu_backward_recompute writes it with the gradient). A layer asked
 // to keep it saves it instead. Both run the same element functions and GEMMs.
+// --recompute-modules mlp (selective recomputation) keeps fc1's output neither: forward
+// writes it to the shared Workspace::fc1, and backward runs fc1's forward again into it
+// from the kept input (one more fc1 GEMM a layer; the same kernels, the same bits).
 #pragma once
 #include <memory>
 #include <vector>
@@ -78,6 +81,7 @@ class DenseMlp final : public MlpModule {
   const TransformerConfig* cfg_;
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
+  bool recompute_ = false;  // --recompute-modules mlp
 };
 
 }  // namespace mcpp::model

@@ -186,6 +186,7 @@ struct Workspace {
   Tensor dloss;                // [S,B] d loss / d token loss
   Tensor local_max;            // [T] this rank's row max of the logits (TP, last stage)
   Tensor dfc1, dact, dctx, dqkv;    // [T,FC1W], [T,F] (SwiGLU), [T,NH*HD], [T,QKVW]
+  Tensor fc1;                       // [T,FC1W] dense fc1's output when recomputed (mlp module)
   Tensor sel_ctx, sel_lse;          // selective recompute: the attention core's output
   std::vector<LayerSaved> rc_acts;  // full recompute: one per layer of the largest group
   std::vector<Tensor> rc_hidden;    // full recompute: hidden states inside a group

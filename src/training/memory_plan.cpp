@@ -52,6 +52,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     c.recompute_core_attn = std::find(m.begin(), m.end(), "core_attn") != m.end();
     c.recompute_norms = std::find(m.begin(), m.end(), "layernorm") != m.end();
     c.recompute_shared_experts = std::find(m.begin(), m.end(), "shared_experts") != m.end();
+    c.recompute_mlp = std::find(m.begin(), m.end(), "mlp") != m.end();
   }
   c.recompute_method = a.recompute_method.value_or("uniform") == "block"
                            ? model::TransformerConfig::RecomputeMethod::Block

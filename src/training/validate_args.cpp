@@ -27,8 +27,9 @@ namespace {
 // --recompute-modules under selective recomputation: Megatron's names and default
 // (core_attn); the ones megatron.cpp implements are core_attn (the attention core's output
 // and lse are recomputed in backward), layernorm (the outputs of input_layernorm and
-// pre_mlp_layernorm are recomputed from the kept residual stream) and shared_experts (the
-// MoE shared experts' fc1 output and activation are recomputed from their input).
+// pre_mlp_layernorm are recomputed from the kept residual stream), shared_experts (the
+// MoE shared experts' fc1 output and activation are recomputed from their input) and mlp
+// (the same for the dense MLPs; Megatron's "mlp" skips MoE layers too).
 void validate_recompute_modules(Args& a) {
   if (a.recompute_modules.empty()) a.recompute_modules = {"core_attn"};
   static const std::set<std::string> megatron = {
@@ -39,12 +40,33 @@ void validate_recompute_modules(Args& a) {
                     "choose from core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
                     "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc",
                     "--recompute-modules: '{}' is not a module Megatron can recompute", m);
-    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm" || m == "shared_experts",
-                    "use core_attn, layernorm and/or shared_experts, or "
+    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm" || m == "shared_experts" || m == "mlp",
+                    "use core_attn, layernorm, mlp and/or shared_experts, or "
                     "--recompute-granularity full",
                     "--recompute-modules {} is not implemented yet by megatron.cpp (it "
-                    "recomputes core_attn, layernorm and shared_experts)",
+                    "recomputes core_attn, layernorm, mlp and shared_experts)",
                     m);
+    if (m == "mlp") {
+      const bool dense = [&] {
+        if (!a.num_experts.value_or(0)) return true;
+        const auto pat = parse_moe_layer_freq(a.moe_layer_freq, a.num_layers);
+        return std::find(pat.begin(), pat.end(), 0) != pat.end();
+      }();
+      MCPP_CHECK_HINT(dense,
+                      "drop mlp from --recompute-modules (it recomputes dense MLPs; MoE layers "
+                      "are not affected, as in Megatron)",
+                      "--recompute-modules mlp: every layer of this model is a MoE layer");
+      MCPP_CHECK_HINT(!a.fp8,
+                      "drop mlp from --recompute-modules, or train without --fp8-format",
+                      "--recompute-modules mlp with --fp8-format is not implemented by "
+                      "megatron.cpp (a recomputed FP8 GEMM would update its scaling state "
+                      "twice)");
+      MCPP_CHECK_HINT(a.keep_mlp_activations == 0,
+                      "drop --keep-mlp-activations, or mlp from --recompute-modules",
+                      "--recompute-modules mlp recomputes what --keep-mlp-activations {} asks "
+                      "to keep",
+                      a.keep_mlp_activations);
+    }
     MCPP_CHECK_HINT(m != "shared_experts" || (a.num_experts.value_or(0) > 0 &&
                                               a.moe_shared_expert_intermediate_size.value_or(0) > 0),
                     "drop shared_experts from --recompute-modules, or give the MoE layers shared "

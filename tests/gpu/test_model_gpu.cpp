@@ -139,22 +139,24 @@ TEST(GpuModel, GptBf16CloseToCpu) { compare_step(false, DType::BF16, 0.0, 3e-2, 
 TEST(GpuModel, LlamaBf16CloseToCpu) { compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2); }
 TEST(GpuModel, LlamaF16CloseToCpu) { compare_step(true, DType::F16, 0.0, 1e-2, 3e-2); }
 
-// --recompute-modules layernorm on the GPU: the norms' outputs re-run in backward into the
-// shared workspace buffer give the loss and every gradient bit for bit (bf16, dropout on
-// and off, alone and with the attention core recomputed too).
+// --recompute-modules layernorm and mlp on the GPU: the norms' outputs and the dense fc1's
+// output re-run in backward into shared workspace buffers (fc1 by its own GELU / SwiGLU
+// epilogue kernel) give the loss and every gradient bit for bit (bf16, dropout on and off,
+// alone and with the attention core recomputed too).
 TEST(GpuModel, RecomputedNormsGiveTheSameBits) {
   MCPP_REQUIRE_GPU();
   for (bool llama : {false, true})
     for (double dropout : {0.0, 0.1})
+      for (int what : {0, 1, 2})  // 0 layernorm, 1 mlp, 2 both
       for (bool core : {false, true}) {
         SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt") << " dropout " << dropout
-                                          << " core_attn " << core);
+                                          << " core_attn " << core << " modules " << what);
         TransformerConfig c = cfg(llama, Device::CUDA, DType::BF16, dropout);
         c.recompute = core ? TransformerConfig::Recompute::Selective
                            : TransformerConfig::Recompute::None;
         GPTModel ref(c);
         c.recompute = TransformerConfig::Recompute::Selective;
-        c.recompute_core_attn = core, c.recompute_norms = true;
+        c.recompute_core_attn = core, c.recompute_norms = what != 1, c.recompute_mlp = what != 0;
         GPTModel m(c);
         ops::copy(ref.params().flat_params(), m.params().flat_params(), GS());
         auto mb = batch(29);

@@ -236,6 +236,41 @@ TEST(RecomputeModules, NormsTrainBitwiseAsKeepingThem) {
           }
 }
 
+// --recompute-modules mlp: the dense MLPs keep neither fc1's output nor their activation;
+// backward runs fc1's forward again (the same kernel, GELU or SwiGLU in its epilogue) from
+// the kept input into one shared [T, FC1W] buffer. Training is bit for bit that of keeping
+// it -- alone, with core_attn and layernorm -- each dense layer keeps one [T, FC1W] fewer,
+// and in a model interleaving MoE layers only the dense ones change.
+TEST(RecomputeModules, MlpTrainsBitwiseAsKeepingFc1) {
+  const int L = 3;
+  for (bool llama : {false, true})
+    for (DType dt : {DType::F32, DType::F64})
+      for (bool others : {false, true})
+        for (bool moe : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} {} core_attn+layernorm {} moe {}", llama ? "llama" : "gpt",
+                                   dtype_name(dt), others, moe));
+          TransformerConfig c = model::test::tiny(llama, L, 0.1);
+          c.dtype = dt;
+          if (moe) {  // layer 1 is a MoE layer, 0 and 2 dense
+            c.add_bias_linear = false;
+            c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+            c.moe.layer_pattern = {0, 1, 0};
+          }
+          c.recompute = RC::Selective, c.recompute_core_attn = others;
+          c.recompute_norms = others;
+          const Training ref = train(c);
+          c.recompute_mlp = true;
+          const Training t = train(c);
+          expect_same_training(t, ref);
+          const int64_t dense = moe ? 2 : L, T = 2 * c.seq_length;
+          const int64_t fc1 = T * (c.swiglu ? 2 : 1) * c.ffn_hidden_size * int64_t(dtype_size(dt));
+          EXPECT_EQ(t.saved, ref.saved - dense * fc1);
+          EXPECT_EQ(t.scratch, ref.scratch + fc1);
+          GPTModel probe(c);
+          EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
+        }
+}
+
 // --recompute-modules shared_experts: the MoE layers' shared experts keep neither their fc1
 // output nor their activation; backward runs their fc1 again from the layer's input. The
 // same GEMMs on the same inputs, so training is bit for bit that of keeping them (gated and

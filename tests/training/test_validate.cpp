@@ -411,8 +411,16 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
   expect_invalid(pp({"--recompute-granularity", "full", "--recompute-method", "uniform",
                      "--recompute-num-layers", "1", "--recompute-modules", "core_attn"}),
                  {"applies to --recompute-granularity selective"}, 2);
-  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mlp"}),
-                 {"--recompute-modules mlp is not implemented yet"}, 2);
+  a = parse_and_validate(pp({"--recompute-activations", "--recompute-modules", "mlp"}), 2);
+  EXPECT_TRUE(model_config(a, Device::CPU, DType::F32).recompute_mlp);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "moe"}),
+                 {"--recompute-modules moe is not implemented yet"}, 2);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mlp", "--num-experts",
+                     "4", "--disable-bias-linear"}),
+                 {"--recompute-modules mlp: every layer of this model is a MoE layer"}, 2);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mlp",
+                     "--keep-mlp-activations", "1"}),
+                 {"--recompute-modules mlp recomputes what --keep-mlp-activations 1 asks"}, 2);
   // shared_experts: the MoE layers' shared experts (and only where there are some).
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "shared_experts"}),
                  {"--recompute-modules shared_experts: this model has no shared experts"}, 2);
