@@ -1,6 +1,7 @@
 #include "training/memory_plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -338,6 +339,30 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
     tries.push_back(fmt::format("a smaller --micro-batch-size (now {}; activations are {} of "
                                 "the plan)",
                                 a.micro_batch_size, mib(m.activations())));
+  const bool any_dense = [&] {
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      if (!cfg.is_moe_layer(l)) return true;
+    return false;
+  }();
+  if (a.recompute_granularity.value_or("selective") == "selective" && !cfg.recompute_mlp &&
+      any_dense && !a.fp8 && a.keep_mlp_activations == 0) {
+    // Selective recomputation with the dense MLPs' fc1 output recomputed too (the largest
+    // activation of a dense layer): how much it saves by the plan.
+    Args b = a;
+    model::TransformerConfig c = cfg;
+    std::vector<std::string> mods =
+        a.recompute_granularity ? a.recompute_modules : std::vector<std::string>{"core_attn"};
+    mods.push_back("mlp");
+    b.recompute_granularity = "selective", b.recompute_modules = mods;
+    c.recompute = model::TransformerConfig::Recompute::Selective;
+    c.recompute_core_attn = std::find(mods.begin(), mods.end(), "core_attn") != mods.end();
+    c.recompute_mlp = true;
+    const int64_t with_mlp = plan_stage_memory(b, c, stage).total();
+    tries.push_back(fmt::format("--recompute-granularity selective --recompute-modules {} ({} "
+                                "less; {}fits)",
+                                fmt::join(mods, " "), mib(m.total() - with_mlp),
+                                with_mlp <= budget ? "" : "alone not enough: "));
+  }
   if (!a.recompute_granularity)
     tries.push_back("--recompute-activations (or --recompute-granularity full)");
   if (a.data_parallel_size > 1 && !a.use_distributed_optimizer)

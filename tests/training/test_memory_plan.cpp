@@ -109,6 +109,19 @@ TEST(MemoryPlan, FitAdvice) {
   EXPECT_NE(advice.find("--micro-batch-size"), std::string::npos) << advice;
   EXPECT_NE(advice.find("--recompute-activations"), std::string::npos) << advice;
   EXPECT_EQ(advice.find("--use-distributed-optimizer"), std::string::npos) << advice;  // DP 1
+  // Without kept activations, selective recomputation with the dense MLPs' fc1 (24 layers
+  // x 16 x 2048 tokens x 8192 x 2 bytes = 12 GiB less, and the attention core's output).
+  {
+    Args b = parse_and_validate(without(xl, "--keep-mlp-activations"), 1);
+    b.padded_vocab_size = a.padded_vocab_size;
+    const auto c = model_config(b, Device::CUDA, DType::BF16);
+    const int64_t need = plan_stage_memory(b, c, 0).total();
+    const std::string adv = memory_fit_advice(b, c, 0, need - (int64_t(8) << 30));
+    EXPECT_NE(adv.find("--recompute-granularity selective --recompute-modules core_attn mlp ("),
+              std::string::npos)
+        << adv;
+    EXPECT_EQ(adv.find("alone not enough: "), std::string::npos) << adv;  // 8 GiB short: fits
+  }
   // Far too little: even no kept layer fits.
   const std::string tiny = memory_fit_advice(a, cfg, 0, int64_t(1) << 30);
   EXPECT_NE(tiny.find("alone not enough"), std::string::npos) << tiny;
