@@ -40,12 +40,27 @@ void validate_recompute_modules(Args& a) {
                     "choose from core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
                     "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc",
                     "--recompute-modules: '{}' is not a module Megatron can recompute", m);
-    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm" || m == "shared_experts" || m == "mlp",
-                    "use core_attn, layernorm, mlp and/or shared_experts, or "
+    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm" || m == "shared_experts" || m == "mlp" ||
+                        m == "moe_act",
+                    "use core_attn, layernorm, mlp, moe_act and/or shared_experts, or "
                     "--recompute-granularity full",
                     "--recompute-modules {} is not implemented yet by megatron.cpp (it "
-                    "recomputes core_attn, layernorm, mlp and shared_experts)",
+                    "recomputes core_attn, layernorm, mlp, moe_act and shared_experts)",
                     m);
+    if (m == "moe_act") {
+      // The MoE layers recompute their activation (fc2's input) in backward unless
+      // --keep-mlp-activations keeps it: what moe_act asks for, always (docs/moe.md).
+      MCPP_CHECK_HINT(a.num_experts.value_or(0) > 0,
+                      "drop moe_act from --recompute-modules, or add --num-experts",
+                      "--recompute-modules moe_act: this model has no MoE layers");
+      MCPP_CHECK_HINT(a.moe_grouped_gemm, "add --moe-grouped-gemm",
+                      "--recompute-modules moe_act needs --moe-grouped-gemm (as in Megatron)");
+      MCPP_CHECK_HINT(a.keep_mlp_activations == 0,
+                      "drop --keep-mlp-activations, or moe_act from --recompute-modules",
+                      "--recompute-modules moe_act recomputes what --keep-mlp-activations {} "
+                      "asks to keep",
+                      a.keep_mlp_activations);
+    }
     if (m == "mlp") {
       const bool dense = [&] {
         if (!a.num_experts.value_or(0)) return true;

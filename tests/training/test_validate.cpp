@@ -415,6 +415,23 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
   EXPECT_TRUE(model_config(a, Device::CPU, DType::F32).recompute_mlp);
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "moe"}),
                  {"--recompute-modules moe is not implemented yet"}, 2);
+  // moe_act: what the MoE layers always do (unless --keep-mlp-activations); Megatron's
+  // requirements kept.
+  const std::vector<std::string> moe_flags = {"--num-experts", "4", "--disable-bias-linear",
+                                              "--moe-grouped-gemm"};
+  auto with_all = [&](std::vector<std::string> v, const std::vector<std::string>& more) {
+    v.insert(v.end(), more.begin(), more.end());
+    return v;
+  };
+  EXPECT_NO_THROW(parse_and_validate(
+      with_all(pp({"--recompute-activations", "--recompute-modules", "core_attn", "moe_act"}),
+               moe_flags),
+      2));
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "moe_act"}),
+                 {"--recompute-modules moe_act: this model has no MoE layers"}, 2);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "moe_act", "--num-experts",
+                     "4", "--disable-bias-linear"}),
+                 {"--recompute-modules moe_act needs --moe-grouped-gemm"}, 2);
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mlp", "--num-experts",
                      "4", "--disable-bias-linear"}),
                  {"--recompute-modules mlp: every layer of this model is a MoE layer"}, 2);
