@@ -6,10 +6,10 @@
 # (stripped, xz-compressed: about 15 MB), the executables, and the shared libraries of
 # Debian packages that the GPU machine's image lacks (xxHash, PCRE2, utf8proc, simdjson,
 # cpp-httplib and brotli; its image has the rest, see gpu-check.sh's header). Name that
-# folder in the device call's `carry`; there, `env` unpacks it once and prints the
+# folder in the device call's `carry`; there, `env` unpacks the library and prints the
 # LD_LIBRARY_PATH to use (the folder's libraries, the machine's cudart, and cuDNN / NCCL
 # from PyTorch's wheels), after checking with ldd that every executable resolves all of
-# its libraries.
+# its libraries. `env` never changes the bundle: it unpacks into a temporary folder.
 #
 # Usage (here):   scripts/gpu-bundle.sh pack BUILD_DIR BUNDLE_DIR TARGET...
 #                 e.g. scripts/gpu-bundle.sh pack build build-bundle bench_gpu_train test_gpu
@@ -56,10 +56,10 @@ case $cmd in
     dir=$(cd "$2" && pwd)
     lib=$dir/lib
     if [[ -f $lib/libmegatron_core.so.xz ]]; then
-      if [[ ! -w $lib ]]; then  # a read-only copy: unpack into a folder of our own
-        tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle-lib.XXXXXX")
-        cp "$lib"/* "$tmp"/ && lib=$tmp
-      fi
+      # Unpacked into a folder of its own: the bundle stays as packed (it may be a read-only
+      # copy, and a bundle unpacked in place would no longer fit a device call's carry).
+      tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle-lib.XXXXXX")
+      cp "$lib"/* "$tmp"/ && lib=$tmp
       xz -d -f "$lib/libmegatron_core.so.xz" 2>/dev/null ||
         python3 -c "import lzma, sys
 open(sys.argv[1][:-3], 'wb').write(lzma.open(sys.argv[1]).read())" "$lib/libmegatron_core.so.xz"
