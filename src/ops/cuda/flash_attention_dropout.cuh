@@ -11,6 +11,18 @@
 
 namespace mcpp::ops::cuda {
 
+// __byte_perm (byte n of the result = byte (s >> 4n) & 7 of y:x), also on the host.
+__host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = uint64_t(y) << 32 | x;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n) r |= uint32_t(v >> (8 * ((s >> (4 * n)) & 7)) & 0xFFu) << (8 * n);
+  return r;
+#endif
+}
+
 // The dropout mask's key and global coordinates. The Philox work is most of the cost of
 // dropout here, so its round keys come precomputed from the kernel parameters (a
 // constant-bank operand of the XOR, no add per round) and the first round's product of
@@ -21,6 +33,7 @@ struct FaDrop {
   uint32_t rk0[R], rk1[R];  // round r's key words: seed words + r (W0, W1)
   uint32_t x0, x1, s_lo;    // round 0: hi(M1 stream_lo) ^ rk0[0], stream_hi ^ rk1[0], lo(M1 stream_lo)
   uint32_t threshold;       // keep iff u16 >= threshold  <=>  u16 / 2^16 >= p
+  uint32_t thr2, maj;       // keep_msbs's operands for this threshold (set_threshold)
   float scale;              // DropoutMask::keep_scale(p)
   int64_t b_off, h_off, NHg, q_off, k_off, Sg;
   bool aligned;  // global index = 8j + (local key & 7): an aligned group of 8 keys is one block
@@ -33,12 +46,21 @@ struct FaDrop {
     const uint64_t p1 = uint64_t(Philox::kM1) * uint32_t(st);
     x0 = uint32_t(p1 >> 32) ^ rk0[0], x1 = uint32_t(st >> 32) ^ rk1[0], s_lo = uint32_t(p1);
   }
+  // keep_msbs's two forms: at most half the uniforms dropped (t <= 2^15), a half is kept
+  // when its top bit is set or its low 15 bits reach t; else when its top bit is set and
+  // its low 15 bits reach t - 2^15. thr2 puts that bound in both halves, maj picks OR / AND.
+  __host__ void set_threshold(uint32_t t) {
+    threshold = t;
+    const bool low = t <= 0x8000u;
+    thr2 = (low ? t : t - 0x8000u) * 0x10001u;
+    maj = low ? 0xFFFFFFFFu : 0u;
+  }
   // Everything from the op's arguments: the key, threshold, keep scale, global offsets
   // and the aligned-path test. The one place the flash and the CP block kernels set it
   // up, so both always draw the mask the CPU op draws.
   __host__ void setup(const AttentionDims& d, double p, DropoutKey key) {
     set_key(key.seed, key.stream);
-    threshold = DropoutMask::threshold(p);
+    set_threshold(DropoutMask::threshold(p));
     scale = float(DropoutMask::keep_scale(p));
     b_off = d.b_offset, h_off = d.h_offset, q_off = d.q_offset, k_off = d.k_offset;
     NHg = d.NH_global > 0 ? d.NH_global : d.NH;
@@ -51,13 +73,15 @@ struct FaDrop {
   // The eight keep bits of DropoutMask::block at counter ctr (global indices 8 ctr ..
   // 8 ctr + 7; bit e = element 8 ctr + e kept).
   __device__ __forceinline__ uint32_t keep8(uint64_t ctr) const {
-    uint32_t w[4];
-    words(ctr, w);
-    return two(w[0]) | two(w[1]) << 2 | two(w[2]) << 4 | two(w[3]) << 6;
+    uint32_t w0, w1, w2, w3;
+    words(ctr, w0, w1, w2, w3);
+    return keep8_of(msb_bytes(keep_msbs(w0), keep_msbs(w1)),
+                    msb_bytes(keep_msbs(w2), keep_msbs(w3)));
   }
   // The block's four words (word t: the 16-bit uniforms of elements 2t, 2t + 1 in its low
-  // and high halves), and a word's two keep bits (bit c: element 2t + c).
-  __device__ __forceinline__ void words(uint64_t ctr, uint32_t w[4]) const {
+  // and high halves).
+  __device__ __forceinline__ void words(uint64_t ctr, uint32_t& w0, uint32_t& w1, uint32_t& w2,
+                                        uint32_t& w3) const {
     const uint64_t q0 = uint64_t(Philox::kM0) * uint32_t(ctr);
     uint32_t c0 = x0 ^ uint32_t(ctr >> 32), c1 = s_lo, c2 = uint32_t(q0 >> 32) ^ x1,
              c3 = uint32_t(q0);
@@ -67,15 +91,52 @@ struct FaDrop {
       const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ rk0[r], n2 = uint32_t(p0 >> 32) ^ c3 ^ rk1[r];
       c0 = n0, c1 = uint32_t(p1), c2 = n2, c3 = uint32_t(p0);
     }
-    w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
+    w0 = c0, w1 = c1, w2 = c2, w3 = c3;
   }
-  __device__ __forceinline__ uint32_t two(uint32_t w) const {
-    return uint32_t((w & 0xFFFFu) >= threshold) | uint32_t((w >> 16) >= threshold) << 1;
+  // A word's two keep bits, both halves at once: bit 15 (element 2t) and bit 31 (element
+  // 2t + 1); the other bits are garbage. s = (w | 0x80008000) - thr2 borrows nothing across
+  // the halves (each half of the minuend is at least 2^15 >= its bound), so bit 15 of a half
+  // of s says its low 15 bits reach the bound; the majority of w, s and maj is then
+  // top | reach (maj all ones) or top & reach (maj zero): three integer operations for two
+  // compares, where the two compares and their bits took seven.
+  __host__ __device__ __forceinline__ uint32_t keep_msbs(uint32_t w) const {
+    const uint32_t s = (w | 0x80008000u) - thr2;
+    return (w & s) | ((w | s) & maj);
+  }
+  // Two words' keep bits as the top bits of four bytes: byte 0, 1 = word a's elements 0, 1,
+  // byte 2, 3 = word b's.
+  __host__ __device__ static __forceinline__ uint32_t msb_bytes(uint32_t ka, uint32_t kb) {
+    return byte_perm(ka, kb, 0x7531);
+  }
+  // A block's eight keep bits (bit e = element e) from msb_bytes of words 0, 1 and 2, 3:
+  // the top bits to bits 0, 8, 16, 24 and 4, 12, 20, 28, then one product gathers them into
+  // bits 21 .. 28 (every partial product lands on its own bit: no carries).
+  __host__ __device__ static __forceinline__ uint32_t keep8_of(uint32_t p01, uint32_t p23) {
+    const uint32_t z = ((p01 >> 7) & 0x01010101u) | ((p23 >> 3) & 0x10101010u);
+    return ((z * 0x00204081u) >> 21) & 0xFFu;
   }
   __device__ __forceinline__ uint32_t keep1(uint64_t i) const {
     return DropoutMask::u16(seed, stream, i) >= threshold;
   }
 };
+
+// In each byte, bit m of the low nibble to bit 2m and bit m of the high nibble to bit
+// 2m + 1 (two swaps of bit groups, four bytes at once).
+__host__ __device__ __forceinline__ uint32_t interleave_nibbles(uint32_t x) {
+  uint32_t t = (x >> 2 ^ x) & 0x0C0C0C0Cu;
+  x ^= t | t << 2;
+  t = (x >> 1 ^ x) & 0x22222222u;
+  return x ^ (t | t << 1);
+}
+// keep_bits_rows_q's gathering: block m's msb_bytes p into bit m of each byte of acc ...
+__host__ __device__ __forceinline__ uint32_t gather_block(uint32_t acc, uint32_t p, int m) {
+  return acc | ((p >> (7 - m)) & (0x01010101u << m));
+}
+// ... and, once the four blocks are in (o01: words 0, 1; o23: words 2, 3), its `out`:
+// byte t = word t's bits, bit 2m + c = element c of block m (kept_q's order in a byte).
+__host__ __device__ __forceinline__ uint32_t rows_q_out(uint32_t o01, uint32_t o23) {
+  return interleave_nibbles(byte_perm(o01 | o01 >> 4, o23 | o23 >> 4, 0x6420));
+}
 
 // keep_bits_rows_q's layout: the bit of C-fragment element e (row half e >> 1, column
 // e & 1) of n-tile n.
@@ -94,7 +155,10 @@ __device__ __forceinline__ bool kept_q(uint32_t bits, int n, int e) {
 // draws the blocks m = 2r + nn of n = tq + 4 nn, and byte t of its `out` holds partner t's
 // two bits of each (bits 2m, 2m + 1); each lane then takes byte tq of the four partners'
 // words (four shuffles, three byte permutes) -- byte s of the result is what lane s drew,
-// which is why the layout orders the bits by n & 3 first.
+// which is why the layout orders the bits by n & 3 first. The blocks' bits are gathered
+// word by word first (o01, o23: bit m of byte 2t' + c = element c of word t' of block m,
+// from keep_msbs and msb_bytes, one shift and one masked OR a block and word pair), and
+// `out` is made of them once a tile (a nibble interleave in each byte).
 // store0, store1 (aligned path only; may be null): where the blocks of rows row0 and
 // row0 + 8 go for the backward, byte n = keys k0 + 8n .. + 7 (the forward's FaMaskBuf rows
 // at key k0: mask_row_q).
@@ -107,21 +171,18 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
   if (D.aligned) {
     // Counters of (row0, k0) and (row0 + 8, k0); the blocks step by one per 8 keys.
     const uint64_t c0 = D.index(b, h, row0, k0) >> 3, c1 = D.index(b, h, row0 + 8, k0) >> 3;
-    uint32_t out = 0;
+    uint32_t o01 = 0, o23 = 0;
     // UNROLL: the four blocks side by side (more registers: the head-dim-128 and the
     // backward kernels would spill, so they draw one block at a time).
     auto draw = [&](int m) {
       const int r = m >> 1, n = tq + 4 * (m & 1);
-      uint32_t w[4];
-      D.words((r ? c1 : c0) + uint64_t(n), w);
-      uint32_t k8 = 0;
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const uint32_t two = D.two(w[t]);
-        out |= two << (8 * t + 2 * m);
-        k8 |= two << (2 * t);
-      }
-      if (uint8_t* row = r ? store1 : store0) row[n] = uint8_t(k8);
+      uint32_t w0, w1, w2, w3;
+      D.words((r ? c1 : c0) + uint64_t(n), w0, w1, w2, w3);
+      const uint32_t p01 = FaDrop::msb_bytes(D.keep_msbs(w0), D.keep_msbs(w1)),
+                     p23 = FaDrop::msb_bytes(D.keep_msbs(w2), D.keep_msbs(w3));
+      o01 = gather_block(o01, p01, m);
+      o23 = gather_block(o23, p23, m);
+      if (uint8_t* row = r ? store1 : store0) row[n] = uint8_t(FaDrop::keep8_of(p01, p23));
     };
     if constexpr (UNROLL) {
 #pragma unroll
@@ -130,6 +191,7 @@ __device__ __forceinline__ uint32_t keep_bits_rows_q(const FaDrop& D, int64_t b,
 #pragma unroll 1
       for (int m = 0; m < 4; ++m) draw(m);
     }
+    const uint32_t out = rows_q_out(o01, o23);
     const int base = lane & ~3;
     const uint32_t v0 = __shfl_sync(0xffffffffu, out, base),
                    v1 = __shfl_sync(0xffffffffu, out, base | 1),
