@@ -106,8 +106,9 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int64_t row = row0 + (e >> 1) * 8, col = k0 + n * 8 + 2 * tq + (e & 1);
-          if (col > row || col >= P.S) sc[4 * n + e] = -INFINITY;
+          // (32 bits: positions are below S < 2^31)
+          const int row = int(row0) + (e >> 1) * 8, col = int(k0) + n * 8 + 2 * tq + (e & 1);
+          if (col > row || col >= int(P.S)) sc[4 * n + e] = -INFINITY;
         }
     }
 #pragma unroll

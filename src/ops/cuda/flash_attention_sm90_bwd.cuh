@@ -123,6 +123,9 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) dk[hh][i] = dv[hh][i] = 0.f;
   const int64_t key0 = k0 + warp * 16 + gr;  // this thread's key rows: key0, key0 + 8
+  // The causal and sequence-end tests in 32 bits (positions are below S < 2^31): one
+  // compare each where 64-bit ones took two, on every score of every step.
+  const int key0_32 = int(key0), S32 = int(P.S);
 
   // The parts of one (head, query tile) step `it`, whose Q, dO, lse and delta are in buffer
   // it & 1. scores: S^T = K Q^T and dP^T = V dO^T, 64 keys x 64 queries, k16 steps along
@@ -163,7 +166,7 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   // The scores into P^T (dropped, for dV) and dS^T (unscaled), in place.
   auto softmax_grad = [&](float(&sc)[32], float(&dp)[32], int it, uint32_t keep) {
     const int buf = it & 1, hi = it / per_head, qt = kt + (it - hi * per_head);
-    const int64_t q0 = int64_t(qt) * kRows;
+    const int q0 = qt * kRows;
     const float* lse2 = lse_s + buf * kRows;
     const float* dl = dl_s + buf * kRows;
     // The causal and sequence-end tests on every tile, not only on edge tiles (where they
@@ -173,9 +176,9 @@ __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * n + e, qc = n * 8 + 2 * tq + (e & 1);
-        const int64_t key = key0 + (e >> 1) * 8, q = q0 + qc;
+        const int key = key0_32 + (e >> 1) * 8, q = q0 + qc;
         float p = ex2_ftz(sc[i] * P.scale_log2 - lse2[qc]);
-        if (key > q || q >= P.S || key >= P.S) p = 0.f;
+        if (key > q || q >= S32 || key >= S32) p = 0.f;
         if constexpr (DROP) {  // dV from the dropped P (the keep scale once at the end)
           const bool kp = kept_k(keep, n, e);
           sc[i] = kp ? p : 0.f;
