@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreadsFA) fa_fwd_wgmma_kernel(FaParams P) {
   constexpr int ND = HD / 8, NHALF = HD / 64, TILE = kRows * HD;
   extern __shared__ __align__(16) unsigned char fa_smem[];
   // 1024-byte aligned tiles (the swizzle atom): Q, then K [2], then V [2].
-  T* Qs = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Qs = reinterpret_cast<T*>(smem_from_1024(fa_smem));
   T* Ks = Qs + TILE;
   T* Vs = Ks + 2 * TILE;
 

@@ -41,7 +41,7 @@ template <typename T, int HD, bool DROP>
 __global__ void MCPP_FA_DKV_BOUNDS fa_bwd_dkv_wgmma_kernel(FaParams P) {
   constexpr int ND = HD / 8, NHALF = HD / 64, TILE = NHALF * kSw128Tile;
   extern __shared__ __align__(16) unsigned char fa_smem[];
-  T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Ks = reinterpret_cast<T*>(smem_from_1024(fa_smem));
   T* Vs = Ks + TILE;
   T* Qs = Vs + TILE;                                        // [2]
   T* dOs = Qs + 2 * TILE;                                   // [2]
@@ -407,7 +407,7 @@ template <typename T, int HD>
 __global__ void __launch_bounds__(kThreadsFA) fa_bwd_dq_ds_wgmma_kernel(FaParams P) {
   constexpr int NHALF = HD / 64, ND = HD / 8, KT = NHALF * kSw128Tile;
   extern __shared__ __align__(16) unsigned char fa_smem[];
-  T* Ks = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(fa_smem) + 1023) & ~uintptr_t(1023));
+  T* Ks = reinterpret_cast<T*>(smem_from_1024(fa_smem));
   T* Ds = Ks + 2 * KT;  // [2] 64 keys x 64 queries
 
   const int nq = int((P.S + kRows - 1) / kRows);

@@ -30,6 +30,14 @@ namespace mcpp::ops::cuda {
 // the 1024 bytes between 8-row groups: a K-major operand steps 8 rows of M/N by one of
 // them and an MN-major one 8 rows of K by the other, and with 64-element rows each has a
 // single atom to address along the row.
+// The dynamic shared memory from its first 1024-byte boundary (the 128B swizzle's atom),
+// as a pointer the compiler still knows is shared: rounding the address through an integer
+// loses that, and every plain load or store through it becomes a generic one (`LD`, not
+// `LDS`).
+__device__ __forceinline__ unsigned char* smem_from_1024(unsigned char* smem) {
+  return smem + ((1024u - uint32_t(reinterpret_cast<uintptr_t>(smem) & 1023u)) & 1023u);
+}
+
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* p) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   return uint64_t((a & 0x3FFFFu) >> 4) | uint64_t(1024 >> 4) << 16 | uint64_t(1024 >> 4) << 32 |
