@@ -65,6 +65,53 @@ std::string join_path(const std::string& a, const std::string& b) {
   return (fs::path(a) / b).string();
 }
 
+// The iteration the tracker of save_dir names, read as it is (no fallback to the folders):
+// nullopt when there is none or it is not a plain iteration number.
+std::optional<int64_t> tracked_iteration(const std::string& save_dir) {
+  const std::string path = join_path(save_dir, kTrackerFile);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  try {
+    std::string s = read_text_file(path, 4096);
+    s.erase(std::remove_if(s.begin(), s.end(), ::isspace), s.end());
+    return parse_iteration_digits(s);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// --save-retain-interval: deletes iteration `prev` of save_dir (the checkpoint the tracker
+// named before `iteration`'s commit) unless it is kept: 0, `iteration` itself, a multiple of
+// `every`, or a symbolic link. The folder is renamed to *.del-<pid> first, so that a crash
+// while deleting never leaves a half-deleted iter_* folder behind (begin_checkpoint removes
+// the leftover). A failure is a warning: the new checkpoint is complete either way.
+void retire_checkpoint(const std::string& save_dir, int64_t prev, int64_t iteration,
+                       int64_t every) {
+  if (prev <= 0 || prev == iteration || prev % every == 0) return;
+  const fs::path dir = fs::path(save_dir) / iteration_dir_name(prev);
+  std::error_code ec;
+  if (fs::is_symlink(dir, ec)) {
+    log::info(
+        "  skipping deleting checkpoint from iteration {:7d} at {} since it is a symbolic "
+        "link",
+        prev, save_dir);
+    return;
+  }
+  if (!fs::is_directory(dir, ec)) return;  // gone already
+  const fs::path doomed = dir.string() + ".del-" + std::to_string(::getpid());
+  fs::remove_all(doomed, ec);
+  fs::rename(dir, doomed, ec);
+  if (!ec) fs::remove_all(doomed, ec);
+  if (ec) {
+    log::warn(
+        "  could not delete checkpoint from iteration {:7d} at {} (--save-retain-interval "
+        "{}): {}",
+        prev, save_dir, every, ec.message());
+    return;
+  }
+  log::info("  successfully deleted checkpoint from iteration {:7d} at {}", prev, save_dir);
+}
+
 }  // namespace
 
 
@@ -310,8 +357,9 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration,
   MCPP_CHECK_HINT(!ec, "check --save", "cannot create the checkpoint directory {}: {}", save_dir,
                   ec.message());
   if (opts.cleanup_stale) {
-    // Left over by a save that was killed: never visible to loaders, so safe to remove.
-    static const std::regex stale(R"(.*\.(tmp|old)-\d+$)");
+    // Left over by a save (or a retention deletion) that was killed: never visible to
+    // loaders, so safe to remove.
+    static const std::regex stale(R"(.*\.(tmp|old|del)-\d+$)");
     for (const auto& e : fs::directory_iterator(save_dir)) {
       const std::string n = e.path().filename().string();
       if (std::regex_match(n, stale)) {
@@ -544,8 +592,12 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
                   ec.message());
   fsync_dir(save_dir);
   if (!old.empty()) fs::remove_all(old, ec);
+  const std::optional<int64_t> prev =
+      opts.retain_interval ? tracked_iteration(save_dir) : std::nullopt;
   // The tracker last: until here loaders use the previous checkpoint.
   write_file_durable(join_path(save_dir, kTrackerFile), std::to_string(st.iteration));
+  // Only now, with the new checkpoint and the tracker durable, may the previous one go.
+  if (prev) retire_checkpoint(save_dir, *prev, st.iteration, *opts.retain_interval);
 }
 
 void save_checkpoint(const std::string& save_dir, std::span<const RankSnapshot> ranks,

@@ -72,6 +72,10 @@ struct SaveOptions {
   bool cleanup_stale = true;  // remove leftover *.tmp-* directories (with a warning)
   // Tokenizer files to carry in iter_N/tokenizer/ (checkpoint/tokenizer_files.h).
   std::optional<TokenizerFiles> tokenizer;
+  // --save-retain-interval N (Megatron's iter_finalize_fn): once the tracker names the new
+  // checkpoint, the iteration it named before is deleted unless that is 0, this iteration
+  // or a multiple of N; a symlinked folder is never deleted. nullopt: keep everything.
+  std::optional<int64_t> retain_interval;
 };
 
 struct LoadOptions {

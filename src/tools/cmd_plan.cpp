@@ -120,14 +120,12 @@ void print_layer_activations(const training::Args& a, const model::TransformerCo
 
 void print_memory(std::vector<std::string> train_args, int world, int pp, double device_gib) {
   training::Args a = plan_training_args(std::move(train_args), world);
-  int64_t vocab = 0;
-  if (a.vocab_size) {
-    vocab = *a.vocab_size;
-  } else {
-    vocab = training::build_tokenizer(a)->vocab_size();
-  }
-  a.padded_vocab_size = training::padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
-                                                    a.tensor_model_parallel_size);
+  // The tokenizer's size as training sees it: NullTokenizer (no files) adds its EOD id to
+  // --vocab-size; another tokenizer given --vocab-size is planned without its files.
+  const int64_t vocab = a.vocab_size && a.tokenizer_type != "NullTokenizer"
+                            ? *a.vocab_size
+                            : training::build_tokenizer(a)->vocab_size();
+  training::resolve_padded_vocab_size(a, vocab);  // --padded-vocab-size, checked as by train
   // Where and in which dtype: --bf16/--fp16 train on GPUs; fp32 on --device cuda or the CPU.
   const bool gpu = plans_gpu(a);
   const DType dt = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;

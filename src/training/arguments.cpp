@@ -519,9 +519,31 @@ int64_t padded_vocab_size(int64_t orig, int64_t divisible_by, int64_t tp) {
   return (orig + multiple - 1) / multiple * multiple;
 }
 
-std::string padded_vocab_message(int64_t orig, int64_t padded) {
-  return fmt::format(" > padded vocab (size: {}) with {} dummy tokens (new size: {})", orig,
-                     padded - orig, padded);
+int64_t resolve_padded_vocab_size(Args& a, int64_t vocab) {
+  if (!a.was_given("padded_vocab_size")) {
+    a.padded_vocab_size =
+        padded_vocab_size(vocab, a.make_vocab_size_divisible_by, a.tensor_model_parallel_size);
+    return *a.padded_vocab_size;
+  }
+  // Megatron takes the size as is; a size below the tokenizer's would leave token ids
+  // without an embedding row (an out-of-range read in the first step).
+  const int64_t n = *a.padded_vocab_size;
+  MCPP_CHECK_HINT(n >= vocab,
+                  fmt::format("give --padded-vocab-size at least {}, or drop it (the tokenizer's "
+                              "size is then padded to a multiple of "
+                              "--make-vocab-size-divisible-by x TP: {})",
+                              vocab,
+                              padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
+                                                a.tensor_model_parallel_size)),
+                  "--padded-vocab-size {} is smaller than the vocabulary of the tokenizer ({}, "
+                  "{} token ids): ids {} and up would have no embedding row",
+                  n, a.tokenizer_type, vocab, n);
+  return n;
+}
+
+std::string padded_vocab_message(int64_t orig, int64_t padded, bool from_flag) {
+  return fmt::format(" > padded vocab (size: {}) with {} dummy tokens (new size: {}{})", orig,
+                     padded - orig, padded, from_flag ? ", --padded-vocab-size" : "");
 }
 
 // ---- public: printing -------------------------------------------------------------------

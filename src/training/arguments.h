@@ -197,8 +197,15 @@ struct Args {
   bool async_save = false;                 // --async-save: write on a background thread
   bool exit_signal_handler = false;        // --exit-signal-handler: SIGTERM -> save, exit 0
   int64_t distributed_timeout_minutes = 10;
+  // --save-retain-interval N: after each save the checkpoint saved before it is deleted
+  // unless its iteration is a multiple of N (checkpoint::SaveOptions::retain_interval).
+  std::optional<int64_t> save_retain_interval;
+  // --pretrained-checkpoint DIR: loaded as --finetune when --load holds no checkpoint.
+  std::optional<std::string> pretrained_checkpoint;
+  bool exit_on_missing_checkpoint = false;  // --load holding no checkpoint is an error
 
-  // Set after the tokenizer is known: padded_vocab_size(vocab, divisible_by, TP).
+  // The model's vocabulary rows: --padded-vocab-size as given, else set once the tokenizer
+  // is known (resolve_padded_vocab_size: the tokenizer's size padded to divisible_by x TP).
   std::optional<int64_t> padded_vocab_size;
 
   // megatron.cpp's own flags (mcpp_flag_table).
@@ -315,7 +322,14 @@ void validate_args(Args& args, int world_size, bool training = true);
 // Megatron's vocabulary padding: the smallest multiple of divisible_by * TP that is
 // >= orig_vocab_size. The message is Megatron's start-up line.
 int64_t padded_vocab_size(int64_t orig_vocab_size, int64_t divisible_by, int64_t tp);
-std::string padded_vocab_message(int64_t orig_vocab_size, int64_t padded);
+// Sets and returns args.padded_vocab_size for a tokenizer of `tokenizer_vocab` ids:
+// --padded-vocab-size as given (Megatron uses it as is; an error when it is smaller than
+// the tokenizer's vocabulary), else padded_vocab_size(tokenizer_vocab, divisible_by, TP).
+// validate_args has checked that a given size is positive and divisible by TP.
+int64_t resolve_padded_vocab_size(Args& args, int64_t tokenizer_vocab);
+// Megatron's start-up line " > padded vocab (size: V) with K dummy tokens (new size: Vp)";
+// from_flag: the size came from --padded-vocab-size, which the line then names.
+std::string padded_vocab_message(int64_t orig_vocab_size, int64_t padded, bool from_flag = false);
 
 // Megatron's start-up block: "------------------------ arguments ------------------------",
 // then "  name ..... value" for every dest (sorted, dots to column 48), then the end line.

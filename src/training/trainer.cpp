@@ -168,25 +168,30 @@ void Trainer::State::save() {
   checkpoint::SaveOptions o;
   o.model = model_cfg, o.save_rng = !args.no_save_rng;
   o.tokenizer = tokenizer_files;
+  o.retain_interval = args.save_retain_interval;
   checkpoint::save_training_checkpoint(*args.save, world->world(), *ps, model->params(), *opt,
                                        !args.no_save_optim, training_state(), o, async_saver.get());
 }
 
 void Trainer::State::load() {
   const Args& a = args;
+  const std::string& dir = load_source->dir;
+  // --finetune, or --pretrained-checkpoint taken because --load held no checkpoint
+  // (Megatron sets args.finetune then): weights only, from iteration 0.
+  const bool finetune = a.finetune || load_source->finetune;
   checkpoint::LoadOptions o;
-  o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = a.finetune;
+  o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = finetune;
   // A pipeline stage, or an EP rank (its experts), holds part of the checkpoint's tensors.
   o.partial_model = a.pipeline_model_parallel_size > 1 || a.expert_model_parallel_size > 1;
-  const bool load_optim = !(a.no_load_optim || a.finetune);
-  const auto st = checkpoint::load_training_checkpoint(*a.load, a.ckpt_step, model->params(), *opt,
-                                                       load_optim, o);
+  const bool load_optim = !(a.no_load_optim || finetune);
+  const auto st =
+      checkpoint::load_training_checkpoint(dir, a.ckpt_step, model->params(), *opt, load_optim, o);
   if (!st) return;
   if (scaler && !st->grad_scaler.empty())
     scaler->load_state({st->grad_scaler.at("scale").get<double>(),
                         st->grad_scaler.at("growth_tracker").get<int64_t>(),
                         st->grad_scaler.at("hysteresis_tracker").get<int64_t>()});
-  if (!a.finetune) {
+  if (!finetune) {
     iteration = st->iteration;
     consumed_train = st->consumed_train_samples, consumed_valid = st->consumed_valid_samples;
     flops_so_far = st->num_floating_point_operations_so_far;
@@ -195,8 +200,8 @@ void Trainer::State::load() {
                                                          : optim::SchedulerLoadPolicy::RequireMatch;
     sched->load_state(st->scheduler, policy);
   }
-  log::info("  successfully loaded checkpoint from {} [ iteration {} ]{}", *a.load, st->iteration,
-            a.finetune ? " for finetuning (counters reset)" : "");
+  log::info("  successfully loaded checkpoint from {} [ iteration {} ]{}", dir, st->iteration,
+            finetune ? " for finetuning (counters reset)" : "");
 }
 
 namespace {

@@ -15,11 +15,51 @@
 
 namespace mcpp::training {
 
-void apply_checkpoint_args(Args& a) {
-  MCPP_CHECK_HINT(a.load.has_value(), "add --load DIR (the checkpoint whose arguments to use)",
-                  "--use-checkpoint-args reads the model's arguments from --load's checkpoint, "
-                  "but --load was not given");
-  const auto md = checkpoint::read_metadata(*a.load, a.ckpt_step);
+std::optional<LoadSource> resolve_load_source(const Args& a) {
+  // Megatron's checkpoint_exists: the folder holds a checkpoint (here: a tracker naming one,
+  // or a complete iter_* folder; a tracker naming a lost folder is an error of its own).
+  auto holds = [](const std::string& dir) { return checkpoint::latest_iteration(dir).has_value(); };
+  if (a.load && holds(*a.load)) {
+    if (a.pretrained_checkpoint)
+      log::info(
+          "--load {} holds a checkpoint: resuming from it (--pretrained-checkpoint {} is "
+          "used only while --load holds none)",
+          *a.load, *a.pretrained_checkpoint);
+    return LoadSource{*a.load, false};
+  }
+  if (a.pretrained_checkpoint) {
+    const std::string& dir = *a.pretrained_checkpoint;
+    MCPP_CHECK_HINT(holds(dir),
+                    "check the --pretrained-checkpoint path (a checkpoint folder holds "
+                    "iter_XXXXXXX/ folders and " +
+                        std::string(checkpoint::kTrackerFile) +
+                        "; convert a Hugging Face model with megatron convert --from-hf)",
+                    "no checkpoint found in --pretrained-checkpoint {}{}", dir,
+                    a.load ? fmt::format(" (nor in --load {})", *a.load) : std::string());
+    log::info("{}: finetuning from --pretrained-checkpoint {} (weights only, from iteration 0)",
+              a.load ? fmt::format("no checkpoint in --load {}", *a.load)
+                     : std::string("no --load given"),
+              dir);
+    return LoadSource{dir, true};
+  }
+  if (!a.load) return std::nullopt;
+  MCPP_CHECK_HINT(!a.exit_on_missing_checkpoint,
+                  "check the --load path, or drop --exit-on-missing-checkpoint to start from "
+                  "random weights",
+                  "--exit-on-missing-checkpoint: no checkpoint found in --load {} (no {} and no "
+                  "complete iter_* folder)",
+                  *a.load, checkpoint::kTrackerFile);
+  if (a.ckpt_step) return LoadSource{*a.load, false};  // the loader says what is missing
+  log::warn("could not find a checkpoint in --load {}; starting from random initialisation",
+            *a.load);
+  return std::nullopt;
+}
+
+void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
+  check_checkpoint_args_source(a);
+  // No checkpoint to start from: read_metadata says so, naming --load.
+  const std::string dir = src ? src->dir : a.load.value_or("");
+  const auto md = checkpoint::read_metadata(dir, a.ckpt_step);
   const model::TransformerConfig c = checkpoint::model_config_from_metadata(md);
   int taken = 0;
   // Shape: only where the command line said nothing (Megatron's _set_arg without force).
@@ -65,16 +105,17 @@ void apply_checkpoint_args(Args& a) {
   force("hidden_dropout", a.hidden_dropout, c.hidden_dropout, python_float(c.hidden_dropout));
   force("attention_dropout", a.attention_dropout, c.attention_dropout,
         python_float(c.attention_dropout));
-  log::info("--use-checkpoint-args: {} model arguments from {}", taken, *a.load);
+  log::info("--use-checkpoint-args: {} model arguments from {}", taken, dir);
 }
 
-std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(Args& a) {
-  if (!a.load) return std::nullopt;
+std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(
+    Args& a, const std::optional<LoadSource>& src) {
+  if (!src) return std::nullopt;
   for (const char* d : {"tokenizer_type", "vocab_file", "merge_file", "tokenizer_model"})
     if (a.was_given(d)) return std::nullopt;  // flags override what the checkpoint carries
-  if (!a.ckpt_step && !checkpoint::latest_iteration(*a.load)) return std::nullopt;
-  const auto md = checkpoint::read_metadata(*a.load, a.ckpt_step);
-  auto t = checkpoint::checkpoint_tokenizer(md.value("__iter_dir", *a.load), md);
+  if (!a.ckpt_step && !checkpoint::latest_iteration(src->dir)) return std::nullopt;
+  const auto md = checkpoint::read_metadata(src->dir, a.ckpt_step);
+  auto t = checkpoint::checkpoint_tokenizer(md.value("__iter_dir", src->dir), md);
   if (!t) return std::nullopt;
   a.tokenizer_type = t->type, a.given["tokenizer_type"] = t->type;
   auto set = [&](const char* dest, std::optional<std::string>& field, const std::string& v) {
@@ -85,7 +126,7 @@ std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(Args& a) {
   set("merge_file", a.merge_file, t->merge_file);
   set("tokenizer_model", a.tokenizer_model, t->tokenizer_model);
   log::info("using the {} files the checkpoint in {} carries (tokenizer flags override them)",
-            t->type, *a.load);
+            t->type, src->dir);
   return t;
 }
 

@@ -81,8 +81,10 @@ void Trainer::State::setup_parallel() {
                         .nccl_configs = a.nccl_communicator_config_path
                                             ? comm::read_nccl_config(*a.nccl_communicator_config_path)
                                             : comm::NcclConfigs{}});
-  if (a.use_checkpoint_args) apply_checkpoint_args(a);  // before the shape is validated
-  s.tokenizer_files = apply_checkpoint_tokenizer(a);     // the files --load's checkpoint carries
+  // --load, else --pretrained-checkpoint (--exit-on-missing-checkpoint: neither is an error).
+  s.load_source = resolve_load_source(a);
+  if (a.use_checkpoint_args) apply_checkpoint_args(a, s.load_source);  // before validation
+  s.tokenizer_files = apply_checkpoint_tokenizer(a, s.load_source);    // files it carries
   validate_args(a, s.world->size());
   if (a.nccl_communicator_config_path && s.world->device() != Device::CUDA)
     log::warn("--nccl-communicator-config-path: this run has no NCCL groups ({} on {}); the "
@@ -118,11 +120,11 @@ void Trainer::State::setup_parallel() {
 
   s.tok = build_tokenizer(a);
   const int64_t vocab = s.tok->vocab_size();
-  a.padded_vocab_size = padded_vocab_size(vocab, a.make_vocab_size_divisible_by,
-                                          a.tensor_model_parallel_size);
+  resolve_padded_vocab_size(a, vocab);  // --padded-vocab-size, or the tokenizer's padded
   print_args(a);
   for (const auto& line : describe_by_design_flags(a)) log::info("{}", line);
-  log::info("{}", padded_vocab_message(vocab, *a.padded_vocab_size));
+  log::info("{}",
+            padded_vocab_message(vocab, *a.padded_vocab_size, a.was_given("padded_vocab_size")));
   s.batches = std::make_unique<data::NumMicroBatchesCalculator>(
       a.global_batch_size, a.micro_batch_size, a.data_parallel_size, batch_rampup(a));
   if (const auto r = batch_rampup(a))
@@ -421,7 +423,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   }
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.save) checkpoint::check_save_dir_writable(*a.save);  // fail at start-up, not at the first save
-  if (a.load) s.load();
+  if (s.load_source) s.load();
   if (a.fp8_param_gather) {
     // ---- --fp8-param-gather: the first FP8 weights, from the start-up (or loaded) main
     // parameters; the bytes one parameter all-gather moves (tests/fp8 check them).

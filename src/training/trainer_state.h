@@ -23,6 +23,7 @@
 #include "training/memory_plan.h"
 #include "training/trainer.h"
 #include "training/training_log.h"
+#include "training/validate_compat.h"
 
 namespace mcpp::training {
 
@@ -77,6 +78,8 @@ struct Trainer::State {
   std::unique_ptr<data::NumMicroBatchesCalculator> batches;
   // Tokenizer files --load's checkpoint carries (and this run's checkpoints carry on).
   std::optional<checkpoint::TokenizerFiles> tokenizer_files;
+  // The checkpoint the run starts from: --load, or --pretrained-checkpoint (a finetune).
+  std::optional<LoadSource> load_source;
   int64_t built_schedule_microbatches = 0;  // PP: the micro-batches `schedule` was built for
   void update_step_batch();                 // batches->update + the PP schedule to match
   int64_t step_global_batch() const { return batches->current_global_batch_size(); }

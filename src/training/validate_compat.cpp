@@ -1,14 +1,15 @@
 #include "training/validate_compat.h"
-#include "training/validate_fp8.h"
-
-#include <cmath>
 
 #include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "data/num_microbatches.h"
 #include "optim/lr_scheduler.h"
+#include "training/validate_fp8.h"
 
 namespace mcpp::training {
 
@@ -17,6 +18,50 @@ std::optional<data::BatchRampup> batch_rampup(const Args& a) {
   const auto& r = *a.rampup_batch_size;  // the parser took exactly 3 integers
   return data::BatchRampup{r.at(0), r.at(1), r.at(2)};
 }
+
+void check_checkpoint_args_source(const Args& a) {
+  MCPP_CHECK_HINT(a.load || a.pretrained_checkpoint,
+                  "add --load DIR (the checkpoint whose arguments to use)",
+                  "--use-checkpoint-args reads the model's arguments from --load's (or "
+                  "--pretrained-checkpoint's) checkpoint, but neither flag was given");
+}
+
+namespace {
+
+// --padded-vocab-size and the checkpoint flags of Megatron's example scripts (the
+// tokenizer-dependent check of the vocabulary is resolve_padded_vocab_size's).
+void validate_checkpoint_flags(const Args& a) {
+  if (a.padded_vocab_size) {
+    const int64_t n = *a.padded_vocab_size, tp = a.tensor_model_parallel_size;
+    MCPP_CHECK_HINT(n > 0 && n < INT32_MAX, "give --padded-vocab-size in [1, 2^31 - 1)",
+                    "--padded-vocab-size {} is outside [1, 2^31 - 1) (int32 token ids)", n);
+    // The word embedding and the output layer split their rows evenly over TP (Megatron's
+    // VocabParallelEmbedding asserts the same divisibility).
+    MCPP_CHECK_HINT(n % tp == 0,
+                    fmt::format("give --padded-vocab-size a multiple of {} (e.g. {})", tp,
+                                (n + tp - 1) / tp * tp),
+                    "--padded-vocab-size {} is not divisible by --tensor-model-parallel-size {}: "
+                    "the embedding and output layer split their rows evenly over TP ranks",
+                    n, tp);
+  }
+  if (a.save_retain_interval) {
+    const int64_t n = *a.save_retain_interval;
+    MCPP_CHECK_HINT(a.save && a.save_interval, "add --save DIR --save-interval M",
+                    "--save-retain-interval {} keeps every checkpoint whose iteration is a "
+                    "multiple of {} and deletes the others, but {} was not given",
+                    n, n, a.save ? "--save-interval" : "--save");
+    MCPP_CHECK_HINT(n > 0, "give a positive multiple of --save-interval",
+                    "--save-retain-interval must be positive, got {}", n);
+    const int64_t every = *a.save_interval;  // positive: validate_sizes
+    MCPP_CHECK_HINT(every <= 0 || n % every == 0,
+                    fmt::format("give --save-retain-interval a multiple of --save-interval {} "
+                                "(e.g. {}): only saved iterations can be kept",
+                                every, (n + every - 1) / every * every),
+                    "--save-retain-interval {} is not a multiple of --save-interval {}", n, every);
+  }
+}
+
+}  // namespace
 
 void validate_compat(Args& a, bool training) {
   // Batch-size ramp-up: Megatron's calculator checks, before any process group exists.
@@ -54,10 +99,8 @@ void validate_compat(Args& a, bool training) {
   }
   if (!a.mmap_bin_files && a.data_path.empty())
     log::info("--no-mmap-bin-files: no .bin file is read (--mock-data); nothing to change");
-  if (a.use_checkpoint_args)
-    MCPP_CHECK_HINT(a.load.has_value(), "add --load DIR (the checkpoint whose arguments to use)",
-                    "--use-checkpoint-args reads the model's arguments from --load's checkpoint, "
-                    "but --load was not given");
+  if (a.use_checkpoint_args) check_checkpoint_args_source(a);
+  validate_checkpoint_flags(a);
   // The schedule again, now with the ramp-up's train_iters (weight-decay length).
   if (training) {
     optim::OptimizerParamScheduler check(lr_scheduler_config(a));

@@ -19,14 +19,30 @@ void validate_compat(Args& a, bool training);
 // --rampup-batch-size as data::BatchRampup (nullopt: constant batch size).
 std::optional<data::BatchRampup> batch_rampup(const Args& a);
 
-// --use-checkpoint-args: fills the model's flags from --load's checkpoint (latest, or
-// --ckpt-step) before validate_args (trainer_checkpoint_args.cpp).
-void apply_checkpoint_args(Args& a);
+// The checkpoint a training run starts from (Megatron's load_checkpoint): --load's when it
+// holds one; else --pretrained-checkpoint's, loaded as --finetune (weights only, iteration
+// 0); nullopt: random weights (no --load, or an empty one, with a warning). Errors: an empty
+// --pretrained-checkpoint (when --load holds nothing), and with --exit-on-missing-checkpoint
+// a --load that holds nothing (trainer_checkpoint_args.cpp).
+struct LoadSource {
+  std::string dir;
+  bool finetune = false;  // from --pretrained-checkpoint
+};
+std::optional<LoadSource> resolve_load_source(const Args& a);
 
-// --load of a checkpoint that carries tokenizer files (convert --from-hf), no tokenizer flag
-// given: the tokenizer flags point at those files (verified). Returns them, so that the run's
-// own checkpoints carry them on.
-std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(Args& a);
+// --use-checkpoint-args needs --load or --pretrained-checkpoint (the error `megatron train`
+// and `megatron plan` give).
+void check_checkpoint_args_source(const Args& a);
+
+// --use-checkpoint-args: fills the model's flags from the checkpoint the run starts from
+// (src; latest, or --ckpt-step) before validate_args (trainer_checkpoint_args.cpp).
+void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src);
+
+// A start checkpoint (src) that carries tokenizer files (convert --from-hf), no tokenizer
+// flag given: the tokenizer flags point at those files (verified). Returns them, so that the
+// run's own checkpoints carry them on.
+std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(
+    Args& a, const std::optional<LoadSource>& src);
 
 // What the trainer rejects on `dev` after validate_args (flags whose value is valid but
 // that megatron.cpp's trainer does not implement yet, and the precision a device cannot

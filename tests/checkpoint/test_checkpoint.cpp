@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "checkpoint/async_saver.h"
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "ckpt_test_util.h"
@@ -221,4 +222,89 @@ TEST(Checkpoint, DescribeVerifiesChecksums) {
   d = ck::describe_checkpoint(dir + "/iter_0000010");
   EXPECT_NE(d.find("BAD"), std::string::npos) << d;
   EXPECT_NE(d.find("1 shard(s) failed"), std::string::npos) << d;
+}
+
+// ---- --save-retain-interval (SaveOptions::retain_interval) --------------------------------
+
+namespace {
+ck::SaveOptions retaining(int64_t every) {
+  ck::SaveOptions so;
+  so.retain_interval = every;
+  return so;
+}
+}  // namespace
+
+// Megatron's rule: after each save the tracker's previous iteration goes unless it is a
+// multiple of N. Saving 1..7 with N = 3 keeps 3, 6 and the latest, 7.
+TEST(CheckpointRetain, KeepsMultiplesAndTheLatest) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("gpt", 1, 0, true);
+  for (int64_t it = 1; it <= 7; ++it)
+    ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(it), retaining(3));
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{3, 6, 7}));
+  EXPECT_EQ(ck::latest_iteration(dir), 7);
+  for (auto& e : fs::directory_iterator(dir))  // nothing left aside (*.del-<pid>)
+    EXPECT_EQ(e.path().filename().string().find(".del-"), std::string::npos) << e.path();
+  // Without the option nothing is deleted.
+  const std::string keep = dir + "/all";
+  for (int64_t it = 1; it <= 3; ++it)
+    ck::save_checkpoint(keep, *a.m, a.opt.get(), sample_state(it));
+  EXPECT_EQ(ck::list_iterations(keep), (std::vector<int64_t>{1, 2, 3}));
+}
+
+// Kept whatever the interval: iteration 0, a re-save of the same iteration, a symbolic link;
+// a tracker that is not an iteration number deletes nothing.
+TEST(CheckpointRetain, NeverDeletesZeroSameIterationOrSymlink) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("gpt", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(0), retaining(5));
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(4), retaining(5));
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(4), retaining(5));
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{0, 4}));
+  // iteration 4 as a link to a folder elsewhere: the link and its target stay.
+  fs::rename(dir + "/iter_0000004", dir + "/real4");
+  fs::create_directory_symlink("real4", dir + "/iter_0000004");
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(7), retaining(5));
+  EXPECT_TRUE(fs::is_symlink(dir + "/iter_0000004"));
+  EXPECT_TRUE(fs::exists(dir + "/real4/metadata.json"));
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{0, 4, 7}));
+  write_bytes(dir + "/" + ck::kTrackerFile, "release");
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(8), retaining(5));
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{0, 4, 7, 8}));
+}
+
+// The previous checkpoint goes only once the new one and the tracker are durable: a save
+// that fails to update the tracker leaves it in place.
+TEST(CheckpointRetain, DeletesOnlyAfterTheTrackerIsWritten) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("gpt", 1, 0, true);
+  ck::SaveOptions so = retaining(10);
+  so.cleanup_stale = false;  // keep the obstacle below
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(1), so);
+  // The tracker's temporary file is a non-empty folder: writing the tracker fails.
+  const std::string obstacle = dir + "/" + ck::kTrackerFile + ".tmp-" + std::to_string(::getpid());
+  fs::create_directories(obstacle + "/x");
+  EXPECT_THROW(ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(2), so), Error);
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000001/metadata.json"));
+  EXPECT_EQ(ck::read_text_file(dir + "/" + ck::kTrackerFile), "1");
+  fs::remove_all(obstacle);
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(3), so);
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{2, 3}));  // 1 went, 2 stays
+}
+
+// The background writer (--async-save) deletes after its commit, and a folder left by a
+// deletion that was killed (*.del-<pid>) is removed by the next save.
+TEST(CheckpointRetain, AsyncSaveAndLeftovers) {
+  const std::string dir = scratch_dir();
+  model::GPTModel m(tiny_config("llama"));
+  optim::AdamW opt(m.params(), {});
+  ck::AsyncSaver saver;
+  for (int64_t it = 2; it <= 8; it += 2)
+    saver.save(dir, m.params(), &opt, sample_state(it), retaining(4));
+  saver.wait();
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{4, 8}));
+  fs::create_directories(dir + "/iter_0000006.del-12345/x");
+  ck::save_checkpoint(dir, m.params(), &opt, sample_state(10), retaining(4));
+  EXPECT_FALSE(fs::exists(dir + "/iter_0000006.del-12345"));
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{4, 8, 10}));
 }

@@ -115,6 +115,14 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
   EXPECT_EQ(flag_support("use_flash_attn"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("fp8"), FlagSupport::Implemented);
   EXPECT_EQ(flag_support("exp_avg_dtype"), FlagSupport::NotImplemented);
+  // The checkpoint flags of Megatron's example scripts.
+  for (const char* d : {"padded_vocab_size", "save_retain_interval", "pretrained_checkpoint",
+                        "exit_on_missing_checkpoint"})
+    EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
+  EXPECT_EQ(flag_support("ckpt_assume_constant_structure"), FlagSupport::ByDesign);
+  EXPECT_EQ(flag_support("check_for_nan_in_loss_and_grad"), FlagSupport::ByDesign);
+  // Each DP replica reads its shard of the model itself: not what this flag asks for.
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_load"), FlagSupport::NotImplemented);
 }
 
 TEST(Parse, SpaceAndEqualsForms) {
@@ -278,6 +286,21 @@ TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
       },
       {"'magic' is not one of flash, fused, unfused, local, auto"});
   EXPECT_TRUE(describe_by_design_flags(parse_args({})).empty());
+  // The checkpoint and NaN-check switches of Megatron's example scripts.
+  const auto ck = describe_by_design_flags(
+      parse_args({"--ckpt-assume-constant-structure", "--no-check-for-nan-in-loss-and-grad"}));
+  ASSERT_EQ(ck.size(), 2u);
+  EXPECT_NE(ck[0].find("--ckpt-assume-constant-structure True: accepted by design: a save "
+                       "has no planning"),
+            std::string::npos)
+      << ck[0];
+  EXPECT_NE(ck[1].find("--no-check-for-nan-in-loss-and-grad False: accepted by design: a "
+                       "non-finite loss or gradient norm never stops training"),
+            std::string::npos)
+      << ck[1];
+  expect_error([] { parse_args({"--ckpt-fully-parallel-load"}); },
+               {"--ckpt-fully-parallel-load is a Megatron-LM flag that megatron.cpp does not "
+                "implement yet"});
 }
 
 TEST(Parse, OurOwnFlagsAndHelp) {

@@ -492,3 +492,67 @@ TEST(Validate, KeepMlpActivations) {
                                          "uniform", "--recompute-num-layers", "1"}),
                                      2));
 }
+
+// --padded-vocab-size: used as given (Megatron), checked against TP at validation and
+// against the tokenizer once it is known.
+TEST(PaddedVocab, GivenSize) {
+  Args a = parse_and_validate(with(base_argv(), {"--padded-vocab-size", "1000"}));
+  EXPECT_EQ(a.padded_vocab_size, 1000);
+  EXPECT_EQ(resolve_padded_vocab_size(a, 101), 1000);  // NullTokenizer: 100 + EOD
+  EXPECT_EQ(a.padded_vocab_size, 1000);
+  EXPECT_EQ(resolve_padded_vocab_size(a, 1000), 1000);  // exactly the tokenizer's size
+  EXPECT_EQ(padded_vocab_message(101, 1000, true),
+            " > padded vocab (size: 101) with 899 dummy tokens (new size: 1000, "
+            "--padded-vocab-size)");
+  expect_error([&] { resolve_padded_vocab_size(a, 1001); },
+               {"--padded-vocab-size 1000 is smaller than the vocabulary of the tokenizer "
+                "(NullTokenizer, 1001 token ids)",
+                "give --padded-vocab-size at least 1001", "multiple of", "1024"});
+  // Not given: Megatron's padding of the tokenizer's size.
+  Args b = parse_and_validate(base_argv());
+  EXPECT_FALSE(b.padded_vocab_size.has_value());
+  EXPECT_EQ(resolve_padded_vocab_size(b, 101), 128);
+  EXPECT_EQ(b.padded_vocab_size, 128);
+  // TP 2: the rows split evenly.
+  Args c = parse_and_validate(
+      with(base_argv(), {"--padded-vocab-size", "1000", "--tensor-model-parallel-size", "2"}), 2);
+  EXPECT_EQ(c.padded_vocab_size, 1000);
+  expect_invalid(
+      with(base_argv(), {"--padded-vocab-size", "1001", "--tensor-model-parallel-size", "2"}),
+      {"--padded-vocab-size 1001 is not divisible by --tensor-model-parallel-size 2",
+       "a multiple of 2 (e.g. 1002)"},
+      2);
+  expect_invalid(with(base_argv(), {"--padded-vocab-size", "0"}),
+                 {"--padded-vocab-size 0 is outside [1, 2^31 - 1)"});
+  expect_invalid(with(base_argv(), {"--padded-vocab-size", "3000000000"}),
+                 {"--padded-vocab-size 3000000000 is outside"});
+}
+
+// --save-retain-interval: Megatron's asserts (positive, a multiple of --save-interval), and
+// it needs --save and --save-interval to act on.
+TEST(Validate, SaveRetainInterval) {
+  const auto save = with(base_argv(), {"--save", "/tmp/x", "--save-interval", "5"});
+  Args a = parse_and_validate(with(save, {"--save-retain-interval", "20"}));
+  EXPECT_EQ(a.save_retain_interval, 20);
+  expect_invalid(with(save, {"--save-retain-interval", "12"}),
+                 {"--save-retain-interval 12 is not a multiple of --save-interval 5", "(e.g. 15)"});
+  expect_invalid(with(save, {"--save-retain-interval", "0"}),
+                 {"--save-retain-interval must be positive, got 0"});
+  expect_invalid(with(save, {"--save-retain-interval", "-5"}),
+                 {"--save-retain-interval must be positive, got -5"});
+  expect_invalid(with(base_argv(), {"--save", "/tmp/x", "--save-retain-interval", "5"}),
+                 {"--save-interval was not given", "add --save DIR --save-interval M"});
+  expect_invalid(with(base_argv(), {"--save-retain-interval", "5"}), {"--save was not given"});
+}
+
+// --pretrained-checkpoint and --exit-on-missing-checkpoint reach Args; --use-checkpoint-args
+// reads --pretrained-checkpoint's checkpoint when --load is not given (Megatron's assert).
+TEST(Validate, PretrainedCheckpointFlags) {
+  Args a = parse_and_validate(
+      with(base_argv(), {"--pretrained-checkpoint", "/ckpt/base", "--exit-on-missing-checkpoint",
+                         "--use-checkpoint-args"}));
+  EXPECT_EQ(a.pretrained_checkpoint, "/ckpt/base");
+  EXPECT_TRUE(a.exit_on_missing_checkpoint);
+  expect_invalid(with(base_argv(), {"--use-checkpoint-args"}),
+                 {"--use-checkpoint-args", "neither flag was given"});
+}
