@@ -23,7 +23,8 @@ void check_checkpoint_args_source(const Args& a) {
   MCPP_CHECK_HINT(a.load || a.pretrained_checkpoint,
                   "add --load DIR (the checkpoint whose arguments to use)",
                   "--use-checkpoint-args reads the model's arguments from --load's (or "
-                  "--pretrained-checkpoint's) checkpoint, but neither flag was given");
+                  "--pretrained-checkpoint's) checkpoint, but --load was not given (nor "
+                  "--pretrained-checkpoint)");
 }
 
 namespace {

@@ -554,5 +554,5 @@ TEST(Validate, PretrainedCheckpointFlags) {
   EXPECT_EQ(a.pretrained_checkpoint, "/ckpt/base");
   EXPECT_TRUE(a.exit_on_missing_checkpoint);
   expect_invalid(with(base_argv(), {"--use-checkpoint-args"}),
-                 {"--use-checkpoint-args", "neither flag was given"});
+                 {"--use-checkpoint-args", "--load was not given (nor --pretrained-checkpoint)"});
 }
