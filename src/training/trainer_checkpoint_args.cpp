@@ -1,4 +1,8 @@
-// --use-checkpoint-args: the model's arguments from --load's checkpoint, as Megatron's
+// The checkpoint a run starts from (resolve_load_source: --load, else
+// --pretrained-checkpoint as a finetune, as Megatron's load_checkpoint), and what is read
+// from it before the model exists.
+//
+// --use-checkpoint-args: the model's arguments from that checkpoint, as Megatron's
 // load_args_from_checkpoint (checkpointing.py). The checkpoint's metadata.json records the
 // model config (checkpoint::model_config_json); its fields fill the flags of the same
 // meaning. As in Megatron, the shape flags (layers, hidden, FFN, heads, head dim,

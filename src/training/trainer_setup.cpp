@@ -81,7 +81,7 @@ void Trainer::State::setup_parallel() {
                         .nccl_configs = a.nccl_communicator_config_path
                                             ? comm::read_nccl_config(*a.nccl_communicator_config_path)
                                             : comm::NcclConfigs{}});
-  // --load, else --pretrained-checkpoint (--exit-on-missing-checkpoint: neither is an error).
+  // The checkpoint the run starts from: --load's, else --pretrained-checkpoint's.
   s.load_source = resolve_load_source(a);
   if (a.use_checkpoint_args) apply_checkpoint_args(a, s.load_source);  // before validation
   s.tokenizer_files = apply_checkpoint_tokenizer(a, s.load_source);    // files it carries
