@@ -191,7 +191,10 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   L.grad_norm = last_grad_norm_;
   L.decoupled_learning_rate = s.decoupled_learning_rate;
   L.num_zeros_in_grad = s.num_zeros_in_grad, L.params_norm = s.params_norm;
-  L.skipped_iterations = s.skipped_iterations, L.nan_iterations = s.nan_iterations;
+  // This interval's counts, as Megatron's training_log (it zeroes them after each line).
+  L.skipped_iterations = s.skipped_iterations - logged_skipped_;
+  L.nan_iterations = s.nan_iterations - logged_nan_;
+  logged_skipped_ = s.skipped_iterations, logged_nan_ = s.nan_iterations;
   if (a_.log_throughput)
     L.tokens_per_sec_per_gpu = double(gbs * a_.seq_length) / per_iter / world_.size();
   log::info("{}", format_iteration_line(L));

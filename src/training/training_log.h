@@ -127,6 +127,9 @@ class TrainingLog {
   Timer interval_;
   double loss_ = 0, last_grad_norm_ = 0;
   int64_t iters_ = 0, advanced_ = 0;
+  // The run's skipped / NaN iteration counts at the last log line: the line shows this
+  // interval's (Megatron zeroes them after each line).
+  int64_t logged_skipped_ = 0, logged_nan_ = 0;
   std::vector<std::pair<std::string, double>> moe_sums_;  // ---- mixture of experts
   bool report_memory_ = true;
   std::map<std::string, comm::CommStats> comm_seen_;
