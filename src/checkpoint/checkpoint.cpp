@@ -214,6 +214,8 @@ json model_config_json(const model::TransformerConfig& c) {
           {"tp_size", c.tp_size}};
   if (c.moe.num_experts > 0) j["moe"] = moe_config_json(c.moe);  // mixture of experts
   if (c.qk_layernorm) j["qk_layernorm"] = true;  // --qk-layernorm (absent: off)
+  // --add-qkv-bias where it adds a tensor (without --disable-bias-linear it is implied).
+  if (c.qkv_bias() && !c.add_bias_linear) j["add_qkv_bias"] = true;
   return j;
 }
 
@@ -241,6 +243,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
   if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
   c.qk_layernorm = j.value("qk_layernorm", false);                    // --qk-layernorm
+  c.add_qkv_bias = j.value("add_qkv_bias", false);                    // --add-qkv-bias
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -272,6 +275,9 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
     diffs += fmt::format("\n  qk_layernorm: checkpoint {} vs this run {}",
                          saved.value("qk_layernorm", false), cur.qk_layernorm);
+  if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias
+    diffs += fmt::format("\n  add_qkv_bias: checkpoint {} vs this run {}",
+                         saved.value("add_qkv_bias", false), now.value("add_qkv_bias", false));
   // --apply-layernorm-1p changes what the stored norm weights mean (absent: false).
   if (saved.value("zero_centered_gamma", false) != cur.zero_centered_gamma)
     diffs += fmt::format("\n  zero_centered_gamma (--apply-layernorm-1p): checkpoint {} vs this "

@@ -89,15 +89,15 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string h = "model.layers." + std::to_string(l) + ".";
     e.push_back({L(l, "input_layernorm.weight"), h + "input_layernorm.weight", {}, false, true});
-    for (const char* suf : {"weight", "bias"}) {
-      if (std::string(suf) == "bias" && !bias) continue;
-      const std::string s = suf;
+    for (const std::string s : {"weight", "bias"}) {
+      if (s == "bias" && !c.qkv_bias()) continue;
       e.push_back(
           {L(l, "self_attention.linear_qkv." + s), h + "self_attn.q_proj." + s, qkv.q, false});
       e.push_back(
           {L(l, "self_attention.linear_qkv." + s), h + "self_attn.k_proj." + s, qkv.k, false});
       e.push_back(
           {L(l, "self_attention.linear_qkv." + s), h + "self_attn.v_proj." + s, qkv.v, false});
+      if (s == "bias" && !bias) continue;  // --add-qkv-bias (Qwen2): q/k/v_proj's biases alone
       e.push_back(
           {L(l, "self_attention.linear_proj." + s), h + "self_attn.o_proj." + s, {}, false});
       if (c.is_moe_layer(l)) continue;  // below
@@ -149,13 +149,105 @@ const char* torch_dtype(DType t) {
   }
 }
 
+// The dense model types that share Llama's tensor layout (hf.h).
+bool is_llama_like(const std::string& type) {
+  return type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3";
+}
+
+// Sliding-window attention (query i sees key j only when i - j < sliding_window) is not
+// implemented. A window at least max_position_embeddings long never applies (an imported
+// model trains and generates within that length), so it is accepted; a shorter one in any
+// layer is an error naming the field. Where the classes slide:
+//  * Mistral: every layer, by sliding_window (MistralConfig's default 4096 when absent);
+//  * Qwen2 / Qwen3: only with use_sliding_window, in the layers layer_types calls
+//    "sliding_attention" (without layer_types: layers >= max_window_layers, default 28), by
+//    sliding_window (default 4096).
+void check_full_attention(const json& j, const std::string& type, int64_t layers, int64_t max_pos) {
+  const bool mistral = type == "mistral";
+  const json use = j.value("use_sliding_window", json(false));
+  MCPP_CHECK_HINT(mistral || use.is_boolean(), "check config.json",
+                  "Hugging Face config.json ({}): use_sliding_window {} is not true or false", type,
+                  use.dump());
+  const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
+  int64_t sliding = layers;  // Mistral: every layer
+  if (!mistral) {
+    const json types = j.value("layer_types", json());
+    if (!types.is_null()) {
+      MCPP_CHECK_HINT(types.is_array() && int64_t(types.size()) == layers, "check config.json",
+                      "Hugging Face config.json ({}): layer_types {} is not a list of {} layer "
+                      "types",
+                      type, types.dump(), layers);
+      sliding = 0;
+      for (const json& t : types) {
+        MCPP_CHECK_HINT(t == "full_attention" || t == "sliding_attention",
+                        "megatron.cpp's layers are full (causal) attention layers",
+                        "Hugging Face config.json ({}): layer_types holds {}", type, t.dump());
+        sliding += t == "sliding_attention" ? 1 : 0;
+      }
+    } else {
+      const json first = j.value("max_window_layers", json(28));
+      MCPP_CHECK_HINT(first.is_number_integer() && first.get<int64_t>() >= 0, "check config.json",
+                      "Hugging Face config.json ({}): max_window_layers {} is not an integer >= 0",
+                      type, first.dump());
+      sliding = std::max<int64_t>(0, layers - first.get<int64_t>());
+    }
+    if (!use.get<bool>()) sliding = 0;
+  }
+  if (w.is_null() || sliding == 0) return;
+  MCPP_CHECK_HINT(w.is_number_integer() && w.get<int64_t>() >= 1, "check config.json",
+                  "Hugging Face config.json ({}): sliding_window {} is not a positive integer",
+                  type, w.dump());
+  MCPP_CHECK_HINT(w.get<int64_t>() >= max_pos,
+                  fmt::format("sliding-window attention is not implemented; a window at least "
+                              "max_position_embeddings long never applies: set "
+                              "max_position_embeddings to {} in config.json to use the model "
+                              "on sequences of up to {} tokens",
+                              w.get<int64_t>(), w.get<int64_t>()),
+                  "Hugging Face config.json ({}) has sliding_window {} in {} of its {} layers, "
+                  "shorter than max_position_embeddings {}",
+                  type, w.get<int64_t>(), sliding, layers, max_pos);
+}
+
 }  // namespace
 
 const char* hf_arch_name(HfArch a) {
-  return a == HfArch::Gpt2      ? "GPT2LMHeadModel"
-         : a == HfArch::Llama   ? "LlamaForCausalLM"
-         : a == HfArch::Mixtral ? "MixtralForCausalLM"
-                                : "Qwen3MoeForCausalLM";
+  switch (a) {
+    case HfArch::Gpt2:
+      return "GPT2LMHeadModel";
+    case HfArch::Llama:
+      return "LlamaForCausalLM";
+    case HfArch::Mixtral:
+      return "MixtralForCausalLM";
+    case HfArch::Qwen3Moe:
+      return "Qwen3MoeForCausalLM";
+    case HfArch::Qwen2:
+      return "Qwen2ForCausalLM";
+    case HfArch::Qwen3:
+      return "Qwen3ForCausalLM";
+    case HfArch::Mistral:
+      return "MistralForCausalLM";
+  }
+  return "?";
+}
+
+const char* hf_model_type(HfArch a) {
+  switch (a) {
+    case HfArch::Gpt2:
+      return "gpt2";
+    case HfArch::Llama:
+      return "llama";
+    case HfArch::Mixtral:
+      return "mixtral";
+    case HfArch::Qwen3Moe:
+      return "qwen3_moe";
+    case HfArch::Qwen2:
+      return "qwen2";
+    case HfArch::Qwen3:
+      return "qwen3";
+    case HfArch::Mistral:
+      return "mistral";
+  }
+  return "?";
 }
 
 HfArch hf_arch_of(const model::TransformerConfig& c) {
@@ -163,11 +255,9 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
   // (never a conversion that drops the experts, as Megatron-LM #5844's did).
   if (c.moe.num_experts > 0)
     return hf_moe::moe_arch_of(c) == hf_moe::MoeArch::Qwen3Moe ? HfArch::Qwen3Moe : HfArch::Mixtral;
-  MCPP_CHECK_HINT(!c.qk_layernorm,
-                  "export a MoE model (Qwen3MoeForCausalLM), or train without --qk-layernorm",
-                  "a dense model with --qk-layernorm (Qwen3ForCausalLM) has no Hugging Face "
-                  "mapping here yet");
   if (!c.rope && !c.rmsnorm && !c.swiglu) {
+    MCPP_CHECK_HINT(!c.qk_layernorm, "drop --qk-layernorm (Qwen3 is RoPE + RMSNorm + SwiGLU)",
+                    "GPT2LMHeadModel has no q/k norms (--qk-layernorm)");
     MCPP_CHECK_HINT(c.add_bias_linear && c.tie_embeddings,
                     "GPT-2 needs biases and tied embeddings (drop --disable-bias-linear and "
                     "--untie-embeddings-and-output-weights)",
@@ -188,11 +278,41 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
   MCPP_CHECK_HINT(c.rotary_percent == 1.0, "use --rotary-percent 1.0",
                   "LlamaForCausalLM rotates every head dimension, this model only {}",
                   c.rotary_percent);
+  // Qwen3: Llama + per-head q/k RMSNorm, no biases (its attention_bias would put biases on
+  // q/k/v/o_proj and none on the MLP, which no megatron.cpp switch expresses).
+  if (c.qk_layernorm) {
+    MCPP_CHECK_HINT(!c.qkv_bias(),
+                    "train the Qwen3-style model with --disable-bias-linear and without "
+                    "--add-qkv-bias",
+                    "a model with --qk-layernorm and linear biases ({}) has no Hugging Face "
+                    "equivalent (Qwen3ForCausalLM has none)",
+                    c.add_bias_linear ? "all of them" : "--add-qkv-bias");
+    return HfArch::Qwen3;
+  }
+  // Qwen2: Llama + biases on q/k/v_proj only (Megatron's --add-qkv-bias).
+  if (c.qkv_bias() && !c.add_bias_linear) return HfArch::Qwen2;
   return HfArch::Llama;
 }
 
-json hf_config(const model::TransformerConfig& c, DType dtype) {
+HfArch hf_export_arch(const model::TransformerConfig& c, const std::string& model_type) {
   const HfArch arch = hf_arch_of(c);
+  if (model_type.empty() || model_type == hf_model_type(arch)) return arch;
+  // MistralForCausalLM (without a sliding window) is LlamaForCausalLM without biases.
+  if (model_type == "mistral" && arch == HfArch::Llama) {
+    MCPP_CHECK_HINT(!c.add_bias_linear, "export it as llama (attention_bias, mlp_bias)",
+                    "MistralForCausalLM has no linear biases; this model has them");
+    return HfArch::Mistral;
+  }
+  MCPP_CHECK_HINT(false,
+                  fmt::format("export it as {}{}", hf_model_type(arch),
+                              arch == HfArch::Llama ? " or mistral" : ""),
+                  "this model maps to Hugging Face model_type '{}' ({}), not '{}'",
+                  hf_model_type(arch), hf_arch_name(arch), model_type);
+  return arch;
+}
+
+json hf_config(const model::TransformerConfig& c, DType dtype, const std::string& model_type) {
+  const HfArch arch = hf_export_arch(c, model_type);
   if (arch == HfArch::Gpt2)
     return {{"architectures", {"GPT2LMHeadModel"}},
             {"model_type", "gpt2"},
@@ -233,6 +353,19 @@ json hf_config(const model::TransformerConfig& c, DType dtype) {
             {"tie_word_embeddings", c.tie_embeddings},
             {"torch_dtype", torch_dtype(dtype)}};
   if (arch == HfArch::Mixtral || arch == HfArch::Qwen3Moe) hf_moe::to_moe_config(c, j);
+  if (arch == HfArch::Qwen2 || arch == HfArch::Qwen3 || arch == HfArch::Mistral) {
+    j["architectures"] = {hf_arch_name(arch)};
+    j["model_type"] = hf_model_type(arch);
+    // Qwen2's q/k/v biases and Mistral's none are fixed by the class; only Qwen3 (whose
+    // attention_bias is false here) reads attention_bias, and none of them mlp_bias.
+    j.erase("mlp_bias");
+    if (arch != HfArch::Qwen3) j.erase("attention_bias");
+    j["sliding_window"] = nullptr;  // full attention in every layer
+    if (arch != HfArch::Mistral) {
+      j["use_sliding_window"] = false;
+      j["max_window_layers"] = c.num_layers;
+    }
+  }
   return j;
 }
 
@@ -294,15 +427,19 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.hidden_dropout = j.value("resid_pdrop", 0.1);
       c.attention_dropout = j.value("attn_pdrop", 0.1);
       c.init_method_std = j.value("initializer_range", 0.02);
-    } else if (type == "llama" || hf_moe::is_moe_model_type(type)) {  // MoE: + hf_moe.h
+    } else if (is_llama_like(type) || hf_moe::is_moe_model_type(type)) {  // MoE: + hf_moe.h
       c.num_layers = size("num_hidden_layers"), c.hidden_size = size("hidden_size");
       c.num_attention_heads = size("num_attention_heads");
       c.num_query_groups = opt_size("num_key_value_heads", c.num_attention_heads);
       divides(c.num_attention_heads, c.num_query_groups, "num_attention_heads",
               "num_key_value_heads");
-      if (!j.contains("head_dim") || j["head_dim"].is_null())
+      // Qwen3Config's head_dim defaults to 128; the others' to hidden_size / heads.
+      const bool hd_given = j.contains("head_dim") && !j["head_dim"].is_null();
+      if (!hd_given && type != "qwen3")
         divides(c.hidden_size, c.num_attention_heads, "hidden_size", "num_attention_heads");
-      c.kv_channels = opt_size("head_dim", c.hidden_size / c.num_attention_heads);
+      c.kv_channels = hd_given          ? size("head_dim")
+                      : type == "qwen3" ? 128
+                                        : c.hidden_size / c.num_attention_heads;
       c.ffn_hidden_size = size("intermediate_size");
       c.max_position_embeddings = size("max_position_embeddings");
       c.seq_length = c.max_position_embeddings;
@@ -311,20 +448,39 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       // transformers 4.x: rope_theta; 5.x: rope_parameters. Each class's own default.
       c.rotary_base = hf_moe::rope_theta_from_hf(j, type, type == "mixtral" ? 1e6 : 1e4);
       const std::string act = j.value("hidden_act", "silu");
-      MCPP_CHECK(act == "silu", "Llama hidden_act '{}' is not supported (only silu)", act);
+      MCPP_CHECK_HINT(act == "silu", "megatron.cpp's SwiGLU gates with silu",
+                      "Hugging Face config.json ({}): hidden_act '{}' is not supported (only "
+                      "silu)",
+                      type, act);
       const bool ab = j.value("attention_bias", false), mb = j.value("mlp_bias", false);
-      MCPP_CHECK_HINT(ab == mb, "megatron.cpp has one switch for all linear biases",
-                      "config.json has attention_bias {} but mlp_bias {}", ab, mb);
-      c.add_bias_linear = ab;
+      if (type == "qwen2") {  // q/k/v_proj always have biases, o_proj and the MLP none
+        c.add_bias_linear = false, c.add_qkv_bias = true;
+      } else if (type == "mistral") {  // no biases (MistralConfig has no bias fields)
+        c.add_bias_linear = false;
+      } else if (type == "qwen3") {  // attention_bias: q/k/v/o_proj; the MLP never has one
+        MCPP_CHECK_HINT(!ab,
+                        "megatron.cpp has biases on q/k/v alone (--add-qkv-bias) or on every "
+                        "linear layer, not on the attention's four alone",
+                        "Hugging Face config.json (qwen3) has attention_bias true");
+        c.add_bias_linear = false;
+      } else {
+        MCPP_CHECK_HINT(ab == mb, "megatron.cpp has one switch for all linear biases",
+                        "config.json has attention_bias {} but mlp_bias {}", ab, mb);
+        c.add_bias_linear = ab;
+      }
+      c.qk_layernorm = type == "qwen3";  // q_norm / k_norm (qwen3_moe: moe_config_from_hf)
       c.tie_embeddings = j.value("tie_word_embeddings", false);
       c.hidden_dropout = 0.0;
       c.attention_dropout = j.value("attention_dropout", 0.0);
       c.init_method_std = j.value("initializer_range", 0.02);
-      if (type != "llama") hf_moe::moe_config_from_hf(j, type, c);
+      if (hf_moe::is_moe_model_type(type))
+        hf_moe::moe_config_from_hf(j, type, c);
+      else if (type != "llama")
+        check_full_attention(j, type, c.num_layers, c.max_position_embeddings);
     } else {
       MCPP_FAIL(
-          "Hugging Face model_type '{}' is not supported (gpt2, llama, mixtral and "
-          "qwen3_moe are)",
+          "Hugging Face model_type '{}' is not supported (gpt2, llama, mistral, qwen2, qwen3, "
+          "mixtral and qwen3_moe are)",
           type);
     }
     const int64_t v = size("vocab_size");
@@ -424,14 +580,16 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
 }
 
 void export_hf(const std::string& out_dir, const model::TransformerConfig& c,
-               const model::ParamStore& ps, DType dtype) {
+               const model::ParamStore& ps, DType dtype, const std::string& model_type) {
+  (void)hf_export_arch(c, model_type);  // a model_type that does not fit: before any file
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   MCPP_CHECK(!ec, "cannot create {}: {}", out_dir, ec.message());
   auto tensors = to_hf_tensors(c, ps, dtype);
   // "format": "pt" is what transformers expects in a safetensors file's metadata.
   save_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_file_durable((fs::path(out_dir) / "config.json").string(), hf_config(c, dtype).dump(2));
+  write_file_durable((fs::path(out_dir) / "config.json").string(),
+                     hf_config(c, dtype, model_type).dump(2));
 }
 
 json read_hf_config(const std::string& hf_dir) {

@@ -1,6 +1,8 @@
 // Hugging Face exchange: a TP=1 ParamStore <-> a Hugging Face model folder
-// (model.safetensors + config.json) in the GPT2LMHeadModel or LlamaForCausalLM layout, or
-// for mixture-of-experts models MixtralForCausalLM or Qwen3MoeForCausalLM (hf_moe.h).
+// (model.safetensors + config.json) in the GPT2LMHeadModel layout or Llama's, which
+// LlamaForCausalLM, MistralForCausalLM (no sliding window), Qwen2ForCausalLM (+ q/k/v biases:
+// --add-qkv-bias) and Qwen3ForCausalLM (+ per-head q/k RMSNorm: --qk-layernorm) share; for
+// mixture-of-experts models MixtralForCausalLM or Qwen3MoeForCausalLM (hf_moe.h).
 //
 // Layout conversions (docs/checkpoint.md has the full table):
 //  * GPT-2 uses Conv1D, whose weights are stored [in, out]: every linear is transposed.
@@ -8,6 +10,8 @@
 //    rows per query group [q_g0 .. q_g(r-1), k_g, v_g] per group: rows are permuted.
 //  * Llama's q_proj / k_proj / v_proj are the same three row sets of the grouped QKV, kept
 //    [out, in]; gate_proj / up_proj are the halves of SwiGLU's linear_fc1 [gate; up].
+//    Qwen2's q/k/v_proj biases are the same row sets of linear_qkv.bias; Qwen3's
+//    self_attn.q_norm / k_norm [HD] are self_attention.q_layernorm / k_layernorm.
 //  * RoPE: HF Llama rotates with rotate_half (dims i and i + HD/2 form a pair, inv_freq =
 //    theta^(-2i/HD)), exactly Megatron's default non-interleaved RoPE, which is ours
 //    (src/ops/cpu/rope.cpp). So q/k rows need no permutation. The permutation seen in HF's
@@ -28,17 +32,28 @@
 
 namespace mcpp::checkpoint {
 
-enum class HfArch { Gpt2, Llama, Mixtral, Qwen3Moe };
-// "GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"
+enum class HfArch { Gpt2, Llama, Mixtral, Qwen3Moe, Qwen2, Qwen3, Mistral };
+// "GPT2LMHeadModel", "LlamaForCausalLM", ..., "MistralForCausalLM"
 const char* hf_arch_name(HfArch a);
-// The HF architecture a model maps to; an mcpp::Error naming the feature when it fits neither
+// "gpt2", "llama", "mixtral", "qwen3_moe", "qwen2", "qwen3", "mistral" (config.json's model_type)
+const char* hf_model_type(HfArch a);
+// The HF architecture a model maps to; an mcpp::Error naming the feature when it fits none
 // (e.g. GPT-2 needs LayerNorm, GELU, biases, learned positions, tied embeddings, no GQA).
+// Llama-style models: Qwen3 with --qk-layernorm, Qwen2 with --add-qkv-bias alone, else Llama.
 HfArch hf_arch_of(const model::TransformerConfig& c);
+// The architecture to export as: hf_arch_of(c) for an empty model_type, or the model_type
+// asked for where it computes the same function ("mistral" for a Llama without biases); an
+// mcpp::Error naming the types that fit otherwise.
+HfArch hf_export_arch(const model::TransformerConfig& c, const std::string& model_type);
 
-// config.json for the model (vocab_size = padded vocab, torch_dtype of `dtype`).
-nlohmann::json hf_config(const model::TransformerConfig& c, DType dtype = DType::F32);
-// A TransformerConfig from an HF config.json (GPT-2 or Llama); the vocabulary is padded to a
-// multiple of make_vocab_size_divisible_by (pass 1 to keep vocab_size as it is).
+// config.json for the model (vocab_size = padded vocab, torch_dtype of `dtype`) as
+// hf_export_arch(c, model_type).
+nlohmann::json hf_config(const model::TransformerConfig& c, DType dtype = DType::F32,
+                         const std::string& model_type = "");
+// A TransformerConfig from an HF config.json (any model_type above); the vocabulary is padded
+// to a multiple of make_vocab_size_divisible_by (pass 1 to keep vocab_size as it is). A field
+// that changes the function and has no megatron.cpp equivalent (a sliding window shorter than
+// max_position_embeddings, RoPE scaling, Qwen3's attention_bias, ...) is an error naming it.
 model::TransformerConfig model_config_from_hf(const nlohmann::json& config,
                                               int64_t make_vocab_size_divisible_by = 128);
 
@@ -52,8 +67,10 @@ void from_hf_tensors(const model::TransformerConfig& c,
                      const std::map<std::string, Tensor>& tensors, model::ParamStore& params);
 
 // Writes out_dir/model.safetensors and out_dir/config.json (each written atomically).
+// model_type: as hf_config's.
 void export_hf(const std::string& out_dir, const model::TransformerConfig& c,
-               const model::ParamStore& params, DType dtype = DType::F32);
+               const model::ParamStore& params, DType dtype = DType::F32,
+               const std::string& model_type = "");
 // Reads config.json's tensors from hf_dir (model.safetensors, or the shards listed in
 // model.safetensors.index.json) into params (TP=1, built from model_config_from_hf or flags).
 void import_hf(const std::string& hf_dir, const model::TransformerConfig& c,

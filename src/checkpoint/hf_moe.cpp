@@ -172,7 +172,8 @@ MoeArch moe_arch_of(const model::TransformerConfig& c) {
   need(m.shared_ffn_hidden_size == 0, "shared experts (--moe-shared-expert-intermediate-size)",
        "it has routed experts only");
   need(m.capacity_factor == 0, "token dropping (--moe-expert-capacity-factor)", "it is dropless");
-  need(!c.add_bias_linear, "linear biases", "it has no biases (--disable-bias-linear)");
+  need(!c.qkv_bias(), "linear biases",
+       "it has no biases (--disable-bias-linear, no --add-qkv-bias)");
   return qwen ? MoeArch::Qwen3Moe : MoeArch::Mixtral;
 }
 

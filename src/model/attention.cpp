@@ -35,8 +35,8 @@ void rope_rows(bool backward, const Tensor& in, Tensor& out, const TransformerCo
 void Attention::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size, NHD = c.num_attention_heads * c.kv_channels;
   ColumnParallelLinear::add_params(c, prefix(layer, "self_attention.linear_qkv"), layer,
-                                   c.qkv_width(), H, TpSplit::Rows, c.init_method_std,
-                                   c.add_bias_linear, params);
+                                   c.qkv_width(), H, TpSplit::Rows, c.init_method_std, c.qkv_bias(),
+                                   params);
   RowParallelLinear::add_params(c, prefix(layer, "self_attention.linear_proj"), layer, H, NHD,
                                 output_init_std(c), c.add_bias_linear, params);
   if (c.qk_layernorm)  // Megatron-Core's names; norm weights: ones (zeros under 1p), no decay

@@ -34,6 +34,7 @@ struct TransformerConfig {
   bool qk_layernorm = false;             // --qk-layernorm: RMSNorm of each q / k head (qk_norm.h)
   bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
   bool add_bias_linear = true;           // !--disable-bias-linear
+  bool add_qkv_bias = false;             // --add-qkv-bias: linear_qkv's bias alone (qkv_bias())
   double hidden_dropout = 0.1;           // --hidden-dropout
   double attention_dropout = 0.1;        // --attention-dropout
   double init_method_std = 0.02;         // --init-method-std
@@ -129,6 +130,8 @@ struct TransformerConfig {
   int64_t moe_ffn_local() const { return moe.ffn_hidden_size / moe_etp(); }
   int64_t moe_fc1_width_local() const { return (swiglu ? 2 : 1) * moe_ffn_local(); }
 
+  // Megatron's SelfAttention: linear_qkv has a bias with add_bias_linear or add_qkv_bias.
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   int64_t heads_per_group() const { return num_attention_heads / num_query_groups; }
   int64_t local_heads() const { return num_attention_heads / tp_size; }
   int64_t local_groups() const { return num_query_groups / tp_size; }

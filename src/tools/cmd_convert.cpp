@@ -32,20 +32,25 @@ using namespace mcpp;
 
 const char* kUsage =
     "usage: megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype DTYPE]\n"
+    "                        [--hf-model-type TYPE]\n"
     "                        [--vocab-file F --merge-file F | --tokenizer-model F]\n"
     "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n"
     "       megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] [--no-load-optim]\n"
     "                        --save DIR\n\n"
-    "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel or\n"
-    "                    LlamaForCausalLM, chosen from the model's architecture)\n"
+    "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel,\n"
+    "                    LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,\n"
+    "                    MixtralForCausalLM or Qwen3MoeForCausalLM, chosen from the model's\n"
+    "                    architecture)\n"
+    "  --hf-model-type TYPE  with --to-hf: mistral writes a Llama-style model without biases\n"
+    "                    as MistralForCausalLM (default: the type the architecture maps to)\n"
     "  --vocab-file, --merge-file, --tokenizer-model, --tokenizer-type\n"
     "                    the tokenizer files to export beside the weights (Hugging Face names);\n"
     "                    default: the files the checkpoint carries (stored by --from-hf); the\n"
     "                    paths a checkpoint records are never followed: an untrusted\n"
     "                    checkpoint could name any local file\n"
     "  --hf-dtype        float32 (default), bfloat16 or float16\n"
-    "  --from-hf HF_DIR  read a GPT-2, Llama, Mixtral or Qwen3-MoE folder (config.json +\n"
-    "                    safetensors) and save it\n"
+    "  --from-hf HF_DIR  read a GPT-2, Llama, Mistral, Qwen2, Qwen3, Mixtral or Qwen3-MoE\n"
+    "                    folder (config.json + safetensors) and save it\n"
     "                    as iteration 0 of a megatron.cpp checkpoint in --save, with the\n"
     "                    folder's tokenizer files inside it\n"
     "  --make-vocab-size-divisible-by N   vocabulary padding on import (default 128)\n"
@@ -203,18 +208,12 @@ int run_convert(const std::vector<std::string>& argv) {
       f[a] = "1";
       continue;
     }
-    static const char* known[] = {"--load",
-                                  "--ckpt-step",
-                                  "--to-hf",
-                                  "--hf-dtype",
-                                  "--from-hf",
-                                  "--from-megatron",
-                                  "--save",
-                                  "--make-vocab-size-divisible-by",
-                                  "--tokenizer-type",
-                                  "--vocab-file",
-                                  "--merge-file",
-                                  "--tokenizer-model"};
+    static const char* known[] = {
+        "--load",           "--ckpt-step",     "--to-hf",
+        "--hf-dtype",       "--hf-model-type", "--from-hf",
+        "--from-megatron",  "--save",          "--make-vocab-size-divisible-by",
+        "--tokenizer-type", "--vocab-file",    "--merge-file",
+        "--tokenizer-model"};
     bool ok = false;
     for (const char* k : known) ok |= a == k;
     megatron_convert_py_flag(a);  // Megatron's tools/checkpoint/convert.py: name the equivalent
@@ -230,8 +229,9 @@ int run_convert(const std::vector<std::string>& argv) {
                   "megatron convert: --no-load-optim applies to --from-megatron only");
   if (from_megatron) {
     MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-megatron needs --save DIR");
-    for (const char* k : {"--load", "--hf-dtype", "--make-vocab-size-divisible-by",
-                          "--tokenizer-type", "--vocab-file", "--merge-file", "--tokenizer-model"})
+    for (const char* k :
+         {"--load", "--hf-dtype", "--hf-model-type", "--make-vocab-size-divisible-by",
+          "--tokenizer-type", "--vocab-file", "--merge-file", "--tokenizer-model"})
       MCPP_CHECK_HINT(!f.count(k), kUsage,
                       "megatron convert --from-megatron does not take {} (the model and its "
                       "vocabulary padding come from the Megatron checkpoint's args)",
@@ -272,12 +272,13 @@ int run_convert(const std::vector<std::string>& argv) {
     auto w = checkpoint::load_model_weights(f["--load"], step);
     const model::TransformerConfig& cfg = w.config;
     const auto& st = w.state;
-    checkpoint::export_hf(f["--to-hf"], cfg, w.params, dt);
+    const std::string type = f.count("--hf-model-type") ? f["--hf-model-type"] : "";
+    checkpoint::export_hf(f["--to-hf"], cfg, w.params, dt, type);
     export_tokenizer_files(st.config, f, f["--to-hf"], cfg.max_position_embeddings,
                            checkpoint::checkpoint_tokenizer(
                                w.metadata.value("__iter_dir", f["--load"]), w.metadata));
     log::info("exported iteration {} of {} as {} to {}", st.iteration, f["--load"],
-              checkpoint::hf_arch_name(checkpoint::hf_arch_of(cfg)), f["--to-hf"]);
+              checkpoint::hf_arch_name(checkpoint::hf_export_arch(cfg, type)), f["--to-hf"]);
     log::info("wrote {}", checkpoint::size_and_rate(
                               checkpoint::tree_bytes(f["--to-hf"]),
                               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -285,6 +286,9 @@ int run_convert(const std::vector<std::string>& argv) {
     return 0;
   }
   MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-hf needs --save DIR");
+  MCPP_CHECK_HINT(!f.count("--hf-model-type"), kUsage,
+                  "megatron convert --from-hf reads the model_type of the folder's config.json; "
+                  "--hf-model-type is for --to-hf");
   const int64_t div =
       f.count("--make-vocab-size-divisible-by")
           ? to_int("--make-vocab-size-divisible-by", f["--make-vocab-size-divisible-by"])

@@ -69,6 +69,7 @@ struct Args {
   bool swiglu = false;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // --disable-bias-linear sets false
+  bool add_qkv_bias = false;    // validate_args: True under add_bias_linear, as Megatron's
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   double init_method_std = 0.02;

@@ -104,6 +104,7 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   force("untie_embeddings_and_output_weights", a.untie_embeddings_and_output_weights,
         !c.tie_embeddings, py(!c.tie_embeddings));
   force("add_bias_linear", a.add_bias_linear, c.add_bias_linear, py(c.add_bias_linear));
+  force("add_qkv_bias", a.add_qkv_bias, c.qkv_bias(), py(c.qkv_bias()));
   force("layernorm_zero_centered_gamma", a.layernorm_zero_centered_gamma, c.zero_centered_gamma,
         py(c.zero_centered_gamma));
   force("hidden_dropout", a.hidden_dropout, c.hidden_dropout, python_float(c.hidden_dropout));

@@ -222,6 +222,9 @@ void validate_model(Args& a) {
     a.kv_channels = a.hidden_size / a.num_attention_heads;
   }
   if (!a.group_query_attention) a.num_query_groups = a.num_attention_heads;
+  // Megatron keeps the bias switches in sync: every linear's bias includes linear_qkv's, so
+  // --add-qkv-bias without --disable-bias-linear changes nothing (and is no error).
+  if (a.add_bias_linear) a.add_qkv_bias = true;
   MCPP_CHECK_HINT(a.num_attention_heads % a.num_query_groups == 0,
                   "choose --num-query-groups as a divisor of --num-attention-heads",
                   "--num-attention-heads {} is not divisible by --num-query-groups {}",

@@ -40,7 +40,8 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 }
 
 // family "gpt": LayerNorm, GELU, biases, learned positions, tied; "llama": RMSNorm, SwiGLU,
-// GQA (4 heads, 2 groups), RoPE, untied, no biases.
+// GQA (4 heads, 2 groups), RoPE, untied, no biases; "qwen2": llama + linear_qkv's bias alone
+// (--add-qkv-bias).
 inline model::TransformerConfig tiny_config(const std::string& family, int64_t tp_size = 1,
                                             int64_t tp_rank = 0, DType dt = DType::F32) {
   model::TransformerConfig c;
@@ -53,6 +54,7 @@ inline model::TransformerConfig tiny_config(const std::string& family, int64_t t
   } else {
     c.num_query_groups = 2, c.ffn_hidden_size = 24, c.rope = true;
     c.rmsnorm = true, c.swiglu = true, c.tie_embeddings = false, c.add_bias_linear = false;
+    c.add_qkv_bias = family == "qwen2";
   }
   return c;
 }

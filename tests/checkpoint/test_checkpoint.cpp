@@ -131,6 +131,38 @@ TEST(Checkpoint, ReshardGptTp2ToTp1) { reshard("gpt", 2, 1); }
 TEST(Checkpoint, ReshardGptTp2ToTp4) { reshard("gpt", 2, 4); }
 TEST(Checkpoint, ReshardLlamaTp1ToTp2) { reshard("llama", 1, 2); }
 TEST(Checkpoint, ReshardLlamaTp2ToTp1) { reshard("llama", 2, 1); }
+// --add-qkv-bias: linear_qkv.bias splits by query group like the weight.
+TEST(Checkpoint, ReshardQkvBiasTp2ToTp1) { reshard("qwen2", 2, 1); }
+TEST(Checkpoint, ReshardQkvBiasTp1ToTp2) { reshard("qwen2", 1, 2); }
+
+// The metadata records --add-qkv-bias where it adds a tensor (absent otherwise, so older
+// checkpoints and GPT-2's, whose every linear has a bias, read as before); a model without
+// it refuses the checkpoint, naming the field.
+TEST(Checkpoint, QkvBiasInMetadata) {
+  auto q = tiny_config("qwen2");
+  EXPECT_EQ(ck::model_config_json(q).at("add_qkv_bias"), true);
+  auto g = tiny_config("gpt");
+  g.add_qkv_bias = true;  // implied by add_bias_linear: not recorded
+  EXPECT_FALSE(ck::model_config_json(g).contains("add_qkv_bias"));
+  EXPECT_FALSE(ck::model_config_json(tiny_config("llama")).contains("add_qkv_bias"));
+
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("qwen2", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(10));
+  auto md = ck::read_metadata(dir);
+  EXPECT_TRUE(md["tensors"].contains("decoder.layers.1.self_attention.linear_qkv.bias"));
+  const auto back = ck::model_config_from_metadata(md);
+  EXPECT_TRUE(back.add_qkv_bias && !back.add_bias_linear);
+  Rank l = make_rank("llama", 1, 0, false);
+  try {
+    ck::load_checkpoint(dir, std::nullopt, *l.m, l.opt.get());
+    FAIL() << "a model without --add-qkv-bias loaded it";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add_qkv_bias: checkpoint true vs this run false"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(Checkpoint, Tp2WritesDuplicatedTensorsOnce) {
   const std::string dir = scratch_dir();

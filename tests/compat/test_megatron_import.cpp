@@ -352,6 +352,71 @@ TEST(MegatronImport, TorchDistMissingOrTruncatedShardFileIsAnError) {
   EXPECT_NE(m.find("lie outside"), std::string::npos) << m;
 }
 
+// Megatron's args as an argparse.Namespace: the Llama-style model of tiny_config, with
+// add_bias_linear / add_qkv_bias as given (a missing one: absent from args).
+mg::ValuePtr llama_args(std::optional<bool> add_bias_linear, std::optional<bool> add_qkv_bias) {
+  using K = mg::Value::Kind;
+  auto ns = std::make_shared<mg::Value>();
+  ns->kind = K::Object, ns->s = "argparse.Namespace";
+  auto put = [&](const std::string& k, auto set) {
+    auto key = std::make_shared<mg::Value>(), v = std::make_shared<mg::Value>();
+    key->kind = K::Str, key->s = k;
+    set(*v);
+    ns->entries.emplace_back(key, v);
+  };
+  auto num = [&](const std::string& k, int64_t x) {
+    put(k, [&](mg::Value& v) { v.kind = K::Int, v.i = x; });
+  };
+  auto flag = [&](const std::string& k, bool b) {
+    put(k, [&](mg::Value& v) { v.kind = K::Bool, v.b = b; });
+  };
+  auto str = [&](const std::string& k, const std::string& s) {
+    put(k, [&](mg::Value& v) { v.kind = K::Str, v.s = s; });
+  };
+  num("num_layers", 2), num("hidden_size", 16), num("num_attention_heads", 4);
+  num("ffn_hidden_size", 24), num("kv_channels", 4), num("num_query_groups", 2);
+  num("seq_length", 8), num("max_position_embeddings", 12), num("padded_vocab_size", 64);
+  flag("group_query_attention", true), flag("swiglu", true);
+  flag("untie_embeddings_and_output_weights", true);
+  str("normalization", "RMSNorm"), str("position_embedding_type", "rope");
+  if (add_bias_linear) flag("add_bias_linear", *add_bias_linear);
+  if (add_qkv_bias) flag("add_qkv_bias", *add_qkv_bias);
+  return ns;
+}
+
+// args.add_qkv_bias (Megatron's --add-qkv-bias) with add_bias_linear False: linear_qkv.bias
+// is a parameter of the imported model, merged and checked like every other.
+TEST(MegatronImport, AddQkvBiasArgs) {
+  std::vector<std::string> notes;
+  auto c = mg::config_from_args(*llama_args(false, true), "args", notes);
+  EXPECT_TRUE(c.add_qkv_bias);
+  EXPECT_FALSE(c.add_bias_linear);
+  EXPECT_TRUE(c.qkv_bias());
+  mg::Imported im;
+  im.config = c;
+  model::GPTModel m(c);
+  for (const auto& p : m.params().infos()) im.tensors[p.name] = m.params().param(p.name).clone();
+  EXPECT_TRUE(im.tensors.count("decoder.layers.1.self_attention.linear_qkv.bias"));
+  EXPECT_NO_THROW(mg::check_against_model(im, "ckpt"));
+  // The same tensors under args without it: the bias has no counterpart.
+  im.config = mg::config_from_args(*llama_args(false, false), "args", notes);
+  EXPECT_FALSE(im.config.qkv_bias());
+  try {
+    mg::check_against_model(im, "ckpt");
+    FAIL() << "an unexpected linear_qkv.bias was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_qkv.bias' has no counterpart"), std::string::npos)
+        << e.what();
+  }
+  // Without the bias tensor where args ask for it: missing.
+  im.config = c;
+  im.tensors.erase("decoder.layers.0.self_attention.linear_qkv.bias");
+  EXPECT_THROW(mg::check_against_model(im, "ckpt"), Error);
+  // Older args without the field: no QKV bias unless every linear has one.
+  EXPECT_FALSE(mg::config_from_args(*llama_args(false, std::nullopt), "args", notes).qkv_bias());
+  EXPECT_TRUE(mg::config_from_args(*llama_args(true, std::nullopt), "args", notes).qkv_bias());
+}
+
 TEST(MegatronImport, InspectDescribesTheCheckpoint) {
   auto lines = mg::describe(*mg::detect(fixture("llama_legacy")));
   std::string all;

@@ -1,5 +1,6 @@
-// The two tiny models of the golden tests (GPT-2 style and Llama style), their
-// batch, and the perturbed weights that make every parameter matter.
+// The tiny models of the golden tests (GPT-2 style and Llama style; the Hugging Face golden
+// check adds Qwen2, Qwen3 and Mistral variants of the Llama one), their batch, and the
+// perturbed weights that make every parameter matter.
 #pragma once
 #include <string>
 
@@ -18,6 +19,15 @@ inline model::TransformerConfig golden_config(const std::string& family, DType d
   } else {  // llama
     c.num_query_groups = 2, c.ffn_hidden_size = 24, c.rope = true, c.rotary_base = 10000;
     c.rmsnorm = true, c.swiglu = true, c.tie_embeddings = false, c.add_bias_linear = false;
+    if (family == "qwen2") {  // q/k/v biases (--add-qkv-bias), tied, Qwen's RoPE base
+      c.add_qkv_bias = true, c.tie_embeddings = true, c.rotary_base = 1e6;
+    } else if (family == "qwen3") {  // q/k norms, head_dim != hidden / heads
+      c.qk_layernorm = true, c.kv_channels = 8, c.norm_epsilon = 1e-6, c.rotary_base = 1e6;
+    } else if (family == "mistral") {  // multi-query attention
+      c.num_query_groups = 1, c.rotary_base = 1e6;
+    } else {
+      MCPP_CHECK(family == "llama", "golden_config: unknown family {}", family);
+    }
   }
   return c;
 }

@@ -1,7 +1,8 @@
 // The key oracle of generation: greedy decoding with the KV cache produces exactly the
 // tokens of argmax decoding that recomputes the training model's full forward every step,
 // and the cached logits equal the full-forward logits, for both model families and both
-// CPU dtypes; batched lock-step decoding and the prefill's all-position logits too.
+// CPU dtypes (and Llama with --add-qkv-bias); batched lock-step decoding and the prefill's
+// all-position logits too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@ namespace {
 struct Case {
   bool llama;
   DType dt;
+  bool qkv_bias = false;  // Llama + --add-qkv-bias (Qwen2): the bias in the folded QKV GEMV
 };
 
 class CachedVsFull : public ::testing::TestWithParam<Case> {};
@@ -37,8 +39,9 @@ int64_t argmax(const std::vector<double>& x) {
 double tol(DType dt) { return dt == DType::F64 ? 1e-12 : 1e-5; }
 
 TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
-  const auto [llama, dt] = GetParam();
+  const auto [llama, dt, qkv_bias] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
   inference::Generator gen(m.params(), cfg);
@@ -70,8 +73,9 @@ TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
 }
 
 TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
-  const auto [llama, dt] = GetParam();
+  const auto [llama, dt, qkv_bias] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
   inference::Generator gen(m.params(), cfg);
@@ -99,8 +103,9 @@ TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
 }
 
 TEST_P(CachedVsFull, GenerateGreedyEqualsRecompute) {
-  const auto [llama, dt] = GetParam();
+  const auto [llama, dt, qkv_bias] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
   inference::Generator gen(m.params(), cfg);
@@ -131,9 +136,11 @@ TEST_P(CachedVsFull, GenerateGreedyEqualsRecompute) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CachedVsFull,
                          ::testing::Values(Case{false, DType::F64}, Case{false, DType::F32},
-                                           Case{true, DType::F64}, Case{true, DType::F32}),
+                                           Case{true, DType::F64}, Case{true, DType::F32},
+                                           Case{true, DType::F32, true}),
                          [](const auto& i) {
-                           return std::string(i.param.llama ? "Llama" : "GPT2") + "_" +
+                           return std::string(i.param.llama ? "Llama" : "GPT2") +
+                                  (i.param.qkv_bias ? "QkvBias" : "") + "_" +
                                   std::string(dtype_name(i.param.dt));
                          });
 

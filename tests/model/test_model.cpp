@@ -40,8 +40,7 @@ void perturb(model::ParamStore& ps) {
   }
 }
 
-void fd_check(bool llama, int layers, double dropout) {
-  auto cfg = tiny(llama, layers, dropout);
+void fd_check(const TransformerConfig& cfg) {
   GPTModel m(cfg);
   perturb(m.params());
   auto mb = batch(2, cfg.seq_length, 13, 11);
@@ -73,6 +72,7 @@ void fd_check(bool llama, int layers, double dropout) {
   }
   EXPECT_EQ(checked, 4 * int(ps.infos().size()));
 }
+void fd_check(bool llama, int layers, double dropout) { fd_check(tiny(llama, layers, dropout)); }
 
 }  // namespace
 
@@ -80,6 +80,33 @@ TEST(ModelGrad, GptOneLayerFiniteDifferences) { fd_check(false, 1, 0.0); }
 TEST(ModelGrad, GptFiniteDifferencesWithDropout) { fd_check(false, 2, 0.2); }
 TEST(ModelGrad, LlamaOneLayerFiniteDifferences) { fd_check(true, 1, 0.0); }
 TEST(ModelGrad, LlamaFiniteDifferencesWithDropout) { fd_check(true, 2, 0.2); }
+
+// --add-qkv-bias with --disable-bias-linear (Qwen2): linear_qkv [QKVW] gets a bias, zero at
+// init as Megatron's, and no other linear does; its gradient against finite differences.
+TEST(ModelGrad, QkvBiasAloneFiniteDifferences) {
+  auto cfg = tiny(true, 2, 0.2);
+  cfg.add_qkv_bias = true;
+  {
+    GPTModel m(cfg);
+    std::vector<std::string> biases;
+    for (const auto& p : m.params().infos())
+      if (p.name.ends_with(".bias")) biases.push_back(p.name);
+    ASSERT_EQ(biases.size(), 2u);  // one per layer
+    EXPECT_EQ(biases[0], "decoder.layers.0.self_attention.linear_qkv.bias");
+    const auto& info = m.params().info(biases[1]);
+    EXPECT_EQ(info.global_shape, (Shape{cfg.qkv_width()}));
+    EXPECT_EQ(info.init, model::Init::Zeros);
+    EXPECT_FALSE(info.weight_decay);
+    Tensor b = m.params().param(biases[1]);
+    for (int64_t e = 0; e < b.numel(); ++e) ASSERT_EQ(b.data<double>()[e], 0.0);
+  }
+  fd_check(cfg);
+  cfg.add_bias_linear = true;  // implied: the same parameters as plain biases
+  GPTModel a(cfg);
+  cfg.add_qkv_bias = false;
+  GPTModel b(cfg);
+  EXPECT_EQ(a.params().infos().size(), b.params().infos().size());
+}
 
 // The same global batch, as one micro-batch of 4 or two of 2: same token losses
 // and same accumulated gradients (dropout masks keyed by the global sample index).

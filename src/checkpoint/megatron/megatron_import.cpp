@@ -201,8 +201,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   c.rotary_percent = f64("rotary_percent", 1.0);
   c.tie_embeddings = !flag("untie_embeddings_and_output_weights", false);
   c.add_bias_linear = flag("add_bias_linear", true);
-  unsupported(flag("add_qkv_bias", c.add_bias_linear) != c.add_bias_linear,
-              "a QKV bias without the other linear biases (--add-qkv-bias)");
+  c.add_qkv_bias = flag("add_qkv_bias", false);  // linear_qkv.bias with add_bias_linear False
   c.hidden_dropout = f64("hidden_dropout", 0.1);
   c.attention_dropout = f64("attention_dropout", 0.1);
   c.init_method_std = f64("init_method_std", 0.02);
