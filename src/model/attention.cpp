@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "model/qk_norm.h"
 #include "ops/ops.h"
 
 namespace mcpp::model {
@@ -39,11 +38,19 @@ void Attention::add_params(const TransformerConfig& c, int layer, std::vector<Pa
                                    params);
   RowParallelLinear::add_params(c, prefix(layer, "self_attention.linear_proj"), layer, H, NHD,
                                 output_init_std(c), c.add_bias_linear, params);
-  if (c.qk_layernorm)  // Megatron-Core's names; norm weights: ones (zeros under 1p), no decay
-    for (const char* n : {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"})
-      params.push_back(make_param(prefix(layer, n), {c.kv_channels}, TpSplit::None,
-                                  c.zero_centered_gamma ? Init::Zeros : Init::Ones, 0, false, layer,
-                                  c.tp_size));
+  // Megatron-Core's names; norm weights: ones (zeros under 1p), no decay. Each TP rank
+  // normalises its own heads with the shared [HD] weights: their gradients are partial sums
+  // over TP, with or without SP (finalize_model_grads all-reduces them, as Megatron's
+  // _allreduce_non_tensor_model_parallel_grads does for q_layernorm / k_layernorm).
+  if (c.qk_layernorm)
+    for (const char* n :
+         {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"}) {
+      ParamInfo p = make_param(prefix(layer, n), {c.kv_channels}, TpSplit::None,
+                               c.zero_centered_gamma ? Init::Zeros : Init::Ones, 0, false, layer,
+                               c.tp_size);
+      p.tp_partial = c.tp_size > 1;
+      params.push_back(std::move(p));
+    }
 }
 
 Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* store)
@@ -54,14 +61,14 @@ Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* st
       proj_(store, prefix(layer, "self_attention.linear_proj.weight"),
             prefix(layer, "self_attention.linear_proj.bias")) {
   if (!c.qk_layernorm) return;
-  // The q/k norm weights see only this rank's heads: TP > 1 would need their gradients summed
-  // over TP, and the op has no CUDA kernel yet (validate_qk_layernorm.cpp says so at start-up).
-  MCPP_CHECK_HINT(c.tp_size == 1 && c.device == Device::CPU,
-                  "drop --qk-layernorm, or run it on the CPU with --tensor-model-parallel-size 1",
-                  "--qk-layernorm is implemented for TP 1 on the CPU only (TP {}, {})", c.tp_size,
-                  c.device == Device::CPU ? "CPU" : "CUDA");
   q_norm_ = ParamStore::view(store, prefix(layer, "self_attention.q_layernorm.weight"));
   k_norm_ = ParamStore::view(store, prefix(layer, "self_attention.k_layernorm.weight"));
+}
+
+void Attention::qk_norm_forward(const Tensor& in, Tensor& out, const StepContext& cx) const {
+  const TransformerConfig& c = *cfg_;
+  ops::qk_norm_forward(in, q_norm_.w, k_norm_.w, c.heads_per_group(), c.norm_epsilon,
+                       c.zero_centered_gamma, out, cx.stream());
 }
 
 void Attention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
@@ -86,7 +93,7 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
   const auto& c = *cfg_;
   if (c.qk_layernorm) {
     qkv_.forward(x, s.qkv_in, s.qk_in, ws, cx);
-    qk_norm_forward(c, s.qk_in, q_norm_.w, k_norm_.w, s.qkv);
+    qk_norm_forward(s.qk_in, s.qkv, cx);
   } else {
     qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
   }
@@ -110,7 +117,7 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
   } else {
     qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
   }
-  if (c.qk_layernorm) qk_norm_forward(c, s.qkv, q_norm_.w, k_norm_.w, s.qkv);
+  if (c.qk_layernorm) qk_norm_forward(s.qkv, s.qkv, cx);
   // A decode step: RoPE at each row's position, the cache append and the attention in one op
   // (rope_decode + attention_kv_cache_forward; on the GPU one kernel for the usual head shapes).
   const bool decode_step = c.rope && cx.S == 1 && cx.pos_dev.defined();
@@ -150,7 +157,8 @@ void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx
   core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
   if (c.rope) rope_rows(true, ws.dqkv, ws.dqkv, c, cx);
   if (c.qk_layernorm)
-    qk_norm_backward(c, s.qk_in, q_norm_.w, k_norm_.w, ws.dqkv, q_norm_.g, k_norm_.g);
+    ops::qk_norm_backward(s.qk_in, q_norm_.w, k_norm_.w, c.heads_per_group(), c.norm_epsilon,
+                          c.zero_centered_gamma, ws.dqkv, q_norm_.g, k_norm_.g, cx.stream());
   qkv_.backward(ws.dqkv, x, s.qkv_in, dx, ws, cx);
 }
 

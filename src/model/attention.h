@@ -59,6 +59,8 @@ class Attention {
   CoreAttention core_;
   RowParallelLinear proj_;
   ParamView q_norm_, k_norm_;  // --qk-layernorm: [HD] each
+  // qkv [T, QKVW] -> out (may alias in): the q/k norms (ops::qk_norm_forward).
+  void qk_norm_forward(const Tensor& in, Tensor& out, const StepContext& cx) const;
 };
 
 }  // namespace mcpp::model

@@ -31,7 +31,7 @@ struct TransformerConfig {
   double norm_epsilon = 1e-5;            // --norm-epsilon
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
-  bool qk_layernorm = false;             // --qk-layernorm: RMSNorm of each q / k head (qk_norm.h)
+  bool qk_layernorm = false;             // --qk-layernorm: per-head q/k RMSNorm (ops::qk_norm_*)
   bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
   bool add_bias_linear = true;           // !--disable-bias-linear
   bool add_qkv_bias = false;             // --add-qkv-bias: linear_qkv's bias alone (qkv_bias())

@@ -46,6 +46,9 @@ struct ParamInfo {
   // never inferred from the name. (Row-parallel biases are added after the reduction and
   // their gradients are complete: false.)
   bool sequence_parallel = false;
+  // Its gradient is a partial sum over TP whatever --sequence-parallel (the q/k norm weights,
+  // which each TP rank applies to its own heads): finalize_model_grads all-reduces it over TP.
+  bool tp_partial = false;
   GradGroup grad_group = GradGroup::Dense;
   int expert = -1;  // expert index (EP), -1 for dense parameters
   // Its rank in the group it is split over when that is not the TP group (experts under

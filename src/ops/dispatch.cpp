@@ -86,6 +86,14 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
                       Tensor& dx, bool acc, Tensor& dw, Stream& s) {
   MCPP_DISPATCH(rmsnorm_backward, dy, x, w, rstd, dx, acc, dw, s);
 }
+void qk_norm_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, int64_t r, double eps,
+                     bool one_plus, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(qk_norm_forward, x, wq, wk, r, eps, one_plus, y, s);
+}
+void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, int64_t r, double eps,
+                      bool one_plus, Tensor& dqkv, Tensor& dwq, Tensor& dwk, Stream& s) {
+  MCPP_DISPATCH(qk_norm_backward, x, wq, wk, r, eps, one_plus, dqkv, dwq, dwk, s);
+}
 void gelu_forward(const Tensor& x, Tensor& y, Stream& s) { MCPP_DISPATCH(gelu_forward, x, y, s); }
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   MCPP_DISPATCH(gelu_backward, dy, x, dx, s);

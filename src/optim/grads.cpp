@@ -19,7 +19,8 @@ std::vector<parallel::GradParam> grad_params(const model::ParamStore& params,
       parallel::embedding_group_params(ps, names, std::span<const bool>(dup.get(), infos.size()));
   std::vector<parallel::GradParam> out;
   for (size_t i = 0; i < infos.size(); ++i)
-    out.push_back({infos[i].offset, infos[i].numel(), infos[i].sequence_parallel, shared[i]});
+    out.push_back({infos[i].offset, infos[i].numel(), infos[i].sequence_parallel,
+                   infos[i].tp_partial, shared[i]});
   return out;
 }
 

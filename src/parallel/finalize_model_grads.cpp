@@ -29,12 +29,14 @@ void finalize_model_grads(const ParallelState& ps, std::span<const GradParam> pa
   timer(true);
   dp.finish(st);
   timer(false);
-  if (o.sequence_parallel && ps.tp().size() > 1)
-    for (const ShardSegment& s : segments)
-      if (params[s.param].sequence_parallel) {
+  if (ps.tp().size() > 1)
+    for (const ShardSegment& s : segments) {
+      const GradParam& p = params[s.param];
+      if ((o.sequence_parallel && p.sequence_parallel) || p.tp_partial) {
         Tensor g = opt_grads.narrow(s.shard, s.len);
         ps.tp().all_reduce(g, comm::ReduceOp::Sum, st);
       }
+    }
 }
 
 std::vector<bool> embedding_group_params(const ParallelState& ps,

@@ -33,6 +33,7 @@ namespace mcpp::parallel {
 struct GradParam {
   int64_t offset = 0, numel = 0;   // its gradient in the flat buffer
   bool sequence_parallel = false;  // a partial sum over TP under --sequence-parallel
+  bool tp_partial = false;         // a partial sum over TP always
   bool embedding_group = false;    // summed over the embedding group (a tied weight's copies)
 };
 

@@ -304,7 +304,7 @@ struct Args {
   // empty for a dense model. The single aux-loss coefficient and type.
   std::vector<int64_t> moe_layer_pattern;
   double moe_aux_loss_coeff_value = 0.0;
-  // ---- q/k layernorm (validate_qk_layernorm.cpp; model/qk_norm.h)
+  // ---- q/k layernorm (validate_qk_layernorm.cpp; ops::qk_norm_forward)
   bool qk_layernorm = false;
 };
 

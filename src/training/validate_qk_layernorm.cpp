@@ -1,6 +1,7 @@
-// --qk-layernorm (model/qk_norm.h): Megatron's RMSNorm of every query and key head before
-// RoPE, implemented here for RMSNorm models at TP 1 on the CPU. Everything else it could
-// combine with is a start-up error naming the flag (never a flag accepted and ignored).
+// --qk-layernorm (ops::qk_norm_forward): Megatron's RMSNorm of every query and key head before
+// RoPE, on the CPU and CUDA, at any TP (the norm weights' gradients are summed over TP) and CP
+// (the norm is per token). The LayerNorm form is a start-up error naming the flag (never a
+// flag accepted and ignored).
 #include "base/error.h"
 #include "training/arguments.h"
 
@@ -13,14 +14,6 @@ void validate_qk_layernorm(const Args& a) {
                   "--qk-layernorm with --normalization {}: the LayerNorm form (with a bias) is "
                   "not implemented yet",
                   a.normalization);
-  // Each TP rank normalises its own heads with the shared [HD] weights: their gradients
-  // would have to be summed over TP, which no reduction does yet.
-  MCPP_CHECK_HINT(a.tensor_model_parallel_size == 1, "train with --tensor-model-parallel-size 1",
-                  "--qk-layernorm with --tensor-model-parallel-size {} is not implemented yet",
-                  a.tensor_model_parallel_size);
-  MCPP_CHECK_HINT(a.device != "cuda" && !a.bf16 && !a.fp16, "run on the CPU (--device cpu, f32)",
-                  "--qk-layernorm has no CUDA kernel yet (--device {}{}{})", a.device,
-                  a.bf16 ? ", --bf16" : "", a.fp16 ? ", --fp16" : "");
 }
 
 }  // namespace mcpp::training

@@ -22,7 +22,9 @@ namespace {
 constexpr int64_t kB = 2, kS = 80, kVocab = 120;
 
 // qkv_bias: Llama with --add-qkv-bias (Qwen2's q/k/v biases, no other linear bias).
-TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv_bias = false) {
+// qk_norm: Llama with --qk-layernorm (Qwen3's per-head q/k RMSNorm).
+TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv_bias = false,
+                      bool qk_norm = false) {
   TransformerConfig c;
   c.num_layers = 2, c.kv_channels = 64, c.seq_length = kS, c.max_position_embeddings = 96;
   c.padded_vocab_size = 128, c.hidden_dropout = dropout, c.attention_dropout = dropout;
@@ -31,6 +33,7 @@ TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv
     c.hidden_size = 256, c.num_attention_heads = 4, c.num_query_groups = 2;
     c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
     c.tie_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = qkv_bias;
+    c.qk_layernorm = qk_norm;
   } else {
     c.hidden_size = 128, c.num_attention_heads = 2, c.num_query_groups = 2;
     c.ffn_hidden_size = 512;
@@ -76,12 +79,14 @@ double masked_tokens(const model::MicroBatch& mb) {
 }
 
 void compare_step(bool llama, DType dt, double dropout, double tol_logits, double tol_grad,
-                  bool qkv_bias = false) {
+                  bool qkv_bias = false, bool qk_norm = false) {
   MCPP_REQUIRE_GPU();
-  GPTModel cm(cfg(llama, Device::CPU, DType::F32, dropout, qkv_bias));
-  GPTModel gm(cfg(llama, Device::CUDA, dt, dropout, qkv_bias));
-  // perturb() makes the zero-initialised QKV bias non-zero, so its add and gradient count.
+  GPTModel cm(cfg(llama, Device::CPU, DType::F32, dropout, qkv_bias, qk_norm));
+  GPTModel gm(cfg(llama, Device::CUDA, dt, dropout, qkv_bias, qk_norm));
+  // perturb() makes the zero-initialised QKV bias non-zero, so its add and gradient count
+  // (and moves the q/k norm weights off 1).
   EXPECT_EQ(gm.params().has("decoder.layers.0.self_attention.linear_qkv.bias"), qkv_bias);
+  EXPECT_EQ(gm.params().has("decoder.layers.0.self_attention.q_layernorm.weight"), qk_norm);
   perturb(cm.params());
   sync_params(cm, gm);
   auto mb = batch(17);
@@ -90,7 +95,8 @@ void compare_step(bool llama, DType dt, double dropout, double tol_logits, doubl
   cm.params().zero_grads(), gm.params().zero_grads();
   const double lc = cm.forward(mb, k), lg = gm.forward(mb, k);
   SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt") << " " << dtype_name(dt)
-                                    << " dropout " << dropout << (qkv_bias ? " qkv bias" : ""));
+                                    << " dropout " << dropout << (qkv_bias ? " qkv bias" : "")
+                                    << (qk_norm ? " qk norm" : ""));
   EXPECT_NEAR(lg, lc, tol_logits * std::abs(lc)) << "loss sum";
   EXPECT_LE(rel_err(to_cpu(gm.logits()), cm.logits()), tol_logits) << "logits";
   const double inv = 1.0 / masked_tokens(mb);
@@ -147,6 +153,14 @@ TEST(GpuModel, LlamaF16CloseToCpu) { compare_step(true, DType::F16, 0.0, 1e-2, 3
 TEST(GpuModel, LlamaQkvBiasF32MatchesCpu) { compare_step(true, DType::F32, 0.1, 1e-5, 1e-4, true); }
 TEST(GpuModel, LlamaQkvBiasBf16CloseToCpu) {
   compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2, true);
+}
+// --qk-layernorm (Qwen3's layout): the per-head q/k RMSNorm kernels and their weight
+// gradients, f32 with dropout and bf16.
+TEST(GpuModel, LlamaQkNormF32MatchesCpu) {
+  compare_step(true, DType::F32, 0.1, 1e-5, 1e-4, false, true);
+}
+TEST(GpuModel, LlamaQkNormBf16CloseToCpu) {
+  compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2, false, true);
 }
 
 // --recompute-modules layernorm and mlp on the GPU: the norms' outputs and the dense fc1's

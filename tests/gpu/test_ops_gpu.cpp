@@ -204,6 +204,68 @@ TEST_P(GpuOp, RMSNormForwardBackward) {
   EXPECT_CLOSE(gdw, dw, dt() == DType::F32 ? DType::F32 : DType::F16);
 }
 
+// --qk-layernorm's per-head RMSNorm against the CPU op: HD 64 and 128, r = 1 and r = 4 (GQA),
+// with and without 1p, weights in the activation dtype or f32. Forward out of place and in
+// place (value heads passed through); backward in place, dwq and dwk accumulated in f32.
+TEST_P(GpuOp, QkNormForwardBackward) {
+  const int64_t T = 37, NG = 2;
+  const DType gt = dt() == DType::F32 ? DType::F32 : DType::F16;  // for f32 gradients
+  for (int64_t HD : {64, 128})
+    for (int64_t r : {1, 4})
+      for (bool one_plus : {false, true}) {
+        const int64_t W = NG * (r + 2) * HD;
+        const uint64_t seed = 300 + uint64_t(HD + 10 * r + one_plus);
+        const std::string what = "HD=" + std::to_string(HD) + " r=" + std::to_string(r) +
+                                 (one_plus ? " 1p" : "");
+        Tensor x = rand_in({T, W}, seed, dt(), -2.f, 3.f), wq = rand_in({HD}, seed + 1, dt()),
+               wk = rand_in({HD}, seed + 2, dt());
+        Tensor y = Tensor::empty({T, W}, DType::F32);
+        cpu::qk_norm_forward(x, wq, wk, r, 1e-6, one_plus, y, CS());
+        const DType wt = one_plus ? DType::F32 : dt();
+        Tensor gx = to_gpu(x, dt()), gwq = to_gpu(wq, wt), gwk = to_gpu(wk, wt);
+        Tensor gy = gpu_nan({T, W}, dt());
+        gpu::qk_norm_forward(gx, gwq, gwk, r, 1e-6, one_plus, gy, GS());
+        EXPECT_CLOSE(gy, y, dt()) << what;
+        Tensor gi = to_gpu(x, dt());
+        gpu::qk_norm_forward(gi, gwq, gwk, r, 1e-6, one_plus, gi, GS());
+        EXPECT_CLOSE(gi, y, dt()) << what << " in place";
+
+        Tensor dx = rand_in({T, W}, seed + 3, dt());  // dL/dy in, dL/dx out
+        Tensor dwq = rand_f32({HD}, seed + 4), dwk = rand_f32({HD}, seed + 5);
+        Tensor gdx = to_gpu(dx, dt()), gdwq = to_gpu(dwq, DType::F32),
+               gdwk = to_gpu(dwk, DType::F32);
+        gpu::qk_norm_backward(gx, gwq, gwk, r, 1e-6, one_plus, gdx, gdwq, gdwk, GS());
+        cpu::qk_norm_backward(x, wq, wk, r, 1e-6, one_plus, dx, dwq, dwk, CS());
+        EXPECT_CLOSE(gdx, dx, dt()) << what;
+        EXPECT_CLOSE(gdwq, dwq, gt) << what;
+        EXPECT_CLOSE(gdwk, dwk, gt) << what;
+      }
+}
+
+// dwq and dwk from per-block partial sums added in a fixed order: two runs give the same bits
+// (rows spread over every block of the grid many times).
+TEST_P(GpuOp, QkNormBackwardBitwiseReproducible) {
+  const int64_t T = 4096, NG = 2, r = 4, HD = 128, W = NG * (r + 2) * HD;
+  Tensor x = rand_in({T, W}, 400, dt(), -2.f, 3.f), wq = rand_in({HD}, 401, dt()),
+         wk = rand_in({HD}, 402, dt()), dy = rand_in({T, W}, 403, dt());
+  Tensor gx = to_gpu(x, dt()), gwq = to_gpu(wq, dt()), gwk = to_gpu(wk, dt());
+  Tensor dq[2], dk[2];
+  for (int run = 0; run < 2; ++run) {
+    Tensor gdx = to_gpu(dy, dt());
+    Tensor gdwq = to_gpu(Tensor::zeros({HD}, DType::F32), DType::F32);
+    Tensor gdwk = to_gpu(Tensor::zeros({HD}, DType::F32), DType::F32);
+    gpu::qk_norm_backward(gx, gwq, gwk, r, 1e-6, false, gdx, gdwq, gdwk, GS());
+    dq[run] = to_cpu(gdwq), dk[run] = to_cpu(gdwk);
+  }
+  EXPECT_EQ(std::memcmp(dq[0].raw(), dq[1].raw(), HD * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(dk[0].raw(), dk[1].raw(), HD * sizeof(float)), 0);
+  Tensor dwq = Tensor::zeros({HD}, DType::F32), dwk = Tensor::zeros({HD}, DType::F32);
+  cpu::qk_norm_backward(x, wq, wk, r, 1e-6, false, dy, dwq, dwk, CS());
+  const DType gt = dt() == DType::F32 ? DType::F32 : DType::F16;
+  EXPECT_LE(rel_err(dq[0], dwq), tol(gt));
+  EXPECT_LE(rel_err(dk[0], dwk), tol(gt));
+}
+
 // The shapes of the 16-byte-vector kernels: one warp a row (H = 768), then 2 to 16 warps a row
 // (H = 2048 to 12288; the largest stream in f32), row counts that leave the last row group of
 // a block partly empty, dx written and accumulated.
