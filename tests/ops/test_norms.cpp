@@ -54,6 +54,38 @@ TEST(RMSNorm, GradientsMatchFiniteDifferences) {
   EXPECT_LT(rel_err(dx, gx), kGradTol);
 }
 
+// --qk-layernorm's per-head RMSNorm: T = 3 rows of NG = 2 groups of r = 2 query heads, a key
+// head and a value head, HD = 5. Gradients (+= into dwq, dwk) against central differences,
+// with and without 1p; value heads pass through both ways; y may alias x.
+TEST(QkNorm, GradientsMatchFiniteDifferences) {
+  const int64_t T = 3, NG = 2, r = 2, HD = 5, W = NG * (r + 2) * HD;
+  for (bool one_plus : {false, true}) {
+    Tensor x = randn({T, W}, 11, 1.5), wq = randn({HD}, 12), wk = randn({HD}, 13);
+    Tensor rr = randn({T, W}, 14), y = Tensor::empty({T, W}, DType::F64);
+    auto L = [&] {
+      cpu::qk_norm_forward(x, wq, wk, r, 1e-6, one_plus, y, S());
+      return dot(rr, y);
+    };
+    L();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < NG; ++g)
+        for (int64_t d = 0; d < HD; ++d) {  // the value head: y = x
+          const int64_t i = t * W + (g * (r + 2) + r + 1) * HD + d;
+          EXPECT_EQ(y.data<double>()[i], x.data<double>()[i]);
+        }
+    Tensor in_place = x.clone();
+    cpu::qk_norm_forward(in_place, wq, wk, r, 1e-6, one_plus, in_place, S());
+    EXPECT_EQ(max_abs_diff(in_place, y), 0.0);
+    Tensor dwq0 = randn({HD}, 15), dwk0 = randn({HD}, 16);
+    Tensor dx = rr.clone(), dwq = dwq0.clone(), dwk = dwk0.clone();
+    cpu::qk_norm_backward(x, wq, wk, r, 1e-6, one_plus, dx, dwq, dwk, S());
+    Tensor gx = numeric_grad(x, L), gq = numeric_grad(wq, L), gk = numeric_grad(wk, L);
+    EXPECT_LT(rel_err(dx, gx), kGradTol) << one_plus;
+    EXPECT_LT(rel_err(dwq, plus(dwq0, gq)), kGradTol) << one_plus;
+    EXPECT_LT(rel_err(dwk, plus(dwk0, gk)), kGradTol) << one_plus;
+  }
+}
+
 // Large enough to run multi-threaded; f32 results within loose tolerance of f64.
 TEST(Norms, F32MatchesF64) {
   const int64_t T = 300, H = 256;
