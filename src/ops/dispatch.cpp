@@ -185,13 +185,13 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
                                 Stream& s) {
   MCPP_DISPATCH(attention_kv_cache_forward, qkv, d, pos, sc, k_cache, v_cache, out, s);
 }
-void rope_forward(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
+void rope_forward(const Tensor& in, const AttentionDims& d, int64_t rot, const RopeFreqs& freqs,
                   int64_t off, Tensor& out, Stream& s) {
-  MCPP_DISPATCH(rope_forward, in, d, rot, base, off, out, s);
+  MCPP_DISPATCH(rope_forward, in, d, rot, freqs, off, out, s);
 }
-void rope_backward(const Tensor& dout, const AttentionDims& d, int64_t rot, double base,
+void rope_backward(const Tensor& dout, const AttentionDims& d, int64_t rot, const RopeFreqs& freqs,
                    int64_t off, Tensor& din, Stream& s) {
-  MCPP_DISPATCH(rope_backward, dout, d, rot, base, off, din, s);
+  MCPP_DISPATCH(rope_backward, dout, d, rot, freqs, off, din, s);
 }
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor& model_param,
                 const AdamWParams& p, Stream& s) {
@@ -219,9 +219,9 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
                          Tensor& out, Tensor& lse, Stream& s) {
   MCPP_DISPATCH(attention_lse_merge, out_i, lse_i, d, out, lse, s);
 }
-void rope_positions(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
+void rope_positions(const Tensor& in, const AttentionDims& d, int64_t rot, const RopeFreqs& freqs,
                     const Tensor& positions, bool inverse, Tensor& out, Stream& s) {
-  MCPP_DISPATCH(rope_positions, in, d, rot, base, positions, inverse, out, s);
+  MCPP_DISPATCH(rope_positions, in, d, rot, freqs, positions, inverse, out, s);
 }
 // ---- FP8
 void fp8_quantize(const Tensor& x, Fp8Format fmt, const Tensor& scale, Tensor& y, Stream& s) {
@@ -330,9 +330,9 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
                       const Tensor& k_cache, const Tensor& v_cache, Tensor& out, Stream& s) {
   MCPP_DISPATCH(decode_attention, qkv, d, pos, sc, k_cache, v_cache, out, s);
 }
-void rope_decode(const Tensor& in, const AttentionDims& d, int64_t rot, double base,
+void rope_decode(const Tensor& in, const AttentionDims& d, int64_t rot, const RopeFreqs& freqs,
                  const Tensor& pos, Tensor& out, Stream& s) {
-  MCPP_DISPATCH(rope_decode, in, d, rot, base, pos, out, s);
+  MCPP_DISPATCH(rope_decode, in, d, rot, freqs, pos, out, s);
 }
 void argmax_rows(const Tensor& logits, int64_t V, Tensor& ids, Stream& s) {
   MCPP_DISPATCH(argmax_rows, logits, V, ids, s);
@@ -350,10 +350,10 @@ void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor
                            Tensor& fc1, Tensor& y, Stream& s) {
   MCPP_DISPATCH_SHAPED(rmsnorm_linear_decode, w, x, nw, eps, xn, rstd, w, b, swiglu, fc1, y, s);
 }
-void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot, double base,
+void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot, const RopeFreqs& freqs,
                            const Tensor& pos, double sc, Tensor& k_cache, Tensor& v_cache,
                            Tensor& out, Stream& s, std::span<const Tensor* const> l2_next) {
-  MCPP_DISPATCH(rope_attention_decode, qkv, d, rot, base, pos, sc, k_cache, v_cache, out, s,
+  MCPP_DISPATCH(rope_attention_decode, qkv, d, rot, freqs, pos, sc, k_cache, v_cache, out, s,
                 l2_next);
 }
 void attention_prefill(const Tensor& qkv, const AttentionDims& d, double sc, Tensor& k_cache,

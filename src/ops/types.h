@@ -129,6 +129,22 @@ inline int64_t cudnn_attention_bwd_workspace_bytes(int64_t B, int64_t NH, int64_
                                                   S_kv);
 }
 
+// RoPE's frequencies, as the rope ops take them: inv_freq_i = base^(-2i / rot_dim) for rotary
+// pair i < rot_dim / 2; with `scaled`, rescaled by wavelength as Llama 3.x does (Megatron's
+// --use-rope-scaling, Hugging Face's rope_type "llama3"; ops/rope_math.h has the formula).
+// A bare base converts to plain RoPE, so a caller without scaling passes its base as before.
+struct RopeFreqs {
+  double base = 10000;
+  bool scaled = false;
+  double factor = 8;                      // the longest wavelengths' divisor
+  double low_freq_factor = 1;             // wavelengths above original / low: divided by factor
+  double high_freq_factor = 4;            // wavelengths below original / high: unchanged
+  int64_t original_max_positions = 8192;  // the context the unscaled model was trained for
+  RopeFreqs() = default;
+  RopeFreqs(double b) : base(b) {}  // NOLINT(google-explicit-constructor): plain RoPE
+  bool operator==(const RopeFreqs&) const = default;
+};
+
 struct AdamWParams {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;  // 1-based step number, for bias correction

@@ -2,8 +2,10 @@
 // bf16 activations (f16 where it is cheap), forward and backward.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -752,6 +754,96 @@ TEST_P(GpuOp, RopeForwardBackward) {
     gpu::rope_backward(gin, d, rot, 10000.0, 1000, gin, GS());  // in place
     EXPECT_CLOSE(gin, din, dt());
   }
+}
+
+// Llama 3.x RoPE scaling on every CUDA path that forms RoPE angles -- rope_forward /
+// rope_backward (the training table), rope_positions, rope_decode, rope_attention_decode
+// (the fused group kernel with and without its angle table, and the rotate-and-append
+// kernel of head shapes without a group instance) -- against the CPU ops. Each case first
+// checks that the CPU's scaled rotation is far from the plain one, so a path that dropped
+// the scaling fails. The decode cases run plain RoPE of the same rot_dim first: the angle
+// table cached for it must not be reused for the scaled frequencies.
+TEST_P(GpuOp, RopeScalingMatchesCpu) {
+  // Llama-3.2-1B's scaling for the training ops at positions past its original context; for
+  // the decode ops (caches of 300 rows) a 256-token original context, so that positions
+  // below 300 cross all three regions of the 32 rotary pairs.
+  ops::RopeFreqs llama(500000.0), small(10000.0);
+  llama.scaled = small.scaled = true;
+  llama.factor = 32, llama.original_max_positions = 8192;
+  small.factor = 8, small.original_max_positions = 256;
+  auto far = [&](const Tensor& a, const Tensor& b) { EXPECT_GT(rel_err(a, b), 0.1); };
+  {
+    ops::AttentionDims d;
+    d.S = 50, d.B = 2, d.NH = 6, d.NG = 2, d.HD = 64;
+    const Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 121, dt());
+    for (int64_t rot : {int64_t(64), int64_t(32)}) {
+      SCOPED_TRACE(::testing::Message() << "rot " << rot);
+      Tensor out = Tensor::empty(qkv.shape(), DType::F32), plain = out.clone();
+      cpu::rope_forward(qkv, d, rot, llama, 20000, out, CS());
+      cpu::rope_forward(qkv, d, rot, 500000.0, 20000, plain, CS());
+      far(out, plain);
+      Tensor gout = gpu_nan(qkv.shape(), dt());
+      gpu::rope_forward(to_gpu(qkv, dt()), d, rot, llama, 20000, gout, GS());
+      EXPECT_CLOSE(gout, out, dt());
+      Tensor din = Tensor::empty(qkv.shape(), DType::F32);
+      cpu::rope_backward(qkv, d, rot, llama, 20000, din, CS());
+      Tensor gin = to_gpu(qkv, dt());
+      gpu::rope_backward(gin, d, rot, llama, 20000, gin, GS());
+      EXPECT_CLOSE(gin, din, dt());
+      Tensor pos = Tensor::empty({d.S, d.B}, DType::I64);
+      for (int64_t k = 0; k < d.S * d.B; ++k) pos.data<int64_t>()[k] = (k * 977) % 30000;
+      const Tensor gpos = to_gpu(pos, DType::I64);
+      for (bool inverse : {false, true}) {
+        Tensor ref = Tensor::empty(qkv.shape(), DType::F32);
+        cpu::rope_positions(qkv, d, rot, llama, pos, inverse, ref, CS());
+        Tensor g = gpu_nan(qkv.shape(), dt());
+        gpu::rope_positions(to_gpu(qkv, dt()), d, rot, llama, gpos, inverse, g, GS());
+        EXPECT_CLOSE(g, ref, dt()) << (inverse ? "rope_positions inverse" : "rope_positions");
+      }
+    }
+  }
+  // Decode: (NH, NG, HD, rot) with a group kernel instance (G 4, HD 64), whole and partial
+  // rotary dims, and without one (G 3, HD 80); the fused kernel with its table and without.
+  for (auto [NH, NG, HD, rot] : {std::tuple{32, 8, 64, 64}, {32, 8, 64, 32}, {6, 2, 80, 80}})
+    for (const char* table : {"1", "0"}) {
+      SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD
+                                        << " rot=" << rot << " MCPP_DECODE_ROPE_TABLE=" << table);
+      ASSERT_EQ(setenv("MCPP_DECODE_ROPE_TABLE", table, 1), 0);
+      ops::AttentionDims d;
+      d.S = 1, d.B = 4, d.NH = NH, d.NG = NG, d.HD = HD;
+      const int64_t Tmax = 300;
+      const Shape cache{d.B, Tmax, d.NG, d.HD};
+      const Tensor kc = rand_in(cache, 122, dt(), -2.f, 2.f), vc = rand_in(cache, 123, dt());
+      const Tensor qkv = rand_in({1, d.B, d.qkv_width()}, 124, dt(), -2.f, 2.f);
+      Tensor pos = Tensor::empty({d.B}, DType::I64);
+      const int64_t p[] = {3, 120, 250, Tmax - 1};
+      for (int64_t b = 0; b < d.B; ++b) pos.data<int64_t>()[b] = p[b];
+      const Tensor gpos = to_gpu(pos, DType::I64);
+      const double scale = 1.0 / std::sqrt(double(HD));
+      for (const ops::RopeFreqs& f : {ops::RopeFreqs(10000.0), small}) {
+        SCOPED_TRACE(f.scaled ? "scaled" : "plain");
+        Tensor rq = Tensor::empty(qkv.shape(), DType::F32);
+        cpu::rope_decode(qkv, d, rot, f, pos, rq, CS());
+        if (f.scaled) {
+          Tensor plain = rq.clone();
+          cpu::rope_decode(qkv, d, rot, 10000.0, pos, plain, CS());
+          far(rq, plain);
+        }
+        Tensor grq = gpu_nan(qkv.shape(), dt());
+        gpu::rope_decode(to_gpu(qkv, dt()), d, rot, f, gpos, grq, GS());
+        EXPECT_CLOSE(grq, rq, dt()) << "rope_decode";
+        Tensor q2 = qkv.clone(), kc2 = kc.clone(), vc2 = vc.clone();
+        Tensor out = Tensor::empty({1, d.B, d.NH * d.HD}, DType::F32);
+        cpu::rope_attention_decode(q2, d, rot, f, pos, scale, kc2, vc2, out, CS());
+        Tensor gq = to_gpu(qkv, dt()), gk = to_gpu(kc, dt()), gv = to_gpu(vc, dt());
+        Tensor gout = gpu_nan(out.shape(), dt());
+        gpu::rope_attention_decode(gq, d, rot, f, gpos, scale, gk, gv, gout, GS());
+        EXPECT_CLOSE(gout, out, dt()) << "rope_attention_decode";
+        EXPECT_CLOSE(gk, kc2, dt()) << "k_cache";
+        EXPECT_CLOSE(gv, vc2, dt()) << "v_cache";
+      }
+    }
+  unsetenv("MCPP_DECODE_ROPE_TABLE");
 }
 
 // ---- optimizer ----------------------------------------------------------------------

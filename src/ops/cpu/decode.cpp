@@ -88,8 +88,8 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   });
 }
 
-void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
-                 const Tensor& pos, Tensor& qkv_out, Stream& s) {
+void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,
+                 const RopeFreqs& freqs, const Tensor& pos, Tensor& qkv_out, Stream& s) {
   Check c{"rope_decode"};
   c.stream(s);
   MCPP_CHECK(d.S == 1, "rope_decode: one row per sequence (S = 1), got S={}", d.S);
@@ -104,7 +104,7 @@ void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, 
   for (int64_t b = 0; b < d.B; ++b) {
     const Tensor in = qkv_in.view({d.B, W}).narrow(b, 1);
     Tensor out = qkv_out.view({d.B, W}).narrow(b, 1);
-    cpu::rope_forward(in, d1, rot_dim, base, pos.data<int64_t>()[b], out, s);
+    cpu::rope_forward(in, d1, rot_dim, freqs, pos.data<int64_t>()[b], out, s);
   }
 }
 
@@ -155,11 +155,11 @@ void rmsnorm_linear_decode(const Tensor& x, const Tensor& nw, double eps, Tensor
     cpu::linear_decode(xn, w, b, Tensor(), y, s);
 }
 
-void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
-                           const Tensor& pos, double softmax_scale, Tensor& k_cache,
-                           Tensor& v_cache, Tensor& out, Stream& s,
+void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
+                           const RopeFreqs& freqs, const Tensor& pos, double softmax_scale,
+                           Tensor& k_cache, Tensor& v_cache, Tensor& out, Stream& s,
                            std::span<const Tensor* const> /*l2_next: a GPU cache hint*/) {
-  cpu::rope_decode(qkv, d, rot_dim, base, pos, qkv, s);
+  cpu::rope_decode(qkv, d, rot_dim, freqs, pos, qkv, s);
   cpu::attention_kv_cache_forward(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }
 

@@ -4,7 +4,8 @@
 //   qkv_in, qkv_out [S, B, NG, NH/NG + 2, HD]  linear_qkv's grouped layout   (=)
 //
 // For each query and key head, with half = rot_dim / 2, position t = s + s_offset and
-// angle_i = t * base^(-2i / rot_dim), i < half:
+// angle_i = t * inv_freq_i, i < half (inv_freq_i = base^(-2i / rot_dim), Llama 3.x-scaled
+// when freqs.scaled: ops/rope_math.h):
 //   out[i]        = x[i] cos - x[i + half] sin
 //   out[i + half] = x[i + half] cos + x[i] sin
 // Value heads and dims >= rot_dim pass through. out may alias in (each pair is read
@@ -18,12 +19,13 @@
 
 #include "base/error.h"
 #include "ops/ops.h"
+#include "ops/rope_math.h"
 
 namespace mcpp::ops::cpu {
 namespace {
 
 void check_rope_args(const char* op, const Tensor& in, const AttentionDims& d, int64_t rot_dim,
-                     double base, const Tensor& out, Stream& s) {
+                     const RopeFreqs& freqs, const Tensor& out, Stream& s) {
   MCPP_CHECK_HINT(s.device == Device::CPU, "pass Stream::cpu() or call mcpp::ops::",
                   "{}: the CPU backend was called with a CUDA stream", op);
   MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
@@ -32,7 +34,7 @@ void check_rope_args(const char* op, const Tensor& in, const AttentionDims& d, i
   MCPP_CHECK_HINT(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD,
                   "check --rotary-percent: rot_dim = HD * rotary_percent must be even",
                   "{}: rot_dim={} must be even and in (0, HD={}]", op, rot_dim, d.HD);
-  MCPP_CHECK(base > 0, "{}: rotary base {} must be positive (--rotary-base)", op, base);
+  check_rope_freqs(freqs, op);
   for (const Tensor* t : {&in, &out}) {
     MCPP_CHECK(t->defined() && t->device() == Device::CPU, "{}: tensors must be on the CPU", op);
     MCPP_CHECK(t->dtype() == DType::F32 || t->dtype() == DType::F64, "{}: {} is not f32/f64", op,
@@ -46,13 +48,12 @@ void check_rope_args(const char* op, const Tensor& in, const AttentionDims& d, i
 
 // sign = +1: forward rotation; -1: its inverse (the backward).
 template <typename T>
-void rope_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double base, int64_t s_offset,
-               double sign, T* out) {
+void rope_impl(const T* in, const AttentionDims& d, int64_t rot_dim, const RopeFreqs& freqs,
+               int64_t s_offset, double sign, T* out) {
   const int64_t HD = d.HD, G = d.NH / d.NG, half = rot_dim / 2;
   const int64_t heads_per_row = d.B * d.NG * (G + 2);  // HD-sized heads per position
   std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[size_t(i)] = std::pow(base, -2.0 * double(i) / double(rot_dim));
+  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = rope_inv_freq(freqs, i, rot_dim);
 
 #pragma omp parallel
   {
@@ -87,23 +88,22 @@ void rope_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double base
 }
 
 void rope_dispatch(const char* op, const Tensor& in, const AttentionDims& d, int64_t rot_dim,
-                   double base, int64_t s_offset, double sign, Tensor& out, Stream& s) {
-  check_rope_args(op, in, d, rot_dim, base, out, s);
+                   const RopeFreqs& freqs, int64_t s_offset, double sign, Tensor& out, Stream& s) {
+  check_rope_args(op, in, d, rot_dim, freqs, out, s);
   if (in.dtype() == DType::F32)
-    rope_impl<float>(in.data<float>(), d, rot_dim, base, s_offset, sign, out.data<float>());
+    rope_impl<float>(in.data<float>(), d, rot_dim, freqs, s_offset, sign, out.data<float>());
   else
-    rope_impl<double>(in.data<double>(), d, rot_dim, base, s_offset, sign, out.data<double>());
+    rope_impl<double>(in.data<double>(), d, rot_dim, freqs, s_offset, sign, out.data<double>());
 }
 
 // rope_impl at per-token positions: row r = s*B + b of the [S, B] rows at position pos[r].
 template <typename T>
-void rope_pos_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double base,
+void rope_pos_impl(const T* in, const AttentionDims& d, int64_t rot_dim, const RopeFreqs& freqs,
                    const int64_t* pos, double sign, T* out) {
   const int64_t HD = d.HD, G = d.NH / d.NG, half = rot_dim / 2;
   const int64_t heads = d.NG * (G + 2);  // HD-sized heads of one (s, b) row
   std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[size_t(i)] = std::pow(base, -2.0 * double(i) / double(rot_dim));
+  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = rope_inv_freq(freqs, i, rot_dim);
 #pragma omp parallel
   {
     std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
@@ -136,10 +136,11 @@ void rope_pos_impl(const T* in, const AttentionDims& d, int64_t rot_dim, double 
 
 }  // namespace
 
-void rope_positions(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
-                    const Tensor& positions, bool inverse, Tensor& qkv_out, Stream& s) {
+void rope_positions(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,
+                    const RopeFreqs& freqs, const Tensor& positions, bool inverse, Tensor& qkv_out,
+                    Stream& s) {
   const char* op = "rope_positions";
-  check_rope_args(op, qkv_in, d, rot_dim, base, qkv_out, s);
+  check_rope_args(op, qkv_in, d, rot_dim, freqs, qkv_out, s);
   MCPP_CHECK(positions.device() == Device::CPU && positions.dtype() == DType::I64 &&
                  positions.numel() == d.S * d.B,
              "{}: positions {} must be i64 [S={}, B={}] on the CPU", op, positions.str(), d.S,
@@ -147,20 +148,20 @@ void rope_positions(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_di
   const double sign = inverse ? -1.0 : 1.0;
   const int64_t* pos = positions.data<int64_t>();
   if (qkv_in.dtype() == DType::F32)
-    rope_pos_impl<float>(qkv_in.data<float>(), d, rot_dim, base, pos, sign, qkv_out.data<float>());
+    rope_pos_impl<float>(qkv_in.data<float>(), d, rot_dim, freqs, pos, sign, qkv_out.data<float>());
   else
-    rope_pos_impl<double>(qkv_in.data<double>(), d, rot_dim, base, pos, sign,
+    rope_pos_impl<double>(qkv_in.data<double>(), d, rot_dim, freqs, pos, sign,
                           qkv_out.data<double>());
 }
 
-void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
-                  int64_t s_offset, Tensor& qkv_out, Stream& s) {
-  rope_dispatch("rope_forward", qkv_in, d, rot_dim, base, s_offset, +1.0, qkv_out, s);
+void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,
+                  const RopeFreqs& freqs, int64_t s_offset, Tensor& qkv_out, Stream& s) {
+  rope_dispatch("rope_forward", qkv_in, d, rot_dim, freqs, s_offset, +1.0, qkv_out, s);
 }
 
-void rope_backward(const Tensor& dqkv_out, const AttentionDims& d, int64_t rot_dim, double base,
-                   int64_t s_offset, Tensor& dqkv_in, Stream& s) {
-  rope_dispatch("rope_backward", dqkv_out, d, rot_dim, base, s_offset, -1.0, dqkv_in, s);
+void rope_backward(const Tensor& dqkv_out, const AttentionDims& d, int64_t rot_dim,
+                   const RopeFreqs& freqs, int64_t s_offset, Tensor& dqkv_in, Stream& s) {
+  rope_dispatch("rope_backward", dqkv_out, d, rot_dim, freqs, s_offset, -1.0, dqkv_in, s);
 }
 
 }  // namespace mcpp::ops::cpu

@@ -226,7 +226,7 @@ template <typename T, int G, int D, bool kPs>
 static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     rope_attention_group_kernel(T* qkv, const int64_t* __restrict__ pos, T* kc, T* vc,
                                 T* __restrict__ out, int NG, int64_t Tmax, int half, int rot_dim,
-                                double base, float scale, bool vec, int prefetch, L2Ahead ahead,
+                                RopeFreqs freqs, float scale, bool vec, int prefetch, L2Ahead ahead,
                                 const float2* __restrict__ rope_tab) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
@@ -254,7 +254,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
         const float2 e = rope_tab[p * half + t];
         cs = e.x, sn = e.y;
       } else {
-        rope_angle(p, t, rot_dim, base, cs, sn);
+        rope_angle(p, t, rot_dim, freqs, cs, sn);
       }
 #pragma unroll
       for (int j = 0; j <= G; ++j) {  // G query heads, then the key
@@ -412,9 +412,9 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   });
 }
 
-void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
-                           const Tensor& pos, double softmax_scale, Tensor& k_cache,
-                           Tensor& v_cache, Tensor& out, Stream& s,
+void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
+                           const RopeFreqs& freqs, const Tensor& pos, double softmax_scale,
+                           Tensor& k_cache, Tensor& v_cache, Tensor& out, Stream& s,
                            std::span<const Tensor* const> l2_next) {
   const char* op = "rope_attention_decode";
   for (auto [t, name] : {std::pair{static_cast<const Tensor*>(&qkv), "qkv"}, {&pos, "pos"},
@@ -424,8 +424,9 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
     check_cuda(*t, op, name);
   check_kv_cache_args(op, qkv, d, pos, k_cache, v_cache, out);
   MCPP_CHECK(d.S == 1, "{}: one row per sequence (S = 1), got S={}", op, d.S);
-  MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD && base > 0,
-             "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
+  MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD,
+             "{}: rot_dim={} must be even in (0, HD={}]", op, rot_dim, d.HD);
+  check_rope_freqs(freqs, op);
   MCPP_CHECK(d.B * d.NH < (int64_t(1) << 31), "{}: {} sequences x heads exceed a grid", op,
              d.B * d.NH);
   const int64_t G = d.NH / d.NG;
@@ -438,7 +439,7 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
     T* kc = static_cast<T*>(k_cache.raw());
     T* vc = static_cast<T*>(v_cache.raw());
     fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
-      const float2* rope_tab = decode_rope_table(k_cache.size(1), rot_dim, base, cs);
+      const float2* rope_tab = decode_rope_table(k_cache.size(1), rot_dim, freqs, cs);
       const bool ps = decode_attention_psmem();
       auto kernel = ps ? rope_attention_group_kernel<T, GG, DD, true>
                        : rope_attention_group_kernel<T, GG, DD, false>;
@@ -453,12 +454,12 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
         a.blocks = int(std::min<int64_t>(a.blocks, resident[ps] - d.B * d.NG));
       launch_dependent(kernel, unsigned(a.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
                        pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG),
-                       k_cache.size(1), int(rot_dim / 2), int(rot_dim), base,
-                       float(softmax_scale), vec, decode_attention_prefetch(), a, rope_tab);
+                       k_cache.size(1), int(rot_dim / 2), int(rot_dim), freqs, float(softmax_scale),
+                       vec, decode_attention_prefetch(), a, rope_tab);
     });
     MCPP_LAUNCH_CHECK();
   });
-  if (!fused) launch_rope_append(qkv, d, rot_dim, base, pos, k_cache, v_cache, cs);
+  if (!fused) launch_rope_append(qkv, d, rot_dim, freqs, pos, k_cache, v_cache, cs);
   if (!fused) cuda::decode_attention(qkv, d, pos, softmax_scale, k_cache, v_cache, out, s);
 }
 

@@ -18,14 +18,14 @@ namespace {
 template <typename T>
 static __global__ void rope_decode_kernel(const T* in, T* out, const int64_t* __restrict__ pos,
                                           int64_t B, int64_t NG, int64_t G, int64_t HD,
-                                          int64_t half, int64_t rot_dim, double base) {
+                                          int64_t half, int64_t rot_dim, RopeFreqs freqs) {
   const int64_t n = B * NG * (G + 1) * half;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = k % half, r = k / half;
     const int64_t j = r % (G + 1), bg = r / (G + 1), b = bg / NG;
     float c, sn;
-    rope_angle(pos[b], i, rot_dim, base, c, sn);
+    rope_angle(pos[b], i, rot_dim, freqs, c, sn);
     const int64_t o = (bg * (G + 2) + j) * HD;
     rope_rotate(to_f(in[o + i]), to_f(in[o + i + half]), c, sn, out[o + i], out[o + i + half]);
   }
@@ -42,14 +42,14 @@ template <typename T>
 static __global__ void rope_append_kernel(T* qkv, const int64_t* __restrict__ pos,
                                           T* __restrict__ kc, T* __restrict__ vc, int64_t B,
                                           int64_t NG, int64_t G, int64_t HD, int64_t half,
-                                          int64_t rot_dim, double base, int64_t Tmax) {
+                                          int64_t rot_dim, RopeFreqs freqs, int64_t Tmax) {
   const int64_t n_rot = B * NG * half, n = n_rot + B * NG * HD;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
     if (k < n_rot) {
       const int64_t i = k % half, bg = k / half, b = bg / NG, g = bg % NG;
       float cs, sn;
-      rope_angle(pos[b], i, rot_dim, base, cs, sn);
+      rope_angle(pos[b], i, rot_dim, freqs, cs, sn);
       T* head = qkv + bg * (G + 2) * HD;
       for (int64_t j = 0; j <= G; ++j, head += HD) {  // G query heads, then the key
         T o1, o2;
@@ -85,11 +85,11 @@ static __global__ void copy_rows_kernel(const T* in, T* out, int64_t n) {
 // rope_angle computes it (so a table entry and the angle computed in the kernel are the
 // same two floats).
 static __global__ void decode_rope_table_kernel(float2* tab, int64_t rows, int64_t half,
-                                                int64_t rot_dim, double base) {
+                                                int64_t rot_dim, RopeFreqs freqs) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < rows * half;
        k += int64_t(gridDim.x) * blockDim.x) {
     float cs, sn;
-    rope_angle(k / half, k % half, rot_dim, base, cs, sn);
+    rope_angle(k / half, k % half, rot_dim, freqs, cs, sn);
     tab[k] = make_float2(cs, sn);
   }
 }
@@ -99,17 +99,18 @@ static __global__ void decode_rope_table_kernel(float2* tab, int64_t rows, int64
 // The table rope_attention_decode's kernel reads instead of computing each angle in double
 // precision (pow, cos and sin in one warp of each block while the others wait at its
 // barrier): 20 us off the 1B model's decode step on an H200 (bench/RESULTS.md).
-// One per (device, rot_dim, base), grown to the largest cache seen; rows * half * 8 bytes
+// One per (device, rot_dim, frequencies), grown to the largest cache seen; rows * half * 8 bytes
 // (512 KiB for 2,048 positions of 64 rotary dims), never freed: a captured CUDA graph may
 // hold the pointer. Built outside graph capture (the engine's and generate's first step of
 // each shape runs eagerly); while capturing, a missing table gives null and the kernel
 // computes the angles. MCPP_DECODE_ROPE_TABLE=0 turns it off.
-const float2* decode_rope_table(int64_t rows, int64_t rot_dim, double base, cudaStream_t cs) {
+const float2* decode_rope_table(int64_t rows, int64_t rot_dim, const RopeFreqs& freqs,
+                                cudaStream_t cs) {
   if (const char* e = std::getenv("MCPP_DECODE_ROPE_TABLE"); e && e[0] == '0') return nullptr;
   struct Entry {
     int dev;
     int64_t rot_dim;
-    double base;
+    RopeFreqs freqs;
     int64_t rows;
     float2* tab;
   };
@@ -119,7 +120,7 @@ const float2* decode_rope_table(int64_t rows, int64_t rot_dim, double base, cuda
   CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard lk(mu);
   for (const Entry& t : tables)
-    if (t.dev == dev && t.rot_dim == rot_dim && t.base == base && t.rows >= rows) return t.tab;
+    if (t.dev == dev && t.rot_dim == rot_dim && t.freqs == freqs && t.rows >= rows) return t.tab;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(cs, &st));
   if (st != cudaStreamCaptureStatusNone) return nullptr;
@@ -127,35 +128,37 @@ const float2* decode_rope_table(int64_t rows, int64_t rot_dim, double base, cuda
   float2* tab = nullptr;
   CUDA_CHECK(cudaMalloc(&tab, size_t(rows * half) * sizeof(float2)));
   decode_rope_table_kernel<<<grid_for(rows * half, 256), 256, 0, cs>>>(tab, rows, half, rot_dim,
-                                                                     base);
+                                                                       freqs);
   MCPP_LAUNCH_CHECK();
   CUDA_CHECK(cudaStreamSynchronize(cs));  // complete before any stream reads it
-  tables.push_back({dev, rot_dim, base, rows, tab});
+  tables.push_back({dev, rot_dim, freqs, rows, tab});
   return tab;
 }
 
-void launch_rope_append(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
-                        const Tensor& pos, Tensor& k_cache, Tensor& v_cache, cudaStream_t cs) {
+void launch_rope_append(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
+                        const RopeFreqs& freqs, const Tensor& pos, Tensor& k_cache, Tensor& v_cache,
+                        cudaStream_t cs) {
   const int64_t G = d.NH / d.NG, n = d.B * d.NG * (rot_dim / 2 + d.HD);
   MCPP_DISPATCH_ACT(qkv.dtype(), "rope_attention_decode", {
     rope_append_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(
         static_cast<T*>(qkv.raw()), pos.data<int64_t>(), static_cast<T*>(k_cache.raw()),
-        static_cast<T*>(v_cache.raw()), d.B, d.NG, G, d.HD, rot_dim / 2, rot_dim, base,
+        static_cast<T*>(v_cache.raw()), d.B, d.NG, G, d.HD, rot_dim / 2, rot_dim, freqs,
         k_cache.size(1));
     MCPP_LAUNCH_CHECK();
   });
 }
 
-void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
-                 const Tensor& pos, Tensor& qkv_out, Stream& s) {
+void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,
+                 const RopeFreqs& freqs, const Tensor& pos, Tensor& qkv_out, Stream& s) {
   const char* op = "rope_decode";
   check_cuda(qkv_in, op, "qkv_in");
   check_cuda(qkv_out, op, "qkv_out");
   check_cuda(pos, op, "pos");
   MCPP_CHECK(d.S == 1 && d.B > 0 && d.NG > 0 && d.NH % d.NG == 0,
              "{}: invalid dims S={} B={} NH={} NG={} (S = 1)", op, d.S, d.B, d.NH, d.NG);
-  MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD && base > 0,
-             "{}: rot_dim={} must be even in (0, HD={}], base {} positive", op, rot_dim, d.HD, base);
+  MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD,
+             "{}: rot_dim={} must be even in (0, HD={}]", op, rot_dim, d.HD);
+  check_rope_freqs(freqs, op);
   MCPP_CHECK(pos.dtype() == DType::I64 && pos.numel() == d.B, "{}: pos {} is not i64 [B={}]", op,
              pos.str(), d.B);
   MCPP_CHECK(qkv_in.dtype() == qkv_out.dtype(), "{}: in {} and out {} differ", op, qkv_in.str(),
@@ -173,7 +176,7 @@ void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, 
       MCPP_LAUNCH_CHECK();
     }
     rope_decode_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(in, out, pos.data<int64_t>(), d.B, d.NG,
-                                                            G, d.HD, half, rot_dim, base);
+                                                            G, d.HD, half, rot_dim, freqs);
     MCPP_LAUNCH_CHECK();
   });
 }

@@ -9,16 +9,18 @@
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/rope_math.h"
 #include "ops/types.h"
 #include "tensor/tensor.h"
 
 namespace mcpp::ops::cuda {
 
 // RoPE's angle for rotary pair i at position p, in double with cos and sin rounded to f32 as
-// rope.cu's table computes them, so a decode step rotates as rope_forward at s_offset = p.
-__device__ __forceinline__ void rope_angle(int64_t p, int64_t i, int64_t rot_dim, double base,
-                                           float& cs, float& sn) {
-  const double a = double(p) * pow(base, -2.0 * double(i) / double(rot_dim));
+// rope.cu's table computes them (the same rope_inv_freq), so a decode step rotates as
+// rope_forward at s_offset = p.
+__device__ __forceinline__ void rope_angle(int64_t p, int64_t i, int64_t rot_dim,
+                                           const RopeFreqs& freqs, float& cs, float& sn) {
+  const double a = double(p) * rope_inv_freq(freqs, i, rot_dim);
   cs = float(cos(a)), sn = float(sin(a));
 }
 
@@ -33,11 +35,13 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, float cs, float 
 // The (cos, sin) table of the decode steps' RoPE for positions 0 .. rows - 1 (see
 // decode_rope.cu), or null where there is none (MCPP_DECODE_ROPE_TABLE=0, or a stream that
 // is capturing a CUDA graph before the table was built).
-const float2* decode_rope_table(int64_t rows, int64_t rot_dim, double base, cudaStream_t cs);
+const float2* decode_rope_table(int64_t rows, int64_t rot_dim, const RopeFreqs& freqs,
+                                cudaStream_t cs);
 
 // rope_attention_decode's first half where the fused kernel has no instance: the query heads
 // of qkv rotated in place, the rotated key and the value appended to the caches at pos[b].
-void launch_rope_append(Tensor& qkv, const AttentionDims& d, int64_t rot_dim, double base,
-                        const Tensor& pos, Tensor& k_cache, Tensor& v_cache, cudaStream_t cs);
+void launch_rope_append(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
+                        const RopeFreqs& freqs, const Tensor& pos, Tensor& k_cache, Tensor& v_cache,
+                        cudaStream_t cs);
 
 }  // namespace mcpp::ops::cuda

@@ -1,7 +1,8 @@
 // Rotary position embedding, Megatron's non-interleaved rotate-half form, applied in
 // place on the grouped qkv layout [S, B, NG, NH/NG + 2, HD] to every query and key head;
 // value heads and dims >= rot_dim pass through. With h = rot_dim / 2 and
-// angle(s, i) = (s + s_offset) * base^(-2i / rot_dim), i < h:
+// angle(s, i) = (s + s_offset) * inv_freq_i, i < h (ops/rope_math.h: base^(-2i / rot_dim),
+// Llama 3.x-scaled when freqs.scaled):
 //   out[i]     = x[i] cos - x[i + h] sin
 //   out[i + h] = x[i + h] cos + x[i] sin
 // Backward applies the inverse rotation (sin -> -sin) to the gradient. rope_positions
@@ -15,6 +16,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
+#include "ops/rope_math.h"
 
 namespace mcpp::ops::cuda {
 
@@ -29,28 +31,26 @@ __device__ __forceinline__ float rot_b(float x1, float x2, float c, float sn) {
   return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
 }
 
-static __global__ void rope_table_kernel(float2* table, int64_t S, int64_t half, double base,
+static __global__ void rope_table_kernel(float2* table, int64_t S, int64_t half, RopeFreqs freqs,
                                          int64_t off, int64_t rot_dim) {
   int64_t n = S * half;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
     int64_t s = k / half, i = k - s * half;
-    double inv_freq = pow(base, -2.0 * double(i) / double(rot_dim));
-    double a = double(s + off) * inv_freq;
+    double a = double(s + off) * rope_inv_freq(freqs, i, rot_dim);
     table[k] = make_float2(float(cos(a)), float(sin(a)));
   }
 }
 
 // The same table at per-row positions: row r of the S*B rows at pos[r].
 static __global__ void rope_pos_table_kernel(float2* table, const int64_t* __restrict__ pos,
-                                             int64_t rows, int64_t half, double base,
+                                             int64_t rows, int64_t half, RopeFreqs freqs,
                                              int64_t rot_dim) {
   int64_t n = rows * half;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
     int64_t r = k / half, i = k - r * half;
-    double inv_freq = pow(base, -2.0 * double(i) / double(rot_dim));
-    double a = double(pos[r]) * inv_freq;
+    double a = double(pos[r]) * rope_inv_freq(freqs, i, rot_dim);
     table[k] = make_float2(float(cos(a)), float(sin(a)));
   }
 }
@@ -116,9 +116,9 @@ static __global__ void rope_vec_kernel(const T* in, T* out, const float2* __rest
 }
 
 // positions: null, or [S*B] i64 on the device (rope_positions; s_offset unused).
-void rope_apply(const Tensor& in, const AttentionDims& d_in, int64_t rot_dim, double base,
-                int64_t s_offset, Tensor& out, Stream& s, float sign, const char* op,
-                const int64_t* positions = nullptr) {
+void rope_apply(const Tensor& in, const AttentionDims& d_in, int64_t rot_dim,
+                const RopeFreqs& freqs, int64_t s_offset, Tensor& out, Stream& s, float sign,
+                const char* op, const int64_t* positions = nullptr) {
   AttentionDims d = d_in;
   check_cuda(in, op, "input");
   check_cuda(out, op, "output");
@@ -131,6 +131,7 @@ void rope_apply(const Tensor& in, const AttentionDims& d_in, int64_t rot_dim, do
   check_numel(out, n, op, "output");
   MCPP_CHECK(rot_dim > 0 && rot_dim <= d.HD && rot_dim % 2 == 0,
              "{}: rot_dim {} must be even and in (0, HD={}]", op, rot_dim, d.HD);
+  check_rope_freqs(freqs, op);
   cudaStream_t cs = stream_of(s);
   if (n == 0) return;
   if (out.raw() != in.raw())
@@ -141,9 +142,9 @@ void rope_apply(const Tensor& in, const AttentionDims& d_in, int64_t rot_dim, do
   float2* tp = static_cast<float2*>(table.raw());
   if (positions)
     rope_pos_table_kernel<<<grid_for(d.S * half, 256), 256, 0, cs>>>(tp, positions, d.S, half,
-                                                                      base, rot_dim);
+                                                                     freqs, rot_dim);
   else
-    rope_table_kernel<<<grid_for(d.S * half, 256), 256, 0, cs>>>(tp, d.S, half, base, s_offset,
+    rope_table_kernel<<<grid_for(d.S * half, 256), 256, 0, cs>>>(tp, d.S, half, freqs, s_offset,
                                                                  rot_dim);
   MCPP_LAUNCH_CHECK();
   int64_t QPG = d.NH / d.NG;
@@ -167,24 +168,25 @@ void rope_apply(const Tensor& in, const AttentionDims& d_in, int64_t rot_dim, do
 
 }  // namespace
 
-void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
-                  int64_t s_offset, Tensor& qkv_out, Stream& s) {
-  rope_apply(qkv_in, d, rot_dim, base, s_offset, qkv_out, s, 1.f, "rope_forward");
+void rope_forward(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,
+                  const RopeFreqs& freqs, int64_t s_offset, Tensor& qkv_out, Stream& s) {
+  rope_apply(qkv_in, d, rot_dim, freqs, s_offset, qkv_out, s, 1.f, "rope_forward");
 }
 
-void rope_backward(const Tensor& dqkv_out, const AttentionDims& d, int64_t rot_dim, double base,
-                   int64_t s_offset, Tensor& dqkv_in, Stream& s) {
-  rope_apply(dqkv_out, d, rot_dim, base, s_offset, dqkv_in, s, -1.f, "rope_backward");
+void rope_backward(const Tensor& dqkv_out, const AttentionDims& d, int64_t rot_dim,
+                   const RopeFreqs& freqs, int64_t s_offset, Tensor& dqkv_in, Stream& s) {
+  rope_apply(dqkv_out, d, rot_dim, freqs, s_offset, dqkv_in, s, -1.f, "rope_backward");
 }
 
-void rope_positions(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim, double base,
-                    const Tensor& positions, bool inverse, Tensor& qkv_out, Stream& s) {
+void rope_positions(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,
+                    const RopeFreqs& freqs, const Tensor& positions, bool inverse, Tensor& qkv_out,
+                    Stream& s) {
   const char* op = "rope_positions";
   MCPP_CHECK(positions.defined() && positions.device() == Device::CUDA &&
                  positions.dtype() == DType::I64 && positions.numel() == d.S * d.B,
              "{}: positions {} must be i64 [S={}, B={}] on the GPU", op,
              positions.defined() ? positions.str() : std::string("(undefined)"), d.S, d.B);
-  rope_apply(qkv_in, d, rot_dim, base, 0, qkv_out, s, inverse ? -1.f : 1.f, op,
+  rope_apply(qkv_in, d, rot_dim, freqs, 0, qkv_out, s, inverse ? -1.f : 1.f, op,
              static_cast<const int64_t*>(positions.raw()));
 }
 
