@@ -216,6 +216,11 @@ json model_config_json(const model::TransformerConfig& c) {
   if (c.qk_layernorm) j["qk_layernorm"] = true;  // --qk-layernorm (absent: off)
   // --add-qkv-bias where it adds a tensor (without --disable-bias-linear it is implied).
   if (c.qkv_bias() && !c.add_bias_linear) j["add_qkv_bias"] = true;
+  if (c.rope_scaling)  // Llama 3.x RoPE scaling (absent: off), in Hugging Face's names
+    j["rope_scaling"] = {{"factor", c.rope_scaling_factor},
+                         {"low_freq_factor", c.rope_low_freq_factor},
+                         {"high_freq_factor", c.rope_high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_original_max_positions}};
   return j;
 }
 
@@ -244,6 +249,13 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
   c.qk_layernorm = j.value("qk_layernorm", false);                    // --qk-layernorm
   c.add_qkv_bias = j.value("add_qkv_bias", false);                    // --add-qkv-bias
+  if (j.contains("rope_scaling")) {  // Llama 3.x RoPE scaling (absent: off)
+    const json& r = j.at("rope_scaling");
+    c.rope_scaling = true, c.rope_scaling_factor = r.at("factor");
+    c.rope_low_freq_factor = r.at("low_freq_factor");
+    c.rope_high_freq_factor = r.at("high_freq_factor");
+    c.rope_original_max_positions = r.at("original_max_position_embeddings");
+  }
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -300,6 +312,14 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     if (saved.contains(k) && saved[k] != now[k])
       log::warn("{}: {} differs (checkpoint {}, this run {})", where, k, saved[k].dump(),
                 now[k].dump());
+  // RoPE scaling as the base: a warning (extending a model's context is a reason to change
+  // it between runs).
+  auto scaling = [](const json& m) {
+    return m.contains("rope_scaling") ? m["rope_scaling"].dump() : std::string("off");
+  };
+  if (scaling(saved) != scaling(now))
+    log::warn("{}: rope_scaling differs (checkpoint {}, this run {})", where, scaling(saved),
+              scaling(now));
 }
 
 json state_to_json(const TrainingState& st) {

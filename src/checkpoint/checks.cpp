@@ -100,6 +100,15 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
              "{}: model.rotary_percent {} is "
              "outside (0, 1]",
              where, c.rotary_percent);
+  if (c.rope_scaling) {  // Llama 3.x RoPE scaling
+    positive(c.rope_scaling_factor, "rope_scaling.factor");
+    positive(c.rope_low_freq_factor, "rope_scaling.low_freq_factor");
+    positive(c.rope_high_freq_factor, "rope_scaling.high_freq_factor");
+    size(c.rope_original_max_positions, "rope_scaling.original_max_position_embeddings");
+    MCPP_CHECK(c.rope && c.rope_low_freq_factor < c.rope_high_freq_factor,
+               "{}: model.rope_scaling needs rope and low_freq_factor {} < high_freq_factor {}",
+               where, c.rope_low_freq_factor, c.rope_high_freq_factor);
+  }
   for (auto [v, field] : {std::pair{c.hidden_dropout, "hidden_dropout"},
                           std::pair{c.attention_dropout, "attention_dropout"}})
     MCPP_CHECK(v >= 0 && v < 1, "{}: model.{} {} is outside [0, 1)", where, field, v);

@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "checkpoint/fs.h"
 #include "checkpoint/hf_moe.h"
+#include "checkpoint/hf_rope.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 
@@ -343,8 +344,6 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
             {"head_dim", c.kv_channels},
             {"max_position_embeddings", c.max_position_embeddings},
             {"rms_norm_eps", c.norm_epsilon},
-            {"rope_theta", c.rotary_base},
-            {"rope_scaling", nullptr},
             {"hidden_act", "silu"},
             {"attention_bias", c.add_bias_linear},
             {"mlp_bias", c.add_bias_linear},
@@ -352,7 +351,8 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
             {"initializer_range", c.init_method_std},
             {"tie_word_embeddings", c.tie_embeddings},
             {"torch_dtype", torch_dtype(dtype)}};
-  if (arch == HfArch::Mixtral || arch == HfArch::Qwen3Moe) hf_moe::to_moe_config(c, j);
+  const bool moe = arch == HfArch::Mixtral || arch == HfArch::Qwen3Moe;
+  if (moe) hf_moe::to_moe_config(c, j);
   if (arch == HfArch::Qwen2 || arch == HfArch::Qwen3 || arch == HfArch::Mistral) {
     j["architectures"] = {hf_arch_name(arch)};
     j["model_type"] = hf_model_type(arch);
@@ -366,6 +366,9 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
       j["max_window_layers"] = c.num_layers;
     }
   }
+  // The RoPE base and scaling in 4.x's spelling (rope_theta, rope_scaling); the MoE classes,
+  // and any scaled model, in 5.x's rope_parameters too.
+  hf_rope::rope_to_hf(c, moe, j);
   return j;
 }
 
@@ -445,8 +448,9 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.seq_length = c.max_position_embeddings;
       c.norm_epsilon = pos_real("rms_norm_eps", 1e-6);
       c.rope = true, c.rmsnorm = true, c.swiglu = true;
-      // transformers 4.x: rope_theta; 5.x: rope_parameters. Each class's own default.
-      c.rotary_base = hf_moe::rope_theta_from_hf(j, type, type == "mixtral" ? 1e6 : 1e4);
+      // transformers 4.x: rope_theta, rope_scaling; 5.x: rope_parameters. Each class's own
+      // default base.
+      hf_rope::rope_from_hf(j, type, type == "mixtral" ? 1e6 : 1e4, c);
       const std::string act = j.value("hidden_act", "silu");
       MCPP_CHECK_HINT(act == "silu", "megatron.cpp's SwiGLU gates with silu",
                       "Hugging Face config.json ({}): hidden_act '{}' is not supported (only "

@@ -16,7 +16,9 @@
 //    theta^(-2i/HD)), exactly Megatron's default non-interleaved RoPE, which is ours
 //    (src/ops/cpu/rope.cpp). So q/k rows need no permutation. The permutation seen in HF's
 //    convert_llama_weights_to_hf.py converts Meta's original *interleaved* checkpoints (pairs
-//    2i, 2i+1) to rotate_half; it does not apply between Megatron-Core and HF.
+//    2i, 2i+1) to rotate_half; it does not apply between Megatron-Core and HF. Llama 3.x's
+//    RoPE scaling (rope_type "llama3") maps to --use-rope-scaling; config.json's RoPE
+//    fields both ways: hf_rope.h.
 //  * Vocabulary: all padded_vocab_size rows (Vp) are exported and config.json's vocab_size is
 //    Vp, so HF's logits equal ours (Megatron's softmax includes the padding rows too) and the
 //    embedding shape matches vocab_size; a tokenizer with fewer tokens simply never emits the

@@ -11,54 +11,6 @@ namespace mcpp::checkpoint::hf_moe {
 
 using json = nlohmann::json;
 
-double rope_theta_from_hf(const json& j, const std::string& type, double dflt) {
-  auto positive = [&](const json& v, const char* field) {
-    MCPP_CHECK_HINT(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
-                    "check config.json",
-                    "Hugging Face config.json ({}): '{}' is {}, expected a positive number", type,
-                    field, v.dump());
-    return v.get<double>();
-  };
-  MCPP_CHECK_HINT(j.value("rope_scaling", json()).is_null(),
-                  "RoPE scaling (llama3, yarn, linear, dynamic) is not implemented yet",
-                  "Hugging Face config.json ({}) has rope_scaling {}", type,
-                  j["rope_scaling"].dump());
-  double theta = dflt;
-  bool given = false;
-  if (j.contains("rope_theta") && !j["rope_theta"].is_null())
-    theta = positive(j["rope_theta"], "rope_theta"), given = true;
-  // transformers 5: rope_parameters, either one dict or one per layer type
-  // ({"full_attention": {...}}); every one must be plain RoPE with the same base.
-  const json rp = j.value("rope_parameters", json());
-  if (!rp.is_null()) {
-    MCPP_CHECK_HINT(rp.is_object(), "check config.json",
-                    "Hugging Face config.json ({}): rope_parameters {} is not an object", type,
-                    rp.dump());
-    std::vector<json> sets;
-    if (rp.contains("rope_type") || rp.contains("rope_theta")) {
-      sets.push_back(rp);
-    } else {
-      for (const auto& [k, v] : rp.items()) sets.push_back(v);
-    }
-    for (const json& s : sets) {
-      MCPP_CHECK_HINT(s.is_object(), "check config.json",
-                      "Hugging Face config.json ({}): rope_parameters {} is not an object", type,
-                      s.dump());
-      const std::string rt = s.value("rope_type", std::string("default"));
-      MCPP_CHECK_HINT(rt == "default",
-                      "RoPE scaling (llama3, yarn, linear, dynamic) is not implemented yet",
-                      "Hugging Face config.json ({}) has rope_parameters.rope_type '{}'", type, rt);
-      if (!s.contains("rope_theta")) continue;
-      const double t = positive(s["rope_theta"], "rope_parameters.rope_theta");
-      MCPP_CHECK_HINT(!given || t == theta, "check config.json",
-                      "Hugging Face config.json ({}): rope theta {} and {} disagree", type, theta,
-                      t);
-      theta = t, given = true;
-    }
-  }
-  return theta;
-}
-
 bool is_moe_model_type(const std::string& type) { return type == "mixtral" || type == "qwen3_moe"; }
 
 void moe_config_from_hf(const json& j, const std::string& type, model::TransformerConfig& c) {
@@ -183,8 +135,6 @@ void to_moe_config(const model::TransformerConfig& c, json& j) {
   j["model_type"] = qwen ? "qwen3_moe" : "mixtral";
   j.erase("mlp_bias");  // not a field of either: they have no biases
   if (!qwen) j.erase("attention_bias");
-  // Both spellings of the RoPE base: 4.x reads rope_theta, 5.x rope_parameters.
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rotary_base}};
   j["num_experts_per_tok"] = c.moe.topk;
   if (qwen) {
     j["intermediate_size"] = c.ffn_hidden_size;  // the dense layers'

@@ -30,12 +30,6 @@
 
 namespace mcpp::checkpoint::hf_moe {
 
-// The RoPE base of a config.json: transformers 4.x writes rope_theta (and rope_scaling),
-// 5.x rope_parameters {rope_type, rope_theta, ...}. Anything but plain RoPE (rope_type
-// "default", no scaling) is an error naming the field; `dflt` when neither names a base
-// (Llama 1e4, Mixtral 1e6: each class's default).
-double rope_theta_from_hf(const nlohmann::json& j, const std::string& type, double dflt);
-
 // model_type values handled here ("mixtral", "qwen3_moe").
 bool is_moe_model_type(const std::string& type);
 // The MoE fields (and Qwen3's q/k norms) of a config.json into c, whose Llama-like part is

@@ -6,6 +6,16 @@
 
 namespace mcpp::model {
 
+ops::RopeFreqs rope_freqs(const TransformerConfig& c) {
+  ops::RopeFreqs f(c.rotary_base);
+  f.scaled = c.rope_scaling;
+  f.factor = c.rope_scaling_factor;
+  f.low_freq_factor = c.rope_low_freq_factor;
+  f.high_freq_factor = c.rope_high_freq_factor;
+  f.original_max_positions = c.rope_original_max_positions;
+  return f;
+}
+
 namespace {
 std::string prefix(int layer, const char* s) { return layer_param_name(layer, s); }
 
@@ -14,7 +24,7 @@ std::string prefix(int layer, const char* s) { return layer_param_name(layer, s)
 void rope_rows(bool backward, const Tensor& in, Tensor& out, const TransformerConfig& c,
                const StepContext& cx) {
   if (cx.position_ids.defined()) {  // --reset-position-ids: each token at its document place
-    ops::rope_positions(in, cx.ad, c.rot_dim(), c.rotary_base, cx.position_ids, backward, out,
+    ops::rope_positions(in, cx.ad, c.rot_dim(), rope_freqs(c), cx.position_ids, backward, out,
                         cx.stream());
     return;
   }
@@ -24,9 +34,9 @@ void rope_rows(bool backward, const Tensor& in, Tensor& out, const TransformerCo
     const Tensor src = in.narrow(r0 * cx.B, n * cx.B);
     Tensor dst = out.narrow(r0 * cx.B, n * cx.B);
     if (backward)
-      ops::rope_backward(src, d, c.rot_dim(), c.rotary_base, pos, dst, cx.stream());
+      ops::rope_backward(src, d, c.rot_dim(), rope_freqs(c), pos, dst, cx.stream());
     else
-      ops::rope_forward(src, d, c.rot_dim(), c.rotary_base, pos, dst, cx.stream());
+      ops::rope_forward(src, d, c.rot_dim(), rope_freqs(c), pos, dst, cx.stream());
   });
 }
 }  // namespace
@@ -124,18 +134,18 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
   if (decode_step) {
     ensure(s.core.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
     const Tensor* const next[2] = {&proj_.weight(), next_weight};
-    ops::rope_attention_decode(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.pos_dev, cx.scale,
+    ops::rope_attention_decode(s.qkv, cx.ad, c.rot_dim(), rope_freqs(c), cx.pos_dev, cx.scale,
                                k_cache, v_cache, s.core.ctx, cx.stream(),
                                std::span<const Tensor* const>(next, next_weight ? 2 : 1));
   } else if (c.rope && cx.uniform_pos) {
-    ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), c.rotary_base, cx.s0, s.qkv, cx.stream());
+    ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), rope_freqs(c), cx.s0, s.qkv, cx.stream());
   } else if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position
     ops::AttentionDims d1 = cx.ad;
     d1.S = 1, d1.B = 1;
     const int64_t W = c.qkv_width_local();
     for (int64_t b = 0; b < cx.B; ++b) {
       Tensor row = s.qkv.narrow(b, 1).view({1, 1, W});
-      ops::rope_forward(row, d1, c.rot_dim(), c.rotary_base, cx.pos[b], row, cx.stream());
+      ops::rope_forward(row, d1, c.rot_dim(), rope_freqs(c), cx.pos[b], row, cx.stream());
     }
   }
   if (!decode_step) core_.forward_cached(s.qkv, k_cache, v_cache, s.core, cx);

@@ -16,6 +16,9 @@
 
 namespace mcpp::model {
 
+// The RoPE frequencies of c (its base and Llama 3.x scaling) as the rope ops take them.
+ops::RopeFreqs rope_freqs(const TransformerConfig& c);
+
 class Attention {
  public:
   static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);

@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+
 namespace mcpp::model {
 
 void TransformerConfig::validate() const {
@@ -28,6 +30,17 @@ void TransformerConfig::validate() const {
   MCPP_CHECK(!rope || (rot_dim() % 2 == 0 && rot_dim() > 0),
              "rotary dims {} (kv_channels {} x --rotary-percent {}) must be even and positive",
              rot_dim(), kv_channels, rotary_percent);
+  if (rope_scaling) {
+    MCPP_CHECK_HINT(rope, "add --position-embedding-type rope, or drop --use-rope-scaling",
+                    "RoPE scaling is on but the model has no RoPE");
+    MCPP_CHECK(std::isfinite(rope_scaling_factor) && rope_scaling_factor > 0,
+               "--rope-scaling-factor {} must be a positive number", rope_scaling_factor);
+    MCPP_CHECK(std::isfinite(rope_high_freq_factor) && rope_low_freq_factor > 0 &&
+                   rope_low_freq_factor < rope_high_freq_factor && rope_original_max_positions > 0,
+               "RoPE scaling needs 0 < low_freq_factor ({}) < high_freq_factor ({}) and a "
+               "positive original_max_position_embeddings ({})",
+               rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions);
+  }
   if (moe.num_experts > 0) {
     MCPP_CHECK(moe.topk >= 1 && moe.topk <= moe.num_experts, "--moe-router-topk {} outside [1, {}]",
                moe.topk, moe.num_experts);

@@ -27,6 +27,14 @@ struct TransformerConfig {
   bool rope = false;                     // --position-embedding-type rope
   double rotary_base = 10000;            // --rotary-base
   double rotary_percent = 1.0;           // --rotary-percent
+  // Llama 3.x RoPE scaling (ops::rope_inv_freq): low frequencies divided by the factor,
+  // high ones kept, a smooth blend between. Megatron's flags set the switch and the factor
+  // and fix the other three at these values; a Hugging Face config.json may give its own.
+  bool rope_scaling = false;                   // --use-rope-scaling
+  double rope_scaling_factor = 8.0;            // --rope-scaling-factor
+  double rope_low_freq_factor = 1.0;           // HF low_freq_factor
+  double rope_high_freq_factor = 4.0;          // HF high_freq_factor
+  int64_t rope_original_max_positions = 8192;  // HF original_max_position_embeddings
   bool rmsnorm = false;                  // --normalization RMSNorm
   double norm_epsilon = 1e-5;            // --norm-epsilon
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1

@@ -63,6 +63,12 @@ struct Args {
   bool use_rotary_position_embeddings = false;               // deprecated alias of rope
   int64_t rotary_base = 10000;
   double rotary_percent = 1.0;
+  bool use_rope_scaling = false;  // Llama 3.x RoPE scaling (ops/rope_math.h)
+  double rope_scaling_factor = 8.0;
+  // Its other three values: Megatron's constants, no flags; --use-checkpoint-args takes a
+  // checkpoint's own (one converted from a Hugging Face config.json may carry others).
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_positions = 8192;
   int64_t make_vocab_size_divisible_by = 128;
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double layernorm_epsilon = 1e-5;          // --norm-epsilon

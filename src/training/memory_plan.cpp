@@ -29,6 +29,10 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.padded_vocab_size = *a.padded_vocab_size;
   c.rope = a.position_embedding_type == "rope";
   c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
+  c.rope_scaling = a.use_rope_scaling, c.rope_scaling_factor = a.rope_scaling_factor;
+  c.rope_low_freq_factor = a.rope_low_freq_factor;
+  c.rope_high_freq_factor = a.rope_high_freq_factor;
+  c.rope_original_max_positions = a.rope_original_max_positions;
   c.rmsnorm = a.normalization == "RMSNorm", c.norm_epsilon = a.layernorm_epsilon;
   c.zero_centered_gamma = a.layernorm_zero_centered_gamma;
   c.swiglu = a.swiglu, c.tie_embeddings = !a.untie_embeddings_and_output_weights;

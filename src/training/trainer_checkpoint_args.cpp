@@ -7,9 +7,9 @@
 // model config (checkpoint::model_config_json); its fields fill the flags of the same
 // meaning. As in Megatron, the shape flags (layers, hidden, FFN, heads, head dim,
 // sequence, positions) are taken only when not given on the command line, and the
-// architecture switches (query groups, positions, norm, SwiGLU, ties, biases, dropout,
-// zero-centred gamma) are forced from the checkpoint. The parallel layout is not taken:
-// any layout loads any checkpoint here (Megatron forces TP/PP because it cannot).
+// architecture switches (query groups, positions, RoPE base and scaling, norm, SwiGLU,
+// ties, biases, dropout, zero-centred gamma) are forced from the checkpoint. The parallel layout is
+// not taken: any layout loads any checkpoint here (Megatron forces TP/PP because it cannot).
 // Tokenizer paths recorded in a checkpoint are never followed.
 #include <fmt/format.h>
 
@@ -97,6 +97,16 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   force("rotary_base", a.rotary_base, int64_t(c.rotary_base),
         std::to_string(int64_t(c.rotary_base)));
   force("rotary_percent", a.rotary_percent, c.rotary_percent, python_float(c.rotary_percent));
+  // Llama 3.x RoPE scaling: forced like the base (Megatron's checkpoint args leave it to the
+  // command line; its checkpoint records it, ours too, so a resumed model stays the same).
+  force("use_rope_scaling", a.use_rope_scaling, c.rope_scaling, py(c.rope_scaling));
+  if (c.rope_scaling) {
+    force("rope_scaling_factor", a.rope_scaling_factor, c.rope_scaling_factor,
+          python_float(c.rope_scaling_factor));
+    a.rope_low_freq_factor = c.rope_low_freq_factor;  // no flags: Megatron's constants
+    a.rope_high_freq_factor = c.rope_high_freq_factor;
+    a.rope_original_max_positions = c.rope_original_max_positions;
+  }
   const std::string norm = c.rmsnorm ? "RMSNorm" : "LayerNorm";
   force("normalization", a.normalization, norm, norm);
   force("layernorm_epsilon", a.layernorm_epsilon, c.norm_epsilon, python_float(c.norm_epsilon));

@@ -100,6 +100,17 @@ TEST(HostileCheckpoint, ModelFieldsAreCheckedBeforeAllocating) {
   expect_has(config_error("padded_vocab_size", 0), "padded_vocab_size");
   expect_has(config_error("norm_epsilon", -1), "norm_epsilon");
   expect_has(config_error("rotary_base", 0), "rotary_base");
+  const json scaling = {{"factor", 8.0},
+                        {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0},
+                        {"original_max_position_embeddings", 8192}};
+  expect_has(config_error("rope_scaling", scaling), "needs rope");  // this model has none
+  json bad_scaling = scaling;
+  bad_scaling["factor"] = -1.0;
+  expect_has(config_error("rope_scaling", bad_scaling), "rope_scaling.factor");
+  bad_scaling = scaling;
+  bad_scaling.erase("high_freq_factor");
+  expect_has(config_error("rope_scaling", bad_scaling), "malformed 'model' field");
   expect_has(config_error("num_layers", "2"), "malformed 'model' field");
   // A tensor listed larger than the files hold.
   json md = good;

@@ -598,5 +598,59 @@ TEST(MegatronImport, TorchDistOverlappingOrMissingChunksAreErrors) {
   EXPECT_THROW(mg::read_torch_dist(*mg::detect(write_chunked_dist({outside})), c), Error);
 }
 
+// Megatron's saved args with --use-rope-scaling: the switch and its factor reach the config
+// (the other three values stay Megatron's constants); on a model without RoPE, where
+// Megatron ignores the switch, it is dropped with a note.
+TEST(MegatronImport, RopeScalingFromArgs) {
+  using K = mg::Value::Kind;
+  auto val = [](K k) {
+    auto v = std::make_shared<mg::Value>();
+    v->kind = k;
+    return v;
+  };
+  auto args = [&](bool rope, bool scaling, double factor) {
+    auto a = val(K::Object);
+    a->s = "argparse.Namespace";
+    auto put = [&](const char* k, mg::ValuePtr v) {
+      auto key = val(K::Str);
+      key->s = k;
+      a->entries.emplace_back(key, v);
+    };
+    auto i = [&](int64_t x) {
+      auto v = val(K::Int);
+      v->i = x;
+      return v;
+    };
+    auto s = [&](const char* x) {
+      auto v = val(K::Str);
+      v->s = x;
+      return v;
+    };
+    put("num_layers", i(2)), put("hidden_size", i(32)), put("num_attention_heads", i(4));
+    put("padded_vocab_size", i(64)), put("seq_length", i(16));
+    put("position_embedding_type", s(rope ? "rope" : "learned_absolute"));
+    auto b = val(K::Bool);
+    b->b = scaling;
+    put("use_rope_scaling", b);
+    auto f = val(K::Float);
+    f->f = factor;
+    put("rope_scaling_factor", f);
+    return a;
+  };
+  std::vector<std::string> notes;
+  auto c = mg::config_from_args(*args(true, true, 32.0), "test", notes);
+  EXPECT_TRUE(c.rope_scaling);
+  EXPECT_EQ(c.rope_scaling_factor, 32.0);
+  EXPECT_EQ(c.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_original_max_positions, 8192);
+  EXPECT_FALSE(mg::config_from_args(*args(true, false, 32.0), "test", notes).rope_scaling);
+  notes.clear();
+  EXPECT_FALSE(mg::config_from_args(*args(false, true, 32.0), "test", notes).rope_scaling);
+  ASSERT_EQ(notes.size(), 1u);  // the ignored switch
+  EXPECT_NE(notes[0].find("use_rope_scaling is set but the model has no RoPE"), std::string::npos);
+  EXPECT_THROW(mg::config_from_args(*args(true, true, 0.0), "test", notes), Error);
+}
+
 }  // namespace
 }  // namespace mcpp

@@ -242,6 +242,47 @@ TEST(Validate, ValuesNotImplementedYet) {
   EXPECT_EQ(a.position_embedding_type, "rope");
 }
 
+// --use-rope-scaling / --rope-scaling-factor: RoPE only, a positive factor; they reach the
+// model config with Megatron's other three constants.
+TEST(Validate, RopeScaling) {
+  expect_invalid(with(base_argv(), {"--use-rope-scaling"}),
+                 {"--use-rope-scaling rescales RoPE's frequencies, but --position-embedding-type "
+                  "is learned_absolute",
+                  "add --position-embedding-type rope"});
+  const auto rope = with(base_argv(), {"--position-embedding-type", "rope", "--use-rope-scaling"});
+  expect_invalid(with(rope, {"--rope-scaling-factor", "0"}),
+                 {"--rope-scaling-factor 0.0 is not positive", "give --rope-scaling-factor > 0"});
+  expect_invalid(with(rope, {"--rope-scaling-factor", "-8"}), {"--rope-scaling-factor -8.0"});
+  // Without --use-rope-scaling the factor is unused (Megatron's default 8.0 or any other).
+  EXPECT_NO_THROW(parse_and_validate(with(base_argv(), {"--rope-scaling-factor", "0"})));
+  Args a = parse_and_validate(with(rope, {"--rope-scaling-factor", "32"}));
+  EXPECT_TRUE(a.use_rope_scaling);
+  EXPECT_EQ(a.rope_scaling_factor, 32.0);
+  // Printed as Python would: True, 32.0 (and False, 8.0 by default).
+  const std::string shown = format_args(a), dflt = format_args(parse_and_validate(base_argv()));
+  EXPECT_NE(shown.find("  use_rope_scaling ................................ True\n"),
+            std::string::npos);
+  EXPECT_NE(shown.find("  rope_scaling_factor ............................. 32.0\n"),
+            std::string::npos);
+  EXPECT_NE(dflt.find("  use_rope_scaling ................................ False\n"),
+            std::string::npos);
+  EXPECT_NE(dflt.find("  rope_scaling_factor ............................. 8.0\n"),
+            std::string::npos);
+  a.padded_vocab_size = 128;
+  const auto c = model_config(a, Device::CPU, DType::F32);
+  EXPECT_TRUE(c.rope_scaling);
+  EXPECT_EQ(c.rope_scaling_factor, 32.0);
+  EXPECT_EQ(c.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_original_max_positions, 8192);
+  // The deprecated --use-rotary-position-embeddings is RoPE too.
+  EXPECT_NO_THROW(parse_and_validate(
+      with(base_argv(), {"--use-rotary-position-embeddings", "--use-rope-scaling"})));
+  Args off = parse_and_validate(base_argv());
+  off.padded_vocab_size = 128;
+  EXPECT_FALSE(model_config(off, Device::CPU, DType::F32).rope_scaling);
+}
+
 TEST(Validate, ScheduleConsistency) {
   expect_invalid(with(base_argv(), {"--lr-decay-style", "WSD"}),
                  {"--lr-decay-style WSD needs --lr-wsd-decay-iters"});

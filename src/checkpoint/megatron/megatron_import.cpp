@@ -167,7 +167,6 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   unsupported(flag("qk_layernorm", false), "--qk-layernorm");
   unsupported(flag("multi_latent_attention", false), "multi-latent attention");
   unsupported(flag("rotary_interleaved", false), "--rotary-interleaved");
-  unsupported(flag("use_rope_scaling", false), "--use-rope-scaling (Llama 3.1 RoPE scaling)");
   unsupported(flag("squared_relu", false), "--squared-relu");
   unsupported(arg(a, "decoder_first_pipeline_num_layers") != nullptr ||
                   arg(a, "decoder_last_pipeline_num_layers") != nullptr,
@@ -199,6 +198,17 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   c.rope = pos == "rope";
   c.rotary_base = f64("rotary_base", 10000);
   c.rotary_percent = f64("rotary_percent", 1.0);
+  // Llama 3.x RoPE scaling: Megatron applies it only to a RoPE model (the other three values
+  // are its constants, TransformerConfig's defaults).
+  c.rope_scaling = c.rope && flag("use_rope_scaling", false);
+  c.rope_scaling_factor = f64("rope_scaling_factor", 8.0);
+  if (flag("use_rope_scaling", false) && !c.rope)
+    notes.push_back(
+        "args.use_rope_scaling is set but the model has no RoPE (Megatron ignores "
+        "it there): imported without scaling");
+  MCPP_CHECK(!c.rope_scaling || (std::isfinite(c.rope_scaling_factor) && c.rope_scaling_factor > 0),
+             "{}: args.rope_scaling_factor {} is not a positive number", what,
+             c.rope_scaling_factor);
   c.tie_embeddings = !flag("untie_embeddings_and_output_weights", false);
   c.add_bias_linear = flag("add_bias_linear", true);
   c.add_qkv_bias = flag("add_qkv_bias", false);  // linear_qkv.bias with add_bias_linear False

@@ -1,0 +1,30 @@
+// The RoPE fields of a Hugging Face config.json (Llama, Mixtral, Qwen3-MoE), both ways.
+//
+// transformers 4.x writes the base as rope_theta and any scaling as rope_scaling
+// {"rope_type" (older files: "type"), "factor", ...}; 5.x writes rope_parameters
+// {"rope_type", "rope_theta", ...}, either one object or one per layer type
+// ({"full_attention": {...}}). megatron.cpp has plain RoPE (rope_type "default") and Llama
+// 3.x scaling (rope_type "llama3": factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings; TransformerConfig's rope_scaling fields). Any other rope
+// type (linear, dynamic, yarn, longrope, ...) is an error naming the field and the value.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/config.h"
+
+namespace mcpp::checkpoint::hf_rope {
+
+// c.rotary_base and the RoPE scaling of c from config.json j of model_type `type`; `dflt`
+// is the base when no field names one (Llama 1e4, Mixtral 1e6: each class's default).
+// Every field that says something must agree with the others.
+void rope_from_hf(const nlohmann::json& j, const std::string& type, double dflt,
+                  model::TransformerConfig& c);
+
+// c's RoPE into config.json j: rope_theta always; with scaling, rope_scaling and
+// rope_parameters of rope_type "llama3" with the four values; without, rope_scaling null
+// and, where `parameters` asks for it (the MoE classes, written for 5.x as well),
+// rope_parameters of rope_type "default".
+void rope_to_hf(const model::TransformerConfig& c, bool parameters, nlohmann::json& j);
+
+}  // namespace mcpp::checkpoint::hf_rope

@@ -1,0 +1,78 @@
+// Llama 3.x RoPE scaling in megatron.cpp checkpoints: metadata.json records it (absent: off,
+// so checkpoints from before it load as plain RoPE); a run whose scaling differs loads with a
+// warning naming both, as a different rotary base does.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ckpt_test_util.h"
+
+using namespace mcpp;
+using namespace mcpp::testing;
+namespace ck = mcpp::checkpoint;
+using json = nlohmann::json;
+
+namespace {
+
+model::TransformerConfig scaled_llama() {
+  auto c = tiny_config("llama");
+  c.rotary_base = 500000;
+  c.rope_scaling = true, c.rope_scaling_factor = 32;
+  c.rope_low_freq_factor = 2, c.rope_high_freq_factor = 8, c.rope_original_max_positions = 4096;
+  return c;
+}
+
+// What check_model_compat writes to stderr.
+std::string compat_warnings(const json& saved, const model::TransformerConfig& cur) {
+  ::testing::internal::CaptureStderr();
+  ck::check_model_compat(saved, cur, "ckpt", false);
+  return ::testing::internal::GetCapturedStderr();
+}
+
+}  // namespace
+
+TEST(RopeScalingCheckpoint, MetadataRecordsTheScaling) {
+  const auto c = scaled_llama();
+  model::GPTModel m(c);
+  fill_global(m.params(), m.params().flat_params(), 4);
+  const std::string dir = scratch_dir();
+  ck::save_checkpoint(dir, m, nullptr, sample_state(3));
+  const json md = ck::read_metadata(dir);
+  EXPECT_EQ(md.at("model").at("rope_scaling"), json({{"factor", 32.0},
+                                                     {"low_freq_factor", 2.0},
+                                                     {"high_freq_factor", 8.0},
+                                                     {"original_max_position_embeddings", 4096}}));
+  const auto back = ck::model_config_from_metadata(md);
+  EXPECT_TRUE(back.rope_scaling);
+  EXPECT_EQ(back.rope_scaling_factor, 32.0);
+  EXPECT_EQ(back.rope_low_freq_factor, 2.0);
+  EXPECT_EQ(back.rope_high_freq_factor, 8.0);
+  EXPECT_EQ(back.rope_original_max_positions, 4096);
+  EXPECT_EQ(ck::model_config_json(back), ck::model_config_json(c));
+  // A checkpoint written before the scaling existed has no field: plain RoPE.
+  json old = md;
+  old["model"].erase("rope_scaling");
+  EXPECT_FALSE(ck::model_config_from_metadata(old).rope_scaling);
+  // Unscaled models write no field (their metadata is as before).
+  EXPECT_FALSE(ck::model_config_json(tiny_config("llama")).contains("rope_scaling"));
+}
+
+TEST(RopeScalingCheckpoint, ADifferentScalingLoadsWithAWarning) {
+  const auto c = scaled_llama();
+  const json saved = ck::model_config_json(c);
+  EXPECT_EQ(compat_warnings(saved, c), "");
+  auto other = c;
+  other.rope_scaling_factor = 8;
+  std::string w = compat_warnings(saved, other);
+  EXPECT_NE(w.find("ckpt: rope_scaling differs (checkpoint {\"factor\":32.0,"), std::string::npos)
+      << w;
+  EXPECT_NE(w.find("this run {\"factor\":8.0,"), std::string::npos) << w;
+  auto none = c;
+  none.rope_scaling = false;
+  w = compat_warnings(saved, none);
+  EXPECT_NE(w.find("rope_scaling differs"), std::string::npos) << w;
+  EXPECT_NE(w.find("this run off)"), std::string::npos) << w;
+  // The other way: a plain checkpoint and a scaled run (extending a model's context).
+  EXPECT_NE(compat_warnings(ck::model_config_json(none), c).find("(checkpoint off, this run"),
+            std::string::npos);
+}
