@@ -17,6 +17,7 @@
 #include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
 #include "checkpoint/moe_metadata.h"
+#include "checkpoint/retention.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 #include "ops/ops.h"
@@ -65,55 +66,7 @@ std::string join_path(const std::string& a, const std::string& b) {
   return (fs::path(a) / b).string();
 }
 
-// The iteration the tracker of save_dir names, read as it is (no fallback to the folders):
-// nullopt when there is none or it is not a plain iteration number.
-std::optional<int64_t> tracked_iteration(const std::string& save_dir) {
-  const std::string path = join_path(save_dir, kTrackerFile);
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return std::nullopt;
-  try {
-    std::string s = read_text_file(path, 4096);
-    s.erase(std::remove_if(s.begin(), s.end(), ::isspace), s.end());
-    return parse_iteration_digits(s);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-}
-
-// --save-retain-interval: deletes iteration `prev` of save_dir (the checkpoint the tracker
-// named before `iteration`'s commit) unless it is kept: 0, `iteration` itself, a multiple of
-// `every`, or a symbolic link. The folder is renamed to *.del-<pid> first, so that a crash
-// while deleting never leaves a half-deleted iter_* folder behind (begin_checkpoint removes
-// the leftover). A failure is a warning: the new checkpoint is complete either way.
-void retire_checkpoint(const std::string& save_dir, int64_t prev, int64_t iteration,
-                       int64_t every) {
-  if (prev <= 0 || prev == iteration || prev % every == 0) return;
-  const fs::path dir = fs::path(save_dir) / iteration_dir_name(prev);
-  std::error_code ec;
-  if (fs::is_symlink(dir, ec)) {
-    log::info(
-        "  skipping deleting checkpoint from iteration {:7d} at {} since it is a symbolic "
-        "link",
-        prev, save_dir);
-    return;
-  }
-  if (!fs::is_directory(dir, ec)) return;  // gone already
-  const fs::path doomed = dir.string() + ".del-" + std::to_string(::getpid());
-  fs::remove_all(doomed, ec);
-  fs::rename(dir, doomed, ec);
-  if (!ec) fs::remove_all(doomed, ec);
-  if (ec) {
-    log::warn(
-        "  could not delete checkpoint from iteration {:7d} at {} (--save-retain-interval "
-        "{}): {}",
-        prev, save_dir, every, ec.message());
-    return;
-  }
-  log::info("  successfully deleted checkpoint from iteration {:7d} at {}", prev, save_dir);
-}
-
 }  // namespace
-
 
 // ---- pieces and snapshots -------------------------------------------------------------------
 
