@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -15,6 +16,23 @@
 #include "optim/optimizer.h"
 
 namespace mcpp::testing {
+
+// Equal dtype, shape and bytes.
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// The message of the mcpp::Error that f throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // The models are tiny and the work is I/O: one thread avoids OpenMP start-up costs on a busy
 // machine (set before any test runs).

@@ -32,22 +32,6 @@ std::string fixture(const std::string& fam) {
   return std::string(MCPP_SOURCE_DIR) + "/tests/golden/hf_moe/" + fam;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-// The message of the mcpp::Error that f throws ("" when it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // The fixture's config as we read it (padding 1: the vocabulary stays transformers').
 model::TransformerConfig mixtral_config() {
   auto c = ck::model_config_from_hf(ck::read_hf_config(fixture("mixtral")), 1);

@@ -23,11 +23,6 @@ std::string hf_golden(const std::string& fam) {
   return std::string(MCPP_SOURCE_DIR) + "/tests/golden/hf/" + fam;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 // Export (as model_type, "" for the default), import: the same config and the same bytes.
 // Returns the exported config.json.
 nlohmann::json round_trip(model::TransformerConfig c, const std::string& model_type = "") {
@@ -48,15 +43,6 @@ nlohmann::json round_trip(model::TransformerConfig c, const std::string& model_t
   ck::import_hf(dir, back_cfg, b.params());
   EXPECT_TRUE(same_bytes(a.params().flat_params(), b.params().flat_params()));
   return hf;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // The Llama-style config.json of `type` that real checkpoints carry (tiny sizes).

@@ -48,20 +48,6 @@ json llama3_config() {
           {"tie_word_embeddings", false}};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 }  // namespace
 
 TEST(HfRope, ImportsLlama3ScalingFromTransformers4) {

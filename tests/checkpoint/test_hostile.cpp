@@ -20,15 +20,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 void expect_has(const std::string& s, const std::string& part) {
   EXPECT_NE(s.find(part), std::string::npos) << "missing '" << part << "' in:\n" << s;
 }
