@@ -306,17 +306,22 @@ void moe_route_topk(const Tensor& logits, const Tensor& bias, const MoeRouteSpec
                     Tensor& idx, Tensor& prob, Stream& s) {
   MCPP_DISPATCH(moe_route_topk, logits, bias, r, idx, prob, s);
 }
-void moe_route_index(const Tensor& idx, int64_t E, Tensor& counts, Tensor& src,
-                     Tensor& row_slot, Tensor& slot_row, Tensor& offsets, Tensor& rows,
-                     Stream& s) {
-  MCPP_DISPATCH(moe_route_index, idx, E, counts, src, row_slot, slot_row, offsets, rows, s);
+void moe_route_index(const Tensor& idx, Tensor& prob, const MoeRouteSpec& r, int64_t blocks,
+                     Tensor& counts, Tensor& bias_counts, Tensor& src, Tensor& row_slot,
+                     Tensor& slot_row, Tensor& offsets, Tensor& rows, Stream& s) {
+  MCPP_DISPATCH(moe_route_index, idx, prob, r, blocks, counts, bias_counts, src, row_slot,
+                slot_row, offsets, rows, s);
 }
 void moe_gather(const Tensor& x, const Tensor& index, Tensor& y, Stream& s) {
   MCPP_DISPATCH(moe_gather, x, index, y, s);
 }
-void moe_route_stats(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Tensor& aux_counts,
-                     Tensor& losses, Stream& s) {
-  MCPP_DISPATCH(moe_route_stats, logits, r, B, aux_counts, losses, s);
+void moe_route_counts(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Tensor& aux_counts,
+                      Stream& s) {
+  MCPP_DISPATCH(moe_route_counts, logits, r, B, aux_counts, s);
+}
+void moe_route_stats(const Tensor& logits, const Tensor& aux_counts, const MoeRouteSpec& r,
+                     int64_t B, Tensor& losses, Stream& s) {
+  MCPP_DISPATCH(moe_route_stats, logits, aux_counts, r, B, losses, s);
 }
 void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& dprob,
                         const Tensor& aux_counts, const MoeRouteSpec& r, int64_t B,

@@ -99,6 +99,29 @@ MCPP_MOE_HD inline void route_token(const MoeRouteSpec& r, const F* l, const flo
     for (int64_t j = 0; j < k; ++j) p[j] *= F(r.scaling);
 }
 
+// Token dropping in one block of Tb tokens (model/moe/routing.h, per block): an expert kept
+// `kept` of its (token, slot) pairs (at most cap). Pad-to-capacity fills it to cap and
+// pad_multiple rounds its rows up to a multiple, both with the block's earliest tokens not
+// kept (at most Tb - kept of them: an expert holds each token once). Returns the padding
+// rows; *bias gets the expert-bias count (kept + the pad-to-capacity rows, without
+// pad_multiple's, as the host routing counts them).
+MCPP_MOE_HD inline int64_t pad_rows(const MoeRouteSpec& r, int64_t kept, int64_t cap, int64_t Tb,
+                                    int64_t* bias) {
+  const int64_t to_cap = r.capacity_factor > 0 && r.pad_to_capacity ? cap - kept : 0;
+  const int64_t pm = r.pad_multiple, base = kept + to_cap;
+  const int64_t more = pm > 1 ? (pm - base % pm) % pm : 0;
+  *bias = base;
+  return to_cap + more < Tb - kept ? to_cap + more : Tb - kept;
+}
+
+// The row, within its (expert, block) rows, of a token of the block: before it come the kept
+// tokens before it (kb) and those of the `pad` earliest not-kept tokens that are before it
+// (nk: the not-kept tokens before it). Rows stay in token order. A not-kept token is a
+// padding row when nk < pad.
+MCPP_MOE_HD inline int64_t row_in_block(int64_t kb, int64_t nk, int64_t pad) {
+  return kb + (nk < pad ? nk : pad);
+}
+
 // The aux loss's scores of one token: the full softmax, or sigmoid normalised over E.
 template <class F>
 MCPP_MOE_HD inline void aux_scores(const MoeRouteSpec& r, const F* l, F* s) {

@@ -7,15 +7,18 @@
 // The experts' GEMMs on side streams (ops::StreamFork): the bits of one stream.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "../gpu/gpu_test_util.h"
 #include "model/gpt_model.h"
 #include "model/moe/moe_layer.h"
+#include "moe_layer_harness.h"
 #include "ops/graph.h"
 
 using namespace mcpp;
@@ -173,6 +176,7 @@ struct RouteCase {
   const char* name;
   TransformerConfig::Moe m;
   bool bias;
+  int64_t cp = 1;  // a CP group of cp ranks with the same tokens (the counts times cp)
 };
 
 std::vector<RouteCase> route_cases() {
@@ -186,10 +190,10 @@ std::vector<RouteCase> route_cases() {
   v.push_back({"mixtral_softmax_top2", base(8, 2), false});
   v.push_back({"pre_softmax_scaled_seq_aux", base(16, 4), false});
   v.back().m.pre_softmax = true, v.back().m.topk_scaling_factor = 2.5;
-  v.back().m.balance = TransformerConfig::Moe::Balance::SeqAuxLoss;
+  v.back().m.balance = TransformerConfig::Moe::Balance::SeqAuxLoss, v.back().cp = 2;
   v.push_back({"deepseek_sigmoid_bias_groups", base(32, 6), true});
   v.back().m.sigmoid = true, v.back().m.num_groups = 8, v.back().m.group_topk = 3;
-  v.back().m.topk_scaling_factor = 2.0;
+  v.back().m.topk_scaling_factor = 2.0, v.back().cp = 2;
   v.push_back({"sigmoid_top1_no_balance", base(64, 1), true});
   v.back().m.sigmoid = true, v.back().m.balance = TransformerConfig::Moe::Balance::None;
   return v;
@@ -198,26 +202,55 @@ std::vector<RouteCase> route_cases() {
 }  // namespace
 
 namespace {
-// moe_route_index of the experts idx [T, k] (gidx: the same on the GPU) on both backends:
-// every output the same, element for element. Returns the row_slot of each (CPU, GPU).
-std::pair<Tensor, Tensor> expect_index_matches_cpu(const Tensor& idx, const Tensor& gidx, int64_t E) {
-  const int64_t T = idx.size(0), N = idx.numel();
-  auto i64 = [](int64_t n, Device d) { return Tensor::empty({n}, DType::I64, d); };
-  Tensor cnt = i64(E, Device::CPU), src = i64(N, Device::CPU), rs = i64(N, Device::CPU);
-  Tensor sr = i64(N, Device::CPU), off = i64(T + 1, Device::CPU), rows = i64(N, Device::CPU);
-  Tensor gcnt = i64(E, Device::CUDA), gsrc = i64(N, Device::CUDA), grs = i64(N, Device::CUDA);
-  Tensor gsr = i64(N, Device::CUDA), goff = i64(T + 1, Device::CUDA), grows = i64(N, Device::CUDA);
-  cpu::moe_route_index(idx, E, cnt, src, rs, sr, off, rows, CS());
-  gpu::moe_route_index(gidx, E, gcnt, gsrc, grs, gsr, goff, grows, GS());
-  for (auto [h, g, name] : {std::tuple{&cnt, &gcnt, "counts"}, {&src, &gsrc, "src"},
-                            {&rs, &grs, "row_slot"}, {&sr, &gsr, "slot_row"},
-                            {&off, &goff, "offsets"}, {&rows, &grows, "rows"}}) {
+// Tensors of n i64 -7 (CPU, or copied to the GPU): entries an op forgot to write show.
+Tensor i64_poison(int64_t n, Device d) {
+  Tensor h = Tensor::empty({n}, DType::I64);
+  std::fill(h.data<int64_t>(), h.data<int64_t>() + n, int64_t(-7));
+  if (d == Device::CPU) return h;
+  Tensor g = Tensor::empty({n}, DType::I64, Device::CUDA);
+  gpu::copy(h, g, GS());
+  return g;
+}
+
+// moe_route_index of the experts idx [T, k] with their weights prob [T, k] f32 (gidx, gprob:
+// the same on the GPU; prob undefined without capacity) on both backends: every output the
+// same, element for element (the row arrays' first N), and with capacity the weights after
+// it (dropped ones 0) the same bits. Returns the row_slot of each (CPU, GPU), N long.
+std::pair<Tensor, Tensor> expect_index_matches_cpu(const Tensor& idx, const Tensor& gidx,
+                                                   Tensor& prob, Tensor& gprob,
+                                                   const ops::MoeRouteSpec& spec,
+                                                   int64_t blocks = 1) {
+  const int64_t T = idx.size(0), Nk = idx.numel(), E = spec.E;
+  const int64_t Nmax = ops::moe_route_max_rows(spec, T, blocks);
+  Tensor cnt = i64_poison(E, Device::CPU), bc = i64_poison(E, Device::CPU);
+  Tensor src = i64_poison(Nmax, Device::CPU), rs = i64_poison(Nmax, Device::CPU);
+  Tensor sr = i64_poison(Nk, Device::CPU), off = i64_poison(T + 1, Device::CPU);
+  Tensor rows = i64_poison(Nmax, Device::CPU);
+  Tensor gcnt = i64_poison(E, Device::CUDA), gbc = i64_poison(E, Device::CUDA);
+  Tensor gsrc = i64_poison(Nmax, Device::CUDA), grs = i64_poison(Nmax, Device::CUDA);
+  Tensor gsr = i64_poison(Nk, Device::CUDA), goff = i64_poison(T + 1, Device::CUDA);
+  Tensor grows = i64_poison(Nmax, Device::CUDA);
+  cpu::moe_route_index(idx, prob, spec, blocks, cnt, bc, src, rs, sr, off, rows, CS());
+  gpu::moe_route_index(gidx, gprob, spec, blocks, gcnt, gbc, gsrc, grs, gsr, goff, grows, GS());
+  int64_t N = 0;
+  for (int64_t e = 0; e < E; ++e) N += cnt.data<int64_t>()[e];
+  EXPECT_LE(N, Nmax);
+  for (auto [h, g, name, n] :
+       {std::tuple{&cnt, &gcnt, "counts", E}, {&bc, &gbc, "bias_counts", E},
+        {&src, &gsrc, "src", N}, {&rs, &grs, "row_slot", N}, {&sr, &gsr, "slot_row", Nk},
+        {&off, &goff, "offsets", T + 1}, {&rows, &grows, "rows", N}}) {
     Tensor gh = to_cpu(*g);
     int64_t bad = 0;
-    for (int64_t i = 0; i < h->numel(); ++i) bad += gh.data<int64_t>()[i] != h->data<int64_t>()[i];
+    for (int64_t i = 0; i < n; ++i) bad += gh.data<int64_t>()[i] != h->data<int64_t>()[i];
+    for (int64_t i = 0; i < n; ++i) bad += h->data<int64_t>()[i] == -7;  // written
     EXPECT_EQ(bad, 0) << name;
   }
-  return {rs, grs};
+  if (spec.drops()) {
+    Tensor gp = to_cpu(gprob);
+    EXPECT_EQ(std::memcmp(gp.raw(), prob.raw(), size_t(Nk) * sizeof(float)), 0)
+        << "weights after dropping";
+  }
+  return {rs.narrow(0, N), grs.narrow(0, N)};
 }
 }  // namespace
 
@@ -248,7 +281,7 @@ TEST_P(GpuMoeRoute, MatchesCpuOps) {
     EXPECT_EQ(differ, 0) << "selected experts differ from the CPU op's";
     EXPECT_LE(rel_err(to_cpu(gprob), prob), 1e-6);
 
-    const auto [rs, grs] = expect_index_matches_cpu(idx, gidx, E);
+    const auto [rs, grs] = expect_index_matches_cpu(idx, gidx, prob, gprob, spec);
     Tensor pr = Tensor::empty({N}, DType::F32), gpr = gpu_nan({N}, DType::F32);
     cpu::moe_gather(prob, rs, pr, CS());
     gpu::moe_gather(gprob, grs, gpr, GS());
@@ -256,18 +289,26 @@ TEST_P(GpuMoeRoute, MatchesCpuOps) {
 
     Tensor ac = Tensor::empty({G * E}, DType::F32), ls = Tensor::empty({2}, DType::F32);
     Tensor gac = gpu_nan({G * E}, DType::F32), gls = gpu_nan({2}, DType::F32);
-    cpu::moe_route_stats(l, spec, B, ac, ls, CS());
-    gpu::moe_route_stats(gl, spec, B, gac, gls, GS());
+    ops::MoeRouteSpec cspec = spec;  // the CP group's token count
+    cspec.cp = c.cp;
     if (spec.aux) {
+      cpu::moe_route_counts(l, cspec, B, ac, CS());
+      gpu::moe_route_counts(gl, cspec, B, gac, GS());
       EXPECT_EQ(rel_err(to_cpu(gac), ac), 0.0) << "aux counts";
-      EXPECT_GT(ls.data<float>()[0], 0.f);
+      for (int64_t r = 1; r < c.cp; ++r) {  // the other ranks' (the same) counts
+        cpu::add(ac, ac, ac, CS());
+        gpu::add(gac, gac, gac, GS());
+      }
     }
+    cpu::moe_route_stats(l, ac, cspec, B, ls, CS());
+    gpu::moe_route_stats(gl, gac, cspec, B, gls, GS());
+    if (spec.aux) EXPECT_GT(ls.data<float>()[0], 0.f);
     EXPECT_LE(rel_err(to_cpu(gls), ls), 1e-5) << "losses";
 
     Tensor dp = rand_f32({T, k}, 23), gdp = to_gpu(dp, DType::F32);
     Tensor dl = Tensor::empty({T, E}, DType::F32), gdl = gpu_nan({T, E}, dt);
-    cpu::moe_route_backward(l, idx, dp, ac, spec, B, 0.5, 100, 500, dl, CS());
-    gpu::moe_route_backward(gl, gidx, gdp, gac, spec, B, 0.5, 100, 500, gdl, GS());
+    cpu::moe_route_backward(l, idx, dp, ac, cspec, B, 0.5, 100, 500, dl, CS());
+    gpu::moe_route_backward(gl, gidx, gdp, gac, cspec, B, 0.5, 100, 500, gdl, GS());
     EXPECT_LE(rel_err(to_cpu(gdl), rounded(dl, dt)), dt == DType::F32 ? 1e-5 : tol(dt))
         << "dlogits";
   }
@@ -320,8 +361,18 @@ TransformerConfig sigmoid_cfg(Device dev, DType dt) {
   return c;
 }
 
+std::vector<model::moe::MoeLayer*> moe_layers(GPTModel& m) {
+  std::vector<model::moe::MoeLayer*> out;
+  auto& b = m.stage().block(0);
+  for (int i = 0; i < b.size(); ++i)
+    if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp())) out.push_back(l);
+  return out;
+}
+
+// The GPU model (routing where MoeLayer chooses; device: whether that must be the routing
+// ops, whose statistics live on the device) against the CPU model (host routing).
 void f32_matches_cpu(const TransformerConfig& ccfg, const TransformerConfig& gcfg,
-                     const char* name) {
+                     const char* name, bool device = true) {
   GPTModel cm(ccfg);
   GPTModel gm(gcfg);
   ops::copy(cm.params().flat_params(), gm.params().flat_params(), GS());
@@ -330,6 +381,18 @@ void f32_matches_cpu(const TransformerConfig& ccfg, const TransformerConfig& gcf
   k.iteration = 2;
   cm.params().zero_grads(), gm.params().zero_grads();
   const double lc = cm.forward(mb, k), lg = gm.forward(mb, k);
+  for (auto* l : moe_layers(gm)) EXPECT_EQ(l->stats().dev_sum.defined(), device) << name;
+  // The expert-bias counts (after capacity, before the FP8 padding) and the aux / z losses.
+  const auto cl = moe_layers(cm), gl = moe_layers(gm);
+  ASSERT_EQ(cl.size(), gl.size());
+  for (size_t i = 0; i < cl.size(); ++i) {
+    gl[i]->sync_stats();
+    EXPECT_EQ(gl[i]->stats().tokens_per_expert, cl[i]->stats().tokens_per_expert) << i;
+    EXPECT_NEAR(gl[i]->stats().last_aux_loss, cl[i]->stats().last_aux_loss,
+                1e-5 * cl[i]->stats().last_aux_loss) << i;
+    EXPECT_NEAR(gl[i]->stats().last_z_loss, cl[i]->stats().last_z_loss,
+                1e-5 * cl[i]->stats().last_z_loss) << i;
+  }
   EXPECT_NEAR(lg, lc, 1e-5 * std::abs(lc));
   EXPECT_LE(rel_err(to_cpu(gm.logits()), cm.logits()), 1e-5);
   cm.backward(1.0 / 128), gm.backward(1.0 / 128);
@@ -359,7 +422,32 @@ TEST(GpuMoeModel, F32SinkhornMatchesCpu) {
     for (auto* c : {&cc, &gc})
       c->moe.balance = TransformerConfig::Moe::Balance::Sinkhorn, c->moe.aux_loss_coeff = 0,
       c->moe.topk = k;
-    f32_matches_cpu(cc, gc, k == 2 ? "sinkhorn top-2" : "sinkhorn top-1");
+    f32_matches_cpu(cc, gc, k == 2 ? "sinkhorn top-2" : "sinkhorn top-1", false);
+  }
+}
+
+// Capacity on the device (Megatron's Mixtral recipe runs --moe-expert-capacity-factor 1.0):
+// both drop policies, pad-to-capacity and the FP8 router padding, against the CPU model's
+// host routing. (The device decides on f32 weights, the host on f64: a near tie at an
+// expert's capacity could order differently; with these random weights none does.)
+TEST(GpuMoeModel, F32CapacityMatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  struct V {
+    const char* name;
+    double cf;
+    bool position, pad;
+    int64_t multiple;
+  };
+  for (V v : {V{"probs cf 1.0 pad to capacity", 1.0, false, true, 0},
+              V{"probs cf 1.0", 1.0, false, false, 0}, V{"position cf 0.5", 0.5, true, false, 0},
+              V{"position cf 1.25 pad to capacity", 1.25, true, true, 0},
+              V{"probs cf 1.0 FP8 padding", 1.0, false, false, 16}}) {
+    auto cc = moe_cfg(Device::CPU, DType::F32), gc = moe_cfg(Device::CUDA, DType::F32);
+    for (auto* c : {&cc, &gc}) {
+      c->moe.capacity_factor = v.cf, c->moe.drop_by_position = v.position;
+      c->moe.pad_to_capacity = v.pad, c->moe.pad_multiple = v.multiple;
+    }
+    f32_matches_cpu(cc, gc, v.name);
   }
 }
 
@@ -490,6 +578,106 @@ TEST(GpuMoeRouteIndex, ManyTilesSkewAndManyExperts) {
       }
     Tensor gidx = Tensor::empty(idx.shape(), DType::I64, Device::CUDA);
     gpu::copy(idx, gidx, GS());
-    expect_index_matches_cpu(idx, gidx, c.E);
+    ops::MoeRouteSpec spec;  // dropless: the counting sort
+    spec.E = c.E, spec.k = c.k;
+    Tensor none, gnone;
+    expect_index_matches_cpu(idx, gidx, none, gnone, spec);
+  }
+}
+
+// The capacity index (moe_route_index with capacity and padding) on CUDA against the CPU op
+// on the same experts and weights: segments longer than a block's chunk (the scans'
+// carries), several blocks of tokens, both drop policies, exact ties between weights (the
+// earlier token first), pad-to-capacity, the FP8 padding (with no token left to pad with),
+// every token on one expert, an expert no token picks, and 2048 (expert, block) segments
+// (the segment scan's chunks): every output exactly, the dropped weights zeroed alike.
+TEST(GpuMoeRouteIndex, CapacityAndPaddingMatchCpuOps) {
+  MCPP_REQUIRE_GPU();
+  struct C {
+    const char* name;
+    int64_t T, E, k, blocks;
+    double cf;
+    bool position, pad;
+    int64_t multiple;
+    int mode;  // 0 random, 1 every token on expert 3, 2 expert 5 never, 3 tied weights
+  };
+  for (C c : {C{"probs_cf1", 3000, 8, 2, 2, 1.0, false, false, 0, 0},
+              C{"probs_ties_pad_to_capacity", 2048, 16, 4, 4, 0.8, false, true, 0, 3},
+              C{"position_cf05", 3000, 8, 2, 3, 0.5, true, false, 0, 0},
+              C{"position_pad_to_capacity", 1536, 32, 6, 2, 1.25, true, true, 0, 0},
+              C{"pad_multiple_dropless", 3000, 8, 2, 2, 0.0, false, false, 16, 0},
+              C{"probs_pad_multiple", 3000, 64, 6, 2, 1.0, false, false, 16, 0},
+              C{"all_to_one_probs_pad", 2000, 8, 1, 2, 1.0, false, true, 0, 1},
+              C{"all_to_one_position", 2000, 8, 1, 1, 1.0, true, false, 0, 1},
+              C{"all_to_one_pad_multiple", 2000, 8, 1, 2, 0.0, false, false, 16, 1},
+              C{"zero_token_expert_pad_to_capacity", 1024, 8, 2, 1, 0.5, false, true, 0, 2},
+              C{"many_segments", 4096, 256, 8, 8, 1.0, false, true, 16, 0}}) {
+    SCOPED_TRACE(c.name);
+    TransformerConfig::Moe m;
+    m.num_experts = c.E, m.topk = c.k, m.capacity_factor = c.cf;
+    m.drop_by_position = c.position, m.pad_to_capacity = c.pad, m.pad_multiple = c.multiple;
+    const ops::MoeRouteSpec spec = model::moe::route_spec(m);
+    Tensor l = rand_f32({c.T, c.E}, 41, -3.f, 3.f);
+    for (int64_t t = 0; t < c.T; ++t) {
+      if (c.mode == 1) l.data<float>()[t * c.E + 3] += 100.f;
+      if (c.mode == 2) l.data<float>()[t * c.E + 5] -= 100.f;
+    }
+    Tensor idx = Tensor::empty({c.T, c.k}, DType::I64), prob = Tensor::empty({c.T, c.k}, DType::F32);
+    cpu::moe_route_topk(l, Tensor(), spec, idx, prob, CS());
+    if (c.mode == 3)  // weights on a grid of 1/8: many exact ties at every capacity
+      for (int64_t i = 0; i < prob.numel(); ++i)
+        prob.data<float>()[i] = std::round(prob.data<float>()[i] * 8.f) / 8.f;
+    Tensor gidx = Tensor::empty(idx.shape(), DType::I64, Device::CUDA);
+    gpu::copy(idx, gidx, GS());
+    Tensor gprob = to_gpu(prob, DType::F32);
+    const auto [rs, grs] = expect_index_matches_cpu(idx, gidx, prob, gprob, spec, c.blocks);
+    int64_t padding = 0;
+    for (int64_t n = 0; n < rs.numel(); ++n) padding += rs.data<int64_t>()[n] < 0;
+    const int64_t dropped = idx.numel() - (rs.numel() - padding);
+    std::printf("[moe capacity index %s] %lld rows, %lld dropped, %lld padding\n", c.name,
+                (long long)rs.numel(), (long long)dropped, (long long)padding);
+    // The weights in row order (padding rows 0), as the layer gathers them.
+    Tensor pr = Tensor::empty({rs.numel()}, DType::F32), gpr = gpu_nan({rs.numel()}, DType::F32);
+    cpu::moe_gather(prob, rs, pr, CS());
+    gpu::moe_gather(gprob, grs, gpr, GS());
+    EXPECT_EQ(rel_err(to_cpu(gpr), pr), 0.0);
+  }
+}
+
+// Context parallelism on the device: one MoE layer (capacity with padding, and dropless with
+// seq_aux_loss) in a CP group of two (a stand-in whose other rank holds the same tokens:
+// tests/moe/moe_layer_harness.h) routes with the routing ops, sums the aux counts over the
+// group once (on the device), and gives the CPU layer's host routing in the same group: the
+// output, the input and parameter gradients, the expert-bias counts and the aux / z losses.
+TEST(GpuMoeLayer, ContextParallelOnTheDeviceMatchesCpuHostRouting) {
+  MCPP_REQUIRE_GPU();
+  for (bool capacity : {false, true}) {
+    SCOPED_TRACE(capacity ? "capacity" : "dropless");
+    auto cc = moe_cfg(Device::CPU, DType::F32), gc = moe_cfg(Device::CUDA, DType::F32);
+    for (auto* c : {&cc, &gc}) {
+      c->cp_size = 2, c->moe.shared_ffn_hidden_size = 0, c->moe.shared_expert_gate = false;
+      if (capacity) c->moe.capacity_factor = 1.0, c->moe.pad_to_capacity = true;
+      else c->moe.balance = TransformerConfig::Moe::Balance::SeqAuxLoss;
+    }
+    using Place = model::moe::MoeLayer::RoutingPlace;
+    MirrorCommunicator ccp, gcp;
+    const MoeLayerRun h = run_moe_layer(cc, &ccp, Place::Host, 32, 2, 7);
+    const MoeLayerRun d = run_moe_layer(gc, &gcp, Place::Auto, 32, 2, 7, &h.params);
+    EXPECT_TRUE(d.on_device);
+    EXPECT_EQ(ccp.all_reduces, 1);
+    EXPECT_EQ(gcp.all_reduces, 1);
+    auto close = [](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+      ASSERT_EQ(a.size(), b.size()) << what;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+      EXPECT_GT(den, 0) << what;
+      EXPECT_LE(std::sqrt(num / den), 1e-5) << what;
+    };
+    close(d.y, h.y, "y");
+    close(d.dx, h.dx, "dx");
+    close(d.grads, h.grads, "parameter gradients");
+    EXPECT_EQ(d.tokens_per_expert, h.tokens_per_expert);
+    EXPECT_NEAR(d.aux_loss, h.aux_loss, 1e-5 * h.aux_loss);
+    EXPECT_NEAR(d.z_loss, h.z_loss, 1e-5 * h.z_loss);
   }
 }

@@ -7,12 +7,16 @@
 // Logits are drawn from a coarse grid so that exact ties occur: both must break them alike.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "base/philox.h"
+#include "model/gpt_model.h"
 #include "model/moe/moe_layer.h"
 #include "model/moe/routing.h"
+#include "moe_layer_harness.h"
 #include "ops/ops.h"
 
 using namespace mcpp;
@@ -87,8 +91,11 @@ TEST(MoeRouteOps, F64MatchesHostRouting) {
     Tensor counts = Tensor::empty({E}, DType::I64), src = Tensor::empty({T * k}, DType::I64);
     Tensor row_slot = Tensor::empty({T * k}, DType::I64), slot_row = Tensor::empty({T * k}, DType::I64);
     Tensor off = Tensor::empty({T + 1}, DType::I64), rows = Tensor::empty({T * k}, DType::I64);
-    ops::moe_route_index(idx, E, counts, src, row_slot, slot_row, off, rows, Stream::cpu());
+    Tensor bias_counts = Tensor::empty({E}, DType::I64);
+    ops::moe_route_index(idx, prob, spec, 1, counts, bias_counts, src, row_slot, slot_row, off,
+                         rows, Stream::cpu());
     EXPECT_EQ(i64v(counts), r.counts);
+    EXPECT_EQ(i64v(bias_counts), r.counts);
     EXPECT_EQ(i64v(src), r.row_token);
     EXPECT_EQ(i64v(off), r.tok_offsets);
     EXPECT_EQ(i64v(rows), r.tok_rows);
@@ -104,7 +111,8 @@ TEST(MoeRouteOps, F64MatchesHostRouting) {
 
     const int64_t G = spec.seq_aux ? B : 1;
     Tensor aux_counts = Tensor::empty({G * E}, DType::F64), losses = Tensor::empty({2}, DType::F64);
-    ops::moe_route_stats(logits, spec, B, aux_counts, losses, Stream::cpu());
+    if (spec.aux) ops::moe_route_counts(logits, spec, B, aux_counts, Stream::cpu());
+    ops::moe_route_stats(logits, aux_counts, spec, B, losses, Stream::cpu());
     if (spec.aux) {
       for (int64_t i = 0; i < G * E; ++i) EXPECT_EQ(aux_counts.data<double>()[i], r.aux_counts[size_t(i)]);
       EXPECT_NEAR(losses.data<double>()[0] * m.aux_loss_coeff, r.aux_loss, 1e-14 * std::abs(r.aux_loss) + 1e-300);
@@ -149,4 +157,340 @@ TEST(MoeRouteOps, BadArgumentsAreErrors) {
   spec.k = 2;
   Tensor idx32 = Tensor::empty({6, 2}, DType::I32), p2 = Tensor::empty({6, 2}, DType::F64);
   EXPECT_THROW(ops::moe_route_topk(logits, Tensor(), spec, idx32, p2, Stream::cpu()), Error);
+}
+
+// ---- capacity, padding and context parallelism ------------------------------------------
+
+namespace {
+
+struct CapCase {
+  std::string name;
+  TransformerConfig::Moe m;
+  int64_t blocks = 1;
+  std::vector<double> bias;  // the expert bias (sigmoid), empty for none
+  bool grid = false;         // logits on a coarse grid (exact ties between tokens' weights)
+  int64_t cp = 1;            // a CP group whose other ranks hold the same tokens
+  bool drops = false, pads = false;  // what the case must exercise
+};
+
+std::vector<CapCase> cap_cases() {
+  auto base = [](int64_t E, int64_t k) {
+    TransformerConfig::Moe m;
+    m.num_experts = E, m.topk = k, m.ffn_hidden_size = 4, m.aux_loss_coeff = 1e-2;
+    m.z_loss_coeff = 1e-3;
+    return m;
+  };
+  std::vector<CapCase> v;
+  v.push_back({"probs_cf1_ties", base(8, 2)});
+  v.back().m.capacity_factor = 1.0, v.back().grid = true, v.back().drops = true;
+  v.push_back({"probs_pad_to_capacity_3_blocks", base(8, 2), 3});
+  auto* m = &v.back().m;
+  m->pre_softmax = true, m->topk_scaling_factor = 2.5, m->balance = Balance::SeqAuxLoss;
+  m->capacity_factor = 0.75, m->pad_to_capacity = true;
+  v.back().grid = true, v.back().drops = v.back().pads = true;
+  v.push_back({"position_cf05_2_blocks", base(4, 2), 2});
+  v.back().m.capacity_factor = 0.5, v.back().m.drop_by_position = true, v.back().drops = true;
+  v.push_back({"position_pad_to_capacity_sigmoid_groups", base(8, 3), 2});
+  m = &v.back().m;
+  m->sigmoid = true, m->num_groups = 4, m->group_topk = 3, m->capacity_factor = 1.25;
+  m->drop_by_position = true, m->pad_to_capacity = true;
+  v.back().bias = {0.3, 0.0, 0.1, 0.0, 0.2, 0.0, 0.0, 0.4};
+  v.back().drops = v.back().pads = true;
+  v.push_back({"pad_multiple_dropless_3_blocks", base(8, 2), 3});
+  v.back().m.pad_multiple = 8, v.back().grid = true, v.back().pads = true;
+  v.push_back({"probs_pad_multiple_2_blocks", base(8, 2), 2});
+  v.back().m.capacity_factor = 1.0, v.back().m.pad_multiple = 4;
+  v.back().drops = v.back().pads = true;
+  v.push_back({"probs_pad_to_capacity_and_multiple", base(8, 2), 2});
+  v.back().m.capacity_factor = 0.5, v.back().m.pad_to_capacity = true;
+  v.back().m.pad_multiple = 16, v.back().drops = v.back().pads = true;
+  // Every token picks expert 2 (a bias far above the scores): it keeps its capacity, the
+  // others receive only padding.
+  for (bool position : {false, true}) {
+    v.push_back({position ? "all_to_one_expert_position" : "all_to_one_expert_probs", base(4, 1),
+                 2});
+    m = &v.back().m;
+    m->sigmoid = true, m->capacity_factor = 1.0, m->drop_by_position = position;
+    m->pad_to_capacity = position;
+    v.back().bias = {0.0, 0.0, 100.0, 0.0}, v.back().drops = true, v.back().pads = position;
+  }
+  // Every token on expert 2 and rows padded to 16: its 36 rows a block would need 12 more,
+  // but no token is left to pad with (at most all of a block's tokens per expert).
+  v.push_back({"all_to_one_expert_pad_multiple", base(4, 1), 2});
+  v.back().m.sigmoid = true, v.back().m.pad_multiple = 16, v.back().pads = false;
+  v.back().bias = {0.0, 0.0, 100.0, 0.0};
+  // Expert 5 is never picked (a bias far below): no rows dropless, only padding with it.
+  v.push_back({"zero_token_expert_pad_multiple", base(8, 2), 3});
+  m = &v.back().m;
+  m->sigmoid = true, m->capacity_factor = 2.0, m->pad_multiple = 4, v.back().pads = true;
+  v.back().bias = {0, 0, 0, 0, 0, -100.0, 0, 0};
+  v.push_back({"zero_token_expert_pad_to_capacity", base(8, 2), 1});
+  m = &v.back().m;
+  m->sigmoid = true, m->capacity_factor = 0.5, m->pad_to_capacity = true;
+  v.back().bias = {0, 0, 0, 0, 0, -100.0, 0, 0}, v.back().drops = v.back().pads = true;
+  // Context parallelism (a group of two with the same tokens): the summed counts, T x CP.
+  v.push_back({"cp2_probs_cf1", base(8, 2), 1});
+  v.back().m.capacity_factor = 1.0, v.back().cp = 2, v.back().drops = true;
+  v.push_back({"cp2_seq_aux_dropless", base(8, 3), 1});
+  v.back().m.balance = Balance::SeqAuxLoss, v.back().cp = 2;
+  return v;
+}
+
+}  // namespace
+
+// The routing ops with capacity, padding and CP equal the host routing exactly: the same
+// experts, the same kept (token, slot) pairs (dropped weights 0), the same rows per expert,
+// the same token and slot of every row (padding rows slot -1), each token's rows, the
+// expert-bias counts; weights, losses and the backward (d(prob) gathered through slot_row,
+// as the layer does) to f64 rounding.
+TEST(MoeRouteOps, F64CapacityAndPaddingMatchHostRouting) {
+  const int64_t S = 24, B = 3, T = S * B;
+  for (const auto& c : cap_cases()) {
+    SCOPED_TRACE(c.name);
+    const auto& m = c.m;
+    const int64_t E = m.num_experts, k = m.topk;
+    std::vector<double> l(size_t(T * E));
+    for (int64_t i = 0; i < T * E; ++i)
+      l[size_t(i)] = c.grid ? 0.25 * double(int64_t(Philox::u32(9, 1, uint64_t(i)) % 13) - 6)
+                            : 1.5 * Philox::normal(9, 3, uint64_t(i));
+    const double* bias = c.bias.empty() ? nullptr : c.bias.data();
+    moe::AuxLossGroup cpg;
+    cpg.ranks = c.cp;
+    if (c.cp > 1)
+      cpg.sum = [&](std::vector<double>& v) {
+        for (double& x : v) x *= double(c.cp);
+      };
+    const moe::Routing r = moe::route(m, l.data(), T, B, bias, c.blocks, cpg);
+    ops::MoeRouteSpec spec = moe::route_spec(m);
+    spec.cp = c.cp;
+
+    Tensor logits = Tensor::from(l, {T, E});
+    std::vector<float> bias_f(c.bias.begin(), c.bias.end());
+    Tensor tb = bias ? Tensor::from(bias_f, {E}) : Tensor();
+    Tensor idx = Tensor::empty({T, k}, DType::I64), prob = Tensor::empty({T, k}, DType::F64);
+    ops::moe_route_topk(logits, tb, spec, idx, prob, Stream::cpu());
+    const int64_t Nmax = ops::moe_route_max_rows(spec, T, c.blocks);
+    auto i64 = [](int64_t n) { return Tensor::empty({n}, DType::I64); };
+    Tensor counts = i64(E), bias_counts = i64(E), src = i64(Nmax), row_slot = i64(Nmax);
+    Tensor slot_row = i64(T * k), off = i64(T + 1), rows = i64(Nmax);
+    ops::moe_route_index(idx, prob, spec, c.blocks, counts, bias_counts, src, row_slot, slot_row,
+                         off, rows, Stream::cpu());
+
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < T * k; ++i) {
+      ASSERT_EQ(idx.data<int64_t>()[i], r.idx[size_t(i)]) << "slot " << i;
+      EXPECT_EQ(slot_row.data<int64_t>()[i] >= 0, r.kept[size_t(i)] != 0) << "slot " << i;
+      EXPECT_NEAR(prob.data<double>()[i], r.prob[size_t(i)], 1e-14) << "slot " << i;
+      if (!r.kept[size_t(i)]) EXPECT_EQ(prob.data<double>()[i], 0.0) << "dropped slot " << i;
+      dropped += !r.kept[size_t(i)];
+    }
+    EXPECT_EQ(i64v(counts), r.counts);
+    int64_t N = 0, pad_rows = 0;
+    for (int64_t e = 0; e < E; ++e) N += counts.data<int64_t>()[e];
+    ASSERT_EQ(N, int64_t(r.row_token.size()));
+    ASSERT_LE(N, Nmax);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t t = r.row_token[size_t(n)], j = r.row_slot[size_t(n)];
+      EXPECT_EQ(src.data<int64_t>()[n], t) << "row " << n;
+      EXPECT_EQ(row_slot.data<int64_t>()[n], j >= 0 ? t * k + j : -1) << "row " << n;
+      if (j >= 0) EXPECT_EQ(slot_row.data<int64_t>()[t * k + j], n) << "row " << n;
+      pad_rows += j < 0;
+    }
+    EXPECT_EQ(i64v(off), r.tok_offsets);
+    EXPECT_EQ(std::vector<int64_t>(rows.data<int64_t>(), rows.data<int64_t>() + N), r.tok_rows);
+    for (int64_t e = 0; e < E; ++e)
+      EXPECT_EQ(double(bias_counts.data<int64_t>()[e]), r.tokens_per_expert[size_t(e)]) << e;
+    EXPECT_EQ(dropped > 0, c.drops) << dropped << " dropped pairs";
+    EXPECT_EQ(pad_rows > 0, c.pads) << pad_rows << " padding rows";
+
+    // The weights in row order (padding rows 0).
+    Tensor pr = Tensor::empty({N}, DType::F64);
+    ops::moe_gather(prob, row_slot.narrow(0, N), pr, Stream::cpu());
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t t = r.row_token[size_t(n)], j = r.row_slot[size_t(n)];
+      EXPECT_EQ(pr.data<double>()[n], j >= 0 ? prob.data<double>()[t * k + j] : 0.0) << n;
+    }
+
+    // Statistics: the counts (summed over the CP group), then the losses.
+    const int64_t G = spec.seq_aux ? B : 1;
+    Tensor aux_counts = Tensor::empty({G * E}, DType::F64), losses = Tensor::empty({2}, DType::F64);
+    ops::moe_route_counts(logits, spec, B, aux_counts, Stream::cpu());
+    for (int64_t i = 0; i < G * E; ++i) aux_counts.data<double>()[i] *= double(c.cp);
+    ops::moe_route_stats(logits, aux_counts, spec, B, losses, Stream::cpu());
+    for (int64_t i = 0; i < G * E; ++i)
+      EXPECT_EQ(aux_counts.data<double>()[i], r.aux_counts[size_t(i)]);
+    EXPECT_NEAR(losses.data<double>()[0] * m.aux_loss_coeff, r.aux_loss, 1e-14 * r.aux_loss);
+    EXPECT_NEAR(losses.data<double>()[1] * m.z_loss_coeff, r.z_loss, 1e-14 * r.z_loss);
+
+    // Backward: d(loss)/d(prob) per row, gathered to the (token, slot)s through slot_row
+    // (dropped: 0); the host routing gets the same values and 7 at the dropped slots,
+    // which it must ignore.
+    std::vector<double> dp_rows(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) dp_rows[size_t(n)] = Philox::normal(11, 2, uint64_t(n));
+    Tensor dprob = Tensor::empty({T * k}, DType::F64);
+    ops::moe_gather(Tensor::from(dp_rows, {N}), slot_row, dprob, Stream::cpu());
+    std::vector<double> dp_host(size_t(T * k), 7.0);
+    for (int64_t i = 0; i < T * k; ++i)
+      if (r.kept[size_t(i)]) dp_host[size_t(i)] = dp_rows[size_t(slot_row.data<int64_t>()[i])];
+    const int64_t r0 = T / 3, r1 = T - 5;
+    const double aux_scale = 0.375;
+    std::vector<double> dl_ref(size_t(T * E));
+    moe::route_backward(m, r, l.data(), dp_host.data(), aux_scale, r0, r1, B, dl_ref.data());
+    Tensor dl = Tensor::empty({T, E}, DType::F64);
+    ops::moe_route_backward(logits, idx, dprob, aux_counts, spec, B, aux_scale, r0, r1, dl,
+                            Stream::cpu());
+    double worst = 0, mag = 0;
+    for (int64_t i = 0; i < T * E; ++i) {
+      worst = std::max(worst, std::abs(dl.data<double>()[i] - dl_ref[size_t(i)]));
+      mag = std::max(mag, std::abs(dl_ref[size_t(i)]));
+    }
+    EXPECT_GT(mag, 1e-3);
+    EXPECT_LE(worst, 1e-13 * mag);
+  }
+}
+
+// ---- the layer's device path on the CPU ---------------------------------------------------
+
+namespace {
+
+TransformerConfig tiny_model() {
+  TransformerConfig c;
+  c.num_layers = 2, c.hidden_size = 8, c.num_attention_heads = 4, c.kv_channels = 2;
+  c.seq_length = 12, c.max_position_embeddings = 16, c.padded_vocab_size = 16;
+  c.hidden_dropout = 0.1, c.attention_dropout = 0.1, c.dtype = DType::F64;
+  c.init_method_std = 0.3, c.num_query_groups = 2, c.ffn_hidden_size = 12;
+  c.rope = c.rmsnorm = c.swiglu = true, c.add_bias_linear = false;
+  c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+  c.moe.aux_loss_coeff = 0.05, c.moe.z_loss_coeff = 0.01;
+  return c;
+}
+
+std::vector<moe::MoeLayer*> moe_layers(model::GPTModel& m) {
+  std::vector<moe::MoeLayer*> out;
+  auto& b = m.stage().block(0);
+  for (int i = 0; i < b.size(); ++i)
+    if (auto* l = dynamic_cast<moe::MoeLayer*>(&b.layer(i).mlp())) out.push_back(l);
+  return out;
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
+
+}  // namespace
+
+// Whole f64 models whose MoE layers route with the routing ops (RoutingPlace::Ops, the GPU's
+// path, here on the CPU) against the same models routing on the host: the loss, every
+// gradient, the expert-bias counts and the aux / z losses, for capacity with both drop
+// policies, pad-to-capacity and the FP8 router padding.
+TEST(MoeRouteOpsInLayer, CapacityModelsMatchHostRouting) {
+  struct V {
+    const char* name;
+    double cf;
+    bool position, pad;
+    int64_t multiple;
+  };
+  for (V v : {V{"probs", 1.0, false, false, 0}, V{"probs_pad_to_capacity", 0.75, false, true, 0},
+              V{"position", 0.5, true, false, 0}, V{"position_pad_to_capacity", 1.0, true, true, 0},
+              V{"pad_multiple", 0.0, false, false, 8}, V{"probs_pad_multiple", 1.0, false, false, 4}}) {
+    SCOPED_TRACE(v.name);
+    TransformerConfig c = tiny_model();
+    c.moe.capacity_factor = v.cf, c.moe.drop_by_position = v.position;
+    c.moe.pad_to_capacity = v.pad, c.moe.pad_multiple = v.multiple;
+    auto mb = [&] {
+      model::MicroBatch b;
+      const int64_t Bn = 3, S = c.seq_length;
+      b.tokens = Tensor::empty({Bn, S}, DType::I64), b.labels = Tensor::empty({Bn, S}, DType::I64);
+      b.loss_mask = Tensor::empty({Bn, S}, DType::F32);
+      for (int64_t i = 0; i < Bn * S; ++i) {
+        b.tokens.data<int64_t>()[i] = Philox::u32(5, 1, uint64_t(i)) % 16;
+        b.labels.data<int64_t>()[i] = Philox::u32(5, 2, uint64_t(i)) % 16;
+        b.loss_mask.data<float>()[i] = 1.f;
+      }
+      return b;
+    }();
+    model::StepKeys keys;
+    keys.iteration = 2;
+    struct Out {
+      double loss = 0;
+      std::vector<double> grads, tpe, aux, z;
+      bool ops = false;  // whether the routing ops ran (their statistics live on the device)
+    };
+    auto run = [&](moe::MoeLayer::RoutingPlace place) {
+      model::GPTModel m(c);
+      for (auto* l : moe_layers(m)) l->set_routing_place(place);
+      m.params().zero_grads();
+      Out o;
+      o.loss = m.forward(mb, keys);
+      m.backward(1.0);
+      const Tensor& g = m.params().flat_grads();
+      o.grads.assign(g.data<double>(), g.data<double>() + g.numel());
+      for (auto* l : moe_layers(m)) {
+        o.ops = l->stats().dev_sum.defined();
+        l->sync_stats();
+        o.tpe.insert(o.tpe.end(), l->stats().tokens_per_expert.begin(),
+                     l->stats().tokens_per_expert.end());
+        o.aux.push_back(l->stats().last_aux_loss), o.z.push_back(l->stats().last_z_loss);
+      }
+      return o;
+    };
+    const Out host = run(moe::MoeLayer::RoutingPlace::Host);
+    const Out dev = run(moe::MoeLayer::RoutingPlace::Ops);
+    EXPECT_FALSE(host.ops);
+    EXPECT_TRUE(dev.ops);
+    EXPECT_LE(rel(dev.loss, host.loss), 1e-13);
+    EXPECT_EQ(dev.tpe, host.tpe);
+    ASSERT_EQ(dev.aux.size(), 2u);
+    for (size_t i = 0; i < dev.aux.size(); ++i) {
+      EXPECT_LE(rel(dev.aux[i], host.aux[i]), 1e-12) << "layer " << i;
+      EXPECT_LE(rel(dev.z[i], host.z[i]), 1e-12) << "layer " << i;
+    }
+    double worst = 0, mag = 0;
+    for (size_t i = 0; i < host.grads.size(); ++i) {
+      worst = std::max(worst, std::abs(dev.grads[i] - host.grads[i]));
+      mag = std::max(mag, std::abs(host.grads[i]));
+    }
+    EXPECT_GT(mag, 1e-3);
+    EXPECT_LE(worst, 1e-11 * mag);
+  }
+}
+
+// Context parallelism on the routing ops' path: one MoE layer in a CP group of two (a
+// stand-in whose other rank holds the same tokens, so the summed counts are twice this
+// rank's): the output, input and parameter gradients, the expert-bias counts and the aux /
+// z losses equal the host routing's with the same group; both sum the counts once a forward.
+TEST(MoeRouteOpsInLayer, ContextParallelMatchesHostRouting) {
+  for (bool capacity : {false, true}) {
+    SCOPED_TRACE(capacity ? "capacity" : "dropless");
+    TransformerConfig c = tiny_model();
+    c.cp_size = 2, c.seq_length = 24;
+    if (capacity) c.moe.capacity_factor = 1.0, c.moe.pad_to_capacity = true;
+    c.moe.balance = capacity ? Balance::AuxLoss : Balance::SeqAuxLoss;
+    test::MirrorCommunicator cp_host, cp_dev;
+    const auto host = test::run_moe_layer(c, &cp_host, moe::MoeLayer::RoutingPlace::Host, 12, 2, 3);
+    const auto dev = test::run_moe_layer(c, &cp_dev, moe::MoeLayer::RoutingPlace::Ops, 12, 2, 3);
+    EXPECT_FALSE(host.on_device);
+    EXPECT_TRUE(dev.on_device);
+    EXPECT_EQ(cp_host.all_reduces, 1);
+    EXPECT_EQ(cp_dev.all_reduces, 1);
+    auto close = [](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+      ASSERT_EQ(a.size(), b.size()) << what;
+      double worst = 0, mag = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(a[i] - b[i])), mag = std::max(mag, std::abs(b[i]));
+      EXPECT_GT(mag, 1e-6) << what;
+      EXPECT_LE(worst, 1e-12 * mag) << what;
+    };
+    close(dev.y, host.y, "y");
+    close(dev.dx, host.dx, "dx");
+    close(dev.grads, host.grads, "parameter gradients");
+    EXPECT_EQ(dev.tokens_per_expert, host.tokens_per_expert);
+    EXPECT_LE(rel(dev.aux_loss, host.aux_loss), 1e-12);
+    EXPECT_LE(rel(dev.z_loss, host.z_loss), 1e-12);
+    // Against no CP at all: the CP group's counts are twice these and T is twice, so the
+    // aux loss is half, and so is the z-loss (each rank's share of the group's mean).
+    TransformerConfig c1 = c;
+    c1.cp_size = 1;
+    const auto one = test::run_moe_layer(c1, nullptr, moe::MoeLayer::RoutingPlace::Ops, 12, 2, 3);
+    EXPECT_LE(rel(dev.aux_loss, one.aux_loss / 2), 1e-12);
+    EXPECT_LE(rel(dev.z_loss, one.z_loss / 2), 1e-12);
+  }
 }

@@ -1,7 +1,5 @@
 #include "model/moe/moe_layer.h"
 
-#include <cmath>
-
 #include "model/moe/transfer.h"
 #include "ops/ops.h"
 #include "parallel/expert_parallel/token_dispatch.h"
@@ -68,19 +66,7 @@ RowSet own_rows(const Routing& r, int64_t t0, int64_t Tl) {
 }  // namespace
 
 int64_t max_rows(const TransformerConfig& c, int64_t T) {
-  const auto& m = c.moe;
-  const int64_t blocks = c.sp() ? c.tp_size : 1, Tb = T / blocks;
-  int64_t rows = T * m.topk;
-  if (m.capacity_factor > 0 && m.pad_to_capacity) {
-    const int64_t cap = std::min<int64_t>(
-        Tb, int64_t(std::ceil(double(Tb * m.topk) / double(m.num_experts) * m.capacity_factor)));
-    rows = m.num_experts * cap * blocks;
-  }
-  // The FP8 router padding adds under pad_multiple rows per expert and block, and an expert
-  // holds at most all of a block's tokens.
-  if (m.pad_multiple > 1)
-    rows = std::min(rows + m.num_experts * blocks * (m.pad_multiple - 1), m.num_experts * T);
-  return rows;
+  return ops::moe_route_max_rows(route_spec(c.moe), T, c.sp() ? c.tp_size : 1);
 }
 
 void MoeLayer::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
@@ -94,7 +80,8 @@ void MoeLayer::add_buffers(const TransformerConfig& c, int layer, std::vector<Bu
 }
 
 MoeLayer::MoeLayer(const TransformerConfig& c, int layer, const ParamStore* store)
-    : cfg_(&c), layer_(layer), router_(c, layer, store), experts_(c, layer, store) {
+    : cfg_(&c), layer_(layer), router_(c, layer, store), experts_(c, layer, store),
+      place_(routing_place_from_env()) {
   if (c.moe.shared_ffn_hidden_size > 0) shared_ = std::make_unique<SharedExperts>(c, layer, store);
   stats_.tokens_per_expert.assign(size_t(c.moe.num_experts), 0.0);
 }
@@ -272,7 +259,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   if (s.on_device) {  // route_device built the index; the weights follow their rows
     N = s.n_rows;
     p = s.probs.narrow(0, N);
-    ops::moe_gather(s.d_prob, s.d_row_slot, p, st);
+    ops::moe_gather(s.d_prob, s.d_row_slot, p, st);  // padding rows (slot -1): 0
   } else {
     RowSet rs = sp.all ? all_rows(r) : own_rows(r, sp.t0, sp.tokens);
     N = s.n_rows = int64_t(rs.src.size());
@@ -378,8 +365,8 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     ops::moe_unpermute(dxp, s.off, s.rows, dxn, st);
     if (!sp.complete) ep::dispatch_backward(dxn, routed, sp.group, st);
     if (shared_) ops::add(dx, w_->dx_local, dx, st);
-    if (s.on_device) {  // each (token, slot)'s d(loss)/dp from its row
-      Tensor dprob_d = Tensor::empty({T * k}, DType::F32, cx.dev);
+    if (s.on_device) {  // each (token, slot)'s d(loss)/dp from its row (dropped: 0)
+      Tensor dprob_d = Tensor::empty({T * k}, s.d_prob.dtype(), cx.dev);
       ops::moe_gather(dp, s.d_slot_row, dprob_d, st);
       s.d_prob = dprob_d;  // the forward's weights are not needed any more
     } else {
@@ -396,7 +383,7 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   const int64_t r0 = group ? int64_t(group->rank()) * cx.Tl : 0;
   if (s.on_device) {
     const Tensor& logits = group ? s.logits_all : s.router.logits;
-    ops::moe_route_backward(logits, s.d_idx, s.d_prob, s.d_aux_counts, route_spec(m), cx.B,
+    ops::moe_route_backward(logits, s.d_idx, s.d_prob, s.d_aux_counts, spec(cx), cx.B,
                             aux_scale, r0, r0 + cx.Tl, w_->dlogits_all, st);
   } else {
     route_backward(m, r, s.logits.data(), dprob.data(), aux_scale, r0, r0 + cx.Tl, cx.B,
@@ -406,77 +393,6 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   Tensor& dlogits = group ? w_->dlogits : w_->dlogits_all;
   ep::dispatch_backward(w_->dlogits_all, dlogits, group, st);
   router_.backward(dlogits, x, s.router, dx, cx);
-}
-
-// ---- routing on the device -------------------------------------------------------------
-
-ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
-  ops::MoeRouteSpec r;
-  r.E = m.num_experts, r.k = m.topk, r.sigmoid = m.sigmoid, r.pre_softmax = m.pre_softmax;
-  r.num_groups = m.num_groups, r.group_topk = m.group_topk, r.scaling = m.topk_scaling_factor;
-  using Balance = TransformerConfig::Moe::Balance;
-  r.aux = m.aux_loss_on();
-  r.seq_aux = r.aux && m.balance == Balance::SeqAuxLoss;
-  r.z = m.z_loss_coeff > 0;
-  r.aux_coeff = m.aux_loss_coeff, r.z_coeff = m.z_loss_coeff;
-  return r;
-}
-
-bool MoeLayer::routes_on_device(const StepContext& cx, bool all_rows) const {
-  const auto& m = cfg_->moe;
-  // (Context parallelism routes on the host: its aux counts are summed over the CP group;
-  // so do the FP8 router padding and sinkhorn routing.)
-  return cx.dev == Device::CUDA && m.capacity_factor <= 0 && all_rows && !(ep_ && !m.alltoall) &&
-         m.balance != TransformerConfig::Moe::Balance::Sinkhorn &&
-         !cx.cp_comm && m.pad_multiple <= 1 &&
-         m.num_experts <= ops::kMoeRouteMaxExpertsCuda && m.topk <= ops::kMoeRouteMaxTopkCuda;
-}
-
-void MoeLayer::route_device(const Tensor& logits, Saved& s, const StepContext& cx) const {
-  const auto& m = cfg_->moe;
-  Stream& st = cx.stream();
-  const ops::MoeRouteSpec spec = route_spec(m);
-  const int64_t T = cx.T, E = m.num_experts, k = m.topk, N = T * k;
-  auto i64 = [&](int64_t n) { return Tensor::empty({n}, DType::I64, cx.dev); };
-  s.d_idx = i64(N), s.d_row_slot = i64(N), s.d_slot_row = i64(N);
-  s.src = i64(N), s.off = i64(T + 1), s.rows = i64(N);
-  s.d_prob = Tensor::empty({N}, DType::F32, cx.dev);
-  ops::moe_route_topk(logits, router_.expert_bias_tensor(), spec, s.d_idx, s.d_prob, st);
-  Tensor counts = i64(E);
-  ops::moe_route_index(s.d_idx, E, counts, s.src, s.d_row_slot, s.d_slot_row, s.off, s.rows, st);
-  // The one device-to-host transfer: the GEMM shapes and the all-to-all splits need them.
-  Tensor hc = Tensor::empty({E}, DType::I64);
-  ops::copy(counts, hc, st);
-  s.row_counts.assign(hc.data<int64_t>(), hc.data<int64_t>() + E);
-  s.n_rows = N;
-  s.row_slot.clear();
-  const int64_t G = spec.seq_aux ? cx.B : 1;
-  s.d_aux_counts = Tensor::empty({G * E}, DType::F32, cx.dev);
-  const bool count = cx.keys.training &&
-                     stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second;
-  if (count) {
-    for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += double(s.row_counts[size_t(e)]);
-    ++stats_.forwards;
-  }
-  if (!spec.aux && !spec.z) return;
-  if (!stats_.dev_sum.defined()) {
-    stats_.dev_sum = Tensor::empty({2}, DType::F32, cx.dev);
-    stats_.dev_last = Tensor::empty({2}, DType::F32, cx.dev);
-    ops::fill(stats_.dev_sum, 0.0, st);
-  }
-  ops::moe_route_stats(logits, spec, cx.B, s.d_aux_counts, stats_.dev_last, st);
-  if (count) ops::add(stats_.dev_sum, stats_.dev_last, stats_.dev_sum, st), ++stats_.dev_forwards;
-}
-
-void MoeLayer::sync_stats() const {
-  if (!stats_.dev_sum.defined()) return;
-  Stream& st = ops::default_stream(stats_.dev_sum.device());
-  const std::vector<double> sum = to_host(stats_.dev_sum, st), last = to_host(stats_.dev_last, st);
-  const auto& m = cfg_->moe;
-  stats_.aux_loss += sum[0], stats_.z_loss += sum[1];
-  stats_.last_aux_loss = last[0] * m.aux_loss_coeff, stats_.last_z_loss = last[1] * m.z_loss_coeff;
-  ops::fill(stats_.dev_sum, 0.0, st);
-  stats_.dev_forwards = 0;
 }
 
 // ---- expert parallelism, the all-gather dispatcher ---------------------------------------

@@ -11,13 +11,15 @@
 //              gradients (scaled by 1/(micro-batches x DP), Megatron's aux-loss scale in our
 //              global-token normalisation) go through the routing's Jacobian into the router.
 //
-// Where the routing runs: on the GPU, dropless, with every row of the routing on this rank
-// (ETP = TP) and not the all-gather dispatcher at EP > 1, it runs on the device (the routing
-// ops of catalogue.inc): top-k, the expert-grouped index, the weights, the aux / z-loss
+// Where the routing runs: on the GPU, with every row of the routing on this rank (ETP = TP)
+// and not the all-gather dispatcher at EP > 1 nor sinkhorn, it runs on the device (the
+// routing ops of catalogue.inc, device_routing.cpp), capacity, padding and context
+// parallelism included: top-k, the expert-grouped index, the weights, the aux / z-loss
 // statistics and the backward never leave the GPU, and the one device-to-host transfer per
 // layer and micro-batch is the E row counts (the GEMM shapes and the all-to-all splits, as
-// in Megatron). Otherwise (the CPU, capacity, ETP < TP, the all-gather dispatcher at EP > 1)
-// it runs on the host in fp64 (routing.h), the reference the device ops are tested against.
+// in Megatron). Otherwise (the CPU, ETP < TP, the all-gather dispatcher at EP > 1, sinkhorn,
+// MCPP_MOE_ROUTING=host) it runs on the host in fp64 (routing.h), the reference the device
+// ops are tested against.
 // ETP 1 at TP > 1 (--expert-tensor-parallel-size 1): every TP rank still routes the group's
 // T tokens (the same aux losses), but sends only its own tokens' rows to whole experts
 // (locally, or over the EP group), gets their complete outputs back, and keeps d(loss)/dp
@@ -96,8 +98,9 @@ class MoeLayer final : public MlpModule {
     Routing routing;
     Tensor src, off, rows;
     int64_t n_rows = 0;  // N, the rows this rank sends to the experts
-    // Device routing (on_device; see forward): experts [T,k] i64, weights [T,k] f32, the row
-    // of each (token, slot) and back (i64), and the aux loss's counts [G,E] f32.
+    // Device routing (on_device; see forward): experts [T,k] i64, weights [T,k] (f32 on
+    // CUDA), each row's t*k + j (-1: padding) [N] and each (token, slot)'s row (-1: dropped)
+    // [T*k] (i64), and the aux loss's counts [G,E] (summed over CP).
     bool on_device = false;
     Tensor d_idx, d_prob, d_row_slot, d_slot_row, d_aux_counts;
     std::vector<int64_t> row_counts;  // rows per expert sent by this rank
@@ -128,6 +131,16 @@ class MoeLayer final : public MlpModule {
   // The expert-tensor-parallel group, needed when 1 < ETP < TP (ETP consecutive TP ranks).
   void set_expert_tensor_parallel_group(comm::Communicator* etp);
 
+  // Where the routing runs (see the top of this file): Auto, the routing ops on the GPU
+  // where they apply and the host routing elsewhere; Host, always the host routing; Ops,
+  // the routing ops wherever they apply, the CPU included (tests of the device path
+  // without a GPU). A layer starts with MCPP_MOE_ROUTING's (auto | host | ops; unset:
+  // auto), read when it is built.
+  enum class RoutingPlace { Auto, Host, Ops };
+  void set_routing_place(RoutingPlace p) { place_ = p; }
+  RoutingPlace routing_place() const { return place_; }
+  static RoutingPlace routing_place_from_env();
+
   int layer() const { return layer_; }
   const Router& router() const { return router_; }
   MoeStats& stats() const { return stats_; }
@@ -149,10 +162,13 @@ class MoeLayer final : public MlpModule {
     SharedExperts::Scratch shared;
   };
   void scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v) const;
-  // Whether this forward routes on the device: CUDA, dropless, every row of the routing
-  // on this rank (ETP = TP), not the all-gather dispatcher at EP > 1, at most 256 experts
-  // and top-16 (the others keep the host routing, routing.h).
+  // Whether this forward routes with the routing ops: CUDA (or RoutingPlace::Ops), every
+  // row of the routing on this rank (ETP = TP), not the all-gather dispatcher at EP > 1, not
+  // sinkhorn, at most 256 experts and top-16 on CUDA (the others keep the host routing,
+  // routing.h).
   bool routes_on_device(const StepContext& cx, bool all_rows) const;
+  // The routing ops' settings for this pass (the CP group's size included).
+  ops::MoeRouteSpec spec(const StepContext& cx) const;
   // The device routing of the group's logits [T,E]: fills s's device tensors, the host row
   // counts (the one transfer) and the statistics.
   void route_device(const Tensor& logits, Saved& s, const StepContext& cx) const;
@@ -181,6 +197,7 @@ class MoeLayer final : public MlpModule {
   std::unique_ptr<SharedExperts> shared_;
   comm::Communicator* ep_ = nullptr;
   comm::Communicator* etp_ = nullptr;  // only when 1 < ETP < TP
+  RoutingPlace place_ = RoutingPlace::Auto;
   // The scratch, shared by every MoE layer through the Workspace (ws.moe): nothing in it
   // outlives one forward or one backward. scratch() points w_ at it on entry.
   Scratch& scratch(Workspace& ws) const;

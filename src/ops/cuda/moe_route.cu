@@ -1,13 +1,11 @@
 // MoE routing on the device (catalogue.inc, ---- MoE routing): top-k with the score
-// function, the expert-grouped dispatch index, the load-balancing statistics and the
-// routing's backward, so that a MoE layer moves only its E row counts to the host.
+// function, the load-balancing statistics and the routing's backward (the dispatch index is
+// moe_route_index.cu), so that a MoE layer moves only its E row counts to the host.
 // The per-token math is ops/moe_route_math.h, shared with the CPU reference op; here one
 // thread routes one token in f32 (logits of any activation dtype are widened first), with
 // its E scores in thread-local arrays (E <= kMaxE).
-// Determinism: no floating-point atomics. The index is a counting sort whose order is
-// fixed (tiles of tokens counted, scanned per expert, then a warp per tile walks its
-// (token, slot) pairs in order, 32 at a time); the statistics are block reductions in a
-// fixed tree order.
+// Determinism: no floating-point atomics; the statistics are block reductions in a fixed
+// tree order.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
@@ -20,7 +18,6 @@ namespace {
 namespace mm = moe_math;
 constexpr int kMaxE = int(kMoeRouteMaxExpertsCuda);  // a token's scores, thread-local
 constexpr int kMaxK = int(kMoeRouteMaxTopkCuda);
-constexpr int kTile = 256;   // tokens per counting-sort tile
 constexpr int kThreads = 128;
 
 template <typename T>
@@ -39,120 +36,17 @@ __global__ void topk_kernel(const T* __restrict__ logits, const float* __restric
   mm::route_token(r, l, bias, sel, tmp, idx + t * r.k, prob + t * r.k);
 }
 
-// Counting sort, step 1: rows per (tile, expert).
-__global__ void tile_count_kernel(const int64_t* __restrict__ idx, int64_t T_, int64_t k,
-                                  int64_t E, int64_t* __restrict__ tile_counts) {
-  __shared__ int cnt[1024];
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-  __syncthreads();
-  const int64_t t0 = blockIdx.x * int64_t(kTile);
-  for (int64_t i = threadIdx.x; i < kTile * k; i += blockDim.x) {
-    const int64_t t = t0 + i / k;
-    if (t < T_) atomicAdd(&cnt[idx[t * k + i % k]], 1);  // integer counts: order-free
-  }
-  __syncthreads();
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
-    tile_counts[blockIdx.x * E + e] = cnt[e];
-}
-
-// Step 2 (one block of kScanThreads): counts per expert, each tile's first row per expert.
-// A warp per expert scans its column of tile counts 32 tiles at a time (shuffles), then
-// warp 0 scans the experts' totals the same way and every entry gets its expert's start.
-constexpr int kScanThreads = 1024;
-__device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t u = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += u;
-  }
-  return v;
-}
-__global__ void __launch_bounds__(kScanThreads)
-    tile_scan_kernel(int64_t* __restrict__ tile_counts, int64_t tiles, int64_t E,
-                     int64_t* __restrict__ counts) {
-  __shared__ int64_t first[1024];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = kScanThreads / 32;
-  for (int64_t e = warp; e < E; e += warps) {
-    int64_t carry = 0;
-    for (int64_t b0 = 0; b0 < tiles; b0 += 32) {
-      const int64_t b = b0 + lane;
-      const int64_t c = b < tiles ? tile_counts[b * E + e] : 0;
-      const int64_t inc = warp_inclusive_scan(c, lane);
-      if (b < tiles) tile_counts[b * E + e] = carry + inc - c;  // exclusive, within e
-      carry += __shfl_sync(0xffffffffu, inc, 31);
-    }
-    if (lane == 0) counts[e] = carry;
-  }
-  __syncthreads();
-  if (warp == 0) {  // expert e's first row: the exclusive scan of the counts
-    int64_t carry = 0;
-    for (int64_t e0 = 0; e0 < E; e0 += 32) {
-      const int64_t e = e0 + lane;
-      const int64_t c = e < E ? counts[e] : 0;
-      const int64_t inc = warp_inclusive_scan(c, lane);
-      if (e < E) first[e] = carry + inc - c;
-      carry += __shfl_sync(0xffffffffu, inc, 31);
-    }
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < tiles * E; i += kScanThreads) tile_counts[i] += first[i % E];
-}
-
-// Step 3 (a warp per tile): the tile's (token, slot) pairs in order, 32 at a time; the
-// lanes holding the same expert (__match_any_sync) take consecutive rows from that
-// expert's running count, in lane order, so each expert's rows keep the pairs' order.
-__global__ void __launch_bounds__(32)
-    tile_fill_kernel(const int64_t* __restrict__ idx, int64_t T_, int64_t k, int64_t E,
-                     const int64_t* __restrict__ tile_first, int64_t* __restrict__ src,
-                     int64_t* __restrict__ row_slot, int64_t* __restrict__ slot_row) {
-  __shared__ int64_t next[1024];
-  const int lane = threadIdx.x;
-  for (int64_t e = lane; e < E; e += 32) next[e] = tile_first[blockIdx.x * E + e];
-  __syncwarp();
-  const int64_t t0 = blockIdx.x * int64_t(kTile), t1 = min(T_, t0 + kTile);
-  const unsigned below = (1u << lane) - 1u;
-  for (int64_t i0 = t0 * k; i0 < t1 * k; i0 += 32) {
-    const int64_t i = i0 + lane;
-    const bool valid = i < t1 * k;
-    const int e = valid ? int(idx[i]) : -1 - lane;  // invalid lanes match no one
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    int64_t n = 0;
-    if (valid) n = next[e] + __popc(peers & below);
-    __syncwarp();
-    if (valid) {
-      src[n] = i / k, row_slot[n] = i, slot_row[i] = n;
-      if ((peers & below) == 0) next[e] += __popc(peers);  // the group's first lane
-    }
-    __syncwarp();
-  }
-}
-
-// Step 4: each token's rows, ascending (moe_unpermute's CSR).
-__global__ void csr_kernel(const int64_t* __restrict__ slot_row, int64_t T_, int64_t k,
-                           int64_t* __restrict__ offsets, int64_t* __restrict__ rows) {
-  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t > T_) return;
-  offsets[t] = t * k;
-  if (t == T_) return;
-  int64_t v[kMaxK];
-  for (int64_t j = 0; j < k; ++j) {  // insertion sort of k values
-    int64_t x = slot_row[t * k + j], q = j;
-    for (; q > 0 && v[q - 1] > x; --q) v[q] = v[q - 1];
-    v[q] = x;
-  }
-  for (int64_t j = 0; j < k; ++j) rows[t * k + j] = v[j];
-}
-
 template <typename T>
 __global__ void gather_kernel(const T* __restrict__ x, const int64_t* __restrict__ index,
                               T* __restrict__ y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = x[index[i]];
+    y[i] = index[i] >= 0 ? x[index[i]] : from_f<T>(0.f);
 }
 
-// Statistics, step 1: per token its aux scores sc [T,E], a 1 where its aux top-k picks the
-// expert (hit [T,E]), and logsumexp^2 (lse2 [T]).
+// Statistics, step 1: per token what the sums over tokens need, each where asked for
+// (non-null): its aux scores sc [T,E], a 1 where its aux top-k picks the expert (hit
+// [T,E]), and logsumexp^2 (lse2 [T]).
 template <typename T>
 __global__ void stats_token_kernel(const T* __restrict__ logits, MoeRouteSpec r, int64_t T_,
                                    float* __restrict__ sc, float* __restrict__ hit,
@@ -163,13 +57,15 @@ __global__ void stats_token_kernel(const T* __restrict__ logits, MoeRouteSpec r,
   float l[kMaxE], s[kMaxE];
   int64_t top[kMaxK];
   load_row(logits, t, E, l);
-  if (r.aux) {
-    mm::aux_scores(r, l, s);
+  if (sc || hit) mm::aux_scores(r, l, s);
+  if (sc)
+    for (int64_t e = 0; e < E; ++e) sc[t * E + e] = s[e];
+  if (hit) {
     mm::topk(s, E, r.k, top);
-    for (int64_t e = 0; e < E; ++e) sc[t * E + e] = s[e], hit[t * E + e] = 0.f;
+    for (int64_t e = 0; e < E; ++e) hit[t * E + e] = 0.f;
     for (int64_t j = 0; j < r.k; ++j) hit[t * E + top[j]] = 1.f;
   }
-  if (r.z) {
+  if (lse2) {
     const float lse = mm::softmax(l, E, s);
     lse2[t] = lse * lse;
   }
@@ -188,19 +84,17 @@ __device__ float block_sum(float v, float* sh) {
   return out;
 }
 
-// Step 2: per (group g, expert e) block: the group's tokens t = g + G i (G = B for
-// seq_aux: token t is in sequence t % B; else G = 1), counts and score sums.
-__global__ void stats_column_kernel(const float* __restrict__ sc, const float* __restrict__ hit,
-                                    int64_t T_, int64_t E, int64_t G, float* __restrict__ counts,
-                                    float* __restrict__ colsum) {
+// Step 2: per (group g, expert e) block, the sum over the group's tokens t = g + G i
+// (G = B for seq_aux: token t is in sequence t % B; else G = 1) of v [T,E]: the counts of
+// hit, the score sums of sc.
+__global__ void stats_column_kernel(const float* __restrict__ v, int64_t T_, int64_t E,
+                                    int64_t G, float* __restrict__ out) {
   __shared__ float sh[kThreads];
   const int64_t g = blockIdx.x / E, e = blockIdx.x % E;
-  float c = 0.f, s = 0.f;
-  for (int64_t t = g + G * threadIdx.x; t < T_; t += G * kThreads)
-    c += hit[t * E + e], s += sc[t * E + e];
+  float c = 0.f;
+  for (int64_t t = g + G * threadIdx.x; t < T_; t += G * kThreads) c += v[t * E + e];
   c = block_sum(c, sh);
-  s = block_sum(s, sh);
-  if (threadIdx.x == 0) counts[blockIdx.x] = c, colsum[blockIdx.x] = s;
+  if (threadIdx.x == 0) out[blockIdx.x] = c;
 }
 
 // Step 3 (one block): the two losses.
@@ -216,9 +110,9 @@ __global__ void stats_final_kernel(const float* __restrict__ counts,
   L = block_sum(L, sh);
   z = block_sum(z, sh);
   if (threadIdx.x == 0) {
-    const float Tg = float(T_ / G);
+    const float Tg = float(T_ / G * r.cp);
     losses[0] = r.aux ? float(r.E) / (float(r.k) * Tg * Tg) * L / float(G) : 0.f;
-    losses[1] = r.z ? z / float(T_) : 0.f;
+    losses[1] = r.z ? z / float(T_ * r.cp) : 0.f;
   }
 }
 
@@ -284,36 +178,6 @@ void moe_route_topk(const Tensor& logits, const Tensor& bias, const MoeRouteSpec
   MCPP_LAUNCH_CHECK();
 }
 
-void moe_route_index(const Tensor& idx, int64_t E, Tensor& counts, Tensor& src,
-                     Tensor& row_slot, Tensor& slot_row, Tensor& offsets, Tensor& rows,
-                     Stream& s) {
-  const char* op = "moe_route_index";
-  const int64_t N = idx.numel(), T_ = offsets.numel() - 1, k = T_ > 0 ? N / T_ : 0;
-  MCPP_CHECK(T_ > 0 && T_ * k == N && k <= kMaxK && E >= 1 && E <= 1024,
-             "{}: idx {} for offsets {} and {} experts", op, idx.str(), offsets.str(), E);
-  check_i64(idx, N, op, "idx");
-  check_i64(counts, E, op, "counts");
-  check_i64(src, N, op, "src");
-  check_i64(row_slot, N, op, "row_slot");
-  check_i64(slot_row, N, op, "slot_row");
-  check_i64(offsets, T_ + 1, op, "offsets");
-  check_i64(rows, N, op, "rows");
-  const int64_t tiles = (T_ + kTile - 1) / kTile;
-  Tensor tile = Tensor::empty({tiles, E}, DType::I64, Device::CUDA);
-  cudaStream_t cs = stream_of(s);
-  tile_count_kernel<<<unsigned(tiles), 256, 0, cs>>>(idx.data<int64_t>(), T_, k, E,
-                                                      tile.data<int64_t>());
-  tile_scan_kernel<<<1, kScanThreads, 0, cs>>>(tile.data<int64_t>(), tiles, E,
-                                               counts.data<int64_t>());
-  tile_fill_kernel<<<unsigned(tiles), 32, 0, cs>>>(idx.data<int64_t>(), T_, k, E,
-                                                     tile.data<int64_t>(), src.data<int64_t>(),
-                                                     row_slot.data<int64_t>(),
-                                                     slot_row.data<int64_t>());
-  csr_kernel<<<blocks(T_ + 1), kThreads, 0, cs>>>(slot_row.data<int64_t>(), T_, k,
-                                                  offsets.data<int64_t>(), rows.data<int64_t>());
-  MCPP_LAUNCH_CHECK();
-}
-
 void moe_gather(const Tensor& x, const Tensor& index, Tensor& y, Stream& s) {
   const char* op = "moe_gather";
   check_cuda(x, op, "x");
@@ -329,32 +193,54 @@ void moe_gather(const Tensor& x, const Tensor& index, Tensor& y, Stream& s) {
   MCPP_LAUNCH_CHECK();
 }
 
-void moe_route_stats(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Tensor& aux_counts,
-                     Tensor& losses, Stream& s) {
-  const char* op = "moe_route_stats";
+void moe_route_counts(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Tensor& aux_counts,
+                      Stream& s) {
+  const char* op = "moe_route_counts";
   check_spec(r, op);
   check_cuda(logits, op, "logits");
   const int64_t E = r.E, T_ = logits.numel() / E, G = r.seq_aux ? B : 1;
   MCPP_CHECK(B >= 1 && T_ > 0 && T_ % B == 0, "{}: {} tokens in {} sequences", op, T_, B);
   check_f32(aux_counts, op, "aux_counts");
   check_numel(aux_counts, G * E, op, "aux_counts");
+  Tensor hit = Tensor::empty({T_ * E}, DType::F32, Device::CUDA);
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(logits.dtype(), op,
+                    stats_token_kernel<T><<<blocks(T_), kThreads, 0, cs>>>(
+                        static_cast<const T*>(logits.raw()), r, T_, nullptr, hit.data<float>(),
+                        nullptr));
+  stats_column_kernel<<<unsigned(G * E), kThreads, 0, cs>>>(hit.data<float>(), T_, E, G,
+                                                            aux_counts.data<float>());
+  MCPP_LAUNCH_CHECK();
+}
+
+void moe_route_stats(const Tensor& logits, const Tensor& aux_counts, const MoeRouteSpec& r,
+                     int64_t B, Tensor& losses, Stream& s) {
+  const char* op = "moe_route_stats";
+  check_spec(r, op);
+  check_cuda(logits, op, "logits");
+  const int64_t E = r.E, T_ = logits.numel() / E, G = r.seq_aux ? B : 1;
+  MCPP_CHECK(B >= 1 && T_ > 0 && T_ % B == 0 && r.cp >= 1, "{}: {} tokens in {} sequences, CP {}",
+             op, T_, B, r.cp);
+  if (r.aux) {
+    check_f32(aux_counts, op, "aux_counts");
+    check_numel(aux_counts, G * E, op, "aux_counts");
+  }
   check_f32(losses, op, "losses");
   check_numel(losses, 2, op, "losses");
   Tensor sc = Tensor::empty({r.aux ? T_ * E : 1}, DType::F32, Device::CUDA);
-  Tensor hit = Tensor::empty({r.aux ? T_ * E : 1}, DType::F32, Device::CUDA);
   Tensor lse2 = Tensor::empty({r.z ? T_ : 1}, DType::F32, Device::CUDA);
   Tensor colsum = Tensor::empty({G * E}, DType::F32, Device::CUDA);
   cudaStream_t cs = stream_of(s);
   MCPP_DISPATCH_ACT(logits.dtype(), op,
                     stats_token_kernel<T><<<blocks(T_), kThreads, 0, cs>>>(
-                        static_cast<const T*>(logits.raw()), r, T_, sc.data<float>(),
-                        hit.data<float>(), lse2.data<float>()));
+                        static_cast<const T*>(logits.raw()), r, T_,
+                        r.aux ? sc.data<float>() : nullptr, nullptr,
+                        r.z ? lse2.data<float>() : nullptr));
   if (r.aux)
-    stats_column_kernel<<<unsigned(G * E), kThreads, 0, cs>>>(
-        sc.data<float>(), hit.data<float>(), T_, E, G, aux_counts.data<float>(),
-        colsum.data<float>());
-  stats_final_kernel<<<1, kThreads, 0, cs>>>(aux_counts.data<float>(), colsum.data<float>(),
-                                             lse2.data<float>(), r, T_, G,
+    stats_column_kernel<<<unsigned(G * E), kThreads, 0, cs>>>(sc.data<float>(), T_, E, G,
+                                                              colsum.data<float>());
+  stats_final_kernel<<<1, kThreads, 0, cs>>>(r.aux ? aux_counts.data<float>() : nullptr,
+                                             colsum.data<float>(), lse2.data<float>(), r, T_, G,
                                              losses.data<float>());
   MCPP_LAUNCH_CHECK();
 }
@@ -380,9 +266,10 @@ void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& d
     cnt = aux_counts.data<float>();
   }
   if (T_ == 0) return;
-  const double Tg = double(T_ / G);
+  MCPP_CHECK(r.cp >= 1, "{}: CP {}", op, r.cp);
+  const double Tg = double(T_ / G * r.cp);
   const float ds = float(aux_scale * r.aux_coeff * double(E) / (double(k) * Tg * Tg) / double(G));
-  const float zc = float(aux_scale * r.z_coeff * 2.0 / double(T_));
+  const float zc = float(aux_scale * r.z_coeff * 2.0 / double(T_ * r.cp));
   MCPP_DISPATCH_ACT(logits.dtype(), op,
                     backward_kernel<T><<<blocks(T_), kThreads, 0, stream_of(s)>>>(
                         static_cast<const T*>(logits.raw()), idx.data<int64_t>(),
