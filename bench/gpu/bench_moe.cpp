@@ -25,9 +25,16 @@
 // --recompute-modules a,b,... runs the MoE models under selective recomputation of those
 // modules (core_attn, layernorm, shared_experts: docs/flags.md; rows "... (recompute a,b)"),
 // to set memory against speed.
+// --capacity-factor CF runs the MoE models with Megatron's token dropping (Mixtral's recipe
+// uses --moe-expert-capacity-factor 1.0; rows "... (capacity CF)"), with --pad-to-capacity
+// (--moe-pad-expert-input-to-capacity) and --drop-policy position (else probs).
+// --host-routing routes every MoE layer on the host in fp64 (MCPP_MOE_ROUTING=host for this
+// process; rows "... (host routing)"), against which the device routing's step is compared:
+//   bench_gpu_moe --only Mixtral --capacity-factor 1.0 [--host-routing]
 // Usage: bench_gpu_moe [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB] [--fp8 RECIPE]
-//                      [--keep N] [--recompute-modules LIST] [--torch torch_moe.json]
-//                      [--profile] [--json-out ours.json]
+//                      [--keep N] [--recompute-modules LIST] [--capacity-factor CF]
+//                      [--pad-to-capacity] [--drop-policy probs|position] [--host-routing]
+//                      [--torch torch_moe.json] [--profile] [--json-out ours.json]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -38,6 +45,7 @@
 #include <functional>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <map>
@@ -208,8 +216,9 @@ int main(int argc, char** argv) {
   // eight, the timed Mixtral-style steps still carried some of that tuning (478 against 436
   // ms a step on an H200), with two most of it (736 against 467).
   int steps = 5, warmup = 20;
-  std::string only, torch_file, json_out, fp8, recompute;
-  bool profile = false, gemm_cmp = false;
+  std::string only, torch_file, json_out, fp8, recompute, drop_policy = "probs";
+  bool profile = false, gemm_cmp = false, pad_to_capacity = false, host_routing = false;
+  double capacity = 0;
   int64_t keep = -1;
   std::map<std::string, int64_t> mb_override;
   for (int i = 1; i < argc; ++i) {
@@ -222,6 +231,10 @@ int main(int argc, char** argv) {
     else if (a == "--fp8" && i + 1 < argc) fp8 = argv[++i];
     else if (a == "--keep" && i + 1 < argc) keep = std::atoll(argv[++i]);
     else if (a == "--recompute-modules" && i + 1 < argc) recompute = argv[++i];
+    else if (a == "--capacity-factor" && i + 1 < argc) capacity = std::atof(argv[++i]);
+    else if (a == "--pad-to-capacity") pad_to_capacity = true;
+    else if (a == "--drop-policy" && i + 1 < argc) drop_policy = argv[++i];
+    else if (a == "--host-routing") host_routing = true;
     else if (a == "--profile") profile = true;
     else if (a == "--gemm-compare") gemm_cmp = true;
     else if (a == "--mb" && i + 1 < argc) {
@@ -242,6 +255,16 @@ int main(int argc, char** argv) {
                  fp8.c_str());
     return 2;
   }
+  if (drop_policy != "probs" && drop_policy != "position") {
+    std::fprintf(stderr, "bench_gpu_moe: --drop-policy wants probs or position, got '%s'\n",
+                 drop_policy.c_str());
+    return 2;
+  }
+  if (pad_to_capacity && capacity <= 0) {
+    std::fprintf(stderr, "bench_gpu_moe: --pad-to-capacity needs --capacity-factor\n");
+    return 2;
+  }
+  if (host_routing) setenv("MCPP_MOE_ROUTING", "host", 1);  // read as each layer is built
   for (size_t a = 0; a < recompute.size();) {
     size_t e = recompute.find(',', a);
     if (e == std::string::npos) e = recompute.size();
@@ -295,6 +318,14 @@ int main(int argc, char** argv) {
       c.cfg.recompute_shared_experts = has("shared_experts") && c.cfg.moe.shared_ffn_hidden_size > 0;
       c.name += " (recompute " + recompute + ")";
     }
+    if (capacity > 0 && c.cfg.moe.num_experts > 0) {
+      c.cfg.moe.capacity_factor = capacity, c.cfg.moe.pad_to_capacity = pad_to_capacity;
+      c.cfg.moe.drop_by_position = drop_policy == "position";
+      c.name += fmt::format(" (capacity {}{}{})", capacity, pad_to_capacity ? ", padded" : "",
+                            drop_policy == "position" ? ", by position" : "");
+      c.torch_ref = 0;  // the PyTorch reference is dropless
+    }
+    if (host_routing && c.cfg.moe.num_experts > 0) c.name += " (host routing)";
     if (!fp8.empty()) {
       using F = model::Fp8Config;
       c.cfg.fp8.format = F::Format::Hybrid;
@@ -389,7 +420,7 @@ int main(int argc, char** argv) {
     Row r{c.name, B, ms, tps, tps * per_tok / 989e12, gpu::memory_stats().peak / 1048576.0,
           same_mb ? c.torch_ref : 0.0, 0, false};
     if (torch.contains(base_name) && torch[base_name].value("mb", int64_t(0)) == B &&
-        torch[base_name].value("compiled", 0.0) > 0 && fp8.empty()) {
+        torch[base_name].value("compiled", 0.0) > 0 && fp8.empty() && capacity <= 0) {
       r.torch_tps = torch[base_name].value("compiled", 0.0), r.measured = true;
       r.torch_peak = torch[base_name].value("compiled_peak_mb", 0.0);
     }

@@ -14,7 +14,9 @@
 #                            TORCH_ARGS (torch_moe_reference.py), VARIANTS (base, or
 #                            base,fp8: the same models in FP8 too, hybrid format, recipe
 #                            FP8_RECIPE (delayed; tensorwise, blockwise), and a table of FP8
-#                            against bf16 per model: step time, speed-up, peak memory)
+#                            against bf16 per model: step time, speed-up, peak memory; and/or
+#                            capacity: the Mixtral-style model with --moe-expert-capacity-factor
+#                            CAPACITY (1.0) routed on the device and on the host, one table)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD_DIR:-build-gpu}
@@ -46,6 +48,18 @@ T1=$(date +%s)
   > "$LOGS/moe_ours.md" 2> "$LOGS/moe_ours.err" || { rc=1; tail -20 "$LOGS/moe_ours.err"; }
 grep -E "bench_gpu_moe:|ms/step" "$LOGS/moe_ours.err"
 echo "moe_bench: ours $(( $(date +%s) - T1 )) s"
+CAP=0
+[[ ,${VARIANTS:-base}, == *,capacity,* ]] && CAP=1
+if [[ $CAP == 1 ]]; then
+  T4=$(date +%s)
+  for where in device host; do
+    "$BUILD/bench/bench_gpu_moe" --only Mixtral --capacity-factor "${CAPACITY:-1.0}" \
+      $([[ $where == host ]] && echo --host-routing) --json-out "$LOGS/moe_cap_$where.json" \
+      > "$LOGS/moe_cap_$where.md" 2> "$LOGS/moe_cap_$where.err" \
+      || { rc=1; tail -20 "$LOGS/moe_cap_$where.err"; }
+  done
+  echo "moe_bench: capacity $(( $(date +%s) - T4 )) s"
+fi
 FP8=0
 [[ ,${VARIANTS:-base}, == *,fp8,* ]] && FP8=1
 if [[ $FP8 == 1 ]]; then
@@ -110,6 +124,22 @@ for n, r in fp8.items():
         n, r["mb"], "%.1f" % base["ms"] if same else "-", r["ms"],
         "%.2fx" % (r["tps"] / base["tps"]) if same else "-",
         "%.0f" % base["peak_mb"] if same else "-", r["peak_mb"]))
+PY
+fi
+if [[ $CAP == 1 ]]; then
+  echo
+  python3 - "$LOGS/moe_cap_device.json" "$LOGS/moe_cap_host.json" <<'PY'
+import json, sys
+rows = {}
+for f in sys.argv[1:]:
+    try:
+        rows.update(json.load(open(f)))
+    except Exception as e:
+        print(f"moe_bench: {f}: {e}")
+print("| model | micro-batch | step (ms) | tokens/s | peak (MB) |")
+print("|---|---:|---:|---:|---:|")
+for n, r in rows.items():
+    print("| %s | %d | %.1f | %.1fK | %.0f |" % (n, r["mb"], r["ms"], r["tps"] / 1e3, r["peak_mb"]))
 PY
 fi
 sed -n '/^### /,$p' "$LOGS/moe_ours.md"
