@@ -109,8 +109,8 @@ inline MoeLayerRun run_moe_layer(const model::TransformerConfig& c, comm::Commun
   std::vector<double> xv(static_cast<size_t>(T * H)), dyv(xv.size());
   for (size_t i = 0; i < xv.size(); ++i)
     xv[i] = Philox::normal(seed, 1, i), dyv[i] = 0.1 * Philox::normal(seed, 2, i);
-  Tensor x = Tensor::empty({T, H}, c.dtype, c.device), dy = Tensor::empty({T, H}, c.dtype, c.device);
-  Tensor y = Tensor::empty({T, H}, c.dtype, c.device), dx = Tensor::empty({T, H}, c.dtype, c.device);
+  auto rows = [&] { return Tensor::empty({T, H}, c.dtype, c.device); };
+  Tensor x = rows(), dy = rows(), y = rows(), dx = rows();
   from_host(xv, x, st), from_host(dyv, dy, st);
   layer.forward(x, *saved, nullptr, y, ws, cx);
   MoeLayerRun out;

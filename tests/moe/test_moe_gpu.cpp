@@ -622,7 +622,8 @@ TEST(GpuMoeRouteIndex, CapacityAndPaddingMatchCpuOps) {
       if (c.mode == 1) l.data<float>()[t * c.E + 3] += 100.f;
       if (c.mode == 2) l.data<float>()[t * c.E + 5] -= 100.f;
     }
-    Tensor idx = Tensor::empty({c.T, c.k}, DType::I64), prob = Tensor::empty({c.T, c.k}, DType::F32);
+    Tensor idx = Tensor::empty({c.T, c.k}, DType::I64);
+    Tensor prob = Tensor::empty({c.T, c.k}, DType::F32);
     cpu::moe_route_topk(l, Tensor(), spec, idx, prob, CS());
     if (c.mode == 3)  // weights on a grid of 1/8: many exact ties at every capacity
       for (int64_t i = 0; i < prob.numel(); ++i)
@@ -669,7 +670,8 @@ TEST(GpuMoeLayer, ContextParallelOnTheDeviceMatchesCpuHostRouting) {
     auto close = [](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
       ASSERT_EQ(a.size(), b.size()) << what;
       double num = 0, den = 0;
-      for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+      for (size_t i = 0; i < a.size(); ++i)
+        num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
       EXPECT_GT(den, 0) << what;
       EXPECT_LE(std::sqrt(num / den), 1e-5) << what;
     };

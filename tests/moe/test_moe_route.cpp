@@ -390,7 +390,8 @@ TEST(MoeRouteOpsInLayer, CapacityModelsMatchHostRouting) {
   };
   for (V v : {V{"probs", 1.0, false, false, 0}, V{"probs_pad_to_capacity", 0.75, false, true, 0},
               V{"position", 0.5, true, false, 0}, V{"position_pad_to_capacity", 1.0, true, true, 0},
-              V{"pad_multiple", 0.0, false, false, 8}, V{"probs_pad_multiple", 1.0, false, false, 4}}) {
+              V{"pad_multiple", 0.0, false, false, 8},
+              V{"probs_pad_multiple", 1.0, false, false, 4}}) {
     SCOPED_TRACE(v.name);
     TransformerConfig c = tiny_model();
     c.moe.capacity_factor = v.cf, c.moe.drop_by_position = v.position;

@@ -66,9 +66,9 @@ struct MoeStats {
   int64_t forwards = 0;
   double last_aux_loss = 0, last_z_loss = 0;   // the last forward's losses (with coefficients)
   std::set<std::pair<int64_t, int64_t>> seen;  // (iteration, sample offset): recompute runs once
-  // The device routing keeps its losses on the device (f32 [2]: aux, z without their
-  // coefficients): the sums over forwards and the last forward's; MoeLayer::sync_stats
-  // moves them into the fields above once per global batch.
+  // The device routing keeps its losses on the device ([2]: aux, z without their
+  // coefficients; f32 on CUDA): the sums over forwards and the last forward's;
+  // MoeLayer::sync_stats moves them into the fields above once per global batch.
   Tensor dev_sum, dev_last;
   int64_t dev_forwards = 0;
 };
