@@ -12,6 +12,11 @@
 // Megatron and Hugging Face evaluate it in fp32 on an fp32 inv_freq; here it is double, as
 // the angles are (the more faithful reference; a frequency may differ from theirs in its
 // last fp32 bit, and one lying exactly on a region boundary could land on the other side).
+// Linear position interpolation, after any scaling (Megatron applies both, --use-rope-scaling
+// to inv_freq, the interpolation to the positions): inv_freq / interpolation. Megatron's
+// get_freqs_non_repeated multiplies the positions by 1 / factor instead; the angle
+// p * inv_freq / factor is the same number, rounded differently (in double here, fp32
+// there). Dividing by the unset factor 1.0 is exact, so plain RoPE keeps every bit.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -27,7 +32,8 @@
 
 namespace mcpp::ops {
 
-MCPP_ROPE_HD inline double rope_inv_freq(const RopeFreqs& f, int64_t i, int64_t rot_dim) {
+// Base and Llama 3.x scaling, before the interpolation.
+MCPP_ROPE_HD inline double rope_scaled_inv_freq(const RopeFreqs& f, int64_t i, int64_t rot_dim) {
   const double inv_freq = ::pow(f.base, -2.0 * double(i) / double(rot_dim));
   if (!f.scaled) return inv_freq;
   const double L = double(f.original_max_positions);
@@ -38,11 +44,20 @@ MCPP_ROPE_HD inline double rope_inv_freq(const RopeFreqs& f, int64_t i, int64_t 
   return (1.0 - a) * inv_freq / f.factor + a * inv_freq;
 }
 
-// The ops' argument check: a positive base; with scaling a positive factor, 0 < low < high
-// (the smoothing divides by their difference) and a positive original context.
+MCPP_ROPE_HD inline double rope_inv_freq(const RopeFreqs& f, int64_t i, int64_t rot_dim) {
+  return rope_scaled_inv_freq(f, i, rot_dim) / f.interpolation;
+}
+
+// The ops' argument check: a positive base and interpolation factor; with scaling a positive
+// factor, 0 < low < high (the smoothing divides by their difference) and a positive original
+// context.
 inline void check_rope_freqs(const RopeFreqs& f, const char* op) {
   MCPP_CHECK(std::isfinite(f.base) && f.base > 0,
              "{}: rotary base {} must be positive (--rotary-base)", op, f.base);
+  MCPP_CHECK_HINT(std::isfinite(f.interpolation) && f.interpolation > 0,
+                  "give --rotary-seq-len-interpolation-factor N >= 1",
+                  "{}: RoPE position interpolation factor {} must be positive", op,
+                  f.interpolation);
   if (!f.scaled) return;
   MCPP_CHECK_HINT(std::isfinite(f.factor) && f.factor > 0, "give --rope-scaling-factor > 0",
                   "{}: RoPE scaling factor {} must be positive", op, f.factor);

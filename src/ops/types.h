@@ -131,7 +131,10 @@ inline int64_t cudnn_attention_bwd_workspace_bytes(int64_t B, int64_t NH, int64_
 
 // RoPE's frequencies, as the rope ops take them: inv_freq_i = base^(-2i / rot_dim) for rotary
 // pair i < rot_dim / 2; with `scaled`, rescaled by wavelength as Llama 3.x does (Megatron's
-// --use-rope-scaling, Hugging Face's rope_type "llama3"; ops/rope_math.h has the formula).
+// --use-rope-scaling, Hugging Face's rope_type "llama3"); then all divided by
+// `interpolation`, linear position interpolation (Megatron's
+// --rotary-seq-len-interpolation-factor, Hugging Face's rope_type "linear"): position p
+// rotates as p / interpolation did. ops/rope_math.h has the formula.
 // A bare base converts to plain RoPE, so a caller without scaling passes its base as before.
 struct RopeFreqs {
   double base = 10000;
@@ -140,6 +143,7 @@ struct RopeFreqs {
   double low_freq_factor = 1;             // wavelengths above original / low: divided by factor
   double high_freq_factor = 4;            // wavelengths below original / high: unchanged
   int64_t original_max_positions = 8192;  // the context the unscaled model was trained for
+  double interpolation = 1;               // every frequency's divisor; 1: none (exactly)
   RopeFreqs() = default;
   RopeFreqs(double b) : base(b) {}  // NOLINT(google-explicit-constructor): plain RoPE
   bool operator==(const RopeFreqs&) const = default;

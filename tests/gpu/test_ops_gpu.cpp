@@ -766,38 +766,51 @@ TEST_P(GpuOp, RopeForwardBackward) {
 TEST_P(GpuOp, RopeScalingMatchesCpu) {
   // Llama-3.2-1B's scaling for the training ops at positions past its original context; for
   // the decode ops (caches of 300 rows) a 256-token original context, so that positions
-  // below 300 cross all three regions of the 32 rotary pairs.
+  // below 300 cross all three regions of the 32 rotary pairs. Each also with linear position
+  // interpolation (RopeFreqs::interpolation: --rotary-seq-len-interpolation-factor, Hugging
+  // Face's "linear"), on top of the scaling and alone, with an integer and a fractional factor.
   ops::RopeFreqs llama(500000.0), small(10000.0);
   llama.scaled = small.scaled = true;
   llama.factor = 32, llama.original_max_positions = 8192;
   small.factor = 8, small.original_max_positions = 256;
+  auto interpolated = [](ops::RopeFreqs f, double n) {
+    f.interpolation = n;
+    return f;
+  };
   auto far = [&](const Tensor& a, const Tensor& b) { EXPECT_GT(rel_err(a, b), 0.1); };
-  {
+  for (const ops::RopeFreqs& ft :
+       {llama, interpolated(llama, 4), interpolated(ops::RopeFreqs(500000.0), 2.5)}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "training ops, scaled " << ft.scaled << " interpolation " << ft.interpolation);
     ops::AttentionDims d;
     d.S = 50, d.B = 2, d.NH = 6, d.NG = 2, d.HD = 64;
     const Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 121, dt());
     for (int64_t rot : {int64_t(64), int64_t(32)}) {
       SCOPED_TRACE(::testing::Message() << "rot " << rot);
       Tensor out = Tensor::empty(qkv.shape(), DType::F32), plain = out.clone();
-      cpu::rope_forward(qkv, d, rot, llama, 20000, out, CS());
+      cpu::rope_forward(qkv, d, rot, ft, 20000, out, CS());
       cpu::rope_forward(qkv, d, rot, 500000.0, 20000, plain, CS());
       far(out, plain);
+      if (ft.interpolation != 1) {  // and not the same frequencies uninterpolated
+        cpu::rope_forward(qkv, d, rot, interpolated(ft, 1), 20000, plain, CS());
+        far(out, plain);
+      }
       Tensor gout = gpu_nan(qkv.shape(), dt());
-      gpu::rope_forward(to_gpu(qkv, dt()), d, rot, llama, 20000, gout, GS());
+      gpu::rope_forward(to_gpu(qkv, dt()), d, rot, ft, 20000, gout, GS());
       EXPECT_CLOSE(gout, out, dt());
       Tensor din = Tensor::empty(qkv.shape(), DType::F32);
-      cpu::rope_backward(qkv, d, rot, llama, 20000, din, CS());
+      cpu::rope_backward(qkv, d, rot, ft, 20000, din, CS());
       Tensor gin = to_gpu(qkv, dt());
-      gpu::rope_backward(gin, d, rot, llama, 20000, gin, GS());
+      gpu::rope_backward(gin, d, rot, ft, 20000, gin, GS());
       EXPECT_CLOSE(gin, din, dt());
       Tensor pos = Tensor::empty({d.S, d.B}, DType::I64);
       for (int64_t k = 0; k < d.S * d.B; ++k) pos.data<int64_t>()[k] = (k * 977) % 30000;
       const Tensor gpos = to_gpu(pos, DType::I64);
       for (bool inverse : {false, true}) {
         Tensor ref = Tensor::empty(qkv.shape(), DType::F32);
-        cpu::rope_positions(qkv, d, rot, llama, pos, inverse, ref, CS());
+        cpu::rope_positions(qkv, d, rot, ft, pos, inverse, ref, CS());
         Tensor g = gpu_nan(qkv.shape(), dt());
-        gpu::rope_positions(to_gpu(qkv, dt()), d, rot, llama, gpos, inverse, g, GS());
+        gpu::rope_positions(to_gpu(qkv, dt()), d, rot, ft, gpos, inverse, g, GS());
         EXPECT_CLOSE(g, ref, dt()) << (inverse ? "rope_positions inverse" : "rope_positions");
       }
     }
@@ -820,11 +833,13 @@ TEST_P(GpuOp, RopeScalingMatchesCpu) {
       for (int64_t b = 0; b < d.B; ++b) pos.data<int64_t>()[b] = p[b];
       const Tensor gpos = to_gpu(pos, DType::I64);
       const double scale = 1.0 / std::sqrt(double(HD));
-      for (const ops::RopeFreqs& f : {ops::RopeFreqs(10000.0), small}) {
-        SCOPED_TRACE(f.scaled ? "scaled" : "plain");
+      for (const ops::RopeFreqs& f : {ops::RopeFreqs(10000.0), small, interpolated(small, 4),
+                                      interpolated(ops::RopeFreqs(10000.0), 2.5)}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "scaled " << f.scaled << " interpolation " << f.interpolation);
         Tensor rq = Tensor::empty(qkv.shape(), DType::F32);
         cpu::rope_decode(qkv, d, rot, f, pos, rq, CS());
-        if (f.scaled) {
+        if (f.scaled || f.interpolation != 1) {
           Tensor plain = rq.clone();
           cpu::rope_decode(qkv, d, rot, 10000.0, pos, plain, CS());
           far(rq, plain);

@@ -1,7 +1,9 @@
 // Llama 3.x RoPE scaling (ops::rope_inv_freq, ops/rope_math.h, and the CPU rope ops that use
 // it): the scaled frequencies against the formula written out here in fp64, in each of its
 // three regions; the ops against a direct rotation at those frequencies; backward against
-// forward; scaling off (and factor 1) giving plain RoPE.
+// forward; scaling off (and factor 1) giving plain RoPE. Linear position interpolation
+// (RopeFreqs::interpolation): the ops at position p against the direct rotation at p / N,
+// alone and on top of the Llama 3.x scaling.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -186,4 +188,79 @@ TEST(RopeScaling, RejectsBadParameters) {
   EXPECT_THROW(cpu::rope_forward(x, d, 8, f, 0, x, Stream::cpu()), mcpp::Error);
   f.scaled = false;  // unused when off
   EXPECT_NO_THROW(cpu::rope_forward(x, d, 8, f, 0, x, Stream::cpu()));
+}
+
+// ---- linear position interpolation (--rotary-seq-len-interpolation-factor, HF "linear")
+
+TEST(RopeInterpolation, UnsetFactorIsBitForBitPlain) {
+  RopeFreqs f = llama32();
+  f.interpolation = 1;
+  RopeFreqs plain = llama32();
+  for (int64_t i = 0; i < 32; ++i) {
+    EXPECT_EQ(mcpp::ops::rope_inv_freq(f, i, 64), mcpp::ops::rope_inv_freq(plain, i, 64));
+    EXPECT_EQ(mcpp::ops::rope_inv_freq(RopeFreqs(10000.0), i, 64),
+              std::pow(10000.0, -2.0 * double(i) / 64.0));
+  }
+  // Divides every frequency of both kinds (the Llama 3.x regions are decided before).
+  f.interpolation = 4;
+  for (int64_t i = 0; i < 32; ++i)
+    EXPECT_NEAR(mcpp::ops::rope_inv_freq(f, i, 64), ref_inv_freq(plain, i, 64) / 4,
+                1e-14 * ref_inv_freq(plain, i, 64));
+}
+
+TEST(RopeInterpolation, CpuOpsRotateAtPositionOverFactor) {
+  // Megatron's get_freqs_non_repeated: positions *= 1 / N. The reference rotates row s at the
+  // position (s + off) / N with the frequencies of no interpolation, in fp64.
+  for (const bool scaled : {false, true})
+    for (const double N : {4.0, 2.5}) {  // Megatron's integer flag; a Hugging Face factor
+      SCOPED_TRACE(::testing::Message() << "scaled " << scaled << " N " << N);
+      RopeFreqs ref = scaled ? llama32() : RopeFreqs(500000.0);
+      RopeFreqs f = ref;
+      f.interpolation = N;
+      const AttentionDims d = dims(7, 2, 4, 2, 64);
+      const Tensor x = randn<double>({d.S, d.B, d.qkv_width()}, 43);
+      const int64_t off = 20001;
+      Tensor y = Tensor::empty(x.shape(), DType::F64);
+      cpu::rope_forward(x, d, 64, f, off, y, Stream::cpu());
+      auto at = [&](int64_t s, int64_t) { return double(s + off) / N; };
+      EXPECT_LT(max_err(y, x, d, 64, ref, at), 1e-10);
+      // Not the uninterpolated rotation.
+      EXPECT_GT(max_err(y, x, d, 64, ref, [&](int64_t s, int64_t) { return double(s + off); }),
+                0.1);
+      // Per-token positions (--reset-position-ids) and a decode step's positions.
+      Tensor pos = Tensor::empty({d.S, d.B}, DType::I64);
+      for (int64_t k = 0; k < d.S * d.B; ++k) pos.data<int64_t>()[k] = 9001 + 37 * k;
+      cpu::rope_positions(x, d, 64, f, pos, false, y, Stream::cpu());
+      EXPECT_LT(
+          max_err(y, x, d, 64, ref,
+                  [&](int64_t s, int64_t b) { return double(9001 + 37 * (s * d.B + b)) / N; }),
+          1e-10);
+      AttentionDims d1 = d;
+      d1.S = 1;
+      const Tensor x1 = x.narrow(0, 1).clone();
+      Tensor p1 = Tensor::empty({d.B}, DType::I64), y1 = Tensor::empty(x1.shape(), DType::F64);
+      for (int64_t b = 0; b < d.B; ++b) p1.data<int64_t>()[b] = 12345 + 1001 * b;
+      cpu::rope_decode(x1, d1, 64, f, p1, y1, Stream::cpu());
+      EXPECT_LT(max_err(y1, x1, d1, 64, ref,
+                        [&](int64_t, int64_t b) { return double(12345 + 1001 * b) / N; }),
+                1e-10);
+      // Backward undoes forward.
+      Tensor back = Tensor::empty(x.shape(), DType::F64);
+      cpu::rope_forward(x, d, 64, f, off, y, Stream::cpu());
+      cpu::rope_backward(y, d, 64, f, off, back, Stream::cpu());
+      double err = 0;
+      for (int64_t k = 0; k < x.numel(); ++k)
+        err = std::max(err, std::abs(back.data<double>()[k] - x.data<double>()[k]));
+      EXPECT_LT(err, 1e-12);
+    }
+}
+
+TEST(RopeInterpolation, RejectsNonPositiveFactor) {
+  const AttentionDims d = dims(2, 1, 2, 1, 8);
+  Tensor x = Tensor::zeros({2, 1, d.qkv_width()}, DType::F32);
+  for (const double bad : {0.0, -2.0, double(NAN)}) {
+    RopeFreqs f(10000.0);
+    f.interpolation = bad;
+    EXPECT_THROW(cpu::rope_forward(x, d, 8, f, 0, x, Stream::cpu()), mcpp::Error) << bad;
+  }
 }
