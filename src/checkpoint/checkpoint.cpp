@@ -174,6 +174,8 @@ json model_config_json(const model::TransformerConfig& c) {
                          {"low_freq_factor", c.rope_low_freq_factor},
                          {"high_freq_factor", c.rope_high_freq_factor},
                          {"original_max_position_embeddings", c.rope_original_max_positions}};
+  if (c.seq_len_interpolation_factor != 1.0)  // RoPE position interpolation (absent: 1, off)
+    j["rotary_seq_len_interpolation_factor"] = c.seq_len_interpolation_factor;
   return j;
 }
 
@@ -209,6 +211,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
     c.rope_high_freq_factor = r.at("high_freq_factor");
     c.rope_original_max_positions = r.at("original_max_position_embeddings");
   }
+  c.seq_len_interpolation_factor = j.value("rotary_seq_len_interpolation_factor", 1.0);
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -273,6 +276,12 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   if (scaling(saved) != scaling(now))
     log::warn("{}: rope_scaling differs (checkpoint {}, this run {})", where, scaling(saved),
               scaling(now));
+  // Position interpolation likewise: stretching a checkpoint's context is what it is for.
+  const json ia = saved.value("rotary_seq_len_interpolation_factor", json(1.0));
+  const json ib = now.value("rotary_seq_len_interpolation_factor", json(1.0));
+  if (ia != ib)
+    log::warn("{}: rotary_seq_len_interpolation_factor differs (checkpoint {}, this run {})", where,
+              ia.dump(), ib.dump());
 }
 
 json state_to_json(const TrainingState& st) {

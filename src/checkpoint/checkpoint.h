@@ -218,7 +218,8 @@ nlohmann::json model_config_json(const model::TransformerConfig& c);
 // The model-shape fields of a checkpoint's "model" record (saved) that must agree with the
 // loading model (cur); `where` names the checkpoint in the error. vocab_repad: the padded
 // vocabulary may differ (load_checkpoint's re-padding). rotary_base, rotary_percent,
-// rope_scaling and norm_epsilon differences are warnings.
+// rope_scaling, rotary_seq_len_interpolation_factor and norm_epsilon differences are
+// warnings.
 void check_model_compat(const nlohmann::json& saved, const model::TransformerConfig& cur,
                         const std::string& where, bool vocab_repad);
 

@@ -109,6 +109,11 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
                "{}: model.rope_scaling needs rope and low_freq_factor {} < high_freq_factor {}",
                where, c.rope_low_freq_factor, c.rope_high_freq_factor);
   }
+  if (c.seq_len_interpolation_factor != 1.0) {  // RoPE position interpolation
+    positive(c.seq_len_interpolation_factor, "rotary_seq_len_interpolation_factor");
+    MCPP_CHECK(c.rope, "{}: model.rotary_seq_len_interpolation_factor {} needs rope", where,
+               c.seq_len_interpolation_factor);
+  }
   for (auto [v, field] : {std::pair{c.hidden_dropout, "hidden_dropout"},
                           std::pair{c.attention_dropout, "attention_dropout"}})
     MCPP_CHECK(v >= 0 && v < 1, "{}: model.{} {} is outside [0, 1)", where, field, v);

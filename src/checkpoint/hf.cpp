@@ -226,14 +226,15 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
 void export_hf(const std::string& out_dir, const model::TransformerConfig& c,
                const model::ParamStore& ps, DType dtype, const std::string& model_type) {
   (void)hf_export_arch(c, model_type);  // a model_type that does not fit: before any file
+  // config.json first too: a model it cannot describe (hf_rope.h) is refused before any file.
+  const json config = hf_config(c, dtype, model_type);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   MCPP_CHECK(!ec, "cannot create {}: {}", out_dir, ec.message());
   auto tensors = to_hf_tensors(c, ps, dtype);
   // "format": "pt" is what transformers expects in a safetensors file's metadata.
   save_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_file_durable((fs::path(out_dir) / "config.json").string(),
-                     hf_config(c, dtype, model_type).dump(2));
+  write_file_durable((fs::path(out_dir) / "config.json").string(), config.dump(2));
 }
 
 json read_hf_config(const std::string& hf_dir) {

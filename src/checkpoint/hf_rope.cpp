@@ -12,10 +12,12 @@ using json = nlohmann::json;
 
 namespace {
 
-// Llama 3.x scaling as a config.json states it.
+// The frequency change a config.json states: Llama 3.x scaling, or linear interpolation.
 struct Scaling {
+  bool llama3 = false;  // rope_type "llama3": the four values below
   double factor = 0, low = 0, high = 0;
   int64_t original = 0;
+  double linear = 1;  // rope_type "linear": the positions' divisor (factor)
   bool operator==(const Scaling&) const = default;
 };
 
@@ -60,13 +62,21 @@ void rope_from_hf(const json& j, const std::string& type, double dflt,
                     "Hugging Face config.json ({}): {}.rope_type is {}, expected a string", type,
                     field, rt_json.dump());
     const std::string rt = rt_json.get<std::string>();
-    MCPP_CHECK_HINT(rt == "default" || rt == "llama3",
-                    "megatron.cpp implements plain RoPE ('default') and Llama 3.x scaling "
-                    "('llama3'); linear, dynamic, yarn, longrope and the others are not "
-                    "implemented",
+    MCPP_CHECK_HINT(rt == "default" || rt == "llama3" || rt == "linear",
+                    "megatron.cpp implements plain RoPE ('default'), Llama 3.x scaling "
+                    "('llama3') and linear position interpolation ('linear'); dynamic, yarn, "
+                    "longrope and the others are not implemented",
                     "Hugging Face config.json ({}) has {}.rope_type '{}'", type, field, rt);
     std::optional<Scaling> here;
-    if (rt == "llama3") {
+    if (rt == "linear") {  // inv_freq / factor: --rotary-seq-len-interpolation-factor
+      MCPP_CHECK_HINT(s.contains("factor") && !s["factor"].is_null(),
+                      "check config.json: linear interpolation has a factor",
+                      "Hugging Face config.json ({}): {} (rope_type 'linear') lacks 'factor'", type,
+                      field);
+      Scaling sc;
+      sc.linear = positive(s["factor"], field + ".factor");
+      here = sc;
+    } else if (rt == "llama3") {
       auto need = [&](const char* k) -> const json& {
         MCPP_CHECK_HINT(s.contains(k) && !s[k].is_null(),
                         "check config.json: Llama 3.x's scaling has factor, low_freq_factor, "
@@ -76,6 +86,7 @@ void rope_from_hf(const json& j, const std::string& type, double dflt,
         return s[k];
       };
       Scaling sc;
+      sc.llama3 = true;
       sc.factor = positive(need("factor"), field + ".factor");
       sc.low = positive(need("low_freq_factor"), field + ".low_freq_factor");
       sc.high = positive(need("high_freq_factor"), field + ".high_freq_factor");
@@ -107,27 +118,40 @@ void rope_from_hf(const json& j, const std::string& type, double dflt,
     theta = t, theta_given = true;
   }
   c.rotary_base = theta;
-  c.rope_scaling = scaling.has_value();
-  if (scaling) {
+  c.rope_scaling = scaling && scaling->llama3;
+  if (c.rope_scaling) {
     c.rope_scaling_factor = scaling->factor;
     c.rope_low_freq_factor = scaling->low, c.rope_high_freq_factor = scaling->high;
     c.rope_original_max_positions = scaling->original;
   }
+  c.seq_len_interpolation_factor = scaling ? scaling->linear : 1.0;
 }
 
 void rope_to_hf(const model::TransformerConfig& c, bool parameters, json& j) {
+  const bool linear = c.seq_len_interpolation_factor != 1.0;
+  // Megatron applies both (Llama 3.x's rescaled frequencies, then the positions divided);
+  // transformers computes one rope type per model, and neither llama3 nor linear is the other.
+  MCPP_CHECK_HINT(!(c.rope_scaling && linear),
+                  "Hugging Face's rope_scaling holds one rope type, and none of transformers' "
+                  "applies both; keep this model in megatron.cpp's format (megatron generate "
+                  "and serve load it), or export one trained with only one of the two",
+                  "cannot write a Hugging Face config.json for this model: it has both Llama "
+                  "3.x RoPE scaling (--use-rope-scaling, factor {}) and linear position "
+                  "interpolation (--rotary-seq-len-interpolation-factor {})",
+                  c.rope_scaling_factor, c.seq_len_interpolation_factor);
   j["rope_theta"] = c.rotary_base;
-  if (!c.rope_scaling) {
+  if (!c.rope_scaling && !linear) {
     j["rope_scaling"] = nullptr;
     if (parameters)
       j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rotary_base}};
     return;
   }
-  json s = {{"rope_type", "llama3"},
-            {"factor", c.rope_scaling_factor},
-            {"low_freq_factor", c.rope_low_freq_factor},
-            {"high_freq_factor", c.rope_high_freq_factor},
-            {"original_max_position_embeddings", c.rope_original_max_positions}};
+  json s = linear ? json{{"rope_type", "linear"}, {"factor", c.seq_len_interpolation_factor}}
+                  : json{{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling_factor},
+                         {"low_freq_factor", c.rope_low_freq_factor},
+                         {"high_freq_factor", c.rope_high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_original_max_positions}};
   j["rope_scaling"] = s;
   s["rope_theta"] = c.rotary_base;
   j["rope_parameters"] = s;

@@ -3,10 +3,12 @@
 // transformers 4.x writes the base as rope_theta and any scaling as rope_scaling
 // {"rope_type" (older files: "type"), "factor", ...}; 5.x writes rope_parameters
 // {"rope_type", "rope_theta", ...}, either one object or one per layer type
-// ({"full_attention": {...}}). megatron.cpp has plain RoPE (rope_type "default") and Llama
+// ({"full_attention": {...}}). megatron.cpp has plain RoPE (rope_type "default"), Llama
 // 3.x scaling (rope_type "llama3": factor, low_freq_factor, high_freq_factor,
-// original_max_position_embeddings; TransformerConfig's rope_scaling fields). Any other rope
-// type (linear, dynamic, yarn, longrope, ...) is an error naming the field and the value.
+// original_max_position_embeddings; TransformerConfig's rope_scaling fields) and linear
+// position interpolation (rope_type "linear": factor, transformers' inv_freq / factor, which
+// is TransformerConfig::seq_len_interpolation_factor, any positive number). Any other rope
+// type (dynamic, yarn, longrope, ...) is an error naming the field and the value.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,9 +24,11 @@ void rope_from_hf(const nlohmann::json& j, const std::string& type, double dflt,
                   model::TransformerConfig& c);
 
 // c's RoPE into config.json j: rope_theta always; with scaling, rope_scaling and
-// rope_parameters of rope_type "llama3" with the four values; without, rope_scaling null
-// and, where `parameters` asks for it (the MoE classes, written for 5.x as well),
-// rope_parameters of rope_type "default".
+// rope_parameters of rope_type "llama3" with the four values; with interpolation, both of
+// rope_type "linear" with its factor; without either, rope_scaling null and, where
+// `parameters` asks for it (the MoE classes, written for 5.x as well), rope_parameters of
+// rope_type "default". A model with both (Megatron applies both) has no config.json: an
+// error naming the two flags.
 void rope_to_hf(const model::TransformerConfig& c, bool parameters, nlohmann::json& j);
 
 }  // namespace mcpp::checkpoint::hf_rope

@@ -13,6 +13,7 @@ ops::RopeFreqs rope_freqs(const TransformerConfig& c) {
   f.low_freq_factor = c.rope_low_freq_factor;
   f.high_freq_factor = c.rope_high_freq_factor;
   f.original_max_positions = c.rope_original_max_positions;
+  f.interpolation = c.seq_len_interpolation_factor;
   return f;
 }
 

@@ -16,7 +16,8 @@
 
 namespace mcpp::model {
 
-// The RoPE frequencies of c (its base and Llama 3.x scaling) as the rope ops take them.
+// The RoPE frequencies of c (its base, Llama 3.x scaling and position interpolation) as the
+// rope ops take them.
 ops::RopeFreqs rope_freqs(const TransformerConfig& c);
 
 class Attention {

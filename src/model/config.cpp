@@ -41,6 +41,16 @@ void TransformerConfig::validate() const {
                "positive original_max_position_embeddings ({})",
                rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions);
   }
+  if (seq_len_interpolation_factor != 1.0) {
+    MCPP_CHECK_HINT(rope,
+                    "add --position-embedding-type rope, or drop "
+                    "--rotary-seq-len-interpolation-factor",
+                    "RoPE position interpolation (factor {}) is on but the model has no RoPE",
+                    seq_len_interpolation_factor);
+    MCPP_CHECK(std::isfinite(seq_len_interpolation_factor) && seq_len_interpolation_factor > 0,
+               "--rotary-seq-len-interpolation-factor {} must be positive",
+               seq_len_interpolation_factor);
+  }
   if (moe.num_experts > 0) {
     MCPP_CHECK(moe.topk >= 1 && moe.topk <= moe.num_experts, "--moe-router-topk {} outside [1, {}]",
                moe.topk, moe.num_experts);

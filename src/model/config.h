@@ -35,6 +35,11 @@ struct TransformerConfig {
   double rope_low_freq_factor = 1.0;           // HF low_freq_factor
   double rope_high_freq_factor = 4.0;          // HF high_freq_factor
   int64_t rope_original_max_positions = 8192;  // HF original_max_position_embeddings
+  // Linear position interpolation (Megatron's RotaryEmbedding seq_len_interpolation_factor):
+  // position p rotates as p / factor did, after any Llama 3.x scaling; 1 = off. A double,
+  // as Megatron's RotaryEmbedding takes it: the flag gives an integer, a Hugging Face
+  // rope_type "linear" any positive factor (e.g. 2.5).
+  double seq_len_interpolation_factor = 1.0;  // --rotary-seq-len-interpolation-factor
   bool rmsnorm = false;                  // --normalization RMSNorm
   double norm_epsilon = 1e-5;            // --norm-epsilon
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1

@@ -239,6 +239,10 @@ std::string show(const std::optional<std::vector<int64_t>>& v) {
   return v ? show(*v) : "None";
 }
 
+std::string show_int_or_float(const std::optional<double>& v) {
+  return v ? python_int_or_float(*v) : "None";
+}
+
 template <auto M>
 void set_field(Args& a, const Given& g) {
   assign(a.*M, g);
@@ -382,6 +386,12 @@ std::string python_float(double v) {
   std::string s = fmt::format("{}", v);
   if (s.find_first_of(".eni") == std::string::npos) s += ".0";  // 1 -> 1.0; not 1e-05/inf/nan
   return s;
+}
+
+std::string python_int_or_float(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::abs(v) < 1e15)
+    return std::to_string(int64_t(v));
+  return python_float(v);
 }
 
 // ---- public: parsing --------------------------------------------------------------------

@@ -69,6 +69,13 @@ struct Args {
   // checkpoint's own (one converted from a Hugging Face config.json may carry others).
   double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
   int64_t rope_original_max_positions = 8192;
+  // Linear position interpolation: RoPE's positions divided by it (ops/rope_math.h). The
+  // flag parses an integer, as Megatron's; a double here because --use-checkpoint-args may
+  // take a checkpoint's fractional one (converted from a Hugging Face rope_type "linear").
+  std::optional<double> rotary_seq_len_interpolation_factor;
+  // --rope-type: "rope" (plain RoPE, what every model here uses) is accepted; "yarn" is
+  // refused (validate_rope.cpp): in Megatron it belongs to multi-latent attention.
+  std::optional<std::string> rope_type;
   int64_t make_vocab_size_divisible_by = 128;
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double layernorm_epsilon = 1e-5;          // --norm-epsilon
@@ -357,5 +364,8 @@ std::string flag_name(const std::string& dest);
 
 // Python's str() of a float ("1.0", "1e-05", "0.0001"): how print_args shows doubles.
 std::string python_float(double v);
+// Python's str() of a whole number as an int ("4"), of any other as a float ("2.5"): an int
+// flag's value where a checkpoint may hold a fraction.
+std::string python_int_or_float(double v);
 
 }  // namespace mcpp::training

@@ -33,6 +33,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.rope_low_freq_factor = a.rope_low_freq_factor;
   c.rope_high_freq_factor = a.rope_high_freq_factor;
   c.rope_original_max_positions = a.rope_original_max_positions;
+  c.seq_len_interpolation_factor = a.rotary_seq_len_interpolation_factor.value_or(1.0);
   c.rmsnorm = a.normalization == "RMSNorm", c.norm_epsilon = a.layernorm_epsilon;
   c.zero_centered_gamma = a.layernorm_zero_centered_gamma;
   c.swiglu = a.swiglu, c.tie_embeddings = !a.untie_embeddings_and_output_weights;

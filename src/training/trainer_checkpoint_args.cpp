@@ -6,10 +6,11 @@
 // load_args_from_checkpoint (checkpointing.py). The checkpoint's metadata.json records the
 // model config (checkpoint::model_config_json); its fields fill the flags of the same
 // meaning. As in Megatron, the shape flags (layers, hidden, FFN, heads, head dim,
-// sequence, positions) are taken only when not given on the command line, and the
-// architecture switches (query groups, positions, RoPE base and scaling, norm, SwiGLU,
-// ties, biases, dropout, zero-centred gamma) are forced from the checkpoint. The parallel layout is
-// not taken: any layout loads any checkpoint here (Megatron forces TP/PP because it cannot).
+// sequence, positions; here also RoPE's position interpolation) are taken only when not given
+// on the command line, and the architecture switches (query groups, positions, RoPE base and
+// scaling, norm, SwiGLU, ties, biases, dropout, zero-centred gamma) are forced from the
+// checkpoint. The parallel layout is not taken: any layout loads any checkpoint here
+// (Megatron forces TP/PP because it cannot).
 // Tokenizer paths recorded in a checkpoint are never followed.
 #include <fmt/format.h>
 
@@ -106,6 +107,16 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
     a.rope_low_freq_factor = c.rope_low_freq_factor;  // no flags: Megatron's constants
     a.rope_high_freq_factor = c.rope_high_freq_factor;
     a.rope_original_max_positions = c.rope_original_max_positions;
+  }
+  // Linear position interpolation: taken like a shape flag, only when the command line says
+  // nothing (Megatron's checkpoint args leave it to the command line). A resumed run keeps
+  // the checkpoint's; a new factor given with the checkpoint stretches its context further,
+  // which is what the flag is for (the loader warns that it differs).
+  if (!a.was_given("rotary_seq_len_interpolation_factor") &&
+      c.seq_len_interpolation_factor != 1.0) {
+    const double f = c.seq_len_interpolation_factor;
+    a.rotary_seq_len_interpolation_factor = f, ++taken;
+    a.given["rotary_seq_len_interpolation_factor"] = python_int_or_float(f);
   }
   const std::string norm = c.rmsnorm ? "RMSNorm" : "LayerNorm";
   force("normalization", a.normalization, norm, norm);

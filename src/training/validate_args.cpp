@@ -22,6 +22,9 @@
 #include "training/validate_moe.h"
 
 namespace mcpp::training {
+
+void validate_rope(const Args& a);  // validate_rope.cpp
+
 namespace {
 
 // --recompute-modules under selective recomputation: Megatron's names and default
@@ -244,19 +247,7 @@ void validate_model(Args& a) {
   MCPP_CHECK_HINT(a.rotary_percent > 0.0 && a.rotary_percent <= 1.0,
                   "give --rotary-percent in (0, 1]; 1.0 rotates the whole head",
                   "--rotary-percent {} is outside (0, 1]", a.rotary_percent);
-  // Llama 3.x RoPE scaling rescales RoPE's frequencies: without RoPE Megatron ignores it
-  // silently; here that is an error. Megatron asserts nothing of the factor; it divides.
-  if (a.use_rope_scaling) {
-    MCPP_CHECK_HINT(a.position_embedding_type == "rope",
-                    "add --position-embedding-type rope (Llama 3.x), or drop --use-rope-scaling",
-                    "--use-rope-scaling rescales RoPE's frequencies, but "
-                    "--position-embedding-type is {}",
-                    a.position_embedding_type);
-    MCPP_CHECK_HINT(a.rope_scaling_factor > 0,
-                    "give --rope-scaling-factor > 0 (Llama 3.1 and 3.3 use 8, Llama 3.2 32)",
-                    "--rope-scaling-factor {} is not positive",
-                    python_float(a.rope_scaling_factor));
-  }
+  validate_rope(a);  // scaling, interpolation, --rope-type (validate_rope.cpp)
   MCPP_CHECK_HINT(a.hidden_dropout >= 0.0 && a.hidden_dropout < 1.0,
                   "give --hidden-dropout in [0, 1); 0 disables it",
                   "--hidden-dropout {} is outside [0, 1)", a.hidden_dropout);

@@ -1,12 +1,14 @@
-// The RoPE fields of a Hugging Face config.json (checkpoint/hf_rope.h): Llama 3.x scaling
-// imported from transformers 4.x's rope_scaling (and its older "type" spelling) and 5.x's
-// rope_parameters, exported in both, round trips of config and logits; other rope types and
-// contradicting fields refused, naming the field.
+// The RoPE fields of a Hugging Face config.json (checkpoint/hf_rope.h): Llama 3.x scaling and
+// linear position interpolation imported from transformers 4.x's rope_scaling (and its older
+// "type" spelling) and 5.x's rope_parameters, exported in both, round trips of config and
+// logits; other rope types, contradicting fields and a model with both (no one rope type says
+// it) refused, naming the field or the flags.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -131,7 +133,7 @@ TEST(HfRope, ExportWritesBothSpellingsAndRoundTrips) {
 }
 
 TEST(HfRope, RefusesOtherRopeTypesNamingTheField) {
-  for (const char* rt : {"linear", "dynamic", "yarn", "longrope"}) {
+  for (const char* rt : {"dynamic", "yarn", "longrope"}) {
     json j = llama3_config();
     j["rope_scaling"]["rope_type"] = rt;
     const std::string e = error_of([&] { ck::model_config_from_hf(j, 1); });
@@ -164,4 +166,109 @@ TEST(HfRope, RefusesOtherRopeTypesNamingTheField) {
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
   EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("disagree on the RoPE scaling"),
             std::string::npos);
+}
+
+// ---- linear position interpolation: rope_type "linear", transformers' inv_freq / factor
+
+namespace {
+
+json linear_config(double factor) {
+  json j = llama3_config();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", factor}};
+  return j;
+}
+
+// Largest |a - b| of two models' logits.
+double logits_diff(const model::GPTModel& a, const model::GPTModel& b) {
+  double d = 0;
+  for (int64_t i = 0; i < a.logits().numel(); ++i)
+    d = std::max(d, double(std::abs(a.logits().data<float>()[i] - b.logits().data<float>()[i])));
+  return d;
+}
+
+}  // namespace
+
+TEST(HfRope, ImportsLinearInterpolationInEverySpelling) {
+  for (const double f : {4.0, 2.5}) {  // a fractional factor imports as it is
+    SCOPED_TRACE(f);
+    const auto c = ck::model_config_from_hf(linear_config(f), 1);
+    EXPECT_EQ(c.seq_len_interpolation_factor, f);
+    EXPECT_FALSE(c.rope_scaling);
+    EXPECT_EQ(c.rotary_base, 10000.0);
+    json old = linear_config(f);  // transformers before 4.43: "type"
+    old["rope_scaling"].erase("rope_type");
+    old["rope_scaling"]["type"] = "linear";
+    EXPECT_EQ(ck::model_config_json(ck::model_config_from_hf(old, 1)), ck::model_config_json(c));
+    json j5 = linear_config(f);  // transformers 5: rope_parameters, one set or one per type
+    json rp = j5["rope_scaling"];
+    rp["rope_theta"] = 10000.0;
+    j5.erase("rope_scaling"), j5.erase("rope_theta");
+    j5["rope_parameters"] = rp;
+    EXPECT_EQ(ck::model_config_json(ck::model_config_from_hf(j5, 1)), ck::model_config_json(c));
+    j5["rope_parameters"] = {{"full_attention", rp}};
+    EXPECT_EQ(ck::model_config_json(ck::model_config_from_hf(j5, 1)), ck::model_config_json(c));
+  }
+  // A missing or bad factor, and rope_parameters saying otherwise, are refused.
+  json j = linear_config(4);
+  j["rope_scaling"].erase("factor");
+  EXPECT_NE(error_of([&] {
+              ck::model_config_from_hf(j, 1);
+            }).find("rope_scaling (rope_type 'linear') lacks 'factor'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ck::model_config_from_hf(linear_config(0), 1);
+            }).find("'rope_scaling.factor' is 0.0, expected a positive number"),
+            std::string::npos);
+  j = linear_config(4);
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e4}};
+  EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("disagree on the RoPE scaling"),
+            std::string::npos);
+}
+
+TEST(HfRope, ExportsLinearInterpolationAndRoundTrips) {
+  auto c = ck::model_config_from_hf(linear_config(2.5), 1);
+  c.seq_length = golden::kGoldenS;
+  const json out = ck::hf_config(c);
+  EXPECT_EQ(out.at("rope_scaling"), json({{"rope_type", "linear"}, {"factor", 2.5}}));
+  EXPECT_EQ(out.at("rope_parameters"),
+            json({{"rope_type", "linear"}, {"factor", 2.5}, {"rope_theta", 10000.0}}));
+  // import -> export -> import: the same config and logits; interpolation changes them.
+  model::GPTModel a(c);
+  golden::perturb(a.params());
+  const std::string dir = scratch_dir() + "/hf";
+  ck::export_hf(dir, c, a.params());
+  auto back = ck::model_config_from_hf(ck::read_hf_config(dir), 1);
+  back.seq_length = c.seq_length;
+  EXPECT_EQ(ck::model_config_json(back), ck::model_config_json(c));
+  model::GPTModel b(back);
+  ck::import_hf(dir, back, b.params());
+  model::StepKeys keys;
+  keys.training = false;
+  const model::MicroBatch mb = golden::golden_batch();
+  a.forward(mb, keys);
+  b.forward(mb, keys);
+  EXPECT_TRUE(same_bytes(a.logits(), b.logits()));
+  auto plain = c;
+  plain.seq_len_interpolation_factor = 1;
+  model::GPTModel p(plain);
+  ck::import_hf(dir, plain, p.params());
+  p.forward(mb, keys);
+  EXPECT_GT(logits_diff(a, p), 1e-3) << "the interpolation should change the logits";
+}
+
+TEST(HfRope, ExportRefusesScalingWithInterpolation) {
+  auto c = ck::model_config_from_hf(llama3_config(), 1);
+  c.seq_len_interpolation_factor = 4;
+  const std::string e = error_of([&] { ck::hf_config(c); });
+  EXPECT_NE(e.find("both Llama 3.x RoPE scaling (--use-rope-scaling, factor 16)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("linear position interpolation (--rotary-seq-len-interpolation-factor 4)"),
+            std::string::npos)
+      << e;
+  // Refused before any file is written.
+  const std::string dir = scratch_dir() + "/hf";
+  model::GPTModel m(c);
+  EXPECT_THROW(ck::export_hf(dir, c, m.params()), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }

@@ -76,3 +76,54 @@ TEST(RopeScalingCheckpoint, ADifferentScalingLoadsWithAWarning) {
   EXPECT_NE(compat_warnings(ck::model_config_json(none), c).find("(checkpoint off, this run"),
             std::string::npos);
 }
+
+// ---- linear position interpolation (--rotary-seq-len-interpolation-factor)
+
+// metadata.json's model.rotary_seq_len_interpolation_factor: written when set (with or
+// without Llama 3.x scaling), read back, absent = 1 (checkpoints from before it); a
+// different factor loads with a warning, as a different scaling does.
+TEST(RopeInterpolationCheckpoint, MetadataRecordsTheFactor) {
+  for (const double f : {4.0, 2.5}) {
+    SCOPED_TRACE(f);
+    auto c = scaled_llama();
+    c.rope_scaling = f == 4.0;  // both together, and interpolation alone
+    c.seq_len_interpolation_factor = f;
+    model::GPTModel m(c);
+    fill_global(m.params(), m.params().flat_params(), 5);
+    const std::string dir = scratch_dir();
+    ck::save_checkpoint(dir, m, nullptr, sample_state(3));
+    const json md = ck::read_metadata(dir);
+    EXPECT_EQ(md.at("model").at("rotary_seq_len_interpolation_factor"), json(f));
+    const auto back = ck::model_config_from_metadata(md);
+    EXPECT_EQ(back.seq_len_interpolation_factor, f);
+    EXPECT_EQ(back.rope_scaling, c.rope_scaling);
+    EXPECT_EQ(ck::model_config_json(back), ck::model_config_json(c));
+    json old = md;
+    old["model"].erase("rotary_seq_len_interpolation_factor");
+    EXPECT_EQ(ck::model_config_from_metadata(old).seq_len_interpolation_factor, 1.0);
+    // Nonsense is refused, naming the field.
+    for (const json bad : {json(0.0), json(-4.0), json("4")}) {
+      json h = md;
+      h["model"]["rotary_seq_len_interpolation_factor"] = bad;
+      EXPECT_THROW(ck::model_config_from_metadata(h), Error) << bad.dump();
+    }
+  }
+  EXPECT_FALSE(
+      ck::model_config_json(tiny_config("llama")).contains("rotary_seq_len_interpolation_factor"));
+}
+
+TEST(RopeInterpolationCheckpoint, ADifferentFactorLoadsWithAWarning) {
+  auto c = tiny_config("llama");
+  c.seq_len_interpolation_factor = 4;
+  const json saved = ck::model_config_json(c);
+  EXPECT_EQ(compat_warnings(saved, c), "");
+  auto more = c;
+  more.seq_len_interpolation_factor = 8;  // stretching a checkpoint's context further
+  EXPECT_NE(compat_warnings(saved, more)
+                .find("ckpt: rotary_seq_len_interpolation_factor differs (checkpoint 4.0, this "
+                      "run 8.0)"),
+            std::string::npos);
+  EXPECT_NE(compat_warnings(ck::model_config_json(tiny_config("llama")), c)
+                .find("(checkpoint 1.0, this run 4.0)"),
+            std::string::npos);
+}

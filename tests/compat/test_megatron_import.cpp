@@ -598,44 +598,54 @@ TEST(MegatronImport, TorchDistOverlappingOrMissingChunksAreErrors) {
   EXPECT_THROW(mg::read_torch_dist(*mg::detect(write_chunked_dist({outside})), c), Error);
 }
 
+// Values of Megatron's saved args (an unpickled argparse.Namespace), and the args of a tiny
+// model (RoPE or learned positions) with `extra` entries.
+mg::ValuePtr value(mg::Value::Kind k) {
+  auto v = std::make_shared<mg::Value>();
+  v->kind = k;
+  return v;
+}
+mg::ValuePtr int_value(int64_t x) {
+  auto v = value(mg::Value::Kind::Int);
+  v->i = x;
+  return v;
+}
+mg::ValuePtr float_value(double x) {
+  auto v = value(mg::Value::Kind::Float);
+  v->f = x;
+  return v;
+}
+mg::ValuePtr bool_value(bool x) {
+  auto v = value(mg::Value::Kind::Bool);
+  v->b = x;
+  return v;
+}
+mg::ValuePtr tiny_args(bool rope,
+                       const std::vector<std::pair<const char*, mg::ValuePtr>>& extra = {}) {
+  auto a = value(mg::Value::Kind::Object);
+  a->s = "argparse.Namespace";
+  auto put = [&](const char* k, mg::ValuePtr v) {
+    auto key = value(mg::Value::Kind::Str);
+    key->s = k;
+    a->entries.emplace_back(key, v);
+  };
+  put("num_layers", int_value(2)), put("hidden_size", int_value(32));
+  put("num_attention_heads", int_value(4));
+  put("padded_vocab_size", int_value(64)), put("seq_length", int_value(16));
+  auto pos = value(mg::Value::Kind::Str);
+  pos->s = rope ? "rope" : "learned_absolute";
+  put("position_embedding_type", pos);
+  for (const auto& [k, v] : extra) put(k, v);
+  return a;
+}
+
 // Megatron's saved args with --use-rope-scaling: the switch and its factor reach the config
 // (the other three values stay Megatron's constants); on a model without RoPE, where
 // Megatron ignores the switch, it is dropped with a note.
 TEST(MegatronImport, RopeScalingFromArgs) {
-  using K = mg::Value::Kind;
-  auto val = [](K k) {
-    auto v = std::make_shared<mg::Value>();
-    v->kind = k;
-    return v;
-  };
   auto args = [&](bool rope, bool scaling, double factor) {
-    auto a = val(K::Object);
-    a->s = "argparse.Namespace";
-    auto put = [&](const char* k, mg::ValuePtr v) {
-      auto key = val(K::Str);
-      key->s = k;
-      a->entries.emplace_back(key, v);
-    };
-    auto i = [&](int64_t x) {
-      auto v = val(K::Int);
-      v->i = x;
-      return v;
-    };
-    auto s = [&](const char* x) {
-      auto v = val(K::Str);
-      v->s = x;
-      return v;
-    };
-    put("num_layers", i(2)), put("hidden_size", i(32)), put("num_attention_heads", i(4));
-    put("padded_vocab_size", i(64)), put("seq_length", i(16));
-    put("position_embedding_type", s(rope ? "rope" : "learned_absolute"));
-    auto b = val(K::Bool);
-    b->b = scaling;
-    put("use_rope_scaling", b);
-    auto f = val(K::Float);
-    f->f = factor;
-    put("rope_scaling_factor", f);
-    return a;
+    return tiny_args(rope, {{"use_rope_scaling", bool_value(scaling)},
+                            {"rope_scaling_factor", float_value(factor)}});
   };
   std::vector<std::string> notes;
   auto c = mg::config_from_args(*args(true, true, 32.0), "test", notes);
@@ -650,6 +660,41 @@ TEST(MegatronImport, RopeScalingFromArgs) {
   ASSERT_EQ(notes.size(), 1u);  // the ignored switch
   EXPECT_NE(notes[0].find("use_rope_scaling is set but the model has no RoPE"), std::string::npos);
   EXPECT_THROW(mg::config_from_args(*args(true, true, 0.0), "test", notes), Error);
+}
+
+// args.rotary_seq_len_interpolation_factor (an int, or None): the model's position
+// interpolation, with Llama 3.x scaling or without; None and absent are off; on a model
+// without RoPE it is dropped with a note, as Megatron ignores it there.
+TEST(MegatronImport, RotarySeqLenInterpolationFactorFromArgs) {
+  std::vector<std::string> notes;
+  auto c =
+      mg::config_from_args(*tiny_args(true, {{"rotary_seq_len_interpolation_factor", int_value(4)},
+                                             {"use_rope_scaling", bool_value(true)}}),
+                           "test", notes);
+  EXPECT_EQ(c.seq_len_interpolation_factor, 4.0);
+  EXPECT_TRUE(c.rope_scaling);
+  EXPECT_TRUE(notes.empty());
+  EXPECT_EQ(mg::config_from_args(*tiny_args(true), "test", notes).seq_len_interpolation_factor,
+            1.0);
+  EXPECT_EQ(
+      mg::config_from_args(
+          *tiny_args(true, {{"rotary_seq_len_interpolation_factor", value(mg::Value::Kind::None)}}),
+          "test", notes)
+          .seq_len_interpolation_factor,
+      1.0);
+  EXPECT_TRUE(notes.empty());
+  c = mg::config_from_args(
+      *tiny_args(false, {{"rotary_seq_len_interpolation_factor", int_value(4)}}), "test", notes);
+  EXPECT_EQ(c.seq_len_interpolation_factor, 1.0);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("rotary_seq_len_interpolation_factor is set but the model has no RoPE"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              mg::config_from_args(
+                  *tiny_args(true, {{"rotary_seq_len_interpolation_factor", int_value(0)}}), "test",
+                  notes);
+            }).find("args.rotary_seq_len_interpolation_factor 0 is not a positive number"),
+            std::string::npos);
 }
 
 }  // namespace

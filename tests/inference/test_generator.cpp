@@ -145,36 +145,43 @@ INSTANTIATE_TEST_SUITE_P(Families, CachedVsFull,
                                   std::string(dtype_name(i.param.dt));
                          });
 
-// Llama 3.x RoPE scaling reaches generation: the cached decode (prefill, then one token a
-// step through rope_attention_decode) equals the training forward of the scaled model at
-// every step, and differs from the plain model's. An original context of 16 puts the 4
-// rotary pairs (wavelengths 6.3 to 6283) in the smoothed and the divided regions.
+// Llama 3.x RoPE scaling and position interpolation reach generation: the cached decode
+// (prefill, then one token a step through rope_attention_decode) equals the training forward
+// of the scaled (or interpolated) model at every step, and differs from the plain model's. An
+// original context of 16 puts the 4 rotary pairs (wavelengths 6.3 to 6283) in the smoothed
+// and the divided regions.
 TEST(Generate, RopeScalingCachedMatchesFullForward) {
-  auto cfg = tiny_config(true, DType::F64);
-  cfg.rope_scaling = true, cfg.rope_scaling_factor = 4, cfg.rope_original_max_positions = 16;
-  auto plain_cfg = cfg;
-  plain_cfg.rope_scaling = false;
-  model::GPTModel m(cfg), plain(plain_cfg);
-  perturb_norms(m.params());
-  perturb_norms(plain.params());  // the same weights (the same seed, the same perturbation)
-  ASSERT_EQ(std::memcmp(m.params().flat_params().raw(), plain.params().flat_params().raw(),
-                        m.params().flat_params().nbytes()),
-            0);
-  inference::Generator gen(m.params(), cfg);
-  inference::KVCache cache(cfg, cfg.max_position_embeddings, 1);
-  std::vector<std::vector<int64_t>> seq = {{3, 14, 15, 9, 2}};
-  Tensor tokens = Tensor::from(seq[0], {1, 5});
-  const Tensor* logits = &gen.forward(tokens, cache);
-  double off_plain = 0;
-  for (int64_t step = 0; step < 20; ++step) {
-    const auto got = row(*logits, 0);
-    ASSERT_LE(rel_diff(got, full_forward_last_logits(m, seq)[0]), 1e-12) << "step " << step;
-    off_plain = std::max(off_plain, rel_diff(got, full_forward_last_logits(plain, seq)[0]));
-    seq[0].push_back(argmax(got));
-    Tensor next = Tensor::from(std::vector<int64_t>{seq[0].back()}, {1, 1});
-    logits = &gen.forward(next, cache);
+  // Llama 3.x scaling, linear position interpolation (a fractional factor, as a Hugging Face
+  // "linear" config may give), and both together.
+  for (const auto& [scaled, interpolation] : {std::pair{true, 1.0}, {false, 2.5}, {true, 2.5}}) {
+    SCOPED_TRACE(::testing::Message() << "scaled " << scaled << " interpolation " << interpolation);
+    auto cfg = tiny_config(true, DType::F64);
+    cfg.rope_scaling = scaled, cfg.rope_scaling_factor = 4, cfg.rope_original_max_positions = 16;
+    cfg.seq_len_interpolation_factor = interpolation;
+    auto plain_cfg = cfg;
+    plain_cfg.rope_scaling = false, plain_cfg.seq_len_interpolation_factor = 1;
+    model::GPTModel m(cfg), plain(plain_cfg);
+    perturb_norms(m.params());
+    perturb_norms(plain.params());  // the same weights (the same seed, the same perturbation)
+    ASSERT_EQ(std::memcmp(m.params().flat_params().raw(), plain.params().flat_params().raw(),
+                          m.params().flat_params().nbytes()),
+              0);
+    inference::Generator gen(m.params(), cfg);
+    inference::KVCache cache(cfg, cfg.max_position_embeddings, 1);
+    std::vector<std::vector<int64_t>> seq = {{3, 14, 15, 9, 2}};
+    Tensor tokens = Tensor::from(seq[0], {1, 5});
+    const Tensor* logits = &gen.forward(tokens, cache);
+    double off_plain = 0;
+    for (int64_t step = 0; step < 20; ++step) {
+      const auto got = row(*logits, 0);
+      ASSERT_LE(rel_diff(got, full_forward_last_logits(m, seq)[0]), 1e-12) << "step " << step;
+      off_plain = std::max(off_plain, rel_diff(got, full_forward_last_logits(plain, seq)[0]));
+      seq[0].push_back(argmax(got));
+      Tensor next = Tensor::from(std::vector<int64_t>{seq[0].back()}, {1, 1});
+      logits = &gen.forward(next, cache);
+    }
+    EXPECT_GT(off_plain, 1e-3) << "the scaling should change the logits";
   }
-  EXPECT_GT(off_plain, 1e-3) << "the scaling should change the logits";
 }
 
 TEST(Generate, StopsAtEodStopTokenAndMaxPositions) {

@@ -1,4 +1,6 @@
 // validate_args: Megatron's derived defaults and every configuration error, with hints.
+#include <fmt/format.h>
+
 #include "test_util.h"
 #include "training/memory_plan.h"
 
@@ -281,6 +283,64 @@ TEST(Validate, RopeScaling) {
   Args off = parse_and_validate(base_argv());
   off.padded_vocab_size = 128;
   EXPECT_FALSE(model_config(off, Device::CPU, DType::F32).rope_scaling);
+}
+
+// --rotary-seq-len-interpolation-factor: Megatron's int flag, RoPE only, positive; it reaches
+// the model config (with or without Llama 3.x scaling: both apply) and prints as an int.
+TEST(Validate, RotarySeqLenInterpolationFactor) {
+  expect_invalid(with(base_argv(), {"--rotary-seq-len-interpolation-factor", "4"}),
+                 {"--rotary-seq-len-interpolation-factor divides RoPE's positions, but "
+                  "--position-embedding-type is learned_absolute",
+                  "HINT: add --position-embedding-type rope"});
+  const auto rope = with(base_argv(), {"--position-embedding-type", "rope"});
+  for (const char* bad : {"0", "-2"})
+    expect_invalid(with(rope, {"--rotary-seq-len-interpolation-factor", bad}),
+                   {fmt::format("--rotary-seq-len-interpolation-factor {} must be a positive "
+                                "integer",
+                                bad),
+                    "HINT: give --rotary-seq-len-interpolation-factor N >= 1"});
+  // Megatron's type=int: a fraction is a parse error naming the flag.
+  expect_invalid(with(rope, {"--rotary-seq-len-interpolation-factor", "2.5"}),
+                 {"--rotary-seq-len-interpolation-factor expects an integer, got '2.5'"});
+  Args a = parse_and_validate(
+      with(rope, {"--rotary-seq-len-interpolation-factor", "4", "--use-rope-scaling"}));
+  EXPECT_EQ(a.rotary_seq_len_interpolation_factor, 4.0);
+  EXPECT_NE(format_args(a).find("  rotary_seq_len_interpolation_factor ............. 4\n"),
+            std::string::npos);
+  EXPECT_NE(format_args(parse_and_validate(base_argv()))
+                .find("  rotary_seq_len_interpolation_factor ............. None\n"),
+            std::string::npos);
+  // A checkpoint's fractional factor (--use-checkpoint-args) prints as Python's float.
+  a.rotary_seq_len_interpolation_factor = 2.5;
+  EXPECT_NE(format_args(a).find("  rotary_seq_len_interpolation_factor ............. 2.5\n"),
+            std::string::npos);
+  a.rotary_seq_len_interpolation_factor = 4;
+  a.padded_vocab_size = 128;
+  const auto c = model_config(a, Device::CPU, DType::F32);
+  EXPECT_EQ(c.seq_len_interpolation_factor, 4.0);
+  EXPECT_TRUE(c.rope_scaling);
+  Args off = parse_and_validate(rope);
+  off.padded_vocab_size = 128;
+  EXPECT_EQ(model_config(off, Device::CPU, DType::F32).seq_len_interpolation_factor, 1.0);
+}
+
+// --rope-type: rope is plain RoPE (accepted, with or without RoPE positions, as Megatron's
+// standard attention); yarn belongs to multi-latent attention, refused with what exists.
+TEST(Validate, RopeType) {
+  for (const char* pos : {"rope", "learned_absolute"}) {
+    Args a = parse_and_validate(
+        with(base_argv(), {"--rope-type", "rope", "--position-embedding-type", pos}));
+    EXPECT_EQ(a.rope_type, "rope");
+    EXPECT_NE(format_args(a).find("  rope_type ....................................... rope\n"),
+              std::string::npos);
+  }
+  expect_invalid(with(base_argv(), {"--rope-type", "yarn", "--position-embedding-type", "rope"}),
+                 {"--rope-type yarn: YaRN belongs to Megatron's multi-latent attention",
+                  "HINT: drop --rope-type, or give --rope-type rope; megatron.cpp implements "
+                  "plain RoPE",
+                  "--rotary-seq-len-interpolation-factor"});
+  expect_invalid(with(base_argv(), {"--rope-type", "longrope"}), {"--rope-type: 'longrope' is "
+                                                                  "not one of rope, yarn"});
 }
 
 TEST(Validate, ScheduleConsistency) {

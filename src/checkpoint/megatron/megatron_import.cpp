@@ -209,6 +209,16 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   MCPP_CHECK(!c.rope_scaling || (std::isfinite(c.rope_scaling_factor) && c.rope_scaling_factor > 0),
              "{}: args.rope_scaling_factor {} is not a positive number", what,
              c.rope_scaling_factor);
+  // Linear position interpolation (None: off), likewise for RoPE models only.
+  const double interp = f64("rotary_seq_len_interpolation_factor", 1.0);
+  if (c.rope) c.seq_len_interpolation_factor = interp;
+  if (!c.rope && interp != 1.0)
+    notes.push_back(
+        "args.rotary_seq_len_interpolation_factor is set but the model has no RoPE (Megatron "
+        "ignores it there): imported without interpolation");
+  MCPP_CHECK(std::isfinite(c.seq_len_interpolation_factor) && c.seq_len_interpolation_factor > 0,
+             "{}: args.rotary_seq_len_interpolation_factor {} is not a positive number", what,
+             c.seq_len_interpolation_factor);
   c.tie_embeddings = !flag("untie_embeddings_and_output_weights", false);
   c.add_bias_linear = flag("add_bias_linear", true);
   c.add_qkv_bias = flag("add_qkv_bias", false);  // linear_qkv.bias with add_bias_linear False
