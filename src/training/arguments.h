@@ -142,6 +142,9 @@ struct Args {
   int64_t eval_iters = 100;
   int64_t log_interval = 100;
   bool log_throughput = false;
+  // --log-progress: lines appended to <--save>/progress.txt at the start of the job and at
+  // every checkpoint save (training/progress_log.h).
+  bool log_progress = false;
   int64_t timing_log_level = 0;
   std::optional<int64_t> logging_level;  // Python logging level: 10 debug, 20 info, ...
   // --profile: per-op GPU time (and NVTX ranges, cudaProfilerStart/Stop) over Megatron's

@@ -70,11 +70,17 @@ void Trainer::State::update_step_batch() {
 }
 
 void Trainer::State::finish_async_save(bool blocking) {
-  checkpoint::finalize_async_save(world->world(), *async_saver, blocking);  // multi-rank saves
+  // multi-rank saves: committed here, collectively (true also when none is pending)
+  bool done = checkpoint::finalize_async_save(world->world(), *async_saver, blocking);
   if (blocking)
     async_saver->wait();
   else
-    async_saver->poll();
+    done = async_saver->poll() && done;
+  if (done && progress && progress_async_iteration) {  // --log-progress: now it is committed
+    progress->append(
+        fmt::format("Saved async checkpoint\tIteration: {}", *progress_async_iteration));
+    progress_async_iteration.reset();
+  }
 }
 
 // Megatron's finalize_model_grads, then the fp16 unscale (_unscale_main_grads): the
@@ -169,8 +175,15 @@ void Trainer::State::save() {
   o.model = model_cfg, o.save_rng = !args.no_save_rng;
   o.tokenizer = tokenizer_files;
   o.retain_interval = args.save_retain_interval;
+  // --log-progress: a save in flight is committed (and said so) before the next starts, as
+  // the saver would wait for it anyway.
+  if (progress && async_saver) finish_async_save(/*blocking=*/true);
   checkpoint::save_training_checkpoint(*args.save, world->world(), *ps, model->params(), *opt,
                                        !args.no_save_optim, training_state(), o, async_saver.get());
+  if (!progress) return;
+  progress->checkpoint_saved(iteration, flops_so_far, flops_at_job_start,
+                             consumed_train * args.seq_length, async_saver != nullptr);
+  if (async_saver) progress_async_iteration = iteration;
 }
 
 void Trainer::State::load() {

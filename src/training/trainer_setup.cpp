@@ -406,6 +406,9 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   s.args = std::move(args);
   const Args& a = s.args;
   s.setup_parallel();
+  if (a.log_progress)  // "Starting job", as Megatron writes it after initialisation
+    s.progress = std::make_unique<ProgressLog>(*a.save, s.world->world().size(),
+                                               s.world->world().rank() == 0);
   s.build_model();
   s.build_optimizer();
   if (a.fp16) {
@@ -424,6 +427,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.save) checkpoint::check_save_dir_writable(*a.save);  // fail at start-up, not at the first save
   if (s.load_source) s.load();
+  s.flops_at_job_start = s.flops_so_far;
   if (a.fp8_param_gather) {
     // ---- --fp8-param-gather: the first FP8 weights, from the start-up (or loaded) main
     // parameters; the bytes one parameter all-gather moves (tests/fp8 check them).

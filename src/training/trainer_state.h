@@ -21,6 +21,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "training/forward_backward.h"
 #include "training/memory_plan.h"
+#include "training/progress_log.h"
 #include "training/trainer.h"
 #include "training/training_log.h"
 #include "training/validate_compat.h"
@@ -72,6 +73,11 @@ struct Trainer::State {
   int64_t iteration = 0;
   double flops_so_far = 0;
   std::unique_ptr<checkpoint::AsyncSaver> async_saver;
+  // --log-progress: <--save>/progress.txt; the FLOPs loaded from the checkpoint (this job's
+  // start), and the iteration of an asynchronous save not committed yet.
+  std::unique_ptr<ProgressLog> progress;
+  double flops_at_job_start = 0;
+  std::optional<int64_t> progress_async_iteration;
   // --rampup-batch-size: this step's global batch and micro-batches (Megatron's
   // num_microbatches_calculator, updated from consumed_train before every step); without
   // a ramp-up they stay args' global_batch_size / num_microbatches.

@@ -1,5 +1,6 @@
-// Validation of the observability flags (TensorBoard, timers): values in range, and the
-// flags that only act with --tensorboard-dir are errors without it (never ignored).
+// Validation of the observability flags (TensorBoard, timers, progress log): values in
+// range, and the flags that only act with --tensorboard-dir are errors without it (never
+// ignored); so is --log-progress without --save, whose folder holds progress.txt.
 #include "base/error.h"
 #include "training/arguments.h"
 
@@ -17,6 +18,9 @@ void validate_observe(const Args& a) {
                   "--tensorboard-log-interval {} must be positive", a.tensorboard_log_interval);
   MCPP_CHECK_HINT(a.tensorboard_queue_size >= 1, "use --tensorboard-queue-size N with N >= 1",
                   "--tensorboard-queue-size {} must be positive", a.tensorboard_queue_size);
+  // Megatron's append_to_progress_log returns silently without --save: no file, no word.
+  MCPP_CHECK_HINT(!a.log_progress || a.save, "add --save DIR, or drop --log-progress",
+                  "--log-progress appends to <--save>/progress.txt, but no --save was given");
   MCPP_CHECK_HINT(!a.tensorboard_dir || !a.tensorboard_dir->empty(),
                   "give --tensorboard-dir a folder", "--tensorboard-dir is empty");
   if (a.tensorboard_dir) return;

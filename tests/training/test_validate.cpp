@@ -343,6 +343,15 @@ TEST(Validate, RopeType) {
                                                                   "not one of rope, yarn"});
 }
 
+// --log-progress writes into --save: without it, an error (Megatron writes nothing, silently).
+TEST(Validate, LogProgressNeedsSave) {
+  expect_invalid(with(base_argv(), {"--log-progress"}),
+                 {"--log-progress appends to <--save>/progress.txt, but no --save was given",
+                  "HINT: add --save DIR, or drop --log-progress"});
+  Args a = parse_and_validate(with(base_argv(), {"--log-progress", "--save", "/tmp/x"}));
+  EXPECT_TRUE(a.log_progress);
+}
+
 TEST(Validate, ScheduleConsistency) {
   expect_invalid(with(base_argv(), {"--lr-decay-style", "WSD"}),
                  {"--lr-decay-style WSD needs --lr-wsd-decay-iters"});
