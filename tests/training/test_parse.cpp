@@ -120,6 +120,7 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
                         "exit_on_missing_checkpoint"})
     EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
   EXPECT_EQ(flag_support("ckpt_assume_constant_structure"), FlagSupport::ByDesign);
+  EXPECT_EQ(flag_support("auto_detect_ckpt_format"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("check_for_nan_in_loss_and_grad"), FlagSupport::ByDesign);
   // Each DP replica reads its shard of the model itself: not what this flag asks for.
   EXPECT_EQ(flag_support("ckpt_fully_parallel_load"), FlagSupport::NotImplemented);
@@ -288,14 +289,19 @@ TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
   EXPECT_TRUE(describe_by_design_flags(parse_args({})).empty());
   // The checkpoint and NaN-check switches of Megatron's example scripts.
   const auto ck = describe_by_design_flags(
-      parse_args({"--ckpt-assume-constant-structure", "--no-check-for-nan-in-loss-and-grad"}));
-  ASSERT_EQ(ck.size(), 2u);
+      parse_args({"--ckpt-assume-constant-structure", "--no-check-for-nan-in-loss-and-grad",
+                  "--auto-detect-ckpt-format"}));
+  ASSERT_EQ(ck.size(), 3u);
   EXPECT_NE(ck[0].find("--ckpt-assume-constant-structure True: accepted by design: a save "
                        "has no planning"),
             std::string::npos)
       << ck[0];
-  EXPECT_NE(ck[1].find("--no-check-for-nan-in-loss-and-grad False: accepted by design: a "
+  EXPECT_NE(ck[2].find("--no-check-for-nan-in-loss-and-grad False: accepted by design: a "
                        "non-finite loss or gradient norm never stops training"),
+            std::string::npos)
+      << ck[2];
+  EXPECT_NE(ck[1].find("--auto-detect-ckpt-format True: accepted by design: --load always "
+                       "detects what it holds"),
             std::string::npos)
       << ck[1];
   expect_error([] { parse_args({"--ckpt-fully-parallel-load"}); },
