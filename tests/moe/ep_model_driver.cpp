@@ -24,11 +24,13 @@
 #include "comm/world.h"
 #include "model/gpt_model.h"
 #include "model/moe/moe_layer.h"
+#include "moe_test_util.h"
 #include "parallel/parallel_state.h"
 
 using namespace mcpp;
 using model::TransformerConfig;
 namespace moe = model::moe;
+using test::moe_layers;
 
 namespace {
 
@@ -74,14 +76,6 @@ model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
     mb.loss_mask.data<float>()[i] = i % 5 == 2 ? 0.f : 1.f;
   }
   return mb;
-}
-
-std::vector<moe::MoeLayer*> moe_layers(model::GPTModel& m) {
-  std::vector<moe::MoeLayer*> out;
-  auto& b = m.stage().block(0);
-  for (int i = 0; i < b.size(); ++i)
-    if (auto* l = dynamic_cast<moe::MoeLayer*>(&b.layer(i).mlp())) out.push_back(l);
-  return out;
 }
 
 struct Pass {

@@ -23,6 +23,7 @@
 #include "model/moe/moe_layer.h"
 #include "model/memory_estimate.h"
 #include "model/moe/routing.h"
+#include "moe_test_util.h"
 #include "ops/ops.h"
 #include "training/arguments.h"
 #include "training/flops.h"
@@ -31,6 +32,7 @@
 using namespace mcpp;
 using model::TransformerConfig;
 namespace moe = model::moe;
+using test::moe_layers;
 using Balance = TransformerConfig::Moe::Balance;
 
 namespace {
@@ -483,14 +485,6 @@ model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
     mb.loss_mask.data<float>()[i] = i % 5 == 2 ? 0.f : 1.f;
   }
   return mb;
-}
-
-std::vector<moe::MoeLayer*> moe_layers(model::GPTModel& m) {
-  std::vector<moe::MoeLayer*> out;
-  auto& b = m.stage().block(0);
-  for (int i = 0; i < b.size(); ++i)
-    if (auto* l = dynamic_cast<moe::MoeLayer*>(&b.layer(i).mlp())) out.push_back(l);
-  return out;
 }
 
 // LM loss (sum of masked token losses) + every MoE layer's aux and z losses.

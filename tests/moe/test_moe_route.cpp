@@ -17,11 +17,13 @@
 #include "model/moe/moe_layer.h"
 #include "model/moe/routing.h"
 #include "moe_layer_harness.h"
+#include "moe_test_util.h"
 #include "ops/ops.h"
 
 using namespace mcpp;
 using model::TransformerConfig;
 namespace moe = model::moe;
+using test::moe_layers;
 using Balance = TransformerConfig::Moe::Balance;
 
 namespace {
@@ -363,14 +365,6 @@ TransformerConfig tiny_model() {
   c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
   c.moe.aux_loss_coeff = 0.05, c.moe.z_loss_coeff = 0.01;
   return c;
-}
-
-std::vector<moe::MoeLayer*> moe_layers(model::GPTModel& m) {
-  std::vector<moe::MoeLayer*> out;
-  auto& b = m.stage().block(0);
-  for (int i = 0; i < b.size(); ++i)
-    if (auto* l = dynamic_cast<moe::MoeLayer*>(&b.layer(i).mlp())) out.push_back(l);
-  return out;
 }
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
