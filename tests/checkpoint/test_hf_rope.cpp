@@ -50,6 +50,36 @@ json llama3_config() {
           {"tie_word_embeddings", false}};
 }
 
+// Exports a perturbed model of config c to Hugging Face and imports it back: the same config
+// and bit-identical logits (checked here). Returns the largest |logit| difference from the
+// same weights read into `plain` (c without its RoPE change), which the change must make
+// large.
+double hf_round_trip_logit_change(const model::TransformerConfig& c,
+                                  const model::TransformerConfig& plain) {
+  model::GPTModel a(c);
+  golden::perturb(a.params());
+  const std::string dir = scratch_dir() + "/hf";
+  ck::export_hf(dir, c, a.params());
+  auto back = ck::model_config_from_hf(ck::read_hf_config(dir), 1);
+  back.seq_length = c.seq_length;
+  EXPECT_EQ(ck::model_config_json(back), ck::model_config_json(c));
+  model::GPTModel b(back);
+  ck::import_hf(dir, back, b.params());
+  model::StepKeys keys;
+  keys.training = false;
+  const model::MicroBatch mb = golden::golden_batch();
+  a.forward(mb, keys);
+  b.forward(mb, keys);
+  EXPECT_TRUE(same_bytes(a.logits(), b.logits()));
+  model::GPTModel p(plain);
+  ck::import_hf(dir, plain, p.params());
+  p.forward(mb, keys);
+  double d = 0;
+  for (int64_t i = 0; i < a.logits().numel(); ++i)
+    d = std::max(d, double(std::abs(a.logits().data<float>()[i] - p.logits().data<float>()[i])));
+  return d;
+}
+
 }  // namespace
 
 TEST(HfRope, ImportsLlama3ScalingFromTransformers4) {
@@ -107,29 +137,7 @@ TEST(HfRope, ExportWritesBothSpellingsAndRoundTrips) {
 
   // import -> export -> import: the same config and the same logits, which the scaling
   // changes (pairs 1-3 turn 16 times slower).
-  model::GPTModel a(c);
-  golden::perturb(a.params());
-  const std::string dir = scratch_dir() + "/hf";
-  ck::export_hf(dir, c, a.params());
-  auto back = ck::model_config_from_hf(ck::read_hf_config(dir), 1);
-  back.seq_length = c.seq_length;
-  EXPECT_EQ(ck::model_config_json(back), ck::model_config_json(c));
-  model::GPTModel b(back);
-  ck::import_hf(dir, back, b.params());
-  model::StepKeys keys;
-  keys.training = false;
-  const model::MicroBatch mb = golden::golden_batch();
-  a.forward(mb, keys);
-  b.forward(mb, keys);
-  EXPECT_TRUE(same_bytes(a.logits(), b.logits()));
-  model::GPTModel p(plain);
-  ck::import_hf(dir, plain, p.params());
-  p.forward(mb, keys);
-  double diff = 0;
-  for (int64_t i = 0; i < a.logits().numel(); ++i)
-    diff =
-        std::max(diff, double(std::abs(a.logits().data<float>()[i] - p.logits().data<float>()[i])));
-  EXPECT_GT(diff, 1e-3) << "the scaling should change the logits";
+  EXPECT_GT(hf_round_trip_logit_change(c, plain), 1e-3) << "the scaling should change the logits";
 }
 
 TEST(HfRope, RefusesOtherRopeTypesNamingTheField) {
@@ -176,14 +184,6 @@ json linear_config(double factor) {
   json j = llama3_config();
   j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", factor}};
   return j;
-}
-
-// Largest |a - b| of two models' logits.
-double logits_diff(const model::GPTModel& a, const model::GPTModel& b) {
-  double d = 0;
-  for (int64_t i = 0; i < a.logits().numel(); ++i)
-    d = std::max(d, double(std::abs(a.logits().data<float>()[i] - b.logits().data<float>()[i])));
-  return d;
 }
 
 }  // namespace
@@ -233,27 +233,10 @@ TEST(HfRope, ExportsLinearInterpolationAndRoundTrips) {
   EXPECT_EQ(out.at("rope_parameters"),
             json({{"rope_type", "linear"}, {"factor", 2.5}, {"rope_theta", 10000.0}}));
   // import -> export -> import: the same config and logits; interpolation changes them.
-  model::GPTModel a(c);
-  golden::perturb(a.params());
-  const std::string dir = scratch_dir() + "/hf";
-  ck::export_hf(dir, c, a.params());
-  auto back = ck::model_config_from_hf(ck::read_hf_config(dir), 1);
-  back.seq_length = c.seq_length;
-  EXPECT_EQ(ck::model_config_json(back), ck::model_config_json(c));
-  model::GPTModel b(back);
-  ck::import_hf(dir, back, b.params());
-  model::StepKeys keys;
-  keys.training = false;
-  const model::MicroBatch mb = golden::golden_batch();
-  a.forward(mb, keys);
-  b.forward(mb, keys);
-  EXPECT_TRUE(same_bytes(a.logits(), b.logits()));
   auto plain = c;
   plain.seq_len_interpolation_factor = 1;
-  model::GPTModel p(plain);
-  ck::import_hf(dir, plain, p.params());
-  p.forward(mb, keys);
-  EXPECT_GT(logits_diff(a, p), 1e-3) << "the interpolation should change the logits";
+  EXPECT_GT(hf_round_trip_logit_change(c, plain), 1e-3)
+      << "the interpolation should change the logits";
 }
 
 TEST(HfRope, ExportRefusesScalingWithInterpolation) {
