@@ -227,42 +227,54 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
 }
 
 void check_model_compat(const json& saved, const model::TransformerConfig& cur,
-                        const std::string& where, bool vocab_repad) {
+                        const std::string& where, bool vocab_repad, bool key_set_may_differ) {
   const json now = model_config_json(cur);
-  std::string diffs;
+  std::string diffs, keyset;  // shape / meaning differences; key-set-only differences
   const bool rope = cur.rope;
+  auto differ = [&](const std::string& k, const json& a, const json& b) {
+    const bool keys_only = k == "num_layers" || k == "tie_embeddings" || k == "add_bias_linear" ||
+                           k == "add_qkv_bias" || k == "qk_layernorm" || k == "moe.expert_bias" ||
+                           k == "moe.shared_expert_gate";
+    (keys_only ? keyset : diffs) +=
+        fmt::format("\n  {}: checkpoint {} vs this run {}", k, a.dump(), b.dump());
+  };
   for (const char* k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                         "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
                         "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
     if (std::string(k) == "max_position_embeddings" && rope) continue;
     if (std::string(k) == "padded_vocab_size" && vocab_repad) continue;
     if (!saved.contains(k) || saved[k] != now[k])
-      diffs += fmt::format("\n  {}: checkpoint {} vs this run {}", k,
-                           saved.contains(k) ? saved[k].dump() : "(absent)", now[k].dump());
+      differ(k, saved.contains(k) ? saved[k] : json("(absent)"), now[k]);
   }
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
-    diffs += fmt::format("\n  qk_layernorm: checkpoint {} vs this run {}",
-                         saved.value("qk_layernorm", false), cur.qk_layernorm);
+    differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
   if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias
-    diffs += fmt::format("\n  add_qkv_bias: checkpoint {} vs this run {}",
-                         saved.value("add_qkv_bias", false), now.value("add_qkv_bias", false));
+    differ("add_qkv_bias", saved.value("add_qkv_bias", false), now.value("add_qkv_bias", false));
   // --apply-layernorm-1p changes what the stored norm weights mean (absent: false).
   if (saved.value("zero_centered_gamma", false) != cur.zero_centered_gamma)
-    diffs += fmt::format("\n  zero_centered_gamma (--apply-layernorm-1p): checkpoint {} vs this "
-                         "run {}",
-                         saved.value("zero_centered_gamma", false), cur.zero_centered_gamma);
+    differ("zero_centered_gamma (--apply-layernorm-1p)", saved.value("zero_centered_gamma", false),
+           cur.zero_centered_gamma);
   {  // mixture of experts: the parameter shapes (routing settings may change on resume)
     const json none = json::object(), &a = saved.contains("moe") ? saved["moe"] : none,
                &b = now.contains("moe") ? now["moe"] : none;
     for (const char* k : {"num_experts", "layer_pattern", "ffn_hidden_size",
                           "shared_ffn_hidden_size", "shared_expert_gate", "expert_bias"})
       if (a.value(k, json()) != b.value(k, json()))
-        diffs += fmt::format("\n  moe.{}: checkpoint {} vs this run {}", k,
-                             a.value(k, json()).dump(), b.value(k, json()).dump());
+        differ(std::string("moe.") + k, a.value(k, json()), b.value(k, json()));
   }
+  if (key_set_may_differ && !keyset.empty())
+    log::warn("{} was written for a model with other keys (loaded key by key, "
+              "--dist-ckpt-strictness):{}",
+              where, keyset);
+  else
+    diffs += keyset;
   MCPP_CHECK_HINT(diffs.empty(),
                   "pass the model flags the checkpoint was trained with (megatron inspect shows "
-                  "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP",
+                  "them); padded_vocab_size follows --make-vocab-size-divisible-by and TP" +
+                      std::string(keyset.empty() || key_set_may_differ
+                                      ? ""
+                                      : "; or, to load around parameters on one side only, "
+                                        "--dist-ckpt-strictness log_all"),
                   "{} was written for a different model:{}", where, diffs);
   for (const char* k : {"rotary_base", "rotary_percent", "norm_epsilon"})
     if (saved.contains(k) && saved[k] != now[k])

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/strictness.h"
 #include "checkpoint/tokenizer_files.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -93,6 +94,10 @@ struct LoadOptions {
   // differs and the sizes are paddings of one vocabulary: the padding rows are trimmed, or
   // new ones copy the last row (their Adam moments start at zero).
   int64_t true_vocab_size = 0;
+  // --dist-ckpt-strictness: parameters and buffers on one side only (strictness.h). A
+  // parameter the checkpoint lacks keeps its value in the load's output buffer (the caller
+  // fills it with the initial values) and zero Adam moments.
+  Strictness strictness = Strictness::AssumeOkUnexpected;
 };
 
 // ---- one rank's data -----------------------------------------------------------------------
@@ -219,9 +224,12 @@ nlohmann::json model_config_json(const model::TransformerConfig& c);
 // loading model (cur); `where` names the checkpoint in the error. vocab_repad: the padded
 // vocabulary may differ (load_checkpoint's re-padding). rotary_base, rotary_percent,
 // rope_scaling, rotary_seq_len_interpolation_factor and norm_epsilon differences are
-// warnings.
+// warnings. key_set_may_differ (strictness.h): the switches that only add or remove keys
+// (num_layers, biases, q/k norms, tied output, expert bias, shared-expert gate) are warnings
+// too, the keys then checked one by one.
 void check_model_compat(const nlohmann::json& saved, const model::TransformerConfig& cur,
-                        const std::string& where, bool vocab_repad);
+                        const std::string& where, bool vocab_repad,
+                        bool key_set_may_differ = false);
 
 // `megatron inspect CKPT`: iteration, state, config, tensors and shard layout; reads every
 // shard and verifies its checksum (the report says which are bad, and bad_shards receives

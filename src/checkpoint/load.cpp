@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fmt/ranges.h>
 #include <map>
@@ -389,19 +390,14 @@ bool vocab_repad_allowed(const json& md, const model::ParamStore& params,
 
 // This rank's shard of every registered buffer the checkpoint holds, read into host tensors
 // (buffer index, values); the caller copies them in once the whole load has succeeded. A
-// buffer the checkpoint lacks (saved before the buffer existed) keeps its initial value.
+// buffer the checkpoint lacks keeps its initial value (reported by check_keys).
 std::vector<std::pair<size_t, Tensor>> load_buffers(ShardReader& rd, const json& md,
-                                                    const model::ParamStore& params,
-                                                    const std::string& iter_dir) {
+                                                    const model::ParamStore& params) {
   std::vector<std::pair<size_t, Tensor>> out;
-  std::vector<std::string> missing;
   const json& tensors = md.at("tensors");
   for (size_t i = 0; i < params.buffer_infos().size(); ++i) {
     const model::BufferInfo& b = params.buffer_infos()[i];
-    if (!tensors.contains(b.name)) {
-      missing.push_back(b.name);
-      continue;
-    }
+    if (!tensors.contains(b.name)) continue;
     const Shape g = tensors[b.name].at("global_shape").get<Shape>();
     MCPP_CHECK_HINT(g == b.global_shape,
                     "the model flags (experts, layers, FP8 settings) differ from the checkpoint's",
@@ -413,11 +409,47 @@ std::vector<std::pair<size_t, Tensor>> load_buffers(ShardReader& rd, const json&
     load_tensor(rd, md, b.name, p, params.tp_rank(), params.tp_size(), h);
     out.emplace_back(i, std::move(h));
   }
-  if (!missing.empty())
-    log::warn("{} holds no value for {} buffer(s) (saved before they existed); they keep their "
-              "initial values: {}",
-              iter_dir, missing.size(), fmt::join(missing, ", "));
   return out;
+}
+
+// Keys on one side only, before anything is read: an error, a warning or nothing by
+// --dist-ckpt-strictness (docs/checkpoint.md, "Mismatched keys"). Returns the parameters
+// and buffers not to load. A pipeline stage or EP rank sees only its part: the checkpoint's
+// other tensors are not checked there.
+std::set<std::string> check_keys(const json& md, const model::ParamStore& params,
+                                 const LoadOptions& opts, const std::string& iter_dir) {
+  const json& tensors = md.at("tensors");
+  std::vector<std::string> up, ub, mp, mb;  // unexpected / missing parameters and buffers
+  std::set<std::string> expected, skipped;
+  for (const ParamInfo& p : params.infos())
+    if (expected.insert(p.name).second && !tensors.contains(p.name)) up.push_back(p.name);
+  for (const auto& b : params.buffer_infos())
+    if (expected.insert(b.name).second && !tensors.contains(b.name)) ub.push_back(b.name);
+  if (!opts.partial_model)
+    for (auto& [key, v] : tensors.items())
+      if (key.rfind("optimizer.", 0) != 0 && !expected.count(key))
+        (v.is_object() && v.value("buffer", false) ? mb : mp).push_back(key);
+  const Strictness s = opts.strictness;
+  report_keys(s, true, up, "parameter", iter_dir);
+  report_keys(s, false, mp, "parameter", iter_dir);
+  if (s != Strictness::AssumeOkUnexpected) {
+    report_keys(s, true, ub, "buffer", iter_dir);
+    report_keys(s, false, mb, "buffer", iter_dir);
+  } else {
+    // A buffer is state of a module this model may not have (another MoE or FP8 setting),
+    // or one a checkpoint predates: by default a warning either way.
+    if (!ub.empty())
+      log::warn("{} holds no value for {} buffer(s) (saved before they existed); they keep "
+                "their initial values: {}",
+                iter_dir, ub.size(), fmt::join(ub, ", "));
+    if (!mb.empty())
+      log::warn("{}: ignoring {} buffer(s) of the checkpoint that this model does not register: "
+                "{}",
+                iter_dir, mb.size(), fmt::join(mb, ", "));
+  }
+  skipped.insert(up.begin(), up.end());
+  skipped.insert(ub.begin(), ub.end());
+  return skipped;
 }
 
 }  // namespace
@@ -450,33 +482,16 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
     const json md = parse_metadata(iter_dir);
     const bool repad = vocab_repad_allowed(md, params, opts, iter_dir);
     if (opts.model && md.contains("model"))
-      check_model_compat(md["model"], *opts.model, iter_dir, repad);
+      check_model_compat(md["model"], *opts.model, iter_dir, repad,
+                         key_set_may_differ(opts.strictness));
+    const std::set<std::string> skipped = check_keys(md, params, opts, iter_dir);
     ShardReader rd(iter_dir, md, opts.verify_checksums);
     const int64_t tpr = params.tp_rank(), tps = params.tp_size();
-    std::set<std::string> expected;
-    for (const ParamInfo& p : params.infos()) {
-      load_tensor(rd, md, p.name, p, tpr, tps, values.narrow(p.offset, p.numel()).view(p.local_shape),
-                  repad);
-      expected.insert(p.name);
-    }
-    std::vector<std::pair<size_t, Tensor>> buffers = load_buffers(rd, md, params, iter_dir);
-    for (const auto& b : params.buffer_infos()) expected.insert(b.name);
-    std::vector<std::string> unregistered;
-    for (auto& [key, v] : md.at("tensors").items()) {
-      if (opts.partial_model || key.rfind("optimizer.", 0) == 0 || expected.count(key)) continue;
-      // A buffer is state of a module this model may not have (another MoE or FP8 setting):
-      // skipped. An unknown parameter means another model.
-      const bool buffer = v.is_object() && v.value("buffer", false);
-      if (buffer) unregistered.push_back(key);
-      MCPP_CHECK_HINT(buffer,
-                      "the model flags differ from the checkpoint's (megatron inspect lists its "
-                      "config)",
-                      "the checkpoint holds {} {}, which this model does not have", key,
-                      shape_str(v.at("global_shape").get<Shape>()));
-    }
-    if (!unregistered.empty())
-      log::warn("{}: ignoring {} buffer(s) of the checkpoint that this model does not register: {}",
-                iter_dir, unregistered.size(), fmt::join(unregistered, ", "));
+    for (const ParamInfo& p : params.infos())
+      if (!skipped.count(p.name))
+        load_tensor(rd, md, p.name, p, tpr, tps,
+                    values.narrow(p.offset, p.numel()).view(p.local_shape), repad);
+    std::vector<std::pair<size_t, Tensor>> buffers = load_buffers(rd, md, params);
     TrainingState st = state_from_json(md.at("state"));
     check_state(st, join_path(iter_dir, kMetadataFile));
     MCPP_CHECK(st.iteration == md["iteration"].get<int64_t>(),
@@ -501,9 +516,13 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
       for (const ParamInfo& p : params.infos())
         for (auto [prefix, flat] :
              {std::pair<const char*, const Tensor*>{"optimizer.exp_avg.", exp_avg},
-              std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", exp_avg_sq}})
-          load_tensor(rd, md, prefix + p.name, p, tpr, tps,
-                      flat->narrow(p.offset, p.numel()).view(p.local_shape), repad);
+              std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", exp_avg_sq}}) {
+          const Tensor dst = flat->narrow(p.offset, p.numel());
+          if (skipped.count(p.name))  // not in the checkpoint: fresh moments
+            std::memset(dst.raw(), 0, dst.nbytes());
+          else
+            load_tensor(rd, md, prefix + p.name, p, tpr, tps, dst.view(p.local_shape), repad);
+        }
     }
     if (!opts.load_rng || !md.value("has_rng", true)) st.rng_seed = 0, st.rng_iteration = 0;
     return st;

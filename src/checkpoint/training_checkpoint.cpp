@@ -200,6 +200,13 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   const int64_t total = params.total_numel();
   Tensor values = Tensor::zeros({total}, hd), m, v;
   if (load_optim) m = Tensor::zeros({total}, hd), v = Tensor::zeros({total}, hd);
+  // Parameters the checkpoint may lack (--dist-ckpt-strictness) keep their initial values:
+  // the live ones as the starting point (their moments stay zero).
+  if (unexpected_action(o.strictness) != KeyAction::Raise) {
+    const Tensor main = opt.full_main_params();  // collective over DP when sharded
+    const Tensor& live = main.defined() ? main : params.flat_params();
+    ops::copy(live, values, ops::default_stream(live.device()));
+  }
   Timer t;
   t.start();
   TrainingState st = load_checkpoint_host(load_dir, iteration, params, values,

@@ -220,6 +220,9 @@ struct Args {
   // --pretrained-checkpoint DIR: loaded as --finetune when --load holds no checkpoint.
   std::optional<std::string> pretrained_checkpoint;
   bool exit_on_missing_checkpoint = false;  // --load holding no checkpoint is an error
+  // --dist-ckpt-strictness: parameters and buffers on one side only when loading
+  // (checkpoint/strictness.h; return_unexpected / return_all are refused by validation).
+  std::string dist_ckpt_strictness = "assume_ok_unexpected";
 
   // The model's vocabulary rows: --padded-vocab-size as given, else set once the tokenizer
   // is known (resolve_padded_vocab_size: the tokenizer's size padded to divisible_by x TP).

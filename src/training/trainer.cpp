@@ -196,6 +196,7 @@ void Trainer::State::load() {
   o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = finetune;
   // A pipeline stage, or an EP rank (its experts), holds part of the checkpoint's tensors.
   o.partial_model = a.pipeline_model_parallel_size > 1 || a.expert_model_parallel_size > 1;
+  o.strictness = checkpoint::parse_strictness(a.dist_ckpt_strictness);
   const bool load_optim = !(a.no_load_optim || finetune);
   const auto st =
       checkpoint::load_training_checkpoint(dir, a.ckpt_step, model->params(), *opt, load_optim, o);

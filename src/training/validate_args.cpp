@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "checkpoint/strictness.h"
 #include "data/gpt_dataset.h"
 #include "optim/lr_scheduler.h"
 #include "parallel/pipeline/schedule.h"
@@ -618,6 +619,8 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_observe(a);
   validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
   validate_qk_layernorm(a);  // ---- q/k layernorm
+  // --dist-ckpt-strictness: return_unexpected / return_all refused (checkpoint/strictness.h).
+  checkpoint::parse_strictness(a.dist_ckpt_strictness);
 }
 
 }  // namespace mcpp::training

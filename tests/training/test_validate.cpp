@@ -666,3 +666,17 @@ TEST(Validate, PretrainedCheckpointFlags) {
   expect_invalid(with(base_argv(), {"--use-checkpoint-args"}),
                  {"--use-checkpoint-args", "--load was not given (nor --pretrained-checkpoint)"});
 }
+
+// --dist-ckpt-strictness: Megatron's values reach Args; return_* is refused with a HINT
+// (a training run has no caller to return mismatched keys to); others fail in the parser.
+TEST(Validate, DistCkptStrictness) {
+  EXPECT_EQ(parse_and_validate(base_argv()).dist_ckpt_strictness, "assume_ok_unexpected");
+  for (const char* v : {"log_unexpected", "log_all", "raise_unexpected", "raise_all", "ignore_all"})
+    EXPECT_EQ(parse_and_validate(with(base_argv(), {"--dist-ckpt-strictness", v}))
+                  .dist_ckpt_strictness,
+              v);
+  for (const char* v : {"return_unexpected", "return_all"})
+    expect_invalid(with(base_argv(), {"--dist-ckpt-strictness", v}),
+                   {"--dist-ckpt-strictness", v, "HINT", "log_unexpected"});
+  expect_invalid(with(base_argv(), {"--dist-ckpt-strictness", "strict"}), {"strict"});
+}
