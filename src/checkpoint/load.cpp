@@ -421,8 +421,20 @@ std::set<std::string> check_keys(const json& md, const model::ParamStore& params
   const json& tensors = md.at("tensors");
   std::vector<std::string> up, ub, mp, mb;  // unexpected / missing parameters and buffers
   std::set<std::string> expected, skipped;
-  for (const ParamInfo& p : params.infos())
-    if (expected.insert(p.name).second && !tensors.contains(p.name)) up.push_back(p.name);
+  for (const ParamInfo& p : params.infos()) {
+    if (!expected.insert(p.name).second) continue;
+    if (!tensors.contains(p.name)) {
+      up.push_back(p.name);
+      continue;
+    }
+    // A key on both sides with another shape: another model, in every mode (the vocabulary
+    // tensors' rows are load_tensor's to judge: re-padding).
+    const Shape g = tensors[p.name].at("global_shape").get<Shape>();
+    MCPP_CHECK(g == p.global_shape || (is_vocab_key(p.name) && g.size() == 2 &&
+                                       p.global_shape.size() == 2 && g[1] == p.global_shape[1]),
+               "tensor {}: checkpoint global shape {}, model {}", p.name, shape_str(g),
+               shape_str(p.global_shape));
+  }
   for (const auto& b : params.buffer_infos())
     if (expected.insert(b.name).second && !tensors.contains(b.name)) ub.push_back(b.name);
   if (!opts.partial_model)
