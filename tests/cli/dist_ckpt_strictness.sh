@@ -3,9 +3,11 @@
 # checkpoint (no biases) loaded by a model with --add-qkv-bias: by default an error naming
 # add_qkv_bias with a HINT naming the flag; with log_unexpected a warning naming the two
 # linear_qkv.bias keys, and training resumes (and finetunes from --pretrained-checkpoint);
-# return_all is refused with a HINT.
+# return_all is refused with a HINT. dist_ckpt_strictness.sh MEGATRON MPIRUN...: also at
+# TP2 x DP2 with the distributed optimizer and at PP2 (each stage checks its own keys).
 set -euo pipefail
-M=$1
+M=$1; shift
+MPI=("$@")
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 T=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --hidden-size 64
    --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 4
@@ -42,4 +44,15 @@ grep -q "for finetuning" "$W/ft.log" && grep -q "linear_qkv.bias" "$W/ft.log" &&
 out=$("$M" train "${T[@]}" --train-iters 2 --dist-ckpt-strictness return_all 2>&1) &&
   { echo "return_all accepted"; exit 1; }
 grep -q "HINT.*log_unexpected" <<<"$out" || { echo "unexpected: $out"; exit 1; }
+if [ ${#MPI[@]} -gt 0 ]; then
+  for par in "-np 4 --tensor-model-parallel-size 2 --use-distributed-optimizer" \
+             "-np 2 --pipeline-model-parallel-size 2"; do
+    read -ra P <<<"$par"
+    run "$W/par.log" "${MPI[@]}" "${P[@]:0:2}" "$M" train "${T[@]}" "${P[@]:2}" --add-qkv-bias \
+        --train-iters 8 --load "$W/ck" --use-checkpoint-opt_param-scheduler \
+        --dist-ckpt-strictness log_unexpected
+    grep -q "linear_qkv.bias" "$W/par.log" && grep -Eq "iteration +8/ +8" "$W/par.log" ||
+      { echo "$par: did not resume around the biases"; tail -20 "$W/par.log"; exit 1; }
+  done
+fi
 echo "dist-ckpt-strictness: ok"
