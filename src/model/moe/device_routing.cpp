@@ -13,10 +13,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "comm/communicator.h"
 #include "model/moe/moe_layer.h"
 #include "model/moe/transfer.h"
 #include "ops/ops.h"
+#include "parallel/context_parallel/cp_mappings.h"
 
 namespace mcpp::model::moe {
 
@@ -113,7 +113,7 @@ void MoeLayer::route_device(const Tensor& logits, Saved& s, const StepContext& c
   if (sp.aux) {
     ops::moe_route_counts(logits, sp, cx.B, s.d_aux_counts, st);
     // Context parallelism: the counts of the CP group's tokens (exact: integers in f32).
-    if (cx.cp_comm) cx.cp_comm->all_reduce(s.d_aux_counts, comm::ReduceOp::Sum, st);
+    if (cx.cp_comm) parallel::context_parallel::sum_over_cp(s.d_aux_counts, *cx.cp_comm, st);
   }
   ops::moe_route_stats(logits, s.d_aux_counts, sp, cx.B, stats_.dev_last, st);
   if (count) ops::add(stats_.dev_sum, stats_.dev_last, stats_.dev_sum, st), ++stats_.dev_forwards;
