@@ -140,6 +140,7 @@ TEST(Strictness, UnexpectedKeysAreErrorsByDefault) {
     expect_has(e2, "decoder.layers.0.self_attention.linear_qkv.bias");
     expect_has(e2, "decoder.layers.1.self_attention.linear_qkv.bias");
     expect_has(e2, "2 parameter(s)");
+    expect_has(e2, dir);  // the checkpoint folder, named
     expect_has(e2, std::string("--dist-ckpt-strictness ") + ck::to_string(s));
     expect_has(e2, "log_unexpected");
     EXPECT_EQ(mismatches(k.m->params(), k.m->params().flat_params(), kBefore,
