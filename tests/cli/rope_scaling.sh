@@ -19,17 +19,7 @@ T=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --
 R=(--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
    --rotary-base 1000000)
 S=(--use-rope-scaling --rope-scaling-factor 32)
-run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
-lines() {  # iteration lines (of iterations $2..$3), without the time-dependent fields
-  grep -E "iteration +[0-9]+/" "$1" |
-    sed -E 's/^ \[[^]]*\]//; s/elapsed time per iteration \(ms\): [0-9.]+ \|//' |
-    awk -v a="${2:-1}" -v b="${3:-99}" \
-      '{ split($0, f, "/"); n = f[1]; gsub(/[^0-9]/, "", n); if (n + 0 >= a && n + 0 <= b) print }'
-}
-args_line() {  # the arguments block's line of dest $2 must read value $3
-  local dots; dots=$(printf '%*s' $((48 - ${#2})) '' | tr ' ' '.')
-  grep -qF "  $2 $dots $3" "$1" || { echo "$1: no '$2 $dots $3' in the arguments block"; exit 1; }
-}
+source "$(dirname "$0")/train_log_lib.sh"  # run, lines, args_line
 
 # ---- training with scaling; the flags in the arguments block; not the plain model ---------
 run "$W/scaled.log" "$M" train "${T[@]}" "${R[@]}" "${S[@]}"
