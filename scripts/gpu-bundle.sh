@@ -14,6 +14,9 @@
 # Usage (here):   scripts/gpu-bundle.sh pack BUILD_DIR BUNDLE_DIR TARGET...
 #                 e.g. scripts/gpu-bundle.sh pack build build-bundle bench_gpu_train test_gpu
 # Usage (there):  eval "$(scripts/gpu-bundle.sh env BUNDLE_DIR)" && BUNDLE_DIR/bin/test_gpu
+#                 scripts/gpu-bundle.sh tests BUNDLE_DIR [GTEST_FILTER]: every test_* executable
+#                 of the bundle, one after another (--gtest_brief=1: failures in full), then
+#                 one table of passed / failed per executable; non-zero if any failed.
 # The GPU tests and benchmarks read nothing from the build folder, so they run from the
 # bundle as they do from a build (the tests that read fixtures of the source tree are
 # CPU tests).
@@ -76,8 +79,32 @@ print(m.__file__ and os.path.dirname(m.__file__) or list(m.__path__)[0])" 2>/dev
       { echo "gpu-bundle: unresolved libraries:" >&2; echo "$missing" >&2; exit 1; }
     echo "export LD_LIBRARY_PATH='$path' NCCL_NVLS_ENABLE=0"
     ;;
+  tests)
+    [[ $# -ge 2 ]] || { echo "usage: $0 tests BUNDLE_DIR [GTEST_FILTER]" >&2; exit 2; }
+    dir=$2 filter=${3:-*}
+    set +e  # run every executable, whatever the earlier ones did
+    envline=$("$0" env "$dir") || exit 1
+    eval "$envline"
+    cat "$dir/MANIFEST"
+    table="| executable | passed | failed | exit |"$'\n'"|---|---|---|---|"
+    rc=0
+    for b in "$dir"/bin/test_*; do
+      [[ -x $b ]] || continue
+      log=$(mktemp)
+      "$b" --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tee "$log"
+      brc=${PIPESTATUS[0]}
+      passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+      failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log" || true)
+      table+=$'\n'"| $(basename "$b") | ${passed:-0} | $failed | $brc |"
+      [[ $brc == 0 ]] || rc=1
+      rm -f "$log"
+    done
+    echo "$table"
+    exit $rc
+    ;;
   *)
-    echo "usage: $0 pack BUILD_DIR BUNDLE_DIR TARGET... | $0 env BUNDLE_DIR" >&2
+    echo "usage: $0 pack BUILD_DIR BUNDLE_DIR TARGET... | $0 env BUNDLE_DIR |" \
+      "$0 tests BUNDLE_DIR [GTEST_FILTER]" >&2
     exit 2
     ;;
 esac

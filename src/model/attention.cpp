@@ -49,7 +49,9 @@ void Attention::add_params(const TransformerConfig& c, int layer, std::vector<Pa
                                    params);
   RowParallelLinear::add_params(c, prefix(layer, "self_attention.linear_proj"), layer, H, NHD,
                                 output_init_std(c), c.add_bias_linear, params);
-  // Megatron-Core's names; norm weights: ones (zeros under 1p), no decay. Each TP rank
+  // Megatron-Core's names; norm weights: ones (zeros under 1p), no decay unless
+  // --apply-wd-to-qk-layernorm (decay then applies to the stored value, w - 1 under 1p, as
+  // Megatron's optimizer sees it). Each TP rank
   // normalises its own heads with the shared [HD] weights: their gradients are partial sums
   // over TP, with or without SP (finalize_model_grads all-reduces them, as Megatron's
   // _allreduce_non_tensor_model_parallel_grads does for q_layernorm / k_layernorm).
@@ -57,8 +59,8 @@ void Attention::add_params(const TransformerConfig& c, int layer, std::vector<Pa
     for (const char* n :
          {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"}) {
       ParamInfo p = make_param(prefix(layer, n), {c.kv_channels}, TpSplit::None,
-                               c.zero_centered_gamma ? Init::Zeros : Init::Ones, 0, false, layer,
-                               c.tp_size);
+                               c.zero_centered_gamma ? Init::Zeros : Init::Ones, 0,
+                               c.qk_layernorm_weight_decay, layer, c.tp_size);
       p.tp_partial = c.tp_size > 1;
       params.push_back(std::move(p));
     }

@@ -45,6 +45,7 @@ struct TransformerConfig {
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
   bool qk_layernorm = false;             // --qk-layernorm: per-head q/k RMSNorm (ops::qk_norm_*)
+  bool qk_layernorm_weight_decay = false;  // --apply-wd-to-qk-layernorm (an optimizer setting)
   bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
   bool add_bias_linear = true;           // !--disable-bias-linear
   bool add_qkv_bias = false;             // --add-qkv-bias: linear_qkv's bias alone (qkv_bias())

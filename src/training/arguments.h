@@ -325,6 +325,13 @@ struct Args {
   double moe_aux_loss_coeff_value = 0.0;
   // ---- q/k layernorm (validate_qk_layernorm.cpp; ops::qk_norm_forward)
   bool qk_layernorm = false;
+  // --apply-wd-to-qk-layernorm: the q/k norm weights decay like the matrices (Qwen3-Next).
+  // --no-weight-decay-cond-type apply_wd_to_qk_layernorm is its deprecated spelling.
+  bool apply_wd_to_qk_layernorm = false;
+  std::optional<std::string> no_weight_decay_cond_type;
+  // --no-position-embedding (deprecated in Megatron): allowed with RoPE only, where there is
+  // no learned position table to drop.
+  bool add_position_embedding = true;
 };
 
 // Parses flags (argv without the program and subcommand names). Throws mcpp::Error for

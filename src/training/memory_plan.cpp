@@ -38,6 +38,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.zero_centered_gamma = a.layernorm_zero_centered_gamma;
   c.swiglu = a.swiglu, c.tie_embeddings = !a.untie_embeddings_and_output_weights;
   c.qk_layernorm = a.qk_layernorm;  // ---- q/k layernorm
+  c.qk_layernorm_weight_decay = a.apply_wd_to_qk_layernorm;
   c.add_bias_linear = a.add_bias_linear, c.add_qkv_bias = a.add_qkv_bias;
   c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;

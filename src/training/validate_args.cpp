@@ -119,6 +119,12 @@ void validate_features(Args& a) {
       "use --position-embedding-type learned_absolute or rope",
       "--position-embedding-type {} is not implemented yet by megatron.cpp",
       a.position_embedding_type);
+  // Megatron's rule: the deprecated switch is allowed with RoPE only (no learned table there).
+  MCPP_CHECK_HINT(a.add_position_embedding || a.position_embedding_type == "rope",
+                  "drop --no-position-embedding, or use --position-embedding-type rope",
+                  "--no-position-embedding with --position-embedding-type {}: the switch is "
+                  "deprecated in Megatron-LM and allowed only with rope",
+                  a.position_embedding_type);
   MCPP_CHECK_HINT(a.optimizer == "adam", "use --optimizer adam (AdamW, Megatron's default)",
                   "--optimizer {} is not implemented yet by megatron.cpp", a.optimizer);
   {
@@ -596,7 +602,7 @@ void validate_optimizer(Args& a) {
 
 void validate_context_parallel(Args& a);  // validate_cp.cpp
 void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
-void validate_qk_layernorm(const Args& a);  // ---- q/k layernorm (validate_qk_layernorm.cpp)
+void validate_qk_layernorm(Args& a);  // ---- q/k layernorm (validate_qk_layernorm.cpp)
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",

@@ -1,13 +1,26 @@
 // --qk-layernorm (ops::qk_norm_forward): Megatron's RMSNorm of every query and key head before
 // RoPE, on the CPU and CUDA, at any TP (the norm weights' gradients are summed over TP) and CP
 // (the norm is per token). The LayerNorm form is a start-up error naming the flag (never a
-// flag accepted and ignored).
+// flag accepted and ignored). --apply-wd-to-qk-layernorm (Megatron's
+// get_standard_config_overrides) gives the q/k norm weights weight decay, where every other
+// norm weight and bias has none.
 #include "base/error.h"
+#include "base/log.h"
 #include "training/arguments.h"
 
 namespace mcpp::training {
 
-void validate_qk_layernorm(const Args& a) {
+void validate_qk_layernorm(Args& a) {
+  if (a.no_weight_decay_cond_type) {
+    // Megatron's deprecated spelling; argparse's choices admit only this value.
+    log::warn("--no-weight-decay-cond-type is deprecated in Megatron-LM: use "
+              "--apply-wd-to-qk-layernorm instead");
+    a.apply_wd_to_qk_layernorm = true;
+  }
+  MCPP_CHECK_HINT(!a.apply_wd_to_qk_layernorm || a.qk_layernorm,
+                  "add --qk-layernorm, or drop --apply-wd-to-qk-layernorm",
+                  "--apply-wd-to-qk-layernorm without --qk-layernorm: the model has no q/k "
+                  "layernorm weights to decay");
   if (!a.qk_layernorm) return;
   MCPP_CHECK_HINT(a.normalization == "RMSNorm",
                   "add --normalization RMSNorm (Qwen3's q_norm / k_norm are RMSNorm)",

@@ -326,3 +326,40 @@ TEST(Parse, OurOwnFlagsAndHelp) {
   EXPECT_NE(h.find("--keep-mlp-activations N  (default: 0)"), std::string::npos);
   EXPECT_EQ(h.find("--exp-avg-dtype"), std::string::npos);
 }
+
+// The switches of Megatron-LM's own test and example scripts that ask for what megatron.cpp
+// always does: accepted, each with its reason at start-up; the values that ask for more are
+// refused by name.
+TEST(Parse, ScriptSwitchesAcceptedByDesign) {
+  const Args a = parse_args({"--use-persistent-ckpt-worker", "--async-strategy", "mcore",
+                             "--dist-ckpt-optim-fully-reshardable", "--verify-integrity",
+                             "--apply-query-key-layer-scaling", "--te-rng-tracker",
+                             "--rerun-mode", "disabled", "--disable-gloo-process-groups",
+                             "--enable-experimental"});
+  const auto lines = describe_by_design_flags(a);
+  ASSERT_EQ(lines.size(), 9u);
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  for (const char* want :
+       {"--use-persistent-ckpt-worker True: accepted by design: --async-save writes from a "
+        "background thread",
+        "--async-strategy mcore: accepted by design", "--dist-ckpt-optim-fully-reshardable True",
+        "--verify-integrity True: accepted by design: every shard file's checksum",
+        "--apply-query-key-layer-scaling True: accepted by design: the attention kernels",
+        "--te-rng-tracker True: accepted by design: dropout masks",
+        "--rerun-mode disabled: accepted by design: there is no rerun state machine",
+        "--disable-gloo-process-groups False: accepted by design: megatron.cpp creates no Gloo",
+        "--enable-experimental True: accepted by design"})
+    EXPECT_NE(all.find(want), std::string::npos) << want << "\n" << all;
+  for (const char* d : {"use_persistent_ckpt_worker", "async_strategy",
+                        "dist_ckpt_optim_fully_reshardable", "verify_integrity",
+                        "apply_query_key_layer_scaling", "te_rng_tracker", "rerun_mode",
+                        "use_gloo_process_groups", "enable_experimental"})
+    EXPECT_EQ(flag_support(d), FlagSupport::ByDesign) << d;
+  expect_error([] { parse_args({"--rerun-mode", "report_stats"}); },
+               {"--rerun-mode report_stats is not supported by megatron.cpp (accepted: "
+                "disabled, validate_results)"});
+  for (const char* d : {"apply_wd_to_qk_layernorm", "no_weight_decay_cond_type",
+                        "add_position_embedding"})
+    EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
+}

@@ -1,6 +1,10 @@
 // validate_args: Megatron's derived defaults and every configuration error, with hints.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+
+#include "model/memory_estimate.h"
 #include "test_util.h"
 #include "training/memory_plan.h"
 
@@ -679,4 +683,49 @@ TEST(Validate, DistCkptStrictness) {
     expect_invalid(with(base_argv(), {"--dist-ckpt-strictness", v}),
                    {"--dist-ckpt-strictness", v, "HINT", "log_unexpected"});
   expect_invalid(with(base_argv(), {"--dist-ckpt-strictness", "strict"}), {"strict"});
+}
+
+// --apply-wd-to-qk-layernorm: the q/k norm weights (and only they) join the decayed
+// parameters; every other norm weight and bias keeps none. Its deprecated spelling says the
+// same; without --qk-layernorm there is nothing to decay: an error.
+TEST(Validate, ApplyWdToQkLayernorm) {
+  const auto qk = with(base_argv(), {"--normalization", "RMSNorm", "--qk-layernorm",
+                                     "--position-embedding-type", "rope"});
+  auto decayed = [](const Args& a) {
+    std::vector<std::string> names;
+    for (const auto& p : model::parameter_registry(model_config(a, Device::CPU, DType::F32), {}))
+      if (p.weight_decay) names.push_back(p.name);
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const Args off = parse_and_validate(qk, 1);
+  const Args on = parse_and_validate(with(qk, {"--apply-wd-to-qk-layernorm"}), 1);
+  const Args old = parse_and_validate(
+      with(qk, {"--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"}), 1);
+  EXPECT_FALSE(off.apply_wd_to_qk_layernorm);
+  EXPECT_TRUE(on.apply_wd_to_qk_layernorm);
+  EXPECT_TRUE(old.apply_wd_to_qk_layernorm);
+  std::vector<std::string> extra;
+  const auto a = decayed(off), b = decayed(on);
+  std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(extra));
+  ASSERT_EQ(extra.size(), 4u);  // two layers, q and k
+  for (const auto& n : extra)
+    EXPECT_TRUE(n.find("q_layernorm.weight") != std::string::npos ||
+                n.find("k_layernorm.weight") != std::string::npos)
+        << n;
+  EXPECT_EQ(decayed(old), b);
+  for (const auto& n : a) EXPECT_EQ(n.find("layernorm"), std::string::npos) << n;
+  expect_invalid(with(base_argv(), {"--apply-wd-to-qk-layernorm"}),
+                 {"--apply-wd-to-qk-layernorm without --qk-layernorm",
+                  "HINT: add --qk-layernorm, or drop --apply-wd-to-qk-layernorm"});
+}
+
+// --no-position-embedding: Megatron allows the deprecated switch with RoPE only.
+TEST(Validate, NoPositionEmbeddingOnlyWithRope) {
+  const Args a = parse_and_validate(
+      with(base_argv(), {"--position-embedding-type", "rope", "--no-position-embedding"}), 1);
+  EXPECT_FALSE(a.add_position_embedding);
+  expect_invalid(with(base_argv(), {"--no-position-embedding"}),
+                 {"--no-position-embedding with --position-embedding-type learned_absolute",
+                  "use --position-embedding-type rope"});
 }
