@@ -13,10 +13,7 @@
 #include <iterator>
 
 #include "base/error.h"
-
-#ifdef MCPP_HAVE_XXHASH
-#include <xxhash.h>
-#endif
+#include "base/hash.h"
 
 namespace mcpp::checkpoint {
 
@@ -92,24 +89,11 @@ std::string read_text_file(const std::string& path, size_t max_bytes) {
   return out;
 }
 
-const char* checksum_algorithm() {
-#ifdef MCPP_HAVE_XXHASH
-  return "xxh3-64";
-#else
-  return "fnv1a-64";
-#endif
-}
+const char* checksum_algorithm() { return hash64_algorithm(); }
 
 std::string checksum_hex(const void* data, size_t n) {
-#ifdef MCPP_HAVE_XXHASH
-  const uint64_t h = XXH3_64bits(data, n);
-#else
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* c = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 0x100000001b3ull;
-#endif
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hash64(data, n)));
   return buf;
 }
 

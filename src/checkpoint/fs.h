@@ -21,7 +21,7 @@ std::string read_text_file(const std::string& path, size_t max_bytes = kMaxTextF
 uint64_t tree_bytes(const std::string& path);
 std::string size_and_rate(uint64_t bytes, double seconds);
 
-// "xxh3-64" when built with xxHash (MCPP_HAVE_XXHASH), else "fnv1a-64" (slower, same role).
+// base/hash.h's hash64: "xxh3-64" when built with xxHash, else "fnv1a-64".
 const char* checksum_algorithm();
 std::string checksum_hex(const void* data, size_t n);  // 16 lower-case hex digits
 
