@@ -1,6 +1,7 @@
 #include "parallel/host_collectives.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/error.h"
 #include "ops/ops.h"
@@ -38,6 +39,29 @@ std::vector<std::string> all_gather_strings(comm::Communicator& group, const std
   for (int r = 0; r < n; ++r) {
     const char* p = reinterpret_cast<const char*>(all.data<uint8_t>()) + r * longest;
     out[r].assign(p, size_t(lens.data<int64_t>()[r]));
+  }
+  return out;
+}
+
+std::vector<std::vector<uint64_t>> all_gather_u64(comm::Communicator& group,
+                                                  std::span<const uint64_t> mine) {
+  const int n = group.size();
+  if (n == 1) return {std::vector<uint64_t>(mine.begin(), mine.end())};
+  Stream& st = ops::default_stream(Device::CPU);
+  Tensor len = Tensor::empty({1}, DType::I64), lens = Tensor::empty({n}, DType::I64);
+  len.data<int64_t>()[0] = int64_t(mine.size());
+  group.all_gather(len, lens, st);
+  int64_t longest = 1;
+  for (int r = 0; r < n; ++r) longest = std::max(longest, lens.data<int64_t>()[r]);
+  // Carried as int64 (the collectives' integer type), the same 64 bits.
+  Tensor buf = Tensor::zeros({longest}, DType::I64), all = Tensor::empty({n * longest}, DType::I64);
+  std::memcpy(buf.raw(), mine.data(), mine.size() * sizeof(uint64_t));
+  group.all_gather(buf, all, st);
+  std::vector<std::vector<uint64_t>> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    out[size_t(r)].resize(size_t(lens.data<int64_t>()[r]));
+    std::memcpy(out[size_t(r)].data(), all.data<int64_t>() + r * longest,
+                out[size_t(r)].size() * sizeof(uint64_t));
   }
   return out;
 }

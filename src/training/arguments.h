@@ -207,6 +207,9 @@ struct Args {
   std::optional<int64_t> save_interval;
   std::optional<int64_t> exit_interval;
   std::optional<int64_t> exit_duration_in_mins;
+  // Every N iterations (and before the first), every data-parallel replica's weights must
+  // hash the same (training/weight_hash.h), else an error on every rank.
+  std::optional<int64_t> check_weight_hash_across_dp_replicas_interval;
   bool no_load_optim = false, no_load_rng = false;
   bool no_save_optim = false, no_save_rng = false;
   bool finetune = false;

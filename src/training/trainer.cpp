@@ -17,6 +17,7 @@
 #include "training/log_line.h"
 #include "training/moe_step.h"
 #include "training/trainer_state.h"
+#include "training/weight_hash.h"
 
 namespace mcpp::training {
 
@@ -218,6 +219,14 @@ void Trainer::State::load() {
             finetune ? " for finetuning (counters reset)" : "");
 }
 
+void Trainer::State::check_weight_hashes() {
+  // The parameters after the step's all-gather: with --overlap-param-gather it is still in
+  // flight here (Megatron disables the forward pre-hook for the check, which completes it).
+  opt->wait_params_all();
+  check_param_hashes_across_dp_replicas(model->params(), *ps, world->world(), iteration);
+  log::info(">>> Weight hashes match after {} iterations...", iteration);
+}
+
 namespace {
 
 void print_validation(const std::string& where, double loss) {
@@ -249,6 +258,13 @@ TrainSummary Trainer::run() {
   log::info("training ...");
   if (iteration > 0)
     log::info("resuming at iteration {} ({} samples consumed)", iteration, s.consumed_train);
+  // Megatron's train() checks once before the first step, then every N iterations.
+  if (a.check_weight_hash_across_dp_replicas_interval && !a.skip_train) {
+    if (data_cp_group(*s.ps).size() == 1 && s.ps->expert_dp().size() == 1)
+      log::info("> --check-weight-hash-across-dp-replicas-interval: one data-parallel "
+                "replica, no other copy of the weights to compare with");
+    s.check_weight_hashes();
+  }
   s.log->restart_interval();
 
   StepProfiler profiler(a, s.device, s.world->world().rank(), s.world->world().size());
@@ -301,6 +317,9 @@ TrainSummary Trainer::run() {
       s.log->tensorboard_validation(iteration, s.consumed_train, out.last_valid_loss);
       s.log->restart_interval();  // evaluation time is not training time
     }
+    // After evaluation and before the checkpoint, as Megatron's post-training-step callbacks.
+    if (const auto n = a.check_weight_hash_across_dp_replicas_interval; n && iteration % *n == 0)
+      s.check_weight_hashes();
     if (a.save && a.save_interval && iteration % *a.save_interval == 0) {
       s.save();
       saved_now = true;

@@ -109,6 +109,9 @@ struct Trainer::State {
   checkpoint::TrainingState training_state() const;
   void save();
   void load();
+  // --check-weight-hash-across-dp-replicas-interval: every replica's weights are the same
+  // (training/weight_hash.h), or an error on every rank.
+  void check_weight_hashes();
   // --async-save: commit a finished background save (blocking: wait for it first).
   void finish_async_save(bool blocking);
 };

@@ -196,6 +196,8 @@ void validate_sizes(const Args& a) {
   if (a.eval_interval) positive(*a.eval_interval, "--eval-interval");
   if (a.save_interval) positive(*a.save_interval, "--save-interval");
   if (a.exit_interval) positive(*a.exit_interval, "--exit-interval");
+  if (const auto& n = a.check_weight_hash_across_dp_replicas_interval)
+    positive(*n, "--check-weight-hash-across-dp-replicas-interval");
   if (a.lr_decay_iters) positive(*a.lr_decay_iters, "--lr-decay-iters");
   if (a.lr_decay_samples) positive(*a.lr_decay_samples, "--lr-decay-samples");
   non_negative(a.eval_iters, "--eval-iters");

@@ -96,6 +96,13 @@ void validate_fp8(const Args& a) {
                     "--log-params-norm with --fp8-param-gather: the norm reads the model's own "
                     "copy of the weights, which --fp8-param-gather keeps current only in each "
                     "rank's shard");
+    MCPP_CHECK_HINT(!a.check_weight_hash_across_dp_replicas_interval,
+                    "drop --check-weight-hash-across-dp-replicas-interval, or drop "
+                    "--fp8-param-gather",
+                    "--check-weight-hash-across-dp-replicas-interval with --fp8-param-gather is "
+                    "not implemented by megatron.cpp: the check hashes the model's own copy of "
+                    "the weights, which --fp8-param-gather keeps current only in each rank's "
+                    "shard (the layers read the gathered FP8 bytes)");
   }
 }
 

@@ -34,6 +34,11 @@ TEST(Fp8ParamGather, FlagsMegatronRejectsAreErrors) {
   bad({"--fp8-format", "hybrid", "--use-distributed-optimizer", "--fp8-param-gather",
        "--log-params-norm"},
       {"--log-params-norm with --fp8-param-gather"});
+  // Ours: so does the weight-hash check across DP replicas.
+  bad({"--fp8-format", "hybrid", "--use-distributed-optimizer", "--fp8-param-gather",
+       "--check-weight-hash-across-dp-replicas-interval", "10"},
+      {"--check-weight-hash-across-dp-replicas-interval with --fp8-param-gather",
+       "HINT: drop --check-weight-hash-across-dp-replicas-interval, or drop --fp8-param-gather"});
   for (const char* recipe : {"delayed", "tensorwise"}) {
     Args a = parse_and_validate(with(base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe", recipe,
                                                    "--use-distributed-optimizer",

@@ -729,3 +729,19 @@ TEST(Validate, NoPositionEmbeddingOnlyWithRope) {
                  {"--no-position-embedding with --position-embedding-type learned_absolute",
                   "use --position-embedding-type rope"});
 }
+
+// --check-weight-hash-across-dp-replicas-interval N: reaches Args; N >= 1, else an error
+// naming the flag with a HINT (Megatron's None, the default, turns the check off).
+TEST(Validate, CheckWeightHashInterval) {
+  EXPECT_FALSE(parse_and_validate(base_argv()).check_weight_hash_across_dp_replicas_interval);
+  EXPECT_EQ(parse_and_validate(with(base_argv(),
+                                    {"--check-weight-hash-across-dp-replicas-interval", "5"}))
+                .check_weight_hash_across_dp_replicas_interval,
+            5);
+  for (const char* n : {"0", "-2"})
+    expect_invalid(with(base_argv(), {"--check-weight-hash-across-dp-replicas-interval", n}),
+                   {fmt::format("--check-weight-hash-across-dp-replicas-interval {} must be "
+                                "positive",
+                                n),
+                    "HINT: give --check-weight-hash-across-dp-replicas-interval a value >= 1"});
+}
