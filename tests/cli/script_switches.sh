@@ -46,11 +46,12 @@ grep -qF "HINT: drop --no-position-embedding, or use --position-embedding-type r
 run "$W/design.log" "$M" train "${T[@]}" "${R[@]}" --use-persistent-ckpt-worker \
   --async-strategy mcore --dist-ckpt-optim-fully-reshardable --verify-integrity \
   --apply-query-key-layer-scaling --te-rng-tracker --rerun-mode disabled \
-  --disable-gloo-process-groups --enable-experimental
+  --disable-gloo-process-groups --no-use-tokenizer-model-from-checkpoint-args \
+  --enable-experimental
 diff <(lines "$W/rope.log") <(lines "$W/design.log") ||
   { echo "a switch accepted by design changed training"; exit 1; }
-[ "$(grep -c "accepted by design" "$W/design.log")" -eq 9 ] ||
-  { echo "expected 9 'accepted by design' lines"; grep "accepted by design" "$W/design.log"
+[ "$(grep -c "accepted by design" "$W/design.log")" -eq 10 ] ||
+  { echo "expected 10 'accepted by design' lines"; grep "accepted by design" "$W/design.log"
     exit 1; }
 out=$("$M" train "${T[@]}" "${R[@]}" --rerun-mode report_stats 2>&1) &&
   { echo "--rerun-mode report_stats was accepted"; exit 1; }

@@ -335,9 +335,10 @@ TEST(Parse, ScriptSwitchesAcceptedByDesign) {
                              "--dist-ckpt-optim-fully-reshardable", "--verify-integrity",
                              "--apply-query-key-layer-scaling", "--te-rng-tracker",
                              "--rerun-mode", "disabled", "--disable-gloo-process-groups",
+                             "--no-use-tokenizer-model-from-checkpoint-args",
                              "--enable-experimental"});
   const auto lines = describe_by_design_flags(a);
-  ASSERT_EQ(lines.size(), 9u);
+  ASSERT_EQ(lines.size(), 10u);
   std::string all;
   for (const auto& l : lines) all += l + "\n";
   for (const char* want :
@@ -349,12 +350,15 @@ TEST(Parse, ScriptSwitchesAcceptedByDesign) {
         "--te-rng-tracker True: accepted by design: dropout masks",
         "--rerun-mode disabled: accepted by design: there is no rerun state machine",
         "--disable-gloo-process-groups False: accepted by design: megatron.cpp creates no Gloo",
+        "--no-use-tokenizer-model-from-checkpoint-args False: accepted by design: the tokenizer "
+        "always comes from the command line",
         "--enable-experimental True: accepted by design"})
     EXPECT_NE(all.find(want), std::string::npos) << want << "\n" << all;
   for (const char* d : {"use_persistent_ckpt_worker", "async_strategy",
                         "dist_ckpt_optim_fully_reshardable", "verify_integrity",
                         "apply_query_key_layer_scaling", "te_rng_tracker", "rerun_mode",
-                        "use_gloo_process_groups", "enable_experimental"})
+                        "use_gloo_process_groups", "use_tokenizer_model_from_checkpoint_args",
+                        "enable_experimental"})
     EXPECT_EQ(flag_support(d), FlagSupport::ByDesign) << d;
   expect_error([] { parse_args({"--rerun-mode", "report_stats"}); },
                {"--rerun-mode report_stats is not supported by megatron.cpp (accepted: "
