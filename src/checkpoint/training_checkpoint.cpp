@@ -70,8 +70,10 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   opt.wait_params_all();  // the parameters written must be current
   // Under context parallelism the distributed optimizer shards over DP x CP: its shard
   // index is the rank in the dp-cp group (the DP rank at CP 1), and the CP ranks of one
-  // DP rank hold the same parameters, so only CP rank 0 writes them.
-  const int dp_shard = ps.layout().cp() > 1 ? ps.dp_cp().rank() : ps.dp_rank();
+  // DP rank hold the same parameters, so only CP rank 0 writes them. With several
+  // distributed-optimizer instances each holds the same shards: the index is the rank in
+  // the instance (intra_dp_cp: dp-cp at one instance), and only instance 0 writes them.
+  const int dp_shard = ps.intra_dp_cp().rank();
   // Expert parallelism: the EP ranks of one DP group hold different experts; each EP rank's
   // expert-DP rank 0 writes them (files named by its EP rank), DP rank 0 the dense rest.
   // ETP != TP likewise: the TP ranks of one EP rank may hold the same whole experts.
@@ -84,7 +86,7 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   snap.write_experts = ep ? ps.coords().edp == 0 : snap.write_dense;
   snap.expert_tp_rank = ps.coords().etp;
   const bool write_model = snap.write_dense || snap.write_experts;
-  const bool write_shard = opt.state_sharded() && save_optim;
+  const bool write_shard = opt.state_sharded() && save_optim && ps.inter_dist_opt().rank() == 0;
   if (write_shard) snap.optimizer_steps = opt.steps();
   if (async) {
     // Everything the writer reads is copied now: training changes it from the next step.

@@ -63,6 +63,10 @@ std::vector<bool> embedding_group_params(const ParallelState& ps,
 comm::Communicator& grad_norm_group(const ParallelState& ps, comm::Communicator& world,
                                     bool sharded_over_dp) {
   const bool pipelined = ps.layout().pp() > 1;
+  // Several distributed-optimizer instances hold the same shards: the sum runs over one
+  // instance (Megatron's grad_stats_parallel_group = intra_dist_opt).
+  if (sharded_over_dp && ps.layout().dist_opt_instances() > 1)
+    return ps.group(Group::IntraDistOpt);
   // The distributed optimizer shards over DP x CP (the gradients' group) under CP.
   if (sharded_over_dp)
     return pipelined ? world : ps.group(ps.layout().cp() > 1 ? Group::TP_DP_CP : Group::TP_DP);

@@ -64,7 +64,8 @@ std::vector<bool> embedding_group_params(const ParallelState& ps,
 // The ranks whose gradients are distinct parts of the model's, over which the squared
 // grad norm is summed: TP x PP, and DP too when the optimizer holds DP shards of the
 // gradients (get_grad_norm_fp32's model-parallel group; the distributed optimizer's is the
-// world). `world`: the communicator of every rank.
+// world; with several distributed-optimizer instances, the ranks of this one). `world`:
+// the communicator of every rank.
 comm::Communicator& grad_norm_group(const ParallelState& ps, comm::Communicator& world,
                                     bool sharded_over_dp);
 

@@ -181,7 +181,10 @@ std::string_view group_name(Group g) {
                                                          "tp-ep-pp",
                                                          "expert-dp",
                                                          "cp-a2a",
-                                                         "cp-p2p"};
+                                                         "cp-p2p",
+                                                         "intra-dp-cp",
+                                                         "inter-dist-opt",
+                                                         "intra-dist-opt"};
   return names[size_t(g)];
 }
 
@@ -236,6 +239,35 @@ Layout::Layout(const ParallelSizes& sizes)
       for (int p = 0; p < n / A; ++p) ring.push_back(cp_ranks[size_t(p * A + q)]);
       groups_[size_t(Group::CpP2P)].push_back(std::move(ring));
     }
+  }
+  // --num-distributed-optimizer-instances N (Megatron's initialize_model_parallel): each
+  // DP x CP list is cut into N runs of DP*CP/N; instance i is run i of every list.
+  const int N = sizes_.dist_opt_instances;
+  MCPP_CHECK(N >= 1, "--num-distributed-optimizer-instances {} must be at least 1", N);
+  MCPP_CHECK_HINT((dp_ * cp()) % N == 0,
+                  "choose --num-distributed-optimizer-instances as a divisor of the data-parallel "
+                  "x context-parallel size",
+                  "--num-distributed-optimizer-instances {}: data-parallel ({}) x context-parallel "
+                  "({}) size {} is not divisible by it",
+                  N, dp_, cp(), dp_ * cp(), N);
+  const int intra = dp_ * cp() / N;
+  RankGroups instance(static_cast<size_t>(N));
+  for (const auto& dpcp : groups(Group::DP_CP)) {
+    for (int i = 0; i < N; ++i) {
+      groups_[size_t(Group::IntraDpCp)].emplace_back(dpcp.begin() + i * intra,
+                                                     dpcp.begin() + (i + 1) * intra);
+      instance[size_t(i)].insert(instance[size_t(i)].end(), dpcp.begin() + i * intra,
+                                 dpcp.begin() + (i + 1) * intra);
+    }
+    for (int q = 0; q < intra; ++q) {
+      std::vector<int> across;
+      for (int i = 0; i < N; ++i) across.push_back(dpcp[size_t(i * intra + q)]);
+      groups_[size_t(Group::InterDistOpt)].push_back(std::move(across));
+    }
+  }
+  for (auto& ranks : instance) {
+    std::sort(ranks.begin(), ranks.end());
+    groups_[size_t(Group::IntraDistOpt)].push_back(std::move(ranks));
   }
   // default_embedding_ranks / default_position_embedding_ranks: first and last stage
   // of each pipeline group.

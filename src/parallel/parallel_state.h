@@ -62,6 +62,9 @@ struct ParallelSizes {
   // --hierarchical-context-parallel-sizes A P (two levels, A x P = cp): the all-to-all
   // level's size A; 0 = none (the two hierarchical groups are then groups of one).
   int cp_a2a = 0;
+  // --num-distributed-optimizer-instances N: the DP x CP group of each rank is cut into N
+  // instances of DP*CP/N consecutive members (Megatron's partial distributed optimizer).
+  int dist_opt_instances = 1;
 };
 
 enum class Group : uint8_t {
@@ -86,8 +89,17 @@ enum class Group : uint8_t {
   // apart (its ring). Groups of one without --hierarchical-context-parallel-sizes.
   CpA2A,
   CpP2P,
+  // --num-distributed-optimizer-instances N (Megatron's intra/inter partial DP groups):
+  // each DP x CP group's list cut into N runs of DP*CP/N consecutive members (one
+  // distributed-optimizer instance each); the members at the same place of every run; and
+  // every rank of one instance over the whole world (TP x PP x its DP*CP/N: the ranks
+  // whose optimizer shards are distinct, Megatron's intra_dist_opt group). At N = 1: DP x
+  // CP, groups of one, the world.
+  IntraDpCp,
+  InterDistOpt,
+  IntraDistOpt,
 };
-inline constexpr int kNumGroups = 18;
+inline constexpr int kNumGroups = 21;
 std::string_view group_name(Group g);  // "tp", "dp-cp", "tp-pp", "embedding", "expert-dp", ...
 
 struct Coords {
@@ -108,6 +120,7 @@ class Layout {
   int ep() const { return sizes_.ep; }
   int etp() const { return etp_; }
   int edp() const { return edp_; }  // world / (ETP*EP*PP)
+  int dist_opt_instances() const { return sizes_.dist_opt_instances; }
   std::string_view order() const;   // "tp-cp-ep-dp-pp" or "tp-cp-ep-pp-dp"
 
   Coords coords(int rank) const;
@@ -152,6 +165,10 @@ class ParallelState {
   comm::Communicator& expert_dp() const { return group(Group::ExpertDP); }
   comm::Communicator& cp_a2a() const { return group(Group::CpA2A); }
   comm::Communicator& cp_p2p() const { return group(Group::CpP2P); }
+  // The distributed optimizer's groups (--num-distributed-optimizer-instances; at N = 1
+  // intra_dp_cp() has dp_cp()'s members and inter_dist_opt() is this rank alone).
+  comm::Communicator& intra_dp_cp() const { return group(Group::IntraDpCp); }
+  comm::Communicator& inter_dist_opt() const { return group(Group::InterDistOpt); }
 
   int tp_rank() const { return coords_.tp; }
   int pp_rank() const { return coords_.pp; }

@@ -173,6 +173,7 @@ struct Args {
   bool sequence_parallel = false;            // --sequence-parallel (off at TP 1, as Megatron)
   bool use_tp_pp_dp_mapping = false;         // order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
   bool use_distributed_optimizer = false;    // ZeRO-1: optimizer state sharded over DP
+  int64_t num_distributed_optimizer_instances = 1;  // each holds the whole state, DP*CP/N ranks
   bool overlap_grad_reduce = false;          // bucket reductions start during backward
   bool overlap_param_gather = false;         // dist-opt param all-gathers wait in forward
   std::optional<int64_t> ddp_bucket_size;    // elements per gradient bucket

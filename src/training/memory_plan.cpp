@@ -151,17 +151,20 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
     m.parameters += n;
     if (p.expert >= 0) expert_params += n;
   }
-  // The distributed optimizer's shard: dense parameters over DP (x CP), experts over the
-  // expert-data-parallel group (EDP = TP x CP x DP / (ETP x EP); DP at EP 1).
+  // The distributed optimizer's shard: dense parameters over DP x CP (over DP x CP / N
+  // with --num-distributed-optimizer-instances N: every instance holds the whole state),
+  // experts over the expert-data-parallel group (EDP = TP x CP x DP / (ETP x EP); DP at EP 1).
+  const int64_t intra = std::max<int64_t>(
+      1, a.data_parallel_size * a.context_parallel_size / a.num_distributed_optimizer_instances);
   const int64_t edp = a.data_parallel_size * a.tensor_model_parallel_size *
                       a.context_parallel_size /
                       (a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size) *
                        a.expert_model_parallel_size);
   const int64_t shard =
-      (m.parameters - expert_params) / a.data_parallel_size + expert_params / std::max<int64_t>(1, edp);
+      (m.parameters - expert_params) / intra + expert_params / std::max<int64_t>(1, edp);
   m.weights = m.parameters * int64_t(dtype_size(cfg.dtype));
   m.grads = m.parameters * int64_t(dtype_size(cfg.grad_dtype()));
-  // The distributed optimizer's reduce-scatter target: this rank's 1/DP of the gradients.
+  // The distributed optimizer's reduce-scatter target: this rank's shard of the gradients.
   if (a.use_distributed_optimizer)
     m.grads += shard * int64_t(dtype_size(cfg.grad_dtype()));
   // --grad-reduce-in-bf16 (DP > 1): the bf16 staging copy of the buffer (and of the shard).
@@ -170,7 +173,7 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
         (m.parameters + (a.use_distributed_optimizer ? shard : 0)) *
         int64_t(dtype_size(DType::BF16));
   // AdamW: moments in fp32 (f64 for f64 models), plus fp32 main params for 16-bit models;
-  // the distributed optimizer keeps main params and moments of its 1/DP shard.
+  // the distributed optimizer keeps main params and moments of its shard.
   const bool wide = cfg.dtype == DType::F32 || cfg.dtype == DType::F64;
   const int64_t state = cfg.dtype == DType::F64 ? 8 : 4;
   if (a.use_distributed_optimizer)

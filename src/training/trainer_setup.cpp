@@ -111,6 +111,7 @@ void Trainer::State::setup_parallel() {
   // (validate_moe checked ETP x EP divides TP x CP x DP).
   sizes.ep = int(a.expert_model_parallel_size);
   sizes.etp = int(a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size));
+  sizes.dist_opt_instances = int(a.num_distributed_optimizer_instances);
   s.ps = std::make_unique<parallel::ParallelState>(*s.world, sizes);
   if (a.threads > 0) {
     omp_set_num_threads(int(a.threads));
@@ -303,14 +304,24 @@ void Trainer::State::build_optimizer() {
     // Megatron's default bucket: max(40M, 1M * DP) parameters (only with overlap).
     const int64_t bucket = a.ddp_bucket_size.value_or(
         a.overlap_grad_reduce ? std::max<int64_t>(40000000, 1000000 * dp) : P.total_numel());
+    // --num-distributed-optimizer-instances N > 1: reduce-scattered within this rank's
+    // instance (DP x CP / N ranks), the shard then all-reduced across the instances.
+    const bool instances = a.num_distributed_optimizer_instances > 1;
     s.dp_grads = std::make_unique<parallel::DataParallelGrads>(
         // Over DP x CP: each CP rank's gradients are those of its part of the sequences.
-        P.flat_grads(), std::move(spans), data_cp_group(*s.ps), bucket, a.overlap_grad_reduce,
-        a.use_distributed_optimizer, a.grad_reduce_in_bf16, expert_dp);
+        P.flat_grads(), std::move(spans),
+        instances ? s.ps->intra_dp_cp() : data_cp_group(*s.ps), bucket, a.overlap_grad_reduce,
+        a.use_distributed_optimizer, a.grad_reduce_in_bf16, expert_dp,
+        instances ? &s.ps->inter_dist_opt() : nullptr);
     const auto& g = *s.dp_grads;
     log::info(
-        "> gradient buckets: {} (--ddp-bucket-size {}), {} in {}{}{}", g.buckets().size(), bucket,
-        a.use_distributed_optimizer ? "reduce-scatter" : "all-reduce", dtype_name(g.reduce_dtype()),
+        "> gradient buckets: {} (--ddp-bucket-size {}), {} in {}{}{}{}", g.buckets().size(),
+        bucket, a.use_distributed_optimizer ? "reduce-scatter" : "all-reduce",
+        dtype_name(g.reduce_dtype()),
+        instances ? fmt::format(" over {} ranks, then all-reduce of the shard across {} "
+                                "distributed-optimizer instances",
+                                g.dp().size(), a.num_distributed_optimizer_instances)
+                  : std::string(),
         g.staging_bytes() > 0
             ? fmt::format(" (--grad-reduce-in-bf16: {} bytes of bf16 staging)", g.staging_bytes())
             : std::string(),
@@ -331,8 +342,12 @@ void Trainer::State::build_optimizer() {
     // fp32 main params + two moments, against the same state held for the whole buffer.
     const int64_t full = 3 * P.total_numel() * int64_t(sizeof(float));
     log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
-              "{} bytes an unsharded optimizer holds",
-              s.opt->state_bytes(), double(s.opt->state_bytes()) / double(full), full);
+              "{} bytes an unsharded optimizer holds{}",
+              s.opt->state_bytes(), double(s.opt->state_bytes()) / double(full), full,
+              a.num_distributed_optimizer_instances > 1
+                  ? fmt::format(" ({} instances of {} ranks, each holding the whole state)",
+                                a.num_distributed_optimizer_instances, s.dp_grads->dp().size())
+                  : std::string());
   } else {
     s.opt = std::make_unique<optim::AdamW>(P, adam);
   }
@@ -432,7 +447,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     // ---- --fp8-param-gather: the first FP8 weights, from the start-up (or loaded) main
     // parameters; the bytes one parameter all-gather moves (tests/fp8 check them).
     auto& dist = dynamic_cast<optim::DistributedAdamW&>(*s.opt);
-    comm::Communicator& dp = data_cp_group(*s.ps);
+    comm::Communicator& dp = s.dp_grads->dp();  // the instance's group: it gathers
     auto arrived = [&dp] {  // what the DP group counts gathered or received
       return dp.stats().bytes[size_t(comm::OpKind::AllGather)] +
              dp.stats().bytes[size_t(comm::OpKind::Recv)];

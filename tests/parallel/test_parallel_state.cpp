@@ -167,6 +167,42 @@ TEST(Layout, SingleProcess) {
   for (int g = 0; g < kNumGroups; ++g) EXPECT_EQ(l.groups(Group(g)), R({{0}}));
 }
 
+// --num-distributed-optimizer-instances (Megatron's initialize_model_parallel): each DP x CP
+// list cut into N runs of DP*CP/N; the inter group joins the same place of every run.
+TEST(Layout, DistributedOptimizerInstances) {
+  ParallelSizes s;
+  s.world = 16, s.tp = 2, s.dist_opt_instances = 2;  // DP 8: dp groups [0,2,..14] [1,3,..15]
+  Layout l(s);
+  EXPECT_EQ(l.groups(Group::IntraDpCp),
+            R({{0, 2, 4, 6}, {8, 10, 12, 14}, {1, 3, 5, 7}, {9, 11, 13, 15}}));
+  EXPECT_EQ(l.groups(Group::InterDistOpt),
+            R({{0, 8}, {2, 10}, {4, 12}, {6, 14}, {1, 9}, {3, 11}, {5, 13}, {7, 15}}));
+  EXPECT_EQ(l.groups(Group::IntraDistOpt), R({iota(0, 7), iota(8, 15)}));
+  // With CP the runs are cut from the dp-cp list (CP fastest): [0,1,2,3] [4,5,6,7].
+  s = {};
+  s.world = 8, s.cp = 2, s.dist_opt_instances = 2;
+  Layout c(s);
+  EXPECT_EQ(c.groups(Group::DP_CP), R({iota(0, 7)}));
+  EXPECT_EQ(c.groups(Group::IntraDpCp), R({{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(c.groups(Group::InterDistOpt), R({{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // One instance: the intra group is dp-cp, the inter groups are single ranks.
+  Layout one = make(8, 2, 2);
+  EXPECT_EQ(one.groups(Group::IntraDpCp), one.groups(Group::DP_CP));
+  for (const auto& g : one.groups(Group::InterDistOpt)) EXPECT_EQ(g.size(), 1u);
+  EXPECT_EQ(one.groups(Group::IntraDistOpt), R({iota(0, 7)}));
+  // Pipeline stages: an instance spans every stage of its DP ranks.
+  s = {};
+  s.world = 8, s.pp = 2, s.dist_opt_instances = 2;  // DP 4: [0,1,2,3] and [4,5,6,7]
+  EXPECT_EQ(Layout(s).groups(Group::IntraDistOpt), R({{0, 1, 4, 5}, {2, 3, 6, 7}}));
+  s = {};
+  s.world = 6, s.dist_opt_instances = 4;
+  const std::string e = error_of(s);
+  EXPECT_NE(e.find("--num-distributed-optimizer-instances 4: data-parallel (6) x context-parallel "
+                   "(1) size 6 is not divisible by it"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Layout, ValidationErrors) {
   ParallelSizes s;
   s.world = 12, s.tp = 2, s.pp = 2, s.cp = 2;

@@ -9,6 +9,10 @@
 #       runs the parallel layout to iteration 10 (--exit-interval 10, saving), then resumes
 #       to 20 as one process without PARALLEL_FLAGS (or under MPIRUN -np RESUME_NP with
 #       RESUME_FLAGS): iterations 11-20 and the final checkpoint must match the serial run.
+#   exact (as parallel)
+#       as parallel, then the layout again to iteration 10 (--exit-interval 10, saving),
+#       resumed under the same layout to 20: iterations 11-20 must log the straight run's lm
+#       loss and grad norm exactly, and the two final checkpoints must be equal bit for bit.
 #   same (as parallel) -- EXTRA_FLAGS...
 #       runs the parallel layout twice, without and with EXTRA_FLAGS, a setting that must
 #       not change a bit (--keep-mlp-activations): the same lm loss lines, and final
@@ -39,7 +43,7 @@ serial)
   "$meg" train "$@" --save "$d/serial.ckpt" > "$d/serial.log" 2>&1 || { cat "$d/serial.log"; exit 1; }
   losses "$d/serial.log" | tail -3
   ;;
-parallel|resume|same)
+parallel|resume|same|exact)
   work=$1 family=$2 name=$3 np=$4 meg=$5 cmp=$6; shift 6
   mpirun=(); while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done; shift
   flags=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
@@ -64,7 +68,7 @@ parallel|resume|same)
     exec "$cmp" "$out.ref.ckpt" "$out.ckpt" 0
   fi
   [ -f "$d/serial.log" ] || { echo "FAIL: no serial reference in $d (run the serial fixture)"; exit 1; }
-  if [ $mode = parallel ]; then
+  if [ $mode = parallel ] || [ $mode = exact ]; then
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" > "$out.log" 2>&1 ||
       { cat "$out.log"; exit 1; }
     compare_losses "$d/serial.log" "$out.log"
@@ -72,6 +76,24 @@ parallel|resume|same)
     for f in load_balancing_loss seq_load_balancing_loss z_loss; do
       grep -q "| $f: " "$d/serial.log" && compare_losses "$d/serial.log" "$out.log" 1 "$f"
     done
+    if [ $mode = exact ]; then
+      stop=$out.stop; rm -rf "$stop.ckpt"
+      "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$stop.ckpt" \
+        --exit-interval 10 > "$stop.log" 2>&1 || { cat "$stop.log"; exit 1; }
+      "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --load "$stop.ckpt" \
+        --save "$stop.ckpt" > "$stop.resumed.log" 2>&1 || { cat "$stop.resumed.log"; exit 1; }
+      grep -q "successfully loaded checkpoint" "$stop.resumed.log" ||
+        { echo "FAIL: did not load"; exit 1; }
+      for f in "lm loss" "grad norm"; do
+        a=$(losses "$out.log" "$f" | awk '$1>10'); b=$(losses "$stop.resumed.log" "$f")
+        if [ "$(wc -l <<<"$a")" -ne 10 ] || [ "$a" != "$b" ]; then
+          echo "FAIL: $f of iterations 11-20, straight / resumed:"
+          paste <(echo "$a") <(echo "$b"); exit 1
+        fi
+      done
+      echo "ok: iterations 11-20 resumed under the same layout log the same lm loss and grad norm"
+      "$cmp" "$out.ckpt" "$stop.ckpt" 0
+    fi
   else
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" --exit-interval 10 \
       > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }

@@ -10,7 +10,10 @@
 // from tensor/dtype.h, so the reference shares no code with what it checks. The inputs
 // are chosen so that the bf16 result differs from the fp32 one for many elements: a
 // reduction that silently stayed in fp32 fails. Two steps per setting reuse the buffers.
-// A group of one (each rank alone) checks that the flag then changes nothing.
+// A group of one (each rank alone) checks that the flag then changes nothing. Two
+// distributed-optimizer instances of one rank each (--num-distributed-optimizer-instances 2
+// at DP 2: reduce-scatter within a group of one, then the shard all-reduced over the
+// world) must give the same sums, in fp32 and in bf16, overlapped or not.
 // Prints "all checks passed" or FAIL lines.
 #include <bit>
 #include <cmath>
@@ -67,17 +70,23 @@ std::vector<P::ParamSpan> spans(int64_t& total) {
   return out;
 }
 
-void run(comm::Communicator& dp, int64_t bucket, bool overlap, bool rs, bool bf16) {
+// inter: the group across distributed-optimizer instances (null: one instance).
+void run(comm::Communicator& dp, int64_t bucket, bool overlap, bool rs, bool bf16,
+         comm::Communicator* inter = nullptr) {
   Stream& st = ops::default_stream(Device::CPU);
-  const int me = dp.rank(), R = dp.size();
-  const std::string name = fmt::format("group of {}, bucket {}, {}, {}{}", R, bucket,
-                                       rs ? "reduce-scatter" : "all-reduce", bf16 ? "bf16" : "fp32",
-                                       overlap ? ", overlap" : "");
+  // R: the ranks a bucket is split over; S: the ranks whose gradients are summed. `gen`
+  // picks this rank's gradients: its place among the S.
+  const int me = dp.rank(), R = dp.size(), S = R * (inter ? inter->size() : 1);
+  const int gen = inter ? inter->rank() * R + me : me;
+  const std::string name = fmt::format(
+      "group of {}{}, bucket {}, {}, {}{}", R,
+      inter ? fmt::format(" x {} instances", inter->size()) : std::string(), bucket,
+      rs ? "reduce-scatter" : "all-reduce", bf16 ? "bf16" : "fp32", overlap ? ", overlap" : "");
   int64_t total = 0;
   auto sp = spans(total);
   Tensor grads = Tensor::zeros({total}, DType::F32);
-  P::DataParallelGrads g(grads, sp, dp, bucket, overlap, rs, bf16);
-  const bool reduced_bf16 = bf16 && R > 1;  // a group of one reduces nothing
+  P::DataParallelGrads g(grads, sp, dp, bucket, overlap, rs, bf16, nullptr, inter);
+  const bool reduced_bf16 = bf16 && S > 1;  // a group of one reduces nothing
   check(g.reduce_dtype() == (reduced_bf16 ? DType::BF16 : DType::F32),
         name + ": reduce dtype " + std::string(dtype_name(g.reduce_dtype())), me);
   const int64_t want_staging = reduced_bf16 ? 2 * (total + (rs ? total / R : 0)) : 0;
@@ -87,13 +96,13 @@ void run(comm::Communicator& dp, int64_t bucket, bool overlap, bool rs, bool bf1
 
   for (int t = 0; t < 2; ++t) {
     float* gp = grads.data<float>();
-    for (int64_t i = 0; i < total; ++i) gp[i] = grad(t, me, i);
+    for (int64_t i = 0; i < total; ++i) gp[i] = grad(t, gen, i);
     // The reference reduction of element i.
     int64_t differ = 0;  // elements whose bf16 reduction differs from the fp32 one
     auto want = [&](int64_t i) {
       float f32 = 0, b16 = 0;
-      for (int q = 0; q < R; ++q) f32 += grad(t, q, i);
-      if (R == 1) return f32;
+      for (int q = 0; q < S; ++q) f32 += grad(t, q, i);
+      if (S == 1) return f32;
       b16 = round_bf16(round_bf16(grad(t, 0, i)) + round_bf16(grad(t, 1, i)));
       differ += b16 != f32;
       return bf16 ? b16 : f32;
@@ -134,7 +143,7 @@ void run(comm::Communicator& dp, int64_t bucket, bool overlap, bool rs, bool bf1
     }
     check(bad == 0, fmt::format("{}, step {}: {} of {} elements differ", name, t, bad, checked),
           me);
-    if (R > 1)
+    if (S > 1)
       check(differ > checked / 4,
             fmt::format("{}, step {}: only {} of {} elements round differently in bf16 (the "
                         "inputs do not tell bf16 from fp32 reduction)",
@@ -160,6 +169,11 @@ int main() {
     for (bool rs : {false, true})
       for (bool overlap : {false, true})
         for (bool bf16 : {false, true}) run(dp, bucket, overlap, rs, bf16);
+  // Two instances of one rank each: the reduce-scatter within each, the shard summed over
+  // the world.
+  for (int64_t bucket : {int64_t(9), int64_t(1000)})
+    for (bool overlap : {false, true})
+      for (bool bf16 : {false, true}) run(*alone, bucket, overlap, true, bf16, &dp);
   if (g_fail == 0) std::printf("[rank %d] all checks passed\n", dp.rank());
   return g_fail ? 1 : 0;
 }

@@ -42,6 +42,20 @@ TEST(MemoryPlan, GradReduceInBf16Staging) {
   }
 }
 
+// --num-distributed-optimizer-instances N: every instance holds the whole state, sharded
+// over DP x CP / N ranks: DP 4 with N 2 plans the optimizer state and gradient shard of DP 2
+// with one instance, twice DP 4's.
+TEST(MemoryPlan, DistributedOptimizerInstances) {
+  const auto argv = with(base_argv(), {"--bf16", "--use-distributed-optimizer"});
+  const StageMemory dp4 = plan(argv, 4), dp2 = plan(argv, 2);
+  const StageMemory inst2 = plan(with(argv, {"--num-distributed-optimizer-instances", "2"}), 4);
+  EXPECT_EQ(inst2.optimizer, dp2.optimizer);
+  EXPECT_EQ(inst2.optimizer, 3 * (dp4.parameters / 2) * 4);
+  EXPECT_EQ(inst2.optimizer, 2 * dp4.optimizer);
+  EXPECT_EQ(inst2.grads - dp4.grads, (dp4.parameters / 2 - dp4.parameters / 4) * 4);
+  EXPECT_EQ(inst2.weights, dp4.weights);
+}
+
 // --keep-mlp-activations: one [S*B, F/TP] bf16 activation per kept layer and micro-batch
 // (GPT-3 XL at micro-batch 16: 2048 * 16 * 8192 * 2 B = 512 MiB, 256 MiB at TP 2); when
 // every layer keeps its own, the shared scratch activation is not allocated.

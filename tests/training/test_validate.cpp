@@ -229,6 +229,39 @@ TEST(Validate, GradReduceInBf16) {
   EXPECT_FALSE(parse_and_validate(with(base_argv(), {"--bf16"}), 2).grad_reduce_in_bf16);
 }
 
+// --num-distributed-optimizer-instances: what Megatron asserts, with the flags named.
+TEST(Validate, DistributedOptimizerInstances) {
+  const auto dist = with(base_argv(), {"--use-distributed-optimizer"});
+  Args a = parse_and_validate(with(dist, {"--num-distributed-optimizer-instances", "2"}), 4);
+  EXPECT_EQ(a.num_distributed_optimizer_instances, 2);
+  EXPECT_EQ(parse_and_validate(dist, 4).num_distributed_optimizer_instances, 1);
+  expect_invalid(with(dist, {"--num-distributed-optimizer-instances", "0"}),
+                 {"--num-distributed-optimizer-instances 0 must be at least 1"}, 4);
+  expect_invalid(with(base_argv(), {"--num-distributed-optimizer-instances", "2"}),
+                 {"--num-distributed-optimizer-instances 2 needs --use-distributed-optimizer",
+                  "add --use-distributed-optimizer"},
+                 4);
+  expect_invalid(with(dist, {"--num-distributed-optimizer-instances", "3"}),
+                 {"--num-distributed-optimizer-instances 3 does not divide the data-parallel "
+                  "size 4 x --context-parallel-size 1 = 4",
+                  "choose a divisor of 4"},
+                 4);
+  // TP 2 x DP 2 on 4 ranks: DP 2 splits into 2 instances of one rank.
+  EXPECT_NO_THROW(parse_and_validate(
+      with(dist, {"--num-distributed-optimizer-instances", "2", "--tensor-model-parallel-size",
+                  "2"}),
+      4));
+  expect_invalid(with(dist, {"--num-distributed-optimizer-instances", "4",
+                             "--tensor-model-parallel-size", "2"}),
+                 {"does not divide the data-parallel size 2"}, 4);
+  // Expert parallelism: refused, naming both flags.
+  expect_invalid(with(dist, {"--num-distributed-optimizer-instances", "2", "--num-experts", "4",
+                             "--disable-bias-linear", "--expert-model-parallel-size", "2"}),
+                 {"--num-distributed-optimizer-instances 2 with --expert-model-parallel-size 2",
+                  "not implemented yet"},
+                 4);
+}
+
 TEST(Validate, RotaryPercentRange) {
   expect_invalid(with(base_argv(), {"--rotary-percent", "0"}),
                  {"--rotary-percent 0 is outside (0, 1]"});

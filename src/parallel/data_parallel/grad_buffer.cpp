@@ -8,8 +8,9 @@ namespace mcpp::parallel {
 DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
                                      comm::Communicator& dp, int64_t bucket_size, bool overlap,
                                      bool reduce_scatter, bool reduce_in_bf16,
-                                     comm::Communicator* expert_dp)
-    : grads_(std::move(grads)), spans_(std::move(spans)), dp_(dp), overlap_(overlap),
+                                     comm::Communicator* expert_dp, comm::Communicator* inter)
+    : grads_(std::move(grads)), spans_(std::move(spans)), dp_(dp),
+      inter_(inter && inter->size() > 1 ? inter : nullptr), overlap_(overlap),
       reduce_scatter_(reduce_scatter) {
   MCPP_CHECK(grads_.dim() == 1, "DataParallelGrads: flat buffer expected, got {}", grads_.str());
   MCPP_CHECK(!spans_.empty(), "DataParallelGrads: no parameters");
@@ -18,6 +19,11 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
   bucket_of_.assign(spans_.size(), -1);
   // Expert spans get their own group only when it is another one (EP > 1).
   const bool split = expert_dp && expert_dp != &dp_;
+  MCPP_CHECK(!inter_ || reduce_scatter_,
+             "DataParallelGrads: several distributed-optimizer instances need reduce-scatter");
+  MCPP_CHECK(!inter_ || !split,
+             "DataParallelGrads: several distributed-optimizer instances with a separate "
+             "expert-data-parallel group are not implemented");
   auto group_of = [&](size_t k) { return split && spans_[k].expert ? expert_dp : &dp_; };
   // Backprop order: the last registered parameter first.
   GradBucket cur;
@@ -58,7 +64,7 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
     shard_ = Tensor::empty({shard_total}, grads_.dtype(), grads_.device());
     ops::fill(shard_, 0.0, ops::default_stream(grads_.device()));
   }
-  if (reduce_in_bf16 && dp_.size() > 1) {
+  if (reduce_in_bf16 && (dp_.size() > 1 || inter_)) {
     MCPP_CHECK_HINT(grads_.dtype() == DType::F32, "train with --bf16 (fp32 main grads)",
                     "--grad-reduce-in-bf16 casts an fp32 gradient buffer to bf16, found {}",
                     grads_.str());
@@ -67,6 +73,7 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
   pending_.assign(buckets_.size(), 0);
   started_.assign(buckets_.size(), false);
   work_.resize(buckets_.size());
+  inter_work_.resize(buckets_.size());
   views_.resize(2 * buckets_.size());
 }
 
@@ -138,9 +145,21 @@ void DataParallelGrads::finish(Stream& s) {
     // collective, so the cast back below is ordered after it.
     work_[b].wait();
     work_[b] = comm::Work();
+    // Several instances: this rank's reduced block, summed over the instances (in bucket
+    // order on every rank, as the inter group's sequence numbers require).
+    if (inter_) {
+      inter_work_[b] = inter_->all_reduce_async(views_[2 * b + 1], comm::ReduceOp::Sum, s);
+      continue;
+    }
     // A bucket of a group of one (expert parameters at EDP 1) was never staged.
     if (staging_.defined() && (reduce_scatter_ || buckets_[b].group->size() > 1)) unstage(b, s);
   }
+  if (inter_)
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      inter_work_[b].wait();
+      inter_work_[b] = comm::Work();
+      if (staging_.defined()) unstage(b, s);
+    }
   armed_ = false;
 }
 

@@ -33,6 +33,15 @@
 //     sum over every micro-batch that routed rows to these experts. With reduce-scatter an
 //     expert bucket is scattered over EDP: its blocks are len / EDP (block(k)), and the
 //     shard holds rank edp's block (Megatron's expert distributed optimizer).
+//   * Several distributed-optimizer instances (--num-distributed-optimizer-instances N,
+//     Megatron's partial distributed optimizer): `dp` is then the intra-instance group
+//     (DP x CP / N ranks) and `inter` joins the ranks at the same place of every instance.
+//     A bucket is reduce-scattered within the instance, then this rank's block is
+//     all-reduced over `inter` (Megatron's start_grad_sync), so every instance holds the
+//     same reduced shard. The inter all-reduces start in finish(), in bucket order, once
+//     each bucket's reduce-scatter is complete (MPI does not order two nonblocking
+//     collectives on different communicators); with --grad-reduce-in-bf16 they sum the
+//     bf16 staging block, as Megatron's sum its bf16 grad buffer.
 // This file knows spans of a flat buffer, not the model (parallel/ sits below model/).
 #pragma once
 #include <cstdint>
@@ -75,12 +84,17 @@ class DataParallelGrads {
   // reduce_in_bf16 needs an fp32 buffer; in a group of one there is nothing to reduce,
   // so it has no effect there (no staging buffer, reduce_dtype() stays the buffer's).
   // expert_dp: the group that reduces expert spans (null, or &dp: the same as dense ones).
+  // inter: with reduce_scatter, the group across distributed-optimizer instances (null or
+  // a group of one: a single instance); not together with a separate expert_dp.
   DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans, comm::Communicator& dp,
                     int64_t bucket_size, bool overlap, bool reduce_scatter,
-                    bool reduce_in_bf16 = false, comm::Communicator* expert_dp = nullptr);
+                    bool reduce_in_bf16 = false, comm::Communicator* expert_dp = nullptr,
+                    comm::Communicator* inter = nullptr);
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   comm::Communicator& dp() const { return dp_; }
+  // The group across distributed-optimizer instances; null with a single instance.
+  comm::Communicator* inter() const { return inter_; }
   bool reduce_scatter() const { return reduce_scatter_; }
   // The dtype the collectives carry: bf16 with reduce_in_bf16 (DP > 1), else the buffer's.
   DType reduce_dtype() const { return staging_.defined() ? DType::BF16 : grads_.dtype(); }
@@ -114,9 +128,12 @@ class DataParallelGrads {
   void unstage(size_t k, Stream& s);
 
   Tensor grads_, shard_;
-  Tensor staging_;  // bf16 [total + shard total] with reduce_in_bf16 and DP > 1, else undefined
+  // bf16 [total + shard total] with reduce_in_bf16 when anything is reduced (a group of
+  // several, or several instances), else undefined.
+  Tensor staging_;
   std::vector<ParamSpan> spans_;
   comm::Communicator& dp_;
+  comm::Communicator* inter_ = nullptr;  // several instances: across them, else null
   bool overlap_ = false, reduce_scatter_ = false, armed_ = false;
   std::vector<GradBucket> buckets_;
   std::vector<int> bucket_of_;        // parameter -> bucket
@@ -124,6 +141,7 @@ class DataParallelGrads {
   std::vector<bool> started_;
   size_t started_during_backward_ = 0;
   std::vector<comm::Work> work_;
+  std::vector<comm::Work> inter_work_;  // per bucket: the all-reduce across instances
   std::vector<Tensor> views_;         // the tensors in flight (kept alive)
 };
 
