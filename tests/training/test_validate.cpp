@@ -247,10 +247,9 @@ TEST(Validate, DistributedOptimizerInstances) {
                   "choose a divisor of 4"},
                  4);
   // TP 2 x DP 2 on 4 ranks: DP 2 splits into 2 instances of one rank.
-  EXPECT_NO_THROW(parse_and_validate(
-      with(dist, {"--num-distributed-optimizer-instances", "2", "--tensor-model-parallel-size",
-                  "2"}),
-      4));
+  EXPECT_NO_THROW(parse_and_validate(with(dist, {"--num-distributed-optimizer-instances", "2",
+                                                 "--tensor-model-parallel-size", "2"}),
+                                     4));
   expect_invalid(with(dist, {"--num-distributed-optimizer-instances", "4",
                              "--tensor-model-parallel-size", "2"}),
                  {"does not divide the data-parallel size 2"}, 4);

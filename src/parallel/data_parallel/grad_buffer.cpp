@@ -9,8 +9,11 @@ DataParallelGrads::DataParallelGrads(Tensor grads, std::vector<ParamSpan> spans,
                                      comm::Communicator& dp, int64_t bucket_size, bool overlap,
                                      bool reduce_scatter, bool reduce_in_bf16,
                                      comm::Communicator* expert_dp, comm::Communicator* inter)
-    : grads_(std::move(grads)), spans_(std::move(spans)), dp_(dp),
-      inter_(inter && inter->size() > 1 ? inter : nullptr), overlap_(overlap),
+    : grads_(std::move(grads)),
+      spans_(std::move(spans)),
+      dp_(dp),
+      inter_(inter && inter->size() > 1 ? inter : nullptr),
+      overlap_(overlap),
       reduce_scatter_(reduce_scatter) {
   MCPP_CHECK(grads_.dim() == 1, "DataParallelGrads: flat buffer expected, got {}", grads_.str());
   MCPP_CHECK(!spans_.empty(), "DataParallelGrads: no parameters");
