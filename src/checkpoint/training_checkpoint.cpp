@@ -86,7 +86,9 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   snap.write_experts = ep ? ps.coords().edp == 0 : snap.write_dense;
   snap.expert_tp_rank = ps.coords().etp;
   const bool write_model = snap.write_dense || snap.write_experts;
-  const bool write_shard = opt.state_sharded() && save_optim && ps.inter_dist_opt().rank() == 0;
+  const bool write_shard =
+      opt.state_sharded() && save_optim &&
+      (ps.layout().dist_opt_instances() == 1 || ps.inter_dist_opt().rank() == 0);
   if (write_shard) snap.optimizer_steps = opt.steps();
   if (async) {
     // Everything the writer reads is copied now: training changes it from the next step.

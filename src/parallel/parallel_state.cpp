@@ -252,23 +252,28 @@ Layout::Layout(const ParallelSizes& sizes)
                   N, dp_, cp(), dp_ * cp(), N);
   const int intra = dp_ * cp() / N;
   RankGroups instance(static_cast<size_t>(N));
-  for (const auto& dpcp : groups(Group::DP_CP)) {
-    for (int i = 0; i < N; ++i) {
-      groups_[size_t(Group::IntraDpCp)].emplace_back(dpcp.begin() + i * intra,
-                                                     dpcp.begin() + (i + 1) * intra);
-      instance[size_t(i)].insert(instance[size_t(i)].end(), dpcp.begin() + i * intra,
-                                 dpcp.begin() + (i + 1) * intra);
+  // At N = 1 the three kinds stay empty: no communicator is made for them (on GPUs each
+  // would be another NCCL communicator, one of them world-sized); ParallelState's
+  // accessors answer with dp_cp() then.
+  if (N > 1)
+    for (const auto& dpcp : groups(Group::DP_CP)) {
+      for (int i = 0; i < N; ++i) {
+        groups_[size_t(Group::IntraDpCp)].emplace_back(dpcp.begin() + i * intra,
+                                                       dpcp.begin() + (i + 1) * intra);
+        instance[size_t(i)].insert(instance[size_t(i)].end(), dpcp.begin() + i * intra,
+                                   dpcp.begin() + (i + 1) * intra);
+      }
+      for (int q = 0; q < intra; ++q) {
+        std::vector<int> across;
+        for (int i = 0; i < N; ++i) across.push_back(dpcp[size_t(i * intra + q)]);
+        groups_[size_t(Group::InterDistOpt)].push_back(std::move(across));
+      }
     }
-    for (int q = 0; q < intra; ++q) {
-      std::vector<int> across;
-      for (int i = 0; i < N; ++i) across.push_back(dpcp[size_t(i * intra + q)]);
-      groups_[size_t(Group::InterDistOpt)].push_back(std::move(across));
+  if (N > 1)
+    for (auto& ranks : instance) {
+      std::sort(ranks.begin(), ranks.end());
+      groups_[size_t(Group::IntraDistOpt)].push_back(std::move(ranks));
     }
-  }
-  for (auto& ranks : instance) {
-    std::sort(ranks.begin(), ranks.end());
-    groups_[size_t(Group::IntraDistOpt)].push_back(std::move(ranks));
-  }
   // default_embedding_ranks / default_position_embedding_ranks: first and last stage
   // of each pipeline group.
   for (const auto& pp_ranks : groups(Group::PP)) {
@@ -310,8 +315,10 @@ ParallelState::ParallelState(comm::World& world, ParallelSizes sizes)
       rank_(world.rank()),
       coords_(layout_.coords(rank_)) {
   // Same kinds in the same order on every rank: each split is collective over the world.
+  // Kinds without groups (the distributed-optimizer instances' at N = 1) get none.
   for (int g = 0; g < kNumGroups; ++g)
-    comms_[size_t(g)] = world.split(layout_.groups(Group(g)), std::string(group_name(Group(g))));
+    if (!layout_.groups(Group(g)).empty())
+      comms_[size_t(g)] = world.split(layout_.groups(Group(g)), std::string(group_name(Group(g))));
 }
 
 comm::Communicator& ParallelState::group(Group g) const {

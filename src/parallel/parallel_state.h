@@ -93,8 +93,8 @@ enum class Group : uint8_t {
   // each DP x CP group's list cut into N runs of DP*CP/N consecutive members (one
   // distributed-optimizer instance each); the members at the same place of every run; and
   // every rank of one instance over the whole world (TP x PP x its DP*CP/N: the ranks
-  // whose optimizer shards are distinct, Megatron's intra_dist_opt group). At N = 1: DP x
-  // CP, groups of one, the world.
+  // whose optimizer shards are distinct, Megatron's intra_dist_opt group). At N = 1 the
+  // three kinds have no groups (and no communicators).
   IntraDpCp,
   InterDistOpt,
   IntraDistOpt,
@@ -121,7 +121,7 @@ class Layout {
   int etp() const { return etp_; }
   int edp() const { return edp_; }  // world / (ETP*EP*PP)
   int dist_opt_instances() const { return sizes_.dist_opt_instances; }
-  std::string_view order() const;   // "tp-cp-ep-dp-pp" or "tp-cp-ep-pp-dp"
+  std::string_view order() const;  // "tp-cp-ep-dp-pp" or "tp-cp-ep-pp-dp"
 
   Coords coords(int rank) const;
   int rank_of(int tp, int cp, int dp, int pp) const;
@@ -165,9 +165,11 @@ class ParallelState {
   comm::Communicator& expert_dp() const { return group(Group::ExpertDP); }
   comm::Communicator& cp_a2a() const { return group(Group::CpA2A); }
   comm::Communicator& cp_p2p() const { return group(Group::CpP2P); }
-  // The distributed optimizer's groups (--num-distributed-optimizer-instances; at N = 1
-  // intra_dp_cp() has dp_cp()'s members and inter_dist_opt() is this rank alone).
-  comm::Communicator& intra_dp_cp() const { return group(Group::IntraDpCp); }
+  // The distributed optimizer's groups (--num-distributed-optimizer-instances): at N = 1
+  // intra_dp_cp() is dp_cp() itself, and inter_dist_opt() exists only for N > 1.
+  comm::Communicator& intra_dp_cp() const {
+    return layout_.dist_opt_instances() > 1 ? group(Group::IntraDpCp) : dp_cp();
+  }
   comm::Communicator& inter_dist_opt() const { return group(Group::InterDistOpt); }
 
   int tp_rank() const { return coords_.tp; }
