@@ -16,6 +16,7 @@
 #include "base/version.h"
 #include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/fully_parallel.h"
 #include "checkpoint/moe_metadata.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/safetensors.h"
@@ -377,9 +378,47 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration,
   return tmp;
 }
 
+// Fully parallel save: the keys (moments with their prefix) of the tensors this rank
+// writes alone, that another replica writes instead. Every replica lists the same tensors
+// (dense ones by the DP x CP replicas, experts by the expert-DP replicas) in the same order
+// and assigns them by bytes alike, so no data is exchanged.
+static std::set<std::string> written_by_others(const RankSnapshot& rank) {
+  std::set<std::string> others;
+  for (const bool experts : {false, true}) {
+    const RankSnapshot::Share sh = experts ? rank.expert_share : rank.dense_share;
+    if (sh.count <= 1 || !(experts ? rank.write_experts : rank.write_dense)) continue;
+    std::vector<std::string> keys;
+    std::vector<int64_t> bytes;
+    auto item = [&](const std::string& key, int64_t n, DType dt) {
+      keys.push_back(key), bytes.push_back(n * int64_t(dtype_size(dt)));
+    };
+    for (const ParamInfo& p : rank.infos) {  // write_rank_files' rule below
+      if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
+      if ((p.expert >= 0) != experts) continue;
+      item(p.name, p.numel(), rank.params.dtype());
+      if (rank.exp_avg.defined()) {
+        item("optimizer.exp_avg." + p.name, p.numel(), rank.exp_avg.dtype());
+        item("optimizer.exp_avg_sq." + p.name, p.numel(), rank.exp_avg_sq.dtype());
+      }
+    }
+    for (const model::BufferInfo& b : rank.buffer_infos) {
+      const int dup_rank = b.expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
+      if ((b.split == TpSplit::None && dup_rank != 0) || (b.expert >= 0) != experts) continue;
+      item(b.name, b.numel(), b.dtype);
+    }
+    const std::vector<int> owner = distribute_by_bytes(bytes, sh.count);
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (owner[i] != sh.index) others.insert(keys[i]);
+  }
+  return others;
+}
+
 json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
   json rec = {{"files", json::object()}, {"tensors", json::object()}};
   if (!rank.write_model) return rec;
+  const std::set<std::string> others = written_by_others(rank);
+  // Fully parallel: this rank's share goes into files named by its DP (x CP) rank.
+  const bool shared = rank.dense_share.count > 1 || rank.expert_share.count > 1;
   // Adds every parameter's local tensor of `flat` (prefixed key) to one file's tensor map.
   auto add = [&](std::map<std::string, Tensor>& out, const std::string& fname,
                  const std::string& prefix, const Tensor& flat) {
@@ -388,8 +427,9 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
       // the last pipeline stage not at all (the first stage writes it).
       if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
       if (!(p.expert >= 0 ? rank.write_experts : rank.write_dense)) continue;  // EP writers
-      Tensor t = flat.narrow(p.offset, p.numel()).view(p.local_shape);
       const std::string key = prefix + p.name;
+      if (others.count(key)) continue;  // another replica's share
+      Tensor t = flat.narrow(p.offset, p.numel()).view(p.local_shape);
       json pieces = json::array();
       for (const Piece& pc : local_pieces(p, rank.coord.tp, rank.tp_size))
         pieces.push_back(piece_json(pc, p.global_shape.size()));
@@ -408,12 +448,13 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
     }
   };
   auto write = [&](const std::string& fname, const std::map<std::string, Tensor>& tensors) {
+    if (shared && tensors.empty()) return;  // the other replicas write all of it
     const std::string path = join_path(tmp_dir, fname);
     save_safetensors(path, tensors, {{"format", "megatron.cpp checkpoint shard"}});
     rec["files"][fname] = {{"bytes", fs::file_size(path)}};
   };
   {
-    const std::string f = file_name("model", rank.coord, false);
+    const std::string f = file_name("model", rank.coord, shared);
     std::map<std::string, Tensor> tensors;
     add(tensors, f, "", rank.params);
     // The persistent buffers, under their own names, by the parameters' rule: a duplicated
@@ -427,6 +468,7 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
       const int dup_rank = b.expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
       if (b.split == TpSplit::None && dup_rank != 0) continue;
       if (!(b.expert >= 0 ? rank.write_experts : rank.write_dense)) continue;  // EP writers
+      if (others.count(b.name)) continue;  // another replica's share
       // The format stores 1-D and 2-D tensors (a scalar is a [1] buffer).
       MCPP_CHECK(!b.global_shape.empty(), "buffer {} is 0-dimensional; register it as shape [1]",
                  b.name);

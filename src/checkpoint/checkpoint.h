@@ -5,7 +5,9 @@
 //                                              global shape, dtype, shards (file, boxes in the
 //                                              global tensor, xxh3-64), training state, config
 //   <save>/iter_0000100/model_tp00_pp00.safetensors          one per (tp, pp[, ep]) on dp 0
-//                                                            (_ep01...: EP rank > 0's experts)
+//                                                            (_ep01...: EP rank > 0's experts;
+//                                                            _dp01...: a fully parallel save's
+//                                                            share of each DP replica)
 //   <save>/iter_0000100/optim_tp00_pp00_dp00.safetensors     Adam moments of that rank
 //
 // Tensors are keyed by Megatron-Core names; a shard is the tensor a rank holds, described by
@@ -35,6 +37,9 @@
 
 namespace mcpp::model {
 class GPTModel;
+}
+namespace mcpp::comm {
+class Communicator;
 }
 
 namespace mcpp::checkpoint {
@@ -77,6 +82,9 @@ struct SaveOptions {
   // checkpoint, the iteration it named before is deleted unless that is 0, this iteration
   // or a multiple of N; a symlinked folder is never deleted. nullopt: keep everything.
   std::optional<int64_t> retain_interval;
+  // Multi-rank saves (save_training_checkpoint): the replicas of a shard share its writing
+  // (RankSnapshot::dense_share; Megatron's --ckpt-fully-parallel-save, on by default).
+  bool fully_parallel = false;
 };
 
 struct LoadOptions {
@@ -98,6 +106,18 @@ struct LoadOptions {
   // parameter the checkpoint lacks keeps its value in the load's output buffer (the caller
   // fills it with the initial values) and zero Adam moments.
   Strictness strictness = Strictness::AssumeOkUnexpected;
+  // --ckpt-fully-parallel-load: the ranks that hold identical copies of this rank's
+  // tensors (the trainer passes the DP x CP group) split the reading between them and
+  // exchange what they read (checkpoint/fully_parallel.h); collective over it. Null: this
+  // rank reads everything it needs itself.
+  comm::Communicator* replicas = nullptr;
+  // When set, receives what this rank read (the trainer's log line).
+  struct Report {
+    uint64_t bytes_read = 0;      // tensor data read from storage by this rank
+    uint64_t bytes_received = 0;  // tensor data received from the other replicas
+    int64_t tensors = 0, tensors_read = 0;  // tensors this rank needs / read itself
+  };
+  Report* report = nullptr;
 };
 
 // ---- one rank's data -----------------------------------------------------------------------
@@ -120,6 +140,16 @@ struct RankSnapshot {
   // buffer (its FP8 scaling state) is written by ETP rank 0 of the ranks holding it, which
   // need not include TP rank 0 (ETP < TP with EP > 1).
   int expert_tp_rank = 0;
+  // Fully parallel save (Megatron's default; --no-ckpt-fully-parallel-save: off): the
+  // replicas of this rank's tensors share their writing (fully_parallel.h). This rank's
+  // index among the replicas of its dense tensors and of its experts, and their count;
+  // count 1: it writes all it is asked to (write_dense / write_experts) into files whose
+  // names carry no dp. With count > 1 every replica computes the same assignment, by bytes,
+  // and writes its share into model_tpXX_ppXX_dpXX (its moments: optim_..._dpXX).
+  struct Share {
+    int index = 0, count = 1;
+  };
+  Share dense_share, expert_share;
   // The non-trainable buffers: buffers[i] is the rank's shard of buffer_infos[i] (its
   // local shape and dtype). Saved with the model, never with the optimizer.
   std::vector<model::BufferInfo> buffer_infos;

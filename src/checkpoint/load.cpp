@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fmt/ranges.h>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/fully_parallel.h"
 #include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
@@ -231,7 +233,8 @@ json parse_metadata(const std::string& iter_dir) {
   return md;
 }
 
-// Lazily opened shard files; each shard's checksum verified once.
+// Lazily opened shard files whose tensors are read on demand (only the bytes a rank
+// needs); each shard's checksum verified when it is read.
 class ShardReader {
  public:
   ShardReader(std::string dir, const json& md, bool verify)
@@ -250,30 +253,39 @@ class ShardReader {
                    "overwritten); tensor {}",
                    path, got, want, key);
       }
-      it = files_.emplace(file, load_safetensors(path)).first;
+      it = files_.emplace(file, std::make_unique<SafetensorsReader>(path)).first;
     }
-    auto t = it->second.tensors.find(name);
-    MCPP_CHECK(t != it->second.tensors.end(), "shard file {} lacks tensor {}", path, name);
-    const Tensor& x = t->second;
+    const std::string id = file + "\n" + name;
+    if (auto c = cache_.find(id); c != cache_.end()) return c->second;
+    MCPP_CHECK(it->second->contains(name), "shard file {} lacks tensor {}", path, name);
+    Tensor x = it->second->read(name);
     MCPP_CHECK(x.shape() == sh.at("shape").get<Shape>(),
                "tensor {} in {} has shape {}, the metadata says {}", name, path,
                shape_str(x.shape()), sh.at("shape").dump());
-    if (verify_ && verified_.insert(file + "\n" + name).second) {
+    if (verify_) {
       const std::string want = sh.at("checksum"), got = checksum_hex(x.raw(), x.nbytes());
       MCPP_CHECK(want == got,
                  "checksum mismatch for tensor {} in {}: stored {}, computed {} "
                  "({}); the file is corrupt",
                  name, path, want, got, checksum_algorithm());
     }
-    return x;
+    return cache_.emplace(id, std::move(x)).first->second;
+  }
+  // Forgets the tensors read so far (each stored tensor belongs to one key: a loader
+  // releases them once that key is loaded, so memory holds one tensor's shards at a time).
+  void release() { cache_.clear(); }
+  uint64_t bytes_read() const {
+    uint64_t n = 0;
+    for (const auto& [f, r] : files_) n += r->bytes_read();
+    return n;
   }
 
  private:
   std::string dir_;
   const json& md_;
   bool verify_;
-  std::map<std::string, SafetensorsFile> files_;
-  std::set<std::string> verified_;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
+  std::map<std::string, Tensor> cache_;
 };
 
 // Fills the local tensor `dst` (parameter p on TP rank tp_rank) from the checkpoint's key.
@@ -388,28 +400,15 @@ bool vocab_repad_allowed(const json& md, const model::ParamStore& params,
   return ok;
 }
 
-// This rank's shard of every registered buffer the checkpoint holds, read into host tensors
-// (buffer index, values); the caller copies them in once the whole load has succeeded. A
-// buffer the checkpoint lacks keeps its initial value (reported by check_keys).
-std::vector<std::pair<size_t, Tensor>> load_buffers(ShardReader& rd, const json& md,
-                                                    const model::ParamStore& params) {
-  std::vector<std::pair<size_t, Tensor>> out;
-  const json& tensors = md.at("tensors");
-  for (size_t i = 0; i < params.buffer_infos().size(); ++i) {
-    const model::BufferInfo& b = params.buffer_infos()[i];
-    if (!tensors.contains(b.name)) continue;
-    const Shape g = tensors[b.name].at("global_shape").get<Shape>();
-    MCPP_CHECK_HINT(g == b.global_shape,
-                    "the model flags (experts, layers, FP8 settings) differ from the checkpoint's",
-                    "buffer {}: the checkpoint holds global shape {}, this model registers {}",
-                    b.name, shape_str(g), shape_str(b.global_shape));
-    // load_tensor's geometry is the parameters': the buffer as a parameter of its shape.
-    ParamInfo p{b.name, b.global_shape, b.local_shape, b.split};
-    Tensor h = Tensor::empty(b.local_shape, b.dtype);
-    load_tensor(rd, md, b.name, p, params.tp_rank(), params.tp_size(), h);
-    out.emplace_back(i, std::move(h));
-  }
-  return out;
+// The id of what load_tensor writes into a rank's tensor: the key, the rank's boxes of it
+// and the model's global shape (the vocabulary's re-padding follows it). Ranks whose ids
+// agree end with the same values (--ckpt-fully-parallel-load reads them once).
+std::string read_id(const std::string& key, const ParamInfo& p, int64_t tp_rank,
+                    int64_t tp_size, bool repad) {
+  std::string id = fmt::format("{}|{}|{}", key, shape_str(p.global_shape), shape_str(p.local_shape));
+  for (const Piece& d : local_pieces(p, tp_rank, tp_size))
+    id += fmt::format("|{},{},{},{}@{},{}", d.g_row, d.g_col, d.rows, d.cols, d.l_row, d.l_col);
+  return repad ? id + "|repad" : id;
 }
 
 // Keys on one side only, before anything is read: an error, a warning or nothing by
@@ -479,6 +478,9 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
                                exp_avg->numel() == params.total_numel() &&
                                exp_avg_sq->numel() == params.total_numel())),
              "load_checkpoint_host: host buffers of {} elements expected", params.total_numel());
+  comm::Communicator* group =
+      opts.replicas && opts.replicas->size() > 1 ? opts.replicas : nullptr;
+  bool exchanged = false;  // the replicas' collective has run (see the catch below)
   const std::string iter_dir = resolve_iter_dir(load_dir, iteration);
   const std::string top = fs::exists(fs::path(load_dir) / kMetadataFile)
                               ? fs::path(load_dir).parent_path().string()
@@ -497,31 +499,44 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
       check_model_compat(md["model"], *opts.model, iter_dir, repad,
                          key_set_may_differ(opts.strictness));
     const std::set<std::string> skipped = check_keys(md, params, opts, iter_dir);
-    ShardReader rd(iter_dir, md, opts.verify_checksums);
-    const int64_t tpr = params.tp_rank(), tps = params.tp_size();
-    for (const ParamInfo& p : params.infos())
-      if (!skipped.count(p.name))
-        load_tensor(rd, md, p.name, p, tpr, tps,
-                    values.narrow(p.offset, p.numel()).view(p.local_shape), repad);
-    std::vector<std::pair<size_t, Tensor>> buffers = load_buffers(rd, md, params);
     TrainingState st = state_from_json(md.at("state"));
     check_state(st, join_path(iter_dir, kMetadataFile));
     MCPP_CHECK(st.iteration == md["iteration"].get<int64_t>(),
                "{}: state.iteration {} differs from its iteration {}",
                join_path(iter_dir, kMetadataFile), st.iteration, md["iteration"].dump());
-    // The buffers are model state (kept by --finetune, as the weights): into the live
-    // tensors now that the parameters and state have loaded.
-    for (auto& [i, h] : buffers) {
-      Tensor dst = params.buffer(i);  // on the buffer's device: that device's stream
-      ops::copy(h, dst, ops::default_stream(dst.device()));
+    // Every tensor this rank needs, as a read into host memory: the parameters, the
+    // registered buffers the checkpoint holds, and (unless --finetune) the Adam moments.
+    ShardReader rd(iter_dir, md, opts.verify_checksums);
+    const int64_t tpr = params.tp_rank(), tps = params.tp_size();
+    std::vector<ReadItem> items;
+    auto need = [&](const std::string& key, const ParamInfo& p, const Tensor& dst, bool rp) {
+      items.push_back({read_id(key, p, tpr, tps, rp), dst, [&rd, &md, key, p, tpr, tps, dst, rp] {
+                         load_tensor(rd, md, key, p, tpr, tps, dst, rp);
+                         rd.release();
+                       }});
+    };
+    for (const ParamInfo& p : params.infos())
+      if (!skipped.count(p.name))
+        need(p.name, p, values.narrow(p.offset, p.numel()).view(p.local_shape), repad);
+    // Buffers go into the live tensors only once everything has loaded (a buffer the
+    // checkpoint lacks keeps its initial value, reported by check_keys).
+    std::vector<std::pair<size_t, Tensor>> buffers;
+    const json& tensors = md.at("tensors");
+    for (size_t i = 0; i < params.buffer_infos().size(); ++i) {
+      const model::BufferInfo& b = params.buffer_infos()[i];
+      if (!tensors.contains(b.name)) continue;
+      const Shape g = tensors[b.name].at("global_shape").get<Shape>();
+      MCPP_CHECK_HINT(g == b.global_shape,
+                      "the model flags (experts, layers, FP8 settings) differ from the "
+                      "checkpoint's",
+                      "buffer {}: the checkpoint holds global shape {}, this model registers {}",
+                      b.name, shape_str(g), shape_str(b.global_shape));
+      // load_tensor's geometry is the parameters': the buffer as a parameter of its shape.
+      const ParamInfo p{b.name, b.global_shape, b.local_shape, b.split};
+      buffers.emplace_back(i, Tensor::empty(b.local_shape, b.dtype));
+      need(b.name, p, buffers.back().second, false);
     }
-    if (opts.finetune) {
-      // Megatron's --finetune: weights only; training starts at iteration 0.
-      TrainingState fresh;
-      fresh.config = st.config, fresh.mcpp_version = st.mcpp_version;
-      return fresh;
-    }
-    if (exp_avg) {
+    if (exp_avg && !opts.finetune) {
       MCPP_CHECK_HINT(md.value("has_optimizer", false),
                       "load with --no-load-optim (the optimizer state starts from zero)",
                       "{} was saved without optimizer state (--no-save-optim)", iter_dir);
@@ -533,16 +548,47 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
           if (skipped.count(p.name))  // not in the checkpoint: fresh moments
             std::memset(dst.raw(), 0, dst.nbytes());
           else
-            load_tensor(rd, md, prefix + p.name, p, tpr, tps, dst.view(p.local_shape), repad);
+            need(prefix + p.name, p, dst.view(p.local_shape), repad);
         }
+    }
+    ExchangeReport ex;
+    if (group) {
+      exchanged = true;
+      ex = read_and_exchange(*group, items);
+    } else {
+      for (ReadItem& it : items) it.read();
+      ex.items = ex.items_read = int64_t(items.size());
+    }
+    if (opts.report)
+      *opts.report = {rd.bytes_read(), ex.bytes_received, ex.items, ex.items_read};
+    // The buffers are model state (kept by --finetune, as the weights): into the live
+    // tensors now that everything has loaded.
+    for (auto& [i, h] : buffers) {
+      Tensor dst = params.buffer(i);  // on the buffer's device: that device's stream
+      ops::copy(h, dst, ops::default_stream(dst.device()));
+    }
+    if (opts.finetune) {
+      // Megatron's --finetune: weights only; training starts at iteration 0.
+      TrainingState fresh;
+      fresh.config = st.config, fresh.mcpp_version = st.mcpp_version;
+      return fresh;
     }
     if (!opts.load_rng || !md.value("has_rng", true)) st.rng_seed = 0, st.rng_iteration = 0;
     return st;
   } catch (const Error& e) {
+    // Under --ckpt-fully-parallel-load the other replicas wait in the exchange: tell them.
+    if (group && !exchanged) {
+      std::vector<ReadItem> none;
+      read_and_exchange(*group, none, e.summary().empty() ? "an error" : e.summary());
+    }
     std::string hint = e.hint().empty() ? "" : e.hint() + ". ";
     throw Error(fmt::format("cannot load checkpoint {}: {}", iter_dir, e.summary()),
                 hint + load_hint(top, it_num < 0 ? INT64_MAX : it_num));
   } catch (const json::exception& e) {
+    if (group && !exchanged) {
+      std::vector<ReadItem> none;
+      read_and_exchange(*group, none, std::string("malformed metadata: ") + e.what());
+    }
     throw Error(
         fmt::format("cannot load checkpoint {}: malformed metadata: {}", iter_dir, e.what()),
         load_hint(top, it_num < 0 ? INT64_MAX : it_num));
@@ -612,6 +658,7 @@ std::string describe_checkpoint(const std::string& dir, int* bad_shards) {
         check_shape(ss, "tensor " + key + ": shard shape");
         for (const json& p : sh.at("pieces")) check_piece(piece_from_json(p), g, ss, key);
         rd.shard(key, sh);
+        rd.release();
         o << " ok";
       } catch (const Error& e) {
         ++bad;

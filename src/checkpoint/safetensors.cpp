@@ -83,8 +83,9 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
              std::strerror(errno));
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+SafetensorsReader::SafetensorsReader(const std::string& path)
+    : path_(path), in_(path, std::ios::binary) {
+  std::ifstream& in = in_;
   MCPP_CHECK_HINT(in.good(), "check the path", "cannot open safetensors file {}", path);
   in.seekg(0, std::ios::end);
   const uint64_t size = uint64_t(in.tellg());
@@ -104,13 +105,13 @@ SafetensorsFile load_safetensors(const std::string& path) {
     MCPP_FAIL("{}: header is not valid JSON: {}", path, e.what());
   }
   MCPP_CHECK(header.is_object(), "{}: header is not a JSON object", path);
-  const uint64_t data_start = 8 + hlen, data_size = size - data_start;
-  SafetensorsFile f;
+  data_start_ = 8 + hlen;
+  const uint64_t data_size = size - data_start_;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
       for (auto& [k, val] : v.items())
-        f.metadata[k] = val.is_string() ? val.get<std::string>() : val.dump();
+        metadata_[k] = val.is_string() ? val.get<std::string>() : val.dump();
       continue;
     }
     MCPP_CHECK(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
@@ -138,16 +139,38 @@ SafetensorsFile load_safetensors(const std::string& path) {
     MCPP_CHECK(offs[1] - offs[0] == want,
                "{}: tensor '{}' has {} bytes for shape {} {} (expected {})", path, name,
                offs[1] - offs[0], shape_str(shape), dtype_name(dt), want);
-    Tensor t = Tensor::empty(shape, dt);
-    in.seekg(std::streamoff(data_start + offs[0]));
-    in.read(static_cast<char*>(t.raw()), std::streamsize(t.nbytes()));
-    MCPP_CHECK(in.good(), "{}: short read of tensor '{}'", path, name);
     ranges.push_back({offs[0], offs[1]});
-    f.tensors[name] = std::move(t);
+    entries_[name] = Entry{dt, shape, offs[0], offs[1]};
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     MCPP_CHECK(ranges[i].first >= ranges[i - 1].second, "{}: overlapping tensor data", path);
+}
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+Tensor SafetensorsReader::read(const std::string& name) {
+  auto it = entries_.find(name);
+  MCPP_CHECK(it != entries_.end(), "{} has no tensor '{}'", path_, name);
+  const Entry& e = it->second;
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  in_.clear();
+  in_.seekg(std::streamoff(data_start_ + e.begin));
+  in_.read(static_cast<char*>(t.raw()), std::streamsize(t.nbytes()));
+  MCPP_CHECK(in_.good(), "{}: short read of tensor '{}'", path_, name);
+  bytes_read_ += e.end - e.begin;
+  return t;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  SafetensorsReader rd(path);
+  SafetensorsFile f;
+  f.metadata = rd.metadata();
+  for (const std::string& name : rd.names()) f.tensors[name] = rd.read(name);
   return f;
 }
 

@@ -85,6 +85,14 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   snap.write_dense = ps.dp_rank() == 0 && ps.cp_rank() == 0;
   snap.write_experts = ep ? ps.coords().edp == 0 : snap.write_dense;
   snap.expert_tp_rank = ps.coords().etp;
+  if (o.fully_parallel) {
+    // Megatron's fully parallel save: the DP x CP replicas share the dense tensors (and,
+    // without EP, the experts), the expert-DP replicas an EP rank's experts.
+    snap.write_dense = snap.write_experts = true;
+    snap.dense_share = {ps.dp_cp().rank(), ps.dp_cp().size()};
+    snap.expert_share =
+        ep ? RankSnapshot::Share{ps.expert_dp().rank(), ps.expert_dp().size()} : snap.dense_share;
+  }
   const bool write_model = snap.write_dense || snap.write_experts;
   const bool write_shard =
       opt.state_sharded() && save_optim &&
@@ -213,10 +221,22 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   }
   Timer t;
   t.start();
+  LoadOptions lo = o;
+  LoadOptions::Report rep;
+  lo.report = &rep;
   TrainingState st = load_checkpoint_host(load_dir, iteration, params, values,
-                                          load_optim ? &m : nullptr, load_optim ? &v : nullptr, o);
+                                          load_optim ? &m : nullptr, load_optim ? &v : nullptr, lo);
   log::info("  checkpoint read (iteration {}): {}",  // ours: how much and how fast
             st.iteration, size_and_rate(iteration_bytes(load_dir, st.iteration), t.elapsed()));
+  // What each rank read itself (tensor data, without headers and metadata).
+  if (o.replicas && o.replicas->size() > 1)
+    log::info_all("  fully parallel load: read {} bytes of tensor data from storage ({} of {} "
+                  "tensors), received {} bytes from the other {} ranks of group {}",
+                  rep.bytes_read, rep.tensors_read, rep.tensors, rep.bytes_received,
+                  o.replicas->size() - 1, o.replicas->name());
+  else
+    log::info_all("  read {} bytes of tensor data from storage ({} tensors)", rep.bytes_read,
+                  rep.tensors);
   opt.load_state(values, load_optim ? &m : nullptr, load_optim ? &v : nullptr);
   if (load_optim) opt.set_steps(st.optimizer_steps);
   return st;

@@ -1,17 +1,20 @@
 // A training run's checkpoint across ranks (Megatron's training/checkpointing.py
 // save_checkpoint / load_checkpoint), on top of checkpoint.h's building blocks:
 //
-//   save: every rank of DP rank 0 writes its TP/PP shard of the model (the fp32 main
-//   parameters when the optimizer holds them, so a resume continues bit for bit) and, when
-//   the optimizer's state is laid out like the parameters (AdamW), the Adam moments with
-//   it; an optimizer whose state is sharded over DP (the distributed optimizer) has every
-//   rank write its own shard of the moments (write_optimizer_shard, by its segments).
+//   save: the TP/PP shard of the model (the fp32 main parameters when the optimizer holds
+//   them, so a resume continues bit for bit) and, when the optimizer's state is laid out
+//   like the parameters (AdamW), the Adam moments with it, are written by the ranks of DP
+//   rank 0, or (SaveOptions::fully_parallel, Megatron's default) shared by bytes among the
+//   DP x CP replicas, each writing its share; an optimizer whose state is sharded over DP
+//   (the distributed optimizer) has every rank write its own shard of the moments
+//   (write_optimizer_shard, by its segments).
 //   Rank 0 starts the checkpoint, gathers every rank's shard records and commits it; the
 //   checkpoint is visible to every rank when save returns. One process holding the
 //   whole state writes directly (save_checkpoint), or in the background (--async-save).
 //
 //   load: every rank reads what it needs from any saved layout into host buffers laid out
-//   like its parameters, and hands them to the optimizer (Optimizer::load_state: main
+//   like its parameters (LoadOptions::replicas: the DP x CP replicas split the reading and
+//   exchange it, --ckpt-fully-parallel-load), and hands them to the optimizer (Optimizer::load_state: main
 //   parameters exact, the model's parameters rounded, the moments kept whole or as this
 //   rank's shard).
 #pragma once

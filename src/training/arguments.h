@@ -227,6 +227,11 @@ struct Args {
   // --dist-ckpt-strictness: parameters and buffers on one side only when loading
   // (checkpoint/strictness.h; return_unexpected / return_all are refused by validation).
   std::string dist_ckpt_strictness = "assume_ok_unexpected";
+  // --ckpt-fully-parallel-load: the DP x CP replicas of a shard split its reading and
+  // exchange it. --no-ckpt-fully-parallel-save: DP rank 0 writes the whole model shard
+  // (by default the replicas share the writing, as Megatron).
+  bool ckpt_fully_parallel_load = false;
+  bool ckpt_fully_parallel_save = true;
 
   // The model's vocabulary rows: --padded-vocab-size as given, else set once the tokenizer
   // is known (resolve_padded_vocab_size: the tokenizer's size padded to divisible_by x TP).

@@ -176,6 +176,7 @@ void Trainer::State::save() {
   o.model = model_cfg, o.save_rng = !args.no_save_rng;
   o.tokenizer = tokenizer_files;
   o.retain_interval = args.save_retain_interval;
+  o.fully_parallel = args.ckpt_fully_parallel_save;
   // --log-progress: a save in flight is committed (and said so) before the next starts, as
   // the saver would wait for it anyway.
   if (progress && async_saver) finish_async_save(/*blocking=*/true);
@@ -198,6 +199,9 @@ void Trainer::State::load() {
   // A pipeline stage, or an EP rank (its experts), holds part of the checkpoint's tensors.
   o.partial_model = a.pipeline_model_parallel_size > 1 || a.expert_model_parallel_size > 1;
   o.strictness = checkpoint::parse_strictness(a.dist_ckpt_strictness);
+  // --ckpt-fully-parallel-load: Megatron's default load group, the DP x CP replicas (the
+  // read items' ids keep experts, whose replicas are fewer, correct: fully_parallel.h).
+  if (a.ckpt_fully_parallel_load) o.replicas = &ps->dp_cp();
   const bool load_optim = !(a.no_load_optim || finetune);
   const auto st =
       checkpoint::load_training_checkpoint(dir, a.ckpt_step, model->params(), *opt, load_optim, o);

@@ -122,8 +122,13 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
   EXPECT_EQ(flag_support("ckpt_assume_constant_structure"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("auto_detect_ckpt_format"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("check_for_nan_in_loss_and_grad"), FlagSupport::ByDesign);
-  // Each DP replica reads its shard of the model itself: not what this flag asks for.
-  EXPECT_EQ(flag_support("ckpt_fully_parallel_load"), FlagSupport::NotImplemented);
+  // Fully parallel checkpoints: the switches are bound; the exchange algorithm and the
+  // deprecated spelling of the save switch are accepted by design.
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_load"), FlagSupport::Implemented);
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_save"), FlagSupport::Implemented);
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_load_exchange_algo"), FlagSupport::ByDesign);
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_save_deprecated"), FlagSupport::ByDesign);
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_load_process_group"), FlagSupport::NotImplemented);
 }
 
 TEST(Parse, SpaceAndEqualsForms) {
@@ -304,9 +309,31 @@ TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
                        "detects what it holds"),
             std::string::npos)
       << ck[1];
-  expect_error([] { parse_args({"--ckpt-fully-parallel-load"}); },
-               {"--ckpt-fully-parallel-load is a Megatron-LM flag that megatron.cpp does not "
-                "implement yet"});
+  // Fully parallel checkpoints: the save is Megatron's default, the load a switch.
+  const Args d = parse_args({});
+  EXPECT_TRUE(d.ckpt_fully_parallel_save);
+  EXPECT_FALSE(d.ckpt_fully_parallel_load);
+  const Args fp = parse_args({"--ckpt-fully-parallel-load", "--no-ckpt-fully-parallel-save"});
+  EXPECT_TRUE(fp.ckpt_fully_parallel_load);
+  EXPECT_FALSE(fp.ckpt_fully_parallel_save);
+  const auto ex = describe_by_design_flags(
+      parse_args({"--ckpt-fully-parallel-save", "--ckpt-fully-parallel-load-exchange-algo",
+                  "gather_object"}));
+  ASSERT_EQ(ex.size(), 2u);
+  EXPECT_NE(ex[0].find("--ckpt-fully-parallel-load-exchange-algo gather_object: accepted by "
+                       "design: the exchange"),
+            std::string::npos)
+      << ex[0];
+  EXPECT_NE(ex[1].find("--ckpt-fully-parallel-save True: accepted by design: deprecated in "
+                       "Megatron too"),
+            std::string::npos)
+      << ex[1];
+  EXPECT_TRUE(parse_args({"--ckpt-fully-parallel-save"}).ckpt_fully_parallel_save);
+  expect_error([] { parse_args({"--ckpt-fully-parallel-load-exchange-algo", "rings"}); },
+               {"'rings' is not one of broadcast, gather_rounds, gather_object"});
+  expect_error([] { parse_args({"--ckpt-fully-parallel-load-process-group", "ep_dp"}); },
+               {"--ckpt-fully-parallel-load-process-group is a Megatron-LM flag that "
+                "megatron.cpp does not implement yet"});
 }
 
 TEST(Parse, OurOwnFlagsAndHelp) {
