@@ -136,7 +136,8 @@ ExchangeReport read_and_exchange(comm::Communicator& group, std::vector<ReadItem
     const int src = owner_of.at(id);
     if (n.holders.size() == 1 && n.holders[0] == src) continue;  // nobody else needs it
     auto it = mine.find(id);
-    Tensor t = it != mine.end() ? it->second->dst.view({n.numel}) : Tensor::empty({n.numel}, n.dtype);
+    Tensor t = it != mine.end() ? it->second->dst.view({n.numel})
+                                : Tensor::empty({n.numel}, n.dtype);
     group.broadcast(t, src, st);
     if (it != mine.end() && src != group.rank()) rep.bytes_received += t.nbytes();
   }

@@ -405,7 +405,8 @@ bool vocab_repad_allowed(const json& md, const model::ParamStore& params,
 // agree end with the same values (--ckpt-fully-parallel-load reads them once).
 std::string read_id(const std::string& key, const ParamInfo& p, int64_t tp_rank,
                     int64_t tp_size, bool repad) {
-  std::string id = fmt::format("{}|{}|{}", key, shape_str(p.global_shape), shape_str(p.local_shape));
+  std::string id =
+      fmt::format("{}|{}|{}", key, shape_str(p.global_shape), shape_str(p.local_shape));
   for (const Piece& d : local_pieces(p, tp_rank, tp_size))
     id += fmt::format("|{},{},{},{}@{},{}", d.g_row, d.g_col, d.rows, d.cols, d.l_row, d.l_col);
   return repad ? id + "|repad" : id;

@@ -14,9 +14,9 @@
 //
 //   load: every rank reads what it needs from any saved layout into host buffers laid out
 //   like its parameters (LoadOptions::replicas: the DP x CP replicas split the reading and
-//   exchange it, --ckpt-fully-parallel-load), and hands them to the optimizer (Optimizer::load_state: main
-//   parameters exact, the model's parameters rounded, the moments kept whole or as this
-//   rank's shard).
+//   exchange it, --ckpt-fully-parallel-load), and hands them to the optimizer
+//   (Optimizer::load_state: main parameters exact, the model's parameters rounded, the
+//   moments kept whole or as this rank's shard).
 #pragma once
 #include <optional>
 #include <string>

@@ -125,7 +125,8 @@ TEST(FullyParallel, SaveSharesEachShardAcrossItsReplicas) {
     }
   ck::save_checkpoint(dir + "/plain", plain, sample_state(10), so);
   ck::save_checkpoint(dir + "/shared", shared, sample_state(10), so);
-  const nlohmann::json mp = ck::read_metadata(dir + "/plain"), ms = ck::read_metadata(dir + "/shared");
+  const nlohmann::json mp = ck::read_metadata(dir + "/plain");
+  const nlohmann::json ms = ck::read_metadata(dir + "/shared");
   EXPECT_EQ(shards_by_key(ms), shards_by_key(mp));
   std::vector<std::string> files;
   for (auto& [f, v] : ms["files"].items()) files.push_back(f);

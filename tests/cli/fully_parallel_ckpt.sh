@@ -22,7 +22,10 @@ F=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --
    --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
    --global-batch-size 8 --lr 1e-3 --train-iters 8 --log-interval 1 --threads 1 --device cpu)
 run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
-pick() { grep -E "iteration +[5-8]/" "$1" | sed -E 's/^ \[[^]]*\]//; s/elapsed time per iteration \(ms\): [0-9.]+ \|//; s/tokens per second per GPU: [0-9.]+ \|//'; }
+pick() {  # iterations 5-8 without the time-dependent fields
+  grep -E "iteration +[5-8]/" "$1" | sed -E 's/^ \[[^]]*\]//;
+    s/elapsed time per iteration \(ms\): [0-9.]+ \|//; s/tokens per second per GPU: [0-9.]+ \|//'
+}
 # Bytes of tensor data each rank read from storage, by rank (one number a line); $2: what
 # precedes "read N bytes" (ranks share stdout: a line may follow another rank's partial one).
 bytes_read() {
@@ -52,14 +55,19 @@ layout() {  # name np dp flags... (dp: the replicas of every tensor; 0: they dif
   mkdir -p "$D"
   run "$D/u.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --save "$D/U" \
       --save-interval 4 --no-ckpt-fully-parallel-save
-  run "$D/p.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --save "$D/P" --save-interval 4 --exit-interval 4
+  run "$D/p.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --save "$D/P" \
+      --save-interval 4 --exit-interval 4
   # The save: every rank wrote a model file, and the tensors are U's.
   local nf
-  nf=$(ls "$D/P/iter_0000004" | grep -Ec '^model_tp[0-9]+_pp[0-9]+_dp[0-9]+(_ep[0-9]+)?\.safetensors$')
-  [ "$nf" -eq "$np" ] || { echo "$n: $nf model files from $np ranks"; ls "$D/P/iter_0000004"; exit 1; }
-  same_tensors "$D/U/iter_0000004" "$D/P/iter_0000004" || { echo "$n: the fully parallel save wrote other tensors"; exit 1; }
+  nf=$(ls "$D/P/iter_0000004" |
+         grep -Ec '^model_tp[0-9]+_pp[0-9]+_dp[0-9]+(_ep[0-9]+)?\.safetensors$')
+  [ "$nf" -eq "$np" ] ||
+    { echo "$n: $nf model files from $np ranks"; ls "$D/P/iter_0000004"; exit 1; }
+  same_tensors "$D/U/iter_0000004" "$D/P/iter_0000004" ||
+    { echo "$n: the fully parallel save wrote other tensors"; exit 1; }
   # The resumes.
-  run "$D/r1.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --load "$D/P" --ckpt-fully-parallel-load
+  run "$D/r1.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --load "$D/P" \
+      --ckpt-fully-parallel-load
   run "$D/r2.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --load "$D/P"
   run "$D/r3.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --load "$D/U" --ckpt-step 4 \
       --ckpt-fully-parallel-load --ckpt-fully-parallel-load-exchange-algo gather_rounds
@@ -78,9 +86,11 @@ layout() {  # name np dp flags... (dp: the replicas of every tensor; 0: they dif
   paste <(echo "$with") <(echo "$without") | awk -v dp="$dp" -v n="$n" '
     { if ($1 <= 0 || 4 * $1 > 3 * $2) { print n ": a rank read " $1 " of " $2 " bytes"; bad = 1 }
       sw += $1; so += $2 }
-    END { if (dp > 0 && sw * dp != so) { print n ": the shares add up to " sw " bytes, not " so "/" dp; bad = 1 }
+    END { if (dp > 0 && sw * dp != so) {
+            print n ": the shares add up to " sw " bytes, not " so "/" dp; bad = 1 }
           exit bad }' || exit 1
-  echo "$n: fully parallel save and load bit-exact; bytes read per rank: $(echo $with) of $(echo $without)"
+  echo "$n: fully parallel save and load bit-exact; bytes read per rank: $(echo $with)" \
+       "of $(echo $without)"
 }
 
 layout dp2 2 2
@@ -93,23 +103,27 @@ layout moe_cp2_dp2_ep2 4 0 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-
 # --async-save, fully parallel and not: the files of the synchronous save of that kind.
 D="$W/tp2_dp2_distopt"
 L=(--tensor-model-parallel-size 2 --use-distributed-optimizer)
-run "$D/a1.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${L[@]}" --save "$D/A1" --save-interval 4 --exit-interval 4 --async-save
-run "$D/a2.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${L[@]}" --save "$D/A2" --save-interval 4 --exit-interval 4 --async-save \
-    --no-ckpt-fully-parallel-save
+run "$D/a1.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${L[@]}" --save "$D/A1" \
+    --save-interval 4 --exit-interval 4 --async-save
+run "$D/a2.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${L[@]}" --save "$D/A2" \
+    --save-interval 4 --exit-interval 4 --async-save --no-ckpt-fully-parallel-save
 for pair in "A1 P" "A2 U"; do
   read -r a s <<<"$pair"
   n=0
   for f in "$D/$s/iter_0000004"/*.safetensors; do
-    cmp "$f" "$D/$a/iter_0000004/$(basename "$f")" || { echo "async $a: $(basename "$f") differs"; exit 1; }
+    cmp "$f" "$D/$a/iter_0000004/$(basename "$f")" ||
+      { echo "async $a: $(basename "$f") differs"; exit 1; }
     n=$((n + 1))
   done
-  [ "$n" -eq "$(ls "$D/$a/iter_0000004" | grep -c safetensors)" ] || { echo "async $a: other files"; exit 1; }
+  [ "$n" -eq "$(ls "$D/$a/iter_0000004" | grep -c safetensors)" ] ||
+    { echo "async $a: other files"; exit 1; }
 done
 # Another layout: one process loads both checkpoints to the same next step.
 run "$D/s1.log" "$M" train "${F[@]}" --exit-interval 5 --load "$D/P"
 run "$D/s2.log" "$M" train "${F[@]}" --exit-interval 5 --load "$D/U" --ckpt-step 4
 grep -q "successfully loaded checkpoint from $D/P \[ iteration 4 \]" "$D/s1.log" ||
   { echo "one process did not load the fully parallel checkpoint"; tail -5 "$D/s1.log"; exit 1; }
-diff <(pick "$D/s1.log") <(pick "$D/s2.log") || { echo "TP1 loads of the two saves differ"; exit 1; }
+diff <(pick "$D/s1.log") <(pick "$D/s2.log") ||
+  { echo "TP1 loads of the two saves differ"; exit 1; }
 [ "$(pick "$D/s1.log" | wc -l)" -eq 1 ] || { echo "expected iteration 5"; exit 1; }
 echo "--async-save writes the same files; one process loads the fully parallel checkpoint"
