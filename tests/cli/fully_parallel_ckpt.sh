@@ -29,7 +29,7 @@ pick() {  # iterations 5-8 without the time-dependent fields
 # Bytes of tensor data each rank read from storage, by rank (one number a line); $2: what
 # precedes "read N bytes" (ranks share stdout: a line may follow another rank's partial one).
 bytes_read() {
-  grep -oE "\[rank [0-9]+\] +$2read [0-9]+ bytes of tensor data" "$1" |
+  { grep -oE "\[rank [0-9]+\] +$2read [0-9]+ bytes of tensor data" "$1" || true; } |
     sed -E 's/^\[rank ([0-9]+)\].* read ([0-9]+) bytes.*/\1 \2/' | sort -n | awk '{print $2}'
 }
 same_tensors() {  # the two checkpoints' tensors: the same shards, boxes and checksums
@@ -60,7 +60,7 @@ layout() {  # name np dp flags... (dp: the replicas of every tensor; 0: they dif
   # The save: every rank wrote a model file, and the tensors are U's.
   local nf
   nf=$(ls "$D/P/iter_0000004" |
-         grep -Ec '^model_tp[0-9]+_pp[0-9]+_dp[0-9]+(_ep[0-9]+)?\.safetensors$')
+         grep -Ec '^model_tp[0-9]+_pp[0-9]+_dp[0-9]+(_ep[0-9]+)?\.safetensors$' || true)
   [ "$nf" -eq "$np" ] ||
     { echo "$n: $nf model files from $np ranks"; ls "$D/P/iter_0000004"; exit 1; }
   same_tensors "$D/U/iter_0000004" "$D/P/iter_0000004" ||
