@@ -231,9 +231,9 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   // What each rank read itself (tensor data, without headers and metadata).
   if (o.replicas && o.replicas->size() > 1)
     log::info_all("  fully parallel load: read {} bytes of tensor data from storage ({} of {} "
-                  "tensors), received {} bytes from the other {} ranks of group {}",
+                  "tensors), received {} bytes from the other ranks of group {} ({} ranks)",
                   rep.bytes_read, rep.tensors_read, rep.tensors, rep.bytes_received,
-                  o.replicas->size() - 1, o.replicas->name());
+                  o.replicas->name(), o.replicas->size());
   else
     log::info_all("  read {} bytes of tensor data from storage ({} tensors)", rep.bytes_read,
                   rep.tensors);

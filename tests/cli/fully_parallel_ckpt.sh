@@ -12,8 +12,9 @@
 #   * with the flag each rank reads from storage a share (at most 3/4) of the tensor bytes it
 #     reads without it; at DP2 and TP2 x DP2, where the replicas need the same tensors, the
 #     shares of all ranks add up to the whole read once per replica group.
-# At TP2 x DP2 also: --async-save both ways writes the same files as the synchronous save of
-# that kind, and one process (TP1, DP1) loads P and U's checkpoint to the same next step.
+# At DP2 also: a corrupt tensor fails the load under the flag. At TP2 x DP2 also:
+# --async-save both ways writes the same files as the synchronous save of that kind, and one
+# process (TP1, DP1) loads P and U's checkpoint to the same next step.
 set -euo pipefail
 M=$1; shift
 MPI=("$@")
@@ -94,6 +95,19 @@ layout() {  # name np dp flags... (dp: the replicas of every tensor; 0: they dif
 }
 
 layout dp2 2 2
+# A corrupt tensor under the flag: the rank that reads it stops on its checksum, and the run
+# fails (the other rank names it when it gets to print before mpirun ends the job).
+D="$W/dp2"
+cp -r "$D/P" "$D/C"
+python3 - "$D/C/iter_0000004/model_tp00_pp00_dp01.safetensors" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read()); b[-1] ^= 0xFF; open(sys.argv[1], "wb").write(b)
+PY
+rc=0
+out=$(timeout 300 "${MPI[@]}" -np 2 "$M" train "${F[@]}" --load "$D/C" --ckpt-fully-parallel-load \
+      2>&1) || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "checksum mismatch for tensor" <<<"$out" ||
+  { echo "corrupt checkpoint: rc $rc"; tail -20 <<<"$out"; exit 1; }
 layout tp2_dp2_distopt 4 2 --tensor-model-parallel-size 2 --use-distributed-optimizer
 layout moe_cp2_dp2_ep2 4 0 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 16 \
   --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
