@@ -232,6 +232,8 @@ struct Args {
   // (by default the replicas share the writing, as Megatron).
   bool ckpt_fully_parallel_load = false;
   bool ckpt_fully_parallel_save = true;
+  // The group that shares the load: "dp" (DP x CP) or "ep_dp" (expert DP).
+  std::string ckpt_fully_parallel_load_process_group = "dp";
 
   // The model's vocabulary rows: --padded-vocab-size as given, else set once the tokenizer
   // is known (resolve_padded_vocab_size: the tokenizer's size padded to divisible_by x TP).

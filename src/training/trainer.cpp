@@ -199,9 +199,12 @@ void Trainer::State::load() {
   // A pipeline stage, or an EP rank (its experts), holds part of the checkpoint's tensors.
   o.partial_model = a.pipeline_model_parallel_size > 1 || a.expert_model_parallel_size > 1;
   o.strictness = checkpoint::parse_strictness(a.dist_ckpt_strictness);
-  // --ckpt-fully-parallel-load: Megatron's default load group, the DP x CP replicas (the
-  // read items' ids keep experts, whose replicas are fewer, correct: fully_parallel.h).
-  if (a.ckpt_fully_parallel_load) o.replicas = &ps->dp_cp();
+  // --ckpt-fully-parallel-load: by default (Megatron's "dp") the DP x CP replicas share the
+  // reading, with "ep_dp" the expert-DP group. Any group is correct: ranks exchange only
+  // tensors whose ids (key and boxes) agree (fully_parallel.h).
+  if (a.ckpt_fully_parallel_load)
+    o.replicas = a.ckpt_fully_parallel_load_process_group == "ep_dp" ? &ps->expert_dp()
+                                                                       : &ps->dp_cp();
   const bool load_optim = !(a.no_load_optim || finetune);
   const auto st =
       checkpoint::load_training_checkpoint(dir, a.ckpt_step, model->params(), *opt, load_optim, o);

@@ -72,7 +72,15 @@ layout() {  # name np dp flags... (dp: the replicas of every tensor; 0: they dif
   run "$D/r2.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --load "$D/P"
   run "$D/r3.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --load "$D/U" --ckpt-step 4 \
       --ckpt-fully-parallel-load --ckpt-fully-parallel-load-exchange-algo gather_rounds
-  for r in r1 r2 r3; do
+  local rs=(r1 r2 r3)
+  if [ "$n" = moe_cp2_dp2_ep2 ]; then  # the expert-DP group shares the load instead
+    run "$D/r4.log" "${MPI[@]}" -np "$np" "$M" train "${F[@]}" "${L[@]}" --load "$D/P" \
+        --ckpt-fully-parallel-load --ckpt-fully-parallel-load-process-group ep_dp
+    grep -q "fully parallel load: .* group expert-dp (2 ranks)" "$D/r4.log" ||
+      { echo "$n r4: not loaded over the expert-DP group"; exit 1; }
+    rs+=(r4)
+  fi
+  for r in "${rs[@]}"; do
     grep -q "successfully loaded checkpoint from $D/[PU] \[ iteration 4 \]" "$D/$r.log" ||
       { echo "$n $r: did not resume at 4"; tail -5 "$D/$r.log"; exit 1; }
     diff <(pick "$D/u.log") <(pick "$D/$r.log") || { echo "$n $r: resumed run differs"; exit 1; }

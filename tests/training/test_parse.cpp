@@ -128,7 +128,8 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
   EXPECT_EQ(flag_support("ckpt_fully_parallel_save"), FlagSupport::Implemented);
   EXPECT_EQ(flag_support("ckpt_fully_parallel_load_exchange_algo"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("ckpt_fully_parallel_save_deprecated"), FlagSupport::ByDesign);
-  EXPECT_EQ(flag_support("ckpt_fully_parallel_load_process_group"), FlagSupport::NotImplemented);
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_load_process_group"), FlagSupport::Implemented);
+  EXPECT_EQ(flag_support("ckpt_fully_parallel_save_process_group"), FlagSupport::NotImplemented);
 }
 
 TEST(Parse, SpaceAndEqualsForms) {
@@ -331,8 +332,12 @@ TEST(Parse, ByDesignFlagsAreAcceptedAndDescribed) {
   EXPECT_TRUE(parse_args({"--ckpt-fully-parallel-save"}).ckpt_fully_parallel_save);
   expect_error([] { parse_args({"--ckpt-fully-parallel-load-exchange-algo", "rings"}); },
                {"'rings' is not one of broadcast, gather_rounds, gather_object"});
-  expect_error([] { parse_args({"--ckpt-fully-parallel-load-process-group", "ep_dp"}); },
-               {"--ckpt-fully-parallel-load-process-group is a Megatron-LM flag that "
+  EXPECT_EQ(parse_args({}).ckpt_fully_parallel_load_process_group, "dp");
+  EXPECT_EQ(parse_args({"--ckpt-fully-parallel-load-process-group", "ep_dp"})
+                .ckpt_fully_parallel_load_process_group,
+            "ep_dp");
+  expect_error([] { parse_args({"--ckpt-fully-parallel-save-process-group", "ep_dp"}); },
+               {"--ckpt-fully-parallel-save-process-group is a Megatron-LM flag that "
                 "megatron.cpp does not implement yet"});
 }
 
