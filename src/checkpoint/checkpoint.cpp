@@ -378,41 +378,6 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration,
   return tmp;
 }
 
-// Fully parallel save: the keys (moments with their prefix) of the tensors this rank
-// writes alone, that another replica writes instead. Every replica lists the same tensors
-// (dense ones by the DP x CP replicas, experts by the expert-DP replicas) in the same order
-// and assigns them by bytes alike, so no data is exchanged.
-static std::set<std::string> written_by_others(const RankSnapshot& rank) {
-  std::set<std::string> others;
-  for (const bool experts : {false, true}) {
-    const RankSnapshot::Share sh = experts ? rank.expert_share : rank.dense_share;
-    if (sh.count <= 1 || !(experts ? rank.write_experts : rank.write_dense)) continue;
-    std::vector<std::string> keys;
-    std::vector<int64_t> bytes;
-    auto item = [&](const std::string& key, int64_t n, DType dt) {
-      keys.push_back(key), bytes.push_back(n * int64_t(dtype_size(dt)));
-    };
-    for (const ParamInfo& p : rank.infos) {  // write_rank_files' rule below
-      if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
-      if ((p.expert >= 0) != experts) continue;
-      item(p.name, p.numel(), rank.params.dtype());
-      if (rank.exp_avg.defined()) {
-        item("optimizer.exp_avg." + p.name, p.numel(), rank.exp_avg.dtype());
-        item("optimizer.exp_avg_sq." + p.name, p.numel(), rank.exp_avg_sq.dtype());
-      }
-    }
-    for (const model::BufferInfo& b : rank.buffer_infos) {
-      const int dup_rank = b.expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
-      if ((b.split == TpSplit::None && dup_rank != 0) || (b.expert >= 0) != experts) continue;
-      item(b.name, b.numel(), b.dtype);
-    }
-    const std::vector<int> owner = distribute_by_bytes(bytes, sh.count);
-    for (size_t i = 0; i < keys.size(); ++i)
-      if (owner[i] != sh.index) others.insert(keys[i]);
-  }
-  return others;
-}
-
 json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
   json rec = {{"files", json::object()}, {"tensors", json::object()}};
   if (!rank.write_model) return rec;

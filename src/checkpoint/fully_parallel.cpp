@@ -41,6 +41,40 @@ std::vector<int> distribute_by_bytes(std::span<const int64_t> bytes, int group_s
   return distribute_by_bytes(bytes, holders);
 }
 
+// Every replica lists the same tensors (dense ones on the DP x CP replicas, experts on the
+// expert-DP replicas) in the same order and assigns them by bytes alike.
+std::set<std::string> written_by_others(const RankSnapshot& rank) {
+  std::set<std::string> others;
+  for (const bool experts : {false, true}) {
+    const RankSnapshot::Share sh = experts ? rank.expert_share : rank.dense_share;
+    if (sh.count <= 1 || !(experts ? rank.write_experts : rank.write_dense)) continue;
+    std::vector<std::string> keys;
+    std::vector<int64_t> bytes;
+    auto item = [&](const std::string& key, int64_t n, DType dt) {
+      keys.push_back(key), bytes.push_back(n * int64_t(dtype_size(dt)));
+    };
+    for (const model::ParamInfo& p : rank.infos) {  // write_rank_files' rule
+      const bool dup = p.split == model::TpSplit::None && rank.coord.tp != 0;
+      if (dup || p.pipeline_duplicate || (p.expert >= 0) != experts) continue;
+      item(p.name, p.numel(), rank.params.dtype());
+      if (rank.exp_avg.defined()) {
+        item("optimizer.exp_avg." + p.name, p.numel(), rank.exp_avg.dtype());
+        item("optimizer.exp_avg_sq." + p.name, p.numel(), rank.exp_avg_sq.dtype());
+      }
+    }
+    for (const model::BufferInfo& b : rank.buffer_infos) {
+      const int dup_rank = b.expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
+      if ((b.split == model::TpSplit::None && dup_rank != 0) || (b.expert >= 0) != experts)
+        continue;
+      item(b.name, b.numel(), b.dtype);
+    }
+    const std::vector<int> owner = distribute_by_bytes(bytes, sh.count);
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (owner[i] != sh.index) others.insert(keys[i]);
+  }
+  return others;
+}
+
 namespace {
 
 // What every member needs: id -> (dtype, elements, holders), the ids in sorted order.

@@ -14,10 +14,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "tensor/tensor.h"
 
@@ -31,6 +33,11 @@ std::vector<int> distribute_by_bytes(std::span<const int64_t> bytes,
                                      std::span<const std::vector<int>> holders);
 // Every one of `group_size` ranks holds every item.
 std::vector<int> distribute_by_bytes(std::span<const int64_t> bytes, int group_size);
+
+// Fully parallel save: of the tensors `rank` would write alone (write_rank_files' rule), the
+// keys (moments with their "optimizer.exp_avg." prefix) that another replica writes instead,
+// by rank.dense_share / expert_share. No data moves.
+std::set<std::string> written_by_others(const RankSnapshot& rank);
 
 // One tensor a loading rank needs. Two ranks' items with the same id hold the same values
 // after the load (the id names the checkpoint key and the rank's boxes of it), so either may
