@@ -71,9 +71,11 @@ void save_distributed(const std::string& save_dir, comm::Communicator& world,
   // Under context parallelism the distributed optimizer shards over DP x CP: its shard
   // index is the rank in the dp-cp group (the DP rank at CP 1), and the CP ranks of one
   // DP rank hold the same parameters, so only CP rank 0 writes them. With several
-  // distributed-optimizer instances each holds the same shards: the index is the rank in
-  // the instance (intra_dp_cp: dp-cp at one instance), and only instance 0 writes them.
-  const int dp_shard = ps.intra_dp_cp().rank();
+  // distributed-optimizer instances each holds the same shards and only instance 0 writes
+  // them: its members come first in the dp-cp list, so their dp-cp rank is their rank in
+  // the instance. The dp-cp rank also keeps the fully parallel save's model files of
+  // different instances apart.
+  const int dp_shard = ps.dp_cp().rank();
   // Expert parallelism: the EP ranks of one DP group hold different experts; each EP rank's
   // expert-DP rank 0 writes them (files named by its EP rank), DP rank 0 the dense rest.
   // ETP != TP likewise: the TP ranks of one EP rank may hold the same whole experts.
