@@ -22,7 +22,7 @@ W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 F=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --hidden-size 32
    --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
    --global-batch-size 8 --lr 1e-3 --train-iters 8 --log-interval 1 --threads 1 --device cpu)
-run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
+source "$(dirname "$0")/train_log_lib.sh"  # run
 pick() {  # iterations 5-8 without the time-dependent fields
   grep -E "iteration +[5-8]/" "$1" | sed -E 's/^ \[[^]]*\]//;
     s/elapsed time per iteration \(ms\): [0-9.]+ \|//; s/tokens per second per GPU: [0-9.]+ \|//'
