@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 
 #include "base/philox.h"
@@ -124,6 +125,30 @@ inline checkpoint::TrainingState sample_state(int64_t iteration) {
   st.data_loader = {{"epoch", 0}, {"sample_index", iteration * 8}};
   st.config = {{"lr", "0.0003"}, {"hidden_size", "16"}};
   return st;
+}
+
+// One TP rank's model and AdamW state; `filled`: parameters and moments set to
+// fill_global's values under the three salts, and `steps` Adam steps taken.
+struct CkptRank {
+  std::unique_ptr<model::GPTModel> m;
+  std::unique_ptr<optim::AdamW> opt;
+};
+struct RankSalts {
+  uint64_t param, avg, sq;
+  int64_t steps;
+};
+inline CkptRank make_ckpt_rank(const std::string& fam, int64_t tp, int64_t r, bool filled,
+                               const RankSalts& s) {
+  CkptRank k;
+  k.m = std::make_unique<model::GPTModel>(tiny_config(fam, tp, r));
+  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::AdamWConfig{});
+  if (filled) {
+    fill_global(k.m->params(), k.m->params().flat_params(), s.param);
+    fill_global(k.m->params(), k.opt->exp_avg(), s.avg);
+    fill_global(k.m->params(), k.opt->exp_avg_sq(), s.sq);
+    k.opt->set_steps(s.steps);
+  }
+  return k;
 }
 
 }  // namespace mcpp::testing

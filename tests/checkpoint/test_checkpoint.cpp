@@ -17,22 +17,10 @@ namespace {
 
 constexpr uint64_t kParamSalt = 11, kAvgSalt = 12, kSqSalt = 13;
 
-struct Rank {
-  std::unique_ptr<model::GPTModel> m;
-  std::unique_ptr<optim::AdamW> opt;
-};
+using Rank = CkptRank;
 
 Rank make_rank(const std::string& fam, int64_t tp, int64_t r, bool filled) {
-  Rank k;
-  k.m = std::make_unique<model::GPTModel>(tiny_config(fam, tp, r));
-  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::AdamWConfig{});
-  if (filled) {
-    fill_global(k.m->params(), k.m->params().flat_params(), kParamSalt);
-    fill_global(k.m->params(), k.opt->exp_avg(), kAvgSalt);
-    fill_global(k.m->params(), k.opt->exp_avg_sq(), kSqSalt);
-    k.opt->set_steps(7);
-  }
-  return k;
+  return make_ckpt_rank(fam, tp, r, filled, {kParamSalt, kAvgSalt, kSqSalt, 7});
 }
 
 void expect_filled(const Rank& k) {

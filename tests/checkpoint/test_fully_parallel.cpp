@@ -21,22 +21,10 @@ namespace {
 
 constexpr uint64_t kParamSalt = 21, kAvgSalt = 22, kSqSalt = 23;
 
-struct Rank {
-  std::unique_ptr<model::GPTModel> m;
-  std::unique_ptr<optim::AdamW> opt;
-};
+using Rank = CkptRank;
 
 Rank make_rank(int64_t tp, int64_t r, bool filled) {
-  Rank k;
-  k.m = std::make_unique<model::GPTModel>(tiny_config("llama", tp, r));
-  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::AdamWConfig{});
-  if (filled) {
-    fill_global(k.m->params(), k.m->params().flat_params(), kParamSalt);
-    fill_global(k.m->params(), k.opt->exp_avg(), kAvgSalt);
-    fill_global(k.m->params(), k.opt->exp_avg_sq(), kSqSalt);
-    k.opt->set_steps(5);
-  }
-  return k;
+  return make_ckpt_rank("llama", tp, r, filled, {kParamSalt, kAvgSalt, kSqSalt, 5});
 }
 
 // Every tensor's shards without the file that holds them: what a loader gets.
