@@ -146,6 +146,12 @@ struct Args {
   // every checkpoint save (training/progress_log.h).
   bool log_progress = false;
   int64_t timing_log_level = 0;
+  // --log-straggler: every rank's time, GPU readings and throughput at each log line, their
+  // minimum and maximum printed with the rank (training/straggler.h).
+  bool log_straggler = false;
+  int64_t straggler_ctrlr_port = 65535;
+  int64_t straggler_minmax_count = 1;
+  bool disable_straggler_on_startup = false;
   std::optional<int64_t> logging_level;  // Python logging level: 10 debug, 20 info, ...
   // --profile: per-op GPU time (and NVTX ranges, cudaProfilerStart/Stop) over Megatron's
   // window, the steps after profile_step_start completed iterations up to profile_step_end

@@ -11,6 +11,7 @@
 #include "training/log_line.h"
 #ifdef MCPP_HAVE_CUDA
 #include "ops/cuda/device.h"
+#include "ops/cuda/device_id.h"
 #endif
 
 namespace mcpp::training {
@@ -94,8 +95,23 @@ TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world
   // stage, hence the loss).
   if (a.tensorboard_dir && world.rank() == world.size() - 1)
     tb_ = std::make_unique<EventWriter>(*a.tensorboard_dir, a.tensorboard_queue_size);
+  if (a.log_straggler) {
+    StragglerDetector::Options o;
+    o.minmax_count = a.straggler_minmax_count;
+    o.enabled_on_startup = !a.disable_straggler_on_startup;
+    o.port = int(a.straggler_ctrlr_port);
+#ifdef MCPP_HAVE_CUDA
+    if (device == Device::CUDA) o.gpu_pci_bus_id = ops::cuda::pci_bus_id();
+#endif
+    std::vector<comm::Communicator*> groups;
+    for (int g = 0; g < parallel::kNumGroups; ++g)
+      if (ps.has(parallel::Group(g))) groups.push_back(&ps.group(parallel::Group(g)));
+    straggler_ = std::make_unique<StragglerDetector>(o, world, std::move(groups));
+  }
   interval_.start();
 }
+
+TrainingLog::~TrainingLog() = default;
 
 void TrainingLog::section(std::string_view name, bool start, int level) {
   if (ops::nvtx_enabled()) {  // the --profile window: the section on Nsight's timeline
@@ -104,6 +120,7 @@ void TrainingLog::section(std::string_view name, bool start, int level) {
     else
       ops::nvtx_range_pop();
   }
+  if (straggler_ && name == "batch-generator") straggler_->data_section(start);
   if (a_.timing_log_level < level) return;
   synchronize_device(device_);
   if (start)
@@ -165,6 +182,7 @@ void TrainingLog::record_moe(const std::vector<std::pair<std::string, double>>& 
 void TrainingLog::restart_interval() {
   interval_.elapsed(true), interval_.start();
   snapshot_comm();
+  if (straggler_) straggler_->restart();
 }
 
 void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
@@ -207,6 +225,7 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
     timers(iteration);
     comm_share(elapsed);
   }
+  if (straggler_) straggler_->interval(elapsed, iters_, s.flops_per_iteration);
   if (tb_) tb_->flush();  // a crash loses at most this interval
   loss_ = 0, iters_ = 0, advanced_ = 0;
   moe_sums_.clear();

@@ -10,6 +10,8 @@
 //     line;
 //   * --timing-log-level >= 1 also: one line of our own with each parallel group's exposed
 //     communication share of the interval (see comm_share);
+//   * --log-straggler: Megatron's straggler report after the iteration line (straggler.h),
+//     collective over the world;
 //   * --logging-level 10: every group's communication calls and bytes per iteration;
 //   * --tensorboard-dir: Megatron's TensorBoard scalars (training/tensorboard.h), written
 //     by the last rank: per iteration every --tensorboard-log-interval ("learning-rate",
@@ -34,6 +36,7 @@
 #include "parallel/parallel_state.h"
 #include "training/arguments.h"
 #include "training/memory_plan.h"
+#include "training/straggler.h"
 #include "training/tensorboard.h"
 
 namespace mcpp::training {
@@ -74,6 +77,7 @@ class TrainingLog {
  public:
   TrainingLog(const Args& a, Device device, comm::Communicator& world,
               const parallel::ParallelState& ps);
+  ~TrainingLog();
   // --timing-log-level >= 1: starts or stops a timed section. Megatron's timers
   // synchronise the device at start and stop so that GPU time is measured, not launch
   // time (this costs the host's run-ahead at each section boundary; the default level 0
@@ -136,6 +140,7 @@ class TrainingLog {
   std::map<std::string, comm::CommStats> share_seen_;  // blocked time at the last line
   double last_loss_ = 0;                // the latest iteration's (TensorBoard's "lm loss")
   std::unique_ptr<EventWriter> tb_;     // the last rank's event file, with --tensorboard-dir
+  std::unique_ptr<StragglerDetector> straggler_;  // --log-straggler
 };
 
 }  // namespace mcpp::training

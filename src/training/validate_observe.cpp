@@ -1,6 +1,7 @@
 // Validation of the observability flags (TensorBoard, timers, progress log): values in
 // range, and the flags that only act with --tensorboard-dir are errors without it (never
-// ignored); so is --log-progress without --save, whose folder holds progress.txt.
+// ignored), as are the straggler detector's without --log-straggler; so is --log-progress
+// without --save, whose folder holds progress.txt.
 #include "base/error.h"
 #include "training/arguments.h"
 
@@ -23,6 +24,17 @@ void validate_observe(const Args& a) {
                   "--log-progress appends to <--save>/progress.txt, but no --save was given");
   MCPP_CHECK_HINT(!a.tensorboard_dir || !a.tensorboard_dir->empty(),
                   "give --tensorboard-dir a folder", "--tensorboard-dir is empty");
+  MCPP_CHECK_HINT(a.straggler_ctrlr_port >= 1 && a.straggler_ctrlr_port <= 65535,
+                  "give --straggler-ctrlr-port a TCP port in 1..65535",
+                  "--straggler-ctrlr-port {} is not a TCP port", a.straggler_ctrlr_port);
+  MCPP_CHECK_HINT(a.straggler_minmax_count >= 1, "use --straggler-minmax-count N with N >= 1",
+                  "--straggler-minmax-count {} must be positive", a.straggler_minmax_count);
+  if (!a.log_straggler)
+    for (const char* dest :
+         {"straggler_ctrlr_port", "straggler_minmax_count", "disable_straggler_on_startup"})
+      MCPP_CHECK_HINT(!a.given.count(dest), "add --log-straggler, or drop the flag",
+                      "{} configures the straggler detector, but no --log-straggler was given",
+                      flag_name(dest));
   if (a.tensorboard_dir) return;
   for (const char* dest :
        {"tensorboard_log_interval", "tensorboard_queue_size", "log_timers_to_tensorboard",

@@ -1,5 +1,6 @@
 // Device set-up and the stream-ordered caching allocator (see device.h).
 #include "ops/cuda/device.h"
+#include "ops/cuda/device_id.h"
 
 #include "ops/cuda/common.cuh"
 
@@ -133,6 +134,13 @@ void init_device(int ordinal) {
     set_device_allocator(Device::CUDA, DeviceAllocator{device_alloc, device_free});
   });
   if (st.ordinal >= 0) CUDA_CHECK(cudaSetDevice(st.ordinal));  // this thread too
+}
+
+std::string pci_bus_id() {
+  init_device();
+  char id[32] = {};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(id, int(sizeof id), state().ordinal));
+  return id;
 }
 
 Stream& default_stream() {
