@@ -3,6 +3,9 @@
 //   float32|bfloat16|float16] megatron convert --from-hf HF_DIR --save DIR
 //   [--make-vocab-size-divisible-by N]
 //   megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] --save DIR
+//   megatron convert --to-megatron --load DIR [--ckpt-step N] --save MEGATRON_DIR
+//   [--target-tensor-parallel-size T] [--target-pipeline-parallel-size P] [--no-save-optim]
+//   [--transformer-impl local|transformer_engine]
 // The model shape comes from the checkpoint's metadata.json or the HF config.json; loading
 // reshards, so a checkpoint of any TP layout converts.
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/megatron/megatron_export.h"
 #include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/tokenizer_files.h"
 #include "model/gpt_model.h"
@@ -36,7 +40,11 @@ const char* kUsage =
     "                        [--vocab-file F --merge-file F | --tokenizer-model F]\n"
     "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n"
     "       megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] [--no-load-optim]\n"
-    "                        --save DIR\n\n"
+    "                        --save DIR\n"
+    "       megatron convert --to-megatron --load DIR [--ckpt-step N] --save MEGATRON_DIR\n"
+    "                        [--target-tensor-parallel-size T]\n"
+    "                        [--target-pipeline-parallel-size P]\n"
+    "                        [--transformer-impl local|transformer_engine] [--no-save-optim]\n\n"
     "  --to-hf OUT_DIR   write OUT_DIR/model.safetensors and config.json (GPT2LMHeadModel,\n"
     "                    LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,\n"
     "                    MixtralForCausalLM or Qwen3MoeForCausalLM, chosen from the model's\n"
@@ -62,7 +70,20 @@ const char* kUsage =
     "                    resumes at Megatron's iteration; otherwise it is iteration 0, weights\n"
     "                    only (docs/from-megatron.md)\n"
     "  --no-load-optim   with --from-megatron: the weights alone, as iteration 0\n"
-    "  --ckpt-step N     with --from-megatron: iteration N instead of the tracker's\n";
+    "  --ckpt-step N     with --from-megatron: iteration N instead of the tracker's\n"
+    "  --to-megatron     write the checkpoint of --load in Megatron-LM's legacy layout\n"
+    "                    (--ckpt-format torch: iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt and\n"
+    "                    the tracker) into --save, for Megatron's training and its\n"
+    "                    tools/checkpoint loaders; dense GPT and Llama models; the Adam state as\n"
+    "                    Megatron's non-distributed optimizer holds it; no RNG states (Megatron\n"
+    "                    loads it with --no-load-rng). --save must be new or empty, or a\n"
+    "                    Megatron checkpoint folder without that iteration\n"
+    "  --target-tensor-parallel-size T, --target-pipeline-parallel-size P\n"
+    "                    with --to-megatron: the Megatron layout to write (default 1 and 1)\n"
+    "  --transformer-impl local|transformer_engine\n"
+    "                    with --to-megatron: the parameter names of Megatron's local spec or of\n"
+    "                    its Transformer Engine spec (default transformer_engine, Megatron's)\n"
+    "  --no-save-optim   with --to-megatron: the weights alone (no optimizer, no scheduler)\n";
 
 int64_t to_int(const std::string& flag, const std::string& v) {
   try {
@@ -166,16 +187,19 @@ void megatron_convert_py_flag(const std::string& a) {
        "--from-hf HF_DIR (a Hugging Face folder) or --from-megatron DIR (a Megatron-LM "
        "checkpoint, legacy or torch_dist)"},
       {"--saver",
-       "the target format follows the flag: --to-hf OUT_DIR, or --save DIR (with --from-hf)"},
+       "the target format follows the flag: --to-hf OUT_DIR, --to-megatron --save DIR "
+       "(Megatron's legacy layout), or --save DIR (with --from-hf)"},
       {"--load-dir",
        "use --load DIR (or --from-hf HF_DIR for a Hugging Face folder, --from-megatron DIR "
        "for a Megatron-LM checkpoint)"},
       {"--save-dir", "use --save DIR (or --to-hf OUT_DIR for a Hugging Face folder)"},
       {"--target-tensor-parallel-size",
-       "no resharding step is needed: any TP/PP layout loads any checkpoint (train or "
-       "generate with the --tensor-model-parallel-size you want)"},
+       "it picks the layout of --to-megatron's output; megatron.cpp's own checkpoints need no "
+       "resharding step: any TP/PP layout loads any checkpoint (train or generate with the "
+       "--tensor-model-parallel-size you want)"},
       {"--target-pipeline-parallel-size",
-       "no resharding step is needed: any TP/PP layout loads any checkpoint"},
+       "it picks the layout of --to-megatron's output; megatron.cpp's own checkpoints need no "
+       "resharding step: any TP/PP layout loads any checkpoint"},
       {"--target-expert-parallel-size",
        "no resharding step is needed: the layout is chosen when the checkpoint is loaded"},
       {"--true-vocab-size",
@@ -196,6 +220,51 @@ void megatron_convert_py_flag(const std::string& a) {
               it->second);
 }
 
+// --to-megatron: a megatron.cpp checkpoint -> Megatron-LM's legacy layout.
+int run_to_megatron(std::map<std::string, std::string>& f) {
+  MCPP_CHECK_HINT(f.count("--load") && f.count("--save"), kUsage,
+                  "megatron convert --to-megatron needs --load DIR (a megatron.cpp checkpoint) "
+                  "and --save MEGATRON_DIR");
+  for (const char* k :
+       {"--to-hf", "--hf-dtype", "--hf-model-type", "--make-vocab-size-divisible-by",
+        "--tokenizer-type", "--vocab-file", "--merge-file", "--tokenizer-model"})
+    MCPP_CHECK_HINT(!f.count(k), kUsage,
+                    "megatron convert --to-megatron does not take {} (the model, its vocabulary "
+                    "padding and the tokenizer settings come from the checkpoint)",
+                    k);
+  checkpoint::megatron::ExportOptions o;
+  o.impl = checkpoint::megatron::TransformerImpl::TransformerEngine;
+  if (f.count("--target-tensor-parallel-size"))
+    o.tp = to_int("--target-tensor-parallel-size", f["--target-tensor-parallel-size"]);
+  if (f.count("--target-pipeline-parallel-size"))
+    o.pp = to_int("--target-pipeline-parallel-size", f["--target-pipeline-parallel-size"]);
+  MCPP_CHECK_HINT(o.tp >= 1 && o.tp <= 1024 && o.pp >= 1 && o.pp <= 1024,
+                  "e.g. --target-tensor-parallel-size 2 --target-pipeline-parallel-size 2",
+                  "--target-tensor-parallel-size {} / --target-pipeline-parallel-size {}: both "
+                  "must be in [1, 1024]",
+                  o.tp, o.pp);
+  if (f.count("--transformer-impl")) {
+    const std::string t = f["--transformer-impl"];
+    MCPP_CHECK_HINT(t == "local" || t == "transformer_engine",
+                    "use --transformer-impl local or transformer_engine (the spec the Megatron "
+                    "run that loads it uses)",
+                    "--transformer-impl '{}' is not a Megatron transformer implementation", t);
+    o.impl = t == "local" ? checkpoint::megatron::TransformerImpl::Local
+                          : checkpoint::megatron::TransformerImpl::TransformerEngine;
+  }
+  o.save_optim = !f.count("--no-save-optim");
+  std::optional<int64_t> step;
+  if (f.count("--ckpt-step")) step = to_int("--ckpt-step", f["--ckpt-step"]);
+  MCPP_CHECK_HINT(!step || *step >= 0, kUsage, "--ckpt-step {} is negative", *step);
+  const auto t0 = std::chrono::steady_clock::now();
+  checkpoint::megatron::export_to_megatron(f["--load"], step, f["--save"], o);
+  log::info("wrote {}", checkpoint::size_and_rate(
+                            checkpoint::tree_bytes(f["--save"]),
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                                .count()));
+  return 0;
+}
+
 int run_convert(const std::vector<std::string>& argv) {
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < argv.size(); ++i) {
@@ -204,8 +273,14 @@ int run_convert(const std::vector<std::string>& argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (a == "--no-load-optim") {  // a switch (the only one): weights alone, --from-megatron
+    if (a == "--no-load-optim" || a == "--no-save-optim" || a == "--to-megatron") {  // switches
       f[a] = "1";
+      continue;
+    }
+    if (a == "--target-tensor-parallel-size" || a == "--target-pipeline-parallel-size" ||
+        a == "--transformer-impl") {  // --to-megatron's (megatron_convert_py_flag otherwise)
+      MCPP_CHECK_HINT(i + 1 < argv.size(), kUsage, "megatron convert: {} needs a value", a);
+      f[a] = argv[++i];
       continue;
     }
     static const char* known[] = {
@@ -222,11 +297,20 @@ int run_convert(const std::vector<std::string>& argv) {
     f[a] = argv[++i];
   }
   const bool to_hf = f.count("--to-hf"), from_hf = f.count("--from-hf"),
-             from_megatron = f.count("--from-megatron");
-  MCPP_CHECK_HINT(int(to_hf) + int(from_hf) + int(from_megatron) == 1, kUsage,
-                  "megatron convert: give exactly one of --to-hf, --from-hf and --from-megatron");
+             from_megatron = f.count("--from-megatron"), to_megatron = f.count("--to-megatron");
+  if (!to_megatron)
+    for (const char* k : {"--target-tensor-parallel-size", "--target-pipeline-parallel-size",
+                          "--transformer-impl", "--no-save-optim"}) {
+      if (!f.count(k)) continue;
+      megatron_convert_py_flag(k);  // convert.py's flags: what does the same here
+      MCPP_CHECK_HINT(false, kUsage, "megatron convert: {} applies to --to-megatron only", k);
+    }
+  MCPP_CHECK_HINT(int(to_hf) + int(from_hf) + int(from_megatron) + int(to_megatron) == 1, kUsage,
+                  "megatron convert: give exactly one of --to-hf, --from-hf, --from-megatron "
+                  "and --to-megatron");
   MCPP_CHECK_HINT(from_megatron || !f.count("--no-load-optim"), kUsage,
                   "megatron convert: --no-load-optim applies to --from-megatron only");
+  if (to_megatron) return run_to_megatron(f);
   if (from_megatron) {
     MCPP_CHECK_HINT(f.count("--save"), kUsage, "megatron convert --from-megatron needs --save DIR");
     for (const char* k :

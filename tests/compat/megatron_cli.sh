@@ -2,7 +2,8 @@
 # megatron_cli.sh MEGATRON_BIN SOURCE_DIR: issue 23 A.5 through the command line.
 #   convert --from-megatron of both fixture layouts, then inspect/--to-hf of the result;
 #   inspect of a Megatron folder says what it is; --load / convert --load of one stops with
-#   the convert HINT; flags that do not apply to --from-megatron are refused.
+#   the convert HINT; flags that do not apply to --from-megatron are refused; --to-megatron
+#   writes the converted run back in Megatron's legacy layout, which --from-megatron reads.
 set -u
 M=$1; SRC=$2; G=$SRC/tests/golden/megatron
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -63,6 +64,26 @@ expect_fail "HINT: convert it once: megatron convert --from-megatron" \
 expect_fail "does not take --hf-dtype" \
   "$M" convert --from-megatron "$G/gpt_dist" --save "$T/y" --hf-dtype bfloat16
 expect_fail "holds no Megatron-LM checkpoint" "$M" convert --from-megatron "$T" --save "$T/z"
-expect_fail "exactly one of --to-hf, --from-hf and --from-megatron" \
+expect_fail "exactly one of --to-hf, --from-hf, --from-megatron and --to-megatron" \
   "$M" convert --from-megatron "$G/gpt_dist" --from-hf "$T" --save "$T/z"
+# --to-megatron: the converted run back to Megatron's legacy layout at TP 2 x PP 2 (TE names),
+# read again by --from-megatron; what it refuses
+out=$("$M" convert --to-megatron --load "$T/g2" --save "$T/back" --target-tensor-parallel-size 2 \
+  --target-pipeline-parallel-size 2 2>&1) || fail "--to-megatron: $out"
+for r in 00_000 01_000 00_001 01_001; do
+  [ -f "$T/back/iter_0000010/mp_rank_$r/model_optim_rng.pt" ] || fail "--to-megatron: no mp_rank_$r"
+done
+[ "$(cat "$T/back/latest_checkpointed_iteration.txt")" = 10 ] || fail "--to-megatron: tracker"
+out=$("$M" convert --from-megatron "$T/back" --save "$T/back2" 2>&1) || fail "re-import: $out"
+grep -q "imported the Adam state (step 10, betas 0.9 0.95" <<<"$out" || fail "re-import: $out"
+expect_fail "iter_0000010 exists already" \
+  "$M" convert --to-megatron --load "$T/g2" --save "$T/back"
+expect_fail "--target-tensor-parallel-size 3 does not divide" \
+  "$M" convert --to-megatron --load "$T/g2" --save "$T/b3" --target-tensor-parallel-size 3
+expect_fail "not a Megatron transformer implementation" \
+  "$M" convert --to-megatron --load "$T/g2" --save "$T/b3" --transformer-impl te
+expect_fail "--transformer-impl applies to --to-megatron only" \
+  "$M" convert --load "$T/g2" --to-hf "$T/h9" --transformer-impl local
+expect_fail "needs --load DIR" "$M" convert --to-megatron --save "$T/b3"
+[ ! -e "$T/b3" ] || fail "a refused --to-megatron left $T/b3 behind"
 echo ok

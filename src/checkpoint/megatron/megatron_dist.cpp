@@ -91,6 +91,7 @@ void read_torch_dist(const Detected& d, Imported& im) {
     const Value* args = tf.root()->get("args");
     MCPP_CHECK(args, "{}: no 'args' in the common state", common);
     im.config = config_from_args(*args, common, im.notes);
+    im.args_given = recorded_args(*args);
   }
   const std::string mpath = (dir / ".metadata").string();
   MappedFile mf(mpath);

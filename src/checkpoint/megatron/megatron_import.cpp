@@ -241,6 +241,34 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   return c;
 }
 
+std::map<std::string, std::string> recorded_args(const Value& a) {
+  static const char* keys[] = {
+      "bf16", "fp16", "tokenizer_type", "vocab_file", "merge_file", "tokenizer_model",
+      "vocab_size", "make_vocab_size_divisible_by", "lr", "min_lr", "weight_decay",
+      "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "micro_batch_size",
+      "global_batch_size", "train_iters", "train_samples", "seed"};
+  std::map<std::string, std::string> out;
+  for (const char* k : keys) {
+    const Value* v = arg(a, k);
+    if (!v) continue;
+    if (v->is(K::Bool)) out[k] = v->b ? "True" : "False";
+    else if (v->is(K::Int)) out[k] = std::to_string(v->i);
+    else if (v->is(K::Float)) out[k] = fmt::format("{}", v->f);
+    else if (v->is(K::Str)) out[k] = v->s;
+  }
+  return out;
+}
+
+Split split_of(const std::string& n, bool swiglu) {
+  if (n == "embedding.word_embeddings.weight" || n == "output_layer.weight" ||
+      n.ends_with("linear_qkv.weight") || n.ends_with("linear_qkv.bias"))
+    return Split::Rows;
+  if (n.ends_with("linear_fc1.weight") || n.ends_with("linear_fc1.bias"))
+    return swiglu ? Split::SwigluRows : Split::Rows;
+  if (n.ends_with("linear_proj.weight") || n.ends_with("linear_fc2.weight")) return Split::Cols;
+  return Split::Replicated;
+}
+
 std::string canonical_name(const std::string& key) {
   if (key.ends_with("._extra_state") || key.find("._extra_state/") != std::string::npos)
     return "";
@@ -275,17 +303,6 @@ void check_against_model(Imported& im, const std::string& what) {
 }
 
 namespace {
-
-enum class Split { Rows, Cols, Replicated, SwigluRows };
-Split split_of(const std::string& n, bool swiglu) {
-  if (n == "embedding.word_embeddings.weight" || n == "output_layer.weight" ||
-      n.ends_with("linear_qkv.weight") || n.ends_with("linear_qkv.bias"))
-    return Split::Rows;
-  if (n.ends_with("linear_fc1.weight") || n.ends_with("linear_fc1.bias"))
-    return swiglu ? Split::SwigluRows : Split::Rows;
-  if (n.ends_with("linear_proj.weight") || n.ends_with("linear_fc2.weight")) return Split::Cols;
-  return Split::Replicated;
-}
 
 // TP shards (same shape each) -> the TP=1 tensor.
 Tensor merge_tp(const std::vector<Tensor>& s, Split how, const std::string& name,
@@ -344,6 +361,7 @@ void read_legacy(const Detected& d, Imported& im) {
   MCPP_CHECK_HINT(args, "Megatron writes args unless --no-save-args... was patched in",
                   "{}: no 'args' in the state dict", ranks[0].path);
   im.config = config_from_args(*args, ranks[0].path, im.notes);
+  im.args_given = recorded_args(*args);
   const int64_t T = std::max<int64_t>(1, args->get("tensor_model_parallel_size")
                                              ? args->get("tensor_model_parallel_size")->i : 1);
   const int64_t P = std::max<int64_t>(1, args->get("pipeline_model_parallel_size")

@@ -69,7 +69,7 @@ struct OptimizerState {
   double max_lr = 0, min_lr = 0, lr_warmup_steps = 0, start_wd = 0, end_wd = 0;
   int64_t lr_decay_steps = 0, wd_incr_steps = 0, num_steps = 0;
   std::string lr_decay_style, wd_incr_style;
-  int64_t consumed_train_samples = 0;
+  int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
   double flops_so_far = 0;
 };
 
@@ -82,6 +82,9 @@ struct Imported {
   std::string optimizer_skipped;        // why present optimizer state was not imported
   std::vector<std::string> notes;       // what the log should say (e.g. GELU form)
   int64_t source_tp = 1, source_pp = 1;
+  // Training settings of the args, as Python's str() shows them (the way a megatron.cpp run
+  // records the flags it was given): bf16, fp16, the tokenizer's, the optimizer's, batch sizes.
+  std::map<std::string, std::string> args_given;
 };
 
 // Reads a detected checkpoint: config from its args, every model tensor merged to TP=1.
@@ -94,9 +97,17 @@ struct Value;
 // A TransformerConfig from Megatron's args (an argparse.Namespace); errors name the field.
 model::TransformerConfig config_from_args(const Value& args, const std::string& what,
                                           std::vector<std::string>& notes);
+// The training settings of Megatron's args that a converted checkpoint records (args_given).
+std::map<std::string, std::string> recorded_args(const Value& args);
 // Megatron-Core name (TE or local spec) -> megatron.cpp name; "" for entries to skip
 // (_extra_state). Layer numbers are left as they are.
 std::string canonical_name(const std::string& key);
+// How Megatron's parallel layers split a tensor (megatron.cpp name) over TP: the vocabulary,
+// linear_qkv (per query group: whole groups per rank) and linear_fc1 along rows (SwiGLU:
+// [gate_r; up_r] per rank), linear_proj / linear_fc2 weights along columns, the rest
+// replicated.
+enum class Split { Rows, Cols, Replicated, SwigluRows };
+Split split_of(const std::string& name, bool swiglu);
 // Checks the merged tensors against the model's parameters (names and shapes), dropping a
 // tied output layer; errors name the missing or unexpected key.
 void check_against_model(Imported& im, const std::string& what);

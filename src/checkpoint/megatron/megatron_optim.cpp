@@ -234,9 +234,12 @@ void read_rank_optimizer(const Value& root, const TorchFile& tf,
 }
 
 void read_scheduler(const Value& root, const std::string& path, OptimizerState& out) {
-  if (const Value* it = root.get("args"))
+  if (const Value* it = root.get("args")) {
     if (const Value* c = it->get("consumed_train_samples"); c && c->is(K::Int) && c->i >= 0)
       out.consumed_train_samples = c->i;
+    if (const Value* c = it->get("consumed_valid_samples"); c && c->is(K::Int) && c->i >= 0)
+      out.consumed_valid_samples = c->i;
+  }
   if (const Value* f = root.get("num_floating_point_operations_so_far");
       f && (f->is(K::Float) || f->is(K::Int)))
     out.flops_so_far = number(*f, path);

@@ -46,6 +46,7 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
   st.config = {{"converted_from_megatron", d->iter_dir},
                {"megatron_iteration", d->iteration},
                {"megatron_layout", layout_name(d->layout)}};
+  for (const auto& [k, v] : im.args_given) st.config[k] = v;  // bf16, tokenizer, ... as flags
   std::unique_ptr<optim::AdamW> opt;
   if (im.optimizer) {
     const OptimizerState& os = *im.optimizer;
@@ -55,10 +56,15 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
       copy(os.exp_avg_sq.at(p.name), opt->exp_avg_sq().narrow(p.offset, p.numel()), p.name);
     }
     opt->set_steps(os.step);
+    // the betas and eps of the saved param groups, as the flags that go with the moments
+    st.config["adam_beta1"] = fmt::format("{}", os.beta1);
+    st.config["adam_beta2"] = fmt::format("{}", os.beta2);
+    st.config["adam_eps"] = fmt::format("{}", os.eps);
     // Megatron's iteration and counters: --load resumes where Megatron stopped.
     st.iteration = d->iteration == "release" ? 0 : std::stoll(d->iteration);
     st.rng_iteration = st.iteration;
     st.consumed_train_samples = os.consumed_train_samples;
+    st.consumed_valid_samples = os.consumed_valid_samples;
     st.num_floating_point_operations_so_far = os.flops_so_far;
     st.optimizer_steps = os.step;
     if (os.has_scheduler) {

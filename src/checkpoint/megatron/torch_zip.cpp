@@ -45,7 +45,9 @@ uint64_t rd(std::span<const uint8_t> b, uint64_t at, int n) {  // little-endian,
   return v;
 }
 
-uint32_t crc32(std::span<const uint8_t> d) {
+}  // namespace
+
+uint32_t crc32(std::span<const uint8_t> d, uint32_t crc) {
   static const std::array<uint32_t, 256> table = [] {
     std::array<uint32_t, 256> t{};
     for (uint32_t i = 0; i < 256; ++i) {
@@ -55,10 +57,12 @@ uint32_t crc32(std::span<const uint8_t> d) {
     }
     return t;
   }();
-  uint32_t c = 0xFFFFFFFFu;
+  uint32_t c = crc ^ 0xFFFFFFFFu;
   for (uint8_t x : d) c = table[(c ^ x) & 0xFF] ^ (c >> 8);
   return c ^ 0xFFFFFFFFu;
 }
+
+namespace {
 
 constexpr uint32_t kEocd = 0x06054b50, kEocd64 = 0x06064b50, kLoc64 = 0x07064b50,
                    kCentral = 0x02014b50, kLocal = 0x04034b50;

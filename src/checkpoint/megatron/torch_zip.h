@@ -32,6 +32,9 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// CRC-32 (zip's, zlib's) of d, continuing from the CRC of the bytes before it (0: none).
+uint32_t crc32(std::span<const uint8_t> d, uint32_t crc = 0);
+
 class ZipArchive {
  public:
   // `what` names the archive in errors (a file, or "file[offset..end)").

@@ -1,0 +1,399 @@
+// megatron_export.h: the legacy layout's rank files (model, optimizer, scheduler, args).
+#include "checkpoint/megatron/megatron_export.h"
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "checkpoint/megatron/megatron_import.h"
+#include "checkpoint/megatron/torch_write.h"
+#include "model/gpt_model.h"
+
+namespace mcpp::checkpoint::megatron {
+
+namespace fs = std::filesystem;
+
+const char* transformer_impl_name(TransformerImpl t) {
+  return t == TransformerImpl::Local ? "local" : "transformer_engine";
+}
+
+std::string legacy_rank_dir(int64_t tp, int64_t pp, int64_t P) {
+  return P > 1 ? fmt::format("mp_rank_{:02d}_{:03d}", tp, pp) : fmt::format("mp_rank_{:02d}", tp);
+}
+
+DType recorded_params_dtype(const nlohmann::json& given) {
+  auto on = [&](const char* k) {
+    return given.is_object() && given.contains(k) && given[k].is_string() &&
+           given[k].get<std::string>() == "True";
+  };
+  return on("bf16") ? DType::BF16 : on("fp16") ? DType::F16 : DType::F32;
+}
+
+namespace {
+
+// One entry of a stage's model state dict: its key in the file, and the megatron.cpp
+// parameter it holds ("" for a Transformer Engine _extra_state, saved as None).
+struct Entry {
+  std::string key, name;
+};
+
+// The stage's state dict in Megatron's order, which is named_parameters()'s (the order the
+// optimizer's groups list their parameters in): embedding; per layer input_layernorm, then
+// self_attention's children as SelfAttention creates them (core_attention, linear_proj,
+// linear_qkv), pre_mlp_layernorm, mlp (linear_fc1, linear_fc2); final_layernorm; output_layer.
+// Transformer Engine fuses the norms into linear_qkv / linear_fc1 (layer_norm_weight first).
+std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerImpl impl,
+                                 int64_t pp, int64_t P, const std::set<std::string>& have) {
+  std::vector<Entry> out;
+  auto add = [&](const std::string& key, const std::string& name) {
+    if (have.count(name)) out.push_back({key, name});
+  };
+  if (pp == 0) {
+    add("embedding.word_embeddings.weight", "embedding.word_embeddings.weight");
+    add("embedding.position_embeddings.weight", "embedding.position_embeddings.weight");
+  }
+  const int64_t per = c.num_layers / P;
+  const bool te = impl == TransformerImpl::TransformerEngine;
+  for (int64_t l = 0; l < per; ++l) {
+    const std::string key = fmt::format("decoder.layers.{}.", l);
+    const std::string name = fmt::format("decoder.layers.{}.", pp * per + l);
+    auto param = [&](const std::string& k, const std::string& n) { add(key + k, name + n); };
+    auto extra = [&](const std::string& m) {
+      if (te) out.push_back({key + m + "._extra_state", ""});
+    };
+    auto linear = [&](const std::string& m, const char* norm) {
+      if (te && norm) {
+        param(m + ".layer_norm_weight", std::string(norm) + ".weight");
+        param(m + ".layer_norm_bias", std::string(norm) + ".bias");
+      }
+      param(m + ".weight", m + ".weight");
+      param(m + ".bias", m + ".bias");
+      extra(m);
+    };
+    if (!te) param("input_layernorm.weight", "input_layernorm.weight");
+    if (!te) param("input_layernorm.bias", "input_layernorm.bias");
+    extra("self_attention.core_attention");
+    linear("self_attention.linear_proj", nullptr);
+    linear("self_attention.linear_qkv", "input_layernorm");
+    if (!te) param("pre_mlp_layernorm.weight", "pre_mlp_layernorm.weight");
+    if (!te) param("pre_mlp_layernorm.bias", "pre_mlp_layernorm.bias");
+    linear("mlp.linear_fc1", "pre_mlp_layernorm");
+    linear("mlp.linear_fc2", nullptr);
+  }
+  if (pp == P - 1) {
+    add("decoder.final_layernorm.weight", "decoder.final_layernorm.weight");
+    add("decoder.final_layernorm.bias", "decoder.final_layernorm.bias");
+    // Tied: the first stage's embedding holds the weight; a last stage that is not also the
+    // first keeps a copy as its output layer (Megatron's shared embedding group).
+    if (!c.tie_embeddings)
+      add("output_layer.weight", "output_layer.weight");
+    else if (P > 1)
+      add("output_layer.weight", "embedding.word_embeddings.weight");
+  }
+  return out;
+}
+
+std::set<std::string> model_names(const model::TransformerConfig& c) {
+  model::TransformerConfig one = c;
+  one.tp_size = 1, one.tp_rank = 0;
+  model::GPTModel m(one);
+  std::set<std::string> out;
+  for (const auto& p : m.params().infos()) out.insert(p.name);
+  MCPP_CHECK_HINT(m.params().buffer_infos().empty(),
+                  "convert a dense model without persistent buffers (FP8 scaling state)",
+                  "megatron convert --to-megatron: the model has persistent buffers (first '{}'), "
+                  "which the legacy export does not write yet",
+                  m.params().buffer_infos().front().name);
+  return out;
+}
+
+Tensor scalar_f32(double v) {
+  Tensor t = Tensor::empty({}, DType::F32);
+  t.data<float>()[0] = float(v);
+  return t;
+}
+
+// Integral values as Python ints (Megatron's argparse types), others as floats.
+Py number(double v) {
+  return v == std::floor(v) && std::abs(v) < 1e15 ? Py::integer(int64_t(v)) : Py::real(v);
+}
+
+// Megatron's args: the model from the config, the rest from the flags the run was given.
+Py make_args(const ExportSource& s, const ExportOptions& o) {
+  const auto& c = s.config;
+  const TrainingState& st = s.state;
+  const nlohmann::json& g = st.config;
+  auto given = [&](const char* k) -> std::optional<std::string> {
+    if (g.is_object() && g.contains(k) && g[k].is_string()) return g[k].get<std::string>();
+    return std::nullopt;
+  };
+  auto given_num = [&](const char* k, std::optional<double> dflt) -> Py {
+    if (auto v = given(k)) {
+      try {
+        size_t n = 0;
+        const double d = std::stod(*v, &n);
+        if (n == v->size())
+          return v->find_first_of(".eE") == std::string::npos ? Py::integer(int64_t(d))
+                                                              : Py::real(d);
+      } catch (const std::exception&) {
+      }
+    }
+    return dflt ? Py::real(*dflt) : Py::none();
+  };
+  auto given_str = [&](const char* k) {
+    auto v = given(k);
+    return v ? Py::str(*v) : Py::none();
+  };
+  const bool bf16 = s.params_dtype == DType::BF16, fp16 = s.params_dtype == DType::F16;
+  Py a = Py::namespace_();
+  a.set("num_layers", Py::integer(c.num_layers));
+  a.set("hidden_size", Py::integer(c.hidden_size));
+  a.set("ffn_hidden_size", Py::integer(c.ffn_hidden_size));
+  a.set("num_attention_heads", Py::integer(c.num_attention_heads));
+  a.set("group_query_attention", Py::boolean(c.num_query_groups != c.num_attention_heads));
+  a.set("num_query_groups", Py::integer(c.num_query_groups));
+  a.set("kv_channels", Py::integer(c.kv_channels));
+  a.set("max_position_embeddings", Py::integer(c.max_position_embeddings));
+  a.set("seq_length", Py::integer(c.seq_length));
+  a.set("encoder_seq_length", Py::integer(c.seq_length));
+  a.set("position_embedding_type", Py::str(c.rope ? "rope" : "learned_absolute"));
+  a.set("add_position_embedding", Py::boolean(!c.rope));
+  a.set("use_rotary_position_embeddings", Py::boolean(c.rope));
+  a.set("rotary_base", number(c.rotary_base));
+  a.set("rotary_percent", Py::real(c.rotary_percent));
+  a.set("rotary_interleaved", Py::boolean(false));
+  a.set("rotary_seq_len_interpolation_factor", c.seq_len_interpolation_factor == 1.0
+                                                   ? Py::none()
+                                                   : number(c.seq_len_interpolation_factor));
+  a.set("use_rope_scaling", Py::boolean(c.rope_scaling));
+  a.set("rope_scaling_factor", Py::real(c.rope_scaling_factor));
+  a.set("normalization", Py::str(c.rmsnorm ? "RMSNorm" : "LayerNorm"));
+  a.set("norm_epsilon", Py::real(c.norm_epsilon));
+  a.set("apply_layernorm_1p", Py::boolean(c.zero_centered_gamma));
+  a.set("swiglu", Py::boolean(c.swiglu));
+  a.set("squared_relu", Py::boolean(false));
+  // megatron.cpp's GELU is the tanh form: Megatron's bias_gelu fusion, or --openai-gelu
+  a.set("bias_gelu_fusion", Py::boolean(!c.swiglu && c.add_bias_linear));
+  a.set("openai_gelu", Py::boolean(!c.swiglu && !c.add_bias_linear));
+  a.set("untie_embeddings_and_output_weights", Py::boolean(!c.tie_embeddings));
+  a.set("add_bias_linear", Py::boolean(c.add_bias_linear));
+  a.set("add_qkv_bias", Py::boolean(c.add_qkv_bias));
+  a.set("qk_layernorm", Py::boolean(false));
+  a.set("num_experts", Py::none());
+  a.set("hidden_dropout", Py::real(c.hidden_dropout));
+  a.set("attention_dropout", Py::real(c.attention_dropout));
+  a.set("init_method_std", Py::real(c.init_method_std));
+  a.set("seed", Py::integer(int64_t(c.seed)));
+  a.set("padded_vocab_size", Py::integer(c.padded_vocab_size));
+  a.set("make_vocab_size_divisible_by", given_num("make_vocab_size_divisible_by", {}));
+  if (a.entries.back().second.kind == Py::Kind::None)
+    a.entries.back().second = Py::integer(128);  // Megatron's default
+  a.set("vocab_size", given_num("vocab_size", {}));
+  a.set("tokenizer_type", given_str("tokenizer_type"));
+  a.set("vocab_file", given_str("vocab_file"));
+  a.set("merge_file", given_str("merge_file"));
+  a.set("tokenizer_model", given_str("tokenizer_model"));
+  a.set("tensor_model_parallel_size", Py::integer(o.tp));
+  a.set("pipeline_model_parallel_size", Py::integer(o.pp));
+  a.set("virtual_pipeline_model_parallel_size", Py::none());
+  a.set("expert_model_parallel_size", Py::integer(1));
+  a.set("context_parallel_size", Py::integer(1));
+  a.set("sequence_parallel", Py::boolean(false));
+  a.set("use_distributed_optimizer", Py::boolean(false));
+  a.set("bf16", Py::boolean(bf16));
+  a.set("fp16", Py::boolean(fp16));
+  a.set("params_dtype", Py::global(torch_dtype_global(s.params_dtype)));
+  a.set("micro_batch_size", given_num("micro_batch_size", {}));
+  a.set("global_batch_size", given_num("global_batch_size", {}));
+  a.set("train_iters", given_num("train_iters", {}));
+  a.set("train_samples", given_num("train_samples", {}));
+  a.set("lr", given_num("lr", {}));
+  a.set("min_lr", given_num("min_lr", 0.0));
+  a.set("weight_decay", given_num("weight_decay", 0.01));
+  a.set("adam_beta1", Py::real(s.beta1));
+  a.set("adam_beta2", Py::real(s.beta2));
+  a.set("adam_eps", Py::real(s.eps));
+  a.set("clip_grad", given_num("clip_grad", 1.0));
+  a.set("optimizer", Py::str("adam"));
+  a.set("lr_decay_style", Py::str(optim::to_string(st.scheduler.lr_decay_style)));
+  a.set("consumed_train_samples", Py::integer(st.consumed_train_samples));
+  a.set("consumed_valid_samples", Py::integer(st.consumed_valid_samples));
+  a.set("iteration", Py::integer(st.iteration));
+  a.set("transformer_impl", Py::str(transformer_impl_name(o.impl)));
+  a.set("use_mcore_models", Py::boolean(true));
+  a.set("ckpt_format", Py::str("torch"));
+  a.set("use_dist_ckpt", Py::boolean(false));
+  a.set("no_save_optim", o.save_optim && s.has_optimizer ? Py::none() : Py::boolean(true));
+  a.set("no_save_rng", Py::boolean(true));
+  a.set("world_size", Py::integer(o.tp * o.pp));
+  a.set("data_parallel_size", Py::integer(1));
+  return a;
+}
+
+// The weight decay the scheduler sets at num_steps (OptimizerParamScheduler.get_wd).
+double current_wd(const optim::SchedulerState& s) {
+  if (s.wd_incr_style == optim::WdIncrStyle::Constant || s.wd_incr_steps <= 0) return s.end_wd;
+  const double r = std::min(1.0, double(s.num_steps) / double(s.wd_incr_steps));
+  const double k =
+      s.wd_incr_style == optim::WdIncrStyle::Linear ? r : 0.5 * (std::cos(M_PI * (1 - r)) + 1.0);
+  return s.start_wd + k * (s.end_wd - s.start_wd);
+}
+
+// torch's Optimizer.state_dict() of Megatron's Adam: groups as _get_param_groups builds them
+// (the default group, then wd_mult 0 for biases and 1-D parameters), parameters numbered
+// group after group, torch Adam's per-parameter step.
+Py optimizer_state(const ExportSource& s, const std::vector<Entry>& entries,
+                   const std::map<std::string, Tensor>& params, int64_t tp, int64_t T) {
+  std::vector<const Entry*> groups[2];
+  for (const Entry& e : entries) {
+    if (e.name.empty()) continue;
+    const bool no_wd = e.key.ends_with(".bias") || params.at(e.key).dim() == 1;
+    groups[no_wd ? 1 : 0].push_back(&e);
+  }
+  const auto& sc = s.state.scheduler;
+  Py state = Py::dict(), pgs = Py::list({}), mains = Py::list({});
+  int64_t index = 0;
+  for (int g = 0; g < 2; ++g) {
+    const double wd_mult = g == 0 ? 1.0 : 0.0;
+    Py ids = Py::list({}), main = Py::list({});
+    for (const Entry* e : groups[g]) {
+      Py& st = state.set(index, Py::dict());
+      st.set("step", Py::tensor_of(scalar_f32(double(s.optimizer_steps)), DType::F32));
+      st.set("exp_avg", Py::tensor_of(s.shard(e->name, "exp_avg", tp, T), DType::F32));
+      st.set("exp_avg_sq", Py::tensor_of(s.shard(e->name, "exp_avg_sq", tp, T), DType::F32));
+      main.items.push_back(Py::tensor_of(params.at(e->key), DType::F32));
+      ids.items.push_back(Py::integer(index++));
+    }
+    Py pg = Py::dict();
+    pg.set("lr", Py::real(sc.max_lr));  // Megatron's scheduler sets it again on load
+    pg.set("betas", Py::tuple({Py::real(s.beta1), Py::real(s.beta2)}));
+    pg.set("eps", Py::real(s.eps));
+    pg.set("weight_decay", Py::real(current_wd(sc) * wd_mult));
+    pg.set("amsgrad", Py::boolean(false));
+    pg.set("maximize", Py::boolean(false));
+    pg.set("foreach", Py::none());
+    pg.set("capturable", Py::boolean(false));
+    pg.set("differentiable", Py::boolean(false));
+    pg.set("fused", Py::none());
+    pg.set("is_expert_parallel", Py::boolean(false));
+    pg.set("default_config", Py::boolean(true));
+    pg.set("wd_mult", Py::real(wd_mult));
+    pg.set("lr_mult", Py::real(1.0));
+    pg.set("is_decoupled_lr", Py::boolean(false));
+    pg.set("max_lr", Py::real(sc.max_lr));
+    pg.set("min_lr", Py::real(sc.min_lr));
+    pg.set("params", std::move(ids));
+    pgs.items.push_back(std::move(pg));
+    mains.items.push_back(std::move(main));
+  }
+  Py torch_sd = Py::dict();
+  torch_sd.set("state", std::move(state));
+  torch_sd.set("param_groups", std::move(pgs));
+  if (s.params_dtype == DType::F32) return torch_sd;  // FP32Optimizer
+  Py out = Py::dict();                                // Float16OptimizerWithFloat16Params
+  out.set("optimizer", std::move(torch_sd));
+  const auto& gs = s.state.grad_scaler;
+  if (s.params_dtype == DType::F16 && gs.is_object() && gs.contains("scale")) {
+    Tensor scale = Tensor::empty({1}, DType::F32);
+    scale.data<float>()[0] = gs["scale"].get<float>();
+    Py d = Py::dict();
+    d.set("scale", Py::tensor_of(scale, DType::F32));
+    d.set("growth_tracker", Py::integer(gs.value("growth_tracker", int64_t(0))));
+    d.set("hysteresis_tracker", Py::integer(gs.value("hysteresis_tracker", int64_t(0))));
+    out.set("grad_scaler", std::move(d));
+  }
+  out.set("fp32_from_fp16_params", std::move(mains));
+  return out;
+}
+
+Py scheduler_state(const optim::SchedulerState& s) {
+  Py d = Py::dict();
+  d.set("max_lr", Py::real(s.max_lr));
+  d.set("lr_warmup_steps", number(s.lr_warmup_steps));
+  d.set("num_steps", Py::integer(s.num_steps));
+  d.set("lr_decay_style", Py::str(optim::to_string(s.lr_decay_style)));
+  d.set("lr_decay_steps", Py::integer(s.lr_decay_steps));
+  d.set("min_lr", Py::real(s.min_lr));
+  d.set("start_wd", Py::real(s.start_wd));
+  d.set("end_wd", Py::real(s.end_wd));
+  d.set("wd_incr_style", Py::str(optim::to_string(s.wd_incr_style)));
+  d.set("wd_incr_steps", Py::integer(s.wd_incr_steps));
+  return d;
+}
+
+}  // namespace
+
+void check_exportable(const model::TransformerConfig& c, const ExportOptions& o,
+                      const char* flag_tp, const char* flag_pp) {
+  const char* hint =
+      "the legacy export writes dense GPT and Llama models; save with the "
+      "default --ckpt-format torch_dist, or convert to Hugging Face (--to-hf)";
+  MCPP_CHECK_HINT(c.moe.num_experts == 0, hint,
+                  "the model has {} experts: writing a mixture-of-experts model in Megatron's "
+                  "legacy format (--ckpt-format torch) is not implemented yet",
+                  c.moe.num_experts);
+  MCPP_CHECK_HINT(!c.qk_layernorm, hint,
+                  "--qk-layernorm models in Megatron's legacy format (--ckpt-format torch) are "
+                  "not implemented yet");
+  MCPP_CHECK_HINT(o.tp >= 1 && c.num_query_groups % o.tp == 0 &&
+                      c.num_attention_heads % o.tp == 0 && c.ffn_hidden_size % o.tp == 0 &&
+                      c.padded_vocab_size % o.tp == 0,
+                  fmt::format("choose a {} that divides the query groups", flag_tp),
+                  "{} {} does not divide the model: {} attention heads, {} query groups, ffn {}, "
+                  "padded vocabulary {}",
+                  flag_tp, o.tp, c.num_attention_heads, c.num_query_groups, c.ffn_hidden_size,
+                  c.padded_vocab_size);
+  MCPP_CHECK_HINT(o.pp >= 1 && c.num_layers % o.pp == 0,
+                  fmt::format("choose a {} that divides the layer count", flag_pp),
+                  "{} {} does not divide the {} layers (Megatron's legacy layout splits them "
+                  "evenly)",
+                  flag_pp, o.pp, c.num_layers);
+  // Every parameter must land in exactly one stage's entries: a name the export does not
+  // place is a model feature it does not know.
+  const std::set<std::string> have = model_names(c);
+  std::set<std::string> placed;
+  for (int64_t pp = 0; pp < o.pp; ++pp)
+    for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, have)) placed.insert(e.name);
+  for (const auto& n : have)
+    MCPP_CHECK_HINT(placed.count(n), hint,
+                    "parameter '{}' has no place in Megatron's legacy layout here: not "
+                    "implemented yet",
+                    n);
+}
+
+void write_legacy_rank(const std::string& iter_dir, const ExportSource& src, const ExportOptions& o,
+                       int64_t tp, int64_t pp) {
+  const auto entries = stage_entries(src.config, o.impl, pp, o.pp, model_names(src.config));
+  Py root = Py::dict();
+  root.set("args", make_args(src, o));
+  root.set("checkpoint_version", Py::real(3.0));
+  root.set("iteration", Py::integer(src.state.iteration));
+  Py model = Py::ordered_dict();
+  std::map<std::string, Tensor> params;  // by key: the fp32 main params of this rank
+  for (const Entry& e : entries) {
+    if (e.name.empty()) {
+      model.set(e.key, Py::none());  // Transformer Engine's extra state without FP8
+      continue;
+    }
+    Tensor t = src.shard(e.name, "param", tp, o.tp);
+    params[e.key] = t;
+    model.set(e.key, Py::tensor_of(t, src.params_dtype));
+  }
+  root.set("model", std::move(model));
+  if (o.save_optim && src.has_optimizer) {
+    root.set("optimizer", optimizer_state(src, entries, params, tp, o.tp));
+    root.set("opt_param_scheduler", scheduler_state(src.state.scheduler));
+  }
+  root.set("num_floating_point_operations_so_far",
+           Py::real(src.state.num_floating_point_operations_so_far));
+  const fs::path dir = fs::path(iter_dir) / legacy_rank_dir(tp, pp, o.pp);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MCPP_CHECK_HINT(!ec, "check that the --save folder is writable", "cannot create {}: {}",
+                  dir.string(), ec.message());
+  save_torch_file((dir / "model_optim_rng.pt").string(), root);
+}
+
+}  // namespace mcpp::checkpoint::megatron
