@@ -240,6 +240,9 @@ struct Args {
   bool ckpt_fully_parallel_save = true;
   // The group that shares the load: "dp" (DP x CP) or "ep_dp" (expert DP).
   std::string ckpt_fully_parallel_load_process_group = "dp";
+  // --ckpt-format: "torch_dist" (the default) saves megatron.cpp's own sharded format, "torch"
+  // Megatron-LM's legacy layout (validate_ckpt_format.cpp; docs/checkpoint.md).
+  std::string ckpt_format = "torch_dist";
 
   // The model's vocabulary rows: --padded-vocab-size as given, else set once the tokenizer
   // is known (resolve_padded_vocab_size: the tokenizer's size padded to divisible_by x TP).

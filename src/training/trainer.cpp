@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "base/log.h"
+#include "checkpoint/megatron/megatron_train.h"
 #include "checkpoint/training_checkpoint.h"
 #include "ops/ops.h"
 #include "optim/grads.h"
@@ -171,7 +172,28 @@ checkpoint::TrainingState Trainer::State::training_state() const {
   return st;
 }
 
+checkpoint::megatron::LegacyTrainOptions Trainer::State::legacy_options() const {
+  checkpoint::megatron::LegacyTrainOptions o;
+  o.config = model_cfg;
+  const auto impl = args.given.find("transformer_impl");  // Megatron's default: TE names
+  o.impl = impl != args.given.end() && impl->second == "local"
+               ? checkpoint::megatron::TransformerImpl::Local
+               : checkpoint::megatron::TransformerImpl::TransformerEngine;
+  o.beta1 = args.adam_beta1, o.beta2 = args.adam_beta2, o.eps = args.adam_eps;
+  o.save_optim = !args.no_save_optim;
+  o.retain_interval = args.save_retain_interval;
+  return o;
+}
+
 void Trainer::State::save() {
+  if (args.ckpt_format == "torch") {  // Megatron-LM's legacy layout (no async: refused)
+    checkpoint::megatron::save_legacy_training_checkpoint(
+        *args.save, world->world(), *ps, model->params(), *opt, training_state(), legacy_options());
+    if (progress)
+      progress->checkpoint_saved(iteration, flops_so_far, flops_at_job_start,
+                                 consumed_train * args.seq_length, false);
+    return;
+  }
   checkpoint::SaveOptions o;
   o.model = model_cfg, o.save_rng = !args.no_save_rng;
   o.tokenizer = tokenizer_files;
@@ -206,8 +228,18 @@ void Trainer::State::load() {
     o.replicas = a.ckpt_fully_parallel_load_process_group == "ep_dp" ? &ps->expert_dp()
                                                                        : &ps->dp_cp();
   const bool load_optim = !(a.no_load_optim || finetune);
-  const auto st =
-      checkpoint::load_training_checkpoint(dir, a.ckpt_step, model->params(), *opt, load_optim, o);
+  std::optional<checkpoint::TrainingState> st;
+  bool has_scheduler = true;
+  if (checkpoint::megatron::holds_legacy_checkpoint(dir, a.ckpt_step)) {
+    // Megatron-LM's legacy layout, whatever --ckpt-format (--load probes what it holds)
+    auto l = checkpoint::megatron::load_legacy_training_checkpoint(dir, a.ckpt_step,
+                                                                   model->params(), *opt,
+                                                                   load_optim, o);
+    st = l.state, has_scheduler = l.has_scheduler;
+  } else {
+    st = checkpoint::load_training_checkpoint(dir, a.ckpt_step, model->params(), *opt,
+                                              load_optim, o);
+  }
   if (!st) return;
   if (scaler && !st->grad_scaler.empty())
     scaler->load_state({st->grad_scaler.at("scale").get<double>(),
@@ -220,7 +252,7 @@ void Trainer::State::load() {
     auto policy = a.override_opt_param_scheduler ? optim::SchedulerLoadPolicy::OverrideFromArgs
                   : a.use_checkpoint_opt_param_scheduler ? optim::SchedulerLoadPolicy::UseCheckpoint
                                                          : optim::SchedulerLoadPolicy::RequireMatch;
-    sched->load_state(st->scheduler, policy);
+    if (has_scheduler) sched->load_state(st->scheduler, policy);
   }
   log::info("  successfully loaded checkpoint from {} [ iteration {} ]{}", dir, st->iteration,
             finetune ? " for finetuning (counters reset)" : "");

@@ -16,6 +16,7 @@
 
 #include "base/log.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/megatron/megatron_train.h"
 #include "training/validate_compat.h"
 
 namespace mcpp::training {
@@ -23,7 +24,11 @@ namespace mcpp::training {
 std::optional<LoadSource> resolve_load_source(const Args& a) {
   // Megatron's checkpoint_exists: the folder holds a checkpoint (here: a tracker naming one,
   // or a complete iter_* folder; a tracker naming a lost folder is an error of its own).
-  auto holds = [](const std::string& dir) { return checkpoint::latest_iteration(dir).has_value(); };
+  // A legacy Megatron-LM checkpoint (--ckpt-format torch) loads directly (megatron_train.h).
+  auto holds = [](const std::string& dir) {
+    return checkpoint::megatron::holds_legacy_checkpoint(dir) ||
+           checkpoint::latest_iteration(dir).has_value();
+  };
   if (a.load && holds(*a.load)) {
     if (a.pretrained_checkpoint)
       log::info(
@@ -139,6 +144,8 @@ std::optional<checkpoint::TokenizerFiles> apply_checkpoint_tokenizer(
   if (!src) return std::nullopt;
   for (const char* d : {"tokenizer_type", "vocab_file", "merge_file", "tokenizer_model"})
     if (a.was_given(d)) return std::nullopt;  // flags override what the checkpoint carries
+  if (checkpoint::megatron::holds_legacy_checkpoint(src->dir, a.ckpt_step))
+    return std::nullopt;  // Megatron's legacy layout carries no tokenizer files
   if (!a.ckpt_step && !checkpoint::latest_iteration(src->dir)) return std::nullopt;
   const auto md = checkpoint::read_metadata(src->dir, a.ckpt_step);
   auto t = checkpoint::checkpoint_tokenizer(md.value("__iter_dir", src->dir), md);

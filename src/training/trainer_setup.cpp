@@ -22,6 +22,7 @@
 #include "optim/distributed_optimizer.h"
 #include "optim/grads.h"
 #include "parallel/pipeline/executor.h"
+#include "checkpoint/megatron/megatron_train.h"
 #include "training/trainer_state.h"
 #include "training/validate_compat.h"
 #include "optim/fp8_param_gather.h"
@@ -441,6 +442,9 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   }
   s.sched = std::make_unique<optim::OptimizerParamScheduler>(lr_scheduler_config(a));
   if (a.save) checkpoint::check_save_dir_writable(*a.save);  // fail at start-up, not at the first save
+  // --ckpt-format torch: every parameter of this stage has a place in the legacy layout
+  if (a.save && a.ckpt_format == "torch")
+    checkpoint::megatron::check_legacy_trainable(s.legacy_options(), *s.ps, s.model->params());
   if (s.load_source) s.load();
   s.flops_at_job_start = s.flops_so_far;
   if (a.fp8_param_gather) {

@@ -7,6 +7,7 @@
 
 #include "checkpoint/async_saver.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/megatron/megatron_train.h"
 #include "comm/world.h"
 #include "data/gpt_dataset.h"
 #include "data/micro_batches.h"
@@ -108,6 +109,8 @@ struct Trainer::State {
   double evaluate(int split, int64_t& consumed);
   checkpoint::TrainingState training_state() const;
   void save();
+  // --ckpt-format torch: what the legacy layout's saves need (megatron_train.h).
+  checkpoint::megatron::LegacyTrainOptions legacy_options() const;
   void load();
   // --check-weight-hash-across-dp-replicas-interval: every replica's weights are the same
   // (training/weight_hash.h), or an error on every rank.

@@ -606,6 +606,7 @@ void validate_context_parallel(Args& a);  // validate_cp.cpp
 void validate_distributed_optimizer_instances(const Args& a);  // validate_distopt.cpp
 void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
 void validate_qk_layernorm(Args& a);  // ---- q/k layernorm (validate_qk_layernorm.cpp)
+void validate_ckpt_format(const Args& a);  // --ckpt-format (validate_ckpt_format.cpp)
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
@@ -629,6 +630,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_observe(a);
   validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
   validate_qk_layernorm(a);  // ---- q/k layernorm
+  validate_ckpt_format(a);   // after validate_pipeline (virtual stages) and validate_moe
   // --dist-ckpt-strictness: return_unexpected / return_all refused (checkpoint/strictness.h).
   checkpoint::parse_strictness(a.dist_ckpt_strictness);
 }

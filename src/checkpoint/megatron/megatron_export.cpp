@@ -363,9 +363,25 @@ void check_exportable(const model::TransformerConfig& c, const ExportOptions& o,
                     n);
 }
 
+void check_stage_exportable(const model::TransformerConfig& c, const ExportOptions& o, int64_t pp,
+                            const std::set<std::string>& stage_names, bool has_buffers) {
+  const char* hint = "train with the default --ckpt-format torch_dist";
+  MCPP_CHECK_HINT(!has_buffers, hint,
+                  "--ckpt-format torch: the model has persistent buffers (FP8 scaling state), "
+                  "which Megatron's legacy layout does not carry here");
+  std::set<std::string> placed;
+  for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, stage_names)) placed.insert(e.name);
+  for (const auto& n : stage_names)
+    MCPP_CHECK_HINT(placed.count(n), hint,
+                    "--ckpt-format torch: parameter '{}' of pipeline stage {} has no place in "
+                    "Megatron's legacy layout here: not implemented yet",
+                    n, pp);
+}
+
 void write_legacy_rank(const std::string& iter_dir, const ExportSource& src, const ExportOptions& o,
                        int64_t tp, int64_t pp) {
-  const auto entries = stage_entries(src.config, o.impl, pp, o.pp, model_names(src.config));
+  const auto entries = stage_entries(src.config, o.impl, pp, o.pp,
+                                     src.names ? *src.names : model_names(src.config));
   Py root = Py::dict();
   root.set("args", make_args(src, o));
   root.set("checkpoint_version", Py::real(3.0));

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "checkpoint/checkpoint.h"
@@ -52,6 +53,9 @@ struct ExportSource {
   // The TP shard `tp` of T of a tensor (megatron.cpp name, F32, contiguous); what:
   // "param" (the fp32 main params), "exp_avg" or "exp_avg_sq".
   std::function<Tensor(const std::string& name, const char* what, int64_t tp, int64_t T)> shard;
+  // The parameter names to place (null: every name of the whole model, built from config).
+  // A training rank passes its own stage's names: stage_entries only asks for those.
+  const std::set<std::string>* names = nullptr;
 };
 
 // The bf16 / fp16 flags a run recorded (TrainingState::config "bf16"/"fp16" = "True").
@@ -60,6 +64,11 @@ DType recorded_params_dtype(const nlohmann::json& given);
 // norms, layer counts or heads that do not split); `flag_tp` / `flag_pp` name the flags.
 void check_exportable(const model::TransformerConfig& c, const ExportOptions& o,
                       const char* flag_tp, const char* flag_pp);
+// The same for one pipeline stage of a training run (--ckpt-format torch): every parameter
+// of the stage (stage_names) has a place in stage pp's entries, and the stage holds no
+// persistent buffers (FP8 scaling state) that the legacy layout could not carry.
+void check_stage_exportable(const model::TransformerConfig& c, const ExportOptions& o, int64_t pp,
+                            const std::set<std::string>& stage_names, bool has_buffers);
 // Writes rank (tp, pp)'s model_optim_rng.pt under iter_dir (created as needed).
 void write_legacy_rank(const std::string& iter_dir, const ExportSource& src, const ExportOptions& o,
                        int64_t tp, int64_t pp);

@@ -433,6 +433,7 @@ void read_legacy(const Detected& d, Imported& im) {
     }
     if (import_optim && !distributed)
       read_rank_optimizer(root, *tf, rank_params, r.tp, T, r.path, opt);
+    if (k == 0) read_scheduler(root, r.path, im.progress);
     if (import_optim && k == 0) {
       im.optimizer.emplace();
       read_scheduler(root, r.path, *im.optimizer);

@@ -79,6 +79,9 @@ struct Imported {
   std::string iteration;
   bool had_optimizer = false;           // optimizer state present
   std::optional<OptimizerState> optimizer;  // imported (legacy, non-distributed optimizer)
+  // Legacy layout: the first rank file's counters and scheduler (read_scheduler), whether or
+  // not the optimizer state is imported (the trainer's --no-load-optim keeps them).
+  OptimizerState progress;
   std::string optimizer_skipped;        // why present optimizer state was not imported
   std::vector<std::string> notes;       // what the log should say (e.g. GELU form)
   int64_t source_tp = 1, source_pp = 1;
