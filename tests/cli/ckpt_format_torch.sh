@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# ckpt_format_torch.sh MEGATRON MPIRUN...: `megatron train --ckpt-format torch` (Megatron-LM's
+# legacy layout as the run's own checkpoint format) at TP2 x PP2 under mpirun -np 4:
+#   * U trains 8 iterations saving at 4 and 8; P stops at 4: iter_0000004/ holds
+#     mp_rank_{00,01}_{000,001}/model_optim_rng.pt, the tracker says 4, no temporary folder
+#     is left;
+#   * resumed from P with --load, iterations 5-8 log exactly as U's (lm loss, grad norm, LR);
+#   * --no-load-optim and --finetune load it too (the weights: iteration 5's loss is U's; the
+#     Adam moments restart: iteration 6's is not; finetune starts at iteration 1);
+#   * `megatron convert --from-megatron` of U's iteration 8 holds the weights and Adam
+#     moments of O, the same run saved in megatron.cpp's own format, bit for bit;
+#   * --save-retain-interval 8 with saves every 4 deletes iteration 4 once 8 is saved.
+set -euo pipefail
+M=$1; shift
+MPI=("$@")
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+F=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --hidden-size 32
+   --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
+   --global-batch-size 8 --lr 1e-3 --train-iters 8 --log-interval 1 --threads 1 --device cpu
+   --hidden-dropout 0.1 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
+source "$(dirname "$0")/train_log_lib.sh"  # run, lines
+T=(--ckpt-format torch)
+run "$W/u.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${T[@]}" --save "$W/U" --save-interval 4
+run "$W/p.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${T[@]}" --save "$W/P" --save-interval 4 \
+    --exit-interval 4
+[ "$(cat "$W/P/latest_checkpointed_iteration.txt")" = 4 ] || { echo "P: tracker"; exit 1; }
+for r in 00_000 00_001 01_000 01_001; do
+  [ -s "$W/P/iter_0000004/mp_rank_$r/model_optim_rng.pt" ] ||
+    { echo "P: no mp_rank_$r/model_optim_rng.pt"; find "$W/P"; exit 1; }
+done
+[ "$(ls "$W/P" | sort | tr '\n' ' ')" = "iter_0000004 latest_checkpointed_iteration.txt " ] ||
+  { echo "P: unexpected entries"; ls "$W/P"; exit 1; }
+[ "$(ls "$W/U")" = "$(printf 'iter_0000004\niter_0000008\nlatest_checkpointed_iteration.txt')" ] ||
+  { echo "U: expected iterations 4 and 8"; ls "$W/U"; exit 1; }
+
+# The resume: iterations 5-8 as U's.
+run "$W/r.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${T[@]}" --load "$W/P" --save "$W/P" \
+    --save-interval 4
+[ "$(lines "$W/r.log" 5 8 | wc -l)" -eq 4 ] || { echo "resume: not 4 iterations"; exit 1; }
+diff <(lines "$W/u.log" 5 8) <(lines "$W/r.log" 5 8) ||
+  { echo "the resume from the legacy checkpoint differs from the uninterrupted run"; exit 1; }
+cmp "$W/U/iter_0000008/mp_rank_01_001/model_optim_rng.pt" \
+    "$W/P/iter_0000008/mp_rank_01_001/model_optim_rng.pt" ||
+  { echo "the resumed run's iteration 8 file differs from U's"; exit 1; }
+# --no-load-optim: the weights and counters, fresh Adam moments; --finetune: from iteration 1.
+run "$W/n.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" --load "$W/U" --ckpt-step 4 --no-load-optim
+# Iteration 5's loss comes from the loaded weights (U's); 6's from a step with fresh moments.
+diff <(lines "$W/u.log" 5 5) <(lines "$W/n.log" 5 5) ||
+  { echo "--no-load-optim: iteration 5 is not U's (weights not loaded?)"; exit 1; }
+! diff -q <(lines "$W/u.log" 6 6) <(lines "$W/n.log" 6 6) >/dev/null ||
+  { echo "--no-load-optim: iteration 6 equals U's (moments loaded?)"; exit 1; }
+run "$W/f.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" --load "$W/U" --finetune --train-iters 2
+grep -q "for finetuning" "$W/f.log" && [ "$(lines "$W/f.log" 1 2 | wc -l)" -eq 2 ] ||
+  { echo "--finetune: not loaded from iteration 0"; exit 1; }
+
+# The same run in our own format; the legacy checkpoint converted back holds its tensors.
+run "$W/o.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" --save "$W/O" --save-interval 8
+diff <(lines "$W/u.log") <(lines "$W/o.log") || { echo "O differs from U"; exit 1; }
+run "$W/c.log" "$M" convert --from-megatron "$W/U" --save "$W/C"
+python3 - "$W/O/iter_0000008" "$W/C/iter_0000008" <<'PY'
+import json, struct, sys
+def tensors(d):
+    md = json.load(open(d + "/metadata.json"))
+    files, out = {}, {}
+    for key, t in md["tensors"].items():
+        g = t["global_shape"]; cols = g[1] if len(g) > 1 else 1
+        buf = bytearray(4 * (g[0] if g else 1) * cols)
+        for s in t["shards"]:
+            if s["file"] not in files:
+                raw = open(d + "/" + s["file"], "rb").read()
+                n = struct.unpack("<Q", raw[:8])[0]
+                files[s["file"]] = (json.loads(raw[8:8 + n]), raw[8 + n:])
+            hdr, data = files[s["file"]]
+            b, _ = hdr[s["name"]]["data_offsets"]
+            lcols = s["shape"][1] if len(s["shape"]) > 1 else 1
+            for p in s["pieces"]:
+                o, lo, sh = p["offsets"], p["local_offsets"], p["shape"]
+                pc = sh[1] if len(sh) > 1 else 1
+                for r in range(sh[0]):
+                    src = b + 4 * ((lo[0] + r) * lcols + (lo[1] if len(lo) > 1 else 0))
+                    dst = 4 * ((o[0] + r) * cols + (o[1] if len(o) > 1 else 0))
+                    buf[dst:dst + 4 * pc] = data[src:src + 4 * pc]
+        out[key] = bytes(buf)
+    return out, md["state"]
+o, so = tensors(sys.argv[1])
+c, sc = tensors(sys.argv[2])
+if set(o) != set(c):
+    sys.exit(f"different tensors: {sorted(set(o) ^ set(c))}")
+bad = [k for k in o if o[k] != c[k]]
+if bad:
+    sys.exit(f"{len(bad)} tensors differ, e.g. {bad[:3]}")
+if so["optimizer_steps"] != sc["optimizer_steps"] or so["iteration"] != sc["iteration"]:
+    sys.exit(f"step/iteration differ: {so['optimizer_steps']} {so['iteration']} vs "
+             f"{sc['optimizer_steps']} {sc['iteration']}")
+print(f"{len(o)} tensors equal")
+PY
+
+# --save-retain-interval: iteration 4 goes once 8 is saved.
+run "$W/k.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${T[@]}" --save "$W/K" --save-interval 4 \
+    --save-retain-interval 8
+[ "$(ls "$W/K" | tr '\n' ' ')" = "iter_0000008 latest_checkpointed_iteration.txt " ] ||
+  { echo "retention: expected iteration 8 alone"; ls "$W/K"; exit 1; }
+echo "ckpt_format_torch: OK"
