@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # megatron_cli.sh MEGATRON_BIN SOURCE_DIR: issue 23 A.5 through the command line.
 #   convert --from-megatron of both fixture layouts, then inspect/--to-hf of the result;
-#   inspect of a Megatron folder says what it is; --load / convert --load of one stops with
-#   the convert HINT; flags that do not apply to --from-megatron are refused; --to-megatron
+#   inspect of a Megatron folder says what it is; convert --load of one, and --load of a
+#   torch_dist one, stop with the convert HINT (a legacy one loads); flags that do not apply to --from-megatron are refused; --to-megatron
 #   writes the converted run back in Megatron's legacy layout, which --from-megatron reads.
 set -u
 M=$1; SRC=$2; G=$SRC/tests/golden/megatron
@@ -56,8 +56,15 @@ out=$("$M" inspect "$G/llama_dist" 2>&1) || fail "inspect: $out"
 grep -q "Megatron-LM checkpoint, torch_dist layout, iteration 10" <<<"$out" || fail "inspect: $out"
 expect_fail "is a Megatron-LM checkpoint.*|HINT: convert it once: megatron convert --from-megatron" \
   "$M" convert --load "$G/gpt_legacy" --to-hf "$T/x"
-expect_fail "HINT: convert it once: megatron convert --from-megatron" \
+# --load of a torch_dist folder stops with the convert HINT; a legacy one (--ckpt-format
+# torch) loads directly, so with other model flags it is the model check that stops it.
+expect_fail "was written for a different model" \
   "$M" train --load "$G/llama_legacy" --mock-data --tokenizer-type NullTokenizer --vocab-size 61 \
+  --num-layers 4 --hidden-size 16 --num-attention-heads 4 --seq-length 8 \
+  --max-position-embeddings 12 --micro-batch-size 1 --global-batch-size 1 --lr 1e-3 \
+  --train-iters 1 --threads 1
+expect_fail "HINT: convert it once: megatron convert --from-megatron" \
+  "$M" train --load "$G/llama_dist" --mock-data --tokenizer-type NullTokenizer --vocab-size 61 \
   --num-layers 4 --hidden-size 16 --num-attention-heads 4 --seq-length 8 \
   --max-position-embeddings 12 --micro-batch-size 1 --global-batch-size 1 --lr 1e-3 \
   --train-iters 1 --threads 1
