@@ -357,12 +357,13 @@ int main(int argc, char** argv) {
            p = rnd({N}, DType::F32), dp = rnd({N}, DType::F32);
     double io = double(N) * F * 2;  // bytes of one [N, F] bf16 tensor
     std::string sh = fmt_shape({N, 2 * F});
+    const ops::MlpActivation swiglu = ops::MlpActivation::Swiglu;
     bytes("moe swiglu_forward + moe_scale_rows", sh, 3 * io, [&] {
       ops::swiglu_forward(fc1, act, s);
       ops::moe_scale_rows(act, p, ap, s);
     });
     bytes("moe_act_scale_forward", sh, 3 * io,
-          [&] { ops::moe_act_scale_forward(fc1, p, true, ap, s); });
+          [&] { ops::moe_act_scale_forward(fc1, p, swiglu, ap, s); });
     bytes("moe scale_rows + row_dot + scale_rows + swiglu_bwd", sh, 5 * io, [&] {
       ops::moe_scale_rows(act, p, ap, s);
       ops::moe_row_dot(dap, act, dp, s);
@@ -371,11 +372,11 @@ int main(int argc, char** argv) {
     });
     Tensor none;
     bytes("moe_act_scale_backward", sh, 5 * io,
-          [&] { ops::moe_act_scale_backward(dap, fc1, p, true, dfc1, dp, none, s); });
+          [&] { ops::moe_act_scale_backward(dap, fc1, p, swiglu, dfc1, dp, none, s); });
     // ap recomputed over dap (the experts' backward when the forward kept no ap): one more
     // [N, F] written; dap is rewritten each call, its values then ap's (same traffic).
     bytes("moe_act_scale_backward + ap in place", sh, 6 * io,
-          [&] { ops::moe_act_scale_backward(dap, fc1, p, true, dfc1, dp, dap, s); });
+          [&] { ops::moe_act_scale_backward(dap, fc1, p, swiglu, dfc1, dp, dap, s); });
   }
   {
     const int64_t S = 1024, B = 64, H = 768;

@@ -16,6 +16,11 @@ void TransformerConfig::validate() const {
              num_attention_heads, num_query_groups, tp_size);
   MCPP_CHECK_HINT(keep_mlp_activations >= 0, "give --keep-mlp-activations a value >= 0",
                   "--keep-mlp-activations {} must not be negative", keep_mlp_activations);
+  // Megatron's core_transformer_config_from_args asserts `not args.swiglu` under
+  // --squared-relu: squared ReLU replaces the gated SiLU, it does not gate.
+  MCPP_CHECK_HINT(!(swiglu && squared_relu), "give one of --squared-relu and --swiglu",
+                  "--squared-relu and --swiglu both set the MLP's activation; Megatron-LM refuses "
+                  "them together");
   MCPP_CHECK(ffn_hidden_size % tp_size == 0, "--ffn-hidden-size {} not divisible by TP {}",
              ffn_hidden_size, tp_size);
   MCPP_CHECK(padded_vocab_size % tp_size == 0, "padded vocab {} not divisible by TP {}",

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "model/fp8/fp8_config.h"
+#include "ops/types.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
@@ -44,6 +45,7 @@ struct TransformerConfig {
   double norm_epsilon = 1e-5;            // --norm-epsilon
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
+  bool squared_relu = false;             // --squared-relu: relu(x)^2, not gated (activation())
   bool qk_layernorm = false;             // --qk-layernorm: per-head q/k RMSNorm (ops::qk_norm_*)
   bool qk_layernorm_weight_decay = false;  // --apply-wd-to-qk-layernorm (an optimizer setting)
   bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
@@ -143,6 +145,14 @@ struct TransformerConfig {
   int64_t moe_etp_rank() const { return moe.etp_size > 0 ? moe.etp_rank : tp_rank; }
   int64_t moe_ffn_local() const { return moe.ffn_hidden_size / moe_etp(); }
   int64_t moe_fc1_width_local() const { return (swiglu ? 2 : 1) * moe_ffn_local(); }
+
+  // The MLP's (and every expert's) activation: Megatron's activation_func, from the two
+  // switches (both at once is refused by validate()).
+  ops::MlpActivation activation() const {
+    return swiglu         ? ops::MlpActivation::Swiglu
+           : squared_relu ? ops::MlpActivation::SquaredRelu
+                          : ops::MlpActivation::Gelu;
+  }
 
   // Megatron's SelfAttention: linear_qkv has a bias with add_bias_linear or add_qkv_bias.
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }

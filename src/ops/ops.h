@@ -12,6 +12,12 @@
 namespace mcpp::ops {
 #include "ops/catalogue.inc"
 
+// The MLP activation a's forward / backward op on either backend: gelu_*, swiglu_* or
+// squared_relu_* (x the activation's input, y its output; dx = act'(x) * dy, =).
+void mlp_activation_forward(MlpActivation a, const Tensor& x, Tensor& y, Stream& s);
+void mlp_activation_backward(MlpActivation a, const Tensor& dy, const Tensor& x, Tensor& dx,
+                             Stream& s);
+
 // The stream a device's work goes to by default: Stream::cpu(), or the CUDA backend's
 // default stream (initialising the device on first use; an error in a CPU-only build).
 Stream& default_stream(Device d);

@@ -7,6 +7,11 @@
 
 namespace mcpp::ops {
 
+// The MLP's activation (model/mlp.h, the MoE experts; Megatron's config.activation_func):
+// GELU (tanh form), SwiGLU (gated: fc1 [., 2F] = [gate | up]) or squared ReLU (Primer,
+// Nemotron-4: relu(x)^2, not gated).
+enum class MlpActivation : uint8_t { Gelu, Swiglu, SquaredRelu };
+
 // Dropout and other random draws: a counter-based key. `stream` identifies the
 // site (iteration, micro-batch, layer, which dropout); the element's global index
 // is the Philox counter, so any partition of the tensor draws the same mask.

@@ -85,6 +85,36 @@ TEST_P(GpuVec, GeluVectorTailAndScalar) {
   }
 }
 
+// ---- squared ReLU -----------------------------------------------------------------------
+
+TEST_P(GpuVec, SquaredReluVectorTailScalarAndCpuBits) {
+  // As GELU's shapes. relu(x)^2 and dy * 2 relu(x) are one f32 rounding each from inputs the
+  // dtype holds exactly, so the GPU gives the CPU's f32 result rounded to the dtype, bit for
+  // bit; x = 0 and negative zero included (gradient 0).
+  for (Shape sh : {Shape{64, 520}, Shape{37, 129}}) {
+    Tensor x = rand_in(sh, 205, dt(), -4.f, 4.f), dy = rand_in(sh, 206, dt());
+    x.data<float>()[3] = 0.f, x.data<float>()[4] = -0.f;
+    Tensor y = Tensor::empty(sh, DType::F32), dx = Tensor::empty(sh, DType::F32);
+    cpu::squared_relu_forward(x, y, CS());
+    cpu::squared_relu_backward(dy, x, dx, CS());
+    const Tensor y_dt = rounded(y, dt()), dx_dt = rounded(dx, dt());
+    Tensor gy[2], gdx[2];
+    for (int al = 0; al < 2; ++al) {
+      Tensor gx = upload(x, dt(), al), gdy = upload(dy, dt(), al);
+      gy[al] = nans(sh, dt(), al), gdx[al] = nans(sh, dt(), al);
+      gpu::squared_relu_forward(gx, gy[al], GS());
+      gpu::squared_relu_backward(gdy, gx, gdx[al], GS());
+      EXPECT_CLOSE(gy[al], y, dt()) << "aligned=" << al << " " << shape_str(sh);
+      EXPECT_CLOSE(gdx[al], dx, dt()) << "aligned=" << al << " " << shape_str(sh);
+      const Tensor hy = to_cpu(gy[al]), hdx = to_cpu(gdx[al]);
+      EXPECT_EQ(std::memcmp(hy.raw(), y_dt.raw(), hy.nbytes()), 0) << "aligned=" << al;
+      EXPECT_EQ(std::memcmp(hdx.raw(), dx_dt.raw(), hdx.nbytes()), 0) << "aligned=" << al;
+    }
+    EXPECT_SAME_BITS(gy[0], gy[1]);
+    EXPECT_SAME_BITS(gdx[0], gdx[1]);
+  }
+}
+
 // ---- SwiGLU ----------------------------------------------------------------------------
 
 TEST_P(GpuVec, SwigluVectorAndScalar) {

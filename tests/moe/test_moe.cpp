@@ -372,6 +372,29 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+using ops::MlpActivation;
+constexpr MlpActivation kActs[] = {MlpActivation::Swiglu, MlpActivation::Gelu,
+                                   MlpActivation::SquaredRelu};
+const char* act_name(MlpActivation a) {
+  return a == MlpActivation::Swiglu ? "swiglu" : a == MlpActivation::Gelu ? "gelu" : "relu2";
+}
+void act_forward(MlpActivation a, const Tensor& x, Tensor& y, Stream& st) {
+  if (a == MlpActivation::Swiglu)
+    ops::swiglu_forward(x, y, st);
+  else if (a == MlpActivation::Gelu)
+    ops::gelu_forward(x, y, st);
+  else
+    ops::squared_relu_forward(x, y, st);
+}
+void act_backward(MlpActivation a, const Tensor& dy, const Tensor& x, Tensor& dx, Stream& st) {
+  if (a == MlpActivation::Swiglu)
+    ops::swiglu_backward(dy, x, dx, st);
+  else if (a == MlpActivation::Gelu)
+    ops::gelu_backward(dy, x, dx, st);
+  else
+    ops::squared_relu_backward(dy, x, dx, st);
+}
+
 }  // namespace
 
 TEST(MoeOps, ActScaleIsTheUnfusedComposition) {
@@ -380,17 +403,14 @@ TEST(MoeOps, ActScaleIsTheUnfusedComposition) {
   Stream& st = Stream::cpu();
   const int64_t N = 7, F = 5;
   for (DType dt : {DType::F32, DType::F64})
-    for (bool swiglu : {true, false}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + (swiglu ? " swiglu" : " gelu"));
-      const ActScaleIn in = act_scale_inputs(N, F, swiglu, dt, 5);
+    for (MlpActivation a : kActs) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + act_name(a));
+      const ActScaleIn in = act_scale_inputs(N, F, a == MlpActivation::Swiglu, dt, 5);
       Tensor act = Tensor::empty({N, F}, dt), ap_ref = Tensor::empty({N, F}, dt);
-      if (swiglu)
-        ops::swiglu_forward(in.fc1, act, st);
-      else
-        ops::gelu_forward(in.fc1, act, st);
+      act_forward(a, in.fc1, act, st);
       ops::moe_scale_rows(act, in.p, ap_ref, st);
       Tensor ap = Tensor::empty({N, F}, dt);
-      ops::moe_act_scale_forward(in.fc1, in.p, swiglu, ap, st);
+      ops::moe_act_scale_forward(in.fc1, in.p, a, ap, st);
       EXPECT_TRUE(same_bits(ap, ap_ref));
       for (int64_t f = 0; f < F; ++f) EXPECT_EQ(get_float(ap, 1 * F + f), 0.0);
 
@@ -398,12 +418,9 @@ TEST(MoeOps, ActScaleIsTheUnfusedComposition) {
       Tensor dfc1_ref = Tensor::empty(in.fc1.shape(), dt);
       ops::moe_row_dot(in.dap, act, dp_ref, st);
       ops::moe_scale_rows(in.dap, in.p, dact, st);
-      if (swiglu)
-        ops::swiglu_backward(dact, in.fc1, dfc1_ref, st);
-      else
-        ops::gelu_backward(dact, in.fc1, dfc1_ref, st);
+      act_backward(a, dact, in.fc1, dfc1_ref, st);
       Tensor dp = Tensor::empty({N}, dt), dfc1 = Tensor::empty(in.fc1.shape(), dt), none;
-      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, none, st);
+      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, a, dfc1, dp, none, st);
       EXPECT_TRUE(same_bits(dp, dp_ref));
       EXPECT_TRUE(same_bits(dfc1, dfc1_ref));
       for (int64_t w = 0; w < in.fc1.size(1); ++w)
@@ -413,12 +430,12 @@ TEST(MoeOps, ActScaleIsTheUnfusedComposition) {
       // bits, into its own tensor and in place over dap, the other outputs unchanged.
       Tensor ap2 = Tensor::empty({N, F}, dt), dp2 = Tensor::empty({N}, dt);
       Tensor dfc1_2 = Tensor::empty(in.fc1.shape(), dt);
-      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1_2, dp2, ap2, st);
+      ops::moe_act_scale_backward(in.dap, in.fc1, in.p, a, dfc1_2, dp2, ap2, st);
       EXPECT_TRUE(same_bits(ap2, ap_ref));
       EXPECT_TRUE(same_bits(dp2, dp_ref));
       EXPECT_TRUE(same_bits(dfc1_2, dfc1_ref));
       Tensor inplace = in.dap.clone();
-      ops::moe_act_scale_backward(inplace, in.fc1, in.p, swiglu, dfc1_2, dp2, inplace, st);
+      ops::moe_act_scale_backward(inplace, in.fc1, in.p, a, dfc1_2, dp2, inplace, st);
       EXPECT_TRUE(same_bits(inplace, ap_ref));
       EXPECT_TRUE(same_bits(dp2, dp_ref));
       EXPECT_TRUE(same_bits(dfc1_2, dfc1_ref));
@@ -430,17 +447,17 @@ TEST(MoeOpsGrad, ActScaleBackwardIsTheForwardsDerivative) {
   Stream& st = Stream::cpu();
   const int64_t N = 4, F = 3;
   const double h = 1e-6;
-  for (bool swiglu : {true, false}) {
-    SCOPED_TRACE(swiglu ? "swiglu" : "gelu");
-    ActScaleIn in = act_scale_inputs(N, F, swiglu, DType::F64, 9);
+  for (MlpActivation a : kActs) {
+    SCOPED_TRACE(act_name(a));
+    ActScaleIn in = act_scale_inputs(N, F, a == MlpActivation::Swiglu, DType::F64, 9);
     auto loss = [&] {
       Tensor ap = Tensor::empty({N, F}, DType::F64);
-      ops::moe_act_scale_forward(in.fc1, in.p, swiglu, ap, st);
+      ops::moe_act_scale_forward(in.fc1, in.p, a, ap, st);
       return ops::dot(ap, in.dap, st);
     };
     Tensor dp = Tensor::empty({N}, DType::F64), dfc1 = Tensor::empty(in.fc1.shape(), DType::F64);
     Tensor none;
-    ops::moe_act_scale_backward(in.dap, in.fc1, in.p, swiglu, dfc1, dp, none, st);
+    ops::moe_act_scale_backward(in.dap, in.fc1, in.p, a, dfc1, dp, none, st);
     auto fd = [&](Tensor& t, int64_t i) {
       double* v = t.data<double>() + i;
       const double v0 = *v;

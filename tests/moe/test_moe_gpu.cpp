@@ -92,8 +92,26 @@ namespace {
   return ::testing::AssertionSuccess();
 }
 
-// dtype, SwiGLU (else GELU), F.
-using ActScaleCase = std::tuple<DType, bool, int64_t>;
+// dtype, the activation, F.
+using ops::MlpActivation;
+using ActScaleCase = std::tuple<DType, MlpActivation, int64_t>;
+
+void act_forward(MlpActivation a, const Tensor& x, Tensor& y) {
+  if (a == MlpActivation::Swiglu)
+    gpu::swiglu_forward(x, y, GS());
+  else if (a == MlpActivation::Gelu)
+    gpu::gelu_forward(x, y, GS());
+  else
+    gpu::squared_relu_forward(x, y, GS());
+}
+void act_backward(MlpActivation a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  if (a == MlpActivation::Swiglu)
+    gpu::swiglu_backward(dy, x, dx, GS());
+  else if (a == MlpActivation::Gelu)
+    gpu::gelu_backward(dy, x, dx, GS());
+  else
+    gpu::squared_relu_backward(dy, x, dx, GS());
+}
 
 }  // namespace
 
@@ -107,8 +125,8 @@ TEST_P(GpuMoeActScale, FusedEqualsUnfusedBitwiseAndCpu) {
   // summation order) and against the CPU ops (f32, to the dtype's tolerance). The widths
   // take every path: F = 4096 and 1024 the 16-byte packs with 256 and 128 threads a row,
   // 96 a warp a row, 99 the scalar fallback. Rows 1 and N-2 have p = 0.
-  const auto [dt, swiglu, F] = GetParam();
-  const int64_t N = 37, W = (swiglu ? 2 : 1) * F;
+  const auto [dt, act, F] = GetParam();
+  const int64_t N = 37, W = (act == MlpActivation::Swiglu ? 2 : 1) * F;
   const Tensor fc1 = rand_in({N, W}, 31, dt, -4.f, 4.f), dap = rand_in({N, F}, 32, dt);
   Tensor p = rand_f32({N}, 33, 0.f, 1.f);
   p.data<float>()[1] = p.data<float>()[N - 2] = 0.f;
@@ -116,57 +134,56 @@ TEST_P(GpuMoeActScale, FusedEqualsUnfusedBitwiseAndCpu) {
 
   // Forward: fused, unfused (the activation, then moe_scale_rows), CPU.
   Tensor gap = gpu_nan({N, F}, dt), gact = gpu_nan({N, F}, dt), gap_ref = gpu_nan({N, F}, dt);
-  gpu::moe_act_scale_forward(gfc1, gp, swiglu, gap, GS());
-  if (swiglu)
-    gpu::swiglu_forward(gfc1, gact, GS());
-  else
-    gpu::gelu_forward(gfc1, gact, GS());
+  gpu::moe_act_scale_forward(gfc1, gp, act, gap, GS());
+  act_forward(act, gfc1, gact);
   gpu::moe_scale_rows(gact, gp, gap_ref, GS());
   EXPECT_TRUE(same_bits(gap, gap_ref));
   Tensor ap = Tensor::empty({N, F}, DType::F32);
-  cpu::moe_act_scale_forward(fc1, p, swiglu, ap, CS());
+  cpu::moe_act_scale_forward(fc1, p, act, ap, CS());
   EXPECT_CLOSE(gap, ap, dt);
 
   // Backward: fused, unfused (moe_row_dot, moe_scale_rows, the activation's backward), CPU.
   Tensor gdfc1 = gpu_nan({N, W}, dt), gdp = gpu_nan({N}, DType::F32), none;
-  gpu::moe_act_scale_backward(gdap, gfc1, gp, swiglu, gdfc1, gdp, none, GS());
+  gpu::moe_act_scale_backward(gdap, gfc1, gp, act, gdfc1, gdp, none, GS());
   Tensor gdact = gpu_nan({N, F}, dt), gdfc1_ref = gpu_nan({N, W}, dt),
          gdp_ref = gpu_nan({N}, DType::F32);
   gpu::moe_row_dot(gdap, gact, gdp_ref, GS());
   gpu::moe_scale_rows(gdap, gp, gdact, GS());
-  if (swiglu)
-    gpu::swiglu_backward(gdact, gfc1, gdfc1_ref, GS());
-  else
-    gpu::gelu_backward(gdact, gfc1, gdfc1_ref, GS());
+  act_backward(act, gdact, gfc1, gdfc1_ref);
   EXPECT_TRUE(same_bits(gdfc1, gdfc1_ref));
   EXPECT_LE(rel_err(to_cpu(gdp), to_cpu(gdp_ref)), 1e-5);
   // With the forward's ap recomputed (the experts' backward when ap was not kept): into its
   // own tensor and in place over dap, the forward's bits, dfc1 and dp unchanged.
   {
     Tensor gap2 = gpu_nan({N, F}, dt), gdfc1_2 = gpu_nan({N, W}, dt), gdp2 = gpu_nan({N}, DType::F32);
-    gpu::moe_act_scale_backward(gdap, gfc1, gp, swiglu, gdfc1_2, gdp2, gap2, GS());
+    gpu::moe_act_scale_backward(gdap, gfc1, gp, act, gdfc1_2, gdp2, gap2, GS());
     EXPECT_TRUE(same_bits(gap2, gap));
     EXPECT_TRUE(same_bits(gdfc1_2, gdfc1));
     EXPECT_TRUE(same_bits(gdp2, gdp));
     Tensor ginplace = to_gpu(dap, dt);
-    gpu::moe_act_scale_backward(ginplace, gfc1, gp, swiglu, gdfc1_2, gdp2, ginplace, GS());
+    gpu::moe_act_scale_backward(ginplace, gfc1, gp, act, gdfc1_2, gdp2, ginplace, GS());
     EXPECT_TRUE(same_bits(ginplace, gap));
     EXPECT_TRUE(same_bits(gdfc1_2, gdfc1));
     EXPECT_TRUE(same_bits(gdp2, gdp));
   }
   Tensor dfc1 = Tensor::empty({N, W}, DType::F32), dp = Tensor::empty({N}, DType::F32), cnone;
-  cpu::moe_act_scale_backward(dap, fc1, p, swiglu, dfc1, dp, cnone, CS());
+  cpu::moe_act_scale_backward(dap, fc1, p, act, dfc1, dp, cnone, CS());
   EXPECT_CLOSE(gdfc1, dfc1, dt);
   EXPECT_CLOSE(gdp, dp, dt);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuMoeActScale,
                          ::testing::Combine(::testing::Values(DType::F32, DType::BF16, DType::F16),
-                                            ::testing::Bool(),
+                                            ::testing::Values(MlpActivation::Swiglu,
+                                                              MlpActivation::Gelu,
+                                                              MlpActivation::SquaredRelu),
                                             ::testing::Values<int64_t>(4096, 1024, 96, 99)),
                          [](const auto& i) {
+                           const MlpActivation a = std::get<1>(i.param);
                            return std::string(dtype_name(std::get<0>(i.param))) +
-                                  (std::get<1>(i.param) ? "_swiglu_" : "_gelu_") +
+                                  (a == MlpActivation::Swiglu ? "_swiglu_"
+                                   : a == MlpActivation::Gelu ? "_gelu_"
+                                                              : "_relu2_") +
                                   std::to_string(std::get<2>(i.param));
                          });
 

@@ -1,4 +1,4 @@
-// GELU (tanh form) and SwiGLU: f64 gradients against central differences, forward
+// GELU (tanh form), SwiGLU and squared ReLU: f64 gradients against central differences, forward
 // values against the formulas, f32 (fast exp/tanh) against f64, the fused backward
 // (swiglu_backward_recompute) against the two ops bit for bit.
 #include <cstring>
@@ -44,6 +44,59 @@ TEST(SwiGLU, ForwardFormulaAndGradient) {
   Tensor odd = randn({T, 7}, 3), ybad = Tensor::empty({T, 4}, DType::F64);
   EXPECT_THROW(cpu::swiglu_forward(odd, y, S()), Error);
   EXPECT_THROW(cpu::swiglu_forward(x, ybad, S()), Error);
+}
+
+// relu(x)^2: the formula exactly (f32 and f64), the gradient against central differences in
+// f64 (inputs kept 0.05 away from the kink at 0, so that x +- h stays on one side), and the
+// derivative 0 at x = 0 and below.
+TEST(SquaredRelu, ForwardFormulaAndGradient) {
+  Tensor x = randn({5, 7}, 1, 2.0), r = randn({5, 7}, 2);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double& v = x.data<double>()[i];
+    if (std::abs(v) < 0.05) v = v < 0 ? -0.05 - v : 0.05 + v;
+  }
+  Tensor y = Tensor::empty({5, 7}, DType::F64);
+  auto L = [&] {
+    cpu::squared_relu_forward(x, y, S());
+    return dot(r, y);
+  };
+  L();
+  int positive = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = x.data<double>()[i];
+    EXPECT_EQ(y.data<double>()[i], v > 0 ? v * v : 0.0) << "x = " << v;
+    positive += v > 0;
+  }
+  EXPECT_GT(positive, 5);
+  EXPECT_LT(positive, x.numel() - 5);
+  Tensor dx = Tensor::empty({5, 7}, DType::F64);
+  cpu::squared_relu_backward(r, x, dx, S());
+  EXPECT_LT(rel_err(dx, numeric_grad(x, L)), kGradTol);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = x.data<double>()[i];
+    EXPECT_EQ(dx.data<double>()[i], v > 0 ? r.data<double>()[i] * 2 * v : 0.0);
+  }
+
+  // f32, every branch: positive, negative, +0, -0; the threaded loop on a large tensor.
+  Tensor x32 = as(randn({129, 203}, 3, 3.0), DType::F32), dy32 = as(randn({129, 203}, 4),
+                                                                       DType::F32);
+  x32.data<float>()[0] = 0.f, x32.data<float>()[1] = -0.f;
+  Tensor y32 = Tensor::empty(x32.shape(), DType::F32);
+  Tensor dx32 = Tensor::empty(x32.shape(), DType::F32);
+  cpu::squared_relu_forward(x32, y32, S());
+  cpu::squared_relu_backward(dy32, x32, dx32, S());
+  for (int64_t i = 0; i < x32.numel(); ++i) {
+    const float v = x32.data<float>()[i], rv = v > 0.f ? v : 0.f;
+    EXPECT_EQ(y32.data<float>()[i], rv * rv);
+    EXPECT_EQ(dx32.data<float>()[i], dy32.data<float>()[i] * (2.f * rv));
+  }
+  EXPECT_EQ(dx32.data<float>()[0], 0.f);
+  EXPECT_EQ(dx32.data<float>()[1], 0.f);
+
+  Tensor ybad = Tensor::empty({5, 6}, DType::F64), y32bad = Tensor::empty({5, 7}, DType::F32);
+  EXPECT_THROW(cpu::squared_relu_forward(x, ybad, S()), Error);
+  EXPECT_THROW(cpu::squared_relu_forward(x, y32bad, S()), Error);
+  EXPECT_THROW(cpu::squared_relu_backward(r, x, ybad, S()), Error);
 }
 
 // The fused MLP-backward op against the two ops it replaces, bit for bit: the model's

@@ -177,7 +177,8 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
       off += n;
     }
   }
-  ops::moe_act_scale_forward(fc1, p, cfg_->swiglu, ap, st);  // probabilities after the act
+  // probabilities after the activation
+  ops::moe_act_scale_forward(fc1, p, cfg_->activation(), ap, st);
   off = 0;
   ops::StreamFork f(st, ns);
   for (size_t e = 0; e < counts.size(); ++e) {
@@ -211,7 +212,7 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
   // gradients are read (bf16/f16); or (FP8) recomputed first into dfc1's leading N x I
   // elements, which moe_act_scale_backward overwrites only after fc2's backward.
   Tensor ap = kept ? s.ap.narrow(0, N) : fp8 ? w.dfc1.view({-1}).narrow(0, N * I).view({N, I}) : dap;
-  if (!kept && fp8) ops::moe_act_scale_forward(fc1, p, cfg_->swiglu, ap, st);
+  if (!kept && fp8) ops::moe_act_scale_forward(fc1, p, cfg_->activation(), ap, st);
   const bool split = !kept && !fp8;  // fc2's two GEMMs apart, ap recomputed between them
   const int ns = fp8 ? 1 : gemm_streams();
   int64_t off = 0;
@@ -231,7 +232,7 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
     }
   }
   Tensor ap_out = split ? dap : none;  // in place over dap
-  ops::moe_act_scale_backward(dap, fc1, p, cfg_->swiglu, dfc1, dp, ap_out, st);
+  ops::moe_act_scale_backward(dap, fc1, p, cfg_->activation(), dfc1, dp, ap_out, st);
   {
     ops::StreamFork f(st, ns);
     if (split) {  // fc2's weight gradients beside fc1's backward: both read only what is done

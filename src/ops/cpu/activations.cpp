@@ -1,5 +1,5 @@
-// GELU (tanh form) and SwiGLU on the CPU; one dtype per call, f32 or f64.
-//   gelu:   x, y, dy, dx: any shape, same numel.                  y, dx overwritten (=)
+// GELU (tanh form), SwiGLU and squared ReLU on the CPU; one dtype per call, f32 or f64.
+//   gelu, squared_relu: x, y, dy, dx: any shape, same numel.      y, dx overwritten (=)
 //   swiglu: x, dx: [..., 2F] = [gate | up]; y, dy: [..., F].      y, dx overwritten (=)
 //   swiglu_backward_recompute: swiglu_backward and swiglu_forward in one pass over x.
 // f32 evaluates exp/tanh with the vectorisable exp_fast (cpu_common.h); f64 with libm,
@@ -56,6 +56,48 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
       const R d = R(0.5) * (R(1) + t) +
                   R(0.5) * v * (R(1) - t * t) * R(kGeluC) * (R(1) + R(3 * kGeluA) * v2);
       DX[i] = DY[i] * d;
+    }
+  });
+}
+
+// ---- squared ReLU ----------------------------------------------------------------------
+
+// y = relu(x)^2 (Primer, So et al. 2021; Megatron's squared_relu).
+void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  const Check c{"squared_relu_forward"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  c.numel(y, "y", x.numel());
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    R* Y = y.data<R>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      const R r = X[i] > R(0) ? X[i] : R(0);
+      Y[i] = r * r;
+    }
+  });
+}
+
+// d/dx = 2 relu(x) (0 at x = 0, as torch's autograd of pow(relu(x), 2)).
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  const Check c{"squared_relu_backward"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(dy, "dy", dt), c.dtype(dx, "dx", dt);
+  c.numel(dy, "dy", x.numel()), c.numel(dx, "dx", x.numel());
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R *X = x.data<R>(), *DY = dy.data<R>();
+    R* DX = dx.data<R>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      const R r = X[i] > R(0) ? X[i] : R(0);
+      DX[i] = DY[i] * (R(2) * r);
     }
   });
 }

@@ -107,58 +107,68 @@ void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
 
 namespace {
 
-// fc1 [N, W] (W = 2F for SwiGLU, F for GELU) and the F of ap / dap [N, F]; N = p.numel().
+// fc1 [N, W] (W = 2F for SwiGLU, F otherwise) and the F of ap / dap [N, F]; N = p.numel().
 std::pair<int64_t, int64_t> act_scale_dims(const Check& c, const Tensor& fc1, const Tensor& p,
-                                           bool swiglu, const Tensor& out, const char* oname) {
+                                           int64_t fc1_mult, const Tensor& out,
+                                           const char* oname) {
   const int64_t N = p.numel(), F = N ? out.numel() / N : 0;
   c.numel(out, oname, N * F);
-  c.numel(fc1, "fc1", (swiglu ? 2 : 1) * N * F);
+  c.numel(fc1, "fc1", fc1_mult * N * F);
   return {N, F};
 }
 
-void act_forward(const Tensor& fc1, bool swiglu, Tensor& act, Stream& s) {
-  if (swiglu)
-    swiglu_forward(fc1, act, s);
-  else
-    gelu_forward(fc1, act, s);
+void act_forward(const Tensor& fc1, MlpActivation a, Tensor& act, Stream& s) {
+  switch (a) {
+    case MlpActivation::Swiglu: return swiglu_forward(fc1, act, s);
+    case MlpActivation::SquaredRelu: return squared_relu_forward(fc1, act, s);
+    case MlpActivation::Gelu: return gelu_forward(fc1, act, s);
+  }
+}
+
+void act_backward(const Tensor& dact, const Tensor& fc1, MlpActivation a, Tensor& dx, Stream& s) {
+  switch (a) {
+    case MlpActivation::Swiglu: return swiglu_backward(dact, fc1, dx, s);
+    case MlpActivation::SquaredRelu: return squared_relu_backward(dact, fc1, dx, s);
+    case MlpActivation::Gelu: return gelu_backward(dact, fc1, dx, s);
+  }
 }
 
 }  // namespace
 
-void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tensor& ap, Stream& s) {
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpActivation a, Tensor& ap,
+                           Stream& s) {
   const Check c{"moe_act_scale_forward"};
   c.stream(s);
   const DType dt = c.floating(fc1, "fc1");
   c.dtype(ap, "ap", dt);
   c.dtype(p, "p", dt);
-  const auto [N, F] = act_scale_dims(c, fc1, p, swiglu, ap, "ap");
+  const int64_t m = a == MlpActivation::Swiglu ? 2 : 1;
+  const auto [N, F] = act_scale_dims(c, fc1, p, m, ap, "ap");
   if (N * F == 0) return;
   Tensor act = Tensor::empty({N, F}, dt);  // [N, F]
-  act_forward(fc1.view({N, (swiglu ? 2 : 1) * F}), swiglu, act, s);
+  act_forward(fc1.view({N, m * F}), a, act, s);
   moe_scale_rows(act, p, ap, s);
 }
 
-void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
-                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p,
+                            MlpActivation a, Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
   const Check c{"moe_act_scale_backward"};
   c.stream(s);
   const DType dt = c.floating(fc1, "fc1");
   c.dtype(dap, "dap", dt), c.dtype(p, "p", dt), c.dtype(dfc1, "dfc1", dt), c.dtype(dp, "dp", dt);
-  const auto [N, F] = act_scale_dims(c, fc1, p, swiglu, dap, "dap");
+  const int64_t m = a == MlpActivation::Swiglu ? 2 : 1;
+  const auto [N, F] = act_scale_dims(c, fc1, p, m, dap, "dap");
   c.numel(dfc1, "dfc1", fc1.numel());
   c.numel(dp, "dp", N);
   if (ap.defined()) c.dtype(ap, "ap", dt), c.numel(ap, "ap", N * F);
   if (N == 0) return;
-  const Shape fc1_shape{N, (swiglu ? 2 : 1) * F};
+  const Shape fc1_shape{N, m * F};
   Tensor act = Tensor::empty({N, F}, dt), dact = Tensor::empty({N, F}, dt);  // [N, F] x2
-  act_forward(fc1.view(fc1_shape), swiglu, act, s);
+  act_forward(fc1.view(fc1_shape), a, act, s);
   moe_row_dot(dap, act, dp, s);
   moe_scale_rows(dap, p, dact, s);
   Tensor dx = dfc1.view(fc1_shape);
-  if (swiglu)
-    swiglu_backward(dact, fc1.view(fc1_shape), dx, s);
-  else
-    gelu_backward(dact, fc1.view(fc1_shape), dx, s);
+  act_backward(dact, fc1.view(fc1_shape), a, dx, s);
   if (ap.defined()) moe_scale_rows(act, p, ap, s);  // last: ap may alias dap
 }
 

@@ -8,6 +8,7 @@
 //                                                      1 - t^2 = 4 s (1 - s))
 //   swiglu([g | u]) = silu(g) u,  silu(g) = g sigmoid(g)
 //   d/dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g))),  d/du = dy silu(g)
+//   squared_relu(x) = relu(x)^2,  d/dx = dy 2 relu(x)   (exact in every dtype's f32 math)
 // FAST (every 16-bit activation dtype: kFastMath<T>) takes the sigmoid forms with the
 // hardware exp2 and reciprocal (__expf, __fdividef: a few f32 ulps, where tanhf, expf and
 // an IEEE division cost ~40 instructions and made the fused FP8 casts compute-bound: 1.5x
@@ -68,5 +69,12 @@ __device__ __forceinline__ void swiglu_grad_f(float d, float g, float u, float& 
   dg = d * u * sg * (1.f + g * (1.f - sg));
   du = d * g * sg;
 }
+
+// Squared ReLU (Primer): no transcendental, so one form for every dtype, the CPU's.
+__device__ __forceinline__ float squared_relu_f(float x) {
+  const float r = fmaxf(x, 0.f);
+  return r * r;
+}
+__device__ __forceinline__ float squared_relu_grad_f(float x) { return 2.f * fmaxf(x, 0.f); }
 
 }  // namespace mcpp::ops::cuda

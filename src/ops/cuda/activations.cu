@@ -1,4 +1,4 @@
-// GELU (tanh form) and SwiGLU, forward above backward. x, y, dy, dx: one activation
+// GELU (tanh form), SwiGLU and squared ReLU, forward above backward. x, y, dy, dx: one activation
 // dtype (f32, bf16, f16), f32 arithmetic; every output is overwritten (`=`). The element
 // math (and its fast forms for 16-bit dtypes) is activation_math.cuh's.
 // swiglu_backward_recompute writes both from one read of x (the MLP backward).
@@ -58,6 +58,53 @@ static __global__ void gelu_bwd_vec_kernel(const T* __restrict__ dy, const T* __
   }
   for (int64_t i = nv * N + tid; i < n; i += stride)
     dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f<kFastMath<T>>(to_f(x[i])));
+}
+
+// Squared ReLU: y = relu(x)^2, dx = dy * 2 relu(x); a scalar and a vector form, as GELU's.
+template <typename T>
+static __global__ void squared_relu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                               int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_f<T>(squared_relu_f(to_f(x[i])));
+}
+template <typename T>
+static __global__ void squared_relu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                               T* __restrict__ dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dx[i] = from_f<T>(to_f(dy[i]) * squared_relu_grad_f(to_f(x[i])));
+}
+template <typename T>
+static __global__ void squared_relu_fwd_vec_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                   int64_t n) {
+  constexpr int N = kPackN<T>;
+  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+          stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    Pack<T, N> a = ld_pack<N>(x + v * N), o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(squared_relu_f(to_f(a.v[k])));
+    st_pack(y + v * N, o);
+  }
+  for (int64_t i = nv * N + tid; i < n; i += stride) y[i] = from_f<T>(squared_relu_f(to_f(x[i])));
+}
+template <typename T>
+static __global__ void squared_relu_bwd_vec_kernel(const T* __restrict__ dy,
+                                                   const T* __restrict__ x, T* __restrict__ dx,
+                                                   int64_t n) {
+  constexpr int N = kPackN<T>;
+  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+          stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    Pack<T, N> d = ld_pack<N>(dy + v * N), a = ld_pack<N>(x + v * N), o;
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      o.v[k] = from_f<T>(to_f(d.v[k]) * squared_relu_grad_f(to_f(a.v[k])));
+    st_pack(dx + v * N, o);
+  }
+  for (int64_t i = nv * N + tid; i < n; i += stride)
+    dx[i] = from_f<T>(to_f(dy[i]) * squared_relu_grad_f(to_f(x[i])));
 }
 
 // x[T, 2F] = [gate | up]; y, dy[T, F]; dx[T, 2F]. kY: write y = swiglu(x); kDx: write dx
@@ -193,6 +240,45 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
           <<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
     else
       gelu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
+  });
+  MCPP_LAUNCH_CHECK();
+}
+
+void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  check_same_act(x, y, "squared_relu_forward", "x", "y");
+  check_numel(y, x.numel(), "squared_relu_forward", "y");
+  int64_t n = x.numel();
+  if (n == 0) return;
+  bool vec = is_aligned16(x.raw()) && is_aligned16(y.raw());
+  MCPP_DISPATCH_ACT(x.dtype(), "squared_relu_forward", {
+    auto xp = static_cast<const T*>(x.raw());
+    auto yp = static_cast<T*>(y.raw());
+    if (vec)
+      squared_relu_fwd_vec_kernel<T>
+          <<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
+    else
+      squared_relu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
+  });
+  MCPP_LAUNCH_CHECK();
+}
+
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  check_same_act(dy, x, "squared_relu_backward", "dy", "x");
+  check_same_act(dx, x, "squared_relu_backward", "dx", "x");
+  check_numel(dy, x.numel(), "squared_relu_backward", "dy");
+  check_numel(dx, x.numel(), "squared_relu_backward", "dx");
+  int64_t n = x.numel();
+  if (n == 0) return;
+  bool vec = is_aligned16(dy.raw()) && is_aligned16(x.raw()) && is_aligned16(dx.raw());
+  MCPP_DISPATCH_ACT(x.dtype(), "squared_relu_backward", {
+    auto dyp = static_cast<const T*>(dy.raw());
+    auto xp = static_cast<const T*>(x.raw());
+    auto dxp = static_cast<T*>(dx.raw());
+    if (vec)
+      squared_relu_bwd_vec_kernel<T>
+          <<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
+    else
+      squared_relu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
   });
   MCPP_LAUNCH_CHECK();
 }

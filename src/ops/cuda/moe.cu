@@ -232,11 +232,11 @@ __device__ __forceinline__ void st_vec(T* p, const float (&in)[V]) {
 }
 
 // The activation of V columns starting at column c of row r (fc1 rows of W = 2F or F),
-// rounded to T as the unfused forward stores it; g / u: the inputs (u unused for GELU).
-template <typename T, bool kSwiglu, int V>
+// rounded to T as the unfused forward stores it; g / u: the inputs (u: SwiGLU's up only).
+template <typename T, MlpActivation A, int V>
 __device__ __forceinline__ void act_vec(const T* fc1, int64_t r, int64_t c, int64_t F,
                                         float (&g)[V], float (&u)[V], float (&a)[V]) {
-  constexpr bool kFast = kFastMath<T>;
+  constexpr bool kFast = kFastMath<T>, kSwiglu = A == MlpActivation::Swiglu;
   const T* row = fc1 + r * (kSwiglu ? 2 * F : F);
   ld_vec<V>(row + c, g);
   if constexpr (kSwiglu) ld_vec<V>(row + F + c, u);
@@ -244,6 +244,8 @@ __device__ __forceinline__ void act_vec(const T* fc1, int64_t r, int64_t c, int6
   for (int k = 0; k < V; ++k) {
     if constexpr (kSwiglu)
       a[k] = to_f(from_f<T>(swiglu_f<kFast>(g[k], u[k])));
+    else if constexpr (A == MlpActivation::SquaredRelu)
+      a[k] = to_f(from_f<T>(squared_relu_f(g[k])));
     else
       a[k] = to_f(from_f<T>(gelu_f<kFast>(g[k])));
   }
@@ -251,7 +253,7 @@ __device__ __forceinline__ void act_vec(const T* fc1, int64_t r, int64_t c, int6
 
 // ap [N, F] = act(fc1) * p: V columns per thread and step, FV = F / V steps a row. small:
 // N * FV fits 32 bits (the row of step v is then a 32-bit division).
-template <typename T, bool kSwiglu, int V>
+template <typename T, MlpActivation A, int V>
 __global__ void act_scale_fwd_kernel(const T* __restrict__ fc1, const float* __restrict__ p,
                                      T* __restrict__ ap, int64_t N, int64_t F, int64_t FV,
                                      bool small) {
@@ -259,7 +261,7 @@ __global__ void act_scale_fwd_kernel(const T* __restrict__ fc1, const float* __r
        v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = small ? int64_t(uint32_t(v) / uint32_t(FV)) : v / FV, c = (v - r * FV) * V;
     float g[V], u[V], a[V];
-    act_vec<T, kSwiglu, V>(fc1, r, c, F, g, u, a);
+    act_vec<T, A, V>(fc1, r, c, F, g, u, a);
     const float pr = p[r];
 #pragma unroll
     for (int k = 0; k < V; ++k) a[k] = __fmul_rn(a[k], pr);  // moe_scale_rows' product
@@ -273,13 +275,13 @@ __global__ void act_scale_fwd_kernel(const T* __restrict__ fc1, const float* __r
 // across the block, so the barriers are reached by every thread. ap (null: not wanted): the
 // forward's act * p for the same columns, written after the thread has read their dap, so it
 // may alias dap -- which is why neither pointer is __restrict__.
-template <typename T, bool kSwiglu, int V, int TPR>
+template <typename T, MlpActivation A, int V, int TPR>
 __global__ void __launch_bounds__(256)
     act_scale_bwd_kernel(const T* dap, const T* __restrict__ fc1, const float* __restrict__ p,
                          T* __restrict__ dfc1, float* __restrict__ dp, T* ap, int64_t N,
                          int64_t F) {
   constexpr int R = 256 / TPR, W = TPR / 32;  // rows a block, warps a row
-  constexpr bool kFast = kFastMath<T>;
+  constexpr bool kFast = kFastMath<T>, kSwiglu = A == MlpActivation::Swiglu;
   __shared__ float part[256 / 32];
   const int sub = threadIdx.x / TPR, t = threadIdx.x % TPR;
   const int64_t W1 = kSwiglu ? 2 * F : F;
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(256)
       const float pr = p[r];
       for (int64_t c = int64_t(t) * V; c < F; c += int64_t(TPR) * V) {
         float g[V], u[V], a[V], d[V], dg[V], du[V];
-        act_vec<T, kSwiglu, V>(fc1, r, c, F, g, u, a);
+        act_vec<T, A, V>(fc1, r, c, F, g, u, a);
         ld_vec<V>(dap + r * F + c, d);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
@@ -298,6 +300,8 @@ __global__ void __launch_bounds__(256)
           const float dact = to_f(from_f<T>(__fmul_rn(d[k], pr)));  // moe_scale_rows' bits
           if constexpr (kSwiglu)
             swiglu_grad_f<kFast>(dact, g[k], u[k], dg[k], du[k]);
+          else if constexpr (A == MlpActivation::SquaredRelu)
+            dg[k] = dact * squared_relu_grad_f(g[k]);
           else
             dg[k] = dact * gelu_grad_f<kFast>(g[k]);
         }
@@ -326,35 +330,36 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <typename T, bool kSwiglu, int V, int TPR>
+template <typename T, MlpActivation A, int V, int TPR>
 void act_scale_bwd_launch(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, T* ap,
                           int64_t N, int64_t F, Stream& s) {
   constexpr int R = 256 / TPR;
   const int64_t blocks = std::min<int64_t>((N + R - 1) / R, int64_t(1) << 20);
-  act_scale_bwd_kernel<T, kSwiglu, V, TPR>
+  act_scale_bwd_kernel<T, A, V, TPR>
       <<<unsigned(blocks), 256, 0, stream_of(s)>>>(dap, fc1, p, dfc1, dp, ap, N, F);
 }
 
 // A row's threads: enough for a step or two of each, a warp at the least.
-template <typename T, bool kSwiglu, int V>
+template <typename T, MlpActivation A, int V>
 void act_scale_bwd_rows(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, T* ap,
                         int64_t N, int64_t F, Stream& s) {
   const int64_t FV = F / V;
   if (FV <= 64)
-    act_scale_bwd_launch<T, kSwiglu, V, 32>(dap, fc1, p, dfc1, dp, ap, N, F, s);
+    act_scale_bwd_launch<T, A, V, 32>(dap, fc1, p, dfc1, dp, ap, N, F, s);
   else if (FV <= 256)
-    act_scale_bwd_launch<T, kSwiglu, V, 128>(dap, fc1, p, dfc1, dp, ap, N, F, s);
+    act_scale_bwd_launch<T, A, V, 128>(dap, fc1, p, dfc1, dp, ap, N, F, s);
   else
-    act_scale_bwd_launch<T, kSwiglu, V, 256>(dap, fc1, p, dfc1, dp, ap, N, F, s);
+    act_scale_bwd_launch<T, A, V, 256>(dap, fc1, p, dfc1, dp, ap, N, F, s);
 }
 
 // Checks of the fused ops: T tensors of one activation dtype, p [N] f32; returns F.
-int64_t act_scale_check(const char* op, const Tensor& fc1, const Tensor& p, bool swiglu,
+int64_t act_scale_check(const char* op, const Tensor& fc1, const Tensor& p, MlpActivation a,
                         std::initializer_list<std::pair<const Tensor*, const char*>> acts) {
   check_cuda(fc1, op, "fc1");
   check_f32(p, op, "p");
-  const int64_t N = p.numel(), F = N ? fc1.numel() / ((swiglu ? 2 : 1) * N) : 0;
-  check_numel(fc1, (swiglu ? 2 : 1) * N * F, op, "fc1");
+  const int64_t m = a == MlpActivation::Swiglu ? 2 : 1;
+  const int64_t N = p.numel(), F = N ? fc1.numel() / (m * N) : 0;
+  check_numel(fc1, m * N * F, op, "fc1");
   for (const auto& [t, name] : acts) {
     check_cuda(*t, op, name);
     MCPP_CHECK(t->dtype() == fc1.dtype(), "{}: {} is {} but fc1 is {} (one activation dtype)", op,
@@ -363,11 +368,28 @@ int64_t act_scale_check(const char* op, const Tensor& fc1, const Tensor& p, bool
   return F;
 }
 
+// Calls f(activation, width) with both as compile-time constants: the activation a, the
+// pack width P when vec, else 1.
+template <typename Fn, int P>
+void dispatch_act_vec(MlpActivation a, bool vec, Fn&& f, std::integral_constant<int, P>) {
+  using Sw = std::integral_constant<MlpActivation, MlpActivation::Swiglu>;
+  using Sq = std::integral_constant<MlpActivation, MlpActivation::SquaredRelu>;
+  using Ge = std::integral_constant<MlpActivation, MlpActivation::Gelu>;
+  using VP = std::integral_constant<int, P>;
+  using V1 = std::integral_constant<int, 1>;
+  switch (a) {
+    case MlpActivation::Swiglu: return vec ? f(Sw{}, VP{}) : f(Sw{}, V1{});
+    case MlpActivation::SquaredRelu: return vec ? f(Sq{}, VP{}) : f(Sq{}, V1{});
+    case MlpActivation::Gelu: return vec ? f(Ge{}, VP{}) : f(Ge{}, V1{});
+  }
+}
+
 }  // namespace
 
-void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tensor& ap, Stream& s) {
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpActivation a, Tensor& ap,
+                           Stream& s) {
   const char* op = "moe_act_scale_forward";
-  const int64_t F = act_scale_check(op, fc1, p, swiglu, {{&ap, "ap"}}), N = p.numel();
+  const int64_t F = act_scale_check(op, fc1, p, a, {{&ap, "ap"}}), N = p.numel();
   check_numel(ap, N * F, op, "ap");
   if (N * F == 0) return;
   MCPP_DISPATCH_ACT(fc1.dtype(), op, {
@@ -378,33 +400,26 @@ void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, bool swiglu, Tens
     const int64_t FV = vec ? F / P : F;
     const bool small = N * FV <= int64_t(UINT32_MAX);
     const unsigned grid = grid_for(N * FV, 256);
-    if (vec && swiglu)
-      act_scale_fwd_kernel<T, true, P>
+    auto launch = [&](auto act, auto v) {
+      act_scale_fwd_kernel<T, decltype(act)::value, decltype(v)::value>
           <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
-    else if (vec)
-      act_scale_fwd_kernel<T, false, P>
-          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
-    else if (swiglu)
-      act_scale_fwd_kernel<T, true, 1>
-          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
-    else
-      act_scale_fwd_kernel<T, false, 1>
-          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
+    };
+    dispatch_act_vec(a, vec, launch, std::integral_constant<int, P>{});
   });
   MCPP_LAUNCH_CHECK();
 }
 
-void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, bool swiglu,
-                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p,
+                            MlpActivation a, Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
   const char* op = "moe_act_scale_backward";
-  const int64_t F = act_scale_check(op, fc1, p, swiglu, {{&dap, "dap"}, {&dfc1, "dfc1"}}),
+  const int64_t F = act_scale_check(op, fc1, p, a, {{&dap, "dap"}, {&dfc1, "dfc1"}}),
                 N = p.numel();
   check_numel(dap, N * F, op, "dap");
   check_numel(dfc1, fc1.numel(), op, "dfc1");
   check_f32(dp, op, "dp");
   check_numel(dp, N, op, "dp");
   if (ap.defined()) {
-    act_scale_check(op, fc1, p, swiglu, {{&ap, "ap"}});
+    act_scale_check(op, fc1, p, a, {{&ap, "ap"}});
     check_numel(ap, N * F, op, "ap");
   }
   if (N == 0) return;
@@ -413,19 +428,16 @@ void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& 
     auto d = static_cast<const T*>(dap.raw());
     auto x = static_cast<const T*>(fc1.raw());
     auto dx = static_cast<T*>(dfc1.raw());
-    auto a = ap.defined() ? static_cast<T*>(ap.raw()) : nullptr;
+    auto ao = ap.defined() ? static_cast<T*>(ap.raw()) : nullptr;
     const float* pp = p.data<float>();
     float* o = dp.data<float>();
     // F % P == 0: the up half is aligned too
-    const bool vec = packable<T>(F, {d, x, dx}) && (!a || packable<T>(F, {a}));
-    if (vec && swiglu)
-      act_scale_bwd_rows<T, true, P>(d, x, pp, dx, o, a, N, F, s);
-    else if (vec)
-      act_scale_bwd_rows<T, false, P>(d, x, pp, dx, o, a, N, F, s);
-    else if (swiglu)
-      act_scale_bwd_rows<T, true, 1>(d, x, pp, dx, o, a, N, F, s);
-    else
-      act_scale_bwd_rows<T, false, 1>(d, x, pp, dx, o, a, N, F, s);
+    const bool vec = packable<T>(F, {d, x, dx}) && (!ao || packable<T>(F, {ao}));
+    auto launch = [&](auto act, auto v) {
+      act_scale_bwd_rows<T, decltype(act)::value, decltype(v)::value>(d, x, pp, dx, o, ao, N, F,
+                                                                       s);
+    };
+    dispatch_act_vec(a, vec, launch, std::integral_constant<int, P>{});
   });
   MCPP_LAUNCH_CHECK();
 }
