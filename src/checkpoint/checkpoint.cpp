@@ -168,6 +168,7 @@ json model_config_json(const model::TransformerConfig& c) {
           {"tp_size", c.tp_size}};
   if (c.moe.num_experts > 0) j["moe"] = moe_config_json(c.moe);  // mixture of experts
   if (c.qk_layernorm) j["qk_layernorm"] = true;  // --qk-layernorm (absent: off)
+  if (c.squared_relu) j["squared_relu"] = true;  // --squared-relu (absent: off)
   // --add-qkv-bias where it adds a tensor (without --disable-bias-linear it is implied).
   if (c.qkv_bias() && !c.add_bias_linear) j["add_qkv_bias"] = true;
   if (c.rope_scaling)  // Llama 3.x RoPE scaling (absent: off), in Hugging Face's names
@@ -204,6 +205,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
   if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
   c.qk_layernorm = j.value("qk_layernorm", false);                    // --qk-layernorm
+  c.squared_relu = j.value("squared_relu", false);                    // --squared-relu
   c.add_qkv_bias = j.value("add_qkv_bias", false);                    // --add-qkv-bias
   if (j.contains("rope_scaling")) {  // Llama 3.x RoPE scaling (absent: off)
     const json& r = j.at("rope_scaling");
@@ -247,6 +249,9 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     if (!saved.contains(k) || saved[k] != now[k])
       differ(k, saved.contains(k) ? saved[k] : json("(absent)"), now[k]);
   }
+  // --squared-relu: the same tensors as GELU's MLP, another function of them.
+  if (saved.value("squared_relu", false) != cur.squared_relu)
+    differ("squared_relu (--squared-relu)", saved.value("squared_relu", false), cur.squared_relu);
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
     differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
   if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias

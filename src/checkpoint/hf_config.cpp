@@ -151,6 +151,17 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
                     c.num_query_groups, c.kv_channels);
     return HfArch::Gpt2;
   }
+  // Squared ReLU with RoPE or RMSNorm: Hugging Face's one non-gated relu2 architecture,
+  // NemotronForCausalLM, norms with LayerNorm1P (biased LayerNorm, weight + 1) and rotates
+  // partially by default; no megatron.cpp model maps onto it exactly yet.
+  MCPP_CHECK_HINT(!c.squared_relu,
+                  "export a GPT-2-style model (learned positions, LayerNorm, biases, tied "
+                  "embeddings) with --squared-relu, or keep the checkpoint in megatron.cpp's "
+                  "format",
+                  "--squared-relu with rope {}, rmsnorm {}: no Hugging Face architecture matches "
+                  "exactly (NemotronForCausalLM uses LayerNorm1P with biases; a Llama-style "
+                  "config would silently change the activation)",
+                  c.rope, c.rmsnorm);
   MCPP_CHECK_HINT(c.rope && c.rmsnorm && c.swiglu,
                   "Llama is RoPE + RMSNorm + SwiGLU; GPT-2 uses none of them",
                   "the model mixes GPT-2 and Llama features (rope {}, rmsnorm {}, swiglu {}); "
@@ -204,7 +215,8 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
             {"n_layer", c.num_layers},
             {"n_head", c.num_attention_heads},
             {"n_inner", c.ffn_hidden_size},
-            {"activation_function", "gelu_new"},  // tanh approximation, as ours
+            // tanh approximation, as ours; squared ReLU: transformers' ReLUSquaredActivation
+            {"activation_function", c.squared_relu ? "relu2" : "gelu_new"},
             {"layer_norm_epsilon", c.norm_epsilon},
             {"resid_pdrop", c.hidden_dropout},
             {"embd_pdrop", c.hidden_dropout},
@@ -304,9 +316,12 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.seq_length = c.max_position_embeddings;
       c.norm_epsilon = pos_real("layer_norm_epsilon", 1e-5);
       const std::string act = j.value("activation_function", "gelu_new");
-      MCPP_CHECK_HINT(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast",
-                      "megatron.cpp's GELU is the tanh approximation (gelu_new)",
+      MCPP_CHECK_HINT(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast" ||
+                          act == "relu2",
+                      "megatron.cpp's GELU is the tanh approximation (gelu_new); relu2 is "
+                      "--squared-relu",
                       "GPT-2 activation_function '{}' is not supported", act);
+      c.squared_relu = act == "relu2";
       c.hidden_dropout = j.value("resid_pdrop", 0.1);
       c.attention_dropout = j.value("attn_pdrop", 0.1);
       c.init_method_std = j.value("initializer_range", 0.02);

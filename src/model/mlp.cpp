@@ -24,6 +24,21 @@ DenseMlp::DenseMlp(const TransformerConfig& c, int layer, const ParamStore* stor
   MCPP_CHECK(!recompute_ || (!c.fp8.enabled() && c.keep_mlp_activations == 0),
              "DenseMlp: --recompute-modules mlp with FP8 or --keep-mlp-activations (refused at "
              "start-up)");
+  MCPP_CHECK(!c.squared_relu || !c.fp8.enabled(),
+             "DenseMlp: --squared-relu with --fp8-format (refused at start-up)");
+}
+
+// pre = fc1(x), act = the activation of pre, by the kernels the forward uses (GELU: the GEMM
+// epilogue; squared ReLU: the GEMM, then squared_relu_forward).
+void DenseMlp::fc1_act(const Tensor& x, ColumnParallelLinear::Saved& s, Tensor& pre, Tensor& act,
+                       Workspace& ws, const StepContext& cx) const {
+  switch (cfg_->activation()) {
+    case ops::MlpActivation::Swiglu: return fc1_.forward_swiglu(x, s, pre, act, ws, cx);
+    case ops::MlpActivation::Gelu: return fc1_.forward_gelu(x, s, pre, act, ws, cx);
+    case ops::MlpActivation::SquaredRelu:
+      fc1_.forward(x, s, pre, ws, cx);  // (generation: linear_decode)
+      return ops::squared_relu_forward(pre, act, cx.stream());
+  }
 }
 
 void DenseMlp::saved_specs(const Dims& d, bool keep_activation, MlpSaved& sb,
@@ -48,7 +63,8 @@ void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Worksp
   // bf16, bf16 on CUDA; SwiGLU: F a multiple of 64): the activation is never written in
   // bf16, nor (SwiGLU) fc1's output gradient.
   const Fp8Config& f = cfg_->fp8;
-  const bool fp8_fused = f.delayed() && f.wgrad && f.bf16_start == 0 && f.bf16_end == 0 &&
+  const bool fp8_fused = !cfg_->squared_relu && f.delayed() && f.wgrad && f.bf16_start == 0 &&
+                         f.bf16_end == 0 &&
                          d.dt == DType::BF16 && d.dev == Device::CUDA && d.T % 16 == 0 &&
                          cfg_->ffn_local() % (cfg_->swiglu ? 64 : 16) == 0;
   // A SwiGLU layer that keeps its activation in FP8 without the fused casts writes the
@@ -57,8 +73,8 @@ void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Worksp
   v(ws.act, {d.T, cfg_->ffn_local()}, d.dt,
     (uses_scratch_activation || fp8_kept_t) && !fp8_fused);
   v(ws.dfc1, {d.T, cfg_->fc1_width_local()}, d.dt, !(fp8_fused && cfg_->swiglu));
-  // SwiGLU only: GELU's gradient comes out of fc2's GEMM epilogue.
-  v(ws.dact, {d.T, cfg_->ffn_local()}, d.dt, cfg_->swiglu);
+  // SwiGLU and squared ReLU: GELU's gradient comes out of fc2's GEMM epilogue.
+  v(ws.dact, {d.T, cfg_->ffn_local()}, d.dt, cfg_->swiglu || cfg_->squared_relu);
   v(ws.fc1, {d.T, cfg_->fc1_width_local()}, d.dt, recompute_);
 }
 
@@ -95,12 +111,11 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     return;
   }
   if (recompute_) {  // fc1's output to the shared buffer (no FP8: refused at start-up)
-    if (cfg_->swiglu)
-      fc1_.forward_swiglu(x, s.fc1_in, ws.fc1, act, ws, cx);
-    else
-      fc1_.forward_gelu(x, s.fc1_in, ws.fc1, act, ws, cx);
+    fc1_act(x, s.fc1_in, ws.fc1, act, ws, cx);
   } else if (cfg_->swiglu) {
     fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);  // (one op in generation)
+  } else if (cfg_->squared_relu) {  // the GEMM, then the activation op (no FP8: refused)
+    fc1_act(x, s.fc1_in, s.fc1, act, ws, cx);
   } else if (fc2_.fp8().fused(s.fc1, cx)) {
     // FP8: GELU taken in the cast of fc2's input (fp8_gelu_cast), one pass over fc1's
     // output; the bf16 activation is written only when this layer keeps it.
@@ -154,10 +169,7 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   if (recompute_) {
     // fc1's output again, by the forward's own kernel from the kept input (the activation
     // it also writes is rewritten below): then the backward as when fc1's output is kept.
-    if (cfg_->swiglu)
-      fc1_.forward_swiglu(x, s.fc1_in, ws.fc1, ws.act, ws, cx);
-    else
-      fc1_.forward_gelu(x, s.fc1_in, ws.fc1, ws.act, ws, cx);
+    fc1_act(x, s.fc1_in, ws.fc1, ws.act, ws, cx);
   }
   const Tensor& fc1 = recompute_ ? ws.fc1 : s.fc1;
   const bool kept = s.act.defined();
@@ -201,6 +213,12 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     fc2_.backward_data(g, ws.act, ws.dact, cx);
     ops::swiglu_backward_recompute(ws.dact, fc1, ws.dfc1, ws.act, st);
     fc2_.backward_weights(g, ws.act, cx);
+  } else if (cfg_->squared_relu) {
+    // No GEMM epilogue for it: the activation again unless kept, fc2's backward into dact,
+    // then squared_relu_backward (2 relu(fc1) dact) into fc1's output gradient.
+    if (!kept) ops::squared_relu_forward(fc1, ws.act, st);
+    fc2_.backward(dy, kept ? s.act : ws.act, ws.dact, ws, cx);
+    ops::squared_relu_backward(ws.dact, fc1, ws.dfc1, st);
   } else if (fc2_.fp8().fused(fc1, cx)) {
     // FP8 with the fused casts: fc2's wgrad operand gelu(fc1) cast from fc1's output (no
     // bf16 activation; kept or with --no-fp8-wgrad the bf16 one, as below), fc2's dgrad into

@@ -80,6 +80,7 @@ struct Args {
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double layernorm_epsilon = 1e-5;          // --norm-epsilon
   bool swiglu = false;
+  bool squared_relu = false;  // --squared-relu: the MLP's activation relu(x)^2 (not gated)
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // --disable-bias-linear sets false
   bool add_qkv_bias = false;    // validate_args: True under add_bias_linear, as Megatron's

@@ -31,7 +31,9 @@ double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
   const double s = static_cast<double>(m.seq_length);
   const double V = static_cast<double>(m.padded_vocab_size);
   const double F = static_cast<double>(m.ffn_hidden_size);
-  const double ffn_expansion = m.swiglu ? 3.0 : 2.0;  // SwiGLU: gate, up and down GEMMs
+  // SwiGLU: gate, up and down GEMMs. Squared ReLU counts as GELU (Megatron's scale_factor
+  // is 3/2 for SwiGLU only): the same two GEMMs, and the activation's own FLOPs are not counted.
+  const double ffn_expansion = m.swiglu ? 3.0 : 2.0;
   const double q = static_cast<double>(m.kv_channels * m.num_attention_heads);
   const double kv = static_cast<double>(m.kv_channels * m.num_query_groups);
   const double T = static_cast<double>(batch_size) * s;       // tokens in the batch

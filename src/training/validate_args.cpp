@@ -241,6 +241,11 @@ void validate_model(Args& a) {
                   "choose --num-query-groups as a divisor of --num-attention-heads",
                   "--num-attention-heads {} is not divisible by --num-query-groups {}",
                   a.num_attention_heads, a.num_query_groups);
+  // Megatron's core_transformer_config_from_args: `assert not args.swiglu` under
+  // --squared-relu (squared ReLU replaces the gated SiLU; there is no gated squared ReLU).
+  MCPP_CHECK_HINT(!(a.squared_relu && a.swiglu), "give one of --squared-relu and --swiglu",
+                  "--squared-relu and --swiglu both choose the MLP's activation (squared ReLU is "
+                  "not gated); Megatron-LM refuses them together");
   // MLP width (Megatron: 4h, or int(4h*2/3 / 64)*64 = (h/24)*64 with SwiGLU).
   if (!a.was_given("ffn_hidden_size"))
     a.ffn_hidden_size = a.swiglu ? (a.hidden_size / 24) * 64 : 4 * a.hidden_size;

@@ -167,7 +167,6 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   unsupported(flag("qk_layernorm", false), "--qk-layernorm");
   unsupported(flag("multi_latent_attention", false), "multi-latent attention");
   unsupported(flag("rotary_interleaved", false), "--rotary-interleaved");
-  unsupported(flag("squared_relu", false), "--squared-relu");
   unsupported(arg(a, "decoder_first_pipeline_num_layers") != nullptr ||
                   arg(a, "decoder_last_pipeline_num_layers") != nullptr,
               "an uneven pipeline split");
@@ -195,6 +194,11 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   c.norm_epsilon = f64("norm_epsilon", f64("layernorm_epsilon", 1e-5));
   c.zero_centered_gamma = flag("apply_layernorm_1p", false);
   c.swiglu = flag("swiglu", false);
+  c.squared_relu = flag("squared_relu", false);  // activation_func = squared_relu
+  MCPP_CHECK_HINT(!(c.swiglu && c.squared_relu), "the checkpoint's args are inconsistent",
+                  "{}: args.swiglu and args.squared_relu are both set (Megatron asserts "
+                  "against it)",
+                  what);
   c.rope = pos == "rope";
   c.rotary_base = f64("rotary_base", 10000);
   c.rotary_percent = f64("rotary_percent", 1.0);
@@ -233,7 +237,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
              "vocab {}, ffn {}, eps {})",
              what, c.num_attention_heads, c.num_query_groups, c.kv_channels, c.padded_vocab_size,
              c.ffn_hidden_size, c.norm_epsilon);
-  if (!c.swiglu && !flag("openai_gelu", false) &&
+  if (!c.swiglu && !c.squared_relu && !flag("openai_gelu", false) &&
       !(flag("bias_gelu_fusion", true) && c.add_bias_linear))
     notes.push_back(
         "the Megatron model used the exact (erf) GELU; megatron.cpp computes the tanh form "

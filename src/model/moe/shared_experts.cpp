@@ -63,10 +63,7 @@ void SharedExperts::forward(const Tensor& x, Saved& s, Tensor& y, Scratch& w, Wo
   Tensor& act = s.act.defined() ? s.act : w.act;
   Tensor& fc1 = s.fc1.defined() ? s.fc1 : w.fc1;
   fc1_.forward(x, s.fc1_in, fc1, ws, cx);
-  if (cfg_->swiglu)
-    ops::swiglu_forward(fc1, act, st);
-  else
-    ops::gelu_forward(fc1, act, st);
+  ops::mlp_activation_forward(cfg_->activation(), fc1, act, st);
   if (!cfg_->moe.shared_expert_gate) {
     fc2_.forward(act, y, ws, cx);
     return;
@@ -95,10 +92,7 @@ void SharedExperts::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor
   }
   if (s.act.defined()) {
     fc2_.backward(*d0, s.act, w.dact, ws, cx);
-    if (cfg_->swiglu)
-      ops::swiglu_backward(w.dact, fc1, w.dfc1, st);
-    else
-      ops::gelu_backward(w.dact, fc1, w.dfc1, st);
+    ops::mlp_activation_backward(cfg_->activation(), w.dact, fc1, w.dfc1, st);
   } else if (cfg_->swiglu) {
     // fc2's input gradient (which does not read the activation), then the SwiGLU gradient
     // and the activation from one read of fc1's output, then fc2's weight gradient: the
@@ -107,10 +101,10 @@ void SharedExperts::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor
     fc2_.backward_data(g, w.act, w.dact, cx);
     ops::swiglu_backward_recompute(w.dact, fc1, w.dfc1, w.act, st);
     fc2_.backward_weights(g, w.act, cx);
-  } else {
-    ops::gelu_forward(fc1, w.act, st);
+  } else {  // GELU, squared ReLU: the activation again, then as when it is kept
+    ops::mlp_activation_forward(cfg_->activation(), fc1, w.act, st);
     fc2_.backward(*d0, w.act, w.dact, ws, cx);
-    ops::gelu_backward(w.dact, fc1, w.dfc1, st);
+    ops::mlp_activation_backward(cfg_->activation(), w.dact, fc1, w.dfc1, st);
   }
   fc1_.backward(w.dfc1, x, s.fc1_in, dx, ws, cx);
   if (cfg_->moe.shared_expert_gate) {

@@ -1,0 +1,237 @@
+// --squared-relu (Megatron's squared_relu, Primer): the MLP activation relu(x)^2 in the dense
+// MLP, the routed experts and the shared experts. f64 on the CPU: gradients against central
+// differences (GPT- and Llama-style, dense and MoE, dropout on), a function other than GELU,
+// keeping / recomputing the activation bit for bit, and generation with the KV cache against
+// the full forward.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../inference/inference_test_util.h"
+#include "../moe/moe_test_util.h"
+#include "base/philox.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+#include "tiny_model.h"
+
+using namespace mcpp;
+using model::GPTModel;
+using model::TransformerConfig;
+
+namespace {
+
+TransformerConfig tiny_relu2(bool llama, int layers, double dropout) {
+  TransformerConfig c = model::test::tiny(llama, layers, dropout);
+  c.swiglu = false, c.squared_relu = true;
+  return c;
+}
+
+void add_moe(TransformerConfig& c, std::vector<int64_t> pattern, int64_t shared) {
+  c.add_bias_linear = false;
+  c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+  c.moe.aux_loss_coeff = 0.05, c.moe.layer_pattern = std::move(pattern);
+  c.moe.shared_ffn_hidden_size = shared;
+}
+
+model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({B, S}, DType::I64);
+  mb.labels = Tensor::empty({B, S}, DType::I64);
+  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
+  for (int64_t i = 0; i < B * S; ++i) {
+    mb.tokens.data<int64_t>()[i] = int64_t(Philox::u32(seed, 1, uint64_t(i)) % uint64_t(V));
+    mb.labels.data<int64_t>()[i] = int64_t(Philox::u32(seed, 2, uint64_t(i)) % uint64_t(V));
+    mb.loss_mask.data<float>()[i] = i % 5 == 2 ? 0.f : 1.f;
+  }
+  return mb;
+}
+
+// The LM loss plus every MoE layer's aux loss: what backward differentiates.
+double total(GPTModel& m, const model::MicroBatch& mb, const model::StepKeys& k) {
+  double f = m.forward(mb, k);
+  for (auto* l : test::moe_layers(m)) f += l->stats().last_aux_loss + l->stats().last_z_loss;
+  return f;
+}
+
+void fd_check(const TransformerConfig& cfg) {
+  GPTModel m(cfg);
+  test::perturb_norms(m.params());
+  const auto mb = batch(2, cfg.seq_length, 13, 11);
+  model::StepKeys keys;
+  keys.iteration = 3;
+  auto& ps = m.params();
+  ps.zero_grads();
+  total(m, mb, keys);
+  m.backward(1.0);
+  const double h = 1e-5;
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    Tensor w = ps.param(i), g = ps.grad(i);
+    for (uint64_t k = 0; k < 4; ++k) {
+      const int64_t e = int64_t(Philox::u32(9, i, k) % uint64_t(w.numel()));
+      double* x = w.data<double>() + e;
+      const double x0 = *x;
+      *x = x0 + h;
+      const double lp = total(m, mb, keys);
+      *x = x0 - h;
+      const double lm = total(m, mb, keys);
+      *x = x0;
+      const double fd = (lp - lm) / (2 * h), an = g.data<double>()[e];
+      EXPECT_NEAR(an, fd, 2e-6 * std::max(1.0, std::abs(fd)))
+          << ps.infos()[i].name << "[" << e << "]";
+    }
+  }
+}
+
+}  // namespace
+
+TEST(SquaredReluGrad, DenseFiniteDifferences) {
+  fd_check(tiny_relu2(false, 2, 0.2));  // GPT-style: biases, LayerNorm, dropout
+  fd_check(tiny_relu2(true, 1, 0.0));   // Llama-style: RoPE, RMSNorm, no biases
+}
+
+TEST(SquaredReluGrad, MoeRoutedAndSharedExpertsFiniteDifferences) {
+  TransformerConfig c = tiny_relu2(true, 2, 0.2);
+  add_moe(c, {0, 1}, 10);  // a dense layer, then routed + shared experts
+  fd_check(c);
+  c.moe.shared_expert_gate = true;
+  fd_check(c);
+}
+
+TEST(SquaredRelu, IsAnotherFunctionThanGeluAndNotGated) {
+  // The same parameters (fc1 [F, H] both: not gated) give another loss than GELU's.
+  for (bool moe : {false, true}) {
+    TransformerConfig c = tiny_relu2(false, 2, 0.0);
+    if (moe) add_moe(c, {1, 1}, 0);
+    GPTModel a(c);
+    c.squared_relu = false;
+    GPTModel b(c);
+    ASSERT_EQ(a.params().flat_params().numel(), b.params().flat_params().numel());
+    std::memcpy(b.params().flat_params().raw(), a.params().flat_params().raw(),
+                a.params().flat_params().nbytes());
+    const auto mb = batch(2, c.seq_length, 13, 4);
+    const double la = a.forward(mb, {}), lb = b.forward(mb, {});
+    EXPECT_GT(std::abs(la - lb), 1e-3 * std::abs(lb)) << "moe " << moe;
+  }
+  TransformerConfig both = tiny_relu2(true, 1, 0.0);
+  both.swiglu = true;
+  try {
+    both.validate();
+    ADD_FAILURE() << "--squared-relu with --swiglu accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--squared-relu and --swiglu"), std::string::npos)
+        << e.what();
+  }
+}
+
+namespace {
+
+struct Training {
+  std::vector<double> losses;
+  Tensor params;
+};
+
+Training train(const TransformerConfig& c) {
+  const int steps = 3, M = 2;
+  const int64_t B = 2;
+  GPTModel m(c);
+  optim::AdamW opt(m.params(), {});
+  Training t;
+  for (int it = 0; it < steps; ++it) {
+    m.params().zero_grads();
+    for (int j = 0; j < M; ++j) {
+      model::StepKeys k;
+      k.iteration = it, k.sample_offset = j * B, k.global_batch = M * B;
+      t.losses.push_back(
+          m.forward(batch(B, c.seq_length, c.padded_vocab_size, uint64_t(10 * it + j)), k));
+      m.backward(1.0 / double(M * B * c.seq_length));
+    }
+    opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
+    opt.step(3e-2, 0.1);
+  }
+  t.params = m.params().flat_params().clone();
+  return t;
+}
+
+void expect_same(const Training& t, const Training& ref) {
+  ASSERT_EQ(t.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_EQ(t.losses[i], ref.losses[i]) << "micro-batch " << i;
+  EXPECT_EQ(std::memcmp(t.params.raw(), ref.params.raw(), ref.params.nbytes()), 0)
+      << "parameters after the last step";
+}
+
+}  // namespace
+
+TEST(SquaredRelu, KeepingAndRecomputingTrainBitwiseAlike) {
+  // --keep-mlp-activations, --recompute-modules mlp and full recomputation run the same
+  // element ops and GEMMs as recomputing the activation from fc1's output in backward.
+  using RC = TransformerConfig::Recompute;
+  for (bool llama : {false, true})
+    for (DType dt : {DType::F32, DType::F64})
+      for (bool moe : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} {} moe {}", llama ? "llama" : "gpt", dtype_name(dt), moe));
+        TransformerConfig c = tiny_relu2(llama, 3, 0.1);
+        c.dtype = dt;
+        if (moe) add_moe(c, {0, 1, 0}, 10);
+        const Training ref = train(c);
+        for (int64_t keep : {1, 3}) {
+          TransformerConfig k = c;
+          k.keep_mlp_activations = keep;
+          expect_same(train(k), ref);
+        }
+        TransformerConfig r = c;
+        r.recompute = RC::Selective, r.recompute_mlp = true;
+        expect_same(train(r), ref);
+        r.recompute_shared_experts = moe;
+        expect_same(train(r), ref);
+        TransformerConfig f = c;
+        f.recompute = RC::Full, f.recompute_num_layers = 1;
+        expect_same(train(f), ref);
+      }
+}
+
+TEST(SquaredRelu, GenerationMatchesTheFullForward) {
+  // Greedy decoding with the KV cache (one row a step through linear_decode, then
+  // squared_relu_forward) against the training model's full forward of the whole sequence.
+  for (bool llama : {false, true})
+    for (bool moe : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} moe {}", llama ? "llama" : "gpt", moe));
+      TransformerConfig cfg = test::tiny_config(llama, DType::F64);
+      cfg.swiglu = false, cfg.squared_relu = true;
+      if (moe) {
+        cfg.add_bias_linear = false;
+        cfg.moe.num_experts = 4, cfg.moe.topk = 2, cfg.moe.ffn_hidden_size = 16;
+        cfg.moe.layer_pattern = {1, 0}, cfg.moe.shared_ffn_hidden_size = 16;
+      }
+      GPTModel m(cfg);
+      test::perturb_norms(m.params());
+      inference::Generator gen(m.params(), cfg);
+      const int64_t B = 2, P = 4, steps = 6;
+      inference::KVCache cache(cfg, cfg.max_position_embeddings, B);
+      std::vector<std::vector<int64_t>> seqs(B);
+      Tensor tokens = Tensor::empty({B, P}, DType::I64);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < P; ++s) {
+          seqs[size_t(b)].push_back(Philox::u32(9, uint64_t(b), uint64_t(s)) % 60);
+          tokens.data<int64_t>()[b * P + s] = seqs[size_t(b)].back();
+        }
+      const Tensor* logits = &gen.forward(tokens, cache);
+      for (int64_t step = 0; step < steps; ++step) {
+        const auto want = test::full_forward_last_logits(m, seqs);
+        Tensor next = Tensor::empty({B, 1}, DType::I64);
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t V = logits->size(-1);
+          std::vector<double> got(logits->data<double>() + b * V,
+                                  logits->data<double>() + (b + 1) * V);
+          ASSERT_LE(test::rel_diff(got, want[size_t(b)]), 1e-12) << "step " << step;
+          const int64_t id = int64_t(std::max_element(got.begin(), got.end()) - got.begin());
+          seqs[size_t(b)].push_back(id);
+          next.data<int64_t>()[b] = id;
+        }
+        logits = &gen.forward(next, cache);
+      }
+    }
+}
