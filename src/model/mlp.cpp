@@ -64,9 +64,8 @@ void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Worksp
   // bf16, nor (SwiGLU) fc1's output gradient.
   const Fp8Config& f = cfg_->fp8;
   const bool fp8_fused = !cfg_->squared_relu && f.delayed() && f.wgrad && f.bf16_start == 0 &&
-                         f.bf16_end == 0 &&
-                         d.dt == DType::BF16 && d.dev == Device::CUDA && d.T % 16 == 0 &&
-                         cfg_->ffn_local() % (cfg_->swiglu ? 64 : 16) == 0;
+                         f.bf16_end == 0 && d.dt == DType::BF16 && d.dev == Device::CUDA &&
+                         d.T % 16 == 0 && cfg_->ffn_local() % (cfg_->swiglu ? 64 : 16) == 0;
   // A SwiGLU layer that keeps its activation in FP8 without the fused casts writes the
   // bf16 one to the scratch.
   const bool fp8_kept_t = cfg_->swiglu && fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local());
@@ -214,9 +213,10 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     ops::swiglu_backward_recompute(ws.dact, fc1, ws.dfc1, ws.act, st);
     fc2_.backward_weights(g, ws.act, cx);
   } else if (cfg_->squared_relu) {
-    // No GEMM epilogue for it: the activation again unless kept, fc2's backward into dact,
-    // then squared_relu_backward (2 relu(fc1) dact) into fc1's output gradient.
-    if (!kept) ops::squared_relu_forward(fc1, ws.act, st);
+    // No GEMM epilogue for it: the activation again unless kept (or just rewritten by the
+    // recomputed fc1), fc2's backward into dact, then squared_relu_backward
+    // (2 relu(fc1) dact) into fc1's output gradient.
+    if (!kept && !recompute_) ops::squared_relu_forward(fc1, ws.act, st);
     fc2_.backward(dy, kept ? s.act : ws.act, ws.dact, ws, cx);
     ops::squared_relu_backward(ws.dact, fc1, ws.dfc1, st);
   } else if (fc2_.fp8().fused(fc1, cx)) {
