@@ -25,9 +25,13 @@ mg::ValuePtr gpt_args(bool squared_relu, bool swiglu) {
     v->kind = kind, v->i = i, v->b = b;
     ns->entries.emplace_back(key, v);
   };
-  for (auto [k, x] : {std::pair<const char*, int64_t>{"num_layers", 2}, {"hidden_size", 16},
-                      {"num_attention_heads", 4}, {"ffn_hidden_size", 64}, {"kv_channels", 4},
-                      {"seq_length", 8}, {"max_position_embeddings", 8},
+  for (auto [k, x] : {std::pair<const char*, int64_t>{"num_layers", 2},
+                      {"hidden_size", 16},
+                      {"num_attention_heads", 4},
+                      {"ffn_hidden_size", 64},
+                      {"kv_channels", 4},
+                      {"seq_length", 8},
+                      {"max_position_embeddings", 8},
                       {"padded_vocab_size", 64}})
     put(k, K::Int, x, false);
   put("squared_relu", K::Bool, 0, squared_relu);

@@ -63,8 +63,8 @@ void same_params(GPTModel& cm, GPTModel& gm) {
     if (ps.infos()[i].init == model::Init::Normal) continue;
     Tensor t = ps.param(i);
     for (int64_t e = 0; e < t.numel(); ++e)
-      t.data<float>()[e] += float(0.1 * Philox::normal(3, hash_name(ps.infos()[i].name),
-                                                       uint64_t(e)));
+      t.data<float>()[e] +=
+          float(0.1 * Philox::normal(3, hash_name(ps.infos()[i].name), uint64_t(e)));
   }
   ops::copy(cm.params().flat_params(), gm.params().flat_params(), GS());
   ops::copy(gm.params().flat_params(), cm.params().flat_params(), GS());
