@@ -9,7 +9,9 @@
 #     Adam moments restart: iteration 6's is not; finetune starts at iteration 1);
 #   * `megatron convert --from-megatron` of U's iteration 8 holds the weights and Adam
 #     moments of O, the same run saved in megatron.cpp's own format, bit for bit;
-#   * --save-retain-interval 8 with saves every 4 deletes iteration 4 once 8 is saved.
+#   * --save-retain-interval 8 with saves every 4 deletes iteration 4 once 8 is saved;
+#   * a --squared-relu run's checkpoint records the activation (args.squared_relu): it
+#     resumes with the flag and is refused as another model without it.
 set -euo pipefail
 M=$1; shift
 MPI=("$@")
@@ -100,4 +102,17 @@ run "$W/k.log" "${MPI[@]}" -np 4 "$M" train "${F[@]}" "${T[@]}" --save "$W/K" --
     --save-retain-interval 8
 [ "$(ls "$W/K" | tr '\n' ' ')" = "iter_0000008 latest_checkpointed_iteration.txt " ] ||
   { echo "retention: expected iteration 8 alone"; ls "$W/K"; exit 1; }
+# The MLP's activation travels in the args: a --squared-relu run's legacy checkpoint
+# resumes with --squared-relu and is refused as another model without it.
+S=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --hidden-size 32
+   --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
+   --global-batch-size 8 --lr 1e-3 --log-interval 1 --threads 1 --device cpu --ckpt-format torch)
+run "$W/s.log" "$M" train "${S[@]}" --squared-relu --train-iters 3 --save "$W/S" --save-interval 2 \
+    --exit-interval 2
+run "$W/s2.log" "$M" train "${S[@]}" --squared-relu --train-iters 3 --load "$W/S"
+if "$M" train "${S[@]}" --train-iters 3 --load "$W/S" >"$W/s3.log" 2>&1; then
+  echo "a --squared-relu checkpoint loaded into a GELU model"; exit 1
+fi
+grep -q "squared_relu.*: checkpoint true vs this run false" "$W/s3.log" ||
+  { echo "squared ReLU mismatch not named"; tail -5 "$W/s3.log"; exit 1; }
 echo "ckpt_format_torch: OK"

@@ -173,10 +173,12 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("norm_epsilon", Py::real(c.norm_epsilon));
   a.set("apply_layernorm_1p", Py::boolean(c.zero_centered_gamma));
   a.set("swiglu", Py::boolean(c.swiglu));
-  a.set("squared_relu", Py::boolean(false));
+  a.set("squared_relu", Py::boolean(c.squared_relu));
   // megatron.cpp's GELU is the tanh form: Megatron's bias_gelu fusion, or --openai-gelu
-  a.set("bias_gelu_fusion", Py::boolean(!c.swiglu && c.add_bias_linear));
-  a.set("openai_gelu", Py::boolean(!c.swiglu && !c.add_bias_linear));
+  // (squared ReLU: neither; Megatron refuses the bias_gelu fusion with it)
+  const bool gelu = !c.swiglu && !c.squared_relu;
+  a.set("bias_gelu_fusion", Py::boolean(gelu && c.add_bias_linear));
+  a.set("openai_gelu", Py::boolean(gelu && !c.add_bias_linear));
   a.set("untie_embeddings_and_output_weights", Py::boolean(!c.tie_embeddings));
   a.set("add_bias_linear", Py::boolean(c.add_bias_linear));
   a.set("add_qkv_bias", Py::boolean(c.add_qkv_bias));
