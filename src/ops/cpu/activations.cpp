@@ -15,10 +15,12 @@ constexpr double kGeluC = 0.7978845608028654, kGeluA = 0.044715;
 
 }  // namespace
 
-// ---- GELU ------------------------------------------------------------------------------
+namespace {
 
-void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
-  const Check c{"gelu_forward"};
+// y[i] = f(x[i]) for an element-wise activation: f(R x) -> R, R the dtype's type.
+template <class F>
+void map_forward(const char* op, const Tensor& x, Tensor& y, Stream& s, F f) {
+  const Check c{op};
   c.stream(s);
   const DType dt = c.floating(x, "x");
   c.dtype(y, "y", dt);
@@ -29,17 +31,15 @@ void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
     R* Y = y.data<R>();
     const int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      const R v = X[i];
-      const R t = tanh_fast(R(kGeluC) * (v + R(kGeluA) * v * v * v));
-      Y[i] = R(0.5) * v * (R(1) + t);
-    }
+    for (int64_t i = 0; i < n; ++i) Y[i] = f(X[i]);
   });
 }
 
-// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2),  t = tanh(c (x + a x^3)).
-void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
-  const Check c{"gelu_backward"};
+// dx[i] = dy[i] * f'(x[i]): grad(R x) -> R.
+template <class F>
+void map_backward(const char* op, const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s,
+                  F grad) {
+  const Check c{op};
   c.stream(s);
   const DType dt = c.floating(x, "x");
   c.dtype(dy, "dy", dt), c.dtype(dx, "dx", dt);
@@ -50,13 +50,30 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
     R* DX = dx.data<R>();
     const int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      const R v = X[i], v2 = v * v;
-      const R t = tanh_fast(R(kGeluC) * (v + R(kGeluA) * v2 * v));
-      const R d = R(0.5) * (R(1) + t) +
-                  R(0.5) * v * (R(1) - t * t) * R(kGeluC) * (R(1) + R(3 * kGeluA) * v2);
-      DX[i] = DY[i] * d;
-    }
+    for (int64_t i = 0; i < n; ++i) DX[i] = DY[i] * grad(X[i]);
+  });
+}
+
+}  // namespace
+
+// ---- GELU ------------------------------------------------------------------------------
+
+void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  map_forward("gelu_forward", x, y, s, [](auto v) {
+    using R = decltype(v);
+    const R t = tanh_fast(R(kGeluC) * (v + R(kGeluA) * v * v * v));
+    return R(0.5) * v * (R(1) + t);
+  });
+}
+
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2),  t = tanh(c (x + a x^3)).
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  map_backward("gelu_backward", dy, x, dx, s, [](auto v) {
+    using R = decltype(v);
+    const R v2 = v * v;
+    const R t = tanh_fast(R(kGeluC) * (v + R(kGeluA) * v2 * v));
+    return R(0.5) * (R(1) + t) +
+           R(0.5) * v * (R(1) - t * t) * R(kGeluC) * (R(1) + R(3 * kGeluA) * v2);
   });
 }
 
@@ -64,41 +81,18 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
 
 // y = relu(x)^2 (Primer, So et al. 2021; Megatron's squared_relu).
 void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
-  const Check c{"squared_relu_forward"};
-  c.stream(s);
-  const DType dt = c.floating(x, "x");
-  c.dtype(y, "y", dt);
-  c.numel(y, "y", x.numel());
-  dispatch_float(dt, [&](auto tag) {
-    using R = decltype(tag);
-    const R* X = x.data<R>();
-    R* Y = y.data<R>();
-    const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      const R r = X[i] > R(0) ? X[i] : R(0);
-      Y[i] = r * r;
-    }
+  map_forward("squared_relu_forward", x, y, s, [](auto v) {
+    using R = decltype(v);
+    const R r = v > R(0) ? v : R(0);
+    return r * r;
   });
 }
 
 // d/dx = 2 relu(x) (0 at x = 0, as torch's autograd of pow(relu(x), 2)).
 void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
-  const Check c{"squared_relu_backward"};
-  c.stream(s);
-  const DType dt = c.floating(x, "x");
-  c.dtype(dy, "dy", dt), c.dtype(dx, "dx", dt);
-  c.numel(dy, "dy", x.numel()), c.numel(dx, "dx", x.numel());
-  dispatch_float(dt, [&](auto tag) {
-    using R = decltype(tag);
-    const R *X = x.data<R>(), *DY = dy.data<R>();
-    R* DX = dx.data<R>();
-    const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      const R r = X[i] > R(0) ? X[i] : R(0);
-      DX[i] = DY[i] * (R(2) * r);
-    }
+  map_backward("squared_relu_backward", dy, x, dx, s, [](auto v) {
+    using R = decltype(v);
+    return R(2) * (v > R(0) ? v : R(0));
   });
 }
 

@@ -16,95 +16,63 @@ namespace mcpp::ops::cuda {
 
 namespace {
 
+// The element-wise activations (GELU, squared ReLU) as an Op: f(x) and its derivative, in
+// f32. GELU takes its fast 16-bit forms for bf16/f16 (kFastMath<T>).
 template <typename T>
-static __global__ void gelu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+struct GeluOp {
+  static __device__ __forceinline__ float f(float x) { return gelu_f<kFastMath<T>>(x); }
+  static __device__ __forceinline__ float grad(float x) { return gelu_grad_f<kFastMath<T>>(x); }
+};
+// Squared ReLU: y = relu(x)^2, dx = dy * 2 relu(x).
+template <typename T>
+struct SquaredReluOp {
+  static __device__ __forceinline__ float f(float x) { return squared_relu_f(x); }
+  static __device__ __forceinline__ float grad(float x) { return squared_relu_grad_f(x); }
+};
+
+template <typename T, typename Op>
+static __global__ void act_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_f<T>(gelu_f<kFastMath<T>>(to_f(x[i])));
+    y[i] = from_f<T>(Op::f(to_f(x[i])));
 }
-template <typename T>
-static __global__ void gelu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                       T* __restrict__ dx, int64_t n) {
+template <typename T, typename Op>
+static __global__ void act_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                      T* __restrict__ dx, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f<kFastMath<T>>(to_f(x[i])));
+    dx[i] = from_f<T>(to_f(dy[i]) * Op::grad(to_f(x[i])));
 }
 
 // Vector forms: nv whole packs, then the n - nv*N tail elements one by one.
-template <typename T>
-static __global__ void gelu_fwd_vec_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+template <typename T, typename Op>
+static __global__ void act_fwd_vec_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                          int64_t n) {
   constexpr int N = kPackN<T>;
   int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
           stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = tid; v < nv; v += stride) {
     Pack<T, N> a = ld_pack<N>(x + v * N), o;
 #pragma unroll
-    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(gelu_f<kFastMath<T>>(to_f(a.v[k])));
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(Op::f(to_f(a.v[k])));
     st_pack(y + v * N, o);
   }
-  for (int64_t i = nv * N + tid; i < n; i += stride) y[i] = from_f<T>(gelu_f<kFastMath<T>>(to_f(x[i])));
+  for (int64_t i = nv * N + tid; i < n; i += stride) y[i] = from_f<T>(Op::f(to_f(x[i])));
 }
-template <typename T>
-static __global__ void gelu_bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                           T* __restrict__ dx, int64_t n) {
+template <typename T, typename Op>
+static __global__ void act_bwd_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                          T* __restrict__ dx, int64_t n) {
   constexpr int N = kPackN<T>;
   int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
           stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = tid; v < nv; v += stride) {
     Pack<T, N> d = ld_pack<N>(dy + v * N), a = ld_pack<N>(x + v * N), o;
 #pragma unroll
-    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(to_f(d.v[k]) * gelu_grad_f<kFastMath<T>>(to_f(a.v[k])));
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(to_f(d.v[k]) * Op::grad(to_f(a.v[k])));
     st_pack(dx + v * N, o);
   }
   for (int64_t i = nv * N + tid; i < n; i += stride)
-    dx[i] = from_f<T>(to_f(dy[i]) * gelu_grad_f<kFastMath<T>>(to_f(x[i])));
-}
-
-// Squared ReLU: y = relu(x)^2, dx = dy * 2 relu(x); a scalar and a vector form, as GELU's.
-template <typename T>
-static __global__ void squared_relu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                               int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_f<T>(squared_relu_f(to_f(x[i])));
-}
-template <typename T>
-static __global__ void squared_relu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                               T* __restrict__ dx, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    dx[i] = from_f<T>(to_f(dy[i]) * squared_relu_grad_f(to_f(x[i])));
-}
-template <typename T>
-static __global__ void squared_relu_fwd_vec_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                                   int64_t n) {
-  constexpr int N = kPackN<T>;
-  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
-          stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t v = tid; v < nv; v += stride) {
-    Pack<T, N> a = ld_pack<N>(x + v * N), o;
-#pragma unroll
-    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(squared_relu_f(to_f(a.v[k])));
-    st_pack(y + v * N, o);
-  }
-  for (int64_t i = nv * N + tid; i < n; i += stride) y[i] = from_f<T>(squared_relu_f(to_f(x[i])));
-}
-template <typename T>
-static __global__ void squared_relu_bwd_vec_kernel(const T* __restrict__ dy,
-                                                   const T* __restrict__ x, T* __restrict__ dx,
-                                                   int64_t n) {
-  constexpr int N = kPackN<T>;
-  int64_t nv = n / N, tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
-          stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t v = tid; v < nv; v += stride) {
-    Pack<T, N> d = ld_pack<N>(dy + v * N), a = ld_pack<N>(x + v * N), o;
-#pragma unroll
-    for (int k = 0; k < N; ++k)
-      o.v[k] = from_f<T>(to_f(d.v[k]) * squared_relu_grad_f(to_f(a.v[k])));
-    st_pack(dx + v * N, o);
-  }
-  for (int64_t i = nv * N + tid; i < n; i += stride)
-    dx[i] = from_f<T>(to_f(dy[i]) * squared_relu_grad_f(to_f(x[i])));
+    dx[i] = from_f<T>(to_f(dy[i]) * Op::grad(to_f(x[i])));
 }
 
 // x[T, 2F] = [gate | up]; y, dy[T, F]; dx[T, 2F]. kY: write y = swiglu(x); kDx: write dx
@@ -206,81 +174,59 @@ void check_same_act(const Tensor& a, const Tensor& b, const char* op, const char
 
 }  // namespace
 
-void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
-  check_same_act(x, y, "gelu_forward", "x", "y");
-  check_numel(y, x.numel(), "gelu_forward", "y");
+// y = Op(x), dx = dy * Op'(x): the vector kernel where every pointer is 16-byte aligned.
+template <template <typename> class Op>
+void act_forward(const Tensor& x, Tensor& y, Stream& s, const char* op) {
+  check_same_act(x, y, op, "x", "y");
+  check_numel(y, x.numel(), op, "y");
   int64_t n = x.numel();
   if (n == 0) return;
   bool vec = is_aligned16(x.raw()) && is_aligned16(y.raw());
-  MCPP_DISPATCH_ACT(x.dtype(), "gelu_forward", {
+  MCPP_DISPATCH_ACT(x.dtype(), op, {
     auto xp = static_cast<const T*>(x.raw());
     auto yp = static_cast<T*>(y.raw());
     if (vec)
-      gelu_fwd_vec_kernel<T><<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
-    else
-      gelu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
-  });
-  MCPP_LAUNCH_CHECK();
-}
-
-void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
-  check_same_act(dy, x, "gelu_backward", "dy", "x");
-  check_same_act(dx, x, "gelu_backward", "dx", "x");
-  check_numel(dy, x.numel(), "gelu_backward", "dy");
-  check_numel(dx, x.numel(), "gelu_backward", "dx");
-  int64_t n = x.numel();
-  if (n == 0) return;
-  bool vec = is_aligned16(dy.raw()) && is_aligned16(x.raw()) && is_aligned16(dx.raw());
-  MCPP_DISPATCH_ACT(x.dtype(), "gelu_backward", {
-    auto dyp = static_cast<const T*>(dy.raw());
-    auto xp = static_cast<const T*>(x.raw());
-    auto dxp = static_cast<T*>(dx.raw());
-    if (vec)
-      gelu_bwd_vec_kernel<T>
-          <<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
-    else
-      gelu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
-  });
-  MCPP_LAUNCH_CHECK();
-}
-
-void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
-  check_same_act(x, y, "squared_relu_forward", "x", "y");
-  check_numel(y, x.numel(), "squared_relu_forward", "y");
-  int64_t n = x.numel();
-  if (n == 0) return;
-  bool vec = is_aligned16(x.raw()) && is_aligned16(y.raw());
-  MCPP_DISPATCH_ACT(x.dtype(), "squared_relu_forward", {
-    auto xp = static_cast<const T*>(x.raw());
-    auto yp = static_cast<T*>(y.raw());
-    if (vec)
-      squared_relu_fwd_vec_kernel<T>
+      act_fwd_vec_kernel<T, Op<T>>
           <<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
     else
-      squared_relu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
+      act_fwd_kernel<T, Op<T>><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(xp, yp, n);
   });
   MCPP_LAUNCH_CHECK();
 }
 
-void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
-  check_same_act(dy, x, "squared_relu_backward", "dy", "x");
-  check_same_act(dx, x, "squared_relu_backward", "dx", "x");
-  check_numel(dy, x.numel(), "squared_relu_backward", "dy");
-  check_numel(dx, x.numel(), "squared_relu_backward", "dx");
+template <template <typename> class Op>
+void act_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s, const char* op) {
+  check_same_act(dy, x, op, "dy", "x");
+  check_same_act(dx, x, op, "dx", "x");
+  check_numel(dy, x.numel(), op, "dy");
+  check_numel(dx, x.numel(), op, "dx");
   int64_t n = x.numel();
   if (n == 0) return;
   bool vec = is_aligned16(dy.raw()) && is_aligned16(x.raw()) && is_aligned16(dx.raw());
-  MCPP_DISPATCH_ACT(x.dtype(), "squared_relu_backward", {
+  MCPP_DISPATCH_ACT(x.dtype(), op, {
     auto dyp = static_cast<const T*>(dy.raw());
     auto xp = static_cast<const T*>(x.raw());
     auto dxp = static_cast<T*>(dx.raw());
     if (vec)
-      squared_relu_bwd_vec_kernel<T>
+      act_bwd_vec_kernel<T, Op<T>>
           <<<grid_for(n / kPackN<T> + 1, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
     else
-      squared_relu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
+      act_bwd_kernel<T, Op<T>><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, n);
   });
   MCPP_LAUNCH_CHECK();
+}
+
+void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  act_forward<GeluOp>(x, y, s, "gelu_forward");
+}
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  act_backward<GeluOp>(dy, x, dx, s, "gelu_backward");
+}
+void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
+  act_forward<SquaredReluOp>(x, y, s, "squared_relu_forward");
+}
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  act_backward<SquaredReluOp>(dy, x, dx, s, "squared_relu_backward");
 }
 
 void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
