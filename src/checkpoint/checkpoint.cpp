@@ -1,5 +1,6 @@
 // Saving checkpoints, the pieces of a rank's tensors and the state/config JSON (checkpoint.h has
-// the API, docs/checkpoint.md the format); find.cpp finds and describes them, load.cpp validates and loads them.
+// the API, docs/checkpoint.md the format); find.cpp finds and describes them, load.cpp
+// validates and loads them.
 #include "checkpoint/checkpoint.h"
 
 #include <unistd.h>

@@ -47,7 +47,8 @@ class ShardReader {
     if (it == files_.end()) {
       MCPP_CHECK(std::filesystem::exists(path), "shard file {} (tensor {}) is missing", path, key);
       if (md_.at("files").contains(file)) {
-        const uint64_t want = md_["files"][file].at("bytes"), got = std::filesystem::file_size(path);
+        const uint64_t want = md_["files"][file].at("bytes");
+        const uint64_t got = std::filesystem::file_size(path);
         MCPP_CHECK(want == got,
                    "shard file {} has {} bytes, the metadata says {} (truncated or "
                    "overwritten); tensor {}",
