@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "optim/lr_scheduler.h"
 #include "tensor/tensor.h"
 
 namespace mcpp::checkpoint::megatron {
@@ -159,6 +160,9 @@ void read_rank_optimizer(const Value& root, const TorchFile& tf,
                          const std::string& path, OptimizerShards& out);
 // The scheduler's state and counters from a rank file's root (opt_param_scheduler, args).
 void read_scheduler(const Value& root, const std::string& path, OptimizerState& out);
+// The imported scheduler (has_scheduler) as megatron.cpp's scheduler state (its styles
+// parsed; an unknown one is an error naming it).
+optim::SchedulerState scheduler_state(const OptimizerState& os);
 // After check_against_model: the merged moments (and main params of a half-precision run)
 // cover exactly the model's tensors with their shapes; the tied output layer's copy dropped.
 void check_optimizer(Imported& im, const std::string& what);

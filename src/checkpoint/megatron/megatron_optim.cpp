@@ -320,4 +320,14 @@ void check_optimizer(Imported& im, const std::string& what) {
         what, off.size(), off.front()));
 }
 
+optim::SchedulerState scheduler_state(const OptimizerState& os) {
+  optim::SchedulerState sc;
+  sc.max_lr = os.max_lr, sc.min_lr = os.min_lr, sc.lr_warmup_steps = os.lr_warmup_steps;
+  sc.lr_decay_steps = os.lr_decay_steps, sc.num_steps = os.num_steps;
+  sc.lr_decay_style = optim::parse_lr_decay_style(os.lr_decay_style);
+  sc.start_wd = os.start_wd, sc.end_wd = os.end_wd, sc.wd_incr_steps = os.wd_incr_steps;
+  sc.wd_incr_style = optim::parse_wd_incr_style(os.wd_incr_style);
+  return sc;
+}
+
 }  // namespace mcpp::checkpoint::megatron

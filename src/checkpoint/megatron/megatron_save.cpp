@@ -67,14 +67,7 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
     st.consumed_valid_samples = os.consumed_valid_samples;
     st.num_floating_point_operations_so_far = os.flops_so_far;
     st.optimizer_steps = os.step;
-    if (os.has_scheduler) {
-      auto& sc = st.scheduler;
-      sc.max_lr = os.max_lr, sc.min_lr = os.min_lr, sc.lr_warmup_steps = os.lr_warmup_steps;
-      sc.lr_decay_steps = os.lr_decay_steps, sc.num_steps = os.num_steps;
-      sc.lr_decay_style = optim::parse_lr_decay_style(os.lr_decay_style);
-      sc.start_wd = os.start_wd, sc.end_wd = os.end_wd, sc.wd_incr_steps = os.wd_incr_steps;
-      sc.wd_incr_style = optim::parse_wd_incr_style(os.wd_incr_style);
-    }
+    if (os.has_scheduler) st.scheduler = scheduler_state(os);
     log::info("imported the Adam state (step {}, betas {} {}, eps {}){}{}: --load OUT resumes "
               "at iteration {} (pass Megatron's optimizer and LR flags; dropout masks differ "
               "from Megatron's, whose RNG states have no counterpart here)",

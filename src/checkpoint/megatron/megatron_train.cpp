@@ -233,14 +233,7 @@ LegacyLoaded load_legacy_training_checkpoint(const std::string& dir,
     opt.set_steps(os->step);
   }
   out.has_scheduler = pr.has_scheduler;
-  if (pr.has_scheduler) {
-    auto& sc = st.scheduler;
-    sc.max_lr = pr.max_lr, sc.min_lr = pr.min_lr, sc.lr_warmup_steps = pr.lr_warmup_steps;
-    sc.lr_decay_steps = pr.lr_decay_steps, sc.num_steps = pr.num_steps;
-    sc.lr_decay_style = optim::parse_lr_decay_style(pr.lr_decay_style);
-    sc.start_wd = pr.start_wd, sc.end_wd = pr.end_wd, sc.wd_incr_steps = pr.wd_incr_steps;
-    sc.wd_incr_style = optim::parse_wd_incr_style(pr.wd_incr_style);
-  }
+  if (pr.has_scheduler) st.scheduler = scheduler_state(pr);
   if (o.finetune) {  // weights only, from iteration 0 (the trainer keeps its own counters)
     const auto sched = st.scheduler;
     st = TrainingState{};
