@@ -142,6 +142,34 @@ RankSnapshot RankSnapshot::clone() const {
 
 // ---- config and state JSON -----------------------------------------------------------------
 
+// Multi-latent attention's shape and RoPE (Megatron's argument names).
+static json mla_config_json(const model::TransformerConfig::Mla& m) {
+  return {{"q_lora_rank", m.q_lora_rank},
+          {"kv_lora_rank", m.kv_lora_rank},
+          {"qk_head_dim", m.qk_head_dim},
+          {"qk_pos_emb_head_dim", m.qk_pos_emb_head_dim},
+          {"v_head_dim", m.v_head_dim},
+          {"rope_type", m.yarn ? "yarn" : "rope"},
+          {"rotary_scaling_factor", m.rotary_scaling_factor},
+          {"mscale", m.mscale},
+          {"mscale_all_dim", m.mscale_all_dim},
+          {"original_max_position_embeddings", m.original_max_positions},
+          {"beta_fast", m.beta_fast},
+          {"beta_slow", m.beta_slow}};
+}
+
+static model::TransformerConfig::Mla mla_config_from_json(const json& j) {
+  model::TransformerConfig::Mla m;
+  m.on = true, m.q_lora_rank = j.at("q_lora_rank"), m.kv_lora_rank = j.at("kv_lora_rank");
+  m.qk_head_dim = j.at("qk_head_dim"), m.qk_pos_emb_head_dim = j.at("qk_pos_emb_head_dim");
+  m.v_head_dim = j.at("v_head_dim"), m.yarn = j.at("rope_type") == "yarn";
+  m.rotary_scaling_factor = j.at("rotary_scaling_factor");
+  m.mscale = j.at("mscale"), m.mscale_all_dim = j.at("mscale_all_dim");
+  m.original_max_positions = j.at("original_max_position_embeddings");
+  m.beta_fast = j.at("beta_fast"), m.beta_slow = j.at("beta_slow");
+  return m;
+}
+
 json model_config_json(const model::TransformerConfig& c) {
   json j = {{"num_layers", c.num_layers},
           {"hidden_size", c.hidden_size},
@@ -179,6 +207,7 @@ json model_config_json(const model::TransformerConfig& c) {
                          {"original_max_position_embeddings", c.rope_original_max_positions}};
   if (c.seq_len_interpolation_factor != 1.0)  // RoPE position interpolation (absent: 1, off)
     j["rotary_seq_len_interpolation_factor"] = c.seq_len_interpolation_factor;
+  if (c.mla.on) j["mla"] = mla_config_json(c.mla);  // multi-latent attention (absent: off)
   return j;
 }
 
@@ -216,6 +245,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
     c.rope_original_max_positions = r.at("original_max_position_embeddings");
   }
   c.seq_len_interpolation_factor = j.value("rotary_seq_len_interpolation_factor", 1.0);
+  if (j.contains("mla")) c.mla = mla_config_from_json(j.at("mla"));  // multi-latent attention
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -253,6 +283,11 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   // --squared-relu: the same tensors as GELU's MLP, another function of them.
   if (saved.value("squared_relu", false) != cur.squared_relu)
     differ("squared_relu (--squared-relu)", saved.value("squared_relu", false), cur.squared_relu);
+  {  // multi-latent attention: its shape and RoPE (absent: off)
+    const json off = json(nullptr), &a = saved.contains("mla") ? saved["mla"] : off;
+    const json b = now.contains("mla") ? now["mla"] : off;
+    if (a != b) differ("mla (--multi-latent-attention and its flags)", a, b);
+  }
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
     differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
   if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias

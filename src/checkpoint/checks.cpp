@@ -156,8 +156,27 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
                   "{}: model.num_layers is {}, the metadata lists tensors of {} layers", where,
                   c.num_layers, layers.size());
   const std::string l0 = prefix + "0.";
-  expect(l0 + "self_attention.linear_qkv.weight",
-         {(c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels, H});
+  if (c.mla.on) {  // multi-latent attention: the key/value latent's two projections
+    const auto& m = c.mla;
+    size(m.kv_lora_rank, "mla.kv_lora_rank");
+    size(m.qk_head_dim, "mla.qk_head_dim");
+    size(m.qk_pos_emb_head_dim, "mla.qk_pos_emb_head_dim");
+    size(m.v_head_dim, "mla.v_head_dim");
+    size(m.q_lora_rank, "mla.q_lora_rank", 0);
+    MCPP_CHECK_HINT(c.kv_channels == m.q_head_dim() &&
+                        c.num_query_groups == c.num_attention_heads &&
+                        m.qk_pos_emb_head_dim % 2 == 0 && m.v_head_dim <= m.q_head_dim(),
+                    "the file is corrupt or was edited by hand",
+                    "{}: model.mla does not fit model.kv_channels {} / num_query_groups {}",
+                    where, c.kv_channels, c.num_query_groups);
+    expect(l0 + "self_attention.linear_kv_down_proj.weight",
+           {m.kv_lora_rank + m.qk_pos_emb_head_dim, H});
+    expect(l0 + "self_attention.linear_kv_up_proj.weight",
+           {c.num_attention_heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank});
+  } else {
+    expect(l0 + "self_attention.linear_qkv.weight",
+           {(c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels, H});
+  }
   if (c.is_moe_layer(0)) {  // mixture of experts: the router and expert 0, by global index
     expect(l0 + "mlp.router.weight", {c.moe.num_experts, H});
     expect(l0 + "mlp.experts.linear_fc1.weight0", {(c.swiglu ? 2 : 1) * c.moe.ffn_hidden_size, H});

@@ -132,6 +132,10 @@ const char* hf_model_type(HfArch a) {
 }
 
 HfArch hf_arch_of(const model::TransformerConfig& c) {
+  MCPP_CHECK_HINT(!c.mla.on,
+                  "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
+                  "multi-latent attention has no Hugging Face export yet (DeepSeek-V2/V3's "
+                  "layout is not mapped)");
   // Mixture of experts: Mixtral, Qwen3-MoE or an error naming what neither can express
   // (never a conversion that drops the experts, as Megatron-LM #5844's did).
   if (c.moe.num_experts > 0)

@@ -43,6 +43,10 @@ void rope_rows(bool backward, const Tensor& in, Tensor& out, const TransformerCo
 }  // namespace
 
 void Attention::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
+  if (c.mla.on) {
+    MlaAttention::add_params(c, layer, params);
+    return;
+  }
   const int64_t H = c.hidden_size, NHD = c.num_attention_heads * c.kv_channels;
   ColumnParallelLinear::add_params(c, prefix(layer, "self_attention.linear_qkv"), layer,
                                    c.qkv_width(), H, TpSplit::Rows, c.init_method_std, c.qkv_bias(),
@@ -73,7 +77,8 @@ Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* st
       core_(c, layer),
       proj_(store, prefix(layer, "self_attention.linear_proj.weight"),
             prefix(layer, "self_attention.linear_proj.bias")) {
-  if (!c.qk_layernorm) return;
+  if (c.mla.on) mla_ = MlaAttention(c, layer, store);
+  if (!c.qk_layernorm || c.mla.on) return;
   q_norm_ = ParamStore::view(store, prefix(layer, "self_attention.q_layernorm.weight"));
   k_norm_ = ParamStore::view(store, prefix(layer, "self_attention.k_layernorm.weight"));
 }
@@ -86,6 +91,10 @@ void Attention::qk_norm_forward(const Tensor& in, Tensor& out, const StepContext
 
 void Attention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
                             const TensorVisitor& v) {
+  if (c.mla.on) {
+    MlaAttention::saved_specs(c, d, s.mla, v);
+    return;
+  }
   ColumnParallelLinear::saved_specs(d, d.H, s.qkv_in, v);
   v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, true);
   v(s.qk_in, {d.T, c.qkv_width_local()}, d.dt, c.qk_layernorm);
@@ -94,6 +103,10 @@ void Attention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
 
 void Attention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
                               const TensorVisitor& v) {
+  if (c.mla.on) {
+    MlaAttention::scratch_specs(c, d, ws, v);
+    return;
+  }
   ColumnParallelLinear::scratch_specs(d, ws, v);
   RowParallelLinear::scratch_specs(d, ws, v);
   CoreAttention::scratch_specs(c, d, ws, v);
@@ -101,9 +114,23 @@ void Attention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspa
   v(ws.dqkv, {d.T, c.qkv_width_local()}, d.dt, true);
 }
 
+void Attention::inference_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                                const TensorVisitor& v) {
+  if (c.mla.on) {  // the latents and the packed qkv (the core's output is sized per step)
+    MlaAttention::saved_specs(c, d, s.mla, v);
+    return;
+  }
+  ColumnParallelLinear::saved_specs(d, d.H, s.qkv_in, v);
+  v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, true);
+}
+
 void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y, Workspace& ws,
                         const StepContext& cx) const {
   const auto& c = *cfg_;
+  if (c.mla.on) {
+    mla_.forward(x, s.mla, residual, y, ws, cx);
+    return;
+  }
   if (c.qk_layernorm) {
     qkv_.forward(x, s.qkv_in, s.qk_in, ws, cx);
     qk_norm_forward(s.qk_in, s.qkv, cx);
@@ -124,6 +151,10 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
                                const StepContext& cx, const Norm::Fold* fold,
                                const Tensor* next_weight) const {
   const auto& c = *cfg_;
+  if (c.mla.on) {
+    mla_.forward_cached(x, s.mla, k_cache, v_cache, residual, y, ws, cx, fold);
+    return;
+  }
   if (fold) {
     Tensor unused;
     qkv_.forward_folded(x, *fold, false, unused, s.qkv, cx);
@@ -159,6 +190,10 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
 }
 
 void Attention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const {
+  if (cfg_->mla.on) {
+    mla_.prepare_backward(s.mla, ws, cx);
+    return;
+  }
   core_.recompute(s.qkv, s.core, ws, cx);
 }
 
@@ -166,6 +201,10 @@ void Attention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx)
 void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Workspace& ws,
                          const StepContext& cx) {
   const auto& c = *cfg_;
+  if (c.mla.on) {
+    mla_.backward(dy, x, s.mla, dx, ws, cx);
+    return;
+  }
   proj_.backward(dy, core_.ctx(s.core, ws), ws.dctx, ws, cx);
   core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
   if (c.rope) rope_rows(true, ws.dqkv, ws.dqkv, c, cx);

@@ -13,6 +13,7 @@
 
 #include "model/core_attention.h"
 #include "model/linear.h"
+#include "model/mla_attention.h"
 
 namespace mcpp::model {
 
@@ -31,11 +32,15 @@ class Attention {
     Tensor qkv;                          // [T,QKVW] after RoPE: exactly what the core saw
     Tensor qk_in;                        // [T,QKVW] before the q/k norms (--qk-layernorm)
     CoreAttention::Saved core;
+    MlaAttention::Saved mla;  // --multi-latent-attention: the rest stay empty
   };
   static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
                           const TensorVisitor& v);
   static void scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
                             const TensorVisitor& v);
+  // What generation keeps of a layer's attention between its steps (the projection's output).
+  static void inference_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                              const TensorVisitor& v);
 
   // y = attention(x), or residual + attention(x) in the projection's GEMM epilogue when
   // `residual` is given (TP 1 only).
@@ -63,6 +68,7 @@ class Attention {
   CoreAttention core_;
   RowParallelLinear proj_;
   ParamView q_norm_, k_norm_;  // --qk-layernorm: [HD] each
+  MlaAttention mla_;           // --multi-latent-attention: every method goes to it
   // qkv [T, QKVW] -> out (may alias in): the q/k norms (ops::qk_norm_forward).
   void qk_norm_forward(const Tensor& in, Tensor& out, const StepContext& cx) const;
 };

@@ -2,7 +2,15 @@
 
 #include <cmath>
 
+#include "ops/mla.h"
+
 namespace mcpp::model {
+
+double TransformerConfig::softmax_scale() const {
+  if (!mla.on) return 1.0 / std::sqrt(double(kv_channels));
+  const double m = ops::mla_yarn_get_mscale(mla.rotary_scaling_factor, mla.mscale_all_dim);
+  return m * m / std::sqrt(double(mla.q_head_dim()));
+}
 
 void TransformerConfig::validate() const {
   MCPP_CHECK(num_layers > 0 && hidden_size > 0 && num_attention_heads > 0 && kv_channels > 0,
@@ -14,6 +22,22 @@ void TransformerConfig::validate() const {
   MCPP_CHECK(num_query_groups % tp_size == 0 && num_attention_heads % tp_size == 0,
              "heads {} / query groups {} not divisible by --tensor-model-parallel-size {}",
              num_attention_heads, num_query_groups, tp_size);
+  if (mla.on) {  // the structure model_config gives an MLA model (config.h)
+    MCPP_CHECK(mla.kv_lora_rank > 0 && mla.qk_head_dim > 0 && mla.qk_pos_emb_head_dim > 0 &&
+                   mla.qk_pos_emb_head_dim % 2 == 0 && mla.v_head_dim > 0 &&
+                   mla.v_head_dim <= mla.q_head_dim() && mla.q_lora_rank >= 0,
+               "multi-latent attention shape: kv_lora_rank {}, qk_head_dim {}, "
+               "qk_pos_emb_head_dim {} (even), v_head_dim {} (<= the two before), q_lora_rank {}",
+               mla.kv_lora_rank, mla.qk_head_dim, mla.qk_pos_emb_head_dim, mla.v_head_dim,
+               mla.q_lora_rank);
+    MCPP_CHECK(num_query_groups == num_attention_heads && kv_channels == mla.q_head_dim(),
+               "multi-latent attention: the core needs {} heads of {} (query groups {}, "
+               "kv_channels {})",
+               num_attention_heads, mla.q_head_dim(), num_query_groups, kv_channels);
+    MCPP_CHECK(rotary_base > 0 && mla.rotary_scaling_factor > 0,
+               "multi-latent attention: rotary base {} and scaling factor {} must be positive",
+               rotary_base, mla.rotary_scaling_factor);
+  }
   MCPP_CHECK_HINT(keep_mlp_activations >= 0, "give --keep-mlp-activations a value >= 0",
                   "--keep-mlp-activations {} must not be negative", keep_mlp_activations);
   // Megatron's core_transformer_config_from_args asserts `not args.swiglu` under

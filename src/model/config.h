@@ -46,8 +46,28 @@ struct TransformerConfig {
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
   bool squared_relu = false;             // --squared-relu: relu(x)^2, not gated (activation())
-  bool qk_layernorm = false;             // --qk-layernorm: per-head q/k RMSNorm (ops::qk_norm_*)
+  // --qk-layernorm: per-head q/k RMSNorm (ops::qk_norm_*); under MLA the latents' norms
+  bool qk_layernorm = false;
   bool qk_layernorm_weight_decay = false;  // --apply-wd-to-qk-layernorm (an optimizer setting)
+  // ---- multi-latent attention (--multi-latent-attention; model/mla_attention.h). On, the
+  // attention core sees NH heads of Dq = qk_head_dim + qk_pos_emb_head_dim for queries and
+  // keys and values padded to Dq: model_config sets num_query_groups = NH and kv_channels =
+  // Dq, so every consumer of the core's shape (CP, the KV cache, the backends) reads them.
+  struct Mla {
+    bool on = false;
+    int64_t q_lora_rank = 0;            // --q-lora-rank (0: linear_q_proj, no query latent)
+    int64_t kv_lora_rank = 32;          // --kv-lora-rank
+    int64_t qk_head_dim = 128;          // --qk-head-dim (Dn)
+    int64_t qk_pos_emb_head_dim = 64;   // --qk-pos-emb-head-dim (Dr)
+    int64_t v_head_dim = 128;           // --v-head-dim (Dv)
+    bool yarn = true;                   // --rope-type yarn (MLA's default) | rope
+    double rotary_scaling_factor = 1;   // --rotary-scaling-factor
+    double mscale = 1, mscale_all_dim = 0;  // --mscale, --mscale-all-dim
+    // MLATransformerConfig's fixed YaRN settings (no flags set them for MLA).
+    int64_t original_max_positions = 4096;
+    double beta_fast = 32, beta_slow = 1;
+    int64_t q_head_dim() const { return qk_head_dim + qk_pos_emb_head_dim; }
+  } mla;
   bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
   bool add_bias_linear = true;           // !--disable-bias-linear
   bool add_qkv_bias = false;             // --add-qkv-bias: linear_qkv's bias alone (qkv_bias())
@@ -183,6 +203,10 @@ struct TransformerConfig {
   CpComm cp_comm_of(int layer) const {
     return size_t(layer) < cp_comm.size() ? cp_comm[size_t(layer)] : CpComm::P2P;
   }
+
+  // The attention core's softmax scale: 1/sqrt(kv_channels); under MLA Megatron's
+  // yarn_get_mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(Dq), whatever the rope type.
+  double softmax_scale() const;
 
   // Structural checks; user-facing flag validation happens in training/arguments.
   void validate() const;

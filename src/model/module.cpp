@@ -55,7 +55,7 @@ StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
   x.ad.HD = c.kv_channels;
   x.ad.b_offset = keys.sample_offset, x.ad.h_offset = c.tp_rank * c.local_heads();
   x.ad.NH_global = c.num_attention_heads, x.ad.S_global = x.Sg;
-  x.scale = 1.0 / std::sqrt(double(c.kv_channels));
+  x.scale = c.softmax_scale();
   return x;
 }
 
@@ -82,7 +82,7 @@ StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64
   x.ad.S = Sq, x.ad.B = B, x.ad.NH = c.local_heads(), x.ad.NG = c.local_groups();
   x.ad.HD = c.kv_channels, x.ad.h_offset = c.tp_rank * c.local_heads();
   x.ad.NH_global = c.num_attention_heads, x.ad.S_global = Sq;
-  x.scale = 1.0 / std::sqrt(double(c.kv_channels));
+  x.scale = c.softmax_scale();
   x.pos = pos, x.uniform_pos = uniform;
   return x;
 }

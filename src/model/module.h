@@ -188,6 +188,10 @@ struct Workspace {
   Tensor dfc1, dact, dctx, dqkv;    // [T,FC1W], [T,F] (SwiGLU), [T,NH*HD], [T,QKVW]
   Tensor fc1;                       // [T,FC1W] dense fc1's output when recomputed (mlp module)
   Tensor sel_ctx, sel_lse;          // selective recompute: the attention core's output
+  // Multi-latent attention (mla_attention.h): q [T,NHl*Dq], kv [T,NHl*(Dn+Dv)], kpe [T,Dr]
+  // (backward: their gradients), the core's output narrowed to Dv per head and its
+  // gradient, the latents' gradients and their norms' output gradients.
+  Tensor mla_q, mla_kv, mla_kpe, mla_ctx, mla_dctx, mla_dql, mla_dkvl, mla_dqln, mla_dkvln;
   std::vector<LayerSaved> rc_acts;  // full recompute: one per layer of the largest group
   std::vector<Tensor> rc_hidden;    // full recompute: hidden states inside a group
   std::shared_ptr<void> moe;        // model/moe: the MoE layers' scratch, one for all of them

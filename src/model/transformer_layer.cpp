@@ -117,8 +117,7 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
 void TransformerLayer::inference_specs(const Dims& d, LayerSaved& s, Workspace& ws,
                                        const TensorVisitor& v) const {
   Norm::saved_specs(*cfg_, d, s.ln1, v);
-  ColumnParallelLinear::saved_specs(d, d.H, s.attn.qkv_in, v);
-  v(s.attn.qkv, {d.T, cfg_->qkv_width_local()}, d.dt, true);
+  Attention::inference_specs(*cfg_, d, s.attn, v);
   v(s.x2, {d.Tl, d.H}, d.dt, true);
   Norm::saved_specs(*cfg_, d, s.ln2, v);
   if (!s.mlp) s.mlp = mlp_->new_saved();

@@ -73,9 +73,15 @@ struct Args {
   // flag parses an integer, as Megatron's; a double here because --use-checkpoint-args may
   // take a checkpoint's fractional one (converted from a Hugging Face rope_type "linear").
   std::optional<double> rotary_seq_len_interpolation_factor;
-  // --rope-type: "rope" (plain RoPE, what every model here uses) is accepted; "yarn" is
-  // refused (validate_rope.cpp): in Megatron it belongs to multi-latent attention.
+  // --rope-type: the RoPE of multi-latent attention, "rope" or "yarn" (MLA's default when
+  // not given); standard attention takes only "rope" (validate_rope.cpp).
   std::optional<std::string> rope_type;
+  // Multi-latent attention (validate_mla.cpp; model/mla_attention.h). q_lora_rank unset:
+  // the query is projected from the hidden state directly.
+  bool multi_latent_attention = false;
+  std::optional<int64_t> q_lora_rank;
+  int64_t kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
+  double rotary_scaling_factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0;  // YaRN (MLA)
   int64_t make_vocab_size_divisible_by = 128;
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double layernorm_epsilon = 1e-5;          // --norm-epsilon

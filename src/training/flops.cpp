@@ -20,6 +20,11 @@ FlopsShape FlopsShape::from_args(const Args& a) {
     f.moe_topk = a.moe_router_topk;
     f.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
   }
+  if (a.multi_latent_attention) {  // the core's padded values are not counted (Megatron's)
+    f.mla = true, f.q_lora_rank = a.q_lora_rank.value_or(0), f.kv_lora_rank = a.kv_lora_rank;
+    f.qk_head_dim = a.qk_head_dim, f.qk_pos_emb_head_dim = a.qk_pos_emb_head_dim;
+    f.v_head_dim = a.v_head_dim;
+  }
   return f;
 }
 
@@ -39,9 +44,18 @@ double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
   const double T = static_cast<double>(batch_size) * s;       // tokens in the batch
   const double Q2 = static_cast<double>(batch_size) * s * s;  // sum of squared lengths
   // Per layer: QKV projection (q + k + v outputs) and output projection.
-  const double attn_linear = fb_fma * (h * (q + kv + kv) + q * h);
+  double attn_linear = fb_fma * (h * (q + kv + kv) + q * h);
   // Per layer and token pair: QK^T and PV, halved for the causal mask.
-  const double attn_core = fb_fma * q / 2.0 * 2.0;
+  double attn_core = fb_fma * q / 2.0 * 2.0;
+  if (m.mla) {  // Megatron's MLA terms: the latents (with their norms' "+ 1"), RoPE's key part
+    const double nh = double(m.num_attention_heads);
+    const double dq = double(m.qk_head_dim + m.qk_pos_emb_head_dim);
+    const double rq = double(m.q_lora_rank), rkv = double(m.kv_lora_rank);
+    const double q_term = m.q_lora_rank ? rq * (h + nh * dq + 1) : h * nh * dq;
+    attn_linear = fb_fma * (q_term + rkv * (h + nh * double(m.qk_head_dim + m.v_head_dim) + 1) +
+                            h * double(m.qk_pos_emb_head_dim) + nh * double(m.v_head_dim) * h);
+    attn_core = fb_fma * (nh * dq / 2 + nh * double(m.v_head_dim) / 2);
+  }
   const double moe = static_cast<double>(m.num_moe_layers);
   const double moe_width = static_cast<double>(m.moe_ffn_hidden_size * m.moe_topk +
                                                m.shared_ffn_hidden_size);

@@ -2,10 +2,10 @@
 // (megatron/training/training.py; megatron.md §5.1), so "throughput per GPU (TFLOP/s/GPU)"
 // is comparable with Megatron-LM runs.
 //
-// Covered: dense GPT/Llama layers with MHA or GQA, GeLU or SwiGLU MLP, causal attention
+// Covered: dense GPT/Llama layers with MHA, GQA or multi-latent attention, GeLU or SwiGLU MLP, causal attention
 // (the s² term halved), logits over the padded vocabulary, MoE layers (k routed experts and
 // the shared experts, Megatron's formula; the router's GEMM is left out as there). Omitted, because megatron.cpp
-// does not implement them yet (their flags are rejected by parse_args): MLA,
+// does not implement them yet (their flags are rejected by parse_args):
 // multi-token prediction, attention output gate, linear-attention / hybrid (Mamba) layers,
 // packed (THD) sequences.
 #pragma once
@@ -29,6 +29,10 @@ struct FlopsShape {
   // ---- mixture of experts (Megatron's terms): MoE layers run k routed experts of width
   // moe_ffn plus the shared experts' width instead of the dense MLP.
   int64_t num_moe_layers = 0, moe_ffn_hidden_size = 0, moe_topk = 0, shared_ffn_hidden_size = 0;
+  // ---- multi-latent attention (Megatron's MLA terms); mla false: MHA / GQA.
+  bool mla = false;
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0;
+  int64_t v_head_dim = 0;
   static FlopsShape from_args(const Args& args);  // needs args.padded_vocab_size set
 };
 

@@ -40,6 +40,15 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.tie_embeddings = !a.untie_embeddings_and_output_weights;
   c.qk_layernorm = a.qk_layernorm;  // ---- q/k layernorm
   c.qk_layernorm_weight_decay = a.apply_wd_to_qk_layernorm;
+  if (a.multi_latent_attention) {  // ---- MLA: the core's heads are NH of Dq (config.h)
+    auto& m = c.mla;
+    m.on = true, m.q_lora_rank = a.q_lora_rank.value_or(0), m.kv_lora_rank = a.kv_lora_rank;
+    m.qk_head_dim = a.qk_head_dim, m.qk_pos_emb_head_dim = a.qk_pos_emb_head_dim;
+    m.v_head_dim = a.v_head_dim, m.yarn = a.rope_type.value_or("yarn") == "yarn";
+    m.rotary_scaling_factor = a.rotary_scaling_factor;
+    m.mscale = a.mscale, m.mscale_all_dim = a.mscale_all_dim;
+    c.num_query_groups = a.num_attention_heads, c.kv_channels = m.q_head_dim();
+  }
   c.add_bias_linear = a.add_bias_linear, c.add_qkv_bias = a.add_qkv_bias;
   c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;

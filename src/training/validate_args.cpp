@@ -25,6 +25,7 @@
 namespace mcpp::training {
 
 void validate_rope(const Args& a);  // validate_rope.cpp
+void validate_mla(Args& a);         // validate_mla.cpp
 
 namespace {
 
@@ -262,6 +263,7 @@ void validate_model(Args& a) {
                   "give --rotary-percent in (0, 1]; 1.0 rotates the whole head",
                   "--rotary-percent {} is outside (0, 1]", a.rotary_percent);
   validate_rope(a);  // scaling, interpolation, --rope-type (validate_rope.cpp)
+  validate_mla(a);   // multi-latent attention (validate_mla.cpp)
   MCPP_CHECK_HINT(a.hidden_dropout >= 0.0 && a.hidden_dropout < 1.0,
                   "give --hidden-dropout in [0, 1); 0 disables it",
                   "--hidden-dropout {} is outside [0, 1)", a.hidden_dropout);

@@ -40,17 +40,13 @@ void validate_rope(const Args& a) {
                         ? a.given.at("rotary_seq_len_interpolation_factor")
                         : python_float(*f));
   }
-  // Megatron's --rope-type picks the RoPE of multi-latent attention (MLA: rope or yarn); for
-  // standard attention it asserts rope_type == "rope", which is what every model here uses.
-  if (a.rope_type) {
+  // Megatron's --rope-type picks the RoPE of multi-latent attention (rope or yarn, yarn when
+  // not given); for standard attention it asserts rope_type == "rope".
+  if (a.rope_type && !a.multi_latent_attention) {
     MCPP_CHECK_HINT(*a.rope_type == "rope",
-                    "drop --rope-type, or give --rope-type rope; megatron.cpp implements plain "
-                    "RoPE (--position-embedding-type rope) with Llama 3.x scaling "
-                    "(--use-rope-scaling) and linear position interpolation "
-                    "(--rotary-seq-len-interpolation-factor)",
-                    "--rope-type {}: YaRN belongs to Megatron's multi-latent attention "
-                    "(--multi-latent-attention), which megatron.cpp does not implement (Megatron "
-                    "itself accepts only --rope-type rope for standard attention)",
+                    "drop --rope-type, or add --multi-latent-attention (YaRN is MLA's RoPE)",
+                    "--rope-type {}: Megatron-LM's standard attention takes only --rope-type "
+                    "rope; YaRN belongs to multi-latent attention (--multi-latent-attention)",
                     *a.rope_type);
   }
 }

@@ -1,0 +1,294 @@
+#include "model/mla_attention.h"
+
+#include <algorithm>
+
+#include "ops/mla.h"
+#include "ops/ops.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace mcpp::model {
+
+namespace {
+std::string name(int layer, const char* s) { return layer_param_name(layer, s); }
+
+// A weight registered unsplit on every TP rank whose gradient each rank only partly forms
+// (from its own heads): finalize_model_grads sums it over TP (ParamInfo::tp_partial).
+ParamInfo replicated(const TransformerConfig& c, const std::string& n, Shape shape, Init init,
+                     double std, bool decay, int layer) {
+  ParamInfo p = make_param(n, std::move(shape), TpSplit::None, init, std, decay, layer, c.tp_size);
+  p.tp_partial = c.tp_size > 1;
+  return p;
+}
+}  // namespace
+
+ops::MlaDims mla_dims(const TransformerConfig& c) {
+  ops::MlaDims d;
+  d.heads = c.local_heads(), d.Dn = c.mla.qk_head_dim, d.Dr = c.mla.qk_pos_emb_head_dim;
+  d.Dv = c.mla.v_head_dim;
+  return d;
+}
+
+ops::MlaRope mla_rope(const TransformerConfig& c) {
+  const auto& m = c.mla;
+  ops::MlaRope r;
+  r.base = c.rotary_base, r.yarn = m.yarn, r.factor = m.rotary_scaling_factor;
+  r.original_max_positions = m.original_max_positions;
+  r.beta_fast = m.beta_fast, r.beta_slow = m.beta_slow;
+  // YaRN's concentration factor (Megatron's _yarn_get_concentration_factor) scales cos and
+  // sin; plain RoPE leaves them.
+  r.mscale = m.yarn ? ops::mla_yarn_get_mscale(m.rotary_scaling_factor, m.mscale) /
+                          ops::mla_yarn_get_mscale(m.rotary_scaling_factor, m.mscale_all_dim)
+                    : 1.0;
+  return r;
+}
+
+void MlaAttention::add_params(const TransformerConfig& c, int layer,
+                              std::vector<ParamInfo>& params) {
+  const auto& m = c.mla;
+  const int64_t H = c.hidden_size, NH = c.num_attention_heads, Dq = m.q_head_dim();
+  const double sd = c.init_method_std;
+  const Init norm_init = Init::Ones;
+  if (m.q_lora_rank > 0) {
+    params.push_back(replicated(c, name(layer, "self_attention.linear_q_down_proj.weight"),
+                                {m.q_lora_rank, H}, Init::Normal, sd, true, layer));
+    if (c.qk_layernorm)
+      params.push_back(replicated(c, name(layer, "self_attention.q_layernorm.weight"),
+                                  {m.q_lora_rank}, norm_init, 0, false, layer));
+    params.push_back(make_param(name(layer, "self_attention.linear_q_up_proj.weight"),
+                                {NH * Dq, m.q_lora_rank}, TpSplit::Rows, Init::Normal, sd, true,
+                                layer, c.tp_size));
+  } else {
+    params.push_back(make_param(name(layer, "self_attention.linear_q_proj.weight"), {NH * Dq, H},
+                                TpSplit::Rows, Init::Normal, sd, true, layer, c.tp_size));
+  }
+  params.push_back(replicated(c, name(layer, "self_attention.linear_kv_down_proj.weight"),
+                              {m.kv_lora_rank + m.qk_pos_emb_head_dim, H}, Init::Normal, sd, true,
+                              layer));
+  if (c.qk_layernorm)
+    params.push_back(replicated(c, name(layer, "self_attention.kv_layernorm.weight"),
+                                {m.kv_lora_rank}, norm_init, 0, false, layer));
+  params.push_back(make_param(name(layer, "self_attention.linear_kv_up_proj.weight"),
+                              {NH * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank},
+                              TpSplit::Rows, Init::Normal, sd, true, layer, c.tp_size));
+  RowParallelLinear::add_params(c, name(layer, "self_attention.linear_proj"), layer, H,
+                                NH * m.v_head_dim, output_init_std(c), c.add_bias_linear, params);
+}
+
+MlaAttention::MlaAttention(const TransformerConfig& c, int layer, const ParamStore* store)
+    : cfg_(&c),
+      q_proj_(ParamStore::view(store, name(layer, "self_attention.linear_q_proj.weight"))),
+      q_down_(ParamStore::view(store, name(layer, "self_attention.linear_q_down_proj.weight"))),
+      q_up_(ParamStore::view(store, name(layer, "self_attention.linear_q_up_proj.weight"))),
+      kv_down_(ParamStore::view(store, name(layer, "self_attention.linear_kv_down_proj.weight"))),
+      kv_up_(ParamStore::view(store, name(layer, "self_attention.linear_kv_up_proj.weight"))),
+      q_norm_(ParamStore::view(store, name(layer, "self_attention.q_layernorm.weight"))),
+      kv_norm_(ParamStore::view(store, name(layer, "self_attention.kv_layernorm.weight"))),
+      core_(c, layer),
+      proj_(store, name(layer, "self_attention.linear_proj.weight"),
+            name(layer, "self_attention.linear_proj.bias")) {}
+
+void MlaAttention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                               const TensorVisitor& v) {
+  const auto& m = c.mla;
+  const bool q_lat = m.q_lora_rank > 0, ln = c.qk_layernorm;
+  v(s.q_lat, {d.T, m.q_lora_rank}, d.dt, q_lat);
+  v(s.q_ln, {d.T, m.q_lora_rank}, d.dt, q_lat && ln);
+  v(s.q_rstd, {d.T}, d.sdt, q_lat && ln);
+  v(s.kv_lat, {d.T, m.kv_lora_rank}, d.dt, true);
+  v(s.kv_ln, {d.T, m.kv_lora_rank}, d.dt, ln);
+  v(s.kv_rstd, {d.T}, d.sdt, ln);
+  v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, true);
+  CoreAttention::saved_specs(c, d, s.core, v);
+}
+
+void MlaAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                                 const TensorVisitor& v) {
+  const auto& m = c.mla;
+  const int64_t NHl = c.local_heads();
+  v(ws.dln_full, {d.T, d.H}, d.dt, d.sp);  // the gathered input, then d x_f (SP)
+  RowParallelLinear::scratch_specs(d, ws, v);
+  CoreAttention::scratch_specs(c, d, ws, v);
+  v(ws.mla_q, {d.T, NHl * m.q_head_dim()}, d.dt, true);
+  v(ws.mla_kv, {d.T, NHl * (m.qk_head_dim + m.v_head_dim)}, d.dt, true);
+  v(ws.mla_kpe, {d.T, m.qk_pos_emb_head_dim}, d.dt, true);
+  v(ws.mla_ctx, {d.T, NHl * m.v_head_dim}, d.dt, true);
+  v(ws.mla_dctx, {d.T, NHl * m.v_head_dim}, d.dt, true);
+  v(ws.mla_dql, {d.T, m.q_lora_rank}, d.dt, m.q_lora_rank > 0);
+  v(ws.mla_dkvl, {d.T, m.kv_lora_rank}, d.dt, true);
+  v(ws.mla_dqln, {d.T, m.q_lora_rank}, d.dt, m.q_lora_rank > 0 && c.qk_layernorm);
+  v(ws.mla_dkvln, {d.T, m.kv_lora_rank}, d.dt, c.qk_layernorm);
+  v(ws.dctx, {d.T, NHl * c.kv_channels}, d.dt, true);
+  v(ws.dqkv, {d.T, c.qkv_width_local()}, d.dt, true);
+}
+
+void MlaAttention::project(const Tensor& xf, Saved& s, Workspace& ws,
+                           const StepContext& cx) const {
+  const auto& c = *cfg_;
+  const auto& m = c.mla;
+  Stream& st = cx.stream();
+  const Tensor none;
+  const double eps = c.norm_epsilon;
+  if (m.q_lora_rank > 0) {
+    ensure(s.q_lat, {cx.T, m.q_lora_rank}, cx.dt, cx.dev);  // generation: no specs ran
+    ops::linear_forward(xf, q_down_.w, none, s.q_lat, st);
+    if (c.qk_layernorm) {
+      ensure(s.q_ln, s.q_lat.shape(), cx.dt, cx.dev);
+      ensure(s.q_rstd, {cx.T}, cx.sdt, cx.dev);
+      ops::rmsnorm_forward(s.q_lat, q_norm_.w, eps, s.q_ln, s.q_rstd, st);
+    }
+    ops::linear_forward(c.qk_layernorm ? s.q_ln : s.q_lat, q_up_.w, none, ws.mla_q, st);
+  } else {
+    ops::linear_forward(xf, q_proj_.w, none, ws.mla_q, st);
+  }
+  ensure(s.kv_lat, {cx.T, m.kv_lora_rank}, cx.dt, cx.dev);
+  ops::linear_forward(xf, kv_down_.w.narrow(0, m.kv_lora_rank), none, s.kv_lat, st);
+  ops::linear_forward(xf, kv_down_.w.narrow(m.kv_lora_rank, m.qk_pos_emb_head_dim), none,
+                      ws.mla_kpe, st);
+  if (c.qk_layernorm) {
+    ensure(s.kv_ln, s.kv_lat.shape(), cx.dt, cx.dev);
+    ensure(s.kv_rstd, {cx.T}, cx.sdt, cx.dev);
+    ops::rmsnorm_forward(s.kv_lat, kv_norm_.w, eps, s.kv_ln, s.kv_rstd, st);
+  }
+  ops::linear_forward(c.qk_layernorm ? s.kv_ln : s.kv_lat, kv_up_.w, none, ws.mla_kv, st);
+  ensure(s.qkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
+  pack(false, s, ws, cx);
+}
+
+void MlaAttention::pack(bool backward, Saved& s, Workspace& ws, const StepContext& cx) const {
+  const ops::MlaDims d = mla_dims(*cfg_);
+  const ops::MlaRope r = mla_rope(*cfg_);
+  Stream& st = cx.stream();
+  auto run = [&](int64_t row0, int64_t rows, int64_t pos0, const Tensor& positions) {
+    auto rows_of = [&](const Tensor& t) { return t.narrow(row0, rows); };
+    if (backward) {
+      Tensor dq = rows_of(ws.mla_q), dkv = rows_of(ws.mla_kv), dkpe = rows_of(ws.mla_kpe);
+      ops::mla_qkv_backward(rows_of(ws.dqkv), d, r, cx.B, pos0, positions, dq, dkv, dkpe, st);
+    } else {
+      Tensor out = rows_of(s.qkv);
+      ops::mla_qkv_forward(rows_of(ws.mla_q), rows_of(ws.mla_kv), rows_of(ws.mla_kpe), d, r,
+                           cx.B, pos0, positions, out, st);
+    }
+  };
+  const Tensor none;
+  if (cx.pos) {  // generation: positions from the cache lengths
+    if (cx.uniform_pos)
+      run(0, cx.T, cx.s0, none);
+    else  // one new row per sequence (Sq = 1), each at its own position
+      run(0, cx.T, 0, cx.pos_dev);
+    return;
+  }
+  if (cx.position_ids.defined()) {  // --reset-position-ids: each token at its document place
+    run(0, cx.T, 0, cx.position_ids);
+    return;
+  }
+  for_each_global_run(cx, 0, cx.S, [&](int64_t r0, int64_t n, int64_t pos) {
+    run(r0 * cx.B, n * cx.B, pos, none);
+  });
+}
+
+// The projections read the gathered input (SP), the core the packed qkv, the output
+// projection the core's output narrowed to the value width.
+void MlaAttention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y,
+                           Workspace& ws, const StepContext& cx) const {
+  const Tensor* xf = &x;
+  if (cx.tp_comm && cx.sp) {
+    parallel::gather_from_sp(x, ws.dln_full, *cx.tp_comm, cx.stream());
+    xf = &ws.dln_full;
+  }
+  project(*xf, s, ws, cx);
+  core_.forward(s.qkv, s.core, ws, cx);
+  ops::mla_ctx_narrow(core_.ctx(s.core, ws), mla_dims(*cfg_), ws.mla_ctx, cx.stream());
+  if (residual)
+    proj_.forward_residual(ws.mla_ctx, *residual, y, cx);
+  else
+    proj_.forward(ws.mla_ctx, y, ws, cx);
+}
+
+void MlaAttention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
+                                  const Tensor* residual, Tensor& y, Workspace& ws,
+                                  const StepContext& cx, const Norm::Fold* fold) const {
+  const auto& c = *cfg_;
+  const auto& m = c.mla;
+  const int64_t NHl = c.local_heads();
+  ensure(ws.mla_q, {cx.T, NHl * m.q_head_dim()}, cx.dt, cx.dev);
+  ensure(ws.mla_kv, {cx.T, NHl * (m.qk_head_dim + m.v_head_dim)}, cx.dt, cx.dev);
+  ensure(ws.mla_kpe, {cx.T, m.qk_pos_emb_head_dim}, cx.dt, cx.dev);
+  ensure(ws.mla_ctx, {cx.T, NHl * m.v_head_dim}, cx.dt, cx.dev);
+  const Tensor* in = &x;
+  if (fold) {  // x is the layer norm's input: the norm first (no fused decode kernel here)
+    ensure(fold->s->y, x.shape(), cx.dt, cx.dev);
+    ensure(fold->s->rstd, {x.shape()[0]}, cx.sdt, cx.dev);
+    ops::rmsnorm_forward(x, *fold->w, fold->eps, fold->s->y, fold->s->rstd, cx.stream());
+    in = &fold->s->y;
+  }
+  project(*in, s, ws, cx);
+  core_.forward_cached(s.qkv, k_cache, v_cache, s.core, cx);
+  ops::mla_ctx_narrow(s.core.ctx, mla_dims(c), ws.mla_ctx, cx.stream());
+  if (residual)
+    proj_.forward_residual(ws.mla_ctx, *residual, y, cx);
+  else
+    proj_.forward(ws.mla_ctx, y, ws, cx);
+}
+
+void MlaAttention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const {
+  core_.recompute(s.qkv, s.core, ws, cx);
+}
+
+// Mirrors forward: projection, core, unpacking, the up projections and latent norms, then
+// the down projections' weight gradients (on the gathered input) before their data
+// gradients, which share its buffer under SP, and the one TP reduction of d x_f.
+void MlaAttention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx,
+                            Workspace& ws, const StepContext& cx) {
+  const auto& c = *cfg_;
+  const auto& m = c.mla;
+  Stream& st = cx.stream();
+  const ops::MlaDims d = mla_dims(c);
+  Tensor none;
+  ops::mla_ctx_narrow(core_.ctx(s.core, ws), d, ws.mla_ctx, st);  // the projection's input
+  proj_.backward(dy, ws.mla_ctx, ws.mla_dctx, ws, cx);
+  ops::mla_ctx_pad(ws.mla_dctx, d, ws.dctx, st);
+  core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
+  pack(true, s, ws, cx);  // dq -> ws.mla_q, dkv -> ws.mla_kv, dkpe -> ws.mla_kpe
+  const bool ln = c.qk_layernorm;
+  // Key/value latent: d ckv (partial over this rank's heads).
+  if (ln) {
+    ops::linear_backward(ws.mla_kv, s.kv_ln, kv_up_.w, ws.mla_dkvln, false, kv_up_.g, none, st);
+    ops::rmsnorm_backward(ws.mla_dkvln, s.kv_lat, kv_norm_.w, s.kv_rstd, ws.mla_dkvl, false,
+                          kv_norm_.g, st);
+  } else {
+    ops::linear_backward(ws.mla_kv, s.kv_lat, kv_up_.w, ws.mla_dkvl, false, kv_up_.g, none, st);
+  }
+  // Query latent.
+  if (m.q_lora_rank > 0 && ln) {
+    ops::linear_backward(ws.mla_q, s.q_ln, q_up_.w, ws.mla_dqln, false, q_up_.g, none, st);
+    ops::rmsnorm_backward(ws.mla_dqln, s.q_lat, q_norm_.w, s.q_rstd, ws.mla_dql, false,
+                          q_norm_.g, st);
+  } else if (m.q_lora_rank > 0) {
+    ops::linear_backward(ws.mla_q, s.q_lat, q_up_.w, ws.mla_dql, false, q_up_.g, none, st);
+  }
+  // The down projections: weight gradients on x_f (gathered again under SP), then d x_f.
+  const bool sp = cx.tp_comm && cx.sp;
+  if (sp) parallel::gather_from_sp(x, ws.dln_full, *cx.tp_comm, st);
+  const Tensor& xf = sp ? ws.dln_full : x;
+  Tensor w_lat = kv_down_.w.narrow(0, m.kv_lora_rank);
+  Tensor w_pe = kv_down_.w.narrow(m.kv_lora_rank, m.qk_pos_emb_head_dim);
+  Tensor g_lat = kv_down_.g.narrow(0, m.kv_lora_rank);
+  Tensor g_pe = kv_down_.g.narrow(m.kv_lora_rank, m.qk_pos_emb_head_dim);
+  const Tensor& dq_in = m.q_lora_rank > 0 ? ws.mla_dql : ws.mla_q;
+  const ParamView& wq = m.q_lora_rank > 0 ? q_down_ : q_proj_;
+  Tensor gq = wq.g;
+  ops::linear_backward(dq_in, xf, wq.w, none, false, gq, none, st);
+  ops::linear_backward(ws.mla_dkvl, xf, w_lat, none, false, g_lat, none, st);
+  ops::linear_backward(ws.mla_kpe, xf, w_pe, none, false, g_pe, none, st);
+  Tensor& dxf = sp ? ws.dln_full : dx;
+  ops::linear_backward(dq_in, xf, wq.w, dxf, false, none, none, st);
+  ops::linear_backward(ws.mla_dkvl, xf, w_lat, dxf, true, none, none, st);
+  ops::linear_backward(ws.mla_kpe, xf, w_pe, dxf, true, none, none, st);
+  if (!cx.tp_comm) return;
+  if (sp)
+    parallel::gather_from_sp_backward(ws.dln_full, dx, *cx.tp_comm, st);
+  else
+    parallel::copy_to_tp_backward(dx, *cx.tp_comm, st);
+}
+
+}  // namespace mcpp::model

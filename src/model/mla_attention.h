@@ -1,0 +1,84 @@
+// Multi-latent attention (Megatron-Core's MLASelfAttention, DeepSeek-V2/V3): queries, keys
+// and values come from low-rank latents of the layer's input x [Tl,H]; a small shared key
+// part carries the position (RoPE), the rest none. With Dq = Dn + Dr (qk_head_dim +
+// qk_pos_emb_head_dim), NH heads, this rank's NHl = NH/TP:
+//
+//   forward:  x_f  = gather_from_sp(x) (SP) | x                              [T, H]
+//             cq   = norm_q(x_f @ Wqd^T)          (--q-lora-rank rq)         [T, rq]
+//             q    = cq @ Wqu^T  |  x_f @ Wq^T    (without a query latent)   [T, NHl*Dq]
+//             ckv  = norm_kv(x_f @ Wkvd[:rkv]^T)                             [T, rkv]
+//             kpe  = x_f @ Wkvd[rkv:]^T           (one head, shared)         [T, Dr]
+//             kv   = ckv @ Wkvu^T                 (per head: k_nope | v)     [T, NHl*(Dn+Dv)]
+//             qkv  = ops::mla_qkv_forward(q, kv, kpe) (RoPE on the position parts, values
+//                    padded to Dq; the grouped layout of NH groups of one head)
+//             ctx  = core(qkv) [T, NHl*Dq];  y = linear_proj(narrow to Dv per head)
+//   backward: the mirror; the latents' gradients are partial sums over this rank's heads,
+//             so Wqd, Wkvd and the latent norms' weights are TP-partial (all-reduced over TP
+//             by finalize_model_grads) and d x_f gets one TP reduction (all-reduce, or the
+//             reduce-scatter under SP) for all three down projections.
+//
+// norm_q / norm_kv are RMSNorms under --qk-layernorm and the identity without (Megatron's
+// QKNormConfigResolver). The down projections run on the gathered rows on every TP rank
+// (Megatron's duplicated TELinear runs them on the sequence shard): the same numbers, the
+// down projections' GEMMs repeated TP times, which are small beside the up projections.
+// The value heads padded to Dq cost the core (Dq - Dv) / Dq more work on values; every
+// attention backend, context parallelism and the KV cache then serve MLA unchanged.
+#pragma once
+#include <vector>
+
+#include "model/core_attention.h"
+#include "model/linear.h"
+
+namespace mcpp::ops {
+struct MlaDims;
+struct MlaRope;
+}  // namespace mcpp::ops
+
+namespace mcpp::model {
+
+class MlaAttention {
+ public:
+  static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  MlaAttention() = default;
+  MlaAttention(const TransformerConfig& c, int layer, const ParamStore* store);
+
+  struct Saved {
+    Tensor q_lat, q_ln, q_rstd;     // [T, rq], its norm's output and rstd (query latent)
+    Tensor kv_lat, kv_ln, kv_rstd;  // [T, rkv], the same for the key/value latent
+    Tensor qkv;                     // [T, NHl*3*Dq]: exactly what the core saw
+    CoreAttention::Saved core;
+  };
+  static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
+                          const TensorVisitor& v);
+  static void scratch_specs(const TransformerConfig& c, const Dims& d, Workspace& ws,
+                            const TensorVisitor& v);
+
+  void forward(const Tensor& x, Saved& s, const Tensor* residual, Tensor& y, Workspace& ws,
+               const StepContext& cx) const;
+  // Generation over the KV cache [B, Tmax, NH, Dq] (keys and padded values after RoPE);
+  // fold: x is the input of the layer's RMSNorm (Norm::fold), normalised here first.
+  void forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tensor& v_cache,
+                      const Tensor* residual, Tensor& y, Workspace& ws, const StepContext& cx,
+                      const Norm::Fold* fold) const;
+  void prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const;
+  void backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx, Workspace& ws,
+                const StepContext& cx);
+
+ private:
+  const TransformerConfig* cfg_ = nullptr;
+  ParamView q_proj_, q_down_, q_up_, kv_down_, kv_up_, q_norm_, kv_norm_;
+  CoreAttention core_;
+  RowParallelLinear proj_;
+  // The projections up to the packed qkv (forward and generation): x_f the gathered input.
+  void project(const Tensor& x_f, Saved& s, Workspace& ws, const StepContext& cx) const;
+  // qkv = mla_qkv_forward(...) (backward: d of its inputs) over this rank's rows at their
+  // positions: one call, or one per run of consecutive positions under CP.
+  void pack(bool backward, Saved& s, Workspace& ws, const StepContext& cx) const;
+};
+
+// The ops' view of the configuration: this rank's heads and the head widths, and the RoPE
+// (plain or YaRN, with YaRN's concentration factor on cos and sin).
+ops::MlaDims mla_dims(const TransformerConfig& c);
+ops::MlaRope mla_rope(const TransformerConfig& c);
+
+}  // namespace mcpp::model
