@@ -14,6 +14,9 @@
 // Tokenizer paths recorded in a checkpoint are never followed.
 #include <fmt/format.h>
 
+#include <optional>
+#include <tuple>
+
 #include "base/log.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/megatron/megatron_train.h"
@@ -81,7 +84,7 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   shape("hidden_size", a.hidden_size, c.hidden_size);
   shape("ffn_hidden_size", a.ffn_hidden_size, c.ffn_hidden_size);
   shape("num_attention_heads", a.num_attention_heads, c.num_attention_heads);
-  shape("kv_channels", a.kv_channels, c.kv_channels);
+  if (!c.mla.on) shape("kv_channels", a.kv_channels, c.kv_channels);  // MLA: Dq, derived
   shape("seq_length", a.seq_length, c.seq_length);
   shape("max_position_embeddings", a.max_position_embeddings, c.max_position_embeddings);
   // Switches: forced (_set_arg(..., force=True)); a different command-line value is
@@ -122,6 +125,27 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
     const double f = c.seq_len_interpolation_factor;
     a.rotary_seq_len_interpolation_factor = f, ++taken;
     a.given["rotary_seq_len_interpolation_factor"] = python_int_or_float(f);
+  }
+  // Multi-latent attention: its switch, shape and RoPE, forced like the switches.
+  force("multi_latent_attention", a.multi_latent_attention, c.mla.on, py(c.mla.on));
+  if (c.mla.on) {
+    const auto& m = c.mla;
+    const std::optional<int64_t> rq =
+        m.q_lora_rank > 0 ? std::optional<int64_t>(m.q_lora_rank) : std::nullopt;
+    force("q_lora_rank", a.q_lora_rank, rq, rq ? std::to_string(*rq) : "None");
+    for (auto [dest, field, v] : {std::tuple{"kv_lora_rank", &a.kv_lora_rank, m.kv_lora_rank},
+                                  std::tuple{"qk_head_dim", &a.qk_head_dim, m.qk_head_dim},
+                                  std::tuple{"qk_pos_emb_head_dim", &a.qk_pos_emb_head_dim,
+                                             m.qk_pos_emb_head_dim},
+                                  std::tuple{"v_head_dim", &a.v_head_dim, m.v_head_dim}})
+      force(dest, *field, v, std::to_string(v));
+    const std::optional<std::string> rt = std::string(m.yarn ? "yarn" : "rope");
+    force("rope_type", a.rope_type, rt, *rt);
+    force("rotary_scaling_factor", a.rotary_scaling_factor, m.rotary_scaling_factor,
+          python_float(m.rotary_scaling_factor));
+    force("mscale", a.mscale, m.mscale, python_float(m.mscale));
+    force("mscale_all_dim", a.mscale_all_dim, m.mscale_all_dim, python_float(m.mscale_all_dim));
+    force("qk_layernorm", a.qk_layernorm, c.qk_layernorm, py(c.qk_layernorm));
   }
   const std::string norm = c.rmsnorm ? "RMSNorm" : "LayerNorm";
   force("normalization", a.normalization, norm, norm);

@@ -25,6 +25,17 @@ inline model::TransformerConfig tiny_config(bool llama, DType dt) {
   return c;
 }
 
+// The Llama config with multi-latent attention: query and key/value latents with their norms,
+// YaRN on the shared position key, values (6) narrower than queries and keys (4 + 4).
+inline void to_mla(model::TransformerConfig& c) {
+  c.num_query_groups = c.num_attention_heads;
+  c.mla.on = true, c.mla.q_lora_rank = 12, c.mla.kv_lora_rank = 10;
+  c.mla.qk_head_dim = 4, c.mla.qk_pos_emb_head_dim = 4, c.mla.v_head_dim = 6;
+  c.mla.rotary_scaling_factor = 40, c.mla.mscale = 0.9, c.mla.mscale_all_dim = 0.7;
+  c.mla.original_max_positions = 16;
+  c.kv_channels = c.mla.q_head_dim(), c.qk_layernorm = true;
+}
+
 // Norm weights and biases start at 1 and 0; move them so they matter.
 inline void perturb_norms(model::ParamStore& ps) {
   for (size_t i = 0; i < ps.infos().size(); ++i) {

@@ -20,6 +20,7 @@ struct Case {
   bool llama;
   DType dt;
   bool qkv_bias = false;  // Llama + --add-qkv-bias (Qwen2): the bias in the folded QKV GEMV
+  bool mla = false;       // Llama + multi-latent attention (to_mla)
 };
 
 class CachedVsFull : public ::testing::TestWithParam<Case> {};
@@ -40,8 +41,9 @@ int64_t argmax(const std::vector<double>& x) {
 double tol(DType dt) { return dt == DType::F64 ? 1e-12 : 1e-5; }
 
 TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
-  const auto [llama, dt, qkv_bias] = GetParam();
+  const auto [llama, dt, qkv_bias, mla] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  if (mla) to_mla(cfg);
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -74,8 +76,9 @@ TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
 }
 
 TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
-  const auto [llama, dt, qkv_bias] = GetParam();
+  const auto [llama, dt, qkv_bias, mla] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  if (mla) to_mla(cfg);
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -104,8 +107,9 @@ TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
 }
 
 TEST_P(CachedVsFull, GenerateGreedyEqualsRecompute) {
-  const auto [llama, dt, qkv_bias] = GetParam();
+  const auto [llama, dt, qkv_bias, mla] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  if (mla) to_mla(cfg);
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -138,10 +142,13 @@ TEST_P(CachedVsFull, GenerateGreedyEqualsRecompute) {
 INSTANTIATE_TEST_SUITE_P(Families, CachedVsFull,
                          ::testing::Values(Case{false, DType::F64}, Case{false, DType::F32},
                                            Case{true, DType::F64}, Case{true, DType::F32},
-                                           Case{true, DType::F32, true}),
+                                           Case{true, DType::F32, true},
+                                           Case{true, DType::F64, false, true},
+                                           Case{true, DType::F32, false, true}),
                          [](const auto& i) {
                            return std::string(i.param.llama ? "Llama" : "GPT2") +
-                                  (i.param.qkv_bias ? "QkvBias" : "") + "_" +
+                                  (i.param.qkv_bias ? "QkvBias" : "") +
+                                  (i.param.mla ? "Mla" : "") + "_" +
                                   std::string(dtype_name(i.param.dt));
                          });
 

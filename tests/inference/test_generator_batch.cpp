@@ -19,6 +19,7 @@ namespace {
 struct Case {
   bool llama;
   DType dt;
+  bool mla = false;  // Llama + multi-latent attention (to_mla)
 };
 
 class BatchVsAlone : public ::testing::TestWithParam<Case> {};
@@ -61,8 +62,9 @@ Tensor as_tokens(const std::vector<int32_t>& ids) {
 // The Generator API directly: prefill each prompt into its slot, decode all three in
 // one batch (different positions every step) against each prompt alone (B = 1).
 TEST_P(BatchVsAlone, LogitsEqualEachPromptAlone) {
-  const auto [llama, dt] = GetParam();
+  const auto [llama, dt, mla] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  if (mla) to_mla(cfg);
   model::GPTModel m(cfg);
   perturb_norms(m.params());
   inference::Generator gen(m.params(), cfg);
@@ -107,8 +109,9 @@ TEST_P(BatchVsAlone, LogitsEqualEachPromptAlone) {
 // generate_batch's greedy continuations equal argmax over the full-recompute forward
 // (model::GPTModel::forward on the whole sequence, no cache), prompt by prompt.
 TEST_P(BatchVsAlone, GreedyBatchEqualsFullRecompute) {
-  const auto [llama, dt] = GetParam();
+  const auto [llama, dt, mla] = GetParam();
   auto cfg = tiny_config(llama, dt);
+  if (mla) to_mla(cfg);
   model::GPTModel m(cfg);
   perturb_norms(m.params());
   inference::Generator gen(m.params(), cfg);
@@ -138,9 +141,11 @@ TEST_P(BatchVsAlone, GreedyBatchEqualsFullRecompute) {
 
 INSTANTIATE_TEST_SUITE_P(Families, BatchVsAlone,
                          ::testing::Values(Case{false, DType::F64}, Case{false, DType::F32},
-                                           Case{true, DType::F64}, Case{true, DType::F32}),
+                                           Case{true, DType::F64}, Case{true, DType::F32},
+                                           Case{true, DType::F64, true}),
                          [](const auto& i) {
-                           return std::string(i.param.llama ? "Llama" : "GPT2") + "_" +
+                           return std::string(i.param.llama ? "Llama" : "GPT2") +
+                                  (i.param.mla ? "Mla" : "") + "_" +
                                   std::string(dtype_name(i.param.dt));
                          });
 

@@ -81,6 +81,25 @@ TEST(ModelGrad, GptFiniteDifferencesWithDropout) { fd_check(false, 2, 0.2); }
 TEST(ModelGrad, LlamaOneLayerFiniteDifferences) { fd_check(true, 1, 0.0); }
 TEST(ModelGrad, LlamaFiniteDifferencesWithDropout) { fd_check(true, 2, 0.2); }
 
+// Multi-latent attention: every latent projection, the latent norms, the shared position key
+// (YaRN, concentration factor != 1) and the padded values, against finite differences; with
+// and without a query latent and attention dropout.
+TransformerConfig tiny_mla(bool q_latent, double dropout) {
+  TransformerConfig c = tiny(true, 2, dropout);
+  c.num_query_groups = c.num_attention_heads;
+  c.mla.on = true, c.mla.q_lora_rank = q_latent ? 6 : 0, c.mla.kv_lora_rank = 5;
+  c.mla.qk_head_dim = 2, c.mla.qk_pos_emb_head_dim = 4, c.mla.v_head_dim = 3;
+  c.mla.yarn = q_latent, c.mla.rotary_scaling_factor = 40, c.mla.mscale = 0.9;
+  c.mla.mscale_all_dim = 0.7, c.mla.original_max_positions = 16;
+  c.kv_channels = c.mla.q_head_dim();
+  c.qk_layernorm = q_latent;
+  return c;
+}
+TEST(ModelGrad, MlaFiniteDifferences) { fd_check(tiny_mla(true, 0.0)); }
+TEST(ModelGrad, MlaWithoutQueryLatentFiniteDifferencesWithDropout) {
+  fd_check(tiny_mla(false, 0.2));
+}
+
 // --add-qkv-bias with --disable-bias-linear (Qwen2): linear_qkv [QKVW] gets a bias, zero at
 // init as Megatron's, and no other linear does; its gradient against finite differences.
 TEST(ModelGrad, QkvBiasAloneFiniteDifferences) {

@@ -77,3 +77,31 @@ TEST(Flops, FromArgsUsesDerivedShape) {
   EXPECT_EQ(m.kv_channels, 16);
   EXPECT_GT(num_floating_point_operations(a, 8), 0.0);
 }
+
+TEST(Flops, MultiLatentAttentionClosedForm) {
+  // Megatron's MLA terms, L=1, h=64, nh=4, rq=32, rkv=16, Dn=16, Dr=8, Dv=12, F=128 (GELU),
+  // V=128, s=16, B=2; by hand (fb·fma = 6):
+  //   q = 32·(64 + 4·24 + 1) = 5152, kv = 16·(64 + 4·(16 + 12) + 1) = 2832, rope k = 64·8,
+  //   o = 4·12·64: attn_lin = 6·11568 = 69408; attn_core = 6·(4·24/2 + 4·12/2) = 432;
+  //   T = 32, Q2 = 512: 32·(6·64·2·128 + 69408 + 6·64·128) + 512·432 = 7160832.
+  FlopsShape m;
+  m.num_layers = 1, m.hidden_size = 64, m.num_attention_heads = 4, m.num_query_groups = 4;
+  m.kv_channels = 16, m.ffn_hidden_size = 128, m.padded_vocab_size = 128, m.seq_length = 16;
+  m.mla = true, m.q_lora_rank = 32, m.kv_lora_rank = 16, m.qk_head_dim = 16;
+  m.qk_pos_emb_head_dim = 8, m.v_head_dim = 12;
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(m, 2), 7160832.0);
+  // Without a query latent the query term is h·nh·Dq: 64·4·24 = 6144 instead of 5152.
+  m.q_lora_rank = 0;
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(m, 2), 7160832.0 + 32.0 * 6 * (6144 - 5152));
+  // from_args reads the MLA flags.
+  Args a = parse_and_validate({"--num-layers", "1", "--hidden-size", "64",
+                               "--num-attention-heads", "4", "--ffn-hidden-size", "128",
+                               "--seq-length", "16", "--max-position-embeddings", "16",
+                               "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "1",
+                               "--mock-data", "--tokenizer-type", "NullTokenizer",
+                               "--vocab-size", "100", "--multi-latent-attention",
+                               "--q-lora-rank", "32", "--kv-lora-rank", "16", "--qk-head-dim",
+                               "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "12"});
+  a.padded_vocab_size = 128;
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(a, 2), 7160832.0);
+}
