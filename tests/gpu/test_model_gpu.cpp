@@ -23,8 +23,10 @@ constexpr int64_t kB = 2, kS = 80, kVocab = 120;
 
 // qkv_bias: Llama with --add-qkv-bias (Qwen2's q/k/v biases, no other linear bias).
 // qk_norm: Llama with --qk-layernorm (Qwen3's per-head q/k RMSNorm).
+// mla: Llama with multi-latent attention (query/key heads 48 + 16 = 64 wide, so the
+// tensor-core kernels take them; values 32 wide, padded; latent norms; YaRN).
 TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv_bias = false,
-                      bool qk_norm = false) {
+                      bool qk_norm = false, bool mla = false) {
   TransformerConfig c;
   c.num_layers = 2, c.kv_channels = 64, c.seq_length = kS, c.max_position_embeddings = 96;
   c.padded_vocab_size = 128, c.hidden_dropout = dropout, c.attention_dropout = dropout;
@@ -34,6 +36,13 @@ TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv
     c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
     c.tie_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = qkv_bias;
     c.qk_layernorm = qk_norm;
+    if (mla) {
+      c.num_query_groups = c.num_attention_heads, c.qk_layernorm = true;
+      c.mla.on = true, c.mla.q_lora_rank = 96, c.mla.kv_lora_rank = 64;
+      c.mla.qk_head_dim = 48, c.mla.qk_pos_emb_head_dim = 16, c.mla.v_head_dim = 32;
+      c.mla.rotary_scaling_factor = 40, c.mla.mscale = 1, c.mla.mscale_all_dim = 1;
+      c.mla.original_max_positions = 64;
+    }
   } else {
     c.hidden_size = 128, c.num_attention_heads = 2, c.num_query_groups = 2;
     c.ffn_hidden_size = 512;
@@ -79,16 +88,17 @@ double masked_tokens(const model::MicroBatch& mb) {
 }
 
 void compare_step(bool llama, DType dt, double dropout, double tol_logits, double tol_grad,
-                  bool qkv_bias = false, bool qk_norm = false) {
+                  bool qkv_bias = false, bool qk_norm = false, bool mla = false) {
   MCPP_REQUIRE_GPU();
-  GPTModel cm(cfg(llama, Device::CPU, DType::F32, dropout, qkv_bias, qk_norm));
-  GPTModel gm(cfg(llama, Device::CUDA, dt, dropout, qkv_bias, qk_norm));
+  GPTModel cm(cfg(llama, Device::CPU, DType::F32, dropout, qkv_bias, qk_norm, mla));
+  GPTModel gm(cfg(llama, Device::CUDA, dt, dropout, qkv_bias, qk_norm, mla));
   // perturb() makes the zero-initialised QKV bias non-zero, so its add and gradient count
   // (and moves the q/k norm weights off 1).
   // (GPT models have every linear bias, Megatron's --add-bias-linear default.)
   EXPECT_EQ(gm.params().has("decoder.layers.0.self_attention.linear_qkv.bias"),
             qkv_bias || !llama);
-  EXPECT_EQ(gm.params().has("decoder.layers.0.self_attention.q_layernorm.weight"), qk_norm);
+  EXPECT_EQ(gm.params().has("decoder.layers.0.self_attention.q_layernorm.weight"),
+            qk_norm || mla);
   perturb(cm.params());
   sync_params(cm, gm);
   auto mb = batch(17);
@@ -163,6 +173,15 @@ TEST(GpuModel, LlamaQkNormF32MatchesCpu) {
 }
 TEST(GpuModel, LlamaQkNormBf16CloseToCpu) {
   compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2, false, true);
+}
+
+// --multi-latent-attention: the latent projections, the MLA packing kernels (YaRN) and the
+// padded values through the tensor-core attention, f32 with dropout and bf16.
+TEST(GpuModel, LlamaMlaF32MatchesCpu) {
+  compare_step(true, DType::F32, 0.1, 1e-5, 1e-4, false, false, true);
+}
+TEST(GpuModel, LlamaMlaBf16CloseToCpu) {
+  compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2, false, false, true);
 }
 
 // --recompute-modules layernorm and mlp on the GPU: the norms' outputs and the dense fc1's
