@@ -4,7 +4,7 @@
 #   * the model trains and the loss falls; the arguments block and the checkpoint record it;
 #   * resuming continues; loading it without the flag is an error naming mla;
 #     --use-checkpoint-args takes every MLA setting; generate samples from it;
-#   * `megatron plan` predicts its memory;
+#   * `megatron plan` predicts its memory; recomputation leaves the losses unchanged;
 #   * refused: MLA flags without --multi-latent-attention, --group-query-attention with it,
 #     --v-head-dim wider than the query/key heads, --rope-type yarn without MLA, --qk-layernorm
 #     without --q-lora-rank, the Hugging Face export and the legacy --ckpt-format torch.
@@ -56,6 +56,20 @@ echo "generate: $(tail -1 "$W/gen.log")"
 run "$W/plan.log" "$M" plan "${T[@]}" "${MLA[@]}" --train-iters 100 \
     --tensor-model-parallel-size 2 --sequence-parallel
 grep -q "activation" "$W/plan.log" || { echo "plan printed no memory"; cat "$W/plan.log"; exit 1; }
+
+# Recomputation (full, selective core_attn, selective norms and MLP) gives the same losses.
+Q=("${T[@]}" "${MLA[@]}" --train-iters 10 --lr-warmup-iters 2 --log-interval 1
+   --hidden-dropout 0.1 --attention-dropout 0.1)
+run "$W/rc0.log" "$M" train "${Q[@]}"
+for rc in "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1" \
+          "--recompute-granularity selective" \
+          "--recompute-granularity selective --recompute-modules core_attn layernorm mlp"; do
+  # shellcheck disable=SC2086
+  run "$W/rc.log" "$M" train "${Q[@]}" $rc
+  [ "$(losses "$W/rc.log")" = "$(losses "$W/rc0.log")" ] && [ -n "$(losses "$W/rc.log")" ] ||
+    { echo "$rc changed the losses"; exit 1; }
+done
+echo "recomputation: the same 10 losses"
 
 S=("${T[@]}" --train-iters 100)
 refused "--kv-lora-rank configures multi-latent attention, which is off" \
