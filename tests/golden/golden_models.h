@@ -1,6 +1,6 @@
-// The tiny models of the golden tests (GPT-2 style and Llama style; the Hugging Face golden
-// check adds Qwen2, Qwen3 and Mistral variants of the Llama one), their batch, and the
-// perturbed weights that make every parameter matter.
+// The tiny models of the golden tests (GPT-2 style, Llama style, and two multi-latent
+// attention variants of the Llama one; the Hugging Face golden check adds Qwen2, Qwen3 and
+// Mistral variants), their batch, and the perturbed weights that make every parameter matter.
 #pragma once
 #include <string>
 
@@ -25,6 +25,17 @@ inline model::TransformerConfig golden_config(const std::string& family, DType d
       c.qk_layernorm = true, c.kv_channels = 8, c.norm_epsilon = 1e-6, c.rotary_base = 1e6;
     } else if (family == "mistral") {  // multi-query attention
       c.num_query_groups = 1, c.rotary_base = 1e6;
+    } else if (family == "mla" || family == "mla_rope") {
+      // Multi-latent attention; the core sees NH heads of Dq = Dn + Dr (as model_config sets).
+      auto& m = c.mla;
+      m.on = true, m.kv_lora_rank = 6, m.qk_head_dim = 4, m.qk_pos_emb_head_dim = 4;
+      if (family == "mla") {  // query latent, latent norms, YaRN with mscale != mscale_all_dim
+        m.q_lora_rank = 8, m.v_head_dim = 3, c.qk_layernorm = true;
+        m.yarn = true, m.rotary_scaling_factor = 40, m.mscale = 0.9, m.mscale_all_dim = 0.8;
+      } else {  // linear_q_proj, no latent norms, plain RoPE, Dn < Dv < Dq
+        m.q_lora_rank = 0, m.v_head_dim = 5, m.yarn = false;
+      }
+      c.num_query_groups = c.num_attention_heads, c.kv_channels = m.q_head_dim();
     } else {
       MCPP_CHECK(family == "llama", "golden_config: unknown family {}", family);
     }

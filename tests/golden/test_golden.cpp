@@ -69,3 +69,7 @@ TEST(Golden, GptF64) { check_family("gpt", DType::F64, 1e-10); }
 TEST(Golden, LlamaF64) { check_family("llama", DType::F64, 1e-10); }
 TEST(Golden, GptF32) { check_family("gpt", DType::F32, 1e-5); }
 TEST(Golden, LlamaF32) { check_family("llama", DType::F32, 1e-5); }
+TEST(Golden, MlaF64) { check_family("mla", DType::F64, 1e-10); }
+TEST(Golden, MlaF32) { check_family("mla", DType::F32, 1e-5); }
+TEST(Golden, MlaRopeF64) { check_family("mla_rope", DType::F64, 1e-10); }
+TEST(Golden, MlaRopeF32) { check_family("mla_rope", DType::F32, 1e-5); }
