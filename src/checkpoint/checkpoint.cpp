@@ -207,6 +207,7 @@ json model_config_json(const model::TransformerConfig& c) {
                          {"original_max_position_embeddings", c.rope_original_max_positions}};
   if (c.seq_len_interpolation_factor != 1.0)  // RoPE position interpolation (absent: 1, off)
     j["rotary_seq_len_interpolation_factor"] = c.seq_len_interpolation_factor;
+  if (c.rotary_interleaved) j["rotary_interleaved"] = true;  // --rotary-interleaved (absent: off)
   if (c.mla.on) j["mla"] = mla_config_json(c.mla);  // multi-latent attention (absent: off)
   return j;
 }
@@ -245,6 +246,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
     c.rope_original_max_positions = r.at("original_max_position_embeddings");
   }
   c.seq_len_interpolation_factor = j.value("rotary_seq_len_interpolation_factor", 1.0);
+  c.rotary_interleaved = j.value("rotary_interleaved", false);      // --rotary-interleaved
   if (j.contains("mla")) c.mla = mla_config_from_json(j.at("mla"));  // multi-latent attention
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
@@ -288,6 +290,10 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     const json b = now.contains("mla") ? now["mla"] : off;
     if (a != b) differ("mla (--multi-latent-attention and its flags)", a, b);
   }
+  // --rotary-interleaved: the same tensors, RoPE on other pairs of their dims.
+  if (saved.value("rotary_interleaved", false) != cur.rotary_interleaved)
+    differ("rotary_interleaved (--rotary-interleaved)", saved.value("rotary_interleaved", false),
+           cur.rotary_interleaved);
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
     differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
   if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "ops/rope_interleave.h"
 
 namespace mcpp::model {
 
@@ -19,6 +20,14 @@ ops::RopeFreqs rope_freqs(const TransformerConfig& c) {
 
 namespace {
 std::string prefix(int layer, const char* s) { return layer_param_name(layer, s); }
+
+// --rotary-interleaved: this rank's qkv layout for the permutation (ops/rope_interleave.h).
+ops::RopePermuteDims permute_dims(const TransformerConfig& c) {
+  ops::RopePermuteDims d;
+  d.groups = c.local_groups(), d.heads_per_group = c.heads_per_group();
+  d.head_dim = c.kv_channels, d.rot_dim = c.rot_dim();
+  return d;
+}
 
 // RoPE (or its inverse) on this rank's rows of qkv [S*B, QKVW]: one call at CP 1, one per
 // chunk under context parallelism, each at its global positions.
@@ -131,12 +140,17 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
     mla_.forward(x, s.mla, residual, y, ws, cx);
     return;
   }
+  // --rotary-interleaved: the projection (and norms) into the backward's dqkv buffer, free
+  // until then, and the permuted heads into the saved qkv.
+  const bool permute = c.rope && c.rotary_interleaved;
+  Tensor& pre = permute ? ws.dqkv : s.qkv;
   if (c.qk_layernorm) {
     qkv_.forward(x, s.qkv_in, s.qk_in, ws, cx);
-    qk_norm_forward(s.qk_in, s.qkv, cx);
+    qk_norm_forward(s.qk_in, pre, cx);
   } else {
-    qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
+    qkv_.forward(x, s.qkv_in, pre, ws, cx);
   }
+  if (permute) ops::rope_deinterleave(pre, permute_dims(c), false, s.qkv, cx.stream());
   if (c.rope) rope_rows(false, s.qkv, s.qkv, c, cx);
   core_.forward(s.qkv, s.core, ws, cx);
   const Tensor& ctx = core_.ctx(s.core, ws);
@@ -155,13 +169,20 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
     mla_.forward_cached(x, s.mla, k_cache, v_cache, residual, y, ws, cx, fold);
     return;
   }
+  const bool permute = c.rope && c.rotary_interleaved;  // as forward: into dqkv, then permute
+  if (permute) ensure(ws.dqkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
+  Tensor& pre = permute ? ws.dqkv : s.qkv;
   if (fold) {
     Tensor unused;
-    qkv_.forward_folded(x, *fold, false, unused, s.qkv, cx);
+    qkv_.forward_folded(x, *fold, false, unused, pre, cx);
   } else {
-    qkv_.forward(x, s.qkv_in, s.qkv, ws, cx);
+    qkv_.forward(x, s.qkv_in, pre, ws, cx);
   }
-  if (c.qk_layernorm) qk_norm_forward(s.qkv, s.qkv, cx);
+  if (c.qk_layernorm) qk_norm_forward(pre, pre, cx);
+  if (permute) {
+    ensure(s.qkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
+    ops::rope_deinterleave(pre, permute_dims(c), false, s.qkv, cx.stream());
+  }
   // A decode step: RoPE at each row's position, the cache append and the attention in one op
   // (rope_decode + attention_kv_cache_forward; on the GPU one kernel for the usual head shapes).
   const bool decode_step = c.rope && cx.S == 1 && cx.pos_dev.defined();
@@ -208,10 +229,15 @@ void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx
   proj_.backward(dy, core_.ctx(s.core, ws), ws.dctx, ws, cx);
   core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
   if (c.rope) rope_rows(true, ws.dqkv, ws.dqkv, c, cx);
+  // --rotary-interleaved: the permutation undone into the saved qkv, which the core has read
+  // for the last time.
+  Tensor& g = c.rope && c.rotary_interleaved ? s.qkv : ws.dqkv;
+  if (c.rope && c.rotary_interleaved)
+    ops::rope_deinterleave(ws.dqkv, permute_dims(c), true, s.qkv, cx.stream());
   if (c.qk_layernorm)
     ops::qk_norm_backward(s.qk_in, q_norm_.w, k_norm_.w, c.heads_per_group(), c.norm_epsilon,
-                          c.zero_centered_gamma, ws.dqkv, q_norm_.g, k_norm_.g, cx.stream());
-  qkv_.backward(ws.dqkv, x, s.qkv_in, dx, ws, cx);
+                          c.zero_centered_gamma, g, q_norm_.g, k_norm_.g, cx.stream());
+  qkv_.backward(g, x, s.qkv_in, dx, ws, cx);
 }
 
 }  // namespace mcpp::model

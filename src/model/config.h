@@ -26,6 +26,9 @@ struct TransformerConfig {
   int64_t padded_vocab_size = 0;         // Vp
   // Architecture switches (Megatron flag in brackets).
   bool rope = false;                     // --position-embedding-type rope
+  // --rotary-interleaved: RoPE on pairs (2i, 2i + 1) (ops/rope_interleave.h: the query and
+  // key heads permuted once, then the rotate-half RoPE).
+  bool rotary_interleaved = false;
   double rotary_base = 10000;            // --rotary-base
   double rotary_percent = 1.0;           // --rotary-percent
   // Llama 3.x RoPE scaling (ops::rope_inv_freq): low frequencies divided by the factor,

@@ -76,6 +76,7 @@ struct Args {
   // --rope-type: the RoPE of multi-latent attention, "rope" or "yarn" (MLA's default when
   // not given); standard attention takes only "rope" (validate_rope.cpp).
   std::optional<std::string> rope_type;
+  bool rotary_interleaved = false;  // RoPE on pairs (2i, 2i + 1) (ops/rope_interleave.h)
   // Multi-latent attention (validate_mla.cpp; model/mla_attention.h). q_lora_rank unset:
   // the query is projected from the hidden state directly.
   bool multi_latent_attention = false;

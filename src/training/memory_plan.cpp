@@ -28,6 +28,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.seq_length = a.seq_length, c.max_position_embeddings = a.max_position_embeddings;
   c.padded_vocab_size = *a.padded_vocab_size;
   c.rope = a.position_embedding_type == "rope";
+  c.rotary_interleaved = a.rotary_interleaved;
   c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
   c.rope_scaling = a.use_rope_scaling, c.rope_scaling_factor = a.rope_scaling_factor;
   c.rope_low_freq_factor = a.rope_low_freq_factor;

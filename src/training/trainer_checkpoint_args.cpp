@@ -126,6 +126,8 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
     a.rotary_seq_len_interpolation_factor = f, ++taken;
     a.given["rotary_seq_len_interpolation_factor"] = python_int_or_float(f);
   }
+  force("rotary_interleaved", a.rotary_interleaved, c.rotary_interleaved,
+        py(c.rotary_interleaved));
   // Multi-latent attention: its switch, shape and RoPE, forced like the switches.
   force("multi_latent_attention", a.multi_latent_attention, c.mla.on, py(c.mla.on));
   if (c.mla.on) {

@@ -40,6 +40,18 @@ void validate_rope(const Args& a) {
                         ? a.given.at("rotary_seq_len_interpolation_factor")
                         : python_float(*f));
   }
+  // --rotary-interleaved rotates the pairs (2i, 2i + 1) of standard attention's RoPE; Megatron
+  // ignores it without RoPE, and multi-latent attention's RoPE is its own (de-interleaved
+  // by definition; Megatron's YaRN asserts against the flag).
+  if (a.rotary_interleaved) {
+    MCPP_CHECK_HINT(rope, "add --position-embedding-type rope, or drop --rotary-interleaved",
+                    "--rotary-interleaved changes RoPE's pairs, but --position-embedding-type "
+                    "is {}",
+                    a.position_embedding_type);
+    MCPP_CHECK_HINT(!a.multi_latent_attention, "drop --rotary-interleaved",
+                    "--rotary-interleaved with --multi-latent-attention: MLA's RoPE takes its "
+                    "own (de-interleaved) pairs, and Megatron-LM's YaRN refuses the flag");
+  }
   // Megatron's --rope-type picks the RoPE of multi-latent attention (rope or yarn, yarn when
   // not given); for standard attention it asserts rope_type == "rope".
   if (a.rope_type && !a.multi_latent_attention) {

@@ -18,7 +18,7 @@ using namespace mcpp;
 int main(int argc, char** argv) {
   std::string dir = argc > 1 ? argv[1] : "tests/golden/data";
   std::vector<std::string> families(argv + std::min(argc, 2), argv + argc);
-  if (families.empty()) families = {"gpt", "llama", "mla", "mla_rope"};
+  if (families.empty()) families = {"gpt", "llama", "mla", "mla_rope", "llama_interleaved"};
   for (const std::string& fam : families) {
     auto cfg = golden::golden_config(fam, DType::F64);
     model::GPTModel m(cfg);
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
         {"ffn_hidden_size", std::to_string(cfg.ffn_hidden_size)},
         {"rotary_base", std::to_string(cfg.rotary_base)},
         {"norm_epsilon", "1e-5"}};
+    if (cfg.rotary_interleaved) meta["rotary_interleaved"] = "1";
     if (cfg.mla.on) {  // MLATransformerConfig's fields ("{}": shortest exact decimal)
       const auto& a = cfg.mla;
       meta["multi_latent_attention"] = "1";

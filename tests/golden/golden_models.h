@@ -23,6 +23,8 @@ inline model::TransformerConfig golden_config(const std::string& family, DType d
       c.add_qkv_bias = true, c.tie_embeddings = true, c.rotary_base = 1e6;
     } else if (family == "qwen3") {  // q/k norms, head_dim != hidden / heads
       c.qk_layernorm = true, c.kv_channels = 8, c.norm_epsilon = 1e-6, c.rotary_base = 1e6;
+    } else if (family == "llama_interleaved") {  // --rotary-interleaved: pairs (2i, 2i + 1)
+      c.rotary_interleaved = true;
     } else if (family == "mistral") {  // multi-query attention
       c.num_query_groups = 1, c.rotary_base = 1e6;
     } else if (family == "mla" || family == "mla_rope") {

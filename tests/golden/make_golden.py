@@ -75,6 +75,18 @@ def rope(x, base):
     return x * torch.cos(emb) + rot * torch.sin(emb)
 
 
+def rope_interleaved(x, base):
+    # Megatron's RotaryEmbedding with rotary_interleaved: the frequencies repeated pairwise
+    # and _rotate_half's interleaved form, [-x1, x0, -x3, x2, ...].
+    S, D = x.shape[0], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv[None, :]  # [S, D/2]
+    emb = torch.stack([ang, ang], dim=-1).reshape(S, D)[:, None, None, :]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    rot = torch.stack([-x2, x1], dim=-1).reshape(x.shape)
+    return x * torch.cos(emb) + rot * torch.sin(emb)
+
+
 # ---- multi-latent attention (Megatron-Core's MLASelfAttention) ----------------------------
 
 def yarn_get_mscale(scale, mscale):
@@ -186,8 +198,9 @@ def attention(h, g, meta, llama):
     k = qkv[:, :, :, r, :]  # [S, B, NG, HD]
     v = qkv[:, :, :, r + 1, :]
     if llama:
-        q = rope(q, float(meta["rotary_base"]))
-        k = rope(k, float(meta["rotary_base"]))
+        rot = rope_interleaved if meta.get("rotary_interleaved") == "1" else rope
+        q = rot(q, float(meta["rotary_base"]))
+        k = rot(k, float(meta["rotary_base"]))
     k = k.repeat_interleave(r, dim=2)
     v = v.repeat_interleave(r, dim=2)
     scores = torch.einsum("sbhd,tbhd->bhst", q, k) / math.sqrt(HD)
@@ -242,7 +255,7 @@ def forward(p, meta, tokens, labels, mask):
 
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "data")
-    for fam in sys.argv[2:] or ("gpt", "llama", "mla", "mla_rope"):
+    for fam in sys.argv[2:] or ("gpt", "llama", "mla", "mla_rope", "llama_interleaved"):
         t, meta = load(os.path.join(d, f"{fam}_inputs.safetensors"))
         params = {k: v.requires_grad_(True) for k, v in t.items() if not k.startswith("batch.")}
         logits, loss = forward(params, meta, t["batch.tokens"], t["batch.labels"], t["batch.loss_mask"])

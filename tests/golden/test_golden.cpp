@@ -73,3 +73,5 @@ TEST(Golden, MlaF64) { check_family("mla", DType::F64, 1e-10); }
 TEST(Golden, MlaF32) { check_family("mla", DType::F32, 1e-5); }
 TEST(Golden, MlaRopeF64) { check_family("mla_rope", DType::F64, 1e-10); }
 TEST(Golden, MlaRopeF32) { check_family("mla_rope", DType::F32, 1e-5); }
+TEST(Golden, LlamaInterleavedF64) { check_family("llama_interleaved", DType::F64, 1e-10); }
+TEST(Golden, LlamaInterleavedF32) { check_family("llama_interleaved", DType::F32, 1e-5); }

@@ -23,6 +23,8 @@ constexpr int64_t kB = 2, kS = 80, kVocab = 120;
 
 // qkv_bias: Llama with --add-qkv-bias (Qwen2's q/k/v biases, no other linear bias).
 // qk_norm: Llama with --qk-layernorm (Qwen3's per-head q/k RMSNorm).
+bool interleaved_rope = false;  // cfg's models use --rotary-interleaved (one test sets it)
+
 // mla: Llama with multi-latent attention (query/key heads 48 + 16 = 64 wide, so the
 // tensor-core kernels take them; values 32 wide, padded; latent norms; YaRN).
 TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv_bias = false,
@@ -35,7 +37,7 @@ TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv
     c.hidden_size = 256, c.num_attention_heads = 4, c.num_query_groups = 2;
     c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
     c.tie_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = qkv_bias;
-    c.qk_layernorm = qk_norm;
+    c.qk_layernorm = qk_norm, c.rotary_interleaved = interleaved_rope;
     if (mla) {
       c.num_query_groups = c.num_attention_heads, c.qk_layernorm = true;
       c.mla.on = true, c.mla.q_lora_rank = 96, c.mla.kv_lora_rank = 64;
@@ -177,6 +179,13 @@ TEST(GpuModel, LlamaQkNormBf16CloseToCpu) {
 
 // --multi-latent-attention: the latent projections, the MLA packing kernels (YaRN) and the
 // padded values through the tensor-core attention, f32 with dropout and bf16.
+// --rotary-interleaved: the heads permuted before RoPE, the permutation undone on the
+// gradient (f32 with dropout).
+TEST(GpuModel, LlamaRotaryInterleavedF32MatchesCpu) {
+  interleaved_rope = true;
+  compare_step(true, DType::F32, 0.1, 1e-5, 1e-4, false, true);
+  interleaved_rope = false;
+}
 TEST(GpuModel, LlamaMlaF32MatchesCpu) {
   compare_step(true, DType::F32, 0.1, 1e-5, 1e-4, false, false, true);
 }

@@ -21,6 +21,7 @@ struct Case {
   DType dt;
   bool qkv_bias = false;  // Llama + --add-qkv-bias (Qwen2): the bias in the folded QKV GEMV
   bool mla = false;       // Llama + multi-latent attention (to_mla)
+  bool interleaved = false;  // Llama + --rotary-interleaved
 };
 
 class CachedVsFull : public ::testing::TestWithParam<Case> {};
@@ -41,9 +42,10 @@ int64_t argmax(const std::vector<double>& x) {
 double tol(DType dt) { return dt == DType::F64 ? 1e-12 : 1e-5; }
 
 TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
-  const auto [llama, dt, qkv_bias, mla] = GetParam();
+  const auto [llama, dt, qkv_bias, mla, interleaved] = GetParam();
   auto cfg = tiny_config(llama, dt);
   if (mla) to_mla(cfg);
+  cfg.rotary_interleaved = interleaved;
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -76,9 +78,10 @@ TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
 }
 
 TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
-  const auto [llama, dt, qkv_bias, mla] = GetParam();
+  const auto [llama, dt, qkv_bias, mla, interleaved] = GetParam();
   auto cfg = tiny_config(llama, dt);
   if (mla) to_mla(cfg);
+  cfg.rotary_interleaved = interleaved;
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -107,9 +110,10 @@ TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
 }
 
 TEST_P(CachedVsFull, GenerateGreedyEqualsRecompute) {
-  const auto [llama, dt, qkv_bias, mla] = GetParam();
+  const auto [llama, dt, qkv_bias, mla, interleaved] = GetParam();
   auto cfg = tiny_config(llama, dt);
   if (mla) to_mla(cfg);
+  cfg.rotary_interleaved = interleaved;
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -144,11 +148,13 @@ INSTANTIATE_TEST_SUITE_P(Families, CachedVsFull,
                                            Case{true, DType::F64}, Case{true, DType::F32},
                                            Case{true, DType::F32, true},
                                            Case{true, DType::F64, false, true},
-                                           Case{true, DType::F32, false, true}),
+                                           Case{true, DType::F32, false, true},
+                                           Case{true, DType::F64, false, false, true}),
                          [](const auto& i) {
                            return std::string(i.param.llama ? "Llama" : "GPT2") +
                                   (i.param.qkv_bias ? "QkvBias" : "") +
-                                  (i.param.mla ? "Mla" : "") + "_" +
+                                  (i.param.mla ? "Mla" : "") +
+                                  (i.param.interleaved ? "Interleaved" : "") + "_" +
                                   std::string(dtype_name(i.param.dt));
                          });
 

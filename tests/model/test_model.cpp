@@ -95,6 +95,13 @@ TransformerConfig tiny_mla(bool q_latent, double dropout) {
   c.qk_layernorm = q_latent;
   return c;
 }
+// --rotary-interleaved (with the q/k norms before the permutation): the permuted heads and
+// the inverse permutation of their gradient.
+TEST(ModelGrad, RotaryInterleavedFiniteDifferences) {
+  TransformerConfig c = tiny(true, 2, 0.2);
+  c.rotary_interleaved = true, c.qk_layernorm = true;
+  fd_check(c);
+}
 TEST(ModelGrad, MlaFiniteDifferences) { fd_check(tiny_mla(true, 0.0)); }
 TEST(ModelGrad, MlaWithoutQueryLatentFiniteDifferencesWithDropout) {
   fd_check(tiny_mla(false, 0.2));

@@ -371,10 +371,13 @@ TEST(Validate, RopeType) {
               std::string::npos);
   }
   expect_invalid(with(base_argv(), {"--rope-type", "yarn", "--position-embedding-type", "rope"}),
-                 {"--rope-type yarn: YaRN belongs to Megatron's multi-latent attention",
-                  "HINT: drop --rope-type, or give --rope-type rope; megatron.cpp implements "
-                  "plain RoPE",
-                  "--rotary-seq-len-interpolation-factor"});
+                 {"--rope-type yarn: Megatron-LM's standard attention takes only --rope-type "
+                  "rope; YaRN belongs to multi-latent attention",
+                  "HINT: drop --rope-type, or add --multi-latent-attention"});
+  // With multi-latent attention yarn is the default and rope the alternative.
+  Args m = parse_and_validate(with(base_argv(), {"--multi-latent-attention", "--rope-type",
+                                                 "yarn", "--position-embedding-type", "rope"}));
+  EXPECT_EQ(m.rope_type, "yarn");
   expect_invalid(with(base_argv(), {"--rope-type", "longrope"}), {"--rope-type: 'longrope' is "
                                                                   "not one of rope, yarn"});
 }

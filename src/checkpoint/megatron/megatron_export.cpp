@@ -163,7 +163,7 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("use_rotary_position_embeddings", Py::boolean(c.rope));
   a.set("rotary_base", number(c.rotary_base));
   a.set("rotary_percent", Py::real(c.rotary_percent));
-  a.set("rotary_interleaved", Py::boolean(false));
+  a.set("rotary_interleaved", Py::boolean(c.rope && c.rotary_interleaved));
   a.set("rotary_seq_len_interpolation_factor", c.seq_len_interpolation_factor == 1.0
                                                    ? Py::none()
                                                    : number(c.seq_len_interpolation_factor));

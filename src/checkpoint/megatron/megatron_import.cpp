@@ -166,7 +166,6 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   unsupported(arg(a, "num_experts") != nullptr && i64("num_experts") > 0, "mixture of experts");
   unsupported(flag("qk_layernorm", false), "--qk-layernorm");
   unsupported(flag("multi_latent_attention", false), "multi-latent attention");
-  unsupported(flag("rotary_interleaved", false), "--rotary-interleaved");
   unsupported(arg(a, "decoder_first_pipeline_num_layers") != nullptr ||
                   arg(a, "decoder_last_pipeline_num_layers") != nullptr,
               "an uneven pipeline split");
@@ -201,6 +200,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
                   what);
   c.rope = pos == "rope";
   c.rotary_base = f64("rotary_base", 10000);
+  c.rotary_interleaved = c.rope && flag("rotary_interleaved", false);  // the same weights
   c.rotary_percent = f64("rotary_percent", 1.0);
   // Llama 3.x RoPE scaling: Megatron applies it only to a RoPE model (the other three values
   // are its constants, TransformerConfig's defaults).
