@@ -74,6 +74,7 @@ inline model::TransformerConfig tiny_config(const std::string& family, int64_t t
     c.num_query_groups = 2, c.ffn_hidden_size = 24, c.rope = true;
     c.rmsnorm = true, c.swiglu = true, c.tie_embeddings = false, c.add_bias_linear = false;
     c.add_qkv_bias = family == "qwen2";
+    c.rotary_interleaved = family == "llama_interleaved";  // --rotary-interleaved
   }
   return c;
 }

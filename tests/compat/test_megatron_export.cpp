@@ -130,7 +130,8 @@ TEST(MegatronExport, RoundTripIsBitExact) {
   for (const Case& c : {Case{"gpt", false, 1, 1, mg::TransformerImpl::Local},
                         Case{"gpt", false, 2, 2, mg::TransformerImpl::TransformerEngine},
                         Case{"llama", true, 1, 1, mg::TransformerImpl::TransformerEngine},
-                        Case{"llama", true, 2, 2, mg::TransformerImpl::Local}}) {
+                        Case{"llama", true, 2, 2, mg::TransformerImpl::Local},
+                        Case{"llama_interleaved", true, 2, 1, mg::TransformerImpl::Local}}) {
     const std::string tag = fmt::format("{} tp{} pp{}", c.fam, c.tp, c.pp);
     const std::string ours = make_ours(dir, c.fam, c.bf16);
     const std::string meg = fmt::format("{}/meg_{}_{}_{}", dir, c.fam, c.tp, c.pp);
@@ -168,6 +169,11 @@ TEST(MegatronExport, RoundTripIsBitExact) {
     EXPECT_EQ(st.scheduler.lr_decay_style, ref.scheduler.lr_decay_style);
     EXPECT_EQ(st.scheduler.num_steps, ref.scheduler.num_steps) << tag;
     EXPECT_EQ(st.config.value("bf16", ""), c.bf16 ? "True" : "False") << tag;
+    // --rotary-interleaved goes out in args.rotary_interleaved and comes back.
+    EXPECT_EQ(checkpoint::model_config_from_metadata(checkpoint::read_metadata(back))
+                  .rotary_interleaved,
+              c.fam == "llama_interleaved")
+        << tag;
   }
 }
 
