@@ -18,9 +18,15 @@ bool flash_attention_uses_wgmma();  // ops/cuda/flash_attention.h
 
 namespace mcpp::ops {
 
+// cuDNN 9's fused attention on Hopper: head dims that are multiples of 8 up to 256 (192 is
+// DeepSeek's multi-latent attention, 128 + 64).
 bool cudnn_attention_takes(DType dt, int64_t head_dim) {
   return (dt == DType::BF16 || dt == DType::F16) && head_dim > 0 && head_dim % 8 == 0 &&
-         head_dim <= 128;
+         head_dim <= 256;
+}
+
+bool cuda_core_attention_takes(int64_t head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 128;
 }
 
 bool flash_attention_takes(DType dt, int64_t head_dim) {
@@ -35,16 +41,29 @@ constexpr const char* kRequestHint =
     "give --attention-backend auto (the default) to let megatron.cpp pick the kernel each "
     "call can use; docs/cuda-backend.md lists what each backend takes";
 
+// The CUDA-core kernel takes head dims 32, 64 and 128 only: any other choice of it is a
+// start-up error naming the ways out, not a failure at the first step.
+AttentionBackendChoice cuda_core_or_error(AttentionBackendChoice c, const AttentionBackendQuery& q) {
+  if (cuda_core_attention_takes(q.head_dim)) return c;
+  throw Error(fmt::format("attention with head dim {} has no CUDA kernel in this configuration: "
+                          "{}; the CUDA-core kernel takes head dims 32, 64 and 128",
+                          q.head_dim, c.reason),
+              "train in bf16/fp16 with --attention-dropout 0 (cuDNN takes head dims that are "
+              "multiples of 8 up to 256), or choose a head dim of 64 or 128");
+}
+
 // The order of attention_backend.h, for --attention-backend auto.
 AttentionBackendChoice choose_auto(const AttentionBackendQuery& q) {
   using B = AttentionBackend;
   const bool drop = q.dropout_p > 0;
   if (q.fallback_forced)
-    return {B::CudaCore, "CUDA-core fallback: MCPP_ATTENTION_FALLBACK is set"};
+    return cuda_core_or_error({B::CudaCore, "CUDA-core fallback: MCPP_ATTENTION_FALLBACK is set"},
+                              q);
   if (q.dtype != DType::BF16 && q.dtype != DType::F16)
-    return {B::CudaCore, fmt::format("CUDA-core fallback: {} activations (the tensor-core "
-                                     "kernels take bf16/f16)",
-                                     dtype_name(q.dtype))};
+    return cuda_core_or_error({B::CudaCore, fmt::format("CUDA-core fallback: {} activations "
+                                                        "(the tensor-core kernels take bf16/f16)",
+                                                        dtype_name(q.dtype))},
+                              q);
   if (!drop && q.cudnn_available && cudnn_attention_takes(q.dtype, q.head_dim))
     return {B::Cudnn, "cuDNN fused attention"};
   if (flash_attention_takes(q.dtype, q.head_dim)) {
@@ -62,8 +81,8 @@ AttentionBackendChoice choose_auto(const AttentionBackendQuery& q) {
   else if (!drop && !q.cudnn_available)
     why += ", and cuDNN is not available";
   else if (!drop)
-    why += " nor by cuDNN (multiples of 8 up to 128)";
-  return {B::CudaCore, "CUDA-core fallback: " + why};
+    why += " nor by cuDNN (multiples of 8 up to 256)";
+  return cuda_core_or_error({B::CudaCore, "CUDA-core fallback: " + why}, q);
 }
 
 }  // namespace
@@ -111,7 +130,8 @@ AttentionBackendChoice choose_attention_backend(const AttentionBackendQuery& q) 
   }
   if (q.request == R::Auto) return choose_auto(q);
   if (q.request == R::Unfused || q.request == R::Local)
-    return {B::CudaCore, fmt::format("CUDA-core kernel (--attention-backend {})", req)};
+    return cuda_core_or_error(
+        {B::CudaCore, fmt::format("CUDA-core kernel (--attention-backend {})", req)}, q);
   // fused / flash: an explicit tensor-core path. Say exactly why it cannot run.
   const bool half = q.dtype == DType::BF16 || q.dtype == DType::F16;
   std::string why;
@@ -129,7 +149,7 @@ AttentionBackendChoice choose_attention_backend(const AttentionBackendQuery& q) 
     else if (!q.cudnn_available)
       why = "cuDNN is not available in this process (see the 'attention:' start-up line)";
     else if (!cudnn_attention_takes(q.dtype, q.head_dim))
-      why = fmt::format("head dim {} is not a multiple of 8 up to 128", q.head_dim);
+      why = fmt::format("head dim {} is not a multiple of 8 up to 256", q.head_dim);
     else
       return {B::Cudnn, "cuDNN fused attention (--attention-backend fused)"};
   } else if (why.empty()) {

@@ -60,6 +60,8 @@ struct AttentionBackendChoice {
 // The shapes each tensor-core path takes (dtype, head dim); dropout is decided by
 // choose_attention_backend.
 bool cudnn_attention_takes(DType dt, int64_t head_dim);
+// The CUDA-core kernel's head dims (32, 64, 128).
+bool cuda_core_attention_takes(int64_t head_dim);
 bool flash_attention_takes(DType dt, int64_t head_dim);
 
 // The device memory of the own flash kernel's attention-dropout keep bits, from forward to

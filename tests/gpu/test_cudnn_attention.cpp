@@ -77,7 +77,8 @@ void check_case(DType dt, const Case& c) {
 
 TEST_P(CudnnAttention, MatchesCpuAndFlashKernel) {
   for (Case c : {Case{100, 2, 4, 4, 64}, Case{130, 2, 6, 2, 64}, Case{64, 1, 4, 1, 128},
-                 Case{77, 2, 4, 2, 32}, Case{256, 2, 8, 2, 128}, Case{192, 3, 8, 8, 128}})
+                 Case{77, 2, 4, 2, 32}, Case{256, 2, 8, 2, 128}, Case{192, 3, 8, 8, 128},
+                 Case{96, 2, 4, 4, 192}, Case{70, 1, 2, 1, 256}})  // MLA's 128 + 64; 256
     check_case(dt(), c);
 }
 

@@ -130,7 +130,7 @@ TEST(GpuSquaredRelu, GreedyGenerationFollowsTheFullForward) {
     GPTModel m(c);
     inference::Generator gen(m.params(), c);
     const int64_t B = 2, P = 5, steps = 4;
-    inference::KVCache cache(c, c.max_position_embeddings, B);
+    inference::KVCache cache(c, c.max_position_embeddings, B, Device::CUDA);
     std::vector<std::vector<int64_t>> seqs(B);
     Tensor tokens = Tensor::empty({B, P}, DType::I64);
     for (int64_t b = 0; b < B; ++b)

@@ -82,6 +82,9 @@ int64_t export_to_megatron(const std::string& load_dir, std::optional<int64_t> s
                            const std::string& save_dir, const ExportOptions& o) {
   const nlohmann::json md = read_metadata(load_dir, step);
   model::TransformerConfig cfg = model_config_from_metadata(md);
+  // The stored weights are f32 whatever the run's dtype (a bf16 GPU run saves its fp32 main
+  // params): read them on the CPU as stored; the run's dtype goes out as params_dtype.
+  cfg.dtype = DType::F32, cfg.device = Device::CPU;
   check_exportable(cfg, o, "--target-tensor-parallel-size", "--target-pipeline-parallel-size");
   model::GPTModel m(cfg);
   auto& ps = m.params();
