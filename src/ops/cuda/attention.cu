@@ -41,14 +41,18 @@ void set_smem(K kernel, size_t bytes) {
                                   int(bytes)));
 }
 
+// The CUDA-core kernels' head dims (cuDNN and the flash kernel check their own).
+void check_cuda_core_hd(const AttentionDims& d, const char* op) {
+  MCPP_CHECK(d.HD == 32 || d.HD == 64 || d.HD == 128,
+             "{}: head dim {} not supported by the CUDA-core attention kernel (32, 64, 128 are)",
+             op, d.HD);
+}
+
 AttnParams make_params(const Tensor& qkv, const AttentionDims& d, double softmax_scale,
                        double p, DropoutKey key, const char* op) {
   check_cuda(qkv, op, "qkv");
   MCPP_CHECK(d.NG > 0 && d.NH % d.NG == 0, "{}: NH {} is not a multiple of NG {}", op, d.NH,
              d.NG);
-  MCPP_CHECK(d.HD == 32 || d.HD == 64 || d.HD == 128,
-             "{}: head dim {} not supported by the CUDA attention kernel (32, 64, 128 are)", op,
-             d.HD);
   check_numel(qkv, d.S * d.B * d.qkv_width(), op, "qkv");
   MCPP_CHECK(p >= 0 && p < 1, "{}: dropout probability {} outside [0, 1)", op, p);
   AttnParams P{};
@@ -160,6 +164,7 @@ void attention_forward(const Tensor& qkv, const AttentionDims& d, double softmax
                             keep_bits_of(fa, op));
     return;
   }
+  check_cuda_core_hd(d, op);
   P.out = out.raw();
   P.lse = static_cast<float*>(lse.raw());
   MCPP_DISPATCH_ACT(qkv.dtype(), op, MCPP_DISPATCH_HD(d.HD, launch_fwd<T, HD>(P, cs)));
@@ -191,6 +196,8 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
       cudnn_attention_backward(fa, dout.raw(), out.raw(), static_cast<const float*>(lse.raw()),
                                dqkv.raw(), cs))
     return;
+  if (be == AttentionBackend::CudaCore || !flash_attention_applies(qkv.dtype(), d.HD, dropout_p))
+    check_cuda_core_hd(d, op);
   const Tensor delta = row_delta(dout, out, d, qkv.dtype(), op, cs);
   if (be != AttentionBackend::CudaCore && flash_attention_applies(qkv.dtype(), d.HD, dropout_p)) {
     // With dropout the keep bits (about B NH S^2 / 16 bytes, 1/32 of cuDNN's deterministic dP
@@ -228,6 +235,7 @@ void attention_core_block_forward(const Tensor& q_src, const Tensor& kv_src,
                                   double dropout_p, DropoutKey key, Tensor& out, Tensor& lse,
                                   Stream& s) {
   const char* op = "attention_block_forward";
+  check_cuda_core_hd(d, op);
   AttnParams P = make_params(q_src, d, softmax_scale, dropout_p, key, op);
   P.kv = kv_src.raw(), P.causal = causal;
   P.out = out.raw();
@@ -241,6 +249,7 @@ void attention_core_block_backward(const Tensor& dout, const Tensor& q_src, cons
                                    bool causal, double softmax_scale, double dropout_p,
                                    DropoutKey key, Tensor& dq, Tensor& dkv, Stream& s) {
   const char* op = "attention_block_backward";
+  check_cuda_core_hd(d, op);
   AttnParams P = make_params(q_src, d, softmax_scale, dropout_p, key, op);
   cudaStream_t cs = stream_of(s);
   const Tensor delta = row_delta(dout, out, d, q_src.dtype(), op, cs);
