@@ -1,39 +1,9 @@
 // Forwards each catalogue entry to the backend of the stream's device.
 #include "ops/ops.h"
 
-#ifdef MCPP_HAVE_CUDA
-#include "ops/cuda/device.h"
-#endif
+#include "ops/dispatch.h"
 
 namespace mcpp::ops {
-
-#ifdef MCPP_HAVE_CUDA
-#define MCPP_DISPATCH(name, ...)                                     \
-  do {                                                               \
-    if (s.device == Device::CUDA) {                                  \
-      cuda::OpScope scope_(#name, s);                                \
-      return cuda::name(__VA_ARGS__);                                \
-    }                                                                \
-    return cpu::name(__VA_ARGS__);                                   \
-  } while (0)
-// The same, with the shape of `shaped` in the profiler's name (GEMMs by weight shape).
-#define MCPP_DISPATCH_SHAPED(name, shaped, ...)                      \
-  do {                                                               \
-    if (s.device == Device::CUDA) {                                  \
-      cuda::OpScope scope_(#name, s, &(shaped));                     \
-      return cuda::name(__VA_ARGS__);                                \
-    }                                                                \
-    return cpu::name(__VA_ARGS__);                                   \
-  } while (0)
-#else
-#define MCPP_DISPATCH(name, ...)                                                      \
-  do {                                                                                \
-    MCPP_CHECK_HINT(s.device == Device::CPU, "rebuild with nvcc present to get CUDA", \
-                    #name " called on a CUDA stream in a build without CUDA");        \
-    return cpu::name(__VA_ARGS__);                                                    \
-  } while (0)
-#define MCPP_DISPATCH_SHAPED(name, shaped, ...) MCPP_DISPATCH(name, __VA_ARGS__)
-#endif
 
 Stream& default_stream(Device d) {
   if (d == Device::CPU) return Stream::cpu();

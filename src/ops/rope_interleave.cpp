@@ -3,9 +3,7 @@
 
 #include "base/error.h"
 
-#ifdef MCPP_HAVE_CUDA
-#include "ops/cuda/device.h"
-#endif
+#include "ops/dispatch.h"
 
 namespace mcpp::ops {
 
@@ -28,16 +26,7 @@ int64_t check_rope_deinterleave(const Tensor& in, const RopePermuteDims& d, cons
 
 void rope_deinterleave(const Tensor& in, const RopePermuteDims& d, bool inverse, Tensor& out,
                        Stream& s) {
-#ifdef MCPP_HAVE_CUDA
-  if (s.device == Device::CUDA) {
-    cuda::OpScope scope_("rope_deinterleave", s);
-    return cuda::rope_deinterleave(in, d, inverse, out, s);
-  }
-#else
-  MCPP_CHECK_HINT(s.device == Device::CPU, "rebuild with nvcc present to get CUDA",
-                  "rope_deinterleave called on a CUDA stream in a build without CUDA");
-#endif
-  cpu::rope_deinterleave(in, d, inverse, out, s);
+  MCPP_DISPATCH(rope_deinterleave, in, d, inverse, out, s);
 }
 
 }  // namespace mcpp::ops
