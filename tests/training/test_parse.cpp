@@ -122,6 +122,14 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
   EXPECT_EQ(flag_support("ckpt_assume_constant_structure"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("auto_detect_ckpt_format"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("check_for_nan_in_loss_and_grad"), FlagSupport::ByDesign);
+  // Multi-latent attention and interleaved RoPE are implemented; --trust-remote-code has no
+  // code to trust here.
+  for (const char* d : {"multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                        "qk_pos_emb_head_dim", "v_head_dim", "rotary_scaling_factor", "mscale",
+                        "mscale_all_dim", "rotary_interleaved"})
+    EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
+  EXPECT_EQ(flag_support("trust_remote_code"), FlagSupport::ByDesign);
+  EXPECT_EQ(flag_support("cache_mla_latents"), FlagSupport::NotImplemented);
   // Fully parallel checkpoints: the switches are bound; the exchange algorithm and the
   // deprecated spelling of the save switch are accepted by design.
   EXPECT_EQ(flag_support("ckpt_fully_parallel_load"), FlagSupport::Implemented);
