@@ -23,11 +23,16 @@ StageMemory plan(std::vector<std::string> argv, int world) {
                                           a.tensor_model_parallel_size);
   return plan_stage_memory(a, model_config(a, Device::CUDA, DType::BF16), 0);
 }
+// base_argv's heads are 16 wide: no CUDA kernel takes them with attention dropout (a
+// start-up error), cuDNN does without.
+std::vector<std::string> gpu_argv() {
+  return with(base_argv(), {"--bf16", "--attention-dropout", "0"});
+}
 }  // namespace
 
 TEST(MemoryPlan, GradReduceInBf16Staging) {
   for (bool distopt : {false, true}) {
-    auto argv = with(base_argv(), {"--bf16"});
+    auto argv = gpu_argv();
     if (distopt) argv.push_back("--use-distributed-optimizer");
     const StageMemory fp32 = plan(argv, 2);
     const StageMemory bf16 = plan(with(argv, {"--grad-reduce-in-bf16"}), 2);
@@ -46,7 +51,7 @@ TEST(MemoryPlan, GradReduceInBf16Staging) {
 // over DP x CP / N ranks: DP 4 with N 2 plans the optimizer state and gradient shard of DP 2
 // with one instance, twice DP 4's.
 TEST(MemoryPlan, DistributedOptimizerInstances) {
-  const auto argv = with(base_argv(), {"--bf16", "--use-distributed-optimizer"});
+  const auto argv = with(gpu_argv(), {"--use-distributed-optimizer"});
   const StageMemory dp4 = plan(argv, 4), dp2 = plan(argv, 2);
   const StageMemory inst2 = plan(with(argv, {"--num-distributed-optimizer-instances", "2"}), 4);
   EXPECT_EQ(inst2.optimizer, dp2.optimizer);
@@ -54,6 +59,17 @@ TEST(MemoryPlan, DistributedOptimizerInstances) {
   EXPECT_EQ(inst2.optimizer, 2 * dp4.optimizer);
   EXPECT_EQ(inst2.grads - dp4.grads, (dp4.parameters / 2 - dp4.parameters / 4) * 4);
   EXPECT_EQ(inst2.weights, dp4.weights);
+}
+
+// The plan rejects a model whose attention no CUDA kernel takes, as the GPU run would at
+// start-up (16-wide heads with attention dropout), and takes multi-latent attention's 192-wide
+// heads without dropout (cuDNN).
+TEST(MemoryPlan, RejectsAttentionNoKernelTakes) {
+  EXPECT_THROW(plan(with(base_argv(), {"--bf16"}), 1), Error);
+  const auto mla = with(gpu_argv(), {"--multi-latent-attention", "--qk-head-dim", "128",
+                                     "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128"});
+  EXPECT_GT(plan(mla, 1).per_microbatch, 0);
+  EXPECT_THROW(plan(with(mla, {"--attention-dropout", "0.1"}), 1), Error);
 }
 
 // --keep-mlp-activations: one [S*B, F/TP] bf16 activation per kept layer and micro-batch
