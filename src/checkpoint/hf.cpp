@@ -10,6 +10,7 @@
 #include "checkpoint/hf_rope.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
+#include "ops/rope_interleave.h"
 
 namespace mcpp::checkpoint {
 
@@ -36,6 +37,15 @@ std::vector<int64_t> range(int64_t a, int64_t b) {
   return r;
 }
 
+// Dim d of a query or key head in HF's order: d itself, or under --rotary-interleaved the
+// dim P puts there (ops/rope_interleave.h). transformers rotates halves; rotating halves of
+// P q is interleaved RoPE on q, so the P-permuted q/k rows (and q/k norm weights) make a
+// rotate-half model that computes what the interleaved one does.
+int64_t hf_head_dim(const model::TransformerConfig& c, int64_t d) {
+  if (!(c.rope && c.rotary_interleaved) || d >= c.rot_dim()) return d;
+  return ops::rope_permute_source(d, c.rot_dim(), false);
+}
+
 // Rows of Megatron's grouped linear_qkv [NG, (r + 2) * HD] (r = NH/NG) holding the query
 // heads in head order, the keys and the values (HF's q / k / v row order).
 struct QkvRows {
@@ -45,10 +55,11 @@ QkvRows qkv_rows(const model::TransformerConfig& c) {
   const int64_t r = c.heads_per_group(), HD = c.kv_channels;
   QkvRows o;
   for (int64_t h = 0; h < c.num_attention_heads; ++h)
-    for (int64_t d = 0; d < HD; ++d) o.q.push_back(((h / r) * (r + 2) + h % r) * HD + d);
+    for (int64_t d = 0; d < HD; ++d)
+      o.q.push_back(((h / r) * (r + 2) + h % r) * HD + hf_head_dim(c, d));
   for (int64_t g = 0; g < c.num_query_groups; ++g)
     for (int64_t d = 0; d < HD; ++d) {
-      o.k.push_back((g * (r + 2) + r) * HD + d);
+      o.k.push_back((g * (r + 2) + r) * HD + hf_head_dim(c, d));
       o.v.push_back((g * (r + 2) + r + 1) * HD + d);
     }
   return o;
@@ -106,13 +117,13 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
       e.push_back({L(l, "mlp.linear_fc1." + s), h + "mlp.up_proj." + s, range(F, 2 * F), false});
       e.push_back({L(l, "mlp.linear_fc2." + s), h + "mlp.down_proj." + s, {}, false});
     }
-    if (c.qk_layernorm)  // Qwen3's per-head q/k RMSNorm weights [HD]
+    if (c.qk_layernorm) {  // Qwen3's per-head q/k RMSNorm weights [HD] (permuted as q, k)
+      std::vector<int64_t> dims;
+      for (int64_t d = 0; d < c.kv_channels; ++d) dims.push_back(hf_head_dim(c, d));
       for (const char* n : {"q", "k"})
         e.push_back({L(l, std::string("self_attention.") + n + "_layernorm.weight"),
-                     h + "self_attn." + n + "_norm.weight",
-                     {},
-                     false,
-                     true});
+                     h + "self_attn." + n + "_norm.weight", dims, false, true});
+    }
     if (c.is_moe_layer(l))  // Mixtral / Qwen3-MoE (hf_moe.h): router and experts
       for (const auto& m : hf_moe::moe_layer_entries(c, l))
         e.push_back(

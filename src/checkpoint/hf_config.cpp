@@ -132,10 +132,6 @@ const char* hf_model_type(HfArch a) {
 }
 
 HfArch hf_arch_of(const model::TransformerConfig& c) {
-  MCPP_CHECK_HINT(!c.rotary_interleaved,
-                  "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
-                  "--rotary-interleaved models have no Hugging Face export yet (transformers' "
-                  "Llama family rotates the halves of a head)");
   MCPP_CHECK_HINT(!c.mla.on,
                   "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
                   "multi-latent attention has no Hugging Face export yet (DeepSeek-V2/V3's "

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -110,6 +111,46 @@ TEST(HfExport, RoundTripQwen3) {
 }
 
 // Mistral: the Llama layout, exported as MistralForCausalLM on request, sliding_window null.
+// --rotary-interleaved exports as transformers' rotate-half Llama (Qwen3 with q/k norms) with
+// each query and key head's rows (and norm weights) permuted: the re-imported model, plain
+// RoPE now, gives the interleaved model's logits; the same weights without the permutation
+// do not.
+TEST(HfExport, InterleavedRopeExportsAsRotateHalf) {
+  for (bool qk_norm : {false, true}) {
+    SCOPED_TRACE(qk_norm ? "qwen3" : "llama");
+    model::TransformerConfig c = tiny_config("llama", 1, 0, DType::F64);
+    c.rotary_interleaved = true, c.qk_layernorm = qk_norm;
+    model::GPTModel a(c);
+    fill_global(a.params(), a.params().flat_params(), 3);
+    const std::string dir = scratch_dir() + "/hf_interleaved";
+    ck::export_hf(dir, c, a.params(), DType::F64);
+    model::TransformerConfig back = ck::model_config_from_hf(ck::read_hf_config(dir), 1);
+    EXPECT_FALSE(back.rotary_interleaved);
+    back.dtype = DType::F64, back.seq_length = c.seq_length;
+    model::GPTModel b(back);
+    ck::import_hf(dir, back, b.params());
+    model::TransformerConfig plain = c;
+    plain.rotary_interleaved = false;
+    model::GPTModel p(plain);
+    const Tensor from = a.params().flat_params(), to = p.params().flat_params();
+    ASSERT_EQ(from.nbytes(), to.nbytes());
+    std::memcpy(to.raw(), from.raw(), from.nbytes());
+    const model::MicroBatch mb = golden::golden_batch();
+    model::StepKeys k;
+    k.training = false;
+    a.forward(mb, k), b.forward(mb, k), p.forward(mb, k);
+    double diff = 0, base = 0, plain_diff = 0;
+    for (int64_t i = 0; i < a.logits().numel(); ++i) {
+      const double x = a.logits().data<double>()[i];
+      diff = std::max(diff, std::abs(b.logits().data<double>()[i] - x));
+      plain_diff = std::max(plain_diff, std::abs(p.logits().data<double>()[i] - x));
+      base = std::max(base, std::abs(x));
+    }
+    EXPECT_LT(diff, 1e-12 * base);
+    EXPECT_GT(plain_diff, 1e-3 * base);
+  }
+}
+
 TEST(HfExport, RoundTripMistral) {
   const auto c = tiny_config("llama");
   const auto j = round_trip(c, "mistral");
