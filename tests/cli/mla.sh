@@ -19,7 +19,8 @@ T=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --
 MLA=(--multi-latent-attention --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16
      --qk-pos-emb-head-dim 8 --v-head-dim 16 --qk-layernorm --rotary-scaling-factor 40
      --mscale 1.0 --mscale-all-dim 1.0)
-run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
+# shellcheck source=train_log_lib.sh
+source "$(dirname "$0")/train_log_lib.sh"  # run, args_line
 losses() { grep -oE "lm loss: [0-9.E+-]+" "$1" | awk '{print $3}'; }
 refused() {  # refused MESSAGE ARGS...: the command fails and prints MESSAGE
   local msg=$1 out; shift
@@ -29,8 +30,8 @@ refused() {  # refused MESSAGE ARGS...: the command fails and prints MESSAGE
 
 run "$W/train.log" "$M" train "${T[@]}" "${MLA[@]}" --train-iters 150 --save "$W/ck" \
     --save-interval 150
-grep -Eq "^  multi_latent_attention \.+ True$" "$W/train.log" &&
-  grep -Eq "^  q_lora_rank \.+ 32$" "$W/train.log" || { echo "args block lacks MLA"; exit 1; }
+args_line "$W/train.log" multi_latent_attention True
+args_line "$W/train.log" q_lora_rank 32
 first=$(losses "$W/train.log" | head -1); last=$(losses "$W/train.log" | tail -1)
 awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < 3.0 && l < f) }' ||
   { echo "loss $first -> $last, expected below 3.0"; exit 1; }
@@ -45,11 +46,10 @@ grep -Eq "iteration +160/ +160" "$W/resume.log" || { echo "did not resume"; exit
 refused "mla (--multi-latent-attention and its flags): checkpoint" \
   "$M" train "${T[@]}" "${R[@]}"
 run "$W/uca.log" "$M" train "${T[@]}" "${R[@]}" --use-checkpoint-args
-grep -Eq "^  multi_latent_attention \.+ True$" "$W/uca.log" &&
-  grep -Eq "^  kv_lora_rank \.+ 16$" "$W/uca.log" &&
-  grep -Eq "^  rotary_scaling_factor \.+ 40.0$" "$W/uca.log" &&
-  grep -Eq "iteration +160/ +160" "$W/uca.log" ||
-  { echo "--use-checkpoint-args did not take the MLA settings"; exit 1; }
+args_line "$W/uca.log" multi_latent_attention True  # --use-checkpoint-args took them
+args_line "$W/uca.log" kv_lora_rank 16
+args_line "$W/uca.log" rotary_scaling_factor 40.0
+grep -Eq "iteration +160/ +160" "$W/uca.log" || { echo "--use-checkpoint-args: no resume"; exit 1; }
 run "$W/gen.log" "$M" generate --load "$W/ck" --prompt "1 2 3 4" --num-tokens-to-generate 8 \
     --threads 1
 echo "generate: $(tail -1 "$W/gen.log")"
