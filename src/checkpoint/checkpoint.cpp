@@ -120,8 +120,9 @@ RankSnapshot RankSnapshot::view(const model::ParamStore& params, const optim::Ad
   s.coord = coord;
   s.tp_size = params.tp_size();
   s.infos = params.infos();
-  const bool main = opt && opt->main_params().defined();
-  s.params = on_host(main ? opt->main_params() : const_cast<model::ParamStore&>(params).flat_params());
+  const bool main = opt && opt->has_main_params();
+  s.params = on_host(main ? const_cast<optim::AdamW*>(opt)->full_main_params()
+                          : const_cast<model::ParamStore&>(params).flat_params());
   if (opt && moments) {
     s.exp_avg = on_host(opt->exp_avg()), s.exp_avg_sq = on_host(opt->exp_avg_sq());
     s.optimizer_steps = opt->steps();

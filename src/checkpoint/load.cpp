@@ -389,7 +389,7 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
 TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration,
                               model::ParamStore& params, optim::AdamW* opt,
                               const LoadOptions& opts) {
-  MCPP_CHECK_HINT(params.device() == Device::CPU && !(opt && opt->main_params().defined()),
+  MCPP_CHECK_HINT(params.device() == Device::CPU && !(opt && opt->has_main_params()),
                   "load GPU and bf16/f16 models with load_checkpoint_host (the trainer does)",
                   "load_checkpoint reads into host f32/f64 parameters only, not {}",
                   params.flat_params().str());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ops/ops.h"
+#include "ops/split_main.h"
 #include "optim/fp8_param_gather.h"
 
 namespace mcpp::optim {
@@ -27,10 +28,16 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
   // fp32 state, as AdamW (f64 for the CPU's f64 reference models).
   const DType sd = ps.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
   Stream& st = ops::default_stream(sh.device());
-  for (Tensor* t : {&main_, &m_, &v_}) {
-    *t = Tensor::empty(sh.shape(), sd, sh.device());
-    ops::fill(*t, 0.0, st);
-  }
+  // bf16 models: the main parameters as the model's values and lower halves (a shard of
+  // them, laid out as the gradient shard): ops/split_main.h.
+  if (wants_split_main(ps.flat_params().dtype()))
+    lo_ = Tensor::empty(sh.shape(), DType::U16, sh.device());
+  else
+    main_ = Tensor::empty(sh.shape(), sd, sh.device());
+  for (Tensor* t : {&m_, &v_}) *t = Tensor::empty(sh.shape(), sd, sh.device());
+  for (Tensor* t : {&main_, &m_, &v_})
+    if (t->defined()) ops::fill(*t, 0.0, st);
+  if (lo_.defined()) ops::clear_main_lo(lo_, st);
   reload_main_params();
   // The layers whose parameters each bucket holds: wait_params(layer) waits for those.
   bucket_layers_.assign(grads.buckets().size(), {});
@@ -42,6 +49,18 @@ DistributedAdamW::~DistributedAdamW() = default;
 
 void DistributedAdamW::enable_fp8_param_gather(const model::TransformerConfig& c,
                                                comm::Communicator* tp) {
+  // The FP8 cast reads whole fp32 main parameters: join split ones once.
+  if (lo_.defined()) {
+    Stream& st = ops::default_stream(lo_.device());
+    main_ = Tensor::empty(lo_.shape(), DType::F32, lo_.device());
+    ops::fill(main_, 0.0, st);
+    for (const auto& s : segs_) {
+      Tensor dst = main_.narrow(s.shard, s.len);
+      ops::join_main_params(ps_.flat_params().narrow(s.flat, s.len), lo_.narrow(s.shard, s.len),
+                            dst, st);
+    }
+    lo_ = Tensor();
+  }
   pg_ = std::make_unique<Fp8ParamGather>(ps_, grads_, c, tp);
 }
 
@@ -60,15 +79,31 @@ Tensor DistributedAdamW::full_main_params() {
 
 void DistributedAdamW::load_state(const Tensor& values, const Tensor* exp_avg,
                                   const Tensor* exp_avg_sq) {
-  ops::copy(values, ps_.flat_params(), ops::default_stream(ps_.device()));
+  // Split main parameters: every rank rounds the whole model as its step rounds its blocks.
+  Stream& st = ops::default_stream(ps_.device());
+  if (lo_.defined())
+    split_from(values, ps_.flat_params(), Tensor(), st);
+  else
+    ops::copy(values, ps_.flat_params(), st);
   reload_main_params(values);
   MCPP_CHECK(!exp_avg == !exp_avg_sq, "DistributedAdamW::load_state: both moments or neither");
   if (exp_avg) scatter_state(*exp_avg, *exp_avg_sq);
 }
 
-void DistributedAdamW::reload_main_params() { reload_main_params(ps_.flat_params()); }
+void DistributedAdamW::reload_main_params() {
+  if (!lo_.defined()) return reload_main_params(ps_.flat_params());
+  // From the bf16 model parameters themselves: lower halves zero.
+  ops::clear_main_lo(lo_, ops::default_stream(lo_.device()));
+}
 
 void DistributedAdamW::reload_main_params(const Tensor& values) {
+  if (lo_.defined()) {
+    Stream& st = ops::default_stream(lo_.device());
+    for (const auto& s : segs_)
+      split_from(values.narrow(s.flat, s.len), ps_.flat_params().narrow(s.flat, s.len),
+                 lo_.narrow(s.shard, s.len), st);
+    return;
+  }
   Stream& st = ops::default_stream(main_.device());
   for (const auto& s : segs_) {
     Tensor dst = main_.narrow(s.shard, s.len);
@@ -77,18 +112,33 @@ void DistributedAdamW::reload_main_params(const Tensor& values) {
 }
 
 Tensor DistributedAdamW::gather_main_params() {
+  if (lo_.defined()) {
+    // Every rank's lower halves (2 bytes an element), then joined with the model's
+    // parameters (current once the step's gather is done) onto the host.
+    wait_params_all();
+    Stream& st = ops::default_stream(lo_.device());
+    Tensor full_lo = Tensor::empty({ps_.total_numel()}, DType::U16, lo_.device());
+    ops::clear_main_lo(full_lo, st);
+    all_gather_flat(lo_, full_lo);
+    Tensor out = Tensor::empty({ps_.total_numel()}, DType::F32);
+    join_to(ps_.flat_params(), full_lo, out, st);
+    return out;
+  }
   Tensor full = Tensor::empty({ps_.total_numel()}, main_.dtype(), main_.device());
   all_gather_flat(main_, full);
   return full;
 }
 
 int64_t DistributedAdamW::state_bytes() const {
-  return (main_.numel() + m_.numel() + v_.numel()) * int64_t(dtype_size(main_.dtype()));
+  int64_t b = 0;
+  for (const Tensor* t : {&main_, &lo_, &m_, &v_})
+    if (t->defined()) b += int64_t(t->nbytes());
+  return b;
 }
 
 void DistributedAdamW::step(double lr, double wd) {
   ++step_;
-  Stream& st = ops::default_stream(main_.device());
+  Stream& st = ops::default_stream(m_.device());
   ops::AdamWParams p;
   p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
   p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
@@ -97,7 +147,7 @@ void DistributedAdamW::step(double lr, double wd) {
   // rank's own block of the model's flat parameters (a segment is one contiguous span of
   // both), which the all-gather below then sends in place.
   Tensor& flat = ps_.flat_params();
-  const bool cast = flat.dtype() != main_.dtype();
+  const bool cast = flat.dtype() != m_.dtype();
   // The previous step's gathers read those blocks: done by now (the forward waited for
   // every layer), but make sure before they are written again.
   if (overlap_) wait_params_all();
@@ -105,9 +155,15 @@ void DistributedAdamW::step(double lr, double wd) {
   for (const auto& s : segs_) {
     p.weight_decay = infos[s.param].weight_decay ? wd : 0.0;
     p.lr = lr_of(s.param, lr);  // --decoupled-lr
-    Tensor w = main_.narrow(s.shard, s.len), g = grads_.shard().narrow(s.shard, s.len);
+    Tensor g = grads_.shard().narrow(s.shard, s.len);
     Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
     Tensor model = cast ? flat.narrow(s.flat, s.len) : Tensor();
+    if (lo_.defined()) {
+      Tensor lo = lo_.narrow(s.shard, s.len);
+      ops::adamw_step_split(model, lo, g, m, v, p, st);
+      continue;
+    }
+    Tensor w = main_.narrow(s.shard, s.len);
     ops::adamw_step(w, g, m, v, model, p, st);
   }
   // Updated blocks -> every rank's model parameters (Megatron: the param all-gather, in
@@ -141,7 +197,7 @@ void DistributedAdamW::wait_params_all() {
 }
 
 void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat, bool async) {
-  Stream& st = ops::default_stream(main_.device());
+  Stream& st = ops::default_stream(m_.device());
   for (size_t b = 0; b < grads_.buckets().size(); ++b) {
     const auto& bk = grads_.buckets()[b];
     comm::Communicator& dp = *bk.group;  // DP, or expert-DP for an expert bucket
@@ -160,7 +216,7 @@ void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat, bool a
 }
 
 void DistributedAdamW::scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
-  Stream& st = ops::default_stream(main_.device());
+  Stream& st = ops::default_stream(m_.device());
   for (const auto& s : segs_) {
     Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
     ops::copy(exp_avg.narrow(s.flat, s.len), m, st);

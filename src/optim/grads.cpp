@@ -71,19 +71,18 @@ double grad_norm(const Optimizer& opt, const model::ParamStore& params, int tp_r
 double params_norm(const Optimizer& opt, const model::ParamStore& params, int tp_rank,
                    comm::Communicator& model_parallel, comm::Communicator* expert_group) {
   // The fp32 main parameters when the optimizer holds them whole (bf16/f16 models, not
-  // sharded); otherwise the model's own (fp32 on the CPU; bf16 under the distributed
-  // optimizer, whose main parameters are DP shards).
+  // sharded; split ones joined a chunk at a time); otherwise the model's own (fp32 on the
+  // CPU; bf16 under the distributed optimizer, whose main parameters are DP shards).
   const auto* adam = dynamic_cast<const AdamW*>(&opt);
-  const Tensor& values =
-      adam && adam->main_params().defined() ? adam->main_params()
-                                              : const_cast<model::ParamStore&>(params).flat_params();
+  const Tensor& values = const_cast<model::ParamStore&>(params).flat_params();
   Stream& st = ops::default_stream(values.device());
   double sum = 0, expert = 0;
   const bool split = expert_group != nullptr;
   for (const auto& p : params.infos())
     if (counts_in_grad_norm(p, tp_rank))
       (split && p.expert >= 0 ? expert : sum) +=
-          ops::sum_squares(values.narrow(p.offset, p.numel()), st);
+          adam ? adam->main_sum_squares(p.offset, p.numel())
+               : ops::sum_squares(values.narrow(p.offset, p.numel()), st);
   if (split) return std::sqrt(sum_split(sum, expert, model_parallel, expert_group));
   Tensor t = Tensor::empty({1}, DType::F64);
   t.data<double>()[0] = sum;

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "ops/ops.h"
+#include "ops/split_main.h"
 
 namespace mcpp::optim {
 
@@ -53,6 +56,39 @@ bool Optimizer::unscale_and_check(double inv_scale) {
   return ops::has_nonfinite(grads(), st);
 }
 
+bool Optimizer::wants_split_main(DType model_dtype) {
+  const char* e = std::getenv("MCPP_FP32_MAIN_PARAMS");
+  return model_dtype == DType::BF16 && !(e && std::strcmp(e, "1") == 0);
+}
+
+// The device buffer of split_from / join_to: 16M elements (64 MiB) at a time.
+static constexpr int64_t kSplitChunk = int64_t(1) << 24;
+
+void Optimizer::split_from(const Tensor& values, Tensor model, Tensor lo, Stream& st) {
+  if (values.device() == model.device()) return ops::split_main_params(values, model, lo, st);
+  const int64_t n = model.numel();
+  Tensor tmp = Tensor::empty({std::min(n, kSplitChunk)}, DType::F32, model.device());
+  for (int64_t i = 0; i < n; i += kSplitChunk) {
+    const int64_t c = std::min(kSplitChunk, n - i);
+    Tensor t = tmp.narrow(0, c);
+    ops::copy(values.narrow(i, c), t, st);
+    Tensor mc = model.narrow(i, c), lc = lo.defined() ? lo.narrow(i, c) : Tensor();
+    ops::split_main_params(t, mc, lc, st);
+  }
+}
+
+void Optimizer::join_to(const Tensor& model, const Tensor& lo, Tensor out, Stream& st) {
+  if (out.device() == model.device()) return ops::join_main_params(model, lo, out, st);
+  const int64_t n = model.numel();
+  Tensor tmp = Tensor::empty({std::min(n, kSplitChunk)}, DType::F32, model.device());
+  for (int64_t i = 0; i < n; i += kSplitChunk) {
+    const int64_t c = std::min(kSplitChunk, n - i);
+    Tensor t = tmp.narrow(0, c), o = out.narrow(i, c);
+    ops::join_main_params(model.narrow(i, c), lo.narrow(i, c), t, st);
+    ops::copy(t, o, st);
+  }
+}
+
 AdamW::AdamW(model::ParamStore& ps, AdamWConfig cfg) : Optimizer(ps, cfg) {
   for (size_t i = 0; i < ps.infos().size(); ++i) {
     const auto& p = ps.infos()[i];
@@ -63,7 +99,11 @@ AdamW::AdamW(model::ParamStore& ps, AdamWConfig cfg) : Optimizer(ps, cfg) {
   const bool in_place = pd == DType::F32 || pd == DType::F64;
   const DType sd = in_place ? pd : DType::F32;  // optimizer state dtype
   Stream& st = ops::default_stream(p.device());
-  if (!in_place) {
+  if (wants_split_main(pd)) {
+    // The main parameters start as the model's bf16 values: lower halves zero.
+    lo_ = Tensor::empty(p.shape(), DType::U16, p.device());
+    ops::clear_main_lo(lo_, st);
+  } else if (!in_place) {
     main_ = Tensor::empty(p.shape(), DType::F32, p.device());
     ops::copy(p, main_, st);
   }
@@ -80,9 +120,33 @@ double AdamW::grad_sq_norm(const ParamFilter* counted) const {
 
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
-  for (const Tensor* t : {&m_, &v_, &main_})
+  for (const Tensor* t : {&m_, &v_, &main_, &lo_})
     if (t->defined()) b += int64_t(t->nbytes());
   return b;
+}
+
+double AdamW::main_sum_squares(int64_t offset, int64_t n) const {
+  Stream& st = stream();
+  if (main_.defined()) return ops::sum_squares(main_.narrow(offset, n), st);
+  const Tensor& p = ps_.flat_params();
+  if (!lo_.defined()) return ops::sum_squares(p.narrow(offset, n), st);
+  double sum = 0;
+  Tensor tmp = Tensor::empty({std::min(n, kSplitChunk)}, DType::F32, p.device());
+  for (int64_t i = 0; i < n; i += kSplitChunk) {
+    const int64_t c = std::min(kSplitChunk, n - i);
+    Tensor t = tmp.narrow(0, c);
+    ops::join_main_params(p.narrow(offset + i, c), lo_.narrow(offset + i, c), t, st);
+    sum += ops::sum_squares(t, st);
+  }
+  return sum;
+}
+
+Tensor AdamW::full_main_params() {
+  if (!lo_.defined()) return main_;
+  const Tensor& p = ps_.flat_params();
+  Tensor out = Tensor::empty(p.shape(), DType::F32);
+  join_to(p, lo_, out, stream());
+  return out;
 }
 
 void AdamW::load_state(const Tensor& values, const Tensor* exp_avg, const Tensor* exp_avg_sq) {
@@ -93,7 +157,9 @@ void AdamW::load_state(const Tensor& values, const Tensor* exp_avg, const Tensor
 
 void AdamW::set_params(const Tensor& values) {
   Stream& st = ops::default_stream(ps_.device());
-  if (main_.defined()) {
+  if (lo_.defined()) {
+    split_from(values, ps_.flat_params(), lo_, st);
+  } else if (main_.defined()) {
     ops::copy(values, main_, st);
     ops::copy(main_, ps_.flat_params(), st);
   } else {
@@ -108,7 +174,7 @@ void AdamW::step(double lr, double wd) {
   p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
   p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
   grad_scale_ = 1.0;
-  Tensor& weights = main_.defined() ? main_ : ps_.flat_params();
+  Tensor& weights = main_.defined() ? main_ : ps_.flat_params();  // unused when split
   // One call per run of consecutive parameters with the same decay setting. With fp32 main
   // params the call also writes the run's model params (bf16/f16, rounded to nearest even):
   // Megatron's _copy_main_params_to_model_params, done in the step's own pass. The padding
@@ -126,8 +192,14 @@ void AdamW::step(double lr, double wd) {
     Tensor w = weights.narrow(begin, end - begin);
     Tensor g = ps_.flat_grads().narrow(begin, end - begin);
     Tensor m = m_.narrow(begin, end - begin), v = v_.narrow(begin, end - begin);
-    Tensor model = main_.defined() ? ps_.flat_params().narrow(begin, end - begin) : Tensor();
-    ops::adamw_step(w, g, m, v, model, p, st);
+    Tensor model = main_.defined() || lo_.defined() ? ps_.flat_params().narrow(begin, end - begin)
+                                                    : Tensor();
+    if (lo_.defined()) {
+      Tensor lo = lo_.narrow(begin, end - begin);
+      ops::adamw_step_split(model, lo, g, m, v, p, st);
+    } else {
+      ops::adamw_step(w, g, m, v, model, p, st);
+    }
     i = j + 1;
   }
 }

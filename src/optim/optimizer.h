@@ -20,7 +20,9 @@
 // construction), steps them with the fp32 main gradients, and writes them back to the
 // model's parameters, rounded to nearest even, in the same pass (adamw_step's model_param
 // output). f32 and f64 parameters are stepped in place. Everything lives on the
-// parameters' device.
+// parameters' device. For bf16 models the fp32 main parameters are held as the model
+// parameters plus their lower 16 bits (ops/split_main.h: the same fp32 values bit for bit,
+// 2 bytes an element instead of 4; the model parameters rounded half away from zero).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -91,12 +93,16 @@ class Optimizer {
   // ---- state (checkpoints) -----------------------------------------------------------
   // Bytes of optimizer state this rank holds (main params + moments).
   virtual int64_t state_bytes() const = 0;
+  // Whether the fp32 main parameters are held as (model parameters, lower halves):
+  // ops/split_main.h; then full_main_params() is a host tensor.
+  bool main_params_split() const { return lo_.defined(); }
   // Moments, laid out as grads() (segments()).
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
   // The fp32 main parameters of the whole model, [total] laid out like the flat buffer,
-  // for a checkpoint; undefined when the model's parameters are the main parameters
-  // (f32/f64 models). Collective over DP when the state is sharded.
+  // for a checkpoint (on the parameters' device, or on the host when they are split);
+  // undefined when the model's parameters are the main parameters (f32/f64 models).
+  // Collective over DP when the state is sharded.
   virtual Tensor full_main_params() = 0;
   // After loading a checkpoint: the parameters from `values` and (when given) the moments
   // from exp_avg / exp_avg_sq, all flat [total] tensors laid out like the parameters, on
@@ -109,9 +115,20 @@ class Optimizer {
   Optimizer(model::ParamStore& ps, AdamWConfig cfg) : ps_(ps), cfg_(cfg) {}
   Stream& stream() const;
 
+  // Whether this optimizer keeps bf16 models' main parameters split (ops/split_main.h):
+  // bf16 parameters and MCPP_FP32_MAIN_PARAMS not 1.
+  static bool wants_split_main(DType model_dtype);
+  // values (f32, any device) -> model (bf16) and lo (u16, or undefined), both on the
+  // stream's device, through a bounded device buffer when values are elsewhere.
+  static void split_from(const Tensor& values, Tensor model, Tensor lo, Stream& st);
+  // (model, lo) on the stream's device -> out (f32, any device), the same way.
+  static void join_to(const Tensor& model, const Tensor& lo, Tensor out, Stream& st);
+
   model::ParamStore& ps_;
   AdamWConfig cfg_;
-  Tensor main_, m_, v_;
+  // main_: fp32 main parameters; or lo_: their lower halves beside the bf16 model
+  // parameters (split; main_ then undefined).
+  Tensor main_, lo_, m_, v_;
   int64_t step_ = 0;
   std::optional<double> decoupled_lr_;
   double grad_scale_ = 1.0;  // clip()'s factor, applied and reset by step()
@@ -132,12 +149,15 @@ class AdamW final : public Optimizer {
   double grad_sq_norm(const ParamFilter* counted = nullptr) const override;
   void step(double lr, double wd) override;
   int64_t state_bytes() const override;
-  Tensor full_main_params() override { return main_; }
+  Tensor full_main_params() override;
   void load_state(const Tensor& values, const Tensor* exp_avg, const Tensor* exp_avg_sq) override;
 
-  // fp32 main parameters (undefined when the parameters are stepped in place).
-  Tensor& main_params() { return main_; }
-  const Tensor& main_params() const { return main_; }
+  // Whether there are fp32 main parameters apart from the model's (bf16/f16 models),
+  // whole or split.
+  bool has_main_params() const { return main_.defined() || lo_.defined(); }
+  // Sum of squares (fp64) of the main parameters [offset, offset + n) of the flat layout
+  // (the model's parameters when there are none apart).
+  double main_sum_squares(int64_t offset, int64_t n) const;
   // Sets the parameters from `values`, a flat [total] tensor on any device (a checkpoint's
   // host copy): the fp32 main parameters exactly when they exist, and the model's
   // parameters from them (rounded to bf16/f16), as after a step.

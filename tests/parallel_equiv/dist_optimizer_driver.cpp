@@ -12,6 +12,7 @@
 // Prints "all checks passed" or FAIL lines.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -85,8 +86,11 @@ void set_grads(model::ParamStore& ps, int t, int r0, int r1) {
 void run(comm::Communicator& dp, DType dt, int64_t bucket, bool overlap) {
   Stream& st = Stream::cpu();
   const int me = dp.rank(), R = dp.size();
-  const std::string name = fmt::format("group of {}, {} model, bucket {}{}", R, dtype_name(dt),
-                                       bucket, overlap ? ", overlapped gather" : "");
+  const bool whole = std::getenv("MCPP_FP32_MAIN_PARAMS") != nullptr;
+  const std::string name =
+      fmt::format("group of {}, {} model{}, bucket {}{}", R, dtype_name(dt),
+                  dt == DType::BF16 ? (whole ? ", fp32 main params" : ", split main params") : "",
+                  bucket, overlap ? ", overlapped gather" : "");
   model::ParamStore ref = make_params(dt), ps = make_params(dt);
   optim::AdamW ref_opt(ref, {});
   std::vector<parallel::ParamSpan> spans;
@@ -97,6 +101,9 @@ void run(comm::Communicator& dp, DType dt, int64_t bucket, bool overlap) {
   }
   parallel::DataParallelGrads grads(ps.flat_grads(), spans, dp, bucket, false, true);
   optim::DistributedAdamW opt(ps, {}, grads, overlap);
+  check(opt.main_params_split() == (dt == DType::BF16 && !whole) &&
+            ref_opt.main_params_split() == opt.main_params_split(),
+        name + ": main parameters split as they should be", me);
   check(grads.buckets().size() > 1 || bucket > ps.total_numel(),
         name + ": expected several buckets", me);
 
@@ -113,8 +120,8 @@ void run(comm::Communicator& dp, DType dt, int64_t bucket, bool overlap) {
     const std::string at = fmt::format("{}, step {}", name, t);
     check(same_bits(ps.flat_params(), ref.flat_params()), at + ": model parameters differ", me);
     Tensor main = opt.gather_main_params();
-    const Tensor& want_main =
-        ref_opt.main_params().defined() ? ref_opt.main_params() : ref.flat_params();
+    const Tensor want_main =
+        ref_opt.has_main_params() ? ref_opt.full_main_params() : ref.flat_params();
     check(same_bits(main, want_main), at + ": main parameters differ", me);
     for (const auto& s : opt.segments()) {
       check(
@@ -161,6 +168,8 @@ void run(comm::Communicator& dp, DType dt, int64_t bucket, bool overlap) {
 
 }  // namespace
 
+int g_bf16_runs = 0;
+
 int main() {
   auto world = comm::init({.timeout = std::chrono::seconds(60)});
   comm::Communicator& dp = world->world();
@@ -169,10 +178,16 @@ int main() {
     return 1;
   }
   auto alone = world->split({{0}, {1}}, "alone");
-  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+  // bf16 twice: main parameters split into the model's values and lower halves (the
+  // default, ops/split_main.h), then whole fp32 (MCPP_FP32_MAIN_PARAMS=1).
+  for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::BF16}) {
+    const bool whole = dt == DType::BF16 && std::getenv("MCPP_FP32_MAIN_PARAMS") == nullptr &&
+                       g_bf16_runs++ == 1;
+    if (whole) setenv("MCPP_FP32_MAIN_PARAMS", "1", 1);
     run(*alone, dt, 100, false);
     for (int64_t bucket : {int64_t(100), int64_t(1 << 20)})
       for (bool overlap : {false, true}) run(dp, dt, bucket, overlap);
+    if (whole) unsetenv("MCPP_FP32_MAIN_PARAMS");
   }
   if (g_fail == 0) std::printf("[rank %d] all checks passed\n", dp.rank());
   return g_fail ? 1 : 0;

@@ -6,6 +6,7 @@
 // allocations by test_model's KeepMlpActivations/PipelineModel tests and
 // parallel_equiv.memory_plan_*_keep*).
 #include <algorithm>
+#include <cstdlib>
 
 #include "model/core_attention.h"
 #include "ops/types.h"
@@ -47,6 +48,25 @@ TEST(MemoryPlan, GradReduceInBf16Staging) {
   }
 }
 
+// bf16 main parameters split into the model's values and lower halves (ops/split_main.h):
+// 2 bytes an element besides the moments, with and without the distributed optimizer; 4 with
+// MCPP_FP32_MAIN_PARAMS=1 (the optimizer's setting, read when the plan is made).
+TEST(MemoryPlan, SplitMainParamsCountTwoBytes) {
+  ASSERT_EQ(std::getenv("MCPP_FP32_MAIN_PARAMS"), nullptr);
+  for (bool distopt : {false, true}) {
+    auto argv = gpu_argv();
+    if (distopt) argv.push_back("--use-distributed-optimizer");
+    const StageMemory split = plan(argv, 2);
+    setenv("MCPP_FP32_MAIN_PARAMS", "1", 1);
+    const StageMemory whole = plan(argv, 2);
+    unsetenv("MCPP_FP32_MAIN_PARAMS");
+    const int64_t held = distopt ? split.parameters / 2 : split.parameters;
+    ASSERT_GT(held, 0);
+    EXPECT_EQ(split.optimizer, held * 10) << distopt;
+    EXPECT_EQ(whole.optimizer, held * 12) << distopt;
+  }
+}
+
 // --num-distributed-optimizer-instances N: every instance holds the whole state, sharded
 // over DP x CP / N ranks: DP 4 with N 2 plans the optimizer state and gradient shard of DP 2
 // with one instance, twice DP 4's.
@@ -55,7 +75,8 @@ TEST(MemoryPlan, DistributedOptimizerInstances) {
   const StageMemory dp4 = plan(argv, 4), dp2 = plan(argv, 2);
   const StageMemory inst2 = plan(with(argv, {"--num-distributed-optimizer-instances", "2"}), 4);
   EXPECT_EQ(inst2.optimizer, dp2.optimizer);
-  EXPECT_EQ(inst2.optimizer, 3 * (dp4.parameters / 2) * 4);
+  // Moments 4 + 4 bytes, the split main parameters' lower halves 2 (ops/split_main.h).
+  EXPECT_EQ(inst2.optimizer, (dp4.parameters / 2) * (4 + 4 + 2));
   EXPECT_EQ(inst2.optimizer, 2 * dp4.optimizer);
   EXPECT_EQ(inst2.grads - dp4.grads, (dp4.parameters / 2 - dp4.parameters / 4) * 4);
   EXPECT_EQ(inst2.weights, dp4.weights);

@@ -6,13 +6,50 @@
 //   model_param (optional, param f32): bf16/f16 = the updated param rounded to nearest even
 //   with tensor/dtype.h's helpers, as cpu::copy rounds it.
 // The per-step scalars are formed in f64 and the element update runs in the tensors'
-// dtype, as torch does for fp32 main parameters. Gradient scaling (loss scale, clipping)
-// is done by the caller beforehand, with ops::scale.
+// dtype, as torch does for fp32 main parameters. The gradient is read times p.grad_scale
+// (clipping folded into the pass). adamw_step_split runs the same f32 element update on
+// main parameters held as (bf16 model parameter, lower half): ops/split_main.h.
 #include <cmath>
+#include <cstring>
 
 #include "ops/cpu/cpu_common.h"
+#include "ops/split_main.h"
 
 namespace mcpp::ops::cpu {
+
+namespace {
+
+// The per-step scalars, formed in f64 once, and the element update in R.
+template <typename R>
+struct AdamWElement {
+  R decay, b1, b2, c1, c2, step_size, sqrt_bc2, eps, gs;
+  explicit AdamWElement(const AdamWParams& p) {
+    const double bc1 = 1 - std::pow(p.beta1, double(p.step));
+    const double bc2 = 1 - std::pow(p.beta2, double(p.step));
+    decay = R(1 - p.lr * p.weight_decay), b1 = R(p.beta1), b2 = R(p.beta2);
+    c1 = R(1 - p.beta1), c2 = R(1 - p.beta2), step_size = R(p.lr / bc1);
+    sqrt_bc2 = R(std::sqrt(bc2)), eps = R(p.eps), gs = R(p.grad_scale);
+  }
+  void operator()(R& P, R& M, R& V, R G) const {
+    const R g = G * gs;  // as scale(grad, grad_scale): one rounded product
+    const R mi = b1 * M + c1 * g;
+    const R vi = b2 * V + c2 * g * g;
+    M = mi, V = vi;
+    P = P * decay - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + eps);
+  }
+};
+
+void check_adamw_params(const char* op, const AdamWParams& p) {
+  MCPP_CHECK(p.step >= 1, "{}: step is {}, expected >= 1 (bias correction is 1-based)", op,
+             p.step);
+  MCPP_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1,
+             "{}: betas ({}, {}) must lie in [0, 1)", op, p.beta1, p.beta2);
+  MCPP_CHECK(p.lr >= 0 && p.eps >= 0 && p.weight_decay >= 0,
+             "{}: lr {}, eps {}, weight_decay {} must be non-negative", op, p.lr, p.eps,
+             p.weight_decay);
+}
+
+}  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor& model_param,
                 const AdamWParams& p, Stream& s) {
@@ -32,31 +69,17 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
                model_param.str());
     c.dtype(param, "param (fp32 main parameters, with a model_param)", DType::F32);
   }
-  MCPP_CHECK(p.step >= 1, "adamw_step: step is {}, expected >= 1 (bias correction is 1-based)",
-             p.step);
-  MCPP_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1,
-             "adamw_step: betas ({}, {}) must lie in [0, 1)", p.beta1, p.beta2);
-  MCPP_CHECK(p.lr >= 0 && p.eps >= 0 && p.weight_decay >= 0,
-             "adamw_step: lr {}, eps {}, weight_decay {} must be non-negative", p.lr, p.eps,
-             p.weight_decay);
-  const double bc1 = 1 - std::pow(p.beta1, double(p.step));
-  const double bc2 = 1 - std::pow(p.beta2, double(p.step));
+  check_adamw_params("adamw_step", p);
   dispatch_float(dt, [&](auto tag) {
     using R = decltype(tag);
+    const AdamWElement<R> step(p);
     R *P = param.data<R>(), *M = m.data<R>(), *V = v.data<R>();
     const R* G = grad.data<R>();
-    const R decay = R(1 - p.lr * p.weight_decay), b1 = R(p.beta1), b2 = R(p.beta2);
-    const R c1 = R(1 - p.beta1), c2 = R(1 - p.beta2), step_size = R(p.lr / bc1);
-    const R sqrt_bc2 = R(std::sqrt(bc2)), eps = R(p.eps), gs = R(p.grad_scale);
     // store(i, p): the model-parameter write, if any, of the updated element i.
     auto update = [&](auto store) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
       for (int64_t i = 0; i < n; ++i) {
-        const R g = G[i] * gs;  // as scale(grad, grad_scale): one rounded product
-        const R mi = b1 * M[i] + c1 * g;
-        const R vi = b2 * V[i] + c2 * g * g;
-        M[i] = mi, V[i] = vi;
-        P[i] = P[i] * decay - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + eps);
+        step(P[i], M[i], V[i], G[i]);
         store(i, P[i]);
       }
     };
@@ -68,6 +91,65 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
     else
       update([O](int64_t i, R x) { O[i] = float_to_f16(float(x)); });
   });
+}
+
+// ---- fp32 main parameters as (bf16 model parameter, lower half): ops/split_main.h -------
+
+void adamw_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Tensor& m, Tensor& v,
+                      const AdamWParams& p, Stream& s) {
+  const Check c{"adamw_step_split"};
+  c.stream(s);
+  c.defined(lo, "lo");
+  const int64_t n = check_split_main("adamw_step_split", model_param, lo, nullptr, Device::CPU);
+  c.dtype(grad, "grad", DType::F32), c.dtype(m, "m", DType::F32), c.dtype(v, "v", DType::F32);
+  c.numel(grad, "grad", n), c.numel(m, "m", n), c.numel(v, "v", n);
+  check_adamw_params("adamw_step_split", p);
+  const AdamWElement<float> step(p);
+  auto* O = static_cast<uint16_t*>(model_param.raw());
+  auto* L = lo.data<uint16_t>();
+  float *M = m.data<float>(), *V = v.data<float>();
+  const float* G = grad.data<float>();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    float w = bits_float(split_main_join(O[i], L[i]));
+    step(w, M[i], V[i], G[i]);
+    const uint32_t b = float_bits(w);
+    O[i] = split_main_model(b), L[i] = uint16_t(b);
+  }
+}
+
+void split_main_params(const Tensor& values, Tensor& model_param, Tensor& lo, Stream& s) {
+  const Check c{"split_main_params"};
+  c.stream(s);
+  const int64_t n = check_split_main("split_main_params", model_param, lo, &values, Device::CPU);
+  const float* X = values.data<float>();
+  auto* O = static_cast<uint16_t*>(model_param.raw());
+  uint16_t* L = lo.defined() ? lo.data<uint16_t>() : nullptr;
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = float_bits(X[i]);
+    O[i] = split_main_model(b);
+    if (L) L[i] = uint16_t(b);
+  }
+}
+
+void join_main_params(const Tensor& model_param, const Tensor& lo, Tensor& out, Stream& s) {
+  const Check c{"join_main_params"};
+  c.stream(s);
+  c.defined(lo, "lo");
+  const int64_t n = check_split_main("join_main_params", model_param, lo, &out, Device::CPU);
+  const auto* O = static_cast<const uint16_t*>(model_param.raw());
+  const auto* L = lo.data<uint16_t>();
+  float* Y = out.data<float>();
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) Y[i] = bits_float(split_main_join(O[i], L[i]));
+}
+
+void clear_main_lo(Tensor& lo, Stream& s) {
+  const Check c{"clear_main_lo"};
+  c.stream(s);
+  c.dtype(lo, "lo", DType::U16);
+  if (lo.numel() > 0) std::memset(lo.raw(), 0, lo.nbytes());
 }
 
 }  // namespace mcpp::ops::cpu

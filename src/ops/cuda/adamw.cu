@@ -21,6 +21,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
+#include "ops/split_main.h"
 
 namespace mcpp::ops::cuda {
 
@@ -116,6 +117,83 @@ void launch_adamw(float* p, const TG* g, float* m, float* v, TO* out, int64_t n,
   MCPP_LAUNCH_CHECK();
 }
 
+// The per-step scalars from the op's parameters (bias corrections in f64 on the host).
+AdamWScalars scalars_of(const AdamWParams& ap) {
+  const double bc1 = 1.0 - std::pow(ap.beta1, double(ap.step));
+  const double bc2 = 1.0 - std::pow(ap.beta2, double(ap.step));
+  return AdamWScalars{float(ap.lr),
+                      float(ap.beta1),
+                      float(ap.beta2),
+                      1.f - float(ap.beta1),
+                      1.f - float(ap.beta2),
+                      float(ap.eps),
+                      float(1.0 - ap.lr * ap.weight_decay),
+                      float(1.0 / bc1),
+                      float(1.0 / bc2),
+                      float(ap.grad_scale)};
+}
+
+// ---- fp32 main parameters as (bf16 model parameter, lower half): ops/split_main.h ---------
+// 8 elements a thread per iteration when every pointer is 16-byte aligned: one 16-byte word
+// each of the model parameters and of the lower halves, two each of g, m and v (28 bytes an
+// element with f32 gradients); the rest through the scalar loop, with the same arithmetic.
+
+__device__ __forceinline__ void split_element(uint16_t& o, uint16_t& l, float& m, float& v,
+                                             float g, const AdamWScalars& a) {
+  float w = __uint_as_float(split_main_join(o, l));
+  adamw_element(w, m, v, g, a);
+  const uint32_t b = __float_as_uint(w);
+  o = split_main_model(b), l = uint16_t(b);
+}
+
+template <typename TG>
+static __global__ void __launch_bounds__(kThreads)
+    adamw_split_kernel(uint16_t* __restrict__ o, uint16_t* __restrict__ l,
+                       const TG* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                       int64_t n, int64_t packs, AdamWScalars a) {
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t k = tid; k < packs; k += stride) {
+    const int64_t i = k * kPack;
+    uint4 ow = *reinterpret_cast<const uint4*>(o + i), lw = *reinterpret_cast<const uint4*>(l + i);
+    uint16_t* op = reinterpret_cast<uint16_t*>(&ow);
+    uint16_t* lp = reinterpret_cast<uint16_t*>(&lw);
+    Pack<float, kPack> mp = ld_pack<kPack>(m + i), vp = ld_pack<kPack>(v + i);
+    const Pack<TG, kPack> gp = ld_pack<kPack>(g + i);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j)
+      split_element(op[j], lp[j], mp.v[j], vp.v[j], scaled_grad(gp.v[j], a.gscale), a);
+    *reinterpret_cast<uint4*>(o + i) = ow;
+    *reinterpret_cast<uint4*>(l + i) = lw;
+    st_pack(m + i, mp);
+    st_pack(v + i, vp);
+  }
+  for (int64_t i = packs * kPack + tid; i < n; i += stride) {
+    uint16_t oi = o[i], li = l[i];
+    float mi = m[i], vi = v[i];
+    split_element(oi, li, mi, vi, scaled_grad(g[i], a.gscale), a);
+    o[i] = oi, l[i] = li, m[i] = mi, v[i] = vi;
+  }
+}
+
+static __global__ void split_main_kernel(const float* __restrict__ x, uint16_t* __restrict__ o,
+                                         uint16_t* __restrict__ l, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t b = __float_as_uint(x[i]);
+    o[i] = split_main_model(b);
+    if (l) l[i] = uint16_t(b);
+  }
+}
+
+static __global__ void join_main_kernel(const uint16_t* __restrict__ o,
+                                        const uint16_t* __restrict__ l, float* __restrict__ y,
+                                        int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __uint_as_float(split_main_join(o[i], l[i]));
+}
+
 }  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor& model_param,
@@ -140,18 +218,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
   }
   MCPP_CHECK(ap.step >= 1, "{}: step {} must be >= 1 (1-based, for bias correction)", op, ap.step);
   if (n == 0) return;
-  double bc1 = 1.0 - std::pow(ap.beta1, double(ap.step));
-  double bc2 = 1.0 - std::pow(ap.beta2, double(ap.step));
-  const AdamWScalars a{float(ap.lr),
-                       float(ap.beta1),
-                       float(ap.beta2),
-                       1.f - float(ap.beta1),
-                       1.f - float(ap.beta2),
-                       float(ap.eps),
-                       float(1.0 - ap.lr * ap.weight_decay),
-                       float(1.0 / bc1),
-                       float(1.0 / bc2),
-                       float(ap.grad_scale)};
+  const AdamWScalars a = scalars_of(ap);
   float *P = static_cast<float*>(param.raw()), *M = static_cast<float*>(m.raw()),
         *V = static_cast<float*>(v.raw());
   cudaStream_t cs = stream_of(s);
@@ -164,6 +231,64 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
     else
       launch_adamw<T, f16>(P, G, M, V, static_cast<f16*>(model_param.raw()), n, a, cs);
   });
+}
+
+void adamw_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Tensor& m, Tensor& v,
+                      const AdamWParams& ap, Stream& s) {
+  const char* op = "adamw_step_split";
+  const int64_t n = check_split_main(op, model_param, lo, nullptr, Device::CUDA);
+  MCPP_CHECK(lo.defined(), "{}: lo is undefined", op);
+  check_f32(m, op, "m");
+  check_f32(v, op, "v");
+  check_cuda(grad, op, "grad");
+  check_numel(grad, n, op, "grad");
+  check_numel(m, n, op, "m");
+  check_numel(v, n, op, "v");
+  MCPP_CHECK(ap.step >= 1, "{}: step {} must be >= 1 (1-based, for bias correction)", op, ap.step);
+  if (n == 0) return;
+  const AdamWScalars a = scalars_of(ap);
+  auto* O = static_cast<uint16_t*>(model_param.raw());
+  auto* L = static_cast<uint16_t*>(lo.raw());
+  float *M = static_cast<float*>(m.raw()), *V = static_cast<float*>(v.raw());
+  cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(grad.dtype(), op, {
+    const T* G = static_cast<const T*>(grad.raw());
+    const bool vec = is_aligned16(O) && is_aligned16(L) && is_aligned16(G) && is_aligned16(M) &&
+                     is_aligned16(V);
+    const int64_t packs = vec ? n / kPack : 0;
+    const int64_t threads_wanted = vec ? std::max(packs, n % kPack) : n;
+    static const int64_t resident = occupancy_blocks(adamw_split_kernel<T>, kThreads);
+    const unsigned grid =
+        unsigned(std::min<int64_t>(grid_for(threads_wanted, kThreads), resident));
+    adamw_split_kernel<T><<<grid, kThreads, 0, cs>>>(O, L, G, M, V, n, packs, a);
+    MCPP_LAUNCH_CHECK();
+  });
+}
+
+void split_main_params(const Tensor& values, Tensor& model_param, Tensor& lo, Stream& s) {
+  const int64_t n =
+      check_split_main("split_main_params", model_param, lo, &values, Device::CUDA);
+  if (n == 0) return;
+  split_main_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+      static_cast<const float*>(values.raw()), static_cast<uint16_t*>(model_param.raw()),
+      lo.defined() ? static_cast<uint16_t*>(lo.raw()) : nullptr, n);
+  MCPP_LAUNCH_CHECK();
+}
+
+void join_main_params(const Tensor& model_param, const Tensor& lo, Tensor& out, Stream& s) {
+  const int64_t n = check_split_main("join_main_params", model_param, lo, &out, Device::CUDA);
+  MCPP_CHECK(lo.defined(), "join_main_params: lo is undefined");
+  if (n == 0) return;
+  join_main_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+      static_cast<const uint16_t*>(model_param.raw()), static_cast<const uint16_t*>(lo.raw()),
+      static_cast<float*>(out.raw()), n);
+  MCPP_LAUNCH_CHECK();
+}
+
+void clear_main_lo(Tensor& lo, Stream& s) {
+  check_cuda(lo, "clear_main_lo", "lo");
+  MCPP_CHECK(lo.dtype() == DType::U16, "clear_main_lo: lo is {}, expected u16", lo.str());
+  if (lo.numel() > 0) CUDA_CHECK(cudaMemsetAsync(lo.raw(), 0, lo.nbytes(), stream_of(s)));
 }
 
 }  // namespace mcpp::ops::cuda
