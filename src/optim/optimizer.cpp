@@ -174,10 +174,11 @@ void AdamW::step(double lr, double wd) {
   p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
   p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
   grad_scale_ = 1.0;
-  Tensor& weights = main_.defined() ? main_ : ps_.flat_params();  // unused when split
+  Tensor& weights = main_.defined() ? main_ : ps_.flat_params();
   // One call per run of consecutive parameters with the same decay setting. With fp32 main
   // params the call also writes the run's model params (bf16/f16, rounded to nearest even):
-  // Megatron's _copy_main_params_to_model_params, done in the step's own pass. The padding
+  // Megatron's _copy_main_params_to_model_params, done in the step's own pass; split ones
+  // (bf16) are the model params and their lower halves, both written by the step. The padding
   // between runs is never stepped, so it keeps the zeros both buffers start with.
   const auto& infos = ps_.infos();
   size_t i = 0;
