@@ -96,6 +96,10 @@ class Optimizer {
   // Whether the fp32 main parameters are held as (model parameters, lower halves):
   // ops/split_main.h; then full_main_params() is a host tensor.
   bool main_params_split() const { return lo_.defined(); }
+  // Whether an optimizer of a model of this dtype keeps its main parameters split:
+  // bf16 parameters and MCPP_FP32_MAIN_PARAMS not 1 (the distributed optimizer joins them
+  // again under --fp8-param-gather).
+  static bool wants_split_main(DType model_dtype);
   // Moments, laid out as grads() (segments()).
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
@@ -115,9 +119,6 @@ class Optimizer {
   Optimizer(model::ParamStore& ps, AdamWConfig cfg) : ps_(ps), cfg_(cfg) {}
   Stream& stream() const;
 
-  // Whether this optimizer keeps bf16 models' main parameters split (ops/split_main.h):
-  // bf16 parameters and MCPP_FP32_MAIN_PARAMS not 1.
-  static bool wants_split_main(DType model_dtype);
   // values (f32, any device) -> model (bf16) and lo (u16, or undefined), both on the
   // stream's device, through a bounded device buffer when values are elsewhere.
   static void split_from(const Tensor& values, Tensor model, Tensor lo, Stream& st);

@@ -13,6 +13,7 @@
 #include "model/core_attention.h"
 #include "ops/attention_backend.h"
 #include "ops/types.h"
+#include "optim/optimizer.h"
 #include "parallel/context_parallel/cp_attention.h"
 #include "training/validate_fp8.h"
 
@@ -188,9 +189,7 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   // the distributed optimizer keeps main params and moments of its shard.
   const bool wide = cfg.dtype == DType::F32 || cfg.dtype == DType::F64;
   const int64_t state = cfg.dtype == DType::F64 ? 8 : 4;
-  const bool split = cfg.dtype == DType::BF16 && !a.fp8_param_gather &&
-                     !(std::getenv("MCPP_FP32_MAIN_PARAMS") &&
-                       std::string(std::getenv("MCPP_FP32_MAIN_PARAMS")) == "1");
+  const bool split = !a.fp8_param_gather && optim::Optimizer::wants_split_main(cfg.dtype);
   const int64_t main_bytes = wide ? 0 : split ? 2 : 4;
   if (a.use_distributed_optimizer)
     m.optimizer = shard * (2 * state + main_bytes);
