@@ -23,6 +23,7 @@
 #include "ops/attention_backend.h"
 #include "ops/cuda/flash_attention.h"
 #include "ops/ops.h"
+#include "ops/split_main.h"
 
 using namespace mcpp;
 namespace gpu = mcpp::ops::cuda;
@@ -541,6 +542,12 @@ int main(int argc, char** argv) {
     });
     bytes("adamw_step fused bf16 out", "268M params", double(n) * (4 * 7 + 2),
           [&] { ops::adamw_step(p, g, m, v, model, ap, s); });
+    // The main parameters split into the bf16 model parameters and their lower halves
+    // (ops/split_main.h, the default for bf16 models): 28 bytes an element.
+    Tensor lo = Tensor::empty({n}, DType::U16, Device::CUDA);
+    ops::split_main_params(p, model, lo, s);
+    bytes("adamw_step_split (bf16 + lower halves)", "268M params", double(n) * (4 * 5 + 2 * 4),
+          [&] { ops::adamw_step_split(model, lo, g, m, v, ap, s); });
   }
   // ---- the step's compute alone, at the power cap ----------------------------------------
   // For each bench_gpu_train model, one training step's GEMMs (per layer: the qkv, proj, fc1,
