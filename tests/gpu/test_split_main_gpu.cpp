@@ -29,7 +29,8 @@ bool equal_bits(const Tensor& a, const Tensor& b) {
 }
 // A CUDA tensor of c's values starting `offset` elements into its allocation.
 Tensor gpu_at(const Tensor& c, int64_t offset) {
-  Tensor g = Tensor::empty({c.numel() + offset}, c.dtype(), Device::CUDA).narrow(offset, c.numel());
+  Tensor g =
+      Tensor::empty({c.numel() + offset}, c.dtype(), Device::CUDA).narrow(offset, c.numel());
   gpu::copy(c, g, GS());
   return g;
 }
@@ -87,7 +88,8 @@ TEST(GpuSplitMain, StepIsAdamWStepOnTheJoinedValuesBitwise) {
         for (int step = 1; step <= 3; ++step) {
           ap.step = step;
           const Tensor g = rand_in({n}, 150 + step, gdt);
-          Tensor gw = to_gpu(g, gdt), gs = Tensor::empty({n + off}, gdt, Device::CUDA).narrow(off, n);
+          Tensor gw = to_gpu(g, gdt);
+          Tensor gs = Tensor::empty({n + off}, gdt, Device::CUDA).narrow(off, n);
           gpu::copy(g, gs, GS());
           gpu::adamw_step(wp, gw, wm, wv, none, ap, GS());
           gpu::adamw_step_split(sp, sl, gs, sm, sv, ap, GS());
