@@ -77,6 +77,11 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
                     "{}: model.{} is {}, expected a size in [{}, 2^40]", where, field, v, lo);
   };
   size(c.num_layers, "num_layers");
+  MCPP_CHECK_HINT(c.mtp_num_layers >= 0 && c.mtp_num_layers <= c.num_layers &&
+                      (c.mtp_num_layers == 0 || c.rope),
+                  "the file is corrupt or was edited by hand",
+                  "{}: model.mtp_num_layers is {}, expected 0..num_layers (with RoPE)", where,
+                  c.mtp_num_layers);
   size(c.hidden_size, "hidden_size");
   size(c.ffn_hidden_size, "ffn_hidden_size");
   size(c.num_attention_heads, "num_attention_heads");

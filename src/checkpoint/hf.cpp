@@ -151,6 +151,14 @@ void check_tp1(const model::TransformerConfig& c, const model::ParamStore& ps) {
 std::map<std::string, Tensor> to_hf_tensors(const model::TransformerConfig& c,
                                             const model::ParamStore& ps, DType dtype) {
   check_tp1(c, ps);
+  // The architectures written here (GPT-2, Llama, Mixtral, Qwen3-MoE) have no tensors for
+  // multi-token prediction layers: an export never drops parameters silently.
+  MCPP_CHECK_HINT(c.mtp_num_layers == 0,
+                  "add --drop-mtp-layers to export the decoder without them (the MTP layers "
+                  "are a training aid; generation does not read them)",
+                  "this model has {} multi-token prediction layers (mtp.layers.*), which the "
+                  "Hugging Face architectures megatron.cpp writes have no tensors for",
+                  c.mtp_num_layers);
   std::map<std::string, Tensor> out;
   for (const Entry& e : entries(c)) {
     const Tensor src = ps.param(e.mname);

@@ -84,6 +84,7 @@ json model_config_json(const model::TransformerConfig& c) {
     j["rotary_seq_len_interpolation_factor"] = c.seq_len_interpolation_factor;
   if (c.rotary_interleaved) j["rotary_interleaved"] = true;  // --rotary-interleaved (absent: off)
   if (c.mla.on) j["mla"] = mla_config_json(c.mla);  // multi-latent attention (absent: off)
+  if (c.mtp_num_layers > 0) j["mtp_num_layers"] = c.mtp_num_layers;  // MTP depths (absent: 0)
   return j;
 }
 
@@ -123,6 +124,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.seq_len_interpolation_factor = j.value("rotary_seq_len_interpolation_factor", 1.0);
   c.rotary_interleaved = j.value("rotary_interleaved", false);      // --rotary-interleaved
   if (j.contains("mla")) c.mla = mla_config_from_json(j.at("mla"));  // multi-latent attention
+  c.mtp_num_layers = j.value("mtp_num_layers", int64_t(0));          // --mtp-num-layers
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -143,7 +145,8 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   std::string diffs, keyset;  // shape / meaning differences; key-set-only differences
   const bool rope = cur.rope;
   auto differ = [&](const std::string& k, const json& a, const json& b) {
-    const bool keys_only = k == "num_layers" || k == "tie_embeddings" || k == "add_bias_linear" ||
+    const bool keys_only = k == "num_layers" || k == "mtp_num_layers" ||
+                           k == "tie_embeddings" || k == "add_bias_linear" ||
                            k == "add_qkv_bias" || k == "qk_layernorm" || k == "moe.expert_bias" ||
                            k == "moe.shared_expert_gate";
     (keys_only ? keyset : diffs) +=
@@ -169,6 +172,8 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   if (saved.value("rotary_interleaved", false) != cur.rotary_interleaved)
     differ("rotary_interleaved (--rotary-interleaved)", saved.value("rotary_interleaved", false),
            cur.rotary_interleaved);
+  if (saved.value("mtp_num_layers", int64_t(0)) != cur.mtp_num_layers)  // --mtp-num-layers
+    differ("mtp_num_layers", saved.value("mtp_num_layers", int64_t(0)), cur.mtp_num_layers);
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
     differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
   if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias

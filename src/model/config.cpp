@@ -13,6 +13,9 @@ double TransformerConfig::softmax_scale() const {
 }
 
 void TransformerConfig::validate() const {
+  MCPP_CHECK(mtp_num_layers >= 0 && (mtp_num_layers == 0 || rope),
+             "multi-token prediction: {} layers with {} positions (it needs RoPE)",
+             mtp_num_layers, rope ? "rotary" : "learned");
   MCPP_CHECK(num_layers > 0 && hidden_size > 0 && num_attention_heads > 0 && kv_channels > 0,
              "model shape must be positive (layers {}, hidden {}, heads {}, kv_channels {})",
              num_layers, hidden_size, num_attention_heads, kv_channels);

@@ -101,10 +101,12 @@ struct TransformerConfig {
   // into a shared workspace buffer before the GEMMs that read it), and the MoE layers' shared
   // experts (shared_experts: only their input is kept; backward re-runs their fc1 into
   // scratch), and the dense MLPs (mlp: the same for every dense layer's fc1, whose output
-  // is a layer's largest activation). Read only when recompute is Selective; Megatron's
-  // default modules are core_attn alone.
+  // is a layer's largest activation), and the MoE layers whole (moe: each keeps nothing of
+  // its own; backward re-runs its forward -- router, dispatch, experts -- into one buffer
+  // set shared by all of them, then its backward). Read only when recompute is Selective;
+  // Megatron's default modules are core_attn alone.
   bool recompute_core_attn = true, recompute_norms = false, recompute_shared_experts = false;
-  bool recompute_mlp = false;
+  bool recompute_mlp = false, recompute_moe = false;
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int64_t recompute_num_layers = 1;
   // --keep-mlp-activations N (megatron.cpp's own): the first N layers of each model chunk
@@ -160,7 +162,16 @@ struct TransformerConfig {
     int64_t local_experts() const { return num_experts / ep_size; }
     int64_t first_expert() const { return ep_rank * local_experts(); }
   } moe;
+  // ---- multi-token prediction (--mtp-num-layers; model/mtp.h): D MTP layers after the
+  // decoder on the last stage. Depth k's transformer layer has the layer id kMtpLayerBase + k
+  // (its parameters are mtp.layers.k.mtp_model_layer.*, its dropout streams its own) and is
+  // a MoE layer when the decoder's last layer is (Megatron builds it from that layer's spec).
+  int64_t mtp_num_layers = 0;            // --mtp-num-layers (0: none)
+  double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
+  static constexpr int kMtpLayerBase = 1 << 16;
+  static bool is_mtp_layer(int64_t layer) { return layer >= kMtpLayerBase; }
   bool is_moe_layer(int64_t layer) const {
+    if (is_mtp_layer(layer)) layer = num_layers - 1;
     return moe.num_experts > 0 &&
            (moe.layer_pattern.empty() || moe.layer_pattern.at(size_t(layer)) == 1);
   }

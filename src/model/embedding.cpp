@@ -42,8 +42,8 @@ void Embedding::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor&
   v(ws.dtmp_full, {d.T, d.H}, d.dt, d.sp);
 }
 
-void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out,
-                        const StepContext& cx) const {
+void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out, const StepContext& cx,
+                        int64_t dropout_layer) const {
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   MCPP_CHECK(tokens_in.dim() == 2 && tokens_in.dtype() == DType::I64,
@@ -77,21 +77,22 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out,
     }
   }
   Tensor h0 = h0_out.view({Sl, B, H});
+  const int64_t dl = dropout_layer < 0 ? c.num_layers : dropout_layer;
   ops::dropout_add_forward(emb3, Tensor(), cx.p_hidden,
-                           dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g, h0,
-                           st);
+                           dropout_key(c, cx.keys, dl, DropoutSite::Embedding), cx.g, h0, st);
 }
 
 // The word embedding's dual: identity after an all-reduce, all-gather after the SP
 // reduce-scatter.
-void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws, const StepContext& cx) {
+void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws, const StepContext& cx,
+                         int64_t dropout_layer) {
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   const int64_t Sl = cx.Sl, B = cx.B, H = cx.H, S = cx.S;
   Tensor dx3 = ws.dx.view({Sl, B, H}), dtmp3 = ws.dtmp.view({Sl, B, H});
-  ops::dropout_backward(dx3, cx.p_hidden,
-                        dropout_key(c, cx.keys, c.num_layers, DropoutSite::Embedding), cx.g, dtmp3,
-                        st);
+  const int64_t dl = dropout_layer < 0 ? c.num_layers : dropout_layer;
+  ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, dl, DropoutSite::Embedding),
+                        cx.g, dtmp3, st);
   if (!c.rope && cx.position_ids.defined())
     ops::embedding_backward(dtmp3.view({Sl * B, 1, H}), shard_ids(cx, Sl), 0, pos_.g, st);
   else if (!c.rope)

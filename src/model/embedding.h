@@ -31,10 +31,13 @@ class Embedding {
   static void saved_specs(const Dims& d, bool copy_batch, Saved& s, const TensorVisitor& v);
   static void scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v);
 
-  // tokens [B,S] i64 -> h0 [Tl,H].
-  void forward(const Tensor& tokens, Saved& s, Tensor& h0, const StepContext& cx) const;
+  // tokens [B,S] i64 -> h0 [Tl,H]. dropout_layer: the layer id of the dropout stream (-1:
+  // the embedding's own, num_layers; an MTP depth passes its layer's).
+  void forward(const Tensor& tokens, Saved& s, Tensor& h0, const StepContext& cx,
+               int64_t dropout_layer = -1) const;
   // The workspace's dx = d(h0) in; word (and position) gradients +=.
-  void backward(const Tensor& tokens, Saved& s, Workspace& ws, const StepContext& cx);
+  void backward(const Tensor& tokens, Saved& s, Workspace& ws, const StepContext& cx,
+                int64_t dropout_layer = -1);
 
  private:
   const TransformerConfig* cfg_ = nullptr;

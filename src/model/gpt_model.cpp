@@ -23,6 +23,8 @@ struct GPTModel::Slot {
   StepKeys keys;
   StageSaved saved;
   int64_t bytes = 0;  // measured, once the forward is done
+  bool mtp = false;   // the MTP depths ran (a training forward of the last chunk)
+  double tokens = 0;  // the micro-batch's loss-mask sum (the MTP gradients' scale)
 };
 
 GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, PipelinePart part)
@@ -59,6 +61,8 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
               secs, omp_get_max_threads());
   stage_ = std::make_unique<Stage>(cfg_, part_, &params_);
   pool_.resize(part_.chunks.size());
+  mtp_stats_.losses.resize(stage_->mtp().size());
+  mtp_stats_.tokens.resize(stage_->mtp().size());
 }
 
 GPTModel::~GPTModel() = default;
@@ -200,9 +204,26 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
   }
   stage_->block(chunk).forward(sv.saved.block, *ws_, cx, params_needed_);
   ChunkOutput out;
+  sv.mtp = false;
   if (has_head) {
     out.loss = stage_->head().forward(hidden.back(), mb, sv.saved.head, *ws_, cx);
     last_head_ = &sv;
+    auto& mtp = stage_->mtp();
+    if (!mtp.empty() && keys.training) {  // evaluation reports the LM loss alone (Megatron)
+      MCPP_CHECK(mb.loss_mask.device() == Device::CPU,
+                 "multi-token prediction: the micro-batch must arrive on the host");
+      sv.mtp = true, sv.tokens = 0;
+      const float* mask = mb.loss_mask.data<float>();
+      for (int64_t i = 0; i < mb.loss_mask.numel(); ++i) sv.tokens += mask[i];
+      const Tensor* h = &sv.saved.head.lnf.y;  // h_0: the decoder's output after its norm
+      for (size_t k = 0; k < mtp.size(); ++k) {
+        auto& ms = sv.saved.mtp[k];
+        mtp_stats_.losses[k].push_back(
+            mtp[k].forward(*h, mb, ms, *ws_, cx, stage_->embedding()));
+        mtp_stats_.tokens[k].push_back(ms.n);
+        h = &ms.head.lnf.y;
+      }
+    }
   } else {
     out.output = hidden.back();
   }
@@ -231,7 +252,25 @@ Tensor GPTModel::backward_chunk(int chunk, int microbatch, const Tensor& output_
   auto& hidden = sv.saved.block.hidden;
 
   if (stage_->has_head(chunk)) {
-    stage_->head().backward(hidden.back(), grad_scale, sv.saved.head, *ws_, cx);
+    const Tensor* dh0 = nullptr;  // d h_0 from the MTP depths
+    if (sv.mtp) {
+      auto& mtp = stage_->mtp();
+      const int D = int(mtp.size());
+      // Depth k's loss enters as (factor / D) / n_k per micro-batch, times the loss scale
+      // the LM loss's grad_scale / tokens gives it (mtp.h).
+      for (int k = D - 1; k >= 0; --k) {
+        auto& ms = sv.saved.mtp[size_t(k)];
+        const double scale =
+            ms.n > 0 ? cfg_.mtp_loss_scaling_factor / D * grad_scale * sv.tokens / ms.n : 0.0;
+        const Tensor& h_prev =
+            k == 0 ? sv.saved.head.lnf.y : sv.saved.mtp[size_t(k - 1)].head.lnf.y;
+        const Tensor* dh_next = k == D - 1 ? nullptr : &ws_->mtp_dh[size_t(k + 1) % 2];
+        mtp[size_t(k)].backward(h_prev, scale, ms, dh_next, ws_->mtp_dh[size_t(k) % 2], *ws_, cx,
+                                stage_->embedding());
+      }
+      dh0 = &ws_->mtp_dh[0];
+    }
+    stage_->head().backward(hidden.back(), grad_scale, sv.saved.head, *ws_, cx, dh0);
   } else {
     MCPP_CHECK(output_grad.defined() && output_grad.numel() == Tl * H,
                "GPTModel: backward of chunk {} needs its output gradient [{} x {}], got {}",

@@ -129,6 +129,9 @@ class GPTModel {
   const Tensor& logits() const;
   // Per-token losses [S, B] of the last forward().
   const Tensor& token_losses() const;
+  // Multi-token prediction (mtp.h): the MTP depths' losses of the training forwards since
+  // the caller last cleared them (training/mtp_step.cpp reads them once per global batch).
+  MtpStats& mtp_stats() { return mtp_stats_; }
 
  private:
   struct Slot;
@@ -148,6 +151,7 @@ class GPTModel {
   std::vector<std::vector<std::unique_ptr<Slot>>> pool_;  // chunk -> slots
   std::vector<std::pair<int, Slot*>> live_;               // (chunk, microbatch) in flight
   Slot* last_head_ = nullptr;
+  MtpStats mtp_stats_;
   int64_t live_bytes_ = 0, peak_bytes_ = 0, slot_max_ = 0;
   int in_flight_ = 0, max_in_flight_ = 0;
 };

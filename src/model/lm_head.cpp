@@ -27,8 +27,8 @@ void LmHead::add_params(const TransformerConfig& c, bool first_stage,
   }
 }
 
-LmHead::LmHead(const TransformerConfig& c, const ParamStore* store)
-    : cfg_(&c), norm_(c, store, "decoder.final_layernorm"), output_(store, output_weight(c), "") {}
+LmHead::LmHead(const TransformerConfig& c, const ParamStore* store, const std::string& norm)
+    : cfg_(&c), norm_(c, store, norm), output_(store, output_weight(c), "") {}
 
 void LmHead::saved_specs(const TransformerConfig& c, const Dims& d, bool copy_batch, Saved& s,
                          const TensorVisitor& v) {
@@ -114,7 +114,7 @@ void LmHead::logits_forward(const Tensor& x, Saved& s, const StepContext& cx) co
 
 // Mirrors forward: cross-entropy, output layer, final norm.
 void LmHead::backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws,
-                      const StepContext& cx) {
+                      const StepContext& cx, const Tensor* d_norm_out) {
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   ops::copy(s.mask, ws.dloss, st);
@@ -122,6 +122,7 @@ void LmHead::backward(const Tensor& x, double grad_scale, Saved& s, Workspace& w
   ops::ce_backward(s.logits, s.row_max, s.sum_exp, s.targets, c.tp_rank * c.vocab_local(), ws.dloss,
                    s.logits, st);
   output_.backward(s.logits, s.lnf.y, s.out_in, ws.dln, ws, cx);
+  if (d_norm_out) ops::add(ws.dln, *d_norm_out, ws.dln, st);
   norm_.backward(ws.dln, x, s.lnf, ws.dx, false, cx);
 }
 

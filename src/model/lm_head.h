@@ -7,6 +7,7 @@
 //   backward: dlogits = mask * grad_scale * (softmax - onehot(target)) (in place);
 //             dx = norm'(linear'(dlogits)) (=)
 #pragma once
+#include <string>
 #include <vector>
 
 #include "model/linear.h"
@@ -31,7 +32,10 @@ class LmHead {
   static void add_params(const TransformerConfig& c, bool first_stage,
                          std::vector<ParamInfo>& params);
   LmHead() = default;
-  LmHead(const TransformerConfig& c, const ParamStore* store);
+  // norm: the final norm's parameter prefix (an MTP depth's final_layernorm shares the
+  // output layer).
+  LmHead(const TransformerConfig& c, const ParamStore* store,
+         const std::string& norm = "decoder.final_layernorm");
 
   struct Saved {
     Norm::Saved lnf;                     // [Tl,H] final norm
@@ -52,8 +56,10 @@ class LmHead {
                       const StepContext& cx) const;
   // Generation: this rank's logits [rows, Vp/TP] of x [rows, H] into s.logits (no loss).
   void logits_forward(const Tensor& x, Saved& s, const StepContext& cx) const;
-  // d loss / d token_loss = mask * grad_scale; the workspace's dx = d(x) out.
-  void backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws, const StepContext& cx);
+  // d loss / d token_loss = mask * grad_scale; the workspace's dx = d(x) out. d_norm_out:
+  // a gradient of the final norm's output from elsewhere (the MTP layers read it), added.
+  void backward(const Tensor& x, double grad_scale, Saved& s, Workspace& ws,
+                const StepContext& cx, const Tensor* d_norm_out = nullptr);
 
  private:
   const TransformerConfig* cfg_ = nullptr;

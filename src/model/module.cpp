@@ -95,6 +95,9 @@ ops::DropoutKey dropout_key(const TransformerConfig& c, const StepKeys& k, int64
 }
 
 std::string layer_param_prefix(int layer) {
+  if (TransformerConfig::is_mtp_layer(layer))  // Megatron's name of an MTP depth's layer
+    return "mtp.layers." + std::to_string(layer - TransformerConfig::kMtpLayerBase) +
+           ".mtp_model_layer.";
   return "decoder.layers." + std::to_string(layer) + ".";
 }
 std::string layer_param_name(int layer, const std::string& suffix) {

@@ -18,6 +18,7 @@
 // rank's sequence shard [s0, s0 + Sl)); the parallel linears see the gathered T rows.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -141,7 +142,8 @@ enum class DropoutSite : uint64_t { AttnProbs = 0, AfterProj = 1, AfterFc2 = 2, 
 ops::DropoutKey dropout_key(const TransformerConfig& c, const StepKeys& k, int64_t layer,
                             DropoutSite site);
 
-// Megatron-Core parameter names: "decoder.layers.<layer>." + suffix.
+// Megatron-Core parameter names: "decoder.layers.<layer>." + suffix ("mtp.layers.<k>.
+// mtp_model_layer." for the MTP layer ids, TransformerConfig::kMtpLayerBase + k).
 std::string layer_param_prefix(int layer);
 std::string layer_param_name(int layer, const std::string& suffix);
 // The initialisation std of the output projections (linear_proj, linear_fc2): Megatron's
@@ -175,6 +177,7 @@ int64_t measured_bytes(const TensorList& list);
 // full-recompute workspace. Each module lists the members it uses in scratch_specs();
 // two modules listing the same member share it (and it counts once).
 struct LayerSaved;  // transformer_layer.h
+struct MlpSaved;    // mlp.h
 struct Workspace {
   Tensor tmp;                  // [Tl,H] row-parallel output before dropout-add
   Tensor tmp_full;             // [T,H] row-parallel partial output before the reduce-scatter (SP)
@@ -192,9 +195,16 @@ struct Workspace {
   // (backward: their gradients), the core's output narrowed to Dv per head and its
   // gradient, the latents' gradients and their norms' output gradients.
   Tensor mla_q, mla_kv, mla_kpe, mla_ctx, mla_dctx, mla_dql, mla_dkvl, mla_dqln, mla_dkvln;
+  // Multi-token prediction (mtp.h): eh_proj's input transposed [2H,Tl] (forward) and its
+  // gradient [Tl,2H], and the gradients of the depths' inputs h_{k-1} [Tl,H] (two, in turn).
+  Tensor mtp_catT, mtp_dcat;
+  std::array<Tensor, 2> mtp_dh;
   std::vector<LayerSaved> rc_acts;  // full recompute: one per layer of the largest group
   std::vector<Tensor> rc_hidden;    // full recompute: hidden states inside a group
   std::shared_ptr<void> moe;        // model/moe: the MoE layers' scratch, one for all of them
+  // --recompute-modules moe: what a MoE layer's forward saves, one set for all of them,
+  // written by the forward and again by the backward's re-run just before it is read.
+  std::unique_ptr<MlpSaved> moe_rc;
   Workspace();
   ~Workspace();
 };

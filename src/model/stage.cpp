@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "model/moe/moe_layer.h"
+
 namespace mcpp::model {
 
 PipelinePart normalized_part(const TransformerConfig& c, PipelinePart part) {
@@ -21,6 +23,8 @@ std::vector<ParamInfo> Stage::parameters(const TransformerConfig& c, const Pipel
   for (const auto& ch : part.chunks)
     for (int l : ch) TransformerLayer::add_params(c, l, out);
   if (part.last_stage) LmHead::add_params(c, part.first_stage, out);
+  if (part.last_stage)
+    for (int k = 0; k < int(c.mtp_num_layers); ++k) MtpLayer::add_params(c, k, out);
   return out;
 }
 
@@ -29,6 +33,8 @@ std::vector<BufferInfo> Stage::buffers(const TransformerConfig& c, const Pipelin
   std::vector<BufferInfo> out;
   for (const auto& ch : part.chunks)
     for (int l : ch) TransformerLayer::add_buffers(c, l, out);
+  if (part.last_stage)
+    for (int k = 0; k < int(c.mtp_num_layers); ++k) MtpLayer::add_buffers(c, k, out);
   return out;
 }
 
@@ -38,6 +44,23 @@ Stage::Stage(const TransformerConfig& c, const PipelinePart& part, const ParamSt
   if (part_.last_stage) head_ = LmHead(c, store);
   blocks_.reserve(part_.chunks.size());
   for (const auto& ch : part_.chunks) blocks_.emplace_back(c, ch, store);
+  if (part_.last_stage && c.mtp_num_layers > 0) {
+    // The depths read the model's embedding: on the stage of the head (refused at start-up
+    // under pipeline parallelism).
+    MCPP_CHECK(part_.first_stage, "multi-token prediction needs the embedding on the last "
+                                  "pipeline stage");
+    for (int k = 0; k < int(c.mtp_num_layers); ++k) mtp_.emplace_back(c, k, store);
+  }
+}
+
+std::vector<moe::MoeLayer*> Stage::moe_layers() {
+  std::vector<moe::MoeLayer*> out;
+  for (auto& b : blocks_)
+    for (int i = 0; i < b.size(); ++i)
+      if (auto* l = dynamic_cast<moe::MoeLayer*>(&b.layer(i).mlp())) out.push_back(l);
+  for (auto& d : mtp_)
+    if (auto* l = dynamic_cast<moe::MoeLayer*>(&d.layer().mlp())) out.push_back(l);
+  return out;
 }
 
 void Stage::saved_specs(int chunk, const Dims& d, bool copy_batch, StageSaved& s,
@@ -45,6 +68,11 @@ void Stage::saved_specs(int chunk, const Dims& d, bool copy_batch, StageSaved& s
   if (has_embedding(chunk)) Embedding::saved_specs(d, copy_batch, s.emb, v);
   blocks_[size_t(chunk)].saved_specs(d, s.block, v);
   if (has_head(chunk)) LmHead::saved_specs(*cfg_, d, copy_batch, s.head, v);
+  if (has_head(chunk)) {
+    s.mtp.resize(mtp_.size());  // the depths' batches are made on the host: copied over
+    for (size_t k = 0; k < mtp_.size(); ++k)
+      mtp_[k].saved_specs(d, d.dev != Device::CPU, s.mtp[k], v);
+  }
 }
 
 void Stage::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v) const {
@@ -57,6 +85,7 @@ void Stage::scratch_specs(const Dims& d, Workspace& ws, const TensorVisitor& v) 
   for (const auto& b : blocks_) b.scratch_specs(d, scratch_act, max_group, ws, v);
   if (part_.first_stage) Embedding::scratch_specs(d, ws, v);
   if (part_.last_stage) LmHead::scratch_specs(*cfg_, d, ws, v);
+  for (const auto& m : mtp_) m.scratch_specs(d, ws, v);
 }
 
 }  // namespace mcpp::model

@@ -9,9 +9,14 @@
 
 #include "model/embedding.h"
 #include "model/lm_head.h"
+#include "model/mtp.h"
 #include "model/transformer_block.h"
 
 namespace mcpp::model {
+
+namespace moe {
+class MoeLayer;
+}  // namespace moe
 
 // The part with its chunks filled in (empty: one chunk of every layer), checked.
 PipelinePart normalized_part(const TransformerConfig& c, PipelinePart part);
@@ -21,11 +26,13 @@ struct StageSaved {
   Embedding::Saved emb;  // chunk 0 of the first stage
   BlockSaved block;
   LmHead::Saved head;  // the last chunk of the last stage
+  std::vector<MtpLayer::Saved> mtp;  // with the head: one per MTP depth
 };
 
 class Stage {
  public:
-  // The part's parameters in registry order: embedding, each chunk's layers, head.
+  // The part's parameters in registry order: embedding, each chunk's layers, head, the
+  // MTP depths.
   static std::vector<ParamInfo> parameters(const TransformerConfig& c, const PipelinePart& part);
   // The part's persistent buffers (MoE routers' expert bias), in layer order.
   static std::vector<BufferInfo> buffers(const TransformerConfig& c, const PipelinePart& part);
@@ -38,6 +45,9 @@ class Stage {
   Embedding& embedding() { return embedding_; }
   LmHead& head() { return head_; }
   TransformerBlock& block(int chunk) { return blocks_[size_t(chunk)]; }
+  std::vector<MtpLayer>& mtp() { return mtp_; }  // the last stage's MTP depths (mtp.h)
+  // Every MoE layer of the stage: the chunks' in order, then the MTP depths'.
+  std::vector<moe::MoeLayer*> moe_layers();
 
   // copy_batch: the batch arrives off the model's device (see Embedding, LmHead).
   void saved_specs(int chunk, const Dims& d, bool copy_batch, StageSaved& s,
@@ -50,6 +60,7 @@ class Stage {
   Embedding embedding_;
   LmHead head_;
   std::vector<TransformerBlock> blocks_;
+  std::vector<MtpLayer> mtp_;
 };
 
 }  // namespace mcpp::model

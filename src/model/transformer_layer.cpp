@@ -10,6 +10,7 @@ namespace mcpp::model {
 
 void TransformerLayer::add_params(const TransformerConfig& c, int layer,
                                   std::vector<ParamInfo>& params) {
+  const size_t first = params.size();
   Norm::add_params(c, layer_param_name(layer, "input_layernorm"), layer, params);
   Attention::add_params(c, layer, params);
   Norm::add_params(c, layer_param_name(layer, "pre_mlp_layernorm"), layer, params);
@@ -17,6 +18,10 @@ void TransformerLayer::add_params(const TransformerConfig& c, int layer,
     moe::MoeLayer::add_params(c, layer, params);
   else
     DenseMlp::add_params(c, layer, params);
+  // An MTP depth's layer runs on the last stage after the decoder, with the head: its
+  // parameters are ready (and gathered) with the head's, as the layer -1 ones.
+  if (TransformerConfig::is_mtp_layer(layer))
+    for (size_t i = first; i < params.size(); ++i) params[i].layer = -1;
 }
 
 void TransformerLayer::add_buffers(const TransformerConfig& c, int layer,
@@ -46,6 +51,18 @@ bool TransformerLayer::recomputes_norms() const {
   return cfg_->recompute == TransformerConfig::Recompute::Selective && cfg_->recompute_norms;
 }
 
+// --recompute-modules moe: a MoE layer keeps nothing of its own. Its forward saves into
+// ws.moe_rc, which every MoE layer shares and the next one overwrites; backward re-runs
+// the forward from the layer's input (norm2's output, kept or recomputed) into ws.moe_rc
+// right before the MoE backward reads it. The re-run is the same computation on the same
+// input (the routing, capacity drops and all-to-all splits included), so the gradients are
+// those of keeping it; the layer's statistics count each micro-batch once (MoeStats::seen).
+// The shared set keeps the experts' activation, so the re-run replaces moe_act's.
+bool TransformerLayer::recomputes_moe() const {
+  return cfg_->recompute == TransformerConfig::Recompute::Selective && cfg_->recompute_moe &&
+         cfg_->is_moe_layer(layer_);
+}
+
 void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, LayerSaved& s,
                                    const TensorVisitor& v) const {
   Norm::saved_specs(*cfg_, d, s.ln1, v, !recomputes_norms());
@@ -53,7 +70,7 @@ void TransformerLayer::saved_specs(const Dims& d, bool keep_mlp_activation, Laye
   v(s.x2, {d.Tl, d.H}, d.dt, true);
   Norm::saved_specs(*cfg_, d, s.ln2, v, !recomputes_norms());
   own_mlp_saved(s);
-  mlp_->saved_specs(d, keep_mlp_activation, *s.mlp, v);
+  if (!recomputes_moe()) mlp_->saved_specs(d, keep_mlp_activation, *s.mlp, v);
 }
 
 bool TransformerLayer::own_mlp_saved(LayerSaved& s) const {
@@ -72,6 +89,10 @@ void TransformerLayer::scratch_specs(const Dims& d, bool uses_scratch_activation
   v(ws.ln_y, {d.Tl, d.H}, d.dt, recomputes_norms());
   Attention::scratch_specs(*cfg_, d, ws, v);
   mlp_->scratch_specs(d, uses_scratch_activation, ws, v);
+  if (recomputes_moe()) {
+    if (!ws.moe_rc) ws.moe_rc = mlp_->new_saved();
+    mlp_->saved_specs(d, /*keep_activation=*/true, *ws.moe_rc, v);
+  }
 }
 
 void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Workspace& ws,
@@ -86,9 +107,10 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
   // The full-recompute workspace's slots are sized by the chunk's first layer; in a model
   // of dense and MoE layers a slot may hold the other kind's MLP buffers: make its own
   // (recomputed layers keep no MLP activation).
-  if (own_mlp_saved(s))
+  if (own_mlp_saved(s) && !recomputes_moe())
     allocate([&](const TensorVisitor& v) { mlp_->saved_specs(cx, false, *s.mlp, v); }, cx.dev,
              true);
+  MlpSaved& ms = recomputes_moe() ? *ws.moe_rc : *s.mlp;
   if (recomputes_norms()) s.ln1.y = ws.ln_y, s.ln2.y = ws.ln_y;  // read at once, not kept
   // Attention block: x2 = x + dropout(attention(norm1(x))).
   ln1_.forward(x, s.ln1, cx);
@@ -103,9 +125,9 @@ void TransformerLayer::forward(const Tensor& x, LayerSaved& s, Tensor& out, Work
   // MLP block: out = x2 + dropout(mlp(norm2(x2))).
   ln2_.forward(s.x2, s.ln2, cx);
   if (fuse_residual) {
-    mlp_->forward(s.ln2.y, *s.mlp, &s.x2, out, ws, cx);
+    mlp_->forward(s.ln2.y, ms, &s.x2, out, ws, cx);
   } else {
-    mlp_->forward(s.ln2.y, *s.mlp, nullptr, ws.tmp, ws, cx);
+    mlp_->forward(s.ln2.y, ms, nullptr, ws.tmp, ws, cx);
     Tensor out3 = out.view({Sl, B, H});
     ops::dropout_add_forward(tmp3, x23, cx.p_hidden,
                              dropout_key(c, cx.keys, layer_, DropoutSite::AfterFc2), cx.g, out3,
@@ -189,7 +211,12 @@ void TransformerLayer::backward(const Tensor& x, LayerSaved& s, Workspace& ws,
     s.ln1.y = ws.ln_y, s.ln2.y = ws.ln_y;
     ln2_.forward(s.x2, s.ln2, cx);
   }
-  mlp_->backward(dproj, s.ln2.y, *s.mlp, ws.dln, ws, cx);
+  MlpSaved* ms = s.mlp.get();
+  if (recomputes_moe()) {  // the MoE layer's forward again, its output unused
+    ms = ws.moe_rc.get();
+    mlp_->forward(s.ln2.y, *ms, nullptr, ws.tmp, ws, cx);
+  }
+  mlp_->backward(dproj, s.ln2.y, *ms, ws.dln, ws, cx);
   ln2_.backward(ws.dln, s.x2, s.ln2, ws.dx, true, cx);
   // Attention block: x2 = x + dropout(attention(norm1(x))).
   if (dropout)

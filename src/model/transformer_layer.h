@@ -36,6 +36,7 @@ class TransformerLayer {
   int global() const { return layer_; }
   MlpModule& mlp() const { return *mlp_; }
   bool recomputes_norms() const;  // --recompute-modules layernorm
+  bool recomputes_moe() const;    // --recompute-modules moe, in a MoE layer
   // keep_mlp_activation: --keep-mlp-activations chose this layer (see mlp.h).
   void saved_specs(const Dims& d, bool keep_mlp_activation, LayerSaved& s,
                    const TensorVisitor& v) const;

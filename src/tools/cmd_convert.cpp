@@ -36,7 +36,7 @@ using namespace mcpp;
 
 const char* kUsage =
     "usage: megatron convert --load DIR [--ckpt-step N] --to-hf OUT_DIR [--hf-dtype DTYPE]\n"
-    "                        [--hf-model-type TYPE]\n"
+    "                        [--hf-model-type TYPE] [--drop-mtp-layers]\n"
     "                        [--vocab-file F --merge-file F | --tokenizer-model F]\n"
     "       megatron convert --from-hf HF_DIR --save DIR [--make-vocab-size-divisible-by N]\n"
     "       megatron convert --from-megatron MEGATRON_DIR [--ckpt-step N] [--no-load-optim]\n"
@@ -57,6 +57,9 @@ const char* kUsage =
     "                    paths a checkpoint records are never followed: an untrusted\n"
     "                    checkpoint could name any local file\n"
     "  --hf-dtype        float32 (default), bfloat16 or float16\n"
+    "  --drop-mtp-layers with --to-hf: leave out a model's multi-token prediction layers\n"
+    "                    (mtp.layers.*; the exported architectures have no place for them);\n"
+    "                    without it such a model is an error, never a silent drop\n"
     "  --from-hf HF_DIR  read a GPT-2, Llama, Mistral, Qwen2, Qwen3, Mixtral or Qwen3-MoE\n"
     "                    folder (config.json + safetensors) and save it\n"
     "                    as iteration 0 of a megatron.cpp checkpoint in --save, with the\n"
@@ -273,7 +276,8 @@ int run_convert(const std::vector<std::string>& argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (a == "--no-load-optim" || a == "--no-save-optim" || a == "--to-megatron") {  // switches
+    if (a == "--no-load-optim" || a == "--no-save-optim" || a == "--to-megatron" ||
+        a == "--drop-mtp-layers") {  // switches
       f[a] = "1";
       continue;
     }
@@ -296,6 +300,8 @@ int run_convert(const std::vector<std::string>& argv) {
     MCPP_CHECK_HINT(i + 1 < argv.size(), kUsage, "megatron convert: {} needs a value", a);
     f[a] = argv[++i];
   }
+  MCPP_CHECK_HINT(!f.count("--drop-mtp-layers") || f.count("--to-hf"), kUsage,
+                  "megatron convert: --drop-mtp-layers applies to --to-hf only");
   const bool to_hf = f.count("--to-hf"), from_hf = f.count("--from-hf"),
              from_megatron = f.count("--from-megatron"), to_megatron = f.count("--to-megatron");
   if (!to_megatron)
@@ -354,7 +360,12 @@ int run_convert(const std::vector<std::string>& argv) {
     // TP = 1: loading reshards whatever layout wrote it.
     const auto t0 = std::chrono::steady_clock::now();  // progress: size and GB/s at the end
     auto w = checkpoint::load_model_weights(f["--load"], step);
-    const model::TransformerConfig& cfg = w.config;
+    model::TransformerConfig cfg = w.config;
+    if (f.count("--drop-mtp-layers") && cfg.mtp_num_layers > 0) {
+      log::info("leaving out the {} multi-token prediction layers (--drop-mtp-layers)",
+                cfg.mtp_num_layers);
+      cfg.mtp_num_layers = 0;  // the export then reads the decoder's tensors alone
+    }
     const auto& st = w.state;
     const std::string type = f.count("--hf-model-type") ? f["--hf-model-type"] : "";
     checkpoint::export_hf(f["--to-hf"], cfg, w.params, dt, type);

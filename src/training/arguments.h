@@ -204,6 +204,7 @@ struct Args {
   // --recompute-modules: what selective recomputation re-runs (Megatron's names; empty:
   // Megatron's default, core_attn). validate_args fills the default and checks the names.
   std::vector<std::string> recompute_modules;
+  bool moe_layer_recompute = false;  // = selective with moe in --recompute-modules (deprecated)
 
   // Precision and initialisation.
   bool bf16 = false, fp16 = false;
@@ -320,6 +321,10 @@ struct Args {
   // --calculate-per-token-loss: gradients of the global batch's summed token losses / its
   // masked tokens; default: the mean of per-micro-batch means (training/forward_backward.h).
   bool calculate_per_token_loss = false;
+
+  // ---- multi-token prediction (model/mtp.h; checked by validate_mtp.cpp)
+  std::optional<int64_t> mtp_num_layers;  // None: no MTP layers
+  double mtp_loss_scaling_factor = 0.1;
 
   // ---- mixture of experts (docs/moe.md; checked by validate_moe.cpp)
   std::optional<int64_t> num_experts;              // None: a dense model

@@ -19,7 +19,9 @@ FlopsShape FlopsShape::from_args(const Args& a) {
     f.moe_ffn_hidden_size = a.moe_ffn_hidden_size.value_or(a.ffn_hidden_size);
     f.moe_topk = a.moe_router_topk;
     f.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
+    f.last_layer_moe = !a.moe_layer_pattern.empty() && a.moe_layer_pattern.back() == 1;
   }
+  f.mtp_num_layers = a.mtp_num_layers.value_or(0);
   if (a.multi_latent_attention) {  // the core's padded values are not counted (Megatron's)
     f.mla = true, f.q_lora_rank = a.q_lora_rank.value_or(0), f.kv_lora_rank = a.kv_lora_rank;
     f.qk_head_dim = a.qk_head_dim, f.qk_pos_emb_head_dim = a.qk_pos_emb_head_dim;
@@ -32,7 +34,8 @@ double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
   // fb = 3 (forward, input grad, weight grad) GEMMs per weight; fma = 2 FLOPs per MAC.
   const double fb_fma = 3.0 * 2.0;
   const double h = static_cast<double>(m.hidden_size);
-  const double L = static_cast<double>(m.num_layers);
+  const double D = static_cast<double>(m.mtp_num_layers);
+  const double L = static_cast<double>(m.num_layers) + D;  // the MTP layers' too
   const double s = static_cast<double>(m.seq_length);
   const double V = static_cast<double>(m.padded_vocab_size);
   const double F = static_cast<double>(m.ffn_hidden_size);
@@ -56,12 +59,13 @@ double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
                             h * double(m.qk_pos_emb_head_dim) + nh * double(m.v_head_dim) * h);
     attn_core = fb_fma * (nh * dq / 2 + nh * double(m.v_head_dim) / 2);
   }
-  const double moe = static_cast<double>(m.num_moe_layers);
+  const double moe = static_cast<double>(m.num_moe_layers) + (m.last_layer_moe ? D : 0.0);
   const double moe_width = static_cast<double>(m.moe_ffn_hidden_size * m.moe_topk +
                                                m.shared_ffn_hidden_size);
   const double mlp = fb_fma * h * ffn_expansion * (F * (L - moe) + moe_width * moe);
-  const double logits = fb_fma * h * V;
-  return T * (mlp + attn_linear * L + logits) + Q2 * attn_core * L;
+  const double logits = fb_fma * h * V * (D + 1);
+  const double mtp = fb_fma * D * (3 * h + 2 * h * h);  // MTP norms and eh_proj
+  return T * (mlp + attn_linear * L + logits + mtp) + Q2 * attn_core * L;
 }
 
 double num_floating_point_operations(const Args& args, int64_t batch_size) {

@@ -33,6 +33,10 @@ struct FlopsShape {
   bool mla = false;
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0;
   int64_t v_head_dim = 0;
+  // ---- multi-token prediction (Megatron's terms): D more layers (MoE when the last one is),
+  // their norms and eh_proj, and D more logits GEMMs.
+  int64_t mtp_num_layers = 0;
+  bool last_layer_moe = false;
   static FlopsShape from_args(const Args& args);  // needs args.padded_vocab_size set
 };
 

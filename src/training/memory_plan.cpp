@@ -29,6 +29,8 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.seq_length = a.seq_length, c.max_position_embeddings = a.max_position_embeddings;
   c.padded_vocab_size = *a.padded_vocab_size;
   c.rope = a.position_embedding_type == "rope";
+  c.mtp_num_layers = a.mtp_num_layers.value_or(0);
+  c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;
   c.rotary_interleaved = a.rotary_interleaved;
   c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
   c.rope_scaling = a.use_rope_scaling, c.rope_scaling_factor = a.rope_scaling_factor;
@@ -72,6 +74,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     c.recompute_norms = std::find(m.begin(), m.end(), "layernorm") != m.end();
     c.recompute_shared_experts = std::find(m.begin(), m.end(), "shared_experts") != m.end();
     c.recompute_mlp = std::find(m.begin(), m.end(), "mlp") != m.end();
+    c.recompute_moe = std::find(m.begin(), m.end(), "moe") != m.end();
   }
   c.recompute_method = a.recompute_method.value_or("uniform") == "block"
                            ? model::TransformerConfig::RecomputeMethod::Block
@@ -386,6 +389,29 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
                                 "less; {}fits)",
                                 fmt::join(mods, " "), mib(m.total() - with_mlp),
                                 with_mlp <= budget ? "" : "alone not enough: "));
+  }
+  const bool any_moe = [&] {
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      if (cfg.is_moe_layer(l)) return true;
+    return false;
+  }();
+  if (a.recompute_granularity.value_or("selective") == "selective" && !cfg.recompute_moe &&
+      any_moe && !a.fp8 && a.keep_mlp_activations == 0) {
+    // The MoE layers re-run whole in backward: how much that saves by the plan.
+    Args b = a;
+    model::TransformerConfig c = cfg;
+    std::vector<std::string> mods =
+        a.recompute_granularity ? a.recompute_modules : std::vector<std::string>{"core_attn"};
+    mods.push_back("moe");
+    b.recompute_granularity = "selective", b.recompute_modules = mods;
+    c.recompute = model::TransformerConfig::Recompute::Selective;
+    c.recompute_core_attn = std::find(mods.begin(), mods.end(), "core_attn") != mods.end();
+    c.recompute_moe = true;
+    const int64_t with_moe = plan_stage_memory(b, c, stage).total();
+    tries.push_back(fmt::format("--recompute-granularity selective --recompute-modules {} ({} "
+                                "less; {}fits)",
+                                fmt::join(mods, " "), mib(m.total() - with_moe),
+                                with_moe <= budget ? "" : "alone not enough: "));
   }
   if (!a.recompute_granularity)
     tries.push_back("--recompute-activations (or --recompute-granularity full)");

@@ -11,13 +11,8 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
     model::GPTModel& m, const parallel::ParallelState& ps, bool per_layer_logging) {
   const auto& c = m.config();
   if (c.moe.num_experts == 0) return {};
-  std::vector<model::moe::MoeLayer*> layers;
-  auto& stage = m.stage();
-  for (int ch = 0; ch < stage.num_chunks(); ++ch) {
-    auto& b = stage.block(ch);
-    for (int i = 0; i < b.size(); ++i)
-      if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp())) layers.push_back(l);
-  }
+  // The decoder's MoE layers and the MTP depths' (built like the last decoder layer).
+  const std::vector<model::moe::MoeLayer*> layers = m.stage().moe_layers();
   const int64_t E = c.moe.num_experts;
   for (auto* l : layers) l->sync_stats();  // the device routing's losses, once per batch
   // Expert bias: counts over DP x CP (a TP group routes the same tokens on every member),
@@ -40,13 +35,19 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
       layers[i]->router().set_expert_bias(b);
     }
   }
-  // Log values, per global layer: [aux of layer 0..L-1, z of layer 0..L-1].
-  const size_t L = size_t(c.num_layers);
+  // Log values, per global layer: [aux of layer 0..L-1, z of layer 0..L-1], the MTP depths'
+  // layers as layers L, L+1, ... (Megatron's numbering).
+  const size_t L = size_t(c.num_layers + c.mtp_num_layers);
   std::vector<double> v(2 * L, 0.0);
+  auto index = [&](int layer) {
+    return model::TransformerConfig::is_mtp_layer(layer)
+               ? size_t(c.num_layers) + size_t(layer - model::TransformerConfig::kMtpLayerBase)
+               : size_t(layer);
+  };
   for (auto* l : layers) {
     const auto& s = l->stats();
     const double n = double(std::max<int64_t>(1, s.forwards));
-    v[size_t(l->layer())] = s.aux_loss / n, v[L + size_t(l->layer())] = s.z_loss / n;
+    v[index(l->layer())] = s.aux_loss / n, v[L + index(l->layer())] = s.z_loss / n;
   }
   // Summed over the pipeline (each stage its layers) and over CP (each rank its tokens'
   // share of the losses, routing.h), averaged over DP.
@@ -58,8 +59,14 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
     std::fill(s.tokens_per_expert.begin(), s.tokens_per_expert.end(), 0.0);
     s.aux_loss = s.z_loss = 0, s.forwards = 0, s.seen.clear();
   }
-  int64_t moe_layers = 0;
-  for (size_t i = 0; i < L; ++i) moe_layers += c.is_moe_layer(int64_t(i));
+  // The mean is over the MoE layers and every MTP depth (Megatron's count).
+  int64_t moe_layers = c.mtp_num_layers;
+  for (int64_t i = 0; i < c.num_layers; ++i) moe_layers += c.is_moe_layer(i);
+  auto is_moe = [&](size_t i) {
+    return i >= size_t(c.num_layers)
+               ? c.is_moe_layer(model::TransformerConfig::kMtpLayerBase)
+               : c.is_moe_layer(int64_t(i));
+  };
   std::vector<std::pair<std::string, double>> out;
   const bool aux = c.moe.aux_loss_on();
   const std::string aux_name = c.moe.balance == model::TransformerConfig::Moe::Balance::SeqAuxLoss
@@ -72,7 +79,7 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
     out.push_back({name, sum / double(std::max<int64_t>(1, moe_layers))});
     if (per_layer_logging)
       for (size_t i = 0; i < L; ++i)
-        if (c.is_moe_layer(int64_t(i)))
+        if (is_moe(i))
           out.push_back({name + " layer " + std::to_string(i), v[base + i]});
   };
   add(aux, aux_name, 0);

@@ -17,6 +17,7 @@
 #include "training/profiler.h"
 #include "training/log_line.h"
 #include "training/moe_step.h"
+#include "training/mtp_step.h"
 #include "training/trainer_state.h"
 #include "training/weight_hash.h"
 
@@ -113,6 +114,7 @@ StepResult Trainer::State::train_step() {
   log->section("optimizer", true);
   finalize_grads();
   r.moe = moe_finish_global_batch(*model, *ps, args.moe_per_layer_logging);  // expert bias
+  for (auto& v : mtp_finish_global_batch(*model, *ps)) r.moe.push_back(std::move(v));
   r.grad_norm =
       optim::grad_norm(*opt, model->params(), ps->tp_rank(), *norm_group, expert_norm_group);
   // fp16: a non-finite norm is a gradient overflow of the loss scale (Megatron's

@@ -220,14 +220,10 @@ void Trainer::State::build_model() {
     s.model->set_cp_comm(&s.ps->cp(), &s.ps->cp_a2a(), &s.ps->cp_p2p());
   if (s.model_cfg.moe.ep_size > 1 || s.model_cfg.moe.etp_size > 0) {  // every MoE layer's EP group
     int moe_layers = 0;
-    for (int ch = 0; ch < s.model->stage().num_chunks(); ++ch) {
-      auto& b = s.model->stage().block(ch);
-      for (int i = 0; i < b.size(); ++i)
-        if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp()))
-          l->set_expert_parallel_group(&s.ps->ep()),
-              l->set_expert_tensor_parallel_group(&s.ps->group(parallel::Group::ExpertTP)),
-              ++moe_layers;
-    }
+    for (auto* l : s.model->stage().moe_layers())  // the MTP depths' too
+      l->set_expert_parallel_group(&s.ps->ep()),
+          l->set_expert_tensor_parallel_group(&s.ps->group(parallel::Group::ExpertTP)),
+          ++moe_layers;
     log::info("> expert parallel: EP {} (this rank {}, experts {}-{} of {}), expert tensor "
               "parallel {}, expert data parallel {}, {} dispatcher, {} MoE layers on this rank",
               s.ps->layout().ep(), s.ps->ep_rank(), s.model_cfg.moe.first_expert(),

@@ -34,7 +34,8 @@ struct StepResult {
   double loss = 0;       // lm loss of the global batch
   double grad_norm = 0;  // before clipping; non-finite on an fp16 overflow
   bool skipped = false;  // no update (overflow or non-finite loss)
-  std::vector<std::pair<std::string, double>> moe;  // MoE aux-loss log values (moe_step.h)
+  // The log line's MoE aux-loss values (moe_step.h), then the MTP losses (mtp_step.h).
+  std::vector<std::pair<std::string, double>> moe;
 };
 
 struct Trainer::State {

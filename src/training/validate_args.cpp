@@ -3,6 +3,7 @@
 // in a HINT. validate_args() runs them in an order where every check sees the defaults it
 // depends on (the data-parallel size before the batch, the batch before the pipeline
 // schedule). Parsing, the flag table and printing are arguments.cpp's.
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -26,83 +27,11 @@ namespace mcpp::training {
 
 void validate_rope(const Args& a);  // validate_rope.cpp
 void validate_mla(Args& a);         // validate_mla.cpp
+void validate_mtp(const Args& a);   // validate_mtp.cpp
+// --recompute-modules under selective recomputation (validate_recompute.cpp).
+void validate_recompute_modules(Args& a);
 
 namespace {
-
-// --recompute-modules under selective recomputation: Megatron's names and default
-// (core_attn); the ones megatron.cpp implements are core_attn (the attention core's output
-// and lse are recomputed in backward), layernorm (the outputs of input_layernorm and
-// pre_mlp_layernorm are recomputed from the kept residual stream), shared_experts (the
-// MoE shared experts' fc1 output and activation are recomputed from their input) and mlp
-// (the same for the dense MLPs; Megatron's "mlp" skips MoE layers too).
-void validate_recompute_modules(Args& a) {
-  if (a.recompute_modules.empty()) a.recompute_modules = {"core_attn"};
-  static const std::set<std::string> megatron = {
-      "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
-      "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"};
-  for (const std::string& m : a.recompute_modules) {
-    MCPP_CHECK_HINT(megatron.count(m) > 0,
-                    "choose from core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
-                    "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc",
-                    "--recompute-modules: '{}' is not a module Megatron can recompute", m);
-    MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm" || m == "shared_experts" || m == "mlp" ||
-                        m == "moe_act",
-                    "use core_attn, layernorm, mlp, moe_act and/or shared_experts, or "
-                    "--recompute-granularity full",
-                    "--recompute-modules {} is not implemented yet by megatron.cpp (it "
-                    "recomputes core_attn, layernorm, mlp, moe_act and shared_experts)",
-                    m);
-    if (m == "moe_act") {
-      // The MoE layers recompute their activation (fc2's input) in backward unless
-      // --keep-mlp-activations keeps it: what moe_act asks for, always (docs/moe.md).
-      MCPP_CHECK_HINT(a.num_experts.value_or(0) > 0,
-                      "drop moe_act from --recompute-modules, or add --num-experts",
-                      "--recompute-modules moe_act: this model has no MoE layers");
-      MCPP_CHECK_HINT(a.moe_grouped_gemm, "add --moe-grouped-gemm",
-                      "--recompute-modules moe_act needs --moe-grouped-gemm (as in Megatron)");
-      MCPP_CHECK_HINT(a.keep_mlp_activations == 0,
-                      "drop --keep-mlp-activations, or moe_act from --recompute-modules",
-                      "--recompute-modules moe_act recomputes what --keep-mlp-activations {} "
-                      "asks to keep",
-                      a.keep_mlp_activations);
-    }
-    if (m == "mlp") {
-      const bool dense = [&] {
-        if (!a.num_experts.value_or(0)) return true;
-        const auto pat = parse_moe_layer_freq(a.moe_layer_freq, a.num_layers);
-        return std::find(pat.begin(), pat.end(), 0) != pat.end();
-      }();
-      MCPP_CHECK_HINT(dense,
-                      "drop mlp from --recompute-modules (it recomputes dense MLPs; MoE layers "
-                      "are not affected, as in Megatron)",
-                      "--recompute-modules mlp: every layer of this model is a MoE layer");
-      MCPP_CHECK_HINT(!a.fp8,
-                      "drop mlp from --recompute-modules, or train without --fp8-format",
-                      "--recompute-modules mlp with --fp8-format is not implemented by "
-                      "megatron.cpp (a recomputed FP8 GEMM would update its scaling state "
-                      "twice)");
-      MCPP_CHECK_HINT(a.keep_mlp_activations == 0,
-                      "drop --keep-mlp-activations, or mlp from --recompute-modules",
-                      "--recompute-modules mlp recomputes what --keep-mlp-activations {} asks "
-                      "to keep",
-                      a.keep_mlp_activations);
-    }
-    MCPP_CHECK_HINT(m != "shared_experts" || (a.num_experts.value_or(0) > 0 &&
-                                              a.moe_shared_expert_intermediate_size.value_or(0) > 0),
-                    "drop shared_experts from --recompute-modules, or give the MoE layers shared "
-                    "experts (--num-experts with --moe-shared-expert-intermediate-size)",
-                    "--recompute-modules shared_experts: this model has no shared experts");
-    MCPP_CHECK_HINT(m != "shared_experts" || !a.fp8,
-                    "drop shared_experts from --recompute-modules, or train without --fp8-format",
-                    "--recompute-modules shared_experts with --fp8-format is not implemented by "
-                    "megatron.cpp (a recomputed FP8 GEMM would update its scaling state twice)");
-    MCPP_CHECK_HINT(m != "layernorm" || !a.fp8,
-                    "drop layernorm from --recompute-modules, or train without --fp8-format",
-                    "--recompute-modules layernorm with --fp8-format is not implemented by "
-                    "megatron.cpp (the FP8 GEMMs keep their own copy of the norm's output; "
-                    "Megatron refuses it with delayed scaling)");
-  }
-}
 
 constexpr int64_t kMaxThreads = 4096;
 
@@ -406,7 +335,25 @@ void validate_pipeline(Args& a) {
                        int(a.num_microbatches),
                        int(a.microbatch_group_size_per_vp_stage.value_or(0)));
 
-  // Recomputation.
+  // Recomputation. --moe-layer-recompute: Megatron's deprecated spelling of
+  // --recompute-granularity selective with moe added to the modules (an error with full).
+  if (a.moe_layer_recompute) {
+    MCPP_CHECK_HINT(a.recompute_granularity.value_or("selective") == "selective",
+                    "drop --moe-layer-recompute, or use --recompute-granularity selective",
+                    "--moe-layer-recompute with --recompute-granularity {}: Megatron refuses it "
+                    "with full recomputation",
+                    *a.recompute_granularity);
+    a.recompute_granularity = "selective";
+    if (a.recompute_modules.empty()) a.recompute_modules = {"core_attn"};
+    if (std::find(a.recompute_modules.begin(), a.recompute_modules.end(), "moe") ==
+        a.recompute_modules.end())
+      a.recompute_modules.push_back("moe");
+    static bool said = false;  // validate_args may run more than once (`megatron plan`)
+    if (!std::exchange(said, true))
+      log::info("--moe-layer-recompute is deprecated in Megatron-LM: it means "
+                "--recompute-granularity selective --recompute-modules {}",
+                fmt::format("{}", fmt::join(a.recompute_modules, " ")));
+  }
   if (a.recompute_activations) {
     MCPP_CHECK_HINT(!a.recompute_granularity || *a.recompute_granularity == "selective",
                     "drop --recompute-activations (it means --recompute-granularity selective)",
@@ -628,6 +575,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_tensor_parallel(a);
   validate_context_parallel(a);
   validate_moe(a);  // mixture of experts (validate_moe.cpp)
+  validate_mtp(a);  // multi-token prediction (validate_mtp.cpp)
   validate_distributed_optimizer_instances(a);
   validate_batch(a);
   validate_pipeline(a);

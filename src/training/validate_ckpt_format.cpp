@@ -33,6 +33,9 @@ void validate_ckpt_format(const Args& a) {
   refuse(a.num_experts.has_value(), "--num-experts",
          "mixture-of-experts models in the legacy layout are not implemented yet",
          "train a dense model");
+  refuse(a.mtp_num_layers.value_or(0) > 0, "--mtp-num-layers",
+         "multi-token prediction layers in the legacy layout are not implemented yet",
+         "save with the default --ckpt-format torch_dist");
   refuse(a.multi_latent_attention, "--multi-latent-attention",
          "multi-latent attention models in the legacy layout are not implemented yet",
          "save with the default --ckpt-format torch_dist");

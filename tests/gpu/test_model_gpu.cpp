@@ -24,6 +24,7 @@ constexpr int64_t kB = 2, kS = 80, kVocab = 120;
 // qkv_bias: Llama with --add-qkv-bias (Qwen2's q/k/v biases, no other linear bias).
 // qk_norm: Llama with --qk-layernorm (Qwen3's per-head q/k RMSNorm).
 bool interleaved_rope = false;  // cfg's models use --rotary-interleaved (one test sets it)
+int64_t mtp_depths = 0;         // cfg's Llama models get MTP layers (the MTP tests set it)
 
 // mla: Llama with multi-latent attention (query/key heads 48 + 16 = 64 wide, so the
 // tensor-core kernels take them; values 32 wide, padded; latent norms; YaRN).
@@ -38,6 +39,7 @@ TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv
     c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
     c.tie_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = qkv_bias;
     c.qk_layernorm = qk_norm, c.rotary_interleaved = interleaved_rope;
+    c.mtp_num_layers = mtp_depths, c.mtp_loss_scaling_factor = 0.3;
     if (mla) {
       c.num_query_groups = c.num_attention_heads, c.qk_layernorm = true;
       c.mla.on = true, c.mla.q_lora_rank = 96, c.mla.kv_lora_rank = 64;
@@ -122,6 +124,11 @@ void compare_step(bool llama, DType dt, double dropout, double tol_logits, doubl
     EXPECT_LE(e, tol_grad) << cm.params().infos()[i].name;
     if (e > worst) worst = e, worst_name = cm.params().infos()[i].name;
   }
+  for (size_t k = 0; k < cm.mtp_stats().losses.size(); ++k) {  // the MTP depths' losses
+    const double a = cm.mtp_stats().losses[k].back().value();
+    const double b = gm.mtp_stats().losses[k].back().value();
+    EXPECT_NEAR(b, a, tol_logits * std::abs(a)) << "mtp_" << k + 1 << " loss";
+  }
   std::printf("[model %s %s p=%.1f] loss %.6f vs cpu %.6f, logits rel %.2e, worst grad rel %.2e "
               "(%s)\n",
               llama ? "llama" : "gpt", std::string(dtype_name(dt)).c_str(), dropout, lg, lc,
@@ -154,6 +161,19 @@ std::vector<double> train(GPTModel& m, int n, optim::LossScaler* scaler) {
 }
 
 }  // namespace
+
+// Multi-token prediction (two depths: rolled batches, eh_proj through the transposes, the
+// shared output layer, d h_0 into the final norm) on the GPU against the CPU.
+TEST(GpuModel, LlamaMtpF32MatchesCpu) {
+  mtp_depths = 2;
+  compare_step(true, DType::F32, 0.1, 1e-5, 1e-4);
+  mtp_depths = 0;
+}
+TEST(GpuModel, LlamaMtpBf16CloseToCpu) {
+  mtp_depths = 2;
+  compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2);
+  mtp_depths = 0;
+}
 
 TEST(GpuModel, GptF32MatchesCpu) { compare_step(false, DType::F32, 0.0, 1e-5, 1e-4); }
 TEST(GpuModel, LlamaF32MatchesCpu) { compare_step(true, DType::F32, 0.0, 1e-5, 1e-4); }

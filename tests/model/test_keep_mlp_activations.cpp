@@ -9,9 +9,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "base/philox.h"
 #include "model/gpt_model.h"
+#include "model/moe/moe_layer.h"
 #include "optim/optimizer.h"
 #include "tiny_model.h"
 
@@ -45,7 +47,9 @@ model::MicroBatch batch(int step, int m, int64_t B, int64_t S, int64_t V) {
   return mb;
 }
 
-Training train(const TransformerConfig& c) {
+// after: called with the model once training is done (what a test reads from it).
+Training train(const TransformerConfig& c,
+               const std::function<void(GPTModel&)>& after = nullptr) {
   const int steps = 3, M = 2;
   const int64_t B = 2, S = c.seq_length;
   GPTModel m(c);
@@ -65,6 +69,7 @@ Training train(const TransformerConfig& c) {
   }
   t.params = m.params().flat_params().clone();
   t.saved = m.activation_memory().per_slot_max, t.scratch = m.activation_memory().scratch;
+  if (after) after(m);
   return t;
 }
 
@@ -298,4 +303,68 @@ TEST(RecomputeModules, SharedExpertsTrainBitwiseAsKeepingThem) {
         GPTModel probe(c);
         EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
       }
+}
+
+// --recompute-modules moe: a MoE layer keeps nothing of its own; backward re-runs its whole
+// forward (router, routing, experts, shared experts) into one buffer set shared by every
+// MoE layer. The same computation on the same input, so training is bit for bit that of
+// keeping it -- with and without shared experts, capacity dropping, the other modules, and
+// interleaved dense layers -- and each micro-batch's routing is counted once in the
+// layers' statistics. Each MoE layer keeps its whole saved set fewer; the shared set is
+// one layer's (with the experts' activation kept) in the scratch.
+TEST(RecomputeModules, MoeTrainsBitwiseAsKeepingIt) {
+  const int L = 3;
+  for (bool llama : {false, true})
+    for (bool shared : {false, true})
+      for (bool dense : {false, true})
+        for (bool others : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} shared {} dense {} others {}", llama ? "llama" : "gpt",
+                                   shared, dense, others));
+          TransformerConfig c = model::test::tiny(llama, L, 0.1);
+          c.dtype = DType::F64, c.add_bias_linear = false;
+          c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
+          c.moe.aux_loss_coeff = 1e-2, c.moe.z_loss_coeff = 1e-3;
+          if (shared) c.moe.shared_ffn_hidden_size = 10, c.moe.shared_expert_gate = true;
+          if (others) c.moe.capacity_factor = 1.0;  // tokens dropped, deterministically
+          if (dense) c.moe.layer_pattern = {1, 0, 1};
+          const int moe_layers = dense ? 2 : L;
+          c.recompute = RC::Selective, c.recompute_core_attn = others;
+          c.recompute_norms = others, c.recompute_shared_experts = others && shared;
+          auto stats = [&](GPTModel& m) {
+            std::vector<double> v;
+            auto& b = m.stage().block(0);
+            for (int i = 0; i < b.size(); ++i)
+              if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp())) {
+                const auto& s = l->stats();
+                v.insert(v.end(), s.tokens_per_expert.begin(), s.tokens_per_expert.end());
+                v.push_back(s.aux_loss), v.push_back(s.z_loss), v.push_back(double(s.forwards));
+              }
+            return v;
+          };
+          std::vector<double> ref_stats, rc_stats;
+          const Training ref = train(c, [&](GPTModel& m) { ref_stats = stats(m); });
+          GPTModel plain(c);
+          c.recompute_moe = true;
+          const Training t = train(c, [&](GPTModel& m) { rc_stats = stats(m); });
+          expect_same_training(t, ref);
+          EXPECT_EQ(rc_stats, ref_stats);
+          ASSERT_EQ(ref_stats.size(), size_t(moe_layers) * 7);
+          EXPECT_EQ(ref_stats[6], 6.0);  // 3 steps x 2 micro-batches, each counted once
+          // What one MoE layer saves (keeping its activation, the shared set's setting) is
+          // what each layer keeps no more, and what the scratch holds once more.
+          const model::StepContext d =
+              model::make_step_context(c, c.seq_length, 2, model::StepKeys{}, nullptr);
+          auto& mlp = plain.stage().block(0).layer(dense ? 0 : 1).mlp();
+          auto one = mlp.new_saved();
+          const int64_t set = model::predicted_bytes(
+              [&](const model::TensorVisitor& v) { mlp.saved_specs(d, true, *one, v); });
+          auto kept = mlp.new_saved();
+          const int64_t per_layer = model::predicted_bytes(
+              [&](const model::TensorVisitor& v) { mlp.saved_specs(d, false, *kept, v); });
+          ASSERT_GT(per_layer, 0);
+          EXPECT_EQ(t.saved, ref.saved - moe_layers * per_layer);
+          EXPECT_EQ(t.scratch, ref.scratch + set);
+          GPTModel probe(c);
+          EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
+        }
 }

@@ -510,6 +510,43 @@ TEST(GpuMoeModel, Bf16CloseToCpu) {
   std::printf("[moe bf16] loss %.6f vs cpu f32 %.6f, grad sq %.3e\n", lg, lc, sq);
 }
 
+// --recompute-modules moe on the GPU (device routing, grouped GEMMs on side streams): the
+// MoE layers' forward re-run in backward gives the bits of keeping it -- losses, every
+// gradient, and the routing statistics, each micro-batch counted once.
+TEST(GpuMoeModel, Bf16RecomputeMoeGivesTheBitsOfKeepingIt) {
+  MCPP_REQUIRE_GPU();
+  for (bool sigmoid : {false, true}) {
+    TransformerConfig c = sigmoid ? sigmoid_cfg(Device::CUDA, DType::BF16)
+                                  : moe_cfg(Device::CUDA, DType::BF16);
+    c.recompute = TransformerConfig::Recompute::Selective;
+    GPTModel ref(c);
+    c.recompute_moe = true;
+    GPTModel rc(c);
+    ops::copy(ref.params().flat_params(), rc.params().flat_params(), GS());
+    ref.params().zero_grads(), rc.params().zero_grads();
+    for (int j = 0; j < 2; ++j) {
+      auto mb = batch(23 + j, 2, 64);
+      model::StepKeys k;
+      k.iteration = 1, k.sample_offset = 2 * j, k.global_batch = 4;
+      const double a = ref.forward(mb, k), b = rc.forward(mb, k);
+      EXPECT_EQ(a, b) << "micro-batch " << j;
+      ref.backward(1.0 / 256), rc.backward(1.0 / 256);
+    }
+    const Tensor ga = to_cpu(ref.params().flat_grads()), gb = to_cpu(rc.params().flat_grads());
+    ASSERT_EQ(ga.nbytes(), gb.nbytes());
+    EXPECT_EQ(std::memcmp(ga.raw(), gb.raw(), ga.nbytes()), 0) << (sigmoid ? "sigmoid" : "");
+    const auto la = moe_layers(ref), lb = moe_layers(rc);
+    ASSERT_EQ(la.size(), lb.size());
+    for (size_t i = 0; i < la.size(); ++i) {
+      la[i]->sync_stats(), lb[i]->sync_stats();
+      EXPECT_EQ(la[i]->stats().tokens_per_expert, lb[i]->stats().tokens_per_expert) << i;
+      EXPECT_EQ(la[i]->stats().aux_loss, lb[i]->stats().aux_loss) << i;
+      EXPECT_EQ(la[i]->stats().z_loss, lb[i]->stats().z_loss) << i;
+    }
+    EXPECT_LT(rc.activation_memory().per_slot_max, ref.activation_memory().per_slot_max);
+  }
+}
+
 // ops::StreamFork, as the experts use it (model/moe/experts.cpp): per-expert GEMMs of very
 // different row counts (none, one, a ragged tile, several waves) spread over four side
 // streams, forward and both backward GEMMs, the weight gradients accumulated twice, give the

@@ -72,8 +72,9 @@ parallel|resume|same|exact)
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" > "$out.log" 2>&1 ||
       { cat "$out.log"; exit 1; }
     compare_losses "$d/serial.log" "$out.log"
-    # MoE: the logged aux losses too (summed over CP, averaged over DP as one process logs them)
-    for f in load_balancing_loss seq_load_balancing_loss z_loss; do
+    # MoE and MTP: the logged aux and MTP losses too (summed over CP, averaged over DP as one
+    # process logs them)
+    for f in load_balancing_loss seq_load_balancing_loss z_loss "mtp_1 loss" "mtp_2 loss"; do
       grep -q "| $f: " "$d/serial.log" && compare_losses "$d/serial.log" "$out.log" 1 "$f"
     done
     if [ $mode = exact ]; then
@@ -84,7 +85,8 @@ parallel|resume|same|exact)
         --save "$stop.ckpt" > "$stop.resumed.log" 2>&1 || { cat "$stop.resumed.log"; exit 1; }
       grep -q "successfully loaded checkpoint" "$stop.resumed.log" ||
         { echo "FAIL: did not load"; exit 1; }
-      for f in "lm loss" "grad norm"; do
+      for f in "lm loss" "grad norm" "mtp_1 loss"; do
+        grep -q "| $f: " "$out.log" || continue
         a=$(losses "$out.log" "$f" | awk '$1>10'); b=$(losses "$stop.resumed.log" "$f")
         if [ "$(wc -l <<<"$a")" -ne 10 ] || [ "$a" != "$b" ]; then
           echo "FAIL: $f of iterations 11-20, straight / resumed:"

@@ -67,6 +67,34 @@ TEST(Flops, GqaAndSwigluClosedForm) {
   EXPECT_DOUBLE_EQ(mha - num_floating_point_operations(m, 2), 32.0 * 6 * 64 * 176 * 2);
 }
 
+// Multi-token prediction (Megatron's terms): D more layers (MoE ones when the last layer
+// is), their norms and eh_proj 6·D·(3h + 2h²) per token, D more logits GEMMs.
+TEST(Flops, MultiTokenPredictionTerms) {
+  FlopsShape m;  // GqaAndSwigluClosedForm's shape: 18874368 FLOPs without MTP
+  m.num_layers = 2, m.hidden_size = 64, m.num_attention_heads = 8, m.num_query_groups = 2;
+  m.kv_channels = 8, m.ffn_hidden_size = 176, m.padded_vocab_size = 128, m.seq_length = 16;
+  m.swiglu = true, m.mtp_num_layers = 1;
+  // One more dense layer 32·(6·64·176·3 + 61440) + 512·384, the logits 32·6·64·128, the
+  // MTP terms 32·6·(3·64 + 2·64·64).
+  const double layer = 32.0 * (6 * 64 * 176 * 3 + 61440) + 512.0 * 384;
+  const double mtp = 32.0 * 6 * 64 * 128 + 32.0 * 6 * (3 * 64 + 2 * 64 * 64);
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(m, 2), 18874368.0 + layer + mtp);
+  // A MoE model whose last layer is MoE: the MTP layer runs k experts of width 32 (top-2).
+  m.num_moe_layers = 2, m.moe_ffn_hidden_size = 32, m.moe_topk = 2, m.last_layer_moe = true;
+  const double with_mtp = num_floating_point_operations(m, 2);
+  m.mtp_num_layers = 0;
+  const double moe_layer = 32.0 * (6 * 64 * 64 * 3 + 61440) + 512.0 * 384;
+  EXPECT_DOUBLE_EQ(with_mtp - num_floating_point_operations(m, 2), moe_layer + mtp);
+  // from_args reads --mtp-num-layers and whether the last layer is MoE.
+  Args a = parse_and_validate(with(base_argv(), {"--position-embedding-type", "rope",
+                                          "--mtp-num-layers", "2", "--num-experts", "4",
+                                          "--disable-bias-linear", "--moe-layer-freq",
+                                          "([1]+[0]*1)"}));
+  a.padded_vocab_size = 128;
+  EXPECT_EQ(FlopsShape::from_args(a).mtp_num_layers, 2);
+  EXPECT_FALSE(FlopsShape::from_args(a).last_layer_moe);
+}
+
 TEST(Flops, FromArgsUsesDerivedShape) {
   Args a = parse_and_validate(
       with(base_argv(), {"--swiglu", "--group-query-attention", "--num-query-groups", "2"}));

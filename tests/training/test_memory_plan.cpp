@@ -173,6 +173,31 @@ TEST(MemoryPlan, FitAdvice) {
         << adv;
     EXPECT_EQ(adv.find("alone not enough: "), std::string::npos) << adv;  // 8 GiB short: fits
   }
+  // A MoE model: the MoE layers re-run whole in backward (--recompute-modules ... moe) is
+  // proposed with what it saves by the plan, which is what the plan of that setting says.
+  {
+    Args b = parse_and_validate(
+        with(without(xl, "--keep-mlp-activations"),
+             {"--num-experts", "8", "--moe-ffn-hidden-size", "2048", "--disable-bias-linear",
+              "--swiglu", "--moe-grouped-gemm"}),
+        1);
+    b.padded_vocab_size = a.padded_vocab_size;
+    const auto c = model_config(b, Device::CUDA, DType::BF16);
+    const int64_t need = plan_stage_memory(b, c, 0).total();
+    Args r = b;
+    r.recompute_granularity = "selective", r.recompute_modules = {"core_attn", "moe"};
+    auto rc = c;
+    rc.recompute = model::TransformerConfig::Recompute::Selective, rc.recompute_moe = true;
+    const int64_t saved = need - plan_stage_memory(r, rc, 0).total();
+    EXPECT_GT(saved, int64_t(4) << 30);  // 24 layers of MoE activations, one set kept
+    const std::string adv = memory_fit_advice(b, c, 0, need - (int64_t(2) << 30));
+    EXPECT_NE(adv.find(fmt::format("--recompute-granularity selective --recompute-modules "
+                                   "core_attn moe ({:.0f} MiB less; fits)",
+                                   double(saved) / 1048576.0)),
+              std::string::npos)
+        << adv;
+    EXPECT_EQ(adv.find("core_attn mlp"), std::string::npos) << adv;  // no dense layer
+  }
   // Far too little: even no kept layer fits.
   const std::string tiny = memory_fit_advice(a, cfg, 0, int64_t(1) << 30);
   EXPECT_NE(tiny.find("alone not enough"), std::string::npos) << tiny;

@@ -562,8 +562,35 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
                  {"applies to --recompute-granularity selective"}, 2);
   a = parse_and_validate(pp({"--recompute-activations", "--recompute-modules", "mlp"}), 2);
   EXPECT_TRUE(model_config(a, Device::CPU, DType::F32).recompute_mlp);
+  expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mla_up_proj"}),
+                 {"--recompute-modules mla_up_proj is not implemented yet"}, 2);
+  // moe: the MoE layers whole; --moe-layer-recompute, Megatron's deprecated spelling, adds
+  // it to the default modules (or to the ones given) under selective granularity.
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "moe"}),
-                 {"--recompute-modules moe is not implemented yet"}, 2);
+                 {"--recompute-modules moe: this model has no MoE layers"}, 2);
+  const std::initializer_list<std::string> moe4 = {"--num-experts", "4", "--disable-bias-linear"};
+  a = parse_and_validate(with(pp({"--recompute-activations", "--recompute-modules", "moe"}), moe4),
+                         2);
+  cfg = model_config(a, Device::CPU, DType::F32);
+  EXPECT_TRUE(cfg.recompute_moe && !cfg.recompute_core_attn && !cfg.recompute_mlp);
+  a = parse_and_validate(with(pp({"--moe-layer-recompute"}), moe4), 2);
+  EXPECT_EQ(a.recompute_granularity, std::optional<std::string>("selective"));
+  EXPECT_EQ(a.recompute_modules, (std::vector<std::string>{"core_attn", "moe"}));
+  EXPECT_TRUE(model_config(a, Device::CPU, DType::F32).recompute_moe);
+  a = parse_and_validate(with(pp({"--moe-layer-recompute", "--recompute-granularity", "selective",
+                                  "--recompute-modules", "layernorm", "moe"}),
+                              moe4),
+                         2);
+  EXPECT_EQ(a.recompute_modules, (std::vector<std::string>{"layernorm", "moe"}));
+  expect_invalid(with(pp({"--moe-layer-recompute", "--recompute-granularity", "full",
+                          "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
+                      moe4),
+                 {"--moe-layer-recompute with --recompute-granularity full"}, 2);
+  expect_invalid(with(pp({"--moe-layer-recompute"}), {"--num-experts", "4", "--disable-bias-linear",
+                                                      "--fp8-format", "hybrid", "--bf16"}),
+                 {"--recompute-modules moe with --fp8-format"}, 2);
+  expect_invalid(with(pp({"--moe-layer-recompute", "--keep-mlp-activations", "1"}), moe4),
+                 {"--recompute-modules moe recomputes what --keep-mlp-activations 1 asks"}, 2);
   // moe_act: what the MoE layers always do (unless --keep-mlp-activations); Megatron's
   // requirements kept.
   const std::vector<std::string> moe_flags = {"--num-experts", "4", "--disable-bias-linear",
@@ -604,6 +631,37 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "layernorm",
                      "--fp8-format", "hybrid", "--bf16"}),
                  {"--recompute-modules layernorm with --fp8-format"}, 2);
+}
+
+// --mtp-num-layers / --mtp-loss-scaling-factor: into the model config; Megatron's RoPE
+// requirement; what is not implemented yet is refused with the flag named.
+TEST(Validate, MultiTokenPrediction) {
+  const std::initializer_list<std::string> rope = {"--position-embedding-type", "rope"};
+  Args a = parse_and_validate(with(with(base_argv(), rope), {"--mtp-num-layers", "2",
+                                                             "--mtp-loss-scaling-factor", "0.3"}));
+  auto cfg = model_config(a, Device::CPU, DType::F32);
+  EXPECT_EQ(cfg.mtp_num_layers, 2);
+  EXPECT_EQ(cfg.mtp_loss_scaling_factor, 0.3);
+  EXPECT_EQ(model_config(parse_and_validate(base_argv()), Device::CPU, DType::F32).mtp_num_layers,
+            0);
+  // 0 is Megatron's "no MTP"; the factor alone scales nothing.
+  EXPECT_EQ(parse_and_validate(with(base_argv(), {"--mtp-num-layers", "0"})).mtp_num_layers,
+            std::optional<int64_t>(0));
+  expect_invalid(with(base_argv(), {"--mtp-loss-scaling-factor", "0.5"}),
+                 {"--mtp-loss-scaling-factor 0.5 without --mtp-num-layers"});
+  expect_invalid(with(base_argv(), {"--mtp-num-layers", "-1"}),
+                 {"--mtp-num-layers -1 must not be negative"});
+  expect_invalid(with(base_argv(), {"--mtp-num-layers", "1"}),
+                 {"--mtp-num-layers with --position-embedding-type learned_absolute",
+                  "rotary"});
+  auto mtp = with(with(base_argv(), rope), {"--mtp-num-layers", "1"});
+  expect_invalid(with(mtp, {"--pipeline-model-parallel-size", "2"}),
+                 {"--mtp-num-layers with --pipeline-model-parallel-size 2 is not implemented"}, 2);
+  expect_invalid(with(mtp, {"--context-parallel-size", "2"}),
+                 {"--mtp-num-layers with --context-parallel-size 2 is not implemented"}, 2);
+  expect_invalid(with(mtp, {"--fp8-format", "hybrid", "--bf16"}),
+                 {"--mtp-num-layers with --fp8-format is not implemented"});
+  expect_invalid(with(mtp, {"--ckpt-format", "torch"}), {"--mtp-num-layers", "legacy layout"});
 }
 
 TEST(Validate, KeepMlpActivations) {

@@ -342,6 +342,9 @@ void check_exportable(const model::TransformerConfig& c, const ExportOptions& o,
   MCPP_CHECK_HINT(!c.mla.on, hint,
                   "multi-latent attention models in Megatron's legacy format (--ckpt-format "
                   "torch) are not implemented yet");
+  MCPP_CHECK_HINT(c.mtp_num_layers == 0, hint,
+                  "multi-token prediction layers in Megatron's legacy format (--ckpt-format "
+                  "torch) are not implemented yet");
   MCPP_CHECK_HINT(o.tp >= 1 && c.num_query_groups % o.tp == 0 &&
                       c.num_attention_heads % o.tp == 0 && c.ffn_hidden_size % o.tp == 0 &&
                       c.padded_vocab_size % o.tp == 0,

@@ -166,6 +166,8 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   unsupported(arg(a, "num_experts") != nullptr && i64("num_experts") > 0, "mixture of experts");
   unsupported(flag("qk_layernorm", false), "--qk-layernorm");
   unsupported(flag("multi_latent_attention", false), "multi-latent attention");
+  unsupported(arg(a, "mtp_num_layers") != nullptr && i64("mtp_num_layers") > 0,
+              "multi-token prediction layers");
   unsupported(arg(a, "decoder_first_pipeline_num_layers") != nullptr ||
                   arg(a, "decoder_last_pipeline_num_layers") != nullptr,
               "an uneven pipeline split");
