@@ -18,7 +18,10 @@ void LmHead::add_params(const TransformerConfig& c, bool first_stage,
     ColumnParallelLinear::add_params(c, "output_layer", -1, c.padded_vocab_size, c.hidden_size,
                                      TpSplit::Rows, c.init_method_std, false, params);
     params.back().embedding_or_output = true;  // --decoupled-lr's group
-  } else if (!first_stage) {  // the tied output weight: a copy of the first stage's
+  }
+  // The tied output weight -- or, with MTP layers, the word embedding they read -- on a last
+  // stage without the embedding: a copy of the first stage's, its gradient summed with it.
+  if (!first_stage && (c.tie_embeddings || c.mtp_num_layers > 0)) {
     params.push_back(make_param("embedding.word_embeddings.weight",
                                 {c.padded_vocab_size, c.hidden_size}, TpSplit::Rows, Init::Normal,
                                 c.init_method_std, true, -1, c.tp_size));

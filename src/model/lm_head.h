@@ -27,8 +27,9 @@ struct PendingLoss {
 
 class LmHead {
  public:
-  // The final norm, and the output layer (untied), or on a last stage without the
-  // embedding the tied word embedding's copy (pipeline_duplicate).
+  // The final norm, and the output layer (untied), and on a last stage without the
+  // embedding the word embedding's copy (pipeline_duplicate) when the output layer is tied
+  // to it or MTP layers read it.
   static void add_params(const TransformerConfig& c, bool first_stage,
                          std::vector<ParamInfo>& params);
   LmHead() = default;

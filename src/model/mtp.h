@@ -22,7 +22,9 @@
 // Parameters (Megatron's names, depth k is mtp.layers.{k-1}): enorm, hnorm, eh_proj.weight
 // [H, 2H], final_layernorm, and the transformer layer's under mtp_model_layer. eh_proj is
 // whole on every TP rank (its gradient summed over TP under SP, as a norm's); the layer is
-// tensor- (and expert-) parallel as the decoder's.
+// tensor- (and expert-) parallel as the decoder's. The depths run on the last pipeline
+// stage, reading the word embedding there (under PP a copy of the first stage's, LmHead's
+// pipeline_duplicate).
 #pragma once
 #include <memory>
 #include <vector>

@@ -45,10 +45,10 @@ Stage::Stage(const TransformerConfig& c, const PipelinePart& part, const ParamSt
   blocks_.reserve(part_.chunks.size());
   for (const auto& ch : part_.chunks) blocks_.emplace_back(c, ch, store);
   if (part_.last_stage && c.mtp_num_layers > 0) {
-    // The depths read the model's embedding: on the stage of the head (refused at start-up
-    // under pipeline parallelism).
-    MCPP_CHECK(part_.first_stage, "multi-token prediction needs the embedding on the last "
-                                  "pipeline stage");
+    // The depths read the model's word embedding: the first stage's, or on a last stage
+    // without it the copy LmHead registers (summed over the embedding group, as Megatron
+    // shares it with the MTP stage).
+    if (!part_.first_stage) embedding_ = Embedding(c, store);
     for (int k = 0; k < int(c.mtp_num_layers); ++k) mtp_.emplace_back(c, k, store);
   }
 }

@@ -22,6 +22,9 @@ std::vector<std::pair<std::string, double>> mtp_finish_global_batch(
     if (M > 0) v[k] /= double(M);
     st.losses[k].clear(), st.tokens[k].clear();  // the next global batch starts counting
   }
+  // The last stage holds the depths: summed over the pipeline, so that whichever rank prints
+  // the log line has them, then averaged over DP.
+  if (ps.layout().pp() > 1) parallel::sum_over(ps.pp(), v);
   parallel::sum_over(data_cp_group(ps), v);
   std::vector<std::pair<std::string, double>> out;
   for (size_t k = 0; k < size_t(D); ++k)

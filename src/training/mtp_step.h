@@ -1,6 +1,6 @@
 // Once per global batch: the MTP depths' losses for the log line (model/mtp.h), Megatron's
 // "mtp_k loss": per depth the mean over this rank's micro-batches of L_k / n_k, averaged
-// over DP. Collective over DP; every rank calls it every step (no-op without MTP).
+// over DP. Collective over PP and DP; every rank calls it every step (no-op without MTP).
 #pragma once
 #include <string>
 #include <utility>

@@ -107,7 +107,10 @@ void Trainer::State::setup_parallel() {
       std::find(a.cp_comm_type.begin(), a.cp_comm_type.end(), "a2a+p2p") == a.cp_comm_type.end())
     log::info("--hierarchical-context-parallel-sizes: no layer uses --cp-comm-type a2a+p2p, "
               "the only exchange its groups shape");
-  sizes.untie_embeddings = a.untie_embeddings_and_output_weights;
+  // With MTP layers the last stage holds a copy of the word embedding (they read it): the
+  // embedding group spans the first and last stages as for a tied output weight.
+  sizes.untie_embeddings =
+      a.untie_embeddings_and_output_weights && a.mtp_num_layers.value_or(0) == 0;
   // Expert parallelism: Megatron's expert rank grid, EP folded over the attention ranks
   // (validate_moe checked ETP x EP divides TP x CP x DP).
   sizes.ep = int(a.expert_model_parallel_size);

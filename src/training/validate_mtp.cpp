@@ -21,12 +21,6 @@ void validate_mtp(const Args& a) {
                   "--mtp-num-layers with --position-embedding-type {}: multi-token prediction "
                   "needs rotary positions (Megatron asserts the same)",
                   a.position_embedding_type);
-  MCPP_CHECK_HINT(a.pipeline_model_parallel_size == 1,
-                  "drop --pipeline-model-parallel-size (or --mtp-num-layers)",
-                  "--mtp-num-layers with --pipeline-model-parallel-size {} is not implemented "
-                  "yet by megatron.cpp (the MTP layers read the embedding, which lives on the "
-                  "first stage)",
-                  a.pipeline_model_parallel_size);
   MCPP_CHECK_HINT(a.context_parallel_size == 1,
                   "drop --context-parallel-size (or --mtp-num-layers)",
                   "--mtp-num-layers with --context-parallel-size {} is not implemented yet by "
