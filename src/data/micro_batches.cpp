@@ -36,7 +36,23 @@ model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& 
                 mb.key_start.data<int64_t>() + i * S);
     }
   }
-  return split_for_context_parallel(mb, b.cp_size, b.cp_rank);
+  model::MicroBatch out = split_for_context_parallel(mb, b.cp_size, b.cp_rank);
+  if (b.mtp_depths > 0 && b.cp_size > 1) {
+    // Multi-token prediction: the roll crosses the CP ranks' chunks, so it happens here, on
+    // the whole sequence, before the cut; the token counts are the whole sequence's.
+    auto tokens = [](const Tensor& mask) {
+      double n = 0;
+      for (int64_t i = 0; i < mask.numel(); ++i) n += mask.data<float>()[i];
+      return n;
+    };
+    out.mtp_tokens.push_back(tokens(mb.loss_mask));
+    for (int64_t k = 1; k <= b.mtp_depths; ++k) {
+      const model::MicroBatch r = model::mtp_rolled(mb, k);
+      out.mtp_tokens.push_back(tokens(r.loss_mask));
+      out.mtp.push_back(split_for_context_parallel(r, b.cp_size, b.cp_rank));
+    }
+  }
+  return out;
 }
 
 LocalBatch load_local_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,

@@ -19,6 +19,9 @@ struct BatchShape {
   int64_t dp_size = 1, dp_rank = 0;
   int64_t cp_size = 1, cp_rank = 0;  // context parallelism: this rank's two chunks (cp_split.h)
   bool reset_position_ids = false, reset_attention_mask = false;  // MicroBatch's optional fields
+  // --mtp-num-layers: under context parallelism each micro-batch carries the depths' rolled
+  // batches and the whole sequence's token counts (MicroBatch::mtp).
+  int64_t mtp_depths = 0;
 };
 
 // This rank's micro-batches of one global batch.

@@ -215,7 +215,8 @@ struct TransformerConfig {
   std::vector<CpComm> cp_comm;  // per layer; empty: P2P everywhere
   int64_t seq_cp() const { return seq_length / cp_size; }  // this CP rank's tokens
   CpComm cp_comm_of(int layer) const {
-    return size_t(layer) < cp_comm.size() ? cp_comm[size_t(layer)] : CpComm::P2P;
+    if (is_mtp_layer(layer)) layer = int(num_layers) - 1;  // built like the last layer
+    return layer >= 0 && size_t(layer) < cp_comm.size() ? cp_comm[size_t(layer)] : CpComm::P2P;
   }
 
   // The attention core's softmax scale: 1/sqrt(kv_channels); under MLA Megatron's

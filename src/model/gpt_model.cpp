@@ -215,6 +215,7 @@ GPTModel::ChunkOutput GPTModel::forward_chunk(int chunk, int microbatch, const M
       sv.mtp = true, sv.tokens = 0;
       const float* mask = mb.loss_mask.data<float>();
       for (int64_t i = 0; i < mb.loss_mask.numel(); ++i) sv.tokens += mask[i];
+      if (!mb.mtp_tokens.empty()) sv.tokens = mb.mtp_tokens[0];  // the whole sequence's (CP)
       const Tensor* h = &sv.saved.head.lnf.y;  // h_0: the decoder's output after its norm
       for (size_t k = 0; k < mtp.size(); ++k) {
         auto& ms = sv.saved.mtp[k];

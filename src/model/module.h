@@ -42,7 +42,16 @@ namespace mcpp::model {
 struct MicroBatch {
   Tensor tokens, labels, loss_mask;
   Tensor position_ids, key_start;
+  // Multi-token prediction under context parallelism (made by data/micro_batches.cpp):
+  // mtp[k-1] holds tokens, labels and loss mask rolled k places left over the whole
+  // sequence, then cut as the others; mtp_tokens the whole sequence's loss-mask sums, [0]
+  // this batch's and [k] depth k's. Empty: the MTP layers roll the batch themselves.
+  std::vector<MicroBatch> mtp;
+  std::vector<double> mtp_tokens;
 };
+// Depth k's batch of multi-token prediction (model/mtp.h): tokens, labels and loss mask
+// [B,S] rolled k places left along S, zeros rolled in (Megatron's roll_tensor, k times).
+MicroBatch mtp_rolled(const MicroBatch& mb, int64_t k);
 
 // The part of the model one pipeline stage holds.
 struct PipelinePart {

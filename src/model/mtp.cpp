@@ -27,6 +27,19 @@ Tensor rolled(const Tensor& x, int64_t k) {
 
 }  // namespace
 
+MicroBatch mtp_rolled(const MicroBatch& mb, int64_t k) {
+  for (const Tensor* t : {&mb.tokens, &mb.labels, &mb.loss_mask})
+    MCPP_CHECK(t->dim() == 2 && t->device() == Device::CPU,
+               "multi-token prediction: the micro-batch must arrive on the host as [B, S], got "
+               "{}",
+               t->str());
+  MicroBatch r;
+  r.tokens = rolled<int64_t>(mb.tokens, k);
+  r.labels = rolled<int64_t>(mb.labels, k);
+  r.loss_mask = rolled<float>(mb.loss_mask, k);
+  return r;
+}
+
 void MtpLayer::add_params(const TransformerConfig& c, int depth, std::vector<ParamInfo>& params) {
   const std::string p = mtp_prefix(depth);
   const int64_t H = c.hidden_size;
@@ -78,15 +91,21 @@ PendingLoss MtpLayer::forward(const Tensor& h_prev, const MicroBatch& mb, Saved&
                               Workspace& ws, const StepContext& cx, const Embedding& emb) const {
   Stream& st = cx.stream();
   const int64_t k = depth_ + 1, H = cx.H;
-  MCPP_CHECK(mb.tokens.device() == Device::CPU && mb.labels.device() == Device::CPU &&
-                 mb.loss_mask.device() == Device::CPU,
-             "multi-token prediction: the micro-batch must arrive on the host");
-  // This depth's batch: every [B,S] tensor rolled k places left, zeros rolled in.
-  s.mb.tokens = rolled<int64_t>(mb.tokens, k);
-  s.mb.labels = rolled<int64_t>(mb.labels, k);
-  s.mb.loss_mask = rolled<float>(mb.loss_mask, k);
-  s.n = 0;
-  for (int64_t i = 0; i < s.mb.loss_mask.numel(); ++i) s.n += s.mb.loss_mask.data<float>()[i];
+  // This depth's batch: every [B,S] tensor rolled k places left, zeros rolled in; under
+  // context parallelism rolled over the whole sequence by the data loader, with the whole
+  // sequence's token count.
+  if (!mb.mtp.empty()) {
+    MCPP_CHECK(mb.mtp.size() > size_t(depth_) && mb.mtp_tokens.size() > size_t(k),
+               "multi-token prediction: the micro-batch carries {} rolled batches, depth {} "
+               "needs its own",
+               mb.mtp.size(), k);
+    s.mb = mb.mtp[size_t(depth_)];
+    s.n = mb.mtp_tokens[size_t(k)];
+  } else {
+    s.mb = mtp_rolled(mb, k);
+    s.n = 0;
+    for (int64_t i = 0; i < s.mb.loss_mask.numel(); ++i) s.n += s.mb.loss_mask.data<float>()[i];
+  }
   emb.forward(s.mb.tokens, s.emb, s.e, cx, layer_id(depth_));
   enorm_.forward(s.e, s.en, cx);
   hnorm_.forward(h_prev, s.hn, cx);

@@ -47,7 +47,7 @@ class MtpLayer {
 
   struct Saved {
     MicroBatch mb;     // this depth's tokens, labels and loss mask [B,S] (host, rolled)
-    double n = 0;      // sum of mask_k
+    double n = 0;      // sum of mask_k (over the whole sequence under CP)
     Embedding::Saved emb;
     Tensor e;          // [Tl,H] e_k
     Norm::Saved en, hn;

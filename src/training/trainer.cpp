@@ -32,11 +32,12 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
   // Training steps follow the ramp-up (if any); evaluation uses the full global batch, as
   // Megatron's evaluate().
   const int64_t gbs = training ? step_global_batch() : args.global_batch_size;
-  const data::BatchShape shape{args.micro_batch_size, args.seq_length,
-                               gbs / (args.micro_batch_size * args.data_parallel_size),
-                               args.data_parallel_size, ps->dp_rank(),
-                               args.context_parallel_size, ps->cp_rank(),
-                               args.reset_position_ids, args.reset_attention_mask};
+  data::BatchShape shape{args.micro_batch_size, args.seq_length,
+                         gbs / (args.micro_batch_size * args.data_parallel_size),
+                         args.data_parallel_size, ps->dp_rank(),
+                         args.context_parallel_size, ps->cp_rank(),
+                         args.reset_position_ids, args.reset_attention_mask};
+  shape.mtp_depths = args.mtp_num_layers.value_or(0);
   log->section("batch-generator", true, 2);
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
   log->section("batch-generator", false, 2);

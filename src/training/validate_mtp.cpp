@@ -21,11 +21,6 @@ void validate_mtp(const Args& a) {
                   "--mtp-num-layers with --position-embedding-type {}: multi-token prediction "
                   "needs rotary positions (Megatron asserts the same)",
                   a.position_embedding_type);
-  MCPP_CHECK_HINT(a.context_parallel_size == 1,
-                  "drop --context-parallel-size (or --mtp-num-layers)",
-                  "--mtp-num-layers with --context-parallel-size {} is not implemented yet by "
-                  "megatron.cpp (the rolled tokens cross the CP ranks' chunks)",
-                  a.context_parallel_size);
   MCPP_CHECK_HINT(!a.fp8, "train without --fp8-format (or without --mtp-num-layers)",
                   "--mtp-num-layers with --fp8-format is not implemented yet by megatron.cpp");
 }
