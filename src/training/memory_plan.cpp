@@ -366,53 +366,33 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
     tries.push_back(fmt::format("a smaller --micro-batch-size (now {}; activations are {} of "
                                 "the plan)",
                                 a.micro_batch_size, mib(m.activations())));
-  const bool any_dense = [&] {
-    for (int64_t l = 0; l < cfg.num_layers; ++l)
-      if (!cfg.is_moe_layer(l)) return true;
-    return false;
-  }();
-  if (a.recompute_granularity.value_or("selective") == "selective" && !cfg.recompute_mlp &&
-      any_dense && !a.fp8 && a.keep_mlp_activations == 0) {
-    // Selective recomputation with the dense MLPs' fc1 output recomputed too (the largest
-    // activation of a dense layer): how much it saves by the plan.
+  bool any_dense = false, any_moe = false;
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    (cfg.is_moe_layer(l) ? any_moe : any_dense) = true;
+  // Selective recomputation with one more module (`name`, its config switch `on`): how much
+  // it saves by the plan. mlp: the dense MLPs' fc1 output (a dense layer's largest
+  // activation); moe: the MoE layers whole.
+  auto propose = [&](const char* name, bool model::TransformerConfig::*on, bool applies) {
+    if (a.recompute_granularity.value_or("selective") != "selective" || cfg.*on || !applies ||
+        a.fp8 || a.keep_mlp_activations != 0)
+      return;
     Args b = a;
     model::TransformerConfig c = cfg;
     std::vector<std::string> mods =
         a.recompute_granularity ? a.recompute_modules : std::vector<std::string>{"core_attn"};
-    mods.push_back("mlp");
+    mods.push_back(name);
     b.recompute_granularity = "selective", b.recompute_modules = mods;
     c.recompute = model::TransformerConfig::Recompute::Selective;
     c.recompute_core_attn = std::find(mods.begin(), mods.end(), "core_attn") != mods.end();
-    c.recompute_mlp = true;
-    const int64_t with_mlp = plan_stage_memory(b, c, stage).total();
+    c.*on = true;
+    const int64_t with = plan_stage_memory(b, c, stage).total();
     tries.push_back(fmt::format("--recompute-granularity selective --recompute-modules {} ({} "
                                 "less; {}fits)",
-                                fmt::join(mods, " "), mib(m.total() - with_mlp),
-                                with_mlp <= budget ? "" : "alone not enough: "));
-  }
-  const bool any_moe = [&] {
-    for (int64_t l = 0; l < cfg.num_layers; ++l)
-      if (cfg.is_moe_layer(l)) return true;
-    return false;
-  }();
-  if (a.recompute_granularity.value_or("selective") == "selective" && !cfg.recompute_moe &&
-      any_moe && !a.fp8 && a.keep_mlp_activations == 0) {
-    // The MoE layers re-run whole in backward: how much that saves by the plan.
-    Args b = a;
-    model::TransformerConfig c = cfg;
-    std::vector<std::string> mods =
-        a.recompute_granularity ? a.recompute_modules : std::vector<std::string>{"core_attn"};
-    mods.push_back("moe");
-    b.recompute_granularity = "selective", b.recompute_modules = mods;
-    c.recompute = model::TransformerConfig::Recompute::Selective;
-    c.recompute_core_attn = std::find(mods.begin(), mods.end(), "core_attn") != mods.end();
-    c.recompute_moe = true;
-    const int64_t with_moe = plan_stage_memory(b, c, stage).total();
-    tries.push_back(fmt::format("--recompute-granularity selective --recompute-modules {} ({} "
-                                "less; {}fits)",
-                                fmt::join(mods, " "), mib(m.total() - with_moe),
-                                with_moe <= budget ? "" : "alone not enough: "));
-  }
+                                fmt::join(mods, " "), mib(m.total() - with),
+                                with <= budget ? "" : "alone not enough: "));
+  };
+  propose("mlp", &model::TransformerConfig::recompute_mlp, any_dense);
+  propose("moe", &model::TransformerConfig::recompute_moe, any_moe);
   if (!a.recompute_granularity)
     tries.push_back("--recompute-activations (or --recompute-granularity full)");
   if (a.data_parallel_size > 1 && !a.use_distributed_optimizer)

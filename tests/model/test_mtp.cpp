@@ -22,16 +22,7 @@ using model::TransformerConfig;
 namespace {
 
 model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
-  model::MicroBatch mb;
-  mb.tokens = Tensor::empty({B, S}, DType::I64);
-  mb.labels = Tensor::empty({B, S}, DType::I64);
-  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
-  for (int64_t i = 0; i < B * S; ++i) {
-    mb.tokens.data<int64_t>()[i] = Philox::u32(seed, 1, i) % V;
-    mb.labels.data<int64_t>()[i] = Philox::u32(seed, 2, i) % V;
-    mb.loss_mask.data<float>()[i] = i % 5 == 2 ? 0.f : 1.f;
-  }
-  return mb;
+  return model::test::random_batch(B, S, V, seed);
 }
 
 TransformerConfig mtp_cfg(int64_t depths, double dropout, bool moe) {
@@ -46,16 +37,7 @@ TransformerConfig mtp_cfg(int64_t depths, double dropout, bool moe) {
   return c;
 }
 
-// Norm weights and biases randomised too, so that their gradients are non-trivial.
-void perturb(model::ParamStore& ps) {
-  for (size_t i = 0; i < ps.infos().size(); ++i) {
-    const auto& p = ps.infos()[i];
-    if (p.init == model::Init::Normal) continue;
-    Tensor t = ps.param(i);
-    for (int64_t e = 0; e < t.numel(); ++e)
-      t.data<double>()[e] += 0.2 * Philox::normal(3, hash_name(p.name), e);
-  }
-}
+void perturb(model::ParamStore& ps) { model::test::perturb_norms(ps); }
 
 double mask_sum(const model::MicroBatch& mb) {
   double n = 0;
@@ -91,28 +73,9 @@ void fd_check(const TransformerConfig& cfg) {
   ps.zero_grads();
   m.forward(mb, keys);
   m.backward(1.0);
-  const double h = 1e-5;
-  int checked = 0, mtp_params = 0;
-  for (size_t i = 0; i < ps.infos().size(); ++i) {
-    Tensor w = ps.param(i), g = ps.grad(i);
-    mtp_params += ps.infos()[i].name.rfind("mtp.layers.", 0) == 0;
-    for (int64_t k = 0; k < 4; ++k) {
-      const int64_t e = int64_t(Philox::u32(9, i, k) % uint64_t(w.numel()));
-      double* x = w.data<double>() + e;
-      const double x0 = *x;
-      *x = x0 + h;
-      const double lp = objective(m, mb, keys);
-      *x = x0 - h;
-      const double lm = objective(m, mb, keys);
-      *x = x0;
-      const double fd = (lp - lm) / (2 * h), an = g.data<double>()[e];
-      EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::abs(fd)))
-          << ps.infos()[i].name << "[" << e << "]";
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 4 * int(ps.infos().size()));
-  // enorm, hnorm, eh_proj and final_layernorm weights, and the layer's, per depth.
+  model::test::expect_finite_differences(ps, [&] { return objective(m, mb, keys); });
+  int mtp_params = 0;  // enorm, hnorm, eh_proj and final_layernorm weights, and the layer's
+  for (const auto& p : ps.infos()) mtp_params += p.name.rfind("mtp.layers.", 0) == 0;
   EXPECT_GE(mtp_params, 5 * int(cfg.mtp_num_layers));
 }
 
