@@ -107,7 +107,7 @@ std::vector<Piece> local_pieces(const model::BufferInfo& b, int64_t tp_rank, int
 
 // The tensor itself on the host; a host copy of a device tensor.
 static Tensor on_host(const Tensor& t) {
-  if (t.device() == Device::CPU) return t;
+  if (!t.defined() || t.device() == Device::CPU) return t;
   Tensor h = Tensor::empty(t.shape(), t.dtype());
   ops::copy(t, h, ops::default_stream(t.device()));
   return h;
@@ -135,7 +135,8 @@ RankSnapshot RankSnapshot::view(const model::ParamStore& params, const optim::Ad
 RankSnapshot RankSnapshot::clone() const {
   RankSnapshot s = *this;
   s.params = params.clone();
-  if (exp_avg.defined()) s.exp_avg = exp_avg.clone(), s.exp_avg_sq = exp_avg_sq.clone();
+  if (exp_avg.defined()) s.exp_avg = exp_avg.clone();
+  if (exp_avg_sq.defined()) s.exp_avg_sq = exp_avg_sq.clone();
   for (Tensor& b : s.buffers) b = b.clone();
   return s;
 }
@@ -307,11 +308,12 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
     write(f, tensors);
   }
   if (rank.exp_avg.defined()) {
-    // Both Adam moments in one file: optimizer.exp_avg.<name>, optimizer.exp_avg_sq.<name>.
+    // The moments in one file: optimizer.exp_avg.<name>, optimizer.exp_avg_sq.<name> (SGD's
+    // and Lion's one state buffer as exp_avg).
     const std::string f = file_name("optim", rank.coord, true);
     std::map<std::string, Tensor> tensors;
     add(tensors, f, "optimizer.exp_avg.", rank.exp_avg);
-    add(tensors, f, "optimizer.exp_avg_sq.", rank.exp_avg_sq);
+    if (rank.exp_avg_sq.defined()) add(tensors, f, "optimizer.exp_avg_sq.", rank.exp_avg_sq);
     write(f, tensors);
     rec["optimizer_steps"] = rank.optimizer_steps;
   }
@@ -350,6 +352,7 @@ json write_optimizer_shard(const std::string& tmp_dir, const RankSnapshot& rank,
         const Shape shape = one_d ? Shape{n} : Shape{r1 - r0, c1 - c0};
         for (auto [prefix, src] : {std::pair<const char*, const Tensor*>{"optimizer.exp_avg.", &exp_avg},
                                    std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", &exp_avg_sq}}) {
+          if (!src->defined()) continue;  // SGD and Lion: no second moment
           const std::string key = prefix + p.name;
           const std::string name = fmt::format("{}@dp{}.{}", key, rank.coord.dp, box_no);
           Tensor t = src->narrow(off, n).view(shape);
@@ -419,6 +422,7 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
     }
     if (r.contains("optimizer_steps")) {
       md["has_optimizer"] = true;
+      md["optimizer"] = opts.optimizer;
       st.optimizer_steps = r["optimizer_steps"];
     }
   }
@@ -469,7 +473,9 @@ void save_checkpoint(const std::string& save_dir, std::span<const RankSnapshot> 
 void save_checkpoint(const std::string& save_dir, const model::ParamStore& params,
                      const optim::AdamW* opt, const TrainingState& st, const SaveOptions& opts) {
   RankSnapshot r = RankSnapshot::view(params, opt);
-  save_checkpoint(save_dir, std::span<const RankSnapshot>(&r, 1), st, opts);
+  SaveOptions o = opts;
+  if (opt) o.optimizer = optim::rule_name(opt->rule());
+  save_checkpoint(save_dir, std::span<const RankSnapshot>(&r, 1), st, o);
 }
 
 void save_checkpoint(const std::string& save_dir, const model::GPTModel& m, const optim::AdamW* opt,

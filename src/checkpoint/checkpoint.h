@@ -85,6 +85,9 @@ struct SaveOptions {
   // Multi-rank saves (save_training_checkpoint): the replicas of a shard share its writing
   // (RankSnapshot::dense_share; Megatron's --ckpt-fully-parallel-save, on by default).
   bool fully_parallel = false;
+  // The optimizer whose moments the ranks write (optim::rule_name), recorded beside
+  // has_optimizer.
+  std::string optimizer = "adam";
 };
 
 struct LoadOptions {
@@ -118,6 +121,10 @@ struct LoadOptions {
     int64_t tensors = 0, tensors_read = 0;  // tensors this rank needs / read itself
   };
   Report* report = nullptr;
+  // The optimizer whose moments are loaded (optim::rule_name: "adam" takes exp_avg and
+  // exp_avg_sq, "sgd" and "lion" exp_avg alone); a checkpoint of another optimizer's state
+  // is refused (the metadata's "optimizer"; "adam" when absent).
+  std::string optimizer = "adam";
 };
 
 // ---- one rank's data -----------------------------------------------------------------------

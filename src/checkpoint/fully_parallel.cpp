@@ -59,7 +59,8 @@ std::set<std::string> written_by_others(const RankSnapshot& rank) {
       item(p.name, p.numel(), rank.params.dtype());
       if (rank.exp_avg.defined()) {
         item("optimizer.exp_avg." + p.name, p.numel(), rank.exp_avg.dtype());
-        item("optimizer.exp_avg_sq." + p.name, p.numel(), rank.exp_avg_sq.dtype());
+        if (rank.exp_avg_sq.defined())
+          item("optimizer.exp_avg_sq." + p.name, p.numel(), rank.exp_avg_sq.dtype());
       }
     }
     for (const model::BufferInfo& b : rank.buffer_infos) {

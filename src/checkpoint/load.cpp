@@ -264,11 +264,16 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
                                    const model::ParamStore& params, const Tensor& values,
                                    const Tensor* exp_avg, const Tensor* exp_avg_sq,
                                    const LoadOptions& opts) {
+  const bool adam = opts.optimizer == "adam";  // two moments; SGD and Lion one
   MCPP_CHECK(values.device() == Device::CPU && values.numel() == params.total_numel() &&
-                 (!exp_avg || (exp_avg_sq && exp_avg->device() == Device::CPU &&
+                 (!exp_avg || (exp_avg->device() == Device::CPU &&
                                exp_avg->numel() == params.total_numel() &&
-                               exp_avg_sq->numel() == params.total_numel())),
-             "load_checkpoint_host: host buffers of {} elements expected", params.total_numel());
+                               (adam ? exp_avg_sq && exp_avg_sq->device() == Device::CPU &&
+                                           exp_avg_sq->numel() == params.total_numel()
+                                     : !exp_avg_sq))),
+             "load_checkpoint_host: host buffers of {} elements expected (the {} optimizer's "
+             "moments)",
+             params.total_numel(), opts.optimizer);
   comm::Communicator* group =
       opts.replicas && opts.replicas->size() > 1 ? opts.replicas : nullptr;
   bool exchanged = false;  // the replicas' collective has run (see the catch below)
@@ -331,10 +336,19 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
       MCPP_CHECK_HINT(md.value("has_optimizer", false),
                       "load with --no-load-optim (the optimizer state starts from zero)",
                       "{} was saved without optimizer state (--no-save-optim)", iter_dir);
+      // Checkpoints from before the field are Adam's (the only optimizer then).
+      const std::string saved = md.value("optimizer", std::string("adam"));
+      MCPP_CHECK_HINT(saved == opts.optimizer,
+                      fmt::format("train with --optimizer {}, or load with --no-load-optim "
+                                  "(the {} state then starts from zero)",
+                                  saved, opts.optimizer),
+                      "{} holds the state of the {} optimizer; this run uses --optimizer {}",
+                      iter_dir, saved, opts.optimizer);
       for (const ParamInfo& p : params.infos())
         for (auto [prefix, flat] :
              {std::pair<const char*, const Tensor*>{"optimizer.exp_avg.", exp_avg},
               std::pair<const char*, const Tensor*>{"optimizer.exp_avg_sq.", exp_avg_sq}}) {
+          if (!flat) continue;  // SGD and Lion: no second moment
           const Tensor dst = flat->narrow(p.offset, p.numel());
           if (skipped.count(p.name))  // not in the checkpoint: fresh moments
             std::memset(dst.raw(), 0, dst.nbytes());
@@ -393,9 +407,12 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
                   "load GPU and bf16/f16 models with load_checkpoint_host (the trainer does)",
                   "load_checkpoint reads into host f32/f64 parameters only, not {}",
                   params.flat_params().str());
-  TrainingState st =
-      load_checkpoint_host(load_dir, iteration, params, params.flat_params(),
-                           opt ? &opt->exp_avg() : nullptr, opt ? &opt->exp_avg_sq() : nullptr, opts);
+  LoadOptions o = opts;
+  if (opt) o.optimizer = optim::rule_name(opt->rule());
+  const bool second = opt && opt->exp_avg_sq().defined();
+  TrainingState st = load_checkpoint_host(load_dir, iteration, params, params.flat_params(),
+                                          opt ? &opt->exp_avg() : nullptr,
+                                          second ? &opt->exp_avg_sq() : nullptr, o);
   if (opt && !opts.finetune) opt->set_steps(st.optimizer_steps);
   return st;
 }

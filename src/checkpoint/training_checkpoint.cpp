@@ -16,7 +16,7 @@ namespace mcpp::checkpoint {
 namespace {
 
 Tensor on_host(const Tensor& t) {
-  if (t.device() == Device::CPU) return t;
+  if (!t.defined() || t.device() == Device::CPU) return t;
   Tensor h = Tensor::empty(t.shape(), t.dtype());
   ops::copy(t, h, ops::default_stream(t.device()));
   return h;
@@ -43,6 +43,7 @@ RankSnapshot snapshot(model::ParamStore& params, optim::Optimizer& opt, RankCoor
 
 // A deep host copy (the background writer must not see the next step's values).
 Tensor host_copy(const Tensor& t) {
+  if (!t.defined()) return t;
   Tensor h = Tensor::empty(t.shape(), t.dtype());
   ops::copy(t, h, ops::default_stream(t.device()));
   return h;
@@ -135,9 +136,11 @@ static uint64_t iteration_bytes(const std::string& dir, int64_t iteration) {
 void save_training_checkpoint(const std::string& save_dir, comm::Communicator& world,
                               const parallel::ParallelState& ps, model::ParamStore& params,
                               optim::Optimizer& opt, bool save_optim, const TrainingState& st,
-                              const SaveOptions& o, AsyncSaver* async) {
+                              const SaveOptions& o_in, AsyncSaver* async) {
   Timer t;
   t.start();
+  SaveOptions o = o_in;
+  o.optimizer = optim::rule_name(opt.rule());
   if (world.size() > 1 || opt.state_sharded()) {
     // At most one save in flight: the previous one is committed first (collectively).
     if (async) finalize_async_save(world, *async, /*blocking=*/true);
@@ -213,7 +216,10 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   const DType hd = params.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
   const int64_t total = params.total_numel();
   Tensor values = Tensor::zeros({total}, hd), m, v;
-  if (load_optim) m = Tensor::zeros({total}, hd), v = Tensor::zeros({total}, hd);
+  // The rule's moments (SGD and Lion: exp_avg alone).
+  const bool second = opt.exp_avg_sq().defined();
+  if (load_optim) m = Tensor::zeros({total}, hd);
+  if (load_optim && second) v = Tensor::zeros({total}, hd);
   // Parameters the checkpoint may lack (--dist-ckpt-strictness) keep their initial values:
   // the live ones as the starting point (their moments stay zero).
   if (unexpected_action(o.strictness) != KeyAction::Raise) {
@@ -226,8 +232,10 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   LoadOptions lo = o;
   LoadOptions::Report rep;
   lo.report = &rep;
-  TrainingState st = load_checkpoint_host(load_dir, iteration, params, values,
-                                          load_optim ? &m : nullptr, load_optim ? &v : nullptr, lo);
+  lo.optimizer = optim::rule_name(opt.rule());
+  const Tensor* vp = load_optim && second ? &v : nullptr;
+  TrainingState st =
+      load_checkpoint_host(load_dir, iteration, params, values, load_optim ? &m : nullptr, vp, lo);
   log::info("  checkpoint read (iteration {}): {}",  // ours: how much and how fast
             st.iteration, size_and_rate(iteration_bytes(load_dir, st.iteration), t.elapsed()));
   // What each rank read itself (tensor data, without headers and metadata).
@@ -239,7 +247,7 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   else
     log::info_all("  read {} bytes of tensor data from storage ({} tensors)", rep.bytes_read,
                   rep.tensors);
-  opt.load_state(values, load_optim ? &m : nullptr, load_optim ? &v : nullptr);
+  opt.load_state(values, load_optim ? &m : nullptr, vp);
   if (load_optim) opt.set_steps(st.optimizer_steps);
   return st;
 }

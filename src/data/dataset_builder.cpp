@@ -1,7 +1,11 @@
 #include "data/dataset_builder.h"
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "base/error.h"
@@ -16,7 +20,7 @@ int64_t pad_id_for(std::optional<int64_t> tokenizer_pad, int64_t eod) {
   return *tokenizer_pad;
 }
 
-Blend parse_data_path(const std::vector<std::string>& words_in) {
+Blend parse_data_path(const std::vector<std::string>& words_in, const std::string& flag) {
   std::vector<std::string> words;
   for (const auto& w : words_in) {  // a single quoted argument may hold several words
     std::istringstream is(w);
@@ -24,8 +28,8 @@ Blend parse_data_path(const std::vector<std::string>& words_in) {
   }
   Blend b;
   if (words.empty())
-    throw Error("--data-path is empty",
-                "give a dataset prefix, e.g. --data-path my-gpt2_text_document");
+    throw Error(fmt::format("{} is empty", flag),
+                fmt::format("give a dataset prefix, e.g. {} my-gpt2_text_document", flag));
   if (words.size() == 1) {
     b.prefixes = words;
     return b;
@@ -44,16 +48,64 @@ Blend parse_data_path(const std::vector<std::string>& words_in) {
     for (size_t i = 1; i < words.size(); i += 2) b.prefixes.push_back(words[i]);
     for (double x : w)
       if (!(x >= 0) || !std::isfinite(x))
-        throw Error(fmt::format("--data-path weight {} is not a non-negative number", x));
+        throw Error(fmt::format("{} weight {} is not a non-negative number", flag, x));
     double sum = 0;
     for (double x : w) sum += x;
-    if (!(sum > 0)) throw Error("--data-path weights sum to zero");
+    if (!(sum > 0)) throw Error(fmt::format("{} weights sum to zero", flag));
     for (double& x : w) x /= sum;  // normalize(): float64 division by the float sum
     b.weights = w;
   } else {
     b.prefixes = words;
   }
   return b;
+}
+
+std::vector<std::string> read_data_args_file(const std::string& path) {
+  std::ifstream f(path);
+  MCPP_CHECK_HINT(f.good(), "check --data-args-path (a text file of --data-path words)",
+                  "cannot read --data-args-path {}", path);
+  std::vector<std::string> words;
+  for (std::string w; f >> w;) words.push_back(w);
+  MCPP_CHECK_HINT(!words.empty(), "write the --data-path words into it: PREFIX or W1 P1 W2 P2 ...",
+                  "--data-args-path {} holds no words", path);
+  return words;
+}
+
+std::array<std::optional<std::vector<std::string>>, 3> read_per_split_data_args(
+    const std::string& path) {
+  std::ifstream f(path);
+  const char* fix = "a JSON object {\"train\": ..., \"valid\": ..., \"test\": ...} of "
+                    "--data-path words (a string or a list of strings each)";
+  MCPP_CHECK_HINT(f.good(), fix, "cannot read --per-split-data-args-path {}", path);
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("--per-split-data-args-path {} is not JSON: {}", path, e.what()), fix);
+  }
+  MCPP_CHECK_HINT(j.is_object(), fix, "--per-split-data-args-path {} is not a JSON object", path);
+  std::array<std::optional<std::vector<std::string>>, 3> out;
+  const char* keys[] = {"train", "valid", "test"};
+  for (int i = 0; i < 3; ++i) {
+    MCPP_CHECK_HINT(j.contains(keys[i]), fix, "--per-split-data-args-path {} has no \"{}\" entry",
+                    path, keys[i]);
+    const nlohmann::json& v = j[keys[i]];
+    if (v.is_null()) continue;
+    std::vector<std::string> words;
+    auto add = [&](const nlohmann::json& s) {
+      MCPP_CHECK_HINT(s.is_string(), fix,
+                      "--per-split-data-args-path {}: \"{}\" holds {}, not a string of words",
+                      path, keys[i], s.dump());
+      std::istringstream is(s.get<std::string>());
+      for (std::string w; is >> w;) words.push_back(w);
+    };
+    if (v.is_array())
+      for (const auto& s : v) add(s);
+    else
+      add(v);
+    out[i] = std::move(words);
+  }
+  return out;
 }
 
 namespace {
@@ -136,16 +188,16 @@ Splits build_splits(std::shared_ptr<const LowLevelDataset> low,
 
 }  // namespace
 
-std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
-    const GPTDatasetsArgs& a) {
-  if (a.seq_length <= 0) throw Error("--seq-length must be positive");
-  const GPTDatasetConfig cfg = make_config(a);
-  if (a.mock_data) {
-    auto low = std::make_shared<MockGPTLowLevelDataset>(a.vocab_size, a.eod);
-    return build_splits(low, split_matrix(parse_split("1,1,1")), a.num_samples, cfg, a.reads);
-  }
-  const Blend blend = parse_data_path(a.data_path);
-  const auto matrix = split_matrix(parse_split(a.split));
+namespace {
+
+using Matrix = std::vector<std::optional<std::pair<double, double>>>;
+using Sizes = std::array<std::optional<int64_t>, 3>;
+
+// BlendedMegatronDatasetBuilder.build for one blend and the splits `matrix` names: the
+// prefix's splits directly when `direct` (one prefix), else one mid-level dataset per prefix
+// and split, blended per split.
+Splits build_blend(const Blend& blend, const Matrix& matrix, const Sizes& num_samples,
+                   bool direct, const GPTDatasetConfig& cfg, const GPTDatasetsArgs& a) {
   auto open = [&](const std::string& prefix) {
     auto low = std::make_shared<IndexedLowLevelDataset>(prefix, a.mmap_bin_files);
     if (a.padded_vocab_size > 0)
@@ -153,23 +205,22 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
                                       cached_max_token_id(low->indexed(), a.data_cache_path));
     return low;
   };
-  if (blend.prefixes.size() == 1 && blend.weights.empty())
-    return build_splits(open(blend.prefixes[0]), matrix, a.num_samples, cfg, a.reads);
+  if (direct) return build_splits(open(blend.prefixes[0]), matrix, num_samples, cfg, a.reads);
 
   const size_t P = blend.prefixes.size();
   const bool weighted = !blend.weights.empty();
   // _get_size_per_split_per_dataset: target and (with surplus) buffer sizes.
   auto sizes_for = [&](double w, double surplus) {
-    std::array<std::optional<int64_t>, 3> s{};
+    Sizes s{};
     for (int i = 0; i < 3; ++i)
-      if (a.num_samples[i])
-        s[i] = int64_t(std::ceil(std::ceil(double(*a.num_samples[i]) * w) * (1.0 + surplus)));
+      if (num_samples[i])
+        s[i] = int64_t(std::ceil(std::ceil(double(*num_samples[i]) * w) * (1.0 + surplus)));
     return s;
   };
   std::vector<Splits> per_dataset(P);
   for (size_t p = 0; p < P; ++p) {
     auto low = open(blend.prefixes[p]);
-    std::array<std::optional<int64_t>, 3> sizes{};
+    Sizes sizes{};
     if (weighted) sizes = sizes_for(blend.weights[p], a.mid_level_dataset_surplus);
     per_dataset[p] = build_splits(low, matrix, sizes, cfg, a.reads);
   }
@@ -183,7 +234,7 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
     std::vector<double> weights;
     std::optional<int64_t> size;
     if (weighted) {
-      if (!a.num_samples[i])
+      if (!num_samples[i])
         throw Error(fmt::format("a weighted --data-path needs a sample count for the {} split",
                                 split_name(Split(i))),
                     "this happens with --full-validation; give unweighted prefixes instead");
@@ -194,12 +245,44 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
     } else {
       int64_t sum = 0;
       for (auto& d : ds) weights.push_back(double(d->size())), sum += d->size();
-      if (a.num_samples[i]) size = std::min(*a.num_samples[i], sum);
+      if (num_samples[i]) size = std::min(*num_samples[i], sum);
     }
     out[i] = std::make_shared<BlendedDataset>(std::move(ds), std::move(weights), size, Split(i),
                                               a.data_cache_path);
   }
   return out;
+}
+
+}  // namespace
+
+std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
+    const GPTDatasetsArgs& a) {
+  if (a.seq_length <= 0) throw Error("--seq-length must be positive");
+  GPTDatasetConfig cfg = make_config(a);
+  if (a.mock_data) {
+    auto low = std::make_shared<MockGPTLowLevelDataset>(a.vocab_size, a.eod);
+    return build_splits(low, split_matrix(parse_split("1,1,1")), a.num_samples, cfg, a.reads);
+  }
+  if (std::any_of(a.per_split.begin(), a.per_split.end(), [](auto& w) { return w.has_value(); })) {
+    // Each split from its own blend: the whole of each prefix, as the split Megatron's
+    // builder spoofs ((0, 1) for this split, none for the others); Megatron's split is None.
+    cfg.split_spec = "None";
+    static const char* flags[] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+    Splits out;
+    for (int i = 0; i < 3; ++i) {
+      if (!a.per_split[i]) continue;
+      const Blend blend = parse_data_path(*a.per_split[i], flags[i]);
+      Matrix matrix(3);
+      matrix[i] = std::pair(0.0, 1.0);
+      Sizes sizes{};
+      sizes[i] = a.num_samples[i];
+      out[i] = build_blend(blend, matrix, sizes, blend.prefixes.size() == 1, cfg, a)[i];
+    }
+    return out;
+  }
+  const Blend blend = parse_data_path(a.data_path);
+  const bool direct = blend.prefixes.size() == 1 && blend.weights.empty();
+  return build_blend(blend, split_matrix(parse_split(a.split)), a.num_samples, direct, cfg, a);
 }
 
 }  // namespace mcpp::data

@@ -6,6 +6,11 @@
 //                            blended to sum_i ceil(T*w_i) samples
 //   --data-path P1 P2        blended by the datasets' lengths, min(T, sum len) samples
 //   --mock-data              MockGPTDataset over MockGPTLowLevelDataset, split "1,1,1"
+//   --train-data-path ... --valid-data-path ... --test-data-path ...
+//                            each split from its own blend (blend_per_split): split i
+//                            built as above with the whole of each of its prefixes, a
+//                            single prefix directly (its weight, if any, unused); a split
+//                            without paths is not built
 //
 // Each split i of a prefix with N sequences covers sequences
 // [round(lo_i*N), round(hi_i*N)) (Python's round). A split of zero width is not built
@@ -24,6 +29,10 @@ namespace mcpp::data {
 
 struct GPTDatasetsArgs {
   std::vector<std::string> data_path;  // --data-path words, as given
+  // --train-data-path / --valid-data-path / --test-data-path words (or their
+  // --per-split-data-args-path entries); any set: each split from its own blend, and
+  // data_path and split are unused. nullopt: that split has no data.
+  std::array<std::optional<std::vector<std::string>>, 3> per_split{};
   std::string split = "969, 30, 1";    // --split
   bool mock_data = false;              // --mock-data
   int64_t seq_length = 0;              // --seq-length
@@ -56,7 +65,17 @@ struct Blend {
   std::vector<std::string> prefixes;
   std::vector<double> weights;
 };
-Blend parse_data_path(const std::vector<std::string>& words);
+// flag: the flag the words came from, for the errors.
+Blend parse_data_path(const std::vector<std::string>& words,
+                      const std::string& flag = "--data-path");
+
+// --data-args-path FILE: the --data-path words the file holds (whitespace-separated).
+std::vector<std::string> read_data_args_file(const std::string& path);
+// --per-split-data-args-path FILE: a JSON object whose "train", "valid" and "test" entries
+// each hold the words of that split's --*-data-path (one string, or a list of strings;
+// null: no data for the split). Errors name the file and the entry.
+std::array<std::optional<std::vector<std::string>>, 3> read_per_split_data_args(
+    const std::string& path);
 
 // Returns {train, valid, test}; an entry is null when its split has zero width.
 std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(

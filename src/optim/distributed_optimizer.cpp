@@ -8,7 +8,7 @@
 
 namespace mcpp::optim {
 
-DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
+DistributedAdamW::DistributedAdamW(model::ParamStore& ps, OptimizerConfig cfg,
                                    parallel::DataParallelGrads& grads, bool overlap_param_gather)
     : Optimizer(ps, cfg), grads_(grads), overlap_(overlap_param_gather) {
   MCPP_CHECK(grads.reduce_scatter(), "DistributedAdamW needs reduce-scattered gradients");
@@ -34,9 +34,8 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, AdamWConfig cfg,
     lo_ = Tensor::empty(sh.shape(), DType::U16, sh.device());
   else
     main_ = Tensor::empty(sh.shape(), sd, sh.device());
-  for (Tensor* t : {&m_, &v_}) *t = Tensor::empty(sh.shape(), sd, sh.device());
-  for (Tensor* t : {&main_, &m_, &v_})
-    if (t->defined()) ops::fill(*t, 0.0, st);
+  allocate_state(sh.shape(), sd, sh.device());
+  if (main_.defined()) ops::fill(main_, 0.0, st);
   if (lo_.defined()) ops::clear_main_lo(lo_, st);
   reload_main_params();
   // The layers whose parameters each bucket holds: wait_params(layer) waits for those.
@@ -86,8 +85,13 @@ void DistributedAdamW::load_state(const Tensor& values, const Tensor* exp_avg,
   else
     ops::copy(values, ps_.flat_params(), st);
   reload_main_params(values);
-  MCPP_CHECK(!exp_avg == !exp_avg_sq, "DistributedAdamW::load_state: both moments or neither");
-  if (exp_avg) scatter_state(*exp_avg, *exp_avg_sq);
+  MCPP_CHECK(!exp_avg_sq || v_.defined(),
+             "DistributedAdamW::load_state: a second moment given to the {} rule",
+             rule_name(cfg_.rule));
+  MCPP_CHECK(!exp_avg == !exp_avg_sq || !v_.defined(),
+             "DistributedAdamW::load_state: both moments or neither");
+  if (exp_avg) scatter_state(*exp_avg, exp_avg_sq);
+  set_state_loaded(exp_avg != nullptr);
 }
 
 void DistributedAdamW::reload_main_params() {
@@ -139,10 +143,6 @@ int64_t DistributedAdamW::state_bytes() const {
 void DistributedAdamW::step(double lr, double wd) {
   ++step_;
   Stream& st = ops::default_stream(m_.device());
-  ops::AdamWParams p;
-  p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
-  p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
-  grad_scale_ = 1.0;
   // A 16-bit model: each segment's updated main params go, rounded, straight into this
   // rank's own block of the model's flat parameters (a segment is one contiguous span of
   // both), which the all-gather below then sends in place.
@@ -153,19 +153,13 @@ void DistributedAdamW::step(double lr, double wd) {
   if (overlap_) wait_params_all();
   const auto& infos = ps_.infos();
   for (const auto& s : segs_) {
-    p.weight_decay = infos[s.param].weight_decay ? wd : 0.0;
-    p.lr = lr_of(s.param, lr);  // --decoupled-lr
-    Tensor g = grads_.shard().narrow(s.shard, s.len);
-    Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
+    auto shard = [&](const Tensor& t) { return t.defined() ? t.narrow(s.shard, s.len) : t; };
     Tensor model = cast ? flat.narrow(s.flat, s.len) : Tensor();
-    if (lo_.defined()) {
-      Tensor lo = lo_.narrow(s.shard, s.len);
-      ops::adamw_step_split(model, lo, g, m, v, p, st);
-      continue;
-    }
-    Tensor w = main_.narrow(s.shard, s.len);
-    ops::adamw_step(w, g, m, v, model, p, st);
+    // --decoupled-lr: lr_of
+    update_span(shard(main_), shard(lo_), shard(grads_.shard()), shard(m_), shard(v_), model,
+                lr_of(s.param, lr), infos[s.param].weight_decay ? wd : 0.0, st);
   }
+  finish_step();
   // Updated blocks -> every rank's model parameters (Megatron: the param all-gather, in
   // place in its param buffer for 16-bit models); --fp8-param-gather: the FP8 weights
   // cast here and gathered as FP8.
@@ -215,12 +209,14 @@ void DistributedAdamW::all_gather_flat(const Tensor& shard, Tensor& flat, bool a
   }
 }
 
-void DistributedAdamW::scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+void DistributedAdamW::scatter_state(const Tensor& exp_avg, const Tensor* exp_avg_sq) {
   Stream& st = ops::default_stream(m_.device());
   for (const auto& s : segs_) {
-    Tensor m = m_.narrow(s.shard, s.len), v = v_.narrow(s.shard, s.len);
+    Tensor m = m_.narrow(s.shard, s.len);
     ops::copy(exp_avg.narrow(s.flat, s.len), m, st);
-    ops::copy(exp_avg_sq.narrow(s.flat, s.len), v, st);
+    if (!exp_avg_sq) continue;
+    Tensor v = v_.narrow(s.shard, s.len);
+    ops::copy(exp_avg_sq->narrow(s.flat, s.len), v, st);
   }
 }
 

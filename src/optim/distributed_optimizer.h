@@ -8,7 +8,8 @@
 // (adamw_step's model_param) and the all-gather runs in place there, as Megatron's
 // param all-gather does in its param buffer; f32/f64 models gather from the main params.
 // Optimizer state bytes per rank are 1/DP of AdamW's. Behind optim::Optimizer (optimizer.h)
-// it is AdamW's twin: grads() is the shard, segments() place each parameter's part of it.
+// it is AdamW's twin: grads() is the shard, segments() place each parameter's part of it;
+// like AdamW it runs SGD or Lion instead by OptimizerConfig::rule.
 #pragma once
 #include <memory>
 
@@ -29,7 +30,8 @@ class DistributedAdamW final : public Optimizer {
   // overlap_param_gather: the step's all-gather runs asynchronously, completed by
   // wait_params(layer) before the next forward reads a layer's parameters
   // (--overlap-param-gather), or by wait_params_all().
-  DistributedAdamW(model::ParamStore& params, AdamWConfig cfg, parallel::DataParallelGrads& grads,
+  DistributedAdamW(model::ParamStore& params, OptimizerConfig cfg,
+                   parallel::DataParallelGrads& grads,
                    bool overlap_param_gather = false);
   ~DistributedAdamW() override;
 
@@ -50,8 +52,8 @@ class DistributedAdamW final : public Optimizer {
   void load_state(const Tensor& values, const Tensor* exp_avg, const Tensor* exp_avg_sq) override;
 
   // Loading a checkpoint: keeps this rank's part of whole flat moments (laid out like
-  // the parameters).
-  void scatter_state(const Tensor& exp_avg, const Tensor& exp_avg_sq);
+  // the parameters; exp_avg_sq null for the rules without a second moment).
+  void scatter_state(const Tensor& exp_avg, const Tensor* exp_avg_sq);
   // Re-reads the main parameters from the model.
   void reload_main_params();
   // Reads this rank's main parameters from `values`, a flat [total] tensor laid out like

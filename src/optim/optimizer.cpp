@@ -5,12 +5,52 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/momentum_step.h"
 #include "ops/ops.h"
 #include "ops/split_main.h"
 
 namespace mcpp::optim {
 
+const char* rule_name(UpdateRule r) {
+  switch (r) {
+    case UpdateRule::Adam: return "adam";
+    case UpdateRule::Sgd: return "sgd";
+    case UpdateRule::Lion: return "lion";
+  }
+  return "?";
+}
+
 Stream& Optimizer::stream() const { return ops::default_stream(ps_.device()); }
+
+void Optimizer::allocate_state(const Shape& shape, DType dtype, Device dev) {
+  Stream& st = ops::default_stream(dev);
+  m_ = Tensor::empty(shape, dtype, dev);
+  ops::fill(m_, 0.0, st);
+  if (cfg_.rule != UpdateRule::Adam) return;
+  v_ = Tensor::empty(shape, dtype, dev);
+  ops::fill(v_, 0.0, st);
+}
+
+void Optimizer::update_span(Tensor w, Tensor lo, const Tensor& g, Tensor m, Tensor v,
+                            Tensor model, double lr, double wd, Stream& st) {
+  if (cfg_.rule == UpdateRule::Adam) {
+    ops::AdamWParams p;
+    p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
+    p.weight_decay = wd, p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
+    if (lo.defined()) return ops::adamw_step_split(model, lo, g, m, v, p, st);
+    return ops::adamw_step(w, g, m, v, model, p, st);
+  }
+  ops::MomentumStepParams p;
+  p.rule = cfg_.rule == UpdateRule::Lion ? ops::MomentumStepParams::Rule::Lion
+                                         : ops::MomentumStepParams::Rule::Sgd;
+  p.lr = lr, p.weight_decay = wd, p.grad_scale = grad_scale_;
+  p.momentum = cfg_.sgd_momentum, p.first = !momentum_started_;
+  p.beta1 = cfg_.lion_beta1, p.beta2 = cfg_.lion_beta2;
+  // SGD without momentum keeps no state: its (zero) buffer is not passed.
+  if (p.rule == ops::MomentumStepParams::Rule::Sgd && p.momentum == 0) m = Tensor();
+  if (lo.defined()) return ops::momentum_step_split(model, lo, g, m, p, st);
+  ops::momentum_step(w, g, m, model, p, st);
+}
 
 double Optimizer::grad_sq_norm(const ParamFilter* counted) const {
   // Runs in buffer order: the distributed optimizer's segments are in bucket order, which
@@ -89,7 +129,7 @@ void Optimizer::join_to(const Tensor& model, const Tensor& lo, Tensor out, Strea
   }
 }
 
-AdamW::AdamW(model::ParamStore& ps, AdamWConfig cfg) : Optimizer(ps, cfg) {
+AdamW::AdamW(model::ParamStore& ps, OptimizerConfig cfg) : Optimizer(ps, cfg) {
   for (size_t i = 0; i < ps.infos().size(); ++i) {
     const auto& p = ps.infos()[i];
     segs_.push_back({i, p.offset, p.offset, p.numel()});
@@ -107,10 +147,7 @@ AdamW::AdamW(model::ParamStore& ps, AdamWConfig cfg) : Optimizer(ps, cfg) {
     main_ = Tensor::empty(p.shape(), DType::F32, p.device());
     ops::copy(p, main_, st);
   }
-  m_ = Tensor::empty(p.shape(), sd, p.device());
-  v_ = Tensor::empty(p.shape(), sd, p.device());
-  ops::fill(m_, 0.0, st);
-  ops::fill(v_, 0.0, st);
+  allocate_state(p.shape(), sd, p.device());
 }
 
 double AdamW::grad_sq_norm(const ParamFilter* counted) const {
@@ -151,8 +188,11 @@ Tensor AdamW::full_main_params() {
 
 void AdamW::load_state(const Tensor& values, const Tensor* exp_avg, const Tensor* exp_avg_sq) {
   set_params(values);
+  MCPP_CHECK(!exp_avg_sq || v_.defined(),
+             "AdamW::load_state: a second moment given to the {} rule", rule_name(cfg_.rule));
   if (exp_avg) ops::copy(*exp_avg, m_, stream());
   if (exp_avg_sq) ops::copy(*exp_avg_sq, v_, stream());
+  set_state_loaded(exp_avg != nullptr);
 }
 
 void AdamW::set_params(const Tensor& values) {
@@ -170,10 +210,6 @@ void AdamW::set_params(const Tensor& values) {
 void AdamW::step(double lr, double wd) {
   ++step_;
   Stream& st = ops::default_stream(ps_.device());
-  ops::AdamWParams p;
-  p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
-  p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
-  grad_scale_ = 1.0;
   Tensor& weights = main_.defined() ? main_ : ps_.flat_params();
   // One call per run of consecutive parameters with the same decay setting. With fp32 main
   // params the call also writes the run's model params (bf16/f16, rounded to nearest even):
@@ -188,21 +224,13 @@ void AdamW::step(double lr, double wd) {
            lr_of(j + 1, lr) == lr_of(i, lr))
       ++j;
     const int64_t begin = infos[i].offset, end = infos[j].offset + infos[j].numel();
-    p.weight_decay = infos[i].weight_decay ? wd : 0.0;
-    p.lr = lr_of(i, lr);
-    Tensor w = weights.narrow(begin, end - begin);
-    Tensor g = ps_.flat_grads().narrow(begin, end - begin);
-    Tensor m = m_.narrow(begin, end - begin), v = v_.narrow(begin, end - begin);
-    Tensor model = main_.defined() || lo_.defined() ? ps_.flat_params().narrow(begin, end - begin)
-                                                    : Tensor();
-    if (lo_.defined()) {
-      Tensor lo = lo_.narrow(begin, end - begin);
-      ops::adamw_step_split(model, lo, g, m, v, p, st);
-    } else {
-      ops::adamw_step(w, g, m, v, model, p, st);
-    }
+    auto span = [&](const Tensor& t) { return t.defined() ? t.narrow(begin, end - begin) : t; };
+    Tensor model = main_.defined() || lo_.defined() ? span(ps_.flat_params()) : Tensor();
+    update_span(span(weights), span(lo_), span(ps_.flat_grads()), span(m_), span(v_), model,
+                lr_of(i, lr), infos[i].weight_decay ? wd : 0.0, st);
     i = j + 1;
   }
+  finish_step();
 }
 
 }  // namespace mcpp::optim

@@ -13,7 +13,10 @@
 // AdamW over the parameter registry's flat buffers, with Megatron's parameter groups (no
 // weight decay on biases and norm weights) and global-norm clipping. Its state is kept per
 // element in two flat buffers laid out like the parameters (one segment per parameter,
-// shard == flat).
+// shard == flat). OptimizerConfig::rule swaps the update for SGD with momentum or Lion
+// (Megatron's --optimizer sgd / lion): the same parameter groups, clipping, mixed
+// precision and layout, with one state buffer (exp_avg(): SGD's momentum buffer, Lion's
+// moving average; exp_avg_sq() undefined). Both classes keep the name of their main rule.
 //
 // Mixed precision as Megatron's Float16OptimizerWithFloat16Params: when the model's
 // parameters are bf16/f16, the optimizer holds fp32 main parameters (a copy made at
@@ -34,8 +37,17 @@
 
 namespace mcpp::optim {
 
-struct AdamWConfig {
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+// The update rule (Megatron's --optimizer): AdamW, or one of the element-wise rules with
+// one state buffer (ops/momentum_step.h): SGD with momentum, Lion.
+enum class UpdateRule { Adam, Sgd, Lion };
+// "adam", "sgd" or "lion" (Megatron's spellings; the checkpoint records it).
+const char* rule_name(UpdateRule r);
+
+struct OptimizerConfig {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam
+  UpdateRule rule = UpdateRule::Adam;
+  double sgd_momentum = 0.9;                      // --sgd-momentum
+  double lion_beta1 = 0.95, lion_beta2 = 0.98;    // --lion-beta1 / --lion-beta2
 };
 
 using ShardSegment = parallel::ShardSegment;
@@ -73,9 +85,9 @@ class Optimizer {
   bool unscale_and_check(double inv_scale);
 
   // ---- the step ----------------------------------------------------------------------
-  // One AdamW step with learning rate lr and weight decay wd (decay only on parameters
-  // whose registry entry says so); the model's parameters are updated (or, with an
-  // overlapped parameter gather, will be once wait_params says so).
+  // One step of the configured rule with learning rate lr and weight decay wd (decay only
+  // on parameters whose registry entry says so); the model's parameters are updated (or,
+  // with an overlapped parameter gather, will be once wait_params says so).
   virtual void step(double lr, double wd) = 0;
   // The forward's hook before layer `layer`'s parameters are read (-1: embedding, final
   // norm, output layer): returns once they are current. No-op unless the update reaches
@@ -88,7 +100,7 @@ class Optimizer {
   // --decoupled-lr (Megatron's decoupled parameter group): the parameters the registry marks
   // embedding_or_output step with the rate set here, the others with step()'s lr.
   void set_decoupled_lr(double lr) { decoupled_lr_ = lr; }
-  const AdamWConfig& config() const { return cfg_; }
+  const OptimizerConfig& config() const { return cfg_; }
 
   // ---- state (checkpoints) -----------------------------------------------------------
   // Bytes of optimizer state this rank holds (main params + moments).
@@ -100,23 +112,26 @@ class Optimizer {
   // bf16 parameters and MCPP_FP32_MAIN_PARAMS not 1 (the distributed optimizer joins them
   // again under --fp8-param-gather).
   static bool wants_split_main(DType model_dtype);
-  // Moments, laid out as grads() (segments()).
+  // Moments, laid out as grads() (segments()): Adam's two; the one state buffer of SGD and
+  // Lion as exp_avg() (exp_avg_sq() then undefined).
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
+  UpdateRule rule() const { return cfg_.rule; }
   // The fp32 main parameters of the whole model, [total] laid out like the flat buffer,
   // for a checkpoint (on the parameters' device, or on the host when they are split);
   // undefined when the model's parameters are the main parameters (f32/f64 models).
   // Collective over DP when the state is sharded.
   virtual Tensor full_main_params() = 0;
   // After loading a checkpoint: the parameters from `values` and (when given) the moments
-  // from exp_avg / exp_avg_sq, all flat [total] tensors laid out like the parameters, on
-  // any device. The main parameters take the values exactly; the model's parameters get
-  // them rounded to their dtype, as after a step.
+  // from exp_avg / exp_avg_sq (null for the rules without a second moment), all flat
+  // [total] tensors laid out like the parameters, on any device. The main parameters take
+  // the values exactly; the model's parameters get them rounded to their dtype, as after a
+  // step.
   virtual void load_state(const Tensor& values, const Tensor* exp_avg,
                           const Tensor* exp_avg_sq) = 0;
 
  protected:
-  Optimizer(model::ParamStore& ps, AdamWConfig cfg) : ps_(ps), cfg_(cfg) {}
+  Optimizer(model::ParamStore& ps, OptimizerConfig cfg) : ps_(ps), cfg_(cfg) {}
   Stream& stream() const;
 
   // values (f32, any device) -> model (bf16) and lo (u16, or undefined), both on the
@@ -124,15 +139,29 @@ class Optimizer {
   static void split_from(const Tensor& values, Tensor model, Tensor lo, Stream& st);
   // (model, lo) on the stream's device -> out (f32, any device), the same way.
   static void join_to(const Tensor& model, const Tensor& lo, Tensor out, Stream& st);
+  // The state buffers of the rule, shaped `shape`, zero: m_, and v_ for Adam.
+  void allocate_state(const Shape& shape, DType dtype, Device dev);
+  // One span's update by the rule, at this step's count and clipping factor: the main
+  // parameters w (or, split, the model parameters with their lower halves lo), gradient
+  // g, state m / v (v unused but by Adam); model: the 16-bit model parameters written
+  // beside whole fp32 main parameters (undefined for f32/f64 models and when split).
+  void update_span(Tensor w, Tensor lo, const Tensor& g, Tensor m, Tensor v, Tensor model,
+                   double lr, double wd, Stream& st);
+  // After a step's spans: the clipping factor is spent, SGD's buffers hold state.
+  void finish_step() { grad_scale_ = 1.0, momentum_started_ = true; }
+  // Loaded state: whether the state buffers came from a checkpoint (SGD then continues
+  // them; otherwise its first step sets them to the gradient, as torch's SGD does).
+  void set_state_loaded(bool loaded) { momentum_started_ = loaded; }
 
   model::ParamStore& ps_;
-  AdamWConfig cfg_;
+  OptimizerConfig cfg_;
   // main_: fp32 main parameters; or lo_: their lower halves beside the bf16 model
   // parameters (split; main_ then undefined).
   Tensor main_, lo_, m_, v_;
   int64_t step_ = 0;
   std::optional<double> decoupled_lr_;
   double grad_scale_ = 1.0;  // clip()'s factor, applied and reset by step()
+  bool momentum_started_ = false;  // SGD: the buffers hold a step's state
   // The learning rate of parameter `param` (registry index) in a step with rate lr.
   double lr_of(size_t param, double lr) const {
     return decoupled_lr_ && ps_.infos()[param].embedding_or_output ? *decoupled_lr_ : lr;
@@ -141,7 +170,7 @@ class Optimizer {
 
 class AdamW final : public Optimizer {
  public:
-  AdamW(model::ParamStore& params, AdamWConfig cfg);
+  AdamW(model::ParamStore& params, OptimizerConfig cfg);
 
   Tensor& grads() override { return ps_.flat_grads(); }
   using Optimizer::grads;

@@ -123,6 +123,8 @@ struct Args {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
+  double sgd_momentum = 0.9;                 // --optimizer sgd
+  double lion_beta1 = 0.95, lion_beta2 = 0.98;  // --optimizer lion
   double clip_grad = 1.0;
   bool override_opt_param_scheduler = false;
   bool use_checkpoint_opt_param_scheduler = false;
@@ -138,6 +140,10 @@ struct Args {
   std::vector<std::string> special_tokens;      // --tokenizer-special-tokens
   int64_t vocab_extra_ids = 0;                  // --vocab-extra-ids (SentencePieceTokenizer)
   std::vector<std::string> data_path;  // "prefix" or "w1 p1 w2 p2 ..." (nargs *)
+  // Each split from its own blend (Megatron's blend_per_split), as --data-path's words.
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  std::optional<std::string> data_args_path;            // a file of --data-path words
+  std::optional<std::string> per_split_data_args_path;  // JSON {"train", "valid", "test"}
   std::optional<std::string> data_cache_path;
   std::optional<std::string> nccl_communicator_config_path;
   std::optional<std::string> split;  // derived: "969, 30, 1" when --data-path is given
@@ -293,6 +299,8 @@ struct Args {
   bool log_loss_scale_to_tensorboard = true;     // "loss-scale" (--no-log-loss-scale-...)
   bool log_validation_ppl_to_tensorboard = false;  // "lm loss validation ppl"
   bool log_memory_to_tensorboard = false;        // "mem-*-bytes" (CUDA allocator)
+  std::optional<int64_t> log_memory_interval;    // the memory line every N iterations (CUDA)
+  bool log_device_memory_used = false;           // ... with the device's used memory (NVML)
   bool log_world_size_to_tensorboard = false;    // "world-size"
   bool was_given(const std::string& dest) const { return given.count(dest) != 0; }
   // True when the LR schedule counts samples (--train-samples) rather than iterations.

@@ -11,6 +11,9 @@ struct GpuTelemetry::Api {
   struct Utilization {
     unsigned gpu, memory;
   };
+  struct Memory {  // nvmlMemory_t
+    unsigned long long total, free, used;
+  };
   void* lib = nullptr;
   Device dev = nullptr;
   int (*shutdown)() = nullptr;
@@ -18,6 +21,7 @@ struct GpuTelemetry::Api {
   int (*temperature)(Device, int, unsigned*) = nullptr;    // sensor 0: the GPU core
   int (*utilization)(Device, Utilization*) = nullptr;
   int (*clock)(Device, int, unsigned*) = nullptr;          // clock type 1: SM
+  int (*memory)(Device, Memory*) = nullptr;
   const char* (*error_string)(int) = nullptr;
 };
 
@@ -48,6 +52,7 @@ std::unique_ptr<GpuTelemetry> GpuTelemetry::open(const std::string& pci_bus_id,
                   bind(api->lib, "nvmlDeviceGetTemperature", api->temperature) &&
                   bind(api->lib, "nvmlDeviceGetUtilizationRates", api->utilization) &&
                   bind(api->lib, "nvmlDeviceGetClockInfo", api->clock) &&
+                  bind(api->lib, "nvmlDeviceGetMemoryInfo", api->memory) &&
                   bind(api->lib, "nvmlErrorString", api->error_string);
   if (!ok) {
     if (why) *why = "libnvidia-ml.so.1 lacks an NVML function this build calls";
@@ -83,6 +88,12 @@ std::optional<GpuSample> GpuTelemetry::sample() const {
       api_->utilization(api_->dev, &u) != 0 || api_->clock(api_->dev, 1, &mhz) != 0)
     return std::nullopt;
   return GpuSample{mw / 1000.0, double(temp), double(u.gpu), double(mhz)};
+}
+
+std::optional<uint64_t> GpuTelemetry::memory_used() const {
+  Api::Memory m{};
+  if (api_->memory(api_->dev, &m) != 0) return std::nullopt;
+  return uint64_t(m.used);
 }
 
 }  // namespace mcpp::training

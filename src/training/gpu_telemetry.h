@@ -3,6 +3,7 @@
 // the build needs no NVML and a machine without the driver simply has no telemetry; the
 // straggler detector (straggler.h) prints what it can read.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,9 @@ class GpuTelemetry {
   ~GpuTelemetry();
   // One reading of the four numbers; nullopt when NVML fails to answer.
   std::optional<GpuSample> sample() const;
+  // Bytes of the device's memory in use by every process (NVML's "used", what
+  // torch.cuda.device_memory_used reports); nullopt when NVML fails to answer.
+  std::optional<uint64_t> memory_used() const;
 
   struct Api;
 

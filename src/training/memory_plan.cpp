@@ -187,17 +187,19 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
     m.grads +=
         (m.parameters + (a.use_distributed_optimizer ? shard : 0)) *
         int64_t(dtype_size(DType::BF16));
-  // AdamW: moments in fp32 (f64 for f64 models), plus fp32 main params for 16-bit models
-  // (bf16 ones: their lower halves, 2 bytes, beside the model's values; ops/split_main.h);
-  // the distributed optimizer keeps main params and moments of its shard.
+  // AdamW: two moments in fp32 (f64 for f64 models), SGD and Lion one; plus fp32 main
+  // params for 16-bit models (bf16 ones: their lower halves, 2 bytes, beside the model's
+  // values; ops/split_main.h); the distributed optimizer keeps main params and moments of
+  // its shard.
   const bool wide = cfg.dtype == DType::F32 || cfg.dtype == DType::F64;
   const int64_t state = cfg.dtype == DType::F64 ? 8 : 4;
   const bool split = !a.fp8_param_gather && optim::Optimizer::wants_split_main(cfg.dtype);
   const int64_t main_bytes = wide ? 0 : split ? 2 : 4;
+  const int64_t moments = a.optimizer == "adam" ? 2 : 1;
   if (a.use_distributed_optimizer)
-    m.optimizer = shard * (2 * state + main_bytes);
+    m.optimizer = shard * (moments * state + main_bytes);
   else
-    m.optimizer = m.parameters * (2 * state + main_bytes);
+    m.optimizer = m.parameters * (moments * state + main_bytes);
   const int nchunks = part.chunks.empty() ? 1 : int(part.chunks.size());
   for (int c = 0; c < nchunks; ++c)
     m.per_microbatch = std::max(

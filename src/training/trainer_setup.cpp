@@ -332,15 +332,21 @@ void Trainer::State::build_optimizer() {
       });
     s.fwd_bwd->dp_grads = s.dp_grads.get();
   }
-  const optim::AdamWConfig adam{a.adam_beta1, a.adam_beta2, a.adam_eps};
+  optim::OptimizerConfig ocfg{a.adam_beta1, a.adam_beta2, a.adam_eps};
+  ocfg.rule = a.optimizer == "sgd"    ? optim::UpdateRule::Sgd
+              : a.optimizer == "lion" ? optim::UpdateRule::Lion
+                                      : optim::UpdateRule::Adam;
+  ocfg.sgd_momentum = a.sgd_momentum;
+  ocfg.lion_beta1 = a.lion_beta1, ocfg.lion_beta2 = a.lion_beta2;
   if (a.use_distributed_optimizer) {
-    auto dist = std::make_unique<optim::DistributedAdamW>(P, adam, *s.dp_grads, a.overlap_param_gather);
+    auto dist = std::make_unique<optim::DistributedAdamW>(P, ocfg, *s.dp_grads, a.overlap_param_gather);
     // ---- --fp8-param-gather: the FP8 weights all-gathered as FP8 (optim/fp8_param_gather.h)
     if (a.fp8_param_gather)
       dist->enable_fp8_param_gather(s.model_cfg, s.ps->tp().size() > 1 ? &s.ps->tp() : nullptr);
     s.opt = std::move(dist);
-    // fp32 main params + two moments, against the same state held for the whole buffer.
-    const int64_t full = 3 * P.total_numel() * int64_t(sizeof(float));
+    // fp32 main params + the moments, against the same state held for the whole buffer.
+    const int64_t full =
+        (ocfg.rule == optim::UpdateRule::Adam ? 3 : 2) * P.total_numel() * int64_t(sizeof(float));
     log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
               "{} bytes an unsharded optimizer holds{}",
               s.opt->state_bytes(), double(s.opt->state_bytes()) / double(full), full,
@@ -349,7 +355,7 @@ void Trainer::State::build_optimizer() {
                                 a.num_distributed_optimizer_instances, s.dp_grads->dp().size())
                   : std::string());
   } else {
-    s.opt = std::make_unique<optim::AdamW>(P, adam);
+    s.opt = std::make_unique<optim::AdamW>(P, ocfg);
   }
   // --overlap-param-gather: the forward waits for each layer's gathered parameters.
   if (a.overlap_param_gather)
@@ -379,7 +385,17 @@ void Trainer::State::build_datasets() {
   const Args& a = s.args;
   // Samples per split, as get_train_valid_test_num_samples().
   data::GPTDatasetsArgs d;
-  d.data_path = a.data_path, d.mock_data = a.mock_data, d.seq_length = a.seq_length;
+  d.data_path = a.data_args_path ? data::read_data_args_file(*a.data_args_path) : a.data_path;
+  if (a.per_split_data_args_path) {
+    d.per_split = data::read_per_split_data_args(*a.per_split_data_args_path);
+  } else {
+    const std::vector<std::string>* flags[] = {&a.train_data_path, &a.valid_data_path,
+                                               &a.test_data_path};
+    const char* dests[] = {"train_data_path", "valid_data_path", "test_data_path"};
+    for (int i = 0; i < 3; ++i)
+      if (a.was_given(dests[i])) d.per_split[size_t(i)] = *flags[i];
+  }
+  d.mock_data = a.mock_data, d.seq_length = a.seq_length;
   d.split = a.split.value_or("969, 30, 1");
   d.seed = uint32_t(a.seed), d.eod = s.tok->eod(), d.pad = data::pad_id_for(s.tok->pad(), s.tok->eod());
   d.vocab_size = s.tok->vocab_size();
@@ -408,8 +424,14 @@ void Trainer::State::build_datasets() {
   } else {
     s.datasets = data::build_train_valid_test_datasets(d);
   }
-  MCPP_CHECK_HINT(s.datasets[0] || a.skip_train, "give the train split a non-zero weight in --split",
-                  "no training dataset was built (--split {})", d.split);
+  const bool per_split = std::any_of(d.per_split.begin(), d.per_split.end(),
+                                     [](const auto& w) { return w.has_value(); });
+  MCPP_CHECK_HINT(s.datasets[0] || a.skip_train,
+                  per_split ? "give --train-data-path (or a \"train\" entry in "
+                              "--per-split-data-args-path)"
+                            : "give the train split a non-zero weight in --split",
+                  "no training dataset was built ({})",
+                  per_split ? "no train data path" : "--split " + d.split);
   for (int i = 0; i < 3; ++i)
     if (s.datasets[i])
       log::info("    {}: {}", i == 0 ? "train" : i == 1 ? "validation" : "test",

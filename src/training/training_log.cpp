@@ -91,6 +91,19 @@ TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world
                   "drop --log-memory-to-tensorboard, or train with --device cuda",
                   "--log-memory-to-tensorboard logs the CUDA allocator's bytes; this run is on "
                   "the CPU");
+  for (auto [on, flag] : {std::pair{a.log_memory_interval.has_value(), "--log-memory-interval"},
+                          std::pair{a.log_device_memory_used, "--log-device-memory-used"}})
+    MCPP_CHECK_HINT(!on || device == Device::CUDA,
+                    fmt::format("drop {}, or train with --device cuda", flag),
+                    "{} reports the CUDA allocator's memory; this run is on the CPU", flag);
+#ifdef MCPP_HAVE_CUDA
+  if (a.log_device_memory_used) {
+    std::string why;
+    nvml_ = GpuTelemetry::open(ops::cuda::pci_bus_id(), &why);
+    MCPP_CHECK_HINT(nvml_ != nullptr, "drop --log-device-memory-used",
+                    "--log-device-memory-used reads the device's memory through NVML: {}", why);
+  }
+#endif
   // Megatron's get_tensorboard_writer: the last rank writes (it holds the last pipeline
   // stage, hence the loss).
   if (a.tensorboard_dir && world.rank() == world.size() - 1)
@@ -216,7 +229,10 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   if (a_.log_throughput)
     L.tokens_per_sec_per_gpu = double(gbs * a_.seq_length) / per_iter / world_.size();
   log::info("{}", format_iteration_line(L));
-  if (report_memory_ && device_ == Device::CUDA) cuda_memory(iteration);
+  // Megatron: after the first line, and every --log-memory-interval iterations (once).
+  if (device_ == Device::CUDA &&
+      (report_memory_ || (a_.log_memory_interval && iteration % *a_.log_memory_interval == 0)))
+    cuda_memory(iteration);
   comm_volumes();
   if (tb_ && a_.log_timers_to_tensorboard) tb_->add_scalar("iteration-time", per_iter, iteration);
   if (tb_ && a_.log_throughput)
@@ -349,22 +365,38 @@ void TrainingLog::comm_volumes() {
   }
 }
 
-// Megatron's report_memory line, once after the first log line, on the ranks of DP rank 0:
-// bytes of live tensors (allocated) and of the caching pool (reserved), and their peaks.
+std::string format_memory_line(int64_t iteration, uint64_t allocated, uint64_t max_allocated,
+                               uint64_t reserved, uint64_t max_reserved,
+                               std::optional<uint64_t> device_used) {
+  auto mb = [](uint64_t b) {  // Python's str() of a float
+    const double v = double(b) / 1048576.0;
+    std::string t = fmt::format("{}", v);
+    return t.find_first_of(".e") == std::string::npos ? t + ".0" : t;
+  };
+  std::string line = fmt::format(
+      "(after {} iterations) memory (MB) | allocated: {} | max allocated: {} | reserved: {} | "
+      "max reserved: {}",
+      iteration, mb(allocated), mb(max_allocated), mb(reserved), mb(max_reserved));
+  if (device_used) line += fmt::format(" | total device memory used: {}", mb(*device_used));
+  return line;
+}
+
+// Megatron's report_memory line, after the first log line (and every --log-memory-interval
+// iterations), on the ranks of DP rank 0: bytes of live tensors (allocated) and of the
+// caching pool (reserved), and their peaks; with --log-device-memory-used the device's
+// memory used by every process (NVML).
 void TrainingLog::cuda_memory(int64_t iteration) {
   report_memory_ = false;
 #ifdef MCPP_HAVE_CUDA
   if (ps_.dp_rank() != 0) return;
   const auto m = ops::cuda::memory_stats();
-  auto mb = [](size_t b) {  // Python's str() of a float
-    const double v = double(b) / 1048576.0;
-    std::string t = fmt::format("{}", v);
-    return t.find_first_of(".e") == std::string::npos ? t + ".0" : t;
-  };
-  const std::string line = fmt::format(
-      "(after {} iterations) memory (MB) | allocated: {} | max allocated: {} | reserved: {} | "
-      "max reserved: {}",
-      iteration, mb(m.in_use), mb(m.peak), mb(m.reserved), mb(m.reserved_peak));
+  std::optional<uint64_t> used;
+  if (nvml_) {
+    used = nvml_->memory_used();
+    if (!used) log::warn("--log-device-memory-used: NVML gave no memory reading this time");
+  }
+  const std::string line =
+      format_memory_line(iteration, m.in_use, m.peak, m.reserved, m.reserved_peak, used);
   if (world_.size() > 1)
     log::info_all("{}", line);  // the logger prefixes "[rank r]"
   else

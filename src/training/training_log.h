@@ -73,6 +73,13 @@ struct IntervalState {
   std::optional<double> params_norm;              // --log-params-norm
 };
 
+// Megatron's report_memory line: "(after N iterations) memory (MB) | allocated: ... | max
+// allocated: ... | reserved: ... | max reserved: ..." from the CUDA allocator's bytes, and
+// " | total device memory used: ..." when device_used is given (--log-device-memory-used).
+std::string format_memory_line(int64_t iteration, uint64_t allocated, uint64_t max_allocated,
+                               uint64_t reserved, uint64_t max_reserved,
+                               std::optional<uint64_t> device_used);
+
 class TrainingLog {
  public:
   TrainingLog(const Args& a, Device device, comm::Communicator& world,
@@ -141,6 +148,7 @@ class TrainingLog {
   double last_loss_ = 0;                // the latest iteration's (TensorBoard's "lm loss")
   std::unique_ptr<EventWriter> tb_;     // the last rank's event file, with --tensorboard-dir
   std::unique_ptr<StragglerDetector> straggler_;  // --log-straggler
+  std::unique_ptr<GpuTelemetry> nvml_;             // --log-device-memory-used
 };
 
 }  // namespace mcpp::training

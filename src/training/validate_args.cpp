@@ -28,6 +28,8 @@ namespace mcpp::training {
 void validate_rope(const Args& a);  // validate_rope.cpp
 void validate_mla(Args& a);         // validate_mla.cpp
 void validate_mtp(const Args& a);   // validate_mtp.cpp
+void validate_optimizer_rule(const Args& a);  // validate_optimizer.cpp
+void validate_data_sources(Args& a, bool training);  // validate_data_sources.cpp
 // --recompute-modules under selective recomputation (validate_recompute.cpp).
 void validate_recompute_modules(Args& a);
 
@@ -55,8 +57,7 @@ void validate_features(Args& a) {
                   "--no-position-embedding with --position-embedding-type {}: the switch is "
                   "deprecated in Megatron-LM and allowed only with rope",
                   a.position_embedding_type);
-  MCPP_CHECK_HINT(a.optimizer == "adam", "use --optimizer adam (AdamW, Megatron's default)",
-                  "--optimizer {} is not implemented yet by megatron.cpp", a.optimizer);
+  validate_optimizer_rule(a);
   {
     static const std::set<std::string> ok = {
         "GPT2BPETokenizer",     "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
@@ -454,9 +455,6 @@ void validate_data(Args& a) {
     MCPP_CHECK_HINT(a.tokenizer_model.has_value(),
                     "give --tokenizer-model PATH (the .model / tokenizer.json / tiktoken file)",
                     "--tokenizer-type {} needs --tokenizer-model", a.tokenizer_type);
-
-  if (!a.data_path.empty() && !a.split) a.split = "969, 30, 1";  // Megatron's default, warned
-
 }
 
 // Training length, learning-rate and weight-decay schedules, optimizer constants
@@ -468,9 +466,6 @@ void validate_optimizer(Args& a) {
                   "give --train-iters N (optimizer steps) or --train-samples N (sequences)",
                   "give exactly one of --train-iters and --train-samples ({})",
                   iters ? "both were given" : "neither was given");
-  MCPP_CHECK_HINT(!a.data_path.empty() || a.mock_data,
-                  "give --data-path PREFIX (a Megatron .bin/.idx prefix) or --mock-data",
-                  "no training data: neither --data-path nor --mock-data was given");
   if (iters) {
     MCPP_CHECK_HINT(!a.lr_decay_samples, "use --lr-decay-iters with --train-iters",
                     "--lr-decay-samples is for sample-based runs (--train-samples), but "
@@ -580,6 +575,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_batch(a);
   validate_pipeline(a);
   validate_data(a);
+  validate_data_sources(a, training);
   if (training) validate_optimizer(a);
   validate_compat(a, training);  // the example scripts' flags (validate_compat.cpp)
   validate_observe(a);

@@ -98,7 +98,7 @@ void validate_compat(Args& a, bool training) {
                     "warms up from it too)",
                     a.lr_warmup_init, *a.decoupled_lr);
   }
-  if (!a.mmap_bin_files && a.data_path.empty())
+  if (!a.mmap_bin_files && a.mock_data)
     log::info("--no-mmap-bin-files: no .bin file is read (--mock-data); nothing to change");
   if (a.use_checkpoint_args) check_checkpoint_args_source(a);
   validate_checkpoint_flags(a);

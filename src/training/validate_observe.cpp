@@ -8,6 +8,13 @@
 namespace mcpp::training {
 
 void validate_observe(const Args& a) {
+  if (a.log_memory_interval)
+    MCPP_CHECK_HINT(*a.log_memory_interval > 0 && *a.log_memory_interval % a.log_interval == 0,
+                    fmt::format("give --log-memory-interval a multiple of --log-interval ({})",
+                                a.log_interval),
+                    "--log-memory-interval {} is not a positive multiple of --log-interval {} "
+                    "(the memory line follows an iteration line)",
+                    *a.log_memory_interval, a.log_interval);
   MCPP_CHECK_HINT(a.timing_log_option == "max" || a.timing_log_option == "minmax" ||
                       a.timing_log_option == "all",
                   "use --timing-log-option max, minmax or all",

@@ -138,15 +138,19 @@ struct RankSalts {
   uint64_t param, avg, sq;
   int64_t steps;
 };
+// rule: the optimizer's (SGD and Lion have exp_avg alone).
 inline CkptRank make_ckpt_rank(const std::string& fam, int64_t tp, int64_t r, bool filled,
-                               const RankSalts& s) {
+                               const RankSalts& s,
+                               optim::UpdateRule rule = optim::UpdateRule::Adam) {
   CkptRank k;
   k.m = std::make_unique<model::GPTModel>(tiny_config(fam, tp, r));
-  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::AdamWConfig{});
+  optim::OptimizerConfig oc;
+  oc.rule = rule;
+  k.opt = std::make_unique<optim::AdamW>(k.m->params(), oc);
   if (filled) {
     fill_global(k.m->params(), k.m->params().flat_params(), s.param);
     fill_global(k.m->params(), k.opt->exp_avg(), s.avg);
-    fill_global(k.m->params(), k.opt->exp_avg_sq(), s.sq);
+    if (k.opt->exp_avg_sq().defined()) fill_global(k.m->params(), k.opt->exp_avg_sq(), s.sq);
     k.opt->set_steps(s.steps);
   }
   return k;

@@ -129,7 +129,7 @@ TEST(CheckpointBuffers, SerialRoundTripIsBitExact) {
   const std::string dir = scratch_dir();
   ParamStore a = make_store(1, 0, true);
   fill(a);
-  optim::AdamW opt(a, optim::AdamWConfig{});
+  optim::AdamW opt(a, optim::OptimizerConfig{});
   ck::save_checkpoint(dir, a, &opt, sample_state(5), save_opts());
 
   const auto md = ck::read_metadata(dir);
@@ -151,7 +151,7 @@ TEST(CheckpointBuffers, SerialRoundTripIsBitExact) {
 
   ParamStore b = make_store(1, 0, true);
   ASSERT_GT(buffer_mismatches(b), 0);  // fresh: initial values, not the saved ones
-  optim::AdamW opt_b(b, optim::AdamWConfig{});
+  optim::AdamW opt_b(b, optim::OptimizerConfig{});
   ck::load_checkpoint(dir, std::nullopt, b, &opt_b, load_opts());
   EXPECT_EQ(count_mismatches(b, b.flat_params(), kParamSalt), 0);
   EXPECT_EQ(buffer_mismatches(b), 0);
@@ -335,7 +335,7 @@ TEST(CheckpointBuffers, TrainingCheckpointSyncAndAsync) {
       const std::string dir = base + (async ? "/async" : "/sync");
       ParamStore a = make_store(1, 0, true);
       fill(a);
-      optim::AdamW opt(a, optim::AdamWConfig{});
+      optim::AdamW opt(a, optim::OptimizerConfig{});
       ck::AsyncSaver saver;
       ck::save_training_checkpoint(dir, world->world(), ps, a, opt, true, sample_state(5),
                                    save_opts(), async ? &saver : nullptr);
@@ -343,7 +343,7 @@ TEST(CheckpointBuffers, TrainingCheckpointSyncAndAsync) {
       EXPECT_TRUE(ck::read_metadata(dir)["tensors"].contains(kAmax));
 
       ParamStore b = make_store(1, 0, true);
-      optim::AdamW opt_b(b, optim::AdamWConfig{});
+      optim::AdamW opt_b(b, optim::OptimizerConfig{});
       auto st = ck::load_training_checkpoint(dir, std::nullopt, b, opt_b, true, load_opts());
       ASSERT_TRUE(st.has_value());
       EXPECT_EQ(count_mismatches(b, b.flat_params(), kParamSalt), 0);

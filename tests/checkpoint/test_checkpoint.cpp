@@ -208,6 +208,47 @@ TEST(Checkpoint, NoSaveOptimAndFlags) {
   EXPECT_EQ(st.scheduler.num_steps, 0);
 }
 
+// SGD's and Lion's one state buffer is saved as exp_avg, the optimizer recorded; a load
+// into another optimizer's state is refused naming both and the way out.
+TEST(Checkpoint, OptimizerRuleRecordedAndChecked) {
+  using optim::UpdateRule;
+  const RankSalts salts{kParamSalt, kAvgSalt, kSqSalt, 7};
+  for (UpdateRule saved : {UpdateRule::Sgd, UpdateRule::Lion, UpdateRule::Adam}) {
+    const std::string name = optim::rule_name(saved);
+    SCOPED_TRACE(name);
+    const std::string dir = scratch_dir() + "/" + name;
+    Rank a = make_ckpt_rank("llama", 1, 0, true, salts, saved);
+    ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(6));
+    const auto md = ck::read_metadata(dir, std::nullopt);
+    EXPECT_EQ(md.value("optimizer", ""), name);
+    int64_t avg = 0, sq = 0;
+    for (auto& [key, v] : md.at("tensors").items())
+      avg += key.starts_with("optimizer.exp_avg."), sq += key.starts_with("optimizer.exp_avg_sq.");
+    EXPECT_EQ(avg, int64_t(a.m->params().infos().size()));
+    EXPECT_EQ(sq, saved == UpdateRule::Adam ? avg : 0);
+
+    Rank same = make_ckpt_rank("llama", 1, 0, false, salts, saved);
+    ck::load_checkpoint(dir, std::nullopt, *same.m, same.opt.get());
+    EXPECT_EQ(count_mismatches(same.m->params(), same.opt->exp_avg(), kAvgSalt), 0);
+    EXPECT_EQ(same.opt->steps(), 7);  // the saving optimizer's count
+    for (UpdateRule other : {UpdateRule::Adam, UpdateRule::Sgd, UpdateRule::Lion}) {
+      if (other == saved) continue;
+      Rank b = make_ckpt_rank("llama", 1, 0, false, salts, other);
+      const std::string err =
+          error_of([&] { ck::load_checkpoint(dir, std::nullopt, *b.m, b.opt.get()); });
+      EXPECT_NE(err.find("holds the state of the " + name + " optimizer"), std::string::npos)
+          << err;
+      EXPECT_NE(err.find(std::string("--optimizer ") + optim::rule_name(other)),
+                std::string::npos)
+          << err;
+      EXPECT_NE(err.find("--no-load-optim"), std::string::npos) << err;
+      // The weights alone load into any optimizer (--no-load-optim).
+      ck::load_checkpoint(dir, std::nullopt, *b.m, nullptr);
+      EXPECT_EQ(count_mismatches(b.m->params(), b.m->params().flat_params(), kParamSalt), 0);
+    }
+  }
+}
+
 TEST(Checkpoint, ResaveSameIteration) {
   const std::string dir = scratch_dir();
   Rank a = make_rank("gpt", 1, 0, true);

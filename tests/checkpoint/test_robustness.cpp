@@ -31,7 +31,7 @@ Fixture two_checkpoints() {
   Fixture f;
   f.dir = scratch_dir();
   f.m = std::make_unique<model::GPTModel>(tiny_config("gpt"));
-  f.opt = std::make_unique<optim::AdamW>(f.m->params(), optim::AdamWConfig{});
+  f.opt = std::make_unique<optim::AdamW>(f.m->params(), optim::OptimizerConfig{});
   fill_global(f.m->params(), f.m->params().flat_params(), 10);
   ck::save_checkpoint(f.dir, *f.m, f.opt.get(), sample_state(10));
   fill_global(f.m->params(), f.m->params().flat_params(), 20);

@@ -32,7 +32,7 @@ struct Rank {
 Rank make_rank(const std::string& fam, uint64_t salt, int64_t tp = 1, int64_t r = 0) {
   Rank k;
   k.m = std::make_unique<model::GPTModel>(tiny_config(fam, tp, r));
-  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::AdamWConfig{});
+  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::OptimizerConfig{});
   fill_global(k.m->params(), k.m->params().flat_params(), salt);
   fill_global(k.m->params(), k.opt->exp_avg(), salt + 1);
   fill_global(k.m->params(), k.opt->exp_avg_sq(), salt + 2);

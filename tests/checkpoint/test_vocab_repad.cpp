@@ -27,7 +27,7 @@ model::TransformerConfig cfg(const std::string& fam, int64_t tp, int64_t r, int6
 Rank rank(const std::string& fam, int64_t tp, int64_t r, int64_t vp, bool fill) {
   Rank k;
   k.m = std::make_unique<model::GPTModel>(cfg(fam, tp, r, vp));
-  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::AdamWConfig{});
+  k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::OptimizerConfig{});
   if (fill) {
     fill_global(k.m->params(), k.m->params().flat_params(), kW);
     fill_global(k.m->params(), k.opt->exp_avg(), kM);

@@ -318,3 +318,109 @@ TEST(GPTDataset, CompactIndexReadsTheSameNarrowOrWide) {
   EXPECT_EQ(wide.to_vector(), values);
   EXPECT_EQ(CompactIndex<uint32_t>().size(), 0u);
 }
+
+// --train-data-path / --valid-data-path / --test-data-path (Megatron's blend_per_split):
+// split i reads the whole of each of its prefixes, which is what Megatron's builder does by
+// spoofing the split matrix to (0, 1) at i. So each split equals the same split built from a
+// --split that gives it everything ("1,0,0" for train, "0,1,0" for valid), sample for
+// sample; a weighted blend likewise; a split without paths is not built.
+TEST(PerSplitData, EachSplitReadsWholeDatasetsOfItsOwn) {
+  const auto dir = mcpp::testing::scratch_dir();
+  auto make = [&](const std::string& name, int docs, int32_t base) {
+    IndexedDatasetBuilder b(dir + "/" + name, IndexDType::U16);
+    for (int d = 0; d < docs; ++d) {
+      std::vector<int32_t> t(size_t(5 + d % 13));
+      for (size_t k = 0; k < t.size(); ++k) t[k] = base + int32_t((d * 7 + k) % 500);
+      b.add_item(std::span<const int32_t>(t)), b.end_document();
+    }
+    b.finalize();
+    return dir + "/" + name;
+  };
+  const std::string A = make("a", 120, 0), B = make("b", 80, 1000), C = make("c", 60, 2000);
+  GPTDatasetsArgs base;
+  base.seq_length = 16;
+  base.num_samples = {40, 24, 8};
+  auto same = [](const std::shared_ptr<GPTSampleSource>& x,
+                 const std::shared_ptr<GPTSampleSource>& y) {
+    if (!x || !y || x->size() != y->size()) return false;
+    std::vector<int64_t> p, q;
+    for (int64_t i = 0; i < x->size(); ++i) {
+      x->get_text(i, p), y->get_text(i, q);
+      if (p != q) return false;
+    }
+    return true;
+  };
+  GPTDatasetsArgs per = base;
+  per.per_split = {std::vector<std::string>{A}, std::vector<std::string>{"0.3", B, "0.7", C},
+                   std::nullopt};
+  per.reads = {true, true, false};
+  const auto got = build_train_valid_test_datasets(per);
+  EXPECT_FALSE(got[2]);  // no --test-data-path
+
+  GPTDatasetsArgs train = base;
+  train.data_path = {A};
+  train.split = "1,0,0";
+  EXPECT_TRUE(same(got[0], build_train_valid_test_datasets(train)[0]));
+  GPTDatasetsArgs valid = base;
+  valid.data_path = {"0.3", B, "0.7", C};
+  valid.split = "0,1,0";
+  const auto want_valid = build_train_valid_test_datasets(valid)[1];
+  EXPECT_TRUE(same(got[1], want_valid));
+  // Not the --split "969,30,1" range of the same files: the valid split is whole.
+  valid.split = "969,30,1";
+  valid.reads = {false, true, false};
+  EXPECT_FALSE(same(got[1], build_train_valid_test_datasets(valid)[1]));
+
+  // One prefix with a weight is built directly (Megatron ignores the weight there).
+  GPTDatasetsArgs weighted_one = per;
+  weighted_one.per_split[0] = std::vector<std::string>{"0.5", A};
+  EXPECT_TRUE(same(build_train_valid_test_datasets(weighted_one)[0], got[0]));
+  // Errors name the split's flag.
+  GPTDatasetsArgs bad = per;
+  bad.per_split[1] = std::vector<std::string>{"1", B, "-2", C};
+  try {
+    build_train_valid_test_datasets(bad);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--valid-data-path weight -2"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PerSplitData, ArgsFiles) {
+  const auto dir = mcpp::testing::scratch_dir();
+  mcpp::testing::write_bytes(dir + "/words.txt", "0.3 a\n 0.7   b\n");
+  EXPECT_EQ(read_data_args_file(dir + "/words.txt"),
+            (std::vector<std::string>{"0.3", "a", "0.7", "b"}));
+  auto error = [](auto f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  mcpp::testing::write_bytes(dir + "/empty.txt", " \n");
+  EXPECT_NE(error([&] { read_data_args_file(dir + "/empty.txt"); }).find("holds no words"),
+            std::string::npos);
+  EXPECT_NE(error([&] { read_data_args_file(dir + "/none.txt"); }).find(dir + "/none.txt"),
+            std::string::npos);
+
+  mcpp::testing::write_bytes(dir + "/split.json",
+                             R"({"train": "0.3 a 0.7 b", "valid": ["c", "d e"], "test": null})");
+  const auto s = read_per_split_data_args(dir + "/split.json");
+  EXPECT_EQ(s[0], (std::vector<std::string>{"0.3", "a", "0.7", "b"}));
+  EXPECT_EQ(s[1], (std::vector<std::string>{"c", "d", "e"}));
+  EXPECT_FALSE(s[2]);
+  mcpp::testing::write_bytes(dir + "/nokey.json", R"({"train": "a", "valid": "b"})");
+  const std::string e1 = error([&] { read_per_split_data_args(dir + "/nokey.json"); });
+  EXPECT_NE(e1.find("no \"test\" entry"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("nokey.json"), std::string::npos) << e1;
+  mcpp::testing::write_bytes(dir + "/num.json", R"({"train": 3, "valid": "b", "test": "c"})");
+  EXPECT_NE(error([&] { read_per_split_data_args(dir + "/num.json"); })
+                .find("\"train\" holds 3"),
+            std::string::npos);
+  mcpp::testing::write_bytes(dir + "/bad.json", "{train: a");
+  EXPECT_NE(error([&] { read_per_split_data_args(dir + "/bad.json"); }).find("is not JSON"),
+            std::string::npos);
+}

@@ -67,6 +67,26 @@ inline Tensor gpu_nan(const Shape& shape, DType dt) {
   gpu::fill(g, std::nan(""), GS());
   return g;
 }
+// Whether a and b (on either device) hold the same dtype, numel and bytes.
+inline bool equal_bits(const Tensor& a, const Tensor& b) {
+  auto host = [](const Tensor& t) {
+    if (t.device() != Device::CUDA) return t;
+    Tensor h = Tensor::empty(t.shape(), t.dtype());
+    gpu::copy(t, h, GS());
+    return h;
+  };
+  const Tensor x = host(a), y = host(b);
+  return x.dtype() == y.dtype() && x.numel() == y.numel() &&
+         std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+// A CUDA tensor of c's values (and dtype) starting `offset` elements into its allocation:
+// an unaligned view for offset 1.
+inline Tensor gpu_at(const Tensor& c, int64_t offset) {
+  Tensor g =
+      Tensor::empty({c.numel() + offset}, c.dtype(), Device::CUDA).narrow(offset, c.numel());
+  gpu::copy(c, g, GS());
+  return g;
+}
 inline Tensor to_cpu(const Tensor& g) {
   Tensor c = Tensor::empty(g.shape(), g.dtype() == DType::I32 || g.dtype() == DType::I64
                                           ? g.dtype() : DType::F32);

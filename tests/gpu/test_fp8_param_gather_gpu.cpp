@@ -111,7 +111,7 @@ struct DistOpt {  // DP 1: a group of one, one bucket, the distributed optimizer
     }
     grads = std::make_unique<parallel::DataParallelGrads>(P.flat_grads(), std::move(spans), dp,
                                                           P.total_numel(), false, true);
-    opt = std::make_unique<optim::DistributedAdamW>(P, optim::AdamWConfig{}, *grads);
+    opt = std::make_unique<optim::DistributedAdamW>(P, optim::OptimizerConfig{}, *grads);
     opt->enable_fp8_param_gather(m.config(), nullptr);
     opt->refresh_fp8_params();
   }

@@ -21,19 +21,6 @@ Tensor host_copy_bits(const Tensor& g) {
   gpu::copy(g, h, GS());
   return h;
 }
-bool equal_bits(const Tensor& a, const Tensor& b) {
-  Tensor x = a.device() == Device::CUDA ? host_copy_bits(a) : a;
-  Tensor y = b.device() == Device::CUDA ? host_copy_bits(b) : b;
-  return x.dtype() == y.dtype() && x.numel() == y.numel() &&
-         std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
-}
-// A CUDA tensor of c's values starting `offset` elements into its allocation.
-Tensor gpu_at(const Tensor& c, int64_t offset) {
-  Tensor g =
-      Tensor::empty({c.numel() + offset}, c.dtype(), Device::CUDA).narrow(offset, c.numel());
-  gpu::copy(c, g, GS());
-  return g;
-}
 
 // Values over many binades, with a share of exact ties (lower half 0x8000).
 Tensor many_binades(int64_t n, uint64_t seed) {

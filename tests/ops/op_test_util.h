@@ -8,8 +8,10 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "base/error.h"
+#include "model/params.h"
 #include "ops/ops.h"
 #include "tensor/tensor.h"
 
@@ -93,5 +95,23 @@ inline Tensor numeric_grad(Tensor& x, const std::function<double()>& f, double h
 }
 
 constexpr double kGradTol = 1e-7;  // f64 analytic vs central differences (norm-wise)
+
+// An optimizer's test registry: a decayed parameter "w" of nw elements and a bias-like "b"
+// of nb without weight decay (Megatron's two groups), allocated in dt on the CPU (f64
+// gradients for f64 models, fp32 otherwise) and initialised from seed.
+inline model::ParamStore two_group_params(DType dt, int64_t nw, int64_t nb, uint64_t seed) {
+  model::ParamStore ps;
+  for (auto [name, numel, decay] : {std::tuple("w", nw, true), std::tuple("b", nb, false)}) {
+    model::ParamInfo info;
+    info.name = name;
+    info.global_shape = info.local_shape = {numel};
+    info.init_std = 0.5;
+    info.weight_decay = decay;
+    ps.add(info);
+  }
+  ps.allocate(dt, dt == DType::F64 ? DType::F64 : DType::F32, Device::CPU, 0, 1);
+  ps.initialize(seed);
+  return ps;
+}
 
 }  // namespace mcpp::test

@@ -168,21 +168,7 @@ TEST(SplitMain, AdamWStepSplitIsAdamWStepOnTheJoinedValues) {
 // fp32 main parameters (full_main_params) and moments after several steps with weight decay
 // and clipping, and 2 bytes an element less state.
 TEST(SplitMain, AdamWSplitAndWholeMainParamsAgree) {
-  auto make = [] {
-    model::ParamStore ps;
-    for (auto [name, numel, decay] : {std::tuple("w", int64_t(257 * 31), true),
-                                      std::tuple("b", int64_t(999), false)}) {
-      model::ParamInfo info;
-      info.name = name;
-      info.global_shape = info.local_shape = {numel};
-      info.init_std = 0.5;
-      info.weight_decay = decay;
-      ps.add(info);
-    }
-    ps.allocate(DType::BF16, DType::F32, Device::CPU, 0, 1);
-    ps.initialize(1234);
-    return ps;
-  };
+  auto make = [] { return two_group_params(DType::BF16, 257 * 31, 999, 1234); };
   model::ParamStore a = make(), b = make();
   ASSERT_EQ(std::getenv("MCPP_FP32_MAIN_PARAMS"), nullptr);
   optim::AdamW split(a, {});

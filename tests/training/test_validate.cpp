@@ -7,6 +7,7 @@
 #include "model/memory_estimate.h"
 #include "test_util.h"
 #include "training/memory_plan.h"
+#include "training/training_log.h"
 
 using namespace mcpp;
 using namespace mcpp::training;
@@ -274,10 +275,80 @@ TEST(Validate, ValuesNotImplementedYet) {
                  {"--expert-model-parallel-size 2"}, 2);
   expect_invalid(with(base_argv(), {"--position-embedding-type", "yarn"}),
                  {"--position-embedding-type yarn is not implemented yet"});
-  expect_invalid(with(base_argv(), {"--optimizer", "sgd"}),
-                 {"--optimizer sgd is not implemented yet"});
+  expect_invalid(with(base_argv(), {"--optimizer", "muon"}),
+                 {"--optimizer muon", "is not implemented yet", "sgd or lion"});
   Args a = parse_and_validate(with(base_argv(), {"--use-rotary-position-embeddings"}));
   EXPECT_EQ(a.position_embedding_type, "rope");
+}
+
+// --log-memory-interval follows the iteration lines (Megatron's assert); the memory line's
+// format, with --log-device-memory-used's field (both flags refuse a CPU run at start-up,
+// TrainingLog's constructor).
+TEST(Validate, MemoryLogging) {
+  EXPECT_EQ(parse_and_validate(with(base_argv(), {"--log-interval", "5",
+                                                  "--log-memory-interval", "10"}))
+                .log_memory_interval,
+            std::optional<int64_t>(10));
+  expect_invalid(with(base_argv(), {"--log-interval", "4", "--log-memory-interval", "10"}),
+                 {"--log-memory-interval 10 is not a positive multiple of --log-interval 4"});
+  EXPECT_EQ(format_memory_line(20, 3 << 20, 5 << 20, 8 << 20, 8 << 20, std::nullopt),
+            "(after 20 iterations) memory (MB) | allocated: 3.0 | max allocated: 5.0 | "
+            "reserved: 8.0 | max reserved: 8.0");
+  EXPECT_EQ(format_memory_line(1, 1 << 19, 1 << 20, 1 << 21, 1 << 21, uint64_t(3) << 30),
+            "(after 1 iterations) memory (MB) | allocated: 0.5 | max allocated: 1.0 | "
+            "reserved: 2.0 | max reserved: 2.0 | total device memory used: 3072.0");
+}
+
+// One data source (Megatron's rule), per-split paths without --split, the files'
+// flags against their command-line forms; --split's default only for one blend.
+TEST(Validate, DataSources) {
+  const auto none = without(base_argv(), "--mock-data");
+  Args a = parse_and_validate(with(none, {"--train-data-path", "0.5", "A", "0.5", "B",
+                                          "--valid-data-path", "C"}));
+  EXPECT_EQ(a.train_data_path, (std::vector<std::string>{"0.5", "A", "0.5", "B"}));
+  EXPECT_EQ(a.valid_data_path, (std::vector<std::string>{"C"}));
+  EXPECT_FALSE(a.split.has_value());
+  a = parse_and_validate(with(none, {"--data-args-path", "/d/words.txt"}));
+  EXPECT_EQ(a.split, std::optional<std::string>("969, 30, 1"));
+  EXPECT_NO_THROW(parse_and_validate(with(none, {"--per-split-data-args-path", "/d/s.json"})));
+  expect_invalid(with(base_argv(), {"--train-data-path", "A"}),
+                 {"a single data source must be given", "--mock-data", "--train/valid/test"});
+  expect_invalid(with(none, {"--data-path", "A", "--train-data-path", "B"}),
+                 {"a single data source must be given"});
+  expect_invalid(with(none, {"--data-path", "A", "--data-args-path", "/d/w.txt"}),
+                 {"--data-path and --data-args-path /d/w.txt both give the data"});
+  expect_invalid(with(none, {"--train-data-path", "A", "--per-split-data-args-path", "/d/s.json"}),
+                 {"--per-split-data-args-path /d/s.json both give the data"});
+  expect_invalid(with(none, {"--train-data-path", "A", "--split", "90,10,0"}),
+                 {"--split 90,10,0 with --train/valid/test-data-path", "drop --split"});
+  expect_invalid(with(none, {"--valid-data-path", "A"}),
+                 {"without --train-data-path", "--skip-train"});
+}
+
+// --optimizer sgd / lion and their settings (Megatron's defaults: momentum 0.9, Lion's
+// betas 0.95 / 0.98); the legacy checkpoint layout, which holds Adam's state only.
+TEST(Validate, ElementWiseOptimizers) {
+  Args a = parse_and_validate(with(base_argv(), {"--optimizer", "sgd"}));
+  EXPECT_EQ(a.sgd_momentum, 0.9);
+  a = parse_and_validate(with(base_argv(), {"--optimizer", "lion", "--lion-beta2", "0.99"}));
+  EXPECT_EQ(a.lion_beta1, 0.95);
+  EXPECT_EQ(a.lion_beta2, 0.99);
+  expect_invalid(with(base_argv(), {"--optimizer", "sgd", "--sgd-momentum", "-0.5"}),
+                 {"--sgd-momentum -0.5 must not be negative"});
+  expect_invalid(with(base_argv(), {"--optimizer", "lion", "--lion-beta1", "1"}),
+                 {"--lion-beta1 1 must lie in [0, 1)"});
+  expect_invalid(with(base_argv(), {"--optimizer", "adagrad"}), {"'adagrad' is not one of"});
+  const auto legacy = with(base_argv(), {"--optimizer", "lion", "--ckpt-format", "torch",
+                                         "--save", "/tmp/x"});
+  expect_invalid(legacy, {"--ckpt-format torch with --optimizer lion", "--no-save-optim"});
+  EXPECT_NO_THROW(parse_and_validate(with(legacy, {"--no-save-optim"})));
+  // The memory plan counts one state buffer instead of Adam's two.
+  const auto plan = [](Args x) {
+    x.padded_vocab_size = 128;  // the trainer's, from the tokenizer
+    return plan_stage_memory(x, model_config(x, Device::CPU, DType::F32), 0).optimizer;
+  };
+  const Args adam = parse_and_validate(base_argv());
+  EXPECT_EQ(plan(adam), 2 * plan(parse_and_validate(with(base_argv(), {"--optimizer", "sgd"}))));
 }
 
 // --use-rope-scaling / --rope-scaling-factor: RoPE only, a positive factor; they reach the

@@ -88,11 +88,20 @@ int64_t export_to_megatron(const std::string& load_dir, std::optional<int64_t> s
   check_exportable(cfg, o, "--target-tensor-parallel-size", "--target-pipeline-parallel-size");
   model::GPTModel m(cfg);
   auto& ps = m.params();
-  const bool has_optim = md.value("has_optimizer", false);
+  const bool saved_optim = md.value("has_optimizer", false);
+  const std::string rule = md.value("optimizer", std::string("adam"));
+  // Megatron's checkpoints here carry Adam's state; an SGD or Lion run's moments do not
+  // convert into it.
+  MCPP_CHECK_HINT(!saved_optim || !o.save_optim || rule == "adam",
+                  "add --no-save-optim to convert the weights alone",
+                  "{} holds the state of the {} optimizer; the Megatron export writes Adam's "
+                  "moments only",
+                  load_dir, rule);
+  const bool has_optim = saved_optim && rule == "adam";
   const TrainingState given = state_from_json(md.value("state", nlohmann::json::object()));
-  optim::AdamWConfig acfg{given_double(given.config, "adam_beta1", 0.9),
-                          given_double(given.config, "adam_beta2", 0.999),
-                          given_double(given.config, "adam_eps", 1e-8)};
+  optim::OptimizerConfig acfg{given_double(given.config, "adam_beta1", 0.9),
+                              given_double(given.config, "adam_beta2", 0.999),
+                              given_double(given.config, "adam_eps", 1e-8)};
   optim::AdamW opt(ps, acfg);
   TrainingState st = load_checkpoint(load_dir, step, m, has_optim ? &opt : nullptr);
   const std::string iter_dir = (fs::path(save_dir) / iteration_dir_name(st.iteration)).string();

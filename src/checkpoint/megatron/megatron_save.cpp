@@ -50,7 +50,7 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
   std::unique_ptr<optim::AdamW> opt;
   if (im.optimizer) {
     const OptimizerState& os = *im.optimizer;
-    opt = std::make_unique<optim::AdamW>(ps, optim::AdamWConfig{os.beta1, os.beta2, os.eps});
+    opt = std::make_unique<optim::AdamW>(ps, optim::OptimizerConfig{os.beta1, os.beta2, os.eps});
     for (const auto& p : ps.infos()) {
       copy(os.exp_avg.at(p.name), opt->exp_avg().narrow(p.offset, p.numel()), p.name);
       copy(os.exp_avg_sq.at(p.name), opt->exp_avg_sq().narrow(p.offset, p.numel()), p.name);
