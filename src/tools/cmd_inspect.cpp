@@ -48,6 +48,9 @@ int run_inspect(const std::vector<std::string>& args) {
   Flags f;
   f.add("--data-path", Flags::List, "dataset prefixes, optionally weighted: W1 P1 W2 P2")
       .add("--split", Flags::Value, "train,valid,test weights (default 969, 30, 1)")
+      .add("--train-data-path", Flags::List, "the train split's own prefixes (as --data-path)")
+      .add("--valid-data-path", Flags::List, "the valid split's own prefixes")
+      .add("--test-data-path", Flags::List, "the test split's own prefixes")
       .add("--data-cache-path", Flags::Value, "folder of cached index .npy files")
       .add("--mock-data", Flags::Switch, "Megatron's mock dataset")
       .add("--seq-length", Flags::Value, "sequence length S")
@@ -62,8 +65,10 @@ int run_inspect(const std::vector<std::string>& args) {
       .add("--help", Flags::Switch, "this text");
   add_tokenizer_flags(f);
   f.parse(args, "inspect");
+  const bool per_split =
+      f.has("--train-data-path") || f.has("--valid-data-path") || f.has("--test-data-path");
   if (f.has("--help") ||
-      (f.positional().empty() && !f.has("--data-path") && !f.has("--mock-data"))) {
+      (f.positional().empty() && !f.has("--data-path") && !f.has("--mock-data") && !per_split)) {
     std::printf(
         "usage: megatron inspect PREFIX...\n       megatron inspect --data-path ... --seq-length S "
         "--train-samples T --show-samples I:J\n\n%s",
@@ -100,10 +105,16 @@ int run_inspect(const std::vector<std::string>& args) {
   if (bad_total)
     throw Error(fmt::format("{} shard(s) failed verification (listed above as BAD)", bad_total),
                 "restore the files from a copy, or load an earlier iteration with --ckpt-step");
-  if (!f.has("--data-path") && !f.has("--mock-data")) return 0;
+  if (!f.has("--data-path") && !f.has("--mock-data") && !per_split) return 0;
+  MCPP_CHECK_HINT(!per_split || (!f.has("--data-path") && !f.has("--split")),
+                  "give --data-path (with --split) or the per-split paths, not both",
+                  "--train/valid/test-data-path with --data-path or --split");
 
   data::GPTDatasetsArgs a;
   a.data_path = f.list("--data-path");
+  const char* per_split_flags[] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+  for (int i = 0; i < 3; ++i)
+    if (f.has(per_split_flags[i])) a.per_split[size_t(i)] = f.list(per_split_flags[i]);
   a.mock_data = f.has("--mock-data");
   a.split = f.get("--split", "969, 30, 1");
   a.data_cache_path = f.get("--data-cache-path");

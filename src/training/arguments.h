@@ -237,7 +237,8 @@ struct Args {
   bool finetune = false;
   std::optional<int64_t> ckpt_step;        // --ckpt-step: load this iteration, not the latest
   bool async_save = false;                 // --async-save: write on a background thread
-  bool exit_signal_handler = false;        // --exit-signal-handler: SIGTERM -> save, exit 0
+  bool exit_signal_handler = false;        // --exit-signal-handler: the signal -> save, exit 0
+  std::string exit_signal = "SIGTERM";     // --exit-signal: its name (Python's signal.Signals)
   int64_t distributed_timeout_minutes = 10;
   // --save-retain-interval N: after each save the checkpoint saved before it is deleted
   // unless its iteration is a multiple of N (checkpoint::SaveOptions::retain_interval).
@@ -390,6 +391,10 @@ void validate_args(Args& args, int world_size, bool training = true);
 // Megatron's vocabulary padding: the smallest multiple of divisible_by * TP that is
 // >= orig_vocab_size. The message is Megatron's start-up line.
 int64_t padded_vocab_size(int64_t orig_vocab_size, int64_t divisible_by, int64_t tp);
+
+// --exit-signal's value: a name of Python's signal.Signals on Linux ("SIGTERM", "SIGUSR1",
+// ...) -> its number; nullopt for any other word.
+std::optional<int> signal_number(const std::string& name);
 // Sets and returns args.padded_vocab_size for a tokenizer of `tokenizer_vocab` ids:
 // --padded-vocab-size as given (Megatron uses it as is; an error when it is smaller than
 // the tokenizer's vocabulary), else padded_vocab_size(tokenizer_vocab, divisible_by, TP).

@@ -367,20 +367,24 @@ TrainSummary Trainer::run() {
       saved_now = true;
     }
     // Exit conditions, as checkpoint_and_decide_exit(): each saves first when --save is set.
+    // A signal reaches some ranks and the clock runs apart: every rank takes what any rank
+    // saw (Megatron all-reduces both), so all of them save and exit at the same iteration.
+    std::vector<double> seen = {a.exit_signal_handler && exit_signal_received() ? 1.0 : 0.0,
+                                0.0};
+    const double mins =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() / 60.0;
+    if (a.exit_duration_in_mins && mins > double(*a.exit_duration_in_mins)) seen[1] = 1.0;
+    if (a.exit_signal_handler || a.exit_duration_in_mins) parallel::sum_over(s.world->world(), seen);
     std::string exit_reason;
-    if (exit_signal_received())
-      exit_reason = "exiting on SIGTERM (--exit-signal-handler)";
+    if (seen[0] > 0)
+      exit_reason = fmt::format("exiting on {} (--exit-signal-handler)", a.exit_signal);
     else if (a.exit_interval && iteration % *a.exit_interval == 0)
       exit_reason = fmt::format("exiting program at iteration {} (--exit-interval {})", iteration,
                                 *a.exit_interval);
-    if (a.exit_duration_in_mins) {
-      double mins =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() / 60.0;
-      if (mins > double(*a.exit_duration_in_mins))
-        exit_reason =
-            fmt::format("exiting program after {:.2f} minutes (--exit-duration-in-mins {})", mins,
-                        *a.exit_duration_in_mins);
-    }
+    if (seen[1] > 0)
+      exit_reason =
+          fmt::format("exiting program after {:.2f} minutes (--exit-duration-in-mins {})", mins,
+                      *a.exit_duration_in_mins);
     if (!exit_reason.empty()) {
       if (a.save && !saved_now) s.save(), saved_now = true;
       if (s.async_saver) s.finish_async_save(/*blocking=*/true);

@@ -69,7 +69,7 @@ extern "C" void on_exit_signal(int) { g_exit_signal.store(true); }
 
 }  // namespace
 
-void install_exit_signal_handler() { std::signal(SIGTERM, on_exit_signal); }
+void install_exit_signal_handler(int signum) { std::signal(signum, on_exit_signal); }
 bool exit_signal_received() { return g_exit_signal.load(); }
 
 // The device, the world and its process groups, the tokenizer (the padded vocabulary).
@@ -492,7 +492,7 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
     MCPP_CHECK_HINT(a.save, "add --save DIR", "--async-save needs --save");
     s.async_saver = std::make_unique<checkpoint::AsyncSaver>();
   }
-  if (a.exit_signal_handler) install_exit_signal_handler();
+  if (a.exit_signal_handler) install_exit_signal_handler(*signal_number(a.exit_signal));
   s.build_datasets();
 }
 

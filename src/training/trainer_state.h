@@ -121,7 +121,8 @@ struct Trainer::State {
 };
 
 // SIGTERM with --exit-signal-handler: the loop saves and exits at the end of the iteration.
-void install_exit_signal_handler();
+// --exit-signal-handler: the handler for signal `signum` (signal_number(--exit-signal)).
+void install_exit_signal_handler(int signum);
 bool exit_signal_received();
 
 }  // namespace mcpp::training

@@ -7,7 +7,31 @@
 
 namespace mcpp::training {
 
+std::optional<int> signal_number(const std::string& name) {
+  static const std::pair<const char*, int> kSignals[] = {
+      {"SIGHUP", 1},     {"SIGINT", 2},     {"SIGQUIT", 3},   {"SIGILL", 4},    {"SIGTRAP", 5},
+      {"SIGABRT", 6},    {"SIGIOT", 6},     {"SIGBUS", 7},    {"SIGFPE", 8},    {"SIGKILL", 9},
+      {"SIGUSR1", 10},   {"SIGSEGV", 11},   {"SIGUSR2", 12},  {"SIGPIPE", 13},  {"SIGALRM", 14},
+      {"SIGTERM", 15},   {"SIGSTKFLT", 16}, {"SIGCHLD", 17},  {"SIGCONT", 18},  {"SIGSTOP", 19},
+      {"SIGTSTP", 20},   {"SIGTTIN", 21},   {"SIGTTOU", 22},  {"SIGURG", 23},   {"SIGXCPU", 24},
+      {"SIGXFSZ", 25},   {"SIGVTALRM", 26}, {"SIGPROF", 27},  {"SIGWINCH", 28}, {"SIGIO", 29},
+      {"SIGPOLL", 29},   {"SIGPWR", 30},    {"SIGSYS", 31},   {"SIGRTMIN", 34}, {"SIGRTMAX", 64}};
+  for (const auto& [n, v] : kSignals)
+    if (name == n) return v;
+  return std::nullopt;
+}
+
 void validate_observe(const Args& a) {
+  // --exit-signal: Megatron's enum takes a signal's name (signal.Signals[name]).
+  const std::optional<int> sig = signal_number(a.exit_signal);
+  MCPP_CHECK_HINT(sig.has_value(), "give a signal's name, e.g. --exit-signal SIGUSR1",
+                  "--exit-signal {} is not a signal name", a.exit_signal);
+  MCPP_CHECK_HINT(*sig != 9 && *sig != 19, "use a signal a process can catch, e.g. SIGUSR1",
+                  "--exit-signal {}: this signal cannot be caught", a.exit_signal);
+  MCPP_CHECK_HINT(a.exit_signal_handler || a.exit_signal == "SIGTERM",
+                  "add --exit-signal-handler (the handler that saves and exits on it)",
+                  "--exit-signal {} without --exit-signal-handler: nothing listens for it",
+                  a.exit_signal);
   if (a.log_memory_interval)
     MCPP_CHECK_HINT(*a.log_memory_interval > 0 && *a.log_memory_interval % a.log_interval == 0,
                     fmt::format("give --log-memory-interval a multiple of --log-interval ({})",

@@ -52,6 +52,15 @@ diff <(vals "$W/a.log") <(vals "$W/b.log") || { echo "validation differs"; exit 
 diff <(pick "$W/a.log") <(pick "$W/d.log") ||
   { echo "train split differs from --data-path a --split 100,0,0"; exit 1; }
 diff <(pick "$W/c.log") <(pick "$W/d.log") || { echo "--data-args-path differs"; exit 1; }
+# `megatron inspect` with the per-split flags shows the valid split's own samples: those of
+# --data-path b --split 0,100,0.
+"$M" inspect --valid-data-path "$W/b_text_document" --seq-length 32 --train-samples 8 \
+  --show-split valid --show-samples 0:3 > "$W/i1.log" || { cat "$W/i1.log"; exit 1; }
+"$M" inspect --data-path "$W/b_text_document" --split 0,100,0 --seq-length 32 --train-samples 8 \
+  --show-split valid --show-samples 0:3 > "$W/i2.log" || { cat "$W/i2.log"; exit 1; }
+[ "$(grep -c '^[0-2]:' "$W/i1.log")" = 3 ] || { echo "inspect printed no samples"; cat "$W/i1.log"; exit 1; }
+diff <(grep '^[0-2]:' "$W/i1.log") <(grep '^[0-2]:' "$W/i2.log") ||
+  { echo "inspect --valid-data-path differs"; exit 1; }
 # The error paths: a missing JSON entry names the file and the entry.
 echo '{"train": "x"}' > "$W/bad.json"
 if "$M" train "${COMMON[@]}" --per-split-data-args-path "$W/bad.json" > "$W/e.log" 2>&1; then

@@ -299,6 +299,23 @@ TEST(Validate, MemoryLogging) {
             "reserved: 2.0 | max reserved: 2.0 | total device memory used: 3072.0");
 }
 
+// --exit-signal: a signal's name as Megatron's enum takes it, printed as Signals.<NAME>;
+// a signal nothing listens for (no --exit-signal-handler) or one that cannot be caught is
+// an error.
+TEST(Validate, ExitSignal) {
+  const auto handler = with(base_argv(), {"--exit-signal-handler"});
+  Args a = parse_and_validate(with(handler, {"--exit-signal", "SIGUSR1"}));
+  EXPECT_EQ(a.exit_signal, "SIGUSR1");
+  EXPECT_EQ(signal_number(a.exit_signal), std::optional<int>(10));
+  EXPECT_NE(format_args(a).find("Signals.SIGUSR1"), std::string::npos);
+  EXPECT_EQ(parse_and_validate(base_argv()).exit_signal, "SIGTERM");
+  EXPECT_NO_THROW(parse_and_validate(with(base_argv(), {"--exit-signal", "SIGTERM"})));
+  expect_invalid(with(handler, {"--exit-signal", "15"}), {"--exit-signal 15 is not a signal name"});
+  expect_invalid(with(handler, {"--exit-signal", "SIGKILL"}), {"cannot be caught"});
+  expect_invalid(with(base_argv(), {"--exit-signal", "SIGUSR2"}),
+                 {"without --exit-signal-handler", "add --exit-signal-handler"});
+}
+
 // One data source (Megatron's rule), per-split paths without --split, the files'
 // flags against their command-line forms; --split's default only for one blend.
 TEST(Validate, DataSources) {
@@ -487,7 +504,8 @@ TEST(PaddedVocab, MegatronRule) {
 }
 
 TEST(PrintArgs, MegatronFormat) {
-  Args a = parse_and_validate(with(base_argv(), {"--data-path", "0.5", "a", "0.5", "b"}));
+  Args a = parse_and_validate(
+      with(without(base_argv(), "--mock-data"), {"--data-path", "0.5", "a", "0.5", "b"}));
   const std::string s = format_args(a);
   EXPECT_EQ(s.rfind("------------------------ arguments ------------------------\n", 0), 0u);
   EXPECT_NE(s.find("\n-------------------- end of arguments ---------------------"),
