@@ -23,6 +23,7 @@
 #include "ops/attention_backend.h"
 #include "ops/cuda/flash_attention.h"
 #include "ops/ops.h"
+#include "ops/momentum_step.h"
 #include "ops/split_main.h"
 
 using namespace mcpp;
@@ -548,6 +549,16 @@ int main(int argc, char** argv) {
     ops::split_main_params(p, model, lo, s);
     bytes("adamw_step_split (bf16 + lower halves)", "268M params", double(n) * (4 * 5 + 2 * 4),
           [&] { ops::adamw_step_split(model, lo, g, m, v, ap, s); });
+    // --optimizer sgd / lion (ops/momentum_step.h): one state buffer, split main params as
+    // above: 2 + 2 + 4 (g) + 4 (m) read, 2 + 2 + 4 written = 20 bytes an element.
+    for (auto rule : {ops::MomentumStepParams::Rule::Sgd, ops::MomentumStepParams::Rule::Lion}) {
+      ops::MomentumStepParams mp;
+      mp.rule = rule, mp.lr = 1e-4, mp.weight_decay = 0.1;
+      bytes(rule == ops::MomentumStepParams::Rule::Sgd ? "momentum_step_split (sgd)"
+                                                        : "momentum_step_split (lion)",
+            "268M params", double(n) * (4 * 3 + 2 * 4),
+            [&] { ops::momentum_step_split(model, lo, g, m, mp, s); });
+    }
   }
   // ---- the step's compute alone, at the power cap ----------------------------------------
   // For each bench_gpu_train model, one training step's GEMMs (per layer: the qkv, proj, fc1,
