@@ -1,5 +1,6 @@
 #include "model/params.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "base/philox.h"
@@ -171,14 +172,22 @@ void ParamStore::initialize(uint64_t seed) {
     const int64_t rows = p.local_shape[0];
     const int64_t cols = p.local_shape.size() > 1 ? p.local_shape[1] : 1;
     const uint64_t stream = hash_name(p.name);
+    double bound = 0;  // Init::XavierUniform's, from the global [out, in]
+    if (p.init == Init::XavierUniform) {
+      MCPP_CHECK(p.global_shape.size() == 2, "{}: a Xavier-initialised weight must be 2-D, is {}",
+                 p.name, shape_str(p.global_shape));
+      bound = std::sqrt(6.0 / double(p.global_shape[0] + p.global_shape[1]));
+    }
     auto fill = [&](auto* d) {
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) {
-          double v = p.init == Init::Zeros ? 0.0
-                     : p.init == Init::Ones
-                         ? 1.0
-                         : p.init_std * Philox::normal(seed, stream, global_index(p, r, c));
+          const uint64_t g = global_index(p, r, c);
+          double v = p.init == Init::Zeros  ? 0.0
+                     : p.init == Init::Ones ? 1.0
+                     : p.init == Init::XavierUniform
+                         ? bound * (2.0 * double(Philox::uniform(seed, stream, g)) - 1.0)
+                         : p.init_std * Philox::normal(seed, stream, g);
           d[r * cols + c] = static_cast<std::remove_pointer_t<decltype(d)>>(v);
         }
     };

@@ -20,7 +20,10 @@ enum class TpSplit {
   SwigluRows,  // linear_fc1 with SwiGLU: global [gate(F); up(F)], each rank [gate_r; up_r]
 };
 
-enum class Init { Normal, Zeros, Ones };
+// Normal: init_std times a standard normal; XavierUniform (--init-method-xavier-uniform):
+// uniform in [-b, b), b = sqrt(6 / (fan_in + fan_out)) from the global [out, in] shape (so
+// every TP layout draws the TP 1 values); both by global index.
+enum class Init { Normal, Zeros, Ones, XavierUniform };
 
 // Which data-parallel group reduces a parameter's gradient: the dense parameters over
 // DP (x CP); expert parameters over the expert-data-parallel group (EP).

@@ -25,6 +25,12 @@ std::vector<ParamInfo> Stage::parameters(const TransformerConfig& c, const Pipel
   if (part.last_stage) LmHead::add_params(c, part.first_stage, out);
   if (part.last_stage)
     for (int k = 0; k < int(c.mtp_num_layers); ++k) MtpLayer::add_params(c, k, out);
+  // --init-method-xavier-uniform: Megatron's init_method and scaled_init_method both become
+  // xavier_uniform_, which every weight drawn from them (embeddings, output layer, router,
+  // every linear) then uses.
+  if (c.init_method_xavier_uniform)
+    for (ParamInfo& p : out)
+      if (p.init == Init::Normal) p.init = Init::XavierUniform;
   return out;
 }
 

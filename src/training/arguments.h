@@ -123,6 +123,7 @@ struct Args {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
+  bool init_method_xavier_uniform = false;   // every Normal-initialised weight: Xavier uniform
   double sgd_momentum = 0.9;                 // --optimizer sgd
   double lion_beta1 = 0.95, lion_beta2 = 0.98;  // --optimizer lion
   double clip_grad = 1.0;

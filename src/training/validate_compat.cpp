@@ -98,6 +98,10 @@ void validate_compat(Args& a, bool training) {
                     "warms up from it too)",
                     a.lr_warmup_init, *a.decoupled_lr);
   }
+  if (a.init_method_xavier_uniform && a.was_given("init_method_std"))
+    log::warn("--init-method-xavier-uniform: every weight is Xavier-uniform; --init-method-std "
+              "{} is not used (as in Megatron-LM)",
+              a.init_method_std);
   if (!a.mmap_bin_files && a.mock_data)
     log::info("--no-mmap-bin-files: no .bin file is read (--mock-data); nothing to change");
   if (a.use_checkpoint_args) check_checkpoint_args_source(a);

@@ -154,6 +154,55 @@ TEST(ModelInit, ParallelInvariantAcrossTensorParallelRanks) {
   }
 }
 
+// --init-method-xavier-uniform: every weight drawn from init_method (embeddings, output
+// layer, linears) is uniform in [-b, b), b = sqrt(6 / (fan_in + fan_out)) of its global
+// shape: within the bound, reaching near it, with a uniform's variance b^2 / 3; biases and
+// norms keep their zeros and ones; the TP 2 shards are the TP 1 values (global index).
+TEST(ModelInit, XavierUniform) {
+  for (bool llama : {false, true}) {
+    auto c = tiny(llama, 1, 0.0);
+    c.init_method_xavier_uniform = true;
+    GPTModel m(c);
+    int weights = 0;
+    for (size_t i = 0; i < m.params().infos().size(); ++i) {
+      const auto& p = m.params().infos()[i];
+      const Tensor w = m.params().param(i);
+      const double* x = w.data<double>();
+      if (p.init != model::Init::XavierUniform) {
+        for (int64_t k = 0; k < w.numel(); ++k)
+          ASSERT_EQ(x[k], p.init == model::Init::Ones ? 1.0 : 0.0) << p.name;
+        continue;
+      }
+      ++weights;
+      ASSERT_EQ(p.global_shape.size(), 2u) << p.name;
+      const double b = std::sqrt(6.0 / double(p.global_shape[0] + p.global_shape[1]));
+      double mx = 0, sq = 0, sum = 0;
+      for (int64_t k = 0; k < w.numel(); ++k) {
+        ASSERT_LT(std::abs(x[k]), b) << p.name;
+        mx = std::max(mx, std::abs(x[k])), sq += x[k] * x[k], sum += x[k];
+      }
+      const double n = double(w.numel());
+      EXPECT_GT(mx, 0.9 * b) << p.name;
+      EXPECT_NEAR(sq / n, b * b / 3, 0.25 * b * b / 3 + 4 * b * b / std::sqrt(n)) << p.name;
+      EXPECT_LT(std::abs(sum / n), 4 * b / std::sqrt(3 * n)) << p.name;
+    }
+    EXPECT_GE(weights, 5);  // embeddings, qkv, proj, fc1, fc2 at least
+    auto c2 = c;
+    c2.tp_size = 2, c2.tp_rank = 1;
+    GPTModel part(c2);
+    for (size_t i = 0; i < part.params().infos().size(); ++i) {
+      const auto& p = part.params().infos()[i];
+      Tensor w = part.params().param(i), W = m.params().param(p.name);
+      const int64_t rows = p.local_shape[0], cols = p.numel() / rows;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t cc = 0; cc < cols; ++cc)
+          ASSERT_EQ(w.data<double>()[r * cols + cc],
+                    W.data<double>()[part.params().global_index(p, r, cc)])
+              << p.name;
+    }
+  }
+}
+
 TEST(ModelConfig, RejectsBadShapes) {
   auto c = tiny(true, 1, 0.0);
   c.num_query_groups = 3;

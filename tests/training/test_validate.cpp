@@ -316,6 +316,14 @@ TEST(Validate, ExitSignal) {
                  {"without --exit-signal-handler", "add --exit-signal-handler"});
 }
 
+TEST(Validate, XavierUniformInit) {
+  const Args a = parse_and_validate(with(base_argv(), {"--init-method-xavier-uniform"}));
+  EXPECT_TRUE(model_config(a, Device::CPU, DType::F32).init_method_xavier_uniform);
+  EXPECT_FALSE(
+      model_config(parse_and_validate(base_argv()), Device::CPU, DType::F32)
+          .init_method_xavier_uniform);
+}
+
 // One data source (Megatron's rule), per-split paths without --split, the files'
 // flags against their command-line forms; --split's default only for one blend.
 TEST(Validate, DataSources) {
