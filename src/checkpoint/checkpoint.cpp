@@ -160,6 +160,7 @@ json state_to_json(const TrainingState& st) {
             {"wd_incr_style", optim::to_string(s.wd_incr_style)},
             {"num_steps", s.num_steps}}},
           {"optimizer_steps", st.optimizer_steps},
+          {"skipped_train_samples", st.skipped_train_samples},
           {"rng", {{"seed", st.rng_seed}, {"iteration", st.rng_iteration}}},
           {"num_floating_point_operations_so_far", st.num_floating_point_operations_so_far},
           {"data_loader", st.data_loader},
@@ -183,6 +184,7 @@ TrainingState state_from_json(const json& j) {
   st.scheduler.wd_incr_style = optim::parse_wd_incr_style(s.at("wd_incr_style"));
   st.scheduler.num_steps = s.at("num_steps");
   st.optimizer_steps = j.at("optimizer_steps");
+  st.skipped_train_samples = j.value("skipped_train_samples", int64_t(0));
   st.rng_seed = j.at("rng").at("seed"), st.rng_iteration = j.at("rng").at("iteration");
   st.num_floating_point_operations_so_far = j.value("num_floating_point_operations_so_far", 0.0);
   st.data_loader = j.value("data_loader", json::object());

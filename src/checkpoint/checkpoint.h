@@ -52,6 +52,7 @@ inline constexpr const char* kMetadataFile = "metadata.json";
 struct TrainingState {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
+  int64_t skipped_train_samples = 0;  // of the consumed ones, in --iterations-to-skip
   optim::SchedulerState scheduler;
   int64_t optimizer_steps = 0;  // AdamW's step count (bias correction); set from opt on save
   // Dropout is counter-based (seed, iteration, micro-batch, global index): seed and iteration

@@ -175,6 +175,8 @@ struct Args {
   int64_t profile_step_start = 10;
   int64_t profile_step_end = 12;
   std::vector<int64_t> profile_ranks = {0};  // global ranks that profile
+  // Iterations whose global batch is consumed without a step (Megatron's skip of bad data).
+  std::vector<int64_t> iterations_to_skip;
 
   // Which attention kernel runs on the GPU (ops/attention_backend.h): auto, fused (cuDNN),
   // flash (own kernel), unfused / local (CUDA-core kernel).

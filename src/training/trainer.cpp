@@ -3,6 +3,7 @@
 // what the loop prints, training_log.cpp.
 #include "training/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -157,6 +158,7 @@ checkpoint::TrainingState Trainer::State::training_state() const {
   checkpoint::TrainingState st;
   st.iteration = iteration;
   st.consumed_train_samples = consumed_train, st.consumed_valid_samples = consumed_valid;
+  st.skipped_train_samples = skipped_train;
   st.scheduler = sched->state();
   st.optimizer_steps = opt->steps();
   st.rng_seed = uint64_t(args.seed), st.rng_iteration = iteration;
@@ -251,6 +253,7 @@ void Trainer::State::load() {
   if (!finetune) {
     iteration = st->iteration;
     consumed_train = st->consumed_train_samples, consumed_valid = st->consumed_valid_samples;
+    skipped_train = st->skipped_train_samples;
     flops_so_far = st->num_floating_point_operations_so_far;
     auto policy = a.override_opt_param_scheduler ? optim::SchedulerLoadPolicy::OverrideFromArgs
                   : a.use_checkpoint_opt_param_scheduler ? optim::SchedulerLoadPolicy::UseCheckpoint
@@ -289,6 +292,7 @@ TrainSummary Trainer::run() {
   const auto t_start = std::chrono::steady_clock::now();
   int64_t& iteration = s.iteration;
   const int64_t start_iteration = iteration;
+  int64_t first_step = iteration;  // the iteration before this run's first step (skips move it)
   bool saved_now = false;
   auto finish = [&] {
     out.iterations = iteration - start_iteration;
@@ -314,6 +318,20 @@ TrainSummary Trainer::run() {
     // A finished background save is committed here (collectively under mpirun), and a
     // failed one surfaces here.
     if (s.async_saver) s.finish_async_save(/*blocking=*/false);
+    // --iterations-to-skip (Megatron's dummy_train_step): the global batch is consumed and
+    // counted as skipped; no forward, backward, step, scheduler step, log line, evaluation
+    // or save.
+    if (std::find(a.iterations_to_skip.begin(), a.iterations_to_skip.end(), iteration + 1) !=
+        a.iterations_to_skip.end()) {
+      s.update_step_batch();
+      const int64_t gbs = s.step_global_batch();
+      s.consumed_train += gbs, s.skipped_train += gbs;
+      if (iteration == first_step) ++first_step;
+      ++iteration;
+      log::info("skipping iteration {} (--iterations-to-skip): its {} samples are consumed",
+                iteration, gbs);
+      continue;
+    }
     profiler.before_step(iteration);
     ++iteration;
     saved_now = false;
@@ -324,7 +342,7 @@ TrainSummary Trainer::run() {
     profiler.after_step(iteration);
     s.consumed_train += gbs;
     s.flops_so_far += flops_per_iter;
-    if (iteration == start_iteration + 1) {
+    if (iteration == first_step + 1) {
       s.log->activation_memory(iteration, s.model->activation_memory());
       if (a.overlap_grad_reduce && s.dp_grads)
         log::info("> --overlap-grad-reduce: {} of {} gradient buckets started their reduction "
@@ -337,6 +355,7 @@ TrainSummary Trainer::run() {
     IntervalState st{s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
                      s.skipped_iters, s.nan_iters, flops_per_iter};
     st.global_batch_size = gbs;
+    st.skipped_samples = s.skipped_train;
     if (a.decoupled_lr) st.decoupled_learning_rate = s.decoupled_lr();
     if (s.log->due(iteration)) {
       // Megatron logs the last iteration's values (not interval averages); both are

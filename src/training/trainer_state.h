@@ -70,6 +70,7 @@ struct Trainer::State {
   Device device = Device::CPU;  // --device, resolved
   std::array<std::shared_ptr<data::GPTSampleSource>, 3> datasets;
   int64_t consumed_train = 0, consumed_valid = 0;
+  int64_t skipped_train = 0;  // samples of --iterations-to-skip, counted in consumed_train
   int64_t skipped_iters = 0, nan_iters = 0;
   data::GPTSample sample;  // scratch of the micro-batch assembly
   int64_t iteration = 0;

@@ -206,6 +206,7 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   IterationLog L;
   L.iteration = iteration, L.train_iters = a_.train_iters;
   L.consumed_samples = s.consumed_samples;
+  L.skipped_samples = s.skipped_samples;
   L.elapsed_ms_per_iteration = per_iter * 1e3;
   // Megatron's training_log prints the throughput field only with --log-throughput; the
   // tokens/s field (ours) follows the same flag.

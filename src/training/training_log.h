@@ -71,6 +71,7 @@ struct IntervalState {
   std::optional<double> decoupled_learning_rate;  // --decoupled-lr
   std::optional<int64_t> num_zeros_in_grad;       // --log-num-zeros-in-grad
   std::optional<double> params_norm;              // --log-params-norm
+  int64_t skipped_samples = 0;  // --iterations-to-skip's, "skipped samples" when > 0
 };
 
 // Megatron's report_memory line: "(after N iterations) memory (MB) | allocated: ... | max

@@ -98,6 +98,9 @@ void validate_compat(Args& a, bool training) {
                     "warms up from it too)",
                     a.lr_warmup_init, *a.decoupled_lr);
   }
+  for (int64_t it : a.iterations_to_skip)
+    MCPP_CHECK_HINT(it >= 1, "give iteration numbers from 1 (the first step)",
+                    "--iterations-to-skip {}: iterations count from 1", it);
   if (a.init_method_xavier_uniform && a.was_given("init_method_std"))
     log::warn("--init-method-xavier-uniform: every weight is Xavier-uniform; --init-method-std "
               "{} is not used (as in Megatron-LM)",

@@ -316,6 +316,14 @@ TEST(Validate, ExitSignal) {
                  {"without --exit-signal-handler", "add --exit-signal-handler"});
 }
 
+TEST(Validate, IterationsToSkip) {
+  EXPECT_EQ(parse_and_validate(with(base_argv(), {"--iterations-to-skip", "3", "7"}))
+                .iterations_to_skip,
+            (std::vector<int64_t>{3, 7}));
+  expect_invalid(with(base_argv(), {"--iterations-to-skip", "0"}),
+                 {"--iterations-to-skip 0: iterations count from 1"});
+}
+
 TEST(Validate, XavierUniformInit) {
   const Args a = parse_and_validate(with(base_argv(), {"--init-method-xavier-uniform"}));
   EXPECT_TRUE(model_config(a, Device::CPU, DType::F32).init_method_xavier_uniform);
