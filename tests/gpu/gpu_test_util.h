@@ -11,6 +11,7 @@
 #include <string>
 
 #include "base/philox.h"
+#include "model/params.h"
 #include "ops/cuda/device.h"
 #include "ops/ops.h"
 #include "tensor/tensor.h"
@@ -87,6 +88,23 @@ inline Tensor gpu_at(const Tensor& c, int64_t offset) {
   gpu::copy(c, g, GS());
   return g;
 }
+// The optimizer tests' registry: parameters of 300,007 elements (decayed: a vector path with
+// a tail) and 4,099 (not decayed), in dt on dev with fp32 gradients, initialised from 99.
+inline model::ParamStore optimizer_test_params(DType dt, Device dev) {
+  model::ParamStore ps;
+  for (int64_t numel : {int64_t(300007), int64_t(4099)}) {
+    model::ParamInfo info;
+    info.name = "p" + std::to_string(numel);
+    info.global_shape = info.local_shape = {numel};
+    info.init_std = 0.5;
+    info.weight_decay = numel > 5000;
+    ps.add(info);
+  }
+  ps.allocate(dt, DType::F32, dev, 0, 1);
+  ps.initialize(99);
+  return ps;
+}
+
 inline Tensor to_cpu(const Tensor& g) {
   Tensor c = Tensor::empty(g.shape(), g.dtype() == DType::I32 || g.dtype() == DType::I64
                                           ? g.dtype() : DType::F32);

@@ -75,20 +75,7 @@ TEST(GpuMomentumStep, GivesTheCpuBits) {
 // on one group only, for both rules.
 TEST(GpuMomentumStep, OptimizerOnACudaBf16ModelMatchesTheCpu) {
   MCPP_REQUIRE_GPU();
-  auto make = [](DType dt, Device dev) {
-    model::ParamStore ps;
-    for (int64_t numel : {int64_t(300007), int64_t(4099)}) {
-      model::ParamInfo info;
-      info.name = "p" + std::to_string(numel);
-      info.global_shape = info.local_shape = {numel};
-      info.init_std = 0.5;
-      info.weight_decay = numel > 5000;
-      ps.add(info);
-    }
-    ps.allocate(dt, DType::F32, dev, 0, 1);
-    ps.initialize(99);
-    return ps;
-  };
+  auto make = optimizer_test_params;
   for (optim::UpdateRule rule : {optim::UpdateRule::Sgd, optim::UpdateRule::Lion}) {
     SCOPED_TRACE(optim::rule_name(rule));
     model::ParamStore g = make(DType::BF16, Device::CUDA), c = make(DType::F32, Device::CPU);

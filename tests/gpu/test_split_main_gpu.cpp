@@ -95,20 +95,7 @@ TEST(GpuSplitMain, StepIsAdamWStepOnTheJoinedValuesBitwise) {
 
 TEST(GpuSplitMain, AdamWOnACudaModelSplitAndWholeAgree) {
   MCPP_REQUIRE_GPU();
-  auto make = [] {
-    model::ParamStore ps;
-    for (int64_t numel : {int64_t(300007), int64_t(4099)}) {
-      model::ParamInfo info;
-      info.name = "p" + std::to_string(numel);
-      info.global_shape = info.local_shape = {numel};
-      info.init_std = 0.5;
-      info.weight_decay = numel > 5000;
-      ps.add(info);
-    }
-    ps.allocate(DType::BF16, DType::F32, Device::CUDA, 0, 1);
-    ps.initialize(99);
-    return ps;
-  };
+  auto make = [] { return optimizer_test_params(DType::BF16, Device::CUDA); };
   model::ParamStore a = make(), b = make();
   ASSERT_EQ(std::getenv("MCPP_FP32_MAIN_PARAMS"), nullptr);
   optim::AdamW split(a, {});
