@@ -12,6 +12,7 @@
 
 #include "../inference/inference_test_util.h"
 #include "../moe/moe_test_util.h"
+#include "tiny_model.h"
 #include "base/philox.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
@@ -36,18 +37,8 @@ void add_moe(TransformerConfig& c, std::vector<int64_t> pattern, int64_t shared)
   c.moe.shared_ffn_hidden_size = shared;
 }
 
-model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
-  model::MicroBatch mb;
-  mb.tokens = Tensor::empty({B, S}, DType::I64);
-  mb.labels = Tensor::empty({B, S}, DType::I64);
-  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
-  for (int64_t i = 0; i < B * S; ++i) {
-    mb.tokens.data<int64_t>()[i] = int64_t(Philox::u32(seed, 1, uint64_t(i)) % uint64_t(V));
-    mb.labels.data<int64_t>()[i] = int64_t(Philox::u32(seed, 2, uint64_t(i)) % uint64_t(V));
-    mb.loss_mask.data<float>()[i] = i % 5 == 2 ? 0.f : 1.f;
-  }
-  return mb;
-}
+// The tiny models' random batch (tiny_model.h).
+using model::test::random_batch;
 
 // The LM loss plus every MoE layer's aux loss: what backward differentiates.
 double total(GPTModel& m, const model::MicroBatch& mb, const model::StepKeys& k) {
@@ -59,7 +50,7 @@ double total(GPTModel& m, const model::MicroBatch& mb, const model::StepKeys& k)
 void fd_check(const TransformerConfig& cfg) {
   GPTModel m(cfg);
   test::perturb_norms(m.params());
-  const auto mb = batch(2, cfg.seq_length, 13, 11);
+  const auto mb = random_batch(2, cfg.seq_length, 13, 11);
   model::StepKeys keys;
   keys.iteration = 3;
   auto& ps = m.params();
@@ -111,7 +102,7 @@ TEST(SquaredRelu, IsAnotherFunctionThanGeluAndNotGated) {
     ASSERT_EQ(a.params().flat_params().numel(), b.params().flat_params().numel());
     std::memcpy(b.params().flat_params().raw(), a.params().flat_params().raw(),
                 a.params().flat_params().nbytes());
-    const auto mb = batch(2, c.seq_length, 13, 4);
+    const auto mb = random_batch(2, c.seq_length, 13, 4);
     const double la = a.forward(mb, {}), lb = b.forward(mb, {});
     EXPECT_GT(std::abs(la - lb), 1e-3 * std::abs(lb)) << "moe " << moe;
   }
@@ -145,7 +136,7 @@ Training train(const TransformerConfig& c) {
       model::StepKeys k;
       k.iteration = it, k.sample_offset = j * B, k.global_batch = M * B;
       t.losses.push_back(
-          m.forward(batch(B, c.seq_length, c.padded_vocab_size, uint64_t(10 * it + j)), k));
+          m.forward(random_batch(B, c.seq_length, c.padded_vocab_size, uint64_t(10 * it + j)), k));
       m.backward(1.0 / double(M * B * c.seq_length));
     }
     opt.clip(1.0, std::sqrt(opt.grad_sq_norm()));
