@@ -549,6 +549,15 @@ int main(int argc, char** argv) {
     ops::split_main_params(p, model, lo, s);
     bytes("adamw_step_split (bf16 + lower halves)", "268M params", double(n) * (4 * 5 + 2 * 4),
           [&] { ops::adamw_step_split(model, lo, g, m, v, ap, s); });
+    // --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16: the two
+    // moments 2 bytes each, 20 bytes an element.
+    {
+      Tensor m16 = Tensor::empty({n}, DType::BF16, Device::CUDA);
+      Tensor v16 = Tensor::empty({n}, DType::BF16, Device::CUDA);
+      ops::copy(m, m16, s), ops::copy(v, v16, s);
+      bytes("adamw_step_split, bf16 moments", "268M params", double(n) * (4 * 1 + 2 * 8),
+            [&] { ops::adamw_step_split(model, lo, g, m16, v16, ap, s); });
+    }
     // --optimizer sgd / lion (ops/momentum_step.h): one state buffer, split main params as
     // above: 2 + 2 + 4 (g) + 4 (m) read, 2 + 2 + 4 written = 20 bytes an element.
     for (auto rule : {ops::MomentumStepParams::Rule::Sgd, ops::MomentumStepParams::Rule::Lion}) {

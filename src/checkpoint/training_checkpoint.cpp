@@ -212,14 +212,16 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   }
   // Through host buffers in the optimizer's dtype (fp32; f64 for f64 models), laid out
   // like the parameters: the checkpoint's values go exactly into the fp32 main params
-  // (rounded into bf16/f16 model params), on any device.
+  // (rounded into bf16/f16 model params), on any device. The moments in their own dtype
+  // (bf16 under --use-precision-aware-optimizer): a checkpoint's fp32 moments are rounded
+  // into bf16 ones, bf16 ones widened exactly into fp32 ones.
   const DType hd = params.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
   const int64_t total = params.total_numel();
   Tensor values = Tensor::zeros({total}, hd), m, v;
   // The rule's moments (SGD and Lion: exp_avg alone).
   const bool second = opt.exp_avg_sq().defined();
-  if (load_optim) m = Tensor::zeros({total}, hd);
-  if (load_optim && second) v = Tensor::zeros({total}, hd);
+  if (load_optim) m = Tensor::zeros({total}, opt.exp_avg().dtype());
+  if (load_optim && second) v = Tensor::zeros({total}, opt.exp_avg_sq().dtype());
   // Parameters the checkpoint may lack (--dist-ckpt-strictness) keep their initial values:
   // the live ones as the starting point (their moments stay zero).
   if (unexpected_action(o.strictness) != KeyAction::Raise) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "base/error.h"
 
 namespace mcpp::data {
@@ -78,6 +80,15 @@ int64_t samples_for_iters(int64_t iters, int64_t global_batch_size, int64_t micr
     consumed += calc.current_global_batch_size();
   }
   return consumed;
+}
+
+int64_t validation_samples(int64_t train_iters, int64_t eval_interval, int64_t eval_iters,
+                           int64_t eval_global_batch_size,
+                           std::optional<int64_t> start_eval_at_iter) {
+  int64_t points = train_iters / eval_interval + 1;
+  if (start_eval_at_iter)
+    points = std::max<int64_t>(0, points - *start_eval_at_iter / eval_interval);
+  return points * eval_iters * eval_global_batch_size;
 }
 
 }  // namespace mcpp::data

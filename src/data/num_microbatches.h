@@ -51,4 +51,12 @@ int64_t rampup_train_iters(int64_t train_samples, int64_t global_batch_size,
 int64_t samples_for_iters(int64_t iters, int64_t global_batch_size, int64_t micro_batch_size,
                           int64_t dp, const std::optional<BatchRampup>& rampup);
 
+// The validation dataset's size by Megatron's rule: an evaluation every `eval_interval`
+// iterations and one at the end (train_iters / interval + 1 points), less the
+// start_eval_at_iter / interval points before --start-eval-at-iter, each of eval_iters
+// batches of eval_global_batch_size samples.
+int64_t validation_samples(int64_t train_iters, int64_t eval_interval, int64_t eval_iters,
+                           int64_t eval_global_batch_size,
+                           std::optional<int64_t> start_eval_at_iter);
+
 }  // namespace mcpp::data

@@ -21,6 +21,14 @@
 // optim::AdamW and optim::DistributedAdamW use it for bf16 models (not for f16 models,
 // whose bits are not fp32's upper half, nor under --fp8-param-gather);
 // MCPP_FP32_MAIN_PARAMS=1 keeps a whole fp32 copy instead (docs/environment.md).
+//
+// bf16 moments (--use-precision-aware-optimizer --exp-avg-dtype / --exp-avg-sq-dtype bf16,
+// TransformerEngine's FusedAdam with bf16 state): adamw_step and adamw_step_split also take
+// m and/or v as bf16 when the main parameters are f32 (whole or split) and the gradient f32.
+// Each moment is widened to f32, updated as an f32 moment is, the parameter update reads
+// the unrounded f32 values, and the moment is stored rounded to nearest even: the result
+// is bit for bit the f32-moment step's from the same (bf16-valued) moments, with its
+// moments then rounded. 2 bytes an element less each, on the step's pass too.
 #pragma once
 #include <cstdint>
 

@@ -147,7 +147,7 @@ void DistributedAdamW::step(double lr, double wd) {
   // rank's own block of the model's flat parameters (a segment is one contiguous span of
   // both), which the all-gather below then sends in place.
   Tensor& flat = ps_.flat_params();
-  const bool cast = flat.dtype() != m_.dtype();
+  const bool cast = flat.dtype() == DType::BF16 || flat.dtype() == DType::F16;
   // The previous step's gathers read those blocks: done by now (the forward waited for
   // every layer), but make sure before they are written again.
   if (overlap_) wait_params_all();

@@ -24,10 +24,15 @@ Stream& Optimizer::stream() const { return ops::default_stream(ps_.device()); }
 
 void Optimizer::allocate_state(const Shape& shape, DType dtype, Device dev) {
   Stream& st = ops::default_stream(dev);
-  m_ = Tensor::empty(shape, dtype, dev);
+  const bool f32 = dtype == DType::F32;
+  MCPP_CHECK(cfg_.rule == UpdateRule::Adam ||
+                 (cfg_.exp_avg_dtype == DType::F32 && cfg_.exp_avg_sq_dtype == DType::F32),
+             "the {} optimizer keeps its state in fp32 (bf16 moments are Adam's)",
+             rule_name(cfg_.rule));
+  m_ = Tensor::empty(shape, f32 ? cfg_.exp_avg_dtype : dtype, dev);
   ops::fill(m_, 0.0, st);
   if (cfg_.rule != UpdateRule::Adam) return;
-  v_ = Tensor::empty(shape, dtype, dev);
+  v_ = Tensor::empty(shape, f32 ? cfg_.exp_avg_sq_dtype : dtype, dev);
   ops::fill(v_, 0.0, st);
 }
 

@@ -48,6 +48,10 @@ struct OptimizerConfig {
   UpdateRule rule = UpdateRule::Adam;
   double sgd_momentum = 0.9;                      // --sgd-momentum
   double lion_beta1 = 0.95, lion_beta2 = 0.98;    // --lion-beta1 / --lion-beta2
+  // Adam's moments when the optimizer's state is fp32 (--use-precision-aware-optimizer
+  // with --exp-avg-dtype / --exp-avg-sq-dtype): F32 or BF16. A bf16 moment is read, updated
+  // in fp32, used by the parameter update unrounded and stored rounded to nearest even.
+  DType exp_avg_dtype = DType::F32, exp_avg_sq_dtype = DType::F32;
 };
 
 using ShardSegment = parallel::ShardSegment;
@@ -139,7 +143,8 @@ class Optimizer {
   static void split_from(const Tensor& values, Tensor model, Tensor lo, Stream& st);
   // (model, lo) on the stream's device -> out (f32, any device), the same way.
   static void join_to(const Tensor& model, const Tensor& lo, Tensor out, Stream& st);
-  // The state buffers of the rule, shaped `shape`, zero: m_, and v_ for Adam.
+  // The state buffers of the rule, shaped `shape`, zero: m_, and v_ for Adam; of `dtype`,
+  // or, when that is F32, of the config's moment dtypes.
   void allocate_state(const Shape& shape, DType dtype, Device dev);
   // One span's update by the rule, at this step's count and clipping factor: the main
   // parameters w (or, split, the model parameters with their lower halves lo), gradient

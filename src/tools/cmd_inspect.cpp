@@ -19,6 +19,7 @@
 
 #include "data/dataset_builder.h"
 #include "data/indexed_dataset.h"
+#include "data/num_microbatches.h"
 #include "data/tokenizers/tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -133,9 +134,14 @@ int run_inspect(const std::vector<std::string>& args) {
                 "the sample order depends on the number of samples");
   }
   const int64_t eval_iters = f.get_int("--eval-iters", 100),
-                eval_interval = f.get_int("--eval-interval", 1000);
-  a.num_samples[1] = (train_iters / eval_interval + 1) * eval_iters * gbs;  // training.py's rule
-  a.num_samples[2] = eval_iters * gbs;
+                eval_interval = f.get_int("--eval-interval", 1000),
+                egbs = f.get_int("--eval-global-batch-size", gbs);
+  const std::optional<int64_t> start_eval =
+      f.has("--start-eval-at-iter") ? std::optional<int64_t>(f.get_int("--start-eval-at-iter", 0))
+                                    : std::nullopt;
+  a.num_samples[1] =
+      data::validation_samples(train_iters, eval_interval, eval_iters, egbs, start_eval);
+  a.num_samples[2] = eval_iters * egbs;
   if (f.has("--tokenizer-type") || a.mock_data) {
     auto tok = data::make_tokenizer(tokenizer_args(f));
     a.eod = tok->eod();

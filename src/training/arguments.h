@@ -126,6 +126,11 @@ struct Args {
   bool init_method_xavier_uniform = false;   // every Normal-initialised weight: Xavier uniform
   double sgd_momentum = 0.9;                 // --optimizer sgd
   double lion_beta1 = 0.95, lion_beta2 = 0.98;  // --optimizer lion
+  // --use-precision-aware-optimizer (TransformerEngine's FusedAdam state dtypes): the Adam
+  // moments in fp32 or bf16; main grads and main params fp32 (validate_optimizer.cpp).
+  bool use_precision_aware_optimizer = false;
+  std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32";
+  std::string main_grads_dtype = "fp32", main_params_dtype = "fp32";
   double clip_grad = 1.0;
   bool override_opt_param_scheduler = false;
   bool use_checkpoint_opt_param_scheduler = false;
@@ -155,6 +160,11 @@ struct Args {
   // Evaluation and logging.
   std::optional<int64_t> eval_interval;
   int64_t eval_iters = 100;
+  // --eval-global-batch-size (derived: --global-batch-size when not given): the samples of
+  // one evaluation iteration; --eval-micro-batch-size (must equal --micro-batch-size for
+  // now); --start-eval-at-iter: no periodic evaluation before that iteration.
+  std::optional<int64_t> eval_global_batch_size, eval_micro_batch_size, start_eval_at_iter;
+  int64_t eval_num_microbatches = 0;  // derived: eval global batch / (micro-batch x DP)
   int64_t log_interval = 100;
   bool log_throughput = false;
   // --log-progress: lines appended to <--save>/progress.txt at the start of the job and at

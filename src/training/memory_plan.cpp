@@ -196,11 +196,16 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   const int64_t state = cfg.dtype == DType::F64 ? 8 : 4;
   const bool split = !a.fp8_param_gather && optim::Optimizer::wants_split_main(cfg.dtype);
   const int64_t main_bytes = wide ? 0 : split ? 2 : 4;
-  const int64_t moments = a.optimizer == "adam" ? 2 : 1;
+  // --use-precision-aware-optimizer: bf16 moments, 2 bytes each.
+  auto moment = [&](const std::string& d) {
+    return a.use_precision_aware_optimizer && d == "bf16" && state == 4 ? int64_t(2) : state;
+  };
+  const int64_t moments =
+      moment(a.exp_avg_dtype) + (a.optimizer == "adam" ? moment(a.exp_avg_sq_dtype) : 0);
   if (a.use_distributed_optimizer)
-    m.optimizer = shard * (moments * state + main_bytes);
+    m.optimizer = shard * (moments + main_bytes);
   else
-    m.optimizer = m.parameters * (moments * state + main_bytes);
+    m.optimizer = m.parameters * (moments + main_bytes);
   const int nchunks = part.chunks.empty() ? 1 : int(part.chunks.size());
   for (int c = 0; c < nchunks; ++c)
     m.per_microbatch = std::max(

@@ -30,9 +30,9 @@ namespace mcpp::training {
 std::pair<double, double> Trainer::State::forward_backward(const data::GPTSampleSource& ds,
                                                            int64_t consumed, int64_t it,
                                                            bool training) {
-  // Training steps follow the ramp-up (if any); evaluation uses the full global batch, as
-  // Megatron's evaluate().
-  const int64_t gbs = training ? step_global_batch() : args.global_batch_size;
+  // Training steps follow the ramp-up (if any); evaluation reads --eval-global-batch-size
+  // samples (the global batch unless given), as Megatron's evaluate().
+  const int64_t gbs = training ? step_global_batch() : *args.eval_global_batch_size;
   data::BatchShape shape{args.micro_batch_size, args.seq_length,
                          gbs / (args.micro_batch_size * args.data_parallel_size),
                          args.data_parallel_size, ps->dp_rank(),
@@ -149,7 +149,7 @@ double Trainer::State::evaluate(int split, int64_t& consumed) {
   for (int64_t k = 0; k < args.eval_iters; ++k) {
     auto [l, t] = forward_backward(*ds, consumed, 0, false);
     loss += l, tokens += t;
-    consumed += args.global_batch_size;
+    consumed += *args.eval_global_batch_size;
   }
   return tokens > 0 ? loss / tokens : 0.0;
 }
@@ -372,7 +372,8 @@ TrainSummary Trainer::run() {
     }
     s.log->tensorboard_iteration(iteration, st);
     if (s.log->due(iteration)) s.log->log_interval(iteration, st);
-    if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1]) {
+    if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1] &&
+        iteration >= a.start_eval_at_iter.value_or(0)) {
       out.last_valid_loss = s.evaluate(1, s.consumed_valid);
       print_validation("iteration " + std::to_string(iteration), out.last_valid_loss);
       s.log->tensorboard_validation(iteration, s.consumed_train, out.last_valid_loss);

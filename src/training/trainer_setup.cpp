@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <tuple>
 
 #include "base/log.h"
 #include "checkpoint/training_checkpoint.h"
@@ -175,7 +176,13 @@ void Trainer::State::build_model() {
     s.schedule = pl::build_schedule(s.schedule_kind, pp, vpp, int(a.num_microbatches),
                                     int(a.microbatch_group_size_per_vp_stage.value_or(0)));
     s.built_schedule_microbatches = a.num_microbatches;
-    s.forward_only = pl::forward_only(s.schedule)[size_t(stage)];
+    // Evaluation: forward only, over its own micro-batches (--eval-global-batch-size).
+    s.forward_only =
+        a.eval_num_microbatches == a.num_microbatches
+            ? pl::forward_only(s.schedule)[size_t(stage)]
+            : pl::forward_only(pl::build_schedule(
+                  s.schedule_kind, pp, vpp, int(a.eval_num_microbatches),
+                  int(a.microbatch_group_size_per_vp_stage.value_or(0))))[size_t(stage)];
     // Every micro-batch count of a ramp-up must make a schedule (the interleaved one needs
     // multiples of the group size): checked now, not at the step that reaches it.
     if (const auto r = batch_rampup(a))
@@ -338,15 +345,32 @@ void Trainer::State::build_optimizer() {
                                       : optim::UpdateRule::Adam;
   ocfg.sgd_momentum = a.sgd_momentum;
   ocfg.lion_beta1 = a.lion_beta1, ocfg.lion_beta2 = a.lion_beta2;
+  // --use-precision-aware-optimizer: the moments' dtypes (validate_optimizer.cpp).
+  auto moment_dtype = [&](const std::string& d) {
+    return a.use_precision_aware_optimizer && d == "bf16" ? DType::BF16 : DType::F32;
+  };
+  ocfg.exp_avg_dtype = moment_dtype(a.exp_avg_dtype);
+  ocfg.exp_avg_sq_dtype = moment_dtype(a.exp_avg_sq_dtype);
+  // A bf16 moving average whose decay is under half a bf16 step (2^-9) never decays.
+  for (auto [dt, beta, flag, moment] :
+       {std::tuple{ocfg.exp_avg_dtype, a.adam_beta1, "--adam-beta1", "exp_avg"},
+        std::tuple{ocfg.exp_avg_sq_dtype, a.adam_beta2, "--adam-beta2", "exp_avg_sq"}})
+    if (dt == DType::BF16 && ocfg.rule == optim::UpdateRule::Adam && 1 - beta < 0x1p-9)
+      log::warn("{} {} with a bf16 {}: {} * m rounds back to m in bf16, so the moment cannot "
+                "decay (recipes with bf16 moments use --adam-beta2 0.95; docs/optimizer.md)",
+                flag, beta, moment, beta);
   if (a.use_distributed_optimizer) {
     auto dist = std::make_unique<optim::DistributedAdamW>(P, ocfg, *s.dp_grads, a.overlap_param_gather);
     // ---- --fp8-param-gather: the FP8 weights all-gathered as FP8 (optim/fp8_param_gather.h)
     if (a.fp8_param_gather)
       dist->enable_fp8_param_gather(s.model_cfg, s.ps->tp().size() > 1 ? &s.ps->tp() : nullptr);
     s.opt = std::move(dist);
-    // fp32 main params + the moments, against the same state held for the whole buffer.
-    const int64_t full =
-        (ocfg.rule == optim::UpdateRule::Adam ? 3 : 2) * P.total_numel() * int64_t(sizeof(float));
+    // fp32 main params + the moments (in their dtypes), against the same state held for
+    // the whole buffer.
+    const int64_t moment_bytes =
+        int64_t(dtype_size(ocfg.exp_avg_dtype)) +
+        (ocfg.rule == optim::UpdateRule::Adam ? int64_t(dtype_size(ocfg.exp_avg_sq_dtype)) : 0);
+    const int64_t full = (int64_t(sizeof(float)) + moment_bytes) * P.total_numel();
     log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
               "{} bytes an unsharded optimizer holds{}",
               s.opt->state_bytes(), double(s.opt->state_bytes()) / double(full), full,
@@ -407,12 +431,13 @@ void Trainer::State::build_datasets() {
   d.reset_position_ids = a.reset_position_ids, d.reset_attention_mask = a.reset_attention_mask;
   d.data_cache_path = a.data_cache_path.value_or("");
   d.mmap_bin_files = a.mmap_bin_files;  // --no-mmap-bin-files
-  const int64_t gbs = a.global_batch_size;
+  const int64_t gbs = a.global_batch_size, egbs = *a.eval_global_batch_size;
   d.num_samples[0] = a.train_samples.value_or(data::samples_for_iters(
       a.train_iters, gbs, a.micro_batch_size, a.data_parallel_size, batch_rampup(a)));
   if (a.eval_interval)
-    d.num_samples[1] = (a.train_iters / *a.eval_interval + 1) * a.eval_iters * gbs;
-  d.num_samples[2] = a.eval_iters * gbs;
+    d.num_samples[1] = data::validation_samples(a.train_iters, *a.eval_interval, a.eval_iters,
+                                                egbs, a.start_eval_at_iter);
+  d.num_samples[2] = a.eval_iters * egbs;
   log::info("> building train, validation, and test datasets ...");
   // With --data-cache-path rank 0 builds (and caches) the indices first, as Megatron
   // does; the other ranks then read its cache instead of all writing the same files.

@@ -281,7 +281,34 @@ void validate_batch(Args& a) {
             lo > 0 ? fmt::format("{} or {}", lo, lo + per_step) : std::to_string(per_step)));
   }
   a.num_microbatches = a.global_batch_size / per_step;
-
+  // Evaluation's batch (Megatron: --eval-global-batch-size defaults to the global batch,
+  // --eval-micro-batch-size to the micro-batch).
+  if (a.eval_micro_batch_size) {
+    MCPP_CHECK_HINT(*a.eval_micro_batch_size > 0, "give --eval-micro-batch-size a value >= 1",
+                    "--eval-micro-batch-size {} must be positive", *a.eval_micro_batch_size);
+    MCPP_CHECK_HINT(*a.eval_micro_batch_size == a.micro_batch_size,
+                    fmt::format("drop --eval-micro-batch-size (evaluation then runs micro-batches "
+                                "of {}); --eval-global-batch-size sets how many samples an "
+                                "evaluation iteration reads",
+                                a.micro_batch_size),
+                    "--eval-micro-batch-size {} differs from --micro-batch-size {}: not "
+                    "implemented yet by megatron.cpp (the model's buffers are sized for the "
+                    "training micro-batch)",
+                    *a.eval_micro_batch_size, a.micro_batch_size);
+  }
+  const int64_t egbs = a.eval_global_batch_size.value_or(a.global_batch_size);
+  MCPP_CHECK_HINT(egbs > 0, "give --eval-global-batch-size a value >= 1",
+                  "--eval-global-batch-size {} must be positive", egbs);
+  MCPP_CHECK_HINT(egbs % per_step == 0,
+                  fmt::format("use a multiple of {}", per_step),
+                  "--eval-global-batch-size {} must be divisible by the eval micro-batch size "
+                  "{} x data-parallel size {} (as in Megatron-LM)",
+                  egbs, a.micro_batch_size, a.data_parallel_size);
+  a.eval_global_batch_size = egbs;
+  a.eval_num_microbatches = egbs / per_step;
+  if (a.start_eval_at_iter)
+    MCPP_CHECK_HINT(*a.start_eval_at_iter >= 0, "give --start-eval-at-iter a value >= 0",
+                    "--start-eval-at-iter {} must not be negative", *a.start_eval_at_iter);
 }
 
 // Pipeline layout, schedule and activation recomputation, as Megatron's validate_args and
@@ -331,10 +358,21 @@ void validate_pipeline(Args& a) {
     MCPP_CHECK_HINT(vpp > 1, "drop the flag, or use virtual stages",
                     "--microbatch-group-size-per-virtual-pipeline-stage applies to the "
                     "interleaved schedule only (no virtual stages given)");
-  if (vpp > 1)
+  if (vpp > 1) {
     pl::build_schedule(pl::ScheduleKind::Interleaved1F1B, int(pp), int(vpp),
                        int(a.num_microbatches),
                        int(a.microbatch_group_size_per_vp_stage.value_or(0)));
+    // Evaluation's forward-only schedule, from its own micro-batch count.
+    if (a.eval_num_microbatches != a.num_microbatches) try {
+        pl::build_schedule(pl::ScheduleKind::Interleaved1F1B, int(pp), int(vpp),
+                           int(a.eval_num_microbatches),
+                           int(a.microbatch_group_size_per_vp_stage.value_or(0)));
+      } catch (const Error& e) {
+        throw Error(fmt::format("--eval-global-batch-size {}: {}", *a.eval_global_batch_size,
+                                e.summary()),
+                    e.hint());
+      }
+  }
 
   // Recomputation. --moe-layer-recompute: Megatron's deprecated spelling of
   // --recompute-granularity selective with moe added to the modules (an error with full).

@@ -38,7 +38,8 @@ check cp_a2a_heads 1 --cp-comm-type bogus
 check save_interval_without_save 1 --save-interval 5
 check bf16_on_cpu 1 --bf16 --device cpu
 check fp16_on_cpu 1 --fp16 --device cpu
-check not_implemented 1 --exp-avg-dtype bf16
+check not_implemented 1 --megatron-fsdp-main-params-dtype bf16
+check bf16_moments_without_switch 1 --exp-avg-dtype bf16
 check rampup_start_too_big 1 --global-batch-size 8 --rampup-batch-size 8 2 100
 check rampup_not_multiple 1 --global-batch-size 8 --rampup-batch-size 3 1 100
 check decoupled_min_without_lr 1 --decoupled-min-lr 1e-5

@@ -63,6 +63,16 @@ TEST(Rampup, StepByStepBatchesAndConsumedSamples) {
   EXPECT_EQ(data::samples_for_iters(9, 16, 2, 2, std::nullopt), 144);
 }
 
+// get_train_valid_test_num_samples' validation size: train_iters // interval + 1 points
+// (every interval and the end), less start_eval_at_iter // interval, times eval_iters x the
+// eval global batch.
+TEST(Rampup, ValidationSamplesAsMegatron) {
+  EXPECT_EQ(data::validation_samples(100, 10, 5, 32, std::nullopt), 11 * 5 * 32);
+  EXPECT_EQ(data::validation_samples(100, 10, 5, 32, 25), (11 - 2) * 5 * 32);
+  EXPECT_EQ(data::validation_samples(6, 2, 1, 8, 4), (4 - 2) * 8);
+  EXPECT_EQ(data::validation_samples(10, 5, 2, 4, 1000), 0);  // every point skipped
+}
+
 // update_train_iters for --train-samples 100: ramp steps while consumed <= 40 (and <=
 // 100): consumed 0,4,8,12 (+4 each), 16 (+8), 24 (+8), 32 (+12), 44 > 40 stops: 7 steps,
 // 44 consumed; then (100 - 44) // 16 = 3 whole batches: 10 iterations.

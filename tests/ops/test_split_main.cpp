@@ -2,14 +2,17 @@
 // The encoding against an independent reference (rounding half away from zero worked out in
 // double), the round trip over every class of fp32 value, adamw_step_split against
 // adamw_step on whole fp32 main parameters, and AdamW itself with split and whole main
-// parameters (the same fp32 values after several steps, 2 bytes an element less state).
+// parameters (the same fp32 values after several steps, 2 bytes an element less state);
+// bf16 Adam moments (--use-precision-aware-optimizer) on whole and split main parameters.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "op_test_util.h"
@@ -198,4 +201,143 @@ TEST(SplitMain, AdamWSplitAndWholeMainParamsAgree) {
   Tensor values = rand_f32({a.total_numel()}, 77);
   split.set_params(values);
   EXPECT_TRUE(same_bits(split.full_main_params(), values));
+}
+
+// ---- bf16 moments (--use-precision-aware-optimizer --exp-avg-dtype / --exp-avg-sq-dtype) --
+
+namespace {
+
+// The bf16 value nearest to x, ties to the even one, by comparing the two neighbours in
+// double (finite x): independent of float_to_bf16's bit arithmetic.
+uint16_t reference_round_nearest_even(float x) {
+  const uint32_t b = float_bits(x);
+  const uint16_t down = uint16_t(b >> 16);
+  if ((b & 0xFFFFu) == 0) return down;
+  const uint16_t up = uint16_t(down + 1);
+  const double dd = std::fabs(double(x) - double(bf16_to_float(down)));
+  const double du = std::fabs(double(bf16_to_float(up)) - double(x));
+  if (du != dd) return du < dd ? up : down;
+  return (down & 1u) ? up : down;
+}
+
+Tensor round_to_bf16(const Tensor& f) {
+  Tensor h = Tensor::empty(f.shape(), DType::BF16);
+  auto* H = static_cast<uint16_t*>(h.raw());
+  for (int64_t i = 0; i < f.numel(); ++i) H[i] = reference_round_nearest_even(f.data<float>()[i]);
+  return h;
+}
+
+Tensor widen(const Tensor& h) {
+  Tensor f = Tensor::empty(h.shape(), DType::F32);
+  const auto* H = static_cast<const uint16_t*>(h.raw());
+  for (int64_t i = 0; i < h.numel(); ++i) f.data<float>()[i] = bf16_to_float(H[i]);
+  return f;
+}
+
+}  // namespace
+
+// Each of m / v in bf16 (and both), on whole fp32 main parameters (with and without the
+// bf16 model output) and on split ones: after every step the parameters are bit for bit
+// those of the f32-moment step from the same moments, and each bf16 moment is that step's
+// f32 moment rounded to nearest even (the update reads the unrounded value, as
+// TransformerEngine's FusedAdam does).
+TEST(Bf16Moments, StepIsTheF32StepWithItsMomentsRounded) {
+  const int64_t n = 50003;  // packs and a scalar tail
+  ops::AdamWParams ap;
+  ap.lr = 1e-3, ap.beta1 = 0.9, ap.beta2 = 0.95, ap.weight_decay = 0.1, ap.grad_scale = 0.75;
+  for (int mode = 0; mode < 3; ++mode)  // whole, whole + bf16 model output, split
+    for (auto [m16, v16] :
+         {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+      SCOPED_TRACE(testing::Message() << "mode " << mode << ", bf16 m " << m16 << ", v " << v16);
+      Tensor x = rand_f32({n}, 21), rm = rand_f32({n}, 22, -0.1f, 0.1f),
+             rv = rand_f32({n}, 23, 0.f, 0.01f);
+      // Start from bf16-valued moments so that both runs begin equal.
+      rm = widen(round_to_bf16(rm)), rv = widen(round_to_bf16(rv));
+      Tensor m = m16 ? round_to_bf16(rm) : rm.clone(), v = v16 ? round_to_bf16(rv) : rv.clone();
+      Tensor ref = x.clone(), none;
+      Tensor model = Tensor::empty({n}, DType::BF16), lo = Tensor::empty({n}, DType::U16);
+      Tensor out = mode == 1 ? Tensor::empty({n}, DType::BF16) : none;
+      Tensor ref_out = mode == 1 ? Tensor::empty({n}, DType::BF16) : none;
+      if (mode == 2) cpu::split_main_params(x, model, lo, CS());
+      for (int step = 1; step <= 4; ++step) {
+        ap.step = step;
+        Tensor g = rand_f32({n}, 300 + step);
+        cpu::adamw_step(ref, g, rm, rv, ref_out, ap, CS());
+        if (mode == 2)
+          cpu::adamw_step_split(model, lo, g, m, v, ap, CS());
+        else
+          cpu::adamw_step(x, g, m, v, out, ap, CS());
+        if (m16) ASSERT_TRUE(same_bits(m, round_to_bf16(rm))) << step;
+        if (v16) ASSERT_TRUE(same_bits(v, round_to_bf16(rv))) << step;
+        if (!m16) ASSERT_TRUE(same_bits(m, rm)) << step;
+        if (!v16) ASSERT_TRUE(same_bits(v, rv)) << step;
+        // The reference continues from the moments the bf16 run kept.
+        if (m16) rm = widen(m);
+        if (v16) rv = widen(v);
+        if (mode == 2) {
+          Tensor joined = Tensor::empty({n}, DType::F32);
+          cpu::join_main_params(model, lo, joined, CS());
+          ASSERT_TRUE(same_bits(joined, ref)) << step;
+        } else {
+          ASSERT_TRUE(same_bits(x, ref)) << step;
+          if (mode == 1) ASSERT_TRUE(same_bits(out, ref_out)) << step;
+        }
+      }
+    }
+}
+
+// bf16 moments need f32 main parameters (not the f64 reference models'), and a moment
+// of another dtype is refused naming it.
+TEST(Bf16Moments, OpChecksTheMomentDtypes) {
+  ops::AdamWParams ap;
+  ap.step = 1;
+  Tensor none;
+  Tensor p64 = Tensor::zeros({8}, DType::F64), g64 = Tensor::zeros({8}, DType::F64);
+  Tensor m16 = Tensor::zeros({8}, DType::BF16), v64 = Tensor::zeros({8}, DType::F64);
+  EXPECT_THROW(cpu::adamw_step(p64, g64, m16, v64, none, ap, CS()), Error);
+  Tensor p = Tensor::zeros({8}, DType::F32), g = Tensor::zeros({8}, DType::F32);
+  Tensor vh = Tensor::zeros({8}, DType::F16);
+  try {
+    cpu::adamw_step(p, g, m16, vh, none, ap, CS());
+    FAIL() << "an f16 moment was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'v'"), std::string::npos) << e.what();
+  }
+}
+
+// optim::AdamW with bf16 moments: 4 bytes an element less state than with fp32 ones, and
+// the run is the fp32-moment run with its moments rounded after every step (ops above),
+// here over the optimizer's parameter groups, clipping and a bf16 model's split main
+// parameters.
+TEST(Bf16Moments, OptimizerKeepsBf16MomentsAndStepsAsTheOp) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    auto make = [dt] { return two_group_params(dt, 257 * 31, 999, 1234); };
+    model::ParamStore a = make(), b = make();
+    optim::OptimizerConfig c16;
+    c16.exp_avg_dtype = c16.exp_avg_sq_dtype = DType::BF16;
+    optim::AdamW half(a, c16), full(b, {});
+    ASSERT_EQ(half.exp_avg().dtype(), DType::BF16);
+    ASSERT_EQ(half.exp_avg_sq().dtype(), DType::BF16);
+    EXPECT_EQ(full.state_bytes() - half.state_bytes(), 4 * a.total_numel());
+    for (int step = 1; step <= 4; ++step) {
+      Tensor g = rand_f32({a.total_numel()}, 60 + step);
+      cpu::copy(g, a.flat_grads(), CS());
+      cpu::copy(g, b.flat_grads(), CS());
+      half.clip(1.0, 3.0), full.clip(1.0, 3.0);
+      half.step(1e-2, 0.1), full.step(1e-2, 0.1);
+      ASSERT_TRUE(same_bits(half.exp_avg(), round_to_bf16(full.exp_avg()))) << step;
+      ASSERT_TRUE(same_bits(half.exp_avg_sq(), round_to_bf16(full.exp_avg_sq()))) << step;
+      ASSERT_TRUE(same_bits(a.flat_params(), b.flat_params())) << step;
+      if (dt == DType::BF16)
+        ASSERT_TRUE(same_bits(half.full_main_params(), full.full_main_params())) << step;
+      // The fp32-moment run continues from the rounded moments.
+      cpu::copy(widen(half.exp_avg()), full.exp_avg(), CS());
+      cpu::copy(widen(half.exp_avg_sq()), full.exp_avg_sq(), CS());
+    }
+    EXPECT_TRUE(same_bits(a.flat_params(), b.flat_params()));
+  }
+  optim::OptimizerConfig lion;
+  lion.rule = optim::UpdateRule::Lion, lion.exp_avg_dtype = DType::BF16;
+  model::ParamStore p = two_group_params(DType::F32, 64, 8, 1);
+  EXPECT_THROW(optim::AdamW(p, lion), Error);
 }

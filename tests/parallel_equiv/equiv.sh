@@ -19,6 +19,9 @@
 #       checkpoints equal bit for bit (COMPARE with tolerance 0).
 set -euo pipefail
 RTOL=1e-5
+# The final checkpoints' tolerance (EQUIV_CKPT_RTOL, default RTOL): looser only for state
+# kept in bf16, whose roundings turn the layouts' last-bit differences into bf16 steps.
+CKPT_RTOL=${EQUIV_CKPT_RTOL:-$RTOL}
 losses() {  # losses LOG [FIELD]: "iteration value" per logged iteration (FIELD: lm loss)
   local f=${2:-lm loss}
   grep -Eo "iteration +[0-9]+/ *[0-9]+ \|.*\| $f: [0-9.E+-]+" "$1" |
@@ -105,7 +108,7 @@ parallel|resume|same|exact)
     grep -q "successfully loaded checkpoint" "$out.resumed.log" || { echo "FAIL: did not load"; exit 1; }
     compare_losses "$d/serial.log" "$out.resumed.log" 11
   fi
-  "$cmp" "$d/serial.ckpt" "$out.ckpt" $RTOL
+  "$cmp" "$d/serial.ckpt" "$out.ckpt" $CKPT_RTOL
   ;;
 *) echo "unknown mode $mode"; exit 2 ;;
 esac

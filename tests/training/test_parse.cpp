@@ -114,7 +114,8 @@ TEST(FlagTable, BriefsImplementedDestsAreImplemented) {
   }
   EXPECT_EQ(flag_support("use_flash_attn"), FlagSupport::ByDesign);
   EXPECT_EQ(flag_support("fp8"), FlagSupport::Implemented);
-  EXPECT_EQ(flag_support("exp_avg_dtype"), FlagSupport::NotImplemented);
+  EXPECT_EQ(flag_support("exp_avg_dtype"), FlagSupport::Implemented);
+  EXPECT_EQ(flag_support("megatron_fsdp_main_params_dtype"), FlagSupport::NotImplemented);
   // The checkpoint flags of Megatron's example scripts.
   for (const char* d : {"padded_vocab_size", "save_retain_interval", "pretrained_checkpoint",
                         "exit_on_missing_checkpoint"})
@@ -255,18 +256,21 @@ TEST(Parse, RepeatedFlagLastWins) {
 TEST(Parse, NotImplementedFlagWithNonDefaultValueIsAnError) {
   expect_error(
       [] {
-        parse_args({"--exp-avg-sq-dtype", "bf16"});
+        parse_args({"--megatron-fsdp-main-params-dtype", "bf16"});
       },
-      {"--exp-avg-sq-dtype is a Megatron-LM flag that megatron.cpp does not implement yet",
+      {"--megatron-fsdp-main-params-dtype is a Megatron-LM flag that megatron.cpp does not "
+       "implement yet",
        "given bf16", "default is fp32"});
   expect_error([] { parse_args({"--tp-comm-overlap"}); },
                {"--tp-comm-overlap is a Megatron-LM flag that megatron.cpp does not implement"});
   // Several at once are all named.
   expect_error(
       [] {
-        parse_args({"--overlap-param-gather-with-optimizer-step", "--exp-avg-dtype", "bf16"});
+        parse_args({"--overlap-param-gather-with-optimizer-step",
+                    "--megatron-fsdp-main-params-dtype", "bf16"});
       },
-      {"--overlap-param-gather-with-optimizer-step is a", "--exp-avg-dtype is a"});
+      {"--overlap-param-gather-with-optimizer-step is a",
+       "--megatron-fsdp-main-params-dtype is a"});
   // The same flags with Megatron's default values ask for nothing new: accepted.
   EXPECT_NO_THROW(
       parse_args({"--ckpt-format", "torch_dist", "--fp8-recipe", "delayed", "--hysteresis", "2",
@@ -364,7 +368,8 @@ TEST(Parse, OurOwnFlagsAndHelp) {
   EXPECT_NE(h.find("megatron.cpp's own flags"), std::string::npos);
   EXPECT_NE(h.find("--device {auto,cpu,cuda}"), std::string::npos);
   EXPECT_NE(h.find("--keep-mlp-activations N  (default: 0)"), std::string::npos);
-  EXPECT_EQ(h.find("--exp-avg-dtype"), std::string::npos);
+  EXPECT_NE(h.find("--exp-avg-dtype"), std::string::npos);  // implemented: listed
+  EXPECT_EQ(h.find("--megatron-fsdp-main-params-dtype"), std::string::npos);
 }
 
 // The switches of Megatron-LM's own test and example scripts that ask for what megatron.cpp

@@ -384,6 +384,79 @@ TEST(Validate, ElementWiseOptimizers) {
   EXPECT_EQ(plan(adam), 2 * plan(parse_and_validate(with(base_argv(), {"--optimizer", "sgd"}))));
 }
 
+// --eval-global-batch-size (default: the global batch), --eval-micro-batch-size (only the
+// micro-batch for now), --start-eval-at-iter; with virtual pipeline stages the evaluation's
+// micro-batch count must make an interleaved schedule too.
+TEST(Validate, EvaluationBatch) {
+  Args a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8"}), 2);
+  EXPECT_EQ(*a.eval_global_batch_size, 8);
+  EXPECT_EQ(a.eval_num_microbatches, 2);
+  a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8", "--eval-global-batch-size",
+                                            "20", "--eval-micro-batch-size", "2",
+                                            "--start-eval-at-iter", "4"}),
+                         2);
+  EXPECT_EQ(*a.eval_global_batch_size, 20);
+  EXPECT_EQ(a.eval_num_microbatches, 5);
+  EXPECT_EQ(*a.start_eval_at_iter, 4);
+  expect_invalid(with(base_argv(), {"--eval-global-batch-size", "6"}),
+                 {"--eval-global-batch-size 6 must be divisible by the eval micro-batch size 2 x "
+                  "data-parallel size 2",
+                  "use a multiple of 4"},
+                 2);
+  expect_invalid(with(base_argv(), {"--eval-micro-batch-size", "4"}),
+                 {"--eval-micro-batch-size 4 differs from --micro-batch-size 2: not implemented",
+                  "drop --eval-micro-batch-size"});
+  expect_invalid(with(base_argv(), {"--eval-global-batch-size", "0"}),
+                 {"--eval-global-batch-size 0 must be positive"});
+  expect_invalid(with(base_argv(), {"--start-eval-at-iter", "-1"}),
+                 {"--start-eval-at-iter -1 must not be negative"});
+  // Interleaved 1F1B: 4 training micro-batches make a schedule at PP 2, 3 evaluation ones
+  // do not.
+  const auto vpp = with(base_argv(), {"--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                                      "--num-virtual-stages-per-pipeline-rank", "2",
+                                      "--global-batch-size", "8"});
+  EXPECT_NO_THROW(parse_and_validate(vpp, 2));
+  expect_invalid(with(vpp, {"--eval-global-batch-size", "6"}), {"--eval-global-batch-size 6"}, 2);
+}
+
+// --use-precision-aware-optimizer: bf16 Adam moments under the distributed optimizer; the
+// dtypes without the switch, fp16/fp8 moments, moments of SGD/Lion, and bf16 main grads or
+// fp16 main params are errors naming the flag; the plan counts 2 bytes a bf16 moment.
+TEST(Validate, PrecisionAwareOptimizer) {
+  const auto dist = with(base_argv(), {"--use-distributed-optimizer"});
+  const auto pa = with(dist, {"--use-precision-aware-optimizer"});
+  Args a = parse_and_validate(with(pa, {"--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"}));
+  EXPECT_TRUE(a.use_precision_aware_optimizer);
+  EXPECT_EQ(a.exp_avg_dtype, "bf16");
+  EXPECT_EQ(a.exp_avg_sq_dtype, "bf16");
+  EXPECT_NO_THROW(parse_and_validate(with(dist, {"--exp-avg-dtype", "fp32"})));
+  expect_invalid(with(dist, {"--exp-avg-dtype", "bf16"}),
+                 {"--exp-avg-dtype bf16 takes effect only with --use-precision-aware-optimizer",
+                  "add --use-precision-aware-optimizer"});
+  expect_invalid(with(base_argv(), {"--use-precision-aware-optimizer"}),
+                 {"only with the distributed optimizer", "add --use-distributed-optimizer"});
+  expect_invalid(with(pa, {"--exp-avg-sq-dtype", "fp16"}),
+                 {"--exp-avg-sq-dtype fp16 is not implemented yet", "bf16 or fp32"});
+  expect_invalid(with(pa, {"--exp-avg-dtype", "fp8"}), {"--exp-avg-dtype fp8 is not implemented"});
+  expect_invalid(with(pa, {"--exp-avg-dtype", "int4"}), {"'int4' is not one of"});
+  expect_invalid(with(pa, {"--optimizer", "lion", "--exp-avg-dtype", "bf16"}),
+                 {"--exp-avg-dtype bf16 with --optimizer lion", "use --optimizer adam"});
+  expect_invalid(with(pa, {"--main-grads-dtype", "bf16"}),
+                 {"--main-grads-dtype bf16 is not implemented yet", "--grad-reduce-in-bf16"});
+  expect_invalid(with(base_argv(), {"--main-grads-dtype", "bf16"}),
+                 {"--main-grads-dtype bf16 is not implemented yet"});
+  expect_invalid(with(pa, {"--main-params-dtype", "fp16"}),
+                 {"--main-params-dtype fp16 is not implemented yet"});
+  // The plan: Adam's two fp32 moments (8 bytes) against two bf16 ones (4) on an f32 model.
+  const auto plan = [](Args x) {
+    x.padded_vocab_size = 128;  // the trainer's, from the tokenizer
+    return plan_stage_memory(x, model_config(x, Device::CPU, DType::F32), 0).optimizer;
+  };
+  const int64_t f32 = plan(parse_and_validate(pa));
+  EXPECT_EQ(plan(a), f32 / 2);
+  EXPECT_EQ(plan(parse_and_validate(with(pa, {"--exp-avg-dtype", "bf16"}))), 3 * f32 / 4);
+}
+
 // --use-rope-scaling / --rope-scaling-factor: RoPE only, a positive factor; they reach the
 // model config with Megatron's other three constants.
 TEST(Validate, RopeScaling) {

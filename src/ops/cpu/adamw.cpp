@@ -8,9 +8,12 @@
 // The per-step scalars are formed in f64 and the element update runs in the tensors'
 // dtype, as torch does for fp32 main parameters. The gradient is read times p.grad_scale
 // (clipping folded into the pass). adamw_step_split runs the same f32 element update on
-// main parameters held as (bf16 model parameter, lower half): ops/split_main.h.
+// main parameters held as (bf16 model parameter, lower half): ops/split_main.h. Both take
+// bf16 moments beside f32 main parameters (ops/split_main.h): widened, updated in f32,
+// stored rounded to nearest even.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu/cpu_common.h"
 #include "ops/split_main.h"
@@ -39,6 +42,42 @@ struct AdamWElement {
   }
 };
 
+// A moment's storage: R itself, or bf16 bits (uint16_t) widened to R = float.
+template <typename R, typename S>
+R load_moment(S x) {
+  if constexpr (std::is_same_v<S, uint16_t>)
+    return R(bf16_to_float(x));
+  else
+    return x;
+}
+template <typename S, typename R>
+S store_moment(R x) {
+  if constexpr (std::is_same_v<S, uint16_t>)
+    return float_to_bf16(float(x));
+  else
+    return x;
+}
+
+// f(M, V) with m's and v's storage pointers: R* or, for bf16 moments beside f32 ones,
+// uint16_t* (the op's checks allow bf16 only with R = float).
+template <typename R, typename F>
+void with_moments(Tensor& m, Tensor& v, F&& f) {
+  auto with_v = [&](auto* M) {
+    if constexpr (std::is_same_v<R, float>)
+      if (v.dtype() == DType::BF16) return f(M, static_cast<uint16_t*>(v.raw()));
+    f(M, v.data<R>());
+  };
+  if constexpr (std::is_same_v<R, float>)
+    if (m.dtype() == DType::BF16) return with_v(static_cast<uint16_t*>(m.raw()));
+  with_v(m.data<R>());
+}
+
+// m and v: `dt`, or bf16 when dt is f32.
+void check_moments(const Check& c, const Tensor& m, const Tensor& v, DType dt) {
+  for (auto [t, name] : {std::pair{&m, "m"}, std::pair{&v, "v"}})
+    if (dt != DType::F32 || t->dtype() != DType::BF16) c.dtype(*t, name, dt);
+}
+
 void check_adamw_params(const char* op, const AdamWParams& p) {
   MCPP_CHECK(p.step >= 1, "{}: step is {}, expected >= 1 (bias correction is 1-based)", op,
              p.step);
@@ -56,7 +95,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
   const Check c{"adamw_step"};
   c.stream(s);
   const DType dt = c.floating(param, "param");
-  c.dtype(grad, "grad", dt), c.dtype(m, "m", dt), c.dtype(v, "v", dt);
+  c.dtype(grad, "grad", dt);
+  check_moments(c, m, v, dt);
   const int64_t n = param.numel();
   c.numel(grad, "grad", n), c.numel(m, "m", n), c.numel(v, "v", n);
   const bool out = model_param.defined();
@@ -73,23 +113,29 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
   dispatch_float(dt, [&](auto tag) {
     using R = decltype(tag);
     const AdamWElement<R> step(p);
-    R *P = param.data<R>(), *M = m.data<R>(), *V = v.data<R>();
+    R* P = param.data<R>();
     const R* G = grad.data<R>();
-    // store(i, p): the model-parameter write, if any, of the updated element i.
-    auto update = [&](auto store) {
+    with_moments<R>(m, v, [&](auto* M, auto* V) {
+      using SM = std::remove_pointer_t<decltype(M)>;
+      using SV = std::remove_pointer_t<decltype(V)>;
+      // store(i, p): the model-parameter write, if any, of the updated element i.
+      auto update = [&](auto store) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) {
-        step(P[i], M[i], V[i], G[i]);
-        store(i, P[i]);
-      }
-    };
-    auto* O = static_cast<uint16_t*>(out ? model_param.raw() : nullptr);
-    if (!out)
-      update([](int64_t, R) {});
-    else if (model_param.dtype() == DType::BF16)
-      update([O](int64_t i, R x) { O[i] = float_to_bf16(float(x)); });
-    else
-      update([O](int64_t i, R x) { O[i] = float_to_f16(float(x)); });
+        for (int64_t i = 0; i < n; ++i) {
+          R mi = load_moment<R>(M[i]), vi = load_moment<R>(V[i]);
+          step(P[i], mi, vi, G[i]);
+          M[i] = store_moment<SM>(mi), V[i] = store_moment<SV>(vi);
+          store(i, P[i]);
+        }
+      };
+      auto* O = static_cast<uint16_t*>(out ? model_param.raw() : nullptr);
+      if (!out)
+        update([](int64_t, R) {});
+      else if (model_param.dtype() == DType::BF16)
+        update([O](int64_t i, R x) { O[i] = float_to_bf16(float(x)); });
+      else
+        update([O](int64_t i, R x) { O[i] = float_to_f16(float(x)); });
+    });
   });
 }
 
@@ -101,21 +147,27 @@ void adamw_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Tenso
   c.stream(s);
   c.defined(lo, "lo");
   const int64_t n = check_split_main("adamw_step_split", model_param, lo, nullptr, Device::CPU);
-  c.dtype(grad, "grad", DType::F32), c.dtype(m, "m", DType::F32), c.dtype(v, "v", DType::F32);
+  c.dtype(grad, "grad", DType::F32);
+  check_moments(c, m, v, DType::F32);
   c.numel(grad, "grad", n), c.numel(m, "m", n), c.numel(v, "v", n);
   check_adamw_params("adamw_step_split", p);
   const AdamWElement<float> step(p);
   auto* O = static_cast<uint16_t*>(model_param.raw());
   auto* L = lo.data<uint16_t>();
-  float *M = m.data<float>(), *V = v.data<float>();
   const float* G = grad.data<float>();
+  with_moments<float>(m, v, [&](auto* M, auto* V) {
+    using SM = std::remove_pointer_t<decltype(M)>;
+    using SV = std::remove_pointer_t<decltype(V)>;
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    float w = bits_float(split_main_join(O[i], L[i]));
-    step(w, M[i], V[i], G[i]);
-    const uint32_t b = float_bits(w);
-    O[i] = split_main_model(b), L[i] = uint16_t(b);
-  }
+    for (int64_t i = 0; i < n; ++i) {
+      float w = bits_float(split_main_join(O[i], L[i]));
+      float mi = load_moment<float>(M[i]), vi = load_moment<float>(V[i]);
+      step(w, mi, vi, G[i]);
+      M[i] = store_moment<SM>(mi), V[i] = store_moment<SV>(vi);
+      const uint32_t b = float_bits(w);
+      O[i] = split_main_model(b), L[i] = uint16_t(b);
+    }
+  });
 }
 
 void split_main_params(const Tensor& values, Tensor& model_param, Tensor& lo, Stream& s) {

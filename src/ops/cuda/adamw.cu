@@ -16,6 +16,8 @@
 // is the number of blocks the GPU holds at once (or fewer for small runs), each thread
 // striding over the packs. adamw_step_split (ops/split_main.h) runs the same element update
 // on main parameters held as (bf16 model parameter, lower half): 28 bytes an element.
+// Both take bf16 moments beside f32 gradients (ops/split_main.h): each moment widened,
+// updated by adamw_element, stored rounded to nearest even (2 bytes an element less each).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -58,28 +60,54 @@ __device__ __forceinline__ float scaled_grad(TG g, float s) {
   return to_f(from_f<TG>(__fmul_rn(s, to_f(g))));
 }
 
+// A pack of a moment as f32 (TS: float or bf16), and back (bf16: rounded to nearest even).
+template <typename TS>
+__device__ __forceinline__ Pack<float, kPack> ld_moments(const TS* x) {
+  if constexpr (std::is_same_v<TS, float>) {
+    return ld_pack<kPack>(x);
+  } else {
+    const Pack<TS, kPack> h = ld_pack<kPack>(x);
+    Pack<float, kPack> f;
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) f.v[j] = to_f(h.v[j]);
+    return f;
+  }
+}
+template <typename TS>
+__device__ __forceinline__ void st_moments(TS* x, const Pack<float, kPack>& f) {
+  if constexpr (std::is_same_v<TS, float>) {
+    st_pack(x, f);
+  } else {
+    Pack<TS, kPack> h;
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) h.v[j] = from_f<TS>(f.v[j]);
+    st_pack(x, h);
+  }
+}
+
 // TG: the gradient's type. TO: the model parameters' (bf16/f16), or void for none (out is
-// then null). packs: whole kPack-element packs done with 16-byte accesses (0 when a
-// pointer is unaligned); the scalar loop does elements packs * kPack .. n-1.
-template <typename TG, typename TO>
+// then null). TM, TV: the moments' (float, or bf16 with f32 gradients). packs: whole
+// kPack-element packs done with 16-byte accesses (0 when a pointer is unaligned); the
+// scalar loop does elements packs * kPack .. n-1.
+template <typename TG, typename TO, typename TM, typename TV>
 static __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(float* __restrict__ p, const TG* __restrict__ g, float* __restrict__ m,
-                 float* __restrict__ v, TO* __restrict__ out, int64_t n, int64_t packs,
+    adamw_kernel(float* __restrict__ p, const TG* __restrict__ g, TM* __restrict__ m,
+                 TV* __restrict__ v, TO* __restrict__ out, int64_t n, int64_t packs,
                  AdamWScalars a) {
   constexpr bool kOut = !std::is_void_v<TO>;
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t k = tid; k < packs; k += stride) {
     const int64_t i = k * kPack;
-    Pack<float, kPack> pp = ld_pack<kPack>(p + i), mp = ld_pack<kPack>(m + i),
-                       vp = ld_pack<kPack>(v + i);
+    Pack<float, kPack> pp = ld_pack<kPack>(p + i), mp = ld_moments(m + i),
+                       vp = ld_moments(v + i);
     const Pack<TG, kPack> gp = ld_pack<kPack>(g + i);
 #pragma unroll
     for (int j = 0; j < kPack; ++j)
       adamw_element(pp.v[j], mp.v[j], vp.v[j], scaled_grad(gp.v[j], a.gscale), a);
     st_pack(p + i, pp);
-    st_pack(m + i, mp);
-    st_pack(v + i, vp);
+    st_moments(m + i, mp);
+    st_moments(v + i, vp);
     if constexpr (kOut) {
       Pack<TO, kPack> op;
 #pragma unroll
@@ -88,34 +116,58 @@ static __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t i = packs * kPack + tid; i < n; i += stride) {
-    float pi = p[i], mi = m[i], vi = v[i];
+    float pi = p[i], mi = to_f(m[i]), vi = to_f(v[i]);
     adamw_element(pi, mi, vi, scaled_grad(g[i], a.gscale), a);
     p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    m[i] = from_f<TM>(mi);
+    v[i] = from_f<TV>(vi);
     if constexpr (kOut) out[i] = from_d<TO>(double(pi));
   }
 }
 
 // Blocks of kThreads that the device holds at once for this kernel: the grid for a large
 // step (more blocks would only queue behind them).
-template <typename TG, typename TO>
+template <typename TG, typename TO, typename TM, typename TV>
 int64_t resident_blocks() {
-  static const int64_t blocks = occupancy_blocks(adamw_kernel<TG, TO>, kThreads);
+  static const int64_t blocks = occupancy_blocks(adamw_kernel<TG, TO, TM, TV>, kThreads);
   return blocks;
 }
 
-template <typename TG, typename TO>
-void launch_adamw(float* p, const TG* g, float* m, float* v, TO* out, int64_t n,
+template <typename TG, typename TO, typename TM, typename TV>
+void launch_adamw(float* p, const TG* g, TM* m, TV* v, TO* out, int64_t n,
                   const AdamWScalars& a, cudaStream_t cs) {
   const bool vec = is_aligned16(p) && is_aligned16(g) && is_aligned16(m) && is_aligned16(v) &&
                    (out == nullptr || is_aligned16(out));
   const int64_t packs = vec ? n / kPack : 0;
   const int64_t threads_wanted = vec ? std::max(packs, n % kPack) : n;
-  const unsigned grid =
-      unsigned(std::min<int64_t>(grid_for(threads_wanted, kThreads), resident_blocks<TG, TO>()));
-  adamw_kernel<TG, TO><<<grid, kThreads, 0, cs>>>(p, g, m, v, out, n, packs, a);
+  const unsigned grid = unsigned(std::min<int64_t>(grid_for(threads_wanted, kThreads),
+                                                   resident_blocks<TG, TO, TM, TV>()));
+  adamw_kernel<TG, TO, TM, TV><<<grid, kThreads, 0, cs>>>(p, g, m, v, out, n, packs, a);
   MCPP_LAUNCH_CHECK();
+}
+
+// f(M, V) with the moments' typed pointers: float, or bf16 (f32 gradients only; the ops'
+// checks ensure it), so the bf16 kernels are instantiated for f32 gradients alone.
+template <typename TG, typename F>
+void with_moments(Tensor& m, Tensor& v, F&& f) {
+  auto with_v = [&](auto* M) {
+    if constexpr (std::is_same_v<TG, float>)
+      if (v.dtype() == DType::BF16) return f(M, static_cast<bf16*>(v.raw()));
+    f(M, static_cast<float*>(v.raw()));
+  };
+  if constexpr (std::is_same_v<TG, float>)
+    if (m.dtype() == DType::BF16) return with_v(static_cast<bf16*>(m.raw()));
+  with_v(static_cast<float*>(m.raw()));
+}
+
+// m and v f32, or bf16 beside an f32 gradient.
+void check_moments(const char* op, const Tensor& m, const Tensor& v, const Tensor& grad) {
+  for (auto [t, name] : {std::pair{&m, "m"}, std::pair{&v, "v"}}) {
+    check_cuda(*t, op, name);
+    const bool bf16_ok = t->dtype() == DType::BF16 && grad.dtype() == DType::F32;
+    MCPP_CHECK(t->dtype() == DType::F32 || bf16_ok,
+               "{}: {} is {}, expected f32 (or bf16 beside an f32 gradient)", op, name, t->str());
+  }
 }
 
 // The per-step scalars from the op's parameters (bias corrections in f64 on the host).
@@ -147,10 +199,10 @@ __device__ __forceinline__ void split_element(uint16_t& o, uint16_t& l, float& m
   o = split_main_model(b), l = uint16_t(b);
 }
 
-template <typename TG>
+template <typename TG, typename TM, typename TV>
 static __global__ void __launch_bounds__(kThreads)
     adamw_split_kernel(uint16_t* __restrict__ o, uint16_t* __restrict__ l,
-                       const TG* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                       const TG* __restrict__ g, TM* __restrict__ m, TV* __restrict__ v,
                        int64_t n, int64_t packs, AdamWScalars a) {
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -159,21 +211,21 @@ static __global__ void __launch_bounds__(kThreads)
     uint4 ow = *reinterpret_cast<const uint4*>(o + i), lw = *reinterpret_cast<const uint4*>(l + i);
     uint16_t* op = reinterpret_cast<uint16_t*>(&ow);
     uint16_t* lp = reinterpret_cast<uint16_t*>(&lw);
-    Pack<float, kPack> mp = ld_pack<kPack>(m + i), vp = ld_pack<kPack>(v + i);
+    Pack<float, kPack> mp = ld_moments(m + i), vp = ld_moments(v + i);
     const Pack<TG, kPack> gp = ld_pack<kPack>(g + i);
 #pragma unroll
     for (int j = 0; j < kPack; ++j)
       split_element(op[j], lp[j], mp.v[j], vp.v[j], scaled_grad(gp.v[j], a.gscale), a);
     *reinterpret_cast<uint4*>(o + i) = ow;
     *reinterpret_cast<uint4*>(l + i) = lw;
-    st_pack(m + i, mp);
-    st_pack(v + i, vp);
+    st_moments(m + i, mp);
+    st_moments(v + i, vp);
   }
   for (int64_t i = packs * kPack + tid; i < n; i += stride) {
     uint16_t oi = o[i], li = l[i];
-    float mi = m[i], vi = v[i];
+    float mi = to_f(m[i]), vi = to_f(v[i]);
     split_element(oi, li, mi, vi, scaled_grad(g[i], a.gscale), a);
-    o[i] = oi, l[i] = li, m[i] = mi, v[i] = vi;
+    o[i] = oi, l[i] = li, m[i] = from_f<TM>(mi), v[i] = from_f<TV>(vi);
   }
 }
 
@@ -201,9 +253,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
                 const AdamWParams& ap, Stream& s) {
   const char* op = "adamw_step";
   check_f32(param, op, "param");
-  check_f32(m, op, "m");
-  check_f32(v, op, "v");
   check_cuda(grad, op, "grad");
+  check_moments(op, m, v, grad);
   int64_t n = param.numel();
   check_numel(grad, n, op, "grad");
   check_numel(m, n, op, "m");
@@ -220,17 +271,18 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor&
   MCPP_CHECK(ap.step >= 1, "{}: step {} must be >= 1 (1-based, for bias correction)", op, ap.step);
   if (n == 0) return;
   const AdamWScalars a = scalars_of(ap);
-  float *P = static_cast<float*>(param.raw()), *M = static_cast<float*>(m.raw()),
-        *V = static_cast<float*>(v.raw());
+  float* P = static_cast<float*>(param.raw());
   cudaStream_t cs = stream_of(s);
   MCPP_DISPATCH_ACT(grad.dtype(), op, {
     const T* G = static_cast<const T*>(grad.raw());
-    if (!out)
-      launch_adamw<T, void>(P, G, M, V, nullptr, n, a, cs);
-    else if (model_param.dtype() == DType::BF16)
-      launch_adamw<T, bf16>(P, G, M, V, static_cast<bf16*>(model_param.raw()), n, a, cs);
-    else
-      launch_adamw<T, f16>(P, G, M, V, static_cast<f16*>(model_param.raw()), n, a, cs);
+    with_moments<T>(m, v, [&](auto* M, auto* V) {
+      if (!out)
+        launch_adamw<T, void>(P, G, M, V, nullptr, n, a, cs);
+      else if (model_param.dtype() == DType::BF16)
+        launch_adamw<T, bf16>(P, G, M, V, static_cast<bf16*>(model_param.raw()), n, a, cs);
+      else
+        launch_adamw<T, f16>(P, G, M, V, static_cast<f16*>(model_param.raw()), n, a, cs);
+    });
   });
 }
 
@@ -239,9 +291,8 @@ void adamw_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Tenso
   const char* op = "adamw_step_split";
   const int64_t n = check_split_main(op, model_param, lo, nullptr, Device::CUDA);
   MCPP_CHECK(lo.defined(), "{}: lo is undefined", op);
-  check_f32(m, op, "m");
-  check_f32(v, op, "v");
   check_cuda(grad, op, "grad");
+  check_moments(op, m, v, grad);
   check_numel(grad, n, op, "grad");
   check_numel(m, n, op, "m");
   check_numel(v, n, op, "v");
@@ -250,19 +301,23 @@ void adamw_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Tenso
   const AdamWScalars a = scalars_of(ap);
   auto* O = static_cast<uint16_t*>(model_param.raw());
   auto* L = static_cast<uint16_t*>(lo.raw());
-  float *M = static_cast<float*>(m.raw()), *V = static_cast<float*>(v.raw());
   cudaStream_t cs = stream_of(s);
   MCPP_DISPATCH_ACT(grad.dtype(), op, {
     const T* G = static_cast<const T*>(grad.raw());
-    const bool vec = is_aligned16(O) && is_aligned16(L) && is_aligned16(G) && is_aligned16(M) &&
-                     is_aligned16(V);
-    const int64_t packs = vec ? n / kPack : 0;
-    const int64_t threads_wanted = vec ? std::max(packs, n % kPack) : n;
-    static const int64_t resident = occupancy_blocks(adamw_split_kernel<T>, kThreads);
-    const unsigned grid =
-        unsigned(std::min<int64_t>(grid_for(threads_wanted, kThreads), resident));
-    adamw_split_kernel<T><<<grid, kThreads, 0, cs>>>(O, L, G, M, V, n, packs, a);
-    MCPP_LAUNCH_CHECK();
+    with_moments<T>(m, v, [&](auto* M, auto* V) {
+      using TM = std::remove_pointer_t<decltype(M)>;
+      using TV = std::remove_pointer_t<decltype(V)>;
+      const bool vec = is_aligned16(O) && is_aligned16(L) && is_aligned16(G) &&
+                       is_aligned16(M) && is_aligned16(V);
+      const int64_t packs = vec ? n / kPack : 0;
+      const int64_t threads_wanted = vec ? std::max(packs, n % kPack) : n;
+      static const int64_t resident =
+          occupancy_blocks(adamw_split_kernel<T, TM, TV>, kThreads);
+      const unsigned grid =
+          unsigned(std::min<int64_t>(grid_for(threads_wanted, kThreads), resident));
+      adamw_split_kernel<T, TM, TV><<<grid, kThreads, 0, cs>>>(O, L, G, M, V, n, packs, a);
+      MCPP_LAUNCH_CHECK();
+    });
   });
 }
 
