@@ -350,6 +350,8 @@ struct Args {
 
   // ---- mixture of experts (docs/moe.md; checked by validate_moe.cpp)
   std::optional<int64_t> num_experts;              // None: a dense model
+  bool moe_use_upcycling = false;                  // --load (dense) -> --save (MoE): upcycle.h
+  int64_t moe_upcycling_granularity = 1;           // dense FFN / expert FFN
   std::string moe_layer_freq = "1";                // N (every N-th layer), or "([0]+[1]*3)"
   std::optional<int64_t> moe_ffn_hidden_size;      // default: --ffn-hidden-size
   int64_t moe_router_topk = 2;

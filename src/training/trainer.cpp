@@ -20,6 +20,7 @@
 #include "training/moe_step.h"
 #include "training/mtp_step.h"
 #include "training/trainer_state.h"
+#include "training/upcycle.h"
 #include "training/weight_hash.h"
 
 namespace mcpp::training {
@@ -217,12 +218,23 @@ void Trainer::State::save() {
 
 void Trainer::State::load() {
   const Args& a = args;
-  const std::string& dir = load_source->dir;
+  // --moe-use-upcycling: the dense checkpoint in --load becomes the MoE model's iteration 1
+  // in --save (upcycle.h), which is loaded instead, without optimizer or RNG state
+  // (Megatron turns on --no-load-optim and --no-load-rng).
+  const bool upcycled = a.moe_use_upcycling;
+  if (upcycled) {
+    if (!a.no_load_optim) log::warn("enabling --no-load-optim for upcycling");
+    if (!a.no_load_rng) log::warn("enabling --no-load-rng for upcycling");
+    upcycle_dense_checkpoint(a, model_cfg, world->world());
+  }
+  const std::string& dir = upcycled ? *a.save : load_source->dir;
+  // (--ckpt-step picked the dense iteration; the upcycled model is iteration 1.)
+  const std::optional<int64_t> step = upcycled ? std::optional<int64_t>(1) : a.ckpt_step;
   // --finetune, or --pretrained-checkpoint taken because --load held no checkpoint
   // (Megatron sets args.finetune then): weights only, from iteration 0.
   const bool finetune = a.finetune || load_source->finetune;
   checkpoint::LoadOptions o;
-  o.model = model_cfg, o.load_rng = !a.no_load_rng, o.finetune = finetune;
+  o.model = model_cfg, o.load_rng = !a.no_load_rng && !upcycled, o.finetune = finetune;
   // A pipeline stage, or an EP rank (its experts), holds part of the checkpoint's tensors.
   o.partial_model = a.pipeline_model_parallel_size > 1 || a.expert_model_parallel_size > 1;
   o.strictness = checkpoint::parse_strictness(a.dist_ckpt_strictness);
@@ -232,17 +244,17 @@ void Trainer::State::load() {
   if (a.ckpt_fully_parallel_load)
     o.replicas = a.ckpt_fully_parallel_load_process_group == "ep_dp" ? &ps->expert_dp()
                                                                        : &ps->dp_cp();
-  const bool load_optim = !(a.no_load_optim || finetune);
+  const bool load_optim = !(a.no_load_optim || finetune || upcycled);
   std::optional<checkpoint::TrainingState> st;
-  bool has_scheduler = true;
-  if (checkpoint::megatron::holds_legacy_checkpoint(dir, a.ckpt_step)) {
+  bool has_scheduler = !upcycled;  // the upcycled checkpoint holds none: the flags' schedule
+  if (checkpoint::megatron::holds_legacy_checkpoint(dir, step)) {
     // Megatron-LM's legacy layout, whatever --ckpt-format (--load probes what it holds)
-    auto l = checkpoint::megatron::load_legacy_training_checkpoint(dir, a.ckpt_step,
+    auto l = checkpoint::megatron::load_legacy_training_checkpoint(dir, step,
                                                                    model->params(), *opt,
                                                                    load_optim, o);
     st = l.state, has_scheduler = l.has_scheduler;
   } else {
-    st = checkpoint::load_training_checkpoint(dir, a.ckpt_step, model->params(), *opt,
+    st = checkpoint::load_training_checkpoint(dir, step, model->params(), *opt,
                                               load_optim, o);
   }
   if (!st) return;

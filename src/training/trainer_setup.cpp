@@ -85,6 +85,17 @@ void Trainer::State::setup_parallel() {
                                             : comm::NcclConfigs{}});
   // The checkpoint the run starts from: --load's, else --pretrained-checkpoint's.
   s.load_source = resolve_load_source(a);
+  if (a.moe_use_upcycling) {  // validate_moe.cpp checked the flags; here the folders
+    MCPP_CHECK_HINT(s.load_source && !s.load_source->finetune,
+                    "point --load at the dense model's checkpoint",
+                    "--moe-use-upcycling: --load {} holds no checkpoint to upcycle", *a.load);
+    MCPP_CHECK_HINT(!checkpoint::latest_iteration(*a.save),
+                    "upcycle only in the first run; resume later runs from --save without "
+                    "--moe-use-upcycling",
+                    "--moe-use-upcycling: --save {} holds a checkpoint already (the upcycling "
+                    "destination must be new, as in Megatron-LM)",
+                    *a.save);
+  }
   if (a.use_checkpoint_args) apply_checkpoint_args(a, s.load_source);  // before validation
   s.tokenizer_files = apply_checkpoint_tokenizer(a, s.load_source);    // files it carries
   validate_args(a, s.world->size());

@@ -120,6 +120,36 @@ std::vector<int64_t> parse_moe_layer_freq(const std::string& spec, int64_t num_l
   return pattern;
 }
 
+// --moe-use-upcycling (training/upcycle.h): the dense checkpoint in --load, the MoE model's
+// in --save (Megatron asserts --save), experts in copies of the granules.
+static void validate_upcycling(const Args& a) {
+  const int64_t g = a.moe_upcycling_granularity;
+  MCPP_CHECK_HINT(g >= 1, "give --moe-upcycling-granularity 1 or more",
+                  "--moe-upcycling-granularity {} must be positive", g);
+  if (!a.moe_use_upcycling) {
+    MCPP_CHECK_HINT(g == 1, "add --moe-use-upcycling, or drop --moe-upcycling-granularity",
+                    "--moe-upcycling-granularity {} applies to --moe-use-upcycling only", g);
+    return;
+  }
+  MCPP_CHECK_HINT(*a.num_experts % g == 0,
+                  "give --num-experts a multiple of --moe-upcycling-granularity",
+                  "--moe-use-upcycling: --num-experts {} is not a multiple of "
+                  "--moe-upcycling-granularity {}",
+                  *a.num_experts, g);
+  MCPP_CHECK_HINT(a.load.has_value(), "give --load DIR, the dense model's checkpoint",
+                  "--moe-use-upcycling converts the dense checkpoint in --load, and none was "
+                  "given");
+  MCPP_CHECK_HINT(a.save.has_value(), "give --save DIR for the upcycled MoE model",
+                  "--moe-use-upcycling writes the MoE model to --save, and none was given");
+  MCPP_CHECK_HINT(!a.pretrained_checkpoint && !a.finetune,
+                  "give the dense checkpoint as --load",
+                  "--moe-use-upcycling reads the dense model from --load (not "
+                  "--pretrained-checkpoint / --finetune)");
+  MCPP_CHECK_HINT(a.ckpt_format != "torch", "use the default --ckpt-format torch_dist",
+                  "--moe-use-upcycling with --ckpt-format torch (the legacy layout holds no "
+                  "experts)");
+}
+
 void validate_moe(Args& a) {
   if (!a.num_experts) {
     // A dense model: the MoE flags would be silently ignored.
@@ -130,7 +160,8 @@ void validate_moe(Args& a) {
           "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
           "moe_router_dtype", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
           "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-          "moe_per_layer_logging", "moe_layer_freq", "moe_router_padding_for_fp8"})
+          "moe_per_layer_logging", "moe_layer_freq", "moe_router_padding_for_fp8",
+          "moe_use_upcycling", "moe_upcycling_granularity"})
       MCPP_CHECK_HINT(!a.was_given(f), "add --num-experts E, or drop the flag",
                       "{} applies to mixture-of-experts models only, and --num-experts was "
                       "not given",
@@ -144,6 +175,7 @@ void validate_moe(Args& a) {
   const int64_t E = *a.num_experts, k = a.moe_router_topk, ep = a.expert_model_parallel_size;
   const int64_t tp = a.tensor_model_parallel_size;
   MCPP_CHECK_HINT(E >= 1, "give --num-experts E >= 1", "--num-experts {} must be positive", E);
+  validate_upcycling(a);
   MCPP_CHECK_HINT(k >= 1 && k <= E,
                   fmt::format("give --moe-router-topk between 1 and --num-experts ({})", E),
                   "--moe-router-topk {} is outside [1, {}]", k, E);
