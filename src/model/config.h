@@ -78,6 +78,9 @@ struct TransformerConfig {
   double attention_dropout = 0.1;        // --attention-dropout
   double init_method_std = 0.02;         // --init-method-std
   bool init_method_xavier_uniform = false;  // --init-method-xavier-uniform (Init::XavierUniform)
+  // --no-initialization (Megatron's perform_initialization = False): the parameters start
+  // at zero instead of being drawn, for a run whose checkpoint replaces them anyway.
+  bool perform_initialization = true;
   uint64_t seed = 1234;                  // --seed
   // Where the model runs and in which dtype its parameters and activations live:
   // CPU f32 | f64 (the reference); CUDA bf16 (--bf16) | f16 (--fp16) | f32. Gradients,

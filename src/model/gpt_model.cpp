@@ -52,7 +52,10 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);
   const auto t0 = std::chrono::steady_clock::now();
-  params_.initialize(cfg_.seed);
+  if (cfg_.perform_initialization)
+    params_.initialize(cfg_.seed);
+  else  // --no-initialization: zeros (a checkpoint's values replace them)
+    ops::fill(params_.flat_params(), 0.0, ops::default_stream(cfg_.device));
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (secs > 1.0)

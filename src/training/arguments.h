@@ -124,6 +124,7 @@ struct Args {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   bool init_method_xavier_uniform = false;   // every Normal-initialised weight: Xavier uniform
+  bool perform_initialization = true;        // --no-initialization: parameters start at zero
   double sgd_momentum = 0.9;                 // --optimizer sgd
   double lion_beta1 = 0.95, lion_beta2 = 0.98;  // --optimizer lion
   // --use-precision-aware-optimizer (TransformerEngine's FusedAdam state dtypes): the Adam

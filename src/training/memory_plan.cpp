@@ -57,6 +57,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
   c.init_method_xavier_uniform = a.init_method_xavier_uniform;
+  c.perform_initialization = a.perform_initialization;
   c.device = dev;
   c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;
   c.sequence_parallel = a.sequence_parallel;

@@ -85,6 +85,9 @@ void Trainer::State::setup_parallel() {
                                             : comm::NcclConfigs{}});
   // The checkpoint the run starts from: --load's, else --pretrained-checkpoint's.
   s.load_source = resolve_load_source(a);
+  if (!a.perform_initialization && !s.load_source)
+    log::warn("--no-initialization without a checkpoint to load: every parameter starts at "
+              "zero");
   if (a.moe_use_upcycling) {  // validate_moe.cpp checked the flags; here the folders
     MCPP_CHECK_HINT(s.load_source && !s.load_source->finetune,
                     "point --load at the dense model's checkpoint",

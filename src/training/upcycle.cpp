@@ -45,6 +45,7 @@ model::TransformerConfig whole_model_config(model::TransformerConfig c) {
   c.moe.ep_size = 1, c.moe.ep_rank = 0, c.moe.etp_size = 0, c.moe.etp_rank = 0;
   c.device = Device::CPU, c.dtype = DType::F32, c.param_align = 16;
   c.fp8 = {};  // FP8 scaling state starts fresh (the loader keeps a missing buffer's init)
+  c.perform_initialization = true;  // the router and shared experts are drawn as usual
   return c;
 }
 
