@@ -8,6 +8,8 @@
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
+namespace base_test {
+
 using namespace mcpp;
 
 TEST(Error, CarriesHintAndLocation) {
@@ -107,3 +109,5 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_THROW(t.narrow(3, 2), Error);
   EXPECT_THROW(t.data<double>(), Error);
 }
+
+}  // namespace base_test

@@ -8,7 +8,7 @@
 
 #include "base/numpy_rng.h"
 
-namespace {
+namespace numpy_rng_test {
 
 nlohmann::json fixtures() {
   std::ifstream f(std::string(MCPP_SOURCE_DIR) + "/tests/golden/numpy_rng_fixtures.json");
@@ -16,7 +16,6 @@ nlohmann::json fixtures() {
   return nlohmann::json::parse(f);
 }
 
-}  // namespace
 
 TEST(NumpyRng, PublishedMT19937Outputs) {
   mcpp::NumpyRandomState rs(5489);
@@ -74,3 +73,5 @@ TEST(NumpyRng, IntegersInt32MatchNumpy) {
     EXPECT_EQ(std::accumulate(v.begin(), v.end(), int64_t(0)), c["sum"].get<int64_t>());
   }
 }
+
+}  // namespace numpy_rng_test

@@ -24,6 +24,11 @@ inline bool same_bytes(const Tensor& a, const Tensor& b) {
          std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+// s contains part (the message shows s whole where not).
+inline void expect_has(const std::string& s, const std::string& part) {
+  EXPECT_NE(s.find(part), std::string::npos) << "missing '" << part << "' in:\n" << s;
+}
+
 // The message of the mcpp::Error that f throws ("" when it throws none).
 template <class F>
 std::string error_of(F&& f) {

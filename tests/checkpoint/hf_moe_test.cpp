@@ -26,7 +26,7 @@ using namespace mcpp::testing;
 namespace ck = mcpp::checkpoint;
 using json = nlohmann::json;
 
-namespace {
+namespace hf_moe_test {
 
 std::string fixture(const std::string& fam) {
   return std::string(MCPP_SOURCE_DIR) + "/tests/golden/hf_moe/" + fam;
@@ -114,7 +114,6 @@ model::TransformerConfig tiny_moe() {
   return c;
 }
 
-}  // namespace
 
 TEST(HfMoe, MixtralConfigFromTransformers5) {
   const auto c = mixtral_config();
@@ -507,7 +506,6 @@ TEST(HfMoe, MoeSettingsMixtralCannotExpressAreErrors) {
 
 // ---- --qk-layernorm (ops::qk_norm_forward), the model option Qwen3 needs ------------------
 
-namespace {
 
 model::TransformerConfig tiny_qk(bool moe, bool one_p) {
   model::TransformerConfig c;
@@ -605,7 +603,6 @@ std::string qk_start_up_error(std::vector<std::string> extra) {
   return "";
 }
 
-}  // namespace
 
 TEST(QkLayernorm, GradientsMatchFiniteDifferencesDense) { qk_fd(tiny_qk(false, false)); }
 TEST(QkLayernorm, GradientsMatchFiniteDifferencesMoeAnd1p) { qk_fd(tiny_qk(true, true)); }
@@ -636,3 +633,5 @@ TEST(QkLayernorm, StartUpErrorsNameTheFlag) {
             "");
   EXPECT_EQ(qk_start_up_error({"--normalization", "RMSNorm", "--device", "cuda", "--bf16"}), "");
 }
+
+}  // namespace hf_moe_test

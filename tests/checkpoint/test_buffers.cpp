@@ -26,7 +26,7 @@ using model::BufferInfo;
 using model::ParamStore;
 using model::TpSplit;
 
-namespace {
+namespace buffers_test {
 
 constexpr uint64_t kParamSalt = 31, kBufSalt = 32;
 const std::string kBias = "decoder.layers.0.mlp.router.expert_bias";     // [8], duplicated
@@ -119,11 +119,6 @@ std::string load_error(const std::string& dir, ParamStore& ps) {
   return "";
 }
 
-void expect_has(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "missing '" << part << "' in:\n" << s;
-}
-
-}  // namespace
 
 TEST(CheckpointBuffers, SerialRoundTripIsBitExact) {
   const std::string dir = scratch_dir();
@@ -351,3 +346,5 @@ TEST(CheckpointBuffers, TrainingCheckpointSyncAndAsync) {
     }
   }
 }
+
+}  // namespace buffers_test

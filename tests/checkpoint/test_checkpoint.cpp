@@ -13,21 +13,21 @@ using namespace mcpp::testing;
 namespace fs = std::filesystem;
 namespace ck = mcpp::checkpoint;
 
-namespace {
+namespace checkpoint_test {
 
-constexpr uint64_t kParamSalt = 11, kAvgSalt = 12, kSqSalt = 13;
+constexpr uint64_t kCkptParamSalt = 11, kCkptAvgSalt = 12, kCkptSqSalt = 13;
 
 using Rank = CkptRank;
 
 Rank make_rank(const std::string& fam, int64_t tp, int64_t r, bool filled) {
-  return make_ckpt_rank(fam, tp, r, filled, {kParamSalt, kAvgSalt, kSqSalt, 7});
+  return make_ckpt_rank(fam, tp, r, filled, {kCkptParamSalt, kCkptAvgSalt, kCkptSqSalt, 7});
 }
 
 void expect_filled(const Rank& k) {
   const auto& ps = k.m->params();
-  EXPECT_EQ(count_mismatches(ps, k.m->params().flat_params(), kParamSalt), 0);
-  EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg(), kAvgSalt), 0);
-  EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg_sq(), kSqSalt), 0);
+  EXPECT_EQ(count_mismatches(ps, k.m->params().flat_params(), kCkptParamSalt), 0);
+  EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg(), kCkptAvgSalt), 0);
+  EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg_sq(), kCkptSqSalt), 0);
   EXPECT_EQ(k.opt->steps(), 7);
 }
 
@@ -52,7 +52,6 @@ void reshard(const std::string& fam, int64_t tp_save, int64_t tp_load) {
   }
 }
 
-}  // namespace
 
 // local_pieces (the checkpoint's geometry) agrees with ParamStore::global_index (the init's).
 TEST(Checkpoint, PiecesAgreeWithGlobalIndex) {
@@ -194,7 +193,7 @@ TEST(Checkpoint, NoSaveOptimAndFlags) {
     EXPECT_NE(std::string(e.what()).find("--no-load-optim"), std::string::npos) << e.what();
   }
   auto st = ck::load_checkpoint(dir, std::nullopt, *b.m, nullptr);  // --no-load-optim
-  EXPECT_EQ(count_mismatches(b.m->params(), b.m->params().flat_params(), kParamSalt), 0);
+  EXPECT_EQ(count_mismatches(b.m->params(), b.m->params().flat_params(), kCkptParamSalt), 0);
   EXPECT_EQ(st.iteration, 5);
 
   ck::LoadOptions lo;
@@ -212,7 +211,7 @@ TEST(Checkpoint, NoSaveOptimAndFlags) {
 // into another optimizer's state is refused naming both and the way out.
 TEST(Checkpoint, OptimizerRuleRecordedAndChecked) {
   using optim::UpdateRule;
-  const RankSalts salts{kParamSalt, kAvgSalt, kSqSalt, 7};
+  const RankSalts salts{kCkptParamSalt, kCkptAvgSalt, kCkptSqSalt, 7};
   for (UpdateRule saved : {UpdateRule::Sgd, UpdateRule::Lion, UpdateRule::Adam}) {
     const std::string name = optim::rule_name(saved);
     SCOPED_TRACE(name);
@@ -229,7 +228,7 @@ TEST(Checkpoint, OptimizerRuleRecordedAndChecked) {
 
     Rank same = make_ckpt_rank("llama", 1, 0, false, salts, saved);
     ck::load_checkpoint(dir, std::nullopt, *same.m, same.opt.get());
-    EXPECT_EQ(count_mismatches(same.m->params(), same.opt->exp_avg(), kAvgSalt), 0);
+    EXPECT_EQ(count_mismatches(same.m->params(), same.opt->exp_avg(), kCkptAvgSalt), 0);
     EXPECT_EQ(same.opt->steps(), 7);  // the saving optimizer's count
     for (UpdateRule other : {UpdateRule::Adam, UpdateRule::Sgd, UpdateRule::Lion}) {
       if (other == saved) continue;
@@ -244,7 +243,7 @@ TEST(Checkpoint, OptimizerRuleRecordedAndChecked) {
       EXPECT_NE(err.find("--no-load-optim"), std::string::npos) << err;
       // The weights alone load into any optimizer (--no-load-optim).
       ck::load_checkpoint(dir, std::nullopt, *b.m, nullptr);
-      EXPECT_EQ(count_mismatches(b.m->params(), b.m->params().flat_params(), kParamSalt), 0);
+      EXPECT_EQ(count_mismatches(b.m->params(), b.m->params().flat_params(), kCkptParamSalt), 0);
     }
   }
 }
@@ -287,13 +286,11 @@ TEST(Checkpoint, DescribeVerifiesChecksums) {
 
 // ---- --save-retain-interval (SaveOptions::retain_interval) --------------------------------
 
-namespace {
 ck::SaveOptions retaining(int64_t every) {
   ck::SaveOptions so;
   so.retain_interval = every;
   return so;
 }
-}  // namespace
 
 // Megatron's rule: after each save the tracker's previous iteration goes unless it is a
 // multiple of N. Saving 1..7 with N = 3 keeps 3, 6 and the latest, 7.
@@ -369,3 +366,5 @@ TEST(CheckpointRetain, AsyncSaveAndLeftovers) {
   EXPECT_FALSE(fs::exists(dir + "/iter_0000006.del-12345"));
   EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{4, 8, 10}));
 }
+
+}  // namespace checkpoint_test

@@ -17,14 +17,14 @@ using namespace mcpp::testing;
 namespace fs = std::filesystem;
 namespace ck = mcpp::checkpoint;
 
-namespace {
+namespace fully_parallel_test {
 
-constexpr uint64_t kParamSalt = 21, kAvgSalt = 22, kSqSalt = 23;
+constexpr uint64_t kFpParamSalt = 21, kFpAvgSalt = 22, kFpSqSalt = 23;
 
 using Rank = CkptRank;
 
 Rank make_rank(int64_t tp, int64_t r, bool filled) {
-  return make_ckpt_rank("llama", tp, r, filled, {kParamSalt, kAvgSalt, kSqSalt, 5});
+  return make_ckpt_rank("llama", tp, r, filled, {kFpParamSalt, kFpAvgSalt, kFpSqSalt, 5});
 }
 
 // Every tensor's shards without the file that holds them: what a loader gets.
@@ -42,7 +42,6 @@ nlohmann::json shards_by_key(const nlohmann::json& md) {
   return out;
 }
 
-}  // namespace
 
 TEST(FullyParallel, DistributeByBytesBalancesAndRespectsHolders) {
   // Greedy, largest first, to the least-loaded rank: 4 ranks end within one item's size.
@@ -146,9 +145,11 @@ TEST(FullyParallel, SaveSharesEachShardAcrossItsReplicas) {
       Rank k = make_rank(tp_load, r, false);
       ck::load_checkpoint(dir + "/shared", std::nullopt, *k.m, k.opt.get());
       auto& ps = k.m->params();
-      EXPECT_EQ(count_mismatches(ps, ps.flat_params(), kParamSalt), 0);
-      EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg(), kAvgSalt), 0);
-      EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg_sq(), kSqSalt), 0);
+      EXPECT_EQ(count_mismatches(ps, ps.flat_params(), kFpParamSalt), 0);
+      EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg(), kFpAvgSalt), 0);
+      EXPECT_EQ(count_mismatches(ps, k.opt->exp_avg_sq(), kFpSqSalt), 0);
       EXPECT_EQ(k.opt->steps(), 5);
     }
 }
+
+}  // namespace fully_parallel_test

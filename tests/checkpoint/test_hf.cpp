@@ -18,7 +18,7 @@ using namespace mcpp;
 using namespace mcpp::testing;
 namespace ck = mcpp::checkpoint;
 
-namespace {
+namespace hf_test {
 
 std::string hf_golden(const std::string& fam) {
   return std::string(MCPP_SOURCE_DIR) + "/tests/golden/hf/" + fam;
@@ -57,7 +57,6 @@ nlohmann::json llama_like(const std::string& type) {
   return j;
 }
 
-}  // namespace
 
 TEST(HfExport, RoundTripGpt2) { round_trip(tiny_config("gpt")); }
 TEST(HfExport, RoundTripLlamaGqa) { round_trip(tiny_config("llama")); }
@@ -427,3 +426,5 @@ TEST(HfGolden, MatchesPyTorchReference) {
     EXPECT_TRUE(same_bytes(b.params().flat_params(), m.params().flat_params()));
   }
 }
+
+}  // namespace hf_test

@@ -22,7 +22,7 @@ using namespace mcpp::testing;
 namespace ck = mcpp::checkpoint;
 using json = nlohmann::json;
 
-namespace {
+namespace hf_rope_test {
 
 // A tiny Llama 3.x config.json as transformers 4.x writes it. Head dim 8 (4 rotary pairs of
 // wavelengths 6.3, 63, 628 and 6283 at theta 10000) and an original context of 64, so the
@@ -80,7 +80,6 @@ double hf_round_trip_logit_change(const model::TransformerConfig& c,
   return d;
 }
 
-}  // namespace
 
 TEST(HfRope, ImportsLlama3ScalingFromTransformers4) {
   const auto c = ck::model_config_from_hf(llama3_config(), 1);
@@ -178,7 +177,6 @@ TEST(HfRope, RefusesOtherRopeTypesNamingTheField) {
 
 // ---- linear position interpolation: rope_type "linear", transformers' inv_freq / factor
 
-namespace {
 
 json linear_config(double factor) {
   json j = llama3_config();
@@ -186,7 +184,6 @@ json linear_config(double factor) {
   return j;
 }
 
-}  // namespace
 
 TEST(HfRope, ImportsLinearInterpolationInEverySpelling) {
   for (const double f : {4.0, 2.5}) {  // a fractional factor imports as it is
@@ -255,3 +252,5 @@ TEST(HfRope, ExportRefusesScalingWithInterpolation) {
   EXPECT_THROW(ck::export_hf(dir, c, m.params()), Error);
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
+
+}  // namespace hf_rope_test

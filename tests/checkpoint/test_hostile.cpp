@@ -18,11 +18,7 @@ namespace fs = std::filesystem;
 namespace ck = mcpp::checkpoint;
 using json = nlohmann::json;
 
-namespace {
-
-void expect_has(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "missing '" << part << "' in:\n" << s;
-}
+namespace hostile_test {
 
 // One checkpoint (iteration 10) of the gpt model; returns the save folder.
 std::string one_checkpoint() {
@@ -44,7 +40,6 @@ std::string load_error(const std::string& dir) {
   });
 }
 
-}  // namespace
 
 // local_offsets -100 loaded the heap bytes before the shard into the weights (and inspect
 // said "all checksums verified"); a huge one segfaulted.
@@ -251,3 +246,5 @@ TEST(HostileHf, WeightMapStaysInsideTheModelFolder) {
               json{{"weight_map", {{"transformer.wte.weight", "model.safetensors"}}}}.dump());
   EXPECT_EQ(ck::hf_weight_files(dir + "/model"), (std::vector<std::string>{"model.safetensors"}));
 }
+
+}  // namespace hostile_test

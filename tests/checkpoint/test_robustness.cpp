@@ -18,7 +18,7 @@ using namespace mcpp::testing;
 namespace fs = std::filesystem;
 namespace ck = mcpp::checkpoint;
 
-namespace {
+namespace robustness_test {
 
 struct Fixture {
   std::string dir;
@@ -52,10 +52,6 @@ std::string load_error(const std::string& dir, const model::TransformerConfig& c
   return "";
 }
 
-void expect_has(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "missing '" << part << "' in:\n" << s;
-}
-
 // The hint every load error carries: which iterations exist and which one to load.
 void expect_points_to_10(const std::string& err) {
   expect_has(err, "complete checkpoints in");
@@ -63,7 +59,6 @@ void expect_points_to_10(const std::string& err) {
   expect_has(err, "--ckpt-step 10");
 }
 
-}  // namespace
 
 TEST(CheckpointRobustness, TruncatedShard) {
   auto f = two_checkpoints();
@@ -307,3 +302,5 @@ TEST(AsyncSaver, ErrorSurfacesOnNextCall) {
   saver.wait();
   EXPECT_EQ(ck::latest_iteration(dir + "/ok"), 2);
 }
+
+}  // namespace robustness_test

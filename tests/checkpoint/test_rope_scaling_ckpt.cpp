@@ -12,7 +12,7 @@ using namespace mcpp::testing;
 namespace ck = mcpp::checkpoint;
 using json = nlohmann::json;
 
-namespace {
+namespace rope_scaling_ckpt_test {
 
 model::TransformerConfig scaled_llama() {
   auto c = tiny_config("llama");
@@ -29,7 +29,6 @@ std::string compat_warnings(const json& saved, const model::TransformerConfig& c
   return ::testing::internal::GetCapturedStderr();
 }
 
-}  // namespace
 
 TEST(RopeScalingCheckpoint, MetadataRecordsTheScaling) {
   const auto c = scaled_llama();
@@ -127,3 +126,5 @@ TEST(RopeInterpolationCheckpoint, ADifferentFactorLoadsWithAWarning) {
                 .find("(checkpoint 1.0, this run 4.0)"),
             std::string::npos);
 }
+
+}  // namespace rope_scaling_ckpt_test

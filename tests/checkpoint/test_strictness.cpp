@@ -15,22 +15,18 @@ using namespace mcpp::testing;
 namespace ck = mcpp::checkpoint;
 using ck::Strictness;
 
-namespace {
-
-void expect_has(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "expected '" << part << "' in:\n" << s;
-}
+namespace strictness_test {
 
 constexpr uint64_t kSaved = 51, kBefore = 61;  // moments: salt + 1, salt + 2
 
-struct Rank {
+struct StrictRank {
   std::unique_ptr<model::GPTModel> m;
   std::unique_ptr<optim::AdamW> opt;
 };
 
 // A model of `fam` at (tp, r): parameters and moments filled with `salt`, salt+1, salt+2.
-Rank make_rank(const std::string& fam, uint64_t salt, int64_t tp = 1, int64_t r = 0) {
-  Rank k;
+StrictRank make_rank(const std::string& fam, uint64_t salt, int64_t tp = 1, int64_t r = 0) {
+  StrictRank k;
   k.m = std::make_unique<model::GPTModel>(tiny_config(fam, tp, r));
   k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::OptimizerConfig{});
   fill_global(k.m->params(), k.m->params().flat_params(), salt);
@@ -66,7 +62,7 @@ int64_t nonzero(const model::ParamStore& ps, const Tensor& flat) {
 // A checkpoint of `fam` (weights kSaved, moments kSaved+1/+2) at TP `tp`, iteration 5.
 std::string save(const std::string& fam, int64_t tp = 1) {
   const std::string dir = scratch_dir() + "/" + fam;
-  std::vector<Rank> ranks;
+  std::vector<StrictRank> ranks;
   std::vector<ck::RankSnapshot> snaps;
   for (int64_t r = 0; r < tp; ++r) ranks.push_back(make_rank(fam, kSaved, tp, r));
   for (int64_t r = 0; r < tp; ++r) {
@@ -86,7 +82,7 @@ ck::LoadOptions opts(Strictness s) {
 }
 
 // Loads dir into k in mode s; returns the error ("" when none) and the warnings in *err.
-std::string load(const std::string& dir, Rank& k, Strictness s, std::string* err = nullptr) {
+std::string load(const std::string& dir, StrictRank& k, Strictness s, std::string* err = nullptr) {
   ::testing::internal::CaptureStderr();
   const std::string e =
       error_of([&] { ck::load_checkpoint(dir, std::nullopt, *k.m, k.opt.get(), opts(s)); });
@@ -97,7 +93,7 @@ std::string load(const std::string& dir, Rank& k, Strictness s, std::string* err
 
 // After a load of the Llama checkpoint into the qwen2 model: everything but the biases is the
 // checkpoint's; the biases keep their values from before the load, with zero moments.
-void expect_loaded_around_biases(const Rank& k) {
+void expect_loaded_around_biases(const StrictRank& k) {
   auto& ps = k.m->params();
   auto all_but = [](const std::string& n) { return !is_bias(n); };
   EXPECT_EQ(mismatches(ps, ps.flat_params(), kSaved, all_but), 0);
@@ -108,7 +104,6 @@ void expect_loaded_around_biases(const Rank& k) {
   EXPECT_EQ(nonzero(ps, k.opt->exp_avg_sq()), 0);
 }
 
-}  // namespace
 
 TEST(Strictness, ParseRefusesReturnModes) {
   EXPECT_EQ(ck::parse_strictness("log_all"), Strictness::LogAll);
@@ -128,7 +123,7 @@ TEST(Strictness, UnexpectedKeysAreErrorsByDefault) {
   for (Strictness s : {Strictness::AssumeOkUnexpected, Strictness::RaiseUnexpected,
                        Strictness::RaiseAll}) {
     SCOPED_TRACE(ck::to_string(s));
-    Rank k = make_rank("qwen2", kBefore);
+    StrictRank k = make_rank("qwen2", kBefore);
     const std::string e = load(dir, k, s);
     // The model config check speaks first (add_qkv_bias) by default and with raise_all; with
     // raise_unexpected it warns and the key check names linear_qkv.bias.
@@ -155,7 +150,7 @@ TEST(Strictness, UnexpectedKeysLoggedOrIgnored) {
   const std::string dir = save("llama");
   for (Strictness s : {Strictness::LogUnexpected, Strictness::LogAll, Strictness::IgnoreAll}) {
     SCOPED_TRACE(ck::to_string(s));
-    Rank k = make_rank("qwen2", kBefore);
+    StrictRank k = make_rank("qwen2", kBefore);
     std::string err;
     EXPECT_EQ(load(dir, k, s, &err), "");
     expect_loaded_around_biases(k);
@@ -178,7 +173,7 @@ TEST(Strictness, MissingKeys) {
                        Strictness::LogAll, Strictness::LogUnexpected,
                        Strictness::RaiseUnexpected, Strictness::IgnoreAll}) {
     SCOPED_TRACE(ck::to_string(s));
-    Rank k = make_rank("llama", kBefore);
+    StrictRank k = make_rank("llama", kBefore);
     std::string err;
     const std::string e = error_of([&] {
       ::testing::internal::CaptureStderr();
@@ -215,7 +210,7 @@ TEST(Strictness, ReshardsAroundUnexpectedKeys) {
     const std::string dir = save("llama", save_tp);
     for (int64_t r = 0; r < load_tp; ++r) {
       SCOPED_TRACE(fmt::format("TP {} -> TP {} rank {}", save_tp, load_tp, r));
-      Rank k = make_rank("qwen2", kBefore, load_tp, r);
+      StrictRank k = make_rank("qwen2", kBefore, load_tp, r);
       EXPECT_EQ(load(dir, k, Strictness::LogUnexpected), "");
       expect_loaded_around_biases(k);
     }
@@ -226,7 +221,7 @@ TEST(Strictness, ReshardsAroundUnexpectedKeys) {
 // their values) and zero moments.
 TEST(Strictness, TrainingLoadKeepsInitialValues) {
   const std::string dir = save("llama");
-  Rank k = make_rank("qwen2", kBefore);
+  StrictRank k = make_rank("qwen2", kBefore);
   ::testing::internal::CaptureStderr();
   auto st = ck::load_training_checkpoint(dir, std::nullopt, k.m->params(), *k.opt, true,
                                          opts(Strictness::LogUnexpected));
@@ -283,3 +278,5 @@ TEST(Strictness, Buffers) {
   expect_has(err("/with", plain, Strictness::RaiseAll), "holds 1 buffer(s) this model");
   EXPECT_EQ(err("/with", plain, Strictness::IgnoreAll).find("buffer"), std::string::npos);
 }
+
+}  // namespace strictness_test

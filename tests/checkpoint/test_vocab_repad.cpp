@@ -9,11 +9,11 @@ using namespace mcpp;
 using namespace mcpp::testing;
 namespace ck = mcpp::checkpoint;
 
-namespace {
+namespace vocab_repad_test {
 
 constexpr uint64_t kW = 11, kM = 12, kV = 13;  // salts of weights, exp_avg, exp_avg_sq
 
-struct Rank {
+struct RepadRank {
   std::unique_ptr<model::GPTModel> m;
   std::unique_ptr<optim::AdamW> opt;
 };
@@ -24,8 +24,8 @@ model::TransformerConfig cfg(const std::string& fam, int64_t tp, int64_t r, int6
   return c;
 }
 
-Rank rank(const std::string& fam, int64_t tp, int64_t r, int64_t vp, bool fill) {
-  Rank k;
+RepadRank rank(const std::string& fam, int64_t tp, int64_t r, int64_t vp, bool fill) {
+  RepadRank k;
   k.m = std::make_unique<model::GPTModel>(cfg(fam, tp, r, vp));
   k.opt = std::make_unique<optim::AdamW>(k.m->params(), optim::OptimizerConfig{});
   if (fill) {
@@ -39,7 +39,7 @@ Rank rank(const std::string& fam, int64_t tp, int64_t r, int64_t vp, bool fill) 
 std::string save(const std::string& fam, int64_t tp, int64_t vp) {
   const std::string dir = scratch_dir() + "_tp" + std::to_string(tp);
   std::filesystem::remove_all(dir);
-  std::vector<Rank> ks;
+  std::vector<RepadRank> ks;
   std::vector<ck::RankSnapshot> snaps;
   for (int64_t r = 0; r < tp; ++r) ks.push_back(rank(fam, tp, r, vp, true));
   for (auto& k : ks) snaps.push_back(ck::RankSnapshot::view(k.m->params(), k.opt.get()));
@@ -51,7 +51,7 @@ std::string save(const std::string& fam, int64_t tp, int64_t vp) {
 
 // Every element of the loaded rank equals the saved global value, except vocabulary rows at
 // or beyond `saved_vp`: weights equal the saved last row, moments zero.
-void expect_repadded(const Rank& k, int64_t saved_vp) {
+void expect_repadded(const RepadRank& k, int64_t saved_vp) {
   const auto& ps = k.m->params();
   for (const auto& p : ps.infos()) {
     const bool vocab =
@@ -75,21 +75,20 @@ void expect_repadded(const Rank& k, int64_t saved_vp) {
   }
 }
 
-}  // namespace
 
 TEST(VocabRepad, Tp2PaddingLoadsAtTp1AndBack) {
   for (const std::string fam : {"gpt", "llama"}) {
     SCOPED_TRACE(fam);
     // TP2 (padded 256) -> TP1 (128): the padding rows beyond 128 are dropped.
     const std::string tp2 = save(fam, 2, 256);
-    Rank one = rank(fam, 1, 0, 128, false);
+    RepadRank one = rank(fam, 1, 0, 128, false);
     EXPECT_EQ(ck::load_checkpoint(tp2, std::nullopt, *one.m, one.opt.get()).iteration, 10);
     expect_repadded(one, 256);
     // TP1 (128) -> TP2 (256) and TP4 (256): new rows copy row 127, their moments start at 0.
     const std::string tp1 = save(fam, 1, 128);
     for (int64_t tp : fam == "gpt" ? std::vector<int64_t>{2, 4} : std::vector<int64_t>{2})
       for (int64_t r = 0; r < tp; ++r) {
-        Rank k = rank(fam, tp, r, 256, false);
+        RepadRank k = rank(fam, tp, r, 256, false);
         ck::load_checkpoint(tp1, std::nullopt, *k.m, k.opt.get());
         expect_repadded(k, 128);
       }
@@ -99,7 +98,7 @@ TEST(VocabRepad, Tp2PaddingLoadsAtTp1AndBack) {
 TEST(VocabRepad, AnotherVocabularyIsStillAnError) {
   // Same TP: the padded sizes differ only with another vocabulary or divisor: an error.
   const std::string dir = save("gpt", 1, 128);
-  Rank k = rank("gpt", 1, 0, 256, false);
+  RepadRank k = rank("gpt", 1, 0, 256, false);
   try {
     ck::load_checkpoint(dir, std::nullopt, *k.m, k.opt.get());
     FAIL();
@@ -108,12 +107,14 @@ TEST(VocabRepad, AnotherVocabularyIsStillAnError) {
   }
   // Far apart (another tokenizer), even across TP: an error.
   const std::string big = save("gpt", 2, 1024);
-  Rank small = rank("gpt", 1, 0, 128, false);
+  RepadRank small = rank("gpt", 1, 0, 128, false);
   EXPECT_THROW(ck::load_checkpoint(big, std::nullopt, *small.m, small.opt.get()), Error);
   // With the loading tokenizer's size given, the same TP re-pads when both sizes hold it.
   ck::LoadOptions o;
   o.true_vocab_size = 100;
-  Rank k2 = rank("gpt", 1, 0, 256, false);
+  RepadRank k2 = rank("gpt", 1, 0, 256, false);
   ck::load_checkpoint(dir, std::nullopt, *k2.m, k2.opt.get(), o);
   expect_repadded(k2, 128);
 }
+
+}  // namespace vocab_repad_test

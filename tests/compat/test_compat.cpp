@@ -21,7 +21,7 @@
 #include "training/validate_compat.h"
 
 namespace mcpp {
-namespace {
+namespace compat_test {
 
 // ---- ramp-up ---------------------------------------------------------------------------
 
@@ -236,5 +236,5 @@ TEST(Parse, CompatErrorsNameTheFlag) {
   EXPECT_NO_THROW(training::check_trainer_support(a, Device::CUDA));
 }
 
-}  // namespace
+}  // namespace compat_test
 }  // namespace mcpp

@@ -21,9 +21,10 @@
 #include "checkpoint/megatron/torch_pickle.h"
 #include "checkpoint/megatron/torch_write.h"
 #include "model/gpt_model.h"
+#include "golden_fixture.h"
 
 namespace mcpp {
-namespace {
+namespace megatron_export_test {
 
 namespace fs = std::filesystem;
 namespace mg = checkpoint::megatron;
@@ -31,9 +32,7 @@ using K = mg::Value::Kind;
 using testing::error_of;
 using testing::scratch_dir;
 
-std::string fixture(const std::string& name) {
-  return std::string(MCPP_SOURCE_DIR) + "/tests/golden/megatron/" + name;
-}
+using compat_fixture::fixture;
 
 TEST(TorchWrite, ValuesReadBackThroughTheReader) {
   for (bool z64 : {false, true}) {
@@ -325,5 +324,5 @@ TEST(MegatronExport, BadInputGivesErrorsNamingTheFlagOrFile) {
   EXPECT_FALSE(fs::exists(dir + "/moe_meg"));
 }
 
-}  // namespace
+}  // namespace megatron_export_test
 }  // namespace mcpp

@@ -17,9 +17,10 @@
 #include "checkpoint/megatron/torch_pickle.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
+#include "golden_fixture.h"
 
 namespace mcpp {
-namespace {
+namespace megatron_import_test {
 
 namespace fs = std::filesystem;
 namespace mg = checkpoint::megatron;
@@ -27,9 +28,7 @@ using testing::read_bytes;
 using testing::scratch_dir;
 using testing::write_bytes;
 
-std::string fixture(const std::string& name) {
-  return std::string(MCPP_SOURCE_DIR) + "/tests/golden/megatron/" + name;
-}
+using compat_fixture::fixture;
 
 // A string literal with its NUL bytes (pickles are binary).
 #define BIN(lit) std::string(lit, sizeof(lit) - 1)
@@ -303,11 +302,11 @@ TEST(TorchPickle, TruncatedAndCorruptPicklesGiveErrors) {
   EXPECT_NO_THROW(mg::unpickle(span_of(deep), "deep.pkl"));
 }
 
-}  // namespace
+}  // namespace megatron_import_test
 }  // namespace mcpp
 
 namespace mcpp {
-namespace {
+namespace megatron_import_test {
 
 // Copies a torch_dist fixture and rewrites a 12-character string of its .metadata pickle
 // (same length: the pickle stays well-formed) to `to`.
@@ -428,11 +427,11 @@ TEST(MegatronImport, InspectDescribesTheCheckpoint) {
   EXPECT_NE(all.find("megatron convert --from-megatron"), std::string::npos) << all;
 }
 
-}  // namespace
+}  // namespace megatron_import_test
 }  // namespace mcpp
 
 namespace mcpp {
-namespace {
+namespace megatron_import_test {
 
 // A protocol-2 pickle written by hand: a torch.distributed.checkpoint Metadata whose tensors
 // come in several chunks (what a TP x PP Megatron save writes), for the chunk placement.
@@ -697,5 +696,5 @@ TEST(MegatronImport, RotarySeqLenInterpolationFactorFromArgs) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace megatron_import_test
 }  // namespace mcpp

@@ -29,9 +29,10 @@
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
+#include "golden_fixture.h"
 
 namespace mcpp {
-namespace {
+namespace megatron_optim_test {
 
 namespace fs = std::filesystem;
 namespace mg = checkpoint::megatron;
@@ -40,9 +41,7 @@ using testing::read_bytes;
 using testing::scratch_dir;
 using testing::write_bytes;
 
-std::string fixture(const std::string& name) {
-  return std::string(MCPP_SOURCE_DIR) + "/tests/golden/megatron/" + name;
-}
+using compat_fixture::fixture;
 std::string rank_file(const std::string& fam, const std::string& rank) {
   return fixture(fam + "_legacy/iter_0000010/" + rank + "/model_optim_rng.pt");
 }
@@ -394,5 +393,5 @@ TEST(MegatronOptim, UnmappedGroupsAreRefusedAndNoLoadOptimConvertsTheWeights) {
   EXPECT_NE(all.find("model      4 layers"), std::string::npos) << all;
 }
 
-}  // namespace
+}  // namespace megatron_optim_test
 }  // namespace mcpp

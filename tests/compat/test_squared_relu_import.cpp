@@ -10,7 +10,7 @@
 #include "checkpoint/megatron/torch_pickle.h"
 
 namespace mcpp {
-namespace {
+namespace squared_relu_import_test {
 
 namespace mg = checkpoint::megatron;
 
@@ -45,7 +45,6 @@ bool has_gelu_note(const std::vector<std::string>& notes) {
   return false;
 }
 
-}  // namespace
 
 TEST(MegatronImportSquaredRelu, ArgsChooseTheActivation) {
   std::vector<std::string> notes;
@@ -67,4 +66,5 @@ TEST(MegatronImportSquaredRelu, ArgsChooseTheActivation) {
   }
 }
 
+}  // namespace squared_relu_import_test
 }  // namespace mcpp

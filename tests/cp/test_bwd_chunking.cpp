@@ -11,7 +11,7 @@
 #include "training/arguments.h"
 #include "training/memory_plan.h"
 
-namespace {
+namespace bwd_chunking_test {
 
 using namespace mcpp;
 constexpr int64_t MiB = int64_t(1) << 20, GiB = int64_t(1) << 30;
@@ -81,4 +81,4 @@ TEST(AttentionBwdChunking, MemoryPlanAtLongSequences) {
               double(m.activations()) / GiB);
 }
 
-}  // namespace
+}  // namespace bwd_chunking_test

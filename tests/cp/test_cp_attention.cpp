@@ -13,7 +13,7 @@
 #include "../ops_attention/attention_test_util.h"
 #include "parallel/context_parallel/cp_attention.h"
 
-namespace {
+namespace cp_attention_test {
 
 using namespace attn_test;
 using mcpp::Stream;
@@ -181,7 +181,6 @@ TEST(ContextParallelAttention, MergeIsSymmetricAndIgnoresEmptyBlocks) {
   EXPECT_LT(max_abs_diff(l3, la), 1e-15);
 }
 
-}  // namespace
 
 // The ring's fused steps (parallel/context_parallel/cp_attention.h's ring_step): over every
 // rank r and every ring step j, each step's rectangle of local chunks covers exactly the
@@ -241,3 +240,5 @@ TEST(ContextParallelAttention, CpuRefusesRectangularBlocks) {
     EXPECT_NE(std::string(e.what()).find("8 query and 4 key rows"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace cp_attention_test

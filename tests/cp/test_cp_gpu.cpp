@@ -23,7 +23,7 @@
 #include "ops/cuda/cudnn_attention.h"
 #include "parallel/context_parallel/cp_attention.h"
 
-namespace {
+namespace cp_gpu_test {
 
 using namespace mcpp;
 using namespace mcpp::test;
@@ -563,4 +563,4 @@ TEST(DocumentMaskGpu, ModelLlamaBF16DropoutPositions) {
   compare_packed(true, DType::BF16, 0.1, 3e-2, 8e-2, true);
 }
 
-}  // namespace
+}  // namespace cp_gpu_test

@@ -12,7 +12,7 @@
 #include "../gpu/gpu_test_util.h"
 #include "ops/cuda/cudnn_attention.h"
 
-namespace {
+namespace cp_gpu_chunks_test {
 
 using namespace mcpp;
 using namespace mcpp::test;
@@ -140,4 +140,4 @@ TEST(AttentionGroupChunks, SelfAttentionMhaBitwise) { check_group_chunks({200, 2
 TEST(AttentionGroupChunks, CpBlockGqaBitwise) { check_group_chunks({144, 2, 16, 4, 128}, false); }
 TEST(AttentionGroupChunks, CpBlockMhaBitwise) { check_group_chunks({144, 1, 8, 8, 64}, false); }
 
-}  // namespace
+}  // namespace cp_gpu_chunks_test

@@ -8,7 +8,7 @@
 #include "../gpu/gpu_test_util.h"
 #include "base/error.h"
 
-namespace {
+namespace cp_gpu_positions_test {
 
 using namespace mcpp;
 using namespace mcpp::test;
@@ -72,4 +72,4 @@ TEST(RopePositionsGpu, HostPositionsRefused) {
   }
 }
 
-}  // namespace
+}  // namespace cp_gpu_positions_test

@@ -16,7 +16,7 @@
 #include "../ops_attention/attention_test_util.h"
 #include "model/gpt_model.h"
 
-namespace {
+namespace documents_test {
 
 using namespace attn_test;
 using mcpp::Stream;
@@ -268,4 +268,4 @@ void expect_packed_equals_separate(bool llama) {
 TEST(DocumentMask, PackedSampleEqualsSeparateDocumentsGPT) { expect_packed_equals_separate(false); }
 TEST(DocumentMask, PackedSampleEqualsSeparateDocumentsLlama) { expect_packed_equals_separate(true); }
 
-}  // namespace
+}  // namespace documents_test

@@ -10,7 +10,7 @@
 #include "comm/world.h"
 #include "training/forward_backward.h"
 
-namespace {
+namespace loss_scales_test {
 
 using namespace mcpp;
 
@@ -77,4 +77,4 @@ TEST(LossScales, EqualCountsGiveTheSameScaleBothWays) {
   EXPECT_EQ(a.grad_scale, p.grad_scale);
 }
 
-}  // namespace
+}  // namespace loss_scales_test

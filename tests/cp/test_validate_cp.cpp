@@ -5,7 +5,7 @@
 #include "base/error.h"
 #include "training/arguments.h"
 
-namespace {
+namespace validate_cp_test {
 
 using mcpp::training::Args;
 
@@ -119,4 +119,4 @@ TEST(ValidateCp, AttentionMaskOnCuda) {
   EXPECT_FALSE(a.reset_position_ids);
 }
 
-}  // namespace
+}  // namespace validate_cp_test

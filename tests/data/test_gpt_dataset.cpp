@@ -16,7 +16,7 @@
 using namespace mcpp;
 using namespace mcpp::data;
 
-namespace {
+namespace gpt_dataset_test {
 
 // A low-level dataset from explicit lengths (token = 1000*seq + position).
 class FakeLow : public LowLevelDataset {
@@ -43,7 +43,6 @@ uint64_t checksum(const auto& v) {
   return uint64_t(s);
 }
 
-}  // namespace
 
 TEST(GPTDataset, WorkedExampleSampleIndex) {
   FakeLow low({5, 3, 4});
@@ -424,3 +423,5 @@ TEST(PerSplitData, ArgsFiles) {
   EXPECT_NE(error([&] { read_per_split_data_args(dir + "/bad.json"); }).find("is not JSON"),
             std::string::npos);
 }
+
+}  // namespace gpt_dataset_test

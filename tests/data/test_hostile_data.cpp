@@ -16,6 +16,7 @@
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
 #include "test_util.h"
+#include "synthetic_low_dataset.h"
 
 #ifdef MCPP_HAVE_ZLIB
 #include <zlib.h>
@@ -23,12 +24,13 @@
 
 using namespace mcpp;
 using namespace mcpp::data;
+using mcpp::data::testing::Low;
 using mcpp::testing::read_bytes;
 using mcpp::testing::scratch_dir;
 using mcpp::testing::write_bytes;
 namespace fs = std::filesystem;
 
-namespace {
+namespace hostile_data_test {
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -55,23 +57,6 @@ std::string make_dataset(const std::string& prefix, IndexDType dt,
   return prefix;
 }
 
-class Low : public LowLevelDataset {
- public:
-  explicit Low(std::vector<int32_t> l) : l_(std::move(l)) {}
-  int64_t num_sequences() const override { return int64_t(l_.size()); }
-  int32_t sequence_length(int64_t s) const override { return l_[s]; }
-  int64_t read(int64_t s, int64_t off, int64_t len, int64_t* out) const override {
-    if (len < 0) len = l_[s] - off;
-    for (int64_t k = 0; k < len; ++k) out[k] = 1000 * s + off + k;
-    return len;
-  }
-  std::string path() const override { return "low"; }
-
- private:
-  std::vector<int32_t> l_;
-};
-
-}  // namespace
 
 // A sequence pointer near INT64_MAX made `ptr + len * itemsize` wrap around and pass; the
 // read at training time then left the mapping (SIGSEGV).
@@ -256,3 +241,5 @@ TEST(HostileData, TooManyWorkersIsAnErrorAndLeavesNothing) {
   for (auto& e : fs::directory_iterator(dir)) ++files, (void)e;
   EXPECT_EQ(files, 1);
 }
+
+}  // namespace hostile_data_test

@@ -10,27 +10,13 @@
 #include "data/gpt_dataset.h"
 #include "data/index_cache.h"
 #include "test_util.h"
+#include "synthetic_low_dataset.h"
 
 using namespace mcpp;
 using namespace mcpp::data;
+using mcpp::data::testing::Low;
 
-namespace {
-
-class Low : public LowLevelDataset {
- public:
-  explicit Low(std::vector<int32_t> l) : l_(std::move(l)) {}
-  int64_t num_sequences() const override { return int64_t(l_.size()); }
-  int32_t sequence_length(int64_t s) const override { return l_[s]; }
-  int64_t read(int64_t s, int64_t off, int64_t len, int64_t* out) const override {
-    if (len < 0) len = l_[s] - off;
-    for (int64_t k = 0; k < len; ++k) out[k] = 1000 * s + off + k;
-    return len;
-  }
-  std::string path() const override { return "low"; }
-
- private:
-  std::vector<int32_t> l_;
-};
+namespace index_cache_test {
 
 std::vector<std::string> files(const std::string& dir) {
   std::vector<std::string> v;
@@ -39,7 +25,6 @@ std::vector<std::string> files(const std::string& dir) {
   return v;
 }
 
-}  // namespace
 
 TEST(IndexCache, NpyRoundTrip) {
   auto dir = mcpp::testing::scratch_dir();
@@ -125,3 +110,5 @@ TEST(IndexCache, BlendedDatasetSavesAndLoads) {
   BlendedDataset other({a, b}, {0.5, 0.5}, int64_t(40), Split::Train, dir);
   EXPECT_FALSE(other.loaded_from_cache());
 }
+
+}  // namespace index_cache_test

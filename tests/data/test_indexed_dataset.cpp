@@ -15,7 +15,7 @@ using mcpp::testing::read_bytes;
 using mcpp::testing::scratch_dir;
 using mcpp::testing::write_bytes;
 
-namespace {
+namespace indexed_dataset_test {
 
 // Expects an mcpp::Error whose message contains every fragment.
 template <typename F>
@@ -43,7 +43,6 @@ void write_u16_fixture(const std::string& prefix) {
   b.finalize();
 }
 
-}  // namespace
 
 TEST(IndexedDataset, BuilderIsByteIdenticalToReferenceWriter) {
   auto dir = scratch_dir();
@@ -202,3 +201,5 @@ TEST(IndexedDataset, CorruptFilesAreClearErrors) {
   expect_error([&] { IndexedDataset d(make("tbin", idx, bin.substr(0, bin.size() - 2))); },
                {"tbin.bin", "truncated"});
 }
+
+}  // namespace indexed_dataset_test

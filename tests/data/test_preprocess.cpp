@@ -18,7 +18,7 @@
 using namespace mcpp;
 using namespace mcpp::data;
 
-namespace {
+namespace preprocess_test {
 
 const char* kJsonl =
     "{\"text\": \"1 2 3\", \"other\": \"7\"}\n"
@@ -58,7 +58,6 @@ void check_output(const std::string& dir) {
   EXPECT_EQ(o.get(1), (std::vector<int64_t>{8, 8, 1000}));
 }
 
-}  // namespace
 
 TEST(Preprocess, EndToEndPlainMultiWorker) {
   auto dir = mcpp::testing::scratch_dir();
@@ -180,3 +179,5 @@ TEST(Preprocess, MissingInputIsError) {
   NullTokenizer tok(1000);
   EXPECT_THROW(preprocess(options(dir, dir + "/nope.jsonl", 1), tok), Error);
 }
+
+}  // namespace preprocess_test

@@ -12,6 +12,23 @@
 
 namespace mcpp::fp8_test {
 
+inline Stream& S() { return Stream::cpu(); }
+
+// <G, A @ B^T> for A [T, k], B [n, k], G [T, n].
+inline double contract(const Tensor& G, const Tensor& A, const Tensor& B) {
+  const int64_t T = A.size(0), k = A.size(1), n = B.size(0);
+  // Pointers hoisted: the finite differences call this ~10^4 times.
+  const double *a = A.data<double>(), *b = B.data<double>(), *g = G.data<double>();
+  double s = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < n; ++j) {
+      double y = 0;
+      for (int64_t i = 0; i < k; ++i) y += a[t * k + i] * b[j * k + i];
+      s += g[t * n + j] * y;
+    }
+  return s;
+}
+
 // Normal(0, scale) values (f64), from a seeded std::mt19937_64.
 inline Tensor randn(const Shape& s, uint64_t seed, double scale) {
   std::mt19937_64 gen(seed);

@@ -24,8 +24,9 @@ using namespace mcpp;
 using namespace mcpp::model;
 using ops::Fp8Format;
 
-namespace {
+namespace fp8_emulation_test {
 
+using fp8_test::contract;
 using fp8_test::fd;
 using fp8_test::max_rel;
 using fp8_test::randn;
@@ -33,7 +34,7 @@ using fp8_test::q;
 using fp8_test::amax;
 using fp8_test::scale_of;
 
-Stream& S() { return Stream::cpu(); }
+using fp8_test::S;
 
 const Fp8Format kFormats[] = {Fp8Format::E4M3, Fp8Format::E5M2};
 
@@ -47,7 +48,6 @@ std::vector<double> positive_grid(Fp8Format f) {
   return v;
 }
 
-}  // namespace
 
 TEST(Fp8Grid, DecodeKnownValues) {
   EXPECT_EQ(ops::fp8_decode(0x7e, Fp8Format::E4M3), 448.0);
@@ -206,7 +206,6 @@ TEST(Fp8Ops, DelayedScaleUpdate) {
 
 // ---- the emulated FP8 linear layer ---------------------------------------------------
 
-namespace {
 
 struct LinearFixture {
   TransformerConfig c;
@@ -236,20 +235,6 @@ struct LinearFixture {
     return make_step_context(c, c.seq_length, T / c.seq_length, k, nullptr);
   }
 };
-
-// <G, A @ B^T> for A [T, k], B [n, k], G [T, n].
-double contract(const Tensor& G, const Tensor& A, const Tensor& B) {
-  const int64_t T = A.size(0), k = A.size(1), n = B.size(0);
-  double s = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < n; ++j) {
-      double y = 0;
-      for (int64_t i = 0; i < k; ++i)
-        y += A.data<double>()[t * k + i] * B.data<double>()[j * k + i];
-      s += G.data<double>()[t * n + j] * y;
-    }
-  return s;
-}
 
 // Runs forward + backward of the FP8 layer on x with output gradient G; checks forward,
 // dx, dw, db against the scalar reference and finite differences, given the scales the
@@ -303,7 +288,6 @@ void check_layer(LinearFixture& fx, const Tensor& x, const Tensor& G, double sx,
   EXPECT_GT(max_rel(fd(xv, [&] { return contract(G, xv, W); }), want_dx), 1e-4);
 }
 
-}  // namespace
 
 TEST(Fp8Linear, TensorwiseHybridAgainstFiniteDifferences) {
   LinearFixture fx(Fp8Config::Recipe::Tensorwise, Fp8Config::Format::Hybrid, true);
@@ -360,3 +344,5 @@ TEST(Fp8Linear, FirstAndLastLayersStayInModelPrecision) {
   EXPECT_FALSE(f.layer_in_fp8(4, 6));
   EXPECT_FALSE(Fp8Config{}.layer_in_fp8(2, 6));
 }
+
+}  // namespace fp8_emulation_test

@@ -25,13 +25,14 @@ using namespace mcpp;
 using namespace mcpp::model;
 using ops::Fp8Format;
 
-namespace {
+namespace fp8_block_test {
 
+using fp8_test::contract;
 using fp8_test::fd;
 using fp8_test::max_rel;
 using fp8_test::randn;
 
-Stream& S() { return Stream::cpu(); }
+using fp8_test::S;
 
 // TE's compute_scale_from_amax (epsilon 0, power-of-two scales), written independently.
 double ref_scale(double amax, Fp8Format f) {
@@ -107,7 +108,6 @@ void check_quantize(const Tensor& v, int64_t br, int64_t bc, Fp8Format f) {
   expect_same(got32, want32);
 }
 
-}  // namespace
 
 TEST(Fp8Block, ScaleIsTransformerEnginesPowerOfTwo) {
   for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
@@ -199,7 +199,6 @@ TEST(Fp8Block, ScaleDimsAreCublasLtsLayout) {
 
 // ---- the emulated layer --------------------------------------------------------------
 
-namespace {
 
 struct BlockFixture {
   TransformerConfig c;
@@ -233,21 +232,6 @@ struct BlockFixture {
     return make_step_context(c, c.seq_length, T / c.seq_length, k, nullptr);
   }
 };
-
-// <G, A @ B^T> for A [T, k], B [n, k], G [T, n].
-double contract(const Tensor& G, const Tensor& A, const Tensor& B) {
-  const int64_t T = A.size(0), k = A.size(1), n = B.size(0);
-  // Pointers hoisted: the finite differences call this ~10^4 times.
-  const double *a = A.data<double>(), *b = B.data<double>(), *g = G.data<double>();
-  double s = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < n; ++j) {
-      double y = 0;
-      for (int64_t i = 0; i < k; ++i) y += a[t * k + i] * b[j * k + i];
-      s += g[t * n + j] * y;
-    }
-  return s;
-}
 
 // Forward and backward of the layer under the recipe against the scalar reference and
 // finite differences; `fd_x`: also dx by finite differences (small shapes).
@@ -309,7 +293,6 @@ Tensor graded_tokens(int64_t T, int64_t n, uint64_t seed, double scale) {
   return t;
 }
 
-}  // namespace
 
 TEST(Fp8BlockLinear, HybridAgainstFiniteDifferences) {
   // in = 136: x's rows and w's columns are two K blocks (128 + 8); out = 12.
@@ -373,3 +356,5 @@ TEST(Fp8BlockFlags, BlockwiseIsARecipe) {
                            base_argv(), {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"})),
                        Device::CPU));
 }
+
+}  // namespace fp8_block_test

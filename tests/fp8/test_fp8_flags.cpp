@@ -6,6 +6,8 @@
 #include "training/memory_plan.h"
 #include "training/validate_fp8.h"
 
+namespace fp8_flags_test {
+
 using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
@@ -105,3 +107,5 @@ TEST(Fp8Flags, BadCombinationsAreClearErrors) {
   EXPECT_NO_THROW(check_fp8_device(
       parse_and_validate(with(base_argv(), {"--fp8-format", "hybrid"})), Device::CPU));
 }
+
+}  // namespace fp8_flags_test

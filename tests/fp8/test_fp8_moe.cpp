@@ -23,7 +23,7 @@ using namespace mcpp;
 using namespace mcpp::model;
 using ops::Fp8Format;
 
-namespace {
+namespace fp8_moe_test {
 
 using fp8_test::max_rel;
 using fp8_test::randn;
@@ -31,9 +31,9 @@ using fp8_test::q;
 using fp8_test::amax;
 using fp8_test::scale_of;
 // Central differences with a step of 1e-5 (the objectives here are bilinear).
-Tensor fd(Tensor x, const std::function<double()>& f) { return fp8_test::fd(x, f, 1e-5); }
+Tensor fd5(Tensor x, const std::function<double()>& f) { return fp8_test::fd(x, f, 1e-5); }
 
-Stream& S() { return Stream::cpu(); }
+using fp8_test::S;
 
 // A [T, k] @ B [n, k]^T.
 Tensor mm_t(const Tensor& A, const Tensor& B) {
@@ -165,8 +165,8 @@ void check_tensorwise_expert(ExpertsFixture& fx, const Inputs& in, const Pass& r
   // backward, straight-through: each GEMM's derivative with its other operand quantised
   const Tensor qg = q(G, scale_of(57344, amax(G)), E5);
   Tensor W2v = W2.clone(), pv = p.clone();
-  EXPECT_LT(max_rel(fx.store.grad(w2(e)), fd(W2v, [&] { return dot(qg, mm_t(qap, W2v)); })), 1e-8);
-  const Tensor dp_want = fd(pv, [&] { return dot(qg, mm_t(scale_rows(a, pv), qw2)); });
+  EXPECT_LT(max_rel(fx.store.grad(w2(e)), fd5(W2v, [&] { return dot(qg, mm_t(qap, W2v)); })), 1e-8);
+  const Tensor dp_want = fd5(pv, [&] { return dot(qg, mm_t(scale_rows(a, pv), qw2)); });
   EXPECT_LT(max_rel(rows(r.dp, off, n), dp_want), 1e-8);
   // dh = gelu'(h) (p * Q(G) Q(W2)), quantised for fc1's GEMMs
   const int64_t Hh = fx.H, I = fx.I;
@@ -182,11 +182,10 @@ void check_tensorwise_expert(ExpertsFixture& fx, const Inputs& in, const Pass& r
   ops::gelu_backward(scale_rows(dap, p), h, dh, S());
   const Tensor qdh = q(dh, scale_of(57344, amax(dh)), E5);
   Tensor W1v = W1.clone(), xv = x.clone();
-  EXPECT_LT(max_rel(fx.store.grad(w1(e)), fd(W1v, [&] { return dot(qdh, mm_t(qx, W1v)); })), 1e-8);
-  EXPECT_LT(max_rel(rows(r.dx, off, n), fd(xv, [&] { return dot(qdh, mm_t(xv, qw1)); })), 1e-8);
+  EXPECT_LT(max_rel(fx.store.grad(w1(e)), fd5(W1v, [&] { return dot(qdh, mm_t(qx, W1v)); })), 1e-8);
+  EXPECT_LT(max_rel(rows(r.dx, off, n), fd5(xv, [&] { return dot(qdh, mm_t(xv, qw1)); })), 1e-8);
 }
 
-}  // namespace
 
 // Tensorwise: each expert's operands scaled by their own amaxes (expert 1's input is 100x
 // expert 0's); an expert without rows is skipped.
@@ -334,13 +333,15 @@ TEST(Fp8Experts, NoFp8WgradKeepsWeightGradientsUnquantised) {
   ops::gelu_forward(h, a, S());
   const Tensor ap = scale_rows(a, p);  // fc2's unquantised input
   Tensor W2v = W2.clone();
-  const Tensor want = fd(W2v, [&] { return dot(G, mm_t(ap, W2v)); });
+  const Tensor want = fd5(W2v, [&] { return dot(G, mm_t(ap, W2v)); });
   EXPECT_LT(max_rel(fx.store.grad(w2(1)), want), 1e-8);
   // and the FP8 wgrad would differ (the test tells them apart)
   const Tensor qap = q(ap, scale_of(448, amax(ap)), Fp8Format::E4M3);
   const Tensor qg = q(G, scale_of(57344, amax(G)), Fp8Format::E5M2);
-  EXPECT_GT(max_rel(fd(W2v, [&] { return dot(qg, mm_t(qap, W2v)); }), want), 1e-4);
+  EXPECT_GT(max_rel(fd5(W2v, [&] { return dot(qg, mm_t(qap, W2v)); }), want), 1e-4);
   // fprop still FP8
   const Tensor qw2 = q(W2, scale_of(448, amax(W2)), Fp8Format::E4M3);
   EXPECT_LT(max_rel(rows(r.y, off, n), mm_t(qap, qw2)), 1e-12);
 }
+
+}  // namespace fp8_moe_test

@@ -14,6 +14,8 @@
 #include "optim/fp8_param_gather.h"
 #include "training/validate_fp8.h"
 
+namespace fp8_param_gather_test {
+
 using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
@@ -106,3 +108,5 @@ TEST(Fp8ParamGather, TheFp8LayersWeights) {
   c.fp8.format = model::Fp8Config::Format::None;
   EXPECT_FALSE(model::is_fp8_weight(c, info("decoder.layers.1.mlp.linear_fc1.weight", 1)));
 }
+
+}  // namespace fp8_param_gather_test

@@ -12,7 +12,7 @@
 #include "ops/cuda/flash_attention.h"
 
 namespace mcpp::test {
-namespace {
+namespace cudnn_attention_test {
 
 // A build without cuDNN skips (cuDNN is optional); a build with it must be able to use it.
 #define MCPP_REQUIRE_CUDNN()                                                                 \
@@ -174,5 +174,5 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudnnAttention, ::testing::Values(DType::BF16, 
                            return std::string(dtype_name(i.param));
                          });
 
-}  // namespace
+}  // namespace cudnn_attention_test
 }  // namespace mcpp::test

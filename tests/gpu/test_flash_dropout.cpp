@@ -26,7 +26,7 @@
 #include "ops/cuda/flash_attention.h"
 
 namespace mcpp::test {
-namespace {
+namespace flash_dropout_test {
 
 constexpr double kP = 0.3;
 const ops::DropoutKey kKey{2024, 17};
@@ -453,5 +453,5 @@ TEST(GpuFlashKernels, FamilyFollowsTheDeviceAndTheStartUpLineNamesIt) {
       << line;
 }
 
-}  // namespace
+}  // namespace flash_dropout_test
 }  // namespace mcpp::test

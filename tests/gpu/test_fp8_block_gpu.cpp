@@ -20,7 +20,7 @@ using namespace mcpp;
 using namespace mcpp::test;
 using ops::Fp8Format;
 
-namespace {
+namespace fp8_block_gpu_test {
 
 DType fp8_dtype(Fp8Format f) { return f == Fp8Format::E4M3 ? DType::FP8E4M3 : DType::FP8E5M2; }
 
@@ -105,7 +105,6 @@ Cast cast(const Tensor& xg, Fp8Format f, bool tile, bool row = true, bool col = 
   return c;
 }
 
-}  // namespace
 
 TEST(Fp8BlockGpu, CastMatchesTheEmulationByteForByte) {
   MCPP_REQUIRE_GPU();
@@ -222,3 +221,5 @@ TEST(Fp8BlockGpu, GemmAllThreePassesAgainstTheEmulation) {
   EXPECT_THROW(gpu::fp8_block_gemm(W.q, W.s_q, true, W.q, W.s_q, true, none, none, false, y3, GS()),
                Error);
 }
+
+}  // namespace fp8_block_gpu_test

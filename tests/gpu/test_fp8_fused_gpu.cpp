@@ -17,7 +17,7 @@ using namespace mcpp;
 using namespace mcpp::test;
 using ops::Fp8Format;
 
-namespace {
+namespace fp8_fused_gpu_test {
 
 Tensor scalar_gpu(float v) { return to_gpu(Tensor::from(std::vector<float>{v}, {1}), DType::F32); }
 
@@ -105,7 +105,6 @@ void expect_matches_emulation(const Tensor& v_cpu_bf16, const Tensor& v_gpu_bf16
 
 const std::pair<int64_t, int64_t> kShapes[] = {{64, 96}, {160, 208}, {384, 128}};
 
-}  // namespace
 
 TEST(Fp8FusedGpu, CastWithBiasGradientMatchesCastAndColumnSums) {
   MCPP_REQUIRE_GPU();
@@ -278,3 +277,5 @@ TEST(Fp8FusedGpu, RejectsWhatItCannotFuse) {
                                              none, db, GS()),
                Error);
 }
+
+}  // namespace fp8_fused_gpu_test

@@ -11,7 +11,7 @@ using namespace mcpp;
 using namespace mcpp::test;
 using ops::Fp8Format;
 
-namespace {
+namespace fp8_gpu_test {
 
 Tensor scalar_gpu(float v) { return to_gpu(Tensor::from(std::vector<float>{v}, {1}), DType::F32); }
 
@@ -53,7 +53,6 @@ Tensor transposed(const Tensor& x) {
   return y;
 }
 
-}  // namespace
 
 TEST(Fp8Gpu, CastTransposeAmaxMatchesTheEmulation) {
   MCPP_REQUIRE_GPU();
@@ -182,3 +181,5 @@ TEST(Fp8Gpu, ScaleUpdateMatchesTheCpuOp) {
         EXPECT_EQ(bsc.data<float>()[2], 5.f) << "a zero column keeps its scale";
       }
 }
+
+}  // namespace fp8_gpu_test

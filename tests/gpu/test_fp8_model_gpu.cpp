@@ -18,7 +18,7 @@ using namespace mcpp::test;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace fp8_model_gpu_test {
 
 constexpr int64_t kB = 2, kS = 80, kVocab = 120;  // T = 160: a multiple of 16
 
@@ -88,7 +88,6 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
-}  // namespace
 
 TEST(Fp8ModelGpu, KeptFp8ActivationEqualsRecastInBackward) {
   MCPP_REQUIRE_GPU();
@@ -132,3 +131,5 @@ TEST(Fp8ModelGpu, KeptActivationIsTheFp8Copy) {
     EXPECT_FALSE(lin.keeps_input_t(cur, d, c.ffn_hidden_size));
   }
 }
+
+}  // namespace fp8_model_gpu_test

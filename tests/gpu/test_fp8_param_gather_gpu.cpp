@@ -31,7 +31,7 @@ using namespace mcpp::test;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace fp8_param_gather_gpu_test {
 
 Tensor host(const Tensor& g) {  // raw copy (FP8 bytes stay bytes)
   Tensor c = Tensor::empty(g.shape(), g.dtype());
@@ -123,7 +123,6 @@ std::vector<Tensor> grads_of(GPTModel& m) {
   return g;
 }
 
-}  // namespace
 
 TEST(Fp8ParamGatherGpu, CastMatchesTheCpuEmulation) {
   MCPP_REQUIRE_GPU();
@@ -230,3 +229,5 @@ TEST(Fp8ParamGatherGpu, ModelReadsTheGatheredWeights) {
                   llama ? "swiglu" : "gelu", tensorwise ? "tensorwise" : "delayed", loss, loss2);
     }
 }
+
+}  // namespace fp8_param_gather_gpu_test

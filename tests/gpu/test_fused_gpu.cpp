@@ -7,7 +7,7 @@
 #include "gpu_test_util.h"
 
 namespace mcpp::test {
-namespace {
+namespace fused_gpu_test {
 
 class GpuFused : public ::testing::TestWithParam<DType> {
  protected:
@@ -145,5 +145,5 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, GpuFused, ::testing::Values(DType::F32, DType::
                            return std::string(dtype_name(i.param));
                          });
 
-}  // namespace
+}  // namespace fused_gpu_test
 }  // namespace mcpp::test

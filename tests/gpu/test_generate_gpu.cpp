@@ -20,7 +20,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace generate_gpu_test {
 
 // The CPU model's weights in a weights-only store on the GPU (the layout of the CPU one).
 model::ParamStore to_gpu_store(const model::TransformerConfig& c, const model::ParamStore& host) {
@@ -180,4 +180,4 @@ TEST_P(GenerateGpu, PipelinedStepsEqualStepsOneAtATime) {
 INSTANTIATE_TEST_SUITE_P(Families, GenerateGpu, ::testing::Values(false, true),
                          [](const auto& i) { return i.param ? "Llama" : "GPT2"; });
 
-}  // namespace
+}  // namespace generate_gpu_test

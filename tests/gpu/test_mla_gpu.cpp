@@ -11,7 +11,7 @@
 #include "ops/mla.h"
 
 namespace mcpp::test {
-namespace {
+namespace mla_gpu_test {
 
 using ops::MlaDims;
 using ops::MlaRope;
@@ -141,5 +141,5 @@ TEST(GpuMlaChecks, BadArgumentsThrow) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuMla, ::testing::Values(DType::F32, DType::BF16),
                          dtype_param_name);
 
-}  // namespace
+}  // namespace mla_gpu_test
 }  // namespace mcpp::test

@@ -15,7 +15,7 @@ using namespace mcpp::test;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace model_gpu_test {
 
 // Head dim 64 so that bf16/f16 runs take the tensor-core flash attention; S = 80 is not a
 // multiple of its 64-row tiles.
@@ -160,7 +160,6 @@ std::vector<double> train(GPTModel& m, int n, optim::LossScaler* scaler) {
   return losses;
 }
 
-}  // namespace
 
 // Multi-token prediction (two depths: rolled batches, eh_proj through the transposes, the
 // shared output layer, d h_0 into the final norm) on the GPU against the CPU.
@@ -294,3 +293,5 @@ TEST(GpuOps, DotAndTransposeMatchCpu) {
   cpu::transpose(rounded(x, DType::BF16), xt, CS());
   EXPECT_EQ(rel_err(to_cpu(bt), xt), 0.0);
 }
+
+}  // namespace model_gpu_test

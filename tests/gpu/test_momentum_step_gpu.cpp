@@ -15,11 +15,10 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace momentum_step_gpu_test {
 
 using Rule = ops::MomentumStepParams::Rule;
 
-}  // namespace
 
 TEST(GpuMomentumStep, GivesTheCpuBits) {
   MCPP_REQUIRE_GPU();
@@ -97,3 +96,5 @@ TEST(GpuMomentumStep, OptimizerOnACudaBf16ModelMatchesTheCpu) {
     EXPECT_TRUE(equal_bits(go.exp_avg(), co.exp_avg()));
   }
 }
+
+}  // namespace momentum_step_gpu_test

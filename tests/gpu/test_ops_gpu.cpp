@@ -12,7 +12,7 @@
 #include "gpu_test_util.h"
 
 namespace mcpp::test {
-namespace {
+namespace ops_gpu_test {
 
 class GpuOp : public ::testing::TestWithParam<DType> {
  protected:
@@ -1000,5 +1000,5 @@ INSTANTIATE_TEST_SUITE_P(Widths, GpuDropout, ::testing::Values(int64_t(301), int
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuOp, ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          dtype_param_name);
 
-}  // namespace
+}  // namespace ops_gpu_test
 }  // namespace mcpp::test

@@ -6,7 +6,7 @@
 #include "training/profiler.h"
 
 namespace mcpp::test {
-namespace {
+namespace profiler_gpu_test {
 
 training::Args profile_args() {
   training::Args a;
@@ -45,5 +45,5 @@ TEST(GpuProfileFlag, OtherRanksDoNotProfile) {
   p.after_step(2);
 }
 
-}  // namespace
+}  // namespace profiler_gpu_test
 }  // namespace mcpp::test

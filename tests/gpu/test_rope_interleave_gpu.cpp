@@ -6,7 +6,7 @@
 #include "ops/rope_interleave.h"
 
 namespace mcpp::test {
-namespace {
+namespace rope_interleave_gpu_test {
 
 TEST(GpuRopeInterleave, MatchesCpuBitForBit) {
   MCPP_REQUIRE_GPU();
@@ -27,5 +27,5 @@ TEST(GpuRopeInterleave, MatchesCpuBitForBit) {
       }
 }
 
-}  // namespace
+}  // namespace rope_interleave_gpu_test
 }  // namespace mcpp::test

@@ -16,7 +16,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace split_main_gpu_test {
 
 Tensor host_copy_bits(const Tensor& g) {
   Tensor h = Tensor::empty(g.shape(), g.dtype());
@@ -43,7 +43,6 @@ Tensor in_dtype(const Tensor& f, DType dt) {
   return t;
 }
 
-}  // namespace
 
 TEST(GpuSplitMain, SplitAndJoinGiveTheCpuBits) {
   MCPP_REQUIRE_GPU();
@@ -218,3 +217,5 @@ TEST(GpuBf16Moments, OptimizerOnACudaModelIsTheF32MomentOneRounded) {
     gpu::copy(half.exp_avg_sq(), full.exp_avg_sq(), GS());
   }
 }
+
+}  // namespace split_main_gpu_test

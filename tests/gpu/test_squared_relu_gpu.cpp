@@ -18,7 +18,7 @@ using namespace mcpp::test;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace squared_relu_gpu_test {
 
 constexpr int64_t kB = 2, kS = 80, kVocab = 120;
 
@@ -98,7 +98,6 @@ std::pair<double, Tensor> step(const TransformerConfig& c) {
   return {loss, to_cpu(m.params().flat_grads())};
 }
 
-}  // namespace
 
 TEST(GpuSquaredRelu, GptF32MatchesCpu) { compare_step(Kind::Gpt, DType::F32, 1e-5, 1e-4); }
 TEST(GpuSquaredRelu, LlamaF32MatchesCpu) { compare_step(Kind::Llama, DType::F32, 1e-5, 1e-4); }
@@ -170,3 +169,5 @@ TEST(GpuSquaredRelu, GreedyGenerationFollowsTheFullForward) {
     }
   }
 }
+
+}  // namespace squared_relu_gpu_test

@@ -6,7 +6,7 @@
 #include "training/gpu_telemetry.h"
 
 namespace mcpp::test {
-namespace {
+namespace telemetry_gpu_test {
 
 TEST(GpuTelemetry, ReadsThisDevicesPowerTemperatureUtilisationAndClock) {
   MCPP_REQUIRE_GPU();
@@ -30,5 +30,5 @@ TEST(GpuTelemetry, ReadsThisDevicesPowerTemperatureUtilisationAndClock) {
   EXPECT_NE(why.find("0000:FF:1F.7"), std::string::npos) << why;
 }
 
-}  // namespace
+}  // namespace telemetry_gpu_test
 }  // namespace mcpp::test

@@ -33,7 +33,7 @@
 using namespace mcpp;
 namespace fs = std::filesystem;
 
-namespace {
+namespace train_gpu_test {
 
 using Argv = std::vector<std::string>;
 
@@ -112,7 +112,6 @@ std::vector<double> tail(const std::vector<double>& v, size_t from) {
   return {v.begin() + long(from), v.end()};
 }
 
-}  // namespace
 
 TEST(GpuTrain, F32TracksCpu) {
   MCPP_REQUIRE_GPU();
@@ -252,3 +251,5 @@ TEST(GpuTrain, PlanOverTheGpuMemoryStopsBeforeTheFirstStep) {
     std::printf("[memory check] %s\n", w.substr(0, 160).c_str());
   }
 }
+
+}  // namespace train_gpu_test

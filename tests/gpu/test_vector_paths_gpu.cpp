@@ -11,7 +11,7 @@
 #include "gpu_test_util.h"
 
 namespace mcpp::test {
-namespace {
+namespace vector_paths_gpu_test {
 
 class GpuVec : public ::testing::TestWithParam<DType> {
  protected:
@@ -394,5 +394,5 @@ TEST(GpuVecFill, IntegerAndF64) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuVec, ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          dtype_param_name);
 
-}  // namespace
+}  // namespace vector_paths_gpu_test
 }  // namespace mcpp::test

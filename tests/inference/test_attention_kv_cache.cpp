@@ -11,7 +11,7 @@
 
 using namespace mcpp;
 
-namespace {
+namespace attention_kv_cache_test {
 
 template <typename T>
 Tensor random(const Shape& shape, uint64_t seed) {
@@ -169,4 +169,4 @@ TEST(AttentionKVCache, RejectsOverflowAndBadShapes) {
       ops::attention_kv_cache_forward(qkv, d, positions({1}), 1.0, kc, vc, out, Stream::cpu()));
 }
 
-}  // namespace
+}  // namespace attention_kv_cache_test

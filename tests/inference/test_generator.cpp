@@ -14,7 +14,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace generator_test {
 
 struct Case {
   bool llama;
@@ -241,4 +241,4 @@ TEST(Generate, RejectsBadPrompts) {
   EXPECT_THROW(inference::generate(gen, cache, ok, o), Error);
 }
 
-}  // namespace
+}  // namespace generator_test

@@ -14,7 +14,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace generator_batch_test {
 
 struct Case {
   bool llama;
@@ -201,7 +201,6 @@ TEST(GenerateBatch, RejectsMorePromptsThanSlotsAndEmptyPrompts) {
   EXPECT_NO_THROW(inference::generate_batch(gen, cache, {a, a}, o));
 }
 
-}  // namespace
 
 // The server's pipelined decode on the CPU (each launch runs to its ids; kFromLastStep read
 // on the host): the ids of steps run one at a time (inference_test_util.h).
@@ -216,3 +215,5 @@ TEST(GenerateBatch, PipelinedStepsEqualStepsOneAtATime) {
     check_pipelined_greedy(ref, rc, pip, pc, 50);
   }
 }
+
+}  // namespace generator_batch_test

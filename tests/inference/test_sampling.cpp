@@ -14,7 +14,7 @@
 using namespace mcpp;
 using inference::SamplingParams;
 
-namespace {
+namespace sampling_test {
 
 std::vector<float> random_logits(int64_t V, uint64_t seed) {
   std::vector<float> l(static_cast<size_t>(V));
@@ -125,4 +125,4 @@ TEST(Sampling, InvalidSettingsAreErrors) {
   EXPECT_NO_THROW(inference::validate(g));
 }
 
-}  // namespace
+}  // namespace sampling_test

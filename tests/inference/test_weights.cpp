@@ -10,7 +10,7 @@
 
 using namespace mcpp;
 
-namespace {
+namespace weights_test {
 
 std::string fresh_dir(const char* name) {
   auto d = std::filesystem::temp_directory_path() /
@@ -84,4 +84,4 @@ TEST(LoadModelWeights, RestoresTheExpertBias) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace weights_test

@@ -21,7 +21,7 @@ using namespace mcpp;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace keep_mlp_activations_test {
 
 using RC = TransformerConfig::Recompute;
 using RM = TransformerConfig::RecomputeMethod;
@@ -207,7 +207,6 @@ TEST(KeepMlpActivations, WhichLayersKeep) {
   EXPECT_THROW(GPTModel{c}, Error);
 }
 
-}  // namespace
 
 // --recompute-modules layernorm (selective recomputation): the two norms' outputs are not
 // kept; backward re-runs each norm's forward into one shared [T, H] buffer before the GEMM
@@ -368,3 +367,5 @@ TEST(RecomputeModules, MoeTrainsBitwiseAsKeepingIt) {
           EXPECT_EQ(probe.saved_bytes_per_microbatch(0, 2, c.seq_length), t.saved);
         }
 }
+
+}  // namespace keep_mlp_activations_test

@@ -14,7 +14,7 @@ using model::GPTModel;
 using model::TransformerConfig;
 using model::test::tiny;
 
-namespace {
+namespace model_test {
 
 model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
   return model::test::random_batch(B, S, V, seed);
@@ -34,7 +34,6 @@ void fd_check(const TransformerConfig& cfg) {
 }
 void fd_check(bool llama, int layers, double dropout) { fd_check(tiny(llama, layers, dropout)); }
 
-}  // namespace
 
 TEST(ModelGrad, GptOneLayerFiniteDifferences) { fd_check(false, 1, 0.0); }
 TEST(ModelGrad, GptFiniteDifferencesWithDropout) { fd_check(false, 2, 0.2); }
@@ -211,3 +210,5 @@ TEST(ModelConfig, RejectsBadShapes) {
   c.seq_length = 9;  // > max_position_embeddings 8 with learned positions
   EXPECT_THROW(GPTModel{c}, Error);
 }
+
+}  // namespace model_test

@@ -19,7 +19,7 @@ using namespace mcpp;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace mtp_test {
 
 model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
   return model::test::random_batch(B, S, V, seed);
@@ -79,7 +79,6 @@ void fd_check(const TransformerConfig& cfg) {
   EXPECT_GE(mtp_params, 5 * int(cfg.mtp_num_layers));
 }
 
-}  // namespace
 
 TEST(Mtp, OneDepthFiniteDifferences) { fd_check(mtp_cfg(1, 0.0, false)); }
 TEST(Mtp, TwoDepthsFiniteDifferencesWithDropout) { fd_check(mtp_cfg(2, 0.2, false)); }
@@ -216,3 +215,5 @@ TEST(Mtp, MemoryPlanIsWhatTheDepthsHold) {
               GPTModel(none).saved_bytes_per_microbatch(0, 2, c.seq_length));
   }
 }
+
+}  // namespace mtp_test

@@ -14,7 +14,7 @@ using model::ParamInfo;
 using model::ParamStore;
 using model::TpSplit;
 
-namespace {
+namespace param_buffers_test {
 
 ParamStore store_with_buffers(int64_t tp_rank, int64_t tp_size, bool buffers) {
   ParamStore s;
@@ -34,7 +34,6 @@ ParamStore store_with_buffers(int64_t tp_rank, int64_t tp_size, bool buffers) {
   return s;
 }
 
-}  // namespace
 
 TEST(ParamBuffers, AllocatedInitialisedShardedAndOutsideTheFlatBuffers) {
   for (int64_t r = 0; r < 2; ++r) {
@@ -111,3 +110,5 @@ TEST(ParamRegistry, ModulesSetPartitionFlags) {
     }
   }
 }
+
+}  // namespace param_buffers_test

@@ -26,7 +26,7 @@ using model::GPTModel;
 using model::TransformerConfig;
 namespace pl = mcpp::parallel::pipeline;
 
-namespace {
+namespace pipeline_model_test {
 
 using RC = TransformerConfig::Recompute;
 using RM = TransformerConfig::RecomputeMethod;
@@ -406,4 +406,4 @@ TEST(PipelineModel, KeptMlpActivationMemoryPerStage) {
   }
 }
 
-}  // namespace
+}  // namespace pipeline_model_test

@@ -22,7 +22,7 @@ using namespace mcpp;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace squared_relu_test {
 
 TransformerConfig tiny_relu2(bool llama, int layers, double dropout) {
   TransformerConfig c = model::test::tiny(llama, layers, dropout);
@@ -76,7 +76,6 @@ void fd_check(const TransformerConfig& cfg) {
   }
 }
 
-}  // namespace
 
 TEST(SquaredReluGrad, DenseFiniteDifferences) {
   fd_check(tiny_relu2(false, 2, 0.2));  // GPT-style: biases, LayerNorm, dropout
@@ -117,7 +116,6 @@ TEST(SquaredRelu, IsAnotherFunctionThanGeluAndNotGated) {
   }
 }
 
-namespace {
 
 struct Training {
   std::vector<double> losses;
@@ -154,7 +152,6 @@ void expect_same(const Training& t, const Training& ref) {
       << "parameters after the last step";
 }
 
-}  // namespace
 
 TEST(SquaredRelu, KeepingAndRecomputingTrainBitwiseAlike) {
   // --keep-mlp-activations, --recompute-modules mlp and full recomputation run the same
@@ -226,3 +223,5 @@ TEST(SquaredRelu, GenerationMatchesTheFullForward) {
       }
     }
 }
+
+}  // namespace squared_relu_test

@@ -19,7 +19,7 @@ using namespace mcpp::test;
 using model::Fp8Config;
 using ops::Fp8Format;
 
-namespace {
+namespace moe_fp8_gpu_test {
 
 constexpr int64_t kH = 128, kI = 64;
 const std::vector<int64_t> kCounts = {0, 1, 15, 16, 33, 400};
@@ -177,7 +177,6 @@ void check(Fp8Config::Recipe recipe) {
   }
 }
 
-}  // namespace
 
 TEST(MoeFp8Gpu, TensorwiseExpertGemmsAgainstTheEmulation) {
   MCPP_REQUIRE_GPU();
@@ -188,3 +187,5 @@ TEST(MoeFp8Gpu, DelayedExpertGemmsAgainstTheEmulation) {
   MCPP_REQUIRE_GPU();
   check(Fp8Config::Recipe::Delayed);
 }
+
+}  // namespace moe_fp8_gpu_test

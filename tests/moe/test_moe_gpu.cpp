@@ -26,7 +26,7 @@ using namespace mcpp::test;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace {
+namespace moe_gpu_test {
 
 class GpuMoeOp : public ::testing::TestWithParam<DType> {
  protected:
@@ -41,7 +41,6 @@ Tensor index_gpu(const std::vector<int64_t>& v) {
   return g;
 }
 
-}  // namespace
 
 TEST_P(GpuMoeOp, PermuteUnpermuteScaleRowDot) {
   const int64_t T = 37, H = 72, N = 70;
@@ -78,7 +77,6 @@ TEST_P(GpuMoeOp, PermuteUnpermuteScaleRowDot) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuMoeOp, ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          [](const auto& i) { return std::string(dtype_name(i.param)); });
 
-namespace {
 
 // Two GPU tensors hold the same bits (as f32 host copies: bf16 and f16 widen exactly), every
 // element written (the outputs start as NaN).
@@ -113,7 +111,6 @@ void act_backward(MlpActivation a, const Tensor& dy, const Tensor& x, Tensor& dx
     gpu::squared_relu_backward(dy, x, dx, GS());
 }
 
-}  // namespace
 
 class GpuMoeActScale : public ::testing::TestWithParam<ActScaleCase> {
  protected:
@@ -187,7 +184,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuMoeActScale,
                                   std::to_string(std::get<2>(i.param));
                          });
 
-namespace {
 
 struct RouteCase {
   const char* name;
@@ -216,9 +212,7 @@ std::vector<RouteCase> route_cases() {
   return v;
 }
 
-}  // namespace
 
-namespace {
 // Tensors of n i64 -7 (CPU, or copied to the GPU): entries an op forgot to write show.
 Tensor i64_poison(int64_t n, Device d) {
   Tensor h = Tensor::empty({n}, DType::I64);
@@ -269,7 +263,6 @@ std::pair<Tensor, Tensor> expect_index_matches_cpu(const Tensor& idx, const Tens
   }
   return {rs.narrow(0, N), grs.narrow(0, N)};
 }
-}  // namespace
 
 class GpuMoeRoute : public ::testing::TestWithParam<DType> {
  protected:
@@ -335,7 +328,6 @@ TEST_P(GpuMoeRoute, MatchesCpuOps) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuMoeRoute, ::testing::Values(DType::F32, DType::BF16),
                          [](const auto& i) { return std::string(dtype_name(i.param)); });
 
-namespace {
 
 TransformerConfig moe_cfg(Device dev, DType dt) {
   TransformerConfig c;
@@ -423,7 +415,6 @@ void f32_matches_cpu(const TransformerConfig& ccfg, const TransformerConfig& gcf
   std::printf("[moe f32 %s] loss %.6f vs cpu %.6f, worst grad rel %.2e\n", name, lg, lc, worst);
 }
 
-}  // namespace
 
 TEST(GpuMoeModel, F32SigmoidGroupsBiasMatchesCpu) {
   MCPP_REQUIRE_GPU();
@@ -738,3 +729,5 @@ TEST(GpuMoeLayer, ContextParallelOnTheDeviceMatchesCpuHostRouting) {
     EXPECT_NEAR(d.z_loss, h.z_loss, 1e-5 * h.z_loss);
   }
 }
+
+}  // namespace moe_gpu_test

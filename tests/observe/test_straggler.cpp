@@ -8,7 +8,7 @@
 #include "training/straggler.h"
 
 namespace mcpp::training {
-namespace {
+namespace straggler_test {
 
 StragglerRank rank(double rtt, double data, double power, double etpt) {
   StragglerRank r;
@@ -60,5 +60,5 @@ TEST(StragglerReport, MinmaxCountListsTheSlowestAndFastestRanks) {
   EXPECT_EQ(format_straggler_report(ranks, 1, "t").size(), 1u);
 }
 
-}  // namespace
+}  // namespace straggler_test
 }  // namespace mcpp::training

@@ -9,6 +9,8 @@
 #include "training/tensorboard.h"
 #include "training/training_log.h"
 
+namespace tensorboard_test {
+
 using namespace mcpp::training;
 
 TEST(TensorBoard, Crc32cKnownValues) {
@@ -61,3 +63,5 @@ TEST(Timers, LogOptions) {
   EXPECT_EQ(all[2], "     rank  0: 12.30");
   EXPECT_EQ(all[3], "     rank  1: 14.10");
 }
+
+}  // namespace tensorboard_test

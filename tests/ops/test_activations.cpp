@@ -6,6 +6,8 @@
 #include "op_test_util.h"
 #include "ops/cpu/cpu_common.h"
 
+namespace activations_test {
+
 using namespace mcpp;
 using namespace mcpp::test;
 
@@ -159,3 +161,5 @@ TEST(Activations, FastExpAccuracy) {
   EXPECT_TRUE(std::isnan(cpu::exp_fast(std::nanf(""))));
   EXPECT_EQ(cpu::exp_fast(0.0f), 1.0f);
 }
+
+}  // namespace activations_test

@@ -13,7 +13,7 @@
 using namespace mcpp;
 using ops::AttentionBackend;
 
-namespace {
+namespace attention_backend_test {
 ops::AttentionBackendChoice pick(DType dt, int64_t hd, double p, bool cudnn = true,
                                  bool forced = false, Device dev = Device::CUDA) {
   ops::AttentionBackendQuery q;
@@ -22,7 +22,6 @@ ops::AttentionBackendChoice pick(DType dt, int64_t hd, double p, bool cudnn = tr
   return ops::choose_attention_backend(q);
 }
 bool has(const std::string& s, const char* w) { return s.find(w) != std::string::npos; }
-}  // namespace
 
 TEST(AttentionBackend, DropoutFreeBf16GoesToCudnnWhenAvailable) {
   for (DType dt : {DType::BF16, DType::F16})
@@ -89,7 +88,6 @@ TEST(AttentionBackend, DescribeNamesLayersAndSlowPath) {
 // --attention-backend: fused -> cuDNN, flash -> the own flash kernel, unfused / local -> the
 // CUDA-core kernel, auto -> the order above; a request the call cannot honour is an error
 // naming the flag, never a silent substitute.
-namespace {
 ops::AttentionBackendChoice ask(ops::AttentionRequest r, DType dt, int64_t hd, double p,
                                 bool cudnn = true, bool forced = false,
                                 Device dev = Device::CUDA) {
@@ -108,7 +106,6 @@ std::string error_of(ops::AttentionRequest r, DType dt, int64_t hd, double p, bo
   }
   return "";
 }
-}  // namespace
 
 TEST(AttentionBackend, AutoRequestIsTodaysChoice) {
   using R = ops::AttentionRequest;
@@ -191,3 +188,5 @@ TEST(AttentionBackend, FlashDropoutMaskBytes) {
   EXPECT_NEAR(double(mcpp::ops::flash_dropout_mask_bytes(1, 1, 8192)) / (8192.0 * 8192 / 8), 0.5,
               0.01);
 }
+
+}  // namespace attention_backend_test

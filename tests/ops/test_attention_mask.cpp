@@ -10,7 +10,7 @@
 #include "base/philox.h"
 
 namespace mcpp {
-namespace {
+namespace attention_mask_test {
 
 constexpr uint64_t kSeed = 0x5EEDull * 1000003ull, kStream = 0xA77E11ull;
 constexpr int64_t kN = 10'000'000;  // a multiple of 8
@@ -85,5 +85,5 @@ TEST(DropoutMask, SevenRoundsArePhiloxsFirstSevenRounds) {
   EXPECT_NE(c[0], b[0]);
 }
 
-}  // namespace
+}  // namespace attention_mask_test
 }  // namespace mcpp

@@ -9,7 +9,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace cross_entropy_test {
 
 struct CeOut {
   Tensor row_max, sum_exp, target_logit, loss;
@@ -34,7 +34,6 @@ Tensor random_targets(int64_t T, int64_t V, uint64_t seed) {
   return Tensor::from(v, {T});
 }
 
-}  // namespace
 
 TEST(CrossEntropy, LossMatchesNaiveAndGradientMatchesFiniteDifferences) {
   const int64_t T = 5, V = 7;
@@ -123,7 +122,6 @@ TEST(CrossEntropy, ShapeErrors) {
 
 // ---- ce_stats: the forward statistics in one pass (online softmax) ---------------------
 
-namespace {
 
 // fp64 statistics of one row of any float tensor: max, sum of exp(x - max), target logit.
 struct RowRef {
@@ -163,7 +161,6 @@ Tensor edge_targets(int64_t T, int64_t V, int64_t vocab_start, uint64_t seed, DT
   return dt == DType::I64 ? t : as(t, dt);
 }
 
-}  // namespace
 
 TEST(CrossEntropy, OnePassStatsMatchFp64LogSumExp) {
   const int64_t T = 9, vs = 1000;
@@ -272,3 +269,5 @@ TEST(CrossEntropy, OnePassShapeErrors) {
   EXPECT_THROW(cpu::ce_rescale_sum_exp(m, bad, se, S()), Error);
   EXPECT_THROW(cpu::ce_rescale_sum_exp(m32, m, se, S()), Error);
 }
+
+}  // namespace cross_entropy_test

@@ -12,7 +12,7 @@
 
 #include "ops/cuda/cublaslt_loader.h"
 
-namespace {
+namespace cublaslt_loader_test {
 
 bool mapped(const std::string& name) {
   std::ifstream maps("/proc/self/maps");
@@ -21,7 +21,6 @@ bool mapped(const std::string& name) {
   return all.str().find(name) != std::string::npos;
 }
 
-}  // namespace
 
 TEST(CublasLtLoader, NotLoadedAtStartThenLoadedByTheFirstCall) {
   // A process linked against libmegatron_core.so: neither cuBLAS library is mapped.
@@ -36,3 +35,5 @@ TEST(CublasLtLoader, NotLoadedAtStartThenLoadedByTheFirstCall) {
   EXPECT_TRUE(mapped("libcublasLt.so"));
 }
 #endif
+
+}  // namespace cublaslt_loader_test

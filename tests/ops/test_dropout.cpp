@@ -7,9 +7,8 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace dropout_test {
 const ops::DropoutKey kKey{1234, 99};
-}
 
 TEST(Dropout, MaskIsPhiloxOfGlobalIndex) {
   const int64_t d0 = 3, d1 = 2, d2 = 37;
@@ -101,3 +100,5 @@ TEST(Dropout, ZeroProbabilityIsPlainAddInPlace) {
   EXPECT_THROW(cpu::dropout_backward(two_d, 0.1, kKey, ops::GlobalIndex3{}, two_d, S()), Error);
   EXPECT_THROW(cpu::dropout_add_forward(x, res, 1.5, kKey, ops::GlobalIndex3{}, res, S()), Error);
 }
+
+}  // namespace dropout_test

@@ -6,6 +6,8 @@
 
 #include "op_test_util.h"
 
+namespace elementwise_test {
+
 using namespace mcpp;
 using namespace mcpp::test;
 
@@ -236,3 +238,5 @@ TEST(Transpose, IdsAndFloats) {
   Tensor bad = Tensor::empty({2, 3}, DType::I64);
   EXPECT_THROW(cpu::transpose(ids, bad, S()), Error);
 }
+
+}  // namespace elementwise_test

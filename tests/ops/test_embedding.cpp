@@ -5,7 +5,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace embedding_test {
 
 template <typename I>
 Tensor ids_tensor(int64_t B, int64_t S_, int64_t V, uint64_t seed) {
@@ -16,7 +16,6 @@ Tensor ids_tensor(int64_t B, int64_t S_, int64_t V, uint64_t seed) {
   return Tensor::from(v, {B, S_});
 }
 
-}  // namespace
 
 TEST(Embedding, ForwardLayoutAndVocabSlices) {
   const int64_t B = 3, S_ = 5, V = 10, H = 6;
@@ -96,3 +95,5 @@ TEST(PositionEmbedding, ForwardAddsAndBackwardMatchesFiniteDifferences) {
   Tensor posbad = randn({P, H + 1}, 5);
   EXPECT_THROW(cpu::position_embedding_backward(r, 0, posbad, S()), Error);
 }
+
+}  // namespace embedding_test

@@ -7,7 +7,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace gemm_test {
 
 // C = alpha op(A) op(B) + beta C0, naive triple loop in f64.
 Tensor naive_gemm(bool ta, bool tb, double alpha, const Tensor& A, const Tensor& B, double beta,
@@ -30,7 +30,6 @@ Tensor naive_gemm(bool ta, bool tb, double alpha, const Tensor& A, const Tensor&
   return c;
 }
 
-}  // namespace
 
 TEST(Gemm, AllTransposesMatchNaiveLoop) {
   const int64_t M = 7, N = 5, K = 9;
@@ -158,3 +157,5 @@ TEST(Linear, F32MatchesF64AndShapeErrors) {
   Tensor dbbad = Tensor::zeros({39}, DType::F64);
   EXPECT_THROW(cpu::linear_backward(r, x, w, dx, false, dw, dbbad, S()), Error);
 }
+
+}  // namespace gemm_test

@@ -17,7 +17,7 @@ using namespace mcpp::test;
 using ops::MlaDims;
 using ops::MlaRope;
 
-namespace {
+namespace mla_ops_test {
 
 struct MlaCase {
   MlaDims d;
@@ -128,7 +128,6 @@ Inputs random_inputs(const MlaCase& c, uint64_t seed, DType dt) {
           randn({c.R(), d.Dr}, seed + 2, 1.0, dt)};
 }
 
-}  // namespace
 
 TEST(MlaOps, ForwardMatchesNaiveReference) {
   for (DType dt : {DType::F64, DType::F32}) {
@@ -304,3 +303,5 @@ TEST(MlaOps, BadArgumentsThrow) {
   Tensor ctx32 = Tensor::empty(ctx.shape(), DType::F32);
   EXPECT_THROW(cpu::mla_ctx_pad(out, d, ctx32, S()), Error);
 }
+
+}  // namespace mla_ops_test

@@ -20,7 +20,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace momentum_step_test {
 
 Stream& CS() { return Stream::cpu(); }
 using Rule = ops::MomentumStepParams::Rule;
@@ -90,7 +90,6 @@ void expect_close(const Tensor& t, const std::vector<double>& want, const char* 
   }
 }
 
-}  // namespace
 
 TEST(MomentumStep, SgdFollowsTorchSgd) {
   const int64_t n = 1031;
@@ -242,3 +241,5 @@ TEST(MomentumStep, OptimizerGroupsClippingAndLoadedState) {
     EXPECT_TRUE(same_bits(opt.exp_avg(), opt2.exp_avg()));
   }
 }
+
+}  // namespace momentum_step_test

@@ -2,6 +2,8 @@
 // dx, dw, db), f32 against f64, and shape errors.
 #include "op_test_util.h"
 
+namespace norms_test {
+
 using namespace mcpp;
 using namespace mcpp::test;
 
@@ -136,3 +138,5 @@ TEST(Norms, ShapeErrorsNameTheTensor) {
         << e.what();
   }
 }
+
+}  // namespace norms_test

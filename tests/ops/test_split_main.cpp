@@ -23,7 +23,7 @@
 using namespace mcpp;
 using namespace mcpp::test;
 
-namespace {
+namespace split_main_test {
 
 float f_of(uint32_t b) { return bits_float(b); }
 Stream& CS() { return Stream::cpu(); }
@@ -71,7 +71,6 @@ std::vector<uint32_t> interesting_bits() {
   return v;
 }
 
-}  // namespace
 
 TEST(SplitMain, ModelParameterRoundsHalfAwayFromZero) {
   int ties = 0;
@@ -205,7 +204,6 @@ TEST(SplitMain, AdamWSplitAndWholeMainParamsAgree) {
 
 // ---- bf16 moments (--use-precision-aware-optimizer --exp-avg-dtype / --exp-avg-sq-dtype) --
 
-namespace {
 
 // The bf16 value nearest to x, ties to the even one, by comparing the two neighbours in
 // double (finite x): independent of float_to_bf16's bit arithmetic.
@@ -234,7 +232,6 @@ Tensor widen(const Tensor& h) {
   return f;
 }
 
-}  // namespace
 
 // Each of m / v in bf16 (and both), on whole fp32 main parameters (with and without the
 // bf16 model output) and on split ones: after every step the parameters are bit for bit
@@ -341,3 +338,5 @@ TEST(Bf16Moments, OptimizerKeepsBf16MomentsAndStepsAsTheOp) {
   model::ParamStore p = two_group_params(DType::F32, 64, 8, 1);
   EXPECT_THROW(optim::AdamW(p, lion), Error);
 }
+
+}  // namespace split_main_test

@@ -11,7 +11,7 @@ using namespace attn_test;
 namespace cpu = mcpp::ops::cpu;
 using mcpp::Stream;
 
-namespace {
+namespace attention_test {
 
 struct Fwd {
   Tensor out, lse;
@@ -58,7 +58,6 @@ void expect_matches_reference(const Case& c) {
   EXPECT_LT(max_lse, 1e-12);
 }
 
-}  // namespace
 
 // S = 77 and 130: several 64-row tiles, the last one partial. HD = 12 is not a multiple
 // of the SIMD width, so the padded columns are exercised.
@@ -90,7 +89,6 @@ TEST(Attention, LseIsLogSumExpOfScaledScores) {
   }
 }
 
-namespace {
 
 // d/dqkv of L(qkv) = sum(out * R) by central differences at `samples` positions,
 // compared with attention_backward(dout = R).
@@ -131,7 +129,6 @@ void expect_gradient_matches_fd(const Case& c, int samples) {
   for (int64_t i = 0; i < dqkv.numel(); ++i) ASSERT_TRUE(std::isfinite(dqkv.data<double>()[i]));
 }
 
-}  // namespace
 
 TEST(Attention, GradientMatchesFiniteDifferencesMHA) {
   expect_gradient_matches_fd({"MHA", 70, 2, 2, 2, 8, 0}, 120);
@@ -146,7 +143,6 @@ TEST(Attention, GradientMatchesFiniteDifferencesGQADropout) {
   expect_gradient_matches_fd({"GQA dropout", 70, 2, 4, 2, 12, 0.1}, 120);
 }
 
-namespace {
 
 // The group slice [g0, g0 + ng) of qkv-shaped x (per-group blocks of (G+2)*HD).
 Tensor slice_groups(const Tensor& x, const AttentionDims& d, int64_t g0, int64_t ng) {
@@ -158,7 +154,6 @@ Tensor slice_groups(const Tensor& x, const AttentionDims& d, int64_t g0, int64_t
   return y;
 }
 
-}  // namespace
 
 TEST(Attention, DropoutIsInvariantToBatchSplit) {
   const AttentionDims d = dims(70, 4, 4, 2, 8);
@@ -284,3 +279,5 @@ TEST(Attention, RejectsBadArguments) {
                mcpp::Error);
   EXPECT_NO_THROW(cpu::attention_forward(qkv2, d2, 0.3, 0.0, {}, out, lse, Stream::cpu()));
 }
+
+}  // namespace attention_test

@@ -10,7 +10,7 @@ using namespace attn_test;
 namespace cpu = mcpp::ops::cpu;
 using mcpp::Stream;
 
-namespace {
+namespace rope_test {
 
 // Direct formula for element (s, b, g, slot, c) of the rotated tensor.
 double rope_ref(const Tensor& x, const AttentionDims& d, int64_t rot_dim, double base,
@@ -30,7 +30,6 @@ Tensor rope(const Tensor& x, const AttentionDims& d, int64_t rot_dim, double bas
   return y;
 }
 
-}  // namespace
 
 TEST(Rope, MatchesDirectFormula) {
   for (int64_t rot_dim : {16, 8}) {  // full rotation and rotary_percent = 0.5
@@ -117,3 +116,5 @@ TEST(Rope, RejectsOddRotDim) {
   EXPECT_THROW(cpu::rope_forward(x, d, 5, 10000.0, 0, x, Stream::cpu()), mcpp::Error);
   EXPECT_THROW(cpu::rope_forward(x, d, 10, 10000.0, 0, x, Stream::cpu()), mcpp::Error);
 }
+
+}  // namespace rope_test

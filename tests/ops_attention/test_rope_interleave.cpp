@@ -12,7 +12,7 @@ using namespace attn_test;
 namespace cpu = mcpp::ops::cpu;
 using mcpp::Stream;
 
-namespace {
+namespace rope_interleave_test {
 
 mcpp::ops::RopePermuteDims pdims(const AttentionDims& d, int64_t rot_dim) {
   mcpp::ops::RopePermuteDims p;
@@ -33,7 +33,6 @@ double interleaved_ref(const Tensor& x, const AttentionDims& d, int64_t rot_dim,
   return p[c] * std::cos(angle) + p[c - 1] * std::sin(angle);
 }
 
-}  // namespace
 
 TEST(RopeInterleave, PermutedRopeIsMegatronsInterleavedRope) {
   for (int64_t rot_dim : {16, 8}) {  // whole heads and rotary_percent 0.5
@@ -92,3 +91,5 @@ TEST(RopeInterleave, RejectsBadArguments) {
   Tensor z = Tensor::empty({3}, x.dtype());
   EXPECT_THROW(cpu::rope_deinterleave(x, pdims(d, 8), false, z, Stream::cpu()), mcpp::Error);
 }
+
+}  // namespace rope_interleave_test

@@ -16,7 +16,7 @@ namespace cpu = mcpp::ops::cpu;
 using mcpp::Stream;
 using mcpp::ops::RopeFreqs;
 
-namespace {
+namespace rope_scaling_test {
 
 constexpr double kPi = 3.14159265358979323846;
 
@@ -78,7 +78,6 @@ double max_err(const Tensor& y, const Tensor& x, const AttentionDims& d, int64_t
   return err;
 }
 
-}  // namespace
 
 TEST(RopeScaling, InvFreqMatchesFormulaInAllThreeRegions) {
   const RopeFreqs f = llama32();
@@ -264,3 +263,5 @@ TEST(RopeInterpolation, RejectsNonPositiveFactor) {
     EXPECT_THROW(cpu::rope_forward(x, d, 8, f, 0, x, Stream::cpu()), mcpp::Error) << bad;
   }
 }
+
+}  // namespace rope_scaling_test

@@ -22,7 +22,7 @@
 #include "ops/cuda/gemv.h"
 
 namespace mcpp::test {
-namespace {
+namespace decode_gpu_test {
 
 TEST(GpuDecode, AttentionMatchesCpu) {
   MCPP_REQUIRE_GPU();
@@ -414,5 +414,5 @@ TEST(GpuDecode, AttentionPrefillMatchesCpu) {
     }
 }
 
-}  // namespace
+}  // namespace decode_gpu_test
 }  // namespace mcpp::test

@@ -17,7 +17,7 @@
 #include "ops/cuda/gemv.h"
 
 namespace mcpp::test {
-namespace {
+namespace decode_norm_gpu_test {
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor x = to_cpu(a), y = to_cpu(b);
@@ -187,5 +187,5 @@ TEST(GpuDecode, RmsnormFoldFallsBackToTheComposition) {
   }
 }
 
-}  // namespace
+}  // namespace decode_norm_gpu_test
 }  // namespace mcpp::test

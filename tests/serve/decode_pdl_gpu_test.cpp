@@ -15,7 +15,7 @@
 #include "gpu_test_util.h"
 
 namespace mcpp::test {
-namespace {
+namespace decode_pdl_gpu_test {
 
 TEST(GpuDecode, OverlappedStepKernelsKeepTheirBitsAndGraphsKeepOrdinaryEdges) {
   MCPP_REQUIRE_GPU();
@@ -82,5 +82,5 @@ TEST(GpuDecode, OverlappedStepKernelsKeepTheirBitsAndGraphsKeepOrdinaryEdges) {
   cudaGraphDestroy(graph);
 }
 
-}  // namespace
+}  // namespace decode_pdl_gpu_test
 }  // namespace mcpp::test

@@ -11,7 +11,7 @@
 using mcpp::serve::ChatMessage;
 using mcpp::serve::load_chat_template;
 
-namespace {
+namespace chat_template_test {
 
 std::string write_config(const std::string& name, const std::string& body) {
   const auto p = std::filesystem::temp_directory_path() / ("mcpp_chat_" + name + ".json");
@@ -22,7 +22,6 @@ std::string write_config(const std::string& name, const std::string& body) {
 const std::vector<ChatMessage> kDialog = {
     {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "2+2?"}};
 
-}  // namespace
 
 TEST(ChatTemplate, PlainWithoutConfig) {
   auto t = load_chat_template("auto", "");
@@ -76,3 +75,5 @@ TEST(ChatTemplate, UnknownFamilyIsAnErrorWithHint) {
   EXPECT_EQ(load_chat_template("chatml", p).family, "chatml");  // the flag overrides
   EXPECT_THROW(load_chat_template("jinja", ""), mcpp::Error);
 }
+
+}  // namespace chat_template_test

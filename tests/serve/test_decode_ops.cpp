@@ -17,7 +17,7 @@
 
 using namespace mcpp;
 
-namespace {
+namespace decode_ops_test {
 
 Tensor random(const Shape& shape, uint64_t seed) {
   Tensor t = Tensor::empty(shape, DType::F64);
@@ -171,4 +171,4 @@ TEST(RopeAttentionDecode, IsRopeThenKvCacheAttention) {
   EXPECT_THROW(ops::rope_attention_decode(q3, d, 12, 500.0, pos, 0.3, kc, vc, o3, s), Error);
 }
 
-}  // namespace
+}  // namespace decode_ops_test

@@ -12,13 +12,12 @@
 using namespace mcpp::data;
 using bpe::SharedPieceCache;
 
-namespace {
+namespace bpe_cache_test {
 
 uint64_t test_hash(const std::string& s) { return std::hash<std::string>{}(s) | 1; }
 
 std::vector<int32_t> ids_of(int i) { return std::vector<int32_t>(size_t(1 + i % 5), i); }
 
-}  // namespace
 
 TEST(SharedPieceCache, ConcurrentInsertsAreAllFound) {
   SharedPieceCache cache(size_t(1) << 14);
@@ -121,3 +120,5 @@ TEST(GPT2BPE, ManyThreadsEncodeAsOne) {
   for (auto& th : threads) th.join();
   for (size_t i = 0; i < texts.size(); ++i) ASSERT_EQ(got[i], want[i]) << texts[i];
 }
+
+}  // namespace bpe_cache_test

@@ -26,7 +26,7 @@ using namespace mcpp;
 using namespace mcpp::data;
 using json = nlohmann::json;
 
-namespace {
+namespace conformance_test {
 
 std::string asset(const std::string& rel) {
   const char* env = std::getenv("MCPP_ASSETS");
@@ -203,7 +203,6 @@ const char* kLlama3Split =
 const char* kQwen2Split =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-}  // namespace
 
 // ---- tiktoken -------------------------------------------------------------------------
 
@@ -453,3 +452,5 @@ TEST(SentencePiece, MegatronSpecialTokens) {
   EXPECT_EQ(make_tokenizer(a)->vocab_size(), 32008);
 }
 #endif
+
+}  // namespace conformance_test

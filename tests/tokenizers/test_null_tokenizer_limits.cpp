@@ -7,6 +7,8 @@
 #include "base/error.h"
 #include "data/tokenizers/tokenizer.h"
 
+namespace null_tokenizer_limits_test {
+
 using namespace mcpp;
 
 TEST(NullTokenizerLimits, VocabularyBeyondInt32IsAnError) {
@@ -24,3 +26,5 @@ TEST(NullTokenizerLimits, VocabularyBeyondInt32IsAnError) {
   t.encode("5 7", ids);
   EXPECT_EQ(ids, (std::vector<int32_t>{5, 7}));
 }
+
+}  // namespace null_tokenizer_limits_test

@@ -12,7 +12,7 @@
 using namespace mcpp;
 using namespace mcpp::data;
 
-namespace {
+namespace tokenizers_test {
 
 std::string asset(const std::string& rel) {
   const char* env = std::getenv("MCPP_ASSETS");
@@ -30,7 +30,6 @@ const Tokenizer& gpt2() {
   return *t;
 }
 
-}  // namespace
 
 TEST(NullTokenizer, Semantics) {
   auto t = make_tokenizer({.type = "NullTokenizer", .vocab_size = 100});
@@ -111,3 +110,5 @@ TEST(Llama2Tokenizer, KnownIdsAndSpecials) {
   EXPECT_EQ(t->decode(ids), "Hello world");
 }
 #endif
+
+}  // namespace tokenizers_test

@@ -15,7 +15,7 @@ using namespace mcpp;
 using namespace mcpp::data;
 using json = nlohmann::json;
 
-namespace {
+namespace unicode_norm_test {
 
 // A character-level BPE tokenizer.json (no byte fallback, no unk: a character outside
 // the vocabulary is an error) whose ids show which form the text reached the model in.
@@ -46,7 +46,6 @@ std::unique_ptr<Tokenizer> fixture(const json& normalizer) {
 
 using Ids = std::vector<int32_t>;
 
-}  // namespace
 
 #ifdef MCPP_HAVE_UTF8PROC
 
@@ -130,3 +129,5 @@ TEST(HuggingFace, NfcNormalizerNeedsUtf8proc) {
 }
 
 #endif
+
+}  // namespace unicode_norm_test

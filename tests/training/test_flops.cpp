@@ -2,6 +2,8 @@
 #include "test_util.h"
 #include "training/flops.h"
 
+namespace flops_test {
+
 using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
@@ -133,3 +135,5 @@ TEST(Flops, MultiLatentAttentionClosedForm) {
   a.padded_vocab_size = 128;
   EXPECT_DOUBLE_EQ(num_floating_point_operations(a, 2), 7160832.0);
 }
+
+}  // namespace flops_test

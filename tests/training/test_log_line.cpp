@@ -7,7 +7,7 @@
 
 using namespace mcpp::training;
 
-namespace {
+namespace log_line_test {
 IterationLog example() {
   IterationLog l;
   l.timestamp = "2026-11-29 15:46:11.709595";
@@ -23,7 +23,6 @@ IterationLog example() {
   l.grad_norm = 1.023;
   return l;
 }
-}  // namespace
 
 TEST(LogLine, MatchesMegatronRealRun) {
   EXPECT_EQ(format_iteration_line(example()),
@@ -86,3 +85,5 @@ TEST(LogLine, NowTimestampShape) {
   l.timestamp.clear();
   EXPECT_EQ(format_iteration_line(l).rfind(" [", 0), 0u);
 }
+
+}  // namespace log_line_test

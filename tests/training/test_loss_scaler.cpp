@@ -4,6 +4,8 @@
 #include "base/error.h"
 #include "optim/loss_scaler.h"
 
+namespace loss_scaler_test {
+
 using namespace mcpp::optim;
 
 TEST(LossScaler, HysteresisBackoffAndGrowth) {
@@ -42,3 +44,5 @@ TEST(LossScaler, ConstantScaleNeverMoves) {
   c.loss_scale = 0, c.window = 0;
   EXPECT_THROW(LossScaler{c}, mcpp::Error);
 }
+
+}  // namespace loss_scaler_test

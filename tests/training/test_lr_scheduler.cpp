@@ -10,7 +10,7 @@
 using namespace mcpp;
 using namespace mcpp::optim;
 
-namespace {
+namespace lr_scheduler_test {
 SchedulerConfig cfg(LrDecayStyle style) {
   SchedulerConfig c;
   c.init_lr = 0.0;
@@ -28,7 +28,6 @@ double lr_at(const SchedulerConfig& c, int64_t n) {
   s.step(n);
   return s.lr();
 }
-}  // namespace
 
 TEST(LrScheduler, ConstructorStepsZeroAndStepsCountSamples) {
   OptimizerParamScheduler s(cfg(LrDecayStyle::Linear));
@@ -181,3 +180,5 @@ TEST(LrScheduler, CheckpointStateRoundTripAndPolicies) {
   EXPECT_EQ(d.num_steps(), 640);
   EXPECT_DOUBLE_EQ(d.config().max_lr, 2.0);
 }
+
+}  // namespace lr_scheduler_test

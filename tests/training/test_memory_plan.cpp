@@ -17,7 +17,7 @@ using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
 
-namespace {
+namespace memory_plan_test {
 StageMemory plan(std::vector<std::string> argv, int world) {
   Args a = parse_and_validate(argv, world);
   a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by,
@@ -29,7 +29,6 @@ StageMemory plan(std::vector<std::string> argv, int world) {
 std::vector<std::string> gpu_argv() {
   return with(base_argv(), {"--bf16", "--attention-dropout", "0"});
 }
-}  // namespace
 
 TEST(MemoryPlan, GradReduceInBf16Staging) {
   for (bool distopt : {false, true}) {
@@ -392,3 +391,5 @@ TEST(MemoryPlan, HostMemoryAndLocalRanks) {
   for (const char* v : vars) unsetenv(v);
   for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
 }
+
+}  // namespace memory_plan_test

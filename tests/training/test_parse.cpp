@@ -3,6 +3,8 @@
 
 #include "test_util.h"
 
+namespace parse_test {
+
 using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
@@ -412,3 +414,5 @@ TEST(Parse, ScriptSwitchesAcceptedByDesign) {
                         "add_position_embedding"})
     EXPECT_EQ(flag_support(d), FlagSupport::Implemented) << d;
 }
+
+}  // namespace parse_test

@@ -7,6 +7,8 @@
 #include "test_util.h"
 #include "training/profiler.h"
 
+namespace profile_flag_test {
+
 using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
@@ -72,3 +74,5 @@ TEST(AttentionBackendFlag, ParsesMegatronsNames) {
                {"'cudnn' is not one of flash, fused, unfused, local, auto"});
   expect_error([] { ops::parse_attention_request("cudnn"); }, {"--attention-backend: 'cudnn'"});
 }
+
+}  // namespace profile_flag_test

@@ -18,7 +18,7 @@
 using namespace mcpp::training;
 namespace fs = std::filesystem;
 
-namespace {
+namespace progress_log_test {
 
 std::time_t local(int y, int mo, int d, int h, int mi, int s) {
   std::tm tm{};
@@ -43,7 +43,6 @@ std::vector<std::string> lines_of(const std::string& path) {
   return out;
 }
 
-}  // namespace
 
 TEST(ProgressLog, LineIsMegatronsFormat) {
   EXPECT_EQ(progress_line("2026-01-02 03:04:05", "1234", 8, "Starting job"),
@@ -129,3 +128,5 @@ TEST(ProgressLog, RankZeroAppendsStartAndSaves) {
   EXPECT_EQ(a[7], "Floating-point operations: 4.00e+15");
   fs::remove_all(dir.parent_path().parent_path());
 }
+
+}  // namespace progress_log_test

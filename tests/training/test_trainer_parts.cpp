@@ -16,7 +16,7 @@
 #include "optim/optimizer.h"
 
 namespace mcpp {
-namespace {
+namespace trainer_parts_test {
 
 model::ParamStore small_store() {
   model::ParamStore ps;
@@ -171,5 +171,5 @@ TEST(TrainerParts, MicroBatchesFollowMegatronsPretrainingSampler) {
   EXPECT_EQ(tokens, want_tokens);
 }
 
-}  // namespace
+}  // namespace trainer_parts_test
 }  // namespace mcpp

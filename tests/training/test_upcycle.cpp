@@ -24,7 +24,7 @@ using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
 
-namespace {
+namespace upcycle_test {
 
 std::string fresh_dir(const std::string& name) {
   const auto d = std::filesystem::temp_directory_path() / ("mcpp_upcycle_" + name);
@@ -59,7 +59,6 @@ Tensor param(const checkpoint::ModelWeights& w, const std::string& name) {
   return w.params.param(name);
 }
 
-}  // namespace
 
 // Granularity 2, 4 experts of FFN 32 from a dense FFN of 64, SwiGLU, post-softmax router:
 // activation scale g = 2, each weight x 2^(1/3).
@@ -152,3 +151,5 @@ TEST(Upcycle, RefusesWhatDoesNotFit) {
   expect_error([&] { parse_and_validate(with(llama_argv(), {"--moe-use-upcycling"})); },
                {"--moe-use-upcycling applies to mixture-of-experts models only"});
 }
+
+}  // namespace upcycle_test

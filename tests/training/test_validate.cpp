@@ -13,12 +13,11 @@ using namespace mcpp;
 using namespace mcpp::training;
 using namespace mcpp::training::test;
 
-namespace {
+namespace validate_test {
 void expect_invalid(const std::vector<std::string>& argv, std::initializer_list<std::string> n,
                     int world = 1) {
   expect_error([&] { parse_and_validate(argv, world); }, n);
 }
-}  // namespace
 
 TEST(Validate, DerivedDefaults) {
   Args a = parse_and_validate(base_argv(), 4);
@@ -1014,3 +1013,5 @@ TEST(Validate, CheckWeightHashInterval) {
                                 n),
                     "HINT: give --check-weight-hash-across-dp-replicas-interval a value >= 1"});
 }
+
+}  // namespace validate_test
