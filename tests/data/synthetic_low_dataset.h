@@ -9,7 +9,7 @@
 
 #include "data/gpt_dataset.h"
 
-namespace mcpp::data::testing {
+namespace mcpp::data::synthetic {
 
 class Low : public LowLevelDataset {
  public:
@@ -27,4 +27,4 @@ class Low : public LowLevelDataset {
   std::vector<int32_t> l_;
 };
 
-}  // namespace mcpp::data::testing
+}  // namespace mcpp::data::synthetic

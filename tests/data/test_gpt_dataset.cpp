@@ -12,28 +12,14 @@
 #include "data/dataset_builder.h"
 #include "data/gpt_dataset.h"
 #include "test_util.h"
+#include "synthetic_low_dataset.h"
 
 using namespace mcpp;
 using namespace mcpp::data;
 
 namespace gpt_dataset_test {
 
-// A low-level dataset from explicit lengths (token = 1000*seq + position).
-class FakeLow : public LowLevelDataset {
- public:
-  explicit FakeLow(std::vector<int32_t> lengths) : lengths_(std::move(lengths)) {}
-  int64_t num_sequences() const override { return int64_t(lengths_.size()); }
-  int32_t sequence_length(int64_t s) const override { return lengths_[s]; }
-  int64_t read(int64_t s, int64_t off, int64_t len, int64_t* out) const override {
-    if (len < 0) len = lengths_[s] - off;
-    for (int64_t k = 0; k < len; ++k) out[k] = 1000 * s + off + k;
-    return len;
-  }
-  std::string path() const override { return "fake"; }
-
- private:
-  std::vector<int32_t> lengths_;
-};
+using mcpp::data::synthetic::Low;
 
 uint64_t checksum(const auto& v) {
   const uint64_t mod = (uint64_t(1) << 61) - 1;
@@ -45,7 +31,7 @@ uint64_t checksum(const auto& v) {
 
 
 TEST(GPTDataset, WorkedExampleSampleIndex) {
-  FakeLow low({5, 3, 4});
+  Low low({5, 3, 4});
   auto one = build_sample_index(low, {0, 1, 2}, 4, 1, 12, true, 1);
   EXPECT_TRUE(one.is_narrow());  // int32 elements, as Megatron's helper
   EXPECT_EQ(one.to_vector(), (std::vector<int64_t>{0, 0, 0, 4, 2, 0}));
@@ -54,7 +40,7 @@ TEST(GPTDataset, WorkedExampleSampleIndex) {
 }
 
 TEST(GPTDataset, WorkedExampleSampleText) {
-  auto low = std::make_shared<FakeLow>(std::vector<int32_t>{5, 3, 4});
+  auto low = std::make_shared<Low>(std::vector<int32_t>{5, 3, 4});
   GPTDatasetConfig cfg;
   cfg.sequence_length = 4;
   GPTDataset ds(low, {0, 1, 2}, std::nullopt, Split::Train, cfg);
@@ -75,7 +61,7 @@ TEST(GPTDataset, WorkedExampleSampleText) {
 TEST(GPTDataset, SeparateFinalEpochThreshold) {
   // 275 samples per epoch: 220 from the final epoch are not separate, 219 are.
   // S=1, X=1, one sequence of 276 tokens: (276-1)//1 = 275 samples per epoch.
-  auto low = std::make_shared<FakeLow>(std::vector<int32_t>{276});
+  auto low = std::make_shared<Low>(std::vector<int32_t>{276});
   GPTDatasetConfig cfg;
   cfg.sequence_length = 1;
   // epochs=2: sans_final = (276-1)//1 = 275; from_final = n - 275.
@@ -125,7 +111,7 @@ TEST(GPTDataset, IndicesAreBuiltOnFirstUseOnceAcrossThreads) {
 TEST(GPTDataset, SizeBeforeTheIndicesEqualsTheBuiltIndex) {
   // size() is counted from the token total; the built sample index must agree, for whole
   // samples and for validation's partial last sample, over one and several epochs.
-  auto low = std::make_shared<FakeLow>(std::vector<int32_t>{5, 3, 4, 9, 2, 7});
+  auto low = std::make_shared<Low>(std::vector<int32_t>{5, 3, 4, 9, 2, 7});
   for (bool drop : {true, false})
     for (std::optional<int64_t> n :
          {std::optional<int64_t>(), std::optional<int64_t>(3), std::optional<int64_t>(17)}) {

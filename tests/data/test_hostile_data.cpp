@@ -24,7 +24,7 @@
 
 using namespace mcpp;
 using namespace mcpp::data;
-using mcpp::data::testing::Low;
+using mcpp::data::synthetic::Low;
 using mcpp::testing::read_bytes;
 using mcpp::testing::scratch_dir;
 using mcpp::testing::write_bytes;

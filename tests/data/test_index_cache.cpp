@@ -14,7 +14,7 @@
 
 using namespace mcpp;
 using namespace mcpp::data;
-using mcpp::data::testing::Low;
+using mcpp::data::synthetic::Low;
 
 namespace index_cache_test {
 
