@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "base/log.h"
+#include "comm/fake/fake_communicator.h"
 #include "comm/local/local_communicator.h"
 #include "comm/mpi/mpi_backend.h"
 #include "comm/tcp/tcp_backend.h"
@@ -172,6 +173,11 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv_f
 std::unique_ptr<World> init(const InitOptions& opts) {
   static bool started = false;
   MCPP_CHECK(!started, "comm::init called twice: one World per process (MPI starts only once)");
+  if (opts.backend == Backend::Fake) {  // one process, one rank of WORLD_SIZE, no launcher
+    auto w = make_fake_world(fake_launch(), opts.timeout);
+    log::set_rank(0, 1);  // the only process prints what the rank it plays would
+    return w;
+  }
   Backend b = opts.backend;
   LaunchInfo li = detect_launch();
   if (b == Backend::Auto && li.launcher == "torchrun") {

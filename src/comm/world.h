@@ -10,7 +10,8 @@
 // that sets RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT without MPI it joins the job over TCP
 // (src/comm/tcp: a rendezvous at MASTER_ADDR, then one connection per pair of ranks);
 // otherwise it runs as one process with the local backend. Only src/comm/mpi/*.cpp
-// includes <mpi.h>.
+// includes <mpi.h>. Backend::Fake (--fake-process-group) is one process playing rank RANK
+// of a job of WORLD_SIZE ranks, its collectives exchanging nothing (src/comm/fake).
 //
 // GPU runs (InitOptions::device = CUDA) under a launcher: init() gives each rank its own
 // GPU (its rank among the ranks on its host), and every group of several ranks that
@@ -30,7 +31,7 @@
 
 namespace mcpp::comm {
 
-enum class Backend { Auto, Local, MPI, Tcp };
+enum class Backend { Auto, Local, MPI, Tcp, Fake };
 
 struct LaunchInfo {
   std::string launcher;  // "mpirun", "pmix", "pmi", "srun", "torchrun"; empty: not launched

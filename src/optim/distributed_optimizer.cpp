@@ -29,10 +29,12 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, OptimizerConfig cfg,
   const DType sd = ps.flat_params().dtype() == DType::F64 ? DType::F64 : DType::F32;
   Stream& st = ops::default_stream(sh.device());
   // bf16 models: the main parameters as the model's values and lower halves (a shard of
-  // them, laid out as the gradient shard): ops/split_main.h.
+  // them, laid out as the gradient shard): ops/split_main.h. f16 models: an fp32 shard.
+  // f32/f64 models: the model's own blocks are the main parameters (no copy, as Megatron's
+  // shard of an fp32 parameter is a view of it); the step updates them in place.
   if (wants_split_main(ps.flat_params().dtype()))
     lo_ = Tensor::empty(sh.shape(), DType::U16, sh.device());
-  else
+  else if (!wide_model())
     main_ = Tensor::empty(sh.shape(), sd, sh.device());
   allocate_state(sh.shape(), sd, sh.device());
   if (main_.defined()) ops::fill(main_, 0.0, st);
@@ -46,8 +48,20 @@ DistributedAdamW::DistributedAdamW(model::ParamStore& ps, OptimizerConfig cfg,
 
 DistributedAdamW::~DistributedAdamW() = default;
 
+bool DistributedAdamW::wide_model() const {
+  const DType d = ps_.flat_params().dtype();
+  return d == DType::F32 || d == DType::F64;
+}
+
 void DistributedAdamW::enable_fp8_param_gather(const model::TransformerConfig& c,
                                                comm::Communicator* tp) {
+  // The FP8 cast reads an fp32 main shard: an f32 model's blocks, copied once.
+  if (!main_.defined() && !lo_.defined()) {
+    const Tensor& sh = grads_.shard();
+    main_ = Tensor::empty(sh.shape(), ps_.flat_params().dtype(), sh.device());
+    ops::fill(main_, 0.0, ops::default_stream(sh.device()));
+    reload_main_params(ps_.flat_params());
+  }
   // The FP8 cast reads whole fp32 main parameters: join split ones once.
   if (lo_.defined()) {
     Stream& st = ops::default_stream(lo_.device());
@@ -101,6 +115,16 @@ void DistributedAdamW::reload_main_params() {
 }
 
 void DistributedAdamW::reload_main_params(const Tensor& values) {
+  if (!main_.defined() && !lo_.defined()) {  // f32/f64: the model's blocks are the values
+    Tensor& flat = ps_.flat_params();
+    if (values.raw() == flat.raw()) return;
+    Stream& st = ops::default_stream(flat.device());
+    for (const auto& s : segs_) {
+      Tensor dst = flat.narrow(s.flat, s.len);
+      ops::copy(values.narrow(s.flat, s.len), dst, st);
+    }
+    return;
+  }
   if (lo_.defined()) {
     Stream& st = ops::default_stream(lo_.device());
     for (const auto& s : segs_)
@@ -127,6 +151,13 @@ Tensor DistributedAdamW::gather_main_params() {
     Tensor out = Tensor::empty({ps_.total_numel()}, DType::F32);
     join_to(ps_.flat_params(), full_lo, out, st);
     return out;
+  }
+  if (!main_.defined()) {  // f32/f64: every rank's blocks are in the model's buffer
+    wait_params_all();
+    Tensor full = Tensor::empty(ps_.flat_params().shape(), ps_.flat_params().dtype(),
+                                ps_.flat_params().device());
+    ops::copy(ps_.flat_params(), full, ops::default_stream(full.device()));
+    return full;
   }
   Tensor full = Tensor::empty({ps_.total_numel()}, main_.dtype(), main_.device());
   all_gather_flat(main_, full);
@@ -155,8 +186,11 @@ void DistributedAdamW::step(double lr, double wd) {
   for (const auto& s : segs_) {
     auto shard = [&](const Tensor& t) { return t.defined() ? t.narrow(s.shard, s.len) : t; };
     Tensor model = cast ? flat.narrow(s.flat, s.len) : Tensor();
+    // f32/f64 models without a main copy: the step updates the model's own block.
+    Tensor main = main_.defined() ? shard(main_) : lo_.defined() ? Tensor()
+                                                                  : flat.narrow(s.flat, s.len);
     // --decoupled-lr: lr_of
-    update_span(shard(main_), shard(lo_), shard(grads_.shard()), shard(m_), shard(v_), model,
+    update_span(main, shard(lo_), shard(grads_.shard()), shard(m_), shard(v_), model,
                 lr_of(s.param, lr), infos[s.param].weight_decay ? wd : 0.0, st);
   }
   finish_step();

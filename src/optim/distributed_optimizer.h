@@ -6,7 +6,8 @@
 // parameter buffer. Rank r's block of a bucket is one contiguous span of the flat buffer,
 // so for bf16/f16 models the step writes its rounded result straight into that span
 // (adamw_step's model_param) and the all-gather runs in place there, as Megatron's
-// param all-gather does in its param buffer; f32/f64 models gather from the main params.
+// param all-gather does in its param buffer; f32/f64 models keep no main copy: the step
+// updates their blocks of the flat buffer in place, and the same in-place gather follows.
 // Optimizer state bytes per rank are 1/DP of AdamW's. Behind optim::Optimizer (optimizer.h)
 // it is AdamW's twin: grads() is the shard, segments() place each parameter's part of it;
 // like AdamW it runs SGD or Lion instead by OptimizerConfig::rule.
@@ -79,6 +80,7 @@ class DistributedAdamW final : public Optimizer {
   // gradient shard), or, when shard is undefined, from each rank's own block of `flat`
   // itself (an all-gather in place).
   void all_gather_flat(const Tensor& shard, Tensor& flat, bool async = false);
+  bool wide_model() const;  // f32/f64 parameters: no main copy, the blocks are updated in place
 
   parallel::DataParallelGrads& grads_;
   std::vector<ShardSegment> segs_;

@@ -254,6 +254,9 @@ struct Args {
   bool exit_signal_handler = false;        // --exit-signal-handler: the signal -> save, exit 0
   std::string exit_signal = "SIGTERM";     // --exit-signal: its name (Python's signal.Signals)
   int64_t distributed_timeout_minutes = 10;
+  // --fake-process-group: this process plays rank RANK of WORLD_SIZE (comm/fake), no
+  // exchange; for measuring one rank's memory and compute. No checkpoint is read or written.
+  bool fake_process_group = false;
   // --save-retain-interval N: after each save the checkpoint saved before it is deleted
   // unless its iteration is a multiple of N (checkpoint::SaveOptions::retain_interval).
   std::optional<int64_t> save_retain_interval;

@@ -78,7 +78,8 @@ void Trainer::State::setup_parallel() {
   auto& s = *this;
   Args& a = s.args;
   s.device = resolve_device(a);
-  s.world = comm::init({.timeout = std::chrono::minutes(a.distributed_timeout_minutes),
+  s.world = comm::init({.backend = a.fake_process_group ? comm::Backend::Fake : comm::Backend::Auto,
+                        .timeout = std::chrono::minutes(a.distributed_timeout_minutes),
                         .device = s.device,
                         .nccl_configs = a.nccl_communicator_config_path
                                             ? comm::read_nccl_config(*a.nccl_communicator_config_path)
@@ -132,6 +133,13 @@ void Trainer::State::setup_parallel() {
   sizes.etp = int(a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size));
   sizes.dist_opt_instances = int(a.num_distributed_optimizer_instances);
   s.ps = std::make_unique<parallel::ParallelState>(*s.world, sizes);
+  if (a.fake_process_group)
+    log::info("> --fake-process-group: this process plays world rank {} of {} (tensor {}, "
+              "pipeline {}, context {}, data {}, expert {}); no collective exchanges data and "
+              "receives give zeros (comm/fake), so memory and compute are the rank's, the "
+              "communication time none of it",
+              s.world->rank(), s.world->size(), s.ps->tp_rank(), s.ps->pp_rank(),
+              s.ps->cp_rank(), s.ps->dp_rank(), s.ps->ep_rank());
   if (a.threads > 0) {
     omp_set_num_threads(int(a.threads));
   }
@@ -379,12 +387,18 @@ void Trainer::State::build_optimizer() {
     if (a.fp8_param_gather)
       dist->enable_fp8_param_gather(s.model_cfg, s.ps->tp().size() > 1 ? &s.ps->tp() : nullptr);
     s.opt = std::move(dist);
-    // fp32 main params + the moments (in their dtypes), against the same state held for
+    // The main params apart from the model's (none for f32/f64 models, the lower halves
+    // for split bf16 ones) + the moments (in their dtypes), against the same state held for
     // the whole buffer.
     const int64_t moment_bytes =
         int64_t(dtype_size(ocfg.exp_avg_dtype)) +
         (ocfg.rule == optim::UpdateRule::Adam ? int64_t(dtype_size(ocfg.exp_avg_sq_dtype)) : 0);
-    const int64_t full = (int64_t(sizeof(float)) + moment_bytes) * P.total_numel();
+    const DType pd = P.flat_params().dtype();
+    const int64_t main_bytes = pd == DType::F32 || pd == DType::F64 ? 0
+                               : optim::Optimizer::wants_split_main(pd) && !a.fp8_param_gather
+                                   ? 2
+                                   : 4;
+    const int64_t full = (main_bytes + moment_bytes) * P.total_numel();
     log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
               "{} bytes an unsharded optimizer holds{}",
               s.opt->state_bytes(), double(s.opt->state_bytes()) / double(full), full,

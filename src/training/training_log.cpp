@@ -389,7 +389,8 @@ std::string format_memory_line(int64_t iteration, uint64_t allocated, uint64_t m
 void TrainingLog::cuda_memory(int64_t iteration) {
   report_memory_ = false;
 #ifdef MCPP_HAVE_CUDA
-  if (ps_.dp_rank() != 0) return;
+  const bool fake = world_.backend() == "fake";  // the only process: it reports its rank
+  if (ps_.dp_rank() != 0 && !fake) return;
   const auto m = ops::cuda::memory_stats();
   std::optional<uint64_t> used;
   if (nvml_) {
@@ -398,10 +399,10 @@ void TrainingLog::cuda_memory(int64_t iteration) {
   }
   const std::string line =
       format_memory_line(iteration, m.in_use, m.peak, m.reserved, m.reserved_peak, used);
-  if (world_.size() > 1)
+  if (world_.size() > 1 && !fake)
     log::info_all("{}", line);  // the logger prefixes "[rank r]"
   else
-    log::info("[Rank 0] {}", line);
+    log::info("[Rank {}] {}", world_.rank(), line);
 #endif
 }
 
@@ -414,7 +415,7 @@ void TrainingLog::memory_plan(const StageMemory& m, int64_t have) {
         "memory plan: {} bytes of weights, gradients and optimizer state planned, {} "
         "allocated",
         m.weights_and_optimizer(), have);
-  if (ps_.dp_rank() == 0 && ps_.tp_rank() == 0)
+  if ((ps_.dp_rank() == 0 && ps_.tp_rank() == 0) || world_.backend() == "fake")
     log::write(log::Level::Info,
                fmt::format("Theoretical memory footprints: weight and optimizer={:.2f} MB, "
                            "activation={:.2f} MB, total={:.2f} MB | weights+grads+optimizer: "
@@ -428,7 +429,7 @@ void TrainingLog::memory_plan(const StageMemory& m, int64_t have) {
 
 // Like Megatron's memory report after the first iteration, for saved activations.
 void TrainingLog::activation_memory(int64_t iteration, const model::ActivationMemory& m) {
-  if (ps_.dp_rank() != 0 || ps_.tp_rank() != 0) return;
+  if ((ps_.dp_rank() != 0 || ps_.tp_rank() != 0) && world_.backend() != "fake") return;
   log::write(log::Level::Info,
              fmt::format("(after {} iterations) activations | peak saved: {:.2f} MB | "
                          "micro-batches in flight at the peak: {} | largest per "

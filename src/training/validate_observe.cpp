@@ -1,7 +1,10 @@
 // Validation of the observability flags (TensorBoard, timers, progress log): values in
 // range, and the flags that only act with --tensorboard-dir are errors without it (never
 // ignored), as are the straggler detector's without --log-straggler; so is --log-progress
-// without --save, whose folder holds progress.txt.
+// without --save, whose folder holds progress.txt, and checkpoints under
+// --fake-process-group.
+#include <utility>
+
 #include "base/error.h"
 #include "training/arguments.h"
 
@@ -66,6 +69,15 @@ void validate_observe(const Args& a) {
       MCPP_CHECK_HINT(!a.given.count(dest), "add --log-straggler, or drop the flag",
                       "{} configures the straggler detector, but no --log-straggler was given",
                       flag_name(dest));
+  // --fake-process-group plays one rank of the job: a checkpoint it wrote would hold that
+  // rank's shards alone, and one it read would give every other rank's state to nobody.
+  if (a.fake_process_group)
+    for (const auto& [flag, dir] : {std::pair{"--save", &a.save}, {"--load", &a.load},
+                                    {"--pretrained-checkpoint", &a.pretrained_checkpoint}})
+      MCPP_CHECK_HINT(!*dir, fmt::format("drop {} for the profiling run", flag),
+                      "--fake-process-group with {} {}: one process plays one rank of {} and "
+                      "exchanges nothing, so it neither writes nor reads the job's checkpoints",
+                      flag, **dir, a.world_size);
   if (a.tensorboard_dir) return;
   for (const char* dest :
        {"tensorboard_log_interval", "tensorboard_queue_size", "log_timers_to_tensorboard",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # precision_aware_optimizer.sh MEGATRON: --use-precision-aware-optimizer with bf16 Adam
 # moments under the distributed optimizer, end to end on the CPU:
-#   - the start-up line counts 4 + 2 + 2 bytes of state a parameter (fp32 main parameters
-#     of the f32 model's shard, two bf16 moments) against 12 with fp32 moments;
+#   - the start-up line counts 2 + 2 bytes of state a parameter (two bf16 moments; the f32
+#     model's own blocks are its main parameters) against 8 with fp32 moments;
 #   - the loss falls, and the checkpoint holds the moments as BF16 tensors;
 #   - Adam's default beta2 0.999 with a bf16 exp_avg_sq is warned about (it cannot decay);
 #   - a checkpoint with bf16 moments loads into a run with fp32 moments and the other way
@@ -27,7 +27,8 @@ run "$W/f32.log" --train-iters 12 --save "$W/f32" --save-interval 6
 run "$W/b16.log" --train-iters 12 --save "$W/b16" --save-interval 6 "${BF16[@]}"
 f=$(state_bytes "$W/f32.log") b=$(state_bytes "$W/b16.log")
 [ -n "$f" ] && [ -n "$b" ] || fail "no distributed optimizer line"
-[ $((b * 3)) -eq $((f * 2)) ] || fail "state bytes: bf16 moments $b, fp32 moments $f (want 2/3)"
+# The f32 model keeps no main copy: the state is the two moments, 4 + 4 bytes against 2 + 2.
+[ $((b * 2)) -eq "$f" ] || fail "state bytes: bf16 moments $b, fp32 moments $f (want 1/2)"
 python3 - "$(loss "$W/b16.log" 1)" "$(loss "$W/b16.log" 12)" <<'PY' || fail "loss did not fall"
 import sys
 a, b = map(float, sys.argv[1:])

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "comm/fake/fake_communicator.h"
 #include "comm/local/local_communicator.h"
 #include "comm/world.h"
 #include "parallel/parallel_state.h"
@@ -264,4 +265,104 @@ TEST(Launch, TorchrunErrorsNameTheVariable) {
             std::string::npos);
   EXPECT_NE(launch_error({{"LOCAL_RANK", "0"}}).find("HINT: torchrun sets RANK"),
             std::string::npos);
+}
+
+// ---- --fake-process-group: one process plays one rank; the others hold its data ------------
+
+TEST(FakeComm, EveryOtherMemberHoldsThisRanksData) {
+  // Group rank 2 of a group of 4 (world ranks 1, 3, 5, 7).
+  FakeCommunicator c("tp", {1, 3, 5, 7}, 2, std::chrono::seconds(5));
+  EXPECT_EQ(c.size(), 4);
+  EXPECT_EQ(c.world_rank(), 5);
+  EXPECT_EQ(c.backend(), "fake");
+  Stream& s = Stream::cpu();
+  Tensor x = iota({2, 3});
+  c.all_reduce(x, ReduceOp::Sum, s);  // floating point: this rank's values keep their scale
+  EXPECT_TRUE(same(x, iota({2, 3})));
+  Tensor n = Tensor::from(std::vector<int64_t>{3, -1}, {2});  // counts: four equal ones summed
+  c.all_reduce(n, ReduceOp::Sum, s);
+  EXPECT_EQ(n.data<int64_t>()[0], 12);
+  EXPECT_EQ(n.data<int64_t>()[1], -4);
+  x = iota({2, 3});
+  c.all_reduce(x, ReduceOp::Max, s);
+  EXPECT_TRUE(same(x, iota({2, 3})));
+  // all_gather: every block is this rank's.
+  Tensor g = Tensor::zeros({8, 3}, DType::F32);
+  c.all_gather(x, g, s);
+  for (int b = 0; b < 4; ++b) EXPECT_TRUE(same(g.narrow(2 * b, 2), x)) << "block " << b;
+  // reduce_scatter: this rank's block (rows 4..5); of counts, times the group's size.
+  Tensor in = iota({8, 3}), out = Tensor::zeros({2, 3}, DType::F32);
+  c.reduce_scatter(in, out, s);
+  EXPECT_TRUE(same(out, in.narrow(4, 2)));
+  Tensor counts = Tensor::from(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, {8});
+  Tensor mine = Tensor::zeros({2}, DType::I32);
+  c.reduce_scatter(counts, mine, s);
+  EXPECT_EQ(mine.data<int32_t>()[0], 20);
+  EXPECT_EQ(mine.data<int32_t>()[1], 24);
+  // all_to_all: every block of out is the block this rank sends to itself (block 2).
+  Tensor a2a = Tensor::zeros({8, 3}, DType::F32);
+  c.all_to_all(in, a2a, s);
+  for (int b = 0; b < 4; ++b) EXPECT_TRUE(same(a2a.narrow(2 * b, 2), in.narrow(4, 2)));
+  // all_to_allv with the counts its all_to_all gives: 3 rows to itself, so 3 from everyone.
+  Tensor rows_in = iota({7, 3});
+  std::vector<int64_t> send{1, 2, 3, 1}, recv{3, 3, 3, 3};
+  Tensor v = Tensor::empty({12, 3}, DType::F32);
+  c.all_to_allv(rows_in, send, v, recv, s);
+  for (int b = 0; b < 4; ++b) EXPECT_TRUE(same(v.narrow(3 * b, 3), rows_in.narrow(3, 3)));
+  // A count that cannot come from this rank's data: zeros.
+  std::vector<int64_t> odd{3, 3, 2, 4};
+  c.all_to_allv(rows_in, send, v, odd, s);
+  for (int64_t i = 6 * 3; i < 12 * 3; ++i) EXPECT_EQ(v.data<float>()[i], 0.f) << i;
+  // recv: zeros; send and barrier: nothing; broadcast: unchanged.
+  Tensor r = iota({2, 3});
+  c.recv(r, 1, s);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(r.data<float>()[i], 0.f);
+  c.send(x, 3, s);
+  c.broadcast(x, 0, s);
+  c.barrier(s);
+  EXPECT_TRUE(same(x, iota({2, 3})));
+  EXPECT_EQ(c.stats().calls[int(OpKind::AllReduce)], 3u);
+  EXPECT_EQ(c.stats().calls[int(OpKind::ReduceScatter)], 2u);
+  EXPECT_EQ(c.stats().calls[int(OpKind::AllToAllV)], 2u);
+}
+
+TEST(FakeComm, WorldAndGroupsOfTheRankPlayed) {
+  // Rank 5 of 8 at TP 2 x PP 2 x DP 2: its groups keep their real sizes and its places.
+  const Env env = {{"WORLD_SIZE", "8"}, {"RANK", "5"}};
+  LaunchInfo li = fake_launch(env_of(env));
+  EXPECT_EQ(li.launcher, "fake");
+  EXPECT_EQ(li.size, 8);
+  EXPECT_EQ(li.rank, 5);
+  auto w = make_fake_world(li, std::chrono::seconds(5));
+  EXPECT_EQ(w->size(), 8);
+  EXPECT_EQ(w->rank(), 5);
+  EXPECT_EQ(w->backend(), "fake");
+  parallel::ParallelSizes sizes;
+  sizes.tp = 2, sizes.pp = 2;
+  parallel::ParallelState ps(*w, sizes);
+  EXPECT_EQ(ps.tp().size(), 2);
+  EXPECT_EQ(ps.dp().size(), 2);
+  EXPECT_EQ(ps.tp_rank(), 1);
+  EXPECT_EQ(ps.pp_rank(), 1);
+  EXPECT_EQ(ps.dp_rank(), 0);
+  EXPECT_EQ(ps.tp().backend(), "fake");
+  EXPECT_EQ(ps.tp().ranks(), (std::vector<int>{4, 5}));
+}
+
+TEST(FakeComm, LaunchErrorsNameTheVariable) {
+  auto err = [](const Env& m) { return error_of([&] { fake_launch(env_of(m)); }); };
+  EXPECT_NE(err({{"RANK", "0"}}).find("environment variable WORLD_SIZE is not set"),
+            std::string::npos);
+  EXPECT_NE(err({{"WORLD_SIZE", "8"}}).find("environment variable RANK is not set"),
+            std::string::npos);
+  EXPECT_NE(err({{"WORLD_SIZE", "8"}, {"RANK", "8"}}).find("RANK=8 is not below WORLD_SIZE=8"),
+            std::string::npos);
+  EXPECT_NE(err({{"WORLD_SIZE", "-2"}, {"RANK", "0"}}).find("WORLD_SIZE='-2' is not a"),
+            std::string::npos);
+  EXPECT_NE(err({{"WORLD_SIZE", "8"}, {"RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})
+                .find("launched with OMPI_COMM_WORLD_SIZE=2"),
+            std::string::npos);
+  // A launcher of one process is fine (mpirun -np 1).
+  const Env one = {{"WORLD_SIZE", "8"}, {"RANK", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}};
+  EXPECT_EQ(fake_launch(env_of(one)).size, 8);
 }
