@@ -285,4 +285,28 @@ std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
   return build_blend(blend, split_matrix(parse_split(a.split)), a.num_samples, direct, cfg, a);
 }
 
+std::vector<std::shared_ptr<GPTSampleSource>> build_validation_sets(const GPTDatasetsArgs& a) {
+  if (a.seq_length <= 0) throw Error("--seq-length must be positive");
+  if (!a.per_split[1])
+    throw Error("--multiple-validation-sets: no --valid-data-path (or \"valid\" entry of "
+                "--per-split-data-args-path) lists the validation sets",
+                "give the sets as --valid-data-path PREFIX1 PREFIX2 ...");
+  const Blend blend = parse_data_path(*a.per_split[1], "--valid-data-path");
+  if (!blend.weights.empty())
+    throw Error(fmt::format("--multiple-validation-sets with weights in --valid-data-path ({} "
+                            "prefixes): each set is evaluated alone, a weight would mean nothing",
+                            blend.prefixes.size()),
+                "list the prefixes without weights");
+  GPTDatasetConfig cfg = make_config(a);
+  cfg.split_spec = "None";
+  Matrix matrix(3);
+  matrix[1] = std::pair(0.0, 1.0);
+  Sizes sizes{};
+  sizes[1] = a.num_samples[1];
+  std::vector<std::shared_ptr<GPTSampleSource>> out;
+  for (const auto& prefix : blend.prefixes)
+    out.push_back(build_blend(Blend{{prefix}, {}}, matrix, sizes, true, cfg, a)[1]);
+  return out;
+}
+
 }  // namespace mcpp::data

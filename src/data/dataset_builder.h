@@ -81,4 +81,11 @@ std::array<std::optional<std::vector<std::string>>, 3> read_per_split_data_args(
 std::array<std::shared_ptr<GPTSampleSource>, 3> build_train_valid_test_datasets(
     const GPTDatasetsArgs& args);
 
+// --multiple-validation-sets: each prefix of the per-split validation blend
+// (--valid-data-path) as its own dataset, in the order given, as Megatron's builder makes
+// them (the whole prefix; num_samples[1] samples, or its one epoch when unset). Weights in
+// the list are an error (each prefix is evaluated alone), as is a run without per-split
+// validation data.
+std::vector<std::shared_ptr<GPTSampleSource>> build_validation_sets(const GPTDatasetsArgs& args);
+
 }  // namespace mcpp::data

@@ -9,8 +9,16 @@ namespace mcpp::data {
 
 model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,
                                    int64_t j, int64_t& sample_offset, GPTSample& scratch) {
-  const int64_t mbs = b.micro_batch_size, S = b.seq_length;
+  const int64_t mbs = b.micro_batch_size;
   sample_offset = j * mbs * b.dp_size + b.dp_rank * mbs;
+  std::vector<int64_t> idx(static_cast<size_t>(mbs));
+  for (int64_t i = 0; i < mbs; ++i) idx[size_t(i)] = (consumed + sample_offset + i) % ds.size();
+  return load_samples(ds, b, idx, scratch);
+}
+
+model::MicroBatch load_samples(const GPTSampleSource& ds, const BatchShape& b,
+                               std::span<const int64_t> samples, GPTSample& scratch) {
+  const int64_t mbs = int64_t(samples.size()), S = b.seq_length;
   model::MicroBatch mb;
   mb.tokens = Tensor::empty({mbs, S}, DType::I64);
   mb.labels = Tensor::empty({mbs, S}, DType::I64);
@@ -18,8 +26,7 @@ model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& 
   if (b.reset_position_ids) mb.position_ids = Tensor::empty({mbs, S}, DType::I64);
   if (b.reset_attention_mask) mb.key_start = Tensor::empty({mbs, S}, DType::I64);
   for (int64_t i = 0; i < mbs; ++i) {
-    const int64_t idx = (consumed + sample_offset + i) % ds.size();
-    ds.get(idx, scratch);
+    ds.get(samples[size_t(i)], scratch);
     MCPP_CHECK(int64_t(scratch.tokens.size()) == S, "dataset returned {} tokens, expected {}",
                scratch.tokens.size(), S);
     std::copy(scratch.tokens.begin(), scratch.tokens.end(), mb.tokens.data<int64_t>() + i * S);

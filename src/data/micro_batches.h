@@ -5,6 +5,7 @@
 // micro-batches) never changes what is learned (ARCHITECTURE.md, data order).
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "data/gpt_dataset.h"
@@ -35,6 +36,10 @@ struct LocalBatch {
 // offset in the global batch in `sample_offset`. `scratch` is reused between calls.
 model::MicroBatch load_micro_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,
                                    int64_t j, int64_t& sample_offset, GPTSample& scratch);
+// A micro-batch of the given samples (b.micro_batch_size is not read): the full-validation
+// sampler's one-sample micro-batches.
+model::MicroBatch load_samples(const GPTSampleSource& ds, const BatchShape& b,
+                               std::span<const int64_t> samples, GPTSample& scratch);
 // All num_microbatches of them.
 LocalBatch load_local_batch(const GPTSampleSource& ds, const BatchShape& b, int64_t consumed,
                             GPTSample& scratch);

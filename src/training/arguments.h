@@ -166,6 +166,13 @@ struct Args {
   // now); --start-eval-at-iter: no periodic evaluation before that iteration.
   std::optional<int64_t> eval_global_batch_size, eval_micro_batch_size, start_eval_at_iter;
   int64_t eval_num_microbatches = 0;  // derived: eval global batch / (micro-batch x DP)
+  // --full-validation: every evaluation reads the validation set's epoch (Megatron's full
+  // validation sampler: one sample a micro-batch, DP rank r reading samples r, r + DP, ...,
+  // cyclically, for ceil(N / DP) iterations); --multiple-validation-sets (needs it): each
+  // prefix of --valid-data-path is its own set with its own loss, named by
+  // --validation-set-names or by its index (data/validation_sets.h, trainer.cpp).
+  bool full_validation = false, multiple_validation_sets = false;
+  std::vector<std::string> validation_set_names;
   int64_t log_interval = 100;
   bool log_throughput = false;
   // --log-progress: lines appended to <--save>/progress.txt at the start of the job and at

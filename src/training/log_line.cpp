@@ -51,8 +51,9 @@ std::string format_iteration_line(const IterationLog& l) {
 }
 
 std::string format_validation_line(const std::string& where,
-                                   const std::vector<std::pair<std::string, double>>& losses) {
-  std::string s = fmt::format(" validation loss at {} | ", where);
+                                   const std::vector<std::pair<std::string, double>>& losses,
+                                   const std::string& suffix) {
+  std::string s = fmt::format(" validation{} loss at {} | ", suffix, where);
   for (const auto& [name, value] : losses) {
     s += fmt::format("{} value: {:.6E} | ", name, value);
     s += fmt::format("{} PPL: {:.6E} | ", name, std::exp(std::min(20.0, value)));

@@ -35,9 +35,11 @@ struct IterationLog {
 std::string format_iteration_line(const IterationLog& log);
 
 // " validation loss at iteration 100 | lm loss value: 5.000000E+00 | lm loss PPL: 1.484132E+02 | "
-// PPL = exp(min(20, loss)), as Megatron. `where` is e.g. "iteration 100".
+// PPL = exp(min(20, loss)), as Megatron. `where` is e.g. "iteration 100"; `suffix` names
+// one of several validation sets (" validation-wiki loss at ...").
 std::string format_validation_line(const std::string& where,
-                                   const std::vector<std::pair<std::string, double>>& losses);
+                                   const std::vector<std::pair<std::string, double>>& losses,
+                                   const std::string& suffix = "");
 // The dashed rule Megatron prints above and below the validation line.
 std::string validation_rule(const std::string& validation_line);
 

@@ -43,6 +43,11 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
   log->section("batch-generator", true, 2);
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
   log->section("batch-generator", false, 2);
+  return run_batch(batch, gbs, it, training);
+}
+
+std::pair<double, double> Trainer::State::run_batch(const data::LocalBatch& batch, int64_t gbs,
+                                                    int64_t it, bool training) {
   // The gradient scale of each micro-batch from global token counts (forward_backward.h:
   // Megatron's per-micro-batch mean, or --calculate-per-token-loss), so every split of the
   // batch over DP, CP and micro-batches trains the same function. The logged loss is the
@@ -142,6 +147,34 @@ StepResult Trainer::State::train_step() {
   }
   log->section("optimizer", false);
   return r;
+}
+
+// Megatron's full validation: micro-batches of one sample, DP rank r reading samples r,
+// r + DP, ... of the set's epoch (MegatronFullValidationSampler), cyclically (a rank with
+// fewer samples starts its own over, and the next evaluation goes on from where this one
+// stopped), for v.iters iterations of --eval-global-batch-size's micro-batch count.
+double Trainer::State::evaluate_full(ValidSet& v) {
+  const int64_t n = v.ds->size(), dp = args.data_parallel_size, r = ps->dp_rank();
+  const int64_t mine = (n - r + dp - 1) / dp;  // >= 1: start-up checked n >= DP
+  data::BatchShape shape{1, args.seq_length, args.eval_num_microbatches, dp, r,
+                         args.context_parallel_size, ps->cp_rank(), args.reset_position_ids,
+                         args.reset_attention_mask};
+  shape.mtp_depths = args.mtp_num_layers.value_or(0);
+  double loss = 0, tokens = 0;
+  for (int64_t k = 0; k < v.iters; ++k) {
+    data::LocalBatch batch;
+    for (int64_t j = 0; j < args.eval_num_microbatches; ++j) {
+      const int64_t idx[1] = {(v.cursor++ % mine) * dp + r};
+      batch.micro_batches.push_back(data::load_samples(*v.ds, shape, idx, sample));
+      batch.sample_offsets.push_back(j * dp + r);
+      const Tensor& m = batch.micro_batches.back().loss_mask;
+      for (int64_t i = 0; i < m.numel(); ++i) batch.loss_tokens += m.data<float>()[i];
+    }
+    auto [l, t] = run_batch(batch, *args.eval_global_batch_size, 0, false);
+    loss += l, tokens += t;
+    consumed_valid += *args.eval_global_batch_size;  // as Megatron counts it
+  }
+  return tokens > 0 ? loss / tokens : 0.0;
 }
 
 double Trainer::State::evaluate(int split, int64_t& consumed) {
@@ -286,8 +319,8 @@ void Trainer::State::check_weight_hashes() {
 
 namespace {
 
-void print_validation(const std::string& where, double loss) {
-  std::string line = format_validation_line(where, {{"lm loss", loss}});
+void print_validation(const std::string& suffix, const std::string& where, double loss) {
+  std::string line = format_validation_line(where, {{"lm loss", loss}}, suffix);
   std::string rule = validation_rule(line);
   log::info("{}\n{}\n{}", rule, line, rule);
 }
@@ -384,11 +417,16 @@ TrainSummary Trainer::run() {
     }
     s.log->tensorboard_iteration(iteration, st);
     if (s.log->due(iteration)) s.log->log_interval(iteration, st);
-    if (a.eval_interval && iteration % *a.eval_interval == 0 && s.datasets[1] &&
+    if (a.eval_interval && iteration % *a.eval_interval == 0 && !s.valid_sets.empty() &&
         iteration >= a.start_eval_at_iter.value_or(0)) {
-      out.last_valid_loss = s.evaluate(1, s.consumed_valid);
-      print_validation("iteration " + std::to_string(iteration), out.last_valid_loss);
-      s.log->tensorboard_validation(iteration, s.consumed_train, out.last_valid_loss);
+      for (auto& v : s.valid_sets) {
+        out.last_valid_loss = a.full_validation ? s.evaluate_full(v)
+                                                : s.evaluate(1, s.consumed_valid);
+        print_validation(v.suffix, "iteration " + std::to_string(iteration),
+                         out.last_valid_loss);
+        s.log->tensorboard_validation(iteration, s.consumed_train, out.last_valid_loss,
+                                      v.suffix);
+      }
       s.log->restart_interval();  // evaluation time is not training time
     }
     // After evaluation and before the checkpoint, as Megatron's post-training-step callbacks.
@@ -427,15 +465,17 @@ TrainSummary Trainer::run() {
   if (a.save && !saved_now && iteration > start_iteration) s.save();
   if (s.async_saver) s.finish_async_save(/*blocking=*/true);
   log::info("after training is done");
-  if (s.datasets[1] && a.eval_interval) {
-    out.last_valid_loss = s.evaluate(1, s.consumed_valid);
-    print_validation("iteration " + std::to_string(iteration) + " on validation set",
-                     out.last_valid_loss);
-  }
+  if (a.eval_interval)
+    for (auto& v : s.valid_sets) {
+      out.last_valid_loss =
+          a.full_validation ? s.evaluate_full(v) : s.evaluate(1, s.consumed_valid);
+      print_validation(v.suffix, "iteration " + std::to_string(iteration) + " on validation set",
+                       out.last_valid_loss);
+    }
   if (s.datasets[2] && a.eval_interval) {
     int64_t consumed_test = 0;
     double test = s.evaluate(2, consumed_test);
-    print_validation("iteration " + std::to_string(iteration) + " on test set", test);
+    print_validation("", "iteration " + std::to_string(iteration) + " on test set", test);
   }
   return finish();
 }

@@ -431,6 +431,47 @@ void Trainer::State::build_optimizer() {
   s.log->memory_plan(s.plan, have);
 }
 
+// The validation sets (State::valid_sets): with --multiple-validation-sets each prefix of
+// --valid-data-path (built alone: `sets`), or --data-path's validation split as the one
+// set, each named; --full-validation sizes each evaluation to the set's epoch, which every
+// DP rank must have a sample of (Megatron's sampler fails on a rank without one).
+void Trainer::State::build_validation_sets(
+    std::vector<std::shared_ptr<data::GPTSampleSource>> sets) {
+  auto& s = *this;
+  const Args& a = s.args;
+  s.valid_sets.clear();
+  if (a.multiple_validation_sets && sets.empty() && s.datasets[1])
+    sets.push_back(s.datasets[1]);  // --data-path's validation split: one set, as in Megatron
+  if (a.multiple_validation_sets) {
+    const auto& names = a.validation_set_names;
+    MCPP_CHECK_HINT(names.empty() || names.size() == sets.size(),
+                    "give one name per validation prefix",
+                    "--validation-set-names gives {} names for {} validation sets",
+                    a.validation_set_names.size(), sets.size());
+    for (size_t k = 0; k < sets.size(); ++k)
+      s.valid_sets.push_back({sets[k], "-" + (names.empty() ? std::to_string(k) : names[k])});
+  } else if (s.datasets[1]) {
+    s.valid_sets.push_back({s.datasets[1], ""});
+  }
+  for (auto& v : s.valid_sets) {
+    if (a.full_validation) {
+      const int64_t n = v.ds->size(), dp = a.data_parallel_size;
+      MCPP_CHECK_HINT(n >= dp, "give a larger validation set, or fewer data-parallel ranks",
+                      "--full-validation: validation set{} has {} samples, fewer than the {} "
+                      "data-parallel ranks that each read one",
+                      v.suffix, n, dp);
+      v.iters = (n + dp - 1) / dp;
+    }
+    if (a.multiple_validation_sets || a.full_validation)
+      log::info("    validation{}: {}{}", v.suffix, v.ds->describe(),
+                a.full_validation
+                    ? fmt::format(" | full validation: {} iterations of {} one-sample "
+                                  "micro-batches", v.iters, a.eval_num_microbatches)
+                    : std::string());
+  }
+}
+
+
 // The train, validation and test datasets (Megatron's build_train_valid_test_datasets).
 void Trainer::State::build_datasets() {
   auto& s = *this;
@@ -453,8 +494,8 @@ void Trainer::State::build_datasets() {
   d.vocab_size = s.tok->vocab_size();
   d.padded_vocab_size = *a.padded_vocab_size;  // dataset ids checked when opened
   // Which splits the run reads: a split that rounds to no sequences is an error only then.
-  d.reads = {!a.skip_train, a.eval_interval && a.eval_iters > 0,
-             a.eval_interval && a.eval_iters > 0};
+  const bool evaluates = a.eval_interval && (a.eval_iters > 0 || a.full_validation);
+  d.reads = {!a.skip_train, evaluates, a.eval_interval && a.eval_iters > 0};
   d.eod_mask_loss = a.eod_mask_loss;
   d.reset_position_ids = a.reset_position_ids, d.reset_attention_mask = a.reset_attention_mask;
   d.data_cache_path = a.data_cache_path.value_or("");
@@ -465,17 +506,29 @@ void Trainer::State::build_datasets() {
   if (a.eval_interval)
     d.num_samples[1] = data::validation_samples(a.train_iters, *a.eval_interval, a.eval_iters,
                                                 egbs, a.start_eval_at_iter);
+  if (a.full_validation) d.num_samples[1].reset();  // each evaluation reads the whole epoch
   d.num_samples[2] = a.eval_iters * egbs;
   log::info("> building train, validation, and test datasets ...");
   // With --data-cache-path rank 0 builds (and caches) the indices first, as Megatron
   // does; the other ranks then read its cache instead of all writing the same files.
+  // --multiple-validation-sets over --valid-data-path: each prefix alone, not their blend.
+  std::vector<std::shared_ptr<data::GPTSampleSource>> sets;
+  data::GPTDatasetsArgs rest = d;
+  const bool own_sets = a.multiple_validation_sets && d.per_split[1].has_value();
+  if (own_sets) rest.per_split[1].reset();
+  const bool others = !own_sets || std::any_of(rest.per_split.begin(), rest.per_split.end(),
+                                               [](const auto& p) { return p.has_value(); });
+  auto build = [&] {
+    if (own_sets) sets = data::build_validation_sets(d);
+    if (others) s.datasets = data::build_train_valid_test_datasets(rest);
+  };
   comm::Communicator& w = s.world->world();
   if (!d.data_cache_path.empty() && w.size() > 1) {
-    if (w.rank() == 0) s.datasets = data::build_train_valid_test_datasets(d);
+    if (w.rank() == 0) build();
     w.barrier(ops::default_stream(Device::CPU));
-    if (w.rank() != 0) s.datasets = data::build_train_valid_test_datasets(d);
+    if (w.rank() != 0) build();
   } else {
-    s.datasets = data::build_train_valid_test_datasets(d);
+    build();
   }
   const bool per_split = std::any_of(d.per_split.begin(), d.per_split.end(),
                                      [](const auto& w) { return w.has_value(); });
@@ -486,9 +539,10 @@ void Trainer::State::build_datasets() {
                   "no training dataset was built ({})",
                   per_split ? "no train data path" : "--split " + d.split);
   for (int i = 0; i < 3; ++i)
-    if (s.datasets[i])
+    if (s.datasets[i] && (i != 1 || !(a.multiple_validation_sets || a.full_validation)))
       log::info("    {}: {}", i == 0 ? "train" : i == 1 ? "validation" : "test",
                 s.datasets[i]->describe());
+  build_validation_sets(std::move(sets));
 }
 
 Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "checkpoint/async_saver.h"
@@ -69,6 +70,17 @@ struct Trainer::State {
   std::unique_ptr<TrainingLog> log;
   Device device = Device::CPU;  // --device, resolved
   std::array<std::shared_ptr<data::GPTSampleSource>, 3> datasets;
+  // The validation sets Megatron's valid iterators read: datasets[1], or with
+  // --multiple-validation-sets each --valid-data-path prefix; the log's suffix ("" for one
+  // set; "-NAME" or "-INDEX" for several) and, with --full-validation, this DP rank's place
+  // in its cyclic one-sample sampler (0 at every start, as Megatron's) and the iterations
+  // of one evaluation (ceil(samples / DP): what the DP rank with the most samples reads).
+  struct ValidSet {
+    std::shared_ptr<data::GPTSampleSource> ds;
+    std::string suffix;
+    int64_t cursor = 0, iters = 0;
+  };
+  std::vector<ValidSet> valid_sets;
   int64_t consumed_train = 0, consumed_valid = 0;
   int64_t skipped_train = 0;  // samples of --iterations-to-skip, counted in consumed_train
   int64_t skipped_iters = 0, nan_iters = 0;
@@ -102,13 +114,19 @@ struct Trainer::State {
   void build_model();
   void build_optimizer();
   void build_datasets();
+  // valid_sets from --multiple-validation-sets' own datasets (else datasets[1]).
+  void build_validation_sets(std::vector<std::shared_ptr<data::GPTSampleSource>> sets);
 
   // trainer.cpp
   std::pair<double, double> forward_backward(const data::GPTSampleSource& ds, int64_t consumed,
                                              int64_t iteration, bool training);
   void finalize_grads();
   StepResult train_step();
+  // The forward (and, training, backward) of a loaded batch: {loss sum, tokens} over DP x CP.
+  std::pair<double, double> run_batch(const data::LocalBatch& batch, int64_t global_batch,
+                                      int64_t iteration, bool training);
   double evaluate(int split, int64_t& consumed);
+  double evaluate_full(ValidSet& v);  // --full-validation: one epoch of v
   checkpoint::TrainingState training_state() const;
   void save();
   // --ckpt-format torch: what the legacy layout's saves need (megatron_train.h).

@@ -172,14 +172,16 @@ void TrainingLog::tensorboard_iteration(int64_t it, const IntervalState& s) {
 #endif
 }
 
-void TrainingLog::tensorboard_validation(int64_t it, int64_t samples, double loss) {
+void TrainingLog::tensorboard_validation(int64_t it, int64_t samples, double loss,
+                                         const std::string& suffix) {
   if (!tb_) return;
-  tb_->add_scalar("lm loss validation", loss, it);
-  tb_->add_scalar("lm loss validation vs samples", loss, samples);
+  const std::string tag = "lm loss validation" + suffix;
+  tb_->add_scalar(tag, loss, it);
+  tb_->add_scalar(tag + " vs samples", loss, samples);
   if (a_.log_validation_ppl_to_tensorboard) {
     const double ppl = std::exp(std::min(20.0, loss));  // Megatron's PPL, capped at e^20
-    tb_->add_scalar("lm loss validation ppl", ppl, it);
-    tb_->add_scalar("lm loss validation ppl vs samples", ppl, samples);
+    tb_->add_scalar(tag + " ppl", ppl, it);
+    tb_->add_scalar(tag + " ppl vs samples", ppl, samples);
   }
   tb_->flush();
 }

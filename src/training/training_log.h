@@ -109,7 +109,9 @@ class TrainingLog {
   // --tensorboard-log-interval (nothing without --tensorboard-dir or off the last rank).
   void tensorboard_iteration(int64_t iteration, const IntervalState& s);
   // An evaluation's loss: "lm loss validation" (and "... ppl") at `iteration` and vs samples.
-  void tensorboard_validation(int64_t iteration, int64_t consumed_samples, double loss);
+  // suffix: one of several validation sets ("-wiki"), in the tags as Megatron writes them.
+  void tensorboard_validation(int64_t iteration, int64_t consumed_samples, double loss,
+                              const std::string& suffix = "");
 
   // The memory plan before the first step (per pipeline stage, on TP rank 0 of DP rank 0),
   // and a warning when the allocated weights, gradients and optimizer state differ from it.

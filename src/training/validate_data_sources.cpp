@@ -1,8 +1,10 @@
 // Where the training data comes from (Megatron's rule: at most one source): --mock-data,
 // --data-path / --data-args-path (one blend split by --split), or --train-data-path /
 // --valid-data-path / --test-data-path / --per-split-data-args-path (each split its own
-// blend, no --split). The files themselves are read when the datasets are built.
+// blend, no --split). The files themselves are read when the datasets are built. Also the
+// rules of --full-validation, --multiple-validation-sets and --validation-set-names.
 #include "base/error.h"
+#include "base/log.h"
 #include "training/arguments.h"
 
 namespace mcpp::training {
@@ -41,6 +43,23 @@ void validate_data_sources(Args& a, bool training) {
                     "add --train-data-path PREFIX, or --skip-train",
                     "--valid/test-data-path without --train-data-path: nothing to train on");
   if (blend && !a.split) a.split = "969, 30, 1";  // Megatron's default, warned
+  // Full validation and several validation sets, as Megatron-LM allows them.
+  MCPP_CHECK_HINT(!a.multiple_validation_sets || a.full_validation,
+                  "add --full-validation (each set is then read whole at every evaluation)",
+                  "--multiple-validation-sets needs --full-validation (Megatron-LM: "
+                  "\"--multiple-validation-sets currently requires --full-validation\")");
+  MCPP_CHECK_HINT(a.validation_set_names.empty() || a.multiple_validation_sets,
+                  "add --multiple-validation-sets, or drop --validation-set-names",
+                  "--validation-set-names requires --multiple-validation-sets");
+  MCPP_CHECK_HINT(!a.full_validation || a.pipeline_model_parallel_size == 1 ||
+                      a.micro_batch_size == 1,
+                  "use --micro-batch-size 1, or drop --full-validation",
+                  "--full-validation evaluates micro-batches of one sample, but the {} pipeline "
+                  "stages exchange activations of --micro-batch-size {} (Megatron-LM's "
+                  "pipeline fails there too)",
+                  a.pipeline_model_parallel_size, a.micro_batch_size);
+  if (a.full_validation && !a.eval_interval)
+    log::warn("--full-validation without --eval-interval: no evaluation runs");
 }
 
 }  // namespace mcpp::training

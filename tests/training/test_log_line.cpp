@@ -76,6 +76,10 @@ TEST(LogLine, ValidationLine) {
   // PPL is exp(min(20, loss)).
   EXPECT_NE(format_validation_line("iteration 1", {{"lm loss", 30.0}}).find("PPL: 4.851652E+08"),
             std::string::npos);
+  // One of several validation sets (--multiple-validation-sets): Megatron's suffix.
+  EXPECT_EQ(format_validation_line("iteration 5", {{"lm loss", 5.0}}, "-wiki")
+                .rfind(" validation-wiki loss at iteration 5 | lm loss value: 5.000000E+00", 0),
+            0u);
 }
 
 TEST(LogLine, NowTimestampShape) {
