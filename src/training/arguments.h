@@ -98,6 +98,11 @@ struct Args {
   // Batch and training length.
   int64_t micro_batch_size = 0;
   int64_t global_batch_size = 0;  // derived: mbs * DP
+  // --decrease-batch-size-if-needed: a global batch that MBS x DP does not divide is rounded
+  // down to a multiple (Megatron's running global batch size; fewer DP ranks after a
+  // failure keep training); the samples it lacks, counted as skipped at every step.
+  bool decrease_batch_size_if_needed = false;
+  int64_t batch_size_deficit = 0;  // derived
   int64_t train_iters = 0;        // derived from train_samples // gbs when sample-based
   std::optional<int64_t> train_samples;
   bool skip_train = false;

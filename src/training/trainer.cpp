@@ -386,6 +386,7 @@ TrainSummary Trainer::run() {
     const StepResult r = s.train_step();
     profiler.after_step(iteration);
     s.consumed_train += gbs;
+    s.skipped_train += a.batch_size_deficit;  // --decrease-batch-size-if-needed, as Megatron
     s.flops_so_far += flops_per_iter;
     if (iteration == first_step + 1) {
       s.log->activation_memory(iteration, s.model->activation_memory());

@@ -82,7 +82,9 @@ struct Trainer::State {
   };
   std::vector<ValidSet> valid_sets;
   int64_t consumed_train = 0, consumed_valid = 0;
-  int64_t skipped_train = 0;  // samples of --iterations-to-skip, counted in consumed_train
+  // samples of --iterations-to-skip (counted in consumed_train too) and the global batch's
+  // deficit of every step under --decrease-batch-size-if-needed (not consumed)
+  int64_t skipped_train = 0;
   int64_t skipped_iters = 0, nan_iters = 0;
   data::GPTSample sample;  // scratch of the micro-batch assembly
   int64_t iteration = 0;

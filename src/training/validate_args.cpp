@@ -270,6 +270,22 @@ void validate_batch(Args& a) {
   // Batch: global = micro * DP * num_microbatches.
   const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
   if (!a.was_given("global_batch_size")) a.global_batch_size = per_step;
+  if (a.global_batch_size % per_step != 0 && a.decrease_batch_size_if_needed &&
+      a.global_batch_size > per_step) {
+    MCPP_CHECK_HINT(!a.rampup_batch_size,
+                    "give a --global-batch-size that --micro-batch-size x DP divides, or drop "
+                    "--rampup-batch-size",
+                    "--decrease-batch-size-if-needed with --rampup-batch-size is not "
+                    "implemented yet");
+    const int64_t running = a.global_batch_size / per_step * per_step;
+    log::info("decreasing batch size from {} to {} to keep divisibility by micro_batch_size={} "
+              "* data_parallel_size={} (--decrease-batch-size-if-needed: {} samples a step "
+              "counted as skipped)",
+              a.global_batch_size, running, a.micro_batch_size, a.data_parallel_size,
+              a.global_batch_size - running);
+    a.batch_size_deficit = a.global_batch_size - running;
+    a.global_batch_size = running;
+  }
   if (a.global_batch_size % per_step != 0) {
     const int64_t lo = a.global_batch_size / per_step * per_step;
     throw Error(
@@ -277,8 +293,9 @@ void validate_batch(Args& a) {
                     "data-parallel size {} = {}",
                     a.global_batch_size, a.micro_batch_size, a.data_parallel_size, per_step),
         fmt::format(
-            "use a multiple of {}, e.g. {}", per_step,
-            lo > 0 ? fmt::format("{} or {}", lo, lo + per_step) : std::to_string(per_step)));
+            "use a multiple of {}, e.g. {}{}", per_step,
+            lo > 0 ? fmt::format("{} or {}", lo, lo + per_step) : std::to_string(per_step),
+            lo > 0 ? " (or add --decrease-batch-size-if-needed to round it down)" : ""));
   }
   a.num_microbatches = a.global_batch_size / per_step;
   // Evaluation's batch (Megatron: --eval-global-batch-size defaults to the global batch,
@@ -538,7 +555,8 @@ void validate_optimizer(Args& a) {
                     "can only specify one of --lr-warmup-fraction ({}) and --lr-warmup-samples "
                     "({})",
                     a.lr_warmup_fraction.value_or(0), a.lr_warmup_samples);
-    a.train_iters = *a.train_samples / a.global_batch_size;  // Megatron's update_train_iters
+    // Megatron's update_train_iters, by the global batch as given (before any decrease)
+    a.train_iters = *a.train_samples / (a.global_batch_size + a.batch_size_deficit);
     if (!a.lr_decay_samples) a.lr_decay_samples = a.train_samples;
     if (a.lr_decay_style == "WSD")
       MCPP_CHECK_HINT(a.lr_wsd_decay_samples.has_value(),
