@@ -5,9 +5,9 @@
 #     (global batch 8 = 4 one-sample micro-batches an iteration: Megatron's cyclic sampler
 #     reads each sample 4 times) equals an ordinary evaluation that reads b's one epoch once
 #     (micro-batch 1, --eval-global-batch-size 211), to the log line's digits;
-#   - sets b and c, named: every validation line carries its set's name, and each set's
-#     losses (iterations 5 and 10, and after training) equal those of a run validating that
-#     set alone with the same training;
+#   - sets b and c, named: every validation line (and TensorBoard tag) carries its set's
+#     name, and each set's losses (iterations 5 and 10, and after training) equal those of a
+#     run validating that set alone with the same training;
 #   - errors naming the cause: --multiple-validation-sets without --full-validation, names
 #     without several sets, three names for two sets, weights in the list, pipeline stages
 #     with micro-batches of 2 (a fake rank of a 2-stage job), and fewer samples than
@@ -57,7 +57,10 @@ o=$(vloss "$W/once.log" "" "iteration 0 on validation set")
 TRAIN=(--train-iters 10 --micro-batch-size 2 --train-data-path "$A" --eval-interval 5
   --full-validation)
 run "$W/two.log" "${TRAIN[@]}" --valid-data-path "$B" "$C" --multiple-validation-sets \
-  --validation-set-names bset cset
+  --validation-set-names bset cset --tensorboard-dir "$W/tb"
+for tag in "lm loss validation-bset" "lm loss validation-cset vs samples"; do
+  cat "$W"/tb/* | grep -aqF "$tag" || fail "no TensorBoard tag '$tag'"
+done
 run "$W/b.log" "${TRAIN[@]}" --valid-data-path "$B"
 run "$W/c.log" "${TRAIN[@]}" --valid-data-path "$C"
 n=0
