@@ -10,25 +10,16 @@ set -euo pipefail
 M=$1
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
+source "$(dirname "$0")/train_log_lib.sh"  # abc_datasets
+abc_datasets "$M" "$W"
 python3 - "$W" <<'PY'
-import json, random, sys
-random.seed(11)
-for name, n, base in (("a", 300, 0), ("b", 120, 200), ("c", 150, 350)):
-    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
-        for _ in range(n):
-            start = random.randrange(100)
-            toks = [str(base + (start + i) % 150) for i in range(random.randrange(20, 90))]
-            f.write(json.dumps({"text": " ".join(toks)}) + "\n")
+import json, sys
 with open(f"{sys.argv[1]}/split.json", "w") as f:
     json.dump({"train": f"{sys.argv[1]}/a_text_document",
                "valid": ["0.4", f"{sys.argv[1]}/b_text_document",
                          f"0.6 {sys.argv[1]}/c_text_document"],
                "test": None}, f)
 PY
-for n in a b c; do
-  "$M" preprocess --input "$W/$n.jsonl" --output-prefix "$W/$n" --tokenizer-type NullTokenizer \
-    --vocab-size 512 --append-eod --workers 1 > /dev/null
-done
 COMMON=(--tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --hidden-size 32
   --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2
   --global-batch-size 8 --lr 1e-3 --train-iters 12 --log-interval 1 --threads 1)

@@ -3,6 +3,8 @@
 #   lines LOG [A [B]]      the iteration lines of iterations A..B, without the time-dependent
 #                          fields (time stamp, elapsed time per iteration)
 #   args_line LOG DEST V   the arguments block of LOG has DEST's line reading value V
+#   abc_datasets M DIR     three small token datasets DIR/{a,b,c}_text_document (300, 120 and
+#                          150 documents over disjoint token ranges), made by M preprocess
 run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
 lines() {
   grep -E "iteration +[0-9]+/" "$1" |
@@ -13,4 +15,21 @@ lines() {
 args_line() {
   local dots; dots=$(printf '%*s' $((48 - ${#2})) '' | tr ' ' '.')
   grep -qF "  $2 $dots $3" "$1" || { echo "$1: no '$2 $dots $3' in the arguments block"; exit 1; }
+}
+abc_datasets() {
+  local m=$1 dir=$2 n
+  python3 - "$dir" <<'PY'
+import json, random, sys
+random.seed(11)
+for name, n, base in (("a", 300, 0), ("b", 120, 200), ("c", 150, 350)):
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
+        for _ in range(n):
+            start = random.randrange(100)
+            toks = [str(base + (start + i) % 150) for i in range(random.randrange(20, 90))]
+            f.write(json.dumps({"text": " ".join(toks)}) + "\n")
+PY
+  for n in a b c; do
+    "$m" preprocess --input "$dir/$n.jsonl" --output-prefix "$dir/$n" \
+      --tokenizer-type NullTokenizer --vocab-size 512 --append-eod --workers 1 > /dev/null
+  done
 }
