@@ -174,8 +174,13 @@ std::unique_ptr<World> init(const InitOptions& opts) {
   static bool started = false;
   MCPP_CHECK(!started, "comm::init called twice: one World per process (MPI starts only once)");
   if (opts.backend == Backend::Fake) {  // one process, one rank of WORLD_SIZE, no launcher
-    auto w = make_fake_world(fake_launch(), opts.timeout);
+    const LaunchInfo li = fake_launch();
+    auto w = make_fake_world(li, opts.timeout);
     log::set_rank(0, 1);  // the only process prints what the rank it plays would
+#ifdef MCPP_HAVE_NCCL
+    // Several fake processes on one host (torchrun): each on GPU LOCAL_RANK, as Megatron.
+    if (opts.device == Device::CUDA && li.local_rank >= 0) select_cuda_device(li.local_rank, 1);
+#endif
     return w;
   }
   Backend b = opts.backend;

@@ -333,6 +333,10 @@ TEST(FakeComm, WorldAndGroupsOfTheRankPlayed) {
   EXPECT_EQ(li.launcher, "fake");
   EXPECT_EQ(li.size, 8);
   EXPECT_EQ(li.rank, 5);
+  EXPECT_EQ(li.local_rank, -1);
+  EXPECT_EQ(fake_launch(env_of({{"WORLD_SIZE", "8"}, {"RANK", "5"}, {"LOCAL_RANK", "1"}}))
+                .local_rank,
+            1);
   auto w = make_fake_world(li, std::chrono::seconds(5));
   EXPECT_EQ(w->size(), 8);
   EXPECT_EQ(w->rank(), 5);

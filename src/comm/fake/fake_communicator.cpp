@@ -167,6 +167,8 @@ LaunchInfo fake_launch(const std::function<const char*(const char*)>& getenv_fn)
   li.launcher = "fake";
   li.size = env_count(get, "WORLD_SIZE", "the number of ranks of the job to play");
   li.rank = env_count(get, "RANK", "the rank this process plays");
+  if (const char* v = get("LOCAL_RANK"); v && *v)
+    li.local_rank = env_count(get, "LOCAL_RANK", "the GPU this process runs on");
   MCPP_CHECK_HINT(li.size >= 1, "WORLD_SIZE is the job's number of ranks (at least 1)",
                   "--fake-process-group: WORLD_SIZE=0");
   MCPP_CHECK_HINT(li.rank < li.size, "RANK counts from 0 to WORLD_SIZE - 1",

@@ -53,8 +53,9 @@ class FakeCommunicator final : public Communicator {
 };
 
 // The rank a --fake-process-group run plays: WORLD_SIZE and RANK from the environment
-// (getenv injectable for tests), as Megatron reads them. Errors name the variable; a
-// launch by mpirun/srun of several processes is an error (one process plays one rank).
+// (getenv injectable for tests), as Megatron reads them, and LOCAL_RANK when set (its GPU
+// on a CUDA run). Errors name the variable; a launch by mpirun/srun of several processes
+// is an error (one process plays one rank).
 LaunchInfo fake_launch(const std::function<const char*(const char*)>& getenv_fn = {});
 
 // The world of a --fake-process-group run: size li.size, this process rank li.rank.
