@@ -106,6 +106,11 @@ bool Optimizer::wants_split_main(DType model_dtype) {
   return model_dtype == DType::BF16 && !(e && std::strcmp(e, "1") == 0);
 }
 
+int64_t Optimizer::main_param_bytes(DType model_dtype, bool fp8_param_gather) {
+  if (model_dtype == DType::F32 || model_dtype == DType::F64) return 0;
+  return !fp8_param_gather && wants_split_main(model_dtype) ? 2 : 4;
+}
+
 // The device buffer of split_from / join_to: 16M elements (64 MiB) at a time.
 static constexpr int64_t kSplitChunk = int64_t(1) << 24;
 

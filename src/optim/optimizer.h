@@ -116,6 +116,10 @@ class Optimizer {
   // bf16 parameters and MCPP_FP32_MAIN_PARAMS not 1 (the distributed optimizer joins them
   // again under --fp8-param-gather).
   static bool wants_split_main(DType model_dtype);
+  // Bytes an element of the main parameters takes apart from the model's own: none for
+  // f32/f64 models, the lower halves (2) for split bf16 ones, a whole fp32 copy (4) else
+  // (--fp8-param-gather joins split ones again).
+  static int64_t main_param_bytes(DType model_dtype, bool fp8_param_gather);
   // Moments, laid out as grads() (segments()): Adam's two; the one state buffer of SGD and
   // Lion as exp_avg() (exp_avg_sq() then undefined).
   const Tensor& exp_avg() const { return m_; }

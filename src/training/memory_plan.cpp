@@ -193,10 +193,8 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   // params for 16-bit models (bf16 ones: their lower halves, 2 bytes, beside the model's
   // values; ops/split_main.h); the distributed optimizer keeps main params and moments of
   // its shard.
-  const bool wide = cfg.dtype == DType::F32 || cfg.dtype == DType::F64;
   const int64_t state = cfg.dtype == DType::F64 ? 8 : 4;
-  const bool split = !a.fp8_param_gather && optim::Optimizer::wants_split_main(cfg.dtype);
-  const int64_t main_bytes = wide ? 0 : split ? 2 : 4;
+  const int64_t main_bytes = optim::Optimizer::main_param_bytes(cfg.dtype, a.fp8_param_gather);
   // --use-precision-aware-optimizer: bf16 moments, 2 bytes each.
   auto moment = [&](const std::string& d) {
     return a.use_precision_aware_optimizer && d == "bf16" && state == 4 ? int64_t(2) : state;

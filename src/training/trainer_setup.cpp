@@ -78,7 +78,8 @@ void Trainer::State::setup_parallel() {
   auto& s = *this;
   Args& a = s.args;
   s.device = resolve_device(a);
-  s.world = comm::init({.backend = a.fake_process_group ? comm::Backend::Fake : comm::Backend::Auto,
+  s.world = comm::init({.backend = a.fake_process_group ? comm::Backend::Fake
+                                                        : comm::Backend::Auto,
                         .timeout = std::chrono::minutes(a.distributed_timeout_minutes),
                         .device = s.device,
                         .nccl_configs = a.nccl_communicator_config_path
@@ -393,11 +394,8 @@ void Trainer::State::build_optimizer() {
     const int64_t moment_bytes =
         int64_t(dtype_size(ocfg.exp_avg_dtype)) +
         (ocfg.rule == optim::UpdateRule::Adam ? int64_t(dtype_size(ocfg.exp_avg_sq_dtype)) : 0);
-    const DType pd = P.flat_params().dtype();
-    const int64_t main_bytes = pd == DType::F32 || pd == DType::F64 ? 0
-                               : optim::Optimizer::wants_split_main(pd) && !a.fp8_param_gather
-                                   ? 2
-                                   : 4;
+    const int64_t main_bytes =
+        optim::Optimizer::main_param_bytes(P.flat_params().dtype(), a.fp8_param_gather);
     const int64_t full = (main_bytes + moment_bytes) * P.total_numel();
     log::info("> distributed optimizer: {} bytes of optimizer state on this rank, {:.3f} of the "
               "{} bytes an unsharded optimizer holds{}",
@@ -470,7 +468,6 @@ void Trainer::State::build_validation_sets(
                     : std::string());
   }
 }
-
 
 // The train, validation and test datasets (Megatron's build_train_valid_test_datasets).
 void Trainer::State::build_datasets() {
