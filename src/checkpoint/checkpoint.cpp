@@ -46,8 +46,6 @@ const char* split_name(TpSplit s) {
   return "?";
 }
 
-int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
-int64_t cols_of(const Shape& s) { return s.size() > 1 ? shape_numel(s) / s[0] : 1; }
 
 json piece_json(const Piece& p, size_t ndim) {
   if (ndim <= 1) return {{"offsets", {p.g_row}}, {"shape", {p.rows}}, {"local_offsets", {p.l_row}}};
@@ -61,10 +59,6 @@ std::string file_name(const char* kind, const RankCoord& c, bool with_dp) {
   const std::string ep = c.ep > 0 ? fmt::format("_ep{:02d}", c.ep) : std::string();
   return with_dp ? fmt::format("{}_tp{:02d}_pp{:02d}_dp{:02d}{}.safetensors", kind, c.tp, c.pp, c.dp, ep)
                  : fmt::format("{}_tp{:02d}_pp{:02d}{}.safetensors", kind, c.tp, c.pp, ep);
-}
-
-std::string join_path(const std::string& a, const std::string& b) {
-  return (fs::path(a) / b).string();
 }
 
 }  // namespace

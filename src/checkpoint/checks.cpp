@@ -21,9 +21,6 @@ namespace {
 
 constexpr int64_t kMaxDim = int64_t(1) << 40;  // larger than any real tensor dimension
 
-int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
-int64_t cols_of(const Shape& s) { return s.size() > 1 ? s[1] : 1; }
-
 }  // namespace
 
 std::optional<int64_t> parse_iteration_digits(const std::string& digits) {
@@ -201,10 +198,12 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
                        : dn == "F32" || dn == "I32"                 ? 4
                        : dn == "BF16" || dn == "F16" || dn == "U16" ? 2
                                                                     : 1;
-    const int64_t n = rows_of(s) * cols_of(s);  // < 2^80 cannot happen: each dim <= 2^40
-    MCPP_CHECK(n <= (int64_t(1) << 50) / es && need <= (int64_t(1) << 52) - n * es,
+    // Each dimension is at most 2^40 (check_shape), so rows x columns is bounded by division
+    // before it is multiplied.
+    const int64_t r = s[0], cols = s.size() > 1 ? s[1] : 1;
+    MCPP_CHECK(r <= ((int64_t(1) << 50) / es) / cols && need <= (int64_t(1) << 52) - r * cols * es,
                "{}: tensor {} ({}) is larger than any model", where, key, shape_str(s));
-    need += n * es;
+    need += r * cols * es;
   }
   int64_t have = 0;
   for (auto& [file, v] : md.at("files").items()) {

@@ -24,6 +24,10 @@ namespace mcpp::checkpoint {
 // not form a number below 2^63 (a folder "iter_99999999999999999999" is not a checkpoint).
 std::optional<int64_t> parse_iteration_digits(const std::string& digits);
 
+// A stored tensor's shape as a matrix: its rows (1 for a scalar) and the elements of a row.
+inline int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
+inline int64_t cols_of(const Shape& s) { return s.size() > 1 ? shape_numel(s) / s[0] : 1; }
+
 // A shape from metadata: 1 or 2 dimensions, each in [1, 2^40]. `what` names the field.
 void check_shape(const Shape& s, const std::string& what);
 

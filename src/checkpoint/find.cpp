@@ -17,10 +17,6 @@ namespace mcpp::checkpoint {
 
 namespace fs = std::filesystem;
 
-std::string join_path(const std::string& a, const std::string& b) {
-  return (fs::path(a) / b).string();
-}
-
 std::string iterations_str(const std::vector<int64_t>& its) {
   if (its.empty()) return "none";
   std::string s;

@@ -17,6 +17,10 @@
 
 namespace mcpp::checkpoint {
 
+std::string join_path(const std::string& a, const std::string& b) {
+  return (std::filesystem::path(a) / b).string();
+}
+
 void write_file_durable(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -6,6 +6,8 @@
 
 namespace mcpp::checkpoint {
 
+// a / b as std::filesystem joins them.
+std::string join_path(const std::string& a, const std::string& b);
 // Writes bytes to path + ".tmp-<pid>", fsyncs, renames over path and fsyncs the directory:
 // readers see the old file or the new one, never a part.
 void write_file_durable(const std::string& path, const std::string& bytes);

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "base/log.h"
+#include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
 #include "checkpoint/hf_moe.h"
 #include "checkpoint/hf_rope.h"
@@ -18,9 +19,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.size(0); }
-int64_t cols_of(const Tensor& t) { return t.dim() > 1 ? t.numel() / t.size(0) : 1; }
 
 // One HF tensor: rows `rows` (in HF order) of the Megatron tensor `mname`, transposed for
 // GPT-2's Conv1D. rows empty: all rows in order. Every conversion is a row gather (+ transpose).
@@ -162,8 +160,8 @@ std::map<std::string, Tensor> to_hf_tensors(const model::TransformerConfig& c,
   std::map<std::string, Tensor> out;
   for (const Entry& e : entries(c)) {
     const Tensor src = ps.param(e.mname);
-    const int64_t C = cols_of(src);
-    const std::vector<int64_t> rows = e.rows.empty() ? range(0, rows_of(src)) : e.rows;
+    const int64_t C = cols_of(src.shape());
+    const std::vector<int64_t> rows = e.rows.empty() ? range(0, rows_of(src.shape())) : e.rows;
     const int64_t R = int64_t(rows.size());
     Shape shape = src.dim() == 1 ? Shape{R} : e.transpose ? Shape{C, R} : Shape{R, C};
     Tensor t = Tensor::empty(shape, dtype);
@@ -205,10 +203,10 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
                     "Hugging Face tensor {} is missing", e.hname);
     used.insert(hf.count(e.hname) ? e.hname : e.hname.substr(std::string("transformer.").size()));
     Tensor dst = ps.param(e.mname);
-    const int64_t C = cols_of(dst);
-    std::vector<int64_t> rows = e.rows.empty() ? range(0, rows_of(dst)) : e.rows;
+    const int64_t C = cols_of(dst.shape());
+    std::vector<int64_t> rows = e.rows.empty() ? range(0, rows_of(dst.shape())) : e.rows;
     // The vocabulary may hold fewer rows than our padded one: the rest stays zero.
-    if (is_vocab_tensor(e.mname) && src->dim() == 2 && src->size(0) < rows_of(dst)) {
+    if (is_vocab_tensor(e.mname) && src->dim() == 2 && src->size(0) < rows_of(dst.shape())) {
       rows = range(0, src->size(0));
       std::memset(dst.raw(), 0, dst.nbytes());
     }

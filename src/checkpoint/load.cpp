@@ -33,8 +33,6 @@ using model::ParamInfo;
 
 namespace {
 
-int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
-int64_t cols_of(const Shape& s) { return s.size() > 1 ? shape_numel(s) / s[0] : 1; }
 // The vocabulary-sized tensors (and their Adam moments), whose rows carry the padding.
 bool is_vocab_key(const std::string& key) {
   for (const char* n : {"embedding.word_embeddings.weight", "output_layer.weight"}) {

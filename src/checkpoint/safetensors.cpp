@@ -16,7 +16,7 @@ struct DTypeName {
   DType t;
   const char* name;
 };
-constexpr DTypeName kNames[] = {{DType::F32, "F32"},         {DType::F64, "F64"},
+constexpr DTypeName kDTypeNames[] = {{DType::F32, "F32"},         {DType::F64, "F64"},
                                 {DType::BF16, "BF16"},       {DType::F16, "F16"},
                                 {DType::I32, "I32"},         {DType::I64, "I64"},
                                 {DType::U8, "U8"},           {DType::U16, "U16"},
@@ -24,13 +24,13 @@ constexpr DTypeName kNames[] = {{DType::F32, "F32"},         {DType::F64, "F64"}
 }  // namespace
 
 std::string safetensors_dtype(DType t) {
-  for (auto& n : kNames)
+  for (auto& n : kDTypeNames)
     if (n.t == t) return n.name;
   MCPP_FAIL("dtype {} has no safetensors name", dtype_name(t));
 }
 
 DType dtype_from_safetensors(const std::string& s, const std::string& file) {
-  for (auto& n : kNames)
+  for (auto& n : kDTypeNames)
     if (s == n.name) return n.t;
   MCPP_FAIL("{}: unsupported safetensors dtype '{}'", file, s);
 }

@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checks.h"
+#include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "tensor/tensor.h"
 
@@ -21,7 +22,6 @@ namespace mcpp::checkpoint {
 
 using json = nlohmann::json;
 
-std::string join_path(const std::string& a, const std::string& b);
 // "4, 8, 12", or "none".
 std::string iterations_str(const std::vector<int64_t>& its);
 // A shard's piece from its metadata entry (offsets, shape, local_offsets); malformed: an Error.

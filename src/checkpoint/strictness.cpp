@@ -10,7 +10,7 @@
 namespace mcpp::checkpoint {
 
 namespace {
-constexpr std::pair<const char*, Strictness> kNames[] = {
+constexpr std::pair<const char*, Strictness> kStrictnessNames[] = {
     {"assume_ok_unexpected", Strictness::AssumeOkUnexpected},
     {"log_unexpected", Strictness::LogUnexpected},
     {"log_all", Strictness::LogAll},
@@ -30,7 +30,7 @@ std::string first_few(const std::vector<std::string>& keys) {
 }  // namespace
 
 Strictness parse_strictness(const std::string& s) {
-  for (auto [name, v] : kNames)
+  for (auto [name, v] : kStrictnessNames)
     if (s == name) return v;
   MCPP_CHECK_HINT(s != "return_unexpected" && s != "return_all",
                   "pass --dist-ckpt-strictness log_unexpected (or log_all) to load around "
@@ -44,7 +44,7 @@ Strictness parse_strictness(const std::string& s) {
 }
 
 const char* to_string(Strictness s) {
-  for (auto [name, v] : kNames)
+  for (auto [name, v] : kStrictnessNames)
     if (s == v) return name;
   return "?";
 }

@@ -421,6 +421,6 @@ int run_convert(const std::vector<std::string>& argv) {
   return 0;
 }
 
-static mcpp::tools::Registrar r{"convert", run_convert};
+static mcpp::tools::Registrar register_convert{"convert", run_convert};
 
 }  // namespace

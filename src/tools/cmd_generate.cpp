@@ -308,7 +308,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
   return 0;
 }
 
-Registrar reg{"generate", run_generate};
+Registrar register_generate{"generate", run_generate};
 
 }  // namespace
 }  // namespace mcpp::tools

@@ -186,7 +186,7 @@ int run_inspect(const std::vector<std::string>& args) {
   return 0;
 }
 
-static Registrar r{"inspect", run_inspect};
+static Registrar register_inspect{"inspect", run_inspect};
 
 }  // namespace
 }  // namespace mcpp::tools

@@ -63,7 +63,7 @@ int run_merge_datasets(const std::vector<std::string>& args) {
   return 0;
 }
 
-static Registrar r{"merge-datasets", run_merge_datasets};
+static Registrar register_merge_datasets{"merge-datasets", run_merge_datasets};
 
 }  // namespace
 }  // namespace mcpp::tools

@@ -401,7 +401,7 @@ int run_plan(const std::vector<std::string>& all_args) {
   return 0;
 }
 
-Registrar r{"plan", run_plan};
+Registrar register_plan{"plan", run_plan};
 
 }  // namespace
 }  // namespace mcpp::tools

@@ -76,7 +76,7 @@ int run_preprocess(const std::vector<std::string>& args) {
   return 0;
 }
 
-static Registrar r{"preprocess", run_preprocess};
+static Registrar register_preprocess{"preprocess", run_preprocess};
 
 }  // namespace
 }  // namespace mcpp::tools

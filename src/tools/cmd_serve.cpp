@@ -213,7 +213,7 @@ int run_serve(const std::vector<std::string>& args) {
   return 0;
 }
 
-Registrar reg{"serve", run_serve};
+Registrar register_serve{"serve", run_serve};
 
 }  // namespace
 }  // namespace mcpp::tools

@@ -3,5 +3,5 @@
 #include "training/trainer.h"
 
 namespace {
-mcpp::tools::Registrar reg{"train", mcpp::training::train_main};
+mcpp::tools::Registrar register_train{"train", mcpp::training::train_main};
 }

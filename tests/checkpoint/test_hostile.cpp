@@ -105,6 +105,13 @@ TEST(HostileCheckpoint, ModelFieldsAreCheckedBeforeAllocating) {
   write_md(dir, md);
   expect_has(error_of([&] { ck::model_config_from_metadata(ck::read_metadata(dir)); }),
              "the shard files hold");
+  // Two dimensions whose product is 2^64: multiplied before the check, it wrapped to 0 bytes.
+  md = good;
+  md["tensors"]["decoder.extra.weight"] = good["tensors"]["embedding.word_embeddings.weight"];
+  md["tensors"]["decoder.extra.weight"]["global_shape"] = {int64_t(1) << 40, int64_t(1) << 24};
+  write_md(dir, md);
+  expect_has(error_of([&] { ck::model_config_from_metadata(ck::read_metadata(dir)); }),
+             "decoder.extra.weight ([1099511627776, 16777216]) is larger than any model");
   write_md(dir, good);
   EXPECT_NO_THROW(ck::model_config_from_metadata(ck::read_metadata(dir)));
 }

@@ -116,7 +116,7 @@ Tensor scalar_f32(double v) {
 }
 
 // Integral values as Python ints (Megatron's argparse types), others as floats.
-Py number(double v) {
+Py py_number(double v) {
   return v == std::floor(v) && std::abs(v) < 1e15 ? Py::integer(int64_t(v)) : Py::real(v);
 }
 
@@ -161,12 +161,12 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("position_embedding_type", Py::str(c.rope ? "rope" : "learned_absolute"));
   a.set("add_position_embedding", Py::boolean(!c.rope));
   a.set("use_rotary_position_embeddings", Py::boolean(c.rope));
-  a.set("rotary_base", number(c.rotary_base));
+  a.set("rotary_base", py_number(c.rotary_base));
   a.set("rotary_percent", Py::real(c.rotary_percent));
   a.set("rotary_interleaved", Py::boolean(c.rope && c.rotary_interleaved));
   a.set("rotary_seq_len_interpolation_factor", c.seq_len_interpolation_factor == 1.0
                                                    ? Py::none()
-                                                   : number(c.seq_len_interpolation_factor));
+                                                   : py_number(c.seq_len_interpolation_factor));
   a.set("use_rope_scaling", Py::boolean(c.rope_scaling));
   a.set("rope_scaling_factor", Py::real(c.rope_scaling_factor));
   a.set("normalization", Py::str(c.rmsnorm ? "RMSNorm" : "LayerNorm"));
@@ -313,7 +313,7 @@ Py optimizer_state(const ExportSource& s, const std::vector<Entry>& entries,
 Py scheduler_state(const optim::SchedulerState& s) {
   Py d = Py::dict();
   d.set("max_lr", Py::real(s.max_lr));
-  d.set("lr_warmup_steps", number(s.lr_warmup_steps));
+  d.set("lr_warmup_steps", py_number(s.lr_warmup_steps));
   d.set("num_steps", Py::integer(s.num_steps));
   d.set("lr_decay_style", Py::str(optim::to_string(s.lr_decay_style)));
   d.set("lr_decay_steps", Py::integer(s.lr_decay_steps));

@@ -58,6 +58,10 @@ class TokenIndex {
 
 // ---- pre-tokenisation ---------------------------------------------------------------
 
+// GPT-2's pre-tokenizer pattern (its encoder.py; also the ByteLevel pre-tokenizer's default).
+inline constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
 // A PCRE2 pattern (UTF + Unicode properties, JIT-compiled) that splits text into pieces.
 class Pretokenizer {
  public:

@@ -20,11 +20,6 @@
 
 namespace mcpp::data {
 
-namespace {
-const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-}  // namespace
-
 struct GPT2BPETokenizer::Impl {
   bpe::BpeModel model;
   std::unique_ptr<bpe::Pretokenizer> pre;
@@ -216,7 +211,7 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
   impl_->model.reserve(resolved.size());
   for (size_t r = 0; r < resolved.size(); ++r)
     impl_->model.add_merge(resolved[r].a, resolved[r].b, int32_t(r), resolved[r].merged);
-  impl_->pre = std::make_unique<bpe::Pretokenizer>(kGpt2Pattern);
+  impl_->pre = std::make_unique<bpe::Pretokenizer>(bpe::kGpt2Pattern);
 }
 
 GPT2BPETokenizer::~GPT2BPETokenizer() = default;

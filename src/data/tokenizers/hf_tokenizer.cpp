@@ -36,9 +36,6 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
 std::string str_or(const json& j, const char* key, const std::string& def = {}) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : def;
 }
@@ -290,7 +287,7 @@ class HFTokenizer final : public Tokenizer {
     } else if (type == "ByteLevel") {
       if (bool_or(p, "add_prefix_space", false)) add_prefix_space_ = true;
       if (bool_or(p, "use_regex", true))
-        splits_.push_back(std::make_unique<bpe::Pretokenizer>(kGpt2Pattern));
+        splits_.push_back(std::make_unique<bpe::Pretokenizer>(bpe::kGpt2Pattern));
     } else if (type == "Split") {
       if (str_or(p, "behavior") != "Isolated")
         unsupported(fmt::format("Split behavior {}", str_or(p, "behavior")));

@@ -21,12 +21,6 @@ namespace mcpp::model {
 
 namespace {
 
-Tensor as_2d(const Tensor& t) { return t.view({t.numel() / t.size(-1), t.size(-1)}); }
-
-ops::Fp8Format format_of(const Fp8Config& f, Fp8Operand k) {
-  return k == kFp8Grad && f.grads_e5m2() ? ops::Fp8Format::E5M2 : ops::Fp8Format::E4M3;
-}
-
 // Scratch shared by every layer, grown to the largest use (as fp8_linear.cpp's): slot
 // 4 * k + {0 q, 1 qt, 2 s_q, 3 s_qt} for operand k. Each cast is read by the GEMM right after
 // it on the same stream; the gradient's two copies are read by dgrad and wgrad after one cast.
@@ -46,14 +40,14 @@ const Tensor& Fp8Linear::block_quantize(const Tensor& v, Fp8Operand k, int64_t b
   Tensor& q = slot == 0 ? q_[k] : qb_[k];
   ensure(q, v.shape(), v.dtype(), v.device());
   Tensor none;
-  ops::fp8_block_quantize(v, format_of(cx.cfg->fp8, k), br, bc, q, none, cx.stream());
+  ops::fp8_block_quantize(v, fp8_format_of(cx.cfg->fp8, k), br, bc, q, none, cx.stream());
   return q;
 }
 
 const Fp8Linear::Cast& Fp8Linear::block_cast(const Tensor& v, Fp8Operand k, bool row, bool col,
                                              const StepContext& cx) const {
   const Fp8Config& f = cx.cfg->fp8;
-  const ops::Fp8Format fmt = format_of(f, k);
+  const ops::Fp8Format fmt = fp8_format_of(f, k);
   const DType dt = fmt == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
   const bool tile = k == kFp8Weight;
   const Tensor v2 = as_2d(v);

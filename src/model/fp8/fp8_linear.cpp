@@ -36,11 +36,13 @@ std::string prefix_of(const std::string& weight) {
 // Bit k set: operand k is E5M2.
 int64_t e5m2_columns(const Fp8Config& f) { return f.grads_e5m2() ? int64_t(1) << kFp8Grad : 0; }
 
-ops::Fp8Format format_of(const Fp8Config& f, Fp8Operand k) {
+}  // namespace
+
+ops::Fp8Format fp8_format_of(const Fp8Config& f, Fp8Operand k) {
   return k == kFp8Grad && f.grads_e5m2() ? ops::Fp8Format::E5M2 : ops::Fp8Format::E4M3;
 }
 
-}  // namespace
+Tensor as_2d(const Tensor& t) { return t.view({t.numel() / t.size(-1), t.size(-1)}); }
 
 std::string fp8_history_name(const std::string& prefix) { return prefix + ".fp8_amax_history"; }
 std::string fp8_scale_name(const std::string& prefix) { return prefix + ".fp8_scale"; }
@@ -157,7 +159,7 @@ const Tensor& Fp8Linear::quantize(const Tensor& v, Fp8Operand k, bool tp_split, 
   Tensor& q = q_[k];
   ensure(q, v.shape(), v.dtype(), v.device());
   const Tensor scale = scale_for(v, k, tp_split, record, nullptr, cx);
-  ops::fp8_quantize(v, format_of(cx.cfg->fp8, k), scale, q, cx.stream());
+  ops::fp8_quantize(v, fp8_format_of(cx.cfg->fp8, k), scale, q, cx.stream());
   return q;
 }
 
@@ -181,8 +183,6 @@ Tensor scratch_view(int slot, const Shape& shape, DType dt, Device dev) {
     buf = Tensor::empty({std::max<int64_t>(n, buf.defined() ? buf.numel() : 0)}, dt, dev);
   return buf.narrow(0, n).view(shape);
 }
-
-Tensor as_2d(const Tensor& t) { return t.view({t.numel() / t.size(-1), t.size(-1)}); }
 
 // The bf16 tensors the fused casts take: every dimension the FP8 GEMMs accept (multiples
 // of 16), 16-byte aligned.
@@ -224,10 +224,10 @@ void Fp8Linear::precast_act_input(const Tensor& pre, Tensor& act, bool backward,
   const Tensor scale = scale_for(p2, kFp8Input, false, !backward, &amax, cx);
   Tensor a2 = act.defined() && !keep ? as_2d(act) : Tensor();
   if (swiglu)
-    ops::fp8_swiglu_cast(p2, format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
+    ops::fp8_swiglu_cast(p2, fp8_format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
                          cx.stream());
   else
-    ops::fp8_gelu_cast(p2, format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
+    ops::fp8_gelu_cast(p2, fp8_format_of(f, kFp8Input), scale, a2, c.q, c.qt, amax, c.scale_inv,
                        cx.stream());
   if (keep) {
     ensure(kept_scale_inv_, {1}, DType::F32, pre.device());
@@ -239,7 +239,7 @@ void Fp8Linear::precast_act_input(const Tensor& pre, Tensor& act, bool backward,
 void Fp8Linear::precast_act_grad(const Tensor& dact, const Tensor& pre, Tensor& dpre,
                                  const ParamView& b, bool swiglu, const StepContext& cx) const {
   const Fp8Config& f = cx.cfg->fp8;
-  const ops::Fp8Format fmt = format_of(f, kFp8Grad);
+  const ops::Fp8Format fmt = fp8_format_of(f, kFp8Grad);
   const DType dt = fmt == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
   const Tensor d2 = as_2d(dact), p2 = as_2d(pre);
   const int64_t R = d2.size(0), C = p2.size(1);  // the gradient is pre's shape
@@ -278,7 +278,7 @@ void Fp8Linear::precast_input(const Tensor& x, Tensor& kept, const StepContext& 
   ensure(c.scale_inv, {1}, DType::F32, x.device());
   Tensor amax;
   const Tensor scale = scale_for(x2, kFp8Input, false, true, &amax, cx);
-  ops::fp8_cast_transpose(x2, format_of(cx.cfg->fp8, kFp8Input), scale, c.q, c.qt, amax,
+  ops::fp8_cast_transpose(x2, fp8_format_of(cx.cfg->fp8, kFp8Input), scale, c.q, c.qt, amax,
                           c.scale_inv, cx.stream());
   ensure(kept_scale_inv_, {1}, DType::F32, x.device());
   ops::copy(c.scale_inv, kept_scale_inv_, cx.stream());
@@ -300,7 +300,7 @@ const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_sp
                                        bool rowwise, bool colwise, const StepContext& cx,
                                        Tensor* db, bool* db_done) const {
   const Fp8Config& f = cx.cfg->fp8;
-  const DType dt = format_of(f, k) == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
+  const DType dt = fp8_format_of(f, k) == ops::Fp8Format::E5M2 ? DType::FP8E5M2 : DType::FP8E4M3;
   if ((precast_ >> k) & 1u) {  // cast already by a fused kernel
     if (db_done && (precast_ & kPrecastDb)) *db_done = true;
     return shared_cast(k);
@@ -326,11 +326,11 @@ const Fp8Linear::Cast& Fp8Linear::cast(const Tensor& v, Fp8Operand k, bool tp_sp
     // the bias gradient from the same read (its column sums); without one, the fused
     // kernel is still the faster both-copies cast (its row-wise stores are whole sectors)
     Tensor none;
-    ops::fp8_cast_transpose_dbias(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv,
+    ops::fp8_cast_transpose_dbias(v2, fp8_format_of(f, k), scale, q, qt, amax, c.scale_inv,
                                   with_db ? *db : none, cx.stream());
     if (with_db && db_done) *db_done = true;
   } else {
-    ops::fp8_cast_transpose(v2, format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
+    ops::fp8_cast_transpose(v2, fp8_format_of(f, k), scale, q, qt, amax, c.scale_inv, cx.stream());
   }
   return c;
 }

@@ -42,12 +42,18 @@
 
 #include "model/module.h"
 #include "model/params.h"
+#include "ops/fp8_grid.h"
 
 namespace mcpp::model {
 
 struct Fp8ParamWeight;  // --fp8-param-gather (model/fp8/fp8_param.h)
 
 enum Fp8Operand : int { kFp8Input = 0, kFp8Weight = 1, kFp8Grad = 2 };
+
+// The FP8 format of operand k: E5M2 for gradients under the hybrid format, else E4M3.
+ops::Fp8Format fp8_format_of(const Fp8Config& f, Fp8Operand k);
+// t as a matrix: [numel / last dimension, last dimension].
+Tensor as_2d(const Tensor& t);
 
 // The persistent buffers of a linear layer named `prefix` (e.g.
 // decoder.layers.3.mlp.linear_fc1): registered for every FP8 linear under the delayed
