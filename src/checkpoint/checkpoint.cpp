@@ -470,7 +470,7 @@ void save_checkpoint(const std::string& save_dir, const model::ParamStore& param
                      const optim::AdamW* opt, const TrainingState& st, const SaveOptions& opts) {
   RankSnapshot r = RankSnapshot::view(params, opt);
   SaveOptions o = opts;
-  if (opt) o.optimizer = optim::rule_name(opt->rule());
+  if (opt) o.optimizer = opt->state_name();
   save_checkpoint(save_dir, std::span<const RankSnapshot>(&r, 1), st, o);
 }
 

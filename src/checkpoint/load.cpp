@@ -262,7 +262,9 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
                                    const model::ParamStore& params, const Tensor& values,
                                    const Tensor* exp_avg, const Tensor* exp_avg_sq,
                                    const LoadOptions& opts) {
-  const bool adam = opts.optimizer == "adam";  // two moments; SGD and Lion one
+  // Two moments: Adam's, and Muon's with Adam for the other parameters; SGD, Lion and Muon
+  // with Lion one.
+  const bool adam = opts.optimizer == "adam" || opts.optimizer == "muon";
   MCPP_CHECK(values.device() == Device::CPU && values.numel() == params.total_numel() &&
                  (!exp_avg || (exp_avg->device() == Device::CPU &&
                                exp_avg->numel() == params.total_numel() &&
@@ -406,7 +408,7 @@ TrainingState load_checkpoint(const std::string& load_dir, std::optional<int64_t
                   "load_checkpoint reads into host f32/f64 parameters only, not {}",
                   params.flat_params().str());
   LoadOptions o = opts;
-  if (opt) o.optimizer = optim::rule_name(opt->rule());
+  if (opt) o.optimizer = opt->state_name();
   const bool second = opt && opt->exp_avg_sq().defined();
   TrainingState st = load_checkpoint_host(load_dir, iteration, params, params.flat_params(),
                                           opt ? &opt->exp_avg() : nullptr,

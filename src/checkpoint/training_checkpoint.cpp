@@ -140,7 +140,7 @@ void save_training_checkpoint(const std::string& save_dir, comm::Communicator& w
   Timer t;
   t.start();
   SaveOptions o = o_in;
-  o.optimizer = optim::rule_name(opt.rule());
+  o.optimizer = opt.state_name();
   if (world.size() > 1 || opt.state_sharded()) {
     // At most one save in flight: the previous one is committed first (collectively).
     if (async) finalize_async_save(world, *async, /*blocking=*/true);
@@ -234,7 +234,7 @@ std::optional<TrainingState> load_training_checkpoint(const std::string& load_di
   LoadOptions lo = o;
   LoadOptions::Report rep;
   lo.report = &rep;
-  lo.optimizer = optim::rule_name(opt.rule());
+  lo.optimizer = opt.state_name();
   const Tensor* vp = load_optim && second ? &v : nullptr;
   TrainingState st =
       load_checkpoint_host(load_dir, iteration, params, values, load_optim ? &m : nullptr, vp, lo);

@@ -22,6 +22,11 @@ const char* rule_name(UpdateRule r) {
 
 Stream& Optimizer::stream() const { return ops::default_stream(ps_.device()); }
 
+std::string Optimizer::state_name() const {
+  if (!muon_) return rule_name(cfg_.rule);
+  return cfg_.rule == UpdateRule::Lion ? "muon_lion" : "muon";
+}
+
 void Optimizer::allocate_state(const Shape& shape, DType dtype, Device dev) {
   Stream& st = ops::default_stream(dev);
   const bool f32 = dtype == DType::F32;
@@ -227,11 +232,17 @@ void AdamW::step(double lr, double wd) {
   // (bf16) are the model params and their lower halves, both written by the step. The padding
   // between runs is never stepped, so it keeps the zeros both buffers start with.
   const auto& infos = ps_.infos();
+  auto by_muon = [&](size_t k) { return muon_ && muon_steps(infos[k]); };
   size_t i = 0;
   while (i < infos.size()) {
+    if (by_muon(i)) {
+      muon_param_step(i, lr_of(i, lr), infos[i].weight_decay ? wd : 0.0, st);
+      ++i;
+      continue;
+    }
     size_t j = i;
     while (j + 1 < infos.size() && infos[j + 1].weight_decay == infos[i].weight_decay &&
-           lr_of(j + 1, lr) == lr_of(i, lr))
+           lr_of(j + 1, lr) == lr_of(i, lr) && !by_muon(j + 1))
       ++j;
     const int64_t begin = infos[i].offset, end = infos[j].offset + infos[j].numel();
     auto span = [&](const Tensor& t) { return t.defined() ? t.narrow(begin, end - begin) : t; };
@@ -241,6 +252,60 @@ void AdamW::step(double lr, double wd) {
     i = j + 1;
   }
   finish_step();
+}
+
+void AdamW::enable_muon(const MuonConfig& c, const MuonGroups& g) {
+  MCPP_CHECK(cfg_.rule == UpdateRule::Adam || cfg_.rule == UpdateRule::Lion,
+             "Muon's scalar rule is adam or lion, not {}", rule_name(cfg_.rule));
+  MCPP_CHECK(m_.dtype() == DType::F32, "Muon keeps its momentum in fp32, not {}",
+             dtype_name(m_.dtype()));
+  muon_ = c;
+  muon_groups_ = g;
+}
+
+void AdamW::muon_param_step(size_t i, double lr, double wd, Stream& st) {
+  const model::ParamInfo& p = ps_.infos()[i];
+  const MuonConfig& c = *muon_;
+  const int64_t off = p.offset, n = p.numel();
+  const Shape& shape = p.local_shape;
+  const Device dev = ps_.device();
+  // The clipped gradient, in fp32.
+  Tensor g = Tensor::empty(shape, DType::F32, dev);
+  ops::copy(ps_.flat_grads().narrow(off, n), g, st);
+  if (grad_scale_ != 1.0) ops::scale(g, grad_scale_, st);
+  // The fp32 weights: the main parameters, the model's own (f32 models), or joined from
+  // the bf16 model parameters and their lower halves (split).
+  Tensor model = ps_.flat_params().narrow(off, n);
+  Tensor w;
+  if (main_.defined()) {
+    w = main_.narrow(off, n).view(shape);
+  } else if (lo_.defined()) {
+    w = Tensor::empty(shape, DType::F32, dev);
+    ops::join_main_params(model, lo_.narrow(off, n), w, st);
+  } else {
+    MCPP_CHECK(model.dtype() == DType::F32, "Muon: {} is {}; f32, bf16 or f16 expected", p.name,
+               dtype_name(model.dtype()));
+    w = model.view(shape);
+  }
+  if (wd != 0.0) ops::axpy(-wd * lr, w, w, st);  // decoupled: W -= lr wd W
+  Tensor m = m_.narrow(off, n).view(shape);
+  ops::scale(m, c.momentum, st);
+  ops::axpy(1.0 - c.momentum, g, m, st);
+  Tensor u = Tensor::empty(shape, DType::F32, dev);
+  if (c.nesterov) {
+    ops::copy(g, u, st);
+    ops::scale(u, 1.0 - c.momentum, st);
+    ops::axpy(c.momentum, m, u, st);
+  } else {
+    ops::copy(m, u, st);
+  }
+  ops::axpy(-lr, muon_update(p, u, c, muon_groups_, st), w, st);
+  if (main_.defined()) {
+    ops::copy(w, model, st);  // rounded to the model's dtype, as after the other rules
+  } else if (lo_.defined()) {
+    Tensor lo = lo_.narrow(off, n);
+    ops::split_main_params(w, model, lo, st);
+  }
 }
 
 }  // namespace mcpp::optim

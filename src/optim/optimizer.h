@@ -30,9 +30,11 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "model/params.h"
+#include "optim/muon.h"
 #include "parallel/data_parallel/grad_buffer.h"
 
 namespace mcpp::optim {
@@ -125,6 +127,13 @@ class Optimizer {
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
   UpdateRule rule() const { return cfg_.rule; }
+  // What the state belongs to, as checkpoints record it: rule_name(rule()), or with Muon
+  // "muon" (scalar rule Adam: two moments) or "muon_lion" (one). Muon's momentum of a
+  // matrix sits where exp_avg() would hold the scalar rule's first moment (exp_avg_sq() is
+  // zero there).
+  std::string state_name() const;
+  // --optimizer muon (optim/muon.h): whether the 2-D matrices step by Muon.
+  bool muon() const { return muon_.has_value(); }
   // The fp32 main parameters of the whole model, [total] laid out like the flat buffer,
   // for a checkpoint (on the parameters' device, or on the host when they are split);
   // undefined when the model's parameters are the main parameters (f32/f64 models).
@@ -169,6 +178,8 @@ class Optimizer {
   Tensor main_, lo_, m_, v_;
   int64_t step_ = 0;
   std::optional<double> decoupled_lr_;
+  std::optional<MuonConfig> muon_;
+  MuonGroups muon_groups_;
   double grad_scale_ = 1.0;  // clip()'s factor, applied and reset by step()
   bool momentum_started_ = false;  // SGD: the buffers hold a step's state
   // The learning rate of parameter `param` (registry index) in a step with rate lr.
@@ -205,8 +216,13 @@ class AdamW final : public Optimizer {
   Tensor& exp_avg_sq() { return v_; }
   using Optimizer::exp_avg;
   using Optimizer::exp_avg_sq;
+  // --optimizer muon: the parameters optim/muon.h's muon_steps accepts step by Muon with
+  // config c (TP groups g), the others by the configured (scalar) rule.
+  void enable_muon(const MuonConfig& c, const MuonGroups& g);
 
  private:
+  // One Muon step of parameter i (registry index) at learning rate lr, weight decay wd.
+  void muon_param_step(size_t i, double lr, double wd, Stream& st);
   std::vector<ShardSegment> segs_;
 };
 

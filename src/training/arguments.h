@@ -132,6 +132,18 @@ struct Args {
   bool perform_initialization = true;        // --no-initialization: parameters start at zero
   double sgd_momentum = 0.9;                 // --optimizer sgd
   double lion_beta1 = 0.95, lion_beta2 = 0.98;  // --optimizer lion
+  // --optimizer muon (optim/muon.h): Megatron's flags and defaults.
+  double muon_momentum = 0.9;
+  bool muon_split_qkv = true;  // --muon-no-split-qkv
+  bool muon_nesterov = false;
+  std::string muon_scale_mode = "spectral";
+  std::string muon_fp32_matmul_prec = "medium";
+  std::string muon_coefficient_type = "quintic";
+  int64_t muon_num_ns_steps = 5;
+  std::string muon_tp_mode = "duplicated";
+  bool muon_use_syrk = false;
+  double muon_extra_scale_factor = 1.0;
+  std::string muon_scalar_optimizer = "adam";
   // --use-precision-aware-optimizer (TransformerEngine's FusedAdam state dtypes): the Adam
   // moments in fp32 or bf16; main grads and main params fp32 (validate_optimizer.cpp).
   bool use_precision_aware_optimizer = false;

@@ -65,6 +65,29 @@ Device resolve_device(const Args& a) {
 // The model's dtype: --bf16 / --fp16 (GPU only), else fp32.
 DType model_dtype(const Args& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
 
+// --optimizer muon's settings (optim/muon.h). --muon-split-qkv: Megatron's split of one
+// query group's QKV rows (multi-latent attention has no linear_qkv).
+optim::MuonConfig muon_config(const Args& a, const model::TransformerConfig& m) {
+  optim::MuonConfig c;
+  c.momentum = a.muon_momentum;
+  c.nesterov = a.muon_nesterov;
+  c.scale = optim::parse_muon_scale(a.muon_scale_mode);
+  c.extra_scale = a.muon_extra_scale_factor;
+  c.coefficients = a.muon_coefficient_type;
+  c.ns_steps = int(a.muon_num_ns_steps);
+  c.bf16_matmul = a.muon_fp32_matmul_prec == "medium";
+  c.tp_mode = optim::parse_muon_tp_mode(a.muon_tp_mode);
+  if (a.muon_split_qkv && !m.mla.on)
+    c.qkv_split = {m.heads_per_group() * m.kv_channels, m.kv_channels, m.kv_channels};
+  return c;
+}
+
+optim::MuonGroups muon_groups(const parallel::ParallelState& ps) {
+  using parallel::Group;
+  return {ps.has(Group::TP) ? &ps.tp() : nullptr,
+          ps.has(Group::ExpertTP) ? &ps.group(Group::ExpertTP) : nullptr};
+}
+
 std::atomic<bool> g_exit_signal{false};
 extern "C" void on_exit_signal(int) { g_exit_signal.store(true); }
 
@@ -363,9 +386,11 @@ void Trainer::State::build_optimizer() {
     s.fwd_bwd->dp_grads = s.dp_grads.get();
   }
   optim::OptimizerConfig ocfg{a.adam_beta1, a.adam_beta2, a.adam_eps};
-  ocfg.rule = a.optimizer == "sgd"    ? optim::UpdateRule::Sgd
-              : a.optimizer == "lion" ? optim::UpdateRule::Lion
-                                      : optim::UpdateRule::Adam;
+  // --optimizer muon: Muon for the matrices, --muon-scalar-optimizer for the rest.
+  const std::string rule = a.optimizer == "muon" ? a.muon_scalar_optimizer : a.optimizer;
+  ocfg.rule = rule == "sgd"    ? optim::UpdateRule::Sgd
+              : rule == "lion" ? optim::UpdateRule::Lion
+                               : optim::UpdateRule::Adam;
   ocfg.sgd_momentum = a.sgd_momentum;
   ocfg.lion_beta1 = a.lion_beta1, ocfg.lion_beta2 = a.lion_beta2;
   // --use-precision-aware-optimizer: the moments' dtypes (validate_optimizer.cpp).
@@ -405,7 +430,9 @@ void Trainer::State::build_optimizer() {
                                 a.num_distributed_optimizer_instances, s.dp_grads->dp().size())
                   : std::string());
   } else {
-    s.opt = std::make_unique<optim::AdamW>(P, ocfg);
+    auto adam = std::make_unique<optim::AdamW>(P, ocfg);
+    if (a.optimizer == "muon") adam->enable_muon(muon_config(a, s.model_cfg), muon_groups(*s.ps));
+    s.opt = std::move(adam);
   }
   // --overlap-param-gather: the forward waits for each layer's gathered parameters.
   if (a.overlap_param_gather)

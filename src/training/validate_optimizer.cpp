@@ -1,5 +1,5 @@
 // --optimizer and the settings of the rule it picks (optim/optimizer.h: AdamW, SGD with
-// momentum, Lion), with what megatron.cpp does not do yet.
+// momentum, Lion; optim/muon.h: Muon), with what megatron.cpp does not do yet.
 #include <set>
 #include <utility>
 
@@ -53,10 +53,61 @@ static void validate_precision_aware(const Args& a) {
   }
 }
 
+// --optimizer muon and its --muon-* flags: Megatron's choices, and what its emerging_optimizers
+// package rejects (an unknown coefficient set, cubic5 with other than 5 steps), at start-up.
+static void validate_muon(const Args& a) {
+  MCPP_CHECK_HINT(!a.use_distributed_optimizer,
+                  "drop --use-distributed-optimizer (Muon then keeps its momentum on every "
+                  "data-parallel rank), or use --optimizer adam",
+                  "--optimizer muon with --use-distributed-optimizer: Megatron-LM switches to "
+                  "its layer-wise distributed optimizer there, which is not implemented yet by "
+                  "megatron.cpp");
+  MCPP_CHECK_HINT(!a.fp16, "use --bf16", "--optimizer muon with --fp16: Megatron-LM refuses "
+                  "emerging optimizers with fp16 (ValueError)");
+  MCPP_CHECK_HINT(!a.muon_use_syrk, "drop --muon-use-syrk (the same update, by GEMMs)",
+                  "--muon-use-syrk (a Triton SYRK kernel for the Gram matrix) is not "
+                  "implemented yet by megatron.cpp");
+  const std::set<std::string> scale = {"spectral", "unit_rms_norm", "shape_scaling"};
+  MCPP_CHECK_HINT(scale.count(a.muon_scale_mode), "give spectral, unit_rms_norm or shape_scaling",
+                  "--muon-scale-mode {} is not one of Megatron's modes", a.muon_scale_mode);
+  MCPP_CHECK_HINT(a.muon_fp32_matmul_prec == "medium" || a.muon_fp32_matmul_prec == "high",
+                  "give medium (bf16 Newton-Schulz, Megatron's default) or high (fp32)",
+                  "--muon-fp32-matmul-prec {}: PyTorch's float32 matmul precision has no such "
+                  "level (Megatron-LM fails at its first step)",
+                  a.muon_fp32_matmul_prec);
+  const std::set<std::string> coeffs = {"simple",      "quintic", "polar_express", "cans",
+                                        "aol",         "deepseekv4", "cubic5"};
+  MCPP_CHECK_HINT(coeffs.count(a.muon_coefficient_type),
+                  "give simple, quintic, polar_express, cans, aol, deepseekv4 or cubic5 "
+                  "(custom needs coefficient sets that no flag gives)",
+                  "--muon-coefficient-type {} is not a Newton-Schulz coefficient set",
+                  a.muon_coefficient_type);
+  MCPP_CHECK_HINT(a.muon_num_ns_steps >= 1, "give --muon-num-ns-steps 1 or more (default 5)",
+                  "--muon-num-ns-steps {} must be at least 1", a.muon_num_ns_steps);
+  MCPP_CHECK_HINT(a.muon_coefficient_type != "cubic5" || a.muon_num_ns_steps == 5,
+                  "give --muon-num-ns-steps 5 with cubic5",
+                  "--muon-coefficient-type cubic5 is a fixed 5-step schedule; got "
+                  "--muon-num-ns-steps {}",
+                  a.muon_num_ns_steps);
+  const std::set<std::string> modes = {"blockwise", "duplicated", "distributed"};
+  MCPP_CHECK_HINT(modes.count(a.muon_tp_mode), "give blockwise, duplicated or distributed",
+                  "--muon-tp-mode {} is not one of Megatron's modes", a.muon_tp_mode);
+  MCPP_CHECK_HINT(a.muon_scalar_optimizer == "adam" || a.muon_scalar_optimizer == "lion",
+                  "give adam or lion", "--muon-scalar-optimizer {}: adam or lion expected",
+                  a.muon_scalar_optimizer);
+  MCPP_CHECK_HINT(a.muon_momentum >= 0 && a.muon_momentum < 1, "give --muon-momentum in [0, 1)",
+                  "--muon-momentum {} must lie in [0, 1)", a.muon_momentum);
+}
+
 void validate_optimizer_rule(const Args& a) {
-  static const std::set<std::string> later = {"muon", "dist_muon", "soap", "adaptive_muon"};
+  if (a.optimizer == "dist_muon")
+    throw Error("--optimizer dist_muon is Megatron-LM's deprecated spelling of --optimizer muon "
+                "with --use-distributed-optimizer (its layer-wise distributed optimizer), "
+                "which is not implemented yet by megatron.cpp",
+                "use --optimizer muon without --use-distributed-optimizer");
+  static const std::set<std::string> later = {"soap", "adaptive_muon"};
   MCPP_CHECK_HINT(!later.count(a.optimizer),
-                  "use --optimizer adam (Megatron's default), sgd or lion",
+                  "use --optimizer adam (Megatron's default), sgd, lion or muon",
                   "--optimizer {} (emerging_optimizers' matrix optimizer) is not implemented yet "
                   "by megatron.cpp",
                   a.optimizer);
@@ -67,6 +118,7 @@ void validate_optimizer_rule(const Args& a) {
     MCPP_CHECK_HINT(beta >= 0 && beta < 1, fmt::format("give {} in [0, 1)", flag),
                     "{} {} must lie in [0, 1)", flag, beta);
   validate_precision_aware(a);
+  if (a.optimizer == "muon") validate_muon(a);
   if (a.optimizer == "adam") return;
   // Megatron-LM's legacy layout carries Adam's state (exp_avg / exp_avg_sq) only.
   MCPP_CHECK_HINT(a.ckpt_format != "torch" || a.no_save_optim || !a.save,

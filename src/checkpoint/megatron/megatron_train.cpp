@@ -182,11 +182,11 @@ LegacyLoaded load_legacy_training_checkpoint(const std::string& dir,
   d->load_optim = true;
   Imported im = read(*d);
   for (const auto& n : im.notes) log::warn("{}", n);
-  MCPP_CHECK_HINT(!load_optim || opt.rule() == optim::UpdateRule::Adam,
+  MCPP_CHECK_HINT(!load_optim || opt.state_name() == "adam",
                   "add --no-load-optim (or --finetune) to load the weights alone",
                   "{}: a legacy Megatron-LM checkpoint holds Adam's state; this run uses "
                   "--optimizer {}",
-                  d->iter_dir, optim::rule_name(opt.rule()));
+                  d->iter_dir, opt.state_name());
   MCPP_CHECK_HINT(!load_optim || im.optimizer,
                   "add --no-load-optim (or --finetune) to load the weights alone",
                   "{}: {}; the Adam state cannot be restored",

@@ -1,0 +1,87 @@
+// Muon (Megatron's --optimizer muon, through NVIDIA's emerging_optimizers package): the
+// 2-D weight matrices of the transformer step with orthogonalised momentum; every other
+// parameter (embeddings, the output layer, norms, biases) with the scalar rule
+// (--muon-scalar-optimizer adam or lion) as AdamW steps it today.
+//
+// One Muon step of a matrix W with gradient G (clipped as the rest), learning rate lr:
+//   W -= lr * wd * W                           (decoupled weight decay, if W decays)
+//   M  = mu * M + (1 - mu) * G                  (--muon-momentum mu)
+//   U  = nesterov ? (1 - mu) * G + mu * M : M   (--muon-nesterov)
+//   W -= lr * s * extra * NS(U)                  (--muon-scale-mode s, --muon-extra-scale-factor)
+// NS is --muon-num-ns-steps Newton-Schulz steps with the coefficient set
+// --muon-coefficient-type, on U / ||U||_F, on U^T when U has more rows than columns:
+//   A = X X^T;  B = b A + c A A;  X = a X + B X
+// in bf16 with fp32 accumulation under --muon-fp32-matmul-prec medium (Megatron's default:
+// every GEMM's output rounded to bf16), in fp32 under high. With --muon-split-qkv (the
+// default) the QKV weight's query, key and value rows are orthogonalised apart.
+//
+// Tensor parallelism (--muon-tp-mode), for a matrix split over TP (or ETP for experts):
+//   duplicated  the shards all-gathered, NS on the whole matrix, this rank's shard kept
+//               (the same update as without TP);
+//   blockwise   NS on the rank's own shard, scaled by the shard's shape;
+//   distributed NS on the shards, the Frobenius norm and the Gram matrix A all-reduced.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/params.h"
+#include "tensor/tensor.h"
+
+namespace mcpp::comm {
+class Communicator;
+}
+
+namespace mcpp::optim {
+
+enum class MuonScale { Spectral, UnitRmsNorm, ShapeScaling };
+enum class MuonTpMode { Blockwise, Duplicated, Distributed };
+
+struct MuonConfig {
+  double momentum = 0.9;  // --muon-momentum (Megatron's flag default)
+  bool nesterov = false;
+  MuonScale scale = MuonScale::Spectral;
+  double extra_scale = 1.0;
+  std::string coefficients = "quintic";
+  int ns_steps = 5;
+  bool bf16_matmul = true;  // --muon-fp32-matmul-prec medium
+  MuonTpMode tp_mode = MuonTpMode::Duplicated;
+  // --muon-split-qkv: the rows of one query group of linear_qkv, [query, key, value]
+  // (Megatron's layout); empty: QKV weights are orthogonalised whole.
+  std::vector<int64_t> qkv_split;
+};
+
+// The groups a TP-split matrix is orthogonalised over: the TP group, and the expert TP group
+// for experts (either may be null or of size 1: no TP).
+struct MuonGroups {
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* expert_tp = nullptr;
+};
+
+// Parses Megatron's spellings (validated at start-up: validate_optimizer.cpp).
+MuonScale parse_muon_scale(const std::string& s);
+MuonTpMode parse_muon_tp_mode(const std::string& s);
+
+// The (a, b, c) of each of `steps` Newton-Schulz steps for a coefficient set: the set's
+// tuples in turn, cycling, or repeating the last for polar_express, cans and deepseekv4.
+std::vector<std::array<double, 3>> muon_coefficients(const std::string& type, int steps);
+
+// The update's scale for a matrix of the whole layer's shape [out, in].
+double muon_scale_factor(MuonScale mode, int64_t out, int64_t in);
+
+// Whether Muon steps the parameter (a 2-D matrix that is not the word embedding or the
+// output layer, as Megatron's _is_muon_excluded); the rest go to the scalar rule.
+bool muon_steps(const model::ParamInfo& p);
+
+// NS(x) for a 2-D fp32 x [r, c] (any device): returns a new fp32 [r, c]. dist non-null:
+// x is this rank's shard along dim `dim` of a matrix split over dist (tp mode distributed).
+Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* dist, int dim,
+                     Stream& s);
+
+// The orthogonalised, scaled update of parameter p for momentum-like u (fp32, p's local
+// shape): QKV split, TP mode and scale factor applied. A new fp32 tensor.
+Tensor muon_update(const model::ParamInfo& p, const Tensor& u, const MuonConfig& c,
+                   const MuonGroups& g, Stream& s);
+
+}  // namespace mcpp::optim
