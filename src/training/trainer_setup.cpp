@@ -431,7 +431,17 @@ void Trainer::State::build_optimizer() {
                   : std::string());
   } else {
     auto adam = std::make_unique<optim::AdamW>(P, ocfg);
-    if (a.optimizer == "muon") adam->enable_muon(muon_config(a, s.model_cfg), muon_groups(*s.ps));
+    if (a.optimizer == "muon") {
+      adam->enable_muon(muon_config(a, s.model_cfg), muon_groups(*s.ps));
+      int64_t mats = 0, mat_numel = 0;
+      for (const auto& p : P.infos())
+        if (optim::muon_steps(p)) ++mats, mat_numel += p.numel();
+      log::info("> optimizer: Muon for {} matrices ({} parameters on this rank; {} Newton-Schulz "
+                "steps, {}, {} GEMMs, tp mode {}), {} for the other {} parameters",
+                mats, mat_numel, a.muon_num_ns_steps, a.muon_coefficient_type,
+                a.muon_fp32_matmul_prec == "medium" ? "bf16" : "fp32", a.muon_tp_mode,
+                a.muon_scalar_optimizer, P.total_numel() - mat_numel);
+    }
     s.opt = std::move(adam);
   }
   // --overlap-param-gather: the forward waits for each layer's gathered parameters.

@@ -31,12 +31,15 @@ static Loaded load(const std::string& dir) {
   model::TransformerConfig c = checkpoint::model_config_from_metadata(md);
   c.tp_size = 1, c.tp_rank = 0, c.sequence_parallel = false;
   l.model = std::make_unique<model::GPTModel>(c);
-  // The optimizer whose moments the checkpoint holds (SGD and Lion: exp_avg alone).
+  // The optimizer whose moments the checkpoint holds (SGD and Lion: exp_avg alone; Muon:
+  // its momentum beside the scalar rule's moments).
   optim::OptimizerConfig oc;
   const std::string rule = md.value("optimizer", std::string("adam"));
-  oc.rule = rule == "sgd" ? optim::UpdateRule::Sgd
-            : rule == "lion" ? optim::UpdateRule::Lion : optim::UpdateRule::Adam;
+  oc.rule = rule == "sgd"                          ? optim::UpdateRule::Sgd
+            : rule == "lion" || rule == "muon_lion" ? optim::UpdateRule::Lion
+                                                    : optim::UpdateRule::Adam;
   l.opt = std::make_unique<optim::AdamW>(l.model->params(), oc);
+  if (rule.rfind("muon", 0) == 0) l.opt->enable_muon(optim::MuonConfig{}, {});
   l.st = checkpoint::load_checkpoint(dir, std::nullopt, *l.model, l.opt.get());
   return l;
 }

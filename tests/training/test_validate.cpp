@@ -274,8 +274,10 @@ TEST(Validate, ValuesNotImplementedYet) {
                  {"--expert-model-parallel-size 2"}, 2);
   expect_invalid(with(base_argv(), {"--position-embedding-type", "yarn"}),
                  {"--position-embedding-type yarn is not implemented yet"});
-  expect_invalid(with(base_argv(), {"--optimizer", "muon"}),
-                 {"--optimizer muon", "is not implemented yet", "sgd or lion"});
+  expect_invalid(with(base_argv(), {"--optimizer", "soap"}),
+                 {"--optimizer soap", "is not implemented yet", "sgd, lion or muon"});
+  expect_invalid(with(base_argv(), {"--optimizer", "muon", "--use-distributed-optimizer"}),
+                 {"layer-wise distributed optimizer", "not implemented yet"});
   Args a = parse_and_validate(with(base_argv(), {"--use-rotary-position-embeddings"}));
   EXPECT_EQ(a.position_embedding_type, "rope");
 }
