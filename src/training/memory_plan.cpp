@@ -189,7 +189,8 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
     m.grads +=
         (m.parameters + (a.use_distributed_optimizer ? shard : 0)) *
         int64_t(dtype_size(DType::BF16));
-  // AdamW: two moments in fp32 (f64 for f64 models), SGD and Lion one; plus fp32 main
+  // AdamW: two moments in fp32 (f64 for f64 models), SGD and Lion one (Muon: its scalar
+  // rule's); plus fp32 main
   // params for 16-bit models (bf16 ones: their lower halves, 2 bytes, beside the model's
   // values; ops/split_main.h); the distributed optimizer keeps main params and moments of
   // its shard.
@@ -199,8 +200,10 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   auto moment = [&](const std::string& d) {
     return a.use_precision_aware_optimizer && d == "bf16" && state == 4 ? int64_t(2) : state;
   };
-  const int64_t moments =
-      moment(a.exp_avg_dtype) + (a.optimizer == "adam" ? moment(a.exp_avg_sq_dtype) : 0);
+  // Muon keeps its momentum where Adam's first moment is, beside the scalar rule's state.
+  const bool second = a.optimizer == "adam" ||
+                      (a.optimizer == "muon" && a.muon_scalar_optimizer == "adam");
+  const int64_t moments = moment(a.exp_avg_dtype) + (second ? moment(a.exp_avg_sq_dtype) : 0);
   if (a.use_distributed_optimizer)
     m.optimizer = shard * (moments + main_bytes);
   else

@@ -66,6 +66,19 @@ TEST(MemoryPlan, SplitMainParamsCountTwoBytes) {
   }
 }
 
+// --optimizer muon: the momentum where Adam's first moment is, beside the scalar rule's
+// state (AdamW allocates both moments for the whole buffer with Adam, one with Lion).
+TEST(MemoryPlan, MuonCountsItsScalarRulesState) {
+  const StageMemory adam = plan(gpu_argv(), 1);
+  const StageMemory muon = plan(with(gpu_argv(), {"--optimizer", "muon"}), 1);
+  const StageMemory muon_lion = plan(with(gpu_argv(), {"--optimizer", "muon",
+                                                       "--muon-scalar-optimizer", "lion"}), 1);
+  ASSERT_GT(adam.parameters, 0);
+  EXPECT_EQ(muon.optimizer, adam.optimizer);
+  EXPECT_EQ(muon.optimizer, adam.parameters * 10);       // lower halves + two moments
+  EXPECT_EQ(muon_lion.optimizer, adam.parameters * 6);   // lower halves + one
+}
+
 // --num-distributed-optimizer-instances N: every instance holds the whole state, sharded
 // over DP x CP / N ranks: DP 4 with N 2 plans the optimizer state and gradient shard of DP 2
 // with one instance, twice DP 4's.
