@@ -398,8 +398,11 @@ TrainSummary Trainer::run() {
     out.losses.push_back(r.loss);
     s.log->record(r.loss, r.grad_norm, r.skipped);
     s.log->record_moe(r.moe, r.skipped);
-    IntervalState st{s.consumed_train, s.sched->lr(), s.scaler ? s.scaler->scale() : 1.0,
-                     s.skipped_iters, s.nan_iters, flops_per_iter};
+    IntervalState st;
+    st.consumed_samples = s.consumed_train, st.learning_rate = s.sched->lr();
+    st.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
+    st.skipped_iterations = s.skipped_iters, st.nan_iterations = s.nan_iters;
+    st.flops_per_iteration = flops_per_iter;
     st.global_batch_size = gbs;
     st.skipped_samples = s.skipped_train;
     if (a.decoupled_lr) st.decoupled_learning_rate = s.decoupled_lr();

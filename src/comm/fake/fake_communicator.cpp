@@ -155,7 +155,11 @@ LaunchInfo fake_launch(const std::function<const char*(const char*)>& getenv_fn)
   const LaunchInfo real = [&] {
     for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
       if (const char* x = get(v); x && *x && std::string_view(x) != "1")
-        return LaunchInfo{.launcher = v, .size = std::atoi(x)};
+      {
+        LaunchInfo l;
+        l.launcher = v, l.size = std::atoi(x);
+        return l;
+      }
     return LaunchInfo{};
   }();
   MCPP_CHECK_HINT(!real.launched(),
