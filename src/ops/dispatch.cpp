@@ -16,6 +16,13 @@ Stream& default_stream(Device d) {
 #endif
 }
 
+Tensor on_device(const Tensor& host, Device dev, Stream& s) {
+  if (dev == Device::CPU) return host;
+  Tensor d = Tensor::empty(host.shape(), host.dtype(), dev);
+  copy(host, d, s);
+  return d;
+}
+
 void gemm(bool ta, bool tb, double alpha, const Tensor& A, const Tensor& B, double beta,
           Tensor& C, Stream& s) {
   MCPP_DISPATCH_SHAPED(gemm, C, ta, tb, alpha, A, B, beta, C, s);

@@ -21,6 +21,8 @@ void mlp_activation_backward(MlpActivation a, const Tensor& dy, const Tensor& x,
 // The stream a device's work goes to by default: Stream::cpu(), or the CUDA backend's
 // default stream (initialising the device on first use; an error in a CPU-only build).
 Stream& default_stream(Device d);
+// A host tensor's copy on dev (the tensor itself when dev is the CPU), on s.
+Tensor on_device(const Tensor& host, Device dev, Stream& s);
 }  // namespace mcpp::ops
 
 namespace mcpp::ops::cpu {

@@ -114,16 +114,8 @@ Tensor shard_of(const Tensor& full, int dim, comm::Communicator& g, Stream& s) {
   return dim == 0 ? part : transposed(part, s);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 Tensor index_tensor(const std::vector<int64_t>& idx, Device dev, Stream& s) {
-  Tensor h = Tensor::from(idx, {int64_t(idx.size())});
-  if (dev == Device::CPU) return h;
-  Tensor d = Tensor::empty(h.shape(), DType::I64, dev);
-  ops::copy(h, d, s);
-  return d;
+  return ops::on_device(Tensor::from(idx, {int64_t(idx.size())}), dev, s);
 }
 
 }  // namespace
@@ -252,7 +244,7 @@ Tensor muon_update(const model::ParamInfo& p, const Tensor& u, const MuonConfig&
   int64_t group_rows = 0;
   for (int64_t v : c.qkv_split) group_rows += v;
   const int64_t rows = u.size(0);
-  if (group_rows == 0 || !ends_with(p.name, "self_attention.linear_qkv.weight") ||
+  if (group_rows == 0 || !p.name.ends_with("self_attention.linear_qkv.weight") ||
       rows % group_rows != 0)
     return one(u);
   // Megatron's split: the rows of every query group's query part, then its keys, then its

@@ -401,11 +401,7 @@ namespace {
 
 // A f64 tensor with v on s's device (the routing exchange).
 Tensor f64_tensor(const std::vector<double>& v, Device dev, Stream& st) {
-  Tensor h = Tensor::from(v, {int64_t(v.size())});
-  if (dev == Device::CPU) return h;
-  Tensor d = Tensor::empty(h.shape(), DType::F64, dev);
-  ops::copy(h, d, st);
-  return d;
+  return ops::on_device(Tensor::from(v, {int64_t(v.size())}), dev, st);
 }
 
 }  // namespace
