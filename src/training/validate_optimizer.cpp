@@ -53,8 +53,9 @@ static void validate_precision_aware(const Args& a) {
   }
 }
 
-// --optimizer muon and its --muon-* flags: Megatron's choices, and what its emerging_optimizers
-// package rejects (an unknown coefficient set, cubic5 with other than 5 steps), at start-up.
+// --optimizer muon and its --muon-* flags (the parser checks the choices of --muon-scale-mode,
+// --muon-tp-mode and --muon-scalar-optimizer): what Megatron and its emerging_optimizers
+// package reject (an unknown coefficient set, cubic5 with other than 5 steps), at start-up.
 static void validate_muon(const Args& a) {
   MCPP_CHECK_HINT(!a.use_distributed_optimizer,
                   "drop --use-distributed-optimizer (Muon then keeps its momentum on every "
@@ -67,9 +68,6 @@ static void validate_muon(const Args& a) {
   MCPP_CHECK_HINT(!a.muon_use_syrk, "drop --muon-use-syrk (the same update, by GEMMs)",
                   "--muon-use-syrk (a Triton SYRK kernel for the Gram matrix) is not "
                   "implemented yet by megatron.cpp");
-  const std::set<std::string> scale = {"spectral", "unit_rms_norm", "shape_scaling"};
-  MCPP_CHECK_HINT(scale.count(a.muon_scale_mode), "give spectral, unit_rms_norm or shape_scaling",
-                  "--muon-scale-mode {} is not one of Megatron's modes", a.muon_scale_mode);
   MCPP_CHECK_HINT(a.muon_fp32_matmul_prec == "medium" || a.muon_fp32_matmul_prec == "high",
                   "give medium (bf16 Newton-Schulz, Megatron's default) or high (fp32)",
                   "--muon-fp32-matmul-prec {}: PyTorch's float32 matmul precision has no such "
@@ -89,12 +87,6 @@ static void validate_muon(const Args& a) {
                   "--muon-coefficient-type cubic5 is a fixed 5-step schedule; got "
                   "--muon-num-ns-steps {}",
                   a.muon_num_ns_steps);
-  const std::set<std::string> modes = {"blockwise", "duplicated", "distributed"};
-  MCPP_CHECK_HINT(modes.count(a.muon_tp_mode), "give blockwise, duplicated or distributed",
-                  "--muon-tp-mode {} is not one of Megatron's modes", a.muon_tp_mode);
-  MCPP_CHECK_HINT(a.muon_scalar_optimizer == "adam" || a.muon_scalar_optimizer == "lion",
-                  "give adam or lion", "--muon-scalar-optimizer {}: adam or lion expected",
-                  a.muon_scalar_optimizer);
   MCPP_CHECK_HINT(a.muon_momentum >= 0 && a.muon_momentum < 1, "give --muon-momentum in [0, 1)",
                   "--muon-momentum {} must lie in [0, 1)", a.muon_momentum);
 }
