@@ -73,14 +73,36 @@ void round_to_bf16(Tensor& x, Stream& s) {
   ops::copy(t, x, s);
 }
 
-// The sum over the group of one value of each rank, in fp32 as emerging_optimizers' norm.
-double all_reduce_sum(double v, comm::Communicator& g, Device dev, Stream& s) {
-  Tensor t = Tensor::empty({1}, DType::F32, dev);
-  ops::fill(t, v, s);
+// The sums over the group of each rank's values, in fp32 as emerging_optimizers' norm.
+std::vector<double> all_reduce_sums(const std::vector<double>& v, comm::Communicator& g,
+                                    Device dev, Stream& s) {
+  std::vector<float> f(v.begin(), v.end());
+  Tensor t = ops::on_device(Tensor::from(f, {int64_t(f.size())}), dev, s);
   g.all_reduce(t, comm::ReduceOp::Sum, s);
-  Tensor h = Tensor::empty({1}, DType::F32);
+  Tensor h = Tensor::empty({int64_t(f.size())}, DType::F32);
   ops::copy(t, h, s);  // a host destination: complete on return
-  return h.data<float>()[0];
+  return std::vector<double>(h.data<float>(), h.data<float>() + f.size());
+}
+
+// Matrix i of a batch [n, r, c], as [r, c] (a view).
+Tensor slot(const Tensor& x, int64_t i) { return x.narrow(i, 1).view({x.size(1), x.size(2)}); }
+
+// Each matrix's sum of squares in fp64, x [n, r, c]. On a GPU every reduction is queued
+// before the first is read: one wait for the batch, not one a matrix.
+std::vector<double> sums_of_squares(const Tensor& x, Stream& s) {
+  const int64_t n = x.size(0);
+  std::vector<double> out(size_t(n), 0.0);
+  if (x.device() == Device::CPU) {
+    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = ops::sum_squares(slot(x, i), s);
+    return out;
+  }
+  std::vector<Tensor> partial(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor xi = slot(x, i);
+    ops::dot_begin(xi, xi, partial[size_t(i)], s);
+  }
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = ops::dot_end(partial[size_t(i)], s);
+  return out;
 }
 
 Tensor transposed(const Tensor& x, Stream& s) {
@@ -164,27 +186,34 @@ bool muon_steps(const model::ParamInfo& p) {
 
 Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* dist, int dim,
                      Stream& s) {
-  MCPP_CHECK(x.dim() == 2 && x.dtype() == DType::F32, "newton_schulz: f32 [r, c] expected, got {}",
-             x.str());
-  const int64_t r = x.size(0), cols = x.size(1);
+  MCPP_CHECK((x.dim() == 2 || x.dim() == 3) && x.dtype() == DType::F32,
+             "newton_schulz: f32 [r, c] or [n, r, c] expected, got {}", x.str());
+  if (x.dim() == 2)
+    return newton_schulz(x.view({1, x.size(0), x.size(1)}), c, dist, dim, s).view(x.shape());
+  const int64_t nb = x.size(0), r = x.size(1), cols = x.size(2);
   const Device dev = x.device();
   // Orthogonalise along the smaller dimension (distributed: the one not split over TP).
   const bool tr = dist ? dim == 0 : r > cols;
-  double sq = ops::sum_squares(x, s);
-  if (dist) sq = all_reduce_sum(sq, *dist, dev, s);
-  const double norm = std::max(double(float(std::sqrt(sq))), 1e-15);
+  Tensor scaled = Tensor::empty(x.shape(), DType::F32, dev);
+  ops::copy(x, scaled, s);
+  std::vector<double> sq = sums_of_squares(scaled, s);
+  if (dist) sq = all_reduce_sums(sq, *dist, dev, s);
+  for (int64_t i = 0; i < nb; ++i) {
+    const double norm = std::max(double(float(std::sqrt(sq[size_t(i)]))), 1e-15);
+    Tensor xi = slot(scaled, i);
+    ops::scale(xi, 1.0 / norm, s);
+  }
   // bf16 GEMMs on CUDA; on the CPU f32 GEMMs of bf16 values, each output rounded to bf16.
+  // Every GEMM below is one batched call over the nb matrices.
   const bool native = c.bf16_matmul && dev == Device::CUDA;
   const bool emulate = c.bf16_matmul && !native;
   const DType dt = native ? DType::BF16 : DType::F32;
-  Tensor scaled = Tensor::empty({r, cols}, DType::F32, dev);
-  ops::copy(x, scaled, s);
-  ops::scale(scaled, 1.0 / norm, s);
-  Tensor X = Tensor::empty({r, cols}, dt, dev), Xn = Tensor::empty({r, cols}, dt, dev);
+  Tensor X = Tensor::empty(x.shape(), dt, dev), Xn = Tensor::empty(x.shape(), dt, dev);
   ops::copy(scaled, X, s);
+  scaled = Tensor();
   if (emulate) round_to_bf16(X, s);
   const int64_t n = tr ? cols : r;
-  Tensor A = Tensor::empty({n, n}, dt, dev), B = Tensor::empty({n, n}, dt, dev);
+  Tensor A = Tensor::empty({nb, n, n}, dt, dev), B = Tensor::empty({nb, n, n}, dt, dev);
   for (const auto& [a, b, cc] : muon_coefficients(c.coefficients, c.ns_steps)) {
     // A = Y Y^T with Y = X (or X^T).
     ops::gemm(tr, !tr, 1.0, X, X, 0.0, A, s);
@@ -209,71 +238,139 @@ Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* d
     if (emulate) round_to_bf16(Xn, s);
     std::swap(X, Xn);
   }
-  Tensor out = Tensor::empty({r, cols}, DType::F32, dev);
+  Tensor out = Tensor::empty(x.shape(), DType::F32, dev);
   ops::copy(X, out, s);
+  return out;
+}
+
+std::vector<Tensor> muon_updates(const std::vector<const model::ParamInfo*>& ps,
+                                 const std::vector<Tensor>& us, const MuonConfig& c,
+                                 const MuonGroups& g, Stream& s) {
+  MCPP_CHECK(ps.size() == us.size(), "muon_updates: {} parameters, {} updates", ps.size(),
+             us.size());
+  // One matrix Newton-Schulz orthogonalises: a parameter's update or one of its QKV parts;
+  // under duplicated TP the whole matrix gathered from the shards.
+  struct Block {
+    size_t param = 0;
+    Tensor x;                              // f32 [r, c]
+    comm::Communicator* dist = nullptr;    // distributed TP: x is a shard over dist
+    int dim = -1;                          // ... along dim
+    comm::Communicator* shard = nullptr;   // duplicated TP: keep this rank's part
+    int shard_dim = -1;
+    int64_t out = 0, in = 0;               // the whole layer's shape, for the scale
+    int64_t at = -1;                       // QKV parts: the first row in the parts' order
+    Tensor result;
+  };
+  struct Split {
+    Tensor done, back;  // the parts' results in the parts' order; the inverse row order
+  };
+  std::vector<Block> blocks;
+  std::vector<Split> splits(ps.size());
+  int64_t group_rows = 0;
+  for (int64_t v : c.qkv_split) group_rows += v;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const model::ParamInfo& p = *ps[k];
+    const Tensor& u = us[k];
+    MCPP_CHECK(u.dim() == 2 && u.dtype() == DType::F32,
+               "muon_update: {}: f32 matrix expected, got {}", p.name, u.str());
+    const int dim = p.split == model::TpSplit::Cols ? 1
+                    : p.split == model::TpSplit::Rows || p.split == model::TpSplit::SwigluRows
+                        ? 0
+                        : -1;
+    comm::Communicator* grp = dim < 0 ? nullptr : p.expert >= 0 ? g.expert_tp : g.tp;
+    if (grp && grp->size() <= 1) grp = nullptr;
+    auto add = [&](const Tensor& x, int64_t at) {
+      Block b;
+      b.param = k, b.x = x;
+      b.out = x.size(0), b.in = x.size(1), b.at = at;
+      if (grp && c.tp_mode != MuonTpMode::Blockwise) {
+        (dim == 0 ? b.out : b.in) *= grp->size();
+        if (c.tp_mode == MuonTpMode::Duplicated)
+          b.x = gather_matrix(x, dim, *grp, s), b.shard = grp, b.shard_dim = dim;
+        else
+          b.dist = grp, b.dim = dim;
+      }
+      blocks.push_back(std::move(b));
+    };
+    const int64_t rows = u.size(0);
+    if (group_rows == 0 || !p.name.ends_with("self_attention.linear_qkv.weight") ||
+        rows % group_rows != 0) {
+      add(u, -1);
+      continue;
+    }
+    // Megatron's split: the rows of every query group's query part, then its keys, then its
+    // values, each orthogonalised as one matrix.
+    const int64_t groups = rows / group_rows;
+    std::vector<int64_t> order, back(size_t(rows), 0);
+    std::vector<int64_t> part_rows;
+    int64_t offset = 0;
+    for (int64_t len : c.qkv_split) {
+      for (int64_t q = 0; q < groups; ++q)
+        for (int64_t j = 0; j < len; ++j) order.push_back(q * group_rows + offset + j);
+      part_rows.push_back(groups * len);
+      offset += len;
+    }
+    for (size_t j = 0; j < order.size(); ++j) back[size_t(order[j])] = int64_t(j);
+    Tensor parts = Tensor::empty(u.shape(), DType::F32, u.device());
+    ops::gather_rows(u, index_tensor(order, u.device(), s), parts, s);
+    splits[k].done = Tensor::empty(u.shape(), DType::F32, u.device());
+    splits[k].back = index_tensor(back, u.device(), s);
+    int64_t at = 0;
+    for (int64_t n : part_rows) {
+      add(parts.narrow(at, n), at);  // rows of a row-major matrix: contiguous
+      at += n;
+    }
+  }
+  // Blocks of one shape (and TP treatment) are orthogonalised together, in the order their
+  // first block came: the same collectives in the same order on every rank of a group.
+  std::vector<bool> taken(blocks.size(), false);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (taken[i]) continue;
+    const Block& first = blocks[i];
+    std::vector<size_t> same;
+    for (size_t j = i; j < blocks.size(); ++j) {
+      const Block& b = blocks[j];
+      if (!taken[j] && b.x.size(0) == first.x.size(0) && b.x.size(1) == first.x.size(1) &&
+          b.dist == first.dist && b.dim == first.dim)
+        same.push_back(j), taken[j] = true;
+    }
+    const int64_t r = first.x.size(0), cols = first.x.size(1), nb = int64_t(same.size());
+    Tensor batch;
+    if (nb == 1) {
+      batch = first.x.view({1, r, cols});
+    } else {
+      batch = Tensor::empty({nb, r, cols}, DType::F32, first.x.device());
+      for (int64_t j = 0; j < nb; ++j) {
+        Tensor dst = slot(batch, j);
+        ops::copy(blocks[same[size_t(j)]].x, dst, s);
+      }
+    }
+    const Tensor o = newton_schulz(batch, c, first.dist, first.dim, s);
+    for (int64_t j = 0; j < nb; ++j) blocks[same[size_t(j)]].result = slot(o, j);
+  }
+  std::vector<Tensor> out(ps.size());
+  for (Block& b : blocks) {
+    Tensor o = b.shard ? shard_of(b.result, b.shard_dim, *b.shard, s) : b.result;
+    ops::scale(o, muon_scale_factor(c.scale, b.out, b.in), s);
+    if (c.extra_scale != 1.0) ops::scale(o, c.extra_scale, s);
+    if (b.at < 0) {
+      out[b.param] = o;
+    } else {
+      Tensor dst = splits[b.param].done.narrow(b.at, o.size(0));
+      ops::copy(o, dst, s);
+    }
+  }
+  for (size_t k = 0; k < ps.size(); ++k) {
+    if (!splits[k].done.defined()) continue;
+    out[k] = Tensor::empty(us[k].shape(), DType::F32, us[k].device());
+    ops::gather_rows(splits[k].done, splits[k].back, out[k], s);
+  }
   return out;
 }
 
 Tensor muon_update(const model::ParamInfo& p, const Tensor& u, const MuonConfig& c,
                    const MuonGroups& g, Stream& s) {
-  MCPP_CHECK(u.dim() == 2 && u.dtype() == DType::F32, "muon_update: {}: f32 matrix expected, got {}",
-             p.name, u.str());
-  const int dim = p.split == model::TpSplit::Cols                                     ? 1
-                  : p.split == model::TpSplit::Rows || p.split == model::TpSplit::SwigluRows ? 0
-                                                                                         : -1;
-  comm::Communicator* grp = dim < 0 ? nullptr : p.expert >= 0 ? g.expert_tp : g.tp;
-  if (grp && grp->size() <= 1) grp = nullptr;
-  // One block (the matrix, or its query / key / value rows): orthogonalised and scaled.
-  auto one = [&](const Tensor& x) {
-    int64_t out = x.size(0), in = x.size(1);
-    Tensor o;
-    if (!grp || c.tp_mode == MuonTpMode::Blockwise) {
-      o = newton_schulz(x, c, nullptr, -1, s);
-    } else {
-      (dim == 0 ? out : in) *= grp->size();
-      if (c.tp_mode == MuonTpMode::Duplicated)
-        o = shard_of(newton_schulz(gather_matrix(x, dim, *grp, s), c, nullptr, -1, s), dim, *grp,
-                     s);
-      else
-        o = newton_schulz(x, c, grp, dim, s);
-    }
-    ops::scale(o, muon_scale_factor(c.scale, out, in), s);
-    if (c.extra_scale != 1.0) ops::scale(o, c.extra_scale, s);
-    return o;
-  };
-  int64_t group_rows = 0;
-  for (int64_t v : c.qkv_split) group_rows += v;
-  const int64_t rows = u.size(0);
-  if (group_rows == 0 || !p.name.ends_with("self_attention.linear_qkv.weight") ||
-      rows % group_rows != 0)
-    return one(u);
-  // Megatron's split: the rows of every query group's query part, then its keys, then its
-  // values, each orthogonalised as one matrix.
-  const int64_t groups = rows / group_rows;
-  std::vector<int64_t> order, back(size_t(rows), 0);
-  std::vector<int64_t> part_rows;
-  int64_t offset = 0;
-  for (int64_t len : c.qkv_split) {
-    for (int64_t q = 0; q < groups; ++q)
-      for (int64_t j = 0; j < len; ++j) order.push_back(q * group_rows + offset + j);
-    part_rows.push_back(groups * len);
-    offset += len;
-  }
-  for (size_t k = 0; k < order.size(); ++k) back[size_t(order[k])] = int64_t(k);
-  Tensor parts = Tensor::empty(u.shape(), DType::F32, u.device());
-  ops::gather_rows(u, index_tensor(order, u.device(), s), parts, s);
-  Tensor done = Tensor::empty(u.shape(), DType::F32, u.device());
-  int64_t at = 0;
-  for (int64_t n : part_rows) {
-    Tensor block = Tensor::empty({n, u.size(1)}, DType::F32, u.device());
-    ops::copy(parts.narrow(at, n), block, s);
-    Tensor dst = done.narrow(at, n);
-    ops::copy(one(block), dst, s);
-    at += n;
-  }
-  Tensor out = Tensor::empty(u.shape(), DType::F32, u.device());
-  ops::gather_rows(done, index_tensor(back, u.device(), s), out, s);
-  return out;
+  return muon_updates({&p}, {u}, c, g, s).front();
 }
 
 }  // namespace mcpp::optim

@@ -74,8 +74,10 @@ double muon_scale_factor(MuonScale mode, int64_t out, int64_t in);
 // output layer, as Megatron's _is_muon_excluded); the rest go to the scalar rule.
 bool muon_steps(const model::ParamInfo& p);
 
-// NS(x) for a 2-D fp32 x [r, c] (any device): returns a new fp32 [r, c]. dist non-null:
-// x is this rank's shard along dim `dim` of a matrix split over dist (tp mode distributed).
+// NS(x) for a 2-D fp32 x [r, c] (any device): returns a new fp32 [r, c]. A 3-D x [n, r, c]
+// is n matrices, each orthogonalised on its own, their GEMMs batched (on the CPU each
+// matrix's bits are those of its own call). dist non-null: x is this rank's shard along
+// dim `dim` of a matrix split over dist (tp mode distributed).
 Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* dist, int dim,
                      Stream& s);
 
@@ -83,5 +85,13 @@ Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* d
 // shape): QKV split, TP mode and scale factor applied. A new fp32 tensor.
 Tensor muon_update(const model::ParamInfo& p, const Tensor& u, const MuonConfig& c,
                    const MuonGroups& g, Stream& s);
+
+// muon_update for several parameters at once: the matrices of one shape among them (QKV
+// parts and gathered TP shards included) go through Newton-Schulz as one batch, which on a
+// GPU turns hundreds of small GEMM launches into a few large ones. Every rank of a TP group
+// must pass the same parameters in the same order (the collectives follow it).
+std::vector<Tensor> muon_updates(const std::vector<const model::ParamInfo*>& ps,
+                                 const std::vector<Tensor>& us, const MuonConfig& c,
+                                 const MuonGroups& g, Stream& s);
 
 }  // namespace mcpp::optim

@@ -233,11 +233,11 @@ void AdamW::step(double lr, double wd) {
   // between runs is never stepped, so it keeps the zeros both buffers start with.
   const auto& infos = ps_.infos();
   auto by_muon = [&](size_t k) { return muon_ && muon_steps(infos[k]); };
+  std::vector<size_t> muon_params;
   size_t i = 0;
   while (i < infos.size()) {
     if (by_muon(i)) {
-      muon_param_step(i, lr_of(i, lr), infos[i].weight_decay ? wd : 0.0, st);
-      ++i;
+      muon_params.push_back(i++);
       continue;
     }
     size_t j = i;
@@ -251,6 +251,30 @@ void AdamW::step(double lr, double wd) {
                 lr_of(i, lr), infos[i].weight_decay ? wd : 0.0, st);
     i = j + 1;
   }
+  // Muon's matrices in windows of at most kMuonWindowBytes of fp32 updates (at least one
+  // matrix): the matrices of one shape in a window share their Newton-Schulz GEMMs, and
+  // the window bounds the step's temporary memory.
+  constexpr int64_t kMuonWindowBytes = int64_t(256) << 20;
+  for (size_t a = 0; a < muon_params.size();) {
+    size_t b = a;
+    int64_t bytes = 0;
+    std::vector<const model::ParamInfo*> ps;
+    std::vector<Tensor> us;
+    while (b < muon_params.size() &&
+           (b == a || bytes + infos[muon_params[b]].numel() * 4 <= kMuonWindowBytes)) {
+      bytes += infos[muon_params[b]].numel() * 4;
+      ps.push_back(&infos[muon_params[b]]);
+      us.push_back(muon_momentum(muon_params[b], st));
+      ++b;
+    }
+    const std::vector<Tensor> upd = muon_updates(ps, us, *muon_, muon_groups_, st);
+    us.clear();
+    for (size_t k = a; k < b; ++k) {
+      const size_t p = muon_params[k];
+      muon_apply(p, lr_of(p, lr), infos[p].weight_decay ? wd : 0.0, upd[k - a], st);
+    }
+    a = b;
+  }
   finish_step();
 }
 
@@ -263,7 +287,7 @@ void AdamW::enable_muon(const MuonConfig& c, const MuonGroups& g) {
   muon_groups_ = g;
 }
 
-void AdamW::muon_param_step(size_t i, double lr, double wd, Stream& st) {
+Tensor AdamW::muon_momentum(size_t i, Stream& st) {
   const model::ParamInfo& p = ps_.infos()[i];
   const MuonConfig& c = *muon_;
   const int64_t off = p.offset, n = p.numel();
@@ -273,6 +297,25 @@ void AdamW::muon_param_step(size_t i, double lr, double wd, Stream& st) {
   Tensor g = Tensor::empty(shape, DType::F32, dev);
   ops::copy(ps_.flat_grads().narrow(off, n), g, st);
   if (grad_scale_ != 1.0) ops::scale(g, grad_scale_, st);
+  Tensor m = m_.narrow(off, n).view(shape);
+  ops::scale(m, c.momentum, st);
+  ops::axpy(1.0 - c.momentum, g, m, st);
+  Tensor u = Tensor::empty(shape, DType::F32, dev);
+  if (c.nesterov) {
+    ops::copy(g, u, st);
+    ops::scale(u, 1.0 - c.momentum, st);
+    ops::axpy(c.momentum, m, u, st);
+  } else {
+    ops::copy(m, u, st);
+  }
+  return u;
+}
+
+void AdamW::muon_apply(size_t i, double lr, double wd, const Tensor& update, Stream& st) {
+  const model::ParamInfo& p = ps_.infos()[i];
+  const int64_t off = p.offset, n = p.numel();
+  const Shape& shape = p.local_shape;
+  const Device dev = ps_.device();
   // The fp32 weights: the main parameters, the model's own (f32 models), or joined from
   // the bf16 model parameters and their lower halves (split).
   Tensor model = ps_.flat_params().narrow(off, n);
@@ -288,18 +331,7 @@ void AdamW::muon_param_step(size_t i, double lr, double wd, Stream& st) {
     w = model.view(shape);
   }
   if (wd != 0.0) ops::axpy(-wd * lr, w, w, st);  // decoupled: W -= lr wd W
-  Tensor m = m_.narrow(off, n).view(shape);
-  ops::scale(m, c.momentum, st);
-  ops::axpy(1.0 - c.momentum, g, m, st);
-  Tensor u = Tensor::empty(shape, DType::F32, dev);
-  if (c.nesterov) {
-    ops::copy(g, u, st);
-    ops::scale(u, 1.0 - c.momentum, st);
-    ops::axpy(c.momentum, m, u, st);
-  } else {
-    ops::copy(m, u, st);
-  }
-  ops::axpy(-lr, muon_update(p, u, c, muon_groups_, st), w, st);
+  ops::axpy(-lr, update, w, st);
   if (main_.defined()) {
     ops::copy(w, model, st);  // rounded to the model's dtype, as after the other rules
   } else if (lo_.defined()) {

@@ -221,8 +221,11 @@ class AdamW final : public Optimizer {
   void enable_muon(const MuonConfig& c, const MuonGroups& g);
 
  private:
-  // One Muon step of parameter i (registry index) at learning rate lr, weight decay wd.
-  void muon_param_step(size_t i, double lr, double wd, Stream& st);
+  // Muon's step of parameter i (registry index) in two halves: the momentum update,
+  // returning U (fp32, the parameter's shape); then, given the orthogonalised update,
+  // decoupled weight decay wd and W -= lr * update (the model's copy written back).
+  Tensor muon_momentum(size_t i, Stream& st);
+  void muon_apply(size_t i, double lr, double wd, const Tensor& update, Stream& st);
   std::vector<ShardSegment> segs_;
 };
 

@@ -46,6 +46,28 @@ TEST(Gemm, AllTransposesMatchNaiveLoop) {
       }
 }
 
+// 3-D operands: each matrix of the batch as the naive loop computes it, in every transpose
+// case; mismatched batch sizes are refused.
+TEST(Gemm, BatchesAreEachMatrixsProduct) {
+  const int64_t n = 3, M = 4, N = 6, K = 5;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      Tensor A = randn(ta ? Shape{n, K, M} : Shape{n, M, K}, 1);
+      Tensor B = randn(tb ? Shape{n, N, K} : Shape{n, K, N}, 2);
+      Tensor C = randn({n, M, N}, 3), C0 = C.clone();
+      cpu::gemm(ta, tb, 0.5, A, B, 2.0, C, S());
+      for (int64_t i = 0; i < n; ++i) {
+        auto mat = [&](const Tensor& t) { return t.narrow(i, 1).view({t.size(1), t.size(2)}); };
+        Tensor want = naive_gemm(ta, tb, 0.5, mat(A), mat(B), 2.0, mat(C0));
+        EXPECT_LT(rel_err(mat(C), want), 1e-14) << "matrix " << i << " ta=" << ta << " tb=" << tb;
+      }
+    }
+  Tensor A = randn({2, 3, 4}, 1), B = randn({3, 4, 2}, 2), C = Tensor::zeros({2, 3, 2}, DType::F64);
+  EXPECT_THROW(cpu::gemm(false, false, 1, A, B, 0, C, S()), Error);
+  Tensor B2 = randn({4, 2}, 2);
+  EXPECT_THROW(cpu::gemm(false, false, 1, A, B2, 0, C, S()), Error);  // 3-D with 2-D
+}
+
 TEST(Gemm, BetaZeroIgnoresGarbageAndEmptyK) {
   Tensor A = randn({3, 4}, 1), B = randn({4, 2}, 2);
   Tensor C = Tensor::empty({3, 2}, DType::F64);

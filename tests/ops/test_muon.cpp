@@ -263,4 +263,53 @@ TEST(Muon, OptimizerStepsMatricesByMuonTheRestAsAdamW) {
   }
 }
 
+// Several parameters at once (the optimizer's path): matrices of one shape share batched
+// GEMMs, and every update is bitwise the one-parameter call's, for both orientations, the
+// QKV split, bf16 emulation and Nesterov-free fp32 alike.
+TEST(Muon, BatchedUpdatesAreBitwiseTheOneAtATimeOnes) {
+  struct P {
+    const char* name;
+    Shape shape;
+  };
+  const std::vector<P> list = {
+      {"decoder.layers.0.self_attention.linear_qkv.weight", {16, 6}},
+      {"decoder.layers.0.mlp.linear_fc1.weight", {12, 6}},
+      {"decoder.layers.0.mlp.linear_fc2.weight", {6, 12}},
+      {"decoder.layers.1.self_attention.linear_qkv.weight", {16, 6}},
+      {"decoder.layers.1.mlp.linear_fc1.weight", {12, 6}},
+      {"decoder.layers.1.self_attention.linear_proj.weight", {8, 6}},
+      {"decoder.layers.1.mlp.linear_fc2.weight", {6, 12}},
+  };
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 emulated" : "fp32");
+    optim::MuonConfig cfg = fp32_config();
+    cfg.bf16_matmul = bf16;
+    cfg.qkv_split = {4, 2, 2};  // the QKV parts are [8, 6], [4, 6], [4, 6]: proj joins q's
+    std::vector<model::ParamInfo> infos(list.size());
+    std::vector<const model::ParamInfo*> ps;
+    std::vector<Tensor> us;
+    for (size_t k = 0; k < list.size(); ++k) {
+      infos[k].name = list[k].name;
+      infos[k].global_shape = infos[k].local_shape = list[k].shape;
+      ps.push_back(&infos[k]);
+      us.push_back(as(randn(list[k].shape, 40 + k), DType::F32));
+    }
+    const std::vector<Tensor> batched = optim::muon_updates(ps, us, cfg, {}, S());
+    ASSERT_EQ(batched.size(), list.size());
+    for (size_t k = 0; k < list.size(); ++k) {
+      const Tensor one = optim::muon_update(infos[k], us[k], cfg, {}, S());
+      ASSERT_EQ(batched[k].shape(), one.shape()) << list[k].name;
+      EXPECT_EQ(std::memcmp(batched[k].raw(), one.raw(), one.nbytes()), 0) << list[k].name;
+    }
+    // A 3-D batch through newton_schulz: each matrix as its own call.
+    Tensor x = as(randn({3, 5, 7}, 9), DType::F32);
+    const Tensor all = optim::newton_schulz(x, cfg, nullptr, -1, S());
+    for (int64_t i = 0; i < 3; ++i) {
+      const Tensor one =
+          optim::newton_schulz(x.narrow(i, 1).view({5, 7}), cfg, nullptr, -1, S());
+      EXPECT_EQ(std::memcmp(all.narrow(i, 1).raw(), one.raw(), one.nbytes()), 0) << i;
+    }
+  }
+}
+
 }  // namespace muon_test

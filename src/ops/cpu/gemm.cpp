@@ -1,5 +1,6 @@
 // GEMM and linear layers on the CPU: OpenBLAS cblas_sgemm / cblas_dgemm, row-major.
-//   gemm:            C[M,N] = alpha op(A) op(B) + beta C        (f32 or f64, all alike)
+//   gemm:            C[M,N] = alpha op(A) op(B) + beta C        (f32 or f64, all alike;
+//                    3-D operands: a batch of such products, one after another)
 //   linear_forward:  y[..., out] = x[..., in] @ w[out, in]^T (+ b[out])       (=)
 //   linear_backward: dx[..., in] = dy @ w                 (= or += with accumulate_dx)
 //                    dw[out, in] += dy^T @ x, db[out] += sum over rows of dy  (+=)
@@ -67,21 +68,28 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tenso
   DType dt = c.floating(A, "A");
   c.dtype(B, "B", dt);
   c.dtype(C, "C", dt);
-  MCPP_CHECK(A.dim() == 2 && B.dim() == 2 && C.dim() == 2,
-             "gemm: A, B, C must be 2-D, found A {}, B {}, C {}", shape_str(A.shape()),
+  const int d = A.dim();
+  MCPP_CHECK((d == 2 || d == 3) && B.dim() == d && C.dim() == d,
+             "gemm: A, B, C must all be 2-D (or 3-D: a batch), found A {}, B {}, C {}",
+             shape_str(A.shape()), shape_str(B.shape()), shape_str(C.shape()));
+  const int64_t batch = d == 3 ? A.size(0) : 1;
+  MCPP_CHECK(d == 2 || (B.size(0) == batch && C.size(0) == batch),
+             "gemm: batch sizes differ: A {}, B {}, C {}", shape_str(A.shape()),
              shape_str(B.shape()), shape_str(C.shape()));
-  const int64_t M = trans_a ? A.size(1) : A.size(0), K = trans_a ? A.size(0) : A.size(1);
-  const int64_t Kb = trans_b ? B.size(1) : B.size(0), N = trans_b ? B.size(0) : B.size(1);
+  const int64_t a0 = A.size(-2), a1 = A.size(-1), b0 = B.size(-2), b1 = B.size(-1);
+  const int64_t M = trans_a ? a1 : a0, K = trans_a ? a0 : a1;
+  const int64_t Kb = trans_b ? b1 : b0, N = trans_b ? b0 : b1;
   MCPP_CHECK(K == Kb,
              "gemm: inner dimensions differ: op(A) is [{}, {}] (A {}{}), op(B) is "
              "[{}, {}] (B {}{})",
              M, K, shape_str(A.shape()), trans_a ? "^T" : "", Kb, N, shape_str(B.shape()),
              trans_b ? "^T" : "");
-  c.shape(C, "C", {M, N});
+  c.shape(C, "C", d == 3 ? Shape{batch, M, N} : Shape{M, N});
   dispatch_float(dt, [&](auto tag) {
     using R = decltype(tag);
-    blas_gemm<R>(trans_a, trans_b, M, N, K, R(alpha), A.data<R>(), A.size(1), B.data<R>(),
-                 B.size(1), R(beta), C.data<R>());
+    for (int64_t i = 0; i < batch; ++i)  // each matrix as a 2-D call: the same bits
+      blas_gemm<R>(trans_a, trans_b, M, N, K, R(alpha), A.data<R>() + i * a0 * a1, a1,
+                   B.data<R>() + i * b0 * b1, b1, R(beta), C.data<R>() + i * M * N);
   });
 }
 

@@ -3,7 +3,7 @@
 // Why: loading libcublasLt runs its static initialisers, ~0.35 s of CPU (page faults over
 // its tables) in every process that merely links it: every CPU training run, every
 // `megatron --help`, every rank of an mpirun on the CPU, every test binary. The library's
-// GEMMs use 14 cuBLASLt entry points, and CUBLAS_CHECK (device.h) cuBLAS's two status-text
+// GEMMs use 15 cuBLASLt entry points, and CUBLAS_CHECK (device.h) cuBLAS's two status-text
 // functions, answered here by cuBLASLt's equivalents; this file defines each of them with the
 // header's signature and forwards to the real one, looked up with dlsym the first time it is
 // called. The library therefore does not link libcublas/libcublasLt at all (CMakeLists.txt), and a
@@ -173,6 +173,12 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDa
 
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
   MCPP_CUBLASLT_CALL(cublasLtMatrixLayoutDestroy, layout);
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
+                                                cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t size) {
+  MCPP_CUBLASLT_CALL(cublasLtMatrixLayoutSetAttribute, layout, attr, buf, size);
 }
 
 }  // extern "C"

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -77,7 +78,7 @@ uint32_t alignment(const void* p) {
 }
 
 using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
-                           uint32_t, uint32_t, uint32_t>;
+                           uint32_t, uint32_t, uint32_t, int64_t>;
 
 struct AlgoCache {
   std::mutex mu;
@@ -236,18 +237,21 @@ cublasLtMatmulAlgo_t tune(const LtDescs& d, const cublasLtMatmulHeuristicResult_
 }
 
 // Row-major C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] when bias != null), then the
-// GELU epilogue `gelu` with aux.
+// GELU epilogue `gelu` with aux. batch > 1: that many such products of consecutive
+// matrices of A, B and C (strided batches; no bias or aux then).
 void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                DType at, const void* B, DType bt, float beta, void* C, DType ct,
                const void* bias, Stream& s, const char* op, Gelu gelu = Gelu::None,
-               void* aux = nullptr, const void* c_in = nullptr) {
+               void* aux = nullptr, const void* c_in = nullptr, int64_t batch = 1) {
   // c_in: cuBLASLt's C, read with beta, when it is not the output D (= C otherwise).
   const void* cin = c_in ? c_in : C;
   MCPP_CHECK(at == bt, "{}: A is {} but B is {}; GEMM operands must share a dtype", op,
              dtype_name(at), dtype_name(bt));
   MCPP_CHECK(ct == at || ct == DType::F32, "{}: output {} for {} inputs; {} or f32 expected", op,
              dtype_name(ct), dtype_name(at), dtype_name(at));
-  if (M == 0 || N == 0) return;
+  if (M == 0 || N == 0 || batch == 0) return;
+  MCPP_CHECK(batch == 1 || (!bias && gelu == Gelu::None), "{}: a batched GEMM has no epilogue",
+             op);
   cudaDataType_t in_t = cuda_type(at, op), out_t = cuda_type(ct, op);
   cublasComputeType_t compute = (at == DType::F32 && allow_tf32())
                                     ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -285,11 +289,31 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, in_t, a_rows, a_cols, int64_t(a_rows)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, in_t, b_rows, b_cols, int64_t(b_rows)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_t, N, M, N));
+  // Strided batches: each operand's matrices one after another. Every matrix's start, not
+  // only the first's, bounds the alignment.
+  uint32_t al_stride = 256;
+  if (batch > 1) {
+    const int32_t n = int32_t(batch);
+    MCPP_CHECK(batch <= INT32_MAX, "{}: a batch of {} matrices is too many for cuBLASLt", op,
+               batch);
+    auto set_batch = [&](cublasLtMatrixLayout_t l, int64_t stride, DType t) {
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n,
+                                                    sizeof(n)));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+      const auto bytes = uintptr_t(stride) * dtype_size(t);
+      al_stride = std::min(al_stride, alignment(reinterpret_cast<const void*>(bytes)));
+    };
+    set_batch(d.a, N * K, bt);
+    set_batch(d.b, M * K, at);
+    set_batch(d.c, M * N, ct);
+  }
 
-  uint32_t al_a = alignment(B), al_b = alignment(A), al_c = std::min(alignment(C), alignment(cin)),
+  uint32_t al_a = std::min(alignment(B), al_stride), al_b = std::min(alignment(A), al_stride),
+           al_c = std::min({alignment(C), alignment(cin), al_stride}),
            al_bias = std::min(bias ? alignment(bias) : 256u, aux ? alignment(aux) : 256u);
   AlgoKey key{ta, tb, M, N, K, int(at), int(ct), int(epi), int(compute), beta != 0.f, al_a,
-              al_b, al_c, al_bias};
+              al_b, al_c, al_bias, batch};
   cublasLtMatmulAlgo_t algo;
   bool found = false;
   {
@@ -339,11 +363,13 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     algo = res[0].algo;
     if (n_res > 1) {
       std::string line;
-      algo = tune(d, res, n_res, alpha, A, B, beta, cin, M * N * int64_t(dtype_size(ct)),
+      algo = tune(d, res, n_res, alpha, A, B, beta, cin,
+                  batch * M * N * int64_t(dtype_size(ct)),
                   gelu == Gelu::Forward ? aux : nullptr, M * N * int64_t(dtype_size(ct)), s,
                   line);
-      line = fmt::format("{} [{}x{}]x[{}x{}]{}{} {}: {}", op, M, K, K, N, ta ? " tA" : "",
-                         tb ? " tB" : "", dtype_name(ct), line);
+      line = fmt::format("{} {}[{}x{}]x[{}x{}]{}{} {}: {}", op,
+                         batch > 1 ? fmt::format("{} x ", batch) : "", M, K, K, N,
+                         ta ? " tA" : "", tb ? " tB" : "", dtype_name(ct), line);
       std::lock_guard<std::mutex> lk(algo_cache().mu);
       algo_cache().report.push_back(line);
     }
@@ -434,11 +460,16 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tenso
   check_cuda(A, op, "A");
   check_cuda(B, op, "B");
   check_cuda(C, op, "C");
-  MCPP_CHECK(A.dim() == 2 && B.dim() == 2 && C.dim() == 2, "{}: 2-D operands expected, got {}, "
-             "{}, {}", op, A.str(), B.str(), C.str());
-  int64_t M = trans_a ? A.size(1) : A.size(0), K = trans_a ? A.size(0) : A.size(1);
-  int64_t Kb = trans_b ? B.size(1) : B.size(0), N = trans_b ? B.size(0) : B.size(1);
-  MCPP_CHECK(K == Kb && C.size(0) == M && C.size(1) == N,
+  const int d = int(A.dim());
+  MCPP_CHECK((d == 2 || d == 3) && B.dim() == d && C.dim() == d,
+             "{}: 2-D operands (or 3-D: a batch) expected, got {}, {}, {}", op, A.str(), B.str(),
+             C.str());
+  const int64_t batch = d == 3 ? A.size(0) : 1;
+  MCPP_CHECK(d == 2 || (B.size(0) == batch && C.size(0) == batch),
+             "{}: batch sizes differ: {}, {}, {}", op, A.str(), B.str(), C.str());
+  int64_t M = trans_a ? A.size(-1) : A.size(-2), K = trans_a ? A.size(-2) : A.size(-1);
+  int64_t Kb = trans_b ? B.size(-1) : B.size(-2), N = trans_b ? B.size(-2) : B.size(-1);
+  MCPP_CHECK(K == Kb && C.size(-2) == M && C.size(-1) == N,
              "{}: shapes do not match: op(A) [{}, {}], op(B) [{}, {}], C {}", op, M, K, Kb, N,
              C.str());
   if (K == 0) {
@@ -446,7 +477,8 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tenso
     return;
   }
   lt_matmul(trans_a, trans_b, M, N, K, float(alpha), A.raw(), A.dtype(), B.raw(), B.dtype(),
-            float(beta), C.raw(), C.dtype(), nullptr, s, op);
+            float(beta), C.raw(), C.dtype(), nullptr, s, op, Gelu::None, nullptr, nullptr,
+            batch);
 }
 
 namespace {
