@@ -87,21 +87,33 @@ std::vector<double> all_reduce_sums(const std::vector<double>& v, comm::Communic
 // Matrix i of a batch [n, r, c], as [r, c] (a view).
 Tensor slot(const Tensor& x, int64_t i) { return x.narrow(i, 1).view({x.size(1), x.size(2)}); }
 
-// Each matrix's sum of squares in fp64, x [n, r, c]. On a GPU every reduction is queued
-// before the first is read: one wait for the batch, not one a matrix.
+// Each matrix's sum of squares in fp64, x [n, r, c]. On a GPU every reduction is queued,
+// their partial sums gathered into one buffer and read back in one copy (summed here in
+// their order, as ops::dot_end sums them): one wait for the batch, not one a matrix.
 std::vector<double> sums_of_squares(const Tensor& x, Stream& s) {
   const int64_t n = x.size(0);
-  std::vector<double> out(size_t(n), 0.0);
+  std::vector<double> out(static_cast<size_t>(n), 0.0);
   if (x.device() == Device::CPU) {
     for (int64_t i = 0; i < n; ++i) out[size_t(i)] = ops::sum_squares(slot(x, i), s);
     return out;
   }
-  std::vector<Tensor> partial(static_cast<size_t>(n));
+  Tensor all;
   for (int64_t i = 0; i < n; ++i) {
     const Tensor xi = slot(x, i);
-    ops::dot_begin(xi, xi, partial[size_t(i)], s);
+    Tensor partial;
+    ops::dot_begin(xi, xi, partial, s);
+    if (!all.defined()) all = Tensor::empty({n, partial.numel()}, partial.dtype(), x.device());
+    Tensor dst = all.narrow(i, 1).view({partial.numel()});
+    ops::copy(partial, dst, s);
   }
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = ops::dot_end(partial[size_t(i)], s);
+  Tensor host = Tensor::empty(all.shape(), DType::F64);
+  ops::copy(all, host, s);  // a host destination: complete on return
+  const int64_t p = all.size(1);
+  for (int64_t i = 0; i < n; ++i) {
+    double total = 0;
+    for (int64_t j = 0; j < p; ++j) total += host.data<double>()[i * p + j];
+    out[size_t(i)] = total;
+  }
   return out;
 }
 
@@ -184,18 +196,16 @@ bool muon_steps(const model::ParamInfo& p) {
   return p.local_shape.size() == 2 && !p.embedding_or_output;
 }
 
-Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* dist, int dim,
-                     Stream& s) {
-  MCPP_CHECK((x.dim() == 2 || x.dim() == 3) && x.dtype() == DType::F32,
-             "newton_schulz: f32 [r, c] or [n, r, c] expected, got {}", x.str());
-  if (x.dim() == 2)
-    return newton_schulz(x.view({1, x.size(0), x.size(1)}), c, dist, dim, s).view(x.shape());
-  const int64_t nb = x.size(0), r = x.size(1), cols = x.size(2);
-  const Device dev = x.device();
+namespace {
+
+// newton_schulz on a batch [n, r, c] that the call may overwrite (it is scaled in place).
+Tensor newton_schulz_owned(Tensor scaled, const MuonConfig& c, comm::Communicator* dist,
+                           int dim, Stream& s) {
+  const int64_t nb = scaled.size(0), r = scaled.size(1), cols = scaled.size(2);
+  const Device dev = scaled.device();
+  const Shape shape = scaled.shape();
   // Orthogonalise along the smaller dimension (distributed: the one not split over TP).
   const bool tr = dist ? dim == 0 : r > cols;
-  Tensor scaled = Tensor::empty(x.shape(), DType::F32, dev);
-  ops::copy(x, scaled, s);
   std::vector<double> sq = sums_of_squares(scaled, s);
   if (dist) sq = all_reduce_sums(sq, *dist, dev, s);
   for (int64_t i = 0; i < nb; ++i) {
@@ -208,7 +218,7 @@ Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* d
   const bool native = c.bf16_matmul && dev == Device::CUDA;
   const bool emulate = c.bf16_matmul && !native;
   const DType dt = native ? DType::BF16 : DType::F32;
-  Tensor X = Tensor::empty(x.shape(), dt, dev), Xn = Tensor::empty(x.shape(), dt, dev);
+  Tensor X = Tensor::empty(shape, dt, dev), Xn = Tensor::empty(shape, dt, dev);
   ops::copy(scaled, X, s);
   scaled = Tensor();
   if (emulate) round_to_bf16(X, s);
@@ -238,9 +248,22 @@ Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* d
     if (emulate) round_to_bf16(Xn, s);
     std::swap(X, Xn);
   }
-  Tensor out = Tensor::empty(x.shape(), DType::F32, dev);
+  Tensor out = Tensor::empty(shape, DType::F32, dev);
   ops::copy(X, out, s);
   return out;
+}
+
+}  // namespace
+
+Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* dist, int dim,
+                     Stream& s) {
+  MCPP_CHECK((x.dim() == 2 || x.dim() == 3) && x.dtype() == DType::F32,
+             "newton_schulz: f32 [r, c] or [n, r, c] expected, got {}", x.str());
+  if (x.dim() == 2)
+    return newton_schulz(x.view({1, x.size(0), x.size(1)}), c, dist, dim, s).view(x.shape());
+  Tensor copy = Tensor::empty(x.shape(), DType::F32, x.device());
+  ops::copy(x, copy, s);
+  return newton_schulz_owned(copy, c, dist, dim, s);
 }
 
 std::vector<Tensor> muon_updates(const std::vector<const model::ParamInfo*>& ps,
@@ -335,17 +358,12 @@ std::vector<Tensor> muon_updates(const std::vector<const model::ParamInfo*>& ps,
         same.push_back(j), taken[j] = true;
     }
     const int64_t r = first.x.size(0), cols = first.x.size(1), nb = int64_t(same.size());
-    Tensor batch;
-    if (nb == 1) {
-      batch = first.x.view({1, r, cols});
-    } else {
-      batch = Tensor::empty({nb, r, cols}, DType::F32, first.x.device());
-      for (int64_t j = 0; j < nb; ++j) {
-        Tensor dst = slot(batch, j);
-        ops::copy(blocks[same[size_t(j)]].x, dst, s);
-      }
+    Tensor batch = Tensor::empty({nb, r, cols}, DType::F32, first.x.device());
+    for (int64_t j = 0; j < nb; ++j) {
+      Tensor dst = slot(batch, j);
+      ops::copy(blocks[same[size_t(j)]].x, dst, s);
     }
-    const Tensor o = newton_schulz(batch, c, first.dist, first.dim, s);
+    const Tensor o = newton_schulz_owned(batch, c, first.dist, first.dim, s);
     for (int64_t j = 0; j < nb; ++j) blocks[same[size_t(j)]].result = slot(o, j);
   }
   std::vector<Tensor> out(ps.size());

@@ -292,22 +292,22 @@ Tensor AdamW::muon_momentum(size_t i, Stream& st) {
   const MuonConfig& c = *muon_;
   const int64_t off = p.offset, n = p.numel();
   const Shape& shape = p.local_shape;
-  const Device dev = ps_.device();
-  // The clipped gradient, in fp32.
-  Tensor g = Tensor::empty(shape, DType::F32, dev);
-  ops::copy(ps_.flat_grads().narrow(off, n), g, st);
-  if (grad_scale_ != 1.0) ops::scale(g, grad_scale_, st);
+  // M = mu M + (1 - mu) s G with G the main gradient and s the clipping factor; U = M, or
+  // with Nesterov (1 - mu) s G + mu M. U may be M itself: muon_updates reads, never writes.
+  Tensor g = ps_.flat_grads().narrow(off, n).view(shape);
+  if (g.dtype() != DType::F32) {  // bf16 gradients: widened once
+    Tensor f = Tensor::empty(shape, DType::F32, ps_.device());
+    ops::copy(g, f, st);
+    g = f;
+  }
   Tensor m = m_.narrow(off, n).view(shape);
   ops::scale(m, c.momentum, st);
-  ops::axpy(1.0 - c.momentum, g, m, st);
-  Tensor u = Tensor::empty(shape, DType::F32, dev);
-  if (c.nesterov) {
-    ops::copy(g, u, st);
-    ops::scale(u, 1.0 - c.momentum, st);
-    ops::axpy(c.momentum, m, u, st);
-  } else {
-    ops::copy(m, u, st);
-  }
+  ops::axpy((1.0 - c.momentum) * grad_scale_, g, m, st);
+  if (!c.nesterov) return m;
+  Tensor u = Tensor::empty(shape, DType::F32, ps_.device());
+  ops::copy(m, u, st);
+  ops::scale(u, c.momentum, st);
+  ops::axpy((1.0 - c.momentum) * grad_scale_, g, u, st);
   return u;
 }
 
