@@ -75,7 +75,10 @@ std::string progress_line(const std::string& timestamp, const std::string& job_i
 std::optional<ProgressStart> progress_start(const std::string& text, int64_t world_size) {
   std::optional<ProgressStart> start;
   double latest = 0;                  // flops of the last committed checkpoint
-  std::optional<double> uncommitted;  // "Saving async checkpoint" until its "Saved" line
+  // "Saving async checkpoint" until its "Saved" line (a flag beside the value, not an
+  // optional: g++ 12 warns of a maybe-uninitialised optional<double> here).
+  double uncommitted = 0;
+  bool pending = false;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
@@ -88,9 +91,9 @@ std::optional<ProgressStart> progress_start(const std::string& text, int64_t wor
     if (what == "Saved checkpoint" && flops) {
       latest = *flops;
     } else if (what == "Saving async checkpoint" && flops) {
-      uncommitted = *flops;
-    } else if (what == "Saved async checkpoint" && uncommitted) {
-      latest = *uncommitted, uncommitted.reset();
+      uncommitted = *flops, pending = true;
+    } else if (what == "Saved async checkpoint" && pending) {
+      latest = uncommitted, pending = false;
     }
     if (*world != world_size) {  // another world size: the run of jobs starts again
       start.reset();
