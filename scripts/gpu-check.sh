@@ -46,7 +46,9 @@
 #        (default 420: compiling the four models takes about 4 minutes), SKIP_TESTS=1 or
 #        TEST_REGEX (ctest -R), CLI_TIME=124m to time `megatron train` on a .bin/.idx
 #        dataset and on mock data against bench_gpu_train on the same model
-#        (bench/gpu/cli_time.sh; about 1 min), COMPARE_ATTENTION=1 to time the step again with
+#        (bench/gpu/cli_time.sh; about 1 min), OPTIMIZER_TIME=1 to time `megatron train` with
+#        --optimizer adam / muon / muon in fp32 (bench/gpu/optimizer_time.sh, GPT-2 124M;
+#        about 20 s), COMPARE_ATTENTION=1 to time the step again with
 #        MCPP_ATTENTION_CUDNN=0 (the own flash kernel instead of cuDNN's); BENCH=0 skips the
 #        single-GPU benchmarks, MULTI=0 the multi-GPU section, MULTI_TESTS=0 its tests,
 #        SCALING=0 its scaling runs,
@@ -214,6 +216,10 @@ if [[ ${BENCH:-1} != 0 ]]; then
   if [[ -n "${CLI_TIME:-}" ]]; then  # the real CLI against the harness (issue 17 item 4)
     OUT=$LOGS bench/gpu/cli_time.sh "$BUILD" "$CLI_TIME" > "$LOGS/cli_time.md" 2>&1 || train_rc=1
   fi
+  if [[ ${OPTIMIZER_TIME:-0} != 0 ]]; then  # the optimizer's share of an iteration
+    OUT=$LOGS bench/gpu/optimizer_time.sh "$BUILD/megatron" > "$LOGS/optimizer_time.md" 2>&1 ||
+      train_rc=1
+  fi
   if [[ -n "${COMPARE_ATTENTION:-}" ]]; then  # the same step with the own flash kernel
     echo "gpu-check: the training step with MCPP_ATTENTION_CUDNN=0"
     # shellcheck disable=SC2086
@@ -254,6 +260,11 @@ if [[ ${BENCH:-1} != 0 ]]; then
     echo
     echo "## megatron train against the harness (bench/gpu/cli_time.sh)"
     cat "$LOGS/cli_time.md"
+  fi
+  if [[ -s "$LOGS/optimizer_time.md" ]]; then
+    echo
+    echo "## The optimizer's share of an iteration (bench/gpu/optimizer_time.sh)"
+    cat "$LOGS/optimizer_time.md"
   fi
   if [[ -s "$LOGS/train_flash.md" ]]; then
     echo

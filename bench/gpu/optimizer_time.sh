@@ -33,7 +33,7 @@ ms() { grep -oE "elapsed time per iteration \(ms\): [0-9.]+" "$1" | tail -1 | aw
 loss() { grep -oE "lm loss: [0-9.E+-]+" "$1" | tail -1 | awk '{print $NF}'; }
 echo "| binary | --optimizer | ms per iteration | lm loss at iteration $ITERS |"
 echo "|---|---|---:|---:|"
-n=0
+n=0 rc=0
 for M in "$@"; do
   n=$((n + 1))
   for opt in "adam" "muon" "muon --muon-fp32-matmul-prec high"; do
@@ -41,8 +41,10 @@ for M in "$@"; do
     # shellcheck disable=SC2086  # opt carries its own flags
     if ! "$M" train "${COMMON[@]}" --optimizer $opt > "$log" 2>&1; then
       echo "| $M | $opt | failed: $(tail -1 "$log") | |"
+      rc=1
       continue
     fi
     echo "| $M | $opt | $(ms "$log") | $(loss "$log") |"
   done
 done
+exit $rc
