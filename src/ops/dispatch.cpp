@@ -27,6 +27,10 @@ void gemm(bool ta, bool tb, double alpha, const Tensor& A, const Tensor& B, doub
           Tensor& C, Stream& s) {
   MCPP_DISPATCH_SHAPED(gemm, C, ta, tb, alpha, A, B, beta, C, s);
 }
+void gemm_add(bool ta, bool tb, double alpha, const Tensor& A, const Tensor& B, double beta,
+              const Tensor& C, Tensor& D, Stream& s) {
+  MCPP_DISPATCH_SHAPED(gemm_add, D, ta, tb, alpha, A, B, beta, C, D, s);
+}
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Stream& s) {
   MCPP_DISPATCH_SHAPED(linear_forward, w, x, w, b, y, s);
 }

@@ -234,17 +234,15 @@ Tensor newton_schulz_owned(Tensor scaled, const MuonConfig& c, comm::Communicato
     const Tensor* P = &A;
     double alpha = b;
     if (cc != 0.0) {
-      ops::copy(A, B, s);
-      ops::gemm(false, false, cc, A, A, b, B, s);
+      ops::gemm_add(false, false, cc, A, A, b, A, B, s);
       if (emulate) round_to_bf16(B, s);
       P = &B;
       alpha = 1.0;
     }
-    ops::copy(X, Xn, s);
     if (tr)
-      ops::gemm(false, true, alpha, X, *P, a, Xn, s);
+      ops::gemm_add(false, true, alpha, X, *P, a, X, Xn, s);
     else
-      ops::gemm(false, false, alpha, *P, X, a, Xn, s);
+      ops::gemm_add(false, false, alpha, *P, X, a, X, Xn, s);
     if (emulate) round_to_bf16(Xn, s);
     std::swap(X, Xn);
   }

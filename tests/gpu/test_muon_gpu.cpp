@@ -55,6 +55,12 @@ TEST(GpuMuon, BatchedGemmMatchesTheCpu) {
           Tensor ca = to_cpu(ga), cb = to_cpu(gb), cc = to_cpu(to_gpu(C, dt));
           cpu::gemm(ta, tb, 0.5, ca, cb, 1.5, cc, CS());
           EXPECT_LT(rel_err(to_cpu(gc), cc), dt == DType::BF16 ? 1e-2 : 1e-5);
+          // gemm_add: C read, D written, bit for bit the in-place product.
+          const Tensor gc0 = to_gpu(C, dt);
+          Tensor gd = Tensor::empty(gc0.shape(), dt, Device::CUDA);
+          gpu::gemm_add(ta, tb, 0.5, ga, gb, 1.5, gc0, gd, GS());
+          EXPECT_TRUE(equal_bits(gd, gc));
+          EXPECT_TRUE(equal_bits(gc0, to_gpu(C, dt)));
         }
 }
 

@@ -68,6 +68,21 @@ TEST(Gemm, BatchesAreEachMatrixsProduct) {
   EXPECT_THROW(cpu::gemm(false, false, 1, A, B2, 0, C, S()), Error);  // 3-D with 2-D
 }
 
+// gemm_add: D = alpha op(A) op(B) + beta C, C untouched, bitwise copy-then-gemm; C and D
+// one buffer is refused.
+TEST(Gemm, GemmAddReadsCWritesD) {
+  Tensor A = randn({2, 3, 4}, 1), B = randn({2, 5, 4}, 2), C = randn({2, 3, 5}, 3);
+  const Tensor C0 = C.clone();
+  Tensor D = Tensor::empty({2, 3, 5}, DType::F64), want = C.clone();
+  cpu::gemm_add(false, true, 0.5, A, B, -2.0, C, D, S());
+  cpu::gemm(false, true, 0.5, A, B, -2.0, want, S());
+  EXPECT_EQ(max_abs_diff(D, want), 0.0);
+  EXPECT_EQ(max_abs_diff(C, C0), 0.0);
+  EXPECT_THROW(cpu::gemm_add(false, true, 0.5, A, B, -2.0, C, C, S()), Error);
+  Tensor Dbad = Tensor::empty({2, 5, 3}, DType::F64);
+  EXPECT_THROW(cpu::gemm_add(false, true, 0.5, A, B, -2.0, C, Dbad, S()), Error);
+}
+
 TEST(Gemm, BetaZeroIgnoresGarbageAndEmptyK) {
   Tensor A = randn({3, 4}, 1), B = randn({4, 2}, 2);
   Tensor C = Tensor::empty({3, 2}, DType::F64);

@@ -93,6 +93,16 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tenso
   });
 }
 
+void gemm_add(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
+              double beta, const Tensor& C, Tensor& D, Stream& s) {
+  const Check c{"gemm_add"};
+  c.stream(s);
+  c.shape(D, "D", C.shape());
+  MCPP_CHECK(C.raw() != D.raw() || C.numel() == 0, "gemm_add: C and D are one buffer; use gemm");
+  copy(C, D, s);
+  gemm(trans_a, trans_b, alpha, A, B, beta, D, s);
+}
+
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Stream& s) {
   const Check c{"linear_forward"};
   c.stream(s);

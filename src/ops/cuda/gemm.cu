@@ -454,9 +454,10 @@ bool device_bytes_differ(const void* a, const void* b, int64_t bytes, unsigned* 
   return h != 0;
 }
 
-void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
-          double beta, Tensor& C, Stream& s) {
-  const char* op = "gemm";
+namespace {
+// gemm and gemm_add: C = alpha op(A) op(B) + beta c_in (c_in: C itself when null).
+void gemm_impl(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
+               double beta, const Tensor* c_in, Tensor& C, Stream& s, const char* op) {
   check_cuda(A, op, "A");
   check_cuda(B, op, "B");
   check_cuda(C, op, "C");
@@ -472,13 +473,32 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tenso
   MCPP_CHECK(K == Kb && C.size(-2) == M && C.size(-1) == N,
              "{}: shapes do not match: op(A) [{}, {}], op(B) [{}, {}], C {}", op, M, K, Kb, N,
              C.str());
+  if (c_in) {
+    check_cuda(*c_in, op, "C");
+    MCPP_CHECK(c_in->shape() == C.shape() && c_in->dtype() == C.dtype(),
+               "{}: C {} and D {} differ in shape or dtype", op, c_in->str(), C.str());
+    MCPP_CHECK(c_in->raw() != C.raw() || C.numel() == 0, "{}: C and D are one buffer; use gemm",
+               op);
+  }
   if (K == 0) {
+    if (c_in) copy(*c_in, C, s);
     scale(C, beta, s);
     return;
   }
   lt_matmul(trans_a, trans_b, M, N, K, float(alpha), A.raw(), A.dtype(), B.raw(), B.dtype(),
-            float(beta), C.raw(), C.dtype(), nullptr, s, op, Gelu::None, nullptr, nullptr,
-            batch);
+            float(beta), C.raw(), C.dtype(), nullptr, s, op, Gelu::None, nullptr,
+            c_in ? c_in->raw() : nullptr, batch);
+}
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
+          double beta, Tensor& C, Stream& s) {
+  gemm_impl(trans_a, trans_b, alpha, A, B, beta, nullptr, C, s, "gemm");
+}
+
+void gemm_add(bool trans_a, bool trans_b, double alpha, const Tensor& A, const Tensor& B,
+              double beta, const Tensor& C, Tensor& D, Stream& s) {
+  gemm_impl(trans_a, trans_b, alpha, A, B, beta, &C, D, s, "gemm_add");
 }
 
 namespace {
