@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "base/error.h"
 #include "comm/communicator.h"
@@ -261,7 +262,7 @@ Tensor newton_schulz(const Tensor& x, const MuonConfig& c, comm::Communicator* d
     return newton_schulz(x.view({1, x.size(0), x.size(1)}), c, dist, dim, s).view(x.shape());
   Tensor copy = Tensor::empty(x.shape(), DType::F32, x.device());
   ops::copy(x, copy, s);
-  return newton_schulz_owned(copy, c, dist, dim, s);
+  return newton_schulz_owned(std::move(copy), c, dist, dim, s);
 }
 
 std::vector<Tensor> muon_updates(const std::vector<const model::ParamInfo*>& ps,
@@ -361,7 +362,7 @@ std::vector<Tensor> muon_updates(const std::vector<const model::ParamInfo*>& ps,
       Tensor dst = slot(batch, j);
       ops::copy(blocks[same[size_t(j)]].x, dst, s);
     }
-    const Tensor o = newton_schulz_owned(batch, c, first.dist, first.dim, s);
+    const Tensor o = newton_schulz_owned(std::move(batch), c, first.dist, first.dim, s);
     for (int64_t j = 0; j < nb; ++j) blocks[same[size_t(j)]].result = slot(o, j);
   }
   std::vector<Tensor> out(ps.size());
