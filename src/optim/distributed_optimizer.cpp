@@ -184,6 +184,7 @@ void DistributedAdamW::step(double lr, double wd) {
   if (overlap_) wait_params_all();
   const auto& infos = ps_.infos();
   for (const auto& s : segs_) {
+    if (muon_ && muon_steps(infos[s.param])) continue;  // muon_step below
     auto shard = [&](const Tensor& t) { return t.defined() ? t.narrow(s.shard, s.len) : t; };
     Tensor model = cast ? flat.narrow(s.flat, s.len) : Tensor();
     // f32/f64 models without a main copy: the step updates the model's own block.
@@ -193,6 +194,7 @@ void DistributedAdamW::step(double lr, double wd) {
     update_span(main, shard(lo_), shard(grads_.shard()), shard(m_), shard(v_), model,
                 lr_of(s.param, lr), infos[s.param].weight_decay ? wd : 0.0, st);
   }
+  if (muon_) muon_step(lr, wd, st);
   finish_step();
   // Updated blocks -> every rank's model parameters (Megatron: the param all-gather, in
   // place in its param buffer for 16-bit models); --fp8-param-gather: the FP8 weights

@@ -10,7 +10,10 @@
 // updates their blocks of the flat buffer in place, and the same in-place gather follows.
 // Optimizer state bytes per rank are 1/DP of AdamW's. Behind optim::Optimizer (optimizer.h)
 // it is AdamW's twin: grads() is the shard, segments() place each parameter's part of it;
-// like AdamW it runs SGD or Lion instead by OptimizerConfig::rule.
+// like AdamW it runs SGD or Lion instead by OptimizerConfig::rule, or (enable_muon) Muon for
+// the matrices, as Megatron's layer-wise distributed optimizer does for --optimizer muon
+// --use-distributed-optimizer: each rank keeps the momentum of its blocks, and every matrix
+// is orthogonalised whole by one rank of the bucket's group (muon_step below).
 #pragma once
 #include <memory>
 
@@ -81,6 +84,13 @@ class DistributedAdamW final : public Optimizer {
   // itself (an all-gather in place).
   void all_gather_flat(const Tensor& shard, Tensor& flat, bool async = false);
   bool wide_model() const;  // f32/f64 parameters: no main copy, the blocks are updated in place
+  // Muon's part of step() (distributed_muon.cpp), bucket by bucket, in windows of whole
+  // matrices (Optimizer::muon_window_bytes): each rank's momentum of its blocks; the
+  // windows' U assembled on every rank of the bucket's group by a sum all-reduce (each
+  // element comes from the one rank whose block holds it, so the sum is exact); each matrix
+  // orthogonalised by its owner (muon_owners: whole matrices, the Newton-Schulz work shared
+  // out); the updates assembled the same way; each rank applies them to its blocks.
+  void muon_step(double lr, double wd, Stream& st);
 
   parallel::DataParallelGrads& grads_;
   std::vector<ShardSegment> segs_;

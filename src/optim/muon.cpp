@@ -390,4 +390,26 @@ Tensor muon_update(const model::ParamInfo& p, const Tensor& u, const MuonConfig&
   return muon_updates({&p}, {u}, c, g, s).front();
 }
 
+std::vector<int> muon_owners(const std::vector<const model::ParamInfo*>& ps, int ranks) {
+  MCPP_CHECK(ranks >= 1, "muon_owners: {} ranks", ranks);
+  std::vector<double> cost(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Shape& s = ps[i]->local_shape;
+    const double r = double(s.at(0)), c = double(shape_numel(s)) / std::max<double>(r, 1);
+    cost[i] = r * c * std::min(r, c);
+  }
+  std::vector<size_t> order(ps.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  std::vector<double> load(size_t(ranks), 0.0);
+  std::vector<int> owner(ps.size(), 0);
+  for (size_t i : order) {
+    const int r = int(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = r;
+    load[size_t(r)] += cost[i];
+  }
+  return owner;
+}
+
 }  // namespace mcpp::optim

@@ -94,4 +94,12 @@ std::vector<Tensor> muon_updates(const std::vector<const model::ParamInfo*>& ps,
                                  const std::vector<Tensor>& us, const MuonConfig& c,
                                  const MuonGroups& g, Stream& s);
 
+// Which of `ranks` ranks orthogonalises each matrix when the step is shared out (the
+// distributed optimizer: Megatron's layer-wise distributed optimizer gives each data-parallel
+// rank whole matrices): the largest Newton-Schulz cost first (rows x cols x min(rows, cols) of
+// the local shape), each to the rank with the least cost so far, ties to the lower index and
+// the lower rank. A pure function of the shapes and their order, so every rank computes the
+// same owners.
+std::vector<int> muon_owners(const std::vector<const model::ParamInfo*>& ps, int ranks);
+
 }  // namespace mcpp::optim

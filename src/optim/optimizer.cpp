@@ -251,17 +251,17 @@ void AdamW::step(double lr, double wd) {
                 lr_of(i, lr), infos[i].weight_decay ? wd : 0.0, st);
     i = j + 1;
   }
-  // Muon's matrices in windows of at most kMuonWindowBytes of fp32 updates (at least one
+  // Muon's matrices in windows of at most muon_window_bytes() of fp32 updates (at least one
   // matrix): the matrices of one shape in a window share their Newton-Schulz GEMMs, and
   // the window bounds the step's temporary memory.
-  constexpr int64_t kMuonWindowBytes = int64_t(256) << 20;
+  const int64_t window = muon_window_bytes();
   for (size_t a = 0; a < muon_params.size();) {
     size_t b = a;
     int64_t bytes = 0;
     std::vector<const model::ParamInfo*> ps;
     std::vector<Tensor> us;
     while (b < muon_params.size() &&
-           (b == a || bytes + infos[muon_params[b]].numel() * 4 <= kMuonWindowBytes)) {
+           (b == a || bytes + infos[muon_params[b]].numel() * 4 <= window)) {
       bytes += infos[muon_params[b]].numel() * 4;
       ps.push_back(&infos[muon_params[b]]);
       us.push_back(muon_momentum(muon_params[b], st));
@@ -278,7 +278,7 @@ void AdamW::step(double lr, double wd) {
   finish_step();
 }
 
-void AdamW::enable_muon(const MuonConfig& c, const MuonGroups& g) {
+void Optimizer::enable_muon(const MuonConfig& c, const MuonGroups& g) {
   MCPP_CHECK(cfg_.rule == UpdateRule::Adam || cfg_.rule == UpdateRule::Lion,
              "Muon's scalar rule is adam or lion, not {}", rule_name(cfg_.rule));
   MCPP_CHECK(m_.dtype() == DType::F32, "Muon keeps its momentum in fp32, not {}",
@@ -287,57 +287,66 @@ void AdamW::enable_muon(const MuonConfig& c, const MuonGroups& g) {
   muon_groups_ = g;
 }
 
-Tensor AdamW::muon_momentum(size_t i, Stream& st) {
-  const model::ParamInfo& p = ps_.infos()[i];
+int64_t Optimizer::muon_window_bytes() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("MCPP_MUON_WINDOW_BYTES");
+    const long long v = e ? std::strtoll(e, nullptr, 10) : 0;
+    return v > 0 ? int64_t(v) : int64_t(256) << 20;
+  }();
+  return n;
+}
+
+void Optimizer::muon_momentum_span(const Tensor& g_in, Tensor m, Tensor u, Stream& st) const {
   const MuonConfig& c = *muon_;
-  const int64_t off = p.offset, n = p.numel();
-  const Shape& shape = p.local_shape;
-  // M = mu M + (1 - mu) s G with G the main gradient and s the clipping factor; U = M, or
-  // with Nesterov (1 - mu) s G + mu M. U may be M itself: muon_updates reads, never writes.
-  Tensor g = ps_.flat_grads().narrow(off, n).view(shape);
+  Tensor g = g_in;
   if (g.dtype() != DType::F32) {  // bf16 gradients: widened once
-    Tensor f = Tensor::empty(shape, DType::F32, ps_.device());
-    ops::copy(g, f, st);
-    g = f;
+    g = Tensor::empty(g_in.shape(), DType::F32, g_in.device());
+    ops::copy(g_in, g, st);
   }
-  Tensor m = m_.narrow(off, n).view(shape);
   ops::scale(m, c.momentum, st);
   ops::axpy((1.0 - c.momentum) * grad_scale_, g, m, st);
-  if (!c.nesterov) return m;
-  Tensor u = Tensor::empty(shape, DType::F32, ps_.device());
+  if (!u.defined()) return;
   ops::copy(m, u, st);
   ops::scale(u, c.momentum, st);
   ops::axpy((1.0 - c.momentum) * grad_scale_, g, u, st);
-  return u;
+}
+
+void Optimizer::muon_apply_span(Tensor model, Tensor main, Tensor lo, const Tensor& update,
+                                double lr, double wd, Stream& st) const {
+  Tensor w = main;
+  if (!w.defined() && lo.defined()) {
+    w = Tensor::empty(model.shape(), DType::F32, model.device());
+    ops::join_main_params(model, lo, w, st);
+  } else if (!w.defined()) {
+    MCPP_CHECK(model.dtype() == DType::F32, "Muon: parameters of {}; f32, bf16 or f16 expected",
+               dtype_name(model.dtype()));
+    w = model;
+  }
+  if (wd != 0.0) ops::axpy(-wd * lr, w, w, st);  // decoupled: W -= lr wd W
+  ops::axpy(-lr, update, w, st);
+  if (main.defined())
+    ops::copy(w, model, st);  // rounded to the model's dtype, as after the other rules
+  else if (lo.defined())
+    ops::split_main_params(w, model, lo, st);
+}
+
+Tensor AdamW::muon_momentum(size_t i, Stream& st) {
+  const model::ParamInfo& p = ps_.infos()[i];
+  const int64_t off = p.offset, n = p.numel();
+  const Shape& shape = p.local_shape;
+  // U may be M itself: muon_updates reads, never writes.
+  Tensor m = m_.narrow(off, n).view(shape);
+  Tensor u = muon_->nesterov ? Tensor::empty(shape, DType::F32, ps_.device()) : Tensor();
+  muon_momentum_span(ps_.flat_grads().narrow(off, n).view(shape), m, u, st);
+  return u.defined() ? u : m;
 }
 
 void AdamW::muon_apply(size_t i, double lr, double wd, const Tensor& update, Stream& st) {
   const model::ParamInfo& p = ps_.infos()[i];
   const int64_t off = p.offset, n = p.numel();
   const Shape& shape = p.local_shape;
-  const Device dev = ps_.device();
-  // The fp32 weights: the main parameters, the model's own (f32 models), or joined from
-  // the bf16 model parameters and their lower halves (split).
-  Tensor model = ps_.flat_params().narrow(off, n);
-  Tensor w;
-  if (main_.defined()) {
-    w = main_.narrow(off, n).view(shape);
-  } else if (lo_.defined()) {
-    w = Tensor::empty(shape, DType::F32, dev);
-    ops::join_main_params(model, lo_.narrow(off, n), w, st);
-  } else {
-    MCPP_CHECK(model.dtype() == DType::F32, "Muon: {} is {}; f32, bf16 or f16 expected", p.name,
-               dtype_name(model.dtype()));
-    w = model.view(shape);
-  }
-  if (wd != 0.0) ops::axpy(-wd * lr, w, w, st);  // decoupled: W -= lr wd W
-  ops::axpy(-lr, update, w, st);
-  if (main_.defined()) {
-    ops::copy(w, model, st);  // rounded to the model's dtype, as after the other rules
-  } else if (lo_.defined()) {
-    Tensor lo = lo_.narrow(off, n);
-    ops::split_main_params(w, model, lo, st);
-  }
+  auto span = [&](const Tensor& t) { return t.defined() ? t.narrow(off, n).view(shape) : t; };
+  muon_apply_span(span(ps_.flat_params()), span(main_), span(lo_), update, lr, wd, st);
 }
 
 }  // namespace mcpp::optim

@@ -134,6 +134,9 @@ class Optimizer {
   std::string state_name() const;
   // --optimizer muon (optim/muon.h): whether the 2-D matrices step by Muon.
   bool muon() const { return muon_.has_value(); }
+  // --optimizer muon: the parameters optim/muon.h's muon_steps accepts step by Muon with
+  // config c (TP groups g), the others by the configured (scalar) rule: Adam or Lion.
+  void enable_muon(const MuonConfig& c, const MuonGroups& g);
   // The fp32 main parameters of the whole model, [total] laid out like the flat buffer,
   // for a checkpoint (on the parameters' device, or on the host when they are split);
   // undefined when the model's parameters are the main parameters (f32/f64 models).
@@ -165,6 +168,19 @@ class Optimizer {
   // beside whole fp32 main parameters (undefined for f32/f64 models and when split).
   void update_span(Tensor w, Tensor lo, const Tensor& g, Tensor m, Tensor v, Tensor model,
                    double lr, double wd, Stream& st);
+  // Muon's element-wise halves, on one span of a matrix (flat views, fp32): the momentum
+  //   m = mu m + (1 - mu) s g   (s: the clipping factor; g widened to fp32 when it is not),
+  // and with Nesterov u = (1 - mu) s g + mu m written to u (undefined without Nesterov:
+  // the update is m itself); then, given the orthogonalised update, decoupled weight decay
+  // w -= lr wd w and w -= lr update on the fp32 weights -- main (whole fp32 main
+  // parameters), or joined from the 16-bit model span and its lower halves lo (split), or
+  // the model span itself (f32 models) -- and the model span written back.
+  void muon_momentum_span(const Tensor& g, Tensor m, Tensor u, Stream& st) const;
+  void muon_apply_span(Tensor model, Tensor main, Tensor lo, const Tensor& update, double lr,
+                       double wd, Stream& st) const;
+  // The most fp32 update bytes one batch of Muon matrices may hold while it is
+  // orthogonalised (at least one matrix a batch): 256 MiB, or MCPP_MUON_WINDOW_BYTES.
+  static int64_t muon_window_bytes();
   // After a step's spans: the clipping factor is spent, SGD's buffers hold state.
   void finish_step() { grad_scale_ = 1.0, momentum_started_ = true; }
   // Loaded state: whether the state buffers came from a checkpoint (SGD then continues
@@ -216,9 +232,6 @@ class AdamW final : public Optimizer {
   Tensor& exp_avg_sq() { return v_; }
   using Optimizer::exp_avg;
   using Optimizer::exp_avg_sq;
-  // --optimizer muon: the parameters optim/muon.h's muon_steps accepts step by Muon with
-  // config c (TP groups g), the others by the configured (scalar) rule.
-  void enable_muon(const MuonConfig& c, const MuonGroups& g);
 
  private:
   // Muon's step of parameter i (registry index) in two halves: the momentum update,

@@ -407,8 +407,25 @@ void Trainer::State::build_optimizer() {
       log::warn("{} {} with a bf16 {}: {} * m rounds back to m in bf16, so the moment cannot "
                 "decay (recipes with bf16 moments use --adam-beta2 0.95; docs/optimizer.md)",
                 flag, beta, moment, beta);
+  // --optimizer muon: which matrices Muon steps, said once whichever optimizer holds them.
+  auto enable_muon = [&](optim::Optimizer& o) {
+    if (a.optimizer != "muon") return;
+    o.enable_muon(muon_config(a, s.model_cfg), muon_groups(*s.ps));
+    int64_t mats = 0, mat_numel = 0;
+    for (const auto& p : P.infos())
+      if (optim::muon_steps(p)) ++mats, mat_numel += p.numel();
+    log::info("> optimizer: Muon for {} matrices ({} parameters on this rank; {} Newton-Schulz "
+              "steps, {}, {} GEMMs, tp mode {}{}), {} for the other {} parameters",
+              mats, mat_numel, a.muon_num_ns_steps, a.muon_coefficient_type,
+              a.muon_fp32_matmul_prec == "medium" ? "bf16" : "fp32", a.muon_tp_mode,
+              a.use_distributed_optimizer
+                  ? "; distributed: each matrix orthogonalised by one data-parallel rank"
+                  : "",
+              a.muon_scalar_optimizer, P.total_numel() - mat_numel);
+  };
   if (a.use_distributed_optimizer) {
     auto dist = std::make_unique<optim::DistributedAdamW>(P, ocfg, *s.dp_grads, a.overlap_param_gather);
+    enable_muon(*dist);
     // ---- --fp8-param-gather: the FP8 weights all-gathered as FP8 (optim/fp8_param_gather.h)
     if (a.fp8_param_gather)
       dist->enable_fp8_param_gather(s.model_cfg, s.ps->tp().size() > 1 ? &s.ps->tp() : nullptr);
@@ -431,17 +448,7 @@ void Trainer::State::build_optimizer() {
                   : std::string());
   } else {
     auto adam = std::make_unique<optim::AdamW>(P, ocfg);
-    if (a.optimizer == "muon") {
-      adam->enable_muon(muon_config(a, s.model_cfg), muon_groups(*s.ps));
-      int64_t mats = 0, mat_numel = 0;
-      for (const auto& p : P.infos())
-        if (optim::muon_steps(p)) ++mats, mat_numel += p.numel();
-      log::info("> optimizer: Muon for {} matrices ({} parameters on this rank; {} Newton-Schulz "
-                "steps, {}, {} GEMMs, tp mode {}), {} for the other {} parameters",
-                mats, mat_numel, a.muon_num_ns_steps, a.muon_coefficient_type,
-                a.muon_fp32_matmul_prec == "medium" ? "bf16" : "fp32", a.muon_tp_mode,
-                a.muon_scalar_optimizer, P.total_numel() - mat_numel);
-    }
+    enable_muon(*adam);
     s.opt = std::move(adam);
   }
   // --overlap-param-gather: the forward waits for each layer's gathered parameters.

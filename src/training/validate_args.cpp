@@ -28,7 +28,7 @@ namespace mcpp::training {
 void validate_rope(const Args& a);  // validate_rope.cpp
 void validate_mla(Args& a);         // validate_mla.cpp
 void validate_mtp(const Args& a);   // validate_mtp.cpp
-void validate_optimizer_rule(const Args& a);  // validate_optimizer.cpp
+void validate_optimizer_rule(Args& a);  // validate_optimizer.cpp
 void validate_data_sources(Args& a, bool training);  // validate_data_sources.cpp
 // --recompute-modules under selective recomputation (validate_recompute.cpp).
 void validate_recompute_modules(Args& a);

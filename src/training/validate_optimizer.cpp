@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "training/arguments.h"
 
 namespace mcpp::training {
@@ -57,12 +58,6 @@ static void validate_precision_aware(const Args& a) {
 // --muon-tp-mode and --muon-scalar-optimizer): what Megatron and its emerging_optimizers
 // package reject (an unknown coefficient set, cubic5 with other than 5 steps), at start-up.
 static void validate_muon(const Args& a) {
-  MCPP_CHECK_HINT(!a.use_distributed_optimizer,
-                  "drop --use-distributed-optimizer (Muon then keeps its momentum on every "
-                  "data-parallel rank), or use --optimizer adam",
-                  "--optimizer muon with --use-distributed-optimizer: Megatron-LM switches to "
-                  "its layer-wise distributed optimizer there, which is not implemented yet by "
-                  "megatron.cpp");
   MCPP_CHECK_HINT(!a.fp16, "use --bf16", "--optimizer muon with --fp16: Megatron-LM refuses "
                   "emerging optimizers with fp16 (ValueError)");
   MCPP_CHECK_HINT(!a.muon_use_syrk, "drop --muon-use-syrk (the same update, by GEMMs)",
@@ -91,12 +86,16 @@ static void validate_muon(const Args& a) {
                   "--muon-momentum {} must lie in [0, 1)", a.muon_momentum);
 }
 
-void validate_optimizer_rule(const Args& a) {
-  if (a.optimizer == "dist_muon")
-    throw Error("--optimizer dist_muon is Megatron-LM's deprecated spelling of --optimizer muon "
-                "with --use-distributed-optimizer (its layer-wise distributed optimizer), "
-                "which is not implemented yet by megatron.cpp",
-                "use --optimizer muon without --use-distributed-optimizer");
+void validate_optimizer_rule(Args& a) {
+  // Megatron-LM's deprecated spelling of Muon with its layer-wise distributed optimizer.
+  if (a.optimizer == "dist_muon") {
+    static bool said = false;  // validate_args may run more than once (`megatron plan`)
+    if (!std::exchange(said, true))
+      log::warn("--optimizer dist_muon is deprecated in Megatron-LM: it means --optimizer muon "
+                "--use-distributed-optimizer");
+    a.optimizer = "muon";
+    a.use_distributed_optimizer = true;
+  }
   static const std::set<std::string> later = {"soap", "adaptive_muon"};
   MCPP_CHECK_HINT(!later.count(a.optimizer),
                   "use --optimizer adam (Megatron's default), sgd, lion or muon",

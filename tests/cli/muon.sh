@@ -4,7 +4,7 @@
 #   - a checkpoint of Muon's state is refused by --optimizer adam and by Muon with another
 #     scalar rule (the state differs), each error naming both;
 #   - Megatron's combinations that are errors (or not implemented here) fail at start-up
-#     naming the flag;
+#     naming the flag; --optimizer dist_muon means Muon with the distributed optimizer;
 #   - with MPIRUN: TP 2 with --muon-tp-mode blockwise (each rank's shard orthogonalised
 #     alone) trains differently from duplicated (the whole matrix, as without TP), whose
 #     losses equal the serial run's to the log's digits (the tests parallel_equiv.muon.*
@@ -52,8 +52,16 @@ grep -qF "holds the state of the muon optimizer; this run uses --optimizer muon_
 run "$W/lion.log" --train-iters 3 --muon-scalar-optimizer lion --muon-coefficient-type cubic5
 grep -qF "cubic5, bf16 GEMMs, tp mode duplicated), lion for the other" "$W/lion.log" ||
   fail "lion start-up line"
-refused "its layer-wise distributed optimizer" --use-distributed-optimizer
-refused "--optimizer dist_muon is Megatron-LM's deprecated spelling" --optimizer dist_muon
+# Megatron's deprecated --optimizer dist_muon: Muon with the distributed optimizer, said so;
+# one rank's distributed optimizer steps the matrices as the plain optimizer does.
+run "$W/plain.log" --train-iters 3
+run "$W/dist.log" --train-iters 3 --optimizer dist_muon
+grep -qF "WARNING: --optimizer dist_muon is deprecated in Megatron-LM: it means --optimizer \
+muon --use-distributed-optimizer" "$W/dist.log" || fail "no dist_muon warning"
+grep -qF "tp mode duplicated; distributed: each matrix orthogonalised by one data-parallel \
+rank), adam for the other" "$W/dist.log" || { grep optimizer "$W/dist.log"; fail "dist line"; }
+[ "$(loss "$W/dist.log" 3)" = "$(loss "$W/plain.log" 3)" ] ||
+  fail "dist_muon $(loss "$W/dist.log" 3) vs muon $(loss "$W/plain.log" 3)"
 refused "--muon-use-syrk (a Triton SYRK kernel for the Gram matrix) is not implemented yet" \
   --muon-use-syrk
 refused "cubic5 is a fixed 5-step schedule; got --muon-num-ns-steps 4" \

@@ -312,4 +312,26 @@ TEST(Muon, BatchedUpdatesAreBitwiseTheOneAtATimeOnes) {
   }
 }
 
+// The distributed optimizer's owners: the largest Newton-Schulz cost first, each to the
+// least loaded rank, ties to the lower rank; a pure function of the shapes (every rank
+// computes the same), and one rank owns everything.
+TEST(Muon, OwnersBalanceTheNewtonSchulzCost) {
+  const std::vector<Shape> shapes = {{8, 8}, {32, 8}, {8, 8}, {16, 16}, {4, 4}, {32, 8}};
+  // costs r c min(r, c): 512, 2048, 512, 4096, 64, 2048
+  std::vector<model::ParamInfo> infos(shapes.size());
+  std::vector<const model::ParamInfo*> ps;
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    infos[k].local_shape = infos[k].global_shape = shapes[k];
+    ps.push_back(&infos[k]);
+  }
+  // #3 -> 0 (loads 4096, 0); #1 -> 1 (4096, 2048); #5 -> 1 (4096, 4096); #0 -> 0, the
+  // tie to the lower rank (4608, 4096); #2 -> 1 (4608, 4608); #4 -> 0, a tie again
+  EXPECT_EQ(optim::muon_owners(ps, 2), (std::vector<int>{0, 1, 1, 0, 0, 1}));
+  EXPECT_EQ(optim::muon_owners(ps, 1), std::vector<int>(shapes.size(), 0));
+  // More ranks than matrices: each matrix its own rank, the largest first.
+  const std::vector<int> eight = optim::muon_owners(ps, 8);
+  EXPECT_EQ(eight, (std::vector<int>{3, 1, 4, 0, 5, 2}));
+  EXPECT_EQ(optim::muon_owners({}, 4), std::vector<int>{});
+}
+
 }  // namespace muon_test

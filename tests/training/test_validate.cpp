@@ -276,8 +276,10 @@ TEST(Validate, ValuesNotImplementedYet) {
                  {"--position-embedding-type yarn is not implemented yet"});
   expect_invalid(with(base_argv(), {"--optimizer", "soap"}),
                  {"--optimizer soap", "is not implemented yet", "sgd, lion or muon"});
-  expect_invalid(with(base_argv(), {"--optimizer", "muon", "--use-distributed-optimizer"}),
-                 {"layer-wise distributed optimizer", "not implemented yet"});
+  // Megatron's deprecated dist_muon: Muon with the distributed optimizer.
+  const Args d = parse_and_validate(with(base_argv(), {"--optimizer", "dist_muon"}));
+  EXPECT_EQ(d.optimizer, "muon");
+  EXPECT_TRUE(d.use_distributed_optimizer);
   Args a = parse_and_validate(with(base_argv(), {"--use-rotary-position-embeddings"}));
   EXPECT_EQ(a.position_embedding_type, "rope");
 }
