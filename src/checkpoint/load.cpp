@@ -262,9 +262,10 @@ TrainingState load_checkpoint_host(const std::string& load_dir, std::optional<in
                                    const model::ParamStore& params, const Tensor& values,
                                    const Tensor* exp_avg, const Tensor* exp_avg_sq,
                                    const LoadOptions& opts) {
-  // Two moments: Adam's, and Muon's with Adam for the other parameters; SGD, Lion and Muon
-  // with Lion one.
-  const bool adam = opts.optimizer == "adam" || opts.optimizer == "muon";
+  // Two moments: Adam's, Muon's with Adam for the other parameters, and adaptive Muon's
+  // (its second moment where Adam's is) with either; SGD, Lion and Muon with Lion one.
+  const bool adam = opts.optimizer == "adam" || opts.optimizer == "muon" ||
+                    opts.optimizer.rfind("adaptive_muon", 0) == 0;
   MCPP_CHECK(values.device() == Device::CPU && values.numel() == params.total_numel() &&
                  (!exp_avg || (exp_avg->device() == Device::CPU &&
                                exp_avg->numel() == params.total_numel() &&

@@ -3,6 +3,7 @@
 // _rn intrinsics, which nvcc never fuses; the CPU file is compiled with
 // -ffp-contract=off).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "ops/momentum_step.h"
@@ -16,6 +17,8 @@
 namespace mcpp::ops {
 
 #if defined(__CUDA_ARCH__)
+MCPP_MS_HD float ms_div(float a, float b) { return __fdiv_rn(a, b); }
+MCPP_MS_HD float ms_sqrt(float a) { return __fsqrt_rn(a); }
 MCPP_MS_HD float ms_mul(float a, float b) { return __fmul_rn(a, b); }
 MCPP_MS_HD float ms_add(float a, float b) { return __fadd_rn(a, b); }
 MCPP_MS_HD float ms_sub(float a, float b) { return __fsub_rn(a, b); }
@@ -23,6 +26,8 @@ MCPP_MS_HD double ms_mul(double a, double b) { return __dmul_rn(a, b); }
 MCPP_MS_HD double ms_add(double a, double b) { return __dadd_rn(a, b); }
 MCPP_MS_HD double ms_sub(double a, double b) { return __dsub_rn(a, b); }
 #else
+MCPP_MS_HD float ms_div(float a, float b) { return a / b; }
+MCPP_MS_HD float ms_sqrt(float a) { return std::sqrt(a); }
 template <typename R>
 MCPP_MS_HD R ms_mul(R a, R b) { return a * b; }
 template <typename R>
@@ -75,6 +80,12 @@ MCPP_MS_HD void momentum_element(R& w, R& m, R g, const MomentumScalars<R>& a) {
   else if (a.kind == MomentumKind::Sgd)
     m = ms_add(ms_mul(a.momentum, m), g);
   w = ms_sub(w, ms_mul(a.lr, a.kind == MomentumKind::SgdNoBuffer ? g : m));
+}
+
+// adamuon_normalize's element (ops/momentum_step.h): w = 1 - beta2, all f32.
+MCPP_MS_HD void adamuon_element(float& u, float& v, float w, float eps, float scale) {
+  v = ms_add(v, ms_mul(w, ms_sub(ms_mul(u, u), v)));
+  u = ms_mul(ms_div(u, ms_add(ms_sqrt(v), eps)), scale);
 }
 
 }  // namespace mcpp::ops

@@ -29,4 +29,14 @@ void momentum_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Te
   MCPP_DISPATCH(momentum_step_split, model_param, lo, grad, m, p, s);
 }
 
+void adamuon_normalize(Tensor& u, Tensor& v, double beta2, double eps, double scale,
+                       Stream& s) {
+  MCPP_CHECK(beta2 >= 0 && beta2 < 1 && eps >= 0,
+             "adamuon_normalize: beta2 {} must lie in [0, 1) and eps {} be non-negative", beta2,
+             eps);
+  MCPP_CHECK(u.dtype() == DType::F32 && v.dtype() == DType::F32 && u.numel() == v.numel(),
+             "adamuon_normalize: u {} and v {} must be f32 of one size", u.str(), v.str());
+  MCPP_DISPATCH(adamuon_normalize, u, v, beta2, eps, scale, s);
+}
+
 }  // namespace mcpp::ops

@@ -22,6 +22,13 @@
 // momentum_step_split: the same update on fp32 main parameters held as (bf16
 // model_param, u16 lo) (ops/split_main.h), both written; grad and m f32.
 // m may be undefined only for SGD with momentum 0.
+//
+// adamuon_normalize (--optimizer adaptive_muon: emerging_optimizers' AdaptiveMuon with its
+// moment2_method adamuon, as Megatron's TensorParallelAdaptiveMuon steps it), on a Muon
+// update u (f32) and its second moment v (f32, state), per element:
+//   v = v + (1 - beta2) (u u - v)       (torch's lerp toward u^2 with weight 1 - beta2 < 0.5)
+//   u = u / (sqrt(v) + eps) * scale
+// each operation rounded on its own, the same bits on the CPU and CUDA.
 #pragma once
 #include <cstdint>
 
@@ -44,7 +51,9 @@ struct MomentumStepParams {
   void momentum_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& model_param,     \
                      const MomentumStepParams& p, Stream& s);                                \
   void momentum_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Tensor& m,  \
-                           const MomentumStepParams& p, Stream& s);
+                           const MomentumStepParams& p, Stream& s);                      \
+  void adamuon_normalize(Tensor& u, Tensor& v, double beta2, double eps, double scale,       \
+                         Stream& s);
 
 MCPP_MOMENTUM_STEP_OPS
 

@@ -6,6 +6,7 @@
 // the unsharded optimizer computes (the assembling sums add zeros to one rank's values).
 #include <algorithm>
 
+#include "ops/momentum_step.h"
 #include "ops/ops.h"
 #include "optim/distributed_optimizer.h"
 
@@ -79,10 +80,16 @@ void DistributedAdamW::muon_step(double lr, double wd, Stream& st) {
         const Part p = part(i);
         if (p.len == 0) continue;
         auto shard = [&](const Tensor& t) { return t.defined() ? t.narrow(p.shard, p.len) : t; };
+        Tensor u = buf.narrow(p.p0 - w0, p.len);
+        if (muon_->adaptive) {  // adaptive_muon: element-wise, so on this rank's part alone
+          Tensor v = v_.narrow(p.shard, p.len);
+          ops::adamuon_normalize(u, v, muon_->adaptive_beta2, muon_->adaptive_eps,
+                                 muon_adaptive_scale(infos[i], *muon_), st);
+        }
         Tensor model = flat.narrow(p.p0, p.len);
         Tensor main = main_.defined() ? shard(main_) : Tensor();
         muon_apply_span(model, main, lo_.defined() ? shard(lo_) : Tensor(),
-                        buf.narrow(p.p0 - w0, p.len), lr_of(i, lr),
+                        u, lr_of(i, lr),
                         infos[i].weight_decay ? wd : 0.0, st);
       }
       a = e;

@@ -390,6 +390,12 @@ Tensor muon_update(const model::ParamInfo& p, const Tensor& u, const MuonConfig&
   return muon_updates({&p}, {u}, c, g, s).front();
 }
 
+double muon_adaptive_scale(const model::ParamInfo& p, const MuonConfig& c) {
+  const Shape& s = p.local_shape;
+  const int64_t out = s.at(0), in = shape_numel(s) / std::max<int64_t>(out, 1);
+  return muon_scale_factor(c.scale, out, in) * c.extra_scale;
+}
+
 std::vector<int> muon_owners(const std::vector<const model::ParamInfo*>& ps, int ranks) {
   MCPP_CHECK(ranks >= 1, "muon_owners: {} ranks", ranks);
   std::vector<double> cost(ps.size());

@@ -50,6 +50,12 @@ struct MuonConfig {
   // --muon-split-qkv: the rows of one query group of linear_qkv, [query, key, value]
   // (Megatron's layout); empty: QKV weights are orthogonalised whole.
   std::vector<int64_t> qkv_split;
+  // --optimizer adaptive_muon (Megatron's TensorParallelAdaptiveMuon, moment2_method
+  // adamuon; OptimizerConfig's adaptive_muon_beta2 / _eps, which no flag sets): after the
+  // update above, a second moment per element (ops::adamuon_normalize) and the scale again,
+  // of the parameter's local shape (see muon_adaptive_scale).
+  bool adaptive = false;
+  double adaptive_beta2 = 0.95, adaptive_eps = 1e-8;
 };
 
 // The groups a TP-split matrix is orthogonalised over: the TP group, and the expert TP group
@@ -69,6 +75,13 @@ std::vector<std::array<double, 3>> muon_coefficients(const std::string& type, in
 
 // The update's scale for a matrix of the whole layer's shape [out, in].
 double muon_scale_factor(MuonScale mode, int64_t out, int64_t in);
+
+// --optimizer adaptive_muon: the factor its update is multiplied by after the second-moment
+// normalisation: the scale of the local (this rank's) shape of p times the extra factor, as
+// emerging_optimizers' AdaptiveMuon.step applies it to the update it holds -- a TP shard
+// under tensor parallelism, and on top of the scale muon_update already applied (Megatron's
+// TensorParallelAdaptiveMuon orthogonalises with TensorParallelMuon's scaled function).
+double muon_adaptive_scale(const model::ParamInfo& p, const MuonConfig& c);
 
 // Whether Muon steps the parameter (a 2-D matrix that is not the word embedding or the
 // output layer, as Megatron's _is_muon_excluded); the rest go to the scalar rule.

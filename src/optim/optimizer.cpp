@@ -24,7 +24,8 @@ Stream& Optimizer::stream() const { return ops::default_stream(ps_.device()); }
 
 std::string Optimizer::state_name() const {
   if (!muon_) return rule_name(cfg_.rule);
-  return cfg_.rule == UpdateRule::Lion ? "muon_lion" : "muon";
+  const std::string base = muon_->adaptive ? "adaptive_muon" : "muon";
+  return cfg_.rule == UpdateRule::Lion ? base + "_lion" : base;
 }
 
 void Optimizer::allocate_state(const Shape& shape, DType dtype, Device dev) {
@@ -271,6 +272,11 @@ void AdamW::step(double lr, double wd) {
     us.clear();
     for (size_t k = a; k < b; ++k) {
       const size_t p = muon_params[k];
+      if (muon_->adaptive) {  // adaptive_muon: the second moment, the scale again
+        Tensor u = upd[k - a], v = v_.narrow(infos[p].offset, infos[p].numel());
+        ops::adamuon_normalize(u, v, muon_->adaptive_beta2, muon_->adaptive_eps,
+                               muon_adaptive_scale(infos[p], *muon_), st);
+      }
       muon_apply(p, lr_of(p, lr), infos[p].weight_decay ? wd : 0.0, upd[k - a], st);
     }
     a = b;
@@ -285,6 +291,12 @@ void Optimizer::enable_muon(const MuonConfig& c, const MuonGroups& g) {
              dtype_name(m_.dtype()));
   muon_ = c;
   muon_groups_ = g;
+  // adaptive_muon's second moment sits where Adam's is (zero on the matrices until now);
+  // with Lion as the scalar rule there is no such buffer yet.
+  if (c.adaptive && !v_.defined()) {
+    v_ = Tensor::empty(m_.shape(), DType::F32, m_.device());
+    ops::fill(v_, 0.0, ops::default_stream(m_.device()));
+  }
 }
 
 int64_t Optimizer::muon_window_bytes() {

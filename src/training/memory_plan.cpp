@@ -201,7 +201,7 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
     return a.use_precision_aware_optimizer && d == "bf16" && state == 4 ? int64_t(2) : state;
   };
   // Muon keeps its momentum where Adam's first moment is, beside the scalar rule's state.
-  const bool second = a.optimizer == "adam" ||
+  const bool second = a.optimizer == "adam" || a.optimizer == "adaptive_muon" ||
                       (a.optimizer == "muon" && a.muon_scalar_optimizer == "adam");
   const int64_t moments = moment(a.exp_avg_dtype) + (second ? moment(a.exp_avg_sq_dtype) : 0);
   if (a.use_distributed_optimizer)

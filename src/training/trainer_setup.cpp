@@ -65,7 +65,7 @@ Device resolve_device(const Args& a) {
 // The model's dtype: --bf16 / --fp16 (GPU only), else fp32.
 DType model_dtype(const Args& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
 
-// --optimizer muon's settings (optim/muon.h). --muon-split-qkv: Megatron's split of one
+// --optimizer muon's (and adaptive_muon's) settings (optim/muon.h). --muon-split-qkv: Megatron's split of one
 // query group's QKV rows (multi-latent attention has no linear_qkv).
 optim::MuonConfig muon_config(const Args& a, const model::TransformerConfig& m) {
   optim::MuonConfig c;
@@ -79,6 +79,7 @@ optim::MuonConfig muon_config(const Args& a, const model::TransformerConfig& m) 
   c.tp_mode = optim::parse_muon_tp_mode(a.muon_tp_mode);
   if (a.muon_split_qkv && !m.mla.on)
     c.qkv_split = {m.heads_per_group() * m.kv_channels, m.kv_channels, m.kv_channels};
+  c.adaptive = a.optimizer == "adaptive_muon";  // beta2 and eps: Megatron's defaults
   return c;
 }
 
@@ -387,7 +388,8 @@ void Trainer::State::build_optimizer() {
   }
   optim::OptimizerConfig ocfg{a.adam_beta1, a.adam_beta2, a.adam_eps};
   // --optimizer muon: Muon for the matrices, --muon-scalar-optimizer for the rest.
-  const std::string rule = a.optimizer == "muon" ? a.muon_scalar_optimizer : a.optimizer;
+  const bool muon = a.optimizer == "muon" || a.optimizer == "adaptive_muon";
+  const std::string rule = muon ? a.muon_scalar_optimizer : a.optimizer;
   ocfg.rule = rule == "sgd"    ? optim::UpdateRule::Sgd
               : rule == "lion" ? optim::UpdateRule::Lion
                                : optim::UpdateRule::Adam;
@@ -409,13 +411,16 @@ void Trainer::State::build_optimizer() {
                 flag, beta, moment, beta);
   // --optimizer muon: which matrices Muon steps, said once whichever optimizer holds them.
   auto enable_muon = [&](optim::Optimizer& o) {
-    if (a.optimizer != "muon") return;
+    if (!muon) return;
     o.enable_muon(muon_config(a, s.model_cfg), muon_groups(*s.ps));
     int64_t mats = 0, mat_numel = 0;
     for (const auto& p : P.infos())
       if (optim::muon_steps(p)) ++mats, mat_numel += p.numel();
-    log::info("> optimizer: Muon for {} matrices ({} parameters on this rank; {} Newton-Schulz "
+    log::info("> optimizer: {} for {} matrices ({} parameters on this rank; {} Newton-Schulz "
               "steps, {}, {} GEMMs, tp mode {}{}), {} for the other {} parameters",
+              a.optimizer == "adaptive_muon"
+                  ? "adaptive Muon (AdaMuon: second moment beta2 0.95, eps 1e-08)"
+                  : "Muon",
               mats, mat_numel, a.muon_num_ns_steps, a.muon_coefficient_type,
               a.muon_fp32_matmul_prec == "medium" ? "bf16" : "fp32", a.muon_tp_mode,
               a.use_distributed_optimizer
@@ -435,7 +440,9 @@ void Trainer::State::build_optimizer() {
     // the whole buffer.
     const int64_t moment_bytes =
         int64_t(dtype_size(ocfg.exp_avg_dtype)) +
-        (ocfg.rule == optim::UpdateRule::Adam ? int64_t(dtype_size(ocfg.exp_avg_sq_dtype)) : 0);
+        (ocfg.rule == optim::UpdateRule::Adam || a.optimizer == "adaptive_muon"
+             ? int64_t(dtype_size(ocfg.exp_avg_sq_dtype))
+             : 0);
     const int64_t main_bytes =
         optim::Optimizer::main_param_bytes(P.flat_params().dtype(), a.fp8_param_gather);
     const int64_t full = (main_bytes + moment_bytes) * P.total_numel();

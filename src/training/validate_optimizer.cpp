@@ -96,9 +96,9 @@ void validate_optimizer_rule(Args& a) {
     a.optimizer = "muon";
     a.use_distributed_optimizer = true;
   }
-  static const std::set<std::string> later = {"soap", "adaptive_muon"};
+  static const std::set<std::string> later = {"soap"};
   MCPP_CHECK_HINT(!later.count(a.optimizer),
-                  "use --optimizer adam (Megatron's default), sgd, lion or muon",
+                  "use --optimizer adam (Megatron's default), sgd, lion, muon or adaptive_muon",
                   "--optimizer {} (emerging_optimizers' matrix optimizer) is not implemented yet "
                   "by megatron.cpp",
                   a.optimizer);
@@ -109,7 +109,7 @@ void validate_optimizer_rule(Args& a) {
     MCPP_CHECK_HINT(beta >= 0 && beta < 1, fmt::format("give {} in [0, 1)", flag),
                     "{} {} must lie in [0, 1)", flag, beta);
   validate_precision_aware(a);
-  if (a.optimizer == "muon") validate_muon(a);
+  if (a.optimizer == "muon" || a.optimizer == "adaptive_muon") validate_muon(a);
   if (a.optimizer == "adam") return;
   // Megatron-LM's legacy layout carries Adam's state (exp_avg / exp_avg_sq) only.
   MCPP_CHECK_HINT(a.ckpt_format != "torch" || a.no_save_optim || !a.save,

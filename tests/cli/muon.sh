@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # muon.sh MEGATRON [MPIRUN...]: --optimizer muon end to end on the CPU:
 #   - the start-up line names the matrices Muon steps and the scalar rule; the loss falls;
+#     likewise with --optimizer adaptive_muon;
 #   - a checkpoint of Muon's state is refused by --optimizer adam and by Muon with another
 #     scalar rule (the state differs), each error naming both;
 #   - Megatron's combinations that are errors (or not implemented here) fail at start-up
@@ -62,6 +63,21 @@ grep -qF "tp mode duplicated; distributed: each matrix orthogonalised by one dat
 rank), adam for the other" "$W/dist.log" || { grep optimizer "$W/dist.log"; fail "dist line"; }
 [ "$(loss "$W/dist.log" 3)" = "$(loss "$W/plain.log" 3)" ] ||
   fail "dist_muon $(loss "$W/dist.log" 3) vs muon $(loss "$W/plain.log" 3)"
+# --optimizer adaptive_muon: its start-up line, a falling loss, its state (the second moment
+# beside the momentum) its own in checkpoints.
+run "$W/ada.log" --train-iters 30 --optimizer adaptive_muon --save "$W/ack" --save-interval 30
+grep -qE "> optimizer: adaptive Muon \(AdaMuon: second moment beta2 0.95, eps 1e-08\) for 8 \
+matrices" "$W/ada.log" || { grep optimizer "$W/ada.log"; fail "adaptive start-up line"; }
+python3 - "$(loss "$W/ada.log" 1)" "$(loss "$W/ada.log" 30)" <<'PY' || fail "adaptive: no fall"
+import sys
+first, last = map(float, sys.argv[1:])
+print(f"adaptive_muon lm loss {first} -> {last}")
+sys.exit(0 if last < first - 0.5 else 1)
+PY
+if "$M" train "${ARGS[@]}" --train-iters 32 --load "$W/ack" > "$W/r.log" 2>&1
+then fail "muon loaded adaptive Muon's state"; fi
+grep -qF "holds the state of the adaptive_muon optimizer; this run uses --optimizer muon" \
+  "$W/r.log" || { tail -5 "$W/r.log"; fail "muon's error on adaptive state"; }
 refused "--muon-use-syrk (a Triton SYRK kernel for the Gram matrix) is not implemented yet" \
   --muon-use-syrk
 refused "cubic5 is a fixed 5-step schedule; got --muon-num-ns-steps 4" \

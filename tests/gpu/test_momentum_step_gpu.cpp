@@ -1,7 +1,8 @@
 // SGD with momentum and Lion on the GPU (ops/momentum_step.h): the kernels leave the CPU
 // op's bits (every multiply and add rounded on its own on both sides) for each rule, on the
 // vector path and the scalar one (unaligned views, tails), with and without the bf16 model
-// parameters; the split kernel gives the whole fp32 kernel's main parameters; the
+// parameters; the split kernel gives the whole fp32 kernel's main parameters; adaptive
+// Muon's normalisation gives the CPU's bits; the
 // optimizer on a CUDA bf16 model matches the same optimizer on the CPU's f32 model.
 #include <string>
 #include <tuple>
@@ -67,6 +68,25 @@ TEST(GpuMomentumStep, GivesTheCpuBits) {
           EXPECT_TRUE(equal_bits(joined, cp)) << what << " (split)";
           if (buffer) EXPECT_TRUE(equal_bits(gsb, cm)) << what << " (split)";
         }
+}
+
+// adamuon_normalize (--optimizer adaptive_muon): the CPU op's bits over three steps, on an
+// odd size and an offset view.
+TEST(GpuMomentumStep, AdamuonNormalizeGivesTheCpuBits) {
+  MCPP_REQUIRE_GPU();
+  for (int64_t n : {int64_t(100003), int64_t(5)})
+    for (int64_t off : {int64_t(0), int64_t(1)}) {
+      Tensor cv = Tensor::zeros({n}, DType::F32);
+      Tensor gv = gpu_at(cv, off);
+      for (int step = 1; step <= 3; ++step) {
+        Tensor cu = rand_f32({n}, 20 + step, -0.5f, 0.5f);
+        Tensor gu = gpu_at(cu, off);
+        cpu::adamuon_normalize(cu, cv, 0.95, 1e-8, 2.5, CS());
+        gpu::adamuon_normalize(gu, gv, 0.95, 1e-8, 2.5, GS());
+        EXPECT_TRUE(equal_bits(gu, cu)) << "n " << n << " offset " << off << " step " << step;
+      }
+      EXPECT_TRUE(equal_bits(gv, cv)) << "n " << n << " offset " << off;
+    }
 }
 
 // The optimizer on a CUDA bf16 model (split main parameters) and on the CPU's f32 model

@@ -184,6 +184,43 @@ TEST(MomentumStep, BadArgumentsNameTheOp) {
   EXPECT_PRED2(has, error_of([&] { ops::momentum_step(p, g, short_m, none, mp, CS()); }), "m");
 }
 
+// adamuon_normalize (--optimizer adaptive_muon) against the formula in double over three
+// steps, the second moment carried: v = v + (1 - b2)(u^2 - v), u / (sqrt(v) + eps) * scale.
+TEST(MomentumStep, AdamuonNormalizeFollowsTheFormula) {
+  const int64_t n = 1000;
+  Tensor v = Tensor::zeros({n}, DType::F32);
+  std::vector<double> vr(size_t(n), 0.0);
+  for (int step = 1; step <= 3; ++step) {
+    Tensor u = randn({n}, 70 + uint64_t(step), 0.3, DType::F32);
+    const float* U0 = u.data<float>();
+    std::vector<double> want(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      const double ui = U0[i];
+      vr[size_t(i)] += 0.05 * (ui * ui - vr[size_t(i)]);
+      want[size_t(i)] = ui / (std::sqrt(vr[size_t(i)]) + 1e-8) * 1.7;
+    }
+    ops::adamuon_normalize(u, v, 0.95, 1e-8, 1.7, CS());
+    const float* U = u.data<float>();
+    const float* V = v.data<float>();
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs(U[i] - want[size_t(i)]) / std::abs(want[size_t(i)]));
+      worst = std::max(worst, std::abs(V[i] - vr[size_t(i)]) / vr[size_t(i)]);
+    }
+    EXPECT_LT(worst, 1e-5) << "step " << step;
+  }
+  // The first step of a zero moment: |u| / sqrt(0.05 u^2) = sqrt(20), whatever u.
+  Tensor u = Tensor::from(std::vector<float>{0.25f, -3.0f}, {2});
+  Tensor z = Tensor::zeros({2}, DType::F32);
+  ops::adamuon_normalize(u, z, 0.95, 0.0, 1.0, CS());
+  EXPECT_NEAR(u.data<float>()[0], std::sqrt(20.0), 1e-5);
+  EXPECT_NEAR(u.data<float>()[1], -std::sqrt(20.0), 1e-5);
+  Tensor bad = Tensor::zeros({3}, DType::F32);
+  EXPECT_NE(error_of([&] { ops::adamuon_normalize(u, bad, 0.95, 1e-8, 1.0, CS()); })
+                .find("adamuon_normalize"),
+            std::string::npos);
+}
+
 // The optimizer: Megatron's parameter groups (no decay on "b"), clipping folded into the
 // pass, the SGD buffer's first step, one state buffer, and a loaded buffer continued.
 TEST(MomentumStep, OptimizerGroupsClippingAndLoadedState) {

@@ -2,6 +2,7 @@
 // iteration written out here in double, the bf16 GEMM emulation, the coefficient schedules
 // and scale factors, the QKV split, and the optimizer around them (matrices by Muon, the
 // rest bitwise as AdamW steps them).
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -261,6 +262,70 @@ TEST(Muon, OptimizerStepsMatricesByMuonTheRestAsAdamW) {
                             ref_ps.flat_params().narrow(wn, n - wn)));
     }
   }
+}
+
+// --optimizer adaptive_muon: Muon's scaled update, then the second moment per element (kept
+// where Adam's exp_avg_sq would be) and the scale again -- of the local shape, as Megatron's
+// TensorParallelAdaptiveMuon applies it to a TP shard.
+TEST(Muon, AdaptiveMuonNormalisesByASecondMoment) {
+  model::ParamStore ps;
+  model::ParamInfo info;
+  info.name = "decoder.layers.0.mlp.linear_fc1.weight";
+  info.global_shape = info.local_shape = {6, 4};
+  info.init_std = 0.5;
+  info.weight_decay = true;
+  ps.add(info);
+  ps.allocate(DType::F32, DType::F32, Device::CPU, 0, 1);
+  ps.initialize(3);
+  optim::OptimizerConfig oc;
+  oc.rule = optim::UpdateRule::Lion;  // no second moment of its own: adaptive Muon adds one
+  optim::AdamW opt(ps, oc);
+  ASSERT_FALSE(opt.exp_avg_sq().defined());
+  optim::MuonConfig mc = fp32_config();
+  mc.momentum = 0.8, mc.extra_scale = 0.5, mc.adaptive = true;
+  opt.enable_muon(mc, {});
+  EXPECT_EQ(opt.state_name(), "adaptive_muon_lion");
+  ASSERT_TRUE(opt.exp_avg_sq().defined());
+  const int64_t n = 24;
+  const double lr = 0.02, wd = 0.1, s = std::sqrt(6.0) * 0.5;  // spectral [6, 4], extra
+  std::vector<double> v(size_t(n), 0.0);
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<double> w = values_of(ps.flat_params().narrow(0, n));
+    std::vector<double> m = values_of(opt.exp_avg().narrow(0, n));
+    const std::vector<double> w0 = w;
+    const Tensor g = randn({n}, 50 + uint64_t(step), 1.0, DType::F32);
+    Tensor gd = ps.flat_grads().narrow(0, n);
+    ops::cpu::copy(g, gd, S());
+    opt.step(lr, wd);
+    const std::vector<double> gv = values_of(g);
+    for (int64_t i = 0; i < n; ++i) {
+      w[size_t(i)] -= lr * wd * w[size_t(i)];
+      m[size_t(i)] = 0.8 * m[size_t(i)] + 0.2 * gv[size_t(i)];
+    }
+    const std::vector<double> o = ns_reference(m, 6, 4, kQuintic);
+    for (int64_t i = 0; i < n; ++i) {
+      const double u = s * o[size_t(i)];  // Muon's update, scaled once
+      v[size_t(i)] += 0.05 * (u * u - v[size_t(i)]);
+      w[size_t(i)] -= lr * s * u / (std::sqrt(v[size_t(i)]) + 1e-8);  // and scaled again
+    }
+    const std::vector<double> got = values_of(ps.flat_params().narrow(0, n));
+    double worst = 0, size = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs((got[size_t(i)] - w0[size_t(i)]) -
+                                       (w[size_t(i)] - w0[size_t(i)])));
+      size = std::max(size, std::abs(w[size_t(i)] - w0[size_t(i)]));
+    }
+    EXPECT_GT(size, 1e-2);
+    EXPECT_LT(worst, 1e-4 * size) << "step " << step;
+    EXPECT_LT(max_abs_diff(values_of(opt.exp_avg_sq().narrow(0, n)), v),
+              1e-4 * *std::max_element(v.begin(), v.end()));
+  }
+  // The second scale reads the local shape: a column-parallel shard [3, 4] of [6, 4] gets
+  // sqrt(max(3, 4)) = 2, where the serial matrix gets sqrt(6).
+  model::ParamInfo shard = info;
+  shard.local_shape = {3, 4};
+  EXPECT_DOUBLE_EQ(optim::muon_adaptive_scale(shard, mc), 2.0 * 0.5);
+  EXPECT_DOUBLE_EQ(optim::muon_adaptive_scale(info, mc), std::sqrt(6.0) * 0.5);
 }
 
 // Several parameters at once (the optimizer's path): matrices of one shape share batched

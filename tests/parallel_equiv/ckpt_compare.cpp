@@ -32,14 +32,18 @@ static Loaded load(const std::string& dir) {
   c.tp_size = 1, c.tp_rank = 0, c.sequence_parallel = false;
   l.model = std::make_unique<model::GPTModel>(c);
   // The optimizer whose moments the checkpoint holds (SGD and Lion: exp_avg alone; Muon:
-  // its momentum beside the scalar rule's moments).
+  // its momentum beside the scalar rule's moments; adaptive Muon: and its second moment).
   optim::OptimizerConfig oc;
   const std::string rule = md.value("optimizer", std::string("adam"));
-  oc.rule = rule == "sgd"                          ? optim::UpdateRule::Sgd
-            : rule == "lion" || rule == "muon_lion" ? optim::UpdateRule::Lion
-                                                    : optim::UpdateRule::Adam;
+  const bool lion = rule == "lion" || rule.ends_with("muon_lion");
+  oc.rule = rule == "sgd" ? optim::UpdateRule::Sgd
+            : lion        ? optim::UpdateRule::Lion
+                          : optim::UpdateRule::Adam;
   l.opt = std::make_unique<optim::AdamW>(l.model->params(), oc);
-  if (rule.rfind("muon", 0) == 0) l.opt->enable_muon(optim::MuonConfig{}, {});
+  // adaptive Muon: its second moment where Adam's is, with either scalar rule
+  optim::MuonConfig mc;
+  mc.adaptive = rule.rfind("adaptive_muon", 0) == 0;
+  if (rule.rfind("muon", 0) == 0 || mc.adaptive) l.opt->enable_muon(mc, {});
   l.st = checkpoint::load_checkpoint(dir, std::nullopt, *l.model, l.opt.get());
   return l;
 }

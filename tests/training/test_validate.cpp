@@ -275,7 +275,7 @@ TEST(Validate, ValuesNotImplementedYet) {
   expect_invalid(with(base_argv(), {"--position-embedding-type", "yarn"}),
                  {"--position-embedding-type yarn is not implemented yet"});
   expect_invalid(with(base_argv(), {"--optimizer", "soap"}),
-                 {"--optimizer soap", "is not implemented yet", "sgd, lion or muon"});
+                 {"--optimizer soap", "is not implemented yet", "lion, muon or adaptive_muon"});
   // Megatron's deprecated dist_muon: Muon with the distributed optimizer.
   const Args d = parse_and_validate(with(base_argv(), {"--optimizer", "dist_muon"}));
   EXPECT_EQ(d.optimizer, "muon");

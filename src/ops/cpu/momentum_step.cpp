@@ -78,4 +78,17 @@ void momentum_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Te
   }
 }
 
+void adamuon_normalize(Tensor& u, Tensor& v, double beta2, double eps, double scale,
+                       Stream& s) {
+  const Check c{"adamuon_normalize"};
+  c.stream(s);
+  const int64_t n = u.numel();
+  c.dtype(u, "u", DType::F32), c.dtype(v, "v", DType::F32), c.numel(v, "v", n);
+  float* U = u.data<float>();
+  float* V = v.data<float>();
+  const float w = float(1.0 - beta2), e = float(eps), sc = float(scale);
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) adamuon_element(U[i], V[i], w, e, sc);
+}
+
 }  // namespace mcpp::ops::cpu

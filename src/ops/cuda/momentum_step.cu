@@ -102,6 +102,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // The grid: enough threads for the packs (or elements), at most the blocks the GPU holds at
 // once (`resident`, asked once per kernel).
+__global__ void __launch_bounds__(kThreads)
+    adamuon_kernel(float* __restrict__ u, float* __restrict__ v, int64_t n, float w, float eps,
+                   float scale) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride)
+    adamuon_element(u[i], v[i], w, eps, scale);
+}
+
 unsigned grid_of(int64_t resident, bool vec, int64_t n) {
   const int64_t wanted = vec ? std::max(n / kPack, n % kPack) : n;
   return unsigned(std::min<int64_t>(grid_for(wanted, kThreads), resident));
@@ -177,6 +185,22 @@ void momentum_step_split(Tensor& model_param, Tensor& lo, const Tensor& grad, Te
     momentum_split_kernel<T><<<grid, kThreads, 0, cs>>>(O, L, G, M, n, vec ? n / kPack : 0, a);
     MCPP_LAUNCH_CHECK();
   });
+}
+
+void adamuon_normalize(Tensor& u, Tensor& v, double beta2, double eps, double scale,
+                       Stream& s) {
+  const char* op = "adamuon_normalize";
+  check_f32(u, op, "u"), check_f32(v, op, "v");
+  const int64_t n = u.numel();
+  check_numel(v, n, op, "v");
+  if (n == 0) return;
+  static const int64_t resident = occupancy_blocks(adamuon_kernel, kThreads);
+  const unsigned grid = grid_of(resident, false, n);
+  adamuon_kernel<<<grid, kThreads, 0, stream_of(s)>>>(static_cast<float*>(u.raw()),
+                                                     static_cast<float*>(v.raw()), n,
+                                                     float(1.0 - beta2), float(eps),
+                                                     float(scale));
+  MCPP_LAUNCH_CHECK();
 }
 
 }  // namespace mcpp::ops::cuda
