@@ -24,6 +24,7 @@
 #include "optim/grads.h"
 #include "parallel/pipeline/executor.h"
 #include "checkpoint/megatron/megatron_train.h"
+#include "training/muon_setup.h"
 #include "training/trainer_state.h"
 #include "training/validate_compat.h"
 #include "optim/fp8_param_gather.h"
@@ -64,30 +65,6 @@ Device resolve_device(const Args& a) {
 
 // The model's dtype: --bf16 / --fp16 (GPU only), else fp32.
 DType model_dtype(const Args& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
-
-// --optimizer muon's (and adaptive_muon's) settings (optim/muon.h). --muon-split-qkv: Megatron's split of one
-// query group's QKV rows (multi-latent attention has no linear_qkv).
-optim::MuonConfig muon_config(const Args& a, const model::TransformerConfig& m) {
-  optim::MuonConfig c;
-  c.momentum = a.muon_momentum;
-  c.nesterov = a.muon_nesterov;
-  c.scale = optim::parse_muon_scale(a.muon_scale_mode);
-  c.extra_scale = a.muon_extra_scale_factor;
-  c.coefficients = a.muon_coefficient_type;
-  c.ns_steps = int(a.muon_num_ns_steps);
-  c.bf16_matmul = a.muon_fp32_matmul_prec == "medium";
-  c.tp_mode = optim::parse_muon_tp_mode(a.muon_tp_mode);
-  if (a.muon_split_qkv && !m.mla.on)
-    c.qkv_split = {m.heads_per_group() * m.kv_channels, m.kv_channels, m.kv_channels};
-  c.adaptive = a.optimizer == "adaptive_muon";  // beta2 and eps: Megatron's defaults
-  return c;
-}
-
-optim::MuonGroups muon_groups(const parallel::ParallelState& ps) {
-  using parallel::Group;
-  return {ps.has(Group::TP) ? &ps.tp() : nullptr,
-          ps.has(Group::ExpertTP) ? &ps.group(Group::ExpertTP) : nullptr};
-}
 
 std::atomic<bool> g_exit_signal{false};
 extern "C" void on_exit_signal(int) { g_exit_signal.store(true); }
@@ -409,24 +386,9 @@ void Trainer::State::build_optimizer() {
       log::warn("{} {} with a bf16 {}: {} * m rounds back to m in bf16, so the moment cannot "
                 "decay (recipes with bf16 moments use --adam-beta2 0.95; docs/optimizer.md)",
                 flag, beta, moment, beta);
-  // --optimizer muon: which matrices Muon steps, said once whichever optimizer holds them.
+  // --optimizer muon / adaptive_muon (muon_setup.cpp), whichever optimizer holds the state.
   auto enable_muon = [&](optim::Optimizer& o) {
-    if (!muon) return;
-    o.enable_muon(muon_config(a, s.model_cfg), muon_groups(*s.ps));
-    int64_t mats = 0, mat_numel = 0;
-    for (const auto& p : P.infos())
-      if (optim::muon_steps(p)) ++mats, mat_numel += p.numel();
-    log::info("> optimizer: {} for {} matrices ({} parameters on this rank; {} Newton-Schulz "
-              "steps, {}, {} GEMMs, tp mode {}{}), {} for the other {} parameters",
-              a.optimizer == "adaptive_muon"
-                  ? "adaptive Muon (AdaMuon: second moment beta2 0.95, eps 1e-08)"
-                  : "Muon",
-              mats, mat_numel, a.muon_num_ns_steps, a.muon_coefficient_type,
-              a.muon_fp32_matmul_prec == "medium" ? "bf16" : "fp32", a.muon_tp_mode,
-              a.use_distributed_optimizer
-                  ? "; distributed: each matrix orthogonalised by one data-parallel rank"
-                  : "",
-              a.muon_scalar_optimizer, P.total_numel() - mat_numel);
+    if (muon) enable_muon_from_args(o, a, s.model_cfg, *s.ps, P);
   };
   if (a.use_distributed_optimizer) {
     auto dist = std::make_unique<optim::DistributedAdamW>(P, ocfg, *s.dp_grads, a.overlap_param_gather);
