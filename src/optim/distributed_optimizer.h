@@ -85,11 +85,10 @@ class DistributedAdamW final : public Optimizer {
   void all_gather_flat(const Tensor& shard, Tensor& flat, bool async = false);
   bool wide_model() const;  // f32/f64 parameters: no main copy, the blocks are updated in place
   // Muon's part of step() (distributed_muon.cpp), bucket by bucket, in windows of whole
-  // matrices (Optimizer::muon_window_bytes): each rank's momentum of its blocks; the
-  // windows' U assembled on every rank of the bucket's group by a sum all-reduce (each
-  // element comes from the one rank whose block holds it, so the sum is exact); each matrix
-  // orthogonalised by its owner (muon_owners: whole matrices, the Newton-Schulz work shared
-  // out); the updates assembled the same way; each rank applies them to its blocks.
+  // matrices (Optimizer::muon_window_bytes): each rank's momentum of its blocks, sent piece
+  // by piece to the matrices' owners (muon_owners: the Newton-Schulz work shared out) by an
+  // all-to-all over the bucket's group; each owner orthogonalises its whole matrices; the
+  // updates' pieces go back the same way and each rank applies them to its blocks.
   void muon_step(double lr, double wd, Stream& st);
 
   parallel::DataParallelGrads& grads_;
