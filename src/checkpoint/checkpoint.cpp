@@ -450,6 +450,7 @@ void commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
   write_file_durable(join_path(save_dir, kTrackerFile), std::to_string(st.iteration));
   // Only now, with the new checkpoint and the tracker durable, may the previous one go.
   if (prev) retire_checkpoint(save_dir, *prev, st.iteration, *opts.retain_interval);
+  if (opts.keep_only_latest) retire_older_checkpoints(save_dir, st.iteration);
 }
 
 void save_checkpoint(const std::string& save_dir, std::span<const RankSnapshot> ranks,

@@ -83,6 +83,9 @@ struct SaveOptions {
   // checkpoint, the iteration it named before is deleted unless that is 0, this iteration
   // or a multiple of N; a symlinked folder is never deleted. nullopt: keep everything.
   std::optional<int64_t> retain_interval;
+  // A non-persistent save (--non-persistent-save-interval): once the tracker names the new
+  // checkpoint, every older iter_* folder of save_dir is deleted (retire_older_checkpoints).
+  bool keep_only_latest = false;
   // Multi-rank saves (save_training_checkpoint): the replicas of a shard share its writing
   // (RankSnapshot::dense_share; Megatron's --ckpt-fully-parallel-save, on by default).
   bool fully_parallel = false;

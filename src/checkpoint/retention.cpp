@@ -1,10 +1,13 @@
 #include "checkpoint/retention.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <regex>
+#include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -29,17 +32,18 @@ std::optional<int64_t> tracked_iteration(const std::string& save_dir) {
   }
 }
 
+namespace {
+
 // The rename first: a crash while deleting never leaves a half-deleted iter_* folder behind.
-void retire_checkpoint(const std::string& save_dir, int64_t prev, int64_t iteration,
-                       int64_t every) {
-  if (prev <= 0 || prev == iteration || prev % every == 0) return;
-  const fs::path dir = fs::path(save_dir) / iteration_dir_name(prev);
+// `why` names the flag in a warning.
+void remove_iteration(const std::string& save_dir, int64_t it, const std::string& why) {
+  const fs::path dir = fs::path(save_dir) / iteration_dir_name(it);
   std::error_code ec;
   if (fs::is_symlink(dir, ec)) {
     log::info(
         "  skipping deleting checkpoint from iteration {:7d} at {} since it is a symbolic "
         "link",
-        prev, save_dir);
+        it, save_dir);
     return;
   }
   if (!fs::is_directory(dir, ec)) return;  // gone already
@@ -48,13 +52,34 @@ void retire_checkpoint(const std::string& save_dir, int64_t prev, int64_t iterat
   fs::rename(dir, doomed, ec);
   if (!ec) fs::remove_all(doomed, ec);
   if (ec) {
-    log::warn(
-        "  could not delete checkpoint from iteration {:7d} at {} (--save-retain-interval "
-        "{}): {}",
-        prev, save_dir, every, ec.message());
+    log::warn("  could not delete checkpoint from iteration {:7d} at {} ({}): {}", it, save_dir,
+              why, ec.message());
     return;
   }
-  log::info("  successfully deleted checkpoint from iteration {:7d} at {}", prev, save_dir);
+  log::info("  successfully deleted checkpoint from iteration {:7d} at {}", it, save_dir);
+}
+
+}  // namespace
+
+void retire_checkpoint(const std::string& save_dir, int64_t prev, int64_t iteration,
+                       int64_t every) {
+  if (prev <= 0 || prev == iteration || prev % every == 0) return;
+  remove_iteration(save_dir, prev, fmt::format("--save-retain-interval {}", every));
+}
+
+void retire_older_checkpoints(const std::string& save_dir, int64_t iteration) {
+  static const std::regex name(R"(iter_(\d{7,}))");
+  std::vector<int64_t> older;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(save_dir, ec)) {
+    std::smatch m;
+    const std::string n = e.path().filename().string();
+    if (!std::regex_match(n, m, name)) continue;
+    if (const auto it = parse_iteration_digits(m[1]); it && *it < iteration)
+      older.push_back(*it);
+  }
+  std::sort(older.begin(), older.end());
+  for (int64_t it : older) remove_iteration(save_dir, it, "non-persistent checkpoints");
 }
 
 }  // namespace mcpp::checkpoint

@@ -300,6 +300,17 @@ struct Args {
   // --ckpt-format: "torch_dist" (the default) saves megatron.cpp's own sharded format, "torch"
   // Megatron-LM's legacy layout (validate_ckpt_format.cpp; docs/checkpoint.md).
   std::string ckpt_format = "torch_dist";
+  // Non-persistent checkpoints (Megatron's --non-persistent-*): every N iterations a
+  // checkpoint into --non-persistent-global-ckpt-dir (default <save>/non_persistent) that
+  // replaces the one before it; --load resumes from it when it is at least as new as
+  // --load's own (validate_ckpt_format.cpp, trainer_checkpoint_args.cpp; docs/checkpoint.md).
+  // Only "global" is implemented; "local" and "in_memory" are refused.
+  std::optional<int64_t> non_persistent_save_interval;
+  std::optional<std::string> non_persistent_ckpt_type;
+  std::optional<std::string> non_persistent_global_ckpt_dir;
+  // Where the non-persistent checkpoints are written and looked for (empty without a type;
+  // `root` is --save for writing and --load for reading).
+  std::string non_persistent_dir(const std::string& root) const;
 
   // The model's vocabulary rows: --padded-vocab-size as given, else set once the tokenizer
   // is known (resolve_padded_vocab_size: the tokenizer's size padded to divisible_by x TP).

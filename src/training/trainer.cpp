@@ -224,11 +224,17 @@ checkpoint::megatron::LegacyTrainOptions Trainer::State::legacy_options() const 
   return o;
 }
 
-void Trainer::State::save() {
+void Trainer::State::save(bool non_persistent) {
+  // Megatron's non-persistent "global" checkpoints: the same checkpoint in a folder of their
+  // own, each save deleting the older ones there once it is committed (Megatron deletes
+  // them before it writes); --save-retain-interval and --log-progress are not involved.
+  const std::string dir = non_persistent ? args.non_persistent_dir(*args.save) : *args.save;
   if (args.ckpt_format == "torch") {  // Megatron-LM's legacy layout (no async: refused)
+    auto lo = legacy_options();
+    if (non_persistent) lo.retain_interval.reset(), lo.keep_only_latest = true;
     checkpoint::megatron::save_legacy_training_checkpoint(
-        *args.save, world->world(), *ps, model->params(), *opt, training_state(), legacy_options());
-    if (progress)
+        dir, world->world(), *ps, model->params(), *opt, training_state(), lo);
+    if (progress && !non_persistent)
       progress->checkpoint_saved(iteration, flops_so_far, flops_at_job_start,
                                  consumed_train * args.seq_length, false);
     return;
@@ -238,12 +244,13 @@ void Trainer::State::save() {
   o.tokenizer = tokenizer_files;
   o.retain_interval = args.save_retain_interval;
   o.fully_parallel = args.ckpt_fully_parallel_save;
+  if (non_persistent) o.retain_interval.reset(), o.keep_only_latest = true;
   // --log-progress: a save in flight is committed (and said so) before the next starts, as
   // the saver would wait for it anyway.
   if (progress && async_saver) finish_async_save(/*blocking=*/true);
-  checkpoint::save_training_checkpoint(*args.save, world->world(), *ps, model->params(), *opt,
+  checkpoint::save_training_checkpoint(dir, world->world(), *ps, model->params(), *opt,
                                        !args.no_save_optim, training_state(), o, async_saver.get());
-  if (!progress) return;
+  if (!progress || non_persistent) return;
   progress->checkpoint_saved(iteration, flops_so_far, flops_at_job_start,
                              consumed_train * args.seq_length, async_saver != nullptr);
   if (async_saver) progress_async_iteration = iteration;
@@ -439,6 +446,11 @@ TrainSummary Trainer::run() {
     if (a.save && a.save_interval && iteration % *a.save_interval == 0) {
       s.save();
       saved_now = true;
+    } else if (a.save && a.non_persistent_save_interval &&
+               iteration % *a.non_persistent_save_interval == 0) {
+      // Not saved_now: an exit, and the end of training, still save to --save, so the
+      // final state is never only in the non-persistent folder (Megatron skips the exit's).
+      s.save(/*non_persistent=*/true);
     }
     // Exit conditions, as checkpoint_and_decide_exit(): each saves first when --save is set.
     // A signal reaches some ranks and the clock runs apart: every rank takes what any rank

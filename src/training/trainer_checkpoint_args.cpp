@@ -20,11 +20,44 @@
 #include "base/log.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/megatron/megatron_train.h"
+#include "checkpoint/retention.h"
 #include "training/validate_compat.h"
 
 namespace mcpp::training {
 
+namespace {
+
+// The iteration a folder's checkpoint resumes from, in either format; nullopt: none.
+std::optional<int64_t> resumable_iteration(const std::string& dir) {
+  if (checkpoint::megatron::holds_legacy_checkpoint(dir)) return checkpoint::tracked_iteration(dir);
+  return checkpoint::latest_iteration(dir);
+}
+
+// --non-persistent-ckpt-type: the non-persistent folder of --load when its checkpoint is at
+// least as new as --load's own (Megatron's _load_base_checkpoint). --ckpt-step names an
+// iteration of --load itself, so the non-persistent folder is not consulted then.
+std::optional<LoadSource> non_persistent_source(const Args& a) {
+  if (!a.load || !a.non_persistent_ckpt_type || a.ckpt_step) return std::nullopt;
+  const std::string dir = a.non_persistent_dir(*a.load);
+  const auto np = resumable_iteration(dir);
+  if (!np) return std::nullopt;
+  const auto persistent = resumable_iteration(*a.load);
+  if (persistent && *np < *persistent) {
+    log::warn("non-persistent checkpoints are older than persistent checkpoint: {} holds "
+              "iteration {}, --load {} iteration {}",
+              dir, *np, *a.load, *persistent);
+    return std::nullopt;
+  }
+  log::info("resuming from the non-persistent checkpoint of iteration {} in {} (--load {}: {})",
+            *np, dir, *a.load,
+            persistent ? fmt::format("iteration {}", *persistent) : std::string("none"));
+  return LoadSource{dir, false};
+}
+
+}  // namespace
+
 std::optional<LoadSource> resolve_load_source(const Args& a) {
+  if (auto np = non_persistent_source(a)) return np;
   // Megatron's checkpoint_exists: the folder holds a checkpoint (here: a tracker naming one,
   // or a complete iter_* folder; a tracker naming a lost folder is an error of its own).
   // A legacy Megatron-LM checkpoint (--ckpt-format torch) loads directly (megatron_train.h).

@@ -130,7 +130,9 @@ struct Trainer::State {
   double evaluate(int split, int64_t& consumed);
   double evaluate_full(ValidSet& v);  // --full-validation: one epoch of v
   checkpoint::TrainingState training_state() const;
-  void save();
+  // non_persistent: --non-persistent-save-interval's save, into Args::non_persistent_dir,
+  // which keeps only the newest (Megatron's save_checkpoint(non_persistent_ckpt=True)).
+  void save(bool non_persistent = false);
   // --ckpt-format torch: what the legacy layout's saves need (megatron_train.h).
   checkpoint::megatron::LegacyTrainOptions legacy_options() const;
   void load();

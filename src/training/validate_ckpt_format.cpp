@@ -1,14 +1,94 @@
 // --ckpt-format: torch_dist (the default) is megatron.cpp's own sharded format; torch writes
 // Megatron-LM's legacy layout (checkpoint/megatron/megatron_train.h). What the legacy layout
-// cannot hold here is refused at start-up, naming both flags.
+// cannot hold here is refused at start-up, naming both flags. Also the non-persistent
+// checkpoint flags (--non-persistent-*): what a run would silently never do, or could
+// delete, is an error before the first step.
 #include <fmt/format.h>
+
+#include <filesystem>
 
 #include "base/error.h"
 #include "training/arguments.h"
 
 namespace mcpp::training {
 
+std::string Args::non_persistent_dir(const std::string& root) const {
+  if (!non_persistent_ckpt_type) return "";
+  if (non_persistent_global_ckpt_dir) return *non_persistent_global_ckpt_dir;
+  return (std::filesystem::path(root) / "non_persistent").string();
+}
+
+namespace {
+
+// Lexically the same folder ("a/b/" and "./a/b" are), or one is a link to the other.
+bool same_folder(const std::string& x, const std::string& y) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path px = fs::weakly_canonical(fs::absolute(x), ec);
+  const fs::path py = fs::weakly_canonical(fs::absolute(y), ec);
+  auto trim = [](fs::path p) {
+    std::string s = p.lexically_normal().string();
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    return s;
+  };
+  return trim(px) == trim(py);
+}
+
+void validate_non_persistent(const Args& a) {
+  const auto& type = a.non_persistent_ckpt_type;
+  if (type) {
+    MCPP_CHECK_HINT(*type != "local",
+                    "use --non-persistent-ckpt-type global; --non-persistent-global-ckpt-dir "
+                    "may name a fast file system (its folder must be visible to every rank)",
+                    "--non-persistent-ckpt-type local (node-local checkpoints, which Megatron-LM "
+                    "takes from NVIDIA's resiliency extension) is not implemented by "
+                    "megatron.cpp yet");
+    MCPP_CHECK_HINT(*type == "global", "use --non-persistent-ckpt-type global",
+                    "--non-persistent-ckpt-type {} is not implemented (Megatron-LM accepts only "
+                    "global and local)",
+                    *type);
+  }
+  if (const auto n = a.non_persistent_save_interval) {
+    MCPP_CHECK_HINT(*n > 0, "use a positive interval",
+                    "--non-persistent-save-interval must be positive, got {}", *n);
+    MCPP_CHECK_HINT(type.has_value(), "add --non-persistent-ckpt-type global",
+                    "--non-persistent-save-interval {} given without --non-persistent-ckpt-type "
+                    "(Megatron-LM fails at the first such save)",
+                    *n);
+    MCPP_CHECK_HINT(a.save.has_value(), "add --save DIR",
+                    "--non-persistent-save-interval {} given without --save: no non-persistent "
+                    "checkpoint would ever be written",
+                    *n);
+  }
+  MCPP_CHECK_HINT(!a.non_persistent_global_ckpt_dir || type,
+                  "add --non-persistent-ckpt-type global",
+                  "--non-persistent-global-ckpt-dir {} given without --non-persistent-ckpt-type",
+                  a.non_persistent_global_ckpt_dir.value_or(""));
+  if (!type) return;
+  MCPP_CHECK_HINT(a.non_persistent_save_interval || a.load,
+                  "add --non-persistent-save-interval N to write them, or --load DIR to resume "
+                  "from them",
+                  "--non-persistent-ckpt-type {} given, but no non-persistent checkpoint would "
+                  "be written or read",
+                  *type);
+  // Each non-persistent save deletes the older iter_* folders of its folder: never --save's
+  // or --load's own.
+  for (const auto* root : {&a.save, &a.load}) {
+    if (!*root) continue;
+    const std::string dir = a.non_persistent_dir(**root);
+    MCPP_CHECK_HINT(!same_folder(dir, **root),
+                    "give --non-persistent-global-ckpt-dir a folder of its own (by default "
+                    "<save>/non_persistent)",
+                    "--non-persistent-global-ckpt-dir {} is the {} folder: each non-persistent "
+                    "save deletes the older checkpoints of its folder",
+                    dir, root == &a.save ? "--save" : "--load");
+  }
+}
+
+}  // namespace
+
 void validate_ckpt_format(const Args& a) {
+  validate_non_persistent(a);
   const std::string& f = a.ckpt_format;
   MCPP_CHECK_HINT(f == "torch_dist" || f == "torch",
                   "use the default --ckpt-format torch_dist (megatron.cpp's own sharded format), "

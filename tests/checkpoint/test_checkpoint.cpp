@@ -367,4 +367,29 @@ TEST(CheckpointRetain, AsyncSaveAndLeftovers) {
   EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{4, 8, 10}));
 }
 
+// A non-persistent save (SaveOptions::keep_only_latest): once its tracker is written, every
+// older iter_* folder of the folder goes, complete or not, whatever the tracker named before;
+// a symbolic link and a newer folder stay.
+TEST(CheckpointRetain, KeepOnlyLatestDeletesEveryOlderFolder) {
+  const std::string dir = scratch_dir();
+  Rank a = make_rank("gpt", 1, 0, true);
+  ck::SaveOptions latest;
+  latest.keep_only_latest = true;
+  for (int64_t it : {3, 6}) ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(it), latest);
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{6}));
+  fs::create_directories(dir + "/iter_0000007/x");  // incomplete (no metadata.json), older
+  fs::create_directories(dir + "/iter_0000012/x");  // newer than the save below: kept
+  fs::create_directories(dir + "/real2");
+  fs::create_directory_symlink("real2", dir + "/iter_0000002");
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(9), latest);
+  EXPECT_EQ(ck::list_iterations(dir), (std::vector<int64_t>{9}));
+  EXPECT_FALSE(fs::exists(dir + "/iter_0000006"));
+  EXPECT_FALSE(fs::exists(dir + "/iter_0000007"));
+  EXPECT_TRUE(fs::exists(dir + "/iter_0000012/x"));
+  EXPECT_TRUE(fs::is_symlink(dir + "/iter_0000002"));
+  EXPECT_EQ(ck::latest_iteration(dir), 9);
+  for (auto& e : fs::directory_iterator(dir))  // nothing left aside
+    EXPECT_EQ(e.path().filename().string().find(".del-"), std::string::npos) << e.path();
+}
+
 }  // namespace checkpoint_test

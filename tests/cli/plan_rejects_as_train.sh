@@ -51,6 +51,8 @@ check padded_vocab_below_tokenizer 1 --padded-vocab-size 512
 check padded_vocab_not_divisible_by_tp 2 --tensor-model-parallel-size 2 --padded-vocab-size 641
 check save_retain_without_save_interval 1 --save /dev/null/ckpt --save-retain-interval 4
 check save_retain_not_multiple 1 --save /dev/null/ckpt --save-interval 3 --save-retain-interval 4
+check non_persistent_without_type 1 --save /dev/null/ckpt --non-persistent-save-interval 2
+check non_persistent_local 1 --save /dev/null/ckpt --non-persistent-save-interval 2 --non-persistent-ckpt-type local
 check global_batch 2 --global-batch-size 6 --tensor-model-parallel-size 1
 # A launch line training accepts passes the planner too.
 if ! out=$("$M" plan "${B[@]}" --global-batch-size 8 --rampup-batch-size 4 4 16 --world-size 1 2>&1); then

@@ -79,7 +79,8 @@ void write_own_rank(const std::string& tmp, const parallel::ParallelState& ps,
 
 // Rank 0, once every rank file is durable: the folder into place, then the tracker.
 void commit_legacy(const std::string& save_dir, const std::string& tmp, int64_t iteration,
-                   const std::optional<int64_t>& retain_interval) {
+                   const LegacyTrainOptions& o) {
+  const std::optional<int64_t>& retain_interval = o.retain_interval;
   fsync_dir(tmp);
   const std::string final_dir = (fs::path(save_dir) / iteration_dir_name(iteration)).string();
   std::error_code ec;
@@ -99,6 +100,7 @@ void commit_legacy(const std::string& save_dir, const std::string& tmp, int64_t 
       retain_interval ? tracked_iteration(save_dir) : std::nullopt;
   write_file_durable((fs::path(save_dir) / kTrackerFile).string(), std::to_string(iteration));
   if (prev) retire_checkpoint(save_dir, *prev, iteration, *retain_interval);
+  if (o.keep_only_latest) retire_older_checkpoints(save_dir, iteration);
 }
 
 }  // namespace
@@ -143,7 +145,7 @@ void save_legacy_training_checkpoint(const std::string& save_dir, comm::Communic
                               st.iteration, save_dir, r, errors[r]),
                   "the previous checkpoint is intact; check the disk (space, permissions)");
     }
-  if (world.rank() == 0) commit_legacy(save_dir, tmp, st.iteration, o.retain_interval);
+  if (world.rank() == 0) commit_legacy(save_dir, tmp, st.iteration, o);
   world.barrier(ops::default_stream(Device::CPU));
   const double sec = t.elapsed();
   log::info("  successfully saved checkpoint from iteration {:8d} to {} [ t {:.3f} s ]",

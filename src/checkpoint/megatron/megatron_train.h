@@ -31,6 +31,7 @@ struct LegacyTrainOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;              // --adam-beta1/2, --adam-eps
   bool save_optim = true;                                     // !--no-save-optim
   std::optional<int64_t> retain_interval;                     // --save-retain-interval
+  bool keep_only_latest = false;  // a non-persistent save: the older iter_* folders go
 };
 
 // Start-up, after the model exists: this stage's parameters all have a place in the layout.
