@@ -305,6 +305,11 @@ struct Args {
   // replaces the one before it; --load resumes from it when it is at least as new as
   // --load's own (validate_ckpt_format.cpp, trainer_checkpoint_args.cpp; docs/checkpoint.md).
   // Only "global" is implemented; "local" and "in_memory" are refused.
+  // --ckpt-convert-format F --ckpt-convert-save DIR (Megatron's checkpoint conversion): the
+  // run loads --load, saves it in format F to DIR/F and exits without training; validation
+  // turns them into --ckpt-format F --save DIR/F (validate_ckpt_format.cpp).
+  std::optional<std::string> ckpt_convert_format;
+  std::optional<std::string> ckpt_convert_save;
   std::optional<int64_t> non_persistent_save_interval;
   std::optional<std::string> non_persistent_ckpt_type;
   std::optional<std::string> non_persistent_global_ckpt_dir;

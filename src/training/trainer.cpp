@@ -353,6 +353,14 @@ TrainSummary Trainer::run() {
     out.loss_scale = s.scaler ? s.scaler->scale() : 1.0;
     return out;
   };
+  if (a.ckpt_convert_format) {  // Megatron's conversion: the loaded state saved, no training
+    const bool legacy = checkpoint::megatron::holds_legacy_checkpoint(s.load_source->dir);
+    s.save();
+    if (s.async_saver) s.finish_async_save(/*blocking=*/true);
+    log::info("> converted checkpoint: {} -> {}.", legacy ? "torch" : "torch_dist",
+              a.ckpt_format);
+    return finish();
+  }
   log::info("training ...");
   if (iteration > 0)
     log::info("resuming at iteration {} ({} samples consumed)", iteration, s.consumed_train);

@@ -89,6 +89,10 @@ std::optional<LoadSource> resolve_load_source(const Args& a) {
     return LoadSource{dir, true};
   }
   if (!a.load) return std::nullopt;
+  MCPP_CHECK_HINT(!a.ckpt_convert_format, "check the --load path",
+                  "--ckpt-convert-format {}: no checkpoint to convert in --load {} (no {} and no "
+                  "complete iter_* folder)",
+                  a.ckpt_convert_format.value_or(""), *a.load, checkpoint::kTrackerFile);
   MCPP_CHECK_HINT(!a.exit_on_missing_checkpoint,
                   "check the --load path, or drop --exit-on-missing-checkpoint to start from "
                   "random weights",

@@ -611,7 +611,7 @@ void validate_context_parallel(Args& a);  // validate_cp.cpp
 void validate_distributed_optimizer_instances(const Args& a);  // validate_distopt.cpp
 void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
 void validate_qk_layernorm(Args& a);  // ---- q/k layernorm (validate_qk_layernorm.cpp)
-void validate_ckpt_format(const Args& a);  // --ckpt-format (validate_ckpt_format.cpp)
+void validate_ckpt_format(Args& a);  // --ckpt-format, conversion (validate_ckpt_format.cpp)
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",

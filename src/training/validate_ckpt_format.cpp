@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "training/arguments.h"
 
 namespace mcpp::training {
@@ -87,7 +88,38 @@ void validate_non_persistent(const Args& a) {
 
 }  // namespace
 
-void validate_ckpt_format(const Args& a) {
+// --ckpt-convert-format F --ckpt-convert-save DIR: the run's save becomes DIR/F in format F
+// (Megatron's setup_model_and_optimizer), so the checks below are the target format's.
+void apply_ckpt_convert(Args& a) {
+  MCPP_CHECK_HINT(!a.ckpt_convert_save || a.ckpt_convert_format,
+                  "add --ckpt-convert-format torch or torch_dist",
+                  "--ckpt-convert-save {} given without --ckpt-convert-format",
+                  a.ckpt_convert_save.value_or(""));
+  if (!a.ckpt_convert_format) return;
+  const std::string& f = *a.ckpt_convert_format;
+  MCPP_CHECK_HINT(f == "torch" || f == "torch_dist",
+                  "use --ckpt-convert-format torch (Megatron-LM's legacy layout) or torch_dist",
+                  "--ckpt-convert-format {} is not a checkpoint format megatron.cpp writes", f);
+  MCPP_CHECK_HINT(a.ckpt_convert_save.has_value(), "add --ckpt-convert-save DIR",
+                  "--ckpt-convert-format {} needs --ckpt-convert-save (the converted checkpoint "
+                  "goes to DIR/{})",
+                  f, f);
+  MCPP_CHECK_HINT(a.load.has_value(), "add --load DIR (the checkpoint to convert)",
+                  "--ckpt-convert-format {} converts the checkpoint of --load, which was not given",
+                  f);
+  MCPP_CHECK_HINT(!a.non_persistent_save_interval, "drop --non-persistent-save-interval",
+                  "--ckpt-convert-format converts and exits without training: "
+                  "--non-persistent-save-interval would never save");
+  if (a.save && a.was_given("save"))
+    log::warn("--ckpt-convert-format {}: --save {} is replaced by {}/{} (as in Megatron-LM)", f,
+              *a.save, *a.ckpt_convert_save, f);
+  a.ckpt_format = f;
+  a.save = (std::filesystem::path(*a.ckpt_convert_save) / f).string();
+  a.exit_on_missing_checkpoint = true;
+}
+
+void validate_ckpt_format(Args& a) {
+  apply_ckpt_convert(a);
   validate_non_persistent(a);
   const std::string& f = a.ckpt_format;
   MCPP_CHECK_HINT(f == "torch_dist" || f == "torch",
