@@ -148,7 +148,7 @@ void resolve_fim_tokens(const FimTokenNames& names, const Tokenizer& tok, FimCon
     const std::optional<int64_t> id = tok.token_to_id(token);
     if (id) return *id;
     // Say whether the text exists as several tokens, which is the usual case (GPT-2 BPE
-    // spells <fim_prefix> with five).
+    // spells <fim_prefix> with six).
     std::string as;
     try {
       const size_t n = tok.encode(token).size();
