@@ -1,5 +1,7 @@
 #include "base/numpy_rng.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "base/error.h"
@@ -13,6 +15,53 @@ NumpyRandomState::NumpyRandomState(uint32_t seed) {
   mt_[0] = seed;
   for (uint32_t i = 1; i < 624; ++i) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
   pos_ = 624;
+}
+
+NumpyRandomState::NumpyRandomState(std::span<const uint32_t> key) : NumpyRandomState(19650218u) {
+  MCPP_CHECK(!key.empty(), "RandomState: an empty seed array");
+  // mt19937_init_by_array (Matsumoto & Nishimura's 2002 initialisation).
+  const int n = 624, len = int(key.size());
+  int i = 1, j = 0;
+  for (int k = std::max(n, len); k > 0; --k) {
+    mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1664525u)) + key[j] + uint32_t(j);
+    if (++i >= n) mt_[0] = mt_[n - 1], i = 1;
+    if (++j >= len) j = 0;
+  }
+  for (int k = n - 1; k > 0; --k) {
+    mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1566083941u)) - uint32_t(i);
+    if (++i >= n) mt_[0] = mt_[n - 1], i = 1;
+  }
+  mt_[0] = 0x80000000u;
+  pos_ = 624;
+}
+
+double NumpyRandomState::random_sample() {
+  const uint32_t a = next_u32() >> 5, b = next_u32() >> 6;
+  return (a * 67108864.0 + b) / 9007199254740992.0;
+}
+
+int64_t NumpyRandomState::binomial(int64_t n, double p) {
+  MCPP_CHECK(n >= 0 && p >= 0 && p <= 1, "binomial({}, {}): n < 0 or p outside [0, 1]", n, p);
+  // legacy_random_binomial: p above one half draws the complement. Unlike Generator's
+  // binomial, p == 0 and n == 0 still consume a draw.
+  const bool flip = p > 0.5;
+  const double pp = flip ? 1.0 - p : p;
+  MCPP_CHECK(pp * double(n) <= 30.0, "binomial({}, {}): numpy's BTPE branch is not implemented",
+             n, p);
+  // random_binomial_inversion
+  const double q = 1.0 - pp, qn = std::exp(double(n) * std::log(q)), np = double(n) * pp;
+  const int64_t bound = std::min(n, int64_t(np + 10.0 * std::sqrt(np * q + 1)));
+  int64_t x = 0;
+  double px = qn, u = random_sample();
+  while (u > px) {
+    if (++x > bound) {
+      x = 0, px = qn, u = random_sample();
+    } else {
+      u -= px;
+      px = (double(n - x + 1) * pp * px) / (double(x) * q);
+    }
+  }
+  return flip ? n - x : x;
 }
 
 void NumpyRandomState::reload() {

@@ -153,6 +153,7 @@ GPTDatasetConfig make_config(const GPTDatasetsArgs& a) {
   c.mock = a.mock_data;
   c.path_to_cache = a.data_cache_path;
   c.split_spec = a.split;
+  c.fim = a.fim;
   return c;
 }
 

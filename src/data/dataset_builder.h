@@ -55,6 +55,7 @@ struct GPTDatasetsArgs {
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
   std::string data_cache_path;               // --data-cache-path ("" = no cache)
   bool mmap_bin_files = true;                // false: --no-mmap-bin-files (pread the .bin)
+  std::shared_ptr<const FimConfig> fim;      // --fim-data (null: off); every split, as Megatron
 };
 
 // Megatron's pad rule: the tokenizer's pad id unless it is absent or equals EOD.

@@ -391,6 +391,10 @@ void GPTDataset::get_text(int64_t index, std::vector<int64_t>& out) const {
       n += low_->read(seq, offset, length, out.data() + n);
     }
   }
+  if (cfg_.fim) {  // Megatron's GPTFIMDataset: the tokens read, per sample index
+    NumpyFimDraws draws(cfg_.seed, int(split_), index);
+    fim_transform(std::span<int64_t>(out.data(), size_t(n)), *cfg_.fim, draws);
+  }
   for (; n < S + X; ++n) out[n] = cfg_.pad;  // validation's last partial sample only
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "data/fim.h"
 #include "data/indexed_dataset.h"
 
 namespace mcpp::data {
@@ -104,6 +105,9 @@ struct GPTDatasetConfig {
   bool mock = false;          // MockGPTDataset semantics (len = num_samples)
   std::string path_to_cache;  // --data-cache-path ("" = no cache); see index_cache.h
   std::string split_spec;     // --split as given (part of the cache description)
+  // --fim-data: each sample's S + X tokens go through fim_transform (fim.h) before the
+  // masks are made, drawn by sample index (the indices and their cache are unchanged).
+  std::shared_ptr<const FimConfig> fim;
 };
 
 // An index of non-negative integers held in 4-byte elements while its values fit

@@ -22,6 +22,7 @@
 #include "data/num_microbatches.h"
 #include "data/tokenizers/tokenizer.h"
 #include "tools/commands.h"
+#include "training/fim_setup.h"
 #include "tools/flags.h"
 
 namespace mcpp::tools {
@@ -45,6 +46,49 @@ void describe_prefix(const std::string& prefix) {
                 lens.back());
 }
 
+// --fim-data and its flags, as `megatron train` reads them (training/fim_setup.h).
+const char* const kFimFlags[][2] = {
+    {"--fim-rate", "fim_rate"},
+    {"--fim-spm-rate", "fim_spm_rate"},
+    {"--fim-split-sample", "fim_split_sample"},
+    {"--fim-fragment-rate", "fim_fragment_rate"},
+    {"--fim-no-prefix", "fim_no_prefix"},
+    {"--fim-prefix-token", "fim_prefix_token"},
+    {"--fim-middle-token", "fim_middle_token"},
+    {"--fim-suffix-token", "fim_suffix_token"},
+    {"--fim-pad-token", "fim_pad_token"},
+    {"--fim-eod-token", "fim_eod_token"},
+};
+
+void add_fim_flags(Flags& f) {
+  f.add("--fim-data", Flags::Switch, "show the samples as --fim-data transforms them");
+  for (const auto& [flag, dest] : kFimFlags) f.add(flag, Flags::Value, "as for megatron train");
+}
+
+std::shared_ptr<const data::FimConfig> fim_config(const Flags& f, const data::Tokenizer* tok,
+                                                  bool mock) {
+  training::Args t;
+  t.fim_data = f.has("--fim-data"), t.mock_data = mock;
+  t.tokenizer_type = f.get("--tokenizer-type", t.tokenizer_type);
+  t.fim_rate = f.get_double("--fim-rate", t.fim_rate);
+  t.fim_spm_rate = f.get_double("--fim-spm-rate", t.fim_spm_rate);
+  if (f.has("--fim-fragment-rate")) t.fim_fragment_rate = f.get_double("--fim-fragment-rate", 0);
+  if (f.has("--fim-split-sample")) t.fim_split_sample = f.get("--fim-split-sample");
+  if (f.has("--fim-no-prefix")) t.fim_no_prefix = f.get("--fim-no-prefix");
+  t.fim_prefix_token = f.get("--fim-prefix-token", t.fim_prefix_token);
+  t.fim_middle_token = f.get("--fim-middle-token", t.fim_middle_token);
+  t.fim_suffix_token = f.get("--fim-suffix-token", t.fim_suffix_token);
+  t.fim_pad_token = f.get("--fim-pad-token", t.fim_pad_token);
+  t.fim_eod_token = f.get("--fim-eod-token", t.fim_eod_token);
+  for (const auto& [flag, dest] : kFimFlags)
+    if (f.has(flag)) t.given[dest] = f.get(flag);
+  training::validate_fim(t);
+  if (!t.fim_data) return nullptr;
+  MCPP_CHECK_HINT(tok, "add the run's tokenizer flags (--tokenizer-type ...)",
+                  "megatron inspect --fim-data needs the tokenizer");
+  return training::fim_config(t, *tok);
+}
+
 int run_inspect(const std::vector<std::string>& args) {
   Flags f;
   f.add("--data-path", Flags::List, "dataset prefixes, optionally weighted: W1 P1 W2 P2")
@@ -65,6 +109,7 @@ int run_inspect(const std::vector<std::string>& args) {
       .add("--show-split", Flags::Value, "train | valid | test (default train)")
       .add("--help", Flags::Switch, "this text");
   add_tokenizer_flags(f);
+  add_fim_flags(f);
   f.parse(args, "inspect");
   const bool per_split =
       f.has("--train-data-path") || f.has("--valid-data-path") || f.has("--test-data-path");
@@ -142,12 +187,14 @@ int run_inspect(const std::vector<std::string>& args) {
   a.num_samples[1] =
       data::validation_samples(train_iters, eval_interval, eval_iters, egbs, start_eval);
   a.num_samples[2] = eval_iters * egbs;
+  std::unique_ptr<data::Tokenizer> tok;  // held by --fim-data's config while samples print
   if (f.has("--tokenizer-type") || a.mock_data) {
-    auto tok = data::make_tokenizer(tokenizer_args(f));
+    tok = data::make_tokenizer(tokenizer_args(f));
     a.eod = tok->eod();
     a.pad = data::pad_id_for(tok->pad(), tok->eod());
     a.vocab_size = tok->vocab_size();
   }
+  a.fim = fim_config(f, tok.get(), a.mock_data);
   const std::string which = f.get("--show-split", "train");
   int idx = which == "train" ? 0 : which == "valid" ? 1 : which == "test" ? 2 : -1;
   if (idx < 0)

@@ -174,6 +174,16 @@ struct Args {
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
+  // Fill-in-the-middle (data/fim.h; checked by validate_fim.cpp; token strings resolved
+  // against the tokenizer when the datasets are built).
+  bool fim_data = false;
+  double fim_rate = 0.5, fim_spm_rate = 0.5;
+  std::optional<std::string> fim_split_sample;  // a token: documents cut into fragments at it
+  std::optional<double> fim_fragment_rate;      // FIM rate of each fragment
+  std::optional<std::string> fim_no_prefix;     // no FIM for a document whose text starts so
+  std::string fim_prefix_token = "<fim_prefix>", fim_middle_token = "<fim_middle>";
+  std::string fim_suffix_token = "<fim_suffix>", fim_pad_token = "<fim_pad>";
+  std::string fim_eod_token = "<|endoftext|>";
 
   // Evaluation and logging.
   std::optional<int64_t> eval_interval;

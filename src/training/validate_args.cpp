@@ -28,6 +28,7 @@ namespace mcpp::training {
 void validate_rope(const Args& a);  // validate_rope.cpp
 void validate_mla(Args& a);         // validate_mla.cpp
 void validate_mtp(const Args& a);   // validate_mtp.cpp
+void validate_fim(const Args& a);   // fim_setup.cpp
 void validate_optimizer_rule(Args& a);  // validate_optimizer.cpp
 void validate_data_sources(Args& a, bool training);  // validate_data_sources.cpp
 // --recompute-modules under selective recomputation (validate_recompute.cpp).
@@ -632,6 +633,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_pipeline(a);
   validate_data(a);
   validate_data_sources(a, training);
+  validate_fim(a);  // fill-in-the-middle (fim_setup.cpp)
   if (training) validate_optimizer(a);
   validate_compat(a, training);  // the example scripts' flags (validate_compat.cpp)
   validate_observe(a);

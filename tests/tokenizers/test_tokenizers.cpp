@@ -109,6 +109,30 @@ TEST(Llama2Tokenizer, KnownIdsAndSpecials) {
   std::vector<int32_t> ids{15043, 3186};
   EXPECT_EQ(t->decode(ids), "Hello world");
 }
+
+// token_to_id / is_special (what --fim-data resolves its tokens with).
+TEST(Llama2Tokenizer, TokenToIdAndSpecials) {
+  auto t =
+      make_tokenizer({.type = "Llama2Tokenizer", .tokenizer_model = asset("llama/llama.model")});
+  EXPECT_EQ(t->token_to_id("\xE2\x96\x81Hello"), 15043);  // "▁Hello"
+  EXPECT_EQ(t->token_to_id("<s>"), 1);
+  EXPECT_FALSE(t->token_to_id("<fim_prefix>"));  // not unk's id
+  EXPECT_TRUE(t->is_special(1) && t->is_special(2));
+  EXPECT_FALSE(t->is_special(15043));
+}
 #endif
+
+TEST(GPT2BPE, TokenToIdAndSpecials) {
+  EXPECT_EQ(gpt2().token_to_id("\xC4\xA0the"), 262);  // "Ġthe": encoder.json's spelling
+  EXPECT_EQ(gpt2().token_to_id("hello"), 31373);
+  EXPECT_EQ(gpt2().token_to_id("<|endoftext|>"), 50256);
+  EXPECT_FALSE(gpt2().token_to_id("<fim_prefix>"));
+  EXPECT_FALSE(gpt2().token_to_id(" the"));  // raw bytes are not the vocabulary's spelling
+  EXPECT_TRUE(gpt2().is_special(50256));
+  EXPECT_FALSE(gpt2().is_special(262));
+  NullTokenizer null(10);
+  EXPECT_FALSE(null.token_to_id("3"));
+  EXPECT_FALSE(null.is_special(10));
+}
 
 }  // namespace tokenizers_test

@@ -227,6 +227,16 @@ void GPT2BPETokenizer::encode(std::string_view text, std::vector<int32_t>& out) 
                     [&](std::string_view piece) { impl_->model.encode_bytes(piece, out); });
 }
 
+std::optional<int64_t> GPT2BPETokenizer::token_to_id(std::string_view token) const {
+  if (token == "<|endoftext|>") return eod_;
+  // encoder.json spells tokens in GPT-2's byte alphabet; they are held here as raw bytes.
+  std::string raw;
+  if (!bpe::unicode_to_bytes(token, raw)) return std::nullopt;
+  for (size_t id = 0; id < id_to_bytes_.size(); ++id)  // start-up only: a scan is fine
+    if (int64_t(id) != eod_ && id_to_bytes_[id] == raw) return int64_t(id);
+  return std::nullopt;
+}
+
 std::string GPT2BPETokenizer::decode(std::span<const int32_t> ids) const {
   std::string s;
   for (int32_t id : ids) {

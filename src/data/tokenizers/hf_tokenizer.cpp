@@ -162,6 +162,14 @@ class HFTokenizer final : public Tokenizer {
   std::optional<int64_t> eos() const override { return eos_; }
   std::optional<int64_t> pad() const override { return pad_; }
   std::string name() const override { return "HuggingFaceTokenizer"; }
+  std::optional<int64_t> token_to_id(std::string_view token) const override {
+    auto it = vocab_.find(std::string(token));  // added tokens included
+    return it == vocab_.end() ? std::nullopt : std::optional<int64_t>(it->second);
+  }
+  // The added tokens marked "special" (Hugging Face's all_special_tokens).
+  bool is_special(int64_t id) const override {
+    return id >= 0 && size_t(id) < is_special_.size() && is_special_[size_t(id)];
+  }
 
  private:
   [[noreturn]] void unsupported(const std::string& what) const {
@@ -239,6 +247,7 @@ class HFTokenizer final : public Tokenizer {
 
   void load_added(const json& a) {
     is_added_.assign(id_to_token_.size(), 0);
+    is_special_.assign(id_to_token_.size(), 0);
     for (const json& t : a) {
       int64_t id = t.value("id", int64_t(-1));
       std::string content = str_or(t, "content");
@@ -249,9 +258,11 @@ class HFTokenizer final : public Tokenizer {
       if (size_t(id) >= id_to_token_.size()) {
         id_to_token_.resize(size_t(id) + 1);
         is_added_.resize(size_t(id) + 1, 0);
+        is_special_.resize(size_t(id) + 1, 0);
       }
       id_to_token_[size_t(id)] = content;
       is_added_[size_t(id)] = 1;
+      is_special_[size_t(id)] = bool_or(t, "special", false);
       vocab_[content] = int32_t(id);
       added_.emplace_back(content, int32_t(id));
     }
@@ -416,7 +427,7 @@ class HFTokenizer final : public Tokenizer {
   std::string file_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
-  std::vector<uint8_t> is_added_;
+  std::vector<uint8_t> is_added_, is_special_;
   std::vector<std::pair<std::string, int32_t>> added_;
   std::vector<Norm> norm_;
   std::vector<std::unique_ptr<bpe::Pretokenizer>> splits_;

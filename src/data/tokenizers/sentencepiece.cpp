@@ -23,6 +23,15 @@ namespace mcpp::data {
 #ifdef MCPP_HAVE_SENTENCEPIECE
 namespace {
 
+// The id of the piece spelled `token`; PieceToId answers unk for an unknown piece, so only a
+// piece that spells `token` back counts.
+std::optional<int64_t> piece_id(const sentencepiece::SentencePieceProcessor& sp,
+                                std::string_view token) {
+  const int id = sp.PieceToId(token);
+  if (id < 0 || id >= sp.GetPieceSize() || sp.IdToPiece(id) != token) return std::nullopt;
+  return id;
+}
+
 class Llama2Tokenizer final : public Tokenizer {
  public:
   explicit Llama2Tokenizer(const std::string& model) {
@@ -53,6 +62,12 @@ class Llama2Tokenizer final : public Tokenizer {
     return sp_.pad_id() >= 0 ? std::optional<int64_t>(sp_.pad_id()) : std::nullopt;
   }
   std::string name() const override { return "Llama2Tokenizer"; }
+  std::optional<int64_t> token_to_id(std::string_view token) const override {
+    return piece_id(sp_, token);
+  }
+  bool is_special(int64_t id) const override {  // <s>, </s> and the model's other controls
+    return id >= 0 && id < sp_.GetPieceSize() && sp_.IsControl(int(id));
+  }
 
  private:
   sentencepiece::SentencePieceProcessor sp_;
@@ -126,6 +141,17 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::optional<int64_t> eos() const override { return eos_; }
   std::optional<int64_t> pad() const override { return pad_; }
   std::string name() const override { return "SentencePieceTokenizer"; }
+  std::optional<int64_t> token_to_id(std::string_view token) const override {
+    for (auto& [t, id] : specials_)
+      if (t == token) return id;
+    return piece_id(sp_, token);
+  }
+  // Megatron's special tokens (<CLS> ... <extra_id_i>) and the model's control pieces.
+  bool is_special(int64_t id) const override {
+    for (auto& [t, sid] : specials_)
+      if (sid == id) return true;
+    return id >= 0 && id < sp_.GetPieceSize() && sp_.IsControl(int(id));
+  }
 
  private:
   int32_t add_special(const std::string& t) {

@@ -171,6 +171,12 @@ struct TiktokenCore {
       throw Error("TikTokenizer: the text is not valid UTF-8", "decode the input as UTF-8 first");
     pre->split(text, false, [&](std::string_view piece) { model.encode_bytes(piece, out); });
   }
+  // The first id spelled `token`: a special token by its name, else a rank by its bytes.
+  std::optional<int64_t> token_to_id(std::string_view token) const {
+    for (size_t id = 0; id < id_bytes.size(); ++id)  // start-up only: a scan is fine
+      if (id_bytes[id] == token) return int64_t(id);
+    return std::nullopt;
+  }
   std::string decode(std::span<const int32_t> ids) const {
     std::string s;
     for (int32_t id : ids) {
@@ -226,6 +232,7 @@ class TikTokenizer final : public Tokenizer {
       return int64_t(std::find(specials.begin(), specials.end(), t) - specials.begin());
     };
     bos_ = idx("<s>"), eos_ = idx("</s>");
+    num_special_ = ns;
   }
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     core_->encode(text, out);
@@ -236,10 +243,17 @@ class TikTokenizer final : public Tokenizer {
   std::optional<int64_t> bos() const override { return bos_; }
   std::optional<int64_t> eos() const override { return eos_; }
   std::string name() const override { return "TikTokenizer"; }
+  std::optional<int64_t> token_to_id(std::string_view token) const override {
+    return core_->token_to_id(token);
+  }
+  // Megatron's TikTokenizer drops ids below --tiktoken-num-special-tokens (and bos, eos).
+  bool is_special(int64_t id) const override {
+    return id < num_special_ || id == bos_ || id == eos_;
+  }
 
  private:
   std::unique_ptr<TiktokenCore> core_;
-  int64_t vocab_ = 0, bos_ = 0, eos_ = 0;
+  int64_t vocab_ = 0, bos_ = 0, eos_ = 0, num_special_ = 0;
 };
 
 class OpenAIEncoding final : public Tokenizer {
@@ -274,6 +288,7 @@ class OpenAIEncoding final : public Tokenizer {
     for (auto& [t, id] : specials) {
       if (size_t(id) >= core_->id_bytes.size()) core_->id_bytes.resize(size_t(id) + 1);
       core_->id_bytes[size_t(id)] = t;
+      special_ids_.push_back(id);
     }
     eod_ = specials[0].second;
   }
@@ -284,9 +299,16 @@ class OpenAIEncoding final : public Tokenizer {
   int64_t vocab_size() const override { return int64_t(core_->id_bytes.size()); }
   int64_t eod() const override { return eod_; }
   std::string name() const override { return "tiktoken:" + name_; }
+  std::optional<int64_t> token_to_id(std::string_view token) const override {
+    return core_->token_to_id(token);
+  }
+  bool is_special(int64_t id) const override {
+    return std::find(special_ids_.begin(), special_ids_.end(), id) != special_ids_.end();
+  }
 
  private:
   std::string name_;
+  std::vector<int64_t> special_ids_;
   std::unique_ptr<TiktokenCore> core_;
   int64_t eod_ = 0;
 };

@@ -41,6 +41,14 @@ class Tokenizer {
   virtual std::optional<int64_t> eos() const { return std::nullopt; }
   virtual std::optional<int64_t> pad() const { return std::nullopt; }
   virtual std::string name() const = 0;  // the --tokenizer-type
+  // The id of the one vocabulary entry spelled `token` as the tokenizer's files spell it: an
+  // added or special token (<fim_prefix>, <|endoftext|>) or a vocabulary string (GPT-2's
+  // "Ġthe"); nullopt when no single token has that spelling. Megatron's tokens_to_ids
+  // for one token, except that it answers the unknown token's id (or fails) instead.
+  virtual std::optional<int64_t> token_to_id(std::string_view token) const = 0;
+  // Whether `id` is one of the special tokens that Megatron's
+  // ids_to_text(ids, remove_special_tokens=True) leaves out.
+  virtual bool is_special(int64_t id) const = 0;
 };
 
 // Megatron's tokenizer flags.
@@ -73,6 +81,9 @@ class NullTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return v_ + 1; }
   int64_t eod() const override { return v_; }
   std::string name() const override { return "NullTokenizer"; }
+  // Its text is ids: no token has a spelling of its own.
+  std::optional<int64_t> token_to_id(std::string_view) const override { return std::nullopt; }
+  bool is_special(int64_t) const override { return false; }
 
  private:
   int64_t v_;
@@ -87,6 +98,9 @@ class GPT2BPETokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return int64_t(id_to_bytes_.size()); }
   int64_t eod() const override { return eod_; }
   std::string name() const override { return "GPT2BPETokenizer"; }
+  std::optional<int64_t> token_to_id(std::string_view token) const override;
+  // <|endoftext|>, GPT-2's one special token.
+  bool is_special(int64_t id) const override { return id == eod_; }
 
   // Byte-level BPE of one pre-tokenised word (raw bytes).
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
