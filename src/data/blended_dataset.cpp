@@ -140,7 +140,8 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTSampleSource
           fmt::format("the {} blend needs {} samples from dataset {} ({}), which has only {}",
                       split_name(split_), used[i], i, datasets_[i]->describe(),
                       datasets_[i]->size()),
-          "lower that dataset's weight or the number of samples");
+          "lower that dataset's weight or the number of samples, or raise "
+          "--mid-level-dataset-surplus (Megatron's default 0.005) for more margin");
 }
 
 void BlendedDataset::get(int64_t index, GPTSample& out) const {

@@ -2,6 +2,7 @@
 // TransformerConfig, with the local (per TP rank) sizes derived in one place.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,12 @@ struct TransformerConfig {
   double hidden_dropout = 0.1;           // --hidden-dropout
   double attention_dropout = 0.1;        // --attention-dropout
   double init_method_std = 0.02;         // --init-method-std
+  // --embedding-init-method-std: the word and position embeddings' std (unset: the above;
+  // a different value keeps them normal under --init-method-xavier-uniform, as Megatron).
+  std::optional<double> embedding_init_method_std;
+  double embedding_init_std() const {
+    return embedding_init_method_std.value_or(init_method_std);
+  }
   bool init_method_xavier_uniform = false;  // --init-method-xavier-uniform (Init::XavierUniform)
   // --no-initialization (Megatron's perform_initialization = False): the parameters start
   // at zero instead of being drawn, for a run whose checkpoint replaces them anyway.

@@ -17,12 +17,13 @@ Tensor shard_ids(const StepContext& cx, int64_t Sl) {
 void Embedding::add_params(const TransformerConfig& c, std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size;
   params.push_back(make_param("embedding.word_embeddings.weight", {c.padded_vocab_size, H},
-                              TpSplit::Rows, Init::Normal, c.init_method_std, true, -1, c.tp_size));
+                              TpSplit::Rows, Init::Normal, c.embedding_init_std(), true, -1,
+                              c.tp_size));
   params.back().embedding_or_output = true;  // --decoupled-lr's group
   if (!c.rope)
     params.push_back(make_param("embedding.position_embeddings.weight",
                                 {c.max_position_embeddings, H}, TpSplit::None, Init::Normal,
-                                c.init_method_std, true, -1, c.tp_size, /*sp=*/true));
+                                c.embedding_init_std(), true, -1, c.tp_size, /*sp=*/true));
 }
 
 Embedding::Embedding(const TransformerConfig& c, const ParamStore* store)

@@ -27,10 +27,18 @@ std::vector<ParamInfo> Stage::parameters(const TransformerConfig& c, const Pipel
     for (int k = 0; k < int(c.mtp_num_layers); ++k) MtpLayer::add_params(c, k, out);
   // --init-method-xavier-uniform: Megatron's init_method and scaled_init_method both become
   // xavier_uniform_, which every weight drawn from them (embeddings, output layer, router,
-  // every linear) then uses.
+  // every linear) then uses. An --embedding-init-method-std other than --init-method-std
+  // keeps the embeddings normal with that std (Megatron's embedding_init_method).
+  const bool own_embedding_std =
+      c.embedding_init_method_std && *c.embedding_init_method_std != c.init_method_std;
+  auto embedding = [](const ParamInfo& p) {
+    return p.name == "embedding.word_embeddings.weight" ||
+           p.name == "embedding.position_embeddings.weight";
+  };
   if (c.init_method_xavier_uniform)
     for (ParamInfo& p : out)
-      if (p.init == Init::Normal) p.init = Init::XavierUniform;
+      if (p.init == Init::Normal && !(own_embedding_std && embedding(p)))
+        p.init = Init::XavierUniform;
   return out;
 }
 

@@ -94,6 +94,7 @@ struct Args {
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   double init_method_std = 0.02;
+  std::optional<double> embedding_init_method_std;  // --embedding-init-method-std
 
   // Batch and training length.
   int64_t micro_batch_size = 0;
@@ -169,6 +170,9 @@ struct Args {
   std::optional<std::string> data_args_path;            // a file of --data-path words
   std::optional<std::string> per_split_data_args_path;  // JSON {"train", "valid", "test"}
   std::optional<std::string> data_cache_path;
+  // --mid-level-dataset-surplus: each blended component builds ceil(weight x samples) x
+  // (1 + surplus) samples (data::BuildArgs::mid_level_dataset_surplus).
+  double mid_level_dataset_surplus = 0.005;
   std::optional<std::string> nccl_communicator_config_path;
   std::optional<std::string> split;  // derived: "969, 30, 1" when --data-path is given
   bool eod_mask_loss = false;

@@ -56,6 +56,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.add_bias_linear = a.add_bias_linear, c.add_qkv_bias = a.add_qkv_bias;
   c.hidden_dropout = a.hidden_dropout, c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
+  c.embedding_init_method_std = a.embedding_init_method_std;
   c.init_method_xavier_uniform = a.init_method_xavier_uniform;
   c.perform_initialization = a.perform_initialization;
   c.device = dev;

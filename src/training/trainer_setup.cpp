@@ -511,6 +511,7 @@ void Trainer::State::build_datasets() {
   d.reset_position_ids = a.reset_position_ids, d.reset_attention_mask = a.reset_attention_mask;
   d.data_cache_path = a.data_cache_path.value_or("");
   d.mmap_bin_files = a.mmap_bin_files;  // --no-mmap-bin-files
+  d.mid_level_dataset_surplus = a.mid_level_dataset_surplus;
   if (a.fim_data) d.fim = fim_config(a, *s.tok);
   const int64_t gbs = a.global_batch_size, egbs = *a.eval_global_batch_size;
   d.num_samples[0] = a.train_samples.value_or(data::samples_for_iters(

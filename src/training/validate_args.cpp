@@ -4,6 +4,7 @@
 // depends on (the data-parallel size before the batch, the batch before the pipeline
 // schedule). Parsing, the flag table and printing are arguments.cpp's.
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -205,6 +206,14 @@ void validate_model(Args& a) {
                   "--norm-epsilon {} must be positive", a.layernorm_epsilon);
   MCPP_CHECK_HINT(a.init_method_std > 0.0, "give --init-method-std > 0, e.g. 0.02",
                   "--init-method-std {} must be positive", a.init_method_std);
+  const double surplus = a.mid_level_dataset_surplus;
+  MCPP_CHECK_HINT(surplus >= 0.0 && std::isfinite(surplus),
+                  "give --mid-level-dataset-surplus >= 0 (Megatron's default is 0.005)",
+                  "--mid-level-dataset-surplus {} must be a non-negative number",
+                  a.mid_level_dataset_surplus);
+  if (const auto e = a.embedding_init_method_std)
+    MCPP_CHECK_HINT(*e > 0.0 && std::isfinite(*e), "give --embedding-init-method-std > 0",
+                    "--embedding-init-method-std {} must be positive", *e);
 
 }
 

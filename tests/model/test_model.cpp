@@ -202,6 +202,48 @@ TEST(ModelInit, XavierUniform) {
   }
 }
 
+// --embedding-init-method-std: the word and (GPT) position embeddings are drawn with their
+// own std, every other weight as before, bit for bit; under --init-method-xavier-uniform a
+// std other than --init-method-std keeps the embeddings normal, as in Megatron.
+TEST(ModelInit, EmbeddingInitMethodStd) {
+  auto is_embedding = [](const std::string& n) { return n.rfind("embedding.", 0) == 0; };
+  auto sample_std = [](const Tensor& w) {
+    double sq = 0;
+    for (int64_t k = 0; k < w.numel(); ++k) sq += w.data<double>()[k] * w.data<double>()[k];
+    return std::sqrt(sq / double(w.numel()));
+  };
+  for (bool llama : {false, true}) {
+    auto c = tiny(llama, 1, 0.0);
+    GPTModel base(c);
+    c.embedding_init_method_std = 0.5;
+    GPTModel m(c);
+    int embeddings = 0;
+    for (size_t i = 0; i < m.params().infos().size(); ++i) {
+      const std::string& n = m.params().infos()[i].name;
+      const Tensor w = m.params().param(i), w0 = base.params().param(n);
+      if (!is_embedding(n)) {
+        for (int64_t k = 0; k < w.numel(); ++k)
+          ASSERT_EQ(w.data<double>()[k], w0.data<double>()[k]) << n;
+        continue;
+      }
+      ++embeddings;
+      EXPECT_NEAR(sample_std(w), 0.5, 0.5 * 4 / std::sqrt(double(w.numel()))) << n;
+      EXPECT_NEAR(sample_std(w0), c.init_method_std,
+                  c.init_method_std * 4 / std::sqrt(double(w0.numel())))
+          << n;
+    }
+    EXPECT_EQ(embeddings, llama ? 1 : 2);
+    c.init_method_xavier_uniform = true;
+    GPTModel x(c);
+    for (const auto& p : x.params().infos())
+      if (is_embedding(p.name)) EXPECT_EQ(p.init, model::Init::Normal) << p.name;
+    c.embedding_init_method_std = c.init_method_std;  // the same std: xavier, as Megatron
+    GPTModel same(c);
+    for (const auto& p : same.params().infos())
+      if (is_embedding(p.name)) EXPECT_EQ(p.init, model::Init::XavierUniform) << p.name;
+  }
+}
+
 TEST(ModelConfig, RejectsBadShapes) {
   auto c = tiny(true, 1, 0.0);
   c.num_query_groups = 3;

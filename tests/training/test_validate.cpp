@@ -1018,4 +1018,26 @@ TEST(Validate, CheckWeightHashInterval) {
                     "HINT: give --check-weight-hash-across-dp-replicas-interval a value >= 1"});
 }
 
+// --embedding-init-method-std and --mid-level-dataset-surplus reach their fields (and the
+// model config); bad values are errors naming the flag. --local-rank (any launcher's) is
+// accepted by design.
+TEST(Validate, EmbeddingStdSurplusAndLocalRank) {
+  Args a = parse_and_validate(with(base_argv(), {"--embedding-init-method-std", "0.005",
+                                                 "--mid-level-dataset-surplus", "0.1",
+                                                 "--local-rank=3"}));
+  EXPECT_EQ(a.embedding_init_method_std, 0.005);
+  EXPECT_EQ(model_config(a, Device::CPU, DType::F32).embedding_init_std(), 0.005);
+  EXPECT_EQ(a.mid_level_dataset_surplus, 0.1);
+  EXPECT_EQ(parse_and_validate(base_argv()).mid_level_dataset_surplus, 0.005);
+  EXPECT_FALSE(parse_and_validate(base_argv()).embedding_init_method_std.has_value());
+  const auto lines = describe_by_design_flags(a);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("--local-rank 3: accepted by design"), std::string::npos) << lines[0];
+  expect_error([] { parse_and_validate(with(base_argv(), {"--embedding-init-method-std", "0"})); },
+               {"--embedding-init-method-std 0 must be positive"});
+  expect_error(
+      [] { parse_and_validate(with(base_argv(), {"--mid-level-dataset-surplus", "-0.5"})); },
+      {"--mid-level-dataset-surplus -0.5 must be a non-negative number"});
+}
+
 }  // namespace validate_test
