@@ -288,6 +288,9 @@ struct Args {
   bool no_save_optim = false, no_save_rng = false;
   bool finetune = false;
   std::optional<int64_t> ckpt_step;        // --ckpt-step: load this iteration, not the latest
+  // --override-ckpt-iteration N: the loaded run continues as iteration N, its data from
+  // N x global batch samples on (Megatron's rewind of the data loader); not with --finetune.
+  std::optional<int64_t> override_ckpt_iteration;
   bool async_save = false;                 // --async-save: write on a background thread
   bool exit_signal_handler = false;        // --exit-signal-handler: the signal -> save, exit 0
   std::string exit_signal = "SIGTERM";     // --exit-signal: its name (Python's signal.Signals)

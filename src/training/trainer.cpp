@@ -306,6 +306,19 @@ void Trainer::State::load() {
     iteration = st->iteration;
     consumed_train = st->consumed_train_samples, consumed_valid = st->consumed_valid_samples;
     skipped_train = st->skipped_train_samples;
+    if (const auto n = a.override_ckpt_iteration) {  // Megatron's rewind of the data loader
+      const auto saved = st->config.find("global_batch_size");
+      if (saved != st->config.end() && saved->is_string() &&
+          *saved != std::to_string(a.global_batch_size))
+        log::warn("--override-ckpt-iteration recomputes consumed_train_samples = target_iter * "
+                  "current global_batch_size ({}), but this checkpoint was saved at "
+                  "global_batch_size {}. If the target iteration is in the checkpoint run's "
+                  "units, the data loader resumes from a shifted sample offset.",
+                  a.global_batch_size, saved->get<std::string>());
+      iteration = *n, consumed_train = *n * a.global_batch_size, skipped_train = 0;
+      log::info("--override-ckpt-iteration: start at iteration {} (consumed_train_samples {})",
+                iteration, consumed_train);
+    }
     flops_so_far = st->num_floating_point_operations_so_far;
     auto policy = a.override_opt_param_scheduler ? optim::SchedulerLoadPolicy::OverrideFromArgs
                   : a.use_checkpoint_opt_param_scheduler ? optim::SchedulerLoadPolicy::UseCheckpoint

@@ -120,6 +120,14 @@ void apply_ckpt_convert(Args& a) {
 
 void validate_ckpt_format(Args& a) {
   apply_ckpt_convert(a);
+  if (const auto n = a.override_ckpt_iteration) {
+    MCPP_CHECK_HINT(*n >= 0, "give --override-ckpt-iteration a non-negative iteration",
+                    "--override-ckpt-iteration {} is negative", *n);
+    MCPP_CHECK_HINT(!a.finetune, "drop --override-ckpt-iteration (--finetune starts at 0)",
+                    "--override-ckpt-iteration with --finetune (Megatron-LM refuses the pair)");
+    MCPP_CHECK_HINT(a.load || a.pretrained_checkpoint, "add --load DIR",
+                    "--override-ckpt-iteration {} needs a checkpoint to load (--load)", *n);
+  }
   validate_non_persistent(a);
   const std::string& f = a.ckpt_format;
   MCPP_CHECK_HINT(f == "torch_dist" || f == "torch",
