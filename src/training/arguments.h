@@ -291,6 +291,9 @@ struct Args {
   // --override-ckpt-iteration N: the loaded run continues as iteration N, its data from
   // N x global batch samples on (Megatron's rewind of the data loader); not with --finetune.
   std::optional<int64_t> override_ckpt_iteration;
+  // --log-energy: the iteration line's "energy per GPU (J/iter/GPU)" and "power per GPU
+  // (W/GPU)", from NVML's energy counter (CUDA only; training/training_log.cpp).
+  bool log_energy = false;
   bool async_save = false;                 // --async-save: write on a background thread
   bool exit_signal_handler = false;        // --exit-signal-handler: the signal -> save, exit 0
   std::string exit_signal = "SIGTERM";     // --exit-signal: its name (Python's signal.Signals)

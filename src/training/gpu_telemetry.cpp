@@ -22,6 +22,7 @@ struct GpuTelemetry::Api {
   int (*utilization)(Device, Utilization*) = nullptr;
   int (*clock)(Device, int, unsigned*) = nullptr;          // clock type 1: SM
   int (*memory)(Device, Memory*) = nullptr;
+  int (*energy)(Device, unsigned long long*) = nullptr;  // millijoules; may be absent
   const char* (*error_string)(int) = nullptr;
 };
 
@@ -54,6 +55,7 @@ std::unique_ptr<GpuTelemetry> GpuTelemetry::open(const std::string& pci_bus_id,
                   bind(api->lib, "nvmlDeviceGetClockInfo", api->clock) &&
                   bind(api->lib, "nvmlDeviceGetMemoryInfo", api->memory) &&
                   bind(api->lib, "nvmlErrorString", api->error_string);
+  bind(api->lib, "nvmlDeviceGetTotalEnergyConsumption", api->energy);  // optional
   if (!ok) {
     if (why) *why = "libnvidia-ml.so.1 lacks an NVML function this build calls";
     dlclose(api->lib);
@@ -94,6 +96,12 @@ std::optional<uint64_t> GpuTelemetry::memory_used() const {
   Api::Memory m{};
   if (api_->memory(api_->dev, &m) != 0) return std::nullopt;
   return uint64_t(m.used);
+}
+
+std::optional<uint64_t> GpuTelemetry::total_energy_mj() const {
+  unsigned long long mj = 0;
+  if (!api_->energy || api_->energy(api_->dev, &mj) != 0) return std::nullopt;
+  return uint64_t(mj);
 }
 
 }  // namespace mcpp::training

@@ -29,6 +29,9 @@ class GpuTelemetry {
   // Bytes of the device's memory in use by every process (NVML's "used", what
   // torch.cuda.device_memory_used reports); nullopt when NVML fails to answer.
   std::optional<uint64_t> memory_used() const;
+  // The device's energy counter since the driver loaded, millijoules (Volta and later);
+  // nullopt when NVML cannot answer (--log-energy).
+  std::optional<uint64_t> total_energy_mj() const;
 
   struct Api;
 

@@ -29,6 +29,9 @@ std::string format_iteration_line(const IterationLog& l) {
   s += fmt::format(" elapsed time per iteration (ms): {:.1f} |", l.elapsed_ms_per_iteration);
   if (l.throughput_tflops)
     s += fmt::format(" throughput per GPU (TFLOP/s/GPU): {:.1f} |", *l.throughput_tflops);
+  if (l.energy_j_per_iteration)
+    s += fmt::format(" energy per GPU (J/iter/GPU): {:.1f} | power per GPU (W/GPU): {:.1f} |",
+                     *l.energy_j_per_iteration, l.power_w.value_or(0.0));
   if (l.learning_rate)
     s += fmt::format(" learning rate: {:.6E} |", *l.learning_rate);
   else

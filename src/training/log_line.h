@@ -18,6 +18,8 @@ struct IterationLog {
   int64_t skipped_samples = 0;  // printed only when > 0, as Megatron
   double elapsed_ms_per_iteration = 0.0;
   std::optional<double> throughput_tflops;  // with --log-throughput
+  // --log-energy: joules per iteration per GPU, and their mean power, watts per GPU.
+  std::optional<double> energy_j_per_iteration, power_w;
   std::optional<double> learning_rate;      // nullopt prints "None"
   std::optional<double> decoupled_learning_rate;  // --decoupled-lr (first/last stage)
   int64_t global_batch_size = 0;

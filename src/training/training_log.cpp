@@ -91,17 +91,25 @@ TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world
                   "drop --log-memory-to-tensorboard, or train with --device cuda",
                   "--log-memory-to-tensorboard logs the CUDA allocator's bytes; this run is on "
                   "the CPU");
+  MCPP_CHECK_HINT(!a.log_energy || device == Device::CUDA,
+                  "drop --log-energy, or train with --device cuda",
+                  "--log-energy reads the GPU's energy counter (NVML); this run is on the CPU");
   for (auto [on, flag] : {std::pair{a.log_memory_interval.has_value(), "--log-memory-interval"},
                           std::pair{a.log_device_memory_used, "--log-device-memory-used"}})
     MCPP_CHECK_HINT(!on || device == Device::CUDA,
                     fmt::format("drop {}, or train with --device cuda", flag),
                     "{} reports the CUDA allocator's memory; this run is on the CPU", flag);
 #ifdef MCPP_HAVE_CUDA
-  if (a.log_device_memory_used) {
+  if (a.log_device_memory_used || a.log_energy) {
+    const char* flag = a.log_device_memory_used ? "--log-device-memory-used" : "--log-energy";
     std::string why;
     nvml_ = GpuTelemetry::open(ops::cuda::pci_bus_id(), &why);
-    MCPP_CHECK_HINT(nvml_ != nullptr, "drop --log-device-memory-used",
-                    "--log-device-memory-used reads the device's memory through NVML: {}", why);
+    MCPP_CHECK_HINT(nvml_ != nullptr, fmt::format("drop {}", flag),
+                    "{} reads the device through NVML: {}", flag, why);
+    MCPP_CHECK_HINT(!a.log_energy || nvml_->total_energy_mj().has_value(),
+                    "drop --log-energy (GPUs before Volta have no energy counter)",
+                    "--log-energy: NVML gives no total energy consumption for device {}",
+                    ops::cuda::pci_bus_id());
   }
 #endif
   // Megatron's get_tensorboard_writer: the last rank writes (it holds the last pipeline
@@ -122,6 +130,13 @@ TrainingLog::TrainingLog(const Args& a, Device device, comm::Communicator& world
     straggler_ = std::make_unique<StragglerDetector>(o, world, std::move(groups));
   }
   interval_.start();
+  start_energy();
+}
+
+// --log-energy (Megatron's EnergyMonitor): the counter is read where the interval's clock
+// starts, so an interval's energy covers exactly its elapsed time (evaluation excluded).
+void TrainingLog::start_energy() {
+  if (a_.log_energy && nvml_) energy_start_mj_ = nvml_->total_energy_mj().value_or(0);
 }
 
 TrainingLog::~TrainingLog() = default;
@@ -196,6 +211,7 @@ void TrainingLog::record_moe(const std::vector<std::pair<std::string, double>>& 
 
 void TrainingLog::restart_interval() {
   interval_.elapsed(true), interval_.start();
+  start_energy();
   snapshot_comm();
   if (straggler_) straggler_->restart();
 }
@@ -231,6 +247,16 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   logged_skipped_ = s.skipped_iterations, logged_nan_ = s.nan_iterations;
   if (a_.log_throughput)
     L.tokens_per_sec_per_gpu = double(gbs * a_.seq_length) / per_iter / world_.size();
+  if (a_.log_energy) {  // every rank's joules summed, then per iteration and GPU (Megatron's)
+    const uint64_t now = nvml_ ? nvml_->total_energy_mj().value_or(energy_start_mj_) : 0;
+    const double lap_j = parallel::sum_over(world_, double(now - energy_start_mj_) / 1000.0);
+    L.energy_j_per_iteration = lap_j / double(iters_) / double(world_.size());
+    L.power_w = *L.energy_j_per_iteration / per_iter;
+    if (tb_) {
+      tb_->add_scalar("iter-energy/gpu", *L.energy_j_per_iteration, iteration);
+      tb_->add_scalar("power/gpu", *L.power_w, iteration);
+    }
+  }
   log::info("{}", format_iteration_line(L));
   // Megatron: after the first line, and every --log-memory-interval iterations (once).
   if (device_ == Device::CUDA &&
@@ -249,6 +275,7 @@ void TrainingLog::log_interval(int64_t iteration, const IntervalState& s) {
   loss_ = 0, iters_ = 0, advanced_ = 0;
   moe_sums_.clear();
   interval_.start();
+  start_energy();
 }
 
 // Megatron's timers.log: every rank's time per iteration, gathered from all ranks and

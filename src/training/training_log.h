@@ -151,7 +151,10 @@ class TrainingLog {
   double last_loss_ = 0;                // the latest iteration's (TensorBoard's "lm loss")
   std::unique_ptr<EventWriter> tb_;     // the last rank's event file, with --tensorboard-dir
   std::unique_ptr<StragglerDetector> straggler_;  // --log-straggler
-  std::unique_ptr<GpuTelemetry> nvml_;             // --log-device-memory-used
+  std::unique_ptr<GpuTelemetry> nvml_;  // --log-device-memory-used, --log-energy
+  // --log-energy: the device's energy counter (millijoules) when the interval started.
+  uint64_t energy_start_mj_ = 0;
+  void start_energy();
 };
 
 }  // namespace mcpp::training

@@ -67,6 +67,19 @@ TEST(LogLine, DecoupledLearningRateFollowsTheLearningRate) {
       << s;
 }
 
+// --log-energy: Megatron's two fields right after the throughput, before the learning rate.
+TEST(LogLine, EnergyAndPowerFollowTheThroughput) {
+  IterationLog l = example();
+  l.energy_j_per_iteration = 312.46, l.power_w = 311.06;
+  EXPECT_EQ(format_iteration_line(l),
+            " [2026-11-29 15:46:11.709595] iteration        5/      30 | consumed samples:   "
+            "       320 | elapsed time per iteration (ms): 1004.5 | throughput per GPU "
+            "(TFLOP/s/GPU): 52.1 | energy per GPU (J/iter/GPU): 312.5 | power per GPU (W/GPU): "
+            "311.1 | learning rate: 6.000000E-04 | global batch size:    64 | lm "
+            "loss: 1.076833E+01 | loss scale: 1.0 | grad norm: 1.023 | number of skipped "
+            "iterations:   0 | number of nan iterations:   0 |");
+}
+
 TEST(LogLine, ValidationLine) {
   const std::string v = format_validation_line("iteration 100", {{"lm loss", 5.0}});
   EXPECT_EQ(v,
