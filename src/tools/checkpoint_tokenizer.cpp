@@ -15,6 +15,13 @@ data::TokenizerArgs checkpoint_tokenizer_args(const Flags& f, const nlohmann::js
   // The tokenizer files the checkpoint carries (convert --from-hf), unless flags name one.
   const bool flags = f.has("--tokenizer-type") || f.has("--vocab-file") || f.has("--merge-file") ||
                      f.has("--tokenizer-model");
+  const nlohmann::json cfg = md.contains("state") && md["state"].contains("config")
+                                 ? md["state"]["config"]
+                                 : nlohmann::json::object();
+  // --tokenizer-hf-no-include-special-tokens: given here, or by the run that trained it.
+  const bool include_special =
+      !(f.has("--tokenizer-hf-no-include-special-tokens") ||
+        (cfg.is_object() && cfg.value("tokenizer_hf_no_include_special_tokens", "") == "True"));
   if (!flags)
     if (const auto t = checkpoint::checkpoint_tokenizer(md.value("__iter_dir", std::string(".")), md)) {
       std::fprintf(stderr, "[%s] using the %s files the checkpoint carries (%s)\n", who,
@@ -23,11 +30,9 @@ data::TokenizerArgs checkpoint_tokenizer_args(const Flags& f, const nlohmann::js
       data::TokenizerArgs ta;
       ta.type = t->type, ta.vocab_file = t->vocab_file, ta.merge_file = t->merge_file;
       ta.tokenizer_model = t->tokenizer_model;
+      ta.include_special_tokens = include_special;
       return ta;
     }
-  const nlohmann::json cfg = md.contains("state") && md["state"].contains("config")
-                                 ? md["state"]["config"]
-                                 : nlohmann::json::object();
   auto recorded = [&](const char* key) -> std::string {
     if (!cfg.is_object() || !cfg.contains(key)) return {};
     const auto& v = cfg[key];
@@ -65,6 +70,7 @@ data::TokenizerArgs checkpoint_tokenizer_args(const Flags& f, const nlohmann::js
       throw Error(fmt::format("--vocab-size expects an integer, got '{}'", vs));
     }
   }
+  ta.include_special_tokens = include_special;
   return ta;
 }
 

@@ -164,7 +164,9 @@ inline void add_tokenizer_flags(Flags& f) {
       .add("--tokenizer-special-tokens", Flags::List,
            "TikTokenizer special tokens (default <unk> <s> </s>)")
       .add("--tiktoken-special-tokens", Flags::List, "older name of --tokenizer-special-tokens")
-      .add("--vocab-extra-ids", Flags::Value, "SentencePieceTokenizer <extra_id_i> count");
+      .add("--vocab-extra-ids", Flags::Value, "SentencePieceTokenizer <extra_id_i> count")
+      .add("--tokenizer-hf-no-include-special-tokens", Flags::Switch,
+           "HuggingFaceTokenizer: no template tokens (BOS) in encode, none in decode");
 }
 
 inline data::TokenizerArgs tokenizer_args(const Flags& f) {
@@ -179,6 +181,7 @@ inline data::TokenizerArgs tokenizer_args(const Flags& f) {
   ta.special_tokens = f.has("--tokenizer-special-tokens") ? f.list("--tokenizer-special-tokens")
                                                           : f.list("--tiktoken-special-tokens");
   ta.vocab_extra_ids = f.get_int("--vocab-extra-ids", 0);
+  ta.include_special_tokens = !f.has("--tokenizer-hf-no-include-special-tokens");
   return ta;
 }
 

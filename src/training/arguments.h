@@ -160,6 +160,8 @@ struct Args {
   std::string tokenizer_type = "GPT2BPETokenizer";  // pretrain_gpt.py's args_defaults
   std::optional<int64_t> vocab_size;
   std::optional<std::string> vocab_file, merge_file, tokenizer_model;
+  // --tokenizer-hf-no-include-special-tokens (data::TokenizerArgs::include_special_tokens).
+  bool tokenizer_hf_no_include_special_tokens = false;
   std::optional<std::string> tiktoken_pattern;  // --tiktoken-pattern v1|v2 (TikTokenizer)
   int64_t tiktoken_num_special_tokens = 1000;   // --tiktoken-num-special-tokens
   std::vector<std::string> special_tokens;      // --tokenizer-special-tokens

@@ -44,6 +44,7 @@ std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
   t.tiktoken_pattern = a.tiktoken_pattern.value_or("");
   t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
   t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
+  t.include_special_tokens = !a.tokenizer_hf_no_include_special_tokens;
   return data::make_tokenizer(t);
 }
 

@@ -135,4 +135,57 @@ TEST(GPT2BPE, TokenToIdAndSpecials) {
   EXPECT_FALSE(null.is_special(10));
 }
 
+// --tokenizer-hf-no-include-special-tokens: a tokenizer.json whose post-processor puts
+// <file_sep> (id 260) before every text, as Llama-3's puts its BOS. By default encode adds
+// it and decode keeps special tokens (Megatron's tokenizer(text).input_ids); with the switch
+// off, encode leaves the template out (added tokens in the text still match) and decode
+// drops special tokens. Only HuggingFaceTokenizer takes the switch.
+TEST(HuggingFace, IncludeSpecialTokensSwitch) {
+  std::ifstream in(std::string(MCPP_SOURCE_DIR) + "/tests/golden/fim/tokenizer.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string j = ss.str();
+  const std::string null_post = "\"post_processor\": null";
+  ASSERT_NE(j.find(null_post), std::string::npos);
+  j.replace(j.find(null_post), null_post.size(),
+            R"("post_processor": {"type": "TemplateProcessing",
+               "single": [{"SpecialToken": {"id": "<file_sep>", "type_id": 0}},
+                          {"Sequence": {"id": "A", "type_id": 0}}],
+               "pair": [], "special_tokens": {"<file_sep>": {"id": "<file_sep>",
+               "ids": [260], "tokens": ["<file_sep>"]}}})");
+  const auto dir = std::filesystem::temp_directory_path() / "mcpp_hf_include_special";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << j;
+  TokenizerArgs a{.type = "HuggingFaceTokenizer", .tokenizer_model = (dir / "tokenizer.json")};
+  auto with = make_tokenizer(a);
+  a.include_special_tokens = false;
+  auto without = make_tokenizer(a);
+  std::vector<int32_t> w, wo, fim;
+  with->encode("hi", w);
+  without->encode("hi", wo);
+  ASSERT_FALSE(wo.empty());
+  EXPECT_EQ(w.front(), 260);
+  EXPECT_EQ(std::vector<int32_t>(w.begin() + 1, w.end()), wo);
+  EXPECT_EQ(with->decode(w), "<file_sep>hi");
+  EXPECT_EQ(without->decode(w), "hi");
+  without->encode("<fim_prefix>hi", fim);
+  EXPECT_EQ(fim.front(), 256);
+  EXPECT_THROW(
+      {
+        try {
+          make_tokenizer({.type = "GPT2BPETokenizer",
+                          .vocab_file = asset("gpt2/package/encoder.json"),
+                          .merge_file = asset("gpt2/package/vocab.bpe"),
+                          .include_special_tokens = false});
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("only HuggingFaceTokenizer adds special"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace tokenizers_test

@@ -1040,4 +1040,19 @@ TEST(Validate, EmbeddingStdSurplusAndLocalRank) {
       {"--mid-level-dataset-surplus -0.5 must be a non-negative number"});
 }
 
+// The Hugging Face tokenizer switches: --tokenizer-hf-no-include-special-tokens reaches its
+// field (data::TokenizerArgs::include_special_tokens through build_tokenizer);
+// --tokenizer-hf-no-use-fast is accepted by design.
+TEST(Validate, HfTokenizerSwitches) {
+  const Args a = parse_args(with(base_argv(), {"--tokenizer-hf-no-include-special-tokens",
+                                               "--tokenizer-hf-no-use-fast"}));
+  EXPECT_TRUE(a.tokenizer_hf_no_include_special_tokens);
+  EXPECT_FALSE(parse_args(base_argv()).tokenizer_hf_no_include_special_tokens);
+  const auto lines = describe_by_design_flags(a);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("--tokenizer-hf-no-use-fast True: accepted by design"),
+            std::string::npos)
+      << lines[0];
+}
+
 }  // namespace validate_test

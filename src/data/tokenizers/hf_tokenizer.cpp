@@ -15,7 +15,8 @@
 //                   Strip) of Llama/Mistral; used only by decode()
 // This covers GPT-2, Llama-3 and similar byte-level BPE models and the Llama-2 /
 // Mistral BPE with byte fallback. Megatron's _HuggingFaceTokenizer.tokenize() is
-// tokenizer(text).input_ids, so the post-processor's template (e.g. BOS) is applied;
+// tokenizer(text).input_ids, so the post-processor's template (e.g. BOS) is applied (not
+// with --tokenizer-hf-no-include-special-tokens, which also drops special tokens in decode);
 // eod = eos_token_id, read from tokenizer_config.json next to tokenizer.json (its
 // "eos_token"), else the first of </s>, <|endoftext|>, <|end_of_text|> in the vocabulary.
 #include <algorithm>
@@ -45,7 +46,8 @@ bool bool_or(const json& j, const char* key, bool def) {
 
 class HFTokenizer final : public Tokenizer {
  public:
-  explicit HFTokenizer(const std::string& path) {
+  HFTokenizer(const std::string& path, bool include_special)
+      : include_special_(include_special) {
     namespace fs = std::filesystem;
     std::string file = path, dir;
     if (fs::is_directory(path)) file = (fs::path(path) / "tokenizer.json").string();
@@ -111,7 +113,7 @@ class HFTokenizer final : public Tokenizer {
     if (!bpe::utf8_valid(text))
       throw Error("HuggingFaceTokenizer: the text is not valid UTF-8",
                   "decode the input as UTF-8 first");
-    out.insert(out.end(), prefix_.begin(), prefix_.end());
+    if (include_special_) out.insert(out.end(), prefix_.begin(), prefix_.end());
     size_t pos = 0;
     while (pos < text.size()) {
       size_t best = std::string_view::npos, len = 0;
@@ -127,7 +129,7 @@ class HFTokenizer final : public Tokenizer {
       out.push_back(id);
       pos = best + len;
     }
-    out.insert(out.end(), suffix_.begin(), suffix_.end());
+    if (include_special_) out.insert(out.end(), suffix_.begin(), suffix_.end());
   }
 
   std::string decode(std::span<const int32_t> ids) const override {
@@ -136,6 +138,7 @@ class HFTokenizer final : public Tokenizer {
       MCPP_CHECK(id >= 0 && size_t(id) < id_to_token_.size(),
                  "token id {} outside the vocabulary of {}", id, id_to_token_.size());
       const std::string& t = id_to_token_[size_t(id)];
+      if (!include_special_ && is_special(id)) continue;  // Megatron's remove_special_tokens
       if (is_added_[size_t(id)]) {
         s += t;
       } else if (byte_level_decode_) {
@@ -437,6 +440,7 @@ class HFTokenizer final : public Tokenizer {
   bool add_prefix_space_ = false, byte_level_decode_ = false, strip_leading_space_ = true;
   std::optional<int32_t> unk_;
   std::vector<int32_t> prefix_, suffix_;
+  bool include_special_ = true;  // !--tokenizer-hf-no-include-special-tokens
   std::optional<int64_t> eos_, bos_, pad_;
 };
 
@@ -446,7 +450,7 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const TokenizerArgs& a) {
   if (a.tokenizer_model.empty())
     throw Error("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model",
                 "pass the folder holding tokenizer.json, or the tokenizer.json file");
-  return std::make_unique<HFTokenizer>(a.tokenizer_model);
+  return std::make_unique<HFTokenizer>(a.tokenizer_model, a.include_special_tokens);
 }
 
 }  // namespace mcpp::data

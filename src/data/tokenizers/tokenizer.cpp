@@ -49,6 +49,12 @@ std::unique_ptr<Tokenizer> make_tiktokenizer(const TokenizerArgs& a);
 std::unique_ptr<Tokenizer> make_hf_tokenizer(const TokenizerArgs& a);
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& a) {
+  if (!a.include_special_tokens && a.type != "HuggingFaceTokenizer")
+    throw Error(fmt::format("--tokenizer-hf-no-include-special-tokens with --tokenizer-type {}: "
+                            "only HuggingFaceTokenizer adds special tokens (its "
+                            "post-processor's template) that the flag would leave out",
+                            a.type),
+                "drop --tokenizer-hf-no-include-special-tokens");
   if (a.type == "NullTokenizer") {
     if (!a.vocab_size) throw Error("--tokenizer-type NullTokenizer needs --vocab-size");
     return std::make_unique<NullTokenizer>(*a.vocab_size);

@@ -62,6 +62,10 @@ struct TokenizerArgs {
   int64_t tiktoken_num_special_tokens = 1000;  // --tiktoken-num-special-tokens
   std::vector<std::string> special_tokens;     // --tokenizer-special-tokens (TikTokenizer)
   int64_t vocab_extra_ids = 0;                 // --vocab-extra-ids (SentencePieceTokenizer)
+  // !--tokenizer-hf-no-include-special-tokens (HuggingFaceTokenizer): encode applies the
+  // post-processor's template (e.g. Llama-3's BOS) and decode keeps special tokens; off,
+  // neither (Megatron's include_special_tokens).
+  bool include_special_tokens = true;
 };
 
 // Builds the tokenizer; a missing file or flag is an mcpp::Error naming the flag.
