@@ -389,6 +389,9 @@ struct Args {
   // ---- compat: the flags of Megatron's example scripts
   // --rampup-batch-size START INCREMENT SAMPLES (data/num_microbatches.h); None: constant.
   std::optional<std::vector<int64_t>> rampup_batch_size;
+  // --step-batch-size-schedule "THRESHOLD:BS ...": the global batch by consumed tokens
+  // (data::StepBatchSchedule); global_batch_size becomes its last batch size.
+  std::optional<std::string> step_batch_size_schedule;
   // --decoupled-lr / --decoupled-min-lr: the embedding and output layer's own max/min LR
   // (Megatron's decoupled parameter group); decoupled_min_lr defaults to --min-lr.
   std::optional<double> decoupled_lr, decoupled_min_lr;

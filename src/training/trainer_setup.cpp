@@ -157,14 +157,25 @@ void Trainer::State::setup_parallel() {
   for (const auto& line : describe_by_design_flags(a)) log::info("{}", line);
   log::info("{}",
             padded_vocab_message(vocab, *a.padded_vocab_size, a.was_given("padded_vocab_size")));
-  s.batches = std::make_unique<data::NumMicroBatchesCalculator>(
-      a.global_batch_size, a.micro_batch_size, a.data_parallel_size, batch_rampup(a));
-  if (const auto r = batch_rampup(a))
+  if (const auto steps = step_batch_schedule(a)) {
+    s.batches = std::make_unique<data::NumMicroBatchesCalculator>(
+        a.micro_batch_size, a.data_parallel_size, *steps);
+    log::info("> using step batch size schedule: {}", *a.step_batch_size_schedule);
+    for (const auto& [threshold, bs] : steps->steps)
+      log::info("  >= {} tokens ({} samples) -> batch_size={}, num_microbatches={}",
+                threshold * a.seq_length, threshold, bs,
+                bs / (a.micro_batch_size * a.data_parallel_size));
+  } else if (const auto r = batch_rampup(a)) {
+    s.batches = std::make_unique<data::NumMicroBatchesCalculator>(
+        a.global_batch_size, a.micro_batch_size, a.data_parallel_size, r);
     log::info("will use batch size rampup starting from global batch size {} to global batch "
               "size {} with batch size increments {} over {} samples.",
               r->start, a.global_batch_size, r->increment, r->samples);
-  else
+  } else {
+    s.batches = std::make_unique<data::NumMicroBatchesCalculator>(
+        a.global_batch_size, a.micro_batch_size, a.data_parallel_size, std::nullopt);
     log::info("setting number of microbatches to constant {}", a.num_microbatches);
+  }
   log::info("CPU threads: {} (OpenMP), BLAS {}", omp_get_max_threads(), openblas_get_num_threads());
 
   s.log = std::make_unique<TrainingLog>(a, s.device, s.world->world(), *s.ps);
@@ -211,11 +222,17 @@ void Trainer::State::build_model() {
                   int(a.microbatch_group_size_per_vp_stage.value_or(0))))[size_t(stage)];
     // Every micro-batch count of a ramp-up must make a schedule (the interleaved one needs
     // multiples of the group size): checked now, not at the step that reaches it.
+    std::vector<int64_t> batches;
     if (const auto r = batch_rampup(a))
-      for (int64_t b = r->start; b < a.global_batch_size; b += r->increment)
-        (void)pl::build_schedule(s.schedule_kind, pp, vpp,
-                                 int(b / (a.micro_batch_size * a.data_parallel_size)),
-                                 int(a.microbatch_group_size_per_vp_stage.value_or(0)));
+      for (int64_t b = r->start; b < a.global_batch_size; b += r->increment) batches.push_back(b);
+    if (const auto steps = step_batch_schedule(a))
+      for (const auto& st : steps->steps)
+        if (st.second % (a.micro_batch_size * a.data_parallel_size) == 0)
+          batches.push_back(st.second);  // the others: check_from's error when reached
+    for (int64_t b : batches)
+      (void)pl::build_schedule(s.schedule_kind, pp, vpp,
+                               int(b / (a.micro_batch_size * a.data_parallel_size)),
+                               int(a.microbatch_group_size_per_vp_stage.value_or(0)));
     s.pp_grads = s.world->split(s.ps->layout().groups(parallel::Group::PP), "pp-grad");
     MCPP_CHECK(s.pp_grads && s.pp_grads->rank() == stage && s.ps->pp().rank() == stage,
                "pipeline group ranks do not follow the pipeline stages");
@@ -515,8 +532,11 @@ void Trainer::State::build_datasets() {
   d.mid_level_dataset_surplus = a.mid_level_dataset_surplus;
   if (a.fim_data) d.fim = fim_config(a, *s.tok);
   const int64_t gbs = a.global_batch_size, egbs = *a.eval_global_batch_size;
-  d.num_samples[0] = a.train_samples.value_or(data::samples_for_iters(
-      a.train_iters, gbs, a.micro_batch_size, a.data_parallel_size, batch_rampup(a)));
+  if (const auto steps = step_batch_schedule(a))
+    d.num_samples[0] = a.train_samples.value_or(data::samples_for_iters(a.train_iters, *steps));
+  else
+    d.num_samples[0] = a.train_samples.value_or(data::samples_for_iters(
+        a.train_iters, gbs, a.micro_batch_size, a.data_parallel_size, batch_rampup(a)));
   if (a.eval_interval)
     d.num_samples[1] = data::validation_samples(a.train_iters, *a.eval_interval, a.eval_iters,
                                                 egbs, a.start_eval_at_iter);
@@ -588,6 +608,12 @@ Trainer::Trainer(Args args) : s_(std::make_unique<State>()) {
   if (a.save && a.ckpt_format == "torch")
     checkpoint::megatron::check_legacy_trainable(s.legacy_options(), *s.ps, s.model->params());
   if (s.load_source) s.load();
+  // --step-batch-size-schedule: every batch size this run reaches divides into micro-batches
+  // (Megatron finds out at the step that reaches it).
+  if (a.step_batch_size_schedule && !a.skip_train)
+    s.batches->check_from(s.consumed_train,
+                          a.train_samples.value_or(data::samples_for_iters(
+                              a.train_iters, *step_batch_schedule(a))));
   s.flops_at_job_start = s.flops_so_far;
   if (a.fp8_param_gather) {
     // ---- --fp8-param-gather: the first FP8 weights, from the start-up (or loaded) main

@@ -280,6 +280,25 @@ void validate_batch(Args& a) {
   // Batch: global = micro * DP * num_microbatches.
   const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
   if (!a.was_given("global_batch_size")) a.global_batch_size = per_step;
+  if (a.step_batch_size_schedule) {  // Megatron's checks, then the schedule's last batch
+    const char* hint = "the schedule sets the global batch: drop the other flag";
+    MCPP_CHECK_HINT(!a.was_given("global_batch_size"), hint,
+                    "Cannot specify both --step-batch-size-schedule and --global-batch-size");
+    MCPP_CHECK_HINT(!a.rampup_batch_size, hint,
+                    "Cannot specify both --step-batch-size-schedule and --rampup-batch-size");
+    MCPP_CHECK_HINT(!a.decrease_batch_size_if_needed, "drop --decrease-batch-size-if-needed",
+                    "Cannot specify both --step-batch-size-schedule and "
+                    "--decrease-batch-size-if-needed");
+    // Megatron leaves args.global_batch_size at MBS x DP here (so --train-iters runs' decay
+    // samples would count those); the steady-state batch is what the ramp-up uses too.
+    a.global_batch_size =
+        data::parse_step_batch_schedule(*a.step_batch_size_schedule, a.seq_length).final_batch();
+    MCPP_CHECK_HINT(a.global_batch_size % per_step == 0,
+                    fmt::format("make the schedule's batch sizes multiples of {}", per_step),
+                    "--step-batch-size-schedule: the last batch size {} is not a multiple of "
+                    "--micro-batch-size {} x data-parallel size {} = {}",
+                    a.global_batch_size, a.micro_batch_size, a.data_parallel_size, per_step);
+  }
   if (a.global_batch_size % per_step != 0 && a.decrease_batch_size_if_needed &&
       a.global_batch_size > per_step) {
     MCPP_CHECK_HINT(!a.rampup_batch_size,

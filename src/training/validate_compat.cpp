@@ -19,6 +19,11 @@ std::optional<data::BatchRampup> batch_rampup(const Args& a) {
   return data::BatchRampup{r.at(0), r.at(1), r.at(2)};
 }
 
+std::optional<data::StepBatchSchedule> step_batch_schedule(const Args& a) {
+  if (!a.step_batch_size_schedule) return std::nullopt;
+  return data::parse_step_batch_schedule(*a.step_batch_size_schedule, a.seq_length);
+}
+
 void check_checkpoint_args_source(const Args& a) {
   MCPP_CHECK_HINT(a.load || a.pretrained_checkpoint,
                   "add --load DIR (the checkpoint whose arguments to use)",
@@ -75,6 +80,8 @@ void validate_compat(Args& a, bool training) {
       a.train_iters = data::rampup_train_iters(*a.train_samples, a.global_batch_size,
                                                a.micro_batch_size, a.data_parallel_size, *r);
   }
+  if (const auto s = step_batch_schedule(a); s && training && a.train_samples)
+    a.train_iters = data::schedule_train_iters(*a.train_samples, *s);
   // Decoupled learning rate of the embedding and output layer.
   if (a.decoupled_min_lr)
     MCPP_CHECK_HINT(a.decoupled_lr.has_value(), "add --decoupled-lr, or drop --decoupled-min-lr",

@@ -18,6 +18,8 @@ void validate_compat(Args& a, bool training);
 
 // --rampup-batch-size as data::BatchRampup (nullopt: constant batch size).
 std::optional<data::BatchRampup> batch_rampup(const Args& a);
+// --step-batch-size-schedule, parsed (thresholds in tokens / --seq-length).
+std::optional<data::StepBatchSchedule> step_batch_schedule(const Args& a);
 
 // The checkpoint a training run starts from (Megatron's load_checkpoint): --load's when it
 // holds one; else --pretrained-checkpoint's, loaded as --finetune (weights only, iteration

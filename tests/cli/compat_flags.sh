@@ -3,6 +3,9 @@
 #   * --rampup-batch-size: every log line's global batch size and consumed samples follow
 #     Megatron's formula (restated in Python below), and the learning rate is the linear
 #     schedule at those consumed samples (Megatron steps the scheduler by the actual batch);
+#   * --step-batch-size-schedule: every line's batch size and consumed samples follow the
+#     schedule (thresholds in tokens) until --train-samples; with --global-batch-size or
+#     --rampup-batch-size it is Megatron's error;
 #   * --decoupled-lr: the logged decoupled rate is the schedule with its own max/min; with
 #     --decoupled-lr = --lr and --decoupled-min-lr = --min-lr training is bit-identical to
 #     a run without the flags; with another rate it is not;
@@ -49,6 +52,32 @@ for g, w in zip(got, want):
 print("ramp-up: batch sizes", [w[1] for w in want], "consumed", want[-1][2], "LRs match")
 PY
 grep -q "ramping up batch size from 4 to 8" "$W/ramp.log" || { echo "no ramp-up log line"; exit 1; }
+
+# ---- --step-batch-size-schedule: batch sizes by consumed tokens, sample-based run ---------
+# Thresholds in tokens (seq 32): 4 until 512 tokens (16 samples), 8 until 2K (64), then 16;
+# --train-samples 120: Megatron's update_train_iters runs while fewer are consumed.
+run "$W/steps.log" "$M" train "${T[@]}" --step-batch-size-schedule "0:4 512:8 2K:16" \
+    --train-samples 120 --lr-decay-style linear
+python3 - "$W/steps.log" <<'PY'
+import re, sys
+def bs(c): return 16 if c >= 2048 // 32 else 8 if c >= 512 // 32 else 4
+want, consumed = [], 0
+while consumed < 120:
+    b = bs(consumed); consumed += b; want.append((b, consumed))
+got = [(int(m[2]), int(m[1])) for m in re.finditer(
+    r"consumed samples: +(\d+) .*?global batch size: +(\d+)", open(sys.argv[1]).read())]
+assert got == want, f"got {got}\nwant {want}"
+print("step schedule: batch sizes", [w[0] for w in want], "consumed", want[-1][1])
+PY
+grep -q "> using step batch size schedule: 0:4 512:8 2K:16" "$W/steps.log" ||
+  { echo "no schedule line"; exit 1; }
+for bad in "--global-batch-size 8" "--rampup-batch-size 4 4 40"; do
+  if out=$("$M" train "${T[@]}" --step-batch-size-schedule "0:4" --train-iters 2 $bad 2>&1); then
+    echo "accepted --step-batch-size-schedule with $bad"; exit 1
+  fi
+  grep -q "Cannot specify both --step-batch-size-schedule" <<<"$out" ||
+    { echo "wrong error for $bad: $(grep -m1 ERROR <<<"$out")"; exit 1; }
+done
 
 # ---- decoupled LR equal to the main LR: bit-identical; different: not -------------------
 run "$W/plain.log" "$M" train "${T[@]}" --global-batch-size 8 --train-iters 8

@@ -100,6 +100,59 @@ TEST(Rampup, BadRampsAreErrorsNamingTheFlag) {
   fails(16, 2, 2, {6, 2, 10}, "not a multiple of --micro-batch-size");  // 6 % 4
 }
 
+// --step-batch-size-schedule: Megatron's parsing (suffixes, commas, tokens -> samples by
+// integer division, sorted), the batch at each consumed count, update_train_iters and the
+// samples of N iterations, and the errors, each naming the flag.
+TEST(StepSchedule, ParsesAndStepsAsMegatron) {
+  const auto s = data::parse_step_batch_schedule("1.5K:8, 0:4 3k:16", 32);
+  ASSERT_EQ(s.steps.size(), 3u);
+  EXPECT_EQ(s.steps[0], (std::pair<int64_t, int64_t>{0, 4}));
+  EXPECT_EQ(s.steps[1], (std::pair<int64_t, int64_t>{46, 8}));   // 1500 // 32
+  EXPECT_EQ(s.steps[2], (std::pair<int64_t, int64_t>{93, 16}));  // 3000 // 32
+  EXPECT_EQ(s.final_batch(), 16);
+  EXPECT_EQ(data::parse_step_batch_schedule("0:768 250B:1536", 0).steps[1].first, 250000000000);
+  data::NumMicroBatchesCalculator c(2, 2, s);
+  // Megatron's loop: the batch of the consumed count before each step.
+  const int64_t want[] = {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 8, 8, 8, 8, 8, 8, 16, 16};
+  int64_t consumed = 0, it = 0;
+  for (int64_t gbs : want) {
+    c.update(consumed);
+    EXPECT_EQ(c.current_global_batch_size(), gbs) << "step " << it << ", consumed " << consumed;
+    EXPECT_EQ(c.num_microbatches(), gbs / 4);
+    consumed += gbs, ++it;
+  }
+  EXPECT_EQ(data::samples_for_iters(20, s), consumed);
+  EXPECT_EQ(data::samples_for_iters(25, s), consumed + 5 * 16);
+  // update_train_iters: steps while fewer than train_samples are consumed.
+  for (int64_t train : {1, 48, 49, 100, 113, 500}) {
+    int64_t n = 0, k = 0;
+    while (k < train) k += s.batch_at(k), ++n;
+    EXPECT_EQ(data::schedule_train_iters(train, s), n) << train;
+  }
+  auto fails = [](const char* text, const char* what) {
+    try {
+      data::parse_step_batch_schedule(text, 32);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--step-batch-size-schedule"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_FALSE(e.hint().empty());
+    }
+  };
+  fails("0:4 64", "expected THRESHOLD:BATCH_SIZE");
+  fails("32:4", "the first entry must have threshold 0");
+  fails("0:4 64:8 70:16", "strictly increasing");  // 64 and 70 tokens are both 2 samples
+  fails("0:0", "must be positive");
+  fails("0:four", "is not a number");
+  fails("", "has no entry");
+  // The batch in effect must split into micro-batches; earlier ones are not checked.
+  data::NumMicroBatchesCalculator odd(2, 2, data::parse_step_batch_schedule("0:6 64:8", 32));
+  EXPECT_NO_THROW(odd.check_from(2, 100));   // past the 6: only the 8 is used
+  EXPECT_THROW(odd.check_from(0, 100), Error);
+  EXPECT_THROW(odd.update(0), Error);
+  EXPECT_NO_THROW(odd.update(2));
+}
+
 // ---- params norm, zeros in the gradients, decoupled LR ----------------------------------
 
 model::ParamStore store(bool second_is_embedding) {
