@@ -1046,6 +1046,12 @@ TEST(Validate, EmbeddingStdSurplusAndLocalRank) {
 TEST(Validate, HfTokenizerSwitches) {
   const Args a = parse_args(with(base_argv(), {"--tokenizer-hf-no-include-special-tokens",
                                                "--tokenizer-hf-no-use-fast"}));
+  const Args sync = parse_args(with(base_argv(), {"--train-sync-interval", "4",
+                                                  "--num-dataset-builder-threads", "8"}));
+  const auto sync_lines = describe_by_design_flags(sync);
+  ASSERT_EQ(sync_lines.size(), 2u);
+  EXPECT_NE(sync_lines[0].find("--train-sync-interval 4: accepted by design"), std::string::npos)
+      << sync_lines[0];
   EXPECT_TRUE(a.tokenizer_hf_no_include_special_tokens);
   EXPECT_FALSE(parse_args(base_argv()).tokenizer_hf_no_include_special_tokens);
   const auto lines = describe_by_design_flags(a);
