@@ -276,87 +276,6 @@ void validate_tensor_parallel(Args& a) {
 
 }
 
-void validate_batch(Args& a) {
-  // Batch: global = micro * DP * num_microbatches.
-  const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
-  if (!a.was_given("global_batch_size")) a.global_batch_size = per_step;
-  if (a.step_batch_size_schedule) {  // Megatron's checks, then the schedule's last batch
-    const char* hint = "the schedule sets the global batch: drop the other flag";
-    MCPP_CHECK_HINT(!a.was_given("global_batch_size"), hint,
-                    "Cannot specify both --step-batch-size-schedule and --global-batch-size");
-    MCPP_CHECK_HINT(!a.rampup_batch_size, hint,
-                    "Cannot specify both --step-batch-size-schedule and --rampup-batch-size");
-    MCPP_CHECK_HINT(!a.decrease_batch_size_if_needed, "drop --decrease-batch-size-if-needed",
-                    "Cannot specify both --step-batch-size-schedule and "
-                    "--decrease-batch-size-if-needed");
-    // Megatron leaves args.global_batch_size at MBS x DP here (so --train-iters runs' decay
-    // samples would count those); the steady-state batch is what the ramp-up uses too.
-    a.global_batch_size =
-        data::parse_step_batch_schedule(*a.step_batch_size_schedule, a.seq_length).final_batch();
-    MCPP_CHECK_HINT(a.global_batch_size % per_step == 0,
-                    fmt::format("make the schedule's batch sizes multiples of {}", per_step),
-                    "--step-batch-size-schedule: the last batch size {} is not a multiple of "
-                    "--micro-batch-size {} x data-parallel size {} = {}",
-                    a.global_batch_size, a.micro_batch_size, a.data_parallel_size, per_step);
-  }
-  if (a.global_batch_size % per_step != 0 && a.decrease_batch_size_if_needed &&
-      a.global_batch_size > per_step) {
-    MCPP_CHECK_HINT(!a.rampup_batch_size,
-                    "give a --global-batch-size that --micro-batch-size x DP divides, or drop "
-                    "--rampup-batch-size",
-                    "--decrease-batch-size-if-needed with --rampup-batch-size is not "
-                    "implemented yet");
-    const int64_t running = a.global_batch_size / per_step * per_step;
-    log::info("decreasing batch size from {} to {} to keep divisibility by micro_batch_size={} "
-              "* data_parallel_size={} (--decrease-batch-size-if-needed: {} samples a step "
-              "counted as skipped)",
-              a.global_batch_size, running, a.micro_batch_size, a.data_parallel_size,
-              a.global_batch_size - running);
-    a.batch_size_deficit = a.global_batch_size - running;
-    a.global_batch_size = running;
-  }
-  if (a.global_batch_size % per_step != 0) {
-    const int64_t lo = a.global_batch_size / per_step * per_step;
-    throw Error(
-        fmt::format("--global-batch-size {} is not a multiple of --micro-batch-size {} x "
-                    "data-parallel size {} = {}",
-                    a.global_batch_size, a.micro_batch_size, a.data_parallel_size, per_step),
-        fmt::format(
-            "use a multiple of {}, e.g. {}{}", per_step,
-            lo > 0 ? fmt::format("{} or {}", lo, lo + per_step) : std::to_string(per_step),
-            lo > 0 ? " (or add --decrease-batch-size-if-needed to round it down)" : ""));
-  }
-  a.num_microbatches = a.global_batch_size / per_step;
-  // Evaluation's batch (Megatron: --eval-global-batch-size defaults to the global batch,
-  // --eval-micro-batch-size to the micro-batch).
-  if (a.eval_micro_batch_size) {
-    MCPP_CHECK_HINT(*a.eval_micro_batch_size > 0, "give --eval-micro-batch-size a value >= 1",
-                    "--eval-micro-batch-size {} must be positive", *a.eval_micro_batch_size);
-    MCPP_CHECK_HINT(*a.eval_micro_batch_size == a.micro_batch_size,
-                    fmt::format("drop --eval-micro-batch-size (evaluation then runs micro-batches "
-                                "of {}); --eval-global-batch-size sets how many samples an "
-                                "evaluation iteration reads",
-                                a.micro_batch_size),
-                    "--eval-micro-batch-size {} differs from --micro-batch-size {}: not "
-                    "implemented yet by megatron.cpp (the model's buffers are sized for the "
-                    "training micro-batch)",
-                    *a.eval_micro_batch_size, a.micro_batch_size);
-  }
-  const int64_t egbs = a.eval_global_batch_size.value_or(a.global_batch_size);
-  MCPP_CHECK_HINT(egbs > 0, "give --eval-global-batch-size a value >= 1",
-                  "--eval-global-batch-size {} must be positive", egbs);
-  MCPP_CHECK_HINT(egbs % per_step == 0,
-                  fmt::format("use a multiple of {}", per_step),
-                  "--eval-global-batch-size {} must be divisible by the eval micro-batch size "
-                  "{} x data-parallel size {} (as in Megatron-LM)",
-                  egbs, a.micro_batch_size, a.data_parallel_size);
-  a.eval_global_batch_size = egbs;
-  a.eval_num_microbatches = egbs / per_step;
-  if (a.start_eval_at_iter)
-    MCPP_CHECK_HINT(*a.start_eval_at_iter >= 0, "give --start-eval-at-iter a value >= 0",
-                    "--start-eval-at-iter {} must not be negative", *a.start_eval_at_iter);
-}
-
 // Pipeline layout, schedule and activation recomputation, as Megatron's validate_args and
 // TransformerConfig.__post_init__ check them -- here, before any process group exists.
 void validate_pipeline(Args& a) {
@@ -641,6 +560,7 @@ void validate_distributed_optimizer_instances(const Args& a);  // validate_disto
 void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
 void validate_qk_layernorm(Args& a);  // ---- q/k layernorm (validate_qk_layernorm.cpp)
 void validate_ckpt_format(Args& a);  // --ckpt-format, conversion (validate_ckpt_format.cpp)
+void validate_batch(Args& a);  // batch sizes, schedules, evaluation's (validate_batch.cpp)
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
