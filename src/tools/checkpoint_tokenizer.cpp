@@ -70,6 +70,20 @@ data::TokenizerArgs checkpoint_tokenizer_args(const Flags& f, const nlohmann::js
       throw Error(fmt::format("--vocab-size expects an integer, got '{}'", vs));
     }
   }
+  // NullTokenizer ids, as the training run set them (or as given here).
+  auto id_of = [&](const char* flag, const char* key) -> std::optional<int64_t> {
+    const std::string v = pick(flag, key);
+    if (v.empty() || v == "None") return std::nullopt;
+    try {
+      return std::stoll(v);
+    } catch (...) {
+      throw Error(fmt::format("{} expects an integer, got '{}'", flag, v));
+    }
+  };
+  if (ta.type == "NullTokenizer") {
+    ta.null_eod_id = id_of("--null-tokenizer-eod-id", "null_tokenizer_eod_id");
+    ta.null_pad_id = id_of("--null-tokenizer-pad-id", "null_tokenizer_pad_id").value_or(-1);
+  }
   ta.include_special_tokens = include_special;
   return ta;
 }

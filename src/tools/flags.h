@@ -165,6 +165,8 @@ inline void add_tokenizer_flags(Flags& f) {
            "TikTokenizer special tokens (default <unk> <s> </s>)")
       .add("--tiktoken-special-tokens", Flags::List, "older name of --tokenizer-special-tokens")
       .add("--vocab-extra-ids", Flags::Value, "SentencePieceTokenizer <extra_id_i> count")
+      .add("--null-tokenizer-eod-id", Flags::Value, "NullTokenizer: the EOD's id")
+      .add("--null-tokenizer-pad-id", Flags::Value, "NullTokenizer: the pad's id (-1: none)")
       .add("--tokenizer-hf-no-include-special-tokens", Flags::Switch,
            "HuggingFaceTokenizer: no template tokens (BOS) in encode, none in decode");
 }
@@ -182,6 +184,8 @@ inline data::TokenizerArgs tokenizer_args(const Flags& f) {
                                                           : f.list("--tiktoken-special-tokens");
   ta.vocab_extra_ids = f.get_int("--vocab-extra-ids", 0);
   ta.include_special_tokens = !f.has("--tokenizer-hf-no-include-special-tokens");
+  ta.null_eod_id = f.get_opt_int("--null-tokenizer-eod-id");
+  ta.null_pad_id = f.get_int("--null-tokenizer-pad-id", -1);
   return ta;
 }
 

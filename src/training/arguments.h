@@ -162,6 +162,9 @@ struct Args {
   std::optional<std::string> vocab_file, merge_file, tokenizer_model;
   // --tokenizer-hf-no-include-special-tokens (data::TokenizerArgs::include_special_tokens).
   bool tokenizer_hf_no_include_special_tokens = false;
+  // --null-tokenizer-eod-id / --null-tokenizer-pad-id (data::NullTokenizer).
+  std::optional<int64_t> null_tokenizer_eod_id;
+  int64_t null_tokenizer_pad_id = -1;
   std::optional<std::string> tiktoken_pattern;  // --tiktoken-pattern v1|v2 (TikTokenizer)
   int64_t tiktoken_num_special_tokens = 1000;   // --tiktoken-num-special-tokens
   std::vector<std::string> special_tokens;      // --tokenizer-special-tokens

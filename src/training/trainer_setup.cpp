@@ -45,6 +45,7 @@ std::unique_ptr<data::Tokenizer> build_tokenizer(const Args& a) {
   t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
   t.special_tokens = a.special_tokens, t.vocab_extra_ids = a.vocab_extra_ids;
   t.include_special_tokens = !a.tokenizer_hf_no_include_special_tokens;
+  t.null_eod_id = a.null_tokenizer_eod_id, t.null_pad_id = a.null_tokenizer_pad_id;
   return data::make_tokenizer(t);
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "data/dataset_builder.h"
 #include "data/tokenizers/tokenizer.h"
 
 using namespace mcpp;
@@ -40,6 +41,36 @@ TEST(NullTokenizer, Semantics) {
   EXPECT_EQ(t->decode(ids), "4 5");
   EXPECT_THROW(t->encode("1 x"), Error);
   EXPECT_THROW(make_tokenizer({.type = "NullTokenizer"}), Error);
+}
+
+// --null-tokenizer-eod-id / --null-tokenizer-pad-id: another id as the EOD, a pad id (whose
+// labels the dataset masks: pad_id_for), ids outside [0, V] and either flag with another
+// tokenizer are errors naming the flag.
+TEST(NullTokenizer, EodAndPadIds) {
+  auto t = make_tokenizer({.type = "NullTokenizer", .vocab_size = 100, .null_eod_id = 0,
+                           .null_pad_id = 7});
+  EXPECT_EQ(t->vocab_size(), 101);
+  EXPECT_EQ(t->eod(), 0);
+  EXPECT_EQ(t->pad(), 7);
+  EXPECT_EQ(pad_id_for(t->pad(), t->eod()), 7);
+  auto plain = make_tokenizer({.type = "NullTokenizer", .vocab_size = 100});
+  EXPECT_EQ(plain->eod(), 100);
+  EXPECT_FALSE(plain->pad().has_value());
+  EXPECT_EQ(pad_id_for(plain->pad(), plain->eod()), -1);
+  auto fails = [](TokenizerArgs a, const char* what) {
+    try {
+      make_tokenizer(a);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  fails({.type = "NullTokenizer", .vocab_size = 100, .null_eod_id = 101},
+        "--null-tokenizer-eod-id 101 is not a token id");
+  fails({.type = "NullTokenizer", .vocab_size = 100, .null_pad_id = -2},
+        "--null-tokenizer-pad-id -2 is not a token id");
+  fails({.type = "GPT2BPETokenizer", .null_eod_id = 3},
+        "--null-tokenizer-eod-id with --tokenizer-type GPT2BPETokenizer");
 }
 
 TEST(Tokenizer, UnknownTypeAndMissingFiles) {

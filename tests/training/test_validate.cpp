@@ -7,6 +7,7 @@
 #include "model/memory_estimate.h"
 #include "test_util.h"
 #include "training/memory_plan.h"
+#include "training/trainer.h"
 #include "training/training_log.h"
 
 using namespace mcpp;
@@ -1052,6 +1053,12 @@ TEST(Validate, HfTokenizerSwitches) {
   ASSERT_EQ(sync_lines.size(), 2u);
   EXPECT_NE(sync_lines[0].find("--train-sync-interval 4: accepted by design"), std::string::npos)
       << sync_lines[0];
+  // --null-tokenizer-eod-id / --null-tokenizer-pad-id reach the NullTokenizer the run builds.
+  const Args null_ids = parse_args(with(base_argv(), {"--null-tokenizer-eod-id", "0",
+                                                      "--null-tokenizer-pad-id", "5"}));
+  const auto tok = build_tokenizer(null_ids);
+  EXPECT_EQ(tok->eod(), 0);
+  EXPECT_EQ(tok->pad(), 5);
   EXPECT_TRUE(a.tokenizer_hf_no_include_special_tokens);
   EXPECT_FALSE(parse_args(base_argv()).tokenizer_hf_no_include_special_tokens);
   const auto lines = describe_by_design_flags(a);

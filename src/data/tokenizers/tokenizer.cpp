@@ -7,9 +7,18 @@
 
 namespace mcpp::data {
 
-NullTokenizer::NullTokenizer(int64_t vocab_size) : v_(vocab_size) {
+NullTokenizer::NullTokenizer(int64_t vocab_size, std::optional<int64_t> eod_id, int64_t pad_id)
+    : v_(vocab_size), eod_(eod_id.value_or(vocab_size)), pad_(pad_id) {
   if (vocab_size <= 0)
     throw Error("NullTokenizer needs --vocab-size > 0", "pass e.g. --vocab-size 32000");
+  MCPP_CHECK_HINT(eod_ >= 0 && eod_ <= vocab_size,
+                  fmt::format("give an id in [0, {}] (the default is {})", vocab_size, vocab_size),
+                  "--null-tokenizer-eod-id {} is not a token id of the NullTokenizer's {} ids",
+                  eod_, vocab_size + 1);
+  MCPP_CHECK_HINT(pad_ >= -1 && pad_ <= vocab_size,
+                  fmt::format("give an id in [0, {}], or -1 for no pad token", vocab_size),
+                  "--null-tokenizer-pad-id {} is not a token id of the NullTokenizer's {} ids",
+                  pad_, vocab_size + 1);
   // Ids are int32 and the EOD id is vocab_size itself: a larger size would wrap them.
   if (vocab_size >= INT32_MAX)
     throw Error(fmt::format("NullTokenizer: --vocab-size {} does not fit the int32 token ids",
@@ -55,9 +64,17 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerArgs& a) {
                             "post-processor's template) that the flag would leave out",
                             a.type),
                 "drop --tokenizer-hf-no-include-special-tokens");
+  if (a.type != "NullTokenizer")
+    for (auto [given, flag] : {std::pair{a.null_eod_id.has_value(), "--null-tokenizer-eod-id"},
+                               std::pair{a.null_pad_id != -1, "--null-tokenizer-pad-id"}})
+      if (given)
+        throw Error(fmt::format("{} with --tokenizer-type {}: it sets an id of the "
+                                "NullTokenizer only",
+                                flag, a.type),
+                    fmt::format("drop {}", flag));
   if (a.type == "NullTokenizer") {
     if (!a.vocab_size) throw Error("--tokenizer-type NullTokenizer needs --vocab-size");
-    return std::make_unique<NullTokenizer>(*a.vocab_size);
+    return std::make_unique<NullTokenizer>(*a.vocab_size, a.null_eod_id, a.null_pad_id);
   }
   if (a.type == "GPT2BPETokenizer")
     return std::make_unique<GPT2BPETokenizer>(a.vocab_file, a.merge_file);

@@ -66,6 +66,9 @@ struct TokenizerArgs {
   // post-processor's template (e.g. Llama-3's BOS) and decode keeps special tokens; off,
   // neither (Megatron's include_special_tokens).
   bool include_special_tokens = true;
+  // NullTokenizer: --null-tokenizer-eod-id, --null-tokenizer-pad-id (-1: no pad).
+  std::optional<int64_t> null_eod_id;
+  int64_t null_pad_id = -1;
 };
 
 // Builds the tokenizer; a missing file or flag is an mcpp::Error naming the flag.
@@ -79,18 +82,25 @@ std::unique_ptr<Tokenizer> make_tiktoken_encoding(const std::string& name,
 
 class NullTokenizer final : public Tokenizer {
  public:
-  explicit NullTokenizer(int64_t vocab_size);
+  // Megatron's legacy size: ids 0..vocab_size, the last the EOD. eod_id
+  // (--null-tokenizer-eod-id) names another id as the EOD; pad_id (--null-tokenizer-pad-id,
+  // -1: none) names the pad, whose labels the dataset masks out of the loss.
+  explicit NullTokenizer(int64_t vocab_size, std::optional<int64_t> eod_id = std::nullopt,
+                         int64_t pad_id = -1);
   void encode(std::string_view text, std::vector<int32_t>& out) const override;
   std::string decode(std::span<const int32_t> ids) const override;
   int64_t vocab_size() const override { return v_ + 1; }
-  int64_t eod() const override { return v_; }
+  int64_t eod() const override { return eod_; }
+  std::optional<int64_t> pad() const override {
+    return pad_ >= 0 ? std::optional<int64_t>(pad_) : std::nullopt;
+  }
   std::string name() const override { return "NullTokenizer"; }
   // Its text is ids: no token has a spelling of its own.
   std::optional<int64_t> token_to_id(std::string_view) const override { return std::nullopt; }
   bool is_special(int64_t) const override { return false; }
 
  private:
-  int64_t v_;
+  int64_t v_, eod_, pad_;
 };
 
 class GPT2BPETokenizer final : public Tokenizer {
