@@ -93,8 +93,6 @@ struct FreqParser {
 
 }  // namespace
 
-}  // namespace
-
 LayerFreq parse_layer_freq(const char* flag, const std::string& spec, const char* hint) {
   FreqParser p{flag, spec, hint};
   const FreqParser::Value v = p.expr();
