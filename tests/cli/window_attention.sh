@@ -67,7 +67,7 @@ refused "$W/serve.log" "--window-size" \
   "$M" serve --load "$W/ck" --inference-max-seq-length 100 --port 0 --threads 1
 
 # Hugging Face: every layer windowed -> Mistral with sliding_window 64, and back.
-run "$W/all.log" "$M" train "${T[@]}" --window-size "(63,0)" --train-iters 2 --save "$W/ck_all"
+run "$W/all.log" "$M" train "${T[@]}" --window-size "(63,0)" --train-iters 6 --save "$W/ck_all"
 run "$W/to_hf.log" "$M" convert --load "$W/ck_all" --to-hf "$W/hf"
 grep -q '"model_type": "mistral"' "$W/hf/config.json" &&
   grep -q '"sliding_window": 64' "$W/hf/config.json" ||
