@@ -11,6 +11,8 @@
 #   * Hugging Face: a model windowed in every layer exports as MistralForCausalLM with
 #     sliding_window 64 and imports back with its window; one windowed in some layers only
 #     is refused (Mistral slides in every layer);
+#   * Megatron's legacy format (--ckpt-format torch) keeps the window (args.window_size,
+#     args.window_attn_skip_freq);
 #   * start-up errors: L < -1, a frequency list of the wrong length.
 set -euo pipefail
 M=$1
@@ -78,6 +80,15 @@ grep -Eq '"left": *63' "$W/back/iter_0000000/metadata.json" ||
 refused "$W/to_hf_bad.log" "slides in every layer" \
   "$M" convert --load "$W/ck" --to-hf "$W/hf_bad"
 [ ! -e "$W/hf_bad/config.json" ] || { echo "a refused export wrote config.json"; exit 1; }
+
+# Megatron's legacy format (--ckpt-format torch) keeps the window in its args, and
+# `convert --from-megatron` reads it back.
+run "$W/torch.log" "$M" train "${T[@]}" "${SWA[@]}" --train-iters 6 --ckpt-format torch \
+    --save "$W/U" --save-interval 6
+run "$W/from_meg.log" "$M" convert --from-megatron "$W/U" --save "$W/C"
+grep -q '"window": {"left": 63, "pattern": \[1, 0\]}' "$W/C/iter_0000006/metadata.json" ||
+  grep -Eq '"left": *63' "$W/C/iter_0000006/metadata.json" ||
+  { echo "--from-megatron lost the window"; grep -o '"window"[^}]*}' "$W/C"/*/metadata.json; exit 1; }
 
 # Start-up errors.
 refused "$W/bad1.log" "--window-size" "$M" train "${T[@]}" --window-size "(-2,0)" --train-iters 1
