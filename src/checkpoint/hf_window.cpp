@@ -93,10 +93,11 @@ void window_to_hf(const model::TransformerConfig& c, const std::string& type, js
   j["layer_types"] = types;
   j["max_window_layers"] = first;  // what readers without layer_types go by
   if (!suffix)
-    log::warn("Hugging Face export ({}): the window layers are not the last ones, which "
-              "max_window_layers cannot say; layer_types says it (transformers versions that "
-              "do not read layer_types would slide in layers >= {})",
-              type, first);
+    log::warn(
+        "Hugging Face export ({}): the window layers are not the last ones, which "
+        "max_window_layers cannot say; layer_types says it (transformers versions that "
+        "do not read layer_types would slide in layers >= {})",
+        type, first);
 }
 
 }  // namespace mcpp::checkpoint

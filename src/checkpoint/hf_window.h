@@ -19,13 +19,11 @@ namespace mcpp::checkpoint {
 
 // config.json's window fields into c (whose num_layers and max_position_embeddings are
 // read); malformed fields are errors naming them.
-void window_from_hf(const nlohmann::json& j, const std::string& type,
-                    model::TransformerConfig& c);
+void window_from_hf(const nlohmann::json& j, const std::string& type, model::TransformerConfig& c);
 
 // c's window into the config.json `j` of model_type `type` (mistral, mixtral, qwen2, qwen3,
 // qwen3_moe): sliding_window null without window layers. A pattern the class cannot
 // express (Mistral and Mixtral slide in every layer) is an error.
-void window_to_hf(const model::TransformerConfig& c, const std::string& type,
-                  nlohmann::json& j);
+void window_to_hf(const model::TransformerConfig& c, const std::string& type, nlohmann::json& j);
 
 }  // namespace mcpp::checkpoint

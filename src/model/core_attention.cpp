@@ -114,9 +114,8 @@ void CoreAttention::backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Te
                                                    lse(s, ws), *cx.cp_comm, dqkv, cx.stream());
     return;
   }
-  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws), with_keep(layer_dims(cx, layer_), s),
-                          cx.scale,
-                          cx.p_attn,
+  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws),
+                          with_keep(layer_dims(cx, layer_), s), cx.scale, cx.p_attn,
                           dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), dqkv,
                           cx.stream());
 }

@@ -79,11 +79,10 @@ namespace {
 void attach_window(StepContext& cx, const MicroBatch& mb) {
   if (!cx.cfg->has_window_layers()) return;
   const int64_t L = cx.cfg->window_left, B = cx.B, S = cx.S;
-  MCPP_CHECK(!mb.key_start.defined() || (mb.key_start.dtype() == DType::I64 &&
-                                         mb.key_start.device() == Device::CPU &&
-                                         mb.key_start.numel() == B * S),
-             "document masking: {} is not i64 [B={}, S={}] on the host", mb.key_start.str(), B,
-             S);
+  MCPP_CHECK(!mb.key_start.defined() ||
+                 (mb.key_start.dtype() == DType::I64 && mb.key_start.device() == Device::CPU &&
+                  mb.key_start.numel() == B * S),
+             "document masking: {} is not i64 [B={}, S={}] on the host", mb.key_start.str(), B, S);
   Tensor ks = Tensor::empty({B, S}, DType::I64);
   int64_t* out = ks.data<int64_t>();
   const int64_t* doc = mb.key_start.defined() ? mb.key_start.data<int64_t>() : nullptr;

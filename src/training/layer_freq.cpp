@@ -1,10 +1,10 @@
 // Megatron's moe_freq_type expressions (layer_freq.h).
 #include "training/layer_freq.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <variant>
-
-#include <fmt/format.h>
 
 #include "base/error.h"
 

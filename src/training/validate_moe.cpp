@@ -14,10 +14,10 @@
 namespace mcpp::training {
 
 std::vector<int64_t> parse_moe_layer_freq(const std::string& spec, int64_t num_layers) {
-  const LayerFreq f = parse_layer_freq("--moe-layer-freq", spec,
-                                       "give an integer N (every N-th layer is a MoE layer) or a list "
-                                       "with one 0/1 entry per layer, e.g. \"([0]+[1]*3)\" for "
-                                       "4 layers");
+  const LayerFreq f =
+      parse_layer_freq("--moe-layer-freq", spec,
+                       "give an integer N (every N-th layer is a MoE layer) or a list "
+                       "with one 0/1 entry per layer, e.g. \"([0]+[1]*3)\" for 4 layers");
   std::vector<int64_t> pattern;
   if (f.every) {
     const int64_t n = *f.every;

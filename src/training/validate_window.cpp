@@ -45,8 +45,8 @@ WindowSize parse_window_size(const std::string& spec) {
     v.push_back(std::stoll(t));
     start = i + 1;
   }
-  MCPP_CHECK_HINT(v.size() == 2, kWindowSizeHint, "--window-size '{}' has {} values, expected 2 (L,R)",
-                  spec, v.size());
+  MCPP_CHECK_HINT(v.size() == 2, kWindowSizeHint,
+                  "--window-size '{}' has {} values, expected 2 (L,R)", spec, v.size());
   MCPP_CHECK_HINT(v[0] >= -1, kWindowSizeHint,
                   "--window-size '{}': L = {} must be -1 (unbounded) or >= 0", spec, v[0]);
   return {v[0], v[1]};
@@ -69,15 +69,15 @@ std::vector<int64_t> window_layer_pattern(const std::optional<WindowSize>& windo
     return pattern;
   }
   MCPP_CHECK_HINT(int64_t(f.list.size()) == num_layers, kWindowFreqHint,
-                  "--window-attn-skip-freq '{}' has {} entries but --num-layers is {}",
-                  *skip_freq, f.list.size(), num_layers);
+                  "--window-attn-skip-freq '{}' has {} entries but --num-layers is {}", *skip_freq,
+                  f.list.size(), num_layers);
   for (int64_t l = 0; l < num_layers; ++l) pattern[size_t(l)] = f.list[size_t(l)] != 0 ? 1 : 0;
   return pattern;
 }
 
 bool is_layer_window_attention(const std::optional<WindowSize>& window,
-                               const std::optional<std::string>& skip_freq,
-                               int64_t layer_number, int64_t num_layers) {
+                               const std::optional<std::string>& skip_freq, int64_t layer_number,
+                               int64_t num_layers) {
   MCPP_CHECK(layer_number >= 1 && layer_number <= num_layers,
              "layer number {} outside [1, {}] (1-based)", layer_number, num_layers);
   return window_layer_pattern(window, skip_freq, num_layers)[size_t(layer_number - 1)] == 1;
@@ -87,16 +87,18 @@ void validate_window(Args& a) {
   a.window_left = -1, a.window_layer_pattern.clear();
   if (!a.window_size) {
     if (a.window_attn_skip_freq)
-      log::warn("--window-attn-skip-freq {} without --window-size: no layer has a window "
-                "(Megatron ignores it likewise)",
-                *a.window_attn_skip_freq);
+      log::warn(
+          "--window-attn-skip-freq {} without --window-size: no layer has a window "
+          "(Megatron ignores it likewise)",
+          *a.window_attn_skip_freq);
     return;
   }
   const WindowSize w = parse_window_size(*a.window_size);
   if (w.right != 0)
-    log::warn("--window-size ({}, {}): attention is causal, which makes the window ({}, 0) as "
-              "TransformerEngine's causal mask does (a query never sees later keys)",
-              w.left, w.right, w.left);
+    log::warn(
+        "--window-size ({}, {}): attention is causal, which makes the window ({}, 0) as "
+        "TransformerEngine's causal mask does (a query never sees later keys)",
+        w.left, w.right, w.left);
   // Checked even where L = -1 leaves every layer full, so a typo fails at once.
   const auto pattern = window_layer_pattern(w, a.window_attn_skip_freq, a.num_layers);
   if (w.left < 0) return;  // -1: an unbounded window is plain causal attention

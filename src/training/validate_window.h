@@ -22,8 +22,8 @@ WindowSize parse_window_size(const std::string& spec);
 // layer_number is 1-based and global (pipeline stages and virtual stages offset it).
 // The frequency is --window-attn-skip-freq's text (checked: N >= 1, one entry per layer).
 bool is_layer_window_attention(const std::optional<WindowSize>& window,
-                               const std::optional<std::string>& skip_freq,
-                               int64_t layer_number, int64_t num_layers);
+                               const std::optional<std::string>& skip_freq, int64_t layer_number,
+                               int64_t num_layers);
 
 // The per-layer pattern (1: a window layer), one entry per layer, for the two flags.
 std::vector<int64_t> window_layer_pattern(const std::optional<WindowSize>& window,

@@ -41,7 +41,8 @@ run "$W/plain.log" "$M" train "${T[@]}" --train-iters 10
   echo "note: the first losses differ already"
 [ "$(losses "$W/swa.log" | tail -1)" != "$(losses "$W/plain.log" | tail -1)" ] ||
   { echo "the window did not change training"; exit 1; }
-echo "losses at 10: window $(losses "$W/swa.log" | tail -1), plain $(losses "$W/plain.log" | tail -1)"
+echo "losses at 10: window $(losses "$W/swa.log" | tail -1)," \
+  "plain $(losses "$W/plain.log" | tail -1)"
 grep -q '"window": {"left": 63, "pattern": \[1, 0\]}' "$W/ck/iter_0000010/metadata.json" ||
   grep -Eq '"window": *\{' "$W/ck/iter_0000010/metadata.json" ||
   { echo "the checkpoint does not record the window"; exit 1; }
@@ -88,7 +89,7 @@ run "$W/torch.log" "$M" train "${T[@]}" "${SWA[@]}" --train-iters 6 --ckpt-forma
 run "$W/from_meg.log" "$M" convert --from-megatron "$W/U" --save "$W/C"
 grep -q '"window": {"left": 63, "pattern": \[1, 0\]}' "$W/C/iter_0000006/metadata.json" ||
   grep -Eq '"left": *63' "$W/C/iter_0000006/metadata.json" ||
-  { echo "--from-megatron lost the window"; grep -o '"window"[^}]*}' "$W/C"/*/metadata.json; exit 1; }
+  { echo "--from-megatron lost the window"; exit 1; }
 
 # Start-up errors.
 refused "$W/bad1.log" "--window-size" "$M" train "${T[@]}" --window-size "(-2,0)" --train-iters 1

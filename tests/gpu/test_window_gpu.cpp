@@ -94,8 +94,6 @@ void compare_step(DType dt, bool docs, double tol_logits, double tol_grad) {
 TEST(GpuSlidingWindow, F32MatchesCpu) { compare_step(DType::F32, false, 1e-5, 1e-4); }
 TEST(GpuSlidingWindow, F32WithDocumentsMatchesCpu) { compare_step(DType::F32, true, 1e-5, 1e-4); }
 TEST(GpuSlidingWindow, Bf16CloseToCpu) { compare_step(DType::BF16, false, 3e-2, 8e-2); }
-TEST(GpuSlidingWindow, Bf16WithDocumentsCloseToCpu) {
-  compare_step(DType::BF16, true, 3e-2, 8e-2);
-}
+TEST(GpuSlidingWindow, Bf16WithDocumentsCloseToCpu) { compare_step(DType::BF16, true, 3e-2, 8e-2); }
 
 }  // namespace window_gpu_test

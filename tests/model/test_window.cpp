@@ -78,7 +78,7 @@ Reference naive_band_attention(const Tensor& qkv, const AttentionDims& d, int64_
 void expect_op_matches_band(bool docs) {
   Stream& st = Stream::cpu();
   AttentionDims d = dims(70, 2, 4, 2, 8);  // two 64-row tiles
-  const int64_t L = docs ? 3 : 9;  // the documents are at most 7 long
+  const int64_t L = docs ? 3 : 9;          // the documents are at most 7 long
   const std::vector<int64_t> doc = doc_starts(d.B, d.S, docs);
   d.key_start = Tensor::empty({d.B, d.S}, DType::I64);  // the model's rule, max(doc, q - L)
   for (int64_t b = 0; b < d.B; ++b)
@@ -100,7 +100,8 @@ void expect_op_matches_band(bool docs) {
   // The band changed the result (the reference with an unbounded window differs).
   const Reference wide = naive_band_attention(qkv, d, d.S, doc, scale);
   double diff = 0;
-  for (size_t i = 0; i < wide.out.size(); ++i) diff = std::max(diff, std::abs(wide.out[i] - r.out[i]));
+  for (size_t i = 0; i < wide.out.size(); ++i)
+    diff = std::max(diff, std::abs(wide.out[i] - r.out[i]));
   EXPECT_GT(diff, 1e-3);
 }
 
@@ -159,7 +160,9 @@ void expect_window_equals_slices(bool docs) {
 }
 
 TEST(SlidingWindow, ModelEqualsPlainModelOnWindowSlices) { expect_window_equals_slices(false); }
-TEST(SlidingWindow, ModelWithDocumentsEqualsPlainModelOnSlices) { expect_window_equals_slices(true); }
+TEST(SlidingWindow, ModelWithDocumentsEqualsPlainModelOnSlices) {
+  expect_window_equals_slices(true);
+}
 
 // A window that covers the sequence changes nothing, bit for bit.
 TEST(SlidingWindow, WindowCoveringTheSequenceIsBitwisePlain) {

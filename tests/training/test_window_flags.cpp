@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "model/config.h"
+#include "test_util.h"
 #include "training/memory_plan.h"
 #include "training/validate_window.h"
-#include "test_util.h"
 
 namespace window_flags_test {
 
@@ -64,9 +64,9 @@ TEST(WindowFlags, ValidateSetsTheModelWindow) {
   EXPECT_EQ(c.window_positions(), 6);
   // Unbounded (-1) or absent: no window layer.
   // (A value starting with '-' is a flag to argparse as here: "(-1,0)" or --window-size=-1,0.)
-  for (const auto& v : {with(base_argv(), {"--window-size", "(-1,0)"}),
-                        with(base_argv(), {"--window-size=-1,0"}), base_argv(),
-                        with(base_argv(), {"--window-attn-skip-freq", "2"})}) {
+  for (const auto& v :
+       {with(base_argv(), {"--window-size", "(-1,0)"}), with(base_argv(), {"--window-size=-1,0"}),
+        base_argv(), with(base_argv(), {"--window-attn-skip-freq", "2"})}) {
     Args b = parse_and_validate(v);
     b.padded_vocab_size = 128;
     EXPECT_EQ(b.window_left, -1);
@@ -83,8 +83,11 @@ TEST(WindowFlags, StartUpErrors) {
             with(base_argv(), {"--window-size", "4,0", "--window-attn-skip-freq", "[1,0,1]"}));
       },
       {"--window-attn-skip-freq", "3 entries", "--num-layers is 2"});
-  expect_error([] { parse_and_validate(with(base_argv(), {"--window-size", "4"})); },
-               {"--window-size", "expected 2"});
+  expect_error(
+      [] {
+        parse_and_validate(with(base_argv(), {"--window-size", "4"}));
+      },
+      {"--window-size", "expected 2"});
 }
 
 TEST(WindowFlags, RightExtentWarnsAndBecomesZero) {
@@ -107,8 +110,7 @@ TEST(WindowFlags, PipelineStagesUseGlobalLayerNumbers) {
       with(without(base_argv(), "--num-layers"),
            {"--num-layers", "8", "--pipeline-model-parallel-size", "2",
             "--num-layers-per-virtual-pipeline-stage", "2", "--global-batch-size", "8",
-            "--window-size", "3,0",
-            "--window-attn-skip-freq", freq}),
+            "--window-size", "3,0", "--window-attn-skip-freq", freq}),
       2);
   a.padded_vocab_size = 128;
   const model::TransformerConfig c = model_config(a, Device::CPU, DType::F32);
