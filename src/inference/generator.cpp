@@ -214,9 +214,10 @@ void check_window_reach(const model::TransformerConfig& c, int64_t positions,
                         const char* what) {
   const int64_t W = c.window_positions();
   MCPP_CHECK_HINT(positions <= W,
-                  fmt::format("keep prompt + new tokens within {} positions (--window-size L "
-                              "+ 1), e.g. a shorter prompt or --num-tokens-to-generate",
-                              W),
+                  fmt::format("keep each sequence within {} positions (L + 1 of --window-size "
+                              "L,0): a shorter prompt, fewer --num-tokens-to-generate, or "
+                              "--inference-max-seq-length {} (serve)",
+                              W, W),
                   "{}: {} positions, but the model's sliding window (--window-size {},0) "
                   "covers {}; generation with a KV cache attends without a window, so it "
                   "refuses sequences beyond it",
