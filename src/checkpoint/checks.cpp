@@ -79,6 +79,16 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
                   "the file is corrupt or was edited by hand",
                   "{}: model.mtp_num_layers is {}, expected 0..num_layers (with RoPE)", where,
                   c.mtp_num_layers);
+  if (c.window_left >= 0) {  // sliding-window attention
+    size(c.window_left, "window.left", 0);
+    MCPP_CHECK_HINT(int64_t(c.window_pattern.size()) == c.num_layers,
+                    "the file is corrupt or was edited by hand",
+                    "{}: model.window.pattern has {} entries, expected num_layers {}", where,
+                    c.window_pattern.size(), c.num_layers);
+    for (int64_t x : c.window_pattern)
+      MCPP_CHECK_HINT(x == 0 || x == 1, "the file is corrupt or was edited by hand",
+                      "{}: model.window.pattern holds {}, expected 0 or 1", where, x);
+  }
   size(c.hidden_size, "hidden_size");
   size(c.ffn_hidden_size, "ffn_hidden_size");
   size(c.num_attention_heads, "num_attention_heads");

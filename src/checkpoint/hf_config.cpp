@@ -8,6 +8,7 @@
 #include "checkpoint/hf.h"
 #include "checkpoint/hf_moe.h"
 #include "checkpoint/hf_rope.h"
+#include "checkpoint/hf_window.h"
 
 namespace mcpp::checkpoint {
 
@@ -33,61 +34,6 @@ const char* torch_dtype(DType t) {
 bool is_llama_like(const std::string& type) {
   return type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3";
 }
-
-// Sliding-window attention (query i sees key j only when i - j < sliding_window) is not
-// implemented. A window at least max_position_embeddings long never applies (an imported
-// model trains and generates within that length), so it is accepted; a shorter one in any
-// layer is an error naming the field. Where the classes slide:
-//  * Mistral: every layer, by sliding_window (MistralConfig's default 4096 when absent);
-//  * Qwen2 / Qwen3: only with use_sliding_window, in the layers layer_types calls
-//    "sliding_attention" (without layer_types: layers >= max_window_layers, default 28), by
-//    sliding_window (default 4096).
-void check_full_attention(const json& j, const std::string& type, int64_t layers, int64_t max_pos) {
-  const bool mistral = type == "mistral";
-  const json use = j.value("use_sliding_window", json(false));
-  MCPP_CHECK_HINT(mistral || use.is_boolean(), "check config.json",
-                  "Hugging Face config.json ({}): use_sliding_window {} is not true or false", type,
-                  use.dump());
-  const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
-  int64_t sliding = layers;  // Mistral: every layer
-  if (!mistral) {
-    const json types = j.value("layer_types", json());
-    if (!types.is_null()) {
-      MCPP_CHECK_HINT(types.is_array() && int64_t(types.size()) == layers, "check config.json",
-                      "Hugging Face config.json ({}): layer_types {} is not a list of {} layer "
-                      "types",
-                      type, types.dump(), layers);
-      sliding = 0;
-      for (const json& t : types) {
-        MCPP_CHECK_HINT(t == "full_attention" || t == "sliding_attention",
-                        "megatron.cpp's layers are full (causal) attention layers",
-                        "Hugging Face config.json ({}): layer_types holds {}", type, t.dump());
-        sliding += t == "sliding_attention" ? 1 : 0;
-      }
-    } else {
-      const json first = j.value("max_window_layers", json(28));
-      MCPP_CHECK_HINT(first.is_number_integer() && first.get<int64_t>() >= 0, "check config.json",
-                      "Hugging Face config.json ({}): max_window_layers {} is not an integer >= 0",
-                      type, first.dump());
-      sliding = std::max<int64_t>(0, layers - first.get<int64_t>());
-    }
-    if (!use.get<bool>()) sliding = 0;
-  }
-  if (w.is_null() || sliding == 0) return;
-  MCPP_CHECK_HINT(w.is_number_integer() && w.get<int64_t>() >= 1, "check config.json",
-                  "Hugging Face config.json ({}): sliding_window {} is not a positive integer",
-                  type, w.dump());
-  MCPP_CHECK_HINT(w.get<int64_t>() >= max_pos,
-                  fmt::format("sliding-window attention is not implemented; a window at least "
-                              "max_position_embeddings long never applies: set "
-                              "max_position_embeddings to {} in config.json to use the model "
-                              "on sequences of up to {} tokens",
-                              w.get<int64_t>(), w.get<int64_t>()),
-                  "Hugging Face config.json ({}) has sliding_window {} in {} of its {} layers, "
-                  "shorter than max_position_embeddings {}",
-                  type, w.get<int64_t>(), sliding, layers, max_pos);
-}
-
 
 }  // namespace
 
@@ -141,6 +87,10 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
   if (c.moe.num_experts > 0)
     return hf_moe::moe_arch_of(c) == hf_moe::MoeArch::Qwen3Moe ? HfArch::Qwen3Moe : HfArch::Mixtral;
   if (!c.rope && !c.rmsnorm && !c.swiglu) {
+    MCPP_CHECK_HINT(!c.has_window_layers(),
+                    "keep the checkpoint in megatron.cpp's format, or train a Mistral-style "
+                    "model (RoPE, RMSNorm, SwiGLU, --disable-bias-linear)",
+                    "GPT2LMHeadModel has no sliding-window attention (--window-size)");
     MCPP_CHECK_HINT(!c.qk_layernorm, "drop --qk-layernorm (Qwen3 is RoPE + RMSNorm + SwiGLU)",
                     "GPT2LMHeadModel has no q/k norms (--qk-layernorm)");
     MCPP_CHECK_HINT(c.add_bias_linear && c.tie_embeddings,
@@ -187,6 +137,15 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
   }
   // Qwen2: Llama + biases on q/k/v_proj only (Megatron's --add-qkv-bias).
   if (c.qkv_bias() && !c.add_bias_linear) return HfArch::Qwen2;
+  // Llama has no sliding window; Mistral (Llama without biases) slides in every layer.
+  if (c.has_window_layers()) {
+    MCPP_CHECK_HINT(!c.add_bias_linear,
+                    "train the windowed model with --disable-bias-linear (MistralForCausalLM), "
+                    "or keep the checkpoint in megatron.cpp's format",
+                    "a sliding-window model with linear biases has no Hugging Face equivalent "
+                    "(LlamaForCausalLM has no window, MistralForCausalLM no biases)");
+    return HfArch::Mistral;
+  }
   return HfArch::Llama;
 }
 
@@ -256,12 +215,8 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
     // attention_bias is false here) reads attention_bias, and none of them mlp_bias.
     j.erase("mlp_bias");
     if (arch != HfArch::Qwen3) j.erase("attention_bias");
-    j["sliding_window"] = nullptr;  // full attention in every layer
-    if (arch != HfArch::Mistral) {
-      j["use_sliding_window"] = false;
-      j["max_window_layers"] = c.num_layers;
-    }
   }
+  if (arch != HfArch::Llama) window_to_hf(c, hf_model_type(arch), j);  // hf_window.h
   // The RoPE base and scaling in 4.x's spelling (rope_theta, rope_scaling); the MoE classes,
   // and any scaled model, in 5.x's rope_parameters too.
   hf_rope::rope_to_hf(c, moe, j);
@@ -378,8 +333,7 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.init_method_std = j.value("initializer_range", 0.02);
       if (hf_moe::is_moe_model_type(type))
         hf_moe::moe_config_from_hf(j, type, c);
-      else if (type != "llama")
-        check_full_attention(j, type, c.num_layers, c.max_position_embeddings);
+      if (type != "llama") window_from_hf(j, type, c);  // sliding window (hf_window.h)
     } else {
       MCPP_FAIL(
           "Hugging Face model_type '{}' is not supported (gpt2, llama, mistral, qwen2, qwen3, "

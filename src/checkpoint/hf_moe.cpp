@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "checkpoint/hf_window.h"
 #include "model/module.h"
 
 namespace mcpp::checkpoint::hf_moe {
@@ -79,16 +80,7 @@ void moe_config_from_hf(const json& j, const std::string& type, model::Transform
                   "Hugging Face config.json ({}): router_aux_loss_coef {} is not a number >= 0",
                   type, coef.dump());
   c.moe.aux_loss_coeff = coef.get<double>();
-  // Qwen3 keeps sliding_window set (4096) and switches it with use_sliding_window.
-  const bool sliding = qwen ? j.value("use_sliding_window", json(false)) != json(false) : true;
-  const json sw = sliding ? j.value("sliding_window", json()) : json();
-  MCPP_CHECK_HINT(
-      sw.is_null() || (sw.is_number_integer() && sw.get<int64_t>() >= c.max_position_embeddings),
-      "sliding-window attention is not implemented; a window at least "
-      "max_position_embeddings long never applies (set it to null)",
-      "Hugging Face config.json ({}) has sliding_window {} (max_position_embeddings "
-      "{})",
-      type, sw.dump(), c.max_position_embeddings);
+  window_from_hf(j, type, c);  // sliding-window attention (hf_window.h)
   const json jitter = j.value("router_jitter_noise", json(0.0));
   if (!jitter.is_number() || jitter.get<double>() != 0.0)
     log::warn(

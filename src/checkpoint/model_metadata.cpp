@@ -85,6 +85,11 @@ json model_config_json(const model::TransformerConfig& c) {
   if (c.rotary_interleaved) j["rotary_interleaved"] = true;  // --rotary-interleaved (absent: off)
   if (c.mla.on) j["mla"] = mla_config_json(c.mla);  // multi-latent attention (absent: off)
   if (c.mtp_num_layers > 0) j["mtp_num_layers"] = c.mtp_num_layers;  // MTP depths (absent: 0)
+  if (c.has_window_layers()) {  // sliding-window attention (absent: none)
+    std::vector<int64_t> pattern;
+    for (int64_t l = 0; l < c.num_layers; ++l) pattern.push_back(c.is_window_layer(l) ? 1 : 0);
+    j["window"] = {{"left", c.window_left}, {"pattern", pattern}};
+  }
   return j;
 }
 
@@ -125,6 +130,10 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.rotary_interleaved = j.value("rotary_interleaved", false);      // --rotary-interleaved
   if (j.contains("mla")) c.mla = mla_config_from_json(j.at("mla"));  // multi-latent attention
   c.mtp_num_layers = j.value("mtp_num_layers", int64_t(0));          // --mtp-num-layers
+  if (j.contains("window")) {  // --window-size, --window-attn-skip-freq
+    c.window_left = j.at("window").at("left");
+    c.window_pattern = j.at("window").at("pattern").get<std::vector<int64_t>>();
+  }
   } catch (const json::exception& e) {
     MCPP_FAIL("{}/{}: malformed 'model' field: {}", iter_dir, kMetadataFile, e.what());
   }
@@ -172,6 +181,11 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   if (saved.value("rotary_interleaved", false) != cur.rotary_interleaved)
     differ("rotary_interleaved (--rotary-interleaved)", saved.value("rotary_interleaved", false),
            cur.rotary_interleaved);
+  {  // sliding-window attention: the same tensors, another function of them (absent: none)
+    const json off = json(nullptr), &a = saved.contains("window") ? saved["window"] : off;
+    const json b = now.contains("window") ? now["window"] : off;
+    if (a != b) differ("window (--window-size, --window-attn-skip-freq)", a, b);
+  }
   if (saved.value("mtp_num_layers", int64_t(0)) != cur.mtp_num_layers)  // --mtp-num-layers
     differ("mtp_num_layers", saved.value("mtp_num_layers", int64_t(0)), cur.mtp_num_layers);
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm

@@ -83,6 +83,11 @@ void TransformerConfig::validate() const {
                "--rotary-seq-len-interpolation-factor {} must be positive",
                seq_len_interpolation_factor);
   }
+  MCPP_CHECK_HINT(window_left >= -1, "give --window-size L,0 with L >= -1",
+                  "sliding window: left extent {} must be -1 (none) or >= 0", window_left);
+  MCPP_CHECK(window_pattern.empty() || int64_t(window_pattern.size()) == num_layers,
+             "--window-attn-skip-freq lists {} layers, the model has {}", window_pattern.size(),
+             num_layers);
   if (moe.num_experts > 0) {
     MCPP_CHECK(moe.topk >= 1 && moe.topk <= moe.num_experts, "--moe-router-topk {} outside [1, {}]",
                moe.topk, moe.num_experts);

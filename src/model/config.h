@@ -2,6 +2,7 @@
 // TransformerConfig, with the local (per TP rank) sizes derived in one place.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,27 @@ struct TransformerConfig {
   // --rotary-interleaved: RoPE on pairs (2i, 2i + 1) (ops/rope_interleave.h: the query and
   // key heads permuted once, then the rotate-half RoPE).
   bool rotary_interleaved = false;
+  // Sliding-window attention (--window-size L,0 and --window-attn-skip-freq): in a window
+  // layer the query at global position q sees the keys in [q - window_left, q] (and of its
+  // document, --reset-attention-mask). window_left -1: no window layer. window_pattern: per
+  // global layer (0-based) 1 for a window layer; empty with a window: every layer.
+  int64_t window_left = -1;
+  std::vector<int64_t> window_pattern;
+  bool is_window_layer(int64_t layer) const {
+    return window_left >= 0 && !is_mtp_layer(layer) &&
+           (window_pattern.empty() || window_pattern.at(size_t(layer)) == 1);
+  }
+  bool has_window_layers() const {
+    if (window_left < 0) return false;
+    for (int64_t l = 0; l < num_layers; ++l)
+      if (is_window_layer(l)) return true;
+    return false;
+  }
+  // Generation's KV-cache attention has no window: a windowed model generates only while
+  // every key is inside it, L + 1 positions (INT64_MAX without window layers).
+  int64_t window_positions() const {
+    return has_window_layers() ? window_left + 1 : std::numeric_limits<int64_t>::max();
+  }
   double rotary_base = 10000;            // --rotary-base
   double rotary_percent = 1.0;           // --rotary-percent
   // Llama 3.x RoPE scaling (ops::rope_inv_freq): low frequencies divided by the factor,

@@ -12,6 +12,14 @@ CoreAttention::CoreAttention(const TransformerConfig& c, int layer)
     : layer_(layer), keep_(keeps_output(c)) {}
 
 namespace {
+// The step's attention dims as this layer sees them: a window layer's key starts
+// (StepContext::window_key_start) in place of the document's.
+ops::AttentionDims layer_dims(const StepContext& cx, int layer) {
+  ops::AttentionDims d = cx.ad;
+  if (cx.window_key_start.defined() && cx.cfg->is_window_layer(layer))
+    d.key_start = cx.window_key_start;
+  return d;
+}
 // This layer's context-parallel attention (cx.cp_comm set: CP > 1).
 parallel::context_parallel::CpAttention cp_args(const StepContext& cx, int layer) {
   namespace cpa = parallel::context_parallel;
@@ -23,7 +31,7 @@ parallel::context_parallel::CpAttention cp_args(const StepContext& cx, int layer
            : t == C::A2AP2P    ? cpa::CommType::A2AP2P
                                : cpa::CommType::P2P;
   a.a2a = cx.cp_a2a_comm, a.p2p = cx.cp_p2p_comm;
-  a.ad = cx.ad, a.scale = cx.scale, a.dropout_p = cx.p_attn;
+  a.ad = layer_dims(cx, layer), a.scale = cx.scale, a.dropout_p = cx.p_attn;
   a.key = dropout_key(*cx.cfg, cx.keys, layer, DropoutSite::AttnProbs);
   return a;
 }
@@ -77,7 +85,7 @@ void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
                                                   ctx(s, ws), lse(s, ws), cx.stream());
     return;
   }
-  ops::attention_forward(qkv, with_keep(cx.ad, s), cx.scale, cx.p_attn,
+  ops::attention_forward(qkv, with_keep(layer_dims(cx, layer_), s), cx.scale, cx.p_attn,
                          dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), ctx(s, ws),
                          lse(s, ws), cx.stream());
 }
@@ -106,8 +114,8 @@ void CoreAttention::backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Te
                                                    lse(s, ws), *cx.cp_comm, dqkv, cx.stream());
     return;
   }
-  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws), with_keep(cx.ad, s), cx.scale,
-                          cx.p_attn,
+  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws),
+                          with_keep(layer_dims(cx, layer_), s), cx.scale, cx.p_attn,
                           dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), dqkv,
                           cx.stream());
 }

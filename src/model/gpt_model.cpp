@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "base/log.h"
@@ -71,12 +72,42 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
 GPTModel::~GPTModel() = default;
 
 namespace {
+// Sliding-window attention: the window layers' key starts, [B, S] i64 on the model's device,
+// max(document start, q - L) for the row at global position q (this CP rank's two chunks:
+// Dims::cp_chunk_start). Built on the host once per pass of a chunk, for all its window
+// layers; the kernels' document-mask path (ops::AttentionDims::key_start) applies it.
+void attach_window(StepContext& cx, const MicroBatch& mb) {
+  if (!cx.cfg->has_window_layers()) return;
+  const int64_t L = cx.cfg->window_left, B = cx.B, S = cx.S;
+  MCPP_CHECK(!mb.key_start.defined() ||
+                 (mb.key_start.dtype() == DType::I64 && mb.key_start.device() == Device::CPU &&
+                  mb.key_start.numel() == B * S),
+             "document masking: {} is not i64 [B={}, S={}] on the host", mb.key_start.str(), B, S);
+  Tensor ks = Tensor::empty({B, S}, DType::I64);
+  int64_t* out = ks.data<int64_t>();
+  const int64_t* doc = mb.key_start.defined() ? mb.key_start.data<int64_t>() : nullptr;
+  for_each_global_run(cx, 0, S, [&](int64_t row, int64_t n, int64_t q0) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = row; i < row + n; ++i) {
+        const int64_t q = q0 + i - row, from_doc = doc ? doc[b * S + i] : 0;
+        out[b * S + i] = std::max(from_doc, q - L);
+      }
+  });
+  if (cx.dev == Device::CPU) {
+    cx.window_key_start = ks;
+  } else {  // (the pageable copy returns once ks is staged: ks may go)
+    cx.window_key_start = Tensor::empty({B, S}, DType::I64, cx.dev);
+    ops::copy(ks, cx.window_key_start, cx.stream());
+  }
+}
+
 // Document masking: the micro-batch's per-token positions and document starts, on the
 // model's device, copied once per forward and once per backward of a chunk. Positions go
 // sequence-first ([S, B], the rows of the activations: RoPE's table and the learned
 // position lookup read them per row, an SP shard is a narrow); key_start stays [B, S] (the
 // attention kernels read it per sequence).
 void attach_documents(StepContext& cx, const MicroBatch& mb) {
+  attach_window(cx, mb);
   if (!mb.position_ids.defined() && !mb.key_start.defined()) return;
   for (const Tensor* t : {&mb.position_ids, &mb.key_start})
     MCPP_CHECK(!t->defined() || (t->dtype() == DType::I64 && t->device() == Device::CPU &&

@@ -124,6 +124,10 @@ struct StepContext : Dims {
   // device (rows s*B + b, as activations); undefined: positions by row. The document mask
   // (--reset-attention-mask) travels in ad.key_start.
   Tensor position_ids;
+  // Sliding-window layers (TransformerConfig::is_window_layer): their key_start [B, S] i64
+  // on the model's device, max(document start, global position - window_left), shared by
+  // every window layer of the pass; undefined without window layers (model/gpt_model.cpp).
+  Tensor window_key_start;
   Stream* st = nullptr;
   // Generation: each sequence's first new position (its KV-cache length), [B] on the host
   // and the same [B] i64 on the model's device (for the KV-cache attention op). When they

@@ -15,6 +15,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -135,8 +136,10 @@ int run_serve(const std::vector<std::string>& args) {
 
   serve::EngineOptions eo;
   eo.slots = f.get_int("--inference-max-requests", 8);
+  // A sliding-window model serves within its window (inference::check_window_reach).
   eo.max_seq = f.get_int("--inference-max-seq-length",
-                         std::min<int64_t>(cfg.max_position_embeddings, 4096));
+                         std::min({cfg.max_position_embeddings, int64_t(4096),
+                                   cfg.window_positions()}));
   eo.max_waiting = f.get_int("--max-queued-requests", 256);
   eo.vocab_size = tok->vocab_size();
   eo.eod = tok->eod();

@@ -77,6 +77,14 @@ struct Args {
   // not given); standard attention takes only "rope" (validate_rope.cpp).
   std::optional<std::string> rope_type;
   bool rotary_interleaved = false;  // RoPE on pairs (2i, 2i + 1) (ops/rope_interleave.h)
+  // ---- sliding-window attention (validate_window.cpp; docs/model.md). --window-size "L,R"
+  // or "(L,R)"; --window-attn-skip-freq N or a list expression (which layers slide).
+  std::optional<std::string> window_size;
+  std::optional<std::string> window_attn_skip_freq;
+  // Set by validate_window: the window's left extent L (-1: no window; R is always 0 under
+  // the causal mask) and, per layer, 1 where the layer is a window layer.
+  int64_t window_left = -1;
+  std::vector<int64_t> window_layer_pattern;
   // Multi-latent attention (validate_mla.cpp; model/mla_attention.h). q_lora_rank unset:
   // the query is projected from the hidden state directly.
   bool multi_latent_attention = false;

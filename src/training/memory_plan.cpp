@@ -32,6 +32,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.mtp_num_layers = a.mtp_num_layers.value_or(0);
   c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;
   c.rotary_interleaved = a.rotary_interleaved;
+  c.window_left = a.window_left, c.window_pattern = a.window_layer_pattern;
   c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
   c.rope_scaling = a.use_rope_scaling, c.rope_scaling_factor = a.rope_scaling_factor;
   c.rope_low_freq_factor = a.rope_low_freq_factor;
@@ -246,7 +247,7 @@ int64_t cp_exchange_bytes(const Args& a, const model::TransformerConfig& cfg) {
   // dropout or the document mask on a GPU, where cuDNN runs them.
   const bool cudnn = cfg.device == Device::CUDA && cfg.dtype != DType::F32 &&
                      cfg.dtype != DType::F64 && cfg.attention_dropout == 0 &&
-                     !a.reset_attention_mask;
+                     !a.reset_attention_mask && !cfg.has_window_layers();
   const bool fused = cudnn && parallel::context_parallel::fused_steps_enabled();
   const int64_t halves = !cudnn ? 0 : fused ? 3 : 1;  // scratch in half units
   int64_t most = 0;
@@ -324,7 +325,8 @@ int64_t attention_workspace_bytes(const Args& a, const model::TransformerConfig&
   for (const std::string& layer_type : a.cp_comm_type) {
     const std::string t = effective_cp_comm(a, layer_type);
     const bool chunk_blocks =
-        a.reset_attention_mask || !parallel::context_parallel::fused_steps_enabled();
+        a.reset_attention_mask || a.window_left >= 0 ||
+        !parallel::context_parallel::fused_steps_enabled();
     // a2a+p2p: the ring of cp / A ranks on heads / A (A: the all-to-all level).
     const int64_t g = t == "a2a+p2p" ? (*a.hierarchical_context_parallel_sizes)[0] : 1;
     const int64_t ring = cp / g;

@@ -8,9 +8,9 @@
 // meaning. As in Megatron, the shape flags (layers, hidden, FFN, heads, head dim,
 // sequence, positions; here also RoPE's position interpolation) are taken only when not given
 // on the command line, and the architecture switches (query groups, positions, RoPE base and
-// scaling, norm, SwiGLU, ties, biases, dropout, zero-centred gamma) are forced from the
-// checkpoint. The parallel layout is not taken: any layout loads any checkpoint here
-// (Megatron forces TP/PP because it cannot).
+// scaling, norm, SwiGLU, ties, biases, dropout, zero-centred gamma, sliding window) are
+// forced from the checkpoint. The parallel layout is not taken: any layout loads any
+// checkpoint here (Megatron forces TP/PP because it cannot).
 // Tokenizer paths recorded in a checkpoint are never followed.
 #include <fmt/format.h>
 
@@ -165,6 +165,18 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   }
   force("rotary_interleaved", a.rotary_interleaved, c.rotary_interleaved,
         py(c.rotary_interleaved));
+  {  // Sliding-window attention: forced like the switches (a window changes the function)
+    std::optional<std::string> size, freq;
+    if (c.has_window_layers()) {
+      size = fmt::format("({}, 0)", c.window_left);
+      std::string l;
+      for (int64_t i = 0; i < c.num_layers; ++i)
+        l += fmt::format("{}{}", i ? ", " : "", c.is_window_layer(i) ? 1 : 0);
+      freq = "[" + l + "]";
+    }
+    force("window_size", a.window_size, size, size.value_or("None"));
+    force("window_attn_skip_freq", a.window_attn_skip_freq, freq, freq.value_or("None"));
+  }
   // Multi-latent attention: its switch, shape and RoPE, forced like the switches.
   force("multi_latent_attention", a.multi_latent_attention, c.mla.on, py(c.mla.on));
   if (c.mla.on) {

@@ -23,6 +23,7 @@
 #include "training/validate_compat.h"
 #include "training/validate_fp8.h"
 #include "training/validate_moe.h"
+#include "training/validate_window.h"
 
 namespace mcpp::training {
 
@@ -576,6 +577,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_context_parallel(a);
   validate_moe(a);  // mixture of experts (validate_moe.cpp)
   validate_mtp(a);  // multi-token prediction (validate_mtp.cpp)
+  validate_window(a);  // sliding-window attention (validate_window.cpp)
   validate_distributed_optimizer_instances(a);
   validate_batch(a);
   validate_pipeline(a);

@@ -2,114 +2,31 @@
 // validate_args / TransformerConfig reject), then what megatron.cpp does not implement yet.
 #include "training/validate_moe.h"
 
-#include <cctype>
 #include <cmath>
 #include <optional>
-#include <variant>
 
 #include <fmt/format.h>
 
 #include "base/error.h"
 #include "training/arguments.h"
+#include "training/layer_freq.h"
 
 namespace mcpp::training {
-namespace {
-
-// A tiny evaluator for the list expressions Megatron's moe_freq_type passes to eval():
-// sums of products of integers and integer lists ("([0]+[1]*3)*2").
-struct FreqParser {
-  const std::string& s;
-  size_t i = 0;
-  using Value = std::variant<int64_t, std::vector<int64_t>>;
-
-  [[noreturn]] void fail(const std::string& why) const {
-    throw Error(fmt::format("--moe-layer-freq '{}': {} (at character {})", s, why, i + 1),
-                "give an integer N (every N-th layer is a MoE layer) or a list with one 0/1 "
-                "entry per layer, e.g. \"([0]+[1]*3)\" for 4 layers");
-  }
-  void skip() {
-    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  }
-  bool eat(char c) {
-    skip();
-    if (i < s.size() && s[i] == c) return ++i, true;
-    return false;
-  }
-  int64_t integer() {
-    skip();
-    size_t start = i;
-    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
-    if (start == i || i - start > 9) fail("expected a (small) non-negative integer");
-    return std::stoll(s.substr(start, i - start));
-  }
-  Value factor() {
-    if (eat('(')) {
-      Value v = expr();
-      if (!eat(')')) fail("expected ')'");
-      return v;
-    }
-    if (eat('[')) {
-      std::vector<int64_t> l;
-      if (!eat(']')) {
-        do l.push_back(integer());
-        while (eat(','));
-        if (!eat(']')) fail("expected ']'");
-      }
-      return l;
-    }
-    return integer();
-  }
-  Value term() {
-    Value v = factor();
-    while (eat('*')) {
-      Value w = factor();
-      auto* vl = std::get_if<std::vector<int64_t>>(&v);
-      auto* wl = std::get_if<std::vector<int64_t>>(&w);
-      if (vl && wl) fail("a list times a list");
-      if (!vl && !wl) {
-        v = std::get<int64_t>(v) * std::get<int64_t>(w);
-        continue;
-      }
-      const std::vector<int64_t>& l = vl ? *vl : *wl;
-      const int64_t n = vl ? std::get<int64_t>(w) : std::get<int64_t>(v);
-      if (n > 100000 || int64_t(l.size()) * n > 1000000) fail("list too long");
-      std::vector<int64_t> r;
-      for (int64_t k = 0; k < n; ++k) r.insert(r.end(), l.begin(), l.end());
-      v = std::move(r);
-    }
-    return v;
-  }
-  Value expr() {
-    Value v = term();
-    while (eat('+')) {
-      Value w = term();
-      auto* vl = std::get_if<std::vector<int64_t>>(&v);
-      auto* wl = std::get_if<std::vector<int64_t>>(&w);
-      if (!vl != !wl) fail("adds a list and an integer");
-      if (vl)
-        vl->insert(vl->end(), wl->begin(), wl->end());
-      else
-        v = std::get<int64_t>(v) + std::get<int64_t>(w);
-    }
-    return v;
-  }
-};
-
-}  // namespace
 
 std::vector<int64_t> parse_moe_layer_freq(const std::string& spec, int64_t num_layers) {
-  FreqParser p{spec};
-  const FreqParser::Value v = p.expr();
-  p.skip();
-  if (p.i != spec.size()) p.fail("unexpected text");
+  const LayerFreq f =
+      parse_layer_freq("--moe-layer-freq", spec,
+                       "give an integer N (every N-th layer is a MoE layer) or a list "
+                       "with one 0/1 entry per layer, e.g. \"([0]+[1]*3)\" for 4 layers");
   std::vector<int64_t> pattern;
-  if (const auto* n = std::get_if<int64_t>(&v)) {
-    MCPP_CHECK_HINT(*n >= 1, "give --moe-layer-freq N >= 1 (1: every layer is a MoE layer)",
-                    "--moe-layer-freq {} must be positive", *n);
-    for (int64_t l = 0; l < num_layers; ++l) pattern.push_back(l % *n == 0 ? 1 : 0);
+  if (f.every) {
+    const int64_t n = *f.every;
+    MCPP_CHECK_HINT(n >= 1, "give --moe-layer-freq N >= 1 (1: every layer is a MoE layer)",
+                    "--moe-layer-freq {} must be positive", n);
+    for (int64_t l = 0; l < num_layers; ++l) pattern.push_back(l % n == 0 ? 1 : 0);
     return pattern;
   }
-  pattern = std::get<std::vector<int64_t>>(v);
+  pattern = f.list;
   MCPP_CHECK_HINT(int64_t(pattern.size()) == num_layers,
                   fmt::format("give {} entries, one per layer", num_layers),
                   "--moe-layer-freq '{}' has {} entries but --num-layers is {}", spec,

@@ -374,10 +374,21 @@ TEST(HfMoe, Qwen3MoeRouterAndLayerFields) {
   const json back = ck::hf_config(c);
   EXPECT_EQ(back.at("norm_topk_prob"), false);
   EXPECT_EQ(back.at("mlp_only_layers"), json({0, 2}));
+  // use_sliding_window: every layer slides (no layer_types), L = sliding_window - 1; the
+  // export writes it back.
   j["use_sliding_window"] = true;
   j["sliding_window"] = 4;
-  EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("sliding_window 4"),
+  c = ck::model_config_from_hf(j, 1);
+  EXPECT_EQ(c.window_left, 3);
+  EXPECT_EQ(c.window_pattern, (std::vector<int64_t>{1, 1, 1}));
+  const json win = ck::hf_config(c);
+  EXPECT_EQ(win.at("sliding_window"), 4);
+  EXPECT_EQ(win.at("use_sliding_window"), true);
+  EXPECT_EQ(ck::model_config_from_hf(win, 1).window_left, 3);
+  j["sliding_window"] = 0;
+  EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("not a positive integer"),
             std::string::npos);
+  j["sliding_window"] = 4;
   j["use_sliding_window"] = false;
   j["mlp_only_layers"] = {7};
   EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("mlp_only_layers entry 7"),
@@ -421,7 +432,15 @@ TEST(HfMoe, Transformers4ConfigAndUnsupportedFields) {
   EXPECT_NE(bad("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4}})
                 .find("rope_type 'yarn'"),
             std::string::npos);
-  EXPECT_NE(bad("sliding_window", 16).find("sliding_window 16"), std::string::npos);
+  {  // Mixtral slides every layer by sliding_window (HF: i - j < 16, so L = 15)
+    json w = j;
+    w["sliding_window"] = 16;
+    const auto cw = ck::model_config_from_hf(w, 1);
+    EXPECT_EQ(cw.window_left, 15);
+    EXPECT_EQ(cw.window_pattern, (std::vector<int64_t>{1, 1}));
+    EXPECT_EQ(ck::hf_config(cw).at("sliding_window"), 16);
+  }
+  EXPECT_NE(bad("sliding_window", "16").find("sliding_window"), std::string::npos);
   EXPECT_NE(bad("num_experts_per_tok", 9).find("num_experts_per_tok 9"), std::string::npos);
   EXPECT_NE(bad("num_local_experts", 0).find("'num_local_experts' is 0"), std::string::npos);
   // Far more experts than the weight files can hold: refused before any allocation.

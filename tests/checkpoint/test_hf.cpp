@@ -37,7 +37,7 @@ nlohmann::json round_trip(model::TransformerConfig c, const std::string& model_t
   for (auto k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                  "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
                  "swiglu", "tie_embeddings", "add_bias_linear", "norm_epsilon", "rotary_base",
-                 "qk_layernorm", "add_qkv_bias"})  // the last two: absent when off
+                 "qk_layernorm", "add_qkv_bias", "window"})  // the last three: absent when off
     EXPECT_EQ(got.value(k, nlohmann::json()), want.value(k, nlohmann::json())) << k;
   back_cfg.dtype = c.dtype, back_cfg.seq_length = c.seq_length;
   model::GPTModel b(back_cfg);
@@ -203,20 +203,32 @@ TEST(HfImport, Qwen2Config) {
   EXPECT_EQ(c.rotary_base, 1e6);
   EXPECT_EQ(c.kv_channels, 4);
   EXPECT_EQ(ck::hf_arch_of(c), ck::HfArch::Qwen2);
-  // use_sliding_window with a window shorter than max_position_embeddings in some layer.
+  EXPECT_FALSE(c.has_window_layers());  // use_sliding_window false
+  // use_sliding_window: the layers >= max_window_layers (1) slide; HF's i - j < 8 is L = 7.
   j["use_sliding_window"] = true;
-  std::string e = error_of([&] { ck::model_config_from_hf(j, 1); });
-  EXPECT_NE(e.find("sliding_window 8 in 1 of its 2 layers"), std::string::npos) << e;
-  EXPECT_NE(e.find("max_position_embeddings 32"), std::string::npos) << e;
+  c = ck::model_config_from_hf(j, 1);
+  EXPECT_EQ(c.window_left, 7);
+  EXPECT_EQ(c.window_pattern, (std::vector<int64_t>{0, 1}));
   j["max_window_layers"] = 2;  // no layer at or beyond it: no window anywhere
-  EXPECT_NO_THROW(ck::model_config_from_hf(j, 1));
+  EXPECT_FALSE(ck::model_config_from_hf(j, 1).has_window_layers());
   j.erase("max_window_layers");  // Qwen2Config's default 28: none of the 2 layers
-  EXPECT_NO_THROW(ck::model_config_from_hf(j, 1));
-  j["layer_types"] = {"full_attention", "sliding_attention"};  // overrides max_window_layers
-  EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("sliding_window 8"),
-            std::string::npos);
+  EXPECT_FALSE(ck::model_config_from_hf(j, 1).has_window_layers());
+  j["layer_types"] = {"sliding_attention", "full_attention"};  // overrides max_window_layers
+  c = ck::model_config_from_hf(j, 1);
+  EXPECT_EQ(c.window_left, 7);
+  EXPECT_EQ(c.window_pattern, (std::vector<int64_t>{1, 0}));
+  {  // written back: the window, its switch and the layer types (weights too: round_trip)
+    const nlohmann::json out = round_trip(c);
+    EXPECT_EQ(out["sliding_window"], 8);
+    EXPECT_EQ(out["use_sliding_window"], true);
+    EXPECT_EQ(out["layer_types"],
+              nlohmann::json::array({"sliding_attention", "full_attention"}));
+    const auto back = ck::model_config_from_hf(out, 1);
+    EXPECT_EQ(back.window_left, 7);
+    EXPECT_EQ(back.window_pattern, c.window_pattern);
+  }
   j["sliding_window"] = 32;  // as long as the model's positions: never applies
-  EXPECT_NO_THROW(ck::model_config_from_hf(j, 1));
+  EXPECT_FALSE(ck::model_config_from_hf(j, 1).has_window_layers());
   j["layer_types"] = {"full_attention", "chunked_attention"};
   EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("layer_types holds"),
             std::string::npos);
@@ -225,7 +237,7 @@ TEST(HfImport, Qwen2Config) {
             std::string::npos);
   j.erase("layer_types");
   j.erase("sliding_window");  // Qwen2Config's default window 4096 >= 32
-  EXPECT_NO_THROW(ck::model_config_from_hf(j, 1));
+  EXPECT_FALSE(ck::model_config_from_hf(j, 1).has_window_layers());
   j["use_sliding_window"] = "yes";
   EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("use_sliding_window"),
             std::string::npos);
@@ -256,19 +268,32 @@ TEST(HfImport, MistralConfig) {
   auto c = ck::model_config_from_hf(j, 1);
   EXPECT_FALSE(c.add_bias_linear || c.add_qkv_bias || c.qk_layernorm);
   EXPECT_EQ(ck::hf_arch_of(c), ck::HfArch::Llama);
-  j["sliding_window"] = 16;  // v0.1 style: shorter than max_position_embeddings
-  std::string e = error_of([&] { ck::model_config_from_hf(j, 1); });
-  EXPECT_NE(e.find("(mistral) has sliding_window 16 in 2 of its 2 layers, shorter than "
-                   "max_position_embeddings 32"),
-            std::string::npos)
-      << e;
-  EXPECT_NE(e.find("set max_position_embeddings to 16"), std::string::npos) << e;
-  j["max_position_embeddings"] = 16;  // the HINT's way out
-  EXPECT_NO_THROW(ck::model_config_from_hf(j, 1));
+  j["sliding_window"] = 16;  // v0.1 style: every layer slides, L = 16 - 1
+  c = ck::model_config_from_hf(j, 1);
+  EXPECT_EQ(c.window_left, 15);
+  EXPECT_EQ(c.window_pattern, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(ck::hf_arch_of(c), ck::HfArch::Mistral);  // Llama has no window
+  {
+    const nlohmann::json out = round_trip(c);
+    EXPECT_EQ(out["model_type"], "mistral");
+    EXPECT_EQ(out["sliding_window"], 16);
+    EXPECT_EQ(ck::model_config_from_hf(out, 1).window_left, 15);
+  }
+  {  // some layers only: Mistral cannot say it
+    auto p = c;
+    p.window_pattern = {1, 0};
+    std::string e = error_of([&] { ck::hf_config(p); });
+    EXPECT_NE(e.find("'mistral' slides in every layer"), std::string::npos) << e;
+    p = c, p.add_bias_linear = true;
+    e = error_of([&] { ck::hf_config(p); });
+    EXPECT_NE(e.find("sliding-window model with linear biases"), std::string::npos) << e;
+  }
+  j["max_position_embeddings"] = 16;  // a window as long as the positions never applies
+  EXPECT_FALSE(ck::model_config_from_hf(j, 1).has_window_layers());
   j["max_position_embeddings"] = 8192;
   j.erase("sliding_window");  // MistralConfig's default window 4096 applies
-  e = error_of([&] { ck::model_config_from_hf(j, 1); });
-  EXPECT_NE(e.find("sliding_window 4096"), std::string::npos) << e;
+  EXPECT_EQ(ck::model_config_from_hf(j, 1).window_left, 4095);
+  std::string e;
   j["sliding_window"] = -1;
   EXPECT_NE(error_of([&] { ck::model_config_from_hf(j, 1); }).find("not a positive integer"),
             std::string::npos);

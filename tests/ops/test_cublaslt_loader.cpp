@@ -34,6 +34,6 @@ TEST(CublasLtLoader, NotLoadedAtStartThenLoadedByTheFirstCall) {
   EXPECT_TRUE(mcpp::ops::cuda::cublaslt_loaded());
   EXPECT_TRUE(mapped("libcublasLt.so"));
 }
-#endif
 
 }  // namespace cublaslt_loader_test
+#endif

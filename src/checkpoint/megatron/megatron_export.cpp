@@ -183,6 +183,15 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("add_bias_linear", Py::boolean(c.add_bias_linear));
   a.set("add_qkv_bias", Py::boolean(c.add_qkv_bias));
   a.set("qk_layernorm", Py::boolean(false));
+  if (c.has_window_layers()) {  // sliding-window attention: (L, 0) and the layers' pattern
+    std::vector<Py> pattern;
+    for (int64_t l = 0; l < c.num_layers; ++l) pattern.push_back(Py::integer(c.is_window_layer(l)));
+    a.set("window_size", Py::tuple({Py::integer(c.window_left), Py::integer(0)}));
+    a.set("window_attn_skip_freq", Py::list(std::move(pattern)));
+  } else {
+    a.set("window_size", Py::none());
+    a.set("window_attn_skip_freq", Py::none());
+  }
   a.set("num_experts", Py::none());
   a.set("hidden_dropout", Py::real(c.hidden_dropout));
   a.set("attention_dropout", Py::real(c.attention_dropout));

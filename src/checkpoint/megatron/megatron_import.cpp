@@ -201,6 +201,30 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
                   "against it)",
                   what);
   c.rope = pos == "rope";
+  if (const Value* w = arg(a, "window_size")) {  // sliding-window attention: (L, R), L -1 none
+    MCPP_CHECK((w->is(K::Tuple) || w->is(K::List)) && w->items.size() == 2 &&
+                   w->items[0]->is(K::Int) && w->items[0]->i >= -1,
+               "{}: args.window_size is {}, expected a pair of integers (L >= -1, R)", what,
+               w->describe());
+    if (w->items[0]->i >= 0) {
+      c.window_left = w->items[0]->i;
+      c.window_pattern.assign(size_t(c.num_layers), 1);
+      if (const Value* f = arg(a, "window_attn_skip_freq")) {  // is_layer_window_attention
+        MCPP_CHECK((f->is(K::Int) && f->i >= 1) ||
+                       (f->is(K::List) && int64_t(f->items.size()) == c.num_layers),
+                   "{}: args.window_attn_skip_freq is {}, expected N >= 1 or one entry per "
+                   "layer",
+                   what, f->describe());
+        for (int64_t l = 0; l < c.num_layers; ++l) {
+          const Value* e = f->is(K::Int) ? nullptr : f->items[size_t(l)].get();
+          MCPP_CHECK(!e || e->is(K::Int) || e->is(K::Bool),
+                     "{}: args.window_attn_skip_freq holds a {}", what, e ? e->describe() : "");
+          c.window_pattern[size_t(l)] = e ? int64_t(e->is(K::Int) ? e->i != 0 : e->b)
+                                          : int64_t((l + 1) % f->i != 0);
+        }
+      }
+    }
+  }
   c.rotary_base = f64("rotary_base", 10000);
   c.rotary_interleaved = c.rope && flag("rotary_interleaved", false);  // the same weights
   c.rotary_percent = f64("rotary_percent", 1.0);
