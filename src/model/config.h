@@ -41,12 +41,12 @@ struct TransformerConfig {
     return window_left >= 0 && !is_mtp_layer(layer) &&
            (window_pattern.empty() || window_pattern.at(size_t(layer)) == 1);
   }
-  bool has_window_layers() const {
-    if (window_left < 0) return false;
-    for (int64_t l = 0; l < num_layers; ++l)
-      if (is_window_layer(l)) return true;
-    return false;
+  int64_t num_window_layers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_layers && window_left >= 0; ++l) n += is_window_layer(l);
+    return n;
   }
+  bool has_window_layers() const { return num_window_layers() > 0; }
   // Generation's KV-cache attention has no window: a windowed model generates only while
   // every key is inside it, L + 1 positions (INT64_MAX without window layers).
   int64_t window_positions() const {

@@ -181,8 +181,24 @@ AttentionBackendQuery attention_backend_query(Device device, DType dtype, int64_
   return q;
 }
 
+// Which layers take the document-mask path, and what it is on this device ("" for none).
+std::string masked_layers(Device device, int64_t num_layers, int64_t window_layers,
+                          bool documents) {
+  if (window_layers == 0 && !documents) return "";
+  const std::string who =
+      documents ? fmt::format("all {} layers (--reset-attention-mask)", num_layers)
+                : fmt::format("{} of the {} layers (--window-size)", window_layers, num_layers);
+  if (device == Device::CPU)
+    return fmt::format("; {}: the same kernel, the scores before each row's first key masked",
+                       who);
+  return fmt::format("; {}: the document-mask kernels instead (own mma.sync flash kernels "
+                     "that skip the key tiles before each query tile's first key)",
+                     who);
+}
+
 std::string describe_attention_backend(Device device, DType dtype, int64_t head_dim,
-                                       double dropout_p, int64_t num_layers) {
+                                       double dropout_p, int64_t num_layers,
+                                       int64_t window_layers, bool documents) {
   const AttentionBackendChoice c =
       choose_attention_backend(attention_backend_query(device, dtype, head_dim, dropout_p));
   std::string family;  // which of the own flash kernels' two families runs
@@ -193,9 +209,10 @@ std::string describe_attention_backend(Device device, DType dtype, int64_t head_
                  : "; mma.sync kernels (the wgmma ones need an sm_90a build on a "
                    "compute-capability-9.0 GPU, and MCPP_FLASH_WGMMA not 0)";
 #endif
-  return fmt::format("attention (all {} layers, head dim {}, dropout {}): {}{}{}", num_layers,
+  return fmt::format("attention (all {} layers, head dim {}, dropout {}): {}{}{}{}", num_layers,
                      head_dim, dropout_p, c.reason, family,
-                     c.slow() ? " -- several times slower than the tensor-core kernels" : "");
+                     c.slow() ? " -- several times slower than the tensor-core kernels" : "",
+                     masked_layers(device, num_layers, window_layers, documents));
 }
 
 }  // namespace mcpp::ops

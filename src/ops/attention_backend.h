@@ -97,10 +97,16 @@ AttentionBackendChoice choose_attention_backend(const AttentionBackendQuery& q);
 // The query of this process for a model's attention: cuDNN's start-up probe,
 // MCPP_ATTENTION_FALLBACK and attention_request() read at run time (CUDA builds); then one
 // log line such as
-// "attention (all 12 layers): own flash kernel with dropout (...)".
+// "attention (all 12 layers): own flash kernel with dropout (...)". window_layers (of
+// --window-size) and documents (--reset-attention-mask) add which layers take the
+// document-mask path instead.
 AttentionBackendQuery attention_backend_query(Device device, DType dtype, int64_t head_dim,
                                               double dropout_p);
 std::string describe_attention_backend(Device device, DType dtype, int64_t head_dim,
-                                       double dropout_p, int64_t num_layers);
+                                       double dropout_p, int64_t num_layers,
+                                       int64_t window_layers = 0, bool documents = false);
+// That line's tail for the window layers and documents ("" for neither).
+std::string masked_layers(Device device, int64_t num_layers, int64_t window_layers,
+                          bool documents);
 
 }  // namespace mcpp::ops

@@ -193,10 +193,10 @@ void Trainer::State::build_model() {
             s.model_cfg.dtype == DType::F32 ? "" : ", fp32 main params and main grads");
   check_profile_args(a, s.device, s.world->world().size());  // before the model is built
   ops::set_attention_request(ops::parse_attention_request(a.attention_backend));
-  log::info("> {}", ops::describe_attention_backend(s.model_cfg.device, s.model_cfg.dtype,
-                                                    s.model_cfg.kv_channels,
-                                                    s.model_cfg.attention_dropout,
-                                                    s.model_cfg.num_layers));
+  const model::TransformerConfig& mc = s.model_cfg;
+  log::info("> {}", ops::describe_attention_backend(
+                        mc.device, mc.dtype, mc.kv_channels, mc.attention_dropout, mc.num_layers,
+                        mc.num_window_layers(), a.reset_attention_mask));
   s.model_cfg.tp_rank = s.ps->tp_rank();
   s.model_cfg.cp_rank = s.ps->cp_rank();  // context parallel
   if (s.model_cfg.moe.ep_size > 1) s.model_cfg.moe.ep_rank = s.ps->ep_rank();  // its experts

@@ -83,6 +83,15 @@ TEST(AttentionBackend, DescribeNamesLayersAndSlowPath) {
   const std::string s = ops::describe_attention_backend(Device::CPU, DType::F32, 64, 0.1, 12);
   EXPECT_TRUE(has(s, "all 12 layers")) << s;
   EXPECT_TRUE(has(s, "CPU backend")) << s;
+  EXPECT_FALSE(has(s, "--window-size")) << s;
+  // Window layers and documents are named, with the path they take on each device.
+  const std::string w = ops::describe_attention_backend(Device::CPU, DType::F32, 64, 0.1, 12, 6);
+  EXPECT_TRUE(has(w, "6 of the 12 layers (--window-size)")) << w;
+  EXPECT_TRUE(has(w, "masked")) << w;
+  const std::string d =
+      ops::masked_layers(Device::CUDA, 12, 6, /*documents=*/true);
+  EXPECT_TRUE(has(d, "all 12 layers (--reset-attention-mask)")) << d;
+  EXPECT_TRUE(has(d, "document-mask kernels")) << d;
 }
 
 // --attention-backend: fused -> cuDNN, flash -> the own flash kernel, unfused / local -> the
