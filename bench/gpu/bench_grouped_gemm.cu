@@ -1,11 +1,14 @@
 // The MoE expert GEMMs three ways, at the shapes of bench_gpu_moe's two models: one
 // cuBLASLt call per expert (on 1 or 4 streams, as model/moe/experts.cpp runs them), one
-// pointer-array batched cuBLASLt call over fixed-size row chunks of every expert (an expert's
-// last chunk overlaps its previous one, so no padding and no partial chunk), and, for
-// balanced rows only, one strided batched call over the experts (the bound a grouped GEMM
-// could reach). Forward (y = x w^T), data gradient (dx = dy w) and weight gradient
-// (dw += dy^T x into f32, beta 1). One table: milliseconds a step's worth of one GEMM kind
-// (median of --reps rounds of 10 calls) and TFLOP/s.
+// pointer-array batched cuBLASLt call over fixed-size row chunks of every expert (here an
+// expert's last chunk overlaps the one before, so no padding and no partial chunk; rows
+// written twice must then get the same bits from both chunks, which the column's count of
+// elements unlike the loop's checks), and, for balanced rows only, one strided batched call
+// over the experts (the bound a grouped GEMM could reach). Forward (y = x w^T), data
+// gradient (dx = dy w) and weight gradient (dw += dy^T x into f32, beta 1). Each way's
+// algorithm is the fastest of cuBLASLt's candidates that give its first pick's bits, as
+// ops/cuda/gemm.cu tunes. One table: milliseconds a step's worth of one GEMM kind (median
+// of --reps rounds of 10 calls) and TFLOP/s. bench/RESULTS.md, session 49, has a run.
 //
 // Standalone, one nvcc call (no library, so it is built on the CPU machine and carried):
 //   nvcc -std=c++17 -arch=sm_90a -O3 -o bench_grouped_gemm bench/gpu/bench_grouped_gemm.cu \
