@@ -8,7 +8,7 @@
 // gradient (dx = dy w) and weight gradient (dw += dy^T x into f32, beta 1). Each way's
 // algorithm is the fastest of cuBLASLt's candidates that give its first pick's bits, as
 // ops/cuda/gemm.cu tunes. One table: milliseconds a step's worth of one GEMM kind (median
-// of --reps rounds of 10 calls) and TFLOP/s. bench/RESULTS.md, session 49, has a run.
+// of --reps rounds of 10 calls) and TFLOP/s. bench/RESULTS.md has its runs.
 //
 // Standalone, one nvcc call (no library, so it is built on the CPU machine and carried):
 //   nvcc -std=c++17 -arch=sm_90a -O3 -o bench_grouped_gemm bench/gpu/bench_grouped_gemm.cu \
