@@ -42,7 +42,7 @@ export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 # split run (TP, DP, FP8 amax groups) with the serial one to the last bits, and how often
 # the fp32 GEMMs of the two shapes round alike depends on the kernel OpenBLAS picks for the
 # CPU. The thresholds were set on its AVX2 (Haswell) kernels; with its AVX-512 kernels
-# (an AMD EPYC Zen 4 CI machine) six of them failed (FP8 TP2 frozen-weight runs 3 of 10
+# (an AMD EPYC Zen 4 CI machine) five FP8 checks failed (TP2 frozen-weight runs 3 of 10
 # iterations within 1e-5 against the 5 asked for). Any CPU with AVX2 and FMA runs these.
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
   export OPENBLAS_CORETYPE=Haswell
