@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +43,39 @@ std::string now_string() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
+}
+
+// The request's head up to its blank line (or 8 KiB, the client closing, or a second of
+// silence). Answering after the first segment would leave a request sent in several writes
+// unread, and closing a socket with unread bytes resets the connection: the client loses
+// the answer.
+void read_request(int c) {
+  const timeval second{1, 0};
+  (void)::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+  std::string head;
+  char buf[1024];
+  while (head.size() < 8192 && head.find("\r\n\r\n") == std::string::npos &&
+         head.find("\n\n") == std::string::npos) {
+    const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+    if (n > 0) {
+      head.append(buf, size_t(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return;
+    }
+  }
+}
+
+// Half-closes after the answer and reads until the client closes (a second at most), so
+// that nothing the client still sends turns the close into a reset.
+void close_gracefully(int c) {
+  (void)::shutdown(c, SHUT_WR);
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::recv(c, buf, sizeof buf, 0)) > 0 || (n < 0 && errno == EINTR)) {
+  }
+  ::close(c);
 }
 
 }  // namespace
@@ -153,8 +187,7 @@ void StragglerDetector::serve() {
       if (errno == EINTR) continue;
       return;  // shut down (or the socket failed: the control ends, training goes on)
     }
-    char buf[1024];
-    (void)::recv(c, buf, sizeof buf, 0);
+    read_request(c);
     // Several requests before the next log line make one toggle, as in Megatron.
     toggle_ = true;
     const bool will_be_on = !on_;
@@ -163,7 +196,7 @@ void StragglerDetector::serve() {
     const std::string resp = fmt::format(
         "HTTP/1.0 200 OK\r\nConnection: Close\r\nContent-length: {}\r\n\r\n{}", msg.size(), msg);
     (void)::send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
-    ::close(c);
+    close_gracefully(c);
     log::info("straggler detector: {}", msg);
   }
 }

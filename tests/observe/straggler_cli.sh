@@ -6,7 +6,8 @@
 #     --straggler-minmax-count 1 no bottom/top lines (Megatron prints them for 1 < N < world).
 #  2. --disable-straggler-on-startup: no report until a connection to rank 0's
 #     --straggler-ctrlr-port, which answers as Megatron's controller; then "Toggling
-#     StragglerDetector State ON" at the next log line and reports from there on.
+#     StragglerDetector State ON" at the next log line and reports from there on. The
+#     request is a 2 KiB head in two writes, with a pause between them.
 # No time is compared with a fixed number.
 set -eu
 M=$1; MPI=$2
@@ -48,13 +49,18 @@ PY
 $MPI -np 2 "$M" train "${T[@]}" --train-iters 400 --log-interval 1 --disable-straggler-on-startup \
   --straggler-ctrlr-port "$PORT" >toggle.log 2>&1 &
 pid=$!
+trap 'kill $pid 2>/dev/null || true' EXIT  # a failed check leaves no run behind
 for _ in $(seq 1 300); do
   grep -q "controller ready" toggle.log && grep -q "iteration  *3/" toggle.log && break
   sleep 0.1
 done
 grep -q "Current state OFF" toggle.log || { kill $pid; tail -20 toggle.log; fail "not OFF at start"; }
 exec 3<>"/dev/tcp/127.0.0.1/$PORT" || { kill $pid; fail "cannot connect to port $PORT"; }
-printf 'GET / HTTP/1.0\r\n\r\n' >&3
+# A 2 KiB request head in two writes, as a client may send it: the controller must read it
+# all before it answers, or the close resets the connection and the answer is lost.
+printf 'GET / HTTP/1.0\r\nX-Pad: %s\r\n' "$(printf 'p%.0s' $(seq 1 2048))" >&3
+sleep 0.3
+printf '\r\n' >&3
 reply=$(cat <&3)
 exec 3<&-
 echo "reply: $reply"
