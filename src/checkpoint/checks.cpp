@@ -121,6 +121,18 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
                "{}: model.rope_scaling needs rope and low_freq_factor {} < high_freq_factor {}",
                where, c.rope_low_freq_factor, c.rope_high_freq_factor);
   }
+  if (c.yarn.on) {  // --position-embedding-type yarn
+    positive(c.yarn.factor, "yarn.factor");
+    size(c.yarn.original_max_positions, "yarn.original_max_position_embeddings");
+    positive(c.yarn.beta_fast, "yarn.beta_fast");
+    positive(c.yarn.beta_slow, "yarn.beta_slow");
+    MCPP_CHECK(std::isfinite(c.yarn.mscale) && std::isfinite(c.yarn.mscale_all_dim),
+               "{}: model.yarn.mscale {} / mscale_all_dim {} must be finite", where,
+               c.yarn.mscale, c.yarn.mscale_all_dim);
+    MCPP_CHECK(c.rope && !c.rope_scaling && c.rotary_base > 1,
+               "{}: model.yarn needs rope, no rope_scaling and rotary_base > 1 (got {})", where,
+               c.rotary_base);
+  }
   if (c.seq_len_interpolation_factor != 1.0) {  // RoPE position interpolation
     positive(c.seq_len_interpolation_factor, "rotary_seq_len_interpolation_factor");
     MCPP_CHECK(c.rope, "{}: model.rotary_seq_len_interpolation_factor {} needs rope", where,

@@ -80,6 +80,14 @@ json model_config_json(const model::TransformerConfig& c) {
                          {"low_freq_factor", c.rope_low_freq_factor},
                          {"high_freq_factor", c.rope_high_freq_factor},
                          {"original_max_position_embeddings", c.rope_original_max_positions}};
+  if (c.yarn.on)  // --position-embedding-type yarn (absent: off)
+    j["yarn"] = {{"factor", c.yarn.factor},
+                 {"original_max_position_embeddings", c.yarn.original_max_positions},
+                 {"beta_fast", c.yarn.beta_fast},
+                 {"beta_slow", c.yarn.beta_slow},
+                 {"correction_range_round_to_int", c.yarn.round_to_int},
+                 {"mscale", c.yarn.mscale},
+                 {"mscale_all_dim", c.yarn.mscale_all_dim}};
   if (c.seq_len_interpolation_factor != 1.0)  // RoPE position interpolation (absent: 1, off)
     j["rotary_seq_len_interpolation_factor"] = c.seq_len_interpolation_factor;
   if (c.rotary_interleaved) j["rotary_interleaved"] = true;  // --rotary-interleaved (absent: off)
@@ -125,6 +133,14 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
     c.rope_low_freq_factor = r.at("low_freq_factor");
     c.rope_high_freq_factor = r.at("high_freq_factor");
     c.rope_original_max_positions = r.at("original_max_position_embeddings");
+  }
+  if (j.contains("yarn")) {  // --position-embedding-type yarn (absent: off)
+    const json& y = j.at("yarn");
+    c.yarn.on = true, c.yarn.factor = y.at("factor");
+    c.yarn.original_max_positions = y.at("original_max_position_embeddings");
+    c.yarn.beta_fast = y.at("beta_fast"), c.yarn.beta_slow = y.at("beta_slow");
+    c.yarn.round_to_int = y.at("correction_range_round_to_int");
+    c.yarn.mscale = y.at("mscale"), c.yarn.mscale_all_dim = y.at("mscale_all_dim");
   }
   c.seq_len_interpolation_factor = j.value("rotary_seq_len_interpolation_factor", 1.0);
   c.rotary_interleaved = j.value("rotary_interleaved", false);      // --rotary-interleaved
@@ -230,6 +246,12 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   if (scaling(saved) != scaling(now))
     log::warn("{}: rope_scaling differs (checkpoint {}, this run {})", where, scaling(saved),
               scaling(now));
+  // YaRN likewise: its factor is how a model's context is extended.
+  auto yarn = [](const json& m) {
+    return m.contains("yarn") ? m["yarn"].dump() : std::string("off");
+  };
+  if (yarn(saved) != yarn(now))
+    log::warn("{}: yarn differs (checkpoint {}, this run {})", where, yarn(saved), yarn(now));
   // Position interpolation likewise: stretching a checkpoint's context is what it is for.
   const json ia = saved.value("rotary_seq_len_interpolation_factor", json(1.0));
   const json ib = now.value("rotary_seq_len_interpolation_factor", json(1.0));

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "ops/rope_math.h"
 #include "ops/rope_interleave.h"
 
 namespace mcpp::model {
@@ -15,6 +16,12 @@ ops::RopeFreqs rope_freqs(const TransformerConfig& c) {
   f.high_freq_factor = c.rope_high_freq_factor;
   f.original_max_positions = c.rope_original_max_positions;
   f.interpolation = c.seq_len_interpolation_factor;
+  if (c.yarn.on) {
+    const auto& y = c.yarn;
+    f.yarn = true, f.factor = y.factor, f.original_max_positions = y.original_max_positions;
+    f.beta_fast = y.beta_fast, f.beta_slow = y.beta_slow, f.yarn_round_to_int = y.round_to_int;
+    f.mscale = ops::yarn_concentration(y.factor, y.mscale, y.mscale_all_dim);
+  }
   return f;
 }
 

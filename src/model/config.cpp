@@ -8,7 +8,7 @@ namespace mcpp::model {
 
 double TransformerConfig::softmax_scale() const {
   if (!mla.on) return 1.0 / std::sqrt(double(kv_channels));
-  const double m = ops::mla_yarn_get_mscale(mla.rotary_scaling_factor, mla.mscale_all_dim);
+  const double m = ops::yarn_get_mscale(mla.rotary_scaling_factor, mla.mscale_all_dim);
   return m * m / std::sqrt(double(mla.q_head_dim()));
 }
 
@@ -82,6 +82,29 @@ void TransformerConfig::validate() const {
     MCPP_CHECK(std::isfinite(seq_len_interpolation_factor) && seq_len_interpolation_factor > 0,
                "--rotary-seq-len-interpolation-factor {} must be positive",
                seq_len_interpolation_factor);
+  }
+  if (yarn.on) {
+    MCPP_CHECK(rope, "YaRN is on but the model has no RoPE");
+    MCPP_CHECK_HINT(rot_dim() == kv_channels, "drop --rotary-percent with yarn",
+                    "YaRN rotates the whole head (kv_channels {}), --rotary-percent {} leaves "
+                    "{} dims",
+                    kv_channels, rotary_percent, rot_dim());
+    MCPP_CHECK_HINT(!rotary_interleaved, "drop --rotary-interleaved with yarn",
+                    "YaRN rotates halves, not interleaved pairs (as Megatron asserts)");
+    MCPP_CHECK_HINT(!mla.on, "multi-latent attention takes YaRN from --rope-type yarn",
+                    "--position-embedding-type yarn with --multi-latent-attention");
+    MCPP_CHECK_HINT(!rope_scaling && seq_len_interpolation_factor == 1.0,
+                    "drop --use-rope-scaling and --rotary-seq-len-interpolation-factor",
+                    "YaRN is a RoPE scaling of its own: Llama 3.x scaling and position "
+                    "interpolation do not combine with it");
+    MCPP_CHECK(std::isfinite(yarn.mscale) && std::isfinite(yarn.mscale_all_dim),
+               "YaRN: --mscale {} / --mscale-all-dim {} must be finite", yarn.mscale,
+               yarn.mscale_all_dim);
+    ops::RopeFreqs f(rotary_base);
+    f.yarn = true, f.factor = yarn.factor, f.original_max_positions = yarn.original_max_positions;
+    f.beta_fast = yarn.beta_fast, f.beta_slow = yarn.beta_slow;
+    f.mscale = ops::yarn_concentration(yarn.factor, yarn.mscale, yarn.mscale_all_dim);
+    ops::check_rope_freqs(f, "YaRN");
   }
   MCPP_CHECK_HINT(window_left >= -1, "give --window-size L,0 with L >= -1",
                   "sliding window: left extent {} must be -1 (none) or >= 0", window_left);

@@ -67,6 +67,19 @@ struct TransformerConfig {
   // as Megatron's RotaryEmbedding takes it: the flag gives an integer, a Hugging Face
   // rope_type "linear" any positive factor (e.g. 2.5).
   double seq_len_interpolation_factor = 1.0;  // --rotary-seq-len-interpolation-factor
+  // YaRN (--position-embedding-type yarn; Megatron's YarnRotaryEmbedding of a GPT model,
+  // ops::yarn_inv_freq): the frequencies blended between interpolation and extrapolation over
+  // the whole head (rot_dim = kv_channels), cos and sin times the concentration factor. With
+  // it `rope` is on; Llama 3.x scaling and position interpolation are off.
+  struct Yarn {
+    bool on = false;
+    double factor = 1;                      // --rotary-scaling-factor
+    int64_t original_max_positions = 4096;  // --yarn-original-max-position-embeddings
+    double beta_fast = 32, beta_slow = 1;   // --yarn-beta-fast, --yarn-beta-slow
+    bool round_to_int = true;               // --[no-]yarn-correction-range-round-to-int
+    double mscale = 1, mscale_all_dim = 0;  // --mscale, --mscale-all-dim
+    bool operator==(const Yarn&) const = default;
+  } yarn;
   bool rmsnorm = false;                  // --normalization RMSNorm
   double norm_epsilon = 1e-5;            // --norm-epsilon
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1

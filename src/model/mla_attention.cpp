@@ -36,8 +36,7 @@ ops::MlaRope mla_rope(const TransformerConfig& c) {
   r.beta_fast = m.beta_fast, r.beta_slow = m.beta_slow;
   // YaRN's concentration factor (Megatron's _yarn_get_concentration_factor) scales cos and
   // sin; plain RoPE leaves them.
-  r.mscale = m.yarn ? ops::mla_yarn_get_mscale(m.rotary_scaling_factor, m.mscale) /
-                          ops::mla_yarn_get_mscale(m.rotary_scaling_factor, m.mscale_all_dim)
+  r.mscale = m.yarn ? ops::yarn_concentration(m.rotary_scaling_factor, m.mscale, m.mscale_all_dim)
                     : 1.0;
   return r;
 }

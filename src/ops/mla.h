@@ -49,36 +49,13 @@ struct MlaRope {
   double mscale = 1;  // multiplies cos and sin (YaRN's concentration factor; 1 for plain rope)
 };
 
-// Inverse frequency of rotary pair i < Dr / 2, in double. Plain: extra_i = base^(-2i / Dr).
-// YaRN (Megatron's YarnRotaryEmbedding, correction range rounded to integers) blends
-// interpolation inter_i = extra_i / factor for the long wavelengths with extrapolation for the
-// short ones. The pair whose wavelength spans `rot` turns over the original context L sits at
-//   corr(rot) = Dr ln(L / (2 pi rot)) / (2 ln base)
-// (solve L / (2 pi base^(2i / Dr)) = rot for i); pairs below low = floor(corr(beta_fast))
-// rotate more than beta_fast times and keep extra_i, pairs above high = ceil(corr(beta_slow))
-// take inter_i, a linear ramp in between:
-//   ramp_i = clamp((i - low) / (high - low), 0, 1),  inv_i = inter_i ramp_i + extra_i (1 - ramp_i)
+// Inverse frequency of rotary pair i < Dr / 2, in double. Plain: base^(-2i / Dr). YaRN:
+// ops/rope_math.h's yarn_inv_freq over Dr, its correction range rounded to integers as
+// Megatron's MLA does.
 MCPP_ROPE_HD inline double mla_inv_freq(const MlaRope& r, int64_t i, int64_t Dr) {
-  const double extra = ::pow(r.base, -2.0 * double(i) / double(Dr));
-  if (!r.yarn) return extra;
-  const double inter = extra / r.factor;
-  const double L = double(r.original_max_positions), two_pi = 2.0 * 3.14159265358979323846;
-  const double denom = 2.0 * ::log(r.base);
-  double low = ::floor(double(Dr) * ::log(L / (r.beta_fast * two_pi)) / denom);
-  double high = ::ceil(double(Dr) * ::log(L / (r.beta_slow * two_pi)) / denom);
-  low = low > 0.0 ? low : 0.0;
-  high = high < double(Dr - 1) ? high : double(Dr - 1);
-  if (low == high) high += 0.001;  // Megatron's _yarn_linear_ramp_mask: no division by zero
-  double ramp = (double(i) - low) / (high - low);
-  ramp = ramp < 0.0 ? 0.0 : (ramp > 1.0 ? 1.0 : ramp);
-  const double mask = 1.0 - ramp;  // Megatron's inv_freq_mask: 1 where extrapolated
-  return inter * (1.0 - mask) + extra * mask;
-}
-
-// YaRN's attention scaling (Megatron's _yarn_get_mscale): 0.1 m ln(scale) + 1 above scale 1.
-// The model forms the concentration factor and the softmax scale's correction from it.
-inline double mla_yarn_get_mscale(double scale, double m) {
-  return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  if (!r.yarn) return ::pow(r.base, -2.0 * double(i) / double(Dr));
+  return yarn_inv_freq(r.base, r.factor, r.original_max_positions, r.beta_fast, r.beta_slow, true,
+                       i, Dr);
 }
 
 // ---- argument checks both backends share (each backend checks its dtypes) ----------------

@@ -149,6 +149,13 @@ struct RopeFreqs {
   double high_freq_factor = 4;            // wavelengths below original / high: unchanged
   int64_t original_max_positions = 8192;  // the context the unscaled model was trained for
   double interpolation = 1;               // every frequency's divisor; 1: none (exactly)
+  // YaRN (Megatron's --position-embedding-type yarn, Hugging Face's rope_type "yarn"): the
+  // frequencies of ops/rope_math.h's yarn_inv_freq from base, factor, original_max_positions
+  // and these; exclusive with `scaled`.
+  bool yarn = false;
+  double beta_fast = 32, beta_slow = 1;
+  bool yarn_round_to_int = true;  // the correction range's bounds floored and ceiled
+  double mscale = 1;              // multiplies cos and sin (YaRN's concentration factor)
   RopeFreqs() = default;
   RopeFreqs(double b) : base(b) {}  // NOLINT(google-explicit-constructor): plain RoPE
   bool operator==(const RopeFreqs&) const = default;

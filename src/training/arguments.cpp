@@ -205,6 +205,7 @@ void assign(std::string& f, const Given& g) { f = g.tokens.at(0); }
 void assign(std::optional<int64_t>& f, const Given& g) { f = get_int(g); }
 void assign(std::optional<double>& f, const Given& g) { f = get_float(g); }
 void assign(std::optional<std::string>& f, const Given& g) { f = g.tokens.at(0); }
+void assign(std::optional<bool>& f, const Given& g) { f = g.flag_value; }
 void assign(std::vector<std::string>& f, const Given& g) { f = g.tokens; }
 void assign(std::vector<int64_t>& f, const Given& g) {
   f.clear();

@@ -59,7 +59,7 @@ struct Args {
   int64_t num_query_groups = 1;  // validate_args: = heads unless --group-query-attention
   int64_t seq_length = 0;
   int64_t max_position_embeddings = 0;
-  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute|rope|yarn
   bool use_rotary_position_embeddings = false;               // deprecated alias of rope
   int64_t rotary_base = 10000;
   double rotary_percent = 1.0;
@@ -90,7 +90,12 @@ struct Args {
   bool multi_latent_attention = false;
   std::optional<int64_t> q_lora_rank;
   int64_t kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
-  double rotary_scaling_factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0;  // YaRN (MLA)
+  // YaRN: MLA's (--rope-type yarn) or standard attention's (--position-embedding-type yarn).
+  double rotary_scaling_factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
+  // Standard attention's YaRN only (None: Megatron's 4096, 32, 1 and True).
+  std::optional<int64_t> yarn_original_max_position_embeddings;
+  std::optional<double> yarn_beta_fast, yarn_beta_slow;
+  std::optional<bool> yarn_correction_range_round_to_int;
   int64_t make_vocab_size_divisible_by = 128;
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double layernorm_epsilon = 1e-5;          // --norm-epsilon

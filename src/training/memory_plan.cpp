@@ -28,7 +28,15 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.num_query_groups = a.num_query_groups, c.kv_channels = a.kv_channels;
   c.seq_length = a.seq_length, c.max_position_embeddings = a.max_position_embeddings;
   c.padded_vocab_size = *a.padded_vocab_size;
-  c.rope = a.position_embedding_type == "rope";
+  c.rope = a.position_embedding_type == "rope" || a.position_embedding_type == "yarn";
+  if (a.position_embedding_type == "yarn") {
+    auto& y = c.yarn;
+    y.on = true, y.factor = a.rotary_scaling_factor;
+    y.original_max_positions = a.yarn_original_max_position_embeddings.value_or(4096);
+    y.beta_fast = a.yarn_beta_fast.value_or(32), y.beta_slow = a.yarn_beta_slow.value_or(1);
+    y.round_to_int = a.yarn_correction_range_round_to_int.value_or(true);
+    y.mscale = a.mscale, y.mscale_all_dim = a.mscale_all_dim;
+  }
   c.mtp_num_layers = a.mtp_num_layers.value_or(0);
   c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;
   c.rotary_interleaved = a.rotary_interleaved;

@@ -138,8 +138,23 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   force("group_query_attention", a.group_query_attention, gqa, py(gqa));
   force("num_query_groups", a.num_query_groups, c.num_query_groups,
         std::to_string(c.num_query_groups));
-  const std::string pos = c.rope ? "rope" : "learned_absolute";
+  const std::string pos = c.yarn.on ? "yarn" : c.rope ? "rope" : "learned_absolute";
   force("position_embedding_type", a.position_embedding_type, pos, pos);
+  if (c.yarn.on) {  // YaRN: forced like the Llama 3.x scaling below
+    const auto& y = c.yarn;
+    force("rotary_scaling_factor", a.rotary_scaling_factor, y.factor, python_float(y.factor));
+    force("mscale", a.mscale, y.mscale, python_float(y.mscale));
+    force("mscale_all_dim", a.mscale_all_dim, y.mscale_all_dim, python_float(y.mscale_all_dim));
+    force("yarn_original_max_position_embeddings", a.yarn_original_max_position_embeddings,
+          std::optional<int64_t>(y.original_max_positions),
+          std::to_string(y.original_max_positions));
+    force("yarn_beta_fast", a.yarn_beta_fast, std::optional<double>(y.beta_fast),
+          python_float(y.beta_fast));
+    force("yarn_beta_slow", a.yarn_beta_slow, std::optional<double>(y.beta_slow),
+          python_float(y.beta_slow));
+    force("yarn_correction_range_round_to_int", a.yarn_correction_range_round_to_int,
+          std::optional<bool>(y.round_to_int), py(y.round_to_int));
+  }
   force("rotary_base", a.rotary_base, int64_t(c.rotary_base),
         std::to_string(int64_t(c.rotary_base)));
   force("rotary_percent", a.rotary_percent, c.rotary_percent, python_float(c.rotary_percent));

@@ -50,8 +50,9 @@ void validate_features(Args& a) {
   // Features whose flag is implemented only for some values (for now).
   if (a.use_rotary_position_embeddings) a.position_embedding_type = "rope";
   MCPP_CHECK_HINT(
-      a.position_embedding_type == "learned_absolute" || a.position_embedding_type == "rope",
-      "use --position-embedding-type learned_absolute or rope",
+      a.position_embedding_type == "learned_absolute" || a.position_embedding_type == "rope" ||
+          a.position_embedding_type == "yarn",
+      "use --position-embedding-type learned_absolute, rope or yarn",
       "--position-embedding-type {} is not implemented yet by megatron.cpp",
       a.position_embedding_type);
   // Megatron's rule: the deprecated switch is allowed with RoPE only (no learned table there).

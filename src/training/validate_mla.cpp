@@ -22,15 +22,25 @@ void validate_mla(Args& a) {
                                         {"kv_lora_rank", "--kv-lora-rank"},
                                         {"qk_head_dim", "--qk-head-dim"},
                                         {"qk_pos_emb_head_dim", "--qk-pos-emb-head-dim"},
-                                        {"v_head_dim", "--v-head-dim"},
-                                        {"rotary_scaling_factor", "--rotary-scaling-factor"},
-                                        {"mscale", "--mscale"},
-                                        {"mscale_all_dim", "--mscale-all-dim"}};
+                                        {"v_head_dim", "--v-head-dim"}};
+  const char* const yarn_flags[][2] = {{"rotary_scaling_factor", "--rotary-scaling-factor"},
+                                       {"mscale", "--mscale"},
+                                       {"mscale_all_dim", "--mscale-all-dim"}};
   if (!a.multi_latent_attention) {
     for (const auto& f : shape_flags)
       MCPP_CHECK_HINT(!a.was_given(f[0]),
                       fmt::format("add --multi-latent-attention, or drop {}", f[1]),
                       "{} configures multi-latent attention, which is off", f[1]);
+    // Standard attention's YaRN takes these too (validate_rope.cpp checks them there).
+    if (a.position_embedding_type == "yarn") return;
+    for (const auto& f : yarn_flags)
+      MCPP_CHECK_HINT(!a.was_given(f[0]),
+                      fmt::format("add --multi-latent-attention or --position-embedding-type "
+                                  "yarn, or drop {}",
+                                  f[1]),
+                      "{} configures YaRN, which neither multi-latent attention (off) nor "
+                      "--position-embedding-type {} uses",
+                      f[1], a.position_embedding_type);
     return;
   }
   MCPP_CHECK_HINT(!a.group_query_attention,

@@ -16,7 +16,7 @@ void validate_mtp(const Args& a) {
                     a.mtp_loss_scaling_factor);
     return;
   }
-  MCPP_CHECK_HINT(a.position_embedding_type == "rope",
+  MCPP_CHECK_HINT(a.position_embedding_type == "rope" || a.position_embedding_type == "yarn",
                   "add --position-embedding-type rope",
                   "--mtp-num-layers with --position-embedding-type {}: multi-token prediction "
                   "needs rotary positions (Megatron asserts the same)",

@@ -1,14 +1,75 @@
 // Validation of the RoPE flags beyond the base and the rotary share: Llama 3.x scaling
 // (--use-rope-scaling, --rope-scaling-factor), linear position interpolation
-// (--rotary-seq-len-interpolation-factor) and --rope-type. Both frequency changes act on
+// (--rotary-seq-len-interpolation-factor), --rope-type and standard attention's YaRN
+// (--position-embedding-type yarn). Both frequency changes act on
 // RoPE only: Megatron ignores them silently without it; here that is an error, never a flag
 // accepted and ignored. They combine as in Megatron (ops/rope_math.h).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <utility>
+
 #include "base/error.h"
 #include "training/arguments.h"
 
 namespace mcpp::training {
 
+namespace {
+
+// --position-embedding-type yarn: Megatron's YarnRotaryEmbedding on standard attention. Its
+// flags without it are errors (Megatron reads them only for it); with it, what Megatron
+// ignores or asserts against is refused, and what it would divide by or take a logarithm
+// of must be positive.
+void validate_yarn(const Args& a) {
+  const char* const flags[][2] = {
+      {"yarn_original_max_position_embeddings", "--yarn-original-max-position-embeddings"},
+      {"yarn_beta_fast", "--yarn-beta-fast"},
+      {"yarn_beta_slow", "--yarn-beta-slow"},
+      {"yarn_correction_range_round_to_int", "--[no-]yarn-correction-range-round-to-int"}};
+  if (a.position_embedding_type != "yarn") {
+    for (const auto& f : flags)
+      MCPP_CHECK_HINT(!a.was_given(f[0]),
+                      fmt::format("add --position-embedding-type yarn, or drop {}", f[1]),
+                      "{} configures YaRN, but --position-embedding-type is {}", f[1],
+                      a.position_embedding_type);
+    return;
+  }
+  MCPP_CHECK_HINT(!a.multi_latent_attention,
+                  "drop --position-embedding-type yarn: multi-latent attention's RoPE is YaRN "
+                  "by default (--rope-type yarn)",
+                  "--position-embedding-type yarn with --multi-latent-attention");
+  MCPP_CHECK_HINT(a.rotary_percent == 1.0, "drop --rotary-percent with yarn",
+                  "--rotary-percent {} with --position-embedding-type yarn: YaRN rotates the "
+                  "whole head (Megatron's YarnRotaryEmbedding builds its frequencies over "
+                  "kv_channels whatever the percentage)",
+                  python_float(a.rotary_percent));
+  MCPP_CHECK_HINT(a.rotary_base > 1, "give --rotary-base > 1",
+                  "--rotary-base {} with yarn: YaRN divides by ln(base)", a.rotary_base);
+  MCPP_CHECK_HINT(std::isfinite(a.rotary_scaling_factor) && a.rotary_scaling_factor > 0,
+                  "give --rotary-scaling-factor > 0 (the context's stretch: 4 takes a model "
+                  "trained at 4K tokens to 16K; 1 is no scaling)",
+                  "--rotary-scaling-factor {} is not positive",
+                  python_float(a.rotary_scaling_factor));
+  MCPP_CHECK_HINT(std::isfinite(a.mscale) && std::isfinite(a.mscale_all_dim),
+                  "give finite --mscale and --mscale-all-dim",
+                  "--mscale {} / --mscale-all-dim {} must be finite numbers",
+                  python_float(a.mscale), python_float(a.mscale_all_dim));
+  MCPP_CHECK_HINT(a.yarn_original_max_position_embeddings.value_or(4096) > 0,
+                  "give --yarn-original-max-position-embeddings, the context the model was "
+                  "trained for (Megatron's default 4096)",
+                  "--yarn-original-max-position-embeddings {} is not positive",
+                  *a.yarn_original_max_position_embeddings);
+  for (const auto& [v, flag] : {std::pair{a.yarn_beta_fast, "--yarn-beta-fast"},
+                                std::pair{a.yarn_beta_slow, "--yarn-beta-slow"}})
+    MCPP_CHECK_HINT(!v || (std::isfinite(*v) && *v > 0),
+                    fmt::format("give {} > 0 (Megatron's defaults: 32 fast, 1 slow)", flag),
+                    "{} {} is not positive", flag, python_float(v.value_or(0)));
+}
+
+}  // namespace
+
 void validate_rope(const Args& a) {
+  validate_yarn(a);
   const bool rope = a.position_embedding_type == "rope";
   // Megatron asserts nothing of the scaling factor; it divides by it.
   if (a.use_rope_scaling) {
@@ -56,9 +117,10 @@ void validate_rope(const Args& a) {
   // not given); for standard attention it asserts rope_type == "rope".
   if (a.rope_type && !a.multi_latent_attention) {
     MCPP_CHECK_HINT(*a.rope_type == "rope",
-                    "drop --rope-type, or add --multi-latent-attention (YaRN is MLA's RoPE)",
+                    "drop --rope-type, or add --multi-latent-attention; standard "
+                    "attention's YaRN is --position-embedding-type yarn",
                     "--rope-type {}: Megatron-LM's standard attention takes only --rope-type "
-                    "rope; YaRN belongs to multi-latent attention (--multi-latent-attention)",
+                    "rope; --rope-type yarn is multi-latent attention's",
                     *a.rope_type);
   }
 }

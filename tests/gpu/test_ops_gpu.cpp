@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "ops/rope_math.h"
 
 namespace mcpp::test {
 namespace ops_gpu_test {
@@ -777,11 +778,19 @@ TEST_P(GpuOp, RopeScalingMatchesCpu) {
     f.interpolation = n;
     return f;
   };
+  // YaRN (--position-embedding-type yarn): its frequencies, cos and sin times its factor.
+  auto yarn = [](double base, double factor, int64_t original) {
+    ops::RopeFreqs f(base);
+    f.yarn = true, f.factor = factor, f.original_max_positions = original;
+    f.mscale = ops::yarn_concentration(factor, 1, 0);
+    return f;
+  };
   auto far = [&](const Tensor& a, const Tensor& b) { EXPECT_GT(rel_err(a, b), 0.1); };
-  for (const ops::RopeFreqs& ft :
-       {llama, interpolated(llama, 4), interpolated(ops::RopeFreqs(500000.0), 2.5)}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "training ops, scaled " << ft.scaled << " interpolation " << ft.interpolation);
+  for (const ops::RopeFreqs& ft : {llama, interpolated(llama, 4),
+                                   interpolated(ops::RopeFreqs(500000.0), 2.5),
+                                   yarn(1e6, 4, 2048)}) {
+    SCOPED_TRACE(::testing::Message() << "training ops, scaled " << ft.scaled << " interpolation "
+                                      << ft.interpolation << " yarn " << ft.yarn);
     ops::AttentionDims d;
     d.S = 50, d.B = 2, d.NH = 6, d.NG = 2, d.HD = 64;
     const Tensor qkv = rand_in({d.S, d.B, d.qkv_width()}, 121, dt());
@@ -834,12 +843,13 @@ TEST_P(GpuOp, RopeScalingMatchesCpu) {
       const Tensor gpos = to_gpu(pos, DType::I64);
       const double scale = 1.0 / std::sqrt(double(HD));
       for (const ops::RopeFreqs& f : {ops::RopeFreqs(10000.0), small, interpolated(small, 4),
-                                      interpolated(ops::RopeFreqs(10000.0), 2.5)}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "scaled " << f.scaled << " interpolation " << f.interpolation);
+                                      interpolated(ops::RopeFreqs(10000.0), 2.5),
+                                      yarn(10000.0, 8, 64)}) {
+        SCOPED_TRACE(::testing::Message() << "scaled " << f.scaled << " interpolation "
+                                          << f.interpolation << " yarn " << f.yarn);
         Tensor rq = Tensor::empty(qkv.shape(), DType::F32);
         cpu::rope_decode(qkv, d, rot, f, pos, rq, CS());
-        if (f.scaled || f.interpolation != 1) {
+        if (f.scaled || f.interpolation != 1 || f.yarn) {
           Tensor plain = rq.clone();
           cpu::rope_decode(qkv, d, rot, 10000.0, pos, plain, CS());
           far(rq, plain);

@@ -198,9 +198,9 @@ TEST(MlaOps, YarnInverseFrequencies) {
   r.yarn = false;
   EXPECT_DOUBLE_EQ(ops::mla_inv_freq(r, 3, 8), std::pow(10000.0, -0.75));
   // 0.1 * 0.707 * ln 40 + 1; 1 at or below scale 1.
-  EXPECT_NEAR(ops::mla_yarn_get_mscale(40, 0.707), 1.2608037774058554, 1e-15);
-  EXPECT_EQ(ops::mla_yarn_get_mscale(1, 0.707), 1.0);
-  EXPECT_EQ(ops::mla_yarn_get_mscale(0.5, 1.0), 1.0);
+  EXPECT_NEAR(ops::yarn_get_mscale(40, 0.707), 1.2608037774058554, 1e-15);
+  EXPECT_EQ(ops::yarn_get_mscale(1, 0.707), 1.0);
+  EXPECT_EQ(ops::yarn_get_mscale(0.5, 1.0), 1.0);
 }
 
 // <dqkv, F(q, kv, kpe)> = <dq, q> + <dkv, kv> + <dkpe, kpe> for random inputs and gradients

@@ -273,8 +273,9 @@ TEST(Validate, RotaryPercentRange) {
 TEST(Validate, ValuesNotImplementedYet) {
   expect_invalid(with(base_argv(), {"--expert-model-parallel-size", "2"}),
                  {"--expert-model-parallel-size 2"}, 2);
-  expect_invalid(with(base_argv(), {"--position-embedding-type", "yarn"}),
-                 {"--position-embedding-type yarn is not implemented yet"});
+  expect_invalid(with(base_argv(), {"--position-embedding-type", "mrope"}),
+                 {"--position-embedding-type mrope is not implemented yet",
+                  "learned_absolute, rope or yarn"});
   expect_invalid(with(base_argv(), {"--optimizer", "soap"}),
                  {"--optimizer soap", "is not implemented yet", "lion, muon or adaptive_muon"});
   // Megatron's deprecated dist_muon: Muon with the distributed optimizer.
@@ -553,7 +554,8 @@ TEST(Validate, RopeType) {
   }
   expect_invalid(with(base_argv(), {"--rope-type", "yarn", "--position-embedding-type", "rope"}),
                  {"--rope-type yarn: Megatron-LM's standard attention takes only --rope-type "
-                  "rope; YaRN belongs to multi-latent attention",
+                  "rope; --rope-type yarn is multi-latent attention's",
+                  "standard attention's YaRN is --position-embedding-type yarn",
                   "HINT: drop --rope-type, or add --multi-latent-attention"});
   // With multi-latent attention yarn is the default and rope the alternative.
   Args m = parse_and_validate(with(base_argv(), {"--multi-latent-attention", "--rope-type",

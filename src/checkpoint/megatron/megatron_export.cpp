@@ -158,9 +158,22 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("max_position_embeddings", Py::integer(c.max_position_embeddings));
   a.set("seq_length", Py::integer(c.seq_length));
   a.set("encoder_seq_length", Py::integer(c.seq_length));
-  a.set("position_embedding_type", Py::str(c.rope ? "rope" : "learned_absolute"));
-  a.set("add_position_embedding", Py::boolean(!c.rope));
-  a.set("use_rotary_position_embeddings", Py::boolean(c.rope));
+  a.set("position_embedding_type",
+        Py::str(c.yarn.on ? "yarn" : c.rope ? "rope" : "learned_absolute"));
+  // Megatron allows --no-position-embedding with rope only, and its
+  // --use-rotary-position-embeddings would turn yarn into rope.
+  a.set("add_position_embedding", Py::boolean(!c.rope || c.yarn.on));
+  a.set("use_rotary_position_embeddings", Py::boolean(c.rope && !c.yarn.on));
+  if (c.yarn.on) {  // what _apply_yarn_config_from_args reads
+    const auto& y = c.yarn;
+    a.set("rotary_scaling_factor", Py::real(y.factor));
+    a.set("yarn_original_max_position_embeddings", Py::integer(y.original_max_positions));
+    a.set("yarn_beta_fast", Py::real(y.beta_fast));
+    a.set("yarn_beta_slow", Py::real(y.beta_slow));
+    a.set("yarn_correction_range_round_to_int", Py::boolean(y.round_to_int));
+    a.set("mscale", Py::real(y.mscale));
+    a.set("mscale_all_dim", Py::real(y.mscale_all_dim));
+  }
   a.set("rotary_base", py_number(c.rotary_base));
   a.set("rotary_percent", Py::real(c.rotary_percent));
   a.set("rotary_interleaved", Py::boolean(c.rope && c.rotary_interleaved));

@@ -124,6 +124,52 @@ void refuse_megatron_checkpoint(const std::string& dir, std::optional<int64_t> i
                           dir));
 }
 
+namespace {
+
+// --position-embedding-type yarn: Megatron's YarnRotaryEmbedding settings from the args its
+// _apply_yarn_config_from_args reads (None: its defaults). It rotates the whole head and
+// takes neither Llama 3.x scaling nor position interpolation, so those are imported off.
+void import_yarn(model::TransformerConfig& c, const Value& a, const std::string& what,
+                 std::vector<std::string>& notes) {
+  auto number = [&](const char* k, double dflt) -> double {
+    const Value* v = arg(a, k);
+    if (!v) return dflt;
+    MCPP_CHECK(v->is(K::Float) || v->is(K::Int), "{}: args.{} is a {}", what, k, v->describe());
+    return v->is(K::Float) ? v->f : double(v->i);
+  };
+  auto& y = c.yarn;
+  y.on = true, y.factor = number("rotary_scaling_factor", 1.0);
+  y.original_max_positions = int64_t(number("yarn_original_max_position_embeddings", 4096));
+  y.beta_fast = number("yarn_beta_fast", 32), y.beta_slow = number("yarn_beta_slow", 1);
+  const Value* r = arg(a, "yarn_correction_range_round_to_int");
+  MCPP_CHECK(!r || r->is(K::Bool), "{}: args.yarn_correction_range_round_to_int is a {}", what,
+             r ? r->describe() : "");
+  y.round_to_int = !r || r->b;
+  y.mscale = number("mscale", 1.0), y.mscale_all_dim = number("mscale_all_dim", 0.0);
+  MCPP_CHECK(std::isfinite(y.factor) && y.factor > 0 && y.original_max_positions > 0 &&
+                 std::isfinite(y.beta_fast) && y.beta_fast > 0 && std::isfinite(y.beta_slow) &&
+                 y.beta_slow > 0 && std::isfinite(y.mscale) && std::isfinite(y.mscale_all_dim),
+             "{}: args give an invalid YaRN (rotary_scaling_factor {}, "
+             "yarn_original_max_position_embeddings {}, yarn_beta_fast {}, yarn_beta_slow {}, "
+             "mscale {}, mscale_all_dim {})",
+             what, y.factor, y.original_max_positions, y.beta_fast, y.beta_slow, y.mscale,
+             y.mscale_all_dim);
+  const Value* p = arg(a, "rotary_percent");
+  if (p && !(p->is(K::Float) && p->f == 1.0) && !(p->is(K::Int) && p->i == 1))
+    notes.push_back(
+        "args.rotary_percent is below 1 but YaRN rotates the whole head (Megatron's "
+        "YarnRotaryEmbedding builds its frequencies over kv_channels): imported as 1");
+  for (const char* k : {"use_rope_scaling", "rotary_seq_len_interpolation_factor"}) {
+    const Value* v = arg(a, k);
+    if (v && !(v->is(K::Bool) && !v->b))
+      notes.push_back(fmt::format("args.{} is set but the model's RoPE is YaRN (Megatron "
+                                  "ignores it there): imported without it",
+                                  k));
+  }
+}
+
+}  // namespace
+
 model::TransformerConfig config_from_args(const Value& a, const std::string& what,
                                           std::vector<std::string>& notes) {
   MCPP_CHECK(a.is(K::Object) && a.s == "argparse.Namespace",
@@ -174,7 +220,8 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   const std::string norm = str("normalization", "LayerNorm");
   unsupported(norm != "LayerNorm" && norm != "RMSNorm", "--normalization " + norm);
   const std::string pos = str("position_embedding_type", "learned_absolute");
-  unsupported(pos != "learned_absolute" && pos != "rope", "--position-embedding-type " + pos);
+  unsupported(pos != "learned_absolute" && pos != "rope" && pos != "yarn",
+              "--position-embedding-type " + pos);
 
   model::TransformerConfig c;
   c.num_layers = i64("num_layers");
@@ -200,7 +247,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
                   "{}: args.swiglu and args.squared_relu are both set (Megatron asserts "
                   "against it)",
                   what);
-  c.rope = pos == "rope";
+  c.rope = pos == "rope" || pos == "yarn";
   if (const Value* w = arg(a, "window_size")) {  // sliding-window attention: (L, R), L -1 none
     MCPP_CHECK((w->is(K::Tuple) || w->is(K::List)) && w->items.size() == 2 &&
                    w->items[0]->is(K::Int) && w->items[0]->i >= -1,
@@ -227,10 +274,11 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   }
   c.rotary_base = f64("rotary_base", 10000);
   c.rotary_interleaved = c.rope && flag("rotary_interleaved", false);  // the same weights
-  c.rotary_percent = f64("rotary_percent", 1.0);
+  c.rotary_percent = c.yarn.on ? 1.0 : f64("rotary_percent", 1.0);
+  if (pos == "yarn") import_yarn(c, a, what, notes);
   // Llama 3.x RoPE scaling: Megatron applies it only to a RoPE model (the other three values
   // are its constants, TransformerConfig's defaults).
-  c.rope_scaling = c.rope && flag("use_rope_scaling", false);
+  c.rope_scaling = pos == "rope" && flag("use_rope_scaling", false);
   c.rope_scaling_factor = f64("rope_scaling_factor", 8.0);
   if (flag("use_rope_scaling", false) && !c.rope)
     notes.push_back(
@@ -241,8 +289,8 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
              c.rope_scaling_factor);
   // Linear position interpolation (None: off), likewise for RoPE models only.
   const double interp = f64("rotary_seq_len_interpolation_factor", 1.0);
-  if (c.rope) c.seq_len_interpolation_factor = interp;
-  if (!c.rope && interp != 1.0)
+  if (pos == "rope") c.seq_len_interpolation_factor = interp;
+  if (pos != "rope" && interp != 1.0)
     notes.push_back(
         "args.rotary_seq_len_interpolation_factor is set but the model has no RoPE (Megatron "
         "ignores it there): imported without interpolation");

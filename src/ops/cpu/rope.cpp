@@ -8,7 +8,8 @@
 // when freqs.scaled: ops/rope_math.h):
 //   out[i]        = x[i] cos - x[i + half] sin
 //   out[i + half] = x[i + half] cos + x[i] sin
-// Value heads and dims >= rot_dim pass through. out may alias in (each pair is read
+// With YaRN, cos and sin are first multiplied by its concentration factor freqs.mscale (1
+// otherwise). Value heads and dims >= rot_dim pass through. out may alias in (each pair is read
 // before it is written). The backward is the transposed, i.e. inverse, rotation.
 //
 // Angles and their sines are computed in double for both dtypes: Megatron forms them
@@ -63,8 +64,8 @@ void rope_impl(const T* in, const AttentionDims& d, int64_t rot_dim, const RopeF
       const double t = double(s + s_offset);
       for (int64_t i = 0; i < half; ++i) {
         const double a = t * inv_freq[size_t(i)];
-        cs[size_t(i)] = T(std::cos(a));
-        sn[size_t(i)] = T(sign * std::sin(a));
+        cs[size_t(i)] = T(freqs.mscale * std::cos(a));
+        sn[size_t(i)] = T(sign * (freqs.mscale * std::sin(a)));
       }
       for (int64_t hh = 0; hh < heads_per_row; ++hh) {
         const int64_t off = (s * heads_per_row + hh) * HD;
@@ -111,8 +112,8 @@ void rope_pos_impl(const T* in, const AttentionDims& d, int64_t rot_dim, const R
     for (int64_t r = 0; r < d.S * d.B; ++r) {
       for (int64_t i = 0; i < half; ++i) {
         const double a = double(pos[r]) * inv_freq[size_t(i)];
-        cs[size_t(i)] = T(std::cos(a));
-        sn[size_t(i)] = T(sign * std::sin(a));
+        cs[size_t(i)] = T(freqs.mscale * std::cos(a));
+        sn[size_t(i)] = T(sign * (freqs.mscale * std::sin(a)));
       }
       for (int64_t hh = 0; hh < heads; ++hh) {
         const int64_t off = (r * heads + hh) * HD;

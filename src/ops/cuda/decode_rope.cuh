@@ -21,7 +21,7 @@ namespace mcpp::ops::cuda {
 __device__ __forceinline__ void rope_angle(int64_t p, int64_t i, int64_t rot_dim,
                                            const RopeFreqs& freqs, float& cs, float& sn) {
   const double a = double(p) * rope_inv_freq(freqs, i, rot_dim);
-  cs = float(cos(a)), sn = float(sin(a));
+  cs = float(freqs.mscale * cos(a)), sn = float(freqs.mscale * sin(a));
 }
 
 // The pair (x1, x2) = (x[i], x[i + half]) rotated as rope.cu's rope_kernel rotates it: each

@@ -8,7 +8,8 @@
 // Backward applies the inverse rotation (sin -> -sin) to the gradient. rope_positions
 // (--reset-position-ids) takes each row's position from a device tensor instead of
 // s + s_offset: the table then has a row per (s, b) and the kernels see S*B rows of B = 1.
-// The cos/sin table is computed in f64 (angles reach thousands of radians) and kept f32.
+// The cos/sin table is computed in f64 (angles reach thousands of radians), times YaRN's
+// concentration factor freqs.mscale (1 otherwise), and kept f32.
 // Vector path: a thread rotates N = 16 / sizeof(T) consecutive pairs (i, i + h) with 16-byte
 // loads and stores, when h and HD are whole numbers of packs and qkv is 16-byte aligned;
 // otherwise one pair per thread. Both compute the same float expressions per element.
@@ -38,7 +39,7 @@ static __global__ void rope_table_kernel(float2* table, int64_t S, int64_t half,
        k += int64_t(gridDim.x) * blockDim.x) {
     int64_t s = k / half, i = k - s * half;
     double a = double(s + off) * rope_inv_freq(freqs, i, rot_dim);
-    table[k] = make_float2(float(cos(a)), float(sin(a)));
+    table[k] = make_float2(float(freqs.mscale * cos(a)), float(freqs.mscale * sin(a)));
   }
 }
 
@@ -51,7 +52,7 @@ static __global__ void rope_pos_table_kernel(float2* table, const int64_t* __res
        k += int64_t(gridDim.x) * blockDim.x) {
     int64_t r = k / half, i = k - r * half;
     double a = double(pos[r]) * rope_inv_freq(freqs, i, rot_dim);
-    table[k] = make_float2(float(cos(a)), float(sin(a)));
+    table[k] = make_float2(float(freqs.mscale * cos(a)), float(freqs.mscale * sin(a)));
   }
 }
 
