@@ -1,9 +1,10 @@
-// Llama 3.x RoPE scaling in megatron.cpp checkpoints: metadata.json records it (absent: off,
+// Llama 3.x RoPE scaling (and position interpolation, and YaRN) in megatron.cpp checkpoints: metadata.json records it (absent: off,
 // so checkpoints from before it load as plain RoPE); a run whose scaling differs loads with a
 // warning naming both, as a different rotary base does.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "ckpt_test_util.h"
 
@@ -125,6 +126,70 @@ TEST(RopeInterpolationCheckpoint, ADifferentFactorLoadsWithAWarning) {
   EXPECT_NE(compat_warnings(ck::model_config_json(tiny_config("llama")), c)
                 .find("(checkpoint 1.0, this run 4.0)"),
             std::string::npos);
+}
+
+// ---- YaRN (--position-embedding-type yarn)
+
+model::TransformerConfig yarn_llama() {
+  auto c = tiny_config("llama");
+  c.rotary_base = 1e6;
+  c.yarn.on = true, c.yarn.factor = 4, c.yarn.original_max_positions = 16;
+  c.yarn.beta_fast = 8, c.yarn.beta_slow = 2, c.yarn.round_to_int = false;
+  c.yarn.mscale = 0.9, c.yarn.mscale_all_dim = 0.5;
+  return c;
+}
+
+// metadata.json's model.yarn: every field written, read back, absent = off; nonsense
+// refused naming the field; a different YaRN loads with a warning, as for rope_scaling.
+TEST(YarnCheckpoint, MetadataRecordsIt) {
+  const auto c = yarn_llama();
+  model::GPTModel m(c);
+  fill_global(m.params(), m.params().flat_params(), 6);
+  const std::string dir = scratch_dir();
+  ck::save_checkpoint(dir, m, nullptr, sample_state(3));
+  const json md = ck::read_metadata(dir);
+  EXPECT_EQ(md.at("model").at("yarn"), json({{"factor", 4.0},
+                                             {"original_max_position_embeddings", 16},
+                                             {"beta_fast", 8.0},
+                                             {"beta_slow", 2.0},
+                                             {"correction_range_round_to_int", false},
+                                             {"mscale", 0.9},
+                                             {"mscale_all_dim", 0.5}}));
+  const auto back = ck::model_config_from_metadata(md);
+  EXPECT_EQ(back.yarn, c.yarn);
+  EXPECT_TRUE(back.rope);
+  EXPECT_EQ(ck::model_config_json(back), ck::model_config_json(c));
+  json old = md;
+  old["model"].erase("yarn");
+  EXPECT_FALSE(ck::model_config_from_metadata(old).yarn.on);
+  EXPECT_FALSE(ck::model_config_json(tiny_config("llama")).contains("yarn"));
+  for (const auto& [field, bad] :
+       {std::pair<std::string, json>{"factor", 0.0}, {"beta_fast", -1.0}, {"beta_slow", "1"},
+        {"original_max_position_embeddings", 0}, {"correction_range_round_to_int", 1.5}}) {
+    json h = md;
+    h["model"]["yarn"][field] = bad;
+    EXPECT_THROW(ck::model_config_from_metadata(h), Error) << field << " " << bad.dump();
+  }
+  json noisy = md;
+  noisy["model"]["yarn"].erase("beta_fast");
+  EXPECT_THROW(ck::model_config_from_metadata(noisy), Error);
+  json flat = md;
+  flat["model"]["rope"] = false;  // YaRN on a learned-position model
+  EXPECT_THROW(ck::model_config_from_metadata(flat), Error);
+}
+
+TEST(YarnCheckpoint, ADifferentYarnLoadsWithAWarning) {
+  const auto c = yarn_llama();
+  const json saved = ck::model_config_json(c);
+  EXPECT_EQ(compat_warnings(saved, c), "");
+  auto longer = c;
+  longer.yarn.factor = 8;
+  const std::string w = compat_warnings(saved, longer);
+  EXPECT_NE(w.find("ckpt: yarn differs (checkpoint {"), std::string::npos) << w;
+  EXPECT_NE(w.find("\"factor\":8.0"), std::string::npos) << w;
+  auto plain = c;
+  plain.yarn.on = false;
+  EXPECT_NE(compat_warnings(saved, plain).find("this run off)"), std::string::npos);
 }
 
 }  // namespace rope_scaling_ckpt_test

@@ -696,5 +696,67 @@ TEST(MegatronImport, RotarySeqLenInterpolationFactorFromArgs) {
             std::string::npos);
 }
 
+// --position-embedding-type yarn: the args _apply_yarn_config_from_args reads (None or absent:
+// its defaults) reach the config; what Megatron ignores with YaRN (Llama 3.x scaling,
+// interpolation, --rotary-percent) is imported off with a note each; bad values are errors.
+TEST(MegatronImport, YarnFromArgs) {
+  auto yarn_args = [](std::vector<std::pair<const char*, mg::ValuePtr>> extra) {
+    auto a = tiny_args(true, extra);
+    for (auto& [k, v] : a->entries)
+      if (k->s == "position_embedding_type") v->s = "yarn";
+    return a;
+  };
+  std::vector<std::string> notes;
+  auto c = mg::config_from_args(*yarn_args({}), "test", notes);
+  EXPECT_TRUE(c.rope);
+  EXPECT_TRUE(c.yarn.on);
+  EXPECT_EQ(c.yarn, model::TransformerConfig::Yarn{.on = true});  // Megatron's defaults
+  EXPECT_TRUE(notes.empty());
+  c = mg::config_from_args(
+      *yarn_args({{"rotary_scaling_factor", float_value(4)},
+                  {"yarn_original_max_position_embeddings", int_value(32768)},
+                  {"yarn_beta_fast", float_value(16)},
+                  {"yarn_beta_slow", value(mg::Value::Kind::None)},
+                  {"yarn_correction_range_round_to_int", bool_value(false)},
+                  {"mscale", float_value(0.9)},
+                  {"mscale_all_dim", float_value(0.5)}}),
+      "test", notes);
+  EXPECT_EQ(c.yarn.factor, 4.0);
+  EXPECT_EQ(c.yarn.original_max_positions, 32768);
+  EXPECT_EQ(c.yarn.beta_fast, 16.0);
+  EXPECT_EQ(c.yarn.beta_slow, 1.0);
+  EXPECT_FALSE(c.yarn.round_to_int);
+  EXPECT_EQ(c.yarn.mscale, 0.9);
+  EXPECT_EQ(c.yarn.mscale_all_dim, 0.5);
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_TRUE(notes.empty());
+  c = mg::config_from_args(*yarn_args({{"use_rope_scaling", bool_value(true)},
+                                       {"rotary_seq_len_interpolation_factor", int_value(4)},
+                                       {"rotary_percent", float_value(0.5)}}),
+                           "test", notes);
+  EXPECT_FALSE(c.rope_scaling);
+  EXPECT_EQ(c.seq_len_interpolation_factor, 1.0);
+  EXPECT_EQ(c.rotary_percent, 1.0);
+  EXPECT_NO_THROW(c.validate());
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_NE(notes[0].find("YaRN rotates the whole head"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[1].find("args.use_rope_scaling is set but the model's RoPE is YaRN"),
+            std::string::npos);
+  EXPECT_NE(notes[2].find("args.rotary_seq_len_interpolation_factor is set"), std::string::npos);
+  for (const auto& [k, v] : {std::pair{"rotary_scaling_factor", float_value(0)},
+                             std::pair{"yarn_beta_fast", float_value(-1)},
+                             std::pair{"yarn_original_max_position_embeddings", int_value(0)}})
+    EXPECT_NE(testing::error_of([&] { mg::config_from_args(*yarn_args({{k, v}}), "test", notes); })
+                  .find("args give an invalid YaRN"),
+              std::string::npos)
+        << k;
+  EXPECT_NE(
+      testing::error_of([&] {
+        mg::config_from_args(*yarn_args({{"yarn_correction_range_round_to_int", int_value(1)}}),
+                             "test", notes);
+      }).find("args.yarn_correction_range_round_to_int is a"),
+      std::string::npos);
+}
+
 }  // namespace megatron_import_test
 }  // namespace mcpp

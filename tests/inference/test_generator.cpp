@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "inference/generator.h"
 #include "inference_test_util.h"
@@ -165,14 +166,19 @@ INSTANTIATE_TEST_SUITE_P(Families, CachedVsFull,
 // and the divided regions.
 TEST(Generate, RopeScalingCachedMatchesFullForward) {
   // Llama 3.x scaling, linear position interpolation (a fractional factor, as a Hugging Face
-  // "linear" config may give), and both together.
-  for (const auto& [scaled, interpolation] : {std::pair{true, 1.0}, {false, 2.5}, {true, 2.5}}) {
-    SCOPED_TRACE(::testing::Message() << "scaled " << scaled << " interpolation " << interpolation);
+  // "linear" config may give), both together, and YaRN (its concentration factor too).
+  for (const auto& [scaled, interpolation, yarn] :
+       {std::tuple{true, 1.0, false}, {false, 2.5, false}, {true, 2.5, false},
+        {false, 1.0, true}}) {
+    SCOPED_TRACE(::testing::Message() << "scaled " << scaled << " interpolation " << interpolation
+                                      << " yarn " << yarn);
     auto cfg = tiny_config(true, DType::F64);
     cfg.rope_scaling = scaled, cfg.rope_scaling_factor = 4, cfg.rope_original_max_positions = 16;
     cfg.seq_len_interpolation_factor = interpolation;
+    cfg.yarn.on = yarn, cfg.yarn.factor = 4, cfg.yarn.original_max_positions = 16;
     auto plain_cfg = cfg;
     plain_cfg.rope_scaling = false, plain_cfg.seq_len_interpolation_factor = 1;
+    plain_cfg.yarn.on = false;
     model::GPTModel m(cfg), plain(plain_cfg);
     perturb_norms(m.params());
     perturb_norms(plain.params());  // the same weights (the same seed, the same perturbation)

@@ -274,7 +274,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   }
   c.rotary_base = f64("rotary_base", 10000);
   c.rotary_interleaved = c.rope && flag("rotary_interleaved", false);  // the same weights
-  c.rotary_percent = c.yarn.on ? 1.0 : f64("rotary_percent", 1.0);
+  c.rotary_percent = pos == "yarn" ? 1.0 : f64("rotary_percent", 1.0);
   if (pos == "yarn") import_yarn(c, a, what, notes);
   // Llama 3.x RoPE scaling: Megatron applies it only to a RoPE model (the other three values
   // are its constants, TransformerConfig's defaults).
@@ -290,7 +290,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   // Linear position interpolation (None: off), likewise for RoPE models only.
   const double interp = f64("rotary_seq_len_interpolation_factor", 1.0);
   if (pos == "rope") c.seq_len_interpolation_factor = interp;
-  if (pos != "rope" && interp != 1.0)
+  if (!c.rope && interp != 1.0)
     notes.push_back(
         "args.rotary_seq_len_interpolation_factor is set but the model has no RoPE (Megatron "
         "ignores it there): imported without interpolation");
