@@ -15,7 +15,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 T=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --hidden-size 64
    --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 4
    --global-batch-size 8 --lr 3e-3 --threads 1 --log-straggler)
-PORT=$((20000 + $$ % 20000))
+# A port nobody listens on now (the kernel's pick for port 0), not one derived from the PID,
+# which another test running beside this one may hold.
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')
 
 $MPI -np 2 "$M" train "${T[@]}" --train-iters 6 --log-interval 2 --straggler-ctrlr-port "$PORT" \
   >on.log 2>&1 || { tail -20 on.log; fail "DP2 run"; }
