@@ -429,8 +429,8 @@ TEST(HfMoe, Transformers4ConfigAndUnsupportedFields) {
     b[k] = v;
     return error_of([&] { ck::model_config_from_hf(b, 1); });
   };
-  EXPECT_NE(bad("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4}})
-                .find("rope_type 'yarn'"),
+  EXPECT_NE(bad("rope_parameters", {{"rope_type", "longrope"}, {"rope_theta", 1e6}, {"factor", 4}})
+                .find("rope_type 'longrope'"),
             std::string::npos);
   {  // Mixtral slides every layer by sliding_window (HF: i - j < 16, so L = 15)
     json w = j;
