@@ -84,6 +84,10 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
                   "layout is not mapped)");
   // Mixture of experts: Mixtral, Qwen3-MoE or an error naming what neither can express
   // (never a conversion that drops the experts, as Megatron-LM #5844's did).
+  MCPP_CHECK_HINT(!c.no_positions,
+                  "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
+                  "a model without position embeddings (--position-embedding-type none) has no "
+                  "Hugging Face architecture: GPT-2 adds a learned table, Llama rotates");
   if (c.moe.num_experts > 0)
     return hf_moe::moe_arch_of(c) == hf_moe::MoeArch::Qwen3Moe ? HfArch::Qwen3Moe : HfArch::Mixtral;
   if (!c.rope && !c.rmsnorm && !c.swiglu) {

@@ -72,6 +72,7 @@ json model_config_json(const model::TransformerConfig& c) {
           {"tp_size", c.tp_size}};
   if (c.moe.num_experts > 0) j["moe"] = moe_config_json(c.moe);  // mixture of experts
   if (c.qk_layernorm) j["qk_layernorm"] = true;  // --qk-layernorm (absent: off)
+  if (c.no_positions) j["no_positions"] = true;  // --position-embedding-type none (absent: off)
   if (c.squared_relu) j["squared_relu"] = true;  // --squared-relu (absent: off)
   // --add-qkv-bias where it adds a tensor (without --disable-bias-linear it is implied).
   if (c.qkv_bias() && !c.add_bias_linear) j["add_qkv_bias"] = true;
@@ -125,6 +126,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
   if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
   c.qk_layernorm = j.value("qk_layernorm", false);                    // --qk-layernorm
+  c.no_positions = j.value("no_positions", false);  // --position-embedding-type none
   c.squared_relu = j.value("squared_relu", false);                    // --squared-relu
   c.add_qkv_bias = j.value("add_qkv_bias", false);                    // --add-qkv-bias
   if (j.contains("rope_scaling")) {  // Llama 3.x RoPE scaling (absent: off)
@@ -168,7 +170,7 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
                         const std::string& where, bool vocab_repad, bool key_set_may_differ) {
   const json now = model_config_json(cur);
   std::string diffs, keyset;  // shape / meaning differences; key-set-only differences
-  const bool rope = cur.rope;
+  const bool learned = cur.learned_positions();
   auto differ = [&](const std::string& k, const json& a, const json& b) {
     const bool keys_only = k == "num_layers" || k == "mtp_num_layers" ||
                            k == "tie_embeddings" || k == "add_bias_linear" ||
@@ -180,7 +182,7 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
   for (const char* k : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                         "num_query_groups", "kv_channels", "padded_vocab_size", "rope", "rmsnorm",
                         "swiglu", "tie_embeddings", "add_bias_linear", "max_position_embeddings"}) {
-    if (std::string(k) == "max_position_embeddings" && rope) continue;
+    if (std::string(k) == "max_position_embeddings" && !learned) continue;
     if (std::string(k) == "padded_vocab_size" && vocab_repad) continue;
     if (!saved.contains(k) || saved[k] != now[k])
       differ(k, saved.contains(k) ? saved[k] : json("(absent)"), now[k]);
@@ -206,6 +208,8 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     differ("mtp_num_layers", saved.value("mtp_num_layers", int64_t(0)), cur.mtp_num_layers);
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
     differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
+  if (saved.value("no_positions", false) != cur.no_positions)  // --position-embedding-type none
+    differ("no_positions", saved.value("no_positions", false), cur.no_positions);
   if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias
     differ("add_qkv_bias", saved.value("add_qkv_bias", false), now.value("add_qkv_bias", false));
   // --apply-layernorm-1p changes what the stored norm weights mean (absent: false).

@@ -56,7 +56,8 @@ void TransformerConfig::validate() const {
                   "choose --seq-length as a multiple of --tensor-model-parallel-size",
                   "--sequence-parallel splits --seq-length {} into {} equal parts: not divisible",
                   seq_length, tp_size);
-  MCPP_CHECK(seq_length > 0 && (rope || seq_length <= max_position_embeddings),
+  MCPP_CHECK(!(rope && no_positions), "a model with RoPE has positions");
+  MCPP_CHECK(seq_length > 0 && (!learned_positions() || seq_length <= max_position_embeddings),
              "--seq-length {} exceeds --max-position-embeddings {}", seq_length,
              max_position_embeddings);
   MCPP_CHECK(!rope || (rot_dim() % 2 == 0 && rot_dim() > 0),

@@ -27,7 +27,13 @@ struct TransformerConfig {
   int64_t max_position_embeddings = 0;
   int64_t padded_vocab_size = 0;         // Vp
   // Architecture switches (Megatron flag in brackets).
-  bool rope = false;                     // --position-embedding-type rope
+  bool rope = false;                     // --position-embedding-type rope (or yarn)
+  // --position-embedding-type none: neither a learned table nor RoPE (NoPE); the causal mask
+  // alone orders the tokens.
+  bool no_positions = false;
+  // The learned position table (--position-embedding-type learned_absolute, Megatron's
+  // default): the embedding adds row p to the token at position p.
+  bool learned_positions() const { return !rope && !no_positions; }
   // --rotary-interleaved: RoPE on pairs (2i, 2i + 1) (ops/rope_interleave.h: the query and
   // key heads permuted once, then the rotate-half RoPE).
   bool rotary_interleaved = false;

@@ -20,7 +20,7 @@ void Embedding::add_params(const TransformerConfig& c, std::vector<ParamInfo>& p
                               TpSplit::Rows, Init::Normal, c.embedding_init_std(), true, -1,
                               c.tp_size));
   params.back().embedding_or_output = true;  // --decoupled-lr's group
-  if (!c.rope)
+  if (c.learned_positions())
     params.push_back(make_param("embedding.position_embeddings.weight",
                                 {c.max_position_embeddings, H}, TpSplit::None, Init::Normal,
                                 c.embedding_init_std(), true, -1, c.tp_size, /*sp=*/true));
@@ -60,17 +60,17 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out, const
     else
       parallel::reduce_from_tp(emb3, *cx.tp_comm, st);
   }
-  if (!c.rope && cx.position_ids.defined()) {  // each token at its place in its document
+  if (c.learned_positions() && cx.position_ids.defined()) {  // each token at its place in its document
     Tensor pos = Tensor::empty({Sl, B, H}, emb3.dtype(), emb3.device());
     Tensor rows = pos.view({Sl * B, 1, H});
     ops::embedding_forward(shard_ids(cx, Sl), pos_.w, 0, rows, st);
     ops::add(emb3, pos, emb3, st);
-  } else if (!c.rope && cx.uniform_pos)  // under CP the rank's rows are two runs of positions
+  } else if (c.learned_positions() && cx.uniform_pos)  // under CP the rank's rows are two runs of positions
     for_each_global_run(cx, cx.s0, Sl, [&](int64_t r0, int64_t n, int64_t pos) {
       Tensor rows = emb3.narrow(r0, n);
       ops::position_embedding_forward(pos_.w, pos, rows, st);
     });
-  if (!c.rope && !cx.uniform_pos) {  // generation, one row per sequence at its own position
+  if (c.learned_positions() && !cx.uniform_pos) {  // generation, one row per sequence at its own position
     Tensor rows = emb3.view({B, H});
     for (int64_t b = 0; b < B; ++b) {
       Tensor row = rows.narrow(b, 1).view({1, 1, H});
@@ -94,9 +94,9 @@ void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws, const
   const int64_t dl = dropout_layer < 0 ? c.num_layers : dropout_layer;
   ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, dl, DropoutSite::Embedding),
                         cx.g, dtmp3, st);
-  if (!c.rope && cx.position_ids.defined())
+  if (c.learned_positions() && cx.position_ids.defined())
     ops::embedding_backward(dtmp3.view({Sl * B, 1, H}), shard_ids(cx, Sl), 0, pos_.g, st);
-  else if (!c.rope)
+  else if (c.learned_positions())
     for_each_global_run(cx, cx.s0, Sl, [&](int64_t r0, int64_t n, int64_t pos) {
       ops::position_embedding_backward(dtmp3.narrow(r0, n), pos, pos_.g, st);
     });

@@ -29,6 +29,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.seq_length = a.seq_length, c.max_position_embeddings = a.max_position_embeddings;
   c.padded_vocab_size = *a.padded_vocab_size;
   c.rope = a.position_embedding_type == "rope" || a.position_embedding_type == "yarn";
+  c.no_positions = a.position_embedding_type == "none";
   if (a.position_embedding_type == "yarn") {
     auto& y = c.yarn;
     y.on = true, y.factor = a.rotary_scaling_factor;

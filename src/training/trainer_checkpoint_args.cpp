@@ -138,7 +138,10 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   force("group_query_attention", a.group_query_attention, gqa, py(gqa));
   force("num_query_groups", a.num_query_groups, c.num_query_groups,
         std::to_string(c.num_query_groups));
-  const std::string pos = c.yarn.on ? "yarn" : c.rope ? "rope" : "learned_absolute";
+  const std::string pos = c.yarn.on        ? "yarn"
+                          : c.rope         ? "rope"
+                          : c.no_positions ? "none"
+                                           : "learned_absolute";
   force("position_embedding_type", a.position_embedding_type, pos, pos);
   if (c.yarn.on) {  // YaRN: forced like the Llama 3.x scaling below
     const auto& y = c.yarn;

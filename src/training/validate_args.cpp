@@ -51,8 +51,8 @@ void validate_features(Args& a) {
   if (a.use_rotary_position_embeddings) a.position_embedding_type = "rope";
   MCPP_CHECK_HINT(
       a.position_embedding_type == "learned_absolute" || a.position_embedding_type == "rope" ||
-          a.position_embedding_type == "yarn",
-      "use --position-embedding-type learned_absolute, rope or yarn",
+          a.position_embedding_type == "yarn" || a.position_embedding_type == "none",
+      "use --position-embedding-type learned_absolute, rope, yarn or none",
       "--position-embedding-type {} is not implemented yet by megatron.cpp",
       a.position_embedding_type);
   // Megatron's rule: the deprecated switch is allowed with RoPE only (no learned table there).

@@ -6,6 +6,7 @@
 #   * the checkpoint records it: --use-checkpoint-args resumes with it, iterations 5-8
 #     identical to the uninterrupted run; another factor warns and trains;
 #   * generate samples from the checkpoint;
+#   * convert --to-hf writes rope type yarn, and --from-hf of that folder gives the same YaRN;
 #   * Megatron's legacy format (--ckpt-format torch) keeps it in its args and
 #     convert --from-megatron reads it back.
 set -euo pipefail
@@ -78,6 +79,30 @@ run "$W/gen.log" "$M" generate --load "$W/ck_copy" --prompt "5 6 7 8" \
     --num-tokens-to-generate 6 --threads 1
 grep -Eq "[0-9]" "$W/gen.log" || { echo "generate printed nothing"; exit 1; }
 
+# ---- Hugging Face: export writes rope type yarn; import reads the same YaRN back -----------
+run "$W/to_hf.log" "$M" convert --load "$W/ck_copy" --to-hf "$W/hf"
+python3 - "$W/hf/config.json" <<'PY'
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+s = j["rope_scaling"]
+assert s["rope_type"] == "yarn" and s["factor"] == 4.0, s
+assert s["original_max_position_embeddings"] == 16 and s["beta_fast"] == 8.0, s
+assert abs(s["attention_factor"] - (0.1 * 0.9 * math.log(4) + 1)) < 1e-12, s
+print("config.json: rope_scaling of rope_type yarn")
+PY
+run "$W/from_hf.log" "$M" convert --from-hf "$W/hf" --save "$W/ck_hf" \
+    --make-vocab-size-divisible-by 1
+python3 - "$W/ck_copy" "$W/ck_hf" <<'PY'
+import glob, json, sys
+def model(d): return json.load(open(sorted(glob.glob(f"{d}/iter_*/metadata.json"))[-1]))["model"]
+a, b = model(sys.argv[1])["yarn"], model(sys.argv[2])["yarn"]
+# --mscale 0.9 with --mscale-all-dim 0 travels as attention_factor (transformers' rule gives
+# mscale(F) from that pair) and comes back as the mscale that gives it, to rounding.
+assert abs(b.pop("mscale") - a.pop("mscale")) < 1e-12, (a, b)
+assert b == a, (a, b)
+print("convert --from-hf: the same yarn", b)
+PY
+
 # ---- Megatron's legacy format keeps YaRN in its args; --from-megatron reads it back --------
 run "$W/torch.log" "$M" train "${T[@]}" "${Y[@]}" --train-iters 2 --ckpt-format torch \
     --save "$W/U" --save-interval 2
@@ -89,4 +114,4 @@ a, b = model(sys.argv[1]), model(sys.argv[2])
 assert b.get("yarn") == a["yarn"], (a.get("yarn"), b.get("yarn"))
 print("convert --from-megatron: the same yarn", b["yarn"])
 PY
-echo "YaRN: flags, training, checkpoint resume, generation and Megatron exchange ok"
+echo "YaRN: flags, training, checkpoint resume, generation, HF and Megatron exchange ok"

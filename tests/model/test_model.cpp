@@ -61,6 +61,24 @@ TEST(ModelGrad, RotaryInterleavedFiniteDifferences) {
   c.rotary_interleaved = true, c.qk_layernorm = true;
   fd_check(c);
 }
+// --position-embedding-type yarn: YaRN's frequencies across the ramp (original context 4
+// below the sequence) and its concentration factor in the rotation and its adjoint.
+TEST(ModelGrad, YarnFiniteDifferencesWithDropout) {
+  TransformerConfig c = tiny(true, 2, 0.2);
+  c.yarn.on = true, c.yarn.factor = 4, c.yarn.original_max_positions = 4;
+  c.yarn.beta_fast = 4, c.yarn.mscale = 0.8;
+  fd_check(c);
+}
+// --position-embedding-type none: no position table (one parameter fewer than learned
+// positions), no rotation; the gradient of what remains.
+TEST(ModelGrad, NoPositionsFiniteDifferences) {
+  TransformerConfig c = tiny(false, 2, 0.2);
+  c.no_positions = true;
+  GPTModel m(c), learned(tiny(false, 2, 0.2));
+  EXPECT_FALSE(m.params().has("embedding.position_embeddings.weight"));
+  EXPECT_TRUE(learned.params().has("embedding.position_embeddings.weight"));
+  fd_check(c);
+}
 TEST(ModelGrad, MlaFiniteDifferences) { fd_check(tiny_mla(true, 0.0)); }
 TEST(ModelGrad, MlaWithoutQueryLatentFiniteDifferencesWithDropout) {
   fd_check(tiny_mla(false, 0.2));

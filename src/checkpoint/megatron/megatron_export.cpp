@@ -159,7 +159,10 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("seq_length", Py::integer(c.seq_length));
   a.set("encoder_seq_length", Py::integer(c.seq_length));
   a.set("position_embedding_type",
-        Py::str(c.yarn.on ? "yarn" : c.rope ? "rope" : "learned_absolute"));
+        Py::str(c.yarn.on        ? "yarn"
+                : c.rope         ? "rope"
+                : c.no_positions ? "none"
+                                 : "learned_absolute"));
   // Megatron allows --no-position-embedding with rope only, and its
   // --use-rotary-position-embeddings would turn yarn into rope.
   a.set("add_position_embedding", Py::boolean(!c.rope || c.yarn.on));

@@ -220,7 +220,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   const std::string norm = str("normalization", "LayerNorm");
   unsupported(norm != "LayerNorm" && norm != "RMSNorm", "--normalization " + norm);
   const std::string pos = str("position_embedding_type", "learned_absolute");
-  unsupported(pos != "learned_absolute" && pos != "rope" && pos != "yarn",
+  unsupported(pos != "learned_absolute" && pos != "rope" && pos != "yarn" && pos != "none",
               "--position-embedding-type " + pos);
 
   model::TransformerConfig c;
@@ -248,6 +248,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
                   "against it)",
                   what);
   c.rope = pos == "rope" || pos == "yarn";
+  c.no_positions = pos == "none";
   if (const Value* w = arg(a, "window_size")) {  // sliding-window attention: (L, R), L -1 none
     MCPP_CHECK((w->is(K::Tuple) || w->is(K::List)) && w->items.size() == 2 &&
                    w->items[0]->is(K::Int) && w->items[0]->i >= -1,
