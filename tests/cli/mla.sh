@@ -78,7 +78,7 @@ refused "--multi-latent-attention with --group-query-attention" \
   "$M" train "${S[@]}" "${MLA[@]}" --group-query-attention --num-query-groups 2
 refused "--v-head-dim 32 is wider than the query/key heads" \
   "$M" train "${S[@]}" "${MLA[@]}" --v-head-dim 32
-refused "YaRN belongs to multi-latent attention" "$M" train "${S[@]}" --rope-type yarn
+refused "--rope-type yarn is multi-latent attention's" "$M" train "${S[@]}" --rope-type yarn
 refused "--qk-layernorm with --multi-latent-attention and no --q-lora-rank" \
   "$M" train "${S[@]}" --multi-latent-attention --qk-layernorm
 refused "multi-latent attention has no Hugging Face export yet" \

@@ -55,7 +55,7 @@ refused "interpolation without RoPE" "--rotary-seq-len-interpolation-factor $wan
 refused "a factor of 0" "--rotary-seq-len-interpolation-factor 0 must be a positive integer" \
   "give --rotary-seq-len-interpolation-factor N >= 1" "${T[@]}" "${R[@]}" \
   --rotary-seq-len-interpolation-factor 0
-refused "--rope-type yarn" "YaRN belongs to multi-latent attention (--multi-latent-attention)" \
+refused "--rope-type yarn" "--rope-type yarn is multi-latent attention's" \
   "drop --rope-type, or add --multi-latent-attention" "${T[@]}" "${R[@]}" --rope-type yarn
 
 # ---- checkpoint: --use-checkpoint-args resumes with the factor ------------------------------

@@ -275,7 +275,7 @@ TEST(Validate, ValuesNotImplementedYet) {
                  {"--expert-model-parallel-size 2"}, 2);
   expect_invalid(with(base_argv(), {"--position-embedding-type", "mrope"}),
                  {"--position-embedding-type mrope is not implemented yet",
-                  "learned_absolute, rope or yarn"});
+                  "learned_absolute, rope, yarn or none"});
   expect_invalid(with(base_argv(), {"--optimizer", "soap"}),
                  {"--optimizer soap", "is not implemented yet", "lion, muon or adaptive_muon"});
   // Megatron's deprecated dist_muon: Muon with the distributed optimizer.
