@@ -109,6 +109,11 @@ void TransformerConfig::validate() const {
   }
   MCPP_CHECK_HINT(window_left >= -1, "give --window-size L,0 with L >= -1",
                   "sliding window: left extent {} must be -1 (none) or >= 0", window_left);
+  MCPP_CHECK_HINT(window_left < 0 || mtp_num_layers <= num_layers,
+                  "give at most --num-layers multi-token prediction depths with --window-size",
+                  "--mtp-num-layers {} with a sliding window: depth k slides as decoder layer k "
+                  "(Megatron's layer number k + 1), and there are {} decoder layers",
+                  mtp_num_layers, num_layers);
   MCPP_CHECK(window_pattern.empty() || int64_t(window_pattern.size()) == num_layers,
              "--window-attn-skip-freq lists {} layers, the model has {}", window_pattern.size(),
              num_layers);

@@ -41,10 +41,14 @@ struct TransformerConfig {
   // layer the query at global position q sees the keys in [q - window_left, q] (and of its
   // document, --reset-attention-mask). window_left -1: no window layer. window_pattern: per
   // global layer (0-based) 1 for a window layer; empty with a window: every layer.
+  // Multi-token prediction depth k slides as decoder layer k does: Megatron builds its
+  // transformer layer with layer number k + 1, which its window rule reads as the decoder's
+  // (validate() asks for at most num_layers depths with a window).
   int64_t window_left = -1;
   std::vector<int64_t> window_pattern;
   bool is_window_layer(int64_t layer) const {
-    return window_left >= 0 && !is_mtp_layer(layer) &&
+    if (is_mtp_layer(layer)) layer -= kMtpLayerBase;
+    return window_left >= 0 &&
            (window_pattern.empty() || window_pattern.at(size_t(layer)) == 1);
   }
   int64_t num_window_layers() const {

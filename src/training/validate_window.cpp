@@ -105,9 +105,14 @@ void validate_window(Args& a) {
   bool any = false;
   for (int64_t x : pattern) any = any || x == 1;
   if (!any) return;
-  MCPP_CHECK_HINT(a.mtp_num_layers.value_or(0) == 0,
-                  "train without --mtp-num-layers, or without --window-size",
-                  "--window-size with --mtp-num-layers is not implemented yet by megatron.cpp");
+  // Multi-token prediction depth k's layer has Megatron's layer number k + 1 (its MTP layer
+  // offset is 0 without a pipeline layout), so it slides as decoder layer k; a list
+  // --window-attn-skip-freq has no entry past the decoder's layers (Megatron would fail there).
+  MCPP_CHECK_HINT(a.mtp_num_layers.value_or(0) <= a.num_layers,
+                  "give at most --num-layers multi-token prediction depths with --window-size",
+                  "--mtp-num-layers {} with --window-size: depth k slides as decoder layer k "
+                  "(Megatron's layer number k + 1), and there are {} decoder layers",
+                  a.mtp_num_layers.value_or(0), a.num_layers);
   a.window_left = w.left, a.window_layer_pattern = pattern;
 }
 

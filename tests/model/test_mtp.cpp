@@ -84,6 +84,42 @@ TEST(Mtp, OneDepthFiniteDifferences) { fd_check(mtp_cfg(1, 0.0, false)); }
 TEST(Mtp, TwoDepthsFiniteDifferencesWithDropout) { fd_check(mtp_cfg(2, 0.2, false)); }
 TEST(Mtp, MoeDepthFiniteDifferences) { fd_check(mtp_cfg(1, 0.0, true)); }
 
+// Sliding windows: depth k slides as decoder layer k (Megatron builds its layer with layer
+// number k + 1, which its window rule reads as the decoder's). With the pattern [1, 0] depth
+// 0 has a window of 2 and depth 1 full attention; the gradients through both against finite
+// differences (dropout on).
+TEST(Mtp, WindowedDepthsFollowTheDecodersRule) {
+  TransformerConfig c = mtp_cfg(2, 0.2, false);
+  c.window_left = 2, c.window_pattern = {1, 0};
+  EXPECT_NO_THROW(c.validate());
+  const int64_t base = TransformerConfig::kMtpLayerBase;
+  EXPECT_TRUE(c.is_window_layer(0));
+  EXPECT_FALSE(c.is_window_layer(1));
+  EXPECT_TRUE(c.is_window_layer(base + 0));
+  EXPECT_FALSE(c.is_window_layer(base + 1));
+  TransformerConfig every = c;
+  every.window_pattern.clear();  // no --window-attn-skip-freq: every layer, every depth
+  EXPECT_TRUE(every.is_window_layer(base + 1));
+  TransformerConfig deep = c;
+  deep.mtp_num_layers = 3;  // more depths than decoder layers: no rule entry for depth 2
+  EXPECT_THROW(deep.validate(), Error);
+  fd_check(c);
+  // The window changes what the depths see: their losses differ from full attention's.
+  GPTModel win(c);
+  TransformerConfig full_cfg = c;
+  full_cfg.window_left = -1, full_cfg.window_pattern.clear();
+  GPTModel full(full_cfg);
+  ASSERT_EQ(std::memcmp(win.params().flat_params().raw(), full.params().flat_params().raw(),
+                        win.params().flat_params().nbytes()),
+            0);
+  auto mb = batch(2, c.seq_length, 13, 12);
+  model::StepKeys keys;
+  win.forward(mb, keys);
+  full.forward(mb, keys);
+  const auto a = last_mtp(win), b = last_mtp(full);
+  EXPECT_GT(std::abs(a[0].first - b[0].first), 1e-6);
+}
+
 // Megatron's names, and the MTP layer of a MoE model is a MoE layer.
 TEST(Mtp, ParameterNames) {
   GPTModel m(mtp_cfg(2, 0.0, true));

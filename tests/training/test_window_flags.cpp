@@ -74,6 +74,21 @@ TEST(WindowFlags, ValidateSetsTheModelWindow) {
   }
 }
 
+// Multi-token prediction with a window: depth k slides as decoder layer k (Megatron's layer
+// number k + 1); more depths than decoder layers have no such rule and are refused.
+TEST(WindowFlags, MtpDepthsSlideAsTheDecodersLayers) {
+  const auto rope = with(base_argv(), {"--position-embedding-type", "rope", "--window-size",
+                                       "(5,0)", "--window-attn-skip-freq", "2"});
+  Args a = parse_and_validate(with(rope, {"--mtp-num-layers", "2"}));
+  a.padded_vocab_size = 128;
+  const model::TransformerConfig c = model_config(a, Device::CPU, DType::F32);
+  const int64_t base = model::TransformerConfig::kMtpLayerBase;
+  EXPECT_TRUE(c.is_window_layer(base + 0));   // layer number 1: 1 % 2 != 0
+  EXPECT_FALSE(c.is_window_layer(base + 1));  // layer number 2
+  expect_error([&] { parse_and_validate(with(rope, {"--mtp-num-layers", "3"})); },
+               {"--mtp-num-layers 3 with --window-size", "2 decoder layers"});
+}
+
 TEST(WindowFlags, StartUpErrors) {
   expect_error([] { parse_and_validate(with(base_argv(), {"--window-size=-3,0"})); },
                {"--window-size", "-3"});
