@@ -11,7 +11,8 @@
 #     moments of O, the same run saved in megatron.cpp's own format, bit for bit;
 #   * --save-retain-interval 8 with saves every 4 deletes iteration 4 once 8 is saved;
 #   * a --squared-relu run's checkpoint records the activation (args.squared_relu): it
-#     resumes with the flag and is refused as another model without it.
+#     resumes with the flag and is refused as another model without it;
+#   * a --qk-layernorm run (TP2, the norms decayed) resumes exactly from its legacy files.
 set -euo pipefail
 M=$1; shift
 MPI=("$@")
@@ -115,4 +116,16 @@ if "$M" train "${S[@]}" --train-iters 3 --load "$W/S" >"$W/s3.log" 2>&1; then
 fi
 grep -q "squared_relu.*: checkpoint true vs this run false" "$W/s3.log" ||
   { echo "squared ReLU mismatch not named"; tail -5 "$W/s3.log"; exit 1; }
+# --qk-layernorm (with --apply-wd-to-qk-layernorm: the q/k norm weights in the decayed
+# group) at TP2: the norms go into the legacy files after linear_qkv, and a resume from
+# iteration 2 logs iterations 3-4 as the uninterrupted run.
+Q=("${S[@]}" --normalization RMSNorm --qk-layernorm --apply-wd-to-qk-layernorm
+   --weight-decay 0.1 --tensor-model-parallel-size 2 --hidden-dropout 0 --train-iters 4)
+run "$W/qu.log" "${MPI[@]}" -np 2 "$M" train "${Q[@]}"
+run "$W/qp.log" "${MPI[@]}" -np 2 "$M" train "${Q[@]}" --save "$W/Q" --save-interval 2 \
+    --exit-interval 2
+run "$W/qr.log" "${MPI[@]}" -np 2 "$M" train "${Q[@]}" --load "$W/Q"
+diff <(lines "$W/qu.log" 3 4) <(lines "$W/qr.log" 3 4) ||
+  { echo "--qk-layernorm legacy resume differs"; exit 1; }
+[ "$(lines "$W/qr.log" 3 4 | wc -l)" -eq 2 ] || { echo "qk: expected 2 resumed lines"; exit 1; }
 echo "ckpt_format_torch: OK"

@@ -112,6 +112,7 @@ std::string make_ours(const std::string& dir, const std::string& fam, bool bf16)
   st.optimizer_steps = 5;
   st.config["tokenizer_type"] = "NullTokenizer";
   if (bf16) st.config["bf16"] = "True";
+  if (fam == "qwen3_wd") st.config["apply_wd_to_qk_layernorm"] = "True";
   st.num_floating_point_operations_so_far = 2.5e9;
   const std::string ours = dir + "/ours_" + fam;
   checkpoint::save_checkpoint(ours, *k.m, k.opt.get(), st);
@@ -136,7 +137,9 @@ TEST(MegatronExport, RoundTripIsBitExact) {
                         Case{"gpt", false, 2, 2, mg::TransformerImpl::TransformerEngine},
                         Case{"llama", true, 1, 1, mg::TransformerImpl::TransformerEngine},
                         Case{"llama", true, 2, 2, mg::TransformerImpl::Local},
-                        Case{"llama_interleaved", true, 2, 1, mg::TransformerImpl::Local}}) {
+                        Case{"llama_interleaved", true, 2, 1, mg::TransformerImpl::Local},
+                        Case{"qwen3", false, 2, 2, mg::TransformerImpl::TransformerEngine},
+                        Case{"qwen3_wd", true, 2, 1, mg::TransformerImpl::Local}}) {
     const std::string tag = fmt::format("{} tp{} pp{}", c.fam, c.tp, c.pp);
     const std::string ours = make_ours(dir, c.fam, c.bf16);
     const std::string meg = fmt::format("{}/meg_{}_{}_{}", dir, c.fam, c.tp, c.pp);
@@ -174,11 +177,13 @@ TEST(MegatronExport, RoundTripIsBitExact) {
     EXPECT_EQ(st.scheduler.lr_decay_style, ref.scheduler.lr_decay_style);
     EXPECT_EQ(st.scheduler.num_steps, ref.scheduler.num_steps) << tag;
     EXPECT_EQ(st.config.value("bf16", ""), c.bf16 ? "True" : "False") << tag;
-    // --rotary-interleaved goes out in args.rotary_interleaved and comes back.
-    EXPECT_EQ(checkpoint::model_config_from_metadata(checkpoint::read_metadata(back))
-                  .rotary_interleaved,
-              c.fam == "llama_interleaved")
-        << tag;
+    // --rotary-interleaved goes out in args.rotary_interleaved and comes back; so do
+    // --qk-layernorm and --apply-wd-to-qk-layernorm (args.qk_layernorm,
+    // args.apply_wd_to_qk_layernorm, the norms' weights after linear_qkv).
+    const auto back_cfg = checkpoint::model_config_from_metadata(checkpoint::read_metadata(back));
+    EXPECT_EQ(back_cfg.rotary_interleaved, c.fam == "llama_interleaved") << tag;
+    EXPECT_EQ(back_cfg.qk_layernorm, c.fam.starts_with("qwen3")) << tag;
+    EXPECT_EQ(im.config.qk_layernorm_weight_decay, c.fam == "qwen3_wd") << tag;
   }
 }
 

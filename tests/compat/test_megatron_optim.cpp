@@ -230,7 +230,7 @@ TEST(MegatronOptim, DamagedOptimizerEntriesAreErrors) {
   auto fresh = [&] { return std::make_unique<mg::TorchFile>(mf.bytes(), path); };
   auto run = [&](mg::TorchFile& tf) {
     mg::OptimizerShards out;
-    mg::read_rank_optimizer(*tf.root(), tf, rank_params(*tf.root()), 1, 2, path, out);
+    mg::read_rank_optimizer(*tf.root(), tf, rank_params(*tf.root()), 1, 2, path, false, out);
   };
   {  // intact: reads
     auto tf = fresh();
@@ -303,7 +303,7 @@ TEST(MegatronOptim, MissingMainParamsOfAHalfPrecisionRunAreAnError) {
   mains->items[1]->items.pop_back();
   mg::OptimizerShards out;
   const std::string m = error_of([&] {
-    mg::read_rank_optimizer(*tf.root(), tf, rank_params(*tf.root()), 0, 2, path, out);
+    mg::read_rank_optimizer(*tf.root(), tf, rank_params(*tf.root()), 0, 2, path, false, out);
   });
   EXPECT_NE(m.find("fp32_from_fp16_params[1] holds"), std::string::npos) << m;
 }

@@ -77,6 +77,10 @@ std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerI
     extra("self_attention.core_attention");
     linear("self_attention.linear_proj", nullptr);
     linear("self_attention.linear_qkv", "input_layernorm");
+    // Megatron registers q_layernorm and k_layernorm after linear_qkv (no extra state written,
+    // as for the final layernorm).
+    param("self_attention.q_layernorm.weight", "self_attention.q_layernorm.weight");
+    param("self_attention.k_layernorm.weight", "self_attention.k_layernorm.weight");
     if (!te) param("pre_mlp_layernorm.weight", "pre_mlp_layernorm.weight");
     if (!te) param("pre_mlp_layernorm.bias", "pre_mlp_layernorm.bias");
     linear("mlp.linear_fc1", "pre_mlp_layernorm");
@@ -198,7 +202,8 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("untie_embeddings_and_output_weights", Py::boolean(!c.tie_embeddings));
   a.set("add_bias_linear", Py::boolean(c.add_bias_linear));
   a.set("add_qkv_bias", Py::boolean(c.add_qkv_bias));
-  a.set("qk_layernorm", Py::boolean(false));
+  a.set("qk_layernorm", Py::boolean(c.qk_layernorm));
+  a.set("apply_wd_to_qk_layernorm", Py::boolean(c.qk_layernorm_weight_decay));
   if (c.has_window_layers()) {  // sliding-window attention: (L, 0) and the layers' pattern
     std::vector<Py> pattern;
     for (int64_t l = 0; l < c.num_layers; ++l) pattern.push_back(Py::integer(c.is_window_layer(l)));
@@ -276,7 +281,8 @@ Py optimizer_state(const ExportSource& s, const std::vector<Entry>& entries,
   std::vector<const Entry*> groups[2];
   for (const Entry& e : entries) {
     if (e.name.empty()) continue;
-    const bool no_wd = e.key.ends_with(".bias") || params.at(e.key).dim() == 1;
+    const bool no_wd = megatron_no_weight_decay(e.key, size_t(params.at(e.key).dim()),
+                                                s.config.qk_layernorm_weight_decay);
     groups[no_wd ? 1 : 0].push_back(&e);
   }
   const auto& sc = s.state.scheduler;
@@ -361,9 +367,6 @@ void check_exportable(const model::TransformerConfig& c, const ExportOptions& o,
                   "the model has {} experts: writing a mixture-of-experts model in Megatron's "
                   "legacy format (--ckpt-format torch) is not implemented yet",
                   c.moe.num_experts);
-  MCPP_CHECK_HINT(!c.qk_layernorm, hint,
-                  "--qk-layernorm models in Megatron's legacy format (--ckpt-format torch) are "
-                  "not implemented yet");
   MCPP_CHECK_HINT(!c.mla.on, hint,
                   "multi-latent attention models in Megatron's legacy format (--ckpt-format "
                   "torch) are not implemented yet");

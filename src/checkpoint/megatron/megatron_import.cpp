@@ -210,7 +210,6 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
                     "{}: the checkpoint uses {}, which the import does not map", what, feature);
   };
   unsupported(arg(a, "num_experts") != nullptr && i64("num_experts") > 0, "mixture of experts");
-  unsupported(flag("qk_layernorm", false), "--qk-layernorm");
   unsupported(flag("multi_latent_attention", false), "multi-latent attention");
   unsupported(arg(a, "mtp_num_layers") != nullptr && i64("mtp_num_layers") > 0,
               "multi-token prediction layers");
@@ -243,6 +242,11 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   c.zero_centered_gamma = flag("apply_layernorm_1p", false);
   c.swiglu = flag("swiglu", false);
   c.squared_relu = flag("squared_relu", false);  // activation_func = squared_relu
+  // --qk-layernorm: self_attention.q_layernorm / k_layernorm weights (RMSNorm: megatron.cpp
+  // has no LayerNorm form), decayed with --apply-wd-to-qk-layernorm.
+  c.qk_layernorm = flag("qk_layernorm", false);
+  unsupported(c.qk_layernorm && norm != "RMSNorm", "--qk-layernorm with --normalization " + norm);
+  c.qk_layernorm_weight_decay = c.qk_layernorm && flag("apply_wd_to_qk_layernorm", false);
   MCPP_CHECK_HINT(!(c.swiglu && c.squared_relu), "the checkpoint's args are inconsistent",
                   "{}: args.swiglu and args.squared_relu are both set (Megatron asserts "
                   "against it)",
@@ -511,7 +515,8 @@ void read_legacy(const Detected& d, Imported& im) {
       }
     }
     if (import_optim && !distributed)
-      read_rank_optimizer(root, *tf, rank_params, r.tp, T, r.path, opt);
+      read_rank_optimizer(root, *tf, rank_params, r.tp, T, r.path,
+                          im.config.qk_layernorm_weight_decay, opt);
     if (k == 0) read_scheduler(root, r.path, im.progress);
     if (import_optim && k == 0) {
       im.optimizer.emplace();

@@ -135,16 +135,18 @@ struct RankParam {
 struct ParamSlot {
   int64_t group = 0, position = 0, index = 0;
 };
-// Megatron's rule (megatron/core/optimizer/__init__.py _get_param_groups): a parameter whose
-// name ends in ".bias" or that is 1-D gets wd_mult 0 (no weight decay), the others the
-// default group; each group lists its parameters in named_parameters() order; the groups'
+// Megatron's rule (megatron/core/optimizer/__init__.py get_standard_config_overrides): a
+// parameter whose name ends in ".bias" or that is 1-D gets wd_mult 0 (no weight decay) --
+// except, with --apply-wd-to-qk-layernorm (qk_norm_decay), the q/k layernorm weights --
+// the others the default group; each group lists its parameters in named_parameters() order; the groups'
 // order differs between releases (today the default group first; before, sorted tuples with
 // wd_mult 0.0 first), so each saved group's wd_mult says which set it holds. The counts are
 // checked against the saved groups; errors name `what` and the group. Returns one slot per
 // param, in params' order.
+bool megatron_no_weight_decay(const std::string& key, size_t dims, bool qk_norm_decay);
 std::vector<ParamSlot> legacy_param_slots(const Value& param_groups,
                                           const std::vector<RankParam>& params,
-                                          const std::string& what);
+                                          const std::string& what, bool qk_norm_decay = false);
 // One rank's optimizer state, per megatron.cpp name: shards[name][tp] for exp_avg,
 // exp_avg_sq and (half-precision runs) the main params.
 struct OptimizerShards {
@@ -157,7 +159,7 @@ struct OptimizerShards {
 // steps that disagree, a group layout that is not Megatron's).
 void read_rank_optimizer(const Value& root, const TorchFile& tf,
                          const std::vector<RankParam>& params, int64_t tp, int64_t T,
-                         const std::string& path, OptimizerShards& out);
+                         const std::string& path, bool qk_norm_decay, OptimizerShards& out);
 // The scheduler's state and counters from a rank file's root (opt_param_scheduler, args).
 void read_scheduler(const Value& root, const std::string& path, OptimizerState& out);
 // The imported scheduler (has_scheduler) as megatron.cpp's scheduler state (its styles

@@ -39,17 +39,22 @@ double number(const Value& v, const std::string& what) {
   return v.is(K::Float) ? v.f : double(v.i);
 }
 
-bool no_weight_decay(const RankParam& p) {
-  return p.key.ends_with(".bias") || p.shape.size() == 1;
-}
-
 const char* kHint = "the import reads Megatron's standard parameter groups; convert the "
                     "weights alone with --no-load-optim and train on with --finetune";
 
 }  // namespace
 
+bool megatron_no_weight_decay(const std::string& key, size_t dims, bool qk_norm_decay) {
+  const bool qk_norm =
+      key.find("q_layernorm.") != std::string::npos || key.find("k_layernorm.") != std::string::npos;
+  return (key.ends_with(".bias") || dims == 1) && !(qk_norm_decay && qk_norm);
+}
+
 std::vector<ParamSlot> legacy_param_slots(const Value& groups, const std::vector<RankParam>& params,
-                                          const std::string& what) {
+                                          const std::string& what, bool qk_norm_decay) {
+  auto no_weight_decay = [&](const RankParam& p) {
+    return megatron_no_weight_decay(p.key, p.shape.size(), qk_norm_decay);
+  };
   MCPP_CHECK(groups.is(K::List) && !groups.items.empty(),
              "{}: optimizer param_groups is a {}, expected a non-empty list", what,
              groups.describe());
@@ -107,7 +112,7 @@ std::vector<ParamSlot> legacy_param_slots(const Value& groups, const std::vector
 
 void read_rank_optimizer(const Value& root, const TorchFile& tf,
                          const std::vector<RankParam>& params, int64_t tp, int64_t T,
-                         const std::string& path, OptimizerShards& out) {
+                         const std::string& path, bool qk_norm_decay, OptimizerShards& out) {
   const Value* opt = root.get("optimizer");
   MCPP_CHECK_HINT(opt && opt->is(K::Dict),
                   "a ChainedOptimizer of several optimizers saves a list; convert the weights "
@@ -131,7 +136,7 @@ void read_rank_optimizer(const Value& root, const TorchFile& tf,
                   "a ChainedOptimizer of several optimizers is not imported; convert the "
                   "weights alone with --no-load-optim and train on with --finetune",
                   "{} has no 'state' dict and 'param_groups' (torch.optim state dict)", ow);
-  const std::vector<ParamSlot> slots = legacy_param_slots(*groups, params, path);
+  const std::vector<ParamSlot> slots = legacy_param_slots(*groups, params, path, qk_norm_decay);
 
   // The step: per parameter (torch Adam), per group (FusedAdam) or common_step; one value.
   auto take_step = [&](const Value& v, const std::string& where) {
