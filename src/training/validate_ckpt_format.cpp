@@ -159,8 +159,6 @@ void validate_ckpt_format(Args& a) {
   refuse(a.multi_latent_attention, "--multi-latent-attention",
          "multi-latent attention models in the legacy layout are not implemented yet",
          "save with the default --ckpt-format torch_dist");
-  refuse(a.context_parallel_size > 1, "--context-parallel-size > 1",
-         "not implemented yet for the legacy layout", "drop --context-parallel-size");
   refuse(a.virtual_pipeline_model_parallel_size > 1, "virtual pipeline stages",
          "Megatron writes one model chunk per virtual stage (model0, model1, ...), which the "
          "legacy writer does not implement yet",

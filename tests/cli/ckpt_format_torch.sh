@@ -12,7 +12,8 @@
 #   * --save-retain-interval 8 with saves every 4 deletes iteration 4 once 8 is saved;
 #   * a --squared-relu run's checkpoint records the activation (args.squared_relu): it
 #     resumes with the flag and is refused as another model without it;
-#   * a --qk-layernorm run (TP2, the norms decayed) resumes exactly from its legacy files.
+#   * a --qk-layernorm run (TP2, the norms decayed) resumes exactly from its legacy files;
+#   * a CP2 x TP2 run writes TP's folders alone and resumes exactly.
 set -euo pipefail
 M=$1; shift
 MPI=("$@")
@@ -128,4 +129,17 @@ run "$W/qr.log" "${MPI[@]}" -np 2 "$M" train "${Q[@]}" --load "$W/Q"
 diff <(lines "$W/qu.log" 3 4) <(lines "$W/qr.log" 3 4) ||
   { echo "--qk-layernorm legacy resume differs"; exit 1; }
 [ "$(lines "$W/qr.log" 3 4 | wc -l)" -eq 2 ] || { echo "qk: expected 2 resumed lines"; exit 1; }
+# Context parallelism (CP2 x TP2, -np 4): CP ranks hold the same weights, so the files are
+# TP x PP's, written by CP rank 0; a resume from iteration 2 logs 3-4 as the uninterrupted run.
+C=("${S[@]}" --position-embedding-type rope --context-parallel-size 2
+   --tensor-model-parallel-size 2 --hidden-dropout 0 --train-iters 4)
+run "$W/cu.log" "${MPI[@]}" -np 4 "$M" train "${C[@]}"
+run "$W/cp.log" "${MPI[@]}" -np 4 "$M" train "${C[@]}" --save "$W/CP" --save-interval 2 \
+    --exit-interval 2
+[ "$(ls "$W/CP/iter_0000002" | tr '\n' ' ')" = "mp_rank_00 mp_rank_01 " ] ||
+  { echo "CP: expected the TP rank folders alone"; ls "$W/CP/iter_0000002"; exit 1; }
+run "$W/cr.log" "${MPI[@]}" -np 4 "$M" train "${C[@]}" --load "$W/CP"
+diff <(lines "$W/cu.log" 3 4) <(lines "$W/cr.log" 3 4) ||
+  { echo "CP legacy resume differs"; exit 1; }
+[ "$(lines "$W/cr.log" 3 4 | wc -l)" -eq 2 ] || { echo "CP: expected 2 resumed lines"; exit 1; }
 echo "ckpt_format_torch: OK"

@@ -11,6 +11,8 @@
 //     PP that does not divide the layers, MoE: errors naming the flag or file.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <filesystem>
 #include <fstream>
 
@@ -218,6 +220,30 @@ std::map<std::string, OptEntry> optimizer_by_key(const mg::Value& root) {
     out[params[i].key] = {st->get("exp_avg"), st->get("exp_avg_sq"), main};
   }
   return out;
+}
+
+// A training run's layout beyond TP x PP goes into the args as it was (a conversion writes
+// DP 1, CP 1, no SP): data_parallel_size, context_parallel_size, sequence_parallel and
+// world_size = TP x PP x CP x DP. Neither DP nor CP changes the files.
+TEST(MegatronExport, ArgsRecordTheRunsLayout) {
+  const std::string dir = scratch_dir();
+  const std::string ours = make_ours(dir, "llama", false);
+  for (const auto& [cp, dp, sp] : {std::tuple{int64_t(1), int64_t(1), false},
+                                   std::tuple{int64_t(2), int64_t(3), true}}) {
+    const std::string meg = fmt::format("{}/meg_cp{}_dp{}", dir, cp, dp);
+    mg::ExportOptions o;
+    o.tp = 2, o.pp = 1, o.cp = cp, o.dp = dp, o.sequence_parallel = sp;
+    mg::export_to_megatron(ours, {}, meg, o);
+    const std::string f = meg + "/iter_0000012/mp_rank_01/model_optim_rng.pt";
+    mg::MappedFile mf(f);
+    mg::TorchFile tf(mf.bytes(), f);
+    const mg::Value& args = *tf.root()->get("args");
+    EXPECT_EQ(args.get("context_parallel_size")->i, cp);
+    EXPECT_EQ(args.get("data_parallel_size")->i, dp);
+    EXPECT_EQ(args.get("world_size")->i, 2 * cp * dp);
+    EXPECT_EQ(args.get("sequence_parallel")->b, sp);
+    EXPECT_EQ(args.get("tensor_model_parallel_size")->i, 2);
+  }
 }
 
 TEST(MegatronExport, MatchesPyTorchsOwnFixtureFiles) {

@@ -231,8 +231,8 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("pipeline_model_parallel_size", Py::integer(o.pp));
   a.set("virtual_pipeline_model_parallel_size", Py::none());
   a.set("expert_model_parallel_size", Py::integer(1));
-  a.set("context_parallel_size", Py::integer(1));
-  a.set("sequence_parallel", Py::boolean(false));
+  a.set("context_parallel_size", Py::integer(o.cp));
+  a.set("sequence_parallel", Py::boolean(o.sequence_parallel));
   a.set("use_distributed_optimizer", Py::boolean(false));
   a.set("bf16", Py::boolean(bf16));
   a.set("fp16", Py::boolean(fp16));
@@ -259,8 +259,8 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("use_dist_ckpt", Py::boolean(false));
   a.set("no_save_optim", o.save_optim && s.has_optimizer ? Py::none() : Py::boolean(true));
   a.set("no_save_rng", Py::boolean(true));
-  a.set("world_size", Py::integer(o.tp * o.pp));
-  a.set("data_parallel_size", Py::integer(1));
+  a.set("world_size", Py::integer(o.tp * o.pp * o.cp * o.dp));
+  a.set("data_parallel_size", Py::integer(o.dp));
   return a;
 }
 

@@ -37,6 +37,11 @@ const char* transformer_impl_name(TransformerImpl t);  // "local", "transformer_
 
 struct ExportOptions {
   int64_t tp = 1, pp = 1;  // the Megatron layout to write
+  // The rest of a training run's layout, recorded in the args (a conversion writes 1s and
+  // false): the data- and context-parallel sizes and --sequence-parallel. Neither DP nor CP
+  // shards the weights or the non-distributed optimizer's state: their rank 0 writes.
+  int64_t dp = 1, cp = 1;
+  bool sequence_parallel = false;
   TransformerImpl impl = TransformerImpl::Local;
   bool save_optim = true;  // false (--no-save-optim): weights, args and scheduler only
 };

@@ -35,6 +35,8 @@ Tensor host_f32(const Tensor& t) {
 ExportOptions export_options(const LegacyTrainOptions& o, const parallel::ParallelState& ps) {
   ExportOptions e;
   e.tp = ps.layout().tp(), e.pp = ps.layout().pp();
+  e.dp = ps.layout().dp(), e.cp = ps.layout().cp();
+  e.sequence_parallel = o.config.sp();
   e.impl = o.impl;
   e.save_optim = o.save_optim;
   return e;
