@@ -221,6 +221,7 @@ checkpoint::megatron::LegacyTrainOptions Trainer::State::legacy_options() const 
   o.beta1 = args.adam_beta1, o.beta2 = args.adam_beta2, o.eps = args.adam_eps;
   o.save_optim = !args.no_save_optim;
   o.retain_interval = args.save_retain_interval;
+  o.virtual_stages = std::max<int64_t>(1, args.virtual_pipeline_model_parallel_size);
   return o;
 }
 

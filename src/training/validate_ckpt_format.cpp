@@ -159,10 +159,6 @@ void validate_ckpt_format(Args& a) {
   refuse(a.multi_latent_attention, "--multi-latent-attention",
          "multi-latent attention models in the legacy layout are not implemented yet",
          "save with the default --ckpt-format torch_dist");
-  refuse(a.virtual_pipeline_model_parallel_size > 1, "virtual pipeline stages",
-         "Megatron writes one model chunk per virtual stage (model0, model1, ...), which the "
-         "legacy writer does not implement yet",
-         "drop the virtual-stage flag");
   refuse(a.decoder_first_pipeline_num_layers || a.decoder_last_pipeline_num_layers,
          "--decoder-first/last-pipeline-num-layers",
          "the legacy layout splits the layers evenly over the pipeline stages",

@@ -66,7 +66,7 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 // family "gpt": LayerNorm, GELU, biases, learned positions, tied; "llama": RMSNorm, SwiGLU,
 // GQA (4 heads, 2 groups), RoPE, untied, no biases; "qwen2": llama + linear_qkv's bias alone
 // (--add-qkv-bias); "qwen3": llama + --qk-layernorm ("qwen3_wd": and
-// --apply-wd-to-qk-layernorm).
+// --apply-wd-to-qk-layernorm); "llama4": llama with 4 layers.
 inline model::TransformerConfig tiny_config(const std::string& family, int64_t tp_size = 1,
                                             int64_t tp_rank = 0, DType dt = DType::F32) {
   model::TransformerConfig c;
@@ -83,6 +83,7 @@ inline model::TransformerConfig tiny_config(const std::string& family, int64_t t
     c.rotary_interleaved = family == "llama_interleaved";  // --rotary-interleaved
     c.qk_layernorm = family.starts_with("qwen3");         // --qk-layernorm
     c.qk_layernorm_weight_decay = family == "qwen3_wd";   // --apply-wd-to-qk-layernorm
+    if (family == "llama4") c.num_layers = 4;              // room for virtual stages
   }
   return c;
 }

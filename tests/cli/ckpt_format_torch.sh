@@ -13,7 +13,8 @@
 #   * a --squared-relu run's checkpoint records the activation (args.squared_relu): it
 #     resumes with the flag and is refused as another model without it;
 #   * a --qk-layernorm run (TP2, the norms decayed) resumes exactly from its legacy files;
-#   * a CP2 x TP2 run writes TP's folders alone and resumes exactly.
+#   * a CP2 x TP2 run writes TP's folders alone and resumes exactly; so does a run with
+#     virtual pipeline stages (model0, model1 in each file).
 set -euo pipefail
 M=$1; shift
 MPI=("$@")
@@ -142,4 +143,15 @@ run "$W/cr.log" "${MPI[@]}" -np 4 "$M" train "${C[@]}" --load "$W/CP"
 diff <(lines "$W/cu.log" 3 4) <(lines "$W/cr.log" 3 4) ||
   { echo "CP legacy resume differs"; exit 1; }
 [ "$(lines "$W/cr.log" 3 4 | wc -l)" -eq 2 ] || { echo "CP: expected 2 resumed lines"; exit 1; }
+# Virtual pipeline stages (PP2 x 2 chunks of one layer): each rank file holds model0 and
+# model1; a resume from iteration 2 logs 3-4 as the uninterrupted run.
+V=("${S[@]}" --num-layers 4 --pipeline-model-parallel-size 2
+   --num-layers-per-virtual-pipeline-stage 1 --hidden-dropout 0 --train-iters 4)
+run "$W/vu.log" "${MPI[@]}" -np 2 "$M" train "${V[@]}"
+run "$W/vp.log" "${MPI[@]}" -np 2 "$M" train "${V[@]}" --save "$W/VP" --save-interval 2 \
+    --exit-interval 2
+run "$W/vr.log" "${MPI[@]}" -np 2 "$M" train "${V[@]}" --load "$W/VP"
+diff <(lines "$W/vu.log" 3 4) <(lines "$W/vr.log" 3 4) ||
+  { echo "virtual-stage legacy resume differs"; exit 1; }
+[ "$(lines "$W/vr.log" 3 4 | wc -l)" -eq 2 ] || { echo "VP: expected 2 resumed lines"; exit 1; }
 echo "ckpt_format_torch: OK"

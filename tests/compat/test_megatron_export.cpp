@@ -246,6 +246,46 @@ TEST(MegatronExport, ArgsRecordTheRunsLayout) {
   }
 }
 
+// Virtual pipeline stages: each rank file holds model0 and model1 (no "model"), chunk v of
+// stage pp with layers v * L / V + pp * L / (P * V) onwards, the embedding in stage 0's
+// model0 and the final layernorm in the last stage's last chunk; back through the importer
+// bit for bit, Adam moments included (the optimizer lists the chunks one after the other).
+TEST(MegatronExport, VirtualStagesWriteOneModelPerChunk) {
+  const std::string dir = scratch_dir();
+  auto k = testing::make_ckpt_rank("llama4", 1, 0, true, {11, 12, 13, 5});
+  checkpoint::TrainingState st = testing::sample_state(12);
+  st.optimizer_steps = 5;
+  const std::string ours = dir + "/ours4";
+  checkpoint::save_checkpoint(ours, *k.m, k.opt.get(), st);
+  mg::ExportOptions o;
+  o.tp = 1, o.pp = 2, o.vp = 2, o.impl = mg::TransformerImpl::Local;
+  const std::string meg = dir + "/meg_vp";
+  mg::export_to_megatron(ours, {}, meg, o);
+  for (int64_t pp = 0; pp < 2; ++pp) {
+    const std::string f = meg + "/iter_0000012/" + mg::legacy_rank_dir(0, pp, 2) +
+                          "/model_optim_rng.pt";
+    mg::MappedFile mf(f);
+    mg::TorchFile tf(mf.bytes(), f);
+    const mg::Value& root = *tf.root();
+    EXPECT_EQ(root.get("model"), nullptr) << f;
+    ASSERT_NE(root.get("model0"), nullptr) << f;
+    ASSERT_NE(root.get("model1"), nullptr) << f;
+    EXPECT_EQ(root.get("model2"), nullptr) << f;
+    EXPECT_EQ(root.get("args")->get("virtual_pipeline_model_parallel_size")->i, 2);
+    EXPECT_EQ(root.get("model0")->get("embedding.word_embeddings.weight") != nullptr, pp == 0);
+    EXPECT_EQ(root.get("model1")->get("decoder.final_layernorm.weight") != nullptr, pp == 1);
+    EXPECT_NE(root.get("model1")->get("decoder.layers.0.mlp.linear_fc1.weight"), nullptr);
+  }
+  const std::string back = meg + "_back";
+  mg::Imported im = mg::convert_to_checkpoint(meg, {}, back);
+  ASSERT_TRUE(im.optimizer.has_value());
+  auto got = testing::make_ckpt_rank("llama4", 1, 0, false, {});
+  checkpoint::load_checkpoint(back, {}, *got.m, got.opt.get());
+  EXPECT_TRUE(testing::same_bytes(got.m->params().flat_params(), k.m->params().flat_params()));
+  EXPECT_TRUE(testing::same_bytes(got.opt->exp_avg(), k.opt->exp_avg()));
+  EXPECT_TRUE(testing::same_bytes(got.opt->exp_avg_sq(), k.opt->exp_avg_sq()));
+}
+
 TEST(MegatronExport, MatchesPyTorchsOwnFixtureFiles) {
   const std::string dir = scratch_dir();
   for (const std::string fam : {"gpt", "llama"}) {

@@ -34,9 +34,11 @@ DType recorded_params_dtype(const nlohmann::json& given) {
 namespace {
 
 // One entry of a stage's model state dict: its key in the file, and the megatron.cpp
-// parameter it holds ("" for a Transformer Engine _extra_state, saved as None).
+// parameter it holds ("" for a Transformer Engine _extra_state, saved as None); chunk: the
+// virtual stage's model chunk (model0, model1, ...) that holds it.
 struct Entry {
   std::string key, name;
+  int64_t chunk = 0;
 };
 
 // The stage's state dict in Megatron's order, which is named_parameters()'s (the order the
@@ -44,24 +46,30 @@ struct Entry {
 // self_attention's children as SelfAttention creates them (core_attention, linear_proj,
 // linear_qkv), pre_mlp_layernorm, mlp (linear_fc1, linear_fc2); final_layernorm; output_layer.
 // Transformer Engine fuses the norms into linear_qkv / linear_fc1 (layer_norm_weight first).
+// With virtual stages (V chunks) the chunks follow one another, each in this order, as
+// Megatron's optimizer lists the chunks' parameters.
 std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerImpl impl,
-                                 int64_t pp, int64_t P, const std::set<std::string>& have) {
+                                 int64_t pp, int64_t P, const std::set<std::string>& have,
+                                 int64_t V = 1) {
   std::vector<Entry> out;
+  int64_t chunk = 0;
   auto add = [&](const std::string& key, const std::string& name) {
-    if (have.count(name)) out.push_back({key, name});
+    if (have.count(name)) out.push_back({key, name, chunk});
   };
-  if (pp == 0) {
+  const int64_t per = c.num_layers / (P * V);
+  const bool te = impl == TransformerImpl::TransformerEngine;
+  for (chunk = 0; chunk < V; ++chunk) {
+  if (pp == 0 && chunk == 0) {
     add("embedding.word_embeddings.weight", "embedding.word_embeddings.weight");
     add("embedding.position_embeddings.weight", "embedding.position_embeddings.weight");
   }
-  const int64_t per = c.num_layers / P;
-  const bool te = impl == TransformerImpl::TransformerEngine;
   for (int64_t l = 0; l < per; ++l) {
     const std::string key = fmt::format("decoder.layers.{}.", l);
-    const std::string name = fmt::format("decoder.layers.{}.", pp * per + l);
+    const std::string name =
+        fmt::format("decoder.layers.{}.", chunk * (c.num_layers / V) + pp * per + l);
     auto param = [&](const std::string& k, const std::string& n) { add(key + k, name + n); };
     auto extra = [&](const std::string& m) {
-      if (te) out.push_back({key + m + "._extra_state", ""});
+      if (te) out.push_back({key + m + "._extra_state", "", chunk});
     };
     auto linear = [&](const std::string& m, const char* norm) {
       if (te && norm) {
@@ -86,7 +94,7 @@ std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerI
     linear("mlp.linear_fc1", "pre_mlp_layernorm");
     linear("mlp.linear_fc2", nullptr);
   }
-  if (pp == P - 1) {
+  if (pp == P - 1 && chunk == V - 1) {
     add("decoder.final_layernorm.weight", "decoder.final_layernorm.weight");
     add("decoder.final_layernorm.bias", "decoder.final_layernorm.bias");
     // Tied: the first stage's embedding holds the weight; a last stage that is not also the
@@ -96,8 +104,12 @@ std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerI
     else if (P > 1)
       add("output_layer.weight", "embedding.word_embeddings.weight");
   }
+  }
   return out;
 }
+
+// An entry's place among its rank file's tensors (keys repeat across virtual chunks).
+std::string slot_of(const Entry& e) { return fmt::format("{}/{}", e.chunk, e.key); }
 
 std::set<std::string> model_names(const model::TransformerConfig& c) {
   model::TransformerConfig one = c;
@@ -229,7 +241,7 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("tokenizer_model", given_str("tokenizer_model"));
   a.set("tensor_model_parallel_size", Py::integer(o.tp));
   a.set("pipeline_model_parallel_size", Py::integer(o.pp));
-  a.set("virtual_pipeline_model_parallel_size", Py::none());
+  a.set("virtual_pipeline_model_parallel_size", o.vp > 1 ? Py::integer(o.vp) : Py::none());
   a.set("expert_model_parallel_size", Py::integer(1));
   a.set("context_parallel_size", Py::integer(o.cp));
   a.set("sequence_parallel", Py::boolean(o.sequence_parallel));
@@ -281,7 +293,7 @@ Py optimizer_state(const ExportSource& s, const std::vector<Entry>& entries,
   std::vector<const Entry*> groups[2];
   for (const Entry& e : entries) {
     if (e.name.empty()) continue;
-    const bool no_wd = megatron_no_weight_decay(e.key, size_t(params.at(e.key).dim()),
+    const bool no_wd = megatron_no_weight_decay(e.key, size_t(params.at(slot_of(e)).dim()),
                                                 s.config.qk_layernorm_weight_decay);
     groups[no_wd ? 1 : 0].push_back(&e);
   }
@@ -296,7 +308,7 @@ Py optimizer_state(const ExportSource& s, const std::vector<Entry>& entries,
       st.set("step", Py::tensor_of(scalar_f32(double(s.optimizer_steps)), DType::F32));
       st.set("exp_avg", Py::tensor_of(s.shard(e->name, "exp_avg", tp, T), DType::F32));
       st.set("exp_avg_sq", Py::tensor_of(s.shard(e->name, "exp_avg_sq", tp, T), DType::F32));
-      main.items.push_back(Py::tensor_of(params.at(e->key), DType::F32));
+      main.items.push_back(Py::tensor_of(params.at(slot_of(*e)), DType::F32));
       ids.items.push_back(Py::integer(index++));
     }
     Py pg = Py::dict();
@@ -406,7 +418,8 @@ void check_stage_exportable(const model::TransformerConfig& c, const ExportOptio
                   "--ckpt-format torch: the model has persistent buffers (FP8 scaling state), "
                   "which Megatron's legacy layout does not carry here");
   std::set<std::string> placed;
-  for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, stage_names)) placed.insert(e.name);
+  for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, stage_names, o.vp))
+    placed.insert(e.name);
   for (const auto& n : stage_names)
     MCPP_CHECK_HINT(placed.count(n), hint,
                     "--ckpt-format torch: parameter '{}' of pipeline stage {} has no place in "
@@ -417,23 +430,27 @@ void check_stage_exportable(const model::TransformerConfig& c, const ExportOptio
 void write_legacy_rank(const std::string& iter_dir, const ExportSource& src, const ExportOptions& o,
                        int64_t tp, int64_t pp) {
   const auto entries = stage_entries(src.config, o.impl, pp, o.pp,
-                                     src.names ? *src.names : model_names(src.config));
+                                     src.names ? *src.names : model_names(src.config), o.vp);
   Py root = Py::dict();
   root.set("args", make_args(src, o));
   root.set("checkpoint_version", Py::real(3.0));
   root.set("iteration", Py::integer(src.state.iteration));
-  Py model = Py::ordered_dict();
-  std::map<std::string, Tensor> params;  // by key: the fp32 main params of this rank
+  std::vector<Py> chunks(size_t(o.vp), Py::ordered_dict());
+  std::map<std::string, Tensor> params;  // by slot_of: the fp32 main params of this rank
   for (const Entry& e : entries) {
+    Py& model = chunks[size_t(e.chunk)];
     if (e.name.empty()) {
       model.set(e.key, Py::none());  // Transformer Engine's extra state without FP8
       continue;
     }
     Tensor t = src.shard(e.name, "param", tp, o.tp);
-    params[e.key] = t;
+    params[slot_of(e)] = t;
     model.set(e.key, Py::tensor_of(t, src.params_dtype));
   }
-  root.set("model", std::move(model));
+  // Megatron's save_checkpoint: "model", or "model0" .. under virtual pipelining.
+  for (int64_t v = 0; v < o.vp; ++v)
+    root.set(o.vp == 1 ? std::string("model") : "model" + std::to_string(v),
+             std::move(chunks[size_t(v)]));
   if (o.save_optim && src.has_optimizer) {
     root.set("optimizer", optimizer_state(src, entries, params, tp, o.tp));
     root.set("opt_param_scheduler", scheduler_state(src.state.scheduler));

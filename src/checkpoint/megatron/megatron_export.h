@@ -42,6 +42,9 @@ struct ExportOptions {
   // shards the weights or the non-distributed optimizer's state: their rank 0 writes.
   int64_t dp = 1, cp = 1;
   bool sequence_parallel = false;
+  // Virtual pipeline stages: each rank file holds model0 .. model{vp-1}, chunk v of stage pp
+  // holding layers v * L / vp + pp * L / (pp * vp) onwards (Megatron's layer offset).
+  int64_t vp = 1;
   TransformerImpl impl = TransformerImpl::Local;
   bool save_optim = true;  // false (--no-save-optim): weights, args and scheduler only
 };

@@ -37,6 +37,7 @@ ExportOptions export_options(const LegacyTrainOptions& o, const parallel::Parall
   e.tp = ps.layout().tp(), e.pp = ps.layout().pp();
   e.dp = ps.layout().dp(), e.cp = ps.layout().cp();
   e.sequence_parallel = o.config.sp();
+  e.vp = o.virtual_stages;
   e.impl = o.impl;
   e.save_optim = o.save_optim;
   return e;

@@ -32,6 +32,7 @@ struct LegacyTrainOptions {
   bool save_optim = true;                                     // !--no-save-optim
   std::optional<int64_t> retain_interval;                     // --save-retain-interval
   bool keep_only_latest = false;  // a non-persistent save: the older iter_* folders go
+  int64_t virtual_stages = 1;     // --virtual-pipeline-model-parallel-size (model0, model1, ...)
 };
 
 // Start-up, after the model exists: this stage's parameters all have a place in the layout.
