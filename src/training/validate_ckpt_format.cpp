@@ -163,10 +163,6 @@ void validate_ckpt_format(Args& a) {
          "--decoder-first/last-pipeline-num-layers",
          "the legacy layout splits the layers evenly over the pipeline stages",
          "drop the uneven-stage flags");
-  refuse(a.fp16, "--fp16",
-         "the loss scaler's state is not read back from a legacy checkpoint yet (a resume would "
-         "not continue bit for bit)",
-         "train with --bf16");
   refuse(a.fp8.has_value(), "--fp8-format",
          "the FP8 scaling state has no place in the legacy layout here", "drop --fp8-format");
 }

@@ -286,6 +286,40 @@ TEST(MegatronExport, VirtualStagesWriteOneModelPerChunk) {
   EXPECT_TRUE(testing::same_bytes(got.opt->exp_avg_sq(), k.opt->exp_avg_sq()));
 }
 
+// An fp16 run's loss scaler goes out as Float16OptimizerWithFloat16Params' grad_scaler and
+// comes back with its scale and both trackers (a resume continues its schedule); a run
+// without one (bf16) has none after the round trip.
+TEST(MegatronExport, Fp16LossScalerRoundTrips) {
+  const std::string dir = scratch_dir();
+  auto k = testing::make_ckpt_rank("llama", 1, 0, true, {11, 12, 13, 5});
+  checkpoint::TrainingState st = testing::sample_state(12);
+  st.optimizer_steps = 5;
+  st.config["fp16"] = "True";
+  st.grad_scaler = {{"scale", 2048.0}, {"growth_tracker", 17}, {"hysteresis_tracker", 1}};
+  const std::string ours = dir + "/ours16";
+  checkpoint::save_checkpoint(ours, *k.m, k.opt.get(), st);
+  const std::string md = ours + "/iter_0000012/metadata.json";
+  nlohmann::json j = nlohmann::json::parse(testing::read_bytes(md));
+  j["model"]["dtype"] = "f16";
+  std::ofstream(md) << j.dump();
+  mg::ExportOptions o;
+  o.tp = 2;
+  mg::export_to_megatron(ours, {}, dir + "/meg16", o);
+  const mg::Imported im = mg::convert_to_checkpoint(dir + "/meg16", {}, dir + "/back16");
+  ASSERT_TRUE(im.optimizer.has_value());
+  EXPECT_EQ(im.optimizer->grad_scaler, st.grad_scaler);
+  EXPECT_FALSE(im.optimizer->main_params.empty());  // fp32_from_fp16_params
+  // and the converted checkpoint's training state holds it for --load
+  auto got = testing::make_ckpt_rank("llama", 1, 0, false, {});
+  EXPECT_EQ(checkpoint::load_checkpoint(dir + "/back16", {}, *got.m, got.opt.get()).grad_scaler,
+            st.grad_scaler);
+  // The bf16 export has no grad_scaler to read back.
+  const std::string bf = make_ours(dir, "llama", true);
+  mg::export_to_megatron(bf, {}, dir + "/meg_bf16", o);
+  EXPECT_TRUE(mg::convert_to_checkpoint(dir + "/meg_bf16", {}, dir + "/back_bf16")
+                  .optimizer->grad_scaler.empty());
+}
+
 TEST(MegatronExport, MatchesPyTorchsOwnFixtureFiles) {
   const std::string dir = scratch_dir();
   for (const std::string fam : {"gpt", "llama"}) {

@@ -538,6 +538,7 @@ void read_legacy(const Detected& d, Imported& im) {
   }
   OptimizerState& os = *im.optimizer;
   os.step = *opt.step;
+  os.grad_scaler = opt.grad_scaler;
   if (opt.betas_eps) os.beta1 = (*opt.betas_eps)[0], os.beta2 = (*opt.betas_eps)[1],
                      os.eps = (*opt.betas_eps)[2];
   const std::pair<std::map<std::string, std::vector<Tensor>>*, std::map<std::string, Tensor>*>

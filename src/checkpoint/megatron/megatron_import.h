@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/config.h"
 #include "optim/lr_scheduler.h"
 #include "tensor/tensor.h"
@@ -64,6 +66,10 @@ struct OptimizerState {
   std::map<std::string, Tensor> exp_avg, exp_avg_sq;
   std::map<std::string, Tensor> main_params;  // bf16/fp16 runs only: fp32_from_fp16_params
   int64_t step = 0;                           // Adam's step (bias correction)
+  // An fp16 run's DynamicGradScaler (Float16OptimizerWithFloat16Params' 'grad_scaler'):
+  // {"scale", "growth_tracker", "hysteresis_tracker"}, as TrainingState::grad_scaler holds it;
+  // empty when the checkpoint has none.
+  nlohmann::json grad_scaler = nlohmann::json::object();
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // the first group's, for the log
   // OptimizerParamScheduler.state_dict() and the counters, when the checkpoint has them
   bool has_scheduler = false;
@@ -153,6 +159,7 @@ struct OptimizerShards {
   std::map<std::string, std::vector<Tensor>> exp_avg, exp_avg_sq, main_params;
   std::optional<int64_t> step;
   std::optional<std::array<double, 3>> betas_eps;
+  nlohmann::json grad_scaler = nlohmann::json::object();  // rank file 0's, as OptimizerState's
 };
 // Reads root['optimizer'] of one legacy rank file into `out` (slot tp of T). Errors name the
 // file and the entry (a missing state entry, a moment whose shape is not the parameter's,

@@ -236,6 +236,35 @@ void read_rank_optimizer(const Value& root, const TorchFile& tf,
   }
   MCPP_CHECK_HINT(out.step.has_value(), "the import reads Adam's state (--optimizer adam)",
                   "{}: no step count (neither per parameter, per group nor common_step)", ow);
+  // fp16: the loss scaler (megatron/core/optimizer/grad_scaler.py DynamicGradScaler), the
+  // same on every rank; a resume continues with its scale and trackers.
+  const Value* gs = opt->get("grad_scaler");
+  if (gs && !gs->is(K::None) && out.grad_scaler.empty()) {
+    const std::string gw = ow + " grad_scaler";
+    MCPP_CHECK(gs->is(K::Dict), "{} is a {}, expected a dict", gw, gs->describe());
+    const Value* sc = gs->get("scale");
+    MCPP_CHECK(sc && (sc->is(K::Tensor) || sc->is(K::Float) || sc->is(K::Int)),
+               "{} has no 'scale'", gw);
+    double scale;
+    if (sc->is(K::Tensor)) {
+      MCPP_CHECK(sc->shape.empty() || (sc->shape.size() == 1 && sc->shape[0] == 1),
+                 "{}['scale'] has shape {}, expected one value", gw, shape_str(sc->shape));
+      scale = double(tf.tensor(*sc, DType::F32, gw + "['scale']").data<float>()[0]);
+    } else {
+      scale = number(*sc, gw + "['scale']");
+    }
+    MCPP_CHECK(std::isfinite(scale) && scale > 0, "{}['scale'] is {}, expected a positive number",
+               gw, scale);
+    auto tracker = [&](const char* k) {
+      const Value* t = gs->get(k);
+      MCPP_CHECK(t && t->is(K::Int) && t->i >= 0, "{}['{}'] is {}, expected a count", gw, k,
+                 t ? t->describe() : "missing");
+      return t->i;
+    };
+    out.grad_scaler = {{"scale", scale},
+                       {"growth_tracker", tracker("growth_tracker")},
+                       {"hysteresis_tracker", tracker("hysteresis_tracker")}};
+  }
 }
 
 void read_scheduler(const Value& root, const std::string& path, OptimizerState& out) {

@@ -67,6 +67,7 @@ Imported convert_to_checkpoint(const std::string& src, std::optional<int64_t> it
     st.consumed_valid_samples = os.consumed_valid_samples;
     st.num_floating_point_operations_so_far = os.flops_so_far;
     st.optimizer_steps = os.step;
+    st.grad_scaler = os.grad_scaler;  // fp16: --load OUT continues the loss scale
     if (os.has_scheduler) st.scheduler = scheduler_state(os);
     log::info("imported the Adam state (step {}, betas {} {}, eps {}){}{}: --load OUT resumes "
               "at iteration {} (pass Megatron's optimizer and LR flags; dropout masks differ "

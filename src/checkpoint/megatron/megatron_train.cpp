@@ -241,6 +241,7 @@ LegacyLoaded load_legacy_training_checkpoint(const std::string& dir,
   if (load_optim) {
     st.optimizer_steps = os->step;
     opt.set_steps(os->step);
+    st.grad_scaler = os->grad_scaler;  // fp16: the loss scaler goes on where it was
   }
   out.has_scheduler = pr.has_scheduler;
   if (pr.has_scheduler) st.scheduler = scheduler_state(pr);
