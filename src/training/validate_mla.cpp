@@ -17,6 +17,8 @@
 
 namespace mcpp::training {
 
+void validate_yarn_factor_flags(const Args& a);  // validate_rope.cpp
+
 void validate_mla(Args& a) {
   const char* const shape_flags[][2] = {{"q_lora_rank", "--q-lora-rank"},
                                         {"kv_lora_rank", "--kv-lora-rank"},
@@ -68,14 +70,7 @@ void validate_mla(Args& a) {
                   "--v-head-dim {} is wider than the query/key heads ({} + {}): the attention "
                   "core pads the value heads to the query/key width",
                   a.v_head_dim, a.qk_head_dim, a.qk_pos_emb_head_dim);
-  MCPP_CHECK_HINT(std::isfinite(a.rotary_scaling_factor) && a.rotary_scaling_factor > 0,
-                  "give --rotary-scaling-factor > 0 (DeepSeek-V3 uses 40; 1 is no scaling)",
-                  "--rotary-scaling-factor {} is not positive",
-                  python_float(a.rotary_scaling_factor));
-  MCPP_CHECK_HINT(std::isfinite(a.mscale) && std::isfinite(a.mscale_all_dim),
-                  "give finite --mscale and --mscale-all-dim",
-                  "--mscale {} / --mscale-all-dim {} must be finite numbers",
-                  python_float(a.mscale), python_float(a.mscale_all_dim));
+  validate_yarn_factor_flags(a);
   MCPP_CHECK_HINT(a.rotary_percent == 1.0,
                   "drop --rotary-percent: MLA rotates its --qk-pos-emb-head-dim dims whole",
                   "--rotary-percent {} with --multi-latent-attention is not implemented",

@@ -14,6 +14,20 @@
 
 namespace mcpp::training {
 
+// YaRN's factor and concentration coefficients, shared by both YaRNs: Megatron divides by the
+// factor and takes its logarithm.
+void validate_yarn_factor_flags(const Args& a) {
+  MCPP_CHECK_HINT(std::isfinite(a.rotary_scaling_factor) && a.rotary_scaling_factor > 0,
+                  "give --rotary-scaling-factor > 0, the context's stretch (DeepSeek-V3 uses "
+                  "40, Qwen2.5 4; 1 is no scaling)",
+                  "--rotary-scaling-factor {} is not positive",
+                  python_float(a.rotary_scaling_factor));
+  MCPP_CHECK_HINT(std::isfinite(a.mscale) && std::isfinite(a.mscale_all_dim),
+                  "give finite --mscale and --mscale-all-dim",
+                  "--mscale {} / --mscale-all-dim {} must be finite numbers",
+                  python_float(a.mscale), python_float(a.mscale_all_dim));
+}
+
 namespace {
 
 // --position-embedding-type yarn: Megatron's YarnRotaryEmbedding on standard attention. Its
@@ -45,15 +59,7 @@ void validate_yarn(const Args& a) {
                   python_float(a.rotary_percent));
   MCPP_CHECK_HINT(a.rotary_base > 1, "give --rotary-base > 1",
                   "--rotary-base {} with yarn: YaRN divides by ln(base)", a.rotary_base);
-  MCPP_CHECK_HINT(std::isfinite(a.rotary_scaling_factor) && a.rotary_scaling_factor > 0,
-                  "give --rotary-scaling-factor > 0 (the context's stretch: 4 takes a model "
-                  "trained at 4K tokens to 16K; 1 is no scaling)",
-                  "--rotary-scaling-factor {} is not positive",
-                  python_float(a.rotary_scaling_factor));
-  MCPP_CHECK_HINT(std::isfinite(a.mscale) && std::isfinite(a.mscale_all_dim),
-                  "give finite --mscale and --mscale-all-dim",
-                  "--mscale {} / --mscale-all-dim {} must be finite numbers",
-                  python_float(a.mscale), python_float(a.mscale_all_dim));
+  validate_yarn_factor_flags(a);
   MCPP_CHECK_HINT(a.yarn_original_max_position_embeddings.value_or(4096) > 0,
                   "give --yarn-original-max-position-embeddings, the context the model was "
                   "trained for (Megatron's default 4096)",
