@@ -164,7 +164,8 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
   };
   const int64_t H = c.hidden_size;
   expect("embedding.word_embeddings.weight", {c.padded_vocab_size, H});
-  if (c.learned_positions()) expect("embedding.position_embeddings.weight", {c.max_position_embeddings, H});
+  if (c.learned_positions())
+    expect("embedding.position_embeddings.weight", {c.max_position_embeddings, H});
   std::set<int64_t> layers;
   static const std::string prefix = "decoder.layers.";
   for (auto& [key, v] : tensors.items()) {

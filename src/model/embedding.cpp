@@ -60,17 +60,18 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out, const
     else
       parallel::reduce_from_tp(emb3, *cx.tp_comm, st);
   }
-  if (c.learned_positions() && cx.position_ids.defined()) {  // each token at its place in its document
+  // each token at its place in its document
+  if (c.learned_positions() && cx.position_ids.defined()) {
     Tensor pos = Tensor::empty({Sl, B, H}, emb3.dtype(), emb3.device());
     Tensor rows = pos.view({Sl * B, 1, H});
     ops::embedding_forward(shard_ids(cx, Sl), pos_.w, 0, rows, st);
     ops::add(emb3, pos, emb3, st);
-  } else if (c.learned_positions() && cx.uniform_pos)  // under CP the rank's rows are two runs of positions
+  } else if (c.learned_positions() && cx.uniform_pos)  // under CP: two runs of positions
     for_each_global_run(cx, cx.s0, Sl, [&](int64_t r0, int64_t n, int64_t pos) {
       Tensor rows = emb3.narrow(r0, n);
       ops::position_embedding_forward(pos_.w, pos, rows, st);
     });
-  if (c.learned_positions() && !cx.uniform_pos) {  // generation, one row per sequence at its own position
+  if (c.learned_positions() && !cx.uniform_pos) {  // generation: a row per sequence, own place
     Tensor rows = emb3.view({B, H});
     for (int64_t b = 0; b < B; ++b) {
       Tensor row = rows.narrow(b, 1).view({1, 1, H});

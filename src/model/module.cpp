@@ -23,7 +23,8 @@ Dims make_dims(const TransformerConfig& c, int64_t S, int64_t B) {
 StepContext make_step_context(const TransformerConfig& c, int64_t S, int64_t B,
                               const StepKeys& keys, comm::Communicator* tp,
                               comm::Communicator* cp) {
-  MCPP_CHECK(S * c.cp_size <= c.seq_length || !c.learned_positions(), "sequence {} longer than --seq-length {}",
+  MCPP_CHECK(S * c.cp_size <= c.seq_length || !c.learned_positions(),
+             "sequence {} longer than --seq-length {}",
              S * c.cp_size, c.seq_length);
   MCPP_CHECK(c.cp_size == 1 || (cp && S % 2 == 0),
              "GPTModel::forward at cp_size {} needs the CP communicator and an even number of "

@@ -1,6 +1,6 @@
-// Llama 3.x RoPE scaling (and position interpolation, and YaRN) in megatron.cpp checkpoints: metadata.json records it (absent: off,
-// so checkpoints from before it load as plain RoPE); a run whose scaling differs loads with a
-// warning naming both, as a different rotary base does.
+// Llama 3.x RoPE scaling (and position interpolation, and YaRN) in megatron.cpp checkpoints:
+// metadata.json records it (absent: off, so checkpoints from before it load as plain RoPE); a
+// run whose scaling differs loads with a warning naming both, as a different rotary base does.
 #include <gtest/gtest.h>
 
 #include <string>

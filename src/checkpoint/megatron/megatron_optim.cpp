@@ -45,8 +45,8 @@ const char* kHint = "the import reads Megatron's standard parameter groups; conv
 }  // namespace
 
 bool megatron_no_weight_decay(const std::string& key, size_t dims, bool qk_norm_decay) {
-  const bool qk_norm =
-      key.find("q_layernorm.") != std::string::npos || key.find("k_layernorm.") != std::string::npos;
+  const bool qk_norm = key.find("q_layernorm.") != std::string::npos ||
+                       key.find("k_layernorm.") != std::string::npos;
   return (key.ends_with(".bias") || dims == 1) && !(qk_norm_decay && qk_norm);
 }
 
