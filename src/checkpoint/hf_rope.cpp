@@ -43,6 +43,23 @@ int64_t positive_int(const json& v, const std::string& type, const std::string& 
 
 bool given(const json& s, const char* k) { return s.contains(k) && !s[k].is_null(); }
 
+// transformers' rope initialisers size the frequencies by head_dim * partial_rotary_factor
+// (4.x read the factor at the top level, 5.x in the set), while the classes imported here
+// (Llama, Mistral, Mixtral, Qwen2/3) rotate whole heads, as megatron.cpp's import does: any
+// other value is an error naming the field, never a silently different model.
+void check_whole_head(const json& j, const json& s, const std::string& type,
+                      const std::string& field, const std::string& rt) {
+  for (const auto& [where, v] : {std::pair{std::string("partial_rotary_factor"), &j},
+                                 std::pair{field + ".partial_rotary_factor", &s}}) {
+    if (!v->is_object() || !given(*v, "partial_rotary_factor")) continue;
+    const json& p = (*v)["partial_rotary_factor"];
+    MCPP_CHECK_HINT(p.is_number() && p.get<double>() == 1.0,
+                    "the import rotates the whole head (--rotary-percent 1)",
+                    "Hugging Face config.json ({}): '{}' is {} with rope_type '{}'", type, where,
+                    p.dump(), rt);
+  }
+}
+
 // Whether our concentration factor with (mscale, mscale_all_dim) is attention factor a, to
 // rounding: the one test of every mscale pair below, so a kept pair always gives a.
 bool concentration_is(double factor, double mscale, double mscale_all_dim, double a) {
@@ -63,17 +80,6 @@ model::TransformerConfig::Yarn yarn_from_hf(const json& j, const json& s, const 
                   "Hugging Face config.json ({}): {} (rope_type 'yarn') lacks 'factor'", type,
                   field);
   y.factor = positive(s["factor"], type, name("factor"));
-  // transformers' yarn rotates head_dim * partial_rotary_factor dims (4.x read the factor at
-  // the top level, 5.x in the set); ours rotates the whole head.
-  for (const auto& [where, v] : {std::pair{std::string("partial_rotary_factor"), &j},
-                                 std::pair{name("partial_rotary_factor"), &s}}) {
-    if (!given(*v, "partial_rotary_factor")) continue;
-    const json& p = (*v)["partial_rotary_factor"];
-    MCPP_CHECK_HINT(p.is_number() && p.get<double>() == 1.0,
-                    "megatron.cpp's YaRN rotates the whole head (--rotary-percent 1)",
-                    "Hugging Face config.json ({}): '{}' is {} with rope_type 'yarn'", type, where,
-                    p.dump());
-  }
   // The original context: the set's, else max_position_embeddings. transformers 5 prefers a
   // top-level original_max_position_embeddings (Phi-3's place) where one object holds the
   // set; earlier releases, and 5's per-layer sets, ignore it: it must agree to be unambiguous.
@@ -173,6 +179,7 @@ void rope_from_hf(const json& j, const std::string& type, double dflt,
   bool theta_given = false;
   if (j.contains("rope_theta") && !j["rope_theta"].is_null())
     theta = positive(j["rope_theta"], type, "rope_theta"), theta_given = true;
+  if (sets.empty()) check_whole_head(j, json(), type, "rope_scaling", "default");
   std::optional<Scaling> scaling;
   std::string scaling_field;  // the first set, which the others must agree with
   for (const auto& [field, s] : sets) {
@@ -185,6 +192,7 @@ void rope_from_hf(const json& j, const std::string& type, double dflt,
                     "Hugging Face config.json ({}): {}.rope_type is {}, expected a string", type,
                     field, rt_json.dump());
     const std::string rt = rt_json.get<std::string>();
+    check_whole_head(j, s, type, field, rt);
     MCPP_CHECK_HINT(rt == "default" || rt == "llama3" || rt == "linear" || rt == "yarn",
                     "megatron.cpp implements plain RoPE ('default'), Llama 3.x scaling "
                     "('llama3'), linear position interpolation ('linear') and YaRN ('yarn'); "

@@ -141,6 +141,33 @@ TEST(HfRope, ExportWritesBothSpellingsAndRoundTrips) {
   EXPECT_GT(hf_round_trip_logit_change(c, plain), 1e-3) << "the scaling should change the logits";
 }
 
+// partial_rotary_factor below 1 would rotate part of each head in transformers' rope
+// initialisers; the import rotates whole heads, so any rope type with it is refused naming
+// the field (at the top level, 4.x's place, or in a 5.x set); 1 is accepted.
+TEST(HfRope, PartialRotaryFactorIsRefusedForEveryRopeType) {
+  json plain = llama3_config();
+  plain.erase("rope_scaling");
+  plain["partial_rotary_factor"] = 0.5;
+  std::string e = error_of([&] { ck::model_config_from_hf(plain, 1); });
+  EXPECT_NE(e.find("'partial_rotary_factor' is 0.5 with rope_type 'default'"), std::string::npos)
+      << e;
+  json scaled = llama3_config();
+  scaled["partial_rotary_factor"] = 0.25;
+  e = error_of([&] { ck::model_config_from_hf(scaled, 1); });
+  EXPECT_NE(e.find("'partial_rotary_factor' is 0.25 with rope_type 'llama3'"), std::string::npos)
+      << e;
+  json five = llama3_config();
+  five.erase("rope_scaling");
+  five["rope_parameters"] = {
+      {"rope_type", "linear"}, {"rope_theta", 1e4}, {"factor", 2.0}, {"partial_rotary_factor", 0.5}};
+  e = error_of([&] { ck::model_config_from_hf(five, 1); });
+  EXPECT_NE(e.find("'rope_parameters.partial_rotary_factor' is 0.5 with rope_type 'linear'"),
+            std::string::npos)
+      << e;
+  plain["partial_rotary_factor"] = 1.0;
+  EXPECT_EQ(ck::model_config_from_hf(plain, 1).rotary_percent, 1.0);
+}
+
 TEST(HfRope, RefusesOtherRopeTypesNamingTheField) {
   for (const char* rt : {"dynamic", "longrope"}) {
     json j = llama3_config();
