@@ -222,6 +222,8 @@ checkpoint::megatron::LegacyTrainOptions Trainer::State::legacy_options() const 
   o.save_optim = !args.no_save_optim;
   o.retain_interval = args.save_retain_interval;
   o.virtual_stages = std::max<int64_t>(1, args.virtual_pipeline_model_parallel_size);
+  o.first_stage_layers = args.decoder_first_pipeline_num_layers;
+  o.last_stage_layers = args.decoder_last_pipeline_num_layers;
   return o;
 }
 

@@ -159,10 +159,6 @@ void validate_ckpt_format(Args& a) {
   refuse(a.multi_latent_attention, "--multi-latent-attention",
          "multi-latent attention models in the legacy layout are not implemented yet",
          "save with the default --ckpt-format torch_dist");
-  refuse(a.decoder_first_pipeline_num_layers || a.decoder_last_pipeline_num_layers,
-         "--decoder-first/last-pipeline-num-layers",
-         "the legacy layout splits the layers evenly over the pipeline stages",
-         "drop the uneven-stage flags");
   refuse(a.fp8.has_value(), "--fp8-format",
          "the FP8 scaling state has no place in the legacy layout here", "drop --fp8-format");
 }

@@ -14,7 +14,7 @@
 #     resumes with the flag and is refused as another model without it;
 #   * a --qk-layernorm run (TP2, the norms decayed) resumes exactly from its legacy files;
 #   * a CP2 x TP2 run writes TP's folders alone and resumes exactly; so does a run with
-#     virtual pipeline stages (model0, model1 in each file).
+#     virtual pipeline stages (model0, model1 in each file), and one with an uneven split.
 set -euo pipefail
 M=$1; shift
 MPI=("$@")
@@ -154,4 +154,15 @@ run "$W/vr.log" "${MPI[@]}" -np 2 "$M" train "${V[@]}" --load "$W/VP"
 diff <(lines "$W/vu.log" 3 4) <(lines "$W/vr.log" 3 4) ||
   { echo "virtual-stage legacy resume differs"; exit 1; }
 [ "$(lines "$W/vr.log" 3 4 | wc -l)" -eq 2 ] || { echo "VP: expected 2 resumed lines"; exit 1; }
+# An uneven split (3 layers over PP2 as 1 | 2): each file numbers its stage's layers from 0
+# and the args name the split; a resume from iteration 2 logs 3-4 as the uninterrupted run.
+E=("${S[@]}" --num-layers 3 --pipeline-model-parallel-size 2
+   --decoder-first-pipeline-num-layers 1 --hidden-dropout 0 --train-iters 4)
+run "$W/eu.log" "${MPI[@]}" -np 2 "$M" train "${E[@]}"
+run "$W/ep.log" "${MPI[@]}" -np 2 "$M" train "${E[@]}" --save "$W/EP" --save-interval 2 \
+    --exit-interval 2
+run "$W/er.log" "${MPI[@]}" -np 2 "$M" train "${E[@]}" --load "$W/EP"
+diff <(lines "$W/eu.log" 3 4) <(lines "$W/er.log" 3 4) ||
+  { echo "uneven-stage legacy resume differs"; exit 1; }
+[ "$(lines "$W/er.log" 3 4 | wc -l)" -eq 2 ] || { echo "uneven: expected 2 resumed lines"; exit 1; }
 echo "ckpt_format_torch: OK"

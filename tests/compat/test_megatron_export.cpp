@@ -11,6 +11,7 @@
 //     PP that does not divide the layers, MoE: errors naming the flag or file.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <tuple>
 
 #include <filesystem>
@@ -318,6 +319,54 @@ TEST(MegatronExport, Fp16LossScalerRoundTrips) {
   mg::export_to_megatron(bf, {}, dir + "/meg_bf16", o);
   EXPECT_TRUE(mg::convert_to_checkpoint(dir + "/meg_bf16", {}, dir + "/back_bf16")
                   .optimizer->grad_scaler.empty());
+}
+
+// An uneven pipeline split (--decoder-first/last-pipeline-num-layers, as a training run
+// writes it): 4 layers over PP 3 as 1 | 2 | 1, each stage's layers numbered from 0 in its
+// file, the args naming the split; back through the importer bit for bit.
+TEST(MegatronExport, UnevenStagesRoundTrip) {
+  const std::string dir = scratch_dir();
+  auto k = testing::make_ckpt_rank("llama4", 1, 0, true, {21, 22, 23, 5});
+  checkpoint::TrainingState st = testing::sample_state(12);
+  st.optimizer_steps = 5;
+  const std::string ours = dir + "/ours";
+  checkpoint::save_checkpoint(ours, *k.m, k.opt.get(), st);
+  mg::ExportSource src;
+  model::ParamStore& ps = k.m->params();
+  src.config = k.m->config();
+  src.state = st;
+  src.has_optimizer = true, src.optimizer_steps = 5;
+  src.shard = [&](const std::string& name, const char* what, int64_t, int64_t) {
+    const model::ParamInfo& p = ps.info(name);
+    const Tensor& from = std::strcmp(what, "param") == 0     ? ps.flat_params()
+                         : std::strcmp(what, "exp_avg") == 0 ? k.opt->exp_avg()
+                                                             : k.opt->exp_avg_sq();
+    return from.narrow(p.offset, p.numel()).view(p.local_shape);
+  };
+  mg::ExportOptions o;
+  o.tp = 1, o.pp = 3, o.first_stage_layers = 1, o.last_stage_layers = 1;
+  const std::string meg = dir + "/meg_uneven", iter = meg + "/iter_0000012";
+  for (int64_t pp = 0; pp < 3; ++pp) mg::write_legacy_rank(iter, src, o, 0, pp);
+  testing::write_bytes(meg + "/latest_checkpointed_iteration.txt", "12");
+  const int expect_layers[3] = {1, 2, 1};
+  for (int64_t pp = 0; pp < 3; ++pp) {
+    const std::string f = iter + "/" + mg::legacy_rank_dir(0, pp, 3) + "/model_optim_rng.pt";
+    mg::MappedFile mf(f);
+    mg::TorchFile tf(mf.bytes(), f);
+    const mg::Value& model = *tf.root()->get("model");
+    for (int l = 0; l < 3; ++l)
+      EXPECT_EQ(model.get(fmt::format("decoder.layers.{}.mlp.linear_fc1.weight", l)) != nullptr,
+                l < expect_layers[pp])
+          << f << " layer " << l;
+    EXPECT_EQ(tf.root()->get("args")->get("decoder_first_pipeline_num_layers")->i, 1);
+  }
+  mg::Imported im = mg::convert_to_checkpoint(meg, {}, meg + "_back");
+  ASSERT_TRUE(im.optimizer.has_value());
+  auto got = testing::make_ckpt_rank("llama4", 1, 0, false, {});
+  checkpoint::load_checkpoint(meg + "_back", {}, *got.m, got.opt.get());
+  EXPECT_TRUE(testing::same_bytes(got.m->params().flat_params(), k.m->params().flat_params()));
+  EXPECT_TRUE(testing::same_bytes(got.opt->exp_avg(), k.opt->exp_avg()));
+  EXPECT_TRUE(testing::same_bytes(got.opt->exp_avg_sq(), k.opt->exp_avg_sq()));
 }
 
 TEST(MegatronExport, MatchesPyTorchsOwnFixtureFiles) {

@@ -10,6 +10,7 @@
 #include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/megatron/torch_write.h"
 #include "model/gpt_model.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mcpp::checkpoint::megatron {
 
@@ -50,23 +51,29 @@ struct Entry {
 // Megatron's optimizer lists the chunks' parameters.
 std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerImpl impl,
                                  int64_t pp, int64_t P, const std::set<std::string>& have,
-                                 int64_t V = 1) {
+                                 int64_t V = 1, std::optional<int64_t> first = std::nullopt,
+                                 std::optional<int64_t> last = std::nullopt) {
   std::vector<Entry> out;
   int64_t chunk = 0;
   auto add = [&](const std::string& key, const std::string& name) {
     if (have.count(name)) out.push_back({key, name, chunk});
   };
-  const int64_t per = c.num_layers / (P * V);
+  auto as_int = [](std::optional<int64_t> v) {
+    return v ? std::optional<int>(int(*v)) : std::nullopt;
+  };
+  // Megatron's get_transformer_layer_offset: the global layers of each (stage, chunk).
+  const auto layers = parallel::pipeline::assign_layers(int(c.num_layers), int(P), int(V),
+                                                        as_int(first), as_int(last));
   const bool te = impl == TransformerImpl::TransformerEngine;
   for (chunk = 0; chunk < V; ++chunk) {
   if (pp == 0 && chunk == 0) {
     add("embedding.word_embeddings.weight", "embedding.word_embeddings.weight");
     add("embedding.position_embeddings.weight", "embedding.position_embeddings.weight");
   }
-  for (int64_t l = 0; l < per; ++l) {
+  const std::vector<int>& ids = layers[size_t(pp * V + chunk)];
+  for (size_t l = 0; l < ids.size(); ++l) {
     const std::string key = fmt::format("decoder.layers.{}.", l);
-    const std::string name =
-        fmt::format("decoder.layers.{}.", chunk * (c.num_layers / V) + pp * per + l);
+    const std::string name = fmt::format("decoder.layers.{}.", ids[l]);
     auto param = [&](const std::string& k, const std::string& n) { add(key + k, name + n); };
     auto extra = [&](const std::string& m) {
       if (te) out.push_back({key + m + "._extra_state", "", chunk});
@@ -242,6 +249,9 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("tensor_model_parallel_size", Py::integer(o.tp));
   a.set("pipeline_model_parallel_size", Py::integer(o.pp));
   a.set("virtual_pipeline_model_parallel_size", o.vp > 1 ? Py::integer(o.vp) : Py::none());
+  auto opt_int = [](std::optional<int64_t> v) { return v ? Py::integer(*v) : Py::none(); };
+  a.set("decoder_first_pipeline_num_layers", opt_int(o.first_stage_layers));
+  a.set("decoder_last_pipeline_num_layers", opt_int(o.last_stage_layers));
   a.set("expert_model_parallel_size", Py::integer(1));
   a.set("context_parallel_size", Py::integer(o.cp));
   a.set("sequence_parallel", Py::boolean(o.sequence_parallel));
@@ -395,8 +405,7 @@ void check_exportable(const model::TransformerConfig& c, const ExportOptions& o,
                   c.padded_vocab_size);
   MCPP_CHECK_HINT(o.pp >= 1 && c.num_layers % o.pp == 0,
                   fmt::format("choose a {} that divides the layer count", flag_pp),
-                  "{} {} does not divide the {} layers (Megatron's legacy layout splits them "
-                  "evenly)",
+                  "{} {} does not divide the {} layers (the conversion splits them evenly)",
                   flag_pp, o.pp, c.num_layers);
   // Every parameter must land in exactly one stage's entries: a name the export does not
   // place is a model feature it does not know.
@@ -418,7 +427,8 @@ void check_stage_exportable(const model::TransformerConfig& c, const ExportOptio
                   "--ckpt-format torch: the model has persistent buffers (FP8 scaling state), "
                   "which Megatron's legacy layout does not carry here");
   std::set<std::string> placed;
-  for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, stage_names, o.vp))
+  for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, stage_names, o.vp,
+                                      o.first_stage_layers, o.last_stage_layers))
     placed.insert(e.name);
   for (const auto& n : stage_names)
     MCPP_CHECK_HINT(placed.count(n), hint,
@@ -429,8 +439,9 @@ void check_stage_exportable(const model::TransformerConfig& c, const ExportOptio
 
 void write_legacy_rank(const std::string& iter_dir, const ExportSource& src, const ExportOptions& o,
                        int64_t tp, int64_t pp) {
-  const auto entries = stage_entries(src.config, o.impl, pp, o.pp,
-                                     src.names ? *src.names : model_names(src.config), o.vp);
+  const auto entries =
+      stage_entries(src.config, o.impl, pp, o.pp, src.names ? *src.names : model_names(src.config),
+                    o.vp, o.first_stage_layers, o.last_stage_layers);
   Py root = Py::dict();
   root.set("args", make_args(src, o));
   root.set("checkpoint_version", Py::real(3.0));

@@ -45,6 +45,9 @@ struct ExportOptions {
   // Virtual pipeline stages: each rank file holds model0 .. model{vp-1}, chunk v of stage pp
   // holding layers v * L / vp + pp * L / (pp * vp) onwards (Megatron's layer offset).
   int64_t vp = 1;
+  // An uneven split (--decoder-first/last-pipeline-num-layers): the first and last stages'
+  // layers, the others sharing the rest (parallel/pipeline/schedule.h's assign_layers).
+  std::optional<int64_t> first_stage_layers, last_stage_layers;
   TransformerImpl impl = TransformerImpl::Local;
   bool save_optim = true;  // false (--no-save-optim): weights, args and scheduler only
 };

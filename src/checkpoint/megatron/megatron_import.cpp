@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/megatron/torch_pickle.h"
 #include "model/gpt_model.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mcpp::checkpoint::megatron {
 
@@ -213,9 +214,6 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   unsupported(flag("multi_latent_attention", false), "multi-latent attention");
   unsupported(arg(a, "mtp_num_layers") != nullptr && i64("mtp_num_layers") > 0,
               "multi-token prediction layers");
-  unsupported(arg(a, "decoder_first_pipeline_num_layers") != nullptr ||
-                  arg(a, "decoder_last_pipeline_num_layers") != nullptr,
-              "an uneven pipeline split");
   const std::string norm = str("normalization", "LayerNorm");
   unsupported(norm != "LayerNorm" && norm != "RMSNorm", "--normalization " + norm);
   const std::string pos = str("position_embedding_type", "learned_absolute");
@@ -454,6 +452,16 @@ void read_legacy(const Detected& d, Imported& im) {
                   "{}: {} rank folders, but args say TP {} x PP {}", d.iter_dir, ranks.size(), T,
                   P);
   const int64_t L = im.config.num_layers;
+  // An uneven split's first and last stages (None: even).
+  auto stage_layers = [&](const char* k) -> std::optional<int> {
+    const Value* v = arg(*args, k);
+    if (!v) return std::nullopt;
+    MCPP_CHECK(v->is(K::Int) && v->i >= 1 && v->i <= L, "{}: args.{} is {}, expected 1 .. {}",
+               ranks[0].path, k, v->is(K::Int) ? std::to_string(v->i) : v->describe(), L);
+    return int(v->i);
+  };
+  const std::optional<int> first_layers = stage_layers("decoder_first_pipeline_num_layers"),
+                           last_layers = stage_layers("decoder_last_pipeline_num_layers");
   std::map<std::string, std::vector<Tensor>> shards;  // TP shards by megatron.cpp name
   // The optimizer state: imported when every rank file holds the non-distributed optimizer's.
   OptimizerShards opt;
@@ -481,9 +489,10 @@ void read_legacy(const Detected& d, Imported& im) {
       chunks.push_back(root.get("model" + std::to_string(v)));
     MCPP_CHECK(!chunks.empty(), "{}: no 'model' in the state dict", r.path);
     const int64_t V = int64_t(chunks.size());
-    MCPP_CHECK(L % (P * V) == 0, "{}: {} layers do not split over PP {} x {} chunks", r.path, L,
-               P, V);
-    const int64_t per = L / (P * V);
+    // Megatron's get_transformer_layer_offset (even, or --decoder-first/last-pipeline-num-
+    // layers): the global layers of each of this rank's chunks.
+    const auto layers =
+        parallel::pipeline::assign_layers(int(L), int(P), int(V), first_layers, last_layers);
     for (int64_t v = 0; v < V; ++v) {
       const Value& sd = *chunks[size_t(v)];
       MCPP_CHECK(sd.is(K::Dict), "{}: model is a {}", r.path, sd.describe());
@@ -499,9 +508,11 @@ void read_legacy(const Detected& d, Imported& im) {
         if (name.empty()) continue;
         std::string rest;
         const int64_t local = layer_of(name, rest);
-        if (local >= 0) {  // Megatron's offset: chunk v, stage pp (get_transformer_layer_offset)
-          MCPP_CHECK(local < per, "{}: '{}' is beyond the stage's {} layers", r.path, kv->s, per);
-          name = model::layer_param_name(int(v * (L / V) + r.pp * per + local), rest);
+        if (local >= 0) {  // chunk v of stage pp: its local layer `local`
+          const std::vector<int>& ids = layers[size_t(r.pp * V + v)];
+          MCPP_CHECK(local < int64_t(ids.size()), "{}: '{}' is beyond the chunk's {} layers",
+                     r.path, kv->s, ids.size());
+          name = model::layer_param_name(ids[size_t(local)], rest);
         }
         auto& vec = shards[name];
         vec.resize(size_t(T));

@@ -38,6 +38,7 @@ ExportOptions export_options(const LegacyTrainOptions& o, const parallel::Parall
   e.dp = ps.layout().dp(), e.cp = ps.layout().cp();
   e.sequence_parallel = o.config.sp();
   e.vp = o.virtual_stages;
+  e.first_stage_layers = o.first_stage_layers, e.last_stage_layers = o.last_stage_layers;
   e.impl = o.impl;
   e.save_optim = o.save_optim;
   return e;

@@ -33,6 +33,8 @@ struct LegacyTrainOptions {
   std::optional<int64_t> retain_interval;                     // --save-retain-interval
   bool keep_only_latest = false;  // a non-persistent save: the older iter_* folders go
   int64_t virtual_stages = 1;     // --virtual-pipeline-model-parallel-size (model0, model1, ...)
+  // --decoder-first/last-pipeline-num-layers (an uneven split)
+  std::optional<int64_t> first_stage_layers, last_stage_layers;
 };
 
 // Start-up, after the model exists: this stage's parameters all have a place in the layout.
