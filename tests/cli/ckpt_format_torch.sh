@@ -118,51 +118,36 @@ if "$M" train "${S[@]}" --train-iters 3 --load "$W/S" >"$W/s3.log" 2>&1; then
 fi
 grep -q "squared_relu.*: checkpoint true vs this run false" "$W/s3.log" ||
   { echo "squared ReLU mismatch not named"; tail -5 "$W/s3.log"; exit 1; }
+# resumes_exactly TAG NP ARGS...: with --ckpt-format torch, a run of 4 iterations saved at
+# 2 and resumed from its legacy files logs iterations 3-4 as the uninterrupted run; the
+# saved iteration is left in $W/TAG.
+resumes_exactly() {
+  local tag=$1 np=$2; shift 2
+  local a=("${S[@]}" --hidden-dropout 0 --train-iters 4 "$@")
+  run "$W/$tag.u.log" "${MPI[@]}" -np "$np" "$M" train "${a[@]}"
+  run "$W/$tag.p.log" "${MPI[@]}" -np "$np" "$M" train "${a[@]}" --save "$W/$tag" \
+      --save-interval 2 --exit-interval 2
+  run "$W/$tag.r.log" "${MPI[@]}" -np "$np" "$M" train "${a[@]}" --load "$W/$tag"
+  diff <(lines "$W/$tag.u.log" 3 4) <(lines "$W/$tag.r.log" 3 4) ||
+    { echo "$tag: the legacy resume differs"; exit 1; }
+  [ "$(lines "$W/$tag.r.log" 3 4 | wc -l)" -eq 2 ] ||
+    { echo "$tag: expected 2 resumed lines"; exit 1; }
+}
 # --qk-layernorm (with --apply-wd-to-qk-layernorm: the q/k norm weights in the decayed
-# group) at TP2: the norms go into the legacy files after linear_qkv, and a resume from
-# iteration 2 logs iterations 3-4 as the uninterrupted run.
-Q=("${S[@]}" --normalization RMSNorm --qk-layernorm --apply-wd-to-qk-layernorm
-   --weight-decay 0.1 --tensor-model-parallel-size 2 --hidden-dropout 0 --train-iters 4)
-run "$W/qu.log" "${MPI[@]}" -np 2 "$M" train "${Q[@]}"
-run "$W/qp.log" "${MPI[@]}" -np 2 "$M" train "${Q[@]}" --save "$W/Q" --save-interval 2 \
-    --exit-interval 2
-run "$W/qr.log" "${MPI[@]}" -np 2 "$M" train "${Q[@]}" --load "$W/Q"
-diff <(lines "$W/qu.log" 3 4) <(lines "$W/qr.log" 3 4) ||
-  { echo "--qk-layernorm legacy resume differs"; exit 1; }
-[ "$(lines "$W/qr.log" 3 4 | wc -l)" -eq 2 ] || { echo "qk: expected 2 resumed lines"; exit 1; }
+# group) at TP2: the norms go into the legacy files after linear_qkv.
+resumes_exactly qk 2 --normalization RMSNorm --qk-layernorm --apply-wd-to-qk-layernorm \
+  --weight-decay 0.1 --tensor-model-parallel-size 2
 # Context parallelism (CP2 x TP2, -np 4): CP ranks hold the same weights, so the files are
-# TP x PP's, written by CP rank 0; a resume from iteration 2 logs 3-4 as the uninterrupted run.
-C=("${S[@]}" --position-embedding-type rope --context-parallel-size 2
-   --tensor-model-parallel-size 2 --hidden-dropout 0 --train-iters 4)
-run "$W/cu.log" "${MPI[@]}" -np 4 "$M" train "${C[@]}"
-run "$W/cp.log" "${MPI[@]}" -np 4 "$M" train "${C[@]}" --save "$W/CP" --save-interval 2 \
-    --exit-interval 2
-[ "$(ls "$W/CP/iter_0000002" | tr '\n' ' ')" = "mp_rank_00 mp_rank_01 " ] ||
-  { echo "CP: expected the TP rank folders alone"; ls "$W/CP/iter_0000002"; exit 1; }
-run "$W/cr.log" "${MPI[@]}" -np 4 "$M" train "${C[@]}" --load "$W/CP"
-diff <(lines "$W/cu.log" 3 4) <(lines "$W/cr.log" 3 4) ||
-  { echo "CP legacy resume differs"; exit 1; }
-[ "$(lines "$W/cr.log" 3 4 | wc -l)" -eq 2 ] || { echo "CP: expected 2 resumed lines"; exit 1; }
-# Virtual pipeline stages (PP2 x 2 chunks of one layer): each rank file holds model0 and
-# model1; a resume from iteration 2 logs 3-4 as the uninterrupted run.
-V=("${S[@]}" --num-layers 4 --pipeline-model-parallel-size 2
-   --num-layers-per-virtual-pipeline-stage 1 --hidden-dropout 0 --train-iters 4)
-run "$W/vu.log" "${MPI[@]}" -np 2 "$M" train "${V[@]}"
-run "$W/vp.log" "${MPI[@]}" -np 2 "$M" train "${V[@]}" --save "$W/VP" --save-interval 2 \
-    --exit-interval 2
-run "$W/vr.log" "${MPI[@]}" -np 2 "$M" train "${V[@]}" --load "$W/VP"
-diff <(lines "$W/vu.log" 3 4) <(lines "$W/vr.log" 3 4) ||
-  { echo "virtual-stage legacy resume differs"; exit 1; }
-[ "$(lines "$W/vr.log" 3 4 | wc -l)" -eq 2 ] || { echo "VP: expected 2 resumed lines"; exit 1; }
+# TP x PP's, written by CP rank 0.
+resumes_exactly cp 4 --position-embedding-type rope --context-parallel-size 2 \
+  --tensor-model-parallel-size 2
+[ "$(ls "$W/cp/iter_0000002" | tr '\n' ' ')" = "mp_rank_00 mp_rank_01 " ] ||
+  { echo "CP: expected the TP rank folders alone"; ls "$W/cp/iter_0000002"; exit 1; }
+# Virtual pipeline stages (PP2 x 2 chunks of one layer): each rank file holds model0, model1.
+resumes_exactly vp 2 --num-layers 4 --pipeline-model-parallel-size 2 \
+  --num-layers-per-virtual-pipeline-stage 1
 # An uneven split (3 layers over PP2 as 1 | 2): each file numbers its stage's layers from 0
-# and the args name the split; a resume from iteration 2 logs 3-4 as the uninterrupted run.
-E=("${S[@]}" --num-layers 3 --pipeline-model-parallel-size 2
-   --decoder-first-pipeline-num-layers 1 --hidden-dropout 0 --train-iters 4)
-run "$W/eu.log" "${MPI[@]}" -np 2 "$M" train "${E[@]}"
-run "$W/ep.log" "${MPI[@]}" -np 2 "$M" train "${E[@]}" --save "$W/EP" --save-interval 2 \
-    --exit-interval 2
-run "$W/er.log" "${MPI[@]}" -np 2 "$M" train "${E[@]}" --load "$W/EP"
-diff <(lines "$W/eu.log" 3 4) <(lines "$W/er.log" 3 4) ||
-  { echo "uneven-stage legacy resume differs"; exit 1; }
-[ "$(lines "$W/er.log" 3 4 | wc -l)" -eq 2 ] || { echo "uneven: expected 2 resumed lines"; exit 1; }
+# and the args name the split.
+resumes_exactly uneven 2 --num-layers 3 --pipeline-model-parallel-size 2 \
+  --decoder-first-pipeline-num-layers 1
 echo "ckpt_format_torch: OK"
