@@ -89,12 +89,13 @@ std::vector<Case> cases() {
   std::vector<Case> v;
   auto mix = llama_base();
   mix.moe.num_experts = 8, mix.moe.topk = 2, mix.moe.ffn_hidden_size = 4096;
-  mix.moe.aux_loss_coeff = 1e-2;
+  mix.moe.aux_loss_coeff = {1e-2};
   v.push_back({"Mixtral-style 8x top-2", mix, 16, 60.8e3});
   auto fg = llama_base();
   fg.moe.num_experts = 32, fg.moe.topk = 6, fg.moe.ffn_hidden_size = 1024;
-  fg.moe.shared_ffn_hidden_size = 2048, fg.moe.sigmoid = true, fg.moe.expert_bias = true;
-  fg.moe.balance = model::TransformerConfig::Moe::Balance::None;
+  fg.moe.shared_ffn_hidden_size = 2048, fg.moe.expert_bias = true;
+  fg.moe.score = model::TransformerConfig::Moe::Score::Sigmoid;
+  fg.moe.balance = {model::TransformerConfig::Moe::Balance::None};
   v.push_back({"Fine-grained 32x top-6 + shared", fg, 8, 50.8e3});
   auto dense = llama_base();
   dense.keep_mlp_activations = 11;  // bench_gpu_train's setting for this model

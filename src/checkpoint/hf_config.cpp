@@ -82,6 +82,13 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
                   "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
                   "multi-latent attention has no Hugging Face export yet (DeepSeek-V2/V3's "
                   "layout is not mapped)");
+  // Qwen3's q_norm / k_norm are RMSNorms; no architecture has per-head q/k LayerNorms with a
+  // bias shared by the heads (the form --normalization LayerNorm gives --qk-layernorm).
+  MCPP_CHECK_HINT(!c.qk_layernorm || c.rmsnorm,
+                  "keep the checkpoint in megatron.cpp's format, or train with --normalization "
+                  "RMSNorm (Qwen3-style q/k norms)",
+                  "--qk-layernorm with --normalization LayerNorm (per-head q/k LayerNorms with "
+                  "biases) has no Hugging Face architecture");
   // Mixture of experts: Mixtral, Qwen3-MoE or an error naming what neither can express
   // (never a conversion that drops the experts, as Megatron-LM #5844's did).
   MCPP_CHECK_HINT(!c.no_positions,
@@ -109,6 +116,13 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
                     c.num_query_groups, c.kv_channels);
     return HfArch::Gpt2;
   }
+  // Attention sinks: Hugging Face's models with sinks (GptOssForCausalLM) are MoE models with
+  // biased experts and a clamped GLU, which megatron.cpp does not build yet.
+  MCPP_CHECK_HINT(!c.attention_sink(),
+                  "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
+                  "attention sinks (--softmax-type {}) have no Hugging Face architecture among "
+                  "those megatron.cpp writes (GPT-2, Llama, Qwen2/3, Mixtral, Qwen3-MoE)",
+                  model::softmax_type_name(c.softmax_type));
   // Squared ReLU with RoPE or RMSNorm: Hugging Face's one non-gated relu2 architecture,
   // NemotronForCausalLM, norms with LayerNorm1P (biased LayerNorm, weight + 1) and rotates
   // partially by default; no megatron.cpp model maps onto it exactly yet.

@@ -41,7 +41,8 @@ void moe_config_from_hf(const json& j, const std::string& type, model::Transform
                   c.num_layers);
   c.moe.layer_pattern.assign(size_t(c.num_layers), 1);
   // Softmax -> top-k -> renormalise: Megatron's default (post-softmax) router, no scaling.
-  c.moe.sigmoid = false, c.moe.pre_softmax = false, c.moe.topk_scaling_factor = 0;
+  c.moe.score = model::TransformerConfig::Moe::Score::Softmax;
+  c.moe.pre_softmax = false, c.moe.topk_scaling_factor = 0;
   if (qwen) {
     // Qwen3-MoE: q/k RMSNorm per head; experts of moe_intermediate_size, dense layers of
     // intermediate_size where mlp_only_layers / decoder_sparse_step say; norm_topk_prob false
@@ -73,13 +74,13 @@ void moe_config_from_hf(const json& j, const std::string& type, model::Transform
   } else {
     c.moe.ffn_hidden_size = c.ffn_hidden_size;  // Mixtral's intermediate_size is per expert
   }
-  c.moe.balance = model::TransformerConfig::Moe::Balance::AuxLoss;
+  c.moe.balance = {model::TransformerConfig::Moe::Balance::AuxLoss};
   const json coef = j.value("router_aux_loss_coef", json(0.0));
   MCPP_CHECK_HINT(coef.is_number() && std::isfinite(coef.get<double>()) && coef.get<double>() >= 0,
                   "check config.json",
                   "Hugging Face config.json ({}): router_aux_loss_coef {} is not a number >= 0",
                   type, coef.dump());
-  c.moe.aux_loss_coeff = coef.get<double>();
+  c.moe.aux_loss_coeff = {coef.get<double>()};
   window_from_hf(j, type, c);  // sliding-window attention (hf_window.h)
   const json jitter = j.value("router_jitter_noise", json(0.0));
   if (!jitter.is_number() || jitter.get<double>() != 0.0)
@@ -103,16 +104,17 @@ MoeArch moe_arch_of(const model::TransformerConfig& c) {
     for (int64_t l = 0; l < c.num_layers; ++l)
       need(c.is_moe_layer(l), "a dense layer (--moe-layer-freq); Mixtral's layers are all MoE",
            "use --moe-layer-freq 1 (Qwen3-MoE, with --qk-layernorm, has dense layers)");
-  need(!m.sigmoid && (qwen || !m.pre_softmax) && m.topk_scaling_factor == 0 && m.num_groups == 0 &&
-           !m.expert_bias,
-       "the router is not softmax -> top-k (-> renormalise) (sigmoid, pre-softmax without "
-       "Qwen3's norm_topk_prob, scaling, group-limited or expert bias)",
+  need(!m.sigmoid_like() && (qwen || !m.pre_softmax) && m.topk_scaling_factor == 0 &&
+           m.num_groups == 0 && !m.expert_bias,
+       "the router is not softmax -> top-k (-> renormalise) (sigmoid or sqrtsoftplus, "
+       "pre-softmax without Qwen3's norm_topk_prob, scaling, group-limited or expert bias)",
        "its router is Megatron's default (Qwen3-MoE: or --moe-router-pre-softmax): drop the "
        "other router flags");
-  need(m.balance != model::TransformerConfig::Moe::Balance::Sinkhorn,
+  need(!m.sinkhorn(),
        "sinkhorn routing (its weights are softmax values of the chosen experts, not "
        "renormalised)",
-       "train with --moe-router-load-balancing-type aux_loss, seq_aux_loss or none");
+       "train with --moe-router-load-balancing-type aux_loss, seq_aux_loss, global_aux_loss "
+       "or none");
   need(m.shared_ffn_hidden_size == 0, "shared experts (--moe-shared-expert-intermediate-size)",
        "it has routed experts only");
   need(m.capacity_factor == 0, "token dropping (--moe-expert-capacity-factor)", "it is dropless");
@@ -147,9 +149,16 @@ void to_moe_config(const model::TransformerConfig& c, json& j) {
   }
   j["sliding_window"] = nullptr;
   // Hugging Face's aux loss has Switch's form too but is taken over all layers at once and
-  // only with output_router_logits; the coefficient is carried, the loss is not identical.
-  const bool aux = c.moe.balance != model::TransformerConfig::Moe::Balance::None;
-  j["router_aux_loss_coef"] = aux ? c.moe.aux_loss_coeff : 0.0;
+  // only with output_router_logits; the coefficient is carried, the loss is not identical:
+  // aux_loss's when listed, else the first listed seq_aux_loss / global_aux_loss's.
+  using Balance = model::TransformerConfig::Moe::Balance;
+  double coef = c.moe.coeff(Balance::AuxLoss);
+  for (size_t i = 0; i < c.moe.balance.size() && !c.moe.coeff(Balance::AuxLoss); ++i)
+    if (c.moe.balance[i] == Balance::SeqAuxLoss || c.moe.balance[i] == Balance::GlobalAuxLoss) {
+      coef = c.moe.aux_loss_coeff[i];
+      break;
+    }
+  j["router_aux_loss_coef"] = coef;
   j["output_router_logits"] = false;
 }
 

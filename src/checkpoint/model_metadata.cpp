@@ -71,8 +71,11 @@ json model_config_json(const model::TransformerConfig& c) {
           {"dtype", std::string(dtype_name(c.dtype))},
           {"tp_size", c.tp_size}};
   if (c.moe.num_experts > 0) j["moe"] = moe_config_json(c.moe);  // mixture of experts
-  if (c.qk_layernorm) j["qk_layernorm"] = true;  // --qk-layernorm (absent: off)
+  // --qk-layernorm (absent: off); its form is `rmsnorm`'s (LayerNorm: q/k norm biases).
+  if (c.qk_layernorm) j["qk_layernorm"] = true;
   if (c.no_positions) j["no_positions"] = true;  // --position-embedding-type none (absent: off)
+  if (c.attention_sink())  // --softmax-type (absent: vanilla)
+    j["softmax_type"] = model::softmax_type_name(c.softmax_type);
   if (c.squared_relu) j["squared_relu"] = true;  // --squared-relu (absent: off)
   // --add-qkv-bias where it adds a tensor (without --disable-bias-linear it is implied).
   if (c.qkv_bias() && !c.add_bias_linear) j["add_qkv_bias"] = true;
@@ -127,6 +130,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
   c.qk_layernorm = j.value("qk_layernorm", false);                    // --qk-layernorm
   c.no_positions = j.value("no_positions", false);  // --position-embedding-type none
+  c.softmax_type = model::softmax_type_of(j.value("softmax_type", std::string("vanilla")));
   c.squared_relu = j.value("squared_relu", false);                    // --squared-relu
   c.add_qkv_bias = j.value("add_qkv_bias", false);                    // --add-qkv-bias
   if (j.contains("rope_scaling")) {  // Llama 3.x RoPE scaling (absent: off)
@@ -210,6 +214,9 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
   if (saved.value("no_positions", false) != cur.no_positions)  // --position-embedding-type none
     differ("no_positions", saved.value("no_positions", false), cur.no_positions);
+  if (const std::string st = saved.value("softmax_type", std::string("vanilla"));
+      st != model::softmax_type_name(cur.softmax_type))  // --softmax-type
+    differ("softmax_type", st, model::softmax_type_name(cur.softmax_type));
   if (saved.value("add_qkv_bias", false) != now.value("add_qkv_bias", false))  // --add-qkv-bias
     differ("add_qkv_bias", saved.value("add_qkv_bias", false), now.value("add_qkv_bias", false));
   // --apply-layernorm-1p changes what the stored norm weights mean (absent: false).

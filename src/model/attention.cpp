@@ -59,6 +59,7 @@ void rope_rows(bool backward, const Tensor& in, Tensor& out, const TransformerCo
 }  // namespace
 
 void Attention::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
+  CoreAttention::add_params(c, layer, params);  // --softmax-type learnable's sinks
   if (c.mla.on) {
     MlaAttention::add_params(c, layer, params);
     return;
@@ -69,40 +70,64 @@ void Attention::add_params(const TransformerConfig& c, int layer, std::vector<Pa
                                    params);
   RowParallelLinear::add_params(c, prefix(layer, "self_attention.linear_proj"), layer, H, NHD,
                                 output_init_std(c), c.add_bias_linear, params);
-  // Megatron-Core's names; norm weights: ones (zeros under 1p), no decay unless
-  // --apply-wd-to-qk-layernorm (decay then applies to the stored value, w - 1 under 1p, as
-  // Megatron's optimizer sees it). Each TP rank
-  // normalises its own heads with the shared [HD] weights: their gradients are partial sums
-  // over TP, with or without SP (finalize_model_grads all-reduces them, as Megatron's
+  // Megatron-Core's names (TENorm of --normalization over HD: LayerNorm's has a bias);
+  // weights ones (zeros under 1p), biases zeros; no decay unless --apply-wd-to-qk-layernorm,
+  // which decays the biases too (get_standard_config_overrides exempts every "q_layernorm." /
+  // "k_layernorm." parameter from the no-decay rule; decay then applies to the stored value,
+  // w - 1 under 1p, as Megatron's optimizer sees it). Each TP rank normalises its own heads
+  // with the shared [HD] parameters: their gradients are partial sums over TP, with or without
+  // SP (finalize_model_grads all-reduces them, as Megatron's
   // _allreduce_non_tensor_model_parallel_grads does for q_layernorm / k_layernorm).
-  if (c.qk_layernorm)
-    for (const char* n :
-         {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"}) {
-      ParamInfo p = make_param(prefix(layer, n), {c.kv_channels}, TpSplit::None,
-                               c.zero_centered_gamma ? Init::Zeros : Init::Ones, 0,
-                               c.qk_layernorm_weight_decay, layer, c.tp_size);
-      p.tp_partial = c.tp_size > 1;
-      params.push_back(std::move(p));
-    }
+  if (!c.qk_layernorm) return;
+  auto add = [&](const char* n, Init init) {
+    ParamInfo p = make_param(prefix(layer, n), {c.kv_channels}, TpSplit::None, init, 0,
+                             c.qk_layernorm_weight_decay, layer, c.tp_size);
+    p.tp_partial = c.tp_size > 1;
+    params.push_back(std::move(p));
+  };
+  const Init w_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
+  add("self_attention.q_layernorm.weight", w_init);
+  if (!c.rmsnorm) add("self_attention.q_layernorm.bias", Init::Zeros);
+  add("self_attention.k_layernorm.weight", w_init);
+  if (!c.rmsnorm) add("self_attention.k_layernorm.bias", Init::Zeros);
 }
 
 Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* store)
     : cfg_(&c),
       qkv_(store, prefix(layer, "self_attention.linear_qkv.weight"),
            prefix(layer, "self_attention.linear_qkv.bias")),
-      core_(c, layer),
+      core_(c, layer, store),
       proj_(store, prefix(layer, "self_attention.linear_proj.weight"),
             prefix(layer, "self_attention.linear_proj.bias")) {
   if (c.mla.on) mla_ = MlaAttention(c, layer, store);
   if (!c.qk_layernorm || c.mla.on) return;
   q_norm_ = ParamStore::view(store, prefix(layer, "self_attention.q_layernorm.weight"));
   k_norm_ = ParamStore::view(store, prefix(layer, "self_attention.k_layernorm.weight"));
+  if (c.rmsnorm) return;
+  q_bias_ = ParamStore::view(store, prefix(layer, "self_attention.q_layernorm.bias"));
+  k_bias_ = ParamStore::view(store, prefix(layer, "self_attention.k_layernorm.bias"));
 }
 
 void Attention::qk_norm_forward(const Tensor& in, Tensor& out, const StepContext& cx) const {
   const TransformerConfig& c = *cfg_;
-  ops::qk_norm_forward(in, q_norm_.w, k_norm_.w, c.heads_per_group(), c.norm_epsilon,
-                       c.zero_centered_gamma, out, cx.stream());
+  const int64_t r = c.heads_per_group();
+  if (c.rmsnorm)
+    ops::qk_norm_forward(in, q_norm_.w, k_norm_.w, r, c.norm_epsilon, c.zero_centered_gamma, out,
+                         cx.stream());
+  else
+    ops::qk_layernorm_forward(in, q_norm_.w, q_bias_.w, k_norm_.w, k_bias_.w, r, c.norm_epsilon,
+                              c.zero_centered_gamma, out, cx.stream());
+}
+
+void Attention::qk_norm_backward(const Tensor& in, Tensor& g, const StepContext& cx) {
+  const TransformerConfig& c = *cfg_;
+  const int64_t r = c.heads_per_group();
+  if (c.rmsnorm)
+    ops::qk_norm_backward(in, q_norm_.w, k_norm_.w, r, c.norm_epsilon, c.zero_centered_gamma, g,
+                          q_norm_.g, k_norm_.g, cx.stream());
+  else
+    ops::qk_layernorm_backward(in, q_norm_.w, k_norm_.w, r, c.norm_epsilon, c.zero_centered_gamma,
+                               g, q_norm_.g, q_bias_.g, k_norm_.g, k_bias_.g, cx.stream());
 }
 
 void Attention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
@@ -196,8 +221,8 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
   if (decode_step) {
     ensure(s.core.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
     const Tensor* const next[2] = {&proj_.weight(), next_weight};
-    ops::rope_attention_decode(s.qkv, cx.ad, c.rot_dim(), rope_freqs(c), cx.pos_dev, cx.scale,
-                               k_cache, v_cache, s.core.ctx, cx.stream(),
+    ops::rope_attention_decode(s.qkv, core_.cached_dims(cx), c.rot_dim(), rope_freqs(c), cx.pos_dev,
+                               cx.scale, k_cache, v_cache, s.core.ctx, cx.stream(),
                                std::span<const Tensor* const>(next, next_weight ? 2 : 1));
   } else if (c.rope && cx.uniform_pos) {
     ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), rope_freqs(c), cx.s0, s.qkv, cx.stream());
@@ -241,9 +266,7 @@ void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx
   Tensor& g = c.rope && c.rotary_interleaved ? s.qkv : ws.dqkv;
   if (c.rope && c.rotary_interleaved)
     ops::rope_deinterleave(ws.dqkv, permute_dims(c), true, s.qkv, cx.stream());
-  if (c.qk_layernorm)
-    ops::qk_norm_backward(s.qk_in, q_norm_.w, k_norm_.w, c.heads_per_group(), c.norm_epsilon,
-                          c.zero_centered_gamma, g, q_norm_.g, k_norm_.g, cx.stream());
+  if (c.qk_layernorm) qk_norm_backward(s.qk_in, g, cx);
   qkv_.backward(g, x, s.qkv_in, dx, ws, cx);
 }
 

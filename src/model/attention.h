@@ -68,9 +68,13 @@ class Attention {
   CoreAttention core_;
   RowParallelLinear proj_;
   ParamView q_norm_, k_norm_;  // --qk-layernorm: [HD] each
+  ParamView q_bias_, k_bias_;  // ... with --normalization LayerNorm: [HD] each
   MlaAttention mla_;           // --multi-latent-attention: every method goes to it
-  // qkv [T, QKVW] -> out (may alias in): the q/k norms (ops::qk_norm_forward).
+  // qkv [T, QKVW] -> out (may alias in): the q/k norms of --normalization's form
+  // (ops::qk_norm_forward for RMSNorm, ops::qk_layernorm_forward for LayerNorm).
   void qk_norm_forward(const Tensor& in, Tensor& out, const StepContext& cx) const;
+  // g: dL/d(norm output) in, dL/d(in) out; the norms' gradients +=.
+  void qk_norm_backward(const Tensor& in, Tensor& g, const StepContext& cx);
 };
 
 }  // namespace mcpp::model

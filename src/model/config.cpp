@@ -12,6 +12,20 @@ double TransformerConfig::softmax_scale() const {
   return m * m / std::sqrt(double(mla.q_head_dim()));
 }
 
+TransformerConfig::SoftmaxType softmax_type_of(const std::string& name) {
+  using T = TransformerConfig::SoftmaxType;
+  if (name == "vanilla") return T::Vanilla;
+  if (name == "off-by-one") return T::OffByOne;
+  MCPP_CHECK_HINT(name == "learnable", "use vanilla, off-by-one or learnable",
+                  "--softmax-type '{}' is not one of Megatron-LM's softmax types", name);
+  return T::Learnable;
+}
+
+const char* softmax_type_name(TransformerConfig::SoftmaxType t) {
+  using T = TransformerConfig::SoftmaxType;
+  return t == T::Vanilla ? "vanilla" : t == T::OffByOne ? "off-by-one" : "learnable";
+}
+
 void TransformerConfig::validate() const {
   MCPP_CHECK(mtp_num_layers >= 0 && (mtp_num_layers == 0 || rope),
              "multi-token prediction: {} layers with {} positions (it needs RoPE)",
@@ -127,6 +141,9 @@ void TransformerConfig::validate() const {
                "--moe-layer-freq lists {} layers, the model has {}", moe.layer_pattern.size(),
                num_layers);
     MCPP_CHECK(!add_bias_linear, "MoE layers have no biases: use --disable-bias-linear");
+    MCPP_CHECK(moe.balance.size() == moe.aux_loss_coeff.size() && !moe.balance.empty(),
+               "{} load-balancing types with {} aux-loss coefficients (one each)",
+               moe.balance.size(), moe.aux_loss_coeff.size());
   }
   if (device == Device::CPU)
     MCPP_CHECK_HINT(dtype == DType::F32 || dtype == DType::F64,

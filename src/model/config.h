@@ -95,9 +95,16 @@ struct TransformerConfig {
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
   bool squared_relu = false;             // --squared-relu: relu(x)^2, not gated (activation())
-  // --qk-layernorm: per-head q/k RMSNorm (ops::qk_norm_*); under MLA the latents' norms
+  // --qk-layernorm: per-head q/k norms of the form `rmsnorm` gives (as Megatron builds them
+  // from --normalization): RMSNorm (ops::qk_norm_*) or LayerNorm with a bias
+  // (ops::qk_layernorm_*); under MLA the latents' norms (RMSNorm only)
   bool qk_layernorm = false;
   bool qk_layernorm_weight_decay = false;  // --apply-wd-to-qk-layernorm (an optimizer setting)
+  // --softmax-type: attention sinks, one more logit a head in every softmax row, with no
+  // value (ops::attention_sink_forward): off-by-one a fixed 0, learnable the parameter
+  // self_attention.core_attention.softmax_offset [NH] (split over TP by heads).
+  enum class SoftmaxType { Vanilla, OffByOne, Learnable } softmax_type = SoftmaxType::Vanilla;
+  bool attention_sink() const { return softmax_type != SoftmaxType::Vanilla; }
   // ---- multi-latent attention (--multi-latent-attention; model/mla_attention.h). On, the
   // attention core sees NH heads of Dq = qk_head_dim + qk_pos_emb_head_dim for queries and
   // keys and values padded to Dq: model_config sets num_query_groups = NH and kv_channels =
@@ -183,7 +190,10 @@ struct TransformerConfig {
     std::vector<int64_t> layer_pattern;      // --moe-layer-freq: 1 = MoE layer, per layer
     int64_t ffn_hidden_size = 0;             // --moe-ffn-hidden-size (I)
     int64_t topk = 2;                        // --moe-router-topk (k)
-    bool sigmoid = false;                    // --moe-router-score-function sigmoid
+    // --moe-router-score-function: softmax, sigmoid, or sqrt(softplus) (sqrtsoftplus), which
+    // routes exactly as sigmoid does (routing.h). Stored in checkpoint metadata by name.
+    enum class Score : uint8_t { Softmax, Sigmoid, SqrtSoftplus };
+    Score score = Score::Softmax;
     bool pre_softmax = false;                // --moe-router-pre-softmax
     double topk_scaling_factor = 0;          // --moe-router-topk-scaling-factor (0: none)
     int64_t num_groups = 0, group_topk = 0;  // --moe-router-num-groups / -group-topk
@@ -191,11 +201,13 @@ struct TransformerConfig {
     double bias_update_rate = 1e-3;          // --moe-router-bias-update-rate
     DType router_dtype = DType::F32;         // --moe-router-dtype (else the model's dtype)
     bool router_dtype_given = false;
-    // Sinkhorn: S-BASE routing (routing.h), no aux loss. Stored in checkpoint metadata
-    // as its number: append only.
-    enum class Balance : uint8_t { None, AuxLoss, SeqAuxLoss, Sinkhorn };
-    Balance balance = Balance::AuxLoss;      // --moe-router-load-balancing-type
-    double aux_loss_coeff = 0;               // --moe-aux-loss-coeff
+    // --moe-router-load-balancing-type, paired with --moe-aux-loss-coeff (Megatron's lists of
+    // one length): every listed aux loss with a positive coefficient applies (routing.h).
+    // Sinkhorn: S-BASE routing (routing.h), no aux loss, alone in its list. Stored in
+    // checkpoint metadata as numbers: append only.
+    enum class Balance : uint8_t { None, AuxLoss, SeqAuxLoss, Sinkhorn, GlobalAuxLoss };
+    std::vector<Balance> balance = {Balance::AuxLoss};
+    std::vector<double> aux_loss_coeff = {0.0};
     double z_loss_coeff = 0;                 // --moe-z-loss-coeff
     double capacity_factor = 0;              // --moe-expert-capacity-factor (0: dropless)
     bool pad_to_capacity = false;            // --moe-pad-expert-input-to-capacity
@@ -211,9 +223,20 @@ struct TransformerConfig {
     // TP > 1: whole experts on every rank, ETP rank 0); 0: ETP = TP, the expert shards follow
     // the TP rank.
     int64_t etp_size = 0, etp_rank = 0;
-    // An aux loss (aux_loss or seq_aux_loss with a positive coefficient) is on.
+    // Sigmoid and sqrtsoftplus: each expert's score a function of its own logit, chosen with
+    // the expert bias, renormalised over the top k (Megatron treats the two alike).
+    bool sigmoid_like() const { return score != Score::Softmax; }
+    // Megatron's get_aux_loss_coeff: the coefficient paired with type b, 0 when not listed.
+    double coeff(Balance b) const {
+      for (size_t i = 0; i < balance.size() && i < aux_loss_coeff.size(); ++i)
+        if (balance[i] == b) return aux_loss_coeff[i];
+      return 0.0;
+    }
+    bool sinkhorn() const { return balance.size() == 1 && balance[0] == Balance::Sinkhorn; }
+    // An aux loss (aux_loss, seq_aux_loss or global_aux_loss with a positive coefficient).
     bool aux_loss_on() const {
-      return (balance == Balance::AuxLoss || balance == Balance::SeqAuxLoss) && aux_loss_coeff > 0;
+      return coeff(Balance::AuxLoss) > 0 || coeff(Balance::SeqAuxLoss) > 0 ||
+             coeff(Balance::GlobalAuxLoss) > 0;
     }
     int64_t local_experts() const { return num_experts / ep_size; }
     int64_t first_expert() const { return ep_rank * local_experts(); }
@@ -282,5 +305,10 @@ struct TransformerConfig {
   // Structural checks; user-facing flag validation happens in training/arguments.
   void validate() const;
 };
+
+// --softmax-type's values (vanilla, off-by-one, learnable) and back; an unknown name is an
+// error naming the flag.
+TransformerConfig::SoftmaxType softmax_type_of(const std::string& name);
+const char* softmax_type_name(TransformerConfig::SoftmaxType t);
 
 }  // namespace mcpp::model

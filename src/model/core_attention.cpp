@@ -8,8 +8,36 @@
 
 namespace mcpp::model {
 
-CoreAttention::CoreAttention(const TransformerConfig& c, int layer)
-    : layer_(layer), keep_(keeps_output(c)) {}
+namespace {
+const char* const kSinkName = "self_attention.core_attention.softmax_offset";
+}  // namespace
+
+CoreAttention::CoreAttention(const TransformerConfig& c, int layer, const ParamStore* store)
+    : layer_(layer), keep_(keeps_output(c)) {
+  using T = TransformerConfig::SoftmaxType;
+  if (c.softmax_type == T::Learnable)
+    sink_ = ParamStore::view(store, layer_param_name(layer, kSinkName));
+  else if (c.softmax_type == T::OffByOne)
+    off_by_one_heads_ = c.local_heads();
+}
+
+Tensor CoreAttention::sink(const StepContext& cx) const {
+  if (!off_by_one_heads_) return sink_.w;
+  if (!zero_sink_.defined() || zero_sink_.device() != cx.dev) {
+    zero_sink_ = Tensor::empty({off_by_one_heads_}, DType::F32, cx.dev);
+    ops::fill(zero_sink_, 0.0, cx.stream());
+  }
+  return zero_sink_;
+}
+
+void CoreAttention::add_params(const TransformerConfig& c, int layer,
+                               std::vector<ParamInfo>& params) {
+  if (c.softmax_type != TransformerConfig::SoftmaxType::Learnable) return;
+  // Megatron: init_method (N(0, init_method_std)); a 1-D parameter, so no weight decay.
+  params.push_back(make_param(layer_param_name(layer, kSinkName), {c.num_attention_heads},
+                              TpSplit::Rows, Init::Normal, c.init_method_std, false, layer,
+                              c.tp_size));
+}
 
 namespace {
 // The step's attention dims as this layer sees them: a window layer's key starts
@@ -35,6 +63,7 @@ parallel::context_parallel::CpAttention cp_args(const StepContext& cx, int layer
   a.key = dropout_key(*cx.cfg, cx.keys, layer, DropoutSite::AttnProbs);
   return a;
 }
+
 // The step's attention dims with this layer's saved keep bits (when it keeps them).
 ops::AttentionDims with_keep(const ops::AttentionDims& ad, const CoreAttention::Saved& s) {
   if (!s.keep.defined() || ad.key_start.defined()) return ad;
@@ -81,13 +110,24 @@ void CoreAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Wor
 void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
                             const StepContext& cx) const {
   if (cx.cp_comm) {
-    parallel::context_parallel::attention_forward(cp_args(cx, layer_), qkv, *cx.cp_comm,
-                                                  ctx(s, ws), lse(s, ws), cx.stream());
+    auto a = cp_args(cx, layer_);
+    a.sink = sink(cx), a.dsink = sink_.g;
+    parallel::context_parallel::attention_forward(a, qkv, *cx.cp_comm, ctx(s, ws), lse(s, ws),
+                                                  cx.stream());
     return;
   }
-  ops::attention_forward(qkv, with_keep(layer_dims(cx, layer_), s), cx.scale, cx.p_attn,
+  const ops::AttentionDims d = with_keep(layer_dims(cx, layer_), s);
+  ops::attention_forward(qkv, d, cx.scale, cx.p_attn,
                          dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), ctx(s, ws),
                          lse(s, ws), cx.stream());
+  if (const Tensor z = sink(cx); z.defined())
+    ops::attention_sink_forward(ctx(s, ws), lse(s, ws), z, 0, d, cx.stream());
+}
+
+ops::AttentionDims CoreAttention::cached_dims(const StepContext& cx) const {
+  ops::AttentionDims d = cx.ad;
+  d.sink = sink(cx);
+  return d;
 }
 
 void CoreAttention::forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Saved& s,
@@ -95,11 +135,12 @@ void CoreAttention::forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v
   ensure(s.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
   if (cx.uniform_pos && cx.s0 == 0) {  // prompts from position 0: the training attention
     ensure(s.lse, {cx.B, cx.ad.NH, cx.S}, DType::F32, cx.dev);
-    ops::attention_prefill(qkv, cx.ad, cx.scale, k_cache, v_cache, s.ctx, s.lse, cx.stream());
+    ops::attention_prefill(qkv, cached_dims(cx), cx.scale, k_cache, v_cache, s.ctx, s.lse,
+                           cx.stream());
     return;
   }
-  ops::attention_kv_cache_forward(qkv, cx.ad, cx.pos_dev, cx.scale, k_cache, v_cache, s.ctx,
-                                  cx.stream());
+  ops::attention_kv_cache_forward(qkv, cached_dims(cx), cx.pos_dev, cx.scale, k_cache, v_cache,
+                                  s.ctx, cx.stream());
 }
 
 void CoreAttention::recompute(const Tensor& qkv, Saved& s, Workspace& ws,
@@ -110,12 +151,16 @@ void CoreAttention::recompute(const Tensor& qkv, Saved& s, Workspace& ws,
 void CoreAttention::backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Tensor& dqkv,
                              Workspace& ws, const StepContext& cx) const {
   if (cx.cp_comm) {
-    parallel::context_parallel::attention_backward(cp_args(cx, layer_), dctx, qkv, ctx(s, ws),
-                                                   lse(s, ws), *cx.cp_comm, dqkv, cx.stream());
+    auto a = cp_args(cx, layer_);
+    a.sink = sink(cx), a.dsink = sink_.g;
+    parallel::context_parallel::attention_backward(a, dctx, qkv, ctx(s, ws), lse(s, ws),
+                                                   *cx.cp_comm, dqkv, cx.stream());
     return;
   }
-  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws),
-                          with_keep(layer_dims(cx, layer_), s), cx.scale, cx.p_attn,
+  const ops::AttentionDims d = with_keep(layer_dims(cx, layer_), s);
+  if (Tensor dsink = sink_.g; dsink.defined())
+    ops::attention_sink_backward(dctx, ctx(s, ws), lse(s, ws), sink_.w, 0, d, dsink, cx.stream());
+  ops::attention_backward(dctx, qkv, ctx(s, ws), lse(s, ws), d, cx.scale, cx.p_attn,
                           dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::AttnProbs), dqkv,
                           cx.stream());
 }

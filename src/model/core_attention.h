@@ -9,15 +9,26 @@
 // Selective recomputation (--recompute-granularity selective) lives here: the core does
 // not keep ctx and lse (the largest activations for long sequences) but writes them to
 // the shared workspace, and rebuilds them from the kept qkv before the layer's backward.
+//
+// Attention sinks (--softmax-type off-by-one / learnable; Megatron's softmax_offset): every
+// head's softmax gains a logit with no value, 0 or the learnable
+// self_attention.core_attention.softmax_offset [NH] (split over TP by heads, N(0, init
+// std), no weight decay). The core joins it to the finished attention's (ctx, lse)
+// (ops::attention_sink_forward, after the CP merge); the backward of the attention then
+// runs unchanged on them, and the parameter's gradient comes from ops::attention_sink_backward.
+// Generation passes the sinks to the KV-cache kernels (AttentionDims::sink).
 #pragma once
 #include "model/module.h"
+#include "model/params.h"
 
 namespace mcpp::model {
 
 class CoreAttention {
  public:
   CoreAttention() = default;
-  CoreAttention(const TransformerConfig& c, int layer);
+  CoreAttention(const TransformerConfig& c, int layer, const ParamStore* store);
+  // The learnable sinks' parameter (--softmax-type learnable).
+  static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
 
   struct Saved {
     Tensor ctx;   // [T, NH*HD] (not kept under selective recomputation)
@@ -47,6 +58,8 @@ class CoreAttention {
   // position 0 take ops::attention_prefill (the training kernels; s.lse its scratch).
   void forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Saved& s,
                       const StepContext& cx) const;
+  // The step's dims for the generation ops: cx.ad with this layer's sinks (AttentionDims::sink).
+  ops::AttentionDims cached_dims(const StepContext& cx) const;
   // Selective recomputation: rebuild the dropped output (no-op when it is kept).
   void recompute(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;
   void backward(const Tensor& dctx, const Tensor& qkv, Saved& s, Tensor& dqkv, Workspace& ws,
@@ -55,6 +68,13 @@ class CoreAttention {
  private:
   int layer_ = 0;
   bool keep_ = true;
+  // The learnable sink logits of the local heads and their gradient (undefined: none).
+  ParamView sink_;
+  // Off-by-one: zero logits, made on the step's device at the first forward (the model may be
+  // built before the device backend starts).
+  int64_t off_by_one_heads_ = 0;
+  mutable Tensor zero_sink_;
+  Tensor sink(const StepContext& cx) const;  // this layer's sink logits, or undefined
 };
 
 }  // namespace mcpp::model

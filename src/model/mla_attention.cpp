@@ -82,7 +82,7 @@ MlaAttention::MlaAttention(const TransformerConfig& c, int layer, const ParamSto
       kv_up_(ParamStore::view(store, name(layer, "self_attention.linear_kv_up_proj.weight"))),
       q_norm_(ParamStore::view(store, name(layer, "self_attention.q_layernorm.weight"))),
       kv_norm_(ParamStore::view(store, name(layer, "self_attention.kv_layernorm.weight"))),
-      core_(c, layer),
+      core_(c, layer, store),
       proj_(store, name(layer, "self_attention.linear_proj.weight"),
             name(layer, "self_attention.linear_proj.bias")) {}
 

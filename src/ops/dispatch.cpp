@@ -75,6 +75,16 @@ void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, int64
                       bool one_plus, Tensor& dqkv, Tensor& dwq, Tensor& dwk, Stream& s) {
   MCPP_DISPATCH(qk_norm_backward, x, wq, wk, r, eps, one_plus, dqkv, dwq, dwk, s);
 }
+void qk_layernorm_forward(const Tensor& x, const Tensor& wq, const Tensor& bq, const Tensor& wk,
+                          const Tensor& bk, int64_t r, double eps, bool one_plus, Tensor& y,
+                          Stream& s) {
+  MCPP_DISPATCH(qk_layernorm_forward, x, wq, bq, wk, bk, r, eps, one_plus, y, s);
+}
+void qk_layernorm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, int64_t r,
+                           double eps, bool one_plus, Tensor& dqkv, Tensor& dwq, Tensor& dbq,
+                           Tensor& dwk, Tensor& dbk, Stream& s) {
+  MCPP_DISPATCH(qk_layernorm_backward, x, wq, wk, r, eps, one_plus, dqkv, dwq, dbq, dwk, dbk, s);
+}
 void gelu_forward(const Tensor& x, Tensor& y, Stream& s) { MCPP_DISPATCH(gelu_forward, x, y, s); }
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   MCPP_DISPATCH(gelu_backward, dy, x, dx, s);
@@ -175,11 +185,13 @@ void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_
 }
 void attention_forward(const Tensor& qkv, const AttentionDims& d, double sc, double p,
                        DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
+  MCPP_CHECK(!d.sink.defined(), "attention_forward: sinks join through attention_sink_forward");
   MCPP_DISPATCH(attention_forward, qkv, d, sc, p, key, out, lse, s);
 }
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const AttentionDims& d, double sc, double p,
                         DropoutKey key, Tensor& dqkv, Stream& s) {
+  MCPP_CHECK(!d.sink.defined(), "attention_backward: sinks join through attention_sink_backward");
   MCPP_DISPATCH(attention_backward, dout, qkv, out, lse, d, sc, p, key, dqkv, s);
 }
 void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
@@ -220,6 +232,15 @@ bool attention_block_rect_supported(DType dt, const AttentionDims& d, bool causa
 void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const AttentionDims& d,
                          Tensor& out, Tensor& lse, Stream& s) {
   MCPP_DISPATCH(attention_lse_merge, out_i, lse_i, d, out, lse, s);
+}
+void attention_sink_forward(Tensor& out, Tensor& lse, const Tensor& sink, int64_t h0,
+                            const AttentionDims& d, Stream& s) {
+  MCPP_DISPATCH(attention_sink_forward, out, lse, sink, h0, d, s);
+}
+void attention_sink_backward(const Tensor& dout, const Tensor& out, const Tensor& lse,
+                             const Tensor& sink, int64_t h0, const AttentionDims& d,
+                             Tensor& dsink, Stream& s) {
+  MCPP_DISPATCH(attention_sink_backward, dout, out, lse, sink, h0, d, dsink, s);
 }
 void rope_positions(const Tensor& in, const AttentionDims& d, int64_t rot, const RopeFreqs& freqs,
                     const Tensor& positions, bool inverse, Tensor& out, Stream& s) {

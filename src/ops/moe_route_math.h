@@ -9,13 +9,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "ops/moe_route.h"
-
-#ifdef __CUDACC__
-#define MCPP_MOE_HD __host__ __device__
-#else
-#define MCPP_MOE_HD
-#endif
+#include "ops/moe_route.h"  // MCPP_MOE_HD: host and device functions under nvcc
 
 namespace mcpp::ops::moe_math {
 
@@ -23,7 +17,24 @@ MCPP_MOE_HD inline float exp_(float x) { return expf(x); }
 MCPP_MOE_HD inline double exp_(double x) { return exp(x); }
 MCPP_MOE_HD inline float log_(float x) { return logf(x); }
 MCPP_MOE_HD inline double log_(double x) { return log(x); }
+MCPP_MOE_HD inline float log1p_(float x) { return log1pf(x); }
+MCPP_MOE_HD inline double log1p_(double x) { return log1p(x); }
+MCPP_MOE_HD inline float sqrt_(float x) { return sqrtf(x); }
+MCPP_MOE_HD inline double sqrt_(double x) { return sqrt(x); }
 template <class F> MCPP_MOE_HD inline F sigmoid_(F x) { return F(1) / (F(1) + exp_(-x)); }
+
+// The sigmoid-like score of a logit (r.score sigmoid or sqrtsoftplus, softplus in its
+// overflow-free form), and its derivative given a = score_(r, x): a (1 - a), or
+// sigmoid(x) / (2 a), 0 where a underflows to 0 (the limit).
+template <class F> MCPP_MOE_HD inline F score_(const MoeRouteSpec& r, F x) {
+  if (r.score == MoeScore::Sigmoid) return sigmoid_(x);
+  const F ax = x < F(0) ? -x : x;
+  return sqrt_(log1p_(exp_(-ax)) + (x > F(0) ? x : F(0)));
+}
+template <class F> MCPP_MOE_HD inline F dscore_(const MoeRouteSpec& r, F x, F a) {
+  if (r.score == MoeScore::Sigmoid) return a * (F(1) - a);
+  return a > F(0) ? sigmoid_(x) / (F(2) * a) : F(0);
+}
 template <class F> MCPP_MOE_HD inline F neg_inf() { return F(-INFINITY); }
 
 // The k largest of v[0..n) in descending order, ties to the lower index: k passes of a
@@ -59,8 +70,8 @@ template <class F>
 MCPP_MOE_HD inline void route_token(const MoeRouteSpec& r, const F* l, const float* bias, F* sel,
                                 F* tmp, int64_t* idx, F* p) {
   const int64_t E = r.E, k = r.k;
-  if (r.sigmoid) {
-    for (int64_t e = 0; e < E; ++e) sel[e] = sigmoid_(l[e]) + (bias ? F(bias[e]) : F(0));
+  if (r.sigmoid_like()) {
+    for (int64_t e = 0; e < E; ++e) sel[e] = score_(r, l[e]) + (bias ? F(bias[e]) : F(0));
   } else if (r.pre_softmax) {
     softmax(l, E, sel);
   } else {
@@ -84,7 +95,7 @@ MCPP_MOE_HD inline void route_token(const MoeRouteSpec& r, const F* l, const flo
     }
   }
   topk(sel, E, k, idx);
-  if (!r.sigmoid && !r.pre_softmax) {  // softmax over the k selected logits
+  if (!r.sigmoid_like() && !r.pre_softmax) {  // softmax over the k selected logits
     for (int64_t j = 0; j < k; ++j) tmp[j] = l[idx[j]];
     softmax(tmp, k, p);
   } else if (r.pre_softmax) {  // the full softmax's values (sel was it before the masking)
@@ -92,7 +103,7 @@ MCPP_MOE_HD inline void route_token(const MoeRouteSpec& r, const F* l, const flo
     for (int64_t j = 0; j < k; ++j) p[j] = sel[idx[j]];
   } else {
     F sum = 0;
-    for (int64_t j = 0; j < k; ++j) sum += (tmp[j] = sigmoid_(l[idx[j]]));
+    for (int64_t j = 0; j < k; ++j) sum += (tmp[j] = score_(r, l[idx[j]]));
     for (int64_t j = 0; j < k; ++j) p[j] = k > 1 ? tmp[j] / (sum + F(1e-20)) : tmp[j];
   }
   if (r.scaling > 0)
@@ -122,29 +133,60 @@ MCPP_MOE_HD inline int64_t row_in_block(int64_t kb, int64_t nk, int64_t pad) {
   return kb + (nk < pad ? nk : pad);
 }
 
-// The aux loss's scores of one token: the full softmax, or sigmoid normalised over E.
+// The aux losses' scores of one token: the full softmax, or the sigmoid-like scores
+// normalised over E.
 template <class F>
 MCPP_MOE_HD inline void aux_scores(const MoeRouteSpec& r, const F* l, F* s) {
-  if (!r.sigmoid) {
+  if (!r.sigmoid_like()) {
     softmax(l, r.E, s);
     return;
   }
   F z = 0;
-  for (int64_t e = 0; e < r.E; ++e) z += (s[e] = sigmoid_(l[e]));
+  for (int64_t e = 0; e < r.E; ++e) z += (s[e] = score_(r, l[e]));
   for (int64_t e = 0; e < r.E; ++e) s[e] /= z + F(1e-20);
 }
 
+// The aux losses' gradient of one token: dL/ds[e] = sum_i scale[i] * row[i][e] over the aux
+// losses that are on (row[i] null: off), s its aux scores; the rows are the counts of the
+// token's group (moe_aux_rows), scale[i] carries coeff E / (k Tg^2) / G.
+template <class F>
+struct AuxGrad {
+  const F* row[3] = {nullptr, nullptr, nullptr};
+  F scale[3] = {F(0), F(0), F(0)};
+};
+
+// The aux losses' factors E / (k Tg^2) / G (no coefficients) for T tokens in B sequences:
+// f[0] aux_loss (Tg = T cp, G = 1), f[1] seq_aux_loss (Tg = T/B cp, G = B), f[2]
+// global_aux_loss (Tg = T global_ranks, G = 1).
+MCPP_MOE_HD inline void aux_factors(const MoeRouteSpec& r, int64_t T, int64_t B, double* f) {
+  const double Ta = double(T) * double(r.cp), Ts = double(T / B) * double(r.cp);
+  const double Tgl = double(T) * double(r.global_ranks), Ek = double(r.E) / double(r.k);
+  f[0] = Ek / (Ta * Ta), f[1] = Ek / (Ts * Ts) / double(B), f[2] = Ek / (Tgl * Tgl);
+}
+
+// Token t's AuxGrad from the counts [moe_aux_rows(r, B), E] and the per-type scales
+// (coefficient x aux_factors x the caller's aux_scale), in aux_factors' order.
+template <class F>
+MCPP_MOE_HD inline AuxGrad<F> aux_grad(const MoeRouteSpec& r, const F* counts, int64_t t,
+                                       int64_t B, const F* scale) {
+  AuxGrad<F> g;
+  if (r.aux) g.row[0] = counts + moe_aux_row(r, B) * r.E, g.scale[0] = scale[0];
+  if (r.seq_aux) g.row[1] = counts + (t % B) * r.E, g.scale[1] = scale[1];
+  if (r.global_aux) g.row[2] = counts + moe_aux_global_row(r, B) * r.E, g.scale[2] = scale[2];
+  return g;
+}
+
 // d(loss)/d(logits) of one token into dl [E] (=): dp [k] = d(loss)/d(prob) through the
-// routing's Jacobian; with `own`, the aux gradient (ds_scale * counts[e], through the aux
-// scores) and the z-loss gradient (zc * lse * softmax(l)). tmp [E] and s [E] are scratch.
+// routing's Jacobian; with `own`, the aux gradient (ag, through the aux scores) and the
+// z-loss gradient (zc * lse * softmax(l)). tmp [E] and s [E] are scratch.
 template <class F>
 MCPP_MOE_HD inline void route_token_backward(const MoeRouteSpec& r, const F* l, const int64_t* idx,
-                                         const F* dprob, bool own, const F* counts, F ds_scale,
-                                         F zc, F* dl, F* s, F* tmp) {
+                                         const F* dprob, bool own, const AuxGrad<F>& ag, F zc,
+                                         F* dl, F* s, F* tmp) {
   const int64_t E = r.E, k = r.k;
   const F sf = r.scaling > 0 ? F(r.scaling) : F(1);
   for (int64_t e = 0; e < E; ++e) dl[e] = 0;
-  if (!r.sigmoid && !r.pre_softmax) {  // p = softmax(l[idx])
+  if (!r.sigmoid_like() && !r.pre_softmax) {  // p = softmax(l[idx])
     for (int64_t j = 0; j < k; ++j) tmp[j] = l[idx[j]];
     softmax(tmp, k, s);
     F dot = 0;
@@ -156,33 +198,39 @@ MCPP_MOE_HD inline void route_token_backward(const MoeRouteSpec& r, const F* l, 
     for (int64_t j = 0; j < k; ++j) dot += s[idx[j]] * (sf * dprob[j]);
     for (int64_t e = 0; e < E; ++e) dl[e] -= s[e] * dot;
     for (int64_t j = 0; j < k; ++j) dl[idx[j]] += s[idx[j]] * (sf * dprob[j]);
-  } else {  // p = a[idx] / (sum + eps), a = sigmoid(l)
+  } else {  // p = a[idx] / (sum + eps), a = sigmoid(l) or sqrt(softplus(l))
     F sum = 0, dot = 0;
     for (int64_t j = 0; j < k; ++j) {
-      tmp[j] = sigmoid_(l[idx[j]]);
+      tmp[j] = score_(r, l[idx[j]]);
       sum += tmp[j], dot += sf * dprob[j] * tmp[j];
     }
     const F D = sum + F(1e-20);
     for (int64_t j = 0; j < k; ++j) {
       const F dpj = sf * dprob[j];
       const F draw = k > 1 ? dpj / D - dot / (D * D) : dpj;
-      dl[idx[j]] += draw * tmp[j] * (F(1) - tmp[j]);
+      dl[idx[j]] += draw * dscore_(r, l[idx[j]], tmp[j]);
     }
   }
   if (!own) return;
-  if (r.aux) {  // dL/ds[e] = ds_scale * c_e, through the aux scores
-    if (!r.sigmoid) {
-      softmax(l, E, s);
+  if (r.any_aux()) {  // dL/ds[e] = sum_i scale_i * row_i[e] (into s), through the aux scores
+    for (int64_t e = 0; e < E; ++e) {
+      F g = 0;
+      for (int i = 0; i < 3; ++i)
+        if (ag.row[i]) g += ag.scale[i] * ag.row[i][e];
+      s[e] = g;
+    }
+    if (!r.sigmoid_like()) {  // tmp = softmax(l)
+      softmax(l, E, tmp);
       F dot = 0;
-      for (int64_t e = 0; e < E; ++e) dot += s[e] * (ds_scale * counts[e]);
-      for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (ds_scale * counts[e] - dot);
-    } else {  // s = a / (sum a + eps)
+      for (int64_t e = 0; e < E; ++e) dot += tmp[e] * s[e];
+      for (int64_t e = 0; e < E; ++e) dl[e] += tmp[e] * (s[e] - dot);
+    } else {  // scores a / (sum a + eps), tmp = a
       F z = 0, dot = 0;
-      for (int64_t e = 0; e < E; ++e) tmp[e] = sigmoid_(l[e]), z += tmp[e];
+      for (int64_t e = 0; e < E; ++e) tmp[e] = score_(r, l[e]), z += tmp[e];
       const F Z = z + F(1e-20);
-      for (int64_t e = 0; e < E; ++e) dot += ds_scale * counts[e] * tmp[e];
+      for (int64_t e = 0; e < E; ++e) dot += s[e] * tmp[e];
       for (int64_t e = 0; e < E; ++e)
-        dl[e] += (ds_scale * counts[e] / Z - dot / (Z * Z)) * tmp[e] * (F(1) - tmp[e]);
+        dl[e] += (s[e] / Z - dot / (Z * Z)) * dscore_(r, l[e], tmp[e]);
     }
   }
   if (r.z) {  // dL/dl = coeff * 2 lse softmax(l) / T (zc carries coeff * 2 / T)

@@ -64,6 +64,11 @@ struct AttentionDims {
   // draws and the backward reads them instead of drawing the mask again; every other
   // kernel ignores it. The model's layers keep one per layer (model/core_attention.h).
   Tensor keep_bits;
+  // Attention sinks (--softmax-type; model/core_attention.h) for the generation ops
+  // (attention_kv_cache_forward, decode_attention, rope_attention_decode, attention_prefill):
+  // [NH] sink logits of this call's heads, each a softmax logit with no value. Undefined:
+  // none. The training ops refuse it: there the core applies attention_sink_forward.
+  Tensor sink;
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
   int64_t kv_rows() const { return S_kv > 0 ? S_kv : S; }
   int64_t lse_stride() const { return lse_ld > 0 ? lse_ld : S; }

@@ -61,6 +61,8 @@ struct Args {
   int64_t max_position_embeddings = 0;
   std::string position_embedding_type = "learned_absolute";  // learned_absolute|rope|yarn
   bool use_rotary_position_embeddings = false;               // deprecated alias of rope
+  // --softmax-type vanilla|off-by-one|learnable: attention sinks (validate_attention_sink.cpp)
+  std::string softmax_type = "vanilla";
   int64_t rotary_base = 10000;
   double rotary_percent = 1.0;
   bool use_rope_scaling = false;  // Llama 3.x RoPE scaling (ops/rope_math.h)
@@ -440,13 +442,14 @@ struct Args {
   std::string moe_layer_freq = "1";                // N (every N-th layer), or "([0]+[1]*3)"
   std::optional<int64_t> moe_ffn_hidden_size;      // default: --ffn-hidden-size
   int64_t moe_router_topk = 2;
+  // Paired lists of one length (Megatron's): each type's coefficient, 0 switching it off.
   std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
-  std::vector<std::string> moe_aux_loss_coeff = {"0.0"};  // 0: the aux loss is off
+  std::vector<std::string> moe_aux_loss_coeff = {"0.0"};
   std::optional<double> moe_z_loss_coeff;
-  std::string moe_router_score_function = "softmax";      // softmax | sigmoid
+  std::string moe_router_score_function = "softmax";      // softmax | sigmoid | sqrtsoftplus
   bool moe_router_pre_softmax = false;
   std::optional<double> moe_router_topk_scaling_factor;
-  bool moe_router_enable_expert_bias = false;             // sigmoid only
+  bool moe_router_enable_expert_bias = false;             // sigmoid / sqrtsoftplus only
   double moe_router_bias_update_rate = 1e-3;
   std::optional<int64_t> moe_router_num_groups;
   std::optional<int64_t> moe_router_group_topk;
@@ -462,9 +465,10 @@ struct Args {
   bool moe_per_layer_logging = false;
   bool moe_router_padding_for_fp8 = false;  // FP8: expert row counts padded to 16 (routing.h)
   // Set by validate_moe: 1 where layer i is a MoE layer (--moe-layer-freq), one per layer;
-  // empty for a dense model. The single aux-loss coefficient and type.
+  // empty for a dense model. The aux-loss coefficients as numbers, one per load-balancing
+  // type.
   std::vector<int64_t> moe_layer_pattern;
-  double moe_aux_loss_coeff_value = 0.0;
+  std::vector<double> moe_aux_loss_coeff_values;
   // ---- q/k layernorm (validate_qk_layernorm.cpp; ops::qk_norm_forward)
   bool qk_layernorm = false;
   // --apply-wd-to-qk-layernorm: the q/k norm weights decay like the matrices (Qwen3-Next).

@@ -30,6 +30,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.padded_vocab_size = *a.padded_vocab_size;
   c.rope = a.position_embedding_type == "rope" || a.position_embedding_type == "yarn";
   c.no_positions = a.position_embedding_type == "none";
+  c.softmax_type = model::softmax_type_of(a.softmax_type);  // --softmax-type
   if (a.position_embedding_type == "yarn") {
     auto& y = c.yarn;
     y.on = true, y.factor = a.rotary_scaling_factor;
@@ -100,7 +101,11 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     auto& m = c.moe;
     m.num_experts = *a.num_experts, m.layer_pattern = a.moe_layer_pattern;
     m.ffn_hidden_size = a.moe_ffn_hidden_size.value_or(a.ffn_hidden_size);
-    m.topk = a.moe_router_topk, m.sigmoid = a.moe_router_score_function == "sigmoid";
+    using Score = model::TransformerConfig::Moe::Score;
+    m.topk = a.moe_router_topk;
+    m.score = a.moe_router_score_function == "sigmoid"        ? Score::Sigmoid
+              : a.moe_router_score_function == "sqrtsoftplus" ? Score::SqrtSoftplus
+                                                               : Score::Softmax;
     m.pre_softmax = a.moe_router_pre_softmax;
     m.topk_scaling_factor = a.moe_router_topk_scaling_factor.value_or(0.0);
     m.num_groups = a.moe_router_num_groups.value_or(0);
@@ -110,13 +115,18 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     m.router_dtype_given = a.moe_router_dtype.has_value();
     m.router_dtype = a.moe_router_dtype.value_or("fp32") == "fp64" ? DType::F64 : DType::F32;
     using B = model::TransformerConfig::Moe::Balance;
-    const std::string lb = a.moe_router_load_balancing_type.empty()
-                               ? "aux_loss" : a.moe_router_load_balancing_type[0];
-    m.balance = lb == "seq_aux_loss" ? B::SeqAuxLoss
-                : lb == "sinkhorn"   ? B::Sinkhorn
-                : lb == "none"       ? B::None
-                                     : B::AuxLoss;
-    m.aux_loss_coeff = a.moe_aux_loss_coeff_value;
+    m.balance.clear(), m.aux_loss_coeff.clear();  // the lists, paired (validate_moe)
+    for (size_t i = 0; i < a.moe_router_load_balancing_type.size(); ++i) {
+      const std::string& lb = a.moe_router_load_balancing_type[i];
+      m.balance.push_back(lb == "seq_aux_loss"      ? B::SeqAuxLoss
+                          : lb == "global_aux_loss" ? B::GlobalAuxLoss
+                          : lb == "sinkhorn"        ? B::Sinkhorn
+                          : lb == "none"            ? B::None
+                                                    : B::AuxLoss);
+      m.aux_loss_coeff.push_back(i < a.moe_aux_loss_coeff_values.size()
+                                     ? a.moe_aux_loss_coeff_values[i] : 0.0);
+    }
+    if (m.balance.empty()) m.balance = {B::AuxLoss}, m.aux_loss_coeff = {0.0};
     m.z_loss_coeff = a.moe_z_loss_coeff.value_or(0.0);
     m.capacity_factor = a.moe_expert_capacity_factor.value_or(0.0);
     m.pad_to_capacity = a.moe_pad_expert_input_to_capacity;

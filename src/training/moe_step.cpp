@@ -35,10 +35,10 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
       layers[i]->router().set_expert_bias(b);
     }
   }
-  // Log values, per global layer: [aux of layer 0..L-1, z of layer 0..L-1], the MTP depths'
-  // layers as layers L, L+1, ... (Megatron's numbering).
+  // Log values, per global layer: [aux_loss, seq_aux_loss, global_aux_loss, z-loss] blocks of
+  // layers 0..L-1, the MTP depths' layers as layers L, L+1, ... (Megatron's numbering).
   const size_t L = size_t(c.num_layers + c.mtp_num_layers);
-  std::vector<double> v(2 * L, 0.0);
+  std::vector<double> v(4 * L, 0.0);
   auto index = [&](int layer) {
     return model::TransformerConfig::is_mtp_layer(layer)
                ? size_t(c.num_layers) + size_t(layer - model::TransformerConfig::kMtpLayerBase)
@@ -47,18 +47,17 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
   for (auto* l : layers) {
     const auto& s = l->stats();
     const double n = double(std::max<int64_t>(1, s.forwards));
-    v[index(l->layer())] = s.aux_loss / n, v[L + index(l->layer())] = s.z_loss / n;
+    for (size_t i = 0; i < 3; ++i) v[i * L + index(l->layer())] = s.aux_loss[i] / n;
+    v[3 * L + index(l->layer())] = s.z_loss / n;
   }
   // Summed over the pipeline (each stage its layers) and over CP (each rank its tokens'
-  // share of the losses, routing.h), averaged over DP.
+  // share of the losses, routing.h), averaged over DP, but global_aux_loss's: each DP rank
+  // holds its tokens' share of the global batch's loss (Megatron's needs_dp_avg=False).
   if (ps.layout().pp() > 1) parallel::sum_over(ps.pp(), v);
   parallel::sum_over(data_cp_group(ps), v);
-  for (double& x : v) x /= double(ps.layout().dp());
-  for (auto* l : layers) {  // the next global batch starts counting
-    auto& s = l->stats();
-    std::fill(s.tokens_per_expert.begin(), s.tokens_per_expert.end(), 0.0);
-    s.aux_loss = s.z_loss = 0, s.forwards = 0, s.seen.clear();
-  }
+  for (size_t i = 0; i < v.size(); ++i)
+    if (i / L != 2) v[i] /= double(ps.layout().dp());
+  for (auto* l : layers) l->stats().restart();  // the next global batch starts counting
   // The mean is over the MoE layers and every MTP depth (Megatron's count).
   int64_t moe_layers = c.mtp_num_layers;
   for (int64_t i = 0; i < c.num_layers; ++i) moe_layers += c.is_moe_layer(i);
@@ -68,10 +67,6 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
                : c.is_moe_layer(int64_t(i));
   };
   std::vector<std::pair<std::string, double>> out;
-  const bool aux = c.moe.aux_loss_on();
-  const std::string aux_name = c.moe.balance == model::TransformerConfig::Moe::Balance::SeqAuxLoss
-                                   ? "seq_load_balancing_loss"
-                                   : "load_balancing_loss";
   auto add = [&](bool on, const std::string& name, size_t base) {
     if (!on) return;
     double sum = 0;
@@ -82,8 +77,12 @@ std::vector<std::pair<std::string, double>> moe_finish_global_batch(
         if (is_moe(i))
           out.push_back({name + " layer " + std::to_string(i), v[base + i]});
   };
-  add(aux, aux_name, 0);
-  add(c.moe.z_loss_coeff > 0, "z_loss", L);
+  // Each enabled aux loss under Megatron's name, then the z-loss.
+  using Balance = model::TransformerConfig::Moe::Balance;
+  add(c.moe.coeff(Balance::AuxLoss) > 0, "load_balancing_loss", 0);
+  add(c.moe.coeff(Balance::SeqAuxLoss) > 0, "seq_load_balancing_loss", L);
+  add(c.moe.coeff(Balance::GlobalAuxLoss) > 0, "global_load_balancing_loss", 2 * L);
+  add(c.moe.z_loss_coeff > 0, "z_loss", 3 * L);
   return out;
 }
 

@@ -5,9 +5,12 @@
 //     dispatch group counted the group's tokens already; CP is 1), then
 //     b_e += rate * sign(mean_e(c) - c_e), and the counts restart;
 //   * the log values: per MoE layer, L / coeff averaged over the micro-batches, summed over
-//     pipeline stages (each holds its own layers), averaged over DP; reported as the mean
-//     over MoE layers under Megatron's names load_balancing_loss / seq_load_balancing_loss /
-//     z_loss (and per layer with --moe-per-layer-logging).
+//     pipeline stages (each holds its own layers) and CP, averaged over DP (global_aux_loss:
+//     summed over DP, each rank's being its tokens' share); reported as the mean over MoE
+//     layers under Megatron's names, one per enabled type: load_balancing_loss,
+//     seq_load_balancing_loss, global_load_balancing_loss, then z_loss (and per layer with
+//     --moe-per-layer-logging);
+//   * global_aux_loss's running counts restart (Megatron's reset_model_temporary_tensors).
 // Collective over DP and PP: every rank calls it every step (no-op for a dense model).
 #pragma once
 #include <string>

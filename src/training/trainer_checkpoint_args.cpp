@@ -221,6 +221,8 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   force("layernorm_epsilon", a.layernorm_epsilon, c.norm_epsilon, python_float(c.norm_epsilon));
   force("swiglu", a.swiglu, c.swiglu, py(c.swiglu));
   force("squared_relu", a.squared_relu, c.squared_relu, py(c.squared_relu));
+  const std::string softmax = model::softmax_type_name(c.softmax_type);
+  force("softmax_type", a.softmax_type, softmax, softmax);
   force("untie_embeddings_and_output_weights", a.untie_embeddings_and_output_weights,
         !c.tie_embeddings, py(!c.tie_embeddings));
   force("add_bias_linear", a.add_bias_linear, c.add_bias_linear, py(c.add_bias_linear));

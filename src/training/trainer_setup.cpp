@@ -19,6 +19,7 @@
 #include "ops/attention_backend.h"
 #include "model/moe/moe_layer.h"
 #include "training/fim_setup.h"
+#include "training/forward_backward.h"
 #include "training/profiler.h"
 #include "ops/ops.h"
 #include "optim/distributed_optimizer.h"
@@ -285,6 +286,9 @@ void Trainer::State::build_model() {
               s.model_cfg.moe.num_experts, s.ps->layout().etp(), s.ps->layout().edp(),
               s.model_cfg.moe.alltoall ? "alltoall" : "allgather", moe_layers);
   }
+  // global_aux_loss: its counts summed over the DP x CP group (routing.h).
+  if (s.model_cfg.moe.coeff(model::TransformerConfig::Moe::Balance::GlobalAuxLoss) > 0)
+    for (auto* l : s.model->stage().moe_layers()) l->set_global_aux_group(&data_cp_group(*s.ps));
   log::info("> initialized tensor model parallel with size {}, pipeline model parallel with "
             "size {}, data parallel with size {}{}{}",
             a.tensor_model_parallel_size, pp, dp, a.sequence_parallel ? ", sequence parallel" : "",

@@ -85,6 +85,12 @@ void validate_mla(Args& a) {
                   "--qk-layernorm with --multi-latent-attention and no --q-lora-rank (a norm of "
                   "the hidden state inside linear_q_proj, as in DeepSeek-V2-Lite) is not "
                   "implemented yet");
+  MCPP_CHECK_HINT(!a.qk_layernorm || a.normalization == "RMSNorm",
+                  "add --normalization RMSNorm (DeepSeek-V2/V3's latent norms), or drop "
+                  "--qk-layernorm",
+                  "--qk-layernorm with --multi-latent-attention and --normalization {}: the "
+                  "latents' LayerNorm (with a bias) is not implemented yet",
+                  a.normalization);
   MCPP_CHECK_HINT(!a.qk_layernorm || !a.layernorm_zero_centered_gamma,
                   "drop --apply-layernorm-1p, or --qk-layernorm",
                   "--apply-layernorm-1p with --multi-latent-attention's latent norms "

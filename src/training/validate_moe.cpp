@@ -126,25 +126,75 @@ void validate_moe(Args& a) {
   a.moe_layer_pattern = parse_moe_layer_freq(a.moe_layer_freq, a.num_layers);
 
   // Router.
-  const bool sigmoid = a.moe_router_score_function == "sigmoid";
+  const std::string& score = a.moe_router_score_function;
+  // sigmoid and sqrtsoftplus route alike (Megatron's topk_routing_with_score_function).
+  const bool sigmoid_like = score == "sigmoid" || score == "sqrtsoftplus";
+  MCPP_CHECK_HINT(score == "softmax" || sigmoid_like,
+                  "use --moe-router-score-function softmax, sigmoid or sqrtsoftplus",
+                  "--moe-router-score-function {} is not a score function megatron.cpp knows",
+                  score);
+  // Load balancing: Megatron's lists (nargs='+'), one coefficient per type, every aux loss
+  // with a positive coefficient applied at once.
+  const auto& types = a.moe_router_load_balancing_type;
+  MCPP_CHECK_HINT(!types.empty() && types.size() == a.moe_aux_loss_coeff.size(),
+                  "give one --moe-aux-loss-coeff per --moe-router-load-balancing-type, in the "
+                  "same order (e.g. --moe-router-load-balancing-type aux_loss global_aux_loss "
+                  "--moe-aux-loss-coeff 1e-3 1e-2)",
+                  "--moe-router-load-balancing-type lists {} type(s) and --moe-aux-loss-coeff {} "
+                  "coefficient(s): Megatron pairs them, so both lists need one length",
+                  types.size(), a.moe_aux_loss_coeff.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    const std::string& lb = types[i];
+    MCPP_CHECK_HINT(lb != "quantile_balancing",
+                    "use --moe-router-load-balancing-type aux_loss, seq_aux_loss, "
+                    "global_aux_loss, sinkhorn or none (or --moe-router-enable-expert-bias for "
+                    "balancing without an aux loss)",
+                    "--moe-router-load-balancing-type quantile_balancing is not implemented "
+                    "yet by megatron.cpp");
+    MCPP_CHECK_HINT(lb == "aux_loss" || lb == "seq_aux_loss" || lb == "global_aux_loss" ||
+                        lb == "sinkhorn" || lb == "none",
+                    "use --moe-router-load-balancing-type aux_loss, seq_aux_loss, "
+                    "global_aux_loss, sinkhorn or none",
+                    "--moe-router-load-balancing-type {} is not a load-balancing type", lb);
+    MCPP_CHECK_HINT(lb != "sinkhorn" || types.size() == 1,
+                    "give --moe-router-load-balancing-type sinkhorn alone, or drop it from the "
+                    "list",
+                    "--moe-router-load-balancing-type lists sinkhorn with other types: sinkhorn "
+                    "replaces the top-k routing and has no aux loss (Megatron routes a list by "
+                    "top-k, so its sinkhorn entry would do nothing)");
+    for (size_t j = 0; j < i; ++j)
+      MCPP_CHECK_HINT(types[j] != lb, "list each load-balancing type once",
+                      "--moe-router-load-balancing-type lists {} twice (Megatron would read "
+                      "the first one's coefficient only)",
+                      lb);
+    const double v = std::stod(a.moe_aux_loss_coeff[i]);
+    MCPP_CHECK_HINT(v >= 0 && std::isfinite(v), "give --moe-aux-loss-coeff >= 0, e.g. 1e-2",
+                    "--moe-aux-loss-coeff {} (for {}) must be finite and non-negative",
+                    a.moe_aux_loss_coeff[i], lb);
+  }
+  a.moe_aux_loss_coeff_values.clear();
+  for (const std::string& v : a.moe_aux_loss_coeff)
+    a.moe_aux_loss_coeff_values.push_back(std::stod(v));
   // Sinkhorn routing (S-BASE) replaces the score function: it chooses by the Sinkhorn-
   // normalised exp(logits) and weighs by softmax (sigmoid at top-1) of the logits.
-  const bool sinkhorn = a.moe_router_load_balancing_type.size() == 1 &&
-                        a.moe_router_load_balancing_type[0] == "sinkhorn";
-  MCPP_CHECK_HINT(a.moe_router_score_function == "softmax" || sigmoid,
-                  "use --moe-router-score-function softmax or sigmoid",
-                  "--moe-router-score-function {} is not implemented yet by megatron.cpp",
-                  a.moe_router_score_function);
-  MCPP_CHECK_HINT(!(k == 1 && !sigmoid && !a.moe_router_pre_softmax && !sinkhorn),
+  const bool sinkhorn = types.size() == 1 && types[0] == "sinkhorn";
+  MCPP_CHECK_HINT(!sinkhorn || a.moe_aux_loss_coeff_values[0] == 0,
+                  "drop --moe-aux-loss-coeff (sinkhorn balances by its normalisation)",
+                  "--moe-router-load-balancing-type sinkhorn with --moe-aux-loss-coeff {}: "
+                  "Sinkhorn routing does not support an aux loss (Megatron asserts the same)",
+                  a.moe_aux_loss_coeff[0]);
+  MCPP_CHECK_HINT(!(k == 1 && !sigmoid_like && !a.moe_router_pre_softmax && !sinkhorn),
                   "add --moe-router-pre-softmax (a softmax over one selected logit is always 1)",
                   "--moe-router-topk 1 with the softmax score function needs "
                   "--moe-router-pre-softmax (as in Megatron)");
-  MCPP_CHECK_HINT(!(a.moe_router_pre_softmax && sigmoid), "drop --moe-router-pre-softmax",
+  MCPP_CHECK_HINT(!(a.moe_router_pre_softmax && sigmoid_like), "drop --moe-router-pre-softmax",
                   "--moe-router-pre-softmax applies to --moe-router-score-function softmax only");
-  MCPP_CHECK_HINT(!a.moe_router_enable_expert_bias || sigmoid,
-                  "add --moe-router-score-function sigmoid, or drop --moe-router-enable-expert-bias",
+  MCPP_CHECK_HINT(!a.moe_router_enable_expert_bias || sigmoid_like,
+                  "add --moe-router-score-function sigmoid (or sqrtsoftplus), or drop "
+                  "--moe-router-enable-expert-bias",
                   "--moe-router-enable-expert-bias (aux-loss-free balancing) supports the sigmoid "
-                  "score function only (as in Megatron)");
+                  "and sqrtsoftplus score functions only (as in Megatron), not {}",
+                  score);
   MCPP_CHECK_HINT(a.moe_router_bias_update_rate >= 0, "give a rate >= 0, e.g. 1e-3",
                   "--moe-router-bias-update-rate {} is negative", a.moe_router_bias_update_rate);
   if (a.moe_router_topk_scaling_factor)
@@ -157,7 +207,8 @@ void validate_moe(Args& a) {
                     "group-limited routing needs --moe-router-num-groups and "
                     "--moe-router-group-topk together");
     const int64_t g = *a.moe_router_num_groups, gk = *a.moe_router_group_topk;
-    MCPP_CHECK_HINT(g >= 1 && E % g == 0, "choose --moe-router-num-groups as a divisor of --num-experts",
+    MCPP_CHECK_HINT(g >= 1 && E % g == 0,
+                    "choose --moe-router-num-groups as a divisor of --num-experts",
                     "--num-experts {} is not divisible by --moe-router-num-groups {}", E, g);
     MCPP_CHECK_HINT(gk >= 1 && gk <= g,
                     "give --moe-router-group-topk between 1 and --moe-router-num-groups",
@@ -174,8 +225,9 @@ void validate_moe(Args& a) {
 
   if (sinkhorn) {
     // Megatron's sinkhorn path reads none of these; given, they would be silently ignored.
+    const std::string score_flag = "--moe-router-score-function " + score;
     const std::pair<bool, const char*> unused[] = {
-        {sigmoid, "--moe-router-score-function sigmoid"},
+        {sigmoid_like, score_flag.c_str()},
         {a.moe_router_pre_softmax, "--moe-router-pre-softmax"},
         {a.moe_router_topk_scaling_factor.has_value(), "--moe-router-topk-scaling-factor"},
         {a.moe_router_num_groups.has_value() || a.moe_router_group_topk.has_value(),
@@ -190,25 +242,6 @@ void validate_moe(Args& a) {
                       flag);
   }
 
-  // Load balancing: one type with one coefficient.
-  MCPP_CHECK_HINT(a.moe_router_load_balancing_type.size() == 1 && a.moe_aux_loss_coeff.size() == 1,
-                  "give one --moe-router-load-balancing-type and one --moe-aux-loss-coeff",
-                  "several load-balancing types / coefficients are not implemented yet by "
-                  "megatron.cpp");
-  const std::string lb = a.moe_router_load_balancing_type[0];
-  MCPP_CHECK_HINT(lb == "aux_loss" || lb == "seq_aux_loss" || lb == "sinkhorn" || lb == "none",
-                  "use --moe-router-load-balancing-type aux_loss, seq_aux_loss, sinkhorn or none",
-                  "--moe-router-load-balancing-type {} is not implemented yet by megatron.cpp", lb);
-  a.moe_aux_loss_coeff_value = std::stod(a.moe_aux_loss_coeff[0]);
-  MCPP_CHECK_HINT(a.moe_aux_loss_coeff_value >= 0 && std::isfinite(a.moe_aux_loss_coeff_value),
-                  "give --moe-aux-loss-coeff >= 0, e.g. 1e-2",
-                  "--moe-aux-loss-coeff {} must be finite and non-negative",
-                  a.moe_aux_loss_coeff[0]);
-  MCPP_CHECK_HINT(!sinkhorn || a.moe_aux_loss_coeff_value == 0,
-                  "drop --moe-aux-loss-coeff (sinkhorn balances by its normalisation)",
-                  "--moe-router-load-balancing-type sinkhorn with --moe-aux-loss-coeff {}: "
-                  "Sinkhorn routing does not support an aux loss (Megatron asserts the same)",
-                  a.moe_aux_loss_coeff[0]);
   if (a.moe_z_loss_coeff)
     MCPP_CHECK_HINT(*a.moe_z_loss_coeff >= 0, "give --moe-z-loss-coeff >= 0, e.g. 1e-3",
                     "--moe-z-loss-coeff {} is negative", *a.moe_z_loss_coeff);
@@ -217,9 +250,11 @@ void validate_moe(Args& a) {
   if (a.moe_expert_capacity_factor && *a.moe_expert_capacity_factor < 0)
     a.moe_expert_capacity_factor.reset();  // Megatron: negative means dropless
   MCPP_CHECK_HINT(!(sinkhorn && a.moe_expert_capacity_factor),
-                  "drop --moe-expert-capacity-factor, or use aux_loss, seq_aux_loss or none",
-                  "--moe-expert-capacity-factor works with the aux_loss, seq_aux_loss and none "
-                  "load-balancing types only, not sinkhorn (as in Megatron)");
+                  "drop --moe-expert-capacity-factor, or use aux_loss, seq_aux_loss, "
+                  "global_aux_loss or none",
+                  "--moe-expert-capacity-factor works with the aux_loss, seq_aux_loss, "
+                  "global_aux_loss and none load-balancing types only, not sinkhorn (as in "
+                  "Megatron)");
   MCPP_CHECK_HINT(!a.moe_pad_expert_input_to_capacity || a.moe_expert_capacity_factor,
                   "add --moe-expert-capacity-factor F, or drop --moe-pad-expert-input-to-capacity",
                   "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (as in "

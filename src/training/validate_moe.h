@@ -11,7 +11,7 @@ namespace mcpp::training {
 struct Args;
 
 // Checks the MoE flags and fills the derived values (moe_ffn_hidden_size,
-// expert_tensor_parallel_size, moe_layer_pattern, moe_aux_loss_coeff_value). A dense model
+// expert_tensor_parallel_size, moe_layer_pattern, moe_aux_loss_coeff_values). A dense model
 // (no --num-experts) must not give MoE-only flags a non-default value.
 void validate_moe(Args& a);
 

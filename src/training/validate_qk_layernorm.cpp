@@ -1,9 +1,10 @@
-// --qk-layernorm (ops::qk_norm_forward): Megatron's RMSNorm of every query and key head before
-// RoPE, on the CPU and CUDA, at any TP (the norm weights' gradients are summed over TP) and CP
-// (the norm is per token). The LayerNorm form is a start-up error naming the flag (never a
-// flag accepted and ignored). --apply-wd-to-qk-layernorm (Megatron's
-// get_standard_config_overrides) gives the q/k norm weights weight decay, where every other
-// norm weight and bias has none.
+// --qk-layernorm: Megatron's norm of every query and key head before RoPE, of the form
+// --normalization gives it (RMSNorm: ops::qk_norm_forward; LayerNorm with a bias:
+// ops::qk_layernorm_forward), on the CPU and CUDA, at any TP (the norms' gradients are summed
+// over TP) and CP (the norm is per token). Under --multi-latent-attention it norms the latents
+// instead (RMSNorm only: validate_mla). --apply-wd-to-qk-layernorm (Megatron's
+// get_standard_config_overrides) gives the q/k norm weights and biases weight decay, where
+// every other norm weight and bias has none.
 #include "base/error.h"
 #include "base/log.h"
 #include "training/arguments.h"
@@ -21,12 +22,6 @@ void validate_qk_layernorm(Args& a) {
                   "add --qk-layernorm, or drop --apply-wd-to-qk-layernorm",
                   "--apply-wd-to-qk-layernorm without --qk-layernorm: the model has no q/k "
                   "layernorm weights to decay");
-  if (!a.qk_layernorm) return;
-  MCPP_CHECK_HINT(a.normalization == "RMSNorm",
-                  "add --normalization RMSNorm (Qwen3's q_norm / k_norm are RMSNorm)",
-                  "--qk-layernorm with --normalization {}: the LayerNorm form (with a bias) is "
-                  "not implemented yet",
-                  a.normalization);
 }
 
 }  // namespace mcpp::training

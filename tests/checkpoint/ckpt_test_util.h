@@ -63,7 +63,9 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   f.write(bytes.data(), std::streamsize(bytes.size()));
 }
 
-// family "gpt": LayerNorm, GELU, biases, learned positions, tied; "llama": RMSNorm, SwiGLU,
+// family "gpt": LayerNorm, GELU, biases, learned positions, tied ("gpt_qk": and
+// --qk-layernorm, its LayerNorm form with biases; "gpt_qk_wd": and
+// --apply-wd-to-qk-layernorm); "llama": RMSNorm, SwiGLU,
 // GQA (4 heads, 2 groups), RoPE, untied, no biases; "qwen2": llama + linear_qkv's bias alone
 // (--add-qkv-bias); "qwen3": llama + --qk-layernorm ("qwen3_wd": and
 // --apply-wd-to-qk-layernorm); "llama4": llama with 4 layers.
@@ -74,8 +76,10 @@ inline model::TransformerConfig tiny_config(const std::string& family, int64_t t
   c.seq_length = 8, c.max_position_embeddings = 12, c.padded_vocab_size = 64;
   c.hidden_dropout = 0, c.attention_dropout = 0, c.dtype = dt, c.seed = 77;
   c.tp_size = tp_size, c.tp_rank = tp_rank;
-  if (family == "gpt") {
+  if (family.starts_with("gpt")) {
     c.num_query_groups = 4, c.ffn_hidden_size = 32;
+    c.qk_layernorm = family.starts_with("gpt_qk");        // --qk-layernorm (LayerNorm)
+    c.qk_layernorm_weight_decay = family == "gpt_qk_wd";  // --apply-wd-to-qk-layernorm
   } else {
     c.num_query_groups = 2, c.ffn_hidden_size = 24, c.rope = true;
     c.rmsnorm = true, c.swiglu = true, c.tie_embeddings = false, c.add_bias_linear = false;

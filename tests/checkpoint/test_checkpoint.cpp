@@ -151,6 +151,47 @@ TEST(Checkpoint, QkvBiasInMetadata) {
   }
 }
 
+// --qk-layernorm with --normalization LayerNorm: the q/k norms' weights and biases (replicated
+// over TP) reshard; the metadata records the flag and the form (rmsnorm false, as the model's
+// other norms: a checkpoint written before the LayerNorm form existed, always rmsnorm true,
+// reads as the RMSNorm form), so the config reads back the same, and a model without q/k
+// norms or with the RMSNorm form refuses it, naming the field.
+TEST(Checkpoint, QkLayerNormReshardAndMetadata) {
+  reshard("gpt_qk", 2, 1);
+  reshard("gpt_qk", 1, 2);
+  const auto j = ck::model_config_json(tiny_config("gpt_qk"));
+  EXPECT_EQ(j.at("qk_layernorm"), true);
+  EXPECT_EQ(j.at("rmsnorm"), false);
+
+  const std::string base = scratch_dir(), dir = base + "/ln", qdir = base + "/rms";
+  Rank a = make_rank("gpt_qk", 1, 0, true);
+  ck::save_checkpoint(dir, *a.m, a.opt.get(), sample_state(10));
+  const auto md = ck::read_metadata(dir);
+  for (const char* n :
+       {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight", "k_layernorm.bias"})
+    EXPECT_TRUE(md["tensors"].contains(std::string("decoder.layers.1.self_attention.") + n)) << n;
+  const auto back = ck::model_config_from_metadata(md);
+  EXPECT_TRUE(back.qk_layernorm && !back.rmsnorm);
+  Rank q = make_rank("qwen3", 1, 0, true);  // the RMSNorm form: no biases
+  ck::save_checkpoint(qdir, *q.m, q.opt.get(), sample_state(10));
+  const auto qmd = ck::read_metadata(qdir);
+  EXPECT_TRUE(ck::model_config_from_metadata(qmd).qk_layernorm &&
+              ck::model_config_from_metadata(qmd).rmsnorm);
+  EXPECT_FALSE(qmd["tensors"].contains("decoder.layers.1.self_attention.q_layernorm.bias"));
+  Rank g = make_rank("gpt", 1, 0, false);  // no q/k norms
+  EXPECT_NE(error_of([&] {
+              ck::load_checkpoint(dir, std::nullopt, *g.m, g.opt.get());
+            }).find("qk_layernorm: checkpoint true vs this run false"),
+            std::string::npos);
+  auto rms = tiny_config("gpt_qk");
+  rms.rmsnorm = true;  // the RMSNorm form (no biases)
+  model::GPTModel r(rms);
+  EXPECT_NE(error_of([&] {
+              ck::load_checkpoint(dir, std::nullopt, r, nullptr);
+            }).find("rmsnorm: checkpoint false vs this run true"),
+            std::string::npos);
+}
+
 TEST(Checkpoint, Tp2WritesDuplicatedTensorsOnce) {
   const std::string dir = scratch_dir();
   std::vector<Rank> ks;

@@ -186,9 +186,20 @@ TEST(HfExport, ExportTypeMustFitTheModel) {
   c.add_qkv_bias = false, c.add_bias_linear = true;
   EXPECT_NE(error_of([&] { ck::hf_arch_of(c); }).find("Qwen3ForCausalLM has none"),
             std::string::npos);
+  // --qk-layernorm's LayerNorm form (per-head q/k LayerNorms with biases): no architecture
+  // has it, whatever else the model is (GPT-2-like, or Llama-like but for the norm); nothing
+  // is written.
   c = tiny_config("gpt");
   c.qk_layernorm = true;
-  EXPECT_THROW(ck::hf_arch_of(c), Error);
+  for (bool rope_swiglu : {false, true}) {
+    c.rope = c.swiglu = rope_swiglu;
+    const std::string e = error_of([&] { ck::hf_arch_of(c); });
+    EXPECT_NE(e.find("--qk-layernorm with --normalization LayerNorm"), std::string::npos) << e;
+    EXPECT_NE(e.find("HINT"), std::string::npos) << e;
+  }
+  model::GPTModel g(c);
+  EXPECT_THROW(ck::export_hf(dir, c, g.params(), DType::F32), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 TEST(HfImport, Qwen2Config) {

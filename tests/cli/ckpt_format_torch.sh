@@ -12,7 +12,8 @@
 #   * --save-retain-interval 8 with saves every 4 deletes iteration 4 once 8 is saved;
 #   * a --squared-relu run's checkpoint records the activation (args.squared_relu): it
 #     resumes with the flag and is refused as another model without it;
-#   * a --qk-layernorm run (TP2, the norms decayed) resumes exactly from its legacy files;
+#   * a --qk-layernorm run (TP2, the norms decayed) resumes exactly from its legacy files, in
+#     both forms (RMSNorm; LayerNorm, whose q/k norm biases the files hold, with SP);
 #   * a CP2 x TP2 run writes TP's folders alone and resumes exactly; so does a run with
 #     virtual pipeline stages (model0, model1 in each file), and one with an uneven split.
 set -euo pipefail
@@ -137,6 +138,14 @@ resumes_exactly() {
 # group) at TP2: the norms go into the legacy files after linear_qkv.
 resumes_exactly qk 2 --normalization RMSNorm --qk-layernorm --apply-wd-to-qk-layernorm \
   --weight-decay 0.1 --tensor-model-parallel-size 2
+# The LayerNorm form (GPT's default --normalization): a weight and a bias per norm, both
+# decayed, with SP.
+resumes_exactly qkln 2 --qk-layernorm --apply-wd-to-qk-layernorm --weight-decay 0.1 \
+  --tensor-model-parallel-size 2 --sequence-parallel
+for r in 00 01; do
+  grep -qa "self_attention.k_layernorm.bias" "$W/qkln/iter_0000002/mp_rank_$r/model_optim_rng.pt" ||
+    { echo "qkln: no k_layernorm.bias in mp_rank_$r"; exit 1; }
+done
 # Context parallelism (CP2 x TP2, -np 4): CP ranks hold the same weights, so the files are
 # TP x PP's, written by CP rank 0.
 resumes_exactly cp 4 --position-embedding-type rope --context-parallel-size 2 \

@@ -11,6 +11,7 @@
 //     PP that does not divide the layers, MoE: errors naming the flag or file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 
@@ -115,7 +116,7 @@ std::string make_ours(const std::string& dir, const std::string& fam, bool bf16)
   st.optimizer_steps = 5;
   st.config["tokenizer_type"] = "NullTokenizer";
   if (bf16) st.config["bf16"] = "True";
-  if (fam == "qwen3_wd") st.config["apply_wd_to_qk_layernorm"] = "True";
+  if (fam.ends_with("_wd")) st.config["apply_wd_to_qk_layernorm"] = "True";
   st.num_floating_point_operations_so_far = 2.5e9;
   const std::string ours = dir + "/ours_" + fam;
   checkpoint::save_checkpoint(ours, *k.m, k.opt.get(), st);
@@ -142,7 +143,9 @@ TEST(MegatronExport, RoundTripIsBitExact) {
                         Case{"llama", true, 2, 2, mg::TransformerImpl::Local},
                         Case{"llama_interleaved", true, 2, 1, mg::TransformerImpl::Local},
                         Case{"qwen3", false, 2, 2, mg::TransformerImpl::TransformerEngine},
-                        Case{"qwen3_wd", true, 2, 1, mg::TransformerImpl::Local}}) {
+                        Case{"qwen3_wd", true, 2, 1, mg::TransformerImpl::Local},
+                        Case{"gpt_qk", false, 2, 2, mg::TransformerImpl::TransformerEngine},
+                        Case{"gpt_qk_wd", true, 2, 1, mg::TransformerImpl::Local}}) {
     const std::string tag = fmt::format("{} tp{} pp{}", c.fam, c.tp, c.pp);
     const std::string ours = make_ours(dir, c.fam, c.bf16);
     const std::string meg = fmt::format("{}/meg_{}_{}_{}", dir, c.fam, c.tp, c.pp);
@@ -182,11 +185,29 @@ TEST(MegatronExport, RoundTripIsBitExact) {
     EXPECT_EQ(st.config.value("bf16", ""), c.bf16 ? "True" : "False") << tag;
     // --rotary-interleaved goes out in args.rotary_interleaved and comes back; so do
     // --qk-layernorm and --apply-wd-to-qk-layernorm (args.qk_layernorm,
-    // args.apply_wd_to_qk_layernorm, the norms' weights after linear_qkv).
+    // args.apply_wd_to_qk_layernorm, the norms' weights, and biases with LayerNorm, after
+    // linear_qkv).
     const auto back_cfg = checkpoint::model_config_from_metadata(checkpoint::read_metadata(back));
+    const bool qk = c.fam.starts_with("qwen3") || c.fam.starts_with("gpt_qk");
     EXPECT_EQ(back_cfg.rotary_interleaved, c.fam == "llama_interleaved") << tag;
-    EXPECT_EQ(back_cfg.qk_layernorm, c.fam.starts_with("qwen3")) << tag;
-    EXPECT_EQ(im.config.qk_layernorm_weight_decay, c.fam == "qwen3_wd") << tag;
+    EXPECT_EQ(back_cfg.qk_layernorm, qk) << tag;
+    EXPECT_EQ(back_cfg.rmsnorm, !c.fam.starts_with("gpt")) << tag;
+    EXPECT_EQ(im.config.qk_layernorm_weight_decay, c.fam.ends_with("_wd")) << tag;
+    if (c.fam.starts_with("gpt_qk")) {  // the biases in the rank files, after the weights
+      const std::string f = rank0 + "/model_optim_rng.pt";
+      mg::MappedFile mf(f);
+      mg::TorchFile tf(mf.bytes(), f);
+      std::vector<std::string> keys;
+      for (const auto& [k, v] : tf.root()->get("model")->entries)
+        if (k->s.starts_with("decoder.layers.0.self_attention.")) keys.push_back(k->s);
+      const std::string a = "decoder.layers.0.self_attention.";
+      const auto at = std::find(keys.begin(), keys.end(), a + "q_layernorm.weight");
+      ASSERT_LE(at + 4, keys.end()) << tag;
+      EXPECT_EQ(at[1], a + "q_layernorm.bias") << tag;
+      EXPECT_EQ(at[2], a + "k_layernorm.weight") << tag;
+      EXPECT_EQ(at[3], a + "k_layernorm.bias") << tag;
+      EXPECT_EQ(at[-1].find(a + "linear_qkv."), 0u) << tag << " " << at[-1];
+    }
   }
 }
 

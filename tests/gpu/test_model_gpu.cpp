@@ -22,9 +22,11 @@ namespace model_gpu_test {
 constexpr int64_t kB = 2, kS = 80, kVocab = 120;
 
 // qkv_bias: Llama with --add-qkv-bias (Qwen2's q/k/v biases, no other linear bias).
-// qk_norm: Llama with --qk-layernorm (Qwen3's per-head q/k RMSNorm).
+// qk_norm: --qk-layernorm (Llama: Qwen3's per-head q/k RMSNorm; GPT: LayerNorm with biases).
 bool interleaved_rope = false;  // cfg's models use --rotary-interleaved (one test sets it)
 int64_t mtp_depths = 0;         // cfg's Llama models get MTP layers (the MTP tests set it)
+// cfg's models' --softmax-type (the attention-sink tests set it).
+TransformerConfig::SoftmaxType softmax_type = TransformerConfig::SoftmaxType::Vanilla;
 
 // mla: Llama with multi-latent attention (query/key heads 48 + 16 = 64 wide, so the
 // tensor-core kernels take them; values 32 wide, padded; latent norms; YaRN).
@@ -34,6 +36,7 @@ TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv
   c.num_layers = 2, c.kv_channels = 64, c.seq_length = kS, c.max_position_embeddings = 96;
   c.padded_vocab_size = 128, c.hidden_dropout = dropout, c.attention_dropout = dropout;
   c.seed = 5, c.init_method_std = 0.05, c.device = dev, c.dtype = dt;
+  c.softmax_type = softmax_type;
   if (llama) {
     c.hidden_size = 256, c.num_attention_heads = 4, c.num_query_groups = 2;
     c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
@@ -49,7 +52,9 @@ TransformerConfig cfg(bool llama, Device dev, DType dt, double dropout, bool qkv
     }
   } else {
     c.hidden_size = 128, c.num_attention_heads = 2, c.num_query_groups = 2;
-    c.ffn_hidden_size = 512;
+    // --qk-layernorm's LayerNorm form with RoPE, which gives the key norm's bias a gradient
+    // (learned positions alone: every score of a row shifted alike, a zero true gradient).
+    c.ffn_hidden_size = 512, c.qk_layernorm = qk_norm, c.rope = qk_norm;
   }
   return c;
 }
@@ -103,6 +108,7 @@ void compare_step(bool llama, DType dt, double dropout, double tol_logits, doubl
             qkv_bias || !llama);
   EXPECT_EQ(gm.params().has("decoder.layers.0.self_attention.q_layernorm.weight"),
             qk_norm || mla);
+  EXPECT_EQ(gm.params().has("decoder.layers.0.self_attention.k_layernorm.bias"), qk_norm && !llama);
   perturb(cm.params());
   sync_params(cm, gm);
   auto mb = batch(17);
@@ -194,6 +200,34 @@ TEST(GpuModel, LlamaQkNormF32MatchesCpu) {
 }
 TEST(GpuModel, LlamaQkNormBf16CloseToCpu) {
   compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2, false, true);
+}
+// --qk-layernorm with --normalization LayerNorm (a GPT model): the per-head q/k LayerNorm
+// kernels and their weight and bias gradients, f32 with dropout and bf16.
+TEST(GpuModel, GptQkLayerNormF32MatchesCpu) {
+  compare_step(false, DType::F32, 0.1, 1e-5, 1e-4, false, true);
+}
+TEST(GpuModel, GptQkLayerNormBf16CloseToCpu) {
+  compare_step(false, DType::BF16, 0.0, 3e-2, 8e-2, false, true);
+}
+
+// --softmax-type: the sinks joined after the flash / cuDNN attention (learnable: their
+// gradient too; off-by-one: zero logits made on the device at the first forward), f32 with
+// dropout and bf16.
+struct SoftmaxTypeFor {
+  explicit SoftmaxTypeFor(TransformerConfig::SoftmaxType t) { softmax_type = t; }
+  ~SoftmaxTypeFor() { softmax_type = TransformerConfig::SoftmaxType::Vanilla; }
+};
+TEST(GpuModel, LlamaLearnableSinksF32MatchCpu) {
+  SoftmaxTypeFor st(TransformerConfig::SoftmaxType::Learnable);
+  compare_step(true, DType::F32, 0.1, 1e-5, 1e-4);
+}
+TEST(GpuModel, LlamaLearnableSinksBf16CloseToCpu) {
+  SoftmaxTypeFor st(TransformerConfig::SoftmaxType::Learnable);
+  compare_step(true, DType::BF16, 0.0, 3e-2, 8e-2);
+}
+TEST(GpuModel, GptOffByOneSinksF32MatchCpu) {
+  SoftmaxTypeFor st(TransformerConfig::SoftmaxType::OffByOne);
+  compare_step(false, DType::F32, 0.1, 1e-5, 1e-4);
 }
 
 // --multi-latent-attention: the latent projections, the MLA packing kernels (YaRN) and the

@@ -269,6 +269,77 @@ TEST_P(GpuOp, QkNormBackwardBitwiseReproducible) {
   EXPECT_LE(rel_err(dk[0], dwk), tol(gt));
 }
 
+// --qk-layernorm with --normalization LayerNorm against the CPU op: HD 40 (lanes past the
+// head masked out of the mean and variance), 64 and 128; r = 1 and r = 4 (GQA); with and
+// without 1p; weights and biases in the activation dtype or f32. Forward out of place and in
+// place; backward in place, dwq, dbq, dwk, dbk accumulated in f32.
+TEST_P(GpuOp, QkLayerNormForwardBackward) {
+  const int64_t T = 37, NG = 2;
+  const DType gt = dt() == DType::F32 ? DType::F32 : DType::F16;  // for f32 gradients
+  for (int64_t HD : {40, 64, 128})
+    for (int64_t r : {1, 4})
+      for (bool one_plus : {false, true}) {
+        const int64_t W = NG * (r + 2) * HD;
+        const uint64_t seed = 500 + uint64_t(HD + 10 * r + one_plus);
+        const std::string what =
+            "HD=" + std::to_string(HD) + " r=" + std::to_string(r) + (one_plus ? " 1p" : "");
+        Tensor x = rand_in({T, W}, seed, dt(), -2.f, 3.f), wq = rand_in({HD}, seed + 1, dt()),
+               wk = rand_in({HD}, seed + 2, dt()), bq = rand_in({HD}, seed + 6, dt()),
+               bk = rand_in({HD}, seed + 7, dt());
+        Tensor y = Tensor::empty({T, W}, DType::F32);
+        cpu::qk_layernorm_forward(x, wq, bq, wk, bk, r, 1e-5, one_plus, y, CS());
+        const DType wt = one_plus ? DType::F32 : dt();
+        Tensor gx = to_gpu(x, dt()), gwq = to_gpu(wq, wt), gwk = to_gpu(wk, wt);
+        Tensor gbq = to_gpu(bq, wt), gbk = to_gpu(bk, wt);
+        Tensor gy = gpu_nan({T, W}, dt());
+        gpu::qk_layernorm_forward(gx, gwq, gbq, gwk, gbk, r, 1e-5, one_plus, gy, GS());
+        EXPECT_CLOSE(gy, y, dt()) << what;
+        Tensor gi = to_gpu(x, dt());
+        gpu::qk_layernorm_forward(gi, gwq, gbq, gwk, gbk, r, 1e-5, one_plus, gi, GS());
+        EXPECT_CLOSE(gi, y, dt()) << what << " in place";
+
+        Tensor dx = rand_in({T, W}, seed + 3, dt());  // dL/dy in, dL/dx out
+        Tensor dwq = rand_f32({HD}, seed + 4), dwk = rand_f32({HD}, seed + 5);
+        Tensor dbq = rand_f32({HD}, seed + 8), dbk = rand_f32({HD}, seed + 9);
+        Tensor gdx = to_gpu(dx, dt()), gdwq = to_gpu(dwq, DType::F32),
+               gdwk = to_gpu(dwk, DType::F32), gdbq = to_gpu(dbq, DType::F32),
+               gdbk = to_gpu(dbk, DType::F32);
+        gpu::qk_layernorm_backward(gx, gwq, gwk, r, 1e-5, one_plus, gdx, gdwq, gdbq, gdwk, gdbk,
+                                   GS());
+        cpu::qk_layernorm_backward(x, wq, wk, r, 1e-5, one_plus, dx, dwq, dbq, dwk, dbk, CS());
+        EXPECT_CLOSE(gdx, dx, dt()) << what;
+        EXPECT_CLOSE(gdwq, dwq, gt) << what;
+        EXPECT_CLOSE(gdwk, dwk, gt) << what;
+        EXPECT_CLOSE(gdbq, dbq, gt) << what;
+        EXPECT_CLOSE(gdbk, dbk, gt) << what;
+      }
+}
+
+// The LayerNorm form's four parameter gradients from per-block partial sums added in a fixed
+// order: two runs give the same bits.
+TEST_P(GpuOp, QkLayerNormBackwardBitwiseReproducible) {
+  const int64_t T = 4096, NG = 2, r = 4, HD = 128, W = NG * (r + 2) * HD;
+  Tensor x = rand_in({T, W}, 600, dt(), -2.f, 3.f), wq = rand_in({HD}, 601, dt()),
+         wk = rand_in({HD}, 602, dt()), dy = rand_in({T, W}, 603, dt());
+  Tensor gx = to_gpu(x, dt()), gwq = to_gpu(wq, dt()), gwk = to_gpu(wk, dt());
+  Tensor got[2][4];  // dwq, dbq, dwk, dbk
+  for (int run = 0; run < 2; ++run) {
+    Tensor gdx = to_gpu(dy, dt()), g[4];
+    for (auto& t : g) t = to_gpu(Tensor::zeros({HD}, DType::F32), DType::F32);
+    gpu::qk_layernorm_backward(gx, gwq, gwk, r, 1e-5, false, gdx, g[0], g[1], g[2], g[3], GS());
+    for (int p = 0; p < 4; ++p) got[run][p] = to_cpu(g[p]);
+  }
+  Tensor want[4];
+  for (auto& t : want) t = Tensor::zeros({HD}, DType::F32);
+  cpu::qk_layernorm_backward(x, wq, wk, r, 1e-5, false, dy, want[0], want[1], want[2], want[3],
+                             CS());
+  const DType gt = dt() == DType::F32 ? DType::F32 : DType::F16;
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_EQ(std::memcmp(got[0][p].raw(), got[1][p].raw(), HD * sizeof(float)), 0) << p;
+    EXPECT_LE(rel_err(got[0][p], want[p]), tol(gt)) << p;
+  }
+}
+
 // The shapes of the 16-byte-vector kernels: one warp a row (H = 768), then 2 to 16 warps a row
 // (H = 2048 to 12288; the largest stream in f32), row counts that leave the last row group of
 // a block partly empty, dx written and accumulated.

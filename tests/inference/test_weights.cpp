@@ -66,7 +66,7 @@ TEST(LoadModelWeights, RestoresTheExpertBias) {
   auto cfg = test::tiny_config(true, DType::F32);
   cfg.add_bias_linear = false;
   cfg.moe.num_experts = 4, cfg.moe.topk = 2, cfg.moe.ffn_hidden_size = 16;
-  cfg.moe.sigmoid = true, cfg.moe.expert_bias = true;
+  cfg.moe.score = model::TransformerConfig::Moe::Score::Sigmoid, cfg.moe.expert_bias = true;
   model::GPTModel saved(cfg);
   const std::string name = "decoder.layers.0.mlp.router.expert_bias";
   ASSERT_TRUE(saved.params().has_buffer(name));

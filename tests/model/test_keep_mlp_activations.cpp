@@ -141,7 +141,7 @@ TEST(KeepMlpActivations, MoeLayersTrainBitwiseAsRecomputing) {
         TransformerConfig c = model::test::tiny(llama, L, dropout);
         c.dtype = dt, c.add_bias_linear = false;  // MoE layers have no biases
         c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
-        c.moe.aux_loss_coeff = 1e-2;
+        c.moe.aux_loss_coeff = {1e-2};
         const Training ref = train(c);
         for (int64_t keep : {1, 3}) {
           SCOPED_TRACE(fmt::format("{} {} dropout {}, keep {}", llama ? "llama" : "gpt",
@@ -322,9 +322,14 @@ TEST(RecomputeModules, MoeTrainsBitwiseAsKeepingIt) {
           TransformerConfig c = model::test::tiny(llama, L, 0.1);
           c.dtype = DType::F64, c.add_bias_linear = false;
           c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
-          c.moe.aux_loss_coeff = 1e-2, c.moe.z_loss_coeff = 1e-3;
+          c.moe.aux_loss_coeff = {1e-2}, c.moe.z_loss_coeff = 1e-3;
           if (shared) c.moe.shared_ffn_hidden_size = 10, c.moe.shared_expert_gate = true;
           if (others) c.moe.capacity_factor = 1.0;  // tokens dropped, deterministically
+          // ... and global_aux_loss, whose running mean over the micro-batches a recomputed
+          // forward must not count twice (nor see a later micro-batch's counts).
+          using Bal = TransformerConfig::Moe::Balance;
+          if (others) c.moe.balance = {Bal::AuxLoss, Bal::GlobalAuxLoss};
+          if (others) c.moe.aux_loss_coeff = {1e-2, 3e-2};
           if (dense) c.moe.layer_pattern = {1, 0, 1};
           const int moe_layers = dense ? 2 : L;
           c.recompute = RC::Selective, c.recompute_core_attn = others;
@@ -336,7 +341,8 @@ TEST(RecomputeModules, MoeTrainsBitwiseAsKeepingIt) {
               if (auto* l = dynamic_cast<model::moe::MoeLayer*>(&b.layer(i).mlp())) {
                 const auto& s = l->stats();
                 v.insert(v.end(), s.tokens_per_expert.begin(), s.tokens_per_expert.end());
-                v.push_back(s.aux_loss), v.push_back(s.z_loss), v.push_back(double(s.forwards));
+                v.insert(v.end(), s.aux_loss.begin(), s.aux_loss.end());
+                v.push_back(s.z_loss), v.push_back(double(s.forwards));
               }
             return v;
           };
@@ -347,8 +353,8 @@ TEST(RecomputeModules, MoeTrainsBitwiseAsKeepingIt) {
           const Training t = train(c, [&](GPTModel& m) { rc_stats = stats(m); });
           expect_same_training(t, ref);
           EXPECT_EQ(rc_stats, ref_stats);
-          ASSERT_EQ(ref_stats.size(), size_t(moe_layers) * 7);
-          EXPECT_EQ(ref_stats[6], 6.0);  // 3 steps x 2 micro-batches, each counted once
+          ASSERT_EQ(ref_stats.size(), size_t(moe_layers) * 9);
+          EXPECT_EQ(ref_stats[8], 6.0);  // 3 steps x 2 micro-batches, each counted once
           // What one MoE layer saves (keeping its activation, the shared set's setting) is
           // what each layer keeps no more, and what the scratch holds once more.
           const model::StepContext d =

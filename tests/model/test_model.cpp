@@ -3,6 +3,7 @@
 // the micro-batch split, and parallel-invariant initialisation across TP layouts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/philox.h"
@@ -59,6 +60,35 @@ TransformerConfig tiny_mla(bool q_latent, double dropout) {
 TEST(ModelGrad, RotaryInterleavedFiniteDifferences) {
   TransformerConfig c = tiny(true, 2, 0.2);
   c.rotary_interleaved = true, c.qk_layernorm = true;
+  fd_check(c);
+}
+// --qk-layernorm with --normalization LayerNorm (a GPT model): per-head q/k LayerNorms with
+// a weight and a bias each (HD = 4, so centring and scaling both matter), named and ordered as
+// Megatron's q_layernorm / k_layernorm modules (weights ones, biases zeros, no decay; perturbed
+// before the check), against finite differences with dropout, with and without 1p. RoPE: it
+// gives the key norm's bias a gradient (without it the bias shifts every score of a row alike).
+TEST(ModelGrad, GptQkLayerNormFiniteDifferences) {
+  TransformerConfig c = tiny(false, 2, 0.2);
+  c.qk_layernorm = true, c.kv_channels = 4, c.rope = true;
+  {
+    GPTModel m(c);
+    std::vector<std::string> names;
+    for (const auto& p : m.params().infos()) names.push_back(p.name);
+    const std::string a = "decoder.layers.1.self_attention.";
+    const std::vector<std::string> want = {a + "q_layernorm.weight", a + "q_layernorm.bias",
+                                           a + "k_layernorm.weight", a + "k_layernorm.bias"};
+    const auto at = std::find(names.begin(), names.end(), want[0]);
+    ASSERT_LE(at + 4, names.end());
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(at[ptrdiff_t(i)], want[i]);
+      const auto& info = m.params().info(want[i]);
+      EXPECT_EQ(info.global_shape, (Shape{4}));
+      EXPECT_EQ(info.init, i % 2 ? model::Init::Zeros : model::Init::Ones);
+      EXPECT_FALSE(info.weight_decay);
+    }
+  }
+  fd_check(c);
+  c.zero_centered_gamma = true;
   fd_check(c);
 }
 // --position-embedding-type yarn: YaRN's frequencies across the ramp (original context 4

@@ -33,7 +33,7 @@ TransformerConfig tiny_relu2(bool llama, int layers, double dropout) {
 void add_moe(TransformerConfig& c, std::vector<int64_t> pattern, int64_t shared) {
   c.add_bias_linear = false;
   c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
-  c.moe.aux_loss_coeff = 0.05, c.moe.layer_pattern = std::move(pattern);
+  c.moe.aux_loss_coeff = {0.05}, c.moe.layer_pattern = std::move(pattern);
   c.moe.shared_ffn_hidden_size = shared;
 }
 
@@ -43,7 +43,7 @@ using model::test::random_batch;
 // The LM loss plus every MoE layer's aux loss: what backward differentiates.
 double total(GPTModel& m, const model::MicroBatch& mb, const model::StepKeys& k) {
   double f = m.forward(mb, k);
-  for (auto* l : test::moe_layers(m)) f += l->stats().last_aux_loss + l->stats().last_z_loss;
+  for (auto* l : test::moe_layers(m)) f += l->stats().last_aux_sum() + l->stats().last_z_loss;
   return f;
 }
 

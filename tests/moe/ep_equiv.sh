@@ -4,7 +4,8 @@
 # per-step lm loss and the final checkpoint against the serial run), then the log line's
 # other global values, which EP must also reproduce: the grad norm (expert gradients counted
 # once per EP rank; printed with 3 decimals, so within 1.5e-3) and the aux / z losses
-# (load_balancing_loss, seq_load_balancing_loss, z_loss: within 1e-5 relative).
+# (load_balancing_loss, seq_load_balancing_loss, global_load_balancing_loss, z_loss: within
+# 1e-5 relative).
 set -euo pipefail
 equiv=$1; shift
 "$equiv" parallel "$@"
@@ -12,7 +13,8 @@ work=$1 family=$2 name=$3
 ref=$work/$family/serial.log log=$work/$family/$name.log
 field() {  # field LOG NAME: "iteration value" per logged iteration
   grep -E 'iteration +[0-9]+/' "$1" | sed -nE "s/.*iteration +([0-9]+)\/.*\| $2: ([0-9.E+-]+) \|.*/\1 \2/p"; }
-for f in "grad norm" load_balancing_loss seq_load_balancing_loss z_loss; do
+for f in "grad norm" load_balancing_loss seq_load_balancing_loss global_load_balancing_loss \
+         z_loss; do
   n=$(field "$ref" "$f" | wc -l)
   [ "$n" -eq 0 ] && continue
   join <(field "$ref" "$f" | sort -k1,1) <(field "$log" "$f" | sort -k1,1) |

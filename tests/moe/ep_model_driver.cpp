@@ -51,16 +51,17 @@ TransformerConfig family(int f) {
   if (f == 0) {
     c.rope = c.rmsnorm = c.swiglu = true;
     c.moe.num_experts = 8, c.moe.topk = 2;
-    c.moe.aux_loss_coeff = 0.05, c.moe.z_loss_coeff = 0.01;
+    c.moe.aux_loss_coeff = {0.05}, c.moe.z_loss_coeff = 0.01;
     c.moe.shared_ffn_hidden_size = 8, c.moe.shared_expert_gate = true;
   } else if (f == 1) {
-    c.moe.num_experts = 8, c.moe.topk = 3, c.moe.sigmoid = true;
+    c.moe.num_experts = 8, c.moe.topk = 3;
+    c.moe.score = TransformerConfig::Moe::Score::Sigmoid;
     c.moe.num_groups = 4, c.moe.group_topk = 3, c.moe.topk_scaling_factor = 2.0;
-    c.moe.balance = TransformerConfig::Moe::Balance::SeqAuxLoss, c.moe.aux_loss_coeff = 0.05;
+    c.moe.balance = {TransformerConfig::Moe::Balance::SeqAuxLoss}, c.moe.aux_loss_coeff = {0.05};
     c.moe.layer_pattern = {0, 1};
   } else {
     c.moe.num_experts = 4, c.moe.topk = 1, c.moe.pre_softmax = true;
-    c.moe.aux_loss_coeff = 0.05;
+    c.moe.aux_loss_coeff = {0.05};
   }
   return c;
 }
@@ -88,7 +89,7 @@ Pass run(model::GPTModel& m, const model::MicroBatch& mb, const model::StepKeys&
   ps.zero_grads();
   Pass p;
   p.loss = m.forward(mb, k);
-  for (auto* l : moe_layers(m)) p.aux += l->stats().last_aux_loss, p.z += l->stats().last_z_loss;
+  for (auto* l : moe_layers(m)) p.aux += l->stats().last_aux_sum(), p.z += l->stats().last_z_loss;
   m.backward(1.0);
   for (size_t i = 0; i < ps.infos().size(); ++i) {
     const Tensor g = ps.grad(i);

@@ -76,12 +76,14 @@ struct MoeLayerRun {
   bool on_device = false;           // whether the routing ops routed it
 };
 
-// Layer 0 of c (c.device, c.dtype; c.cp_size ranks sharing the aux losses through cp) with
-// its parameters initialised from c.seed, or copied from `params` (a flat f64 host copy)
-// when given; input and output gradient drawn from `seed`, [S*B, H] rows.
+// Layer 0 of c (c.device, c.dtype; c.cp_size ranks sharing the aux losses through cp, and
+// global_aux_loss's DP x CP group dp_cp) with its parameters initialised from c.seed, or
+// copied from `params` (a flat f64 host copy) when given; input and output gradient drawn
+// from `seed`, [S*B, H] rows.
 inline MoeLayerRun run_moe_layer(const model::TransformerConfig& c, comm::Communicator* cp,
                                  model::moe::MoeLayer::RoutingPlace place, int64_t S, int64_t B,
-                                 uint64_t seed, const std::vector<double>* params = nullptr) {
+                                 uint64_t seed, const std::vector<double>* params = nullptr,
+                                 comm::Communicator* dp_cp = nullptr) {
   using model::moe::from_host;
   using model::moe::to_host;
   model::ParamStore store;
@@ -98,6 +100,7 @@ inline MoeLayerRun run_moe_layer(const model::TransformerConfig& c, comm::Commun
   store.zero_grads();
   model::moe::MoeLayer layer(c, 0, &store);
   layer.set_routing_place(place);
+  layer.set_global_aux_group(dp_cp);
   model::StepKeys keys;
   keys.iteration = 4;
   const model::StepContext cx = model::make_step_context(c, S, B, keys, nullptr, cp);
@@ -120,7 +123,7 @@ inline MoeLayerRun run_moe_layer(const model::TransformerConfig& c, comm::Commun
   out.y = to_host(y, st), out.dx = to_host(dx, st);
   out.grads = to_host(store.flat_grads(), st), out.params = to_host(store.flat_params(), st);
   out.tokens_per_expert = layer.stats().tokens_per_expert;
-  out.aux_loss = layer.stats().last_aux_loss, out.z_loss = layer.stats().last_z_loss;
+  out.aux_loss = layer.stats().last_aux_sum(), out.z_loss = layer.stats().last_z_loss;
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Mixture of experts on the CPU, against independent references:
 //   * the routing (every score function, group-limited top-k, scaling, capacity) against
-//     hand-computed values, and its backward (with the aux / seq-aux / z losses) against
-//     f64 central finite differences of the routed objective;
+//     hand-computed values, and its backward (with the aux / seq-aux / global-aux / z losses,
+//     alone and several at once) against f64 central finite differences of the routed
+//     objective;
 //   * the permute / unpermute ops against their definition (and each other's adjoint);
 //   * whole tiny MoE models (f64, dropout on) against finite differences of
 //     LM loss + aux losses: SwiGLU and GELU experts, shared experts with and without the
@@ -18,6 +19,7 @@
 
 #include "../inference/inference_test_util.h"
 #include "base/philox.h"
+#include "checkpoint/moe_metadata.h"
 #include "inference/generator.h"
 #include "model/gpt_model.h"
 #include "model/moe/moe_layer.h"
@@ -34,6 +36,7 @@ using model::TransformerConfig;
 namespace moe = model::moe;
 using test::moe_layers;
 using Balance = TransformerConfig::Moe::Balance;
+using Score = TransformerConfig::Moe::Score;
 
 namespace {
 
@@ -49,11 +52,12 @@ TransformerConfig::Moe moe_cfg(int64_t E, int64_t k) {
   return m;
 }
 
-// The routed objective the backward differentiates: sum_{t,j} w[t,j] p[t,j] + aux + z.
+// The routed objective the backward differentiates: sum_{t,j} w[t,j] p[t,j] + the aux losses
+// + z.
 double objective(const TransformerConfig::Moe& m, const std::vector<double>& l, int64_t T,
                  int64_t B, const std::vector<double>& w, const double* bias, int64_t blocks) {
   auto r = moe::route(m, l.data(), T, B, bias, blocks);
-  double f = r.aux_loss + r.z_loss;
+  double f = r.aux_loss + r.seq_aux_loss + r.global_aux_loss + r.z_loss;
   for (size_t i = 0; i < r.prob.size(); ++i) f += w[i] * r.prob[i];
   return f;
 }
@@ -106,7 +110,7 @@ TEST(MoeRouting, PreSoftmaxAndSigmoidValues) {
   auto r = moe::route(m, l.data(), 1, 1, nullptr);
   EXPECT_EQ(r.idx[0], 1);
   EXPECT_NEAR(r.prob[0], 0.6, 1e-15);  // no renormalisation
-  m.pre_softmax = false, m.sigmoid = true, m.topk = 2;
+  m.pre_softmax = false, m.score = Score::Sigmoid, m.topk = 2;
   r = moe::route(m, l.data(), 1, 1, nullptr);
   const double s1 = 1 / (1 + 1 / 3.0), s0 = 0.5;  // sigmoid(log 3) = 0.75
   EXPECT_EQ(r.idx[0], 1);
@@ -137,7 +141,7 @@ TEST(MoeRouting, GroupLimitedTopk) {
 TEST(MoeRouting, AuxLossFormula) {
   // aux = coeff * E / (k T^2) * sum_e c_e * sum_t s[t,e], by hand for T = 2, E = 2, k = 1.
   auto m = moe_cfg(2, 1);
-  m.pre_softmax = true, m.aux_loss_coeff = 0.1, m.z_loss_coeff = 0.01;
+  m.pre_softmax = true, m.aux_loss_coeff = {0.1}, m.z_loss_coeff = 0.01;
   std::vector<double> l = {0.0, std::log(3.0), std::log(4.0), 0.0};  // s = [.25 .75], [.8 .2]
   auto r = moe::route(m, l.data(), 2, 1, nullptr);
   const double c0 = 1, c1 = 1;  // token 0 -> expert 1, token 1 -> expert 0
@@ -145,6 +149,89 @@ TEST(MoeRouting, AuxLossFormula) {
   EXPECT_NEAR(r.aux_loss, expect, 1e-14);
   const double z0 = std::log(4.0), z1 = std::log(5.0);
   EXPECT_NEAR(r.z_loss, 0.01 * (z0 * z0 + z1 * z1) / 2, 1e-14);
+}
+
+// sqrtsoftplus: s = sqrt(softplus(l)) chosen and renormalised as sigmoid's scores, by hand;
+// softplus in its overflow-free form (l = +-800 give sqrt(800) and 0, not inf or NaN).
+TEST(MoeRouting, SqrtSoftplusValues) {
+  auto m = moe_cfg(3, 2);
+  m.score = Score::SqrtSoftplus, m.aux_loss_coeff = {0.1};
+  std::vector<double> l = {0.0, std::log(std::exp(2.0) - 1.0), -1.0};  // softplus: log 2, 2
+  auto r = moe::route(m, l.data(), 1, 1, nullptr);
+  const double s0 = std::sqrt(std::log(2.0)), s1 = std::sqrt(2.0);
+  const double s2 = std::sqrt(std::log(1.0 + std::exp(-1.0)));
+  ASSERT_EQ(r.idx[0], 1);
+  ASSERT_EQ(r.idx[1], 0);
+  EXPECT_NEAR(r.prob[0], s1 / (s1 + s0), 1e-15);
+  EXPECT_NEAR(r.prob[1], s0 / (s1 + s0), 1e-15);
+  // The aux scores: s normalised over all experts.
+  EXPECT_NEAR(r.aux_scores[2], s2 / (s0 + s1 + s2), 1e-15);
+  // The expert bias chooses, the unbiased scores weigh.
+  std::vector<double> bias = {0.0, 0.0, 1.0};
+  r = moe::route(m, l.data(), 1, 1, bias.data());
+  EXPECT_EQ(r.idx[0], 2);
+  EXPECT_NEAR(r.prob[0], s2 / (s2 + s1), 1e-15);
+  // Top-1: the score itself, not renormalised.
+  m.topk = 1;
+  r = moe::route(m, l.data(), 1, 1, nullptr);
+  EXPECT_NEAR(r.prob[0], s1, 1e-15);
+  // Far logits.
+  std::vector<double> far = {800.0, -800.0, 0.0};
+  m.topk = 2;
+  r = moe::route(m, far.data(), 1, 1, nullptr);
+  EXPECT_NEAR(r.prob[0], std::sqrt(800.0) / (std::sqrt(800.0) + s0), 1e-14);
+  EXPECT_EQ(r.aux_scores[1], 0.0);
+  std::vector<double> dl(3), dp = {1.0, -0.5};
+  moe::route_backward(m, r, far.data(), dp.data(), 1.0, 0, 1, 1, dl.data());
+  for (double g : dl) EXPECT_TRUE(std::isfinite(g));
+  EXPECT_EQ(dl[1], 0.0);  // d sqrt(softplus)/dl -> 0 where softplus underflows
+}
+
+// global_aux_loss's counts: the running mean over micro-batches of the counts summed over the
+// DP x CP group (AuxLossGroup::global; here a stand-in: two ranks with these tokens, after a
+// first micro-batch whose summed counts were `prior`), T the group's; by hand. Without the
+// group it is one rank's one micro-batch, which is aux_loss exactly (loss and gradient).
+TEST(MoeRouting, GlobalAuxLossRunningMeanByHand) {
+  const int64_t T = 10, E = 4, k = 2, B = 2;
+  auto m = moe_cfg(E, k);
+  m.balance = {Balance::GlobalAuxLoss}, m.aux_loss_coeff = {0.3};
+  const auto l = random_logits(T * E, 31);
+  const std::vector<double> prior = {7, 1, 9, 3};
+  moe::AuxLossGroup g;
+  g.global_ranks = 2;
+  g.global = [&](std::vector<double>& c) {
+    for (int64_t e = 0; e < E; ++e) c[size_t(e)] = (prior[size_t(e)] + 2 * c[size_t(e)]) / 2;
+  };
+  const auto r = moe::route(m, l.data(), T, B, nullptr, 1, g);
+  auto ma = m;
+  ma.balance = {Balance::AuxLoss};
+  const auto ra = moe::route(ma, l.data(), T, B, nullptr);  // aux_loss: this rank's counts
+  ASSERT_EQ(r.global_counts.size(), size_t(E));
+  double L = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const double mean = (prior[size_t(e)] + 2 * ra.aux_counts[size_t(e)]) / 2;
+    EXPECT_EQ(r.global_counts[size_t(e)], mean) << e;
+    for (int64_t t = 0; t < T; ++t) L += mean * ra.aux_scores[size_t(t * E + e)];
+  }
+  const double Tg = double(T * 2);
+  EXPECT_NEAR(r.global_aux_loss, 0.3 * double(E) / (double(k) * Tg * Tg) * L, 1e-15);
+  EXPECT_EQ(r.aux_loss, 0.0);
+  EXPECT_EQ(ra.global_aux_loss, 0.0);
+  // One micro-batch of one rank: global_aux_loss is aux_loss.
+  const auto r1 = moe::route(m, l.data(), T, B, nullptr);
+  EXPECT_EQ(r1.global_aux_loss, ra.aux_loss);
+  std::vector<double> dp(size_t(T * k)), d1(size_t(T * E)), da(size_t(T * E));
+  for (size_t i = 0; i < dp.size(); ++i) dp[i] = Philox::normal(4, 5, i);
+  moe::route_backward(m, r1, l.data(), dp.data(), 0.5, 0, T, B, d1.data());
+  moe::route_backward(ma, ra, l.data(), dp.data(), 0.5, 0, T, B, da.data());
+  EXPECT_EQ(d1, da);
+  // Evaluation counts nothing and has no global_aux_loss (Megatron: no aux loss without grad).
+  int calls = 0;
+  g.global = [&](std::vector<double>&) { ++calls; };
+  const auto re = moe::route(m, l.data(), T, B, nullptr, 1, g, /*training=*/false);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(re.global_aux_loss, 0.0);
+  EXPECT_TRUE(re.global_counts.empty());
 }
 
 TEST(MoeRouting, CapacityDropPolicies) {
@@ -250,7 +337,7 @@ TEST(MoeRouting, SinkhornReachesTheDoublyStochasticFixedPoint) {
 // expert 1, balancing the two. Weights: sigmoid of the chosen logit either way; per block.
 TEST(MoeRouting, SinkhornBalancesWhereTopkDoesNot) {
   auto m = moe_cfg(2, 1);
-  m.balance = Balance::Sinkhorn;
+  m.balance = {Balance::Sinkhorn};
   const int64_t T = 8;
   std::vector<double> l;
   for (int64_t t = 0; t < T; ++t) l.push_back(2.0 + 0.1 * double(t)), l.push_back(0.0);
@@ -269,7 +356,7 @@ TEST(MoeRouting, SinkhornBalancesWhereTopkDoesNot) {
   for (int64_t t = 0; t < T; ++t) EXPECT_EQ(b2.idx[size_t(t)], t % 4 < 2 ? 1 : 0) << t;
   // Top-2: softmax weights of the chosen experts, not renormalised.
   auto m2 = moe_cfg(4, 2);
-  m2.balance = Balance::Sinkhorn;
+  m2.balance = {Balance::Sinkhorn};
   const auto l4 = random_logits(6 * 4, 17);
   auto r2 = moe::route(m2, l4.data(), 6, 1, nullptr);
   for (int64_t t = 0; t < 6; ++t) {
@@ -285,46 +372,111 @@ TEST(MoeRouting, SinkhornBalancesWhereTopkDoesNot) {
 
 TEST(MoeRoutingGrad, SoftmaxWithAuxLoss) {
   auto m = moe_cfg(6, 2);
-  m.aux_loss_coeff = 0.3;
+  m.aux_loss_coeff = {0.3};
   routing_fd(m, 8, 2);
 }
 TEST(MoeRoutingGrad, PreSoftmaxTop1WithAuxAndZLoss) {
   auto m = moe_cfg(5, 1);
-  m.pre_softmax = true, m.aux_loss_coeff = 0.2, m.z_loss_coeff = 0.05;
+  m.pre_softmax = true, m.aux_loss_coeff = {0.2}, m.z_loss_coeff = 0.05;
   routing_fd(m, 6, 3);
 }
 TEST(MoeRoutingGrad, SigmoidScaledWithAuxAndZLoss) {
   auto m = moe_cfg(6, 3);
-  m.sigmoid = true, m.topk_scaling_factor = 2.5, m.aux_loss_coeff = 0.4, m.z_loss_coeff = 0.1;
+  m.score = Score::Sigmoid, m.topk_scaling_factor = 2.5, m.aux_loss_coeff = {0.4};
+  m.z_loss_coeff = 0.1;
   routing_fd(m, 8, 2);
 }
 TEST(MoeRoutingGrad, SigmoidTop1) {
   auto m = moe_cfg(4, 1);
-  m.sigmoid = true, m.aux_loss_coeff = 0.1;
+  m.score = Score::Sigmoid, m.aux_loss_coeff = {0.1};
   routing_fd(m, 6, 2);
 }
 TEST(MoeRoutingGrad, SigmoidExpertBiasGroupLimited) {
   auto m = moe_cfg(8, 4);
-  m.sigmoid = true, m.num_groups = 4, m.group_topk = 2, m.expert_bias = true;
-  m.aux_loss_coeff = 0.2;
+  m.score = Score::Sigmoid, m.num_groups = 4, m.group_topk = 2, m.expert_bias = true;
+  m.aux_loss_coeff = {0.2};
   std::vector<double> bias = {0.3, -0.2, 0.0, 0.1, -0.4, 0.2, 0.0, 0.05};
   routing_fd(m, 6, 2, &bias);
 }
 TEST(MoeRoutingGrad, SeqAuxLoss) {
   auto m = moe_cfg(4, 2);
-  m.balance = Balance::SeqAuxLoss, m.aux_loss_coeff = 0.5;
+  m.balance = {Balance::SeqAuxLoss}, m.aux_loss_coeff = {0.5};
   routing_fd(m, 12, 3);
 }
 TEST(MoeRoutingGrad, SinkhornTop2WithZLossAndTop1) {
   auto m = moe_cfg(6, 2);
-  m.balance = Balance::Sinkhorn, m.z_loss_coeff = 0.1;
+  m.balance = {Balance::Sinkhorn}, m.z_loss_coeff = 0.1;
   routing_fd(m, 8, 2);
   m.topk = 1;
   routing_fd(m, 8, 2, nullptr, 2);
 }
+TEST(MoeRoutingGrad, SqrtSoftplusScaledWithAuxAndZLoss) {
+  auto m = moe_cfg(6, 3);
+  m.score = Score::SqrtSoftplus, m.topk_scaling_factor = 2.5, m.aux_loss_coeff = {0.4};
+  m.z_loss_coeff = 0.1;
+  routing_fd(m, 8, 2);
+}
+TEST(MoeRoutingGrad, SqrtSoftplusTop1WithSeqAuxLoss) {
+  auto m = moe_cfg(4, 1);
+  m.score = Score::SqrtSoftplus, m.balance = {Balance::SeqAuxLoss}, m.aux_loss_coeff = {0.3};
+  routing_fd(m, 6, 2);
+}
+TEST(MoeRoutingGrad, SqrtSoftplusExpertBiasGroupLimited) {
+  auto m = moe_cfg(8, 4);
+  m.score = Score::SqrtSoftplus, m.num_groups = 4, m.group_topk = 2, m.expert_bias = true;
+  m.aux_loss_coeff = {0.2};
+  std::vector<double> bias = {0.3, -0.2, 0.0, 0.1, -0.4, 0.2, 0.0, 0.05};
+  routing_fd(m, 6, 2, &bias);
+  m.topk = 2, m.group_topk = 1;  // k = 2: one group's top two
+  routing_fd(m, 6, 2, &bias);
+}
+// Several load-balancing types at once (Megatron's lists): every score function by finite
+// differences, and the gradient is the sum of each type's alone (the routing's own part
+// counted once: d(loss)/d(prob) given to one of them).
+TEST(MoeRoutingGrad, EveryAuxLossTypeAtOnceIsTheSumOfEachAlone) {
+  const int64_t T = 12, B = 3, E = 6, k = 2;
+  for (Score sc : {Score::Softmax, Score::Sigmoid, Score::SqrtSoftplus}) {
+    SCOPED_TRACE(int(sc));
+    auto m = moe_cfg(E, k);
+    m.score = sc, m.z_loss_coeff = 0.05;
+    m.balance = {Balance::AuxLoss, Balance::SeqAuxLoss, Balance::GlobalAuxLoss, Balance::None};
+    m.aux_loss_coeff = {0.2, 0.3, 0.7, 0.9};  // none's coefficient means nothing
+    routing_fd(m, T, B);
+    const auto l = random_logits(T * E, 77);
+    std::vector<double> dp(size_t(T * k)), zero(size_t(T * k), 0.0);
+    for (size_t i = 0; i < dp.size(); ++i) dp[i] = Philox::normal(6, 1, i);
+    auto grad = [&](const TransformerConfig::Moe& mm, const std::vector<double>& w,
+                    double* loss) {
+      const auto r = moe::route(mm, l.data(), T, B, nullptr);
+      if (loss) *loss = r.aux_loss + r.seq_aux_loss + r.global_aux_loss;
+      std::vector<double> g(size_t(T * E));
+      moe::route_backward(mm, r, l.data(), w.data(), 0.25, 2, T - 1, B, g.data());
+      return g;
+    };
+    double all_loss = 0, one = 0, sum_loss = 0;
+    const auto all = grad(m, dp, &all_loss);
+    std::vector<double> sum(size_t(T * E), 0.0);
+    const Balance types[3] = {Balance::AuxLoss, Balance::SeqAuxLoss, Balance::GlobalAuxLoss};
+    for (int i = 0; i < 3; ++i) {
+      auto mi = m;
+      mi.balance = {types[i]}, mi.aux_loss_coeff = {m.aux_loss_coeff[size_t(i)]};
+      mi.z_loss_coeff = i == 0 ? m.z_loss_coeff : 0.0;
+      const auto g = grad(mi, i == 0 ? dp : zero, &one);
+      EXPECT_GT(one, 0.0) << i;
+      sum_loss += one;
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
+    }
+    EXPECT_NEAR(all_loss, sum_loss, 1e-15 * sum_loss);
+    double worst = 0, mag = 0;
+    for (size_t j = 0; j < sum.size(); ++j)
+      worst = std::max(worst, std::abs(all[j] - sum[j])), mag = std::max(mag, std::abs(sum[j]));
+    EXPECT_GT(mag, 1e-3);
+    EXPECT_LE(worst, 1e-14 * mag);
+  }
+}
 TEST(MoeRoutingGrad, CapacityDroppingAndPadding) {
   auto m = moe_cfg(4, 2);
-  m.capacity_factor = 0.75, m.aux_loss_coeff = 0.1;
+  m.capacity_factor = 0.75, m.aux_loss_coeff = {0.1};
   routing_fd(m, 8, 2);
   m.pad_to_capacity = true, m.drop_by_position = true;
   routing_fd(m, 8, 2, nullptr, 2);
@@ -487,7 +639,7 @@ TransformerConfig tiny_moe(bool swiglu, int layers, double dropout) {
   c.init_method_std = 0.3, c.num_query_groups = 2, c.ffn_hidden_size = 12;
   c.rope = swiglu, c.rmsnorm = swiglu, c.swiglu = swiglu, c.add_bias_linear = false;
   c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn_hidden_size = 6;
-  c.moe.aux_loss_coeff = 0.05, c.moe.z_loss_coeff = 0.01;
+  c.moe.aux_loss_coeff = {0.05}, c.moe.z_loss_coeff = 0.01;
   return c;
 }
 
@@ -507,7 +659,7 @@ model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
 // LM loss (sum of masked token losses) + every MoE layer's aux and z losses.
 double total(model::GPTModel& m, const model::MicroBatch& mb, const model::StepKeys& k) {
   double f = m.forward(mb, k);
-  for (auto* l : moe_layers(m)) f += l->stats().last_aux_loss + l->stats().last_z_loss;
+  for (auto* l : moe_layers(m)) f += l->stats().last_aux_sum() + l->stats().last_z_loss;
   return f;
 }
 
@@ -560,14 +712,25 @@ TEST(MoeModelGrad, SharedExpertsWithAndWithoutGateInterleavedLayers) {
   c.moe.layer_pattern = {0, 1};  // a dense layer, then a MoE layer
   c.moe.shared_ffn_hidden_size = 10;
   model_fd(c);
-  c.moe.shared_expert_gate = true, c.moe.sigmoid = true, c.moe.topk = 3;
-  c.moe.balance = Balance::SeqAuxLoss, c.moe.topk_scaling_factor = 1.5;
+  c.moe.shared_expert_gate = true, c.moe.score = Score::Sigmoid, c.moe.topk = 3;
+  c.moe.balance = {Balance::SeqAuxLoss}, c.moe.topk_scaling_factor = 1.5;
   model_fd(c);
+}
+
+// sqrtsoftplus with the expert bias and every aux-loss type at once in a whole model.
+TEST(MoeModelGrad, SqrtSoftplusExpertBiasAndEveryAuxLossType) {
+  auto c = tiny_moe(true, 2, 0.2);
+  c.moe.score = Score::SqrtSoftplus, c.moe.expert_bias = true, c.moe.topk = 3;
+  c.moe.balance = {Balance::AuxLoss, Balance::SeqAuxLoss, Balance::GlobalAuxLoss};
+  c.moe.aux_loss_coeff = {0.05, 0.1, 0.2};
+  model_fd(c, [](model::GPTModel& m) {
+    for (auto* l : moe_layers(m)) l->router().set_expert_bias({0.1, -0.2, 0.0, 0.3});
+  });
 }
 
 TEST(MoeModelGrad, SinkhornRoutingTop2AndTop1) {
   auto c = tiny_moe(true, 2, 0.2);
-  c.moe.balance = Balance::Sinkhorn, c.moe.aux_loss_coeff = 0;
+  c.moe.balance = {Balance::Sinkhorn}, c.moe.aux_loss_coeff = {0};
   model_fd(c);
   c.moe.topk = 1;
   model_fd(c);
@@ -621,7 +784,7 @@ TEST(MoeModelGrad, AllTokensToOneExpertOthersReceiveNothing) {
   // Sigmoid routing, k 1, an expert bias that sends every token to expert 2: experts 0, 1
   // and 3 get zero rows (no GEMM), and their gradients stay exactly zero.
   auto c = tiny_moe(true, 1, 0.1);
-  c.moe.sigmoid = true, c.moe.topk = 1, c.moe.expert_bias = true;
+  c.moe.score = Score::Sigmoid, c.moe.topk = 1, c.moe.expert_bias = true;
   model_fd(c, [&](model::GPTModel& m) {
     moe_layers(m).front()->router().set_expert_bias({0.0, 0.0, 100.0, 0.0});
   });
@@ -780,13 +943,51 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
                             "--moe-expert-capacity-factor", "1.5"})
                 .find("not sinkhorn"),
             std::string::npos);
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type",
+                            "global_aux_loss", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+                            "1e-3"}),
+            "");
   EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-router-load-balancing-type",
-                            "global_aux_loss"})
-                .find("global_aux_loss is not implemented yet"),
+                            "quantile_balancing"})
+                .find("quantile_balancing is not implemented yet"),
             std::string::npos);
   EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-layer-freq", "[1,1,1]"})
                 .find("--moe-layer-freq"),
             std::string::npos);
+}
+
+// Checkpoint metadata: the score function by name and the load-balancing lists round-trip;
+// metadata written before them (one "balance" number, one "aux_loss_coeff", "sigmoid" as a
+// bool) loads as one-entry lists; a list of another length or an unknown type is an error.
+TEST(MoeCheckpointMetadata, ListsRoundTripAndSingleFieldsStillLoad) {
+  auto m = moe_cfg(8, 2);
+  m.score = Score::SqrtSoftplus;
+  m.balance = {Balance::SeqAuxLoss, Balance::GlobalAuxLoss, Balance::AuxLoss};
+  m.aux_loss_coeff = {1e-3, 2e-2, 0.0};
+  const nlohmann::json j = checkpoint::moe_config_json(m);
+  const auto back = checkpoint::moe_config_from_json(j);
+  EXPECT_EQ(back.score, Score::SqrtSoftplus);
+  EXPECT_EQ(back.balance, m.balance);
+  EXPECT_EQ(back.aux_loss_coeff, m.aux_loss_coeff);
+  EXPECT_EQ(back.coeff(Balance::GlobalAuxLoss), 2e-2);
+  // Written before the lists: sigmoid, seq_aux_loss (number 2) with 0.05.
+  nlohmann::json old = j;
+  old.erase("score_function"), old.erase("balance_types"), old.erase("aux_loss_coeffs");
+  old["sigmoid"] = true, old["balance"] = 2, old["aux_loss_coeff"] = 0.05;
+  const auto o = checkpoint::moe_config_from_json(old);
+  EXPECT_EQ(o.score, Score::Sigmoid);
+  EXPECT_EQ(o.balance, std::vector<Balance>{Balance::SeqAuxLoss});
+  EXPECT_EQ(o.aux_loss_coeff, std::vector<double>{0.05});
+  old["sigmoid"] = false, old["balance"] = 3;
+  const auto sk = checkpoint::moe_config_from_json(old);
+  EXPECT_EQ(sk.score, Score::Softmax);
+  EXPECT_TRUE(sk.sinkhorn());
+  nlohmann::json bad = j;
+  bad["aux_loss_coeffs"] = {1e-3};
+  EXPECT_THROW(checkpoint::moe_config_from_json(bad), Error);
+  bad = j;
+  bad["balance_types"] = {2, 9, 1};
+  EXPECT_THROW(checkpoint::moe_config_from_json(bad), Error);
 }
 
 TEST(MoeFlags, FlopsCountRoutedAndSharedExperts) {
@@ -847,7 +1048,7 @@ TEST(MoeModel, GenerationMatchesFullForwardMixedDenseAndMoeLayers) {
   auto cfg = test::tiny_config(true, DType::F64);
   cfg.add_bias_linear = false;
   cfg.moe.num_experts = 4, cfg.moe.topk = 2, cfg.moe.ffn_hidden_size = 16;
-  cfg.moe.sigmoid = true, cfg.moe.expert_bias = true, cfg.moe.layer_pattern = {1, 0};
+  cfg.moe.score = Score::Sigmoid, cfg.moe.expert_bias = true, cfg.moe.layer_pattern = {1, 0};
   cfg.moe.shared_ffn_hidden_size = 16, cfg.moe.shared_expert_gate = true;
   model::GPTModel m(cfg);
   moe_layers(m).front()->router().set_expert_bias({0.1, -0.2, 0.0, 0.3});

@@ -195,7 +195,7 @@ struct RouteCase {
 std::vector<RouteCase> route_cases() {
   auto base = [](int64_t E, int64_t k) {
     TransformerConfig::Moe m;
-    m.num_experts = E, m.topk = k, m.ffn_hidden_size = 4, m.aux_loss_coeff = 1e-2;
+    m.num_experts = E, m.topk = k, m.ffn_hidden_size = 4, m.aux_loss_coeff = {1e-2};
     m.z_loss_coeff = 1e-3;
     return m;
   };
@@ -203,12 +203,28 @@ std::vector<RouteCase> route_cases() {
   v.push_back({"mixtral_softmax_top2", base(8, 2), false});
   v.push_back({"pre_softmax_scaled_seq_aux", base(16, 4), false});
   v.back().m.pre_softmax = true, v.back().m.topk_scaling_factor = 2.5;
-  v.back().m.balance = TransformerConfig::Moe::Balance::SeqAuxLoss, v.back().cp = 2;
+  v.back().m.balance = {TransformerConfig::Moe::Balance::SeqAuxLoss}, v.back().cp = 2;
   v.push_back({"deepseek_sigmoid_bias_groups", base(32, 6), true});
-  v.back().m.sigmoid = true, v.back().m.num_groups = 8, v.back().m.group_topk = 3;
+  v.back().m.score = TransformerConfig::Moe::Score::Sigmoid;
+  v.back().m.num_groups = 8, v.back().m.group_topk = 3;
   v.back().m.topk_scaling_factor = 2.0, v.back().cp = 2;
   v.push_back({"sigmoid_top1_no_balance", base(64, 1), true});
-  v.back().m.sigmoid = true, v.back().m.balance = TransformerConfig::Moe::Balance::None;
+  v.back().m.score = TransformerConfig::Moe::Score::Sigmoid;
+  v.back().m.balance = {TransformerConfig::Moe::Balance::None};
+  // sqrtsoftplus, and every aux loss at once (global_aux_loss's counts over a DP x CP group
+  // of cp ranks with the same tokens).
+  using Bal = TransformerConfig::Moe::Balance;
+  v.push_back({"sqrtsoftplus_bias_groups_every_aux", base(32, 6), true});
+  v.back().m.score = TransformerConfig::Moe::Score::SqrtSoftplus;
+  v.back().m.num_groups = 8, v.back().m.group_topk = 3, v.back().cp = 2;
+  v.back().m.balance = {Bal::AuxLoss, Bal::SeqAuxLoss, Bal::GlobalAuxLoss};
+  v.back().m.aux_loss_coeff = {1e-2, 2e-2, 3e-2};
+  v.push_back({"sqrtsoftplus_top1_global_aux", base(16, 1), false});
+  v.back().m.score = TransformerConfig::Moe::Score::SqrtSoftplus;
+  v.back().m.balance = {Bal::GlobalAuxLoss};
+  v.push_back({"softmax_seq_and_global_aux", base(8, 2), false});
+  v.back().m.balance = {Bal::SeqAuxLoss, Bal::GlobalAuxLoss}, v.back().cp = 2;
+  v.back().m.aux_loss_coeff = {1e-2, 2e-2};
   return v;
 }
 
@@ -276,7 +292,7 @@ TEST_P(GpuMoeRoute, MatchesCpuOps) {
     SCOPED_TRACE(c.name);
     const int64_t E = c.m.num_experts, k = c.m.topk, N = T * k;
     const ops::MoeRouteSpec spec = model::moe::route_spec(c.m);
-    const int64_t G = spec.seq_aux ? B : 1;
+    const int64_t R = ops::moe_aux_rows(spec, B);
     // Logits in dt (bf16: many exact ties), the CPU op on the same values in f32.
     Tensor l = rand_in({T, E}, 21, dt, -3.f, 3.f), gl = to_gpu(l, dt);
     Tensor bias = rand_f32({E}, 22, 0.f, 0.5f), gbias = to_gpu(bias, DType::F32);
@@ -297,11 +313,12 @@ TEST_P(GpuMoeRoute, MatchesCpuOps) {
     gpu::moe_gather(gprob, grs, gpr, GS());
     EXPECT_LE(rel_err(to_cpu(gpr), pr), 1e-6);
 
-    Tensor ac = Tensor::empty({G * E}, DType::F32), ls = Tensor::empty({2}, DType::F32);
-    Tensor gac = gpu_nan({G * E}, DType::F32), gls = gpu_nan({2}, DType::F32);
-    ops::MoeRouteSpec cspec = spec;  // the CP group's token count
-    cspec.cp = c.cp;
-    if (spec.aux) {
+    const int64_t Rn = std::max<int64_t>(R, 1);
+    Tensor ac = Tensor::empty({Rn * E}, DType::F32), ls = Tensor::empty({4}, DType::F32);
+    Tensor gac = gpu_nan({Rn * E}, DType::F32), gls = gpu_nan({4}, DType::F32);
+    ops::MoeRouteSpec cspec = spec;  // the CP (and DP x CP) group's token count
+    cspec.cp = c.cp, cspec.global_ranks = c.cp;
+    if (spec.any_aux()) {
       cpu::moe_route_counts(l, cspec, B, ac, CS());
       gpu::moe_route_counts(gl, cspec, B, gac, GS());
       EXPECT_EQ(rel_err(to_cpu(gac), ac), 0.0) << "aux counts";
@@ -313,7 +330,8 @@ TEST_P(GpuMoeRoute, MatchesCpuOps) {
     }
     cpu::moe_route_stats(l, ac, cspec, B, ls, CS());
     gpu::moe_route_stats(gl, gac, cspec, B, gls, GS());
-    if (spec.aux) EXPECT_GT(ls.data<float>()[0], 0.f);
+    const bool on[4] = {spec.aux, spec.seq_aux, spec.global_aux, spec.z};
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(ls.data<float>()[i] > 0.f, on[i]) << "loss " << i;
     EXPECT_LE(rel_err(to_cpu(gls), ls), 1e-5) << "losses";
 
     Tensor dp = rand_f32({T, k}, 23), gdp = to_gpu(dp, DType::F32);
@@ -338,7 +356,7 @@ TransformerConfig moe_cfg(Device dev, DType dt) {
   c.ffn_hidden_size = 256, c.rope = true, c.rmsnorm = true, c.swiglu = true;
   c.tie_embeddings = false, c.add_bias_linear = false;
   c.moe.num_experts = 8, c.moe.topk = 2, c.moe.ffn_hidden_size = 64;
-  c.moe.aux_loss_coeff = 1e-2, c.moe.z_loss_coeff = 1e-3;
+  c.moe.aux_loss_coeff = {1e-2}, c.moe.z_loss_coeff = 1e-3;
   c.moe.shared_ffn_hidden_size = 96, c.moe.shared_expert_gate = true;
   c.moe.layer_pattern = {1, 1};
   return c;
@@ -364,9 +382,10 @@ model::MicroBatch batch(uint64_t seed, int64_t B, int64_t S) {
 TransformerConfig sigmoid_cfg(Device dev, DType dt) {
   TransformerConfig c = moe_cfg(dev, dt);
   c.swiglu = false;
-  c.moe.num_experts = 16, c.moe.topk = 4, c.moe.sigmoid = true, c.moe.expert_bias = true;
+  c.moe.num_experts = 16, c.moe.topk = 4, c.moe.expert_bias = true;
+  c.moe.score = TransformerConfig::Moe::Score::Sigmoid;
   c.moe.num_groups = 4, c.moe.group_topk = 2, c.moe.topk_scaling_factor = 2.0;
-  c.moe.balance = TransformerConfig::Moe::Balance::SeqAuxLoss;
+  c.moe.balance = {TransformerConfig::Moe::Balance::SeqAuxLoss};
   c.moe.shared_ffn_hidden_size = 0, c.moe.shared_expert_gate = false;
   return c;
 }
@@ -398,8 +417,8 @@ void f32_matches_cpu(const TransformerConfig& ccfg, const TransformerConfig& gcf
   for (size_t i = 0; i < cl.size(); ++i) {
     gl[i]->sync_stats();
     EXPECT_EQ(gl[i]->stats().tokens_per_expert, cl[i]->stats().tokens_per_expert) << i;
-    EXPECT_NEAR(gl[i]->stats().last_aux_loss, cl[i]->stats().last_aux_loss,
-                1e-5 * cl[i]->stats().last_aux_loss) << i;
+    EXPECT_NEAR(gl[i]->stats().last_aux_sum(), cl[i]->stats().last_aux_sum(),
+                1e-5 * cl[i]->stats().last_aux_sum()) << i;
     EXPECT_NEAR(gl[i]->stats().last_z_loss, cl[i]->stats().last_z_loss,
                 1e-5 * cl[i]->stats().last_z_loss) << i;
   }
@@ -429,7 +448,7 @@ TEST(GpuMoeModel, F32SinkhornMatchesCpu) {
   for (int64_t k : {2, 1}) {
     auto cc = moe_cfg(Device::CPU, DType::F32), gc = moe_cfg(Device::CUDA, DType::F32);
     for (auto* c : {&cc, &gc})
-      c->moe.balance = TransformerConfig::Moe::Balance::Sinkhorn, c->moe.aux_loss_coeff = 0,
+      c->moe.balance = {TransformerConfig::Moe::Balance::Sinkhorn}, c->moe.aux_loss_coeff = {0},
       c->moe.topk = k;
     f32_matches_cpu(cc, gc, k == 2 ? "sinkhorn top-2" : "sinkhorn top-1", false);
   }
@@ -696,23 +715,34 @@ TEST(GpuMoeRouteIndex, CapacityAndPaddingMatchCpuOps) {
 // tests/moe/moe_layer_harness.h) routes with the routing ops, sums the aux counts over the
 // group once (on the device), and gives the CPU layer's host routing in the same group: the
 // output, the input and parameter gradients, the expert-bias counts and the aux / z losses.
+// The third variant: sqrtsoftplus with every aux loss at once, global_aux_loss's counts
+// summed over a DP x CP stand-in group of two as well (one more all-reduce, on the device).
 TEST(GpuMoeLayer, ContextParallelOnTheDeviceMatchesCpuHostRouting) {
   MCPP_REQUIRE_GPU();
-  for (bool capacity : {false, true}) {
-    SCOPED_TRACE(capacity ? "capacity" : "dropless");
+  for (int variant : {0, 1, 2}) {
+    const bool capacity = variant == 1, every = variant == 2;
+    SCOPED_TRACE(capacity ? "capacity" : every ? "sqrtsoftplus, every aux loss" : "dropless");
     auto cc = moe_cfg(Device::CPU, DType::F32), gc = moe_cfg(Device::CUDA, DType::F32);
+    using Bal = TransformerConfig::Moe::Balance;
     for (auto* c : {&cc, &gc}) {
       c->cp_size = 2, c->moe.shared_ffn_hidden_size = 0, c->moe.shared_expert_gate = false;
       if (capacity) c->moe.capacity_factor = 1.0, c->moe.pad_to_capacity = true;
-      else c->moe.balance = TransformerConfig::Moe::Balance::SeqAuxLoss;
+      else c->moe.balance = {Bal::SeqAuxLoss};
+      if (every) {
+        c->moe.score = TransformerConfig::Moe::Score::SqrtSoftplus;
+        c->moe.balance = {Bal::AuxLoss, Bal::SeqAuxLoss, Bal::GlobalAuxLoss};
+        c->moe.aux_loss_coeff = {1e-2, 2e-2, 3e-2};
+      }
     }
     using Place = model::moe::MoeLayer::RoutingPlace;
-    MirrorCommunicator ccp, gcp;
-    const MoeLayerRun h = run_moe_layer(cc, &ccp, Place::Host, 32, 2, 7);
-    const MoeLayerRun d = run_moe_layer(gc, &gcp, Place::Auto, 32, 2, 7, &h.params);
+    MirrorCommunicator ccp, gcp, cdp, gdp;
+    const MoeLayerRun h = run_moe_layer(cc, &ccp, Place::Host, 32, 2, 7, nullptr, &cdp);
+    const MoeLayerRun d = run_moe_layer(gc, &gcp, Place::Auto, 32, 2, 7, &h.params, &gdp);
     EXPECT_TRUE(d.on_device);
     EXPECT_EQ(ccp.all_reduces, 1);
     EXPECT_EQ(gcp.all_reduces, 1);
+    EXPECT_EQ(cdp.all_reduces, every ? 1 : 0);
+    EXPECT_EQ(gdp.all_reduces, every ? 1 : 0);
     auto close = [](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
       ASSERT_EQ(a.size(), b.size()) << what;
       double num = 0, den = 0;

@@ -88,6 +88,69 @@ TEST(QkNorm, GradientsMatchFiniteDifferences) {
   }
 }
 
+// --qk-layernorm with --normalization LayerNorm: the same layout, LayerNorm with a bias per
+// head. Forward against a direct f64 computation (value heads passed through, in place the
+// same bits); gradients (+= into dwq, dbq, dwk, dbk) against central differences, with and
+// without 1p (gamma = 1 + w).
+TEST(QkLayerNorm, MatchesDirectComputationAndFiniteDifferences) {
+  const int64_t T = 3, NG = 2, r = 2, HD = 5, W = NG * (r + 2) * HD;
+  const double eps = 1e-5;
+  for (bool one_plus : {false, true}) {
+    // An offset on x: the mean subtraction matters.
+    Tensor x = randn({T, W}, 21, 1.5), wq = randn({HD}, 22), wk = randn({HD}, 23);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] += 0.7;
+    Tensor bq = randn({HD}, 24), bk = randn({HD}, 25);
+    Tensor rr = randn({T, W}, 26), y = Tensor::empty({T, W}, DType::F64);
+    auto L = [&] {
+      cpu::qk_layernorm_forward(x, wq, bq, wk, bk, r, eps, one_plus, y, S());
+      return dot(rr, y);
+    };
+    L();
+    const double one = one_plus ? 1.0 : 0.0;
+    for (int64_t row = 0; row < T * NG * (r + 2); ++row) {
+      const int64_t j = row % (r + 2);
+      const double* xr = x.data<double>() + row * HD;
+      const double* yr = y.data<double>() + row * HD;
+      if (j == r + 1) {  // the value head: y = x
+        for (int64_t d = 0; d < HD; ++d) EXPECT_EQ(yr[d], xr[d]);
+        continue;
+      }
+      const double* w = (j < r ? wq : wk).data<double>();
+      const double* b = (j < r ? bq : bk).data<double>();
+      double m = 0, v = 0;
+      for (int64_t d = 0; d < HD; ++d) m += xr[d] / double(HD);
+      for (int64_t d = 0; d < HD; ++d) v += (xr[d] - m) * (xr[d] - m) / double(HD);
+      for (int64_t d = 0; d < HD; ++d)
+        EXPECT_NEAR(yr[d], (xr[d] - m) / std::sqrt(v + eps) * (w[d] + one) + b[d], 1e-12)
+            << "row " << row << " d " << d << " 1p " << one_plus;
+    }
+    Tensor in_place = x.clone();
+    cpu::qk_layernorm_forward(in_place, wq, bq, wk, bk, r, eps, one_plus, in_place, S());
+    EXPECT_EQ(max_abs_diff(in_place, y), 0.0);
+    Tensor dwq0 = randn({HD}, 27), dwk0 = randn({HD}, 28);
+    Tensor dbq0 = randn({HD}, 29), dbk0 = randn({HD}, 30);
+    Tensor dx = rr.clone(), dwq = dwq0.clone(), dwk = dwk0.clone();
+    Tensor dbq = dbq0.clone(), dbk = dbk0.clone();
+    cpu::qk_layernorm_backward(x, wq, wk, r, eps, one_plus, dx, dwq, dbq, dwk, dbk, S());
+    Tensor gx = numeric_grad(x, L), gwq = numeric_grad(wq, L), gwk = numeric_grad(wk, L);
+    Tensor gbq = numeric_grad(bq, L), gbk = numeric_grad(bk, L);
+    EXPECT_LT(rel_err(dx, gx), kGradTol) << one_plus;
+    EXPECT_LT(rel_err(dwq, plus(dwq0, gwq)), kGradTol) << one_plus;
+    EXPECT_LT(rel_err(dwk, plus(dwk0, gwk)), kGradTol) << one_plus;
+    EXPECT_LT(rel_err(dbq, plus(dbq0, gbq)), kGradTol) << one_plus;
+    EXPECT_LT(rel_err(dbk, plus(dbk0, gbk)), kGradTol) << one_plus;
+  }
+  // A bias of the wrong length is an error naming it.
+  Tensor x = randn({1, W}, 31), w = randn({HD}, 32), bad = randn({HD + 1}, 33);
+  Tensor y = Tensor::empty({1, W}, DType::F64);
+  try {
+    cpu::qk_layernorm_forward(x, w, bad, w, w, r, eps, false, y, S());
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'bq'"), std::string::npos) << e.what();
+  }
+}
+
 // Large enough to run multi-threaded; f32 results within loose tolerance of f64.
 TEST(Norms, F32MatchesF64) {
   const int64_t T = 300, H = 256;

@@ -77,7 +77,8 @@ parallel|resume|same|exact)
     compare_losses "$d/serial.log" "$out.log"
     # MoE and MTP: the logged aux and MTP losses too (summed over CP, averaged over DP as one
     # process logs them)
-    for f in load_balancing_loss seq_load_balancing_loss z_loss "mtp_1 loss" "mtp_2 loss"; do
+    for f in load_balancing_loss seq_load_balancing_loss global_load_balancing_loss z_loss \
+             "mtp_1 loss" "mtp_2 loss"; do
       grep -q "| $f: " "$d/serial.log" && compare_losses "$d/serial.log" "$out.log" 1 "$f"
     done
     if [ $mode = exact ]; then

@@ -995,6 +995,44 @@ TEST(Validate, ApplyWdToQkLayernorm) {
                   "HINT: add --qk-layernorm, or drop --apply-wd-to-qk-layernorm"});
 }
 
+// --qk-layernorm with --normalization LayerNorm (the default): accepted, its q/k norms have
+// a bias each, and --apply-wd-to-qk-layernorm decays the biases with the weights (Megatron's
+// get_standard_config_overrides matches every "q_layernorm." / "k_layernorm." name). Under
+// multi-latent attention the latents' LayerNorm is refused, naming both flags.
+TEST(Validate, QkLayernormLayerNormForm) {
+  const auto qk = with(base_argv(), {"--qk-layernorm"});
+  auto decayed = [](const Args& a, std::vector<std::string>* all = nullptr) {
+    std::vector<std::string> names;
+    for (const auto& p : model::parameter_registry(model_config(a, Device::CPU, DType::F32), {})) {
+      if (all) all->push_back(p.name);
+      if (p.weight_decay) names.push_back(p.name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const Args off = parse_and_validate(qk, 1);
+  EXPECT_EQ(off.normalization, "LayerNorm");
+  std::vector<std::string> all;
+  const auto a = decayed(off, &all);
+  for (const char* n :
+       {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight", "k_layernorm.bias"})
+    EXPECT_EQ(
+        std::count(all.begin(), all.end(), std::string("decoder.layers.0.self_attention.") + n), 1)
+        << n;
+  const auto b = decayed(parse_and_validate(with(qk, {"--apply-wd-to-qk-layernorm"}), 1));
+  std::vector<std::string> extra;
+  std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(extra));
+  EXPECT_EQ(extra.size(), 8u);  // two layers, q and k, weight and bias
+  for (const auto& n : extra)
+    EXPECT_TRUE(n.find("q_layernorm.") != std::string::npos ||
+                n.find("k_layernorm.") != std::string::npos)
+        << n;
+  expect_invalid(with(qk, {"--multi-latent-attention", "--q-lora-rank", "8",
+                           "--position-embedding-type", "rope"}),
+                 {"--qk-layernorm with --multi-latent-attention and --normalization LayerNorm",
+                  "HINT: add --normalization RMSNorm"});
+}
+
 // --no-position-embedding: Megatron allows the deprecated switch with RoPE only.
 TEST(Validate, NoPositionEmbeddingOnlyWithRope) {
   const Args a = parse_and_validate(
@@ -1068,6 +1106,79 @@ TEST(Validate, HfTokenizerSwitches) {
   EXPECT_NE(lines[0].find("--tokenizer-hf-no-use-fast True: accepted by design"),
             std::string::npos)
       << lines[0];
+}
+
+// Mixture-of-experts load balancing and score functions (validate_moe.cpp): Megatron's lists
+// of types paired with coefficients, sqrtsoftplus with the expert bias, and what is refused
+// with a HINT (Megatron's rejections, combinations it would silently ignore, what is not
+// implemented yet).
+TEST(Validate, MoeLoadBalancingListsAndScoreFunctions) {
+  const auto moe = with(base_argv(), {"--num-experts", "4", "--disable-bias-linear"});
+  const Args a = parse_and_validate(
+      with(moe, {"--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss",
+                 "global_aux_loss", "--moe-aux-loss-coeff", "1e-3", "0", "2e-2"}));
+  EXPECT_EQ(a.moe_aux_loss_coeff_values, (std::vector<double>{1e-3, 0.0, 2e-2}));
+  const model::TransformerConfig c = model_config(a, Device::CPU, DType::F32);
+  using B = model::TransformerConfig::Moe::Balance;
+  EXPECT_EQ(c.moe.balance, (std::vector<B>{B::AuxLoss, B::SeqAuxLoss, B::GlobalAuxLoss}));
+  EXPECT_EQ(c.moe.coeff(B::AuxLoss), 1e-3);
+  EXPECT_EQ(c.moe.coeff(B::SeqAuxLoss), 0.0);  // listed with 0: off
+  EXPECT_EQ(c.moe.coeff(B::GlobalAuxLoss), 2e-2);
+  EXPECT_EQ(c.moe.coeff(B::Sinkhorn), 0.0);  // not listed
+  EXPECT_TRUE(c.moe.aux_loss_on());
+  // sqrtsoftplus, with the expert bias (allowed with sigmoid and sqrtsoftplus only).
+  const Args q = parse_and_validate(with(moe, {"--moe-router-score-function", "sqrtsoftplus",
+                                               "--moe-router-enable-expert-bias",
+                                               "--moe-router-topk", "1"}));
+  EXPECT_EQ(model_config(q, Device::CPU, DType::F32).moe.score,
+            model::TransformerConfig::Moe::Score::SqrtSoftplus);
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss",
+                            "--moe-aux-loss-coeff", "1e-2"}),
+                 {"--moe-router-load-balancing-type lists 2 type(s) and --moe-aux-loss-coeff 1 "
+                  "coefficient(s)"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "global_aux_loss",
+                            "--moe-aux-loss-coeff", "1e-2", "1e-3"}),
+                 {"lists 1 type(s) and --moe-aux-loss-coeff 2 coefficient(s)"});
+  expect_invalid(with(moe, {"--moe-router-enable-expert-bias"}),
+                 {"--moe-router-enable-expert-bias",
+                  "sigmoid and sqrtsoftplus score functions only", "not softmax"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "quantile_balancing"}),
+                 {"--moe-router-load-balancing-type quantile_balancing is not implemented yet"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "aux_loss", "quantile_balancing",
+                            "--moe-aux-loss-coeff", "1e-2", "0"}),
+                 {"quantile_balancing is not implemented yet"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "switch"}),
+                 {"--moe-router-load-balancing-type", "'switch' is not one of",
+                  "global_aux_loss"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "sinkhorn", "aux_loss",
+                            "--moe-aux-loss-coeff", "0", "1e-2"}),
+                 {"lists sinkhorn with other types"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "aux_loss", "aux_loss",
+                            "--moe-aux-loss-coeff", "1e-2", "1e-3"}),
+                 {"lists aux_loss twice"});
+  // Megatron's own rejections stay: sinkhorn with an aux coefficient or a capacity factor.
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-aux-loss-coeff", "1e-2"}),
+                 {"Sinkhorn routing does not support an aux loss"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-expert-capacity-factor", "1.0"}),
+                 {"--moe-expert-capacity-factor works with the aux_loss, seq_aux_loss, "
+                  "global_aux_loss and none"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "sinkhorn",
+                            "--moe-router-score-function", "sqrtsoftplus"}),
+                 {"--moe-router-score-function sqrtsoftplus has no effect"});
+  expect_invalid(with(moe, {"--moe-router-score-function", "sqrtsoftplus",
+                            "--moe-router-pre-softmax"}),
+                 {"--moe-router-pre-softmax applies to --moe-router-score-function softmax"});
+  expect_invalid(with(moe, {"--moe-router-load-balancing-type", "aux_loss", "global_aux_loss",
+                            "--moe-aux-loss-coeff", "1e-2", "-1"}),
+                 {"--moe-aux-loss-coeff -1 (for global_aux_loss) must be finite and "
+                  "non-negative"});
+  // A capacity factor works with every aux-loss type (Megatron's list check).
+  EXPECT_NO_THROW(parse_and_validate(
+      with(moe, {"--moe-router-load-balancing-type", "seq_aux_loss", "global_aux_loss", "none",
+                 "--moe-aux-loss-coeff", "1e-2", "1e-2", "0", "--moe-expert-capacity-factor",
+                 "1.5"})));
 }
 
 }  // namespace validate_test

@@ -89,13 +89,18 @@ std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerI
     };
     if (!te) param("input_layernorm.weight", "input_layernorm.weight");
     if (!te) param("input_layernorm.bias", "input_layernorm.bias");
+    // --softmax-type learnable: the core attention's own parameter, before its extra state.
+    param("self_attention.core_attention.softmax_offset",
+          "self_attention.core_attention.softmax_offset");
     extra("self_attention.core_attention");
     linear("self_attention.linear_proj", nullptr);
     linear("self_attention.linear_qkv", "input_layernorm");
     // Megatron registers q_layernorm and k_layernorm after linear_qkv (no extra state written,
-    // as for the final layernorm).
-    param("self_attention.q_layernorm.weight", "self_attention.q_layernorm.weight");
-    param("self_attention.k_layernorm.weight", "self_attention.k_layernorm.weight");
+    // as for the final layernorm); each its weight, then (LayerNorm) its bias.
+    for (const char* n : {"self_attention.q_layernorm", "self_attention.k_layernorm"}) {
+      param(std::string(n) + ".weight", std::string(n) + ".weight");
+      param(std::string(n) + ".bias", std::string(n) + ".bias");
+    }
     if (!te) param("pre_mlp_layernorm.weight", "pre_mlp_layernorm.weight");
     if (!te) param("pre_mlp_layernorm.bias", "pre_mlp_layernorm.bias");
     linear("mlp.linear_fc1", "pre_mlp_layernorm");
@@ -213,6 +218,7 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("apply_layernorm_1p", Py::boolean(c.zero_centered_gamma));
   a.set("swiglu", Py::boolean(c.swiglu));
   a.set("squared_relu", Py::boolean(c.squared_relu));
+  a.set("softmax_type", Py::str(model::softmax_type_name(c.softmax_type)));  // attention sinks
   // megatron.cpp's GELU is the tanh form: Megatron's bias_gelu fusion, or --openai-gelu
   // (squared ReLU: neither; Megatron refuses the bias_gelu fusion with it)
   const bool gelu = !c.swiglu && !c.squared_relu;

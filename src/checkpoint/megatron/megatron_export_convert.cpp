@@ -110,7 +110,7 @@ int64_t export_to_megatron(const std::string& load_dir, std::optional<int64_t> s
   ExportSource src;
   src.config = cfg;
   // --apply-wd-to-qk-layernorm is an optimizer setting, recorded with the run's flags: it
-  // puts the q/k norm weights in Megatron's decayed parameter group.
+  // puts the q/k norm weights (and biases) in Megatron's decayed parameter group.
   src.config.qk_layernorm_weight_decay =
       cfg.qk_layernorm && given.config.is_object() &&
       given.config.value("apply_wd_to_qk_layernorm", std::string()) == "True";

@@ -240,10 +240,11 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   c.zero_centered_gamma = flag("apply_layernorm_1p", false);
   c.swiglu = flag("swiglu", false);
   c.squared_relu = flag("squared_relu", false);  // activation_func = squared_relu
-  // --qk-layernorm: self_attention.q_layernorm / k_layernorm weights (RMSNorm: megatron.cpp
-  // has no LayerNorm form), decayed with --apply-wd-to-qk-layernorm.
+  // --softmax-type: attention sinks (learnable: core_attention.softmax_offset per layer).
+  c.softmax_type = model::softmax_type_of(str("softmax_type", "vanilla"));
+  // --qk-layernorm: self_attention.q_layernorm / k_layernorm weights (and biases, with
+  // --normalization LayerNorm), decayed with --apply-wd-to-qk-layernorm.
   c.qk_layernorm = flag("qk_layernorm", false);
-  unsupported(c.qk_layernorm && norm != "RMSNorm", "--qk-layernorm with --normalization " + norm);
   c.qk_layernorm_weight_decay = c.qk_layernorm && flag("apply_wd_to_qk_layernorm", false);
   MCPP_CHECK_HINT(!(c.swiglu && c.squared_relu), "the checkpoint's args are inconsistent",
                   "{}: args.swiglu and args.squared_relu are both set (Megatron asserts "
@@ -342,7 +343,8 @@ std::map<std::string, std::string> recorded_args(const Value& a) {
 
 Split split_of(const std::string& n, bool swiglu) {
   if (n == "embedding.word_embeddings.weight" || n == "output_layer.weight" ||
-      n.ends_with("linear_qkv.weight") || n.ends_with("linear_qkv.bias"))
+      n.ends_with("linear_qkv.weight") || n.ends_with("linear_qkv.bias") ||
+      n.ends_with("core_attention.softmax_offset"))  // the sinks: one a head
     return Split::Rows;
   if (n.ends_with("linear_fc1.weight") || n.ends_with("linear_fc1.bias"))
     return swiglu ? Split::SwigluRows : Split::Rows;

@@ -143,12 +143,12 @@ struct ParamSlot {
 };
 // Megatron's rule (megatron/core/optimizer/__init__.py get_standard_config_overrides): a
 // parameter whose name ends in ".bias" or that is 1-D gets wd_mult 0 (no weight decay) --
-// except, with --apply-wd-to-qk-layernorm (qk_norm_decay), the q/k layernorm weights --
-// the others the default group; each group lists its parameters in named_parameters()
-// order; the groups' order differs between releases (today the default group first; before,
-// sorted tuples with wd_mult 0.0 first), so each saved group's wd_mult says which set it
-// holds. The counts are checked against the saved groups; errors name `what` and the group.
-// Returns one slot per param, in params' order.
+// except, with --apply-wd-to-qk-layernorm (qk_norm_decay), the q/k layernorm weights and
+// biases -- the others the default group; each group lists its parameters in named_parameters()
+// order; the groups' order differs between releases (today the default group first; before, sorted
+// tuples with wd_mult 0.0 first), so each saved group's wd_mult says which set it holds. The counts
+// are checked against the saved groups; errors name `what` and the group. Returns one slot per
+// param, in params' order.
 bool megatron_no_weight_decay(const std::string& key, size_t dims, bool qk_norm_decay);
 std::vector<ParamSlot> legacy_param_slots(const Value& param_groups,
                                           const std::vector<RankParam>& params,

@@ -4,12 +4,16 @@
 //
 //   moe_route_topk    experts and weights per (token, slot)          [T,k]
 //   moe_route_index   rows grouped by expert, with capacity / padding per block of tokens
-//   moe_route_counts  the aux loss's counts c [G,E], summed over the CP group (all-reduce)
+//   moe_route_counts  the aux losses' counts c [R,E], aux_loss's and seq_aux_loss's summed
+//                     over the CP group, global_aux_loss's over DP x CP and averaged over the
+//                     global batch's micro-batches so far (all-reduces of device tensors)
 //   moe_route_stats   the aux / z losses for the log (on the device until sync_stats)
 //
 // Context parallelism: each CP rank routes its own tokens; the counts are summed over the CP
 // group before the losses and the backward read them, and T is the CP group's (spec.cp), as
-// the host routing does it (routing.h, AuxLossGroup).
+// the host routing does it (routing.h, AuxLossGroup); global_aux_loss's likewise over the
+// DP x CP group (spec.global_ranks).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -22,15 +26,19 @@ namespace mcpp::model::moe {
 
 ops::MoeRouteSpec route_spec(const TransformerConfig::Moe& m) {
   ops::MoeRouteSpec r;
-  r.E = m.num_experts, r.k = m.topk, r.sigmoid = m.sigmoid, r.pre_softmax = m.pre_softmax;
+  using Score = TransformerConfig::Moe::Score;
+  r.E = m.num_experts, r.k = m.topk, r.pre_softmax = m.pre_softmax;
+  r.score = m.score == Score::Sigmoid        ? ops::MoeScore::Sigmoid
+            : m.score == Score::SqrtSoftplus ? ops::MoeScore::SqrtSoftplus
+                                             : ops::MoeScore::Softmax;
   r.num_groups = m.num_groups, r.group_topk = m.group_topk, r.scaling = m.topk_scaling_factor;
   r.capacity_factor = m.capacity_factor, r.drop_by_position = m.drop_by_position;
   r.pad_to_capacity = m.pad_to_capacity, r.pad_multiple = m.pad_multiple;
   using Balance = TransformerConfig::Moe::Balance;
-  r.aux = m.aux_loss_on();
-  r.seq_aux = r.aux && m.balance == Balance::SeqAuxLoss;
-  r.z = m.z_loss_coeff > 0;
-  r.aux_coeff = m.aux_loss_coeff, r.z_coeff = m.z_loss_coeff;
+  r.aux_coeff = m.coeff(Balance::AuxLoss), r.seq_aux_coeff = m.coeff(Balance::SeqAuxLoss);
+  r.global_aux_coeff = m.coeff(Balance::GlobalAuxLoss);
+  r.aux = r.aux_coeff > 0, r.seq_aux = r.seq_aux_coeff > 0, r.global_aux = r.global_aux_coeff > 0;
+  r.z = m.z_loss_coeff > 0, r.z_coeff = m.z_loss_coeff;
   return r;
 }
 
@@ -49,6 +57,9 @@ MoeLayer::RoutingPlace MoeLayer::routing_place_from_env() {
 ops::MoeRouteSpec MoeLayer::spec(const StepContext& cx) const {
   ops::MoeRouteSpec r = route_spec(cfg_->moe);
   r.cp = cx.cp_comm ? cx.cp_comm->size() : 1;
+  // global_aux_loss counts training micro-batches only (none in evaluation, as Megatron's).
+  r.global_aux = r.global_aux && cx.keys.training;
+  r.global_ranks = dp_cp_ ? dp_cp_->size() : 1;
   return r;
 }
 
@@ -58,7 +69,7 @@ bool MoeLayer::routes_on_device(const StepContext& cx, bool all_rows) const {
   // The routing ops cover every router but sinkhorn, and build the rows of the whole
   // routing (ETP = TP); the all-gather dispatcher at EP > 1 exchanges the host routing.
   const bool covered =
-      all_rows && !(ep_ && !m.alltoall) && m.balance != TransformerConfig::Moe::Balance::Sinkhorn;
+      all_rows && !(ep_ && !m.alltoall) && !m.sinkhorn();
   if (cx.dev == Device::CUDA)
     return covered && m.num_experts <= ops::kMoeRouteMaxExpertsCuda &&
            m.topk <= ops::kMoeRouteMaxTopkCuda;
@@ -96,27 +107,57 @@ void MoeLayer::route_device(const Tensor& logits, Saved& s, const StepContext& c
   s.n_rows = N;
   s.src = src.narrow(0, N), s.d_row_slot = row_slot.narrow(0, N), s.rows = rows.narrow(0, N);
   s.row_slot.clear();
-  const int64_t G = sp.seq_aux ? cx.B : 1;
-  s.d_aux_counts = Tensor::empty({G * E}, rdt, cx.dev);
+  s.d_aux_counts = Tensor::empty({std::max<int64_t>(1, ops::moe_aux_rows(sp, cx.B)) * E}, rdt,
+                                 cx.dev);
   const bool count =
       cx.keys.training && stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second;
   if (count) {
     for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += double(h[E + e]);
     ++stats_.forwards;
   }
-  if (!sp.aux && !sp.z) return;
+  if (!sp.any_aux() && !sp.z) return;
   if (!stats_.dev_sum.defined()) {
-    stats_.dev_sum = Tensor::empty({2}, rdt, cx.dev);
-    stats_.dev_last = Tensor::empty({2}, rdt, cx.dev);
+    stats_.dev_sum = Tensor::empty({4}, rdt, cx.dev);
+    stats_.dev_last = Tensor::empty({4}, rdt, cx.dev);
     ops::fill(stats_.dev_sum, 0.0, st);
   }
-  if (sp.aux) {
+  if (sp.any_aux()) {
     ops::moe_route_counts(logits, sp, cx.B, s.d_aux_counts, st);
     // Context parallelism: the counts of the CP group's tokens (exact: integers in f32).
-    if (cx.cp_comm) parallel::context_parallel::sum_over_cp(s.d_aux_counts, *cx.cp_comm, st);
+    const int64_t n_cp = ops::moe_aux_global_row(sp, cx.B) * E;
+    if (cx.cp_comm && n_cp > 0) {
+      Tensor rows = s.d_aux_counts.narrow(0, n_cp);
+      parallel::context_parallel::sum_over_cp(rows, *cx.cp_comm, st);
+    }
+    if (sp.global_aux) {
+      Tensor row = s.d_aux_counts.narrow(n_cp, E);
+      global_mean_device(row, cx);
+    }
   }
   ops::moe_route_stats(logits, s.d_aux_counts, sp, cx.B, stats_.dev_last, st);
   if (count) ops::add(stats_.dev_sum, stats_.dev_last, stats_.dev_sum, st), ++stats_.dev_forwards;
+}
+
+void MoeLayer::global_mean_device(Tensor& counts, const StepContext& cx) const {
+  Stream& st = cx.stream();
+  const MoeStats::Key key{cx.keys.iteration, cx.keys.sample_offset};
+  if (auto it = stats_.dev_global_mean.find(key); it != stats_.dev_global_mean.end()) {
+    ops::copy(it->second, counts, st);  // a recomputed forward: the first forward's mean
+    return;
+  }
+  // The counts of the DP x CP group's tokens (exact: integers in f32), their running sum,
+  // its mean over the micro-batches so far.
+  if (dp_cp_) parallel::context_parallel::sum_over_data_cp(counts, *dp_cp_, st);
+  if (!stats_.dev_global_sum.defined()) {
+    stats_.dev_global_sum = Tensor::empty({counts.numel()}, counts.dtype(), cx.dev);
+    ops::fill(stats_.dev_global_sum, 0.0, st);
+  }
+  ops::add(stats_.dev_global_sum, counts, stats_.dev_global_sum, st);
+  ops::copy(stats_.dev_global_sum, counts, st);
+  ops::scale(counts, 1.0 / double(++stats_.global_steps), st);
+  Tensor mean = Tensor::empty({counts.numel()}, counts.dtype(), cx.dev);
+  ops::copy(counts, mean, st);
+  stats_.dev_global_mean[key] = mean;
 }
 
 void MoeLayer::sync_stats() const {
@@ -124,8 +165,13 @@ void MoeLayer::sync_stats() const {
   Stream& st = ops::default_stream(stats_.dev_sum.device());
   const std::vector<double> sum = to_host(stats_.dev_sum, st), last = to_host(stats_.dev_last, st);
   const auto& m = cfg_->moe;
-  stats_.aux_loss += sum[0], stats_.z_loss += sum[1];
-  stats_.last_aux_loss = last[0] * m.aux_loss_coeff, stats_.last_z_loss = last[1] * m.z_loss_coeff;
+  using Balance = TransformerConfig::Moe::Balance;
+  const Balance types[3] = {Balance::AuxLoss, Balance::SeqAuxLoss, Balance::GlobalAuxLoss};
+  for (size_t i = 0; i < 3; ++i) {
+    stats_.aux_loss[i] += sum[i];
+    stats_.last_aux_loss[i] = last[i] * m.coeff(types[i]);
+  }
+  stats_.z_loss += sum[3], stats_.last_z_loss = last[3] * m.z_loss_coeff;
   ops::fill(stats_.dev_sum, 0.0, st);
   stats_.dev_forwards = 0;
 }

@@ -86,6 +86,43 @@ MoeLayer::MoeLayer(const TransformerConfig& c, int layer, const ParamStore* stor
   stats_.tokens_per_expert.assign(size_t(c.moe.num_experts), 0.0);
 }
 
+void MoeStats::restart() {
+  std::fill(tokens_per_expert.begin(), tokens_per_expert.end(), 0.0);
+  aux_loss = {}, z_loss = 0, forwards = 0, seen.clear();
+  global_sum.clear(), global_mean.clear(), dev_global_mean.clear(), global_steps = 0;
+  dev_global_sum = Tensor();
+}
+
+void MoeLayer::count_host(const Routing& r, const StepContext& cx) const {
+  const auto& m = cfg_->moe;
+  stats_.last_aux_loss = {r.aux_loss, r.seq_aux_loss, r.global_aux_loss};
+  stats_.last_z_loss = r.z_loss;
+  if (!cx.keys.training || !stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second)
+    return;
+  for (int64_t e = 0; e < m.num_experts; ++e)
+    stats_.tokens_per_expert[size_t(e)] += r.tokens_per_expert[size_t(e)];
+  using B = TransformerConfig::Moe::Balance;
+  const B types[3] = {B::AuxLoss, B::SeqAuxLoss, B::GlobalAuxLoss};
+  for (size_t i = 0; i < 3; ++i)
+    if (m.coeff(types[i]) > 0) stats_.aux_loss[i] += stats_.last_aux_loss[i] / m.coeff(types[i]);
+  if (m.z_loss_coeff > 0) stats_.z_loss += r.z_loss / m.z_loss_coeff;
+  ++stats_.forwards;
+}
+
+void MoeLayer::global_mean(std::vector<double>& counts, const StepContext& cx) const {
+  const MoeStats::Key key{cx.keys.iteration, cx.keys.sample_offset};
+  if (auto it = stats_.global_mean.find(key); it != stats_.global_mean.end()) {
+    counts = it->second;  // a recomputed forward: the first forward's mean
+    return;
+  }
+  if (dp_cp_ && dp_cp_->size() > 1) parallel::sum_over(*dp_cp_, counts);
+  if (stats_.global_sum.empty()) stats_.global_sum.assign(counts.size(), 0.0);
+  const double n = double(++stats_.global_steps);
+  for (size_t e = 0; e < counts.size(); ++e)
+    stats_.global_sum[e] += counts[e], counts[e] = stats_.global_sum[e] / n;
+  stats_.global_mean[key] = counts;
+}
+
 void MoeLayer::set_expert_tensor_parallel_group(comm::Communicator* etp) {
   etp_ = etp && etp->size() > 1 ? etp : nullptr;
 }
@@ -188,7 +225,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   // This layer's own scratch, for these sizes (a no-op once allocated).
   allocate([&](const TensorVisitor& v) { scratch_list(cx, ws, v); }, cx.dev, false);
   comm::Communicator* group = dispatch_group(cx);
-  const int64_t T = cx.T, E = m.num_experts;
+  const int64_t T = cx.T;
   MCPP_CHECK(m.ep_size == 1 || ep_, "MoE layer {}: EP {} without an EP group", layer_, m.ep_size);
   // EP x TP (ETP = TP, sequence parallel): the TP group routes its gathered tokens, then
   // the all-to-all (or all-gather) runs over the EP group (ranks of one TP rank), each
@@ -210,23 +247,19 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   } else {
     s.logits = to_host(*logits, st);
     const std::vector<double> bias = router_.expert_bias();
-    AuxLossGroup cp;  // context parallelism: the aux counts over the CP group (routing.h)
+    // The aux counts over the CP group, global_aux_loss's over DP x CP (routing.h).
+    AuxLossGroup cp;
     if (cx.cp_comm) {
       cp.ranks = cx.cp_comm->size();
       cp.sum = [&](std::vector<double>& v) { parallel::sum_over(*cx.cp_comm, v); };
     }
+    if (m.coeff(TransformerConfig::Moe::Balance::GlobalAuxLoss) > 0) {
+      cp.global_ranks = dp_cp_ ? dp_cp_->size() : 1;
+      cp.global = [&](std::vector<double>& v) { global_mean(v, cx); };
+    }
     s.routing = route(m, s.logits.data(), T, cx.B, bias.empty() ? nullptr : bias.data(),
                       group ? group->size() : 1, cp, cx.keys.training);
-    const Routing& r = s.routing;
-    stats_.last_aux_loss = r.aux_loss, stats_.last_z_loss = r.z_loss;
-    if (cx.keys.training &&
-        stats_.seen.insert({cx.keys.iteration, cx.keys.sample_offset}).second) {
-      for (int64_t e = 0; e < E; ++e)
-        stats_.tokens_per_expert[size_t(e)] += r.tokens_per_expert[size_t(e)];
-      if (m.aux_loss_coeff > 0) stats_.aux_loss += r.aux_loss / m.aux_loss_coeff;
-      if (m.z_loss_coeff > 0) stats_.z_loss += r.z_loss / m.z_loss_coeff;
-      ++stats_.forwards;
-    }
+    count_host(s.routing, cx);
   }
   const Routing& r = s.routing;
 

@@ -44,6 +44,8 @@
 // Runtime statistics for logging and the expert-bias update live in MoeStats until
 // training/moe_step.cpp collects them once per global batch.
 #pragma once
+#include <array>
+#include <map>
 #include <memory>
 #include <set>
 #include <utility>
@@ -59,18 +61,37 @@
 
 namespace mcpp::model::moe {
 
-// What one global batch's training forwards saw (one layer).
+// What one global batch's training forwards saw (one layer). The aux losses' arrays hold
+// aux_loss, seq_aux_loss, global_aux_loss in this order (0 where off).
 struct MoeStats {
+  using Key = std::pair<int64_t, int64_t>;  // (iteration, sample offset): one micro-batch
   std::vector<double> tokens_per_expert;  // [E] rows per expert, summed over forwards
-  double aux_loss = 0, z_loss = 0;        // sums over forwards of L / coeff
+  std::array<double, 3> aux_loss{};       // sums over forwards of L / coeff
+  double z_loss = 0;
   int64_t forwards = 0;
-  double last_aux_loss = 0, last_z_loss = 0;   // the last forward's losses (with coefficients)
-  std::set<std::pair<int64_t, int64_t>> seen;  // (iteration, sample offset): recompute runs once
-  // The device routing keeps its losses on the device ([2]: aux, z without their
-  // coefficients; f32 on CUDA): the sums over forwards and the last forward's;
-  // MoeLayer::sync_stats moves them into the fields above once per global batch.
+  std::array<double, 3> last_aux_loss{};  // the last forward's losses (with coefficients)
+  double last_z_loss = 0;
+  std::set<Key> seen;  // micro-batches counted: a recomputed forward counts none twice
+  // global_aux_loss (Megatron's global_tokens_per_expert and ga_steps): the sum over this
+  // global batch's micro-batches of their counts summed over DP x CP [E], how many, and each
+  // micro-batch's running mean as its first forward computed it (a recomputed forward reuses
+  // it: the same routing, gradient and loss as without recomputation). On the host [E] f64,
+  // or, with the device routing, on the device (its dtype).
+  std::vector<double> global_sum;
+  std::map<Key, std::vector<double>> global_mean;
+  Tensor dev_global_sum;
+  std::map<Key, Tensor> dev_global_mean;
+  int64_t global_steps = 0;
+  // The device routing keeps its losses on the device ([4]: aux_loss, seq_aux_loss,
+  // global_aux_loss, z-loss without their coefficients; f32 on CUDA): the sums over forwards
+  // and the last forward's; MoeLayer::sync_stats moves them into the fields above once per
+  // global batch.
   Tensor dev_sum, dev_last;
   int64_t dev_forwards = 0;
+  double last_aux_sum() const { return last_aux_loss[0] + last_aux_loss[1] + last_aux_loss[2]; }
+  // The next global batch starts counting (once per global batch, after the expert bias
+  // update and the log have read the counts).
+  void restart();
 };
 
 // The router's settings for the routing ops (ops/moe_route.h).
@@ -130,6 +151,9 @@ class MoeLayer final : public MlpModule {
   void set_expert_parallel_group(comm::Communicator* ep);
   // The expert-tensor-parallel group, needed when 1 < ETP < TP (ETP consecutive TP ranks).
   void set_expert_tensor_parallel_group(comm::Communicator* etp);
+  // The DP x CP group over which global_aux_loss sums its counts (Megatron's TP x DP x CP:
+  // a TP group routes the same tokens on every member); null or one rank: this rank's.
+  void set_global_aux_group(comm::Communicator* dp_cp) { dp_cp_ = dp_cp; }
 
   // Where the routing runs (see the top of this file): Auto, the routing ops on the GPU
   // where they apply and the host routing elsewhere; Host, always the host routing; Ops,
@@ -172,6 +196,13 @@ class MoeLayer final : public MlpModule {
   // The device routing of the group's logits [T,E]: fills s's device tensors, the host row
   // counts (the one transfer) and the statistics.
   void route_device(const Tensor& logits, Saved& s, const StepContext& cx) const;
+  // global_aux_loss's counts: this micro-batch's [E] -> the running mean over the global
+  // batch's micro-batches of their sums over the DP x CP group, once per micro-batch (a
+  // recomputed forward gets the first forward's). On the host, and on the device.
+  void global_mean(std::vector<double>& counts, const StepContext& cx) const;
+  void global_mean_device(Tensor& counts, const StepContext& cx) const;
+  // The host routing's statistics of one forward (counted once per training micro-batch).
+  void count_host(const Routing& r, const StepContext& cx) const;
   // The tokens this rank sends to the experts: [t0, t0 + tokens) of the TP group's routing;
   // group: what gathers them (and reduce-scatters their outputs), null for none; all: every
   // row of the routing (ETP = TP); complete: the experts' outputs need no sum (ETP 1).
@@ -197,6 +228,7 @@ class MoeLayer final : public MlpModule {
   std::unique_ptr<SharedExperts> shared_;
   comm::Communicator* ep_ = nullptr;
   comm::Communicator* etp_ = nullptr;  // only when 1 < ETP < TP
+  comm::Communicator* dp_cp_ = nullptr;  // global_aux_loss's DP x CP group
   RoutingPlace place_ = RoutingPlace::Auto;
   // The scratch, shared by every MoE layer through the Workspace (ws.moe): nothing in it
   // outlives one forward or one backward. scratch() points w_ at it on entry.

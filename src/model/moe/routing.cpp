@@ -33,6 +33,18 @@ void softmax(const double* l, int64_t n, double* s, double* lse_out = nullptr) {
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
+// The sigmoid-like score functions and their derivative da/dl given a = score(l).
+// sqrt(softplus): softplus in its overflow-free form; its derivative sigmoid(l) / (2 a)
+// tends to 0 where a underflows to 0.
+double score(const TransformerConfig::Moe& m, double x) {
+  if (m.score == TransformerConfig::Moe::Score::Sigmoid) return sigmoid(x);
+  return std::sqrt(std::log1p(std::exp(-std::abs(x))) + std::max(x, 0.0));
+}
+double dscore(const TransformerConfig::Moe& m, double x, double a) {
+  if (m.score == TransformerConfig::Moe::Score::Sigmoid) return a * (1.0 - a);
+  return a > 0 ? sigmoid(x) / (2.0 * a) : 0.0;
+}
+
 // Megatron's group_limited_topk: mask every expert outside the best group_topk groups.
 void group_limit(const TransformerConfig::Moe& m, int64_t E, double* sel) {
   const int64_t G = m.num_groups, per = E / G, kg = m.topk / m.group_topk;
@@ -52,12 +64,38 @@ void group_limit(const TransformerConfig::Moe& m, int64_t E, double* sel) {
     if (!on[size_t(e / per)]) sel[e] = kNegInf;
 }
 
-// The aux loss's scores: the full softmax, or sigmoid normalised over the experts.
+// The aux losses' scores: the full softmax, or the sigmoid-like scores normalised over E.
 void aux_score(const TransformerConfig::Moe& m, const double* l, int64_t E, double* s) {
-  if (!m.sigmoid) return softmax(l, E, s);
+  if (!m.sigmoid_like()) return softmax(l, E, s);
   double z = 0;
-  for (int64_t e = 0; e < E; ++e) z += (s[e] = sigmoid(l[e]));
+  for (int64_t e = 0; e < E; ++e) z += (s[e] = score(m, l[e]));
   for (int64_t e = 0; e < E; ++e) s[e] /= z + 1e-20;
+}
+
+// One aux loss's terms: L = coeff E / (k Tg^2) / G * sum_t sum_e c[t % G, e] s[t, e] with its
+// counts c [G, E] (token t in group t % G) and Tg tokens per group.
+struct AuxTerm {
+  Balance type;
+  const std::vector<double>* c;
+  int64_t G;
+  double Tg, coeff;
+};
+std::vector<AuxTerm> aux_terms(const TransformerConfig::Moe& m, const Routing& r, int64_t B) {
+  std::vector<AuxTerm> v;
+  const double T = double(r.T);
+  if (!r.aux_counts.empty())
+    v.push_back(
+        {Balance::AuxLoss, &r.aux_counts, 1, T * double(r.cp), m.coeff(Balance::AuxLoss)});
+  if (!r.seq_counts.empty())
+    v.push_back({Balance::SeqAuxLoss, &r.seq_counts, B, T / double(B) * double(r.cp),
+                 m.coeff(Balance::SeqAuxLoss)});
+  if (!r.global_counts.empty())
+    v.push_back({Balance::GlobalAuxLoss, &r.global_counts, 1, T * double(r.global_ranks),
+                 m.coeff(Balance::GlobalAuxLoss)});
+  return v;
+}
+double term_scale(const AuxTerm& a, int64_t E, int64_t k) {
+  return a.coeff * double(E) / (double(k) * a.Tg * a.Tg) / double(a.G);
 }
 
 }  // namespace
@@ -104,8 +142,8 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
   r.T = T, r.E = E, r.k = k, r.cp = cp.ranks;
   r.idx.resize(size_t(T * k)), r.prob.resize(size_t(T * k)), r.kept.assign(size_t(T * k), 1);
   r.topk_raw.resize(size_t(T * k));
-  const bool sink = m.balance == Balance::Sinkhorn;
-  const bool keep_scores = m.pre_softmax || m.sigmoid || sink;
+  const bool sink = m.sinkhorn();
+  const bool keep_scores = m.pre_softmax || m.sigmoid_like() || sink;
   if (keep_scores) r.scores.resize(size_t(T * E));
   // Sinkhorn's choice in training: each block's normalised exp(logits).
   std::vector<double> sink_sel;
@@ -134,8 +172,8 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
         r.prob[size_t(t * k + j)] = r.topk_raw[size_t(t * k + j)] = s[idx[j]];
       continue;
     }
-    if (m.sigmoid) {
-      for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(l[e]);
+    if (m.sigmoid_like()) {
+      for (int64_t e = 0; e < E; ++e) s[e] = score(m, l[e]);
       for (int64_t e = 0; e < E; ++e) sel[size_t(e)] = s[e] + (bias ? bias[e] : 0.0);
     } else if (m.pre_softmax) {
       softmax(l, E, s);
@@ -148,7 +186,7 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
     topk(sel.data(), E, k, idx);
     double* p = r.prob.data() + t * k;
     double* raw = r.topk_raw.data() + t * k;
-    if (!m.sigmoid && !m.pre_softmax) {  // softmax over the k selected logits
+    if (!m.sigmoid_like() && !m.pre_softmax) {  // softmax over the k selected logits
       for (int64_t j = 0; j < k; ++j) raw[j] = l[idx[j]];
       softmax(raw, k, p);
     } else if (m.pre_softmax) {
@@ -228,26 +266,50 @@ Routing route(const TransformerConfig::Moe& m, const double* logits, int64_t T, 
   for (size_t n = 0; n < r.row_token.size(); ++n)
     r.tok_rows[size_t(fill[size_t(r.row_token[n])]++)] = int64_t(n);
 
-  // Aux losses over all T tokens (of the CP group's: T x CP).
-  if (m.aux_loss_on()) {
-    const bool seq = m.balance == Balance::SeqAuxLoss;
-    const int64_t groups = seq ? B : 1, Tg = (seq ? T / B : T) * r.cp;
+  // Aux losses over all T tokens (of the CP group's: T x CP; global_aux_loss's: T x DP x CP),
+  // from one top-k of the aux scores per token, counted for every type.
+  const double c_aux = m.coeff(Balance::AuxLoss), c_seq = m.coeff(Balance::SeqAuxLoss);
+  const double c_glob = training ? m.coeff(Balance::GlobalAuxLoss) : 0.0;
+  if (c_aux > 0 || c_seq > 0 || c_glob > 0) {
     r.aux_scores.resize(size_t(T * E));
-    r.aux_counts.assign(size_t(groups * E), 0);
+    std::vector<double> all(static_cast<size_t>(E), 0.0), seq;
+    if (c_seq > 0) seq.assign(size_t(B * E), 0.0);
     std::vector<int32_t> top(static_cast<size_t>(k));
     for (int64_t t = 0; t < T; ++t) {
       double* s = r.aux_scores.data() + t * E;
       aux_score(m, logits + t * E, E, s);
       topk(s, E, k, top.data());
-      for (int32_t e : top) r.aux_counts[size_t((seq ? t % B : 0) * E + e)] += 1;
+      for (int32_t e : top) {
+        all[size_t(e)] += 1;
+        if (c_seq > 0) seq[size_t((t % B) * E + e)] += 1;
+      }
     }
-    if (cp.sum) cp.sum(r.aux_counts);
-    double L = 0;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t e = 0; e < E; ++e)
-        L += r.aux_counts[size_t((seq ? t % B : 0) * E + e)] * r.aux_scores[size_t(t * E + e)];
-    r.aux_loss = m.aux_loss_coeff * double(E) / (double(k) * double(Tg) * double(Tg)) * L /
-                 double(groups);
+    if (c_glob > 0) {
+      r.global_counts = all;
+      r.global_ranks = cp.global_ranks;
+      if (cp.global) cp.global(r.global_counts);
+    }
+    if (c_aux > 0) r.aux_counts = std::move(all);
+    if (c_seq > 0) r.seq_counts = std::move(seq);
+    if (cp.sum) {  // one sum over the CP group of aux_loss's and seq_aux_loss's counts
+      std::vector<double> both = r.aux_counts;
+      both.insert(both.end(), r.seq_counts.begin(), r.seq_counts.end());
+      if (!both.empty()) {
+        cp.sum(both);
+        std::copy(both.begin(), both.begin() + int64_t(r.aux_counts.size()), r.aux_counts.begin());
+        std::copy(both.begin() + int64_t(r.aux_counts.size()), both.end(), r.seq_counts.begin());
+      }
+    }
+    for (const AuxTerm& a : aux_terms(m, r, B)) {
+      double L = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t e = 0; e < E; ++e)
+          L += (*a.c)[size_t((t % a.G) * E + e)] * r.aux_scores[size_t(t * E + e)];
+      const double v = term_scale(a, E, k) * L;
+      if (a.type == Balance::AuxLoss) r.aux_loss = v;
+      if (a.type == Balance::SeqAuxLoss) r.seq_aux_loss = v;
+      if (a.type == Balance::GlobalAuxLoss) r.global_aux_loss = v;
+    }
   }
   if (m.z_loss_coeff > 0) {
     r.lse.resize(size_t(T));
@@ -270,9 +332,13 @@ void route_backward(const TransformerConfig::Moe& m, const Routing& r, const dou
   const double sf = m.topk_scaling_factor > 0 ? m.topk_scaling_factor : 1.0;
   // Sinkhorn's p = a[idx] differentiates as pre-softmax's (a = softmax, k > 1) or as
   // sigmoid top-1's (a = sigmoid); its choice has no gradient.
-  const bool sink = m.balance == Balance::Sinkhorn;
-  const bool pre = m.pre_softmax || (sink && k > 1), sig = m.sigmoid || (sink && k == 1);
-  std::vector<double> dp(static_cast<size_t>(k)), tmp(static_cast<size_t>(E)), ds(static_cast<size_t>(E));
+  const bool sink = m.sinkhorn();
+  const bool pre = m.pre_softmax || (sink && k > 1), sig = m.sigmoid_like() || (sink && k == 1);
+  // Sinkhorn's top-1 weight is the sigmoid whatever the score function.
+  TransformerConfig::Moe ms = m;
+  if (sink) ms.score = TransformerConfig::Moe::Score::Sigmoid;
+  std::vector<double> dp(static_cast<size_t>(k)), tmp(static_cast<size_t>(E)),
+      ds(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const int32_t* idx = r.idx.data() + t * k;
     const double* raw = r.topk_raw.data() + t * k;
@@ -290,39 +356,40 @@ void route_backward(const TransformerConfig::Moe& m, const Routing& r, const dou
       for (int64_t j = 0; j < k; ++j) dot += s[idx[j]] * dp[size_t(j)];
       for (int64_t e = 0; e < E; ++e) dl[e] -= s[e] * dot;
       for (int64_t j = 0; j < k; ++j) dl[idx[j]] += s[idx[j]] * dp[size_t(j)];
-    } else {  // p = s[idx] / (sum + eps), s = sigmoid(l)
+    } else {  // p = s[idx] / (sum + eps), s = sigmoid(l) or sqrt(softplus(l))
       double sum = 0, dot = 0;
       for (int64_t j = 0; j < k; ++j) sum += raw[j], dot += dp[size_t(j)] * raw[j];
       const double D = sum + 1e-20;
       for (int64_t j = 0; j < k; ++j) {
         const double draw = k > 1 ? dp[size_t(j)] / D - dot / (D * D) : dp[size_t(j)];
-        dl[idx[j]] += draw * raw[j] * (1.0 - raw[j]);
+        dl[idx[j]] += draw * dscore(ms, logits[t * E + idx[j]], raw[j]);
       }
     }
   }
-  // Aux loss: dL/ds[t,e] = coeff E/(k Tg^2) c_e / groups, through the aux score function.
-  if (!r.aux_scores.empty()) {
-    const bool seq = m.balance == Balance::SeqAuxLoss;
-    const int64_t groups = seq ? B : 1, Tg = (seq ? T / B : T) * r.cp;
-    const double c = aux_scale * m.aux_loss_coeff * double(E) /
-                     (double(k) * double(Tg) * double(Tg)) / double(groups);
+  // Aux losses: dL/ds[t,e] = sum over the types of coeff E/(k Tg^2) / G c[t % G, e], through
+  // the aux score function.
+  const std::vector<AuxTerm> terms = aux_terms(m, r, B);
+  if (!terms.empty()) {
     for (int64_t t = r0; t < r1; ++t) {
       const double* s = r.aux_scores.data() + t * E;
-      for (int64_t e = 0; e < E; ++e) ds[size_t(e)] = c * r.aux_counts[size_t((seq ? t % B : 0) * E + e)];
+      std::fill(ds.begin(), ds.end(), 0.0);
+      for (const AuxTerm& a : terms) {
+        const double c = aux_scale * term_scale(a, E, k);
+        for (int64_t e = 0; e < E; ++e) ds[size_t(e)] += c * (*a.c)[size_t((t % a.G) * E + e)];
+      }
       double* dl = dlogits + t * E;
-      if (!m.sigmoid) {
+      if (!m.sigmoid_like()) {
         double dot = 0;
         for (int64_t e = 0; e < E; ++e) dot += s[e] * ds[size_t(e)];
         for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (ds[size_t(e)] - dot);
-      } else {  // s = a / (sum a + eps), a = sigmoid(l)
+      } else {  // s = a / (sum a + eps), a = sigmoid(l) or sqrt(softplus(l))
+        const double* l = logits + t * E;
         double z = 0, dot = 0;
-        for (int64_t e = 0; e < E; ++e) tmp[size_t(e)] = sigmoid(logits[t * E + e]), z += tmp[size_t(e)];
+        for (int64_t e = 0; e < E; ++e) tmp[size_t(e)] = score(m, l[e]), z += tmp[size_t(e)];
         const double Z = z + 1e-20;
         for (int64_t e = 0; e < E; ++e) dot += ds[size_t(e)] * tmp[size_t(e)];
-        for (int64_t e = 0; e < E; ++e) {
-          const double a = tmp[size_t(e)];
-          dl[e] += (ds[size_t(e)] / Z - dot / (Z * Z)) * a * (1.0 - a);
-        }
+        for (int64_t e = 0; e < E; ++e)
+          dl[e] += (ds[size_t(e)] / Z - dot / (Z * Z)) * dscore(m, l[e], tmp[size_t(e)]);
       }
     }
   }

@@ -8,6 +8,8 @@
 //   softmax (pre):   s = softmax(l);  (p, idx) = topk(s, k)
 //   sigmoid:         s = sigmoid(l);  idx = topk(s + bias);  p = s[idx] / (sum s[idx] + 1e-20)
 //                    (k > 1; p = s[idx] for k = 1)
+//   sqrtsoftplus:    s = sqrt(softplus(l)), softplus(x) = log1p(exp(-|x|)) + max(x, 0); then
+//                    as sigmoid (bias, renormalisation, aux scores); ds/dl = sigmoid(l) / (2 s)
 //   group-limited:   a group's score = sum of its top (k / group_topk) scores; only the best
 //                    group_topk groups take part in the top-k
 //   sinkhorn:        training: idx = topk(sinkhorn(exp(l)), k), from Megatron's Sinkhorn
@@ -24,17 +26,24 @@
 //   outputs and gradients are unchanged (FP8 amaxes may see the extra rows).
 //
 // Aux losses (added to the router's backward, never to the LM loss; T = all tokens routed):
-//   aux_loss:      L = coeff * E / (k T^2) * sum_e c_e * sum_t s[t,e]
-//   seq_aux_loss:  the same per sequence (T = S), averaged over the B sequences
-//   z_loss:        L = coeff * mean_t logsumexp_e(l[t,e])^2
-// where s is the full softmax (sigmoid: s/sum s) and c_e counts a separate top-k of s.
-// Ties in every top-k go to the lower index (deterministic).
+//   aux_loss:         L = coeff * E / (k T^2) * sum_e c_e * sum_t s[t,e]
+//   seq_aux_loss:     the same per sequence (T = S), averaged over the B sequences
+//   global_aux_loss:  the same with c_e the running mean, over the global batch's
+//                     micro-batches so far, of the counts summed over the DP x CP group, and
+//                     T = this micro-batch's tokens of that group (Megatron's
+//                     global_tokens_per_expert / ga_steps); none in evaluation
+//   z_loss:           L = coeff * mean_t logsumexp_e(l[t,e])^2
+// where s is the full softmax (sigmoid, sqrtsoftplus: a/sum a of the scores a) and c_e
+// counts a separate top-k of s. Every listed type with a positive coefficient applies (the
+// gradient is the sum of theirs). Ties in every top-k go to the lower index (deterministic).
 //
 // Context parallelism splits each sequence over CP ranks: every rank routes its own tokens,
 // the counts c_e (per sequence for seq_aux_loss) are summed over the CP group and T (S) is
 // the CP group's, so each rank's L and z-loss are its tokens' share of the whole sequences'
 // and their sum over the CP ranks, like the gradients' sum, is the one-process value
-// (Megatron's TP x CP reduction of the counts; its 1/|CP| on the z-loss).
+// (Megatron's TP x CP reduction of the counts; its 1/|CP| on the z-loss). global_aux_loss
+// does the same over the DP x CP group (Megatron's TP x DP x CP): a DP run equals the
+// one-process run whose micro-batches hold the DP ranks' micro-batches together.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -50,26 +59,34 @@ struct Routing {
   std::vector<double> prob;   // [T,k] routing weights (scaled); 0 when dropped
   std::vector<uint8_t> kept;  // [T,k] survived capacity
   std::vector<double> topk_raw;  // [T,k] what the weights were computed from (see .cpp)
-  std::vector<double> scores;    // [T,E] softmax (pre / aux) or sigmoid values
+  std::vector<double> scores;    // [T,E] softmax (pre / aux) or sigmoid / sqrtsoftplus values
   // Dispatch: rows grouped by expert (expert-major, tokens ascending), padding included.
   std::vector<int64_t> counts;    // [E] rows per expert
   std::vector<int64_t> row_token; // [N] token of each row
   std::vector<int32_t> row_slot;  // [N] its top-k slot j, or -1 (a padding row: p = 0)
   std::vector<int64_t> tok_offsets, tok_rows;  // CSR: the rows of token t, ascending
   std::vector<double> tokens_per_expert;       // [E] routed (kept) tokens, for the expert bias
-  // Aux losses (values with their coefficient) and what their gradients need.
-  double aux_loss = 0, z_loss = 0;
-  std::vector<double> aux_scores;  // [T,E] s of the aux loss
-  std::vector<double> aux_counts;  // [E] or [B,E] (seq_aux_loss) counts c
-  std::vector<double> lse;         // [T] logsumexp of the logits (z-loss)
-  int64_t capacity = 0;            // 0: dropless
-  int64_t cp = 1;                  // the CP ranks sharing the aux losses' token count
+  // Aux losses (values with their coefficients) and what their gradients need.
+  double aux_loss = 0, seq_aux_loss = 0, global_aux_loss = 0, z_loss = 0;
+  std::vector<double> aux_scores;     // [T,E] s of the aux losses (one for every type)
+  std::vector<double> aux_counts;     // [E] aux_loss's counts c (summed over CP)
+  std::vector<double> seq_counts;     // [B,E] seq_aux_loss's, per sequence
+  std::vector<double> global_counts;  // [E] global_aux_loss's running mean
+  std::vector<double> lse;            // [T] logsumexp of the logits (z-loss)
+  int64_t capacity = 0;               // 0: dropless
+  int64_t cp = 1;                     // the CP ranks sharing the aux losses' token count
+  int64_t global_ranks = 1;           // the DP x CP ranks sharing global_aux_loss's
 };
 
-// Context parallelism (see above): the CP group's size and a sum of the aux counts over it.
+// The ranks the aux losses count tokens over (see above). Context parallelism: the CP
+// group's size and a sum of the aux_loss / seq_aux_loss counts over it. global_aux_loss:
+// the DP x CP group's size, and what turns this micro-batch's counts [E] into the running
+// mean of their sums over that group (the layer's state, MoeLayer); null: the counts stay.
 struct AuxLossGroup {
   int64_t ranks = 1;
   std::function<void(std::vector<double>&)> sum;
+  int64_t global_ranks = 1;
+  std::function<void(std::vector<double>&)> global;
 };
 
 // logits [T,E] (row t = token t of the sequence-first [S,B] order); bias [E] or null.

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,18 @@ void kv_cache_attention(const T* qkv, const AttentionDims& d, const int64_t* pos
   const int64_t C = NG * HD;        // cache elements per position of one slot
   int64_t reach = 0;                // the longest prefix any query row reads
   for (int64_t b = 0; b < B; ++b) reach = std::max(reach, pos[b] + Sq);
+  // Attention sinks (d.sink, [NH] f32 or f64): one more logit a head, with no value.
+  std::function<double(int64_t)> sink;
+  if (d.sink.defined()) {
+    MCPP_CHECK(d.sink.device() == Device::CPU && d.sink.numel() >= NH &&
+                   (d.sink.dtype() == DType::F32 || d.sink.dtype() == DType::F64),
+               "attention_kv_cache_forward: sink {} is not {} f32/f64 CPU values", d.sink.str(),
+               NH);
+    const Tensor z = d.sink;
+    sink = [z](int64_t h) {
+      return z.dtype() == DType::F32 ? double(z.data<float>()[h]) : z.data<double>()[h];
+    };
+  }
     // 1. Append the new keys and values.
 #pragma omp parallel for collapse(2) schedule(static) if (Sq * C > kParallelGrain)
   for (int64_t i = 0; i < Sq; ++i)
@@ -72,6 +85,7 @@ void kv_cache_attention(const T* qkv, const AttentionDims& d, const int64_t* pos
         const T* vr = vslot + k * C;
         for (int64_t c = 0; c < HD; ++c) acc[size_t(c)] += e * double(vr[c]);
       }
+      if (sink) sum += std::exp(sink(h) - mx);  // the sink's logit: no value
       T* o = out + (i * B + b) * NH * HD + h * HD;
       for (int64_t c = 0; c < HD; ++c) o[c] = T(acc[size_t(c)] / sum);
     }

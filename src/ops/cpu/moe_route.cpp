@@ -223,21 +223,27 @@ void moe_route_counts(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Te
   c.stream(s);
   check_spec(r, c.op);
   const DType dt = c.floating(logits, "logits");
-  const int64_t E = r.E, k = r.k, T = logits.numel() / E, G = r.seq_aux ? B : 1;
+  const int64_t E = r.E, k = r.k, T = logits.numel() / E, R = moe_aux_rows(r, B);
   MCPP_CHECK(B >= 1 && T % B == 0, "moe_route_counts: {} tokens in {} sequences", T, B);
   c.dtype(aux_counts, "aux_counts", dt);
-  c.numel(aux_counts, "aux_counts", G * E);
+  c.numel(aux_counts, "aux_counts", R * E);
+  const int64_t ra = moe_aux_row(r, B), rg = moe_aux_global_row(r, B);
   dispatch_float(dt, [&](auto tag) {
     using F = decltype(tag);
     const F* l = logits.data<F>();
     F* cnt = aux_counts.data<F>();
-    std::fill(cnt, cnt + G * E, F(0));
+    std::fill(cnt, cnt + R * E, F(0));
     std::vector<F> sc(static_cast<size_t>(E));
     std::vector<int64_t> top(static_cast<size_t>(k));
     for (int64_t t = 0; t < T; ++t) {
       moe_math::aux_scores(r, l + t * E, sc.data());
       moe_math::topk(sc.data(), E, k, top.data());
-      for (int64_t j = 0; j < k; ++j) cnt[(r.seq_aux ? t % B : 0) * E + top[size_t(j)]] += F(1);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t e = top[size_t(j)];
+        if (r.seq_aux) cnt[(t % B) * E + e] += F(1);
+        if (r.aux) cnt[ra * E + e] += F(1);
+        if (r.global_aux) cnt[rg * E + e] += F(1);
+      }
     }
   });
 }
@@ -248,39 +254,52 @@ void moe_route_stats(const Tensor& logits, const Tensor& aux_counts, const MoeRo
   c.stream(s);
   check_spec(r, c.op);
   const DType dt = c.floating(logits, "logits");
-  const int64_t E = r.E, k = r.k, T = logits.numel() / E, G = r.seq_aux ? B : 1;
-  MCPP_CHECK(B >= 1 && T % B == 0 && r.cp >= 1,
-             "moe_route_stats: {} tokens in {} sequences, "
-             "CP {}",
-             T, B, r.cp);
-  if (r.aux) {
+  const int64_t E = r.E, T = logits.numel() / E, R = moe_aux_rows(r, B);
+  MCPP_CHECK(B >= 1 && T % B == 0 && r.cp >= 1 && r.global_ranks >= 1,
+             "moe_route_stats: {} tokens in {} sequences, CP {}, DP x CP {}", T, B, r.cp,
+             r.global_ranks);
+  if (r.any_aux()) {
     c.dtype(aux_counts, "aux_counts", dt);
-    c.numel(aux_counts, "aux_counts", G * E);
+    c.numel(aux_counts, "aux_counts", R * E);
   }
   c.dtype(losses, "losses", dt);
-  c.numel(losses, "losses", 2);
+  c.numel(losses, "losses", 4);
+  const int64_t ra = moe_aux_row(r, B), rg = moe_aux_global_row(r, B);
+  double f[3];
+  moe_math::aux_factors(r, T, B, f);
   dispatch_float(dt, [&](auto tag) {
     using F = decltype(tag);
     const F* l = logits.data<F>();
-    std::vector<F> colsum(size_t(G * E), F(0)), sc(static_cast<size_t>(E));
+    // The score sums per sequence (seq_aux_loss) and over all tokens (aux / global).
+    std::vector<F> col_seq(static_cast<size_t>(B * E), F(0)), col(static_cast<size_t>(E), F(0));
+    std::vector<F> sc(static_cast<size_t>(E));
     F z = 0;
     for (int64_t t = 0; t < T; ++t) {
-      if (r.aux) {
+      if (r.any_aux()) {
         moe_math::aux_scores(r, l + t * E, sc.data());
-        for (int64_t e = 0; e < E; ++e)
-          colsum[size_t((r.seq_aux ? t % B : 0) * E + e)] += sc[size_t(e)];
+        for (int64_t e = 0; e < E; ++e) {
+          if (r.seq_aux) col_seq[size_t((t % B) * E + e)] += sc[size_t(e)];
+          col[size_t(e)] += sc[size_t(e)];
+        }
       }
       if (r.z) {
         const F lse = moe_math::softmax(l + t * E, E, sc.data());
         z += lse * lse;
       }
     }
-    F L = 0;
-    if (r.aux)
-      for (int64_t i = 0; i < G * E; ++i) L += aux_counts.data<F>()[i] * colsum[size_t(i)];
-    const F Tg = F(T / G * r.cp);
-    losses.data<F>()[0] = r.aux ? F(E) / (F(k) * Tg * Tg) * L / F(G) : F(0);
-    losses.data<F>()[1] = r.z ? z / F(T * r.cp) : F(0);
+    const F* cnt = r.any_aux() ? aux_counts.data<F>() : nullptr;
+    F La = 0, Ls = 0, Lg = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (r.aux) La += cnt[ra * E + e] * col[size_t(e)];
+      if (r.global_aux) Lg += cnt[rg * E + e] * col[size_t(e)];
+    }
+    if (r.seq_aux)
+      for (int64_t i = 0; i < B * E; ++i) Ls += cnt[i] * col_seq[size_t(i)];
+    F* out = losses.data<F>();
+    out[0] = r.aux ? F(f[0]) * La : F(0);
+    out[1] = r.seq_aux ? F(f[1]) * Ls : F(0);
+    out[2] = r.global_aux ? F(f[2]) * Lg : F(0);
+    out[3] = r.z ? z / F(T * r.cp) : F(0);
   });
 }
 
@@ -291,7 +310,7 @@ void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& d
   c.stream(s);
   check_spec(r, c.op);
   const DType dt = c.floating(logits, "logits");
-  const int64_t E = r.E, k = r.k, T = logits.numel() / E, G = r.seq_aux ? B : 1;
+  const int64_t E = r.E, k = r.k, T = logits.numel() / E, R = moe_aux_rows(r, B);
   MCPP_CHECK(B >= 1 && T % B == 0, "moe_route_backward: {} tokens in {} sequences", T, B);
   c.dtype(idx, "idx", DType::I64);
   c.numel(idx, "idx", T * k);
@@ -299,27 +318,33 @@ void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& d
   c.numel(dprob, "dprob", T * k);
   c.dtype(dlogits, "dlogits", dt);
   c.numel(dlogits, "dlogits", T * E);
-  if (r.aux) {
+  if (r.any_aux()) {
     c.dtype(aux_counts, "aux_counts", dt);
-    c.numel(aux_counts, "aux_counts", G * E);
+    c.numel(aux_counts, "aux_counts", R * E);
   }
-  MCPP_CHECK(r.cp >= 1, "moe_route_backward: CP {}", r.cp);
-  const double Tg = double(T / G * r.cp);
-  const double ds = aux_scale * r.aux_coeff * double(E) / (double(k) * Tg * Tg) / double(G);
+  MCPP_CHECK(r.cp >= 1 && r.global_ranks >= 1, "moe_route_backward: CP {}, DP x CP {}", r.cp,
+             r.global_ranks);
+  double f[3];
+  moe_math::aux_factors(r, T, B, f);
+  const double ds[3] = {aux_scale * r.aux_coeff * f[0], aux_scale * r.seq_aux_coeff * f[1],
+                        aux_scale * r.global_aux_coeff * f[2]};
   const double zc = aux_scale * r.z_coeff * 2.0 / double(T * r.cp);
   dispatch_float(dt, [&](auto tag) {
     using F = decltype(tag);
     const F* l = logits.data<F>();
-    const F* cnt = r.aux ? aux_counts.data<F>() : nullptr;
+    const F* cnt = r.any_aux() ? aux_counts.data<F>() : nullptr;
+    const F scale[3] = {F(ds[0]), F(ds[1]), F(ds[2])};
 #pragma omp parallel
     {
       std::vector<F> sc(static_cast<size_t>(E)), tmp(static_cast<size_t>(E + k));
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < T; ++t)
+      for (int64_t t = 0; t < T; ++t) {
+        const moe_math::AuxGrad<F> ag =
+            cnt ? moe_math::aux_grad(r, cnt, t, B, scale) : moe_math::AuxGrad<F>{};
         moe_math::route_token_backward(r, l + t * E, idx.data<int64_t>() + t * k,
-                                       dprob.data<F>() + t * k, t >= r0 && t < r1,
-                                       cnt ? cnt + (r.seq_aux ? t % B : 0) * E : nullptr, F(ds),
-                                       F(zc), dlogits.data<F>() + t * E, sc.data(), tmp.data());
+                                       dprob.data<F>() + t * k, t >= r0 && t < r1, ag, F(zc),
+                                       dlogits.data<F>() + t * E, sc.data(), tmp.data());
+      }
     }
   });
 }

@@ -103,12 +103,13 @@ __device__ __forceinline__ float row_dot(const float* q_s, const T* row, int HD,
   return dot;
 }
 
-template <typename T>
+// sink: attention sinks (AttentionDims::sink, [NH]), or null.
+template <typename T, typename W>
 static __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
                             const T* __restrict__ kc, const T* __restrict__ vc,
                             T* __restrict__ out, int64_t B, int NH, int NG, int HD,
-                            int64_t Tmax, float scale, bool vec) {
+                            int64_t Tmax, float scale, bool vec, const W* __restrict__ sink) {
   __shared__ float q_s[kMaxHD];
   __shared__ float m_s[kWarps], l_s[kWarps];
   __shared__ float acc_s[kWarps][kMaxHD];
@@ -172,6 +173,7 @@ static __global__ void __launch_bounds__(kWarps * 32)
     wgt[w] = m_s[w] == -INFINITY ? 0.f : __expf(m_s[w] - M);  // a warp without keys
     L += l_s[w] * wgt[w];
   }
+  if (sink) L += __expf(to_f(sink[h]) - M);  // the sink's logit: no value
   T* o = out + (ib * NH + h) * int64_t(HD);
   for (int c = threadIdx.x; c < HD; c += blockDim.x) {
     float a = 0.f;
@@ -392,22 +394,31 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   MCPP_CHECK(d.HD <= kMaxHD, "{}: head dim {} > {} is not supported", op, d.HD, kMaxHD);
   MCPP_CHECK(d.S * d.B * d.NH < (int64_t(1) << 31), "{}: {} rows x heads exceed a grid", op,
              d.S * d.B * d.NH);
+  if (d.sink.defined()) {
+    check_cuda(d.sink, op, "sink");
+    check_numel(d.sink, d.NH, op, "sink");
+  }
   const bool vec = vec_rows(qkv, d, k_cache, v_cache);
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
-    // A decode step: the group kernel where it has an instance; a prefill: per head.
-    if (d.S == 1 && launch_group<T>(static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
-                                    static_cast<const T*>(k_cache.raw()),
-                                    static_cast<const T*>(v_cache.raw()), static_cast<T*>(out.raw()),
-                                    d, k_cache.size(1), float(softmax_scale), vec,
-                                    stream_of(s))) {
+    // A decode step: the group kernel where it has an instance; a prefill, or attention
+    // sinks: per head.
+    if (d.S == 1 && !d.sink.defined() &&
+        launch_group<T>(static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
+                        static_cast<const T*>(k_cache.raw()), static_cast<const T*>(v_cache.raw()),
+                        static_cast<T*>(out.raw()), d, k_cache.size(1), float(softmax_scale), vec,
+                        stream_of(s))) {
       MCPP_LAUNCH_CHECK();
       break;
     }
-    decode_attention_kernel<T><<<unsigned(d.S * d.B * d.NH), kWarps * 32, 0, stream_of(s)>>>(
-        static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
-        static_cast<const T*>(k_cache.raw()), static_cast<const T*>(v_cache.raw()),
-        static_cast<T*>(out.raw()), d.B, int(d.NH), int(d.NG), int(d.HD), k_cache.size(1),
-        float(softmax_scale), vec);
+    const DType sdt = d.sink.defined() ? d.sink.dtype() : qkv.dtype();
+    MCPP_DISPATCH_ACT2(sdt, op,
+        decode_attention_kernel<T, T2>
+        <<<unsigned(d.S * d.B * d.NH), kWarps * 32, 0, stream_of(s)>>>(
+            static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
+            static_cast<const T*>(k_cache.raw()), static_cast<const T*>(v_cache.raw()),
+            static_cast<T*>(out.raw()), d.B, int(d.NH), int(d.NG), int(d.HD), k_cache.size(1),
+            float(softmax_scale), vec,
+            d.sink.defined() ? static_cast<const T2*>(d.sink.raw()) : nullptr));
     MCPP_LAUNCH_CHECK();
   });
 }
@@ -438,6 +449,7 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
     T* q = static_cast<T*>(qkv.raw());
     T* kc = static_cast<T*>(k_cache.raw());
     T* vc = static_cast<T*>(v_cache.raw());
+    if (d.sink.defined()) break;  // attention sinks: the rotation, then decode_attention's
     fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
       const float2* rope_tab = decode_rope_table(k_cache.size(1), rot_dim, freqs, cs);
       const bool ps = decode_attention_psmem();

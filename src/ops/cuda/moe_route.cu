@@ -1,6 +1,8 @@
 // MoE routing on the device (catalogue.inc, ---- MoE routing): top-k with the score
-// function, the load-balancing statistics and the routing's backward (the dispatch index is
-// moe_route_index.cu), so that a MoE layer moves only its E row counts to the host.
+// function (softmax, sigmoid, sqrtsoftplus), the load-balancing statistics (any of
+// aux_loss, seq_aux_loss and global_aux_loss at once, the z-loss) and the routing's
+// backward (the dispatch index is moe_route_index.cu), so that a MoE layer moves only its E
+// row counts to the host.
 // The per-token math is ops/moe_route_math.h, shared with the CPU reference op; here one
 // thread routes one token in f32 (logits of any activation dtype are widened first), with
 // its E scores in thread-local arrays (E <= kMaxE).
@@ -97,37 +99,52 @@ __global__ void stats_column_kernel(const float* __restrict__ v, int64_t T_, int
   if (threadIdx.x == 0) out[blockIdx.x] = c;
 }
 
-// Step 3 (one block): the two losses.
+// Step 3 (one block): the losses (aux_loss, seq_aux_loss, global_aux_loss, z-loss) from the
+// counts [moe_aux_rows, E] and the score sums col_seq [B,E] (seq_aux_loss) and col [E] (the
+// others); f: the aux losses' factors (moe_math::aux_factors).
 __global__ void stats_final_kernel(const float* __restrict__ counts,
-                                   const float* __restrict__ colsum, const float* __restrict__ lse2,
-                                   MoeRouteSpec r, int64_t T_, int64_t G, float* __restrict__ losses) {
+                                   const float* __restrict__ col_seq, const float* __restrict__ col,
+                                   const float* __restrict__ lse2, MoeRouteSpec r, int64_t T_,
+                                   int64_t B, float f0, float f1, float f2,
+                                   float* __restrict__ losses) {
   __shared__ float sh[kThreads];
-  float L = 0.f, z = 0.f;
-  if (r.aux)
-    for (int64_t i = threadIdx.x; i < G * r.E; i += kThreads) L += counts[i] * colsum[i];
+  const int64_t E = r.E, ra = moe_aux_row(r, B), rg = moe_aux_global_row(r, B);
+  float La = 0.f, Ls = 0.f, Lg = 0.f, z = 0.f;
+  for (int64_t e = threadIdx.x; e < E; e += kThreads) {
+    if (r.aux) La += counts[ra * E + e] * col[e];
+    if (r.global_aux) Lg += counts[rg * E + e] * col[e];
+  }
+  if (r.seq_aux)
+    for (int64_t i = threadIdx.x; i < B * E; i += kThreads) Ls += counts[i] * col_seq[i];
   if (r.z)
     for (int64_t t = threadIdx.x; t < T_; t += kThreads) z += lse2[t];
-  L = block_sum(L, sh);
+  La = block_sum(La, sh);
+  Ls = block_sum(Ls, sh);
+  Lg = block_sum(Lg, sh);
   z = block_sum(z, sh);
   if (threadIdx.x == 0) {
-    const float Tg = float(T_ / G * r.cp);
-    losses[0] = r.aux ? float(r.E) / (float(r.k) * Tg * Tg) * L / float(G) : 0.f;
-    losses[1] = r.z ? z / float(T_ * r.cp) : 0.f;
+    losses[0] = r.aux ? f0 * La : 0.f;
+    losses[1] = r.seq_aux ? f1 * Ls : 0.f;
+    losses[2] = r.global_aux ? f2 * Lg : 0.f;
+    losses[3] = r.z ? z / float(T_ * r.cp) : 0.f;
   }
 }
 
 template <typename T>
 __global__ void backward_kernel(const T* __restrict__ logits, const int64_t* __restrict__ idx,
                                 const float* __restrict__ dprob, const float* __restrict__ counts,
-                                MoeRouteSpec r, int64_t T_, int64_t B, float ds, float zc,
-                                int64_t r0, int64_t r1, T* __restrict__ dlogits) {
+                                MoeRouteSpec r, int64_t T_, int64_t B, float ds0, float ds1,
+                                float ds2, float zc, int64_t r0, int64_t r1,
+                                T* __restrict__ dlogits) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= T_) return;
   const int64_t E = r.E;
   float l[kMaxE], dl[kMaxE], s[kMaxE], tmp[kMaxE];
   load_row(logits, t, E, l);
-  mm::route_token_backward(r, l, idx + t * r.k, dprob + t * r.k, t >= r0 && t < r1,
-                           counts ? counts + (r.seq_aux ? t % B : 0) * E : nullptr, ds, zc, dl,
+  const float scale[3] = {ds0, ds1, ds2};
+  const mm::AuxGrad<float> ag =
+      counts ? mm::aux_grad(r, counts, t, B, scale) : mm::AuxGrad<float>{};
+  mm::route_token_backward(r, l, idx + t * r.k, dprob + t * r.k, t >= r0 && t < r1, ag, zc, dl,
                            s, tmp);
   for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = from_f<T>(dl[e]);
 }
@@ -198,18 +215,26 @@ void moe_route_counts(const Tensor& logits, const MoeRouteSpec& r, int64_t B, Te
   const char* op = "moe_route_counts";
   check_spec(r, op);
   check_cuda(logits, op, "logits");
-  const int64_t E = r.E, T_ = logits.numel() / E, G = r.seq_aux ? B : 1;
+  const int64_t E = r.E, T_ = logits.numel() / E, R = moe_aux_rows(r, B);
   MCPP_CHECK(B >= 1 && T_ > 0 && T_ % B == 0, "{}: {} tokens in {} sequences", op, T_, B);
   check_f32(aux_counts, op, "aux_counts");
-  check_numel(aux_counts, G * E, op, "aux_counts");
+  check_numel(aux_counts, R * E, op, "aux_counts");
+  if (R == 0) return;
   Tensor hit = Tensor::empty({T_ * E}, DType::F32, Device::CUDA);
   cudaStream_t cs = stream_of(s);
   MCPP_DISPATCH_ACT(logits.dtype(), op,
                     stats_token_kernel<T><<<blocks(T_), kThreads, 0, cs>>>(
                         static_cast<const T*>(logits.raw()), r, T_, nullptr, hit.data<float>(),
                         nullptr));
-  stats_column_kernel<<<unsigned(G * E), kThreads, 0, cs>>>(hit.data<float>(), T_, E, G,
-                                                            aux_counts.data<float>());
+  float* out = aux_counts.data<float>();
+  if (r.seq_aux)  // per sequence
+    stats_column_kernel<<<unsigned(B * E), kThreads, 0, cs>>>(hit.data<float>(), T_, E, B, out);
+  if (r.aux)  // all tokens
+    stats_column_kernel<<<unsigned(E), kThreads, 0, cs>>>(hit.data<float>(), T_, E, 1,
+                                                          out + moe_aux_row(r, B) * E);
+  if (r.global_aux)
+    stats_column_kernel<<<unsigned(E), kThreads, 0, cs>>>(hit.data<float>(), T_, E, 1,
+                                                          out + moe_aux_global_row(r, B) * E);
   MCPP_LAUNCH_CHECK();
 }
 
@@ -218,30 +243,38 @@ void moe_route_stats(const Tensor& logits, const Tensor& aux_counts, const MoeRo
   const char* op = "moe_route_stats";
   check_spec(r, op);
   check_cuda(logits, op, "logits");
-  const int64_t E = r.E, T_ = logits.numel() / E, G = r.seq_aux ? B : 1;
-  MCPP_CHECK(B >= 1 && T_ > 0 && T_ % B == 0 && r.cp >= 1, "{}: {} tokens in {} sequences, CP {}",
-             op, T_, B, r.cp);
-  if (r.aux) {
+  const int64_t E = r.E, T_ = logits.numel() / E, R = moe_aux_rows(r, B);
+  MCPP_CHECK(B >= 1 && T_ > 0 && T_ % B == 0 && r.cp >= 1 && r.global_ranks >= 1,
+             "{}: {} tokens in {} sequences, CP {}, DP x CP {}", op, T_, B, r.cp, r.global_ranks);
+  const bool aux = r.any_aux();
+  if (aux) {
     check_f32(aux_counts, op, "aux_counts");
-    check_numel(aux_counts, G * E, op, "aux_counts");
+    check_numel(aux_counts, R * E, op, "aux_counts");
   }
   check_f32(losses, op, "losses");
-  check_numel(losses, 2, op, "losses");
-  Tensor sc = Tensor::empty({r.aux ? T_ * E : 1}, DType::F32, Device::CUDA);
+  check_numel(losses, 4, op, "losses");
+  Tensor sc = Tensor::empty({aux ? T_ * E : 1}, DType::F32, Device::CUDA);
   Tensor lse2 = Tensor::empty({r.z ? T_ : 1}, DType::F32, Device::CUDA);
-  Tensor colsum = Tensor::empty({G * E}, DType::F32, Device::CUDA);
+  Tensor col_seq = Tensor::empty({r.seq_aux ? B * E : 1}, DType::F32, Device::CUDA);
+  Tensor col = Tensor::empty({E}, DType::F32, Device::CUDA);
   cudaStream_t cs = stream_of(s);
   MCPP_DISPATCH_ACT(logits.dtype(), op,
                     stats_token_kernel<T><<<blocks(T_), kThreads, 0, cs>>>(
                         static_cast<const T*>(logits.raw()), r, T_,
-                        r.aux ? sc.data<float>() : nullptr, nullptr,
+                        aux ? sc.data<float>() : nullptr, nullptr,
                         r.z ? lse2.data<float>() : nullptr));
-  if (r.aux)
-    stats_column_kernel<<<unsigned(G * E), kThreads, 0, cs>>>(sc.data<float>(), T_, E, G,
-                                                              colsum.data<float>());
-  stats_final_kernel<<<1, kThreads, 0, cs>>>(r.aux ? aux_counts.data<float>() : nullptr,
-                                             colsum.data<float>(), lse2.data<float>(), r, T_, G,
-                                             losses.data<float>());
+  if (r.seq_aux)
+    stats_column_kernel<<<unsigned(B * E), kThreads, 0, cs>>>(sc.data<float>(), T_, E, B,
+                                                              col_seq.data<float>());
+  if (r.aux || r.global_aux)
+    stats_column_kernel<<<unsigned(E), kThreads, 0, cs>>>(sc.data<float>(), T_, E, 1,
+                                                          col.data<float>());
+  double f[3];
+  mm::aux_factors(r, T_, B, f);
+  stats_final_kernel<<<1, kThreads, 0, cs>>>(aux ? aux_counts.data<float>() : nullptr,
+                                             col_seq.data<float>(), col.data<float>(),
+                                             lse2.data<float>(), r, T_, B, float(f[0]),
+                                             float(f[1]), float(f[2]), losses.data<float>());
   MCPP_LAUNCH_CHECK();
 }
 
@@ -251,7 +284,7 @@ void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& d
   const char* op = "moe_route_backward";
   check_spec(r, op);
   check_cuda(logits, op, "logits");
-  const int64_t E = r.E, k = r.k, T_ = logits.numel() / E, G = r.seq_aux ? B : 1;
+  const int64_t E = r.E, k = r.k, T_ = logits.numel() / E, R = moe_aux_rows(r, B);
   MCPP_CHECK(B >= 1 && T_ % B == 0, "{}: {} tokens in {} sequences", op, T_, B);
   check_i64(idx, T_ * k, op, "idx");
   check_f32(dprob, op, "dprob");
@@ -260,20 +293,24 @@ void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& d
   MCPP_CHECK(dlogits.dtype() == logits.dtype() && dlogits.numel() == T_ * E,
              "{}: dlogits {} for logits {}", op, dlogits.str(), logits.str());
   const float* cnt = nullptr;
-  if (r.aux) {
+  if (r.any_aux()) {
     check_f32(aux_counts, op, "aux_counts");
-    check_numel(aux_counts, G * E, op, "aux_counts");
+    check_numel(aux_counts, R * E, op, "aux_counts");
     cnt = aux_counts.data<float>();
   }
   if (T_ == 0) return;
-  MCPP_CHECK(r.cp >= 1, "{}: CP {}", op, r.cp);
-  const double Tg = double(T_ / G * r.cp);
-  const float ds = float(aux_scale * r.aux_coeff * double(E) / (double(k) * Tg * Tg) / double(G));
+  MCPP_CHECK(r.cp >= 1 && r.global_ranks >= 1, "{}: CP {}, DP x CP {}", op, r.cp,
+             r.global_ranks);
+  double f[3];
+  mm::aux_factors(r, T_, B, f);
+  const float ds0 = float(aux_scale * r.aux_coeff * f[0]);
+  const float ds1 = float(aux_scale * r.seq_aux_coeff * f[1]);
+  const float ds2 = float(aux_scale * r.global_aux_coeff * f[2]);
   const float zc = float(aux_scale * r.z_coeff * 2.0 / double(T_ * r.cp));
   MCPP_DISPATCH_ACT(logits.dtype(), op,
                     backward_kernel<T><<<blocks(T_), kThreads, 0, stream_of(s)>>>(
                         static_cast<const T*>(logits.raw()), idx.data<int64_t>(),
-                        dprob.data<float>(), cnt, r, T_, B, ds, zc, r0, r1,
+                        dprob.data<float>(), cnt, r, T_, B, ds0, ds1, ds2, zc, r0, r1,
                         static_cast<T*>(dlogits.raw())));
   MCPP_LAUNCH_CHECK();
 }

@@ -340,7 +340,6 @@ static __global__ void __launch_bounds__(kThreads)
 }
 
 #include "ops/cuda/norms_backward.cuh"
-#include "ops/cuda/qk_norm.cuh"
 
 // ---- launch configuration -------------------------------------------------------------------
 
@@ -563,6 +562,9 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
                               dwp, dbp, rows, H, stream_of(s)));
 }
 
+// --qk-layernorm's per-head norms: kernels, launchers and argument checks.
+#include "ops/cuda/qk_norm.cuh"
+
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
@@ -587,59 +589,28 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
                       "rmsnorm_backward");
 }
 
-namespace {
-// Checks x and the weights of a qk_norm op; returns HD.
-int qk_norm_check(const Tensor& x, const Tensor& wq, const Tensor& wk, int64_t r, const char* op) {
-  check_cuda(x, op, "x");
-  MCPP_CHECK(wq.defined() && wk.defined(), "{}: a weight is undefined", op);
-  const int64_t HD = wq.numel();
-  MCPP_CHECK(r >= 1 && HD > 0 && HD <= kQkMaxHD && x.numel() % (HD * (r + 2)) == 0,
-             "{}: qkv of {} values is not [T, NG*({}+2)*{}], or HD {} is over {}", op, x.numel(),
-             r, HD, HD, kQkMaxHD);
-  param(wq, HD, op, "wq");
-  param(wk, HD, op, "wk");
-  return int(HD);
-}
-}  // namespace
-
 void qk_norm_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, int64_t r, double eps,
                      bool one_plus, Tensor& y, Stream& s) {
-  const char* op = "qk_norm_forward";
-  const int HD = qk_norm_check(x, wq, wk, r, op);
-  check_cuda(y, op, "y");
-  MCPP_CHECK(y.dtype() == x.dtype(), "{}: x is {}, y is {}; one dtype expected", op, x.str(),
-             y.str());
-  check_numel(y, x.numel(), op, "y");
-  const int64_t slots = x.numel() / HD;
-  if (slots == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), op,
-                    launch_qk_norm_forward<T>(static_cast<const T*>(x.raw()),
-                                              param(wq, HD, op, "wq"), param(wk, HD, op, "wk"),
-                                              slots, int(r), HD, float(eps), one_plus ? 1.f : 0.f,
-                                              static_cast<T*>(y.raw()), stream_of(s)));
+  qk_norm_fwd<false>("qk_norm_forward", x, wq, Tensor(), wk, Tensor(), r, eps, one_plus, y, s);
 }
 
 void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, int64_t r, double eps,
                       bool one_plus, Tensor& dqkv, Tensor& dwq, Tensor& dwk, Stream& s) {
-  const char* op = "qk_norm_backward";
-  const int HD = qk_norm_check(x, wq, wk, r, op);
-  check_cuda(dqkv, op, "dqkv");
-  MCPP_CHECK(dqkv.dtype() == x.dtype(), "{}: x is {}, dqkv is {}; one dtype expected", op,
-             x.str(), dqkv.str());
-  check_numel(dqkv, x.numel(), op, "dqkv");
-  check_f32(dwq, op, "dwq");
-  check_f32(dwk, op, "dwk");
-  check_numel(dwq, HD, op, "dwq");
-  check_numel(dwk, HD, op, "dwk");
-  const int64_t qk_rows = x.numel() / (int64_t(HD) * (r + 2)) * (r + 1);
-  if (qk_rows == 0) return;
-  MCPP_DISPATCH_ACT(x.dtype(), op,
-                    launch_qk_norm_backward<T>(
-                        static_cast<const T*>(x.raw()), param(wq, HD, op, "wq"),
-                        param(wk, HD, op, "wk"), qk_rows, int(r), HD, float(eps),
-                        one_plus ? 1.f : 0.f, static_cast<T*>(dqkv.raw()),
-                        static_cast<float*>(dwq.raw()), static_cast<float*>(dwk.raw()),
-                        stream_of(s)));
+  qk_norm_bwd<false>("qk_norm_backward", x, wq, wk, r, eps, one_plus, dqkv, dwq, nullptr, dwk,
+                     nullptr, s);
+}
+
+void qk_layernorm_forward(const Tensor& x, const Tensor& wq, const Tensor& bq, const Tensor& wk,
+                          const Tensor& bk, int64_t r, double eps, bool one_plus, Tensor& y,
+                          Stream& s) {
+  qk_norm_fwd<true>("qk_layernorm_forward", x, wq, bq, wk, bk, r, eps, one_plus, y, s);
+}
+
+void qk_layernorm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, int64_t r,
+                           double eps, bool one_plus, Tensor& dqkv, Tensor& dwq, Tensor& dbq,
+                           Tensor& dwk, Tensor& dbk, Stream& s) {
+  qk_norm_bwd<true>("qk_layernorm_backward", x, wq, wk, r, eps, one_plus, dqkv, dwq, &dbq, dwk,
+                    &dbk, s);
 }
 
 }  // namespace mcpp::ops::cuda

@@ -97,8 +97,12 @@ void attention_prefill(const Tensor& qkv, const AttentionDims& d, double softmax
     }
     MCPP_LAUNCH_CHECK();
   });
-  // Causal attention of each prompt over its own rows: the training forward, no dropout.
-  cuda::attention_forward(qkv, d, softmax_scale, 0.0, DropoutKey{}, out, lse, s);
+  // Causal attention of each prompt over its own rows: the training forward, no dropout; then
+  // the sinks, as the training layer joins them.
+  AttentionDims plain = d;
+  plain.sink = Tensor();
+  cuda::attention_forward(qkv, plain, softmax_scale, 0.0, DropoutKey{}, out, lse, s);
+  if (d.sink.defined()) cuda::attention_sink_forward(out, lse, d.sink, 0, plain, s);
 }
 
 }  // namespace mcpp::ops::cuda

@@ -187,6 +187,28 @@ void RingRank::backward_step(const Tensor& dout, const Tensor& qkv, const Tensor
   });
 }
 
+void RingRank::apply_sink(Tensor& out, Tensor& lse, Stream& s) const {
+  if (fused) return ops::attention_sink_forward(out, lse, a.sink, 0, a.ad, s);
+  for (int x = 0; x < 2; ++x) {  // the chunk-block layout [2][B, NH, C]
+    ops::AttentionDims d = a.ad;
+    d.S = C;
+    Tensor o = chunk_rows(out, x, 1), l = lse_of(lse, x);
+    ops::attention_sink_forward(o, l, a.sink, 0, d, s);
+  }
+}
+
+void RingRank::sink_backward(const Tensor& dout, const Tensor& out, const Tensor& lse,
+                             Stream& s) const {
+  Tensor dsink = a.dsink;
+  if (fused) return ops::attention_sink_backward(dout, out, lse, a.sink, 0, a.ad, dsink, s);
+  for (int x = 0; x < 2; ++x) {
+    ops::AttentionDims d = a.ad;
+    d.S = C;
+    ops::attention_sink_backward(chunk_rows(dout, x, 1), chunk_rows(out, x, 1), lse_of(lse, x),
+                                 a.sink, 0, d, dsink, s);
+  }
+}
+
 namespace {
 
 // ---- p2p: the ring -----------------------------------------------------------------------
@@ -398,6 +420,7 @@ void a2a_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& cp
   Tensor ctx = Tensor::empty({d.S * d.B, O / g.P}, qkv.dtype(), qkv.device());
   Tensor l = lse.view({d.B, d.NH, d.S});
   ops::attention_forward(full, d, a.scale, a.dropout_p, a.key, ctx, l, s);
+  if (a.sink.defined()) ops::attention_sink_forward(ctx, l, a.sink, g.r * d.NH, d, s);
   heads_to_seq(g, ctx, out, cp, s);
 }
 
@@ -416,6 +439,11 @@ void a2a_backward(const CpAttention& a, const Tensor& dout, const Tensor& qkv, c
   seq_to_heads(g, out, ctx, cp, s);
   seq_to_heads(g, dout, dctx, cp, s);
   Tensor dfull = Tensor::empty(full.shape(), qkv.dtype(), dev);
+  if (a.sink.defined()) {
+    Tensor dsink = a.dsink;
+    ops::attention_sink_backward(dctx, ctx, lse.view({d.B, d.NH, d.S}), a.sink, g.r * d.NH, d,
+                                 dsink, s);
+  }
   ops::attention_backward(dctx, full, ctx, lse.view({d.B, d.NH, d.S}), d, a.scale, a.dropout_p,
                           a.key, dfull, s);
   heads_to_seq(g, dfull, dqkv, cp, s);
@@ -495,13 +523,20 @@ void attention_forward(const CpAttention& a, const Tensor& qkv, comm::Communicat
                        Tensor& out, Tensor& lse, Stream& s) {
   check_args("context-parallel attention_forward", a, qkv, cp);
   const CommType t = effective_type(a);
+  MCPP_CHECK_HINT(t != CommType::A2AP2P || !a.sink.defined(),
+                  "use --cp-comm-type p2p, all_gather or a2a with --softmax-type",
+                  "attention sinks (--softmax-type) with --cp-comm-type a2a+p2p are not "
+                  "implemented");
   if (t == CommType::A2A) return a2a_forward(a, qkv, cp, out, lse, s);
   if (t == CommType::A2AP2P) return hier_forward(a, qkv, cp, out, lse, s);
   CpAttention b = a;
   b.type = t;
   RingRank g(b, cp.size(), cp.rank(), qkv.dtype(), s);
-  if (t == CommType::AllGather) return gather_forward(b, g, qkv, cp, out, lse, s);
-  ring_forward(b, g, qkv, cp, out, lse, s);
+  if (t == CommType::AllGather)
+    gather_forward(b, g, qkv, cp, out, lse, s);
+  else
+    ring_forward(b, g, qkv, cp, out, lse, s);
+  if (a.sink.defined()) g.apply_sink(out, lse, s);
 }
 
 void attention_backward(const CpAttention& a, const Tensor& dout, const Tensor& qkv,
@@ -514,6 +549,7 @@ void attention_backward(const CpAttention& a, const Tensor& dout, const Tensor& 
   CpAttention b = a;
   b.type = t;
   const RingRank g(b, cp.size(), cp.rank(), qkv.dtype(), s);
+  if (a.sink.defined()) g.sink_backward(dout, out, lse, s);
   if (t == CommType::AllGather) return gather_backward(b, g, dout, qkv, out, lse, cp, dqkv, s);
   ring_backward(b, g, dout, qkv, out, lse, cp, dqkv, s);
 }

@@ -59,6 +59,11 @@ struct CpAttention {
   // p2p->rank() * a2a->size() + a2a->rank() of the CP group.
   comm::Communicator* a2a = nullptr;
   comm::Communicator* p2p = nullptr;
+  // Attention sinks (--softmax-type; ops::attention_sink_forward): the local heads' sink
+  // logits, joined to the final (out, lse) of p2p, all_gather and a2a (a2a: on the gathered
+  // heads, before the way back); the backward adds their gradient into dsink (f32 on CUDA).
+  // Undefined: none. a2a+p2p refuses them (validate_attention_sink.cpp).
+  Tensor sink, dsink;
 };
 
 // The block of ring step (rank r, K/V of rank j) with fused steps: local query chunks
@@ -97,6 +102,10 @@ struct RingRank {
   void backward_step(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                      const Tensor& lse, const Tensor& kv, int64_t j, Tensor& dqkv, Tensor& dkv,
                      Stream& s) const;
+  // Attention sinks (a.sink defined) on the final (out, lse), in either lse layout, and
+  // their gradient into a.dsink (before the steps' backward, which reads the same out, lse).
+  void apply_sink(Tensor& out, Tensor& lse, Stream& s) const;
+  void sink_backward(const Tensor& dout, const Tensor& out, const Tensor& lse, Stream& s) const;
 
   CpAttention a;
   int64_t P, r, C, B, W, O;  // CP size and rank, chunk rows, batch, qkv and out widths
