@@ -1,8 +1,9 @@
 // Attention sinks on CUDA against the CPU ops (f32 references of the same rounded inputs): the
 // sink's forward (out scaled, lse joined) and its gradient (deterministic: two runs, the same
-// bits), and the generation ops with AttentionDims::sink -- the fused RoPE + decode step (which
-// leaves its group kernel for the per-head one), the decode of several rows, and the prefill
-// (the training kernel, then the sink).
+// bits), and the generation ops with AttentionDims::sink -- the fused RoPE + decode step and
+// decode_attention, on the group kernels (G 4 x HD 64, G 2 x HD 128) and the per-head one
+// (G 3 x HD 80), and the prefill (the training kernel then the sink; at HD 80 the decode
+// kernel).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,7 +58,7 @@ TEST(AttentionSinkGpu, ForwardAndGradientMatchCpu) {
 TEST(AttentionSinkGpu, GenerationOpsMatchCpu) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16})
-    for (auto [NH, NG, HD] : {std::tuple{8, 2, 64}, {6, 3, 128}}) {
+    for (auto [NH, NG, HD] : {std::tuple{8, 2, 64}, {6, 3, 128}, {6, 2, 80}}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " NH " << NH << " NG " << NG
                                         << " HD " << HD);
       const int64_t B = 2, Tmax = 40, S = 9;

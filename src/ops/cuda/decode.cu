@@ -192,7 +192,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
                                   const T* __restrict__ kc, const T* __restrict__ vc,
                                   T* __restrict__ out, int NG, int64_t Tmax, float scale,
-                                  bool vec, int prefetch) {
+                                  bool vec, int prefetch, Sinks sinks) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
   pdl_wait();  // (launch_dependent: everything below reads the step's tensors)
@@ -207,7 +207,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
   __syncthreads();
   const int64_t cache = b * Tmax * C + int64_t(g) * HD;
   attend_group<T, G, D, true, kPs>(q_s, kc + cache, vc + cache, pos[b] + 1, C, vec,
-                              out + (b * NG + g) * int64_t(G) * HD);
+                                   out + (b * NG + g) * int64_t(G) * HD, sinks, int64_t(g) * G);
 }
 
 // rope_attention_decode where the group kernel has an instance: the whole step of one
@@ -229,7 +229,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     rope_attention_group_kernel(T* qkv, const int64_t* __restrict__ pos, T* kc, T* vc,
                                 T* __restrict__ out, int NG, int64_t Tmax, int half, int rot_dim,
                                 RopeFreqs freqs, float scale, bool vec, int prefetch, L2Ahead ahead,
-                                const float2* __restrict__ rope_tab) {
+                                const float2* __restrict__ rope_tab, Sinks sinks) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
   if (int(blockIdx.x) < ahead.blocks) {  // (the weights read next: no wait, see L2Ahead)
@@ -281,7 +281,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
   }
   __syncthreads();
   attend_group<T, G, D, false, kPs>(q_s, kc + cache, vc + cache, p + 1, C, vec,
-                               out + (b * NG + g) * int64_t(G) * HD);
+                                    out + (b * NG + g) * int64_t(G) * HD, sinks, int64_t(g) * G);
 }
 
 // f.template operator()<G, D>() for the group kernels' instance of (G, HD) -- G in {1, 2,
@@ -302,6 +302,15 @@ bool with_group_instance(int64_t G, int64_t HD, F&& f) {
   return false;
 }
 
+// AttentionDims::sink as the group kernels read it (none when undefined).
+Sinks sinks_of(const AttentionDims& d) {
+  if (!d.sink.defined()) return {};
+  const DType t = d.sink.dtype();
+  MCPP_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16,
+             "decode attention: sink logits {} are not f32, bf16 or f16", d.sink.str());
+  return {d.sink.raw(), t == DType::F32 ? 0 : t == DType::BF16 ? 1 : 2};
+}
+
 // The group kernel for d's (G, HD) when it has an instance; false otherwise.
 template <typename T>
 bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T* out,
@@ -310,7 +319,7 @@ bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T*
     launch_dependent(decode_attention_psmem() ? decode_attention_group_kernel<T, G, D, true>
                                               : decode_attention_group_kernel<T, G, D, false>,
                      unsigned(d.B * d.NG), kWarps * 32, 0, cs, qkv, pos, kc, vc, out, int(d.NG),
-                     Tmax, scale, vec, decode_attention_prefetch());
+                     Tmax, scale, vec, decode_attention_prefetch(), sinks_of(d));
   });
 }
 
@@ -400,9 +409,8 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   }
   const bool vec = vec_rows(qkv, d, k_cache, v_cache);
   MCPP_DISPATCH_ACT(qkv.dtype(), op, {
-    // A decode step: the group kernel where it has an instance; a prefill, or attention
-    // sinks: per head.
-    if (d.S == 1 && !d.sink.defined() &&
+    // A decode step: the group kernel where it has an instance; a prefill: per head.
+    if (d.S == 1 &&
         launch_group<T>(static_cast<const T*>(qkv.raw()), pos.data<int64_t>(),
                         static_cast<const T*>(k_cache.raw()), static_cast<const T*>(v_cache.raw()),
                         static_cast<T*>(out.raw()), d, k_cache.size(1), float(softmax_scale), vec,
@@ -438,6 +446,10 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
   MCPP_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= d.HD,
              "{}: rot_dim={} must be even in (0, HD={}]", op, rot_dim, d.HD);
   check_rope_freqs(freqs, op);
+  if (d.sink.defined()) {
+    check_cuda(d.sink, op, "sink");
+    check_numel(d.sink, d.NH, op, "sink");
+  }
   MCPP_CHECK(d.B * d.NH < (int64_t(1) << 31), "{}: {} sequences x heads exceed a grid", op,
              d.B * d.NH);
   const int64_t G = d.NH / d.NG;
@@ -449,7 +461,6 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
     T* q = static_cast<T*>(qkv.raw());
     T* kc = static_cast<T*>(k_cache.raw());
     T* vc = static_cast<T*>(v_cache.raw());
-    if (d.sink.defined()) break;  // attention sinks: the rotation, then decode_attention's
     fused = with_group_instance(G, d.HD, [&]<int GG, int DD>() {
       const float2* rope_tab = decode_rope_table(k_cache.size(1), rot_dim, freqs, cs);
       const bool ps = decode_attention_psmem();
@@ -467,7 +478,7 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
       launch_dependent(kernel, unsigned(a.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
                        pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG),
                        k_cache.size(1), int(rot_dim / 2), int(rot_dim), freqs, float(softmax_scale),
-                       vec, decode_attention_prefetch(), a, rope_tab);
+                       vec, decode_attention_prefetch(), a, rope_tab, sinks_of(d));
     });
     MCPP_LAUNCH_CHECK();
   });

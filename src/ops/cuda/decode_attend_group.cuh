@@ -16,6 +16,19 @@ namespace mcpp::ops::cuda::decode_group {
 
 constexpr int kWarps = 8;  // a block's warps
 
+// Attention sinks (AttentionDims::sink) as the decode kernels read them: the heads' sink
+// logits in the parameter's dtype (f32, bf16 or f16), or none (p null). One kernel for every
+// dtype: the read converts at run time, once a head and block.
+struct Sinks {
+  const void* p = nullptr;
+  int kind = 0;  // 0 f32, 1 bf16, 2 f16
+  __device__ __forceinline__ float at(int64_t h) const {
+    return kind == 0   ? static_cast<const float*>(p)[h]
+           : kind == 1 ? __bfloat162float(static_cast<const bf16*>(p)[h])
+                       : __half2float(static_cast<const f16*>(p)[h]);
+  }
+};
+
 // Requests the cache rows [0, len) of one (sequence, group) that warp w's chunks will read
 // (keys w*32 + lane, w*32 + lane + kWarps*32, ...: each lane its own key's K and V rows, one
 // request per 128-byte line) before the block's first dependent loads: the scores' K loads
@@ -106,7 +119,8 @@ __device__ __forceinline__ void load_g(const float* s, float (&x)[G]) {
 // attend_group is that block's work once its queries are in q_s: decode_attention's group
 // kernel loads them from qkv, rope_attention_decode's kernel rotates them first; one body,
 // so the two give the same bits. ks, vs: the group's rows of the sequence's cache slot (row
-// stride C); keys 0 .. len - 1; o: the block's G output heads [G, HD].
+// stride C); keys 0 .. len - 1; o: the block's G output heads [G, HD]; sinks (p null: none)
+// the heads' sinks, sinks.at(h0 + h) the block's head h's: one more logit in its softmax.
 // kNc: the 16-byte K loads through the read-only path (__ldg), which is undefined for data
 // the kernel itself writes, so decode_attention's kernel only. Otherwise __ldca: ld.global
 // with a plain load's caching, coherent with the block's own writes after a barrier; as an
@@ -121,7 +135,8 @@ __device__ __forceinline__ void load_g(const float* s, float (&x)[G]) {
 // sequences). The same products summed in the same order: the same bits either way.
 template <typename T, int G, int D, bool kNc, bool kPs>
 __device__ __forceinline__ void attend_group(const float (&q_s)[G][32 * D], const T* ks,
-                                             const T* vs, int64_t len, int64_t C, bool vec, T* o) {
+                                             const T* vs, int64_t len, int64_t C, bool vec, T* o,
+                                             Sinks sinks = {}, int64_t h0 = 0) {
   constexpr int HD = 32 * D;
   __shared__ float m_s[kWarps][G], l_s[kWarps][G];
   __shared__ float acc_s[kWarps][G][HD];
@@ -238,6 +253,7 @@ __device__ __forceinline__ void attend_group(const float (&q_s)[G][32 * D], cons
       L += l_s[w][h] * wgt;
       a += acc_s[w][h][c] * wgt;
     }
+    if (sinks.p) L += __expf(sinks.at(h0 + h) - M);  // the sink's logit: no value
     o[idx] = from_f<T>(a / L);
   }
 }
