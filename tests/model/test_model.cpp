@@ -20,18 +20,9 @@ namespace model_test {
 model::MicroBatch batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
   return model::test::random_batch(B, S, V, seed);
 }
-void perturb(model::ParamStore& ps) { model::test::perturb_norms(ps); }
 
 void fd_check(const TransformerConfig& cfg) {
-  GPTModel m(cfg);
-  perturb(m.params());
-  auto mb = batch(2, cfg.seq_length, 13, 11);
-  model::StepKeys keys;
-  keys.iteration = 3;
-  m.params().zero_grads();
-  m.forward(mb, keys);
-  m.backward(1.0);
-  model::test::expect_finite_differences(m.params(), [&] { return m.forward(mb, keys); });
+  model::test::expect_model_finite_differences(cfg, 13);
 }
 void fd_check(bool llama, int layers, double dropout) { fd_check(tiny(llama, layers, dropout)); }
 

@@ -20,15 +20,7 @@ namespace model_sink_test {
 using ST = TransformerConfig::SoftmaxType;
 
 void fd_check(const TransformerConfig& cfg) {
-  GPTModel m(cfg);
-  model::test::perturb_norms(m.params());
-  auto mb = model::test::random_batch(2, cfg.seq_length, 13, 11);
-  model::StepKeys keys;
-  keys.iteration = 3;
-  m.params().zero_grads();
-  m.forward(mb, keys);
-  m.backward(1.0);
-  model::test::expect_finite_differences(m.params(), [&] { return m.forward(mb, keys); });
+  model::test::expect_model_finite_differences(cfg, 13);
 }
 
 TEST(ModelSink, LearnableSinksAreMegatronsSoftmaxOffset) {

@@ -76,4 +76,18 @@ void expect_finite_differences(ParamStore& ps, F&& objective) {
   EXPECT_EQ(checked, 4 * int(ps.infos().size()));
 }
 
+// The whole-model check: cfg's model with perturbed norms, two random sequences of token ids
+// below V, iteration 3's dropout keys; backward()'s gradients against finite differences.
+inline void expect_model_finite_differences(const TransformerConfig& cfg, int64_t V) {
+  GPTModel m(cfg);
+  perturb_norms(m.params());
+  const MicroBatch mb = random_batch(2, cfg.seq_length, V, 11);
+  StepKeys keys;
+  keys.iteration = 3;
+  m.params().zero_grads();
+  m.forward(mb, keys);
+  m.backward(1.0);
+  expect_finite_differences(m.params(), [&] { return m.forward(mb, keys); });
+}
+
 }  // namespace mcpp::model::test
