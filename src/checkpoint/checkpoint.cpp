@@ -230,9 +230,11 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
   auto add = [&](std::map<std::string, Tensor>& out, const std::string& fname,
                  const std::string& prefix, const Tensor& flat) {
     for (const ParamInfo& p : rank.infos) {
-      // A TP-duplicated tensor is written once, by TP rank 0; the tied embedding's copy on
-      // the last pipeline stage not at all (the first stage writes it).
-      if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
+      // A TP-duplicated tensor is written once, by TP rank 0 (an expert's: ETP rank 0 of its
+      // holders); the tied embedding's copy on the last pipeline stage not at all (the first
+      // stage writes it).
+      if ((p.split == TpSplit::None && dup_rank(rank, p.expert) != 0) || p.pipeline_duplicate)
+        continue;
       if (!(p.expert >= 0 ? rank.write_experts : rank.write_dense)) continue;  // EP writers
       const std::string key = prefix + p.name;
       if (others.count(key)) continue;  // another replica's share
@@ -272,8 +274,7 @@ json write_rank_files(const std::string& tmp_dir, const RankSnapshot& rank) {
                rank.buffer_infos.size());
     for (size_t i = 0; i < rank.buffer_infos.size(); ++i) {
       const model::BufferInfo& b = rank.buffer_infos[i];
-      const int dup_rank = b.expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
-      if (b.split == TpSplit::None && dup_rank != 0) continue;
+      if (b.split == TpSplit::None && dup_rank(rank, b.expert) != 0) continue;
       if (!(b.expert >= 0 ? rank.write_experts : rank.write_dense)) continue;  // EP writers
       if (others.count(b.name)) continue;  // another replica's share
       // The format stores 1-D and 2-D tensors (a scalar is a [1] buffer).
@@ -326,7 +327,8 @@ json write_optimizer_shard(const std::string& tmp_dir, const RankSnapshot& rank,
   int box_no = 0;
   for (const ShardSegment& sg : segments) {
     const ParamInfo& p = rank.infos.at(sg.param);
-    if ((p.split == TpSplit::None && rank.coord.tp != 0) || p.pipeline_duplicate) continue;
+    if ((p.split == TpSplit::None && dup_rank(rank, p.expert) != 0) || p.pipeline_duplicate)
+      continue;
     const int64_t C = cols_of(p.local_shape);
     const auto mine = local_pieces(p, rank.coord.tp, rank.tp_size);
     // The segment [a, a + len) of the local tensor, row-major, as rectangular boxes: a

@@ -177,6 +177,12 @@ struct RankSnapshot {
   RankSnapshot clone() const;
 };
 
+// The rank whose copy of a TP-duplicated tensor is written: 0 writes it. A dense tensor's
+// TP rank; an expert's (expert >= 0: its fc2 bias, its FP8 scaling state) ETP rank.
+inline int dup_rank(const RankSnapshot& rank, int expert) {
+  return expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
+}
+
 // A box of the global tensor held in a local tensor: rows/cols [offset, offset+shape) of the
 // global tensor sit at local_offset in the local tensor. 1-D tensors use cols = 1.
 struct Piece {

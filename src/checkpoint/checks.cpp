@@ -204,9 +204,10 @@ void check_model_config(const model::TransformerConfig& c, const json& md,
   }
   if (c.is_moe_layer(0)) {  // mixture of experts: the router and expert 0, by global index
     expect(l0 + "mlp.router.weight", {c.moe.num_experts, H});
-    expect(l0 + "mlp.experts.linear_fc1.weight0", {(c.swiglu ? 2 : 1) * c.moe.ffn_hidden_size, H});
+    const int64_t glu = c.gated_linear_unit() ? 2 : 1;
+    expect(l0 + "mlp.experts.linear_fc1.weight0", {glu * c.moe.ffn_hidden_size, H});
   } else {
-    expect(l0 + "mlp.linear_fc1.weight", {(c.swiglu ? 2 : 1) * c.ffn_hidden_size, H});
+    expect(l0 + "mlp.linear_fc1.weight", {(c.gated_linear_unit() ? 2 : 1) * c.ffn_hidden_size, H});
   }
 
   // Bytes: the model's tensors (global numel x their dtype) must be in the shard files.

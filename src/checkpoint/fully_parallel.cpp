@@ -54,7 +54,7 @@ std::set<std::string> written_by_others(const RankSnapshot& rank) {
       keys.push_back(key), bytes.push_back(n * int64_t(dtype_size(dt)));
     };
     for (const model::ParamInfo& p : rank.infos) {  // write_rank_files' rule
-      const bool dup = p.split == model::TpSplit::None && rank.coord.tp != 0;
+      const bool dup = p.split == model::TpSplit::None && dup_rank(rank, p.expert) != 0;
       if (dup || p.pipeline_duplicate || (p.expert >= 0) != experts) continue;
       item(p.name, p.numel(), rank.params.dtype());
       if (rank.exp_avg.defined()) {
@@ -64,8 +64,8 @@ std::set<std::string> written_by_others(const RankSnapshot& rank) {
       }
     }
     for (const model::BufferInfo& b : rank.buffer_infos) {
-      const int dup_rank = b.expert >= 0 ? rank.expert_tp_rank : int(rank.coord.tp);
-      if ((b.split == model::TpSplit::None && dup_rank != 0) || (b.expert >= 0) != experts)
+      if ((b.split == model::TpSplit::None && dup_rank(rank, b.expert) != 0) ||
+          (b.expert >= 0) != experts)
         continue;
       item(b.name, b.numel(), b.dtype);
     }

@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "checkpoint/checks.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_moe.h"
 #include "checkpoint/hf_rope.h"
 #include "checkpoint/safetensors.h"
@@ -122,7 +123,10 @@ std::vector<Entry> entries(const model::TransformerConfig& c) {
         e.push_back({L(l, std::string("self_attention.") + n + "_layernorm.weight"),
                      h + "self_attn." + n + "_norm.weight", dims, false, true});
     }
-    if (c.is_moe_layer(l))  // Mixtral / Qwen3-MoE (hf_moe.h): router and experts
+    if (arch == HfArch::GptOss)  // sinks, biased router and experts (hf_gpt_oss.h)
+      for (auto& m : hf_gpt_oss::layer_entries(c, l))
+        e.push_back({m.mname, m.hname, std::move(m.rows), m.transpose});
+    else if (c.is_moe_layer(l))  // Mixtral / Qwen3-MoE (hf_moe.h): router and experts
       for (const auto& m : hf_moe::moe_layer_entries(c, l))
         e.push_back(
             {m.mname, m.hname, m.row1 < 0 ? std::vector<int64_t>{} : range(m.row0, m.row1), false});
@@ -173,6 +177,7 @@ std::map<std::string, Tensor> to_hf_tensors(const model::TransformerConfig& c,
                   get_float(src, rows[size_t(i)] * C + j) + one);
     out[e.hname] = t;
   }
+  if (hf_arch_of(c) == HfArch::GptOss) hf_gpt_oss::fuse_experts(c, out);
   return out;
 }
 
@@ -182,8 +187,12 @@ void from_hf_tensors(const model::TransformerConfig& c, const std::map<std::stri
   // HF files may name GPT-2's tensors without the "transformer." prefix (GPT2Model) and carry
   // non-parameter buffers; both are accepted.
   // MoE: transformers 5's fused experts become the Hub's per-expert tensors first.
+  // gpt-oss: its [E, ...] expert tensors become per-expert ones (hf_gpt_oss.h).
+  const bool gpt_oss = c.moe.num_experts > 0 && hf_gpt_oss::looks_like_gpt_oss(c);
   const std::map<std::string, Tensor> unfused =
-      c.moe.num_experts > 0 ? hf_moe::unfuse_experts(c, in) : std::map<std::string, Tensor>{};
+      gpt_oss                ? hf_gpt_oss::split_experts(c, in)
+      : c.moe.num_experts > 0 ? hf_moe::unfuse_experts(c, in)
+                              : std::map<std::string, Tensor>{};
   const std::map<std::string, Tensor>& tensors = c.moe.num_experts > 0 ? unfused : in;
   std::map<std::string, const Tensor*> hf;
   for (const auto& [n, t] : tensors) hf[n] = &t;

@@ -2,7 +2,8 @@
 // (model.safetensors + config.json) in the GPT2LMHeadModel layout or Llama's, which
 // LlamaForCausalLM, MistralForCausalLM (no sliding window), Qwen2ForCausalLM (+ q/k/v biases:
 // --add-qkv-bias) and Qwen3ForCausalLM (+ per-head q/k RMSNorm: --qk-layernorm) share; for
-// mixture-of-experts models MixtralForCausalLM or Qwen3MoeForCausalLM (hf_moe.h).
+// mixture-of-experts models MixtralForCausalLM or Qwen3MoeForCausalLM (hf_moe.h), and
+// GptOssForCausalLM (hf_gpt_oss.h).
 //
 // Layout conversions (docs/checkpoint.md has the full table):
 //  * GPT-2 uses Conv1D, whose weights are stored [in, out]: every linear is transposed.
@@ -34,7 +35,7 @@
 
 namespace mcpp::checkpoint {
 
-enum class HfArch { Gpt2, Llama, Mixtral, Qwen3Moe, Qwen2, Qwen3, Mistral };
+enum class HfArch { Gpt2, Llama, Mixtral, Qwen3Moe, Qwen2, Qwen3, Mistral, GptOss };
 // "GPT2LMHeadModel", "LlamaForCausalLM", ..., "MistralForCausalLM"
 const char* hf_arch_name(HfArch a);
 // "gpt2", "llama", "mixtral", "qwen3_moe", "qwen2", "qwen3", "mistral" (config.json's model_type)

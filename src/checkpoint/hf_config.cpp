@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_moe.h"
 #include "checkpoint/hf_rope.h"
 #include "checkpoint/hf_window.h"
@@ -53,6 +54,8 @@ const char* hf_arch_name(HfArch a) {
       return "Qwen3ForCausalLM";
     case HfArch::Mistral:
       return "MistralForCausalLM";
+    case HfArch::GptOss:
+      return "GptOssForCausalLM";
   }
   return "?";
 }
@@ -73,6 +76,8 @@ const char* hf_model_type(HfArch a) {
       return "qwen3";
     case HfArch::Mistral:
       return "mistral";
+    case HfArch::GptOss:
+      return "gpt_oss";
   }
   return "?";
 }
@@ -95,6 +100,21 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
                   "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
                   "a model without position embeddings (--position-embedding-type none) has no "
                   "Hugging Face architecture: GPT-2 adds a learned table, Llama rotates");
+  // gpt-oss (GptOssForCausalLM: sinks, quick-GEGLU experts with offset and clamp, biases),
+  // or an error naming what it cannot express (hf_gpt_oss.h).
+  if (hf_gpt_oss::looks_like_gpt_oss(c)) {
+    hf_gpt_oss::check_exportable(c);
+    return HfArch::GptOss;
+  }
+  // Any other gated unit than plain SwiGLU has no other architecture: a SwiGLU with an offset
+  // or a clamp would silently lose them in Llama's or Mixtral's.
+  MCPP_CHECK_HINT(!c.quick_geglu && (!c.swiglu || c.plain_swiglu()),
+                  "keep the checkpoint in megatron.cpp's format, or train a gpt-oss-style MoE "
+                  "model (GptOssForCausalLM: --quick-geglu with experts and sinks)",
+                  "{} has no Hugging Face architecture but gpt-oss's, which needs experts",
+                  c.quick_geglu ? "--quick-geglu"
+                                : "--swiglu with --glu-linear-offset / "
+                                  "--activation-func-clamp-value");
   if (c.moe.num_experts > 0)
     return hf_moe::moe_arch_of(c) == hf_moe::MoeArch::Qwen3Moe ? HfArch::Qwen3Moe : HfArch::Mixtral;
   if (!c.rope && !c.rmsnorm && !c.swiglu) {
@@ -117,7 +137,7 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
     return HfArch::Gpt2;
   }
   // Attention sinks: Hugging Face's models with sinks (GptOssForCausalLM) are MoE models with
-  // biased experts and a clamped GLU, which megatron.cpp does not build yet.
+  // biased experts and a clamped GLU, whose export megatron.cpp does not write yet.
   MCPP_CHECK_HINT(!c.attention_sink(),
                   "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
                   "attention sinks (--softmax-type {}) have no Hugging Face architecture among "
@@ -224,8 +244,11 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
             {"initializer_range", c.init_method_std},
             {"tie_word_embeddings", c.tie_embeddings},
             {"torch_dtype", torch_dtype(dtype)}};
-  const bool moe = arch == HfArch::Mixtral || arch == HfArch::Qwen3Moe;
-  if (moe) hf_moe::to_moe_config(c, j);
+  const bool moe = arch == HfArch::Mixtral || arch == HfArch::Qwen3Moe || arch == HfArch::GptOss;
+  if (arch == HfArch::GptOss)
+    hf_gpt_oss::config_to_hf(c, j);  // its own window fields (layer_types)
+  else if (moe)
+    hf_moe::to_moe_config(c, j);
   if (arch == HfArch::Qwen2 || arch == HfArch::Qwen3 || arch == HfArch::Mistral) {
     j["architectures"] = {hf_arch_name(arch)};
     j["model_type"] = hf_model_type(arch);
@@ -234,7 +257,8 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
     j.erase("mlp_bias");
     if (arch != HfArch::Qwen3) j.erase("attention_bias");
   }
-  if (arch != HfArch::Llama) window_to_hf(c, hf_model_type(arch), j);  // hf_window.h
+  if (arch != HfArch::Llama && arch != HfArch::GptOss)
+    window_to_hf(c, hf_model_type(arch), j);  // hf_window.h
   // The RoPE base and scaling in 4.x's spelling (rope_theta, rope_scaling); the MoE classes,
   // and any scaled model, in 5.x's rope_parameters too.
   hf_rope::rope_to_hf(c, moe, j);
@@ -333,6 +357,8 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
         c.add_bias_linear = false, c.add_qkv_bias = true;
       } else if (type == "mistral") {  // no biases (MistralConfig has no bias fields)
         c.add_bias_linear = false;
+      } else if (hf_gpt_oss::is_gpt_oss_type(type)) {  // biases everywhere (hf_gpt_oss.h)
+        c.add_bias_linear = true;
       } else if (type == "qwen3") {  // attention_bias: q/k/v/o_proj; the MLP never has one
         MCPP_CHECK_HINT(!ab,
                         "megatron.cpp has biases on q/k/v alone (--add-qkv-bias) or on every "
@@ -351,11 +377,12 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.init_method_std = j.value("initializer_range", 0.02);
       if (hf_moe::is_moe_model_type(type))
         hf_moe::moe_config_from_hf(j, type, c);
+      if (hf_gpt_oss::is_gpt_oss_type(type)) hf_gpt_oss::config_from_hf(j, c);
       if (type != "llama") window_from_hf(j, type, c);  // sliding window (hf_window.h)
     } else {
       MCPP_FAIL(
           "Hugging Face model_type '{}' is not supported (gpt2, llama, mistral, qwen2, qwen3, "
-          "mixtral and qwen3_moe are)",
+          "mixtral, qwen3_moe and gpt_oss are)",
           type);
     }
     const int64_t v = size("vocab_size");

@@ -12,7 +12,9 @@ namespace mcpp::checkpoint::hf_moe {
 
 using json = nlohmann::json;
 
-bool is_moe_model_type(const std::string& type) { return type == "mixtral" || type == "qwen3_moe"; }
+bool is_moe_model_type(const std::string& type) {
+  return type == "mixtral" || type == "qwen3_moe" || type == "gpt_oss";
+}
 
 void moe_config_from_hf(const json& j, const std::string& type, model::TransformerConfig& c) {
   MCPP_CHECK(is_moe_model_type(type), "internal: {} is not a MoE model type", type);

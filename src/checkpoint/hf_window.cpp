@@ -16,7 +16,9 @@ using json = nlohmann::json;
 void window_from_hf(const json& j, const std::string& type, model::TransformerConfig& c) {
   const int64_t layers = c.num_layers, max_pos = c.max_position_embeddings;
   const bool every = type == "mistral" || type == "mixtral";
-  const json use = j.value("use_sliding_window", json(false));
+  // gpt-oss: layer_types alone says which layers slide (no use_sliding_window field).
+  const bool by_types = type == "gpt_oss";
+  const json use = j.value("use_sliding_window", json(by_types));
   MCPP_CHECK_HINT(every || use.is_boolean(), "check config.json",
                   "Hugging Face config.json ({}): use_sliding_window {} is not true or false", type,
                   use.dump());
@@ -39,6 +41,8 @@ void window_from_hf(const json& j, const std::string& type, model::TransformerCo
       }
     } else if (type == "qwen3_moe") {
       std::fill(pattern.begin(), pattern.end(), 1);
+    } else if (by_types) {  // GptOssConfig's default: sliding, full, sliding, ...
+      for (int64_t l = 0; l < layers; ++l) pattern[size_t(l)] = l % 2 == 0 ? 1 : 0;
     } else {
       const json first = j.value("max_window_layers", json(28));
       MCPP_CHECK_HINT(first.is_number_integer() && first.get<int64_t>() >= 0, "check config.json",

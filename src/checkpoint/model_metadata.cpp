@@ -77,6 +77,12 @@ json model_config_json(const model::TransformerConfig& c) {
   if (c.attention_sink())  // --softmax-type (absent: vanilla)
     j["softmax_type"] = model::softmax_type_name(c.softmax_type);
   if (c.squared_relu) j["squared_relu"] = true;  // --squared-relu (absent: off)
+  if (c.quick_geglu) j["quick_geglu"] = true;    // --quick-geglu (absent: off)
+  // The gated units' --glu-linear-offset (absent: 0) and --activation-func-clamp-value
+  // (absent: none).
+  if (c.glu_linear_offset != 0) j["glu_linear_offset"] = c.glu_linear_offset;
+  if (c.activation_func_clamp_value)
+    j["activation_func_clamp_value"] = *c.activation_func_clamp_value;
   // --add-qkv-bias where it adds a tensor (without --disable-bias-linear it is implied).
   if (c.qkv_bias() && !c.add_bias_linear) j["add_qkv_bias"] = true;
   if (c.rope_scaling)  // Llama 3.x RoPE scaling (absent: off), in Hugging Face's names
@@ -132,6 +138,10 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.no_positions = j.value("no_positions", false);  // --position-embedding-type none
   c.softmax_type = model::softmax_type_of(j.value("softmax_type", std::string("vanilla")));
   c.squared_relu = j.value("squared_relu", false);                    // --squared-relu
+  c.quick_geglu = j.value("quick_geglu", false);                      // --quick-geglu
+  c.glu_linear_offset = j.value("glu_linear_offset", 0.0);            // --glu-linear-offset
+  if (j.contains("activation_func_clamp_value"))  // --activation-func-clamp-value
+    c.activation_func_clamp_value = j.at("activation_func_clamp_value").get<double>();
   c.add_qkv_bias = j.value("add_qkv_bias", false);                    // --add-qkv-bias
   if (j.contains("rope_scaling")) {  // Llama 3.x RoPE scaling (absent: off)
     const json& r = j.at("rope_scaling");
@@ -191,9 +201,20 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     if (!saved.contains(k) || saved[k] != now[k])
       differ(k, saved.contains(k) ? saved[k] : json("(absent)"), now[k]);
   }
-  // --squared-relu: the same tensors as GELU's MLP, another function of them.
+  // --squared-relu: the same tensors as GELU's MLP, another function of them; --quick-geglu,
+  // its offset and clamp: SwiGLU's tensors, another function of them.
   if (saved.value("squared_relu", false) != cur.squared_relu)
     differ("squared_relu (--squared-relu)", saved.value("squared_relu", false), cur.squared_relu);
+  if (saved.value("quick_geglu", false) != cur.quick_geglu)
+    differ("quick_geglu (--quick-geglu)", saved.value("quick_geglu", false), cur.quick_geglu);
+  for (const char* k : {"glu_linear_offset", "activation_func_clamp_value"}) {
+    const json none = json(nullptr), a = saved.value(k, none), b = now.value(k, none);
+    if (a != b)
+      differ(fmt::format("{} (--{})", k, k == std::string("glu_linear_offset")
+                                             ? "glu-linear-offset"
+                                             : "activation-func-clamp-value"),
+             a, b);
+  }
   {  // multi-latent attention: its shape and RoPE (absent: off)
     const json off = json(nullptr), &a = saved.contains("mla") ? saved["mla"] : off;
     const json b = now.contains("mla") ? now["mla"] : off;

@@ -26,6 +26,42 @@ const char* softmax_type_name(TransformerConfig::SoftmaxType t) {
   return t == T::Vanilla ? "vanilla" : t == T::OffByOne ? "off-by-one" : "learnable";
 }
 
+// The MLP's activation (Megatron's core_transformer_config_from_args and
+// TransformerConfig.__post_init__): one switch; the gated units' offset and clamp where they
+// change the function (training/validate_activation.cpp adds the flag-level rules).
+void TransformerConfig::check_activation() const {
+  MCPP_CHECK_HINT(!(quick_geglu && (swiglu || squared_relu)),
+                  "give one of --quick-geglu, --swiglu and --squared-relu",
+                  "--quick-geglu and --{} both set the MLP's activation (Megatron-LM asserts "
+                  "against --swiglu, and --squared-relu silently wins over --quick-geglu there)",
+                  swiglu ? "swiglu" : "squared-relu");
+  const bool clamp = activation_func_clamp_value.has_value();
+  const double C = activation_func_clamp_value.value_or(0);
+  MCPP_CHECK_HINT(!clamp || !std::isnan(C), "give --activation-func-clamp-value a number",
+                  "--activation-func-clamp-value is NaN");
+  MCPP_CHECK_HINT(std::isfinite(glu_linear_offset), "give --glu-linear-offset a finite number",
+                  "--glu-linear-offset {} is not finite", glu_linear_offset);
+  MCPP_CHECK_HINT(gated_linear_unit() || (glu_linear_offset == 0 && !clamp),
+                  "use --quick-geglu or --swiglu, or drop the flag",
+                  "{} acts on a gated MLP only (Megatron-LM's glu()); with {} it would change "
+                  "nothing",
+                  glu_linear_offset != 0 ? "--glu-linear-offset" : "--activation-func-clamp-value",
+                  squared_relu ? "--squared-relu" : "GELU");
+  if (swiglu && clamp) {  // Megatron's clamped SwiGLU: MoE only, no offset
+    MCPP_CHECK_HINT(std::isfinite(C) && C > 0, "give --activation-func-clamp-value C > 0",
+                    "--activation-func-clamp-value {} for SwiGLU must be finite and greater "
+                    "than zero (as Megatron-LM requires)",
+                    C);
+    MCPP_CHECK_HINT(moe.num_experts > 0, "add --num-experts, or drop --activation-func-clamp-value",
+                    "--activation-func-clamp-value with --swiglu is only supported with MoE "
+                    "(as in Megatron-LM)");
+    MCPP_CHECK_HINT(glu_linear_offset == 0, "drop --glu-linear-offset with a clamped SwiGLU",
+                    "--glu-linear-offset {} must be zero when --activation-func-clamp-value is "
+                    "set for SwiGLU (as in Megatron-LM)",
+                    glu_linear_offset);
+  }
+}
+
 void TransformerConfig::validate() const {
   MCPP_CHECK(mtp_num_layers >= 0 && (mtp_num_layers == 0 || rope),
              "multi-token prediction: {} layers with {} positions (it needs RoPE)",
@@ -62,6 +98,7 @@ void TransformerConfig::validate() const {
   MCPP_CHECK_HINT(!(swiglu && squared_relu), "give one of --squared-relu and --swiglu",
                   "--squared-relu and --swiglu both set the MLP's activation; Megatron-LM refuses "
                   "them together");
+  check_activation();
   MCPP_CHECK(ffn_hidden_size % tp_size == 0, "--ffn-hidden-size {} not divisible by TP {}",
              ffn_hidden_size, tp_size);
   MCPP_CHECK(padded_vocab_size % tp_size == 0, "padded vocab {} not divisible by TP {}",
@@ -140,7 +177,17 @@ void TransformerConfig::validate() const {
     MCPP_CHECK(moe.layer_pattern.empty() || int64_t(moe.layer_pattern.size()) == num_layers,
                "--moe-layer-freq lists {} layers, the model has {}", moe.layer_pattern.size(),
                num_layers);
-    MCPP_CHECK(!add_bias_linear, "MoE layers have no biases: use --disable-bias-linear");
+    // Linear biases: the router's and the experts' (Megatron refuses them at ETP > 1, where
+    // each ETP rank would add the whole fc2 bias to its partial sum, and in shared experts).
+    MCPP_CHECK_HINT(!add_bias_linear || moe_etp() == 1,
+                    "add --expert-tensor-parallel-size 1, or --disable-bias-linear",
+                    "MoE layers with linear biases at expert tensor parallel size {}: "
+                    "Megatron-LM supports biases in MoE at ETP 1 only",
+                    moe_etp());
+    MCPP_CHECK_HINT(!add_bias_linear || moe.shared_ffn_hidden_size == 0,
+                    "add --disable-bias-linear, or drop --moe-shared-expert-intermediate-size",
+                    "shared experts with linear biases: Megatron-LM's SharedExpertMLP asserts "
+                    "add_bias_linear is False");
     MCPP_CHECK(moe.balance.size() == moe.aux_loss_coeff.size() && !moe.balance.empty(),
                "{} load-balancing types with {} aux-loss coefficients (one each)",
                moe.balance.size(), moe.aux_loss_coeff.size());

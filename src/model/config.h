@@ -95,6 +95,14 @@ struct TransformerConfig {
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
   bool squared_relu = false;             // --squared-relu: relu(x)^2, not gated (activation())
+  // --quick-geglu (gpt-oss): quick_gelu(g) (u + offset), quick_gelu(g) = g sigmoid(1.702 g),
+  // gated as SwiGLU (fc1 [gate; up]).
+  bool quick_geglu = false;
+  // The gated units' --glu-linear-offset and --activation-func-clamp-value (ops::GluParams;
+  // Megatron's glu_linear_offset and activation_func_clamp_value): the up half plus the
+  // offset, the gate clamped to at most C and the up half to [-C, C] before the activation.
+  double glu_linear_offset = 0;
+  std::optional<double> activation_func_clamp_value;
   // --qk-layernorm: per-head q/k norms of the form `rmsnorm` gives (as Megatron builds them
   // from --normalization): RMSNorm (ops::qk_norm_*) or LayerNorm with a bias
   // (ops::qk_layernorm_*); under MLA the latents' norms (RMSNorm only)
@@ -257,15 +265,24 @@ struct TransformerConfig {
   int64_t moe_etp() const { return moe.etp_size > 0 ? moe.etp_size : tp_size; }
   int64_t moe_etp_rank() const { return moe.etp_size > 0 ? moe.etp_rank : tp_rank; }
   int64_t moe_ffn_local() const { return moe.ffn_hidden_size / moe_etp(); }
-  int64_t moe_fc1_width_local() const { return (swiglu ? 2 : 1) * moe_ffn_local(); }
+  int64_t moe_fc1_width_local() const { return (gated_linear_unit() ? 2 : 1) * moe_ffn_local(); }
 
-  // The MLP's (and every expert's) activation: Megatron's activation_func, from the two
-  // switches (both at once is refused by validate()).
-  ops::MlpActivation activation() const {
-    return swiglu         ? ops::MlpActivation::Swiglu
-           : squared_relu ? ops::MlpActivation::SquaredRelu
-                          : ops::MlpActivation::Gelu;
+  // Megatron's gated_linear_unit: fc1 is [gate; up] (SwiGLU, quick-GEGLU), twice as wide.
+  bool gated_linear_unit() const { return swiglu || quick_geglu; }
+  // The MLP's (and every expert's) activation: Megatron's activation_func from the switches
+  // (two at once is refused by validate()), with the gated units' offset and clamp.
+  ops::MlpAct activation() const {
+    ops::GluParams g;
+    g.offset = glu_linear_offset;
+    if (activation_func_clamp_value) g.clamp = *activation_func_clamp_value;
+    return swiglu         ? ops::MlpAct(ops::MlpActivation::Swiglu, g)
+           : quick_geglu  ? ops::MlpAct(ops::MlpActivation::QuickGeglu, g)
+           : squared_relu ? ops::MlpAct(ops::MlpActivation::SquaredRelu)
+                          : ops::MlpAct(ops::MlpActivation::Gelu);
   }
+  // SwiGLU without offset and clamp: the plain swiglu ops and their fused GEMM, decode and FP8
+  // forms apply (the other gated units take glu_forward / glu_backward after the GEMM).
+  bool plain_swiglu() const { return activation().plain_swiglu(); }
 
   // Megatron's SelfAttention: linear_qkv has a bias with add_bias_linear or add_qkv_bias.
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
@@ -275,7 +292,7 @@ struct TransformerConfig {
   int64_t qkv_width_local() const { return local_groups() * (heads_per_group() + 2) * kv_channels; }
   int64_t qkv_width() const { return num_query_groups * (heads_per_group() + 2) * kv_channels; }
   int64_t ffn_local() const { return ffn_hidden_size / tp_size; }
-  int64_t fc1_width_local() const { return (swiglu ? 2 : 1) * ffn_local(); }
+  int64_t fc1_width_local() const { return (gated_linear_unit() ? 2 : 1) * ffn_local(); }
   int64_t vocab_local() const { return padded_vocab_size / tp_size; }
   bool sp() const { return sequence_parallel && tp_size > 1; }
   // This rank's rows of the sequence: divided by CP (two chunks), then by TP under SP.
@@ -304,6 +321,7 @@ struct TransformerConfig {
 
   // Structural checks; user-facing flag validation happens in training/arguments.
   void validate() const;
+  void check_activation() const;  // the activation's part of validate()
 };
 
 // --softmax-type's values (vanilla, off-by-one, learnable) and back; an unknown name is an

@@ -5,10 +5,11 @@
 namespace mcpp::model {
 
 void DenseMlp::add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params) {
-  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, fc1 = (c.swiglu ? 2 : 1) * F;
-  // SwiGLU's fc1 is [gate; up]: each rank holds its rows of both halves.
+  const bool glu = c.gated_linear_unit();
+  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, fc1 = (glu ? 2 : 1) * F;
+  // A gated unit's fc1 is [gate; up]: each rank holds its rows of both halves.
   ColumnParallelLinear::add_params(c, layer_param_name(layer, "mlp.linear_fc1"), layer, fc1, H,
-                                   c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows,
+                                   glu ? TpSplit::SwigluRows : TpSplit::Rows,
                                    c.init_method_std, c.add_bias_linear, params);
   RowParallelLinear::add_params(c, layer_param_name(layer, "mlp.linear_fc2"), layer, H, F,
                                 output_init_std(c), c.add_bias_linear, params);
@@ -20,25 +21,26 @@ DenseMlp::DenseMlp(const TransformerConfig& c, int layer, const ParamStore* stor
            layer_param_name(layer, "mlp.linear_fc1.bias")),
       fc2_(store, layer_param_name(layer, "mlp.linear_fc2.weight"),
            layer_param_name(layer, "mlp.linear_fc2.bias")),
-      recompute_(c.recompute == TransformerConfig::Recompute::Selective && c.recompute_mlp) {
+      recompute_(c.recompute == TransformerConfig::Recompute::Selective && c.recompute_mlp),
+      swiglu_(c.plain_swiglu()),
+      act_op_(c.activation().kind != ops::MlpActivation::Gelu && !swiglu_) {
   MCPP_CHECK(!recompute_ || (!c.fp8.enabled() && c.keep_mlp_activations == 0),
              "DenseMlp: --recompute-modules mlp with FP8 or --keep-mlp-activations (refused at "
              "start-up)");
-  MCPP_CHECK(!c.squared_relu || !c.fp8.enabled(),
-             "DenseMlp: --squared-relu with --fp8-format (refused at start-up)");
+  MCPP_CHECK(!act_op_ || !c.fp8.enabled(),
+             "DenseMlp: --squared-relu, --quick-geglu or a SwiGLU offset / clamp with "
+             "--fp8-format (refused at start-up)");
 }
 
 // pre = fc1(x), act = the activation of pre, by the kernels the forward uses (GELU: the GEMM
-// epilogue; squared ReLU: the GEMM, then squared_relu_forward).
+// epilogue; squared ReLU, quick-GEGLU, SwiGLU with an offset or clamp: the GEMM, then the
+// activation op).
 void DenseMlp::fc1_act(const Tensor& x, ColumnParallelLinear::Saved& s, Tensor& pre, Tensor& act,
                        Workspace& ws, const StepContext& cx) const {
-  switch (cfg_->activation()) {
-    case ops::MlpActivation::Swiglu: return fc1_.forward_swiglu(x, s, pre, act, ws, cx);
-    case ops::MlpActivation::Gelu: return fc1_.forward_gelu(x, s, pre, act, ws, cx);
-    case ops::MlpActivation::SquaredRelu:
-      fc1_.forward(x, s, pre, ws, cx);  // (generation: linear_decode)
-      return ops::squared_relu_forward(pre, act, cx.stream());
-  }
+  if (swiglu_) return fc1_.forward_swiglu(x, s, pre, act, ws, cx);
+  if (!act_op_) return fc1_.forward_gelu(x, s, pre, act, ws, cx);
+  fc1_.forward(x, s, pre, ws, cx);  // (generation: linear_decode)
+  ops::mlp_activation_forward(cfg_->activation(), pre, act, cx.stream());
 }
 
 void DenseMlp::saved_specs(const Dims& d, bool keep_activation, MlpSaved& sb,
@@ -63,17 +65,17 @@ void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Worksp
   // bf16, bf16 on CUDA; SwiGLU: F a multiple of 64): the activation is never written in
   // bf16, nor (SwiGLU) fc1's output gradient.
   const Fp8Config& f = cfg_->fp8;
-  const bool fp8_fused = !cfg_->squared_relu && f.delayed() && f.wgrad && f.bf16_start == 0 &&
+  const bool fp8_fused = !act_op_ && f.delayed() && f.wgrad && f.bf16_start == 0 &&
                          f.bf16_end == 0 && d.dt == DType::BF16 && d.dev == Device::CUDA &&
-                         d.T % 16 == 0 && cfg_->ffn_local() % (cfg_->swiglu ? 64 : 16) == 0;
+                         d.T % 16 == 0 && cfg_->ffn_local() % (swiglu_ ? 64 : 16) == 0;
   // A SwiGLU layer that keeps its activation in FP8 without the fused casts writes the
   // bf16 one to the scratch.
-  const bool fp8_kept_t = cfg_->swiglu && fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local());
+  const bool fp8_kept_t = swiglu_ && fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local());
   v(ws.act, {d.T, cfg_->ffn_local()}, d.dt,
     (uses_scratch_activation || fp8_kept_t) && !fp8_fused);
-  v(ws.dfc1, {d.T, cfg_->fc1_width_local()}, d.dt, !(fp8_fused && cfg_->swiglu));
-  // SwiGLU and squared ReLU: GELU's gradient comes out of fc2's GEMM epilogue.
-  v(ws.dact, {d.T, cfg_->ffn_local()}, d.dt, cfg_->swiglu || cfg_->squared_relu);
+  v(ws.dfc1, {d.T, cfg_->fc1_width_local()}, d.dt, !(fp8_fused && swiglu_));
+  // All but GELU, whose gradient comes out of fc2's GEMM epilogue.
+  v(ws.dact, {d.T, cfg_->ffn_local()}, d.dt, swiglu_ || act_op_);
   v(ws.fc1, {d.T, cfg_->fc1_width_local()}, d.dt, recompute_);
 }
 
@@ -83,7 +85,7 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   const bool kept_t = s.act.defined() && s.act.dtype() == Fp8Linear::kept_input_dtype();
   // kept, or the shared scratch (also when fc2 keeps its FP8 copy instead)
   Tensor& act = s.act.defined() && !kept_t ? s.act : ws.act;
-  if (cfg_->swiglu && fc2_.fp8().fused_swiglu(s.fc1, cx)) {
+  if (swiglu_ && fc2_.fp8().fused_swiglu(s.fc1, cx)) {
     // FP8: SwiGLU taken in the cast of fc2's input (fp8_swiglu_cast), one pass over fc1's
     // output, no bf16 activation; a kept activation is the cast's column-wise copy.
     // fc2 reads only the cast; fc1's output stands in for its input.
@@ -96,7 +98,7 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     fc2_.fp8().clear_precast();
     return;
   }
-  if (cfg_->swiglu && kept_t) {
+  if (swiglu_ && kept_t) {
     // FP8, activation kept: the bf16 activation in the scratch, cast both ways at once
     // (the row-wise copy for fc2 now, the column-wise one kept for its wgrad).
     MCPP_CHECK(ws.act.defined(), "DenseMlp: FP8 kept activation without the scratch activation");
@@ -111,9 +113,9 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   }
   if (recompute_) {  // fc1's output to the shared buffer (no FP8: refused at start-up)
     fc1_act(x, s.fc1_in, ws.fc1, act, ws, cx);
-  } else if (cfg_->swiglu) {
+  } else if (swiglu_) {
     fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);  // (one op in generation)
-  } else if (cfg_->squared_relu) {  // the GEMM, then the activation op (no FP8: refused)
+  } else if (act_op_) {  // the GEMM, then the activation op (no FP8: refused)
     fc1_act(x, s.fc1_in, s.fc1, act, ws, cx);
   } else if (fc2_.fp8().fused(s.fc1, cx)) {
     // FP8: GELU taken in the cast of fc2's input (fp8_gelu_cast), one pass over fc1's
@@ -151,7 +153,7 @@ void DenseMlp::forward_folded(const Tensor& x, const Norm::Fold& f, MlpSaved& sb
                               const Tensor* residual, Tensor& y, Workspace& ws,
                               const StepContext& cx) const {
   auto& s = static_cast<Saved&>(sb);
-  if (!cfg_->swiglu || fc1_.fp8().on(cx) || fc2_.fp8().on(cx) || recompute_)
+  if (!swiglu_ || fc1_.fp8().on(cx) || fc2_.fp8().on(cx) || recompute_)
     return MlpModule::forward_folded(x, f, sb, residual, y, ws, cx);
   Tensor& act = s.act.defined() ? s.act : ws.act;
   fc1_.forward_folded(x, f, true, s.fc1, act, cx);
@@ -173,7 +175,7 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   const Tensor& fc1 = recompute_ ? ws.fc1 : s.fc1;
   const bool kept = s.act.defined();
   const bool kept_t = kept && s.act.dtype() == Fp8Linear::kept_input_dtype();
-  if (cfg_->swiglu && fc2_.fp8().fused_swiglu(fc1, cx)) {
+  if (swiglu_ && fc2_.fp8().fused_swiglu(fc1, cx)) {
     // FP8 with the fused casts: fc2's dgrad into ws.dact; fc2's wgrad operand swiglu(fc1)
     // cast column-wise from fc1's output (or kept from the forward); then SwiGLU's
     // gradient taken in the cast of fc1's output gradient: no bf16 activation or gradient.
@@ -192,19 +194,19 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     fc1_.fp8().clear_precast();
     return;
   }
-  if (cfg_->swiglu && kept_t) {  // as below, fc2's wgrad operand the kept FP8 copy
+  if (swiglu_ && kept_t) {  // as below, fc2's wgrad operand the kept FP8 copy
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
     fc2_.backward_data(g, ws.dact, ws.dact, cx);  // (x: the shape only)
     ops::swiglu_backward(ws.dact, fc1, ws.dfc1, st);
     fc2_.fp8().use_kept_input(s.act, cx);
     fc2_.backward_weights(g, ws.dact, cx);
     fc2_.fp8().clear_precast();
-  } else if (cfg_->swiglu && kept) {  // the same GEMMs and element functions as below, minus the y pass
+  } else if (swiglu_ && kept) {  // the same GEMMs and element functions as below, minus the y pass
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
     fc2_.backward_data(g, s.act, ws.dact, cx);
     ops::swiglu_backward(ws.dact, fc1, ws.dfc1, st);
     fc2_.backward_weights(g, s.act, cx);
-  } else if (cfg_->swiglu) {
+  } else if (swiglu_) {
     // fc2's input gradient first (it does not read the activation), then the SwiGLU
     // gradient and the activation from one read of fc1's output, then fc2's weight and
     // bias gradients, which need the activation. The same GEMMs as one linear_backward.
@@ -212,13 +214,15 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     fc2_.backward_data(g, ws.act, ws.dact, cx);
     ops::swiglu_backward_recompute(ws.dact, fc1, ws.dfc1, ws.act, st);
     fc2_.backward_weights(g, ws.act, cx);
-  } else if (cfg_->squared_relu) {
+  } else if (act_op_) {
     // No GEMM epilogue for it: the activation again unless kept (or just rewritten by the
-    // recomputed fc1), fc2's backward into dact, then squared_relu_backward
-    // (2 relu(fc1) dact) into fc1's output gradient.
-    if (!kept && !recompute_) ops::squared_relu_forward(fc1, ws.act, st);
+    // recomputed fc1), fc2's backward into dact, then the activation's backward op
+    // (squared ReLU: 2 relu(fc1) dact; the gated units: glu_backward) into fc1's output
+    // gradient.
+    const ops::MlpAct a = cfg_->activation();
+    if (!kept && !recompute_) ops::mlp_activation_forward(a, fc1, ws.act, st);
     fc2_.backward(dy, kept ? s.act : ws.act, ws.dact, ws, cx);
-    ops::squared_relu_backward(ws.dact, fc1, ws.dfc1, st);
+    ops::mlp_activation_backward(a, ws.dact, fc1, ws.dfc1, st);
   } else if (fc2_.fp8().fused(fc1, cx)) {
     // FP8 with the fused casts: fc2's wgrad operand gelu(fc1) cast from fc1's output (no
     // bf16 activation; kept or with --no-fp8-wgrad the bf16 one, as below), fc2's dgrad into

@@ -1,12 +1,12 @@
 // The MLP contract (what TransformerLayer needs of its MLP submodule, as Megatron-Core's
 // transformer_layer takes `mlp` as a submodule so MoELayer stands in for MLP), and the
-// dense MLP: column-parallel fc1, GELU, SwiGLU or squared ReLU, row-parallel fc2.
+// dense MLP: column-parallel fc1, GELU, SwiGLU, squared ReLU or quick-GEGLU, row-parallel fc2.
 //
 //   forward:  y = fc2(act(fc1(x))) (+ residual)      x, y [Tl,H]; fc1 [T,FC1W]; act [T,F]
 //   backward: g = fc2's region dual of dy
 //             dact = g @ w2; dfc1 = act'(fc1) * dact; dw2 += g^T act; dx = fc1'(dfc1)
 //
-// Keep-or-recompute (--keep-mlp-activations): the activation act = gelu|swiglu|relu^2(fc1) is by
+// Keep-or-recompute (--keep-mlp-activations): the activation act = gelu|(q)glu|relu^2(fc1) is by
 // default written to one shared workspace buffer for fc2 and recomputed from the saved
 // fc1 output in backward (one [T,F] per layer saved for one elementwise pass; with SwiGLU
 // no extra pass: swiglu_backward_recompute writes it with the gradient). A layer asked
@@ -84,6 +84,10 @@ class DenseMlp final : public MlpModule {
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
   bool recompute_ = false;  // --recompute-modules mlp
+  bool swiglu_ = false;     // plain SwiGLU: its fused GEMM, decode and FP8 paths
+  // Squared ReLU, quick-GEGLU, SwiGLU with an offset or clamp: fc1's GEMM, then the
+  // activation op (ops::mlp_activation_forward / _backward); no FP8 (refused at start-up).
+  bool act_op_ = false;
 };
 
 }  // namespace mcpp::model

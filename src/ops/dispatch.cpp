@@ -89,20 +89,24 @@ void gelu_forward(const Tensor& x, Tensor& y, Stream& s) { MCPP_DISPATCH(gelu_fo
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   MCPP_DISPATCH(gelu_backward, dy, x, dx, s);
 }
-void mlp_activation_forward(MlpActivation a, const Tensor& x, Tensor& y, Stream& s) {
-  switch (a) {
-    case MlpActivation::Swiglu: return swiglu_forward(x, y, s);
-    case MlpActivation::SquaredRelu: return squared_relu_forward(x, y, s);
-    case MlpActivation::Gelu: return gelu_forward(x, y, s);
-  }
+void mlp_activation_forward(MlpAct a, const Tensor& x, Tensor& y, Stream& s) {
+  if (a.plain_swiglu()) return swiglu_forward(x, y, s);
+  if (a.gated()) return glu_forward(x, a, y, s);
+  if (a.kind == MlpActivation::SquaredRelu) return squared_relu_forward(x, y, s);
+  gelu_forward(x, y, s);
 }
-void mlp_activation_backward(MlpActivation a, const Tensor& dy, const Tensor& x, Tensor& dx,
+void mlp_activation_backward(MlpAct a, const Tensor& dy, const Tensor& x, Tensor& dx,
                              Stream& s) {
-  switch (a) {
-    case MlpActivation::Swiglu: return swiglu_backward(dy, x, dx, s);
-    case MlpActivation::SquaredRelu: return squared_relu_backward(dy, x, dx, s);
-    case MlpActivation::Gelu: return gelu_backward(dy, x, dx, s);
-  }
+  if (a.plain_swiglu()) return swiglu_backward(dy, x, dx, s);
+  if (a.gated()) return glu_backward(dy, x, a, dx, s);
+  if (a.kind == MlpActivation::SquaredRelu) return squared_relu_backward(dy, x, dx, s);
+  gelu_backward(dy, x, dx, s);
+}
+void glu_forward(const Tensor& x, MlpAct act, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(glu_forward, x, act, y, s);
+}
+void glu_backward(const Tensor& dy, const Tensor& x, MlpAct act, Tensor& dx, Stream& s) {
+  MCPP_DISPATCH(glu_backward, dy, x, act, dx, s);
 }
 void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
   MCPP_DISPATCH(squared_relu_forward, x, y, s);
@@ -318,13 +322,20 @@ void moe_scale_rows(const Tensor& x, const Tensor& p, Tensor& y, Stream& s) {
 void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
   MCPP_DISPATCH(moe_row_dot, a, b, out, s);
 }
-void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpActivation act, Tensor& ap,
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpAct act, Tensor& ap,
                            Stream& s) {
   MCPP_DISPATCH(moe_act_scale_forward, fc1, p, act, ap, s);
 }
-void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p,
-                            MlpActivation act, Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, MlpAct act,
+                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
   MCPP_DISPATCH(moe_act_scale_backward, dap, fc1, p, act, dfc1, dp, ap, s);
+}
+void moe_bias_scale_forward(const Tensor& b, const Tensor& p, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(moe_bias_scale_forward, b, p, y, s);
+}
+void moe_bias_scale_backward(const Tensor& dy, const Tensor& b, const Tensor& p, Tensor& db,
+                             Tensor& dp, Stream& s) {
+  MCPP_DISPATCH(moe_bias_scale_backward, dy, b, p, db, dp, s);
 }
 void moe_route_topk(const Tensor& logits, const Tensor& bias, const MoeRouteSpec& r,
                     Tensor& idx, Tensor& prob, Stream& s) {

@@ -12,10 +12,11 @@
 namespace mcpp::ops {
 #include "ops/catalogue.inc"
 
-// The MLP activation a's forward / backward op on either backend: gelu_*, swiglu_* or
-// squared_relu_* (x the activation's input, y its output; dx = act'(x) * dy, =).
-void mlp_activation_forward(MlpActivation a, const Tensor& x, Tensor& y, Stream& s);
-void mlp_activation_backward(MlpActivation a, const Tensor& dy, const Tensor& x, Tensor& dx,
+// The MLP activation a's forward / backward op on either backend: gelu_*, squared_relu_*,
+// swiglu_* (plain SwiGLU) or glu_* (quick-GEGLU, SwiGLU with an offset or a clamp) (x the
+// activation's input, y its output; dx = act'(x) * dy, =).
+void mlp_activation_forward(MlpAct a, const Tensor& x, Tensor& y, Stream& s);
+void mlp_activation_backward(MlpAct a, const Tensor& dy, const Tensor& x, Tensor& dx,
                              Stream& s);
 
 // The stream a device's work goes to by default: Stream::cpu(), or the CUDA backend's

@@ -2,15 +2,45 @@
 #pragma once
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 
 #include "tensor/tensor.h"
 
 namespace mcpp::ops {
 
 // The MLP's activation (model/mlp.h, the MoE experts; Megatron's config.activation_func):
-// GELU (tanh form), SwiGLU (gated: fc1 [., 2F] = [gate | up]) or squared ReLU (Primer,
-// Nemotron-4: relu(x)^2, not gated).
-enum class MlpActivation : uint8_t { Gelu, Swiglu, SquaredRelu };
+// GELU (tanh form), SwiGLU (gated: fc1 [., 2F] = [gate | up]), squared ReLU (Primer,
+// Nemotron-4: relu(x)^2, not gated) or quick-GEGLU (gpt-oss: quick_gelu(x) = x sigmoid(1.702 x)
+// gating, fc1 as SwiGLU's).
+enum class MlpActivation : uint8_t { Gelu, Swiglu, SquaredRelu, QuickGeglu };
+
+// A gated unit's two parameters (Megatron's glu_linear_offset and activation_func_clamp_value,
+// mlp.py's glu()): with C the clamp (+inf: none), of fc1's [gate | up]
+//   g = min(gate, C), u = min(max(up, -C), C),   y = act(g) * (u + offset).
+// torch.clamp's bounds: with C < 0 every u is C; its gradient passes at the bounds themselves.
+struct GluParams {
+  double offset = 0;
+  double clamp = std::numeric_limits<double>::infinity();
+  bool clamped() const { return clamp != std::numeric_limits<double>::infinity(); }
+  // Neither: SwiGLU's own ops (swiglu_forward, the fused GEMM and FP8 paths) compute it.
+  bool plain() const { return offset == 0 && !clamped(); }
+  bool operator==(const GluParams&) const = default;
+};
+
+// The MLP activation as the ops take it: the kind and, for the gated kinds (SwiGLU,
+// quick-GEGLU), its GluParams. A bare kind converts to one without offset or clamp.
+struct MlpAct {
+  MlpActivation kind = MlpActivation::Gelu;
+  GluParams glu;
+  MlpAct() = default;
+  MlpAct(MlpActivation k, GluParams g = {})  // NOLINT(google-explicit-constructor)
+      : kind(k), glu(g) {}
+  // fc1 is [gate | up], twice the activation's width.
+  bool gated() const { return kind == MlpActivation::Swiglu || kind == MlpActivation::QuickGeglu; }
+  // SwiGLU without offset or clamp: the plain swiglu_* ops and their fused forms apply.
+  bool plain_swiglu() const { return kind == MlpActivation::Swiglu && glu.plain(); }
+  bool operator==(const MlpAct&) const = default;
+};
 
 // Dropout and other random draws: a counter-based key. `stream` identifies the
 // site (iteration, micro-batch, layer, which dropout); the element's global index

@@ -25,7 +25,9 @@ std::vector<parallel::GradParam> grad_params(const model::ParamStore& params,
 }
 
 bool counts_in_grad_norm(const model::ParamInfo& p, int tp_rank) {
-  return (tp_rank == 0 || !p.tp_duplicated()) && !p.pipeline_duplicate;
+  // Duplicated over the group it would be split over (an expert's: its ETP group when that
+  // is not TP): counted by that group's rank 0.
+  return (p.shard_rank(tp_rank) == 0 || !p.tp_duplicated()) && !p.pipeline_duplicate;
 }
 
 namespace {

@@ -103,6 +103,9 @@ struct Args {
   double layernorm_epsilon = 1e-5;          // --norm-epsilon
   bool swiglu = false;
   bool squared_relu = false;  // --squared-relu: the MLP's activation relu(x)^2 (not gated)
+  bool quick_geglu = false;   // --quick-geglu: quick_gelu(x) = x sigmoid(1.702 x), gated
+  double glu_linear_offset = 0.0;  // --glu-linear-offset: act(gate) * (up + offset)
+  std::optional<double> activation_func_clamp_value;  // --activation-func-clamp-value
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // --disable-bias-linear sets false
   bool add_qkv_bias = false;    // validate_args: True under add_bias_linear, as Megatron's

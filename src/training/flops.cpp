@@ -41,6 +41,7 @@ double num_floating_point_operations(const FlopsShape& m, int64_t batch_size) {
   const double F = static_cast<double>(m.ffn_hidden_size);
   // SwiGLU: gate, up and down GEMMs. Squared ReLU counts as GELU (Megatron's scale_factor
   // is 3/2 for SwiGLU only): the same two GEMMs, and the activation's own FLOPs are not counted.
+  // Quick-GEGLU, though gated, counts as GELU too: Megatron's count reads args.swiglu alone.
   const double ffn_expansion = m.swiglu ? 3.0 : 2.0;
   const double q = static_cast<double>(m.kv_channels * m.num_attention_heads);
   const double kv = static_cast<double>(m.kv_channels * m.num_query_groups);

@@ -51,7 +51,9 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.seq_len_interpolation_factor = a.rotary_seq_len_interpolation_factor.value_or(1.0);
   c.rmsnorm = a.normalization == "RMSNorm", c.norm_epsilon = a.layernorm_epsilon;
   c.zero_centered_gamma = a.layernorm_zero_centered_gamma;
-  c.swiglu = a.swiglu, c.squared_relu = a.squared_relu;
+  c.swiglu = a.swiglu, c.squared_relu = a.squared_relu, c.quick_geglu = a.quick_geglu;
+  c.glu_linear_offset = a.glu_linear_offset;
+  c.activation_func_clamp_value = a.activation_func_clamp_value;
   c.tie_embeddings = !a.untie_embeddings_and_output_weights;
   c.qk_layernorm = a.qk_layernorm;  // ---- q/k layernorm
   c.qk_layernorm_weight_decay = a.apply_wd_to_qk_layernorm;

@@ -8,9 +8,10 @@
 // meaning. As in Megatron, the shape flags (layers, hidden, FFN, heads, head dim,
 // sequence, positions; here also RoPE's position interpolation) are taken only when not given
 // on the command line, and the architecture switches (query groups, positions, RoPE base and
-// scaling, norm, SwiGLU, ties, biases, dropout, zero-centred gamma, sliding window) are
-// forced from the checkpoint. The parallel layout is not taken: any layout loads any
-// checkpoint here (Megatron forces TP/PP because it cannot).
+// scaling, norm, the MLP's activation with its offset and clamp, ties, biases, dropout,
+// zero-centred gamma, sliding window; a MoE checkpoint's experts and router) are forced from
+// the checkpoint. The parallel layout is not taken: any layout loads any checkpoint here
+// (Megatron forces TP/PP because it cannot).
 // Tokenizer paths recorded in a checkpoint are never followed.
 #include <fmt/format.h>
 
@@ -221,6 +222,12 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   force("layernorm_epsilon", a.layernorm_epsilon, c.norm_epsilon, python_float(c.norm_epsilon));
   force("swiglu", a.swiglu, c.swiglu, py(c.swiglu));
   force("squared_relu", a.squared_relu, c.squared_relu, py(c.squared_relu));
+  force("quick_geglu", a.quick_geglu, c.quick_geglu, py(c.quick_geglu));
+  force("glu_linear_offset", a.glu_linear_offset, c.glu_linear_offset,
+        python_float(c.glu_linear_offset));
+  force("activation_func_clamp_value", a.activation_func_clamp_value,
+        c.activation_func_clamp_value,
+        c.activation_func_clamp_value ? python_float(*c.activation_func_clamp_value) : "None");
   const std::string softmax = model::softmax_type_name(c.softmax_type);
   force("softmax_type", a.softmax_type, softmax, softmax);
   force("untie_embeddings_and_output_weights", a.untie_embeddings_and_output_weights,
@@ -232,6 +239,43 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
   force("hidden_dropout", a.hidden_dropout, c.hidden_dropout, python_float(c.hidden_dropout));
   force("attention_dropout", a.attention_dropout, c.attention_dropout,
         python_float(c.attention_dropout));
+  // Mixture of experts: Megatron's forced MoE arguments (the experts, their layers and width,
+  // the router's top-k, scores, pre-softmax, scaling and expert bias, the shared expert), and
+  // the shared expert's gate, which the checkpoint's parameters also depend on. Only from a
+  // MoE checkpoint: a dense one leaves the command line's (--moe-use-upcycling starts a MoE
+  // model from it).
+  if (c.moe.num_experts > 0) {
+    const auto& m = c.moe;
+    force("num_experts", a.num_experts, std::optional<int64_t>(m.num_experts),
+          std::to_string(m.num_experts));
+    std::string freq = "[";
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      freq += fmt::format("{}{}", l ? ", " : "", c.is_moe_layer(l) ? 1 : 0);
+    freq += "]";
+    force("moe_layer_freq", a.moe_layer_freq, freq, freq);
+    force("moe_ffn_hidden_size", a.moe_ffn_hidden_size, std::optional<int64_t>(m.ffn_hidden_size),
+          std::to_string(m.ffn_hidden_size));
+    force("moe_router_topk", a.moe_router_topk, m.topk, std::to_string(m.topk));
+    force("moe_router_pre_softmax", a.moe_router_pre_softmax, m.pre_softmax, py(m.pre_softmax));
+    const std::optional<int64_t> shared =
+        m.shared_ffn_hidden_size > 0 ? std::optional<int64_t>(m.shared_ffn_hidden_size)
+                                     : std::nullopt;
+    force("moe_shared_expert_intermediate_size", a.moe_shared_expert_intermediate_size, shared,
+          shared ? std::to_string(*shared) : "None");
+    force("moe_shared_expert_gate", a.moe_shared_expert_gate, m.shared_expert_gate,
+          py(m.shared_expert_gate));
+    const std::string score = m.score == model::TransformerConfig::Moe::Score::Sigmoid ? "sigmoid"
+                              : m.score == model::TransformerConfig::Moe::Score::SqrtSoftplus
+                                  ? "sqrtsoftplus"
+                                  : "softmax";
+    force("moe_router_score_function", a.moe_router_score_function, score, score);
+    force("moe_router_enable_expert_bias", a.moe_router_enable_expert_bias, m.expert_bias,
+          py(m.expert_bias));
+    const std::optional<double> scaling =
+        m.topk_scaling_factor != 0 ? std::optional<double>(m.topk_scaling_factor) : std::nullopt;
+    force("moe_router_topk_scaling_factor", a.moe_router_topk_scaling_factor, scaling,
+          scaling ? python_float(*scaling) : "None");
+  }
   log::info("--use-checkpoint-args: {} model arguments from {}", taken, dir);
 }
 

@@ -85,7 +85,7 @@ void upcycle(const Args& a, const model::TransformerConfig& rank_cfg) {
                   "--moe-use-upcycling: the dense checkpoint's FFN width {} is not the experts' "
                   "{} x --moe-upcycling-granularity {}",
                   dc.ffn_hidden_size, I, g);
-  MCPP_CHECK_HINT(dc.swiglu == mc.swiglu && dc.squared_relu == mc.squared_relu,
+  MCPP_CHECK_HINT(dc.activation() == mc.activation(),
                   "give the MoE model the dense model's activation (--swiglu / --squared-relu)",
                   "--moe-use-upcycling: the dense checkpoint's MLP activation differs from the "
                   "MoE model's");
@@ -129,7 +129,7 @@ void upcycle(const Args& a, const model::TransformerConfig& rank_cfg) {
       Tensor e2 = P.param(
           model::layer_param_name(layer, "mlp.experts.linear_fc2.weight" + std::to_string(e)));
       copy_rows(w1, j * I, I, e1, 0, scale);                 // gate (or the whole fc1)
-      if (mc.swiglu) copy_rows(w1, F + j * I, I, e1, I, scale);  // up
+      if (mc.gated_linear_unit()) copy_rows(w1, F + j * I, I, e1, I, scale);  // up
       // fc2's columns [j I, (j + 1) I) of each of its H rows.
       const float* S = w2.data<float>();
       float* Dd = e2.data<float>();

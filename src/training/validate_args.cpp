@@ -564,6 +564,8 @@ void validate_qk_layernorm(Args& a);  // ---- q/k layernorm (validate_qk_layerno
 void validate_ckpt_format(Args& a);  // --ckpt-format, conversion (validate_ckpt_format.cpp)
 void validate_batch(Args& a);  // batch sizes, schedules, evaluation's (validate_batch.cpp)
 void validate_attention_sink(const Args& a);  // --softmax-type (validate_attention_sink.cpp)
+// --quick-geglu, --glu-linear-offset, --activation-func-clamp-value (validate_activation.cpp)
+void validate_activation(const Args& a);
 
 void validate_args(Args& a, int world_size, bool training) {
   MCPP_CHECK_HINT(world_size >= 1, "launch at least one process", "world size {} is not positive",
@@ -578,6 +580,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_tensor_parallel(a);
   validate_context_parallel(a);
   validate_moe(a);  // mixture of experts (validate_moe.cpp)
+  validate_activation(a);  // the MLP's activation (validate_activation.cpp)
   validate_mtp(a);  // multi-token prediction (validate_mtp.cpp)
   validate_window(a);  // sliding-window attention (validate_window.cpp)
   validate_attention_sink(a);  // --softmax-type

@@ -65,6 +65,38 @@ static void validate_upcycling(const Args& a) {
   MCPP_CHECK_HINT(a.ckpt_format != "torch", "use the default --ckpt-format torch_dist",
                   "--moe-use-upcycling with --ckpt-format torch (the legacy layout holds no "
                   "experts)");
+  MCPP_CHECK_HINT(!a.quick_geglu && a.glu_linear_offset == 0 && !a.activation_func_clamp_value,
+                  "upcycle a GELU, SwiGLU or squared-ReLU model",
+                  "--moe-use-upcycling with --quick-geglu, --glu-linear-offset or "
+                  "--activation-func-clamp-value is not implemented yet by megatron.cpp (its "
+                  "weight scale is GELU's, SwiGLU's or squared ReLU's)");
+}
+
+// Linear biases in MoE layers (Megatron's default --add-bias-linear): the router's and the
+// experts' (model/moe/router.h, experts.h), where Megatron-LM builds them.
+static void validate_moe_biases(const Args& a, int64_t etp) {
+  const char* off = "or add --disable-bias-linear";
+  MCPP_CHECK_HINT(etp == 1, fmt::format("add --expert-tensor-parallel-size 1, {}", off),
+                  "MoE layers with linear biases at --expert-tensor-parallel-size {} (it defaults "
+                  "to --tensor-model-parallel-size): Megatron-LM supports biases in MoE at ETP 1 "
+                  "only (each expert-TP rank would add the whole fc2 bias to its partial sum)",
+                  etp);
+  MCPP_CHECK_HINT(!a.moe_shared_expert_intermediate_size,
+                  fmt::format("drop --moe-shared-expert-intermediate-size, {}", off),
+                  "shared experts with linear biases: Megatron-LM's SharedExpertMLP asserts "
+                  "add_bias_linear is False");
+  MCPP_CHECK_HINT(!(a.moe_grouped_gemm && !a.was_given("bias_dropout_fusion")),
+                  fmt::format("add --no-bias-dropout-fusion, {}", off),
+                  "--moe-grouped-gemm with linear biases and the bias-dropout fusion: "
+                  "Megatron-LM's TEGroupedMLP asserts against bias_dropout_fusion when "
+                  "add_bias_linear is set");
+  MCPP_CHECK_HINT(!a.init_method_xavier_uniform, fmt::format("drop the flag, {}", off),
+                  "--init-method-xavier-uniform with MoE linear biases: Megatron-LM draws the "
+                  "router's bias [E] with init_method, and xavier_uniform_ cannot draw a 1-D "
+                  "tensor");
+  MCPP_CHECK_HINT(!a.moe_use_upcycling, fmt::format("drop --moe-use-upcycling, {}", off),
+                  "--moe-use-upcycling with linear biases is not implemented yet by megatron.cpp "
+                  "(the dense biases are not copied into the experts)");
 }
 
 void validate_moe(Args& a) {
@@ -311,9 +343,7 @@ void validate_moe(Args& a) {
                   "size {} (--expert-tensor-parallel-size {} at --tensor-model-parallel-size "
                   "{}) is not implemented yet",
                   edp, etp, tp);
-  MCPP_CHECK_HINT(!a.add_bias_linear, "add --disable-bias-linear (as Megatron's MoE examples do)",
-                  "--num-experts with linear biases (Megatron's default --add-bias-linear) is not "
-                  "implemented yet: the router and the experts have no biases");
+  if (a.add_bias_linear) validate_moe_biases(a, etp);
   MCPP_CHECK_HINT(!a.fp16, "train MoE models with --bf16",
                   "--fp16 with --num-experts is not implemented yet (the aux losses' gradients "
                   "are not scaled by the fp16 loss scale)");

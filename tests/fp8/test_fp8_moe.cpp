@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -74,12 +75,13 @@ struct ExpertsFixture {
   ParamStore store;
   int64_t E, H = 8, I = 4;
 
-  ExpertsFixture(Fp8Config::Recipe recipe, int64_t experts, int64_t history = 1, int layers = 1)
+  ExpertsFixture(Fp8Config::Recipe recipe, int64_t experts, int64_t history = 1, int layers = 1,
+                 bool biases = false)
       : E(experts) {
     c.num_layers = layers, c.hidden_size = H, c.num_attention_heads = 2, c.kv_channels = 4;
     c.num_query_groups = 2, c.ffn_hidden_size = 16, c.seq_length = 4;
     c.max_position_embeddings = 4, c.padded_vocab_size = 16, c.dtype = DType::F64;
-    c.init_method_std = 0.5, c.add_bias_linear = false;
+    c.init_method_std = 0.5, c.add_bias_linear = biases;
     c.moe.num_experts = E, c.moe.topk = 1, c.moe.ffn_hidden_size = I;
     c.fp8.format = Fp8Config::Format::Hybrid, c.fp8.recipe = recipe;
     c.fp8.amax_history_len = history, c.fp8.amax_max = true;
@@ -288,6 +290,53 @@ TEST(Fp8Experts, ZeroRowPaddingChangesNothing) {
       EXPECT_GT(amax(g_ref), 0.0f);
       if (h_ref.defined())
         for (int k = 0; k < 3; ++k) EXPECT_EQ(h_pad.data<float>()[k], h_ref.data<float>()[k]);
+    }
+  }
+}
+
+// Linear biases (--add-bias-linear) through the FP8 experts: fc1's in its GEMM (the padded
+// rows' copies dropped, their zero gradients adding nothing), fc2's times the probability after
+// the GEMM (y = the bias-free output + p b2, db2 = p^T G from the unquantised G), in every recipe
+// with and without the CUDA path's zero-row padding.
+TEST(Fp8Experts, BiasesWithAndWithoutPadding) {
+  const std::string b1 = "decoder.layers.0.mlp.experts.linear_fc1.bias",
+                    b2 = "decoder.layers.0.mlp.experts.linear_fc2.bias";
+  for (auto recipe :
+       {Fp8Config::Recipe::Tensorwise, Fp8Config::Recipe::Delayed, Fp8Config::Recipe::Blockwise}) {
+    const std::vector<int64_t> counts = {3, 5};
+    Pass ref;
+    Tensor g1_ref;
+    for (int padded = 0; padded < 2; ++padded) {
+      ExpertsFixture fx(recipe, 2, 1, 1, /*biases=*/true);
+      for (int64_t e = 0; e < 2; ++e)  // zero-initialised: random values instead
+        for (const std::string& n : {b1 + std::to_string(e), b2 + std::to_string(e)}) {
+          Tensor t = fx.store.param(n);
+          const Tensor r = randn(t.shape(), 60 + e, 0.5);
+          std::memcpy(t.raw(), r.raw(), t.nbytes());
+        }
+      moe::GroupedExperts ge(fx.c, 0, &fx.store);
+      if (padded) ge.set_fp8_row_multiple(16);
+      const Inputs in = inputs(fx, counts, 61);
+      const Pass r = run(fx, ge, in.x, in.p, counts, in.G);
+      const Tensor g1 = fx.store.grad(b1 + "1").clone();
+      EXPECT_GT(amax(g1), 0.0f);
+      // db2 of expert 1: sum over its rows of p G (unquantised).
+      const Tensor db2 = fx.store.grad(b2 + "1");
+      for (int64_t h = 0; h < fx.H; ++h) {
+        double want = 0;
+        for (int64_t n = 3; n < 8; ++n)
+          want += in.p.data<double>()[n] * in.G.data<double>()[n * fx.H + h];
+        EXPECT_NEAR(db2.data<double>()[h], want, 1e-12 * std::max(1.0, std::abs(want)));
+      }
+      if (!padded) {
+        ref = r, g1_ref = g1;
+        continue;
+      }
+      const int rc = int(recipe);
+      EXPECT_LT(max_rel(r.y, ref.y), 1e-13) << rc;
+      EXPECT_LT(max_rel(r.dx, ref.dx), 1e-13) << rc;
+      EXPECT_LT(max_rel(r.dp, ref.dp), 1e-13) << rc;
+      EXPECT_LT(max_rel(g1, g1_ref), 1e-13) << rc;
     }
   }
 }

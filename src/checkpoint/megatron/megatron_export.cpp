@@ -218,10 +218,17 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("apply_layernorm_1p", Py::boolean(c.zero_centered_gamma));
   a.set("swiglu", Py::boolean(c.swiglu));
   a.set("squared_relu", Py::boolean(c.squared_relu));
+  // Quick-GEGLU and the gated units' offset and clamp. The bias fusions off where Megatron
+  // would refuse them: its dense MLP fuses no quick-GEGLU, and no SwiGLU with an offset.
+  a.set("quick_geglu", Py::boolean(c.quick_geglu));
+  a.set("glu_linear_offset", Py::real(c.glu_linear_offset));
+  a.set("activation_func_clamp_value",
+        c.activation_func_clamp_value ? Py::real(*c.activation_func_clamp_value) : Py::none());
+  if (c.swiglu) a.set("bias_swiglu_fusion", Py::boolean(c.glu_linear_offset == 0));
   a.set("softmax_type", Py::str(model::softmax_type_name(c.softmax_type)));  // attention sinks
   // megatron.cpp's GELU is the tanh form: Megatron's bias_gelu fusion, or --openai-gelu
   // (squared ReLU: neither; Megatron refuses the bias_gelu fusion with it)
-  const bool gelu = !c.swiglu && !c.squared_relu;
+  const bool gelu = !c.swiglu && !c.squared_relu && !c.quick_geglu;
   a.set("bias_gelu_fusion", Py::boolean(gelu && c.add_bias_linear));
   a.set("openai_gelu", Py::boolean(gelu && !c.add_bias_linear));
   a.set("untie_embeddings_and_output_weights", Py::boolean(!c.tie_embeddings));

@@ -125,7 +125,7 @@ int64_t export_to_megatron(const std::string& load_dir, std::optional<int64_t> s
                   : std::strcmp(what, "exp_avg") == 0
                       ? opt.exp_avg().narrow(p.offset, p.numel())
                       : opt.exp_avg_sq().narrow(p.offset, p.numel());
-    return split_tp(full.view(p.global_shape), split_of(name, cfg.swiglu), tp, T);
+    return split_tp(full.view(p.global_shape), split_of(name, cfg.gated_linear_unit()), tp, T);
   };
   if (o.save_optim && !src.has_optimizer)
     log::warn(

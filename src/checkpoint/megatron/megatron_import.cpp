@@ -240,6 +240,12 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   c.zero_centered_gamma = flag("apply_layernorm_1p", false);
   c.swiglu = flag("swiglu", false);
   c.squared_relu = flag("squared_relu", false);  // activation_func = squared_relu
+  // --quick-geglu (core_transformer_config_from_args: squared_relu wins over it, swiglu is
+  // asserted against) and the gated units' offset and clamp (None: none).
+  c.quick_geglu = flag("quick_geglu", false) && !c.squared_relu;
+  c.glu_linear_offset = f64("glu_linear_offset", 0.0);
+  if (arg(a, "activation_func_clamp_value"))
+    c.activation_func_clamp_value = f64("activation_func_clamp_value", 0.0);
   // --softmax-type: attention sinks (learnable: core_attention.softmax_offset per layer).
   c.softmax_type = model::softmax_type_of(str("softmax_type", "vanilla"));
   // --qk-layernorm: self_attention.q_layernorm / k_layernorm weights (and biases, with
@@ -250,6 +256,11 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
                   "{}: args.swiglu and args.squared_relu are both set (Megatron asserts "
                   "against it)",
                   what);
+  MCPP_CHECK_HINT(!(c.quick_geglu && c.swiglu), "the checkpoint's args are inconsistent",
+                  "{}: args.quick_geglu and args.swiglu are both set (Megatron asserts against "
+                  "it)",
+                  what);
+  c.check_activation();  // the offset and clamp where Megatron's config takes them
   c.rope = pos == "rope" || pos == "yarn";
   c.no_positions = pos == "none";
   if (const Value* w = arg(a, "window_size")) {  // sliding-window attention: (L, R), L -1 none
@@ -315,7 +326,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
              "vocab {}, ffn {}, eps {})",
              what, c.num_attention_heads, c.num_query_groups, c.kv_channels, c.padded_vocab_size,
              c.ffn_hidden_size, c.norm_epsilon);
-  if (!c.swiglu && !c.squared_relu && !flag("openai_gelu", false) &&
+  if (!c.swiglu && !c.squared_relu && !c.quick_geglu && !flag("openai_gelu", false) &&
       !(flag("bias_gelu_fusion", true) && c.add_bias_linear))
     notes.push_back(
         "the Megatron model used the exact (erf) GELU; megatron.cpp computes the tanh form "
@@ -537,7 +548,7 @@ void read_legacy(const Detected& d, Imported& im) {
     }
   }
   for (auto& [name, s] : shards)
-    im.tensors[name] = merge_tp(s, split_of(name, im.config.swiglu), name, d.iter_dir);
+    im.tensors[name] = merge_tp(s, split_of(name, im.config.gated_linear_unit()), name, d.iter_dir);
   if (!import_optim || distributed) {
     im.optimizer.reset();
     if (im.had_optimizer)
@@ -559,7 +570,7 @@ void read_legacy(const Detected& d, Imported& im) {
                  {&opt.main_params, &os.main_params}};
   for (auto [from, to] : parts)
     for (auto& [name, s] : *from)
-      (*to)[name] = merge_tp(s, split_of(name, im.config.swiglu), name, d.iter_dir);
+      (*to)[name] = merge_tp(s, split_of(name, im.config.gated_linear_unit()), name, d.iter_dir);
 }
 
 }  // namespace

@@ -16,6 +16,12 @@ std::string fc1_name(int layer, int64_t e) {
 std::string fc2_name(int layer, int64_t e) {
   return layer_param_name(layer, "mlp.experts.linear_fc2.weight" + std::to_string(e));
 }
+std::string fc1_bias_name(int layer, int64_t e) {
+  return layer_param_name(layer, "mlp.experts.linear_fc1.bias" + std::to_string(e));
+}
+std::string fc2_bias_name(int layer, int64_t e) {
+  return layer_param_name(layer, "mlp.experts.linear_fc2.bias" + std::to_string(e));
+}
 
 }  // namespace
 
@@ -38,20 +44,28 @@ void GroupedExperts::add_fp8_buffers(const TransformerConfig& c, int layer,
 
 void GroupedExperts::add_params(const TransformerConfig& c, int layer,
                                 std::vector<ParamInfo>& params) {
-  const int64_t H = c.hidden_size, I = c.moe.ffn_hidden_size, fc1 = (c.swiglu ? 2 : 1) * I;
+  const bool glu = c.gated_linear_unit();
+  const int64_t H = c.hidden_size, I = c.moe.ffn_hidden_size, fc1 = (glu ? 2 : 1) * I;
+  const TpSplit split1 = glu ? TpSplit::SwigluRows : TpSplit::Rows;
   const int64_t e0 = c.moe.first_expert();
   for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {  // global indices
-    ParamInfo w1 = make_param(fc1_name(layer, e), {fc1, H},
-                              c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows, Init::Normal,
-                              c.init_method_std, true, layer, c.moe_etp());
-    ParamInfo w2 = make_param(fc2_name(layer, e), {H, I}, TpSplit::Cols, Init::Normal,
-                              output_init_std(c), true, layer, c.moe_etp());
-    for (ParamInfo* p : {&w1, &w2}) {
-      p->grad_group = GradGroup::Expert;
-      p->expert = int(e);
+    std::vector<ParamInfo> mine;
+    mine.push_back(make_param(fc1_name(layer, e), {fc1, H}, split1, Init::Normal,
+                              c.init_method_std, true, layer, c.moe_etp()));
+    mine.push_back(make_param(fc2_name(layer, e), {H, I}, TpSplit::Cols, Init::Normal,
+                              output_init_std(c), true, layer, c.moe_etp()));
+    if (c.add_bias_linear) {  // zeros, not decayed (TE's GroupedLinear, Megatron's linears)
+      mine.push_back(make_param(fc1_bias_name(layer, e), {fc1}, split1, Init::Zeros, 0, false,
+                                layer, c.moe_etp()));
+      mine.push_back(make_param(fc2_bias_name(layer, e), {H}, TpSplit::None, Init::Zeros, 0,
+                                false, layer, c.moe_etp()));
+    }
+    for (ParamInfo& p : mine) {
+      p.grad_group = GradGroup::Expert;
+      p.expert = int(e);
       // Sharded over the ETP group: its box of the global tensor follows the ETP rank.
-      if (c.moe.etp_size > 0) p->split_rank = int(c.moe.etp_rank);
-      params.push_back(std::move(*p));
+      if (c.moe.etp_size > 0) p.split_rank = int(c.moe.etp_rank);
+      params.push_back(std::move(p));
     }
   }
 }
@@ -62,6 +76,8 @@ GroupedExperts::GroupedExperts(const TransformerConfig& c, int layer, const Para
   for (int64_t e = e0; e < e0 + c.moe.local_experts(); ++e) {
     w1_.push_back(ParamStore::view(store, fc1_name(layer, e)));
     w2_.push_back(ParamStore::view(store, fc2_name(layer, e)));
+    b1_.push_back(ParamStore::view(store, fc1_bias_name(layer, e)));  // (undefined: none)
+    b2_.push_back(ParamStore::view(store, fc2_bias_name(layer, e)));
     f1_.emplace_back(store, fc1_name(layer, e));
     f2_.emplace_back(store, fc2_name(layer, e));
   }
@@ -101,24 +117,25 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 }  // namespace
 
 void GroupedExperts::fp8_forward(const Fp8Linear& f, const Tensor& x, bool x_split,
-                                 const ParamView& w, Tensor& y, const StepContext& cx) const {
+                                 const ParamView& w, const ParamView& b, Tensor& y,
+                                 const StepContext& cx) const {
   const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
-  if (np == n) return f.forward(x, x_split, w.w, Tensor(), Tensor(), y, cx);
+  if (np == n) return f.forward(x, x_split, w.w, b.w, Tensor(), y, cx);
   const Tensor xp = pad_rows(x, np, 0, cx.stream());
   Tensor yp = pad_scratch(1, {np, y.size(1)}, y.dtype(), y.device());
-  f.forward(xp, x_split, w.w, Tensor(), Tensor(), yp, cx);
+  f.forward(xp, x_split, w.w, b.w, Tensor(), yp, cx);  // (padding rows: the bias, dropped)
   ops::copy(yp.narrow(0, n), y, cx.stream());
 }
 
 void GroupedExperts::fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_split,
-                                  const Tensor& x, bool x_split, const ParamView& w, Tensor& dx,
-                                  const StepContext& cx) const {
+                                  const Tensor& x, bool x_split, const ParamView& w,
+                                  const ParamView& b, Tensor& dx, const StepContext& cx) const {
   const int64_t n = x.size(0), np = round_up(n, row_multiple(cx, x.device()));
-  if (np == n) return f.backward(dy, dy_split, x, x_split, w, ParamView{}, dx, true, cx);
+  if (np == n) return f.backward(dy, dy_split, x, x_split, w, b, dx, true, cx);
   const Tensor xp = pad_rows(x, np, 0, cx.stream());
-  const Tensor gp = pad_rows(dy, np, 1, cx.stream());
+  const Tensor gp = pad_rows(dy, np, 1, cx.stream());  // zero rows: no bias gradient
   Tensor dxp = pad_scratch(2, {np, dx.size(1)}, dx.dtype(), dx.device());
-  f.backward(gp, dy_split, xp, x_split, w, ParamView{}, dxp, true, cx);
+  f.backward(gp, dy_split, xp, x_split, w, b, dxp, true, cx);
   ops::copy(dxp.narrow(0, n), dx, cx.stream());
 }
 
@@ -171,9 +188,9 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
       if (n == 0) continue;  // an expert without tokens: nothing to compute
       Tensor h = fc1.narrow(off, n);
       if (fp8)
-        fp8_forward(f1_[e], xp.narrow(off, n), false, w1_[e], h, cx);
+        fp8_forward(f1_[e], xp.narrow(off, n), false, w1_[e], b1_[e], h, cx);
       else
-        ops::linear_forward(xp.narrow(off, n), w1_[e].w, Tensor(), h, f.side(int(e)));
+        ops::linear_forward(xp.narrow(off, n), w1_[e].w, b1_[e].w, h, f.side(int(e)));
       off += n;
     }
   }
@@ -186,9 +203,12 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
     if (n == 0) continue;
     Tensor y = yp.narrow(off, n);
     if (fp8)
-      fp8_forward(f2_[e], ap.narrow(off, n), etp != nullptr, w2_[e], y, cx);
+      fp8_forward(f2_[e], ap.narrow(off, n), etp != nullptr, w2_[e], ParamView{}, y, cx);
     else
       ops::linear_forward(ap.narrow(off, n), w2_[e].w, Tensor(), y, f.side(int(e)));
+    // fc2's bias times the probability (Megatron's _apply_bias; whole experts: ETP 1)
+    if (b2_[e].w.defined())
+      ops::moe_bias_scale_forward(b2_[e].w, p.narrow(off, n), y, f.side(int(e)));
     off += n;
   }
 }
@@ -224,7 +244,7 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
       Tensor dx = dap.narrow(off, n);
       if (fp8)
         fp8_backward(f2_[e], dyp.narrow(off, n), false, ap.narrow(off, n), etp != nullptr, w2_[e],
-                     dx, cx);
+                     ParamView{}, dx, cx);
       else
         ops::linear_backward(dyp.narrow(off, n), ap.narrow(off, n), w2_[e].w, dx, false,
                              split ? none : w2_[e].g, none, f.side(int(e)));
@@ -249,13 +269,19 @@ void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor&
     for (size_t e = 0; e < counts.size(); ++e) {
       const int64_t n = counts[e];
       if (n == 0) continue;
-      Tensor dx = dxp.narrow(off, n);
+      Tensor dx = dxp.narrow(off, n), db1 = b1_[e].g;
       if (fp8)
         fp8_backward(f1_[e], dfc1.narrow(off, n), etp != nullptr, xp.narrow(off, n), false,
-                     w1_[e], dx, cx);
+                     w1_[e], b1_[e], dx, cx);
       else
         ops::linear_backward(dfc1.narrow(off, n), xp.narrow(off, n), w1_[e].w, dx, false,
-                             w1_[e].g, none, f.side(int(e) + 1));
+                             w1_[e].g, db1, f.side(int(e) + 1));
+      // fc2's bias: db2 += p^T dy, dp += dy b2 (after moe_act_scale_backward wrote dp)
+      if (b2_[e].w.defined()) {
+        Tensor dpe = dp.narrow(off, n);
+        ops::moe_bias_scale_backward(dyp.narrow(off, n), b2_[e].w, p.narrow(off, n), b2_[e].g,
+                                     dpe, f.side(int(e) + 1));
+      }
       off += n;
     }
   }

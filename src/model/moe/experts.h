@@ -2,17 +2,27 @@
 // the permuted rows, grouped by expert (rows [off_e, off_e + n_e) belong to expert e), with
 // the routing probability applied after the activation, as Megatron does:
 //
-//   forward:  h_e = x_e @ W1_e^T;  a_e = act(h_e);  y_e = (a_e * p_e) @ W2_e^T
+//   forward:  h_e = x_e @ W1_e^T + b1_e;  a_e = act(h_e);  y_e = (a_e * p_e) @ W2_e^T + p_e b2_e
 //   backward: d(ap) = dy_e @ W2_e;  dW2_e += dy_e^T (a_e * p_e);  dp = rowsum(d(ap) * a_e)
 //             da = d(ap) * p_e;  dh = act'(h_e) da;  dW1_e += dh^T x_e;  dx_e = dh @ W1_e
+//             db1_e += colsum(dh);  db2_e += p_e^T dy_e;  dp += dy_e b2_e
+//
+// The biases (--add-bias-linear; Megatron's TEGroupedMLP and SequentialMLP alike): fc1's
+// inside its GEMM, before the activation (and its clamp); fc2's scaled by the probability,
+// y = p (W2 a + b2), which both of Megatron's expert forms compute (TEGroupedMLP's
+// _apply_bias adds b2 p after the GEMM, SequentialMLP output_bias * per_token_scale), so a
+// row's bias counts with its routing weight and d(loss)/dp sees it. Whole experts only
+// (ETP 1, as Megatron requires): a split fc2 would add its bias once per ETP rank.
 //
 // The activation and the probabilities are one op each way over all rows
 // (moe_act_scale_forward / _backward: ap from h; dp and dh from d(ap) and h, a recomputed),
 // bit for bit the unfused activation and moe_scale_rows / moe_row_dot ops.
 //
 // Parameters (grouped form, global expert index e): mlp.experts.linear_fc1.weight{e}
-// [(2)I, H] (SwiGLU: [gate; up], each ETP rank its rows of both) and
-// mlp.experts.linear_fc2.weight{e} [H, I] (split by columns), grad_group Expert. With expert
+// [(2)I, H] (a gated unit: [gate; up], each ETP rank its rows of both) and
+// mlp.experts.linear_fc2.weight{e} [H, I] (split by columns), with --add-bias-linear
+// mlp.experts.linear_fc1.bias{e} [(2)I] and mlp.experts.linear_fc2.bias{e} [H] (zeros, not
+// decayed), all grad_group Expert. With expert
 // parallelism a rank holds its El = E/EP experts only (still named by global index e =
 // ep_rank*El + j) and counts are per local expert. An expert
 // with no rows runs no GEMM and its gradients stay as they are.
@@ -87,14 +97,16 @@ class GroupedExperts {
  private:
   // One FP8 expert GEMM pass over rows [off, off + n) (padded on CUDA): fprop into y, or the
   // backward (dgrad into dx, wgrad into the weight's gradient).
-  void fp8_forward(const Fp8Linear& f, const Tensor& x, bool x_split, const ParamView& w, Tensor& y,
-                   const StepContext& cx) const;
+  void fp8_forward(const Fp8Linear& f, const Tensor& x, bool x_split, const ParamView& w,
+                   const ParamView& b, Tensor& y, const StepContext& cx) const;
   void fp8_backward(const Fp8Linear& f, const Tensor& dy, bool dy_split, const Tensor& x,
-                    bool x_split, const ParamView& w, Tensor& dx, const StepContext& cx) const;
+                    bool x_split, const ParamView& w, const ParamView& b, Tensor& dx,
+                    const StepContext& cx) const;
   int64_t row_multiple(const StepContext& cx, Device dev) const;
 
   const TransformerConfig* cfg_ = nullptr;
   std::vector<ParamView> w1_, w2_;
+  std::vector<ParamView> b1_, b2_;  // --add-bias-linear (undefined views without)
   std::vector<Fp8Linear> f1_, f2_;  // one per local expert and GEMM
   int64_t pad_rows_ = 0;
 };

@@ -12,6 +12,12 @@ void Router::add_params(const TransformerConfig& c, int layer, std::vector<Param
   params.push_back(make_param(layer_param_name(layer, "mlp.router.weight"),
                               {c.moe.num_experts, c.hidden_size}, TpSplit::None, Init::Normal,
                               c.init_method_std, true, layer, c.tp_size, c.sp()));
+  // --add-bias-linear: TopKRouter's bias [E], drawn by init_method as the weight (normal, not
+  // zero), not decayed, marked sequence_parallel as the weight.
+  if (c.add_bias_linear)
+    params.push_back(make_param(layer_param_name(layer, "mlp.router.bias"), {c.moe.num_experts},
+                                TpSplit::None, Init::Normal, c.init_method_std, false, layer,
+                                c.tp_size, c.sp()));
 }
 
 void Router::add_buffers(const TransformerConfig& c, int layer, std::vector<BufferInfo>& out) {
@@ -29,6 +35,7 @@ DType Router::router_dtype(const TransformerConfig& c) {
 
 Router::Router(const TransformerConfig& c, int layer, const ParamStore* store)
     : w_(ParamStore::view(store, layer_param_name(layer, "mlp.router.weight"))),
+      b_(ParamStore::view(store, layer_param_name(layer, "mlp.router.bias"))),
       dtype_(router_dtype(c)) {
   const std::string bn = layer_param_name(layer, "mlp.router.expert_bias");
   if (store && store->has_buffer(bn)) bias_ = store->buffer(bn);
@@ -48,40 +55,54 @@ void Router::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
   v(s.logits, {d.Tl, c.moe.num_experts}, rd, true);
 }
 
+namespace {
+// A parameter in the router dtype (undefined stays undefined).
+Tensor in_dtype(const Tensor& t, DType dt, Stream& st) {
+  if (!t.defined() || t.dtype() == dt) return t;
+  Tensor c = Tensor::empty(t.shape(), dt, t.device());
+  ops::copy(t, c, st);
+  return c;
+}
+// grad += t, t in another dtype (the router dtype's gradient into the parameter's).
+void add_into(Tensor& grad, const Tensor& t, Stream& st) {
+  Tensor tg = Tensor::empty(grad.shape(), grad.dtype(), grad.device());
+  ops::copy(t, tg, st);
+  ops::add(grad, tg, grad, st);
+}
+}  // namespace
+
 void Router::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
   Stream& st = cx.stream();
   if (dtype_ == x.dtype()) {
-    ops::linear_forward(x, w_.w, Tensor(), s.logits, st);
+    ops::linear_forward(x, w_.w, in_dtype(b_.w, dtype_, st), s.logits, st);
     return;
   }
-  // Megatron's --moe-router-dtype: the GEMM in fp32/fp64 on upcast input and weight.
+  // Megatron's --moe-router-dtype: the GEMM in fp32/fp64 on upcast input, weight and bias
+  // (router_gating_linear).
   ops::copy(x, s.x_cast, st);
-  Tensor w = Tensor::empty(w_.w.shape(), dtype_, w_.w.device());
-  ops::copy(w_.w, w, st);
-  ops::linear_forward(s.x_cast, w, Tensor(), s.logits, st);
+  ops::linear_forward(s.x_cast, in_dtype(w_.w, dtype_, st), in_dtype(b_.w, dtype_, st), s.logits,
+                      st);
 }
 
 void Router::backward(const Tensor& dlogits, const Tensor& x, const Saved& s, Tensor& dx,
                       const StepContext& cx) {
   Stream& st = cx.stream();
-  Tensor none;
-  if (dtype_ == x.dtype()) {
-    ops::linear_backward(dlogits, x, w_.w, dx, /*accumulate_dx=*/true, w_.g, none, st);
+  if (dtype_ == x.dtype()) {  // (b_.g undefined without the bias: no bias gradient)
+    ops::linear_backward(dlogits, x, w_.w, dx, /*accumulate_dx=*/true, w_.g, b_.g, st);
     return;
   }
-  Tensor w = Tensor::empty(w_.w.shape(), dtype_, w_.w.device());
-  ops::copy(w_.w, w, st);
-  Tensor dw = Tensor::empty(w_.w.shape(), dtype_, w_.w.device());
-  ops::fill(dw, 0.0, st);  // (Tensor::zeros is host-only)
+  // In the router dtype, then back to the model's dtypes: dx += dxc, grad += dw, db.
+  auto zeros = [&](const Shape& shape) {
+    Tensor t = Tensor::empty(shape, dtype_, x.device());
+    ops::fill(t, 0.0, st);  // (Tensor::zeros is host-only)
+    return t;
+  };
+  Tensor dw = zeros(w_.w.shape()), db = b_.w.defined() ? zeros(b_.w.shape()) : Tensor();
   Tensor dxc = Tensor::empty(s.x_cast.shape(), dtype_, x.device());
-  ops::linear_backward(dlogits, s.x_cast, w, dxc, false, dw, none, st);
-  // Back to the model's dtypes: dx += dxc, grad += dw.
-  Tensor tmp = Tensor::empty(dx.shape(), dx.dtype(), dx.device());
-  ops::copy(dxc, tmp, st);
-  ops::add(dx, tmp, dx, st);
-  Tensor tg = Tensor::empty(w_.g.shape(), w_.g.dtype(), w_.g.device());
-  ops::copy(dw, tg, st);
-  ops::add(w_.g, tg, w_.g, st);
+  ops::linear_backward(dlogits, s.x_cast, in_dtype(w_.w, dtype_, st), dxc, false, dw, db, st);
+  add_into(dx, dxc, st);
+  add_into(w_.g, dw, st);
+  if (db.defined()) add_into(b_.g, db, st);
 }
 
 std::vector<double> Router::expert_bias() const {

@@ -1,11 +1,13 @@
-// The MoE router (Megatron-Core's TopKRouter): logits = x @ W^T on the model's device,
-// in --moe-router-dtype when given (x and W cast to it, as Megatron upcasts), then the
+// The MoE router (Megatron-Core's TopKRouter): logits = x @ W^T (+ b) on the model's device,
+// in --moe-router-dtype when given (x, W and b cast to it, as Megatron upcasts), then the
 // routing on the host (routing.h). Parameters: mlp.router.weight [E, H] (duplicated over
-// TP; under SP its gradient is a partial sum over TP), and with --moe-router-enable-expert-bias
-// the persistent buffer mlp.router.expert_bias [E] f32 (checkpointed, never optimised).
+// TP; under SP its gradient is a partial sum over TP), with --add-bias-linear
+// mlp.router.bias [E] (likewise; drawn as the weight is, not decayed), and with
+// --moe-router-enable-expert-bias the persistent buffer mlp.router.expert_bias [E] f32
+// (checkpointed, never optimised; it enters the selection only, the bias the logits).
 //
-//   forward:  logits [Tl,E] = x [Tl,H] @ W^T
-//   backward: dx [Tl,H] += dlogits @ W;  dW += dlogits^T @ x
+//   forward:  logits [Tl,E] = x [Tl,H] @ W^T + b
+//   backward: dx [Tl,H] += dlogits @ W;  dW += dlogits^T @ x;  db += colsum(dlogits)
 #pragma once
 #include <string>
 #include <vector>
@@ -43,7 +45,7 @@ class Router {
   const Tensor& expert_bias_tensor() const { return bias_; }
 
  private:
-  ParamView w_;
+  ParamView w_, b_;  // b_: --add-bias-linear's (undefined without)
   Tensor bias_;  // the expert-bias buffer (f32 [E]), undefined without it
   DType dtype_ = DType::F32;
 };

@@ -11,8 +11,8 @@ void SharedExperts::add_params(const TransformerConfig& c, int layer,
                                std::vector<ParamInfo>& params) {
   const int64_t H = c.hidden_size, Is = c.moe.shared_ffn_hidden_size;
   ColumnParallelLinear::add_params(c, layer_param_name(layer, "mlp.shared_experts.linear_fc1"),
-                                   layer, (c.swiglu ? 2 : 1) * Is, H,
-                                   c.swiglu ? TpSplit::SwigluRows : TpSplit::Rows,
+                                   layer, (c.gated_linear_unit() ? 2 : 1) * Is, H,
+                                   c.gated_linear_unit() ? TpSplit::SwigluRows : TpSplit::Rows,
                                    c.init_method_std, false, params);
   RowParallelLinear::add_params(c, layer_param_name(layer, "mlp.shared_experts.linear_fc2"),
                                 layer, H, Is, output_init_std(c), false, params);
@@ -35,7 +35,7 @@ void SharedExperts::saved_specs(const Dims& d, bool keep_activation, Saved& s,
                                 const TensorVisitor& v) const {
   const bool gate = cfg_->moe.shared_expert_gate;
   ColumnParallelLinear::saved_specs(d, d.H, s.fc1_in, v);
-  v(s.fc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, !recompute_);
+  v(s.fc1, {d.T, (cfg_->gated_linear_unit() ? 2 : 1) * Is_local_}, d.dt, !recompute_);
   // (FP8: fc2's cast of its input is made in the forward; the activation stays kept.)
   v(s.act, {d.T, Is_local_}, d.dt, cfg_->fp8.enabled() || (!recompute_ && keep_activation));
   v(s.y0, {d.Tl, d.H}, d.dt, gate);
@@ -49,12 +49,12 @@ void SharedExperts::scratch_specs(const Dims& d, Scratch& w, Workspace& ws,
   ColumnParallelLinear::scratch_specs(d, ws, v);
   RowParallelLinear::scratch_specs(d, ws, v);
   v(w.dact, {d.T, Is_local_}, d.dt, true);
-  v(w.dfc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, true);
+  v(w.dfc1, {d.T, (cfg_->gated_linear_unit() ? 2 : 1) * Is_local_}, d.dt, true);
   v(w.dy0, {d.Tl, d.H}, d.dt, gate);
   v(w.dz, {d.Tl, 1}, d.dt, gate);
   v(w.dgate, {d.Tl}, d.sdt, gate);
   v(w.act, {d.T, Is_local_}, d.dt, !cfg_->fp8.enabled());
-  v(w.fc1, {d.T, (cfg_->swiglu ? 2 : 1) * Is_local_}, d.dt, recompute_);
+  v(w.fc1, {d.T, (cfg_->gated_linear_unit() ? 2 : 1) * Is_local_}, d.dt, recompute_);
 }
 
 void SharedExperts::forward(const Tensor& x, Saved& s, Tensor& y, Scratch& w, Workspace& ws,
@@ -93,7 +93,7 @@ void SharedExperts::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor
   if (s.act.defined()) {
     fc2_.backward(*d0, s.act, w.dact, ws, cx);
     ops::mlp_activation_backward(cfg_->activation(), w.dact, fc1, w.dfc1, st);
-  } else if (cfg_->swiglu) {
+  } else if (cfg_->plain_swiglu()) {
     // fc2's input gradient (which does not read the activation), then the SwiGLU gradient
     // and the activation from one read of fc1's output, then fc2's weight gradient: the
     // same GEMMs as one backward (DenseMlp's order).
@@ -101,7 +101,7 @@ void SharedExperts::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor
     fc2_.backward_data(g, w.act, w.dact, cx);
     ops::swiglu_backward_recompute(w.dact, fc1, w.dfc1, w.act, st);
     fc2_.backward_weights(g, w.act, cx);
-  } else {  // GELU, squared ReLU: the activation again, then as when it is kept
+  } else {  // the others: the activation again, then as when it is kept
     ops::mlp_activation_forward(cfg_->activation(), fc1, w.act, st);
     fc2_.backward(*d0, w.act, w.dact, ws, cx);
     ops::mlp_activation_backward(cfg_->activation(), w.dact, fc1, w.dfc1, st);

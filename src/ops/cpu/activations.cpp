@@ -1,6 +1,7 @@
-// GELU (tanh form), SwiGLU and squared ReLU on the CPU; one dtype per call, f32 or f64.
+// GELU (tanh form), SwiGLU, squared ReLU and the gated units with offset and clamp (glu_*:
+// quick-GEGLU, SwiGLU) on the CPU; one dtype per call, f32 or f64.
 //   gelu, squared_relu: x, y, dy, dx: any shape, same numel.      y, dx overwritten (=)
-//   swiglu: x, dx: [..., 2F] = [gate | up]; y, dy: [..., F].      y, dx overwritten (=)
+//   swiglu, glu: x, dx: [..., 2F] = [gate | up]; y, dy: [..., F]. y, dx overwritten (=)
 //   swiglu_backward_recompute: swiglu_backward and swiglu_forward in one pass over x.
 // f32 evaluates exp/tanh with the vectorisable exp_fast (cpu_common.h); f64 with libm,
 // so the f64 path stays the accurate reference for gradient checks.
@@ -198,6 +199,120 @@ void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Te
         swiglu_grad(dyr[f], g, u, dgate[f], dup[f]);
       }
     }
+  });
+}
+
+// ---- gated units with offset and clamp (quick-GEGLU, SwiGLU; Megatron's glu()) -----------
+
+namespace {
+
+// The element rules of glu_forward / glu_backward: the gate through silu (kQuick false) or
+// quick_gelu (x sigmoid(1.702 x)), the up half plus the offset; with kClamp the clamp as
+// torch.clamp's (a NaN stays NaN: no comparison holds for it), its gradient passed at the
+// bounds and 0 outside. SwiGLU's expressions are swiglu_value's and swiglu_grad's: without
+// offset and clamp the compiler contracts them alike, and the bits are theirs (the clamp's
+// masks are kept out of that case, where they would change how the products fuse).
+template <typename R, bool kQuick, bool kClamp>
+struct GluRule {
+  R off, c;
+  static R slope(R g) {
+    if constexpr (kQuick)
+      return R(1.702) * g;
+    else
+      return g;
+  }
+  R gate(R v) const {
+    if constexpr (kClamp) v = v > c ? c : v;
+    return v;
+  }
+  R up(R v) const {
+    if constexpr (kClamp) {
+      v = v < -c ? -c : v;
+      v = v > c ? c : v;
+    }
+    return v;
+  }
+  // y = act(g) (u + offset), act(g) = g sigmoid(k g).
+  R value(R gt, R ut) const {
+    const R g = gate(gt), u = up(ut);
+    return g / (R(1) + exp_fast(-slope(g))) * (off == R(0) ? u : u + off);
+  }
+  // act'(g) = s (1 + k g (1 - s)), s = sigmoid(k g).
+  void grad(R dy, R gt, R ut, R& dgate, R& dup) const {
+    const R g = gate(gt), u = up(ut);
+    const R s = R(1) / (R(1) + exp_fast(-slope(g)));
+    const R dg = dy * (off == R(0) ? u : u + off) * s * (R(1) + slope(g) * (R(1) - s));
+    const R du = dy * g * s;
+    if constexpr (kClamp) {
+      dgate = gt <= c ? dg : R(0);
+      dup = ut >= -c && ut <= c ? du : R(0);
+    } else {
+      dgate = dg, dup = du;
+    }
+  }
+};
+
+// f(rule) with act's GluRule<R, quick-GEGLU, clamped>.
+template <typename R, typename Fn>
+void with_glu_rule(MlpAct a, Fn&& f) {
+  const R off = R(a.glu.offset), c = R(a.glu.clamp);
+  const bool q = a.kind == MlpActivation::QuickGeglu, cl = a.glu.clamped();
+  if (q && cl) return f(GluRule<R, true, true>{off, c});
+  if (q) return f(GluRule<R, true, false>{off, c});
+  if (cl) return f(GluRule<R, false, true>{off, c});
+  f(GluRule<R, false, false>{off, c});
+}
+
+void check_glu(const char* op, MlpAct a) {
+  MCPP_CHECK(a.gated(), "{}: the activation is not a gated unit (SwiGLU or quick-GEGLU)", op);
+}
+
+}  // namespace
+
+void glu_forward(const Tensor& x, MlpAct act, Tensor& y, Stream& s) {
+  const Check c{"glu_forward"};
+  c.stream(s);
+  check_glu(c.op, act);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  const auto [T, F] = swiglu_dims(c, x, y, "y");
+  dispatch_float(dt, [&, T = T, F = F](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    R* Y = y.data<R>();
+    with_glu_rule<R>(act, [&](auto rule) {
+#pragma omp parallel for schedule(static) if (T * F > kParallelGrain)
+      for (int64_t t = 0; t < T; ++t) {
+        const R *gate = X + t * 2 * F, *up = gate + F;
+        R* yr = Y + t * F;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) yr[f] = rule.value(gate[f], up[f]);
+      }
+    });
+  });
+}
+
+void glu_backward(const Tensor& dy, const Tensor& x, MlpAct act, Tensor& dx, Stream& s) {
+  const Check c{"glu_backward"};
+  c.stream(s);
+  check_glu(c.op, act);
+  const DType dt = c.floating(x, "x");
+  c.dtype(dy, "dy", dt), c.dtype(dx, "dx", dt);
+  const auto [T, F] = swiglu_dims(c, x, dy, "dy");
+  c.shape(dx, "dx", x.shape());
+  dispatch_float(dt, [&, T = T, F = F](auto tag) {
+    using R = decltype(tag);
+    const R *X = x.data<R>(), *DY = dy.data<R>();
+    R* DX = dx.data<R>();
+    with_glu_rule<R>(act, [&](auto rule) {
+#pragma omp parallel for schedule(static) if (T * F > kParallelGrain)
+      for (int64_t t = 0; t < T; ++t) {
+        const R *gate = X + t * 2 * F, *up = gate + F, *dyr = DY + t * F;
+        R *dgate = DX + t * 2 * F, *dup = dgate + F;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) rule.grad(dyr[f], gate[f], up[f], dgate[f], dup[f]);
+      }
+    });
   });
 }
 

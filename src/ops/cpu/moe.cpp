@@ -107,7 +107,8 @@ void moe_row_dot(const Tensor& a, const Tensor& b, Tensor& out, Stream& s) {
 
 namespace {
 
-// fc1 [N, W] (W = 2F for SwiGLU, F otherwise) and the F of ap / dap [N, F]; N = p.numel().
+// fc1 [N, W] (W = 2F for the gated units, F otherwise) and the F of ap / dap [N, F];
+// N = p.numel().
 std::pair<int64_t, int64_t> act_scale_dims(const Check& c, const Tensor& fc1, const Tensor& p,
                                            int64_t fc1_mult, const Tensor& out,
                                            const char* oname) {
@@ -117,32 +118,30 @@ std::pair<int64_t, int64_t> act_scale_dims(const Check& c, const Tensor& fc1, co
   return {N, F};
 }
 
-void act_forward(const Tensor& fc1, MlpActivation a, Tensor& act, Stream& s) {
-  switch (a) {
-    case MlpActivation::Swiglu: return swiglu_forward(fc1, act, s);
-    case MlpActivation::SquaredRelu: return squared_relu_forward(fc1, act, s);
-    case MlpActivation::Gelu: return gelu_forward(fc1, act, s);
-  }
+void act_forward(const Tensor& fc1, MlpAct a, Tensor& act, Stream& s) {
+  if (a.plain_swiglu()) return swiglu_forward(fc1, act, s);
+  if (a.gated()) return cpu::glu_forward(fc1, a, act, s);  // (not ops::, found by ADL)
+  if (a.kind == MlpActivation::SquaredRelu) return squared_relu_forward(fc1, act, s);
+  gelu_forward(fc1, act, s);
 }
 
-void act_backward(const Tensor& dact, const Tensor& fc1, MlpActivation a, Tensor& dx, Stream& s) {
-  switch (a) {
-    case MlpActivation::Swiglu: return swiglu_backward(dact, fc1, dx, s);
-    case MlpActivation::SquaredRelu: return squared_relu_backward(dact, fc1, dx, s);
-    case MlpActivation::Gelu: return gelu_backward(dact, fc1, dx, s);
-  }
+void act_backward(const Tensor& dact, const Tensor& fc1, MlpAct a, Tensor& dx, Stream& s) {
+  if (a.plain_swiglu()) return swiglu_backward(dact, fc1, dx, s);
+  if (a.gated()) return cpu::glu_backward(dact, fc1, a, dx, s);
+  if (a.kind == MlpActivation::SquaredRelu) return squared_relu_backward(dact, fc1, dx, s);
+  gelu_backward(dact, fc1, dx, s);
 }
 
 }  // namespace
 
-void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpActivation a, Tensor& ap,
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpAct a, Tensor& ap,
                            Stream& s) {
   const Check c{"moe_act_scale_forward"};
   c.stream(s);
   const DType dt = c.floating(fc1, "fc1");
   c.dtype(ap, "ap", dt);
   c.dtype(p, "p", dt);
-  const int64_t m = a == MlpActivation::Swiglu ? 2 : 1;
+  const int64_t m = a.gated() ? 2 : 1;
   const auto [N, F] = act_scale_dims(c, fc1, p, m, ap, "ap");
   if (N * F == 0) return;
   Tensor act = Tensor::empty({N, F}, dt);  // [N, F]
@@ -150,13 +149,13 @@ void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpActivation a, 
   moe_scale_rows(act, p, ap, s);
 }
 
-void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p,
-                            MlpActivation a, Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, MlpAct a,
+                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
   const Check c{"moe_act_scale_backward"};
   c.stream(s);
   const DType dt = c.floating(fc1, "fc1");
   c.dtype(dap, "dap", dt), c.dtype(p, "p", dt), c.dtype(dfc1, "dfc1", dt), c.dtype(dp, "dp", dt);
-  const int64_t m = a == MlpActivation::Swiglu ? 2 : 1;
+  const int64_t m = a.gated() ? 2 : 1;
   const auto [N, F] = act_scale_dims(c, fc1, p, m, dap, "dap");
   c.numel(dfc1, "dfc1", fc1.numel());
   c.numel(dp, "dp", N);
@@ -170,6 +169,52 @@ void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& 
   Tensor dx = dfc1.view(fc1_shape);
   act_backward(dact, fc1.view(fc1_shape), a, dx, s);
   if (ap.defined()) moe_scale_rows(act, p, ap, s);  // last: ap may alias dap
+}
+
+// ---- the experts' fc2 bias times the probabilities
+
+void moe_bias_scale_forward(const Tensor& b, const Tensor& p, Tensor& y, Stream& s) {
+  const Check c{"moe_bias_scale_forward"};
+  c.stream(s);
+  const DType dt = c.floating(y, "y");
+  c.dtype(b, "b", dt), c.dtype(p, "p", dt);
+  const int64_t N = p.numel(), H = b.numel();
+  c.numel(y, "y", N * H);
+  dispatch_float(dt, [&](auto tag) {
+    using F = decltype(tag);
+    const F *bb = b.data<F>(), *pp = p.data<F>();
+    F* o = y.data<F>();
+#pragma omp parallel for schedule(static) if (N * H > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < H; ++h) o[n * H + h] += pp[n] * bb[h];
+  });
+}
+
+void moe_bias_scale_backward(const Tensor& dy, const Tensor& b, const Tensor& p, Tensor& db,
+                             Tensor& dp, Stream& s) {
+  const Check c{"moe_bias_scale_backward"};
+  c.stream(s);
+  const DType dt = c.floating(dy, "dy");
+  c.dtype(b, "b", dt), c.dtype(p, "p", dt), c.dtype(db, "db", dt), c.dtype(dp, "dp", dt);
+  const int64_t N = p.numel(), H = b.numel();
+  c.numel(dy, "dy", N * H), c.numel(db, "db", H), c.numel(dp, "dp", N);
+  dispatch_float(dt, [&](auto tag) {
+    using F = decltype(tag);
+    const F *g = dy.data<F>(), *bb = b.data<F>(), *pp = p.data<F>();
+    F *dbb = db.data<F>(), *dpp = dp.data<F>();
+#pragma omp parallel for schedule(static) if (N * H > kParallelGrain)
+    for (int64_t h = 0; h < H; ++h) {  // rows in order: each column's sum is one thread's
+      F acc = 0;
+      for (int64_t n = 0; n < N; ++n) acc += pp[n] * g[n * H + h];
+      dbb[h] += acc;
+    }
+#pragma omp parallel for schedule(static) if (N * H > kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      F acc = 0;
+      for (int64_t h = 0; h < H; ++h) acc += g[n * H + h] * bb[h];
+      dpp[n] += acc;
+    }
+  });
 }
 
 }  // namespace mcpp::ops::cpu

@@ -8,6 +8,10 @@
 //                                                      1 - t^2 = 4 s (1 - s))
 //   swiglu([g | u]) = silu(g) u,  silu(g) = g sigmoid(g)
 //   d/dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g))),  d/du = dy silu(g)
+//   glu([g | u]) with slope k, offset o and clamp C (quick-GEGLU k = 1.702, SwiGLU k = 1;
+//   ops::GluParams): g' = min(g, C), u' = min(max(u, -C), C), y = g' sigmoid(k g') (u' + o)
+//   d/dg = [g <= C] dy (u' + o) s (1 + k g' (1 - s)),  d/du = [-C <= u <= C] dy g' s,
+//   s = sigmoid(k g'); at k 1 without offset and clamp, swiglu's expressions (the same bits)
 //   squared_relu(x) = relu(x)^2,  d/dx = dy 2 relu(x)   (exact in every dtype's f32 math)
 // FAST (every 16-bit activation dtype: kFastMath<T>) takes the sigmoid forms with the
 // hardware exp2 and reciprocal (__expf, __fdividef: a few f32 ulps, where tanhf, expf and
@@ -17,7 +21,10 @@
 // division, as the CPU computes them.
 #pragma once
 
+#include <limits>
 #include <type_traits>
+
+#include "ops/types.h"
 
 namespace mcpp::ops::cuda {
 
@@ -68,6 +75,57 @@ __device__ __forceinline__ void swiglu_grad_f(float d, float g, float u, float& 
   const float sg = sigmoid_f<FAST>(g);
   dg = d * u * sg * (1.f + g * (1.f - sg));
   du = d * g * sg;
+}
+
+// A gated unit's parameters in f32 (glu_*, the experts' fused op): the offset and the clamp
+// (+inf: none). The gate's function is the kernels' template argument (QUICK: quick_gelu, with
+// slope 1.702; else silu, with swiglu's expressions, so that the bits are swiglu_f's).
+constexpr float kQuickGeluK = 1.702f;
+struct GluF {
+  float offset = 0.f, clamp = std::numeric_limits<float>::infinity();
+  bool clamped = false;  // clamp given: the masks apply (kept out of the plain expressions)
+};
+inline GluF glu_of(const MlpAct& a) {
+  return {float(a.glu.offset), float(a.glu.clamp), a.glu.clamped()};
+}
+template <bool QUICK>
+__device__ __forceinline__ float glu_slope_f(float g) {
+  if constexpr (QUICK)
+    return kQuickGeluK * g;
+  else
+    return g;
+}
+
+// torch.clamp's bounds: a NaN stays NaN (no comparison holds for it).
+__device__ __forceinline__ float glu_gate_f(float v, float c) { return v > c ? c : v; }
+__device__ __forceinline__ float glu_up_f(float v, float c) {
+  v = v < -c ? -c : v;
+  return v > c ? c : v;
+}
+
+template <bool FAST, bool QUICK>
+__device__ __forceinline__ float glu_f(const GluF& p, float gt, float ut) {
+  const float g = p.clamped ? glu_gate_f(gt, p.clamp) : gt;
+  const float u = p.clamped ? glu_up_f(ut, p.clamp) : ut;
+  return g * sigmoid_f<FAST>(glu_slope_f<QUICK>(g)) * (p.offset == 0.f ? u : u + p.offset);
+}
+
+// Both gradients from one sigmoid; 0 where the clamp cut the input (torch.clamp's gradient
+// passes at the bounds themselves). Unclamped, swiglu_grad_f's expressions, unmasked.
+template <bool FAST, bool QUICK>
+__device__ __forceinline__ void glu_grad_f(const GluF& p, float d, float gt, float ut, float& dg,
+                                           float& du) {
+  if (!p.clamped) {
+    const float s = sigmoid_f<FAST>(glu_slope_f<QUICK>(gt));
+    const float uo = p.offset == 0.f ? ut : ut + p.offset;
+    dg = d * uo * s * (1.f + glu_slope_f<QUICK>(gt) * (1.f - s));
+    du = d * gt * s;
+    return;
+  }
+  const float g = glu_gate_f(gt, p.clamp), u = glu_up_f(ut, p.clamp);
+  const float s = sigmoid_f<FAST>(glu_slope_f<QUICK>(g)), uo = p.offset == 0.f ? u : u + p.offset;
+  dg = gt <= p.clamp ? d * uo * s * (1.f + glu_slope_f<QUICK>(g) * (1.f - s)) : 0.f;
+  du = ut >= -p.clamp && ut <= p.clamp ? d * g * s : 0.f;
 }
 
 // Squared ReLU (Primer): no transcendental, so one form for every dtype, the CPU's.

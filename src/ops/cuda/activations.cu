@@ -1,6 +1,7 @@
-// GELU (tanh form), SwiGLU and squared ReLU, forward above backward. x, y, dy, dx: one activation
-// dtype (f32, bf16, f16), f32 arithmetic; every output is overwritten (`=`). The element
-// math (and its fast forms for 16-bit dtypes) is activation_math.cuh's.
+// GELU (tanh form), SwiGLU, squared ReLU and the gated units with offset and clamp (glu_*:
+// quick-GEGLU, SwiGLU), forward above backward. x, y, dy, dx: one activation dtype (f32,
+// bf16, f16), f32 arithmetic; every output is overwritten (`=`). The element math (and its
+// fast forms for 16-bit dtypes) is activation_math.cuh's.
 // swiglu_backward_recompute writes both from one read of x (the MLP backward).
 // Each op has a 16-byte vector kernel (a Pack of 8 bf16/f16 or 4 f32 per thread and step;
 // common.cuh) taken when every pointer is 16-byte aligned (and, for SwiGLU, F is a whole
@@ -75,22 +76,49 @@ static __global__ void act_bwd_vec_kernel(const T* __restrict__ dy, const T* __r
     dx[i] = from_f<T>(to_f(dy[i]) * Op::grad(to_f(x[i])));
 }
 
-// x[T, 2F] = [gate | up]; y, dy[T, F]; dx[T, 2F]. kY: write y = swiglu(x); kDx: write dx
+// The gated units' element rules as a Unit (value(g, u), grad(d, g, u, dg, du), f32): SwiGLU's
+// (swiglu_*), or a gated unit with the offset and clamp it carries (glu_*).
+template <typename T>
+struct SwigluUnit {
+  GluF p;  // (unused: SwiGLU has neither)
+  __device__ __forceinline__ float value(float g, float u) const {
+    return swiglu_f<kFastMath<T>>(g, u);
+  }
+  __device__ __forceinline__ void grad(float d, float g, float u, float& dg, float& du) const {
+    swiglu_grad_f<kFastMath<T>>(d, g, u, dg, du);
+  }
+};
+template <typename T, bool QUICK>
+struct GluUnit {
+  GluF p;
+  __device__ __forceinline__ float value(float g, float u) const {
+    return glu_f<kFastMath<T>, QUICK>(p, g, u);
+  }
+  __device__ __forceinline__ void grad(float d, float g, float u, float& dg, float& du) const {
+    glu_grad_f<kFastMath<T>, QUICK>(p, d, g, u, dg, du);
+  }
+};
+template <typename T>
+using QuickGegluUnit = GluUnit<T, true>;
+template <typename T>
+using SiluGluUnit = GluUnit<T, false>;
+
+// x[T, 2F] = [gate | up]; y, dy[T, F]; dx[T, 2F]. kY: write y = unit(x); kDx: write dx
 // from dy; both: the two from one read of x (swiglu_backward_recompute). Pointers of an
 // output not written (and dy without kDx) are null. One thread per output element.
-template <typename T, bool kY, bool kDx>
+template <typename T, typename U, bool kY, bool kDx>
 static __global__ void swiglu_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                      T* __restrict__ dx, T* __restrict__ y, int64_t rows,
-                                     int64_t F) {
+                                     int64_t F, U unit) {
   int64_t n = rows * F;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     int64_t r = i / F, f = i - r * F;
     float g = to_f(x[r * 2 * F + f]), u = to_f(x[r * 2 * F + F + f]);
-    if constexpr (kY) y[i] = from_f<T>(swiglu_f<kFastMath<T>>(g, u));
+    if constexpr (kY) y[i] = from_f<T>(unit.value(g, u));
     if constexpr (kDx) {
       float dg, du;
-      swiglu_grad_f<kFastMath<T>>(to_f(dy[i]), g, u, dg, du);
+      unit.grad(to_f(dy[i]), g, u, dg, du);
       dx[r * 2 * F + f] = from_f<T>(dg);
       dx[r * 2 * F + F + f] = from_f<T>(du);
     }
@@ -100,10 +128,10 @@ static __global__ void swiglu_kernel(const T* __restrict__ dy, const T* __restri
 // Vector form: one pack of N output columns per thread and step; F % N == 0, so a pack
 // never straddles a row or the gate | up boundary. nv = rows * F / N < 2^32 (the launcher
 // checks), so the row of pack v is a 32-bit division.
-template <typename T, bool kY, bool kDx>
+template <typename T, typename U, bool kY, bool kDx>
 static __global__ void swiglu_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                          T* __restrict__ dx, T* __restrict__ y, int64_t nv,
-                                         uint32_t FV, int64_t F) {
+                                         uint32_t FV, int64_t F, U unit) {
   constexpr int N = kPackN<T>;
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < nv;
        v += int64_t(gridDim.x) * blockDim.x) {
@@ -114,10 +142,10 @@ static __global__ void swiglu_vec_kernel(const T* __restrict__ dy, const T* __re
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       float g = to_f(pg.v[k]), u = to_f(pu.v[k]);
-      if constexpr (kY) oy.v[k] = from_f<T>(swiglu_f<kFastMath<T>>(g, u));
+      if constexpr (kY) oy.v[k] = from_f<T>(unit.value(g, u));
       if constexpr (kDx) {
         float dg, du;
-        swiglu_grad_f<kFastMath<T>>(to_f(pd.v[k]), g, u, dg, du);
+        unit.grad(to_f(pd.v[k]), g, u, dg, du);
         og.v[k] = from_f<T>(dg);
         ou.v[k] = from_f<T>(du);
       }
@@ -140,11 +168,11 @@ bool swiglu_vec_ok(int64_t rows, int64_t F, std::initializer_list<const void*> p
   return F % N == 0 && rows * (F / N) <= int64_t(UINT32_MAX);
 }
 
-// Launches swiglu_kernel<T, kY, kDx> or its vector form on checked tensors; dy and dx
-// (without kDx) and y (without kY) are null. x is [rows, 2F].
-template <bool kY, bool kDx>
+// Launches swiglu_kernel<T, Unit<T>, kY, kDx> or its vector form on checked tensors; dy and
+// dx (without kDx) and y (without kY) are null. x is [rows, 2F]; p: the unit's parameters.
+template <template <typename> class Unit, bool kY, bool kDx>
 void swiglu_launch(const char* op, const Tensor* dy, const Tensor& x, Tensor* dx, Tensor* y,
-                   int64_t rows, int64_t F, Stream& s) {
+                   int64_t rows, int64_t F, const GluF& p, Stream& s) {
   if (rows * F == 0) return;
   MCPP_DISPATCH_ACT(x.dtype(), op, {
     constexpr int N = kPackN<T>;
@@ -152,13 +180,14 @@ void swiglu_launch(const char* op, const Tensor* dy, const Tensor& x, Tensor* dx
     auto dyp = dy ? static_cast<const T*>(dy->raw()) : nullptr;
     auto dxp = dx ? static_cast<T*>(dx->raw()) : nullptr;
     auto yp = y ? static_cast<T*>(y->raw()) : nullptr;
+    const Unit<T> unit{p};
     if (swiglu_vec_ok<T>(rows, F, {dyp, xp, dxp, yp})) {  // null counts as aligned
       int64_t nv = rows * (F / N);
-      swiglu_vec_kernel<T, kY, kDx>
-          <<<grid_for(nv, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, yp, nv, uint32_t(F / N), F);
+      swiglu_vec_kernel<T, Unit<T>, kY, kDx><<<grid_for(nv, 256), 256, 0, stream_of(s)>>>(
+          dyp, xp, dxp, yp, nv, uint32_t(F / N), F, unit);
     } else {
-      swiglu_kernel<T, kY, kDx>
-          <<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, yp, rows, F);
+      swiglu_kernel<T, Unit<T>, kY, kDx>
+          <<<grid_for(rows * F, 256), 256, 0, stream_of(s)>>>(dyp, xp, dxp, yp, rows, F, unit);
     }
   });
   MCPP_LAUNCH_CHECK();
@@ -235,7 +264,8 @@ void swiglu_forward(const Tensor& x, Tensor& y, Stream& s) {
   MCPP_CHECK(W % 2 == 0, "swiglu_forward: x {} has an odd last dimension", x.str());
   int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
   check_numel(y, rows * F, "swiglu_forward", "y");
-  swiglu_launch<true, false>("swiglu_forward", nullptr, x, nullptr, &y, rows, F, s);
+  swiglu_launch<SwigluUnit, true, false>("swiglu_forward", nullptr, x, nullptr, &y, rows, F,
+                                      GluF{}, s);
 }
 
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
@@ -246,7 +276,8 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
   check_numel(dy, rows * F, "swiglu_backward", "dy");
   check_numel(dx, x.numel(), "swiglu_backward", "dx");
-  swiglu_launch<false, true>("swiglu_backward", &dy, x, &dx, nullptr, rows, F, s);
+  swiglu_launch<SwigluUnit, false, true>("swiglu_backward", &dy, x, &dx, nullptr, rows, F,
+                                      GluF{}, s);
 }
 
 void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& y,
@@ -261,7 +292,38 @@ void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Te
   check_numel(dy, rows * F, op, "dy");
   check_numel(dx, x.numel(), op, "dx");
   check_numel(y, rows * F, op, "y");
-  swiglu_launch<true, true>(op, &dy, x, &dx, &y, rows, F, s);
+  swiglu_launch<SwigluUnit, true, true>(op, &dy, x, &dx, &y, rows, F, GluF{}, s);
+}
+
+void glu_forward(const Tensor& x, MlpAct act, Tensor& y, Stream& s) {
+  const char* op = "glu_forward";
+  MCPP_CHECK(act.gated(), "{}: the activation is not a gated unit (SwiGLU or quick-GEGLU)", op);
+  check_same_act(x, y, op, "x", "y");
+  int64_t W = x.size(-1);
+  MCPP_CHECK(W % 2 == 0, "{}: x {} has an odd last dimension", op, x.str());
+  int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
+  check_numel(y, rows * F, op, "y");
+  if (act.kind == MlpActivation::QuickGeglu)
+    swiglu_launch<QuickGegluUnit, true, false>(op, nullptr, x, nullptr, &y, rows, F, glu_of(act),
+                                               s);
+  else
+    swiglu_launch<SiluGluUnit, true, false>(op, nullptr, x, nullptr, &y, rows, F, glu_of(act), s);
+}
+
+void glu_backward(const Tensor& dy, const Tensor& x, MlpAct act, Tensor& dx, Stream& s) {
+  const char* op = "glu_backward";
+  MCPP_CHECK(act.gated(), "{}: the activation is not a gated unit (SwiGLU or quick-GEGLU)", op);
+  check_same_act(dy, x, op, "dy", "x");
+  check_same_act(dx, x, op, "dx", "x");
+  int64_t W = x.size(-1);
+  MCPP_CHECK(W % 2 == 0, "{}: x {} has an odd last dimension", op, x.str());
+  int64_t F = W / 2, rows = x.numel() / std::max<int64_t>(W, 1);
+  check_numel(dy, rows * F, op, "dy");
+  check_numel(dx, x.numel(), op, "dx");
+  if (act.kind == MlpActivation::QuickGeglu)
+    swiglu_launch<QuickGegluUnit, false, true>(op, &dy, x, &dx, nullptr, rows, F, glu_of(act), s);
+  else
+    swiglu_launch<SiluGluUnit, false, true>(op, &dy, x, &dx, nullptr, rows, F, glu_of(act), s);
 }
 
 }  // namespace mcpp::ops::cuda

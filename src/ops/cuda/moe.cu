@@ -231,19 +231,26 @@ __device__ __forceinline__ void st_vec(T* p, const float (&in)[V]) {
   }
 }
 
+// Whether A is a gated unit: fc1 rows of [gate | up], the activation glu_f's (SwiGLU's bits
+// when gp has no offset and no clamp).
+template <MlpActivation A>
+constexpr bool kGated = A == MlpActivation::Swiglu || A == MlpActivation::QuickGeglu;
+
 // The activation of V columns starting at column c of row r (fc1 rows of W = 2F or F),
-// rounded to T as the unfused forward stores it; g / u: the inputs (u: SwiGLU's up only).
+// rounded to T as the unfused forward stores it; g / u: the inputs (u: a gated unit's up
+// only); gp: a gated unit's parameters.
 template <typename T, MlpActivation A, int V>
 __device__ __forceinline__ void act_vec(const T* fc1, int64_t r, int64_t c, int64_t F,
-                                        float (&g)[V], float (&u)[V], float (&a)[V]) {
-  constexpr bool kFast = kFastMath<T>, kSwiglu = A == MlpActivation::Swiglu;
-  const T* row = fc1 + r * (kSwiglu ? 2 * F : F);
+                                        const GluF& gp, float (&g)[V], float (&u)[V],
+                                        float (&a)[V]) {
+  constexpr bool kFast = kFastMath<T>, kGlu = kGated<A>;
+  const T* row = fc1 + r * (kGlu ? 2 * F : F);
   ld_vec<V>(row + c, g);
-  if constexpr (kSwiglu) ld_vec<V>(row + F + c, u);
+  if constexpr (kGlu) ld_vec<V>(row + F + c, u);
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    if constexpr (kSwiglu)
-      a[k] = to_f(from_f<T>(swiglu_f<kFast>(g[k], u[k])));
+    if constexpr (kGlu)
+      a[k] = to_f(from_f<T>(glu_f<kFast, A == MlpActivation::QuickGeglu>(gp, g[k], u[k])));
     else if constexpr (A == MlpActivation::SquaredRelu)
       a[k] = to_f(from_f<T>(squared_relu_f(g[k])));
     else
@@ -256,12 +263,12 @@ __device__ __forceinline__ void act_vec(const T* fc1, int64_t r, int64_t c, int6
 template <typename T, MlpActivation A, int V>
 __global__ void act_scale_fwd_kernel(const T* __restrict__ fc1, const float* __restrict__ p,
                                      T* __restrict__ ap, int64_t N, int64_t F, int64_t FV,
-                                     bool small) {
+                                     bool small, GluF gp) {
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < N * FV;
        v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = small ? int64_t(uint32_t(v) / uint32_t(FV)) : v / FV, c = (v - r * FV) * V;
     float g[V], u[V], a[V];
-    act_vec<T, A, V>(fc1, r, c, F, g, u, a);
+    act_vec<T, A, V>(fc1, r, c, F, gp, g, u, a);
     const float pr = p[r];
 #pragma unroll
     for (int k = 0; k < V; ++k) a[k] = __fmul_rn(a[k], pr);  // moe_scale_rows' product
@@ -279,12 +286,12 @@ template <typename T, MlpActivation A, int V, int TPR>
 __global__ void __launch_bounds__(256)
     act_scale_bwd_kernel(const T* dap, const T* __restrict__ fc1, const float* __restrict__ p,
                          T* __restrict__ dfc1, float* __restrict__ dp, T* ap, int64_t N,
-                         int64_t F) {
+                         int64_t F, GluF gp) {
   constexpr int R = 256 / TPR, W = TPR / 32;  // rows a block, warps a row
-  constexpr bool kFast = kFastMath<T>, kSwiglu = A == MlpActivation::Swiglu;
+  constexpr bool kFast = kFastMath<T>, kGlu = kGated<A>;
   __shared__ float part[256 / 32];
   const int sub = threadIdx.x / TPR, t = threadIdx.x % TPR;
-  const int64_t W1 = kSwiglu ? 2 * F : F;
+  const int64_t W1 = kGlu ? 2 * F : F;
   for (int64_t base = blockIdx.x * int64_t(R); base < N; base += int64_t(gridDim.x) * R) {
     const int64_t r = base + sub;
     float acc = 0.f;
@@ -292,21 +299,21 @@ __global__ void __launch_bounds__(256)
       const float pr = p[r];
       for (int64_t c = int64_t(t) * V; c < F; c += int64_t(TPR) * V) {
         float g[V], u[V], a[V], d[V], dg[V], du[V];
-        act_vec<T, A, V>(fc1, r, c, F, g, u, a);
+        act_vec<T, A, V>(fc1, r, c, F, gp, g, u, a);
         ld_vec<V>(dap + r * F + c, d);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           acc += d[k] * a[k];
           const float dact = to_f(from_f<T>(__fmul_rn(d[k], pr)));  // moe_scale_rows' bits
-          if constexpr (kSwiglu)
-            swiglu_grad_f<kFast>(dact, g[k], u[k], dg[k], du[k]);
+          if constexpr (kGlu)
+            glu_grad_f<kFast, A == MlpActivation::QuickGeglu>(gp, dact, g[k], u[k], dg[k], du[k]);
           else if constexpr (A == MlpActivation::SquaredRelu)
             dg[k] = dact * squared_relu_grad_f(g[k]);
           else
             dg[k] = dact * gelu_grad_f<kFast>(g[k]);
         }
         st_vec<V>(dfc1 + r * W1 + c, dg);
-        if constexpr (kSwiglu) st_vec<V>(dfc1 + r * W1 + F + c, du);
+        if constexpr (kGlu) st_vec<V>(dfc1 + r * W1 + F + c, du);
         if (ap) {  // act_scale_fwd_kernel's product
 #pragma unroll
           for (int k = 0; k < V; ++k) a[k] = __fmul_rn(a[k], pr);
@@ -332,32 +339,32 @@ __global__ void __launch_bounds__(256)
 
 template <typename T, MlpActivation A, int V, int TPR>
 void act_scale_bwd_launch(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, T* ap,
-                          int64_t N, int64_t F, Stream& s) {
+                          int64_t N, int64_t F, const GluF& gp, Stream& s) {
   constexpr int R = 256 / TPR;
   const int64_t blocks = std::min<int64_t>((N + R - 1) / R, int64_t(1) << 20);
   act_scale_bwd_kernel<T, A, V, TPR>
-      <<<unsigned(blocks), 256, 0, stream_of(s)>>>(dap, fc1, p, dfc1, dp, ap, N, F);
+      <<<unsigned(blocks), 256, 0, stream_of(s)>>>(dap, fc1, p, dfc1, dp, ap, N, F, gp);
 }
 
 // A row's threads: enough for a step or two of each, a warp at the least.
 template <typename T, MlpActivation A, int V>
 void act_scale_bwd_rows(const T* dap, const T* fc1, const float* p, T* dfc1, float* dp, T* ap,
-                        int64_t N, int64_t F, Stream& s) {
+                        int64_t N, int64_t F, const GluF& gp, Stream& s) {
   const int64_t FV = F / V;
   if (FV <= 64)
-    act_scale_bwd_launch<T, A, V, 32>(dap, fc1, p, dfc1, dp, ap, N, F, s);
+    act_scale_bwd_launch<T, A, V, 32>(dap, fc1, p, dfc1, dp, ap, N, F, gp, s);
   else if (FV <= 256)
-    act_scale_bwd_launch<T, A, V, 128>(dap, fc1, p, dfc1, dp, ap, N, F, s);
+    act_scale_bwd_launch<T, A, V, 128>(dap, fc1, p, dfc1, dp, ap, N, F, gp, s);
   else
-    act_scale_bwd_launch<T, A, V, 256>(dap, fc1, p, dfc1, dp, ap, N, F, s);
+    act_scale_bwd_launch<T, A, V, 256>(dap, fc1, p, dfc1, dp, ap, N, F, gp, s);
 }
 
 // Checks of the fused ops: T tensors of one activation dtype, p [N] f32; returns F.
-int64_t act_scale_check(const char* op, const Tensor& fc1, const Tensor& p, MlpActivation a,
+int64_t act_scale_check(const char* op, const Tensor& fc1, const Tensor& p, MlpAct a,
                         std::initializer_list<std::pair<const Tensor*, const char*>> acts) {
   check_cuda(fc1, op, "fc1");
   check_f32(p, op, "p");
-  const int64_t m = a == MlpActivation::Swiglu ? 2 : 1;
+  const int64_t m = a.gated() ? 2 : 1;
   const int64_t N = p.numel(), F = N ? fc1.numel() / (m * N) : 0;
   check_numel(fc1, m * N * F, op, "fc1");
   for (const auto& [t, name] : acts) {
@@ -373,12 +380,14 @@ int64_t act_scale_check(const char* op, const Tensor& fc1, const Tensor& p, MlpA
 template <typename Fn, int P>
 void dispatch_act_vec(MlpActivation a, bool vec, Fn&& f, std::integral_constant<int, P>) {
   using Sw = std::integral_constant<MlpActivation, MlpActivation::Swiglu>;
+  using Qg = std::integral_constant<MlpActivation, MlpActivation::QuickGeglu>;
   using Sq = std::integral_constant<MlpActivation, MlpActivation::SquaredRelu>;
   using Ge = std::integral_constant<MlpActivation, MlpActivation::Gelu>;
   using VP = std::integral_constant<int, P>;
   using V1 = std::integral_constant<int, 1>;
   switch (a) {
     case MlpActivation::Swiglu: return vec ? f(Sw{}, VP{}) : f(Sw{}, V1{});
+    case MlpActivation::QuickGeglu: return vec ? f(Qg{}, VP{}) : f(Qg{}, V1{});
     case MlpActivation::SquaredRelu: return vec ? f(Sq{}, VP{}) : f(Sq{}, V1{});
     case MlpActivation::Gelu: return vec ? f(Ge{}, VP{}) : f(Ge{}, V1{});
   }
@@ -386,7 +395,7 @@ void dispatch_act_vec(MlpActivation a, bool vec, Fn&& f, std::integral_constant<
 
 }  // namespace
 
-void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpActivation a, Tensor& ap,
+void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpAct a, Tensor& ap,
                            Stream& s) {
   const char* op = "moe_act_scale_forward";
   const int64_t F = act_scale_check(op, fc1, p, a, {{&ap, "ap"}}), N = p.numel();
@@ -400,17 +409,18 @@ void moe_act_scale_forward(const Tensor& fc1, const Tensor& p, MlpActivation a, 
     const int64_t FV = vec ? F / P : F;
     const bool small = N * FV <= int64_t(UINT32_MAX);
     const unsigned grid = grid_for(N * FV, 256);
+    const GluF gp = glu_of(a);
     auto launch = [&](auto act, auto v) {
       act_scale_fwd_kernel<T, decltype(act)::value, decltype(v)::value>
-          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small);
+          <<<grid, 256, 0, stream_of(s)>>>(x, p.data<float>(), y, N, F, FV, small, gp);
     };
-    dispatch_act_vec(a, vec, launch, std::integral_constant<int, P>{});
+    dispatch_act_vec(a.kind, vec, launch, std::integral_constant<int, P>{});
   });
   MCPP_LAUNCH_CHECK();
 }
 
-void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p,
-                            MlpActivation a, Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
+void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& p, MlpAct a,
+                            Tensor& dfc1, Tensor& dp, Tensor& ap, Stream& s) {
   const char* op = "moe_act_scale_backward";
   const int64_t F = act_scale_check(op, fc1, p, a, {{&dap, "dap"}, {&dfc1, "dfc1"}}),
                 N = p.numel();
@@ -433,11 +443,104 @@ void moe_act_scale_backward(const Tensor& dap, const Tensor& fc1, const Tensor& 
     float* o = dp.data<float>();
     // F % P == 0: the up half is aligned too
     const bool vec = packable<T>(F, {d, x, dx}) && (!ao || packable<T>(F, {ao}));
+    const GluF gp = glu_of(a);
     auto launch = [&](auto act, auto v) {
       act_scale_bwd_rows<T, decltype(act)::value, decltype(v)::value>(d, x, pp, dx, o, ao, N, F,
-                                                                       s);
+                                                                       gp, s);
     };
-    dispatch_act_vec(a, vec, launch, std::integral_constant<int, P>{});
+    dispatch_act_vec(a.kind, vec, launch, std::integral_constant<int, P>{});
+  });
+  MCPP_LAUNCH_CHECK();
+}
+
+// ---- an expert's fc2 bias times the probabilities (Megatron's _apply_bias): y += p b, and
+// its backward, db += p^T dy (a column sum) and dp += dy b (a row dot), each in a fixed order.
+
+namespace {
+
+template <typename T>
+__global__ void bias_scale_kernel(const T* __restrict__ b, const float* __restrict__ p,
+                                  T* __restrict__ y, int64_t N, int64_t H) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * H;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / H, h = i - n * H;
+    y[i] = from_f<T>(to_f(y[i]) + p[n] * to_f(b[h]));
+  }
+}
+
+// 32 columns a block, 8 lanes of rows each (rows ty, ty + 8, ...), the lanes' sums added in
+// lane order.
+template <typename T>
+__global__ void bias_scale_db_kernel(const T* __restrict__ dy, const float* __restrict__ p,
+                                     float* __restrict__ db, int64_t N, int64_t H) {
+  __shared__ float part[8][33];
+  const int tx = int(threadIdx.x % 32), ty = int(threadIdx.x / 32);
+  const int64_t h = int64_t(blockIdx.x) * 32 + tx;
+  float acc = 0.f;
+  if (h < H)
+    for (int64_t n = ty; n < N; n += 8) acc += p[n] * to_f(dy[n * H + h]);
+  part[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && h < H) {
+    float sum = 0.f;
+    for (int k = 0; k < 8; ++k) sum += part[k][tx];
+    db[h] += sum;
+  }
+}
+
+// A warp a row: lanes stride the row, then the fixed butterfly (row_dot_kernel's).
+template <typename T, typename B>
+__global__ void bias_scale_dp_kernel(const T* __restrict__ dy, const B* __restrict__ b,
+                                     float* __restrict__ dp, int64_t N, int64_t H) {
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= N) return;
+  float acc = 0.f;
+  for (int64_t h = lane; h < H; h += 32) acc += to_f(dy[warp * H + h]) * to_f(b[h]);
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) dp[warp] += acc;
+}
+
+}  // namespace
+
+void moe_bias_scale_forward(const Tensor& b, const Tensor& p, Tensor& y, Stream& s) {
+  const char* op = "moe_bias_scale_forward";
+  check_cuda(y, op, "y");
+  check_cuda(b, op, "b");
+  check_f32(p, op, "p");
+  MCPP_CHECK(b.dtype() == y.dtype(), "{}: b is {} but y is {} (one activation dtype)", op,
+             b.str(), y.str());
+  const int64_t N = p.numel(), H = b.numel();
+  check_numel(y, N * H, op, "y");
+  if (N * H == 0) return;
+  MCPP_DISPATCH_ACT(y.dtype(), op,
+                    bias_scale_kernel<T><<<grid_for(N * H, 256), 256, 0, stream_of(s)>>>(
+                        static_cast<const T*>(b.raw()), p.data<float>(),
+                        static_cast<T*>(y.raw()), N, H));
+  MCPP_LAUNCH_CHECK();
+}
+
+void moe_bias_scale_backward(const Tensor& dy, const Tensor& b, const Tensor& p, Tensor& db,
+                             Tensor& dp, Stream& s) {
+  const char* op = "moe_bias_scale_backward";
+  check_cuda(dy, op, "dy");
+  check_cuda(b, op, "b");
+  check_f32(p, op, "p");
+  check_f32(db, op, "db");
+  check_f32(dp, op, "dp");
+  MCPP_CHECK(b.dtype() == dy.dtype(), "{}: b is {} but dy is {} (one activation dtype)", op,
+             b.str(), dy.str());
+  const int64_t N = p.numel(), H = b.numel();
+  check_numel(dy, N * H, op, "dy");
+  check_numel(db, H, op, "db");
+  check_numel(dp, N, op, "dp");
+  if (N * H == 0) return;
+  MCPP_DISPATCH_ACT(dy.dtype(), op, {
+    auto g = static_cast<const T*>(dy.raw());
+    bias_scale_db_kernel<T><<<unsigned((H + 31) / 32), 256, 0, stream_of(s)>>>(
+        g, p.data<float>(), db.data<float>(), N, H);
+    bias_scale_dp_kernel<T, T><<<unsigned((N * 32 + 255) / 256), 256, 0, stream_of(s)>>>(
+        g, static_cast<const T*>(b.raw()), dp.data<float>(), N, H);
   });
   MCPP_LAUNCH_CHECK();
 }
