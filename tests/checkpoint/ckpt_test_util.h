@@ -4,6 +4,8 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,7 @@
 
 #include "base/philox.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
 
@@ -52,6 +55,39 @@ inline std::string scratch_dir() {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+// A model's logits for the reference batch of a Hugging Face golden fixture (its
+// reference.safetensors: `tokens` [B, S] int64, `logits` [B, S, V] float64 from transformers)
+// against those logits: the largest difference relative to the largest logit.
+inline double hf_logits_rel_err(model::GPTModel& m, const std::string& reference) {
+  auto ref = checkpoint::load_safetensors(reference).tensors;
+  const Tensor& tok = ref.at("tokens");
+  const Tensor& lref = ref.at("logits");
+  const int64_t B = tok.size(0), S = tok.size(1), V = lref.size(2);
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({B, S}, DType::I64);
+  mb.labels = Tensor::zeros({B, S}, DType::I64);
+  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
+  for (int64_t i = 0; i < B * S; ++i) {
+    mb.tokens.data<int64_t>()[i] = tok.data<int64_t>()[i];
+    mb.loss_mask.data<float>()[i] = 1.0f;
+  }
+  model::StepKeys keys;
+  keys.training = false;
+  m.forward(mb, keys);
+  const Tensor& lg = m.logits();  // [S, B, V] as [S*B, V]
+  EXPECT_EQ(lg.numel(), S * B * V);
+  if (lg.numel() != S * B * V) return 1e30;
+  double err = 0, scale = 0;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t v = 0; v < V; ++v) {
+        const double r = lref.data<double>()[(b * S + s) * V + v];
+        err = std::max(err, std::abs(double(lg.data<float>()[(s * B + b) * V + v]) - r));
+        scale = std::max(scale, std::abs(r));
+      }
+  return err / scale;
 }
 
 inline std::string read_bytes(const std::string& path) {

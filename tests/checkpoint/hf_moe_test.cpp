@@ -45,36 +45,9 @@ std::map<std::string, Tensor> fixture_tensors(const std::string& fam) {
   return ck::load_safetensors(fixture(fam) + "/model.safetensors").tensors;
 }
 
-// Our logits [S, B, V] for the reference tokens [B, S], against transformers' [B, S, V]
-// (float64): the largest difference relative to the largest logit.
+// Our logits for the reference tokens against transformers' (float64).
 double logits_rel_err(model::GPTModel& m, const std::string& fam) {
-  auto ref = ck::load_safetensors(fixture(fam) + "/reference.safetensors").tensors;
-  const Tensor& tok = ref.at("tokens");
-  const Tensor& lref = ref.at("logits");
-  const int64_t B = tok.size(0), S = tok.size(1), V = lref.size(2);
-  model::MicroBatch mb;
-  mb.tokens = Tensor::empty({B, S}, DType::I64);
-  mb.labels = Tensor::zeros({B, S}, DType::I64);
-  mb.loss_mask = Tensor::empty({B, S}, DType::F32);
-  for (int64_t i = 0; i < B * S; ++i) {
-    mb.tokens.data<int64_t>()[i] = tok.data<int64_t>()[i];
-    mb.loss_mask.data<float>()[i] = 1.0f;
-  }
-  model::StepKeys keys;
-  keys.training = false;
-  m.forward(mb, keys);
-  const Tensor& lg = m.logits();  // [S, B, V] as [S*B, V]
-  EXPECT_EQ(lg.numel(), S * B * V);
-  if (lg.numel() != S * B * V) return 1e30;
-  double err = 0, scale = 0;
-  for (int64_t s = 0; s < S; ++s)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t v = 0; v < V; ++v) {
-        const double r = lref.data<double>()[(b * S + s) * V + v];
-        err = std::max(err, std::abs(double(lg.data<float>()[(s * B + b) * V + v]) - r));
-        scale = std::max(scale, std::abs(r));
-      }
-  return err / scale;
+  return hf_logits_rel_err(m, fixture(fam) + "/reference.safetensors");
 }
 
 // transformers 5's in-memory layout of the same weights: mlp.gate.weight,
