@@ -1,6 +1,7 @@
 #include "checkpoint/hf_gpt_oss.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "base/error.h"
@@ -149,18 +150,71 @@ void fuse_experts(const model::TransformerConfig& c, std::map<std::string, Tenso
   }
 }
 
+namespace {
+
+// An MXFP4 pair (OCP microscaling: blocks of 32 FP4 E2M1 values sharing an E8M0 scale) as
+// the released gpt-oss checkpoints store the experts, dequantised to f32 in the Hub's layout:
+// blocks [E, R, G, 16] u8 (two values a byte, the low nibble first) and scales [E, R, G] u8
+// (2^(s - 127)) hold [E, R, 32 G]; the last two dims are then swapped ([E, 32 G, R]), as
+// transformers' convert_moe_packed_tensors does. Every value is exact in f32.
+Tensor dequantize_mxfp4(const std::string& name, const Tensor& blocks, const Tensor& scales) {
+  MCPP_CHECK_HINT(blocks.dtype() == DType::U8 && scales.dtype() == DType::U8 &&
+                      blocks.dim() == 4 && blocks.size(3) == 16 && scales.dim() == 3 &&
+                      scales.size(0) == blocks.size(0) && scales.size(1) == blocks.size(1) &&
+                      scales.size(2) == blocks.size(2),
+                  "check the model folder",
+                  "Hugging Face tensors {}_blocks {} ({}) and {}_scales {} ({}) are not an MXFP4 "
+                  "pair ([E, R, G, 16] and [E, R, G] u8)",
+                  name, shape_str(blocks.shape()), dtype_name(blocks.dtype()), name,
+                  shape_str(scales.shape()), dtype_name(scales.dtype()));
+  static const float kFp4[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                                 -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  const int64_t E = blocks.size(0), R = blocks.size(1), G = blocks.size(2), C = 32 * G;
+  Tensor out = Tensor::empty({E, C, R}, DType::F32);
+  const uint8_t* b = blocks.data<uint8_t>();
+  const uint8_t* sc = scales.data<uint8_t>();
+  float* o = out.data<float>();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t row = (e * R + r) * G + g;
+        const int x = int(sc[row]) - 127;
+        for (int64_t k = 0; k < 16; ++k) {
+          const uint8_t v = b[row * 16 + k];
+          const int64_t c0 = 32 * g + 2 * k;
+          o[(e * C + c0) * R + r] = std::ldexp(kFp4[v & 0x0F], x);
+          o[(e * C + c0 + 1) * R + r] = std::ldexp(kFp4[v >> 4], x);
+        }
+      }
+  return out;
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> split_experts(const model::TransformerConfig& c,
-                                            const std::map<std::string, Tensor>& in) {
+                                            const std::map<std::string, Tensor>& in_raw) {
   const int64_t E = c.moe.num_experts;
+  // MXFP4 pairs (name_blocks, name_scales) become the dequantised tensor `name` first.
+  std::map<std::string, Tensor> in;
+  for (const auto& [n, t] : in_raw) {
+    const bool blocks = ends_with(n, "_blocks"), scales = ends_with(n, "_scales");
+    if (!blocks && !scales) {
+      in[n] = t;
+      continue;
+    }
+    const std::string base = n.substr(0, n.size() - 7);
+    const std::string other = base + (blocks ? "_scales" : "_blocks");
+    MCPP_CHECK_HINT(in_raw.count(other), "check the model folder",
+                    "Hugging Face tensor {} (MXFP4) has no {}", n, other);
+    if (blocks) {
+      MCPP_CHECK_HINT(!in_raw.count(base), "a folder holds an expert tensor in one form",
+                      "Hugging Face tensor {} is given both dequantised and as MXFP4 ({})",
+                      base, n);
+      in[base] = dequantize_mxfp4(base, t, in_raw.at(other));
+    }
+  }
   std::map<std::string, Tensor> out;
   for (const auto& [n, t] : in) {
-    MCPP_CHECK_HINT(!(ends_with(n, "_blocks") || ends_with(n, "_scales")),
-                    "load the model with transformers (it dequantises MXFP4 on load, e.g. "
-                    "Mxfp4Config(dequantize=True)) and save_pretrained it, then convert that "
-                    "folder",
-                    "Hugging Face tensor {} is MXFP4-quantised (gpt-oss's released experts); "
-                    "megatron.cpp reads the dequantised layout",
-                    n);
     const size_t at = n.find(".mlp.experts.");
     const std::string name = at == std::string::npos ? "" : n.substr(at + 13);
     bool expert = false;

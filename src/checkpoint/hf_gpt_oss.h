@@ -20,9 +20,8 @@
 //    (config.json's swiglu_limit).
 //  * layer_types of sliding_attention / full_attention with sliding_window (--window-size,
 //    a window pattern), YaRN RoPE (rope_parameters / rope_scaling, hf_rope.h).
-// The Hub's released checkpoints hold the experts MXFP4-quantised (*_blocks, *_scales);
-// those are refused with a hint (transformers dequantises them on load; save_pretrained of
-// the loaded model writes the layout above).
+// The Hub's released checkpoints hold the experts MXFP4-quantised (*_blocks, *_scales): they
+// are dequantised on import (exactly, to f32; split_experts), as transformers does on load.
 #pragma once
 #include <map>
 #include <nlohmann/json.hpp>
@@ -58,8 +57,8 @@ std::vector<Entry> layer_entries(const model::TransformerConfig& c, int layer);
 
 // The per-expert "<name>.<e>" tensors of `t` stacked into "<name>" [E, ...] (moved).
 void fuse_experts(const model::TransformerConfig& c, std::map<std::string, Tensor>& t);
-// The inverse: a folder's [E, ...] expert tensors as per-expert ones (shapes checked; the
-// MXFP4 form is an error with a hint).
+// The inverse: a folder's [E, ...] expert tensors (dequantised first where MXFP4) as
+// per-expert ones (shapes checked).
 std::map<std::string, Tensor> split_experts(const model::TransformerConfig& c,
                                             const std::map<std::string, Tensor>& in);
 

@@ -7,14 +7,15 @@
 //    interleave, the sinks or the experts' output bias are wrong;
 //  * export gives back the same tensors byte for byte and the config fields; a megatron.cpp
 //    checkpoint round trip keeps them;
-//  * MXFP4-quantised experts and settings GptOssForCausalLM cannot express are errors naming
-//    the tensor or flag.
+//  * MXFP4-quantised experts import as the values they encode; settings GptOssForCausalLM
+//    cannot express are errors naming the flag.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
 
+#include "base/philox.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
@@ -168,16 +169,50 @@ TEST(HfGptOss, ThroughCheckpointRoundTrip) {
   EXPECT_EQ(ck::model_config_json(again), ck::model_config_json(c));
 }
 
-TEST(HfGptOss, Mxfp4ExpertsAreAnErrorWithAHint) {
+// The released checkpoints' MXFP4 experts: a blocks/scales pair imports as the tensor it
+// encodes. The expected values are written here from the format's definition (blocks of 32
+// FP4 E2M1 values along the input dim, two a byte low nibble first, an E8M0 scale 2^(s-127),
+// then [E, R, C] -> [E, C, R] as transformers' convert_moe_packed_tensors).
+TEST(HfGptOss, Mxfp4ExpertsImportAsTheirValues) {
   const auto c = fixture_config();
-  auto t = fixture_tensors();
-  t.erase("model.layers.0.mlp.experts.gate_up_proj");
-  t["model.layers.0.mlp.experts.gate_up_proj_blocks"] = Tensor::zeros({4, 48, 1, 16}, DType::U8);
-  t["model.layers.0.mlp.experts.gate_up_proj_scales"] = Tensor::zeros({4, 48, 1}, DType::U8);
-  model::GPTModel m(c);
-  const std::string e = error_of([&] { ck::from_hf_tensors(c, t, m.params()); });
-  EXPECT_NE(e.find("gate_up_proj_blocks is MXFP4-quantised"), std::string::npos) << e;
-  EXPECT_NE(e.find("dequantis"), std::string::npos) << e;
+  const float fp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  const int64_t E = 4, R = 48, H = 32;  // gate_up_proj: [E, H, 2F] from [E, 2F, H]
+  Tensor blocks = Tensor::empty({E, R, 1, 16}, DType::U8), scales = Tensor::empty({E, R, 1},
+                                                                                  DType::U8);
+  for (int64_t i = 0; i < blocks.numel(); ++i)
+    blocks.data<uint8_t>()[i] = uint8_t(Philox::uniform(5, 1, uint64_t(i)) * 256.0f);
+  for (int64_t i = 0; i < scales.numel(); ++i)
+    scales.data<uint8_t>()[i] = uint8_t(122 + int(Philox::uniform(5, 2, uint64_t(i)) * 8.0f));
+  Tensor want = Tensor::empty({E, H, R}, DType::F32);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const uint8_t byte = blocks.data<uint8_t>()[(e * R + r) * 16 + h / 2];
+        const int nib = h % 2 == 0 ? byte & 0x0F : byte >> 4;
+        const int x = int(scales.data<uint8_t>()[e * R + r]) - 127;
+        want.data<float>()[(e * H + h) * R + r] = fp4[nib] * std::pow(2.0f, float(x));
+      }
+  const std::string n = "model.layers.0.mlp.experts.gate_up_proj";
+  auto plain = fixture_tensors(), mx = fixture_tensors();
+  plain[n] = want;
+  mx.erase(n);
+  mx[n + "_blocks"] = blocks, mx[n + "_scales"] = scales;
+  model::GPTModel a(c), b(c);
+  ck::from_hf_tensors(c, plain, a.params());
+  ck::from_hf_tensors(c, mx, b.params());
+  EXPECT_TRUE(same_bytes(a.params().flat_params(), b.params().flat_params()));
+  // A half pair, or both forms at once, is an error naming the tensor.
+  auto half = mx;
+  half.erase(n + "_scales");
+  EXPECT_NE(error_of([&] { ck::from_hf_tensors(c, half, b.params()); })
+                .find("gate_up_proj_blocks (MXFP4) has no model.layers.0.mlp.experts."
+                      "gate_up_proj_scales"),
+            std::string::npos);
+  auto both = mx;
+  both[n] = want;
+  EXPECT_NE(error_of([&] { ck::from_hf_tensors(c, both, b.params()); })
+                .find("is given both dequantised and as MXFP4"),
+            std::string::npos);
 }
 
 TEST(HfGptOss, WrongExpertCountNamesTheTensor) {
