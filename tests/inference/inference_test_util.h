@@ -1,6 +1,7 @@
 // Tiny GPT-2 and Llama configurations for the inference tests, and the full-forward
 // oracle: model::GPTModel::forward (dropout off) on the whole sequence so far.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -84,6 +85,37 @@ inline double rel_diff(const std::vector<double>& a, const std::vector<double>& 
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+// Greedy decoding of cfg's model m with the KV cache (2 rows, a 4-token Philox prompt, 6
+// steps) against the full-forward oracle at every step (f64 models: within 1e-12).
+inline void expect_greedy_decode_matches_full_forward(model::GPTModel& m,
+                                                      const model::TransformerConfig& cfg) {
+  inference::Generator gen(m.params(), cfg);
+  const int64_t B = 2, P = 4, steps = 6;
+  inference::KVCache cache(cfg, cfg.max_position_embeddings, B);
+  std::vector<std::vector<int64_t>> seqs(B);
+  Tensor tokens = Tensor::empty({B, P}, DType::I64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < P; ++s) {
+      seqs[size_t(b)].push_back(Philox::u32(9, uint64_t(b), uint64_t(s)) % 60);
+      tokens.data<int64_t>()[b * P + s] = seqs[size_t(b)].back();
+    }
+  const Tensor* logits = &gen.forward(tokens, cache);
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto want = full_forward_last_logits(m, seqs);
+    Tensor next = Tensor::empty({B, 1}, DType::I64);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t V = logits->size(-1);
+      std::vector<double> got(logits->data<double>() + b * V,
+                              logits->data<double>() + (b + 1) * V);
+      ASSERT_LE(rel_diff(got, want[size_t(b)]), 1e-12) << "step " << step;
+      const int64_t id = int64_t(std::max_element(got.begin(), got.end()) - got.begin());
+      seqs[size_t(b)].push_back(id);
+      next.data<int64_t>()[b] = id;
+    }
+    logits = &gen.forward(next, cache);
+  }
 }
 
 // The server's pipelined decode (Generator::launch_greedy / greedy_ids) against steps run one

@@ -196,31 +196,7 @@ TEST(SquaredRelu, GenerationMatchesTheFullForward) {
       }
       GPTModel m(cfg);
       test::perturb_norms(m.params());
-      inference::Generator gen(m.params(), cfg);
-      const int64_t B = 2, P = 4, steps = 6;
-      inference::KVCache cache(cfg, cfg.max_position_embeddings, B);
-      std::vector<std::vector<int64_t>> seqs(B);
-      Tensor tokens = Tensor::empty({B, P}, DType::I64);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t s = 0; s < P; ++s) {
-          seqs[size_t(b)].push_back(Philox::u32(9, uint64_t(b), uint64_t(s)) % 60);
-          tokens.data<int64_t>()[b * P + s] = seqs[size_t(b)].back();
-        }
-      const Tensor* logits = &gen.forward(tokens, cache);
-      for (int64_t step = 0; step < steps; ++step) {
-        const auto want = test::full_forward_last_logits(m, seqs);
-        Tensor next = Tensor::empty({B, 1}, DType::I64);
-        for (int64_t b = 0; b < B; ++b) {
-          const int64_t V = logits->size(-1);
-          std::vector<double> got(logits->data<double>() + b * V,
-                                  logits->data<double>() + (b + 1) * V);
-          ASSERT_LE(test::rel_diff(got, want[size_t(b)]), 1e-12) << "step " << step;
-          const int64_t id = int64_t(std::max_element(got.begin(), got.end()) - got.begin());
-          seqs[size_t(b)].push_back(id);
-          next.data<int64_t>()[b] = id;
-        }
-        logits = &gen.forward(next, cache);
-      }
+      test::expect_greedy_decode_matches_full_forward(m, cfg);
     }
 }
 
