@@ -164,16 +164,18 @@ int main(int argc, char** argv) {
           }
         };
         auto ring_bwd = [&] {
+          // As the ring: the diagonal step writes dq (=); the others' dK/dV are summed per
+          // owner from zero.
+          for (int64_t r = 0; r < CP; ++r) ops::fill(dkv[size_t(r)], 0.0, st);
           for (int64_t r = 0; r < CP; ++r) {
-            ops::fill(dq[size_t(r)], 0.0, st);
-            ops::fill(dkv[size_t(r)], 0.0, st);
-          }
-          for (int64_t r = 0; r < CP; ++r)
-            for (int64_t k = 0; k < CP; ++k) {
+            rk[size_t(r)].backward_diagonal(g[size_t(r)], q[size_t(r)], o[size_t(r)],
+                                            l[size_t(r)], dq[size_t(r)], st);
+            for (int64_t k = 1; k < CP; ++k) {
               const int64_t j = (r - k + CP) % CP;
               rk[size_t(r)].backward_step(g[size_t(r)], q[size_t(r)], o[size_t(r)], l[size_t(r)],
                                           q[size_t(j)], j, dq[size_t(r)], dkv[size_t(j)], st);
             }
+          }
           for (int64_t r = 0; r < CP; ++r) ops::axpy(1.0, dkv[size_t(r)], dq[size_t(r)], st);
         };
         auto ring = [&] { ring_fwd(), ring_bwd(); };

@@ -117,26 +117,39 @@ TEST(ContextParallelGpu, CausalBlockF16Flash) {
   check_block(DType::F16, true, 0.0);
 }
 
+// Head dim 64: the 16-byte-pack kernel (8 or 16 threads a row); 96 in f32: 24 packs a row,
+// the warp-a-row kernel. Rows where neither block saw a key (both lse -inf) stay as they are.
 TEST(ContextParallelGpu, LseMergeMatchesCpu) {
   MCPP_REQUIRE_GPU();
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const Dims z;
-    const ops::AttentionDims d = block(z, 0, 0, 0);
-    const int64_t n = z.C * z.B * z.NH * z.HD;
-    const Tensor oa = rand_in({n}, 21, dt), ob = rand_in({n}, 22, dt);
-    const Tensor la = rand_f32({z.B, z.NH, z.C}, 23, -3.f, 3.f), lb = rand_f32({z.B, z.NH, z.C}, 24, -3.f, 3.f);
-    Tensor o_c = oa.clone(), l_c = la.clone();
-    cpu::attention_lse_merge(ob, lb, d, o_c, l_c, CS());
-    Tensor o_g = to_gpu(oa, dt), l_g = to_gpu(la, DType::F32);
-    gpu::attention_lse_merge(to_gpu(ob, dt), to_gpu(lb, DType::F32), d, o_g, l_g, GS());
-    EXPECT_CLOSE(o_g, o_c, dt);
-    EXPECT_CLOSE(l_g, l_c, DType::F32);
-  }
+  for (const int64_t hd : {64, 96})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      Dims z;
+      z.HD = hd;
+      const ops::AttentionDims d = block(z, 0, 0, 0);
+      const int64_t n = z.C * z.B * z.NH * z.HD;
+      const Tensor oa = rand_in({n}, 21, dt), ob = rand_in({n}, 22, dt);
+      Tensor la = rand_f32({z.B, z.NH, z.C}, 23, -3.f, 3.f), lb = rand_f32({z.B, z.NH, z.C}, 24, -3.f, 3.f);
+      for (int64_t i = 0; i < la.numel(); i += 7)
+        la.data<float>()[i] = lb.data<float>()[i] = -std::numeric_limits<float>::infinity();
+      Tensor o_c = oa.clone(), l_c = la.clone();
+      cpu::attention_lse_merge(ob, lb, d, o_c, l_c, CS());
+      Tensor o_g = to_gpu(oa, dt), l_g = to_gpu(la, DType::F32);
+      gpu::attention_lse_merge(to_gpu(ob, dt), to_gpu(lb, DType::F32), d, o_g, l_g, GS());
+      EXPECT_CLOSE(o_g, o_c, dt) << "head dim " << hd;
+      EXPECT_EQ(to_cpu(o_g).data<float>()[0], to_cpu(to_gpu(oa, dt)).data<float>()[0])
+          << "a row without keys changed";
+      const Tensor lg = to_cpu(l_g);
+      for (int64_t i = 0; i < la.numel(); ++i) {
+        if (i % 7 == 0) EXPECT_EQ(lg.data<float>()[i], la.data<float>()[i]) << i;
+        else EXPECT_NEAR(lg.data<float>()[i], l_c.data<float>()[i], 1e-5f) << i;
+      }
+    }
 }
 
 // The ring's own code (parallel/context_parallel's RingRank) for every rank of a CP ring on
 // one GPU, bf16 without dropout: forward steps in ring order with their merges, backward
-// steps with dK/dV summed per owner as the ring carries them home. With cuDNN each step is
+// from the diagonal step (writing dQ and the rank's own dK/dV, =), then the other steps
+// with dK/dV summed per owner as the ring carries them home. With cuDNN each step is
 // one block of Megatron's shape -- a causal block over both local chunks, rectangular
 // blocks of 2C x C and C x 2C rows, lse rows 2C apart -- and the chunk blocks
 // (MCPP_CP_FUSED_STEPS=0) four at most a step. Both must give the full causal attention's
@@ -193,8 +206,8 @@ void check_ring_steps(int64_t CP, bool fused_env, int64_t cap = 0) {
   for (size_t r = 0; r < np; ++r) {
     q[r] = to_gpu(local(qkv_c, int64_t(r)), dt), dO[r] = to_gpu(local(dout_c, int64_t(r)), dt);
     o[r] = gpu_nan({2 * C * B, O}, dt), l[r] = gpu_nan({B * z.NH * 2 * C}, DType::F32);
-    dq[r] = Tensor::empty(q[r].shape(), dt, Device::CUDA), dkv[r] = Tensor::empty(q[r].shape(), dt, Device::CUDA);
-    gpu::fill(dq[r], 0.0, GS());
+    // dq: NaN, so that the diagonal step must write every element of it (=).
+    dq[r] = gpu_nan(q[r].shape(), dt), dkv[r] = Tensor::empty(q[r].shape(), dt, Device::CUDA);
     gpu::fill(dkv[r], 0.0, GS());
   }
   const auto before = gpu::cudnn_attention_stats();
@@ -205,12 +218,15 @@ void check_ring_steps(int64_t CP, bool fused_env, int64_t cap = 0) {
       rk[size_t(r)].forward_step(q[size_t(r)], q[size_t(j)], j, o[size_t(r)], l[size_t(r)], GS());
     }
   }
-  for (int64_t r = 0; r < CP; ++r)
-    for (int64_t i = 0; i < CP; ++i) {
+  for (int64_t r = 0; r < CP; ++r) {
+    rk[size_t(r)].backward_diagonal(dO[size_t(r)], q[size_t(r)], o[size_t(r)], l[size_t(r)],
+                                    dq[size_t(r)], GS());
+    for (int64_t i = 1; i < CP; ++i) {
       const int64_t j = (r - i + CP) % CP;
       rk[size_t(r)].backward_step(dO[size_t(r)], q[size_t(r)], o[size_t(r)], l[size_t(r)],
                                   q[size_t(j)], j, dq[size_t(r)], dkv[size_t(j)], GS());
     }
+  }
   const auto after = gpu::cudnn_attention_stats();
   if (fused_env && cudnn)  // one block a step: CP steps on each of CP ranks
     EXPECT_EQ(after.forward_calls - before.forward_calls, CP * CP);

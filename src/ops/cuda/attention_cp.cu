@@ -63,12 +63,39 @@ __global__ void add_slots_kernel(const T* __restrict__ t, T* dq, T* dkv, int64_t
   }
 }
 
+// The same in 16-byte packs (every slot a whole number of packs: HD a multiple of a pack,
+// 16-byte aligned pointers): one column test a pack, in 32 bits; the same float math.
+template <typename T, int N>
+__global__ void add_slots_pack_kernel(const T* __restrict__ t, T* dq, T* dkv, int64_t packs,
+                                      int Wp, int GWp, int QWp) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    T* dst = int(i % Wp) % GWp < QWp ? dq : dkv;
+    if (!dst) continue;
+    const Pack<T, N> a = ld_pack<N>(t + i * N);
+    Pack<T, N> b = ld_pack<N>(dst + i * N);
+#pragma unroll
+    for (int e = 0; e < N; ++e) b.v[e] = from_f<T>(to_f(b.v[e]) + to_f(a.v[e]));
+    st_pack<N>(dst + i * N, b);
+  }
+}
+
 template <typename T>
 void add_slots(const Tensor& t, T* dq, T* dkv, const AttentionDims& d, cudaStream_t cs) {
   const int64_t n = t.numel(), QPG = d.NH / d.NG;
-  add_slots_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(static_cast<const T*>(t.raw()), dq, dkv,
-                                                         n, d.qkv_width(), (QPG + 2) * d.HD,
-                                                         QPG * d.HD);
+  constexpr int N = kPackN<T>;
+  const bool packed = d.HD % N == 0 && is_aligned16(t.raw()) && (!dq || is_aligned16(dq)) &&
+                      (!dkv || is_aligned16(dkv));
+  if (packed) {
+    const int64_t packs = n / N;
+    add_slots_pack_kernel<T, N><<<grid_for(packs, 256), 256, 0, cs>>>(
+        static_cast<const T*>(t.raw()), dq, dkv, packs, int(d.qkv_width() / N),
+        int((QPG + 2) * d.HD / N), int(QPG * d.HD / N));
+  } else {
+    add_slots_kernel<T><<<grid_for(n, 256), 256, 0, cs>>>(static_cast<const T*>(t.raw()), dq,
+                                                           dkv, n, d.qkv_width(),
+                                                           (QPG + 2) * d.HD, QPG * d.HD);
+  }
   MCPP_LAUNCH_CHECK();
 }
 
@@ -223,6 +250,37 @@ __global__ void lse_merge_kernel(const T* __restrict__ oi, const float* __restri
   __syncwarp();
   if (threadIdx.x == 0) lse[li_at] = ln;
 }
+// The same with PR = HD / N threads a row, each one 16-byte pack of it (PR divides 32, so
+// a row's threads share a warp and the lse is written after all of them have read it).
+template <typename T, int N>
+__global__ void lse_merge_pack_kernel(const T* __restrict__ oi, const float* __restrict__ li,
+                                      T* out, float* lse, int64_t rows, int64_t B, int64_t NH,
+                                      int PR, int64_t ld) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t row = t / PR;  // (s * B + b) * NH + h
+  const int p = int(t % PR);
+  const bool active = row < rows;
+  int64_t li_at = 0;
+  float ln = -INFINITY;
+  if (active) {
+    const int64_t h = row % NH, sb = row / NH, b = sb % B, s = sb / B;
+    li_at = (b * NH + h) * ld + s;
+    const float l = lse[li_at], l2 = li[li_at];
+    const float hi = fmaxf(l, l2), lo = fminf(l, l2);
+    if (hi != -INFINITY) {  // else neither block saw a key
+      ln = hi + log1pf(expf(lo - hi));
+      const float a = expf(l - ln), c = expf(l2 - ln);
+      const int64_t at = row * PR * N + p * N;
+      Pack<T, N> o = ld_pack<N>(out + at);
+      const Pack<T, N> x = ld_pack<N>(oi + at);
+#pragma unroll
+      for (int e = 0; e < N; ++e) o.v[e] = from_f<T>(a * to_f(o.v[e]) + c * to_f(x.v[e]));
+      st_pack<N>(out + at, o);
+    }
+  }
+  __syncwarp();
+  if (active && p == 0 && ln != -INFINITY) lse[li_at] = ln;
+}
 }  // namespace
 
 void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const AttentionDims& d,
@@ -241,6 +299,19 @@ void attention_lse_merge(const Tensor& out_i, const Tensor& lse_i, const Attenti
   const int64_t rows = d.S * d.B * d.NH;
   if (rows == 0) return;
   cudaStream_t cs = stream_of(s);
+  MCPP_DISPATCH_ACT(out.dtype(), op, {
+    constexpr int N = kPackN<T>;
+    const int64_t PR = d.HD / N;
+    if (d.HD % N == 0 && 32 % PR == 0 && is_aligned16(out.raw()) && is_aligned16(out_i.raw())) {
+      const int64_t threads = rows * PR;
+      lse_merge_pack_kernel<T, N><<<unsigned((threads + 255) / 256), 256, 0, cs>>>(
+          static_cast<const T*>(out_i.raw()), static_cast<const float*>(lse_i.raw()),
+          static_cast<T*>(out.raw()), static_cast<float*>(lse.raw()), rows, d.B, d.NH, int(PR),
+          d.lse_stride());
+      MCPP_LAUNCH_CHECK();
+      return;
+    }
+  });
   MCPP_DISPATCH_ACT(out.dtype(), op,
                     lse_merge_kernel<T><<<unsigned((rows + 7) / 8), dim3(32, 8), 0, cs>>>(
                         static_cast<const T*>(out_i.raw()),

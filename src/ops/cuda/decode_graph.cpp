@@ -171,4 +171,52 @@ void StreamFork::join() {
   joined_ = true;
 }
 
+namespace {
+// BesideWork's stream (lowest priority) and its two events, created once. A fork's record
+// and wait are one pair of calls, as is a join's, so instances may share the events.
+struct Beside {
+  Stream stream;
+  cudaEvent_t forked = nullptr, done = nullptr;
+};
+Beside& beside() {
+  static Beside* b = [] {
+    auto* x = new Beside;  // never destroyed: the stream may be used at exit
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least));
+    x->stream = Stream{Device::CUDA, s};
+    CUDA_CHECK(cudaEventCreateWithFlags(&x->forked, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming));
+    return x;
+  }();
+  return *b;
+}
+}  // namespace
+
+BesideWork::BesideWork(Stream& main) : main_(&main) {
+  if (main.device != Device::CUDA) return;
+  Beside& b = beside();
+  CUDA_CHECK(cudaEventRecord(b.forked, static_cast<cudaStream_t>(main.handle)));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(b.stream.handle), b.forked, 0));
+  joined_ = false;
+}
+
+BesideWork::~BesideWork() {
+  if (joined_) return;  // errors ignored: a destructor may run while an exception unwinds
+  Beside& b = beside();
+  (void)cudaEventRecord(b.done, static_cast<cudaStream_t>(b.stream.handle));
+  (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(main_->handle), b.done, 0);
+}
+
+Stream& BesideWork::stream() { return joined_ ? *main_ : beside().stream; }
+
+void BesideWork::join() {
+  if (joined_) return;
+  Beside& b = beside();
+  CUDA_CHECK(cudaEventRecord(b.done, static_cast<cudaStream_t>(b.stream.handle)));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(main_->handle), b.done, 0));
+  joined_ = true;
+}
+
 }  // namespace mcpp::ops

@@ -187,6 +187,17 @@ void RingRank::backward_step(const Tensor& dout, const Tensor& qkv, const Tensor
   });
 }
 
+void RingRank::backward_diagonal(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse, Tensor& dqkv, Stream& s) const {
+  if (fused) {  // the diagonal step is causal self-attention over the rank's 2C rows
+    const ops::AttentionDims d = ring_step_dims(a.ad, P, r, r);
+    ops::attention_backward(dout, qkv, out, lse, d, a.scale, a.dropout_p, a.key, dqkv, s);
+    return;
+  }
+  ops::fill(dqkv, 0.0, s);
+  backward_step(dout, qkv, out, lse, qkv, r, dqkv, dqkv, s);
+}
+
 void RingRank::apply_sink(Tensor& out, Tensor& lse, Stream& s) const {
   if (fused) return ops::attention_sink_forward(out, lse, a.sink, 0, a.ad, s);
   for (int x = 0; x < 2; ++x) {  // the chunk-block layout [2][B, NH, C]
@@ -247,23 +258,28 @@ void ring_forward(const CpAttention& a, RingRank& g, const Tensor& qkv, comm::Co
 void ring_backward(const CpAttention& a, const RingRank& g, const Tensor& dout, const Tensor& qkv,
                    const Tensor& out, const Tensor& lse, comm::Communicator& cp, Tensor& dqkv,
                    Stream& s) {
-  ops::fill(dqkv, 0.0, s);
   auto make = [&] { return Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device()); };
   Tensor kv_buf[2] = {make(), make()}, dkv_buf[2] = {make(), make()};
-  Tensor cur = qkv, dcur = make();
+  // Step 0, the rank's own K/V: dQ and its own dK/dV straight into dqkv (=), while the next
+  // K/V travel. Its dK/dV are home already, so they never go round.
+  std::vector<comm::Work> w = ring_shift(cp, g, {{qkv, kv_buf[0]}}, s);
+  g.backward_diagonal(dout, qkv, out, lse, dqkv, s);
+  for (auto& x : w) x.wait();
+  Tensor cur = kv_buf[0], dcur = dkv_buf[0];
+  // From step 1 each K/V carries its dK/dV from the ranks after its owner: rank r starts
+  // rank r-1's, which leave r-1 last and arrive home after CP-1 shifts.
   ops::fill(dcur, 0.0, s);
-  for (int64_t i = 0; i < g.P; ++i) {
-    std::vector<comm::Work> w;
+  for (int64_t i = 1; i < g.P; ++i) {
+    w.clear();
     Tensor& next = kv_buf[i % 2];
     if (i + 1 < g.P) w = ring_shift(cp, g, {{cur, next}}, s);
     g.backward_step(dout, qkv, out, lse, cur, (g.r - i + g.P) % g.P, dqkv, dcur, s);
-    // dK/dV of rank j move on with its K/V; after CP shifts they are home.
     Tensor& dnext = dkv_buf[i % 2];
     for (auto& x : ring_shift(cp, g, {{dcur, dnext}}, s)) x.wait();
     for (auto& x : w) x.wait();
     cur = next, dcur = dnext;
   }
-  // Only the key/value slots of dcur are non-zero: this rank's dK, dV from every query.
+  // Only the key/value slots of dcur are non-zero: this rank's dK, dV from the others' queries.
   ops::axpy(1.0, dcur, dqkv, s);
 }
 
@@ -287,9 +303,9 @@ void gather_backward(const CpAttention& a, const RingRank& g, const Tensor& dout
   Tensor all = Tensor::empty({g.P * n, qkv.size(1)}, qkv.dtype(), qkv.device());
   cp.all_gather(qkv, all, s);
   Tensor dall = Tensor::empty(all.shape(), qkv.dtype(), qkv.device());
-  ops::fill(dall, 0.0, s);
-  ops::fill(dqkv, 0.0, s);
-  for (int64_t i = 0; i < g.P; ++i) {
+  ops::fill(dall, 0.0, s);  // this rank's own slice stays zero: the diagonal writes dqkv
+  g.backward_diagonal(dout, qkv, out, lse, dqkv, s);
+  for (int64_t i = 1; i < g.P; ++i) {
     const int64_t j = (g.r - i + g.P) % g.P;
     Tensor dj = dall.narrow(j * n, n);
     g.backward_step(dout, qkv, out, lse, all.narrow(j * n, n), j, dqkv, dj, s);

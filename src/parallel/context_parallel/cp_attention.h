@@ -11,8 +11,9 @@
 //                (diagonal; i <= r: both Q chunks x the first KV chunk; i > r: the second
 //                Q chunk x both KV chunks). Each block returns (O_i, LSE_i), merged by
 //                ops::attention_lse_merge. Backward: [KV, dKV] travel the same ring; each
-//                block's backward uses the FINAL O and LSE; dQ accumulates locally and
-//                dK/dV arrive back at their owner after CP steps.
+//                block's backward uses the FINAL O and LSE; dQ accumulates locally; the
+//                diagonal step's dK/dV stay home and the other ranks' arrive back at
+//                their owner after CP-1 steps.
 //   all_gather   K/V all-gathered, the same blocks; backward reduce-scatters dK/dV.
 //   a2a          (Ulysses) all-to-all turns [2C rows, all local heads] into [whole
 //                sequence, heads/CP], plain causal attention, and back.
@@ -102,6 +103,12 @@ struct RingRank {
   void backward_step(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                      const Tensor& lse, const Tensor& kv, int64_t j, Tensor& dqkv, Tensor& dkv,
                      Stream& s) const;
+  // The backward's first step, the diagonal (j == rank, its own K/V): writes dqkv (=) with
+  // dQ of its queries against its own keys and its own keys' dK/dV from them. With fused
+  // steps this is one causal self-attention backward over the 2C rows (no zero fill, no
+  // scratch to add, and these dK/dV never travel); else a fill and the step's blocks.
+  void backward_diagonal(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                         const Tensor& lse, Tensor& dqkv, Stream& s) const;
   // Attention sinks (a.sink defined) on the final (out, lse), in either lse layout, and
   // their gradient into a.dsink (before the steps' backward, which reads the same out, lse).
   void apply_sink(Tensor& out, Tensor& lse, Stream& s) const;
