@@ -134,6 +134,9 @@ void axpy(double alpha, const Tensor& x, Tensor& y, Stream& s) {
 }
 void scale(Tensor& x, double alpha, Stream& s) { MCPP_DISPATCH(scale, x, alpha, s); }
 double sum_squares(const Tensor& x, Stream& s) { MCPP_DISPATCH(sum_squares, x, s); }
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs, Stream& s) {
+  MCPP_DISPATCH(sum_squares_each, xs, s);
+}
 bool has_nonfinite(const Tensor& x, Stream& s) { MCPP_DISPATCH(has_nonfinite, x, s); }
 double dot(const Tensor& x, const Tensor& y, Stream& s) { MCPP_DISPATCH(dot, x, y, s); }
 void dot_begin(const Tensor& x, const Tensor& y, Tensor& partial, Stream& s) {

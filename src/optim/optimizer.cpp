@@ -72,10 +72,10 @@ double Optimizer::grad_sq_norm(const ParamFilter* counted) const {
             [](const ShardSegment* a, const ShardSegment* b) { return a->shard < b->shard; });
   Stream& st = ops::default_stream(grads().device());
   const Tensor& g = grads();
-  double sum = 0;
+  std::vector<Tensor> runs;  // the counted runs of the buffer, summed with one wait
   int64_t begin = -1, end = -1;
   auto flush = [&] {
-    if (begin >= 0) sum += ops::sum_squares(g.narrow(begin, end - begin), st);
+    if (begin >= 0) runs.push_back(g.narrow(begin, end - begin));
     begin = -1;
   };
   for (const ShardSegment* s : order) {
@@ -87,6 +87,8 @@ double Optimizer::grad_sq_norm(const ParamFilter* counted) const {
     end = s->shard + s->len;
   }
   flush();
+  double sum = 0;
+  for (double v : ops::sum_squares_each(runs, st)) sum += v;
   return sum;
 }
 

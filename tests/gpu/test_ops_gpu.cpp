@@ -97,6 +97,23 @@ TEST_P(GpuOp, ElementwiseAddAxpyScaleFill) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(static_cast<float*>(cb.raw())[i], 0.25f);
 }
 
+// sum_squares_each (the gradient norm's ranges, one wait): each result the bits of
+// sum_squares on that tensor alone, empty and bf16 tensors among them.
+TEST(GpuOpF32, SumSquaresEachGivesTheBitsOfOneByOne) {
+  MCPP_REQUIRE_GPU();
+  const Tensor g = to_gpu(rand_f32({3 << 20}, 6), DType::F32);
+  const Tensor b = to_gpu(rand_f32({70001}, 7), DType::BF16);
+  const std::vector<Tensor> xs = {g.narrow(0, 1 << 20), g.narrow(1 << 20, 0), b,
+                                  g.narrow(5, (2 << 20) + 3), g.narrow(0, 1)};
+  const std::vector<double> each = gpu::sum_squares_each(xs, GS());
+  ASSERT_EQ(each.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_EQ(each[i], gpu::sum_squares(xs[i], GS())) << i;  // the same bits
+  EXPECT_EQ(each[1], 0.0);
+  EXPECT_GT(each[3], each[0]);
+  EXPECT_TRUE(gpu::sum_squares_each({}, GS()).empty());
+}
+
 TEST(GpuOpF32, SumSquaresAndNonfinite) {
   MCPP_REQUIRE_GPU();
   Tensor x = rand_f32({1 << 20}, 5);

@@ -162,6 +162,13 @@ double sum_squares(const Tensor& x, Stream& s) {
   });
 }
 
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs, Stream& s) {
+  std::vector<double> r;
+  r.reserve(xs.size());
+  for (const Tensor& x : xs) r.push_back(sum_squares(x, s));
+  return r;
+}
+
 bool has_nonfinite(const Tensor& x, Stream& s) {
   const Check c{"has_nonfinite"};
   c.stream(s);

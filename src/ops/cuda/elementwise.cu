@@ -381,22 +381,38 @@ void scale(Tensor& x, double alpha, Stream& s) {
   axpby(0.0, nullptr, alpha, x, s);
 }
 
-double sum_squares(const Tensor& x, Stream& s) {
-  check_cuda(x, "sum_squares", "x");
-  int64_t n = x.numel();
-  if (n == 0) return 0.0;
+double sum_squares(const Tensor& x, Stream& s) { return sum_squares_each({x}, s)[0]; }
+
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs, Stream& s) {
+  for (const Tensor& x : xs) check_cuda(x, "sum_squares", "x");
+  std::vector<double> total(xs.size(), 0.0);
+  if (xs.empty()) return total;
   cudaStream_t cs = stream_of(s);
-  // Fixed grid and fixed summation order: the result is bitwise reproducible.
-  Tensor partial = Tensor::empty({kReduceBlocks}, DType::F64, Device::CUDA);
-  sum_squares_kernel<<<kReduceBlocks, 256, 0, cs>>>(x.raw(), x.dtype(), n,
-                                                     static_cast<double*>(partial.raw()));
-  MCPP_LAUNCH_CHECK();
-  std::vector<double> h(kReduceBlocks);
-  CUDA_CHECK(cudaMemcpyAsync(h.data(), partial.raw(), kReduceBlocks * sizeof(double),
+  // Fixed grid and fixed summation order: each result is bitwise reproducible. Tensor i's
+  // block partials land in row i; one copy and one wait for all of them.
+  const int64_t m = int64_t(xs.size());
+  Tensor partial = Tensor::empty({m * kReduceBlocks}, DType::F64, Device::CUDA);
+  double* pd = static_cast<double*>(partial.raw());
+  int64_t launched = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const Tensor& x = xs[size_t(i)];
+    if (x.numel() == 0) continue;
+    sum_squares_kernel<<<kReduceBlocks, 256, 0, cs>>>(x.raw(), x.dtype(), x.numel(),
+                                                       pd + i * kReduceBlocks);
+    MCPP_LAUNCH_CHECK();
+    ++launched;
+  }
+  if (launched == 0) return total;
+  std::vector<double> h(size_t(m * kReduceBlocks), 0.0);
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), pd, size_t(m * kReduceBlocks) * sizeof(double),
                              cudaMemcpyDeviceToHost, cs));
   CUDA_CHECK(cudaStreamSynchronize(cs));
-  double total = 0;
-  for (double v : h) total += v;
+  for (int64_t i = 0; i < m; ++i) {
+    if (xs[size_t(i)].numel() == 0) continue;
+    double t = 0;
+    for (int64_t k = 0; k < kReduceBlocks; ++k) t += h[size_t(i * kReduceBlocks + k)];
+    total[size_t(i)] = t;
+  }
   return total;
 }
 
