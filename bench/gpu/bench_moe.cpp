@@ -364,7 +364,7 @@ int main(int argc, char** argv) {
       auto step = [&](int64_t it) {
         model::StepKeys k;
         k.iteration = it, k.global_batch = B;
-        m.params().zero_grads_beside(st);  // as the trainer: beside the first forward
+        m.params().zero_grads();
         const double loss = m.forward(mb, k) / double(B * S);
         m.backward(1.0 / double(B * S));
         model::fp8_update_scales(m.config(), m.params(), st);  // delayed only

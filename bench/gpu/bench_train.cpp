@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
         const auto q0 = std::chrono::steady_clock::now();
         model::StepKeys k;
         k.iteration = it, k.global_batch = B;
-        m.params().zero_grads_beside(st);  // as the trainer: beside the first forward
+        m.params().zero_grads();
         loss = 0;
         // As the trainer (training/forward_backward.cpp): the losses read after the last
         // backward is queued.

@@ -283,7 +283,6 @@ Tensor GPTModel::backward_chunk(int chunk, int microbatch, const Tensor& output_
   attach_documents(cx, sv.mb);
   Stream& st = cx.stream();
   const int64_t Tl = cx.Tl, H = cx.H;
-  params_.wait_grads_zeroed();  // the step's zero fill, beside the forward until here
   allocate([&](const TensorVisitor& v) { stage_->scratch_specs(cx, *ws_, v); }, cx.dev, false);
   auto& hidden = sv.saved.block.hidden;
 

@@ -1,9 +1,7 @@
 #include "model/params.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "base/philox.h"
 #include "ops/ops.h"
@@ -134,25 +132,7 @@ ParamView ParamStore::view(const ParamStore* store, const std::string& name) {
 }
 
 void ParamStore::zero_grads() {
-  wait_grads_zeroed();
   if (grads_.defined()) ops::fill(grads_, 0.0, ops::default_stream(grads_.device()));
-}
-
-void ParamStore::zero_grads_beside(Stream& main) {
-  static const bool off = [] {
-    const char* e = std::getenv("MCPP_GRAD_ZERO_BESIDE");
-    return e && std::string(e) == "0";
-  }();
-  if (off) return zero_grads();
-  wait_grads_zeroed();
-  if (!grads_.defined()) return;
-  zeroing_ = std::make_unique<ops::BesideWork>(main);
-  ops::fill(grads_, 0.0, zeroing_->stream());
-}
-
-void ParamStore::wait_grads_zeroed() {
-  if (zeroing_) zeroing_->join();
-  zeroing_.reset();
 }
 
 int64_t ParamStore::global_index(const ParamInfo& p, int64_t r, int64_t c) const {

@@ -4,12 +4,10 @@
 // Gradient clipping, the optimizer and the checkpoint all read this registry.
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "ops/graph.h"
 #include "tensor/tensor.h"
 
 namespace mcpp::model {
@@ -136,12 +134,6 @@ class ParamStore {
   int64_t tp_rank() const { return tp_rank_; }
   int64_t tp_size() const { return tp_size_; }
   void zero_grads();
-  // The same fill beside `main` (ops::BesideWork), for the forward pass to run alongside:
-  // before anything reads or adds to a gradient, wait_grads_zeroed() makes main continue
-  // after it (a no-op when no fill is pending). The trainer starts it; the model's backward
-  // and the trainer's gradient finalisation wait for it.
-  void zero_grads_beside(Stream& main);
-  void wait_grads_zeroed();
   // Non-trainable persistent buffers (see BufferInfo). Registered before allocate(),
   // which gives each its own tensor on the parameters' device, initialised.
   void add_buffer(BufferInfo info);
@@ -167,7 +159,6 @@ class ParamStore {
   void allocate_impl(DType param_dtype, DType grad_dtype, Device device, int64_t tp_rank,
                      int64_t tp_size, int64_t align, bool grads);
   Tensor params_, grads_;
-  std::unique_ptr<ops::BesideWork> zeroing_;  // zero_grads_beside's fill until waited for
   int64_t total_ = 0, tp_rank_ = 0, tp_size_ = 1;
 };
 

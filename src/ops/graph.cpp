@@ -34,11 +34,6 @@ StreamFence::~StreamFence() = default;
 void StreamFence::record(Stream&) {}
 void StreamFence::wait() {}
 
-BesideWork::BesideWork(Stream& main) : main_(&main) {}
-BesideWork::~BesideWork() = default;
-Stream& BesideWork::stream() { return *main_; }
-void BesideWork::join() {}
-
 StreamFork::StreamFork(Stream& main, int) : main_(&main) {}
 StreamFork::~StreamFork() = default;
 Stream& StreamFork::side(int) { return *main_; }

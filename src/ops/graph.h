@@ -101,23 +101,4 @@ class StreamFork {
   bool joined_ = true;
 };
 
-// Work beside `main` on a stream of its own at the device's lowest priority, started from
-// main's work so far; main continues after it only at join() (or destruction). For work
-// that main's next ops neither read nor write -- the gradients' zero fill beside the
-// forward pass, which fills the GEMMs' idle memory bandwidth. Ops queued on stream() must
-// allocate nothing. On a CPU stream (or without CUDA) stream() is main itself.
-class BesideWork {
- public:
-  explicit BesideWork(Stream& main);
-  ~BesideWork();
-  BesideWork(const BesideWork&) = delete;
-  BesideWork& operator=(const BesideWork&) = delete;
-  Stream& stream();
-  void join();
-
- private:
-  Stream* main_;
-  bool joined_ = true;
-};
-
 }  // namespace mcpp::ops

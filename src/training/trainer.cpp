@@ -97,7 +97,6 @@ void Trainer::State::finish_async_save(bool blocking) {
 // Megatron's finalize_model_grads, then the fp16 unscale (_unscale_main_grads): the
 // optimizer's gradients are then those of the global batch, unscaled.
 void Trainer::State::finalize_grads() {
-  model->params().wait_grads_zeroed();  // (a step without backward work)
   parallel::FinalizeOptions o;
   o.sequence_parallel = model_cfg.sp();
   o.overlap_grad_reduce = args.overlap_grad_reduce;
@@ -110,11 +109,9 @@ void Trainer::State::finalize_grads() {
 // Megatron's train_step: zero the gradients, forward-backward over the micro-batches,
 // finalize the gradients, the global norm, and the optimizer step -- skipped (and
 // counted) when the gradients overflowed the fp16 loss scale or the loss is not finite.
-// The zero fill runs beside the first forward pass, which reads no gradient: the first
-// backward waits for it (GPTModel::backward_chunk).
 StepResult Trainer::State::train_step() {
   StepResult r;
-  model->params().zero_grads_beside(ops::default_stream(device));
+  model->params().zero_grads();
   log->section("forward-backward", true);
   const auto [loss_sum, tokens] = forward_backward(*datasets[0], consumed_train, iteration, true);
   log->section("forward-backward", false);

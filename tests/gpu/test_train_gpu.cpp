@@ -257,35 +257,4 @@ TEST(GpuTrain, PlanOverTheGpuMemoryStopsBeforeTheFirstStep) {
   }
 }
 
-// ParamStore::zero_grads_beside (the trainer's zero fill beside the forward pass): the fill
-// runs on a stream of its own, and wait_grads_zeroed orders the main stream after it, so an
-// add on main sees zeros and not the old values. 64M gradients: a fill long enough that an
-// add racing it would land on old values.
-TEST(GpuTrain, ZeroFillBesideTheForwardIsWaitedFor) {
-  MCPP_REQUIRE_GPU();
-  const int64_t n = int64_t(1) << 26;
-  model::ParamStore ps;
-  model::ParamInfo info;
-  info.name = "w";
-  info.global_shape = info.local_shape = {n};
-  ps.add(info);
-  ps.allocate(DType::BF16, DType::F32, Device::CUDA, 0, 1);
-  Tensor ones = Tensor::empty({n}, DType::F32, Device::CUDA);
-  gpu::fill(ones, 1.0, GS());
-  for (int round = 0; round < 3; ++round) {
-    gpu::fill(ps.flat_grads(), 7.0, GS());
-    ps.zero_grads_beside(GS());
-    ps.wait_grads_zeroed();
-    Tensor g = ps.flat_grads().narrow(0, n);
-    gpu::axpy(1.0, ones, g, GS());
-    const Tensor h = to_cpu(g);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad += h.data<float>()[i] != 1.f;
-    EXPECT_EQ(bad, 0) << "round " << round;
-  }
-  ps.zero_grads_beside(GS());
-  ps.zero_grads();  // waits for the pending fill first
-  EXPECT_EQ(to_cpu(ps.flat_grads().narrow(0, 1024)).data<float>()[1023], 0.f);
-}
-
 }  // namespace train_gpu_test
