@@ -480,15 +480,15 @@ TEST(GpuMoeModel, F32GptOssMatchesCpu) {
   f32_matches_cpu(cc, gc, "clamped swiglu");
 }
 
-// bf16: the clamp at 1.0, which cuts a few per cent of fc1's outputs (at 0.3, where it cuts
-// most, bf16 rounding moves many values across the bound, beyond which the gradient is zero:
-// measured 7.5% off in the dense fc1 weight's gradient). The router bias's gradient, a sum
-// over tokens that cancels to a small remainder, is checked exactly by the f32 test above.
-TEST(GpuMoeModel, Bf16GptOssCloseToCpu) {
-  MCPP_REQUIRE_GPU();
-  TransformerConfig cc = gpt_oss_cfg(Device::CPU, DType::F32),
-                    gc = gpt_oss_cfg(Device::CUDA, DType::BF16);
-  cc.activation_func_clamp_value = gc.activation_func_clamp_value = 1.0;
+// bf16 against the CPU's f32 (the f32 test above is the exact check). bf16 logits may send a
+// token whose top experts are nearly tied to another expert than f32 does: one such token
+// moves its experts' weight gradients by a tenth in this small model, so the gradients are
+// compared only where both models routed every token alike (the expert counts agree); the
+// loss always. The model's gradients then within the dense bf16 tests' 8e-2 (GpuModel), the
+// router's weight within 0.2. Returns whether the gradients were compared. gpt-oss: the
+// clamp at 1.0, which cuts a few per cent of fc1's outputs (at 0.3 bf16 rounding moves many
+// values across the bound, beyond which the gradient is zero).
+bool bf16_grads_close(const TransformerConfig& cc, const TransformerConfig& gc, const char* what) {
   GPTModel cm(cc);
   GPTModel gm(gc);
   ops::copy(cm.params().flat_params(), gm.params().flat_params(), GS());
@@ -497,14 +497,45 @@ TEST(GpuMoeModel, Bf16GptOssCloseToCpu) {
   model::StepKeys k;
   cm.params().zero_grads(), gm.params().zero_grads();
   const double lc = cm.forward(mb, k), lg = gm.forward(mb, k);
-  EXPECT_NEAR(lg, lc, 3e-2 * std::abs(lc));
+  EXPECT_NEAR(lg, lc, 3e-2 * std::abs(lc)) << what;
+  double moved = 0;  // by the expert counts: tokens routed differently, counted twice
+  const auto cl = moe_layers(cm), gl = moe_layers(gm);
+  for (size_t i = 0; i < cl.size(); ++i) {
+    const auto& a = cl[i]->stats().tokens_per_expert;
+    const auto& b = gl[i]->stats().tokens_per_expert;
+    EXPECT_EQ(a.size(), b.size());
+    for (size_t e = 0; e < a.size() && e < b.size(); ++e) moved += std::abs(a[e] - b[e]);
+  }
   cm.backward(1.0 / 128), gm.backward(1.0 / 128);
-  for (const char* name : {"decoder.layers.1.mlp.router.weight",
-                           "decoder.layers.1.mlp.experts.linear_fc1.bias0",
-                           "decoder.layers.1.mlp.experts.linear_fc2.bias0",
-                           "decoder.layers.0.mlp.linear_fc1.weight"})
-    EXPECT_LE(rel_err(to_cpu(gm.params().grad(name)), cm.params().grad(name)), 5e-2) << name;
-  std::printf("[moe bf16 gpt-oss] loss %.6f vs cpu f32 %.6f\n", lg, lc);
+  double router = 0, worst = 0;
+  std::string worst_name;
+  for (size_t i = 0; i < cm.params().infos().size(); ++i) {
+    const std::string& name = cm.params().infos()[i].name;
+    const double e = rel_err(to_cpu(gm.params().grad(i)), cm.params().grad(i));
+    if (name.find(".router.weight") != std::string::npos) router = std::max(router, e);
+    else if (name.find(".router.bias") == std::string::npos && e > worst) worst = e, worst_name = name;
+  }
+  std::printf("[moe bf16 %s] loss %.6f vs cpu f32 %.6f; expert counts differ by %.0f; router "
+              "weight grad %.3f, worst other %.3f (%s)\n", what, lg, lc, moved, router, worst,
+              worst_name.c_str());
+  if (moved > 0) return false;
+  EXPECT_LE(worst, 8e-2) << what << ": " << worst_name;
+  EXPECT_LE(router, 0.2) << what;
+  return true;
+}
+
+TEST(GpuMoeModel, Bf16GptOssCloseToCpu) {
+  MCPP_REQUIRE_GPU();
+  TransformerConfig cc = gpt_oss_cfg(Device::CPU, DType::F32),
+                    gc = gpt_oss_cfg(Device::CUDA, DType::BF16);
+  cc.activation_func_clamp_value = gc.activation_func_clamp_value = 1.0;
+  const bool compared = bf16_grads_close(cc, gc, "gpt-oss");
+  // Plain SwiGLU experts in the same layers: routed alike (measured: router weight 0.010,
+  // worst other gradient 0.011 from the CPU), so at least this comparison always runs.
+  TransformerConfig pc = moe_cfg(Device::CPU, DType::F32), pg = moe_cfg(Device::CUDA, DType::BF16);
+  pc.moe.layer_pattern = pg.moe.layer_pattern = {0, 1};
+  EXPECT_TRUE(bf16_grads_close(pc, pg, "swiglu")) << "routing differed: nothing compared";
+  if (!compared) std::printf("[moe bf16 gpt-oss] routing differed: gradients not compared\n");
 }
 
 // Sinkhorn routing (top-2 and top-1) routes on the host on both backends: the GPU model's
