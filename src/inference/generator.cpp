@@ -210,20 +210,6 @@ const Tensor& Generator::run(const Tensor& tokens, KVCache& cache, int64_t first
   return all_positions ? bf.logits_view : *out;
 }
 
-void check_window_reach(const model::TransformerConfig& c, int64_t positions,
-                        const char* what) {
-  const int64_t W = c.window_positions();
-  MCPP_CHECK_HINT(positions <= W,
-                  fmt::format("keep each sequence within {} positions (L + 1 of --window-size "
-                              "L,0): a shorter prompt, fewer --num-tokens-to-generate, or "
-                              "--inference-max-seq-length {} (serve)",
-                              W, W),
-                  "{}: {} positions, but the model's sliding window (--window-size {},0) "
-                  "covers {}; generation with a KV cache attends without a window, so it "
-                  "refuses sequences beyond it",
-                  what, positions, c.window_left, W);
-}
-
 void Generator::positions(int64_t B, int64_t Sq, const KVCache& cache, int64_t first,
                           int64_t* pos) const {
   MCPP_CHECK(first >= 0 && first + B <= cache.batch(),
@@ -239,7 +225,6 @@ void Generator::positions(int64_t B, int64_t Sq, const KVCache& cache, int64_t f
                     "shorten the prompt or --num-tokens-to-generate",
                     "position {} is beyond the model's max_position_embeddings {}", pos[b] + Sq - 1,
                     cfg_.max_position_embeddings);
-    check_window_reach(cfg_, pos[b] + Sq, "generation");
   }
 }
 
@@ -468,7 +453,6 @@ std::vector<GenerateResult> generate_batch(Generator& g, KVCache& cache,
     const int64_t P = int64_t(prompt.size());
     MCPP_CHECK_HINT(P <= limit, fmt::format("shorten the prompt to at most {} tokens", limit),
                     "the prompt has {} tokens, more than the model's {} positions", P, limit);
-    check_window_reach(c, P + opts.tokens_to_generate, "generate");
     for (int32_t id : prompt)
       MCPP_CHECK_HINT(id >= 0 && id < c.padded_vocab_size,
                       "the tokenizer does not match the checkpoint's vocabulary",

@@ -137,12 +137,6 @@ struct GenerateResult {
   int64_t decode_steps = 0;  // forward passes after the prefill
 };
 
-// Sliding-window models (--window-size): the KV-cache attention has no window, so a
-// sequence may reach only c.window_positions() (L + 1) positions, where the window changes
-// nothing. `positions` beyond that is an mcpp::Error naming --window-size; `what` names the
-// caller.
-void check_window_reach(const model::TransformerConfig& c, int64_t positions, const char* what);
-
 // Generates continuations of up to cache.batch() prompts of any lengths at once: each
 // prompt prefilled alone into its cache slot, then one decode step per token for all
 // unfinished sequences together; a sequence leaves the batch when it stops. Prompt i

@@ -2,7 +2,6 @@
 // TransformerConfig, with the local (per TP rank) sizes derived in one place.
 #pragma once
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,11 +56,6 @@ struct TransformerConfig {
     return n;
   }
   bool has_window_layers() const { return num_window_layers() > 0; }
-  // Generation's KV-cache attention has no window: a windowed model generates only while
-  // every key is inside it, L + 1 positions (INT64_MAX without window layers).
-  int64_t window_positions() const {
-    return has_window_layers() ? window_left + 1 : std::numeric_limits<int64_t>::max();
-  }
   double rotary_base = 10000;            // --rotary-base
   double rotary_percent = 1.0;           // --rotary-percent
   // Llama 3.x RoPE scaling (ops::rope_inv_freq): low frequencies divided by the factor,

@@ -127,6 +127,7 @@ void CoreAttention::forward(const Tensor& qkv, Saved& s, Workspace& ws,
 ops::AttentionDims CoreAttention::cached_dims(const StepContext& cx) const {
   ops::AttentionDims d = cx.ad;
   d.sink = sink(cx);
+  if (cx.cfg->is_window_layer(layer_)) d.window_left = cx.cfg->window_left;
   return d;
 }
 

@@ -54,11 +54,13 @@ class CoreAttention {
   void forward(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;
   // Generation: appends the new keys and values of qkv [Sq*B, QKVW] to the cache
   // [B, max_seq, NG, HD], slot b at rows [cx.pos[b], +Sq), and attends over each slot's
-  // rows [0, pos[b] + Sq); s.ctx [Sq*B, NH*HD] (=). No dropout. Prompts that all start at
-  // position 0 take ops::attention_prefill (the training kernels; s.lse its scratch).
+  // rows [0, pos[b] + Sq) (a window layer's query at q over [q - L, q]: cached_dims);
+  // s.ctx [Sq*B, NH*HD] (=). No dropout. Prompts that all start at position 0 take
+  // ops::attention_prefill (the training kernels; s.lse its scratch).
   void forward_cached(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Saved& s,
                       const StepContext& cx) const;
-  // The step's dims for the generation ops: cx.ad with this layer's sinks (AttentionDims::sink).
+  // The step's dims for the generation ops: cx.ad with this layer's sinks (AttentionDims::sink)
+  // and, in a window layer, its window (AttentionDims::window_left).
   ops::AttentionDims cached_dims(const StepContext& cx) const;
   // Selective recomputation: rebuild the dropped output (no-op when it is kept).
   void recompute(const Tensor& qkv, Saved& s, Workspace& ws, const StepContext& cx) const;

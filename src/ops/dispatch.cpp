@@ -193,12 +193,14 @@ void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_
 void attention_forward(const Tensor& qkv, const AttentionDims& d, double sc, double p,
                        DropoutKey key, Tensor& out, Tensor& lse, Stream& s) {
   MCPP_CHECK(!d.sink.defined(), "attention_forward: sinks join through attention_sink_forward");
+  MCPP_CHECK(d.window_left < 0, "attention_forward: a window reaches it as key_start");
   MCPP_DISPATCH(attention_forward, qkv, d, sc, p, key, out, lse, s);
 }
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const AttentionDims& d, double sc, double p,
                         DropoutKey key, Tensor& dqkv, Stream& s) {
   MCPP_CHECK(!d.sink.defined(), "attention_backward: sinks join through attention_sink_backward");
+  MCPP_CHECK(d.window_left < 0, "attention_backward: a window reaches it as key_start");
   MCPP_DISPATCH(attention_backward, dout, qkv, out, lse, d, sc, p, key, dqkv, s);
 }
 void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,

@@ -15,6 +15,8 @@ inline void check_kv_cache_args(const char* op, const Tensor& qkv, const Attenti
   MCPP_CHECK(d.S > 0 && d.B > 0 && d.NH > 0 && d.NG > 0 && d.HD > 0 && d.NH % d.NG == 0,
              "{}: invalid dims S={} B={} NH={} NG={} HD={} (all positive, NG | NH)", op, d.S,
              d.B, d.NH, d.NG, d.HD);
+  MCPP_CHECK(d.window_left >= -1, "{}: window_left {} is neither -1 (no window) nor >= 0", op,
+             d.window_left);
   MCPP_CHECK(pos.dtype() == DType::I64 && pos.numel() == d.B, "{}: pos {} is not i64 [B={}]", op,
              pos.str(), d.B);
   for (const Tensor* t : {&k_cache, &v_cache, &out})

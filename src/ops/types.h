@@ -99,6 +99,14 @@ struct AttentionDims {
   // [NH] sink logits of this call's heads, each a softmax logit with no value. Undefined:
   // none. The training ops refuse it: there the core applies attention_sink_forward.
   Tensor sink;
+  // Sliding-window attention (--window-size L,0) for the same generation ops: the query at
+  // position q sees the keys [max(0, q - window_left), q]. -1: no window. The training ops
+  // refuse it: there a window layer's key_start carries it (model/core_attention.cpp).
+  int64_t window_left = -1;
+  // The first key the query at position q sees under window_left (0 without a window).
+  int64_t first_key(int64_t q) const {
+    return window_left >= 0 && q > window_left ? q - window_left : 0;
+  }
   int64_t qkv_width() const { return NG * (NH / NG + 2) * HD; }
   int64_t kv_rows() const { return S_kv > 0 ? S_kv : S; }
   int64_t lse_stride() const { return lse_ld > 0 ? lse_ld : S; }

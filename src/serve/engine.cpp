@@ -45,12 +45,11 @@ Engine::Engine(inference::Generator& gen, const EngineOptions& opts, comm::Commu
     : gen_(gen), opts_(opts), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   const auto& c = gen.config();
   if (opts_.max_seq <= 0)
-    opts_.max_seq = std::min(c.max_position_embeddings, c.window_positions());
+    opts_.max_seq = c.max_position_embeddings;
   MCPP_CHECK_HINT(opts_.max_seq >= 2 && opts_.max_seq <= c.max_position_embeddings,
                   "pass --inference-max-seq-length between 2 and max_position_embeddings",
                   "--inference-max-seq-length {} is outside [2, {}]", opts_.max_seq,
                   c.max_position_embeddings);
-  inference::check_window_reach(c, opts_.max_seq, "--inference-max-seq-length");
   MCPP_CHECK_HINT(opts_.slots >= 1 && opts_.slots <= 4096,
                   "pass --inference-max-requests between 1 and 4096",
                   "--inference-max-requests {} is out of range", opts_.slots);

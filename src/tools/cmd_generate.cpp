@@ -232,9 +232,6 @@ int run_generate(const std::vector<std::string>& raw_args) {
                         "prompt {} has {} tokens, more than the model's "
                         "max_position_embeddings {}",
                         i + 1, ids.back().size(), cfg.max_position_embeddings);
-        inference::check_window_reach(
-            cfg, int64_t(ids.back().size()) + opts.tokens_to_generate,
-            fmt::format("prompt {} + --num-tokens-to-generate", i + 1).c_str());
       }
     } catch (const Error& e) {
       if (!tp_comm) throw;

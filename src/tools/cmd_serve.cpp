@@ -136,10 +136,8 @@ int run_serve(const std::vector<std::string>& args) {
 
   serve::EngineOptions eo;
   eo.slots = f.get_int("--inference-max-requests", 8);
-  // A sliding-window model serves within its window (inference::check_window_reach).
   eo.max_seq = f.get_int("--inference-max-seq-length",
-                         std::min({cfg.max_position_embeddings, int64_t(4096),
-                                   cfg.window_positions()}));
+                         std::min(cfg.max_position_embeddings, int64_t(4096)));
   eo.max_waiting = f.get_int("--max-queued-requests", 256);
   eo.vocab_size = tok->vocab_size();
   eo.eod = tok->eod();

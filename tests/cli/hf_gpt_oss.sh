@@ -4,9 +4,9 @@
 # with save_pretrained):
 #   * convert --from-hf gives a checkpoint whose metadata holds gpt-oss's settings (the
 #     quick-GEGLU with offset 1 and clamp 7, learnable sinks, linear biases, the window);
-#   * generate samples from it (within its window of 4: generation with a KV cache attends
-#     without one); training continues from it (--finetune, the checkpoint's
-#     arguments) with a finite loss;
+#   * generate samples from it, 1 + 12 positions past its window of 4 (the KV-cache
+#     attention applies the window); training continues from it (--finetune, the
+#     checkpoint's arguments) with a finite loss;
 #   * convert --to-hf writes GptOssForCausalLM again, every tensor byte for byte the
 #     fixture's; --from-hf of a folder holding MXFP4 experts (the Hub's released form)
 #     converts and samples.
@@ -25,9 +25,9 @@ for want in '"quick_geglu": true' '"glu_linear_offset": 1.0' '"softmax_type": "l
 done
 
 run "$W/gen.log" "$M" generate --load "$W/ck" --tokenizer-type NullTokenizer --vocab-size 95 \
-    --prompt "5" --num-tokens-to-generate 3 \
+    --prompt "5" --num-tokens-to-generate 12 --ignore-eod \
     --threads 1 --greedy
-grep -q "3 generated" "$W/gen.log" || { echo "generate did not sample"; cat "$W/gen.log"; exit 1; }
+grep -q "12 generated" "$W/gen.log" || { echo "generate did not sample"; cat "$W/gen.log"; exit 1; }
 
 run "$W/ft.log" "$M" train --load "$W/ck" --use-checkpoint-args --finetune --mock-data \
     --tokenizer-type NullTokenizer --vocab-size 95 --make-vocab-size-divisible-by 1 \

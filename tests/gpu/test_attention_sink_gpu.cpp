@@ -58,9 +58,10 @@ TEST(AttentionSinkGpu, ForwardAndGradientMatchCpu) {
 TEST(AttentionSinkGpu, GenerationOpsMatchCpu) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16})
-    for (auto [NH, NG, HD] : {std::tuple{8, 2, 64}, {6, 3, 128}, {6, 2, 80}}) {
+    for (auto [NH, NG, HD] : {std::tuple{8, 2, 64}, {6, 3, 128}, {6, 2, 80}})
+      for (int64_t window : {-1, 4}) {  // gpt-oss's layers: sinks, some with a sliding window
       SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " NH " << NH << " NG " << NG
-                                        << " HD " << HD);
+                                        << " HD " << HD << " window " << window);
       const int64_t B = 2, Tmax = 40, S = 9;
       const double scale = 1.0 / std::sqrt(double(HD));
       const Tensor sink = rand_in({NH}, 41, dt, -1.f, 2.f);
@@ -68,6 +69,7 @@ TEST(AttentionSinkGpu, GenerationOpsMatchCpu) {
       const Shape cache{B, Tmax, NG, HD};
       // Prefill of S rows from position 0.
       ops::AttentionDims d = dims(S, B, NH, NG, HD);
+      d.window_left = window;
       const Tensor qkv = rand_in({S, B, d.qkv_width()}, 42, dt, -2.f, 2.f);
       Tensor kc = Tensor::zeros(cache, DType::F32), vc = Tensor::zeros(cache, DType::F32);
       Tensor out = Tensor::empty({S, B, NH * HD}, DType::F32);
@@ -84,11 +86,13 @@ TEST(AttentionSinkGpu, GenerationOpsMatchCpu) {
       Tensor plain = Tensor::empty(out.shape(), DType::F32);
       Tensor kc0 = Tensor::zeros(cache, DType::F32), vc0 = Tensor::zeros(cache, DType::F32);
       ops::AttentionDims d0 = dims(S, B, NH, NG, HD);
+      d0.window_left = window;
       cpu::attention_prefill(qkv, d0, scale, kc0, vc0, plain, lse_unused, CS());
       EXPECT_GT(rel_err(plain, out), 1e-2);
       // A decode step at position S with RoPE (the fused op), and the same rows through
       // decode_attention directly.
       ops::AttentionDims d1 = dims(1, B, NH, NG, HD);
+      d1.window_left = window;
       const Tensor step = rand_in({1, B, d1.qkv_width()}, 43, dt, -2.f, 2.f);
       Tensor pos = Tensor::empty({B}, DType::I64);
       for (int64_t b = 0; b < B; ++b) pos.data<int64_t>()[b] = S;

@@ -4,7 +4,8 @@
 // Every step's logits agree with the CPU Generator's within f32 tolerance, and greedy
 // tokens are equal, also against the CPU training model's full-recompute forward; and
 // weights loaded from a checkpoint straight to the GPU (checkpoint::load_model_weights,
-// the `generate --device cuda` path) generate the CPU's tokens.
+// the `generate --device cuda` path) generate the CPU's tokens. The logits also with a
+// sliding window in one layer, past the window.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -55,10 +56,16 @@ const std::vector<std::vector<int32_t>> kPrompts = {
 
 // The tiny model (tiny_config, f32, norms perturbed) on the CPU, and its weights on the GPU.
 struct TinyOnGpu {
-  explicit TinyOnGpu(bool llama) : cfg(tiny_config(llama, DType::F32)), m(cfg), gcfg(cfg) {
+  explicit TinyOnGpu(bool llama, int64_t window = -1)
+      : cfg(windowed(tiny_config(llama, DType::F32), window)), m(cfg), gcfg(cfg) {
     perturb_norms(m.params());
     gcfg.device = Device::CUDA;
     gparams = to_gpu_store(gcfg, m.params());
+  }
+  // A sliding window of `window` keys back in the first layer (-1: none).
+  static model::TransformerConfig windowed(model::TransformerConfig c, int64_t window) {
+    if (window >= 0) c.window_left = window, c.window_pattern = {1, 0};
+    return c;
   }
   model::TransformerConfig cfg;
   model::GPTModel m;
@@ -68,9 +75,10 @@ struct TinyOnGpu {
 
 class GenerateGpu : public ::testing::TestWithParam<bool> {};
 
-TEST_P(GenerateGpu, BatchLogitsMatchCpu) {
-  MCPP_REQUIRE_GPU();
-  TinyOnGpu t(GetParam());
+// The batch's logits, step by step; with a sliding window (TinyOnGpu::windowed: 3 keys back
+// in the first layer) past it, in the prefills of the longer prompts and in the decode.
+void expect_batch_logits_match_cpu(bool llama, int64_t window) {
+  TinyOnGpu t(llama, window);
   const auto &cfg = t.cfg, &gcfg = t.gcfg;
   model::GPTModel& m = t.m;
   model::ParamStore& gparams = t.gparams;
@@ -96,6 +104,16 @@ TEST_P(GenerateGpu, BatchLogitsMatchCpu) {
     }
   }
   for (int64_t b = 0; b < B; ++b) EXPECT_EQ(gc.length(b), cc.length(b));
+}
+
+TEST_P(GenerateGpu, BatchLogitsMatchCpu) {
+  MCPP_REQUIRE_GPU();
+  expect_batch_logits_match_cpu(GetParam(), -1);
+}
+
+TEST_P(GenerateGpu, BatchLogitsMatchCpuPastASlidingWindow) {
+  MCPP_REQUIRE_GPU();
+  expect_batch_logits_match_cpu(GetParam(), 3);
 }
 
 TEST_P(GenerateGpu, GreedyBatchEqualsCpuAndFullRecompute) {

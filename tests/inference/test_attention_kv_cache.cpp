@@ -20,8 +20,10 @@ Tensor random(const Shape& shape, uint64_t seed) {
   return t;
 }
 
-// Naive causal GQA attention of qkv [S, B, NG, G+2, HD] -> [S, B, NH*HD], in double.
-std::vector<double> naive(const Tensor& qkv, const ops::AttentionDims& d, double scale) {
+// Naive causal GQA attention of qkv [S, B, NG, G+2, HD] -> [S, B, NH*HD], in double; with
+// window >= 0 query s sees keys [s - window, s] only.
+std::vector<double> naive(const Tensor& qkv, const ops::AttentionDims& d, double scale,
+                          int64_t window = -1) {
   const int64_t G = d.NH / d.NG, W = d.qkv_width();
   std::vector<double> out(size_t(d.S * d.B * d.NH * d.HD));
   auto at = [&](int64_t s, int64_t b, int64_t g, int64_t j, int64_t c) {
@@ -32,17 +34,18 @@ std::vector<double> naive(const Tensor& qkv, const ops::AttentionDims& d, double
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t h = 0; h < d.NH; ++h) {
         const int64_t g = h / G;
-        std::vector<double> p(size_t(s + 1));
+        std::vector<double> p(size_t(s + 1), 0.0);
+        const int64_t k0 = window >= 0 ? std::max<int64_t>(0, s - window) : 0;
         double mx = -INFINITY, z = 0;
-        for (int64_t k = 0; k <= s; ++k) {
+        for (int64_t k = k0; k <= s; ++k) {
           double dot = 0;
           for (int64_t c = 0; c < d.HD; ++c) dot += at(s, b, g, h % G, c) * at(k, b, g, G, c);
           p[size_t(k)] = dot * scale, mx = std::max(mx, p[size_t(k)]);
         }
-        for (auto& x : p) z += x = std::exp(x - mx);
+        for (int64_t k = k0; k <= s; ++k) z += p[size_t(k)] = std::exp(p[size_t(k)] - mx);
         for (int64_t c = 0; c < d.HD; ++c) {
           double acc = 0;
-          for (int64_t k = 0; k <= s; ++k) acc += p[size_t(k)] * at(k, b, g, G + 1, c);
+          for (int64_t k = k0; k <= s; ++k) acc += p[size_t(k)] * at(k, b, g, G + 1, c);
           out[size_t(((s * d.B + b) * d.NH + h) * d.HD + c)] = acc / z;
         }
       }
@@ -146,6 +149,50 @@ TEST(AttentionKVCache, PerSequencePositionsMatchEachSequenceAlone) {
   EXPECT_NE(solo_out[1].data<T>()[0], solo_out[2].data<T>()[0]);
 }
 
+// A sliding window (AttentionDims::window_left): the sequence fed through the cache in
+// chunks (a prefill longer than the window, decode steps, a longer append) gives the naive
+// band-masked attention; decode_attention over the filled cache gives the same rows; and
+// the window changes the rows past it (so the comparison is not with the plain attention).
+template <typename T>
+void check_window_chunks(int64_t window, double tol) {
+  ops::AttentionDims full;
+  full.S = 13, full.B = 2, full.NH = 4, full.NG = 2, full.HD = 8;
+  const int64_t W = full.qkv_width(), S = full.S, B = full.B;
+  const double scale = 1.0 / std::sqrt(8.0);
+  Tensor qkv = random<T>({S, B, W}, 31 + uint64_t(window));
+  const auto want = naive(qkv, full, scale, window), plain = naive(qkv, full, scale);
+  Tensor kc = Tensor::empty({B, 16, 2, 8}, dtype_of<T>()), vc = kc.clone();
+  Tensor out = Tensor::empty({S, B, 32}, dtype_of<T>());
+  int64_t p0 = 0;
+  for (int64_t n : {6, 1, 1, 5}) {
+    ops::AttentionDims d = full;
+    d.S = n, d.window_left = window;
+    Tensor q = qkv.narrow(p0, n), o = out.narrow(p0, n);
+    ops::attention_kv_cache_forward(q, d, positions({p0, p0}), scale, kc, vc, o, Stream::cpu());
+    p0 += n;
+  }
+  double moved = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    ASSERT_NEAR(double(out.data<T>()[i]), want[size_t(i)], tol) << i;
+    moved = std::max(moved, std::abs(want[size_t(i)] - plain[size_t(i)]));
+  }
+  EXPECT_GT(moved, 1e-3);
+  // decode_attention attends the cache as it is: its last row (every key written) again.
+  ops::AttentionDims d = full;
+  d.S = 1, d.window_left = window;
+  Tensor last = Tensor::empty({1, B, 32}, dtype_of<T>());
+  ops::decode_attention(qkv.narrow(S - 1, 1), d, positions({S - 1, S - 1}), scale, kc, vc, last,
+                        Stream::cpu());
+  for (int64_t i = 0; i < last.numel(); ++i)
+    ASSERT_EQ(last.data<T>()[i], out.data<T>()[(S - 1) * B * 32 + i]) << i;
+}
+
+TEST(AttentionKVCache, WindowMatchesNaiveBandF64) {
+  check_window_chunks<double>(0, 1e-12);
+  check_window_chunks<double>(3, 1e-12);
+}
+TEST(AttentionKVCache, WindowMatchesNaiveBandF32) { check_window_chunks<float>(4, 2e-6); }
+
 TEST(AttentionKVCache, RejectsOverflowAndBadShapes) {
   ops::AttentionDims d;
   d.S = 3, d.B = 1, d.NH = 2, d.NG = 1, d.HD = 4;
@@ -167,6 +214,10 @@ TEST(AttentionKVCache, RejectsOverflowAndBadShapes) {
       Error);
   EXPECT_NO_THROW(
       ops::attention_kv_cache_forward(qkv, d, positions({1}), 1.0, kc, vc, out, Stream::cpu()));
+  d.window_left = -2;  // neither -1 (none) nor a window
+  EXPECT_THROW(
+      ops::attention_kv_cache_forward(qkv, d, positions({1}), 1.0, kc, vc, out, Stream::cpu()),
+      Error);
 }
 
 }  // namespace attention_kv_cache_test

@@ -8,7 +8,7 @@
 // count; the tensor-core kernel on one row equals its rows of a larger batch;
 // rope_attention_decode against the CPU and, bit for bit, against the GPU ops it fuses;
 // attention_prefill (prompts from position 0 through the training attention) against the
-// CPU.
+// CPU. The attention ops also under sliding windows (AttentionDims::window_left).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,9 +28,10 @@ TEST(GpuDecode, AttentionMatchesCpu) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16})
     for (auto [S, NH, NG, HD] :
-         {std::tuple{1, 32, 8, 64}, {1, 4, 4, 128}, {1, 6, 2, 80}, {1, 2, 1, 32}, {7, 32, 8, 64}}) {
+         {std::tuple{1, 32, 8, 64}, {1, 4, 4, 128}, {1, 6, 2, 80}, {1, 2, 1, 32}, {7, 32, 8, 64}})
+      for (int64_t window : {-1, 0, 100}) {  // none, the own key only, a sliding window
       ops::AttentionDims d;
-      d.S = S, d.B = 5, d.NH = NH, d.NG = NG, d.HD = HD;
+      d.S = S, d.B = 5, d.NH = NH, d.NG = NG, d.HD = HD, d.window_left = window;
       const int64_t Tmax = 300;
       const Shape cache{d.B, Tmax, d.NG, d.HD};
       Tensor kc = rand_in(cache, 11, dt, -2.f, 2.f), vc = rand_in(cache, 12, dt);
@@ -45,7 +46,7 @@ TEST(GpuDecode, AttentionMatchesCpu) {
       gpu::decode_attention(to_gpu(qkv, dt), d, to_gpu(pos, DType::I64), scale, to_gpu(kc, dt),
                             to_gpu(vc, dt), gout, GS());
       SCOPED_TRACE(::testing::Message() << "S=" << S << " NH=" << NH << " NG=" << NG << " HD=" << HD
-                                        << " dtype=" << dtype_name(dt));
+                                        << " window=" << window << " dtype=" << dtype_name(dt));
       EXPECT_CLOSE(gout, out, dt);
     }
 }
@@ -249,9 +250,10 @@ TEST(GpuDecode, RopeAttentionDecodeMatchesCpu) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16})
     for (auto [NH, NG, HD, rot] :
-         {std::tuple{32, 8, 64, 64}, {4, 4, 128, 64}, {6, 2, 80, 80}, {8, 2, 32, 16}}) {
+         {std::tuple{32, 8, 64, 64}, {4, 4, 128, 64}, {6, 2, 80, 80}, {8, 2, 32, 16}})
+      for (int64_t window : {-1, 50}) {
       ops::AttentionDims d;
-      d.S = 1, d.B = 4, d.NH = NH, d.NG = NG, d.HD = HD;
+      d.S = 1, d.B = 4, d.NH = NH, d.NG = NG, d.HD = HD, d.window_left = window;
       const int64_t Tmax = 300;
       const Shape cache{d.B, Tmax, d.NG, d.HD};
       Tensor kc = rand_in(cache, 31, dt, -2.f, 2.f), vc = rand_in(cache, 32, dt);
@@ -268,7 +270,8 @@ TEST(GpuDecode, RopeAttentionDecodeMatchesCpu) {
       gpu::rope_attention_decode(gq, d, rot, 10000.0, to_gpu(pos, DType::I64), scale, gk, gv,
                                  gout, GS());
       SCOPED_TRACE(::testing::Message() << "NH=" << NH << " NG=" << NG << " HD=" << HD
-                                        << " rot=" << rot << " dtype=" << dtype_name(dt));
+                                        << " rot=" << rot << " window=" << window
+                                        << " dtype=" << dtype_name(dt));
       EXPECT_CLOSE(gout, out, dt);
       EXPECT_CLOSE(gk, kc2, dt) << "k_cache";
       EXPECT_CLOSE(gv, vc2, dt) << "v_cache";
@@ -318,6 +321,7 @@ TEST(GpuDecode, RopeAttentionDecodeFusedMatchesComposition) {
     for (int64_t B : {1, 3, 64}) {
       ops::AttentionDims d;
       d.S = 1, d.B = B, d.NH = NH, d.NG = NG, d.HD = HD;
+      d.window_left = B == 3 ? 100 : -1;  // the batches of three under a sliding window
       const int64_t W = d.qkv_width(), G = NH / NG;
       const Shape cache{d.B, Tmax, d.NG, d.HD};
       const uint64_t sd = uint64_t(NH * 1000 + HD * 10 + rot + B * 7);
@@ -391,9 +395,10 @@ TEST(GpuDecode, AttentionPrefillMatchesCpu) {
   MCPP_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (auto [S, B, NH, NG, HD] : {std::tuple{128, 3, 32, 8, 64}, {77, 2, 4, 4, 128},
-                                    {5, 2, 6, 2, 80}, {9, 2, 4, 2, 16}, {1, 4, 32, 8, 64}}) {
+                                    {5, 2, 6, 2, 80}, {9, 2, 4, 2, 16}, {1, 4, 32, 8, 64}})
+      for (int64_t window : {-1, 3, 40}) {
       ops::AttentionDims d;
-      d.S = S, d.B = B, d.NH = NH, d.NG = NG, d.HD = HD;
+      d.S = S, d.B = B, d.NH = NH, d.NG = NG, d.HD = HD, d.window_left = window;
       const int64_t Tmax = 160;
       const Shape cache{d.B, Tmax, d.NG, d.HD};
       Tensor kc = rand_in(cache, 41, dt, -2.f, 2.f), vc = rand_in(cache, 42, dt);
@@ -407,7 +412,8 @@ TEST(GpuDecode, AttentionPrefillMatchesCpu) {
       Tensor glse = Tensor::empty({d.B, d.NH, d.S}, DType::F32, Device::CUDA);
       gpu::attention_prefill(to_gpu(qkv, dt), d, scale, gk, gv, gout, glse, GS());
       SCOPED_TRACE(::testing::Message() << "S=" << S << " B=" << B << " NH=" << NH << " NG="
-                                        << NG << " HD=" << HD << " dtype=" << dtype_name(dt));
+                                        << NG << " HD=" << HD << " window=" << window
+                                        << " dtype=" << dtype_name(dt));
       EXPECT_CLOSE(gout, out, dt);
       EXPECT_CLOSE(gk, kc, dt) << "k_cache";
       EXPECT_CLOSE(gv, vc, dt) << "v_cache";

@@ -61,7 +61,6 @@ TEST(WindowFlags, ValidateSetsTheModelWindow) {
   EXPECT_TRUE(c.has_window_layers());
   EXPECT_TRUE(c.is_window_layer(0));
   EXPECT_FALSE(c.is_window_layer(1));
-  EXPECT_EQ(c.window_positions(), 6);
   // Unbounded (-1) or absent: no window layer.
   // (A value starting with '-' is a flag to argparse as here: "(-1,0)" or --window-size=-1,0.)
   for (const auto& v :

@@ -7,9 +7,10 @@
 //   v_cache  [B, Tmax, NG, HD]           likewise with qkv's values
 //   out      [Sq, B, NH*HD]              (=)
 //
-// Query head h of row i of sequence b attends to rows 0 .. pos[b]+i of its own cache slot,
-// group h / (NH/NG): softmax(scale * q.k) @ v, the same function as attention_forward with
-// dropout off. Sequences of one batch may sit at different positions (prompts of
+// Query head h of row i of sequence b attends to rows 0 .. pos[b]+i of its own cache slot
+// (d.first_key(pos[b]+i) .. pos[b]+i under a sliding window), group h / (NH/NG):
+// softmax(scale * q.k) @ v, the same function as attention_forward with dropout off (a
+// window layer's there comes as key_start). Sequences of one batch may sit at different positions (prompts of
 // different lengths). Decode steps have Sq = 1, so the work is B * NH independent
 // dot-product sweeps over the cache; a plain two-pass softmax per (i, b, h) with the
 // scores in a thread-local row is simpler than tiling and memory-bound either way.
@@ -22,32 +23,18 @@
 #include <vector>
 
 #include "ops/cpu/cpu_common.h"
+#include "ops/cpu/kv_attend.h"
 #include "ops/kv_cache_checks.h"
 
 namespace mcpp::ops::cpu {
 namespace {
 
+// 1. Append the new keys and values of qkv's Sq rows to their slots.
 template <typename T>
-void kv_cache_attention(const T* qkv, const AttentionDims& d, const int64_t* pos, int64_t Tmax,
-                        double scale, T* kc, T* vc, T* out) {
-  const int64_t Sq = d.S, B = d.B, NH = d.NH, NG = d.NG, HD = d.HD, G = NH / NG;
-  const int64_t W = d.qkv_width();  // qkv elements per (s, b)
-  const int64_t C = NG * HD;        // cache elements per position of one slot
-  int64_t reach = 0;                // the longest prefix any query row reads
-  for (int64_t b = 0; b < B; ++b) reach = std::max(reach, pos[b] + Sq);
-  // Attention sinks (d.sink, [NH] f32 or f64): one more logit a head, with no value.
-  std::function<double(int64_t)> sink;
-  if (d.sink.defined()) {
-    MCPP_CHECK(d.sink.device() == Device::CPU && d.sink.numel() >= NH &&
-                   (d.sink.dtype() == DType::F32 || d.sink.dtype() == DType::F64),
-               "attention_kv_cache_forward: sink {} is not {} f32/f64 CPU values", d.sink.str(),
-               NH);
-    const Tensor z = d.sink;
-    sink = [z](int64_t h) {
-      return z.dtype() == DType::F32 ? double(z.data<float>()[h]) : z.data<double>()[h];
-    };
-  }
-    // 1. Append the new keys and values.
+void kv_append(const T* qkv, const AttentionDims& d, const int64_t* pos, int64_t Tmax, T* kc,
+               T* vc) {
+  const int64_t Sq = d.S, B = d.B, NG = d.NG, HD = d.HD, G = d.NH / NG;
+  const int64_t W = d.qkv_width(), C = NG * HD;
 #pragma omp parallel for collapse(2) schedule(static) if (Sq * C > kParallelGrain)
   for (int64_t i = 0; i < Sq; ++i)
     for (int64_t b = 0; b < B; ++b)
@@ -57,7 +44,30 @@ void kv_cache_attention(const T* qkv, const AttentionDims& d, const int64_t* pos
         std::copy(src + G * HD, src + (G + 1) * HD, kc + dst);
         std::copy(src + (G + 1) * HD, src + (G + 2) * HD, vc + dst);
       }
-  // 2. Attend.
+}
+
+// 2. Attend: row i of sequence b, head h, over its slot's keys d.first_key(pos[b] + i) ..
+// pos[b] + i, with the sinks of d.sink.
+template <typename T>
+void kv_attend(const T* qkv, const AttentionDims& d, const int64_t* pos, int64_t Tmax,
+               double scale, const T* kc, const T* vc, T* out) {
+  const int64_t Sq = d.S, B = d.B, NH = d.NH, NG = d.NG, HD = d.HD, G = NH / NG;
+  const int64_t W = d.qkv_width();  // qkv elements per (s, b)
+  const int64_t C = NG * HD;        // cache elements per position of one slot
+  int64_t reach = 0;                // the most keys any query row reads
+  for (int64_t b = 0; b < B; ++b) reach = std::max(reach, pos[b] + Sq);
+  // Attention sinks (d.sink, [NH] f32 or f64): one more logit a head, with no value.
+  std::function<double(int64_t)> sink;
+  if (d.sink.defined()) {
+    MCPP_CHECK(d.sink.device() == Device::CPU && d.sink.numel() >= NH &&
+                   (d.sink.dtype() == DType::F32 || d.sink.dtype() == DType::F64),
+               "attention over a KV cache: sink {} is not {} f32/f64 CPU values", d.sink.str(),
+               NH);
+    const Tensor z = d.sink;
+    sink = [z](int64_t h) {
+      return z.dtype() == DType::F32 ? double(z.data<float>()[h]) : z.data<double>()[h];
+    };
+  }
   const int64_t items = Sq * B * NH;
 #pragma omp parallel if (items * reach * HD > kParallelGrain)
   {
@@ -65,9 +75,9 @@ void kv_cache_attention(const T* qkv, const AttentionDims& d, const int64_t* pos
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t h = it % NH, b = (it / NH) % B, i = it / (NH * B);
-      const int64_t g = h / G, len = pos[b] + i + 1;
-      const T* kslot = kc + b * Tmax * C + g * HD;
-      const T* vslot = vc + b * Tmax * C + g * HD;
+      const int64_t g = h / G, lo = d.first_key(pos[b] + i), len = pos[b] + i + 1 - lo;
+      const T* kslot = kc + (b * Tmax + lo) * C + g * HD;  // keys lo .. pos[b] + i
+      const T* vslot = vc + (b * Tmax + lo) * C + g * HD;
       const T* q = qkv + (i * B + b) * W + (g * (G + 2) + h % G) * HD;
       double mx = -INFINITY;
       for (int64_t k = 0; k < len; ++k) {
@@ -116,8 +126,19 @@ void attention_kv_cache_forward(const Tensor& qkv, const AttentionDims& d, const
   }
   dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
-    kv_cache_attention<T>(qkv.data<T>(), d, pos.data<int64_t>(), Tmax, softmax_scale,
-                          k_cache.data<T>(), v_cache.data<T>(), out.data<T>());
+    kv_append<T>(qkv.data<T>(), d, pos.data<int64_t>(), Tmax, k_cache.data<T>(),
+                 v_cache.data<T>());
+  });
+  kv_cache_attend(qkv, d, pos.data<int64_t>(), softmax_scale, k_cache, v_cache, out);
+}
+
+void kv_cache_attend(const Tensor& qkv, const AttentionDims& d, const int64_t* pos,
+                     double softmax_scale, const Tensor& k_cache, const Tensor& v_cache,
+                     Tensor& out) {
+  dispatch_float(qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    kv_attend<T>(qkv.data<T>(), d, pos, k_cache.size(1), softmax_scale, k_cache.data<T>(),
+                 v_cache.data<T>(), out.data<T>());
   });
 }
 

@@ -3,8 +3,11 @@
 //
 //   decode_attention  qkv [S, B, NG, NH/NG + 2, HD], pos [B] i64, k/v cache [B, Tmax, NG, HD]
 //                     -> out [S, B, NH*HD] (=): head h of row i of sequence b attends to its
-//                     slot's rows 0 .. pos[b] + i (group h / (NH/NG)); scores, softmax and the
-//                     weighted sum in double, a plain two-pass softmax (the reference)
+//                     slot's rows 0 .. pos[b] + i (group h / (NH/NG); from
+//                     AttentionDims::first_key under a sliding window; with its sinks):
+//                     scores, softmax and the weighted sum in double, a plain two-pass
+//                     softmax (the reference; ops/cpu/kv_attend.h, shared with
+//                     attention_kv_cache_forward)
 //   rope_decode       rope_forward of row b at position pos[b] (row by row through it)
 //   argmax_rows       logits [R, Vp] -> ids [R] i64 (=): the first largest of [0, V)
 //   linear_decode     linear_forward, then add of the residual (the composition the CUDA
@@ -20,47 +23,10 @@
 #include <vector>
 
 #include "ops/cpu/cpu_common.h"
+#include "ops/cpu/kv_attend.h"
 #include "ops/kv_cache_checks.h"
 
 namespace mcpp::ops::cpu {
-namespace {
-
-template <typename T>
-void decode_attn(const T* qkv, const AttentionDims& d, const int64_t* pos, int64_t Tmax,
-                 double scale, const T* kc, const T* vc, T* out) {
-  const int64_t S = d.S, B = d.B, NH = d.NH, NG = d.NG, HD = d.HD, G = NH / NG;
-  const int64_t W = d.qkv_width(), C = NG * HD;
-#pragma omp parallel if (S * B * NH * Tmax * HD > kParallelGrain)
-  {
-    std::vector<double> p(static_cast<size_t>(Tmax)), acc(static_cast<size_t>(HD));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < S * B * NH; ++it) {
-      const int64_t h = it % NH, ib = it / NH, b = ib % B, i = ib / B;
-      const int64_t g = h / G, len = pos[b] + i + 1;
-      const T* q = qkv + ib * W + (g * (G + 2) + h % G) * HD;
-      const T* ks = kc + b * Tmax * C + g * HD;
-      const T* vs = vc + b * Tmax * C + g * HD;
-      double mx = -INFINITY;
-      for (int64_t k = 0; k < len; ++k) {
-        double dot = 0;
-        for (int64_t c = 0; c < HD; ++c) dot += double(q[c]) * double(ks[k * C + c]);
-        p[size_t(k)] = dot * scale;
-        mx = std::max(mx, p[size_t(k)]);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0);
-      double sum = 0;
-      for (int64_t k = 0; k < len; ++k) {
-        const double e = std::exp(p[size_t(k)] - mx);
-        sum += e;
-        for (int64_t c = 0; c < HD; ++c) acc[size_t(c)] += e * double(vs[k * C + c]);
-      }
-      T* o = out + ib * NH * HD + h * HD;
-      for (int64_t c = 0; c < HD; ++c) o[c] = T(acc[size_t(c)] / sum);
-    }
-  }
-}
-
-}  // namespace
 
 void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& pos,
                       double softmax_scale, const Tensor& k_cache, const Tensor& v_cache,
@@ -69,7 +35,7 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
   c.stream(s);
   MCPP_CHECK(softmax_scale > 0, "decode_attention: softmax_scale={} must be positive",
              softmax_scale);
-  const DType dt = c.floating(qkv, "qkv");
+  c.floating(qkv, "qkv");
   for (auto [t, name] : {std::pair{&pos, "pos"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"},
                          {static_cast<const Tensor*>(&out), "out"}})
     c.defined(*t, name);  // on the CPU
@@ -81,11 +47,7 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
                "decode_attention: sequence {}'s rows [{}, {}) are outside a cache of {} rows", b,
                p, p + d.S, Tmax);
   }
-  dispatch_float(dt, [&](auto tag) {
-    using T = decltype(tag);
-    decode_attn<T>(qkv.data<T>(), d, pos.data<int64_t>(), Tmax, softmax_scale, k_cache.data<T>(),
-                   v_cache.data<T>(), out.data<T>());
-  });
+  kv_cache_attend(qkv, d, pos.data<int64_t>(), softmax_scale, k_cache, v_cache, out);
 }
 
 void rope_decode(const Tensor& qkv_in, const AttentionDims& d, int64_t rot_dim,

@@ -3,7 +3,8 @@
 //
 // decode_attention: one query row per (row, sequence, head) against its cache slot,
 //   qkv [S, B, NG, G + 2, HD] (G = NH/NG), pos [B] i64, caches [B, Tmax, NG, HD],
-//   out [S, B, NH*HD]; row i of sequence b sees keys 0 .. pos[b] + i.
+//   out [S, B, NH*HD]; row i of sequence b sees keys 0 .. pos[b] + i (under a sliding
+//   window from AttentionDims::first_key: each kernel starts its row pointers there).
 //   A decode step (S = 1) runs decode_attention_group_kernel where it has an instance
 //   (HD 32/64/128, G = NH/NG 1/2/4/8): a block per (sequence, group) reads each cache row
 //   once for the group's G heads (measured on an H200: the per-head kernel below took ~100
@@ -109,7 +110,8 @@ static __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
                             const T* __restrict__ kc, const T* __restrict__ vc,
                             T* __restrict__ out, int64_t B, int NH, int NG, int HD,
-                            int64_t Tmax, float scale, bool vec, const W* __restrict__ sink) {
+                            int64_t Tmax, float scale, bool vec, const W* __restrict__ sink,
+                            int64_t window) {
   __shared__ float q_s[kMaxHD];
   __shared__ float m_s[kWarps], l_s[kWarps];
   __shared__ float acc_s[kWarps][kMaxHD];
@@ -117,13 +119,13 @@ static __global__ void __launch_bounds__(kWarps * 32)
   const int64_t ib = blockIdx.x / NH, b = ib % B, i = ib / B;  // row i of sequence b
   const int G = NH / NG, g = h / G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t len = pos[b] + i + 1;
+  const int64_t lo = window_first_key(pos[b] + i, window), len = pos[b] + i + 1 - lo;
   const int64_t C = int64_t(NG) * HD;
   const T* q = qkv + ib * int64_t(NG) * (G + 2) * HD + (int64_t(g) * (G + 2) + h % G) * HD;
   for (int c = threadIdx.x; c < HD; c += blockDim.x) q_s[c] = to_f(q[c]) * scale;
   __syncthreads();
-  const T* ks = kc + b * Tmax * C + int64_t(g) * HD;
-  const T* vs = vc + b * Tmax * C + int64_t(g) * HD;
+  const T* ks = kc + (b * Tmax + lo) * C + int64_t(g) * HD;  // keys lo .. pos[b] + i
+  const T* vs = vc + (b * Tmax + lo) * C + int64_t(g) * HD;
 
   float m = -INFINITY, l = 0.f, acc[kDimsPerLane];
 #pragma unroll
@@ -192,7 +194,7 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     decode_attention_group_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ pos,
                                   const T* __restrict__ kc, const T* __restrict__ vc,
                                   T* __restrict__ out, int NG, int64_t Tmax, float scale,
-                                  bool vec, int prefetch, Sinks sinks) {
+                                  bool vec, int prefetch, Sinks sinks, int64_t window) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
   pdl_wait();  // (launch_dependent: everything below reads the step's tensors)
@@ -200,13 +202,13 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
   const int g = blockIdx.x % NG;
   const int64_t b = blockIdx.x / NG;
   const int64_t C = int64_t(NG) * HD;
-  prefetch_group_rows<T, HD>(kc + b * Tmax * C + int64_t(g) * HD,
-                             vc + b * Tmax * C + int64_t(g) * HD, pos[b] + 1, C, prefetch);
+  const int64_t lo = window_first_key(pos[b], window), len = pos[b] + 1 - lo;
+  const int64_t cache = (b * Tmax + lo) * C + int64_t(g) * HD;  // from key lo
+  prefetch_group_rows<T, HD>(kc + cache, vc + cache, len, C, prefetch);
   const T* q = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // the group's G query heads
   for (int c = threadIdx.x; c < G * HD; c += blockDim.x) q_s[c / HD][c % HD] = to_f(q[c]) * scale;
   __syncthreads();
-  const int64_t cache = b * Tmax * C + int64_t(g) * HD;
-  attend_group<T, G, D, true, kPs>(q_s, kc + cache, vc + cache, pos[b] + 1, C, vec,
+  attend_group<T, G, D, true, kPs>(q_s, kc + cache, vc + cache, len, C, vec,
                                    out + (b * NG + g) * int64_t(G) * HD, sinks, int64_t(g) * G);
 }
 
@@ -229,7 +231,8 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     rope_attention_group_kernel(T* qkv, const int64_t* __restrict__ pos, T* kc, T* vc,
                                 T* __restrict__ out, int NG, int64_t Tmax, int half, int rot_dim,
                                 RopeFreqs freqs, float scale, bool vec, int prefetch, L2Ahead ahead,
-                                const float2* __restrict__ rope_tab, Sinks sinks) {
+                                const float2* __restrict__ rope_tab, Sinks sinks,
+                                int64_t window) {
   constexpr int HD = 32 * D;
   __shared__ float q_s[G][HD];
   if (int(blockIdx.x) < ahead.blocks) {  // (the weights read next: no wait, see L2Ahead)
@@ -244,9 +247,10 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
   const int64_t C = int64_t(NG) * HD;
   T* head = qkv + (b * NG + g) * int64_t(G + 2) * HD;  // G query heads, the key, the value
   const int64_t cache = b * Tmax * C + int64_t(g) * HD;
-  // The earlier positions' rows, requested while the angles are computed (row p is the
-  // block's own append, written below).
-  prefetch_group_rows<T, HD>(kc + cache, vc + cache, p, C, prefetch);
+  // The earlier positions' rows the query sees (from lo), requested while the angles are
+  // computed (row p is the block's own append, written below).
+  const int64_t lo = window_first_key(p, window);
+  prefetch_group_rows<T, HD>(kc + cache + lo * C, vc + cache + lo * C, p - lo, C, prefetch);
   T* kr = kc + cache + p * C;  // the group's cache rows at position p
   T* vr = vc + cache + p * C;
   for (int t = threadIdx.x; t < half + HD; t += blockDim.x) {
@@ -280,8 +284,9 @@ static __global__ void __launch_bounds__(kWarps * 32, G * 32 * D <= 256 ? 4 : 1)
     }
   }
   __syncthreads();
-  attend_group<T, G, D, false, kPs>(q_s, kc + cache, vc + cache, p + 1, C, vec,
-                                    out + (b * NG + g) * int64_t(G) * HD, sinks, int64_t(g) * G);
+  attend_group<T, G, D, false, kPs>(q_s, kc + cache + lo * C, vc + cache + lo * C, p + 1 - lo,
+                                    C, vec, out + (b * NG + g) * int64_t(G) * HD, sinks,
+                                    int64_t(g) * G);
 }
 
 // f.template operator()<G, D>() for the group kernels' instance of (G, HD) -- G in {1, 2,
@@ -319,7 +324,7 @@ bool launch_group(const T* qkv, const int64_t* pos, const T* kc, const T* vc, T*
     launch_dependent(decode_attention_psmem() ? decode_attention_group_kernel<T, G, D, true>
                                               : decode_attention_group_kernel<T, G, D, false>,
                      unsigned(d.B * d.NG), kWarps * 32, 0, cs, qkv, pos, kc, vc, out, int(d.NG),
-                     Tmax, scale, vec, decode_attention_prefetch(), sinks_of(d));
+                     Tmax, scale, vec, decode_attention_prefetch(), sinks_of(d), d.window_left);
   });
 }
 
@@ -426,7 +431,7 @@ void decode_attention(const Tensor& qkv, const AttentionDims& d, const Tensor& p
             static_cast<const T*>(k_cache.raw()), static_cast<const T*>(v_cache.raw()),
             static_cast<T*>(out.raw()), d.B, int(d.NH), int(d.NG), int(d.HD), k_cache.size(1),
             float(softmax_scale), vec,
-            d.sink.defined() ? static_cast<const T2*>(d.sink.raw()) : nullptr));
+            d.sink.defined() ? static_cast<const T2*>(d.sink.raw()) : nullptr, d.window_left));
     MCPP_LAUNCH_CHECK();
   });
 }
@@ -478,7 +483,8 @@ void rope_attention_decode(Tensor& qkv, const AttentionDims& d, int64_t rot_dim,
       launch_dependent(kernel, unsigned(a.blocks + d.B * d.NG), kWarps * 32, 0, cs, q,
                        pos.data<int64_t>(), kc, vc, static_cast<T*>(out.raw()), int(d.NG),
                        k_cache.size(1), int(rot_dim / 2), int(rot_dim), freqs, float(softmax_scale),
-                       vec, decode_attention_prefetch(), a, rope_tab, sinks_of(d));
+                       vec, decode_attention_prefetch(), a, rope_tab, sinks_of(d),
+                       d.window_left);
     });
     MCPP_LAUNCH_CHECK();
   });

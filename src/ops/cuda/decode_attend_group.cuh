@@ -29,6 +29,13 @@ struct Sinks {
   }
 };
 
+// The first cache row the query at position q sees: q - window under a sliding window
+// (AttentionDims::window_left, the same as its first_key), 0 without one (window < 0). The
+// kernels attend over rows [first, q] by starting their row pointers at `first`.
+__device__ __forceinline__ int64_t window_first_key(int64_t q, int64_t window) {
+  return window >= 0 && q > window ? q - window : 0;
+}
+
 // Requests the cache rows [0, len) of one (sequence, group) that warp w's chunks will read
 // (keys w*32 + lane, w*32 + lane + kWarps*32, ...: each lane its own key's K and V rows, one
 // request per 128-byte line) before the block's first dependent loads: the scores' K loads

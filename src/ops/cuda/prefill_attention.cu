@@ -6,6 +6,8 @@
 // f32 -- the training dispatch). Before this a prefill attended with the decode kernel, a
 // block per (row, head) re-reading the cache: ~2.4 ms per 128-token prompt of the 1B model.
 // Head dims other than 32, 64 and 128 (which the training kernels lack) still take that path.
+// A sliding window (AttentionDims::window_left) reaches the training attention as its
+// key_start, as a window layer's does in training.
 //
 //   qkv      [S, B, NG, NH/NG + 2, HD]  RoPE applied
 //   k_cache  [B, Tmax, NG, HD]          slot b's rows [0, S) overwritten
@@ -51,6 +53,17 @@ static __global__ void prefill_append_scalar(const T* __restrict__ qkv, T* __res
     const int64_t dst = ((b * Tmax + i) * NG + g) * HD + c;
     kc[dst] = qkv[src + G * HD + c];
     vc[dst] = qkv[src + (G + 1) * HD + c];
+  }
+}
+
+// A sliding window's key starts for prompts from position 0: key_start[b, q] =
+// max(0, q - window) (AttentionDims::key_start's layout, [B, S]).
+static __global__ void window_key_start_kernel(int64_t* __restrict__ ks, int64_t S, int64_t B,
+                                               int64_t window) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < B * S;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t q = e % S;
+    ks[e] = q > window ? q - window : 0;
   }
 }
 
@@ -101,6 +114,13 @@ void attention_prefill(const Tensor& qkv, const AttentionDims& d, double softmax
   // the sinks, as the training layer joins them.
   AttentionDims plain = d;
   plain.sink = Tensor();
+  if (d.window_left >= 0 && d.window_left + 1 < d.S) {  // a window that hides keys: key_start
+    plain.key_start = Tensor::empty({d.B, d.S}, DType::I64, Device::CUDA);
+    window_key_start_kernel<<<grid_for(d.B * d.S, 256), 256, 0, cs>>>(
+        plain.key_start.data<int64_t>(), d.S, d.B, d.window_left);
+    MCPP_LAUNCH_CHECK();
+  }
+  plain.window_left = -1;
   cuda::attention_forward(qkv, plain, softmax_scale, 0.0, DropoutKey{}, out, lse, s);
   if (d.sink.defined()) cuda::attention_sink_forward(out, lse, d.sink, 0, plain, s);
 }
