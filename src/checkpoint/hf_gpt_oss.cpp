@@ -110,15 +110,15 @@ std::vector<Entry> layer_entries(const model::TransformerConfig& c, int layer) {
   for (int64_t i = 0; i < F; ++i) inter.push_back(i), inter.push_back(F + i);
   std::vector<Entry> e;
   if (c.softmax_type == model::TransformerConfig::SoftmaxType::Learnable)
-    e.push_back({L(kSink), h + "self_attn.sinks"});  // off-by-one: zeros (fuse_experts)
-  e.push_back({L("mlp.router.weight"), h + "mlp.router.weight"});
-  e.push_back({L("mlp.router.bias"), h + "mlp.router.bias"});
+    e.push_back({L(kSink), h + "self_attn.sinks", {}});  // off-by-one: zeros (fuse_experts)
+  e.push_back({L("mlp.router.weight"), h + "mlp.router.weight", {}});
+  e.push_back({L("mlp.router.bias"), h + "mlp.router.bias", {}});
   for (int64_t ex = 0; ex < c.moe.num_experts; ++ex) {
     const std::string s = "." + std::to_string(ex), n = std::to_string(ex);
     e.push_back({L("mlp.experts.linear_fc1.weight" + n), x + "gate_up_proj" + s, inter, true});
     e.push_back({L("mlp.experts.linear_fc1.bias" + n), x + "gate_up_proj_bias" + s, inter});
     e.push_back({L("mlp.experts.linear_fc2.weight" + n), x + "down_proj" + s, {}, true});
-    e.push_back({L("mlp.experts.linear_fc2.bias" + n), x + "down_proj_bias" + s});
+    e.push_back({L("mlp.experts.linear_fc2.bias" + n), x + "down_proj_bias" + s, {}});
   }
   return e;
 }
