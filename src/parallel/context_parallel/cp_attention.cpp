@@ -491,6 +491,13 @@ Hierarchy hierarchy_of(const CpAttention& a, comm::Communicator& cp, Stream& s) 
   const int64_t S_global = a.ad.S * cp.size();
   h.ring.ad = a2a_dims(a, h.lv, h.a2a, s);
   h.ring.ad.S_global = S_global;
+  // The sinks of the ring's heads (this level-0 rank's share, as a2a's g.r * NH offset):
+  // views, so their gradients land in the whole parameter's.
+  if (a.sink.defined()) {
+    const int64_t nh = h.ring.ad.NH, h0 = h.lv.r * nh;
+    h.ring.sink = a.sink.narrow(h0, nh);
+    if (a.dsink.defined()) h.ring.dsink = a.dsink.narrow(h0, nh);
+  }
   return h;
 }
 
@@ -504,6 +511,7 @@ void hier_forward(const CpAttention& a, const Tensor& qkv, comm::Communicator& c
   Tensor ctx = Tensor::empty({T, O / P}, qkv.dtype(), qkv.device());
   RingRank g(h.ring, h.p2p.size(), h.p2p.rank(), qkv.dtype(), s);
   ring_forward(h.ring, g, full, h.p2p, ctx, lse, s);
+  if (h.ring.sink.defined()) g.apply_sink(ctx, lse, s);
   heads_to_seq(h.lv, ctx, out, h.a2a, s);
 }
 
@@ -521,6 +529,7 @@ void hier_backward(const CpAttention& a, const Tensor& dout, const Tensor& qkv, 
   seq_to_heads(h.lv, dout, dctx, h.a2a, s);
   Tensor dfull = Tensor::empty(full.shape(), qkv.dtype(), dev);
   const RingRank g(h.ring, h.p2p.size(), h.p2p.rank(), qkv.dtype(), s);
+  if (h.ring.sink.defined()) g.sink_backward(dctx, ctx, lse, s);
   ring_backward(h.ring, g, dctx, full, ctx, lse, h.p2p, dfull, s);
   heads_to_seq(h.lv, dfull, dqkv, h.a2a, s);
 }
@@ -539,10 +548,6 @@ void attention_forward(const CpAttention& a, const Tensor& qkv, comm::Communicat
                        Tensor& out, Tensor& lse, Stream& s) {
   check_args("context-parallel attention_forward", a, qkv, cp);
   const CommType t = effective_type(a);
-  MCPP_CHECK_HINT(t != CommType::A2AP2P || !a.sink.defined(),
-                  "use --cp-comm-type p2p, all_gather or a2a with --softmax-type",
-                  "attention sinks (--softmax-type) with --cp-comm-type a2a+p2p are not "
-                  "implemented");
   if (t == CommType::A2A) return a2a_forward(a, qkv, cp, out, lse, s);
   if (t == CommType::A2AP2P) return hier_forward(a, qkv, cp, out, lse, s);
   CpAttention b = a;
