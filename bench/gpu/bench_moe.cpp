@@ -28,12 +28,16 @@
 // --capacity-factor CF runs the MoE models with Megatron's token dropping (Mixtral's recipe
 // uses --moe-expert-capacity-factor 1.0; rows "... (capacity CF)"), with --pad-to-capacity
 // (--moe-pad-expert-input-to-capacity) and --drop-policy position (else probs).
+// --shared-overlap runs the models with a shared expert under --moe-shared-expert-overlap
+// (its forward and backward on a side stream beside the routed experts; rows "... (shared
+// overlap)").
 // --host-routing routes every MoE layer on the host in fp64 (MCPP_MOE_ROUTING=host for this
 // process; rows "... (host routing)"), against which the device routing's step is compared:
 //   bench_gpu_moe --only Mixtral --capacity-factor 1.0 [--host-routing]
 // Usage: bench_gpu_moe [--steps N] [--warmup N] [--only NAME] [--mb NAME=MB] [--fp8 RECIPE]
 //                      [--keep N] [--recompute-modules LIST] [--capacity-factor CF]
 //                      [--pad-to-capacity] [--drop-policy probs|position] [--host-routing]
+//                      [--shared-overlap]
 //                      [--torch torch_moe.json] [--profile] [--json-out ours.json]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -219,6 +223,7 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 20;
   std::string only, torch_file, json_out, fp8, recompute, drop_policy = "probs";
   bool profile = false, gemm_cmp = false, pad_to_capacity = false, host_routing = false;
+  bool shared_overlap = false;
   double capacity = 0;
   int64_t keep = -1;
   std::map<std::string, int64_t> mb_override;
@@ -236,6 +241,7 @@ int main(int argc, char** argv) {
     else if (a == "--pad-to-capacity") pad_to_capacity = true;
     else if (a == "--drop-policy" && i + 1 < argc) drop_policy = argv[++i];
     else if (a == "--host-routing") host_routing = true;
+    else if (a == "--shared-overlap") shared_overlap = true;
     else if (a == "--profile") profile = true;
     else if (a == "--gemm-compare") gemm_cmp = true;
     else if (a == "--mb" && i + 1 < argc) {
@@ -327,6 +333,10 @@ int main(int argc, char** argv) {
       c.torch_ref = 0;  // the PyTorch reference is dropless
     }
     if (host_routing && c.cfg.moe.num_experts > 0) c.name += " (host routing)";
+    if (shared_overlap && c.cfg.moe.shared_ffn_hidden_size > 0) {
+      c.cfg.moe.shared_expert_overlap = true;
+      c.name += " (shared overlap)";
+    }
     if (!fp8.empty()) {
       using F = model::Fp8Config;
       c.cfg.fp8.format = F::Format::Hybrid;

@@ -217,6 +217,7 @@ struct TransformerConfig {
     int64_t pad_multiple = 0;                // --moe-router-padding-for-fp8: 16 (routing.h)
     int64_t shared_ffn_hidden_size = 0;      // --moe-shared-expert-intermediate-size
     bool shared_expert_gate = false;         // --moe-shared-expert-gate
+    bool shared_expert_overlap = false;      // --moe-shared-expert-overlap
     // Expert parallelism: this rank holds experts [ep_rank*El, (ep_rank+1)*El), El = E/ep_size
     // (--expert-model-parallel-size; the layout's, never in checkpoint metadata).
     int64_t ep_size = 1, ep_rank = 0;

@@ -69,6 +69,10 @@ struct StepKeys {
   int64_t sample_offset = 0;  // index of this micro-batch's first sample in the global batch
   int64_t global_batch = 0;   // global batch size (0: this micro-batch is the whole batch)
   bool training = true;       // false: no dropout (evaluation, generation)
+  // --fp16's loss scale (1 otherwise): the gradients the layers inject themselves (the MoE
+  // aux / z losses') carry it as the LM loss's gradient does (Megatron's
+  // MoEAuxLossAutoScaler.set_loss_scale), so the optimizer's unscaling treats them alike.
+  double loss_scale = 1.0;
 };
 
 // Sizes of one micro-batch's pass: everything a tensor shape needs, computable without a

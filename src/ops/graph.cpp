@@ -39,5 +39,10 @@ StreamFork::~StreamFork() = default;
 Stream& StreamFork::side(int) { return *main_; }
 void StreamFork::join() {}
 
+SideStream::SideStream(Stream& main, bool) : main_(&main) {}
+SideStream::~SideStream() = default;
+Stream& SideStream::stream() { return *main_; }
+void SideStream::join() {}
+
 }  // namespace mcpp::ops
 #endif

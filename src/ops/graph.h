@@ -101,4 +101,26 @@ class StreamFork {
   bool joined_ = true;
 };
 
+// One side stream beside `main` for a longer span of independent work -- the MoE layer's
+// shared expert beside its router and routed experts (--moe-shared-expert-overlap): it
+// starts from main's work so far (at construction, when `on`), and main continues after
+// it at join() or destruction. A stream of its own, not one of StreamFork's, so the forks
+// inside that span do not join it early. StreamFork's rules hold for the ops queued on it
+// (they allocate nothing), and no collective runs on it (two streams would order one
+// communicator's collectives differently on different ranks). One at a time per process.
+// On a CPU stream, or with `on` false, stream() is main itself.
+class SideStream {
+ public:
+  SideStream(Stream& main, bool on);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  Stream& stream();
+  void join();
+
+ private:
+  Stream* main_;
+  bool joined_ = true;
+};
+
 }  // namespace mcpp::ops

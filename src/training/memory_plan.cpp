@@ -136,6 +136,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     m.drop_by_position = a.moe_token_drop_policy == "position";
     m.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
     m.shared_expert_gate = a.moe_shared_expert_gate;
+    m.shared_expert_overlap = a.moe_shared_expert_overlap;
     m.alltoall = a.moe_token_dispatcher_type == "alltoall";
     // Expert parallelism: E / EP experts per rank (every EP rank holds as many; the trainer
     // sets its own ep_rank, the plan counts rank 0's).

@@ -2,6 +2,7 @@
 // validate_args / TransformerConfig reject), then what megatron.cpp does not implement yet.
 #include "training/validate_moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -99,6 +100,35 @@ static void validate_moe_biases(const Args& a, int64_t etp) {
                   "(the dense biases are not copied into the experts)");
 }
 
+// --moe-shared-expert-overlap: the shared expert beside the router and the routed experts,
+// on a side stream (model/moe/moe_layer.cpp). Megatron's conditions (the alltoall
+// dispatcher, no recomputed shared experts), and ours: its linears must not communicate
+// (TP 1), as a collective on the side stream would race the main stream's.
+static void validate_shared_expert_overlap(const Args& a, int64_t tp) {
+  if (!a.moe_shared_expert_overlap) return;
+  const char* drop = "drop --moe-shared-expert-overlap";
+  MCPP_CHECK_HINT(a.moe_shared_expert_intermediate_size.has_value(),
+                  fmt::format("add --moe-shared-expert-intermediate-size N, or {}", drop),
+                  "--moe-shared-expert-overlap needs shared experts "
+                  "(--moe-shared-expert-intermediate-size)");
+  MCPP_CHECK_HINT(a.moe_token_dispatcher_type == "alltoall",
+                  fmt::format("add --moe-token-dispatcher-type alltoall, or {}", drop),
+                  "--moe-shared-expert-overlap works with the alltoall token dispatcher only "
+                  "(as in Megatron), and --moe-token-dispatcher-type is {}",
+                  a.moe_token_dispatcher_type);
+  const auto& m = a.recompute_modules;
+  MCPP_CHECK_HINT(a.recompute_granularity != "selective" ||
+                      std::find(m.begin(), m.end(), "shared_experts") == m.end(),
+                  fmt::format("drop shared_experts from --recompute-modules, or {}", drop),
+                  "--moe-shared-expert-overlap with the shared experts recomputed "
+                  "(--recompute-modules shared_experts) is not supported (as in Megatron)");
+  MCPP_CHECK_HINT(tp == 1, fmt::format("train at --tensor-model-parallel-size 1, or {}", drop),
+                  "--moe-shared-expert-overlap at --tensor-model-parallel-size {} is not "
+                  "implemented yet by megatron.cpp (the shared expert's tensor-parallel "
+                  "communication would run on its side stream)",
+                  tp);
+}
+
 void validate_moe(Args& a) {
   if (!a.num_experts) {
     // A dense model: the MoE flags would be silently ignored.
@@ -109,6 +139,7 @@ void validate_moe(Args& a) {
           "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
           "moe_router_dtype", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
           "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+          "moe_shared_expert_overlap",
           "moe_per_layer_logging", "moe_layer_freq", "moe_router_padding_for_fp8",
           "moe_use_upcycling", "moe_upcycling_granularity"})
       MCPP_CHECK_HINT(!a.was_given(f), "add --num-experts E, or drop the flag",
@@ -302,6 +333,7 @@ void validate_moe(Args& a) {
                   "add --moe-shared-expert-intermediate-size N, or drop --moe-shared-expert-gate",
                   "--moe-shared-expert-gate needs shared experts "
                   "(--moe-shared-expert-intermediate-size)");
+  validate_shared_expert_overlap(a, tp);
   // Megatron's checks of the FP8 router padding (TransformerConfig.__post_init__).
   if (a.moe_router_padding_for_fp8) {
     MCPP_CHECK_HINT(a.fp8, "add --fp8-format, or drop --moe-router-padding-for-fp8",
@@ -344,9 +376,6 @@ void validate_moe(Args& a) {
                   "{}) is not implemented yet",
                   edp, etp, tp);
   if (a.add_bias_linear) validate_moe_biases(a, etp);
-  MCPP_CHECK_HINT(!a.fp16, "train MoE models with --bf16",
-                  "--fp16 with --num-experts is not implemented yet (the aux losses' gradients "
-                  "are not scaled by the fp16 loss scale)");
 }
 
 }  // namespace mcpp::training

@@ -701,6 +701,42 @@ TEST(MoeModelGrad, SwigluExpertsWithAuxAndZLossAndDropout) {
   model_fd(tiny_moe(true, 2, 0.2));
 }
 
+// --fp16's loss scale (StepKeys::loss_scale) reaches the gradients the MoE layers inject
+// themselves: with every aux-loss type and the z loss, a backward at loss scale 1024 (the
+// LM loss's gradient scaled by it, as the trainer does) gives exactly 1024 times every
+// gradient of the unscaled backward -- the router's among them, which without the scale
+// would keep its unscaled aux part.
+TEST(MoeModelGrad, Fp16LossScaleScalesTheAuxLossGradients) {
+  auto c = tiny_moe(true, 2, 0.0);
+  c.moe.balance = {Balance::AuxLoss, Balance::SeqAuxLoss, Balance::GlobalAuxLoss};
+  c.moe.aux_loss_coeff = {0.05, 0.02, 0.03};
+  auto mb = batch(2, c.seq_length, 13, 11);
+  std::vector<std::vector<double>> g(2);
+  int64_t router = 0;
+  for (int run = 0; run < 2; ++run) {  // a fresh model each (the global aux loss's mean)
+    model::GPTModel m(c);
+    auto& ps = m.params();
+    const double scale = run == 0 ? 1.0 : 1024.0;
+    model::StepKeys keys;
+    keys.iteration = 3;
+    keys.loss_scale = scale;
+    ps.zero_grads();
+    m.forward(mb, keys);
+    m.backward(scale);
+    const Tensor& flat = ps.flat_grads();
+    g[size_t(run)].assign(flat.data<double>(), flat.data<double>() + flat.numel());
+    for (size_t i = 0; run == 0 && i < ps.infos().size(); ++i)
+      router += ps.infos()[i].name.find("router") != std::string::npos;
+  }
+  ASSERT_GT(router, 0);
+  double largest = 0;
+  for (size_t e = 0; e < g[0].size(); ++e) {
+    ASSERT_EQ(g[1][e], 1024.0 * g[0][e]) << "gradient element " << e;
+    largest = std::max(largest, std::abs(g[0][e]));
+  }
+  EXPECT_GT(largest, 0.0);
+}
+
 TEST(MoeModelGrad, GeluExpertsPreSoftmaxTop1) {
   auto c = tiny_moe(false, 1, 0.1);
   c.moe.topk = 1, c.moe.pre_softmax = true;
@@ -862,6 +898,40 @@ std::string start_up_error(std::vector<std::string> extra) {
 }
 
 }  // namespace
+
+// --moe-shared-expert-overlap: Megatron's conditions (shared experts, the alltoall
+// dispatcher, no recomputed shared experts) and TP 1, each refused naming the flag to add or
+// drop; a dense model refuses it as every MoE flag.
+TEST(MoeFlags, SharedExpertOverlapConditions) {
+  const std::vector<std::string> ok = {"--num-experts", "4", "--moe-shared-expert-intermediate-size",
+                                       "16", "--moe-token-dispatcher-type", "alltoall",
+                                       "--moe-shared-expert-overlap"};
+  EXPECT_EQ(start_up_error(ok), "");
+  auto without = [&](const std::string& flag, int values) {
+    std::vector<std::string> v = ok;
+    auto it = std::find(v.begin(), v.end(), flag);
+    v.erase(it, it + 1 + values);
+    return start_up_error(v);
+  };
+  EXPECT_NE(without("--moe-shared-expert-intermediate-size", 1)
+                .find("add --moe-shared-expert-intermediate-size"),
+            std::string::npos);
+  EXPECT_NE(without("--moe-token-dispatcher-type", 1).find("--moe-token-dispatcher-type alltoall"),
+            std::string::npos);
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> v = ok;
+    v.insert(v.end(), more.begin(), more.end());
+    return start_up_error(v);
+  };
+  EXPECT_NE(with({"--recompute-granularity", "selective", "--recompute-modules", "shared_experts"})
+                .find("drop shared_experts from --recompute-modules"),
+            std::string::npos);
+  EXPECT_NE(with({"--tensor-model-parallel-size", "2", "--sequence-parallel"})
+                .find("--moe-shared-expert-overlap at --tensor-model-parallel-size 2"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--moe-shared-expert-overlap"}).find("--num-experts"),
+            std::string::npos);
+}
 
 TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_EQ(start_up_error({"--num-experts", "4"}), "");

@@ -488,13 +488,16 @@ TEST(GpuMoeModel, F32GptOssMatchesCpu) {
 // router's weight within 0.2. Returns whether the gradients were compared. gpt-oss: the
 // clamp at 1.0, which cuts a few per cent of fc1's outputs (at 0.3 bf16 rounding moves many
 // values across the bound, beyond which the gradient is zero).
-bool bf16_grads_close(const TransformerConfig& cc, const TransformerConfig& gc, const char* what) {
+// loss_scale: --fp16's (StepKeys::loss_scale and the backward's scale), on both models.
+bool bf16_grads_close(const TransformerConfig& cc, const TransformerConfig& gc, const char* what,
+                      double loss_scale = 1.0) {
   GPTModel cm(cc);
   GPTModel gm(gc);
   ops::copy(cm.params().flat_params(), gm.params().flat_params(), GS());
   ops::copy(gm.params().flat_params(), cm.params().flat_params(), GS());
   auto mb = batch(19, 2, 64);
   model::StepKeys k;
+  k.loss_scale = loss_scale;
   cm.params().zero_grads(), gm.params().zero_grads();
   const double lc = cm.forward(mb, k), lg = gm.forward(mb, k);
   EXPECT_NEAR(lg, lc, 3e-2 * std::abs(lc)) << what;
@@ -506,7 +509,7 @@ bool bf16_grads_close(const TransformerConfig& cc, const TransformerConfig& gc, 
     EXPECT_EQ(a.size(), b.size());
     for (size_t e = 0; e < a.size() && e < b.size(); ++e) moved += std::abs(a[e] - b[e]);
   }
-  cm.backward(1.0 / 128), gm.backward(1.0 / 128);
+  cm.backward(loss_scale / 128), gm.backward(loss_scale / 128);
   double router = 0, worst = 0;
   std::string worst_name;
   for (size_t i = 0; i < cm.params().infos().size(); ++i) {
@@ -536,6 +539,16 @@ TEST(GpuMoeModel, Bf16GptOssCloseToCpu) {
   pc.moe.layer_pattern = pg.moe.layer_pattern = {0, 1};
   EXPECT_TRUE(bf16_grads_close(pc, pg, "swiglu")) << "routing differed: nothing compared";
   if (!compared) std::printf("[moe bf16 gpt-oss] routing differed: gradients not compared\n");
+}
+
+// --fp16 MoE training: an f16 model at loss scale 4096 (the aux and z losses' gradients
+// scaled with the LM loss's: MoeModelGrad.Fp16LossScaleScalesTheAuxLossGradients checks that
+// on the CPU) against the CPU's f32 at the same scale, as the bf16 test compares.
+TEST(GpuMoeModel, F16LossScaledCloseToCpu) {
+  MCPP_REQUIRE_GPU();
+  EXPECT_TRUE(bf16_grads_close(moe_cfg(Device::CPU, DType::F32), moe_cfg(Device::CUDA, DType::F16),
+                               "f16", 4096.0))
+      << "routing differed: nothing compared";
 }
 
 // Sinkhorn routing (top-2 and top-1) routes on the host on both backends: the GPU model's
@@ -651,6 +664,37 @@ TEST(GpuMoeModel, Bf16RecomputeMoeGivesTheBitsOfKeepingIt) {
       EXPECT_EQ(la[i]->stats().z_loss, lb[i]->stats().z_loss) << i;
     }
     EXPECT_LT(rc.activation_memory().per_slot_max, ref.activation_memory().per_slot_max);
+  }
+}
+
+// --moe-shared-expert-overlap on the GPU: the shared expert on a side stream beside the
+// router, the routing's host wait and the routed experts (forward and backward) gives the
+// bits of the serial layer -- losses and every gradient over two accumulated micro-batches
+// -- with the gated shared expert (its own host wait on the side stream) and without the
+// gate, and with the MoE layers recomputed (the overlap again in the backward's forward).
+TEST(GpuMoeModel, Bf16SharedExpertOverlapGivesTheBitsOfSerial) {
+  MCPP_REQUIRE_GPU();
+  for (int v = 0; v < 3; ++v) {
+    TransformerConfig c = moe_cfg(Device::CUDA, DType::BF16);
+    c.moe.alltoall = true;
+    c.moe.shared_expert_gate = v != 1;
+    if (v == 2) c.recompute = TransformerConfig::Recompute::Selective, c.recompute_moe = true;
+    GPTModel ref(c);
+    c.moe.shared_expert_overlap = true;
+    GPTModel ov(c);
+    ops::copy(ref.params().flat_params(), ov.params().flat_params(), GS());
+    ref.params().zero_grads(), ov.params().zero_grads();
+    for (int j = 0; j < 2; ++j) {
+      auto mb = batch(31 + j, 2, 64);
+      model::StepKeys k;
+      k.iteration = 1, k.sample_offset = 2 * j, k.global_batch = 4;
+      const double a = ref.forward(mb, k), b = ov.forward(mb, k);
+      EXPECT_EQ(a, b) << "variant " << v << " micro-batch " << j;
+      ref.backward(1.0 / 256), ov.backward(1.0 / 256);
+    }
+    const Tensor ga = to_cpu(ref.params().flat_grads()), gb = to_cpu(ov.params().flat_grads());
+    ASSERT_EQ(ga.nbytes(), gb.nbytes());
+    EXPECT_EQ(std::memcmp(ga.raw(), gb.raw(), ga.nbytes()), 0) << "variant " << v;
   }
 }
 

@@ -1,6 +1,7 @@
 #include "model/moe/moe_layer.h"
 
 #include "model/moe/transfer.h"
+#include "ops/graph.h"
 #include "ops/ops.h"
 #include "parallel/expert_parallel/token_dispatch.h"
 #include "parallel/host_collectives.h"
@@ -233,6 +234,21 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   // the shards. ETP 1: each rank's own tokens only, to whole experts and back.
   MCPP_CHECK(!ep_ || !cx.tp_comm || group,
              "MoE layer {}: expert parallelism with TP > 1 needs sequence parallelism", layer_);
+  // --moe-shared-expert-overlap: the shared expert from here on a side stream, beside the
+  // router, the routing's wait for its counts and the routed experts; joined before its
+  // output is added, in the order of the serial path (the same bits).
+  ops::SideStream side(st, shared_ && m.shared_expert_overlap);
+  if (shared_ && m.shared_expert_overlap) {
+    StepContext sc = cx;
+    sc.st = &side.stream();
+    shared_->forward(x, s.shared, w_->sh_y, w_->shared, ws, sc);
+  }
+  auto add_shared = [&] {
+    if (!shared_) return;
+    if (m.shared_expert_overlap) side.join();
+    else shared_->forward(x, s.shared, w_->sh_y, w_->shared, ws, cx);
+    ops::add(y, w_->sh_y, y, st);
+  };
   // Router: this rank's logits, then the group's (every member routes all T tokens).
   router_.forward(x, s.router, cx);
   const Tensor* logits = &s.router.logits;
@@ -278,10 +294,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   if (ep_ && !m.alltoall) {  // the all-gather dispatcher over the EP group
     allgather_forward(*xf, sp.t0, sp.tokens, yn, s, cx);
     if (!sp.complete) ep::combine(yn, y, sp.group, st);
-    if (shared_) {
-      shared_->forward(x, s.shared, w_->sh_y, w_->shared, ws, cx);
-      ops::add(y, w_->sh_y, y, st);
-    }
+    add_shared();
     if (residual) ops::add(y, *residual, y, st);
     return;
   }
@@ -330,10 +343,7 @@ void MoeLayer::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
   // No SP (generation): the TP ranks' ETP shards summed; whole experts (ETP 1) are not.
   if (!group && cx.tp_comm && cfg_->moe_etp() > 1) parallel::reduce_from_tp(yn, *cx.tp_comm, st);
   if (!sp.complete) ep::combine(yn, y, sp.group, st);
-  if (shared_) {
-    shared_->forward(x, s.shared, w_->sh_y, w_->shared, ws, cx);
-    ops::add(y, w_->sh_y, y, st);
-  }
+  add_shared();
   if (residual) ops::add(y, *residual, y, st);
 }
 
@@ -352,8 +362,14 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
 
   // Shared experts first: they write dx (=), and the routed experts' part goes to dx_local
   // and is added; without them the routed experts' part is written straight into dx. The
-  // router's part is added last.
-  if (shared_) shared_->backward(dy, x, s.shared, dx, w_->shared, ws, cx);
+  // router's part is added last. --moe-shared-expert-overlap: the shared experts on a side
+  // stream, joined before the add.
+  ops::SideStream side(st, shared_ && m.shared_expert_overlap);
+  if (shared_) {
+    StepContext sc = cx;
+    sc.st = &side.stream();
+    shared_->backward(dy, x, s.shared, dx, w_->shared, ws, sc);
+  }
   Tensor& routed = shared_ ? w_->dx_local : dx;
 
   // Combine's dual, the unpermute's dual (a permute), the experts, the permute's dual.
@@ -370,6 +386,7 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   if (ep_ && !m.alltoall) {
     allgather_backward(*g, dxn, s, dprob, cx);
     if (!sp.complete) ep::dispatch_backward(dxn, routed, sp.group, st);  // shards summed
+    side.join();
     if (shared_) ops::add(dx, w_->dx_local, dx, st);
   } else {
     Tensor p = s.probs.narrow(0, N);
@@ -397,6 +414,7 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     // d(loss)/dp of tokens outside the span stays 0 here (their ETP group sets it).
     ops::moe_unpermute(dxp, s.off, s.rows, dxn, st);
     if (!sp.complete) ep::dispatch_backward(dxn, routed, sp.group, st);
+    side.join();
     if (shared_) ops::add(dx, w_->dx_local, dx, st);
     if (s.on_device) {  // each (token, slot)'s d(loss)/dp from its row (dropped: 0)
       Tensor dprob_d = Tensor::empty({T * k}, s.d_prob.dtype(), cx.dev);
@@ -412,7 +430,8 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   // Router: through the routing into the logits, with the aux / z-loss gradients of this
   // rank's own rows.
   const double aux_scale =
-      cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch) : 1.0;
+      (cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch) : 1.0) *
+      cx.keys.loss_scale;
   const int64_t r0 = group ? int64_t(group->rank()) * cx.Tl : 0;
   if (s.on_device) {
     const Tensor& logits = group ? s.logits_all : s.router.logits;

@@ -171,4 +171,47 @@ void StreamFork::join() {
   joined_ = true;
 }
 
+namespace {
+// SideStream's stream and events (created once, on first use).
+struct SidePair {
+  Stream side;
+  cudaEvent_t forked = nullptr, done = nullptr;
+};
+SidePair& side_pair() {
+  static SidePair* p = [] {
+    auto* q = new SidePair;  // never destroyed: the stream may be used at exit
+    q->side = cuda::new_stream();
+    CUDA_CHECK(cudaEventCreateWithFlags(&q->forked, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming));
+    return q;
+  }();
+  return *p;
+}
+}  // namespace
+
+SideStream::SideStream(Stream& main, bool on) : main_(&main) {
+  if (!on || main.device != Device::CUDA) return;
+  SidePair& p = side_pair();
+  CUDA_CHECK(cudaEventRecord(p.forked, static_cast<cudaStream_t>(main.handle)));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(p.side.handle), p.forked, 0));
+  joined_ = false;
+}
+
+SideStream::~SideStream() {
+  if (joined_) return;  // errors ignored: a destructor may run while an exception unwinds
+  SidePair& p = side_pair();
+  (void)cudaEventRecord(p.done, static_cast<cudaStream_t>(p.side.handle));
+  (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(main_->handle), p.done, 0);
+}
+
+Stream& SideStream::stream() { return joined_ ? *main_ : side_pair().side; }
+
+void SideStream::join() {
+  if (joined_) return;
+  SidePair& p = side_pair();
+  CUDA_CHECK(cudaEventRecord(p.done, static_cast<cudaStream_t>(p.side.handle)));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(main_->handle), p.done, 0));
+  joined_ = true;
+}
+
 }  // namespace mcpp::ops
