@@ -73,6 +73,10 @@ struct StepKeys {
   // aux / z losses') carry it as the LM loss's gradient does (Megatron's
   // MoEAuxLossAutoScaler.set_loss_scale), so the optimizer's unscaling treats them alike.
   double loss_scale = 1.0;
+  // --calculate-per-token-loss: the global batch's loss tokens (0: Megatron's per-micro-batch
+  // mean). Megatron divides every gradient by them and pre-multiplies the aux / z losses by
+  // the micro-batch's tokens (Sg x B), so their gradients scale by Sg x B / loss_tokens.
+  double loss_tokens = 0;
 };
 
 // Sizes of one micro-batch's pass: everything a tensor shape needs, computable without a

@@ -59,6 +59,7 @@ std::pair<double, double> Trainer::State::run_batch(const data::LocalBatch& batc
   model::StepKeys keys;
   keys.iteration = it, keys.global_batch = gbs;
   keys.loss_scale = scaler ? scaler->scale() : 1.0;
+  if (args.calculate_per_token_loss) keys.loss_tokens = tokens;
   keys.training = training;
   const double loss_sum = fwd_bwd->run(batch, keys, ls.grad_scale, training);
   return {parallel::sum_over(data_cp_group(*ps), loss_sum), tokens};

@@ -737,6 +737,34 @@ TEST(MoeModelGrad, Fp16LossScaleScalesTheAuxLossGradients) {
   EXPECT_GT(largest, 0.0);
 }
 
+// --calculate-per-token-loss (StepKeys::loss_tokens = N): Megatron divides every gradient
+// by the global batch's loss tokens N and pre-multiplies the aux / z losses by the
+// micro-batch's tokens S x B, so the gradient is (LM_sum + S B aux) / N. With N = S B / 2
+// (half the tokens masked) that is exactly twice the per-micro-batch-mean backward of a
+// whole batch (global_batch 0: aux at scale 1) at LM scale 1 / (S B).
+TEST(MoeModelGrad, PerTokenLossScalesTheAuxLossGradientsAsMegatron) {
+  auto c = tiny_moe(true, 2, 0.0);
+  c.moe.balance = {Balance::AuxLoss, Balance::SeqAuxLoss};
+  c.moe.aux_loss_coeff = {0.05, 0.02};
+  auto mb = batch(2, c.seq_length, 13, 11);
+  const double SB = double(2 * c.seq_length);
+  std::vector<std::vector<double>> g(2);
+  for (int run = 0; run < 2; ++run) {
+    model::GPTModel m(c);
+    auto& ps = m.params();
+    model::StepKeys keys;
+    keys.iteration = 3;
+    if (run == 1) keys.loss_tokens = SB / 2;
+    ps.zero_grads();
+    m.forward(mb, keys);
+    m.backward(run == 0 ? 1.0 / SB : 2.0 / SB);
+    const Tensor& flat = ps.flat_grads();
+    g[size_t(run)].assign(flat.data<double>(), flat.data<double>() + flat.numel());
+  }
+  for (size_t e = 0; e < g[0].size(); ++e)
+    ASSERT_EQ(g[1][e], 2.0 * g[0][e]) << "gradient element " << e;
+}
+
 TEST(MoeModelGrad, GeluExpertsPreSoftmaxTop1) {
   auto c = tiny_moe(false, 1, 0.1);
   c.moe.topk = 1, c.moe.pre_softmax = true;

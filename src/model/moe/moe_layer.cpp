@@ -430,7 +430,9 @@ void MoeLayer::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
   // Router: through the routing into the logits, with the aux / z-loss gradients of this
   // rank's own rows.
   const double aux_scale =
-      (cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch) : 1.0) *
+      (cx.keys.loss_tokens > 0    ? double(cx.Sg * cx.B) / cx.keys.loss_tokens
+       : cx.keys.global_batch > 0 ? double(cx.B) / double(cx.keys.global_batch)
+                                  : 1.0) *
       cx.keys.loss_scale;
   const int64_t r0 = group ? int64_t(group->rank()) * cx.Tl : 0;
   if (s.on_device) {
