@@ -12,8 +12,13 @@
 //     to linear_fc1 and linear_fc2 as its cube root each for SwiGLU and squared ReLU, as
 //     its square root each otherwise (with g = 1 and the default post-softmax router the
 //     top-k weights sum to 1 and the MoE layer computes the dense MLP exactly);
+//   - linear biases (as Megatron's SequentialMLP path): expert e's fc1 bias is granule e mod
+//     g of the dense fc1 bias (SwiGLU: of its gate and up halves), times the weight scale;
+//     its fc2 bias is the dense fc2 bias as it is (each expert's times its routing weight,
+//     which sum to 1 over the top-k with the post-softmax router);
 //   - the router keeps its random initialisation, its first E / g rows each repeated g
-//     times (the experts that hold the granules of one copy share a row);
+//     times (the experts that hold the granules of one copy share a row); its bias keeps
+//     its initialisation;
 //   - what the dense model lacks (shared experts, the expert bias) keeps its initialisation.
 // Rank 0 builds the whole MoE model on the host from the dense checkpoint (read at
 // tensor-parallel size 1 whatever layout wrote it) and saves it as iteration 1 in --save;
@@ -57,9 +62,10 @@ double weight_scale(const model::TransformerConfig& c, int64_t g) {
   return c.swiglu || c.squared_relu ? std::cbrt(act) : std::sqrt(act);
 }
 
-// Rows [r0, r0 + n) of a [R, C] host tensor into rows [d0, d0 + n) of dst, times s.
+// Rows [r0, r0 + n) of a [R, C] host tensor (a 1-D one: elements) into rows [d0, d0 + n)
+// of dst, times s.
 void copy_rows(const Tensor& src, int64_t r0, int64_t n, Tensor& dst, int64_t d0, float s) {
-  const int64_t C = src.size(1);
+  const int64_t C = src.dim() == 1 ? 1 : src.size(1);
   const float* S = src.data<float>() + r0 * C;
   float* D = dst.data<float>() + d0 * C;
   for (int64_t i = 0; i < n * C; ++i) D[i] = S[i] * s;
@@ -121,6 +127,11 @@ void upcycle(const Args& a, const model::TransformerConfig& rank_cfg) {
                       "--moe-use-upcycling: the dense checkpoint {} has no {}", dense_dir, n);
     used.insert(fc1), used.insert(fc2);
     const Tensor w1 = D.param(fc1), w2 = D.param(fc2);  // [(2)F, H], [H, F]
+    // Linear biases, where both models have them ([(2)F] and [H]).
+    const std::string b1n = model::layer_param_name(layer, "mlp.linear_fc1.bias");
+    const std::string b2n = model::layer_param_name(layer, "mlp.linear_fc2.bias");
+    const bool biases = D.has(b1n) && D.has(b2n) && mc.add_bias_linear;
+    if (biases) used.insert(b1n), used.insert(b2n);
     const int64_t F = dc.ffn_hidden_size, H = mc.hidden_size;
     for (int64_t e = 0; e < mc.moe.num_experts; ++e) {
       const int64_t j = e % g;  // the granule this expert holds
@@ -135,8 +146,20 @@ void upcycle(const Args& a, const model::TransformerConfig& rank_cfg) {
       float* Dd = e2.data<float>();
       for (int64_t r = 0; r < H; ++r)
         for (int64_t c = 0; c < I; ++c) Dd[r * I + c] = S[r * F + j * I + c] * scale;
+      if (biases) {
+        const std::string n = std::to_string(e);
+        Tensor c1 = P.param(model::layer_param_name(layer, "mlp.experts.linear_fc1.bias" + n));
+        Tensor c2 = P.param(model::layer_param_name(layer, "mlp.experts.linear_fc2.bias" + n));
+        const Tensor b1 = D.param(b1n), b2 = D.param(b2n);
+        copy_rows(b1, j * I, I, c1, 0, scale);
+        if (mc.gated_linear_unit()) copy_rows(b1, F + j * I, I, c1, I, scale);
+        copy_rows(b2, 0, H, c2, 0, 1.f);
+      }
+      const std::string none = "-";  // (no bias: nothing to take off the kept list)
       for (const std::string& n : {std::string("mlp.experts.linear_fc1.weight"),
-                                   std::string("mlp.experts.linear_fc2.weight")}) {
+                                   std::string("mlp.experts.linear_fc2.weight"),
+                                   biases ? "mlp.experts.linear_fc1.bias" : none,
+                                   biases ? "mlp.experts.linear_fc2.bias" : none}) {
         const std::string full = model::layer_param_name(layer, n + std::to_string(e));
         kept.erase(std::remove(kept.begin(), kept.end(), full), kept.end());
       }
@@ -149,8 +172,8 @@ void upcycle(const Args& a, const model::TransformerConfig& rank_cfg) {
   }
   for (const model::ParamInfo& q : D.infos())
     MCPP_CHECK_HINT(used.count(q.name),
-                    "train the dense model with the MoE model's layout (MoE layers take no "
-                    "linear biases: --disable-bias-linear)",
+                    "train the dense model with the MoE model's layout (both with linear "
+                    "biases, or both with --disable-bias-linear)",
                     "--moe-use-upcycling: the dense checkpoint's {} has no place in the MoE "
                     "model",
                     q.name);

@@ -95,9 +95,14 @@ static void validate_moe_biases(const Args& a, int64_t etp) {
                   "--init-method-xavier-uniform with MoE linear biases: Megatron-LM draws the "
                   "router's bias [E] with init_method, and xavier_uniform_ cannot draw a 1-D "
                   "tensor");
-  MCPP_CHECK_HINT(!a.moe_use_upcycling, fmt::format("drop --moe-use-upcycling, {}", off),
-                  "--moe-use-upcycling with linear biases is not implemented yet by megatron.cpp "
-                  "(the dense biases are not copied into the experts)");
+  // Upcycling copies the dense biases as Megatron's SequentialMLP path does; its
+  // TEGroupedMLP path (--moe-grouped-gemm) leaves the experts' biases at their
+  // initialisation, which would silently train another model than the upcycled one.
+  MCPP_CHECK_HINT(!(a.moe_use_upcycling && a.moe_grouped_gemm),
+                  "drop --moe-grouped-gemm (the experts always run grouped here) to upcycle "
+                  "with the dense biases copied",
+                  "--moe-use-upcycling with linear biases and --moe-grouped-gemm: Megatron-LM's "
+                  "grouped-GEMM upcycling leaves the experts' biases at their initialisation");
 }
 
 // --moe-shared-expert-overlap: the shared expert beside the router and the routed experts,

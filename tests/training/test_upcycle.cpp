@@ -5,6 +5,7 @@
 // does not fit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -114,6 +115,83 @@ TEST(Upcycle, ExpertsAreScaledGranulesOfTheDenseMlp) {
     for (int e = 0; e < 4; ++e)
       for (int64_t c = 0; c < H; ++c)
         ASSERT_EQ(r.data<float>()[e * H + c], r0.data<float>()[(e / 2) * H + c]) << e;
+  }
+}
+
+// Linear biases (the dense model without --disable-bias-linear; gpt-oss-style MoE layers):
+// at granularity 2 each expert's fc1 bias is the scaled granule of the dense one (gate and
+// up halves), its fc2 bias the dense fc2 bias; at granularity 1 the upcycled model computes
+// the dense model (the top-2 weights sum to 1), its logits within f32 rounding of the
+// dense model's -- which a missing bias would move by far more.
+TEST(Upcycle, LinearBiasesAreCopiedAsMegatronsSequentialMlp) {
+  auto biased = [](std::vector<std::string> v) {
+    v.erase(std::find(v.begin(), v.end(), "--disable-bias-linear"));
+    return v;
+  };
+  const std::string dense_dir = fresh_dir("dense_bias");
+  model::TransformerConfig dc = config_of(parse_and_validate(biased(llama_argv())));
+  dc.seed = 5;
+  model::GPTModel dense(dc);
+  for (size_t i = 0; i < dense.params().infos().size(); ++i)  // biases away from zero
+    if (dense.params().infos()[i].name.ends_with(".bias")) {
+      Tensor b = dense.params().param(i);
+      for (int64_t e = 0; e < b.numel(); ++e) b.data<float>()[e] = 0.05f * float(e % 7) - 0.1f;
+    }
+  checkpoint::TrainingState st;
+  st.iteration = 4;
+  checkpoint::save_checkpoint(dense_dir, dense, nullptr, st);
+  comm::LocalCommunicator world("world", 0, std::chrono::seconds(5));
+  const auto d = checkpoint::load_model_weights(dense_dir, std::nullopt);
+  for (int g : {2, 1}) {
+    SCOPED_TRACE(::testing::Message() << "granularity " << g);
+    const std::string moe_dir = fresh_dir("moe_bias" + std::to_string(g));
+    const Args a = parse_and_validate(biased(with(
+        llama_argv(), {"--num-experts", "4", "--moe-ffn-hidden-size", std::to_string(64 / g),
+                       "--moe-use-upcycling", "--moe-upcycling-granularity", std::to_string(g),
+                       "--load", dense_dir, "--save", moe_dir})));
+    upcycle_dense_checkpoint(a, config_of(a), world);
+    auto m = checkpoint::load_model_weights(moe_dir, std::nullopt);
+    const int64_t I = 64 / g, H = 64;
+    const float s = float(std::cbrt(double(g)));
+    for (int layer = 0; layer < 2; ++layer) {
+      auto name = [&](const std::string& n) { return model::layer_param_name(layer, n); };
+      const Tensor b1 = param(d, name("mlp.linear_fc1.bias"));
+      const Tensor b2 = param(d, name("mlp.linear_fc2.bias"));
+      for (int e = 0; e < 4; ++e) {
+        const int j = e % g;
+        const Tensor c1 = param(m, name("mlp.experts.linear_fc1.bias" + std::to_string(e)));
+        const Tensor c2 = param(m, name("mlp.experts.linear_fc2.bias" + std::to_string(e)));
+        ASSERT_EQ(c1.numel(), 2 * I);
+        for (int64_t r = 0; r < 2 * I; ++r) {
+          const int64_t src = r < I ? j * I + r : 64 + j * I + (r - I);
+          ASSERT_EQ(c1.data<float>()[r], b1.data<float>()[src] * s) << "expert " << e << " " << r;
+        }
+        for (int64_t r = 0; r < H; ++r) ASSERT_EQ(c2.data<float>()[r], b2.data<float>()[r]);
+      }
+    }
+    if (g != 1) continue;
+    // The upcycled model's logits are the dense model's.
+    model::GPTModel moe(m.config);
+    ops::copy(m.params.flat_params(), moe.params().flat_params(),
+              ops::default_stream(Device::CPU));
+    model::MicroBatch mb;
+    mb.tokens = Tensor::empty({2, 16}, DType::I64);
+    mb.labels = Tensor::zeros({2, 16}, DType::I64);
+    mb.loss_mask = Tensor::zeros({2, 16}, DType::F32);
+    for (int64_t i = 0; i < 32; ++i) mb.tokens.data<int64_t>()[i] = (i * 37 + 11) % 100;
+    model::StepKeys k;
+    k.training = false;
+    dense.forward(mb, k);
+    moe.forward(mb, k);
+    const Tensor& x = dense.logits();
+    const Tensor& y = moe.logits();
+    ASSERT_EQ(x.numel(), y.numel());
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      worst = std::max(worst, double(std::abs(x.data<float>()[i] - y.data<float>()[i])));
+      scale = std::max(scale, double(std::abs(x.data<float>()[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale) << "largest logit " << scale;
   }
 }
 
