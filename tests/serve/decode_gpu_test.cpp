@@ -149,19 +149,23 @@ TEST(GpuDecode, LinearDecodeMatchesCpuAndGemm) {
   for (DType dt : {DType::BF16, DType::F32, DType::F16})
     for (Case c : {Case{3072, 2048}, Case{8450, 320, true}, Case{300, 8192}, Case{37, 136},
                    Case{33, 20}, Case{1000, 8192, true}, Case{8450, 512, true},
-                   Case{4200, 1024, true}, Case{520, 192}})
+                   Case{4200, 1024, true}, Case{520, 192}}) {
+      // One weight per shape and dtype (drawn on the host: up to 8.2M values, most of this
+      // test's time when it was drawn again for every row count and variant).
+      const Tensor w = rand_in({c.N, c.K}, uint64_t(c.N * 131 + c.K * 7) + 2, dt);
+      const Tensor gw = to_gpu(w, dt);
       for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 33, 64, 65})
         for (int variant = 0; variant < 3; ++variant) {  // plain, bias, bias + residual
           if (c.large && rows != 3 && rows != 8 && rows != 33 && rows != 64) continue;
           SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " N=" << c.N << " K=" << c.K
                                             << " rows=" << rows << " variant=" << variant);
           const uint64_t sd = uint64_t(c.N * 131 + c.K * 7 + rows * 3 + variant);
-          Tensor x = rand_in({rows, c.K}, sd + 1, dt), w = rand_in({c.N, c.K}, sd + 2, dt);
+          Tensor x = rand_in({rows, c.K}, sd + 1, dt);
           Tensor b = variant >= 1 ? rand_in({c.N}, sd + 3, dt) : Tensor();
           Tensor r = variant == 2 ? rand_in({rows, c.N}, sd + 4, dt, -4.f, 4.f) : Tensor();
           Tensor ref = Tensor::empty({rows, c.N}, DType::F32);
           cpu::linear_decode(x, w, b, r, ref, CS());
-          Tensor gx = to_gpu(x, dt), gw = to_gpu(w, dt);
+          Tensor gx = to_gpu(x, dt);
           Tensor gb = b.defined() ? to_gpu(b, dt) : Tensor();
           Tensor gr = r.defined() ? to_gpu(r, dt) : Tensor();
           // The GPU GEMM and add on the same inputs.
@@ -201,6 +205,7 @@ TEST(GpuDecode, LinearDecodeMatchesCpuAndGemm) {
             }
           }
         }
+    }
 }
 
 // linear_swiglu_decode: the fused tensor-core kernel (bf16/f16, up to 8 rows) and its
@@ -210,19 +215,22 @@ TEST(GpuDecode, LinearSwigluDecodeMatchesCpu) {
   MCPP_REQUIRE_GPU();
   struct Case { int64_t F, K; };
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
-    for (Case c : {Case{8192, 2048}, Case{100, 320}, Case{21, 136}})
+    for (Case c : {Case{8192, 2048}, Case{100, 320}, Case{21, 136}}) {
+      // One weight per shape and dtype (up to 33.6M values drawn on the host).
+      const Tensor w = rand_in({2 * c.F, c.K}, uint64_t(c.F * 17 + c.K) + 2, dt);
+      const Tensor gw = to_gpu(w, dt);
       for (int64_t rows : {1, 3, 8, 9})
         for (bool bias : {false, true}) {
           if (c.F == 8192 && rows == 3) continue;
           SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " F=" << c.F << " K=" << c.K
                                             << " rows=" << rows << " bias=" << bias);
           const uint64_t sd = uint64_t(c.F * 17 + c.K + rows * 5 + bias);
-          Tensor x = rand_in({rows, c.K}, sd + 1, dt), w = rand_in({2 * c.F, c.K}, sd + 2, dt);
+          Tensor x = rand_in({rows, c.K}, sd + 1, dt);
           Tensor b = bias ? rand_in({2 * c.F}, sd + 3, dt) : Tensor();
           Tensor fc1 = Tensor::empty({rows, 2 * c.F}, DType::F32);
           Tensor ref = Tensor::empty({rows, c.F}, DType::F32);
           cpu::linear_swiglu_decode(x, w, b, fc1, ref, CS());
-          Tensor gx = to_gpu(x, dt), gw = to_gpu(w, dt);
+          Tensor gx = to_gpu(x, dt);
           Tensor gb = bias ? to_gpu(b, dt) : Tensor();
           Tensor gfc1 = gpu_nan({rows, 2 * c.F}, dt), gy = gpu_nan({rows, c.F}, dt);
           gpu::linear_swiglu_decode(gx, gw, gb, gfc1, gy, GS());
@@ -240,6 +248,7 @@ TEST(GpuDecode, LinearSwigluDecodeMatchesCpu) {
                 << "row " << t << " of " << rows << " differs from the row alone";
           }
         }
+    }
 }
 
 // rope_attention_decode (the fused RoPE + append kernel, then decode_attention) against the
