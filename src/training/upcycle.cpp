@@ -9,8 +9,8 @@
 //     the E experts are E / g copies of the g granules;
 //   - the weights are scaled so that the MoE layer's output starts near the dense MLP's:
 //     the activation scale is g (or, with --moe-router-pre-softmax, E * g / topk), applied
-//     to linear_fc1 and linear_fc2 as its cube root each for SwiGLU and squared ReLU, as
-//     its square root each otherwise (with g = 1 and the default post-softmax router the
+//     to linear_fc1 and linear_fc2 as its cube root each for gated units (SwiGLU,
+//     quick-GEGLU) and squared ReLU, as its square root each otherwise (with g = 1 and the default post-softmax router the
 //     top-k weights sum to 1 and the MoE layer computes the dense MLP exactly);
 //   - linear biases (as Megatron's SequentialMLP path): expert e's fc1 bias is granule e mod
 //     g of the dense fc1 bias (SwiGLU: of its gate and up halves), times the weight scale;
@@ -59,7 +59,7 @@ double weight_scale(const model::TransformerConfig& c, int64_t g) {
   const int64_t E = c.moe.num_experts, expansion = E / g;
   const double act = c.moe.pre_softmax ? double(expansion * g * g) / double(c.moe.topk)
                                        : double(g);
-  return c.swiglu || c.squared_relu ? std::cbrt(act) : std::sqrt(act);
+  return c.gated_linear_unit() || c.squared_relu ? std::cbrt(act) : std::sqrt(act);
 }
 
 // Rows [r0, r0 + n) of a [R, C] host tensor (a 1-D one: elements) into rows [d0, d0 + n)

@@ -66,11 +66,15 @@ static void validate_upcycling(const Args& a) {
   MCPP_CHECK_HINT(a.ckpt_format != "torch", "use the default --ckpt-format torch_dist",
                   "--moe-use-upcycling with --ckpt-format torch (the legacy layout holds no "
                   "experts)");
-  MCPP_CHECK_HINT(!a.quick_geglu && a.glu_linear_offset == 0 && !a.activation_func_clamp_value,
-                  "upcycle a GELU, SwiGLU or squared-ReLU model",
-                  "--moe-use-upcycling with --quick-geglu, --glu-linear-offset or "
-                  "--activation-func-clamp-value is not implemented yet by megatron.cpp (its "
-                  "weight scale is GELU's, SwiGLU's or squared ReLU's)");
+  // Megatron splits a gated fc1 into its gate and up halves only for SiLU (SwiGLU); another
+  // gated unit's rows it cuts into contiguous granules, which at granularity > 1 would give
+  // one expert gate rows only and the next up rows only.
+  MCPP_CHECK_HINT(!a.quick_geglu || a.moe_upcycling_granularity == 1,
+                  "upcycle at --moe-upcycling-granularity 1",
+                  "--moe-use-upcycling with --quick-geglu at --moe-upcycling-granularity {}: "
+                  "Megatron-LM's upcycling cuts a non-SiLU gated fc1 into contiguous granules, "
+                  "across its gate and up halves",
+                  a.moe_upcycling_granularity);
 }
 
 // Linear biases in MoE layers (Megatron's default --add-bias-linear): the router's and the

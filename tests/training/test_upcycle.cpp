@@ -195,6 +195,63 @@ TEST(Upcycle, LinearBiasesAreCopiedAsMegatronsSequentialMlp) {
   }
 }
 
+// gpt-oss's MLP (quick-GEGLU with offset 1 and clamp 7, linear biases) upcycled at
+// granularity 1: every expert is the dense MLP, so the MoE model's logits are the dense
+// model's; at granularity 2 a start-up error (Megatron's split would cut across the gate and
+// up halves).
+TEST(Upcycle, QuickGegluWithOffsetAndClampAtGranularityOne) {
+  auto geglu = [](std::vector<std::string> v) {
+    v.erase(std::find(v.begin(), v.end(), "--disable-bias-linear"));
+    v.erase(std::find(v.begin(), v.end(), "--swiglu"));
+    for (const char* f : {"--quick-geglu", "--glu-linear-offset", "1.0",
+                          "--activation-func-clamp-value", "7.0"})
+      v.push_back(f);
+    return v;
+  };
+  const std::string dense_dir = fresh_dir("dense_geglu"), moe_dir = fresh_dir("moe_geglu");
+  model::TransformerConfig dc = config_of(parse_and_validate(geglu(llama_argv())));
+  dc.seed = 5;
+  model::GPTModel dense(dc);
+  checkpoint::TrainingState st;
+  st.iteration = 4;
+  checkpoint::save_checkpoint(dense_dir, dense, nullptr, st);
+  const Args a = parse_and_validate(geglu(with(
+      llama_argv(), {"--num-experts", "4", "--moe-use-upcycling", "--load", dense_dir, "--save",
+                     moe_dir})));
+  comm::LocalCommunicator world("world", 0, std::chrono::seconds(5));
+  upcycle_dense_checkpoint(a, config_of(a), world);
+  auto m = checkpoint::load_model_weights(moe_dir, std::nullopt);
+  model::GPTModel moe(m.config);
+  ops::copy(m.params.flat_params(), moe.params().flat_params(),
+            ops::default_stream(Device::CPU));
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({2, 16}, DType::I64);
+  mb.labels = Tensor::zeros({2, 16}, DType::I64);
+  mb.loss_mask = Tensor::zeros({2, 16}, DType::F32);
+  for (int64_t i = 0; i < 32; ++i) mb.tokens.data<int64_t>()[i] = (i * 41 + 3) % 100;
+  model::StepKeys k;
+  k.training = false;
+  dense.forward(mb, k);
+  moe.forward(mb, k);
+  const Tensor& x = dense.logits();
+  const Tensor& y = moe.logits();
+  ASSERT_EQ(x.numel(), y.numel());
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    worst = std::max(worst, double(std::abs(x.data<float>()[i] - y.data<float>()[i])));
+    scale = std::max(scale, double(std::abs(x.data<float>()[i])));
+  }
+  EXPECT_LE(worst, 1e-5 * scale) << "largest logit " << scale;
+  expect_error(
+      [&] {
+        parse_and_validate(geglu(with(
+            llama_argv(), {"--num-experts", "4", "--moe-ffn-hidden-size", "32",
+                           "--moe-use-upcycling", "--moe-upcycling-granularity", "2", "--load",
+                           dense_dir, "--save", fresh_dir("moe_geglu2")})));
+      },
+      {"--quick-geglu at --moe-upcycling-granularity 2", "HINT"});
+}
+
 TEST(Upcycle, RefusesWhatDoesNotFit) {
   const std::string dense_dir = write_dense("dense_err");
   comm::LocalCommunicator world("world", 0, std::chrono::seconds(5));
