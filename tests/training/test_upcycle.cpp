@@ -61,6 +61,34 @@ Tensor param(const checkpoint::ModelWeights& w, const std::string& name) {
 }
 
 
+// The upcycled model `m` (granularity 1: every expert the dense MLP, the top-k weights
+// summing to 1) computes the dense model: its logits on 2 x 16 tokens (drawn with `mult`)
+// within f32 rounding of the dense model's, which a missing or misplaced tensor would move
+// by far more.
+void expect_logits_of_dense(model::GPTModel& dense, checkpoint::ModelWeights& m, int64_t mult) {
+  model::GPTModel moe(m.config);
+  ops::copy(m.params.flat_params(), moe.params().flat_params(),
+            ops::default_stream(Device::CPU));
+  model::MicroBatch mb;
+  mb.tokens = Tensor::empty({2, 16}, DType::I64);
+  mb.labels = Tensor::zeros({2, 16}, DType::I64);
+  mb.loss_mask = Tensor::zeros({2, 16}, DType::F32);
+  for (int64_t i = 0; i < 32; ++i) mb.tokens.data<int64_t>()[i] = (i * mult + 11) % 100;
+  model::StepKeys k;
+  k.training = false;
+  dense.forward(mb, k);
+  moe.forward(mb, k);
+  const Tensor& x = dense.logits();
+  const Tensor& y = moe.logits();
+  ASSERT_EQ(x.numel(), y.numel());
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    worst = std::max(worst, double(std::abs(x.data<float>()[i] - y.data<float>()[i])));
+    scale = std::max(scale, double(std::abs(x.data<float>()[i])));
+  }
+  EXPECT_LE(worst, 1e-5 * scale) << "largest logit " << scale;
+}
+
 // Granularity 2, 4 experts of FFN 32 from a dense FFN of 64, SwiGLU, post-softmax router:
 // activation scale g = 2, each weight x 2^(1/3).
 TEST(Upcycle, ExpertsAreScaledGranulesOfTheDenseMlp) {
@@ -170,28 +198,7 @@ TEST(Upcycle, LinearBiasesAreCopiedAsMegatronsSequentialMlp) {
       }
     }
     if (g != 1) continue;
-    // The upcycled model's logits are the dense model's.
-    model::GPTModel moe(m.config);
-    ops::copy(m.params.flat_params(), moe.params().flat_params(),
-              ops::default_stream(Device::CPU));
-    model::MicroBatch mb;
-    mb.tokens = Tensor::empty({2, 16}, DType::I64);
-    mb.labels = Tensor::zeros({2, 16}, DType::I64);
-    mb.loss_mask = Tensor::zeros({2, 16}, DType::F32);
-    for (int64_t i = 0; i < 32; ++i) mb.tokens.data<int64_t>()[i] = (i * 37 + 11) % 100;
-    model::StepKeys k;
-    k.training = false;
-    dense.forward(mb, k);
-    moe.forward(mb, k);
-    const Tensor& x = dense.logits();
-    const Tensor& y = moe.logits();
-    ASSERT_EQ(x.numel(), y.numel());
-    double worst = 0, scale = 0;
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      worst = std::max(worst, double(std::abs(x.data<float>()[i] - y.data<float>()[i])));
-      scale = std::max(scale, double(std::abs(x.data<float>()[i])));
-    }
-    EXPECT_LE(worst, 1e-5 * scale) << "largest logit " << scale;
+    expect_logits_of_dense(dense, m, 37);  // the upcycled model computes the dense one
   }
 }
 
@@ -221,27 +228,7 @@ TEST(Upcycle, QuickGegluWithOffsetAndClampAtGranularityOne) {
   comm::LocalCommunicator world("world", 0, std::chrono::seconds(5));
   upcycle_dense_checkpoint(a, config_of(a), world);
   auto m = checkpoint::load_model_weights(moe_dir, std::nullopt);
-  model::GPTModel moe(m.config);
-  ops::copy(m.params.flat_params(), moe.params().flat_params(),
-            ops::default_stream(Device::CPU));
-  model::MicroBatch mb;
-  mb.tokens = Tensor::empty({2, 16}, DType::I64);
-  mb.labels = Tensor::zeros({2, 16}, DType::I64);
-  mb.loss_mask = Tensor::zeros({2, 16}, DType::F32);
-  for (int64_t i = 0; i < 32; ++i) mb.tokens.data<int64_t>()[i] = (i * 41 + 3) % 100;
-  model::StepKeys k;
-  k.training = false;
-  dense.forward(mb, k);
-  moe.forward(mb, k);
-  const Tensor& x = dense.logits();
-  const Tensor& y = moe.logits();
-  ASSERT_EQ(x.numel(), y.numel());
-  double worst = 0, scale = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    worst = std::max(worst, double(std::abs(x.data<float>()[i] - y.data<float>()[i])));
-    scale = std::max(scale, double(std::abs(x.data<float>()[i])));
-  }
-  EXPECT_LE(worst, 1e-5 * scale) << "largest logit " << scale;
+  expect_logits_of_dense(dense, m, 41);
   expect_error(
       [&] {
         parse_and_validate(geglu(with(
