@@ -251,6 +251,7 @@ struct TransformerConfig {
   int64_t mtp_num_layers = 0;            // --mtp-num-layers (0: none)
   double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
   static constexpr int kMtpLayerBase = 1 << 16;
+  static_assert(kMtpLayerBase == Fp8Config::kMtpLayerBase, "one MTP layer base");
   static bool is_mtp_layer(int64_t layer) { return layer >= kMtpLayerBase; }
   bool is_moe_layer(int64_t layer) const {
     if (is_mtp_layer(layer)) layer = num_layers - 1;

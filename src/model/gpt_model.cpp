@@ -49,6 +49,12 @@ GPTModel::GPTModel(const TransformerConfig& cfg, comm::Communicator* tp, Pipelin
   }
   for (auto& p : Stage::parameters(cfg_, part_)) params_.add(std::move(p));
   for (const auto& ch : part_.chunks) add_fp8_buffers(cfg_, ch, params_);  // FP8 scaling state
+  if (part_.last_stage) {  // the MTP depths' (model/mtp.h), which run on the last stage
+    std::vector<int> mtp;
+    for (int k = 0; k < int(cfg_.mtp_num_layers); ++k)
+      mtp.push_back(TransformerConfig::kMtpLayerBase + k);
+    add_fp8_buffers(cfg_, mtp, params_);
+  }
   for (auto& b : Stage::buffers(cfg_, part_)) params_.add_buffer(std::move(b));
   params_.allocate(cfg_.dtype, cfg_.grad_dtype(), cfg_.device, cfg_.tp_rank, cfg_.tp_size,
                    cfg_.param_align);

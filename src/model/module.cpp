@@ -1,5 +1,6 @@
 #include "model/module.h"
 
+#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -103,6 +104,21 @@ std::string layer_param_prefix(int layer) {
 }
 std::string layer_param_name(int layer, const std::string& suffix) {
   return layer_param_prefix(layer) + suffix;
+}
+std::string mtp_eh_proj_name(int depth) {
+  return "mtp.layers." + std::to_string(depth) + ".eh_proj";
+}
+int mtp_layer_of(const std::string& param_name) {
+  static const std::string head = "mtp.layers.";
+  if (param_name.compare(0, head.size(), head) != 0) return -1;
+  size_t i = head.size();
+  int k = 0;
+  if (i >= param_name.size() || !std::isdigit(static_cast<unsigned char>(param_name[i])))
+    return -1;
+  for (; i < param_name.size() && std::isdigit(static_cast<unsigned char>(param_name[i])); ++i)
+    k = 10 * k + (param_name[i] - '0');
+  if (i >= param_name.size() || param_name[i] != '.') return -1;
+  return TransformerConfig::kMtpLayerBase + k;
 }
 
 double output_init_std(const TransformerConfig& c) {

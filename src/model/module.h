@@ -167,6 +167,12 @@ ops::DropoutKey dropout_key(const TransformerConfig& c, const StepKeys& k, int64
 // mtp_model_layer." for the MTP layer ids, TransformerConfig::kMtpLayerBase + k).
 std::string layer_param_prefix(int layer);
 std::string layer_param_name(int layer, const std::string& suffix);
+// Multi-token prediction depth k's eh_proj ("mtp.layers.<k>.eh_proj"; its weight + ".weight").
+std::string mtp_eh_proj_name(int depth);
+// The layer id (kMtpLayerBase + k) of a parameter named "mtp.layers.<k>.*", else -1. An MTP
+// depth's parameters are registered under layer -1 (they are gathered with the head's:
+// TransformerLayer::add_params); what acts per layer (FP8) finds the depth by name.
+int mtp_layer_of(const std::string& param_name);
 // The initialisation std of the output projections (linear_proj, linear_fc2): Megatron's
 // scaled_init_method_normal, init_method_std / sqrt(2 * num_layers).
 double output_init_std(const TransformerConfig& c);

@@ -46,7 +46,7 @@ void MtpLayer::add_params(const TransformerConfig& c, int depth, std::vector<Par
   Norm::add_params(c, p + "enorm", -1, params);
   Norm::add_params(c, p + "hnorm", -1, params);
   // Megatron's eh_proj: a column-parallel linear without bias, initialised like the others.
-  params.push_back(make_param(p + "eh_proj.weight", {H, 2 * H}, TpSplit::None, Init::Normal,
+  params.push_back(make_param(mtp_eh_proj_name(depth) + ".weight", {H, 2 * H}, TpSplit::None, Init::Normal,
                               c.init_method_std, true, -1, c.tp_size, /*sp=*/true));
   TransformerLayer::add_params(c, layer_id(depth), params);
   Norm::add_params(c, p + "final_layernorm", -1, params);
@@ -61,7 +61,8 @@ MtpLayer::MtpLayer(const TransformerConfig& c, int depth, const ParamStore* stor
       depth_(depth),
       enorm_(c, store, mtp_prefix(depth) + "enorm"),
       hnorm_(c, store, mtp_prefix(depth) + "hnorm"),
-      eh_proj_(ParamStore::view(store, mtp_prefix(depth) + "eh_proj.weight")),
+      eh_proj_(ParamStore::view(store, mtp_eh_proj_name(depth) + ".weight")),
+      eh_fp8_(store, mtp_eh_proj_name(depth) + ".weight"),
       layer_(std::make_unique<TransformerLayer>(c, layer_id(depth), store)),
       head_(c, store, mtp_prefix(depth) + "final_layernorm") {}
 
@@ -114,7 +115,12 @@ PendingLoss MtpLayer::forward(const Tensor& h_prev, const MicroBatch& mb, Saved&
   ops::transpose(s.en.y, top, st);
   ops::transpose(s.hn.y, bottom, st);
   ops::transpose(ws.mtp_catT, s.cat, st);
-  ops::linear_forward(s.cat, eh_proj_.w, Tensor(), s.x, st);
+  // Under SP each TP rank holds its rows of cat: FP8's current scaling then takes the amax
+  // over TP (x_split), so every rank quantises with the serial run's scale.
+  if (eh_fp8_.on(cx))
+    eh_fp8_.forward(s.cat, cx.sp && cx.tp_comm, eh_proj_.w, Tensor(), Tensor(), s.x, cx);
+  else
+    ops::linear_forward(s.cat, eh_proj_.w, Tensor(), s.x, st);
   layer_->forward(s.x, s.layer, s.t, ws, cx);
   return head_.forward(s.t, s.mb, s.head, ws, cx);
 }
@@ -126,7 +132,12 @@ void MtpLayer::backward(const Tensor& h_prev, double scale, Saved& s, const Tens
   head_.backward(s.t, scale, s.head, ws, cx, dh_next);  // ws.dx = d t
   layer_->backward(s.x, s.layer, ws, cx);                // ws.dx = d x
   Tensor none;
-  ops::linear_backward(ws.dx, s.cat, eh_proj_.w, ws.mtp_dcat, false, eh_proj_.g, none, st);
+  if (eh_fp8_.on(cx)) {
+    const bool split = cx.sp && cx.tp_comm;
+    eh_fp8_.backward(ws.dx, split, s.cat, split, eh_proj_, ParamView{}, ws.mtp_dcat, true, cx);
+  } else {
+    ops::linear_backward(ws.dx, s.cat, eh_proj_.w, ws.mtp_dcat, false, eh_proj_.g, none, st);
+  }
   ops::transpose(ws.mtp_dcat, ws.mtp_catT, st);
   const Tensor de = ws.mtp_catT.narrow(0, H), dh = ws.mtp_catT.narrow(H, H);
   ops::transpose(de, ws.dln, st);

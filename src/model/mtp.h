@@ -24,12 +24,14 @@
 // whole on every TP rank (its gradient summed over TP under SP, as a norm's); the layer is
 // tensor- (and expert-) parallel as the decoder's. The depths run on the last pipeline
 // stage, reading the word embedding there (under PP a copy of the first stage's, LmHead's
-// pipeline_duplicate).
+// pipeline_duplicate). Under --fp8-format eh_proj and the layer run their GEMMs in FP8
+// whatever --first-last-layers-bf16 says (Megatron's one global FP8 context for MTP).
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "model/embedding.h"
+#include "model/fp8/fp8_linear.h"
 #include "model/lm_head.h"
 #include "model/transformer_layer.h"
 
@@ -73,6 +75,7 @@ class MtpLayer {
   int depth_;
   Norm enorm_, hnorm_;
   ParamView eh_proj_;
+  Fp8Linear eh_fp8_;  // eh_proj's FP8 GEMMs and state, under the depth's layer id
   std::unique_ptr<TransformerLayer> layer_;
   LmHead head_;
 };

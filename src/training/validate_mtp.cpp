@@ -21,8 +21,6 @@ void validate_mtp(const Args& a) {
                   "--mtp-num-layers with --position-embedding-type {}: multi-token prediction "
                   "needs rotary positions (Megatron asserts the same)",
                   a.position_embedding_type);
-  MCPP_CHECK_HINT(!a.fp8, "train without --fp8-format (or without --mtp-num-layers)",
-                  "--mtp-num-layers with --fp8-format is not implemented yet by megatron.cpp");
 }
 
 }  // namespace mcpp::training

@@ -252,4 +252,53 @@ TEST(Mtp, MemoryPlanIsWhatTheDepthsHold) {
   }
 }
 
+
+// FP8 (delayed scaling): the depths' GEMMs -- eh_proj and the layer's four linears -- run in
+// FP8 with their own scaling state even when --first-last-layers-bf16 keeps every decoder
+// layer out of it (Megatron's one global FP8 context for MTP): the state is registered,
+// checkpointed under Megatron-style names, and a training pass records every operand's
+// amax; the depths' losses then differ from the same model without FP8.
+TEST(Mtp, Fp8DepthsRunInFp8WhateverTheBf16Layers) {
+  TransformerConfig c = mtp_cfg(2, 0.0, false);
+  c.fp8.format = model::Fp8Config::Format::Hybrid;
+  c.fp8.recipe = model::Fp8Config::Recipe::Delayed;
+  c.fp8.amax_history_len = 2;
+  c.fp8.bf16_start = 1, c.fp8.bf16_end = 1;  // both decoder layers out of FP8
+  GPTModel m(c);
+  const auto& ps = m.params();
+  for (const auto& b : ps.buffer_infos())
+    EXPECT_EQ(b.name.find("decoder."), std::string::npos) << b.name << ": a bf16 layer's";
+  std::vector<std::string> linears;
+  for (int k = 0; k < 2; ++k) {
+    const std::string p = fmt::format("mtp.layers.{}.", k);
+    linears.push_back(p + "eh_proj");
+    for (const char* l : {"self_attention.linear_qkv", "self_attention.linear_proj",
+                          "mlp.linear_fc1", "mlp.linear_fc2"})
+      linears.push_back(p + "mtp_model_layer." + l);
+  }
+  for (const auto& l : linears) {
+    ASSERT_TRUE(ps.has_buffer(l + ".fp8_amax_history")) << l;
+    ASSERT_TRUE(ps.has_buffer(l + ".fp8_scale")) << l;
+  }
+  auto mb = batch(2, c.seq_length, 13, 21);
+  model::StepKeys keys;
+  m.params().zero_grads();
+  m.forward(mb, keys);
+  m.backward(1.0);
+  for (const auto& l : linears) {  // row 0: this step's amaxes of x, w and dy
+    const Tensor h = m.params().buffer(l + ".fp8_amax_history");
+    for (int j = 0; j < 3; ++j) EXPECT_GT(h.data<float>()[j], 0.f) << l << " operand " << j;
+  }
+  TransformerConfig plain = c;
+  plain.fp8 = {};
+  GPTModel p(plain);
+  ASSERT_EQ(std::memcmp(m.params().flat_params().raw(), p.params().flat_params().raw(),
+                        p.params().flat_params().nbytes()),
+            0);
+  p.forward(mb, keys);
+  const auto a = last_mtp(m), b = last_mtp(p);
+  for (size_t k = 0; k < a.size(); ++k)
+    EXPECT_GT(std::abs(a[k].first - b[k].first), 1e-6 * std::abs(b[k].first)) << "depth " << k;
+}
+
 }  // namespace mtp_test

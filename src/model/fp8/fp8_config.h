@@ -26,8 +26,13 @@ struct Fp8Config {
   bool blockwise() const { return enabled() && recipe == Recipe::Blockwise; }
   // Gradients are E5M2 under hybrid (more range), E4M3 under e4m3.
   bool grads_e5m2() const { return format == Format::Hybrid; }
-  // Whether global layer `layer` of `num_layers` runs its GEMMs in FP8.
+  // Multi-token prediction's layer ids start here (TransformerConfig::kMtpLayerBase).
+  static constexpr int64_t kMtpLayerBase = int64_t(1) << 16;
+  // Whether global layer `layer` of `num_layers` runs its GEMMs in FP8. The MTP layers
+  // always do under FP8: Megatron runs them in one global FP8 context, whatever
+  // --first-last-layers-bf16 keeps out of it.
   bool layer_in_fp8(int64_t layer, int64_t num_layers) const {
+    if (layer >= kMtpLayerBase) return enabled();
     return enabled() && layer >= bf16_start && layer < num_layers - bf16_end;
   }
 };

@@ -58,13 +58,8 @@ void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers,
       moe::GroupedExperts::add_fp8_buffers(c, l, experts);
       for (BufferInfo& b : experts) store.add_buffer(std::move(b));
     }
-    for (const char* name : kFp8Linears) {
-      std::string p = layer_param_name(l, name);
-      if (moe && p.find(".mlp.") != std::string::npos) {  // no dense MLP: the shared experts'
-        if (c.moe.shared_ffn_hidden_size <= 0) continue;
-        p = layer_param_name(l, std::string("mlp.shared_experts.") + (name + 4));
-      }
-      // The scales start at 1 (Transformer Engine's initial scale); the history empty.
+    // The scales start at 1 (Transformer Engine's initial scale); the history empty.
+    auto add = [&](const std::string& p) {
       store.add_buffer({fp8_history_name(p),
                         {c.fp8.amax_history_len, 3},
                         {},
@@ -76,7 +71,17 @@ void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers,
                         {}});
       store.add_buffer(
           {fp8_scale_name(p), {3}, {}, DType::F32, TpSplit::None, l, -1, Init::Ones, {}});
+    };
+    for (const char* name : kFp8Linears) {
+      std::string p = layer_param_name(l, name);
+      if (moe && p.find(".mlp.") != std::string::npos) {  // no dense MLP: the shared experts'
+        if (c.moe.shared_ffn_hidden_size <= 0) continue;
+        p = layer_param_name(l, std::string("mlp.shared_experts.") + (name + 4));
+      }
+      add(p);
     }
+    if (TransformerConfig::is_mtp_layer(l))  // the depth's eh_proj (model/mtp.h)
+      add(mtp_eh_proj_name(int(l - TransformerConfig::kMtpLayerBase)));
   }
 }
 
@@ -112,6 +117,7 @@ Fp8Linear::Fp8Linear(const ParamStore* store, const std::string& weight) {
   bind_param_weight(store, weight);  // --fp8-param-gather
   if (!store || !store->has(weight)) return;  // shape-only
   layer_ = store->info(weight).layer;
+  if (layer_ < 0) layer_ = mtp_layer_of(weight);
   const std::string p = prefix_of(weight);
   if (store->has_buffer(fp8_history_name(p))) {
     history_ = store->buffer(fp8_history_name(p));

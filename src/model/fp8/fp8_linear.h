@@ -73,7 +73,9 @@ void fp8_update_scales(const TransformerConfig& c, ParamStore& store, Stream& s)
 class Fp8Linear {
  public:
   Fp8Linear() = default;
-  // weight: the layer's weight name; binds the state buffers when registered.
+  // weight: the layer's weight name; binds the state buffers when registered. An MTP
+  // depth's weights (eh_proj's and its layer's, registered under layer -1) run as the
+  // depth's layer id (mtp_layer_of).
   Fp8Linear(const ParamStore* store, const std::string& weight);
 
   // Whether this layer's GEMMs run in FP8 in this pass.
