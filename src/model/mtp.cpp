@@ -46,8 +46,8 @@ void MtpLayer::add_params(const TransformerConfig& c, int depth, std::vector<Par
   Norm::add_params(c, p + "enorm", -1, params);
   Norm::add_params(c, p + "hnorm", -1, params);
   // Megatron's eh_proj: a column-parallel linear without bias, initialised like the others.
-  params.push_back(make_param(mtp_eh_proj_name(depth) + ".weight", {H, 2 * H}, TpSplit::None, Init::Normal,
-                              c.init_method_std, true, -1, c.tp_size, /*sp=*/true));
+  params.push_back(make_param(mtp_eh_proj_name(depth) + ".weight", {H, 2 * H}, TpSplit::None,
+                              Init::Normal, c.init_method_std, true, -1, c.tp_size, /*sp=*/true));
   TransformerLayer::add_params(c, layer_id(depth), params);
   Norm::add_params(c, p + "final_layernorm", -1, params);
 }
@@ -131,11 +131,11 @@ void MtpLayer::backward(const Tensor& h_prev, double scale, Saved& s, const Tens
   const int64_t H = cx.H;
   head_.backward(s.t, scale, s.head, ws, cx, dh_next);  // ws.dx = d t
   layer_->backward(s.x, s.layer, ws, cx);                // ws.dx = d x
-  Tensor none;
   if (eh_fp8_.on(cx)) {
     const bool split = cx.sp && cx.tp_comm;
     eh_fp8_.backward(ws.dx, split, s.cat, split, eh_proj_, ParamView{}, ws.mtp_dcat, true, cx);
   } else {
+    Tensor none;
     ops::linear_backward(ws.dx, s.cat, eh_proj_.w, ws.mtp_dcat, false, eh_proj_.g, none, st);
   }
   ops::transpose(ws.mtp_dcat, ws.mtp_catT, st);
