@@ -27,9 +27,6 @@ DenseMlp::DenseMlp(const TransformerConfig& c, int layer, const ParamStore* stor
   MCPP_CHECK(!recompute_ || (!c.fp8.enabled() && c.keep_mlp_activations == 0),
              "DenseMlp: --recompute-modules mlp with FP8 or --keep-mlp-activations (refused at "
              "start-up)");
-  MCPP_CHECK(!act_op_ || !c.fp8.enabled(),
-             "DenseMlp: --squared-relu, --quick-geglu or a SwiGLU offset / clamp with "
-             "--fp8-format (refused at start-up)");
 }
 
 // pre = fc1(x), act = the activation of pre, by the kernels the forward uses (GELU: the GEMM
@@ -68,9 +65,10 @@ void DenseMlp::scratch_specs(const Dims& d, bool uses_scratch_activation, Worksp
   const bool fp8_fused = !act_op_ && f.delayed() && f.wgrad && f.bf16_start == 0 &&
                          f.bf16_end == 0 && d.dt == DType::BF16 && d.dev == Device::CUDA &&
                          d.T % 16 == 0 && cfg_->ffn_local() % (swiglu_ ? 64 : 16) == 0;
-  // A SwiGLU layer that keeps its activation in FP8 without the fused casts writes the
-  // bf16 one to the scratch.
-  const bool fp8_kept_t = swiglu_ && fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local());
+  // A layer that keeps its activation in FP8 without the fused casts (SwiGLU; the
+  // activation ops always) writes the bf16 one to the scratch.
+  const bool fp8_kept_t =
+      (swiglu_ || act_op_) && fc2_.fp8().keeps_input_t(*cfg_, d, cfg_->ffn_local());
   v(ws.act, {d.T, cfg_->ffn_local()}, d.dt,
     (uses_scratch_activation || fp8_kept_t) && !fp8_fused);
   v(ws.dfc1, {d.T, cfg_->fc1_width_local()}, d.dt, !(fp8_fused && swiglu_));
@@ -98,11 +96,12 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     fc2_.fp8().clear_precast();
     return;
   }
-  if (swiglu_ && kept_t) {
-    // FP8, activation kept: the bf16 activation in the scratch, cast both ways at once
-    // (the row-wise copy for fc2 now, the column-wise one kept for its wgrad).
+  if ((swiglu_ || act_op_) && kept_t) {
+    // FP8, activation kept (SwiGLU without the fused casts, or an activation op): the bf16
+    // activation in the scratch, cast both ways at once (the row-wise copy for fc2 now,
+    // the column-wise one kept for its wgrad).
     MCPP_CHECK(ws.act.defined(), "DenseMlp: FP8 kept activation without the scratch activation");
-    fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);
+    fc1_act(x, s.fc1_in, s.fc1, act, ws, cx);
     fc2_.fp8().precast_input(act, s.act, cx);
     if (residual)
       fc2_.forward_residual(act, *residual, y, cx);
@@ -115,7 +114,7 @@ void DenseMlp::forward(const Tensor& x, MlpSaved& sb, const Tensor* residual, Te
     fc1_act(x, s.fc1_in, ws.fc1, act, ws, cx);
   } else if (swiglu_) {
     fc1_.forward_swiglu(x, s.fc1_in, s.fc1, act, ws, cx);  // (one op in generation)
-  } else if (act_op_) {  // the GEMM, then the activation op (no FP8: refused)
+  } else if (act_op_) {  // the GEMM, then the activation op (FP8: fc1's and fc2's GEMMs)
     fc1_act(x, s.fc1_in, s.fc1, act, ws, cx);
   } else if (fc2_.fp8().fused(s.fc1, cx)) {
     // FP8: GELU taken in the cast of fc2's input (fp8_gelu_cast), one pass over fc1's
@@ -194,10 +193,11 @@ void DenseMlp::backward(const Tensor& dy, const Tensor& x, MlpSaved& sb, Tensor&
     fc1_.fp8().clear_precast();
     return;
   }
-  if (swiglu_ && kept_t) {  // as below, fc2's wgrad operand the kept FP8 copy
+  if ((swiglu_ || act_op_) && kept_t) {  // as below, fc2's wgrad operand the kept FP8 copy
     const Tensor& g = fc2_.grad_output(dy, ws, cx);
     fc2_.backward_data(g, ws.dact, ws.dact, cx);  // (x: the shape only)
-    ops::swiglu_backward(ws.dact, fc1, ws.dfc1, st);
+    // (plain SwiGLU: swiglu_backward itself)
+    ops::mlp_activation_backward(cfg_->activation(), ws.dact, fc1, ws.dfc1, st);
     fc2_.fp8().use_kept_input(s.act, cx);
     fc2_.backward_weights(g, ws.dact, cx);
     fc2_.fp8().clear_precast();

@@ -86,7 +86,8 @@ class DenseMlp final : public MlpModule {
   bool recompute_ = false;  // --recompute-modules mlp
   bool swiglu_ = false;     // plain SwiGLU: its fused GEMM, decode and FP8 paths
   // Squared ReLU, quick-GEGLU, SwiGLU with an offset or clamp: fc1's GEMM, then the
-  // activation op (ops::mlp_activation_forward / _backward); no FP8 (refused at start-up).
+  // activation op (ops::mlp_activation_forward / _backward) in the model precision; under
+  // FP8 the GEMMs run in FP8 and fc2 casts the activation (no fused cast for them).
   bool act_op_ = false;
 };
 

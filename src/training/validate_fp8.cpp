@@ -34,15 +34,6 @@ void validate_fp8(const Args& a) {
   MCPP_CHECK_HINT(*a.fp8 == "e4m3" || *a.fp8 == "hybrid",
                   "use --fp8-format e4m3 (every GEMM operand E4M3) or hybrid (gradients E5M2)",
                   "--fp8-format {} is not a format", *a.fp8);
-  MCPP_CHECK_HINT(!a.squared_relu, "drop --fp8-format, or train without --squared-relu",
-                  "--squared-relu with --fp8-format is not implemented yet by megatron.cpp (the "
-                  "dense MLP's FP8 paths are GELU's and SwiGLU's fused casts)");
-  MCPP_CHECK_HINT(!a.quick_geglu && a.glu_linear_offset == 0 && !a.activation_func_clamp_value,
-                  "drop --fp8-format, or train without them",
-                  "{} with --fp8-format is not implemented yet by megatron.cpp (the dense MLP's "
-                  "FP8 paths are GELU's and plain SwiGLU's fused casts)",
-                  a.quick_geglu ? "--quick-geglu"
-                                : "--glu-linear-offset / --activation-func-clamp-value");
   MCPP_CHECK_HINT(!a.fp16, "use --bf16 with --fp8-format (as Megatron with Transformer Engine)",
                   "--fp8-format with --fp16: FP8 training keeps bf16 parameters and activations");
   const std::string& r = a.fp8_recipe;

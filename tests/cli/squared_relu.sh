@@ -3,7 +3,8 @@
 #   * a GPT-style and a Llama-style model train with it and the loss falls;
 #   * the checkpoint records it: resuming with it continues, loading without it (GELU) is an
 #     error naming squared_relu, --use-checkpoint-args takes it; generate runs the model;
-#   * with --swiglu it is refused as Megatron refuses it, with --fp8-format as not implemented;
+#   * with --swiglu it is refused as Megatron refuses it;
+#   * with --fp8-format it is planned and trains (dense and MoE), the loss falling;
 #   * --to-hf writes GPT2LMHeadModel with activation_function relu2 (and --from-hf gives the
 #     flag back); a Llama-style squared-ReLU model has no Hugging Face equivalent (refused).
 set -euo pipefail
@@ -49,15 +50,23 @@ run "$W/gen.log" "$M" generate --load "$W/ck" --prompt "1 2 3 4" --num-tokens-to
     --threads 1
 echo "generate: $(tail -1 "$W/gen.log")"
 
-# Refused combinations.
+# Refused with --swiglu, as Megatron refuses it.
 out=$("$M" train "${T[@]}" --squared-relu --swiglu --train-iters 100 2>&1) &&
   { echo "--squared-relu --swiglu accepted"; exit 1; }
 grep -q -- "--squared-relu and --swiglu both choose the MLP's activation" <<<"$out" ||
   { echo "unexpected: $out"; exit 1; }
-out=$("$M" plan "${T[@]}" --squared-relu --fp8-format hybrid --bf16 --train-iters 100 2>&1) &&
-  { echo "--squared-relu --fp8-format accepted"; exit 1; }
-grep -q -- "--squared-relu with --fp8-format is not implemented yet" <<<"$out" ||
-  { echo "unexpected: $out"; exit 1; }
+
+# FP8 (the GEMMs in FP8, squared ReLU between them in the model precision): planned, and
+# trained, dense and MoE (routed and shared experts), with the loss falling.
+run "$W/fp8_plan.log" "$M" plan "${T[@]}" --device cuda --attention-dropout 0 --squared-relu \
+    --fp8-format hybrid --bf16 --train-iters 100
+run "$W/fp8.log" "$M" train "${T[@]}" --squared-relu --fp8-format hybrid --train-iters 80
+grep -Eq "^  fp8 \.+ hybrid$" "$W/fp8.log" || { echo "FP8 not on"; exit 1; }
+falls "$W/fp8.log" 3.5
+run "$W/fp8_moe.log" "$M" train "${T[@]}" "${L[@]}" --squared-relu --fp8-format hybrid \
+    --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 \
+    --moe-shared-expert-intermediate-size 64 --train-iters 80
+falls "$W/fp8_moe.log" 3.5
 
 # Hugging Face: GPT-2 with relu2, and back; the Llama-style one refused.
 run "$W/to_hf.log" "$M" convert --load "$W/ck" --to-hf "$W/hf"

@@ -5,7 +5,9 @@
 // keeps every layer's activation and the run that keeps none (each layer recasts in the
 // backward) give bitwise the same losses, parameter gradients, amax histories and
 // scales, step after step; and the kept tensors are FP8 at half the bf16 size. GELU and
-// SwiGLU MLPs, with and without biases.
+// SwiGLU MLPs (the copy written by their fused casts), squared ReLU and quick-GEGLU with
+// an offset and a clamp (the activation op, then fc2's input cast both ways at once), with
+// and without biases.
 #include <cstring>
 
 #include "gpu_test_util.h"
@@ -22,18 +24,29 @@ namespace fp8_model_gpu_test {
 
 constexpr int64_t kB = 2, kS = 80, kVocab = 120;  // T = 160: a multiple of 16
 
-TransformerConfig cfg(bool llama, int64_t keep) {
+// The MLP's activation; SwiGLU and quick-GEGLU in the Llama shape, the others in GPT's.
+enum class Act { Gelu, Swiglu, SquaredRelu, QuickGeglu };
+const Act kActs[] = {Act::Gelu, Act::Swiglu, Act::SquaredRelu, Act::QuickGeglu};
+const char* act_name(Act a) {
+  const char* const names[] = {"gelu", "swiglu", "squared_relu", "quick_geglu"};
+  return names[int(a)];
+}
+
+TransformerConfig cfg(Act act, int64_t keep) {
+  const bool llama = act == Act::Swiglu || act == Act::QuickGeglu;
   TransformerConfig c;
   c.num_layers = 3, c.kv_channels = 64, c.seq_length = kS, c.max_position_embeddings = 96;
   c.padded_vocab_size = 128, c.hidden_dropout = 0, c.attention_dropout = 0;
   c.seed = 5, c.init_method_std = 0.05, c.device = Device::CUDA, c.dtype = DType::BF16;
   if (llama) {
     c.hidden_size = 256, c.num_attention_heads = 4, c.num_query_groups = 2;
-    c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = true;
+    c.ffn_hidden_size = 320, c.rope = true, c.rmsnorm = true, c.swiglu = act == Act::Swiglu;
     c.tie_embeddings = false, c.add_bias_linear = false;
+    if (act == Act::QuickGeglu)  // gpt-oss's MLP
+      c.quick_geglu = true, c.glu_linear_offset = 1.0, c.activation_func_clamp_value = 7.0;
   } else {
     c.hidden_size = 128, c.num_attention_heads = 2, c.num_query_groups = 2;
-    c.ffn_hidden_size = 512;
+    c.ffn_hidden_size = 512, c.squared_relu = act == Act::SquaredRelu;
   }
   c.keep_mlp_activations = keep;
   c.fp8.format = model::Fp8Config::Format::Hybrid;
@@ -61,8 +74,8 @@ struct TrainRun {
   std::vector<Tensor> buffers;  // the FP8 histories and scales at the end (host)
 };
 
-TrainRun train(bool llama, int64_t keep) {
-  GPTModel m(cfg(llama, keep));
+TrainRun train(Act act, int64_t keep) {
+  GPTModel m(cfg(act, keep));
   optim::AdamW opt(m.params(), {});
   TrainRun r;
   const auto mb = batch(40);  // one batch: the loss must fall step after step
@@ -91,9 +104,9 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 
 TEST(Fp8ModelGpu, KeptFp8ActivationEqualsRecastInBackward) {
   MCPP_REQUIRE_GPU();
-  for (bool llama : {false, true}) {
-    SCOPED_TRACE(llama ? "SwiGLU" : "GELU");
-    const TrainRun none = train(llama, 0), all = train(llama, 3);
+  for (Act act : kActs) {
+    SCOPED_TRACE(act_name(act));
+    const TrainRun none = train(act, 0), all = train(act, 3);
     ASSERT_EQ(none.losses.size(), all.losses.size());
     for (size_t i = 0; i < none.losses.size(); ++i)
       EXPECT_EQ(none.losses[i], all.losses[i]) << "step " << i;
@@ -109,20 +122,20 @@ TEST(Fp8ModelGpu, KeptFp8ActivationEqualsRecastInBackward) {
     ASSERT_GT(all.buffers.size(), 0u) << "delayed scaling registers its state";
     for (size_t i = 0; i < none.buffers.size(); ++i)
       EXPECT_TRUE(same_bytes(none.buffers[i], all.buffers[i])) << "FP8 buffer " << i;
-    std::printf("[fp8 keep %s] losses %.6f %.6f %.6f, bitwise equal kept / recast\n",
-                llama ? "swiglu" : "gelu", all.losses[0], all.losses[1], all.losses[2]);
+    std::printf("[fp8 keep %s] losses %.6f %.6f %.6f, bitwise equal kept / recast\n", act_name(act),
+                all.losses[0], all.losses[1], all.losses[2]);
   }
 }
 
 // The kept activation is the FP8 column-wise copy [F, T] (1 byte an element), not bf16.
 TEST(Fp8ModelGpu, KeptActivationIsTheFp8Copy) {
   MCPP_REQUIRE_GPU();
-  for (bool llama : {false, true}) {
-    const TransformerConfig c = cfg(llama, 3);
+  for (Act act : kActs) {
+    const TransformerConfig c = cfg(act, 3);
     const model::Dims d = model::make_dims(c, kS, kB);
     GPTModel m(c);
     const model::Fp8Linear lin(&m.params(), "decoder.layers.1.mlp.linear_fc2.weight");
-    EXPECT_TRUE(lin.keeps_input_t(c, d, c.ffn_hidden_size)) << (llama ? "SwiGLU" : "GELU");
+    EXPECT_TRUE(lin.keeps_input_t(c, d, c.ffn_hidden_size)) << act_name(act);
     TransformerConfig off = c;
     off.fp8.wgrad = false;  // bf16 wgrad reads the bf16 activation
     EXPECT_FALSE(lin.keeps_input_t(off, d, c.ffn_hidden_size));

@@ -2,7 +2,7 @@
 // start-up: the values reach the model config, and every combination Megatron-LM refuses
 // (TransformerConfig.__post_init__, core_transformer_config_from_args, TEGroupedMLP,
 // SharedExpertMLP, the ETP-1 rule for MoE biases) is an error naming the flag with a HINT,
-// as are the ones that would change nothing and the FP8 paths that do not take them.
+// as are the ones that would change nothing; FP8 training takes them all.
 #include <cmath>
 #include <limits>
 
@@ -118,13 +118,22 @@ TEST(ValidateActivation, Clamp) {
   expect_error([&] { c.check_activation(); }, {"for SwiGLU must be finite"});
 }
 
-TEST(ValidateActivation, Fp8RefusesThem) {
+// As Megatron with Transformer Engine: the GEMMs in FP8, the activation between them in the
+// model precision (docs/fp8.md).
+TEST(ValidateActivation, Fp8TakesThem) {
   for (auto more : {std::vector<std::string>{"--quick-geglu"},
+                    std::vector<std::string>{"--quick-geglu", "--glu-linear-offset", "1.0",
+                                             "--activation-func-clamp-value", "7"},
+                    std::vector<std::string>{"--squared-relu"},
                     std::vector<std::string>{"--swiglu", "--num-experts", "4",
                                              "--activation-func-clamp-value", "7"}}) {
     auto v = with(base_argv(), {"--fp8-format", "hybrid", "--bf16"});
     v.insert(v.end(), more.begin(), more.end());
-    expect_error([&] { parse_and_validate(v); }, {"with --fp8-format is not implemented yet"});
+    Args a;
+    ASSERT_NO_THROW(a = parse_and_validate(v)) << more[0];
+    const model::TransformerConfig c = model_config(a, Device::CPU, DType::BF16);
+    EXPECT_TRUE(c.fp8.enabled()) << more[0];
+    EXPECT_FALSE(c.activation().plain_swiglu() || c.activation().kind == MlpActivation::Gelu);
   }
 }
 
