@@ -457,7 +457,11 @@ struct Args {
   std::optional<int64_t> moe_router_num_groups;
   std::optional<int64_t> moe_router_group_topk;
   std::optional<std::string> moe_router_dtype;            // fp32 | fp64
-  std::string moe_token_dispatcher_type = "allgather";    // allgather | alltoall
+  std::string moe_token_dispatcher_type = "allgather";    // allgather | alltoall | flex
+  // flex: deepep | hybridep | ncclep (the communication library Megatron's flex dispatcher
+  // calls; here every backend runs the all-to-all dispatcher's exchange: validate_moe.cpp)
+  std::string moe_flex_dispatcher_backend = "deepep";
+  bool moe_enable_deepep = false;  // deprecated in Megatron: flex with the deepep backend
   std::optional<double> moe_expert_capacity_factor;       // None: dropless
   bool moe_pad_expert_input_to_capacity = false;
   std::string moe_token_drop_policy = "probs";            // probs | position

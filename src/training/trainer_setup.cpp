@@ -284,7 +284,10 @@ void Trainer::State::build_model() {
               s.ps->layout().ep(), s.ps->ep_rank(), s.model_cfg.moe.first_expert(),
               s.model_cfg.moe.first_expert() + s.model_cfg.moe.local_experts() - 1,
               s.model_cfg.moe.num_experts, s.ps->layout().etp(), s.ps->layout().edp(),
-              s.model_cfg.moe.alltoall ? "alltoall" : "allgather", moe_layers);
+              s.args.moe_token_dispatcher_type == "flex"
+                  ? "flex (megatron.cpp's all-to-all exchange)"
+                  : s.model_cfg.moe.alltoall ? "alltoall" : "allgather",
+              moe_layers);
   }
   // global_aux_loss: its counts summed over the DP x CP group (routing.h).
   if (s.model_cfg.moe.coeff(model::TransformerConfig::Moe::Balance::GlobalAuxLoss) > 0)

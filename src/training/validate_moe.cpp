@@ -109,6 +109,59 @@ static void validate_moe_biases(const Args& a, int64_t etp) {
                   "grouped-GEMM upcycling leaves the experts' biases at their initialisation");
 }
 
+// --moe-token-dispatcher-type flex (Megatron's MoEFlexTokenDispatcher: one exchange over the
+// expert-TP x EP ranks through DeepEP, HybridEP or NCCL EP). Its dropless function is the
+// all-to-all dispatcher's -- every token to its top-k experts, their outputs weighted and
+// summed -- and that is what runs here, over megatron.cpp's own all-to-all (NCCL / MPI)
+// whatever the backend names. Megatron's checks of the flex flags come first; token dropping
+// is refused (each backend drops in its own way).
+static void validate_flex_dispatcher(const Args& a, int64_t tp) {
+  const std::string& d = a.moe_token_dispatcher_type;
+  const std::string& b = a.moe_flex_dispatcher_backend;
+  MCPP_CHECK(d == "allgather" || d == "alltoall" || d == "flex",
+             "--moe-token-dispatcher-type {}: the parser admits only Megatron's choices", d);
+  MCPP_CHECK(b == "deepep" || b == "hybridep" || b == "ncclep",
+             "--moe-flex-dispatcher-backend {}: the parser admits only Megatron's choices", b);
+  if (a.moe_enable_deepep) {  // Megatron's deprecated spelling of flex + deepep
+    MCPP_CHECK_HINT(d == "flex", "add --moe-token-dispatcher-type flex",
+                    "--moe-enable-deepep is only supported with the flex token dispatcher (as "
+                    "in Megatron), and --moe-token-dispatcher-type is {}",
+                    d);
+    MCPP_CHECK_HINT(b != "hybridep", "drop --moe-enable-deepep (deprecated in Megatron)",
+                    "--moe-enable-deepep with --moe-flex-dispatcher-backend hybridep: only one "
+                    "backend is supported for the flex token dispatcher (as in Megatron)");
+  }
+  const std::string backend = a.moe_enable_deepep ? "deepep" : b;
+  if (d != "flex") {
+    MCPP_CHECK_HINT(!a.was_given("moe_flex_dispatcher_backend"),
+                    "add --moe-token-dispatcher-type flex, or drop the flag",
+                    "--moe-flex-dispatcher-backend chooses the flex dispatcher's backend, and "
+                    "--moe-token-dispatcher-type is {}",
+                    d);
+    return;
+  }
+  MCPP_CHECK_HINT(!a.fake_process_group, "use --moe-token-dispatcher-type alltoall",
+                  "--fake-process-group with the flex token dispatcher: not supported (as in "
+                  "Megatron)");
+  const int64_t etp = a.expert_tensor_parallel_size.value_or(tp);
+  MCPP_CHECK_HINT(backend == "hybridep" || etp * a.expert_model_parallel_size > 1,
+                  "use --moe-flex-dispatcher-backend hybridep or --moe-token-dispatcher-type "
+                  "alltoall on one expert rank, or add --expert-model-parallel-size N",
+                  "the flex dispatcher's {} backend needs more than one expert rank (expert "
+                  "tensor parallel x expert parallel is 1; Megatron asserts the same)",
+                  backend);
+  MCPP_CHECK_HINT(!a.moe_pad_expert_input_to_capacity || backend != "deepep",
+                  "use --moe-flex-dispatcher-backend hybridep, or drop "
+                  "--moe-pad-expert-input-to-capacity",
+                  "the flex dispatcher with the deepep backend does not pad the experts' input "
+                  "to capacity (as in Megatron)");
+  MCPP_CHECK_HINT(!a.moe_expert_capacity_factor,
+                  "use --moe-token-dispatcher-type alltoall to drop tokens over a capacity, or "
+                  "drop --moe-expert-capacity-factor",
+                  "--moe-expert-capacity-factor with the flex dispatcher is not implemented yet "
+                  "by megatron.cpp (megatron.cpp's flex runs dropless)");
+}
+
 // --moe-shared-expert-overlap: the shared expert beside the router and the routed experts,
 // on a side stream (model/moe/moe_layer.cpp). Megatron's conditions (the alltoall
 // dispatcher, no recomputed shared experts), and ours: its linears must not communicate
@@ -120,10 +173,10 @@ static void validate_shared_expert_overlap(const Args& a, int64_t tp) {
                   fmt::format("add --moe-shared-expert-intermediate-size N, or {}", drop),
                   "--moe-shared-expert-overlap needs shared experts "
                   "(--moe-shared-expert-intermediate-size)");
-  MCPP_CHECK_HINT(a.moe_token_dispatcher_type == "alltoall",
+  MCPP_CHECK_HINT(a.moe_token_dispatcher_type != "allgather",
                   fmt::format("add --moe-token-dispatcher-type alltoall, or {}", drop),
-                  "--moe-shared-expert-overlap works with the alltoall token dispatcher only "
-                  "(as in Megatron), and --moe-token-dispatcher-type is {}",
+                  "--moe-shared-expert-overlap works with the alltoall and flex token "
+                  "dispatchers only (as in Megatron), and --moe-token-dispatcher-type is {}",
                   a.moe_token_dispatcher_type);
   const auto& m = a.recompute_modules;
   MCPP_CHECK_HINT(a.recompute_granularity != "selective" ||
@@ -348,17 +401,13 @@ void validate_moe(Args& a) {
     MCPP_CHECK_HINT(a.fp8, "add --fp8-format, or drop --moe-router-padding-for-fp8",
                     "--moe-router-padding-for-fp8 needs FP8 training (--fp8-format), as in "
                     "Megatron");
-    MCPP_CHECK_HINT(a.moe_token_dispatcher_type == "alltoall",
+    MCPP_CHECK_HINT(a.moe_token_dispatcher_type != "allgather",
                     "add --moe-token-dispatcher-type alltoall",
                     "--moe-router-padding-for-fp8 with --moe-token-dispatcher-type {}: Megatron's "
                     "allgather dispatcher does not support the router padding",
                     a.moe_token_dispatcher_type);
   }
-  MCPP_CHECK_HINT(a.moe_token_dispatcher_type == "allgather" ||
-                      a.moe_token_dispatcher_type == "alltoall",
-                  "use --moe-token-dispatcher-type allgather or alltoall",
-                  "--moe-token-dispatcher-type {} is not implemented yet by megatron.cpp",
-                  a.moe_token_dispatcher_type);
+  validate_flex_dispatcher(a, tp);
 
   // Tensor parallelism: the router and the dispatcher see the sequence shard.
   MCPP_CHECK_HINT(tp == 1 || a.sequence_parallel, "add --sequence-parallel",

@@ -961,6 +961,54 @@ TEST(MoeFlags, SharedExpertOverlapConditions) {
             std::string::npos);
 }
 
+// --moe-token-dispatcher-type flex: accepted with Megatron's backends where Megatron accepts
+// them (deepep and ncclep need more than one expert rank; hybridep runs on one), and it
+// configures the all-to-all dispatcher's exchange; Megatron's flex checks and the dropping
+// not implemented here are errors naming the flag.
+TEST(MoeFlags, FlexDispatcher) {
+  const std::vector<std::string> moe = {"--num-experts", "4", "--moe-token-dispatcher-type",
+                                        "flex"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> v = moe;
+    v.insert(v.end(), more.begin(), more.end());
+    return start_up_error(v);
+  };
+  const std::vector<std::string> ep2 = {"--expert-model-parallel-size", "2"};
+  EXPECT_EQ(with(ep2), "");  // deepep, Megatron's default backend
+  EXPECT_EQ(with({"--moe-flex-dispatcher-backend", "hybridep"}), "");
+  EXPECT_EQ(with({"--expert-model-parallel-size", "2", "--moe-enable-deepep"}), "");
+  EXPECT_EQ(with({"--expert-model-parallel-size", "2", "--moe-flex-dispatcher-backend",
+                  "ncclep"}),
+            "");
+  EXPECT_NE(with({}).find("deepep backend needs more than one expert rank"), std::string::npos);
+  EXPECT_NE(with({"--moe-flex-dispatcher-backend", "ncclep"}).find("ncclep backend"),
+            std::string::npos);
+  EXPECT_NE(with({"--moe-flex-dispatcher-backend", "nvshmem"})
+                .find("'nvshmem' is not one of deepep, hybridep, ncclep"),
+            std::string::npos);
+  EXPECT_NE(with({"--moe-enable-deepep", "--moe-flex-dispatcher-backend", "hybridep"})
+                .find("only one backend"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-enable-deepep"})
+                .find("add --moe-token-dispatcher-type flex"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-token-dispatcher-type", "alltoall",
+                            "--moe-flex-dispatcher-backend", "hybridep"})
+                .find("chooses the flex dispatcher's backend"),
+            std::string::npos);
+  EXPECT_NE(with({"--expert-model-parallel-size", "2", "--moe-expert-capacity-factor", "1.0"})
+                .find("--moe-expert-capacity-factor with the flex dispatcher"),
+            std::string::npos);
+  EXPECT_NE(with({"--expert-model-parallel-size", "2", "--moe-expert-capacity-factor", "1.0",
+                  "--moe-pad-expert-input-to-capacity"})
+                .find("does not pad the experts' input"),
+            std::string::npos);
+  // What the flex dispatcher allows that the all-gather one does not (Megatron's lists).
+  EXPECT_EQ(with({"--expert-model-parallel-size", "2", "--moe-shared-expert-intermediate-size",
+                  "16", "--moe-shared-expert-overlap"}),
+            "");
+}
+
 TEST(MoeFlags, StartUpErrorsNameTheFlag) {
   EXPECT_EQ(start_up_error({"--num-experts", "4"}), "");
   EXPECT_NE(start_up_error({"--num-experts", "3", "--expert-model-parallel-size", "2"})
