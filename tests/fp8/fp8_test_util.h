@@ -56,6 +56,20 @@ inline float amax(const Tensor& v) {
   return double(f) < m ? std::nextafter(f, INFINITY) : f;
 }
 // The scale fp8_scale_update makes of an amax (margin 0).
+// A [n, k] @ B [m, k]^T -> [n, m] in f64, plain loops (the references' GEMM).
+inline Tensor mm_t(const Tensor& A, const Tensor& B) {
+  const int64_t n = A.size(0), k = A.size(1), m = B.size(0);
+  Tensor y = Tensor::empty({n, m}, DType::F64);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < m; ++j) {
+      const double *a = A.data<double>() + t * k, *b = B.data<double>() + j * k;
+      double s = 0;
+      for (int64_t i = 0; i < k; ++i) s += a[i] * b[i];
+      y.data<double>()[t * m + j] = s;
+    }
+  return y;
+}
+
 inline double scale_of(double fp8_max, float a) { return double(float(fp8_max / double(a))); }
 
 // Central differences of f in every element of x (f64; x is perturbed in place and restored).

@@ -32,19 +32,8 @@ using fp8_test::q;
 using fp8_test::randn;
 using fp8_test::scale_of;
 
-// A [n, k] @ B [m, k]^T -> [n, m].
-Tensor mm_t(const Tensor& A, const Tensor& B) {
-  const int64_t n = A.size(0), k = A.size(1), m = B.size(0);
-  Tensor y = Tensor::empty({n, m}, DType::F64);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < m; ++j) {
-      const double *a = A.data<double>() + t * k, *b = B.data<double>() + j * k;
-      double s = 0;
-      for (int64_t i = 0; i < k; ++i) s += a[i] * b[i];
-      y.data<double>()[t * m + j] = s;
-    }
-  return y;
-}
+using fp8_test::mm_t;
+
 Tensor transpose(const Tensor& A) {
   const int64_t n = A.size(0), m = A.size(1);
   Tensor y = Tensor::empty({m, n}, DType::F64);

@@ -36,19 +36,8 @@ Tensor fd5(Tensor x, const std::function<double()>& f) { return fp8_test::fd(x, 
 
 using fp8_test::S;
 
-// A [T, k] @ B [n, k]^T.
-Tensor mm_t(const Tensor& A, const Tensor& B) {
-  const int64_t T = A.size(0), k = A.size(1), n = B.size(0);
-  Tensor y = Tensor::empty({T, n}, DType::F64);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t i = 0; i < k; ++i)
-        s += A.data<double>()[t * k + i] * B.data<double>()[j * k + i];
-      y.data<double>()[t * n + j] = s;
-    }
-  return y;
-}
+using fp8_test::mm_t;
+
 double dot(const Tensor& a, const Tensor& b) {
   double s = 0;
   for (int64_t i = 0; i < a.numel(); ++i) s += a.data<double>()[i] * b.data<double>()[i];
