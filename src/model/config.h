@@ -172,6 +172,9 @@ struct TransformerConfig {
   // Megatron's default modules are core_attn alone.
   bool recompute_core_attn = true, recompute_norms = false, recompute_shared_experts = false;
   bool recompute_mlp = false, recompute_moe = false;
+  // --recompute-modules mla_up_proj: MLA layers keep their latents, not the up projections'
+  // packed q/k/v (model/mla_attention.h).
+  bool recompute_mla_up_proj = false;
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int64_t recompute_num_layers = 1;
   // --keep-mlp-activations N (megatron.cpp's own): the first N layers of each model chunk

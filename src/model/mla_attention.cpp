@@ -84,7 +84,9 @@ MlaAttention::MlaAttention(const TransformerConfig& c, int layer, const ParamSto
       kv_norm_(ParamStore::view(store, name(layer, "self_attention.kv_layernorm.weight"))),
       core_(c, layer, store),
       proj_(store, name(layer, "self_attention.linear_proj.weight"),
-            name(layer, "self_attention.linear_proj.bias")) {}
+            name(layer, "self_attention.linear_proj.bias")),
+      recompute_up_(c.recompute == TransformerConfig::Recompute::Selective &&
+                    c.recompute_mla_up_proj) {}
 
 void MlaAttention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
                                const TensorVisitor& v) {
@@ -96,7 +98,10 @@ void MlaAttention::saved_specs(const TransformerConfig& c, const Dims& d, Saved&
   v(s.kv_lat, {d.T, m.kv_lora_rank}, d.dt, true);
   v(s.kv_ln, {d.T, m.kv_lora_rank}, d.dt, ln);
   v(s.kv_rstd, {d.T}, d.sdt, ln);
-  v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, true);
+  const bool rc = c.recompute == TransformerConfig::Recompute::Selective &&
+                  c.recompute_mla_up_proj;
+  v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, !rc);
+  v(s.kpe, {d.T, m.qk_pos_emb_head_dim}, d.dt, rc);
   CoreAttention::saved_specs(c, d, s.core, v);
 }
 
@@ -118,9 +123,11 @@ void MlaAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Work
   v(ws.mla_dkvln, {d.T, m.kv_lora_rank}, d.dt, c.qk_layernorm);
   v(ws.dctx, {d.T, NHl * c.kv_channels}, d.dt, true);
   v(ws.dqkv, {d.T, c.qkv_width_local()}, d.dt, true);
+  v(ws.mla_qkv, {d.T, c.qkv_width_local()}, d.dt,
+    c.recompute == TransformerConfig::Recompute::Selective && c.recompute_mla_up_proj);
 }
 
-void MlaAttention::project(const Tensor& xf, Saved& s, Workspace& ws,
+void MlaAttention::project(const Tensor& xf, Saved& s, Tensor& qkv, Workspace& ws,
                            const StepContext& cx) const {
   const auto& c = *cfg_;
   const auto& m = c.mla;
@@ -149,11 +156,30 @@ void MlaAttention::project(const Tensor& xf, Saved& s, Workspace& ws,
     ops::rmsnorm_forward(s.kv_lat, kv_norm_.w, eps, s.kv_ln, s.kv_rstd, st);
   }
   ops::linear_forward(c.qk_layernorm ? s.kv_ln : s.kv_lat, kv_up_.w, none, ws.mla_kv, st);
-  ensure(s.qkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
-  pack(false, s, ws, cx);
+  ensure(qkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
+  pack(false, qkv, ws, cx);
 }
 
-void MlaAttention::pack(bool backward, Saved& s, Workspace& ws, const StepContext& cx) const {
+void MlaAttention::rebuild_qkv(const Tensor& x, Saved& s, Workspace& ws,
+                               const StepContext& cx) const {
+  const auto& c = *cfg_;
+  const auto& m = c.mla;
+  Stream& st = cx.stream();
+  const Tensor none;
+  if (m.q_lora_rank > 0) {
+    ops::linear_forward(c.qk_layernorm ? s.q_ln : s.q_lat, q_up_.w, none, ws.mla_q, st);
+  } else {  // q = x_f Wq^T: x gathered again under SP (its buffer is free until backward's)
+    const bool sp = cx.tp_comm && cx.sp;
+    if (sp) parallel::gather_from_sp(x, ws.dln_full, *cx.tp_comm, st);
+    ops::linear_forward(sp ? ws.dln_full : x, q_proj_.w, none, ws.mla_q, st);
+  }
+  ops::linear_forward(c.qk_layernorm ? s.kv_ln : s.kv_lat, kv_up_.w, none, ws.mla_kv, st);
+  ops::copy(s.kpe, ws.mla_kpe, st);
+  pack(false, ws.mla_qkv, ws, cx);
+}
+
+void MlaAttention::pack(bool backward, Tensor& packed, Workspace& ws,
+                        const StepContext& cx) const {
   const ops::MlaDims d = mla_dims(*cfg_);
   const ops::MlaRope r = mla_rope(*cfg_);
   Stream& st = cx.stream();
@@ -161,9 +187,9 @@ void MlaAttention::pack(bool backward, Saved& s, Workspace& ws, const StepContex
     auto rows_of = [&](const Tensor& t) { return t.narrow(row0, rows); };
     if (backward) {
       Tensor dq = rows_of(ws.mla_q), dkv = rows_of(ws.mla_kv), dkpe = rows_of(ws.mla_kpe);
-      ops::mla_qkv_backward(rows_of(ws.dqkv), d, r, cx.B, pos0, positions, dq, dkv, dkpe, st);
+      ops::mla_qkv_backward(rows_of(packed), d, r, cx.B, pos0, positions, dq, dkv, dkpe, st);
     } else {
-      Tensor out = rows_of(s.qkv);
+      Tensor out = rows_of(packed);
       ops::mla_qkv_forward(rows_of(ws.mla_q), rows_of(ws.mla_kv), rows_of(ws.mla_kpe), d, r,
                            cx.B, pos0, positions, out, st);
     }
@@ -194,8 +220,12 @@ void MlaAttention::forward(const Tensor& x, Saved& s, const Tensor* residual, Te
     parallel::gather_from_sp(x, ws.dln_full, *cx.tp_comm, cx.stream());
     xf = &ws.dln_full;
   }
-  project(*xf, s, ws, cx);
-  core_.forward(s.qkv, s.core, ws, cx);
+  // mla_up_proj: qkv to the shared buffer (read by the core now, rebuilt in backward); the
+  // key's position part kept, the latents kept as always.
+  Tensor& qkv = recompute_up_ ? ws.mla_qkv : s.qkv;
+  project(*xf, s, qkv, ws, cx);
+  if (recompute_up_) ops::copy(ws.mla_kpe, s.kpe, cx.stream());
+  core_.forward(qkv, s.core, ws, cx);
   ops::mla_ctx_narrow(core_.ctx(s.core, ws), mla_dims(*cfg_), ws.mla_ctx, cx.stream());
   if (residual)
     proj_.forward_residual(ws.mla_ctx, *residual, y, cx);
@@ -220,7 +250,7 @@ void MlaAttention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Te
     ops::rmsnorm_forward(x, *fold->w, fold->eps, fold->s->y, fold->s->rstd, cx.stream());
     in = &fold->s->y;
   }
-  project(*in, s, ws, cx);
+  project(*in, s, s.qkv, ws, cx);
   core_.forward_cached(s.qkv, k_cache, v_cache, s.core, cx);
   ops::mla_ctx_narrow(s.core.ctx, mla_dims(c), ws.mla_ctx, cx.stream());
   if (residual)
@@ -230,7 +260,7 @@ void MlaAttention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Te
 }
 
 void MlaAttention::prepare_backward(Saved& s, Workspace& ws, const StepContext& cx) const {
-  core_.recompute(s.qkv, s.core, ws, cx);
+  if (!recompute_up_) core_.recompute(s.qkv, s.core, ws, cx);  // else in backward, after qkv
 }
 
 // Mirrors forward: projection, core, unpacking, the up projections and latent norms, then
@@ -243,11 +273,16 @@ void MlaAttention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor&
   Stream& st = cx.stream();
   const ops::MlaDims d = mla_dims(c);
   Tensor none;
+  if (recompute_up_) {  // mla_up_proj: qkv again from the latents, then the core's recompute
+    rebuild_qkv(x, s, ws, cx);
+    core_.recompute(ws.mla_qkv, s.core, ws, cx);
+  }
+  const Tensor& qkv = recompute_up_ ? ws.mla_qkv : s.qkv;
   ops::mla_ctx_narrow(core_.ctx(s.core, ws), d, ws.mla_ctx, st);  // the projection's input
   proj_.backward(dy, ws.mla_ctx, ws.mla_dctx, ws, cx);
   ops::mla_ctx_pad(ws.mla_dctx, d, ws.dctx, st);
-  core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
-  pack(true, s, ws, cx);  // dq -> ws.mla_q, dkv -> ws.mla_kv, dkpe -> ws.mla_kpe
+  core_.backward(ws.dctx, qkv, s.core, ws.dqkv, ws, cx);
+  pack(true, ws.dqkv, ws, cx);  // dq -> ws.mla_q, dkv -> ws.mla_kv, dkpe -> ws.mla_kpe
   const bool ln = c.qk_layernorm;
   // Key/value latent: d ckv (partial over this rank's heads).
   if (ln) {

@@ -12,6 +12,9 @@
 //             qkv  = ops::mla_qkv_forward(q, kv, kpe) (RoPE on the position parts, values
 //                    padded to Dq; the grouped layout of NH groups of one head)
 //             ctx  = core(qkv) [T, NHl*Dq];  y = linear_proj(narrow to Dv per head)
+//   --recompute-modules mla_up_proj (Megatron's): the layer keeps the latents (and kpe), not
+//             qkv; backward runs the up projections and the packing again (the same
+//             bits), then the core's backward (or its recompute) reads them.
 //   backward: the mirror; the latents' gradients are partial sums over this rank's heads,
 //             so Wqd, Wkvd and the latent norms' weights are TP-partial (all-reduced over TP
 //             by finalize_model_grads) and d x_f gets one TP reduction (all-reduce, or the
@@ -45,7 +48,9 @@ class MlaAttention {
   struct Saved {
     Tensor q_lat, q_ln, q_rstd;     // [T, rq], its norm's output and rstd (query latent)
     Tensor kv_lat, kv_ln, kv_rstd;  // [T, rkv], the same for the key/value latent
-    Tensor qkv;                     // [T, NHl*3*Dq]: exactly what the core saw
+    Tensor qkv;                     // [T, NHl*3*Dq]: exactly what the core saw (not kept
+                                    // under mla_up_proj: rebuilt into Workspace::mla_qkv)
+    Tensor kpe;                     // [T, Dr] the key's position part (mla_up_proj only)
     CoreAttention::Saved core;
   };
   static void saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
@@ -69,11 +74,18 @@ class MlaAttention {
   ParamView q_proj_, q_down_, q_up_, kv_down_, kv_up_, q_norm_, kv_norm_;
   CoreAttention core_;
   RowParallelLinear proj_;
+  bool recompute_up_ = false;  // --recompute-modules mla_up_proj
   // The projections up to the packed qkv (forward and generation): x_f the gathered input.
-  void project(const Tensor& x_f, Saved& s, Workspace& ws, const StepContext& cx) const;
-  // qkv = mla_qkv_forward(...) (backward: d of its inputs) over this rank's rows at their
-  // positions: one call, or one per run of consecutive positions under CP.
-  void pack(bool backward, Saved& s, Workspace& ws, const StepContext& cx) const;
+  void project(const Tensor& x_f, Saved& s, Tensor& qkv, Workspace& ws,
+               const StepContext& cx) const;
+  // The up projections of the kept latents and the packing again, into ws.mla_qkv (the
+  // forward's bits): x is the attention's input (the query projection's, without a query
+  // latent).
+  void rebuild_qkv(const Tensor& x, Saved& s, Workspace& ws, const StepContext& cx) const;
+  // packed = mla_qkv_forward(...) (backward: packed is d qkv, read; d of its inputs to
+  // ws.mla_q / mla_kv / mla_kpe) over this rank's rows at their positions: one call, or one
+  // per run of consecutive positions under CP.
+  void pack(bool backward, Tensor& packed, Workspace& ws, const StepContext& cx) const;
 };
 
 // The ops' view of the configuration: this rank's heads and the head widths, and the RoPE

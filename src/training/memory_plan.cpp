@@ -91,6 +91,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     c.recompute_shared_experts = std::find(m.begin(), m.end(), "shared_experts") != m.end();
     c.recompute_mlp = std::find(m.begin(), m.end(), "mlp") != m.end();
     c.recompute_moe = std::find(m.begin(), m.end(), "moe") != m.end();
+    c.recompute_mla_up_proj = std::find(m.begin(), m.end(), "mla_up_proj") != m.end();
   }
   c.recompute_method = a.recompute_method.value_or("uniform") == "block"
                            ? model::TransformerConfig::RecomputeMethod::Block
@@ -406,7 +407,7 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
     (cfg.is_moe_layer(l) ? any_moe : any_dense) = true;
   // Selective recomputation with one more module (`name`, its config switch `on`): how much
   // it saves by the plan. mlp: the dense MLPs' fc1 output (a dense layer's largest
-  // activation); moe: the MoE layers whole.
+  // activation); moe: the MoE layers whole; mla_up_proj: the MLA layers' packed q/k/v.
   auto propose = [&](const char* name, bool model::TransformerConfig::*on, bool applies) {
     if (a.recompute_granularity.value_or("selective") != "selective" || cfg.*on || !applies ||
         a.fp8 || a.keep_mlp_activations != 0)
@@ -428,6 +429,7 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
   };
   propose("mlp", &model::TransformerConfig::recompute_mlp, any_dense);
   propose("moe", &model::TransformerConfig::recompute_moe, any_moe);
+  propose("mla_up_proj", &model::TransformerConfig::recompute_mla_up_proj, cfg.mla.on);
   if (!a.recompute_granularity)
     tries.push_back("--recompute-activations (or --recompute-granularity full)");
   if (a.data_parallel_size > 1 && !a.use_distributed_optimizer)

@@ -15,8 +15,9 @@ namespace mcpp::training {
 // and lse are recomputed in backward), layernorm (the outputs of input_layernorm and
 // pre_mlp_layernorm are recomputed from the kept residual stream), shared_experts (the
 // MoE shared experts' fc1 output and activation are recomputed from their input), mlp
-// (the same for the dense MLPs; Megatron's "mlp" skips MoE layers too) and moe (the MoE
-// layers whole: their forward re-run in backward).
+// (the same for the dense MLPs; Megatron's "mlp" skips MoE layers too), moe (the MoE
+// layers whole: their forward re-run in backward) and mla_up_proj (multi-latent attention's
+// up projections and packed q/k/v, rebuilt from the kept latents).
 void validate_recompute_modules(Args& a) {
   if (a.recompute_modules.empty()) a.recompute_modules = {"core_attn"};
   static const std::set<std::string> megatron = {
@@ -28,12 +29,19 @@ void validate_recompute_modules(Args& a) {
                     "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc",
                     "--recompute-modules: '{}' is not a module Megatron can recompute", m);
     MCPP_CHECK_HINT(m == "core_attn" || m == "layernorm" || m == "shared_experts" || m == "mlp" ||
-                        m == "moe_act" || m == "moe",
-                    "use core_attn, layernorm, mlp, moe, moe_act and/or shared_experts, or "
-                    "--recompute-granularity full",
+                        m == "moe_act" || m == "moe" || m == "mla_up_proj",
+                    "use core_attn, layernorm, mla_up_proj, mlp, moe, moe_act and/or "
+                    "shared_experts, or --recompute-granularity full",
                     "--recompute-modules {} is not implemented yet by megatron.cpp (it "
-                    "recomputes core_attn, layernorm, mlp, moe, moe_act and shared_experts)",
+                    "recomputes core_attn, layernorm, mla_up_proj, mlp, moe, moe_act and "
+                    "shared_experts)",
                     m);
+    if (m == "mla_up_proj")
+      MCPP_CHECK_HINT(a.multi_latent_attention,
+                      "drop mla_up_proj from --recompute-modules, or add "
+                      "--multi-latent-attention",
+                      "--recompute-modules mla_up_proj recomputes multi-latent attention's up "
+                      "projections, and this model has none");
     if (m == "moe") {
       MCPP_CHECK_HINT(a.num_experts.value_or(0) > 0,
                       "drop moe from --recompute-modules, or add --num-experts",

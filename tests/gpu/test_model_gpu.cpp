@@ -280,6 +280,33 @@ TEST(GpuModel, RecomputedNormsGiveTheSameBits) {
       }
 }
 
+// --recompute-modules mla_up_proj on the GPU: the MLA layers rebuild their packed q/k/v from
+// the kept latents in backward, the same bits as keeping them (bf16, dropout on and off, the
+// core recomputed or kept), and hold less.
+TEST(GpuModel, MlaUpProjRecomputeGivesTheSameBits) {
+  MCPP_REQUIRE_GPU();
+  for (double dropout : {0.0, 0.1})
+    for (bool core : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "dropout " << dropout << " core_attn " << core);
+      TransformerConfig c = cfg(true, Device::CUDA, DType::BF16, dropout, false, false, true);
+      c.recompute = TransformerConfig::Recompute::Selective, c.recompute_core_attn = core;
+      GPTModel ref(c);
+      c.recompute_mla_up_proj = true;
+      GPTModel m(c);
+      ops::copy(ref.params().flat_params(), m.params().flat_params(), GS());
+      auto mb = batch(31);
+      model::StepKeys k;
+      k.iteration = 1;
+      ref.params().zero_grads(), m.params().zero_grads();
+      EXPECT_EQ(ref.forward(mb, k), m.forward(mb, k));
+      ref.backward(1e-3), m.backward(1e-3);
+      const Tensor gr = to_cpu(ref.params().flat_grads()), gm = to_cpu(m.params().flat_grads());
+      ASSERT_EQ(gr.numel(), gm.numel());
+      EXPECT_EQ(std::memcmp(gr.raw(), gm.raw(), size_t(gr.numel()) * sizeof(float)), 0);
+      EXPECT_LT(m.activation_memory().per_slot_max, ref.activation_memory().per_slot_max);
+    }
+}
+
 TEST(GpuModel, TrainingStepsTrackCpu) {
   MCPP_REQUIRE_GPU();
   for (bool llama : {false, true}) {

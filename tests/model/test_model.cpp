@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
 
 #include "base/philox.h"
 #include "model/gpt_model.h"
@@ -103,6 +106,43 @@ TEST(ModelGrad, NoPositionsFiniteDifferences) {
 TEST(ModelGrad, MlaFiniteDifferences) { fd_check(tiny_mla(true, 0.0)); }
 TEST(ModelGrad, MlaWithoutQueryLatentFiniteDifferencesWithDropout) {
   fd_check(tiny_mla(false, 0.2));
+}
+
+// --recompute-modules mla_up_proj: the MLA layers keep their latents and the key's position
+// part, not the packed q/k/v, and rebuild them in backward: the loss and every gradient bit
+// for bit as when q/k/v are kept (with and without a query latent, dropout on, with the core
+// recomputed or kept), each layer keeping T x (qkv width - Dr) elements fewer.
+TEST(ModelGrad, MlaUpProjRecomputeGivesTheBitsOfKeepingIt) {
+  for (bool q_latent : {true, false})
+    for (bool core : {true, false}) {
+      SCOPED_TRACE(fmt::format("query latent {}, core_attn {}", q_latent, core));
+      TransformerConfig keep = tiny_mla(q_latent, 0.2);
+      keep.recompute = TransformerConfig::Recompute::Selective, keep.recompute_core_attn = core;
+      TransformerConfig rc = keep;
+      rc.recompute_mla_up_proj = true;
+      GPTModel a(keep), b(rc);
+      model::test::perturb_norms(a.params());
+      model::test::perturb_norms(b.params());
+      const auto mb = model::test::random_batch(2, keep.seq_length, 13, 5);
+      model::StepKeys k;
+      k.iteration = 2;
+      a.params().zero_grads(), b.params().zero_grads();
+      const double la = a.forward(mb, k), lb = b.forward(mb, k);
+      a.backward(1.0), b.backward(1.0);
+      EXPECT_EQ(la, lb);
+      const Tensor ga = a.params().flat_grads(), gb = b.params().flat_grads();
+      ASSERT_EQ(ga.nbytes(), gb.nbytes());
+      EXPECT_EQ(std::memcmp(ga.raw(), gb.raw(), ga.nbytes()), 0);
+      double norm = 0;
+      for (int64_t i = 0; i < gb.numel(); ++i) norm += std::abs(gb.data<double>()[i]);
+      EXPECT_GT(norm, 0.0);
+      const int64_t T = 2 * keep.seq_length, elem = int64_t(dtype_size(keep.dtype));
+      const int64_t fewer = keep.num_layers * T *
+                            (keep.qkv_width_local() - keep.mla.qk_pos_emb_head_dim) * elem;
+      EXPECT_EQ(a.saved_bytes_per_microbatch(0, 2, keep.seq_length) -
+                    b.saved_bytes_per_microbatch(0, 2, keep.seq_length),
+                fewer);
+    }
 }
 
 // --add-qkv-bias with --disable-bias-linear (Qwen2): linear_qkv [QKVW] gets a bias, zero at

@@ -746,8 +746,17 @@ TEST(Validate, PipelineLayoutsAndRecomputation) {
                  {"applies to --recompute-granularity selective"}, 2);
   a = parse_and_validate(pp({"--recompute-activations", "--recompute-modules", "mlp"}), 2);
   EXPECT_TRUE(model_config(a, Device::CPU, DType::F32).recompute_mlp);
+  // mla_up_proj: an MLA model's up projections; an error without multi-latent attention.
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "mla_up_proj"}),
-                 {"--recompute-modules mla_up_proj is not implemented yet"}, 2);
+                 {"--recompute-modules mla_up_proj", "add --multi-latent-attention"}, 2);
+  a = parse_and_validate(with(pp({"--recompute-activations", "--recompute-modules", "core_attn",
+                                  "mla_up_proj"}),
+                              {"--multi-latent-attention", "--position-embedding-type", "rope",
+                               "--kv-lora-rank", "8", "--qk-head-dim", "8",
+                               "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8"}),
+                         2);
+  cfg = model_config(a, Device::CPU, DType::F32);
+  EXPECT_TRUE(cfg.recompute_mla_up_proj && cfg.recompute_core_attn);
   // moe: the MoE layers whole; --moe-layer-recompute, Megatron's deprecated spelling, adds
   // it to the default modules (or to the ones given) under selective granularity.
   expect_invalid(pp({"--recompute-activations", "--recompute-modules", "moe"}),
