@@ -8,7 +8,7 @@
 #include "parallel/pipeline/schedule.h"
 
 namespace mcpp::parallel::pipeline {
-namespace {
+namespace layout_test {
 
 using Stages = std::vector<std::string>;
 using Layers = std::vector<std::vector<int>>;
@@ -135,5 +135,5 @@ TEST(PipelineLayout, Errors) {
                       "pipeline rank 1 holds nothing in any of its 2 stage(s)");
 }
 
-}  // namespace
+}  // namespace layout_test
 }  // namespace mcpp::parallel::pipeline
