@@ -73,7 +73,9 @@ void TransformerBlock::scratch_specs(const Dims& d, bool uses_scratch_activation
   // dloss is the head's, but every chunk's backward has had it (the plans count it so).
   v(ws.dloss, {d.S, d.B}, d.sdt, true);
   for (const auto& L : layers_) L.scratch_specs(d, uses_scratch_activation, ws, v);
-  if (max_group == 0) return;
+  // The recompute buffers are the stage's, shaped by any layer: a chunk without layers
+  // (--pipeline-model-parallel-layout) leaves them to the others.
+  if (max_group == 0 || layers_.empty()) return;
   if (ws.rc_acts.size() < size_t(max_group)) ws.rc_acts.resize(size_t(max_group));
   if (ws.rc_hidden.size() < size_t(max_group) + 1) ws.rc_hidden.resize(size_t(max_group) + 1);
   for (int j = 0; j < max_group; ++j) layers_[0].saved_specs(d, false, ws.rc_acts[size_t(j)], v);

@@ -20,10 +20,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "model/memory_estimate.h"
 #include "ops/attention_backend.h"
+#include "parallel/pipeline/layout.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
 #include "tools/commands.h"
@@ -203,7 +205,8 @@ int run_plan(const std::vector<std::string>& all_args) {
         "--pipeline-model-parallel-size", "--num-layers", "--num-layers-per-virtual-pipeline-stage",
         "--num-virtual-stages-per-pipeline-rank",
         "--microbatch-group-size-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
-        "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
+        "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
+        "--mtp-num-layers", "--micro-batch-size", "--global-batch-size",
         "--tensor-model-parallel-size", "--context-parallel-size"};
     for (size_t i = 0; i < all_args.size(); ++i) {
       const std::string& t = all_args[i];
@@ -230,6 +233,9 @@ int run_plan(const std::vector<std::string>& all_args) {
            "micro-batches per group (default PP)")
       .add("--decoder-first-pipeline-num-layers", Flags::Value, "layers of the first stage")
       .add("--decoder-last-pipeline-num-layers", Flags::Value, "layers of the last stage")
+      .add("--pipeline-model-parallel-layout", Flags::Value,
+           "every stage's layers, e.g. \"Et*3|(tt|)*2tmL\" (sets V = stages / PP)")
+      .add("--mtp-num-layers", Flags::Value, "MTP layers (the layout's m; default 0)")
       .add("--micro-batch-size", Flags::Value, "samples per micro-batch (default 1)")
       .add("--global-batch-size", Flags::Value, "samples per step (default micro x DP)")
       .add("--world-size", Flags::Value, "ranks; DP = world / (TP x PP x CP)")
@@ -284,6 +290,18 @@ int run_plan(const std::vector<std::string>& all_args) {
                   "--num-layers-per-virtual-pipeline-stage and "
                   "--num-virtual-stages-per-pipeline-rank are mutually exclusive");
   int vpp = 1;
+  std::optional<std::string> layout;
+  if (f.has("--pipeline-model-parallel-layout")) {
+    layout = f.get("--pipeline-model-parallel-layout");
+    MCPP_CHECK_HINT(!f.has("--num-layers-per-virtual-pipeline-stage") &&
+                        !f.has("--num-virtual-stages-per-pipeline-rank"),
+                    "drop the virtual-stage flag: the layout's stages / PP set it",
+                    "--pipeline-model-parallel-layout cannot be combined with "
+                    "--num-layers-per-virtual-pipeline-stage or "
+                    "--num-virtual-stages-per-pipeline-rank (as in Megatron)");
+    const int stages = int(pl::expand_layout(*layout).size());
+    if (pp > 1 && stages % pp == 0) vpp = stages / pp;  // else stage_layers' error names it
+  }
   if (f.has("--num-virtual-stages-per-pipeline-rank"))
     vpp = int(f.get_int("--num-virtual-stages-per-pipeline-rank", 1));
   if (f.has("--num-layers-per-virtual-pipeline-stage"))
@@ -311,9 +329,12 @@ int run_plan(const std::vector<std::string>& all_args) {
 
   auto first = f.get_opt_int("--decoder-first-pipeline-num-layers");
   auto last = f.get_opt_int("--decoder-last-pipeline-num-layers");
-  const auto layers =
-      pl::assign_layers(num_layers, pp, vpp, first ? std::optional<int>(int(*first)) : std::nullopt,
-                        last ? std::optional<int>(int(*last)) : std::nullopt);
+  pl::LayerSplit split;
+  if (first) split.first = int(*first);
+  if (last) split.last = int(*last);
+  split.layout = layout;
+  split.mtp_num_layers = int(f.get_int("--mtp-num-layers", 0));
+  const auto layers = pl::stage_layers(num_layers, pp, vpp, split);
 
   const std::string sched_name = f.get("--schedule", vpp > 1 ? "interleaved" : "1f1b");
   pl::ScheduleKind kind;
@@ -358,6 +379,13 @@ int run_plan(const std::vector<std::string>& all_args) {
       n += int(layers[size_t(s) * vpp + c].size());
     }
     std::printf("  rank %-3d%s  (%d layers)\n", s, line.c_str(), n);
+  }
+  if (layout) {  // where E, m and L sit, and the chunks without layers
+    std::printf("\n--pipeline-model-parallel-layout %s (rank: chunk 0 | chunk 1 | ...)\n",
+                layout->c_str());
+    for (const auto& row :
+         pl::describe_layout(pl::parse_layout(*layout, pp, num_layers, split.mtp_num_layers)))
+      std::printf("  %s\n", row.c_str());
   }
   std::printf("\nschedule (F<mb>%s forward, B backward%s)\n", vpp > 1 ? ".<chunk>" : "",
               f.has("--show-p2p") ? "; >a/<a send/recv activation, >g/<g gradient, [..] one "

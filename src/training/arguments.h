@@ -259,6 +259,9 @@ struct Args {
   int64_t pipeline_model_parallel_size = 1;
   std::optional<int64_t> decoder_first_pipeline_num_layers;    // uneven first stage
   std::optional<int64_t> decoder_last_pipeline_num_layers;     // uneven last stage
+  // "Et*3|(tt|)*2tmL": every stage's layers (parallel/pipeline/layout.h); sets the
+  // virtual stages
+  std::optional<std::string> pipeline_model_parallel_layout;
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;  // interleaved schedule
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;   // interleaved schedule
   std::optional<int64_t> microbatch_group_size_per_vp_stage;     // default: PP

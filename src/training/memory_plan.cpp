@@ -15,6 +15,7 @@
 #include "ops/types.h"
 #include "optim/optimizer.h"
 #include "parallel/context_parallel/cp_attention.h"
+#include "parallel/pipeline/layout.h"
 #include "training/validate_fp8.h"
 
 namespace mcpp::training {
@@ -161,17 +162,25 @@ int64_t param_alignment(const Args& a) {
   return align;
 }
 
+std::vector<std::vector<int>> stage_layers(const Args& a) {
+  auto opt_int = [](const std::optional<int64_t>& v) {
+    return v ? std::optional<int>(int(*v)) : std::nullopt;
+  };
+  pl::LayerSplit split;
+  split.first = opt_int(a.decoder_first_pipeline_num_layers);
+  split.last = opt_int(a.decoder_last_pipeline_num_layers);
+  split.layout = a.pipeline_model_parallel_layout;
+  split.mtp_num_layers = int(a.mtp_num_layers.value_or(0));
+  return pl::stage_layers(int(a.num_layers), int(a.pipeline_model_parallel_size),
+                          int(a.virtual_pipeline_model_parallel_size), split);
+}
+
 model::PipelinePart pipeline_part(const Args& a, int stage) {
   model::PipelinePart part;
   const int pp = int(a.pipeline_model_parallel_size);
   if (pp == 1) return part;
   const int vpp = int(a.virtual_pipeline_model_parallel_size);
-  auto opt_int = [](const std::optional<int64_t>& v) {
-    return v ? std::optional<int>(int(*v)) : std::nullopt;
-  };
-  const auto layers = pl::assign_layers(int(a.num_layers), pp, vpp,
-                                        opt_int(a.decoder_first_pipeline_num_layers),
-                                        opt_int(a.decoder_last_pipeline_num_layers));
+  const auto layers = stage_layers(a);
   for (int c = 0; c < vpp; ++c) part.chunks.push_back(layers[size_t(stage * vpp + c)]);
   part.first_stage = stage == 0, part.last_stage = stage == pp - 1;
   return part;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/memory_estimate.h"  // the modules' own saved/scratch bytes
 #include "parallel/pipeline/schedule.h"
@@ -15,6 +16,10 @@ namespace mcpp::training {
 // The model configuration the flags describe (device and dtype chosen by the caller;
 // TP rank 0). args must be validated and have padded_vocab_size set.
 model::TransformerConfig model_config(const Args& a, Device dev, DType dt);
+// Every (pipeline rank, model chunk)'s decoder layers, [rank * vpp + chunk]: the layout,
+// the uneven first/last counts or the even split (parallel/pipeline/layout.h). The one
+// place a run's flags become its partition: train, plan and checkpoints all use it.
+std::vector<std::vector<int>> stage_layers(const Args& a);
 // Pipeline stage `stage`'s part of the model (all of it without PP).
 model::PipelinePart pipeline_part(const Args& a, int stage);
 // The schedule a pipelined run uses: interleaved 1F1B with virtual stages, else 1F1B or

@@ -226,6 +226,7 @@ checkpoint::megatron::LegacyTrainOptions Trainer::State::legacy_options() const 
   o.virtual_stages = std::max<int64_t>(1, args.virtual_pipeline_model_parallel_size);
   o.first_stage_layers = args.decoder_first_pipeline_num_layers;
   o.last_stage_layers = args.decoder_last_pipeline_num_layers;
+  o.layout = args.pipeline_model_parallel_layout;
   return o;
 }
 

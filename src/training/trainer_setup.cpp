@@ -25,6 +25,7 @@
 #include "optim/distributed_optimizer.h"
 #include "optim/grads.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/layout.h"
 #include "checkpoint/megatron/megatron_train.h"
 #include "training/muon_setup.h"
 #include "training/trainer_state.h"
@@ -240,10 +241,16 @@ void Trainer::State::build_model() {
                "pipeline group ranks do not follow the pipeline stages");
     std::string chunks;
     for (const auto& ch : part.chunks)
-      chunks += fmt::format(" [{}-{}]", ch.front(), ch.back());
+      chunks += ch.empty() ? std::string(" []") : fmt::format(" [{}-{}]", ch.front(), ch.back());
     log::info("> pipeline: {} stages x {} model chunks, {} schedule, {} micro-batches; stage 0 "
               "layers{}",
               pp, vpp, pl::to_string(s.schedule_kind), a.num_microbatches, chunks);
+    if (a.pipeline_model_parallel_layout) {
+      const auto l = pl::parse_layout(*a.pipeline_model_parallel_layout, pp, int(a.num_layers),
+                                      int(a.mtp_num_layers.value_or(0)));
+      log::info("> --pipeline-model-parallel-layout {}:", *a.pipeline_model_parallel_layout);
+      for (const auto& line : pl::describe_layout(l)) log::info(">   {}", line);
+    }
   }
   // The memory plan against what this rank can get, before anything large is allocated: a
   // config that cannot fit fails here with the plan's numbers and what to change, not as an

@@ -18,8 +18,10 @@
 #include "checkpoint/strictness.h"
 #include "data/gpt_dataset.h"
 #include "optim/lr_scheduler.h"
+#include "parallel/pipeline/layout.h"
 #include "parallel/pipeline/schedule.h"
 #include "training/arguments.h"
+#include "training/memory_plan.h"
 #include "training/validate_compat.h"
 #include "training/validate_fp8.h"
 #include "training/validate_moe.h"
@@ -291,7 +293,18 @@ void validate_pipeline(Args& a) {
                   "--num-layers-per-virtual-pipeline-stage and "
                   "--num-virtual-stages-per-pipeline-rank cannot be set at the same time");
   int64_t vpp = 1;
-  if (a.num_layers_per_virtual_pipeline_stage) {
+  if (a.pipeline_model_parallel_layout) {
+    // Megatron: at most one of the three virtual-stage flags; the layout's stage count over
+    // PP is the virtual pipeline size (its other checks: stage_layers below).
+    MCPP_CHECK_HINT(!a.num_layers_per_virtual_pipeline_stage &&
+                        !a.num_virtual_stages_per_pipeline_rank,
+                    "drop the virtual-stage flag: the layout's stages / PP set it",
+                    "--pipeline-model-parallel-layout cannot be combined with "
+                    "--num-layers-per-virtual-pipeline-stage or "
+                    "--num-virtual-stages-per-pipeline-rank (as in Megatron)");
+    const auto stages = int64_t(pl::expand_layout(*a.pipeline_model_parallel_layout).size());
+    if (pp > 1 && stages % pp == 0) vpp = stages / pp;  // else stage_layers' error names it
+  } else if (a.num_layers_per_virtual_pipeline_stage) {
     MCPP_CHECK_HINT(!a.decoder_first_pipeline_num_layers && !a.decoder_last_pipeline_num_layers,
                     "use --num-virtual-stages-per-pipeline-rank with uneven first/last stages",
                     "--num-layers-per-virtual-pipeline-stage cannot be combined with "
@@ -311,12 +324,7 @@ void validate_pipeline(Args& a) {
   a.virtual_pipeline_model_parallel_size = vpp;
   // Layer partition (every stage's share divisible by its chunks) and schedule shape
   // (micro-batch groups), with the errors naming the flags.
-  auto opt_int = [](const std::optional<int64_t>& v) {
-    return v ? std::optional<int>(int(*v)) : std::nullopt;
-  };
-  const auto layers = pl::assign_layers(int(a.num_layers), int(pp), int(vpp),
-                                        opt_int(a.decoder_first_pipeline_num_layers),
-                                        opt_int(a.decoder_last_pipeline_num_layers));
+  const auto layers = stage_layers(a);
   MCPP_CHECK_HINT(a.pipeline_schedule != "gpipe" || vpp == 1,
                   "drop --pipeline-schedule gpipe, or the virtual-stage flag",
                   "--pipeline-schedule gpipe runs one model chunk per rank; virtual stages "
@@ -375,8 +383,10 @@ void validate_pipeline(Args& a) {
                   "--recompute-modules",
                   "--recompute-modules {} applies to --recompute-granularity selective only",
                   fmt::format("{}", fmt::join(a.recompute_modules, " ")));
-  size_t fewest = SIZE_MAX;  // layers of the smallest model chunk
-  for (const auto& ch : layers) fewest = std::min(fewest, ch.size());
+  // Layers of the smallest model chunk; a layout's chunks without layers recompute nothing.
+  size_t fewest = SIZE_MAX;
+  for (const auto& ch : layers)
+    if (!ch.empty()) fewest = std::min(fewest, ch.size());
   if (gran == "full") {
     MCPP_CHECK_HINT(a.recompute_method.has_value(), "add --recompute-method uniform (or block)",
                     "--recompute-granularity full needs --recompute-method uniform|block");

@@ -13,6 +13,8 @@
 #       as parallel, then the layout again to iteration 10 (--exit-interval 10, saving),
 #       resumed under the same layout to 20: iterations 11-20 must log the straight run's lm
 #       loss and grad norm exactly, and the two final checkpoints must be equal bit for bit.
+#   EQUIV_EXPECT (parallel mode): a string the parallel run's log must contain (what rank 0
+#       says it holds), for layouts whose mistakes the serial comparison cannot see.
 #   same (as parallel) -- EXTRA_FLAGS...
 #       runs the parallel layout twice, without and with EXTRA_FLAGS, a setting that must
 #       not change a bit (--keep-mlp-activations): the same lm loss lines, and final
@@ -75,6 +77,11 @@ parallel|resume|same|exact)
     "${mpirun[@]}" -np "$np" "$meg" train "${flags[@]}" "${par[@]}" --save "$out.ckpt" > "$out.log" 2>&1 ||
       { cat "$out.log"; exit 1; }
     compare_losses "$d/serial.log" "$out.log"
+    if [ -n "${EQUIV_EXPECT:-}" ]; then
+      grep -qF -- "$EQUIV_EXPECT" "$out.log" ||
+        { echo "FAIL: the log lacks '$EQUIV_EXPECT'"; exit 1; }
+      echo "ok: the log says '$EQUIV_EXPECT'"
+    fi
     # MoE and MTP: the logged aux and MTP losses too (summed over CP, averaged over DP as one
     # process logs them)
     for f in load_balancing_loss seq_load_balancing_loss global_load_balancing_loss z_loss \

@@ -33,6 +33,20 @@ expect "bubble" "step time 33 .*bubble 27.27% \(theory \(p-1\)/\(m\+p-1\) = 27.2
 expect "in-flight 0" "^  0 +24 +9 +27.27 +4 \(4\)"
 expect "in-flight 3" "^  3 +24 +9 +27.27 +1 \(1\)"
 
+# --pipeline-model-parallel-layout: 4 stages over PP 2 set V 2; layers numbered in stage
+# order, rank r holding stages r and r + PP; the layout's rows name E, m and L.
+run --pipeline-model-parallel-size 2 --num-layers 7 --mtp-num-layers 1 \
+    --pipeline-model-parallel-layout "Et*2|(tt|)*2tmL" --global-batch-size 4
+expect "layout V" "interleaved 1F1B, PP 2, V 2"
+expect "layout rank 0" "rank 0 +\[0-1\] \[4-5\] +\(4 layers\)"
+expect "layout rank 1" "rank 1 +\[2-3\] \[6\] +\(3 layers\)"
+expect "layout row 0" "^  rank 0: E t0-t1 \| t4-t5$"
+expect "layout row 1" "^  rank 1: t2-t3 \| t6 m L$"
+run --pipeline-model-parallel-size 2 --num-layers 4 --pipeline-model-parallel-layout "E|ttttL" \
+    --global-batch-size 4
+expect "embedding stage" "rank 0 +\[\] +\(0 layers\)"
+expect "embedding row" "^  rank 0: E$"
+
 # Uneven stages and transfers shown.
 run --pipeline-model-parallel-size 4 --num-layers 14 --decoder-first-pipeline-num-layers 2 \
     --decoder-last-pipeline-num-layers 2 --global-batch-size 4 --show-p2p

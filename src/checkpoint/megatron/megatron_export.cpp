@@ -10,7 +10,7 @@
 #include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/megatron/torch_write.h"
 #include "model/gpt_model.h"
-#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/layout.h"
 
 namespace mcpp::checkpoint::megatron {
 
@@ -52,7 +52,8 @@ struct Entry {
 std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerImpl impl,
                                  int64_t pp, int64_t P, const std::set<std::string>& have,
                                  int64_t V = 1, std::optional<int64_t> first = std::nullopt,
-                                 std::optional<int64_t> last = std::nullopt) {
+                                 std::optional<int64_t> last = std::nullopt,
+                                 const std::optional<std::string>& layout = std::nullopt) {
   std::vector<Entry> out;
   int64_t chunk = 0;
   auto add = [&](const std::string& key, const std::string& name) {
@@ -61,9 +62,11 @@ std::vector<Entry> stage_entries(const model::TransformerConfig& c, TransformerI
   auto as_int = [](std::optional<int64_t> v) {
     return v ? std::optional<int>(int(*v)) : std::nullopt;
   };
-  // Megatron's get_transformer_layer_offset: the global layers of each (stage, chunk).
-  const auto layers = parallel::pipeline::assign_layers(int(c.num_layers), int(P), int(V),
-                                                        as_int(first), as_int(last));
+  // Megatron's get_transformer_layer_offset (or the layout's): the global layers of each
+  // (stage, chunk).
+  const auto layers = parallel::pipeline::stage_layers(
+      int(c.num_layers), int(P), int(V),
+      {as_int(first), as_int(last), layout, int(c.mtp_num_layers)});
   const bool te = impl == TransformerImpl::TransformerEngine;
   for (chunk = 0; chunk < V; ++chunk) {
   if (pp == 0 && chunk == 0) {
@@ -265,6 +268,7 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   auto opt_int = [](std::optional<int64_t> v) { return v ? Py::integer(*v) : Py::none(); };
   a.set("decoder_first_pipeline_num_layers", opt_int(o.first_stage_layers));
   a.set("decoder_last_pipeline_num_layers", opt_int(o.last_stage_layers));
+  a.set("pipeline_model_parallel_layout", o.layout ? Py::str(*o.layout) : Py::none());
   a.set("expert_model_parallel_size", Py::integer(1));
   a.set("context_parallel_size", Py::integer(o.cp));
   a.set("sequence_parallel", Py::boolean(o.sequence_parallel));
@@ -440,8 +444,8 @@ void check_stage_exportable(const model::TransformerConfig& c, const ExportOptio
                   "--ckpt-format torch: the model has persistent buffers (FP8 scaling state), "
                   "which Megatron's legacy layout does not carry here");
   std::set<std::string> placed;
-  for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, stage_names, o.vp,
-                                      o.first_stage_layers, o.last_stage_layers))
+  for (const Entry& e : stage_entries(c, o.impl, pp, o.pp, stage_names, o.vp, o.first_stage_layers,
+                                      o.last_stage_layers, o.layout))
     placed.insert(e.name);
   for (const auto& n : stage_names)
     MCPP_CHECK_HINT(placed.count(n), hint,
@@ -454,7 +458,7 @@ void write_legacy_rank(const std::string& iter_dir, const ExportSource& src, con
                        int64_t tp, int64_t pp) {
   const auto entries =
       stage_entries(src.config, o.impl, pp, o.pp, src.names ? *src.names : model_names(src.config),
-                    o.vp, o.first_stage_layers, o.last_stage_layers);
+                    o.vp, o.first_stage_layers, o.last_stage_layers, o.layout);
   Py root = Py::dict();
   root.set("args", make_args(src, o));
   root.set("checkpoint_version", Py::real(3.0));

@@ -48,6 +48,9 @@ struct ExportOptions {
   // An uneven split (--decoder-first/last-pipeline-num-layers): the first and last stages'
   // layers, the others sharing the rest (parallel/pipeline/schedule.h's assign_layers).
   std::optional<int64_t> first_stage_layers, last_stage_layers;
+  // --pipeline-model-parallel-layout: every stage's layers (parallel/pipeline/layout.h);
+  // recorded in args as Megatron does, so that a loader numbers the chunks' layers alike.
+  std::optional<std::string> layout;
   TransformerImpl impl = TransformerImpl::Local;
   bool save_optim = true;  // false (--no-save-optim): weights, args and scheduler only
 };

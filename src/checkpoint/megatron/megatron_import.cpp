@@ -16,7 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/megatron/torch_pickle.h"
 #include "model/gpt_model.h"
-#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/layout.h"
 
 namespace mcpp::checkpoint::megatron {
 
@@ -473,8 +473,17 @@ void read_legacy(const Detected& d, Imported& im) {
                ranks[0].path, k, v->is(K::Int) ? std::to_string(v->i) : v->describe(), L);
     return int(v->i);
   };
-  const std::optional<int> first_layers = stage_layers("decoder_first_pipeline_num_layers"),
-                           last_layers = stage_layers("decoder_last_pipeline_num_layers");
+  parallel::pipeline::LayerSplit split;
+  split.first = stage_layers("decoder_first_pipeline_num_layers");
+  split.last = stage_layers("decoder_last_pipeline_num_layers");
+  // Megatron records --pipeline-model-parallel-layout as given (a str), which numbers the
+  // chunks' local layers as it placed them.
+  if (const Value* v = arg(*args, "pipeline_model_parallel_layout")) {
+    MCPP_CHECK(v->is(K::Str), "{}: args.pipeline_model_parallel_layout is {}, expected a str",
+               ranks[0].path, v->describe());
+    split.layout = v->s;
+  }
+  split.mtp_num_layers = int(im.config.mtp_num_layers);
   std::map<std::string, std::vector<Tensor>> shards;  // TP shards by megatron.cpp name
   // The optimizer state: imported when every rank file holds the non-distributed optimizer's.
   OptimizerShards opt;
@@ -502,10 +511,9 @@ void read_legacy(const Detected& d, Imported& im) {
       chunks.push_back(root.get("model" + std::to_string(v)));
     MCPP_CHECK(!chunks.empty(), "{}: no 'model' in the state dict", r.path);
     const int64_t V = int64_t(chunks.size());
-    // Megatron's get_transformer_layer_offset (even, or --decoder-first/last-pipeline-num-
-    // layers): the global layers of each of this rank's chunks.
-    const auto layers =
-        parallel::pipeline::assign_layers(int(L), int(P), int(V), first_layers, last_layers);
+    // Megatron's get_transformer_layer_offset (even, --decoder-first/last-pipeline-num-layers
+    // or the layout): the global layers of each of this rank's chunks.
+    const auto layers = parallel::pipeline::stage_layers(int(L), int(P), int(V), split);
     for (int64_t v = 0; v < V; ++v) {
       const Value& sd = *chunks[size_t(v)];
       MCPP_CHECK(sd.is(K::Dict), "{}: model is a {}", r.path, sd.describe());

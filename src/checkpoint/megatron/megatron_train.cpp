@@ -39,6 +39,7 @@ ExportOptions export_options(const LegacyTrainOptions& o, const parallel::Parall
   e.sequence_parallel = o.config.sp();
   e.vp = o.virtual_stages;
   e.first_stage_layers = o.first_stage_layers, e.last_stage_layers = o.last_stage_layers;
+  e.layout = o.layout;
   e.impl = o.impl;
   e.save_optim = o.save_optim;
   return e;

@@ -35,6 +35,7 @@ struct LegacyTrainOptions {
   int64_t virtual_stages = 1;     // --virtual-pipeline-model-parallel-size (model0, model1, ...)
   // --decoder-first/last-pipeline-num-layers (an uneven split)
   std::optional<int64_t> first_stage_layers, last_stage_layers;
+  std::optional<std::string> layout;  // --pipeline-model-parallel-layout (written to args)
 };
 
 // Start-up, after the model exists: this stage's parameters all have a place in the layout.
