@@ -12,14 +12,35 @@ namespace {
 std::string name(int layer, const char* s) { return layer_param_name(layer, s); }
 
 // A weight registered unsplit on every TP rank whose gradient each rank only partly forms
-// (from its own heads): finalize_model_grads sums it over TP (ParamInfo::tp_partial).
+// (from its own heads): finalize_model_grads sums it over TP (ParamInfo::tp_partial); in
+// FP8 each rank forms all of it (MlaAttention::latent_grads_whole).
 ParamInfo replicated(const TransformerConfig& c, const std::string& n, Shape shape, Init init,
                      double std, bool decay, int layer) {
   ParamInfo p = make_param(n, std::move(shape), TpSplit::None, init, std, decay, layer, c.tp_size);
-  p.tp_partial = c.tp_size > 1;
+  p.tp_partial = c.tp_size > 1 && !MlaAttention::latent_grads_whole(c, layer);
   return p;
 }
+
+// y [T, a+b] -> its columns a [T, a] and b [T, b], through its transpose yT [a+b, T] (rows
+// narrow, columns do not); join_cols is the inverse.
+void split_cols(const Tensor& y, Tensor& a, Tensor& b, Tensor& yT, Stream& st) {
+  ops::transpose(y, yT, st);
+  const int64_t na = a.size(1);
+  ops::transpose(yT.narrow(0, na), a, st);
+  ops::transpose(yT.narrow(na, b.size(1)), b, st);
+}
+void join_cols(const Tensor& a, const Tensor& b, Tensor& y, Tensor& yT, Stream& st) {
+  const int64_t na = a.size(1);
+  Tensor top = yT.narrow(0, na), bottom = yT.narrow(na, b.size(1));
+  ops::transpose(a, top, st);
+  ops::transpose(b, bottom, st);
+  ops::transpose(yT, y, st);
+}
 }  // namespace
+
+bool MlaAttention::latent_grads_whole(const TransformerConfig& c, int layer) {
+  return c.tp_size > 1 && c.fp8.layer_in_fp8(layer, c.num_layers);
+}
 
 ops::MlaDims mla_dims(const TransformerConfig& c) {
   ops::MlaDims d;
@@ -85,6 +106,11 @@ MlaAttention::MlaAttention(const TransformerConfig& c, int layer, const ParamSto
       core_(c, layer, store),
       proj_(store, name(layer, "self_attention.linear_proj.weight"),
             name(layer, "self_attention.linear_proj.bias")),
+      q_proj_fp8_(store, name(layer, "self_attention.linear_q_proj.weight")),
+      q_down_fp8_(store, name(layer, "self_attention.linear_q_down_proj.weight")),
+      q_up_fp8_(store, name(layer, "self_attention.linear_q_up_proj.weight")),
+      kv_down_fp8_(store, name(layer, "self_attention.linear_kv_down_proj.weight")),
+      kv_up_fp8_(store, name(layer, "self_attention.linear_kv_up_proj.weight")),
       recompute_up_(c.recompute == TransformerConfig::Recompute::Selective &&
                     c.recompute_mla_up_proj) {}
 
@@ -125,6 +151,19 @@ void MlaAttention::scratch_specs(const TransformerConfig& c, const Dims& d, Work
   v(ws.dqkv, {d.T, c.qkv_width_local()}, d.dt, true);
   v(ws.mla_qkv, {d.T, c.qkv_width_local()}, d.dt,
     c.recompute == TransformerConfig::Recompute::Selective && c.recompute_mla_up_proj);
+  const bool f8 = c.fp8.enabled();
+  v(ws.mla_kvd, {d.T, m.kv_lora_rank + m.qk_pos_emb_head_dim}, d.dt, f8);
+  v(ws.mla_kvdT, {m.kv_lora_rank + m.qk_pos_emb_head_dim, d.T}, d.dt, f8);
+  v(ws.mla_dx2, {d.T, d.H}, d.dt, f8);
+}
+
+void MlaAttention::linear(const Fp8Linear& f, const Tensor& x, const Tensor& w, Tensor& y,
+                          const StepContext& cx) const {
+  const Tensor none;
+  if (fp8(cx))
+    f.forward(x, false, w, none, none, y, cx);
+  else
+    ops::linear_forward(x, w, none, y, cx.stream());
 }
 
 void MlaAttention::project(const Tensor& xf, Saved& s, Tensor& qkv, Workspace& ws,
@@ -136,26 +175,34 @@ void MlaAttention::project(const Tensor& xf, Saved& s, Tensor& qkv, Workspace& w
   const double eps = c.norm_epsilon;
   if (m.q_lora_rank > 0) {
     ensure(s.q_lat, {cx.T, m.q_lora_rank}, cx.dt, cx.dev);  // generation: no specs ran
-    ops::linear_forward(xf, q_down_.w, none, s.q_lat, st);
+    linear(q_down_fp8_, xf, q_down_.w, s.q_lat, cx);
     if (c.qk_layernorm) {
       ensure(s.q_ln, s.q_lat.shape(), cx.dt, cx.dev);
       ensure(s.q_rstd, {cx.T}, cx.sdt, cx.dev);
       ops::rmsnorm_forward(s.q_lat, q_norm_.w, eps, s.q_ln, s.q_rstd, st);
     }
-    ops::linear_forward(c.qk_layernorm ? s.q_ln : s.q_lat, q_up_.w, none, ws.mla_q, st);
+    linear(q_up_fp8_, c.qk_layernorm ? s.q_ln : s.q_lat, q_up_.w, ws.mla_q, cx);
   } else {
-    ops::linear_forward(xf, q_proj_.w, none, ws.mla_q, st);
+    linear(q_proj_fp8_, xf, q_proj_.w, ws.mla_q, cx);
   }
   ensure(s.kv_lat, {cx.T, m.kv_lora_rank}, cx.dt, cx.dev);
-  ops::linear_forward(xf, kv_down_.w.narrow(0, m.kv_lora_rank), none, s.kv_lat, st);
-  ops::linear_forward(xf, kv_down_.w.narrow(m.kv_lora_rank, m.qk_pos_emb_head_dim), none,
-                      ws.mla_kpe, st);
+  if (fp8(cx)) {  // one FP8 GEMM over the whole weight (one scale, as Megatron's), then split
+    const int64_t n = m.kv_lora_rank + m.qk_pos_emb_head_dim;
+    ensure(ws.mla_kvd, {cx.T, n}, cx.dt, cx.dev);
+    ensure(ws.mla_kvdT, {n, cx.T}, cx.dt, cx.dev);
+    kv_down_fp8_.forward(xf, false, kv_down_.w, none, none, ws.mla_kvd, cx);
+    split_cols(ws.mla_kvd, s.kv_lat, ws.mla_kpe, ws.mla_kvdT, st);
+  } else {
+    ops::linear_forward(xf, kv_down_.w.narrow(0, m.kv_lora_rank), none, s.kv_lat, st);
+    ops::linear_forward(xf, kv_down_.w.narrow(m.kv_lora_rank, m.qk_pos_emb_head_dim), none,
+                        ws.mla_kpe, st);
+  }
   if (c.qk_layernorm) {
     ensure(s.kv_ln, s.kv_lat.shape(), cx.dt, cx.dev);
     ensure(s.kv_rstd, {cx.T}, cx.sdt, cx.dev);
     ops::rmsnorm_forward(s.kv_lat, kv_norm_.w, eps, s.kv_ln, s.kv_rstd, st);
   }
-  ops::linear_forward(c.qk_layernorm ? s.kv_ln : s.kv_lat, kv_up_.w, none, ws.mla_kv, st);
+  linear(kv_up_fp8_, c.qk_layernorm ? s.kv_ln : s.kv_lat, kv_up_.w, ws.mla_kv, cx);
   ensure(qkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
   pack(false, qkv, ws, cx);
 }
@@ -165,15 +212,16 @@ void MlaAttention::rebuild_qkv(const Tensor& x, Saved& s, Workspace& ws,
   const auto& c = *cfg_;
   const auto& m = c.mla;
   Stream& st = cx.stream();
-  const Tensor none;
+  // FP8: the same casts of the same tensors with the same scales (the delayed ones change
+  // after the step; the current ones are the same amaxes'), so the same bits.
   if (m.q_lora_rank > 0) {
-    ops::linear_forward(c.qk_layernorm ? s.q_ln : s.q_lat, q_up_.w, none, ws.mla_q, st);
+    linear(q_up_fp8_, c.qk_layernorm ? s.q_ln : s.q_lat, q_up_.w, ws.mla_q, cx);
   } else {  // q = x_f Wq^T: x gathered again under SP (its buffer is free until backward's)
     const bool sp = cx.tp_comm && cx.sp;
     if (sp) parallel::gather_from_sp(x, ws.dln_full, *cx.tp_comm, st);
-    ops::linear_forward(sp ? ws.dln_full : x, q_proj_.w, none, ws.mla_q, st);
+    linear(q_proj_fp8_, sp ? ws.dln_full : x, q_proj_.w, ws.mla_q, cx);
   }
-  ops::linear_forward(c.qk_layernorm ? s.kv_ln : s.kv_lat, kv_up_.w, none, ws.mla_kv, st);
+  linear(kv_up_fp8_, c.qk_layernorm ? s.kv_ln : s.kv_lat, kv_up_.w, ws.mla_kv, cx);
   ops::copy(s.kpe, ws.mla_kpe, st);
   pack(false, ws.mla_qkv, ws, cx);
 }
@@ -283,6 +331,7 @@ void MlaAttention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor&
   ops::mla_ctx_pad(ws.mla_dctx, d, ws.dctx, st);
   core_.backward(ws.dctx, qkv, s.core, ws.dqkv, ws, cx);
   pack(true, ws.dqkv, ws, cx);  // dq -> ws.mla_q, dkv -> ws.mla_kv, dkpe -> ws.mla_kpe
+  if (fp8(cx)) return backward_fp8(x, s, dx, ws, cx);
   const bool ln = c.qk_layernorm;
   // Key/value latent: d ckv (partial over this rank's heads).
   if (ln) {
@@ -323,6 +372,61 @@ void MlaAttention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor&
     parallel::gather_from_sp_backward(ws.dln_full, dx, *cx.tp_comm, st);
   else
     parallel::copy_to_tp_backward(dx, *cx.tp_comm, st);
+}
+
+// FP8: the up projections' data gradients all-reduced over TP (whole latent gradients),
+// then the norms, the down projections' weight gradients on x_f and their data gradients,
+// summed. Without a query latent, q_proj's d x_f is this rank's heads' part: the whole
+// down-projection part is added on TP rank 0 only, before the one reduction.
+void MlaAttention::backward_fp8(const Tensor& x, Saved& s, Tensor& dx, Workspace& ws,
+                                const StepContext& cx) {
+  const auto& c = *cfg_;
+  const auto& m = c.mla;
+  Stream& st = cx.stream();
+  comm::Communicator* tp = cx.tp_comm;
+  const bool ln = c.qk_layernorm, q_lat = m.q_lora_rank > 0;
+  const ParamView nob;
+  Tensor none;
+  auto up = [&](const Fp8Linear& f, const ParamView& w, const Tensor& dy, const Tensor& in,
+                Tensor& din) {
+    f.backward(dy, tp != nullptr, in, false, w, nob, din, true, cx);
+    if (tp) parallel::copy_to_tp_backward(din, *tp, st);
+  };
+  up(kv_up_fp8_, kv_up_, ws.mla_kv, ln ? s.kv_ln : s.kv_lat, ln ? ws.mla_dkvln : ws.mla_dkvl);
+  if (ln)
+    ops::rmsnorm_backward(ws.mla_dkvln, s.kv_lat, kv_norm_.w, s.kv_rstd, ws.mla_dkvl, false,
+                          kv_norm_.g, st);
+  if (q_lat) {
+    up(q_up_fp8_, q_up_, ws.mla_q, ln ? s.q_ln : s.q_lat, ln ? ws.mla_dqln : ws.mla_dql);
+    if (ln)
+      ops::rmsnorm_backward(ws.mla_dqln, s.q_lat, q_norm_.w, s.q_rstd, ws.mla_dql, false,
+                            q_norm_.g, st);
+  }
+  if (tp) parallel::copy_to_tp_backward(ws.mla_kpe, *tp, st);  // over every rank's heads
+  join_cols(ws.mla_dkvl, ws.mla_kpe, ws.mla_kvd, ws.mla_kvdT, st);  // kv_down's d output
+  const bool sp = tp && cx.sp;
+  if (sp) parallel::gather_from_sp(x, ws.dln_full, *tp, st);
+  const Tensor& xf = sp ? ws.dln_full : x;
+  const Fp8Linear& fq = q_lat ? q_down_fp8_ : q_proj_fp8_;
+  const ParamView& wq = q_lat ? q_down_ : q_proj_;
+  const Tensor& dq = q_lat ? ws.mla_dql : ws.mla_q;
+  const bool partial = !q_lat && tp;  // q_proj's output gradient: this rank's heads
+  // The weight gradients first: under SP x_f and d x_f share dln_full.
+  fq.backward(dq, partial, xf, false, wq, nob, none, true, cx);
+  kv_down_fp8_.backward(ws.mla_kvd, false, xf, false, kv_down_, nob, none, true, cx);
+  Tensor& dxf = sp ? ws.dln_full : dx;
+  fq.backward(dq, partial, xf, false, wq, nob, dxf, false, cx);
+  kv_down_fp8_.backward(ws.mla_kvd, false, xf, false, kv_down_, nob, ws.mla_dx2, false, cx);
+  if (!partial || tp->rank() == 0) ops::add(dxf, ws.mla_dx2, dxf, st);
+  if (partial) {
+    if (sp)
+      parallel::gather_from_sp_backward(ws.dln_full, dx, *tp, st);
+    else
+      parallel::copy_to_tp_backward(dx, *tp, st);
+  } else if (sp) {  // whole on every rank: this rank's rows
+    const int64_t Tl = dx.size(0);
+    ops::copy(ws.dln_full.narrow(tp->rank() * Tl, Tl), dx, st);
+  }
 }
 
 }  // namespace mcpp::model

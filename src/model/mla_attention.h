@@ -20,6 +20,16 @@
 //             by finalize_model_grads) and d x_f gets one TP reduction (all-reduce, or the
 //             reduce-scatter under SP) for all three down projections.
 //
+// FP8 (--fp8-format, a layer in FP8): every projection is an FP8 linear with its own
+// scaling state, as Megatron's Transformer Engine modules: linear_q_down_proj /
+// linear_q_proj, linear_q_up_proj, linear_kv_down_proj (one GEMM over the latent and the
+// position part, split after it), linear_kv_up_proj and linear_proj. A quantised partial
+// sum is not the quantised sum, so at TP > 1 each latent's gradient (and d kpe) is
+// all-reduced over TP before its norm and down projection, as Megatron's column-parallel
+// up projections do: the down projections' and latent norms' gradients are then whole on
+// every rank (latent_grads_whole: registered without tp_partial), and their FP8 casts see
+// the serial run's tensors.
+//
 // norm_q / norm_kv are RMSNorms under --qk-layernorm and the identity without (Megatron's
 // QKNormConfigResolver). The down projections run on the gathered rows on every TP rank
 // (Megatron's duplicated TELinear runs them on the sequence shard): the same numbers, the
@@ -42,6 +52,8 @@ namespace mcpp::model {
 class MlaAttention {
  public:
   static void add_params(const TransformerConfig& c, int layer, std::vector<ParamInfo>& params);
+  // Whether layer `layer`'s latent gradients are made whole over TP (FP8 at TP > 1).
+  static bool latent_grads_whole(const TransformerConfig& c, int layer);
   MlaAttention() = default;
   MlaAttention(const TransformerConfig& c, int layer, const ParamStore* store);
 
@@ -74,7 +86,14 @@ class MlaAttention {
   ParamView q_proj_, q_down_, q_up_, kv_down_, kv_up_, q_norm_, kv_norm_;
   CoreAttention core_;
   RowParallelLinear proj_;
+  Fp8Linear q_proj_fp8_, q_down_fp8_, q_up_fp8_, kv_down_fp8_, kv_up_fp8_;
   bool recompute_up_ = false;  // --recompute-modules mla_up_proj
+  bool fp8(const StepContext& cx) const { return kv_up_fp8_.on(cx); }
+  // y = x W^T for a projection whose input is whole on every rank: FP8 through f, or not.
+  void linear(const Fp8Linear& f, const Tensor& x, const Tensor& w, Tensor& y,
+              const StepContext& cx) const;
+  // The backward from the unpacked gradients (ws.mla_q / mla_kv / mla_kpe) to dx, in FP8.
+  void backward_fp8(const Tensor& x, Saved& s, Tensor& dx, Workspace& ws, const StepContext& cx);
   // The projections up to the packed qkv (forward and generation): x_f the gathered input.
   void project(const Tensor& x_f, Saved& s, Tensor& qkv, Workspace& ws,
                const StepContext& cx) const;

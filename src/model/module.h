@@ -223,6 +223,9 @@ struct Workspace {
   // gradient, the latents' gradients and their norms' output gradients.
   Tensor mla_q, mla_kv, mla_kpe, mla_ctx, mla_dctx, mla_dql, mla_dkvl, mla_dqln, mla_dkvln;
   Tensor mla_qkv;  // --recompute-modules mla_up_proj: the core's qkv, rebuilt in backward
+  // MLA in FP8: linear_kv_down_proj's whole output [T, rkv+Dr] (backward: its gradient),
+  // its transpose (the column split), and the second down projection's d x [T, H].
+  Tensor mla_kvd, mla_kvdT, mla_dx2;
   // Multi-token prediction (mtp.h): eh_proj's input transposed [2H,Tl] (forward) and its
   // gradient [Tl,2H], and the gradients of the depths' inputs h_{k-1} [Tl,H] (two, in turn).
   Tensor mtp_catT, mtp_dcat;

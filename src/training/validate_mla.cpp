@@ -95,9 +95,6 @@ void validate_mla(Args& a) {
                   "drop --apply-layernorm-1p, or --qk-layernorm",
                   "--apply-layernorm-1p with --multi-latent-attention's latent norms "
                   "(--qk-layernorm) is not implemented yet");
-  MCPP_CHECK_HINT(!a.fp8, "drop --fp8-format with --multi-latent-attention",
-                  "--fp8-format with --multi-latent-attention: the latent projections have no "
-                  "FP8 path yet");
   MCPP_CHECK_HINT(!a.apply_wd_to_qk_layernorm,
                   "drop --apply-wd-to-qk-layernorm with --multi-latent-attention",
                   "--apply-wd-to-qk-layernorm decays per-head q/k norm weights; under MLA "

@@ -55,7 +55,6 @@ inline float amax(const Tensor& v) {
   float f = float(m);
   return double(f) < m ? std::nextafter(f, INFINITY) : f;
 }
-// The scale fp8_scale_update makes of an amax (margin 0).
 // A [n, k] @ B [m, k]^T -> [n, m] in f64, plain loops (the references' GEMM).
 inline Tensor mm_t(const Tensor& A, const Tensor& B) {
   const int64_t n = A.size(0), k = A.size(1), m = B.size(0);
@@ -70,6 +69,16 @@ inline Tensor mm_t(const Tensor& A, const Tensor& B) {
   return y;
 }
 
+// A^T of a 2-D f64 tensor.
+inline Tensor transpose(const Tensor& A) {
+  const int64_t n = A.size(0), m = A.size(1);
+  Tensor y = Tensor::empty({m, n}, DType::F64);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) y.data<double>()[j * n + i] = A.data<double>()[i * m + j];
+  return y;
+}
+
+// The scale fp8_scale_update makes of an amax (margin 0).
 inline double scale_of(double fp8_max, float a) { return double(float(fp8_max / double(a))); }
 
 // Central differences of f in every element of x (f64; x is perturbed in place and restored).

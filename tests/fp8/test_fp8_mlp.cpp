@@ -33,14 +33,8 @@ using fp8_test::randn;
 using fp8_test::scale_of;
 
 using fp8_test::mm_t;
+using fp8_test::transpose;
 
-Tensor transpose(const Tensor& A) {
-  const int64_t n = A.size(0), m = A.size(1);
-  Tensor y = Tensor::empty({m, n}, DType::F64);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < m; ++j) y.data<double>()[j * n + i] = A.data<double>()[i * m + j];
-  return y;
-}
 Tensor add_rows(Tensor y, const Tensor& b) {  // y[t, :] += b
   const int64_t m = b.numel();
   for (int64_t i = 0; i < y.numel(); ++i) y.data<double>()[i] += b.data<double>()[i % m];

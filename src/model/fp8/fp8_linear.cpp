@@ -12,12 +12,6 @@ namespace mcpp::model {
 
 namespace {
 
-// The FP8 linears of a transformer layer, as Megatron puts every linear inside the layer
-// in FP8 (QKV, projection, fc1, fc2); embedding, output layer, core attention and norms
-// are not among them.
-const char* const kFp8Linears[] = {"self_attention.linear_qkv", "self_attention.linear_proj",
-                                   "mlp.linear_fc1", "mlp.linear_fc2"};
-
 // The state's prefix: a linear's name (its weight's without ".weight"); a routed expert's
 // GEMM, whose weight is "<linear>.weight<e>" (model/moe/experts.h), the weight's name itself.
 std::string prefix_of(const std::string& weight) {
@@ -43,6 +37,31 @@ ops::Fp8Format fp8_format_of(const Fp8Config& f, Fp8Operand k) {
 }
 
 Tensor as_2d(const Tensor& t) { return t.view({t.numel() / t.size(-1), t.size(-1)}); }
+
+// Megatron puts every linear inside the layer in FP8; embedding, output layer, core
+// attention and norms are not among them.
+std::vector<std::string> fp8_linear_prefixes(const TransformerConfig& c, int layer) {
+  std::vector<std::string> names;
+  if (c.mla.on) {  // MLA's latent down projections and per-head up projections
+    if (c.mla.q_lora_rank > 0)
+      names = {"self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj"};
+    else
+      names = {"self_attention.linear_q_proj"};
+    names.insert(names.end(),
+                 {"self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj"});
+  } else {
+    names = {"self_attention.linear_qkv"};
+  }
+  names.push_back("self_attention.linear_proj");
+  const bool moe = c.is_moe_layer(layer);
+  if (!moe || c.moe.shared_ffn_hidden_size > 0) {  // a MoE layer's dense MLP: its shared experts
+    const char* mlp = moe ? "mlp.shared_experts." : "mlp.";
+    names.push_back(std::string(mlp) + "linear_fc1");
+    names.push_back(std::string(mlp) + "linear_fc2");
+  }
+  for (std::string& n : names) n = layer_param_name(layer, n);
+  return names;
+}
 
 std::string fp8_history_name(const std::string& prefix) { return prefix + ".fp8_amax_history"; }
 std::string fp8_scale_name(const std::string& prefix) { return prefix + ".fp8_scale"; }
@@ -72,14 +91,7 @@ void add_fp8_buffers(const TransformerConfig& c, const std::vector<int>& layers,
       store.add_buffer(
           {fp8_scale_name(p), {3}, {}, DType::F32, TpSplit::None, l, -1, Init::Ones, {}});
     };
-    for (const char* name : kFp8Linears) {
-      std::string p = layer_param_name(l, name);
-      if (moe && p.find(".mlp.") != std::string::npos) {  // no dense MLP: the shared experts'
-        if (c.moe.shared_ffn_hidden_size <= 0) continue;
-        p = layer_param_name(l, std::string("mlp.shared_experts.") + (name + 4));
-      }
-      add(p);
-    }
+    for (const std::string& p : fp8_linear_prefixes(c, l)) add(p);
     if (TransformerConfig::is_mtp_layer(l))  // the depth's eh_proj (model/mtp.h)
       add(mtp_eh_proj_name(int(l - TransformerConfig::kMtpLayerBase)));
   }

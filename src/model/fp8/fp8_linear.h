@@ -55,6 +55,12 @@ ops::Fp8Format fp8_format_of(const Fp8Config& f, Fp8Operand k);
 // t as a matrix: [numel / last dimension, last dimension].
 Tensor as_2d(const Tensor& t);
 
+// The linears of global layer `layer` that run in FP8 when the layer does, by name (their
+// weight's without ".weight"): attention's (QKV, or MLA's down and up projections; the
+// output projection) and the dense MLP's (a MoE layer's shared experts'), not the routed
+// experts' (moe::GroupedExperts).
+std::vector<std::string> fp8_linear_prefixes(const TransformerConfig& c, int layer);
+
 // The persistent buffers of a linear layer named `prefix` (e.g.
 // decoder.layers.3.mlp.linear_fc1): registered for every FP8 linear under the delayed
 // recipe.

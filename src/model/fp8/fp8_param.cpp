@@ -3,6 +3,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "model/fp8/fp8_linear.h"
+
 namespace mcpp::model {
 
 namespace {
@@ -31,11 +33,11 @@ const Fp8ParamWeight* find_fp8_param_weight(const ParamStore* store, const std::
 
 bool is_fp8_weight(const TransformerConfig& c, const ParamInfo& p) {
   if (p.layer < 0 || p.expert >= 0 || !c.fp8.layer_in_fp8(p.layer, c.num_layers)) return false;
-  // The FP8 linears of a layer, as fp8_linear.cpp's list (Megatron's: every linear inside
-  // the transformer layer).
-  for (const char* name : {"self_attention.linear_qkv", "self_attention.linear_proj",
-                           "mlp.linear_fc1", "mlp.linear_fc2"})
-    if (p.name == layer_param_name(p.layer, name) + ".weight") return true;
+  // The layer's FP8 linears (fp8_linear_prefixes), its shared experts' aside: they cast
+  // their own weights.
+  for (const std::string& prefix : fp8_linear_prefixes(c, p.layer))
+    if (prefix.find(".shared_experts.") == std::string::npos && p.name == prefix + ".weight")
+      return true;
   return false;
 }
 
