@@ -204,6 +204,13 @@ struct TransformerConfig {
     int64_t num_groups = 0, group_topk = 0;  // --moe-router-num-groups / -group-topk
     bool expert_bias = false;                // --moe-router-enable-expert-bias
     double bias_update_rate = 1e-3;          // --moe-router-bias-update-rate
+    // Megatron's benchmark modes (router.h): --moe-router-force-load-balancing replaces the
+    // logits by random normals; --moe-router-force-biased (given: force_biased_given) too,
+    // plus a random bias N(0, |force_biased|) per expert, new for each micro-batch (> 0) or
+    // drawn once per layer (< 0). Run-time settings, not in checkpoint metadata.
+    bool force_load_balancing = false;
+    bool force_biased_given = false;
+    double force_biased = 0;
     DType router_dtype = DType::F32;         // --moe-router-dtype (else the model's dtype)
     bool router_dtype_given = false;
     // --moe-router-load-balancing-type, paired with --moe-aux-loss-coeff (Megatron's lists of

@@ -152,6 +152,9 @@ void dropout_backward(const Tensor& dout, double p, DropoutKey key, const Global
                       Tensor& dx, Stream& s) {
   MCPP_DISPATCH(dropout_backward, dout, p, key, g, dx, s);
 }
+void random_normal(DropoutKey key, const GlobalIndex3& g, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(random_normal, key, g, y, s);
+}
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& y,
                        Stream& s) {
   MCPP_DISPATCH(embedding_forward, ids, table, vs, y, s);

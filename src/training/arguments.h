@@ -457,6 +457,8 @@ struct Args {
   std::optional<double> moe_router_topk_scaling_factor;
   bool moe_router_enable_expert_bias = false;             // sigmoid / sqrtsoftplus only
   double moe_router_bias_update_rate = 1e-3;
+  bool moe_router_force_load_balancing = false;           // random logits (benchmarks)
+  std::optional<double> moe_router_force_biased;          // + a random bias N(0, |std|)
   std::optional<int64_t> moe_router_num_groups;
   std::optional<int64_t> moe_router_group_topk;
   std::optional<std::string> moe_router_dtype;            // fp32 | fp64

@@ -203,7 +203,8 @@ void validate_moe(Args& a) {
           "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
           "moe_shared_expert_overlap",
           "moe_per_layer_logging", "moe_layer_freq", "moe_router_padding_for_fp8",
-          "moe_use_upcycling", "moe_upcycling_granularity"})
+          "moe_use_upcycling", "moe_upcycling_granularity", "moe_router_force_load_balancing",
+          "moe_router_force_biased"})
       MCPP_CHECK_HINT(!a.was_given(f), "add --num-experts E, or drop the flag",
                       "{} applies to mixture-of-experts models only, and --num-experts was "
                       "not given",

@@ -1095,6 +1095,30 @@ TEST(GpuAdamW, GradScaleEqualsScalingTheGradientsFirst) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, GpuDropout, ::testing::Values(int64_t(301), int64_t(300)));
+
+// random_normal (the routers' random logits): a CP rank's block of the global tensor, in f32
+// and bf16, against the CPU's f64 values rounded (the device's double log and cos may differ
+// from the host's in the last place: 1e-6 relative in f32, one bf16 step in bf16).
+TEST(GpuRandomNormal, BlocksMatchTheCpu) {
+  MCPP_REQUIRE_GPU();
+  const ops::DropoutKey key{1234, 77};
+  const int64_t d0 = 8, d1 = 3, d2 = 40;
+  ops::GlobalIndex3 part{{2, 1, 0}, {d0, d1, d2}};
+  part.split0 = 2, part.jump0 = 2;  // rows 2-3, 6-7
+  Tensor want = Tensor::empty({4, 2, d2}, DType::F64);
+  cpu::random_normal(key, part, want, CS());
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor gy = gpu_nan({4, 2, d2}, dt);
+    gpu::random_normal(key, part, gy, GS());
+    Tensor got = Tensor::empty({4, 2, d2}, DType::F64);
+    ops::copy(to_cpu(gy), got, CS());
+    const double tol = dt == DType::F32 ? 1e-6 : 1.0 / 128;
+    for (int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_NEAR(got.data<double>()[i], want.data<double>()[i],
+                  tol * std::max(1.0, std::fabs(want.data<double>()[i])))
+          << dtype_name(dt) << " element " << i;
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuOp, ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          dtype_param_name);
 

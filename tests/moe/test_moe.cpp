@@ -29,6 +29,7 @@
 #include "ops/ops.h"
 #include "training/arguments.h"
 #include "training/flops.h"
+#include "training/memory_plan.h"
 #include "training/validate_moe.h"
 
 using namespace mcpp;
@@ -1248,4 +1249,202 @@ TEST(MoeModel, RouterDtypeFp64InAnF32Model) {
               1e-4)
         << n;
   }
+}
+
+// ---- --moe-router-force-load-balancing / --moe-router-force-biased (router.h) ------------
+
+namespace {
+// The router of layer 0 of `c` on its own, f64: its logits for x [S*B, H] at (iteration,
+// first sample) of a global batch of Bg samples.
+Tensor router_logits(const TransformerConfig& c, const Tensor& x, int64_t S, int64_t B,
+                     int64_t iteration, int64_t sample_offset, int64_t Bg) {
+  model::ParamStore ps;
+  std::vector<model::ParamInfo> infos;
+  model::moe::Router::add_params(c, 0, infos);
+  for (auto& p : infos) ps.add(p);
+  ps.allocate(DType::F64, 0, 1);
+  ps.initialize(3);
+  model::moe::Router r(c, 0, &ps);
+  model::StepKeys k;
+  k.iteration = iteration, k.sample_offset = sample_offset, k.global_batch = Bg;
+  const model::StepContext cx = model::make_step_context(c, S, B, k, nullptr);
+  model::moe::Router::Saved s;
+  model::allocate(
+      [&](const model::TensorVisitor& v) { model::moe::Router::saved_specs(c, cx, s, v); },
+      Device::CPU, true);
+  r.forward(x, s, cx);
+  return s.logits.clone();
+}
+Tensor normals(const Shape& shape, uint64_t seed) {
+  Tensor t = Tensor::empty(shape, DType::F64);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = Philox::normal(seed, 0, i);
+  return t;
+}
+double max_diff(const Tensor& a, const Tensor& b) {
+  double d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    d = std::max(d, std::fabs(a.data<double>()[i] - b.data<double>()[i]));
+  return d;
+}
+}  // namespace
+
+// The logits are Philox normals of the tokens' global coordinates (s, b + first sample, e),
+// whatever the input and the weights; the biased mode adds one vector, std x normals keyed by
+// the micro-batch's first sample (std > 0) or by the layer alone (std < 0).
+TEST(MoeForceBalance, RouterLogitsAreNormalsAtGlobalCoordinates) {
+  auto c = tiny_moe(true, 1, 0.0);
+  c.moe.force_load_balancing = true;
+  const int64_t S = 6, B = 2, E = c.moe.num_experts, Bg = 8, b0 = 4;
+  const Tensor x = normals({S * B, c.hidden_size}, 5);
+  const Tensor l = router_logits(c, x, S, B, 7, b0, Bg);
+  model::StepKeys k;
+  k.iteration = 7;
+  const auto key = model::dropout_key(c, k, 0, model::DropoutSite::RouterLogits);
+  for (int64_t t = 0; t < S * B; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      const uint64_t gi = uint64_t(((t / B) * Bg + t % B + b0) * E + e);
+      ASSERT_EQ(l.data<double>()[t * E + e], Philox::normal(key.seed, key.stream, gi)) << t;
+    }
+  const Tensor x2 = normals({S * B, c.hidden_size}, 6);
+  EXPECT_EQ(max_diff(router_logits(c, x2, S, B, 7, b0, Bg), l), 0.0);
+  EXPECT_GT(max_diff(router_logits(c, x, S, B, 8, b0, Bg), l), 0.1);  // iteration
+  auto plain = c;
+  plain.moe.force_load_balancing = false;
+  EXPECT_GT(max_diff(router_logits(plain, x, S, B, 7, b0, Bg), l), 0.1);
+  for (double std : {0.5, -0.5}) {
+    auto bc = c;
+    bc.moe.force_load_balancing = false;  // implied by the bias, as in Megatron
+    bc.moe.force_biased_given = true, bc.moe.force_biased = std;
+    auto bias_of = [&](int64_t it, int64_t first) {
+      const Tensor lb = router_logits(bc, x, S, B, it, first, Bg),
+                   ln = router_logits(c, x, S, B, it, first, Bg);
+      std::vector<double> v(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) v[size_t(e)] = lb.data<double>()[e] - ln.data<double>()[e];
+      for (int64_t t = 1; t < S * B; ++t)  // one vector for every token
+        for (int64_t e = 0; e < E; ++e)
+          EXPECT_NEAR(lb.data<double>()[t * E + e] - ln.data<double>()[t * E + e],
+                      v[size_t(e)], 1e-12);
+      return v;
+    };
+    const auto v = bias_of(7, b0);
+    model::StepKeys kb;
+    kb.iteration = std > 0 ? 7 : -1;
+    const auto bk = model::dropout_key(c, kb, 0, model::DropoutSite::RouterBias);
+    for (int64_t e = 0; e < E; ++e)
+      EXPECT_NEAR(v[size_t(e)],
+                  0.5 * Philox::normal(bk.seed, bk.stream,
+                                       uint64_t(std > 0 ? b0 * E + e : e)),
+                  1e-12);
+    const auto other = bias_of(9, b0 + 2);  // another micro-batch of another iteration
+    if (std > 0)
+      EXPECT_GT(std::fabs(other[0] - v[0]) + std::fabs(other[1] - v[1]), 1e-3);
+    else
+      for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(other[size_t(e)], v[size_t(e)], 1e-12);
+  }
+}
+
+// A router whose weights send every token to experts 0 and 1 (zero logits: the first two
+// win the ties) spreads them over all four experts in the benchmark mode, about evenly.
+// The loss then ignores the router weights W, and the backward is Megatron's straight-
+// through one: dlogits enters the gating GEMM's backward, so W gets dlogits^T x and the
+// router's input gets dlogits W on top of its true gradient. So: at W = 0 every other
+// gradient is the loss's own (central finite differences); W's gradient does not depend on
+// W; and the other gradients move exactly linearly in W (by dlogits W through the layers
+// below), which a test at W, 2W and 0 shows.
+TEST(MoeForceBalance, TokensSpreadEvenlyAndTheGradientIsStraightThrough) {
+  auto c = tiny_moe(true, 1, 0.0);
+  const std::string router = "decoder.layers.0.mlp.router.weight";
+  auto run_counts = [&](bool force) {
+    auto k = c;
+    k.moe.force_load_balancing = force;
+    model::GPTModel m(k);
+    Tensor w = m.params().param(router);
+    ops::fill(w, 0.0, Stream::cpu());
+    model::StepKeys keys;
+    m.forward(batch(64, k.seq_length, 13, 11), keys);
+    return moe_layers(m)[0]->stats().tokens_per_expert;
+  };
+  const auto plain = run_counts(false), forced = run_counts(true);
+  const double N = 64.0 * double(c.seq_length) * double(c.moe.topk);  // routed rows
+  EXPECT_EQ(plain[2] + plain[3], 0.0);
+  for (int e = 0; e < 4; ++e) EXPECT_NEAR(forced[size_t(e)], N / 4, 4 * std::sqrt(N / 4)) << e;
+
+  c.moe.force_load_balancing = true;
+  model::GPTModel m(c);
+  auto mb = batch(2, c.seq_length, 13, 11);
+  model::StepKeys keys;
+  keys.iteration = 3;
+  auto& ps = m.params();
+  Tensor rw = ps.param(router);
+  const Tensor w1 = rw.clone();
+  double loss = 0;
+  auto grads_at = [&](double a) {  // W = a * w1
+    for (int64_t i = 0; i < rw.numel(); ++i) rw.data<double>()[i] = a * w1.data<double>()[i];
+    ps.zero_grads();
+    loss = total(m, mb, keys);
+    m.backward(1.0);
+    return ps.flat_grads().clone();
+  };
+  const Tensor g1 = grads_at(1), g2 = grads_at(2);
+  const double l_w = loss;
+  const Tensor g0 = grads_at(0);
+  EXPECT_EQ(loss, l_w);  // the logits ignore the weights
+  bool moved = false;
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    const auto& p = ps.infos()[i];
+    for (int64_t e = 0; e < p.numel(); ++e) {
+      const int64_t o = p.offset + e;
+      const double a0 = g0.data<double>()[o], a1 = g1.data<double>()[o], a2 = g2.data<double>()[o];
+      if (p.name == router) {
+        ASSERT_NEAR(a1, a0, 1e-12) << router;
+        ASSERT_NEAR(a2, a0, 1e-12) << router;
+      } else {
+        ASSERT_NEAR(a2 - a0, 2 * (a1 - a0), 1e-12 * std::max(1.0, std::fabs(a2))) << p.name;
+        moved = moved || std::fabs(a1 - a0) > 1e-6;
+      }
+    }
+  }
+  EXPECT_TRUE(moved);  // the layers below the router see dlogits W
+  EXPECT_GT(ops::sum_squares(ps.grad(router), Stream::cpu()), 1e-12);
+  const double h = 1e-5;  // W = 0 still: the loss's own gradient everywhere else
+  for (size_t i = 0; i < ps.infos().size(); ++i) {
+    if (ps.infos()[i].name == router) continue;
+    Tensor w = ps.param(i), g = ps.grad(i);
+    for (uint64_t kk = 0; kk < 3; ++kk) {
+      const int64_t e = int64_t(Philox::u32(9, i, kk) % uint64_t(w.numel()));
+      double* v = w.data<double>() + e;
+      const double v0 = *v;
+      *v = v0 + h;
+      const double lp = total(m, mb, keys);
+      *v = v0 - h;
+      const double lm = total(m, mb, keys);
+      *v = v0;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(g.data<double>()[e], fd, 2e-6 * std::max(1.0, std::abs(fd)))
+          << ps.infos()[i].name << "[" << e << "]";
+    }
+  }
+}
+
+// The two flags reach the model's configuration; a dense model refuses them, as every MoE flag.
+TEST(MoeFlags, ForceLoadBalancingFlags) {
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-router-force-load-balancing"}), "");
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-router-force-biased", "-0.5"}), "");
+  EXPECT_NE(start_up_error({"--moe-router-force-load-balancing"}).find("--num-experts"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--moe-router-force-biased", "1"}).find("--num-experts"),
+            std::string::npos);
+  std::vector<std::string> argv = {"--num-layers", "2", "--hidden-size", "32",
+                                   "--num-attention-heads", "4", "--seq-length", "16",
+                                   "--max-position-embeddings", "16", "--micro-batch-size", "2",
+                                   "--lr", "1e-3", "--train-iters", "5", "--mock-data",
+                                   "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+                                   "--num-experts", "4", "--moe-router-force-load-balancing",
+                                   "--moe-router-force-biased", "-0.25"};
+  auto a = training::parse_args(argv);
+  training::validate_args(a, 1);
+  const auto c = training::model_config(a, Device::CPU, DType::F32);
+  EXPECT_TRUE(c.moe.force_load_balancing);
+  EXPECT_TRUE(c.moe.force_biased_given);
+  EXPECT_EQ(c.moe.force_biased, -0.25);
 }

@@ -1,6 +1,8 @@
 // Dropout: the mask is DropoutMask's 16-bit uniform of the global index (checked element
 // by element against the scalar reference, base/philox.h), identical when the tensor is computed whole or in blocks with offsets,
 // keeps about 1 - p, and backward applies the same mask.
+#include <cmath>
+
 #include "base/philox.h"
 #include "op_test_util.h"
 
@@ -99,6 +101,40 @@ TEST(Dropout, ZeroProbabilityIsPlainAddInPlace) {
   Tensor two_d = randn({6, 4}, 3);
   EXPECT_THROW(cpu::dropout_backward(two_d, 0.1, kKey, ops::GlobalIndex3{}, two_d, S()), Error);
   EXPECT_THROW(cpu::dropout_add_forward(x, res, 1.5, kKey, ops::GlobalIndex3{}, res, S()), Error);
+}
+
+// random_normal: element i is Philox::normal of its global index; a block with offsets (and a
+// CP rank's two chunks) draws the whole tensor's values; f32 is the f64 value rounded; the
+// sample looks standard normal.
+TEST(RandomNormal, PhiloxNormalOfTheGlobalIndexInEveryBlock) {
+  const int64_t d0 = 8, d1 = 3, d2 = 5;
+  const auto g = ops::GlobalIndex3::whole(d0, d1, d2);
+  Tensor whole = Tensor::empty({d0, d1, d2}, DType::F64);
+  cpu::random_normal(kKey, g, whole, S());
+  for (int64_t i = 0; i < whole.numel(); ++i)
+    ASSERT_EQ(whole.data<double>()[i], Philox::normal(kKey.seed, kKey.stream, uint64_t(i))) << i;
+  // rows 2-3 and 6-7 (a CP rank's chunks: split at 2, jump 2), samples 1-2, columns 1-4
+  ops::GlobalIndex3 part{{2, 1, 1}, {d0, d1, d2}};
+  part.split0 = 2, part.jump0 = 2;
+  Tensor blk = Tensor::empty({4, 2, 4}, DType::F32);
+  cpu::random_normal(kKey, part, blk, S());
+  const int64_t rows[4] = {2, 3, 6, 7};
+  for (int64_t i0 = 0; i0 < 4; ++i0)
+    for (int64_t i1 = 0; i1 < 2; ++i1)
+      for (int64_t i2 = 0; i2 < 4; ++i2)
+        ASSERT_EQ(blk.data<float>()[(i0 * 2 + i1) * 4 + i2],
+                  float(whole.data<double>()[(rows[i0] * d1 + i1 + 1) * d2 + i2 + 1]));
+  Tensor big = Tensor::empty({4000, 2, 16}, DType::F64);
+  cpu::random_normal(ops::DropoutKey{7, 8}, ops::GlobalIndex3::whole(4000, 2, 16), big, S());
+  double m = 0, v = 0;
+  const double n = double(big.numel());
+  for (int64_t i = 0; i < big.numel(); ++i) m += big.data<double>()[i];
+  m /= n;
+  for (int64_t i = 0; i < big.numel(); ++i) v += std::pow(big.data<double>()[i] - m, 2);
+  EXPECT_NEAR(m, 0.0, 5 / std::sqrt(n));
+  EXPECT_NEAR(v / n, 1.0, 5 * std::sqrt(2 / n));
+  ops::GlobalIndex3 outside{{0, 0, 2}, {d0, d1, d2}};
+  EXPECT_THROW(cpu::random_normal(kKey, outside, blk, S()), Error);
 }
 
 }  // namespace dropout_test

@@ -1,5 +1,8 @@
 #include "model/moe/router.h"
 
+#include <cmath>
+
+#include "base/philox.h"
 #include "model/moe/transfer.h"
 #include "ops/ops.h"
 
@@ -36,7 +39,9 @@ DType Router::router_dtype(const TransformerConfig& c) {
 Router::Router(const TransformerConfig& c, int layer, const ParamStore* store)
     : w_(ParamStore::view(store, layer_param_name(layer, "mlp.router.weight"))),
       b_(ParamStore::view(store, layer_param_name(layer, "mlp.router.bias"))),
-      dtype_(router_dtype(c)) {
+      dtype_(router_dtype(c)),
+      layer_(layer),
+      random_(c.moe.force_load_balancing || c.moe.force_biased_given) {
   const std::string bn = layer_param_name(layer, "mlp.router.expert_bias");
   if (store && store->has_buffer(bn)) bias_ = store->buffer(bn);
   MCPP_CHECK_HINT(!(c.device == Device::CUDA && dtype_ == DType::F64),
@@ -71,17 +76,50 @@ void add_into(Tensor& grad, const Tensor& t, Stream& st) {
 }
 }  // namespace
 
+// With random logits the gating GEMM's output would be overwritten: it is not run (the
+// backward needs only x, or its cast, and W).
 void Router::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
   Stream& st = cx.stream();
   if (dtype_ == x.dtype()) {
-    ops::linear_forward(x, w_.w, in_dtype(b_.w, dtype_, st), s.logits, st);
-    return;
+    if (!random_) ops::linear_forward(x, w_.w, in_dtype(b_.w, dtype_, st), s.logits, st);
+  } else {
+    // Megatron's --moe-router-dtype: the GEMM in fp32/fp64 on upcast input, weight and bias
+    // (router_gating_linear).
+    ops::copy(x, s.x_cast, st);
+    if (!random_)
+      ops::linear_forward(s.x_cast, in_dtype(w_.w, dtype_, st), in_dtype(b_.w, dtype_, st),
+                          s.logits, st);
   }
-  // Megatron's --moe-router-dtype: the GEMM in fp32/fp64 on upcast input, weight and bias
-  // (router_gating_linear).
-  ops::copy(x, s.x_cast, st);
-  ops::linear_forward(s.x_cast, in_dtype(w_.w, dtype_, st), in_dtype(b_.w, dtype_, st), s.logits,
-                      st);
+  if (random_) random_logits(s.logits, cx);
+}
+
+void Router::random_logits(Tensor& logits, const StepContext& cx) const {
+  const auto& m = cx.cfg->moe;
+  const int64_t E = m.num_experts, rows = logits.size(0);
+  Stream& st = cx.stream();
+  MCPP_CHECK(rows == cx.Sl * cx.B, "Router: {} logit rows for a shard of {} x {} tokens", rows,
+             cx.Sl, cx.B);
+  ops::GlobalIndex3 g = cx.g;  // the tokens' (s, b) as the hidden dropout's, then e
+  g.offset[2] = 0, g.global[2] = E;
+  Tensor l3 = logits.view({cx.Sl, cx.B, E});
+  ops::random_normal(dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::RouterLogits), g, l3, st);
+  if (!m.force_biased_given) return;
+  // The bias [E]: per micro-batch (index: its first sample's, x E) or per layer (a key
+  // without the iteration, index e).
+  const bool per_layer = m.force_biased < 0;
+  StepKeys k = cx.keys;
+  if (per_layer) k.iteration = -1;
+  const ops::DropoutKey key = dropout_key(*cx.cfg, k, layer_, DropoutSite::RouterBias);
+  const uint64_t first = per_layer ? 0 : uint64_t(cx.keys.sample_offset) * uint64_t(E);
+  std::vector<double> b(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    b[size_t(e)] = std::abs(m.force_biased) * Philox::normal(key.seed, key.stream,
+                                                             first + uint64_t(e));
+  Tensor bias = Tensor::empty({1, E}, logits.dtype(), logits.device());
+  from_host(b, bias, st);
+  Tensor ones = Tensor::empty({rows, 1}, logits.dtype(), logits.device());
+  ops::fill(ones, 1.0, st);
+  ops::gemm(false, false, 1.0, ones, bias, 1.0, logits, st);  // logits[t, :] += bias
 }
 
 void Router::backward(const Tensor& dlogits, const Tensor& x, const Saved& s, Tensor& dx,

@@ -8,6 +8,17 @@
 //
 //   forward:  logits [Tl,E] = x [Tl,H] @ W^T + b
 //   backward: dx [Tl,H] += dlogits @ W;  dW += dlogits^T @ x;  db += colsum(dlogits)
+//
+// Megatron's benchmark modes (its RandomSTE): --moe-router-force-load-balancing replaces the
+// logits by standard normals, drawn from Philox at each token's global coordinates (s, b, e)
+// (ops::random_normal; the iteration and layer key the stream), so that every layout and a
+// recomputed forward see the serial run's values (Megatron draws per rank). The routing, the
+// aux and z losses then read these logits, and the backward is straight-through: dlogits
+// enters the gating GEMM's backward as it is. --moe-router-force-biased std adds a bias
+// N(0, |std|) per expert, the same for every token of a micro-batch: drawn for each
+// micro-batch (keyed by its first sample, so again layout-independent) when std > 0, once
+// per layer (keyed by the layer alone) when std < 0; it implies the random logits, as in
+// Megatron.
 #pragma once
 #include <string>
 #include <vector>
@@ -48,6 +59,9 @@ class Router {
   ParamView w_, b_;  // b_: --add-bias-linear's (undefined without)
   Tensor bias_;  // the expert-bias buffer (f32 [E]), undefined without it
   DType dtype_ = DType::F32;
+  int layer_ = -1;
+  bool random_ = false;  // the benchmark modes: random logits
+  void random_logits(Tensor& logits, const StepContext& cx) const;
 };
 
 }  // namespace mcpp::model::moe

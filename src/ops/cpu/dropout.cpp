@@ -155,4 +155,20 @@ void dropout_backward(const Tensor& dout, double p, DropoutKey key, const Global
   });
 }
 
+void random_normal(DropoutKey key, const GlobalIndex3& g, Tensor& y, Stream& s) {
+  const Check c{"random_normal"};
+  c.stream(s);
+  const DType dt = c.floating(y, "y");
+  check_dropout(c, y, 1.0, g);  // the block fits the global tensor
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    R* Y = y.data<R>();
+    const int64_t H = y.size(2);
+    for_rows(y, g, [&](int64_t r, uint64_t gi) {
+      for (int64_t h = 0; h < H; ++h)
+        Y[r * H + h] = R(Philox::normal(key.seed, key.stream, gi + uint64_t(h)));
+    });
+  });
+}
+
 }  // namespace mcpp::ops::cpu

@@ -223,6 +223,14 @@ Index3 make_index(const Tensor& x, const GlobalIndex3& g, const char* op) {
   return ix;
 }
 
+template <typename T>
+static __global__ void random_normal_kernel(T* y, int64_t n, uint64_t seed, uint64_t stream,
+                                            Index3 ix) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_d<T>(Philox::normal(seed, stream, ix.global(i)));
+}
+
 }  // namespace
 
 void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, DropoutKey key,
@@ -275,6 +283,21 @@ void dropout_backward(const Tensor& dout, double p, DropoutKey key, const Global
     if (!launch_vec<T, T>(dp, nullptr, dxp, n, p > 0, threshold, scale, key, ix, stream_of(s)))
       dropout_bwd_kernel<T><<<grid_for((n + 7) / 8, 256), 256, 0, stream_of(s)>>>(
           dp, dxp, n, threshold, p > 0, scale, key.seed, key.stream, ix);
+  });
+  MCPP_LAUNCH_CHECK();
+}
+
+// The CPU's values up to the device's double log and cos (a unit or two in the last place
+// of the double, so the f32 / bf16 values match but for a rare rounding).
+void random_normal(DropoutKey key, const GlobalIndex3& g, Tensor& y, Stream& s) {
+  const char* op = "random_normal";
+  check_cuda(y, op, "y");
+  const Index3 ix = make_index(y, g, op);
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  MCPP_DISPATCH_ACT(y.dtype(), op, {
+    random_normal_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+        static_cast<T*>(y.raw()), n, key.seed, key.stream, ix);
   });
   MCPP_LAUNCH_CHECK();
 }
