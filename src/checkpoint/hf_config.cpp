@@ -83,6 +83,14 @@ const char* hf_model_type(HfArch a) {
 }
 
 HfArch hf_arch_of(const model::TransformerConfig& c) {
+  // muP's multipliers and attention scale have no place in these architectures' configs.
+  MCPP_CHECK_HINT(!c.mup.on || (c.mup.embedding_mult == 1.0 && c.mup.output_mult == 1.0 &&
+                                c.softmax_scale() == 1.0 / std::sqrt(double(c.kv_channels))),
+                  "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
+                  "a --use-mup model (embedding multiplier {}, output multiplier {}, softmax "
+                  "scale {}) has no Hugging Face export yet: the Llama and GPT-2 configs carry "
+                  "no multipliers, and their attention scale is 1/sqrt(head dim)",
+                  c.mup.embedding_mult, c.mup.output_mult, c.softmax_scale());
   MCPP_CHECK_HINT(!c.mla.on,
                   "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
                   "multi-latent attention has no Hugging Face export yet (DeepSeek-V2/V3's "

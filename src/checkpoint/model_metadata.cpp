@@ -102,6 +102,13 @@ json model_config_json(const model::TransformerConfig& c) {
     j["rotary_seq_len_interpolation_factor"] = c.seq_len_interpolation_factor;
   if (c.rotary_interleaved) j["rotary_interleaved"] = true;  // --rotary-interleaved (absent: off)
   if (c.mla.on) j["mla"] = mla_config_json(c.mla);  // multi-latent attention (absent: off)
+  if (c.mup.on) {  // --use-mup (absent: off): the multipliers and the attention scale
+    const auto& m = c.mup;
+    j["mup"] = {{"base_hidden_size", m.base_hidden_size}, {"width_mult", m.width_mult},
+                {"embedding_mult", m.embedding_mult},     {"output_mult", m.output_mult},
+                {"base_head_dim", m.base_head_dim ? json(*m.base_head_dim) : json(nullptr)},
+                {"attn_scale_power", m.attn_scale_power}};
+  }
   if (c.mtp_num_layers > 0) j["mtp_num_layers"] = c.mtp_num_layers;  // MTP depths (absent: 0)
   if (c.has_window_layers()) {  // sliding-window attention (absent: none)
     std::vector<int64_t> pattern;
@@ -161,6 +168,13 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.seq_len_interpolation_factor = j.value("rotary_seq_len_interpolation_factor", 1.0);
   c.rotary_interleaved = j.value("rotary_interleaved", false);      // --rotary-interleaved
   if (j.contains("mla")) c.mla = mla_config_from_json(j.at("mla"));  // multi-latent attention
+  if (j.contains("mup")) {  // --use-mup
+    const json& m = j.at("mup");
+    c.mup.on = true, c.mup.base_hidden_size = m.at("base_hidden_size");
+    c.mup.width_mult = m.at("width_mult"), c.mup.embedding_mult = m.at("embedding_mult");
+    c.mup.output_mult = m.at("output_mult"), c.mup.attn_scale_power = m.at("attn_scale_power");
+    if (!m.at("base_head_dim").is_null()) c.mup.base_head_dim = m.at("base_head_dim").get<double>();
+  }
   c.mtp_num_layers = j.value("mtp_num_layers", int64_t(0));          // --mtp-num-layers
   if (j.contains("window")) {  // --window-size, --window-attn-skip-freq
     c.window_left = j.at("window").at("left");
@@ -214,6 +228,11 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
                                              ? "glu-linear-offset"
                                              : "activation-func-clamp-value"),
              a, b);
+  }
+  {  // muP: the same tensors, another function of them (absent: off)
+    const json off = json(nullptr), &a = saved.contains("mup") ? saved["mup"] : off;
+    const json b = now.contains("mup") ? now["mup"] : off;
+    if (a != b) differ("mup (--use-mup and its flags)", a, b);
   }
   {  // multi-latent attention: its shape and RoPE (absent: off)
     const json off = json(nullptr), &a = saved.contains("mla") ? saved["mla"] : off;

@@ -7,6 +7,9 @@
 namespace mcpp::model {
 
 double TransformerConfig::softmax_scale() const {
+  if (!mla.on && mup.on)  // Megatron's muP attention: 1/d_head (power 1) at the base head dim
+    return std::sqrt(mup.base_head_dim.value_or(1.0)) /
+           std::pow(double(kv_channels), mup.attn_scale_power);
   if (!mla.on) return 1.0 / std::sqrt(double(kv_channels));
   const double m = ops::yarn_get_mscale(mla.rotary_scaling_factor, mla.mscale_all_dim);
   return m * m / std::sqrt(double(mla.q_head_dim()));

@@ -139,6 +139,20 @@ struct TransformerConfig {
     return embedding_init_method_std.value_or(init_method_std);
   }
   bool init_method_xavier_uniform = false;  // --init-method-xavier-uniform (Init::XavierUniform)
+  // --use-mup (Megatron's maximal update parameterisation; docs/model.md "muP"). width_mult =
+  // hidden / --mup-base-hidden-size. Initialisation: every normal weight's std divided by
+  // sqrt(width_mult) but the embeddings' (and, untied, the output layer's: the embedding
+  // std); the embedding output times embedding_mult; the logits times output_mult (given,
+  // or 1 / width_mult when left at 1); the attention's softmax scale sqrt(base_head_dim or 1)
+  // / kv_channels^attn_scale_power (not under MLA, whose scale is its own, as in Megatron);
+  // the optimizer's per-parameter learning rates and Adam's epsilon (optim/optimizer.h).
+  struct Mup {
+    bool on = false;
+    int64_t base_hidden_size = 0;  // --mup-base-hidden-size (default: hidden_size)
+    double width_mult = 1.0, embedding_mult = 1.0, output_mult = 1.0;
+    std::optional<double> base_head_dim;
+    double attn_scale_power = 1.0;
+  } mup;
   // --no-initialization (Megatron's perform_initialization = False): the parameters start
   // at zero instead of being drawn, for a run whose checkpoint replaces them anyway.
   bool perform_initialization = true;

@@ -78,6 +78,8 @@ void Embedding::forward(const Tensor& tokens_in, Saved& s, Tensor& h0_out, const
       ops::position_embedding_forward(pos_.w, cx.pos[b], row, st);
     }
   }
+  // muP's embedding multiplier (Megatron: after the position embeddings, before dropout).
+  if (c.mup.on && c.mup.embedding_mult != 1.0) ops::scale(emb3, c.mup.embedding_mult, st);
   Tensor h0 = h0_out.view({Sl, B, H});
   const int64_t dl = dropout_layer < 0 ? c.num_layers : dropout_layer;
   ops::dropout_add_forward(emb3, Tensor(), cx.p_hidden,
@@ -95,6 +97,7 @@ void Embedding::backward(const Tensor& tokens_in, Saved& s, Workspace& ws, const
   const int64_t dl = dropout_layer < 0 ? c.num_layers : dropout_layer;
   ops::dropout_backward(dx3, cx.p_hidden, dropout_key(c, cx.keys, dl, DropoutSite::Embedding),
                         cx.g, dtmp3, st);
+  if (c.mup.on && c.mup.embedding_mult != 1.0) ops::scale(dtmp3, c.mup.embedding_mult, st);
   if (c.learned_positions() && cx.position_ids.defined())
     ops::embedding_backward(dtmp3.view({Sl * B, 1, H}), shard_ids(cx, Sl), 0, pos_.g, st);
   else if (c.learned_positions())

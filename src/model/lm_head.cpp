@@ -68,6 +68,7 @@ PendingLoss LmHead::forward(const Tensor& x, const MicroBatch& mb, Saved& s, Wor
   const DType sdt = cx.sdt;
   norm_.forward(x, s.lnf, cx);
   output_.forward(s.lnf.y, s.out_in, s.logits, ws, cx);
+  scale_logits(s.logits, cx);
 
   // Labels and mask to sequence-first order: row t = s*B + b.
   MCPP_CHECK(mb.labels.dtype() == DType::I64 && mb.loss_mask.dtype() == DType::F32,
@@ -108,11 +109,18 @@ void LmHead::logits_forward(const Tensor& x, Saved& s, const StepContext& cx) co
   if (const auto f = norm_.fold(s.lnf, cx)) {  // the final RMSNorm in the output layer's kernel
     Tensor unused;
     output_.forward_folded(x, *f, false, unused, s.logits, cx);
+    scale_logits(s.logits, cx);
     return;
   }
   norm_.forward(x, s.lnf, cx);
   Workspace unused;  // generation: no sequence parallelism, nothing gathered
   output_.forward(s.lnf.y, s.out_in, s.logits, unused, cx);
+  scale_logits(s.logits, cx);
+}
+
+void LmHead::scale_logits(Tensor& logits, const StepContext& cx) const {
+  if (cfg_->mup.on && cfg_->mup.output_mult != 1.0)
+    ops::scale(logits, cfg_->mup.output_mult, cx.stream());
 }
 
 // Mirrors forward: cross-entropy, output layer, final norm.
@@ -121,7 +129,10 @@ void LmHead::backward(const Tensor& x, double grad_scale, Saved& s, Workspace& w
   const auto& c = *cfg_;
   Stream& st = cx.stream();
   ops::copy(s.mask, ws.dloss, st);
-  ops::scale(ws.dloss, grad_scale, st);
+  // muP's output multiplier: d(unscaled logits) = mult x d(logits), taken in dloss (the
+  // cross-entropy gradient is linear in it).
+  const double mult = c.mup.on ? c.mup.output_mult : 1.0;
+  ops::scale(ws.dloss, grad_scale * mult, st);
   ops::ce_backward(s.logits, s.row_max, s.sum_exp, s.targets, c.tp_rank * c.vocab_local(), ws.dloss,
                    s.logits, st);
   output_.backward(s.logits, s.lnf.y, s.out_in, ws.dln, ws, cx);

@@ -63,6 +63,8 @@ class LmHead {
                 const StepContext& cx, const Tensor* d_norm_out = nullptr);
 
  private:
+  // --use-mup: logits times the output multiplier (Megatron's _scale_logits), in place.
+  void scale_logits(Tensor& logits, const StepContext& cx) const;
   const TransformerConfig* cfg_ = nullptr;
   Norm norm_;
   ColumnParallelLinear output_;

@@ -1,6 +1,7 @@
 #include "model/stage.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/moe/moe_layer.h"
 
@@ -35,10 +36,26 @@ std::vector<ParamInfo> Stage::parameters(const TransformerConfig& c, const Pipel
     return p.name == "embedding.word_embeddings.weight" ||
            p.name == "embedding.position_embeddings.weight";
   };
+  // --use-mup: an untied output layer is drawn as the embeddings are (Megatron's
+  // embedding_init_method), and every other weight from init_method or
+  // output_layer_init_method has its std divided by sqrt(width_mult); the embeddings keep
+  // theirs. Under --init-method-xavier-uniform the two methods are Xavier's, unscaled.
+  const bool mup_output = c.mup.on && !c.tie_embeddings;
+  auto drawn_as_embedding = [&](const ParamInfo& p) {
+    return embedding(p) || (mup_output && p.name == "output_layer.weight");
+  };
   if (c.init_method_xavier_uniform)
     for (ParamInfo& p : out)
-      if (p.init == Init::Normal && !(own_embedding_std && embedding(p)))
+      if (p.init == Init::Normal && !(own_embedding_std && drawn_as_embedding(p)))
         p.init = Init::XavierUniform;
+  if (c.mup.on)
+    for (ParamInfo& p : out) {
+      if (p.init != Init::Normal) continue;
+      if (drawn_as_embedding(p))
+        p.init_std = c.embedding_init_std();
+      else
+        p.init_std /= std::sqrt(c.mup.width_mult);
+    }
   return out;
 }
 

@@ -190,9 +190,10 @@ void DistributedAdamW::step(double lr, double wd) {
     // f32/f64 models without a main copy: the step updates the model's own block.
     Tensor main = main_.defined() ? shard(main_) : lo_.defined() ? Tensor()
                                                                   : flat.narrow(s.flat, s.len);
-    // --decoupled-lr: lr_of
+    // --decoupled-lr and muP: lr_of, eps_of
     update_span(main, shard(lo_), shard(grads_.shard()), shard(m_), shard(v_), model,
-                lr_of(s.param, lr), infos[s.param].weight_decay ? wd : 0.0, st);
+                lr_of(s.param, lr), infos[s.param].weight_decay ? wd : 0.0, eps_of(s.param),
+                st);
   }
   if (muon_) muon_step(lr, wd, st);
   finish_step();

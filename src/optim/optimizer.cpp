@@ -42,11 +42,37 @@ void Optimizer::allocate_state(const Shape& shape, DType dtype, Device dev) {
   ops::fill(v_, 0.0, st);
 }
 
+bool Optimizer::mup_matrix_like(const model::ParamInfo& p) {
+  // Megatron's is_vector_like_parameter: one dimension, or an embedding parameter (the word
+  // and position embeddings, the output layer).
+  return p.global_shape.size() >= 2 && !p.embedding_or_output &&
+         p.name != "embedding.position_embeddings.weight";
+}
+
+bool Optimizer::mup_hidden(size_t param) const {
+  const auto& p = ps_.infos()[param];
+  return mup_matrix_like(p) && !(muon_ && muon_steps(p));
+}
+
+double Optimizer::lr_of(size_t param, double lr) const {
+  if (decoupled_lr_ && ps_.infos()[param].embedding_or_output) return *decoupled_lr_;
+  if (mup_) {
+    const bool hidden = mup_hidden(param);
+    if (hidden && mup_->hidden_lr) return *mup_->hidden_lr;
+    if (!hidden && mup_->vector_lr) return *mup_->vector_lr;
+  }
+  return lr;
+}
+
+double Optimizer::eps_of(size_t param) const {
+  return mup_ && mup_->hidden_eps && mup_hidden(param) ? *mup_->hidden_eps : cfg_.eps;
+}
+
 void Optimizer::update_span(Tensor w, Tensor lo, const Tensor& g, Tensor m, Tensor v,
-                            Tensor model, double lr, double wd, Stream& st) {
+                            Tensor model, double lr, double wd, double eps, Stream& st) {
   if (cfg_.rule == UpdateRule::Adam) {
     ops::AdamWParams p;
-    p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = cfg_.eps, p.step = step_;
+    p.lr = lr, p.beta1 = cfg_.beta1, p.beta2 = cfg_.beta2, p.eps = eps, p.step = step_;
     p.weight_decay = wd, p.grad_scale = grad_scale_;  // clip()'s factor, in this pass
     if (lo.defined()) return ops::adamw_step_split(model, lo, g, m, v, p, st);
     return ops::adamw_step(w, g, m, v, model, p, st);
@@ -245,13 +271,13 @@ void AdamW::step(double lr, double wd) {
     }
     size_t j = i;
     while (j + 1 < infos.size() && infos[j + 1].weight_decay == infos[i].weight_decay &&
-           lr_of(j + 1, lr) == lr_of(i, lr) && !by_muon(j + 1))
+           lr_of(j + 1, lr) == lr_of(i, lr) && eps_of(j + 1) == eps_of(i) && !by_muon(j + 1))
       ++j;
     const int64_t begin = infos[i].offset, end = infos[j].offset + infos[j].numel();
     auto span = [&](const Tensor& t) { return t.defined() ? t.narrow(begin, end - begin) : t; };
     Tensor model = main_.defined() || lo_.defined() ? span(ps_.flat_params()) : Tensor();
     update_span(span(weights), span(lo_), span(ps_.flat_grads()), span(m_), span(v_), model,
-                lr_of(i, lr), infos[i].weight_decay ? wd : 0.0, st);
+                lr_of(i, lr), infos[i].weight_decay ? wd : 0.0, eps_of(i), st);
     i = j + 1;
   }
   // Muon's matrices in windows of at most muon_window_bytes() of fp32 updates (at least one

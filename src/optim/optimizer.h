@@ -106,6 +106,18 @@ class Optimizer {
   // --decoupled-lr (Megatron's decoupled parameter group): the parameters the registry marks
   // embedding_or_output step with the rate set here, the others with step()'s lr.
   void set_decoupled_lr(double lr) { decoupled_lr_ = lr; }
+  // --use-mup (Megatron's get_mup_config_overrides), set for each step: the learning rate
+  // of a muP group and Adam's epsilon of the hidden one. Hidden: the matrix-like parameters
+  // (two or more dimensions) but the embeddings, the output layer and the matrices Muon
+  // steps; vector-like: the others. Adam and Lion (and Muon's scalar rule) take hidden_lr,
+  // SGD vector_lr; --decoupled-lr's group keeps its own rate.
+  struct MupRates {
+    std::optional<double> hidden_lr, vector_lr;
+    std::optional<double> hidden_eps;  // Adam only
+  };
+  void set_mup(const MupRates& r) { mup_ = r; }
+  // Whether parameter p is matrix-like for muP (Muon's matrices aside).
+  static bool mup_matrix_like(const model::ParamInfo& p);
   const OptimizerConfig& config() const { return cfg_; }
 
   // ---- state (checkpoints) -----------------------------------------------------------
@@ -167,7 +179,7 @@ class Optimizer {
   // g, state m / v (v unused but by Adam); model: the 16-bit model parameters written
   // beside whole fp32 main parameters (undefined for f32/f64 models and when split).
   void update_span(Tensor w, Tensor lo, const Tensor& g, Tensor m, Tensor v, Tensor model,
-                   double lr, double wd, Stream& st);
+                   double lr, double wd, double eps, Stream& st);
   // Muon's element-wise halves, on one span of a matrix (flat views, fp32): the momentum
   //   m = mu m + (1 - mu) s g   (s: the clipping factor; g widened to fp32 when it is not),
   // and with Nesterov u = (1 - mu) s g + mu m written to u (undefined without Nesterov:
@@ -194,14 +206,16 @@ class Optimizer {
   Tensor main_, lo_, m_, v_;
   int64_t step_ = 0;
   std::optional<double> decoupled_lr_;
+  std::optional<MupRates> mup_;
   std::optional<MuonConfig> muon_;
   MuonGroups muon_groups_;
   double grad_scale_ = 1.0;  // clip()'s factor, applied and reset by step()
   bool momentum_started_ = false;  // SGD: the buffers hold a step's state
-  // The learning rate of parameter `param` (registry index) in a step with rate lr.
-  double lr_of(size_t param, double lr) const {
-    return decoupled_lr_ && ps_.infos()[param].embedding_or_output ? *decoupled_lr_ : lr;
-  }
+  // The learning rate of parameter `param` (registry index) in a step with rate lr
+  // (--decoupled-lr, then muP), and Adam's epsilon for it.
+  double lr_of(size_t param, double lr) const;
+  double eps_of(size_t param) const;
+  bool mup_hidden(size_t param) const;
 };
 
 class AdamW final : public Optimizer {

@@ -482,6 +482,16 @@ struct Args {
   // type.
   std::vector<int64_t> moe_layer_pattern;
   std::vector<double> moe_aux_loss_coeff_values;
+  // ---- muP (validate_mup.cpp; docs/model.md "muP"): Megatron's maximal update
+  // parameterisation. mup_width_mult is derived (hidden / base hidden), as Megatron's
+  // TransformerConfig does; giving it is an error.
+  bool use_mup = false;
+  double mup_width_mult = 1.0;
+  std::optional<int64_t> mup_base_hidden_size;
+  double mup_embedding_mult = 1.0;
+  double mup_output_mult = 1.0;
+  std::optional<double> mup_base_head_dim;
+  double mup_attn_scale_power = 1.0;
   // ---- q/k layernorm (validate_qk_layernorm.cpp; ops::qk_norm_forward)
   bool qk_layernorm = false;
   // --apply-wd-to-qk-layernorm: the q/k norm weights decay like the matrices (Qwen3-Next).

@@ -72,6 +72,17 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.init_method_std = a.init_method_std, c.seed = uint64_t(a.seed), c.dtype = dt;
   c.embedding_init_method_std = a.embedding_init_method_std;
   c.init_method_xavier_uniform = a.init_method_xavier_uniform;
+  if (a.use_mup) {  // muP (validate_mup.cpp derived the width multiplier)
+    c.mup.on = true, c.mup.width_mult = a.mup_width_mult;
+    c.mup.base_hidden_size = a.mup_base_hidden_size.value_or(a.hidden_size);
+    c.mup.embedding_mult = a.mup_embedding_mult;
+    // Megatron: the output multiplier left at 1 becomes 1 / width_mult.
+    c.mup.output_mult = a.mup_output_mult == 1.0 && a.mup_width_mult != 1.0
+                            ? 1.0 / a.mup_width_mult
+                            : a.mup_output_mult;
+    c.mup.base_head_dim = a.mup_base_head_dim;
+    c.mup.attn_scale_power = a.mup_attn_scale_power;
+  }
   c.perform_initialization = a.perform_initialization;
   c.device = dev;
   c.tp_size = a.tensor_model_parallel_size, c.tp_rank = 0;

@@ -144,6 +144,7 @@ StepResult Trainer::State::train_step() {
   } else {
     opt->clip(args.clip_grad, r.grad_norm);
     if (args.decoupled_lr) opt->set_decoupled_lr(decoupled_lr());
+    if (args.use_mup) opt->set_mup(mup_rates());
     opt->step(sched->lr(), sched->wd());
     sched->step(step_global_batch());  // Megatron: increment = this step's batch
   }

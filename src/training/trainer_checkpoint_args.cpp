@@ -196,6 +196,21 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
     force("window_size", a.window_size, size, size.value_or("None"));
     force("window_attn_skip_freq", a.window_attn_skip_freq, freq, freq.value_or("None"));
   }
+  // muP: its switch, base width, multipliers and attention scale, forced like the switches
+  // (the output multiplier as the checkpoint's run derived it).
+  force("use_mup", a.use_mup, c.mup.on, py(c.mup.on));
+  if (c.mup.on) {
+    const auto& m = c.mup;
+    const std::optional<int64_t> base = m.base_hidden_size;
+    force("mup_base_hidden_size", a.mup_base_hidden_size, base, std::to_string(*base));
+    force("mup_embedding_mult", a.mup_embedding_mult, m.embedding_mult,
+          python_float(m.embedding_mult));
+    force("mup_output_mult", a.mup_output_mult, m.output_mult, python_float(m.output_mult));
+    force("mup_base_head_dim", a.mup_base_head_dim, m.base_head_dim,
+          m.base_head_dim ? python_float(*m.base_head_dim) : std::string("None"));
+    force("mup_attn_scale_power", a.mup_attn_scale_power, m.attn_scale_power,
+          python_float(m.attn_scale_power));
+  }
   // Multi-latent attention: its switch, shape and RoPE, forced like the switches.
   force("multi_latent_attention", a.multi_latent_attention, c.mla.on, py(c.mla.on));
   if (c.mla.on) {

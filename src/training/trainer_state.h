@@ -110,6 +110,21 @@ struct Trainer::State {
   double decoupled_lr() const {
     return sched->lr_for(*args.decoupled_lr, args.decoupled_min_lr.value_or(args.min_lr));
   }
+  // --use-mup: this step's muP groups (Megatron's get_mup_config_overrides): the schedule with
+  // max and min LR divided by the width multiplier for the hidden matrices (SGD: multiplied,
+  // for the vector-like parameters), and Adam's epsilon divided by it; nothing at width 1.
+  optim::Optimizer::MupRates mup_rates() const {
+    optim::Optimizer::MupRates r;
+    const double m = args.mup_width_mult;
+    if (!args.use_mup || m == 1.0) return r;
+    if (args.optimizer == "sgd") {
+      r.vector_lr = sched->lr_for(args.lr * m, args.min_lr * m);
+      return r;
+    }
+    r.hidden_lr = sched->lr_for(args.lr / m, args.min_lr / m);
+    if (args.optimizer.find("adam") != std::string::npos) r.hidden_eps = args.adam_eps / m;
+    return r;
+  }
 
   // trainer_setup.cpp: the steps of Trainer::Trainer.
   void setup_parallel();

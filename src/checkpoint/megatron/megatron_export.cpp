@@ -248,6 +248,19 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
     a.set("window_size", Py::none());
     a.set("window_attn_skip_freq", Py::none());
   }
+  // muP, as Megatron's args hold it: the flags as given (the derived width multiplier and
+  // output multiplier live in its TransformerConfig, not in args).
+  a.set("use_mup", Py::boolean(c.mup.on));
+  if (c.mup.on) {
+    const auto& m = c.mup;
+    a.set("mup_base_hidden_size", Py::integer(m.base_hidden_size));
+    a.set("mup_width_mult", Py::real(1.0));
+    a.set("mup_embedding_mult", Py::real(m.embedding_mult));
+    const bool derived = m.width_mult != 1.0 && m.output_mult == 1.0 / m.width_mult;
+    a.set("mup_output_mult", Py::real(derived ? 1.0 : m.output_mult));
+    a.set("mup_base_head_dim", m.base_head_dim ? Py::real(*m.base_head_dim) : Py::none());
+    a.set("mup_attn_scale_power", Py::real(m.attn_scale_power));
+  }
   a.set("num_experts", Py::none());
   a.set("hidden_dropout", Py::real(c.hidden_dropout));
   a.set("attention_dropout", Py::real(c.attention_dropout));

@@ -74,13 +74,12 @@ std::optional<Detected> detect_iter_dir(const std::string& d, const std::string&
   return r;
 }
 
-// Megatron's args field, or null when absent or None.
+}  // namespace
+
 const Value* arg(const Value& a, const char* k) {
   const Value* v = a.get(k);
   return v && !v->is(K::None) ? v : nullptr;
 }
-
-}  // namespace
 
 std::optional<Detected> detect(const std::string& dir, std::optional<int64_t> iteration) {
   std::error_code ec;
@@ -124,52 +123,6 @@ void refuse_megatron_checkpoint(const std::string& dir, std::optional<int64_t> i
                           "--load OUT (docs/from-megatron.md)",
                           dir));
 }
-
-namespace {
-
-// --position-embedding-type yarn: Megatron's YarnRotaryEmbedding settings from the args its
-// _apply_yarn_config_from_args reads (None: its defaults). It rotates the whole head and
-// takes neither Llama 3.x scaling nor position interpolation, so those are imported off.
-void import_yarn(model::TransformerConfig& c, const Value& a, const std::string& what,
-                 std::vector<std::string>& notes) {
-  auto number = [&](const char* k, double dflt) -> double {
-    const Value* v = arg(a, k);
-    if (!v) return dflt;
-    MCPP_CHECK(v->is(K::Float) || v->is(K::Int), "{}: args.{} is a {}", what, k, v->describe());
-    return v->is(K::Float) ? v->f : double(v->i);
-  };
-  auto& y = c.yarn;
-  y.on = true, y.factor = number("rotary_scaling_factor", 1.0);
-  y.original_max_positions = int64_t(number("yarn_original_max_position_embeddings", 4096));
-  y.beta_fast = number("yarn_beta_fast", 32), y.beta_slow = number("yarn_beta_slow", 1);
-  const Value* r = arg(a, "yarn_correction_range_round_to_int");
-  MCPP_CHECK(!r || r->is(K::Bool), "{}: args.yarn_correction_range_round_to_int is a {}", what,
-             r ? r->describe() : "");
-  y.round_to_int = !r || r->b;
-  y.mscale = number("mscale", 1.0), y.mscale_all_dim = number("mscale_all_dim", 0.0);
-  MCPP_CHECK(std::isfinite(y.factor) && y.factor > 0 && y.original_max_positions > 0 &&
-                 std::isfinite(y.beta_fast) && y.beta_fast > 0 && std::isfinite(y.beta_slow) &&
-                 y.beta_slow > 0 && std::isfinite(y.mscale) && std::isfinite(y.mscale_all_dim),
-             "{}: args give an invalid YaRN (rotary_scaling_factor {}, "
-             "yarn_original_max_position_embeddings {}, yarn_beta_fast {}, yarn_beta_slow {}, "
-             "mscale {}, mscale_all_dim {})",
-             what, y.factor, y.original_max_positions, y.beta_fast, y.beta_slow, y.mscale,
-             y.mscale_all_dim);
-  const Value* p = arg(a, "rotary_percent");
-  if (p && !(p->is(K::Float) && p->f == 1.0) && !(p->is(K::Int) && p->i == 1))
-    notes.push_back(
-        "args.rotary_percent is below 1 but YaRN rotates the whole head (Megatron's "
-        "YarnRotaryEmbedding builds its frequencies over kv_channels): imported as 1");
-  for (const char* k : {"use_rope_scaling", "rotary_seq_len_interpolation_factor"}) {
-    const Value* v = arg(a, k);
-    if (v && !(v->is(K::Bool) && !v->b))
-      notes.push_back(fmt::format("args.{} is set but the model's RoPE is YaRN (Megatron "
-                                  "ignores it there): imported without it",
-                                  k));
-  }
-}
-
-}  // namespace
 
 model::TransformerConfig config_from_args(const Value& a, const std::string& what,
                                           std::vector<std::string>& notes) {
@@ -287,6 +240,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
       }
     }
   }
+  if (flag("use_mup", false)) import_mup(c, a, what);  // megatron_import_config.cpp
   c.rotary_base = f64("rotary_base", 10000);
   c.rotary_interleaved = c.rope && flag("rotary_interleaved", false);  // the same weights
   c.rotary_percent = pos == "yarn" ? 1.0 : f64("rotary_percent", 1.0);

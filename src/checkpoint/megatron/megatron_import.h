@@ -107,6 +107,13 @@ struct Value;
 // A TransformerConfig from Megatron's args (an argparse.Namespace); errors name the field.
 model::TransformerConfig config_from_args(const Value& args, const std::string& what,
                                           std::vector<std::string>& notes);
+// Parts of config_from_args (megatron_import_config.cpp): YaRN's settings (notes: what was
+// imported otherwise than written), and muP's (args.use_mup set).
+void import_yarn(model::TransformerConfig& c, const Value& a, const std::string& what,
+                 std::vector<std::string>& notes);
+void import_mup(model::TransformerConfig& c, const Value& a, const std::string& what);
+// Megatron's args field <k>, or nullptr when absent or None.
+const Value* arg(const Value& a, const char* k);
 // The training settings of Megatron's args that a converted checkpoint records (args_given).
 std::map<std::string, std::string> recorded_args(const Value& args);
 // Megatron-Core name (TE or local spec) -> megatron.cpp name; "" for entries to skip
