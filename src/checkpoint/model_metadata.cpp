@@ -110,6 +110,7 @@ json model_config_json(const model::TransformerConfig& c) {
                 {"attn_scale_power", m.attn_scale_power}};
   }
   if (c.mtp_num_layers > 0) j["mtp_num_layers"] = c.mtp_num_layers;  // MTP depths (absent: 0)
+  if (!c.no_rope_pattern.empty()) j["no_rope"] = c.no_rope_pattern;  // --no-rope-freq
   if (c.has_window_layers()) {  // sliding-window attention (absent: none)
     std::vector<int64_t> pattern;
     for (int64_t l = 0; l < c.num_layers; ++l) pattern.push_back(c.is_window_layer(l) ? 1 : 0);
@@ -176,6 +177,8 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
     if (!m.at("base_head_dim").is_null()) c.mup.base_head_dim = m.at("base_head_dim").get<double>();
   }
   c.mtp_num_layers = j.value("mtp_num_layers", int64_t(0));          // --mtp-num-layers
+  if (j.contains("no_rope"))  // --no-rope-freq: 1 per layer without RoPE
+    c.no_rope_pattern = j.at("no_rope").get<std::vector<int64_t>>();
   if (j.contains("window")) {  // --window-size, --window-attn-skip-freq
     c.window_left = j.at("window").at("left");
     c.window_pattern = j.at("window").at("pattern").get<std::vector<int64_t>>();
@@ -228,6 +231,11 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
                                              ? "glu-linear-offset"
                                              : "activation-func-clamp-value"),
              a, b);
+  }
+  {  // --no-rope-freq: the same tensors, another function of them (absent: RoPE everywhere)
+    const json off = json(nullptr), &a = saved.contains("no_rope") ? saved["no_rope"] : off;
+    const json b = now.contains("no_rope") ? now["no_rope"] : off;
+    if (a != b) differ("no_rope (--no-rope-freq)", a, b);
   }
   {  // muP: the same tensors, another function of them (absent: off)
     const json off = json(nullptr), &a = saved.contains("mup") ? saved["mup"] : off;

@@ -293,7 +293,8 @@ int64_t Generator::bucket_size(int64_t A, int64_t slots) {
 }
 
 bool Generator::graphs_usable(int64_t A, const KVCache& cache) const {
-  return cuda_graphs_ && cfg_.device == Device::CUDA && !tp_ && cfg_.rope && A >= 1 &&
+  return cuda_graphs_ && cfg_.device == Device::CUDA && !tp_ && cfg_.rope &&
+         cfg_.no_rope_pattern.empty() && A >= 1 &&
          A <= cache.batch();
 }
 

@@ -98,7 +98,8 @@ Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* st
            prefix(layer, "self_attention.linear_qkv.bias")),
       core_(c, layer, store),
       proj_(store, prefix(layer, "self_attention.linear_proj.weight"),
-            prefix(layer, "self_attention.linear_proj.bias")) {
+            prefix(layer, "self_attention.linear_proj.bias")),
+      rope_(c.layer_rope(layer)) {
   if (c.mla.on) mla_ = MlaAttention(c, layer, store);
   if (!c.qk_layernorm || c.mla.on) return;
   q_norm_ = ParamStore::view(store, prefix(layer, "self_attention.q_layernorm.weight"));
@@ -174,7 +175,7 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
   }
   // --rotary-interleaved: the projection (and norms) into the backward's dqkv buffer, free
   // until then, and the permuted heads into the saved qkv.
-  const bool permute = c.rope && c.rotary_interleaved;
+  const bool permute = rope_ && c.rotary_interleaved;
   Tensor& pre = permute ? ws.dqkv : s.qkv;
   if (c.qk_layernorm) {
     qkv_.forward(x, s.qkv_in, s.qk_in, ws, cx);
@@ -183,7 +184,7 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
     qkv_.forward(x, s.qkv_in, pre, ws, cx);
   }
   if (permute) ops::rope_deinterleave(pre, permute_dims(c), false, s.qkv, cx.stream());
-  if (c.rope) rope_rows(false, s.qkv, s.qkv, c, cx);
+  if (rope_) rope_rows(false, s.qkv, s.qkv, c, cx);
   core_.forward(s.qkv, s.core, ws, cx);
   const Tensor& ctx = core_.ctx(s.core, ws);
   if (residual)
@@ -201,7 +202,7 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
     mla_.forward_cached(x, s.mla, k_cache, v_cache, residual, y, ws, cx, fold);
     return;
   }
-  const bool permute = c.rope && c.rotary_interleaved;  // as forward: into dqkv, then permute
+  const bool permute = rope_ && c.rotary_interleaved;  // as forward: into dqkv, then permute
   if (permute) ensure(ws.dqkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
   Tensor& pre = permute ? ws.dqkv : s.qkv;
   if (fold) {
@@ -217,16 +218,16 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
   }
   // A decode step: RoPE at each row's position, the cache append and the attention in one op
   // (rope_decode + attention_kv_cache_forward; on the GPU one kernel for the usual head shapes).
-  const bool decode_step = c.rope && cx.S == 1 && cx.pos_dev.defined();
+  const bool decode_step = rope_ && cx.S == 1 && cx.pos_dev.defined();
   if (decode_step) {
     ensure(s.core.ctx, {cx.T, cx.ad.NH * cx.ad.HD}, cx.dt, cx.dev);
     const Tensor* const next[2] = {&proj_.weight(), next_weight};
     ops::rope_attention_decode(s.qkv, core_.cached_dims(cx), c.rot_dim(), rope_freqs(c), cx.pos_dev,
                                cx.scale, k_cache, v_cache, s.core.ctx, cx.stream(),
                                std::span<const Tensor* const>(next, next_weight ? 2 : 1));
-  } else if (c.rope && cx.uniform_pos) {
+  } else if (rope_ && cx.uniform_pos) {
     ops::rope_forward(s.qkv, cx.ad, c.rot_dim(), rope_freqs(c), cx.s0, s.qkv, cx.stream());
-  } else if (c.rope && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position
+  } else if (rope_ && !cx.uniform_pos) {  // one row per sequence (Sq = 1), each at its position
     ops::AttentionDims d1 = cx.ad;
     d1.S = 1, d1.B = 1;
     const int64_t W = c.qkv_width_local();
@@ -260,11 +261,11 @@ void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx
   }
   proj_.backward(dy, core_.ctx(s.core, ws), ws.dctx, ws, cx);
   core_.backward(ws.dctx, s.qkv, s.core, ws.dqkv, ws, cx);
-  if (c.rope) rope_rows(true, ws.dqkv, ws.dqkv, c, cx);
+  if (rope_) rope_rows(true, ws.dqkv, ws.dqkv, c, cx);
   // --rotary-interleaved: the permutation undone into the saved qkv, which the core has read
   // for the last time.
-  Tensor& g = c.rope && c.rotary_interleaved ? s.qkv : ws.dqkv;
-  if (c.rope && c.rotary_interleaved)
+  Tensor& g = rope_ && c.rotary_interleaved ? s.qkv : ws.dqkv;
+  if (rope_ && c.rotary_interleaved)
     ops::rope_deinterleave(ws.dqkv, permute_dims(c), true, s.qkv, cx.stream());
   if (c.qk_layernorm) qk_norm_backward(s.qk_in, g, cx);
   qkv_.backward(g, x, s.qkv_in, dx, ws, cx);

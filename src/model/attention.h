@@ -70,6 +70,7 @@ class Attention {
   ParamView q_norm_, k_norm_;  // --qk-layernorm: [HD] each
   ParamView q_bias_, k_bias_;  // ... with --normalization LayerNorm: [HD] each
   MlaAttention mla_;           // --multi-latent-attention: every method goes to it
+  bool rope_ = false;          // RoPE in this layer (not a --no-rope-freq layer)
   // qkv [T, QKVW] -> out (may alias in): the q/k norms of --normalization's form
   // (ops::qk_norm_forward for RMSNorm, ops::qk_layernorm_forward for LayerNorm).
   void qk_norm_forward(const Tensor& in, Tensor& out, const StepContext& cx) const;

@@ -45,6 +45,13 @@ struct TransformerConfig {
   // (validate() asks for at most num_layers depths with a window).
   int64_t window_left = -1;
   std::vector<int64_t> window_pattern;
+  // --no-rope-freq: per global layer (0-based) 1 for a layer without RoPE (NoPE, Llama 4,
+  // SmolLM3); empty: every layer has it. MTP depth k as decoder layer k (as the window).
+  std::vector<int64_t> no_rope_pattern;
+  bool layer_rope(int64_t layer) const {
+    if (is_mtp_layer(layer)) layer -= kMtpLayerBase;
+    return rope && (no_rope_pattern.empty() || no_rope_pattern.at(size_t(layer)) == 0);
+  }
   bool is_window_layer(int64_t layer) const {
     if (is_mtp_layer(layer)) layer -= kMtpLayerBase;
     return window_left >= 0 &&

@@ -83,6 +83,10 @@ struct Args {
   // or "(L,R)"; --window-attn-skip-freq N or a list expression (which layers slide).
   std::optional<std::string> window_size;
   std::optional<std::string> window_attn_skip_freq;
+  // --no-rope-freq (validate_rope.cpp): N (every N-th layer without RoPE) or a list with one
+  // 0/1 per layer, 1 = no RoPE; no_rope_pattern: derived, one entry per layer (empty: none).
+  std::optional<std::string> no_rope_freq;
+  std::vector<int64_t> no_rope_pattern;
   // Set by validate_window: the window's left extent L (-1: no window; R is always 0 under
   // the causal mask) and, per layer, 1 where the layer is a window layer.
   int64_t window_left = -1;

@@ -44,6 +44,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;
   c.rotary_interleaved = a.rotary_interleaved;
   c.window_left = a.window_left, c.window_pattern = a.window_layer_pattern;
+  c.no_rope_pattern = a.no_rope_pattern;
   c.rotary_base = double(a.rotary_base), c.rotary_percent = a.rotary_percent;
   c.rope_scaling = a.use_rope_scaling, c.rope_scaling_factor = a.rope_scaling_factor;
   c.rope_low_freq_factor = a.rope_low_freq_factor;

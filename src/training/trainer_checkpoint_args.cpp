@@ -196,6 +196,16 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
     force("window_size", a.window_size, size, size.value_or("None"));
     force("window_attn_skip_freq", a.window_attn_skip_freq, freq, freq.value_or("None"));
   }
+  {  // --no-rope-freq, as the layers' list (forced like the switches)
+    std::optional<std::string> freq;
+    if (!c.no_rope_pattern.empty()) {
+      std::string l;
+      for (size_t i = 0; i < c.no_rope_pattern.size(); ++i)
+        l += fmt::format("{}{}", i ? ", " : "", c.no_rope_pattern[i]);
+      freq = "[" + l + "]";
+    }
+    force("no_rope_freq", a.no_rope_freq, freq, freq.value_or("None"));
+  }
   // muP: its switch, base width, multipliers and attention scale, forced like the switches
   // (the output multiplier as the checkpoint's run derived it).
   force("use_mup", a.use_mup, c.mup.on, py(c.mup.on));

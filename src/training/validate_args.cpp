@@ -572,6 +572,7 @@ void validate_distributed_optimizer_instances(const Args& a);  // validate_disto
 void validate_observe(const Args& a);  // validate_observe.cpp: TensorBoard and timer flags
 void validate_qk_layernorm(Args& a);  // ---- q/k layernorm (validate_qk_layernorm.cpp)
 void validate_mup(Args& a);           // ---- muP (validate_mup.cpp)
+void validate_no_rope(Args& a);       // ---- --no-rope-freq (validate_rope.cpp)
 void validate_ckpt_format(Args& a);  // --ckpt-format, conversion (validate_ckpt_format.cpp)
 void validate_batch(Args& a);  // batch sizes, schedules, evaluation's (validate_batch.cpp)
 void validate_attention_sink(const Args& a);  // --softmax-type (validate_attention_sink.cpp)
@@ -607,6 +608,7 @@ void validate_args(Args& a, int world_size, bool training) {
   validate_fp8(a);  // ---- FP8 (validate_fp8.cpp)
   validate_qk_layernorm(a);  // ---- q/k layernorm
   validate_mup(a);           // ---- muP (validate_mup.cpp)
+  validate_no_rope(a);       // ---- --no-rope-freq (validate_rope.cpp)
   validate_ckpt_format(a);   // after validate_pipeline (virtual stages) and validate_moe
   // --dist-ckpt-strictness: return_unexpected / return_all refused (checkpoint/strictness.h).
   checkpoint::parse_strictness(a.dist_ckpt_strictness);

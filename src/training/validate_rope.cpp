@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "training/arguments.h"
+#include "training/layer_freq.h"
 
 namespace mcpp::training {
 
@@ -129,6 +130,44 @@ void validate_rope(const Args& a) {
                     "rope; --rope-type yarn is multi-latent attention's",
                     *a.rope_type);
   }
+}
+
+void validate_no_rope(Args& a) {
+  a.no_rope_pattern.clear();
+  if (!a.no_rope_freq) return;
+  const char* hint =
+      "give --no-rope-freq N (every N-th layer without RoPE; N divides --num-layers) or a "
+      "list with one entry per layer, 1 for a layer without RoPE, e.g. \"([0]*3+[1])*2\"";
+  const LayerFreq f = parse_layer_freq("--no-rope-freq", *a.no_rope_freq, hint);
+  if (f.every && *f.every == 0) return;  // Megatron's `if no_rope_freq:`: 0 is off
+  const std::string& pos = a.position_embedding_type;
+  MCPP_CHECK_HINT(pos == "rope" || pos == "yarn",
+                  "add --position-embedding-type rope, or drop --no-rope-freq",
+                  "--no-rope-freq takes RoPE off some layers, but --position-embedding-type is "
+                  "{}",
+                  pos);
+  MCPP_CHECK_HINT(!a.multi_latent_attention, "drop --no-rope-freq",
+                  "--no-rope-freq with --multi-latent-attention: Megatron's MLA applies its "
+                  "RoPE in every layer (its forward does not read the flag)");
+  std::vector<int64_t> p(size_t(a.num_layers), 0);
+  if (f.every) {
+    const int64_t n = *f.every;
+    MCPP_CHECK_HINT(n >= 1 && a.num_layers % n == 0, hint,
+                    "--no-rope-freq {} should divide --num-layers {}", n, a.num_layers);
+    for (int64_t l = 0; l < a.num_layers; ++l) p[size_t(l)] = (l + 1) % n == 0 ? 1 : 0;
+  } else {
+    MCPP_CHECK_HINT(int64_t(f.list.size()) == a.num_layers, hint,
+                    "--no-rope-freq '{}' has {} entries but --num-layers is {}", *a.no_rope_freq,
+                    f.list.size(), a.num_layers);
+    for (int64_t l = 0; l < a.num_layers; ++l) p[size_t(l)] = f.list[size_t(l)] != 0 ? 1 : 0;
+  }
+  // MTP depth k's layer has Megatron's layer number k + 1: it follows decoder layer k.
+  MCPP_CHECK_HINT(a.mtp_num_layers.value_or(0) <= a.num_layers,
+                  "give at most --num-layers multi-token prediction depths with --no-rope-freq",
+                  "--mtp-num-layers {} with --no-rope-freq: depth k follows decoder layer k "
+                  "(Megatron's layer number k + 1), and there are {} decoder layers",
+                  a.mtp_num_layers.value_or(0), a.num_layers);
+  a.no_rope_pattern = p;
 }
 
 }  // namespace mcpp::training

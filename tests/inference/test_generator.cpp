@@ -23,6 +23,7 @@ struct Case {
   bool qkv_bias = false;  // Llama + --add-qkv-bias (Qwen2): the bias in the folded QKV GEMV
   bool mla = false;       // Llama + multi-latent attention (to_mla)
   bool interleaved = false;  // Llama + --rotary-interleaved
+  bool nope = false;         // Llama + --no-rope-freq 2: layer 2 without RoPE
 };
 
 class CachedVsFull : public ::testing::TestWithParam<Case> {};
@@ -43,10 +44,11 @@ int64_t argmax(const std::vector<double>& x) {
 double tol(DType dt) { return dt == DType::F64 ? 1e-12 : 1e-5; }
 
 TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
-  const auto [llama, dt, qkv_bias, mla, interleaved] = GetParam();
+  const auto [llama, dt, qkv_bias, mla, interleaved, nope] = GetParam();
   auto cfg = tiny_config(llama, dt);
   if (mla) to_mla(cfg);
   cfg.rotary_interleaved = interleaved;
+  if (nope) cfg.no_rope_pattern = {0, 1};
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -79,10 +81,11 @@ TEST_P(CachedVsFull, GreedyTokensAndLogitsMatchFullRecompute) {
 }
 
 TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
-  const auto [llama, dt, qkv_bias, mla, interleaved] = GetParam();
+  const auto [llama, dt, qkv_bias, mla, interleaved, nope] = GetParam();
   auto cfg = tiny_config(llama, dt);
   if (mla) to_mla(cfg);
   cfg.rotary_interleaved = interleaved;
+  if (nope) cfg.no_rope_pattern = {0, 1};
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -111,10 +114,11 @@ TEST_P(CachedVsFull, PrefillAllPositionsAndChunkedPrefill) {
 }
 
 TEST_P(CachedVsFull, GenerateGreedyEqualsRecompute) {
-  const auto [llama, dt, qkv_bias, mla, interleaved] = GetParam();
+  const auto [llama, dt, qkv_bias, mla, interleaved, nope] = GetParam();
   auto cfg = tiny_config(llama, dt);
   if (mla) to_mla(cfg);
   cfg.rotary_interleaved = interleaved;
+  if (nope) cfg.no_rope_pattern = {0, 1};
   cfg.add_qkv_bias = qkv_bias;
   model::GPTModel m(cfg);
   perturb_norms(m.params());
@@ -150,12 +154,15 @@ INSTANTIATE_TEST_SUITE_P(Families, CachedVsFull,
                                            Case{true, DType::F32, true},
                                            Case{true, DType::F64, false, true},
                                            Case{true, DType::F32, false, true},
-                                           Case{true, DType::F64, false, false, true}),
+                                           Case{true, DType::F64, false, false, true},
+                                           Case{true, DType::F64, false, false, false, true},
+                                           Case{true, DType::F32, false, false, false, true}),
                          [](const auto& i) {
                            return std::string(i.param.llama ? "Llama" : "GPT2") +
                                   (i.param.qkv_bias ? "QkvBias" : "") +
                                   (i.param.mla ? "Mla" : "") +
-                                  (i.param.interleaved ? "Interleaved" : "") + "_" +
+                                  (i.param.interleaved ? "Interleaved" : "") +
+                                  (i.param.nope ? "NoPE" : "") + "_" +
                                   std::string(dtype_name(i.param.dt));
                          });
 

@@ -174,3 +174,36 @@ TEST(Mup, SgdStepsTheVectorLikeParametersAtTheirRate) {
 }
 
 }  // namespace mup_test
+
+// ---- --no-rope-freq (NoPE layers; model/config.h no_rope_pattern) --------------------------
+
+namespace nope_test {
+
+// A model whose every layer is a NoPE layer is, weight for weight, the model without any
+// position embedding; one with layer 2 alone without RoPE is neither (f64, dropout on); and
+// its gradients match central finite differences.
+TEST(NoRope, EveryLayerWithoutRopeIsTheModelWithoutPositions) {
+  TransformerConfig rope = mup_test::llama(0.2);
+  TransformerConfig all = rope, none = rope, mixed = rope;
+  all.no_rope_pattern = {1, 1};
+  none.rope = false, none.no_positions = true;
+  mixed.no_rope_pattern = {0, 1};
+  GPTModel a(all), n(none), x(mixed), r(rope);
+  for (GPTModel* m : {&n, &x, &r})
+    ops::copy(a.params().flat_params(), m->params().flat_params(), Stream::cpu());
+  const auto mb = model::test::random_batch(2, rope.seq_length, 13, 11);
+  model::StepKeys keys;
+  keys.iteration = 3;
+  const double la = a.forward(mb, keys), ln = n.forward(mb, keys);
+  const double lx = x.forward(mb, keys), lr = r.forward(mb, keys);
+  EXPECT_NEAR(la, ln, 1e-12 * std::fabs(ln));
+  EXPECT_GT(std::fabs(lx - ln), 1e-4);
+  EXPECT_GT(std::fabs(lx - lr), 1e-4);
+  EXPECT_TRUE(mixed.layer_rope(0));
+  EXPECT_FALSE(mixed.layer_rope(1));
+  EXPECT_TRUE(mixed.layer_rope(TransformerConfig::kMtpLayerBase + 0));  // as decoder layer 0
+  EXPECT_FALSE(mixed.layer_rope(TransformerConfig::kMtpLayerBase + 1));
+  model::test::expect_model_finite_differences(mixed, 13);
+}
+
+}  // namespace nope_test

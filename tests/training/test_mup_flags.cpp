@@ -68,3 +68,44 @@ TEST(MupFlags, StartUpErrorsNameTheFlag) {
 }
 
 }  // namespace mup_flags_test
+
+namespace no_rope_flags_test {
+
+using namespace mcpp;
+using namespace mcpp::training;
+using namespace mcpp::training::test;
+
+std::vector<std::string> rope_argv() {
+  return with(base_argv(), {"--position-embedding-type", "rope", "--num-layers", "4"});
+}
+
+TEST(NoRopeFlags, PatternFromAnIntegerOrAList) {
+  auto p = [](std::initializer_list<std::string> more) {
+    return parse_and_validate(with(rope_argv(), more)).no_rope_pattern;
+  };
+  EXPECT_EQ(p({"--no-rope-freq", "2"}), (std::vector<int64_t>{0, 1, 0, 1}));
+  EXPECT_EQ(p({"--no-rope-freq", "4"}), (std::vector<int64_t>{0, 0, 0, 1}));
+  EXPECT_EQ(p({"--no-rope-freq", "([0]*3+[1])"}), (std::vector<int64_t>{0, 0, 0, 1}));
+  EXPECT_EQ(p({"--no-rope-freq", "[1]+[0]*3"}), (std::vector<int64_t>{1, 0, 0, 0}));
+  EXPECT_TRUE(p({"--no-rope-freq", "0"}).empty());  // Megatron's `if no_rope_freq:`
+  EXPECT_TRUE(p({}).empty());
+  const auto c = model_config(parse_and_validate(with(rope_argv(), {"--no-rope-freq", "2"})),
+                              Device::CPU, DType::F32);
+  EXPECT_TRUE(c.layer_rope(0));
+  EXPECT_FALSE(c.layer_rope(3));
+}
+
+TEST(NoRopeFlags, StartUpErrorsNameTheFlag) {
+  expect_error([] { parse_and_validate(with(rope_argv(), {"--no-rope-freq", "3"})); },
+               {"--no-rope-freq 3", "--num-layers 4"});
+  expect_error([] { parse_and_validate(with(rope_argv(), {"--no-rope-freq", "[0,1]"})); },
+               {"--no-rope-freq", "2 entries"});
+  expect_error([] { parse_and_validate(with(base_argv(), {"--no-rope-freq", "2"})); },
+               {"--no-rope-freq", "learned_absolute"});
+  expect_error([] {
+    parse_and_validate(with(rope_argv(), {"--no-rope-freq", "2", "--mtp-num-layers", "5"}));
+  },
+               {"--mtp-num-layers 5"});
+}
+
+}  // namespace no_rope_flags_test

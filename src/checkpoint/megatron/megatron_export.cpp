@@ -248,6 +248,13 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
     a.set("window_size", Py::none());
     a.set("window_attn_skip_freq", Py::none());
   }
+  if (!c.no_rope_pattern.empty()) {  // --no-rope-freq: Megatron's args keep the list
+    std::vector<Py> p;
+    for (int64_t x : c.no_rope_pattern) p.push_back(Py::integer(x));
+    a.set("no_rope_freq", Py::list(std::move(p)));
+  } else {
+    a.set("no_rope_freq", Py::none());
+  }
   // muP, as Megatron's args hold it: the flags as given (the derived width multiplier and
   // output multiplier live in its TransformerConfig, not in args).
   a.set("use_mup", Py::boolean(c.mup.on));

@@ -241,6 +241,7 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
     }
   }
   if (flag("use_mup", false)) import_mup(c, a, what);  // megatron_import_config.cpp
+  import_no_rope(c, a, what);                          // megatron_import_config.cpp
   c.rotary_base = f64("rotary_base", 10000);
   c.rotary_interleaved = c.rope && flag("rotary_interleaved", false);  // the same weights
   c.rotary_percent = pos == "yarn" ? 1.0 : f64("rotary_percent", 1.0);

@@ -112,6 +112,8 @@ model::TransformerConfig config_from_args(const Value& args, const std::string& 
 void import_yarn(model::TransformerConfig& c, const Value& a, const std::string& what,
                  std::vector<std::string>& notes);
 void import_mup(model::TransformerConfig& c, const Value& a, const std::string& what);
+// args.no_rope_freq (N or a list, 1 = no RoPE; None or 0: none) into c.no_rope_pattern.
+void import_no_rope(model::TransformerConfig& c, const Value& a, const std::string& what);
 // Megatron's args field <k>, or nullptr when absent or None.
 const Value* arg(const Value& a, const char* k);
 // The training settings of Megatron's args that a converted checkpoint records (args_given).

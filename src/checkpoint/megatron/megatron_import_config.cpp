@@ -81,4 +81,22 @@ void import_mup(model::TransformerConfig& c, const Value& a, const std::string& 
   m.attn_scale_power = number("mup_attn_scale_power", 1.0);
 }
 
+void import_no_rope(model::TransformerConfig& c, const Value& a, const std::string& what) {
+  const Value* f = arg(a, "no_rope_freq");
+  if (!f || (f->is(K::Int) && f->i == 0)) return;
+  MCPP_CHECK((f->is(K::Int) && f->i >= 1 && c.num_layers % f->i == 0) ||
+                 (f->is(K::List) && int64_t(f->items.size()) == c.num_layers),
+             "{}: args.no_rope_freq is {}, expected N dividing the {} layers or one entry per "
+             "layer",
+             what, f->describe(), c.num_layers);
+  c.no_rope_pattern.assign(size_t(c.num_layers), 0);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Value* e = f->is(K::Int) ? nullptr : f->items[size_t(l)].get();
+    MCPP_CHECK(!e || e->is(K::Int) || e->is(K::Bool), "{}: args.no_rope_freq holds a {}", what,
+               e ? e->describe() : "");
+    c.no_rope_pattern[size_t(l)] =
+        e ? int64_t(e->is(K::Int) ? e->i != 0 : e->b) : int64_t((l + 1) % f->i == 0);
+  }
+}
+
 }  // namespace mcpp::checkpoint::megatron
