@@ -232,6 +232,10 @@ struct TransformerConfig {
     bool force_load_balancing = false;
     bool force_biased_given = false;
     double force_biased = 0;
+    // --moe-input-jitter-eps (Switch Transformer's jitter, Megatron's apply_input_jitter):
+    // the router's input times a random factor in [1 - eps, 1 + eps) per element; 0: off.
+    // Run-time, not in checkpoint metadata.
+    double input_jitter_eps = 0;
     DType router_dtype = DType::F32;         // --moe-router-dtype (else the model's dtype)
     bool router_dtype_given = false;
     // --moe-router-load-balancing-type, paired with --moe-aux-loss-coeff (Megatron's lists of

@@ -159,14 +159,16 @@ StepContext make_inference_context(const TransformerConfig& c, int64_t Sq, int64
 
 // Dropout sites; each gets its own Philox stream per (iteration, layer). The values are
 // part of the masks: changing them changes every run.
-// RouterLogits / RouterBias: the MoE routers' random logits and bias (moe/router.h).
+// RouterLogits / RouterBias / RouterJitter: the MoE routers' random logits, bias and input
+// jitter (moe/router.h).
 enum class DropoutSite : uint64_t {
   AttnProbs = 0,
   AfterProj = 1,
   AfterFc2 = 2,
   Embedding = 3,
   RouterLogits = 4,
-  RouterBias = 5
+  RouterBias = 5,
+  RouterJitter = 6
 };
 ops::DropoutKey dropout_key(const TransformerConfig& c, const StepKeys& k, int64_t layer,
                             DropoutSite site);

@@ -155,6 +155,10 @@ void dropout_backward(const Tensor& dout, double p, DropoutKey key, const Global
 void random_normal(DropoutKey key, const GlobalIndex3& g, Tensor& y, Stream& s) {
   MCPP_DISPATCH(random_normal, key, g, y, s);
 }
+void uniform_scale(const Tensor& x, double lo, double hi, DropoutKey key, const GlobalIndex3& g,
+                   Tensor& y, Stream& s) {
+  MCPP_DISPATCH(uniform_scale, x, lo, hi, key, g, y, s);
+}
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vs, Tensor& y,
                        Stream& s) {
   MCPP_DISPATCH(embedding_forward, ids, table, vs, y, s);

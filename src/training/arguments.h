@@ -463,6 +463,7 @@ struct Args {
   double moe_router_bias_update_rate = 1e-3;
   bool moe_router_force_load_balancing = false;           // random logits (benchmarks)
   std::optional<double> moe_router_force_biased;          // + a random bias N(0, |std|)
+  std::optional<double> moe_input_jitter_eps;             // router input x U(1-eps, 1+eps)
   std::optional<int64_t> moe_router_num_groups;
   std::optional<int64_t> moe_router_group_topk;
   std::optional<std::string> moe_router_dtype;            // fp32 | fp64

@@ -131,6 +131,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     m.force_load_balancing = a.moe_router_force_load_balancing;
     m.force_biased_given = a.moe_router_force_biased.has_value();
     m.force_biased = a.moe_router_force_biased.value_or(0.0);
+    m.input_jitter_eps = a.moe_input_jitter_eps.value_or(0.0);
     m.router_dtype_given = a.moe_router_dtype.has_value();
     m.router_dtype = a.moe_router_dtype.value_or("fp32") == "fp64" ? DType::F64 : DType::F32;
     using B = model::TransformerConfig::Moe::Balance;

@@ -204,7 +204,7 @@ void validate_moe(Args& a) {
           "moe_shared_expert_overlap",
           "moe_per_layer_logging", "moe_layer_freq", "moe_router_padding_for_fp8",
           "moe_use_upcycling", "moe_upcycling_granularity", "moe_router_force_load_balancing",
-          "moe_router_force_biased"})
+          "moe_router_force_biased", "moe_input_jitter_eps"})
       MCPP_CHECK_HINT(!a.was_given(f), "add --num-experts E, or drop the flag",
                       "{} applies to mixture-of-experts models only, and --num-experts was "
                       "not given",
@@ -323,6 +323,9 @@ void validate_moe(Args& a) {
                   score);
   MCPP_CHECK_HINT(a.moe_router_bias_update_rate >= 0, "give a rate >= 0, e.g. 1e-3",
                   "--moe-router-bias-update-rate {} is negative", a.moe_router_bias_update_rate);
+  if (a.moe_input_jitter_eps)  // torch's Uniform(1 - eps, 1 + eps) needs low < high
+    MCPP_CHECK_HINT(*a.moe_input_jitter_eps > 0, "give a small positive epsilon, e.g. 0.01",
+                    "--moe-input-jitter-eps {} must be positive", *a.moe_input_jitter_eps);
   if (a.moe_router_topk_scaling_factor)
     MCPP_CHECK_HINT(*a.moe_router_topk_scaling_factor > 0, "give a positive factor, e.g. 2.5",
                     "--moe-router-topk-scaling-factor {} must be positive",

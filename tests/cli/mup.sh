@@ -17,13 +17,7 @@ T=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --
    --log-interval 1 --threads 1 --device cpu --position-embedding-type rope
    --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear)
 MUP=(--use-mup --mup-base-hidden-size 16 --mup-embedding-mult 2.0)
-run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
-losses() { grep -oE "lm loss: [0-9.E+-]+" "$1" | awk '{print $3}'; }
-refused() {  # refused LOG NEEDLE CMD...: CMD must fail, its output naming NEEDLE
-  local log=$1 needle=$2; shift 2
-  if "$@" >"$log" 2>&1; then echo "accepted: $*"; exit 1; fi
-  grep -qF -- "$needle" "$log" || { echo "expected '$needle' in:"; tail -20 "$log"; exit 1; }
-}
+. "$(dirname "$0")/train_log_lib.sh"
 
 run "$W/mup.log" "$M" train "${T[@]}" "${MUP[@]}" --train-iters 20 --save "$W/ck" \
     --save-interval 20

@@ -11,13 +11,7 @@ T=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 4 --
    --global-batch-size 4 --lr 3e-3 --lr-warmup-iters 2 --log-interval 1 --threads 1
    --device cpu --position-embedding-type rope --normalization RMSNorm --swiglu
    --untie-embeddings-and-output-weights --disable-bias-linear)
-run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
-losses() { grep -oE "lm loss: [0-9.E+-]+" "$1" | awk '{print $3}'; }
-refused() {
-  local log=$1 needle=$2; shift 2
-  if "$@" >"$log" 2>&1; then echo "accepted: $*"; exit 1; fi
-  grep -qF -- "$needle" "$log" || { echo "expected '$needle' in:"; tail -20 "$log"; exit 1; }
-}
+. "$(dirname "$0")/train_log_lib.sh"
 run "$W/nope.log" "$M" train "${T[@]}" --no-rope-freq 4 --train-iters 10 --save "$W/ck" \
     --save-interval 10
 run "$W/rope.log" "$M" train "${T[@]}" --train-iters 10

@@ -3,6 +3,8 @@
 #   lines LOG [A [B]]      the iteration lines of iterations A..B, without the time-dependent
 #                          fields (time stamp, elapsed time per iteration)
 #   args_line LOG DEST V   the arguments block of LOG has DEST's line reading value V
+#   losses LOG             the lm loss of each logged iteration, one a line
+#   refused LOG NEEDLE CMD...  CMD must fail, its output (in LOG) naming NEEDLE
 #   abc_datasets M DIR     three small token datasets DIR/{a,b,c}_text_document (300, 120 and
 #                          150 documents over disjoint token ranges), made by M preprocess
 run() { local log=$1; shift; "$@" >"$log" 2>&1 || { echo "FAILED: $*"; tail -30 "$log"; exit 1; }; }
@@ -11,6 +13,12 @@ lines() {
     sed -E 's/^ \[[^]]*\]//; s/elapsed time per iteration \(ms\): [0-9.]+ \|//' |
     awk -v a="${2:-1}" -v b="${3:-99}" \
       '{ split($0, f, "/"); n = f[1]; gsub(/[^0-9]/, "", n); if (n + 0 >= a && n + 0 <= b) print }'
+}
+losses() { grep -oE "lm loss: [0-9.E+-]+" "$1" | awk '{print $3}'; }
+refused() {
+  local log=$1 needle=$2; shift 2
+  if "$@" >"$log" 2>&1; then echo "accepted: $*"; exit 1; fi
+  grep -qF -- "$needle" "$log" || { echo "expected '$needle' in:"; tail -20 "$log"; exit 1; }
 }
 args_line() {
   local dots; dots=$(printf '%*s' $((48 - ${#2})) '' | tr ' ' '.')

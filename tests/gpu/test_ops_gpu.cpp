@@ -1096,6 +1096,32 @@ TEST(GpuAdamW, GradScaleEqualsScalingTheGradientsFirst) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, GpuDropout, ::testing::Values(int64_t(301), int64_t(300)));
 
+// uniform_scale (the routers' input jitter) on a CP rank's block, f32 and bf16, against the
+// CPU's f64 product rounded (bf16: within a step of the bf16 input's rounding).
+TEST(GpuUniformScale, BlocksMatchTheCpu) {
+  MCPP_REQUIRE_GPU();
+  const ops::DropoutKey key{99, 5};
+  const int64_t d0 = 8, d1 = 3, d2 = 40;
+  ops::GlobalIndex3 part{{2, 0, 0}, {d0, d1, d2}};
+  part.split0 = 2, part.jump0 = 2;  // rows 2-3, 6-7
+  Tensor x = rand_f32({4, d1, d2}, 81, -2.0f, 2.0f);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor xd = Tensor::empty({4, d1, d2}, DType::F64);
+    ops::copy(to_cpu(to_gpu(x, dt)), xd, CS());  // the input as the device holds it
+    Tensor want = Tensor::empty({4, d1, d2}, DType::F64);
+    cpu::uniform_scale(xd, 0.8, 1.2, key, part, want, CS());
+    Tensor gy = gpu_nan({4, d1, d2}, dt);
+    gpu::uniform_scale(to_gpu(x, dt), 0.8, 1.2, key, part, gy, GS());
+    Tensor got = Tensor::empty({4, d1, d2}, DType::F64);
+    ops::copy(to_cpu(gy), got, CS());
+    const double tol = dt == DType::F32 ? 1e-6 : 1.0 / 128;
+    for (int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_NEAR(got.data<double>()[i], want.data<double>()[i],
+                  tol * std::max(1.0, std::fabs(want.data<double>()[i])))
+          << dtype_name(dt) << " element " << i;
+  }
+}
+
 // random_normal (the routers' random logits): a CP rank's block of the global tensor, in f32
 // and bf16, against the CPU's f64 values rounded (the device's double log and cos may differ
 // from the host's in the last place: 1e-6 relative in f32, one bf16 step in bf16).

@@ -1448,3 +1448,29 @@ TEST(MoeFlags, ForceLoadBalancingFlags) {
   EXPECT_TRUE(c.moe.force_biased_given);
   EXPECT_EQ(c.moe.force_biased, -0.25);
 }
+
+// --moe-input-jitter-eps: the router reads its input times a fixed (keyed) factor per
+// element, so the model is a deterministic function of its weights: every gradient against
+// central finite differences of LM + aux + z losses (f64, dropout on), with the router in the
+// model's dtype; the jitter moves the loss.
+TEST(MoeModelGrad, InputJitterFiniteDifferences) {
+  auto c = tiny_moe(true, 2, 0.2);
+  c.moe.input_jitter_eps = 0.3;
+  model_fd(c);
+  auto plain = c;
+  plain.moe.input_jitter_eps = 0;
+  model::GPTModel a(c), b(plain);
+  ops::copy(a.params().flat_params(), b.params().flat_params(), Stream::cpu());
+  const auto mb = batch(2, c.seq_length, 13, 11);
+  model::StepKeys k;
+  EXPECT_GT(std::fabs(total(a, mb, k) - total(b, mb, k)), 1e-6);
+}
+
+TEST(MoeFlags, InputJitterEps) {
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-input-jitter-eps", "0.01"}), "");
+  EXPECT_NE(start_up_error({"--moe-input-jitter-eps", "0.01"}).find("--num-experts"),
+            std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-input-jitter-eps", "0"})
+                .find("--moe-input-jitter-eps 0 must be positive"),
+            std::string::npos);
+}

@@ -1,6 +1,7 @@
 // Dropout: the mask is DropoutMask's 16-bit uniform of the global index (checked element
 // by element against the scalar reference, base/philox.h), identical when the tensor is computed whole or in blocks with offsets,
 // keeps about 1 - p, and backward applies the same mask.
+#include <algorithm>
 #include <cmath>
 
 #include "base/philox.h"
@@ -135,6 +136,42 @@ TEST(RandomNormal, PhiloxNormalOfTheGlobalIndexInEveryBlock) {
   EXPECT_NEAR(v / n, 1.0, 5 * std::sqrt(2 / n));
   ops::GlobalIndex3 outside{{0, 0, 2}, {d0, d1, d2}};
   EXPECT_THROW(cpu::random_normal(kKey, outside, blk, S()), Error);
+}
+
+// uniform_scale (the routers' input jitter): y = x * (lo + (hi - lo) u), u Philox's uniform of
+// the element's global index; a block with offsets scales by the whole tensor's factors; y may
+// alias x; the factors fill [lo, hi).
+TEST(UniformScale, FactorIsPhiloxUniformOfTheGlobalIndex) {
+  const int64_t d0 = 6, d1 = 2, d2 = 9;
+  Tensor x = randn({d0, d1, d2}, 5), y = Tensor::empty({d0, d1, d2}, DType::F64);
+  cpu::uniform_scale(x, 0.9, 1.1, kKey, ops::GlobalIndex3::whole(d0, d1, d2), y, S());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double u = Philox::uniform(kKey.seed, kKey.stream, uint64_t(i));
+    const double want = x.data<double>()[i] * (0.9 + (1.1 - 0.9) * u);
+    ASSERT_NEAR(y.data<double>()[i], want, 1e-15 * std::fabs(want)) << i;  // (FMA contraction)
+  }
+  ops::GlobalIndex3 part{{3, 1, 2}, {d0, d1, d2}};  // rows 3-5, sample 1, columns 2-8
+  Tensor xb = Tensor::empty({3, 1, 7}, DType::F64);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t h = 0; h < 7; ++h)
+      xb.data<double>()[r * 7 + h] = x.data<double>()[((r + 3) * d1 + 1) * d2 + h + 2];
+  cpu::uniform_scale(xb, 0.9, 1.1, kKey, part, xb, S());  // in place
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t h = 0; h < 7; ++h)
+      ASSERT_EQ(xb.data<double>()[r * 7 + h], y.data<double>()[((r + 3) * d1 + 1) * d2 + h + 2]);
+  Tensor ones = Tensor::empty({500, 2, 8}, DType::F64), f = Tensor::empty({500, 2, 8}, DType::F64);
+  cpu::fill(ones, 1.0, S());
+  cpu::uniform_scale(ones, 0.5, 1.5, kKey, ops::GlobalIndex3::whole(500, 2, 8), f, S());
+  double lo = 2, hi = 0, mean = 0;
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    const double v = f.data<double>()[i];
+    lo = std::min(lo, v), hi = std::max(hi, v), mean += v / double(f.numel());
+  }
+  EXPECT_GE(lo, 0.5);
+  EXPECT_LT(hi, 1.5);
+  EXPECT_LT(lo, 0.51);
+  EXPECT_GT(hi, 1.49);
+  EXPECT_NEAR(mean, 1.0, 0.02);
 }
 
 }  // namespace dropout_test

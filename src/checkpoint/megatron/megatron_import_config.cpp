@@ -14,17 +14,22 @@ namespace mcpp::checkpoint::megatron {
 
 using K = Value::Kind;
 
+namespace {
+// args.<k> as a number (an int or a float), dflt when absent or None.
+double arg_number(const Value& a, const char* k, double dflt, const std::string& what) {
+  const Value* v = arg(a, k);
+  if (!v) return dflt;
+  MCPP_CHECK(v->is(K::Float) || v->is(K::Int), "{}: args.{} is a {}", what, k, v->describe());
+  return v->is(K::Float) ? v->f : double(v->i);
+}
+}  // namespace
+
 // --position-embedding-type yarn: Megatron's YarnRotaryEmbedding settings from the args its
 // _apply_yarn_config_from_args reads (None: its defaults). It rotates the whole head and
 // takes neither Llama 3.x scaling nor position interpolation, so those are imported off.
 void import_yarn(model::TransformerConfig& c, const Value& a, const std::string& what,
                  std::vector<std::string>& notes) {
-  auto number = [&](const char* k, double dflt) -> double {
-    const Value* v = arg(a, k);
-    if (!v) return dflt;
-    MCPP_CHECK(v->is(K::Float) || v->is(K::Int), "{}: args.{} is a {}", what, k, v->describe());
-    return v->is(K::Float) ? v->f : double(v->i);
-  };
+  auto number = [&](const char* k, double dflt) { return arg_number(a, k, dflt, what); };
   auto& y = c.yarn;
   y.on = true, y.factor = number("rotary_scaling_factor", 1.0);
   y.original_max_positions = int64_t(number("yarn_original_max_position_embeddings", 4096));
@@ -60,12 +65,7 @@ void import_yarn(model::TransformerConfig& c, const Value& a, const std::string&
 // output multiplier from args (the output multiplier left at 1 becomes 1 / width); a None
 // base hidden size is the model's own.
 void import_mup(model::TransformerConfig& c, const Value& a, const std::string& what) {
-  auto number = [&](const char* k, double dflt) -> double {
-    const Value* v = arg(a, k);
-    if (!v) return dflt;
-    MCPP_CHECK(v->is(K::Float) || v->is(K::Int), "{}: args.{} is a {}", what, k, v->describe());
-    return v->is(K::Float) ? v->f : double(v->i);
-  };
+  auto number = [&](const char* k, double dflt) { return arg_number(a, k, dflt, what); };
   auto& m = c.mup;
   m.on = true;
   const Value* b = arg(a, "mup_base_hidden_size");

@@ -41,7 +41,8 @@ Router::Router(const TransformerConfig& c, int layer, const ParamStore* store)
       b_(ParamStore::view(store, layer_param_name(layer, "mlp.router.bias"))),
       dtype_(router_dtype(c)),
       layer_(layer),
-      random_(c.moe.force_load_balancing || c.moe.force_biased_given) {
+      random_(c.moe.force_load_balancing || c.moe.force_biased_given),
+      jitter_(c.moe.input_jitter_eps) {
   const std::string bn = layer_param_name(layer, "mlp.router.expert_bias");
   if (store && store->has_buffer(bn)) bias_ = store->buffer(bn);
   MCPP_CHECK_HINT(!(c.device == Device::CUDA && dtype_ == DType::F64),
@@ -57,6 +58,7 @@ void Router::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
                          const TensorVisitor& v) {
   const DType rd = router_dtype(c);
   v(s.x_cast, {d.Tl, d.H}, rd, rd != d.dt);
+  v(s.x_jit, {d.Tl, d.H}, d.dt, c.moe.input_jitter_eps > 0);
   v(s.logits, {d.Tl, c.moe.num_experts}, rd, true);
 }
 
@@ -78,8 +80,21 @@ void add_into(Tensor& grad, const Tensor& t, Stream& st) {
 
 // With random logits the gating GEMM's output would be overwritten: it is not run (the
 // backward needs only x, or its cast, and W).
-void Router::forward(const Tensor& x, Saved& s, const StepContext& cx) const {
+void Router::jitter(const Tensor& x, Tensor& y, const StepContext& cx) const {
+  const Tensor x3 = x.view({cx.Sl, cx.B, cx.H});
+  Tensor y3 = y.view({cx.Sl, cx.B, cx.H});
+  ops::uniform_scale(x3, 1.0 - jitter_, 1.0 + jitter_,
+                     dropout_key(*cx.cfg, cx.keys, layer_, DropoutSite::RouterJitter), cx.g, y3,
+                     cx.stream());
+}
+
+void Router::forward(const Tensor& x_in, Saved& s, const StepContext& cx) const {
   Stream& st = cx.stream();
+  if (jitter_ > 0) {
+    ensure(s.x_jit, x_in.shape(), x_in.dtype(), x_in.device());  // generation: no specs
+    jitter(x_in, s.x_jit, cx);
+  }
+  const Tensor& x = jitter_ > 0 ? s.x_jit : x_in;
   if (dtype_ == x.dtype()) {
     if (!random_) ops::linear_forward(x, w_.w, in_dtype(b_.w, dtype_, st), s.logits, st);
   } else {
@@ -122,21 +137,39 @@ void Router::random_logits(Tensor& logits, const StepContext& cx) const {
   ops::gemm(false, false, 1.0, ones, bias, 1.0, logits, st);  // logits[t, :] += bias
 }
 
-void Router::backward(const Tensor& dlogits, const Tensor& x, const Saved& s, Tensor& dx,
+void Router::backward(const Tensor& dlogits, const Tensor& x_in, const Saved& s, Tensor& dx,
                       const StepContext& cx) {
   Stream& st = cx.stream();
+  if (jitter_ > 0) {  // the GEMM's gradients on x_j, then dx += (dlogits W) u
+    const Tensor& xj = s.x_jit;
+    Tensor dxj = Tensor::empty(xj.shape(), xj.dtype(), xj.device());
+    if (dtype_ == xj.dtype()) {
+      ops::linear_backward(dlogits, xj, w_.w, dxj, false, w_.g, b_.g, st);
+    } else {
+      ops::fill(dxj, 0.0, st);
+      cast_backward(dlogits, s, dxj, st);
+    }
+    jitter(dxj, dxj, cx);
+    ops::add(dx, dxj, dx, st);
+    return;
+  }
+  const Tensor& x = x_in;
   if (dtype_ == x.dtype()) {  // (b_.g undefined without the bias: no bias gradient)
     ops::linear_backward(dlogits, x, w_.w, dx, /*accumulate_dx=*/true, w_.g, b_.g, st);
     return;
   }
-  // In the router dtype, then back to the model's dtypes: dx += dxc, grad += dw, db.
+  cast_backward(dlogits, s, dx, st);
+}
+
+// The router-dtype GEMM's backward: dx += dxc (in the model's dtype), dW += dw, db += db.
+void Router::cast_backward(const Tensor& dlogits, const Saved& s, Tensor& dx, Stream& st) {
   auto zeros = [&](const Shape& shape) {
-    Tensor t = Tensor::empty(shape, dtype_, x.device());
+    Tensor t = Tensor::empty(shape, dtype_, dx.device());
     ops::fill(t, 0.0, st);  // (Tensor::zeros is host-only)
     return t;
   };
   Tensor dw = zeros(w_.w.shape()), db = b_.w.defined() ? zeros(b_.w.shape()) : Tensor();
-  Tensor dxc = Tensor::empty(s.x_cast.shape(), dtype_, x.device());
+  Tensor dxc = Tensor::empty(s.x_cast.shape(), dtype_, dx.device());
   ops::linear_backward(dlogits, s.x_cast, in_dtype(w_.w, dtype_, st), dxc, false, dw, db, st);
   add_into(dx, dxc, st);
   add_into(w_.g, dw, st);

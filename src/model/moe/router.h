@@ -9,6 +9,12 @@
 //   forward:  logits [Tl,E] = x [Tl,H] @ W^T + b
 //   backward: dx [Tl,H] += dlogits @ W;  dW += dlogits^T @ x;  db += colsum(dlogits)
 //
+// --moe-input-jitter-eps e (Megatron's apply_input_jitter): the gating GEMM reads x_j = x u,
+// u in [1 - e, 1 + e) per element, drawn from Philox at the element's global coordinates
+// (s, b, h) keyed by the iteration and layer (every layout the serial run's values; Megatron
+// draws per rank), in every pass, as Megatron (it jitters evaluation passes too);
+// backward: dW += dlogits^T x_j, dx += (dlogits W) u.
+//
 // Megatron's benchmark modes (its RandomSTE): --moe-router-force-load-balancing replaces the
 // logits by standard normals, drawn from Philox at each token's global coordinates (s, b, e)
 // (ops::random_normal; the iteration and layer key the stream), so that every layout and a
@@ -37,6 +43,7 @@ class Router {
 
   struct Saved {
     Tensor x_cast;  // [Tl,H] x in the router dtype (only when it differs from the model's)
+    Tensor x_jit;   // [Tl,H] the jittered input (--moe-input-jitter-eps)
     Tensor logits;  // [Tl,E] router dtype
   };
   DType dtype() const { return dtype_; }
@@ -62,6 +69,11 @@ class Router {
   int layer_ = -1;
   bool random_ = false;  // the benchmark modes: random logits
   void random_logits(Tensor& logits, const StepContext& cx) const;
+  double jitter_ = 0;  // --moe-input-jitter-eps
+  // The router-dtype GEMM's backward from s.x_cast: dx += dxc (model dtype), dW, db +=.
+  void cast_backward(const Tensor& dlogits, const Saved& s, Tensor& dx, Stream& st);
+  // y = x u (the jitter's factors; y may alias x).
+  void jitter(const Tensor& x, Tensor& y, const StepContext& cx) const;
 };
 
 }  // namespace mcpp::model::moe

@@ -171,4 +171,26 @@ void random_normal(DropoutKey key, const GlobalIndex3& g, Tensor& y, Stream& s) 
   });
 }
 
+void uniform_scale(const Tensor& x, double lo, double hi, DropoutKey key, const GlobalIndex3& g,
+                   Tensor& y, Stream& s) {
+  const Check c{"uniform_scale"};
+  c.stream(s);
+  const DType dt = c.floating(x, "x");
+  c.dtype(y, "y", dt);
+  c.shape(y, "y", x.shape());
+  check_dropout(c, x, 1.0, g);  // the block fits the global tensor
+  dispatch_float(dt, [&](auto tag) {
+    using R = decltype(tag);
+    const R* X = x.data<R>();
+    R* Y = y.data<R>();
+    const int64_t H = x.size(2);
+    for_rows(x, g, [&](int64_t r, uint64_t gi) {
+      for (int64_t h = 0; h < H; ++h) {
+        const double u = Philox::uniform(key.seed, key.stream, gi + uint64_t(h));
+        Y[r * H + h] = R(double(X[r * H + h]) * (lo + (hi - lo) * u));
+      }
+    });
+  });
+}
+
 }  // namespace mcpp::ops::cpu

@@ -231,6 +231,16 @@ static __global__ void random_normal_kernel(T* y, int64_t n, uint64_t seed, uint
     y[i] = from_d<T>(Philox::normal(seed, stream, ix.global(i)));
 }
 
+template <typename T>
+static __global__ void uniform_scale_kernel(const T* x, T* y, int64_t n, double lo, double hi,
+                                            uint64_t seed, uint64_t stream, Index3 ix) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const double u = Philox::uniform(seed, stream, ix.global(i));
+    y[i] = from_d<T>(double(to_f(x[i])) * (lo + (hi - lo) * u));
+  }
+}
+
 }  // namespace
 
 void dropout_add_forward(const Tensor& x, const Tensor& residual, double p, DropoutKey key,
@@ -298,6 +308,24 @@ void random_normal(DropoutKey key, const GlobalIndex3& g, Tensor& y, Stream& s) 
   MCPP_DISPATCH_ACT(y.dtype(), op, {
     random_normal_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
         static_cast<T*>(y.raw()), n, key.seed, key.stream, ix);
+  });
+  MCPP_LAUNCH_CHECK();
+}
+
+void uniform_scale(const Tensor& x, double lo, double hi, DropoutKey key, const GlobalIndex3& g,
+                   Tensor& y, Stream& s) {
+  const char* op = "uniform_scale";
+  check_cuda(x, op, "x");
+  check_cuda(y, op, "y");
+  check_numel(y, x.numel(), op, "y");
+  MCPP_CHECK(x.dtype() == y.dtype(), "{}: x is {}, y is {}; one dtype", op, x.str(), y.str());
+  const Index3 ix = make_index(x, g, op);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  MCPP_DISPATCH_ACT(x.dtype(), op, {
+    uniform_scale_kernel<T><<<grid_for(n, 256), 256, 0, stream_of(s)>>>(
+        static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), n, lo, hi, key.seed,
+        key.stream, ix);
   });
   MCPP_LAUNCH_CHECK();
 }
