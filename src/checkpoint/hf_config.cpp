@@ -91,6 +91,10 @@ HfArch hf_arch_of(const model::TransformerConfig& c) {
                   "scale {}) has no Hugging Face export yet: the Llama and GPT-2 configs carry "
                   "no multipliers, and their attention scale is 1/sqrt(head dim)",
                   c.mup.embedding_mult, c.mup.output_mult, c.softmax_scale());
+  MCPP_CHECK_HINT(!c.qk_l2_norm,
+                  "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
+                  "a --qk-l2-norm model has no Hugging Face export yet (Llama 4's config is not "
+                  "mapped)");
   MCPP_CHECK_HINT(c.no_rope_pattern.empty(),
                   "keep the checkpoint in megatron.cpp's format (sampling and serving read it)",
                   "a model with layers without RoPE (--no-rope-freq) has no Hugging Face export "

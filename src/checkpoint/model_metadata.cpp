@@ -73,6 +73,7 @@ json model_config_json(const model::TransformerConfig& c) {
   if (c.moe.num_experts > 0) j["moe"] = moe_config_json(c.moe);  // mixture of experts
   // --qk-layernorm (absent: off); its form is `rmsnorm`'s (LayerNorm: q/k norm biases).
   if (c.qk_layernorm) j["qk_layernorm"] = true;
+  if (c.qk_l2_norm) j["qk_l2_norm"] = true;  // --qk-l2-norm (absent: off)
   if (c.no_positions) j["no_positions"] = true;  // --position-embedding-type none (absent: off)
   if (c.attention_sink())  // --softmax-type (absent: vanilla)
     j["softmax_type"] = model::softmax_type_name(c.softmax_type);
@@ -143,6 +144,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
   if (j.contains("moe")) c.moe = moe_config_from_json(j.at("moe"));  // mixture of experts
   c.qk_layernorm = j.value("qk_layernorm", false);                    // --qk-layernorm
+  c.qk_l2_norm = j.value("qk_l2_norm", false);                        // --qk-l2-norm
   c.no_positions = j.value("no_positions", false);  // --position-embedding-type none
   c.softmax_type = model::softmax_type_of(j.value("softmax_type", std::string("vanilla")));
   c.squared_relu = j.value("squared_relu", false);                    // --squared-relu
@@ -260,6 +262,8 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     differ("mtp_num_layers", saved.value("mtp_num_layers", int64_t(0)), cur.mtp_num_layers);
   if (saved.value("qk_layernorm", false) != cur.qk_layernorm)  // --qk-layernorm
     differ("qk_layernorm", saved.value("qk_layernorm", false), cur.qk_layernorm);
+  if (saved.value("qk_l2_norm", false) != cur.qk_l2_norm)  // --qk-l2-norm: no tensors of its own
+    differ("qk_l2_norm (--qk-l2-norm)", saved.value("qk_l2_norm", false), cur.qk_l2_norm);
   if (saved.value("no_positions", false) != cur.no_positions)  // --position-embedding-type none
     differ("no_positions", saved.value("no_positions", false), cur.no_positions);
   if (const std::string st = saved.value("softmax_type", std::string("vanilla"));

@@ -101,6 +101,13 @@ Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* st
             prefix(layer, "self_attention.linear_proj.bias")),
       rope_(c.layer_rope(layer)) {
   if (c.mla.on) mla_ = MlaAttention(c, layer, store);
+  if (c.qk_l2_norm && store) {  // the weightless norm: ones, and gradients nobody reads
+    const Device dev = c.device;
+    Stream& st = ops::default_stream(dev);
+    for (Tensor* t : {&l2_ones_, &l2_grad_}) *t = Tensor::empty({c.kv_channels}, c.dtype, dev);
+    ops::fill(l2_ones_, 1.0, st);
+    ops::fill(l2_grad_, 0.0, st);
+  }
   if (!c.qk_layernorm || c.mla.on) return;
   q_norm_ = ParamStore::view(store, prefix(layer, "self_attention.q_layernorm.weight"));
   k_norm_ = ParamStore::view(store, prefix(layer, "self_attention.k_layernorm.weight"));
@@ -112,7 +119,9 @@ Attention::Attention(const TransformerConfig& c, int layer, const ParamStore* st
 void Attention::qk_norm_forward(const Tensor& in, Tensor& out, const StepContext& cx) const {
   const TransformerConfig& c = *cfg_;
   const int64_t r = c.heads_per_group();
-  if (c.rmsnorm)
+  if (c.qk_l2_norm)
+    ops::qk_norm_forward(in, l2_ones_, l2_ones_, r, c.norm_epsilon, false, out, cx.stream());
+  else if (c.rmsnorm)
     ops::qk_norm_forward(in, q_norm_.w, k_norm_.w, r, c.norm_epsilon, c.zero_centered_gamma, out,
                          cx.stream());
   else
@@ -123,7 +132,10 @@ void Attention::qk_norm_forward(const Tensor& in, Tensor& out, const StepContext
 void Attention::qk_norm_backward(const Tensor& in, Tensor& g, const StepContext& cx) {
   const TransformerConfig& c = *cfg_;
   const int64_t r = c.heads_per_group();
-  if (c.rmsnorm)
+  if (c.qk_l2_norm)
+    ops::qk_norm_backward(in, l2_ones_, l2_ones_, r, c.norm_epsilon, false, g, l2_grad_, l2_grad_,
+                          cx.stream());
+  else if (c.rmsnorm)
     ops::qk_norm_backward(in, q_norm_.w, k_norm_.w, r, c.norm_epsilon, c.zero_centered_gamma, g,
                           q_norm_.g, k_norm_.g, cx.stream());
   else
@@ -139,7 +151,7 @@ void Attention::saved_specs(const TransformerConfig& c, const Dims& d, Saved& s,
   }
   ColumnParallelLinear::saved_specs(d, d.H, s.qkv_in, v);
   v(s.qkv, {d.T, c.qkv_width_local()}, d.dt, true);
-  v(s.qk_in, {d.T, c.qkv_width_local()}, d.dt, c.qk_layernorm);
+  v(s.qk_in, {d.T, c.qkv_width_local()}, d.dt, c.qk_layernorm || c.qk_l2_norm);
   CoreAttention::saved_specs(c, d, s.core, v);
 }
 
@@ -177,7 +189,7 @@ void Attention::forward(const Tensor& x, Saved& s, const Tensor* residual, Tenso
   // until then, and the permuted heads into the saved qkv.
   const bool permute = rope_ && c.rotary_interleaved;
   Tensor& pre = permute ? ws.dqkv : s.qkv;
-  if (c.qk_layernorm) {
+  if (c.qk_layernorm || c.qk_l2_norm) {
     qkv_.forward(x, s.qkv_in, s.qk_in, ws, cx);
     qk_norm_forward(s.qk_in, pre, cx);
   } else {
@@ -211,7 +223,7 @@ void Attention::forward_cached(const Tensor& x, Saved& s, Tensor& k_cache, Tenso
   } else {
     qkv_.forward(x, s.qkv_in, pre, ws, cx);
   }
-  if (c.qk_layernorm) qk_norm_forward(pre, pre, cx);
+  if (c.qk_layernorm || c.qk_l2_norm) qk_norm_forward(pre, pre, cx);
   if (permute) {
     ensure(s.qkv, {cx.T, c.qkv_width_local()}, cx.dt, cx.dev);
     ops::rope_deinterleave(pre, permute_dims(c), false, s.qkv, cx.stream());
@@ -267,7 +279,7 @@ void Attention::backward(const Tensor& dy, const Tensor& x, Saved& s, Tensor& dx
   Tensor& g = rope_ && c.rotary_interleaved ? s.qkv : ws.dqkv;
   if (rope_ && c.rotary_interleaved)
     ops::rope_deinterleave(ws.dqkv, permute_dims(c), true, s.qkv, cx.stream());
-  if (c.qk_layernorm) qk_norm_backward(s.qk_in, g, cx);
+  if (c.qk_layernorm || c.qk_l2_norm) qk_norm_backward(s.qk_in, g, cx);
   qkv_.backward(g, x, s.qkv_in, dx, ws, cx);
 }
 

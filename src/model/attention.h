@@ -69,6 +69,7 @@ class Attention {
   RowParallelLinear proj_;
   ParamView q_norm_, k_norm_;  // --qk-layernorm: [HD] each
   ParamView q_bias_, k_bias_;  // ... with --normalization LayerNorm: [HD] each
+  mutable Tensor l2_ones_, l2_grad_;   // --qk-l2-norm: the weightless norm's ones and scratch [HD]
   MlaAttention mla_;           // --multi-latent-attention: every method goes to it
   bool rope_ = false;          // RoPE in this layer (not a --no-rope-freq layer)
   // qkv [T, QKVW] -> out (may alias in): the q/k norms of --normalization's form

@@ -136,6 +136,9 @@ struct TransformerConfig {
   bool tie_embeddings = true;            // !--untie-embeddings-and-output-weights
   bool add_bias_linear = true;           // !--disable-bias-linear
   bool add_qkv_bias = false;             // --add-qkv-bias: linear_qkv's bias alone (qkv_bias())
+  // --qk-l2-norm: each query and key head RMS-normalised without a weight (Megatron's
+  // L2Norm, eps --norm-epsilon), where --qk-layernorm's norms would be (before RoPE).
+  bool qk_l2_norm = false;
   double hidden_dropout = 0.1;           // --hidden-dropout
   double attention_dropout = 0.1;        // --attention-dropout
   double init_method_std = 0.02;         // --init-method-std

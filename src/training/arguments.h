@@ -499,6 +499,9 @@ struct Args {
   double mup_attn_scale_power = 1.0;
   // ---- q/k layernorm (validate_qk_layernorm.cpp; ops::qk_norm_forward)
   bool qk_layernorm = false;
+  // --qk-l2-norm (Megatron's L2Norm on queries and keys: RMS normalisation without weights;
+  // Llama 4).
+  bool qk_l2_norm = false;
   // --apply-wd-to-qk-layernorm: the q/k norm weights decay like the matrices (Qwen3-Next).
   // --no-weight-decay-cond-type apply_wd_to_qk_layernorm is its deprecated spelling.
   bool apply_wd_to_qk_layernorm = false;

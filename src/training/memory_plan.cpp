@@ -58,6 +58,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.activation_func_clamp_value = a.activation_func_clamp_value;
   c.tie_embeddings = !a.untie_embeddings_and_output_weights;
   c.qk_layernorm = a.qk_layernorm;  // ---- q/k layernorm
+  c.qk_l2_norm = a.qk_l2_norm;
   c.qk_layernorm_weight_decay = a.apply_wd_to_qk_layernorm;
   if (a.multi_latent_attention) {  // ---- MLA: the core's heads are NH of Dq (config.h)
     auto& m = c.mla;

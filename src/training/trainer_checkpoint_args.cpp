@@ -240,8 +240,11 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
           python_float(m.rotary_scaling_factor));
     force("mscale", a.mscale, m.mscale, python_float(m.mscale));
     force("mscale_all_dim", a.mscale_all_dim, m.mscale_all_dim, python_float(m.mscale_all_dim));
-    force("qk_layernorm", a.qk_layernorm, c.qk_layernorm, py(c.qk_layernorm));
   }
+  // The q/k norms (standard attention's per-head norms or MLA's latent norms; the weightless
+  // --qk-l2-norm), forced like the switches.
+  force("qk_layernorm", a.qk_layernorm, c.qk_layernorm, py(c.qk_layernorm));
+  force("qk_l2_norm", a.qk_l2_norm, c.qk_l2_norm, py(c.qk_l2_norm));
   const std::string norm = c.rmsnorm ? "RMSNorm" : "LayerNorm";
   force("normalization", a.normalization, norm, norm);
   force("layernorm_epsilon", a.layernorm_epsilon, c.norm_epsilon, python_float(c.norm_epsilon));

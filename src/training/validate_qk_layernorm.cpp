@@ -18,6 +18,16 @@ void validate_qk_layernorm(Args& a) {
               "--apply-wd-to-qk-layernorm instead");
     a.apply_wd_to_qk_layernorm = true;
   }
+  // --qk-l2-norm: Megatron's L2Norm takes the q/k norms' place (weightless), which MLA does
+  // not have (Megatron asserts).
+  if (a.qk_l2_norm) {
+    MCPP_CHECK_HINT(!a.multi_latent_attention, "drop --qk-l2-norm",
+                    "--qk-l2-norm with --multi-latent-attention: Megatron does not support it "
+                    "with MLA (it asserts)");
+    MCPP_CHECK_HINT(!a.qk_layernorm, "drop --qk-layernorm: --qk-l2-norm takes its place",
+                    "--qk-layernorm with --qk-l2-norm: Megatron builds the weightless L2Norm "
+                    "then, and --qk-layernorm would change nothing");
+  }
   MCPP_CHECK_HINT(!a.apply_wd_to_qk_layernorm || a.qk_layernorm,
                   "add --qk-layernorm, or drop --apply-wd-to-qk-layernorm",
                   "--apply-wd-to-qk-layernorm without --qk-layernorm: the model has no q/k "

@@ -37,4 +37,10 @@ run "$W/torch.log" "$M" train "${T[@]}" --no-rope-freq 2 --train-iters 4 --ckpt-
 run "$W/from_meg.log" "$M" convert --from-megatron "$W/U" --save "$W/C"
 [ "$(pattern "$W/C/iter_0000004/metadata.json")" = "[0, 1, 0, 1]" ] ||
   { echo "--from-megatron lost the pattern"; exit 1; }
+# --qk-l2-norm (Llama 4's weightless q/k norm): recorded; resuming without it is refused; no HF.
+run "$W/l2.log" "$M" train "${T[@]}" --no-rope-freq 4 --qk-l2-norm --train-iters 4 \
+    --save "$W/ck_l2" --save-interval 4
+refused "$W/l2_off.log" "qk_l2_norm (--qk-l2-norm)" \
+  "$M" train "${T[@]}" --no-rope-freq 4 --train-iters 6 --load "$W/ck_l2"
+refused "$W/l2_hf.log" "--qk-l2-norm" "$M" convert --load "$W/ck_l2" --to-hf "$W/hf_l2"
 echo "all checks passed"

@@ -207,3 +207,43 @@ TEST(NoRope, EveryLayerWithoutRopeIsTheModelWithoutPositions) {
 }
 
 }  // namespace nope_test
+
+// ---- --qk-l2-norm (Megatron's weightless L2Norm on queries and keys) -----------------------
+
+namespace qk_l2_test {
+
+// The weightless norm is --qk-layernorm's RMSNorm with its weights at one: the same loss and
+// the same gradients of every other parameter (f64, dropout on, under GQA); its gradients
+// match finite differences; and it changes the model (against no q/k norm).
+TEST(QkL2Norm, IsTheRmsQkNormWithUnitWeights) {
+  TransformerConfig l2 = mup_test::llama(0.2), ln = l2, none = l2;
+  l2.qk_l2_norm = true;
+  ln.qk_layernorm = true;  // RMSNorm (llama), weights initialised to one
+  GPTModel a(l2), b(ln), n(none);
+  ASSERT_EQ(a.params().flat_params().numel(), n.params().flat_params().numel());
+  for (size_t i = 0; i < a.params().infos().size(); ++i) {
+    const std::string& name = a.params().infos()[i].name;
+    Tensor pb = b.params().param(name), pn = n.params().param(name);
+    ops::copy(a.params().param(i), pb, Stream::cpu());
+    ops::copy(a.params().param(i), pn, Stream::cpu());
+  }
+  const auto mb = model::test::random_batch(2, l2.seq_length, 13, 11);
+  model::StepKeys keys;
+  keys.iteration = 3;
+  a.params().zero_grads(), b.params().zero_grads();
+  const double la = a.forward(mb, keys), lb = b.forward(mb, keys);
+  EXPECT_NEAR(la, lb, 1e-13 * std::fabs(lb));
+  EXPECT_GT(std::fabs(la - n.forward(mb, keys)), 1e-4);
+  a.backward(1.0), b.backward(1.0);
+  for (size_t i = 0; i < a.params().infos().size(); ++i) {
+    const std::string& name = a.params().infos()[i].name;
+    Tensor ga = a.params().grad(i), gb = b.params().grad(name);
+    for (int64_t e = 0; e < ga.numel(); ++e)
+      ASSERT_NEAR(ga.data<double>()[e], gb.data<double>()[e],
+                  1e-12 * std::max(1.0, std::fabs(gb.data<double>()[e])))
+          << name;
+  }
+  model::test::expect_model_finite_differences(l2, 13);
+}
+
+}  // namespace qk_l2_test

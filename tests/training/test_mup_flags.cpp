@@ -109,3 +109,25 @@ TEST(NoRopeFlags, StartUpErrorsNameTheFlag) {
 }
 
 }  // namespace no_rope_flags_test
+
+namespace qk_l2_flags_test {
+
+using namespace mcpp;
+using namespace mcpp::training;
+using namespace mcpp::training::test;
+
+TEST(QkL2NormFlags, ConfigAndErrors) {
+  const auto rope = with(base_argv(), {"--position-embedding-type", "rope", "--normalization",
+                                       "RMSNorm", "--qk-l2-norm"});
+  EXPECT_TRUE(model_config(parse_and_validate(rope), Device::CPU, DType::F32).qk_l2_norm);
+  expect_error([&] { parse_and_validate(with(rope, {"--qk-layernorm"})); },
+               {"--qk-layernorm with --qk-l2-norm"});
+  expect_error([&] {
+    parse_and_validate(with(rope, {"--multi-latent-attention", "--kv-lora-rank", "16",
+                                   "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8",
+                                   "--v-head-dim", "8"}));
+  },
+               {"--qk-l2-norm with --multi-latent-attention"});
+}
+
+}  // namespace qk_l2_flags_test

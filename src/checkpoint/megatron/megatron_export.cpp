@@ -238,6 +238,7 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
   a.set("add_bias_linear", Py::boolean(c.add_bias_linear));
   a.set("add_qkv_bias", Py::boolean(c.add_qkv_bias));
   a.set("qk_layernorm", Py::boolean(c.qk_layernorm));
+  a.set("qk_l2_norm", Py::boolean(c.qk_l2_norm));
   a.set("apply_wd_to_qk_layernorm", Py::boolean(c.qk_layernorm_weight_decay));
   if (c.has_window_layers()) {  // sliding-window attention: (L, 0) and the layers' pattern
     std::vector<Py> pattern;

@@ -204,6 +204,8 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   // --qk-layernorm: self_attention.q_layernorm / k_layernorm weights (and biases, with
   // --normalization LayerNorm), decayed with --apply-wd-to-qk-layernorm.
   c.qk_layernorm = flag("qk_layernorm", false);
+  c.qk_l2_norm = flag("qk_l2_norm", false);  // Megatron's L2Norm (it wins over qk_layernorm)
+  if (c.qk_l2_norm) c.qk_layernorm = false;
   c.qk_layernorm_weight_decay = c.qk_layernorm && flag("apply_wd_to_qk_layernorm", false);
   MCPP_CHECK_HINT(!(c.swiglu && c.squared_relu), "the checkpoint's args are inconsistent",
                   "{}: args.swiglu and args.squared_relu are both set (Megatron asserts "
