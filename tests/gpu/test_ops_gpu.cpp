@@ -1096,6 +1096,18 @@ TEST(GpuAdamW, GradScaleEqualsScalingTheGradientsFirst) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, GpuDropout, ::testing::Values(int64_t(301), int64_t(300)));
 
+// The GPU tensor gy (f32 or bf16) holds the f64 values `want` rounded: within 1e-6 relative
+// in f32 (the device's double math may differ in the last place), a bf16 step in bf16.
+void expect_rounded_from(const Tensor& gy, const Tensor& want) {
+  Tensor got = Tensor::empty(want.shape(), DType::F64);
+  ops::copy(to_cpu(gy), got, CS());
+  const double tol = gy.dtype() == DType::F32 ? 1e-6 : 1.0 / 128;
+  for (int64_t i = 0; i < want.numel(); ++i)
+    ASSERT_NEAR(got.data<double>()[i], want.data<double>()[i],
+                tol * std::max(1.0, std::fabs(want.data<double>()[i])))
+        << dtype_name(gy.dtype()) << " element " << i;
+}
+
 // uniform_scale (the routers' input jitter) on a CP rank's block, f32 and bf16, against the
 // CPU's f64 product rounded (bf16: within a step of the bf16 input's rounding).
 TEST(GpuUniformScale, BlocksMatchTheCpu) {
@@ -1112,13 +1124,7 @@ TEST(GpuUniformScale, BlocksMatchTheCpu) {
     cpu::uniform_scale(xd, 0.8, 1.2, key, part, want, CS());
     Tensor gy = gpu_nan({4, d1, d2}, dt);
     gpu::uniform_scale(to_gpu(x, dt), 0.8, 1.2, key, part, gy, GS());
-    Tensor got = Tensor::empty({4, d1, d2}, DType::F64);
-    ops::copy(to_cpu(gy), got, CS());
-    const double tol = dt == DType::F32 ? 1e-6 : 1.0 / 128;
-    for (int64_t i = 0; i < want.numel(); ++i)
-      ASSERT_NEAR(got.data<double>()[i], want.data<double>()[i],
-                  tol * std::max(1.0, std::fabs(want.data<double>()[i])))
-          << dtype_name(dt) << " element " << i;
+    expect_rounded_from(gy, want);
   }
 }
 
@@ -1136,13 +1142,7 @@ TEST(GpuRandomNormal, BlocksMatchTheCpu) {
   for (DType dt : {DType::F32, DType::BF16}) {
     Tensor gy = gpu_nan({4, 2, d2}, dt);
     gpu::random_normal(key, part, gy, GS());
-    Tensor got = Tensor::empty({4, 2, d2}, DType::F64);
-    ops::copy(to_cpu(gy), got, CS());
-    const double tol = dt == DType::F32 ? 1e-6 : 1.0 / 128;
-    for (int64_t i = 0; i < want.numel(); ++i)
-      ASSERT_NEAR(got.data<double>()[i], want.data<double>()[i],
-                  tol * std::max(1.0, std::fabs(want.data<double>()[i])))
-          << dtype_name(dt) << " element " << i;
+    expect_rounded_from(gy, want);
   }
 }
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuOp, ::testing::Values(DType::F32, DType::BF16, DType::F16),

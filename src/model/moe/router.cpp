@@ -78,8 +78,6 @@ void add_into(Tensor& grad, const Tensor& t, Stream& st) {
 }
 }  // namespace
 
-// With random logits the gating GEMM's output would be overwritten: it is not run (the
-// backward needs only x, or its cast, and W).
 void Router::jitter(const Tensor& x, Tensor& y, const StepContext& cx) const {
   const Tensor x3 = x.view({cx.Sl, cx.B, cx.H});
   Tensor y3 = y.view({cx.Sl, cx.B, cx.H});
@@ -88,6 +86,8 @@ void Router::jitter(const Tensor& x, Tensor& y, const StepContext& cx) const {
                      cx.stream());
 }
 
+// With random logits the gating GEMM's output would be overwritten: it is not run (the
+// backward needs only x, or its cast, and W).
 void Router::forward(const Tensor& x_in, Saved& s, const StepContext& cx) const {
   Stream& st = cx.stream();
   if (jitter_ > 0) {
@@ -137,7 +137,7 @@ void Router::random_logits(Tensor& logits, const StepContext& cx) const {
   ops::gemm(false, false, 1.0, ones, bias, 1.0, logits, st);  // logits[t, :] += bias
 }
 
-void Router::backward(const Tensor& dlogits, const Tensor& x_in, const Saved& s, Tensor& dx,
+void Router::backward(const Tensor& dlogits, const Tensor& x, const Saved& s, Tensor& dx,
                       const StepContext& cx) {
   Stream& st = cx.stream();
   if (jitter_ > 0) {  // the GEMM's gradients on x_j, then dx += (dlogits W) u
@@ -153,7 +153,6 @@ void Router::backward(const Tensor& dlogits, const Tensor& x_in, const Saved& s,
     ops::add(dx, dxj, dx, st);
     return;
   }
-  const Tensor& x = x_in;
   if (dtype_ == x.dtype()) {  // (b_.g undefined without the bias: no bias gradient)
     ops::linear_backward(dlogits, x, w_.w, dx, /*accumulate_dx=*/true, w_.g, b_.g, st);
     return;
