@@ -232,8 +232,9 @@ json hf_config(const model::TransformerConfig& c, DType dtype, const std::string
             {"n_layer", c.num_layers},
             {"n_head", c.num_attention_heads},
             {"n_inner", c.ffn_hidden_size},
-            // tanh approximation, as ours; squared ReLU: transformers' ReLUSquaredActivation
-            {"activation_function", c.squared_relu ? "relu2" : "gelu_new"},
+            // GELU's tanh form (gelu_new) or the exact one (gelu); squared ReLU:
+            // transformers' ReLUSquaredActivation
+            {"activation_function", c.squared_relu ? "relu2" : c.gelu_erf ? "gelu" : "gelu_new"},
             {"layer_norm_epsilon", c.norm_epsilon},
             {"resid_pdrop", c.hidden_dropout},
             {"embd_pdrop", c.hidden_dropout},
@@ -333,12 +334,15 @@ model::TransformerConfig model_config_from_hf(const json& j, int64_t divisible_b
       c.seq_length = c.max_position_embeddings;
       c.norm_epsilon = pos_real("layer_norm_epsilon", 1e-5);
       const std::string act = j.value("activation_function", "gelu_new");
-      MCPP_CHECK_HINT(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast" ||
-                          act == "relu2",
-                      "megatron.cpp's GELU is the tanh approximation (gelu_new); relu2 is "
-                      "--squared-relu",
+      // transformers' GELU forms: tanh (gelu_new, gelu_pytorch_tanh, gelu_fast) or the exact
+      // erf (gelu, gelu_python)
+      const bool erf = act == "gelu" || act == "gelu_python";
+      MCPP_CHECK_HINT(erf || act == "gelu_new" || act == "gelu_pytorch_tanh" ||
+                          act == "gelu_fast" || act == "relu2",
+                      "megatron.cpp's GELU is the tanh form (gelu_new, gelu_pytorch_tanh, "
+                      "gelu_fast) or the exact one (gelu); relu2 is --squared-relu",
                       "GPT-2 activation_function '{}' is not supported", act);
-      c.squared_relu = act == "relu2";
+      c.squared_relu = act == "relu2", c.gelu_erf = erf;
       c.hidden_dropout = j.value("resid_pdrop", 0.1);
       c.attention_dropout = j.value("attn_pdrop", 0.1);
       c.init_method_std = j.value("initializer_range", 0.02);

@@ -79,6 +79,7 @@ json model_config_json(const model::TransformerConfig& c) {
     j["softmax_type"] = model::softmax_type_name(c.softmax_type);
   if (c.squared_relu) j["squared_relu"] = true;  // --squared-relu (absent: off)
   if (c.quick_geglu) j["quick_geglu"] = true;    // --quick-geglu (absent: off)
+  if (c.gelu_erf) j["gelu_erf"] = true;  // the exact GELU (absent: the tanh form)
   // The gated units' --glu-linear-offset (absent: 0) and --activation-func-clamp-value
   // (absent: none).
   if (c.glu_linear_offset != 0) j["glu_linear_offset"] = c.glu_linear_offset;
@@ -149,6 +150,7 @@ model::TransformerConfig model_config_from_metadata(const json& md) {
   c.softmax_type = model::softmax_type_of(j.value("softmax_type", std::string("vanilla")));
   c.squared_relu = j.value("squared_relu", false);                    // --squared-relu
   c.quick_geglu = j.value("quick_geglu", false);                      // --quick-geglu
+  c.gelu_erf = j.value("gelu_erf", false);  // the exact GELU (gelu_is_exact's flags)
   c.glu_linear_offset = j.value("glu_linear_offset", 0.0);            // --glu-linear-offset
   if (j.contains("activation_func_clamp_value"))  // --activation-func-clamp-value
     c.activation_func_clamp_value = j.at("activation_func_clamp_value").get<double>();
@@ -226,6 +228,11 @@ void check_model_compat(const json& saved, const model::TransformerConfig& cur,
     differ("squared_relu (--squared-relu)", saved.value("squared_relu", false), cur.squared_relu);
   if (saved.value("quick_geglu", false) != cur.quick_geglu)
     differ("quick_geglu (--quick-geglu)", saved.value("quick_geglu", false), cur.quick_geglu);
+  // GELU's form: the exact one, or the tanh form (which --openai-gelu keeps without biases)
+  if (saved.value("gelu_erf", false) != cur.gelu_erf)
+    differ("gelu_erf (exact GELU: --no-bias-gelu-fusion or --disable-bias-linear without "
+           "--openai-gelu)",
+           saved.value("gelu_erf", false), cur.gelu_erf);
   for (const char* k : {"glu_linear_offset", "activation_func_clamp_value"}) {
     const json none = json(nullptr), a = saved.value(k, none), b = now.value(k, none);
     if (a != b)

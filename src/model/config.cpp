@@ -38,6 +38,9 @@ void TransformerConfig::check_activation() const {
                   "--quick-geglu and --{} both set the MLP's activation (Megatron-LM asserts "
                   "against --swiglu, and --squared-relu silently wins over --quick-geglu there)",
                   swiglu ? "swiglu" : "squared-relu");
+  MCPP_CHECK(!gelu_erf || !(swiglu || squared_relu || quick_geglu),
+             "TransformerConfig: gelu_erf (the exact GELU) set for a {} MLP",
+             swiglu ? "SwiGLU" : squared_relu ? "squared-ReLU" : "quick-GEGLU");
   const bool clamp = activation_func_clamp_value.has_value();
   const double C = activation_func_clamp_value.value_or(0);
   MCPP_CHECK_HINT(!clamp || !std::isnan(C), "give --activation-func-clamp-value a number",

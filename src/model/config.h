@@ -96,6 +96,10 @@ struct TransformerConfig {
   bool zero_centered_gamma = false;      // --apply-layernorm-1p: norm weight stored as w - 1
   bool swiglu = false;                   // --swiglu
   bool squared_relu = false;             // --squared-relu: relu(x)^2, not gated (activation())
+  // GELU (none of the other switches): the exact x Phi(x) (torch's F.gelu) where Megatron's MLP
+  // runs without the bias_gelu fusion (--no-bias-gelu-fusion or --disable-bias-linear, and not
+  // --openai-gelu); false: the tanh form of the fusion.
+  bool gelu_erf = false;
   // --quick-geglu (gpt-oss): quick_gelu(g) (u + offset), quick_gelu(g) = g sigmoid(1.702 g),
   // gated as SwiGLU (fc1 [gate; up]).
   bool quick_geglu = false;
@@ -312,6 +316,7 @@ struct TransformerConfig {
     return swiglu         ? ops::MlpAct(ops::MlpActivation::Swiglu, g)
            : quick_geglu  ? ops::MlpAct(ops::MlpActivation::QuickGeglu, g)
            : squared_relu ? ops::MlpAct(ops::MlpActivation::SquaredRelu)
+           : gelu_erf     ? ops::MlpAct(ops::MlpActivation::GeluErf)
                           : ops::MlpAct(ops::MlpActivation::Gelu);
   }
   // SwiGLU without offset and clamp: the plain swiglu ops and their fused GEMM, decode and FP8

@@ -93,6 +93,7 @@ void mlp_activation_forward(MlpAct a, const Tensor& x, Tensor& y, Stream& s) {
   if (a.plain_swiglu()) return swiglu_forward(x, y, s);
   if (a.gated()) return glu_forward(x, a, y, s);
   if (a.kind == MlpActivation::SquaredRelu) return squared_relu_forward(x, y, s);
+  if (a.kind == MlpActivation::GeluErf) return gelu_erf_forward(x, y, s);
   gelu_forward(x, y, s);
 }
 void mlp_activation_backward(MlpAct a, const Tensor& dy, const Tensor& x, Tensor& dx,
@@ -100,6 +101,7 @@ void mlp_activation_backward(MlpAct a, const Tensor& dy, const Tensor& x, Tensor
   if (a.plain_swiglu()) return swiglu_backward(dy, x, dx, s);
   if (a.gated()) return glu_backward(dy, x, a, dx, s);
   if (a.kind == MlpActivation::SquaredRelu) return squared_relu_backward(dy, x, dx, s);
+  if (a.kind == MlpActivation::GeluErf) return gelu_erf_backward(dy, x, dx, s);
   gelu_backward(dy, x, dx, s);
 }
 void glu_forward(const Tensor& x, MlpAct act, Tensor& y, Stream& s) {
@@ -107,6 +109,12 @@ void glu_forward(const Tensor& x, MlpAct act, Tensor& y, Stream& s) {
 }
 void glu_backward(const Tensor& dy, const Tensor& x, MlpAct act, Tensor& dx, Stream& s) {
   MCPP_DISPATCH(glu_backward, dy, x, act, dx, s);
+}
+void gelu_erf_forward(const Tensor& x, Tensor& y, Stream& s) {
+  MCPP_DISPATCH(gelu_erf_forward, x, y, s);
+}
+void gelu_erf_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  MCPP_DISPATCH(gelu_erf_backward, dy, x, dx, s);
 }
 void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
   MCPP_DISPATCH(squared_relu_forward, x, y, s);

@@ -12,9 +12,9 @@
 namespace mcpp::ops {
 #include "ops/catalogue.inc"
 
-// The MLP activation a's forward / backward op on either backend: gelu_*, squared_relu_*,
-// swiglu_* (plain SwiGLU) or glu_* (quick-GEGLU, SwiGLU with an offset or a clamp) (x the
-// activation's input, y its output; dx = act'(x) * dy, =).
+// The MLP activation a's forward / backward op on either backend: gelu_*, gelu_erf_*,
+// squared_relu_*, swiglu_* (plain SwiGLU) or glu_* (quick-GEGLU, SwiGLU with an offset or a
+// clamp) (x the activation's input, y its output; dx = act'(x) * dy, =).
 void mlp_activation_forward(MlpAct a, const Tensor& x, Tensor& y, Stream& s);
 void mlp_activation_backward(MlpAct a, const Tensor& dy, const Tensor& x, Tensor& dx,
                              Stream& s);

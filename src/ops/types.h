@@ -9,10 +9,11 @@
 namespace mcpp::ops {
 
 // The MLP's activation (model/mlp.h, the MoE experts; Megatron's config.activation_func):
-// GELU (tanh form), SwiGLU (gated: fc1 [., 2F] = [gate | up]), squared ReLU (Primer,
-// Nemotron-4: relu(x)^2, not gated) or quick-GEGLU (gpt-oss: quick_gelu(x) = x sigmoid(1.702 x)
-// gating, fc1 as SwiGLU's).
-enum class MlpActivation : uint8_t { Gelu, Swiglu, SquaredRelu, QuickGeglu };
+// GELU in its tanh form (Megatron's bias_gelu fusion), SwiGLU (gated: fc1 [., 2F] =
+// [gate | up]), squared ReLU (Primer, Nemotron-4: relu(x)^2, not gated), quick-GEGLU (gpt-oss:
+// quick_gelu(x) = x sigmoid(1.702 x) gating, fc1 as SwiGLU's) or the exact GELU
+// x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (torch's F.gelu: Megatron's MLP without the fusion).
+enum class MlpActivation : uint8_t { Gelu, Swiglu, SquaredRelu, QuickGeglu, GeluErf };
 
 // A gated unit's two parameters (Megatron's glu_linear_offset and activation_func_clamp_value,
 // mlp.py's glu()): with C the clamp (+inf: none), of fc1's [gate | up]

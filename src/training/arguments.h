@@ -108,6 +108,10 @@ struct Args {
   bool swiglu = false;
   bool squared_relu = false;  // --squared-relu: the MLP's activation relu(x)^2 (not gated)
   bool quick_geglu = false;   // --quick-geglu: quick_gelu(x) = x sigmoid(1.702 x), gated
+  // GELU's form (memory_plan.cpp: TransformerConfig::gelu_erf): Megatron's bias_gelu fusion
+  // computes the tanh form, its unfused MLP torch's exact F.gelu; --openai-gelu: tanh always.
+  bool bias_gelu_fusion = true;  // --no-bias-gelu-fusion sets false
+  bool openai_gelu = false;      // --openai-gelu
   double glu_linear_offset = 0.0;  // --glu-linear-offset: act(gate) * (up + offset)
   std::optional<double> activation_func_clamp_value;  // --activation-func-clamp-value
   bool untie_embeddings_and_output_weights = false;
@@ -525,6 +529,10 @@ void validate_args(Args& args, int world_size, bool training = true);
 
 // Megatron's vocabulary padding: the smallest multiple of divisible_by * TP that is
 // >= orig_vocab_size. The message is Megatron's start-up line.
+// Whether the MLP's GELU is the exact one (TransformerConfig::gelu_erf): a GELU MLP (no
+// --swiglu, --squared-relu, --quick-geglu) without --openai-gelu and without Megatron's
+// bias_gelu fusion, which needs biases (validate_activation.cpp).
+bool gelu_is_exact(const Args& a);
 int64_t padded_vocab_size(int64_t orig_vocab_size, int64_t divisible_by, int64_t tp);
 
 // --exit-signal's value: a name of Python's signal.Signals on Linux ("SIGTERM", "SIGUSR1",

@@ -54,6 +54,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
   c.rmsnorm = a.normalization == "RMSNorm", c.norm_epsilon = a.layernorm_epsilon;
   c.zero_centered_gamma = a.layernorm_zero_centered_gamma;
   c.swiglu = a.swiglu, c.squared_relu = a.squared_relu, c.quick_geglu = a.quick_geglu;
+  c.gelu_erf = gelu_is_exact(a);
   c.glu_linear_offset = a.glu_linear_offset;
   c.activation_func_clamp_value = a.activation_func_clamp_value;
   c.tie_embeddings = !a.untie_embeddings_and_output_weights;

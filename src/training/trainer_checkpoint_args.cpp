@@ -262,6 +262,13 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
         !c.tie_embeddings, py(!c.tie_embeddings));
   force("add_bias_linear", a.add_bias_linear, c.add_bias_linear, py(c.add_bias_linear));
   force("add_qkv_bias", a.add_qkv_bias, c.qkv_bias(), py(c.qkv_bias()));
+  // GELU's form (gelu_is_exact): exact, the fused tanh form (biases), or --openai-gelu's.
+  if (!c.swiglu && !c.squared_relu && !c.quick_geglu) {
+    const bool openai = !c.gelu_erf && !c.add_bias_linear;
+    if (c.gelu_erf || c.add_bias_linear)
+      force("bias_gelu_fusion", a.bias_gelu_fusion, !c.gelu_erf, py(!c.gelu_erf));
+    force("openai_gelu", a.openai_gelu, openai, py(openai));
+  }
   force("layernorm_zero_centered_gamma", a.layernorm_zero_centered_gamma, c.zero_centered_gamma,
         py(c.zero_centered_gamma));
   force("hidden_dropout", a.hidden_dropout, c.hidden_dropout, python_float(c.hidden_dropout));

@@ -468,6 +468,25 @@ TEST_P(GpuOp, GeluSwiGLU) {
   cpu::gelu_backward(dy, x, dx, CS());
   gpu::gelu_backward(to_gpu(dy, dt()), gx, gdx, GS());
   EXPECT_CLOSE(gdx, dx, dt());
+  // The exact GELU: the vector kernel on the whole tensor, the scalar one on a view that
+  // starts one element in (not 16-byte aligned); neither is the tanh form's result.
+  cpu::gelu_erf_forward(x, y, CS());
+  gpu::gelu_erf_forward(gx, gy, GS());
+  EXPECT_CLOSE(gy, y, dt());
+  Tensor th = Tensor::empty({T, 2 * F}, DType::F32);
+  cpu::gelu_forward(x, th, CS());
+  EXPECT_GT(rel_err(th, y), 1e-6);
+  cpu::gelu_erf_backward(dy, x, dx, CS());
+  gpu::gelu_erf_backward(to_gpu(dy, dt()), gx, gdx, GS());
+  EXPECT_CLOSE(gdx, dx, dt());
+  {
+    const int64_t n = T * 2 * F - 1;
+    Tensor gxo = gx.view({-1}).narrow(1, n), gyo = gpu_nan({n}, dt());
+    Tensor xo = x.view({-1}).narrow(1, n).clone(), yo = Tensor::empty({n}, DType::F32);
+    cpu::gelu_erf_forward(xo, yo, CS());
+    gpu::gelu_erf_forward(gxo, gyo, GS());
+    EXPECT_CLOSE(gyo, yo, dt());
+  }
 
   Tensor sy = Tensor::empty({T, F}, DType::F32), gsy = gpu_nan({T, F}, dt());
   cpu::swiglu_forward(x, sy, CS());

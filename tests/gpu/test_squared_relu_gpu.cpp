@@ -1,4 +1,5 @@
-// --squared-relu on CUDA against the CPU model (label gpu): loss, logits and every parameter
+// --squared-relu (and the exact GELU, the other activation that runs as an op after fc1's
+// GEMM) on CUDA against the CPU model (label gpu): loss, logits and every parameter
 // gradient after one forward/backward, f32 tight and bf16 loose, a GPT-style model (biases:
 // fc1's bias in the GEMM, then squared_relu_forward), a Llama-style one and one whose second
 // layer is MoE (routed experts through moe_act_scale_*, a shared expert); keeping the
@@ -24,12 +25,14 @@ constexpr int64_t kB = 2, kS = 80, kVocab = 120;
 
 enum class Kind { Gpt, Llama, Moe };
 
-TransformerConfig cfg(Kind kind, Device dev, DType dt) {
+TransformerConfig cfg(Kind kind, Device dev, DType dt,
+                      ops::MlpActivation act = ops::MlpActivation::SquaredRelu) {
   TransformerConfig c;
   c.num_layers = 2, c.kv_channels = 64, c.seq_length = kS, c.max_position_embeddings = 96;
   c.padded_vocab_size = 128, c.hidden_dropout = 0, c.attention_dropout = 0;
   c.seed = 5, c.init_method_std = 0.05, c.device = dev, c.dtype = dt;
-  c.squared_relu = true;
+  c.squared_relu = act == ops::MlpActivation::SquaredRelu;
+  c.gelu_erf = act == ops::MlpActivation::GeluErf;
   c.hidden_size = 128, c.num_attention_heads = 2, c.num_query_groups = 2;
   c.ffn_hidden_size = 512;
   if (kind != Kind::Gpt) {
@@ -70,9 +73,10 @@ void same_params(GPTModel& cm, GPTModel& gm) {
   ops::copy(gm.params().flat_params(), cm.params().flat_params(), GS());
 }
 
-void compare_step(Kind kind, DType dt, double tol_logits, double tol_grad) {
+void compare_step(Kind kind, DType dt, double tol_logits, double tol_grad,
+                  ops::MlpActivation act = ops::MlpActivation::SquaredRelu) {
   MCPP_REQUIRE_GPU();
-  GPTModel cm(cfg(kind, Device::CPU, DType::F32)), gm(cfg(kind, Device::CUDA, dt));
+  GPTModel cm(cfg(kind, Device::CPU, DType::F32, act)), gm(cfg(kind, Device::CUDA, dt, act));
   same_params(cm, gm);
   const auto mb = batch(17);
   model::StepKeys k;
@@ -104,6 +108,11 @@ TEST(GpuSquaredRelu, LlamaF32MatchesCpu) { compare_step(Kind::Llama, DType::F32,
 TEST(GpuSquaredRelu, MoeF32MatchesCpu) { compare_step(Kind::Moe, DType::F32, 1e-5, 1e-4); }
 TEST(GpuSquaredRelu, GptBf16CloseToCpu) { compare_step(Kind::Gpt, DType::BF16, 3e-2, 8e-2); }
 TEST(GpuSquaredRelu, MoeBf16CloseToCpu) { compare_step(Kind::Moe, DType::BF16, 3e-2, 8e-2); }
+constexpr auto kErf = ops::MlpActivation::GeluErf;
+TEST(GpuGeluErf, GptF32MatchesCpu) { compare_step(Kind::Gpt, DType::F32, 1e-5, 1e-4, kErf); }
+TEST(GpuGeluErf, MoeF32MatchesCpu) { compare_step(Kind::Moe, DType::F32, 1e-5, 1e-4, kErf); }
+TEST(GpuGeluErf, GptBf16CloseToCpu) { compare_step(Kind::Gpt, DType::BF16, 3e-2, 8e-2, kErf); }
+TEST(GpuGeluErf, MoeBf16CloseToCpu) { compare_step(Kind::Moe, DType::BF16, 3e-2, 8e-2, kErf); }
 
 TEST(GpuSquaredRelu, KeptAndRecomputedActivationsGiveTheSameBits) {
   MCPP_REQUIRE_GPU();

@@ -1,5 +1,5 @@
-// GELU (tanh form), SwiGLU and squared ReLU: f64 gradients against central differences, forward
-// values against the formulas, f32 (fast exp/tanh) against f64, the fused backward
+// GELU (tanh form and exact), SwiGLU and squared ReLU: f64 gradients against central differences,
+// forward values against the formulas, f32 (fast exp/tanh) against f64, the fused backward
 // (swiglu_backward_recompute) against the two ops bit for bit.
 #include <cstring>
 
@@ -27,6 +27,66 @@ TEST(Gelu, ForwardFormulaAndGradient) {
   Tensor dx = Tensor::empty({4, 6}, DType::F64);
   cpu::gelu_backward(r, x, dx, S());
   EXPECT_LT(rel_err(dx, numeric_grad(x, L)), kGradTol);
+}
+
+// The exact GELU x Phi(x): values at points where Phi is tabulated (independent of libm's
+// erf), the tanh form's distance from it there, the gradient against central differences,
+// f32 against f64, and the activation dispatch (ops::mlp_activation_*) choosing it.
+TEST(GeluErf, TabulatedValuesAndGradient) {
+  // x and Phi(x) (the standard normal CDF, to 16 digits)
+  const double pts[][2] = {{-2.0, 0.022750131948179195},
+                           {-1.0, 0.15865525393145707},
+                           {0.0, 0.5},
+                           {0.5, 0.6914624612740131},
+                           {1.0, 0.8413447460685429},
+                           {2.0, 0.9772498680518208},
+                           {3.0, 0.9986501019683699}};
+  const int64_t n = std::size(pts);
+  Tensor xt = Tensor::empty({n}, DType::F64), yt = Tensor::empty({n}, DType::F64);
+  Tensor yh = Tensor::empty({n}, DType::F64);
+  for (int64_t i = 0; i < n; ++i) xt.data<double>()[i] = pts[i][0];
+  cpu::gelu_erf_forward(xt, yt, S());
+  cpu::gelu_forward(xt, yh, S());
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(yt.data<double>()[i], pts[i][0] * pts[i][1], 1e-15) << "x = " << pts[i][0];
+    if (pts[i][0] == 1.0)  // the tanh form is 0.841192 there: not the same function
+      EXPECT_NEAR(yt.data<double>()[i] - yh.data<double>()[i], 1.5276e-4, 1e-7);
+  }
+
+  Tensor x = randn({4, 6}, 1, 2.0), r = randn({4, 6}, 2);
+  Tensor y = Tensor::empty({4, 6}, DType::F64);
+  auto L = [&] {
+    cpu::gelu_erf_forward(x, y, S());
+    return dot(r, y);
+  };
+  L();
+  Tensor dx = Tensor::empty({4, 6}, DType::F64);
+  cpu::gelu_erf_backward(r, x, dx, S());
+  EXPECT_LT(rel_err(dx, numeric_grad(x, L)), kGradTol);
+
+  // f32 against f64 on a tensor large enough for the threaded loop
+  Tensor xb = randn({129, 203}, 3, 3.0), dyb = randn({129, 203}, 4);
+  Tensor x32 = as(xb, DType::F32), dy32 = as(dyb, DType::F32);
+  Tensor g = Tensor::empty(xb.shape(), DType::F64), g32 = Tensor::empty(xb.shape(), DType::F32);
+  cpu::gelu_erf_forward(xb, g, S());
+  cpu::gelu_erf_forward(x32, g32, S());
+  EXPECT_LT(max_abs_diff(g32, g), 1e-6 * max_abs(g));
+  cpu::gelu_erf_backward(dyb, xb, g, S());
+  cpu::gelu_erf_backward(dy32, x32, g32, S());
+  EXPECT_LT(max_abs_diff(g32, g), 1e-6 * max_abs(g));
+
+  // the dispatch: MlpActivation::GeluErf is this op, Gelu the tanh form
+  Tensor a = Tensor::empty(xb.shape(), DType::F64), b = Tensor::empty(xb.shape(), DType::F64);
+  ops::mlp_activation_forward(ops::MlpActivation::GeluErf, xb, a, Stream::cpu());
+  cpu::gelu_erf_forward(xb, b, S());
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+  ops::mlp_activation_forward(ops::MlpActivation::Gelu, xb, a, Stream::cpu());
+  EXPECT_GT(max_abs_diff(a, b), 1e-4);
+  ops::mlp_activation_backward(ops::MlpActivation::GeluErf, dyb, xb, a, Stream::cpu());
+  cpu::gelu_erf_backward(dyb, xb, b, S());
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+  Tensor bad = Tensor::empty({4, 5}, DType::F64);
+  EXPECT_THROW(cpu::gelu_erf_forward(x, bad, S()), Error);
 }
 
 TEST(SwiGLU, ForwardFormulaAndGradient) {

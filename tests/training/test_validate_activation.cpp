@@ -1,8 +1,8 @@
-// --quick-geglu, --glu-linear-offset, --activation-func-clamp-value and MoE linear biases at
-// start-up: the values reach the model config, and every combination Megatron-LM refuses
+// GELU's form, --quick-geglu, --glu-linear-offset, --activation-func-clamp-value and MoE linear
+// biases at start-up: the values reach the model config, and every combination Megatron-LM refuses
 // (TransformerConfig.__post_init__, core_transformer_config_from_args, TEGroupedMLP,
-// SharedExpertMLP, the ETP-1 rule for MoE biases) is an error naming the flag with a HINT,
-// as are the ones that would change nothing; FP8 training takes them all.
+// SharedExpertMLP, the ETP-1 rule for MoE biases) is an error naming the flag with a HINT, as are
+// the ones that would change nothing; FP8 training takes them all.
 #include <cmath>
 #include <limits>
 
@@ -40,6 +40,27 @@ TEST(ValidateActivation, QuickGegluReachesTheModel) {
   // Megatron takes any clamp for quick_gelu (its SwiGLU checks only): a negative one too.
   EXPECT_NO_THROW(parse_and_validate(
       with(base_argv(), {"--quick-geglu", "--activation-func-clamp-value", "-1"})));
+}
+
+// GELU's form as Megatron's MLP takes it: the bias_gelu fusion's tanh form with biases, torch's
+// exact F.gelu without the fusion (--no-bias-gelu-fusion, or --disable-bias-linear, which
+// switches the fusion off), --openai-gelu's tanh form either way; the other activations ignore
+// both flags.
+TEST(ValidateActivation, GeluFormFollowsTheBiasGeluFusion) {
+  auto kind = [](std::initializer_list<std::string> more) {
+    Args a = parse_and_validate(with(base_argv(), more));
+    EXPECT_EQ(gelu_is_exact(a), model_config(a, Device::CPU, DType::F32).gelu_erf);
+    return model_config(a, Device::CPU, DType::F32).activation().kind;
+  };
+  EXPECT_EQ(kind({}), MlpActivation::Gelu);
+  EXPECT_EQ(kind({"--no-bias-gelu-fusion"}), MlpActivation::GeluErf);
+  EXPECT_EQ(kind({"--disable-bias-linear"}), MlpActivation::GeluErf);
+  EXPECT_EQ(kind({"--disable-bias-linear", "--openai-gelu"}), MlpActivation::Gelu);
+  EXPECT_EQ(kind({"--no-bias-gelu-fusion", "--openai-gelu"}), MlpActivation::Gelu);
+  EXPECT_EQ(kind({"--openai-gelu"}), MlpActivation::Gelu);
+  EXPECT_EQ(kind({"--swiglu", "--no-bias-gelu-fusion"}), MlpActivation::Swiglu);
+  EXPECT_EQ(kind({"--squared-relu", "--disable-bias-linear"}), MlpActivation::SquaredRelu);
+  EXPECT_EQ(kind({"--quick-geglu", "--disable-bias-linear"}), MlpActivation::QuickGeglu);
 }
 
 TEST(ValidateActivation, OneActivation) {

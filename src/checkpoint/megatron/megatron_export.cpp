@@ -229,11 +229,12 @@ Py make_args(const ExportSource& s, const ExportOptions& o) {
         c.activation_func_clamp_value ? Py::real(*c.activation_func_clamp_value) : Py::none());
   if (c.swiglu) a.set("bias_swiglu_fusion", Py::boolean(c.glu_linear_offset == 0));
   a.set("softmax_type", Py::str(model::softmax_type_name(c.softmax_type)));  // attention sinks
-  // megatron.cpp's GELU is the tanh form: Megatron's bias_gelu fusion, or --openai-gelu
-  // (squared ReLU: neither; Megatron refuses the bias_gelu fusion with it)
-  const bool gelu = !c.swiglu && !c.squared_relu && !c.quick_geglu;
-  a.set("bias_gelu_fusion", Py::boolean(gelu && c.add_bias_linear));
-  a.set("openai_gelu", Py::boolean(gelu && !c.add_bias_linear));
+  // GELU's form as Megatron's flags give it: the tanh form through the bias_gelu fusion (with
+  // biases) or --openai-gelu (without), the exact one with neither (squared ReLU: neither;
+  // Megatron refuses the bias_gelu fusion with it)
+  const bool tanh = !c.swiglu && !c.squared_relu && !c.quick_geglu && !c.gelu_erf;
+  a.set("bias_gelu_fusion", Py::boolean(tanh && c.add_bias_linear));
+  a.set("openai_gelu", Py::boolean(tanh && !c.add_bias_linear));
   a.set("untie_embeddings_and_output_weights", Py::boolean(!c.tie_embeddings));
   a.set("add_bias_linear", Py::boolean(c.add_bias_linear));
   a.set("add_qkv_bias", Py::boolean(c.add_qkv_bias));

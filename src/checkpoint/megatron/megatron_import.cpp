@@ -196,6 +196,10 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
   // --quick-geglu (core_transformer_config_from_args: squared_relu wins over it, swiglu is
   // asserted against) and the gated units' offset and clamp (None: none).
   c.quick_geglu = flag("quick_geglu", false) && !c.squared_relu;
+  // GELU's form (training/validate_activation.cpp, gelu_is_exact): the bias_gelu fusion's tanh
+  // form with biases, --openai-gelu's tanh form, else torch's exact F.gelu.
+  c.gelu_erf = !c.swiglu && !c.squared_relu && !c.quick_geglu && !flag("openai_gelu", false) &&
+               !(flag("bias_gelu_fusion", true) && flag("add_bias_linear", true));
   c.glu_linear_offset = f64("glu_linear_offset", 0.0);
   if (arg(a, "activation_func_clamp_value"))
     c.activation_func_clamp_value = f64("activation_func_clamp_value", 0.0);
@@ -283,11 +287,6 @@ model::TransformerConfig config_from_args(const Value& a, const std::string& wha
              "vocab {}, ffn {}, eps {})",
              what, c.num_attention_heads, c.num_query_groups, c.kv_channels, c.padded_vocab_size,
              c.ffn_hidden_size, c.norm_epsilon);
-  if (!c.swiglu && !c.squared_relu && !c.quick_geglu && !flag("openai_gelu", false) &&
-      !(flag("bias_gelu_fusion", true) && c.add_bias_linear))
-    notes.push_back(
-        "the Megatron model used the exact (erf) GELU; megatron.cpp computes the tanh form "
-        "(Megatron's --openai-gelu / bias_gelu fusion): logits differ by about 1e-3");
   return c;
 }
 

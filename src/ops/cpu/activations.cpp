@@ -1,10 +1,11 @@
-// GELU (tanh form), SwiGLU, squared ReLU and the gated units with offset and clamp (glu_*:
-// quick-GEGLU, SwiGLU) on the CPU; one dtype per call, f32 or f64.
-//   gelu, squared_relu: x, y, dy, dx: any shape, same numel.      y, dx overwritten (=)
+// GELU (tanh form and exact), SwiGLU, squared ReLU and the gated units with offset and clamp
+// (glu_*: quick-GEGLU, SwiGLU) on the CPU; one dtype per call, f32 or f64.
+//   gelu, gelu_erf, squared_relu: x, y, dy, dx: any shape, same numel.  y, dx overwritten (=)
 //   swiglu, glu: x, dx: [..., 2F] = [gate | up]; y, dy: [..., F]. y, dx overwritten (=)
 //   swiglu_backward_recompute: swiglu_backward and swiglu_forward in one pass over x.
 // f32 evaluates exp/tanh with the vectorisable exp_fast (cpu_common.h); f64 with libm,
-// so the f64 path stays the accurate reference for gradient checks.
+// so the f64 path stays the accurate reference for gradient checks. The exact GELU takes
+// libm's erf and exp in either precision.
 #include "ops/cpu/cpu_common.h"
 
 namespace mcpp::ops::cpu {
@@ -75,6 +76,29 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
     const R t = tanh_fast(R(kGeluC) * (v + R(kGeluA) * v2 * v));
     return R(0.5) * (R(1) + t) +
            R(0.5) * v * (R(1) - t * t) * R(kGeluC) * (R(1) + R(3 * kGeluA) * v2);
+  });
+}
+
+// ---- the exact GELU ------------------------------------------------------------------
+
+namespace {
+constexpr double kInvSqrt2 = 0.7071067811865476, kInvSqrt2Pi = 0.3989422804014327;
+}  // namespace
+
+// y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 (libm's erf in the dtype's precision).
+void gelu_erf_forward(const Tensor& x, Tensor& y, Stream& s) {
+  map_forward("gelu_erf_forward", x, y, s, [](auto v) {
+    using R = decltype(v);
+    return R(0.5) * v * (R(1) + std::erf(v * R(kInvSqrt2)));
+  });
+}
+
+// d/dx = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+void gelu_erf_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  map_backward("gelu_erf_backward", dy, x, dx, s, [](auto v) {
+    using R = decltype(v);
+    return R(0.5) * (R(1) + std::erf(v * R(kInvSqrt2))) +
+           v * R(kInvSqrt2Pi) * std::exp(R(-0.5) * v * v);
   });
 }
 

@@ -122,6 +122,7 @@ void act_forward(const Tensor& fc1, MlpAct a, Tensor& act, Stream& s) {
   if (a.plain_swiglu()) return swiglu_forward(fc1, act, s);
   if (a.gated()) return cpu::glu_forward(fc1, a, act, s);  // (not ops::, found by ADL)
   if (a.kind == MlpActivation::SquaredRelu) return squared_relu_forward(fc1, act, s);
+  if (a.kind == MlpActivation::GeluErf) return gelu_erf_forward(fc1, act, s);
   gelu_forward(fc1, act, s);
 }
 
@@ -129,6 +130,7 @@ void act_backward(const Tensor& dact, const Tensor& fc1, MlpAct a, Tensor& dx, S
   if (a.plain_swiglu()) return swiglu_backward(dact, fc1, dx, s);
   if (a.gated()) return cpu::glu_backward(dact, fc1, a, dx, s);
   if (a.kind == MlpActivation::SquaredRelu) return squared_relu_backward(dact, fc1, dx, s);
+  if (a.kind == MlpActivation::GeluErf) return gelu_erf_backward(dact, fc1, dx, s);
   gelu_backward(dact, fc1, dx, s);
 }
 

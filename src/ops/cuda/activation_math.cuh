@@ -13,6 +13,8 @@
 //   d/dg = [g <= C] dy (u' + o) s (1 + k g' (1 - s)),  d/du = [-C <= u <= C] dy g' s,
 //   s = sigmoid(k g'); at k 1 without offset and clamp, swiglu's expressions (the same bits)
 //   squared_relu(x) = relu(x)^2,  d/dx = dy 2 relu(x)   (exact in every dtype's f32 math)
+//   gelu_erf(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)),  d/dx = Phi(x) + x phi(x),
+//   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)   (erff / expf in every dtype: no fast form)
 // FAST (every 16-bit activation dtype: kFastMath<T>) takes the sigmoid forms with the
 // hardware exp2 and reciprocal (__expf, __fdividef: a few f32 ulps, where tanhf, expf and
 // an IEEE division cost ~40 instructions and made the fused FP8 casts compute-bound: 1.5x
@@ -67,6 +69,15 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
 template <bool FAST>
 __device__ __forceinline__ float swiglu_f(float g, float u) {
   return g * sigmoid_f<FAST>(g) * u;
+}
+
+// The exact GELU (torch's F.gelu) and its derivative.
+constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+__device__ __forceinline__ float gelu_erf_f(float x) {
+  return 0.5f * x * (1.f + erff(x * kInvSqrt2));
+}
+__device__ __forceinline__ float gelu_erf_grad_f(float x) {
+  return 0.5f * (1.f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
 }
 
 // Both gradients from one sigmoid.

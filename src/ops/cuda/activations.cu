@@ -1,5 +1,5 @@
-// GELU (tanh form), SwiGLU, squared ReLU and the gated units with offset and clamp (glu_*:
-// quick-GEGLU, SwiGLU), forward above backward. x, y, dy, dx: one activation dtype (f32,
+// GELU (tanh form and exact), SwiGLU, squared ReLU and the gated units with offset and clamp
+// (glu_*: quick-GEGLU, SwiGLU), forward above backward. x, y, dy, dx: one activation dtype (f32,
 // bf16, f16), f32 arithmetic; every output is overwritten (`=`). The element math (and its
 // fast forms for 16-bit dtypes) is activation_math.cuh's.
 // swiglu_backward_recompute writes both from one read of x (the MLP backward).
@@ -23,6 +23,12 @@ template <typename T>
 struct GeluOp {
   static __device__ __forceinline__ float f(float x) { return gelu_f<kFastMath<T>>(x); }
   static __device__ __forceinline__ float grad(float x) { return gelu_grad_f<kFastMath<T>>(x); }
+};
+// The exact GELU: y = x Phi(x) (erf form, every dtype).
+template <typename T>
+struct GeluErfOp {
+  static __device__ __forceinline__ float f(float x) { return gelu_erf_f(x); }
+  static __device__ __forceinline__ float grad(float x) { return gelu_erf_grad_f(x); }
 };
 // Squared ReLU: y = relu(x)^2, dx = dy * 2 relu(x).
 template <typename T>
@@ -250,6 +256,12 @@ void gelu_forward(const Tensor& x, Tensor& y, Stream& s) {
 }
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
   act_backward<GeluOp>(dy, x, dx, s, "gelu_backward");
+}
+void gelu_erf_forward(const Tensor& x, Tensor& y, Stream& s) {
+  act_forward<GeluErfOp>(x, y, s, "gelu_erf_forward");
+}
+void gelu_erf_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream& s) {
+  act_backward<GeluErfOp>(dy, x, dx, s, "gelu_erf_backward");
 }
 void squared_relu_forward(const Tensor& x, Tensor& y, Stream& s) {
   act_forward<SquaredReluOp>(x, y, s, "squared_relu_forward");

@@ -253,6 +253,8 @@ __device__ __forceinline__ void act_vec(const T* fc1, int64_t r, int64_t c, int6
       a[k] = to_f(from_f<T>(glu_f<kFast, A == MlpActivation::QuickGeglu>(gp, g[k], u[k])));
     else if constexpr (A == MlpActivation::SquaredRelu)
       a[k] = to_f(from_f<T>(squared_relu_f(g[k])));
+    else if constexpr (A == MlpActivation::GeluErf)
+      a[k] = to_f(from_f<T>(gelu_erf_f(g[k])));
     else
       a[k] = to_f(from_f<T>(gelu_f<kFast>(g[k])));
   }
@@ -309,6 +311,8 @@ __global__ void __launch_bounds__(256)
             glu_grad_f<kFast, A == MlpActivation::QuickGeglu>(gp, dact, g[k], u[k], dg[k], du[k]);
           else if constexpr (A == MlpActivation::SquaredRelu)
             dg[k] = dact * squared_relu_grad_f(g[k]);
+          else if constexpr (A == MlpActivation::GeluErf)
+            dg[k] = dact * gelu_erf_grad_f(g[k]);
           else
             dg[k] = dact * gelu_grad_f<kFast>(g[k]);
         }
@@ -383,6 +387,7 @@ void dispatch_act_vec(MlpActivation a, bool vec, Fn&& f, std::integral_constant<
   using Qg = std::integral_constant<MlpActivation, MlpActivation::QuickGeglu>;
   using Sq = std::integral_constant<MlpActivation, MlpActivation::SquaredRelu>;
   using Ge = std::integral_constant<MlpActivation, MlpActivation::Gelu>;
+  using Gx = std::integral_constant<MlpActivation, MlpActivation::GeluErf>;
   using VP = std::integral_constant<int, P>;
   using V1 = std::integral_constant<int, 1>;
   switch (a) {
@@ -390,6 +395,7 @@ void dispatch_act_vec(MlpActivation a, bool vec, Fn&& f, std::integral_constant<
     case MlpActivation::QuickGeglu: return vec ? f(Qg{}, VP{}) : f(Qg{}, V1{});
     case MlpActivation::SquaredRelu: return vec ? f(Sq{}, VP{}) : f(Sq{}, V1{});
     case MlpActivation::Gelu: return vec ? f(Ge{}, VP{}) : f(Ge{}, V1{});
+    case MlpActivation::GeluErf: return vec ? f(Gx{}, VP{}) : f(Gx{}, V1{});
   }
 }
 

@@ -1,8 +1,9 @@
-// --squared-relu (Megatron's squared_relu, Primer): the MLP activation relu(x)^2 in the dense
-// MLP, the routed experts and the shared experts. f64 on the CPU: gradients against central
-// differences (GPT- and Llama-style, dense and MoE, dropout on), a function other than GELU,
-// keeping / recomputing the activation bit for bit, and generation with the KV cache against
-// the full forward.
+// The MLP activations that run as an op after fc1's GEMM, in the dense MLP, the routed experts
+// and the shared experts: --squared-relu (Megatron's squared_relu, Primer: relu(x)^2) and the
+// exact GELU (torch's F.gelu: Megatron's MLP without the bias_gelu fusion). f64 on the CPU:
+// gradients against central differences (GPT- and Llama-style, dense and MoE, dropout on), a
+// function other than the tanh-form GELU, keeping / recomputing the activation bit for bit,
+// and generation with the KV cache against the full forward.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -22,12 +23,23 @@ using namespace mcpp;
 using model::GPTModel;
 using model::TransformerConfig;
 
-namespace squared_relu_test {
+namespace mlp_activation_test {
 
-TransformerConfig tiny_relu2(bool llama, int layers, double dropout) {
-  TransformerConfig c = model::test::tiny(llama, layers, dropout);
-  c.swiglu = false, c.squared_relu = true;
+using ops::MlpActivation;
+const MlpActivation kActs[] = {MlpActivation::SquaredRelu, MlpActivation::GeluErf};
+
+// A tiny model whose MLP activation is act (squared ReLU or the exact GELU).
+TransformerConfig with_act(TransformerConfig c, MlpActivation act) {
+  c.swiglu = false;
+  c.squared_relu = act == MlpActivation::SquaredRelu;
+  c.gelu_erf = act == MlpActivation::GeluErf;
   return c;
+}
+TransformerConfig tiny_act(MlpActivation act, bool llama, int layers, double dropout) {
+  return with_act(model::test::tiny(llama, layers, dropout), act);
+}
+const char* act_name(MlpActivation a) {
+  return a == MlpActivation::SquaredRelu ? "squared-relu" : "gelu-erf";
 }
 
 void add_moe(TransformerConfig& c, std::vector<int64_t> pattern, int64_t shared) {
@@ -77,35 +89,49 @@ void fd_check(const TransformerConfig& cfg) {
 }
 
 
-TEST(SquaredReluGrad, DenseFiniteDifferences) {
-  fd_check(tiny_relu2(false, 2, 0.2));  // GPT-style: biases, LayerNorm, dropout
-  fd_check(tiny_relu2(true, 1, 0.0));   // Llama-style: RoPE, RMSNorm, no biases
-}
-
-TEST(SquaredReluGrad, MoeRoutedAndSharedExpertsFiniteDifferences) {
-  TransformerConfig c = tiny_relu2(true, 2, 0.2);
-  add_moe(c, {0, 1}, 10);  // a dense layer, then routed + shared experts
-  fd_check(c);
-  c.moe.shared_expert_gate = true;
-  fd_check(c);
-}
-
-TEST(SquaredRelu, IsAnotherFunctionThanGeluAndNotGated) {
-  // The same parameters (fc1 [F, H] both: not gated) give another loss than GELU's.
-  for (bool moe : {false, true}) {
-    TransformerConfig c = tiny_relu2(false, 2, 0.0);
-    if (moe) add_moe(c, {1, 1}, 0);
-    GPTModel a(c);
-    c.squared_relu = false;
-    GPTModel b(c);
-    ASSERT_EQ(a.params().flat_params().numel(), b.params().flat_params().numel());
-    std::memcpy(b.params().flat_params().raw(), a.params().flat_params().raw(),
-                a.params().flat_params().nbytes());
-    const auto mb = random_batch(2, c.seq_length, 13, 4);
-    const double la = a.forward(mb, {}), lb = b.forward(mb, {});
-    EXPECT_GT(std::abs(la - lb), 1e-3 * std::abs(lb)) << "moe " << moe;
+TEST(MlpActivationGrad, DenseFiniteDifferences) {
+  for (MlpActivation act : kActs) {
+    SCOPED_TRACE(act_name(act));
+    fd_check(tiny_act(act, false, 2, 0.2));  // GPT-style: biases, LayerNorm, dropout
+    fd_check(tiny_act(act, true, 1, 0.0));   // Llama-style: RoPE, RMSNorm, no biases
   }
-  TransformerConfig both = tiny_relu2(true, 1, 0.0);
+}
+
+TEST(MlpActivationGrad, MoeRoutedAndSharedExpertsFiniteDifferences) {
+  for (MlpActivation act : kActs) {
+    SCOPED_TRACE(act_name(act));
+    TransformerConfig c = tiny_act(act, true, 2, 0.2);
+    add_moe(c, {0, 1}, 10);  // a dense layer, then routed + shared experts
+    fd_check(c);
+    c.moe.shared_expert_gate = true;
+    fd_check(c);
+  }
+}
+
+TEST(MlpActivation, IsAnotherFunctionThanTanhGeluAndNotGated) {
+  // The same parameters (fc1 [F, H] both: not gated) give another loss than the tanh-form
+  // GELU's; the exact GELU differs from it by at most ~2e-4 an element, so by less.
+  for (MlpActivation act : kActs)
+    for (bool moe : {false, true}) {
+      TransformerConfig c = tiny_act(act, false, 2, 0.0);
+      if (moe) add_moe(c, {1, 1}, 0);
+      ASSERT_EQ(c.activation().kind, act);
+      GPTModel a(c);
+      c = with_act(c, MlpActivation::Gelu);
+      ASSERT_EQ(c.activation().kind, MlpActivation::Gelu);
+      GPTModel b(c);
+      ASSERT_EQ(a.params().flat_params().numel(), b.params().flat_params().numel());
+      std::memcpy(b.params().flat_params().raw(), a.params().flat_params().raw(),
+                  a.params().flat_params().nbytes());
+      const auto mb = random_batch(2, c.seq_length, 13, 4);
+      const double la = a.forward(mb, {}), lb = b.forward(mb, {});
+      const double tol = act == MlpActivation::SquaredRelu ? 1e-3 : 1e-8;
+      EXPECT_GT(std::abs(la - lb), tol * std::abs(lb)) << act_name(act) << " moe " << moe;
+    }
+  TransformerConfig erf_swiglu = model::test::tiny(true, 1, 0.0);
+  erf_swiglu.swiglu = true, erf_swiglu.gelu_erf = true;
+  EXPECT_THROW(erf_swiglu.validate(), Error);
+  TransformerConfig both = tiny_act(MlpActivation::SquaredRelu, true, 1, 0.0);
   both.swiglu = true;
   try {
     both.validate();
@@ -153,15 +179,17 @@ void expect_same(const Training& t, const Training& ref) {
 }
 
 
-TEST(SquaredRelu, KeepingAndRecomputingTrainBitwiseAlike) {
+TEST(MlpActivation, KeepingAndRecomputingTrainBitwiseAlike) {
   // --keep-mlp-activations, --recompute-modules mlp and full recomputation run the same
   // element ops and GEMMs as recomputing the activation from fc1's output in backward.
   using RC = TransformerConfig::Recompute;
+  for (MlpActivation act : kActs)
   for (bool llama : {false, true})
     for (DType dt : {DType::F32, DType::F64})
       for (bool moe : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} {} moe {}", llama ? "llama" : "gpt", dtype_name(dt), moe));
-        TransformerConfig c = tiny_relu2(llama, 3, 0.1);
+        SCOPED_TRACE(fmt::format("{} {} {} moe {}", act_name(act), llama ? "llama" : "gpt",
+                                 dtype_name(dt), moe));
+        TransformerConfig c = tiny_act(act, llama, 3, 0.1);
         c.dtype = dt;
         if (moe) add_moe(c, {0, 1, 0}, 10);
         const Training ref = train(c);
@@ -181,14 +209,14 @@ TEST(SquaredRelu, KeepingAndRecomputingTrainBitwiseAlike) {
       }
 }
 
-TEST(SquaredRelu, GenerationMatchesTheFullForward) {
-  // Greedy decoding with the KV cache (one row a step through linear_decode, then
-  // squared_relu_forward) against the training model's full forward of the whole sequence.
+TEST(MlpActivation, GenerationMatchesTheFullForward) {
+  // Greedy decoding with the KV cache (one row a step through linear_decode, then the
+  // activation op) against the training model's full forward of the whole sequence.
+  for (MlpActivation act : kActs)
   for (bool llama : {false, true})
     for (bool moe : {false, true}) {
-      SCOPED_TRACE(fmt::format("{} moe {}", llama ? "llama" : "gpt", moe));
-      TransformerConfig cfg = test::tiny_config(llama, DType::F64);
-      cfg.swiglu = false, cfg.squared_relu = true;
+      SCOPED_TRACE(fmt::format("{} {} moe {}", act_name(act), llama ? "llama" : "gpt", moe));
+      TransformerConfig cfg = with_act(test::tiny_config(llama, DType::F64), act);
       if (moe) {
         cfg.add_bias_linear = false;
         cfg.moe.num_experts = 4, cfg.moe.topk = 2, cfg.moe.ffn_hidden_size = 16;
@@ -200,4 +228,4 @@ TEST(SquaredRelu, GenerationMatchesTheFullForward) {
     }
 }
 
-}  // namespace squared_relu_test
+}  // namespace mlp_activation_test
