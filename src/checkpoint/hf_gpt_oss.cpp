@@ -58,6 +58,9 @@ void check_exportable(const model::TransformerConfig& c) {
        "its router is Megatron's default: drop the other router flags");
   need(m.shared_ffn_hidden_size == 0, "shared experts (--moe-shared-expert-intermediate-size)",
        "it has routed experts only");
+  need(!m.apply_probs_on_input,
+       "the probabilities applied to the experts' input (--moe-apply-probs-on-input)",
+       "its experts weight their outputs: train without --moe-apply-probs-on-input");
   need(m.capacity_factor == 0, "token dropping (--moe-expert-capacity-factor)", "it is dropless");
   need(!c.qk_layernorm, "q/k norms (--qk-layernorm)", "it has none");
 }

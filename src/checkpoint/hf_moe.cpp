@@ -99,6 +99,9 @@ MoeArch moe_arch_of(const model::TransformerConfig& c) {
   auto need = [&](bool ok, const char* what, const char* hint) {
     MCPP_CHECK_HINT(ok, hint, "this mixture-of-experts model has no {} equivalent: {}", arch, what);
   };
+  need(!m.apply_probs_on_input,
+       "the probabilities applied to the experts' input (--moe-apply-probs-on-input)",
+       "its experts weight their outputs: train without --moe-apply-probs-on-input");
   need(c.rope && c.rmsnorm && c.swiglu && c.rotary_percent == 1.0,
        "it is RoPE (all dims) + RMSNorm + SwiGLU",
        "use --position-embedding-type rope --normalization RMSNorm --swiglu");

@@ -45,7 +45,8 @@ json moe_config_json(const model::TransformerConfig::Moe& m) {
           {"pad_to_capacity", m.pad_to_capacity},
           {"drop_by_position", m.drop_by_position},
           {"shared_ffn_hidden_size", m.shared_ffn_hidden_size},
-          {"shared_expert_gate", m.shared_expert_gate}};
+          {"shared_expert_gate", m.shared_expert_gate},
+          {"apply_probs_on_input", m.apply_probs_on_input}};
 }
 
 model::TransformerConfig::Moe moe_config_from_json(const json& j) {
@@ -90,6 +91,7 @@ model::TransformerConfig::Moe moe_config_from_json(const json& j) {
   m.drop_by_position = j.at("drop_by_position");
   m.shared_ffn_hidden_size = j.at("shared_ffn_hidden_size");
   m.shared_expert_gate = j.at("shared_expert_gate");
+  m.apply_probs_on_input = j.value("apply_probs_on_input", false);  // (absent: before the flag)
   return m;
 }
 

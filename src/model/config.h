@@ -260,6 +260,9 @@ struct TransformerConfig {
     int64_t shared_ffn_hidden_size = 0;      // --moe-shared-expert-intermediate-size
     bool shared_expert_gate = false;         // --moe-shared-expert-gate
     bool shared_expert_overlap = false;      // --moe-shared-expert-overlap
+    // --moe-apply-probs-on-input (top-1): the experts' input rows scaled by their probability
+    // before fc1 instead of the activation after it (experts.h); in checkpoint metadata.
+    bool apply_probs_on_input = false;
     // Expert parallelism: this rank holds experts [ep_rank*El, (ep_rank+1)*El), El = E/ep_size
     // (--expert-model-parallel-size; the layout's, never in checkpoint metadata).
     int64_t ep_size = 1, ep_rank = 0;

@@ -483,6 +483,7 @@ struct Args {
   std::optional<int64_t> moe_shared_expert_intermediate_size;
   bool moe_shared_expert_gate = false;
   bool moe_shared_expert_overlap = false;  // the shared expert on a side stream (CUDA)
+  bool moe_apply_probs_on_input = false;   // top-1: probabilities on the experts' input
   std::optional<int64_t> expert_tensor_parallel_size;     // default: TP
   bool moe_per_layer_logging = false;
   bool moe_router_padding_for_fp8 = false;  // FP8: expert row counts padded to 16 (routing.h)

@@ -157,6 +157,7 @@ model::TransformerConfig model_config(const Args& a, Device dev, DType dt) {
     m.shared_ffn_hidden_size = a.moe_shared_expert_intermediate_size.value_or(0);
     m.shared_expert_gate = a.moe_shared_expert_gate;
     m.shared_expert_overlap = a.moe_shared_expert_overlap;
+    m.apply_probs_on_input = a.moe_apply_probs_on_input;
     m.alltoall = a.moe_token_dispatcher_type != "allgather";  // alltoall, or flex (its math)
     // Expert parallelism: E / EP experts per rank (every EP rank holds as many; the trainer
     // sets its own ep_rank, the plan counts rank 0's).

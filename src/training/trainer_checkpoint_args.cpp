@@ -310,6 +310,8 @@ void apply_checkpoint_args(Args& a, const std::optional<LoadSource>& src) {
         m.topk_scaling_factor != 0 ? std::optional<double>(m.topk_scaling_factor) : std::nullopt;
     force("moe_router_topk_scaling_factor", a.moe_router_topk_scaling_factor, scaling,
           scaling ? python_float(*scaling) : "None");
+    force("moe_apply_probs_on_input", a.moe_apply_probs_on_input, m.apply_probs_on_input,
+          py(m.apply_probs_on_input));
   }
   log::info("--use-checkpoint-args: {} model arguments from {}", taken, dir);
 }

@@ -204,7 +204,7 @@ void validate_moe(Args& a) {
           "moe_shared_expert_overlap",
           "moe_per_layer_logging", "moe_layer_freq", "moe_router_padding_for_fp8",
           "moe_use_upcycling", "moe_upcycling_granularity", "moe_router_force_load_balancing",
-          "moe_router_force_biased", "moe_input_jitter_eps"})
+          "moe_router_force_biased", "moe_input_jitter_eps", "moe_apply_probs_on_input"})
       MCPP_CHECK_HINT(!a.was_given(f), "add --num-experts E, or drop the flag",
                       "{} applies to mixture-of-experts models only, and --num-experts was "
                       "not given",
@@ -323,6 +323,14 @@ void validate_moe(Args& a) {
                   score);
   MCPP_CHECK_HINT(a.moe_router_bias_update_rate >= 0, "give a rate >= 0, e.g. 1e-3",
                   "--moe-router-bias-update-rate {} is negative", a.moe_router_bias_update_rate);
+  // Megatron's experts assert top-1 for it: with k experts a row's input would be scaled by
+  // one probability and its k outputs summed unweighted.
+  MCPP_CHECK_HINT(!a.moe_apply_probs_on_input || a.moe_router_topk == 1,
+                  "use --moe-router-topk 1 (Llama 4's routing), or drop "
+                  "--moe-apply-probs-on-input",
+                  "--moe-apply-probs-on-input works with --moe-router-topk 1 only (as in "
+                  "Megatron-LM), not {}",
+                  a.moe_router_topk);
   if (a.moe_input_jitter_eps)  // torch's Uniform(1 - eps, 1 + eps) needs low < high
     MCPP_CHECK_HINT(*a.moe_input_jitter_eps > 0, "give a small positive epsilon, e.g. 0.01",
                     "--moe-input-jitter-eps {} must be positive", *a.moe_input_jitter_eps);

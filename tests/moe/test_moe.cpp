@@ -25,6 +25,7 @@
 #include "model/moe/moe_layer.h"
 #include "model/memory_estimate.h"
 #include "model/moe/routing.h"
+#include "moe_layer_harness.h"
 #include "moe_test_util.h"
 #include "ops/ops.h"
 #include "training/arguments.h"
@@ -788,6 +789,55 @@ TEST(MoeModelGrad, SharedExpertsWithAndWithoutGateInterleavedLayers) {
   model_fd(c);
 }
 
+// --moe-apply-probs-on-input (top-1): whole models against finite differences (sigmoid
+// routing with SwiGLU experts and dropout; pre-softmax with GELU experts and their biases).
+TEST(MoeModelGrad, ProbsOnInputTop1) {
+  auto c = tiny_moe(true, 2, 0.2);
+  c.moe.topk = 1, c.moe.score = Score::Sigmoid, c.moe.apply_probs_on_input = true;
+  model_fd(c);
+  auto g = tiny_moe(false, 2, 0.1);
+  g.add_bias_linear = true;
+  g.moe.topk = 1, g.moe.pre_softmax = true, g.moe.apply_probs_on_input = true;
+  model_fd(g);
+}
+
+// The function, by a property independent of the implementation: squared-ReLU experts without
+// biases are homogeneous of degree 2, so scaling a row's input by p scales its output by p^2:
+// each token's output with the probability on the input is p times its output with the
+// probability after the activation, p = sigmoid of its best logit (computed here from the
+// router's weight, the layer's first parameter [E, H], and the harness's input).
+TEST(MoeLayer, ProbsOnInputScalesTheExpertsInput) {
+  TransformerConfig c = tiny_moe(false, 1, 0.0);
+  c.squared_relu = true, c.moe.topk = 1, c.moe.score = Score::Sigmoid;
+  const int64_t S = 6, B = 2, H = c.hidden_size, E = c.moe.num_experts;
+  const auto place = moe::MoeLayer::RoutingPlace::Host;
+  const test::MoeLayerRun after = test::run_moe_layer(c, nullptr, place, S, B, 5);
+  c.moe.apply_probs_on_input = true;
+  const test::MoeLayerRun on = test::run_moe_layer(c, nullptr, place, S, B, 5, &after.params);
+  double pmin = 1, worst = 0;
+  for (int64_t t = 0; t < S * B; ++t) {
+    double best = -1e300;
+    for (int64_t e = 0; e < E; ++e) {
+      double l = 0;
+      for (int64_t h = 0; h < H; ++h)
+        l += after.params[size_t(e * H + h)] * Philox::normal(5, 1, uint64_t(t * H + h));
+      best = std::max(best, l);
+    }
+    const double p = 1 / (1 + std::exp(-best));
+    pmin = std::min(pmin, p);
+    for (int64_t h = 0; h < H; ++h) {
+      const size_t i = size_t(t * H + h);
+      worst = std::max(worst, std::abs(on.y[i] - p * after.y[i]) / (1e-3 + std::abs(on.y[i])));
+    }
+  }
+  EXPECT_LT(worst, 1e-12);
+  EXPECT_LT(pmin, 0.9);  // the probabilities are not all near 1: the property has teeth
+  double differ = 0;
+  for (size_t i = 0; i < on.y.size(); ++i) differ = std::max(differ, std::abs(on.y[i] - after.y[i]));
+  EXPECT_GT(differ, 1e-3);
+  EXPECT_EQ(on.tokens_per_expert, after.tokens_per_expert);  // the same routing
+}
+
 // sqrtsoftplus with the expert bias and every aux-loss type at once in a whole model.
 TEST(MoeModelGrad, SqrtSoftplusExpertBiasAndEveryAuxLossType) {
   auto c = tiny_moe(true, 2, 0.2);
@@ -1042,6 +1092,15 @@ TEST(MoeFlags, StartUpErrorsNameTheFlag) {
                 .find("--moe-expert-capacity-factor"),
             std::string::npos);
   EXPECT_NE(start_up_error({"--moe-router-topk", "4"}).find("--num-experts"), std::string::npos);
+  EXPECT_NE(start_up_error({"--num-experts", "4", "--moe-apply-probs-on-input"})
+                .find("--moe-apply-probs-on-input works with --moe-router-topk 1 only"),
+            std::string::npos);
+  EXPECT_EQ(start_up_error({"--num-experts", "4", "--moe-router-topk", "1",
+                            "--moe-router-score-function", "sigmoid",
+                            "--moe-apply-probs-on-input"}),
+            "");
+  EXPECT_NE(start_up_error({"--moe-apply-probs-on-input"}).find("--num-experts"),
+            std::string::npos);
   EXPECT_NE(start_up_error({"--num-experts", "4", "--tensor-model-parallel-size", "2"})
                 .find("--sequence-parallel"),
             std::string::npos);

@@ -458,6 +458,24 @@ TEST(GpuMoeModel, F32SigmoidGroupsBiasMatchesCpu) {
                   "sigmoid");
 }
 
+// --moe-apply-probs-on-input (top-1, sigmoid routing, with and without the experts' biases;
+// the exact-GELU experts too): the rows scaled before fc1 on the device as on the CPU.
+TEST(GpuMoeModel, F32ProbsOnInputMatchesCpu) {
+  MCPP_REQUIRE_GPU();
+  for (int variant = 0; variant < 3; ++variant) {
+    auto cc = moe_cfg(Device::CPU, DType::F32), gc = moe_cfg(Device::CUDA, DType::F32);
+    for (auto* c : {&cc, &gc}) {
+      c->moe.topk = 1, c->moe.score = TransformerConfig::Moe::Score::Sigmoid;
+      c->moe.apply_probs_on_input = true;
+      c->moe.shared_ffn_hidden_size = 0, c->moe.shared_expert_gate = false;
+      if (variant == 1) c->add_bias_linear = true;
+      if (variant == 2) c->swiglu = false, c->gelu_erf = true;
+    }
+    f32_matches_cpu(cc, gc, variant == 0 ? "probs on input" : variant == 1
+                                ? "probs on input, biases" : "probs on input, exact GELU");
+  }
+}
+
 // gpt-oss's MLP: quick-GEGLU with offset 1 and a clamp that cuts (0.3: these layers' fc1
 // outputs are ~0.5), the router's and the experts' linear biases (fc2's times the routing
 // weight), a dense quick-GEGLU layer first; f32 against the CPU model, then bf16 close to it.

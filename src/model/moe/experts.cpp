@@ -145,11 +145,25 @@ void GroupedExperts::saved_specs(const TransformerConfig& c, int64_t Nmax, DType
   v(s.ap, {Nmax, c.moe_ffn_local()}, dt, keep_ap);
 }
 
-void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Scratch& w,
-                                   const TensorVisitor& v) {
+void GroupedExperts::scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt,
+                                   DType sdt, Scratch& w, const TensorVisitor& v) {
   v(w.dap, {Nmax, c.moe_ffn_local()}, dt, true);
   v(w.dfc1, {Nmax, c.moe_fc1_width_local()}, dt, true);
+  v(w.xs, {Nmax, c.hidden_size}, dt, c.moe.apply_probs_on_input);
+  v(w.ones, {Nmax}, sdt, c.moe.apply_probs_on_input);
 }
+
+namespace {
+// --moe-apply-probs-on-input: xs = xp * p (rounded to the dtype, as Megatron casts it) and
+// ones in place of p; the experts then run on (xs, ones).
+void probs_on_input(const Tensor& xp, const Tensor& p, GroupedExperts::Scratch& w, Tensor& xs,
+                    Tensor& ones, Stream& st) {
+  const int64_t N = xp.size(0);
+  xs = w.xs.narrow(0, N), ones = w.ones.narrow(0, N);
+  ops::moe_scale_rows(xp, p, xs, st);
+  ops::fill(ones, 1.0, st);
+}
+}  // namespace
 
 namespace {
 // The streams one loop of expert GEMMs spreads over (ops::StreamFork): expert e's GEMM on
@@ -166,10 +180,12 @@ int gemm_streams() {
 }
 }  // namespace
 
-void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vector<int64_t>& counts,
-                             Saved& s, Tensor& yp, Scratch& w, const StepContext& cx0,
-                             comm::Communicator* etp) const {
+void GroupedExperts::forward(const Tensor& xp_in, const Tensor& p_in,
+                             const std::vector<int64_t>& counts, Saved& s, Tensor& yp, Scratch& w,
+                             const StepContext& cx0, comm::Communicator* etp) const {
   Stream& st = cx0.stream();
+  Tensor xp = xp_in, p = p_in;  // or the scaled rows and ones (--moe-apply-probs-on-input)
+  if (cfg_->moe.apply_probs_on_input) probs_on_input(xp_in, p_in, w, xp, p, st);
   // The expert GEMMs' TP group is the ETP group (fp8_linear.h: a split tensor's amax)
   StepContext cx = cx0;
   cx.tp_comm = etp;
@@ -213,10 +229,25 @@ void GroupedExperts::forward(const Tensor& xp, const Tensor& p, const std::vecto
   }
 }
 
-void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp, const Tensor& p,
+void GroupedExperts::backward(const Tensor& dyp, const Tensor& xp_in, const Tensor& p_in,
                               const std::vector<int64_t>& counts, const Saved& s, Tensor& dxp,
                               Tensor& dp, Scratch& w, const StepContext& cx0,
                               comm::Communicator* etp) {
+  Stream& st = cx0.stream();
+  const bool on_input = cfg_->moe.apply_probs_on_input;
+  Tensor xp = xp_in, p = p_in;  // or the scaled rows and ones, recomputed (as the forward's)
+  if (on_input) probs_on_input(xp_in, p_in, w, xp, p, st);
+  backward_rows(dyp, xp, p, counts, s, dxp, dp, w, cx0, etp);
+  if (on_input) {  // xs = p x: dp = rowsum(dxs * x), dx = dxs * p (in place)
+    ops::moe_row_dot(dxp, xp_in, dp, st);
+    ops::moe_scale_rows(dxp, p_in, dxp, st);
+  }
+}
+
+void GroupedExperts::backward_rows(const Tensor& dyp, const Tensor& xp, const Tensor& p,
+                                   const std::vector<int64_t>& counts, const Saved& s,
+                                   Tensor& dxp, Tensor& dp, Scratch& w, const StepContext& cx0,
+                                   comm::Communicator* etp) {
   Stream& st = cx0.stream();
   StepContext cx = cx0;
   cx.tp_comm = etp;

@@ -14,6 +14,12 @@
 // row's bias counts with its routing weight and d(loss)/dp sees it. Whole experts only
 // (ETP 1, as Megatron requires): a split fc2 would add its bias once per ETP rank.
 //
+// --moe-apply-probs-on-input (top-1 only, as Megatron asserts; Llama 4's experts): the rows
+// are scaled by their probability before fc1 and the experts then see probabilities of one
+// (Megatron's experts.py: permuted_probs * hidden, cast to the model's dtype, probs reset to
+// ones), so y_e = W2_e act(W1_e (p_e x_e) + b1_e) + b2_e. Backward: the experts' backward
+// with xs = p x (recomputed) and ones gives dxs; dp = rowsum(dxs * x), dx = dxs * p.
+//
 // The activation and the probabilities are one op each way over all rows
 // (moe_act_scale_forward / _backward: ap from h; dp and dh from d(ap) and h, a recomputed),
 // bit for bit the unfused activation and moe_scale_rows / moe_row_dot ops.
@@ -74,11 +80,13 @@ class GroupedExperts {
   };
   struct Scratch {
     Tensor dap, dfc1;  // [Nmax, I/ETP], [Nmax, FC1W/ETP]
+    Tensor xs, ones;   // --moe-apply-probs-on-input: [Nmax, H] the scaled rows, [Nmax] ones
   };
   static void saved_specs(const TransformerConfig& c, int64_t Nmax, DType dt, bool keep_ap,
                           Saved& s, const TensorVisitor& v);
-  static void scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt, Scratch& w,
-                            const TensorVisitor& v);
+  // sdt: the probabilities' (statistics) dtype
+  static void scratch_specs(const TransformerConfig& c, int64_t Nmax, DType dt, DType sdt,
+                            Scratch& w, const TensorVisitor& v);
 
   // xp [N,H], p [N] (statistics dtype) -> yp [N,H]; counts [El] rows per local expert
   // (sum N). etp: the group the experts are split over (null when whole).
@@ -103,6 +111,10 @@ class GroupedExperts {
                     bool x_split, const ParamView& w, const ParamView& b, Tensor& dx,
                     const StepContext& cx) const;
   int64_t row_multiple(const StepContext& cx, Device dev) const;
+  // backward's GEMMs and activation over the rows as the experts saw them
+  void backward_rows(const Tensor& dyp, const Tensor& xp, const Tensor& p,
+                     const std::vector<int64_t>& counts, const Saved& s, Tensor& dxp,
+                     Tensor& dp, Scratch& w, const StepContext& cx, comm::Communicator* etp);
 
   const TransformerConfig* cfg_ = nullptr;
   std::vector<ParamView> w1_, w2_;

@@ -209,7 +209,7 @@ void MoeLayer::scratch_list(const Dims& d, Workspace& ws, const TensorVisitor& v
   v(w_->dxe, {Ne, d.H}, d.dt, epp);
   v(w_->dpe, {Ne}, d.sdt, epp);
   v(w_->tall, {d.T * cfg_->moe.ep_size, d.H}, d.dt, epp && !cfg_->moe.alltoall);
-  GroupedExperts::scratch_specs(*cfg_, Ne, d.dt, w_->experts, v);
+  GroupedExperts::scratch_specs(*cfg_, Ne, d.dt, d.sdt, w_->experts, v);
   if (shared_) shared_->scratch_specs(d, w_->shared, ws, v);
 }
 
