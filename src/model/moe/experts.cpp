@@ -163,9 +163,7 @@ void probs_on_input(const Tensor& xp, const Tensor& p, GroupedExperts::Scratch& 
   ops::moe_scale_rows(xp, p, xs, st);
   ops::fill(ones, 1.0, st);
 }
-}  // namespace
 
-namespace {
 // The streams one loop of expert GEMMs spreads over (ops::StreamFork): expert e's GEMM on
 // side e mod n, so one expert's last wave runs beside the next one's first (32 experts of
 // ~3K rows are 1.5 waves each on an H200). MCPP_MOE_GEMM_STREAMS (docs/environment.md),
