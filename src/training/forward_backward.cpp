@@ -80,7 +80,9 @@ double ForwardBackward::run_pipeline(const data::LocalBatch& batch, model::StepK
   if (training && dp_grads) dp_grads->begin_final_backward();
   const auto& c = model.config();
   pl::ExecutorOptions o;
-  o.activation_shape = {c.seq_local() * micro_batch_size, c.hidden_size};
+  // The stages exchange this batch's micro-batches (evaluation's may be of another size)
+  const int64_t B = M > 0 ? batch.micro_batches[0].tokens.size(0) : micro_batch_size;
+  o.activation_shape = {c.seq_local() * B, c.hidden_size};
   o.dtype = c.dtype, o.device = c.device;
   o.timer = timer;
   Stream& st = ops::default_stream(c.device);

@@ -276,6 +276,18 @@ StageMemory plan_stage_memory(const Args& a, const model::TransformerConfig& cfg
   m.scratch = model::scratch_activation_bytes(cfg, part, a.micro_batch_size, cfg.seq_cp());
   m.attention_workspace = attention_workspace_bytes(a, cfg);
   m.cp_exchange = cp_exchange_bytes(a, cfg);
+  const int64_t emb = a.eval_micro_batch_size.value_or(a.micro_batch_size);
+  if (emb != a.micro_batch_size) {  // evaluation's forward-only micro-batches
+    Args e = a;
+    e.micro_batch_size = emb;
+    int64_t per_mb = 0;
+    for (int c = 0; c < nchunks; ++c)
+      per_mb = std::max(per_mb, model::saved_activation_bytes(cfg, part, c, emb, cfg.seq_cp()));
+    const int64_t eval = per_mb + model::scratch_activation_bytes(cfg, part, emb, cfg.seq_cp()) +
+                         cp_exchange_bytes(e, cfg);
+    const int64_t train = m.activations() + m.attention_workspace + m.cp_exchange;
+    m.eval_extra = std::max<int64_t>(0, eval - train);
+  }
   return m;
 }
 
@@ -426,6 +438,11 @@ std::string memory_fit_advice(const Args& a, const model::TransformerConfig& cfg
                               "workspace is {}; alone not enough)",
                               mib(m.attention_workspace)));
   }
+  if (m.eval_extra > 0)
+    tries.push_back(fmt::format("a smaller --eval-micro-batch-size (now {}; evaluation needs {} "
+                                "more than a training step)",
+                                a.eval_micro_batch_size.value_or(a.micro_batch_size),
+                                mib(m.eval_extra)));
   if (a.micro_batch_size > 1)
     tries.push_back(fmt::format("a smaller --micro-batch-size (now {}; activations are {} of "
                                 "the plan)",

@@ -41,10 +41,15 @@ struct StageMemory {
   int64_t scratch = 0;          // bytes of shared activation buffers
   int64_t attention_workspace = 0;  // bytes: cuDNN's deterministic attention backward (GPU)
   int64_t cp_exchange = 0;  // bytes: context parallelism's transient exchange buffers
+  // bytes by which an evaluation micro-batch of --eval-micro-batch-size (forward only: one
+  // micro-batch's activations, dropped after it, its scratch and CP buffers) needs more than
+  // the training step's activations, workspace and CP buffers; 0 when it needs less
+  int64_t eval_extra = 0;
   int64_t activations() const { return int64_t(in_flight) * per_microbatch + scratch; }
   int64_t weights_and_optimizer() const { return weights + grads + optimizer; }
   int64_t total() const {
-    return weights_and_optimizer() + activations() + attention_workspace + cp_exchange;
+    return weights_and_optimizer() + activations() + attention_workspace + cp_exchange +
+           eval_extra;
   }
 };
 

@@ -32,10 +32,11 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
                                                            int64_t consumed, int64_t it,
                                                            bool training) {
   // Training steps follow the ramp-up (if any); evaluation reads --eval-global-batch-size
-  // samples (the global batch unless given), as Megatron's evaluate().
+  // samples (the global batch unless given) in micro-batches of --eval-micro-batch-size (the
+  // micro-batch unless given), as Megatron's evaluate().
   const int64_t gbs = training ? step_global_batch() : *args.eval_global_batch_size;
-  data::BatchShape shape{args.micro_batch_size, args.seq_length,
-                         gbs / (args.micro_batch_size * args.data_parallel_size),
+  const int64_t mbs = training ? args.micro_batch_size : *args.eval_micro_batch_size;
+  data::BatchShape shape{mbs, args.seq_length, gbs / (mbs * args.data_parallel_size),
                          args.data_parallel_size, ps->dp_rank(),
                          args.context_parallel_size, ps->cp_rank(),
                          args.reset_position_ids, args.reset_attention_mask};
@@ -43,6 +44,12 @@ std::pair<double, double> Trainer::State::forward_backward(const data::GPTSample
   log->section("batch-generator", true, 2);
   const data::LocalBatch batch = data::load_local_batch(ds, shape, consumed, sample);
   log->section("batch-generator", false, 2);
+  if (!training && !eval_shape_logged && !batch.micro_batches.empty()) {
+    eval_shape_logged = true;
+    log::info("evaluation: {} micro-batches a data-parallel rank, micro-batch size {} "
+              "(--eval-micro-batch-size {}, --eval-global-batch-size {})",
+              batch.micro_batches.size(), batch.micro_batches[0].tokens.size(0), mbs, gbs);
+  }
   return run_batch(batch, gbs, it, training);
 }
 

@@ -104,6 +104,7 @@ struct Trainer::State {
   // The checkpoint the run starts from: --load, or --pretrained-checkpoint (a finetune).
   std::optional<LoadSource> load_source;
   int64_t built_schedule_microbatches = 0;  // PP: the micro-batches `schedule` was built for
+  bool eval_shape_logged = false;  // the first evaluation's micro-batches, logged once
   void update_step_batch();                 // batches->update + the PP schedule to match
   int64_t step_global_batch() const { return batches->current_global_batch_size(); }
   // --decoupled-lr: the embedding/output group's LR now (the schedule with its own max/min).

@@ -62,30 +62,25 @@ void validate_batch(Args& a) {
   }
   a.num_microbatches = a.global_batch_size / per_step;
   // Evaluation's batch (Megatron: --eval-global-batch-size defaults to the global batch,
-  // --eval-micro-batch-size to the micro-batch).
-  if (a.eval_micro_batch_size) {
+  // --eval-micro-batch-size to the micro-batch; evaluation's micro-batches are then of that
+  // size, and the global batch must be a multiple of it times DP).
+  if (a.eval_micro_batch_size)
     MCPP_CHECK_HINT(*a.eval_micro_batch_size > 0, "give --eval-micro-batch-size a value >= 1",
                     "--eval-micro-batch-size {} must be positive", *a.eval_micro_batch_size);
-    MCPP_CHECK_HINT(*a.eval_micro_batch_size == a.micro_batch_size,
-                    fmt::format("drop --eval-micro-batch-size (evaluation then runs micro-batches "
-                                "of {}); --eval-global-batch-size sets how many samples an "
-                                "evaluation iteration reads",
-                                a.micro_batch_size),
-                    "--eval-micro-batch-size {} differs from --micro-batch-size {}: not "
-                    "implemented yet by megatron.cpp (the model's buffers are sized for the "
-                    "training micro-batch)",
-                    *a.eval_micro_batch_size, a.micro_batch_size);
-  }
+  a.eval_micro_batch_size = a.eval_micro_batch_size.value_or(a.micro_batch_size);
+  const int64_t eval_step = *a.eval_micro_batch_size * a.data_parallel_size;
   const int64_t egbs = a.eval_global_batch_size.value_or(a.global_batch_size);
   MCPP_CHECK_HINT(egbs > 0, "give --eval-global-batch-size a value >= 1",
                   "--eval-global-batch-size {} must be positive", egbs);
-  MCPP_CHECK_HINT(egbs % per_step == 0,
-                  fmt::format("use a multiple of {}", per_step),
+  MCPP_CHECK_HINT(egbs % eval_step == 0,
+                  fmt::format("use a multiple of {} for --eval-global-batch-size (it defaults to "
+                              "--global-batch-size)",
+                              eval_step),
                   "--eval-global-batch-size {} must be divisible by the eval micro-batch size "
                   "{} x data-parallel size {} (as in Megatron-LM)",
-                  egbs, a.micro_batch_size, a.data_parallel_size);
+                  egbs, *a.eval_micro_batch_size, a.data_parallel_size);
   a.eval_global_batch_size = egbs;
-  a.eval_num_microbatches = egbs / per_step;
+  a.eval_num_microbatches = egbs / eval_step;
   if (a.start_eval_at_iter)
     MCPP_CHECK_HINT(*a.start_eval_at_iter >= 0, "give --start-eval-at-iter a value >= 0",
                     "--start-eval-at-iter {} must not be negative", *a.start_eval_at_iter);

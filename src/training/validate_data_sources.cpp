@@ -51,13 +51,6 @@ void validate_data_sources(Args& a, bool training) {
   MCPP_CHECK_HINT(a.validation_set_names.empty() || a.multiple_validation_sets,
                   "add --multiple-validation-sets, or drop --validation-set-names",
                   "--validation-set-names requires --multiple-validation-sets");
-  MCPP_CHECK_HINT(!a.full_validation || a.pipeline_model_parallel_size == 1 ||
-                      a.micro_batch_size == 1,
-                  "use --micro-batch-size 1, or drop --full-validation",
-                  "--full-validation evaluates micro-batches of one sample, but the {} pipeline "
-                  "stages exchange activations of --micro-batch-size {} (Megatron-LM's "
-                  "pipeline fails there too)",
-                  a.pipeline_model_parallel_size, a.micro_batch_size);
   if (a.full_validation && !a.eval_interval)
     log::warn("--full-validation without --eval-interval: no evaluation runs");
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# eval_batch.sh MEGATRON [MPIRUN]: --eval-global-batch-size and --start-eval-at-iter.
+# eval_batch.sh MEGATRON [MPIRUN]: --eval-global-batch-size, --eval-micro-batch-size and
+# --start-eval-at-iter.
 #   A: global batch 4, evaluation every 4 iterations over 2 x 4 samples;
 #   B: the same training, --eval-global-batch-size 8 --eval-iters 1, evaluation every 2
 #      iterations from --start-eval-at-iter 4.
@@ -8,6 +9,9 @@
 # (to rounding); B prints no evaluation at 2 and one at 4 and 6. With MPIRUN, B again at
 # pipeline-parallel size 2 (the evaluation's own forward-only schedule of 4 micro-batches
 # against training's 2): the serial B's validation losses.
+# C: B with --eval-micro-batch-size 1 and 4 (the training micro-batch is 2): the same
+# samples in micro-batches of another size, so B's validation losses (to rounding); with
+# MPIRUN too at PP 2 (the stages exchange the evaluation's micro-batch shape) and DP 2.
 set -euo pipefail
 M=$1; shift
 MPIRUN=("$@")
@@ -35,7 +39,33 @@ a, b = map(float, sys.argv[1:])
 sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)
 PY
 grep -q "validation: GPTDataset valid split of mock" "$W/b.log" || fail "no validation dataset"
+same_as_b() {  # same_as_b LOG WHAT: its validation losses at 4 and 6 are B's (1e-5)
+  for it in 4 6; do
+    python3 - "$(vloss "$W/b.log" $it)" "$(vloss "$1" $it)" <<'PY' ||
+import sys
+a, b = map(float, sys.argv[1:])
+sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)
+PY
+      fail "$2: validation at $it: $(vloss "$1" $it) vs B's $(vloss "$W/b.log" $it)"
+  done
+}
+for emb in 1 4; do
+  "$M" train "${ARGS[@]}" "${B[@]}" --eval-micro-batch-size $emb > "$W/c$emb.log" 2>&1 ||
+    { tail "$W/c$emb.log"; fail "run C, eval micro-batch $emb"; }
+  same_as_b "$W/c$emb.log" "eval micro-batch $emb"
+  grep -q "evaluation: $((8 / emb)) micro-batches a data-parallel rank, micro-batch size $emb" \
+    "$W/c$emb.log" ||
+    fail "eval micro-batch $emb: $(grep 'evaluation:' "$W/c$emb.log")"
+done
 if [ ${#MPIRUN[@]} -gt 0 ]; then
+  "${MPIRUN[@]}" -np 2 "$M" train "${ARGS[@]}" "${B[@]}" --pipeline-model-parallel-size 2 \
+    --eval-micro-batch-size 4 > "$W/c_pp.log" 2>&1 || { tail -20 "$W/c_pp.log"; fail "C at PP 2"; }
+  same_as_b "$W/c_pp.log" "eval micro-batch 4 at PP 2"
+  "${MPIRUN[@]}" -np 2 "$M" train "${ARGS[@]}" "${B[@]}" --eval-micro-batch-size 1 \
+    > "$W/c_dp.log" 2>&1 || { tail -20 "$W/c_dp.log"; fail "C at DP 2"; }
+  same_as_b "$W/c_dp.log" "eval micro-batch 1 at DP 2"
+  grep -q "evaluation: 4 micro-batches a data-parallel rank, micro-batch size 1" "$W/c_dp.log" ||
+    fail "eval micro-batch 1 at DP 2: $(grep 'evaluation:' "$W/c_dp.log")"
   "${MPIRUN[@]}" -np 2 "$M" train "${ARGS[@]}" "${B[@]}" --pipeline-model-parallel-size 2 \
     > "$W/pp.log" 2>&1 || { tail -20 "$W/pp.log"; fail "run B at PP 2"; }
   for it in 4 6; do

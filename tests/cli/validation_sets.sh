@@ -9,9 +9,10 @@
 #     name, and each set's losses (iterations 5 and 10, and after training) equal those of a
 #     run validating that set alone with the same training;
 #   - errors naming the cause: --multiple-validation-sets without --full-validation, names
-#     without several sets, three names for two sets, weights in the list, pipeline stages
-#     with micro-batches of 2 (a fake rank of a 2-stage job), and fewer samples than
-#     data-parallel ranks (a fake rank of a 512-rank job).
+#     without several sets, three names for two sets, weights in the list, and fewer samples
+#     than data-parallel ranks (a fake rank of a 512-rank job);
+#   - with MPIRUN: full validation at DP 2 and at PP 2 (stages exchanging the one-sample
+#     micro-batches while training's are of 2) equal to the serial one.
 # With MPIRUN: full validation of c (274 samples) at DP 2 equals the serial one.
 set -euo pipefail
 M=$1; shift
@@ -76,10 +77,6 @@ expect_error "--validation-set-names gives 3 names for 2 validation sets" "${V[@
   --validation-set-names x y z
 expect_error "--multiple-validation-sets with weights in --valid-data-path" "${V[@]}" \
   --valid-data-path 0.5 "$B" 0.5 "$C" --full-validation --multiple-validation-sets
-WORLD_SIZE=2 RANK=0 expect_error \
-  "--full-validation evaluates micro-batches of one sample, but the 2 pipeline" \
-  --fake-process-group "${V[@]}" --valid-data-path "$B" --full-validation \
-  --pipeline-model-parallel-size 2
 WORLD_SIZE=512 RANK=0 expect_error "has 211 samples, fewer than the 512 data-parallel ranks" \
   --fake-process-group "${V[@]}" --global-batch-size 1024 --lr-warmup-iters 0 \
   --valid-data-path "$B" --full-validation
@@ -92,6 +89,13 @@ if [ ${#MPIRUN[@]} -gt 0 ]; then
   s=$(vloss "$W/c1.log" "" "iteration 0 on validation set")
   d=$(vloss "$W/c2.log" "" "iteration 0 on validation set")
   [ -n "$s" ] && [ "$s" = "$d" ] || fail "full validation of c: serial $s, DP 2 $d"
+  # pipeline stages exchange the one-sample micro-batches' activations (training's are 2)
+  "${MPIRUN[@]}" -np 2 "$M" train "${COMMON[@]}" "${ZERO[@]}" --micro-batch-size 2 \
+    --valid-data-path "$C" --full-validation --pipeline-model-parallel-size 2 \
+    > "$W/c_pp.log" 2>&1 || { tail -20 "$W/c_pp.log"; fail "PP 2"; }
+  p=$(vloss "$W/c_pp.log" "" "iteration 0 on validation set")
+  python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-5 * abs(a))" \
+    "$s" "$p" || fail "full validation of c: serial $s, PP 2 $p"
 fi
 echo "ok: full validation = the epoch once ($f); $n named-set losses = their sets alone" \
   "${MPIRUN:+; DP 2 = serial}"

@@ -144,6 +144,35 @@ TEST(MemoryPlan, KeepMlpActivations) {
 
 // A plan over the device's memory says by how much and what to change; the kept-layer
 // count it proposes is the largest that fits, computed from the plan itself.
+// --eval-micro-batch-size: an evaluation micro-batch larger than the training step's
+// activations adds what it needs beyond them (forward only: one micro-batch's activations,
+// its scratch); a smaller one adds nothing; the fit advice names the flag when it matters.
+TEST(MemoryPlan, EvalMicroBatch) {
+  auto eval = [](const char* emb) {
+    return plan(with(gpu_argv(), {"--global-batch-size", "32", "--eval-micro-batch-size", emb}),
+                1);
+  };
+  const StageMemory same = eval("2"), small = eval("1"), big = eval("16"), bigger = eval("32");
+  EXPECT_EQ(same.eval_extra, 0);
+  EXPECT_EQ(small.eval_extra, 0);
+  EXPECT_EQ(small.total(), same.total());
+  EXPECT_GT(big.eval_extra, 0);
+  EXPECT_GT(bigger.eval_extra, big.eval_extra);
+  EXPECT_EQ(big.total(), same.total() + big.eval_extra);
+  // forward only: less than the training step's plan at that micro-batch would need
+  const StageMemory train16 = plan(with(gpu_argv(), {"--micro-batch-size", "16",
+                                                     "--global-batch-size", "32"}),
+                                   1);
+  EXPECT_LE(big.total(), train16.total());
+  Args a = parse_and_validate(
+      with(gpu_argv(), {"--global-batch-size", "32", "--eval-micro-batch-size", "16"}), 1);
+  a.padded_vocab_size = padded_vocab_size(*a.vocab_size, a.make_vocab_size_divisible_by, 1);
+  const auto cfg = model_config(a, Device::CUDA, DType::BF16);
+  const std::string advice = memory_fit_advice(a, cfg, 0, big.total() - 1);
+  EXPECT_NE(advice.find("a smaller --eval-micro-batch-size (now 16"), std::string::npos)
+      << advice;
+}
+
 TEST(MemoryPlan, FitAdvice) {
   const auto xl =
       with(base_argv(), {"--bf16", "--num-layers", "24", "--hidden-size", "2048",

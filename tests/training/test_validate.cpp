@@ -389,8 +389,8 @@ TEST(Validate, ElementWiseOptimizers) {
   EXPECT_EQ(plan(adam), 2 * plan(parse_and_validate(with(base_argv(), {"--optimizer", "sgd"}))));
 }
 
-// --eval-global-batch-size (default: the global batch), --eval-micro-batch-size (only the
-// micro-batch for now), --start-eval-at-iter; with virtual pipeline stages the evaluation's
+// --eval-global-batch-size (default: the global batch), --eval-micro-batch-size (default: the
+// micro-batch), --start-eval-at-iter; with virtual pipeline stages the evaluation's
 // micro-batch count must make an interleaved schedule too.
 TEST(Validate, EvaluationBatch) {
   Args a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8"}), 2);
@@ -408,9 +408,26 @@ TEST(Validate, EvaluationBatch) {
                   "data-parallel size 2",
                   "use a multiple of 4"},
                  2);
-  expect_invalid(with(base_argv(), {"--eval-micro-batch-size", "4"}),
-                 {"--eval-micro-batch-size 4 differs from --micro-batch-size 2: not implemented",
-                  "drop --eval-micro-batch-size"});
+  EXPECT_EQ(*a.eval_micro_batch_size, 2);
+  // Another evaluation micro-batch: the evaluation's micro-batch count follows it, and the
+  // evaluation batch must be a multiple of it times DP (not of the training micro-batch).
+  a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8", "--eval-micro-batch-size",
+                                            "4"}),
+                         2);
+  EXPECT_EQ(*a.eval_micro_batch_size, 4);
+  EXPECT_EQ(a.eval_num_microbatches, 1);
+  EXPECT_EQ(a.num_microbatches, 2);
+  a = parse_and_validate(with(base_argv(), {"--global-batch-size", "8", "--eval-micro-batch-size",
+                                            "1", "--eval-global-batch-size", "6"}),
+                         2);
+  EXPECT_EQ(a.eval_num_microbatches, 3);
+  expect_invalid(with(base_argv(), {"--global-batch-size", "8", "--eval-micro-batch-size", "3"}),
+                 {"--eval-global-batch-size 8 must be divisible by the eval micro-batch size 3 x "
+                  "data-parallel size 2",
+                  "use a multiple of 6"},
+                 2);
+  expect_invalid(with(base_argv(), {"--eval-micro-batch-size", "0"}),
+                 {"--eval-micro-batch-size 0 must be positive"});
   expect_invalid(with(base_argv(), {"--eval-global-batch-size", "0"}),
                  {"--eval-global-batch-size 0 must be positive"});
   expect_invalid(with(base_argv(), {"--start-eval-at-iter", "-1"}),
