@@ -17,8 +17,10 @@ T=(--mock-data --tokenizer-type NullTokenizer --vocab-size 512 --num-layers 2 --
    --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --micro-batch-size 4
    --global-batch-size 8 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 10
    --log-interval 5 --threads 1 --device cpu --train-iters 40)
-meta() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['model'].get('gelu_erf',
-False))" "$1"; }
+meta() {  # meta METADATA_JSON: the model's gelu_erf (False when absent)
+  python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['model'].get('gelu_erf', False))" \
+    "$1"
+}
 
 run "$W/tanh.log" "$M" train "${T[@]}" --save "$W/tanh" --save-interval 40
 run "$W/erf.log" "$M" train "${T[@]}" --no-bias-gelu-fusion --save "$W/erf" --save-interval 40
